@@ -1,0 +1,177 @@
+/* config.c: config.json -> tl_config, with every field validated (SPEC §1). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "internal.h"
+
+/* Upper bounds that keep sizes far from integer overflow while allowing any real model. */
+#define MAX_DIM (1 << 20)
+#define MAX_LAYERS 4096
+#define MAX_LOOPS 4096
+
+/* ---------------------------------------------------------------- field readers */
+
+/* Each reader returns TL_OK, or an error naming the field and the offending value.
+   `required` false means an absent (or null) field keeps *out unchanged. */
+
+static void describe(const cJSON *item, char *buf, size_t len) {
+    char *text = cJSON_PrintUnformatted(item);
+    snprintf(buf, len, "%s", text ? text : "?");
+    if (strlen(buf) > 60) strcpy(buf + 57, "...");
+    cJSON_free(text);
+}
+
+static tl_status read_int(const cJSON *root, const char *name, bool required, int lo, int hi,
+                          int *out) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, name);
+    char shown[64];
+    if (!item || cJSON_IsNull(item)) {
+        if (required) return tl_fail(TL_ERR_FORMAT, "config.json: missing required field \"%s\"", name);
+        return TL_OK;
+    }
+    describe(item, shown, sizeof shown);
+    if (!cJSON_IsNumber(item) || item->valuedouble != floor(item->valuedouble))
+        return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" must be an integer, got %s", name, shown);
+    if (item->valuedouble < lo || item->valuedouble > hi)
+        return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" = %s is out of range [%d, %d]",
+                       name, shown, lo, hi);
+    *out = (int)item->valuedouble;
+    return TL_OK;
+}
+
+static tl_status read_float(const cJSON *root, const char *name, double lo, double hi,
+                            bool lo_open, float *out) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, name);
+    char shown[64];
+    if (!item || cJSON_IsNull(item)) return TL_OK;
+    describe(item, shown, sizeof shown);
+    if (!cJSON_IsNumber(item) || !isfinite(item->valuedouble))
+        return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" must be a number, got %s", name, shown);
+    double v = item->valuedouble;
+    if ((lo_open ? v <= lo : v < lo) || v > hi)
+        return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" = %s is out of range %s%g, %g]",
+                       name, shown, lo_open ? "(" : "[", lo, hi);
+    *out = (float)v;
+    return TL_OK;
+}
+
+static tl_status read_bool(const cJSON *root, const char *name, bool *out) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, name);
+    char shown[64];
+    if (!item || cJSON_IsNull(item)) return TL_OK;
+    if (!cJSON_IsBool(item)) {
+        describe(item, shown, sizeof shown);
+        return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" must be true or false, got %s",
+                       name, shown);
+    }
+    *out = cJSON_IsTrue(item);
+    return TL_OK;
+}
+
+/* Reads a string field that must be one of `choices` (NULL-terminated); *out = index. */
+static tl_status read_enum(const cJSON *root, const char *name, bool required,
+                           const char *const *choices, int *out) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, name);
+    char shown[64], allowed[160] = "";
+    if (!item || cJSON_IsNull(item)) {
+        if (required) return tl_fail(TL_ERR_FORMAT, "config.json: missing required field \"%s\"", name);
+        return TL_OK;
+    }
+    for (int i = 0; choices[i]; i++) {
+        if (cJSON_IsString(item) && strcmp(item->valuestring, choices[i]) == 0) {
+            *out = i;
+            return TL_OK;
+        }
+        snprintf(allowed + strlen(allowed), sizeof allowed - strlen(allowed), "%s\"%s\"",
+                 i ? ", " : "", choices[i]);
+    }
+    describe(item, shown, sizeof shown);
+    return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" = %s is not one of %s", name, shown,
+                   allowed);
+}
+
+/* ---------------------------------------------------------------- parse */
+
+static tl_status parse_fields(const cJSON *root, tl_config *c) {
+    static const char *const injections[] = {"none", "add", "concat", NULL};
+    static const char *const updates[] = {"replace", "residual", NULL};
+    static const char *const norms[] = {"layernorm", "rmsnorm", NULL};
+    static const char *const mlps[] = {"gelu", "swiglu", NULL};
+    static const char *const positions[] = {"learned", "rope", NULL};
+    tl_status st;
+    int injection = TL_INJECT_ADD, update = TL_UPDATE_REPLACE, norm = 0, mlp = 0, pos = 0;
+
+#define TRY(call) do { if ((st = (call)) != TL_OK) return st; } while (0)
+    TRY(read_int(root, "vocab_size", true, 1, 1 << 24, &c->vocab_size));
+    TRY(read_int(root, "d_model", true, 1, MAX_DIM, &c->d_model));
+    TRY(read_int(root, "n_heads", true, 1, MAX_DIM, &c->n_heads));
+    c->n_kv_heads = c->n_heads;
+    TRY(read_int(root, "n_kv_heads", false, 1, MAX_DIM, &c->n_kv_heads));
+    TRY(read_int(root, "d_ff", true, 1, MAX_DIM, &c->d_ff));
+    TRY(read_int(root, "max_seq_len", true, 1, 1 << 24, &c->max_seq_len));
+    TRY(read_int(root, "n_prelude", true, 0, MAX_LAYERS, &c->n_prelude));
+    TRY(read_int(root, "n_block", true, 0, MAX_LAYERS, &c->n_block));
+    TRY(read_int(root, "n_coda", true, 0, MAX_LAYERS, &c->n_coda));
+    TRY(read_int(root, "default_loops", true, 1, MAX_LOOPS, &c->default_loops));
+    c->max_loops = c->default_loops * 4 > MAX_LOOPS ? MAX_LOOPS : c->default_loops * 4;
+    TRY(read_int(root, "max_loops", false, 1, MAX_LOOPS, &c->max_loops));
+    c->beta = 1.0f;
+    TRY(read_float(root, "beta", 0.0, 1e6, true, &c->beta));
+    TRY(read_enum(root, "injection", false, injections, &injection));
+    TRY(read_enum(root, "loop_update", false, updates, &update));
+    TRY(read_bool(root, "state_norm", &c->state_norm));
+    TRY(read_enum(root, "norm", true, norms, &norm));
+    c->norm_eps = 1e-5f;
+    TRY(read_float(root, "norm_eps", 0.0, 1.0, true, &c->norm_eps));
+    TRY(read_enum(root, "mlp", true, mlps, &mlp));
+    TRY(read_bool(root, "bias", &c->bias));
+    TRY(read_enum(root, "pos_encoding", true, positions, &pos));
+    c->rope_theta = 10000.0f;
+    TRY(read_float(root, "rope_theta", 0.0, 1e12, true, &c->rope_theta));
+    TRY(read_bool(root, "tie_embeddings", &c->tie_embeddings));
+    TRY(read_int(root, "bos_token_id", true, 0, c->vocab_size - 1, &c->bos_token_id));
+    TRY(read_int(root, "eos_token_id", true, 0, c->vocab_size - 1, &c->eos_token_id));
+#undef TRY
+    c->injection = (tl_injection)injection;
+    c->loop_update = (tl_loop_update)update;
+    c->norm = (tl_norm_kind)norm;
+    c->mlp = (tl_mlp_kind)mlp;
+    c->pos_encoding = (tl_pos_kind)pos;
+
+    /* Cross-field rules. */
+    if (c->d_model % c->n_heads != 0)
+        return tl_fail(TL_ERR_FORMAT, "config.json: d_model = %d is not divisible by n_heads = %d",
+                       c->d_model, c->n_heads);
+    c->head_dim = c->d_model / c->n_heads;
+    if (c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads != 0)
+        return tl_fail(TL_ERR_FORMAT,
+                       "config.json: n_kv_heads = %d must divide n_heads = %d",
+                       c->n_kv_heads, c->n_heads);
+    if (c->max_loops < c->default_loops)
+        return tl_fail(TL_ERR_FORMAT, "config.json: max_loops = %d is below default_loops = %d",
+                       c->max_loops, c->default_loops);
+    if (c->pos_encoding == TL_POS_ROPE && c->head_dim % 2 != 0)
+        return tl_fail(TL_ERR_FORMAT,
+                       "config.json: rope needs an even head_dim, got d_model/n_heads = %d",
+                       c->head_dim);
+    return TL_OK;
+}
+
+tl_status tl_config_parse(const char *json_text, tl_config *out) {
+    memset(out, 0, sizeof *out);
+    cJSON *root = cJSON_Parse(json_text);
+    if (!root) {
+        const char *where = cJSON_GetErrorPtr();
+        char snippet[32] = "";
+        if (where) snprintf(snippet, sizeof snippet, "%.20s", where);
+        return tl_fail(TL_ERR_FORMAT, "config.json: invalid JSON near \"%s\"", snippet);
+    }
+    tl_status st = cJSON_IsObject(root)
+                       ? parse_fields(root, out)
+                       : tl_fail(TL_ERR_FORMAT, "config.json: top level must be a JSON object");
+    cJSON_Delete(root);
+    return st;
+}

@@ -1,0 +1,119 @@
+/* cpu_backend.c: matmul and attention on the CPU, split over the model's thread pool.
+ *
+ * Work is split only along independent outputs (matrix columns; (row, head) pairs),
+ * never along a reduction, so the thread count cannot change any result. */
+#include <math.h>
+#include <string.h>
+
+#include "../backend.h"
+#include "kernels.h"
+#include "pool.h"
+
+/* ---------------------------------------------------------------- matmul */
+
+typedef struct {
+    const float *x;
+    const tl_matrix *w;
+    const float *bias;
+    float *y;
+    int n, cols_per_task;
+    const tl_kernels *kern;
+} matmul_job;
+
+static void matmul_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const matmul_job *j = ctx;
+    int o0 = task * j->cols_per_task;
+    int o1 = o0 + j->cols_per_task;
+    if (o1 > j->w->rows) o1 = j->w->rows;
+    j->kern->matmul(j->x, j->n, j->w->cols, j->w->data, j->w->dtype, j->bias, o0, o1, j->y,
+                    j->w->rows);
+}
+
+static void cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
+                       const float *bias, float *y) {
+    int threads = tl_pool_threads(m->pool);
+    /* A few tasks per thread balance uneven cores; multiples of 4 keep the kernel's
+       4-column tiles whole. Tiny matrices stay on one thread. */
+    int per = (w->rows + threads * 4 - 1) / (threads * 4);
+    per = (per + 3) & ~3;
+    if (per < 16) per = 16;
+    if ((long)w->rows * w->cols * n < 32768) per = w->rows;
+    matmul_job job = {x, w, bias, y, n, per, tl_cpu_kernels()};
+    tl_pool_run(m->pool, (w->rows + per - 1) / per, matmul_task, &job);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+typedef struct {
+    const tl_model *m;
+    const tl_attention_args *a;
+    const tl_kernels *kern;
+} attention_job;
+
+/* Whether chunk row i may attend to logical entry j. */
+static inline bool visible(const tl_attention_args *a, int i, int j, int32_t min_pos) {
+    const tl_kv_cache *c = a->cache;
+    if (c->pos[tl_kv_row(c, j)] < min_pos) return false;
+    if (j < a->base) return true;
+    int t = j - a->base;
+    return a->mask ? a->mask[(size_t)i * (size_t)a->n + (size_t)t] != 0 : t <= i;
+}
+
+static inline int slot_for(const tl_attention_args *a, int j) {
+    if (a->loop == 0) return a->slot;
+    int depth = a->loop;
+    /* KV sharing (SPEC §2): a prefix entry computed at a shallower depth lends its
+       deepest slot to every deeper loop. Chunk rows are at the current loop. */
+    if (j < a->base) {
+        int have = a->cache->depth[tl_kv_row(a->cache, j)];
+        if (have < depth) depth = have;
+    }
+    return a->slot + (depth - 1) * a->slot_stride;
+}
+
+static void attention_task(void *ctx, int task, int thread) {
+    const attention_job *job = ctx;
+    const tl_attention_args *a = job->a;
+    const tl_config *cfg = &job->m->cfg;
+    const tl_kv_cache *c = a->cache;
+    const int hd = cfg->head_dim, n_heads = cfg->n_heads;
+    const int i = task / n_heads, h = task % n_heads;
+    const int kvh = h / (n_heads / cfg->n_kv_heads);
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *q = a->q + (size_t)i * (size_t)(n_heads * hd) + (size_t)h * (size_t)hd;
+    float *out = a->out + (size_t)i * (size_t)(n_heads * hd) + (size_t)h * (size_t)hd;
+    float *scores = a->scratch + (size_t)thread * (size_t)c->capacity;
+    const int32_t min_pos = c->window > 0 ? a->positions[i] - c->window + 1 : INT32_MIN;
+    /* Logical entries [first, last) are held: the chunk's own rows may have overwritten
+       ring rows older than that. */
+    const int last = a->base + a->n, first = last > c->capacity ? last - c->capacity : 0;
+
+    /* Scores, then a max-subtracted softmax; every loop runs over keys in logical order
+       so the arithmetic is the same whether the row came alone or in a chunk. */
+    float max_score = -INFINITY;
+    for (int j = first; j < last; j++) {
+        if (!visible(a, i, j, min_pos)) continue;
+        const float *k = tl_kv_k(c, slot_for(a, j), j) + (size_t)kvh * (size_t)hd;
+        float s = job->kern->dot(q, k, hd) * scale;
+        scores[j - first] = s;
+        if (s > max_score) max_score = s;
+    }
+    memset(out, 0, (size_t)hd * sizeof(float));
+    float sum = 0.0f;
+    for (int j = first; j < last; j++) {
+        if (!visible(a, i, j, min_pos)) continue;
+        float p = expf(scores[j - first] - max_score);
+        sum += p;
+        job->kern->axpy(out, p, tl_kv_v(c, slot_for(a, j), j) + (size_t)kvh * (size_t)hd, hd);
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int d = 0; d < hd; d++) out[d] *= inv;
+}
+
+static void cpu_attention(const tl_model *m, const tl_attention_args *a) {
+    attention_job job = {m, a, tl_cpu_kernels()};
+    tl_pool_run(m->pool, a->n * m->cfg.n_heads, attention_task, &job);
+}
+
+const tl_backend tl_cpu_backend = {"cpu", cpu_matmul, cpu_attention};

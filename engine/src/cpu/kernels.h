@@ -1,0 +1,46 @@
+/* kernels.h: the CPU inner loops, one implementation per instruction set.
+ *
+ * Batch invariance rests here: every output element y[r][o] is computed by the same
+ * sequence of floating-point operations whatever the number of rows n, the column
+ * range, or the tile the element falls in. Tiles only share loads, never partial sums. */
+#ifndef TL_CPU_KERNELS_H
+#define TL_CPU_KERNELS_H
+
+#include "../internal.h"
+
+typedef struct tl_kernels {
+    const char *isa; /* "avx2" or "generic" */
+    /* y[r*ldy + o] = sum_k x[r*k + i] * W[o*k + i] (+ bias[o]) for r < n, o in [o0, o1).
+       W is [*, k] row-major in dtype `dt`; bias may be NULL. */
+    void (*matmul)(const float *x, int n, int k, const void *w, tl_dtype dt, const float *bias,
+                   int o0, int o1, float *y, int ldy);
+    float (*dot)(const float *a, const float *b, int k);
+    void (*axpy)(float *y, float a, const float *x, int k); /* y += a * x */
+} tl_kernels;
+
+/* Chosen once at first use: AVX2+FMA+F16C when the CPU has them, unless the
+   environment variable TINYLOOP_ISA=generic forces the portable path. */
+const tl_kernels *tl_cpu_kernels(void);
+
+extern const tl_kernels tl_kernels_generic;
+#if defined(__x86_64__)
+extern const tl_kernels tl_kernels_avx2;
+#endif
+
+/* Scalar conversions shared by every path (exact; f16 handles subnormals, inf, NaN). */
+float tl_f16_to_f32(uint16_t h);
+static inline float tl_bf16_to_f32(uint16_t b) {
+    union { uint32_t u; float f; } v = {(uint32_t)b << 16};
+    return v.f;
+}
+static inline float tl_weight_at(const void *w, tl_dtype dt, size_t i) {
+    switch (dt) {
+    case TL_F16: return tl_f16_to_f32(((const uint16_t *)w)[i]);
+    case TL_BF16: return tl_bf16_to_f32(((const uint16_t *)w)[i]);
+    default: return ((const float *)w)[i];
+    }
+}
+/* out[i] = W[row][i] as f32, for i < cols. */
+void tl_matrix_row_f32(const tl_matrix *m, int row, float *out);
+
+#endif

@@ -1,0 +1,81 @@
+/* kernels_generic.c: portable C kernels and ISA dispatch. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+float tl_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);           /* inf / NaN */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (mant << 13);   /* normal: rebias 15 -> 127 */
+    } else if (mant == 0) {
+        bits = sign;                                        /* zero */
+    } else {                                                /* subnormal: normalise */
+        exp = 113;
+        while (!(mant & 0x400)) { mant <<= 1; exp--; }
+        bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+    }
+    union { uint32_t u; float f; } v = {bits};
+    return v.f;
+}
+
+void tl_matrix_row_f32(const tl_matrix *m, int row, float *out) {
+    size_t base = (size_t)row * (size_t)m->cols;
+    if (m->dtype == TL_F32) {
+        memcpy(out, (const float *)m->data + base, (size_t)m->cols * sizeof(float));
+        return;
+    }
+    for (int i = 0; i < m->cols; i++) out[i] = tl_weight_at(m->data, m->dtype, base + (size_t)i);
+}
+
+/* Four partial sums: the order is fixed per (row, column), so still batch invariant. */
+static float dot_weights(const float *x, const void *w, tl_dtype dt, size_t base, int k) {
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int i = 0;
+    for (; i + 4 <= k; i += 4) {
+        s0 += x[i] * tl_weight_at(w, dt, base + (size_t)i);
+        s1 += x[i + 1] * tl_weight_at(w, dt, base + (size_t)i + 1);
+        s2 += x[i + 2] * tl_weight_at(w, dt, base + (size_t)i + 2);
+        s3 += x[i + 3] * tl_weight_at(w, dt, base + (size_t)i + 3);
+    }
+    for (; i < k; i++) s0 += x[i] * tl_weight_at(w, dt, base + (size_t)i);
+    return (s0 + s1) + (s2 + s3);
+}
+
+static void matmul_generic(const float *x, int n, int k, const void *w, tl_dtype dt,
+                           const float *bias, int o0, int o1, float *y, int ldy) {
+    for (int r = 0; r < n; r++)
+        for (int o = o0; o < o1; o++) {
+            float s = dot_weights(x + (size_t)r * (size_t)k, w, dt, (size_t)o * (size_t)k, k);
+            y[(size_t)r * (size_t)ldy + (size_t)o] = bias ? s + bias[o] : s;
+        }
+}
+
+static float dot_generic(const float *a, const float *b, int k) {
+    return dot_weights(a, b, TL_F32, 0, k);
+}
+
+static void axpy_generic(float *y, float a, const float *x, int k) {
+    for (int i = 0; i < k; i++) y[i] += a * x[i];
+}
+
+const tl_kernels tl_kernels_generic = {"generic", matmul_generic, dot_generic, axpy_generic};
+
+const tl_kernels *tl_cpu_kernels(void) {
+    static const tl_kernels *chosen;
+    const tl_kernels *k = __atomic_load_n(&chosen, __ATOMIC_ACQUIRE);
+    if (k) return k;
+    k = &tl_kernels_generic;
+#if defined(__x86_64__)
+    const char *force = getenv("TINYLOOP_ISA");
+    __builtin_cpu_init();
+    if (!(force && strcmp(force, "generic") == 0) && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        k = &tl_kernels_avx2;
+#endif
+    __atomic_store_n(&chosen, k, __ATOMIC_RELEASE);
+    return k;
+}

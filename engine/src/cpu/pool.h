@@ -1,0 +1,22 @@
+/* pool.h: a fixed set of worker threads that run parallel-for jobs. */
+#ifndef TL_POOL_H
+#define TL_POOL_H
+
+/* fn(ctx, task, thread) runs once per task in [0, n_tasks); `thread` in [0, n_threads)
+   indexes per-thread scratch. Tasks must not depend on which thread runs them: results
+   are then independent of the thread count (the batch-invariance contract). */
+typedef void (*tl_task_fn)(void *ctx, int task, int thread);
+
+typedef struct tl_pool tl_pool;
+
+tl_pool *tl_pool_new(int n_threads);   /* NULL on failure; n_threads >= 1 */
+void tl_pool_free(tl_pool *pool);
+int tl_pool_threads(const tl_pool *pool);
+
+/* Runs the job and returns when every task is done. The pool serves one job at a time;
+   when another caller holds it (two sessions on one model), this caller runs all tasks
+   itself, so it never waits on a stranger's job.
+   Per-thread scratch must therefore exist for every index the pool may pass. */
+void tl_pool_run(tl_pool *pool, int n_tasks, tl_task_fn fn, void *ctx);
+
+#endif

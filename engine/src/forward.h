@@ -1,0 +1,62 @@
+/* forward.h: the looped forward pass (SPEC §1) over a chunk of new tokens.
+ *
+ * It runs in three stages so that callers can decide the depth token by token
+ * (early exit) or stop after a shallow draft:
+ *     tl_forward_begin   embed + prelude; loop state initialised
+ *     tl_forward_loop    one application of the shared block (call L times)
+ *     tl_forward_end     coda + final norm + head; the chunk's rows join the cache */
+#ifndef TL_FORWARD_H
+#define TL_FORWARD_H
+
+#include "backend.h"
+#include "kv_cache.h"
+
+/* Scratch activations of one session, sized for `rows` tokens per forward. */
+typedef struct tl_workspace {
+    int rows, scratch_per_thread, threads;
+    float *x;     /* [rows][d]     residual stream of the layer being run */
+    float *e;     /* [rows][d]     injected input (prelude output) */
+    float *s;     /* [rows][d]     loop state */
+    float *u;     /* [rows][d]     block input of the current loop */
+    float *cat;   /* [rows][2d]    [s ; e] for concat injection */
+    float *h;     /* [rows][d]     normed input of a sub-layer, then its output */
+    float *q;     /* [rows][n_heads*head_dim] */
+    float *k;     /* [rows][kv_dim] */
+    float *v;     /* [rows][kv_dim] */
+    float *att;   /* [rows][n_heads*head_dim] attention output before o-proj */
+    float *ff_a;  /* [rows][d_ff] */
+    float *ff_b;  /* [rows][d_ff] */
+    float *attn_scratch; /* [threads][scratch_per_thread] softmax scores */
+} tl_workspace;
+
+/* Grows the workspace (never shrinks) to hold `rows` tokens against a cache of
+   `cache_capacity` physical rows. */
+tl_status tl_workspace_reserve(tl_workspace *ws, const tl_model *m, int rows, int cache_capacity);
+void tl_workspace_release(tl_workspace *ws);
+
+typedef struct tl_forward {
+    const tl_model *m;
+    tl_kv_cache *cache;
+    tl_workspace *ws;
+    const int32_t *positions; /* [n] */
+    const uint8_t *mask;      /* [n][n] or NULL (causal) */
+    int n, base, loops_done;
+} tl_forward;
+
+/* tokens/positions: [n]; mask: NULL for causal, else mask[i*n+j] != 0 when chunk row i
+   may see chunk row j (rows always see the whole cached prefix within the window).
+   The arrays must stay valid until tl_forward_end. */
+tl_status tl_forward_begin(tl_forward *f, const tl_model *m, tl_kv_cache *cache,
+                           tl_workspace *ws, const int32_t *tokens, const int32_t *positions,
+                           int n, const uint8_t *mask);
+void tl_forward_loop(tl_forward *f);
+/* Runs the coda, then the head for rows [logits_from, n) into logits
+   [(n - logits_from)][vocab] (logits may be NULL to skip the head). */
+void tl_forward_end(tl_forward *f, int logits_from, float *logits);
+
+/* begin + `loops` x loop + end. */
+tl_status tl_forward_run(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
+                         const int32_t *tokens, const int32_t *positions, int n,
+                         const uint8_t *mask, int loops, int logits_from, float *logits);
+
+#endif

@@ -1,0 +1,101 @@
+/* internal.h: definitions shared by the engine's source files (not installed). */
+#ifndef TL_INTERNAL_H
+#define TL_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tinyloop.h"
+
+/* ---------------------------------------------------------------- errors */
+
+/* Records a printf-style message for tl_last_error() and returns `status`, so that
+   call sites read `return tl_fail(TL_ERR_FORMAT, "...", ...)`. */
+tl_status tl_fail(tl_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void tl_clear_error(void);
+
+/* ---------------------------------------------------------------- memory / time */
+
+void *tl_alloc_aligned(size_t bytes);   /* 64-byte aligned, zeroed; NULL on failure */
+void tl_free_aligned(void *ptr);
+double tl_now_ms(void);                 /* monotonic clock */
+
+/* ---------------------------------------------------------------- config (config.c) */
+
+typedef enum { TL_INJECT_NONE, TL_INJECT_ADD, TL_INJECT_CONCAT } tl_injection;
+typedef enum { TL_UPDATE_REPLACE, TL_UPDATE_RESIDUAL } tl_loop_update;
+typedef enum { TL_NORM_LAYERNORM, TL_NORM_RMSNORM } tl_norm_kind;
+typedef enum { TL_MLP_GELU, TL_MLP_SWIGLU } tl_mlp_kind;
+typedef enum { TL_POS_LEARNED, TL_POS_ROPE } tl_pos_kind;
+
+typedef struct tl_config {
+    int vocab_size, d_model, n_heads, n_kv_heads, head_dim, d_ff, max_seq_len;
+    int n_prelude, n_block, n_coda;
+    int default_loops, max_loops;
+    float beta, norm_eps, rope_theta;
+    tl_injection injection;
+    tl_loop_update loop_update;
+    bool state_norm, bias, tie_embeddings;
+    tl_norm_kind norm;
+    tl_mlp_kind mlp;
+    tl_pos_kind pos_encoding;
+    int bos_token_id, eos_token_id;
+} tl_config;
+
+/* Parses and validates config.json text; the message names the field and value. */
+tl_status tl_config_parse(const char *json_text, tl_config *out);
+
+/* ---------------------------------------------------------------- weights */
+
+typedef enum { TL_F32 = 0, TL_F16 = 1, TL_BF16 = 2 } tl_dtype;
+
+/* A matrix [rows, cols] stored row-major in its checkpoint dtype (16-bit types stay
+   16-bit in memory; kernels convert on the fly). */
+typedef struct tl_matrix {
+    const void *data;
+    tl_dtype dtype;
+    int rows, cols;
+} tl_matrix;
+
+/* One pre-norm transformer layer. Vectors (norms, biases) are converted to f32 at load;
+   bias pointers are NULL when the config has no bias (norm_b NULL for rmsnorm). */
+typedef struct tl_layer {
+    const float *attn_norm_w, *attn_norm_b;
+    tl_matrix q, k, v, o;
+    const float *q_b, *k_b, *v_b, *o_b;
+    const float *mlp_norm_w, *mlp_norm_b;
+    tl_matrix gate, up, down; /* gate only for swiglu */
+    const float *gate_b, *up_b, *down_b;
+} tl_layer;
+
+typedef struct tl_weights {
+    tl_matrix tok_embed;        /* [vocab, d] */
+    tl_matrix pos_embed;        /* [max_seq_len, d] (learned positions only) */
+    tl_layer *prelude, *block, *coda;
+    tl_matrix inject;           /* [d, 2d] (concat only) */
+    const float *inject_b;
+    const float *state_norm_w, *state_norm_b;
+    const float *final_norm_w, *final_norm_b;
+    tl_matrix lm_head;          /* [vocab, d]; aliases tok_embed when tied */
+} tl_weights;
+
+struct tl_backend;
+struct tl_pool;
+
+struct tl_model {
+    tl_config cfg;
+    tl_weights w;
+    struct tl_model_info info;
+    const struct tl_backend *backend;
+    struct tl_pool *pool;        /* CPU worker threads; shared, used by one caller at a time */
+    void *mapping;               /* mmap of model.safetensors */
+    size_t mapping_len;
+    void **owned;                /* allocations to free with the model */
+    int n_owned, cap_owned;
+    double *rope_inv_freq;       /* [head_dim/2] */
+    char *dir;
+};
+
+#endif

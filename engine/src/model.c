@@ -1,0 +1,339 @@
+/* model.c: loading a checkpoint directory (SPEC §1) into an immutable tl_model.
+ *
+ * Matrices stay in the memory-mapped file in their stored dtype; vectors (norm weights,
+ * biases) are converted to f32 copies. Every tensor the config implies must be present
+ * with its exact shape, and every tensor in the file must be one the config implies. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "cpu/kernels.h"
+#include "cpu/pool.h"
+#include "safetensors.h"
+
+void tl_load_options_init(tl_load_options *opts) {
+    if (!opts) return;
+    memset(opts, 0, sizeof *opts);
+    opts->n_threads = 0;
+    opts->backend = TL_BACKEND_AUTO;
+}
+
+/* ---------------------------------------------------------------- ownership */
+
+static void *own(tl_model *m, void *p) {
+    if (!p) return NULL;
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? m->cap_owned * 2 : 64;
+        void **grown = realloc(m->owned, (size_t)cap * sizeof *grown);
+        if (!grown) { tl_free_aligned(p); return NULL; }
+        m->owned = grown;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = p;
+    return p;
+}
+
+void tl_model_free(tl_model *m) {
+    if (!m) return;
+    tl_pool_free(m->pool);
+    for (int i = 0; i < m->n_owned; i++) tl_free_aligned(m->owned[i]);
+    free(m->owned);
+    if (m->mapping) munmap(m->mapping, m->mapping_len);
+    free(m->w.prelude);
+    free(m->w.block);
+    free(m->w.coda);
+    free(m->rope_inv_freq);
+    free(m->dir);
+    free(m);
+}
+
+/* ---------------------------------------------------------------- files */
+
+static tl_status read_text_file(const char *path, char **out) {
+    *out = NULL;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return tl_fail(TL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fseek(fp, 0, SEEK_END) != 0) { fclose(fp); return tl_fail(TL_ERR_IO, "%s: cannot seek", path); }
+    long len = ftell(fp);
+    rewind(fp);
+    if (len < 0 || len > (64L << 20)) {
+        fclose(fp);
+        return tl_fail(TL_ERR_FORMAT, "%s: unexpected size %ld bytes", path, len);
+    }
+    char *buf = malloc((size_t)len + 1);
+    if (!buf) { fclose(fp); return tl_fail(TL_ERR_NO_MEMORY, "out of memory reading %s", path); }
+    size_t got = fread(buf, 1, (size_t)len, fp);
+    fclose(fp);
+    if (got != (size_t)len) { free(buf); return tl_fail(TL_ERR_IO, "%s: short read", path); }
+    buf[len] = '\0';
+    *out = buf;
+    return TL_OK;
+}
+
+/* ---------------------------------------------------------------- tensor binding */
+
+typedef struct {
+    tl_model *m;
+    tl_st_file *file;
+    const char *path;
+} binder;
+
+static tl_status find_shaped(binder *b, const char *name, int rows, int cols, tl_st_tensor **out) {
+    tl_st_tensor *t = tl_st_find(b->file, name);
+    if (!t) return tl_fail(TL_ERR_FORMAT, "%s: missing tensor \"%s\" (required by config.json)", b->path, name);
+    t->claimed = true;
+    bool ok = rows < 0 ? (t->ndim == 1 && t->shape[0] == cols)
+                       : (t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols);
+    if (!ok) {
+        char got[96] = "[";
+        for (int i = 0; i < t->ndim; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        strncat(got, "]", sizeof got - strlen(got) - 1);
+        if (rows < 0)
+            return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" has shape %s, config.json implies [%d]",
+                           b->path, name, got, cols);
+        return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" has shape %s, config.json implies [%d, %d]",
+                       b->path, name, got, rows, cols);
+    }
+    if (t->dtype != TL_ST_F32 && t->dtype != TL_ST_F16 && t->dtype != TL_ST_BF16)
+        return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" has dtype %s; only F32, F16 and BF16 are supported",
+                       b->path, name, tl_st_dtype_name(t->dtype));
+    *out = t;
+    return TL_OK;
+}
+
+static tl_status bind_matrix(binder *b, const char *name, int rows, int cols, tl_matrix *out) {
+    tl_st_tensor *t;
+    tl_status st = find_shaped(b, name, rows, cols, &t);
+    if (st != TL_OK) return st;
+    out->dtype = t->dtype == TL_ST_F32 ? TL_F32 : t->dtype == TL_ST_F16 ? TL_F16 : TL_BF16;
+    out->rows = rows;
+    out->cols = cols;
+    out->data = t->data;
+    size_t elem = tl_st_dtype_size(t->dtype);
+    if ((uintptr_t)t->data % elem != 0) { /* unaligned in the file: keep an aligned copy */
+        void *copy = own(b->m, tl_alloc_aligned(t->nbytes));
+        if (!copy) return tl_fail(TL_ERR_NO_MEMORY, "out of memory copying \"%s\"", name);
+        memcpy(copy, t->data, t->nbytes);
+        out->data = copy;
+    }
+    return TL_OK;
+}
+
+/* A vector converted to an owned f32 array. */
+static tl_status bind_vector(binder *b, const char *name, int len, const float **out) {
+    tl_st_tensor *t;
+    tl_status st = find_shaped(b, name, -1, len, &t);
+    if (st != TL_OK) return st;
+    float *v = own(b->m, tl_alloc_aligned((size_t)len * sizeof(float)));
+    if (!v) return tl_fail(TL_ERR_NO_MEMORY, "out of memory copying \"%s\"", name);
+    tl_matrix tmp = {NULL, TL_F32, 1, len};
+    void *staging = NULL;
+    if (t->dtype == TL_ST_F32) {
+        memcpy(v, t->data, (size_t)len * sizeof(float)); /* memcpy: the data may be unaligned */
+    } else {
+        staging = malloc(t->nbytes ? t->nbytes : 1);
+        if (!staging) return tl_fail(TL_ERR_NO_MEMORY, "out of memory copying \"%s\"", name);
+        memcpy(staging, t->data, t->nbytes);
+        tmp.data = staging;
+        tmp.dtype = t->dtype == TL_ST_F16 ? TL_F16 : TL_BF16;
+        tl_matrix_row_f32(&tmp, 0, v);
+        free(staging);
+    }
+    *out = v;
+    return TL_OK;
+}
+
+static tl_status bind_norm(binder *b, const char *prefix, const float **w, const float **bias) {
+    char name[256];
+    const tl_config *c = &b->m->cfg;
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    tl_status st = bind_vector(b, name, c->d_model, w);
+    if (st != TL_OK || c->norm != TL_NORM_LAYERNORM) return st;
+    snprintf(name, sizeof name, "%s.bias", prefix);
+    return bind_vector(b, name, c->d_model, bias);
+}
+
+/* Matrix `prefix.weight` [rows, cols] and, when the config has biases, `prefix.bias`. */
+static tl_status bind_linear(binder *b, const char *prefix, int rows, int cols, tl_matrix *w,
+                             const float **bias) {
+    char name[256];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    tl_status st = bind_matrix(b, name, rows, cols, w);
+    if (st != TL_OK || !b->m->cfg.bias) return st;
+    snprintf(name, sizeof name, "%s.bias", prefix);
+    return bind_vector(b, name, rows, bias);
+}
+
+static tl_status bind_layer(binder *b, const char *group, int index, tl_layer *L) {
+    const tl_config *c = &b->m->cfg;
+    const int d = c->d_model, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    char p[96], name[160];
+    snprintf(p, sizeof p, "%s.%d", group, index);
+    tl_status st;
+#define TRY(call) do { if ((st = (call)) != TL_OK) return st; } while (0)
+#define SUB(suffix) (snprintf(name, sizeof name, "%s.%s", p, suffix), name)
+    TRY(bind_norm(b, SUB("attn_norm"), &L->attn_norm_w, &L->attn_norm_b));
+    TRY(bind_linear(b, SUB("attn.q"), qd, d, &L->q, &L->q_b));
+    TRY(bind_linear(b, SUB("attn.k"), kvd, d, &L->k, &L->k_b));
+    TRY(bind_linear(b, SUB("attn.v"), kvd, d, &L->v, &L->v_b));
+    TRY(bind_linear(b, SUB("attn.o"), d, qd, &L->o, &L->o_b));
+    TRY(bind_norm(b, SUB("mlp_norm"), &L->mlp_norm_w, &L->mlp_norm_b));
+    if (c->mlp == TL_MLP_SWIGLU) TRY(bind_linear(b, SUB("mlp.gate"), c->d_ff, d, &L->gate, &L->gate_b));
+    TRY(bind_linear(b, SUB("mlp.up"), c->d_ff, d, &L->up, &L->up_b));
+    TRY(bind_linear(b, SUB("mlp.down"), d, c->d_ff, &L->down, &L->down_b));
+#undef SUB
+#undef TRY
+    return TL_OK;
+}
+
+static tl_status bind_all(binder *b) {
+    tl_model *m = b->m;
+    const tl_config *c = &m->cfg;
+    tl_weights *w = &m->w;
+    tl_status st;
+#define TRY(call) do { if ((st = (call)) != TL_OK) return st; } while (0)
+    TRY(bind_matrix(b, "tok_embed.weight", c->vocab_size, c->d_model, &w->tok_embed));
+    if (c->pos_encoding == TL_POS_LEARNED)
+        TRY(bind_matrix(b, "pos_embed.weight", c->max_seq_len, c->d_model, &w->pos_embed));
+    w->prelude = calloc((size_t)c->n_prelude + 1, sizeof(tl_layer));
+    w->block = calloc((size_t)c->n_block + 1, sizeof(tl_layer));
+    w->coda = calloc((size_t)c->n_coda + 1, sizeof(tl_layer));
+    if (!w->prelude || !w->block || !w->coda) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    for (int i = 0; i < c->n_prelude; i++) TRY(bind_layer(b, "prelude", i, &w->prelude[i]));
+    for (int i = 0; i < c->n_block; i++) TRY(bind_layer(b, "block", i, &w->block[i]));
+    for (int i = 0; i < c->n_coda; i++) TRY(bind_layer(b, "coda", i, &w->coda[i]));
+    if (c->injection == TL_INJECT_CONCAT)
+        TRY(bind_linear(b, "inject", c->d_model, 2 * c->d_model, &w->inject, &w->inject_b));
+    if (c->state_norm) TRY(bind_norm(b, "state_norm", &w->state_norm_w, &w->state_norm_b));
+    TRY(bind_norm(b, "final_norm", &w->final_norm_w, &w->final_norm_b));
+    if (c->tie_embeddings) w->lm_head = w->tok_embed;
+    else TRY(bind_matrix(b, "lm_head.weight", c->vocab_size, c->d_model, &w->lm_head));
+#undef TRY
+    for (int i = 0; i < b->file->n_tensors; i++)
+        if (!b->file->tensors[i].claimed)
+            return tl_fail(TL_ERR_FORMAT, "%s: unexpected tensor \"%s\" (not used by this config%s)",
+                           b->path, b->file->tensors[i].name,
+                           strcmp(b->file->tensors[i].name, "lm_head.weight") == 0 ? ": tie_embeddings is true" : "");
+    return TL_OK;
+}
+
+/* ---------------------------------------------------------------- info */
+
+static void fill_info(tl_model *m, const tl_st_file *file) {
+    static const char *const injections[] = {"none", "add", "concat"};
+    static const char *const dtypes[] = {"f32", "f16", "bf16"};
+    const tl_config *c = &m->cfg;
+    struct tl_model_info *i = &m->info;
+    *i = (struct tl_model_info){
+        .vocab_size = c->vocab_size, .d_model = c->d_model, .n_heads = c->n_heads,
+        .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .d_ff = c->d_ff,
+        .max_seq_len = c->max_seq_len, .n_prelude = c->n_prelude, .n_block = c->n_block,
+        .n_coda = c->n_coda, .default_loops = c->default_loops, .max_loops = c->max_loops,
+        .beta = c->beta, .norm_eps = c->norm_eps, .rope_theta = c->rope_theta,
+        .bos_token_id = c->bos_token_id, .eos_token_id = c->eos_token_id,
+        .injection = injections[c->injection],
+        .loop_update = c->loop_update == TL_UPDATE_REPLACE ? "replace" : "residual",
+        .norm = c->norm == TL_NORM_LAYERNORM ? "layernorm" : "rmsnorm",
+        .mlp = c->mlp == TL_MLP_GELU ? "gelu" : "swiglu",
+        .pos_encoding = c->pos_encoding == TL_POS_LEARNED ? "learned" : "rope",
+        .weight_dtype = dtypes[m->w.tok_embed.dtype],
+        .state_norm = c->state_norm, .bias = c->bias, .tie_embeddings = c->tie_embeddings,
+        .n_threads = tl_pool_threads(m->pool), .backend = m->backend->name,
+    };
+    for (int t = 0; t < file->n_tensors; t++) {
+        int64_t numel = 1;
+        for (int k = 0; k < file->tensors[t].ndim; k++) numel *= file->tensors[t].shape[k];
+        i->n_params += numel;
+        i->weight_bytes += (int64_t)file->tensors[t].nbytes;
+    }
+    char path[4096];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/tokenizer.json", m->dir);
+    i->has_tokenizer = stat(path, &sb) == 0;
+}
+
+/* ---------------------------------------------------------------- load */
+
+static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *opts) {
+    char path[4096];
+    char *text = NULL;
+    tl_status st;
+    struct stat sb;
+    if (stat(dir, &sb) != 0)
+        return tl_fail(TL_ERR_IO, "model directory %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return tl_fail(TL_ERR_IO, "%s is not a directory (expected a checkpoint directory)", dir);
+    if (!(m->dir = strdup(dir))) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if ((st = read_text_file(path, &text)) != TL_OK) return st;
+    st = tl_config_parse(text, &m->cfg);
+    free(text);
+    if (st != TL_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", tl_last_error());
+        return tl_fail(st, "%s/%s", dir, msg);
+    }
+
+    if (opts->backend == TL_BACKEND_CUDA)
+        return tl_fail(TL_ERR_UNSUPPORTED, "backend CUDA requested but this build has no CUDA backend");
+    if (opts->backend != TL_BACKEND_AUTO && opts->backend != TL_BACKEND_CPU)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: unknown backend %d", (int)opts->backend);
+    if (opts->n_threads < 0 || opts->n_threads > 1024)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: n_threads = %d is out of range [0, 1024]",
+                       opts->n_threads);
+    m->backend = &tl_cpu_backend;
+
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    tl_st_file file;
+    if ((st = tl_st_open(path, &file)) != TL_OK) return st;
+    binder b = {m, &file, path};
+    st = bind_all(&b);
+    if (st == TL_OK) {
+        const int half = m->cfg.head_dim / 2;
+        m->rope_inv_freq = calloc((size_t)half + 1, sizeof(double));
+        if (!m->rope_inv_freq) st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+        for (int i = 0; st == TL_OK && i < half; i++)
+            m->rope_inv_freq[i] = 1.0 / pow((double)m->cfg.rope_theta, (2.0 * i) / m->cfg.head_dim);
+    }
+    if (st == TL_OK) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int threads = opts->n_threads > 0 ? opts->n_threads : (cores > 0 ? (int)cores : 1);
+        if (!(m->pool = tl_pool_new(threads))) st = tl_fail(TL_ERR_NO_MEMORY, "cannot start worker threads");
+    }
+    if (st == TL_OK) fill_info(m, &file);
+    /* The mapping outlives the header table: the matrices point into it. */
+    m->mapping = file.map;
+    m->mapping_len = file.map_len;
+    file.map = NULL;
+    tl_st_close(&file);
+    return st;
+}
+
+tl_status tl_model_load(const char *dir, const tl_load_options *opts, tl_model **out) {
+    if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_model_load: out must not be NULL");
+    *out = NULL;
+    if (!dir) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_model_load: dir must not be NULL");
+    tl_load_options defaults;
+    tl_load_options_init(&defaults);
+    tl_model *m = calloc(1, sizeof *m);
+    if (!m) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    tl_status st = load_into(m, dir, opts ? opts : &defaults);
+    if (st != TL_OK) {
+        tl_model_free(m);
+        return st;
+    }
+    tl_clear_error();
+    *out = m;
+    return TL_OK;
+}
+
+const struct tl_model_info *tl_model_info(const tl_model *model) { return model ? &model->info : NULL; }

@@ -1,0 +1,39 @@
+/* safetensors.h: read-only, memory-mapped access to a .safetensors file. */
+#ifndef TL_SAFETENSORS_H
+#define TL_SAFETENSORS_H
+
+#include "internal.h"
+
+typedef enum {
+    TL_ST_F32, TL_ST_F16, TL_ST_BF16, TL_ST_F64, TL_ST_I64, TL_ST_I32, TL_ST_I16, TL_ST_I8,
+    TL_ST_U8, TL_ST_BOOL
+} tl_st_dtype;
+
+#define TL_ST_MAX_DIMS 8
+
+typedef struct tl_st_tensor {
+    char *name;
+    tl_st_dtype dtype;
+    int ndim;
+    int64_t shape[TL_ST_MAX_DIMS];
+    const uint8_t *data; /* inside the mapping; not necessarily aligned */
+    size_t nbytes;
+    bool claimed;        /* set by the loader to find tensors nobody asked for */
+} tl_st_tensor;
+
+typedef struct tl_st_file {
+    void *map;
+    size_t map_len;
+    tl_st_tensor *tensors;
+    int n_tensors;
+} tl_st_file;
+
+/* Maps and validates the whole header (dtypes, shapes, offsets, file length, overlaps).
+   On error *out is left empty and the message names the file and the problem. */
+tl_status tl_st_open(const char *path, tl_st_file *out);
+tl_st_tensor *tl_st_find(tl_st_file *file, const char *name);
+void tl_st_close(tl_st_file *file);
+const char *tl_st_dtype_name(tl_st_dtype dtype);
+size_t tl_st_dtype_size(tl_st_dtype dtype);
+
+#endif
