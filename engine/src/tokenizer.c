@@ -1,0 +1,1015 @@
+/* Byte-level BPE tokenizer: tokenizer.json loading, encoding and decoding.
+ *
+ * The goal is token-for-token agreement with Hugging Face `tokenizers` on the
+ * GPT-2 family (ByteLevel pre-tokenizer + BPE model), so every place where we
+ * follow one of its quirks says so. See tokenizer.h for the contract.
+ */
+#define PCRE2_CODE_UNIT_WIDTH 8
+
+#include "tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <pcre2.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Ids index per-id arrays, so a hostile file with id 2^31 would make us
+   allocate gigabytes; real vocabularies stay far below this (~260k). */
+#define TLZ_MAX_ID (1 << 24)
+
+/* GPT-2's pre-tokenisation regex. PCRE2_UCP makes \s, \p{L}, \p{N} Unicode
+   aware, like the Oniguruma regex Hugging Face uses. Known differences in the
+   \s class: PCRE2 10.42 also counts U+180E as space (Oniguruma does not);
+   gpt-3-encoder (JavaScript) counts U+FEFF but not U+0085. */
+static const char GPT2_PATTERN[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+enum { TOKF_USED = 1, TOKF_SPECIAL = 2, TOKF_VOCAB = 4 };
+
+typedef struct {
+    uint64_t key;   /* (left id << 32) | right id */
+    int32_t rank;   /* -1: empty slot */
+    int32_t id;     /* id of the merged token */
+} merge_slot;
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} bytebuf;
+
+typedef struct {
+    char *text;     /* literal content, matched byte for byte */
+    size_t len;
+    int32_t id;
+} added_token;
+
+struct tlz_tokenizer {
+    int32_t n_ids;
+    uint8_t *flags;          /* TOKF_* per id */
+    uint32_t *raw_off;       /* raw bytes of id i: raw + raw_off[i], raw_len[i] */
+    uint32_t *raw_len;
+    bytebuf raw;
+    uint32_t *str_off;       /* byte-level vocab spelling of id i (TOKF_VOCAB only) */
+    uint32_t *str_len;
+    bytebuf str;
+
+    int32_t *vocab_slots;    /* open addressing: vocab spelling -> id, -1 empty */
+    uint32_t vocab_mask;
+    merge_slot *merge_slots; /* (left, right) -> rank, merged id */
+    uint32_t merge_mask;
+
+    int32_t byte_id[256];    /* token of each single byte, -1 if the vocab lacks it */
+    int32_t unk_id;          /* -1 when the model has no unk_token */
+
+    added_token *added;      /* sorted by decreasing length: first hit is longest */
+    size_t n_added;
+    uint8_t added_first[256];/* 1 if some added token starts with this byte */
+
+    pcre2_code *re;          /* NULL when ByteLevel.use_regex is false */
+    int add_prefix_space;
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* Token strings go into messages; escape them so that a control byte or a
+   huge token cannot garble the log line. */
+static const char *quote(const char *s, size_t n, char *buf, size_t cap)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 8 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c == 0x7f || c == '\'' || c == '\\')
+            o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
+        else
+            buf[o++] = (char)c;
+        if (i + 1 < n && o + 8 >= cap) {
+            memcpy(buf + o, "...", 3);
+            o += 3;
+            break;
+        }
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+int tlz_utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    if (c < 0x80) return 1;
+    int len;
+    unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;      /* overlong */
+        else if (c == 0xED) hi = 0x9F; /* surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;      /* overlong */
+        else if (c == 0xF4) hi = 0x8F; /* > U+10FFFF */
+    } else {
+        return -1;
+    }
+    for (int i = 1; i < len; i++) {
+        if ((size_t)i >= n) return 0;
+        unsigned b = p[i];
+        if (b < lo || b > hi) return -1;
+        lo = 0x80;
+        hi = 0xBF;
+    }
+    return len;
+}
+
+static size_t utf8_put(uint32_t cp, char *out)
+{
+    if (cp < 0x80) { out[0] = (char)cp; return 1; }
+    out[0] = (char)(0xC0 | (cp >> 6));
+    out[1] = (char)(0x80 | (cp & 0x3F));
+    return 2; /* the byte-level alphabet stays below U+0800 */
+}
+
+static uint32_t utf8_get(const unsigned char *p, int len)
+{
+    if (len == 1) return p[0];
+    uint32_t cp = p[0] & (0x7F >> len);
+    for (int i = 1; i < len; i++) cp = (cp << 6) | (p[i] & 0x3F);
+    return cp;
+}
+
+/* GPT-2's bytes_to_unicode(): printable Latin-1 bytes stand for themselves,
+   the other 68 bytes are moved to U+0100.. so that every byte has a visible,
+   non-space character. cp_to_byte is its inverse over U+0000..U+0143. */
+enum { BYTE_CP_LIMIT = 0x144 };
+static void byte_level_tables(uint32_t byte_to_cp[256], int16_t cp_to_byte[BYTE_CP_LIMIT])
+{
+    uint32_t n = 0;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+        byte_to_cp[b] = printable ? (uint32_t)b : 256 + n++;
+    }
+    for (int i = 0; i < BYTE_CP_LIMIT; i++) cp_to_byte[i] = -1;
+    for (int b = 0; b < 256; b++) cp_to_byte[byte_to_cp[b]] = (int16_t)b;
+}
+
+static uint64_t hash_bytes(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 1099511628211ull;
+    }
+    return h ^ (h >> 29);
+}
+
+static uint64_t hash_pair(uint64_t k)
+{
+    k ^= k >> 33; /* murmur3 finaliser: ids are small and dense */
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    k ^= k >> 33;
+    return k;
+}
+
+static uint32_t table_size(size_t n)
+{
+    uint32_t cap = 16;
+    while (cap < 2 * n) cap <<= 1; /* load factor <= 1/2 keeps probes short */
+    return cap;
+}
+
+static int32_t vocab_find(const tlz_tokenizer *t, const char *s, size_t n)
+{
+    if (!t->vocab_slots) return -1;
+    uint32_t i = (uint32_t)hash_bytes(s, n) & t->vocab_mask;
+    for (;;) {
+        int32_t id = t->vocab_slots[i];
+        if (id < 0) return -1;
+        if (t->str_len[id] == n && memcmp(t->str.p + t->str_off[id], s, n) == 0) return id;
+        i = (i + 1) & t->vocab_mask;
+    }
+}
+
+static const merge_slot *merge_find(const tlz_tokenizer *t, int32_t a, int32_t b)
+{
+    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+    uint32_t i = (uint32_t)hash_pair(key) & t->merge_mask;
+    for (;;) {
+        const merge_slot *s = &t->merge_slots[i];
+        if (s->rank < 0) return NULL;
+        if (s->key == key) return s;
+        i = (i + 1) & t->merge_mask;
+    }
+}
+
+/* ------------------------------------------------------------------ load */
+
+static int read_file(const char *path, char **data, size_t *len, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return fail(err, errlen, TLZ_EIO, "cannot open tokenizer file '%s': %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) { fclose(f); return fail(err, errlen, TLZ_ENOMEM, "out of memory reading '%s'", path); }
+    for (;;) {
+        if (n == cap) {
+            char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+            if (!nb) { free(buf); fclose(f); return fail(err, errlen, TLZ_ENOMEM, "out of memory reading '%s'", path); }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) { free(buf); return fail(err, errlen, TLZ_EIO, "error reading tokenizer file '%s'", path); }
+    *data = buf;
+    *len = n;
+    return TLZ_OK;
+}
+
+int tlz_tokenizer_load(const char *path, tlz_tokenizer **out, char *err, size_t errlen)
+{
+    if (out) *out = NULL;
+    if (!path || !out) return fail(err, errlen, TLZ_EINVAL, "tlz_tokenizer_load: NULL argument");
+    char *data = NULL;
+    size_t len = 0;
+    int rc = read_file(path, &data, &len, err, errlen);
+    if (rc) return rc;
+    rc = tlz_tokenizer_load_json(data, len, out, err, errlen);
+    free(data);
+    if (rc && err && errlen) {
+        /* Name the file: the caller often loads several. */
+        size_t used = strlen(err);
+        if (used + 8 < errlen) snprintf(err + used, errlen - used, " (in '%s')", path);
+    }
+    return rc;
+}
+
+/* A JSON number that is an id: integral, in range. */
+static int json_id(const cJSON *v, int32_t *id)
+{
+    if (!cJSON_IsNumber(v)) return 0;
+    double d = v->valuedouble;
+    if (!(d >= 0 && d < TLZ_MAX_ID) || floor(d) != d) return 0;
+    *id = (int32_t)d;
+    return 1;
+}
+
+static int json_bool(const cJSON *obj, const char *key, int dflt, int *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) { *out = dflt; return 1; }
+    if (!cJSON_IsBool(v)) return 0;
+    *out = cJSON_IsTrue(v) ? 1 : 0;
+    return 1;
+}
+
+/* Rejects model options that would change tokenisation in ways we do not
+   implement; silently ignoring them would give wrong ids, not an error. */
+static int check_model_options(const cJSON *model, char *err, size_t errlen)
+{
+    int on;
+    if (!json_bool(model, "byte_fallback", 0, &on) || on)
+        return fail(err, errlen, TLZ_EFORMAT, "model.byte_fallback is not supported (byte-level BPE only)");
+    if (!json_bool(model, "ignore_merges", 0, &on) || on)
+        return fail(err, errlen, TLZ_EFORMAT, "model.ignore_merges is not supported");
+    static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+    for (size_t i = 0; i < 2; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, affixes[i]);
+        if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && v->valuestring[0] == '\0'))
+            return fail(err, errlen, TLZ_EFORMAT, "model.%s is not supported (must be empty or null)", affixes[i]);
+    }
+    return TLZ_OK;
+}
+
+static int check_normalizer(const cJSON *root, char *err, size_t errlen)
+{
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
+    if (!n || cJSON_IsNull(n)) return TLZ_OK;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(n, "type");
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
+    if (cJSON_IsString(type) && strcmp(type->valuestring, "Sequence") == 0 &&
+        cJSON_IsArray(list) && cJSON_GetArraySize(list) == 0)
+        return TLZ_OK; /* an empty sequence changes nothing */
+    return fail(err, errlen, TLZ_EFORMAT, "normalizer '%s' is not supported (only null)",
+                cJSON_IsString(type) ? type->valuestring : "?");
+}
+
+static int parse_pre_tokenizer(tlz_tokenizer *t, const cJSON *root, int *use_regex,
+                               char *err, size_t errlen)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+    const cJSON *type = p ? cJSON_GetObjectItemCaseSensitive(p, "type") : NULL;
+    if (!cJSON_IsObject(p) || !cJSON_IsString(type))
+        return fail(err, errlen, TLZ_EFORMAT,
+                    "pre_tokenizer is missing (only the ByteLevel pre-tokenizer is supported)");
+    if (strcmp(type->valuestring, "ByteLevel") != 0)
+        return fail(err, errlen, TLZ_EFORMAT,
+                    "pre_tokenizer '%s' is not supported (only ByteLevel)", type->valuestring);
+    if (!json_bool(p, "add_prefix_space", 0, &t->add_prefix_space) ||
+        !json_bool(p, "use_regex", 1, use_regex))
+        return fail(err, errlen, TLZ_EFORMAT, "pre_tokenizer: add_prefix_space and use_regex must be booleans");
+    return TLZ_OK;
+}
+
+static int compile_regex(tlz_tokenizer *t, char *err, size_t errlen)
+{
+    int code;
+    PCRE2_SIZE off;
+    t->re = pcre2_compile((PCRE2_SPTR)GPT2_PATTERN, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                          &code, &off, NULL);
+    if (!t->re) {
+        PCRE2_UCHAR msg[160];
+        pcre2_get_error_message(code, msg, sizeof msg);
+        return fail(err, errlen, TLZ_EFORMAT, "cannot compile the pre-tokenizer regex: %s", (char *)msg);
+    }
+#ifndef TLZ_NO_JIT
+    /* A failure only means no JIT on this platform; pcre2_match then runs the
+       interpreter on the same code, with the same results. */
+    (void)pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);
+#endif
+    return TLZ_OK;
+}
+
+/* Decodes a byte-level vocab spelling into raw bytes. Like the HF ByteLevel
+   decoder, a token with a character outside the byte alphabet is taken as
+   its own UTF-8 bytes. Returns the length written to out (cap >= n). */
+static size_t spelling_to_raw(const char *s, size_t n, const int16_t cp_to_byte[BYTE_CP_LIMIT], char *out)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        int k = tlz_utf8_seq((const unsigned char *)s + i, n - i);
+        if (k <= 0) goto verbatim;
+        uint32_t cp = utf8_get((const unsigned char *)s + i, k);
+        if (cp >= BYTE_CP_LIMIT || cp_to_byte[cp] < 0) goto verbatim;
+        out[o++] = (char)cp_to_byte[cp];
+        i += (size_t)k;
+    }
+    return o;
+verbatim:
+    memcpy(out, s, n);
+    return n;
+}
+
+static int buf_put(bytebuf *b, const char *s, size_t n, uint32_t *off)
+{
+    if (b->n + n > UINT32_MAX) return 0;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + n) cap *= 2;
+        char *np = realloc(b->p, cap);
+        if (!np) return 0;
+        b->p = np;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, s, n);
+    *off = (uint32_t)b->n;
+    b->n += n;
+    return 1;
+}
+
+static int added_cmp(const void *a, const void *b)
+{
+    const added_token *x = a, *y = b;
+    if (x->len != y->len) return x->len > y->len ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_json,
+                      const int16_t cp_to_byte[BYTE_CP_LIMIT], char *err, size_t errlen)
+{
+    char q1[64], q2[64];
+    /* Pass 1: ids must be known before the per-id arrays are sized. */
+    int32_t max_id = -1;
+    size_t n_vocab = 0;
+    for (const cJSON *e = vocab->child; e; e = e->next) {
+        int32_t id;
+        if (!json_id(e, &id))
+            return fail(err, errlen, TLZ_EFORMAT, "model.vocab entry '%s': id must be an integer in [0, %d)",
+                        quote(e->string, strlen(e->string), q1, sizeof q1), TLZ_MAX_ID);
+        if (e->string[0] == '\0')
+            return fail(err, errlen, TLZ_EFORMAT, "model.vocab has an empty token string (id %d)", (int)id);
+        if (id > max_id) max_id = id;
+        n_vocab++;
+    }
+    if (n_vocab == 0) return fail(err, errlen, TLZ_EFORMAT, "model.vocab is empty");
+    if (added_json) {
+        int i = 0;
+        for (const cJSON *e = added_json->child; e; e = e->next, i++) {
+            int32_t id;
+            const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+            if (!json_id(cJSON_GetObjectItemCaseSensitive(e, "id"), &id))
+                return fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"id\" must be an integer in [0, %d)", i, TLZ_MAX_ID);
+            if (!cJSON_IsString(content) || content->valuestring[0] == '\0')
+                return fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"content\" must be a non-empty string", i);
+            if (id > max_id) max_id = id;
+        }
+    }
+    t->n_ids = max_id + 1;
+    size_t n = (size_t)t->n_ids;
+    t->flags = calloc(n, 1);
+    t->raw_off = calloc(n, sizeof *t->raw_off);
+    t->raw_len = calloc(n, sizeof *t->raw_len);
+    t->str_off = calloc(n, sizeof *t->str_off);
+    t->str_len = calloc(n, sizeof *t->str_len);
+    uint32_t vcap = table_size(n_vocab);
+    t->vocab_slots = malloc(vcap * sizeof *t->vocab_slots);
+    char *tmp = NULL;
+    size_t tmp_cap = 0;
+    if (!t->flags || !t->raw_off || !t->raw_len || !t->str_off || !t->str_len || !t->vocab_slots)
+        return fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab");
+    memset(t->vocab_slots, 0xff, vcap * sizeof *t->vocab_slots);
+    t->vocab_mask = vcap - 1;
+
+    /* Pass 2: fill. */
+    for (const cJSON *e = vocab->child; e; e = e->next) {
+        int32_t id = (int32_t)e->valuedouble;
+        size_t len = strlen(e->string);
+        if (t->flags[id] & TOKF_VOCAB) {
+            free(tmp);
+            return fail(err, errlen, TLZ_EFORMAT, "model.vocab: id %d is used by both '%s' and '%s'", (int)id,
+                        quote(t->str.p + t->str_off[id], t->str_len[id], q1, sizeof q1),
+                        quote(e->string, len, q2, sizeof q2));
+        }
+        if (vocab_find(t, e->string, len) >= 0) {
+            free(tmp);
+            return fail(err, errlen, TLZ_EFORMAT, "model.vocab: duplicate entry '%s'", quote(e->string, len, q1, sizeof q1));
+        }
+        if (len > tmp_cap) {
+            char *nt = realloc(tmp, len * 2);
+            if (!nt) { free(tmp); return fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab"); }
+            tmp = nt;
+            tmp_cap = len * 2;
+        }
+        size_t rlen = spelling_to_raw(e->string, len, cp_to_byte, tmp);
+        if (!buf_put(&t->str, e->string, len, &t->str_off[id]) || !buf_put(&t->raw, tmp, rlen, &t->raw_off[id])) {
+            free(tmp);
+            return fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab");
+        }
+        t->str_len[id] = (uint32_t)len;
+        t->raw_len[id] = (uint32_t)rlen;
+        t->flags[id] |= TOKF_USED | TOKF_VOCAB;
+        uint32_t i = (uint32_t)hash_bytes(e->string, len) & t->vocab_mask;
+        while (t->vocab_slots[i] >= 0) i = (i + 1) & t->vocab_mask;
+        t->vocab_slots[i] = id;
+    }
+    free(tmp);
+
+    /* Added tokens: their literal content is both what encode matches and
+       what decode prints (HF looks ids up in the added vocabulary first). */
+    if (added_json) {
+        size_t na = (size_t)cJSON_GetArraySize(added_json);
+        t->added = calloc(na ? na : 1, sizeof *t->added);
+        if (!t->added) return fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
+        for (const cJSON *e = added_json->child; e; e = e->next) {
+            int32_t id = (int32_t)cJSON_GetObjectItemCaseSensitive(e, "id")->valuedouble;
+            const char *s = cJSON_GetObjectItemCaseSensitive(e, "content")->valuestring;
+            int special;
+            if (!json_bool(e, "special", 0, &special))
+                return fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"special\" of '%s' must be a boolean",
+                            quote(s, strlen(s), q1, sizeof q1));
+            size_t len = strlen(s);
+            added_token *a = &t->added[t->n_added++];
+            a->text = malloc(len + 1);
+            if (!a->text) return fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
+            memcpy(a->text, s, len + 1);
+            a->len = len;
+            a->id = id;
+            if (!buf_put(&t->raw, s, len, &t->raw_off[id]))
+                return fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
+            t->raw_len[id] = (uint32_t)len;
+            t->flags[id] |= TOKF_USED | (special ? TOKF_SPECIAL : 0);
+            t->added_first[(unsigned char)s[0]] = 1;
+        }
+        qsort(t->added, t->n_added, sizeof *t->added, added_cmp);
+    }
+    return TLZ_OK;
+}
+
+/* One merge entry: "left right" (classic) or ["left", "right"] (newer
+   tokenizers). Splits into the two spellings without copying. */
+static int merge_parts(const cJSON *m, const char **a, size_t *na, const char **b, size_t *nb)
+{
+    if (cJSON_IsString(m)) {
+        const char *s = m->valuestring, *sp = strchr(s, ' ');
+        /* HF requires exactly one space: tokens never contain a raw space. */
+        if (!sp || sp == s || sp[1] == '\0' || strchr(sp + 1, ' ')) return 0;
+        *a = s;
+        *na = (size_t)(sp - s);
+        *b = sp + 1;
+        *nb = strlen(sp + 1);
+        return 1;
+    }
+    if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2) {
+        const cJSON *x = m->child, *y = x->next;
+        if (!cJSON_IsString(x) || !cJSON_IsString(y) || !x->valuestring[0] || !y->valuestring[0]) return 0;
+        *a = x->valuestring;
+        *na = strlen(*a);
+        *b = y->valuestring;
+        *nb = strlen(*b);
+        return 1;
+    }
+    return 0;
+}
+
+static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t errlen)
+{
+    char q1[64], q2[64];
+    size_t count = (size_t)cJSON_GetArraySize(merges);
+    uint32_t cap = table_size(count);
+    t->merge_slots = malloc(cap * sizeof *t->merge_slots);
+    if (!t->merge_slots) return fail(err, errlen, TLZ_ENOMEM, "out of memory loading merges");
+    for (uint32_t i = 0; i < cap; i++) t->merge_slots[i].rank = -1;
+    t->merge_mask = cap - 1;
+
+    char *cat = NULL;
+    size_t cat_cap = 0;
+    int32_t rank = 0;
+    for (const cJSON *m = merges->child; m; m = m->next, rank++) {
+        const char *a, *b;
+        size_t na, nb;
+        if (!merge_parts(m, &a, &na, &b, &nb)) {
+            char *txt = cJSON_PrintUnformatted(m);
+            fail(err, errlen, TLZ_EFORMAT,
+                 "model.merges[%d] is malformed: %s (expected \"left right\" or [\"left\", \"right\"])",
+                 (int)rank, txt ? quote(txt, strlen(txt), q1, sizeof q1) : "?");
+            cJSON_free(txt);
+            free(cat);
+            return TLZ_EFORMAT;
+        }
+        int32_t ia = vocab_find(t, a, na), ib = vocab_find(t, b, nb);
+        if (ia < 0 || ib < 0) {
+            free(cat);
+            return fail(err, errlen, TLZ_EFORMAT, "model.merges[%d]: token '%s' is not in the vocab", (int)rank,
+                        ia < 0 ? quote(a, na, q1, sizeof q1) : quote(b, nb, q1, sizeof q1));
+        }
+        if (na + nb > cat_cap) {
+            char *nc = realloc(cat, 2 * (na + nb));
+            if (!nc) { free(cat); return fail(err, errlen, TLZ_ENOMEM, "out of memory loading merges"); }
+            cat = nc;
+            cat_cap = 2 * (na + nb);
+        }
+        memcpy(cat, a, na);
+        memcpy(cat + na, b, nb);
+        int32_t merged = vocab_find(t, cat, na + nb);
+        if (merged < 0) {
+            fail(err, errlen, TLZ_EFORMAT, "model.merges[%d] ('%s' + '%s'): merged token is not in the vocab",
+                 (int)rank, quote(a, na, q1, sizeof q1), quote(b, nb, q2, sizeof q2));
+            free(cat);
+            return TLZ_EFORMAT;
+        }
+        uint64_t key = ((uint64_t)(uint32_t)ia << 32) | (uint32_t)ib;
+        uint32_t i = (uint32_t)hash_pair(key) & t->merge_mask;
+        while (t->merge_slots[i].rank >= 0 && t->merge_slots[i].key != key) i = (i + 1) & t->merge_mask;
+        /* A repeated pair overwrites the earlier one: HF builds its merge map
+           with a HashMap collect, where the last entry wins. */
+        t->merge_slots[i].key = key;
+        t->merge_slots[i].rank = rank;
+        t->merge_slots[i].id = merged;
+    }
+    free(cat);
+    return TLZ_OK;
+}
+
+int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, char *err, size_t errlen)
+{
+    if (out) *out = NULL;
+    if (!json || !out) return fail(err, errlen, TLZ_EINVAL, "tlz_tokenizer_load_json: NULL argument");
+
+    cJSON *root = NULL;
+    tlz_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return fail(err, errlen, TLZ_ENOMEM, "out of memory loading the tokenizer");
+    int rc;
+    const char *end = NULL;
+    root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!root) {
+        size_t pos = end && end >= json && end <= json + len ? (size_t)(end - json) : 0, line = 1, col = 1;
+        for (size_t i = 0; i < pos; i++) {
+            if (json[i] == '\n') { line++; col = 1; } else col++;
+        }
+        rc = fail(err, errlen, TLZ_EFORMAT, "tokenizer.json is not valid JSON (error near line %zu, column %zu)", line, col);
+        goto done;
+    }
+    if (!cJSON_IsObject(root)) {
+        rc = fail(err, errlen, TLZ_EFORMAT, "tokenizer.json: the top level must be an object");
+        goto done;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (!cJSON_IsObject(model)) {
+        rc = fail(err, errlen, TLZ_EFORMAT, "tokenizer.json has no \"model\" object");
+        goto done;
+    }
+    /* Old files omit "type"; HF then infers BPE from vocab + merges. */
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
+    if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "BPE") == 0)) {
+        rc = fail(err, errlen, TLZ_EFORMAT, "model type '%s' is not supported (only BPE)",
+                  cJSON_IsString(type) ? type->valuestring : "(not a string)");
+        goto done;
+    }
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    if (!cJSON_IsObject(vocab)) {
+        rc = fail(err, errlen, TLZ_EFORMAT, "model.vocab is missing or not an object");
+        goto done;
+    }
+    if (!cJSON_IsArray(merges)) {
+        rc = fail(err, errlen, TLZ_EFORMAT, "model.merges is missing or not an array");
+        goto done;
+    }
+    if (added && cJSON_IsNull(added)) added = NULL;
+    if (added && !cJSON_IsArray(added)) {
+        rc = fail(err, errlen, TLZ_EFORMAT, "added_tokens must be an array");
+        goto done;
+    }
+    int use_regex = 1;
+    if ((rc = check_model_options(model, err, errlen)) || (rc = check_normalizer(root, err, errlen)) ||
+        (rc = parse_pre_tokenizer(t, root, &use_regex, err, errlen)))
+        goto done;
+
+    uint32_t byte_to_cp[256];
+    int16_t cp_to_byte[BYTE_CP_LIMIT];
+    byte_level_tables(byte_to_cp, cp_to_byte);
+    if ((rc = load_vocab(t, vocab, added, cp_to_byte, err, errlen)) ||
+        (rc = load_merges(t, merges, err, errlen)))
+        goto done;
+
+    for (int b = 0; b < 256; b++) {
+        char s[2];
+        t->byte_id[b] = vocab_find(t, s, utf8_put(byte_to_cp[b], s));
+    }
+    t->unk_id = -1;
+    const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
+    if (cJSON_IsString(unk)) {
+        t->unk_id = tlz_token_id(t, unk->valuestring);
+        if (t->unk_id < 0) {
+            char q[64];
+            rc = fail(err, errlen, TLZ_EFORMAT, "model.unk_token '%s' is not in the vocab",
+                      quote(unk->valuestring, strlen(unk->valuestring), q, sizeof q));
+            goto done;
+        }
+    }
+    if (use_regex && (rc = compile_regex(t, err, errlen))) goto done;
+
+    *out = t;
+    t = NULL;
+    rc = TLZ_OK;
+done:
+    cJSON_Delete(root);
+    tlz_tokenizer_free(t); /* NULL on success; else partly built */
+    return rc;
+}
+
+void tlz_tokenizer_free(tlz_tokenizer *t)
+{
+    if (!t) return;
+    free(t->flags);
+    free(t->raw_off);
+    free(t->raw_len);
+    free(t->raw.p);
+    free(t->str_off);
+    free(t->str_len);
+    free(t->str.p);
+    free(t->vocab_slots);
+    free(t->merge_slots);
+    for (size_t i = 0; i < t->n_added; i++) free(t->added[i].text);
+    free(t->added);
+    if (t->re) pcre2_code_free(t->re);
+    free(t);
+}
+
+/* --------------------------------------------------------------- queries */
+
+int32_t tlz_vocab_size(const tlz_tokenizer *t) { return t ? t->n_ids : 0; }
+
+int32_t tlz_token_id(const tlz_tokenizer *t, const char *s)
+{
+    if (!t || !s) return -1;
+    size_t n = strlen(s);
+    for (size_t i = 0; i < t->n_added; i++)
+        if (t->added[i].len == n && memcmp(t->added[i].text, s, n) == 0) return t->added[i].id;
+    return vocab_find(t, s, n);
+}
+
+int tlz_is_special(const tlz_tokenizer *t, int32_t id)
+{
+    return t && id >= 0 && id < t->n_ids && (t->flags[id] & TOKF_SPECIAL);
+}
+
+int tlz_token_bytes(const tlz_tokenizer *t, int32_t id, const char **bytes, size_t *len)
+{
+    if (!t || !bytes || !len) return TLZ_EINVAL;
+    if (id < 0 || id >= t->n_ids || !(t->flags[id] & TOKF_USED)) return TLZ_EID;
+    *bytes = t->raw.p + t->raw_off[id];
+    *len = t->raw_len[id];
+    return TLZ_OK;
+}
+
+/* ---------------------------------------------------------------- encode */
+
+typedef struct {
+    int32_t rank, pos, id;
+} heap_item;
+
+/* Per-call scratch: a tokenizer is shared between threads, so nothing that
+   an encode writes may live in it. */
+typedef struct {
+    const tlz_tokenizer *t;
+    int32_t *ids;
+    size_t n, cap;
+    int32_t *sym, *prev, *next; /* BPE symbols of the current word, a linked list */
+    heap_item *heap;
+    size_t sym_cap, heap_cap, heap_n;
+    pcre2_match_data *md;
+    char *err;
+    size_t errlen;
+} enc_ctx;
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return 1;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *np = realloc(*p, c * elem);
+    if (!np) return 0;
+    *p = np;
+    *cap = c;
+    return 1;
+}
+
+static int emit(enc_ctx *e, int32_t id)
+{
+    if (e->n == e->cap && !grow((void **)&e->ids, &e->cap, e->n + 1, sizeof *e->ids))
+        return fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
+    e->ids[e->n++] = id;
+    return TLZ_OK;
+}
+
+static int heap_less(const heap_item *a, const heap_item *b)
+{
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static int heap_push(enc_ctx *e, heap_item it)
+{
+    /* Grown on demand: most byte pairs of real text have no merge, and the
+       peak is at most 2n (each merge pops one entry and pushes two). */
+    if (e->heap_n == e->heap_cap && !grow((void **)&e->heap, &e->heap_cap, e->heap_n + 1, sizeof *e->heap))
+        return fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
+    size_t i = e->heap_n++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!heap_less(&it, &e->heap[p])) break;
+        e->heap[i] = e->heap[p];
+        i = p;
+    }
+    e->heap[i] = it;
+    return TLZ_OK;
+}
+
+static heap_item heap_pop(enc_ctx *e)
+{
+    heap_item top = e->heap[0], last = e->heap[--e->heap_n];
+    size_t i = 0, n = e->heap_n;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && heap_less(&e->heap[c + 1], &e->heap[c])) c++;
+        if (!heap_less(&e->heap[c], &last)) break;
+        e->heap[i] = e->heap[c];
+        i = c;
+    }
+    if (n) e->heap[i] = last;
+    return top;
+}
+
+static int push_pair(enc_ctx *e, int32_t pos)
+{
+    int32_t nx = e->next[pos];
+    if (nx < 0) return TLZ_OK;
+    const merge_slot *m = merge_find(e->t, e->sym[pos], e->sym[nx]);
+    return m ? heap_push(e, (heap_item){m->rank, pos, m->id}) : TLZ_OK;
+}
+
+static int byte_token(enc_ctx *e, unsigned char b, int32_t *id)
+{
+    *id = e->t->byte_id[b] >= 0 ? e->t->byte_id[b] : e->t->unk_id;
+    if (*id < 0)
+        return fail(e->err, e->errlen, TLZ_EENCODE,
+                    "cannot encode byte 0x%02x: the vocab has no token for it and no unk_token", b);
+    return TLZ_OK;
+}
+
+/* BPE over one pre-token. Merges are applied lowest rank first, ties broken
+   leftmost, with a heap of candidate pairs validated lazily when popped:
+   the same order as HF's Word::merge_all, in O(n log n) for a word of n
+   bytes (a pre-token can be a whole text without spaces). */
+static int bpe_word(enc_ctx *e, const unsigned char *w, size_t n)
+{
+    int rc;
+    if (n == 1) {
+        int32_t id;
+        if ((rc = byte_token(e, w[0], &id))) return rc;
+        return emit(e, id);
+    }
+    if (n > INT32_MAX / 2) return fail(e->err, e->errlen, TLZ_EINVAL, "pre-token too long");
+    if (n > e->sym_cap) {
+        /* sym, prev and next always share one capacity. */
+        size_t c = e->sym_cap ? e->sym_cap : 64;
+        while (c < n) c *= 2;
+        int32_t *a = realloc(e->sym, c * sizeof *a);
+        if (a) e->sym = a;
+        int32_t *b = a ? realloc(e->prev, c * sizeof *b) : NULL;
+        if (b) e->prev = b;
+        int32_t *d = b ? realloc(e->next, c * sizeof *d) : NULL;
+        if (!d) return fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
+        e->next = d;
+        e->sym_cap = c;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if ((rc = byte_token(e, w[i], &e->sym[i]))) return rc;
+        e->prev[i] = (int32_t)i - 1;
+        e->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
+    e->heap_n = 0;
+    for (size_t i = 0; i + 1 < n; i++)
+        if ((rc = push_pair(e, (int32_t)i))) return rc;
+    while (e->heap_n) {
+        heap_item top = heap_pop(e);
+        int32_t pos = top.pos, right = e->next[pos];
+        if (e->sym[pos] < 0 || right < 0) continue; /* merged away, or now last */
+        /* Stale entries are detected as HF does: the pair now at pos must
+           still merge into the same token. */
+        const merge_slot *m = merge_find(e->t, e->sym[pos], e->sym[right]);
+        if (!m || m->id != top.id) continue;
+        e->sym[pos] = top.id;
+        e->sym[right] = -1;
+        e->next[pos] = e->next[right];
+        if (e->next[pos] >= 0) e->prev[e->next[pos]] = pos;
+        if ((e->prev[pos] >= 0 && (rc = push_pair(e, e->prev[pos]))) || (rc = push_pair(e, pos))) return rc;
+    }
+    for (int32_t i = 0; i >= 0; i = e->next[i])
+        if ((rc = emit(e, e->sym[i]))) return rc;
+    return TLZ_OK;
+}
+
+/* Regex pre-tokenisation of a valid UTF-8 run. Text the regex does not cover
+   (none, with GPT-2's pattern) would become pre-tokens of its own, like HF's
+   "Isolated" split behaviour. */
+static int split_run(enc_ctx *e, const char *s, size_t n)
+{
+    int rc;
+    if (!e->t->re) return bpe_word(e, (const unsigned char *)s, n);
+    size_t off = 0;
+    while (off < n) {
+        int m = pcre2_match(e->t->re, (PCRE2_SPTR)s, n, off, PCRE2_NO_UTF_CHECK, e->md, NULL);
+        if (m == PCRE2_ERROR_NOMATCH) return bpe_word(e, (const unsigned char *)s + off, n - off);
+        if (m < 0) {
+            PCRE2_UCHAR msg[160];
+            pcre2_get_error_message(m, msg, sizeof msg);
+            return fail(e->err, e->errlen, TLZ_EENCODE, "pre-tokenizer regex failed: %s", (char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
+        size_t a = ov[0], b = ov[1];
+        if (a > off && (rc = bpe_word(e, (const unsigned char *)s + off, a - off))) return rc;
+        if (b == a) b = a + (size_t)tlz_utf8_seq((const unsigned char *)s + a, n - a); /* no empty pre-tokens */
+        if ((rc = bpe_word(e, (const unsigned char *)s + a, b - a))) return rc;
+        off = b;
+    }
+    return TLZ_OK;
+}
+
+/* A stretch of input between added tokens: valid UTF-8 runs go through the
+   regex, each invalid byte is a pre-token by itself. */
+static int encode_plain(enc_ctx *e, const char *s, size_t n)
+{
+    int rc;
+    char *prefixed = NULL;
+    if (e->t->add_prefix_space && n > 0 && s[0] != ' ') {
+        /* HF adds the space to every stretch the pre-tokenizer sees. */
+        prefixed = malloc(n + 1);
+        if (!prefixed) return fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
+        prefixed[0] = ' ';
+        memcpy(prefixed + 1, s, n);
+        s = prefixed;
+        n++;
+    }
+    rc = TLZ_OK;
+    for (size_t i = 0; i < n && !rc;) {
+        size_t j = i;
+        while (j < n) {
+            int k = tlz_utf8_seq((const unsigned char *)s + j, n - j);
+            if (k <= 0) break;
+            j += (size_t)k;
+        }
+        if (j > i) rc = split_run(e, s + i, j - i);
+        if (!rc && j < n) rc = bpe_word(e, (const unsigned char *)s + j, 1), j++;
+        i = j;
+    }
+    free(prefixed);
+    return rc;
+}
+
+static const added_token *match_added(const tlz_tokenizer *t, const char *s, size_t n)
+{
+    for (size_t i = 0; i < t->n_added; i++) {
+        const added_token *a = &t->added[i];
+        if (a->len <= n && memcmp(a->text, s, a->len) == 0) return a;
+    }
+    return NULL;
+}
+
+int tlz_encode_ex(const tlz_tokenizer *t, const char *text, size_t len, unsigned flags,
+                  int32_t **ids, size_t *n, char *err, size_t errlen)
+{
+    if (ids) *ids = NULL;
+    if (n) *n = 0;
+    if (!t || !ids || !n || (!text && len))
+        return fail(err, errlen, TLZ_EINVAL, "tlz_encode: NULL argument");
+    enc_ctx e = {.t = t, .err = err, .errlen = errlen};
+    int rc = TLZ_OK;
+    if (t->re && !(e.md = pcre2_match_data_create_from_pattern(t->re, NULL)))
+        return fail(err, errlen, TLZ_ENOMEM, "out of memory encoding");
+
+    int specials = t->n_added > 0 && !(flags & TLZ_ENCODE_NO_SPECIAL);
+    size_t start = 0;
+    for (size_t i = 0; i < len && !rc && specials; i++) {
+        /* Leftmost-longest literal match, like HF's added-vocabulary split. */
+        if (!t->added_first[(unsigned char)text[i]]) continue;
+        const added_token *a = match_added(t, text + i, len - i);
+        if (!a) continue;
+        if (i > start) rc = encode_plain(&e, text + start, i - start);
+        if (!rc) rc = emit(&e, a->id);
+        start = i + a->len;
+        i = start - 1;
+    }
+    if (!rc && start < len) rc = encode_plain(&e, text + start, len - start);
+
+    free(e.sym);
+    free(e.prev);
+    free(e.next);
+    free(e.heap);
+    pcre2_match_data_free(e.md);
+    if (rc) {
+        free(e.ids);
+        return rc;
+    }
+    *ids = e.ids;
+    *n = e.n;
+    return TLZ_OK;
+}
+
+int tlz_encode(const tlz_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n,
+               char *err, size_t errlen)
+{
+    return tlz_encode_ex(t, text, len, 0, ids, n, err, errlen);
+}
+
+/* ---------------------------------------------------------------- decode */
+
+int tlz_decode(const tlz_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len,
+               char *err, size_t errlen)
+{
+    if (text) *text = NULL;
+    if (len) *len = 0;
+    if (!t || !text || !len || (!ids && n)) return fail(err, errlen, TLZ_EINVAL, "tlz_decode: NULL argument");
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = ids[i];
+        if (id < 0 || id >= t->n_ids || !(t->flags[id] & TOKF_USED))
+            return fail(err, errlen, TLZ_EID, "cannot decode token id %ld at position %zu: not in the vocab (size %ld)",
+                        (long)id, i, (long)t->n_ids);
+        total += t->raw_len[id];
+    }
+    char *out = malloc(total + 1);
+    if (!out) return fail(err, errlen, TLZ_ENOMEM, "out of memory decoding");
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(out + o, t->raw.p + t->raw_off[ids[i]], t->raw_len[ids[i]]);
+        o += t->raw_len[ids[i]];
+    }
+    out[o] = '\0';
+    *text = out;
+    *len = o;
+    return TLZ_OK;
+}

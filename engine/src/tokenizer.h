@@ -1,0 +1,106 @@
+/* Byte-level BPE tokenizer (Hugging Face tokenizer.json, GPT-2 style).
+ *
+ * Internal to the engine: the public API wraps these calls and turns the
+ * messages written to `err` into tl_last_error().
+ *
+ * Conventions
+ * - Every fallible function returns 0 on success and a nonzero TLZ_E* code on
+ *   failure, with a one-line message in err[0..errlen) (err may be NULL).
+ *   Nothing here aborts, exits or asserts: a bad tokenizer.json or a bad id is
+ *   an ordinary error an embedded server must survive.
+ * - A loaded tokenizer is immutable: any number of threads may encode and
+ *   decode with it concurrently. A tlz_stream belongs to one thread at a time.
+ * - Text is bytes, not strings: encode accepts any byte sequence (NUL and
+ *   invalid UTF-8 included) and decode returns raw bytes, so that
+ *   decode(encode(x)) == x for every x when the vocabulary covers all 256
+ *   bytes (GPT-2's does) and add_prefix_space is off.
+ *
+ * Pre-tokenisation of input that is not valid UTF-8: the input is cut into
+ * maximal valid UTF-8 runs and single invalid bytes. Each run goes through the
+ * GPT-2 regex as usual; each invalid byte is a pre-token of its own (so it
+ * becomes its single-byte token). A valid run is therefore tokenised exactly as
+ * Hugging Face tokenizers would tokenise that string alone.
+ */
+#ifndef TINYLOOP_TOKENIZER_H
+#define TINYLOOP_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct tlz_tokenizer tlz_tokenizer;
+typedef struct tlz_stream tlz_stream;
+
+enum {
+    TLZ_OK = 0,
+    TLZ_EIO = 1,        /* file missing or unreadable */
+    TLZ_EFORMAT = 2,    /* tokenizer.json is malformed or unsupported */
+    TLZ_ENOMEM = 3,
+    TLZ_EINVAL = 4,     /* bad argument (NULL pointer, ...) */
+    TLZ_EID = 5,        /* token id out of range or unused */
+    TLZ_EENCODE = 6     /* a byte of the input has no token and there is no unk_token */
+};
+
+/* Flags for tlz_encode_ex. */
+enum {
+    /* Treat added/special token text (e.g. "<|endoftext|>") as plain text.
+       Use it for untrusted input that must not be able to inject control tokens. */
+    TLZ_ENCODE_NO_SPECIAL = 1u << 0
+};
+
+/* Loads a tokenizer.json. On failure *out is NULL. */
+int tlz_tokenizer_load(const char *path, tlz_tokenizer **out, char *err, size_t errlen);
+/* Same, from a JSON document in memory (json need not be NUL-terminated). */
+int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out,
+                            char *err, size_t errlen);
+void tlz_tokenizer_free(tlz_tokenizer *tok); /* NULL is a no-op */
+
+/* Number of ids: 1 + the largest id in the vocab or added tokens. Ids inside
+   [0, vocab_size) that no token uses are invalid for decode. */
+int32_t tlz_vocab_size(const tlz_tokenizer *tok);
+
+/* Id of a token given its tokenizer.json string: added tokens first (e.g.
+   "<|endoftext|>"), then model vocab entries in their byte-level spelling
+   ("Ġthe"). -1 if absent. */
+int32_t tlz_token_id(const tlz_tokenizer *tok, const char *str);
+/* 1 if id is an added token marked "special": true, else 0. */
+int tlz_is_special(const tlz_tokenizer *tok, int32_t id);
+/* Raw bytes of one token (byte-level alphabet decoded), not NUL-terminated;
+   the pointer lives as long as the tokenizer. */
+int tlz_token_bytes(const tlz_tokenizer *tok, int32_t id, const char **bytes, size_t *len);
+
+/* Encodes text[0..len). *ids is malloc'ed (free() it; it may be NULL when
+   *n == 0). Added tokens are matched literally (leftmost-longest) before
+   pre-tokenisation. */
+int tlz_encode(const tlz_tokenizer *tok, const char *text, size_t len,
+               int32_t **ids, size_t *n, char *err, size_t errlen);
+int tlz_encode_ex(const tlz_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                  int32_t **ids, size_t *n, char *err, size_t errlen);
+
+/* Concatenated raw bytes of the tokens. *text is malloc'ed (free() it) and
+   NUL-terminated for convenience; *len excludes the terminator. */
+int tlz_decode(const tlz_tokenizer *tok, const int32_t *ids, size_t n,
+               char **text, size_t *len, char *err, size_t errlen);
+
+/* Streaming detokenizer: feed ids one at a time, get back the bytes that are
+   safe to show now. It never cuts a UTF-8 sequence: the bytes of a code point
+   that is still incomplete are held back until a later token completes it.
+   Bytes that can never become valid UTF-8 are passed through as they are, as
+   soon as that is certain. The returned pointer is valid until the next call
+   on the same stream. */
+int tlz_stream_new(const tlz_tokenizer *tok, tlz_stream **out, char *err, size_t errlen);
+int tlz_stream_push(tlz_stream *s, int32_t id, const char **out, size_t *len,
+                    char *err, size_t errlen);
+/* Emits whatever is held back (an unfinished sequence, as raw bytes) and
+   leaves the stream empty, ready for reuse. */
+void tlz_stream_flush(tlz_stream *s, const char **out, size_t *len);
+void tlz_stream_reset(tlz_stream *s); /* drops held-back bytes */
+void tlz_stream_free(tlz_stream *s);  /* NULL is a no-op */
+
+/* UTF-8 helper shared by the encoder and the stream: classifies the sequence
+   starting at p[0] (n >= 1 bytes available). Returns its length (1..4) when
+   complete and valid (strict: no overlongs, surrogates or > U+10FFFF), 0 when
+   p[0..n) is a valid but unfinished prefix, -1 when p[0] starts no valid
+   sequence. */
+int tlz_utf8_seq(const unsigned char *p, size_t n);
+
+#endif
