@@ -115,6 +115,134 @@ const struct tl_model_info *tl_model_info(const tl_model *model);
 tl_status tl_score(const tl_model *model, const int32_t *tokens, int n, int loops,
                    float *logits);
 
+/* ---------------------------------------------------------------- generation (SPEC §3) */
+
+typedef enum tl_stop_reason {
+    TL_STOP_NONE = 0,             /* still generating */
+    TL_STOP_EOS = 1,              /* the model's eos_token_id was emitted (it is in the output) */
+    TL_STOP_SEQUENCE = 2,         /* a stop sequence or stop string matched (it is in the output) */
+    TL_STOP_MAX_TOKENS = 3,       /* max_tokens were emitted */
+    TL_STOP_CALLBACK_ABORT = 4,   /* a callback or stop rule asked to stop (token included) */
+    TL_STOP_GRAMMAR_DEAD_END = 5  /* no token was allowed (grammar, or every logit -inf) */
+} tl_stop_reason;
+
+/* "EOS", "STOP_SEQUENCE", "MAX_TOKENS", "CALLBACK_ABORT", "GRAMMAR_DEAD_END" ("NONE"). */
+const char *tl_stop_reason_name(tl_stop_reason reason);
+
+typedef struct tl_token_seq {
+    const int32_t *tokens;
+    int n;
+} tl_token_seq;
+
+/* Hook results: continue, stop after this token, or an error that aborts generation with
+   TL_ERR_HOOK (distinct from a normal stop). */
+enum { TL_HOOK_CONTINUE = 0, TL_HOOK_STOP = 1, TL_HOOK_ERROR = -1 };
+
+/* Per-token hooks (SPEC §5). `tokens` is the whole sequence so far (prompt + emitted). */
+typedef int (*tl_on_token_hook)(void *user, int32_t token, int position);
+typedef int (*tl_stop_rule_hook)(void *user, const int32_t *tokens, int n);
+/* Edits logits[vocab_size] in place before sampling; return TL_HOOK_CONTINUE or an error. */
+typedef int (*tl_logits_hook)(void *user, float *logits, int vocab_size, const int32_t *tokens,
+                              int n);
+
+/* A grammar drives a mask of allowed tokens. `allowed` fills allowed[vocab_size] with 1 for
+   each permitted next token and returns how many (0 ends generation with
+   TL_STOP_GRAMMAR_DEAD_END; < 0 is an error); `advance` is told the chosen token. */
+typedef struct tl_grammar {
+    void *user;
+    int (*allowed)(void *user, uint8_t *allowed, int vocab_size);
+    int (*advance)(void *user, int32_t token);
+} tl_grammar;
+
+typedef struct tl_generate_config {
+    int max_tokens;                  /* 64; new tokens at most (>= 0) */
+    int loops;                       /* 0 = the model's default_loops; else 1..max_loops */
+    float temperature;               /* 0.0; <= 0.01 means greedy (argmax, ties to lowest id) */
+    int top_k;                       /* 50; >= 1 when sampling */
+    float top_p;                     /* 1.0; in (0, 1], nucleus over the top-k survivors */
+    int cache_window;                /* 0 = unbounded; W > 0 keeps the last W positions */
+    float repetition_penalty;        /* 1.0; > 0, HF convention (see tl_generate) */
+    const tl_token_seq *stop_sequences; /* token-id suffixes that stop generation */
+    int n_stop_sequences;
+    int beam_size;                   /* 0 (or 1) = off */
+    float length_penalty;            /* 1.0 */
+    int early_exit_patience;         /* 0 = off */
+    int early_exit_min_L;            /* 2 */
+    int early_exit_peek_every;       /* 1 */
+    float early_exit_logit_margin;   /* 0.0 */
+    uint64_t sample_seed;            /* 0; same seed + config + model = same tokens */
+    int ignore_eos;                  /* 0; when 1, eos_token_id does not stop generation */
+    /* Hooks, each optional (NULL), each with its own user pointer. */
+    tl_on_token_hook on_token;
+    void *on_token_user;
+    tl_stop_rule_hook stop_rule;
+    void *stop_rule_user;
+    tl_logits_hook logits_processor;
+    void *logits_processor_user;
+    const tl_grammar *grammar;
+} tl_generate_config;
+
+/* Fills *cfg with the documented defaults above. */
+void tl_generate_config_init(tl_generate_config *cfg);
+
+typedef struct tl_generate_stats {
+    double prefill_ms;       /* the prompt's forward pass */
+    double first_token_ms;   /* from the start of the call to the first emitted token */
+    double decode_ms;        /* from the end of the prefill to the last emitted token */
+    int prompt_tokens;
+    int tokens_emitted;      /* new tokens, prompt excluded */
+    tl_stop_reason stop_reason;
+    double loops_used;       /* mean loop depth over emitted tokens */
+} tl_generate_stats;
+
+/* tokens_emitted / decode seconds, and prompt tokens / prefill seconds (0 when undefined). */
+double tl_stats_decode_tokens_per_s(const tl_generate_stats *stats);
+double tl_stats_prefill_tokens_per_s(const tl_generate_stats *stats);
+
+/* ---- the step API: one state machine behind every blocking call */
+
+typedef struct tl_session tl_session;
+
+/* Validates the config against the model and copies everything it needs (the prompt and
+   stop sequences may be freed afterwards; hook user pointers must outlive the session).
+   The prompt's forward pass runs on the first step. */
+tl_status tl_session_new(const tl_model *model, const int32_t *prompt, int prompt_len,
+                         const tl_generate_config *cfg, tl_session **out);
+void tl_session_free(tl_session *session); /* NULL is a no-op */
+
+/* Emits one token: *token receives it (or -1 when the session stopped without emitting,
+   e.g. max_tokens = 0 or a grammar dead end) and *stop the reason generation ended with this
+   step (TL_STOP_NONE to go on). Stepping a finished session is an error. */
+tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *stop);
+
+/* The sequence so far: prompt + emitted tokens; valid until the next step or free. */
+const int32_t *tl_session_tokens(const tl_session *session, int *n);
+const tl_generate_stats *tl_session_stats(const tl_session *session);
+
+/* ---- blocking calls (SPEC §3): output = prompt + continuation, written to out, which must
+   hold prompt_len + max_tokens tokens; *out_len receives the length. stats may be NULL. */
+
+tl_status tl_generate(const tl_model *model, const int32_t *prompt, int prompt_len,
+                      const tl_generate_config *cfg, int32_t *out, int out_capacity,
+                      int *out_len, tl_generate_stats *stats);
+
+/* Called once per emitted token, in order; position = index of the token in the output
+   (prompt_len for the first new token). Returning 0 (false) stops after including the
+   token; any other value continues. */
+typedef int (*tl_stream_fn)(void *user, int32_t token, int position);
+
+tl_status tl_generate_stream(const tl_model *model, const int32_t *prompt, int prompt_len,
+                             const tl_generate_config *cfg, tl_stream_fn on_token, void *user,
+                             int32_t *out, int out_capacity, int *out_len,
+                             tl_generate_stats *stats);
+
+/* Each prompt decoded with a fresh cache; out receives the concatenation of every prompt +
+   its continuation (capacity: sum of prompt lengths + n_prompts * max_tokens), out_lens[i]
+   the length of sequence i, *out_len the total. stats, when not NULL, has n_prompts items. */
+tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, int n_prompts,
+                            const tl_generate_config *cfg, int32_t *out, int out_capacity,
+                            int *out_lens, int *out_len, tl_generate_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

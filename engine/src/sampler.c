@@ -1,0 +1,159 @@
+/* sampler.c: repetition penalty, greedy argmax, temperature / top-k / top-p sampling. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sampler.h"
+
+/* ---------------------------------------------------------------- random numbers */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void tl_rng_seed(tl_rng *rng, uint64_t seed) {
+    for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&seed);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t tl_rng_next(tl_rng *rng) {
+    uint64_t *s = rng->s;
+    const uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double tl_rng_uniform(tl_rng *rng) { return (double)(tl_rng_next(rng) >> 11) * 0x1.0p-53; }
+
+/* ---------------------------------------------------------------- penalty, argmax */
+
+void tl_repetition_penalty(float *logits, const int32_t *ids, int n, float penalty, uint8_t *seen) {
+    if (penalty == 1.0f) return;
+    for (int i = 0; i < n; i++) {
+        int32_t t = ids[i];
+        if (seen[t]) continue;
+        seen[t] = 1;
+        logits[t] = logits[t] < 0.0f ? logits[t] * penalty : logits[t] / penalty;
+    }
+    for (int i = 0; i < n; i++) seen[ids[i]] = 0;
+}
+
+int32_t tl_argmax(const float *logits, int vocab) {
+    int32_t best = -1;
+    float best_value = -INFINITY;
+    for (int i = 0; i < vocab; i++)
+        if (logits[i] > best_value) { /* strict: the lowest id wins ties; NaN never compares */
+            best_value = logits[i];
+            best = i;
+        }
+    return best;
+}
+
+/* ---------------------------------------------------------------- distribution */
+
+tl_status tl_distribution_init(tl_distribution *d, int vocab) {
+    memset(d, 0, sizeof *d);
+    d->vocab = vocab;
+    d->ids = malloc((size_t)vocab * sizeof *d->ids);
+    d->probs = malloc((size_t)vocab * sizeof *d->probs);
+    d->heap = malloc((size_t)vocab * sizeof *d->heap);
+    if (!d->ids || !d->probs || !d->heap) {
+        tl_distribution_free(d);
+        return tl_fail(TL_ERR_NO_MEMORY, "sampler: out of memory");
+    }
+    return TL_OK;
+}
+
+void tl_distribution_free(tl_distribution *d) {
+    free(d->ids);
+    free(d->probs);
+    free(d->heap);
+    memset(d, 0, sizeof *d);
+}
+
+/* "a ranks below b": smaller logit, or equal logit and larger id. */
+static inline bool below(float la, int32_t a, float lb, int32_t b) {
+    return la < lb || (la == lb && a > b);
+}
+
+/* Min-heap of (logit, id) by rank: the root is the weakest survivor. */
+static void sift_down(float *val, int32_t *id, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && below(val[l], id[l], val[m], id[m])) m = l;
+        if (r < n && below(val[r], id[r], val[m], id[m])) m = r;
+        if (m == i) return;
+        float tv = val[i]; val[i] = val[m]; val[m] = tv;
+        int32_t ti = id[i]; id[i] = id[m]; id[m] = ti;
+        i = m;
+    }
+}
+
+bool tl_distribution_build(tl_distribution *d, const float *logits, float temperature, int top_k,
+                           float top_p) {
+    const int vocab = d->vocab;
+    int k = top_k < 1 || top_k > vocab ? vocab : top_k;
+    int n = 0;
+    /* Top-k over finite logits with a size-k min-heap: O(vocab log k). */
+    for (int i = 0; i < vocab; i++) {
+        float v = logits[i];
+        if (!(v > -INFINITY)) continue; /* -inf and NaN are banned tokens */
+        if (n < k) {
+            d->heap[n] = v;
+            d->ids[n] = i;
+            if (++n == k)
+                for (int j = k / 2 - 1; j >= 0; j--) sift_down(d->heap, d->ids, k, j);
+        } else if (below(d->heap[0], d->ids[0], v, i)) {
+            d->heap[0] = v;
+            d->ids[0] = i;
+            sift_down(d->heap, d->ids, k, 0);
+        }
+    }
+    if (n == 0) { d->n = 0; return false; }
+    /* Sort survivors best first: heap sort on a min-heap leaves them in decreasing rank. */
+    if (n < k)
+        for (int j = n / 2 - 1; j >= 0; j--) sift_down(d->heap, d->ids, n, j);
+    for (int end = n - 1; end > 0; end--) {
+        float tv = d->heap[0]; d->heap[0] = d->heap[end]; d->heap[end] = tv;
+        int32_t ti = d->ids[0]; d->ids[0] = d->ids[end]; d->ids[end] = ti;
+        sift_down(d->heap, d->ids, end, 0);
+    }
+    /* Softmax in double, from the largest logit. */
+    const double inv_t = 1.0 / (double)temperature, top = (double)d->heap[0];
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (d->probs[i] = exp(((double)d->heap[i] - top) * inv_t));
+    for (int i = 0; i < n; i++) d->probs[i] /= sum;
+    /* Nucleus: the shortest prefix whose mass reaches top_p (at least one token). */
+    if (top_p < 1.0f) {
+        double mass = 0.0;
+        int keep = n;
+        for (int i = 0; i < n; i++) {
+            mass += d->probs[i];
+            if (mass >= (double)top_p) { keep = i + 1; break; }
+        }
+        n = keep;
+        sum = 0.0;
+        for (int i = 0; i < n; i++) sum += d->probs[i];
+        for (int i = 0; i < n; i++) d->probs[i] /= sum;
+    }
+    d->n = n;
+    return true;
+}
+
+int32_t tl_distribution_draw(const tl_distribution *d, tl_rng *rng) {
+    double u = tl_rng_uniform(rng), acc = 0.0;
+    for (int i = 0; i < d->n; i++) {
+        acc += d->probs[i];
+        if (u < acc) return d->ids[i];
+    }
+    return d->ids[d->n - 1]; /* rounding left u above the total: the last candidate */
+}

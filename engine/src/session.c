@@ -1,0 +1,310 @@
+/* session.c: the canonical decode state machine (SPEC §3). Per step: forward the pending
+ * tokens, then logits hook, repetition penalty, grammar mask, sample, append, stop checks.
+ * Every blocking call in generate.c is a loop over tl_session_step. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "session.h"
+#include "stop.h"
+
+/* Prompt rows per forward: bounds activation memory; results do not depend on it. */
+#define PREFILL_CHUNK 64
+
+/* ---------------------------------------------------------------- config */
+
+void tl_generate_config_init(tl_generate_config *cfg) {
+    if (!cfg) return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->max_tokens = 64;
+    cfg->temperature = 0.0f;
+    cfg->top_k = 50;
+    cfg->top_p = 1.0f;
+    cfg->repetition_penalty = 1.0f;
+    cfg->length_penalty = 1.0f;
+    cfg->early_exit_min_L = 2;
+    cfg->early_exit_peek_every = 1;
+}
+
+const char *tl_stop_reason_name(tl_stop_reason reason) {
+    switch (reason) {
+    case TL_STOP_EOS: return "EOS";
+    case TL_STOP_SEQUENCE: return "STOP_SEQUENCE";
+    case TL_STOP_MAX_TOKENS: return "MAX_TOKENS";
+    case TL_STOP_CALLBACK_ABORT: return "CALLBACK_ABORT";
+    case TL_STOP_GRAMMAR_DEAD_END: return "GRAMMAR_DEAD_END";
+    default: return "NONE";
+    }
+}
+
+double tl_stats_decode_tokens_per_s(const tl_generate_stats *s) {
+    return s && s->decode_ms > 0 ? s->tokens_emitted * 1000.0 / s->decode_ms : 0.0;
+}
+
+double tl_stats_prefill_tokens_per_s(const tl_generate_stats *s) {
+    return s && s->prefill_ms > 0 ? s->prompt_tokens * 1000.0 / s->prefill_ms : 0.0;
+}
+
+/* Every rule of SPEC §3, with the field and value in the message. */
+static tl_status validate(const tl_model *m, const int32_t *prompt, int prompt_len,
+                          const tl_generate_config *c) {
+    const tl_config *mc = &m->cfg;
+    if (!prompt && prompt_len > 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "prompt must not be NULL");
+    if (prompt_len < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "prompt_len = %d must be >= 1", prompt_len);
+    if (c->max_tokens < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_tokens = %d must be >= 0", c->max_tokens);
+    if ((long)prompt_len + c->max_tokens > mc->max_seq_len)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "prompt_len + max_tokens = %d + %d exceeds max_seq_len = %d", prompt_len,
+                       c->max_tokens, mc->max_seq_len);
+    for (int i = 0; i < prompt_len; i++)
+        if (prompt[i] < 0 || prompt[i] >= mc->vocab_size)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "prompt token id %d at index %d is out of range [0, %d)",
+                           prompt[i], i, mc->vocab_size);
+    if (c->loops != 0 && (c->loops < 1 || c->loops > mc->max_loops))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "loops = %d is out of range [1, max_loops = %d] (0 = default)",
+                       c->loops, mc->max_loops);
+    if (!(c->temperature >= 0.0f) || !isfinite(c->temperature))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "temperature = %g must be a finite number >= 0", (double)c->temperature);
+    if (c->temperature > 0.01f && c->top_k < 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "top_k = %d must be >= 1 when sampling (temperature = %g)",
+                       c->top_k, (double)c->temperature);
+    if (!(c->top_p > 0.0f && c->top_p <= 1.0f))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "top_p = %g must be in (0, 1]", (double)c->top_p);
+    if (!(c->repetition_penalty > 0.0f) || !isfinite(c->repetition_penalty))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "repetition_penalty = %g must be a finite number > 0",
+                       (double)c->repetition_penalty);
+    if (c->cache_window < 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "cache_window = %d must be >= 0 (0 = unbounded)", c->cache_window);
+    if (c->n_stop_sequences < 0 || (c->n_stop_sequences > 0 && !c->stop_sequences))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_sequences = %d without stop_sequences", c->n_stop_sequences);
+    for (int i = 0; i < c->n_stop_sequences; i++) {
+        const tl_token_seq *s = &c->stop_sequences[i];
+        if (s->n < 1 || !s->tokens)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_sequences[%d] is empty (n = %d)", i, s->n);
+        for (int j = 0; j < s->n; j++)
+            if (s->tokens[j] < 0 || s->tokens[j] >= mc->vocab_size)
+                return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_sequences[%d] token id %d is out of range [0, %d)",
+                               i, s->tokens[j], mc->vocab_size);
+    }
+    if (c->beam_size < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "beam_size = %d must be >= 0", c->beam_size);
+    if (!isfinite(c->length_penalty))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "length_penalty = %g must be finite", (double)c->length_penalty);
+    if (c->early_exit_patience < 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_patience = %d must be >= 0", c->early_exit_patience);
+    if (c->early_exit_min_L < 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_min_L = %d must be >= 1", c->early_exit_min_L);
+    if (c->early_exit_peek_every < 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_peek_every = %d must be >= 1", c->early_exit_peek_every);
+    if (!(c->early_exit_logit_margin >= 0.0f) || !isfinite(c->early_exit_logit_margin))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_logit_margin = %g must be a finite number >= 0",
+                       (double)c->early_exit_logit_margin);
+    if (c->grammar && (!c->grammar->allowed || !c->grammar->advance))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar needs both an allowed and an advance callback");
+    if (c->beam_size >= 2)
+        return tl_fail(TL_ERR_UNSUPPORTED, "beam_size = %d: beam search is not implemented yet", c->beam_size);
+    if (c->early_exit_patience > 0)
+        return tl_fail(TL_ERR_UNSUPPORTED, "early_exit_patience = %d: early exit is not implemented yet",
+                       c->early_exit_patience);
+    return TL_OK;
+}
+
+/* ---------------------------------------------------------------- lifetime */
+
+void tl_session_free(tl_session *s) {
+    if (!s) return;
+    tl_kv_cache_free(s->cache);
+    tl_workspace_release(&s->ws);
+    tl_distribution_free(&s->dist);
+    free(s->stop_seqs);
+    free(s->stop_store);
+    free(s->tokens);
+    free(s->positions);
+    free(s->logits);
+    free(s->work);
+    free(s->seen);
+    free(s->allowed);
+    free(s);
+}
+
+tl_status tl_session_new(const tl_model *m, const int32_t *prompt, int prompt_len,
+                         const tl_generate_config *cfg, tl_session **out) {
+    double t_start = tl_now_ms();
+    if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_new: out must not be NULL");
+    *out = NULL;
+    if (!m) return tl_fail(TL_ERR_INVALID_ARGUMENT, "model must not be NULL");
+    tl_generate_config defaults;
+    tl_generate_config_init(&defaults);
+    if (!cfg) cfg = &defaults;
+    tl_status st = validate(m, prompt, prompt_len, cfg);
+    if (st != TL_OK) return st;
+
+    const int vocab = m->cfg.vocab_size, total = prompt_len + cfg->max_tokens;
+    tl_session *s = calloc(1, sizeof *s);
+    if (!s) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    s->m = m;
+    s->cfg = *cfg;
+    s->loops = cfg->loops ? cfg->loops : m->cfg.default_loops;
+    s->greedy = cfg->temperature <= 0.01f;
+    s->prompt_len = s->n_tokens = prompt_len;
+    s->t_start = t_start;
+    s->stats.prompt_tokens = prompt_len;
+    tl_rng_seed(&s->rng, cfg->sample_seed);
+
+    int stop_total = 0;
+    for (int i = 0; i < cfg->n_stop_sequences; i++) stop_total += cfg->stop_sequences[i].n;
+    s->stop_seqs = calloc((size_t)cfg->n_stop_sequences + 1, sizeof *s->stop_seqs);
+    s->stop_store = malloc(((size_t)stop_total + 1) * sizeof *s->stop_store);
+    s->tokens = malloc((size_t)total * sizeof *s->tokens);
+    s->positions = malloc((size_t)total * sizeof *s->positions);
+    s->logits = malloc((size_t)vocab * sizeof *s->logits);
+    s->work = malloc((size_t)vocab * sizeof *s->work);
+    s->seen = calloc((size_t)vocab, 1);
+    s->allowed = malloc((size_t)vocab);
+    st = (s->stop_seqs && s->stop_store && s->tokens && s->positions && s->logits && s->work &&
+          s->seen && s->allowed)
+             ? tl_distribution_init(&s->dist, vocab)
+             : tl_fail(TL_ERR_NO_MEMORY, "out of memory for a session of %d tokens", total);
+    /* A windowed cache holds window + chunk rows: small windows take small chunks so that
+       memory stays within twice the window. */
+    s->chunk = cfg->cache_window > 0 && cfg->cache_window < PREFILL_CHUNK ? cfg->cache_window : PREFILL_CHUNK;
+    if (st == TL_OK) st = tl_kv_cache_new(&m->cfg, total, cfg->cache_window, s->chunk, &s->cache);
+    if (st != TL_OK) {
+        tl_session_free(s);
+        return st;
+    }
+    for (int i = 0, at = 0; i < cfg->n_stop_sequences; i++) {
+        const tl_token_seq *src = &cfg->stop_sequences[i];
+        memcpy(s->stop_store + at, src->tokens, (size_t)src->n * sizeof(int32_t));
+        s->stop_seqs[i] = (tl_token_seq){s->stop_store + at, src->n};
+        at += src->n;
+    }
+    s->cfg.stop_sequences = s->stop_seqs;
+    memcpy(s->tokens, prompt, (size_t)prompt_len * sizeof *s->tokens);
+    for (int i = 0; i < total; i++) s->positions[i] = i;
+    tl_clear_error();
+    *out = s;
+    return TL_OK;
+}
+
+const int32_t *tl_session_tokens(const tl_session *s, int *n) {
+    if (n) *n = s ? s->n_tokens : 0;
+    return s ? s->tokens : NULL;
+}
+
+const tl_generate_stats *tl_session_stats(const tl_session *s) { return s ? &s->stats : NULL; }
+
+/* ---------------------------------------------------------------- the step */
+
+/* Brings the cache up to date with every token and leaves the next-token logits. */
+static tl_status forward_pending(tl_session *s) {
+    tl_kv_cache *c = s->cache;
+    const bool prefill = c->length == 0;
+    while (c->length < s->n_tokens) {
+        int start = c->length, len = s->n_tokens - start;
+        if (len > s->chunk) len = s->chunk;
+        bool last = start + len == s->n_tokens;
+        tl_status st = tl_forward_run(s->m, c, &s->ws, s->tokens + start, s->positions + start, len,
+                                      NULL, s->loops, last ? len - 1 : len, last ? s->logits : NULL);
+        if (st != TL_OK) return st;
+    }
+    if (prefill) {
+        s->t_prefill_end = tl_now_ms();
+        s->stats.prefill_ms = s->t_prefill_end - s->t_start;
+    }
+    return TL_OK;
+}
+
+static tl_status finish(tl_session *s, tl_stop_reason reason, tl_stop_reason *stop) {
+    s->finished = true;
+    s->stats.stop_reason = reason;
+    *stop = reason;
+    return TL_OK;
+}
+
+static tl_status hook_failed(tl_session *s, const char *hook, int code) {
+    s->finished = true;
+    return tl_fail(TL_ERR_HOOK, "%s hook returned error %d", hook, code);
+}
+
+/* Applies the logits hook, repetition penalty and grammar mask to s->work; picks a token.
+   *token = -1 when nothing is allowed. */
+static tl_status choose_token(tl_session *s, int32_t *token) {
+    const tl_generate_config *c = &s->cfg;
+    const int vocab = s->m->cfg.vocab_size;
+    memcpy(s->work, s->logits, (size_t)vocab * sizeof(float));
+    if (c->logits_processor) {
+        int r = c->logits_processor(c->logits_processor_user, s->work, vocab, s->tokens, s->n_tokens);
+        if (r < 0) return hook_failed(s, "logits_processor", r);
+    }
+    tl_repetition_penalty(s->work, s->tokens, s->n_tokens, c->repetition_penalty, s->seen);
+    if (c->grammar) {
+        memset(s->allowed, 0, (size_t)vocab);
+        int n_allowed = c->grammar->allowed(c->grammar->user, s->allowed, vocab);
+        if (n_allowed < 0) return hook_failed(s, "grammar allowed", n_allowed);
+        for (int i = 0; i < vocab; i++)
+            if (!s->allowed[i]) s->work[i] = -INFINITY;
+    }
+    if (s->greedy) {
+        *token = tl_argmax(s->work, vocab);
+    } else {
+        *token = tl_distribution_build(&s->dist, s->work, c->temperature, c->top_k, c->top_p)
+                     ? tl_distribution_draw(&s->dist, &s->rng)
+                     : -1;
+    }
+    return TL_OK;
+}
+
+tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
+    if (!s || !token || !stop) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step: NULL argument");
+    *token = -1;
+    *stop = TL_STOP_NONE;
+    if (s->finished)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "session has already finished (stop reason %s)",
+                       tl_stop_reason_name(s->stats.stop_reason));
+    const tl_generate_config *c = &s->cfg;
+    if (c->max_tokens == 0) return finish(s, TL_STOP_MAX_TOKENS, stop);
+
+    tl_status st = forward_pending(s);
+    if (st != TL_OK) { s->finished = true; return st; }
+    int32_t tok = -1;
+    if ((st = choose_token(s, &tok)) != TL_OK) return st;
+    if (tok < 0) return finish(s, TL_STOP_GRAMMAR_DEAD_END, stop);
+    if (c->grammar) {
+        int r = c->grammar->advance(c->grammar->user, tok);
+        if (r < 0) return hook_failed(s, "grammar advance", r);
+    }
+
+    /* Append and account. */
+    const int position = s->n_tokens;
+    s->tokens[s->n_tokens++] = tok;
+    *token = tok;
+    const double now = tl_now_ms();
+    const int emitted = s->n_tokens - s->prompt_len;
+    if (emitted == 1) s->stats.first_token_ms = now - s->t_start;
+    s->stats.decode_ms = now - s->t_prefill_end;
+    s->stats.tokens_emitted = emitted;
+    s->loops_sum += s->loops;
+    s->stats.loops_used = s->loops_sum / emitted;
+
+    /* Observers see every token, the last one included. */
+    bool observer_stop = false;
+    if (c->on_token) {
+        int r = c->on_token(c->on_token_user, tok, position);
+        if (r < 0) return hook_failed(s, "on_token", r);
+        observer_stop = r == TL_HOOK_STOP;
+    }
+    if (s->stream_fn && !s->stream_fn(s->stream_user, tok, position)) observer_stop = true;
+
+    /* Stop checks, in order of precedence. */
+    if (tok == s->m->cfg.eos_token_id && !c->ignore_eos) return finish(s, TL_STOP_EOS, stop);
+    if (tl_stop_sequences_match(s->tokens, s->n_tokens, s->prompt_len, c->stop_sequences, c->n_stop_sequences))
+        return finish(s, TL_STOP_SEQUENCE, stop);
+    if (c->stop_rule) {
+        int r = c->stop_rule(c->stop_rule_user, s->tokens, s->n_tokens);
+        if (r < 0) return hook_failed(s, "stop_rule", r);
+        if (r == TL_HOOK_STOP) return finish(s, TL_STOP_CALLBACK_ABORT, stop);
+    }
+    if (observer_stop) return finish(s, TL_STOP_CALLBACK_ABORT, stop);
+    if (emitted >= c->max_tokens) return finish(s, TL_STOP_MAX_TOKENS, stop);
+    return TL_OK;
+}

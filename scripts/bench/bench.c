@@ -1,0 +1,950 @@
+/* bench.c: tinyloop-bench, the CPU throughput benchmark (a tool, not a test).
+ *
+ * For each thread count it loads a checkpoint and measures
+ *   - prefill tokens/s: one prompt of --prompt-len tokens through tl_forward_run in
+ *     chunks of --chunk rows, logits for the last prompt row only;
+ *   - decode tokens/s: --decode tokens after the prefill, one per tl_forward_run (n = 1,
+ *     logits for that row, greedy argmax feeds the next step), at --loops;
+ *   - weight bytes read per decoded token, from the loaded model's matrices and dtypes
+ *     (prelude + block x loops + coda layers, concat injection x loops, lm_head, norm
+ *     vectors, embedding rows), and the achieved GB/s = bytes/token x decode tokens/s;
+ *   - the machine's streaming read bandwidth at the same thread count (a sum over a buffer
+ *     of max(2 x L3, 1 GiB), split across the threads, best of a few passes),
+ * and prints one table (optionally a CSV file too). Timings are medians of --repeat runs
+ * after one warm-up run.
+ *
+ * The checkpoint is either an existing directory (--model DIR) or a random one written to
+ * a temporary directory from a preset (--preset gpt2-small|looped-400m|tiny) or a
+ * config.json (--config FILE), in --dtype f32|f16|bf16. The temporary directory is removed
+ * at exit unless --keep. GB are 10^9 bytes, MB 10^6, MiB/GiB powers of two. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "cpu/kernels.h"
+#include "forward.h"
+#include "kv_cache.h"
+
+#define MAX_THREAD_COUNTS 64
+#define GB 1e9
+#define MB 1e6
+#define MIB (1024.0 * 1024.0)
+
+/* ---------------------------------------------------------------- errors, temp dir */
+
+static char g_tmpdir[4096];
+static char g_cfg_path[4200];
+static char g_st_path[4200];
+static int g_keep;
+
+static void remove_tmpdir(void) {
+    if (!g_tmpdir[0] || g_keep) return;
+    unlink(g_cfg_path); /* async-signal-safe: also called from the signal handler */
+    unlink(g_st_path);
+    rmdir(g_tmpdir);
+    g_tmpdir[0] = '\0';
+}
+
+static void on_signal(int sig) {
+    remove_tmpdir();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* One line on stderr, then exit (the temp dir is removed by the atexit handler). */
+static void die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+static void die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("tinyloop-bench: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(code);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------- options */
+
+typedef struct {
+    const char *model_dir, *preset, *config_file, *dtype_name, *csv, *tmp_parent;
+    tl_dtype dtype;
+    int threads[MAX_THREAD_COUNTS], n_threads;
+    int prompt_len, decode, loops, repeat, chunk, stream_passes, keep;
+    long stream_mb;
+    uint64_t seed;
+} options;
+
+static void usage(FILE *fp) {
+    fputs(
+        "usage: tinyloop-bench (--model DIR | --preset NAME | --config FILE) [options]\n"
+        "\n"
+        "Checkpoint (exactly one):\n"
+        "  --model DIR          an existing checkpoint directory (config.json + model.safetensors)\n"
+        "  --preset NAME        write a random checkpoint to a temp dir: gpt2-small, looped-400m, tiny\n"
+        "  --config FILE        write a random checkpoint for this config.json to a temp dir\n"
+        "  --dtype T            f32 (default), f16 or bf16: dtype of a written checkpoint\n"
+        "  --seed N             seed of the random weights and prompt (default 1)\n"
+        "  --tmpdir DIR         parent of the temp dir (default $TMPDIR or /tmp)\n"
+        "  --keep               keep the written checkpoint (its path is printed)\n"
+        "\n"
+        "Measurement:\n"
+        "  --threads LIST       comma-separated thread counts (default 1,<cores>)\n"
+        "  --prompt-len N       prompt tokens for prefill (default 128)\n"
+        "  --chunk N            rows per prefill forward (default 64)\n"
+        "  --decode N           tokens decoded one at a time after the prefill (default 32)\n"
+        "  --loops N            loop depth (default: the model's default_loops)\n"
+        "  --repeat N           timed runs; the median is reported (default 3; plus 1 warm-up)\n"
+        "  --stream-mb N        stream-bandwidth buffer in MiB (default max(2 x L3, 1024))\n"
+        "  --stream-passes N    stream passes; the best is reported (default 5)\n"
+        "  --csv FILE           also write the results as CSV\n"
+        "  --help               this text\n"
+        "\n"
+        "GB/s are 10^9 bytes per second; 'decode % of stream' compares decode GB/s (weight\n"
+        "bytes per token x decode tokens/s) with the streaming read bandwidth at the same\n"
+        "thread count. KV-cache reads are reported separately, not counted in weight bytes.\n",
+        fp);
+}
+
+static long parse_long(const char *flag, const char *s, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < lo || v > hi)
+        die(2, "%s: expected an integer in [%ld, %ld], got \"%s\"", flag, lo, hi, s);
+    return v;
+}
+
+static void parse_threads(options *o, const char *s) {
+    char buf[512];
+    if (strlen(s) >= sizeof buf || !*s) die(2, "--threads: bad list \"%s\"", s);
+    strcpy(buf, s);
+    o->n_threads = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (o->n_threads == MAX_THREAD_COUNTS) die(2, "--threads: at most %d entries", MAX_THREAD_COUNTS);
+        o->threads[o->n_threads++] = (int)parse_long("--threads", tok, 1, 1024);
+    }
+    if (o->n_threads == 0) die(2, "--threads: bad list \"%s\"", s);
+}
+
+static void parse_args(int argc, char **argv, options *o) {
+    memset(o, 0, sizeof *o);
+    o->prompt_len = 128;
+    o->decode = 32;
+    o->repeat = 3;
+    o->chunk = 64;
+    o->stream_passes = 5;
+    o->stream_mb = 0;
+    o->seed = 1;
+    o->dtype = TL_F32;
+    for (int i = 1; i < argc; i++) {
+        char flag[64];
+        const char *arg = argv[i], *val = NULL;
+        const char *eq = strchr(arg, '=');
+        if (strncmp(arg, "--", 2) == 0 && eq && (size_t)(eq - arg) < sizeof flag) {
+            memcpy(flag, arg, (size_t)(eq - arg));
+            flag[eq - arg] = '\0';
+            val = eq + 1;
+        } else {
+            snprintf(flag, sizeof flag, "%s", arg);
+        }
+        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) { usage(stdout); exit(0); }
+        if (!strcmp(flag, "--keep")) {
+            if (val) die(2, "--keep takes no value");
+            o->keep = 1;
+            continue;
+        }
+        static const char *const valued[] = {"--model", "--preset", "--config", "--dtype", "--seed",
+            "--tmpdir", "--threads", "--prompt-len", "--chunk", "--decode", "--loops", "--repeat",
+            "--stream-mb", "--stream-passes", "--csv", NULL};
+        int known = 0;
+        for (int k = 0; valued[k]; k++) known |= !strcmp(flag, valued[k]);
+        if (!known) die(2, "unknown option \"%s\" (see --help)", arg);
+        if (!val) {
+            if (i + 1 >= argc) die(2, "%s needs a value (see --help)", flag);
+            val = argv[++i];
+        }
+        if (!strcmp(flag, "--model")) o->model_dir = val;
+        else if (!strcmp(flag, "--preset")) o->preset = val;
+        else if (!strcmp(flag, "--config")) o->config_file = val;
+        else if (!strcmp(flag, "--dtype")) {
+            o->dtype_name = val;
+            if (!strcmp(val, "f32")) o->dtype = TL_F32;
+            else if (!strcmp(val, "f16")) o->dtype = TL_F16;
+            else if (!strcmp(val, "bf16")) o->dtype = TL_BF16;
+            else die(2, "--dtype: expected f32, f16 or bf16, got \"%s\"", val);
+        }
+        else if (!strcmp(flag, "--seed")) o->seed = (uint64_t)parse_long(flag, val, 0, 0x7fffffffL);
+        else if (!strcmp(flag, "--tmpdir")) o->tmp_parent = val;
+        else if (!strcmp(flag, "--threads")) parse_threads(o, val);
+        else if (!strcmp(flag, "--prompt-len")) o->prompt_len = (int)parse_long(flag, val, 1, 1 << 24);
+        else if (!strcmp(flag, "--chunk")) o->chunk = (int)parse_long(flag, val, 1, 1 << 16);
+        else if (!strcmp(flag, "--decode")) o->decode = (int)parse_long(flag, val, 1, 1 << 24);
+        else if (!strcmp(flag, "--loops")) o->loops = (int)parse_long(flag, val, 1, 1 << 16);
+        else if (!strcmp(flag, "--repeat")) o->repeat = (int)parse_long(flag, val, 1, 1000);
+        else if (!strcmp(flag, "--stream-mb")) o->stream_mb = parse_long(flag, val, 1, 1L << 20);
+        else if (!strcmp(flag, "--stream-passes")) o->stream_passes = (int)parse_long(flag, val, 1, 1000);
+        else if (!strcmp(flag, "--csv")) o->csv = val;
+    }
+    int sources = !!o->model_dir + !!o->preset + !!o->config_file;
+    if (sources != 1) die(2, "give exactly one of --model DIR, --preset NAME, --config FILE (see --help)");
+    if (o->model_dir && o->dtype_name) die(2, "--dtype applies to written checkpoints (--preset/--config), not --model");
+    if (o->model_dir && o->keep) die(2, "--keep applies to written checkpoints (--preset/--config), not --model");
+    if (o->n_threads == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        o->threads[o->n_threads++] = 1;
+        if (cores > 1) o->threads[o->n_threads++] = (int)(cores > 1024 ? 1024 : cores);
+    }
+}
+
+/* ---------------------------------------------------------------- presets */
+
+typedef struct {
+    const char *name;
+    int vocab, d, heads, kv_heads, dff, max_seq, prelude, block, coda, loops, max_loops;
+    const char *norm, *mlp, *pos, *injection, *update;
+    int bias, tie, state_norm, bos, eos;
+} preset;
+
+static const preset k_presets[] = {
+    {"gpt2-small", 50257, 768, 12, 12, 3072, 1024, 0, 12, 0, 1, 1,
+     "layernorm", "gelu", "learned", "add", "replace", 1, 1, 0, 50256, 50256},
+    {"looped-400m", 50257, 1024, 16, 16, 4096, 2048, 2, 4, 2, 8, 8,
+     "rmsnorm", "swiglu", "rope", "add", "replace", 0, 0, 1, 50256, 50256},
+    /* small but exercising the rarer paths: GQA, concat injection, residual update,
+       biases, state norm, untied head */
+    {"tiny", 512, 64, 4, 2, 192, 512, 1, 2, 1, 4, 8,
+     "rmsnorm", "swiglu", "rope", "concat", "residual", 1, 0, 1, 0, 1},
+};
+
+static char *preset_config_json(const char *name) {
+    const preset *p = NULL;
+    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
+        if (!strcmp(k_presets[i].name, name)) p = &k_presets[i];
+    if (!p) die(2, "--preset: unknown preset \"%s\" (gpt2-small, looped-400m, tiny)", name);
+    char *text = malloc(2048);
+    if (!text) die(1, "out of memory");
+    snprintf(text, 2048,
+             "{\n"
+             "  \"vocab_size\": %d,\n  \"d_model\": %d,\n  \"n_heads\": %d,\n  \"n_kv_heads\": %d,\n"
+             "  \"d_ff\": %d,\n  \"max_seq_len\": %d,\n"
+             "  \"n_prelude\": %d,\n  \"n_block\": %d,\n  \"n_coda\": %d,\n"
+             "  \"default_loops\": %d,\n  \"max_loops\": %d,\n  \"beta\": 1.0,\n"
+             "  \"injection\": \"%s\",\n  \"loop_update\": \"%s\",\n  \"state_norm\": %s,\n"
+             "  \"norm\": \"%s\",\n  \"norm_eps\": 1e-05,\n  \"mlp\": \"%s\",\n  \"bias\": %s,\n"
+             "  \"pos_encoding\": \"%s\",\n  \"rope_theta\": 10000.0,\n  \"tie_embeddings\": %s,\n"
+             "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n"
+             "  \"tinyloop_bench_preset\": \"%s\"\n"
+             "}\n",
+             p->vocab, p->d, p->heads, p->kv_heads, p->dff, p->max_seq, p->prelude, p->block, p->coda,
+             p->loops, p->max_loops, p->injection, p->update, p->state_norm ? "true" : "false",
+             p->norm, p->mlp, p->bias ? "true" : "false", p->pos, p->tie ? "true" : "false",
+             p->bos, p->eos, p->name);
+    return text;
+}
+
+static char *read_file_text(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) die(1, "--config: cannot open %s: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 8192;
+            if (cap > (64u << 20)) die(1, "--config: %s is larger than 64 MiB", path);
+            char *grown = realloc(buf, cap);
+            if (!grown) die(1, "out of memory");
+            buf = grown;
+        }
+        size_t got = fread(buf + len, 1, 4096, fp);
+        len += got;
+        if (got < 4096) break;
+    }
+    if (ferror(fp)) die(1, "--config: cannot read %s", path);
+    fclose(fp);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* ---------------------------------------------------------------- random checkpoint */
+
+typedef struct { uint64_t state; int has_spare; double spare; } rng;
+
+static uint64_t rng_next(rng *r) { /* splitmix64 */
+    uint64_t z = (r->state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static double rng_uniform(rng *r) { return ((double)(rng_next(r) >> 11) + 0.5) * 0x1.0p-53; } /* (0,1) */
+static double rng_normal(rng *r) { /* Box-Muller */
+    if (r->has_spare) { r->has_spare = 0; return r->spare; }
+    double u = rng_uniform(r), v = rng_uniform(r);
+    double rad = sqrt(-2.0 * log(u)), ang = 6.283185307179586 * v;
+    r->spare = rad * sin(ang);
+    r->has_spare = 1;
+    return rad * cos(ang);
+}
+
+/* f32 -> f16 and f32 -> bf16, round to nearest even (subnormals, inf and NaN kept). */
+static uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint32_t sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (uint16_t)(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (a >= 0x38800000u) { /* normal in f16 range (or overflowing to inf) */
+        uint32_t h = (a - 0x38000000u) >> 13, rem = a & 0x1fffu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+        if (h >= 0x7c00u) h = 0x7c00u;
+        return (uint16_t)(sign | h);
+    }
+    if (a < 0x33000000u) return (uint16_t)sign; /* below half the smallest subnormal */
+    uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;
+    int shift = 126 - (int)e; /* value = mant * 2^(e-150); unit 2^-24 */
+    uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static uint16_t f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u); /* quiet NaN */
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+typedef enum { INIT_NORMAL, INIT_ONES, INIT_ZEROS } init_kind;
+typedef struct {
+    char name[128];
+    int64_t rows, cols; /* rows < 0: a vector of cols elements */
+    init_kind init;
+} tspec;
+
+typedef struct { tspec *v; int n, cap; } tlist;
+
+static void tl_add(tlist *l, const char *name, int64_t rows, int64_t cols, init_kind init) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        tspec *grown = realloc(l->v, (size_t)l->cap * sizeof *grown);
+        if (!grown) die(1, "out of memory");
+        l->v = grown;
+    }
+    tspec *t = &l->v[l->n++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->rows = rows;
+    t->cols = cols;
+    t->init = init;
+}
+
+static void add_norm(tlist *l, const tl_config *c, const char *prefix) {
+    char name[128];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    tl_add(l, name, -1, c->d_model, INIT_ONES);
+    if (c->norm == TL_NORM_LAYERNORM) {
+        snprintf(name, sizeof name, "%s.bias", prefix);
+        tl_add(l, name, -1, c->d_model, INIT_ZEROS);
+    }
+}
+
+static void add_linear(tlist *l, const tl_config *c, const char *prefix, int rows, int cols) {
+    char name[128];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    tl_add(l, name, rows, cols, INIT_NORMAL);
+    if (c->bias) {
+        snprintf(name, sizeof name, "%s.bias", prefix);
+        tl_add(l, name, -1, rows, INIT_NORMAL);
+    }
+}
+
+/* Tensor names and shapes of SPEC §1 for this config. */
+static tlist checkpoint_tensors(const tl_config *c) {
+    tlist l = {0};
+    const int d = c->d_model, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    tl_add(&l, "tok_embed.weight", c->vocab_size, d, INIT_NORMAL);
+    if (c->pos_encoding == TL_POS_LEARNED) tl_add(&l, "pos_embed.weight", c->max_seq_len, d, INIT_NORMAL);
+    const char *groups[] = {"prelude", "block", "coda"};
+    const int counts[] = {c->n_prelude, c->n_block, c->n_coda};
+    for (int g = 0; g < 3; g++)
+        for (int i = 0; i < counts[g]; i++) {
+            char p[64];
+#define SUB(s) (snprintf(p, sizeof p, "%s.%d.%s", groups[g], i, s), p)
+            add_norm(&l, c, SUB("attn_norm"));
+            add_linear(&l, c, SUB("attn.q"), qd, d);
+            add_linear(&l, c, SUB("attn.k"), kvd, d);
+            add_linear(&l, c, SUB("attn.v"), kvd, d);
+            add_linear(&l, c, SUB("attn.o"), d, qd);
+            add_norm(&l, c, SUB("mlp_norm"));
+            if (c->mlp == TL_MLP_SWIGLU) add_linear(&l, c, SUB("mlp.gate"), c->d_ff, d);
+            add_linear(&l, c, SUB("mlp.up"), c->d_ff, d);
+            add_linear(&l, c, SUB("mlp.down"), d, c->d_ff);
+#undef SUB
+        }
+    if (c->injection == TL_INJECT_CONCAT) add_linear(&l, c, "inject", d, 2 * d);
+    if (c->state_norm) add_norm(&l, c, "state_norm");
+    add_norm(&l, c, "final_norm");
+    if (!c->tie_embeddings) tl_add(&l, "lm_head.weight", c->vocab_size, d, INIT_NORMAL);
+    return l;
+}
+
+static int64_t tspec_numel(const tspec *t) { return t->rows < 0 ? t->cols : t->rows * t->cols; }
+static size_t dtype_size(tl_dtype dt) { return dt == TL_F32 ? 4 : 2; }
+
+typedef struct { char *s; size_t len, cap; } sbuf;
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) die(1, "formatting failed");
+        if (b->s && b->len + (size_t)n < b->cap) { b->len += (size_t)n; return; }
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap <= b->len + (size_t)n) cap *= 2;
+        char *grown = realloc(b->s, cap);
+        if (!grown) die(1, "out of memory");
+        b->s = grown;
+        b->cap = cap;
+    }
+}
+
+static void write_all(FILE *fp, const void *p, size_t n, const char *path) {
+    if (n && fwrite(p, 1, n, fp) != n) die(1, "writing %s: %s", path, strerror(errno));
+}
+
+/* Writes config.json and model.safetensors into g_tmpdir, streaming the tensors in
+   chunks (the whole file is never held in memory). Returns the bytes written. */
+static double write_checkpoint(const char *config_text, const tl_config *c, tl_dtype dt, uint64_t seed) {
+    FILE *fp = fopen(g_cfg_path, "wb");
+    if (!fp) die(1, "cannot create %s: %s", g_cfg_path, strerror(errno));
+    write_all(fp, config_text, strlen(config_text), g_cfg_path);
+    if (fclose(fp) != 0) die(1, "writing %s: %s", g_cfg_path, strerror(errno));
+
+    tlist l = checkpoint_tensors(c);
+    const char *dtname = dt == TL_F32 ? "F32" : dt == TL_F16 ? "F16" : "BF16";
+    const size_t es = dtype_size(dt);
+    sbuf h = {0};
+    sb_printf(&h, "{\"__metadata__\":{\"format\":\"pt\"}");
+    uint64_t off = 0;
+    for (int i = 0; i < l.n; i++) {
+        const tspec *t = &l.v[i];
+        uint64_t nb = (uint64_t)tspec_numel(t) * es;
+        if (t->rows < 0)
+            sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%llu,%llu]}",
+                      t->name, dtname, (long long)t->cols, (unsigned long long)off,
+                      (unsigned long long)(off + nb));
+        else
+            sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]}",
+                      t->name, dtname, (long long)t->rows, (long long)t->cols,
+                      (unsigned long long)off, (unsigned long long)(off + nb));
+        off += nb;
+    }
+    sb_printf(&h, "}");
+    while (h.len % 8 != 0) sb_printf(&h, " ");
+
+    fp = fopen(g_st_path, "wb");
+    if (!fp) die(1, "cannot create %s: %s", g_st_path, strerror(errno));
+    uint8_t len_le[8];
+    for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)((uint64_t)h.len >> (8 * i));
+    write_all(fp, len_le, 8, g_st_path);
+    write_all(fp, h.s, h.len, g_st_path);
+
+    enum { CHUNK = 1 << 20 };
+    float *vals = malloc(CHUNK * sizeof *vals);
+    uint8_t *out = malloc(CHUNK * es);
+    if (!vals || !out) die(1, "out of memory");
+    rng r = {seed * 0x2545f4914f6cdd1dULL + 12345, 0, 0.0};
+    for (int i = 0; i < l.n; i++) {
+        const tspec *t = &l.v[i];
+        for (int64_t left = tspec_numel(t); left > 0;) {
+            size_t n = left < CHUNK ? (size_t)left : (size_t)CHUNK;
+            for (size_t k = 0; k < n; k++)
+                vals[k] = t->init == INIT_ONES ? 1.0f : t->init == INIT_ZEROS ? 0.0f
+                                                      : (float)(0.02 * rng_normal(&r));
+            if (dt == TL_F32) {
+                memcpy(out, vals, n * 4); /* little-endian host (x86-64, arm64) */
+            } else {
+                uint16_t *o16 = (uint16_t *)out;
+                for (size_t k = 0; k < n; k++)
+                    o16[k] = dt == TL_F16 ? f32_to_f16(vals[k]) : f32_to_bf16(vals[k]);
+            }
+            write_all(fp, out, n * es, g_st_path);
+            left -= (int64_t)n;
+        }
+    }
+    if (fclose(fp) != 0) die(1, "writing %s: %s", g_st_path, strerror(errno));
+    free(vals);
+    free(out);
+    free(h.s);
+    free(l.v);
+    return (double)(8 + h.len + off);
+}
+
+/* ---------------------------------------------------------------- weight bytes per token */
+
+static double mat_bytes(const tl_matrix *m) {
+    return m->data ? (double)m->rows * (double)m->cols * (double)dtype_size(m->dtype) : 0.0;
+}
+static double vec_bytes(const float *p, int len) { return p ? 4.0 * len : 0.0; } /* f32 at load */
+
+static double layer_matrix_bytes(const tl_layer *L) {
+    return mat_bytes(&L->q) + mat_bytes(&L->k) + mat_bytes(&L->v) + mat_bytes(&L->o) +
+           mat_bytes(&L->gate) + mat_bytes(&L->up) + mat_bytes(&L->down);
+}
+static double layer_vector_bytes(const tl_config *c, const tl_layer *L) {
+    const int d = c->d_model, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    return vec_bytes(L->attn_norm_w, d) + vec_bytes(L->attn_norm_b, d) + vec_bytes(L->q_b, qd) +
+           vec_bytes(L->k_b, kvd) + vec_bytes(L->v_b, kvd) + vec_bytes(L->o_b, d) +
+           vec_bytes(L->mlp_norm_w, d) + vec_bytes(L->mlp_norm_b, d) +
+           vec_bytes(L->gate_b, c->d_ff) + vec_bytes(L->up_b, c->d_ff) + vec_bytes(L->down_b, d);
+}
+
+typedef struct { double layers, inject, lm_head, vectors, embed_rows, total; } byte_breakdown;
+
+/* Bytes of weights one decoded token reads at `loops`: every matrix once per use. */
+static byte_breakdown bytes_per_token(const tl_model *m, int loops) {
+    const tl_config *c = &m->cfg;
+    const tl_weights *w = &m->w;
+    byte_breakdown b = {0};
+    for (int i = 0; i < c->n_prelude; i++) {
+        b.layers += layer_matrix_bytes(&w->prelude[i]);
+        b.vectors += layer_vector_bytes(c, &w->prelude[i]);
+    }
+    for (int i = 0; i < c->n_block; i++) {
+        b.layers += loops * layer_matrix_bytes(&w->block[i]);
+        b.vectors += loops * layer_vector_bytes(c, &w->block[i]);
+    }
+    for (int i = 0; i < c->n_coda; i++) {
+        b.layers += layer_matrix_bytes(&w->coda[i]);
+        b.vectors += layer_vector_bytes(c, &w->coda[i]);
+    }
+    if (c->injection == TL_INJECT_CONCAT) {
+        /* "residual" applies the injection once more before the coda */
+        int uses = loops + (c->loop_update == TL_UPDATE_RESIDUAL);
+        b.inject = uses * mat_bytes(&w->inject);
+        b.vectors += uses * vec_bytes(w->inject_b, c->d_model);
+    }
+    if (c->state_norm)
+        b.vectors += loops * (vec_bytes(w->state_norm_w, c->d_model) + vec_bytes(w->state_norm_b, c->d_model));
+    b.vectors += vec_bytes(w->final_norm_w, c->d_model) + vec_bytes(w->final_norm_b, c->d_model);
+    b.lm_head = mat_bytes(&w->lm_head);
+    b.embed_rows = (double)c->d_model * (double)dtype_size(w->tok_embed.dtype);
+    if (c->pos_encoding == TL_POS_LEARNED)
+        b.embed_rows += (double)c->d_model * (double)dtype_size(w->pos_embed.dtype);
+    b.total = b.layers + b.inject + b.lm_head + b.vectors + b.embed_rows;
+    return b;
+}
+
+/* ---------------------------------------------------------------- stream bandwidth */
+
+static int g_stream_avx2;
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static double sum_avx2(const float *p, size_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+        a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+        a4 = _mm256_add_ps(a4, _mm256_load_ps(p + i + 32));
+        a5 = _mm256_add_ps(a5, _mm256_load_ps(p + i + 40));
+        a6 = _mm256_add_ps(a6, _mm256_load_ps(p + i + 48));
+        a7 = _mm256_add_ps(a7, _mm256_load_ps(p + i + 56));
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, s);
+    double total = 0.0;
+    for (int k = 0; k < 8; k++) total += lanes[k];
+    for (; i < n; i++) total += p[i];
+    return total;
+}
+#endif
+
+/* Portable: integer words, so the compiler may vectorise (integer sums reassociate). */
+static double sum_plain(const float *p, size_t n) {
+    const uint64_t *q = (const uint64_t *)p;
+    size_t words = n / 2, i = 0;
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+    for (; i + 8 <= words; i += 8) {
+        a0 += q[i]; a1 += q[i + 1]; a2 += q[i + 2]; a3 += q[i + 3];
+        a4 += q[i + 4]; a5 += q[i + 5]; a6 += q[i + 6]; a7 += q[i + 7];
+    }
+    for (; i < words; i++) a0 += q[i];
+    return (double)(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7);
+}
+
+typedef struct {
+    const float *buf;
+    size_t n_floats;
+    int n_threads, passes;
+    pthread_barrier_t start, stop;
+    volatile double sink[1024];
+} stream_job;
+
+static void stream_part(stream_job *j, int t) {
+    size_t per = (j->n_floats / (size_t)j->n_threads) & ~(size_t)63; /* 256-byte aligned parts */
+    size_t b = per * (size_t)t, e = t == j->n_threads - 1 ? j->n_floats : b + per;
+#if defined(__x86_64__)
+    if (g_stream_avx2) { j->sink[t] += sum_avx2(j->buf + b, e - b); return; }
+#endif
+    j->sink[t] += sum_plain(j->buf + b, e - b);
+}
+
+typedef struct { stream_job *job; int t; } stream_arg;
+
+static void *stream_worker(void *p) {
+    stream_arg *a = p;
+    for (int pass = 0; pass < a->job->passes; pass++) {
+        pthread_barrier_wait(&a->job->start);
+        stream_part(a->job, a->t);
+        pthread_barrier_wait(&a->job->stop);
+    }
+    return NULL;
+}
+
+/* Best-of-passes read bandwidth in bytes/s with `threads` threads (the caller is one). */
+static double stream_bandwidth(const float *buf, size_t n_floats, int threads, int passes) {
+    stream_job *j = calloc(1, sizeof *j);
+    pthread_t *tid = calloc((size_t)threads, sizeof *tid);
+    stream_arg *args = calloc((size_t)threads, sizeof *args);
+    if (!j || !tid || !args) die(1, "out of memory");
+    j->buf = buf;
+    j->n_floats = n_floats;
+    j->n_threads = threads;
+    j->passes = passes;
+    if (pthread_barrier_init(&j->start, NULL, (unsigned)threads) ||
+        pthread_barrier_init(&j->stop, NULL, (unsigned)threads))
+        die(1, "stream: cannot create barriers");
+    for (int t = 1; t < threads; t++) {
+        args[t] = (stream_arg){j, t};
+        if (pthread_create(&tid[t], NULL, stream_worker, &args[t]) != 0)
+            die(1, "stream: cannot start thread %d of %d", t, threads);
+    }
+    double best = 1e30;
+    for (int pass = 0; pass < passes; pass++) {
+        pthread_barrier_wait(&j->start);
+        double t0 = now_s();
+        stream_part(j, 0);
+        pthread_barrier_wait(&j->stop);
+        double dt = now_s() - t0;
+        if (dt < best) best = dt;
+    }
+    for (int t = 1; t < threads; t++) pthread_join(tid[t], NULL);
+    pthread_barrier_destroy(&j->start);
+    pthread_barrier_destroy(&j->stop);
+    free(j);
+    free(tid);
+    free(args);
+    return (double)n_floats * sizeof(float) / best;
+}
+
+/* The stream buffer, touched once so that no pass pays for page faults. */
+static float *alloc_stream_buffer(size_t bytes) {
+    float *buf = aligned_alloc(64, bytes);
+    if (!buf) die(1, "cannot allocate the %.0f MiB stream buffer (see --stream-mb)", bytes / MIB);
+    size_t n = bytes / sizeof(float);
+    for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023) * 0.001f;
+    return buf;
+}
+
+/* Total L3 bytes: the sum over distinct L3 instances in sysfs (what lscpu reports). */
+static double l3_bytes(void) {
+    char seen[64][256];
+    int n_seen = 0;
+    double total = 0.0;
+    long cpus = sysconf(_SC_NPROCESSORS_CONF);
+    for (long cpu = 0; cpu < cpus && cpu < 4096; cpu++)
+        for (int idx = 0; idx < 16; idx++) {
+            char path[256], level[32] = "", size[64] = "", shared[256] = "";
+            FILE *fp;
+            snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/cache/index%d/level", cpu, idx);
+            if (!(fp = fopen(path, "r"))) break;
+            if (!fgets(level, sizeof level, fp)) level[0] = '\0';
+            fclose(fp);
+            if (atoi(level) != 3) continue;
+            snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/cache/index%d/size", cpu, idx);
+            if ((fp = fopen(path, "r"))) { if (!fgets(size, sizeof size, fp)) size[0] = '\0'; fclose(fp); }
+            snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%ld/cache/index%d/shared_cpu_list", cpu, idx);
+            if ((fp = fopen(path, "r"))) { if (!fgets(shared, sizeof shared, fp)) shared[0] = '\0'; fclose(fp); }
+            int dup = 0;
+            for (int k = 0; k < n_seen; k++) dup |= !strcmp(seen[k], shared);
+            if (dup) continue;
+            if (n_seen < 64) snprintf(seen[n_seen++], sizeof seen[0], "%s", shared);
+            char *end;
+            double v = strtod(size, &end);
+            double unit = *end == 'K' ? 1024.0 : *end == 'M' ? MIB : *end == 'G' ? MIB * 1024.0 : 1.0;
+            total += v * unit;
+        }
+    return total;
+}
+
+/* The loop depth to run at; exits when the flags do not fit the model. */
+static int checked_loops(const options *o, const tl_config *c) {
+    int loops = o->loops ? o->loops : c->default_loops;
+    if (loops < 1 || loops > c->max_loops)
+        die(2, "--loops %d is out of range [1, max_loops = %d]", loops, c->max_loops);
+    if ((long)o->prompt_len + o->decode > c->max_seq_len)
+        die(2, "--prompt-len %d + --decode %d exceed max_seq_len = %d", o->prompt_len, o->decode,
+            c->max_seq_len);
+    return loops;
+}
+
+/* ---------------------------------------------------------------- model timing */
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+typedef struct {
+    const tl_model *m;
+    tl_kv_cache *cache;
+    tl_workspace ws;
+    const int32_t *prompt;
+    int32_t *positions; /* 0 .. prompt_len + decode - 1 */
+    float *logits;
+    int prompt_len, decode, loops, chunk;
+} bench_state;
+
+static void one_run(bench_state *b, double *prefill_s, double *decode_s) {
+    const tl_model *m = b->m;
+    tl_status st = tl_kv_truncate(b->cache, 0);
+    double t0 = now_s();
+    for (int start = 0; st == TL_OK && start < b->prompt_len; start += b->chunk) {
+        int len = b->prompt_len - start < b->chunk ? b->prompt_len - start : b->chunk;
+        int last = start + len == b->prompt_len;
+        st = tl_forward_run(m, b->cache, &b->ws, b->prompt + start, b->positions + start, len, NULL,
+                            b->loops, last ? len - 1 : len, last ? b->logits : NULL);
+    }
+    double t1 = now_s();
+    int32_t tok = argmax(b->logits, m->cfg.vocab_size);
+    for (int i = 0; st == TL_OK && i < b->decode; i++) {
+        st = tl_forward_run(m, b->cache, &b->ws, &tok, b->positions + b->prompt_len + i, 1, NULL,
+                            b->loops, 0, b->logits);
+        tok = argmax(b->logits, m->cfg.vocab_size);
+    }
+    double t2 = now_s();
+    if (st != TL_OK) die(1, "forward failed: %s: %s", tl_status_name(st), tl_last_error());
+    *prefill_s = t1 - t0;
+    *decode_s = t2 - t1;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct {
+    int threads;
+    double prefill_tps, decode_tps, bytes_per_token, decode_gbs, stream_gbs, pct;
+} result_row;
+
+/* ---------------------------------------------------------------- main */
+
+int main(int argc, char **argv) {
+    options o;
+    parse_args(argc, argv, &o);
+    g_keep = o.keep;
+    atexit(remove_tmpdir);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);
+
+    FILE *csv = NULL;
+    if (o.csv && !(csv = fopen(o.csv, "w"))) die(1, "--csv: cannot open %s: %s", o.csv, strerror(errno));
+
+    /* ---- the checkpoint */
+    const char *model_dir = o.model_dir;
+    const char *label = o.model_dir ? o.model_dir : o.preset ? o.preset : o.config_file;
+    if (!model_dir) {
+        char *config_text = o.preset ? preset_config_json(o.preset) : read_file_text(o.config_file);
+        tl_config cfg;
+        if (tl_config_parse(config_text, &cfg) != TL_OK)
+            die(1, "%s: %s", o.preset ? "preset" : o.config_file, tl_last_error());
+        (void)checked_loops(&o, &cfg); /* before writing hundreds of MB */
+        const char *parent = o.tmp_parent ? o.tmp_parent : getenv("TMPDIR");
+        if (!parent || !*parent) parent = "/tmp";
+        char templ[4096];
+        snprintf(templ, sizeof templ, "%s/tinyloop-bench-XXXXXX", parent);
+        if (!mkdtemp(templ)) die(1, "cannot create a temp dir under %s: %s", parent, strerror(errno));
+        snprintf(g_tmpdir, sizeof g_tmpdir, "%s", templ);
+        snprintf(g_cfg_path, sizeof g_cfg_path, "%s/config.json", g_tmpdir);
+        snprintf(g_st_path, sizeof g_st_path, "%s/model.safetensors", g_tmpdir);
+        const char *dtn = o.dtype == TL_F32 ? "f32" : o.dtype == TL_F16 ? "f16" : "bf16";
+        fprintf(stderr, "writing a random %s checkpoint (%s) to %s ...\n", label, dtn, g_tmpdir);
+        double t0 = now_s();
+        double bytes = write_checkpoint(config_text, &cfg, o.dtype, o.seed);
+        fprintf(stderr, "  %.1f MB in %.1f s\n", bytes / MB, now_s() - t0);
+        free(config_text);
+        model_dir = g_tmpdir;
+    }
+
+    /* ---- the stream buffer (allocated and touched once, reused for every thread count) */
+    double l3 = l3_bytes();
+    size_t stream_bytes;
+    if (o.stream_mb > 0) stream_bytes = (size_t)o.stream_mb << 20;
+    else {
+        double want = 2.0 * l3 > 1024.0 * MIB ? 2.0 * l3 : 1024.0 * MIB;
+        stream_bytes = (size_t)ceil(want / MIB) << 20;
+    }
+    float *stream_buf = NULL; /* allocated once the first model has loaded */
+#if defined(__x86_64__)
+    const char *isa_env = getenv("TINYLOOP_ISA");
+    g_stream_avx2 = __builtin_cpu_supports("avx2") && !(isa_env && !strcmp(isa_env, "generic"));
+#endif
+
+    /* ---- per thread count */
+    result_row rows[MAX_THREAD_COUNTS];
+    byte_breakdown bb = {0};
+    int loops = 0;
+    struct tl_model_info info0;
+    memset(&info0, 0, sizeof info0);
+    double kv_bytes = 0.0, mean_ctx = 0.0;
+    for (int ti = 0; ti < o.n_threads; ti++) {
+        tl_load_options lo;
+        tl_load_options_init(&lo);
+        lo.n_threads = o.threads[ti];
+        lo.backend = TL_BACKEND_CPU;
+        tl_model *m = NULL;
+        tl_status st = tl_model_load(model_dir, &lo, &m);
+        if (st != TL_OK) die(1, "loading %s: %s: %s", model_dir, tl_status_name(st), tl_last_error());
+        const tl_config *c = &m->cfg;
+        loops = checked_loops(&o, c);
+        if (ti == 0) {
+            stream_buf = alloc_stream_buffer(stream_bytes);
+            info0 = *tl_model_info(m);
+            bb = bytes_per_token(m, loops);
+            int instances = c->n_prelude + c->n_block * loops + c->n_coda;
+            mean_ctx = o.prompt_len + (o.decode + 1) / 2.0;
+            kv_bytes = instances * mean_ctx * 2.0 * c->n_kv_heads * c->head_dim * sizeof(float);
+            printf("model      %s (%s%s)\n", label, o.model_dir ? "" : "random, ", info0.weight_dtype);
+            if (!o.model_dir) printf("checkpoint %s%s\n", model_dir, o.keep ? " (kept)" : " (removed at exit)");
+            printf("shape      vocab %d, d_model %d, heads %d/%d, d_ff %d, layers %d + %d x loops + %d, "
+                   "%s, %s, %s, injection %s%s\n",
+                   c->vocab_size, c->d_model, c->n_heads, c->n_kv_heads, c->d_ff, c->n_prelude,
+                   c->n_block, c->n_coda, info0.norm, info0.mlp, info0.pos_encoding, info0.injection,
+                   c->tie_embeddings ? ", tied head" : "");
+            printf("size       %.1f M params, %.1f MB of weights; CPU kernels %s\n",
+                   info0.n_params / 1e6, info0.weight_bytes / MB, tl_cpu_kernels()->isa);
+            printf("run        loops %d (max %d), prompt %d tokens in chunks of %d, decode %d tokens, "
+                   "median of %d runs after 1 warm-up\n",
+                   loops, c->max_loops, o.prompt_len, o.chunk, o.decode, o.repeat);
+            printf("bytes/tok  %.2f MB = layer matrices %.2f + inject %.2f + lm_head %.2f + "
+                   "norm/bias vectors %.3f + embedding rows %.3f\n",
+                   bb.total / MB, bb.layers / MB, bb.inject / MB, bb.lm_head / MB, bb.vectors / MB,
+                   bb.embed_rows / MB);
+            printf("kv reads   %.2f MB/token at mean context %.0f (f32 K+V, not counted in bytes/tok)\n",
+                   kv_bytes / MB, mean_ctx);
+            printf("stream     %.0f MiB buffer (L3 %.0f MiB), best of %d passes, %s kernel\n",
+                   stream_bytes / MIB, l3 / MIB, o.stream_passes, g_stream_avx2 ? "avx2" : "plain C");
+            if (l3 > 0.0 && (double)info0.weight_bytes < l3)
+                printf("note       the weights (%.1f MB) fit in the L3 (%.0f MiB): decode may read them "
+                       "from cache, so %% of stream can exceed 100\n",
+                       info0.weight_bytes / MB, l3 / MIB);
+            if (stream_bytes < 2.0 * l3)
+                printf("note       the stream buffer is under 2 x L3: stream GB/s partly measures the cache\n");
+            printf("\n");
+            fflush(stdout);
+        }
+
+        bench_state b = {0};
+        b.m = m;
+        b.prompt_len = o.prompt_len;
+        b.decode = o.decode;
+        b.loops = loops;
+        b.chunk = o.chunk;
+        int total = o.prompt_len + o.decode;
+        int32_t *prompt = malloc((size_t)o.prompt_len * sizeof *prompt);
+        b.positions = malloc((size_t)total * sizeof *b.positions);
+        b.logits = malloc((size_t)c->vocab_size * sizeof *b.logits);
+        if (!prompt || !b.positions || !b.logits) die(1, "out of memory");
+        rng r = {o.seed ^ 0x5eedULL, 0, 0.0};
+        for (int i = 0; i < o.prompt_len; i++) prompt[i] = (int32_t)(rng_next(&r) % (uint64_t)c->vocab_size);
+        for (int i = 0; i < total; i++) b.positions[i] = i;
+        b.prompt = prompt;
+        st = tl_kv_cache_new(c, total, 0, o.chunk, &b.cache);
+        if (st != TL_OK) die(1, "kv cache: %s", tl_last_error());
+
+        double warm_p, warm_d;
+        one_run(&b, &warm_p, &warm_d);
+        double *pre = malloc((size_t)o.repeat * sizeof *pre), *dec = malloc((size_t)o.repeat * sizeof *dec);
+        if (!pre || !dec) die(1, "out of memory");
+        for (int rep = 0; rep < o.repeat; rep++) one_run(&b, &pre[rep], &dec[rep]);
+
+        result_row *row = &rows[ti];
+        row->threads = tl_model_info(m)->n_threads;
+        row->prefill_tps = o.prompt_len / median(pre, o.repeat);
+        row->decode_tps = o.decode / median(dec, o.repeat);
+        free(pre);
+        free(dec);
+        free(prompt);
+        free(b.positions);
+        free(b.logits);
+        tl_workspace_release(&b.ws);
+        tl_kv_cache_free(b.cache);
+        tl_model_free(m);
+
+        row->bytes_per_token = bb.total;
+        row->decode_gbs = bb.total * row->decode_tps / GB;
+        row->stream_gbs = stream_bandwidth(stream_buf, stream_bytes / sizeof(float), o.threads[ti],
+                                           o.stream_passes) / GB;
+        row->pct = 100.0 * row->decode_gbs / row->stream_gbs;
+        fprintf(stderr, "  threads %d done\n", row->threads);
+    }
+    free(stream_buf);
+
+    /* ---- the table */
+    printf("%7s | %13s | %12s | %18s | %11s | %11s | %18s\n", "threads", "prefill tok/s",
+           "decode tok/s", "weight bytes/token", "decode GB/s", "stream GB/s", "decode % of stream");
+    printf("--------+---------------+--------------+--------------------+-------------+-------------+-------------------\n");
+    for (int i = 0; i < o.n_threads; i++) {
+        const result_row *r = &rows[i];
+        char bytes[32];
+        snprintf(bytes, sizeof bytes, "%.2f MB", r->bytes_per_token / MB);
+        printf("%7d | %13.1f | %12.2f | %18s | %11.2f | %11.2f | %17.1f%%\n", r->threads,
+               r->prefill_tps, r->decode_tps, bytes, r->decode_gbs, r->stream_gbs, r->pct);
+    }
+
+    if (csv) {
+        fprintf(csv, "model,dtype,loops,prompt_len,decode,threads,prefill_tok_s,decode_tok_s,"
+                     "weight_bytes_per_token,decode_gb_s,stream_gb_s,decode_pct_of_stream\n");
+        for (int i = 0; i < o.n_threads; i++) {
+            const result_row *r = &rows[i];
+            fprintf(csv, "\"%s\",%s,%d,%d,%d,%d,%.3f,%.3f,%.0f,%.4f,%.4f,%.2f\n", label,
+                    info0.weight_dtype, loops, o.prompt_len, o.decode, r->threads, r->prefill_tps,
+                    r->decode_tps, r->bytes_per_token, r->decode_gbs, r->stream_gbs, r->pct);
+        }
+        if (fclose(csv) != 0) die(1, "--csv: writing %s failed", o.csv);
+    }
+    return 0;
+}

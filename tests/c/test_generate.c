@@ -1,0 +1,474 @@
+/* test_generate.c: the generation state machine (SPEC §3): sampling knobs, stop reasons,
+ * hooks, stream/batch/step equivalence, cache window, stats and validation. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "sampler.h"
+#include "session.h"
+#include "tinyloop.h"
+
+#define CAP 64
+static tl_model *model, *model_1thread;
+static int vocab, eos;
+
+/* Defaults, with max_tokens fitting the test models' 32-token context. */
+static void init_cfg(tl_generate_config *cfg) {
+    tl_generate_config_init(cfg);
+    cfg->max_tokens = 12;
+}
+
+static int gen(const tl_model *m, const int32_t *prompt, int n, const tl_generate_config *cfg,
+               int32_t *out, tl_generate_stats *stats) {
+    int len = -1;
+    tl_status st = tl_generate(m, prompt, n, cfg, out, CAP, &len, stats);
+    CHECK(st == TL_OK, "generate: %s", tl_last_error());
+    return st == TL_OK ? len : -1;
+}
+
+/* ---------------------------------------------------------------- hooks used below */
+
+/* Forces a scripted sequence of tokens: logit 10 for script[step], 0 elsewhere. */
+typedef struct { const int32_t *script; int n, prompt_len, calls; } script_t;
+static int force_script(void *user, float *logits, int v, const int32_t *tokens, int n) {
+    script_t *s = user;
+    int step = n - s->prompt_len;
+    s->calls++;
+    for (int i = 0; i < v; i++) logits[i] = 0.0f;
+    logits[s->script[step % s->n]] = 10.0f;
+    (void)tokens;
+    return TL_HOOK_CONTINUE;
+}
+/* Token 5 gets logit 3, token 6 logit 2, every other token -10. */
+static int two_favourites(void *user, float *logits, int v, const int32_t *tokens, int n) {
+    (void)user; (void)tokens; (void)n;
+    for (int i = 0; i < v; i++) logits[i] = -10.0f;
+    logits[5] = 3.0f;
+    logits[6] = 2.0f;
+    return TL_HOOK_CONTINUE;
+}
+static int fail_hook(void *user, float *logits, int v, const int32_t *tokens, int n) {
+    (void)user; (void)logits; (void)v; (void)tokens; (void)n;
+    return TL_HOOK_ERROR;
+}
+typedef struct { int calls, last_position, stop_at; int32_t seen[CAP]; } observer_t;
+static int observe(void *user, int32_t token, int position) {
+    observer_t *o = user;
+    o->seen[o->calls++] = token;
+    CHECK(position == o->last_position + 1 || o->last_position < 0, "positions %d then %d", o->last_position, position);
+    o->last_position = position;
+    return o->calls == o->stop_at ? 0 : 1;
+}
+static int on_token_stop(void *user, int32_t token, int position) {
+    observer_t *o = user;
+    o->seen[o->calls++] = token;
+    (void)position;
+    return o->calls == o->stop_at ? TL_HOOK_STOP : TL_HOOK_CONTINUE;
+}
+static int stop_after_len(void *user, const int32_t *tokens, int n) {
+    (void)tokens;
+    return n >= *(int *)user ? TL_HOOK_STOP : TL_HOOK_CONTINUE;
+}
+/* Grammar: allows tokens 3, 4, 5 in turn, then nothing. */
+typedef struct { int state; } grammar_state;
+static int grammar_allowed(void *user, uint8_t *allowed, int v) {
+    grammar_state *g = user;
+    (void)v;
+    if (g->state >= 3) return 0;
+    allowed[3 + g->state] = 1;
+    return 1;
+}
+static int grammar_advance(void *user, int32_t token) {
+    grammar_state *g = user;
+    CHECK(token == 3 + g->state, "grammar advanced with %d in state %d", token, g->state);
+    g->state++;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_greedy_matches_score(void) {
+    int32_t prompt[4] = {5, 17, 3, 9}, out[CAP];
+    tl_generate_config cfg;
+    init_cfg(&cfg);
+    cfg.max_tokens = 20;
+    cfg.ignore_eos = 1;
+    int len = gen(model, prompt, 4, &cfg, out, NULL);
+    CHECK(len == 24, "len %d", len);
+    float *logits = malloc((size_t)len * (size_t)vocab * sizeof(float));
+    CHECK(tl_score(model, out, len, tl_model_info(model)->default_loops, logits) == TL_OK, "score");
+    for (int i = 4; i < len; i++)
+        CHECK(out[i] == tl_argmax(logits + (size_t)(i - 1) * (size_t)vocab, vocab),
+              "token %d = %d is not the argmax of the score row", i, out[i]);
+    /* At another depth too. */
+    cfg.loops = 7;
+    len = gen(model, prompt, 4, &cfg, out, NULL);
+    CHECK(tl_score(model, out, len, 7, logits) == TL_OK, "score");
+    for (int i = 4; i < len; i++)
+        CHECK(out[i] == tl_argmax(logits + (size_t)(i - 1) * (size_t)vocab, vocab), "loops 7 token %d", i);
+    free(logits);
+}
+
+static void test_sampling_knobs(void) {
+    int32_t prompt[3] = {2, 8, 30}, greedy[CAP], got[CAP], other[CAP];
+    tl_generate_config cfg;
+    init_cfg(&cfg);
+    cfg.max_tokens = 24;
+    cfg.ignore_eos = 1;
+    int n = gen(model, prompt, 3, &cfg, greedy, NULL);
+
+    cfg.temperature = 0.9f;
+    cfg.top_k = 1;
+    CHECK(gen(model, prompt, 3, &cfg, got, NULL) == n && memcmp(got, greedy, (size_t)n * 4) == 0, "top_k=1 != greedy");
+    cfg.top_k = 50;
+    cfg.top_p = 1e-6f;
+    CHECK(gen(model, prompt, 3, &cfg, got, NULL) == n && memcmp(got, greedy, (size_t)n * 4) == 0, "tiny top_p != greedy");
+    cfg.temperature = 0.005f; /* <= 0.01 is greedy */
+    cfg.top_p = 1.0f;
+    CHECK(gen(model, prompt, 3, &cfg, got, NULL) == n && memcmp(got, greedy, (size_t)n * 4) == 0, "T=0.005 != greedy");
+
+    cfg.temperature = 1.0f;
+    cfg.top_k = vocab;
+    cfg.sample_seed = 42;
+    gen(model, prompt, 3, &cfg, got, NULL);
+    gen(model, prompt, 3, &cfg, other, NULL);
+    CHECK(memcmp(got, other, (size_t)n * 4) == 0, "same seed gave different tokens");
+    gen(model_1thread, prompt, 3, &cfg, other, NULL);
+    CHECK(memcmp(got, other, (size_t)n * 4) == 0, "same seed differs between 1 and 2 threads");
+    CHECK(memcmp(got, greedy, (size_t)n * 4) != 0, "T=1 sampling reproduced greedy exactly");
+    cfg.sample_seed = 43;
+    gen(model, prompt, 3, &cfg, other, NULL);
+    CHECK(memcmp(got, other, (size_t)n * 4) != 0, "seeds 42 and 43 gave the same 24 tokens");
+}
+
+/* Empirical draws against softmax(logits / T) restricted to top-k then top-p. */
+static void test_distribution_chi_square(void) {
+    const float logits[8] = {1.0f, 2.5f, 0.3f, 2.5f, -1.0f, 1.7f, 0.9f, -INFINITY};
+    const float T = 0.8f, top_p = 0.9f;
+    const int top_k = 5, draws = 200000;
+    /* Expected, by hand: ranks 1(2.5) 3(2.5) 5(1.7) 0(1.0) 6(0.9); then nucleus. */
+    const int order[5] = {1, 3, 5, 0, 6};
+    double p[5], sum = 0;
+    for (int i = 0; i < 5; i++) sum += (p[i] = exp((logits[order[i]] - 2.5) / T));
+    for (int i = 0; i < 5; i++) p[i] /= sum;
+    int keep = 5;
+    double mass = 0;
+    for (int i = 0; i < 5; i++) { mass += p[i]; if (mass >= top_p) { keep = i + 1; break; } }
+    sum = 0;
+    for (int i = 0; i < keep; i++) sum += p[i];
+    for (int i = 0; i < keep; i++) p[i] /= sum;
+
+    tl_distribution d;
+    tl_distribution_init(&d, 8);
+    CHECK(tl_distribution_build(&d, logits, T, top_k, top_p), "build");
+    CHECK(d.n == keep, "kept %d candidates, expected %d", d.n, keep);
+    for (int i = 0; i < d.n && i < keep; i++)
+        CHECK(d.ids[i] == order[i] && fabs(d.probs[i] - p[i]) < 1e-12, "candidate %d: id %d p %.6f", i, d.ids[i], d.probs[i]);
+    tl_rng rng;
+    tl_rng_seed(&rng, 7);
+    int counts[8] = {0};
+    for (int i = 0; i < draws; i++) counts[tl_distribution_draw(&d, &rng)]++;
+    double chi2 = 0;
+    for (int i = 0; i < keep; i++) {
+        double e = p[i] * draws;
+        chi2 += (counts[order[i]] - e) * (counts[order[i]] - e) / e;
+    }
+    int outside = draws;
+    for (int i = 0; i < keep; i++) outside -= counts[order[i]];
+    CHECK(outside == 0, "%d draws fell outside top-k/top-p", outside);
+    /* df = keep - 1 <= 4: the 0.999 quantile of chi2(4) is 18.47. */
+    CHECK(chi2 < 18.47, "chi-square %.2f over %d candidates", chi2, keep);
+    printf("  sampler chi-square %.2f (df %d, %d draws)\n", chi2, keep - 1, draws);
+    float all_banned[8];
+    for (int i = 0; i < 8; i++) all_banned[i] = -INFINITY;
+    CHECK(!tl_distribution_build(&d, all_banned, 1.0f, 5, 1.0f), "all -inf must yield no distribution");
+    CHECK(tl_argmax(all_banned, 8) == -1, "argmax of all -inf");
+    const float ties[4] = {1.0f, 3.0f, NAN, 3.0f};
+    CHECK(tl_argmax(ties, 4) == 1, "argmax ties go to the lowest id, NaN never wins");
+    tl_distribution_free(&d);
+}
+
+static void test_repetition_penalty(void) {
+    float logits[6] = {2.0f, -1.0f, 0.5f, 4.0f, -3.0f, 1.0f};
+    const int32_t ids[5] = {0, 1, 0, 4, 1};
+    uint8_t seen[6] = {0};
+    tl_repetition_penalty(logits, ids, 5, 2.0f, seen);
+    const float want[6] = {1.0f, -2.0f, 0.5f, 4.0f, -6.0f, 1.0f};
+    CHECK(memcmp(logits, want, sizeof want) == 0, "penalised %g %g %g %g %g %g", logits[0], logits[1],
+          logits[2], logits[3], logits[4], logits[5]);
+    uint8_t zero[6] = {0};
+    CHECK(memcmp(seen, zero, 6) == 0, "seen scratch left dirty");
+
+    /* In generation: token 5 (in the prompt) has logit 3, token 6 logit 2. */
+    int32_t prompt[2] = {5, 9}, out[CAP];
+    tl_generate_config cfg;
+    init_cfg(&cfg);
+    cfg.max_tokens = 1;
+    cfg.logits_processor = two_favourites;
+    gen(model, prompt, 2, &cfg, out, NULL);
+    CHECK(out[2] == 5, "without penalty token 5 wins, got %d", out[2]);
+    cfg.repetition_penalty = 2.0f; /* 3 / 2 = 1.5 < 2 */
+    gen(model, prompt, 2, &cfg, out, NULL);
+    CHECK(out[2] == 6, "penalised token 5 must lose to token 6, got %d", out[2]);
+    cfg.repetition_penalty = 1.4f; /* 3 / 1.4 = 2.14 > 2 */
+    gen(model, prompt, 2, &cfg, out, NULL);
+    CHECK(out[2] == 5, "a mild penalty keeps token 5, got %d", out[2]);
+}
+
+static void test_stop_reasons(void) {
+    int32_t prompt[3] = {7, 8, 9}, out[CAP];
+    tl_generate_stats st;
+    tl_generate_config cfg;
+    const int32_t script[6] = {10, 11, 12, 13, 14, 15};
+    script_t s = {script, 6, 3, 0};
+
+    /* EOS, included in the output. */
+    const int32_t eos_script[4] = {20, 21, (int32_t)eos, 22};
+    script_t se = {eos_script, 4, 3, 0};
+    init_cfg(&cfg);
+    cfg.logits_processor = force_script;
+    cfg.logits_processor_user = &se;
+    int n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 6 && out[5] == eos && st.stop_reason == TL_STOP_EOS && st.tokens_emitted == 3,
+          "EOS: len %d reason %s", n, tl_stop_reason_name(st.stop_reason));
+    cfg.ignore_eos = 1;
+    cfg.max_tokens = 9;
+    n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 12 && st.stop_reason == TL_STOP_MAX_TOKENS, "ignore_eos: len %d reason %s", n,
+          tl_stop_reason_name(st.stop_reason));
+
+    /* Stop sequences of different lengths; the first to complete wins; matched tokens stay. */
+    init_cfg(&cfg);
+    cfg.logits_processor = force_script;
+    cfg.logits_processor_user = &s;
+    const int32_t seq_a[3] = {12, 13, 14}, seq_b[2] = {11, 12}, seq_c[1] = {99 % 50};
+    tl_token_seq seqs[3] = {{seq_a, 3}, {seq_b, 2}, {seq_c, 1}};
+    cfg.stop_sequences = seqs;
+    cfg.n_stop_sequences = 3;
+    n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 6 && out[4] == 11 && out[5] == 12 && st.stop_reason == TL_STOP_SEQUENCE,
+          "stop sequence {11,12}: len %d reason %s", n, tl_stop_reason_name(st.stop_reason));
+    cfg.stop_sequences = seqs; /* only the 3-token one */
+    cfg.n_stop_sequences = 1;
+    n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 8 && out[7] == 14 && st.stop_reason == TL_STOP_SEQUENCE, "stop sequence {12,13,14}: len %d", n);
+    /* Spanning the prompt/continuation boundary: {9, 10} stops at the first new token. */
+    const int32_t across[2] = {9, 10}, inside[2] = {7, 8};
+    tl_token_seq span[2] = {{inside, 2}, {across, 2}};
+    cfg.stop_sequences = span;
+    cfg.n_stop_sequences = 1; /* a match inside the prompt alone never stops */
+    cfg.max_tokens = 4;
+    n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 7 && st.stop_reason == TL_STOP_MAX_TOKENS, "prompt-only match stopped: len %d", n);
+    cfg.n_stop_sequences = 2;
+    n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 4 && out[3] == 10 && st.stop_reason == TL_STOP_SEQUENCE, "boundary match: len %d", n);
+
+    /* Stream callback abort: the aborting token is included; called once per token. */
+    init_cfg(&cfg);
+    cfg.logits_processor = force_script;
+    cfg.logits_processor_user = &s;
+    observer_t o = {0, -1, 2, {0}};
+    int len = 0;
+    CHECK(tl_generate_stream(model, prompt, 3, &cfg, observe, &o, out, CAP, &len, &st) == TL_OK, "stream");
+    CHECK(len == 5 && o.calls == 2 && o.seen[1] == 11 && out[4] == 11 && st.stop_reason == TL_STOP_CALLBACK_ABORT,
+          "stream abort: len %d calls %d reason %s", len, o.calls, tl_stop_reason_name(st.stop_reason));
+    o = (observer_t){0, -1, 1000, {0}};
+    cfg.max_tokens = 7;
+    tl_generate_stream(model, prompt, 3, &cfg, observe, &o, out, CAP, &len, &st);
+    CHECK(o.calls == 7 && len == 10 && memcmp(o.seen, out + 3, 7 * 4) == 0, "stream saw %d tokens", o.calls);
+    CHECK(o.last_position == 9, "last position %d", o.last_position);
+
+    /* on_token hook asking to stop, and a stop rule. */
+    o = (observer_t){0, -1, 3, {0}};
+    cfg.on_token = on_token_stop;
+    cfg.on_token_user = &o;
+    n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 6 && st.stop_reason == TL_STOP_CALLBACK_ABORT, "on_token stop: len %d", n);
+    cfg.on_token = NULL;
+    int stop_len = 5;
+    cfg.stop_rule = stop_after_len;
+    cfg.stop_rule_user = &stop_len;
+    n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 5 && st.stop_reason == TL_STOP_CALLBACK_ABORT, "stop_rule: len %d", n);
+
+    /* Grammar: 3, 4, 5, then a dead end. */
+    init_cfg(&cfg);
+    grammar_state g = {0};
+    tl_grammar grammar = {&g, grammar_allowed, grammar_advance};
+    cfg.grammar = &grammar;
+    n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 6 && out[3] == 3 && out[4] == 4 && out[5] == 5 && st.stop_reason == TL_STOP_GRAMMAR_DEAD_END,
+          "grammar: len %d reason %s", n, tl_stop_reason_name(st.stop_reason));
+
+    /* max_tokens = 0 returns the prompt. */
+    cfg.grammar = NULL;
+    cfg.max_tokens = 0;
+    n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 3 && st.stop_reason == TL_STOP_MAX_TOKENS && st.tokens_emitted == 0, "max_tokens 0: len %d", n);
+
+    /* A hook error aborts with TL_ERR_HOOK; the next call works. */
+    init_cfg(&cfg);
+    cfg.logits_processor = fail_hook;
+    CHECK_ERROR(tl_generate(model, prompt, 3, &cfg, out, CAP, &n, NULL), TL_ERR_HOOK, "logits_processor hook returned error -1");
+    cfg.logits_processor = NULL;
+    CHECK(tl_generate(model, prompt, 3, &cfg, out, CAP, &n, NULL) == TL_OK, "call after a hook error");
+}
+
+static void test_step_batch_stats(void) {
+    int32_t p1[3] = {1, 2, 3}, p2[5] = {9, 8, 7, 6, 5}, p3[1] = {40}, out[3 * CAP], ref[CAP];
+    tl_generate_config cfg;
+    init_cfg(&cfg);
+    cfg.temperature = 0.8f;
+    cfg.top_k = 20;
+    cfg.top_p = 0.95f;
+    cfg.repetition_penalty = 1.3f;
+    cfg.sample_seed = 123;
+    cfg.max_tokens = 12;
+
+    /* Step API == blocking call. */
+    tl_session *s = NULL;
+    CHECK(tl_session_new(model, p2, 5, &cfg, &s) == TL_OK, "session: %s", tl_last_error());
+    int32_t tok;
+    tl_stop_reason stop = TL_STOP_NONE;
+    int steps = 0;
+    while (stop == TL_STOP_NONE && tl_session_step(s, &tok, &stop) == TL_OK) steps++;
+    int n_step;
+    const int32_t *stepped = tl_session_tokens(s, &n_step);
+    tl_generate_stats bst;
+    int n = gen(model, p2, 5, &cfg, ref, &bst);
+    CHECK(n == n_step && memcmp(stepped, ref, (size_t)n * 4) == 0, "step API (%d) != blocking (%d)", n_step, n);
+    CHECK_ERROR(tl_session_step(s, &tok, &stop), TL_ERR_INVALID_ARGUMENT, "already finished");
+    const tl_generate_stats *ss = tl_session_stats(s);
+    CHECK(ss->tokens_emitted == n - 5 && ss->stop_reason == bst.stop_reason, "stats of the step API");
+    tl_session_free(s);
+
+    /* Stats. */
+    CHECK(bst.prompt_tokens == 5 && bst.tokens_emitted == n - 5, "stats counts");
+    CHECK(bst.prefill_ms > 0 && bst.first_token_ms >= bst.prefill_ms && bst.decode_ms > 0, "stats times %g %g %g",
+          bst.prefill_ms, bst.first_token_ms, bst.decode_ms);
+    CHECK(bst.loops_used == tl_model_info(model)->default_loops, "loops_used %g", bst.loops_used);
+    CHECK(tl_stats_decode_tokens_per_s(&bst) > 0 && tl_stats_prefill_tokens_per_s(&bst) > 0, "rates");
+
+    /* Batch: flat concatenation + lengths, each prompt with a fresh cache. */
+    tl_token_seq prompts[3] = {{p1, 3}, {p2, 5}, {p3, 1}};
+    int lens[3], total = 0;
+    tl_generate_stats stats[3];
+    CHECK(tl_generate_batch(model, prompts, 3, &cfg, out, 3 * CAP, lens, &total, stats) == TL_OK, "batch: %s",
+          tl_last_error());
+    int at = 0;
+    for (int i = 0; i < 3; i++) {
+        int m = gen(model, prompts[i].tokens, prompts[i].n, &cfg, ref, NULL);
+        CHECK(lens[i] == m && memcmp(out + at, ref, (size_t)m * 4) == 0, "batch item %d differs", i);
+        CHECK(stats[i].tokens_emitted == m - prompts[i].n, "batch stats %d", i);
+        at += lens[i];
+    }
+    CHECK(total == at, "batch total %d vs %d", total, at);
+    p2[2] = -5;
+    CHECK_ERROR(tl_generate_batch(model, prompts, 3, &cfg, out, 3 * CAP, lens, &total, NULL), TL_ERR_INVALID_ARGUMENT,
+                "generate_batch: prompt 1: prompt token id -5 at index 2");
+    p2[2] = 7;
+    CHECK_ERROR(tl_generate_batch(model, prompts, 3, &cfg, out, 10, lens, &total, NULL), TL_ERR_INVALID_ARGUMENT,
+                "out_capacity = 10 is too small");
+}
+
+static void test_cache_window(void) {
+    int32_t prompt[6] = {3, 1, 4, 1, 5, 9}, full[CAP], windowed[CAP];
+    tl_generate_config cfg;
+    init_cfg(&cfg);
+    cfg.max_tokens = 20;
+    cfg.ignore_eos = 1;
+    int n = gen(model, prompt, 6, &cfg, full, NULL);
+    cfg.cache_window = 26; /* never reached: identical output */
+    CHECK(gen(model, prompt, 6, &cfg, windowed, NULL) == n && memcmp(full, windowed, (size_t)n * 4) == 0,
+          "window wider than the sequence changed the output");
+    cfg.cache_window = 4;
+    tl_session *s = NULL;
+    CHECK(tl_session_new(model, prompt, 6, &cfg, &s) == TL_OK, "windowed session");
+    CHECK(s->cache->capacity <= 8, "windowed cache holds %d rows for a 26-token run", s->cache->capacity);
+    int32_t tok;
+    tl_stop_reason stop = TL_STOP_NONE;
+    while (stop == TL_STOP_NONE && tl_session_step(s, &tok, &stop) == TL_OK) {}
+    CHECK(s->n_tokens == 26, "windowed run length %d", s->n_tokens);
+    tl_session_free(s);
+}
+
+static void test_validation(void) {
+    int32_t prompt[3] = {1, 2, 3}, out[CAP];
+    const struct tl_model_info *info = tl_model_info(model);
+    tl_generate_config cfg;
+    int n;
+#define BAD(field_set, needle)                                                             \
+    do {                                                                                   \
+        init_cfg(&cfg);                                                     \
+        field_set;                                                                         \
+        CHECK_ERROR(tl_generate(model, prompt, 3, &cfg, out, CAP, &n, NULL), TL_ERR_INVALID_ARGUMENT, needle); \
+    } while (0)
+    BAD(cfg.max_tokens = -1, "max_tokens = -1 must be >= 0");
+    BAD(cfg.max_tokens = info->max_seq_len, "exceeds max_seq_len");
+    BAD(cfg.loops = info->max_loops + 1, "loops = ");
+    BAD(cfg.loops = -1, "loops = -1 is out of range");
+    BAD(cfg.temperature = -0.5f, "temperature = -0.5 must be");
+    BAD(cfg.temperature = NAN, "temperature = nan");
+    BAD((cfg.temperature = 0.7f, cfg.top_k = 0), "top_k = 0 must be >= 1 when sampling");
+    BAD(cfg.top_p = 0.0f, "top_p = 0 must be in (0, 1]");
+    BAD(cfg.top_p = 1.5f, "top_p = 1.5");
+    BAD(cfg.repetition_penalty = 0.0f, "repetition_penalty = 0");
+    BAD(cfg.cache_window = -3, "cache_window = -3");
+    BAD(cfg.n_stop_sequences = 2, "n_stop_sequences = 2 without stop_sequences");
+    static const int32_t bad_seq[2] = {1, 100000};
+    static tl_token_seq seqs[1] = {{bad_seq, 2}};
+    BAD((cfg.stop_sequences = seqs, cfg.n_stop_sequences = 1), "stop_sequences[0] token id 100000");
+    static tl_token_seq empty[1] = {{bad_seq, 0}};
+    BAD((cfg.stop_sequences = empty, cfg.n_stop_sequences = 1), "stop_sequences[0] is empty");
+    BAD(cfg.beam_size = -1, "beam_size = -1");
+    BAD(cfg.length_penalty = INFINITY, "length_penalty = inf");
+    BAD(cfg.early_exit_patience = -1, "early_exit_patience = -1");
+    BAD(cfg.early_exit_min_L = 0, "early_exit_min_L = 0");
+    BAD(cfg.early_exit_peek_every = 0, "early_exit_peek_every = 0");
+    BAD(cfg.early_exit_logit_margin = -1.0f, "early_exit_logit_margin = -1");
+    static tl_grammar half = {NULL, grammar_allowed, NULL};
+    BAD(cfg.grammar = &half, "grammar needs both");
+#undef BAD
+    init_cfg(&cfg);
+    CHECK_ERROR(tl_generate(model, prompt, 0, &cfg, out, CAP, &n, NULL), TL_ERR_INVALID_ARGUMENT, "prompt_len = 0");
+    CHECK_ERROR(tl_generate(model, NULL, 3, &cfg, out, CAP, &n, NULL), TL_ERR_INVALID_ARGUMENT, "prompt must not be NULL");
+    CHECK_ERROR(tl_generate(NULL, prompt, 3, &cfg, out, CAP, &n, NULL), TL_ERR_INVALID_ARGUMENT, "model must not be NULL");
+    CHECK_ERROR(tl_generate(model, prompt, 3, &cfg, out, 10, &n, NULL), TL_ERR_INVALID_ARGUMENT, "out_capacity = 10");
+    CHECK_ERROR(tl_generate(model, prompt, 3, &cfg, NULL, CAP, &n, NULL), TL_ERR_INVALID_ARGUMENT, "out must not be NULL");
+    prompt[1] = info->vocab_size;
+    CHECK_ERROR(tl_generate(model, prompt, 3, &cfg, out, CAP, &n, NULL), TL_ERR_INVALID_ARGUMENT, "prompt token id");
+    prompt[1] = 2;
+    cfg.beam_size = 3;
+    CHECK_ERROR(tl_generate(model, prompt, 3, &cfg, out, CAP, &n, NULL), TL_ERR_UNSUPPORTED, "beam_size = 3");
+    tl_session *s = (tl_session *)1;
+    cfg.beam_size = 0;
+    cfg.top_p = 2.0f;
+    CHECK_ERROR(tl_session_new(model, prompt, 3, &cfg, &s), TL_ERR_INVALID_ARGUMENT, "top_p = 2");
+    CHECK(s == NULL, "session out must be NULL on error");
+    CHECK(strcmp(tl_stop_reason_name(TL_STOP_GRAMMAR_DEAD_END), "GRAMMAR_DEAD_END") == 0, "reason names");
+}
+
+int main(int argc, char **argv) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/add_residual_statenorm_rms_gqa2", argc > 1 ? argv[1] : "tests/data/golden");
+    tl_load_options o;
+    tl_load_options_init(&o);
+    o.n_threads = 2;
+    if (tl_model_load(dir, &o, &model) != TL_OK) { printf("load: %s\n", tl_last_error()); return 1; }
+    o.n_threads = 1;
+    if (tl_model_load(dir, &o, &model_1thread) != TL_OK) return 1;
+    vocab = tl_model_info(model)->vocab_size;
+    eos = tl_model_info(model)->eos_token_id;
+    test_greedy_matches_score();
+    test_sampling_knobs();
+    test_distribution_chi_square();
+    test_repetition_penalty();
+    test_stop_reasons();
+    test_step_batch_stats();
+    test_cache_window();
+    test_validation();
+    tl_model_free(model);
+    tl_model_free(model_1thread);
+    return check_summary();
+}
