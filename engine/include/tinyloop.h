@@ -59,6 +59,9 @@ typedef enum tl_backend_kind {
 typedef struct tl_load_options {
     int n_threads;           /* CPU worker threads; 0 = number of online cores */
     tl_backend_kind backend; /* TL_BACKEND_AUTO by default */
+    int mmap_weights;        /* 0 (default): copy matrices into huge-page memory, which
+                                streams faster; 1: use the file mapping in place (no copy,
+                                pages shared with the page cache and other processes) */
 } tl_load_options;
 
 /* Fills *opts with the defaults (all cores, automatic backend). */

@@ -90,8 +90,10 @@ struct tl_model {
     struct tl_model_info info;
     const struct tl_backend *backend;
     struct tl_pool *pool;        /* CPU worker threads; shared, used by one caller at a time */
-    void *mapping;               /* mmap of model.safetensors */
+    void *mapping;               /* mmap of model.safetensors (NULL once weights are copied) */
     size_t mapping_len;
+    void *weights_region;        /* anonymous huge-page copy of every matrix, or NULL */
+    size_t weights_region_len;
     void **owned;                /* allocations to free with the model */
     int n_owned, cap_owned;
     double *rope_inv_freq;       /* [head_dim/2] */

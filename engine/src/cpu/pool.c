@@ -1,12 +1,18 @@
 /* pool.c: worker threads that spin briefly, then sleep, between parallel-for jobs.
  *
- * Decode issues ~100 short jobs per token, so waking workers through a condition
- * variable alone would cost several microseconds each; workers first spin on the job
- * generation counter and only then block. */
+ * Decode issues ~100 short jobs per token, so waking workers through a condition variable
+ * alone would cost several microseconds each: workers first spin on the job word.
+ *
+ * The caller never waits for a worker that has not started: the job word packs
+ * (generation, task count, next task) into one atomic, tasks are claimed by CAS, and the
+ * caller, which claims tasks too, waits only until every task is *done*. A worker that was
+ * descheduled (another process on the core) simply finds the job exhausted when it wakes,
+ * instead of stalling the caller for a scheduler time slice. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "pool.h"
@@ -19,6 +25,17 @@
 #endif
 
 #define SPIN_ROUNDS 20000
+#define FIELD_BITS 22
+#define FIELD_MASK ((UINT64_C(1) << FIELD_BITS) - 1)
+#define MAX_TASKS ((int)FIELD_MASK)
+
+/* job word: generation << 44 | n_tasks << 22 | next_task */
+static inline uint64_t pack(uint64_t gen, uint64_t n, uint64_t next) {
+    return gen << (2 * FIELD_BITS) | n << FIELD_BITS | next;
+}
+static inline uint64_t gen_of(uint64_t w) { return w >> (2 * FIELD_BITS); }
+static inline int n_of(uint64_t w) { return (int)((w >> FIELD_BITS) & FIELD_MASK); }
+static inline int next_of(uint64_t w) { return (int)(w & FIELD_MASK); }
 
 struct tl_pool {
     int n_threads;                 /* including the calling thread */
@@ -26,20 +43,24 @@ struct tl_pool {
     pthread_mutex_t run_lock;      /* one job at a time */
     pthread_mutex_t sleep_lock;
     pthread_cond_t wake;
-    atomic_uint generation;        /* bumped for each new job */
-    atomic_int next_task;
-    atomic_int pending_workers;    /* workers still inside the current job */
+    _Atomic uint64_t job;          /* see pack() */
+    atomic_int done;               /* tasks finished in the current job */
     atomic_bool stop;
-    int n_tasks;
-    tl_task_fn fn;
+    tl_task_fn fn;                 /* stable while any task of the job is unfinished */
     void *ctx;
 };
 
-static void run_tasks(tl_pool *pool, int thread) {
+/* Claims and runs tasks of generation `gen` until none are left. */
+static void run_tasks(tl_pool *pool, uint64_t gen, int thread) {
+    uint64_t w = atomic_load_explicit(&pool->job, memory_order_acquire);
     for (;;) {
-        int task = atomic_fetch_add_explicit(&pool->next_task, 1, memory_order_relaxed);
-        if (task >= pool->n_tasks) break;
-        pool->fn(pool->ctx, task, thread);
+        if (gen_of(w) != gen || next_of(w) >= n_of(w)) return;
+        if (!atomic_compare_exchange_weak_explicit(&pool->job, &w, w + 1, memory_order_acquire,
+                                                   memory_order_acquire))
+            continue;
+        pool->fn(pool->ctx, next_of(w), thread);
+        atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
+        w = atomic_load_explicit(&pool->job, memory_order_acquire);
     }
 }
 
@@ -49,22 +70,21 @@ static void *worker_main(void *arg_) {
     worker_arg arg = *(worker_arg *)arg_;
     free(arg_);
     tl_pool *pool = arg.pool;
-    unsigned seen = 0; /* jobs may be posted before this thread first runs */
+    uint64_t seen = 0; /* jobs may be posted before this thread first runs */
     for (;;) {
-        unsigned gen;
+        uint64_t gen;
         int spins = 0;
-        while ((gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen &&
+        while ((gen = gen_of(atomic_load_explicit(&pool->job, memory_order_acquire))) == seen &&
                !atomic_load(&pool->stop)) {
             if (++spins < SPIN_ROUNDS) { cpu_relax(); continue; }
             pthread_mutex_lock(&pool->sleep_lock);
-            while (atomic_load(&pool->generation) == seen && !atomic_load(&pool->stop))
+            while (gen_of(atomic_load(&pool->job)) == seen && !atomic_load(&pool->stop))
                 pthread_cond_wait(&pool->wake, &pool->sleep_lock);
             pthread_mutex_unlock(&pool->sleep_lock);
         }
         if (atomic_load(&pool->stop)) return NULL;
         seen = gen;
-        run_tasks(pool, arg.thread);
-        atomic_fetch_sub_explicit(&pool->pending_workers, 1, memory_order_release);
+        run_tasks(pool, gen, arg.thread);
     }
 }
 
@@ -76,6 +96,7 @@ tl_pool *tl_pool_new(int n_threads) {
     pthread_mutex_init(&pool->run_lock, NULL);
     pthread_mutex_init(&pool->sleep_lock, NULL);
     pthread_cond_init(&pool->wake, NULL);
+    atomic_init(&pool->job, 0);
     pool->workers = calloc((size_t)n_threads, sizeof *pool->workers);
     if (!pool->workers) { free(pool); return NULL; }
     for (int t = 1; t < n_threads; t++) {
@@ -109,21 +130,22 @@ void tl_pool_free(tl_pool *pool) {
 void tl_pool_run(tl_pool *pool, int n_tasks, tl_task_fn fn, void *ctx) {
     if (n_tasks <= 0) return;
     /* Single task, single thread, or the pool busy with another session's job: run here.
-       Callers size per-thread scratch for thread index 0 being always usable. */
-    if (!pool || pool->n_threads == 1 || n_tasks == 1 || pthread_mutex_trylock(&pool->run_lock) != 0) {
+       Callers size per-thread scratch for every thread index, 0 included. */
+    if (!pool || pool->n_threads == 1 || n_tasks == 1 || n_tasks > MAX_TASKS ||
+        pthread_mutex_trylock(&pool->run_lock) != 0) {
         for (int task = 0; task < n_tasks; task++) fn(ctx, task, 0);
         return;
     }
     pool->fn = fn;
     pool->ctx = ctx;
-    pool->n_tasks = n_tasks;
-    atomic_store_explicit(&pool->next_task, 0, memory_order_relaxed);
-    atomic_store_explicit(&pool->pending_workers, pool->n_threads - 1, memory_order_relaxed);
+    atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
+    uint64_t gen = (gen_of(atomic_load(&pool->job)) + 1) & ((UINT64_C(1) << 20) - 1);
+    if (gen == 0) gen = 1; /* 0 is what a fresh worker has "seen" */
     pthread_mutex_lock(&pool->sleep_lock);
-    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
+    atomic_store_explicit(&pool->job, pack(gen, (uint64_t)n_tasks, 0), memory_order_release);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->sleep_lock);
-    run_tasks(pool, 0);
-    while (atomic_load_explicit(&pool->pending_workers, memory_order_acquire) > 0) cpu_relax();
+    run_tasks(pool, gen, 0);
+    while (atomic_load_explicit(&pool->done, memory_order_acquire) < n_tasks) cpu_relax();
     pthread_mutex_unlock(&pool->run_lock);
 }
