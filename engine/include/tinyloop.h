@@ -110,6 +110,29 @@ struct tl_model_info {
 /* Never NULL for a loaded model; valid as long as the model is. */
 const struct tl_model_info *tl_model_info(const tl_model *model);
 
+/* ---------------------------------------------------------------- text
+   These need the checkpoint's tokenizer.json (tl_model_info()->has_tokenizer); without
+   one they fail with TL_ERR_UNSUPPORTED. Buffers they return are freed with tl_free. */
+
+void tl_free(void *ptr);
+
+/* Byte-level BPE encoding of text[0..len) (any bytes; special tokens such as
+   "<|endoftext|>" are recognised). *ids receives a tl_free-able array of *n_ids ids. */
+tl_status tl_encode(const tl_model *model, const char *text, size_t len, int32_t **ids, int *n_ids);
+/* Concatenated bytes of the tokens (NUL-terminated; *len excludes the terminator). */
+tl_status tl_decode(const tl_model *model, const int32_t *ids, int n, char **text, size_t *len);
+/* The raw bytes of one token; valid as long as the model. */
+tl_status tl_token_text(const tl_model *model, int32_t id, const char **bytes, size_t *len);
+
+/* Streaming detokenizer: never returns a broken UTF-8 sequence (bytes of an unfinished
+   code point wait for the next token); flush returns what is left. Pieces stay valid
+   until the next call on the same detokenizer. */
+typedef struct tl_detokenizer tl_detokenizer;
+tl_status tl_detokenizer_new(const tl_model *model, tl_detokenizer **out);
+tl_status tl_detokenizer_push(tl_detokenizer *d, int32_t id, const char **piece, size_t *len);
+void tl_detokenizer_flush(tl_detokenizer *d, const char **piece, size_t *len);
+void tl_detokenizer_free(tl_detokenizer *d);
+
 /* ---------------------------------------------------------------- scoring */
 
 /* Logits (n * vocab_size floats; row i = next-token logits after tokens[0..i]) for a
@@ -175,6 +198,11 @@ typedef struct tl_generate_config {
     float early_exit_logit_margin;   /* 0.0 */
     uint64_t sample_seed;            /* 0; same seed + config + model = same tokens */
     int ignore_eos;                  /* 0; when 1, eos_token_id does not stop generation */
+    /* Stop strings: text that may span token boundaries, matched in the generated text
+       (needs a tokenizer). The token completing a match stays in the output, and
+       tl_session_text never shows text that could still become part of a match. */
+    const char *const *stop_strings;
+    int n_stop_strings;
     /* Hooks, each optional (NULL), each with its own user pointer. */
     tl_on_token_hook on_token;
     void *on_token_user;
@@ -221,6 +249,11 @@ tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *s
 /* The sequence so far: prompt + emitted tokens; valid until the next step or free. */
 const int32_t *tl_session_tokens(const tl_session *session, int *n);
 const tl_generate_stats *tl_session_stats(const tl_session *session);
+
+/* Text of the emitted tokens that became safe to show since the last call: bytes of an
+   unfinished UTF-8 sequence and any suffix that may still grow into a stop string are held
+   back until a later step (or the end) settles them. Needs a tokenizer. */
+tl_status tl_session_text(tl_session *session, const char **piece, size_t *len);
 
 /* ---- blocking calls (SPEC §3): output = prompt + continuation, written to out, which must
    hold prompt_len + max_tokens tokens; *out_len receives the length. stats may be NULL. */

@@ -83,6 +83,7 @@ typedef struct tl_weights {
 
 struct tl_backend;
 struct tl_pool;
+struct tlz_tokenizer;
 
 struct tl_model {
     tl_config cfg;
@@ -97,6 +98,7 @@ struct tl_model {
     void **owned;                /* allocations to free with the model */
     int n_owned, cap_owned;
     double *rope_inv_freq;       /* [head_dim/2] */
+    struct tlz_tokenizer *tokenizer; /* NULL without tokenizer.json */
     char *dir;
 };
 

@@ -18,6 +18,7 @@
 #include "cpu/kernels.h"
 #include "cpu/pool.h"
 #include "safetensors.h"
+#include "tokenizer.h"
 
 void tl_load_options_init(tl_load_options *opts) {
     if (!opts) return;
@@ -44,6 +45,7 @@ static void *own(tl_model *m, void *p) {
 void tl_model_free(tl_model *m) {
     if (!m) return;
     tl_pool_free(m->pool);
+    tlz_tokenizer_free(m->tokenizer);
     for (int i = 0; i < m->n_owned; i++) tl_free_aligned(m->owned[i]);
     free(m->owned);
     if (m->mapping) munmap(m->mapping, m->mapping_len);
@@ -374,6 +376,15 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
         if (!(m->pool = tl_pool_new(threads))) st = tl_fail(TL_ERR_NO_MEMORY, "cannot start worker threads");
     }
     if (st == TL_OK) fill_info(m, &file);
+    if (st == TL_OK && m->info.has_tokenizer) {
+        char tok_path[4200], err[512];
+        snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
+        if (tlz_tokenizer_load(tok_path, &m->tokenizer, err, sizeof err) != 0)
+            st = tl_fail(TL_ERR_FORMAT, "%s", err);
+        else if (tlz_vocab_size(m->tokenizer) > m->cfg.vocab_size)
+            st = tl_fail(TL_ERR_FORMAT, "%s: the tokenizer has %d ids but config.json vocab_size is %d",
+                         tok_path, tlz_vocab_size(m->tokenizer), m->cfg.vocab_size);
+    }
     if (st == TL_OK && !opts->mmap_weights) st = copy_weights(m);
     if (st == TL_OK && opts->mmap_weights) {
         /* The mapping outlives the header table: the matrices point into it. */

@@ -1,12 +1,14 @@
 /* session.c: the canonical decode state machine (SPEC §3). Per step: forward the pending
  * tokens, then logits hook, repetition penalty, grammar mask, sample, append, stop checks.
  * Every blocking call in generate.c is a loop over tl_session_step. */
+#define _POSIX_C_SOURCE 200809L /* strdup */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "session.h"
 #include "stop.h"
+#include "tokenizer.h"
 
 /* Prompt rows per forward: bounds activation memory; results do not depend on it. */
 #define PREFILL_CHUNK 64
@@ -98,6 +100,13 @@ static tl_status validate(const tl_model *m, const int32_t *prompt, int prompt_l
     if (!(c->early_exit_logit_margin >= 0.0f) || !isfinite(c->early_exit_logit_margin))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_logit_margin = %g must be a finite number >= 0",
                        (double)c->early_exit_logit_margin);
+    if (c->n_stop_strings < 0 || (c->n_stop_strings > 0 && !c->stop_strings))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_strings = %d without stop_strings", c->n_stop_strings);
+    for (int i = 0; i < c->n_stop_strings; i++)
+        if (!c->stop_strings[i] || !c->stop_strings[i][0])
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings[%d] is empty", i);
+    if (c->n_stop_strings > 0 && !m->tokenizer)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings need a tokenizer, and this model has no tokenizer.json");
     if (c->grammar && (!c->grammar->allowed || !c->grammar->advance))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar needs both an allowed and an advance callback");
     if (c->beam_size >= 2)
@@ -123,6 +132,10 @@ void tl_session_free(tl_session *s) {
     free(s->work);
     free(s->seen);
     free(s->allowed);
+    free(s->text);
+    for (int i = 0; s->stop_strs && i < s->cfg.n_stop_strings; i++) free(s->stop_strs[i]);
+    free(s->stop_strs);
+    free(s->stop_lens);
     free(s);
 }
 
@@ -179,6 +192,19 @@ tl_status tl_session_new(const tl_model *m, const int32_t *prompt, int prompt_le
         at += src->n;
     }
     s->cfg.stop_sequences = s->stop_seqs;
+    s->stop_strs = calloc((size_t)cfg->n_stop_strings + 1, sizeof *s->stop_strs);
+    s->stop_lens = calloc((size_t)cfg->n_stop_strings + 1, sizeof *s->stop_lens);
+    for (int i = 0; s->stop_strs && s->stop_lens && i < cfg->n_stop_strings; i++) {
+        s->stop_lens[i] = strlen(cfg->stop_strings[i]);
+        s->stop_strs[i] = strdup(cfg->stop_strings[i]);
+        if (!s->stop_strs[i]) break;
+        if (s->stop_lens[i] > s->max_stop_len) s->max_stop_len = s->stop_lens[i];
+    }
+    s->cfg.stop_strings = (const char *const *)s->stop_strs;
+    if (!s->stop_strs || !s->stop_lens || (cfg->n_stop_strings && !s->stop_strs[cfg->n_stop_strings - 1])) {
+        tl_session_free(s);
+        return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    }
     memcpy(s->tokens, prompt, (size_t)prompt_len * sizeof *s->tokens);
     for (int i = 0; i < total; i++) s->positions[i] = i;
     tl_clear_error();
@@ -224,6 +250,33 @@ static tl_status finish(tl_session *s, tl_stop_reason reason, tl_stop_reason *st
 static tl_status hook_failed(tl_session *s, const char *hook, int code) {
     s->finished = true;
     return tl_fail(TL_ERR_HOOK, "%s hook returned error %d", hook, code);
+}
+
+/* Appends the token's bytes to the generated text; true when a stop string now ends
+   inside them (a match may start in earlier tokens' text). */
+static tl_status append_text(tl_session *s, int32_t tok, bool *matched) {
+    *matched = false;
+    if (!s->m->tokenizer) return TL_OK;
+    const char *bytes;
+    size_t len;
+    if (tlz_token_bytes(s->m->tokenizer, tok, &bytes, &len) != 0) len = 0; /* id without text */
+    if (s->text_len + len + 1 > s->text_cap) {
+        size_t cap = (s->text_len + len + 1) * 2;
+        char *grown = realloc(s->text, cap);
+        if (!grown) return tl_fail(TL_ERR_NO_MEMORY, "out of memory for generated text");
+        s->text = grown;
+        s->text_cap = cap;
+    }
+    const size_t old = s->text_len;
+    memcpy(s->text + old, bytes, len);
+    s->text_len += len;
+    for (int i = 0; i < s->cfg.n_stop_strings; i++) {
+        const size_t L = s->stop_lens[i];
+        size_t from = old + 1 > L ? old + 1 - L : 0; /* the match must end in the new bytes */
+        for (size_t at = from; at + L <= s->text_len; at++)
+            if (memcmp(s->text + at, s->stop_strs[i], L) == 0) { *matched = true; return TL_OK; }
+    }
+    return TL_OK;
 }
 
 /* Applies the logits hook, repetition penalty and grammar mask to s->work; picks a token.
@@ -286,6 +339,9 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     s->loops_sum += s->loops;
     s->stats.loops_used = s->loops_sum / emitted;
 
+    bool stop_string = false;
+    if ((st = append_text(s, tok, &stop_string)) != TL_OK) { s->finished = true; return st; }
+
     /* Observers see every token, the last one included. */
     bool observer_stop = false;
     if (c->on_token) {
@@ -299,6 +355,7 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     if (tok == s->m->cfg.eos_token_id && !c->ignore_eos) return finish(s, TL_STOP_EOS, stop);
     if (tl_stop_sequences_match(s->tokens, s->n_tokens, s->prompt_len, c->stop_sequences, c->n_stop_sequences))
         return finish(s, TL_STOP_SEQUENCE, stop);
+    if (stop_string) return finish(s, TL_STOP_SEQUENCE, stop);
     if (c->stop_rule) {
         int r = c->stop_rule(c->stop_rule_user, s->tokens, s->n_tokens);
         if (r < 0) return hook_failed(s, "stop_rule", r);
@@ -306,5 +363,39 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     }
     if (observer_stop) return finish(s, TL_STOP_CALLBACK_ABORT, stop);
     if (emitted >= c->max_tokens) return finish(s, TL_STOP_MAX_TOKENS, stop);
+    return TL_OK;
+}
+
+/* ---------------------------------------------------------------- streamed text */
+
+/* Bytes at the end of text[0..len) to hold back: an unfinished UTF-8 sequence, or the
+   longest suffix that is a proper prefix of a stop string. */
+static size_t held_back(const tl_session *s) {
+    size_t hold = 0;
+    const unsigned char *t = (const unsigned char *)s->text;
+    for (size_t back = 1; back <= 3 && back <= s->text_len; back++) {
+        unsigned char c = t[s->text_len - back];
+        if ((c & 0xC0) != 0x80) { /* the last lead byte: is its sequence complete? */
+            if (tlz_utf8_seq(t + s->text_len - back, back) == 0) hold = back;
+            break;
+        }
+    }
+    for (int i = 0; i < s->cfg.n_stop_strings; i++) {
+        size_t L = s->stop_lens[i];
+        for (size_t k = L - 1 < s->text_len ? L - 1 : s->text_len; k > hold; k--)
+            if (memcmp(s->text + s->text_len - k, s->stop_strs[i], k) == 0) { hold = k; break; }
+    }
+    return hold;
+}
+
+tl_status tl_session_text(tl_session *s, const char **piece, size_t *len) {
+    if (!s || !piece || !len) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_text: NULL argument");
+    if (!s->m->tokenizer)
+        return tl_fail(TL_ERR_UNSUPPORTED, "tl_session_text: the model has no tokenizer.json");
+    size_t safe = s->finished ? s->text_len : s->text_len - held_back(s);
+    if (safe < s->text_shown) safe = s->text_shown;
+    *piece = s->text ? s->text + s->text_shown : "";
+    *len = safe - s->text_shown;
+    s->text_shown = safe;
     return TL_OK;
 }

@@ -27,6 +27,13 @@ struct tl_session {
     tl_distribution dist;
     tl_rng rng;
 
+    /* Generated text (with a tokenizer): stop strings and tl_session_text work on it. */
+    char *text;                  /* [text_cap] bytes of the emitted tokens */
+    size_t text_len, text_cap, text_shown;
+    char **stop_strs;            /* [n_stop_strings] copies */
+    size_t *stop_lens;
+    size_t max_stop_len;
+
     tl_generate_stats stats;
     double t_start, t_prefill_end, loops_sum;
     bool finished;

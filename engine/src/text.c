@@ -1,0 +1,99 @@
+/* text.c: the public text API over the checkpoint's tokenizer (tokenizer.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "tokenizer.h"
+
+void tl_free(void *ptr) { free(ptr); }
+
+static tl_status need_tokenizer(const tl_model *m, const char *what) {
+    if (!m) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: model must not be NULL", what);
+    if (!m->tokenizer)
+        return tl_fail(TL_ERR_UNSUPPORTED, "%s: the model at %s has no tokenizer.json (token ids only)",
+                       what, m->dir);
+    return TL_OK;
+}
+
+static tl_status from_tlz(int code, const char *err) {
+    tl_status st = code == TLZ_ENOMEM ? TL_ERR_NO_MEMORY
+                 : code == TLZ_EIO    ? TL_ERR_IO
+                 : code == TLZ_EFORMAT ? TL_ERR_FORMAT
+                                       : TL_ERR_INVALID_ARGUMENT;
+    return tl_fail(st, "%s", err);
+}
+
+tl_status tl_encode(const tl_model *m, const char *text, size_t len, int32_t **ids, int *n_ids) {
+    tl_status st = need_tokenizer(m, "tl_encode");
+    if (st != TL_OK) return st;
+    if ((!text && len) || !ids || !n_ids) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_encode: NULL argument");
+    char err[512];
+    size_t n = 0;
+    *ids = NULL;
+    int code = tlz_encode(m->tokenizer, text ? text : "", len, ids, &n, err, sizeof err);
+    if (code != 0) return from_tlz(code, err);
+    if (n > (size_t)INT32_MAX) { free(*ids); *ids = NULL; return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_encode: text too long"); }
+    *n_ids = (int)n;
+    tl_clear_error();
+    return TL_OK;
+}
+
+tl_status tl_decode(const tl_model *m, const int32_t *ids, int n, char **text, size_t *len) {
+    tl_status st = need_tokenizer(m, "tl_decode");
+    if (st != TL_OK) return st;
+    if ((!ids && n) || n < 0 || !text) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_decode: bad arguments");
+    char err[512];
+    size_t got = 0;
+    int code = tlz_decode(m->tokenizer, ids, (size_t)n, text, &got, err, sizeof err);
+    if (code != 0) return from_tlz(code, err);
+    if (len) *len = got;
+    tl_clear_error();
+    return TL_OK;
+}
+
+tl_status tl_token_text(const tl_model *m, int32_t id, const char **bytes, size_t *len) {
+    tl_status st = need_tokenizer(m, "tl_token_text");
+    if (st != TL_OK) return st;
+    if (!bytes || !len) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_token_text: NULL argument");
+    if (tlz_token_bytes(m->tokenizer, id, bytes, len) != 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_token_text: token id %d has no text", (int)id);
+    return TL_OK;
+}
+
+struct tl_detokenizer {
+    tlz_stream *stream;
+};
+
+tl_status tl_detokenizer_new(const tl_model *m, tl_detokenizer **out) {
+    tl_status st = need_tokenizer(m, "tl_detokenizer_new");
+    if (st != TL_OK) return st;
+    if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_detokenizer_new: out must not be NULL");
+    *out = calloc(1, sizeof **out);
+    char err[512];
+    if (!*out) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    int code = tlz_stream_new(m->tokenizer, &(*out)->stream, err, sizeof err);
+    if (code != 0) {
+        free(*out);
+        *out = NULL;
+        return from_tlz(code, err);
+    }
+    return TL_OK;
+}
+
+tl_status tl_detokenizer_push(tl_detokenizer *d, int32_t id, const char **piece, size_t *len) {
+    if (!d || !piece || !len) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_detokenizer_push: NULL argument");
+    char err[512];
+    int code = tlz_stream_push(d->stream, id, piece, len, err, sizeof err);
+    return code ? from_tlz(code, err) : TL_OK;
+}
+
+void tl_detokenizer_flush(tl_detokenizer *d, const char **piece, size_t *len) {
+    if (!d) { if (len) *len = 0; return; }
+    tlz_stream_flush(d->stream, piece, len);
+}
+
+void tl_detokenizer_free(tl_detokenizer *d) {
+    if (!d) return;
+    tlz_stream_free(d->stream);
+    free(d);
+}
