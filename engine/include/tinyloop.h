@@ -252,7 +252,8 @@ const tl_generate_stats *tl_session_stats(const tl_session *session);
 
 /* Text of the emitted tokens that became safe to show since the last call: bytes of an
    unfinished UTF-8 sequence and any suffix that may still grow into a stop string are held
-   back until a later step (or the end) settles them. Needs a tokenizer. */
+   back until a later step (or the end) settles them. Special tokens (such as the
+   end-of-text token) contribute no text. Needs a tokenizer. */
 tl_status tl_session_text(tl_session *session, const char **piece, size_t *len);
 
 /* ---- blocking calls (SPEC §3): output = prompt + continuation, written to out, which must

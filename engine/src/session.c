@@ -256,7 +256,8 @@ static tl_status hook_failed(tl_session *s, const char *hook, int code) {
    inside them (a match may start in earlier tokens' text). */
 static tl_status append_text(tl_session *s, int32_t tok, bool *matched) {
     *matched = false;
-    if (!s->m->tokenizer) return TL_OK;
+    /* Special tokens (end of text...) are control, not text: they are never shown. */
+    if (!s->m->tokenizer || tlz_is_special(s->m->tokenizer, tok)) return TL_OK;
     const char *bytes;
     size_t len;
     if (tlz_token_bytes(s->m->tokenizer, tok, &bytes, &len) != 0) len = 0; /* id without text */

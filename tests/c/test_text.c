@@ -1,0 +1,215 @@
+/* test_text.c: the text API (encode, decode, streaming detokenizer) and stop strings in
+ * the generation state machine, on a small checkpoint with its own byte-level BPE. */
+#include <stdlib.h>
+
+#include "check.h"
+#include "tinyloop.h"
+
+#define CAP 128
+static tl_model *model;
+
+/* Forces a scripted token sequence through a logits processor. */
+typedef struct { const int32_t *script; int n, prompt_len; } script_t;
+static int force(void *user, float *logits, int v, const int32_t *tokens, int n) {
+    script_t *s = user;
+    (void)tokens;
+    for (int i = 0; i < v; i++) logits[i] = 0.0f;
+    int step = n - s->prompt_len;
+    logits[s->script[step < s->n ? step : s->n - 1]] = 50.0f;
+    return TL_HOOK_CONTINUE;
+}
+
+static void test_encode_decode(void) {
+    const char *text = "It is a truth universally acknowledged, that a single man\n\tin possession  "
+                       "of a good fortune \xC3\xA9t\xC3\xA9 \xE2\x82\xAC 42!";
+    int32_t *ids = NULL;
+    int n = 0;
+    CHECK(tl_encode(model, text, strlen(text), &ids, &n) == TL_OK && n > 10, "encode: %s", tl_last_error());
+    char *back = NULL;
+    size_t len = 0;
+    CHECK(tl_decode(model, ids, n, &back, &len) == TL_OK && len == strlen(text) && memcmp(back, text, len) == 0,
+          "decode(encode(x)) != x");
+    tl_free(back);
+
+    /* The streaming detokenizer never splits a UTF-8 sequence and concatenates to decode. */
+    tl_detokenizer *d = NULL;
+    CHECK(tl_detokenizer_new(model, &d) == TL_OK, "detokenizer");
+    char joined[512] = "";
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const char *piece;
+        size_t plen;
+        CHECK(tl_detokenizer_push(d, ids[i], &piece, &plen) == TL_OK, "push");
+        for (size_t j = 0; j < plen && j < 1; j++)
+            CHECK(((unsigned char)piece[0] & 0xC0) != 0x80, "a piece starts inside a UTF-8 sequence");
+        memcpy(joined + at, piece, plen);
+        at += plen;
+    }
+    const char *rest;
+    size_t rlen;
+    tl_detokenizer_flush(d, &rest, &rlen);
+    memcpy(joined + at, rest, rlen);
+    at += rlen;
+    CHECK(at == strlen(text) && memcmp(joined, text, at) == 0, "streamed text differs");
+    const int32_t e_acute[2] = {0xC3, 0xA9}; /* ids 0..255 are the single bytes */
+    const char *piece;
+    size_t plen;
+    tl_detokenizer_push(d, e_acute[0], &piece, &plen);
+    CHECK(plen == 0, "half a code point was emitted");
+    tl_detokenizer_push(d, e_acute[1], &piece, &plen);
+    CHECK(plen == 2 && memcmp(piece, "\xC3\xA9", 2) == 0, "completed code point not emitted");
+    CHECK_ERROR(tl_detokenizer_push(d, 99999, &piece, &plen), TL_ERR_INVALID_ARGUMENT, "99999");
+    tl_detokenizer_free(d);
+    tl_free(ids);
+
+    const char *tok_bytes;
+    size_t tok_len;
+    CHECK(tl_token_text(model, 'a', &tok_bytes, &tok_len) == TL_OK && tok_len == 1 && tok_bytes[0] == 'a', "token text");
+    CHECK_ERROR(tl_token_text(model, -3, &tok_bytes, &tok_len), TL_ERR_INVALID_ARGUMENT, "token id -3");
+    CHECK_ERROR(tl_decode(model, (const int32_t[]){5, 4000}, 2, &back, &len), TL_ERR_INVALID_ARGUMENT, "4000");
+}
+
+/* Generates with a forced script; returns every piece tl_session_text showed, joined,
+   and the length shown before the last step. */
+static tl_stop_reason run_script(const char *prompt_text, const char *script_text, const char *const *stops,
+                                 int n_stops, int32_t *out, int *out_n, char *shown, size_t *shown_before_last) {
+    int32_t *prompt = NULL, *script = NULL;
+    int np = 0, ns = 0;
+    tl_encode(model, prompt_text, strlen(prompt_text), &prompt, &np);
+    tl_encode(model, script_text, strlen(script_text), &script, &ns);
+    script_t sc = {script, ns, np};
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = ns + 2;
+    cfg.logits_processor = force;
+    cfg.logits_processor_user = &sc;
+    cfg.stop_strings = stops;
+    cfg.n_stop_strings = n_stops;
+    cfg.ignore_eos = 1;
+    tl_session *s = NULL;
+    tl_stop_reason stop = TL_STOP_NONE;
+    CHECK(tl_session_new(model, prompt, np, &cfg, &s) == TL_OK, "session: %s", tl_last_error());
+    size_t at = 0;
+    while (s && stop == TL_STOP_NONE) {
+        int32_t tok;
+        const char *piece;
+        size_t len;
+        *shown_before_last = at;
+        if (tl_session_step(s, &tok, &stop) != TL_OK) break;
+        CHECK(tl_session_text(s, &piece, &len) == TL_OK, "session text");
+        memcpy(shown + at, piece, len);
+        at += len;
+    }
+    shown[at] = 0;
+    const int32_t *all = tl_session_tokens(s, out_n);
+    memcpy(out, all, (size_t)*out_n * sizeof *out);
+    *out_n -= np;
+    memmove(out, out + np, (size_t)*out_n * sizeof *out);
+    tl_session_free(s);
+    tl_free(prompt);
+    tl_free(script);
+    return stop;
+}
+
+static void test_stop_strings(void) {
+    int32_t out[CAP];
+    int n = 0;
+    char shown[1024];
+    size_t before_last = 0;
+    const char *script = "Mr. Darcy was all politeness; but Elizabeth smiled.";
+    int32_t *ids;
+    int nids;
+    tl_encode(model, script, strlen(script), &ids, &nids);
+
+    /* "all polite" spans several tokens of this tokenizer. */
+    const char *stop1[] = {"zzz", "all polite"};
+    tl_stop_reason r = run_script("Yes.", script, stop1, 2, out, &n, shown, &before_last);
+    CHECK(r == TL_STOP_SEQUENCE, "stop string: reason %s", tl_stop_reason_name(r));
+    char *text;
+    size_t len;
+    tl_decode(model, out, n, &text, &len);
+    const char *match = strstr(text, "all polite");
+    CHECK(match && strlen(match) < 10 + 4, "output must end at the token completing the match: \"%s\"", text);
+    CHECK(n >= 2 && n < nids, "stopped after %d of %d tokens", n, nids);
+    /* The match was spread over several steps, yet nothing of it was shown before the end. */
+    size_t match_at = (size_t)(match - text);
+    CHECK(before_last <= match_at, "text shown before the final step (%zu bytes) reached into the match at %zu",
+          before_last, match_at);
+    CHECK(strcmp(shown, text) == 0, "everything is shown once generation ends: \"%s\" vs \"%s\"", shown, text);
+    tl_free(text);
+    int tokens_in_match = 0;
+    for (int i = 0, pos = 0; i < nids; i++) {
+        const char *b;
+        size_t bl;
+        tl_token_text(model, ids[i], &b, &bl);
+        if ((size_t)pos + bl > (size_t)(strstr(script, "all polite") - script) && pos < (int)(strstr(script, "all polite") - script) + 10)
+            tokens_in_match++;
+        pos += (int)bl;
+    }
+    CHECK(tokens_in_match >= 3, "the stop string must span tokens for this test (%d)", tokens_in_match);
+
+    /* A stop string in the prompt alone does not stop; a near miss is shown eventually. */
+    const char *stop2[] = {"Yes."};
+    r = run_script("Yes.", script, stop2, 1, out, &n, shown, &before_last);
+    CHECK(r == TL_STOP_MAX_TOKENS && strncmp(shown, script, strlen(script)) == 0, "prompt-only stop string: %s \"%s\"",
+          tl_stop_reason_name(r), shown);
+    const char *stop3[] = {"Darcy is"};
+    r = run_script("Yes.", script, stop3, 1, out, &n, shown, &before_last);
+    CHECK(r == TL_STOP_MAX_TOKENS && strncmp(shown, script, strlen(script)) == 0, "near miss: \"%s\"", shown);
+    tl_free(ids);
+
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    int32_t prompt[2] = {72, 105}, buf[CAP];
+    int len2;
+    const char *empty[] = {""};
+    cfg.stop_strings = empty;
+    cfg.n_stop_strings = 1;
+    CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, buf, CAP, &len2, NULL), TL_ERR_INVALID_ARGUMENT, "stop_strings[0] is empty");
+    cfg.n_stop_strings = 3;
+    cfg.stop_strings = NULL;
+    CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, buf, CAP, &len2, NULL), TL_ERR_INVALID_ARGUMENT, "n_stop_strings = 3");
+}
+
+static void test_no_tokenizer(const char *golden) {
+    tl_model *bare = NULL;
+    CHECK(tl_model_load(golden, NULL, &bare) == TL_OK, "load %s", golden);
+    CHECK(tl_model_info(bare)->has_tokenizer == 0, "has_tokenizer");
+    int32_t *ids;
+    int n;
+    CHECK_ERROR(tl_encode(bare, "hi", 2, &ids, &n), TL_ERR_UNSUPPORTED, "has no tokenizer.json");
+    char *text;
+    size_t len;
+    CHECK_ERROR(tl_decode(bare, (const int32_t[]){1}, 1, &text, &len), TL_ERR_UNSUPPORTED, "no tokenizer");
+    tl_detokenizer *d;
+    CHECK_ERROR(tl_detokenizer_new(bare, &d), TL_ERR_UNSUPPORTED, "no tokenizer");
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 4;
+    const char *stops[] = {"x"};
+    cfg.stop_strings = stops;
+    cfg.n_stop_strings = 1;
+    int32_t prompt[1] = {3}, out[8];
+    CHECK_ERROR(tl_generate(bare, prompt, 1, &cfg, out, 8, &n, NULL), TL_ERR_INVALID_ARGUMENT, "stop_strings need a tokenizer");
+    cfg.n_stop_strings = 0;
+    tl_session *s = NULL;
+    tl_session_new(bare, prompt, 1, &cfg, &s);
+    const char *piece;
+    CHECK_ERROR(tl_session_text(s, &piece, &len), TL_ERR_UNSUPPORTED, "no tokenizer");
+    tl_session_free(s);
+    tl_model_free(bare);
+}
+
+int main(int argc, char **argv) {
+    char dir[4096], golden[4096];
+    const char *data = argc > 1 ? argv[1] : "tests/data";
+    snprintf(dir, sizeof dir, "%s/textmodel", data);
+    snprintf(golden, sizeof golden, "%s/golden/gpt2_like", data);
+    if (tl_model_load(dir, NULL, &model) != TL_OK) { printf("load: %s\n", tl_last_error()); return 1; }
+    CHECK(tl_model_info(model)->has_tokenizer == 1, "has_tokenizer");
+    test_encode_decode();
+    test_stop_strings();
+    test_no_tokenizer(golden);
+    tl_model_free(model);
+    return check_summary();
+}
