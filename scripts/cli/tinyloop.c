@@ -133,6 +133,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     fputc('\n', stdout);
+    fflush(stdout);
     if (show_stats) {
         const tl_generate_stats *st = tl_session_stats(session);
         fprintf(stderr,
