@@ -234,8 +234,9 @@ double tl_stats_prefill_tokens_per_s(const tl_generate_stats *stats);
 
 typedef struct tl_session tl_session;
 
-/* Validates the config against the model and copies everything it needs (the prompt and
-   stop sequences may be freed afterwards; hook user pointers must outlive the session).
+/* Validates the config against the model and copies everything it needs (the prompt,
+   stop sequences, stop strings and the tl_grammar struct may be freed afterwards; what hook
+   and grammar user pointers point to must outlive the session).
    The prompt's forward pass runs on the first step. */
 tl_status tl_session_new(const tl_model *model, const int32_t *prompt, int prompt_len,
                          const tl_generate_config *cfg, tl_session **out);

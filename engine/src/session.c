@@ -192,6 +192,10 @@ tl_status tl_session_new(const tl_model *m, const int32_t *prompt, int prompt_le
         at += src->n;
     }
     s->cfg.stop_sequences = s->stop_seqs;
+    if (cfg->grammar) {
+        s->grammar = *cfg->grammar;
+        s->cfg.grammar = &s->grammar;
+    }
     s->stop_strs = calloc((size_t)cfg->n_stop_strings + 1, sizeof *s->stop_strs);
     s->stop_lens = calloc((size_t)cfg->n_stop_strings + 1, sizeof *s->stop_lens);
     for (int i = 0; s->stop_strs && s->stop_lens && i < cfg->n_stop_strings; i++) {

@@ -8,6 +8,7 @@
 struct tl_session {
     const tl_model *m;
     tl_generate_config cfg;      /* validated copy; stop_sequences point into stop_store */
+    tl_grammar grammar;          /* copy of *cfg->grammar; cfg.grammar points here */
     tl_token_seq *stop_seqs;     /* [n_stop_sequences] */
     int32_t *stop_store;         /* the stop sequences' tokens */
     int loops;                   /* resolved depth */

@@ -1,0 +1,162 @@
+-- tinyloop.cli: the command-line generator on the Lua bindings. Streams text from a
+-- checkpoint as it is produced, then prints one line of stats on stderr.
+--   scripts/tinyloop [options] [--] PROMPT
+-- Exit status: 0 on success, 1 when generation fails, 2 for bad usage.
+local tinyloop = require "tinyloop"
+
+local _M = {}
+
+local USAGE = [[
+usage: tinyloop [options] [--] PROMPT
+Generate text from a looped transformer checkpoint, streaming it as it is produced.
+
+  -m, --model DIR            checkpoint directory (default %s)
+  -p, --prompt TEXT          the prompt (or give it as the last argument)
+  -n, --max-tokens N         new tokens at most (default 64)
+  -L, --loops N              loop depth (default: the model's default_loops)
+  -t, --temperature T        0 = greedy (default 0)
+  -k, --top-k K              keep the K most likely tokens (default 50)
+      --top-p P              nucleus mass in (0, 1] (default 1)
+  -s, --seed N               sampling seed (default 0)
+      --repetition-penalty R HF-style penalty on seen tokens (default 1)
+      --stop TEXT            stop when TEXT appears (repeatable)
+      --cache-window W       attend to the last W positions only (default 0: all)
+      --ignore-eos           keep going past the end-of-text token
+      --policy FILE          a Lua file returning config fields and hooks (a table), or a
+                             function(cfg, model) that edits the config
+      --threads N            CPU threads (default: all cores)
+      --no-prompt            do not echo the prompt
+      --no-stats             no stats line
+  -h, --help                 this text
+]]
+
+-- option -> { config field, kind } ; kinds: int, number, flag
+local OPTIONS = {
+    ["-n"] = { "max_tokens", "int" }, ["--max-tokens"] = { "max_tokens", "int" },
+    ["-L"] = { "loops", "int" }, ["--loops"] = { "loops", "int" },
+    ["-t"] = { "temperature", "number" }, ["--temperature"] = { "temperature", "number" },
+    ["-k"] = { "top_k", "int" }, ["--top-k"] = { "top_k", "int" },
+    ["--top-p"] = { "top_p", "number" },
+    ["-s"] = { "sample_seed", "int" }, ["--seed"] = { "sample_seed", "int" },
+    ["--repetition-penalty"] = { "repetition_penalty", "number" },
+    ["--cache-window"] = { "cache_window", "int" },
+    ["--ignore-eos"] = { "ignore_eos", "flag" },
+}
+
+local function usage_error(msg)
+    io.stderr:write("tinyloop: ", msg, " (see --help)\n")
+    return 2
+end
+
+-- Parses argv; returns the options table or nil, exit status.
+function _M.parse(argv, default_model)
+    local o = { model = default_model, cfg = {}, stops = {}, echo = true, stats = true }
+    local i = 1
+    while i <= #argv do
+        local a, v = argv[i], argv[i + 1]
+        local spec = OPTIONS[a]
+        if a == "-h" or a == "--help" then
+            io.stdout:write(USAGE:format(default_model))
+            return nil, 0
+        elseif spec then
+            if spec[2] == "flag" then
+                o.cfg[spec[1]] = true
+            else
+                if v == nil then return nil, usage_error("option " .. a .. " needs a value") end
+                local x = tonumber(v)
+                if not x or (spec[2] == "int" and x ~= math.floor(x)) then
+                    return nil, usage_error("bad value for " .. a .. ": " .. v)
+                end
+                o.cfg[spec[1]] = x
+                i = i + 1
+            end
+        elseif a == "-m" or a == "--model" or a == "-p" or a == "--prompt" or a == "--stop"
+            or a == "--policy" or a == "--threads" then
+            if v == nil then return nil, usage_error("option " .. a .. " needs a value") end
+            if a == "-m" or a == "--model" then o.model = v
+            elseif a == "-p" or a == "--prompt" then o.prompt = v
+            elseif a == "--stop" then o.stops[#o.stops + 1] = v
+            elseif a == "--policy" then o.policy = v
+            else
+                o.threads = tonumber(v)
+                if not o.threads or o.threads < 1 or o.threads ~= math.floor(o.threads) then
+                    return nil, usage_error("bad value for --threads: " .. v)
+                end
+            end
+            i = i + 1
+        elseif a == "--no-prompt" then o.echo = false
+        elseif a == "--no-stats" then o.stats = false
+        elseif a == "--" then
+            if v then o.prompt = v i = i + 1 end
+        elseif a:sub(1, 1) == "-" and #a > 1 then
+            return nil, usage_error("unknown option " .. a)
+        elseif not o.prompt then o.prompt = a
+        else return nil, usage_error("unexpected argument " .. a)
+        end
+        i = i + 1
+    end
+    if not o.prompt then return nil, usage_error("no prompt given") end
+    if #o.stops > 0 then o.cfg.stop_strings = o.stops end
+    return o
+end
+
+-- Merges a policy file into cfg: the file returns a table of config fields (hooks and
+-- knobs) or a function(cfg, model) that edits cfg (and may return a new one).
+local function apply_policy(path, cfg, model)
+    local chunk, err = loadfile(path)
+    if not chunk then return nil, "cannot load policy " .. path .. ": " .. err end
+    local ok, p = pcall(chunk)
+    if not ok then return nil, "policy " .. path .. " failed: " .. tostring(p) end
+    if type(p) == "function" then
+        local ok2, r = pcall(p, cfg, model)
+        if not ok2 then return nil, "policy " .. path .. " failed: " .. tostring(r) end
+        return r or cfg
+    elseif type(p) == "table" then
+        for k, v in pairs(p) do cfg[k] = v end
+        return cfg
+    end
+    return nil, "policy " .. path .. " must return a table or a function"
+end
+
+function _M.main(argv, default_model)
+    local o, status = _M.parse(argv, default_model)
+    if not o then return status end
+    local model, err = tinyloop.load(o.model, { threads = o.threads })
+    if not model then
+        io.stderr:write("tinyloop: ", err, "\n")
+        return 1
+    end
+    local cfg = o.cfg
+    if o.policy then
+        cfg, err = apply_policy(o.policy, cfg, model)
+        if not cfg then
+            io.stderr:write("tinyloop: ", err, "\n")
+            return 1
+        end
+    end
+    local ok, result = pcall(function()
+        local iterate, session = model:stream(o.prompt, cfg)
+        if o.echo then io.stdout:write(o.prompt) io.stdout:flush() end
+        for _, text in iterate, session do
+            io.stdout:write(text)
+            io.stdout:flush()
+        end
+        io.stdout:write("\n")
+        io.stdout:flush()
+        return session.final_stats or session:stats()
+    end)
+    if not ok then
+        io.stderr:write("tinyloop: ", (tostring(result):gsub("^[^\n]-:%d+: ", "")), "\n")
+        return 1
+    end
+    if o.stats then
+        local s = result
+        io.stderr:write(string.format(
+            "[prefill %d tokens %.1f ms (%.1f tok/s) | first token %.1f ms | %d tokens %.1f tok/s | stop %s | loops %.2f | %d threads]\n",
+            s.prompt_tokens, s.prefill_ms, s.prefill_tokens_per_s, s.first_token_ms, s.tokens_emitted,
+            s.decode_tokens_per_s, s.stop_reason or "?", s.loops_used, model:info().n_threads))
+    end
+    return 0
+end
+
+return _M

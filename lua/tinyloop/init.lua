@@ -1,0 +1,508 @@
+-- tinyloop: LuaJIT FFI bindings of the TinyLoop engine (SPEC §6).
+--
+--   local tinyloop = require "tinyloop"
+--   local model = assert(tinyloop.load("models/tinyloop-austen"))
+--   for id, text in model:stream("It is a truth", { max_tokens = 40 }) do io.write(text) end
+--
+-- Errors in arguments raise a Lua error carrying the engine's message; tinyloop.load returns
+-- nil, err. Hooks (on_token, stop_when, logits_processor, grammar) run through a fixed set of
+-- long-lived FFI callbacks that dispatch through a registry, inside xpcall: a Lua error in a
+-- hook stops generation, the C side cleans up, and the error (with its traceback) is raised
+-- from the call that was generating.
+local ffi = require "ffi"
+
+ffi.cdef(require "tinyloop.cdef")
+
+local C
+do
+    local here = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "."
+    local candidates = { os.getenv("TINYLOOP_LIB"), here .. "/../../build/libtinyloop.so", "tinyloop" }
+    local errors = {}
+    for i = 1, 3 do
+        local name = candidates[i]
+        if name then
+            local ok, lib = pcall(ffi.load, name)
+            if ok then C = lib break end
+            errors[#errors + 1] = tostring(lib)
+        end
+    end
+    if not C then
+        error("tinyloop: cannot load libtinyloop (build it, or set TINYLOOP_LIB): " .. table.concat(errors, "; "))
+    end
+end
+
+local ffi_new, ffi_string, ffi_cast, ffi_gc = ffi.new, ffi.string, ffi.cast, ffi.gc
+local tonumber, type, pairs, error, xpcall, traceback = tonumber, type, pairs, error, xpcall, debug.traceback
+local concat = table.concat
+
+local _M = { _VERSION = ffi_string(C.tl_version()) }
+
+local STOP_NAMES = {
+    [C.TL_STOP_NONE] = false,
+    [C.TL_STOP_EOS] = "EOS",
+    [C.TL_STOP_SEQUENCE] = "STOP_SEQUENCE",
+    [C.TL_STOP_MAX_TOKENS] = "MAX_TOKENS",
+    [C.TL_STOP_CALLBACK_ABORT] = "CALLBACK_ABORT",
+    [C.TL_STOP_GRAMMAR_DEAD_END] = "GRAMMAR_DEAD_END",
+}
+
+local function last_error()
+    return ffi_string(C.tl_last_error())
+end
+
+-- Raises msg at the first stack level outside this file, so that the position shown is
+-- the caller's line, not ours.
+local this_file = debug.getinfo(1, "S").source
+local function raise(msg)
+    local level = 2
+    while true do
+        local info = debug.getinfo(level, "S")
+        if not info or info.source ~= this_file then break end
+        level = level + 1
+    end
+    error(msg, level)
+end
+
+local function check(status)
+    if status ~= 0 then raise(last_error()) end
+end
+
+-- ------------------------------------------------------------------ hook registry
+
+-- One context per session with hooks, keyed by an integer passed to C as `void *user`.
+local registry, next_key = {}, 0
+
+local function context_of(user)
+    return registry[tonumber(ffi_cast("intptr_t", user))]
+end
+
+-- Brings ctx.tokens (prompt + emitted, 1-based) up to the C array of n tokens.
+local function sync_tokens(ctx, ptr, n)
+    local t = ctx.tokens
+    for i = #t + 1, n do t[i] = ptr[i - 1] end
+    return t
+end
+
+local function token_text(ctx, id)
+    if not ctx.has_tokenizer then return nil end
+    local st = C.tl_token_text(ctx.model, id, ctx.bytes, ctx.len)
+    if st ~= 0 then return "" end
+    return ffi_string(ctx.bytes[0], ctx.len[0])
+end
+
+local function fail(ctx, err)
+    ctx.err = err
+    return C.TL_HOOK_ERROR
+end
+
+local on_token_cb = ffi_cast("tl_on_token_hook", function(user, token, position)
+    local ctx = context_of(user)
+    local t = ctx.tokens
+    if #t == position then t[position + 1] = token end
+    local text = token_text(ctx, token)
+    if text and position >= ctx.prompt_len then ctx.pieces[#ctx.pieces + 1] = text end
+    if not ctx.on_token then return C.TL_HOOK_CONTINUE end
+    local ok, r = xpcall(ctx.on_token, traceback, token, position, text)
+    if not ok then return fail(ctx, r) end
+    return r == false and C.TL_HOOK_STOP or C.TL_HOOK_CONTINUE
+end)
+
+local stop_rule_cb = ffi_cast("tl_stop_rule_hook", function(user, tokens, n)
+    local ctx = context_of(user)
+    local t = sync_tokens(ctx, tokens, n)
+    local ok, r = xpcall(ctx.stop_when, traceback, t, concat(ctx.pieces))
+    if not ok then return fail(ctx, r) end
+    return r and C.TL_HOOK_STOP or C.TL_HOOK_CONTINUE
+end)
+
+local logits_cb = ffi_cast("tl_logits_hook", function(user, logits, vocab, tokens, n)
+    local ctx = context_of(user)
+    local ok, r = xpcall(ctx.logits_processor, traceback, logits, vocab, sync_tokens(ctx, tokens, n))
+    if not ok then return fail(ctx, r) end
+    return C.TL_HOOK_CONTINUE
+end)
+
+local grammar_allowed_cb = ffi_cast("int (*)(void *, uint8_t *, int)", function(user, mask, vocab)
+    local ctx = context_of(user)
+    local g = ctx.grammar
+    local ok, r = xpcall(g.allowed, traceback, g, mask, vocab)
+    if not ok then return fail(ctx, r) end
+    if type(r) ~= "number" then -- no count returned: count the mask
+        r = 0
+        for i = 0, vocab - 1 do r = r + (mask[i] ~= 0 and 1 or 0) end
+    end
+    return r
+end)
+
+local grammar_advance_cb = ffi_cast("int (*)(void *, int32_t)", function(user, token)
+    local ctx = context_of(user)
+    local g = ctx.grammar
+    local ok, r = xpcall(g.advance, traceback, g, token)
+    if not ok then return fail(ctx, r) end
+    return 0
+end)
+
+-- ------------------------------------------------------------------ configs
+
+local NUMBER_FIELDS = {
+    max_tokens = "max_tokens", loops = "loops", temperature = "temperature", top_k = "top_k",
+    top_p = "top_p", cache_window = "cache_window", repetition_penalty = "repetition_penalty",
+    beam_size = "beam_size", length_penalty = "length_penalty",
+    early_exit_patience = "early_exit_patience", early_exit_min_L = "early_exit_min_L",
+    early_exit_peek_every = "early_exit_peek_every", early_exit_logit_margin = "early_exit_logit_margin",
+    sample_seed = "sample_seed",
+}
+local OTHER_FIELDS = {
+    stop_sequences = true, stop_strings = true, ignore_eos = true,
+    on_token = true, stop_when = true, logits_processor = true, grammar = true,
+}
+
+-- Builds a tl_generate_config from a Lua table. Returns the cdata, the arrays it points to
+-- (keep them alive until the session exists) and the hook context (or nil).
+local function make_config(model, cfg)
+    local c = ffi_new("tl_generate_config")
+    C.tl_generate_config_init(c)
+    local keep = {}
+    if cfg == nil then return c, keep, nil end
+    if type(cfg) ~= "table" then raise("config must be a table") end
+    for k, v in pairs(cfg) do
+        if NUMBER_FIELDS[k] then
+            if type(v) ~= "number" then raise("config field '" .. k .. "' must be a number") end
+            c[k] = v
+        elseif not OTHER_FIELDS[k] then
+            raise("unknown config field '" .. tostring(k) .. "'")
+        end
+    end
+    if cfg.ignore_eos ~= nil then c.ignore_eos = cfg.ignore_eos and 1 or 0 end
+    local seqs = cfg.stop_sequences
+    if seqs ~= nil then
+        if type(seqs) ~= "table" then raise("config field 'stop_sequences' must be a table of id tables") end
+        local arr = ffi_new("tl_token_seq[?]", #seqs + 1)
+        for i, seq in ipairs(seqs) do
+            if type(seq) ~= "table" then raise("stop_sequences[" .. i .. "] must be a table of token ids") end
+            local ids = ffi_new("int32_t[?]", #seq + 1)
+            for j, id in ipairs(seq) do ids[j - 1] = id end
+            arr[i - 1].tokens, arr[i - 1].n = ids, #seq
+            keep[#keep + 1] = ids
+        end
+        c.stop_sequences, c.n_stop_sequences = arr, #seqs
+        keep[#keep + 1] = arr
+    end
+    local strs = cfg.stop_strings
+    if strs ~= nil then
+        if type(strs) ~= "table" then raise("config field 'stop_strings' must be a table of strings") end
+        local arr = ffi_new("const char *[?]", #strs + 1)
+        for i, s in ipairs(strs) do
+            if type(s) ~= "string" then raise("stop_strings[" .. i .. "] must be a string") end
+            arr[i - 1] = s
+            keep[#keep + 1] = s
+        end
+        c.stop_strings, c.n_stop_strings = arr, #strs
+        keep[#keep + 1] = arr
+    end
+    for _, hook in ipairs({ "on_token", "stop_when", "logits_processor" }) do
+        if cfg[hook] ~= nil and type(cfg[hook]) ~= "function" then
+            raise("config field '" .. hook .. "' must be a function")
+        end
+    end
+    local g = cfg.grammar
+    if g ~= nil and (type(g) ~= "table" or type(g.allowed) ~= "function" or type(g.advance) ~= "function") then
+        raise("config field 'grammar' must be an object with allowed(self, mask, vocab_size) and advance(self, token) methods")
+    end
+    local ctx
+    if cfg.on_token or cfg.stop_when or cfg.logits_processor or g then
+        next_key = next_key + 1
+        ctx = {
+            key = next_key, model = model.ptr, has_tokenizer = model.has_tokenizer,
+            on_token = cfg.on_token, stop_when = cfg.stop_when, logits_processor = cfg.logits_processor,
+            grammar = g, tokens = {}, pieces = {}, prompt_len = 0,
+            bytes = ffi_new("const char *[1]"), len = ffi_new("size_t[1]"),
+        }
+        local user = ffi_cast("void *", ctx.key)
+        -- on_token always runs when a context exists: it keeps the token/text mirrors.
+        c.on_token, c.on_token_user = on_token_cb, user
+        if cfg.stop_when then c.stop_rule, c.stop_rule_user = stop_rule_cb, user end
+        if cfg.logits_processor then c.logits_processor, c.logits_processor_user = logits_cb, user end
+        if g then
+            local grammar = ffi_new("tl_grammar")
+            grammar.user, grammar.allowed, grammar.advance = user, grammar_allowed_cb, grammar_advance_cb
+            c.grammar = grammar
+            keep[#keep + 1] = grammar
+        end
+    end
+    return c, keep, ctx
+end
+
+-- ------------------------------------------------------------------ prompts
+
+local function prompt_ids(model, prompt)
+    if type(prompt) == "string" then return model:encode(prompt) end
+    if type(prompt) ~= "table" then raise("prompt must be a string or a table of token ids") end
+    return prompt
+end
+
+local function id_array(ids)
+    local n = #ids
+    local arr = ffi_new("int32_t[?]", n + 1)
+    for i = 1, n do
+        local id = ids[i]
+        if type(id) ~= "number" then raise("token ids must be numbers (index " .. i .. ")") end
+        arr[i - 1] = id
+    end
+    return arr, n
+end
+
+local function stats_table(s)
+    return {
+        prefill_ms = s.prefill_ms, first_token_ms = s.first_token_ms, decode_ms = s.decode_ms,
+        prompt_tokens = s.prompt_tokens, tokens_emitted = s.tokens_emitted,
+        stop_reason = STOP_NAMES[tonumber(s.stop_reason)] or nil, loops_used = s.loops_used,
+        decode_tokens_per_s = C.tl_stats_decode_tokens_per_s(s),
+        prefill_tokens_per_s = C.tl_stats_prefill_tokens_per_s(s),
+    }
+end
+
+-- ------------------------------------------------------------------ sessions
+
+local Session = {}
+Session.__index = Session
+
+local step_token = ffi_new("int32_t[1]")
+local step_stop = ffi_new("tl_stop_reason[1]")
+local text_ptr = ffi_new("const char *[1]")
+local text_len = ffi_new("size_t[1]")
+local n_out = ffi_new("int[1]")
+
+local function release(self)
+    if self.ctx then registry[self.ctx.key] = nil end
+end
+
+-- Emits one token: returns id (or -1), the text that became safe to show ("" without a
+-- tokenizer) and the stop reason string once generation ends (false before).
+-- Compiled traces must not call C functions that call back into Lua ("bad callback"
+-- panic): this wrapper always runs in the interpreter.
+function Session:step()
+    if self.done then raise("session has already finished (" .. tostring(self.stop_reason) .. ")") end
+    local st = C.tl_session_step(self.ptr, step_token, step_stop)
+    if st ~= 0 then
+        self.done = true
+        local ctx = self.ctx
+        if st == C.TL_ERR_HOOK and ctx and ctx.err then
+            local err = ctx.err
+            ctx.err = nil
+            self:close()
+            error(err, 0)
+        end
+        local msg = last_error()
+        self:close()
+        raise(msg)
+    end
+    local id, reason = step_token[0], STOP_NAMES[tonumber(step_stop[0])]
+    local text = ""
+    if self.has_tokenizer then
+        C.tl_session_text(self.ptr, text_ptr, text_len)
+        text = ffi_string(text_ptr[0], text_len[0])
+    end
+    if reason then
+        self.done, self.stop_reason = true, reason
+    end
+    return id, text, reason
+end
+jit.off(Session.step)
+
+-- Prompt + emitted tokens so far, as a table.
+function Session:tokens()
+    local ptr = C.tl_session_tokens(self.ptr, n_out)
+    local t = {}
+    for i = 1, n_out[0] do t[i] = ptr[i - 1] end
+    return t
+end
+
+function Session:stats()
+    return stats_table(C.tl_session_stats(self.ptr))
+end
+
+-- Frees the C session now (the garbage collector would do it later).
+function Session:close()
+    if self.ptr ~= nil then
+        ffi_gc(self.ptr, nil)
+        C.tl_session_free(self.ptr)
+        self.ptr = nil
+        release(self)
+    end
+end
+
+-- ------------------------------------------------------------------ models
+
+local Model = {}
+Model.__index = Model
+
+local status_out = ffi_new("tl_model *[1]")
+
+-- tinyloop.load(dir [, opts]) -> model | nil, err. opts: threads, mmap_weights, backend.
+function _M.load(dir, opts)
+    if type(dir) ~= "string" then return nil, "model directory must be a string" end
+    local o = ffi_new("tl_load_options")
+    C.tl_load_options_init(o)
+    if opts ~= nil then
+        if type(opts) ~= "table" then return nil, "load options must be a table" end
+        for k, v in pairs(opts) do
+            if k == "threads" then o.n_threads = v
+            elseif k == "mmap_weights" then o.mmap_weights = v and 1 or 0
+            elseif k == "backend" then
+                local b = ({ auto = 0, cpu = 1, cuda = 2 })[v]
+                if not b then return nil, "load option 'backend' must be \"auto\", \"cpu\" or \"cuda\"" end
+                o.backend = b
+            else
+                return nil, "unknown load option '" .. tostring(k) .. "'"
+            end
+        end
+    end
+    if C.tl_model_load(dir, o, status_out) ~= 0 then return nil, last_error() end
+    local ptr = ffi_gc(status_out[0], C.tl_model_free)
+    local info = C.tl_model_info(ptr)
+    return setmetatable({
+        ptr = ptr,
+        vocab_size = info.vocab_size,
+        has_tokenizer = info.has_tokenizer ~= 0,
+    }, Model)
+end
+
+function Model:info()
+    local i = C.tl_model_info(self.ptr)
+    local t = {}
+    for _, k in ipairs({ "vocab_size", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff",
+                         "max_seq_len", "n_prelude", "n_block", "n_coda", "default_loops", "max_loops",
+                         "bos_token_id", "eos_token_id", "n_threads" }) do
+        t[k] = tonumber(i[k])
+    end
+    for _, k in ipairs({ "beta", "norm_eps", "rope_theta" }) do t[k] = tonumber(i[k]) end
+    for _, k in ipairs({ "injection", "loop_update", "norm", "mlp", "pos_encoding", "weight_dtype", "backend" }) do
+        t[k] = ffi_string(i[k])
+    end
+    for _, k in ipairs({ "state_norm", "bias", "tie_embeddings", "has_tokenizer" }) do t[k] = i[k] ~= 0 end
+    t.n_params, t.weight_bytes = tonumber(i.n_params), tonumber(i.weight_bytes)
+    return t
+end
+
+local enc_ids = ffi_new("int32_t *[1]")
+local enc_n = ffi_new("int[1]")
+local dec_text = ffi_new("char *[1]")
+local dec_len = ffi_new("size_t[1]")
+
+function Model:encode(text)
+    if type(text) ~= "string" then raise("encode: text must be a string") end
+    check(C.tl_encode(self.ptr, text, #text, enc_ids, enc_n))
+    local ids, n, t = enc_ids[0], enc_n[0], {}
+    for i = 1, n do t[i] = ids[i - 1] end
+    C.tl_free(ids)
+    return t
+end
+
+function Model:decode(ids)
+    if type(ids) ~= "table" then raise("decode: ids must be a table") end
+    local arr, n = id_array(ids)
+    check(C.tl_decode(self.ptr, arr, n, dec_text, dec_len))
+    local s = ffi_string(dec_text[0], dec_len[0])
+    C.tl_free(dec_text[0])
+    return s
+end
+
+local session_out = ffi_new("tl_session *[1]")
+
+-- model:session(prompt, cfg) -> a session stepped with session:step().
+function Model:session(prompt, cfg)
+    local ids = prompt_ids(self, prompt)
+    local c, keep, ctx = make_config(self, cfg)
+    local arr, n = id_array(ids)
+    if ctx then
+        registry[ctx.key] = ctx
+        for i = 1, n do ctx.tokens[i] = ids[i] end
+        ctx.prompt_len = n
+    end
+    local st = C.tl_session_new(self.ptr, arr, n, c, session_out)
+    if st ~= 0 then
+        if ctx then registry[ctx.key] = nil end
+        raise(last_error())
+    end
+    local self_session = setmetatable({
+        model = self, ctx = ctx, keep = keep, has_tokenizer = self.has_tokenizer, done = false,
+    }, Session)
+    self_session.ptr = ffi_gc(session_out[0], function(p)
+        C.tl_session_free(p)
+        release(self_session)
+    end)
+    return self_session
+end
+
+-- model:generate(prompt, cfg) -> ids (prompt + continuation), stats
+function Model:generate(prompt, cfg)
+    local s = self:session(prompt, cfg)
+    local step = s.step
+    repeat
+        local _, _, reason = step(s)
+    until reason
+    local ids, stats = s:tokens(), s:stats()
+    s:close()
+    return ids, stats
+end
+
+-- for id, text in model:stream(prompt, cfg) do ... end. Driven by the step API: no
+-- callbacks unless the config has hooks, and a coroutine may yield between tokens.
+-- The second value is the session (stats: select(2, ...):stats()).
+function Model:stream(prompt, cfg)
+    local s = self:session(prompt, cfg)
+    local function iterate()
+        if s.done then return nil end
+        local id, text, reason = s:step()
+        if reason then s.final_stats = s:stats() end
+        if id < 0 and text == "" then return nil end
+        return id, text
+    end
+    return iterate, s
+end
+
+-- model:generate_batch({prompt, ...}, cfg) -> {ids_1, ...}, {stats_1, ...}; each prompt
+-- with a fresh cache.
+function Model:generate_batch(prompts, cfg)
+    if type(prompts) ~= "table" then raise("generate_batch: prompts must be a table") end
+    local outs, stats = {}, {}
+    for i, p in ipairs(prompts) do
+        outs[i], stats[i] = self:generate(p, cfg)
+    end
+    return outs, stats
+end
+
+-- model:score(ids, loops) -> scores with scores:logit(i, t) (next-token logit of id t after
+-- ids[1..i]), scores:argmax(i), scores.n, scores.vocab_size.
+local Scores = {}
+Scores.__index = Scores
+
+function Scores:logit(i, t)
+    if i < 1 or i > self.n or t < 0 or t >= self.vocab_size then
+        raise("scores:logit(" .. tostring(i) .. ", " .. tostring(t) .. ") out of range")
+    end
+    return self.data[(i - 1) * self.vocab_size + t]
+end
+
+function Scores:argmax(i)
+    if i < 1 or i > self.n then raise("scores:argmax(" .. tostring(i) .. ") out of range") end
+    local row, v = self.data + (i - 1) * self.vocab_size, self.vocab_size
+    local best, best_value = 0, row[0]
+    for t = 1, v - 1 do
+        if row[t] > best_value then best, best_value = t, row[t] end
+    end
+    return best
+end
+
+function Model:score(ids, loops)
+    ids = prompt_ids(self, ids)
+    loops = loops or C.tl_model_info(self.ptr).default_loops
+    local arr, n = id_array(ids)
+    local data = ffi_new("float[?]", n * self.vocab_size + 1)
+    check(C.tl_score(self.ptr, arr, n, loops, data))
+    return setmetatable({ data = data, n = n, vocab_size = self.vocab_size }, Scores)
+end
+
+_M.C = C -- the raw library, for tools that need more than this module offers
+return _M

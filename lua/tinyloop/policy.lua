@@ -1,0 +1,242 @@
+-- tinyloop.policy: ready-made decode policies for the hooks of a generation config.
+--
+--   local policy = require "tinyloop.policy"
+--   local ids = model:generate("Dear Jane,", {
+--       max_tokens = 200,
+--       stop_when = policy.any(policy.stop_strings({ "\n\n" }), policy.max_wall_time(2.0)),
+--       logits_processor = policy.chain(policy.no_repeat_ngram(3), policy.ban_tokens({ 13 })),
+--   })
+--
+-- Stop rules are functions (tokens, text) -> true to stop, where `tokens` is the whole
+-- sequence so far (prompt + output, 1-based) and `text` the generated text so far.
+-- Logits processors are functions (logits, vocab_size, tokens) that edit `logits`, a
+-- 0-based float array, in place. Every constructor returns a fresh function with its own
+-- state: build one per generation (state is also reset when a new generation is seen).
+--
+-- Cost notes (LUA-NOTES): a per-element branch over a 50k vocabulary costs ~600 us per token
+-- in LuaJIT; a branch-free loop (logits[i] = logits[i] + bias[i]) ~35 us; sparse id lists
+-- ~0. The processors below touch only the ids they need, or use branch-free masks.
+local ffi = require "ffi"
+
+local _M = {}
+
+local NEG_INF = -math.huge
+
+-- ------------------------------------------------------------------ stop rules
+
+-- Stops once any of the strings appears in the generated text (a match may span tokens).
+-- For plain stop strings prefer the config's `stop_strings`, which the engine matches
+-- without calling Lua and whose stream never shows a partial match.
+--   cfg.stop_when = policy.stop_strings({ "\n\n", "THE END" })
+function _M.stop_strings(strings)
+    assert(type(strings) == "table" and #strings > 0, "stop_strings: a non-empty table of strings")
+    return function(_, text)
+        for i = 1, #strings do
+            if text:find(strings[i], 1, true) then return true end
+        end
+        return false
+    end
+end
+
+-- Stops when the generated text matches a Lua pattern (anchor with $ to test the end).
+--   cfg.stop_when = policy.pattern("[%.!?]%s*$")      -- end of a sentence
+function _M.pattern(lua_pattern)
+    assert(type(lua_pattern) == "string", "pattern: a Lua pattern string")
+    return function(_, text) return text:find(lua_pattern) ~= nil end
+end
+
+ffi.cdef [[
+typedef struct { long tv_sec; long tv_nsec; } tl_policy_timespec;
+int clock_gettime(int clock_id, tl_policy_timespec *tp);
+]]
+local now_ts = ffi.new("tl_policy_timespec")
+local function now_s()
+    ffi.C.clock_gettime(1 --[[ CLOCK_MONOTONIC ]], now_ts)
+    return tonumber(now_ts.tv_sec) + tonumber(now_ts.tv_nsec) * 1e-9
+end
+
+-- Stops once `seconds` of wall time have passed since the rule was first called in this
+-- generation (the first token).
+--   cfg.stop_when = policy.max_wall_time(1.5)
+function _M.max_wall_time(seconds)
+    assert(type(seconds) == "number" and seconds >= 0, "max_wall_time: seconds >= 0")
+    local start, last_n
+    return function(tokens)
+        if not start or #tokens <= last_n then start = now_s() end -- a new generation
+        last_n = #tokens
+        return now_s() - start >= seconds
+    end
+end
+
+-- Stops when the output ends with the same block of `period` tokens repeated `times` times
+-- in a row (degenerate loops such as "the the the" or a repeated phrase). With no period,
+-- every period from 1 to max_period (default 8) is tried.
+--   cfg.stop_when = policy.repetition({ times = 3 })
+function _M.repetition(opts)
+    opts = opts or {}
+    local times, max_period = opts.times or 3, opts.max_period or 8
+    local periods = opts.period and { opts.period } or nil
+    return function(tokens)
+        local n = #tokens
+        local from, to = 1, max_period
+        if periods then from, to = periods[1], periods[1] end
+        for p = from, to do
+            local span = p * times
+            if n >= span then
+                local repeated = true
+                for i = n - span + 1, n - p do
+                    if tokens[i] ~= tokens[i + p] then repeated = false break end
+                end
+                if repeated then return true end
+            end
+        end
+        return false
+    end
+end
+
+-- Stops when any of the rules does.
+function _M.any(...)
+    local rules = { ... }
+    return function(tokens, text)
+        for i = 1, #rules do
+            if rules[i](tokens, text) then return true end
+        end
+        return false
+    end
+end
+
+-- ------------------------------------------------------------------ logits processors
+
+-- Bans a list of token ids (sparse: costs nothing per vocabulary entry).
+--   cfg.logits_processor = policy.ban_tokens({ eos_id })
+function _M.ban_tokens(ids)
+    assert(type(ids) == "table", "ban_tokens: a table of token ids")
+    local list = {}
+    for i, id in ipairs(ids) do list[i] = id end
+    return function(logits, vocab)
+        for i = 1, #list do
+            local id = list[i]
+            if id >= 0 and id < vocab then logits[id] = NEG_INF end
+        end
+    end
+end
+
+-- Adds a bias to some logits: bias = { [id] = value, ... } (-math.huge bans the id).
+--   cfg.logits_processor = policy.logit_bias({ [198] = 2.0, [13] = -5 })
+function _M.logit_bias(bias)
+    assert(type(bias) == "table", "logit_bias: a table id -> bias")
+    local ids, values = {}, {}
+    for id, v in pairs(bias) do
+        ids[#ids + 1], values[#values + 1] = id, v
+    end
+    return function(logits, vocab)
+        for i = 1, #ids do
+            local id = ids[i]
+            if id >= 0 and id < vocab then logits[id] = logits[id] + values[i] end
+        end
+    end
+end
+
+-- Forbids any token that would complete an n-gram already present in the sequence
+-- (prompt included), as Hugging Face's no_repeat_ngram_size.
+--   cfg.logits_processor = policy.no_repeat_ngram(3)
+function _M.no_repeat_ngram(n)
+    assert(type(n) == "number" and n >= 1, "no_repeat_ngram: n >= 1")
+    return function(logits, vocab, tokens)
+        local len = #tokens
+        if len < n - 1 then return end
+        -- The last n-1 tokens form the prefix; ban what followed the same prefix before.
+        for start = 1, len - n + 1 do
+            local same = true
+            for j = 0, n - 2 do
+                if tokens[start + j] ~= tokens[len - n + 2 + j] then same = false break end
+            end
+            if same then
+                local banned = tokens[start + n - 1]
+                if banned and banned < vocab then logits[banned] = NEG_INF end
+            end
+        end
+    end
+end
+
+-- Forbids `eos_id` until `min_new` tokens have been generated.
+--   cfg.logits_processor = policy.min_tokens(20, model:info().eos_token_id)
+function _M.min_tokens(min_new, eos_id)
+    assert(type(min_new) == "number" and type(eos_id) == "number", "min_tokens: (count, eos_id)")
+    local prompt_len, last_n
+    return function(logits, vocab, tokens)
+        local n = #tokens
+        if not prompt_len or n <= last_n then prompt_len = n end -- first call: the prompt
+        last_n = n
+        if n - prompt_len < min_new and eos_id < vocab then logits[eos_id] = NEG_INF end
+    end
+end
+
+-- Runs processors in order.
+function _M.chain(...)
+    local procs = { ... }
+    return function(logits, vocab, tokens)
+        for i = 1, #procs do procs[i](logits, vocab, tokens) end
+    end
+end
+
+-- ------------------------------------------------------------------ branch-free masks
+
+-- A reusable additive mask over the vocabulary: 0 for allowed ids, -inf for banned ones,
+-- applied with a branch-free loop (logits[i] = logits[i] + bias[i]), which LuaJIT compiles
+-- to a tight trace (~35 us for 50k ids, where a branch per id costs ~600 us).
+--   local m = policy.mask(vocab):allow_only({ 10, 11, 12 })
+--   cfg.logits_processor = function(logits, vocab) m:apply(logits, vocab) end
+local Mask = {}
+Mask.__index = Mask
+
+function _M.mask(vocab_size)
+    assert(type(vocab_size) == "number" and vocab_size > 0, "mask: vocab_size > 0")
+    local bias = ffi.new("float[?]", vocab_size) -- zero: everything allowed
+    return setmetatable({ bias = bias, vocab_size = vocab_size }, Mask)
+end
+
+function Mask:allow_all()
+    ffi.fill(self.bias, self.vocab_size * 4, 0)
+    return self
+end
+
+-- Bans everything except `ids` (an ffi.copy-style fill, then a sparse pass).
+function Mask:allow_only(ids)
+    local bias, v = self.bias, self.vocab_size
+    for i = 0, v - 1 do bias[i] = NEG_INF end
+    for i = 1, #ids do
+        local id = ids[i]
+        if id >= 0 and id < v then bias[id] = 0 end
+    end
+    return self
+end
+
+function Mask:ban(ids)
+    local bias, v = self.bias, self.vocab_size
+    for i = 1, #ids do
+        local id = ids[i]
+        if id >= 0 and id < v then bias[id] = NEG_INF end
+    end
+    return self
+end
+
+function Mask:apply(logits, vocab)
+    local bias = self.bias
+    local n = vocab < self.vocab_size and vocab or self.vocab_size
+    for i = 0, n - 1 do logits[i] = logits[i] + bias[i] end
+end
+
+-- Writes the mask as a grammar-style allowed[] array (1 = allowed) and returns the count.
+function Mask:fill_allowed(allowed, vocab)
+    local bias, count = self.bias, 0
+    local n = vocab < self.vocab_size and vocab or self.vocab_size
+    for i = 0, n - 1 do
+        local ok = bias[i] == 0 and 1 or 0
+        allowed[i] = ok
+        count = count + ok
+    end
+    return count
+end
+
+return _M
