@@ -281,6 +281,55 @@ tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, 
                             const tl_generate_config *cfg, int32_t *out, int out_capacity,
                             int *out_lens, int *out_len, tl_generate_stats *stats);
 
+/* ---- self-speculative decoding (SPEC §3): draft at a shallow loop depth with the same
+   weights, verify in ONE forward at full depth. At temperature 0 the output is exactly
+   tl_generate's at verify_loops (bit-exact); with temperature > 0 the chain uses speculative
+   sampling, so the output *distribution* equals plain sampling at verify_loops. */
+
+typedef struct tl_speculative_config {
+    int max_tokens;          /* 64 */
+    int draft_loops;         /* 2; 1 <= draft_loops < verify_loops */
+    int verify_loops;        /* 8; <= max_loops */
+    int draft_ahead;         /* 4; tokens (chain) or tree levels drafted per verify, 1..32 */
+    float temperature;       /* 0.0: greedy */
+    uint64_t seed;           /* 0 */
+    /* Everything else (top_k, top_p, repetition_penalty, stop sequences and strings,
+       ignore_eos, cache_window, hooks) comes from `base` when not NULL; its max_tokens,
+       loops, temperature and sample_seed are ignored. Drafts use the raw logits with the
+       repetition penalty; the logits_processor hook runs on the verifier's rows only, once
+       per emitted token, as in plain decoding. Grammars are not supported here yet. */
+    const tl_generate_config *base;
+} tl_speculative_config;
+
+typedef struct tl_tree_speculative_config {
+    tl_speculative_config spec;
+    int K_branches;          /* 2; candidates kept per drafted node, 1..8 */
+    int max_nodes;           /* 64; node budget of the tree (the full K-ary tree when it fits) */
+} tl_tree_speculative_config;
+
+void tl_speculative_config_init(tl_speculative_config *cfg);
+void tl_tree_speculative_config_init(tl_tree_speculative_config *cfg);
+
+typedef struct tl_speculative_stats {
+    tl_generate_stats gen;   /* the usual stats (loops_used = verify_loops) */
+    int drafted;             /* draft tokens (chain) or tree nodes proposed */
+    int accepted;            /* of those, accepted by the verifier */
+    int verify_steps;        /* verification forwards */
+    double acceptance_rate;  /* accepted / drafted (chain); accepted / verify depth offered (tree) */
+    double mean_accepted;    /* accepted draft tokens per verification */
+    int draft_forwards;      /* forward passes at draft_loops */
+    int verify_forwards;     /* forward passes at verify_loops (the prefill included) */
+    double draft_ms, verify_ms;
+} tl_speculative_stats;
+
+tl_status tl_generate_speculative(const tl_model *model, const int32_t *prompt, int prompt_len,
+                                  const tl_speculative_config *cfg, int32_t *out, int out_capacity,
+                                  int *out_len, tl_speculative_stats *stats);
+/* Greedy only (temperature must be <= 0.01): tree speculative sampling is not implemented. */
+tl_status tl_generate_tree_speculative(const tl_model *model, const int32_t *prompt, int prompt_len,
+                                       const tl_tree_speculative_config *cfg, int32_t *out,
+                                       int out_capacity, int *out_len, tl_speculative_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,7 +19,10 @@ typedef struct tl_attention_args {
     int loop;                  /* block layers: 1-based loop; 0 for prelude/coda */
     int slot_stride;           /* slots between consecutive loops (n_block) */
     const int32_t *positions;  /* [n] */
-    const uint8_t *mask;       /* [n][n] row may see chunk column, or NULL for causal */
+    const uint8_t *mask;       /* [n][base + n - mask_start]: row i may see entry mask_start + c;
+                                  NULL = causal within the chunk */
+    int mask_start;            /* first logical entry the mask covers (entries before it are
+                                  the always-visible prefix) */
     float *scratch;            /* [n_threads][cache->capacity] */
 } tl_attention_args;
 

@@ -126,7 +126,7 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop) 
                (size_t)kvd * sizeof(float));
     }
     tl_attention_args args = {ws->q, ws->att, n, f->cache, f->base, slot, loop, c->n_block,
-                              f->positions, f->mask, ws->attn_scratch};
+                              f->positions, f->mask, f->mask_start, ws->attn_scratch};
     be->attention(m, &args);
     be->matmul(m, ws->att, n, &L->o, L->o_b, ws->h);
     add_rows(ws->x, ws->h, (size_t)n * (size_t)d);
@@ -178,7 +178,17 @@ static void inject(tl_forward *f, float *out) {
 tl_status tl_forward_begin(tl_forward *f, const tl_model *m, tl_kv_cache *cache,
                            tl_workspace *ws, const int32_t *tokens, const int32_t *positions,
                            int n, const uint8_t *mask) {
+    return tl_forward_begin_masked(f, m, cache, ws, tokens, positions, n, mask, cache->length);
+}
+
+tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache *cache,
+                                  tl_workspace *ws, const int32_t *tokens,
+                                  const int32_t *positions, int n, const uint8_t *mask,
+                                  int mask_start) {
     const tl_config *c = &m->cfg;
+    if (mask_start < 0 || mask_start > cache->length || (long)cache->length + n - mask_start > cache->capacity)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: mask_start %d outside the cache (%d entries)",
+                       mask_start, cache->length);
     if (n < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: n = %d tokens, need >= 1", n);
     if (cache->window == 0 && cache->length + n > cache->capacity)
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
@@ -200,8 +210,11 @@ tl_status tl_forward_begin(tl_forward *f, const tl_model *m, tl_kv_cache *cache,
     }
     tl_status st = tl_workspace_reserve(ws, m, n, cache->capacity);
     if (st != TL_OK) return st;
-    *f = (tl_forward){m, cache, ws, positions, mask, n, cache->length, 0};
-    for (int t = 0; t < n; t++) cache->pos[tl_kv_row(cache, f->base + t)] = positions[t];
+    *f = (tl_forward){m, cache, ws, positions, mask, n, cache->length, 0, mask_start};
+    for (int t = 0; t < n; t++) {
+        cache->pos[tl_kv_row(cache, f->base + t)] = positions[t];
+        cache->logical[tl_kv_row(cache, f->base + t)] = f->base + t;
+    }
 
     const int d = c->d_model;
     float *row = ws->h;

@@ -39,8 +39,8 @@ typedef struct tl_forward {
     tl_kv_cache *cache;
     tl_workspace *ws;
     const int32_t *positions; /* [n] */
-    const uint8_t *mask;      /* [n][n] or NULL (causal) */
-    int n, base, loops_done;
+    const uint8_t *mask;      /* see tl_forward_begin_masked, or NULL (causal) */
+    int n, base, loops_done, mask_start;
 } tl_forward;
 
 /* tokens/positions: [n]; mask: NULL for causal, else mask[i*n+j] != 0 when chunk row i
@@ -49,6 +49,13 @@ typedef struct tl_forward {
 tl_status tl_forward_begin(tl_forward *f, const tl_model *m, tl_kv_cache *cache,
                            tl_workspace *ws, const int32_t *tokens, const int32_t *positions,
                            int n, const uint8_t *mask);
+/* Tree attention over entries already in the cache too (speculative drafting): mask is
+   [n][base + n - mask_start], mask[i][c] != 0 when chunk row i may see entry
+   mask_start + c; entries before mask_start are the always-visible prefix. */
+tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache *cache,
+                                  tl_workspace *ws, const int32_t *tokens,
+                                  const int32_t *positions, int n, const uint8_t *mask,
+                                  int mask_start);
 void tl_forward_loop(tl_forward *f);
 /* Runs the coda, then the head for rows [logits_from, n) into logits
    [(n - logits_from)][vocab] (logits may be NULL to skip the head). */

@@ -25,7 +25,10 @@ tl_status tl_kv_cache_new(const tl_config *cfg, int tokens, int window, int max_
     c->v = tl_alloc_aligned(rows * sizeof(float));
     c->pos = calloc((size_t)c->capacity, sizeof *c->pos);
     c->depth = calloc((size_t)c->capacity, sizeof *c->depth);
-    if (!c->k || !c->v || !c->pos || !c->depth) {
+    c->logical = malloc((size_t)c->capacity * sizeof *c->logical);
+    if (c->logical)
+        for (int i = 0; i < c->capacity; i++) c->logical[i] = -1;
+    if (!c->k || !c->v || !c->pos || !c->depth || !c->logical) {
         tl_kv_cache_free(c);
         return tl_fail(TL_ERR_NO_MEMORY, "kv cache: out of memory for %d rows x %d slots",
                        c->capacity, c->n_slots);
@@ -40,6 +43,7 @@ void tl_kv_cache_free(tl_kv_cache *c) {
     tl_free_aligned(c->v);
     free(c->pos);
     free(c->depth);
+    free(c->logical);
     free(c);
 }
 
@@ -60,4 +64,5 @@ void tl_kv_move(tl_kv_cache *c, int from, int to) {
     }
     c->pos[tl_kv_row(c, to)] = c->pos[tl_kv_row(c, from)];
     c->depth[tl_kv_row(c, to)] = c->depth[tl_kv_row(c, from)];
+    c->logical[tl_kv_row(c, to)] = to;
 }

@@ -18,6 +18,9 @@ typedef struct tl_kv_cache {
     int length;          /* logical entries appended so far */
     float *k, *v;        /* [n_slots][capacity][kv_dim] */
     int32_t *pos;        /* [capacity] token position of each row (RoPE / window) */
+    int32_t *logical;    /* [capacity] logical index the row holds: with a ring, rows written
+                            for entries later rolled back (speculative drafts) can overwrite
+                            older ones, and readers must not mistake them for those */
     uint16_t *depth;     /* [capacity] loops computed for the row; deeper slots are shared */
 } tl_kv_cache;
 

@@ -141,6 +141,11 @@ void tl_session_free(tl_session *s) {
 
 tl_status tl_session_new(const tl_model *m, const int32_t *prompt, int prompt_len,
                          const tl_generate_config *cfg, tl_session **out) {
+    return tl_session_create(m, prompt, prompt_len, cfg, 0, out);
+}
+
+tl_status tl_session_create(const tl_model *m, const int32_t *prompt, int prompt_len,
+                            const tl_generate_config *cfg, int min_chunk, tl_session **out) {
     double t_start = tl_now_ms();
     if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_new: out must not be NULL");
     *out = NULL;
@@ -180,7 +185,11 @@ tl_status tl_session_new(const tl_model *m, const int32_t *prompt, int prompt_le
     /* A windowed cache holds window + chunk rows: small windows take small chunks so that
        memory stays within twice the window. */
     s->chunk = cfg->cache_window > 0 && cfg->cache_window < PREFILL_CHUNK ? cfg->cache_window : PREFILL_CHUNK;
-    if (st == TL_OK) st = tl_kv_cache_new(&m->cfg, total, cfg->cache_window, s->chunk, &s->cache);
+    if (st == TL_OK)
+        /* min_chunk rows of headroom: a speculative tree sits after the sequence until the
+           accepted path is compacted. */
+        st = tl_kv_cache_new(&m->cfg, total + min_chunk, cfg->cache_window,
+                             s->chunk > min_chunk ? s->chunk : min_chunk, &s->cache);
     if (st != TL_OK) {
         tl_session_free(s);
         return st;
@@ -284,12 +293,10 @@ static tl_status append_text(tl_session *s, int32_t tok, bool *matched) {
     return TL_OK;
 }
 
-/* Applies the logits hook, repetition penalty and grammar mask to s->work; picks a token.
-   *token = -1 when nothing is allowed. */
-static tl_status choose_token(tl_session *s, int32_t *token) {
+tl_status tl_session_prepare_logits(tl_session *s, const float *row) {
     const tl_generate_config *c = &s->cfg;
     const int vocab = s->m->cfg.vocab_size;
-    memcpy(s->work, s->logits, (size_t)vocab * sizeof(float));
+    memcpy(s->work, row, (size_t)vocab * sizeof(float));
     if (c->logits_processor) {
         int r = c->logits_processor(c->logits_processor_user, s->work, vocab, s->tokens, s->n_tokens);
         if (r < 0) return hook_failed(s, "logits_processor", r);
@@ -302,8 +309,16 @@ static tl_status choose_token(tl_session *s, int32_t *token) {
         for (int i = 0; i < vocab; i++)
             if (!s->allowed[i]) s->work[i] = -INFINITY;
     }
+    return TL_OK;
+}
+
+/* Picks the next token from a row of logits; *token = -1 when nothing is allowed. */
+static tl_status choose_token(tl_session *s, const float *row, int32_t *token) {
+    const tl_generate_config *c = &s->cfg;
+    tl_status st = tl_session_prepare_logits(s, row);
+    if (st != TL_OK) return st;
     if (s->greedy) {
-        *token = tl_argmax(s->work, vocab);
+        *token = tl_argmax(s->work, s->m->cfg.vocab_size);
     } else {
         *token = tl_distribution_build(&s->dist, s->work, c->temperature, c->top_k, c->top_p)
                      ? tl_distribution_draw(&s->dist, &s->rng)
@@ -312,20 +327,10 @@ static tl_status choose_token(tl_session *s, int32_t *token) {
     return TL_OK;
 }
 
-tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
-    if (!s || !token || !stop) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step: NULL argument");
-    *token = -1;
-    *stop = TL_STOP_NONE;
-    if (s->finished)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "session has already finished (stop reason %s)",
-                       tl_stop_reason_name(s->stats.stop_reason));
+tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
     const tl_generate_config *c = &s->cfg;
-    if (c->max_tokens == 0) return finish(s, TL_STOP_MAX_TOKENS, stop);
-
-    tl_status st = forward_pending(s);
-    if (st != TL_OK) { s->finished = true; return st; }
-    int32_t tok = -1;
-    if ((st = choose_token(s, &tok)) != TL_OK) return st;
+    tl_status st;
+    *stop = TL_STOP_NONE;
     if (tok < 0) return finish(s, TL_STOP_GRAMMAR_DEAD_END, stop);
     if (c->grammar) {
         int r = c->grammar->advance(c->grammar->user, tok);
@@ -335,7 +340,6 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     /* Append and account. */
     const int position = s->n_tokens;
     s->tokens[s->n_tokens++] = tok;
-    *token = tok;
     const double now = tl_now_ms();
     const int emitted = s->n_tokens - s->prompt_len;
     if (emitted == 1) s->stats.first_token_ms = now - s->t_start;
@@ -368,6 +372,24 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     }
     if (observer_stop) return finish(s, TL_STOP_CALLBACK_ABORT, stop);
     if (emitted >= c->max_tokens) return finish(s, TL_STOP_MAX_TOKENS, stop);
+    return TL_OK;
+}
+
+tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
+    if (!s || !token || !stop) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step: NULL argument");
+    *token = -1;
+    *stop = TL_STOP_NONE;
+    if (s->finished)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "session has already finished (stop reason %s)",
+                       tl_stop_reason_name(s->stats.stop_reason));
+    if (s->cfg.max_tokens == 0) return finish(s, TL_STOP_MAX_TOKENS, stop);
+
+    tl_status st = forward_pending(s);
+    if (st != TL_OK) { s->finished = true; return st; }
+    int32_t tok = -1;
+    if ((st = choose_token(s, s->logits, &tok)) != TL_OK) return st;
+    if ((st = tl_session_emit(s, tok, stop)) != TL_OK) return st;
+    if (tok >= 0) *token = tok;
     return TL_OK;
 }
 

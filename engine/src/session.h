@@ -44,4 +44,17 @@ struct tl_session {
     void *stream_user;
 };
 
+/* Shared with the speculative decoders (speculative.c): */
+
+/* tl_session_new with a cache that accepts forwards of min_chunk rows (tree verification). */
+tl_status tl_session_create(const tl_model *m, const int32_t *prompt, int prompt_len,
+                            const tl_generate_config *cfg, int min_chunk, tl_session **out);
+
+/* s->work = the row after the logits hook, repetition penalty and grammar mask, for the
+   history s->tokens (exactly what plain decoding would see at this point). */
+tl_status tl_session_prepare_logits(tl_session *s, const float *row);
+/* Appends a chosen token (-1: nothing allowed) and runs hooks and stop checks, exactly as
+   a plain step does; *stop tells whether generation ended. */
+tl_status tl_session_emit(tl_session *s, int32_t token, tl_stop_reason *stop);
+
 #endif

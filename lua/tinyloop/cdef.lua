@@ -155,4 +155,37 @@ tl_status tl_generate_stream(const tl_model *model, const int32_t *prompt, int p
 tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, int n_prompts,
                             const tl_generate_config *cfg, int32_t *out, int out_capacity,
                             int *out_lens, int *out_len, tl_generate_stats *stats);
+typedef struct tl_speculative_config {
+    int max_tokens;
+    int draft_loops;
+    int verify_loops;
+    int draft_ahead;
+    float temperature;
+    uint64_t seed;
+    const tl_generate_config *base;
+} tl_speculative_config;
+typedef struct tl_tree_speculative_config {
+    tl_speculative_config spec;
+    int K_branches;
+    int max_nodes;
+} tl_tree_speculative_config;
+void tl_speculative_config_init(tl_speculative_config *cfg);
+void tl_tree_speculative_config_init(tl_tree_speculative_config *cfg);
+typedef struct tl_speculative_stats {
+    tl_generate_stats gen;
+    int drafted;
+    int accepted;
+    int verify_steps;
+    double acceptance_rate;
+    double mean_accepted;
+    int draft_forwards;
+    int verify_forwards;
+    double draft_ms, verify_ms;
+} tl_speculative_stats;
+tl_status tl_generate_speculative(const tl_model *model, const int32_t *prompt, int prompt_len,
+                                  const tl_speculative_config *cfg, int32_t *out, int out_capacity,
+                                  int *out_len, tl_speculative_stats *stats);
+tl_status tl_generate_tree_speculative(const tl_model *model, const int32_t *prompt, int prompt_len,
+                                       const tl_tree_speculative_config *cfg, int32_t *out,
+                                       int out_capacity, int *out_len, tl_speculative_stats *stats);
 ]]

@@ -267,8 +267,6 @@ end
 local Session = {}
 Session.__index = Session
 
-local step_token = ffi_new("int32_t[1]")
-local step_stop = ffi_new("tl_stop_reason[1]")
 local text_ptr = ffi_new("const char *[1]")
 local text_len = ffi_new("size_t[1]")
 local n_out = ffi_new("int[1]")
@@ -283,6 +281,7 @@ end
 -- panic): this wrapper always runs in the interpreter.
 function Session:step()
     if self.done then raise("session has already finished (" .. tostring(self.stop_reason) .. ")") end
+    local step_token, step_stop = self.step_token, self.step_stop
     local st = C.tl_session_step(self.ptr, step_token, step_stop)
     if st ~= 0 then
         self.done = true
@@ -312,6 +311,7 @@ jit.off(Session.step)
 
 -- Prompt + emitted tokens so far, as a table.
 function Session:tokens()
+    if self.ptr == nil then return self.final_tokens or {} end
     local ptr = C.tl_session_tokens(self.ptr, n_out)
     local t = {}
     for i = 1, n_out[0] do t[i] = ptr[i - 1] end
@@ -319,12 +319,14 @@ function Session:tokens()
 end
 
 function Session:stats()
+    if self.ptr == nil then return self.closed_stats end
     return stats_table(C.tl_session_stats(self.ptr))
 end
 
 -- Frees the C session now (the garbage collector would do it later).
 function Session:close()
     if self.ptr ~= nil then
+        self.final_tokens, self.closed_stats = self:tokens(), self:stats()
         ffi_gc(self.ptr, nil)
         C.tl_session_free(self.ptr)
         self.ptr = nil
@@ -347,7 +349,9 @@ function _M.load(dir, opts)
     if opts ~= nil then
         if type(opts) ~= "table" then return nil, "load options must be a table" end
         for k, v in pairs(opts) do
-            if k == "threads" then o.n_threads = v
+            if k == "threads" then
+                if type(v) ~= "number" then return nil, "load option 'threads' must be a number" end
+                o.n_threads = v
             elseif k == "mmap_weights" then o.mmap_weights = v and 1 or 0
             elseif k == "backend" then
                 local b = ({ auto = 0, cpu = 1, cuda = 2 })[v]
@@ -427,10 +431,12 @@ function Model:session(prompt, cfg)
     end
     local self_session = setmetatable({
         model = self, ctx = ctx, keep = keep, has_tokenizer = self.has_tokenizer, done = false,
+        step_token = ffi_new("int32_t[1]"), step_stop = ffi_new("tl_stop_reason[1]"),
     }, Session)
+    local key = ctx and ctx.key
     self_session.ptr = ffi_gc(session_out[0], function(p)
         C.tl_session_free(p)
-        release(self_session)
+        if key then registry[key] = nil end
     end)
     return self_session
 end
@@ -449,7 +455,9 @@ end
 
 -- for id, text in model:stream(prompt, cfg) do ... end. Driven by the step API: no
 -- callbacks unless the config has hooks, and a coroutine may yield between tokens.
--- The second value is the session (stats: select(2, ...):stats()).
+-- The second value is the session (stats: select(2, ...):stats()). When generation ends
+-- without a token (a grammar dead end) while text was still held back (half a UTF-8
+-- character, a possible stop-string prefix), the last pair is (-1, that text).
 function Model:stream(prompt, cfg)
     local s = self:session(prompt, cfg)
     local function iterate()

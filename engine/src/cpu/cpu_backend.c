@@ -54,10 +54,12 @@ typedef struct {
 /* Whether chunk row i may attend to logical entry j. */
 static inline bool visible(const tl_attention_args *a, int i, int j, int32_t min_pos) {
     const tl_kv_cache *c = a->cache;
-    if (c->pos[tl_kv_row(c, j)] < min_pos) return false;
-    if (j < a->base) return true;
-    int t = j - a->base;
-    return a->mask ? a->mask[(size_t)i * (size_t)a->n + (size_t)t] != 0 : t <= i;
+    const int row = tl_kv_row(c, j);
+    if (c->logical[row] != j || c->pos[row] < min_pos) return false;
+    if (!a->mask) return j < a->base || j - a->base <= i;
+    if (j < a->mask_start) return true;
+    const size_t width = (size_t)(a->base + a->n - a->mask_start);
+    return a->mask[(size_t)i * width + (size_t)(j - a->mask_start)] != 0;
 }
 
 static inline int slot_for(const tl_attention_args *a, int j) {

@@ -1,0 +1,500 @@
+-- api_spec.lua: every function of the Lua API (SPEC §3, §6) on the small text checkpoint
+-- (random weights, vocab 320, byte-level BPE tokenizer, eos 319, max_seq_len 128) and the
+-- token-id-only golden checkpoints.
+local H = require "helpers"
+local tinyloop = H.tinyloop
+
+describe("tinyloop.load", function()
+    it("loads a checkpoint with options threads, mmap_weights and backend", function()
+        local m, err = tinyloop.load(H.TEXTMODEL, { threads = 1, mmap_weights = true, backend = "cpu" })
+        assert.is_nil(err)
+        assert.is_table(m)
+        local info = m:info()
+        assert.equal(1, info.n_threads)
+        assert.equal("cpu", info.backend)
+        local m2 = assert(tinyloop.load(H.TEXTMODEL, { threads = 2, mmap_weights = false, backend = "auto" }))
+        assert.equal(2, m2:info().n_threads)
+        -- copied or mapped, the weights give the same logits
+        local a, b = m:score({ 1, 2, 3 }, 2), m2:score({ 1, 2, 3 }, 2)
+        for t = 0, 319 do assert.equal(a:logit(3, t), b:logit(3, t)) end
+        assert.is_table(assert(tinyloop.load(H.TEXTMODEL)))
+    end)
+
+    it("exposes a version string", function()
+        assert.is_string(tinyloop._VERSION)
+        assert.truthy(tinyloop._VERSION:match("^%d+%.%d+%.%d+"))
+    end)
+
+    it("returns nil, err for a missing directory", function()
+        local m, err = tinyloop.load(H.ROOT .. "/tests/data/no-such-model")
+        assert.is_nil(m)
+        assert.is_string(err)
+        assert.truthy(err:find("no-such-model", 1, true))
+    end)
+
+    it("returns nil, err for a path that is not a directory", function()
+        local m, err = tinyloop.load(H.TEXTMODEL .. "/config.json")
+        assert.is_nil(m)
+        assert.truthy(err:find("not a directory", 1, true))
+    end)
+
+    it("returns nil, err for an unknown option", function()
+        local m, err = tinyloop.load(H.TEXTMODEL, { thread = 1 })
+        assert.is_nil(m)
+        assert.truthy(err:find("thread", 1, true))
+    end)
+
+    it("returns nil, err for an unknown backend and for bad argument types", function()
+        local m, err = tinyloop.load(H.TEXTMODEL, { backend = "gpu" })
+        assert.is_nil(m)
+        assert.truthy(err:find("backend", 1, true))
+        m, err = tinyloop.load(42)
+        assert.is_nil(m)
+        assert.is_string(err)
+        m, err = tinyloop.load(H.TEXTMODEL, "threads=1")
+        assert.is_nil(m)
+        assert.is_string(err)
+    end)
+
+    -- BUG (bindings): tinyloop.load raises "cannot convert 'string' to 'int'" here instead of
+    -- following its nil, err convention: the option's type is not checked before the FFI store.
+    it("returns nil, err (does not raise) for an option of the wrong type", function()
+        local ok, m, err = pcall(tinyloop.load, H.TEXTMODEL, { threads = "two" })
+        assert.is_true(ok, "tinyloop.load raised: " .. tostring(m))
+        assert.is_nil(m)
+        assert.truthy(err:find("threads", 1, true))
+    end)
+
+    it("returns nil, err for backend 'cuda' in a build without CUDA", function()
+        local m, err = tinyloop.load(H.TEXTMODEL, { backend = "cuda" })
+        if m then -- a CUDA build on a machine with a GPU
+            assert.equal("cuda", m:info().backend)
+        else
+            assert.truthy(err:lower():find("cuda", 1, true))
+        end
+    end)
+end)
+
+describe("model:info", function()
+    it("describes the text checkpoint", function()
+        local i = H.model():info()
+        local expect = {
+            vocab_size = 320, d_model = 32, n_heads = 4, n_kv_heads = 4, head_dim = 8, d_ff = 64,
+            max_seq_len = 128, n_prelude = 1, n_block = 1, n_coda = 1, default_loops = 2, max_loops = 4,
+            bos_token_id = 319, eos_token_id = 319, injection = "add", loop_update = "replace",
+            norm = "rmsnorm", mlp = "swiglu", pos_encoding = "rope", weight_dtype = "f16",
+            state_norm = true, tie_embeddings = true, has_tokenizer = true, bias = false, backend = "cpu",
+            n_threads = 1,
+        }
+        for k, v in pairs(expect) do assert.equal(v, i[k], "info." .. k) end
+        for _, k in ipairs({ "beta", "norm_eps", "rope_theta", "n_params", "weight_bytes" }) do
+            assert.is_number(i[k], "info." .. k)
+        end
+        assert.is_true(i.n_params > 0)
+        assert.is_true(i.weight_bytes > 0)
+        assert.equal(10000, i.rope_theta)
+    end)
+
+    it("describes a token-id-only checkpoint", function()
+        local i = H.model("gpt2_like"):info()
+        assert.equal(96, i.vocab_size)
+        assert.equal(32, i.max_seq_len)
+        assert.equal(95, i.eos_token_id)
+        assert.is_false(i.has_tokenizer)
+    end)
+end)
+
+describe("model:encode / model:decode", function()
+    local m = H.model()
+
+    it("round-trips ASCII text", function()
+        local text = "Hello, world! It is a truth universally acknowledged."
+        local ids = m:encode(text)
+        assert.is_true(#ids > 0)
+        for _, id in ipairs(ids) do assert.is_true(id >= 0 and id < 320) end
+        assert.equal(text, m:decode(ids))
+    end)
+
+    it("round-trips non-ASCII text and arbitrary bytes", function()
+        for _, text in ipairs({ "wörld", "日本語のテキスト", "emoji 🙂 and ñ", "\0\1\255\254 bytes", "  spaces\n\ttabs" }) do
+            assert.equal(text, m:decode(m:encode(text)))
+        end
+    end)
+
+    it("handles the empty string and the end-of-text special token", function()
+        assert.same({}, m:encode(""))
+        assert.equal("", m:decode({}))
+        assert.same({ H.EOS }, m:encode("<|endoftext|>"))
+        assert.equal("<|endoftext|>", m:decode({ H.EOS }))
+    end)
+end)
+
+describe("model:generate", function()
+    local m = H.model()
+
+    it("returns prompt + continuation and the stats", function()
+        local prompt = m:encode("The cat")
+        local out, stats = m:generate(prompt, { max_tokens = 10 })
+        assert.equal(#prompt + 10, #out)
+        assert.same(prompt, H.slice(out, 1, #prompt))
+        assert.equal("MAX_TOKENS", stats.stop_reason)
+        assert.equal(10, stats.tokens_emitted)
+        assert.equal(#prompt, stats.prompt_tokens)
+        assert.equal(2, stats.loops_used) -- default_loops
+        for _, k in ipairs({ "prefill_ms", "first_token_ms", "decode_ms", "decode_tokens_per_s", "prefill_tokens_per_s" }) do
+            assert.is_number(stats[k], k)
+            assert.is_true(stats[k] >= 0, k)
+        end
+        assert.is_true(stats.first_token_ms >= stats.prefill_ms)
+        -- a string prompt is encoded with the model's tokenizer
+        assert.same(out, (m:generate("The cat", { max_tokens = 10 })))
+    end)
+
+    it("reports the loop depth used", function()
+        for loops = 1, 4 do
+            local _, stats = m:generate("Hi", { max_tokens = 3, loops = loops })
+            assert.equal(loops, stats.loops_used)
+        end
+    end)
+
+    it("returns only the prompt for max_tokens = 0", function()
+        local out, stats = m:generate({ 5, 6, 7 }, { max_tokens = 0 })
+        assert.same({ 5, 6, 7 }, out)
+        assert.equal(0, stats.tokens_emitted)
+        assert.equal("MAX_TOKENS", stats.stop_reason)
+    end)
+
+    it("names every stop reason with its string", function()
+        local p = m:encode("Hi")
+        local a, b = m:encode("a")[1], m:encode("b")[1]
+        local _, s = m:generate(p, { max_tokens = 4, logits_processor = H.forcer({ a, H.EOS, b }, #p) })
+        assert.equal("EOS", s.stop_reason)
+        assert.equal(2, s.tokens_emitted)
+        _, s = m:generate(p, { max_tokens = 4, stop_sequences = { { b } }, logits_processor = H.forcer({ a, b, a }, #p) })
+        assert.equal("STOP_SEQUENCE", s.stop_reason)
+        _, s = m:generate(p, { max_tokens = 4 })
+        assert.equal("MAX_TOKENS", s.stop_reason)
+        _, s = m:generate(p, { max_tokens = 4, on_token = function() return false end })
+        assert.equal("CALLBACK_ABORT", s.stop_reason)
+        _, s = m:generate(p, { max_tokens = 4, grammar = { allowed = function() return 0 end, advance = function() end } })
+        assert.equal("GRAMMAR_DEAD_END", s.stop_reason)
+    end)
+
+    it("keeps the eos token in the output, or goes past it with ignore_eos", function()
+        local p = m:encode("Hi")
+        local seq = { 7, H.EOS, 8 }
+        local out, s = m:generate(p, { max_tokens = 3, logits_processor = H.forcer(seq, #p) })
+        assert.same({ 7, H.EOS }, H.slice(out, #p + 1))
+        assert.equal("EOS", s.stop_reason)
+        out, s = m:generate(p, { max_tokens = 3, ignore_eos = true, logits_processor = H.forcer(seq, #p) })
+        assert.same(seq, H.slice(out, #p + 1))
+        assert.equal("MAX_TOKENS", s.stop_reason)
+    end)
+
+    it("greedy decoding follows the argmax chain of model:score at the same loops", function()
+        -- golden checkpoints whose greedy chains do not collapse into a repeated token
+        for _, case in ipairs({ { "deep_residual", { 1, 8, 32 } }, { "llama_like", { 1 } }, { "concat_residual_mqa", { 1, 5, 10 } } }) do
+            local g = H.model(case[1])
+            for _, loops in ipairs(case[2]) do
+                local prompt = { 2, 3, 4 }
+                local out = g:generate(prompt, { max_tokens = 20, loops = loops, ignore_eos = true })
+                assert.equal(23, #out)
+                local sc = g:score(out, loops)
+                for i = #prompt, #out - 1 do
+                    assert.equal(sc:argmax(i), out[i + 1], case[1] .. " loops " .. loops .. " position " .. i)
+                end
+            end
+        end
+        -- and one greedy token after every prefix of a sampled sequence of the text model
+        local seq = m:generate("The cat", { max_tokens = 24, temperature = 1, sample_seed = 7 })
+        for _, loops in ipairs({ 1, 2, 4 }) do
+            local sc = m:score(seq, loops)
+            for i = 1, #seq do
+                local out = m:generate(H.slice(seq, 1, i), { max_tokens = 1, loops = loops })
+                assert.equal(sc:argmax(i), out[i + 1], "loops " .. loops .. " prefix " .. i)
+            end
+        end
+    end)
+
+    it("samples deterministically: same seed same tokens, different seeds differ", function()
+        local cfg = { max_tokens = 24, temperature = 1.0, sample_seed = 42 }
+        local a = m:generate("Once upon", cfg)
+        local b = m:generate("Once upon", cfg)
+        assert.same(a, b)
+        local c = m:generate("Once upon", { max_tokens = 24, temperature = 1.0, sample_seed = 43 })
+        local d = m:generate("Once upon", { max_tokens = 24, temperature = 1.0, sample_seed = 44 })
+        assert.are_not.same(a, c)
+        assert.are_not.same(c, d)
+        -- top_k = 1 is greedy whatever the temperature
+        assert.same(m:generate("Once upon", { max_tokens = 8 }),
+                    m:generate("Once upon", { max_tokens = 8, temperature = 1.5, top_k = 1, sample_seed = 9 }))
+    end)
+end)
+
+describe("model:stream", function()
+    local m = H.model()
+
+    local function collect(it)
+        local ids, pieces = {}, {}
+        for id, text in it do
+            ids[#ids + 1] = id
+            pieces[#pieces + 1] = text
+        end
+        return ids, table.concat(pieces)
+    end
+
+    it("yields the continuation's tokens, whose text pieces concatenate to its decoding", function()
+        for seed = 1, 4 do
+            local cfg = { max_tokens = 30, temperature = 1.0, sample_seed = seed }
+            local out = m:generate("Hello", cfg)
+            local prompt_len = #m:encode("Hello")
+            local it, session = m:stream("Hello", cfg)
+            local ids, text = collect(it)
+            local cont = H.slice(out, prompt_len + 1)
+            assert.same(cont, ids)
+            -- special tokens (end of text) contribute no text to the stream
+            assert.equal(m:decode(H.without(cont, H.EOS)), text)
+            assert.same(out, session:tokens())
+        end
+    end)
+
+    it("holds back an unfinished UTF-8 sequence until it is complete", function()
+        local p = m:encode("Hi")
+        local o = m:encode("ö") -- two byte tokens, 0xC3 then 0xB6
+        assert.equal(2, #o)
+        local pieces = {}
+        for id, text in m:stream(p, { max_tokens = 3, logits_processor = H.forcer({ o[1], o[2], 120 }, #p) }) do
+            pieces[#pieces + 1] = text
+        end
+        assert.same({ "", "ö", "x" }, pieces)
+    end)
+
+    it("returns the session as its second value, with :stats()", function()
+        local it, session = m:stream("Hello", { max_tokens = 5 })
+        local n = 0
+        for _ in it do n = n + 1 end
+        assert.equal(5, n)
+        local stats = session:stats()
+        assert.equal("MAX_TOKENS", stats.stop_reason)
+        assert.equal(5, stats.tokens_emitted)
+    end)
+
+    it("yields nothing for max_tokens = 0", function()
+        local ids = collect((m:stream({ 1, 2 }, { max_tokens = 0 })))
+        assert.same({}, ids)
+    end)
+
+    it("can be driven from coroutines that yield between tokens", function()
+        local cfgs = {
+            { max_tokens = 12, temperature = 1.0, sample_seed = 3 },
+            { max_tokens = 9 },
+            { max_tokens = 15, temperature = 0.7, sample_seed = 11, on_token = function() end },
+        }
+        local prompts = { "Hello", "The cat", "Once upon" }
+        local cos, got, order = {}, {}, {}
+        for i = 1, 3 do
+            got[i] = {}
+            cos[i] = coroutine.wrap(function()
+                for id in m:stream(prompts[i], cfgs[i]) do
+                    got[i][#got[i] + 1] = id
+                    coroutine.yield(true)
+                end
+                return false
+            end)
+        end
+        -- round-robin: the three streams interleave token by token
+        local live = 3
+        local alive = { true, true, true }
+        while live > 0 do
+            for i = 1, 3 do
+                if alive[i] then
+                    if cos[i]() then
+                        order[#order + 1] = i
+                    else
+                        alive[i], live = false, live - 1
+                    end
+                end
+            end
+        end
+        assert.same({ 1, 2, 3, 1, 2, 3 }, H.slice(order, 1, 6))
+        for i = 1, 3 do
+            local out = m:generate(prompts[i], cfgs[i])
+            assert.same(H.slice(out, #m:encode(prompts[i]) + 1), got[i])
+        end
+    end)
+
+    it("works on a model without tokenizer (empty text pieces)", function()
+        local g = H.model("gpt2_like")
+        local ids = {}
+        for id, text in g:stream({ 1, 2, 3 }, { max_tokens = 4, ignore_eos = true }) do
+            assert.equal("", text)
+            ids[#ids + 1] = id
+        end
+        assert.same(H.slice(g:generate({ 1, 2, 3 }, { max_tokens = 4, ignore_eos = true }), 4), ids)
+    end)
+end)
+
+describe("model:generate_batch", function()
+    local m = H.model()
+
+    it("gives each prompt the output of its own generate", function()
+        local prompts = { "Hello", { 1, 2, 3 }, "The cat sat on the mat", { 200 } }
+        for _, cfg in ipairs({ { max_tokens = 8 }, { max_tokens = 8, temperature = 0.9, sample_seed = 5 } }) do
+            local outs, stats = m:generate_batch(prompts, cfg)
+            assert.equal(#prompts, #outs)
+            assert.equal(#prompts, #stats)
+            for i, p in ipairs(prompts) do
+                local out, st = m:generate(p, cfg)
+                assert.same(out, outs[i])
+                assert.equal(st.stop_reason, stats[i].stop_reason)
+                assert.equal(st.tokens_emitted, stats[i].tokens_emitted)
+            end
+        end
+    end)
+
+    it("returns empty lists for an empty batch", function()
+        local outs, stats = m:generate_batch({}, { max_tokens = 4 })
+        assert.same({}, outs)
+        assert.same({}, stats)
+    end)
+end)
+
+describe("model:score", function()
+    local m = H.model()
+
+    it("gives n x vocab_size logits with logit, argmax, n and vocab_size", function()
+        local ids = m:encode("The cat sat")
+        local sc = m:score(ids, 2)
+        assert.equal(#ids, sc.n)
+        assert.equal(320, sc.vocab_size)
+        for i = 1, sc.n do
+            local best, best_t = -math.huge, nil
+            for t = 0, sc.vocab_size - 1 do
+                local l = sc:logit(i, t)
+                assert.is_number(l)
+                if l > best then best, best_t = l, t end
+            end
+            assert.equal(best_t, sc:argmax(i))
+        end
+        -- a string is encoded; the default depth is default_loops
+        local s2 = m:score("The cat sat")
+        for t = 0, 319, 17 do assert.equal(sc:logit(sc.n, t), s2:logit(sc.n, t)) end
+        -- a row depends only on its prefix
+        local s3 = m:score(H.slice(ids, 1, 2), 2)
+        for t = 0, 319, 13 do assert.equal(sc:logit(2, t), s3:logit(2, t)) end
+    end)
+
+    it("depends on the loop depth", function()
+        local a, b = m:score({ 1, 2, 3 }, 1), m:score({ 1, 2, 3 }, 4)
+        local differ = false
+        for t = 0, 319 do if a:logit(3, t) ~= b:logit(3, t) then differ = true end end
+        assert.is_true(differ)
+    end)
+
+    it("raises on out-of-range rows and token ids", function()
+        local sc = m:score({ 1, 2, 3 }, 2)
+        assert.has_error(function() sc:logit(0, 0) end, "scores:logit(0, 0) out of range")
+        assert.has_error(function() sc:logit(4, 0) end, "scores:logit(4, 0) out of range")
+        assert.has_error(function() sc:logit(1, -1) end, "scores:logit(1, -1) out of range")
+        assert.has_error(function() sc:logit(1, 320) end, "scores:logit(1, 320) out of range")
+        assert.has_error(function() sc:argmax(0) end, "scores:argmax(0) out of range")
+        assert.has_error(function() sc:argmax(4) end, "scores:argmax(4) out of range")
+    end)
+end)
+
+describe("model:session", function()
+    local m = H.model()
+
+    it("steps through the same tokens as generate", function()
+        for _, cfg in ipairs({ { max_tokens = 10 }, { max_tokens = 10, temperature = 0.8, sample_seed = 21, loops = 3 } }) do
+            local out, stats = m:generate("Hello", cfg)
+            local s = m:session("Hello", cfg)
+            local ids, reason = {}, nil
+            repeat
+                local id, text, r = s:step()
+                assert.is_string(text)
+                ids[#ids + 1] = id
+                reason = r
+            until reason
+            assert.equal("MAX_TOKENS", reason)
+            assert.same(out, s:tokens())
+            assert.same(H.slice(out, #out - 9), ids)
+            local st = s:stats()
+            assert.equal(stats.tokens_emitted, st.tokens_emitted)
+            assert.equal(stats.stop_reason, st.stop_reason)
+            assert.equal(stats.loops_used, st.loops_used)
+            s:close()
+            s:close() -- closing twice is harmless
+        end
+    end)
+
+    it("reports progress before the end and no stop reason yet", function()
+        local s = m:session({ 1, 2 }, { max_tokens = 5 })
+        local id, _, reason = s:step()
+        assert.is_number(id)
+        assert.is_falsy(reason)
+        assert.same({ 1, 2, id }, s:tokens())
+        local st = s:stats()
+        assert.equal(1, st.tokens_emitted)
+        assert.is_nil(st.stop_reason)
+        s:close()
+    end)
+
+    it("refuses to step a finished session", function()
+        local s = m:session({ 1, 2 }, { max_tokens = 1 })
+        local _, _, reason = s:step()
+        assert.equal("MAX_TOKENS", reason)
+        assert.has_error(function() s:step() end)
+        local ok, err = pcall(s.step, s)
+        assert.is_false(ok)
+        assert.truthy(tostring(err):find("finished", 1, true))
+    end)
+
+    it("reports id -1 when it ends without emitting", function()
+        local s = m:session({ 1, 2 }, { max_tokens = 0 })
+        local id, text, reason = s:step()
+        assert.equal(-1, id)
+        assert.equal("", text)
+        assert.equal("MAX_TOKENS", reason)
+    end)
+end)
+
+describe("stop_sequences and stop_strings", function()
+    local m = H.model()
+    local p = m:encode("Hi")
+    local x, a, b, c = m:encode("x")[1], m:encode("a")[1], m:encode("b")[1], m:encode("c")[1]
+    local forced = { x, a, b, c, x, a }
+
+    it("stop_sequences stop on a token-id suffix, kept in the output", function()
+        local out, s = m:generate(p, { max_tokens = 6, stop_sequences = { { c, c }, { a, b } }, logits_processor = H.forcer(forced, #p) })
+        assert.same({ x, a, b }, H.slice(out, #p + 1))
+        assert.equal("STOP_SEQUENCE", s.stop_reason)
+        -- a sequence that never appears does not stop
+        out, s = m:generate(p, { max_tokens = 6, stop_sequences = { { b, a } }, logits_processor = H.forcer(forced, #p) })
+        assert.same(forced, H.slice(out, #p + 1))
+        assert.equal("MAX_TOKENS", s.stop_reason)
+    end)
+
+    it("a stop string matches across token boundaries", function()
+        local cfg = { max_tokens = 6, stop_strings = { "zz", "ab" }, logits_processor = H.forcer(forced, #p) }
+        local out, s = m:generate(p, cfg)
+        assert.same({ x, a, b }, H.slice(out, #p + 1))
+        assert.equal("STOP_SEQUENCE", s.stop_reason)
+        -- the stream holds back "a" (it may start "ab") and shows the whole match at the end
+        local pieces = {}
+        for _, text in m:stream(p, cfg) do pieces[#pieces + 1] = text end
+        assert.same({ "x", "", "ab" }, pieces)
+        -- a multi-token stop string ending inside a token
+        out, s = m:generate(p, { max_tokens = 6, stop_strings = { "bcx" }, logits_processor = H.forcer(forced, #p) })
+        assert.same({ x, a, b, c, x }, H.slice(out, #p + 1))
+        assert.equal("STOP_SEQUENCE", s.stop_reason)
+    end)
+
+    it("a stop string absent from the text does not stop, and held-back text is released", function()
+        local pieces = {}
+        local cfg = { max_tokens = 6, stop_strings = { "ac" }, logits_processor = H.forcer(forced, #p) }
+        for _, text in m:stream(p, cfg) do pieces[#pieces + 1] = text end
+        assert.equal("xabcxa", table.concat(pieces))
+        assert.equal("MAX_TOKENS", select(2, m:generate(p, cfg)).stop_reason)
+    end)
+end)
