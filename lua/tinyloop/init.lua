@@ -481,6 +481,100 @@ function Model:generate_batch(prompts, cfg)
     return outs, stats
 end
 
+-- ------------------------------------------------------------------ speculative decoding
+
+local SPEC_FIELDS = { max_tokens = true, draft_loops = true, verify_loops = true, draft_ahead = true,
+                      temperature = true, seed = true }
+local TREE_FIELDS = { K_branches = true, max_nodes = true }
+
+local function spec_stats(st)
+    local t = stats_table(st.gen)
+    for _, k in ipairs({ "drafted", "accepted", "verify_steps", "acceptance_rate", "mean_accepted",
+                         "draft_forwards", "verify_forwards", "draft_ms", "verify_ms" }) do
+        t[k] = tonumber(st[k])
+    end
+    return t
+end
+
+local spec_len = ffi_new("int[1]")
+
+-- Runs tl_generate_speculative / tl_generate_tree_speculative. Hooks run inside the C call,
+-- so this function stays out of compiled traces (jit.off below).
+local function run_speculative(model, prompt, cfg, tree)
+    if cfg ~= nil and type(cfg) ~= "table" then raise("config must be a table") end
+    cfg = cfg or {}
+    local base = {}
+    for k, v in pairs(cfg) do
+        if not SPEC_FIELDS[k] and not (tree and TREE_FIELDS[k]) then
+            if k == "loops" then raise("config field 'loops': use verify_loops for speculative decoding") end
+            base[k] = v
+        end
+    end
+    if base.sample_seed ~= nil and cfg.seed == nil then cfg = setmetatable({ seed = base.sample_seed }, { __index = cfg }) end
+    base.sample_seed = nil
+    local c, keep, ctx = make_config(model, base)
+    local sc = tree and ffi_new("tl_tree_speculative_config") or ffi_new("tl_speculative_config")
+    local spec = tree and sc.spec or sc
+    if tree then C.tl_tree_speculative_config_init(sc) else C.tl_speculative_config_init(sc) end
+    for k in pairs(SPEC_FIELDS) do
+        local v = cfg[k]
+        if v ~= nil then
+            if type(v) ~= "number" then raise("config field '" .. k .. "' must be a number") end
+            spec[k] = v
+        end
+    end
+    if tree then
+        for k in pairs(TREE_FIELDS) do
+            local v = cfg[k]
+            if v ~= nil then
+                if type(v) ~= "number" then raise("config field '" .. k .. "' must be a number") end
+                sc[k] = v
+            end
+        end
+    end
+    spec.base = c
+    local ids = prompt_ids(model, prompt)
+    local arr, n = id_array(ids)
+    local cap = n + spec.max_tokens
+    local out = ffi_new("int32_t[?]", cap + 1)
+    local st = ffi_new("tl_speculative_stats")
+    if ctx then
+        registry[ctx.key] = ctx
+        for i = 1, n do ctx.tokens[i] = ids[i] end
+        ctx.prompt_len = n
+    end
+    local status
+    if tree then
+        status = C.tl_generate_tree_speculative(model.ptr, arr, n, sc, out, cap, spec_len, st)
+    else
+        status = C.tl_generate_speculative(model.ptr, arr, n, sc, out, cap, spec_len, st)
+    end
+    if ctx then registry[ctx.key] = nil end
+    local _ = keep
+    if status ~= 0 then
+        if status == C.TL_ERR_HOOK and ctx and ctx.err then error(ctx.err, 0) end
+        raise(last_error())
+    end
+    local t = {}
+    for i = 1, spec_len[0] do t[i] = out[i - 1] end
+    return t, spec_stats(st)
+end
+jit.off(run_speculative)
+
+-- model:generate_speculative(prompt, cfg) -> ids, stats. cfg: max_tokens, draft_loops,
+-- verify_loops, draft_ahead, temperature, seed, plus the generate fields (top_k, top_p,
+-- repetition_penalty, stop_sequences, stop_strings, ignore_eos, cache_window, hooks).
+-- stats adds drafted, accepted, acceptance_rate, mean_accepted, verify_steps,
+-- draft_forwards, verify_forwards, draft_ms, verify_ms.
+function Model:generate_speculative(prompt, cfg)
+    return run_speculative(self, prompt, cfg, false)
+end
+
+-- model:generate_tree_speculative(prompt, cfg) -> ids, stats; cfg adds K_branches, max_nodes.
+function Model:generate_tree_speculative(prompt, cfg)
+    return run_speculative(self, prompt, cfg, true)
+end
+
 -- model:score(ids, loops) -> scores with scores:logit(i, t) (next-token logit of id t after
 -- ids[1..i]), scores:argmax(i), scores.n, scores.vocab_size.
 local Scores = {}

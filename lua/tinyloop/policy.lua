@@ -55,6 +55,9 @@ local function now_s()
     return tonumber(now_ts.tv_sec) + tonumber(now_ts.tv_nsec) * 1e-9
 end
 
+-- Monotonic wall clock in seconds (for timing in scripts).
+_M.now = now_s
+
 -- Stops once `seconds` of wall time have passed since the rule was first called in this
 -- generation (the first token).
 --   cfg.stop_when = policy.max_wall_time(1.5)

@@ -1,0 +1,214 @@
+#!/usr/bin/env luajit
+-- sweep.lua: speculative-decoding parameter sweep. In one process, times plain greedy
+-- generate at verify_loops and the chain and tree speculative decoders over a grid of
+-- draft_loops x draft_ahead (x K_branches) on a prompt set; writes a CSV and a PNG chart
+-- (gnuplot) and prints the best settings. Speedup = median wall time of plain generate /
+-- median wall time of the setting, both measured in this run over the same prompts.
+--
+--   luajit scripts/sweep.lua [--model DIR] [--prompts FILE] [--max-tokens 64] [--repeats 3]
+--       [--draft-loops 1,2,3] [--draft-ahead 2,4,6,8] [--K 1,2,3,4] [--verify-loops N]
+--       [--max-nodes 32] [--threads N] [--out DIR]
+local root = (arg[0]:match("^(.*)/scripts/[^/]*$")) or "."
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local tinyloop = require "tinyloop"
+local now = require("tinyloop.policy").now
+
+local function list(s)
+    local t = {}
+    for x in s:gmatch("[^,]+") do t[#t + 1] = assert(tonumber(x), "bad list " .. s) end
+    return t
+end
+
+local opt = {
+    model = root .. "/models/tinyloop-austen", max_tokens = 64, repeats = 3, out = "build/sweep",
+    draft_loops = "1,2,3", draft_ahead = "2,4,6,8", K = "1,2,3,4", max_nodes = 32,
+}
+local i = 1
+while i <= #arg do
+    local k = arg[i]:match("^%-%-(.+)$")
+    if not k or arg[i + 1] == nil then
+        io.stderr:write("usage: see the header of scripts/sweep.lua\n")
+        os.exit(2)
+    end
+    opt[k:gsub("%-", "_")] = arg[i + 1]
+    i = i + 2
+end
+
+local model = assert(tinyloop.load(opt.model, { threads = tonumber(opt.threads) }))
+local info = model:info()
+local verify = tonumber(opt.verify_loops) or info.default_loops
+local max_tokens = tonumber(opt.max_tokens)
+local repeats = tonumber(opt.repeats)
+
+local prompts = {}
+if opt.prompts then
+    for line in io.lines(opt.prompts) do
+        if line:match("%S") then prompts[#prompts + 1] = line end
+    end
+else
+    prompts = {
+        "It is a truth universally acknowledged, that",
+        "Mr. Darcy walked towards the window and",
+        "\"My dear Mr. Bennet,\" said his lady to him one day,",
+        "Emma Woodhouse, handsome, clever, and rich,",
+        "The weather was fine, and the whole party",
+        "She had never seen him so",
+        "A man who has never gone to school may steal from a freight car;",
+        "You will be fortunate in the",
+    }
+end
+local encoded = {}
+for k, p in ipairs(prompts) do encoded[k] = model:encode(p) end
+
+-- One timed pass over every prompt; returns seconds and the outputs.
+local function pass(fn, cfg)
+    local outs, stats = {}, {}
+    local t0 = now()
+    for k, ids in ipairs(encoded) do outs[k], stats[k] = fn(model, ids, cfg) end
+    return now() - t0, outs, stats
+end
+
+local function median(t)
+    table.sort(t)
+    local n = #t
+    return n % 2 == 1 and t[(n + 1) / 2] or (t[n / 2] + t[n / 2 + 1]) / 2
+end
+
+local settings = { { mode = "plain" } }
+for _, d in ipairs(list(opt.draft_loops)) do
+    if d < verify then
+        for _, a in ipairs(list(opt.draft_ahead)) do
+            settings[#settings + 1] = { mode = "chain", draft_loops = d, draft_ahead = a, K = 1 }
+            for _, K in ipairs(list(opt.K)) do
+                settings[#settings + 1] = { mode = "tree", draft_loops = d, draft_ahead = a, K = K }
+            end
+        end
+    end
+end
+
+local function progress(done, total, label)
+    local width = 30
+    local filled = math.floor(width * done / total)
+    io.stderr:write(("\r[%s%s] %3d/%d %-28s"):format(("#"):rep(filled), (" "):rep(width - filled), done, total, label))
+    io.stderr:flush()
+end
+
+-- Interleave the repeats (plain, then every setting, repeats times) so that slow drifts of
+-- the machine hit every setting alike.
+local times, plain_outs = {}, nil
+for _, s in ipairs(settings) do times[s] = {} end
+local total, done = #settings * repeats, 0
+for r = 1, repeats do
+    for _, s in ipairs(settings) do
+        local fn, cfg
+        if s.mode == "plain" then
+            fn, cfg = model.generate, { max_tokens = max_tokens, loops = verify }
+        else
+            cfg = { max_tokens = max_tokens, verify_loops = verify, draft_loops = s.draft_loops,
+                    draft_ahead = s.draft_ahead }
+            if s.mode == "tree" then
+                fn = model.generate_tree_speculative
+                cfg.K_branches, cfg.max_nodes = s.K, tonumber(opt.max_nodes)
+            else
+                fn = model.generate_speculative
+            end
+        end
+        local t, outs, stats = pass(fn, cfg)
+        times[s][#times[s] + 1] = t
+        if s.mode == "plain" then
+            plain_outs = plain_outs or outs
+        elseif r == 1 then
+            local drafted, accepted, steps, exact = 0, 0, 0, true
+            for k, st in ipairs(stats) do
+                drafted, accepted, steps = drafted + st.drafted, accepted + st.accepted, steps + st.verify_steps
+                if table.concat(outs[k], ",") ~= table.concat(plain_outs[k], ",") then exact = false end
+            end
+            s.acceptance = drafted > 0 and accepted / drafted or 0
+            s.mean_accepted = steps > 0 and accepted / steps or 0
+            s.exact = exact
+        end
+        done = done + 1
+        progress(done, total, s.mode .. (s.draft_loops and (" d" .. s.draft_loops .. " a" .. s.draft_ahead .. " K" .. s.K) or ""))
+    end
+end
+io.stderr:write("\n")
+
+os.execute("mkdir -p '" .. opt.out .. "'")
+local base = median(times[settings[1]])
+local csv = assert(io.open(opt.out .. "/sweep.csv", "w"))
+csv:write("mode,draft_loops,draft_ahead,K,median_s,speedup,acceptance,mean_accepted,exact\n")
+csv:write(("plain,,,,%.4f,1.000,,,true\n"):format(base))
+local best = {}
+print(("%d prompts x %d new tokens, verify_loops %d, median of %d; plain generate %.3f s"):format(
+    #prompts, max_tokens, verify, repeats, base))
+print("| mode | draft_loops | draft_ahead | K | median s | speedup | acceptance | accepted/verify | exact |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+for k = 2, #settings do
+    local s = settings[k]
+    s.median = median(times[s])
+    s.speedup = base / s.median
+    csv:write(("%s,%d,%d,%d,%.4f,%.3f,%.4f,%.3f,%s\n"):format(s.mode, s.draft_loops, s.draft_ahead, s.K,
+        s.median, s.speedup, s.acceptance, s.mean_accepted, tostring(s.exact)))
+    print(("| %s | %d | %d | %d | %.3f | %.2fx | %.1f%% | %.2f | %s |"):format(s.mode, s.draft_loops,
+        s.draft_ahead, s.K, s.median, s.speedup, 100 * s.acceptance, s.mean_accepted, s.exact and "yes" or "NO"))
+    if not best[s.mode] or s.speedup > best[s.mode].speedup then best[s.mode] = s end
+end
+csv:close()
+for _, mode in ipairs({ "chain", "tree" }) do
+    local s = best[mode]
+    if s then
+        print(("best %s: draft_loops %d, draft_ahead %d, K %d: %.2fx speedup, %.1f%% acceptance, %.2f accepted per verify"):format(
+            mode, s.draft_loops, s.draft_ahead, s.K, s.speedup, 100 * s.acceptance, s.mean_accepted))
+    end
+end
+
+-- Chart: speedup and acceptance against draft_ahead, one line per (mode, draft_loops, K).
+local dat = assert(io.open(opt.out .. "/sweep.dat", "w"))
+local series = {}
+for k = 2, #settings do
+    local s = settings[k]
+    local key = s.mode == "chain" and ("chain d%d"):format(s.draft_loops) or ("tree d%d K%d"):format(s.draft_loops, s.K)
+    if not series[key] then series[key] = {} series[#series + 1] = key end
+    table.insert(series[key], s)
+end
+for _, key in ipairs(series) do
+    dat:write("# ", key, "\n")
+    for _, s in ipairs(series[key]) do
+        dat:write(("%d %.4f %.4f\n"):format(s.draft_ahead, s.speedup, 100 * s.acceptance))
+    end
+    dat:write("\n\n")
+end
+dat:close()
+local plot_chain, plot_tree = {}, {}
+for idx, key in ipairs(series) do
+    local item = ("'%s/sweep.dat' index %d using 1:COL with linespoints title '%s'"):format(opt.out, idx - 1, key)
+    if key:match("^chain") then plot_chain[#plot_chain + 1] = item else plot_tree[#plot_tree + 1] = item end
+end
+local gp = assert(io.open(opt.out .. "/sweep.gp", "w"))
+gp:write(([[
+set terminal pngcairo size 1400,900 font ",10" noenhanced
+set output '%s/sweep.png'
+set multiplot layout 2,2 title "TinyLoop self-speculative decoding, verify_loops %d, %d prompts x %d tokens (plain = 1.0)"
+set key outside right
+set grid
+set xlabel "draft_ahead"
+set ylabel "speedup vs plain generate"
+set title "chain: speedup"
+plot %s, 1 with lines dt 2 lc rgb "gray" notitle
+set title "tree: speedup"
+plot %s, 1 with lines dt 2 lc rgb "gray" notitle
+set ylabel "acceptance %%"
+set title "chain: acceptance"
+plot %s
+set title "tree: acceptance (accepted / drafted nodes)"
+plot %s
+unset multiplot
+]]):format(opt.out, verify, #prompts, max_tokens,
+    table.concat(plot_chain, ", "):gsub("COL", "2"), table.concat(plot_tree, ", "):gsub("COL", "2"),
+    table.concat(plot_chain, ", "):gsub("COL", "3"), table.concat(plot_tree, ", "):gsub("COL", "3")))
+gp:close()
+if os.execute("gnuplot '" .. opt.out .. "/sweep.gp' 2>/dev/null") == 0 then
+    print("chart: " .. opt.out .. "/sweep.png; table: " .. opt.out .. "/sweep.csv")
+else
+    print("gnuplot not available (apt-get install gnuplot-nox): table in " .. opt.out .. "/sweep.csv")
+end
