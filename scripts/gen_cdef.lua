@@ -8,6 +8,9 @@ local out = arg[2] or "lua/tinyloop/cdef.lua"
 
 local function cdef_of(text)
   text = text:gsub("/%*.-%*/", ""):gsub("//[^\n]*", "")
+  -- The FFI has no preprocessor: numeric #defines used as array sizes are substituted.
+  local numbers = {}
+  for name, value in text:gmatch("\n%s*#define%s+([%w_]+)%s+(%d+)%s*\n") do numbers[name] = value end
   local lines, skipping = {}, false
   for line in (text .. "\n"):gmatch("([^\n]*)\n") do
     if line:match("^%s*#ifdef%s+__cplusplus") then
@@ -18,7 +21,9 @@ local function cdef_of(text)
       lines[#lines + 1] = (line:gsub("%s+$", ""))
     end
   end
-  return table.concat(lines, "\n")
+  local out = table.concat(lines, "\n")
+  for name, value in pairs(numbers) do out = out:gsub("%f[%w_]" .. name .. "%f[^%w_]", value) end
+  return out
 end
 
 local function render(header_path)

@@ -195,7 +195,10 @@ typedef struct tl_generate_config {
     int early_exit_patience;         /* 0 = off */
     int early_exit_min_L;            /* 2 */
     int early_exit_peek_every;       /* 1 */
-    float early_exit_logit_margin;   /* 0.0 */
+    float early_exit_logit_margin;   /* 0.0; > 0: a probe is stable when top1 - top2 logit >= it */
+    float early_exit_threshold;      /* 0.03: hidden-state mode: a probe is stable when the
+                                        relative change ||s_l - s_(l-1)|| / ||s_l|| is below it
+                                        and the probe's argmax equals the previous probe's */
     uint64_t sample_seed;            /* 0; same seed + config + model = same tokens */
     int ignore_eos;                  /* 0; when 1, eos_token_id does not stop generation */
     /* Stop strings: text that may span token boundaries, matched in the generated text
@@ -216,6 +219,8 @@ typedef struct tl_generate_config {
 /* Fills *cfg with the documented defaults above. */
 void tl_generate_config_init(tl_generate_config *cfg);
 
+#define TL_HISTOGRAM_DEPTHS 65
+
 typedef struct tl_generate_stats {
     double prefill_ms;       /* the prompt's forward pass */
     double first_token_ms;   /* from the start of the call to the first emitted token */
@@ -224,6 +229,13 @@ typedef struct tl_generate_stats {
     int tokens_emitted;      /* new tokens, prompt excluded */
     tl_stop_reason stop_reason;
     double loops_used;       /* mean loop depth over emitted tokens */
+    int probes;              /* early-exit probes (coda + head runs before the last loop) */
+    double probe_ms;         /* time spent in those probes */
+    /* depth_histogram[d]: emitted tokens whose logits came from loop depth d (depths above
+       TL_HISTOGRAM_DEPTHS - 1 are counted in the last bin) */
+    int depth_histogram[TL_HISTOGRAM_DEPTHS];
+    double beam_score;       /* beam search: the returned hypothesis's
+                                sum_logprob / max(1, len)^length_penalty */
 } tl_generate_stats;
 
 /* tokens_emitted / decode seconds, and prompt tokens / prefill seconds (0 when undefined). */

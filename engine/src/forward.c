@@ -251,7 +251,7 @@ void tl_forward_loop(tl_forward *f) {
     if (c->state_norm) norm_rows(c, ws->s, f->n, m->w.state_norm_w, m->w.state_norm_b, ws->s);
 }
 
-void tl_forward_end(tl_forward *f, int logits_from, float *logits) {
+void tl_forward_head(tl_forward *f, int logits_from, float *logits) {
     const tl_model *m = f->m;
     const tl_config *c = &m->cfg;
     tl_workspace *ws = f->ws;
@@ -262,14 +262,22 @@ void tl_forward_end(tl_forward *f, int logits_from, float *logits) {
     const int coda_slot = c->n_prelude + c->n_block * c->max_loops;
     for (int i = 0; i < c->n_coda; i++) layer_forward(f, &m->w.coda[i], coda_slot + i, 0);
 
-    for (int t = 0; t < n; t++) f->cache->depth[tl_kv_row(f->cache, f->base + t)] = (uint16_t)(f->loops_done ? f->loops_done : 1);
-    f->cache->length += n;
-
     if (logits && logits_from < n) {
         const size_t off = (size_t)logits_from * (size_t)d;
         norm_rows(c, ws->x + off, n - logits_from, m->w.final_norm_w, m->w.final_norm_b, ws->h);
         m->backend->matmul(m, ws->h, n - logits_from, &m->w.lm_head, NULL, logits);
     }
+}
+
+void tl_forward_commit(tl_forward *f) {
+    for (int t = 0; t < f->n; t++)
+        f->cache->depth[tl_kv_row(f->cache, f->base + t)] = (uint16_t)(f->loops_done ? f->loops_done : 1);
+    f->cache->length += f->n;
+}
+
+void tl_forward_end(tl_forward *f, int logits_from, float *logits) {
+    tl_forward_head(f, logits_from, logits);
+    tl_forward_commit(f);
 }
 
 tl_status tl_forward_run(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,

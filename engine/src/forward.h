@@ -61,6 +61,12 @@ void tl_forward_loop(tl_forward *f);
    [(n - logits_from)][vocab] (logits may be NULL to skip the head). */
 void tl_forward_end(tl_forward *f, int logits_from, float *logits);
 
+/* tl_forward_end in two parts. The head may run several times between loops (early-exit
+   probes: coda + head on the current loop state, rewriting the coda's K/V); commit records
+   the depth reached and appends the chunk's rows to the cache. */
+void tl_forward_head(tl_forward *f, int logits_from, float *logits);
+void tl_forward_commit(tl_forward *f);
+
 /* begin + `loops` x loop + end. */
 tl_status tl_forward_run(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
                          const int32_t *tokens, const int32_t *positions, int n,

@@ -26,6 +26,7 @@ void tl_generate_config_init(tl_generate_config *cfg) {
     cfg->length_penalty = 1.0f;
     cfg->early_exit_min_L = 2;
     cfg->early_exit_peek_every = 1;
+    cfg->early_exit_threshold = 0.03f;
 }
 
 const char *tl_stop_reason_name(tl_stop_reason reason) {
@@ -111,9 +112,9 @@ static tl_status validate(const tl_model *m, const int32_t *prompt, int prompt_l
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar needs both an allowed and an advance callback");
     if (c->beam_size >= 2)
         return tl_fail(TL_ERR_UNSUPPORTED, "beam_size = %d: beam search is not implemented yet", c->beam_size);
-    if (c->early_exit_patience > 0)
-        return tl_fail(TL_ERR_UNSUPPORTED, "early_exit_patience = %d: early exit is not implemented yet",
-                       c->early_exit_patience);
+    if (!(c->early_exit_threshold >= 0.0f) || !isfinite(c->early_exit_threshold))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_threshold = %g must be a finite number >= 0",
+                       (double)c->early_exit_threshold);
     return TL_OK;
 }
 
@@ -132,6 +133,7 @@ void tl_session_free(tl_session *s) {
     free(s->work);
     free(s->seen);
     free(s->allowed);
+    free(s->state_before);
     free(s->text);
     for (int i = 0; s->stop_strs && i < s->cfg.n_stop_strings; i++) free(s->stop_strs[i]);
     free(s->stop_strs);
@@ -178,8 +180,9 @@ tl_status tl_session_create(const tl_model *m, const int32_t *prompt, int prompt
     s->work = malloc((size_t)vocab * sizeof *s->work);
     s->seen = calloc((size_t)vocab, 1);
     s->allowed = malloc((size_t)vocab);
+    s->state_before = malloc((size_t)m->cfg.d_model * sizeof(float));
     st = (s->stop_seqs && s->stop_store && s->tokens && s->positions && s->logits && s->work &&
-          s->seen && s->allowed)
+          s->seen && s->allowed && s->state_before)
              ? tl_distribution_init(&s->dist, vocab)
              : tl_fail(TL_ERR_NO_MEMORY, "out of memory for a session of %d tokens", total);
     /* A windowed cache holds window + chunk rows: small windows take small chunks so that
@@ -234,10 +237,62 @@ const tl_generate_stats *tl_session_stats(const tl_session *s) { return s ? &s->
 
 /* ---------------------------------------------------------------- the step */
 
+/* One decode token with early exit (SPEC §3 knobs): after early_exit_min_L loops, probe
+   every early_exit_peek_every loops with the coda + head; exit after `patience`
+   consecutive stable probes. The exited position keeps its depth in the cache, and deeper
+   loops of later tokens read its deepest slot (KV sharing, SPEC §2). */
+static tl_status forward_early_exit(tl_session *s, int start) {
+    const tl_generate_config *c = &s->cfg;
+    const int d = s->m->cfg.d_model, L = s->loops;
+    tl_forward f;
+    tl_status st = tl_forward_begin(&f, s->m, s->cache, &s->ws, s->tokens + start, s->positions + start, 1, NULL);
+    if (st != TL_OK) return st;
+    int stable = 0;
+    int32_t previous = -1;
+    for (int l = 1; l <= L; l++) {
+        const bool probe = l < L && l >= c->early_exit_min_L && (l - c->early_exit_min_L) % c->early_exit_peek_every == 0;
+        if (probe) memcpy(s->state_before, s->ws.s, (size_t)d * sizeof(float));
+        tl_forward_loop(&f);
+        if (!probe) continue;
+        const double t0 = tl_now_ms();
+        double change = 0.0, norm = 0.0;
+        for (int i = 0; i < d; i++) {
+            double delta = (double)s->ws.s[i] - (double)s->state_before[i];
+            change += delta * delta;
+            norm += (double)s->ws.s[i] * (double)s->ws.s[i];
+        }
+        tl_forward_head(&f, 0, s->logits);
+        const int32_t top = tl_argmax(s->logits, s->m->cfg.vocab_size);
+        bool now_stable;
+        if (c->early_exit_logit_margin > 0.0f) {
+            float second = -INFINITY;
+            for (int i = 0; i < s->m->cfg.vocab_size; i++)
+                if (i != top && s->logits[i] > second) second = s->logits[i];
+            now_stable = top >= 0 && s->logits[top] - second >= c->early_exit_logit_margin;
+        } else {
+            now_stable = norm > 0.0 && sqrt(change / norm) < (double)c->early_exit_threshold && top == previous;
+        }
+        previous = top;
+        stable = now_stable ? stable + 1 : 0;
+        s->stats.probes++;
+        s->stats.probe_ms += tl_now_ms() - t0;
+        if (stable >= c->early_exit_patience) {
+            tl_forward_commit(&f); /* the last probe's coda K/V and logits are this depth's */
+            s->last_depth = l;
+            return TL_OK;
+        }
+    }
+    tl_forward_end(&f, 0, s->logits);
+    s->last_depth = L;
+    return TL_OK;
+}
+
 /* Brings the cache up to date with every token and leaves the next-token logits. */
 static tl_status forward_pending(tl_session *s) {
     tl_kv_cache *c = s->cache;
     const bool prefill = c->length == 0;
+    if (!prefill && s->cfg.early_exit_patience > 0 && c->length + 1 == s->n_tokens)
+        return forward_early_exit(s, c->length);
     while (c->length < s->n_tokens) {
         int start = c->length, len = s->n_tokens - start;
         if (len > s->chunk) len = s->chunk;
@@ -246,6 +301,7 @@ static tl_status forward_pending(tl_session *s) {
                                       NULL, s->loops, last ? len - 1 : len, last ? s->logits : NULL);
         if (st != TL_OK) return st;
     }
+    s->last_depth = s->loops;
     if (prefill) {
         s->t_prefill_end = tl_now_ms();
         s->stats.prefill_ms = s->t_prefill_end - s->t_start;
@@ -345,8 +401,10 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
     if (emitted == 1) s->stats.first_token_ms = now - s->t_start;
     s->stats.decode_ms = now - s->t_prefill_end;
     s->stats.tokens_emitted = emitted;
-    s->loops_sum += s->loops;
+    const int depth = s->last_depth > 0 ? s->last_depth : s->loops;
+    s->loops_sum += depth;
     s->stats.loops_used = s->loops_sum / emitted;
+    s->stats.depth_histogram[depth < TL_HISTOGRAM_DEPTHS ? depth : TL_HISTOGRAM_DEPTHS - 1]++;
 
     bool stop_string = false;
     if ((st = append_text(s, tok, &stop_string)) != TL_OK) { s->finished = true; return st; }

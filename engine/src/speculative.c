@@ -73,6 +73,9 @@ static tl_status validate(const tl_model *m, const tl_speculative_config *c) {
                        MAX_AHEAD);
     if (c->base && c->base->grammar)
         return tl_fail(TL_ERR_UNSUPPORTED, "speculative decoding with a grammar is not supported yet");
+    if (c->base && (c->base->beam_size >= 2 || c->base->early_exit_patience > 0))
+        return tl_fail(TL_ERR_UNSUPPORTED,
+                       "speculative decoding does not combine with beam search or early exit");
     return TL_OK;
 }
 

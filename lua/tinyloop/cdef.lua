@@ -112,6 +112,7 @@ typedef struct tl_generate_config {
     int early_exit_min_L;
     int early_exit_peek_every;
     float early_exit_logit_margin;
+    float early_exit_threshold;
     uint64_t sample_seed;
     int ignore_eos;
     const char *const *stop_strings;
@@ -133,6 +134,10 @@ typedef struct tl_generate_stats {
     int tokens_emitted;
     tl_stop_reason stop_reason;
     double loops_used;
+    int probes;
+    double probe_ms;
+    int depth_histogram[65];
+    double beam_score;
 } tl_generate_stats;
 double tl_stats_decode_tokens_per_s(const tl_generate_stats *stats);
 double tl_stats_prefill_tokens_per_s(const tl_generate_stats *stats);

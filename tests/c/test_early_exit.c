@@ -1,0 +1,141 @@
+/* test_early_exit.c: adaptive-depth early exit (hidden-state and logit-margin probes) and
+ * the KV sharing it relies on. */
+#include <stdlib.h>
+
+#include "check.h"
+#include "forward.h"
+#include "session.h"
+#include "tinyloop.h"
+
+#define CAP 64
+static tl_model *model;
+
+static tl_generate_stats run(tl_generate_config *cfg, int32_t *out, int *n) {
+    int32_t prompt[4] = {4, 8, 15, 16};
+    tl_generate_stats st;
+    memset(&st, 0, sizeof st);
+    CHECK(tl_generate(model, prompt, 4, cfg, out, CAP, n, &st) == TL_OK, "generate: %s", tl_last_error());
+    return st;
+}
+
+static void test_modes(void) {
+    int32_t plain[CAP], got[CAP];
+    int np, ng;
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 20;
+    cfg.loops = 8;
+    cfg.ignore_eos = 1;
+    tl_generate_stats ps = run(&cfg, plain, &np);
+    CHECK(ps.loops_used == 8 && ps.depth_histogram[8] == 20 && ps.probes == 0, "plain: loops %g", ps.loops_used);
+
+    cfg.early_exit_patience = 0; /* off */
+    cfg.early_exit_threshold = 1e9f;
+    tl_generate_stats st = run(&cfg, got, &ng);
+    CHECK(ng == np && memcmp(plain, got, (size_t)np * 4) == 0 && st.probes == 0, "patience 0 must be plain");
+
+    /* Unreachable threshold: every probe unstable, every token at full depth. */
+    cfg.early_exit_patience = 1;
+    cfg.early_exit_threshold = 0.0f;
+    st = run(&cfg, got, &ng);
+    CHECK(ng == np && memcmp(plain, got, (size_t)np * 4) == 0, "unreachable threshold changed the output");
+    CHECK(st.loops_used == 8 && st.depth_histogram[8] == 20, "unreachable threshold: loops_used %g", st.loops_used);
+    CHECK(st.probes == 19 * 6, "probes at loops 2..7 for 19 decoded tokens: %d", st.probes); /* token 1 comes from the prefill */
+    CHECK(st.probe_ms > 0, "probe time");
+
+    /* Logit-margin mode with a margin every probe meets: exit at min_L. */
+    cfg.early_exit_threshold = 0.03f;
+    cfg.early_exit_logit_margin = 1e-6f;
+    cfg.early_exit_min_L = 3;
+    st = run(&cfg, got, &ng);
+    CHECK(st.depth_histogram[3] == 19 && st.depth_histogram[8] == 1, "margin mode: %d tokens at depth 3",
+          st.depth_histogram[3]);
+    CHECK(st.loops_used < 8 && st.loops_used > 3, "margin mode loops_used %g", st.loops_used);
+
+    /* Hidden-state mode with a loose threshold: loops_used drops (a probe needs the previous
+       probe's argmax to agree, so the earliest exit is min_L + peek_every). */
+    cfg.early_exit_logit_margin = 0.0f;
+    cfg.early_exit_threshold = 1e9f;
+    cfg.early_exit_min_L = 2;
+    cfg.early_exit_peek_every = 2;
+    st = run(&cfg, got, &ng);
+    CHECK(st.loops_used < 8, "loose threshold: loops_used %g", st.loops_used);
+    CHECK(st.depth_histogram[1] == 0 && st.depth_histogram[2] == 0 && st.depth_histogram[3] == 0,
+          "no exit before min_L + peek_every");
+    int total = 0;
+    for (int d = 0; d < TL_HISTOGRAM_DEPTHS; d++) total += st.depth_histogram[d];
+    CHECK(total == 20, "histogram counts %d tokens", total);
+
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 4;
+    cfg.early_exit_threshold = -1.0f;
+    int32_t prompt[1] = {1};
+    CHECK_ERROR(tl_generate(model, prompt, 1, &cfg, got, CAP, &ng, NULL), TL_ERR_INVALID_ARGUMENT, "early_exit_threshold = -1");
+}
+
+/* After an early-exit run, a full-depth token reads the exited positions' deepest slots:
+   the same logits as with those slots explicitly copied into every deeper loop. */
+static void test_kv_sharing(void) {
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 12;
+    cfg.loops = 8;
+    cfg.ignore_eos = 1;
+    cfg.early_exit_patience = 1;
+    cfg.early_exit_logit_margin = 1e-6f;
+    cfg.early_exit_min_L = 2;
+    int32_t prompt[3] = {7, 7, 9};
+    tl_session *s = NULL;
+    CHECK(tl_session_new(model, prompt, 3, &cfg, &s) == TL_OK, "session");
+    int32_t tok;
+    tl_stop_reason stop = TL_STOP_NONE;
+    while (stop == TL_STOP_NONE && tl_session_step(s, &tok, &stop) == TL_OK) {}
+    tl_kv_cache *c = s->cache;
+    const tl_config *mc = &model->cfg;
+    int shallow = 0;
+    for (int j = 0; j < c->length; j++) shallow += c->depth[j] == 2;
+    CHECK(shallow >= 10, "exited positions in the cache: %d", shallow);
+
+    /* A copy of the cache with explicit deep slots. */
+    tl_kv_cache *copy = NULL;
+    tl_kv_cache_new(mc, c->capacity, 0, 4, &copy);
+    size_t bytes = (size_t)c->n_slots * (size_t)c->capacity * (size_t)c->kv_dim * sizeof(float);
+    memcpy(copy->k, c->k, bytes);
+    memcpy(copy->v, c->v, bytes);
+    memcpy(copy->pos, c->pos, (size_t)c->capacity * sizeof(int32_t));
+    memcpy(copy->logical, c->logical, (size_t)c->capacity * sizeof(int32_t));
+    memcpy(copy->depth, c->depth, (size_t)c->capacity * sizeof(uint16_t));
+    copy->length = c->length;
+    for (int j = 0; j < c->length; j++) {
+        for (int loop = copy->depth[j] + 1; loop <= mc->max_loops; loop++)
+            for (int i = 0; i < mc->n_block; i++) {
+                int from = mc->n_prelude + (copy->depth[j] - 1) * mc->n_block + i;
+                int to = mc->n_prelude + (loop - 1) * mc->n_block + i;
+                memcpy(tl_kv_k(copy, to, j), tl_kv_k(copy, from, j), (size_t)c->kv_dim * sizeof(float));
+                memcpy(tl_kv_v(copy, to, j), tl_kv_v(copy, from, j), (size_t)c->kv_dim * sizeof(float));
+            }
+        copy->depth[j] = (uint16_t)mc->max_loops;
+    }
+    const int vocab = mc->vocab_size;
+    float *a = malloc((size_t)vocab * sizeof(float)), *b = malloc((size_t)vocab * sizeof(float));
+    int32_t next = 5, pos = c->length;
+    tl_workspace ws = {0};
+    CHECK(tl_forward_run(model, c, &ws, &next, &pos, 1, NULL, 8, 0, a) == TL_OK, "forward on the session cache");
+    CHECK(tl_forward_run(model, copy, &ws, &next, &pos, 1, NULL, 8, 0, b) == TL_OK, "forward on the copy");
+    CHECK(memcmp(a, b, (size_t)vocab * sizeof(float)) == 0, "shared reads differ from copied slots");
+    free(a);
+    free(b);
+    tl_workspace_release(&ws);
+    tl_kv_cache_free(copy);
+    tl_session_free(s);
+}
+
+int main(int argc, char **argv) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/deep_residual", argc > 1 ? argv[1] : "tests/data/golden");
+    if (tl_model_load(dir, NULL, &model) != TL_OK) { printf("load: %s\n", tl_last_error()); return 1; }
+    test_modes();
+    test_kv_sharing();
+    tl_model_free(model);
+    return check_summary();
+}
