@@ -150,6 +150,7 @@ local NUMBER_FIELDS = {
     beam_size = "beam_size", length_penalty = "length_penalty",
     early_exit_patience = "early_exit_patience", early_exit_min_L = "early_exit_min_L",
     early_exit_peek_every = "early_exit_peek_every", early_exit_logit_margin = "early_exit_logit_margin",
+    early_exit_threshold = "early_exit_threshold",
     sample_seed = "sample_seed",
 }
 local OTHER_FIELDS = {
@@ -252,8 +253,15 @@ local function id_array(ids)
     return arr, n
 end
 
+local HISTOGRAM_DEPTHS = ffi.sizeof(ffi_new("tl_generate_stats").depth_histogram) / ffi.sizeof("int")
+
 local function stats_table(s)
+    local histogram = {}
+    for d = 1, HISTOGRAM_DEPTHS - 1 do
+        if s.depth_histogram[d] > 0 then histogram[d] = s.depth_histogram[d] end
+    end
     return {
+        probes = s.probes, probe_ms = s.probe_ms, depth_histogram = histogram, beam_score = s.beam_score,
         prefill_ms = s.prefill_ms, first_token_ms = s.first_token_ms, decode_ms = s.decode_ms,
         prompt_tokens = s.prompt_tokens, tokens_emitted = s.tokens_emitted,
         stop_reason = STOP_NAMES[tonumber(s.stop_reason)] or nil, loops_used = s.loops_used,

@@ -105,9 +105,9 @@ describe("engine validation", function()
         raises({ "tokenizer" }, function() return g:generate({ 1, 2 }, { max_tokens = 4, stop_strings = { "ab" } }) end)
     end)
 
-    it("features that are not implemented say so", function()
-        raises({ "beam" }, gen({ beam_size = 2 }))
-        raises({ "early exit" }, gen({ early_exit_patience = 2 }))
+    it("early-exit knobs are validated", function()
+        raises({ "early_exit_threshold = -1" }, gen({ early_exit_patience = 2, early_exit_threshold = -1 }))
+        raises({ "early_exit_peek_every = 0" }, gen({ early_exit_patience = 2, early_exit_peek_every = 0 }))
     end)
 
     it("the same validation runs for sessions, streams and batches", function()
