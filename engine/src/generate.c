@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "beam.h"
 #include "session.h"
 
 /* Runs a session to its end, copying prompt + continuation into out. */
@@ -31,6 +32,14 @@ tl_status tl_generate_stream(const tl_model *model, const int32_t *prompt, int p
                              const tl_generate_config *cfg, tl_stream_fn on_token, void *user,
                              int32_t *out, int out_capacity, int *out_len,
                              tl_generate_stats *stats) {
+    if (cfg && cfg->beam_size >= 2) {
+        if (!model) return tl_fail(TL_ERR_INVALID_ARGUMENT, "model must not be NULL");
+        tl_status st = tl_generate_validate(model, prompt, prompt_len, cfg);
+        if (st == TL_OK) st = check_output(out, out_capacity, prompt_len + cfg->max_tokens);
+        if (st == TL_OK) st = tl_beam_generate(model, prompt, prompt_len, cfg, on_token, user, out, out_len, stats);
+        if (st == TL_OK) tl_clear_error();
+        return st;
+    }
     tl_session *s = NULL;
     tl_status st = tl_session_new(model, prompt, prompt_len, cfg, &s);
     if (st == TL_OK) st = check_output(out, out_capacity, prompt_len + s->cfg.max_tokens);

@@ -49,7 +49,7 @@ double tl_stats_prefill_tokens_per_s(const tl_generate_stats *s) {
 }
 
 /* Every rule of SPEC §3, with the field and value in the message. */
-static tl_status validate(const tl_model *m, const int32_t *prompt, int prompt_len,
+tl_status tl_generate_validate(const tl_model *m, const int32_t *prompt, int prompt_len,
                           const tl_generate_config *c) {
     const tl_config *mc = &m->cfg;
     if (!prompt && prompt_len > 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "prompt must not be NULL");
@@ -110,8 +110,6 @@ static tl_status validate(const tl_model *m, const int32_t *prompt, int prompt_l
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings need a tokenizer, and this model has no tokenizer.json");
     if (c->grammar && (!c->grammar->allowed || !c->grammar->advance))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar needs both an allowed and an advance callback");
-    if (c->beam_size >= 2)
-        return tl_fail(TL_ERR_UNSUPPORTED, "beam_size = %d: beam search is not implemented yet", c->beam_size);
     if (!(c->early_exit_threshold >= 0.0f) || !isfinite(c->early_exit_threshold))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_threshold = %g must be a finite number >= 0",
                        (double)c->early_exit_threshold);
@@ -155,8 +153,12 @@ tl_status tl_session_create(const tl_model *m, const int32_t *prompt, int prompt
     tl_generate_config defaults;
     tl_generate_config_init(&defaults);
     if (!cfg) cfg = &defaults;
-    tl_status st = validate(m, prompt, prompt_len, cfg);
+    tl_status st = tl_generate_validate(m, prompt, prompt_len, cfg);
     if (st != TL_OK) return st;
+    if (cfg->beam_size >= 2)
+        return tl_fail(TL_ERR_UNSUPPORTED,
+                       "beam_size = %d: beam search runs through tl_generate / tl_generate_stream, not "
+                       "the step API", cfg->beam_size);
 
     const int vocab = m->cfg.vocab_size, total = prompt_len + cfg->max_tokens;
     tl_session *s = calloc(1, sizeof *s);

@@ -46,6 +46,10 @@ struct tl_session {
     void *stream_user;
 };
 
+/* Every rule of SPEC §3 for (model, prompt, config); the message names field and value. */
+tl_status tl_generate_validate(const tl_model *m, const int32_t *prompt, int prompt_len,
+                               const tl_generate_config *cfg);
+
 /* Shared with the speculative decoders (speculative.c): */
 
 /* tl_session_new with a cache that accepts forwards of min_chunk rows (tree verification). */

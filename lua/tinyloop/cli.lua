@@ -22,6 +22,13 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --stop TEXT            stop when TEXT appears (repeatable)
       --cache-window W       attend to the last W positions only (default 0: all)
       --ignore-eos           keep going past the end-of-text token
+      --beam N               beam search with N beams (deterministic; prints at the end)
+      --length-penalty P     beam ranking: sum_logprob / len^P (default 1)
+      --early-exit PATIENCE  adaptive depth: exit after PATIENCE stable probes
+      --early-exit-min-L N   first loop probed (default 2)
+      --early-exit-peek N    probe every N loops (default 1)
+      --early-exit-threshold T  relative loop-state change counted as stable (default 0.03)
+      --early-exit-margin M  use the top-1 minus top-2 logit margin >= M instead
       --policy FILE          a Lua file returning config fields and hooks (a table), or a
                              function(cfg, model) that edits the config
       --threads N            CPU threads (default: all cores)
@@ -41,6 +48,13 @@ local OPTIONS = {
     ["--repetition-penalty"] = { "repetition_penalty", "number" },
     ["--cache-window"] = { "cache_window", "int" },
     ["--ignore-eos"] = { "ignore_eos", "flag" },
+    ["--beam"] = { "beam_size", "int" },
+    ["--length-penalty"] = { "length_penalty", "number" },
+    ["--early-exit"] = { "early_exit_patience", "int" },
+    ["--early-exit-min-L"] = { "early_exit_min_L", "int" },
+    ["--early-exit-peek"] = { "early_exit_peek_every", "int" },
+    ["--early-exit-threshold"] = { "early_exit_threshold", "number" },
+    ["--early-exit-margin"] = { "early_exit_logit_margin", "number" },
 }
 
 local function usage_error(msg)
@@ -135,6 +149,16 @@ function _M.main(argv, default_model)
         end
     end
     local ok, result = pcall(function()
+        if (cfg.beam_size or 0) >= 2 then -- beam search knows its answer only at the end
+            local ids, stats = model:generate(o.prompt, cfg)
+            local prompt_n = #model:encode(o.prompt)
+            local continuation = {}
+            for k = prompt_n + 1, #ids do continuation[#continuation + 1] = ids[k] end
+            if o.echo then io.stdout:write(o.prompt) end
+            io.stdout:write(model:decode(continuation), "\n")
+            io.stdout:flush()
+            return stats
+        end
         local iterate, session = model:stream(o.prompt, cfg)
         if o.echo then io.stdout:write(o.prompt) io.stdout:flush() end
         for _, text in iterate, session do
@@ -152,9 +176,11 @@ function _M.main(argv, default_model)
     if o.stats then
         local s = result
         io.stderr:write(string.format(
-            "[prefill %d tokens %.1f ms (%.1f tok/s) | first token %.1f ms | %d tokens %.1f tok/s | stop %s | loops %.2f | %d threads]\n",
+            "[prefill %d tokens %.1f ms (%.1f tok/s) | first token %.1f ms | %d tokens %.1f tok/s | stop %s | loops %.2f%s | %d threads]\n",
             s.prompt_tokens, s.prefill_ms, s.prefill_tokens_per_s, s.first_token_ms, s.tokens_emitted,
-            s.decode_tokens_per_s, s.stop_reason or "?", s.loops_used, model:info().n_threads))
+            s.decode_tokens_per_s, s.stop_reason or "?", s.loops_used,
+            s.probes > 0 and string.format(" (%d probes, %.1f ms)", s.probes, s.probe_ms) or "",
+            model:info().n_threads))
     end
     return 0
 end

@@ -76,10 +76,16 @@ local function context_of(user)
     return registry[tonumber(ffi_cast("intptr_t", user))]
 end
 
--- Brings ctx.tokens (prompt + emitted, 1-based) up to the C array of n tokens.
+-- Makes ctx.tokens (1-based) equal to the C array of n tokens. Usually that appends the
+-- newest tokens, but beam search shows each hook several histories, so every entry is
+-- checked (a few hundred comparisons per call: negligible next to a forward pass).
 local function sync_tokens(ctx, ptr, n)
     local t = ctx.tokens
-    for i = #t + 1, n do t[i] = ptr[i - 1] end
+    for i = 1, n do
+        local v = ptr[i - 1]
+        if t[i] ~= v then t[i] = v end
+    end
+    for i = #t, n + 1, -1 do t[i] = nil end
     return t
 end
 
@@ -449,8 +455,42 @@ function Model:session(prompt, cfg)
     return self_session
 end
 
+-- Beam search has no step API: it runs as one C call (tl_generate), out of compiled traces
+-- because the logits_processor hook may call back into Lua.
+local beam_len = ffi_new("int[1]")
+local function generate_beam(model, prompt, cfg)
+    local ids = prompt_ids(model, prompt)
+    local c, keep, ctx = make_config(model, cfg)
+    -- The mirror-keeping on_token callback is not needed here (hooks see C's own arrays),
+    -- and beam search refuses on_token hooks: install it only when the user asked.
+    if not cfg.on_token then c.on_token = nil end
+    local arr, n = id_array(ids)
+    local cap = n + c.max_tokens
+    local out = ffi_new("int32_t[?]", cap + 1)
+    local st = ffi_new("tl_generate_stats")
+    if ctx then
+        registry[ctx.key] = ctx
+        for i = 1, n do ctx.tokens[i] = ids[i] end
+        ctx.prompt_len = n
+    end
+    local status = C.tl_generate(model.ptr, arr, n, c, out, cap, beam_len, st)
+    if ctx then registry[ctx.key] = nil end
+    local _ = keep
+    if status ~= 0 then
+        if status == C.TL_ERR_HOOK and ctx and ctx.err then error(ctx.err, 0) end
+        raise(last_error())
+    end
+    local t = {}
+    for i = 1, beam_len[0] do t[i] = out[i - 1] end
+    return t, stats_table(st)
+end
+jit.off(generate_beam)
+
 -- model:generate(prompt, cfg) -> ids (prompt + continuation), stats
 function Model:generate(prompt, cfg)
+    if type(cfg) == "table" and type(cfg.beam_size) == "number" and cfg.beam_size >= 2 then
+        return generate_beam(self, prompt, cfg)
+    end
     local s = self:session(prompt, cfg)
     local step = s.step
     repeat
