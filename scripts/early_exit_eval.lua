@@ -1,0 +1,74 @@
+#!/usr/bin/env luajit
+-- early_exit_eval.lua: adaptive-depth early exit on held-out text, greedy. For a grid of
+-- criteria reports mean loops used per token, decode tokens/s, and the token-level agreement
+-- with full-depth greedy generation over the first 64 generated tokens.
+--   luajit scripts/early_exit_eval.lua [--model DIR] [--text build/corpus/val.txt]
+--       [--prompts 20] [--prompt-tokens 32] [--tokens 64]
+local root = (arg[0]:match("^(.*)/scripts/[^/]*$")) or "."
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local tinyloop = require "tinyloop"
+
+local opt = { model = root .. "/models/tinyloop-austen", text = root .. "/build/corpus/val.txt",
+              prompts = 20, prompt_tokens = 32, tokens = 64 }
+for i = 1, #arg, 2 do opt[arg[i]:gsub("^%-%-", ""):gsub("%-", "_")] = arg[i + 1] end
+local model = assert(tinyloop.load(opt.model))
+local info = model:info()
+local L = info.default_loops
+local n_prompts, plen, n_tokens = tonumber(opt.prompts), tonumber(opt.prompt_tokens), tonumber(opt.tokens)
+
+local f = assert(io.open(opt.text, "rb"), "no held-out text at " .. opt.text .. " (scripts/train/corpus.py makes it)")
+local ids = model:encode(f:read("*a"))
+f:close()
+local prompts = {}
+local stride = math.floor((#ids - plen) / n_prompts)
+for k = 1, n_prompts do
+    local p = {}
+    for j = 1, plen do p[j] = ids[(k - 1) * stride + j] end
+    prompts[k] = p
+end
+
+local function run(extra)
+    local outs, loops, tokens, ms, probes = {}, 0, 0, 0, 0
+    for k, p in ipairs(prompts) do
+        local cfg = { max_tokens = n_tokens, loops = L, ignore_eos = true }
+        for key, v in pairs(extra) do cfg[key] = v end
+        local out, st = model:generate(p, cfg)
+        outs[k] = out
+        loops = loops + st.loops_used * st.tokens_emitted
+        tokens = tokens + st.tokens_emitted
+        ms = ms + st.decode_ms
+        probes = probes + st.probes
+    end
+    return outs, loops / tokens, tokens / (ms / 1000), probes / tokens
+end
+
+local full, full_loops, full_tps = run({})
+local function agreement(outs)
+    local same, total = 0, 0
+    for k, out in ipairs(outs) do
+        for j = plen + 1, plen + n_tokens do
+            total = total + 1
+            if out[j] == full[k][j] then same = same + 1 end
+        end
+    end
+    return same / total
+end
+
+print(("%d held-out prompts of %d tokens, %d greedy tokens each, default depth %d; full depth: %.1f tok/s"):format(
+    n_prompts, plen, n_tokens, L, full_tps))
+print("| criterion | patience | mean loops | loops saved | tok/s | speedup | probes/token | agreement |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+local grid = {}
+for _, t in ipairs({ 0.003, 0.01, 0.03, 0.1, 0.3 }) do
+    for _, p in ipairs({ 1, 2 }) do grid[#grid + 1] = { ("state change < %g"):format(t), p, { early_exit_threshold = t } } end
+end
+for _, mrg in ipairs({ 0.5, 1, 2, 4 }) do
+    for _, p in ipairs({ 1, 2 }) do grid[#grid + 1] = { ("logit margin >= %g"):format(mrg), p, { early_exit_logit_margin = mrg } } end
+end
+for _, g in ipairs(grid) do
+    local cfg = { early_exit_patience = g[2], early_exit_min_L = 1, early_exit_peek_every = 1 }
+    for k, v in pairs(g[3]) do cfg[k] = v end
+    local outs, loops, tps, probes = run(cfg)
+    print(("| %s | %d | %.2f | %.0f%% | %.1f | %.2fx | %.2f | %.1f%% |"):format(g[1], g[2], loops,
+        100 * (1 - loops / full_loops), tps, tps / full_tps, probes, 100 * agreement(outs)))
+end
