@@ -348,6 +348,34 @@ function Session:close()
     end
 end
 
+-- ------------------------------------------------------------------ blocking C calls
+
+-- Runs a blocking C decoder, cfunc(model, prompt, n, cfg, out, capacity, out_len, stats)
+-- (tl_generate and the speculative decoders share that shape), with the hook context
+-- registered; returns prompt + continuation as a table. Hook errors come back as
+-- TL_ERR_HOOK and are re-raised with the Lua message and traceback. Hooks run inside the C
+-- call, so this function is kept out of compiled traces (jit.off below).
+local blocking_len = ffi_new("int[1]")
+local function call_blocking(ids, ctx, capacity, cfunc, model_ptr, arr, cfg, stats)
+    local n = #ids
+    if ctx then
+        registry[ctx.key] = ctx
+        for i = 1, n do ctx.tokens[i] = ids[i] end
+        ctx.prompt_len = n
+    end
+    local out = ffi_new("int32_t[?]", capacity + 1)
+    local status = cfunc(model_ptr, arr, n, cfg, out, capacity, blocking_len, stats)
+    if ctx then registry[ctx.key] = nil end
+    if status ~= 0 then
+        if status == C.TL_ERR_HOOK and ctx and ctx.err then error(ctx.err, 0) end
+        raise(last_error())
+    end
+    local t = {}
+    for i = 1, blocking_len[0] do t[i] = out[i - 1] end
+    return t
+end
+jit.off(call_blocking)
+
 -- ------------------------------------------------------------------ models
 
 local Model = {}
@@ -455,9 +483,7 @@ function Model:session(prompt, cfg)
     return self_session
 end
 
--- Beam search has no step API: it runs as one C call (tl_generate), out of compiled traces
--- because the logits_processor hook may call back into Lua.
-local beam_len = ffi_new("int[1]")
+-- Beam search has no step API: it runs as one C call (tl_generate).
 local function generate_beam(model, prompt, cfg)
     local ids = prompt_ids(model, prompt)
     local c, keep, ctx = make_config(model, cfg)
@@ -465,26 +491,11 @@ local function generate_beam(model, prompt, cfg)
     -- and beam search refuses on_token hooks: install it only when the user asked.
     if not cfg.on_token then c.on_token = nil end
     local arr, n = id_array(ids)
-    local cap = n + c.max_tokens
-    local out = ffi_new("int32_t[?]", cap + 1)
     local st = ffi_new("tl_generate_stats")
-    if ctx then
-        registry[ctx.key] = ctx
-        for i = 1, n do ctx.tokens[i] = ids[i] end
-        ctx.prompt_len = n
-    end
-    local status = C.tl_generate(model.ptr, arr, n, c, out, cap, beam_len, st)
-    if ctx then registry[ctx.key] = nil end
+    local t = call_blocking(ids, ctx, n + c.max_tokens, C.tl_generate, model.ptr, arr, c, st)
     local _ = keep
-    if status ~= 0 then
-        if status == C.TL_ERR_HOOK and ctx and ctx.err then error(ctx.err, 0) end
-        raise(last_error())
-    end
-    local t = {}
-    for i = 1, beam_len[0] do t[i] = out[i - 1] end
     return t, stats_table(st)
 end
-jit.off(generate_beam)
 
 -- model:generate(prompt, cfg) -> ids (prompt + continuation), stats
 function Model:generate(prompt, cfg)
@@ -544,10 +555,7 @@ local function spec_stats(st)
     return t
 end
 
-local spec_len = ffi_new("int[1]")
-
--- Runs tl_generate_speculative / tl_generate_tree_speculative. Hooks run inside the C call,
--- so this function stays out of compiled traces (jit.off below).
+-- Runs tl_generate_speculative / tl_generate_tree_speculative.
 local function run_speculative(model, prompt, cfg, tree)
     if cfg ~= nil and type(cfg) ~= "table" then raise("config must be a table") end
     cfg = cfg or {}
@@ -584,30 +592,12 @@ local function run_speculative(model, prompt, cfg, tree)
     local ids = prompt_ids(model, prompt)
     local arr, n = id_array(ids)
     local cap = n + spec.max_tokens
-    local out = ffi_new("int32_t[?]", cap + 1)
     local st = ffi_new("tl_speculative_stats")
-    if ctx then
-        registry[ctx.key] = ctx
-        for i = 1, n do ctx.tokens[i] = ids[i] end
-        ctx.prompt_len = n
-    end
-    local status
-    if tree then
-        status = C.tl_generate_tree_speculative(model.ptr, arr, n, sc, out, cap, spec_len, st)
-    else
-        status = C.tl_generate_speculative(model.ptr, arr, n, sc, out, cap, spec_len, st)
-    end
-    if ctx then registry[ctx.key] = nil end
+    local cfunc = tree and C.tl_generate_tree_speculative or C.tl_generate_speculative
+    local t = call_blocking(ids, ctx, cap, cfunc, model.ptr, arr, sc, st)
     local _ = keep
-    if status ~= 0 then
-        if status == C.TL_ERR_HOOK and ctx and ctx.err then error(ctx.err, 0) end
-        raise(last_error())
-    end
-    local t = {}
-    for i = 1, spec_len[0] do t[i] = out[i - 1] end
     return t, spec_stats(st)
 end
-jit.off(run_speculative)
 
 -- model:generate_speculative(prompt, cfg) -> ids, stats. cfg: max_tokens, draft_loops,
 -- verify_loops, draft_ahead, temperature, seed, plus the generate fields (top_k, top_p,
