@@ -18,13 +18,15 @@ typedef struct tl_kernels {
     void (*axpy)(float *y, float a, const float *x, int k); /* y += a * x */
 } tl_kernels;
 
-/* Chosen once at first use: AVX2+FMA+F16C when the CPU has them, unless the
-   environment variable TINYLOOP_ISA=generic forces the portable path. */
+/* Chosen once at first use: AVX-512 (multi-row matmul) or AVX2+FMA+F16C when the CPU has
+   them; the environment variable TINYLOOP_ISA=generic|avx2 caps the choice (tests run every
+   path: avx2 and avx512 must agree bit for bit). */
 const tl_kernels *tl_cpu_kernels(void);
 
 extern const tl_kernels tl_kernels_generic;
 #if defined(__x86_64__)
 extern const tl_kernels tl_kernels_avx2;
+extern const tl_kernels tl_kernels_avx512; /* bit-identical to avx2, faster on several rows */
 #endif
 
 /* Scalar conversions shared by every path (exact; f16 handles subnormals, inf, NaN). */

@@ -1,4 +1,5 @@
 /* kernels_generic.c: portable C kernels and ISA dispatch. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,9 +73,13 @@ const tl_kernels *tl_cpu_kernels(void) {
 #if defined(__x86_64__)
     const char *force = getenv("TINYLOOP_ISA");
     __builtin_cpu_init();
-    if (!(force && strcmp(force, "generic") == 0) && __builtin_cpu_supports("avx2") &&
-        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    const bool generic_only = force && strcmp(force, "generic") == 0;
+    const bool avx2_only = force && strcmp(force, "avx2") == 0;
+    if (!generic_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
         k = &tl_kernels_avx2;
+        if (!avx2_only && __builtin_cpu_supports("avx512f")) k = &tl_kernels_avx512;
+    }
 #endif
     __atomic_store_n(&chosen, k, __ATOMIC_RELEASE);
     return k;
