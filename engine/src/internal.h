@@ -51,12 +51,17 @@ tl_status tl_config_parse(const char *json_text, tl_config *out);
 
 typedef enum { TL_F32 = 0, TL_F16 = 1, TL_BF16 = 2 } tl_dtype;
 
-/* A matrix [rows, cols] stored row-major in its checkpoint dtype (16-bit types stay
-   16-bit in memory; kernels convert on the fly). */
+/* A matrix [rows, cols] in its checkpoint dtype (16-bit types stay 16-bit in memory;
+   kernels convert on the fly). Row-major as in the file, or, when `packed`, in panels of
+   TL_PANEL rows: element (r, c) at [(r / TL_PANEL) * cols * TL_PANEL + c * TL_PANEL + r % TL_PANEL]
+   (the last panel zero-padded), so that a kernel streams one panel contiguously and keeps
+   one output row per vector lane: no horizontal sums, any number of input rows. */
+#define TL_PANEL 16
 typedef struct tl_matrix {
     const void *data;
     tl_dtype dtype;
     int rows, cols;
+    int packed;
 } tl_matrix;
 
 /* One pre-norm transformer layer. Vectors (norms, biases) are converted to f32 at load;

@@ -138,7 +138,7 @@ static tl_status bind_vector(binder *b, const char *name, int len, const float *
     if (st != TL_OK) return st;
     float *v = own(b->m, tl_alloc_aligned((size_t)len * sizeof(float)));
     if (!v) return tl_fail(TL_ERR_NO_MEMORY, "out of memory copying \"%s\"", name);
-    tl_matrix tmp = {NULL, TL_F32, 1, len};
+    tl_matrix tmp = {NULL, TL_F32, 1, len, 0};
     void *staging = NULL;
     if (t->dtype == TL_ST_F32) {
         memcpy(v, t->data, (size_t)len * sizeof(float)); /* memcpy: the data may be unaligned */
@@ -252,13 +252,28 @@ static int list_matrices(tl_model *m, tl_matrix **out) {
     return n;
 }
 
-static size_t matrix_bytes(const tl_matrix *x) {
-    return (size_t)x->rows * (size_t)x->cols * (x->dtype == TL_F32 ? 4u : 2u);
+/* Bytes of the packed layout: whole panels, the last one zero-padded. */
+static size_t packed_bytes(const tl_matrix *x) {
+    size_t panels = ((size_t)x->rows + TL_PANEL - 1) / TL_PANEL;
+    return panels * TL_PANEL * (size_t)x->cols * (x->dtype == TL_F32 ? 4u : 2u);
+}
+
+/* Row-major src -> packed dst (see tl_matrix). */
+static void pack_matrix(const tl_matrix *src, uint8_t *dst) {
+    const size_t elem = src->dtype == TL_F32 ? 4u : 2u, cols = (size_t)src->cols;
+    const uint8_t *from = src->data;
+    for (int r = 0; r < src->rows; r++) {
+        const uint8_t *row = from + (size_t)r * cols * elem;
+        uint8_t *panel = dst + (size_t)(r / TL_PANEL) * cols * TL_PANEL * elem + (size_t)(r % TL_PANEL) * elem;
+        for (size_t c = 0; c < cols; c++) memcpy(panel + c * TL_PANEL * elem, row + c * elem, elem);
+    }
 }
 
 /* Copies the matrices out of the file mapping into one anonymous region backed by
-   transparent huge pages: decode streams every weight once per token, and with 4 KiB
-   file pages the hardware prefetchers stop at each page boundary and the TLB misses. */
+   transparent huge pages, in the packed panel layout (see tl_matrix): decode streams every
+   weight once per token, and with 4 KiB file pages the hardware prefetchers stop at each
+   page boundary and the TLB misses; panels make several input rows cheap (prefill,
+   speculative verification, beams). */
 static tl_status copy_weights(tl_model *m) {
     const tl_config *c = &m->cfg;
     int cap = 8 + 7 * (c->n_prelude + c->n_block + c->n_coda);
@@ -266,7 +281,7 @@ static tl_status copy_weights(tl_model *m) {
     if (!list) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     int n = list_matrices(m, list);
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += (matrix_bytes(list[i]) + 63) & ~(size_t)63;
+    for (int i = 0; i < n; i++) total += (packed_bytes(list[i]) + 63) & ~(size_t)63;
     const size_t huge = (size_t)2 << 20;
     size_t len = (total + huge - 1) / huge * huge + huge;
     void *region = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -279,10 +294,10 @@ static tl_status copy_weights(tl_model *m) {
 #endif
     uint8_t *at = (uint8_t *)(((uintptr_t)region + huge - 1) & ~(uintptr_t)(huge - 1));
     for (int i = 0; i < n; i++) {
-        size_t bytes = matrix_bytes(list[i]);
-        memcpy(at, list[i]->data, bytes);
+        pack_matrix(list[i], at);
         list[i]->data = at;
-        at += (bytes + 63) & ~(size_t)63;
+        list[i]->packed = 1;
+        at += (packed_bytes(list[i]) + 63) & ~(size_t)63;
     }
     if (c->tie_embeddings) m->w.lm_head = m->w.tok_embed;
     free(list);

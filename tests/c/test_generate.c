@@ -440,7 +440,7 @@ static void test_validation(void) {
     CHECK_ERROR(tl_generate(model, prompt, 3, &cfg, out, CAP, &n, NULL), TL_ERR_INVALID_ARGUMENT, "prompt token id");
     prompt[1] = 2;
     cfg.beam_size = 3;
-    CHECK_ERROR(tl_generate(model, prompt, 3, &cfg, out, CAP, &n, NULL), TL_ERR_UNSUPPORTED, "beam_size = 3");
+    CHECK_ERROR(tl_session_new(model, prompt, 3, &cfg, &(tl_session *){NULL}), TL_ERR_UNSUPPORTED, "beam_size = 3");
     tl_session *s = (tl_session *)1;
     cfg.beam_size = 0;
     cfg.top_p = 2.0f;

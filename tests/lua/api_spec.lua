@@ -14,9 +14,10 @@ describe("tinyloop.load", function()
         assert.equal("cpu", info.backend)
         local m2 = assert(tinyloop.load(H.TEXTMODEL, { threads = 2, mmap_weights = false, backend = "auto" }))
         assert.equal(2, m2:info().n_threads)
-        -- copied or mapped, the weights give the same logits
+        -- copied (packed panels) or mapped (row-major), the weights give the same logits up to
+        -- the summation order of the two kernel families
         local a, b = m:score({ 1, 2, 3 }, 2), m2:score({ 1, 2, 3 }, 2)
-        for t = 0, 319 do assert.equal(a:logit(3, t), b:logit(3, t)) end
+        for t = 0, 319 do assert.is_true(math.abs(a:logit(3, t) - b:logit(3, t)) < 1e-4) end
         assert.is_table(assert(tinyloop.load(H.TEXTMODEL)))
     end)
 

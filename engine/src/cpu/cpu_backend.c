@@ -26,18 +26,18 @@ static void matmul_task(void *ctx, int task, int thread) {
     int o0 = task * j->cols_per_task;
     int o1 = o0 + j->cols_per_task;
     if (o1 > j->w->rows) o1 = j->w->rows;
-    j->kern->matmul(j->x, j->n, j->w->cols, j->w->data, j->w->dtype, j->bias, o0, o1, j->y,
-                    j->w->rows);
+    (j->w->packed ? j->kern->matmul_packed : j->kern->matmul)(j->x, j->n, j->w->cols, j->w->data,
+                                                             j->w->dtype, j->bias, o0, o1, j->y, j->w->rows);
 }
 
 static void cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
                        const float *bias, float *y) {
     int threads = tl_pool_threads(m->pool);
-    /* A few tasks per thread balance uneven cores; multiples of 4 keep the kernel's
-       4-column tiles whole. Tiny matrices stay on one thread. */
+    /* A few tasks per thread balance uneven cores; tasks hold whole panels of a packed
+       matrix. Tiny matrices stay on one thread. */
     int per = (w->rows + threads * 4 - 1) / (threads * 4);
-    per = (per + 3) & ~3;
-    if (per < 16) per = 16;
+    per = (per + TL_PANEL - 1) / TL_PANEL * TL_PANEL; /* whole panels (and whole 4-row tiles) */
+    if (per < TL_PANEL) per = TL_PANEL;
     if ((long)w->rows * w->cols * n < 32768) per = w->rows;
     matmul_job job = {x, w, bias, y, n, per, tl_cpu_kernels()};
     tl_pool_run(m->pool, (w->rows + per - 1) / per, matmul_task, &job);

@@ -14,6 +14,14 @@ typedef struct tl_kernels {
        W is [*, k] row-major in dtype `dt`; bias may be NULL. */
     void (*matmul)(const float *x, int n, int k, const void *w, tl_dtype dt, const float *bias,
                    int o0, int o1, float *y, int ldy);
+    /* The same for a packed matrix (TL_PANEL-row panels): o0 is a multiple of TL_PANEL and
+       o1 is one or the matrix's row count. Every output row is computed as
+           acc_j = sum over k = j (mod 4), k < (K & ~3), of fma(W[o][k], x[k], acc_j);
+           acc_0 += the leftover k in order;  y = (acc_0 + acc_1) + (acc_2 + acc_3) (+ bias)
+       by every implementation (the generic one with fmaf), so all of them agree bit for
+       bit, whatever the number of rows. */
+    void (*matmul_packed)(const float *x, int n, int k, const void *w, tl_dtype dt,
+                          const float *bias, int o0, int o1, float *y, int ldy);
     float (*dot)(const float *a, const float *b, int k);
     void (*axpy)(float *y, float a, const float *x, int k); /* y += a * x */
 } tl_kernels;
@@ -42,7 +50,12 @@ static inline float tl_weight_at(const void *w, tl_dtype dt, size_t i) {
     default: return ((const float *)w)[i];
     }
 }
-/* out[i] = W[row][i] as f32, for i < cols. */
+/* out[i] = W[row][i] as f32, for i < cols (row-major or packed). */
 void tl_matrix_row_f32(const tl_matrix *m, int row, float *out);
+/* Index of element (row, col) in the stored layout. */
+static inline size_t tl_matrix_index(const tl_matrix *m, int row, int col) {
+    if (!m->packed) return (size_t)row * (size_t)m->cols + (size_t)col;
+    return ((size_t)(row / TL_PANEL) * (size_t)m->cols + (size_t)col) * TL_PANEL + (size_t)(row % TL_PANEL);
+}
 
 #endif

@@ -112,6 +112,60 @@ static void matmul_avx2(const float *x, int n, int k, const void *w, tl_dtype dt
     }
 }
 
+/* ---------------------------------------------------------------- packed panels */
+
+/* 16 lanes = two ymm halves; four partial accumulators per half (k mod 4). One input row
+   at a time: the panel (k x 16 weights) stays in L1/L2 for the next rows. */
+#define DEFINE_PACKED(NAME, LOAD, DT)                                                     \
+    static void NAME(const float *x, int n, int k, const void *w, const float *bias, int o0, \
+                     int o1, float *y, int ldy) {                                         \
+        const int k4 = k & ~3;                                                            \
+        const char *wbytes = (const char *)w;                                             \
+        for (int o = o0; o < o1; o += TL_PANEL) {                                         \
+            const size_t panel = (size_t)(o / TL_PANEL) * (size_t)k * TL_PANEL;           \
+            const int lanes = o1 - o < TL_PANEL ? o1 - o : TL_PANEL;                      \
+            for (int r = 0; r < n; r++) {                                                 \
+                const float *xr = x + (size_t)r * (size_t)k;                              \
+                __m256 lo[4], hi[4];                                                      \
+                for (int j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_ps();          \
+                for (int i = 0; i < k4; i += 4) {                                         \
+                    for (unsigned p_ = 0; p_ < ELEM(DT); p_++) /* 4 k x 16 lanes = ELEM lines */ \
+                        _mm_prefetch(wbytes + (panel + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \
+                    for (int j = 0; j < 4; j++) {                                         \
+                        const size_t at = panel + (size_t)(i + j) * TL_PANEL;             \
+                        const __m256 xv = _mm256_broadcast_ss(xr + i + j);                \
+                        lo[j] = _mm256_fmadd_ps(LOAD(w, at), xv, lo[j]);                  \
+                        hi[j] = _mm256_fmadd_ps(LOAD(w, at + 8), xv, hi[j]);              \
+                    }                                                                     \
+                }                                                                         \
+                for (int i = k4; i < k; i++) {                                            \
+                    const size_t at = panel + (size_t)i * TL_PANEL;                       \
+                    const __m256 xv = _mm256_broadcast_ss(xr + i);                        \
+                    lo[0] = _mm256_fmadd_ps(LOAD(w, at), xv, lo[0]);                      \
+                    hi[0] = _mm256_fmadd_ps(LOAD(w, at + 8), xv, hi[0]);                  \
+                }                                                                         \
+                float out[TL_PANEL];                                                      \
+                _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(lo[0], lo[1]), _mm256_add_ps(lo[2], lo[3]))); \
+                _mm256_storeu_ps(out + 8, _mm256_add_ps(_mm256_add_ps(hi[0], hi[1]), _mm256_add_ps(hi[2], hi[3]))); \
+                float *yr = y + (size_t)r * (size_t)ldy + o;                              \
+                for (int l = 0; l < lanes; l++) yr[l] = bias ? out[l] + bias[o + l] : out[l]; \
+            }                                                                             \
+        }                                                                                 \
+    }
+
+DEFINE_PACKED(packed_f32, load_f32, TL_F32)
+DEFINE_PACKED(packed_f16, load_f16, TL_F16)
+DEFINE_PACKED(packed_bf16, load_bf16, TL_BF16)
+
+static void matmul_packed_avx2(const float *x, int n, int k, const void *w, tl_dtype dt,
+                               const float *bias, int o0, int o1, float *y, int ldy) {
+    switch (dt) {
+    case TL_F16: packed_f16(x, n, k, w, bias, o0, o1, y, ldy); break;
+    case TL_BF16: packed_bf16(x, n, k, w, bias, o0, o1, y, ldy); break;
+    default: packed_f32(x, n, k, w, bias, o0, o1, y, ldy); break;
+    }
+}
+
 static float dot_avx2(const float *a, const float *b, int k) {
     const int k8 = k & ~7;
     __m256 acc = _mm256_setzero_ps();
@@ -130,5 +184,5 @@ static void axpy_avx2(float *y, float a, const float *x, int k) {
     for (int i = k8; i < k; i++) y[i] += a * x[i];
 }
 
-const tl_kernels tl_kernels_avx2 = {"avx2", matmul_avx2, dot_avx2, axpy_avx2};
+const tl_kernels tl_kernels_avx2 = {"avx2", matmul_avx2, matmul_packed_avx2, dot_avx2, axpy_avx2};
 #endif

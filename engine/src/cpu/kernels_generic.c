@@ -1,5 +1,6 @@
 /* kernels_generic.c: portable C kernels and ISA dispatch. */
 #include <stdbool.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,10 @@ float tl_f16_to_f32(uint16_t h) {
 }
 
 void tl_matrix_row_f32(const tl_matrix *m, int row, float *out) {
+    if (m->packed) {
+        for (int i = 0; i < m->cols; i++) out[i] = tl_weight_at(m->data, m->dtype, tl_matrix_index(m, row, i));
+        return;
+    }
     size_t base = (size_t)row * (size_t)m->cols;
     if (m->dtype == TL_F32) {
         memcpy(out, (const float *)m->data + base, (size_t)m->cols * sizeof(float));
@@ -55,6 +60,26 @@ static void matmul_generic(const float *x, int n, int k, const void *w, tl_dtype
         }
 }
 
+/* The packed canonical order with fmaf: bit-identical to the vector kernels. */
+static void matmul_packed_generic(const float *x, int n, int k, const void *w, tl_dtype dt,
+                                  const float *bias, int o0, int o1, float *y, int ldy) {
+    const int k4 = k & ~3;
+    for (int o = o0; o < o1; o++) {
+        const size_t panel = (size_t)(o / TL_PANEL) * (size_t)k * TL_PANEL, lane = (size_t)(o % TL_PANEL);
+        for (int r = 0; r < n; r++) {
+            const float *xr = x + (size_t)r * (size_t)k;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int i = 0; i < k4; i += 4)
+                for (int j = 0; j < 4; j++)
+                    acc[j] = fmaf(tl_weight_at(w, dt, panel + (size_t)(i + j) * TL_PANEL + lane), xr[i + j], acc[j]);
+            for (int i = k4; i < k; i++)
+                acc[0] = fmaf(tl_weight_at(w, dt, panel + (size_t)i * TL_PANEL + lane), xr[i], acc[0]);
+            float v = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+            y[(size_t)r * (size_t)ldy + o] = bias ? v + bias[o] : v;
+        }
+    }
+}
+
 static float dot_generic(const float *a, const float *b, int k) {
     return dot_weights(a, b, TL_F32, 0, k);
 }
@@ -63,7 +88,8 @@ static void axpy_generic(float *y, float a, const float *x, int k) {
     for (int i = 0; i < k; i++) y[i] += a * x[i];
 }
 
-const tl_kernels tl_kernels_generic = {"generic", matmul_generic, dot_generic, axpy_generic};
+const tl_kernels tl_kernels_generic = {"generic", matmul_generic, matmul_packed_generic, dot_generic,
+                                       axpy_generic};
 
 const tl_kernels *tl_cpu_kernels(void) {
     static const tl_kernels *chosen;
