@@ -31,6 +31,9 @@ typedef struct tl_kernels {
    path: avx2 and avx512 must agree bit for bit). */
 const tl_kernels *tl_cpu_kernels(void);
 
+/* Tests only: switch every later computation to these kernels. */
+void tl_cpu_use_kernels(const tl_kernels *k);
+
 extern const tl_kernels tl_kernels_generic;
 #if defined(__x86_64__)
 extern const tl_kernels tl_kernels_avx2;

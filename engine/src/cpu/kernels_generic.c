@@ -80,19 +80,34 @@ static void matmul_packed_generic(const float *x, int n, int k, const void *w, t
     }
 }
 
+/* dot and axpy (attention) in the AVX2 kernels' exact order: eight fmaf lanes over k in
+   steps of 8, their fixed horizontal tree, then a plain multiply-add tail. */
 static float dot_generic(const float *a, const float *b, int k) {
-    return dot_weights(a, b, TL_F32, 0, k);
+    const int k8 = k & ~7;
+    float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < k8; i += 8)
+        for (int l = 0; l < 8; l++) lane[l] = fmaf(b[i + l], a[i + l], lane[l]);
+    float q[4];
+    for (int l = 0; l < 4; l++) q[l] = lane[l] + lane[l + 4];
+    float s = (q[0] + q[2]) + (q[1] + q[3]);
+    for (int i = k8; i < k; i++) s += a[i] * b[i];
+    return s;
 }
 
 static void axpy_generic(float *y, float a, const float *x, int k) {
-    for (int i = 0; i < k; i++) y[i] += a * x[i];
+    const int k8 = k & ~7;
+    for (int i = 0; i < k8; i++) y[i] = fmaf(a, x[i], y[i]);
+    for (int i = k8; i < k; i++) y[i] += a * x[i];
 }
 
 const tl_kernels tl_kernels_generic = {"generic", matmul_generic, matmul_packed_generic, dot_generic,
                                        axpy_generic};
 
+static const tl_kernels *chosen;
+
+void tl_cpu_use_kernels(const tl_kernels *k) { __atomic_store_n(&chosen, k, __ATOMIC_RELEASE); }
+
 const tl_kernels *tl_cpu_kernels(void) {
-    static const tl_kernels *chosen;
     const tl_kernels *k = __atomic_load_n(&chosen, __ATOMIC_ACQUIRE);
     if (k) return k;
     k = &tl_kernels_generic;
