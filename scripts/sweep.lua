@@ -57,6 +57,7 @@ else
         "You will be fortunate in the",
     }
 end
+if #prompts == 0 then io.stderr:write("sweep: no prompts\n") os.exit(2) end
 local encoded = {}
 for k, p in ipairs(prompts) do encoded[k] = model:encode(p) end
 

@@ -12,10 +12,11 @@
  *
  * Tree shape: each drafted node proposes its K_branches best tokens; at every level the
  * children with the highest cumulative draft log-probability are kept, at most K^level of
- * them and never more than max_nodes in all. With a generous budget this is the full K-ary
- * tree; with a tight one it spends the verifier's rows on the likeliest continuations, which
- * is why we chose it over a fixed K-ary shape: the verify forward's cost grows with nodes,
- * while acceptance concentrates on the few most probable paths. */
+ * them, at most (max_nodes - 1) / draft_ahead per level (so the tree is as deep as the chain),
+ * and none whose cumulative probability is below e^-2 of the level's best. Best-first under a budget rather than the full K-ary tree,
+ * because on a CPU the verifier's cost grows with every node (each row is real compute),
+ * while acceptance concentrates on the few most probable paths: when the draft is
+ * confident the tree stays a chain, and it branches where the draft hesitates. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,7 @@
 
 #define MAX_AHEAD 32
 #define MAX_NODES 256
+#define TREE_PRUNE 2.0 /* nats */
 
 void tl_speculative_config_init(tl_speculative_config *cfg) {
     if (!cfg) return;
@@ -318,10 +320,13 @@ typedef struct tree {
     double logp[MAX_NODES];        /* cumulative draft log-probability */
 } tree;
 
-typedef struct { double logp; int parent; int32_t token; } candidate;
+typedef struct { double logp; int parent; int32_t token; int greedy; } candidate;
 
+/* The greedy path first (the tree always contains the chain's drafts), then by cumulative
+   log-probability. */
 static int by_logp_desc(const void *a, const void *b) {
     const candidate *x = a, *y = b;
+    if (x->greedy != y->greedy) return y->greedy - x->greedy;
     if (x->logp != y->logp) return x->logp > y->logp ? -1 : 1;
     if (x->parent != y->parent) return x->parent - y->parent;
     return x->token - y->token;
@@ -344,7 +349,7 @@ static tl_status draft_tree(spec_run *r, tree *t, int levels, int K, int max_nod
     tl_session *s = r->s;
     const int n = s->n_tokens, base = s->cache->length;
     candidate cand[MAX_NODES * 8];
-    int level_start = 0, level_end = 1, width = 1;
+    int level_start = 0, level_end = 1, width = 1, greedy_node = 0;
     t->n = 1;
     t->token[0] = s->tokens[n - 1];
     t->parent[0] = -1;
@@ -392,16 +397,27 @@ static tl_status draft_tree(spec_run *r, tree *t, int levels, int K, int max_nod
                     if (!taken && (best < 0 || row[v] > row[best])) best = v;
                 }
                 if (best < 0) break;
-                cand[n_cand++] = (candidate){t->logp[node] + (double)row[best] - log_z, node, best};
+                cand[n_cand++] = (candidate){t->logp[node] + (double)row[best] - log_z, node, best,
+                                             node == greedy_node && pick == 0};
             }
         }
         qsort(cand, (size_t)n_cand, sizeof *cand, by_logp_desc);
         width = width * K > MAX_NODES ? MAX_NODES : width * K;
+        /* Share the budget between levels so the tree is as deep as the chain would be. */
+        const int per_level = (max_nodes - 1) / levels > 1 ? (max_nodes - 1) / levels : 1;
         int keep = n_cand < width ? n_cand : width;
+        if (keep > per_level) keep = per_level;
         if (keep > max_nodes - t->n) keep = max_nodes - t->n;
+        /* Spend verifier rows only on plausible branches: a child whose cumulative draft
+           probability is below e^-TREE_PRUNE (about 1/7) of the level's best is dropped. */
+        double best_logp = -INFINITY;
+        for (int c = 0; c < keep; c++) best_logp = cand[c].logp > best_logp ? cand[c].logp : best_logp;
+        for (int c = 1; c < keep; c++)
+            if (cand[c].logp < best_logp - TREE_PRUNE) { keep = c; break; }
         level_start = t->n;
         for (int c = 0; c < keep; c++) {
             int x = t->n++;
+            if (cand[c].greedy) greedy_node = x;
             t->token[x] = cand[c].token;
             t->parent[x] = cand[c].parent;
             t->depth[x] = level + 1;
