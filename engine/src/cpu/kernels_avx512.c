@@ -95,7 +95,8 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, l8_bf16, TL_BF16)
 /* ---------------------------------------------------------------- packed panels */
 
 /* One zmm = one panel's 16 output lanes; four partial accumulators (k mod 4) per input row;
-   up to 6 input rows share every weight load (24 accumulators + 4 weights of 32 zmm). */
+   up to 6 input rows share every weight load (24 accumulators + 4 weights of 32 zmm); row
+   counts that are not multiples of 6 use tiles of 4, 3, 2 or 1 rows. */
 #define DEFINE_PACKED_ROWS(NAME, L16, DT, R)                                              \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, float *out) { \
         const int k4 = k & ~3;                                                            \
@@ -127,6 +128,9 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, l8_bf16, TL_BF16)
 
 #define DEFINE_PACKED(NAME, L16, DT)                                                      \
     DEFINE_PACKED_ROWS(NAME##_r6, L16, DT, 6)                                             \
+    DEFINE_PACKED_ROWS(NAME##_r4, L16, DT, 4)                                             \
+    DEFINE_PACKED_ROWS(NAME##_r3, L16, DT, 3)                                             \
+    DEFINE_PACKED_ROWS(NAME##_r2, L16, DT, 2)                                             \
     DEFINE_PACKED_ROWS(NAME##_r1, L16, DT, 1)                                             \
     static void NAME(const float *x, int n, int k, const void *w, const float *bias, int o0, \
                      int o1, float *y, int ldy) {                                         \
@@ -135,9 +139,15 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, l8_bf16, TL_BF16)
             const size_t panel = (size_t)(o / TL_PANEL) * (size_t)k * TL_PANEL;           \
             const int lanes = o1 - o < TL_PANEL ? o1 - o : TL_PANEL;                      \
             for (int r = 0; r < n;) {                                                     \
-                const int rows = n - r >= 6 ? 6 : 1;                                      \
-                if (rows == 6) NAME##_r6(x + (size_t)r * (size_t)k, k, w, panel, out);    \
-                else NAME##_r1(x + (size_t)r * (size_t)k, k, w, panel, out);              \
+                const int left = n - r, rows = left >= 6 ? 6 : left >= 4 ? 4 : left;      \
+                const float *xr = x + (size_t)r * (size_t)k;                              \
+                switch (rows) {                                                           \
+                case 6: NAME##_r6(xr, k, w, panel, out); break;                           \
+                case 4: NAME##_r4(xr, k, w, panel, out); break;                           \
+                case 3: NAME##_r3(xr, k, w, panel, out); break;                           \
+                case 2: NAME##_r2(xr, k, w, panel, out); break;                           \
+                default: NAME##_r1(xr, k, w, panel, out); break;                          \
+                }                                                                         \
                 for (int t = 0; t < rows; t++) {                                          \
                     float *yr = y + (size_t)(r + t) * (size_t)ldy + o;                    \
                     for (int l = 0; l < lanes; l++)                                       \
