@@ -5,25 +5,7 @@
  * (see DEFINE_MATMUL) whatever the number of rows, so a row's result cannot depend on
  * what it was computed with. */
 #if defined(__x86_64__)
-#include <immintrin.h>
-
-#include "kernels.h"
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline __m256 load_f32(const void *w, size_t i) { return _mm256_loadu_ps((const float *)w + i); }
-static inline __m256 load_f16(const void *w, size_t i) {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
-}
-static inline __m256 load_bf16(const void *w, size_t i) {
-    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
+#include "avx2_inline.h"
 
 /* Finishes one (row, column): the four accumulators in a fixed tree, a horizontal sum,
    then the scalar tail from k8 to k. */
@@ -34,10 +16,6 @@ static inline float finish(__m256 a0, __m256 a1, __m256 a2, __m256 a3, const flo
     return s;
 }
 
-#define ELEM(dt) ((dt) == TL_F32 ? 4u : 2u)
-/* Software prefetch distance for the streaming (decode) path: the hardware prefetcher
-   alone leaves single-row streaming ~15% short of the machine's read bandwidth. */
-#define PREFETCH_AHEAD 2048
 
 /* The canonical dot product of one x row with one W row: four 8-lane FMA accumulators
    over k in chunks of 32 (accumulator j takes elements i+8j..i+8j+7), leftover 8-chunks

@@ -8,16 +8,7 @@
  * the same 256-bit halves in the same order. What changes is only how many rows share each
  * weight load: 8 here instead of 2. */
 #if defined(__x86_64__)
-#include <immintrin.h>
-
-#include "kernels.h"
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "avx2_inline.h"
 
 static inline __m256 high_half(__m512 z) {
     return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1));
@@ -30,14 +21,6 @@ static inline __m512 l16_f16(const void *w, size_t i) {
 static inline __m512 l16_bf16(const void *w, size_t i) {
     __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-static inline __m256 l8_f32(const void *w, size_t i) { return _mm256_loadu_ps((const float *)w + i); }
-static inline __m256 l8_f16(const void *w, size_t i) {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
-}
-static inline __m256 l8_bf16(const void *w, size_t i) {
-    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
 /* The AVX2 kernel's finish(): leftover 8-chunks into a0, the fixed tree, the scalar tail. */
@@ -88,9 +71,9 @@ static inline __m256 l8_bf16(const void *w, size_t i) {
                 for (int oo = o0; oo < o1; oo++) y[(size_t)r * (size_t)ldy + oo] += bias[oo]; \
     }
 
-DEFINE_MATMUL(matmul_f32, l16_f32, l8_f32, TL_F32)
-DEFINE_MATMUL(matmul_f16, l16_f16, l8_f16, TL_F16)
-DEFINE_MATMUL(matmul_bf16, l16_bf16, l8_bf16, TL_BF16)
+DEFINE_MATMUL(matmul_f32, l16_f32, load_f32, TL_F32)
+DEFINE_MATMUL(matmul_f16, l16_f16, load_f16, TL_F16)
+DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
 
 /* ---------------------------------------------------------------- packed panels */
 
@@ -107,7 +90,7 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, l8_bf16, TL_BF16)
         for (int i = 0; i < k4; i += 4) {                                                 \
             if (R == 1)                                                                   \
                 for (unsigned p_ = 0; p_ < ELEM(DT); p_++)                                \
-                    _mm_prefetch(wbytes + (panel + (size_t)i * TL_PANEL) * ELEM(DT) + 2048 + 64 * p_, _MM_HINT_T0); \
+                    _mm_prefetch(wbytes + (panel + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \
             for (int j = 0; j < 4; j++) {                                                 \
                 const __m512 wv = L16(w, panel + (size_t)(i + j) * TL_PANEL);             \
                 for (int r = 0; r < R; r++)                                               \
@@ -123,8 +106,6 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, l8_bf16, TL_BF16)
             _mm512_storeu_ps(out + r * TL_PANEL, _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), \
                                                                _mm512_add_ps(acc[r][2], acc[r][3]))); \
     }
-
-#define ELEM(dt) ((dt) == TL_F32 ? 4u : 2u)
 
 #define DEFINE_PACKED(NAME, L16, DT)                                                      \
     DEFINE_PACKED_ROWS(NAME##_r6, L16, DT, 6)                                             \
