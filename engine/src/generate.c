@@ -76,10 +76,9 @@ tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, 
                        "generate_batch: out_capacity = %d is too small: prompts + max_tokens each = %ld",
                        out_capacity, need);
     /* Validate every prompt before decoding any, so a bad one costs no work. */
+    if (!model) return tl_fail(TL_ERR_INVALID_ARGUMENT, "model must not be NULL");
     for (int i = 0; i < n_prompts; i++) {
-        tl_session *probe = NULL;
-        tl_status st = tl_session_new(model, prompts[i].tokens, prompts[i].n, cfg, &probe);
-        tl_session_free(probe);
+        tl_status st = tl_generate_validate(model, prompts[i].tokens, prompts[i].n, cfg ? cfg : &defaults);
         if (st != TL_OK) {
             char msg[900];
             snprintf(msg, sizeof msg, "%s", tl_last_error());

@@ -130,6 +130,21 @@ static void test_determinism_and_stops(void) {
     }
 }
 
+/* Batches run beam search per prompt, like tl_generate. */
+static void test_batch(void) {
+    int32_t p1[2] = {3, 4}, p2[3] = {7, 8, 9}, out[2 * CAP], one[CAP];
+    tl_token_seq prompts[2] = {{p1, 2}, {p2, 3}};
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 8;
+    cfg.beam_size = 3;
+    int lens[2], total, n;
+    CHECK(tl_generate_batch(model, prompts, 2, &cfg, out, 2 * CAP, lens, &total, NULL) == TL_OK, "beam batch: %s",
+          tl_last_error());
+    CHECK(tl_generate(model, p2, 3, &cfg, one, CAP, &n, NULL) == TL_OK && n == lens[1] &&
+              memcmp(one, out + lens[0], (size_t)n * 4) == 0, "beam batch item differs from tl_generate");
+}
+
 static int noop_token(void *u, int32_t t, int p) { (void)u; (void)t; (void)p; return 0; }
 static int noop_allowed(void *u, uint8_t *a, int v) { (void)u; (void)a; (void)v; return 0; }
 static int noop_advance(void *u, int32_t t) { (void)u; (void)t; return 0; }
@@ -181,6 +196,7 @@ int main(int argc, char **argv) {
     test_hand_checked();
     test_width_one(root);
     test_determinism_and_stops();
+    test_batch();
     test_validation();
     tl_model_free(model);
     tl_model_free(model_1thread);
