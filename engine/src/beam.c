@@ -183,10 +183,7 @@ tl_status tl_beam_generate(const tl_model *m, const int32_t *prompt, int prompt_
     if (st == TL_OK && !(positions = malloc((size_t)prompt_len * sizeof(int32_t))))
         st = tl_fail(TL_ERR_NO_MEMORY, "beam search: out of memory");
     for (int i = 0; st == TL_OK && i < prompt_len; i++) positions[i] = i;
-    for (int start = 0; st == TL_OK && start < prompt_len - 1; start += 64) {
-        int len = prompt_len - 1 - start < 64 ? prompt_len - 1 - start : 64;
-        st = tl_forward_run(m, cache, &ws, prompt + start, positions + start, len, NULL, b.L, len, NULL);
-    }
+    if (st == TL_OK) st = tl_forward_sequence(m, cache, &ws, prompt, positions, prompt_len - 1, 64, b.L, NULL);
     free(positions);
     stats->prefill_ms = tl_now_ms() - t_start;
     const double t_prefill_end = tl_now_ms();

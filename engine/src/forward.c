@@ -280,6 +280,19 @@ void tl_forward_end(tl_forward *f, int logits_from, float *logits) {
     tl_forward_commit(f);
 }
 
+tl_status tl_forward_sequence(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
+                              const int32_t *tokens, const int32_t *positions, int n, int chunk,
+                              int loops, float *last_logits) {
+    for (int start = 0; start < n; start += chunk) {
+        const int len = n - start < chunk ? n - start : chunk;
+        const bool last = start + len == n && last_logits;
+        tl_status st = tl_forward_run(m, cache, ws, tokens + start, positions + start, len, NULL, loops,
+                                      last ? len - 1 : len, last ? last_logits : NULL);
+        if (st != TL_OK) return st;
+    }
+    return TL_OK;
+}
+
 tl_status tl_forward_run(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
                          const int32_t *tokens, const int32_t *positions, int n,
                          const uint8_t *mask, int loops, int logits_from, float *logits) {

@@ -67,6 +67,13 @@ void tl_forward_end(tl_forward *f, int logits_from, float *logits);
 void tl_forward_head(tl_forward *f, int logits_from, float *logits);
 void tl_forward_commit(tl_forward *f);
 
+/* Forwards tokens[0..n) (n >= 0) in chunks of at most `chunk` rows at `loops`; when
+   last_logits is not NULL it receives the logits of the last token (n must then be >= 1).
+   Results do not depend on `chunk` (batch invariance); it only bounds activation memory. */
+tl_status tl_forward_sequence(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
+                              const int32_t *tokens, const int32_t *positions, int n, int chunk,
+                              int loops, float *last_logits);
+
 /* begin + `loops` x loop + end. */
 tl_status tl_forward_run(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
                          const int32_t *tokens, const int32_t *positions, int n,

@@ -6,7 +6,7 @@
 #include "session.h"
 
 /* Runs a session to its end, copying prompt + continuation into out. */
-static tl_status run_session(tl_session *s, int32_t *out, int out_capacity, int *out_len,
+static tl_status run_session(tl_session *s, int32_t *out, int *out_len,
                              tl_generate_stats *stats) {
     tl_status st = TL_OK;
     int32_t token;
@@ -16,7 +16,6 @@ static tl_status run_session(tl_session *s, int32_t *out, int out_capacity, int 
     if (st != TL_OK) return st;
     memcpy(out, s->tokens, (size_t)s->n_tokens * sizeof *out);
     if (out_len) *out_len = s->n_tokens;
-    (void)out_capacity;
     return TL_OK;
 }
 
@@ -46,7 +45,7 @@ tl_status tl_generate_stream(const tl_model *model, const int32_t *prompt, int p
     if (st == TL_OK) {
         s->stream_fn = on_token;
         s->stream_user = user;
-        st = run_session(s, out, out_capacity, out_len, stats);
+        st = run_session(s, out, out_len, stats);
     }
     tl_session_free(s);
     return st;

@@ -295,14 +295,10 @@ static tl_status forward_pending(tl_session *s) {
     const bool prefill = c->length == 0;
     if (!prefill && s->cfg.early_exit_patience > 0 && c->length + 1 == s->n_tokens)
         return forward_early_exit(s, c->length);
-    while (c->length < s->n_tokens) {
-        int start = c->length, len = s->n_tokens - start;
-        if (len > s->chunk) len = s->chunk;
-        bool last = start + len == s->n_tokens;
-        tl_status st = tl_forward_run(s->m, c, &s->ws, s->tokens + start, s->positions + start, len,
-                                      NULL, s->loops, last ? len - 1 : len, last ? s->logits : NULL);
-        if (st != TL_OK) return st;
-    }
+    const int start = c->length;
+    tl_status st = tl_forward_sequence(s->m, c, &s->ws, s->tokens + start, s->positions + start,
+                                       s->n_tokens - start, s->chunk, s->loops, s->logits);
+    if (st != TL_OK) return st;
     s->last_depth = s->loops;
     if (prefill) {
         s->t_prefill_end = tl_now_ms();

@@ -126,13 +126,10 @@ static void run_close(spec_run *r) {
 /* Prefills the prompt minus its last token (that one is the first cycle's root). */
 static tl_status prefill(spec_run *r) {
     tl_session *s = r->s;
-    for (int start = 0; start < s->prompt_len - 1; start += s->chunk) {
-        int len = s->prompt_len - 1 - start < s->chunk ? s->prompt_len - 1 - start : s->chunk;
-        tl_status st = tl_forward_run(s->m, s->cache, &s->ws, s->tokens + start, s->positions + start,
-                                      len, NULL, s->loops, len, NULL);
-        if (st != TL_OK) return st;
-        r->stats->verify_forwards++;
-    }
+    const int n = s->prompt_len - 1;
+    tl_status st = tl_forward_sequence(s->m, s->cache, &s->ws, s->tokens, s->positions, n, s->chunk, s->loops, NULL);
+    if (st != TL_OK) return st;
+    r->stats->verify_forwards += (n + s->chunk - 1) / s->chunk;
     s->t_prefill_end = tl_now_ms();
     s->stats.prefill_ms = s->t_prefill_end - s->t_start;
     return TL_OK;

@@ -151,9 +151,8 @@ function _M.main(argv, default_model)
     local ok, result = pcall(function()
         if (cfg.beam_size or 0) >= 2 then -- beam search knows its answer only at the end
             local ids, stats = model:generate(o.prompt, cfg)
-            local prompt_n = #model:encode(o.prompt)
             local continuation = {}
-            for k = prompt_n + 1, #ids do continuation[#continuation + 1] = ids[k] end
+            for k = stats.prompt_tokens + 1, #ids do continuation[#continuation + 1] = ids[k] end
             if o.echo then io.stdout:write(o.prompt) end
             io.stdout:write(model:decode(continuation), "\n")
             io.stdout:flush()
