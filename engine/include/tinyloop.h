@@ -12,6 +12,7 @@
 #ifndef TINYLOOP_H
 #define TINYLOOP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +24,12 @@ extern "C" {
 #define TINYLOOP_VERSION_MINOR 1
 #define TINYLOOP_VERSION_PATCH 0
 #define TINYLOOP_VERSION "0.1.0"
+
+/* The library is built with -fvisibility=hidden: only what this header declares is exported
+   (test_symbols lists the shared library's dynamic symbols). */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
 
 /* Version of the library actually linked (may differ from the header's). */
 const char *tl_version(void);
@@ -161,7 +168,8 @@ typedef struct tl_token_seq {
 } tl_token_seq;
 
 /* Hook results: continue, stop after this token, or an error that aborts generation with
-   TL_ERR_HOOK (distinct from a normal stop). */
+   TL_ERR_HOOK (distinct from a normal stop). Hooks return these codes; the stream callback of
+   tl_generate_stream returns a bool instead (true = go on), as in the original API. */
 enum { TL_HOOK_CONTINUE = 0, TL_HOOK_STOP = 1, TL_HOOK_ERROR = -1 };
 
 /* Per-token hooks (SPEC §5). `tokens` is the whole sequence so far (prompt + emitted). */
@@ -179,6 +187,13 @@ typedef struct tl_grammar {
     int (*allowed)(void *user, uint8_t *allowed, int vocab_size);
     int (*advance)(void *user, int32_t token);
 } tl_grammar;
+
+/* Self-speculative decoding as a session mode (see tl_generate_speculative). */
+typedef enum tl_speculative_mode {
+    TL_SPECULATIVE_OFF = 0,
+    TL_SPECULATIVE_CHAIN = 1,  /* draft a chain of draft_ahead tokens, verify in one forward */
+    TL_SPECULATIVE_TREE = 2    /* draft a tree (K_branches per node, max_nodes), greedy only */
+} tl_speculative_mode;
 
 typedef struct tl_generate_config {
     int max_tokens;                  /* 64; new tokens at most (>= 0) */
@@ -214,6 +229,14 @@ typedef struct tl_generate_config {
     tl_logits_hook logits_processor;
     void *logits_processor_user;
     const tl_grammar *grammar;
+    /* Decoding mode. Plain sampling by default; beam_size >= 2 selects beam search; these
+       select self-speculative decoding, verified at `loops` (the verify depth). Every mode
+       is a session: tl_session_step emits one token per call in all of them. */
+    tl_speculative_mode speculative; /* TL_SPECULATIVE_OFF */
+    int draft_loops;                 /* 2; 1 <= draft_loops < loops */
+    int draft_ahead;                 /* 4; tokens (chain) or tree levels per verification, 1..32 */
+    int K_branches;                  /* 2; tree: candidates kept per drafted node, 1..8 */
+    int max_nodes;                   /* 64; tree: node budget, 2..256 */
 } tl_generate_config;
 
 /* Fills *cfg with the documented defaults above. */
@@ -236,6 +259,15 @@ typedef struct tl_generate_stats {
     int depth_histogram[TL_HISTOGRAM_DEPTHS];
     double beam_score;       /* beam search: the returned hypothesis's
                                 sum_logprob / max(1, len)^length_penalty */
+    /* Self-speculative modes (zero otherwise). */
+    int drafted;             /* draft tokens (chain) or tree nodes proposed */
+    int accepted;            /* of those, accepted by the verifier */
+    int verify_steps;        /* verification forwards */
+    int draft_forwards;      /* forward passes at draft_loops */
+    int verify_forwards;     /* forward passes at the verify depth (the prefill included) */
+    double draft_ms, verify_ms;
+    double acceptance_rate;  /* accepted / verify depth offered (= drafted for the chain) */
+    double mean_accepted;    /* accepted draft tokens per verification */
 } tl_generate_stats;
 
 /* tokens_emitted / decode seconds, and prompt tokens / prefill seconds (0 when undefined). */
@@ -249,14 +281,22 @@ typedef struct tl_session tl_session;
 /* Validates the config against the model and copies everything it needs (the prompt,
    stop sequences, stop strings and the tl_grammar struct may be freed afterwards; what hook
    and grammar user pointers point to must outlive the session).
-   The prompt's forward pass runs on the first step. */
+   The prompt's forward pass runs on the first step. The config's mode (plain, beam_size >= 2,
+   speculative) decides how tokens are found; every mode emits one token per step:
+     - speculative modes draft and verify when their verified run is used up, then emit the
+       run token by token (hooks, stop rules and stats exactly as plain decoding);
+     - beam search emits a token as soon as every hypothesis that can still win agrees on
+       it, and the rest when the search ends. */
 tl_status tl_session_new(const tl_model *model, const int32_t *prompt, int prompt_len,
                          const tl_generate_config *cfg, tl_session **out);
-void tl_session_free(tl_session *session); /* NULL is a no-op */
+/* NULL is a no-op. Called from one of the session's own hooks (while tl_session_step runs),
+   the free is deferred until that step returns. */
+void tl_session_free(tl_session *session);
 
 /* Emits one token: *token receives it (or -1 when the session stopped without emitting,
    e.g. max_tokens = 0 or a grammar dead end) and *stop the reason generation ended with this
-   step (TL_STOP_NONE to go on). Stepping a finished session is an error. */
+   step (TL_STOP_NONE to go on). Stepping a finished session is an error, and so is stepping
+   a session from inside one of its own hooks (TL_ERR_INVALID_ARGUMENT). */
 tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *stop);
 
 /* The sequence so far: prompt + emitted tokens; valid until the next step or free. */
@@ -277,16 +317,17 @@ tl_status tl_generate(const tl_model *model, const int32_t *prompt, int prompt_l
                       int *out_len, tl_generate_stats *stats);
 
 /* Called once per emitted token, in order; position = index of the token in the output
-   (prompt_len for the first new token). Returning 0 (false) stops after including the
-   token; any other value continues. */
-typedef int (*tl_stream_fn)(void *user, int32_t token, int position);
+   (prompt_len for the first new token). Returning true goes on; false stops after including
+   the token (stop reason TL_STOP_CALLBACK_ABORT). Unlike the hooks, it cannot report an
+   error: it is the original API's bool(token, position). */
+typedef bool (*tl_stream_fn)(void *user, int32_t token, int position);
 
 tl_status tl_generate_stream(const tl_model *model, const int32_t *prompt, int prompt_len,
                              const tl_generate_config *cfg, tl_stream_fn on_token, void *user,
                              int32_t *out, int out_capacity, int *out_len,
                              tl_generate_stats *stats);
 
-/* Each prompt decoded with a fresh cache; out receives the concatenation of every prompt +
+/* Each prompt decoded with a fresh cache, in any mode of the config; out receives the concatenation of every prompt +
    its continuation (capacity: sum of prompt lengths + n_prompts * max_tokens), out_lens[i]
    the length of sequence i, *out_len the total. stats, when not NULL, has n_prompts items. */
 tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, int n_prompts,
@@ -294,7 +335,8 @@ tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, 
                             int *out_lens, int *out_len, tl_generate_stats *stats);
 
 /* ---- self-speculative decoding (SPEC §3): draft at a shallow loop depth with the same
-   weights, verify in ONE forward at full depth. At temperature 0 the output is exactly
+   weights, verify in ONE forward at full depth. These blocking calls are loops over a session
+   in speculative mode (tl_generate_config.speculative); `base` supplies the other fields. At temperature 0 the output is exactly
    tl_generate's at verify_loops (bit-exact); with temperature > 0 the chain uses speculative
    sampling, so the output *distribution* equals plain sampling at verify_loops. */
 
@@ -309,7 +351,8 @@ typedef struct tl_speculative_config {
        ignore_eos, cache_window, hooks) comes from `base` when not NULL; its max_tokens,
        loops, temperature and sample_seed are ignored. Drafts use the raw logits with the
        repetition penalty; the logits_processor hook runs on the verifier's rows only, once
-       per emitted token, as in plain decoding. Grammars are not supported here yet. */
+       per emitted token, as in plain decoding. Grammars, beam search and early exit are
+       refused with TL_ERR_UNSUPPORTED. */
     const tl_generate_config *base;
 } tl_speculative_config;
 
@@ -323,7 +366,8 @@ void tl_speculative_config_init(tl_speculative_config *cfg);
 void tl_tree_speculative_config_init(tl_tree_speculative_config *cfg);
 
 typedef struct tl_speculative_stats {
-    tl_generate_stats gen;   /* the usual stats (loops_used = verify_loops) */
+    tl_generate_stats gen;   /* the usual stats (loops_used = verify_loops); its speculative
+                                fields repeat the ones below */
     int drafted;             /* draft tokens (chain) or tree nodes proposed */
     int accepted;            /* of those, accepted by the verifier */
     int verify_steps;        /* verification forwards */
@@ -341,6 +385,10 @@ tl_status tl_generate_speculative(const tl_model *model, const int32_t *prompt, 
 tl_status tl_generate_tree_speculative(const tl_model *model, const int32_t *prompt, int prompt_len,
                                        const tl_tree_speculative_config *cfg, int32_t *out,
                                        int out_capacity, int *out_len, tl_speculative_stats *stats);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

@@ -251,6 +251,26 @@ void tl_forward_loop(tl_forward *f) {
     if (c->state_norm) norm_rows(c, ws->s, f->n, m->w.state_norm_w, m->w.state_norm_b, ws->s);
 }
 
+void tl_forward_loop_measured(tl_forward *f, double *relative_change) {
+    const int d = f->m->cfg.d_model;
+    float *before = malloc((size_t)d * sizeof(float));
+    if (!before) { /* no measure without memory: report "not converged" */
+        tl_forward_loop(f);
+        *relative_change = INFINITY;
+        return;
+    }
+    memcpy(before, f->ws->s, (size_t)d * sizeof(float));
+    tl_forward_loop(f);
+    double change = 0.0, norm = 0.0;
+    for (int i = 0; i < d; i++) {
+        double delta = (double)f->ws->s[i] - (double)before[i];
+        change += delta * delta;
+        norm += (double)f->ws->s[i] * (double)f->ws->s[i];
+    }
+    free(before);
+    *relative_change = norm > 0.0 ? sqrt(change / norm) : INFINITY;
+}
+
 void tl_forward_head(tl_forward *f, int logits_from, float *logits) {
     const tl_model *m = f->m;
     const tl_config *c = &m->cfg;

@@ -57,6 +57,9 @@ tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache 
                                   const int32_t *positions, int n, const uint8_t *mask,
                                   int mask_start);
 void tl_forward_loop(tl_forward *f);
+/* tl_forward_loop, also measuring row 0's relative state change
+   ||s_l - s_(l-1)|| / ||s_l|| in double (+infinity when s_l is zero): the early-exit signal. */
+void tl_forward_loop_measured(tl_forward *f, double *relative_change);
 /* Runs the coda, then the head for rows [logits_from, n) into logits
    [(n - logits_from)][vocab] (logits may be NULL to skip the head). */
 void tl_forward_end(tl_forward *f, int logits_from, float *logits);

@@ -22,6 +22,10 @@ void *tl_alloc_aligned(size_t bytes);   /* 64-byte aligned, zeroed; NULL on fail
 void tl_free_aligned(void *ptr);
 double tl_now_ms(void);                 /* monotonic clock */
 
+/* Most rows one forward pass takes when a sequence is forwarded in pieces (prefill, scoring):
+   bounds activation memory only, since results do not depend on it (batch invariance). */
+#define TL_FORWARD_CHUNK 64
+
 /* ---------------------------------------------------------------- config (config.c) */
 
 typedef enum { TL_INJECT_NONE, TL_INJECT_ADD, TL_INJECT_CONCAT } tl_injection;

@@ -29,9 +29,9 @@ tl_status tl_kv_cache_new(const tl_config *cfg, int tokens, int window, int max_
     if (c->logical)
         for (int i = 0; i < c->capacity; i++) c->logical[i] = -1;
     if (!c->k || !c->v || !c->pos || !c->depth || !c->logical) {
+        const int capacity = c->capacity, n_slots = c->n_slots;
         tl_kv_cache_free(c);
-        return tl_fail(TL_ERR_NO_MEMORY, "kv cache: out of memory for %d rows x %d slots",
-                       c->capacity, c->n_slots);
+        return tl_fail(TL_ERR_NO_MEMORY, "kv cache: out of memory for %d rows x %d slots", capacity, n_slots);
     }
     *out = c;
     return TL_OK;

@@ -1,4 +1,5 @@
-/* sampler.c: repetition penalty, greedy argmax, temperature / top-k / top-p sampling. */
+/* sampler.c: repetition penalty, greedy argmax, the one top-k, log-softmax and draw, and
+ * temperature / top-k / top-p sampling. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,27 +59,7 @@ int32_t tl_argmax(const float *logits, int vocab) {
     return best;
 }
 
-/* ---------------------------------------------------------------- distribution */
-
-tl_status tl_distribution_init(tl_distribution *d, int vocab) {
-    memset(d, 0, sizeof *d);
-    d->vocab = vocab;
-    d->ids = malloc((size_t)vocab * sizeof *d->ids);
-    d->probs = malloc((size_t)vocab * sizeof *d->probs);
-    d->heap = malloc((size_t)vocab * sizeof *d->heap);
-    if (!d->ids || !d->probs || !d->heap) {
-        tl_distribution_free(d);
-        return tl_fail(TL_ERR_NO_MEMORY, "sampler: out of memory");
-    }
-    return TL_OK;
-}
-
-void tl_distribution_free(tl_distribution *d) {
-    free(d->ids);
-    free(d->probs);
-    free(d->heap);
-    memset(d, 0, sizeof *d);
-}
+/* ---------------------------------------------------------------- top-k */
 
 /* "a ranks below b": smaller logit, or equal logit and larger id. */
 static inline bool below(float la, int32_t a, float lb, int32_t b) {
@@ -98,40 +79,115 @@ static void sift_down(float *val, int32_t *id, int n, int i) {
     }
 }
 
-bool tl_distribution_build(tl_distribution *d, const float *logits, float temperature, int top_k,
-                           float top_p) {
-    const int vocab = d->vocab;
-    int k = top_k < 1 || top_k > vocab ? vocab : top_k;
+int tl_top_k(const float *logits, int vocab, int k, int32_t *ids, float *values) {
+    if (k < 1) return 0;
+    if (k > vocab) k = vocab;
     int n = 0;
-    /* Top-k over finite logits with a size-k min-heap: O(vocab log k). */
+    /* A size-k min-heap of the best seen so far. */
     for (int i = 0; i < vocab; i++) {
         float v = logits[i];
         if (!(v > -INFINITY)) continue; /* -inf and NaN are banned tokens */
         if (n < k) {
-            d->heap[n] = v;
-            d->ids[n] = i;
+            values[n] = v;
+            ids[n] = i;
             if (++n == k)
-                for (int j = k / 2 - 1; j >= 0; j--) sift_down(d->heap, d->ids, k, j);
-        } else if (below(d->heap[0], d->ids[0], v, i)) {
-            d->heap[0] = v;
-            d->ids[0] = i;
-            sift_down(d->heap, d->ids, k, 0);
+                for (int j = k / 2 - 1; j >= 0; j--) sift_down(values, ids, k, j);
+        } else if (below(values[0], ids[0], v, i)) {
+            values[0] = v;
+            ids[0] = i;
+            sift_down(values, ids, k, 0);
         }
     }
-    if (n == 0) { d->n = 0; return false; }
-    /* Sort survivors best first: heap sort on a min-heap leaves them in decreasing rank. */
+    /* Heap sort on a min-heap leaves the survivors in decreasing rank. */
     if (n < k)
-        for (int j = n / 2 - 1; j >= 0; j--) sift_down(d->heap, d->ids, n, j);
+        for (int j = n / 2 - 1; j >= 0; j--) sift_down(values, ids, n, j);
     for (int end = n - 1; end > 0; end--) {
-        float tv = d->heap[0]; d->heap[0] = d->heap[end]; d->heap[end] = tv;
-        int32_t ti = d->ids[0]; d->ids[0] = d->ids[end]; d->ids[end] = ti;
-        sift_down(d->heap, d->ids, end, 0);
+        float tv = values[0]; values[0] = values[end]; values[end] = tv;
+        int32_t ti = ids[0]; ids[0] = ids[end]; ids[end] = ti;
+        sift_down(values, ids, end, 0);
     }
-    /* Softmax in double, from the largest logit. */
-    const double inv_t = 1.0 / (double)temperature, top = (double)d->heap[0];
+    return n;
+}
+
+/* ---------------------------------------------------------------- log-softmax */
+
+bool tl_log_softmax(const float *logits, int vocab, double *out) {
+    double mx = -INFINITY;
+    for (int i = 0; i < vocab; i++) mx = logits[i] > mx ? logits[i] : mx; /* NaN never compares */
+    if (!(mx > -INFINITY)) {
+        for (int i = 0; i < vocab; i++) out[i] = -INFINITY;
+        return false;
+    }
+    if (mx == INFINITY) { /* the +inf logits share the mass */
+        int n_inf = 0;
+        for (int i = 0; i < vocab; i++) n_inf += logits[i] == INFINITY;
+        const double each = -log((double)n_inf);
+        for (int i = 0; i < vocab; i++) out[i] = logits[i] == INFINITY ? each : -INFINITY;
+        return true;
+    }
     double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += (d->probs[i] = exp(((double)d->heap[i] - top) * inv_t));
-    for (int i = 0; i < n; i++) d->probs[i] /= sum;
+    for (int i = 0; i < vocab; i++) sum += logits[i] > -INFINITY ? exp((double)logits[i] - mx) : 0.0;
+    const double log_z = mx + log(sum);
+    for (int i = 0; i < vocab; i++) out[i] = logits[i] > -INFINITY ? (double)logits[i] - log_z : -INFINITY;
+    return true;
+}
+
+/* ---------------------------------------------------------------- the draw */
+
+int tl_draw(const double *weights, int n, double total, tl_rng *rng) {
+    const double u = tl_rng_uniform(rng) * total;
+    double acc = 0.0;
+    int last = -1;
+    for (int i = 0; i < n; i++) {
+        if (!(weights[i] > 0.0)) continue;
+        acc += weights[i];
+        last = i;
+        if (u < acc) return i;
+    }
+    return last;
+}
+
+/* ---------------------------------------------------------------- distribution */
+
+tl_status tl_distribution_init(tl_distribution *d, int vocab) {
+    memset(d, 0, sizeof *d);
+    d->vocab = vocab;
+    d->ids = malloc((size_t)vocab * sizeof *d->ids);
+    d->probs = malloc((size_t)vocab * sizeof *d->probs);
+    d->values = malloc((size_t)vocab * sizeof *d->values);
+    if (!d->ids || !d->probs || !d->values) {
+        tl_distribution_free(d);
+        return tl_fail(TL_ERR_NO_MEMORY, "sampler: out of memory");
+    }
+    return TL_OK;
+}
+
+void tl_distribution_free(tl_distribution *d) {
+    free(d->ids);
+    free(d->probs);
+    free(d->values);
+    memset(d, 0, sizeof *d);
+}
+
+bool tl_distribution_build(tl_distribution *d, const float *logits, float temperature, int top_k,
+                           float top_p) {
+    const int vocab = d->vocab;
+    int n = tl_top_k(logits, vocab, top_k < 1 || top_k > vocab ? vocab : top_k, d->ids, d->values);
+    d->n = n;
+    if (n == 0) return false;
+    double sum = 0.0;
+    if (d->values[0] == INFINITY) {
+        /* +inf logits share the mass equally; they come first. */
+        int n_inf = 0;
+        while (n_inf < n && d->values[n_inf] == INFINITY) n_inf++;
+        n = n_inf;
+        for (int i = 0; i < n; i++) d->probs[i] = 1.0 / n;
+    } else {
+        /* Softmax in double, from the largest logit. */
+        const double inv_t = 1.0 / (double)temperature, top = (double)d->values[0];
+        for (int i = 0; i < n; i++) sum += (d->probs[i] = exp(((double)d->values[i] - top) * inv_t));
+        for (int i = 0; i < n; i++) d->probs[i] /= sum;
+    }
     /* Nucleus: the shortest prefix whose mass reaches top_p (at least one token). */
     if (top_p < 1.0f) {
         double mass = 0.0;
@@ -150,10 +206,7 @@ bool tl_distribution_build(tl_distribution *d, const float *logits, float temper
 }
 
 int32_t tl_distribution_draw(const tl_distribution *d, tl_rng *rng) {
-    double u = tl_rng_uniform(rng), acc = 0.0;
-    for (int i = 0; i < d->n; i++) {
-        acc += d->probs[i];
-        if (u < acc) return d->ids[i];
-    }
-    return d->ids[d->n - 1]; /* rounding left u above the total: the last candidate */
+    /* The probabilities are normalised: total 1.0 leaves u exactly uniform. */
+    const int i = tl_draw(d->probs, d->n, 1.0, rng);
+    return i >= 0 ? d->ids[i] : -1;
 }

@@ -16,9 +16,28 @@ double tl_rng_uniform(tl_rng *rng); /* [0, 1), 53 random bits */
    by `penalty`, a negative one multiplied. `seen` is vocab bytes of scratch, left zeroed. */
 void tl_repetition_penalty(float *logits, const int32_t *ids, int n, float penalty, uint8_t *seen);
 
+/* The rules every decoder shares (greedy, sampling, speculative, beam):
+     - -inf and NaN logits are banned tokens (no probability, never chosen);
+     - when some logits are +inf, they share all the probability equally;
+     - ranking is by logit, ties to the lower id. */
+
 /* Index of the largest logit, the lowest id among ties; NaN never wins; -1 when no logit is
    finite-or-+inf (everything -inf / NaN). */
 int32_t tl_argmax(const float *logits, int vocab);
+
+/* The k best of logits[0..vocab), best first (ties: lower id first); banned tokens are never
+   chosen. ids[k] and values[k] receive them (values is also the heap's scratch); returns how
+   many there are (< k when fewer tokens are allowed). O(vocab log k). */
+int tl_top_k(const float *logits, int vocab, int k, int32_t *ids, float *values);
+
+/* out[i] = log softmax(logits)[i] in double (-inf for banned tokens; with +inf logits,
+   -log(count) for each of them). Returns false when every token is banned. */
+bool tl_log_softmax(const float *logits, int vocab, double *out);
+
+/* An index i with probability weights[i] / total (weights >= 0, total = their sum > 0); -1
+   when there is no positive weight. The one draw of the engine: u = uniform * total, then
+   the first i whose running sum exceeds u (rounding past the end: the last positive one). */
+int tl_draw(const double *weights, int n, double total, tl_rng *rng);
 
 /* The sampling distribution after temperature, top-k and top-p: `n` candidates with ids in
    decreasing probability (ties: lower id first) and probabilities summing to 1. */
@@ -26,7 +45,7 @@ typedef struct tl_distribution {
     int vocab, n;
     int32_t *ids;   /* [vocab] */
     double *probs;  /* [vocab] */
-    float *heap;    /* [vocab] top-k selection scratch */
+    float *values;  /* [vocab] the candidates' logits (top-k scratch) */
 } tl_distribution;
 
 tl_status tl_distribution_init(tl_distribution *d, int vocab);

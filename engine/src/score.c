@@ -3,10 +3,8 @@
 
 #include "forward.h"
 
-/* Rows per forward: bounds activation memory; results do not depend on it. */
-#define SCORE_CHUNK 64
-
 tl_status tl_score(const tl_model *model, const int32_t *tokens, int n, int loops, float *logits) {
+    tl_clear_error();
     if (!model) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_score: model must not be NULL");
     if (!tokens || !logits) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_score: tokens and logits must not be NULL");
     const tl_config *c = &model->cfg;
@@ -24,11 +22,11 @@ tl_status tl_score(const tl_model *model, const int32_t *tokens, int n, int loop
     tl_kv_cache *cache = NULL;
     tl_workspace ws = {0};
     int32_t *positions = malloc((size_t)n * sizeof *positions);
-    tl_status st = positions ? tl_kv_cache_new(c, n, 0, SCORE_CHUNK, &cache)
+    tl_status st = positions ? tl_kv_cache_new(c, n, 0, TL_FORWARD_CHUNK, &cache)
                              : tl_fail(TL_ERR_NO_MEMORY, "tl_score: out of memory");
     for (int i = 0; positions && i < n; i++) positions[i] = i;
-    for (int start = 0; st == TL_OK && start < n; start += SCORE_CHUNK) {
-        int len = n - start < SCORE_CHUNK ? n - start : SCORE_CHUNK;
+    for (int start = 0; st == TL_OK && start < n; start += TL_FORWARD_CHUNK) {
+        int len = n - start < TL_FORWARD_CHUNK ? n - start : TL_FORWARD_CHUNK;
         st = tl_forward_run(model, cache, &ws, tokens + start, positions + start, len, NULL, loops, 0,
                             logits + (size_t)start * (size_t)c->vocab_size);
     }

@@ -1,125 +1,24 @@
-/* session.c: the canonical decode state machine (SPEC §3). Per step: forward the pending
- * tokens, then logits hook, repetition penalty, grammar mask, sample, append, stop checks.
- * Every blocking call in generate.c is a loop over tl_session_step. */
+/* session.c: the canonical decode state machine (SPEC §3) and plain decoding.
+ *
+ * Per step: the session's decoder finds the next token (forward passes, then logits hook,
+ * repetition penalty, grammar mask and the choice), and tl_session_emit appends it and runs
+ * the hooks and stop checks. Every mode (plain, speculative, beam) and every blocking call in
+ * generate.c goes through tl_session_step. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "session.h"
+#include "stats.h"
 #include "stop.h"
 #include "tokenizer.h"
-
-/* Prompt rows per forward: bounds activation memory; results do not depend on it. */
-#define PREFILL_CHUNK 64
-
-/* ---------------------------------------------------------------- config */
-
-void tl_generate_config_init(tl_generate_config *cfg) {
-    if (!cfg) return;
-    memset(cfg, 0, sizeof *cfg);
-    cfg->max_tokens = 64;
-    cfg->temperature = 0.0f;
-    cfg->top_k = 50;
-    cfg->top_p = 1.0f;
-    cfg->repetition_penalty = 1.0f;
-    cfg->length_penalty = 1.0f;
-    cfg->early_exit_min_L = 2;
-    cfg->early_exit_peek_every = 1;
-    cfg->early_exit_threshold = 0.03f;
-}
-
-const char *tl_stop_reason_name(tl_stop_reason reason) {
-    switch (reason) {
-    case TL_STOP_EOS: return "EOS";
-    case TL_STOP_SEQUENCE: return "STOP_SEQUENCE";
-    case TL_STOP_MAX_TOKENS: return "MAX_TOKENS";
-    case TL_STOP_CALLBACK_ABORT: return "CALLBACK_ABORT";
-    case TL_STOP_GRAMMAR_DEAD_END: return "GRAMMAR_DEAD_END";
-    default: return "NONE";
-    }
-}
-
-double tl_stats_decode_tokens_per_s(const tl_generate_stats *s) {
-    return s && s->decode_ms > 0 ? s->tokens_emitted * 1000.0 / s->decode_ms : 0.0;
-}
-
-double tl_stats_prefill_tokens_per_s(const tl_generate_stats *s) {
-    return s && s->prefill_ms > 0 ? s->prompt_tokens * 1000.0 / s->prefill_ms : 0.0;
-}
-
-/* Every rule of SPEC §3, with the field and value in the message. */
-tl_status tl_generate_validate(const tl_model *m, const int32_t *prompt, int prompt_len,
-                          const tl_generate_config *c) {
-    const tl_config *mc = &m->cfg;
-    if (!prompt && prompt_len > 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "prompt must not be NULL");
-    if (prompt_len < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "prompt_len = %d must be >= 1", prompt_len);
-    if (c->max_tokens < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_tokens = %d must be >= 0", c->max_tokens);
-    if ((long)prompt_len + c->max_tokens > mc->max_seq_len)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT,
-                       "prompt_len + max_tokens = %d + %d exceeds max_seq_len = %d", prompt_len,
-                       c->max_tokens, mc->max_seq_len);
-    for (int i = 0; i < prompt_len; i++)
-        if (prompt[i] < 0 || prompt[i] >= mc->vocab_size)
-            return tl_fail(TL_ERR_INVALID_ARGUMENT, "prompt token id %d at index %d is out of range [0, %d)",
-                           prompt[i], i, mc->vocab_size);
-    if (c->loops != 0 && (c->loops < 1 || c->loops > mc->max_loops))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "loops = %d is out of range [1, max_loops = %d] (0 = default)",
-                       c->loops, mc->max_loops);
-    if (!(c->temperature >= 0.0f) || !isfinite(c->temperature))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "temperature = %g must be a finite number >= 0", (double)c->temperature);
-    if (c->temperature > 0.01f && c->top_k < 1)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "top_k = %d must be >= 1 when sampling (temperature = %g)",
-                       c->top_k, (double)c->temperature);
-    if (!(c->top_p > 0.0f && c->top_p <= 1.0f))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "top_p = %g must be in (0, 1]", (double)c->top_p);
-    if (!(c->repetition_penalty > 0.0f) || !isfinite(c->repetition_penalty))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "repetition_penalty = %g must be a finite number > 0",
-                       (double)c->repetition_penalty);
-    if (c->cache_window < 0)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "cache_window = %d must be >= 0 (0 = unbounded)", c->cache_window);
-    if (c->n_stop_sequences < 0 || (c->n_stop_sequences > 0 && !c->stop_sequences))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_sequences = %d without stop_sequences", c->n_stop_sequences);
-    for (int i = 0; i < c->n_stop_sequences; i++) {
-        const tl_token_seq *s = &c->stop_sequences[i];
-        if (s->n < 1 || !s->tokens)
-            return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_sequences[%d] is empty (n = %d)", i, s->n);
-        for (int j = 0; j < s->n; j++)
-            if (s->tokens[j] < 0 || s->tokens[j] >= mc->vocab_size)
-                return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_sequences[%d] token id %d is out of range [0, %d)",
-                               i, s->tokens[j], mc->vocab_size);
-    }
-    if (c->beam_size < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "beam_size = %d must be >= 0", c->beam_size);
-    if (!isfinite(c->length_penalty))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "length_penalty = %g must be finite", (double)c->length_penalty);
-    if (c->early_exit_patience < 0)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_patience = %d must be >= 0", c->early_exit_patience);
-    if (c->early_exit_min_L < 1)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_min_L = %d must be >= 1", c->early_exit_min_L);
-    if (c->early_exit_peek_every < 1)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_peek_every = %d must be >= 1", c->early_exit_peek_every);
-    if (!(c->early_exit_logit_margin >= 0.0f) || !isfinite(c->early_exit_logit_margin))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_logit_margin = %g must be a finite number >= 0",
-                       (double)c->early_exit_logit_margin);
-    if (c->n_stop_strings < 0 || (c->n_stop_strings > 0 && !c->stop_strings))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_strings = %d without stop_strings", c->n_stop_strings);
-    for (int i = 0; i < c->n_stop_strings; i++)
-        if (!c->stop_strings[i] || !c->stop_strings[i][0])
-            return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings[%d] is empty", i);
-    if (c->n_stop_strings > 0 && !m->tokenizer)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings need a tokenizer, and this model has no tokenizer.json");
-    if (c->grammar && (!c->grammar->allowed || !c->grammar->advance))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar needs both an allowed and an advance callback");
-    if (!(c->early_exit_threshold >= 0.0f) || !isfinite(c->early_exit_threshold))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_threshold = %g must be a finite number >= 0",
-                       (double)c->early_exit_threshold);
-    return TL_OK;
-}
+#include "validate.h"
 
 /* ---------------------------------------------------------------- lifetime */
 
-void tl_session_free(tl_session *s) {
-    if (!s) return;
+static void session_destroy(tl_session *s) {
+    if (s->decoder && s->decoder->close) s->decoder->close(s);
     tl_kv_cache_free(s->cache);
     tl_workspace_release(&s->ws);
     tl_distribution_free(&s->dist);
@@ -131,7 +30,6 @@ void tl_session_free(tl_session *s) {
     free(s->work);
     free(s->seen);
     free(s->allowed);
-    free(s->state_before);
     free(s->text);
     for (int i = 0; s->stop_strs && i < s->cfg.n_stop_strings; i++) free(s->stop_strs[i]);
     free(s->stop_strs);
@@ -139,26 +37,43 @@ void tl_session_free(tl_session *s) {
     free(s);
 }
 
+void tl_session_free(tl_session *s) {
+    if (!s) return;
+    /* From one of the session's own hooks: the running step still uses it. */
+    if (s->stepping) {
+        s->free_requested = true;
+        return;
+    }
+    session_destroy(s);
+}
+
 tl_status tl_session_new(const tl_model *m, const int32_t *prompt, int prompt_len,
                          const tl_generate_config *cfg, tl_session **out) {
-    return tl_session_create(m, prompt, prompt_len, cfg, 0, out);
+    tl_clear_error();
+    return tl_session_create(m, prompt, prompt_len, cfg, out);
+}
+
+tl_status tl_session_cache_new(tl_session *s, int headroom) {
+    const int total = s->prompt_len + s->cfg.max_tokens;
+    return tl_kv_cache_new(&s->m->cfg, total + headroom, s->cfg.cache_window,
+                           s->chunk > headroom ? s->chunk : headroom, &s->cache);
 }
 
 tl_status tl_session_create(const tl_model *m, const int32_t *prompt, int prompt_len,
-                            const tl_generate_config *cfg, int min_chunk, tl_session **out) {
+                            const tl_generate_config *cfg, tl_session **out) {
+    return tl_session_create_with(NULL, m, prompt, prompt_len, cfg, out);
+}
+
+tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, const int32_t *prompt,
+                                 int prompt_len, const tl_generate_config *cfg, tl_session **out) {
     double t_start = tl_now_ms();
     if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_new: out must not be NULL");
     *out = NULL;
-    if (!m) return tl_fail(TL_ERR_INVALID_ARGUMENT, "model must not be NULL");
     tl_generate_config defaults;
     tl_generate_config_init(&defaults);
     if (!cfg) cfg = &defaults;
     tl_status st = tl_generate_validate(m, prompt, prompt_len, cfg);
     if (st != TL_OK) return st;
-    if (cfg->beam_size >= 2)
-        return tl_fail(TL_ERR_UNSUPPORTED,
-                       "beam_size = %d: beam search runs through tl_generate / tl_generate_stream, not "
-                       "the step API", cfg->beam_size);
 
     const int vocab = m->cfg.vocab_size, total = prompt_len + cfg->max_tokens;
     tl_session *s = calloc(1, sizeof *s);
@@ -170,6 +85,10 @@ tl_status tl_session_create(const tl_model *m, const int32_t *prompt, int prompt
     s->prompt_len = s->n_tokens = prompt_len;
     s->t_start = t_start;
     s->stats.prompt_tokens = prompt_len;
+    s->decoder = decoder ? decoder
+               : cfg->beam_size >= 2 ? &tl_beam_decoder
+               : cfg->speculative != TL_SPECULATIVE_OFF ? &tl_speculative_decoder
+                                                        : &tl_plain_decoder;
     tl_rng_seed(&s->rng, cfg->sample_seed);
 
     int stop_total = 0;
@@ -182,21 +101,24 @@ tl_status tl_session_create(const tl_model *m, const int32_t *prompt, int prompt
     s->work = malloc((size_t)vocab * sizeof *s->work);
     s->seen = calloc((size_t)vocab, 1);
     s->allowed = malloc((size_t)vocab);
-    s->state_before = malloc((size_t)m->cfg.d_model * sizeof(float));
+    s->stop_strs = calloc((size_t)cfg->n_stop_strings + 1, sizeof *s->stop_strs);
+    s->stop_lens = calloc((size_t)cfg->n_stop_strings + 1, sizeof *s->stop_lens);
     st = (s->stop_seqs && s->stop_store && s->tokens && s->positions && s->logits && s->work &&
-          s->seen && s->allowed && s->state_before)
+          s->seen && s->allowed && s->stop_strs && s->stop_lens)
              ? tl_distribution_init(&s->dist, vocab)
              : tl_fail(TL_ERR_NO_MEMORY, "out of memory for a session of %d tokens", total);
+    for (int i = 0; st == TL_OK && i < cfg->n_stop_strings; i++) {
+        s->stop_lens[i] = strlen(cfg->stop_strings[i]);
+        if (!(s->stop_strs[i] = strdup(cfg->stop_strings[i]))) st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+        else if (s->stop_lens[i] > s->max_stop_len) s->max_stop_len = s->stop_lens[i];
+    }
+    s->cfg.stop_strings = (const char *const *)s->stop_strs;
     /* A windowed cache holds window + chunk rows: small windows take small chunks so that
        memory stays within twice the window. */
-    s->chunk = cfg->cache_window > 0 && cfg->cache_window < PREFILL_CHUNK ? cfg->cache_window : PREFILL_CHUNK;
-    if (st == TL_OK)
-        /* min_chunk rows of headroom: a speculative tree sits after the sequence until the
-           accepted path is compacted. */
-        st = tl_kv_cache_new(&m->cfg, total + min_chunk, cfg->cache_window,
-                             s->chunk > min_chunk ? s->chunk : min_chunk, &s->cache);
+    s->chunk = cfg->cache_window > 0 && cfg->cache_window < TL_FORWARD_CHUNK ? cfg->cache_window : TL_FORWARD_CHUNK;
+    if (st == TL_OK) st = s->decoder->open(s);
     if (st != TL_OK) {
-        tl_session_free(s);
+        session_destroy(s);
         return st;
     }
     for (int i = 0, at = 0; i < cfg->n_stop_sequences; i++) {
@@ -210,22 +132,8 @@ tl_status tl_session_create(const tl_model *m, const int32_t *prompt, int prompt
         s->grammar = *cfg->grammar;
         s->cfg.grammar = &s->grammar;
     }
-    s->stop_strs = calloc((size_t)cfg->n_stop_strings + 1, sizeof *s->stop_strs);
-    s->stop_lens = calloc((size_t)cfg->n_stop_strings + 1, sizeof *s->stop_lens);
-    for (int i = 0; s->stop_strs && s->stop_lens && i < cfg->n_stop_strings; i++) {
-        s->stop_lens[i] = strlen(cfg->stop_strings[i]);
-        s->stop_strs[i] = strdup(cfg->stop_strings[i]);
-        if (!s->stop_strs[i]) break;
-        if (s->stop_lens[i] > s->max_stop_len) s->max_stop_len = s->stop_lens[i];
-    }
-    s->cfg.stop_strings = (const char *const *)s->stop_strs;
-    if (!s->stop_strs || !s->stop_lens || (cfg->n_stop_strings && !s->stop_strs[cfg->n_stop_strings - 1])) {
-        tl_session_free(s);
-        return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    }
     memcpy(s->tokens, prompt, (size_t)prompt_len * sizeof *s->tokens);
     for (int i = 0; i < total; i++) s->positions[i] = i;
-    tl_clear_error();
     *out = s;
     return TL_OK;
 }
@@ -237,7 +145,50 @@ const int32_t *tl_session_tokens(const tl_session *s, int *n) {
 
 const tl_generate_stats *tl_session_stats(const tl_session *s) { return s ? &s->stats : NULL; }
 
-/* ---------------------------------------------------------------- the step */
+/* ---------------------------------------------------------------- shared by the decoders */
+
+tl_status tl_session_prefill(tl_session *s, int n, float *last_logits) {
+    tl_status st = tl_forward_sequence(s->m, s->cache, &s->ws, s->tokens, s->positions, n, s->chunk,
+                                       s->loops, last_logits);
+    if (st != TL_OK) return st;
+    s->t_prefill_end = tl_now_ms();
+    s->stats.prefill_ms = s->t_prefill_end - s->t_start;
+    return TL_OK;
+}
+
+static tl_status hook_failed(tl_session *s, const char *hook, int code) {
+    s->finished = true;
+    return tl_fail(TL_ERR_HOOK, "%s hook returned error %d", hook, code);
+}
+
+tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const int32_t *history, int n) {
+    const tl_generate_config *c = &s->cfg;
+    const int vocab = s->m->cfg.vocab_size;
+    if (row != s->work) memcpy(s->work, row, (size_t)vocab * sizeof(float));
+    if (c->logits_processor) {
+        int r = c->logits_processor(c->logits_processor_user, s->work, vocab, history, n);
+        if (r < 0) return hook_failed(s, "logits_processor", r);
+    }
+    tl_repetition_penalty(s->work, history, n, c->repetition_penalty, s->seen);
+    if (c->grammar) {
+        memset(s->allowed, 0, (size_t)vocab);
+        int n_allowed = c->grammar->allowed(c->grammar->user, s->allowed, vocab);
+        if (n_allowed < 0) return hook_failed(s, "grammar allowed", n_allowed);
+        for (int i = 0; i < vocab; i++)
+            if (!s->allowed[i]) s->work[i] = -INFINITY;
+    }
+    return TL_OK;
+}
+
+int32_t tl_session_choose(tl_session *s) {
+    const tl_generate_config *c = &s->cfg;
+    if (s->greedy) return tl_argmax(s->work, s->m->cfg.vocab_size);
+    return tl_distribution_build(&s->dist, s->work, c->temperature, c->top_k, c->top_p)
+               ? tl_distribution_draw(&s->dist, &s->rng)
+               : -1;
+}
+
+/* ---------------------------------------------------------------- plain decoding */
 
 /* One decode token with early exit (SPEC §3 knobs): after early_exit_min_L loops, probe
    every early_exit_peek_every loops with the coda + head; exit after `patience`
@@ -245,7 +196,7 @@ const tl_generate_stats *tl_session_stats(const tl_session *s) { return s ? &s->
    loops of later tokens read its deepest slot (KV sharing, SPEC §2). */
 static tl_status forward_early_exit(tl_session *s, int start) {
     const tl_generate_config *c = &s->cfg;
-    const int d = s->m->cfg.d_model, L = s->loops;
+    const int L = s->loops;
     tl_forward f;
     tl_status st = tl_forward_begin(&f, s->m, s->cache, &s->ws, s->tokens + start, s->positions + start, 1, NULL);
     if (st != TL_OK) return st;
@@ -253,16 +204,13 @@ static tl_status forward_early_exit(tl_session *s, int start) {
     int32_t previous = -1;
     for (int l = 1; l <= L; l++) {
         const bool probe = l < L && l >= c->early_exit_min_L && (l - c->early_exit_min_L) % c->early_exit_peek_every == 0;
-        if (probe) memcpy(s->state_before, s->ws.s, (size_t)d * sizeof(float));
-        tl_forward_loop(&f);
-        if (!probe) continue;
-        const double t0 = tl_now_ms();
-        double change = 0.0, norm = 0.0;
-        for (int i = 0; i < d; i++) {
-            double delta = (double)s->ws.s[i] - (double)s->state_before[i];
-            change += delta * delta;
-            norm += (double)s->ws.s[i] * (double)s->ws.s[i];
+        if (!probe) {
+            tl_forward_loop(&f);
+            continue;
         }
+        double change;
+        tl_forward_loop_measured(&f, &change);
+        const double t0 = tl_now_ms();
         tl_forward_head(&f, 0, s->logits);
         const int32_t top = tl_argmax(s->logits, s->m->cfg.vocab_size);
         bool now_stable;
@@ -272,7 +220,7 @@ static tl_status forward_early_exit(tl_session *s, int start) {
                 if (i != top && s->logits[i] > second) second = s->logits[i];
             now_stable = top >= 0 && s->logits[top] - second >= c->early_exit_logit_margin;
         } else {
-            now_stable = norm > 0.0 && sqrt(change / norm) < (double)c->early_exit_threshold && top == previous;
+            now_stable = change < (double)c->early_exit_threshold && top == previous;
         }
         previous = top;
         stable = now_stable ? stable + 1 : 0;
@@ -289,34 +237,38 @@ static tl_status forward_early_exit(tl_session *s, int start) {
     return TL_OK;
 }
 
-/* Brings the cache up to date with every token and leaves the next-token logits. */
-static tl_status forward_pending(tl_session *s) {
+static tl_status plain_open(tl_session *s) { return tl_session_cache_new(s, 0); }
+
+/* Brings the cache up to date with every token, then chooses from the next-token logits. */
+static tl_status plain_next(tl_session *s, int32_t *token) {
     tl_kv_cache *c = s->cache;
-    const bool prefill = c->length == 0;
-    if (!prefill && s->cfg.early_exit_patience > 0 && c->length + 1 == s->n_tokens)
-        return forward_early_exit(s, c->length);
-    const int start = c->length;
-    tl_status st = tl_forward_sequence(s->m, c, &s->ws, s->tokens + start, s->positions + start,
-                                       s->n_tokens - start, s->chunk, s->loops, s->logits);
-    if (st != TL_OK) return st;
-    s->last_depth = s->loops;
-    if (prefill) {
-        s->t_prefill_end = tl_now_ms();
-        s->stats.prefill_ms = s->t_prefill_end - s->t_start;
+    tl_status st;
+    if (c->length == 0) {
+        st = tl_session_prefill(s, s->n_tokens, s->logits);
+        s->last_depth = s->loops;
+    } else if (s->cfg.early_exit_patience > 0 && c->length + 1 == s->n_tokens) {
+        st = forward_early_exit(s, c->length);
+    } else {
+        const int start = c->length;
+        st = tl_forward_sequence(s->m, c, &s->ws, s->tokens + start, s->positions + start,
+                                 s->n_tokens - start, s->chunk, s->loops, s->logits);
+        s->last_depth = s->loops;
     }
+    if (st != TL_OK) return st;
+    if ((st = tl_session_prepare_logits(s, s->logits)) != TL_OK) return st;
+    *token = tl_session_choose(s);
     return TL_OK;
 }
+
+const tl_decoder tl_plain_decoder = {"plain", plain_open, plain_next, NULL};
+
+/* ---------------------------------------------------------------- emission */
 
 static tl_status finish(tl_session *s, tl_stop_reason reason, tl_stop_reason *stop) {
     s->finished = true;
     s->stats.stop_reason = reason;
     *stop = reason;
     return TL_OK;
-}
-
-static tl_status hook_failed(tl_session *s, const char *hook, int code) {
-    s->finished = true;
-    return tl_fail(TL_ERR_HOOK, "%s hook returned error %d", hook, code);
 }
 
 /* Appends the token's bytes to the generated text; true when a stop string now ends
@@ -347,40 +299,6 @@ static tl_status append_text(tl_session *s, int32_t tok, bool *matched) {
     return TL_OK;
 }
 
-tl_status tl_session_prepare_logits(tl_session *s, const float *row) {
-    const tl_generate_config *c = &s->cfg;
-    const int vocab = s->m->cfg.vocab_size;
-    memcpy(s->work, row, (size_t)vocab * sizeof(float));
-    if (c->logits_processor) {
-        int r = c->logits_processor(c->logits_processor_user, s->work, vocab, s->tokens, s->n_tokens);
-        if (r < 0) return hook_failed(s, "logits_processor", r);
-    }
-    tl_repetition_penalty(s->work, s->tokens, s->n_tokens, c->repetition_penalty, s->seen);
-    if (c->grammar) {
-        memset(s->allowed, 0, (size_t)vocab);
-        int n_allowed = c->grammar->allowed(c->grammar->user, s->allowed, vocab);
-        if (n_allowed < 0) return hook_failed(s, "grammar allowed", n_allowed);
-        for (int i = 0; i < vocab; i++)
-            if (!s->allowed[i]) s->work[i] = -INFINITY;
-    }
-    return TL_OK;
-}
-
-/* Picks the next token from a row of logits; *token = -1 when nothing is allowed. */
-static tl_status choose_token(tl_session *s, const float *row, int32_t *token) {
-    const tl_generate_config *c = &s->cfg;
-    tl_status st = tl_session_prepare_logits(s, row);
-    if (st != TL_OK) return st;
-    if (s->greedy) {
-        *token = tl_argmax(s->work, s->m->cfg.vocab_size);
-    } else {
-        *token = tl_distribution_build(&s->dist, s->work, c->temperature, c->top_k, c->top_p)
-                     ? tl_distribution_draw(&s->dist, &s->rng)
-                     : -1;
-    }
-    return TL_OK;
-}
-
 tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
     const tl_generate_config *c = &s->cfg;
     tl_status st;
@@ -394,15 +312,9 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
     /* Append and account. */
     const int position = s->n_tokens;
     s->tokens[s->n_tokens++] = tok;
-    const double now = tl_now_ms();
     const int emitted = s->n_tokens - s->prompt_len;
-    if (emitted == 1) s->stats.first_token_ms = now - s->t_start;
-    s->stats.decode_ms = now - s->t_prefill_end;
-    s->stats.tokens_emitted = emitted;
-    const int depth = s->last_depth > 0 ? s->last_depth : s->loops;
-    s->loops_sum += depth;
-    s->stats.loops_used = s->loops_sum / emitted;
-    s->stats.depth_histogram[depth < TL_HISTOGRAM_DEPTHS ? depth : TL_HISTOGRAM_DEPTHS - 1]++;
+    tl_stats_count_token(&s->stats, emitted, s->last_depth > 0 ? s->last_depth : s->loops, &s->loops_sum,
+                         s->t_start, s->t_prefill_end, tl_now_ms());
 
     bool stop_string = false;
     if ((st = append_text(s, tok, &stop_string)) != TL_OK) { s->finished = true; return st; }
@@ -431,38 +343,46 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
     return TL_OK;
 }
 
-tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
-    if (!s || !token || !stop) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step: NULL argument");
-    *token = -1;
-    *stop = TL_STOP_NONE;
-    if (s->finished)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "session has already finished (stop reason %s)",
-                       tl_stop_reason_name(s->stats.stop_reason));
-    if (s->cfg.max_tokens == 0) return finish(s, TL_STOP_MAX_TOKENS, stop);
+/* ---------------------------------------------------------------- the step */
 
-    tl_status st = forward_pending(s);
-    if (st != TL_OK) { s->finished = true; return st; }
+static tl_status step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
+    if (s->cfg.max_tokens == 0) return finish(s, TL_STOP_MAX_TOKENS, stop);
     int32_t tok = -1;
-    if ((st = choose_token(s, s->logits, &tok)) != TL_OK) return st;
+    tl_status st = s->decoder->next(s, &tok);
+    if (st != TL_OK) {
+        s->finished = true;
+        return st;
+    }
     if ((st = tl_session_emit(s, tok, stop)) != TL_OK) return st;
     if (tok >= 0) *token = tok;
     return TL_OK;
 }
 
+tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
+    tl_clear_error();
+    if (!s) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step: session must not be NULL");
+    if (!token || !stop) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step: token and stop must not be NULL");
+    *token = -1;
+    *stop = TL_STOP_NONE;
+    if (s->stepping)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "tl_session_step: the session is already stepping (called from one of its own hooks)");
+    if (s->finished)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "session has already finished (stop reason %s)",
+                       tl_stop_reason_name(s->stats.stop_reason));
+    s->stepping = true;
+    tl_status st = step(s, token, stop);
+    s->stepping = false;
+    if (s->free_requested) session_destroy(s);
+    return st;
+}
+
 /* ---------------------------------------------------------------- streamed text */
 
-/* Bytes at the end of text[0..len) to hold back: an unfinished UTF-8 sequence, or the
-   longest suffix that is a proper prefix of a stop string. */
+/* Bytes at the end of the text to hold back: an unfinished UTF-8 sequence, or the longest
+   suffix that is a proper prefix of a stop string. */
 static size_t held_back(const tl_session *s) {
-    size_t hold = 0;
-    const unsigned char *t = (const unsigned char *)s->text;
-    for (size_t back = 1; back <= 3 && back <= s->text_len; back++) {
-        unsigned char c = t[s->text_len - back];
-        if ((c & 0xC0) != 0x80) { /* the last lead byte: is its sequence complete? */
-            if (tlz_utf8_seq(t + s->text_len - back, back) == 0) hold = back;
-            break;
-        }
-    }
+    size_t hold = tlz_utf8_unfinished_tail((const unsigned char *)s->text, s->text_len);
     for (int i = 0; i < s->cfg.n_stop_strings; i++) {
         size_t L = s->stop_lens[i];
         for (size_t k = L - 1 < s->text_len ? L - 1 : s->text_len; k > hold; k--)
@@ -472,6 +392,7 @@ static size_t held_back(const tl_session *s) {
 }
 
 tl_status tl_session_text(tl_session *s, const char **piece, size_t *len) {
+    tl_clear_error();
     if (!s || !piece || !len) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_text: NULL argument");
     if (!s->m->tokenizer)
         return tl_fail(TL_ERR_UNSUPPORTED, "tl_session_text: the model has no tokenizer.json");

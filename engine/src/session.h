@@ -1,9 +1,31 @@
-/* session.h: internals of tl_session shared with the blocking calls (generate.c). */
+/* session.h: the one decode state machine (SPEC §3) and the decoding modes that run on it.
+ *
+ * A step is: the mode finds the next token (running whatever forward passes it needs and
+ * choosing through tl_session_choose), then tl_session_emit appends it and runs the hooks and
+ * stop checks. Modes differ only in how they find tokens:
+ *     plain        forward the pending token (early exit optional), choose      session.c
+ *     speculative  draft a chain or tree, verify it in one forward, then hand out   speculative.c
+ *                  the verified run one token per step
+ *     beam         advance every beam in one forward until a token is settled   beam.c
+ * Every blocking call (generate.c) is a loop over tl_session_step. */
 #ifndef TL_SESSION_H
 #define TL_SESSION_H
 
 #include "forward.h"
 #include "sampler.h"
+
+typedef struct tl_decoder {
+    const char *name;
+    /* Allocates the mode's state (s->mode_state) and the session's cache. */
+    tl_status (*open)(tl_session *s);
+    /* Finds the next token: *token = -1 when nothing is allowed (dead end). */
+    tl_status (*next)(tl_session *s, int32_t *token);
+    void (*close)(tl_session *s);
+} tl_decoder;
+
+extern const tl_decoder tl_plain_decoder;
+extern const tl_decoder tl_speculative_decoder; /* speculative.c */
+extern const tl_decoder tl_beam_decoder;        /* beam.c */
 
 struct tl_session {
     const tl_model *m;
@@ -11,8 +33,10 @@ struct tl_session {
     tl_grammar grammar;          /* copy of *cfg->grammar; cfg.grammar points here */
     tl_token_seq *stop_seqs;     /* [n_stop_sequences] */
     int32_t *stop_store;         /* the stop sequences' tokens */
-    int loops;                   /* resolved depth */
+    int loops;                   /* resolved depth (the verify depth of speculative modes) */
     int greedy;
+    const tl_decoder *decoder;
+    void *mode_state;            /* the decoder's own state */
 
     tl_kv_cache *cache;
     tl_workspace ws;
@@ -37,30 +61,41 @@ struct tl_session {
 
     tl_generate_stats stats;
     double t_start, t_prefill_end, loops_sum;
-    int last_depth;              /* loop depth of the forward that produced s->logits */
-    float *state_before;         /* [d_model] loop state before a probed loop (early exit) */
+    int last_depth;              /* loop depth of the forward that produced the chosen row */
     bool finished;
+    bool stepping;               /* inside tl_session_step: hooks may not step or free */
+    bool free_requested;         /* tl_session_free from a hook: done when the step returns */
 
     /* Set by tl_generate_stream: its callback runs inside the step like on_token. */
     tl_stream_fn stream_fn;
     void *stream_user;
 };
 
-/* Every rule of SPEC §3 for (model, prompt, config); the message names field and value. */
-tl_status tl_generate_validate(const tl_model *m, const int32_t *prompt, int prompt_len,
-                               const tl_generate_config *cfg);
-
-/* Shared with the speculative decoders (speculative.c): */
-
-/* tl_session_new with a cache that accepts forwards of min_chunk rows (tree verification). */
+/* tl_session_new minus the public entry's error bookkeeping (generate.c builds on it). */
 tl_status tl_session_create(const tl_model *m, const int32_t *prompt, int prompt_len,
-                            const tl_generate_config *cfg, int min_chunk, tl_session **out);
+                            const tl_generate_config *cfg, tl_session **out);
+/* The same with the decoder forced (tests: beam width 1 through the beam machinery). */
+tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, const int32_t *prompt,
+                                 int prompt_len, const tl_generate_config *cfg, tl_session **out);
 
-/* s->work = the row after the logits hook, repetition penalty and grammar mask, for the
-   history s->tokens (exactly what plain decoding would see at this point). */
-tl_status tl_session_prepare_logits(tl_session *s, const float *row);
-/* Appends a chosen token (-1: nothing allowed) and runs hooks and stop checks, exactly as
-   a plain step does; *stop tells whether generation ended. */
+/* ---- for the decoders */
+
+/* A cache for the whole sequence plus `headroom` rows that one forward may add beyond it
+   (a speculative tree before compaction), taking chunks of up to max(chunk, headroom). */
+tl_status tl_session_cache_new(tl_session *s, int headroom);
+/* Forwards the prompt's first `n` tokens into the cache, timing the prefill. */
+tl_status tl_session_prefill(tl_session *s, int n, float *last_logits);
+/* s->work = `row` after the logits hook, the repetition penalty and the grammar mask, for the
+   history `history[0..n)` (s->tokens for plain decoding; a beam's own history for beams). */
+tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const int32_t *history, int n);
+static inline tl_status tl_session_prepare_logits(tl_session *s, const float *row) {
+    return tl_session_prepare_logits_for(s, row, s->tokens, s->n_tokens);
+}
+/* Picks a token from s->work: greedy argmax, or a draw from the temperature / top-k / top-p
+   distribution (left in s->dist). -1 when nothing is allowed. */
+int32_t tl_session_choose(tl_session *s);
+/* Appends a chosen token (-1: nothing allowed) and runs hooks and stop checks; *stop tells
+   whether generation ended. */
 tl_status tl_session_emit(tl_session *s, int32_t token, tl_stop_reason *stop);
 
 #endif

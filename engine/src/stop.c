@@ -13,3 +13,14 @@ bool tl_stop_sequences_match(const int32_t *tokens, int n, int first_new, const 
     }
     return false;
 }
+
+const char *tl_stop_reason_name(tl_stop_reason reason) {
+    switch (reason) {
+    case TL_STOP_EOS: return "EOS";
+    case TL_STOP_SEQUENCE: return "STOP_SEQUENCE";
+    case TL_STOP_MAX_TOKENS: return "MAX_TOKENS";
+    case TL_STOP_CALLBACK_ABORT: return "CALLBACK_ABORT";
+    case TL_STOP_GRAMMAR_DEAD_END: return "GRAMMAR_DEAD_END";
+    default: return "NONE";
+    }
+}

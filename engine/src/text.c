@@ -24,6 +24,7 @@ static tl_status from_tlz(int code, const char *err) {
 }
 
 tl_status tl_encode(const tl_model *m, const char *text, size_t len, int32_t **ids, int *n_ids) {
+    tl_clear_error(); /* "" after success, the message after a failure */
     tl_status st = need_tokenizer(m, "tl_encode");
     if (st != TL_OK) return st;
     if ((!text && len) || !ids || !n_ids) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_encode: NULL argument");
@@ -34,11 +35,11 @@ tl_status tl_encode(const tl_model *m, const char *text, size_t len, int32_t **i
     if (code != 0) return from_tlz(code, err);
     if (n > (size_t)INT32_MAX) { free(*ids); *ids = NULL; return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_encode: text too long"); }
     *n_ids = (int)n;
-    tl_clear_error();
     return TL_OK;
 }
 
 tl_status tl_decode(const tl_model *m, const int32_t *ids, int n, char **text, size_t *len) {
+    tl_clear_error(); /* "" after success, the message after a failure */
     tl_status st = need_tokenizer(m, "tl_decode");
     if (st != TL_OK) return st;
     if ((!ids && n) || n < 0 || !text) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_decode: bad arguments");
@@ -47,11 +48,11 @@ tl_status tl_decode(const tl_model *m, const int32_t *ids, int n, char **text, s
     int code = tlz_decode(m->tokenizer, ids, (size_t)n, text, &got, err, sizeof err);
     if (code != 0) return from_tlz(code, err);
     if (len) *len = got;
-    tl_clear_error();
     return TL_OK;
 }
 
 tl_status tl_token_text(const tl_model *m, int32_t id, const char **bytes, size_t *len) {
+    tl_clear_error(); /* "" after success, the message after a failure */
     tl_status st = need_tokenizer(m, "tl_token_text");
     if (st != TL_OK) return st;
     if (!bytes || !len) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_token_text: NULL argument");
@@ -65,6 +66,7 @@ struct tl_detokenizer {
 };
 
 tl_status tl_detokenizer_new(const tl_model *m, tl_detokenizer **out) {
+    tl_clear_error(); /* "" after success, the message after a failure */
     tl_status st = need_tokenizer(m, "tl_detokenizer_new");
     if (st != TL_OK) return st;
     if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_detokenizer_new: out must not be NULL");
@@ -81,6 +83,7 @@ tl_status tl_detokenizer_new(const tl_model *m, tl_detokenizer **out) {
 }
 
 tl_status tl_detokenizer_push(tl_detokenizer *d, int32_t id, const char **piece, size_t *len) {
+    tl_clear_error(); /* "" after success, the message after a failure */
     if (!d || !piece || !len) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_detokenizer_push: NULL argument");
     char err[512];
     int code = tlz_stream_push(d->stream, id, piece, len, err, sizeof err);

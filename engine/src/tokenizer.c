@@ -137,6 +137,16 @@ int tlz_utf8_seq(const unsigned char *p, size_t n)
     return len;
 }
 
+size_t tlz_utf8_unfinished_tail(const unsigned char *p, size_t n)
+{
+    /* The last lead byte within reach decides: a sequence is at most 4 bytes long. */
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        if ((p[n - back] & 0xC0) != 0x80)
+            return tlz_utf8_seq(p + n - back, back) == 0 ? back : 0;
+    }
+    return 0;
+}
+
 static size_t utf8_put(uint32_t cp, char *out)
 {
     if (cp < 0x80) { out[0] = (char)cp; return 1; }

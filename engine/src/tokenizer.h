@@ -103,4 +103,9 @@ void tlz_stream_free(tlz_stream *s);  /* NULL is a no-op */
    sequence. */
 int tlz_utf8_seq(const unsigned char *p, size_t n);
 
+/* The one UTF-8 hold-back rule (the stream and tl_session_text): how many bytes at the end of
+   p[0..n) form a valid but unfinished sequence, which a later byte may complete (0..3).
+   Invalid bytes are never held: no later byte can make them valid. */
+size_t tlz_utf8_unfinished_tail(const unsigned char *p, size_t n);
+
 #endif

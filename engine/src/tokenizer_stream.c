@@ -34,20 +34,6 @@ int tlz_stream_new(const tlz_tokenizer *tok, tlz_stream **out, char *err, size_t
     return TLZ_OK;
 }
 
-/* Length of the prefix of p[0..n) that can be shown now: everything except a
-   trailing sequence that is valid so far but unfinished. Invalid bytes are
-   not held: no later byte can make them valid. */
-static size_t safe_prefix(const unsigned char *p, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        int k = tlz_utf8_seq(p + i, n - i);
-        if (k == 0) break;
-        i += k > 0 ? (size_t)k : 1;
-    }
-    return i;
-}
-
 int tlz_stream_push(tlz_stream *s, int32_t id, const char **out, size_t *len, char *err, size_t errlen)
 {
     if (out) *out = NULL;
@@ -78,8 +64,8 @@ int tlz_stream_push(tlz_stream *s, int32_t id, const char **out, size_t *len, ch
     }
     memcpy(s->out, s->held, s->n_held);
     memcpy(s->out + s->n_held, bytes, n);
-    size_t ready = safe_prefix((const unsigned char *)s->out, total);
-    s->n_held = total - ready; /* <= 3 by construction of safe_prefix */
+    size_t ready = total - tlz_utf8_unfinished_tail((const unsigned char *)s->out, total);
+    s->n_held = total - ready; /* <= 3: an unfinished sequence */
     memcpy(s->held, s->out + ready, s->n_held);
     s->out[ready] = '\0';
     *out = s->out;

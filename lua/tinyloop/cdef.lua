@@ -96,6 +96,11 @@ typedef struct tl_grammar {
     int (*allowed)(void *user, uint8_t *allowed, int vocab_size);
     int (*advance)(void *user, int32_t token);
 } tl_grammar;
+typedef enum tl_speculative_mode {
+    TL_SPECULATIVE_OFF = 0,
+    TL_SPECULATIVE_CHAIN = 1,
+    TL_SPECULATIVE_TREE = 2
+} tl_speculative_mode;
 typedef struct tl_generate_config {
     int max_tokens;
     int loops;
@@ -124,6 +129,11 @@ typedef struct tl_generate_config {
     tl_logits_hook logits_processor;
     void *logits_processor_user;
     const tl_grammar *grammar;
+    tl_speculative_mode speculative;
+    int draft_loops;
+    int draft_ahead;
+    int K_branches;
+    int max_nodes;
 } tl_generate_config;
 void tl_generate_config_init(tl_generate_config *cfg);
 typedef struct tl_generate_stats {
@@ -138,6 +148,14 @@ typedef struct tl_generate_stats {
     double probe_ms;
     int depth_histogram[65];
     double beam_score;
+    int drafted;
+    int accepted;
+    int verify_steps;
+    int draft_forwards;
+    int verify_forwards;
+    double draft_ms, verify_ms;
+    double acceptance_rate;
+    double mean_accepted;
 } tl_generate_stats;
 double tl_stats_decode_tokens_per_s(const tl_generate_stats *stats);
 double tl_stats_prefill_tokens_per_s(const tl_generate_stats *stats);
@@ -152,7 +170,7 @@ tl_status tl_session_text(tl_session *session, const char **piece, size_t *len);
 tl_status tl_generate(const tl_model *model, const int32_t *prompt, int prompt_len,
                       const tl_generate_config *cfg, int32_t *out, int out_capacity,
                       int *out_len, tl_generate_stats *stats);
-typedef int (*tl_stream_fn)(void *user, int32_t token, int position);
+typedef bool (*tl_stream_fn)(void *user, int32_t token, int position);
 tl_status tl_generate_stream(const tl_model *model, const int32_t *prompt, int prompt_len,
                              const tl_generate_config *cfg, tl_stream_fn on_token, void *user,
                              int32_t *out, int out_capacity, int *out_len,

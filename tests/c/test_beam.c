@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "beam.h"
+#include "session.h"
 #include "check.h"
 #include "tinyloop.h"
 
@@ -93,7 +93,15 @@ static void test_width_one(const char *root) {
             int wn, gn;
             tl_generate(m, prompt, 5 - p % 3, &cfg, want, CAP, &wn, NULL);
             cfg.beam_size = 1;
-            CHECK(tl_beam_generate(m, prompt, 5 - p % 3, &cfg, NULL, NULL, got, &gn, NULL) == TL_OK, "beam 1");
+            tl_session *s = NULL;
+            tl_status st = tl_session_create_with(&tl_beam_decoder, m, prompt, 5 - p % 3, &cfg, &s);
+            int32_t token;
+            tl_stop_reason stop = TL_STOP_NONE;
+            while (st == TL_OK && stop == TL_STOP_NONE) st = tl_session_step(s, &token, &stop);
+            CHECK(st == TL_OK, "beam 1: %s", tl_last_error());
+            const int32_t *tokens = tl_session_tokens(s, &gn);
+            memcpy(got, tokens, (size_t)gn * sizeof *got);
+            tl_session_free(s);
             CHECK(gn == wn && memcmp(got, want, (size_t)wn * 4) == 0, "%s prompt %d: beam width 1 != greedy", names[mi], p);
         }
         tl_model_free(m);
@@ -145,7 +153,7 @@ static void test_batch(void) {
               memcmp(one, out + lens[0], (size_t)n * 4) == 0, "beam batch item differs from tl_generate");
 }
 
-static int noop_token(void *u, int32_t t, int p) { (void)u; (void)t; (void)p; return 0; }
+static int noop_stop_rule(void *u, const int32_t *t, int n) { (void)u; (void)t; (void)n; return 0; }
 static int noop_allowed(void *u, uint8_t *a, int v) { (void)u; (void)a; (void)v; return 0; }
 static int noop_advance(void *u, int32_t t) { (void)u; (void)t; return 0; }
 
@@ -156,14 +164,13 @@ static void test_validation(void) {
     tl_generate_config_init(&cfg);
     cfg.max_tokens = 8;
     cfg.beam_size = 3;
-    tl_session *s = NULL;
-    CHECK_ERROR(tl_session_new(model, prompt, 2, &cfg, &s), TL_ERR_UNSUPPORTED, "not the step API");
-    cfg.on_token = noop_token;
-    CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, out, CAP, &n, NULL), TL_ERR_UNSUPPORTED, "beam search does not support");
-    cfg.on_token = NULL;
+    cfg.stop_rule = noop_stop_rule;
+    CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, out, CAP, &n, NULL), TL_ERR_UNSUPPORTED,
+                "beam search (beam_size = 3) does not support a stop_rule hook");
+    cfg.stop_rule = NULL;
     tl_grammar g = {NULL, noop_allowed, noop_advance};
     cfg.grammar = &g;
-    CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, out, CAP, &n, NULL), TL_ERR_UNSUPPORTED, "grammars");
+    CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, out, CAP, &n, NULL), TL_ERR_UNSUPPORTED, "a grammar");
     cfg.grammar = NULL;
     cfg.beam_size = 65;
     CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, out, CAP, &n, NULL), TL_ERR_INVALID_ARGUMENT, "beam_size = 65");

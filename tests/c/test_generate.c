@@ -52,12 +52,13 @@ static int fail_hook(void *user, float *logits, int v, const int32_t *tokens, in
     return TL_HOOK_ERROR;
 }
 typedef struct { int calls, last_position, stop_at; int32_t seen[CAP]; } observer_t;
-static int observe(void *user, int32_t token, int position) {
+/* A stream callback: true goes on, false stops after this token. */
+static bool observe(void *user, int32_t token, int position) {
     observer_t *o = user;
     o->seen[o->calls++] = token;
     CHECK(position == o->last_position + 1 || o->last_position < 0, "positions %d then %d", o->last_position, position);
     o->last_position = position;
-    return o->calls == o->stop_at ? 0 : 1;
+    return o->calls != o->stop_at;
 }
 static int on_token_stop(void *user, int32_t token, int position) {
     observer_t *o = user;
@@ -440,7 +441,10 @@ static void test_validation(void) {
     CHECK_ERROR(tl_generate(model, prompt, 3, &cfg, out, CAP, &n, NULL), TL_ERR_INVALID_ARGUMENT, "prompt token id");
     prompt[1] = 2;
     cfg.beam_size = 3;
-    CHECK_ERROR(tl_session_new(model, prompt, 3, &cfg, &(tl_session *){NULL}), TL_ERR_UNSUPPORTED, "beam_size = 3");
+    cfg.cache_window = 4;
+    CHECK_ERROR(tl_session_new(model, prompt, 3, &cfg, &(tl_session *){NULL}), TL_ERR_UNSUPPORTED,
+                "beam search (beam_size = 3) does not support cache_window");
+    cfg.cache_window = 0;
     tl_session *s = (tl_session *)1;
     cfg.beam_size = 0;
     cfg.top_p = 2.0f;

@@ -1,0 +1,41 @@
+/* stats.c: per-token accounting and the public stats helpers. */
+#include <string.h>
+
+#include "stats.h"
+
+double tl_stats_decode_tokens_per_s(const tl_generate_stats *s) {
+    return s && s->decode_ms > 0 ? s->tokens_emitted * 1000.0 / s->decode_ms : 0.0;
+}
+
+double tl_stats_prefill_tokens_per_s(const tl_generate_stats *s) {
+    return s && s->prefill_ms > 0 ? s->prompt_tokens * 1000.0 / s->prefill_ms : 0.0;
+}
+
+void tl_stats_count_token(tl_generate_stats *s, int emitted, int depth, double *loops_sum,
+                          double t_start, double t_prefill_end, double now) {
+    if (emitted == 1) s->first_token_ms = now - t_start;
+    s->decode_ms = now - t_prefill_end;
+    s->tokens_emitted = emitted;
+    *loops_sum += depth;
+    s->loops_used = *loops_sum / emitted;
+    s->depth_histogram[depth < TL_HISTOGRAM_DEPTHS ? depth : TL_HISTOGRAM_DEPTHS - 1]++;
+}
+
+void tl_stats_finish_speculative(tl_generate_stats *s, double depth_offered) {
+    s->acceptance_rate = depth_offered > 0 ? s->accepted / depth_offered : 0.0;
+    s->mean_accepted = s->verify_steps ? (double)s->accepted / s->verify_steps : 0.0;
+}
+
+void tl_stats_to_speculative(const tl_generate_stats *s, tl_speculative_stats *out) {
+    memset(out, 0, sizeof *out);
+    out->gen = *s;
+    out->drafted = s->drafted;
+    out->accepted = s->accepted;
+    out->verify_steps = s->verify_steps;
+    out->acceptance_rate = s->acceptance_rate;
+    out->mean_accepted = s->mean_accepted;
+    out->draft_forwards = s->draft_forwards;
+    out->verify_forwards = s->verify_forwards;
+    out->draft_ms = s->draft_ms;
+    out->verify_ms = s->verify_ms;
+}

@@ -1,0 +1,191 @@
+/* validate.c: documented defaults and every rule of a generation config (SPEC §3).
+ * A message always names the field and its value, so a user can fix the call from it. */
+#include <math.h>
+#include <string.h>
+
+#include "validate.h"
+
+/* ---------------------------------------------------------------- defaults */
+
+void tl_generate_config_init(tl_generate_config *cfg) {
+    if (!cfg) return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->max_tokens = 64;
+    cfg->temperature = 0.0f;
+    cfg->top_k = 50;
+    cfg->top_p = 1.0f;
+    cfg->repetition_penalty = 1.0f;
+    cfg->length_penalty = 1.0f;
+    cfg->early_exit_min_L = 2;
+    cfg->early_exit_peek_every = 1;
+    cfg->early_exit_threshold = 0.03f;
+    cfg->speculative = TL_SPECULATIVE_OFF;
+    cfg->draft_loops = 2;
+    cfg->draft_ahead = 4;
+    cfg->K_branches = 2;
+    cfg->max_nodes = 64;
+}
+
+void tl_speculative_config_init(tl_speculative_config *cfg) {
+    if (!cfg) return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->max_tokens = 64;
+    cfg->draft_loops = 2;
+    cfg->verify_loops = 8;
+    cfg->draft_ahead = 4;
+}
+
+void tl_tree_speculative_config_init(tl_tree_speculative_config *cfg) {
+    if (!cfg) return;
+    memset(cfg, 0, sizeof *cfg);
+    tl_speculative_config_init(&cfg->spec);
+    cfg->K_branches = 2;
+    cfg->max_nodes = 64;
+}
+
+/* ---------------------------------------------------------------- field rules */
+
+static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int prompt_len,
+                                 const tl_generate_config *c) {
+    const tl_config *mc = &m->cfg;
+    if (!prompt && prompt_len > 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "prompt must not be NULL");
+    if (prompt_len < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "prompt_len = %d must be >= 1", prompt_len);
+    if (c->max_tokens < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_tokens = %d must be >= 0", c->max_tokens);
+    if ((long long)prompt_len + c->max_tokens > mc->max_seq_len)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "prompt_len + max_tokens = %d + %d exceeds max_seq_len = %d", prompt_len,
+                       c->max_tokens, mc->max_seq_len);
+    for (int i = 0; i < prompt_len; i++)
+        if (prompt[i] < 0 || prompt[i] >= mc->vocab_size)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "prompt token id %d at index %d is out of range [0, %d)",
+                           prompt[i], i, mc->vocab_size);
+    if (c->loops != 0 && (c->loops < 1 || c->loops > mc->max_loops))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "loops = %d is out of range [1, max_loops = %d] (0 = default)",
+                       c->loops, mc->max_loops);
+    if (!(c->temperature >= 0.0f) || !isfinite(c->temperature))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "temperature = %g must be a finite number >= 0", (double)c->temperature);
+    if (c->temperature > 0.01f && c->top_k < 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "top_k = %d must be >= 1 when sampling (temperature = %g)",
+                       c->top_k, (double)c->temperature);
+    if (!(c->top_p > 0.0f && c->top_p <= 1.0f))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "top_p = %g must be in (0, 1]", (double)c->top_p);
+    if (!(c->repetition_penalty > 0.0f) || !isfinite(c->repetition_penalty))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "repetition_penalty = %g must be a finite number > 0",
+                       (double)c->repetition_penalty);
+    if (c->cache_window < 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "cache_window = %d must be >= 0 (0 = unbounded)", c->cache_window);
+    if (c->n_stop_sequences < 0 || (c->n_stop_sequences > 0 && !c->stop_sequences))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_sequences = %d without stop_sequences", c->n_stop_sequences);
+    for (int i = 0; i < c->n_stop_sequences; i++) {
+        const tl_token_seq *s = &c->stop_sequences[i];
+        if (s->n < 1 || !s->tokens)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_sequences[%d] is empty (n = %d)", i, s->n);
+        for (int j = 0; j < s->n; j++)
+            if (s->tokens[j] < 0 || s->tokens[j] >= mc->vocab_size)
+                return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_sequences[%d] token id %d is out of range [0, %d)",
+                               i, s->tokens[j], mc->vocab_size);
+    }
+    if (c->beam_size < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "beam_size = %d must be >= 0", c->beam_size);
+    if (c->beam_size > TL_MAX_BEAM_SIZE)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "beam_size = %d is above %d", c->beam_size, TL_MAX_BEAM_SIZE);
+    if (!isfinite(c->length_penalty))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "length_penalty = %g must be finite", (double)c->length_penalty);
+    if (c->early_exit_patience < 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_patience = %d must be >= 0", c->early_exit_patience);
+    if (c->early_exit_min_L < 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_min_L = %d must be >= 1", c->early_exit_min_L);
+    if (c->early_exit_peek_every < 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_peek_every = %d must be >= 1", c->early_exit_peek_every);
+    if (!(c->early_exit_logit_margin >= 0.0f) || !isfinite(c->early_exit_logit_margin))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_logit_margin = %g must be a finite number >= 0",
+                       (double)c->early_exit_logit_margin);
+    if (!(c->early_exit_threshold >= 0.0f) || !isfinite(c->early_exit_threshold))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_threshold = %g must be a finite number >= 0",
+                       (double)c->early_exit_threshold);
+    if (c->n_stop_strings < 0 || (c->n_stop_strings > 0 && !c->stop_strings))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_strings = %d without stop_strings", c->n_stop_strings);
+    for (int i = 0; i < c->n_stop_strings; i++)
+        if (!c->stop_strings[i] || !c->stop_strings[i][0])
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings[%d] is empty", i);
+    if (c->n_stop_strings > 0 && !m->tokenizer)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings need a tokenizer, and this model has no tokenizer.json");
+    if (c->grammar && (!c->grammar->allowed || !c->grammar->advance))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar needs both an allowed and an advance callback");
+    return TL_OK;
+}
+
+/* ---------------------------------------------------------------- modes */
+
+static tl_status validate_speculative(const tl_model *m, const tl_generate_config *c) {
+    const int verify = c->loops ? c->loops : m->cfg.default_loops;
+    if (c->speculative != TL_SPECULATIVE_CHAIN && c->speculative != TL_SPECULATIVE_TREE)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "speculative = %d is not a mode (0 off, 1 chain, 2 tree)",
+                       (int)c->speculative);
+    const char *mode = c->speculative == TL_SPECULATIVE_CHAIN ? "chain" : "tree";
+    if (c->draft_loops < 1 || c->draft_loops >= verify)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "draft_loops = %d must be in [1, verify_loops = %d)",
+                       c->draft_loops, verify);
+    if (c->draft_ahead < 1 || c->draft_ahead > TL_MAX_DRAFT_AHEAD)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "draft_ahead = %d is out of range [1, %d]", c->draft_ahead,
+                       TL_MAX_DRAFT_AHEAD);
+    if (c->speculative == TL_SPECULATIVE_TREE) {
+        if (c->K_branches < 1 || c->K_branches > TL_MAX_K_BRANCHES)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "K_branches = %d is out of range [1, %d]", c->K_branches,
+                           TL_MAX_K_BRANCHES);
+        if (c->max_nodes < 2 || c->max_nodes > TL_MAX_TREE_NODES)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_nodes = %d is out of range [2, %d]", c->max_nodes,
+                           TL_MAX_TREE_NODES);
+        if (c->temperature > 0.01f)
+            return tl_fail(TL_ERR_UNSUPPORTED,
+                           "temperature = %g: tree speculative sampling is not implemented (use greedy, or the chain)",
+                           (double)c->temperature);
+    }
+    if (c->beam_size >= 2)
+        return tl_fail(TL_ERR_UNSUPPORTED, "speculative decoding (%s) does not combine with beam search (beam_size = %d)",
+                       mode, c->beam_size);
+    if (c->early_exit_patience > 0)
+        return tl_fail(TL_ERR_UNSUPPORTED, "speculative decoding (%s) does not combine with early exit "
+                       "(early_exit_patience = %d)", mode, c->early_exit_patience);
+    if (c->grammar)
+        return tl_fail(TL_ERR_UNSUPPORTED, "speculative decoding (%s) with a grammar is not supported yet", mode);
+    return TL_OK;
+}
+
+/* Beam search ranks whole hypotheses: rules that judge one emitted sequence at a time (a
+   stop rule, stop strings, a grammar) or forget history (a window) would need one state per
+   beam, which is not built. on_token observes the settled tokens and works. */
+static tl_status validate_beam(const tl_generate_config *c) {
+    const char *what = c->grammar ? "a grammar"
+                     : c->stop_rule ? "a stop_rule hook"
+                     : c->n_stop_strings > 0 ? "stop strings"
+                     : c->cache_window > 0 ? "cache_window"
+                     : c->early_exit_patience > 0 ? "early exit" : NULL;
+    if (what)
+        return tl_fail(TL_ERR_UNSUPPORTED, "beam search (beam_size = %d) does not support %s yet", c->beam_size, what);
+    return TL_OK;
+}
+
+tl_status tl_generate_validate(const tl_model *m, const int32_t *prompt, int prompt_len,
+                               const tl_generate_config *c) {
+    if (!m) return tl_fail(TL_ERR_INVALID_ARGUMENT, "model must not be NULL");
+    if (!c) return tl_fail(TL_ERR_INVALID_ARGUMENT, "config must not be NULL");
+    tl_status st = validate_fields(m, prompt, prompt_len, c);
+    if (st == TL_OK && c->speculative != TL_SPECULATIVE_OFF) st = validate_speculative(m, c);
+    if (st == TL_OK && c->beam_size >= 2) st = validate_beam(c);
+    return st;
+}
+
+tl_status tl_speculative_validate(const tl_model *m, const tl_speculative_config *c) {
+    if (!m) return tl_fail(TL_ERR_INVALID_ARGUMENT, "model must not be NULL");
+    if (!c) return tl_fail(TL_ERR_INVALID_ARGUMENT, "speculative config must not be NULL");
+    if (c->verify_loops < 1 || c->verify_loops > m->cfg.max_loops)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "verify_loops = %d is out of range [1, max_loops = %d]",
+                       c->verify_loops, m->cfg.max_loops);
+    if (c->draft_loops < 1 || c->draft_loops >= c->verify_loops)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "draft_loops = %d must be in [1, verify_loops = %d)",
+                       c->draft_loops, c->verify_loops);
+    if (c->draft_ahead < 1 || c->draft_ahead > TL_MAX_DRAFT_AHEAD)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "draft_ahead = %d is out of range [1, %d]", c->draft_ahead,
+                       TL_MAX_DRAFT_AHEAD);
+    return TL_OK;
+}

@@ -1,0 +1,21 @@
+/* validate.h: the rules of a generation config (SPEC §3) in one place. */
+#ifndef TL_VALIDATE_H
+#define TL_VALIDATE_H
+
+#include "internal.h"
+
+/* Limits of the speculative and beam modes. */
+#define TL_MAX_DRAFT_AHEAD 32
+#define TL_MAX_TREE_NODES 256
+#define TL_MAX_K_BRANCHES 8
+#define TL_MAX_BEAM_SIZE 64
+
+/* Every rule for (model, prompt, config), including which mode combinations are supported;
+   the message names the field and value (TL_ERR_UNSUPPORTED names the combination). */
+tl_status tl_generate_validate(const tl_model *m, const int32_t *prompt, int prompt_len,
+                               const tl_generate_config *cfg);
+
+/* The rules of a tl_speculative_config alone (tl_generate_speculative's own fields). */
+tl_status tl_speculative_validate(const tl_model *m, const tl_speculative_config *cfg);
+
+#endif
