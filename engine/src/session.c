@@ -374,6 +374,7 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     tl_status st = step(s, token, stop);
     s->stepping = false;
     if (s->free_requested) session_destroy(s);
+    if (st == TL_OK) tl_clear_error(); /* a hook's failed call is not this step's error */
     return st;
 }
 
