@@ -39,31 +39,24 @@ describe("tinyloop.load", function()
         assert.truthy(err:find("not a directory", 1, true))
     end)
 
-    it("returns nil, err for an unknown option", function()
-        local m, err = tinyloop.load(H.TEXTMODEL, { thread = 1 })
-        assert.is_nil(m)
-        assert.truthy(err:find("thread", 1, true))
-    end)
-
-    it("returns nil, err for an unknown backend and for bad argument types", function()
-        local m, err = tinyloop.load(H.TEXTMODEL, { backend = "gpu" })
-        assert.is_nil(m)
-        assert.truthy(err:find("backend", 1, true))
-        m, err = tinyloop.load(42)
-        assert.is_nil(m)
-        assert.is_string(err)
-        m, err = tinyloop.load(H.TEXTMODEL, "threads=1")
-        assert.is_nil(m)
-        assert.is_string(err)
-    end)
-
-    -- BUG (bindings): tinyloop.load raises "cannot convert 'string' to 'int'" here instead of
-    -- following its nil, err convention: the option's type is not checked before the FFI store.
-    it("returns nil, err (does not raise) for an option of the wrong type", function()
-        local ok, m, err = pcall(tinyloop.load, H.TEXTMODEL, { threads = "two" })
-        assert.is_true(ok, "tinyloop.load raised: " .. tostring(m))
-        assert.is_nil(m)
-        assert.truthy(err:find("threads", 1, true))
+    -- The error convention: argument errors raise, load failures return nil, err.
+    it("raises for bad arguments: directory and options of the wrong type, unknown options", function()
+        local cases = {
+            { { 42 }, "model directory must be a string" },
+            { { H.TEXTMODEL, "threads=1" }, "options must be a table" },
+            { { H.TEXTMODEL, { thread = 1 } }, "unknown load option 'thread'" },
+            { { H.TEXTMODEL, { threads = "two" } }, "'threads' must be a number" },
+            { { H.TEXTMODEL, { threads = 1.5 } }, "'threads' = 1.5 must be an integer" },
+            { { H.TEXTMODEL, { threads = -1 } }, "'threads' = -1 must be >= 0" },
+            { { H.TEXTMODEL, { mmap_weights = 1 } }, "'mmap_weights' must be a boolean" },
+            { { H.TEXTMODEL, { backend = "gpu" } }, "'backend' must be" },
+        }
+        for _, case in ipairs(cases) do
+            local ok, err = pcall(function() local m = tinyloop.load(unpack(case[1])) return m end)
+            assert.is_false(ok, case[2])
+            assert.truthy(tostring(err):find(case[2], 1, true), tostring(err))
+            assert.truthy(tostring(err):find("api_spec.lua", 1, true), "the error points at the caller: " .. tostring(err))
+        end
     end)
 
     it("returns nil, err for backend 'cuda' in a build without CUDA", function()
