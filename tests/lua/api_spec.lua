@@ -351,6 +351,77 @@ describe("model:generate_batch", function()
         assert.same({}, outs)
         assert.same({}, stats)
     end)
+
+    it("is one engine call, which validates every prompt before decoding any", function()
+        local calls = 0
+        local ok, err = pcall(m.generate_batch, m, { { 1, 2 }, { 3 }, { 4, 400 } },
+                              { max_tokens = 4, on_token = function() calls = calls + 1 end })
+        assert.is_false(ok)
+        assert.truthy(tostring(err):find("generate_batch: prompt 2", 1, true), tostring(err)) -- the engine's 0-based index
+        assert.truthy(tostring(err):find("400", 1, true), tostring(err))
+        assert.equal(0, calls)
+    end)
+
+    it("rejects a huge max_tokens by name before allocating the output", function()
+        for _, n in ipairs({ 3e8, 2e9 }) do
+            local t0 = os.clock()
+            local ok, err = pcall(m.generate_batch, m, { { 1 }, { 2, 3 } }, { max_tokens = n })
+            assert.is_false(ok)
+            assert.truthy(tostring(err):find(("max_tokens = %d must be in [0, max_seq_len = 128]"):format(n), 1, true), tostring(err))
+            assert.is_true(os.clock() - t0 < 0.1, "no huge allocation")
+        end
+        local ok, err = pcall(m.generate_batch, m, { { 1 } }, { max_tokens = -1 })
+        assert.is_false(ok)
+        assert.truthy(tostring(err):find("max_tokens = -1", 1, true), tostring(err))
+    end)
+
+    it("runs hooks for each prompt in turn: positions and stop_when's text restart", function()
+        local x = m:encode("x")[1]
+        -- prompt 2 is exactly as long as prompt 1 plus its output: positions alone would
+        -- run on (3, 4 then 5, 6) as if one sequence continued
+        local prompts = { { 1, 2, 3 }, { 4, 5, 6, 7, 8 }, { 9 } }
+        local positions, texts, token_tables = {}, {}, {}
+        local outs, stats = m:generate_batch(prompts, {
+            max_tokens = 2,
+            logits_processor = function(logits) logits[x] = 1e9 end,
+            on_token = function(_, position) positions[#positions + 1] = position end,
+            stop_when = function(tokens, text)
+                texts[#texts + 1] = text
+                token_tables[#token_tables + 1] = #tokens
+            end,
+        })
+        assert.same({ 3, 4, 5, 6, 1, 2 }, positions)
+        assert.same({ "x", "xx", "x", "xx", "x", "xx" }, texts)
+        assert.same({ 4, 5, 6, 7, 2, 3 }, token_tables)
+        for i, p in ipairs(prompts) do
+            assert.same(p, H.slice(outs[i], 1, #p))
+            assert.same({ x, x }, H.slice(outs[i], #p + 1))
+            assert.equal("MAX_TOKENS", stats[i].stop_reason)
+            assert.equal(#p, stats[i].prompt_tokens)
+        end
+    end)
+
+    it("a stop rule stops each prompt on its own", function()
+        local outs, stats = m:generate_batch({ "Hello", "The cat", "Hi" }, {
+            max_tokens = 10, stop_when = function(_, text) return #text >= 3 end,
+        })
+        for i = 1, 3 do
+            assert.equal("CALLBACK_ABORT", stats[i].stop_reason)
+            assert.is_true(#m:decode(H.slice(outs[i], stats[i].prompt_tokens + 1)) >= 3)
+        end
+    end)
+
+    it("runs beam searches (beam_size >= 2)", function()
+        local g = H.model("add_residual_statenorm_rms_gqa2")
+        local cfg = { max_tokens = 6, beam_size = 3, length_penalty = 0.8 }
+        local prompts = { { 5, 6, 7 }, { 1 }, { 2, 3 } }
+        local outs, stats = g:generate_batch(prompts, cfg)
+        for i, p in ipairs(prompts) do
+            local out, st = g:generate(p, cfg)
+            assert.same(out, outs[i])
+            assert.equal(st.beam_score, stats[i].beam_score)
+        end
+    end)
 end)
 
 describe("model:score", function()
