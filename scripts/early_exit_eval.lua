@@ -1,26 +1,40 @@
 #!/usr/bin/env luajit
 -- early_exit_eval.lua: adaptive-depth early exit on held-out text, greedy. For a grid of
 -- criteria reports mean loops used per token, decode tokens/s, and the token-level agreement
--- with full-depth greedy generation over the first 64 generated tokens.
---   luajit scripts/early_exit_eval.lua [--model DIR] [--text build/corpus/val.txt]
---       [--prompts 20] [--prompt-tokens 32] [--tokens 64]
+-- with full-depth greedy generation over the generated tokens.
+--   luajit scripts/early_exit_eval.lua [options]        (--help lists them with their defaults)
 local root = (arg[0]:match("^(.*)/scripts/[^/]*$")) or "."
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
 local tinyloop = require "tinyloop"
+local options = require "tinyloop.script_options"
+local now = require("tinyloop.policy").now
 
-local opt = { model = root .. "/models/tinyloop-austen", text = root .. "/build/corpus/val.txt",
-              prompts = 20, prompt_tokens = 32, tokens = 64 }
-for i = 1, #arg, 2 do opt[arg[i]:gsub("^%-%-", ""):gsub("%-", "_")] = arg[i + 1] end
-local model = assert(tinyloop.load(opt.model))
+local opt = options.parse(arg, {
+    name = "early_exit_eval.lua",
+    summary = "Adaptive-depth early exit on held-out text, greedy: mean loops, tokens/s and agreement\n"
+        .. "with full-depth generation for a grid of exit criteria.",
+    { "model", root .. "/models/tinyloop-austen", "checkpoint directory", metavar = "DIR" },
+    { "text", root .. "/build/corpus/val.txt", "held-out text the prompts are cut from (scripts/train/corpus.py)",
+      metavar = "FILE" },
+    { "prompts", 20, "prompts, spread evenly over the text" },
+    { "prompt-tokens", 32, "tokens per prompt" },
+    { "tokens", 64, "greedy tokens generated per prompt" },
+    { "threads", nil, "CPU threads", number = true, default_text = "all cores" },
+})
+local model = assert(tinyloop.load(opt.model, { threads = opt.threads }))
 local info = model:info()
 local L = info.default_loops
-local n_prompts, plen, n_tokens = tonumber(opt.prompts), tonumber(opt.prompt_tokens), tonumber(opt.tokens)
+local n_prompts, plen, n_tokens = opt.prompts, opt.prompt_tokens, opt.tokens
 
 local f = assert(io.open(opt.text, "rb"), "no held-out text at " .. opt.text .. " (scripts/train/corpus.py makes it)")
 local ids = model:encode(f:read("*a"))
 f:close()
 local prompts = {}
 local stride = math.floor((#ids - plen) / n_prompts)
+if stride < 0 then
+    io.stderr:write(("early_exit_eval.lua: %s has %d tokens, fewer than --prompt-tokens %d\n"):format(opt.text, #ids, plen))
+    os.exit(2)
+end
 for k = 1, n_prompts do
     local p = {}
     for j = 1, plen do p[j] = ids[(k - 1) * stride + j] end
@@ -42,7 +56,17 @@ local function run(extra)
     return outs, loops / tokens, tokens / (ms / 1000), probes / tokens
 end
 
+local grid = {}
+for _, t in ipairs({ 0.003, 0.01, 0.03, 0.1, 0.3 }) do
+    for _, p in ipairs({ 1, 2 }) do grid[#grid + 1] = { ("state change < %g"):format(t), p, { early_exit_threshold = t } } end
+end
+for _, mrg in ipairs({ 0.5, 1, 2, 4 }) do
+    for _, p in ipairs({ 1, 2 }) do grid[#grid + 1] = { ("logit margin >= %g"):format(mrg), p, { early_exit_logit_margin = mrg } } end
+end
+local progress = options.progress(#grid + 1, now)
+
 local full, full_loops, full_tps = run({})
+progress("full depth")
 local function agreement(outs)
     local same, total = 0, 0
     for k, out in ipairs(outs) do
@@ -58,17 +82,11 @@ print(("%d held-out prompts of %d tokens, %d greedy tokens each, default depth %
     n_prompts, plen, n_tokens, L, full_tps))
 print("| criterion | patience | mean loops | loops saved | tok/s | speedup | probes/token | agreement |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
-local grid = {}
-for _, t in ipairs({ 0.003, 0.01, 0.03, 0.1, 0.3 }) do
-    for _, p in ipairs({ 1, 2 }) do grid[#grid + 1] = { ("state change < %g"):format(t), p, { early_exit_threshold = t } } end
-end
-for _, mrg in ipairs({ 0.5, 1, 2, 4 }) do
-    for _, p in ipairs({ 1, 2 }) do grid[#grid + 1] = { ("logit margin >= %g"):format(mrg), p, { early_exit_logit_margin = mrg } } end
-end
 for _, g in ipairs(grid) do
     local cfg = { early_exit_patience = g[2], early_exit_min_L = 1, early_exit_peek_every = 1 }
     for k, v in pairs(g[3]) do cfg[k] = v end
     local outs, loops, tps, probes = run(cfg)
+    progress(("%s, patience %d"):format(g[1], g[2]))
     print(("| %s | %d | %.2f | %.0f%% | %.1f | %.2fx | %.2f | %.1f%% |"):format(g[1], g[2], loops,
         100 * (1 - loops / full_loops), tps, tps / full_tps, probes, 100 * agreement(outs)))
 end

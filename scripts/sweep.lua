@@ -5,40 +5,42 @@
 -- (gnuplot) and prints the best settings. Speedup = median wall time of plain generate /
 -- median wall time of the setting, both measured in this run over the same prompts.
 --
---   luajit scripts/sweep.lua [--model DIR] [--prompts FILE] [--max-tokens 64] [--repeats 3]
---       [--draft-loops 1,2,3] [--draft-ahead 2,4,6,8] [--K 1,2,3,4] [--verify-loops N]
---       [--max-nodes 32] [--threads N] [--out DIR]
+--   luajit scripts/sweep.lua [options]        (--help lists them with their defaults)
 local root = (arg[0]:match("^(.*)/scripts/[^/]*$")) or "."
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
 local tinyloop = require "tinyloop"
 local now = require("tinyloop.policy").now
+local options = require "tinyloop.script_options"
 
 local function list(s)
     local t = {}
-    for x in s:gmatch("[^,]+") do t[#t + 1] = assert(tonumber(x), "bad list " .. s) end
+    for x in tostring(s):gmatch("[^,]+") do t[#t + 1] = assert(tonumber(x), "bad list " .. s) end
     return t
 end
 
-local opt = {
-    model = root .. "/models/tinyloop-austen", max_tokens = 64, repeats = 3, out = "build/sweep",
-    draft_loops = "1,2,3", draft_ahead = "2,4,6,8", K = "1,2,3,4", max_nodes = 32,
-}
-local i = 1
-while i <= #arg do
-    local k = arg[i]:match("^%-%-(.+)$")
-    if not k or arg[i + 1] == nil then
-        io.stderr:write("usage: see the header of scripts/sweep.lua\n")
-        os.exit(2)
-    end
-    opt[k:gsub("%-", "_")] = arg[i + 1]
-    i = i + 2
-end
+local opt = options.parse(arg, {
+    name = "sweep.lua",
+    summary = "Times plain greedy generate against chain and tree self-speculative decoding over a\n"
+        .. "grid of draft_loops x draft_ahead (x K); writes a CSV and a chart, prints the best.",
+    { "model", root .. "/models/tinyloop-austen", "checkpoint directory", metavar = "DIR" },
+    { "prompts", nil, "file with one prompt per line", metavar = "FILE", default_text = "8 built-in prompts" },
+    { "n-prompts", 0, "use only the first N prompts (0: all)" },
+    { "max-tokens", 64, "new tokens per prompt" },
+    { "repeats", 3, "timed passes per setting (the median is reported)" },
+    { "draft-loops", "1,2,3", "draft depths to try (those below verify-loops)", metavar = "LIST" },
+    { "draft-ahead", "2,4,6,8", "tokens (chain) or tree levels drafted per verify", metavar = "LIST" },
+    { "K", "1,2,3,4", "tree branches per node", metavar = "LIST" },
+    { "verify-loops", nil, "verification depth", number = true, default_text = "the model's default_loops" },
+    { "max-nodes", 32, "tree node budget" },
+    { "threads", nil, "CPU threads", number = true, default_text = "all cores" },
+    { "out", "build/sweep", "output directory (sweep.csv, sweep.dat, sweep.gp, sweep.png)", metavar = "DIR" },
+})
 
-local model = assert(tinyloop.load(opt.model, { threads = tonumber(opt.threads) }))
+local model = assert(tinyloop.load(opt.model, { threads = opt.threads }))
 local info = model:info()
-local verify = tonumber(opt.verify_loops) or info.default_loops
-local max_tokens = tonumber(opt.max_tokens)
-local repeats = tonumber(opt.repeats)
+local verify = opt.verify_loops or info.default_loops
+local max_tokens = opt.max_tokens
+local repeats = opt.repeats
 
 local prompts = {}
 if opt.prompts then
@@ -56,6 +58,9 @@ else
         "A man who has never gone to school may steal from a freight car;",
         "You will be fortunate in the",
     }
+end
+if opt.n_prompts > 0 then
+    for k = #prompts, opt.n_prompts + 1, -1 do prompts[k] = nil end
 end
 if #prompts == 0 then io.stderr:write("sweep: no prompts\n") os.exit(2) end
 local encoded = {}
@@ -87,18 +92,12 @@ for _, d in ipairs(list(opt.draft_loops)) do
     end
 end
 
-local function progress(done, total, label)
-    local width = 30
-    local filled = math.floor(width * done / total)
-    io.stderr:write(("\r[%s%s] %3d/%d %-28s"):format(("#"):rep(filled), (" "):rep(width - filled), done, total, label))
-    io.stderr:flush()
-end
 
 -- Interleave the repeats (plain, then every setting, repeats times) so that slow drifts of
 -- the machine hit every setting alike.
 local times, plain_outs = {}, nil
 for _, s in ipairs(settings) do times[s] = {} end
-local total, done = #settings * repeats, 0
+local progress = options.progress(#settings * repeats, now)
 for r = 1, repeats do
     for _, s in ipairs(settings) do
         local fn, cfg
@@ -109,7 +108,7 @@ for r = 1, repeats do
                     draft_ahead = s.draft_ahead }
             if s.mode == "tree" then
                 fn = model.generate_tree_speculative
-                cfg.K_branches, cfg.max_nodes = s.K, tonumber(opt.max_nodes)
+                cfg.K_branches, cfg.max_nodes = s.K, opt.max_nodes
             else
                 fn = model.generate_speculative
             end
@@ -128,11 +127,10 @@ for r = 1, repeats do
             s.mean_accepted = steps > 0 and accepted / steps or 0
             s.exact = exact
         end
-        done = done + 1
-        progress(done, total, s.mode .. (s.draft_loops and (" d" .. s.draft_loops .. " a" .. s.draft_ahead .. " K" .. s.K) or ""))
+        progress(("repeat %d: %s %.2f s"):format(r, s.mode .. (s.draft_loops and
+            (" d" .. s.draft_loops .. " a" .. s.draft_ahead .. " K" .. s.K) or ""), t))
     end
 end
-io.stderr:write("\n")
 
 os.execute("mkdir -p '" .. opt.out .. "'")
 local base = median(times[settings[1]])

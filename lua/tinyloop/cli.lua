@@ -148,9 +148,12 @@ function _M.main(argv, default_model)
             return 1
         end
     end
+    -- Argument errors and hook errors raise; runtime failures come back as nil, err and are
+    -- raised here, so that both reach the one report below.
     local ok, result = pcall(function()
         if (cfg.beam_size or 0) >= 2 then -- beam search knows its answer only at the end
             local ids, stats = model:generate(o.prompt, cfg)
+            if not ids then error(stats, 0) end
             local continuation = {}
             for k = stats.prompt_tokens + 1, #ids do continuation[#continuation + 1] = ids[k] end
             if o.echo then io.stdout:write(o.prompt) end
@@ -159,6 +162,7 @@ function _M.main(argv, default_model)
             return stats
         end
         local iterate, session = model:stream(o.prompt, cfg)
+        if not iterate then error(session, 0) end
         if o.echo then io.stdout:write(o.prompt) io.stdout:flush() end
         for _, text in iterate, session do
             io.stdout:write(text)
@@ -166,6 +170,7 @@ function _M.main(argv, default_model)
         end
         io.stdout:write("\n")
         io.stdout:flush()
+        if session.error then error(session.error, 0) end
         return session.final_stats or session:stats()
     end)
     if not ok then

@@ -4,11 +4,17 @@
 --   local model = assert(tinyloop.load("models/tinyloop-austen"))
 --   for id, text in model:stream("It is a truth", { max_tokens = 40 }) do io.write(text) end
 --
--- Errors in arguments raise a Lua error carrying the engine's message; tinyloop.load returns
--- nil, err. Hooks (on_token, stop_when, logits_processor, grammar) run through a fixed set of
--- long-lived FFI callbacks that dispatch through a registry, inside xpcall: a Lua error in a
--- hook stops generation, the C side cleans up, and the error (with its traceback) is raised
--- from the call that was generating.
+-- Errors, one convention for every public function of this module and of tinyloop.policy:
+--   * argument errors raise a Lua error naming the field or value: wrong types, unknown
+--     fields, out-of-range values, whether Lua or the engine finds them (the engine's
+--     TL_ERR_INVALID_ARGUMENT, TL_ERR_UNSUPPORTED and a hook breaking its contract);
+--   * load failures and runtime failures return nil, err: a checkpoint that is missing or
+--     malformed, a backend this build or machine lacks, out of memory, an engine bug;
+--   * a Lua error raised by a hook (on_token, stop_when, logits_processor, grammar) stops
+--     generation, the C side cleans up, and the error (with its traceback) is re-raised
+--     from the call that was generating.
+-- Hooks run through a fixed set of long-lived FFI callbacks that dispatch through a
+-- registry, inside xpcall.
 local ffi = require "ffi"
 
 ffi.cdef(require "tinyloop.cdef")
@@ -32,39 +38,50 @@ do
 end
 
 local ffi_new, ffi_string, ffi_cast, ffi_gc = ffi.new, ffi.string, ffi.cast, ffi.gc
-local tonumber, type, pairs, error, xpcall, traceback = tonumber, type, pairs, error, xpcall, debug.traceback
-local concat = table.concat
+local tonumber, tostring, type, pairs, error, xpcall, traceback = tonumber, tostring, type, pairs, error, xpcall, debug.traceback
+local concat, floor = table.concat, math.floor
 
 local _M = { _VERSION = ffi_string(C.tl_version()) }
 
-local STOP_NAMES = {
-    [C.TL_STOP_NONE] = false,
-    [C.TL_STOP_EOS] = "EOS",
-    [C.TL_STOP_SEQUENCE] = "STOP_SEQUENCE",
-    [C.TL_STOP_MAX_TOKENS] = "MAX_TOKENS",
-    [C.TL_STOP_CALLBACK_ABORT] = "CALLBACK_ABORT",
-    [C.TL_STOP_GRAMMAR_DEAD_END] = "GRAMMAR_DEAD_END",
-}
+-- The engine's name of a stop reason ("EOS", ...), or false while generation goes on.
+local STOP_NONE = tonumber(C.TL_STOP_NONE)
+local function stop_name(reason)
+    reason = tonumber(reason)
+    if reason == STOP_NONE then return false end
+    return ffi_string(C.tl_stop_reason_name(reason))
+end
 
 local function last_error()
     return ffi_string(C.tl_last_error())
 end
 
--- Raises msg at the first stack level outside this file, so that the position shown is
--- the caller's line, not ours.
-local this_file = debug.getinfo(1, "S").source
-local function raise(msg)
-    local level = 2
-    while true do
-        local info = debug.getinfo(level, "S")
-        if not info or info.source ~= this_file then break end
-        level = level + 1
-    end
-    error(msg, level)
+local raise = require("tinyloop.raise").from(debug.getinfo(1, "S").source)
+
+-- Engine statuses that mean the caller asked for something wrong: raised (the error
+-- convention at the top). Every other failure is returned as nil, err.
+local ARGUMENT_ERRORS = {
+    [tonumber(C.TL_ERR_INVALID_ARGUMENT)] = true,
+    [tonumber(C.TL_ERR_UNSUPPORTED)] = true,
+    [tonumber(C.TL_ERR_HOOK)] = true, -- a hook broke its contract (e.g. a negative count)
+}
+
+-- For a failed engine call: raises an argument error, or returns nil, err.
+local function engine_failure(status)
+    local msg = last_error()
+    if ARGUMENT_ERRORS[tonumber(status)] then raise(msg) end
+    return nil, msg
 end
 
-local function check(status)
-    if status ~= 0 then raise(last_error()) end
+local INT_MIN, INT_MAX = -2 ^ 31, 2 ^ 31 - 1
+local SEED_MAX = 2 ^ 53 -- every integer up to here is exact in a Lua number
+
+-- Raises unless v is an integer of a C int.
+local function check_int(what, v)
+    if type(v) ~= "number" then raise(what .. " must be a number") end
+    if v ~= floor(v) or v < INT_MIN or v > INT_MAX then
+        raise(("%s = %s must be an integer in [%d, %d]"):format(what, tostring(v), INT_MIN, INT_MAX))
+    end
+    return v
 end
 
 -- ------------------------------------------------------------------ hook registry
@@ -101,8 +118,33 @@ local function fail(ctx, err)
     return C.TL_HOOK_ERROR
 end
 
+-- Points the mirrors (ctx.tokens, ctx.pieces) at a new sequence that starts with prompt ids.
+local function begin_sequence(ctx, ids)
+    local t, n = ctx.tokens, #ids
+    for i = 1, n do t[i] = ids[i] end
+    for i = #t, n + 1, -1 do t[i] = nil end
+    ctx.prompt_len = n
+    local pieces = ctx.pieces
+    for i = #pieces, 1, -1 do pieces[i] = nil end
+end
+
+-- tl_generate_batch decodes its prompts one after another and writes out_lens[i] as soon
+-- as prompt i is done: the prompt running now is the first one without a length (out_lens
+-- starts at -1). Positions alone cannot tell: a prompt may be exactly as long as the
+-- previous prompt plus its output.
+local function follow_batch(ctx)
+    local b = ctx.batch
+    local i = b.running
+    while i < b.n and b.lens[i - 1] >= 0 do i = i + 1 end
+    if i ~= b.running then
+        b.running = i
+        begin_sequence(ctx, b.prompts[i])
+    end
+end
+
 local on_token_cb = ffi_cast("tl_on_token_hook", function(user, token, position)
     local ctx = context_of(user)
+    if ctx.batch then follow_batch(ctx) end
     local t = ctx.tokens
     if #t == position then t[position + 1] = token end
     local text = token_text(ctx, token)
@@ -150,15 +192,32 @@ end)
 
 -- ------------------------------------------------------------------ configs
 
+-- Numeric fields of each C config and their C types: "int", "float" or "seed" (uint64).
+-- Values are checked here only for what C cannot see (a Lua number that is not an
+-- integer, or beyond the C type); the engine checks the ranges.
 local NUMBER_FIELDS = {
-    max_tokens = "max_tokens", loops = "loops", temperature = "temperature", top_k = "top_k",
-    top_p = "top_p", cache_window = "cache_window", repetition_penalty = "repetition_penalty",
-    beam_size = "beam_size", length_penalty = "length_penalty",
-    early_exit_patience = "early_exit_patience", early_exit_min_L = "early_exit_min_L",
-    early_exit_peek_every = "early_exit_peek_every", early_exit_logit_margin = "early_exit_logit_margin",
-    early_exit_threshold = "early_exit_threshold",
-    sample_seed = "sample_seed",
+    max_tokens = "int", loops = "int", temperature = "float", top_k = "int", top_p = "float",
+    cache_window = "int", repetition_penalty = "float", beam_size = "int", length_penalty = "float",
+    early_exit_patience = "int", early_exit_min_L = "int", early_exit_peek_every = "int",
+    early_exit_logit_margin = "float", early_exit_threshold = "float", sample_seed = "seed",
 }
+local SPEC_FIELDS = { max_tokens = "int", draft_loops = "int", verify_loops = "int", draft_ahead = "int",
+                      temperature = "float", seed = "seed" }
+local TREE_FIELDS = { K_branches = "int", max_nodes = "int" }
+
+local function set_number(c, field, v, kind)
+    if type(v) ~= "number" then raise("config field '" .. field .. "' must be a number") end
+    if kind == "int" then
+        check_int("config field '" .. field .. "'", v)
+    elseif kind == "seed" and (v ~= floor(v) or v < 0 or v > SEED_MAX) then
+        raise(("config field '%s' = %s must be an integer in [0, 2^53]"):format(field, tostring(v)))
+    end
+    c[field] = v
+end
+
+local function is_beam(cfg)
+    return type(cfg) == "table" and type(cfg.beam_size) == "number" and cfg.beam_size >= 2
+end
 local OTHER_FIELDS = {
     stop_sequences = true, stop_strings = true, ignore_eos = true,
     on_token = true, stop_when = true, logits_processor = true, grammar = true,
@@ -173,14 +232,23 @@ local function make_config(model, cfg)
     if cfg == nil then return c, keep, nil end
     if type(cfg) ~= "table" then raise("config must be a table") end
     for k, v in pairs(cfg) do
-        if NUMBER_FIELDS[k] then
-            if type(v) ~= "number" then raise("config field '" .. k .. "' must be a number") end
-            c[k] = v
+        local kind = NUMBER_FIELDS[k]
+        if kind then
+            set_number(c, k, v, kind)
         elseif not OTHER_FIELDS[k] then
             raise("unknown config field '" .. tostring(k) .. "'")
         end
     end
-    if cfg.ignore_eos ~= nil then c.ignore_eos = cfg.ignore_eos and 1 or 0 end
+    -- C reads loops = 0 as "the default"; in Lua the default is spelled by leaving loops out.
+    if cfg.loops == 0 then
+        raise(("loops = 0 must be in [1, max_loops = %d] (leave loops out for the model's default_loops = %d)")
+            :format(model.max_loops, model.default_loops))
+    end
+    local ignore_eos = cfg.ignore_eos
+    if ignore_eos ~= nil then
+        if type(ignore_eos) ~= "boolean" then raise("config field 'ignore_eos' must be a boolean") end
+        c.ignore_eos = ignore_eos and 1 or 0
+    end
     local seqs = cfg.stop_sequences
     if seqs ~= nil then
         if type(seqs) ~= "table" then raise("config field 'stop_sequences' must be a table of id tables") end
@@ -226,8 +294,10 @@ local function make_config(model, cfg)
             bytes = ffi_new("const char *[1]"), len = ffi_new("size_t[1]"),
         }
         local user = ffi_cast("void *", ctx.key)
-        -- on_token always runs when a context exists: it keeps the token/text mirrors.
-        c.on_token, c.on_token_user = on_token_cb, user
+        -- on_token runs whenever a context exists: it keeps the token/text mirrors. Beam search
+        -- has no such mirror (hooks see C's own arrays) and refuses on_token hooks: there it
+        -- is installed only when the user asked, so that the engine says no.
+        if cfg.on_token or not is_beam(cfg) then c.on_token, c.on_token_user = on_token_cb, user end
         if cfg.stop_when then c.stop_rule, c.stop_rule_user = stop_rule_cb, user end
         if cfg.logits_processor then c.logits_processor, c.logits_processor_user = logits_cb, user end
         if g then
@@ -242,10 +312,28 @@ end
 
 -- ------------------------------------------------------------------ prompts
 
+-- ids of a prompt (a string is encoded), or nil, err when encoding fails at run time.
 local function prompt_ids(model, prompt)
     if type(prompt) == "string" then return model:encode(prompt) end
     if type(prompt) ~= "table" then raise("prompt must be a string or a table of token ids") end
     return prompt
+end
+
+-- Tokens a blocking call may write: the prompts plus max_tokens per sequence. The engine
+-- owns the real rule (prompt_len + max_tokens <= max_seq_len, per prompt); this bound, which
+-- every valid request meets, only keeps a wild max_tokens from allocating gigabytes (or
+-- overflowing the C int capacity) before the engine gets to say no.
+local function output_capacity(model, prompt_tokens, sequences, max_tokens)
+    max_tokens = tonumber(max_tokens)
+    if max_tokens < 0 or max_tokens > model.max_seq_len then
+        raise(("max_tokens = %d must be in [0, max_seq_len = %d]"):format(max_tokens, model.max_seq_len))
+    end
+    local capacity = prompt_tokens + sequences * max_tokens
+    if capacity > INT_MAX then
+        raise(("the output of %d sequences (%.0f tokens) exceeds one call's capacity (%d): split the batch")
+            :format(sequences, capacity, INT_MAX))
+    end
+    return capacity
 end
 
 local function id_array(ids)
@@ -270,7 +358,7 @@ local function stats_table(s)
         probes = s.probes, probe_ms = s.probe_ms, depth_histogram = histogram, beam_score = s.beam_score,
         prefill_ms = s.prefill_ms, first_token_ms = s.first_token_ms, decode_ms = s.decode_ms,
         prompt_tokens = s.prompt_tokens, tokens_emitted = s.tokens_emitted,
-        stop_reason = STOP_NAMES[tonumber(s.stop_reason)] or nil, loops_used = s.loops_used,
+        stop_reason = stop_name(s.stop_reason) or nil, loops_used = s.loops_used,
         decode_tokens_per_s = C.tl_stats_decode_tokens_per_s(s),
         prefill_tokens_per_s = C.tl_stats_prefill_tokens_per_s(s),
     }
@@ -289,12 +377,13 @@ local function release(self)
     if self.ctx then registry[self.ctx.key] = nil end
 end
 
--- Emits one token: returns id (or -1), the text that became safe to show ("" without a
--- tokenizer) and the stop reason string once generation ends (false before).
+-- session:step() -> id (or -1), the text that became safe to show ("" without a
+-- tokenizer), and the stop reason once generation ends (false before); nil, err on a
+-- runtime failure (the session is then finished).
 -- Compiled traces must not call C functions that call back into Lua ("bad callback"
 -- panic): this wrapper always runs in the interpreter.
 function Session:step()
-    if self.done then raise("session has already finished (" .. tostring(self.stop_reason) .. ")") end
+    if self.done then raise("session has already finished (" .. tostring(self.stop_reason or self.error) .. ")") end
     local step_token, step_stop = self.step_token, self.step_stop
     local st = C.tl_session_step(self.ptr, step_token, step_stop)
     if st ~= 0 then
@@ -306,11 +395,12 @@ function Session:step()
             self:close()
             error(err, 0)
         end
-        local msg = last_error()
+        local _, err = engine_failure(st) -- raises argument errors (after the close below)
         self:close()
-        raise(msg)
+        self.error = err
+        return nil, err
     end
-    local id, reason = step_token[0], STOP_NAMES[tonumber(step_stop[0])]
+    local id, reason = step_token[0], stop_name(step_stop[0])
     local text = ""
     if self.has_tokenizer then
         C.tl_session_text(self.ptr, text_ptr, text_len)
@@ -350,26 +440,30 @@ end
 
 -- ------------------------------------------------------------------ blocking C calls
 
+-- After a blocking C call made with the hook context registered: true on success; a
+-- hook's Lua error is re-raised with its message and traceback, argument errors raise,
+-- runtime failures return nil, err.
+local function blocking_result(status, ctx)
+    if ctx then registry[ctx.key] = nil end
+    if status == 0 then return true end
+    if status == C.TL_ERR_HOOK and ctx and ctx.err then error(ctx.err, 0) end
+    return engine_failure(status)
+end
+
 -- Runs a blocking C decoder, cfunc(model, prompt, n, cfg, out, capacity, out_len, stats)
--- (tl_generate and the speculative decoders share that shape), with the hook context
--- registered; returns prompt + continuation as a table. Hook errors come back as
--- TL_ERR_HOOK and are re-raised with the Lua message and traceback. Hooks run inside the C
--- call, so this function is kept out of compiled traces (jit.off below).
+-- (tl_generate and the speculative decoders share that shape); returns prompt +
+-- continuation as a table, or nil, err. Hooks run inside the C call, so this function is
+-- kept out of compiled traces (jit.off below).
 local blocking_len = ffi_new("int[1]")
 local function call_blocking(ids, ctx, capacity, cfunc, model_ptr, arr, cfg, stats)
     local n = #ids
     if ctx then
         registry[ctx.key] = ctx
-        for i = 1, n do ctx.tokens[i] = ids[i] end
-        ctx.prompt_len = n
+        begin_sequence(ctx, ids)
     end
     local out = ffi_new("int32_t[?]", capacity + 1)
-    local status = cfunc(model_ptr, arr, n, cfg, out, capacity, blocking_len, stats)
-    if ctx then registry[ctx.key] = nil end
-    if status ~= 0 then
-        if status == C.TL_ERR_HOOK and ctx and ctx.err then error(ctx.err, 0) end
-        raise(last_error())
-    end
+    local ok, err = blocking_result(cfunc(model_ptr, arr, n, cfg, out, capacity, blocking_len, stats), ctx)
+    if not ok then return nil, err end
     local t = {}
     for i = 1, blocking_len[0] do t[i] = out[i - 1] end
     return t
@@ -382,25 +476,32 @@ local Model = {}
 Model.__index = Model
 
 local status_out = ffi_new("tl_model *[1]")
+local BACKENDS = { auto = C.TL_BACKEND_AUTO, cpu = C.TL_BACKEND_CPU, cuda = C.TL_BACKEND_CUDA }
 
--- tinyloop.load(dir [, opts]) -> model | nil, err. opts: threads, mmap_weights, backend.
+-- tinyloop.load(dir [, opts]) -> model | nil, err. opts: threads (0 = all cores),
+-- mmap_weights (boolean), backend ("auto", "cpu" or "cuda"). Bad arguments raise; a
+-- checkpoint that cannot be loaded, or a backend this machine lacks, gives nil, err.
 function _M.load(dir, opts)
-    if type(dir) ~= "string" then return nil, "model directory must be a string" end
+    if type(dir) ~= "string" then raise("tinyloop.load: model directory must be a string") end
     local o = ffi_new("tl_load_options")
     C.tl_load_options_init(o)
     if opts ~= nil then
-        if type(opts) ~= "table" then return nil, "load options must be a table" end
+        if type(opts) ~= "table" then raise("tinyloop.load: options must be a table") end
         for k, v in pairs(opts) do
             if k == "threads" then
-                if type(v) ~= "number" then return nil, "load option 'threads' must be a number" end
+                if check_int("load option 'threads'", v) < 0 then
+                    raise("load option 'threads' = " .. v .. " must be >= 0 (0 = all cores)")
+                end
                 o.n_threads = v
-            elseif k == "mmap_weights" then o.mmap_weights = v and 1 or 0
+            elseif k == "mmap_weights" then
+                if type(v) ~= "boolean" then raise("load option 'mmap_weights' must be a boolean") end
+                o.mmap_weights = v and 1 or 0
             elseif k == "backend" then
-                local b = ({ auto = 0, cpu = 1, cuda = 2 })[v]
-                if not b then return nil, "load option 'backend' must be \"auto\", \"cpu\" or \"cuda\"" end
+                local b = BACKENDS[v]
+                if not b then raise("load option 'backend' must be \"auto\", \"cpu\" or \"cuda\"") end
                 o.backend = b
             else
-                return nil, "unknown load option '" .. tostring(k) .. "'"
+                raise("unknown load option '" .. tostring(k) .. "'")
             end
         end
     end
@@ -410,6 +511,9 @@ function _M.load(dir, opts)
     return setmetatable({
         ptr = ptr,
         vocab_size = info.vocab_size,
+        max_seq_len = info.max_seq_len,
+        default_loops = info.default_loops,
+        max_loops = info.max_loops,
         has_tokenizer = info.has_tokenizer ~= 0,
     }, Model)
 end
@@ -436,19 +540,23 @@ local enc_n = ffi_new("int[1]")
 local dec_text = ffi_new("char *[1]")
 local dec_len = ffi_new("size_t[1]")
 
+-- model:encode(text) -> ids | nil, err
 function Model:encode(text)
     if type(text) ~= "string" then raise("encode: text must be a string") end
-    check(C.tl_encode(self.ptr, text, #text, enc_ids, enc_n))
+    local st = C.tl_encode(self.ptr, text, #text, enc_ids, enc_n)
+    if st ~= 0 then return engine_failure(st) end
     local ids, n, t = enc_ids[0], enc_n[0], {}
     for i = 1, n do t[i] = ids[i - 1] end
     C.tl_free(ids)
     return t
 end
 
+-- model:decode(ids) -> text | nil, err
 function Model:decode(ids)
     if type(ids) ~= "table" then raise("decode: ids must be a table") end
     local arr, n = id_array(ids)
-    check(C.tl_decode(self.ptr, arr, n, dec_text, dec_len))
+    local st = C.tl_decode(self.ptr, arr, n, dec_text, dec_len)
+    if st ~= 0 then return engine_failure(st) end
     local s = ffi_string(dec_text[0], dec_len[0])
     C.tl_free(dec_text[0])
     return s
@@ -456,20 +564,20 @@ end
 
 local session_out = ffi_new("tl_session *[1]")
 
--- model:session(prompt, cfg) -> a session stepped with session:step().
+-- model:session(prompt, cfg) -> a session stepped with session:step(), or nil, err.
 function Model:session(prompt, cfg)
-    local ids = prompt_ids(self, prompt)
+    local ids, err = prompt_ids(self, prompt)
+    if not ids then return nil, err end
     local c, keep, ctx = make_config(self, cfg)
     local arr, n = id_array(ids)
     if ctx then
         registry[ctx.key] = ctx
-        for i = 1, n do ctx.tokens[i] = ids[i] end
-        ctx.prompt_len = n
+        begin_sequence(ctx, ids)
     end
     local st = C.tl_session_new(self.ptr, arr, n, c, session_out)
     if st ~= 0 then
         if ctx then registry[ctx.key] = nil end
-        raise(last_error())
+        return engine_failure(st)
     end
     local self_session = setmetatable({
         model = self, ctx = ctx, keep = keep, has_tokenizer = self.has_tokenizer, done = false,
@@ -485,27 +593,28 @@ end
 
 -- Beam search has no step API: it runs as one C call (tl_generate).
 local function generate_beam(model, prompt, cfg)
-    local ids = prompt_ids(model, prompt)
+    local ids, err = prompt_ids(model, prompt)
+    if not ids then return nil, err end
     local c, keep, ctx = make_config(model, cfg)
-    -- The mirror-keeping on_token callback is not needed here (hooks see C's own arrays),
-    -- and beam search refuses on_token hooks: install it only when the user asked.
-    if not cfg.on_token then c.on_token = nil end
     local arr, n = id_array(ids)
+    local capacity = output_capacity(model, n, 1, c.max_tokens)
     local st = ffi_new("tl_generate_stats")
-    local t = call_blocking(ids, ctx, n + c.max_tokens, C.tl_generate, model.ptr, arr, c, st)
+    local t
+    t, err = call_blocking(ids, ctx, capacity, C.tl_generate, model.ptr, arr, c, st)
     local _ = keep
+    if not t then return nil, err end
     return t, stats_table(st)
 end
 
--- model:generate(prompt, cfg) -> ids (prompt + continuation), stats
+-- model:generate(prompt, cfg) -> ids (prompt + continuation), stats | nil, err
 function Model:generate(prompt, cfg)
-    if type(cfg) == "table" and type(cfg.beam_size) == "number" and cfg.beam_size >= 2 then
-        return generate_beam(self, prompt, cfg)
-    end
-    local s = self:session(prompt, cfg)
+    if is_beam(cfg) then return generate_beam(self, prompt, cfg) end
+    local s, err = self:session(prompt, cfg)
+    if not s then return nil, err end
     local step = s.step
     repeat
-        local _, _, reason = step(s)
+        local id, text_or_err, reason = step(s)
+        if id == nil then return nil, text_or_err end
     until reason
     local ids, stats = s:tokens(), s:stats()
     s:close()
@@ -516,12 +625,16 @@ end
 -- callbacks unless the config has hooks, and a coroutine may yield between tokens.
 -- The second value is the session (stats: select(2, ...):stats()). When generation ends
 -- without a token (a grammar dead end) while text was still held back (half a UTF-8
--- character, a possible stop-string prefix), the last pair is (-1, that text).
+-- character, a possible stop-string prefix), the last pair is (-1, that text). A runtime
+-- failure ends the loop (a for loop drops the iterator's nil, err): session.error says why.
+-- model:stream itself returns nil, err when the session cannot be created at run time.
 function Model:stream(prompt, cfg)
-    local s = self:session(prompt, cfg)
+    local s, err = self:session(prompt, cfg)
+    if not s then return nil, err end
     local function iterate()
         if s.done then return nil end
         local id, text, reason = s:step()
+        if id == nil then return nil, text end
         if reason then s.final_stats = s:stats() end
         if id < 0 and text == "" then return nil end
         return id, text
@@ -529,22 +642,59 @@ function Model:stream(prompt, cfg)
     return iterate, s
 end
 
--- model:generate_batch({prompt, ...}, cfg) -> {ids_1, ...}, {stats_1, ...}; each prompt
--- with a fresh cache.
+-- Runs tl_generate_batch with the hook context registered (kept out of compiled traces:
+-- hooks run inside the C call); returns true or nil, err.
+local function call_batch(model, ctx, seqs, n_prompts, c, out, capacity, lens, out_len, stats)
+    if ctx then
+        registry[ctx.key] = ctx
+        ctx.batch.running = 1
+        begin_sequence(ctx, ctx.batch.prompts[1])
+    end
+    return blocking_result(C.tl_generate_batch(model.ptr, seqs, n_prompts, c, out, capacity, lens, out_len, stats), ctx)
+end
+jit.off(call_batch)
+
+-- model:generate_batch({prompt, ...}, cfg) -> {ids_1, ...}, {stats_1, ...} | nil, err.
+-- One tl_generate_batch call: each prompt decoded with a fresh cache, one after another.
+-- Hooks see each prompt's sequence in turn (stop_when's text restarts with every prompt);
+-- state kept inside a hook or a grammar object carries over from one prompt to the next.
 function Model:generate_batch(prompts, cfg)
     if type(prompts) ~= "table" then raise("generate_batch: prompts must be a table") end
-    local outs, stats = {}, {}
-    for i, p in ipairs(prompts) do
-        outs[i], stats[i] = self:generate(p, cfg)
+    local n_prompts, all_ids = #prompts, {}
+    for i = 1, n_prompts do
+        local ids, err = prompt_ids(self, prompts[i])
+        if not ids then return nil, err end
+        all_ids[i] = ids
     end
-    return outs, stats
+    local c, keep, ctx = make_config(self, cfg)
+    if n_prompts == 0 then return {}, {} end -- the engine wants at least one prompt
+    local seqs = ffi_new("tl_token_seq[?]", n_prompts)
+    local prompt_tokens = 0
+    for i = 1, n_prompts do
+        local arr, n = id_array(all_ids[i])
+        keep[#keep + 1] = arr
+        seqs[i - 1].tokens, seqs[i - 1].n = arr, n
+        prompt_tokens = prompt_tokens + n
+    end
+    local capacity = output_capacity(self, prompt_tokens, n_prompts, c.max_tokens)
+    local out = ffi_new("int32_t[?]", capacity + 1)
+    local lens = ffi_new("int[?]", n_prompts)
+    for i = 0, n_prompts - 1 do lens[i] = -1 end
+    local stats = ffi_new("tl_generate_stats[?]", n_prompts)
+    if ctx then ctx.batch = { lens = lens, prompts = all_ids, n = n_prompts, running = 1 } end
+    local ok, err = call_batch(self, ctx, seqs, n_prompts, c, out, capacity, lens, ffi_new("int[1]"), stats)
+    if not ok then return nil, err end
+    local outs, all_stats, at = {}, {}, 0
+    for i = 1, n_prompts do
+        local t, len = {}, lens[i - 1]
+        for k = 1, len do t[k] = out[at + k - 1] end
+        at = at + len
+        outs[i], all_stats[i] = t, stats_table(stats[i - 1])
+    end
+    return outs, all_stats
 end
 
 -- ------------------------------------------------------------------ speculative decoding
-
-local SPEC_FIELDS = { max_tokens = true, draft_loops = true, verify_loops = true, draft_ahead = true,
-                      temperature = true, seed = true }
-local TREE_FIELDS = { K_branches = true, max_nodes = true }
 
 local function spec_stats(st)
     local t = stats_table(st.gen)
@@ -572,49 +722,46 @@ local function run_speculative(model, prompt, cfg, tree)
     local sc = tree and ffi_new("tl_tree_speculative_config") or ffi_new("tl_speculative_config")
     local spec = tree and sc.spec or sc
     if tree then C.tl_tree_speculative_config_init(sc) else C.tl_speculative_config_init(sc) end
-    for k in pairs(SPEC_FIELDS) do
-        local v = cfg[k]
-        if v ~= nil then
-            if type(v) ~= "number" then raise("config field '" .. k .. "' must be a number") end
-            spec[k] = v
-        end
+    for k, kind in pairs(SPEC_FIELDS) do
+        if cfg[k] ~= nil then set_number(spec, k, cfg[k], kind) end
     end
     if tree then
-        for k in pairs(TREE_FIELDS) do
-            local v = cfg[k]
-            if v ~= nil then
-                if type(v) ~= "number" then raise("config field '" .. k .. "' must be a number") end
-                sc[k] = v
-            end
+        for k, kind in pairs(TREE_FIELDS) do
+            if cfg[k] ~= nil then set_number(sc, k, cfg[k], kind) end
         end
     end
     spec.base = c
-    local ids = prompt_ids(model, prompt)
+    local ids, err = prompt_ids(model, prompt)
+    if not ids then return nil, err end
     local arr, n = id_array(ids)
-    local cap = n + spec.max_tokens
+    local capacity = output_capacity(model, n, 1, spec.max_tokens)
     local st = ffi_new("tl_speculative_stats")
     local cfunc = tree and C.tl_generate_tree_speculative or C.tl_generate_speculative
-    local t = call_blocking(ids, ctx, cap, cfunc, model.ptr, arr, sc, st)
+    local t
+    t, err = call_blocking(ids, ctx, capacity, cfunc, model.ptr, arr, sc, st)
     local _ = keep
+    if not t then return nil, err end
     return t, spec_stats(st)
 end
 
--- model:generate_speculative(prompt, cfg) -> ids, stats. cfg: max_tokens, draft_loops,
--- verify_loops, draft_ahead, temperature, seed, plus the generate fields (top_k, top_p,
--- repetition_penalty, stop_sequences, stop_strings, ignore_eos, cache_window, hooks).
--- stats adds drafted, accepted, acceptance_rate, mean_accepted, verify_steps,
+-- model:generate_speculative(prompt, cfg) -> ids, stats | nil, err. cfg: max_tokens,
+-- draft_loops, verify_loops, draft_ahead, temperature, seed, plus the generate fields
+-- (top_k, top_p, repetition_penalty, stop_sequences, stop_strings, ignore_eos, cache_window,
+-- hooks). stats adds drafted, accepted, acceptance_rate, mean_accepted, verify_steps,
 -- draft_forwards, verify_forwards, draft_ms, verify_ms.
 function Model:generate_speculative(prompt, cfg)
     return run_speculative(self, prompt, cfg, false)
 end
 
--- model:generate_tree_speculative(prompt, cfg) -> ids, stats; cfg adds K_branches, max_nodes.
+-- model:generate_tree_speculative(prompt, cfg) -> ids, stats | nil, err; cfg adds
+-- K_branches, max_nodes.
 function Model:generate_tree_speculative(prompt, cfg)
     return run_speculative(self, prompt, cfg, true)
 end
 
--- model:score(ids, loops) -> scores with scores:logit(i, t) (next-token logit of id t after
--- ids[1..i]), scores:argmax(i), scores.n, scores.vocab_size.
+-- model:score(ids, loops) -> scores | nil, err, with scores:logit(i, t) (next-token logit
+-- of id t after ids[1..i]), scores:argmax(i), scores.n, scores.vocab_size. loops defaults
+-- to the model's default_loops.
 local Scores = {}
 Scores.__index = Scores
 
@@ -636,11 +783,14 @@ function Scores:argmax(i)
 end
 
 function Model:score(ids, loops)
-    ids = prompt_ids(self, ids)
-    loops = loops or C.tl_model_info(self.ptr).default_loops
+    local err
+    ids, err = prompt_ids(self, ids)
+    if not ids then return nil, err end
+    loops = loops == nil and self.default_loops or check_int("score: loops", loops)
     local arr, n = id_array(ids)
     local data = ffi_new("float[?]", n * self.vocab_size + 1)
-    check(C.tl_score(self.ptr, arr, n, loops, data))
+    local st = C.tl_score(self.ptr, arr, n, loops, data)
+    if st ~= 0 then return engine_failure(st) end
     return setmetatable({ data = data, n = n, vocab_size = self.vocab_size }, Scores)
 end
 

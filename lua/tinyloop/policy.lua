@@ -13,6 +13,9 @@
 -- 0-based float array, in place. Every constructor returns a fresh function with its own
 -- state: build one per generation (state is also reset when a new generation is seen).
 --
+-- Errors follow tinyloop's convention: a bad argument to a constructor raises a Lua error
+-- at the caller's line, naming the argument; nothing here fails at run time.
+--
 -- Cost notes (LUA-NOTES): a per-element branch over a 50k vocabulary costs ~600 us per token
 -- in LuaJIT; a branch-free loop (logits[i] = logits[i] + bias[i]) ~35 us; sparse id lists
 -- ~0. The processors below touch only the ids they need, or use branch-free masks.
@@ -21,6 +24,33 @@ local ffi = require "ffi"
 local _M = {}
 
 local NEG_INF = -math.huge
+local type, floor = type, math.floor
+
+local raise = require("tinyloop.raise").from(debug.getinfo(1, "S").source)
+local function arg_error(msg)
+    raise("tinyloop.policy." .. msg)
+end
+
+local function is_int(v)
+    return type(v) == "number" and v == floor(v) and v > -2 ^ 53 and v < 2 ^ 53
+end
+
+-- Raises unless ids is a table of integer token ids.
+local function check_ids(fn, ids)
+    if type(ids) ~= "table" then arg_error(fn .. ": ids must be a table of token ids") end
+    for i = 1, #ids do
+        if not is_int(ids[i]) then arg_error(fn .. ": ids[" .. i .. "] = " .. tostring(ids[i]) .. " is not an integer") end
+    end
+end
+
+-- Raises unless every value of the vararg list is a function.
+local function check_functions(fn, what, ...)
+    for i = 1, select("#", ...) do
+        if type(select(i, ...)) ~= "function" then
+            arg_error(fn .. ": " .. what .. " " .. i .. " is a " .. type(select(i, ...)) .. ", not a function")
+        end
+    end
+end
 
 -- ------------------------------------------------------------------ stop rules
 
@@ -29,7 +59,12 @@ local NEG_INF = -math.huge
 -- without calling Lua and whose stream never shows a partial match.
 --   cfg.stop_when = policy.stop_strings({ "\n\n", "THE END" })
 function _M.stop_strings(strings)
-    assert(type(strings) == "table" and #strings > 0, "stop_strings: a non-empty table of strings")
+    if type(strings) ~= "table" or #strings == 0 then arg_error("stop_strings: strings must be a non-empty table of strings") end
+    for i = 1, #strings do
+        if type(strings[i]) ~= "string" or strings[i] == "" then
+            arg_error("stop_strings: strings[" .. i .. "] must be a non-empty string")
+        end
+    end
     return function(_, text)
         for i = 1, #strings do
             if text:find(strings[i], 1, true) then return true end
@@ -41,7 +76,7 @@ end
 -- Stops when the generated text matches a Lua pattern (anchor with $ to test the end).
 --   cfg.stop_when = policy.pattern("[%.!?]%s*$")      -- end of a sentence
 function _M.pattern(lua_pattern)
-    assert(type(lua_pattern) == "string", "pattern: a Lua pattern string")
+    if type(lua_pattern) ~= "string" then arg_error("pattern: lua_pattern must be a string") end
     return function(_, text) return text:find(lua_pattern) ~= nil end
 end
 
@@ -62,7 +97,7 @@ _M.now = now_s
 -- generation (the first token).
 --   cfg.stop_when = policy.max_wall_time(1.5)
 function _M.max_wall_time(seconds)
-    assert(type(seconds) == "number" and seconds >= 0, "max_wall_time: seconds >= 0")
+    if type(seconds) ~= "number" or not (seconds >= 0) then arg_error("max_wall_time: seconds must be a number >= 0") end
     local start, last_n
     return function(tokens)
         if not start or #tokens <= last_n then start = now_s() end -- a new generation
@@ -75,8 +110,16 @@ end
 -- in a row (degenerate loops such as "the the the" or a repeated phrase). With no period,
 -- every period from 1 to max_period (default 8) is tried.
 --   cfg.stop_when = policy.repetition({ times = 3 })
+local REPETITION_OPTIONS = { times = 2, max_period = 1, period = 1 } -- option -> smallest value
+
 function _M.repetition(opts)
     opts = opts or {}
+    if type(opts) ~= "table" then arg_error("repetition: opts must be a table") end
+    for k, v in pairs(opts) do
+        local least = REPETITION_OPTIONS[k]
+        if not least then arg_error("repetition: unknown option '" .. tostring(k) .. "'") end
+        if not is_int(v) or v < least then arg_error("repetition: " .. k .. " must be an integer >= " .. least) end
+    end
     local times, max_period = opts.times or 3, opts.max_period or 8
     local periods = opts.period and { opts.period } or nil
     return function(tokens)
@@ -99,6 +142,7 @@ end
 
 -- Stops when any of the rules does.
 function _M.any(...)
+    check_functions("any", "rule", ...)
     local rules = { ... }
     return function(tokens, text)
         for i = 1, #rules do
@@ -113,7 +157,7 @@ end
 -- Bans a list of token ids (sparse: costs nothing per vocabulary entry).
 --   cfg.logits_processor = policy.ban_tokens({ eos_id })
 function _M.ban_tokens(ids)
-    assert(type(ids) == "table", "ban_tokens: a table of token ids")
+    check_ids("ban_tokens", ids)
     local list = {}
     for i, id in ipairs(ids) do list[i] = id end
     return function(logits, vocab)
@@ -127,9 +171,11 @@ end
 -- Adds a bias to some logits: bias = { [id] = value, ... } (-math.huge bans the id).
 --   cfg.logits_processor = policy.logit_bias({ [198] = 2.0, [13] = -5 })
 function _M.logit_bias(bias)
-    assert(type(bias) == "table", "logit_bias: a table id -> bias")
+    if type(bias) ~= "table" then arg_error("logit_bias: bias must be a table id -> bias") end
     local ids, values = {}, {}
     for id, v in pairs(bias) do
+        if not is_int(id) then arg_error("logit_bias: key " .. tostring(id) .. " is not a token id") end
+        if type(v) ~= "number" then arg_error("logit_bias: bias[" .. id .. "] must be a number") end
         ids[#ids + 1], values[#values + 1] = id, v
     end
     return function(logits, vocab)
@@ -144,7 +190,7 @@ end
 -- (prompt included), as Hugging Face's no_repeat_ngram_size.
 --   cfg.logits_processor = policy.no_repeat_ngram(3)
 function _M.no_repeat_ngram(n)
-    assert(type(n) == "number" and n >= 1, "no_repeat_ngram: n >= 1")
+    if not is_int(n) or n < 1 then arg_error("no_repeat_ngram: n must be an integer >= 1") end
     return function(logits, vocab, tokens)
         local len = #tokens
         if len < n - 1 then return end
@@ -165,7 +211,8 @@ end
 -- Forbids `eos_id` until `min_new` tokens have been generated.
 --   cfg.logits_processor = policy.min_tokens(20, model:info().eos_token_id)
 function _M.min_tokens(min_new, eos_id)
-    assert(type(min_new) == "number" and type(eos_id) == "number", "min_tokens: (count, eos_id)")
+    if not is_int(min_new) or min_new < 0 then arg_error("min_tokens: min_new must be an integer >= 0") end
+    if not is_int(eos_id) then arg_error("min_tokens: eos_id must be a token id") end
     local prompt_len, last_n
     return function(logits, vocab, tokens)
         local n = #tokens
@@ -177,6 +224,7 @@ end
 
 -- Runs processors in order.
 function _M.chain(...)
+    check_functions("chain", "processor", ...)
     local procs = { ... }
     return function(logits, vocab, tokens)
         for i = 1, #procs do procs[i](logits, vocab, tokens) end
@@ -194,7 +242,7 @@ local Mask = {}
 Mask.__index = Mask
 
 function _M.mask(vocab_size)
-    assert(type(vocab_size) == "number" and vocab_size > 0, "mask: vocab_size > 0")
+    if not is_int(vocab_size) or vocab_size < 1 then arg_error("mask: vocab_size must be an integer >= 1") end
     local bias = ffi.new("float[?]", vocab_size) -- zero: everything allowed
     return setmetatable({ bias = bias, vocab_size = vocab_size }, Mask)
 end
@@ -206,6 +254,7 @@ end
 
 -- Bans everything except `ids` (an ffi.copy-style fill, then a sparse pass).
 function Mask:allow_only(ids)
+    check_ids("mask:allow_only", ids)
     local bias, v = self.bias, self.vocab_size
     for i = 0, v - 1 do bias[i] = NEG_INF end
     for i = 1, #ids do
@@ -216,6 +265,7 @@ function Mask:allow_only(ids)
 end
 
 function Mask:ban(ids)
+    check_ids("mask:ban", ids)
     local bias, v = self.bias, self.vocab_size
     for i = 1, #ids do
         local id = ids[i]

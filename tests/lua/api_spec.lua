@@ -39,31 +39,24 @@ describe("tinyloop.load", function()
         assert.truthy(err:find("not a directory", 1, true))
     end)
 
-    it("returns nil, err for an unknown option", function()
-        local m, err = tinyloop.load(H.TEXTMODEL, { thread = 1 })
-        assert.is_nil(m)
-        assert.truthy(err:find("thread", 1, true))
-    end)
-
-    it("returns nil, err for an unknown backend and for bad argument types", function()
-        local m, err = tinyloop.load(H.TEXTMODEL, { backend = "gpu" })
-        assert.is_nil(m)
-        assert.truthy(err:find("backend", 1, true))
-        m, err = tinyloop.load(42)
-        assert.is_nil(m)
-        assert.is_string(err)
-        m, err = tinyloop.load(H.TEXTMODEL, "threads=1")
-        assert.is_nil(m)
-        assert.is_string(err)
-    end)
-
-    -- BUG (bindings): tinyloop.load raises "cannot convert 'string' to 'int'" here instead of
-    -- following its nil, err convention: the option's type is not checked before the FFI store.
-    it("returns nil, err (does not raise) for an option of the wrong type", function()
-        local ok, m, err = pcall(tinyloop.load, H.TEXTMODEL, { threads = "two" })
-        assert.is_true(ok, "tinyloop.load raised: " .. tostring(m))
-        assert.is_nil(m)
-        assert.truthy(err:find("threads", 1, true))
+    -- The error convention: argument errors raise, load failures return nil, err.
+    it("raises for bad arguments: directory and options of the wrong type, unknown options", function()
+        local cases = {
+            { { 42 }, "model directory must be a string" },
+            { { H.TEXTMODEL, "threads=1" }, "options must be a table" },
+            { { H.TEXTMODEL, { thread = 1 } }, "unknown load option 'thread'" },
+            { { H.TEXTMODEL, { threads = "two" } }, "'threads' must be a number" },
+            { { H.TEXTMODEL, { threads = 1.5 } }, "'threads' = 1.5 must be an integer" },
+            { { H.TEXTMODEL, { threads = -1 } }, "'threads' = -1 must be >= 0" },
+            { { H.TEXTMODEL, { mmap_weights = 1 } }, "'mmap_weights' must be a boolean" },
+            { { H.TEXTMODEL, { backend = "gpu" } }, "'backend' must be" },
+        }
+        for _, case in ipairs(cases) do
+            local ok, err = pcall(function() local m = tinyloop.load(unpack(case[1])) return m end)
+            assert.is_false(ok, case[2])
+            assert.truthy(tostring(err):find(case[2], 1, true), tostring(err))
+            assert.truthy(tostring(err):find("api_spec.lua", 1, true), "the error points at the caller: " .. tostring(err))
+        end
     end)
 
     it("returns nil, err for backend 'cuda' in a build without CUDA", function()
@@ -357,6 +350,77 @@ describe("model:generate_batch", function()
         local outs, stats = m:generate_batch({}, { max_tokens = 4 })
         assert.same({}, outs)
         assert.same({}, stats)
+    end)
+
+    it("is one engine call, which validates every prompt before decoding any", function()
+        local calls = 0
+        local ok, err = pcall(m.generate_batch, m, { { 1, 2 }, { 3 }, { 4, 400 } },
+                              { max_tokens = 4, on_token = function() calls = calls + 1 end })
+        assert.is_false(ok)
+        assert.truthy(tostring(err):find("generate_batch: prompt 2", 1, true), tostring(err)) -- the engine's 0-based index
+        assert.truthy(tostring(err):find("400", 1, true), tostring(err))
+        assert.equal(0, calls)
+    end)
+
+    it("rejects a huge max_tokens by name before allocating the output", function()
+        for _, n in ipairs({ 3e8, 2e9 }) do
+            local t0 = os.clock()
+            local ok, err = pcall(m.generate_batch, m, { { 1 }, { 2, 3 } }, { max_tokens = n })
+            assert.is_false(ok)
+            assert.truthy(tostring(err):find(("max_tokens = %d must be in [0, max_seq_len = 128]"):format(n), 1, true), tostring(err))
+            assert.is_true(os.clock() - t0 < 0.1, "no huge allocation")
+        end
+        local ok, err = pcall(m.generate_batch, m, { { 1 } }, { max_tokens = -1 })
+        assert.is_false(ok)
+        assert.truthy(tostring(err):find("max_tokens = -1", 1, true), tostring(err))
+    end)
+
+    it("runs hooks for each prompt in turn: positions and stop_when's text restart", function()
+        local x = m:encode("x")[1]
+        -- prompt 2 is exactly as long as prompt 1 plus its output: positions alone would
+        -- run on (3, 4 then 5, 6) as if one sequence continued
+        local prompts = { { 1, 2, 3 }, { 4, 5, 6, 7, 8 }, { 9 } }
+        local positions, texts, token_tables = {}, {}, {}
+        local outs, stats = m:generate_batch(prompts, {
+            max_tokens = 2,
+            logits_processor = function(logits) logits[x] = 1e9 end,
+            on_token = function(_, position) positions[#positions + 1] = position end,
+            stop_when = function(tokens, text)
+                texts[#texts + 1] = text
+                token_tables[#token_tables + 1] = #tokens
+            end,
+        })
+        assert.same({ 3, 4, 5, 6, 1, 2 }, positions)
+        assert.same({ "x", "xx", "x", "xx", "x", "xx" }, texts)
+        assert.same({ 4, 5, 6, 7, 2, 3 }, token_tables)
+        for i, p in ipairs(prompts) do
+            assert.same(p, H.slice(outs[i], 1, #p))
+            assert.same({ x, x }, H.slice(outs[i], #p + 1))
+            assert.equal("MAX_TOKENS", stats[i].stop_reason)
+            assert.equal(#p, stats[i].prompt_tokens)
+        end
+    end)
+
+    it("a stop rule stops each prompt on its own", function()
+        local outs, stats = m:generate_batch({ "Hello", "The cat", "Hi" }, {
+            max_tokens = 10, stop_when = function(_, text) return #text >= 3 end,
+        })
+        for i = 1, 3 do
+            assert.equal("CALLBACK_ABORT", stats[i].stop_reason)
+            assert.is_true(#m:decode(H.slice(outs[i], stats[i].prompt_tokens + 1)) >= 3)
+        end
+    end)
+
+    it("runs beam searches (beam_size >= 2)", function()
+        local g = H.model("add_residual_statenorm_rms_gqa2")
+        local cfg = { max_tokens = 6, beam_size = 3, length_penalty = 0.8 }
+        local prompts = { { 5, 6, 7 }, { 1 }, { 2, 3 } }
+        local outs, stats = g:generate_batch(prompts, cfg)
+        for i, p in ipairs(prompts) do
+            local out, st = g:generate(p, cfg)
+            assert.same(out, outs[i])
+            assert.equal(st.beam_score, stats[i].beam_score)
+        end
     end)
 end)
 

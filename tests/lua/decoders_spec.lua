@@ -34,7 +34,7 @@ describe("speculative decoding", function()
         local a = m:generate_speculative(prompt, { max_tokens = 8, verify_loops = 8, temperature = 0.9, seed = 4 })
         local b = m:generate_speculative(prompt, { max_tokens = 8, verify_loops = 8, temperature = 0.9, seed = 4 })
         assert.same(a, b)
-        assert.has_error(function() m:generate_speculative(prompt, { draft_loops = 8, verify_loops = 8 }) end,
+        assert.has_error(function() m:generate_speculative(prompt, { max_tokens = 8, draft_loops = 8, verify_loops = 8 }) end,
                          "draft_loops = 8 must be in [1, verify_loops = 8)")
         assert.has_error(function() m:generate_tree_speculative(prompt, { temperature = 0.5 }) end)
         assert.has_error(function() m:generate_speculative(prompt, { K_branches = 2 }) end, "unknown config field 'K_branches'")

@@ -1,0 +1,72 @@
+-- tinyloop.script_options: "--name value" options of the measurement scripts
+-- (scripts/sweep.lua, scripts/early_exit_eval.lua), and the progress lines they print.
+-- The usage text is generated from the option table, so it lists every option with its
+-- default.
+--
+--   local opt = require("tinyloop.script_options").parse(arg, {
+--       name = "sweep.lua", summary = "what the script does",
+--       { "max-tokens", 64, "new tokens per prompt" },    -- a number option (default a number)
+--       { "out", "build/sweep", "output directory" },     -- a string option
+--       { "threads", nil, "CPU threads", number = true, default_text = "all cores" },
+--   })
+--   opt.max_tokens --> 64 (dashes become underscores)
+--
+-- --help prints the usage and exits 0; a bad option or value prints the error and exits 2.
+local _M = {}
+
+local function usage(spec)
+    local lines = { ("usage: luajit scripts/%s [options]"):format(spec.name), spec.summary, "" }
+    for _, o in ipairs(spec) do
+        local metavar = o.metavar or ((o.number or type(o[2]) == "number") and "N" or "X")
+        lines[#lines + 1] = ("  --%-18s %s (default %s)"):format(o[1] .. " " .. metavar, o[3],
+            o.default_text or tostring(o[2]))
+    end
+    lines[#lines + 1] = ("  --%-18s this text"):format("help")
+    return table.concat(lines, "\n") .. "\n"
+end
+
+local function fail(spec, msg)
+    io.stderr:write(spec.name, ": ", msg, " (see --help)\n")
+    os.exit(2)
+end
+
+-- Returns the options table (every option present, defaults filled in).
+function _M.parse(argv, spec)
+    local by_name, opt = {}, {}
+    for _, o in ipairs(spec) do
+        by_name[o[1]] = o
+        opt[o[1]:gsub("%-", "_")] = o[2]
+    end
+    local i = 1
+    while i <= #argv do
+        local a = argv[i]
+        if a == "-h" or a == "--help" then
+            io.stdout:write(usage(spec))
+            os.exit(0)
+        end
+        local o = by_name[a:match("^%-%-(.+)$") or ""]
+        if not o then fail(spec, "unknown option " .. a) end
+        local v = argv[i + 1]
+        if v == nil then fail(spec, "option " .. a .. " needs a value") end
+        if o.number or type(o[2]) == "number" then
+            v = tonumber(v)
+            if not v then fail(spec, "option " .. a .. " needs a number, not '" .. argv[i + 1] .. "'") end
+        end
+        opt[o[1]:gsub("%-", "_")] = v
+        i = i + 2
+    end
+    return opt
+end
+
+-- Returns progress(label): writes "[index/total] label (elapsed s)" to stderr, one line per
+-- call, so that a long run shows where it is (and a log stays readable).
+function _M.progress(total, now)
+    local start, index = now(), 0
+    return function(label)
+        index = index + 1
+        io.stderr:write(("[%d/%d] %s (%.1f s elapsed)\n"):format(index, total, label, now() - start))
+        io.stderr:flush()
+    end
+end
+
+return _M

@@ -1,0 +1,142 @@
+-- conventions_spec.lua: the one error convention of the Lua API (init.lua's header): argument
+-- errors raise at the caller's line, load and runtime failures return nil, err, and the
+-- facts Lua takes from C (stop-reason names) rather than copying them.
+local H = require "helpers"
+local ffi = require "ffi"
+local policy = require "tinyloop.policy"
+
+local m = H.model()
+local C = H.tinyloop.C
+
+-- Calls f and returns its error message; fails unless it raised one with every needle.
+local function raised(needles, f)
+    local ok, err = pcall(f)
+    assert.is_false(ok, "expected an error containing '" .. needles[1] .. "'")
+    err = tostring(err)
+    for _, needle in ipairs(needles) do
+        assert.truthy(err:find(needle, 1, true), "error '" .. err .. "' lacks '" .. needle .. "'")
+    end
+    return err
+end
+
+describe("loops", function()
+    it("= 0 is an error naming the field, in every decoder", function()
+        local needles = { "loops = 0", "[1, max_loops = 4]" }
+        raised(needles, function() m:generate({ 1, 2 }, { loops = 0 }) end)
+        raised(needles, function() m:session({ 1, 2 }, { loops = 0 }) end)
+        raised(needles, function() m:stream({ 1, 2 }, { loops = 0 }) end)
+        raised(needles, function() m:generate_batch({ { 1, 2 } }, { loops = 0 }) end)
+        raised(needles, function() m:generate({ 1, 2 }, { loops = 0, beam_size = 2 }) end)
+    end)
+
+    it("left out means the model's default_loops", function()
+        local _, st = m:generate({ 1, 2 }, { max_tokens = 2 })
+        assert.equal(m:info().default_loops, st.loops_used)
+    end)
+end)
+
+describe("config values that C cannot represent", function()
+    it("integer fields must be integers of a C int", function()
+        raised({ "'max_tokens' = 2.5 must be an integer" }, function() m:generate({ 1 }, { max_tokens = 2.5 }) end)
+        raised({ "'loops' = 1.5 must be an integer" }, function() m:generate({ 1 }, { loops = 1.5 }) end)
+        raised({ "'max_tokens' = 3000000000 must be an integer" }, function() m:generate({ 1 }, { max_tokens = 3e9 }) end)
+        raised({ "'top_k' = inf" }, function() m:generate({ 1 }, { top_k = math.huge }) end)
+        raised({ "'draft_ahead' = 2.5" }, function() m:generate_speculative({ 1 }, { draft_ahead = 2.5 }) end)
+        raised({ "'K_branches' = 0.5" }, function() m:generate_tree_speculative({ 1 }, { K_branches = 0.5 }) end)
+    end)
+
+    it("seeds must be integers in [0, 2^53]", function()
+        raised({ "'sample_seed' = -1" }, function() m:generate({ 1 }, { sample_seed = -1 }) end)
+        raised({ "'seed' = 0.5" }, function() m:generate_speculative({ 1 }, { seed = 0.5 }) end)
+    end)
+
+    it("ignore_eos must be a boolean (0 would be true in Lua)", function()
+        raised({ "'ignore_eos' must be a boolean" }, function() m:generate({ 1 }, { ignore_eos = 0 }) end)
+    end)
+
+    it("errors point at the caller's line", function()
+        local err = raised({ "loops = 0" }, function() local ids = m:generate({ 1 }, { loops = 0 }) return ids end)
+        assert.truthy(err:find("conventions_spec.lua:%d+:"), err)
+    end)
+end)
+
+describe("runtime failures", function()
+    -- A real checkpoint (the text model) whose config allows a 16M-token context: asking for
+    -- 16M tokens runs the engine out of memory under a 600 MB address-space limit.
+    it("return nil, err from every generating call", function()
+        local dir = os.tmpname()
+        os.remove(dir)
+        assert(os.execute("mkdir -p " .. dir .. " && cp " .. H.TEXTMODEL .. "/* " .. dir) == 0)
+        local f = assert(io.open(dir .. "/config.json"))
+        local config = f:read("*a"):gsub('"max_seq_len": 128', '"max_seq_len": 16777216')
+        f:close()
+        f = assert(io.open(dir .. "/config.json", "w"))
+        f:write(config)
+        f:close()
+        local ok, out = H.run_child(([[
+            local H = require "helpers"
+            local m = assert(H.tinyloop.load(%q, { threads = 1 }))
+            local cfg = { max_tokens = 16000000 }
+            local function show(name, ...) print(name, select("#", ...), tostring((select(1, ...))), tostring((select(2, ...)))) end
+            show("generate", m:generate({ 1, 2, 3 }, cfg))
+            show("session", m:session({ 1, 2, 3 }, cfg))
+            show("stream", m:stream({ 1, 2, 3 }, cfg))
+            show("batch", m:generate_batch({ { 1, 2 }, { 3 } }, cfg))
+            show("speculative", m:generate_speculative({ 1, 2, 3 }, { max_tokens = 16000000, verify_loops = 4 }))
+            -- the model still works
+            print("after", #m:generate({ 1, 2, 3 }, { max_tokens = 4 }))
+        ]]):format(dir), "ulimit -v 600000;")
+        os.execute("rm -rf " .. dir)
+        assert.is_true(ok, out)
+        for _, name in ipairs({ "generate", "session", "stream", "batch", "speculative" }) do
+            assert.truthy(out:find(name .. "\t2\tnil\t[^\n]*out of memory"), name .. " in:\n" .. out)
+        end
+        assert.truthy(out:find("after\t7"), out)
+    end)
+
+    it("tinyloop.load returns nil, err for a checkpoint it cannot load", function()
+        local model, err = H.tinyloop.load(H.ROOT .. "/tests/data/no-such-model")
+        assert.is_nil(model)
+        assert.truthy(err:find("no-such-model", 1, true))
+    end)
+end)
+
+describe("stop reasons", function()
+    it("are the engine's names (tl_stop_reason_name), false while generating", function()
+        local s = m:session({ 1, 2 }, { max_tokens = 2 })
+        local _, _, reason = s:step()
+        assert.is_false(reason)
+        assert.is_nil(s:stats().stop_reason)
+        _, _, reason = s:step()
+        assert.equal(ffi.string(C.tl_stop_reason_name(C.TL_STOP_MAX_TOKENS)), reason)
+        assert.equal(reason, s:stats().stop_reason)
+    end)
+end)
+
+describe("tinyloop.policy constructors", function()
+    local cases = {
+        { "stop_strings", function() return policy.stop_strings({}) end },
+        { "strings[2]", function() return policy.stop_strings({ "a", 5 }) end },
+        { "pattern", function() return policy.pattern(5) end },
+        { "max_wall_time", function() return policy.max_wall_time(-1) end },
+        { "unknown option 'time'", function() return policy.repetition({ time = 3 }) end },
+        { "times must be an integer >= 2", function() return policy.repetition({ times = 1 }) end },
+        { "rule 2 is a number", function() return policy.any(function() end, 5) end },
+        { "ids[2] = x", function() return policy.ban_tokens({ 1, "x" }) end },
+        { "key a is not a token id", function() return policy.logit_bias({ a = 1 }) end },
+        { "bias[3] must be a number", function() return policy.logit_bias({ [3] = "1" }) end },
+        { "no_repeat_ngram", function() return policy.no_repeat_ngram(0) end },
+        { "min_new", function() return policy.min_tokens(-1, 3) end },
+        { "eos_id", function() return policy.min_tokens(1, nil) end },
+        { "processor 1 is a table", function() return policy.chain({}) end },
+        { "vocab_size", function() return policy.mask(0) end },
+        { "mask:ban", function() return policy.mask(4):ban({ 1.5 }) end },
+        { "mask:allow_only", function() return policy.mask(4):allow_only(3) end },
+    }
+    for _, case in ipairs(cases) do
+        it("raise at the caller's line for bad arguments (" .. case[1] .. ")", function()
+            local err = raised({ "tinyloop.policy.", case[1] }, function() local r = case[2]() return r end)
+            assert.truthy(err:find("conventions_spec.lua:%d+:"), err)
+        end)
+    end
+end)
