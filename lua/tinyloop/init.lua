@@ -142,6 +142,15 @@ local function follow_batch(ctx)
     end
 end
 
+-- Runs a user hook under xpcall, marking its session as inside a hook meanwhile: the session
+-- may then not be closed or stepped (the step that runs the hook still uses it).
+local function call_hook(ctx, fn, ...)
+    ctx.in_hook = true
+    local ok, r = xpcall(fn, traceback, ...)
+    ctx.in_hook = false
+    return ok, r
+end
+
 local on_token_cb = ffi_cast("tl_on_token_hook", function(user, token, position)
     local ctx = context_of(user)
     if ctx.batch then follow_batch(ctx) end
@@ -150,7 +159,7 @@ local on_token_cb = ffi_cast("tl_on_token_hook", function(user, token, position)
     local text = token_text(ctx, token)
     if text and position >= ctx.prompt_len then ctx.pieces[#ctx.pieces + 1] = text end
     if not ctx.on_token then return C.TL_HOOK_CONTINUE end
-    local ok, r = xpcall(ctx.on_token, traceback, token, position, text)
+    local ok, r = call_hook(ctx, ctx.on_token, token, position, text)
     if not ok then return fail(ctx, r) end
     return r == false and C.TL_HOOK_STOP or C.TL_HOOK_CONTINUE
 end)
@@ -158,14 +167,14 @@ end)
 local stop_rule_cb = ffi_cast("tl_stop_rule_hook", function(user, tokens, n)
     local ctx = context_of(user)
     local t = sync_tokens(ctx, tokens, n)
-    local ok, r = xpcall(ctx.stop_when, traceback, t, concat(ctx.pieces))
+    local ok, r = call_hook(ctx, ctx.stop_when, t, concat(ctx.pieces))
     if not ok then return fail(ctx, r) end
     return r and C.TL_HOOK_STOP or C.TL_HOOK_CONTINUE
 end)
 
 local logits_cb = ffi_cast("tl_logits_hook", function(user, logits, vocab, tokens, n)
     local ctx = context_of(user)
-    local ok, r = xpcall(ctx.logits_processor, traceback, logits, vocab, sync_tokens(ctx, tokens, n))
+    local ok, r = call_hook(ctx, ctx.logits_processor, logits, vocab, sync_tokens(ctx, tokens, n))
     if not ok then return fail(ctx, r) end
     return C.TL_HOOK_CONTINUE
 end)
@@ -173,7 +182,7 @@ end)
 local grammar_allowed_cb = ffi_cast("int (*)(void *, uint8_t *, int)", function(user, mask, vocab)
     local ctx = context_of(user)
     local g = ctx.grammar
-    local ok, r = xpcall(g.allowed, traceback, g, mask, vocab)
+    local ok, r = call_hook(ctx, g.allowed, g, mask, vocab)
     if not ok then return fail(ctx, r) end
     if type(r) ~= "number" then -- no count returned: count the mask
         r = 0
@@ -185,7 +194,7 @@ end)
 local grammar_advance_cb = ffi_cast("int (*)(void *, int32_t)", function(user, token)
     local ctx = context_of(user)
     local g = ctx.grammar
-    local ok, r = xpcall(g.advance, traceback, g, token)
+    local ok, r = call_hook(ctx, g.advance, g, token)
     if not ok then return fail(ctx, r) end
     return 0
 end)
@@ -215,13 +224,16 @@ local function set_number(c, field, v, kind)
     c[field] = v
 end
 
-local function is_beam(cfg)
-    return type(cfg) == "table" and type(cfg.beam_size) == "number" and cfg.beam_size >= 2
-end
 local OTHER_FIELDS = {
     stop_sequences = true, stop_strings = true, ignore_eos = true,
     on_token = true, stop_when = true, logits_processor = true, grammar = true,
+    speculative = true, verify_loops = true,
 }
+-- Decoding modes of a session (SPEC §8): cfg.speculative selects self-speculative decoding,
+-- whose fields sit in the same table; verify_loops is its name for loops.
+local SPECULATIVE_MODES = { chain = C.TL_SPECULATIVE_CHAIN, tree = C.TL_SPECULATIVE_TREE }
+local SESSION_SPEC_FIELDS = { draft_loops = "int", draft_ahead = "int", K_branches = "int", max_nodes = "int" }
+local SESSION_SPEC_NAMES = { "draft_loops", "draft_ahead", "K_branches", "max_nodes" }
 
 -- Builds a tl_generate_config from a Lua table. Returns the cdata, the arrays it points to
 -- (keep them alive until the session exists) and the hook context (or nil).
@@ -232,11 +244,32 @@ local function make_config(model, cfg)
     if cfg == nil then return c, keep, nil end
     if type(cfg) ~= "table" then raise("config must be a table") end
     for k, v in pairs(cfg) do
-        local kind = NUMBER_FIELDS[k]
+        local kind = NUMBER_FIELDS[k] or SESSION_SPEC_FIELDS[k]
         if kind then
             set_number(c, k, v, kind)
         elseif not OTHER_FIELDS[k] then
             raise("unknown config field '" .. tostring(k) .. "'")
+        end
+    end
+    local mode = cfg.speculative
+    if mode ~= nil then
+        if not SPECULATIVE_MODES[mode] then raise("config field 'speculative' must be \"chain\" or \"tree\"") end
+        c.speculative = SPECULATIVE_MODES[mode]
+    end
+    if mode == nil then
+        for i = 1, #SESSION_SPEC_NAMES do
+            local k = SESSION_SPEC_NAMES[i]
+            if cfg[k] ~= nil then raise("config field '" .. k .. "' needs speculative = \"chain\" or \"tree\"") end
+        end
+    end
+    if cfg.verify_loops ~= nil then
+        if mode == nil then raise("config field 'verify_loops' needs speculative = \"chain\" or \"tree\"") end
+        if cfg.loops ~= nil and cfg.loops ~= cfg.verify_loops then
+            raise("config fields 'loops' and 'verify_loops' disagree: give one (verify_loops is the verify depth)")
+        end
+        set_number(c, "loops", cfg.verify_loops, "int")
+        if cfg.verify_loops == 0 then
+            raise(("verify_loops = 0 must be in [1, max_loops = %d]"):format(model.max_loops))
         end
     end
     -- C reads loops = 0 as "the default"; in Lua the default is spelled by leaving loops out.
@@ -294,10 +327,8 @@ local function make_config(model, cfg)
             bytes = ffi_new("const char *[1]"), len = ffi_new("size_t[1]"),
         }
         local user = ffi_cast("void *", ctx.key)
-        -- on_token runs whenever a context exists: it keeps the token/text mirrors. Beam search
-        -- has no such mirror (hooks see C's own arrays) and refuses on_token hooks: there it
-        -- is installed only when the user asked, so that the engine says no.
-        if cfg.on_token or not is_beam(cfg) then c.on_token, c.on_token_user = on_token_cb, user end
+        -- on_token runs whenever a context exists: it keeps the token/text mirrors.
+        c.on_token, c.on_token_user = on_token_cb, user
         if cfg.stop_when then c.stop_rule, c.stop_rule_user = stop_rule_cb, user end
         if cfg.logits_processor then c.logits_processor, c.logits_processor_user = logits_cb, user end
         if g then
@@ -355,6 +386,10 @@ local function stats_table(s)
         if s.depth_histogram[d] > 0 then histogram[d] = s.depth_histogram[d] end
     end
     return {
+        drafted = s.drafted, accepted = s.accepted, verify_steps = s.verify_steps,
+        draft_forwards = s.draft_forwards, verify_forwards = s.verify_forwards,
+        draft_ms = s.draft_ms, verify_ms = s.verify_ms, acceptance_rate = s.acceptance_rate,
+        mean_accepted = s.mean_accepted,
         probes = s.probes, probe_ms = s.probe_ms, depth_histogram = histogram, beam_score = s.beam_score,
         prefill_ms = s.prefill_ms, first_token_ms = s.first_token_ms, decode_ms = s.decode_ms,
         prompt_tokens = s.prompt_tokens, tokens_emitted = s.tokens_emitted,
@@ -387,8 +422,10 @@ function Session:step()
     local step_token, step_stop = self.step_token, self.step_stop
     local st = C.tl_session_step(self.ptr, step_token, step_stop)
     if st ~= 0 then
-        self.done = true
         local ctx = self.ctx
+        -- Stepped from one of its own hooks: the engine refused, and the outer step goes on.
+        if ctx and ctx.in_hook then raise(last_error()) end
+        self.done = true
         if st == C.TL_ERR_HOOK and ctx and ctx.err then
             local err = ctx.err
             ctx.err = nil
@@ -427,8 +464,12 @@ function Session:stats()
     return stats_table(C.tl_session_stats(self.ptr))
 end
 
--- Frees the C session now (the garbage collector would do it later).
+-- Frees the C session now (the garbage collector would do it later). Refused from inside one
+-- of the session's own hooks: the step that runs the hook still uses the session.
 function Session:close()
+    if self.ctx and self.ctx.in_hook then
+        raise("session:close() from inside one of its own hooks: close it after the step returns")
+    end
     if self.ptr ~= nil then
         self.final_tokens, self.closed_stats = self:tokens(), self:stats()
         ffi_gc(self.ptr, nil)
@@ -591,24 +632,9 @@ function Model:session(prompt, cfg)
     return self_session
 end
 
--- Beam search has no step API: it runs as one C call (tl_generate).
-local function generate_beam(model, prompt, cfg)
-    local ids, err = prompt_ids(model, prompt)
-    if not ids then return nil, err end
-    local c, keep, ctx = make_config(model, cfg)
-    local arr, n = id_array(ids)
-    local capacity = output_capacity(model, n, 1, c.max_tokens)
-    local st = ffi_new("tl_generate_stats")
-    local t
-    t, err = call_blocking(ids, ctx, capacity, C.tl_generate, model.ptr, arr, c, st)
-    local _ = keep
-    if not t then return nil, err end
-    return t, stats_table(st)
-end
-
 -- model:generate(prompt, cfg) -> ids (prompt + continuation), stats | nil, err
+-- Every mode (plain, speculative = "chain" | "tree", beam_size >= 2) runs on a session.
 function Model:generate(prompt, cfg)
-    if is_beam(cfg) then return generate_beam(self, prompt, cfg) end
     local s, err = self:session(prompt, cfg)
     if not s then return nil, err end
     local step = s.step

@@ -37,7 +37,8 @@ describe("speculative decoding", function()
         assert.has_error(function() m:generate_speculative(prompt, { max_tokens = 8, draft_loops = 8, verify_loops = 8 }) end,
                          "draft_loops = 8 must be in [1, verify_loops = 8)")
         assert.has_error(function() m:generate_tree_speculative(prompt, { temperature = 0.5 }) end)
-        assert.has_error(function() m:generate_speculative(prompt, { K_branches = 2 }) end, "unknown config field 'K_branches'")
+        assert.has_error(function() m:generate_speculative(prompt, { K_branches = 2 }) end,
+                         "config field 'K_branches' needs speculative = \"chain\" or \"tree\"")
     end)
 end)
 

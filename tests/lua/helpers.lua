@@ -43,6 +43,13 @@ function H.forcer(seq, prompt_len)
     end
 end
 
+-- fn() must raise an error whose message contains needle (plain text, not a pattern).
+function H.error_contains(fn, needle)
+    local ok, err = pcall(fn)
+    assert(not ok, "expected an error containing: " .. needle)
+    assert(tostring(err):find(needle, 1, true), ("error %q does not contain %q"):format(tostring(err), needle))
+end
+
 function H.slice(t, i, j)
     local r = {}
     for k = i, j or #t do r[#r + 1] = t[k] end
