@@ -22,8 +22,14 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --stop TEXT            stop when TEXT appears (repeatable)
       --cache-window W       attend to the last W positions only (default 0: all)
       --ignore-eos           keep going past the end-of-text token
-      --beam N               beam search with N beams (deterministic; prints at the end)
+      --beam N               beam search with N beams (deterministic; streams the tokens
+                             every surviving hypothesis agrees on)
       --length-penalty P     beam ranking: sum_logprob / len^P (default 1)
+      --speculative MODE     self-speculative decoding, "chain" or "tree", verified at --loops
+      --draft-loops N        speculative draft depth (default 2)
+      --draft-ahead N        tokens (chain) or tree levels drafted per verification (default 4)
+      --K-branches K         tree: candidates per drafted node (default 2)
+      --max-nodes N          tree: node budget (default 64)
       --early-exit PATIENCE  adaptive depth: exit after PATIENCE stable probes
       --early-exit-min-L N   first loop probed (default 2)
       --early-exit-peek N    probe every N loops (default 1)
@@ -50,6 +56,11 @@ local OPTIONS = {
     ["--ignore-eos"] = { "ignore_eos", "flag" },
     ["--beam"] = { "beam_size", "int" },
     ["--length-penalty"] = { "length_penalty", "number" },
+    ["--speculative"] = { "speculative", "string" },
+    ["--draft-loops"] = { "draft_loops", "int" },
+    ["--draft-ahead"] = { "draft_ahead", "int" },
+    ["--K-branches"] = { "K_branches", "int" },
+    ["--max-nodes"] = { "max_nodes", "int" },
     ["--early-exit"] = { "early_exit_patience", "int" },
     ["--early-exit-min-L"] = { "early_exit_min_L", "int" },
     ["--early-exit-peek"] = { "early_exit_peek_every", "int" },
@@ -75,6 +86,10 @@ function _M.parse(argv, default_model)
         elseif spec then
             if spec[2] == "flag" then
                 o.cfg[spec[1]] = true
+            elseif spec[2] == "string" then
+                if v == nil then return nil, usage_error("option " .. a .. " needs a value") end
+                o.cfg[spec[1]] = v
+                i = i + 1
             else
                 if v == nil then return nil, usage_error("option " .. a .. " needs a value") end
                 local x = tonumber(v)
@@ -151,16 +166,6 @@ function _M.main(argv, default_model)
     -- Argument errors and hook errors raise; runtime failures come back as nil, err and are
     -- raised here, so that both reach the one report below.
     local ok, result = pcall(function()
-        if (cfg.beam_size or 0) >= 2 then -- beam search knows its answer only at the end
-            local ids, stats = model:generate(o.prompt, cfg)
-            if not ids then error(stats, 0) end
-            local continuation = {}
-            for k = stats.prompt_tokens + 1, #ids do continuation[#continuation + 1] = ids[k] end
-            if o.echo then io.stdout:write(o.prompt) end
-            io.stdout:write(model:decode(continuation), "\n")
-            io.stdout:flush()
-            return stats
-        end
         local iterate, session = model:stream(o.prompt, cfg)
         if not iterate then error(session, 0) end
         if o.echo then io.stdout:write(o.prompt) io.stdout:flush() end
@@ -180,10 +185,12 @@ function _M.main(argv, default_model)
     if o.stats then
         local s = result
         io.stderr:write(string.format(
-            "[prefill %d tokens %.1f ms (%.1f tok/s) | first token %.1f ms | %d tokens %.1f tok/s | stop %s | loops %.2f%s | %d threads]\n",
+            "[prefill %d tokens %.1f ms (%.1f tok/s) | first token %.1f ms | %d tokens %.1f tok/s | stop %s | loops %.2f%s%s | %d threads]\n",
             s.prompt_tokens, s.prefill_ms, s.prefill_tokens_per_s, s.first_token_ms, s.tokens_emitted,
             s.decode_tokens_per_s, s.stop_reason or "?", s.loops_used,
             s.probes > 0 and string.format(" (%d probes, %.1f ms)", s.probes, s.probe_ms) or "",
+            s.verify_steps > 0 and string.format(" | accepted %d of %d drafted, %.2f per verification",
+                                                 s.accepted, s.drafted, s.mean_accepted) or "",
             model:info().n_threads))
     end
     return 0
