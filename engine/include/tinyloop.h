@@ -299,6 +299,14 @@ void tl_session_free(tl_session *session);
    a session from inside one of its own hooks (TL_ERR_INVALID_ARGUMENT). */
 tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *stop);
 
+/* Advances n distinct sessions of one model by one step each, as n tl_session_step calls
+   would: tokens[i], stops[i] and statuses[i] are session i's results (a session that fails
+   is finished; the others go on). Every session's tokens are bit-identical to stepping it
+   alone. Returns TL_OK when the call itself is valid (non-NULL arrays, n >= 1, one model, no
+   session twice, none finished or stepping); the per-session outcome is in statuses. */
+tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
+                                tl_status *statuses);
+
 /* The sequence so far: prompt + emitted tokens; valid until the next step or free. */
 const int32_t *tl_session_tokens(const tl_session *session, int *n);
 const tl_generate_stats *tl_session_stats(const tl_session *session);

@@ -378,6 +378,31 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     return st;
 }
 
+/* ---------------------------------------------------------------- many sessions */
+
+tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
+                                tl_status *statuses) {
+    tl_clear_error();
+    if (!sessions || !tokens || !stops || !statuses)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: NULL argument");
+    if (n < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: n = %d, need >= 1", n);
+    for (int i = 0; i < n; i++) {
+        const tl_session *s = sessions[i];
+        if (!s) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: sessions[%d] is NULL", i);
+        if (s->m != sessions[0]->m)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: sessions[%d] is on another model", i);
+        if (s->finished || s->stepping)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: sessions[%d] is %s", i,
+                           s->finished ? "finished" : "stepping");
+        for (int j = 0; j < i; j++)
+            if (sessions[j] == s)
+                return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: sessions[%d] is sessions[%d] again", i, j);
+    }
+    for (int i = 0; i < n; i++) statuses[i] = tl_session_step(sessions[i], &tokens[i], &stops[i]);
+    tl_clear_error();
+    return TL_OK;
+}
+
 /* ---------------------------------------------------------------- streamed text */
 
 /* Bytes at the end of the text to hold back: an unfinished UTF-8 sequence, or the longest

@@ -164,6 +164,8 @@ tl_status tl_session_new(const tl_model *model, const int32_t *prompt, int promp
                          const tl_generate_config *cfg, tl_session **out);
 void tl_session_free(tl_session *session);
 tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *stop);
+tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
+                                tl_status *statuses);
 const int32_t *tl_session_tokens(const tl_session *session, int *n);
 const tl_generate_stats *tl_session_stats(const tl_session *session);
 tl_status tl_session_text(tl_session *session, const char **piece, size_t *len);
