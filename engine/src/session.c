@@ -131,7 +131,6 @@ void tl_session_free(tl_session *s) {
     free(s->work);
     free(s->seen);
     free(s->allowed);
-    free(s->state_before);
     free(s->text);
     for (int i = 0; s->stop_strs && i < s->cfg.n_stop_strings; i++) free(s->stop_strs[i]);
     free(s->stop_strs);
@@ -182,9 +181,8 @@ tl_status tl_session_create(const tl_model *m, const int32_t *prompt, int prompt
     s->work = malloc((size_t)vocab * sizeof *s->work);
     s->seen = calloc((size_t)vocab, 1);
     s->allowed = malloc((size_t)vocab);
-    s->state_before = malloc((size_t)m->cfg.d_model * sizeof(float));
     st = (s->stop_seqs && s->stop_store && s->tokens && s->positions && s->logits && s->work &&
-          s->seen && s->allowed && s->state_before)
+          s->seen && s->allowed)
              ? tl_distribution_init(&s->dist, vocab)
              : tl_fail(TL_ERR_NO_MEMORY, "out of memory for a session of %d tokens", total);
     /* A windowed cache holds window + chunk rows: small windows take small chunks so that
@@ -245,7 +243,7 @@ const tl_generate_stats *tl_session_stats(const tl_session *s) { return s ? &s->
    loops of later tokens read its deepest slot (KV sharing, SPEC §2). */
 static tl_status forward_early_exit(tl_session *s, int start) {
     const tl_generate_config *c = &s->cfg;
-    const int d = s->m->cfg.d_model, L = s->loops;
+    const int L = s->loops;
     tl_forward f;
     tl_status st = tl_forward_begin(&f, s->m, s->cache, &s->ws, s->tokens + start, s->positions + start, 1, NULL);
     if (st != TL_OK) return st;
@@ -253,16 +251,13 @@ static tl_status forward_early_exit(tl_session *s, int start) {
     int32_t previous = -1;
     for (int l = 1; l <= L; l++) {
         const bool probe = l < L && l >= c->early_exit_min_L && (l - c->early_exit_min_L) % c->early_exit_peek_every == 0;
-        if (probe) memcpy(s->state_before, s->ws.s, (size_t)d * sizeof(float));
-        tl_forward_loop(&f);
-        if (!probe) continue;
-        const double t0 = tl_now_ms();
-        double change = 0.0, norm = 0.0;
-        for (int i = 0; i < d; i++) {
-            double delta = (double)s->ws.s[i] - (double)s->state_before[i];
-            change += delta * delta;
-            norm += (double)s->ws.s[i] * (double)s->ws.s[i];
+        if (!probe) {
+            tl_forward_loop(&f);
+            continue;
         }
+        double change; /* +infinity for an all-zero state: never stable */
+        tl_forward_loop_measured(&f, &change);
+        const double t0 = tl_now_ms();
         tl_forward_head(&f, 0, s->logits);
         const int32_t top = tl_argmax(s->logits, s->m->cfg.vocab_size);
         bool now_stable;
@@ -272,7 +267,7 @@ static tl_status forward_early_exit(tl_session *s, int start) {
                 if (i != top && s->logits[i] > second) second = s->logits[i];
             now_stable = top >= 0 && s->logits[top] - second >= c->early_exit_logit_margin;
         } else {
-            now_stable = norm > 0.0 && sqrt(change / norm) < (double)c->early_exit_threshold && top == previous;
+            now_stable = change < (double)c->early_exit_threshold && top == previous;
         }
         previous = top;
         stable = now_stable ? stable + 1 : 0;

@@ -38,7 +38,6 @@ struct tl_session {
     tl_generate_stats stats;
     double t_start, t_prefill_end, loops_sum;
     int last_depth;              /* loop depth of the forward that produced s->logits */
-    float *state_before;         /* [d_model] loop state before a probed loop (early exit) */
     bool finished;
 
     /* Set by tl_generate_stream: its callback runs inside the step like on_token. */

@@ -35,7 +35,7 @@ static void run_chunks(const tl_model *m, const int32_t *tokens, int n, const in
     tl_workspace ws = {0};
     int32_t pos[N_TOKENS];
     for (int i = 0; i < n; i++) pos[i] = i;
-    tl_status st = tl_kv_cache_new(&m->cfg, n, window, N_TOKENS, &cache);
+    tl_status st = tl_kv_cache_new_for(m, n, window, N_TOKENS, &cache);
     for (int done = 0, k = 0; st == TL_OK && done < n; k++) {
         if (!sizes[k]) k = 0;
         int len = sizes[k] < n - done ? sizes[k] : n - done;
