@@ -4,10 +4,6 @@
  * bookkeeping and, at the very end, the logits.
  * Reads in data-flow order: workspace, one layer, the stages (begin: embed +
  * prelude; loop; head: coda + final norm + lm_head; commit). */
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "forward.h"
 
 /* ---------------------------------------------------------------- workspace */
@@ -124,7 +120,7 @@ tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache 
                                   const int32_t *positions, int n, const uint8_t *mask,
                                   int mask_start) {
     const tl_config *c = &m->cfg;
-    if (cache->backend != m->backend || (cache->backend_ctx && cache->backend_ctx != m->backend_ctx))
+    if (cache->backend != m->backend) /* its K/V would be another device's memory */
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: the KV cache was made for another backend than "
                        "the model's (%s); create it with tl_kv_cache_new_for", m->backend->name);
     if (mask_start < 0 || mask_start > cache->length || (long)cache->length + n - mask_start > cache->capacity)
