@@ -43,7 +43,8 @@ typedef struct tl_attention_args {
 typedef struct tl_backend {
     const char *name; /* reported in tl_model_info.backend */
 
-    /* ---- lifetime. open runs once at load, before any weight is bound; it stores its
+    /* ---- lifetime. open runs once at load, after the config, the tensors (host) and
+       m->rope_inv_freq are ready and before upload_weights; it stores its
        private state (thread pool, streams, handles) in *ctx, which the model keeps as
        m->backend_ctx. n_threads: tl_load_options.n_threads (0 = the backend decides). */
     tl_status (*open)(const tl_model *m, int n_threads, void **ctx);
