@@ -1,8 +1,22 @@
-/* backend.h: the operations forward.c composes, implemented once per device.
+/* backend.h: the device boundary. Every operation of the forward pass, over buffers the
+ * backend owns; forward.c composes them and model.c / kv_cache.c allocate through them.
  *
- * Buffers passed to a backend are the backend's own (host memory for the CPU backend).
- * Every operation is batch invariant: row r of an output depends only on row r of the
- * inputs (and the cache), never on n or on the thread count. */
+ * Buffers. Activations (tl_workspace), the KV cache's K/V storage and the weights live in
+ * backend memory (plain host memory for the CPU backend, device memory for a GPU). The
+ * host never dereferences them, with one exception: the logits written by `head`, the only
+ * result that comes back. Small per-forward inputs stay host arrays owned by the caller and
+ * valid for the call: token ids, positions, the tree mask, and the cache's row bookkeeping
+ * (tl_kv_cache pos / logical / depth, which the host edits on commit and compaction).
+ *
+ * Shapes are written [rows][width], row-major with no padding; n is the number of rows of
+ * the chunk, d = cfg.d_model, qd = n_heads * head_dim, kvd = n_kv_heads * head_dim.
+ *
+ * The contract every implementation keeps (batch invariance): row r of every output
+ * depends only on row r of the inputs (and the cache and weights), computed by the same
+ * sequence of floating-point operations whatever n, the split across threads or blocks, or
+ * the other rows. Work may be split along independent outputs, never along a reduction.
+ * This is what makes a token's logits identical whether it came alone (decode), in a
+ * prompt chunk (prefill), in a speculative tree or in a beam batch. */
 #ifndef TL_BACKEND_H
 #define TL_BACKEND_H
 
@@ -10,30 +24,109 @@
 #include "kv_cache.h"
 
 typedef struct tl_attention_args {
-    const float *q;            /* [n][n_heads * head_dim], positions already applied */
-    float *out;                /* [n][n_heads * head_dim] */
+    const float *q;            /* [n][qd], positions already applied */
+    float *out;                /* [n][qd] */
     int n;
     const tl_kv_cache *cache;  /* holds the prefix and this chunk's rows */
     int base;                  /* logical index of the chunk's first row */
     int slot;                  /* cache slot of this layer (block layers: at loop 1) */
     int loop;                  /* block layers: 1-based loop; 0 for prelude/coda */
     int slot_stride;           /* slots between consecutive loops (n_block) */
-    const int32_t *positions;  /* [n] */
-    const uint8_t *mask;       /* [n][base + n - mask_start]: row i may see entry mask_start + c;
-                                  NULL = causal within the chunk */
+    const int32_t *positions;  /* [n] host */
+    const uint8_t *mask;       /* host [n][base + n - mask_start]: row i may see entry
+                                  mask_start + c; NULL = causal within the chunk */
     int mask_start;            /* first logical entry the mask covers (entries before it are
                                   the always-visible prefix) */
-    float *scratch;            /* [n_threads][cache->capacity] */
+    float *scratch;            /* [threads][cache->capacity] backend buffer (softmax scores) */
 } tl_attention_args;
 
 typedef struct tl_backend {
-    const char *name;
-    /* y[n][w.rows] = x[n][w.cols] W^T (+ bias) */
+    const char *name; /* reported in tl_model_info.backend */
+
+    /* ---- lifetime. open runs once at load, after the config, the tensors (host) and
+       m->rope_inv_freq are ready and before upload_weights; it stores its
+       private state (thread pool, streams, handles) in *ctx, which the model keeps as
+       m->backend_ctx. n_threads: tl_load_options.n_threads (0 = the backend decides). */
+    tl_status (*open)(const tl_model *m, int n_threads, void **ctx);
+    void (*close)(void *ctx); /* frees the context and the weight storage of upload_weights */
+    int (*threads)(const void *ctx); /* host workers used (tl_model_info.n_threads; the first
+                                        dimension of the attention scratch) */
+
+    /* ---- buffers. alloc returns zeroed backend memory of `bytes` (64-byte aligned), NULL
+       when out of memory; ctx is the backend context (NULL allowed for the CPU backend). */
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*free)(void *ctx, void *buffer);
+
+    /* ---- weights. Called once at load, after binding: `matrices` point at the checkpoint's
+       row-major tensors (host memory: the file mapping or aligned copies, in their stored
+       dtype) and `vectors` at host f32 arrays (norm weights and biases; an entry may be
+       NULL when the config has no such vector), each of vector_lens[i] floats. The backend
+       copies them into its own storage and layout, rewriting each tl_matrix (data, packed)
+       and each vector pointer in place; the host copies stay alive with the model.
+       keep_mapped (tl_load_options.mmap_weights) asks a host backend to use the mapping
+       as is. Aliased entries (a tied lm_head is tok_embed) are listed once; the caller
+       re-aliases afterwards. */
+    tl_status (*upload_weights)(const tl_model *m, tl_matrix *const *matrices, int n_matrices,
+                                const float **const *vectors, const int *vector_lens,
+                                int n_vectors, bool keep_mapped);
+
+    /* ---- the forward's operations, in the order a layer uses them */
+
+    /* x[n][d] = tok_embed[tokens[r]] (+ pos_embed[positions[r]] for learned positions). */
+    void (*embed)(const tl_model *m, const int32_t *tokens, const int32_t *positions, int n,
+                  float *x);
+    /* y[n][d] = norm(x[n][d]) * w (+ b): cfg.norm (layernorm / rmsnorm), cfg.norm_eps,
+       statistics in double; b may be NULL; y may alias x. */
+    void (*norm)(const tl_model *m, const float *x, int n, const float *w, const float *b,
+                 float *y);
+    /* y[n][w.rows] = x[n][w.cols] W^T (+ bias[w.rows]); bias may be NULL. */
     void (*matmul)(const tl_model *m, const float *x, int n, const tl_matrix *w,
                    const float *bias, float *y);
+    /* In place on x[n][heads * head_dim]: "rotate half" RoPE at positions[r] (host [n]),
+       angles in double from m->rope_inv_freq. */
+    void (*rope)(const tl_model *m, float *x, int n, int heads, const int32_t *positions);
+    /* The chunk's K and V rows k[n][kvd], v[n][kvd] into `slot` at logical entries
+       [base, base + n) (ring rows with a window). */
+    void (*kv_write)(const tl_model *m, tl_kv_cache *cache, int slot, int base, const float *k,
+                     const float *v, int n);
+    /* Every slot of logical entry `from` copied to entry `to` (compaction of an accepted
+       speculative path); the host updates the row bookkeeping. */
+    void (*kv_move)(const tl_kv_cache *cache, int from, int to);
+    /* out[n][qd] = softmax(q K^T / sqrt(head_dim)) V per head (grouped-query: head h reads
+       kv head h / (n_heads / n_kv_heads)), over the visible cache entries in logical order:
+       causal or args->mask (tree), within cache->window, and with KV sharing by depth
+       (a prefix entry computed to depth D lends its loop-D slot to deeper loops). */
     void (*attention)(const tl_model *m, const tl_attention_args *args);
+    /* y[count] += x[count] (residual add). */
+    void (*add)(const tl_model *m, float *y, const float *x, size_t count);
+    /* x[count] = gelu_tanh(x). */
+    void (*gelu)(const tl_model *m, float *x, size_t count);
+    /* gate[count] = silu(gate) * up. */
+    void (*swiglu)(const tl_model *m, float *gate, const float *up, size_t count);
+
+    /* ---- the loop */
+
+    /* e[n][d] = x (the prelude's output); s[n][d] = e for injection "none", else 0. */
+    void (*loop_init)(const tl_model *m, const float *x, int n, float *e, float *s);
+    /* out[n][d] = inject(s, e): "none": s; "add": s + e; "concat": W_inj [s ; e] (+ b)
+       through cat[n][2d], a scratch the backend may use. */
+    void (*inject)(const tl_model *m, const float *s, const float *e, int n, float *cat,
+                   float *out);
+    /* s[n][d] += beta (x - ref), ref = s ("replace") or u ("residual"); then the state
+       norm when the config has one. x is the block's output, u its input. */
+    void (*loop_update)(const tl_model *m, float *s, const float *x, const float *u, int n);
+    /* dst[count] = src[count], both backend buffers. */
+    void (*copy)(const tl_model *m, float *dst, const float *src, size_t count);
+    /* The early-exit measure of one row s_new[d] against s_old[d], in double:
+       sqrt(sum (s_new - s_old)^2 / sum s_new^2), or +infinity when s_new is all zero. */
+    double (*state_change)(const tl_model *m, const float *s_new, const float *s_old);
+
+    /* ---- the head: logits[n][vocab] (HOST memory) = final_norm(x[n][d]) lm_head^T, with
+       normed[n][d] as scratch. The one result that leaves the backend. */
+    void (*head)(const tl_model *m, const float *x, int n, float *normed, float *logits);
 } tl_backend;
 
+/* The backends of this build. */
 extern const tl_backend tl_cpu_backend;
 
 #endif

@@ -1,19 +1,18 @@
-/* forward.c: prelude -> shared loop block x L -> coda -> head, over the backend's ops.
- * Reads in data-flow order: workspace, per-row helpers, one layer, the three stages. */
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "cpu/kernels.h"
+/* forward.c: prelude -> shared loop block x L -> coda -> head, composed of the backend's
+ * operations (backend.h). Nothing here touches an activation: the buffers are the
+ * backend's, and the only host data are token ids, positions, the mask, the cache's row
+ * bookkeeping and, at the very end, the logits.
+ * Reads in data-flow order: workspace, one layer, the stages (begin: embed +
+ * prelude; loop; head: coda + final norm + lm_head; commit). */
 #include "forward.h"
 
 /* ---------------------------------------------------------------- workspace */
 
 void tl_workspace_release(tl_workspace *ws) {
-    float **bufs[] = {&ws->x, &ws->e, &ws->s, &ws->u, &ws->cat, &ws->h, &ws->q,
-                      &ws->k, &ws->v, &ws->att, &ws->ff_a, &ws->ff_b, &ws->attn_scratch};
+    float **bufs[] = {&ws->x, &ws->e, &ws->s, &ws->u, &ws->cat, &ws->h, &ws->q, &ws->k, &ws->v,
+                      &ws->att, &ws->ff_a, &ws->ff_b, &ws->attn_scratch, &ws->s_before};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
-        tl_free_aligned(*bufs[i]);
+        if (*bufs[i]) ws->backend->free(ws->backend_ctx, *bufs[i]);
         *bufs[i] = NULL;
     }
     ws->rows = ws->scratch_per_thread = ws->threads = 0;
@@ -21,7 +20,14 @@ void tl_workspace_release(tl_workspace *ws) {
 
 tl_status tl_workspace_reserve(tl_workspace *ws, const tl_model *m, int rows, int cache_capacity) {
     const tl_config *c = &m->cfg;
-    int threads = m->info.n_threads;
+    const tl_backend *be = m->backend;
+    int threads = be->threads(m->backend_ctx);
+    if (ws->backend != be || ws->backend_ctx != m->backend_ctx) {
+        /* Buffers of another backend (or none yet): start empty on this one. */
+        if (ws->backend) tl_workspace_release(ws);
+        ws->backend = be;
+        ws->backend_ctx = m->backend_ctx;
+    }
     if (rows <= ws->rows && cache_capacity <= ws->scratch_per_thread && threads <= ws->threads)
         return TL_OK;
     if (rows < ws->rows) rows = ws->rows;
@@ -29,21 +35,23 @@ tl_status tl_workspace_reserve(tl_workspace *ws, const tl_model *m, int rows, in
     tl_workspace_release(ws);
     size_t r = (size_t)rows, d = (size_t)c->d_model, qd = (size_t)(c->n_heads * c->head_dim),
            kvd = (size_t)(c->n_kv_heads * c->head_dim), ff = (size_t)c->d_ff;
-    ws->x = tl_alloc_aligned(r * d * sizeof(float));
-    ws->e = tl_alloc_aligned(r * d * sizeof(float));
-    ws->s = tl_alloc_aligned(r * d * sizeof(float));
-    ws->u = tl_alloc_aligned(r * d * sizeof(float));
-    ws->cat = tl_alloc_aligned(r * 2 * d * sizeof(float));
-    ws->h = tl_alloc_aligned(r * d * sizeof(float));
-    ws->q = tl_alloc_aligned(r * qd * sizeof(float));
-    ws->k = tl_alloc_aligned(r * kvd * sizeof(float));
-    ws->v = tl_alloc_aligned(r * kvd * sizeof(float));
-    ws->att = tl_alloc_aligned(r * qd * sizeof(float));
-    ws->ff_a = tl_alloc_aligned(r * ff * sizeof(float));
-    ws->ff_b = tl_alloc_aligned(r * ff * sizeof(float));
-    ws->attn_scratch = tl_alloc_aligned((size_t)threads * (size_t)cache_capacity * sizeof(float));
+    void *ctx = m->backend_ctx;
+    ws->x = be->alloc(ctx, r * d * sizeof(float));
+    ws->e = be->alloc(ctx, r * d * sizeof(float));
+    ws->s = be->alloc(ctx, r * d * sizeof(float));
+    ws->u = be->alloc(ctx, r * d * sizeof(float));
+    ws->cat = be->alloc(ctx, r * 2 * d * sizeof(float));
+    ws->h = be->alloc(ctx, r * d * sizeof(float));
+    ws->q = be->alloc(ctx, r * qd * sizeof(float));
+    ws->k = be->alloc(ctx, r * kvd * sizeof(float));
+    ws->v = be->alloc(ctx, r * kvd * sizeof(float));
+    ws->att = be->alloc(ctx, r * qd * sizeof(float));
+    ws->ff_a = be->alloc(ctx, r * ff * sizeof(float));
+    ws->ff_b = be->alloc(ctx, r * ff * sizeof(float));
+    ws->attn_scratch = be->alloc(ctx, (size_t)threads * (size_t)cache_capacity * sizeof(float));
+    ws->s_before = be->alloc(ctx, d * sizeof(float));
     if (!ws->x || !ws->e || !ws->s || !ws->u || !ws->cat || !ws->h || !ws->q || !ws->k ||
-        !ws->v || !ws->att || !ws->ff_a || !ws->ff_b || !ws->attn_scratch) {
+        !ws->v || !ws->att || !ws->ff_a || !ws->ff_b || !ws->attn_scratch || !ws->s_before) {
         tl_workspace_release(ws);
         return tl_fail(TL_ERR_NO_MEMORY, "out of memory for activations of %d rows", rows);
     }
@@ -51,52 +59,6 @@ tl_status tl_workspace_reserve(tl_workspace *ws, const tl_model *m, int rows, in
     ws->scratch_per_thread = cache_capacity;
     ws->threads = threads;
     return TL_OK;
-}
-
-/* ---------------------------------------------------------------- per-row helpers */
-
-/* y = norm(x) row by row; y may alias x. Statistics in double: cheap, and closer to
-   the float64 reference. */
-static void norm_rows(const tl_config *c, const float *x, int n, const float *w, const float *b,
-                      float *y) {
-    const int d = c->d_model;
-    for (int r = 0; r < n; r++) {
-        const float *xr = x + (size_t)r * (size_t)d;
-        float *yr = y + (size_t)r * (size_t)d;
-        double mean = 0.0, var = 0.0;
-        if (c->norm == TL_NORM_LAYERNORM) {
-            for (int i = 0; i < d; i++) mean += xr[i];
-            mean /= d;
-        }
-        for (int i = 0; i < d; i++) var += ((double)xr[i] - mean) * ((double)xr[i] - mean);
-        const float inv = (float)(1.0 / sqrt(var / d + (double)c->norm_eps));
-        const float m = (float)mean;
-        for (int i = 0; i < d; i++) yr[i] = (xr[i] - m) * inv * w[i] + (b ? b[i] : 0.0f);
-    }
-}
-
-static void add_rows(float *y, const float *x, size_t count) {
-    for (size_t i = 0; i < count; i++) y[i] += x[i];
-}
-
-/* Hugging Face "rotate half" RoPE on every head of every row; angles in double. */
-static void rope_rows(const tl_model *m, float *x, int n, int heads, const int32_t *positions) {
-    const int hd = m->cfg.head_dim, half = hd / 2;
-    for (int r = 0; r < n; r++)
-        for (int i = 0; i < half; i++) {
-            double angle = (double)positions[r] * (double)m->rope_inv_freq[i];
-            float cs = (float)cos(angle), sn = (float)sin(angle);
-            for (int h = 0; h < heads; h++) {
-                float *v = x + ((size_t)r * (size_t)heads + (size_t)h) * (size_t)hd;
-                float a = v[i], b = v[i + half];
-                v[i] = a * cs - b * sn;
-                v[i + half] = b * cs + a * sn;
-            }
-        }
-}
-
-static inline float gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
 /* ---------------------------------------------------------------- one layer */
@@ -108,72 +70,44 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop) 
     const tl_config *c = &m->cfg;
     const tl_backend *be = m->backend;
     tl_workspace *ws = f->ws;
-    const int n = f->n, d = c->d_model, kvd = c->n_kv_heads * c->head_dim;
+    const int n = f->n;
+    const size_t nd = (size_t)n * (size_t)c->d_model, nff = (size_t)n * (size_t)c->d_ff;
 
-    norm_rows(c, ws->x, n, L->attn_norm_w, L->attn_norm_b, ws->h);
+    /* Attention: h [n][d] = norm(x); q [n][qd], k, v [n][kvd] projections, positions on
+       q and k, the chunk's k and v into the cache, att [n][qd] over cache + chunk. */
+    be->norm(m, ws->x, n, L->attn_norm_w, L->attn_norm_b, ws->h);
     be->matmul(m, ws->h, n, &L->q, L->q_b, ws->q);
     be->matmul(m, ws->h, n, &L->k, L->k_b, ws->k);
     be->matmul(m, ws->h, n, &L->v, L->v_b, ws->v);
     if (c->pos_encoding == TL_POS_ROPE) {
-        rope_rows(m, ws->q, n, c->n_heads, f->positions);
-        rope_rows(m, ws->k, n, c->n_kv_heads, f->positions);
+        be->rope(m, ws->q, n, c->n_heads, f->positions);
+        be->rope(m, ws->k, n, c->n_kv_heads, f->positions);
     }
     const int write_slot = loop ? slot + (loop - 1) * c->n_block : slot;
-    for (int t = 0; t < n; t++) {
-        memcpy(tl_kv_k(f->cache, write_slot, f->base + t), ws->k + (size_t)t * (size_t)kvd,
-               (size_t)kvd * sizeof(float));
-        memcpy(tl_kv_v(f->cache, write_slot, f->base + t), ws->v + (size_t)t * (size_t)kvd,
-               (size_t)kvd * sizeof(float));
-    }
+    be->kv_write(m, f->cache, write_slot, f->base, ws->k, ws->v, n);
     tl_attention_args args = {ws->q, ws->att, n, f->cache, f->base, slot, loop, c->n_block,
                               f->positions, f->mask, f->mask_start, ws->attn_scratch};
     be->attention(m, &args);
+    /* h [n][d] = o(att); x [n][d] += h */
     be->matmul(m, ws->att, n, &L->o, L->o_b, ws->h);
-    add_rows(ws->x, ws->h, (size_t)n * (size_t)d);
+    be->add(m, ws->x, ws->h, nd);
 
-    norm_rows(c, ws->x, n, L->mlp_norm_w, L->mlp_norm_b, ws->h);
-    const size_t nff = (size_t)n * (size_t)c->d_ff;
+    /* MLP: h [n][d] = norm(x); ff_a [n][d_ff] = act(...) (ff_b [n][d_ff]: swiglu's up);
+       h [n][d] = down(ff_a); x [n][d] += h */
+    be->norm(m, ws->x, n, L->mlp_norm_w, L->mlp_norm_b, ws->h);
     if (c->mlp == TL_MLP_GELU) {
         be->matmul(m, ws->h, n, &L->up, L->up_b, ws->ff_a);
-        for (size_t i = 0; i < nff; i++) ws->ff_a[i] = gelu_tanh(ws->ff_a[i]);
+        be->gelu(m, ws->ff_a, nff);
     } else {
         be->matmul(m, ws->h, n, &L->gate, L->gate_b, ws->ff_a);
         be->matmul(m, ws->h, n, &L->up, L->up_b, ws->ff_b);
-        for (size_t i = 0; i < nff; i++) {
-            float g = ws->ff_a[i];
-            ws->ff_a[i] = g / (1.0f + expf(-g)) * ws->ff_b[i];
-        }
+        be->swiglu(m, ws->ff_a, ws->ff_b, nff);
     }
     be->matmul(m, ws->ff_a, n, &L->down, L->down_b, ws->h);
-    add_rows(ws->x, ws->h, (size_t)n * (size_t)d);
+    be->add(m, ws->x, ws->h, nd);
 }
 
-/* ---------------------------------------------------------------- injection */
-
-/* out = inject(s, e): "none": s, "add": s + e, "concat": W_inj [s ; e] (+ b). */
-static void inject(tl_forward *f, float *out) {
-    const tl_model *m = f->m;
-    const int n = f->n, d = m->cfg.d_model;
-    const size_t count = (size_t)n * (size_t)d;
-    tl_workspace *ws = f->ws;
-    switch (m->cfg.injection) {
-    case TL_INJECT_NONE:
-        memcpy(out, ws->s, count * sizeof(float));
-        break;
-    case TL_INJECT_ADD:
-        for (size_t i = 0; i < count; i++) out[i] = ws->s[i] + ws->e[i];
-        break;
-    case TL_INJECT_CONCAT:
-        for (int r = 0; r < n; r++) {
-            memcpy(ws->cat + (size_t)r * 2 * (size_t)d, ws->s + (size_t)r * (size_t)d, (size_t)d * sizeof(float));
-            memcpy(ws->cat + ((size_t)r * 2 + 1) * (size_t)d, ws->e + (size_t)r * (size_t)d, (size_t)d * sizeof(float));
-        }
-        m->backend->matmul(m, ws->cat, n, &m->w.inject, m->w.inject_b, out);
-        break;
-    }
-}
-
-/* ---------------------------------------------------------------- the three stages */
+/* ---------------------------------------------------------------- begin: embed + prelude */
 
 tl_status tl_forward_begin(tl_forward *f, const tl_model *m, tl_kv_cache *cache,
                            tl_workspace *ws, const int32_t *tokens, const int32_t *positions,
@@ -186,6 +120,9 @@ tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache 
                                   const int32_t *positions, int n, const uint8_t *mask,
                                   int mask_start) {
     const tl_config *c = &m->cfg;
+    if (cache->backend != m->backend) /* its K/V would be another device's memory */
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: the KV cache was made for another backend than "
+                       "the model's (%s); create it with tl_kv_cache_new_for", m->backend->name);
     if (mask_start < 0 || mask_start > cache->length || (long)cache->length + n - mask_start > cache->capacity)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: mask_start %d outside the cache (%d entries)",
                        mask_start, cache->length);
@@ -211,83 +148,67 @@ tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache 
     tl_status st = tl_workspace_reserve(ws, m, n, cache->capacity);
     if (st != TL_OK) return st;
     *f = (tl_forward){m, cache, ws, positions, mask, n, cache->length, 0, mask_start};
+    /* Row bookkeeping first: the prelude's attention already sees the chunk's rows. */
     for (int t = 0; t < n; t++) {
         cache->pos[tl_kv_row(cache, f->base + t)] = positions[t];
         cache->logical[tl_kv_row(cache, f->base + t)] = f->base + t;
     }
 
-    const int d = c->d_model;
-    float *row = ws->h;
-    for (int t = 0; t < n; t++) {
-        float *x = ws->x + (size_t)t * (size_t)d;
-        tl_matrix_row_f32(&m->w.tok_embed, tokens[t], x);
-        if (c->pos_encoding == TL_POS_LEARNED) {
-            tl_matrix_row_f32(&m->w.pos_embed, positions[t], row);
-            add_rows(x, row, (size_t)d);
-        }
-    }
+    const tl_backend *be = m->backend;
+    be->embed(m, tokens, positions, n, ws->x); /* x [n][d] */
     for (int i = 0; i < c->n_prelude; i++) layer_forward(f, &m->w.prelude[i], i, 0);
-
-    const size_t bytes = (size_t)n * (size_t)d * sizeof(float);
-    memcpy(ws->e, ws->x, bytes);
-    if (c->injection == TL_INJECT_NONE) memcpy(ws->s, ws->e, bytes);
-    else memset(ws->s, 0, bytes);
+    be->loop_init(m, ws->x, n, ws->e, ws->s); /* e [n][d] = x; s [n][d] = e or 0 */
     return TL_OK;
 }
+
+/* ---------------------------------------------------------------- the loop */
 
 void tl_forward_loop(tl_forward *f) {
     const tl_model *m = f->m;
     const tl_config *c = &m->cfg;
+    const tl_backend *be = m->backend;
     tl_workspace *ws = f->ws;
-    const size_t count = (size_t)f->n * (size_t)c->d_model;
     const int loop = ++f->loops_done;
 
-    inject(f, ws->u);
-    memcpy(ws->x, ws->u, count * sizeof(float));
+    /* u [n][d] = inject(s, e) (cat [n][2d]: concat's input), the block's input; x [n][d]
+       runs through the block; s [n][d] moves towards x (and is normed). */
+    be->inject(m, ws->s, ws->e, f->n, ws->cat, ws->u);
+    be->copy(m, ws->x, ws->u, (size_t)f->n * (size_t)c->d_model);
     for (int i = 0; i < c->n_block; i++) layer_forward(f, &m->w.block[i], c->n_prelude + i, loop);
-    /* replace: s += beta (b - s); residual: s += beta (b - u). */
-    const float *ref = c->loop_update == TL_UPDATE_REPLACE ? ws->s : ws->u;
-    for (size_t i = 0; i < count; i++) ws->s[i] += c->beta * (ws->x[i] - ref[i]);
-    if (c->state_norm) norm_rows(c, ws->s, f->n, m->w.state_norm_w, m->w.state_norm_b, ws->s);
+    be->loop_update(m, ws->s, ws->x, ws->u, f->n);
 }
 
 void tl_forward_loop_measured(tl_forward *f, double *relative_change) {
-    const int d = f->m->cfg.d_model;
-    float *before = malloc((size_t)d * sizeof(float));
-    if (!before) { /* no measure without memory: report "not converged" */
-        tl_forward_loop(f);
-        *relative_change = INFINITY;
-        return;
-    }
-    memcpy(before, f->ws->s, (size_t)d * sizeof(float));
+    const tl_model *m = f->m;
+    tl_workspace *ws = f->ws;
+    /* s_before [1][d] = row 0 of s: the backend keeps it, only the number comes back. */
+    m->backend->copy(m, ws->s_before, ws->s, (size_t)m->cfg.d_model);
     tl_forward_loop(f);
-    double change = 0.0, norm = 0.0;
-    for (int i = 0; i < d; i++) {
-        double delta = (double)f->ws->s[i] - (double)before[i];
-        change += delta * delta;
-        norm += (double)f->ws->s[i] * (double)f->ws->s[i];
-    }
-    free(before);
-    *relative_change = norm > 0.0 ? sqrt(change / norm) : INFINITY;
+    *relative_change = m->backend->state_change(m, ws->s, ws->s_before);
 }
+
+/* ---------------------------------------------------------------- head: coda + logits */
 
 void tl_forward_head(tl_forward *f, int logits_from, float *logits) {
     const tl_model *m = f->m;
     const tl_config *c = &m->cfg;
+    const tl_backend *be = m->backend;
     tl_workspace *ws = f->ws;
     const int n = f->n, d = c->d_model;
 
-    if (c->loop_update == TL_UPDATE_REPLACE) memcpy(ws->x, ws->s, (size_t)n * (size_t)d * sizeof(float));
-    else inject(f, ws->x);
+    /* x [n][d] = the coda's input: the state itself ("replace") or injected ("residual"). */
+    if (c->loop_update == TL_UPDATE_REPLACE) be->copy(m, ws->x, ws->s, (size_t)n * (size_t)d);
+    else be->inject(m, ws->s, ws->e, n, ws->cat, ws->x);
     const int coda_slot = c->n_prelude + c->n_block * c->max_loops;
     for (int i = 0; i < c->n_coda; i++) layer_forward(f, &m->w.coda[i], coda_slot + i, 0);
 
-    if (logits && logits_from < n) {
-        const size_t off = (size_t)logits_from * (size_t)d;
-        norm_rows(c, ws->x + off, n - logits_from, m->w.final_norm_w, m->w.final_norm_b, ws->h);
-        m->backend->matmul(m, ws->h, n - logits_from, &m->w.lm_head, NULL, logits);
-    }
+    /* logits [n - logits_from][vocab], host = lm_head(final_norm(x rows [logits_from, n)))
+       with h [n][d] as scratch. */
+    if (logits && logits_from < n)
+        be->head(m, ws->x + (size_t)logits_from * (size_t)d, n - logits_from, ws->h, logits);
 }
+
+/* ---------------------------------------------------------------- commit, and whole runs */
 
 void tl_forward_commit(tl_forward *f) {
     for (int t = 0; t < f->n; t++)

@@ -1,4 +1,5 @@
-/* forward.h: the looped forward pass (SPEC §1) over a chunk of new tokens.
+/* forward.h: the looped forward pass (SPEC §1) over a chunk of new tokens, composed of
+ * the backend's operations (backend.h) over the backend's buffers.
  *
  * It runs in three stages so that callers can decide the depth token by token
  * (early exit) or stop after a shallow draft:
@@ -11,8 +12,11 @@
 #include "backend.h"
 #include "kv_cache.h"
 
-/* Scratch activations of one session, sized for `rows` tokens per forward. */
+/* Scratch activations of one session, sized for `rows` tokens per forward: buffers of the
+   model's backend (the host reads none of them). */
 typedef struct tl_workspace {
+    const struct tl_backend *backend; /* owner of the buffers (set by reserve) */
+    void *backend_ctx;
     int rows, scratch_per_thread, threads;
     float *x;     /* [rows][d]     residual stream of the layer being run */
     float *e;     /* [rows][d]     injected input (prelude output) */
@@ -27,10 +31,12 @@ typedef struct tl_workspace {
     float *ff_a;  /* [rows][d_ff] */
     float *ff_b;  /* [rows][d_ff] */
     float *attn_scratch; /* [threads][scratch_per_thread] softmax scores */
+    float *s_before; /* [1][d]       row 0 of the loop state before a measured loop */
 } tl_workspace;
 
 /* Grows the workspace (never shrinks) to hold `rows` tokens against a cache of
-   `cache_capacity` physical rows. */
+   `cache_capacity` physical rows. A zeroed workspace is empty; one workspace serves one
+   backend. */
 tl_status tl_workspace_reserve(tl_workspace *ws, const tl_model *m, int rows, int cache_capacity);
 void tl_workspace_release(tl_workspace *ws);
 
@@ -57,8 +63,9 @@ tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache 
                                   const int32_t *positions, int n, const uint8_t *mask,
                                   int mask_start);
 void tl_forward_loop(tl_forward *f);
-/* tl_forward_loop, also measuring row 0's relative state change
-   ||s_l - s_(l-1)|| / ||s_l|| in double (+infinity when s_l is zero): the early-exit signal. */
+/* tl_forward_loop, and the early-exit measure of how much it moved row 0's loop state:
+   *relative_change = sqrt(sum (s_new - s_old)^2 / sum s_new^2), in double, or +infinity
+   when s_new is all zero (so that `change < threshold` fails as `norm > 0` did). */
 void tl_forward_loop_measured(tl_forward *f, double *relative_change);
 /* Runs the coda, then the head for rows [logits_from, n) into logits
    [(n - logits_from)][vocab] (logits may be NULL to skip the head). */

@@ -56,7 +56,8 @@ tl_status tl_config_parse(const char *json_text, tl_config *out);
 typedef enum { TL_F32 = 0, TL_F16 = 1, TL_BF16 = 2 } tl_dtype;
 
 /* A matrix [rows, cols] in its checkpoint dtype (16-bit types stay 16-bit in memory;
-   kernels convert on the fly). Row-major as in the file, or, when `packed`, in panels of
+   kernels convert on the fly). `data` is the backend's after upload (backend.h). For the
+   CPU backend: row-major as in the file, or, when `packed`, in panels of
    TL_PANEL rows: element (r, c) at [(r / TL_PANEL) * cols * TL_PANEL + c * TL_PANEL + r % TL_PANEL]
    (the last panel zero-padded), so that a kernel streams one panel contiguously and keeps
    one output row per vector lane: no horizontal sums, any number of input rows. */
@@ -68,7 +69,8 @@ typedef struct tl_matrix {
     int packed;
 } tl_matrix;
 
-/* One pre-norm transformer layer. Vectors (norms, biases) are converted to f32 at load;
+/* One pre-norm transformer layer. Vectors (norms, biases) are converted to f32 at load
+   (and live in backend memory after upload);
    bias pointers are NULL when the config has no bias (norm_b NULL for rmsnorm). */
 typedef struct tl_layer {
     const float *attn_norm_w, *attn_norm_b;
@@ -91,7 +93,6 @@ typedef struct tl_weights {
 } tl_weights;
 
 struct tl_backend;
-struct tl_pool;
 struct tlz_tokenizer;
 
 struct tl_model {
@@ -99,12 +100,10 @@ struct tl_model {
     tl_weights w;
     struct tl_model_info info;
     const struct tl_backend *backend;
-    struct tl_pool *pool;        /* CPU worker threads; shared, used by one caller at a time */
-    void *mapping;               /* mmap of model.safetensors (NULL once weights are copied) */
+    void *backend_ctx;           /* the backend's private state (backend.h: open / close) */
+    void *mapping;               /* mmap of model.safetensors (NULL once weights are uploaded) */
     size_t mapping_len;
-    void *weights_region;        /* anonymous huge-page copy of every matrix, or NULL */
-    size_t weights_region_len;
-    void **owned;                /* allocations to free with the model */
+    void **owned;                /* host allocations to free with the model */
     int n_owned, cap_owned;
     double *rope_inv_freq;       /* [head_dim/2] */
     struct tlz_tokenizer *tokenizer; /* NULL without tokenizer.json */

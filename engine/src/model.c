@@ -1,9 +1,10 @@
 /* model.c: loading a checkpoint directory (SPEC §1) into an immutable tl_model.
  *
- * Matrices stay in the memory-mapped file in their stored dtype; vectors (norm weights,
- * biases) are converted to f32 copies. Every tensor the config implies must be present
- * with its exact shape, and every tensor in the file must be one the config implies. */
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE */
+ * Matrices are bound in the memory-mapped file in their stored dtype; vectors (norm
+ * weights, biases) are converted to f32 copies. Every tensor the config implies must be
+ * present with its exact shape, and every tensor in the file must be one the config
+ * implies. The backend (backend.h) is opened for the model and then takes the bound
+ * tensors into its own storage and layout (upload_weights). */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
@@ -12,11 +13,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "backend.h"
-#include "cpu/kernels.h"
-#include "cpu/pool.h"
+#include "dtype.h"
 #include "safetensors.h"
 #include "tokenizer.h"
 
@@ -44,12 +43,11 @@ static void *own(tl_model *m, void *p) {
 
 void tl_model_free(tl_model *m) {
     if (!m) return;
-    tl_pool_free(m->pool);
+    if (m->backend) m->backend->close(m->backend_ctx); /* workers first: nothing runs after */
     tlz_tokenizer_free(m->tokenizer);
     for (int i = 0; i < m->n_owned; i++) tl_free_aligned(m->owned[i]);
     free(m->owned);
     if (m->mapping) munmap(m->mapping, m->mapping_len);
-    if (m->weights_region) munmap(m->weights_region, m->weights_region_len);
     free(m->w.prelude);
     free(m->w.block);
     free(m->w.coda);
@@ -138,19 +136,8 @@ static tl_status bind_vector(binder *b, const char *name, int len, const float *
     if (st != TL_OK) return st;
     float *v = own(b->m, tl_alloc_aligned((size_t)len * sizeof(float)));
     if (!v) return tl_fail(TL_ERR_NO_MEMORY, "out of memory copying \"%s\"", name);
-    tl_matrix tmp = {NULL, TL_F32, 1, len, 0};
-    void *staging = NULL;
-    if (t->dtype == TL_ST_F32) {
-        memcpy(v, t->data, (size_t)len * sizeof(float)); /* memcpy: the data may be unaligned */
-    } else {
-        staging = malloc(t->nbytes ? t->nbytes : 1);
-        if (!staging) return tl_fail(TL_ERR_NO_MEMORY, "out of memory copying \"%s\"", name);
-        memcpy(staging, t->data, t->nbytes);
-        tmp.data = staging;
-        tmp.dtype = t->dtype == TL_ST_F16 ? TL_F16 : TL_BF16;
-        tl_matrix_row_f32(&tmp, 0, v);
-        free(staging);
-    }
+    tl_convert_to_f32(t->data, t->dtype == TL_ST_F32 ? TL_F32 : t->dtype == TL_ST_F16 ? TL_F16 : TL_BF16,
+                      (size_t)len, v);
     *out = v;
     return TL_OK;
 }
@@ -229,9 +216,9 @@ static tl_status bind_all(binder *b) {
     return TL_OK;
 }
 
-/* ---------------------------------------------------------------- weight copy */
+/* ---------------------------------------------------------------- weight upload */
 
-/* Every matrix of the model, for copying (lm_head only when it is not tied). */
+/* Every matrix of the model, listed once (lm_head only when it is not tied). */
 static int list_matrices(tl_model *m, tl_matrix **out) {
     tl_weights *w = &m->w;
     const tl_config *c = &m->cfg;
@@ -252,58 +239,48 @@ static int list_matrices(tl_model *m, tl_matrix **out) {
     return n;
 }
 
-/* Bytes of the packed layout: whole panels, the last one zero-padded. */
-static size_t packed_bytes(const tl_matrix *x) {
-    size_t panels = ((size_t)x->rows + TL_PANEL - 1) / TL_PANEL;
-    return panels * TL_PANEL * (size_t)x->cols * (x->dtype == TL_F32 ? 4u : 2u);
-}
-
-/* Row-major src -> packed dst (see tl_matrix). */
-static void pack_matrix(const tl_matrix *src, uint8_t *dst) {
-    const size_t elem = src->dtype == TL_F32 ? 4u : 2u, cols = (size_t)src->cols;
-    const uint8_t *from = src->data;
-    for (int r = 0; r < src->rows; r++) {
-        const uint8_t *row = from + (size_t)r * cols * elem;
-        uint8_t *panel = dst + (size_t)(r / TL_PANEL) * cols * TL_PANEL * elem + (size_t)(r % TL_PANEL) * elem;
-        for (size_t c = 0; c < cols; c++) memcpy(panel + c * TL_PANEL * elem, row + c * elem, elem);
-    }
-}
-
-/* Copies the matrices out of the file mapping into one anonymous region backed by
-   transparent huge pages, in the packed panel layout (see tl_matrix): decode streams every
-   weight once per token, and with 4 KiB file pages the hardware prefetchers stop at each
-   page boundary and the TLB misses; panels make several input rows cheap (prefill,
-   speculative verification, beams). */
-static tl_status copy_weights(tl_model *m) {
+/* Every vector slot of the model with its length in floats (the slot may hold NULL). */
+static int list_vectors(tl_model *m, const float ***out, int *lens) {
+    tl_weights *w = &m->w;
     const tl_config *c = &m->cfg;
-    int cap = 8 + 7 * (c->n_prelude + c->n_block + c->n_coda);
-    tl_matrix **list = malloc((size_t)cap * sizeof *list);
-    if (!list) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    int n = list_matrices(m, list);
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += (packed_bytes(list[i]) + 63) & ~(size_t)63;
-    const size_t huge = (size_t)2 << 20;
-    size_t len = (total + huge - 1) / huge * huge + huge;
-    void *region = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (region == MAP_FAILED) {
-        free(list);
-        return tl_fail(TL_ERR_NO_MEMORY, "cannot allocate %zu bytes for the weights", len);
+    const int d = c->d_model, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    int n = 0;
+#define VEC(slot, len) (out[n] = &(slot), lens[n++] = (len))
+    VEC(w->inject_b, d);
+    VEC(w->state_norm_w, d); VEC(w->state_norm_b, d);
+    VEC(w->final_norm_w, d); VEC(w->final_norm_b, d);
+    tl_layer *groups[3] = {w->prelude, w->block, w->coda};
+    int counts[3] = {c->n_prelude, c->n_block, c->n_coda};
+    for (int g = 0; g < 3; g++)
+        for (int i = 0; i < counts[g]; i++) {
+            tl_layer *L = &groups[g][i];
+            VEC(L->attn_norm_w, d); VEC(L->attn_norm_b, d);
+            VEC(L->q_b, qd); VEC(L->k_b, kvd); VEC(L->v_b, kvd); VEC(L->o_b, d);
+            VEC(L->mlp_norm_w, d); VEC(L->mlp_norm_b, d);
+            VEC(L->gate_b, c->d_ff); VEC(L->up_b, c->d_ff); VEC(L->down_b, d);
+        }
+#undef VEC
+    return n;
+}
+
+/* Hands the bound tensors to the backend, which moves them into its storage and layout
+   (the CPU backend: packed panels in a huge-page region, unless keep_mapped). */
+static tl_status upload_weights(tl_model *m, bool keep_mapped) {
+    const tl_config *c = &m->cfg;
+    const int layers = c->n_prelude + c->n_block + c->n_coda;
+    tl_matrix **matrices = malloc((size_t)(8 + 7 * layers) * sizeof *matrices);
+    const float ***vectors = malloc((size_t)(8 + 11 * layers) * sizeof *vectors);
+    int *lens = malloc((size_t)(8 + 11 * layers) * sizeof *lens);
+    tl_status st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    if (matrices && vectors && lens) {
+        const int n_matrices = list_matrices(m, matrices), n_vectors = list_vectors(m, vectors, lens);
+        st = m->backend->upload_weights(m, matrices, n_matrices, vectors, lens, n_vectors, keep_mapped);
+        if (c->tie_embeddings) m->w.lm_head = m->w.tok_embed;
     }
-#ifdef MADV_HUGEPAGE
-    madvise(region, len, MADV_HUGEPAGE); /* advisory: without it the copy still works */
-#endif
-    uint8_t *at = (uint8_t *)(((uintptr_t)region + huge - 1) & ~(uintptr_t)(huge - 1));
-    for (int i = 0; i < n; i++) {
-        pack_matrix(list[i], at);
-        list[i]->data = at;
-        list[i]->packed = 1;
-        at += (packed_bytes(list[i]) + 63) & ~(size_t)63;
-    }
-    if (c->tie_embeddings) m->w.lm_head = m->w.tok_embed;
-    free(list);
-    m->weights_region = region;
-    m->weights_region_len = len;
-    return TL_OK;
+    free(matrices);
+    free(vectors);
+    free(lens);
+    return st;
 }
 
 /* ---------------------------------------------------------------- info */
@@ -327,7 +304,7 @@ static void fill_info(tl_model *m, const tl_st_file *file) {
         .pos_encoding = c->pos_encoding == TL_POS_LEARNED ? "learned" : "rope",
         .weight_dtype = dtypes[m->w.tok_embed.dtype],
         .state_norm = c->state_norm, .bias = c->bias, .tie_embeddings = c->tie_embeddings,
-        .n_threads = tl_pool_threads(m->pool), .backend = m->backend->name,
+        .n_threads = m->backend->threads(m->backend_ctx), .backend = m->backend->name,
     };
     for (int t = 0; t < file->n_tensors; t++) {
         int64_t numel = 1;
@@ -371,7 +348,7 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
     if (opts->n_threads < 0 || opts->n_threads > 1024)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: n_threads = %d is out of range [0, 1024]",
                        opts->n_threads);
-    m->backend = &tl_cpu_backend;
+    const tl_backend *backend = &tl_cpu_backend;
 
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     tl_st_file file;
@@ -385,11 +362,8 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
         for (int i = 0; st == TL_OK && i < half; i++)
             m->rope_inv_freq[i] = 1.0 / pow((double)m->cfg.rope_theta, (2.0 * i) / m->cfg.head_dim);
     }
-    if (st == TL_OK) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int threads = opts->n_threads > 0 ? opts->n_threads : (cores > 0 ? (int)cores : 1);
-        if (!(m->pool = tl_pool_new(threads))) st = tl_fail(TL_ERR_NO_MEMORY, "cannot start worker threads");
-    }
+    if (st == TL_OK && (st = backend->open(m, opts->n_threads, &m->backend_ctx)) == TL_OK)
+        m->backend = backend; /* from here on tl_model_free closes it */
     if (st == TL_OK) fill_info(m, &file);
     if (st == TL_OK && m->info.has_tokenizer) {
         char tok_path[4200], err[512];
@@ -400,9 +374,9 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
             st = tl_fail(TL_ERR_FORMAT, "%s: the tokenizer has %d ids but config.json vocab_size is %d",
                          tok_path, tlz_vocab_size(m->tokenizer), m->cfg.vocab_size);
     }
-    if (st == TL_OK && !opts->mmap_weights) st = copy_weights(m);
+    if (st == TL_OK) st = upload_weights(m, opts->mmap_weights);
     if (st == TL_OK && opts->mmap_weights) {
-        /* The mapping outlives the header table: the matrices point into it. */
+        /* The mapping outlives the header table: the matrices may point into it. */
         m->mapping = file.map;
         m->mapping_len = file.map_len;
         file.map = NULL;

@@ -55,7 +55,7 @@ tl_status tl_session_new(const tl_model *m, const int32_t *prompt, int prompt_le
 
 tl_status tl_session_cache_new(tl_session *s, int headroom) {
     const int total = s->prompt_len + s->cfg.max_tokens;
-    return tl_kv_cache_new(&s->m->cfg, total + headroom, s->cfg.cache_window,
+    return tl_kv_cache_new_for(s->m, total + headroom, s->cfg.cache_window,
                            s->chunk > headroom ? s->chunk : headroom, &s->cache);
 }
 
@@ -208,7 +208,7 @@ static tl_status forward_early_exit(tl_session *s, int start) {
             tl_forward_loop(&f);
             continue;
         }
-        double change;
+        double change; /* +infinity for an all-zero state: never stable */
         tl_forward_loop_measured(&f, &change);
         const double t0 = tl_now_ms();
         tl_forward_head(&f, 0, s->logits);

@@ -892,7 +892,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < o.prompt_len; i++) prompt[i] = (int32_t)(rng_next(&r) % (uint64_t)c->vocab_size);
         for (int i = 0; i < total; i++) b.positions[i] = i;
         b.prompt = prompt;
-        st = tl_kv_cache_new(c, total, 0, o.chunk, &b.cache);
+        st = tl_kv_cache_new_for(m, total, 0, o.chunk, &b.cache);
         if (st != TL_OK) die(1, "kv cache: %s", tl_last_error());
 
         double warm_p, warm_d;

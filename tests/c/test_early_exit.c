@@ -1,5 +1,6 @@
 /* test_early_exit.c: adaptive-depth early exit (hidden-state and logit-margin probes) and
  * the KV sharing it relies on. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "check.h"
@@ -98,7 +99,7 @@ static void test_kv_sharing(void) {
 
     /* A copy of the cache with explicit deep slots. */
     tl_kv_cache *copy = NULL;
-    tl_kv_cache_new(mc, c->capacity, 0, 4, &copy);
+    tl_kv_cache_new_for(model, c->capacity, 0, 4, &copy);
     size_t bytes = (size_t)c->n_slots * (size_t)c->capacity * (size_t)c->kv_dim * sizeof(float);
     memcpy(copy->k, c->k, bytes);
     memcpy(copy->v, c->v, bytes);
@@ -130,12 +131,51 @@ static void test_kv_sharing(void) {
     tl_session_free(s);
 }
 
+/* tl_forward_loop_measured is tl_forward_loop plus the hidden-state measure the probe used
+   to compute on the host: same logits, same number (CPU buffers are host memory). */
+static void test_measured_loop(void) {
+    const tl_config *mc = &model->cfg;
+    const int d = mc->d_model, vocab = mc->vocab_size;
+    int32_t tok = 9, pos = 0;
+    float *before = malloc((size_t)d * sizeof(float));
+    float *a = malloc((size_t)vocab * sizeof(float)), *b = malloc((size_t)vocab * sizeof(float));
+    for (int measured = 0; measured <= 1; measured++) {
+        tl_kv_cache *c = NULL;
+        tl_workspace ws = {0};
+        tl_forward f;
+        CHECK(tl_kv_cache_new_for(model, 4, 0, 1, &c) == TL_OK, "cache");
+        CHECK(tl_forward_begin(&f, model, c, &ws, &tok, &pos, 1, NULL) == TL_OK, "begin");
+        for (int l = 1; l <= 4; l++) {
+            if (!measured) { tl_forward_loop(&f); continue; }
+            memcpy(before, ws.s, (size_t)d * sizeof(float));
+            double got;
+            tl_forward_loop_measured(&f, &got);
+            double change = 0.0, norm = 0.0;
+            for (int i = 0; i < d; i++) {
+                double delta = (double)ws.s[i] - (double)before[i];
+                change += delta * delta;
+                norm += (double)ws.s[i] * (double)ws.s[i];
+            }
+            const double want = norm > 0.0 ? sqrt(change / norm) : INFINITY;
+            CHECK(got == want, "loop %d: measured change %.17g, host formula %.17g", l, got, want);
+        }
+        tl_forward_end(&f, 0, measured ? b : a);
+        tl_workspace_release(&ws);
+        tl_kv_cache_free(c);
+    }
+    CHECK(memcmp(a, b, (size_t)vocab * sizeof(float)) == 0, "measured loops changed the logits");
+    free(before);
+    free(a);
+    free(b);
+}
+
 int main(int argc, char **argv) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/deep_residual", argc > 1 ? argv[1] : "tests/data/golden");
     if (tl_model_load(dir, NULL, &model) != TL_OK) { printf("load: %s\n", tl_last_error()); return 1; }
     test_modes();
     test_kv_sharing();
+    test_measured_loop();
     tl_model_free(model);
     return check_summary();
 }

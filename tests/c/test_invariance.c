@@ -35,7 +35,7 @@ static void run_chunks(const tl_model *m, const int32_t *tokens, int n, const in
     tl_workspace ws = {0};
     int32_t pos[N_TOKENS];
     for (int i = 0; i < n; i++) pos[i] = i;
-    tl_status st = tl_kv_cache_new(&m->cfg, n, window, N_TOKENS, &cache);
+    tl_status st = tl_kv_cache_new_for(m, n, window, N_TOKENS, &cache);
     for (int done = 0, k = 0; st == TL_OK && done < n; k++) {
         if (!sizes[k]) k = 0;
         int len = sizes[k] < n - done ? sizes[k] : n - done;
@@ -100,7 +100,7 @@ static void check_config(const char *root, const char *name) {
         tl_workspace ws = {0};
         int32_t pos[N_TOKENS], wrong[5] = {1, 2, 3, 4, 5};
         for (int i = 0; i < N_TOKENS; i++) pos[i] = i;
-        tl_kv_cache_new(&models[1]->cfg, N_TOKENS, 0, N_TOKENS, &cache);
+        tl_kv_cache_new_for(models[1], N_TOKENS, 0, N_TOKENS, &cache);
         tl_forward_run(models[1], cache, &ws, tokens, pos, 16, NULL, loops, 16, NULL);
         tl_forward_run(models[1], cache, &ws, wrong, pos + 16, 5, NULL, loops, 0, got);
         CHECK(tl_kv_truncate(cache, 16) == TL_OK, "truncate");
@@ -126,7 +126,7 @@ static void check_config(const char *root, const char *name) {
         float *tree = malloc((size_t)3 * vocab * sizeof(float));
         const int all[] = {12, 0};
         run_chunks(models[0], seq, 12, all, loops, 0, got);
-        tl_kv_cache_new(&models[2]->cfg, N_TOKENS, 0, N_TOKENS, &cache);
+        tl_kv_cache_new_for(models[2], N_TOKENS, 0, N_TOKENS, &cache);
         tl_forward_run(models[2], cache, &ws, tokens, pos, 10, NULL, loops, 10, NULL);
         tl_forward_run(models[2], cache, &ws, chunk, chunk_pos, 3, mask, loops, 0, tree);
         CHECK(memcmp(tree, want + (size_t)10 * vocab, (size_t)2 * vocab * sizeof(float)) == 0,
@@ -174,9 +174,9 @@ static void check_kv_sharing(const char *root, const char *name) {
           *deep = malloc((size_t)vocab * sizeof(float));
     tl_workspace ws = {0};
     tl_kv_cache *a = NULL, *b = NULL, *d = NULL;
-    tl_kv_cache_new(c, 11, 0, 11, &a);
-    tl_kv_cache_new(c, 11, 0, 11, &b);
-    tl_kv_cache_new(c, 11, 0, 11, &d);
+    tl_kv_cache_new_for(m, 11, 0, 11, &a);
+    tl_kv_cache_new_for(m, 11, 0, 11, &b);
+    tl_kv_cache_new_for(m, 11, 0, 11, &d);
     tl_forward_run(m, a, &ws, tokens, pos, 10, NULL, 2, 10, NULL);
     tl_forward_run(m, b, &ws, tokens, pos, 10, NULL, 2, 10, NULL);
     tl_forward_run(m, d, &ws, tokens, pos, 10, NULL, 4, 10, NULL);

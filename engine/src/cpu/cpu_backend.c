@@ -1,13 +1,79 @@
-/* cpu_backend.c: matmul and attention on the CPU, split over the model's thread pool.
+/* cpu_backend.c: the CPU backend: its context (thread pool, weight region), host-memory
+ * buffers, the KV cache writes, and matmul and attention split over the thread pool.
+ * The per-row operations are in cpu_rows.c, the weight layout in cpu_weights.c.
  *
  * Work is split only along independent outputs (matrix columns; (row, head) pairs),
  * never along a reduction, so the thread count cannot change any result. */
+#define _POSIX_C_SOURCE 200809L /* sysconf */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#include "../backend.h"
+#include "cpu_backend.h"
 #include "kernels.h"
-#include "pool.h"
+
+/* ---------------------------------------------------------------- lifetime */
+
+static tl_status cpu_open(const tl_model *m, int n_threads, void **out) {
+    (void)m;
+    *out = NULL;
+    tl_cpu_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = n_threads > 0 ? n_threads : (cores > 0 ? (int)cores : 1);
+    if (!(ctx->pool = tl_pool_new(threads))) {
+        free(ctx);
+        return tl_fail(TL_ERR_NO_MEMORY, "cannot start worker threads");
+    }
+    *out = ctx;
+    return TL_OK;
+}
+
+static void cpu_close(void *opaque) {
+    tl_cpu_context *ctx = opaque;
+    if (!ctx) return;
+    tl_pool_free(ctx->pool);
+    tl_cpu_release_weights(ctx);
+    free(ctx);
+}
+
+static int cpu_threads(const void *opaque) {
+    const tl_cpu_context *ctx = opaque;
+    return ctx ? tl_pool_threads(ctx->pool) : 1;
+}
+
+/* ---------------------------------------------------------------- buffers (host memory) */
+
+static void *cpu_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    return tl_alloc_aligned(bytes);
+}
+
+static void cpu_free(void *ctx, void *buffer) {
+    (void)ctx;
+    tl_free_aligned(buffer);
+}
+
+/* ---------------------------------------------------------------- KV cache */
+
+static void cpu_kv_write(const tl_model *m, tl_kv_cache *c, int slot, int base, const float *k,
+                         const float *v, int n) {
+    (void)m;
+    const size_t kvd = (size_t)c->kv_dim, bytes = kvd * sizeof(float);
+    for (int t = 0; t < n; t++) {
+        memcpy(tl_kv_k(c, slot, base + t), k + (size_t)t * kvd, bytes);
+        memcpy(tl_kv_v(c, slot, base + t), v + (size_t)t * kvd, bytes);
+    }
+}
+
+static void cpu_kv_move(const tl_kv_cache *c, int from, int to) {
+    const size_t bytes = (size_t)c->kv_dim * sizeof(float);
+    for (int slot = 0; slot < c->n_slots; slot++) {
+        memcpy(tl_kv_k(c, slot, to), tl_kv_k(c, slot, from), bytes);
+        memcpy(tl_kv_v(c, slot, to), tl_kv_v(c, slot, from), bytes);
+    }
+}
 
 /* ---------------------------------------------------------------- matmul */
 
@@ -30,9 +96,10 @@ static void matmul_task(void *ctx, int task, int thread) {
                                                              j->w->dtype, j->bias, o0, o1, j->y, j->w->rows);
 }
 
-static void cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
-                       const float *bias, float *y) {
-    int threads = tl_pool_threads(m->pool);
+void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
+                   const float *bias, float *y) {
+    tl_pool *pool = tl_cpu_pool(m);
+    int threads = tl_pool_threads(pool);
     /* A few tasks per thread balance uneven cores; tasks hold whole panels of a packed
        matrix. Tiny matrices stay on one thread. */
     int per = (w->rows + threads * 4 - 1) / (threads * 4);
@@ -40,7 +107,7 @@ static void cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix
     if (per < TL_PANEL) per = TL_PANEL;
     if ((long)w->rows * w->cols * n < 32768) per = w->rows;
     matmul_job job = {x, w, bias, y, n, per, tl_cpu_kernels()};
-    tl_pool_run(m->pool, (w->rows + per - 1) / per, matmul_task, &job);
+    tl_pool_run(pool, (w->rows + per - 1) / per, matmul_task, &job);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -115,7 +182,33 @@ static void attention_task(void *ctx, int task, int thread) {
 
 static void cpu_attention(const tl_model *m, const tl_attention_args *a) {
     attention_job job = {m, a, tl_cpu_kernels()};
-    tl_pool_run(m->pool, a->n * m->cfg.n_heads, attention_task, &job);
+    tl_pool_run(tl_cpu_pool(m), a->n * m->cfg.n_heads, attention_task, &job);
 }
 
-const tl_backend tl_cpu_backend = {"cpu", cpu_matmul, cpu_attention};
+/* ---------------------------------------------------------------- the vtable */
+
+const tl_backend tl_cpu_backend = {
+    .name = "cpu",
+    .open = cpu_open,
+    .close = cpu_close,
+    .threads = cpu_threads,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload_weights = tl_cpu_upload_weights,
+    .embed = tl_cpu_embed,
+    .norm = tl_cpu_norm,
+    .matmul = tl_cpu_matmul,
+    .rope = tl_cpu_rope,
+    .kv_write = cpu_kv_write,
+    .kv_move = cpu_kv_move,
+    .attention = cpu_attention,
+    .add = tl_cpu_add,
+    .gelu = tl_cpu_gelu,
+    .swiglu = tl_cpu_swiglu,
+    .loop_init = tl_cpu_loop_init,
+    .inject = tl_cpu_inject,
+    .loop_update = tl_cpu_loop_update,
+    .copy = tl_cpu_copy,
+    .state_change = tl_cpu_state_change,
+    .head = tl_cpu_head,
+};

@@ -6,6 +6,7 @@
 #ifndef TL_CPU_KERNELS_H
 #define TL_CPU_KERNELS_H
 
+#include "../dtype.h"
 #include "../internal.h"
 
 typedef struct tl_kernels {
@@ -40,19 +41,6 @@ extern const tl_kernels tl_kernels_avx2;
 extern const tl_kernels tl_kernels_avx512; /* bit-identical to avx2, faster on several rows */
 #endif
 
-/* Scalar conversions shared by every path (exact; f16 handles subnormals, inf, NaN). */
-float tl_f16_to_f32(uint16_t h);
-static inline float tl_bf16_to_f32(uint16_t b) {
-    union { uint32_t u; float f; } v = {(uint32_t)b << 16};
-    return v.f;
-}
-static inline float tl_weight_at(const void *w, tl_dtype dt, size_t i) {
-    switch (dt) {
-    case TL_F16: return tl_f16_to_f32(((const uint16_t *)w)[i]);
-    case TL_BF16: return tl_bf16_to_f32(((const uint16_t *)w)[i]);
-    default: return ((const float *)w)[i];
-    }
-}
 /* out[i] = W[row][i] as f32, for i < cols (row-major or packed). */
 void tl_matrix_row_f32(const tl_matrix *m, int row, float *out);
 /* Index of element (row, col) in the stored layout. */

@@ -6,24 +6,6 @@
 
 #include "kernels.h"
 
-float tl_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (mant << 13);           /* inf / NaN */
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (mant << 13);   /* normal: rebias 15 -> 127 */
-    } else if (mant == 0) {
-        bits = sign;                                        /* zero */
-    } else {                                                /* subnormal: normalise */
-        exp = 113;
-        while (!(mant & 0x400)) { mant <<= 1; exp--; }
-        bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
-    }
-    union { uint32_t u; float f; } v = {bits};
-    return v.f;
-}
-
 void tl_matrix_row_f32(const tl_matrix *m, int row, float *out) {
     if (m->packed) {
         for (int i = 0; i < m->cols; i++) out[i] = tl_weight_at(m->data, m->dtype, tl_matrix_index(m, row, i));

@@ -1,0 +1,43 @@
+/* cpu_backend.h: what the CPU backend's files share (not part of the device boundary). */
+#ifndef TL_CPU_BACKEND_H
+#define TL_CPU_BACKEND_H
+
+#include "../backend.h"
+#include "pool.h"
+
+/* The CPU backend's private state, one per model (m->backend_ctx). */
+typedef struct tl_cpu_context {
+    tl_pool *pool;               /* worker threads; shared, used by one caller at a time */
+    void *weights_region;        /* anonymous huge-page copy of every matrix, or NULL */
+    size_t weights_region_len;
+} tl_cpu_context;
+
+static inline tl_pool *tl_cpu_pool(const tl_model *m) {
+    return ((const tl_cpu_context *)m->backend_ctx)->pool;
+}
+
+/* cpu_backend.c */
+void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
+                   const float *bias, float *y);
+
+/* cpu_weights.c */
+tl_status tl_cpu_upload_weights(const tl_model *m, tl_matrix *const *matrices, int n_matrices,
+                                const float **const *vectors, const int *vector_lens,
+                                int n_vectors, bool keep_mapped);
+void tl_cpu_release_weights(tl_cpu_context *ctx);
+
+/* cpu_rows.c: the per-row operations (norms, RoPE, activations, the loop, the head). */
+void tl_cpu_embed(const tl_model *m, const int32_t *tokens, const int32_t *positions, int n, float *x);
+void tl_cpu_norm(const tl_model *m, const float *x, int n, const float *w, const float *b, float *y);
+void tl_cpu_rope(const tl_model *m, float *x, int n, int heads, const int32_t *positions);
+void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count);
+void tl_cpu_gelu(const tl_model *m, float *x, size_t count);
+void tl_cpu_swiglu(const tl_model *m, float *gate, const float *up, size_t count);
+void tl_cpu_loop_init(const tl_model *m, const float *x, int n, float *e, float *s);
+void tl_cpu_inject(const tl_model *m, const float *s, const float *e, int n, float *cat, float *out);
+void tl_cpu_loop_update(const tl_model *m, float *s, const float *x, const float *u, int n);
+void tl_cpu_copy(const tl_model *m, float *dst, const float *src, size_t count);
+double tl_cpu_state_change(const tl_model *m, const float *s_new, const float *s_old);
+void tl_cpu_head(const tl_model *m, const float *x, int n, float *normed, float *logits);
+
+#endif

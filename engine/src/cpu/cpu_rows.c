@@ -1,0 +1,156 @@
+/* cpu_rows.c: the CPU backend's per-row operations, on the calling thread.
+ *
+ * These are cheap next to the matmuls (O(n d) against O(n d^2)), so they stay serial:
+ * no parallel region per norm. Their floating-point expressions are the reference the
+ * golden files and the cross-ISA tests were made with; change one and every bit-exact
+ * result moves. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_backend.h"
+#include "kernels.h"
+
+/* ---------------------------------------------------------------- embedding */
+
+void tl_cpu_embed(const tl_model *m, const int32_t *tokens, const int32_t *positions, int n,
+                  float *x) {
+    const tl_config *c = &m->cfg;
+    const int d = c->d_model;
+    for (int t = 0; t < n; t++) {
+        float *xr = x + (size_t)t * (size_t)d;
+        tl_matrix_row_f32(&m->w.tok_embed, tokens[t], xr);
+        if (c->pos_encoding == TL_POS_LEARNED)
+            /* x + pos element by element: one f32 rounding each, as the reference. */
+            for (int i = 0; i < d; i++)
+                xr[i] += tl_weight_at(m->w.pos_embed.data, m->w.pos_embed.dtype,
+                                      tl_matrix_index(&m->w.pos_embed, positions[t], i));
+    }
+}
+
+/* ---------------------------------------------------------------- norms */
+
+/* y = norm(x) row by row; y may alias x. Statistics in double: cheap, and closer to the
+   float64 reference. */
+void tl_cpu_norm(const tl_model *m, const float *x, int n, const float *w, const float *b,
+                 float *y) {
+    const tl_config *c = &m->cfg;
+    const int d = c->d_model;
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * (size_t)d;
+        float *yr = y + (size_t)r * (size_t)d;
+        double mean = 0.0, var = 0.0;
+        if (c->norm == TL_NORM_LAYERNORM) {
+            for (int i = 0; i < d; i++) mean += xr[i];
+            mean /= d;
+        }
+        for (int i = 0; i < d; i++) var += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+        const float inv = (float)(1.0 / sqrt(var / d + (double)c->norm_eps));
+        const float mf = (float)mean;
+        for (int i = 0; i < d; i++) yr[i] = (xr[i] - mf) * inv * w[i] + (b ? b[i] : 0.0f);
+    }
+}
+
+/* ---------------------------------------------------------------- positions */
+
+/* Hugging Face "rotate half" RoPE on every head of every row; angles in double. */
+void tl_cpu_rope(const tl_model *m, float *x, int n, int heads, const int32_t *positions) {
+    const int hd = m->cfg.head_dim, half = hd / 2;
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < half; i++) {
+            double angle = (double)positions[r] * (double)m->rope_inv_freq[i];
+            float cs = (float)cos(angle), sn = (float)sin(angle);
+            for (int h = 0; h < heads; h++) {
+                float *v = x + ((size_t)r * (size_t)heads + (size_t)h) * (size_t)hd;
+                float a = v[i], b = v[i + half];
+                v[i] = a * cs - b * sn;
+                v[i + half] = b * cs + a * sn;
+            }
+        }
+}
+
+/* ---------------------------------------------------------------- element-wise */
+
+void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count) {
+    (void)m;
+    for (size_t i = 0; i < count; i++) y[i] += x[i];
+}
+
+static inline float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+void tl_cpu_gelu(const tl_model *m, float *x, size_t count) {
+    (void)m;
+    for (size_t i = 0; i < count; i++) x[i] = gelu_tanh(x[i]);
+}
+
+void tl_cpu_swiglu(const tl_model *m, float *gate, const float *up, size_t count) {
+    (void)m;
+    for (size_t i = 0; i < count; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void tl_cpu_copy(const tl_model *m, float *dst, const float *src, size_t count) {
+    (void)m;
+    memcpy(dst, src, count * sizeof(float));
+}
+
+/* ---------------------------------------------------------------- the loop */
+
+void tl_cpu_loop_init(const tl_model *m, const float *x, int n, float *e, float *s) {
+    const size_t bytes = (size_t)n * (size_t)m->cfg.d_model * sizeof(float);
+    memcpy(e, x, bytes);
+    if (m->cfg.injection == TL_INJECT_NONE) memcpy(s, e, bytes);
+    else memset(s, 0, bytes);
+}
+
+void tl_cpu_inject(const tl_model *m, const float *s, const float *e, int n, float *cat,
+                   float *out) {
+    const int d = m->cfg.d_model;
+    const size_t count = (size_t)n * (size_t)d, row_bytes = (size_t)d * sizeof(float);
+    switch (m->cfg.injection) {
+    case TL_INJECT_NONE:
+        memcpy(out, s, count * sizeof(float));
+        break;
+    case TL_INJECT_ADD:
+        for (size_t i = 0; i < count; i++) out[i] = s[i] + e[i];
+        break;
+    case TL_INJECT_CONCAT:
+        for (int r = 0; r < n; r++) {
+            memcpy(cat + (size_t)r * 2 * (size_t)d, s + (size_t)r * (size_t)d, row_bytes);
+            memcpy(cat + ((size_t)r * 2 + 1) * (size_t)d, e + (size_t)r * (size_t)d, row_bytes);
+        }
+        tl_cpu_matmul(m, cat, n, &m->w.inject, m->w.inject_b, out);
+        break;
+    }
+}
+
+void tl_cpu_loop_update(const tl_model *m, float *s, const float *x, const float *u, int n) {
+    const tl_config *c = &m->cfg;
+    const size_t count = (size_t)n * (size_t)c->d_model;
+    /* replace: s += beta (b - s); residual: s += beta (b - u). */
+    const float *ref = c->loop_update == TL_UPDATE_REPLACE ? s : u;
+    for (size_t i = 0; i < count; i++) s[i] += c->beta * (x[i] - ref[i]);
+    if (c->state_norm) tl_cpu_norm(m, s, n, m->w.state_norm_w, m->w.state_norm_b, s);
+}
+
+double tl_cpu_state_change(const tl_model *m, const float *s_new, const float *s_old) {
+    const int d = m->cfg.d_model;
+    double change = 0.0, norm = 0.0;
+    for (int i = 0; i < d; i++) {
+        double delta = (double)s_new[i] - (double)s_old[i];
+        change += delta * delta;
+        norm += (double)s_new[i] * (double)s_new[i];
+    }
+    return norm > 0.0 ? sqrt(change / norm) : INFINITY;
+}
+
+/* ---------------------------------------------------------------- the head */
+
+void tl_cpu_head(const tl_model *m, const float *x, int n, float *normed, float *logits) {
+    /* Host memory is the CPU backend's memory: the matmul writes the logits in place. */
+    tl_cpu_norm(m, x, n, m->w.final_norm_w, m->w.final_norm_b, normed);
+    tl_cpu_matmul(m, normed, n, &m->w.lm_head, NULL, logits);
+}
