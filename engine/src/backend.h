@@ -37,7 +37,8 @@ typedef struct tl_attention_args {
                                   mask_start + c; NULL = causal within the chunk */
     int mask_start;            /* first logical entry the mask covers (entries before it are
                                   the always-visible prefix) */
-    float *scratch;            /* [threads][cache->capacity] backend buffer (softmax scores) */
+    float *scratch;            /* [threads][scratch_stride] backend buffer (softmax scores) */
+    int scratch_stride;        /* floats per thread, >= cache->capacity */
 } tl_attention_args;
 
 typedef struct tl_backend {
@@ -95,8 +96,10 @@ typedef struct tl_backend {
     /* out[n][qd] = softmax(q K^T / sqrt(head_dim)) V per head (grouped-query: head h reads
        kv head h / (n_heads / n_kv_heads)), over the visible cache entries in logical order:
        causal or args->mask (tree), within cache->window, and with KV sharing by depth
-       (a prefix entry computed to depth D lends its loop-D slot to deeper loops). */
-    void (*attention)(const tl_model *m, const tl_attention_args *args);
+       (a prefix entry computed to depth D lends its loop-D slot to deeper loops).
+       n_args chunks, each over its own cache (a batch of sessions), in one call: a backend
+       runs them together, and each row's result is what it would be alone. */
+    void (*attention)(const tl_model *m, const tl_attention_args *args, int n_args);
     /* y[count] += x[count] (residual add). */
     void (*add)(const tl_model *m, float *y, const float *x, size_t count);
     /* x[count] = gelu_tanh(x). */

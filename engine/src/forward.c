@@ -4,6 +4,9 @@
  * bookkeeping and, at the very end, the logits.
  * Reads in data-flow order: workspace, one layer, the stages (begin: embed +
  * prelude; loop; head: coda + final norm + lm_head; commit). */
+#include <stdint.h>
+#include <stdlib.h>
+
 #include "forward.h"
 
 /* ---------------------------------------------------------------- workspace */
@@ -63,18 +66,19 @@ tl_status tl_workspace_reserve(tl_workspace *ws, const tl_model *m, int rows, in
 
 /* ---------------------------------------------------------------- one layer */
 
-/* x = x + Attn(Norm(x)); x = x + MLP(Norm(x)) for the chunk, writing the layer's K/V
-   into `slot` (for block layers, the slot of loop `loop`). */
-static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop) {
+/* x = x + Attn(Norm(x)); x = x + MLP(Norm(x)) for the first n rows (the rows still
+   looping), writing the layer's K/V into `slot` (for block layers, the slot of loop `loop`)
+   of each part's cache. */
+static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, int n) {
     const tl_model *m = f->m;
     const tl_config *c = &m->cfg;
     const tl_backend *be = m->backend;
     tl_workspace *ws = f->ws;
-    const int n = f->n;
     const size_t nd = (size_t)n * (size_t)c->d_model, nff = (size_t)n * (size_t)c->d_ff;
+    const size_t qd = (size_t)(c->n_heads * c->head_dim), kvd = (size_t)(c->n_kv_heads * c->head_dim);
 
     /* Attention: h [n][d] = norm(x); q [n][qd], k, v [n][kvd] projections, positions on
-       q and k, the chunk's k and v into the cache, att [n][qd] over cache + chunk. */
+       q and k, each part's k and v into its cache, att [n][qd] over cache + chunk. */
     be->norm(m, ws->x, n, L->attn_norm_w, L->attn_norm_b, ws->h);
     be->matmul(m, ws->h, n, &L->q, L->q_b, ws->q);
     be->matmul(m, ws->h, n, &L->k, L->k_b, ws->k);
@@ -84,10 +88,16 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop) 
         be->rope(m, ws->k, n, c->n_kv_heads, f->positions);
     }
     const int write_slot = loop ? slot + (loop - 1) * c->n_block : slot;
-    be->kv_write(m, f->cache, write_slot, f->base, ws->k, ws->v, n);
-    tl_attention_args args = {ws->q, ws->att, n, f->cache, f->base, slot, loop, c->n_block,
-                              f->positions, f->mask, f->mask_start, ws->attn_scratch};
-    be->attention(m, &args);
+    int n_attention = 0;
+    for (int i = 0; i < f->n_parts && f->parts[i].row < n; i++) {
+        const tl_forward_part *p = &f->parts[i];
+        const size_t row = (size_t)p->row;
+        be->kv_write(m, p->cache, write_slot, p->base, ws->k + row * kvd, ws->v + row * kvd, p->n);
+        f->attention[n_attention++] = (tl_attention_args){
+            ws->q + row * qd, ws->att + row * qd, p->n, p->cache, p->base, slot, loop, c->n_block,
+            f->positions + p->row, p->mask, p->mask_start, ws->attn_scratch, ws->scratch_per_thread};
+    }
+    be->attention(m, f->attention, n_attention);
     /* h [n][d] = o(att); x [n][d] += h */
     be->matmul(m, ws->att, n, &L->o, L->o_b, ws->h);
     be->add(m, ws->x, ws->h, nd);
@@ -107,6 +117,13 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop) 
     be->add(m, ws->x, ws->h, nd);
 }
 
+/* Rows still looping at loop `loop`: the parts are sorted deepest first, so a prefix. */
+static int rows_looping(const tl_forward *f, int loop) {
+    int n = 0;
+    for (int i = 0; i < f->n_parts && f->parts[i].loops >= loop; i++) n += f->parts[i].n;
+    return n;
+}
+
 /* ---------------------------------------------------------------- begin: embed + prelude */
 
 tl_status tl_forward_begin(tl_forward *f, const tl_model *m, tl_kv_cache *cache,
@@ -115,17 +132,20 @@ tl_status tl_forward_begin(tl_forward *f, const tl_model *m, tl_kv_cache *cache,
     return tl_forward_begin_masked(f, m, cache, ws, tokens, positions, n, mask, cache->length);
 }
 
-tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache *cache,
-                                  tl_workspace *ws, const int32_t *tokens,
-                                  const int32_t *positions, int n, const uint8_t *mask,
-                                  int mask_start) {
+/* Checks one part against its cache; records its rows' positions in the cache's
+   bookkeeping (the prelude's attention already sees the chunk's rows). */
+static tl_status start_part(const tl_model *m, tl_forward_part *p, const int32_t *tokens,
+                            const int32_t *positions) {
     const tl_config *c = &m->cfg;
+    tl_kv_cache *cache = p->cache;
+    const int n = p->n;
     if (cache->backend != m->backend) /* its K/V would be another device's memory */
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: the KV cache was made for another backend than "
                        "the model's (%s); create it with tl_kv_cache_new_for", m->backend->name);
-    if (mask_start < 0 || mask_start > cache->length || (long)cache->length + n - mask_start > cache->capacity)
+    if (p->mask_start < 0 || p->mask_start > cache->length ||
+        (long)cache->length + n - p->mask_start > cache->capacity)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: mask_start %d outside the cache (%d entries)",
-                       mask_start, cache->length);
+                       p->mask_start, cache->length);
     if (n < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: n = %d tokens, need >= 1", n);
     if (cache->window == 0 && cache->length + n > cache->capacity)
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
@@ -145,20 +165,50 @@ tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache 
                            "position %d at index %d is out of range [0, max_seq_len = %d)",
                            positions[t], t, c->max_seq_len);
     }
-    tl_status st = tl_workspace_reserve(ws, m, n, cache->capacity);
-    if (st != TL_OK) return st;
-    *f = (tl_forward){m, cache, ws, positions, mask, n, cache->length, 0, mask_start};
-    /* Row bookkeeping first: the prelude's attention already sees the chunk's rows. */
+    p->base = cache->length;
     for (int t = 0; t < n; t++) {
-        cache->pos[tl_kv_row(cache, f->base + t)] = positions[t];
-        cache->logical[tl_kv_row(cache, f->base + t)] = f->base + t;
+        cache->pos[tl_kv_row(cache, p->base + t)] = positions[t];
+        cache->logical[tl_kv_row(cache, p->base + t)] = p->base + t;
     }
-
-    const tl_backend *be = m->backend;
-    be->embed(m, tokens, positions, n, ws->x); /* x [n][d] */
-    for (int i = 0; i < c->n_prelude; i++) layer_forward(f, &m->w.prelude[i], i, 0);
-    be->loop_init(m, ws->x, n, ws->e, ws->s); /* e [n][d] = x; s [n][d] = e or 0 */
     return TL_OK;
+}
+
+/* Checks every part, sizes the workspace, then embed + prelude for all rows. */
+static tl_status start(tl_forward *f, const tl_model *m, tl_workspace *ws, tl_forward_part *parts,
+                       int n_parts, const int32_t *tokens, const int32_t *positions) {
+    int rows = 0, capacity = 0;
+    for (int i = 0; i < n_parts; i++) {
+        parts[i].row = rows;
+        tl_status st = start_part(m, &parts[i], tokens + rows, positions + rows);
+        if (st != TL_OK) return st;
+        rows += parts[i].n;
+        if (parts[i].cache->capacity > capacity) capacity = parts[i].cache->capacity;
+    }
+    tl_status st = tl_workspace_reserve(ws, m, rows, capacity);
+    if (st != TL_OK) return st;
+    f->m = m;
+    f->ws = ws;
+    f->positions = positions;
+    f->parts = parts;
+    f->n_parts = n_parts;
+    f->n = rows;
+    f->loops_done = 0;
+
+    const tl_config *c = &m->cfg;
+    const tl_backend *be = m->backend;
+    be->embed(m, tokens, positions, rows, ws->x); /* x [n][d] */
+    for (int i = 0; i < c->n_prelude; i++) layer_forward(f, &m->w.prelude[i], i, 0, rows);
+    be->loop_init(m, ws->x, rows, ws->e, ws->s); /* e [n][d] = x; s [n][d] = e or 0 */
+    return TL_OK;
+}
+
+tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache *cache,
+                                  tl_workspace *ws, const int32_t *tokens,
+                                  const int32_t *positions, int n, const uint8_t *mask,
+                                  int mask_start) {
+    f->one = (tl_forward_part){cache, mask, mask_start, 0, n, 0, INT32_MAX};
+    f->attention = &f->attention_one;
+    return start(f, m, ws, &f->one, 1, tokens, positions);
 }
 
 /* ---------------------------------------------------------------- the loop */
@@ -168,14 +218,15 @@ void tl_forward_loop(tl_forward *f) {
     const tl_config *c = &m->cfg;
     const tl_backend *be = m->backend;
     tl_workspace *ws = f->ws;
-    const int loop = ++f->loops_done;
+    const int loop = ++f->loops_done, n = rows_looping(f, loop);
 
     /* u [n][d] = inject(s, e) (cat [n][2d]: concat's input), the block's input; x [n][d]
-       runs through the block; s [n][d] moves towards x (and is normed). */
-    be->inject(m, ws->s, ws->e, f->n, ws->cat, ws->u);
-    be->copy(m, ws->x, ws->u, (size_t)f->n * (size_t)c->d_model);
-    for (int i = 0; i < c->n_block; i++) layer_forward(f, &m->w.block[i], c->n_prelude + i, loop);
-    be->loop_update(m, ws->s, ws->x, ws->u, f->n);
+       runs through the block; s [n][d] moves towards x (and is normed). Rows of shallower
+       parts keep their final state. */
+    be->inject(m, ws->s, ws->e, n, ws->cat, ws->u);
+    be->copy(m, ws->x, ws->u, (size_t)n * (size_t)c->d_model);
+    for (int i = 0; i < c->n_block; i++) layer_forward(f, &m->w.block[i], c->n_prelude + i, loop, n);
+    be->loop_update(m, ws->s, ws->x, ws->u, n);
 }
 
 void tl_forward_loop_measured(tl_forward *f, double *relative_change) {
@@ -189,18 +240,27 @@ void tl_forward_loop_measured(tl_forward *f, double *relative_change) {
 
 /* ---------------------------------------------------------------- head: coda + logits */
 
-void tl_forward_head(tl_forward *f, int logits_from, float *logits) {
+/* x [n][d] = the coda's output for every row. */
+static void coda(tl_forward *f) {
     const tl_model *m = f->m;
     const tl_config *c = &m->cfg;
     const tl_backend *be = m->backend;
     tl_workspace *ws = f->ws;
-    const int n = f->n, d = c->d_model;
+    const int n = f->n;
 
     /* x [n][d] = the coda's input: the state itself ("replace") or injected ("residual"). */
-    if (c->loop_update == TL_UPDATE_REPLACE) be->copy(m, ws->x, ws->s, (size_t)n * (size_t)d);
+    if (c->loop_update == TL_UPDATE_REPLACE) be->copy(m, ws->x, ws->s, (size_t)n * (size_t)c->d_model);
     else be->inject(m, ws->s, ws->e, n, ws->cat, ws->x);
     const int coda_slot = c->n_prelude + c->n_block * c->max_loops;
-    for (int i = 0; i < c->n_coda; i++) layer_forward(f, &m->w.coda[i], coda_slot + i, 0);
+    for (int i = 0; i < c->n_coda; i++) layer_forward(f, &m->w.coda[i], coda_slot + i, 0, n);
+}
+
+void tl_forward_head(tl_forward *f, int logits_from, float *logits) {
+    const tl_model *m = f->m;
+    const tl_backend *be = m->backend;
+    tl_workspace *ws = f->ws;
+    const int n = f->n, d = m->cfg.d_model;
+    coda(f);
 
     /* logits [n - logits_from][vocab], host = lm_head(final_norm(x rows [logits_from, n)))
        with h [n][d] as scratch. */
@@ -211,9 +271,13 @@ void tl_forward_head(tl_forward *f, int logits_from, float *logits) {
 /* ---------------------------------------------------------------- commit, and whole runs */
 
 void tl_forward_commit(tl_forward *f) {
-    for (int t = 0; t < f->n; t++)
-        f->cache->depth[tl_kv_row(f->cache, f->base + t)] = (uint16_t)(f->loops_done ? f->loops_done : 1);
-    f->cache->length += f->n;
+    for (int i = 0; i < f->n_parts; i++) {
+        tl_forward_part *p = &f->parts[i];
+        const int depth = p->loops < f->loops_done ? p->loops : f->loops_done;
+        for (int t = 0; t < p->n; t++)
+            p->cache->depth[tl_kv_row(p->cache, p->base + t)] = (uint16_t)(depth > 0 ? depth : 1);
+        p->cache->length += p->n;
+    }
 }
 
 void tl_forward_end(tl_forward *f, int logits_from, float *logits) {
@@ -232,6 +296,34 @@ tl_status tl_forward_sequence(const tl_model *m, tl_kv_cache *cache, tl_workspac
         if (st != TL_OK) return st;
     }
     return TL_OK;
+}
+
+tl_status tl_forward_batch(const tl_model *m, tl_workspace *ws, tl_forward_part *parts, int n_parts,
+                           const int32_t *tokens, const int32_t *positions, const bool *want_logits,
+                           float *logits) {
+    if (n_parts < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: n_parts = %d, need >= 1", n_parts);
+    for (int i = 1; i < n_parts; i++)
+        if (parts[i].loops > parts[i - 1].loops)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: parts must be sorted deepest first");
+    tl_forward f;
+    f.attention = malloc((size_t)n_parts * sizeof *f.attention);
+    if (!f.attention) return tl_fail(TL_ERR_NO_MEMORY, "forward: out of memory for %d parts", n_parts);
+    tl_status st = start(&f, m, ws, parts, n_parts, tokens, positions);
+    if (st == TL_OK) {
+        for (int l = 0; l < parts[0].loops; l++) tl_forward_loop(&f);
+        coda(&f);
+        /* u [k][d] = the last row of each part that wants logits (u is free after the
+           loop), so that one head call reads lm_head once for the whole batch. */
+        const size_t d = (size_t)m->cfg.d_model;
+        int k = 0;
+        for (int i = 0; i < n_parts; i++)
+            if (want_logits[i])
+                m->backend->copy(m, ws->u + (size_t)k++ * d, ws->x + (size_t)(parts[i].row + parts[i].n - 1) * d, d);
+        if (k > 0) m->backend->head(m, ws->u, k, ws->h, logits);
+        tl_forward_commit(&f);
+    }
+    free(f.attention);
+    return st;
 }
 
 tl_status tl_forward_run(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,

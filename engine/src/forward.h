@@ -40,13 +40,31 @@ typedef struct tl_workspace {
 tl_status tl_workspace_reserve(tl_workspace *ws, const tl_model *m, int rows, int cache_capacity);
 void tl_workspace_release(tl_workspace *ws);
 
+/* The rows of one KV cache within a forward. A forward over one sequence has one part; a
+   batched forward (tl_forward_batch) has one per session, each with its own cache, mask
+   and depth, while every row-wise operation runs over all rows at once. */
+typedef struct tl_forward_part {
+    tl_kv_cache *cache;
+    const uint8_t *mask;      /* see tl_forward_begin_masked, or NULL (causal) */
+    int mask_start;
+    int row;                  /* the part's first row in the workspace */
+    int n;                    /* its rows */
+    int base;                 /* cache->length when the forward began */
+    int loops;                /* its depth (batched forwards) */
+} tl_forward_part;
+
 typedef struct tl_forward {
     const tl_model *m;
-    tl_kv_cache *cache;
     tl_workspace *ws;
-    const int32_t *positions; /* [n] */
-    const uint8_t *mask;      /* see tl_forward_begin_masked, or NULL (causal) */
-    int n, base, loops_done, mask_start;
+    const int32_t *positions; /* [n] host, every part's rows */
+    tl_forward_part *parts;   /* [n_parts] (points at `one` for a single sequence: a
+                                 tl_forward is not to be copied while in use) */
+    int n_parts;
+    int n;                    /* rows of every part */
+    int loops_done;
+    tl_forward_part one;
+    tl_attention_args *attention; /* [n_parts] scratch of the attention calls */
+    tl_attention_args attention_one;
 } tl_forward;
 
 /* tokens/positions: [n]; mask: NULL for causal, else mask[i*n+j] != 0 when chunk row i
@@ -83,6 +101,17 @@ void tl_forward_commit(tl_forward *f);
 tl_status tl_forward_sequence(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
                               const int32_t *tokens, const int32_t *positions, int n, int chunk,
                               int loops, float *last_logits);
+
+/* One forward over several sequences at once, each in its own cache (continuous
+   batching): parts[i] has `n` rows starting at workspace row parts[i].row, tokens and
+   positions [sum n] hold every part's rows in that order, and parts must be sorted by
+   `loops`, deepest first (rows of shallower parts stop looping early, so the rows still
+   looping are always a prefix). For each part with want_logits[i], logits [k][vocab]
+   receives its LAST row's logits, in part order (k = parts wanting them). Each row's
+   result is bit-identical to forwarding its sequence alone (batch invariance). */
+tl_status tl_forward_batch(const tl_model *m, tl_workspace *ws, tl_forward_part *parts, int n_parts,
+                           const int32_t *tokens, const int32_t *positions, const bool *want_logits,
+                           float *logits);
 
 /* begin + `loops` x loop + end. */
 tl_status tl_forward_run(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,

@@ -1,6 +1,7 @@
 /* generate.c: the blocking calls of SPEC §3, each a loop over tl_session_step, whatever the
  * mode of the config (plain, speculative, beam). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "session.h"
@@ -52,6 +53,10 @@ tl_status tl_generate(const tl_model *model, const int32_t *prompt, int prompt_l
                               out_len, stats);
 }
 
+/* Sessions decoding at once in tl_generate_batch: enough rows to share each weight read
+   widely, few enough that their caches stay modest; more prompts wait for a free place. */
+#define TL_BATCH_LIVE_SESSIONS 16
+
 tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, int n_prompts,
                             const tl_generate_config *cfg, int32_t *out, int out_capacity,
                             int *out_lens, int *out_len, tl_generate_stats *stats) {
@@ -79,15 +84,62 @@ tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, 
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
                        "generate_batch: out_capacity = %d is too small: prompts + max_tokens each = %lld",
                        out_capacity, need);
-    int at = 0;
-    for (int i = 0; i < n_prompts; i++) {
-        int len = 0;
-        tl_status st = tl_generate(model, prompts[i].tokens, prompts[i].n, cfg, out + at,
-                                   out_capacity - at, &len, stats ? &stats[i] : NULL);
-        if (st != TL_OK) return st;
-        out_lens[i] = len;
-        at += len;
+
+    /* Continuous batching: up to TL_BATCH_LIVE_SESSIONS sessions advance together, one
+       batched step at a time; a finished one hands its place to the next prompt. Sequence i
+       is first written at its reserved offset (prompts before it at full length), then the
+       results are packed in prompt order. */
+    tl_session *live[TL_BATCH_LIVE_SESSIONS];
+    int live_prompt[TL_BATCH_LIVE_SESSIONS], n_live = 0, next_prompt = 0;
+    int32_t tokens[TL_BATCH_LIVE_SESSIONS];
+    tl_stop_reason stops[TL_BATCH_LIVE_SESSIONS];
+    tl_status statuses[TL_BATCH_LIVE_SESSIONS];
+    long long *reserved = malloc((size_t)n_prompts * sizeof *reserved);
+    if (!reserved) return tl_fail(TL_ERR_NO_MEMORY, "generate_batch: out of memory");
+    for (long long i = 0, at = 0; i < n_prompts; i++) {
+        reserved[i] = at;
+        at += prompts[i].n + cfg->max_tokens;
     }
-    if (out_len) *out_len = at;
-    return TL_OK;
+    tl_status st = TL_OK;
+    while (st == TL_OK && (n_live > 0 || next_prompt < n_prompts)) {
+        while (st == TL_OK && n_live < TL_BATCH_LIVE_SESSIONS && next_prompt < n_prompts) {
+            st = tl_session_create(model, prompts[next_prompt].tokens, prompts[next_prompt].n, cfg, &live[n_live]);
+            if (st == TL_OK) live_prompt[n_live++] = next_prompt++;
+        }
+        if (st != TL_OK || n_live == 0) break;
+        st = tl_session_step_batch(live, n_live, tokens, stops, statuses);
+        for (int i = 0; st == TL_OK && i < n_live; i++) {
+            tl_session *s = live[i];
+            if (statuses[i] != TL_OK) {
+                char msg[900];
+                snprintf(msg, sizeof msg, "%s", tl_last_error());
+                st = tl_fail(statuses[i], "generate_batch: prompt %d: %s", live_prompt[i], msg);
+                break;
+            }
+            if (!s->finished) continue;
+            const int p = live_prompt[i];
+            memcpy(out + reserved[p], s->tokens, (size_t)s->n_tokens * sizeof *out);
+            out_lens[p] = s->n_tokens;
+            if (stats) stats[p] = s->stats;
+            tl_session_free(s);
+            live[i] = live[n_live - 1]; /* the order of live sessions does not matter */
+            live_prompt[i] = live_prompt[n_live - 1];
+            tokens[i] = tokens[n_live - 1];
+            stops[i] = stops[n_live - 1];
+            statuses[i] = statuses[n_live - 1];
+            n_live--;
+            i--;
+        }
+    }
+    for (int i = 0; i < n_live; i++) tl_session_free(live[i]);
+    if (st == TL_OK) { /* pack: offsets only move down, so a front-to-back memmove is safe */
+        int at = 0;
+        for (int p = 0; p < n_prompts; p++) {
+            memmove(out + at, out + reserved[p], (size_t)out_lens[p] * sizeof *out);
+            at += out_lens[p];
+        }
+        if (out_len) *out_len = at;
+    }
+    free(reserved);
+    return st;
 }

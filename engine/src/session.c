@@ -6,6 +6,7 @@
  * generate.c goes through tl_session_step. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -380,6 +381,98 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
 
 /* ---------------------------------------------------------------- many sessions */
 
+/* Whether a session's next step is one plain forward that can share a batched forward.
+   Speculative and beam steps have forwards of their own shapes (drafts, trees, beams), and
+   early exit decides each token's depth between loops: those sessions are stepped on their
+   own inside the batch call. */
+static bool shares_forward(const tl_session *s) {
+    return s->decoder == &tl_plain_decoder && s->cfg.early_exit_patience == 0 && s->cfg.max_tokens > 0;
+}
+
+/* One session's share of a batched pass. */
+typedef struct batch_entry {
+    tl_session *session;
+    int order;             /* its index in the call (ties of the depth sort) */
+    int take;              /* how many of its pending rows go in this pass */
+    bool last;             /* the pass holds its last pending row: its logits come back */
+} batch_entry;
+
+/* Deepest first (rows of shallower sessions stop looping early), then the call's order. */
+static int by_depth(const void *a, const void *b) {
+    const batch_entry *x = a, *y = b;
+    if (x->session->loops != y->session->loops) return y->session->loops - x->session->loops;
+    return x->order - y->order; /* never equal: a total order, so qsort is deterministic */
+}
+
+/* Forwards every pending row of the sessions (prompt chunks of new ones, the last token of
+   running ones) in passes of at most TL_FORWARD_CHUNK rows, each session's cache its own,
+   leaving each session's next-token logits in s->logits. */
+static tl_status forward_together(tl_session **group, int n) {
+    const tl_model *m = group[0]->m;
+    const int vocab = m->cfg.vocab_size;
+    tl_status st = TL_OK;
+    batch_entry *entries = malloc((size_t)n * sizeof *entries);
+    tl_forward_part *parts = malloc((size_t)n * sizeof *parts);
+    bool *want = malloc((size_t)n * sizeof *want);
+    int32_t *tokens = malloc(TL_FORWARD_CHUNK * sizeof *tokens), *positions = malloc(TL_FORWARD_CHUNK * sizeof *positions);
+    float *logits = malloc((size_t)n * (size_t)vocab * sizeof *logits);
+    if (!entries || !parts || !want || !tokens || !positions || !logits)
+        st = tl_fail(TL_ERR_NO_MEMORY, "tl_session_step_batch: out of memory for %d sessions", n);
+    for (;;) {
+        if (st != TL_OK) break;
+        /* Fill one pass in the call's order: each session takes what fits of its pending rows. */
+        int k = 0, rows = 0;
+        for (int i = 0; i < n && rows < TL_FORWARD_CHUNK; i++) {
+            tl_session *s = group[i];
+            const int pending = s->n_tokens - s->cache->length;
+            if (pending <= 0) continue;
+            int take = pending < s->chunk ? pending : s->chunk;
+            if (take > TL_FORWARD_CHUNK - rows) take = TL_FORWARD_CHUNK - rows;
+            entries[k++] = (batch_entry){s, i, take, take == pending};
+            rows += take;
+        }
+        if (k == 0) break;
+        qsort(entries, (size_t)k, sizeof *entries, by_depth);
+        rows = 0;
+        for (int e = 0; e < k; e++) {
+            tl_session *s = entries[e].session;
+            const int from = s->cache->length;
+            memcpy(tokens + rows, s->tokens + from, (size_t)entries[e].take * sizeof *tokens);
+            memcpy(positions + rows, s->positions + from, (size_t)entries[e].take * sizeof *positions);
+            parts[e] = (tl_forward_part){s->cache, NULL, from, rows, entries[e].take, 0, s->loops};
+            want[e] = entries[e].last;
+            rows += entries[e].take;
+        }
+        st = tl_forward_batch(m, &group[0]->ws, parts, k, tokens, positions, want, logits);
+        for (int e = 0, row = 0; st == TL_OK && e < k; e++) {
+            if (!want[e]) continue;
+            memcpy(entries[e].session->logits, logits + (size_t)row++ * (size_t)vocab, (size_t)vocab * sizeof(float));
+        }
+    }
+    free(entries);
+    free(parts);
+    free(want);
+    free(tokens);
+    free(positions);
+    free(logits);
+    return st;
+}
+
+/* After its share of the batched forward: choose and emit, as plain_next + step would. */
+static tl_status finish_shared_step(tl_session *s, bool was_prefill, int32_t *token, tl_stop_reason *stop) {
+    s->last_depth = s->loops;
+    if (was_prefill) {
+        s->t_prefill_end = tl_now_ms();
+        s->stats.prefill_ms = s->t_prefill_end - s->t_start;
+    }
+    tl_status st = tl_session_prepare_logits(s, s->logits);
+    if (st != TL_OK) return st;
+    const int32_t tok = tl_session_choose(s);
+    if ((st = tl_session_emit(s, tok, stop)) != TL_OK) return st;
+    if (tok >= 0) *token = tok;
+    return TL_OK;
+}
+
 tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
                                 tl_status *statuses) {
     tl_clear_error();
@@ -398,8 +491,47 @@ tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tok
             if (sessions[j] == s)
                 return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: sessions[%d] is sessions[%d] again", i, j);
     }
-    for (int i = 0; i < n; i++) statuses[i] = tl_session_step(sessions[i], &tokens[i], &stops[i]);
-    tl_clear_error();
+    tl_session **group = malloc((size_t)n * sizeof *group);
+    bool *was_prefill = malloc((size_t)n * sizeof *was_prefill);
+    if (!group || !was_prefill) {
+        free(group);
+        free(was_prefill);
+        return tl_fail(TL_ERR_NO_MEMORY, "tl_session_step_batch: out of memory");
+    }
+    /* The sessions whose next forward is a plain one share ONE batched forward. */
+    int n_group = 0;
+    for (int i = 0; i < n; i++) {
+        tokens[i] = -1;
+        stops[i] = TL_STOP_NONE;
+        statuses[i] = TL_OK;
+        if (!shares_forward(sessions[i])) continue;
+        was_prefill[n_group] = sessions[i]->cache->length == 0;
+        group[n_group++] = sessions[i];
+        sessions[i]->stepping = true;
+    }
+    tl_status forward_status = n_group > 0 ? forward_together(group, n_group) : TL_OK;
+    char forward_error[1024] = "";
+    if (forward_status != TL_OK) snprintf(forward_error, sizeof forward_error, "%s", tl_last_error());
+    for (int i = 0, g = 0; i < n; i++) {
+        tl_session *s = sessions[i];
+        if (!shares_forward(s)) { /* its own step, in its own mode */
+            statuses[i] = tl_session_step(s, &tokens[i], &stops[i]);
+            continue;
+        }
+        if (forward_status != TL_OK) {
+            s->finished = true;
+            statuses[i] = forward_status;
+        } else {
+            statuses[i] = finish_shared_step(s, was_prefill[g], &tokens[i], &stops[i]);
+        }
+        g++;
+        s->stepping = false;
+        if (s->free_requested) session_destroy(s);
+    }
+    free(group);
+    free(was_prefill);
+    if (forward_status != TL_OK) tl_fail(forward_status, "%s", forward_error);
+    else tl_clear_error();
     return TL_OK;
 }
 

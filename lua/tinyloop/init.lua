@@ -128,20 +128,6 @@ local function begin_sequence(ctx, ids)
     for i = #pieces, 1, -1 do pieces[i] = nil end
 end
 
--- tl_generate_batch decodes its prompts one after another and writes out_lens[i] as soon
--- as prompt i is done: the prompt running now is the first one without a length (out_lens
--- starts at -1). Positions alone cannot tell: a prompt may be exactly as long as the
--- previous prompt plus its output.
-local function follow_batch(ctx)
-    local b = ctx.batch
-    local i = b.running
-    while i < b.n and b.lens[i - 1] >= 0 do i = i + 1 end
-    if i ~= b.running then
-        b.running = i
-        begin_sequence(ctx, b.prompts[i])
-    end
-end
-
 -- Runs a user hook under xpcall, marking its session as inside a hook meanwhile: the session
 -- may then not be closed or stepped (the step that runs the hook still uses it).
 local function call_hook(ctx, fn, ...)
@@ -153,7 +139,6 @@ end
 
 local on_token_cb = ffi_cast("tl_on_token_hook", function(user, token, position)
     local ctx = context_of(user)
-    if ctx.batch then follow_batch(ctx) end
     local t = ctx.tokens
     if #t == position then t[position + 1] = token end
     local text = token_text(ctx, token)
@@ -606,22 +591,22 @@ end
 local session_out = ffi_new("tl_session *[1]")
 
 -- model:session(prompt, cfg) -> a session stepped with session:step(), or nil, err.
-function Model:session(prompt, cfg)
-    local ids, err = prompt_ids(self, prompt)
-    if not ids then return nil, err end
-    local c, keep, ctx = make_config(self, cfg)
+-- A session on prompt ids, or nil, the engine's status (the caller applies the error
+-- convention: model:session raises argument errors, generate_batch names the prompt).
+local function new_session(model, ids, cfg)
+    local c, keep, ctx = make_config(model, cfg)
     local arr, n = id_array(ids)
     if ctx then
         registry[ctx.key] = ctx
         begin_sequence(ctx, ids)
     end
-    local st = C.tl_session_new(self.ptr, arr, n, c, session_out)
+    local st = C.tl_session_new(model.ptr, arr, n, c, session_out)
     if st ~= 0 then
         if ctx then registry[ctx.key] = nil end
-        return engine_failure(st)
+        return nil, st
     end
     local self_session = setmetatable({
-        model = self, ctx = ctx, keep = keep, has_tokenizer = self.has_tokenizer, done = false,
+        model = model, ctx = ctx, keep = keep, has_tokenizer = model.has_tokenizer, done = false,
         step_token = ffi_new("int32_t[1]"), step_stop = ffi_new("tl_stop_reason[1]"),
     }, Session)
     local key = ctx and ctx.key
@@ -630,6 +615,14 @@ function Model:session(prompt, cfg)
         if key then registry[key] = nil end
     end)
     return self_session
+end
+
+function Model:session(prompt, cfg)
+    local ids, err = prompt_ids(self, prompt)
+    if not ids then return nil, err end
+    local s, st = new_session(self, ids, cfg)
+    if not s then return engine_failure(st) end
+    return s
 end
 
 -- model:generate(prompt, cfg) -> ids (prompt + continuation), stats | nil, err
@@ -668,22 +661,66 @@ function Model:stream(prompt, cfg)
     return iterate, s
 end
 
--- Runs tl_generate_batch with the hook context registered (kept out of compiled traces:
--- hooks run inside the C call); returns true or nil, err.
-local function call_batch(model, ctx, seqs, n_prompts, c, out, capacity, lens, out_len, stats)
-    if ctx then
-        registry[ctx.key] = ctx
-        ctx.batch.running = 1
-        begin_sequence(ctx, ctx.batch.prompts[1])
+-- With hooks: one session (and hook context) per prompt, all advanced together by
+-- tl_session_step_batch, so that each hook call sees its own prompt's sequence: the tokens
+-- of stop_when and logits_processor, and stop_when's text, are that prompt's. Calls for
+-- different prompts interleave. Returns outs, stats like generate_batch.
+local function batch_with_hooks(model, all_ids, cfg)
+    local n, sessions = #all_ids, {}
+    local function close_all()
+        for i = 1, #sessions do sessions[i]:close() end
     end
-    return blocking_result(C.tl_generate_batch(model.ptr, seqs, n_prompts, c, out, capacity, lens, out_len, stats), ctx)
+    for i = 1, n do -- every prompt is validated before any is decoded
+        local s, st = new_session(model, all_ids[i], cfg)
+        if not s then
+            local msg = ("generate_batch: prompt %d: %s"):format(i - 1, last_error())
+            close_all()
+            if ARGUMENT_ERRORS[tonumber(st)] then raise(msg) end
+            return nil, msg
+        end
+        sessions[i] = s
+    end
+    local ptrs, map = ffi_new("tl_session *[?]", n), {}
+    local tokens, stops = ffi_new("int32_t[?]", n), ffi_new("tl_stop_reason[?]", n)
+    local statuses = ffi_new("tl_status[?]", n)
+    while true do
+        local k = 0
+        for i = 1, n do
+            if not sessions[i].done then
+                ptrs[k], map[k] = sessions[i].ptr, i
+                k = k + 1
+            end
+        end
+        if k == 0 then break end
+        local st = C.tl_session_step_batch(ptrs, k, tokens, stops, statuses)
+        if st ~= 0 then close_all() return engine_failure(st) end
+        for j = 0, k - 1 do
+            local s = sessions[map[j]]
+            local status = statuses[j]
+            if status ~= 0 then
+                local ctx, err = s.ctx, last_error()
+                close_all()
+                if status == C.TL_ERR_HOOK and ctx and ctx.err then error(ctx.err, 0) end
+                if ARGUMENT_ERRORS[tonumber(status)] then raise(err) end
+                return nil, err
+            end
+            local reason = stop_name(stops[j])
+            if reason then s.done, s.stop_reason = true, reason end
+        end
+    end
+    local outs, all_stats = {}, {}
+    for i = 1, n do
+        outs[i], all_stats[i] = sessions[i]:tokens(), sessions[i]:stats()
+        sessions[i]:close()
+    end
+    return outs, all_stats
 end
-jit.off(call_batch)
+jit.off(batch_with_hooks)
 
 -- model:generate_batch({prompt, ...}, cfg) -> {ids_1, ...}, {stats_1, ...} | nil, err.
--- One tl_generate_batch call: each prompt decoded with a fresh cache, one after another.
--- Hooks see each prompt's sequence in turn (stop_when's text restarts with every prompt);
--- state kept inside a hook or a grammar object carries over from one prompt to the next.
+-- Continuous batching: the prompts decode together, every step one batched forward over
+-- all of them (tl_generate_batch; with hooks, tl_session_step_batch over one session per
+-- prompt, see batch_with_hooks). Each output is bit-identical to generate on its own.
 function Model:generate_batch(prompts, cfg)
     if type(prompts) ~= "table" then raise("generate_batch: prompts must be a table") end
     local n_prompts, all_ids = #prompts, {}
@@ -692,7 +729,11 @@ function Model:generate_batch(prompts, cfg)
         if not ids then return nil, err end
         all_ids[i] = ids
     end
-    local c, keep, ctx = make_config(self, cfg)
+    if cfg ~= nil and type(cfg) == "table" and (cfg.on_token or cfg.stop_when or cfg.logits_processor or cfg.grammar) then
+        if n_prompts == 0 then make_config(self, cfg) return {}, {} end
+        return batch_with_hooks(self, all_ids, cfg)
+    end
+    local c, keep = make_config(self, cfg)
     if n_prompts == 0 then return {}, {} end -- the engine wants at least one prompt
     local seqs = ffi_new("tl_token_seq[?]", n_prompts)
     local prompt_tokens = 0
@@ -705,11 +746,9 @@ function Model:generate_batch(prompts, cfg)
     local capacity = output_capacity(self, prompt_tokens, n_prompts, c.max_tokens)
     local out = ffi_new("int32_t[?]", capacity + 1)
     local lens = ffi_new("int[?]", n_prompts)
-    for i = 0, n_prompts - 1 do lens[i] = -1 end
     local stats = ffi_new("tl_generate_stats[?]", n_prompts)
-    if ctx then ctx.batch = { lens = lens, prompts = all_ids, n = n_prompts, running = 1 } end
-    local ok, err = call_batch(self, ctx, seqs, n_prompts, c, out, capacity, lens, ffi_new("int[1]"), stats)
-    if not ok then return nil, err end
+    local st = C.tl_generate_batch(self.ptr, seqs, n_prompts, c, out, capacity, lens, ffi_new("int[1]"), stats)
+    if st ~= 0 then return engine_failure(st) end
     local outs, all_stats, at = {}, {}, 0
     for i = 1, n_prompts do
         local t, len = {}, lens[i - 1]

@@ -375,24 +375,26 @@ describe("model:generate_batch", function()
         assert.truthy(tostring(err):find("max_tokens = -1", 1, true), tostring(err))
     end)
 
-    it("runs hooks for each prompt in turn: positions and stop_when's text restart", function()
+    it("runs hooks on each prompt's own sequence: tokens and stop_when's text per prompt", function()
         local x = m:encode("x")[1]
-        -- prompt 2 is exactly as long as prompt 1 plus its output: positions alone would
-        -- run on (3, 4 then 5, 6) as if one sequence continued
+        -- prompt 2 is exactly as long as prompt 1 plus its output: positions alone could not
+        -- tell the sequences apart; the prompts decode together, so calls interleave
         local prompts = { { 1, 2, 3 }, { 4, 5, 6, 7, 8 }, { 9 } }
-        local positions, texts, token_tables = {}, {}, {}
+        local positions, texts, lengths = {}, {}, {}
         local outs, stats = m:generate_batch(prompts, {
             max_tokens = 2,
             logits_processor = function(logits) logits[x] = 1e9 end,
             on_token = function(_, position) positions[#positions + 1] = position end,
             stop_when = function(tokens, text)
-                texts[#texts + 1] = text
-                token_tables[#token_tables + 1] = #tokens
+                local first = tokens[1] -- which prompt: each starts with its own id
+                texts[first] = (texts[first] or "") .. "|" .. text
+                lengths[first] = (lengths[first] or "") .. "|" .. #tokens
             end,
         })
-        assert.same({ 3, 4, 5, 6, 1, 2 }, positions)
-        assert.same({ "x", "xx", "x", "xx", "x", "xx" }, texts)
-        assert.same({ 4, 5, 6, 7, 2, 3 }, token_tables)
+        table.sort(positions)
+        assert.same({ 1, 2, 3, 4, 5, 6 }, positions)
+        assert.same({ [1] = "|x|xx", [4] = "|x|xx", [9] = "|x|xx" }, texts)
+        assert.same({ [1] = "|4|5", [4] = "|6|7", [9] = "|2|3" }, lengths)
         for i, p in ipairs(prompts) do
             assert.same(p, H.slice(outs[i], 1, #p))
             assert.same({ x, x }, H.slice(outs[i], #p + 1))

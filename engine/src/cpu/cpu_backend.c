@@ -114,7 +114,9 @@ void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
 
 typedef struct {
     const tl_model *m;
-    const tl_attention_args *a;
+    const tl_attention_args *args;
+    int n_args;
+    const int *first_task;     /* [n_args + 1] task index where each chunk's tasks begin */
     const tl_kernels *kern;
 } attention_job;
 
@@ -143,7 +145,10 @@ static inline int slot_for(const tl_attention_args *a, int j) {
 
 static void attention_task(void *ctx, int task, int thread) {
     const attention_job *job = ctx;
-    const tl_attention_args *a = job->a;
+    int part = 0; /* the chunk this task belongs to (few chunks: a linear search) */
+    while (task >= job->first_task[part + 1]) part++;
+    const tl_attention_args *a = &job->args[part];
+    task -= job->first_task[part];
     const tl_config *cfg = &job->m->cfg;
     const tl_kv_cache *c = a->cache;
     const int hd = cfg->head_dim, n_heads = cfg->n_heads;
@@ -152,7 +157,7 @@ static void attention_task(void *ctx, int task, int thread) {
     const float scale = 1.0f / sqrtf((float)hd);
     const float *q = a->q + (size_t)i * (size_t)(n_heads * hd) + (size_t)h * (size_t)hd;
     float *out = a->out + (size_t)i * (size_t)(n_heads * hd) + (size_t)h * (size_t)hd;
-    float *scores = a->scratch + (size_t)thread * (size_t)c->capacity;
+    float *scores = a->scratch + (size_t)thread * (size_t)a->scratch_stride;
     const int32_t min_pos = c->window > 0 ? a->positions[i] - c->window + 1 : INT32_MIN;
     /* Logical entries [first, last) are held: the chunk's own rows may have overwritten
        ring rows older than that. */
@@ -180,9 +185,19 @@ static void attention_task(void *ctx, int task, int thread) {
     for (int d = 0; d < hd; d++) out[d] *= inv;
 }
 
-static void cpu_attention(const tl_model *m, const tl_attention_args *a) {
-    attention_job job = {m, a, tl_cpu_kernels()};
-    tl_pool_run(tl_cpu_pool(m), a->n * m->cfg.n_heads, attention_task, &job);
+/* Every (chunk, row, head) of every chunk is one task of ONE parallel region: a batch of
+   sessions pays one fork/join per layer, not one per session. */
+static void cpu_attention(const tl_model *m, const tl_attention_args *args, int n_args) {
+    int first_small[17], *first = n_args < 17 ? first_small : malloc(((size_t)n_args + 1) * sizeof(int));
+    if (!first) { /* no memory for the index: the chunks one region each */
+        for (int i = 0; i < n_args; i++) cpu_attention(m, &args[i], 1);
+        return;
+    }
+    first[0] = 0;
+    for (int i = 0; i < n_args; i++) first[i + 1] = first[i] + args[i].n * m->cfg.n_heads;
+    attention_job job = {m, args, n_args, first, tl_cpu_kernels()};
+    tl_pool_run(tl_cpu_pool(m), first[n_args], attention_task, &job);
+    if (first != first_small) free(first);
 }
 
 /* ---------------------------------------------------------------- the vtable */

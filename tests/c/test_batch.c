@@ -1,0 +1,266 @@
+/* test_batch.c: many sessions at once. tl_session_step_batch advances a set of sessions in
+ * one batched forward (prompt chunks of new sessions beside decode rows of running ones),
+ * and every session's tokens must be bit-identical to stepping it alone (memcmp): mixed
+ * configs (greedy and seeded sampling, loop depths, lengths, stop rules, windows,
+ * speculative, beam and early-exit sessions), sessions joining and leaving mid-run.
+ * tl_generate_batch (continuous batching) equals decoding the prompts one by one. Two
+ * threads stepping two batches on one model agree too (this test also runs under TSan). */
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "tinyloop.h"
+
+#define CAP 256
+#define N_SESSIONS 12
+
+static uint64_t rng_state = 0xB5AD4ECEDA1CE2A9ull;
+static uint32_t next_u32(void) {
+    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+static int stop_at_eleven(void *user, const int32_t *tokens, int n) {
+    (void)user; (void)tokens;
+    return n >= 11 ? TL_HOOK_STOP : TL_HOOK_CONTINUE;
+}
+
+/* One session of the mix: its prompt, config, the step it joins at, and what it produced. */
+typedef struct job {
+    int32_t prompt[40];
+    int n_prompt;
+    tl_generate_config cfg;
+    int join_at;
+    tl_session *session;
+    int32_t alone[CAP];
+    int n_alone;
+    tl_stop_reason alone_stop;
+} job;
+
+static void make_job(job *j, int index, int vocab, int max_loops, int max_seq_len) {
+    tl_generate_config_init(&j->cfg);
+    /* Some long prompts (several chunks where the context allows), most short. */
+    const int longest = max_seq_len / 2 < 40 ? max_seq_len / 2 : 40;
+    j->n_prompt = 1 + (int)(next_u32() % (unsigned)(index % 4 == 0 ? longest : 8));
+    for (int i = 0; i < j->n_prompt; i++) j->prompt[i] = (int32_t)(next_u32() % (uint32_t)vocab);
+    tl_generate_config *c = &j->cfg;
+    c->max_tokens = 4 + (int)(next_u32() % 20);
+    c->loops = 1 + (int)(next_u32() % (unsigned)(max_loops < 6 ? max_loops : 6));
+    c->ignore_eos = index % 3 != 0;
+    if (index % 2) { c->temperature = 0.8f; c->top_k = 20; c->sample_seed = 1000 + (uint64_t)index; }
+    if (index % 5 == 1) c->repetition_penalty = 1.2f;
+    if (index % 4 == 2) c->cache_window = 5 + index % 4;
+    if (index % 6 == 3) c->stop_rule = stop_at_eleven;
+    switch (index % 7) { /* modes that step on their own inside the batch call */
+    case 4: if (c->loops >= 2) { c->speculative = TL_SPECULATIVE_CHAIN; c->draft_loops = 1; c->temperature = 0; } break;
+    case 5: c->beam_size = 2; c->cache_window = 0; c->stop_rule = NULL; c->temperature = 0; break;
+    case 6: if (c->loops >= 3) { c->early_exit_patience = 1; c->early_exit_min_L = 1; } break;
+    default: break;
+    }
+    if (index == 7) c->max_tokens = 0;
+    j->join_at = index < 4 ? 0 : (int)(next_u32() % 10);
+}
+
+static void run_alone(const tl_model *m, job *j) {
+    tl_generate_stats st;
+    tl_status s = tl_generate(m, j->prompt, j->n_prompt, &j->cfg, j->alone, CAP, &j->n_alone, &st);
+    CHECK(s == TL_OK, "alone: %s", tl_last_error());
+    j->alone_stop = st.stop_reason;
+}
+
+/* Steps the jobs together: each joins at its step, leaves when it stops. */
+static void run_together(const tl_model *m, job *jobs, int n_jobs, int *batched_steps) {
+    tl_session *live[N_SESSIONS];
+    int live_job[N_SESSIONS], n_live = 0, joined = 0;
+    int32_t tokens[N_SESSIONS];
+    tl_stop_reason stops[N_SESSIONS];
+    tl_status statuses[N_SESSIONS];
+    for (int step = 0; joined < n_jobs || n_live > 0; step++) {
+        for (int i = 0; i < n_jobs; i++)
+            if (!jobs[i].session && jobs[i].join_at == step) {
+                joined++;
+                tl_status st = tl_session_new(m, jobs[i].prompt, jobs[i].n_prompt, &jobs[i].cfg, &jobs[i].session);
+                CHECK(st == TL_OK, "session %d: %s", i, tl_last_error());
+                if (st != TL_OK) continue;
+                live[n_live] = jobs[i].session;
+                live_job[n_live++] = i;
+            }
+        if (n_live == 0) continue;
+        CHECK(tl_session_step_batch(live, n_live, tokens, stops, statuses) == TL_OK, "step_batch: %s", tl_last_error());
+        (*batched_steps)++;
+        for (int k = 0; k < n_live; k++) {
+            job *j = &jobs[live_job[k]];
+            CHECK(statuses[k] == TL_OK, "job %d step: %s", live_job[k], tl_status_name(statuses[k]));
+            if (stops[k] == TL_STOP_NONE && statuses[k] == TL_OK) continue;
+            int n;
+            const int32_t *got = tl_session_tokens(j->session, &n);
+            CHECK(n == j->n_alone && memcmp(got, j->alone, (size_t)n * sizeof *got) == 0 && stops[k] == j->alone_stop,
+                  "job %d (loops %d, T %.1f, window %d, spec %d, beam %d, exit %d): batched %d tokens %s, alone %d %s",
+                  live_job[k], j->cfg.loops, (double)j->cfg.temperature, j->cfg.cache_window, (int)j->cfg.speculative,
+                  j->cfg.beam_size, j->cfg.early_exit_patience, n, tl_stop_reason_name(stops[k]), j->n_alone,
+                  tl_stop_reason_name(j->alone_stop));
+            tl_session_free(j->session);
+            j->session = NULL;
+            j->join_at = -1;
+            live[k] = live[n_live - 1];
+            live_job[k] = live_job[n_live - 1];
+            tokens[k] = tokens[n_live - 1];
+            stops[k] = stops[n_live - 1];
+            statuses[k] = statuses[n_live - 1];
+            n_live--;
+            k--;
+        }
+    }
+}
+
+static void mixed_batches(const char *golden) {
+    static const char *names[] = {"add_residual_statenorm_rms_gqa2", "deep_residual", "f16_concat_residual_gqa",
+                                  "bf16_tied_rope_residual", "gpt2_like"};
+    int batched_steps = 0, jobs_run = 0;
+    for (size_t mi = 0; mi < sizeof names / sizeof names[0]; mi++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/%s", golden, names[mi]);
+        tl_model *m = NULL;
+        if (tl_model_load(dir, NULL, &m) != TL_OK) { CHECK(0, "load %s: %s", names[mi], tl_last_error()); continue; }
+        const struct tl_model_info *info = tl_model_info(m);
+        for (int round = 0; round < 3; round++) {
+            job jobs[N_SESSIONS];
+            memset(jobs, 0, sizeof jobs);
+            for (int i = 0; i < N_SESSIONS; i++) {
+                make_job(&jobs[i], i + round, info->vocab_size, info->max_loops, info->max_seq_len);
+                if (jobs[i].n_prompt + jobs[i].cfg.max_tokens > info->max_seq_len)
+                    jobs[i].cfg.max_tokens = info->max_seq_len - jobs[i].n_prompt;
+                run_alone(m, &jobs[i]);
+            }
+            run_together(m, jobs, N_SESSIONS, &batched_steps);
+            jobs_run += N_SESSIONS;
+        }
+        tl_model_free(m);
+    }
+    printf("  %d sessions compared with stepping alone over %d batched steps\n", jobs_run, batched_steps);
+}
+
+/* tl_generate_batch: more prompts than live places, all bit-identical to tl_generate. */
+static void generate_batch_equals_one_by_one(const char *golden) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/llama_like", golden);
+    tl_model *m = NULL;
+    if (tl_model_load(dir, NULL, &m) != TL_OK) { CHECK(0, "load"); return; }
+    const int vocab = tl_model_info(m)->vocab_size;
+    enum { N = 37 };
+    int32_t store[N][12];
+    tl_token_seq prompts[N];
+    for (int i = 0; i < N; i++) {
+        prompts[i].n = 1 + (int)(next_u32() % 12);
+        for (int k = 0; k < prompts[i].n; k++) store[i][k] = (int32_t)(next_u32() % (uint32_t)vocab);
+        prompts[i].tokens = store[i];
+    }
+    for (int sampled = 0; sampled < 2; sampled++) {
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.max_tokens = 9;
+        if (sampled) { cfg.temperature = 1.0f; cfg.sample_seed = 77; }
+        static int32_t out[N * 24];
+        int lens[N], total = 0;
+        tl_generate_stats stats[N];
+        CHECK(tl_generate_batch(m, prompts, N, &cfg, out, N * 24, lens, &total, stats) == TL_OK, "batch: %s",
+              tl_last_error());
+        int at = 0, same = 0;
+        for (int i = 0; i < N; i++) {
+            int32_t one[24];
+            int n = 0;
+            tl_generate_stats st;
+            tl_generate(m, prompts[i].tokens, prompts[i].n, &cfg, one, 24, &n, &st);
+            same += n == lens[i] && memcmp(one, out + at, (size_t)n * sizeof *one) == 0 &&
+                    st.stop_reason == stats[i].stop_reason && st.tokens_emitted == stats[i].tokens_emitted;
+            at += lens[i];
+        }
+        CHECK(same == N && at == total, "%s: %d of %d prompts equal one-by-one decoding", sampled ? "sampled" : "greedy",
+              same, N);
+    }
+    tl_model_free(m);
+}
+
+/* ---------------------------------------------------------------- two threads, two batches */
+
+typedef struct thread_job {
+    const tl_model *m;
+    job jobs[6];
+    int batched_steps;
+} thread_job;
+
+static void *thread_main(void *arg) {
+    thread_job *t = arg;
+    run_together(t->m, t->jobs, 6, &t->batched_steps);
+    return NULL;
+}
+
+static void two_threads(const char *golden) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/deep_residual", golden);
+    tl_model *m = NULL;
+    if (tl_model_load(dir, NULL, &m) != TL_OK) { CHECK(0, "load"); return; }
+    const struct tl_model_info *info = tl_model_info(m);
+    static thread_job t[2];
+    for (int k = 0; k < 2; k++) {
+        memset(&t[k], 0, sizeof t[k]);
+        t[k].m = m;
+        for (int i = 0; i < 6; i++) {
+            make_job(&t[k].jobs[i], 6 * k + i, info->vocab_size, info->max_loops, info->max_seq_len);
+            if (t[k].jobs[i].n_prompt + t[k].jobs[i].cfg.max_tokens > info->max_seq_len)
+                t[k].jobs[i].cfg.max_tokens = info->max_seq_len - t[k].jobs[i].n_prompt;
+            run_alone(m, &t[k].jobs[i]);
+        }
+    }
+    pthread_t threads[2];
+    for (int k = 0; k < 2; k++) pthread_create(&threads[k], NULL, thread_main, &t[k]);
+    for (int k = 0; k < 2; k++) pthread_join(threads[k], NULL);
+    tl_model_free(m);
+}
+
+/* ---------------------------------------------------------------- bad calls */
+
+static void bad_calls(const char *golden) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/deep_residual", golden);
+    tl_model *m = NULL, *other = NULL;
+    tl_model_load(dir, NULL, &m);
+    snprintf(dir, sizeof dir, "%s/llama_like", golden);
+    tl_model_load(dir, NULL, &other);
+    if (!m || !other) { CHECK(0, "load"); return; }
+    int32_t prompt[2] = {1, 2}, tokens[3];
+    tl_stop_reason stops[3];
+    tl_status statuses[3];
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 1;
+    tl_session *a = NULL, *b = NULL, *c = NULL;
+    tl_session_new(m, prompt, 2, &cfg, &a);
+    tl_session_new(m, prompt, 2, &cfg, &b);
+    tl_session_new(other, prompt, 2, &cfg, &c);
+    tl_session *dup[2] = {a, a}, *mixed[2] = {a, c}, *none[1] = {NULL}, *pair[2] = {a, b};
+    CHECK_ERROR(tl_session_step_batch(NULL, 1, tokens, stops, statuses), TL_ERR_INVALID_ARGUMENT, "NULL argument");
+    CHECK_ERROR(tl_session_step_batch(pair, 0, tokens, stops, statuses), TL_ERR_INVALID_ARGUMENT, "n = 0");
+    CHECK_ERROR(tl_session_step_batch(none, 1, tokens, stops, statuses), TL_ERR_INVALID_ARGUMENT, "sessions[0] is NULL");
+    CHECK_ERROR(tl_session_step_batch(dup, 2, tokens, stops, statuses), TL_ERR_INVALID_ARGUMENT, "sessions[1] is sessions[0] again");
+    CHECK_ERROR(tl_session_step_batch(mixed, 2, tokens, stops, statuses), TL_ERR_INVALID_ARGUMENT, "another model");
+    CHECK(tl_session_step_batch(pair, 2, tokens, stops, statuses) == TL_OK && statuses[0] == TL_OK &&
+              stops[0] == TL_STOP_MAX_TOKENS && stops[1] == TL_STOP_MAX_TOKENS && strcmp(tl_last_error(), "") == 0,
+          "a valid batch: %s", tl_last_error());
+    CHECK_ERROR(tl_session_step_batch(pair, 2, tokens, stops, statuses), TL_ERR_INVALID_ARGUMENT, "sessions[0] is finished");
+    tl_session_free(a);
+    tl_session_free(b);
+    tl_session_free(c);
+    tl_model_free(m);
+    tl_model_free(other);
+}
+
+int main(int argc, char **argv) {
+    const char *golden = argc > 1 ? argv[1] : "tests/data/golden";
+    mixed_batches(golden);
+    generate_batch_equals_one_by_one(golden);
+    two_threads(golden);
+    bad_calls(golden);
+    return check_summary();
+}
