@@ -202,6 +202,7 @@ const tl_backend tl_cpu_backend = {
     .kv_write = cpu_kv_write,
     .kv_move = cpu_kv_move,
     .attention = cpu_attention,
+    .add_rows = tl_cpu_add_rows,
     .add = tl_cpu_add,
     .gelu = tl_cpu_gelu,
     .swiglu = tl_cpu_swiglu,
