@@ -112,6 +112,12 @@ typedef struct tl_backend {
 
     /* e[n][d] = x (the prelude's output); s[n][d] = e for injection "none", else 0. */
     void (*loop_init)(const tl_model *m, const float *x, int n, float *e, float *s);
+    /* s[n][d] = a truncated normal (mean 0, cfg.state_init_std, cut at +-3 std) times
+       cfg.embed_scale, Huginn's random start. Element i of row r is a function of (seed,
+       positions[r], i) only: a counter-based draw, so that a token gets the same state in
+       every forward that computes it (batch invariance, bit-exact speculation). */
+    void (*state_init_random)(const tl_model *m, float *s, int n, const int32_t *positions,
+                              uint64_t seed);
     /* out[n][d] = inject(s, e): "none": s; "add": s + e; "concat": W_inj [s ; e] (+ b), or
        W_inj [e ; s] with cfg.inject_embedding_first, through cat[n][2d], a scratch the
        backend may use. */

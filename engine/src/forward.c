@@ -188,6 +188,8 @@ tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache 
     be->embed(m, tokens, positions, n, ws->x); /* x [n][d] */
     for (int i = 0; i < c->n_prelude; i++) layer_forward(f, &m->w.prelude[i], i, 0);
     be->loop_init(m, ws->x, n, ws->e, ws->s); /* e [n][d] = x; s [n][d] = e or 0 */
+    if (c->state_init == TL_STATE_TRUNCATED_NORMAL && ws->state_seed != 0)
+        be->state_init_random(m, ws->s, n, positions, ws->state_seed); /* s [n][d] drawn per token */
     return TL_OK;
 }
 

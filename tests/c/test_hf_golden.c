@@ -184,6 +184,43 @@ static void check_cached_decode(const char *name) {
     tl_model_free(m);
 }
 
+/* Huginn's random initial state: seeded per (seed, position), so prefill and one-by-one
+   decode agree bit for bit; seed 0 is the zero state of tl_score; another seed changes the
+   logits (at this tiny, unconverged depth). */
+static void check_random_state(const char *name) {
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/%s", root, name);
+    tl_model *m = load(dir, 2);
+    CHECK(m != NULL, "%s: load", name);
+    if (!m) return;
+    const int vocab = m->cfg.vocab_size, n = 12, loops = 2;
+    const size_t bytes = (size_t)n * (size_t)vocab * sizeof(float);
+    float *scored = malloc(bytes), *out[3] = {malloc(bytes), malloc(bytes), malloc(bytes)};
+    int32_t tokens[12], pos[12];
+    for (int i = 0; i < n; i++) { tokens[i] = (i * 7 + 3) % vocab; pos[i] = i; }
+    CHECK(tl_score(m, tokens, n, loops, scored) == TL_OK, "%s: score", name);
+    const uint64_t seeds[3] = {0, 7, 7};
+    for (int run = 0; run < 3; run++) {
+        tl_kv_cache *cache = NULL;
+        tl_workspace ws = {0};
+        ws.state_seed = seeds[run];
+        tl_status st = tl_kv_cache_new_for(m, n, 0, n, &cache);
+        const int step = run == 2 ? 1 : n; /* run 2: one token at a time */
+        for (int t = 0; st == TL_OK && t < n; t += step)
+            st = tl_forward_run(m, cache, &ws, tokens + t, pos + t, step, NULL, loops, 0,
+                                out[run] + (size_t)t * (size_t)vocab);
+        CHECK(st == TL_OK, "%s: forward: %s", name, tl_last_error());
+        tl_workspace_release(&ws);
+        tl_kv_cache_free(cache);
+    }
+    CHECK(memcmp(scored, out[0], bytes) == 0, "%s: seed 0 is the zero state of tl_score", name);
+    CHECK(memcmp(out[1], out[2], bytes) == 0, "%s: seeded state: prefill and decode differ", name);
+    CHECK(memcmp(out[0], out[1], bytes) != 0, "%s: the seeded random state changed nothing", name);
+    free(scored);
+    for (int i = 0; i < 3; i++) free(out[i]);
+    tl_model_free(m);
+}
+
 /* ---------------------------------------------------------------- classic mistakes */
 
 typedef enum {
@@ -396,6 +433,7 @@ int main(int argc, char **argv) {
     check_sharded_identical("ouro_f32", "ouro_f32_sharded");
     check_cached_decode("huginn_f32");
     check_cached_decode("ouro_bf16_tied");
+    check_random_state("huginn_f32");
     const mistake huginn[] = {WRONG_ROPE_PAIRING, QK_BIAS_AFTER_ROPE, SWAPPED_GATE_UP,
                               SWAPPED_ADAPTER_ORDER, NO_EMBED_SCALE, SINGLE_LN_F};
     const mistake ouro[] = {WRONG_ROPE_PAIRING, SWAPPED_GATE_UP, NO_PER_PASS_NORM};

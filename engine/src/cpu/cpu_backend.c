@@ -207,6 +207,7 @@ const tl_backend tl_cpu_backend = {
     .gelu = tl_cpu_gelu,
     .swiglu = tl_cpu_swiglu,
     .loop_init = tl_cpu_loop_init,
+    .state_init_random = tl_cpu_state_init_random,
     .inject = tl_cpu_inject,
     .loop_update = tl_cpu_loop_update,
     .copy = tl_cpu_copy,

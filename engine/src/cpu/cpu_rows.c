@@ -118,6 +118,37 @@ void tl_cpu_loop_init(const tl_model *m, const float *x, int n, float *e, float 
     else memset(s, 0, bytes);
 }
 
+/* splitmix64: a counter-based generator, so a draw depends only on its key. */
+static uint64_t mix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* A standard normal for key `key`, redrawn (next counter) until |z| <= 3: the truncated normal
+   of torch.nn.init.trunc_normal_(a = -3 std, b = 3 std), by rejection. */
+static double truncated_normal(uint64_t key) {
+    for (uint64_t attempt = 0;; attempt++) {
+        uint64_t a = mix64(key ^ mix64(attempt)), b = mix64(a);
+        double u1 = ((double)(a >> 11) + 1.0) * 0x1.0p-53, u2 = (double)(b >> 11) * 0x1.0p-53;
+        double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+        if (fabs(z) <= 3.0) return z;
+    }
+}
+
+void tl_cpu_state_init_random(const tl_model *m, float *s, int n, const int32_t *positions,
+                              uint64_t seed) {
+    const tl_config *c = &m->cfg;
+    const int d = c->d_model;
+    for (int r = 0; r < n; r++) {
+        const uint64_t row_key = mix64(seed ^ mix64((uint64_t)(uint32_t)positions[r] + 1));
+        for (int i = 0; i < d; i++)
+            s[(size_t)r * (size_t)d + (size_t)i] =
+                (float)(truncated_normal(row_key ^ mix64((uint64_t)i << 32)) * c->state_init_std * c->embed_scale);
+    }
+}
+
 void tl_cpu_inject(const tl_model *m, const float *s, const float *e, int n, float *cat,
                    float *out) {
     const int d = m->cfg.d_model;
