@@ -73,7 +73,8 @@ typedef struct tl_backend {
 
     /* ---- the forward's operations, in the order a layer uses them */
 
-    /* x[n][d] = tok_embed[tokens[r]] (+ pos_embed[positions[r]] for learned positions). */
+    /* x[n][d] = tok_embed[tokens[r]] * cfg.embed_scale (+ pos_embed[positions[r]] for
+       learned positions). */
     void (*embed)(const tl_model *m, const int32_t *tokens, const int32_t *positions, int n,
                   float *x);
     /* y[n][d] = norm(x[n][d]) * w (+ b): cfg.norm (layernorm / rmsnorm), cfg.norm_eps,
@@ -83,8 +84,9 @@ typedef struct tl_backend {
     /* y[n][w.rows] = x[n][w.cols] W^T (+ bias[w.rows]); bias may be NULL. */
     void (*matmul)(const tl_model *m, const float *x, int n, const tl_matrix *w,
                    const float *bias, float *y);
-    /* In place on x[n][heads * head_dim]: "rotate half" RoPE at positions[r] (host [n]),
-       angles in double from m->rope_inv_freq. */
+    /* In place on x[n][heads * head_dim]: RoPE at positions[r] (host [n]) on the pairs of
+       cfg.rope_pairing ("half": (i, i + hd/2), "interleaved": (2i, 2i+1)), angles in double
+       from m->rope_inv_freq. */
     void (*rope)(const tl_model *m, float *x, int n, int heads, const int32_t *positions);
     /* The chunk's K and V rows k[n][kvd], v[n][kvd] into `slot` at logical entries
        [base, base + n) (ring rows with a window). */
@@ -100,6 +102,8 @@ typedef struct tl_backend {
        n_args chunks, each over its own cache (a batch of sessions), in one call: a backend
        runs them together, and each row's result is what it would be alone. */
     void (*attention)(const tl_model *m, const tl_attention_args *args, int n_args);
+    /* y[n][width] += bias[width] on every row (the qk-bias-after-RoPE test hook). */
+    void (*add_rows)(const tl_model *m, float *y, int n, int width, const float *bias);
     /* y[count] += x[count] (residual add). */
     void (*add)(const tl_model *m, float *y, const float *x, size_t count);
     /* x[count] = gelu_tanh(x). */
@@ -111,8 +115,15 @@ typedef struct tl_backend {
 
     /* e[n][d] = x (the prelude's output); s[n][d] = e for injection "none", else 0. */
     void (*loop_init)(const tl_model *m, const float *x, int n, float *e, float *s);
-    /* out[n][d] = inject(s, e): "none": s; "add": s + e; "concat": W_inj [s ; e] (+ b)
-       through cat[n][2d], a scratch the backend may use. */
+    /* s[n][d] = a truncated normal (mean 0, cfg.state_init_std, cut at +-3 std) times
+       cfg.embed_scale, Huginn's random start. Element i of row r is a function of (seed,
+       positions[r], i) only: a counter-based draw, so that a token gets the same state in
+       every forward that computes it (batch invariance, bit-exact speculation). */
+    void (*state_init_random)(const tl_model *m, float *s, int n, const int32_t *positions,
+                              uint64_t seed);
+    /* out[n][d] = inject(s, e): "none": s; "add": s + e; "concat": W_inj [s ; e] (+ b), or
+       W_inj [e ; s] with cfg.inject_embedding_first, through cat[n][2d], a scratch the
+       backend may use. */
     void (*inject)(const tl_model *m, const float *s, const float *e, int n, float *cat,
                    float *out);
     /* s[n][d] += beta (x - ref), ref = s ("replace") or u ("residual"); then the state
@@ -124,8 +135,9 @@ typedef struct tl_backend {
        sqrt(sum (s_new - s_old)^2 / sum s_new^2), or +infinity when s_new is all zero. */
     double (*state_change)(const tl_model *m, const float *s_new, const float *s_old);
 
-    /* ---- the head: logits[n][vocab] (HOST memory) = final_norm(x[n][d]) lm_head^T, with
-       normed[n][d] as scratch. The one result that leaves the backend. */
+    /* ---- the head: logits[n][vocab] (HOST memory) = final_norm(x[n][d]) lm_head^T (x
+       itself when cfg.final_norm_at_head is false), with normed[n][d] as scratch. The one
+       result that leaves the backend. */
     void (*head)(const tl_model *m, const float *x, int n, float *normed, float *logits);
 } tl_backend;
 

@@ -95,6 +95,45 @@ static tl_status read_enum(const cJSON *root, const char *name, bool required,
 
 /* ---------------------------------------------------------------- parse */
 
+void tl_config_defaults(tl_config *c) {
+    c->beta = 1.0f;
+    c->norm_eps = 1e-5f;
+    c->rope_theta = 10000.0f;
+    c->injection = TL_INJECT_ADD;
+    c->embed_scale = 1.0f;
+    c->final_norm_at_head = true;
+    c->exit_threshold = 1.0f;
+}
+
+/* The options added for the published looped models (SPEC §1); all optional. */
+static tl_status parse_general_options(const cJSON *root, tl_config *c) {
+    static const char *const placements[] = {"pre", "sandwich", "pre_post", NULL};
+    static const char *const pairings[] = {"half", "interleaved", NULL};
+    static const char *const orders[] = {"state_first", "embedding_first", NULL};
+    static const char *const state_norm_weights[] = {"own", "final_norm", NULL};
+    static const char *const initial_states[] = {"zero", "truncated_normal", NULL};
+    int placement = TL_PLACE_PRE, pairing = TL_ROPE_HALF, order = 0, reuse = 0, init = TL_STATE_ZERO;
+    tl_status st;
+#define TRY(call) do { if ((st = (call)) != TL_OK) return st; } while (0)
+    TRY(read_enum(root, "norm_placement", false, placements, &placement));
+    TRY(read_enum(root, "rope_pairing", false, pairings, &pairing));
+    TRY(read_bool(root, "qk_bias", &c->qk_bias));
+    TRY(read_float(root, "embed_scale", 0.0, 1e6, true, &c->embed_scale));
+    TRY(read_enum(root, "inject_order", false, orders, &order));
+    TRY(read_enum(root, "state_norm_weights", false, state_norm_weights, &reuse));
+    TRY(read_bool(root, "final_norm_before_coda", &c->final_norm_before_coda));
+    TRY(read_bool(root, "final_norm_at_head", &c->final_norm_at_head));
+    TRY(read_enum(root, "initial_state", false, initial_states, &init));
+    TRY(read_float(root, "initial_state_std", 0.0, 1e6, false, &c->state_init_std));
+#undef TRY
+    c->norm_placement = (tl_norm_placement)placement;
+    c->rope_pairing = (tl_rope_pairing)pairing;
+    c->inject_embedding_first = order == 1;
+    c->state_norm_is_final_norm = reuse == 1;
+    c->state_init = (tl_state_init)init;
+    return TL_OK;
+}
+
 static tl_status parse_fields(const cJSON *root, tl_config *c) {
     static const char *const injections[] = {"none", "add", "concat", NULL};
     static const char *const updates[] = {"replace", "residual", NULL};
@@ -140,8 +179,12 @@ static tl_status parse_fields(const cJSON *root, tl_config *c) {
     c->norm = (tl_norm_kind)norm;
     c->mlp = (tl_mlp_kind)mlp;
     c->pos_encoding = (tl_pos_kind)pos;
+    c->inject_bias = c->bias;
+    if ((st = parse_general_options(root, c)) != TL_OK) return st;
+    return tl_config_check(c);
+}
 
-    /* Cross-field rules. */
+tl_status tl_config_check(tl_config *c) {
     if (c->d_model % c->n_heads != 0)
         return tl_fail(TL_ERR_FORMAT, "config.json: d_model = %d is not divisible by n_heads = %d",
                        c->d_model, c->n_heads);
@@ -157,11 +200,18 @@ static tl_status parse_fields(const cJSON *root, tl_config *c) {
         return tl_fail(TL_ERR_FORMAT,
                        "config.json: rope needs an even head_dim, got d_model/n_heads = %d",
                        c->head_dim);
+    if (c->state_norm_is_final_norm && !c->state_norm)
+        return tl_fail(TL_ERR_FORMAT,
+                       "config.json: state_norm_weights = \"final_norm\" needs state_norm = true");
+    if (c->state_init != TL_STATE_ZERO && c->injection == TL_INJECT_NONE)
+        return tl_fail(TL_ERR_FORMAT, "config.json: initial_state applies to injection \"add\" or "
+                       "\"concat\" (with \"none\" the state starts as the prelude output)");
     return TL_OK;
 }
 
 tl_status tl_config_parse(const char *json_text, tl_config *out) {
     memset(out, 0, sizeof *out);
+    tl_config_defaults(out);
     cJSON *root = cJSON_Parse(json_text);
     if (!root) {
         const char *where = cJSON_GetErrorPtr();

@@ -66,26 +66,56 @@ tl_status tl_workspace_reserve(tl_workspace *ws, const tl_model *m, int rows, in
 
 /* ---------------------------------------------------------------- one layer */
 
-/* x = x + Attn(Norm(x)); x = x + MLP(Norm(x)) for the first n rows (the rows still
-   looping), writing the layer's K/V into `slot` (for block layers, the slot of loop `loop`)
-   of each part's cache. */
+/* Adds a sub-layer's output h [n][d] to the residual stream x [n][d], with the norms the
+   placement puts around it (cfg.norm_placement): "pre" x += h; "pre_post" x += norm(h);
+   "sandwich" x = norm(x + h). */
+static void residual_add(tl_forward *f, int n, float *h, const float *out_w, const float *out_b) {
+    const tl_model *m = f->m;
+    const tl_backend *be = m->backend;
+    float *x = f->ws->x;
+    const size_t nd = (size_t)n * (size_t)m->cfg.d_model;
+    switch (m->cfg.norm_placement) {
+    case TL_PLACE_PRE:
+        be->add(m, x, h, nd);
+        break;
+    case TL_PLACE_PRE_POST:
+        be->norm(m, h, n, out_w, out_b, h);
+        be->add(m, x, h, nd);
+        break;
+    case TL_PLACE_SANDWICH:
+        be->add(m, x, h, nd);
+        be->norm(m, x, n, out_w, out_b, x);
+        break;
+    }
+}
+
+/* One transformer layer on the first n rows (x [n][d] in place; the rows still looping),
+   writing the layer's K/V into `slot` (for block layers, the slot of loop `loop`) of each
+   part's cache. */
 static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, int n) {
     const tl_model *m = f->m;
     const tl_config *c = &m->cfg;
     const tl_backend *be = m->backend;
     tl_workspace *ws = f->ws;
-    const size_t nd = (size_t)n * (size_t)c->d_model, nff = (size_t)n * (size_t)c->d_ff;
+    const size_t nff = (size_t)n * (size_t)c->d_ff;
     const size_t qd = (size_t)(c->n_heads * c->head_dim), kvd = (size_t)(c->n_kv_heads * c->head_dim);
+    /* q/k biases go in with the projection, before RoPE, except under the test hook that
+       reproduces the classic mistake of adding them after it. */
+    const bool bias_after_rope = c->qk_bias_after_rope && c->pos_encoding == TL_POS_ROPE;
 
     /* Attention: h [n][d] = norm(x); q [n][qd], k, v [n][kvd] projections, positions on
        q and k, each part's k and v into its cache, att [n][qd] over cache + chunk. */
     be->norm(m, ws->x, n, L->attn_norm_w, L->attn_norm_b, ws->h);
-    be->matmul(m, ws->h, n, &L->q, L->q_b, ws->q);
-    be->matmul(m, ws->h, n, &L->k, L->k_b, ws->k);
+    be->matmul(m, ws->h, n, &L->q, bias_after_rope ? NULL : L->q_b, ws->q);
+    be->matmul(m, ws->h, n, &L->k, bias_after_rope ? NULL : L->k_b, ws->k);
     be->matmul(m, ws->h, n, &L->v, L->v_b, ws->v);
     if (c->pos_encoding == TL_POS_ROPE) {
         be->rope(m, ws->q, n, c->n_heads, f->positions);
         be->rope(m, ws->k, n, c->n_kv_heads, f->positions);
+    }
+    if (bias_after_rope) {
+        if (L->q_b) be->add_rows(m, ws->q, n, c->n_heads * c->head_dim, L->q_b);
+        if (L->k_b) be->add_rows(m, ws->k, n, c->n_kv_heads * c->head_dim, L->k_b);
     }
     const int write_slot = loop ? slot + (loop - 1) * c->n_block : slot;
     int n_attention = 0;
@@ -98,12 +128,12 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
             f->positions + p->row, p->mask, p->mask_start, ws->attn_scratch, ws->scratch_per_thread};
     }
     be->attention(m, f->attention, n_attention);
-    /* h [n][d] = o(att); x [n][d] += h */
+    /* h [n][d] = o(att); x [n][d] += h (with the placement's norms) */
     be->matmul(m, ws->att, n, &L->o, L->o_b, ws->h);
-    be->add(m, ws->x, ws->h, nd);
+    residual_add(f, n, ws->h, L->attn_out_norm_w, L->attn_out_norm_b);
 
     /* MLP: h [n][d] = norm(x); ff_a [n][d_ff] = act(...) (ff_b [n][d_ff]: swiglu's up);
-       h [n][d] = down(ff_a); x [n][d] += h */
+       h [n][d] = down(ff_a); x [n][d] += h (with the placement's norms) */
     be->norm(m, ws->x, n, L->mlp_norm_w, L->mlp_norm_b, ws->h);
     if (c->mlp == TL_MLP_GELU) {
         be->matmul(m, ws->h, n, &L->up, L->up_b, ws->ff_a);
@@ -114,7 +144,7 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
         be->swiglu(m, ws->ff_a, ws->ff_b, nff);
     }
     be->matmul(m, ws->ff_a, n, &L->down, L->down_b, ws->h);
-    be->add(m, ws->x, ws->h, nd);
+    residual_add(f, n, ws->h, L->mlp_out_norm_w, L->mlp_out_norm_b);
 }
 
 /* Rows still looping at loop `loop`: the parts are sorted deepest first, so a prefix. */
@@ -199,6 +229,11 @@ static tl_status start(tl_forward *f, const tl_model *m, tl_workspace *ws, tl_fo
     be->embed(m, tokens, positions, rows, ws->x); /* x [n][d] */
     for (int i = 0; i < c->n_prelude; i++) layer_forward(f, &m->w.prelude[i], i, 0, rows);
     be->loop_init(m, ws->x, rows, ws->e, ws->s); /* e [n][d] = x; s [n][d] = e or 0 */
+    /* s [rows][d] drawn per token for a random initial state, each part with its seed */
+    for (int i = 0; c->state_init == TL_STATE_TRUNCATED_NORMAL && i < n_parts; i++)
+        if (parts[i].state_seed != 0)
+            be->state_init_random(m, ws->s + (size_t)parts[i].row * (size_t)c->d_model, parts[i].n,
+                                  positions + parts[i].row, parts[i].state_seed);
     return TL_OK;
 }
 
@@ -206,7 +241,7 @@ tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache 
                                   tl_workspace *ws, const int32_t *tokens,
                                   const int32_t *positions, int n, const uint8_t *mask,
                                   int mask_start) {
-    f->one = (tl_forward_part){cache, mask, mask_start, 0, n, 0, INT32_MAX};
+    f->one = (tl_forward_part){cache, mask, mask_start, 0, n, 0, INT32_MAX, ws->state_seed};
     f->attention = &f->attention_one;
     return start(f, m, ws, &f->one, 1, tokens, positions);
 }
@@ -251,6 +286,8 @@ static void coda(tl_forward *f) {
     /* x [n][d] = the coda's input: the state itself ("replace") or injected ("residual"). */
     if (c->loop_update == TL_UPDATE_REPLACE) be->copy(m, ws->x, ws->s, (size_t)n * (size_t)c->d_model);
     else be->inject(m, ws->s, ws->e, n, ws->cat, ws->x);
+    /* Huginn's ln_f, first use: x [n][d] = final_norm(x) (the head applies it again). */
+    if (c->final_norm_before_coda) be->norm(m, ws->x, n, m->w.final_norm_w, m->w.final_norm_b, ws->x);
     const int coda_slot = c->n_prelude + c->n_block * c->max_loops;
     for (int i = 0; i < c->n_coda; i++) layer_forward(f, &m->w.coda[i], coda_slot + i, 0, n);
 }
@@ -263,7 +300,7 @@ void tl_forward_head(tl_forward *f, int logits_from, float *logits) {
     coda(f);
 
     /* logits [n - logits_from][vocab], host = lm_head(final_norm(x rows [logits_from, n)))
-       with h [n][d] as scratch. */
+       (no final norm when cfg.final_norm_at_head is false) with h [n][d] as scratch. */
     if (logits && logits_from < n)
         be->head(m, ws->x + (size_t)logits_from * (size_t)d, n - logits_from, ws->h, logits);
 }

@@ -32,6 +32,11 @@ typedef struct tl_workspace {
     float *ff_b;  /* [rows][d_ff] */
     float *attn_scratch; /* [threads][scratch_per_thread] softmax scores */
     float *s_before; /* [1][d]       row 0 of the loop state before a measured loop */
+    /* Seed of the random initial loop state (cfg.initial_state "truncated_normal"): 0 keeps
+       the zero state (tl_score, so that scores are deterministic); a generation sets it from
+       its sample_seed. Each token's state is then a function of (seed, its position) alone
+       (backend.h: state_init_random), identical in prefill, decode, drafts and verification. */
+    uint64_t state_seed;
 } tl_workspace;
 
 /* Grows the workspace (never shrinks) to hold `rows` tokens against a cache of
@@ -51,6 +56,8 @@ typedef struct tl_forward_part {
     int n;                    /* its rows */
     int base;                 /* cache->length when the forward began */
     int loops;                /* its depth (batched forwards) */
+    uint64_t state_seed;      /* random initial state (cfg.state_init): its sequence's seed,
+                                 0 = a zero state; single forwards take ws->state_seed */
 } tl_forward_part;
 
 typedef struct tl_forward {

@@ -33,6 +33,15 @@ typedef enum { TL_UPDATE_REPLACE, TL_UPDATE_RESIDUAL } tl_loop_update;
 typedef enum { TL_NORM_LAYERNORM, TL_NORM_RMSNORM } tl_norm_kind;
 typedef enum { TL_MLP_GELU, TL_MLP_SWIGLU } tl_mlp_kind;
 typedef enum { TL_POS_LEARNED, TL_POS_ROPE } tl_pos_kind;
+/* Where a layer's norms sit. "pre": x += Attn(n1 x); x += MLP(n3 x). "sandwich" (Huginn):
+   x = n2(x + Attn(n1 x)); x = n4(x + MLP(n3 x)). "pre_post" (Ouro): x += n2(Attn(n1 x));
+   x += n4(MLP(n3 x)). n1/n3 are attn_norm/mlp_norm, n2/n4 attn_out_norm/mlp_out_norm. */
+typedef enum { TL_PLACE_PRE, TL_PLACE_SANDWICH, TL_PLACE_PRE_POST } tl_norm_placement;
+/* RoPE pairs: "half" rotates (i, i + hd/2) (HF Llama), "interleaved" (2i, 2i+1) (Huginn). */
+typedef enum { TL_ROPE_HALF, TL_ROPE_INTERLEAVED } tl_rope_pairing;
+/* The loop state before the first loop (concat/add injection): zeros, or a truncated normal
+   drawn per token from a seed (forward.h: tl_forward.state_seed). */
+typedef enum { TL_STATE_ZERO, TL_STATE_TRUNCATED_NORMAL } tl_state_init;
 
 typedef struct tl_config {
     int vocab_size, d_model, n_heads, n_kv_heads, head_dim, d_ff, max_seq_len;
@@ -46,10 +55,37 @@ typedef struct tl_config {
     tl_mlp_kind mlp;
     tl_pos_kind pos_encoding;
     int bos_token_id, eos_token_id;
+
+    /* General options of the family beyond the first SPEC round (SPEC §1; defaults give
+       the original forward pass exactly). */
+    tl_norm_placement norm_placement;  /* "norm_placement": "pre" */
+    tl_rope_pairing rope_pairing;      /* "rope_pairing": "half" */
+    bool qk_bias;                      /* "qk_bias": q and k biases (added before RoPE) without bias */
+    float embed_scale;                 /* "embed_scale": 1; token embeddings are multiplied by it */
+    bool inject_embedding_first;       /* "inject_order": "state_first" ([s; e]) or "embedding_first" */
+    bool state_norm_is_final_norm;     /* "state_norm_weights": "own" or "final_norm" (reuse) */
+    bool final_norm_before_coda;       /* "final_norm_before_coda": false; the loop's output is
+                                          final-normed before the coda (Huginn's ln_f, twice) */
+    bool final_norm_at_head;           /* "final_norm_at_head": true; false when the per-pass
+                                          state norm already is the head's norm (Ouro) */
+    tl_state_init state_init;          /* "initial_state": "zero" */
+    float state_init_std;              /* "initial_state_std": the normal's std before truncation
+                                          at +-3 std; the draw is then scaled by embed_scale */
+    bool inject_bias;                  /* the concat adapter has a bias (our format: = bias) */
+    bool exit_gate;                    /* an exit gate sigma(gate(s)) after each pass (Ouro) */
+    float exit_threshold;              /* its default cumulative-probability threshold */
+
+    /* Test hook only, never set from a config: q/k biases added after RoPE (the classic
+       mistake the golden tests must catch). */
+    bool qk_bias_after_rope;
 } tl_config;
 
 /* Parses and validates config.json text; the message names the field and value. */
 tl_status tl_config_parse(const char *json_text, tl_config *out);
+/* The defaults of every optional field, on a zeroed config (shared by the family loaders). */
+void tl_config_defaults(tl_config *c);
+/* The rules between fields (divisibility, loop bounds, rope's even head_dim), after parsing. */
+tl_status tl_config_check(tl_config *c);
 
 /* ---------------------------------------------------------------- weights */
 
@@ -74,6 +110,8 @@ typedef struct tl_matrix {
    bias pointers are NULL when the config has no bias (norm_b NULL for rmsnorm). */
 typedef struct tl_layer {
     const float *attn_norm_w, *attn_norm_b;
+    const float *attn_out_norm_w, *attn_out_norm_b; /* sandwich / pre_post placement only */
+    const float *mlp_out_norm_w, *mlp_out_norm_b;
     tl_matrix q, k, v, o;
     const float *q_b, *k_b, *v_b, *o_b;
     const float *mlp_norm_w, *mlp_norm_b;
@@ -90,6 +128,8 @@ typedef struct tl_weights {
     const float *state_norm_w, *state_norm_b;
     const float *final_norm_w, *final_norm_b;
     tl_matrix lm_head;          /* [vocab, d]; aliases tok_embed when tied */
+    tl_matrix exit_gate;        /* [1, d] (exit_gate only) */
+    const float *exit_gate_b;   /* [1] */
 } tl_weights;
 
 struct tl_backend;
@@ -101,8 +141,8 @@ struct tl_model {
     struct tl_model_info info;
     const struct tl_backend *backend;
     void *backend_ctx;           /* the backend's private state (backend.h: open / close) */
-    void *mapping;               /* mmap of model.safetensors (NULL once weights are uploaded) */
-    size_t mapping_len;
+    struct tl_st_set *kept_files; /* the mapped weight files while matrices point into them
+                                     (mmap_weights), else NULL */
     void **owned;                /* host allocations to free with the model */
     int n_owned, cap_owned;
     double *rope_inv_freq;       /* [head_dim/2] */

@@ -11,12 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
+
+#include <cjson/cJSON.h>
 
 #include "backend.h"
 #include "dtype.h"
-#include "safetensors.h"
+#include "loader.h"
 #include "tokenizer.h"
 
 void tl_load_options_init(tl_load_options *opts) {
@@ -47,7 +48,8 @@ void tl_model_free(tl_model *m) {
     tlz_tokenizer_free(m->tokenizer);
     for (int i = 0; i < m->n_owned; i++) tl_free_aligned(m->owned[i]);
     free(m->owned);
-    if (m->mapping) munmap(m->mapping, m->mapping_len);
+    if (m->kept_files) tl_st_set_close(m->kept_files);
+    free(m->kept_files);
     free(m->w.prelude);
     free(m->w.block);
     free(m->w.coda);
@@ -81,89 +83,119 @@ static tl_status read_text_file(const char *path, char **out) {
 
 /* ---------------------------------------------------------------- tensor binding */
 
-typedef struct {
-    tl_model *m;
-    tl_st_file *file;
-    const char *path;
-} binder;
+static tl_dtype dtype_of(const tl_st_tensor *t) {
+    return t->dtype == TL_ST_F32 ? TL_F32 : t->dtype == TL_ST_F16 ? TL_F16 : TL_BF16;
+}
 
-static tl_status find_shaped(binder *b, const char *name, int rows, int cols, tl_st_tensor **out) {
-    tl_st_tensor *t = tl_st_find(b->file, name);
-    if (!t) return tl_fail(TL_ERR_FORMAT, "%s: missing tensor \"%s\" (required by config.json)", b->path, name);
+/* The tensor `name` with exactly the shape dims[0..ndim), claimed. */
+static tl_status find_shaped(tl_binder *b, const char *name, const int64_t *dims, int ndim,
+                             tl_st_tensor **out, const char **path) {
+    tl_st_tensor *t = tl_st_set_find(b->files, name, path);
+    if (!t) return tl_fail(TL_ERR_FORMAT, "%s: missing tensor \"%s\" (required by config.json)",
+                           b->files->described_as, name);
     t->claimed = true;
-    bool ok = rows < 0 ? (t->ndim == 1 && t->shape[0] == cols)
-                       : (t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols);
+    bool ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == dims[i];
     if (!ok) {
-        char got[96] = "[";
+        char got[96] = "[", want[96] = "[";
         for (int i = 0; i < t->ndim; i++)
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        for (int i = 0; i < ndim; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "", (long long)dims[i]);
         strncat(got, "]", sizeof got - strlen(got) - 1);
-        if (rows < 0)
-            return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" has shape %s, config.json implies [%d]",
-                           b->path, name, got, cols);
-        return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" has shape %s, config.json implies [%d, %d]",
-                       b->path, name, got, rows, cols);
+        strncat(want, "]", sizeof want - strlen(want) - 1);
+        return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" has shape %s, config.json implies %s", *path,
+                       name, got, want);
     }
     if (t->dtype != TL_ST_F32 && t->dtype != TL_ST_F16 && t->dtype != TL_ST_BF16)
         return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" has dtype %s; only F32, F16 and BF16 are supported",
-                       b->path, name, tl_st_dtype_name(t->dtype));
+                       *path, name, tl_st_dtype_name(t->dtype));
     *out = t;
     return TL_OK;
 }
 
-static tl_status bind_matrix(binder *b, const char *name, int rows, int cols, tl_matrix *out) {
-    tl_st_tensor *t;
-    tl_status st = find_shaped(b, name, rows, cols, &t);
+tl_status tl_bind_matrix_rows(tl_binder *b, const char *name, int total_rows, int cols, int row0,
+                              int rows, tl_matrix *out) {
+    tl_st_tensor *t = NULL;
+    const char *path = NULL;
+    const int64_t dims[2] = {total_rows, cols};
+    tl_status st = find_shaped(b, name, dims, 2, &t, &path);
     if (st != TL_OK) return st;
-    out->dtype = t->dtype == TL_ST_F32 ? TL_F32 : t->dtype == TL_ST_F16 ? TL_F16 : TL_BF16;
+    const size_t elem = tl_st_dtype_size(t->dtype), bytes = (size_t)rows * (size_t)cols * elem;
+    out->dtype = dtype_of(t);
     out->rows = rows;
     out->cols = cols;
-    out->data = t->data;
-    size_t elem = tl_st_dtype_size(t->dtype);
-    if ((uintptr_t)t->data % elem != 0) { /* unaligned in the file: keep an aligned copy */
-        void *copy = own(b->m, tl_alloc_aligned(t->nbytes));
+    out->data = t->data + (size_t)row0 * (size_t)cols * elem;
+    if ((uintptr_t)out->data % elem != 0) { /* unaligned in the file: keep an aligned copy */
+        void *copy = own(b->m, tl_alloc_aligned(bytes));
         if (!copy) return tl_fail(TL_ERR_NO_MEMORY, "out of memory copying \"%s\"", name);
-        memcpy(copy, t->data, t->nbytes);
+        memcpy(copy, out->data, bytes);
         out->data = copy;
     }
     return TL_OK;
 }
 
-/* A vector converted to an owned f32 array. */
-static tl_status bind_vector(binder *b, const char *name, int len, const float **out) {
-    tl_st_tensor *t;
-    tl_status st = find_shaped(b, name, -1, len, &t);
+tl_status tl_bind_matrix(tl_binder *b, const char *name, int rows, int cols, tl_matrix *out) {
+    return tl_bind_matrix_rows(b, name, rows, cols, 0, rows, out);
+}
+
+tl_status tl_bind_vector_part(tl_binder *b, const char *name, const int64_t *shape, int ndim, int at,
+                              int len, const float **out) {
+    tl_st_tensor *t = NULL;
+    const char *path = NULL;
+    tl_status st = find_shaped(b, name, shape, ndim, &t, &path);
     if (st != TL_OK) return st;
     float *v = own(b->m, tl_alloc_aligned((size_t)len * sizeof(float)));
     if (!v) return tl_fail(TL_ERR_NO_MEMORY, "out of memory copying \"%s\"", name);
-    tl_convert_to_f32(t->data, t->dtype == TL_ST_F32 ? TL_F32 : t->dtype == TL_ST_F16 ? TL_F16 : TL_BF16,
-                      (size_t)len, v);
+    tl_convert_to_f32(t->data + (size_t)at * tl_st_dtype_size(t->dtype), dtype_of(t), (size_t)len, v);
     *out = v;
     return TL_OK;
 }
 
-static tl_status bind_norm(binder *b, const char *prefix, const float **w, const float **bias) {
+/* A vector converted to an owned f32 array. */
+tl_status tl_bind_vector(tl_binder *b, const char *name, int len, const float **out) {
+    const int64_t shape[1] = {len};
+    return tl_bind_vector_part(b, name, shape, 1, 0, len, out);
+}
+
+bool tl_bind_ignore(tl_binder *b, const char *name) {
+    tl_st_tensor *t = tl_st_set_find(b->files, name, NULL);
+    if (t) t->claimed = true;
+    return t != NULL;
+}
+
+static tl_status bind_norm(tl_binder *b, const char *prefix, const float **w, const float **bias) {
     char name[256];
     const tl_config *c = &b->m->cfg;
     snprintf(name, sizeof name, "%s.weight", prefix);
-    tl_status st = bind_vector(b, name, c->d_model, w);
+    tl_status st = tl_bind_vector(b, name, c->d_model, w);
     if (st != TL_OK || c->norm != TL_NORM_LAYERNORM) return st;
     snprintf(name, sizeof name, "%s.bias", prefix);
-    return bind_vector(b, name, c->d_model, bias);
+    return tl_bind_vector(b, name, c->d_model, bias);
 }
 
 /* Matrix `prefix.weight` [rows, cols] and, when the config has biases, `prefix.bias`. */
-static tl_status bind_linear(binder *b, const char *prefix, int rows, int cols, tl_matrix *w,
+static tl_status bind_linear(tl_binder *b, const char *prefix, int rows, int cols, tl_matrix *w,
                              const float **bias) {
     char name[256];
     snprintf(name, sizeof name, "%s.weight", prefix);
-    tl_status st = bind_matrix(b, name, rows, cols, w);
+    tl_status st = tl_bind_matrix(b, name, rows, cols, w);
     if (st != TL_OK || !b->m->cfg.bias) return st;
     snprintf(name, sizeof name, "%s.bias", prefix);
-    return bind_vector(b, name, rows, bias);
+    return tl_bind_vector(b, name, rows, bias);
 }
 
-static tl_status bind_layer(binder *b, const char *group, int index, tl_layer *L) {
+/* q or k with qk_bias (and no general bias): the bias alone, added before RoPE. */
+static tl_status bind_qk_linear(tl_binder *b, const char *prefix, int rows, int cols, tl_matrix *w,
+                                const float **bias) {
+    char name[256];
+    tl_status st = bind_linear(b, prefix, rows, cols, w, bias);
+    if (st != TL_OK || b->m->cfg.bias || !b->m->cfg.qk_bias) return st;
+    snprintf(name, sizeof name, "%s.bias", prefix);
+    return tl_bind_vector(b, name, rows, bias);
+}
+
+static tl_status bind_layer(tl_binder *b, const char *group, int index, tl_layer *L) {
     const tl_config *c = &b->m->cfg;
     const int d = c->d_model, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
     char p[96], name[160];
@@ -172,8 +204,12 @@ static tl_status bind_layer(binder *b, const char *group, int index, tl_layer *L
 #define TRY(call) do { if ((st = (call)) != TL_OK) return st; } while (0)
 #define SUB(suffix) (snprintf(name, sizeof name, "%s.%s", p, suffix), name)
     TRY(bind_norm(b, SUB("attn_norm"), &L->attn_norm_w, &L->attn_norm_b));
-    TRY(bind_linear(b, SUB("attn.q"), qd, d, &L->q, &L->q_b));
-    TRY(bind_linear(b, SUB("attn.k"), kvd, d, &L->k, &L->k_b));
+    if (c->norm_placement != TL_PLACE_PRE) {
+        TRY(bind_norm(b, SUB("attn_out_norm"), &L->attn_out_norm_w, &L->attn_out_norm_b));
+        TRY(bind_norm(b, SUB("mlp_out_norm"), &L->mlp_out_norm_w, &L->mlp_out_norm_b));
+    }
+    TRY(bind_qk_linear(b, SUB("attn.q"), qd, d, &L->q, &L->q_b));
+    TRY(bind_qk_linear(b, SUB("attn.k"), kvd, d, &L->k, &L->k_b));
     TRY(bind_linear(b, SUB("attn.v"), kvd, d, &L->v, &L->v_b));
     TRY(bind_linear(b, SUB("attn.o"), d, qd, &L->o, &L->o_b));
     TRY(bind_norm(b, SUB("mlp_norm"), &L->mlp_norm_w, &L->mlp_norm_b));
@@ -185,34 +221,53 @@ static tl_status bind_layer(binder *b, const char *group, int index, tl_layer *L
     return TL_OK;
 }
 
-static tl_status bind_all(binder *b) {
+static tl_status bind_all(tl_binder *b) {
     tl_model *m = b->m;
     const tl_config *c = &m->cfg;
     tl_weights *w = &m->w;
     tl_status st;
 #define TRY(call) do { if ((st = (call)) != TL_OK) return st; } while (0)
-    TRY(bind_matrix(b, "tok_embed.weight", c->vocab_size, c->d_model, &w->tok_embed));
+    TRY(tl_bind_matrix(b, "tok_embed.weight", c->vocab_size, c->d_model, &w->tok_embed));
     if (c->pos_encoding == TL_POS_LEARNED)
-        TRY(bind_matrix(b, "pos_embed.weight", c->max_seq_len, c->d_model, &w->pos_embed));
-    w->prelude = calloc((size_t)c->n_prelude + 1, sizeof(tl_layer));
-    w->block = calloc((size_t)c->n_block + 1, sizeof(tl_layer));
-    w->coda = calloc((size_t)c->n_coda + 1, sizeof(tl_layer));
-    if (!w->prelude || !w->block || !w->coda) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+        TRY(tl_bind_matrix(b, "pos_embed.weight", c->max_seq_len, c->d_model, &w->pos_embed));
     for (int i = 0; i < c->n_prelude; i++) TRY(bind_layer(b, "prelude", i, &w->prelude[i]));
     for (int i = 0; i < c->n_block; i++) TRY(bind_layer(b, "block", i, &w->block[i]));
     for (int i = 0; i < c->n_coda; i++) TRY(bind_layer(b, "coda", i, &w->coda[i]));
     if (c->injection == TL_INJECT_CONCAT)
         TRY(bind_linear(b, "inject", c->d_model, 2 * c->d_model, &w->inject, &w->inject_b));
-    if (c->state_norm) TRY(bind_norm(b, "state_norm", &w->state_norm_w, &w->state_norm_b));
+    if (c->state_norm && !c->state_norm_is_final_norm)
+        TRY(bind_norm(b, "state_norm", &w->state_norm_w, &w->state_norm_b));
     TRY(bind_norm(b, "final_norm", &w->final_norm_w, &w->final_norm_b));
+    if (c->state_norm_is_final_norm) {
+        w->state_norm_w = w->final_norm_w;
+        w->state_norm_b = w->final_norm_b;
+    }
     if (c->tie_embeddings) w->lm_head = w->tok_embed;
-    else TRY(bind_matrix(b, "lm_head.weight", c->vocab_size, c->d_model, &w->lm_head));
+    else TRY(tl_bind_matrix(b, "lm_head.weight", c->vocab_size, c->d_model, &w->lm_head));
 #undef TRY
-    for (int i = 0; i < b->file->n_tensors; i++)
-        if (!b->file->tensors[i].claimed)
-            return tl_fail(TL_ERR_FORMAT, "%s: unexpected tensor \"%s\" (not used by this config%s)",
-                           b->path, b->file->tensors[i].name,
-                           strcmp(b->file->tensors[i].name, "lm_head.weight") == 0 ? ": tie_embeddings is true" : "");
+    return TL_OK;
+}
+
+/* Every tensor in the files is one the config implies (or one a family ignores on purpose). */
+static tl_status check_all_claimed(tl_binder *b) {
+    for (int f = 0; f < b->files->n_files; f++) {
+        const tl_st_file *file = &b->files->files[f];
+        for (int i = 0; i < file->n_tensors; i++)
+            if (!file->tensors[i].claimed)
+                return tl_fail(TL_ERR_FORMAT, "%s: unexpected tensor \"%s\" (not used by this config%s)",
+                               b->files->paths[f], file->tensors[i].name,
+                               strcmp(file->tensors[i].name, "lm_head.weight") == 0 ? ": tie_embeddings is true" : "");
+    }
+    return TL_OK;
+}
+
+/* Layer arrays for the config's counts (one spare each, so that none is a zero-size calloc). */
+static tl_status allocate_layers(tl_model *m) {
+    const tl_config *c = &m->cfg;
+    m->w.prelude = calloc((size_t)c->n_prelude + 1, sizeof(tl_layer));
+    m->w.block = calloc((size_t)c->n_block + 1, sizeof(tl_layer));
+    m->w.coda = calloc((size_t)c->n_coda + 1, sizeof(tl_layer));
+    if (!m->w.prelude || !m->w.block || !m->w.coda) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     return TL_OK;
 }
 
@@ -227,6 +282,7 @@ static int list_matrices(tl_model *m, tl_matrix **out) {
     if (c->pos_encoding == TL_POS_LEARNED) out[n++] = &w->pos_embed;
     if (c->injection == TL_INJECT_CONCAT) out[n++] = &w->inject;
     if (!c->tie_embeddings) out[n++] = &w->lm_head;
+    if (c->exit_gate) out[n++] = &w->exit_gate;
     tl_layer *groups[3] = {w->prelude, w->block, w->coda};
     int counts[3] = {c->n_prelude, c->n_block, c->n_coda};
     for (int g = 0; g < 3; g++)
@@ -247,14 +303,17 @@ static int list_vectors(tl_model *m, const float ***out, int *lens) {
     int n = 0;
 #define VEC(slot, len) (out[n] = &(slot), lens[n++] = (len))
     VEC(w->inject_b, d);
-    VEC(w->state_norm_w, d); VEC(w->state_norm_b, d);
+    if (!c->state_norm_is_final_norm) { VEC(w->state_norm_w, d); VEC(w->state_norm_b, d); }
     VEC(w->final_norm_w, d); VEC(w->final_norm_b, d);
+    VEC(w->exit_gate_b, 1);
     tl_layer *groups[3] = {w->prelude, w->block, w->coda};
     int counts[3] = {c->n_prelude, c->n_block, c->n_coda};
     for (int g = 0; g < 3; g++)
         for (int i = 0; i < counts[g]; i++) {
             tl_layer *L = &groups[g][i];
             VEC(L->attn_norm_w, d); VEC(L->attn_norm_b, d);
+            VEC(L->attn_out_norm_w, d); VEC(L->attn_out_norm_b, d);
+            VEC(L->mlp_out_norm_w, d); VEC(L->mlp_out_norm_b, d);
             VEC(L->q_b, qd); VEC(L->k_b, kvd); VEC(L->v_b, kvd); VEC(L->o_b, d);
             VEC(L->mlp_norm_w, d); VEC(L->mlp_norm_b, d);
             VEC(L->gate_b, c->d_ff); VEC(L->up_b, c->d_ff); VEC(L->down_b, d);
@@ -269,13 +328,17 @@ static tl_status upload_weights(tl_model *m, bool keep_mapped) {
     const tl_config *c = &m->cfg;
     const int layers = c->n_prelude + c->n_block + c->n_coda;
     tl_matrix **matrices = malloc((size_t)(8 + 7 * layers) * sizeof *matrices);
-    const float ***vectors = malloc((size_t)(8 + 11 * layers) * sizeof *vectors);
-    int *lens = malloc((size_t)(8 + 11 * layers) * sizeof *lens);
+    const float ***vectors = malloc((size_t)(8 + 15 * layers) * sizeof *vectors);
+    int *lens = malloc((size_t)(8 + 15 * layers) * sizeof *lens);
     tl_status st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     if (matrices && vectors && lens) {
         const int n_matrices = list_matrices(m, matrices), n_vectors = list_vectors(m, vectors, lens);
         st = m->backend->upload_weights(m, matrices, n_matrices, vectors, lens, n_vectors, keep_mapped);
         if (c->tie_embeddings) m->w.lm_head = m->w.tok_embed;
+        if (c->state_norm_is_final_norm) {
+            m->w.state_norm_w = m->w.final_norm_w;
+            m->w.state_norm_b = m->w.final_norm_b;
+        }
     }
     free(matrices);
     free(vectors);
@@ -285,7 +348,7 @@ static tl_status upload_weights(tl_model *m, bool keep_mapped) {
 
 /* ---------------------------------------------------------------- info */
 
-static void fill_info(tl_model *m, const tl_st_file *file) {
+static void fill_info(tl_model *m, const tl_st_set *files) {
     static const char *const injections[] = {"none", "add", "concat"};
     static const char *const dtypes[] = {"f32", "f16", "bf16"};
     const tl_config *c = &m->cfg;
@@ -306,11 +369,15 @@ static void fill_info(tl_model *m, const tl_st_file *file) {
         .state_norm = c->state_norm, .bias = c->bias, .tie_embeddings = c->tie_embeddings,
         .n_threads = m->backend->threads(m->backend_ctx), .backend = m->backend->name,
     };
-    for (int t = 0; t < file->n_tensors; t++) {
-        int64_t numel = 1;
-        for (int k = 0; k < file->tensors[t].ndim; k++) numel *= file->tensors[t].shape[k];
-        i->n_params += numel;
-        i->weight_bytes += (int64_t)file->tensors[t].nbytes;
+    for (int f = 0; f < files->n_files; f++) {
+        const tl_st_file *file = &files->files[f];
+        for (int t = 0; t < file->n_tensors; t++) {
+            if (!file->tensors[t].claimed) continue;
+            int64_t numel = 1;
+            for (int k = 0; k < file->tensors[t].ndim; k++) numel *= file->tensors[t].shape[k];
+            i->n_params += numel;
+            i->weight_bytes += (int64_t)file->tensors[t].nbytes;
+        }
     }
     char path[4096];
     struct stat sb;
@@ -320,9 +387,54 @@ static void fill_info(tl_model *m, const tl_st_file *file) {
 
 /* ---------------------------------------------------------------- load */
 
+/* The family of a config.json: a published family named by model_type or architectures[0],
+   or NULL for our own format (no model_type, or one beside our own fields: extra metadata).
+   An unknown model_type without our fields is an error naming it. */
+static tl_status detect_family(const cJSON *root, const tl_family **out) {
+    static const tl_family *const families[] = {&tl_family_huginn, &tl_family_ouro};
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    const cJSON *arch = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+    *out = NULL;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if ((cJSON_IsString(type) && strcmp(type->valuestring, families[i]->model_type) == 0) ||
+            (cJSON_IsString(arch) && strcmp(arch->valuestring, families[i]->architecture) == 0)) {
+            *out = families[i];
+            return TL_OK;
+        }
+    if (type && !cJSON_GetObjectItemCaseSensitive(root, "d_model")) {
+        char *shown = cJSON_PrintUnformatted(type);
+        tl_status st = tl_fail(TL_ERR_UNSUPPORTED,
+                               "config.json: unknown model_type %s (supported: \"%s\", \"%s\", or TinyLoop's "
+                               "own format without model_type)", shown ? shown : "?",
+                               tl_family_huginn.model_type, tl_family_ouro.model_type);
+        cJSON_free(shown);
+        return st;
+    }
+    return TL_OK;
+}
+
+/* config.json -> m->cfg, through the family's reader when it is a published one. */
+static tl_status read_config(tl_model *m, const char *dir, const tl_family **family) {
+    char path[4096], *text = NULL;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    tl_status st = read_text_file(path, &text);
+    if (st != TL_OK) return st;
+    cJSON *root = cJSON_Parse(text);
+    st = root && cJSON_IsObject(root) ? detect_family(root, family) : TL_OK;
+    if (st == TL_OK)
+        st = *family ? (*family)->parse_config(root, &m->cfg) : tl_config_parse(text, &m->cfg);
+    cJSON_Delete(root);
+    free(text);
+    if (st != TL_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", tl_last_error());
+        return tl_fail(st, "%s/%s", dir, msg);
+    }
+    return TL_OK;
+}
+
 static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *opts) {
-    char path[4096];
-    char *text = NULL;
     tl_status st;
     struct stat sb;
     if (stat(dir, &sb) != 0)
@@ -331,15 +443,8 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
         return tl_fail(TL_ERR_IO, "%s is not a directory (expected a checkpoint directory)", dir);
     if (!(m->dir = strdup(dir))) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
 
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if ((st = read_text_file(path, &text)) != TL_OK) return st;
-    st = tl_config_parse(text, &m->cfg);
-    free(text);
-    if (st != TL_OK) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", tl_last_error());
-        return tl_fail(st, "%s/%s", dir, msg);
-    }
+    const tl_family *family = NULL;
+    if ((st = read_config(m, dir, &family)) != TL_OK) return st;
 
     if (opts->backend == TL_BACKEND_CUDA)
         return tl_fail(TL_ERR_UNSUPPORTED, "backend CUDA requested but this build has no CUDA backend");
@@ -350,11 +455,13 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
                        opts->n_threads);
     const tl_backend *backend = &tl_cpu_backend;
 
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    tl_st_file file;
-    if ((st = tl_st_open(path, &file)) != TL_OK) return st;
-    binder b = {m, &file, path};
-    st = bind_all(&b);
+    tl_st_set *files = calloc(1, sizeof *files);
+    if (!files) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    if ((st = tl_st_set_open(dir, files)) != TL_OK) { free(files); return st; }
+    tl_binder b = {m, files};
+    st = allocate_layers(m);
+    if (st == TL_OK) st = family ? family->bind(&b) : bind_all(&b);
+    if (st == TL_OK) st = check_all_claimed(&b);
     if (st == TL_OK) {
         const int half = m->cfg.head_dim / 2;
         m->rope_inv_freq = calloc((size_t)half + 1, sizeof(double));
@@ -364,7 +471,7 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
     }
     if (st == TL_OK && (st = backend->open(m, opts->n_threads, &m->backend_ctx)) == TL_OK)
         m->backend = backend; /* from here on tl_model_free closes it */
-    if (st == TL_OK) fill_info(m, &file);
+    if (st == TL_OK) fill_info(m, files);
     if (st == TL_OK && m->info.has_tokenizer) {
         char tok_path[4200], err[512];
         snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
@@ -376,12 +483,11 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
     }
     if (st == TL_OK) st = upload_weights(m, opts->mmap_weights);
     if (st == TL_OK && opts->mmap_weights) {
-        /* The mapping outlives the header table: the matrices may point into it. */
-        m->mapping = file.map;
-        m->mapping_len = file.map_len;
-        file.map = NULL;
+        m->kept_files = files; /* the matrices point into the mappings */
+        return TL_OK;
     }
-    tl_st_close(&file);
+    tl_st_set_close(files);
+    free(files);
     return st;
 }
 

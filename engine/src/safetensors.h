@@ -34,6 +34,23 @@ tl_status tl_st_open(const char *path, tl_st_file *out);
 tl_st_tensor *tl_st_find(tl_st_file *file, const char *name);
 void tl_st_close(tl_st_file *file);
 const char *tl_st_dtype_name(tl_st_dtype dtype);
+
+/* ---- a checkpoint's weight files (safetensors_sharded.c): model.safetensors, or the shards
+   that model.safetensors.index.json names (Hugging Face sharding). Every tensor is in
+   exactly one file, as the index says. */
+typedef struct tl_st_set {
+    tl_st_file *files;
+    char **paths;
+    int n_files;
+    char *described_as; /* the path error messages name for the whole set (file or index) */
+} tl_st_set;
+
+/* Opens dir/model.safetensors.index.json and its shards when the index exists, else
+   dir/model.safetensors. Errors name the index or shard file and the tensor. */
+tl_status tl_st_set_open(const char *dir, tl_st_set *out);
+/* The tensor and the path of the file holding it, or NULL. */
+tl_st_tensor *tl_st_set_find(tl_st_set *set, const char *name, const char **path);
+void tl_st_set_close(tl_st_set *set);
 size_t tl_st_dtype_size(tl_st_dtype dtype);
 
 #endif

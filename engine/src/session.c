@@ -91,6 +91,14 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
                : cfg->speculative != TL_SPECULATIVE_OFF ? &tl_speculative_decoder
                                                         : &tl_plain_decoder;
     tl_rng_seed(&s->rng, cfg->sample_seed);
+    /* A model that starts the loop from a random state (Huginn) draws it per token from a
+       seed of the generation config, so that a seed reproduces a generation: never 0,
+       which means a zero state. */
+    if (m->cfg.state_init == TL_STATE_TRUNCATED_NORMAL) {
+        tl_rng seeded;
+        tl_rng_seed(&seeded, cfg->sample_seed ^ 0x5354415445ull); /* "STATE" */
+        s->ws.state_seed = tl_rng_next(&seeded) | 1u;
+    }
 
     int stop_total = 0;
     for (int i = 0; i < cfg->n_stop_sequences; i++) stop_total += cfg->stop_sequences[i].n;
@@ -439,7 +447,7 @@ static tl_status forward_together(tl_session **group, int n) {
             const int from = s->cache->length;
             memcpy(tokens + rows, s->tokens + from, (size_t)entries[e].take * sizeof *tokens);
             memcpy(positions + rows, s->positions + from, (size_t)entries[e].take * sizeof *positions);
-            parts[e] = (tl_forward_part){s->cache, NULL, from, rows, entries[e].take, 0, s->loops};
+            parts[e] = (tl_forward_part){s->cache, NULL, from, rows, entries[e].take, 0, s->loops, s->ws.state_seed};
             want[e] = entries[e].last;
             rows += entries[e].take;
         }

@@ -211,5 +211,13 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) check_config(root, configs[i]);
     check_kv_sharing(root, "add_replace_beta_statenorm_ln");
     check_kv_sharing(root, "f16_concat_residual_gqa");
+    /* The published layouts (tests/data/hf beside the goldens): Huginn, one slot per block
+       application with prelude and coda; Ouro, one slot per (pass, layer), no prelude. */
+    char hf[4200];
+    snprintf(hf, sizeof hf, "%.4000s/../hf", root);
+    check_config(hf, "huginn_f32");
+    check_config(hf, "ouro_bf16_tied");
+    check_kv_sharing(hf, "huginn_bf16");
+    check_kv_sharing(hf, "ouro_f32");
     return check_summary();
 }

@@ -31,9 +31,11 @@ void tl_cpu_embed(const tl_model *m, const int32_t *tokens, const int32_t *posit
 void tl_cpu_norm(const tl_model *m, const float *x, int n, const float *w, const float *b, float *y);
 void tl_cpu_rope(const tl_model *m, float *x, int n, int heads, const int32_t *positions);
 void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count);
+void tl_cpu_add_rows(const tl_model *m, float *y, int n, int width, const float *bias);
 void tl_cpu_gelu(const tl_model *m, float *x, size_t count);
 void tl_cpu_swiglu(const tl_model *m, float *gate, const float *up, size_t count);
 void tl_cpu_loop_init(const tl_model *m, const float *x, int n, float *e, float *s);
+void tl_cpu_state_init_random(const tl_model *m, float *s, int n, const int32_t *positions, uint64_t seed);
 void tl_cpu_inject(const tl_model *m, const float *s, const float *e, int n, float *cat, float *out);
 void tl_cpu_loop_update(const tl_model *m, float *s, const float *x, const float *u, int n);
 void tl_cpu_copy(const tl_model *m, float *dst, const float *src, size_t count);

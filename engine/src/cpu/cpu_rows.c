@@ -19,6 +19,8 @@ void tl_cpu_embed(const tl_model *m, const int32_t *tokens, const int32_t *posit
     for (int t = 0; t < n; t++) {
         float *xr = x + (size_t)t * (size_t)d;
         tl_matrix_row_f32(&m->w.tok_embed, tokens[t], xr);
+        if (c->embed_scale != 1.0f)
+            for (int i = 0; i < d; i++) xr[i] *= c->embed_scale;
         if (c->pos_encoding == TL_POS_LEARNED)
             /* x + pos element by element: one f32 rounding each, as the reference. */
             for (int i = 0; i < d; i++)
@@ -52,23 +54,33 @@ void tl_cpu_norm(const tl_model *m, const float *x, int n, const float *w, const
 
 /* ---------------------------------------------------------------- positions */
 
-/* Hugging Face "rotate half" RoPE on every head of every row; angles in double. */
+/* RoPE on every head of every row; angles in double. Frequency i turns the pair
+   (i, i + hd/2) in the Hugging Face "rotate half" form, or (2i, 2i+1) when interleaved
+   (Huginn's complex-number form); the arithmetic per pair is the same. */
 void tl_cpu_rope(const tl_model *m, float *x, int n, int heads, const int32_t *positions) {
     const int hd = m->cfg.head_dim, half = hd / 2;
+    const bool interleaved = m->cfg.rope_pairing == TL_ROPE_INTERLEAVED;
     for (int r = 0; r < n; r++)
         for (int i = 0; i < half; i++) {
             double angle = (double)positions[r] * (double)m->rope_inv_freq[i];
             float cs = (float)cos(angle), sn = (float)sin(angle);
+            const int first = interleaved ? 2 * i : i, second = interleaved ? 2 * i + 1 : i + half;
             for (int h = 0; h < heads; h++) {
                 float *v = x + ((size_t)r * (size_t)heads + (size_t)h) * (size_t)hd;
-                float a = v[i], b = v[i + half];
-                v[i] = a * cs - b * sn;
-                v[i + half] = b * cs + a * sn;
+                float a = v[first], b = v[second];
+                v[first] = a * cs - b * sn;
+                v[second] = b * cs + a * sn;
             }
         }
 }
 
 /* ---------------------------------------------------------------- element-wise */
+
+void tl_cpu_add_rows(const tl_model *m, float *y, int n, int width, const float *bias) {
+    (void)m;
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < width; i++) y[(size_t)r * (size_t)width + (size_t)i] += bias[i];
+}
 
 void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count) {
     (void)m;
@@ -106,6 +118,37 @@ void tl_cpu_loop_init(const tl_model *m, const float *x, int n, float *e, float 
     else memset(s, 0, bytes);
 }
 
+/* splitmix64: a counter-based generator, so a draw depends only on its key. */
+static uint64_t mix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* A standard normal for key `key`, redrawn (next counter) until |z| <= 3: the truncated normal
+   of torch.nn.init.trunc_normal_(a = -3 std, b = 3 std), by rejection. */
+static double truncated_normal(uint64_t key) {
+    for (uint64_t attempt = 0;; attempt++) {
+        uint64_t a = mix64(key ^ mix64(attempt)), b = mix64(a);
+        double u1 = ((double)(a >> 11) + 1.0) * 0x1.0p-53, u2 = (double)(b >> 11) * 0x1.0p-53;
+        double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+        if (fabs(z) <= 3.0) return z;
+    }
+}
+
+void tl_cpu_state_init_random(const tl_model *m, float *s, int n, const int32_t *positions,
+                              uint64_t seed) {
+    const tl_config *c = &m->cfg;
+    const int d = c->d_model;
+    for (int r = 0; r < n; r++) {
+        const uint64_t row_key = mix64(seed ^ mix64((uint64_t)(uint32_t)positions[r] + 1));
+        for (int i = 0; i < d; i++)
+            s[(size_t)r * (size_t)d + (size_t)i] =
+                (float)(truncated_normal(row_key ^ mix64((uint64_t)i << 32)) * c->state_init_std * c->embed_scale);
+    }
+}
+
 void tl_cpu_inject(const tl_model *m, const float *s, const float *e, int n, float *cat,
                    float *out) {
     const int d = m->cfg.d_model;
@@ -117,13 +160,17 @@ void tl_cpu_inject(const tl_model *m, const float *s, const float *e, int n, flo
     case TL_INJECT_ADD:
         for (size_t i = 0; i < count; i++) out[i] = s[i] + e[i];
         break;
-    case TL_INJECT_CONCAT:
+    case TL_INJECT_CONCAT: {
+        /* cat row = [s ; e], or [e ; s] with inject_embedding_first */
+        const float *first = m->cfg.inject_embedding_first ? e : s;
+        const float *second = m->cfg.inject_embedding_first ? s : e;
         for (int r = 0; r < n; r++) {
-            memcpy(cat + (size_t)r * 2 * (size_t)d, s + (size_t)r * (size_t)d, row_bytes);
-            memcpy(cat + ((size_t)r * 2 + 1) * (size_t)d, e + (size_t)r * (size_t)d, row_bytes);
+            memcpy(cat + (size_t)r * 2 * (size_t)d, first + (size_t)r * (size_t)d, row_bytes);
+            memcpy(cat + ((size_t)r * 2 + 1) * (size_t)d, second + (size_t)r * (size_t)d, row_bytes);
         }
         tl_cpu_matmul(m, cat, n, &m->w.inject, m->w.inject_b, out);
         break;
+    }
     }
 }
 
@@ -151,6 +198,10 @@ double tl_cpu_state_change(const tl_model *m, const float *s_new, const float *s
 
 void tl_cpu_head(const tl_model *m, const float *x, int n, float *normed, float *logits) {
     /* Host memory is the CPU backend's memory: the matmul writes the logits in place. */
+    if (!m->cfg.final_norm_at_head) {
+        tl_cpu_matmul(m, x, n, &m->w.lm_head, NULL, logits);
+        return;
+    }
     tl_cpu_norm(m, x, n, m->w.final_norm_w, m->w.final_norm_b, normed);
     tl_cpu_matmul(m, normed, n, &m->w.lm_head, NULL, logits);
 }
