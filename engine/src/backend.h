@@ -90,11 +90,13 @@ typedef struct tl_backend {
     void (*rope)(const tl_model *m, float *x, int n, int heads, const int32_t *positions);
     /* The chunk's K and V rows k[n][kvd], v[n][kvd] into `slot` at logical entries
        [base, base + n) (ring rows with a window). */
+    /* (Pages: kv_cache.h. The forward has made the rows' pages private and present;
+       tl_kv_writable gives a row's address.) */
     void (*kv_write)(const tl_model *m, tl_kv_cache *cache, int slot, int base, const float *k,
                      const float *v, int n);
     /* Every slot of logical entry `from` copied to entry `to` (compaction of an accepted
        speculative path); the host updates the row bookkeeping. */
-    void (*kv_move)(const tl_kv_cache *cache, int from, int to);
+    void (*kv_move)(tl_kv_cache *cache, int from, int to);
     /* out[n][qd] = softmax(q K^T / sqrt(head_dim)) V per head (grouped-query: head h reads
        kv head h / (n_heads / n_kv_heads)), over the visible cache entries in logical order:
        causal or args->mask (tree), within cache->window, and with KV sharing by depth

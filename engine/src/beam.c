@@ -155,7 +155,9 @@ static tl_status beam_open(tl_session *s) {
         !b->rows_tokens || !b->rows_positions || !b->mask || !b->cands)
         return tl_fail(TL_ERR_NO_MEMORY, "beam search: out of memory");
     /* The tree-shaped cache: the prompt once, then up to B rows per step. */
-    return tl_kv_cache_new_for(s->m, s->prompt_len + b->B * (b->T + 1), 0, b->B, &s->cache);
+    tl_status st = tl_kv_cache_new_for(s->m, s->prompt_len + b->B * (b->T + 1), 0, b->B, &s->cache);
+    if (st == TL_OK) s->cache->reserve_loops = s->loops; /* pages only for the depth in use */
+    return st;
 }
 
 /* ---------------------------------------------------------------- one search step */

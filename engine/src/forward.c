@@ -169,9 +169,8 @@ static tl_status start_part(const tl_model *m, tl_forward_part *p, const int32_t
     const tl_config *c = &m->cfg;
     tl_kv_cache *cache = p->cache;
     const int n = p->n;
-    if (cache->backend != m->backend) /* its K/V would be another device's memory */
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: the KV cache was made for another backend than "
-                       "the model's (%s); create it with tl_kv_cache_new_for", m->backend->name);
+    if (cache->model != m) /* its K/V would have another shape, or be another device's memory */
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: the KV cache was made for another model");
     if (p->mask_start < 0 || p->mask_start > cache->length ||
         (long)cache->length + n - p->mask_start > cache->capacity)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: mask_start %d outside the cache (%d entries)",
@@ -195,6 +194,10 @@ static tl_status start_part(const tl_model *m, tl_forward_part *p, const int32_t
                            "position %d at index %d is out of range [0, max_seq_len = %d)",
                            positions[t], t, c->max_seq_len);
     }
+    /* Pages for the rows first (allocated, or copied where shared with a fork), so that
+       no layer has to allocate in the middle of the pass. */
+    tl_status st = tl_kv_reserve(cache, cache->length, n);
+    if (st != TL_OK) return st;
     p->base = cache->length;
     for (int t = 0; t < n; t++) {
         cache->pos[tl_kv_row(cache, p->base + t)] = positions[t];

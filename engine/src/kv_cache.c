@@ -1,55 +1,158 @@
-/* kv_cache.c: allocation, rollback and compaction of the KV cache. The K/V storage is
- * allocated and copied by the backend; the bookkeeping here is host-side. */
+/* kv_cache.c: pages, forks, rollback and compaction of the KV cache. The K/V pages are
+ * allocated and copied by the backend; the page table and bookkeeping here are host-side. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
 #include "kv_cache.h"
 
-static tl_status cache_new(const tl_config *cfg, const tl_backend *be, void *be_ctx, int tokens,
-                           int window, int max_chunk, tl_kv_cache **out) {
-    *out = NULL;
-    if (tokens < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "kv cache: tokens = %d must be >= 1", tokens);
-    if (window < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "cache_window = %d must be >= 0", window);
-    if (max_chunk < 1) max_chunk = 1;
-    tl_kv_cache *c = calloc(1, sizeof *c);
-    if (!c) return tl_fail(TL_ERR_NO_MEMORY, "kv cache: out of memory");
-    c->backend = be;
-    c->backend_ctx = be_ctx;
-    c->n_slots = cfg->n_prelude + cfg->n_block * cfg->max_loops + cfg->n_coda;
-    c->kv_dim = cfg->n_kv_heads * cfg->head_dim;
-    c->window = window;
-    c->max_chunk = max_chunk;
-    c->capacity = tokens;
-    /* A ring needs room for a whole chunk beyond the window: a chunk's rows must not
-       overwrite entries that its own first row still attends to. */
-    if (window > 0 && (long)window + max_chunk < tokens) c->capacity = window + max_chunk;
-    size_t rows = (size_t)(c->n_slots ? c->n_slots : 1) * (size_t)c->capacity * (size_t)c->kv_dim;
-    c->k = be->alloc(be_ctx, rows * sizeof(float));
-    c->v = be->alloc(be_ctx, rows * sizeof(float));
-    c->pos = calloc((size_t)c->capacity, sizeof *c->pos);
-    c->depth = calloc((size_t)c->capacity, sizeof *c->depth);
-    c->logical = malloc((size_t)c->capacity * sizeof *c->logical);
-    if (c->logical)
-        for (int i = 0; i < c->capacity; i++) c->logical[i] = -1;
-    if (!c->k || !c->v || !c->pos || !c->depth || !c->logical) {
-        const int capacity = c->capacity, n_slots = c->n_slots;
-        tl_kv_cache_free(c);
-        return tl_fail(TL_ERR_NO_MEMORY, "kv cache: out of memory for %d rows x %d slots", capacity, n_slots);
+/* ---------------------------------------------------------------- pages */
+
+static size_t page_floats(const tl_kv_cache *c) { return (size_t)TL_KV_PAGE_ROWS * (size_t)c->kv_dim; }
+
+static void page_release(const tl_kv_cache *c, tl_kv_page *p) {
+    if (!p || atomic_fetch_sub(&p->refs, 1) != 1) return;
+    const tl_model *m = c->model;
+    m->backend->free(m->backend_ctx, p->k);
+    m->backend->free(m->backend_ctx, p->v);
+    free(p);
+}
+
+/* A new page; a copy of `from` when given (copy on write). */
+static tl_kv_page *page_new(const tl_kv_cache *c, const tl_kv_page *from) {
+    const tl_model *m = c->model;
+    tl_kv_page *p = malloc(sizeof *p);
+    if (!p) return NULL;
+    atomic_init(&p->refs, 1);
+    p->k = m->backend->alloc(m->backend_ctx, page_floats(c) * sizeof(float));
+    p->v = m->backend->alloc(m->backend_ctx, page_floats(c) * sizeof(float));
+    if (!p->k || !p->v) {
+        if (p->k) m->backend->free(m->backend_ctx, p->k);
+        if (p->v) m->backend->free(m->backend_ctx, p->v);
+        free(p);
+        return NULL;
     }
-    *out = c;
+    if (from) {
+        m->backend->copy(m, p->k, from->k, page_floats(c));
+        m->backend->copy(m, p->v, from->v, page_floats(c));
+    }
+    return p;
+}
+
+/* The page of (slot, row), made private and present. */
+static tl_kv_page *page_writable(tl_kv_cache *c, int slot, int row) {
+    tl_kv_page **at = &c->pages[(size_t)slot * (size_t)c->n_pages + (size_t)(row / TL_KV_PAGE_ROWS)];
+    if (*at && atomic_load(&(*at)->refs) == 1) return *at;
+    tl_kv_page *fresh = page_new(c, *at);
+    if (!fresh) {
+        c->out_of_memory = true;
+        return NULL;
+    }
+    page_release(c, *at);
+    *at = fresh;
+    return fresh;
+}
+
+bool tl_kv_writable(tl_kv_cache *c, int slot, int logical, float **k, float **v) {
+    const int row = tl_kv_row(c, logical);
+    tl_kv_page *p = page_writable(c, slot, row);
+    if (!p) return false;
+    const size_t offset = (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim;
+    *k = p->k + offset;
+    *v = p->v + offset;
+    return true;
+}
+
+tl_status tl_kv_reserve(tl_kv_cache *c, int from, int n) {
+    const tl_config *cfg = &c->model->cfg;
+    const int loops = c->reserve_loops < cfg->max_loops ? c->reserve_loops : cfg->max_loops;
+    const int block_end = cfg->n_prelude + cfg->n_block * loops, coda = cfg->n_prelude + cfg->n_block * cfg->max_loops;
+    for (int slot = 0; slot < c->n_slots; slot++) {
+        if (slot >= block_end && slot < coda) continue; /* loops deeper than the owner runs */
+        int last_page = -1;
+        for (int e = from; e < from + n; e++) {
+            const int row = tl_kv_row(c, e);
+            if (row / TL_KV_PAGE_ROWS == last_page) continue;
+            last_page = row / TL_KV_PAGE_ROWS;
+            if (!page_writable(c, slot, row))
+                return tl_fail(TL_ERR_NO_MEMORY, "kv cache: out of memory for a page of %d rows", TL_KV_PAGE_ROWS);
+        }
+    }
     return TL_OK;
+}
+
+size_t tl_kv_cache_bytes(const tl_kv_cache *c) {
+    size_t pages = 0;
+    for (size_t i = 0; i < (size_t)c->n_slots * (size_t)c->n_pages; i++) pages += c->pages[i] != NULL;
+    return pages * 2 * page_floats(c) * sizeof(float);
+}
+
+/* ---------------------------------------------------------------- caches */
+
+static tl_kv_cache *cache_alloc(const tl_model *m, int capacity) {
+    tl_kv_cache *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    const tl_config *cfg = &m->cfg;
+    c->model = m;
+    c->n_slots = cfg->n_prelude + cfg->n_block * cfg->max_loops + cfg->n_coda;
+    if (c->n_slots < 1) c->n_slots = 1;
+    c->kv_dim = cfg->n_kv_heads * cfg->head_dim;
+    c->capacity = capacity;
+    c->n_pages = (capacity + TL_KV_PAGE_ROWS - 1) / TL_KV_PAGE_ROWS;
+    c->reserve_loops = cfg->max_loops;
+    c->pages = calloc((size_t)c->n_slots * (size_t)c->n_pages, sizeof *c->pages);
+    c->pos = calloc((size_t)capacity, sizeof *c->pos);
+    c->depth = calloc((size_t)capacity, sizeof *c->depth);
+    c->logical = malloc((size_t)capacity * sizeof *c->logical);
+    if (!c->pages || !c->pos || !c->depth || !c->logical) {
+        tl_kv_cache_free(c);
+        return NULL;
+    }
+    return c;
 }
 
 tl_status tl_kv_cache_new_for(const tl_model *m, int tokens, int window, int max_chunk,
                               tl_kv_cache **out) {
-    return cache_new(&m->cfg, m->backend, m->backend_ctx, tokens, window, max_chunk, out);
+    *out = NULL;
+    if (tokens < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "kv cache: tokens = %d must be >= 1", tokens);
+    if (window < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "cache_window = %d must be >= 0", window);
+    if (max_chunk < 1) max_chunk = 1;
+    int capacity = tokens;
+    /* A ring needs room for a whole chunk beyond the window: a chunk's rows must not
+       overwrite entries that its own first row still attends to. */
+    if (window > 0 && (long)window + max_chunk < tokens) capacity = window + max_chunk;
+    tl_kv_cache *c = cache_alloc(m, capacity);
+    if (!c) return tl_fail(TL_ERR_NO_MEMORY, "kv cache: out of memory for %d rows", capacity);
+    c->window = window;
+    c->max_chunk = max_chunk;
+    for (int i = 0; i < capacity; i++) c->logical[i] = -1;
+    *out = c;
+    return TL_OK;
+}
+
+tl_status tl_kv_cache_fork(const tl_kv_cache *src, tl_kv_cache **out) {
+    *out = NULL;
+    tl_kv_cache *c = cache_alloc(src->model, src->capacity);
+    if (!c) return tl_fail(TL_ERR_NO_MEMORY, "kv cache: out of memory for a fork");
+    c->window = src->window;
+    c->max_chunk = src->max_chunk;
+    c->length = src->length;
+    c->reserve_loops = src->reserve_loops;
+    const size_t n = (size_t)src->n_slots * (size_t)src->n_pages;
+    for (size_t i = 0; i < n; i++)
+        if ((c->pages[i] = src->pages[i])) atomic_fetch_add(&c->pages[i]->refs, 1);
+    memcpy(c->pos, src->pos, (size_t)src->capacity * sizeof *c->pos);
+    memcpy(c->depth, src->depth, (size_t)src->capacity * sizeof *c->depth);
+    memcpy(c->logical, src->logical, (size_t)src->capacity * sizeof *c->logical);
+    *out = c;
+    return TL_OK;
 }
 
 void tl_kv_cache_free(tl_kv_cache *c) {
     if (!c) return;
-    c->backend->free(c->backend_ctx, c->k);
-    c->backend->free(c->backend_ctx, c->v);
+    if (c->pages)
+        for (size_t i = 0; i < (size_t)c->n_slots * (size_t)c->n_pages; i++) page_release(c, c->pages[i]);
+    free(c->pages);
     free(c->pos);
     free(c->depth);
     free(c->logical);
@@ -69,7 +172,7 @@ tl_status tl_kv_truncate(tl_kv_cache *c, int length) {
 
 void tl_kv_move(tl_kv_cache *c, int from, int to) {
     if (from == to) return;
-    c->backend->kv_move(c, from, to);
+    c->model->backend->kv_move(c, from, to);
     c->pos[tl_kv_row(c, to)] = c->pos[tl_kv_row(c, from)];
     c->depth[tl_kv_row(c, to)] = c->depth[tl_kv_row(c, from)];
     c->logical[tl_kv_row(c, to)] = to;

@@ -1,29 +1,44 @@
-/* kv_cache.h: per-layer-instance key/value storage (SPEC §2).
+/* kv_cache.h: per-layer-instance key/value storage (SPEC §2), in shared pages.
  *
  * Slots: one per layer instance, n_prelude + n_block * max_loops + n_coda of them; the
  * block layer i at loop l (1-based) owns slot n_prelude + (l-1)*n_block + i.
  * Entries are addressed by their logical index (0, 1, 2, ... in the order they were
  * appended); with a window the physical row is logical % capacity (a ring buffer).
  *
- * The K/V storage is a buffer of the model's backend (backend.h); the row bookkeeping
- * (pos, logical, depth, length) is host memory: the host appends, rolls back and compacts. */
+ * Pages. Each slot's rows live in pages of TL_KV_PAGE_ROWS rows, allocated when a forward
+ * first writes them, so memory follows the depth actually used (a model allowing 4096 loops
+ * run at 8 pays for 8), and reference-counted, so that a forked session, a prefix-pool entry
+ * or a saved state shares its parent's pages: a page is copied only when one of its sharers
+ * writes into it (copy on write). The K/V pages are buffers of the model's backend
+ * (backend.h); the page table and the row bookkeeping (pos, logical, depth, length) are host
+ * memory: the host appends, rolls back, compacts and forks. */
 #ifndef TL_KV_CACHE_H
 #define TL_KV_CACHE_H
 
+#include <stdatomic.h>
+
 #include "internal.h"
 
-struct tl_backend;
+#define TL_KV_PAGE_ROWS 16
+
+typedef struct tl_kv_page {
+    atomic_int refs;     /* caches sharing the page; written only while it is 1 */
+    float *k, *v;        /* [TL_KV_PAGE_ROWS][kv_dim] backend buffers */
+} tl_kv_page;
 
 typedef struct tl_kv_cache {
+    const tl_model *model; /* whose backend holds the pages */
     int n_slots;
     int kv_dim;          /* n_kv_heads * head_dim */
     int capacity;        /* physical rows per slot */
+    int n_pages;         /* pages per slot: capacity / TL_KV_PAGE_ROWS rounded up */
     int window;          /* 0 = unbounded; else attention sees positions > p - window */
     int max_chunk;       /* most rows one forward may append (ring-buffer headroom) */
     int length;          /* logical entries appended so far */
-    float *k, *v;        /* [n_slots][capacity][kv_dim] backend buffers */
-    const struct tl_backend *backend; /* owner of k and v */
-    void *backend_ctx;
+    int reserve_loops;   /* loops whose slots a forward's rows get pages for up front
+                            (the owner's depth; max_loops until told) */
+    bool out_of_memory;  /* a page could not be allocated: the forward's result is void */
+    tl_kv_page **pages;  /* [n_slots][n_pages], NULL until written */
     int32_t *pos;        /* [capacity] token position of each row (RoPE / window) */
     int32_t *logical;    /* [capacity] logical index the row holds: with a ring, rows written
                             for entries later rolled back (speculative drafts) can overwrite
@@ -32,21 +47,40 @@ typedef struct tl_kv_cache {
 } tl_kv_cache;
 
 /* A cache for forwards of model m, its K/V in m's backend. tokens: most logical entries
-   ever held (prompt + max new); window 0 = unbounded. With a window the memory is
-   (window + max_chunk) rows whatever `tokens` is. */
+   ever held (prompt + max new); window 0 = unbounded. With a window the memory is at most
+   (window + max_chunk) rows whatever `tokens` is. No page is allocated yet. */
 tl_status tl_kv_cache_new_for(const tl_model *m, int tokens, int window, int max_chunk,
                               tl_kv_cache **out);
+/* A cache holding exactly what `src` holds, sharing its pages (cheap: a page table and the
+   row bookkeeping are copied, no K/V). */
+tl_status tl_kv_cache_fork(const tl_kv_cache *src, tl_kv_cache **out);
 void tl_kv_cache_free(tl_kv_cache *cache);
+/* Bytes of K/V pages this cache references (shared ones included). */
+size_t tl_kv_cache_bytes(const tl_kv_cache *cache);
 
 static inline int tl_kv_row(const tl_kv_cache *c, int logical) { return logical % c->capacity; }
-/* Addresses of entry `logical` in `slot`: host pointers for the CPU backend (its kernels
-   and the tests); other backends index their buffers with the same layout. */
-static inline float *tl_kv_k(const tl_kv_cache *c, int slot, int logical) {
-    return c->k + ((size_t)slot * (size_t)c->capacity + (size_t)tl_kv_row(c, logical)) * (size_t)c->kv_dim;
+static inline tl_kv_page *tl_kv_page_of(const tl_kv_cache *c, int slot, int row) {
+    return c->pages[(size_t)slot * (size_t)c->n_pages + (size_t)(row / TL_KV_PAGE_ROWS)];
 }
-static inline float *tl_kv_v(const tl_kv_cache *c, int slot, int logical) {
-    return c->v + ((size_t)slot * (size_t)c->capacity + (size_t)tl_kv_row(c, logical)) * (size_t)c->kv_dim;
+/* Addresses of entry `logical` in `slot`, for reading (NULL when never written): host
+   pointers for the CPU backend (its kernels and the tests); other backends index their
+   pages the same way. */
+static inline const float *tl_kv_k(const tl_kv_cache *c, int slot, int logical) {
+    const int row = tl_kv_row(c, logical);
+    const tl_kv_page *p = tl_kv_page_of(c, slot, row);
+    return p ? p->k + (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim : NULL;
 }
+static inline const float *tl_kv_v(const tl_kv_cache *c, int slot, int logical) {
+    const int row = tl_kv_row(c, logical);
+    const tl_kv_page *p = tl_kv_page_of(c, slot, row);
+    return p ? p->v + (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim : NULL;
+}
+/* The same for writing: allocates the page, or copies it when it is shared. false when out
+   of memory (the cache is then marked out_of_memory). */
+bool tl_kv_writable(tl_kv_cache *c, int slot, int logical, float **k, float **v);
+/* Makes the pages of logical entries [from, from + n) writable in every slot up to
+   reserve_loops deep: a forward then writes without allocating. */
+tl_status tl_kv_reserve(tl_kv_cache *c, int from, int n);
 /* Forgets the newest entries so that `length` remain (speculative rollback). */
 tl_status tl_kv_truncate(tl_kv_cache *cache, int length);
 /* Copies every slot of entry `from` to entry `to` (to < from), used to compact an

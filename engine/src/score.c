@@ -24,6 +24,7 @@ tl_status tl_score(const tl_model *model, const int32_t *tokens, int n, int loop
     int32_t *positions = malloc((size_t)n * sizeof *positions);
     tl_status st = positions ? tl_kv_cache_new_for(model, n, 0, TL_FORWARD_CHUNK, &cache)
                              : tl_fail(TL_ERR_NO_MEMORY, "tl_score: out of memory");
+    if (st == TL_OK) cache->reserve_loops = loops; /* pages only for the depth scored */
     for (int i = 0; positions && i < n; i++) positions[i] = i;
     for (int start = 0; st == TL_OK && start < n; start += TL_FORWARD_CHUNK) {
         int len = n - start < TL_FORWARD_CHUNK ? n - start : TL_FORWARD_CHUNK;

@@ -56,8 +56,10 @@ tl_status tl_session_new(const tl_model *m, const int32_t *prompt, int prompt_le
 
 tl_status tl_session_cache_new(tl_session *s, int headroom) {
     const int total = s->prompt_len + s->cfg.max_tokens;
-    return tl_kv_cache_new_for(s->m, total + headroom, s->cfg.cache_window,
-                           s->chunk > headroom ? s->chunk : headroom, &s->cache);
+    tl_status st = tl_kv_cache_new_for(s->m, total + headroom, s->cfg.cache_window,
+                                       s->chunk > headroom ? s->chunk : headroom, &s->cache);
+    if (st == TL_OK) s->cache->reserve_loops = s->loops; /* pages only for the depth in use */
+    return st;
 }
 
 tl_status tl_session_create(const tl_model *m, const int32_t *prompt, int prompt_len,

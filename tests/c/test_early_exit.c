@@ -99,21 +99,17 @@ static void test_kv_sharing(void) {
 
     /* A copy of the cache with explicit deep slots. */
     tl_kv_cache *copy = NULL;
-    tl_kv_cache_new_for(model, c->capacity, 0, 4, &copy);
-    size_t bytes = (size_t)c->n_slots * (size_t)c->capacity * (size_t)c->kv_dim * sizeof(float);
-    memcpy(copy->k, c->k, bytes);
-    memcpy(copy->v, c->v, bytes);
-    memcpy(copy->pos, c->pos, (size_t)c->capacity * sizeof(int32_t));
-    memcpy(copy->logical, c->logical, (size_t)c->capacity * sizeof(int32_t));
-    memcpy(copy->depth, c->depth, (size_t)c->capacity * sizeof(uint16_t));
-    copy->length = c->length;
+    CHECK(tl_kv_cache_fork(c, &copy) == TL_OK, "fork the cache"); /* shares pages until written */
+    copy->reserve_loops = mc->max_loops;
     for (int j = 0; j < c->length; j++) {
         for (int loop = copy->depth[j] + 1; loop <= mc->max_loops; loop++)
             for (int i = 0; i < mc->n_block; i++) {
                 int from = mc->n_prelude + (copy->depth[j] - 1) * mc->n_block + i;
                 int to = mc->n_prelude + (loop - 1) * mc->n_block + i;
-                memcpy(tl_kv_k(copy, to, j), tl_kv_k(copy, from, j), (size_t)c->kv_dim * sizeof(float));
-                memcpy(tl_kv_v(copy, to, j), tl_kv_v(copy, from, j), (size_t)c->kv_dim * sizeof(float));
+                float *k_to, *v_to;
+                CHECK(tl_kv_writable(copy, to, j, &k_to, &v_to), "page");
+                memcpy(k_to, tl_kv_k(copy, from, j), (size_t)c->kv_dim * sizeof(float));
+                memcpy(v_to, tl_kv_v(copy, from, j), (size_t)c->kv_dim * sizeof(float));
             }
         copy->depth[j] = (uint16_t)mc->max_loops;
     }

@@ -185,8 +185,10 @@ static void check_kv_sharing(const char *root, const char *name) {
         for (int loop = 3; loop <= 4; loop++)
             for (int i = 0; i < c->n_block; i++) {
                 int from = c->n_prelude + 1 * c->n_block + i, to = c->n_prelude + (loop - 1) * c->n_block + i;
-                memcpy(tl_kv_k(b, to, j), tl_kv_k(b, from, j), (size_t)b->kv_dim * sizeof(float));
-                memcpy(tl_kv_v(b, to, j), tl_kv_v(b, from, j), (size_t)b->kv_dim * sizeof(float));
+                float *k_to, *v_to;
+                CHECK(tl_kv_writable(b, to, j, &k_to, &v_to), "page");
+                memcpy(k_to, tl_kv_k(b, from, j), (size_t)b->kv_dim * sizeof(float));
+                memcpy(v_to, tl_kv_v(b, from, j), (size_t)b->kv_dim * sizeof(float));
             }
         b->depth[j] = 4;
     }

@@ -57,21 +57,28 @@ static void cpu_free(void *ctx, void *buffer) {
 
 /* ---------------------------------------------------------------- KV cache */
 
+/* The forward reserved the rows' pages (tl_kv_reserve): writable finds them in place. A
+   page it could not make (out of memory) marks the cache and drops the row. */
 static void cpu_kv_write(const tl_model *m, tl_kv_cache *c, int slot, int base, const float *k,
                          const float *v, int n) {
     (void)m;
     const size_t kvd = (size_t)c->kv_dim, bytes = kvd * sizeof(float);
     for (int t = 0; t < n; t++) {
-        memcpy(tl_kv_k(c, slot, base + t), k + (size_t)t * kvd, bytes);
-        memcpy(tl_kv_v(c, slot, base + t), v + (size_t)t * kvd, bytes);
+        float *k_row, *v_row;
+        if (!tl_kv_writable(c, slot, base + t, &k_row, &v_row)) continue;
+        memcpy(k_row, k + (size_t)t * kvd, bytes);
+        memcpy(v_row, v + (size_t)t * kvd, bytes);
     }
 }
 
-static void cpu_kv_move(const tl_kv_cache *c, int from, int to) {
+static void cpu_kv_move(tl_kv_cache *c, int from, int to) {
     const size_t bytes = (size_t)c->kv_dim * sizeof(float);
     for (int slot = 0; slot < c->n_slots; slot++) {
-        memcpy(tl_kv_k(c, slot, to), tl_kv_k(c, slot, from), bytes);
-        memcpy(tl_kv_v(c, slot, to), tl_kv_v(c, slot, from), bytes);
+        const float *k_from = tl_kv_k(c, slot, from), *v_from = tl_kv_v(c, slot, from);
+        float *k_to, *v_to;
+        if (!k_from || !tl_kv_writable(c, slot, to, &k_to, &v_to)) continue; /* a slot never reached */
+        memcpy(k_to, k_from, bytes);
+        memcpy(v_to, v_from, bytes);
     }
 }
 
