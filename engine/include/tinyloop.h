@@ -268,6 +268,7 @@ typedef struct tl_generate_stats {
     double draft_ms, verify_ms;
     double acceptance_rate;  /* accepted / verify depth offered (= drafted for the chain) */
     double mean_accepted;    /* accepted draft tokens per verification */
+    int prompt_tokens_reused; /* prompt tokens whose K/V came from the prefix pool */
 } tl_generate_stats;
 
 /* tokens_emitted / decode seconds, and prompt tokens / prefill seconds (0 when undefined). */
@@ -306,6 +307,34 @@ tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *s
    session twice, none finished or stepping); the per-session outcome is in statuses. */
 tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
                                 tl_status *statuses);
+
+/* ---- many branches of one state: fork, save / resume, the prefix pool */
+
+/* A new session continuing from the same state: tokens, KV cache, sampler position, text,
+   stats. The child shares the parent's KV pages until one of them writes into a page (copy
+   on write), so a fork costs a page table, not a prefill, and memory grows only with each
+   side's own tokens. `hooks` may be NULL: the child keeps the parent's hooks and grammar,
+   user pointers included (so a stateful grammar or hook is shared); otherwise the child
+   takes the hook fields of *hooks (on_token, stop_rule, logits_processor, their user
+   pointers, grammar) and nothing else from it. Plain decoding only: a speculative or beam
+   session, a finished one and one that is stepping are refused. */
+tl_status tl_session_fork(const tl_session *parent, const tl_generate_config *hooks, tl_session **child);
+
+/* A saved state (in memory): what tl_session_fork would copy, kept after the session is
+   freed; resumed any number of times on the model that saved it (another model, even one
+   loaded from the same directory, is refused). */
+typedef struct tl_session_state tl_session_state;
+tl_status tl_session_save(const tl_session *session, tl_session_state **out);
+tl_status tl_session_resume(const tl_model *model, const tl_session_state *state,
+                            const tl_generate_config *hooks, tl_session **out);
+void tl_session_state_free(tl_session_state *state); /* NULL is a no-op */
+
+/* Opts a model into a prefix pool of at most budget_bytes of KV pages (> 0; calling again
+   changes the budget). Then a new plain session whose prompt starts with a prefix another
+   session has computed at the same depth (without cache_window) shares that prefix's K/V
+   instead of recomputing it: bit-identical output, a shorter prefill
+   (stats.prompt_tokens_reused). Least recently used entries leave first. Thread-safe. */
+tl_status tl_model_set_prefix_pool(tl_model *model, int64_t budget_bytes);
 
 /* The sequence so far: prompt + emitted tokens; valid until the next step or free. */
 const int32_t *tl_session_tokens(const tl_session *session, int *n);

@@ -148,6 +148,8 @@ struct tl_model {
     double *rope_inv_freq;       /* [head_dim/2] */
     struct tlz_tokenizer *tokenizer; /* NULL without tokenizer.json */
     char *dir;
+    struct tl_prefix_pool *prefix_pool; /* opt-in (tl_model_set_prefix_pool), else NULL; the
+                                           one mutable part of a model, behind its own lock */
 };
 
 #endif

@@ -18,6 +18,7 @@
 #include "backend.h"
 #include "dtype.h"
 #include "loader.h"
+#include "prefix_pool.h"
 #include "tokenizer.h"
 
 void tl_load_options_init(tl_load_options *opts) {
@@ -44,6 +45,7 @@ static void *own(tl_model *m, void *p) {
 
 void tl_model_free(tl_model *m) {
     if (!m) return;
+    tl_prefix_pool_free(m->prefix_pool); /* its pages are backend buffers: before close */
     if (m->backend) m->backend->close(m->backend_ctx); /* workers first: nothing runs after */
     tlz_tokenizer_free(m->tokenizer);
     for (int i = 0; i < m->n_owned; i++) tl_free_aligned(m->owned[i]);

@@ -13,6 +13,7 @@
 #include "session.h"
 #include "stats.h"
 #include "stop.h"
+#include "prefix_pool.h"
 #include "tokenizer.h"
 #include "validate.h"
 
@@ -127,7 +128,11 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
     /* A windowed cache holds window + chunk rows: small windows take small chunks so that
        memory stays within twice the window. */
     s->chunk = cfg->cache_window > 0 && cfg->cache_window < TL_FORWARD_CHUNK ? cfg->cache_window : TL_FORWARD_CHUNK;
-    if (st == TL_OK) st = s->decoder->open(s);
+    if (st == TL_OK) {
+        memcpy(s->tokens, prompt, (size_t)prompt_len * sizeof *s->tokens);
+        for (int i = 0; i < total; i++) s->positions[i] = i;
+        st = s->decoder->open(s);
+    }
     if (st != TL_OK) {
         session_destroy(s);
         return st;
@@ -143,8 +148,6 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
         s->grammar = *cfg->grammar;
         s->cfg.grammar = &s->grammar;
     }
-    memcpy(s->tokens, prompt, (size_t)prompt_len * sizeof *s->tokens);
-    for (int i = 0; i < total; i++) s->positions[i] = i;
     *out = s;
     return TL_OK;
 }
@@ -158,12 +161,22 @@ const tl_generate_stats *tl_session_stats(const tl_session *s) { return s ? &s->
 
 /* ---------------------------------------------------------------- shared by the decoders */
 
-tl_status tl_session_prefill(tl_session *s, int n, float *last_logits) {
-    tl_status st = tl_forward_sequence(s->m, s->cache, &s->ws, s->tokens, s->positions, n, s->chunk,
-                                       s->loops, last_logits);
-    if (st != TL_OK) return st;
+/* The prompt's rows are in the cache: time the prefill, and offer them to the model's
+   prefix pool (plain decoding: every row at the session's full depth). */
+static void prompt_done(tl_session *s) {
+    s->prompt_done = true;
     s->t_prefill_end = tl_now_ms();
     s->stats.prefill_ms = s->t_prefill_end - s->t_start;
+    if (s->decoder == &tl_plain_decoder && s->m->prefix_pool)
+        tl_prefix_pool_offer(s->m->prefix_pool, s->tokens, s->prompt_len, s->loops, s->cache);
+}
+
+tl_status tl_session_prefill(tl_session *s, int n, float *last_logits) {
+    const int start = s->cache->length;
+    tl_status st = tl_forward_sequence(s->m, s->cache, &s->ws, s->tokens + start, s->positions + start, n - start,
+                                       s->chunk, s->loops, last_logits);
+    if (st != TL_OK) return st;
+    prompt_done(s);
     return TL_OK;
 }
 
@@ -248,13 +261,21 @@ static tl_status forward_early_exit(tl_session *s, int start) {
     return TL_OK;
 }
 
-static tl_status plain_open(tl_session *s) { return tl_session_cache_new(s, 0); }
+/* The cache, holding the longest prefix of the prompt the prefix pool has at this depth
+   (all but the last prompt token at most: its logits are the first step's). */
+static tl_status plain_open(tl_session *s) {
+    tl_status st = tl_session_cache_new(s, 0);
+    if (st == TL_OK && s->m->prefix_pool)
+        s->stats.prompt_tokens_reused =
+            tl_prefix_pool_take(s->m->prefix_pool, s->tokens, s->prompt_len - 1, s->loops, s->cache);
+    return st;
+}
 
 /* Brings the cache up to date with every token, then chooses from the next-token logits. */
 static tl_status plain_next(tl_session *s, int32_t *token) {
     tl_kv_cache *c = s->cache;
     tl_status st;
-    if (c->length == 0) {
+    if (!s->prompt_done) {
         st = tl_session_prefill(s, s->n_tokens, s->logits);
         s->last_depth = s->loops;
     } else if (s->cfg.early_exit_patience > 0 && c->length + 1 == s->n_tokens) {
@@ -471,10 +492,7 @@ static tl_status forward_together(tl_session **group, int n) {
 /* After its share of the batched forward: choose and emit, as plain_next + step would. */
 static tl_status finish_shared_step(tl_session *s, bool was_prefill, int32_t *token, tl_stop_reason *stop) {
     s->last_depth = s->loops;
-    if (was_prefill) {
-        s->t_prefill_end = tl_now_ms();
-        s->stats.prefill_ms = s->t_prefill_end - s->t_start;
-    }
+    if (was_prefill) prompt_done(s);
     tl_status st = tl_session_prepare_logits(s, s->logits);
     if (st != TL_OK) return st;
     const int32_t tok = tl_session_choose(s);
@@ -515,7 +533,7 @@ tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tok
         stops[i] = TL_STOP_NONE;
         statuses[i] = TL_OK;
         if (!shares_forward(sessions[i])) continue;
-        was_prefill[n_group] = sessions[i]->cache->length == 0;
+        was_prefill[n_group] = !sessions[i]->prompt_done;
         group[n_group++] = sessions[i];
         sessions[i]->stepping = true;
     }

@@ -63,6 +63,7 @@ struct tl_session {
     double t_start, t_prefill_end, loops_sum;
     int last_depth;              /* loop depth of the forward that produced the chosen row */
     bool finished;
+    bool prompt_done;            /* the prompt's rows are in the cache (prefill is over) */
     bool stepping;               /* inside tl_session_step: hooks may not step or free */
     bool free_requested;         /* tl_session_free from a hook: done when the step returns */
 
@@ -83,7 +84,8 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
 /* A cache for the whole sequence plus `headroom` rows that one forward may add beyond it
    (a speculative tree before compaction), taking chunks of up to max(chunk, headroom). */
 tl_status tl_session_cache_new(tl_session *s, int headroom);
-/* Forwards the prompt's first `n` tokens into the cache, timing the prefill. */
+/* Forwards the prompt's tokens up to index n (from what the cache already holds: a prefix
+   from the pool), timing the prefill. */
 tl_status tl_session_prefill(tl_session *s, int n, float *last_logits);
 /* s->work = `row` after the logits hook, the repetition penalty and the grammar mask, for the
    history `history[0..n)` (s->tokens for plain decoding; a beam's own history for beams). */

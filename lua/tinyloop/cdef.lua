@@ -156,6 +156,7 @@ typedef struct tl_generate_stats {
     double draft_ms, verify_ms;
     double acceptance_rate;
     double mean_accepted;
+    int prompt_tokens_reused;
 } tl_generate_stats;
 double tl_stats_decode_tokens_per_s(const tl_generate_stats *stats);
 double tl_stats_prefill_tokens_per_s(const tl_generate_stats *stats);
@@ -166,6 +167,13 @@ void tl_session_free(tl_session *session);
 tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *stop);
 tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
                                 tl_status *statuses);
+tl_status tl_session_fork(const tl_session *parent, const tl_generate_config *hooks, tl_session **child);
+typedef struct tl_session_state tl_session_state;
+tl_status tl_session_save(const tl_session *session, tl_session_state **out);
+tl_status tl_session_resume(const tl_model *model, const tl_session_state *state,
+                            const tl_generate_config *hooks, tl_session **out);
+void tl_session_state_free(tl_session_state *state);
+tl_status tl_model_set_prefix_pool(tl_model *model, int64_t budget_bytes);
 const int32_t *tl_session_tokens(const tl_session *session, int *n);
 const tl_generate_stats *tl_session_stats(const tl_session *session);
 tl_status tl_session_text(tl_session *session, const char **piece, size_t *len);

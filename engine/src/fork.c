@@ -1,0 +1,157 @@
+/* fork.c: one session state, many continuations: tl_session_fork, and saved states
+ * (tl_session_save / tl_session_resume) that outlive their session. Both are a clone of the
+ * session whose KV cache shares the original's pages (copy on write, kv_cache.h): a clone
+ * costs the page table and the host arrays, never a forward. */
+#define _POSIX_C_SOURCE 200809L /* strdup */
+#include <stdlib.h>
+#include <string.h>
+
+#include "session.h"
+
+struct tl_session_state {
+    tl_session *frozen; /* never stepped: only cloned from */
+};
+
+/* Which sessions can be cloned: plain decoding (its whole state is the fields below; a
+   speculative or beam session also holds a draft tree or beams). */
+static tl_status check_clonable(const tl_session *s, const char *what) {
+    if (!s) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: session must not be NULL", what);
+    if (s->stepping)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: the session is stepping (called from one of its hooks)", what);
+    if (s->finished)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: the session has finished (stop reason %s)", what,
+                       tl_stop_reason_name(s->stats.stop_reason));
+    if (s->decoder != &tl_plain_decoder)
+        return tl_fail(TL_ERR_UNSUPPORTED, "%s: only plain sessions can be cloned (this one decodes in %s mode)",
+                       what, s->decoder->name);
+    return TL_OK;
+}
+
+/* The hook fields of *hooks (or the source's when NULL). */
+static void take_hooks(tl_session *s, const tl_generate_config *hooks) {
+    if (!hooks) return;
+    s->cfg.on_token = hooks->on_token;
+    s->cfg.on_token_user = hooks->on_token_user;
+    s->cfg.stop_rule = hooks->stop_rule;
+    s->cfg.stop_rule_user = hooks->stop_rule_user;
+    s->cfg.logits_processor = hooks->logits_processor;
+    s->cfg.logits_processor_user = hooks->logits_processor_user;
+    s->cfg.grammar = NULL;
+    if (hooks->grammar) {
+        s->grammar = *hooks->grammar;
+        s->cfg.grammar = &s->grammar;
+    }
+}
+
+static void *copy_of(const void *src, size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (p && bytes) memcpy(p, src, bytes);
+    return p;
+}
+
+/* A deep copy of a plain session whose cache shares src's pages. */
+static tl_status clone(const tl_session *src, const tl_generate_config *hooks, tl_session **out) {
+    *out = NULL;
+    if (hooks && hooks->grammar && (!hooks->grammar->allowed || !hooks->grammar->advance))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar needs both an allowed and an advance callback");
+    const tl_generate_config *c = &src->cfg;
+    const int vocab = src->m->cfg.vocab_size, total = src->prompt_len + c->max_tokens;
+    tl_session *s = calloc(1, sizeof *s);
+    if (!s) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    *s = *src;
+    /* Nothing below may point into src: reset every owned pointer, then copy. */
+    s->stop_seqs = NULL;
+    s->stop_store = NULL;
+    s->cache = NULL;
+    s->ws = (tl_workspace){0};
+    s->ws.state_seed = src->ws.state_seed;
+    s->tokens = s->positions = NULL;
+    s->logits = s->work = NULL;
+    s->seen = s->allowed = NULL;
+    s->dist = (tl_distribution){0};
+    s->text = NULL;
+    s->stop_strs = NULL;
+    s->stop_lens = NULL;
+    s->mode_state = NULL;
+    s->stepping = s->free_requested = false;
+    s->stream_fn = NULL;
+    s->stream_user = NULL;
+
+    int stop_total = 0;
+    for (int i = 0; i < c->n_stop_sequences; i++) stop_total += c->stop_sequences[i].n;
+    s->stop_seqs = calloc((size_t)c->n_stop_sequences + 1, sizeof *s->stop_seqs);
+    s->stop_store = copy_of(src->stop_store, (size_t)stop_total * sizeof *s->stop_store);
+    s->tokens = copy_of(src->tokens, (size_t)total * sizeof *s->tokens);
+    s->positions = copy_of(src->positions, (size_t)total * sizeof *s->positions);
+    s->logits = copy_of(src->logits, (size_t)vocab * sizeof *s->logits);
+    s->work = malloc((size_t)vocab * sizeof *s->work);
+    s->seen = calloc((size_t)vocab, 1);
+    s->allowed = malloc((size_t)vocab);
+    s->text = src->text_cap ? copy_of(src->text, src->text_cap) : NULL;
+    s->stop_strs = calloc((size_t)c->n_stop_strings + 1, sizeof *s->stop_strs);
+    s->stop_lens = copy_of(src->stop_lens, ((size_t)c->n_stop_strings + 1) * sizeof *s->stop_lens);
+    tl_status st = (s->stop_seqs && s->stop_store && s->tokens && s->positions && s->logits && s->work &&
+                    s->seen && s->allowed && (s->text || !src->text_cap) && s->stop_strs && s->stop_lens)
+                       ? tl_distribution_init(&s->dist, vocab)
+                       : tl_fail(TL_ERR_NO_MEMORY, "out of memory cloning a session of %d tokens", total);
+    for (int i = 0, at = 0; st == TL_OK && i < c->n_stop_sequences; i++) {
+        s->stop_seqs[i] = (tl_token_seq){s->stop_store + at, c->stop_sequences[i].n};
+        at += c->stop_sequences[i].n;
+    }
+    for (int i = 0; st == TL_OK && i < c->n_stop_strings; i++)
+        if (!(s->stop_strs[i] = strdup(src->stop_strs[i]))) st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    if (st == TL_OK) st = tl_kv_cache_fork(src->cache, &s->cache);
+    s->cfg.stop_sequences = s->stop_seqs;
+    s->cfg.stop_strings = (const char *const *)s->stop_strs;
+    if (src->cfg.grammar) s->cfg.grammar = &s->grammar;
+    take_hooks(s, hooks);
+    if (st != TL_OK) {
+        tl_session_free(s);
+        return st;
+    }
+    *out = s;
+    return TL_OK;
+}
+
+tl_status tl_session_fork(const tl_session *parent, const tl_generate_config *hooks, tl_session **child) {
+    tl_clear_error();
+    if (!child) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_fork: child must not be NULL");
+    *child = NULL;
+    tl_status st = check_clonable(parent, "tl_session_fork");
+    return st == TL_OK ? clone(parent, hooks, child) : st;
+}
+
+tl_status tl_session_save(const tl_session *session, tl_session_state **out) {
+    tl_clear_error();
+    if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_save: out must not be NULL");
+    *out = NULL;
+    tl_status st = check_clonable(session, "tl_session_save");
+    if (st != TL_OK) return st;
+    tl_session_state *state = calloc(1, sizeof *state);
+    if (!state) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    if ((st = clone(session, NULL, &state->frozen)) != TL_OK) {
+        free(state);
+        return st;
+    }
+    *out = state;
+    return TL_OK;
+}
+
+tl_status tl_session_resume(const tl_model *model, const tl_session_state *state, const tl_generate_config *hooks,
+                            tl_session **out) {
+    tl_clear_error();
+    if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_resume: out must not be NULL");
+    *out = NULL;
+    if (!model || !state) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_resume: model and state must not be NULL");
+    if (state->frozen->m != model)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "tl_session_resume: the state was saved by another model (%s), not this one (%s): its "
+                       "KV cache belongs to that model's weights", state->frozen->m->dir, model->dir);
+    return clone(state->frozen, hooks, out);
+}
+
+void tl_session_state_free(tl_session_state *state) {
+    if (!state) return;
+    tl_session_free(state->frozen);
+    free(state);
+}

@@ -1,0 +1,161 @@
+/* prefix_pool.c: computed prompt prefixes shared between sessions (prefix_pool.h). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "prefix_pool.h"
+
+typedef struct pool_entry {
+    int32_t *tokens;      /* [n] */
+    int n, loops;
+    tl_kv_cache *cache;   /* holds exactly these n entries, sharing the donor's pages */
+    size_t bytes;
+    uint64_t last_used;
+} pool_entry;
+
+struct tl_prefix_pool {
+    pthread_mutex_t lock;
+    size_t budget, used;
+    pool_entry *entries;
+    int n_entries, cap_entries;
+    uint64_t clock;
+};
+
+/* ---------------------------------------------------------------- shared prefixes */
+
+/* dst (empty, window 0) takes rows [0, n) of src (window 0): shared pages, copied
+   bookkeeping. Rows past n in the last shared page are overwritten (after a copy on
+   write) when dst appends. */
+static void share_prefix(tl_kv_cache *dst, const tl_kv_cache *src, int n) {
+    const int pages = (n + TL_KV_PAGE_ROWS - 1) / TL_KV_PAGE_ROWS;
+    for (int slot = 0; slot < dst->n_slots; slot++)
+        for (int p = 0; p < pages; p++) {
+            tl_kv_page *page = src->pages[(size_t)slot * (size_t)src->n_pages + (size_t)p];
+            if (!page) continue;
+            atomic_fetch_add(&page->refs, 1);
+            dst->pages[(size_t)slot * (size_t)dst->n_pages + (size_t)p] = page;
+        }
+    memcpy(dst->pos, src->pos, (size_t)n * sizeof *dst->pos);
+    memcpy(dst->depth, src->depth, (size_t)n * sizeof *dst->depth);
+    memcpy(dst->logical, src->logical, (size_t)n * sizeof *dst->logical);
+    dst->length = n;
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int k = 0;
+    while (k < na && k < nb && a[k] == b[k]) k++;
+    return k;
+}
+
+/* One more entry fits in the array (grown when needed). */
+static bool room_for_one(tl_prefix_pool *pool) {
+    if (pool->n_entries < pool->cap_entries) return true;
+    const int cap = pool->cap_entries * 2 + 8;
+    pool_entry *grown = realloc(pool->entries, (size_t)cap * sizeof *grown);
+    if (!grown) return false;
+    pool->entries = grown;
+    pool->cap_entries = cap;
+    return true;
+}
+
+static void entry_free(pool_entry *e) {
+    tl_kv_cache_free(e->cache);
+    free(e->tokens);
+}
+
+/* ---------------------------------------------------------------- the pool */
+
+tl_status tl_model_set_prefix_pool(tl_model *m, int64_t budget_bytes) {
+    tl_clear_error();
+    if (!m) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_model_set_prefix_pool: model must not be NULL");
+    if (budget_bytes <= 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "prefix pool budget = %lld bytes must be > 0",
+                       (long long)budget_bytes);
+    if (m->prefix_pool) { /* a new budget: evict down to it at the next offer */
+        pthread_mutex_lock(&m->prefix_pool->lock);
+        m->prefix_pool->budget = (size_t)budget_bytes;
+        pthread_mutex_unlock(&m->prefix_pool->lock);
+        return TL_OK;
+    }
+    tl_prefix_pool *pool = calloc(1, sizeof *pool);
+    if (!pool) return tl_fail(TL_ERR_NO_MEMORY, "prefix pool: out of memory");
+    pthread_mutex_init(&pool->lock, NULL);
+    pool->budget = (size_t)budget_bytes;
+    m->prefix_pool = pool;
+    return TL_OK;
+}
+
+void tl_prefix_pool_free(tl_prefix_pool *pool) {
+    if (!pool) return;
+    for (int i = 0; i < pool->n_entries; i++) entry_free(&pool->entries[i]);
+    free(pool->entries);
+    pthread_mutex_destroy(&pool->lock);
+    free(pool);
+}
+
+int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, tl_kv_cache *cache) {
+    if (!pool || cache->window != 0 || cache->length != 0) return 0;
+    pthread_mutex_lock(&pool->lock);
+    int best = -1, best_len = 0;
+    for (int i = 0; i < pool->n_entries; i++) {
+        const pool_entry *e = &pool->entries[i];
+        if (e->loops != loops) continue;
+        const int len = common_prefix(e->tokens, e->n, tokens, n);
+        if (len > best_len) { best = i; best_len = len; }
+    }
+    if (best >= 0 && best_len <= cache->capacity) {
+        pool->entries[best].last_used = ++pool->clock;
+        share_prefix(cache, pool->entries[best].cache, best_len);
+    } else {
+        best_len = 0;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return best_len;
+}
+
+void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, const tl_kv_cache *cache) {
+    if (!pool || n < 1 || cache->window != 0 || cache->length < n) return;
+    pthread_mutex_lock(&pool->lock);
+    for (int i = 0; i < pool->n_entries; i++) { /* already held, as such or longer */
+        pool_entry *e = &pool->entries[i];
+        if (e->loops == loops && e->n >= n && common_prefix(e->tokens, e->n, tokens, n) == n) {
+            e->last_used = ++pool->clock;
+            pthread_mutex_unlock(&pool->lock);
+            return;
+        }
+    }
+    pool_entry e = {0};
+    e.n = n;
+    e.loops = loops;
+    e.tokens = malloc((size_t)n * sizeof *e.tokens);
+    if (e.tokens && tl_kv_cache_new_for(cache->model, n, 0, 1, &e.cache) == TL_OK) {
+        memcpy(e.tokens, tokens, (size_t)n * sizeof *e.tokens);
+        share_prefix(e.cache, cache, n);
+        e.bytes = tl_kv_cache_bytes(e.cache);
+        e.last_used = ++pool->clock;
+    }
+    if (e.cache && e.bytes <= pool->budget && room_for_one(pool)) {
+        /* Entries a longer one now covers are dropped; then least recently used first. */
+        for (int i = 0; i < pool->n_entries; i++) {
+            pool_entry *old = &pool->entries[i];
+            if (old->loops == loops && old->n <= n && common_prefix(old->tokens, old->n, tokens, n) == old->n) {
+                pool->used -= old->bytes;
+                entry_free(old);
+                pool->entries[i--] = pool->entries[--pool->n_entries];
+            }
+        }
+        while (pool->n_entries > 0 && pool->used + e.bytes > pool->budget) {
+            int lru = 0;
+            for (int i = 1; i < pool->n_entries; i++)
+                if (pool->entries[i].last_used < pool->entries[lru].last_used) lru = i;
+            pool->used -= pool->entries[lru].bytes;
+            entry_free(&pool->entries[lru]);
+            pool->entries[lru] = pool->entries[--pool->n_entries];
+        }
+        pool->entries[pool->n_entries++] = e;
+        pool->used += e.bytes;
+    } else {
+        entry_free(&e);
+    }
+    pthread_mutex_unlock(&pool->lock);
+}

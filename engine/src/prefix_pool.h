@@ -1,0 +1,23 @@
+/* prefix_pool.h: a model's pool of computed prompt prefixes (opt-in). A session whose
+ * prompt starts with a cached prefix at the same depth shares that prefix's KV pages
+ * instead of recomputing them: its output is bit-identical to a cold start (the same
+ * batch-invariant rows), only the prefill is shorter. Entries are evicted least recently
+ * used first when their pages exceed the byte budget. Thread-safe: one lock per pool. */
+#ifndef TL_PREFIX_POOL_H
+#define TL_PREFIX_POOL_H
+
+#include "kv_cache.h"
+
+typedef struct tl_prefix_pool tl_prefix_pool;
+
+void tl_prefix_pool_free(tl_prefix_pool *pool); /* NULL is a no-op */
+
+/* Shares into `cache` (empty, unwindowed, of m) the longest pooled prefix of
+   tokens[0..n) computed at `loops`; returns how many entries it now holds (0: no hit). */
+int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, tl_kv_cache *cache);
+
+/* Offers the first n entries of `cache` (computed at `loops` from tokens[0..n)) to the
+   pool, which keeps a share of their pages. Out of memory is not an error: nothing is kept. */
+void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, const tl_kv_cache *cache);
+
+#endif

@@ -1,0 +1,223 @@
+/* test_fork.c: one state, many continuations. A forked session continues exactly as its
+ * parent would (memcmp, greedy and seeded sampling), shares the parent's KV pages and only
+ * pays for its own tokens; hooks can be replaced per branch; saved states resume any number
+ * of times on their model only; the prefix pool gives a new session the K/V of a prefix
+ * another session computed, with output bit-identical to a cold start; bad input is refused
+ * with clear errors. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "session.h"
+
+#define CAP 256
+
+static tl_model *load(const char *dir) {
+    tl_model *m = NULL;
+    if (tl_model_load(dir, NULL, &m) != TL_OK) printf("load %s: %s\n", dir, tl_last_error());
+    return m;
+}
+
+/* Steps a session until it stops or `steps` tokens were emitted; returns its token count. */
+static int run(tl_session *s, int steps) {
+    int32_t token;
+    tl_stop_reason stop = TL_STOP_NONE;
+    for (int i = 0; i < steps && stop == TL_STOP_NONE && !s->finished; i++)
+        if (tl_session_step(s, &token, &stop) != TL_OK) return -1;
+    return s->n_tokens;
+}
+
+static bool same_tokens(const tl_session *a, const tl_session *b) {
+    return a->n_tokens == b->n_tokens && memcmp(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof(int32_t)) == 0;
+}
+
+/* Pages of the child that are its own (not shared with anyone). */
+static int private_pages(const tl_kv_cache *c) {
+    int n = 0;
+    for (size_t i = 0; i < (size_t)c->n_slots * (size_t)c->n_pages; i++)
+        n += c->pages[i] && atomic_load(&c->pages[i]->refs) == 1;
+    return n;
+}
+
+static int ban(void *user, float *logits, int vocab, const int32_t *tokens, int n) {
+    (void)tokens; (void)n;
+    const int32_t *banned = user;
+    if (*banned < vocab) logits[*banned] = -INFINITY;
+    return TL_HOOK_CONTINUE;
+}
+
+static void forks_continue_exactly(const tl_model *m) {
+    const int32_t prompt[6] = {3, 14, 15, 92, 65, 35};
+    for (int sampled = 0; sampled < 2; sampled++) {
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.max_tokens = 60;
+        cfg.ignore_eos = 1;
+        if (sampled) { cfg.temperature = 0.9f; cfg.top_k = 30; cfg.sample_seed = 5; }
+        tl_session *whole = NULL, *parent = NULL, *child = NULL;
+        tl_session_new(m, prompt, 6, &cfg, &whole);
+        tl_session_new(m, prompt, 6, &cfg, &parent);
+        run(whole, 1000);
+        run(parent, 37);
+        CHECK(tl_session_fork(parent, NULL, &child) == TL_OK, "fork: %s", tl_last_error());
+        /* The fork copied no K/V: every page is the parent's. */
+        CHECK(child && private_pages(child->cache) == 0 && tl_kv_cache_bytes(child->cache) == tl_kv_cache_bytes(parent->cache),
+              "a fresh fork owns %d pages of its own", child ? private_pages(child->cache) : -1);
+        run(child, 1000);
+        run(parent, 1000);
+        CHECK(same_tokens(parent, whole) && same_tokens(child, whole),
+              "%s: parent and child must both continue as the uninterrupted run", sampled ? "sampled" : "greedy");
+        /* The child paid for its own 23 tokens only: one page per slot that the 43rd row
+           (shared, copied on write) and rows 48..65 touch, at most. */
+        const tl_kv_cache *c = child->cache;
+        const int slots_in_use = c->model->cfg.n_prelude + c->model->cfg.n_block * child->loops + c->model->cfg.n_coda;
+        CHECK(private_pages(c) <= 3 * slots_in_use, "child owns %d pages for 23 tokens over %d slots", private_pages(c),
+              slots_in_use);
+        tl_session_free(whole);
+        tl_session_free(parent);
+        tl_session_free(child);
+    }
+}
+
+static void hooks_per_branch(const tl_model *m) {
+    const int32_t prompt[3] = {7, 8, 9};
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 12;
+    cfg.ignore_eos = 1;
+    tl_session *parent = NULL, *child = NULL, *alone = NULL;
+    tl_session_new(m, prompt, 3, &cfg, &parent);
+    run(parent, 4);
+    /* The child bans the token the parent emits next: the branches must part there. */
+    tl_session *probe = NULL;
+    tl_session_fork(parent, NULL, &probe);
+    run(probe, 1);
+    int32_t banned = probe->tokens[probe->n_tokens - 1];
+    tl_session_free(probe);
+    tl_generate_config hooks;
+    tl_generate_config_init(&hooks);
+    hooks.logits_processor = ban;
+    hooks.logits_processor_user = &banned;
+    CHECK(tl_session_fork(parent, &hooks, &child) == TL_OK, "fork with hooks: %s", tl_last_error());
+    run(child, 1);
+    CHECK(child->tokens[child->n_tokens - 1] != banned, "the child's own hook did not run");
+    run(parent, 1);
+    CHECK(parent->tokens[parent->n_tokens - 1] == banned, "the parent's branch changed");
+    /* The parent's continuation is the uninterrupted one. */
+    tl_session_new(m, prompt, 3, &cfg, &alone);
+    run(alone, 5);
+    CHECK(same_tokens(alone, parent), "parent after a fork");
+    tl_session_free(parent);
+    tl_session_free(child);
+    tl_session_free(alone);
+}
+
+static void saved_states(const tl_model *m, const char *dir) {
+    const int32_t prompt[4] = {1, 2, 3, 4};
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 30;
+    cfg.temperature = 0.7f;
+    cfg.sample_seed = 9;
+    cfg.ignore_eos = 1;
+    tl_session *s = NULL, *whole = NULL, *a = NULL, *b = NULL;
+    tl_session_new(m, prompt, 4, &cfg, &s);
+    tl_session_new(m, prompt, 4, &cfg, &whole);
+    run(whole, 1000);
+    run(s, 11);
+    tl_session_state *state = NULL;
+    CHECK(tl_session_save(s, &state) == TL_OK, "save: %s", tl_last_error());
+    tl_session_free(s); /* the state outlives its session */
+    CHECK(tl_session_resume(m, state, NULL, &a) == TL_OK && tl_session_resume(m, state, NULL, &b) == TL_OK,
+          "resume: %s", tl_last_error());
+    run(a, 1000);
+    run(b, 1000);
+    CHECK(a && b && same_tokens(a, whole) && same_tokens(b, whole), "resumed states continue as the whole run");
+    tl_model *other = load(dir); /* the same directory, another model: its cache is not ours */
+    tl_session *wrong = (tl_session *)1;
+    CHECK_ERROR(tl_session_resume(other, state, NULL, &wrong), TL_ERR_INVALID_ARGUMENT, "saved by another model");
+    CHECK(wrong == NULL, "out is NULL on error");
+    tl_model_free(other);
+    tl_session_free(a);
+    tl_session_free(b);
+    tl_session_state_free(state);
+}
+
+static void bad_input(const tl_model *m) {
+    const int32_t prompt[2] = {1, 2};
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 2;
+    tl_session *s = NULL, *child = NULL;
+    tl_session_state *state = NULL;
+    CHECK_ERROR(tl_session_fork(NULL, NULL, &child), TL_ERR_INVALID_ARGUMENT, "session must not be NULL");
+    tl_session_new(m, prompt, 2, &cfg, &s);
+    run(s, 10);
+    CHECK_ERROR(tl_session_fork(s, NULL, &child), TL_ERR_INVALID_ARGUMENT, "has finished");
+    CHECK_ERROR(tl_session_save(s, &state), TL_ERR_INVALID_ARGUMENT, "has finished");
+    tl_session_free(s);
+    cfg.speculative = TL_SPECULATIVE_CHAIN;
+    cfg.loops = 4;
+    cfg.draft_loops = 1;
+    tl_session_new(m, prompt, 2, &cfg, &s);
+    CHECK_ERROR(tl_session_fork(s, NULL, &child), TL_ERR_UNSUPPORTED, "speculative mode");
+    tl_session_free(s);
+    CHECK_ERROR(tl_model_set_prefix_pool((tl_model *)m, 0), TL_ERR_INVALID_ARGUMENT, "budget = 0 bytes must be > 0");
+    CHECK_ERROR(tl_model_set_prefix_pool((tl_model *)m, -5), TL_ERR_INVALID_ARGUMENT, "budget = -5 bytes");
+    CHECK_ERROR(tl_session_resume(m, NULL, NULL, &child), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+}
+
+/* The pool: a second session on a longer prompt reuses the first one's prefix, with the
+   output of a model without a pool, token for token. */
+static void prefix_pool(const char *dir) {
+    tl_model *pooled = load(dir), *cold = load(dir);
+    if (!pooled || !cold) { CHECK(0, "load"); return; }
+    CHECK(tl_model_set_prefix_pool(pooled, 64 << 20) == TL_OK, "pool: %s", tl_last_error());
+    const int vocab = tl_model_info(pooled)->vocab_size, max_len = tl_model_info(pooled)->max_seq_len;
+    int32_t prompt[80];
+    const int n = max_len / 2 < 80 ? max_len / 2 : 80;
+    for (int i = 0; i < n; i++) prompt[i] = (int32_t)((i * 131 + 7) % vocab);
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 8;
+    cfg.ignore_eos = 1;
+    int32_t out_a[CAP], out_b[CAP], want[CAP];
+    int na, nb, nw;
+    tl_generate_stats sa, sb, sw;
+    CHECK(tl_generate(pooled, prompt, n - 10, &cfg, out_a, CAP, &na, &sa) == TL_OK && sa.prompt_tokens_reused == 0,
+          "first session: nothing to reuse (%d)", sa.prompt_tokens_reused);
+    CHECK(tl_generate(pooled, prompt, n, &cfg, out_b, CAP, &nb, &sb) == TL_OK, "second: %s", tl_last_error());
+    CHECK(sb.prompt_tokens_reused == n - 10, "second session reused %d of its %d prompt tokens (want %d)",
+          sb.prompt_tokens_reused, n, n - 10);
+    tl_generate(cold, prompt, n, &cfg, want, CAP, &nw, &sw);
+    CHECK(nb == nw && memcmp(out_b, want, (size_t)nw * sizeof *want) == 0, "pooled output differs from a cold start");
+    /* The same prompt again: all but its last token come from the pool. */
+    CHECK(tl_generate(pooled, prompt, n, &cfg, out_b, CAP, &nb, &sb) == TL_OK && sb.prompt_tokens_reused == n - 1 &&
+              memcmp(out_b, want, (size_t)nw * sizeof *want) == 0,
+          "repeat: reused %d", sb.prompt_tokens_reused);
+    /* Another depth never shares rows computed at this one. */
+    cfg.loops = tl_model_info(pooled)->default_loops + 1;
+    CHECK(tl_generate(pooled, prompt, n, &cfg, out_b, CAP, &nb, &sb) == TL_OK && sb.prompt_tokens_reused == 0,
+          "another depth reused %d", sb.prompt_tokens_reused);
+    /* A budget of one page set: old entries leave (LRU), nothing is reused after. */
+    CHECK(tl_model_set_prefix_pool(pooled, 1) == TL_OK, "new budget");
+    cfg.loops = 0;
+    tl_generate(pooled, prompt + 1, n - 1, &cfg, out_a, CAP, &na, &sa);
+    CHECK(tl_generate(pooled, prompt + 1, n - 1, &cfg, out_a, CAP, &na, &sa) == TL_OK && sa.prompt_tokens_reused == 0,
+          "a 1-byte pool still reused %d tokens", sa.prompt_tokens_reused);
+    tl_model_free(pooled);
+    tl_model_free(cold);
+}
+
+int main(int argc, char **argv) {
+    const char *dir = argc > 1 ? argv[1] : "tests/data/textmodel";
+    tl_model *m = load(dir);
+    if (!m) return 1;
+    forks_continue_exactly(m);
+    hooks_per_branch(m);
+    saved_states(m, dir);
+    bad_input(m);
+    prefix_pool(dir);
+    tl_model_free(m);
+    return check_summary();
+}
