@@ -71,7 +71,8 @@ local function param_of(message)
     local best, best_len = nil, 0
     for field, spec in pairs(FIELDS) do
         for _, name in ipairs({ field, spec[2] or field }) do
-            if #name > best_len and message:find(name, 1, true) then best, best_len = field, #name end
+            -- as a whole word: "n" must not match inside "something"
+            if #name > best_len and message:find("%f[%w_]" .. name .. "%f[^%w_]") then best, best_len = field, #name end
         end
     end
     if not best and message:find("verify_loops", 1, true) then best = "loops" end
@@ -130,9 +131,7 @@ function _M.parse(body, model, model_id)
     if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
     local t, err = cjson.decode(body)
     if err then return bad("the request body is not valid JSON: " .. err, nil) end
-    if type(t) ~= "table" or (next(t) == nil and body:match("^%s*%[")) then
-        return bad("the request body must be a JSON object", nil)
-    end
+    if type(t) ~= "table" or body:match("^%s*%[") then return bad("the request body must be a JSON object", nil) end
     local cfg = {}
     for k, v in pairs(t) do
         local spec = FIELDS[k]
