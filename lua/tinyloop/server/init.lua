@@ -310,23 +310,32 @@ local function sse(st, payload)
     return true
 end
 
-local function run_stream(st)
+-- Headers go with the first event, not before: a client's time to first byte is then its
+-- time to first token, and a failure before any token still gets a real error status.
+local function start_stream()
     ngx.status = 200
     ngx.header["Content-Type"] = "text/event-stream"
     ngx.header["Cache-Control"] = "no-cache"
     ngx.header["X-Accel-Buffering"] = "no" -- a proxy in front must not buffer the stream
-    ngx.send_headers()
-    if not ngx_flush(true) then release(st, true) return ngx_exit(499) end
+end
+
+local function run_stream(st)
+    local started = false
     while true do
         local text, ids, finished = next_output(st)
         if not text then
             local gone = ids == "gone"
             release(st, gone)
             if gone then return ngx_exit(499) end
+            if not started then return send_error(500, ids, nil, "server_error") end
             -- Headers are sent: the error travels as an event, and the stream still ends.
             sse(st, '{"error":{"message":' .. encode(ids) .. ',"type":"server_error","param":null}}')
             sse(st, "[DONE]")
             return ngx_exit(ngx.OK)
+        end
+        if not started and (finished or text ~= "" or #ids > 0) then
+            start_stream()
+            started = true
         end
         if finished then
             release(st, false)
