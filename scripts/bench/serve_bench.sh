@@ -30,6 +30,7 @@ if [ -z "$model" ]; then
     written=$(printf '%s\n' "$out" | grep -o '/[^ ]*tinyloop-bench[^ ]*' | head -n 1)
     [ -d "$written" ] || { printf '%s\n' "$out" >&2; echo "serve_bench: no checkpoint path in the output above" >&2; exit 1; }
     rm -rf "$model" && mv "$written" "$model"
+    chmod -R a+rX "$model" # nginx workers started by root run as nobody
   fi
 fi
 vocab=$(grep -o '"vocab_size": *[0-9]*' "$model/config.json" | grep -o '[0-9]*$')
