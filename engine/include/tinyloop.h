@@ -423,6 +423,80 @@ tl_status tl_generate_tree_speculative(const tl_model *model, const int32_t *pro
                                        const tl_tree_speculative_config *cfg, int32_t *out,
                                        int out_capacity, int *out_len, tl_speculative_stats *stats);
 
+/* ---------------------------------------------------------------- serving engine
+   (engine/src/scheduler.c; used by the OpenResty server, lua/tinyloop/server/)
+   An engine owns a thread that advances every session it holds together, one
+   tl_session_step_batch per iteration (continuous batching: sessions join between
+   iterations, finished and cancelled ones leave). Requests are named by integer ids so
+   that other threads (nginx's thread pool) can wait on them through the FFI. Every
+   function is thread-safe; a request id is used by one caller at a time. */
+
+typedef struct tl_engine tl_engine;
+
+typedef struct tl_engine_options {
+    int max_active;  /* 8; sessions stepped together at most (>= 1) */
+    int max_queued;  /* 32; submitted sessions waiting for a place (>= 0) */
+} tl_engine_options;
+
+void tl_engine_options_init(tl_engine_options *opts);
+
+/* Starts the engine thread. The model must outlive the engine. */
+tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl_engine **out);
+/* Stops the thread, frees every session and request, and returns once no tl_engine_wait
+   is inside the engine any more (they return -1). NULL is a no-op. */
+void tl_engine_free(tl_engine *engine);
+
+/* Hands a fresh session (not stepped, no hooks: hooks would run on the engine thread) to
+   the engine. On TL_OK with *id > 0 the engine owns the session. When active and queued
+   sessions are at their limits it returns TL_OK with *id = 0 and the caller keeps the
+   session (a server answers 503 and the caller frees it). */
+tl_status tl_engine_submit(tl_engine *engine, tl_session *session, uint64_t *id);
+
+/* Blocks until request `id` has output not yet read or has finished (1), timeout_ms
+   passes (0), or the id is unknown: cancelled, never submitted, or the engine is stopping
+   (-1). */
+int tl_engine_wait(tl_engine *engine, uint64_t id, int timeout_ms);
+
+typedef enum tl_engine_state {
+    TL_ENGINE_QUEUED = 0,
+    TL_ENGINE_RUNNING = 1,
+    TL_ENGINE_FINISHED = 2
+} tl_engine_state;
+
+/* What a request produced since its previous read. text/tokens stay valid until the next
+   read or cancel of this id. Once state is TL_ENGINE_FINISHED: stop_reason, status (TL_OK,
+   or why a step failed, with the message in error) and stats (a copy of the session's; the
+   session itself is already freed) are final. */
+typedef struct tl_engine_update {
+    tl_engine_state state;
+    const char *text;       /* tl_session_text pieces ("" without a tokenizer) */
+    size_t text_len;
+    const int32_t *tokens;  /* emitted token ids */
+    int n_tokens;
+    tl_stop_reason stop_reason;
+    tl_status status;
+    const char *error;
+    tl_generate_stats stats;
+} tl_engine_update;
+
+/* Never blocks (beyond the engine's lock). TL_ERR_INVALID_ARGUMENT for an unknown id. */
+tl_status tl_engine_read(tl_engine *engine, uint64_t id, tl_engine_update *update);
+
+/* The caller is done with request `id` (always call it once, finished or not): a queued or
+   running generation stops before its next step (at most the step in flight completes)
+   and is counted as cancelled; its session and buffers are freed. Unknown ids are ignored. */
+void tl_engine_cancel(tl_engine *engine, uint64_t id);
+
+typedef struct tl_engine_counters {
+    int active, queued;          /* sessions held now */
+    int max_active, max_queued;
+    uint64_t submitted, finished, cancelled, failed, rejected; /* rejected: submit when full */
+    uint64_t iterations, rows;   /* batched steps, and the session-steps they carried */
+    uint64_t steps_after_cancel; /* steps sessions made after their cancel (the one in flight) */
+} tl_engine_counters;
+
+void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);
+
 #if defined(__GNUC__)
 #pragma GCC visibility pop
 #endif

@@ -221,4 +221,40 @@ tl_status tl_generate_speculative(const tl_model *model, const int32_t *prompt, 
 tl_status tl_generate_tree_speculative(const tl_model *model, const int32_t *prompt, int prompt_len,
                                        const tl_tree_speculative_config *cfg, int32_t *out,
                                        int out_capacity, int *out_len, tl_speculative_stats *stats);
+typedef struct tl_engine tl_engine;
+typedef struct tl_engine_options {
+    int max_active;
+    int max_queued;
+} tl_engine_options;
+void tl_engine_options_init(tl_engine_options *opts);
+tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl_engine **out);
+void tl_engine_free(tl_engine *engine);
+tl_status tl_engine_submit(tl_engine *engine, tl_session *session, uint64_t *id);
+int tl_engine_wait(tl_engine *engine, uint64_t id, int timeout_ms);
+typedef enum tl_engine_state {
+    TL_ENGINE_QUEUED = 0,
+    TL_ENGINE_RUNNING = 1,
+    TL_ENGINE_FINISHED = 2
+} tl_engine_state;
+typedef struct tl_engine_update {
+    tl_engine_state state;
+    const char *text;
+    size_t text_len;
+    const int32_t *tokens;
+    int n_tokens;
+    tl_stop_reason stop_reason;
+    tl_status status;
+    const char *error;
+    tl_generate_stats stats;
+} tl_engine_update;
+tl_status tl_engine_read(tl_engine *engine, uint64_t id, tl_engine_update *update);
+void tl_engine_cancel(tl_engine *engine, uint64_t id);
+typedef struct tl_engine_counters {
+    int active, queued;
+    int max_active, max_queued;
+    uint64_t submitted, finished, cancelled, failed, rejected;
+    uint64_t iterations, rows;
+    uint64_t steps_after_cancel;
+} tl_engine_counters;
+void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);
 ]]

@@ -464,6 +464,20 @@ function Session:close()
     end
 end
 
+-- ---- server (lua/tinyloop/server): hand a session to the C serving engine
+-- session:detach() -> the raw `tl_session *`, now the caller's to free (tl_session_free) or
+-- to give to tl_engine_submit; this object is closed. Only for a live session without Lua
+-- hooks: the engine steps it on its own thread, where Lua cannot run.
+function Session:detach()
+    if self.ctx then raise("session:detach(): a session with Lua hooks cannot leave its Lua state") end
+    if self.ptr == nil or self.done then raise("session:detach(): the session has finished or is closed") end
+    local p = self.ptr
+    ffi_gc(p, nil)
+    self.ptr, self.done = nil, true
+    return p
+end
+-- ---- end server
+
 -- ------------------------------------------------------------------ blocking C calls
 
 -- After a blocking C call made with the hook context registered: true on success; a

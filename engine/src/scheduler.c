@@ -1,0 +1,401 @@
+/* scheduler.c: the serving engine (tinyloop.h, "serving engine"). One thread per engine
+ * owns the running sessions and advances all of them with one tl_session_step_batch per
+ * iteration; other threads submit, wait, read and cancel requests by id under one mutex.
+ *
+ * Locking: `mu` guards every field of the engine and of its requests except the running
+ * sessions themselves, which only the engine thread touches (it steps them without the
+ * lock, so a slow forward pass never blocks a reader). A request's buffers are written by
+ * the engine thread and swapped out by readers, both under `mu`.
+ * Requests are found by id (a linear scan: there are at most max_active + max_queued plus
+ * a few finished-but-unread ones), so a waiter never holds a request pointer while it
+ * sleeps, and cancel can free a finished request at once. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+typedef struct buffer {
+    char *text;
+    size_t len, cap;
+    int32_t *tokens;
+    int n_tokens, cap_tokens;
+} buffer;
+
+typedef struct request {
+    uint64_t id;
+    tl_session *session;       /* owned until it finishes or is cancelled; then NULL */
+    tl_engine_state state;
+    bool cancelled;            /* the caller is gone: drop the session, free the request */
+    bool oom;                  /* an output buffer could not grow: finish with an error */
+    buffer pending, given;     /* written by the engine / handed to the last read */
+    tl_stop_reason stop_reason;
+    tl_status status;
+    char error[256];
+    tl_generate_stats stats;
+} request;
+
+struct tl_engine {
+    const tl_model *model;
+    tl_engine_options opts;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work;       /* the engine thread: a submit, a cancel or stop */
+    pthread_cond_t progress;   /* waiters: output, a finish, a cancel or stop */
+    bool stop;
+    int waiters;               /* tl_engine_wait calls inside; free waits for 0 */
+    request **reqs;            /* every live request, in submit order */
+    int n_reqs, cap_reqs;
+    uint64_t next_id;
+    tl_engine_counters c;
+};
+
+void tl_engine_options_init(tl_engine_options *opts) {
+    if (!opts) return;
+    opts->max_active = 8;
+    opts->max_queued = 32;
+}
+
+static request *find(tl_engine *e, uint64_t id) {
+    for (int i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->id == id) return e->reqs[i];
+    return NULL;
+}
+
+static void free_request(request *r) {
+    tl_session_free(r->session);
+    free(r->pending.text);
+    free(r->pending.tokens);
+    free(r->given.text);
+    free(r->given.tokens);
+    free(r);
+}
+
+/* Unlinks and frees r (under mu; r's session is no longer stepping). */
+static void remove_request(tl_engine *e, request *r) {
+    for (int i = 0; i < e->n_reqs; i++) {
+        if (e->reqs[i] == r) {
+            memmove(&e->reqs[i], &e->reqs[i + 1], (size_t)(e->n_reqs - i - 1) * sizeof *e->reqs);
+            e->n_reqs--;
+            break;
+        }
+    }
+    free_request(r);
+}
+
+static bool append(buffer *b, const char *text, size_t len, int32_t token) {
+    if (len) {
+        if (b->len + len > b->cap) {
+            size_t cap = b->cap ? b->cap : 256;
+            while (cap < b->len + len) cap *= 2;
+            char *t = realloc(b->text, cap);
+            if (!t) return false;
+            b->text = t, b->cap = cap;
+        }
+        memcpy(b->text + b->len, text, len);
+        b->len += len;
+    }
+    if (token >= 0) {
+        if (b->n_tokens == b->cap_tokens) {
+            int cap = b->cap_tokens ? 2 * b->cap_tokens : 64;
+            int32_t *t = realloc(b->tokens, (size_t)cap * sizeof *t);
+            if (!t) return false;
+            b->tokens = t, b->cap_tokens = cap;
+        }
+        b->tokens[b->n_tokens++] = token;
+    }
+    return true;
+}
+
+/* Under mu: the session ended (stop, failure or out of memory); keep what the reader needs. */
+static void finish(tl_engine *e, request *r, tl_stop_reason stop, tl_status status, const char *error) {
+    r->stats = *tl_session_stats(r->session);
+    tl_session_free(r->session); /* its KV cache goes now, not when the caller reads */
+    r->session = NULL;
+    r->state = TL_ENGINE_FINISHED;
+    r->stop_reason = stop;
+    r->status = status;
+    if (error) snprintf(r->error, sizeof r->error, "%s", error);
+    if (status != TL_OK) e->c.failed++;
+    e->c.finished++;
+    e->c.active--;
+}
+
+static void *engine_main(void *arg) {
+    tl_engine *e = arg;
+    int cap = e->opts.max_active;
+    request **run = calloc((size_t)cap, sizeof *run); /* running requests, engine-owned list */
+    tl_session **sessions = calloc((size_t)cap, sizeof *sessions);
+    int32_t *tokens = calloc((size_t)cap, sizeof *tokens);
+    tl_stop_reason *stops = calloc((size_t)cap, sizeof *stops);
+    tl_status *statuses = calloc((size_t)cap, sizeof *statuses);
+    const char **pieces = calloc((size_t)cap, sizeof *pieces);
+    size_t *piece_lens = calloc((size_t)cap, sizeof *piece_lens);
+    int n_run = 0;
+
+    pthread_mutex_lock(&e->mu);
+    if (!run || !sessions || !tokens || !stops || !statuses || !pieces || !piece_lens) e->stop = true;
+    while (!e->stop) {
+        /* Between iterations, so a cancel takes effect before the next token. */
+        int kept = 0;
+        for (int i = 0; i < n_run; i++) {
+            request *r = run[i];
+            if (r->cancelled) {
+                e->c.active--;
+                remove_request(e, r);
+            } else if (r->state == TL_ENGINE_RUNNING) {
+                run[kept++] = r;
+            } /* else finished: it left the batch, the request waits for its reader */
+        }
+        n_run = kept;
+        for (int i = 0; i < e->n_reqs && n_run < cap; i++) {
+            request *r = e->reqs[i];
+            if (r->state == TL_ENGINE_QUEUED && !r->cancelled) {
+                r->state = TL_ENGINE_RUNNING;
+                e->c.queued--;
+                e->c.active++;
+                run[n_run++] = r;
+            }
+        }
+        if (kept != n_run) pthread_cond_broadcast(&e->progress); /* readers see "running" */
+        if (n_run == 0) {
+            pthread_cond_wait(&e->work, &e->mu);
+            continue;
+        }
+        for (int i = 0; i < n_run; i++) sessions[i] = run[i]->session;
+        pthread_mutex_unlock(&e->mu);
+
+        /* The forward pass, without the lock. Only this thread touches these sessions. */
+        tl_status st = tl_session_step_batch(sessions, n_run, tokens, stops, statuses);
+        const char *batch_error = st == TL_OK ? NULL : tl_last_error();
+        char error[256] = "";
+        if (batch_error) snprintf(error, sizeof error, "%s", batch_error);
+        for (int i = 0; i < n_run; i++) {
+            if (st != TL_OK) statuses[i] = st;
+            pieces[i] = "", piece_lens[i] = 0;
+            if (statuses[i] == TL_OK && tl_session_text(sessions[i], &pieces[i], &piece_lens[i]) != TL_OK)
+                pieces[i] = "", piece_lens[i] = 0; /* no tokenizer: token ids only */
+            if (statuses[i] != TL_OK && !error[0]) snprintf(error, sizeof error, "%s", tl_last_error());
+        }
+
+        pthread_mutex_lock(&e->mu);
+        e->c.iterations++;
+        e->c.rows += (uint64_t)n_run;
+        for (int i = 0; i < n_run; i++) {
+            request *r = run[i];
+            if (r->cancelled) {
+                e->c.steps_after_cancel++;
+                continue; /* dropped at the top of the loop */
+            }
+            if (statuses[i] != TL_OK) {
+                finish(e, r, TL_STOP_NONE, statuses[i], error);
+                continue;
+            }
+            if (!append(&r->pending, pieces[i], piece_lens[i], tokens[i])) {
+                finish(e, r, TL_STOP_NONE, TL_ERR_NO_MEMORY, "out of memory for the request's output");
+                continue;
+            }
+            if (stops[i] != TL_STOP_NONE) finish(e, r, stops[i], TL_OK, NULL);
+        }
+        pthread_cond_broadcast(&e->progress);
+    }
+    /* Stopping: the running sessions are freed with their requests by tl_engine_free. */
+    pthread_mutex_unlock(&e->mu);
+    free(run), free(sessions), free(tokens), free(stops), free(statuses), free(pieces), free(piece_lens);
+    return NULL;
+}
+
+tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl_engine **out) {
+    tl_clear_error();
+    if (!model || !out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_new: NULL argument");
+    *out = NULL;
+    tl_engine_options o;
+    tl_engine_options_init(&o);
+    if (opts) o = *opts;
+    if (o.max_active < 1 || o.max_active > 4096)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_active = %d must be in [1, 4096]", o.max_active);
+    if (o.max_queued < 0 || o.max_queued > 1 << 20)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_queued = %d must be in [0, 1048576]", o.max_queued);
+    tl_engine *e = calloc(1, sizeof *e);
+    if (!e) return tl_fail(TL_ERR_NO_MEMORY, "tl_engine_new: out of memory");
+    e->model = model;
+    e->opts = o;
+    e->next_id = 1;
+    e->c.max_active = o.max_active;
+    e->c.max_queued = o.max_queued;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* wait timeouts ignore clock changes */
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->work, NULL);
+    pthread_cond_init(&e->progress, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        pthread_cond_destroy(&e->progress);
+        pthread_cond_destroy(&e->work);
+        pthread_mutex_destroy(&e->mu);
+        free(e);
+        return tl_fail(TL_ERR_NO_MEMORY, "tl_engine_new: cannot start the engine thread");
+    }
+    *out = e;
+    return TL_OK;
+}
+
+void tl_engine_free(tl_engine *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_broadcast(&e->work);
+    pthread_cond_broadcast(&e->progress);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    pthread_mutex_lock(&e->mu);
+    while (e->waiters > 0) { /* they see `stop` and leave */
+        pthread_cond_broadcast(&e->progress);
+        pthread_mutex_unlock(&e->mu);
+        sched_yield();
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; i < e->n_reqs; i++) free_request(e->reqs[i]);
+    free(e->reqs);
+    pthread_cond_destroy(&e->progress);
+    pthread_cond_destroy(&e->work);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+tl_status tl_engine_submit(tl_engine *e, tl_session *session, uint64_t *id) {
+    tl_clear_error();
+    if (!e || !session || !id) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: NULL argument");
+    *id = 0;
+    request *r = calloc(1, sizeof *r);
+    if (!r) return tl_fail(TL_ERR_NO_MEMORY, "tl_engine_submit: out of memory");
+    pthread_mutex_lock(&e->mu);
+    if (e->stop) {
+        pthread_mutex_unlock(&e->mu);
+        free(r);
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: the engine is stopping");
+    }
+    /* Full means no free place to run now and no room to wait. */
+    bool full = e->c.active + e->c.queued >= e->opts.max_active + e->opts.max_queued;
+    if (!full && e->n_reqs == e->cap_reqs) {
+        int cap = e->cap_reqs ? 2 * e->cap_reqs : 16;
+        request **reqs = realloc(e->reqs, (size_t)cap * sizeof *reqs);
+        if (!reqs) {
+            pthread_mutex_unlock(&e->mu);
+            free(r);
+            return tl_fail(TL_ERR_NO_MEMORY, "tl_engine_submit: out of memory");
+        }
+        e->reqs = reqs, e->cap_reqs = cap;
+    }
+    if (full) {
+        e->c.rejected++;
+        pthread_mutex_unlock(&e->mu);
+        free(r);
+        return TL_OK;
+    }
+    r->id = e->next_id++;
+    r->session = session;
+    r->state = TL_ENGINE_QUEUED;
+    e->reqs[e->n_reqs++] = r;
+    e->c.queued++;
+    e->c.submitted++;
+    *id = r->id;
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->mu);
+    return TL_OK;
+}
+
+static bool readable(const request *r) {
+    return r->pending.len > 0 || r->pending.n_tokens > 0 || r->state == TL_ENGINE_FINISHED;
+}
+
+int tl_engine_wait(tl_engine *e, uint64_t id, int timeout_ms) {
+    if (!e) return -1;
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    if (timeout_ms < 0) timeout_ms = 0;
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
+    int result;
+    pthread_mutex_lock(&e->mu);
+    e->waiters++;
+    for (;;) {
+        request *r = e->stop ? NULL : find(e, id); /* looked up again after every wake */
+        if (!r || r->cancelled) { result = -1; break; }
+        if (readable(r)) { result = 1; break; }
+        if (pthread_cond_timedwait(&e->progress, &e->mu, &deadline) == ETIMEDOUT) {
+            r = e->stop ? NULL : find(e, id);
+            result = !r || r->cancelled ? -1 : readable(r) ? 1 : 0;
+            break;
+        }
+    }
+    e->waiters--;
+    pthread_mutex_unlock(&e->mu);
+    return result;
+}
+
+tl_status tl_engine_read(tl_engine *e, uint64_t id, tl_engine_update *u) {
+    tl_clear_error();
+    if (!e || !u) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_read: NULL argument");
+    memset(u, 0, sizeof *u);
+    pthread_mutex_lock(&e->mu);
+    request *r = find(e, id);
+    if (!r || r->cancelled) {
+        pthread_mutex_unlock(&e->mu);
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_read: unknown request id %llu", (unsigned long long)id);
+    }
+    /* Swap, so the engine appends to the old buffer's memory while the reader uses this one. */
+    buffer b = r->given;
+    r->given = r->pending;
+    r->pending = b;
+    r->pending.len = 0;
+    r->pending.n_tokens = 0;
+    u->state = r->state;
+    u->text = r->given.text ? r->given.text : "";
+    u->text_len = r->given.len;
+    u->tokens = r->given.tokens;
+    u->n_tokens = r->given.n_tokens;
+    u->stop_reason = r->stop_reason;
+    u->status = r->status;
+    u->error = r->error;
+    if (r->state == TL_ENGINE_FINISHED) u->stats = r->stats;
+    pthread_mutex_unlock(&e->mu);
+    return TL_OK;
+}
+
+void tl_engine_cancel(tl_engine *e, uint64_t id) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    request *r = find(e, id);
+    if (r && !r->cancelled) {
+        if (r->state == TL_ENGINE_FINISHED) {
+            remove_request(e, r);
+        } else if (r->state == TL_ENGINE_QUEUED) {
+            e->c.queued--;
+            e->c.cancelled++;
+            remove_request(e, r);
+        } else {
+            /* Running: the engine thread may be stepping it; it drops it between steps. */
+            r->cancelled = true;
+            e->c.cancelled++;
+            pthread_cond_signal(&e->work);
+        }
+        pthread_cond_broadcast(&e->progress);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+void tl_engine_get_counters(tl_engine *e, tl_engine_counters *c) {
+    if (!e || !c) return;
+    pthread_mutex_lock(&e->mu);
+    *c = e->c;
+    pthread_mutex_unlock(&e->mu);
+}

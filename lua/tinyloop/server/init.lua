@@ -1,0 +1,409 @@
+-- tinyloop.server: an OpenAI-style completions API for nginx + lua-nginx-module (Debian's
+-- nginx with libnginx-mod-http-lua, or OpenResty). Any nginx.conf can use it:
+--
+--   init_by_lua_block        { require("tinyloop.server").configure{ model = "/path/to/model" } }
+--   init_worker_by_lua_block { require("tinyloop.server").init_worker() }
+--   location = /v1/completions { content_by_lua_block { require("tinyloop.server").completions() } }
+--   (and models, health, metrics, log; see lua/tinyloop/server/nginx.conf and examples/)
+--
+-- Why it never blocks the event loop: each worker owns a C engine (tl_engine_*) whose thread
+-- steps all of the worker's sessions together (one tl_session_step_batch per iteration). A
+-- handler only validates, submits, and then waits for output in nginx's thread pool
+-- (ngx.run_worker_thread -> tl_engine_wait), so its coroutine sleeps while the event loop
+-- keeps serving. Reading the output (tl_engine_read) never blocks. Without a thread pool
+-- (configure{ thread_pool = false }, or an nginx without run_worker_thread) it polls with an
+-- ngx.sleep backoff instead: slower to notice tokens, same correctness.
+local ffi = require "ffi"
+local cjson = require "cjson.safe"
+local tinyloop = require "tinyloop"
+local request = require "tinyloop.server.request"
+local metrics = require "tinyloop.server.metrics"
+
+local C = tinyloop.C
+local ngx = ngx
+local ngx_say, ngx_print, ngx_flush, ngx_exit, ngx_now, ngx_update_time, ngx_log = ngx.say, ngx.print, ngx.flush, ngx.exit, ngx.now, ngx.update_time, ngx.log
+local ffi_string, ffi_new, ffi_cast = ffi.string, ffi.new, ffi.cast
+local encode = cjson.encode
+local tostring, tonumber, type, pcall, pairs, concat = tostring, tonumber, type, pcall, pairs, table.concat
+local run_worker_thread = ngx.run_worker_thread
+
+local _M = { _VERSION = tinyloop._VERSION }
+
+local conf = {
+    model = nil,              -- checkpoint directory (required)
+    model_id = nil,           -- the name clients send as "model"; default: the directory's name
+    threads = 0,              -- CPU threads of the model (0 = all cores)
+    max_active = 8,           -- sessions stepped together per worker
+    max_queued = 32,          -- admitted sessions waiting for a place; beyond: 503
+    thread_pool = "tinyloop", -- nginx thread_pool the handlers wait in; false = poll
+    shared_dict = "tinyloop_metrics",
+    wait_ms = 1000,           -- one wait in the pool at most (then the handler loops)
+    max_body = 1024 * 1024,   -- request bodies above: 413 (keep client_max_body_size equal)
+}
+
+local model, engine, engine_addr, model_error, created_at
+local next_request = 0
+
+-- configure(opts) in init_by_lua: the fields of `conf` above.
+function _M.configure(opts)
+    for k, v in pairs(opts or {}) do
+        if conf[k] == nil and k ~= "model" and k ~= "model_id" then error("tinyloop.server: unknown option '" .. tostring(k) .. "'") end
+        conf[k] = v
+    end
+    if type(conf.model) ~= "string" then error("tinyloop.server: configure{ model = DIR } is required") end
+    conf.model_id = conf.model_id or conf.model:gsub("/+$", ""):match("([^/]+)$")
+end
+
+-- init_worker(): loads the model and starts this worker's engine (after nginx forks, so the
+-- engine's and the model's threads live in the worker).
+function _M.init_worker()
+    metrics.init(conf.shared_dict)
+    if not run_worker_thread then conf.thread_pool = false end
+    local m, err = tinyloop.load(conf.model, { threads = conf.threads })
+    if not m then
+        model_error = "cannot load the model: " .. tostring(err)
+        ngx_log(ngx.ERR, "tinyloop: ", model_error)
+        return
+    end
+    local o = ffi_new("tl_engine_options")
+    C.tl_engine_options_init(o)
+    o.max_active, o.max_queued = conf.max_active, conf.max_queued
+    local out = ffi_new("tl_engine *[1]")
+    if C.tl_engine_new(m.ptr, o, out) ~= 0 then
+        model_error = "cannot start the engine: " .. ffi_string(C.tl_last_error())
+        ngx_log(ngx.ERR, "tinyloop: ", model_error)
+        return
+    end
+    model, engine = m, out[0]
+    engine_addr = tonumber(ffi_cast("uintptr_t", engine))
+    created_at = ngx.time()
+end
+
+-- exit_worker(): stops the engine (its sessions are freed) before the model goes.
+function _M.exit_worker()
+    if engine then
+        local e = engine
+        engine = nil
+        C.tl_engine_free(e)
+    end
+end
+
+-- ------------------------------------------------------------------ answers
+
+local function send_json(status, body, headers)
+    ngx.status = status
+    ngx.header["Content-Type"] = "application/json"
+    for k, v in pairs(headers or {}) do ngx.header[k] = v end
+    ngx_say(type(body) == "string" and body or encode(body))
+    return ngx_exit(status)
+end
+
+-- The one error shape: {"error": {"message", "type", "param"}} (param: the field, or null).
+local function send_error(status, message, param, etype, headers)
+    return send_json(status, '{"error":{"message":' .. encode(message) .. ',"type":' ..
+        encode(etype or (status >= 500 and "server_error" or "invalid_request_error")) ..
+        ',"param":' .. (param and encode(param) or "null") .. "}}", headers)
+end
+_M.send_error = send_error
+
+local function ready()
+    if engine then return true end
+    send_error(503, model_error or "the model is loading", nil, "server_error", { ["Retry-After"] = "1" })
+end
+
+local function only_get()
+    local method = ngx.req.get_method()
+    if method == "GET" or method == "HEAD" then return true end
+    send_error(405, "method " .. method .. " is not allowed here: use GET", nil, nil, { Allow = "GET, HEAD" })
+end
+
+function _M.health()
+    if not only_get() then return end
+    if not engine then return ready() end
+    return send_json(200, { status = "ok", model = conf.model_id })
+end
+
+function _M.models()
+    if not only_get() or not ready() then return end
+    return send_json(200, '{"object":"list","data":[{"id":' .. encode(conf.model_id) ..
+        ',"object":"model","created":' .. created_at .. ',"owned_by":"tinyloop","tinyloop":' ..
+        encode({ vocab_size = model.vocab_size, max_seq_len = model.max_seq_len, default_loops = model.default_loops,
+                 max_loops = model.max_loops, has_tokenizer = model.has_tokenizer }) .. "}]}")
+end
+
+local counters = ffi_new("tl_engine_counters")
+function _M.metrics()
+    if not only_get() then return end
+    local e
+    if engine then
+        C.tl_engine_get_counters(engine, counters)
+        e = counters
+    end
+    ngx.header["Content-Type"] = "text/plain; version=0.0.4"
+    ngx_print(metrics.render(e, ngx.worker.id()))
+end
+
+function _M.not_found()
+    return send_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
+        " (POST /v1/completions, GET /v1/models, /health, /metrics)", nil, "not_found_error")
+end
+
+function _M.too_large()
+    return send_error(413, ("the request body is over the %d-byte limit"):format(conf.max_body), nil)
+end
+
+-- log_by_lua: every request, including nginx's own errors, counted by endpoint and status.
+function _M.log()
+    metrics.log_request(ngx.var.uri, ngx.status)
+end
+
+-- ------------------------------------------------------------------ a request's life
+
+local QUEUED, FINISHED = tonumber(C.TL_ENGINE_QUEUED), tonumber(C.TL_ENGINE_FINISHED)
+local STOP_MAX_TOKENS, STOP_SEQUENCE = tonumber(C.TL_STOP_MAX_TOKENS), tonumber(C.TL_STOP_SEQUENCE)
+local update = ffi_new("tl_engine_update")
+local id_out = ffi_new("uint64_t[1]")
+
+-- Done with the engine request: exactly once per request, whether it finished, failed or
+-- its client left. A running generation stops before its next step.
+local function release(st, cancelled)
+    if st.released then return end
+    st.released = true
+    C.tl_engine_cancel(engine, st.id)
+    if st.phase == "queued" then metrics.incr("queued", -1) elseif st.phase == "running" then metrics.incr("active", -1) end
+    if cancelled and st.phase ~= "finished" then metrics.incr("cancelled") end
+    st.phase = "released"
+end
+
+local function now()
+    ngx_update_time()
+    return ngx_now()
+end
+
+-- Blocks the request's coroutine (never the worker) until the engine has output.
+-- -> 1 (output), -1 (gone), or nil, err.
+local function wait(st)
+    if conf.thread_pool then
+        local ok, r = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "wait", engine_addr, st.id, conf.wait_ms)
+        if not ok then return nil, "thread pool '" .. tostring(conf.thread_pool) .. "': " .. tostring(r) end
+        return r
+    end
+    local delay = 0.001
+    while true do
+        local r = tonumber(C.tl_engine_wait(engine, st.id, 0))
+        if r ~= 0 then return r end
+        ngx.sleep(delay)
+        delay = delay < 0.02 and delay * 2 or delay
+    end
+end
+
+-- The next output of the request: text, token ids (a table), finished (boolean); or nil, err
+-- (err "gone" when it was cancelled meanwhile).
+local function next_output(st)
+    while true do
+        local r, err = wait(st)
+        if st.released then return nil, "gone" end
+        if not r then return nil, err end
+        if r < 0 then return nil, "gone" end
+        if r > 0 then break end
+    end
+    C.tl_engine_read(engine, st.id, update)
+    local u = update
+    if st.phase == "queued" and u.state ~= QUEUED then
+        st.phase = "running"
+        metrics.incr("queued", -1)
+        metrics.incr("active", 1)
+    end
+    local n = u.n_tokens
+    local ids = {}
+    for i = 0, n - 1 do ids[i + 1] = u.tokens[i] end
+    local text = ffi_string(u.text, u.text_len)
+    if n > 0 then
+        local t = now()
+        if not st.last_token_at then
+            metrics.observe("ttft", t - ngx.req.start_time())
+        else
+            metrics.observe("tpot", (t - st.last_token_at) / n, n)
+        end
+        st.last_token_at = t
+        st.n_tokens = st.n_tokens + n
+    end
+    if u.state ~= FINISHED then return text, ids, false end
+    st.phase = "finished"
+    metrics.incr("active", -1)
+    if u.status ~= 0 then
+        return nil, "generation failed: " .. ffi_string(u.error)
+    end
+    local s = u.stats
+    metrics.incr("completed")
+    metrics.incr("tokens_out", s.tokens_emitted)
+    metrics.incr("loops_sum", s.loops_used * s.tokens_emitted)
+    if s.drafted > 0 then
+        metrics.incr("drafted", s.drafted)
+        metrics.incr("accepted", s.accepted)
+    end
+    local reason = tonumber(s.stop_reason)
+    st.finish_reason = reason == STOP_MAX_TOKENS and "length" or "stop"
+    st.stopped_by_string = reason == STOP_SEQUENCE and st.stops ~= nil
+    st.usage = { prompt_tokens = st.prompt_tokens, completion_tokens = s.tokens_emitted,
+                 total_tokens = st.prompt_tokens + s.tokens_emitted }
+    st.tinyloop = {
+        stop_reason = ffi_string(C.tl_stop_reason_name(reason)), loops_used = s.loops_used,
+        prefill_ms = s.prefill_ms, first_token_ms = s.first_token_ms, decode_ms = s.decode_ms,
+        drafted = s.drafted, accepted = s.accepted, acceptance_rate = s.acceptance_rate,
+        mean_accepted = s.mean_accepted, verify_steps = s.verify_steps, probes = s.probes,
+    }
+    return text, ids, true
+end
+
+-- OpenAI leaves the stop string out of the text. The engine shows a match only once it is
+-- complete (it holds back any suffix that may still grow into one), so the match lies in the
+-- text of the finishing read: cut it at the earliest stop string found there.
+local function cut_at_stop(text, stops)
+    local cut
+    for i = 1, #stops do
+        local at = text:find(stops[i], 1, true)
+        if at and (not cut or at < cut) then cut = at end
+    end
+    return cut and text:sub(1, cut - 1) or text
+end
+
+local function choice_json(text, ids, finish_reason)
+    return '[{"index":0,"text":' .. encode(text) .. ',"logprobs":null,"finish_reason":' ..
+        (finish_reason and ('"' .. finish_reason .. '"') or "null") .. ',"token_ids":[' .. concat(ids, ",") .. "]}]"
+end
+
+local function response_json(st, text, ids, final)
+    return '{"id":"' .. st.response_id .. '","object":"text_completion","created":' .. st.created ..
+        ',"model":' .. encode(conf.model_id) .. ',"choices":' .. choice_json(text, ids, final and st.finish_reason) ..
+        (final and (',"usage":' .. encode(st.usage) .. ',"tinyloop":' .. encode(st.tinyloop)) or "") .. "}"
+end
+
+local function run_blocking(st)
+    local texts, all_ids = {}, {}
+    while true do
+        local text, ids, finished = next_output(st)
+        if not text then
+            release(st, ids == "gone")
+            if ids == "gone" then return ngx_exit(499) end
+            return send_error(500, ids, nil, "server_error")
+        end
+        texts[#texts + 1] = text
+        for i = 1, #ids do all_ids[#all_ids + 1] = ids[i] end
+        if finished then break end
+    end
+    release(st, false)
+    local text = concat(texts)
+    if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
+    return send_json(200, response_json(st, text, all_ids, true))
+end
+
+-- Writes one SSE event; false when the client has gone (then the request is released).
+local function sse(st, payload)
+    local ok, err = ngx_print("data: ", payload, "\n\n")
+    if ok then ok, err = ngx_flush(true) end
+    if not ok then
+        ngx_log(ngx.INFO, "tinyloop: client gone mid-stream (", err, "): cancelling request ", st.response_id)
+        release(st, true)
+        return false
+    end
+    return true
+end
+
+-- Headers go with the first event, not before: a client's time to first byte is then its
+-- time to first token, and a failure before any token still gets a real error status.
+local function start_stream()
+    ngx.status = 200
+    ngx.header["Content-Type"] = "text/event-stream"
+    ngx.header["Cache-Control"] = "no-cache"
+    ngx.header["X-Accel-Buffering"] = "no" -- a proxy in front must not buffer the stream
+end
+
+local function run_stream(st)
+    local started = false
+    while true do
+        local text, ids, finished = next_output(st)
+        if not text then
+            local gone = ids == "gone"
+            release(st, gone)
+            if gone then return ngx_exit(499) end
+            if not started then return send_error(500, ids, nil, "server_error") end
+            -- Headers are sent: the error travels as an event, and the stream still ends.
+            sse(st, '{"error":{"message":' .. encode(ids) .. ',"type":"server_error","param":null}}')
+            sse(st, "[DONE]")
+            return ngx_exit(ngx.OK)
+        end
+        if not started and (finished or text ~= "" or #ids > 0) then
+            start_stream()
+            started = true
+        end
+        if finished then
+            release(st, false)
+            if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
+            if sse(st, response_json(st, text, ids, true)) then sse(st, "[DONE]") end
+            return ngx_exit(ngx.OK)
+        end
+        if (text ~= "" or #ids > 0) and not sse(st, response_json(st, text, ids, false)) then
+            return ngx_exit(499)
+        end
+    end
+end
+
+-- The engine's message without the Lua location prefix of a raised error.
+local function plain(msg)
+    msg = tostring(msg)
+    return (msg:gsub("^[^:\n]*:%d+: ", ""))
+end
+
+function _M.completions()
+    if ngx.req.get_method() ~= "POST" then
+        return send_error(405, "method " .. ngx.req.get_method() .. " is not allowed here: use POST", nil, nil, { Allow = "POST" })
+    end
+    if not ready() then return end
+    local declared = tonumber(ngx.var.http_content_length)
+    if declared and declared > conf.max_body then return _M.too_large() end
+    ngx.req.read_body()
+    local body = ngx.req.get_body_data()
+    if not body and ngx.req.get_body_file() then return _M.too_large() end -- spilled to disk: over the buffer
+    local req, err = request.parse(body or "", model, conf.model_id)
+    if not req then return send_error(err.status, err.message, err.param, err.type) end
+
+    -- The engine validates the decoding fields; its argument errors are raised (tinyloop's
+    -- error convention), runtime failures returned.
+    local ok, session, serr = pcall(model.session, model, req.ids, req.cfg)
+    if not ok then
+        local msg = plain(session)
+        return send_error(400, msg, request.param_of(msg))
+    end
+    if not session then return send_error(500, "cannot create the session: " .. tostring(serr), nil, "server_error") end
+    local ptr = session:detach()
+    if C.tl_engine_submit(engine, ptr, id_out) ~= 0 then
+        C.tl_session_free(ptr)
+        return send_error(500, "cannot submit: " .. ffi_string(C.tl_last_error()), nil, "server_error")
+    end
+    local id = tonumber(id_out[0])
+    if id == 0 then
+        C.tl_session_free(ptr)
+        metrics.incr("rejected")
+        return send_error(503, ("every session place is taken (%d running, %d queued): retry later")
+            :format(conf.max_active, conf.max_queued), nil, "overloaded_error", { ["Retry-After"] = "1" })
+    end
+    next_request = next_request + 1
+    local st = {
+        id = id, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
+        prompt_tokens = req.prompt_tokens, created = ngx.time(),
+        response_id = "cmpl-" .. ngx.worker.pid() .. "-" .. next_request,
+    }
+    metrics.incr("queued", 1)
+    metrics.incr("tokens_in", req.prompt_tokens)
+    -- A client that leaves (lua_check_client_abort on) cancels at once, even while this
+    -- request's coroutine waits in the thread pool.
+    ngx.on_abort(function()
+        release(st, true)
+        return ngx_exit(499)
+    end)
+    if req.stream then return run_stream(st) end
+    return run_blocking(st)
+end
+
+return _M

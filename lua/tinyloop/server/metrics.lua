@@ -1,0 +1,110 @@
+-- tinyloop.server.metrics: counters, gauges and histograms in an nginx shared dict (so every
+-- worker adds to the same figures), rendered in the Prometheus text format.
+local _M = {}
+
+local pairs, ipairs, tostring, format, concat, sort = pairs, ipairs, tostring, string.format, table.concat, table.sort
+
+local dict -- ngx.shared[name], set by init
+
+-- Latency buckets in seconds, shared by the two histograms.
+local BUCKETS = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30 }
+local HISTOGRAMS = {
+    ttft = { name = "tinyloop_time_to_first_token_seconds", help = "Time from the request's arrival to its first token." },
+    tpot = { name = "tinyloop_time_per_output_token_seconds", help = "Time between consecutive tokens of a request." },
+}
+
+function _M.init(dict_name)
+    dict = ngx.shared[dict_name]
+    if not dict then error("tinyloop.server: lua_shared_dict " .. dict_name .. " is not declared") end
+end
+
+local function incr(key, n)
+    local ok, err = dict:incr(key, n or 1, 0)
+    if not ok then ngx.log(ngx.WARN, "tinyloop metrics: ", err) end
+end
+_M.incr = incr
+
+-- Adds `count` observations of value v (seconds). Buckets are stored non-cumulative (one incr
+-- per observation) and summed when rendered.
+function _M.observe(h, v, count)
+    count = count or 1
+    local b = #BUCKETS + 1
+    for i = 1, #BUCKETS do
+        if v <= BUCKETS[i] then b = i break end
+    end
+    incr(h .. ":b" .. b, count)
+    incr(h .. ":sum", v * count)
+    incr(h .. ":count", count)
+end
+
+-- Requests by endpoint and status: endpoints are a fixed set, so labels stay bounded.
+local ENDPOINTS = { ["/v1/completions"] = true, ["/v1/models"] = true, ["/health"] = true, ["/metrics"] = true }
+function _M.log_request(uri, status)
+    incr("req:" .. (ENDPOINTS[uri] and uri or "other") .. ":" .. tostring(status))
+end
+
+local COUNTERS = {
+    { "tokens_in", "tinyloop_prompt_tokens_total", "Prompt tokens of admitted requests." },
+    { "tokens_out", "tinyloop_generated_tokens_total", "Tokens generated." },
+    { "cancelled", "tinyloop_cancelled_total", "Requests whose client left before generation ended (stopped within one step)." },
+    { "rejected", "tinyloop_rejected_total", "Requests answered 503 because every session place was taken." },
+    { "completed", "tinyloop_completed_total", "Generations that ran to their end." },
+    { "drafted", "tinyloop_speculative_drafted_total", "Draft tokens (chain) or tree nodes proposed by speculative requests." },
+    { "accepted", "tinyloop_speculative_accepted_total", "Draft tokens accepted by the verifier." },
+    { "loops_sum", "tinyloop_loops_used_sum", "Sum over generated tokens of the loop depth that produced them." },
+}
+local GAUGES = {
+    { "active", "tinyloop_sessions_active", "Sessions the engines are stepping now." },
+    { "queued", "tinyloop_sessions_queued", "Admitted sessions waiting for a place in a batch." },
+}
+
+-- The Prometheus text. `engine` (optional): this worker's tl_engine_counters.
+function _M.render(engine, worker)
+    local out = {}
+    local function add(...) out[#out + 1] = format(...) end
+    add("# HELP tinyloop_requests_total HTTP requests by endpoint and status.\n# TYPE tinyloop_requests_total counter\n")
+    local keys = dict:get_keys(0)
+    sort(keys)
+    for _, k in ipairs(keys) do
+        local ep, status = k:match("^req:(.-):(%d+)$")
+        if ep then add('tinyloop_requests_total{endpoint="%s",status="%s"} %d\n', ep, status, dict:get(k) or 0) end
+    end
+    for _, c in ipairs(COUNTERS) do
+        add("# HELP %s %s\n# TYPE %s counter\n%s %.17g\n", c[2], c[3], c[2], c[2], dict:get(c[1]) or 0)
+    end
+    for _, g in ipairs(GAUGES) do
+        add("# HELP %s %s\n# TYPE %s gauge\n%s %d\n", g[2], g[3], g[2], g[2], dict:get(g[1]) or 0)
+    end
+    local drafted, tokens = dict:get("drafted") or 0, dict:get("tokens_out") or 0
+    add("# HELP tinyloop_speculative_acceptance_ratio Accepted over drafted, all speculative requests so far.\n")
+    add("# TYPE tinyloop_speculative_acceptance_ratio gauge\ntinyloop_speculative_acceptance_ratio %.6g\n",
+        drafted > 0 and (dict:get("accepted") or 0) / drafted or 0)
+    add("# HELP tinyloop_loops_used_mean Mean loop depth per generated token, all requests so far.\n")
+    add("# TYPE tinyloop_loops_used_mean gauge\ntinyloop_loops_used_mean %.6g\n",
+        tokens > 0 and (dict:get("loops_sum") or 0) / tokens or 0)
+    for h, spec in pairs(HISTOGRAMS) do
+        add("# HELP %s %s\n# TYPE %s histogram\n", spec.name, spec.help, spec.name)
+        local cum = 0
+        for i = 1, #BUCKETS + 1 do
+            cum = cum + (dict:get(h .. ":b" .. i) or 0)
+            add('%s_bucket{le="%s"} %d\n', spec.name, BUCKETS[i] and tostring(BUCKETS[i]) or "+Inf", cum)
+        end
+        add("%s_sum %.6f\n%s_count %d\n", spec.name, dict:get(h .. ":sum") or 0, spec.name, dict:get(h .. ":count") or 0)
+    end
+    if engine then
+        -- This worker's engine, straight from C: the ground truth behind the gauges above.
+        local w = tostring(worker or 0)
+        add("# HELP tinyloop_engine_sessions Sessions this worker's engine holds (state: active, queued).\n# TYPE tinyloop_engine_sessions gauge\n")
+        add('tinyloop_engine_sessions{worker="%s",state="active"} %d\n', w, engine.active)
+        add('tinyloop_engine_sessions{worker="%s",state="queued"} %d\n', w, engine.queued)
+        add("# HELP tinyloop_engine_steps_after_cancel_total Steps sessions made after their cancel: the step in flight, at most one each.\n")
+        add('# TYPE tinyloop_engine_steps_after_cancel_total counter\ntinyloop_engine_steps_after_cancel_total{worker="%s"} %d\n',
+            w, tonumber(engine.steps_after_cancel))
+        add("# HELP tinyloop_engine_batch_rows_total Session-steps carried by batched steps (divide by iterations for the mean batch).\n")
+        add('# TYPE tinyloop_engine_batch_rows_total counter\ntinyloop_engine_batch_rows_total{worker="%s"} %d\n', w, tonumber(engine.rows))
+        add('# TYPE tinyloop_engine_iterations_total counter\ntinyloop_engine_iterations_total{worker="%s"} %d\n', w, tonumber(engine.iterations))
+    end
+    return concat(out)
+end
+
+return _M

@@ -1,0 +1,200 @@
+/* test_engine.c: the serving engine (scheduler.c). Requests of mixed configs, read by one
+ * thread each while the engine thread steps them together, produce exactly the tokens of
+ * tl_generate alone; the admission limits hold; a cancel stops a running session within
+ * one step and frees it. Built also under ThreadSanitizer (scripts/test). */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "check.h"
+#include "tinyloop.h"
+
+#define N 6
+#define CAP 160
+
+static tl_model *model;
+static tl_engine *engine;
+
+typedef struct {
+    int32_t prompt[4];
+    tl_generate_config cfg;
+    const char *stop_string;
+    uint64_t id;
+    int32_t got[CAP];
+    int n_got, reads;
+    char text[4096];
+    size_t text_len;
+    tl_stop_reason stop;
+    tl_status status;
+    tl_generate_stats stats;
+} job_t;
+
+static void *reader(void *arg) {
+    job_t *j = arg;
+    for (;;) {
+        int w = tl_engine_wait(engine, j->id, 1000);
+        if (w < 0) { j->status = TL_ERR_INTERNAL; break; }
+        if (w == 0) continue;
+        tl_engine_update u;
+        if (tl_engine_read(engine, j->id, &u) != TL_OK) { j->status = TL_ERR_INTERNAL; break; }
+        j->reads++;
+        for (int i = 0; i < u.n_tokens && j->n_got < CAP; i++) j->got[j->n_got++] = u.tokens[i];
+        if (j->text_len + u.text_len < sizeof j->text) {
+            memcpy(j->text + j->text_len, u.text, u.text_len);
+            j->text_len += u.text_len;
+        }
+        if (u.state == TL_ENGINE_FINISHED) {
+            j->stop = u.stop_reason, j->status = u.status, j->stats = u.stats;
+            break;
+        }
+    }
+    tl_engine_cancel(engine, j->id); /* done with it: frees the finished request */
+    return NULL;
+}
+
+static tl_session *new_session(const int32_t *prompt, const tl_generate_config *cfg) {
+    tl_session *s = NULL;
+    if (tl_session_new(model, prompt, 4, cfg, &s) != TL_OK) printf("session: %s\n", tl_last_error());
+    return s;
+}
+
+static void counters(tl_engine_counters *c) { tl_engine_get_counters(engine, c); }
+
+/* A logits hook that holds the engine thread inside a step until the test opens the gate:
+   it makes "full", "queued" and "cancelled mid-step" deterministic on a fast model. */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static bool gate_open;
+static int gate_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
+    pthread_mutex_lock(&gate_mu);
+    while (!gate_open) pthread_cond_wait(&gate_cv, &gate_mu);
+    pthread_mutex_unlock(&gate_mu);
+    return TL_HOOK_CONTINUE;
+}
+static void set_gate(bool open) {
+    pthread_mutex_lock(&gate_mu);
+    gate_open = open;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+int main(int argc, char **argv) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/textmodel", argc > 1 ? argv[1] : "tests/data");
+    tl_load_options o;
+    tl_load_options_init(&o);
+    o.n_threads = 2;
+    if (tl_model_load(dir, &o, &model) != TL_OK) { printf("load: %s\n", tl_last_error()); return 1; }
+
+    tl_engine_options eo;
+    tl_engine_options_init(&eo);
+    CHECK(eo.max_active == 8 && eo.max_queued == 32, "defaults %d %d", eo.max_active, eo.max_queued);
+    eo.max_active = 0;
+    CHECK_ERROR(tl_engine_new(model, &eo, &engine), TL_ERR_INVALID_ARGUMENT, "max_active = 0");
+    eo.max_active = 4, eo.max_queued = 2;
+    CHECK(tl_engine_new(model, &eo, &engine) == TL_OK, "%s", tl_last_error());
+
+    /* Mixed configs: greedy, seeded sampling, lengths, a stop string, a window, EOS on. */
+    static job_t jobs[N];
+    for (int i = 0; i < N; i++) {
+        job_t *j = &jobs[i];
+        for (int k = 0; k < 4; k++) j->prompt[k] = (int32_t)((i * 37 + k * 11) % 300);
+        tl_generate_config_init(&j->cfg);
+        j->cfg.max_tokens = 10 + 17 * i;
+        j->cfg.ignore_eos = i != 5;
+        j->cfg.temperature = i % 2 ? 0.9f : 0.0f;
+        j->cfg.sample_seed = (uint64_t)(100 + i);
+        j->cfg.logits_processor = gate_hook; /* edits nothing: the tokens stay those of a plain run */
+        if (i == 4) j->cfg.cache_window = 16;
+        if (i == 3) {
+            j->stop_string = " ";
+            j->cfg.stop_strings = &j->stop_string;
+            j->cfg.n_stop_strings = 1;
+        }
+    }
+    set_gate(false);
+    for (int i = 0; i < N; i++) {
+        CHECK(tl_engine_submit(engine, new_session(jobs[i].prompt, &jobs[i].cfg), &jobs[i].id) == TL_OK, "%s", tl_last_error());
+        CHECK(jobs[i].id > 0, "request %d admitted", i);
+    }
+    /* Four running + two queued: the seventh is refused and stays the caller's. */
+    tl_session *extra = new_session(jobs[0].prompt, &jobs[0].cfg);
+    uint64_t extra_id = 99;
+    CHECK(tl_engine_submit(engine, extra, &extra_id) == TL_OK && extra_id == 0, "full engine: id %llu", (unsigned long long)extra_id);
+    tl_session_free(extra);
+    CHECK(tl_engine_wait(engine, 12345, 10) == -1, "unknown id");
+    tl_engine_update u;
+    CHECK_ERROR(tl_engine_read(engine, 12345, &u), TL_ERR_INVALID_ARGUMENT, "unknown request id 12345");
+
+    CHECK(tl_engine_wait(engine, jobs[5].id, 20) == 0, "queued: nothing to read yet (timeout)");
+    set_gate(true);
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) pthread_create(&th[i], NULL, reader, &jobs[i]);
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+
+    for (int i = 0; i < N; i++) {
+        job_t *j = &jobs[i];
+        int32_t want[CAP];
+        int want_len = 0;
+        tl_generate_stats ws;
+        CHECK(tl_generate(model, j->prompt, 4, &j->cfg, want, CAP, &want_len, &ws) == TL_OK, "%s", tl_last_error());
+        CHECK(j->status == TL_OK, "job %d status %s", i, tl_status_name(j->status));
+        CHECK(j->n_got == want_len - 4 && !memcmp(j->got, want + 4, (size_t)j->n_got * sizeof(int32_t)),
+              "job %d: %d tokens, alone %d", i, j->n_got, want_len - 4);
+        CHECK(j->stop == ws.stop_reason && j->stats.tokens_emitted == j->n_got,
+              "job %d stop %s vs %s", i, tl_stop_reason_name(j->stop), tl_stop_reason_name(ws.stop_reason));
+        char *text = NULL;
+        size_t len = 0;
+        tl_decode(model, j->got, j->n_got, &text, &len);
+        /* Text = the detokenized tokens (a stop string's match included, as the session shows it). */
+        CHECK(len == j->text_len && !memcmp(text, j->text, len), "job %d text \"%.*s\" vs \"%s\"", i,
+              (int)j->text_len, j->text, text);
+        tl_free(text);
+    }
+    CHECK(jobs[3].stop == TL_STOP_SEQUENCE, "stop string: %s", tl_stop_reason_name(jobs[3].stop));
+
+    tl_engine_counters c;
+    counters(&c);
+    CHECK(c.active == 0 && c.queued == 0 && c.submitted == N && c.finished == N && c.rejected == 1 && c.cancelled == 0,
+          "counters active %d queued %d submitted %llu finished %llu", c.active, c.queued,
+          (unsigned long long)c.submitted, (unsigned long long)c.finished);
+    CHECK(c.iterations > 0 && c.rows > c.iterations, "batched: %llu rows in %llu iterations",
+          (unsigned long long)c.rows, (unsigned long long)c.iterations);
+
+    /* Cancel while the engine is inside a step: queued requests go at once, running ones
+       after the step in flight (at most one token each); nothing is left afterwards. */
+    tl_generate_config lc;
+    tl_generate_config_init(&lc);
+    lc.max_tokens = 120;
+    lc.ignore_eos = 1;
+    lc.logits_processor = gate_hook;
+    uint64_t ids[5];
+    set_gate(false);
+    for (int i = 0; i < 5; i++) tl_engine_submit(engine, new_session(jobs[0].prompt, &lc), &ids[i]);
+    CHECK(ids[4] > 0, "five admitted");
+    tl_engine_cancel(engine, ids[4]); /* queued: max_active is 4 */
+    CHECK(tl_engine_wait(engine, ids[4], 10) == -1 && tl_engine_read(engine, ids[4], &u) != TL_OK, "cancelled id is gone");
+    for (int i = 0; i < 4; i++) tl_engine_cancel(engine, ids[i]);
+    tl_engine_cancel(engine, ids[0]); /* twice is harmless */
+    CHECK(tl_engine_wait(engine, ids[0], 10) == -1, "a cancelled running id is gone for readers");
+    set_gate(true);
+    for (int t = 0; t < 5000; t++) {
+        counters(&c);
+        if (c.active == 0 && c.queued == 0) break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(c.active == 0 && c.queued == 0, "after cancel: active %d queued %d", c.active, c.queued);
+    CHECK(c.cancelled == 5 && c.steps_after_cancel >= 1 && c.steps_after_cancel <= 4,
+          "cancelled %llu, steps after cancel %llu (the step in flight only)",
+          (unsigned long long)c.cancelled, (unsigned long long)c.steps_after_cancel);
+
+    /* Freeing with requests still running (and one never read) is clean. */
+    tl_engine_submit(engine, new_session(jobs[0].prompt, &lc), &ids[0]);
+    tl_engine_free(engine);
+    tl_engine_free(NULL);
+    tl_model_free(model);
+    return check_summary();
+}

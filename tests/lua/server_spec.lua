@@ -1,0 +1,283 @@
+-- server_spec: the HTTP API (scripts/serve -> nginx + lua/tinyloop/server) against a real nginx
+-- on a free loopback port, started and stopped here; curl is the client.
+local cjson = require "cjson"
+local request = require "tinyloop.server.request"
+
+local MODEL = "models/tinyloop-austen"
+
+local function sh(cmd)
+    local p = assert(io.popen(cmd))
+    local out = p:read("*a")
+    p:close()
+    return out
+end
+
+local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+local port, base, dir
+-- curl(args) -> status, body
+local function curl(args)
+    local out = sh("curl -s -m 30 -w '\\n%{http_code}' " .. args)
+    local body, status = out:match("^(.*)\n(%d+)$")
+    return tonumber(status), body
+end
+local function post(body, extra)
+    return curl((extra or "") .. " -H 'Content-Type: application/json' --data-binary " .. quote(body) .. " " .. base .. "/v1/completions")
+end
+local function post_json(t) return post(cjson.encode(t)) end
+local function metric(text, name)
+    return tonumber(text:match("\n" .. name:gsub("[%-%[%]{}\"=]", "%%%0") .. " ([%d%.e%+%-]+)"))
+end
+local function metrics() return select(2, curl(base .. "/metrics")) end
+
+local function free_port()
+    for _ = 1, 50 do
+        local p = 20000 + math.random(0, 20000)
+        if sh("curl -s -m 1 -o /dev/null -w '%{http_code}' http://127.0.0.1:" .. p .. "/ 2>/dev/null") == "000" then return p end
+    end
+    error("no free port")
+end
+
+setup(function()
+    math.randomseed(os.time() + tonumber(tostring({}):match("0x(%x+)"), 16) % 100000)
+    port = free_port()
+    base = "http://127.0.0.1:" .. port
+    dir = sh("mktemp -d"):gsub("%s+$", "")
+    -- Small limits so the tests can reach them: 2 running + 1 queued, 4 KiB bodies.
+    os.execute(("scripts/serve --port %d --model %s --threads 1 --max-active 2 --max-queued 1 --max-body 4096 --prefix %s/prefix > %s/serve.log 2>&1 & echo $! > %s/pid")
+        :format(port, MODEL, dir, dir, dir))
+    for _ = 1, 300 do
+        if curl(base .. "/health") == 200 then return end
+        os.execute("sleep 0.1")
+    end
+    error("server did not start:\n" .. sh("cat " .. dir .. "/serve.log"))
+end)
+
+teardown(function()
+    if dir then
+        os.execute("kill -TERM $(cat " .. dir .. "/pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. dir ..
+            "/pid) 2>/dev/null || break; sleep 0.1; done; rm -rf " .. dir)
+    end
+end)
+
+-- Parses an SSE body: the JSON chunks, and whether it ended with data: [DONE].
+local function sse_chunks(body)
+    local chunks, done = {}, false
+    for line in body:gmatch("[^\n]+") do
+        local data = line:match("^data: (.*)$")
+        assert(data, "not an SSE data line: " .. line)
+        if data == "[DONE]" then done = true else chunks[#chunks + 1] = cjson.decode(data) end
+    end
+    assert(body:match("\n\n$"), "events end with a blank line")
+    return chunks, done
+end
+
+describe("server", function()
+    it("answers health, models and metrics", function()
+        local status, body = curl(base .. "/health")
+        assert.equal(200, status)
+        assert.equal("ok", cjson.decode(body).status)
+        status, body = curl(base .. "/v1/models")
+        assert.equal(200, status)
+        local m = cjson.decode(body)
+        assert.equal("list", m.object)
+        assert.equal("tinyloop-austen", m.data[1].id)
+        status, body = curl(base .. "/metrics")
+        assert.equal(200, status)
+        assert.truthy(body:find("# TYPE tinyloop_time_to_first_token_seconds histogram", 1, true))
+        assert.truthy(body:find('tinyloop_requests_total{endpoint="/health",status="200"}', 1, true))
+    end)
+
+    it("completes without streaming, in the OpenAI shape", function()
+        local status, body = post_json({ model = "tinyloop-austen", prompt = "It is a truth", max_tokens = 20, seed = 7, temperature = 0.8 })
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        assert.equal("text_completion", r.object)
+        assert.truthy(r.id:match("^cmpl%-"))
+        assert.equal("number", type(r.created))
+        assert.equal("length", r.choices[1].finish_reason)
+        assert.equal(20, #r.choices[1].token_ids)
+        assert.truthy(#r.choices[1].text > 0)
+        assert.same({ prompt_tokens = r.usage.prompt_tokens, completion_tokens = 20, total_tokens = r.usage.prompt_tokens + 20 }, r.usage)
+        assert.equal(8, r.tinyloop.loops_used)
+        -- token-id prompts work too
+        status, body = post_json({ prompt = { 10, 20, 30 }, max_tokens = 3 })
+        assert.equal(200, status, body)
+        assert.equal(3, cjson.decode(body).usage.prompt_tokens)
+    end)
+
+    it("streams SSE chunks whose text equals the non-streamed text for the same seed", function()
+        local req = { prompt = "It is a truth universally", max_tokens = 60, seed = 3, temperature = 0.9, loops = 12 }
+        local _, body = post_json(req)
+        local whole = cjson.decode(body)
+        req.stream = true
+        local status, sbody = post(cjson.encode(req), "-N")
+        assert.equal(200, status)
+        local chunks, done = sse_chunks(sbody)
+        assert.is_true(done)
+        local text, ids = {}, {}
+        for i, c in ipairs(chunks) do
+            assert.equal("text_completion", c.object)
+            text[#text + 1] = c.choices[1].text
+            for _, id in ipairs(c.choices[1].token_ids) do ids[#ids + 1] = id end
+            if i < #chunks then assert.equal(cjson.null, c.choices[1].finish_reason) end
+        end
+        assert.equal(whole.choices[1].text, table.concat(text))
+        assert.same(whole.choices[1].token_ids, ids)
+        assert.equal("length", chunks[#chunks].choices[1].finish_reason)
+        assert.equal(60, chunks[#chunks].usage.completion_tokens)
+    end)
+
+    it("stops at a stop string and leaves it out of the text", function()
+        local _, body = post_json({ prompt = "It is a truth", max_tokens = 40, seed = 1 })
+        local free = cjson.decode(body).choices[1].text
+        local stop = free:match("^.-(%a%a%a)") -- three letters the greedy text reaches
+        assert.truthy(stop, free)
+        for _, stream in ipairs({ false, true }) do
+            local status, b = post(cjson.encode({ prompt = "It is a truth", max_tokens = 40, seed = 1, stop = { "zzzz", stop }, stream = stream }), "-N")
+            assert.equal(200, status, b)
+            local r
+            if stream then
+                local chunks = sse_chunks(b)
+                local parts = {}
+                for _, c in ipairs(chunks) do parts[#parts + 1] = c.choices[1].text end
+                r = chunks[#chunks]
+                r.choices[1].text = table.concat(parts)
+            else
+                r = cjson.decode(b)
+            end
+            assert.equal("stop", r.choices[1].finish_reason)
+            assert.equal("STOP_SEQUENCE", r.tinyloop.stop_reason)
+            assert.equal(free:sub(1, free:find(stop, 1, true) - 1), r.choices[1].text)
+        end
+    end)
+
+    local function expect_error(status, param, body_or_args, raw)
+        local got, body
+        if raw then got, body = curl(body_or_args) else got, body = post(body_or_args) end
+        assert.equal(status, got, body)
+        local e = cjson.decode(body).error
+        assert.equal("string", type(e.message))
+        assert.equal("string", type(e.type))
+        assert.equal(param == nil and cjson.null or param, e.param)
+        return e
+    end
+
+    it("answers bad input with 4xx JSON errors naming the field, and keeps serving", function()
+        expect_error(400, nil, "{not json")
+        expect_error(400, nil, "[1, 2]")
+        expect_error(400, nil, "")
+        expect_error(400, "bogus", '{"prompt": "hi", "bogus": 1}')
+        expect_error(400, "max_tokens", '{"prompt": "hi", "max_tokens": "ten"}')
+        expect_error(400, "max_tokens", '{"prompt": "hi", "max_tokens": 1.5}')
+        expect_error(400, "stream", '{"prompt": "hi", "stream": "yes"}')
+        expect_error(400, "temperature", '{"prompt": "hi", "temperature": "hot"}')
+        expect_error(400, "stop", '{"prompt": "hi", "stop": [1]}')
+        expect_error(400, "prompt", '{"max_tokens": 3}')
+        expect_error(400, "prompt", '{"prompt": ""}')
+        expect_error(400, "prompt", '{"prompt": []}')
+        expect_error(400, "prompt", '{"prompt": {"a": 1}}')
+        expect_error(400, "max_tokens", '{"prompt": "hi", "max_tokens": 300}')
+        expect_error(400, "max_tokens", '{"prompt": [1, 2, 3], "max_tokens": 254}')
+        local e = expect_error(400, "prompt", '{"prompt": [1, 4096]}')
+        assert.truthy(e.message:find("4096", 1, true))
+        expect_error(400, "prompt", '{"prompt": [1, -1]}')
+        expect_error(400, "prompt", '{"prompt": [1, 2.5]}')
+        expect_error(400, "loops", '{"prompt": "hi", "loops": 99}')
+        expect_error(400, "speculative", '{"prompt": "hi", "speculative": "sideways"}')
+        expect_error(404, "model", '{"prompt": "hi", "model": "gpt-4"}')
+        expect_error(400, "n", '{"prompt": "hi", "n": 2}')
+        -- size limit (4096 here), declared and chunked
+        local big = '{"prompt": "' .. ("a"):rep(5000) .. '"}'
+        expect_error(413, nil, big)
+        local f = dir .. "/big.json"
+        local h = assert(io.open(f, "wb")); h:write(big); h:close()
+        expect_error(413, nil, "-H 'Transfer-Encoding: chunked' --data-binary @" .. f .. " " .. base .. "/v1/completions", true)
+        -- wrong method, wrong path
+        expect_error(405, nil, base .. "/v1/completions", true)
+        expect_error(405, nil, "-X POST -d x " .. base .. "/health", true)
+        expect_error(404, nil, base .. "/v1/chat/completions", true)
+        -- still serving
+        local status = post_json({ prompt = "hi", max_tokens = 2 })
+        assert.equal(200, status)
+    end)
+
+    it("serves concurrent requests, and 503s with Retry-After when full", function()
+        -- Two running + one queued fit; launched together, six must see at least one 503.
+        local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 100, loops = 16, ignore_eos = true }))
+        local cmd = {}
+        for i = 1, 6 do
+            cmd[#cmd + 1] = ("curl -s -m 60 -D %s/h%d -o %s/b%d -w '%%{http_code}\\n' -H 'Content-Type: application/json' -d %s %s/v1/completions &")
+                :format(dir, i, dir, i, req, base)
+        end
+        local codes = sh("(" .. table.concat(cmd, " ") .. " wait) 2>&1")
+        local ok, busy = 0, 0
+        for code in codes:gmatch("%d+") do
+            if code == "200" then ok = ok + 1 elseif code == "503" then busy = busy + 1 end
+        end
+        assert.equal(6, ok + busy, codes)
+        assert.truthy(ok >= 2, codes)
+        assert.truthy(busy >= 1, codes)
+        for i = 1, 6 do
+            local headers = sh("cat " .. dir .. "/h" .. i)
+            local body = cjson.decode(sh("cat " .. dir .. "/b" .. i))
+            if headers:match("^HTTP/1.1 503") then
+                assert.truthy(headers:lower():find("retry%-after: 1"))
+                assert.equal("overloaded_error", body.error.type)
+            else
+                assert.equal(100, body.usage.completion_tokens)
+            end
+        end
+        -- two at once, both complete with what each would get alone
+        local a = cjson.encode({ prompt = "It is", max_tokens = 30, seed = 11, temperature = 0.7 })
+        local b = cjson.encode({ prompt = "She said", max_tokens = 30, seed = 12, temperature = 0.7 })
+        local alone_a, alone_b = select(2, post(a)), select(2, post(b))
+        sh(("(curl -s -o %s/ca -d %s %s/v1/completions & curl -s -o %s/cb -d %s %s/v1/completions & wait)")
+            :format(dir, quote(a), base, dir, quote(b), base))
+        assert.equal(cjson.decode(alone_a).choices[1].text, cjson.decode(sh("cat " .. dir .. "/ca")).choices[1].text)
+        assert.equal(cjson.decode(alone_b).choices[1].text, cjson.decode(sh("cat " .. dir .. "/cb")).choices[1].text)
+    end)
+
+    it("cancels a stream whose client disconnects, within one step, and frees its session", function()
+        local before = metrics()
+        local cancelled0 = metric(before, "tinyloop_cancelled_total")
+        local after0 = metric(before, 'tinyloop_engine_steps_after_cancel_total{worker="0"}')
+        -- Read the first event, then hang up (head exits, curl's next write fails, it closes).
+        local req = cjson.encode({ prompt = "It is a truth", max_tokens = 250, loops = 16, ignore_eos = true, stream = true })
+        local first = sh("curl -sN -m 30 -d " .. quote(req) .. " " .. base .. "/v1/completions | head -n 1")
+        assert.truthy(first:match("^data: {"), first)
+        local m
+        for _ = 1, 100 do
+            m = metrics()
+            if metric(m, "tinyloop_cancelled_total") == cancelled0 + 1 and metric(m, "tinyloop_sessions_active") == 0 then break end
+            os.execute("sleep 0.05")
+        end
+        assert.equal(cancelled0 + 1, metric(m, "tinyloop_cancelled_total"))
+        assert.equal(0, metric(m, "tinyloop_sessions_active"))
+        assert.equal(0, metric(m, "tinyloop_sessions_queued"))
+        assert.equal(0, metric(m, 'tinyloop_engine_sessions{worker="0",state="active"}'))
+        assert.truthy(metric(m, 'tinyloop_engine_steps_after_cancel_total{worker="0"}') - after0 <= 1)
+        -- it did stop early: far fewer than 250 tokens were generated for it
+        assert.truthy(metric(m, "tinyloop_generated_tokens_total") == metric(before, "tinyloop_generated_tokens_total"))
+        assert.equal(200, (post_json({ prompt = "hi", max_tokens = 2 })))
+    end)
+end)
+
+describe("server request parsing", function()
+    local fake = { vocab_size = 10, max_seq_len = 16, has_tokenizer = false }
+    it("maps an engine message to the field it names", function()
+        assert.equal("max_tokens", request.param_of("max_tokens = -1 must be >= 0"))
+        assert.equal("seed", request.param_of("config field 'sample_seed' = -1 must be an integer"))
+        assert.equal("stop", request.param_of("stop_strings[1] must be a string"))
+        assert.is_nil(request.param_of("something else"))
+    end)
+    it("needs token ids without a tokenizer", function()
+        local r, e = request.parse('{"prompt": "hi"}', fake, "m")
+        assert.is_nil(r)
+        assert.equal("prompt", e.param)
+        r = assert(request.parse('{"prompt": [1, 2], "max_tokens": 3, "seed": null}', fake, "m"))
+        assert.same({ 1, 2 }, r.ids)
+        assert.equal(3, r.cfg.max_tokens)
+        assert.is_nil(r.cfg.sample_seed)
+    end)
+end)
