@@ -111,8 +111,47 @@ static tl_status find_shaped(binder *b, const char *name, int rows, int cols, tl
     return TL_OK;
 }
 
+/* A q8 (I8 [rows, cols]) or q4 (U8 [rows, cols / 2]) matrix and its F16 scale tensor
+   "<name>_scale" [rows, cols / TL_QGROUP] (layout: internal.h, README "Quantised weights"). */
+static tl_status bind_quantised(binder *b, const char *name, tl_st_tensor *t, int rows, int cols,
+                                tl_matrix *out) {
+    const bool q8 = t->dtype == TL_ST_I8;
+    t->claimed = true;
+    if (cols % TL_QGROUP != 0)
+        return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" is quantised but its %d columns are not a multiple of %d",
+                       b->path, name, cols, TL_QGROUP);
+    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != (q8 ? cols : cols / 2))
+        return tl_fail(TL_ERR_FORMAT, "%s: %s tensor \"%s\" must have shape [%d, %d] (config.json: [%d, %d])",
+                       b->path, q8 ? "q8 (I8)" : "q4 (U8)", name, rows, q8 ? cols : cols / 2, rows, cols);
+    char scale_name[300];
+    snprintf(scale_name, sizeof scale_name, "%s_scale", name);
+    tl_st_tensor *s = tl_st_find(b->file, scale_name);
+    if (!s) return tl_fail(TL_ERR_FORMAT, "%s: quantised tensor \"%s\" has no scale tensor \"%s\"", b->path, name, scale_name);
+    s->claimed = true;
+    if (s->dtype != TL_ST_F16 || s->ndim != 2 || s->shape[0] != rows || s->shape[1] != cols / TL_QGROUP)
+        return tl_fail(TL_ERR_FORMAT, "%s: scale tensor \"%s\" must be F16 [%d, %d]", b->path, scale_name, rows,
+                       cols / TL_QGROUP);
+    out->dtype = q8 ? TL_Q8 : TL_Q4;
+    out->rows = rows;
+    out->cols = cols;
+    out->data = t->data;
+    out->scale = s->data;
+    if ((uintptr_t)s->data % 2 != 0) { /* unaligned in the file: keep an aligned copy */
+        void *copy = own(b->m, tl_alloc_aligned(s->nbytes));
+        if (!copy) return tl_fail(TL_ERR_NO_MEMORY, "out of memory copying \"%s\"", scale_name);
+        memcpy(copy, s->data, s->nbytes);
+        out->scale = copy;
+    }
+    return TL_OK;
+}
+
 static tl_status bind_matrix(binder *b, const char *name, int rows, int cols, tl_matrix *out) {
-    tl_st_tensor *t;
+    tl_st_tensor *t = tl_st_find(b->file, name);
+    if (t && (t->dtype == TL_ST_I8 || t->dtype == TL_ST_U8)) {
+        if (strcmp(name, "pos_embed.weight") == 0)
+            return tl_fail(TL_ERR_FORMAT, "%s: \"%s\" must be F32, F16 or BF16 (it is not quantised)", b->path, name);
+        return bind_quantised(b, name, t, rows, cols, out);
+    }
     tl_status st = find_shaped(b, name, rows, cols, &t);
     if (st != TL_OK) return st;
     out->dtype = t->dtype == TL_ST_F32 ? TL_F32 : t->dtype == TL_ST_F16 ? TL_F16 : TL_BF16;
@@ -287,7 +326,7 @@ static tl_status upload_weights(tl_model *m, bool keep_mapped) {
 
 static void fill_info(tl_model *m, const tl_st_file *file) {
     static const char *const injections[] = {"none", "add", "concat"};
-    static const char *const dtypes[] = {"f32", "f16", "bf16"};
+    static const char *const dtypes[] = {"f32", "f16", "bf16", "q8", "q4"};
     const tl_config *c = &m->cfg;
     struct tl_model_info *i = &m->info;
     *i = (struct tl_model_info){
@@ -309,6 +348,10 @@ static void fill_info(tl_model *m, const tl_st_file *file) {
     for (int t = 0; t < file->n_tensors; t++) {
         int64_t numel = 1;
         for (int k = 0; k < file->tensors[t].ndim; k++) numel *= file->tensors[t].shape[k];
+        /* Parameters, not storage: a q4 byte holds two, a scale tensor holds none. */
+        const size_t len = strlen(file->tensors[t].name);
+        if (len > 6 && strcmp(file->tensors[t].name + len - 6, "_scale") == 0) numel = 0;
+        if (file->tensors[t].dtype == TL_ST_U8) numel *= 2;
         i->n_params += numel;
         i->weight_bytes += (int64_t)file->tensors[t].nbytes;
     }

@@ -170,5 +170,10 @@ static void matmul_avx512(const float *x, int n, int k, const void *w, tl_dtype 
 static float dot_avx512(const float *a, const float *b, int k) { return tl_kernels_avx2.dot(a, b, k); }
 static void axpy_avx512(float *y, float a, const float *x, int k) { tl_kernels_avx2.axpy(y, a, x, k); }
 
-const tl_kernels tl_kernels_avx512 = {"avx512", matmul_avx512, matmul_packed_avx512, dot_avx512, axpy_avx512};
+/* q8/q4: the AVX2 kernel (integer sums are exact, so every ISA agrees); CPUs with
+   AVX512-VNNI get tl_kernels_avx512_vnni (kernels_vnni.c). */
+const tl_kernels tl_kernels_avx512 = {"avx512", matmul_avx512, matmul_packed_avx512, tl_qmatmul_packed_avx2,
+                                      dot_avx512, axpy_avx512};
+const tl_kernels tl_kernels_avx512_vnni = {"avx512-vnni", matmul_avx512, matmul_packed_avx512,
+                                           tl_qmatmul_packed_vnni, dot_avx512, axpy_avx512};
 #endif
