@@ -324,6 +324,14 @@ static tl_status upload_weights(tl_model *m, bool keep_mapped) {
 
 /* ---------------------------------------------------------------- info */
 
+/* The dtype reported as weight_dtype: the layers' (a q4 checkpoint keeps its embedding and
+   head at q8), or the embedding's for a model without layers. */
+static tl_dtype layers_dtype(const tl_model *m) {
+    const tl_config *c = &m->cfg;
+    const tl_layer *L = c->n_block ? m->w.block : c->n_prelude ? m->w.prelude : c->n_coda ? m->w.coda : NULL;
+    return L ? L->up.dtype : m->w.tok_embed.dtype;
+}
+
 static void fill_info(tl_model *m, const tl_st_file *file) {
     static const char *const injections[] = {"none", "add", "concat"};
     static const char *const dtypes[] = {"f32", "f16", "bf16", "q8", "q4"};
@@ -341,7 +349,7 @@ static void fill_info(tl_model *m, const tl_st_file *file) {
         .norm = c->norm == TL_NORM_LAYERNORM ? "layernorm" : "rmsnorm",
         .mlp = c->mlp == TL_MLP_GELU ? "gelu" : "swiglu",
         .pos_encoding = c->pos_encoding == TL_POS_LEARNED ? "learned" : "rope",
-        .weight_dtype = dtypes[m->w.tok_embed.dtype],
+        .weight_dtype = dtypes[layers_dtype(m)],
         .state_norm = c->state_norm, .bias = c->bias, .tie_embeddings = c->tie_embeddings,
         .n_threads = m->backend->threads(m->backend_ctx), .backend = m->backend->name,
     };

@@ -110,6 +110,14 @@ static bool quantisable(const tl_st_tensor *t) {
            (t->dtype == TL_ST_F32 || t->dtype == TL_ST_F16 || t->dtype == TL_ST_BF16);
 }
 
+/* q4 keeps the embedding and the head at q8: they are a small share of the bytes a token
+   reads at depth (the head is read once, the block loops times), and the head's error goes
+   straight into the logits (as llama.cpp keeps its output matrix above 4 bits). */
+static tl_dtype type_for(const tl_st_tensor *t, tl_dtype type) {
+    if (type == TL_Q4 && (!strcmp(t->name, "tok_embed.weight") || !strcmp(t->name, "lm_head.weight"))) return TL_Q8;
+    return type;
+}
+
 static tl_dtype float_dtype(tl_st_dtype d) { return d == TL_ST_F32 ? TL_F32 : d == TL_ST_F16 ? TL_F16 : TL_BF16; }
 
 static void add_entry(cJSON *header, const char *name, const char *dtype, int64_t rows, int64_t cols,
@@ -129,8 +137,8 @@ static void add_entry(cJSON *header, const char *name, const char *dtype, int64_
     *offset += bytes;
 }
 
-tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dtype type) {
-    if (type != TL_Q8 && type != TL_Q4) return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: type must be q8 or q4");
+tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dtype want) {
+    if (want != TL_Q8 && want != TL_Q4) return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: type must be q8 or q4");
     char from[4096], to[4096];
     if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) return tl_fail(TL_ERR_IO, "%s: %s", out_dir, strerror(errno));
     tl_status st;
@@ -149,7 +157,7 @@ tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dty
     cJSON *header = cJSON_CreateObject();
     cJSON *meta = cJSON_AddObjectToObject(header, "__metadata__");
     cJSON_AddStringToObject(meta, "format", "pt");
-    cJSON_AddStringToObject(meta, "tinyloop_quantization", type == TL_Q8 ? "q8" : "q4");
+    cJSON_AddStringToObject(meta, "tinyloop_quantization", want == TL_Q8 ? "q8" : "q4");
     uint64_t offset = 0;
     for (int i = 0; i < file.n_tensors; i++) {
         const tl_st_tensor *t = &file.tensors[i];
@@ -158,6 +166,7 @@ tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dty
             continue;
         }
         const int64_t rows = t->shape[0], cols = t->shape[1];
+        const tl_dtype type = type_for(t, want);
         char scale_name[512];
         snprintf(scale_name, sizeof scale_name, "%s_scale", t->name);
         add_entry(header, t->name, type == TL_Q8 ? "I8" : "U8", rows, type == TL_Q8 ? cols : cols / 2, 0, NULL,
@@ -191,6 +200,7 @@ tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dty
             continue;
         }
         const int64_t rows = t->shape[0], cols = t->shape[1];
+        const tl_dtype type = type_for(t, want);
         const size_t elem = tl_st_dtype_size(t->dtype), qbytes = (size_t)(type == TL_Q8 ? cols : cols / 2);
         const size_t groups = (size_t)cols / TL_QGROUP;
         free(row); free(q); free(scales);

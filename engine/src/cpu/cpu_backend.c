@@ -120,7 +120,7 @@ static void quantise_input(const float *x, int n, int k, void *mem, tl_qrows *ou
     int32_t *sum = (int32_t *)(d + groups);
     int8_t *q = (int8_t *)(sum + groups);
     tl_cpu_quantize_rows(x, n, k, q, d, sum);
-    *out = (tl_qrows){q, d, sum};
+    *out = (tl_qrows){x, q, d, sum};
 }
 
 void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
@@ -136,7 +136,8 @@ void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
     void *heap = NULL;
     tl_qrows qrows;
-    if (tl_dtype_quantised(w->dtype)) {
+    qrows.x = x;
+    if (w->dtype == TL_Q4) { /* q8 reads the f32 rows (kernels.h) */
         const size_t bytes = quantised_bytes(n, w->cols);
         if (bytes > sizeof stack && !(heap = malloc(bytes))) {
             /* Out of memory: nothing sensible is left to compute with. */

@@ -13,6 +13,7 @@
    of TL_QGROUP), q [n][k] int8 in [-127, 127] and, per row and group, d [n][k/TL_QGROUP]
    (x ~ d * q) and sum [n][k/TL_QGROUP] (the sum of the group's q, for the weights' offset). */
 typedef struct tl_qrows {
+    const float *x; /* the rows themselves [n][k]: q8 weights multiply these */
     const int8_t *q;
     const float *d;
     const int32_t *sum;
@@ -52,13 +53,16 @@ typedef struct tl_kernels {
        bit, whatever the number of rows. */
     void (*matmul_packed)(const float *x, int n, int k, const void *w, tl_dtype dt,
                           const float *bias, int o0, int o1, float *y, int ldy);
-    /* The same for a packed q8/q4 matrix (layout below) against activation rows quantised
-       by tl_cpu_quantize_rows. Every output is computed as
+    /* The same for a packed q8/q4 matrix (layout below). Every output is computed as
            acc = 0;  for each group g in order:
+             q8 (f32 activations: 8-bit activations cost more top-1 agreement than allowed):
+               p_b = 0; for i = b, b+4, .. < 32: p_b = fma((float)wq[o][32g+i], x[r][32g+i], p_b)
+               acc = fma(scale[o][g], (p_0 + p_1) + (p_2 + p_3), acc)
+             q4 (activations quantised by tl_cpu_quantize_rows):
                isum = sum_i wq[o][32g + i] * xq[r][32g + i]     (exact, in integers)
                acc = fma(scale[o][g] * d[r][g], (float)isum, acc)
            y = acc (+ bias)
-       by every implementation; integer sums are exact in any order, so they agree bit for bit. */
+       by every implementation (integer sums are exact in any order), so they agree bit for bit. */
     void (*qmatmul_packed)(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                            const float *bias, int o0, int o1, float *y, int ldy);
     float (*dot)(const float *a, const float *b, int k);

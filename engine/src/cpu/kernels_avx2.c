@@ -148,64 +148,80 @@ static void matmul_packed_avx2(const float *x, int n, int k, const void *w, tl_d
 
 /* ---------------------------------------------------------------- q8 / q4 panels */
 
-/* 16 lanes = two ymm halves. Integer dot products of 4 inputs per lane: maddubs multiplies
-   unsigned by signed bytes into pairs of int16, madd with ones adds the pairs into int32.
-   q8 bytes hold q + 128; q8 uses the sign trick (|q| times x with q's sign) so that no
-   int16 pair can saturate (2 * 128 * 127 < 32768); q4's nibbles are unsigned already.
-   R input rows share every weight load; the canonical float steps are kernels.h's. */
-#define DEFINE_QPACKED_ROWS(NAME, Q8, R)                                                  \
+/* q8: f32 activations (kernels.h). 16 lanes = two ymm halves; a sub-block's 32 bytes per
+   half are 8 lanes x 4 inputs, byte b of each lane sign-extended by a shift pair (the bytes
+   hold q + 128: the xor restores q). R input rows share every conversion. */
+#define DEFINE_Q8_ROWS(NAME, R)                                                           \
     static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out) { \
         const int groups = k / TL_QGROUP;                                                 \
-        const size_t bb = tl_qblock_bytes(Q8 ? TL_Q8 : TL_Q4);                            \
-        const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80); \
+        const size_t bb = tl_qblock_bytes(TL_Q8);                                         \
+        const __m256i flip = _mm256_set1_epi8((char)0x80);                                \
         __m256 acc[R][2];                                                                 \
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();          \
         for (int g = 0; g < groups; g++) {                                                \
             const uint8_t *blk = panel + (size_t)g * bb;                                  \
-            _mm_prefetch((const char *)blk + PREFETCH_AHEAD, _MM_HINT_T0);                \
-            _mm_prefetch((const char *)blk + PREFETCH_AHEAD + 64, _MM_HINT_T0);           \
-            _mm_prefetch((const char *)blk + PREFETCH_AHEAD + 128, _MM_HINT_T0);          \
-            _mm_prefetch((const char *)blk + PREFETCH_AHEAD + 192, _MM_HINT_T0);          \
-            if (Q8) {                                                                     \
-                _mm_prefetch((const char *)blk + PREFETCH_AHEAD + 256, _MM_HINT_T0);      \
-                _mm_prefetch((const char *)blk + PREFETCH_AHEAD + 320, _MM_HINT_T0);      \
-                _mm_prefetch((const char *)blk + PREFETCH_AHEAD + 384, _MM_HINT_T0);      \
-                _mm_prefetch((const char *)blk + PREFETCH_AHEAD + 448, _MM_HINT_T0);      \
-                _mm_prefetch((const char *)blk + PREFETCH_AHEAD + 512, _MM_HINT_T0);      \
+            if (R == 1)                                                                   \
+                for (size_t p_ = 0; p_ < bb; p_ += 64)                                    \
+                    _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p_, _MM_HINT_T0);   \
+            for (int h = 0; h < 2; h++) {                                                 \
+                __m256 p[R][4];                                                           \
+                for (int r = 0; r < R; r++) p[r][0] = p[r][1] = p[r][2] = p[r][3] = _mm256_setzero_ps(); \
+                for (int j = 0; j < 8; j++) {                                             \
+                    const __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + j * 64 + h * 32)), flip); \
+                    for (int b = 0; b < 4; b++) {                                         \
+                        const __m256 wb = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * b), 24)); \
+                        for (int r = 0; r < R; r++)                                       \
+                            p[r][b] = _mm256_fmadd_ps(wb, _mm256_broadcast_ss(x->x + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP + 4 * j + b), p[r][b]); \
+                    }                                                                     \
+                }                                                                         \
+                const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + tl_qscale_offset(TL_Q8) + 16 * h))); \
+                for (int r = 0; r < R; r++)                                               \
+                    acc[r][h] = _mm256_fmadd_ps(sw, _mm256_add_ps(_mm256_add_ps(p[r][0], p[r][1]), _mm256_add_ps(p[r][2], p[r][3])), acc[r][h]); \
             }                                                                             \
+        }                                                                                 \
+        for (int r = 0; r < R; r++) {                                                     \
+            _mm256_storeu_ps(out + r * TL_PANEL, acc[r][0]);                              \
+            _mm256_storeu_ps(out + r * TL_PANEL + 8, acc[r][1]);                          \
+        }                                                                                 \
+    }
+
+/* q4: quantised activations. Integer dot products of 4 inputs per lane: maddubs multiplies
+   the unsigned nibbles by the signed activation bytes into int16 pairs (2 * 15 * 127 and
+   the sum of two such results, 4 * 15 * 127, cannot saturate), madd with ones adds the
+   pairs into int32. */
+#define DEFINE_Q4_ROWS(NAME, R)                                                           \
+    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out) { \
+        const int groups = k / TL_QGROUP;                                                 \
+        const size_t bb = tl_qblock_bytes(TL_Q4);                                         \
+        const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);           \
+        __m256 acc[R][2];                                                                 \
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();          \
+        for (int g = 0; g < groups; g++) {                                                \
+            const uint8_t *blk = panel + (size_t)g * bb;                                  \
+            if (R == 1)                                                                   \
+                for (size_t p_ = 0; p_ < bb; p_ += 64)                                    \
+                    _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p_, _MM_HINT_T0);   \
             for (int h = 0; h < 2; h++) {                                                 \
                 __m256i dp[R];                                                            \
                 for (int r = 0; r < R; r++) dp[r] = _mm256_setzero_si256();               \
-                for (int j = 0; j < (Q8 ? 8 : 4); j++) {                                  \
+                for (int j = 0; j < 4; j++) {                                             \
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + j * 64 + h * 32)); \
-                    if (Q8) {                                                             \
-                        const __m256i ws = _mm256_xor_si256(v, flip), aw = _mm256_abs_epi8(ws); \
-                        for (int r = 0; r < R; r++) {                                     \
-                            const int8_t *xq = x->q + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP; \
-                            int32_t x4;                                                   \
-                            memcpy(&x4, xq + 4 * j, 4);                                   \
-                            const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(x4), ws)); \
-                            dp[r] = _mm256_add_epi32(dp[r], _mm256_madd_epi16(p, ones));  \
-                        }                                                                 \
-                    } else {                                                              \
-                        const __m256i lo = _mm256_and_si256(v, low4);                     \
-                        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4); \
-                        for (int r = 0; r < R; r++) {                                     \
-                            const int8_t *xq = x->q + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP; \
-                            int32_t xa, xb;                                               \
-                            memcpy(&xa, xq + 4 * j, 4);                                   \
-                            memcpy(&xb, xq + 16 + 4 * j, 4);                              \
-                            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xa)), \
-                                                               _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xb))); \
-                            dp[r] = _mm256_add_epi32(dp[r], _mm256_madd_epi16(p, ones));  \
-                        }                                                                 \
+                    const __m256i lo = _mm256_and_si256(v, low4);                         \
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);   \
+                    for (int r = 0; r < R; r++) {                                         \
+                        const int8_t *xq = x->q + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP; \
+                        int32_t xa, xb;                                                   \
+                        memcpy(&xa, xq + 4 * j, 4);                                       \
+                        memcpy(&xb, xq + 16 + 4 * j, 4);                                  \
+                        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xa)), \
+                                                           _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xb))); \
+                        dp[r] = _mm256_add_epi32(dp[r], _mm256_madd_epi16(p, ones));      \
                     }                                                                     \
                 }                                                                         \
-                const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + tl_qscale_offset(Q8 ? TL_Q8 : TL_Q4) + 16 * h))); \
+                const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + tl_qscale_offset(TL_Q4) + 16 * h))); \
                 for (int r = 0; r < R; r++) {                                             \
                     const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;    \
-                    __m256i isum = dp[r];                                                 \
-                    if (!Q8) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * x->sum[gi])); \
+                    const __m256i isum = _mm256_sub_epi32(dp[r], _mm256_set1_epi32(8 * x->sum[gi])); \
                     acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(sw, _mm256_set1_ps(x->d[gi])), \
                                                 _mm256_cvtepi32_ps(isum), acc[r][h]);     \
                 }                                                                         \
@@ -217,15 +233,13 @@ static void matmul_packed_avx2(const float *x, int n, int k, const void *w, tl_d
         }                                                                                 \
     }
 
-DEFINE_QPACKED_ROWS(q8_r2, 1, 2)
-DEFINE_QPACKED_ROWS(q8_r1, 1, 1)
-DEFINE_QPACKED_ROWS(q4_r2, 0, 2)
-DEFINE_QPACKED_ROWS(q4_r1, 0, 1)
+DEFINE_Q8_ROWS(q8_r2, 2)
+DEFINE_Q8_ROWS(q8_r1, 1)
+DEFINE_Q4_ROWS(q4_r2, 2)
+DEFINE_Q4_ROWS(q4_r1, 1)
 
-/* Why q4's pair sum cannot saturate either: 2 * 15 * 127 < 32768, and the two maddubs
-   results added in int16 stay below 4 * 15 * 127 = 7620. */
 void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
-                                const float *bias, int o0, int o1, float *y, int ldy) {
+                            const float *bias, int o0, int o1, float *y, int ldy) {
     const size_t panel_bytes = (size_t)(k / TL_QGROUP) * tl_qblock_bytes(dt);
     float out[2 * TL_PANEL];
     for (int o = o0; o < o1; o += TL_PANEL) {

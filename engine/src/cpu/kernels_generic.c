@@ -66,6 +66,14 @@ static void qmatmul_packed_generic(const tl_qrows *x, int n, int k, const void *
             float acc = 0.0f;
             for (int g = 0; g < groups; g++) {
                 const uint8_t *blk = panel + (size_t)g * bb;
+                if (dt == TL_Q8) {
+                    const float *xr = x->x + (size_t)r * (size_t)k + (size_t)g * TL_QGROUP;
+                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    for (int i = 0; i < TL_QGROUP; i++) p[i % 4] = fmaf((float)qblock_at(blk, dt, lane, i), xr[i], p[i % 4]);
+                    const float scale = tl_f16_to_f32(read_u16(blk + tl_qscale_offset(dt) + 2 * lane));
+                    acc = fmaf(scale, (p[0] + p[1]) + (p[2] + p[3]), acc);
+                    continue;
+                }
                 const int8_t *xq = x->q + (size_t)r * (size_t)k + (size_t)g * TL_QGROUP;
                 int32_t isum = 0;
                 for (int i = 0; i < TL_QGROUP; i++) isum += qblock_at(blk, dt, lane, i) * xq[i];
@@ -85,8 +93,16 @@ void tl_qmatmul_rowmajor(const tl_qrows *x, int n, int k, const tl_matrix *w, co
         for (int r = 0; r < n; r++) {
             float acc = 0.0f;
             for (int g = 0; g < groups; g++) {
-                const int8_t *xq = x->q + (size_t)r * (size_t)k + (size_t)g * TL_QGROUP;
                 float scale = 0.0f;
+                if (w->dtype == TL_Q8) {
+                    const float *xr = x->x + (size_t)r * (size_t)k + (size_t)g * TL_QGROUP;
+                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    for (int i = 0; i < TL_QGROUP; i++)
+                        p[i % 4] = fmaf((float)qrow_at(w, o, g * TL_QGROUP + i, &scale), xr[i], p[i % 4]);
+                    acc = fmaf(scale, (p[0] + p[1]) + (p[2] + p[3]), acc);
+                    continue;
+                }
+                const int8_t *xq = x->q + (size_t)r * (size_t)k + (size_t)g * TL_QGROUP;
                 int32_t isum = 0;
                 for (int i = 0; i < TL_QGROUP; i++) isum += qrow_at(w, o, g * TL_QGROUP + i, &scale) * xq[i];
                 acc = fmaf(scale * x->d[(size_t)r * (size_t)groups + (size_t)g], (float)isum, acc);
