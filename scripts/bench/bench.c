@@ -513,8 +513,12 @@ static double write_checkpoint(const char *config_text, const tl_config *c, tl_d
 
 /* ---------------------------------------------------------------- weight bytes per token */
 
+/* Stored bytes per weight: q8 / q4 add one f16 scale per TL_QGROUP weights. */
+static double weight_bytes(tl_dtype dt) {
+    return dt == TL_Q8 ? 1.0 + 2.0 / TL_QGROUP : dt == TL_Q4 ? 0.5 + 2.0 / TL_QGROUP : (double)dtype_size(dt);
+}
 static double mat_bytes(const tl_matrix *m) {
-    return m->data ? (double)m->rows * (double)m->cols * (double)dtype_size(m->dtype) : 0.0;
+    return m->data ? (double)m->rows * (double)m->cols * weight_bytes(m->dtype) : 0.0;
 }
 static double vec_bytes(const float *p, int len) { return p ? 4.0 * len : 0.0; } /* f32 at load */
 
@@ -559,7 +563,7 @@ static byte_breakdown bytes_per_token(const tl_model *m, int loops) {
         b.vectors += loops * (vec_bytes(w->state_norm_w, c->d_model) + vec_bytes(w->state_norm_b, c->d_model));
     b.vectors += vec_bytes(w->final_norm_w, c->d_model) + vec_bytes(w->final_norm_b, c->d_model);
     b.lm_head = mat_bytes(&w->lm_head);
-    b.embed_rows = (double)c->d_model * (double)dtype_size(w->tok_embed.dtype);
+    b.embed_rows = (double)c->d_model * weight_bytes(w->tok_embed.dtype);
     if (c->pos_encoding == TL_POS_LEARNED)
         b.embed_rows += (double)c->d_model * (double)dtype_size(w->pos_embed.dtype);
     b.total = b.layers + b.inject + b.lm_head + b.vectors + b.embed_rows;
