@@ -89,7 +89,16 @@ tl_status tl_config_check(tl_config *c);
 
 /* ---------------------------------------------------------------- weights */
 
-typedef enum { TL_F32 = 0, TL_F16 = 1, TL_BF16 = 2 } tl_dtype;
+typedef enum { TL_F32 = 0, TL_F16 = 1, TL_BF16 = 2, TL_Q8 = 3, TL_Q4 = 4 } tl_dtype;
+
+/* Quantised matrices (q8, q4; README "Quantised weights"): integers in groups of TL_QGROUP
+   consecutive inputs (columns), one f16 scale per (row, group) in `scale`; cols is a
+   multiple of TL_QGROUP. q8: int8 q in [-127, 127], w = scale * q. q4: 4-bit u in [0, 15],
+   w = scale * (u - 8). Row-major (as in the file): q8 [rows][cols] bytes, q4 [rows][cols/2]
+   bytes (element 2j in the low nibble of byte j, 2j+1 in the high one), scale f16
+   [rows][cols/TL_QGROUP]. The CPU backend's packed layout is in cpu/cpu_weights.c. */
+#define TL_QGROUP 32
+static inline bool tl_dtype_quantised(tl_dtype dt) { return dt == TL_Q8 || dt == TL_Q4; }
 
 /* A matrix [rows, cols] in its checkpoint dtype (16-bit types stay 16-bit in memory;
    kernels convert on the fly). `data` is the backend's after upload (backend.h). For the
@@ -100,6 +109,7 @@ typedef enum { TL_F32 = 0, TL_F16 = 1, TL_BF16 = 2 } tl_dtype;
 #define TL_PANEL 16
 typedef struct tl_matrix {
     const void *data;
+    const void *scale; /* q8/q4 only: the f16 group scales (packed: inside `data`, NULL) */
     tl_dtype dtype;
     int rows, cols;
     int packed;

@@ -116,11 +116,55 @@ static tl_status find_shaped(tl_binder *b, const char *name, const int64_t *dims
     return TL_OK;
 }
 
+/* A q8 (I8 [rows, cols]) or q4 (U8 [rows, cols / 2]) matrix and its F16 scale tensor
+   "<name>_scale" [rows, cols / TL_QGROUP] (layout: internal.h, README "Quantised weights"). */
+static tl_status bind_quantised(tl_binder *b, const char *name, tl_st_tensor *t, const char *path, int rows,
+                                int cols, tl_matrix *out) {
+    const bool q8 = t->dtype == TL_ST_I8;
+    t->claimed = true;
+    if (cols % TL_QGROUP != 0)
+        return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" is quantised but its %d columns are not a multiple of %d",
+                       path, name, cols, TL_QGROUP);
+    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != (q8 ? cols : cols / 2))
+        return tl_fail(TL_ERR_FORMAT, "%s: %s tensor \"%s\" must have shape [%d, %d] (config.json: [%d, %d])",
+                       path, q8 ? "q8 (I8)" : "q4 (U8)", name, rows, q8 ? cols : cols / 2, rows, cols);
+    char scale_name[300];
+    snprintf(scale_name, sizeof scale_name, "%s_scale", name);
+    const char *scale_path = NULL;
+    tl_st_tensor *s = tl_st_set_find(b->files, scale_name, &scale_path);
+    if (!s) return tl_fail(TL_ERR_FORMAT, "%s: quantised tensor \"%s\" has no scale tensor \"%s\"", path, name, scale_name);
+    s->claimed = true;
+    if (s->dtype != TL_ST_F16 || s->ndim != 2 || s->shape[0] != rows || s->shape[1] != cols / TL_QGROUP)
+        return tl_fail(TL_ERR_FORMAT, "%s: scale tensor \"%s\" must be F16 [%d, %d]", path, scale_name, rows,
+                       cols / TL_QGROUP);
+    out->dtype = q8 ? TL_Q8 : TL_Q4;
+    out->rows = rows;
+    out->cols = cols;
+    out->data = t->data;
+    out->scale = s->data;
+    if ((uintptr_t)s->data % 2 != 0) { /* unaligned in the file: keep an aligned copy */
+        void *copy = own(b->m, tl_alloc_aligned(s->nbytes));
+        if (!copy) return tl_fail(TL_ERR_NO_MEMORY, "out of memory copying \"%s\"", scale_name);
+        memcpy(copy, s->data, s->nbytes);
+        out->scale = copy;
+    }
+    return TL_OK;
+}
+
 tl_status tl_bind_matrix_rows(tl_binder *b, const char *name, int total_rows, int cols, int row0,
                               int rows, tl_matrix *out) {
     tl_st_tensor *t = NULL;
     const char *path = NULL;
     const int64_t dims[2] = {total_rows, cols};
+    tl_st_tensor *stored = tl_st_set_find(b->files, name, &path);
+    if (stored && (stored->dtype == TL_ST_I8 || stored->dtype == TL_ST_U8)) {
+        if (strcmp(name, "pos_embed.weight") == 0)
+            return tl_fail(TL_ERR_FORMAT, "%s: \"%s\" must be F32, F16 or BF16 (it is not quantised)", path, name);
+        if (row0 != 0 || rows != total_rows) /* a fused tensor split at load (Huginn's Wqkv) */
+            return tl_fail(TL_ERR_FORMAT, "%s: \"%s\" is quantised but must be split at load: quantise the "
+                           "checkpoint after conversion to TinyLoop's format", path, name);
+        return bind_quantised(b, name, stored, path, rows, cols, out);
+    }
     tl_status st = find_shaped(b, name, dims, 2, &t, &path);
     if (st != TL_OK) return st;
     const size_t elem = tl_st_dtype_size(t->dtype), bytes = (size_t)rows * (size_t)cols * elem;
@@ -350,9 +394,17 @@ static tl_status upload_weights(tl_model *m, bool keep_mapped) {
 
 /* ---------------------------------------------------------------- info */
 
+/* The dtype reported as weight_dtype: the layers' (a q4 checkpoint keeps its embedding and
+   head at q8), or the embedding's for a model without layers. */
+static tl_dtype layers_dtype(const tl_model *m) {
+    const tl_config *c = &m->cfg;
+    const tl_layer *L = c->n_block ? m->w.block : c->n_prelude ? m->w.prelude : c->n_coda ? m->w.coda : NULL;
+    return L ? L->up.dtype : m->w.tok_embed.dtype;
+}
+
 static void fill_info(tl_model *m, const tl_st_set *files) {
     static const char *const injections[] = {"none", "add", "concat"};
-    static const char *const dtypes[] = {"f32", "f16", "bf16"};
+    static const char *const dtypes[] = {"f32", "f16", "bf16", "q8", "q4"};
     const tl_config *c = &m->cfg;
     struct tl_model_info *i = &m->info;
     *i = (struct tl_model_info){
@@ -367,7 +419,7 @@ static void fill_info(tl_model *m, const tl_st_set *files) {
         .norm = c->norm == TL_NORM_LAYERNORM ? "layernorm" : "rmsnorm",
         .mlp = c->mlp == TL_MLP_GELU ? "gelu" : "swiglu",
         .pos_encoding = c->pos_encoding == TL_POS_LEARNED ? "learned" : "rope",
-        .weight_dtype = dtypes[m->w.tok_embed.dtype],
+        .weight_dtype = dtypes[layers_dtype(m)],
         .state_norm = c->state_norm, .bias = c->bias, .tie_embeddings = c->tie_embeddings,
         .n_threads = m->backend->threads(m->backend_ctx), .backend = m->backend->name,
     };
@@ -377,6 +429,10 @@ static void fill_info(tl_model *m, const tl_st_set *files) {
             if (!file->tensors[t].claimed) continue;
             int64_t numel = 1;
             for (int k = 0; k < file->tensors[t].ndim; k++) numel *= file->tensors[t].shape[k];
+            /* Parameters, not storage: a q4 byte holds two, a scale tensor holds none. */
+            const size_t len = strlen(file->tensors[t].name);
+            if (len > 6 && strcmp(file->tensors[t].name + len - 6, "_scale") == 0) numel = 0;
+            if (file->tensors[t].dtype == TL_ST_U8) numel *= 2;
             i->n_params += numel;
             i->weight_bytes += (int64_t)file->tensors[t].nbytes;
         }

@@ -9,8 +9,13 @@
  *     (prelude + block x loops + coda layers, concat injection x loops, lm_head, norm
  *     vectors, embedding rows), and the achieved GB/s = bytes/token x decode tokens/s;
  *   - the machine's streaming read bandwidth at the same thread count (a sum over a buffer
- *     of max(2 x L3, 1 GiB), split across the threads, best of a few passes),
- * and prints one table (optionally a CSV file too). Timings are medians of --repeat runs
+ *     of max(8 x L3, 1 GiB), split across the threads, best of a few passes): with less,
+ *     part of the buffer stays in the cache and the figure measures the cache, not DRAM;
+ *   - with --sgemm, OpenBLAS sgemm GFLOP/s on the model's layer shapes at the prefill chunk
+ *     size, and prefill's matmul GFLOP/s as a fraction of it (a yardstick measured in the
+ *     same run; OpenBLAS is linked into this tool only, never into the engine),
+ * and prints one table (optionally a CSV file too). The L3 size is printed, and a note
+ * warns when the weights are under 4 x L3: decode may then read them from the cache. Timings are medians of --repeat runs
  * after one warm-up run.
  *
  * The checkpoint is either an existing directory (--model DIR) or a random one written to
@@ -89,7 +94,7 @@ typedef struct {
     const char *model_dir, *preset, *config_file, *dtype_name, *csv, *tmp_parent;
     tl_dtype dtype;
     int threads[MAX_THREAD_COUNTS], n_threads;
-    int prompt_len, decode, loops, repeat, chunk, stream_passes, keep;
+    int prompt_len, decode, loops, repeat, chunk, stream_passes, keep, sgemm;
     long stream_mb;
     uint64_t seed;
 } options;
@@ -114,8 +119,10 @@ static void usage(FILE *fp) {
         "  --decode N           tokens decoded one at a time after the prefill (default 32)\n"
         "  --loops N            loop depth (default: the model's default_loops)\n"
         "  --repeat N           timed runs; the median is reported (default 3; plus 1 warm-up)\n"
-        "  --stream-mb N        stream-bandwidth buffer in MiB (default max(2 x L3, 1024))\n"
+        "  --stream-mb N        stream-bandwidth buffer in MiB (default max(8 x L3, 1024))\n"
         "  --stream-passes N    stream passes; the best is reported (default 5)\n"
+        "  --sgemm              also measure OpenBLAS sgemm on the layer shapes (yardstick for\n"
+        "                       prefill; needs a build that found OpenBLAS)\n"
         "  --csv FILE           also write the results as CSV\n"
         "  --help               this text\n"
         "\n"
@@ -169,9 +176,10 @@ static void parse_args(int argc, char **argv, options *o) {
             snprintf(flag, sizeof flag, "%s", arg);
         }
         if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) { usage(stdout); exit(0); }
-        if (!strcmp(flag, "--keep")) {
-            if (val) die(2, "--keep takes no value");
-            o->keep = 1;
+        if (!strcmp(flag, "--keep") || !strcmp(flag, "--sgemm")) {
+            if (val) die(2, "%s takes no value", flag);
+            if (!strcmp(flag, "--keep")) o->keep = 1;
+            else o->sgemm = 1;
             continue;
         }
         static const char *const valued[] = {"--model", "--preset", "--config", "--dtype", "--seed",
@@ -210,6 +218,9 @@ static void parse_args(int argc, char **argv, options *o) {
     if (sources != 1) die(2, "give exactly one of --model DIR, --preset NAME, --config FILE (see --help)");
     if (o->model_dir && o->dtype_name) die(2, "--dtype applies to written checkpoints (--preset/--config), not --model");
     if (o->model_dir && o->keep) die(2, "--keep applies to written checkpoints (--preset/--config), not --model");
+#ifndef TL_BENCH_OPENBLAS
+    if (o->sgemm) die(2, "--sgemm: this tinyloop-bench was built without OpenBLAS (install libopenblas-dev and re-run cmake)");
+#endif
     if (o->n_threads == 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         o->threads[o->n_threads++] = 1;
@@ -502,8 +513,12 @@ static double write_checkpoint(const char *config_text, const tl_config *c, tl_d
 
 /* ---------------------------------------------------------------- weight bytes per token */
 
+/* Stored bytes per weight: q8 / q4 add one f16 scale per TL_QGROUP weights. */
+static double weight_bytes(tl_dtype dt) {
+    return dt == TL_Q8 ? 1.0 + 2.0 / TL_QGROUP : dt == TL_Q4 ? 0.5 + 2.0 / TL_QGROUP : (double)dtype_size(dt);
+}
 static double mat_bytes(const tl_matrix *m) {
-    return m->data ? (double)m->rows * (double)m->cols * (double)dtype_size(m->dtype) : 0.0;
+    return m->data ? (double)m->rows * (double)m->cols * weight_bytes(m->dtype) : 0.0;
 }
 static double vec_bytes(const float *p, int len) { return p ? 4.0 * len : 0.0; } /* f32 at load */
 
@@ -548,7 +563,7 @@ static byte_breakdown bytes_per_token(const tl_model *m, int loops) {
         b.vectors += loops * (vec_bytes(w->state_norm_w, c->d_model) + vec_bytes(w->state_norm_b, c->d_model));
     b.vectors += vec_bytes(w->final_norm_w, c->d_model) + vec_bytes(w->final_norm_b, c->d_model);
     b.lm_head = mat_bytes(&w->lm_head);
-    b.embed_rows = (double)c->d_model * (double)dtype_size(w->tok_embed.dtype);
+    b.embed_rows = (double)c->d_model * weight_bytes(w->tok_embed.dtype);
     if (c->pos_encoding == TL_POS_LEARNED)
         b.embed_rows += (double)c->d_model * (double)dtype_size(w->pos_embed.dtype);
     b.total = b.layers + b.inject + b.lm_head + b.vectors + b.embed_rows;
@@ -702,6 +717,96 @@ static double l3_bytes(void) {
     return total;
 }
 
+/* The L3 size and where it came from: sysfs (what lscpu reports), else the C library's
+   CPUID-based figure (virtual machines often hide sysfs cache entries). */
+static double l3_size(const char **source) {
+    double v = l3_bytes();
+    *source = "sysfs";
+    if (v > 0.0) return v;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    long s = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    *source = "cpuid";
+    if (s > 0) return (double)s;
+#endif
+    *source = "unknown";
+    return 0.0;
+}
+
+/* ---------------------------------------------------------------- matmul work per token */
+
+static double layer_macs(const tl_layer *L) {
+    const tl_matrix *ms[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+    double macs = 0.0;
+    for (int i = 0; i < 7; i++)
+        if (ms[i]->data) macs += (double)ms[i]->rows * (double)ms[i]->cols;
+    return macs;
+}
+
+/* Matmul multiply-adds per prefill token: every layer instance, the injection, and the head
+   for one row per prompt (the only row whose logits prefill asks for). Attention is not
+   counted: the sgemm yardstick covers the matmuls. */
+static double prefill_macs_per_token(const tl_model *m, int loops, int prompt_len) {
+    const tl_config *c = &m->cfg;
+    const tl_weights *w = &m->w;
+    double macs = 0.0;
+    for (int i = 0; i < c->n_prelude; i++) macs += layer_macs(&w->prelude[i]);
+    for (int i = 0; i < c->n_block; i++) macs += loops * layer_macs(&w->block[i]);
+    for (int i = 0; i < c->n_coda; i++) macs += layer_macs(&w->coda[i]);
+    if (c->injection == TL_INJECT_CONCAT)
+        macs += (loops + (c->loop_update == TL_UPDATE_RESIDUAL)) * 2.0 * c->d_model * (double)c->d_model;
+    return macs + (double)c->vocab_size * c->d_model / prompt_len;
+}
+
+/* ---------------------------------------------------------------- sgemm yardstick */
+
+#ifdef TL_BENCH_OPENBLAS
+/* The two OpenBLAS entry points used, declared here so that no cblas.h variant is needed. */
+enum { BLAS_ROW_MAJOR = 101, BLAS_NO_TRANS = 111, BLAS_TRANS = 112 };
+void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                 const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
+void openblas_set_num_threads(int n);
+
+/* Best-of-passes GFLOP/s of OpenBLAS sgemm, Y[rows][N] = X[rows][K] W^T for the shapes of
+   one layer of the model (ms[7]: q k v o gate up down; data NULL = absent), f32, `threads` OpenBLAS threads: the rate
+   a prefill chunk of `rows` rows could reach with a tuned GEMM on this machine. */
+static double sgemm_gflops(const tl_matrix *ms, int rows, int threads, int passes) {
+    openblas_set_num_threads(threads);
+    double best = 1e30, flops = 0.0;
+    float *x = NULL, *w = NULL, *y = NULL;
+    size_t xmax = 0, wmax = 0, ymax = 0;
+    for (int i = 0; i < 7; i++) {
+        if (!ms[i].data) continue;
+        size_t xs = (size_t)rows * ms[i].cols, ws = (size_t)ms[i].rows * ms[i].cols, ys = (size_t)rows * ms[i].rows;
+        if (xs > xmax) xmax = xs;
+        if (ws > wmax) wmax = ws;
+        if (ys > ymax) ymax = ys;
+        flops += 2.0 * (double)ws * rows;
+    }
+    x = malloc(xmax * sizeof *x);
+    w = malloc(wmax * sizeof *w);
+    y = malloc(ymax * sizeof *y);
+    if (!x || !w || !y) die(1, "out of memory");
+    for (size_t i = 0; i < xmax; i++) x[i] = (float)((i * 7) % 13) * 0.01f;
+    for (size_t i = 0; i < wmax; i++) w[i] = (float)((i * 5) % 11) * 0.01f;
+    /* Pass 0 warms up (OpenBLAS starts its threads); then at least `passes` passes and at
+       least half a second, so that a short GEMM is not judged on one scheduler slice. */
+    double start = now_s();
+    for (int pass = 0; pass <= passes || now_s() - start < 0.5; pass++) {
+        double t0 = now_s();
+        for (int i = 0; i < 7; i++)
+            if (ms[i].data)
+                cblas_sgemm(BLAS_ROW_MAJOR, BLAS_NO_TRANS, BLAS_TRANS, rows, ms[i].rows, ms[i].cols, 1.0f,
+                            x, ms[i].cols, w, ms[i].cols, 0.0f, y, ms[i].rows);
+        double dt = now_s() - t0;
+        if (pass > 0 && dt < best) best = dt;
+    }
+    free(x);
+    free(w);
+    free(y);
+    return flops / best / 1e9;
+}
+#endif
+
 /* The loop depth to run at; exits when the flags do not fit the model. */
 static int checked_loops(const options *o, const tl_config *c) {
     int loops = o->loops ? o->loops : c->default_loops;
@@ -767,6 +872,7 @@ static double median(double *v, int n) {
 typedef struct {
     int threads;
     double prefill_tps, decode_tps, bytes_per_token, decode_gbs, stream_gbs, pct;
+    double prefill_gflops, sgemm_gflops, sgemm_pct; /* sgemm: 0 without --sgemm */
 } result_row;
 
 /* ---------------------------------------------------------------- main */
@@ -810,11 +916,16 @@ int main(int argc, char **argv) {
     }
 
     /* ---- the stream buffer (allocated and touched once, reused for every thread count) */
-    double l3 = l3_bytes();
+    const char *l3_source;
+    double l3 = l3_size(&l3_source);
     size_t stream_bytes;
+    int stream_capped = 0;
     if (o.stream_mb > 0) stream_bytes = (size_t)o.stream_mb << 20;
     else {
-        double want = 2.0 * l3 > 1024.0 * MIB ? 2.0 * l3 : 1024.0 * MIB;
+        double want = 8.0 * l3 > 1024.0 * MIB ? 8.0 * l3 : 1024.0 * MIB;
+        /* Never more than a quarter of the memory: the model is loaded at the same time. */
+        double cap = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / 4.0;
+        if (cap > 0.0 && want > cap) { want = cap; stream_capped = 1; }
         stream_bytes = (size_t)ceil(want / MIB) << 20;
     }
     float *stream_buf = NULL; /* allocated once the first model has loaded */
@@ -829,7 +940,9 @@ int main(int argc, char **argv) {
     int loops = 0;
     struct tl_model_info info0;
     memset(&info0, 0, sizeof info0);
-    double kv_bytes = 0.0, mean_ctx = 0.0;
+    double kv_bytes = 0.0, mean_ctx = 0.0, prefill_macs = 0.0;
+    tl_matrix layer_shapes[7]; /* one layer's matrices (shapes only) for the sgemm yardstick */
+    memset(layer_shapes, 0, sizeof layer_shapes);
     for (int ti = 0; ti < o.n_threads; ti++) {
         tl_load_options lo;
         tl_load_options_init(&lo);
@@ -844,6 +957,10 @@ int main(int argc, char **argv) {
             stream_buf = alloc_stream_buffer(stream_bytes);
             info0 = *tl_model_info(m);
             bb = bytes_per_token(m, loops);
+            prefill_macs = prefill_macs_per_token(m, loops, o.prompt_len);
+            const tl_layer *L0 = c->n_block ? &m->w.block[0] : &m->w.prelude[0];
+            const tl_matrix *l0[7] = {&L0->q, &L0->k, &L0->v, &L0->o, &L0->gate, &L0->up, &L0->down};
+            for (int i = 0; i < 7; i++) layer_shapes[i] = *l0[i];
             int instances = c->n_prelude + c->n_block * loops + c->n_coda;
             mean_ctx = o.prompt_len + (o.decode + 1) / 2.0;
             kv_bytes = instances * mean_ctx * 2.0 * c->n_kv_heads * c->head_dim * sizeof(float);
@@ -865,14 +982,22 @@ int main(int argc, char **argv) {
                    bb.embed_rows / MB);
             printf("kv reads   %.2f MB/token at mean context %.0f (f32 K+V, not counted in bytes/tok)\n",
                    kv_bytes / MB, mean_ctx);
-            printf("stream     %.0f MiB buffer (L3 %.0f MiB), best of %d passes, %s kernel\n",
-                   stream_bytes / MIB, l3 / MIB, o.stream_passes, g_stream_avx2 ? "avx2" : "plain C");
-            if (l3 > 0.0 && (double)info0.weight_bytes < l3)
-                printf("note       the weights (%.1f MB) fit in the L3 (%.0f MiB): decode may read them "
-                       "from cache, so %% of stream can exceed 100\n",
-                       info0.weight_bytes / MB, l3 / MIB);
-            if (stream_bytes < 2.0 * l3)
-                printf("note       the stream buffer is under 2 x L3: stream GB/s partly measures the cache\n");
+            printf("L3         %.1f MiB (%s)\n", l3 / MIB, l3_source);
+            printf("stream     %.0f MiB buffer (%.1f x L3), best of %d passes, %s kernel\n",
+                   stream_bytes / MIB, l3 > 0.0 ? stream_bytes / l3 : 0.0, o.stream_passes,
+                   g_stream_avx2 ? "avx2" : "plain C");
+            printf("prefill    %.1f MFLOP of matmuls per token (attention not counted)\n",
+                   2.0 * prefill_macs / 1e6);
+            if (l3 > 0.0 && (double)info0.weight_bytes < 4.0 * l3)
+                printf("WARNING    the weights (%.1f MB) are under 4 x L3 (%.0f MiB): decode may read part of "
+                       "them from the cache, so decode GB/s and %% of stream overstate the memory bandwidth\n",
+                       info0.weight_bytes / MB, 4.0 * l3 / MIB);
+            if (stream_capped)
+                printf("note       the stream buffer is capped at a quarter of the memory, under 8 x L3\n");
+            if (l3 > 0.0 && stream_bytes < 8.0 * l3)
+                printf("note       the stream buffer is under 8 x L3: stream GB/s partly measures the cache\n");
+            if (l3 <= 0.0)
+                printf("note       the L3 size is unknown: the buffer cannot be checked against it\n");
             printf("\n");
             fflush(stdout);
         }
@@ -919,30 +1044,46 @@ int main(int argc, char **argv) {
         row->stream_gbs = stream_bandwidth(stream_buf, stream_bytes / sizeof(float), o.threads[ti],
                                            o.stream_passes) / GB;
         row->pct = 100.0 * row->decode_gbs / row->stream_gbs;
+        row->prefill_gflops = 2.0 * prefill_macs * row->prefill_tps / 1e9;
+#ifdef TL_BENCH_OPENBLAS
+        if (o.sgemm) {
+            row->sgemm_gflops = sgemm_gflops(layer_shapes, o.chunk < o.prompt_len ? o.chunk : o.prompt_len,
+                                             o.threads[ti], 3);
+            row->sgemm_pct = 100.0 * row->prefill_gflops / row->sgemm_gflops;
+        }
+#endif
         fprintf(stderr, "  threads %d done\n", row->threads);
     }
     free(stream_buf);
 
     /* ---- the table */
-    printf("%7s | %13s | %12s | %18s | %11s | %11s | %18s\n", "threads", "prefill tok/s",
-           "decode tok/s", "weight bytes/token", "decode GB/s", "stream GB/s", "decode % of stream");
-    printf("--------+---------------+--------------+--------------------+-------------+-------------+-------------------\n");
+    printf("%7s | %13s | %13s | %12s | %18s | %11s | %11s | %18s", "threads", "prefill tok/s",
+           "prefill GF/s", "decode tok/s", "weight bytes/token", "decode GB/s", "stream GB/s",
+           "decode % of stream");
+    if (o.sgemm) printf(" | %12s | %17s", "sgemm GF/s", "prefill % of sgemm");
+    printf("\n--------+---------------+---------------+--------------+--------------------+-------------+-------------+-------------------");
+    if (o.sgemm) printf("+--------------+-------------------");
+    printf("\n");
     for (int i = 0; i < o.n_threads; i++) {
         const result_row *r = &rows[i];
         char bytes[32];
         snprintf(bytes, sizeof bytes, "%.2f MB", r->bytes_per_token / MB);
-        printf("%7d | %13.1f | %12.2f | %18s | %11.2f | %11.2f | %17.1f%%\n", r->threads,
-               r->prefill_tps, r->decode_tps, bytes, r->decode_gbs, r->stream_gbs, r->pct);
+        printf("%7d | %13.1f | %13.1f | %12.2f | %18s | %11.2f | %11.2f | %17.1f%%", r->threads,
+               r->prefill_tps, r->prefill_gflops, r->decode_tps, bytes, r->decode_gbs, r->stream_gbs, r->pct);
+        if (o.sgemm) printf(" | %12.1f | %16.1f%%", r->sgemm_gflops, r->sgemm_pct);
+        printf("\n");
     }
 
     if (csv) {
         fprintf(csv, "model,dtype,loops,prompt_len,decode,threads,prefill_tok_s,decode_tok_s,"
-                     "weight_bytes_per_token,decode_gb_s,stream_gb_s,decode_pct_of_stream\n");
+                     "weight_bytes_per_token,decode_gb_s,stream_gb_s,decode_pct_of_stream,"
+                     "prefill_gflop_s,sgemm_gflop_s,prefill_pct_of_sgemm,l3_bytes\n");
         for (int i = 0; i < o.n_threads; i++) {
             const result_row *r = &rows[i];
-            fprintf(csv, "\"%s\",%s,%d,%d,%d,%d,%.3f,%.3f,%.0f,%.4f,%.4f,%.2f\n", label,
+            fprintf(csv, "\"%s\",%s,%d,%d,%d,%d,%.3f,%.3f,%.0f,%.4f,%.4f,%.2f,%.3f,%.3f,%.2f,%.0f\n", label,
                     info0.weight_dtype, loops, o.prompt_len, o.decode, r->threads, r->prefill_tps,
-                    r->decode_tps, r->bytes_per_token, r->decode_gbs, r->stream_gbs, r->pct);
+                    r->decode_tps, r->bytes_per_token, r->decode_gbs, r->stream_gbs, r->pct,
+                    r->prefill_gflops, r->sgemm_gflops, r->sgemm_pct, l3);
         }
         if (fclose(csv) != 0) die(1, "--csv: writing %s failed", o.csv);
     }

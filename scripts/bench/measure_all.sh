@@ -10,7 +10,7 @@ cmake --build build -j2 --target tinyloop-bench tinyloop >/dev/null
 
 echo "== engine benchmark: GPT-2-small shape (f32, f16) and a 400M-class looped model"
 for dt in f32 f16; do
-  $bench --preset gpt2-small --dtype $dt --decode 32 --repeat 3 | tee "$out/bench-gpt2-$dt.txt"
+  $bench --preset gpt2-small --dtype $dt --decode 32 --repeat 3 --sgemm | tee "$out/bench-gpt2-$dt.txt"
 done
 $bench --preset looped-400m --dtype f16 --prompt-len 64 --decode 8 --repeat 3 | tee "$out/bench-looped400m.txt"
 $bench --model models/tinyloop-austen --decode 64 --repeat 5 | tee "$out/bench-shipped.txt"

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "check.h"
+#include "quantised.h"
 #include "forward.h"
 #include "kv_cache.h"
 #include "tinyloop.h"
@@ -211,6 +212,14 @@ int main(int argc, char **argv) {
                              "bf16_tied_rope_residual", "add_residual_statenorm_rms_gqa2",
                              "none_replace_beta_rope1000", "nblock0_none"};
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) check_config(root, configs[i]);
+    /* q8 / q4: quantised activations are per row, so the same contracts hold. */
+    const char *quantised[] = {"gpt2_like", "llama_like", "f16_concat_residual_gqa"};
+    for (size_t i = 0; i < sizeof quantised / sizeof quantised[0]; i++)
+        for (int t = 0; t < 2; t++) {
+            const char *qroot = quantised_copy(root, quantised[i], t ? TL_Q4 : TL_Q8);
+            CHECK(qroot != NULL, "%s: quantise", quantised[i]);
+            if (qroot) check_config(qroot, quantised[i]);
+        }
     check_kv_sharing(root, "add_replace_beta_statenorm_ln");
     check_kv_sharing(root, "f16_concat_residual_gqa");
     /* The published layouts (tests/data/hf beside the goldens): Huginn, one slot per block

@@ -86,6 +86,7 @@ static void cpu_kv_move(tl_kv_cache *c, int from, int to) {
 
 typedef struct {
     const float *x;
+    const tl_qrows *xq; /* x quantised, for q8/q4 weights */
     const tl_matrix *w;
     const float *bias;
     float *y;
@@ -99,8 +100,34 @@ static void matmul_task(void *ctx, int task, int thread) {
     int o0 = task * j->cols_per_task;
     int o1 = o0 + j->cols_per_task;
     if (o1 > j->w->rows) o1 = j->w->rows;
+    if (tl_dtype_quantised(j->w->dtype)) {
+        if (j->w->packed)
+            j->kern->qmatmul_packed(j->xq, j->n, j->w->cols, j->w->data, j->w->dtype, j->bias, o0, o1, j->y, j->w->rows);
+        else
+            tl_qmatmul_rowmajor(j->xq, j->n, j->w->cols, j->w, j->bias, o0, o1, j->y, j->w->rows);
+        return;
+    }
     (j->w->packed ? j->kern->matmul_packed : j->kern->matmul)(j->x, j->n, j->w->cols, j->w->data,
                                                              j->w->dtype, j->bias, o0, o1, j->y, j->w->rows);
+}
+
+/* Quantised activations need k + 8 k / TL_QGROUP bytes a row: decode's fit on the stack;
+   larger chunks take a heap buffer for the call (per call, since two sessions may run
+   forwards on one model at the same time). */
+enum { Q_STACK_BYTES = 16384 };
+
+static size_t quantised_bytes(int n, int k) {
+    const size_t vals = (size_t)n * (size_t)k;
+    return vals / TL_QGROUP * (sizeof(float) + sizeof(int32_t)) + vals;
+}
+
+static void quantise_input(const float *x, int n, int k, void *mem, tl_qrows *out) {
+    const size_t groups = (size_t)n * (size_t)k / TL_QGROUP;
+    float *d = mem;
+    int32_t *sum = (int32_t *)(d + groups);
+    int8_t *q = (int8_t *)(sum + groups);
+    tl_cpu_quantize_rows(x, n, k, q, d, sum);
+    *out = (tl_qrows){x, q, d, sum};
 }
 
 void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
@@ -113,8 +140,22 @@ void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
     per = (per + TL_PANEL - 1) / TL_PANEL * TL_PANEL; /* whole panels (and whole 4-row tiles) */
     if (per < TL_PANEL) per = TL_PANEL;
     if ((long)w->rows * w->cols * n < 32768) per = w->rows;
-    matmul_job job = {x, w, bias, y, n, per, tl_cpu_kernels()};
+    _Alignas(64) uint8_t stack[Q_STACK_BYTES];
+    void *heap = NULL;
+    tl_qrows qrows;
+    qrows.x = x;
+    if (w->dtype == TL_Q4) { /* q8 reads the f32 rows (kernels.h) */
+        const size_t bytes = quantised_bytes(n, w->cols);
+        if (bytes > sizeof stack && !(heap = malloc(bytes))) {
+            /* Out of memory: nothing sensible is left to compute with. */
+            for (size_t i = 0; i < (size_t)n * (size_t)w->rows; i++) y[i] = NAN;
+            return;
+        }
+        quantise_input(x, n, w->cols, heap ? heap : stack, &qrows);
+    }
+    matmul_job job = {x, &qrows, w, bias, y, n, per, tl_cpu_kernels()};
     tl_pool_run(pool, (w->rows + per - 1) / per, matmul_task, &job);
+    free(heap);
 }
 
 /* ---------------------------------------------------------------- attention */

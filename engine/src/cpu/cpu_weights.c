@@ -11,15 +11,44 @@
 #include <sys/mman.h>
 
 #include "cpu_backend.h"
+#include "kernels.h"
 
 /* Bytes of the packed layout: whole panels, the last one zero-padded. */
 static size_t packed_bytes(const tl_matrix *x) {
     size_t panels = ((size_t)x->rows + TL_PANEL - 1) / TL_PANEL;
+    if (tl_dtype_quantised(x->dtype)) return panels * (size_t)(x->cols / TL_QGROUP) * tl_qblock_bytes(x->dtype);
     return panels * TL_PANEL * (size_t)x->cols * (x->dtype == TL_F32 ? 4u : 2u);
+}
+
+/* Row-major q8/q4 src (the file's layout) -> packed q blocks (kernels.h). The padding rows
+   of the last panel stay zero: scale 0, so they contribute nothing (q8's zero is the byte
+   128, but a zero scale makes the value irrelevant). */
+static void pack_quantised(const tl_matrix *src, uint8_t *dst) {
+    const tl_dtype dt = src->dtype;
+    const size_t groups = (size_t)(src->cols / TL_QGROUP), bb = tl_qblock_bytes(dt);
+    const uint8_t *q = src->data, *scales = src->scale;
+    for (int r = 0; r < src->rows; r++) {
+        const int lane = r % TL_PANEL;
+        for (size_t g = 0; g < groups; g++) {
+            uint8_t *blk = dst + ((size_t)(r / TL_PANEL) * groups + g) * bb;
+            memcpy(blk + tl_qscale_offset(dt) + 2 * lane, scales + 2 * ((size_t)r * groups + g), 2);
+            for (int i = 0; i < TL_QGROUP; i++) {
+                const size_t col = g * TL_QGROUP + (size_t)i;
+                if (dt == TL_Q8) {
+                    blk[(i / 4) * 64 + lane * 4 + i % 4] = (uint8_t)(((const int8_t *)q)[(size_t)r * (size_t)src->cols + col] + 128);
+                } else {
+                    const uint8_t byte = q[((size_t)r * (size_t)src->cols + col) / 2];
+                    const uint8_t u = col % 2 ? byte >> 4 : byte & 15;
+                    blk[((i % 16) / 4) * 64 + lane * 4 + i % 4] |= (uint8_t)(i < 16 ? u : u << 4);
+                }
+            }
+        }
+    }
 }
 
 /* Row-major src -> packed dst (see tl_matrix). */
 static void pack_matrix(const tl_matrix *src, uint8_t *dst) {
+    if (tl_dtype_quantised(src->dtype)) { pack_quantised(src, dst); return; }
     const size_t elem = src->dtype == TL_F32 ? 4u : 2u, cols = (size_t)src->cols;
     const uint8_t *from = src->data;
     for (int r = 0; r < src->rows; r++) {
@@ -50,6 +79,7 @@ tl_status tl_cpu_upload_weights(const tl_model *m, tl_matrix *const *matrices, i
     for (int i = 0; i < n_matrices; i++) {
         pack_matrix(matrices[i], at);
         matrices[i]->data = at;
+        matrices[i]->scale = NULL; /* packed q blocks carry their scales */
         matrices[i]->packed = 1;
         at += (packed_bytes(matrices[i]) + 63) & ~(size_t)63;
     }

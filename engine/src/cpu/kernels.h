@@ -9,8 +9,38 @@
 #include "../dtype.h"
 #include "../internal.h"
 
+/* Activation rows quantised for the q8/q4 matmuls: for n rows of k values (k a multiple
+   of TL_QGROUP), q [n][k] int8 in [-127, 127] and, per row and group, d [n][k/TL_QGROUP]
+   (x ~ d * q) and sum [n][k/TL_QGROUP] (the sum of the group's q, for the weights' offset). */
+typedef struct tl_qrows {
+    const float *x; /* the rows themselves [n][k]: q8 weights multiply these */
+    const int8_t *q;
+    const float *d;
+    const int32_t *sum;
+} tl_qrows;
+
+/* Quantises each row on its own (so a row's result cannot depend on the others): per group,
+   d = max|x| / 127 and q = round_to_even(x * (127 / max|x|)) (0 for an all-zero group).
+   One implementation for every ISA. */
+void tl_cpu_quantize_rows(const float *x, int n, int k, int8_t *q, float *d, int32_t *sum);
+
+/* The packed q8/q4 layout (TL_PANEL-row panels, like the float one): panel p, group g is one
+   block of tl_qblock_bytes at data + (p * groups + g) * tl_qblock_bytes, holding
+     q8: 8 sub-blocks j of [16 lanes][4 bytes]: byte (j, lane, b) = q[row p*16+lane][32g+4j+b] + 128;
+     q4: 4 sub-blocks j of [16 lanes][4 bytes]: low nibble u[..][32g+4j+b], high nibble u[..][32g+16+4j+b];
+   then the 16 lanes' f16 scales. One 64-byte load feeds 16 outputs x 4 inputs (VNNI's
+   vpdpbusd shape); the +128 makes q8 unsigned for it, and the activations' group sums
+   remove the offset again (q4's 8 likewise). */
+static inline size_t tl_qblock_bytes(tl_dtype dt) { return dt == TL_Q8 ? 16 * 32 + 32 : 16 * 16 + 32; }
+static inline size_t tl_qscale_offset(tl_dtype dt) { return dt == TL_Q8 ? 16 * 32 : 16 * 16; }
+
+/* Row-major q8/q4 (the file's layout, tl_load_options.mmap_weights), portable C with the
+   canonical order above: every ISA uses it, so packed and row-major results agree. */
+void tl_qmatmul_rowmajor(const tl_qrows *x, int n, int k, const tl_matrix *w, const float *bias,
+                         int o0, int o1, float *y, int ldy);
+
 typedef struct tl_kernels {
-    const char *isa; /* "avx2" or "generic" */
+    const char *isa; /* "generic", "avx2" or "avx512" */
     /* y[r*ldy + o] = sum_k x[r*k + i] * W[o*k + i] (+ bias[o]) for r < n, o in [o0, o1).
        W is [*, k] row-major in dtype `dt`; bias may be NULL. */
     void (*matmul)(const float *x, int n, int k, const void *w, tl_dtype dt, const float *bias,
@@ -23,12 +53,24 @@ typedef struct tl_kernels {
        bit, whatever the number of rows. */
     void (*matmul_packed)(const float *x, int n, int k, const void *w, tl_dtype dt,
                           const float *bias, int o0, int o1, float *y, int ldy);
+    /* The same for a packed q8/q4 matrix (layout below). Every output is computed as
+           acc = 0;  for each group g in order:
+             q8 (f32 activations: 8-bit activations cost more top-1 agreement than allowed):
+               p_b = 0; for i = b, b+4, .. < 32: p_b = fma((float)wq[o][32g+i], x[r][32g+i], p_b)
+               acc = fma(scale[o][g], (p_0 + p_1) + (p_2 + p_3), acc)
+             q4 (activations quantised by tl_cpu_quantize_rows):
+               isum = sum_i wq[o][32g + i] * xq[r][32g + i]     (exact, in integers)
+               acc = fma(scale[o][g] * d[r][g], (float)isum, acc)
+           y = acc (+ bias)
+       by every implementation (integer sums are exact in any order), so they agree bit for bit. */
+    void (*qmatmul_packed)(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
+                           const float *bias, int o0, int o1, float *y, int ldy);
     float (*dot)(const float *a, const float *b, int k);
     void (*axpy)(float *y, float a, const float *x, int k); /* y += a * x */
 } tl_kernels;
 
-/* Chosen once at first use: AVX-512 (multi-row matmul) or AVX2+FMA+F16C when the CPU has
-   them; the environment variable TINYLOOP_ISA=generic|avx2 caps the choice (tests run every
+/* Chosen once at first use: AVX-512 (multi-row matmul; with VNNI and BW, avx512-vnni for
+   q8/q4) or AVX2+FMA+F16C when the CPU has them; TINYLOOP_ISA=generic|avx2|avx512 caps the choice (tests run every
    path: avx2 and avx512 must agree bit for bit). */
 const tl_kernels *tl_cpu_kernels(void);
 
@@ -39,9 +81,14 @@ extern const tl_kernels tl_kernels_generic;
 #if defined(__x86_64__)
 extern const tl_kernels tl_kernels_avx2;
 extern const tl_kernels tl_kernels_avx512; /* bit-identical to avx2, faster on several rows */
+extern const tl_kernels tl_kernels_avx512_vnni; /* avx512 with VNNI q8/q4 dot products */
+void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
+                            const float *bias, int o0, int o1, float *y, int ldy);
+void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
+                            const float *bias, int o0, int o1, float *y, int ldy);
 #endif
 
-/* out[i] = W[row][i] as f32, for i < cols (row-major or packed). */
+/* out[i] = W[row][i] as f32, for i < cols (row-major or packed; q8/q4: scale * q). */
 void tl_matrix_row_f32(const tl_matrix *m, int row, float *out);
 /* Index of element (row, col) in the stored layout. */
 static inline size_t tl_matrix_index(const tl_matrix *m, int row, int col) {

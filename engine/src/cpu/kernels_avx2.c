@@ -5,6 +5,8 @@
  * (see DEFINE_MATMUL) whatever the number of rows, so a row's result cannot depend on
  * what it was computed with. */
 #if defined(__x86_64__)
+#include <string.h>
+
 #include "avx2_inline.h"
 
 /* Finishes one (row, column): the four accumulators in a fixed tree, a horizontal sum,
@@ -144,6 +146,118 @@ static void matmul_packed_avx2(const float *x, int n, int k, const void *w, tl_d
     }
 }
 
+/* ---------------------------------------------------------------- q8 / q4 panels */
+
+/* q8: f32 activations (kernels.h). 16 lanes = two ymm halves; a sub-block's 32 bytes per
+   half are 8 lanes x 4 inputs, byte b of each lane sign-extended by a shift pair (the bytes
+   hold q + 128: the xor restores q). R input rows share every conversion. */
+#define DEFINE_Q8_ROWS(NAME, R)                                                           \
+    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out) { \
+        const int groups = k / TL_QGROUP;                                                 \
+        const size_t bb = tl_qblock_bytes(TL_Q8);                                         \
+        const __m256i flip = _mm256_set1_epi8((char)0x80);                                \
+        __m256 acc[R][2];                                                                 \
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();          \
+        for (int g = 0; g < groups; g++) {                                                \
+            const uint8_t *blk = panel + (size_t)g * bb;                                  \
+            if (R == 1)                                                                   \
+                for (size_t p_ = 0; p_ < bb; p_ += 64)                                    \
+                    _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p_, _MM_HINT_T0);   \
+            for (int h = 0; h < 2; h++) {                                                 \
+                __m256 p[R][4];                                                           \
+                for (int r = 0; r < R; r++) p[r][0] = p[r][1] = p[r][2] = p[r][3] = _mm256_setzero_ps(); \
+                for (int j = 0; j < 8; j++) {                                             \
+                    const __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + j * 64 + h * 32)), flip); \
+                    for (int b = 0; b < 4; b++) {                                         \
+                        const __m256 wb = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * b), 24)); \
+                        for (int r = 0; r < R; r++)                                       \
+                            p[r][b] = _mm256_fmadd_ps(wb, _mm256_broadcast_ss(x->x + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP + 4 * j + b), p[r][b]); \
+                    }                                                                     \
+                }                                                                         \
+                const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + tl_qscale_offset(TL_Q8) + 16 * h))); \
+                for (int r = 0; r < R; r++)                                               \
+                    acc[r][h] = _mm256_fmadd_ps(sw, _mm256_add_ps(_mm256_add_ps(p[r][0], p[r][1]), _mm256_add_ps(p[r][2], p[r][3])), acc[r][h]); \
+            }                                                                             \
+        }                                                                                 \
+        for (int r = 0; r < R; r++) {                                                     \
+            _mm256_storeu_ps(out + r * TL_PANEL, acc[r][0]);                              \
+            _mm256_storeu_ps(out + r * TL_PANEL + 8, acc[r][1]);                          \
+        }                                                                                 \
+    }
+
+/* q4: quantised activations. Integer dot products of 4 inputs per lane: maddubs multiplies
+   the unsigned nibbles by the signed activation bytes into int16 pairs (2 * 15 * 127 and
+   the sum of two such results, 4 * 15 * 127, cannot saturate), madd with ones adds the
+   pairs into int32. */
+#define DEFINE_Q4_ROWS(NAME, R)                                                           \
+    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out) { \
+        const int groups = k / TL_QGROUP;                                                 \
+        const size_t bb = tl_qblock_bytes(TL_Q4);                                         \
+        const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);           \
+        __m256 acc[R][2];                                                                 \
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();          \
+        for (int g = 0; g < groups; g++) {                                                \
+            const uint8_t *blk = panel + (size_t)g * bb;                                  \
+            if (R == 1)                                                                   \
+                for (size_t p_ = 0; p_ < bb; p_ += 64)                                    \
+                    _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p_, _MM_HINT_T0);   \
+            for (int h = 0; h < 2; h++) {                                                 \
+                __m256i dp[R];                                                            \
+                for (int r = 0; r < R; r++) dp[r] = _mm256_setzero_si256();               \
+                for (int j = 0; j < 4; j++) {                                             \
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + j * 64 + h * 32)); \
+                    const __m256i lo = _mm256_and_si256(v, low4);                         \
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);   \
+                    for (int r = 0; r < R; r++) {                                         \
+                        const int8_t *xq = x->q + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP; \
+                        int32_t xa, xb;                                                   \
+                        memcpy(&xa, xq + 4 * j, 4);                                       \
+                        memcpy(&xb, xq + 16 + 4 * j, 4);                                  \
+                        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xa)), \
+                                                           _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xb))); \
+                        dp[r] = _mm256_add_epi32(dp[r], _mm256_madd_epi16(p, ones));      \
+                    }                                                                     \
+                }                                                                         \
+                const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + tl_qscale_offset(TL_Q4) + 16 * h))); \
+                for (int r = 0; r < R; r++) {                                             \
+                    const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;    \
+                    const __m256i isum = _mm256_sub_epi32(dp[r], _mm256_set1_epi32(8 * x->sum[gi])); \
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(sw, _mm256_set1_ps(x->d[gi])), \
+                                                _mm256_cvtepi32_ps(isum), acc[r][h]);     \
+                }                                                                         \
+            }                                                                             \
+        }                                                                                 \
+        for (int r = 0; r < R; r++) {                                                     \
+            _mm256_storeu_ps(out + r * TL_PANEL, acc[r][0]);                              \
+            _mm256_storeu_ps(out + r * TL_PANEL + 8, acc[r][1]);                          \
+        }                                                                                 \
+    }
+
+DEFINE_Q8_ROWS(q8_r2, 2)
+DEFINE_Q8_ROWS(q8_r1, 1)
+DEFINE_Q4_ROWS(q4_r2, 2)
+DEFINE_Q4_ROWS(q4_r1, 1)
+
+void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
+                            const float *bias, int o0, int o1, float *y, int ldy) {
+    const size_t panel_bytes = (size_t)(k / TL_QGROUP) * tl_qblock_bytes(dt);
+    float out[2 * TL_PANEL];
+    for (int o = o0; o < o1; o += TL_PANEL) {
+        const uint8_t *panel = (const uint8_t *)w + (size_t)(o / TL_PANEL) * panel_bytes;
+        const int lanes = o1 - o < TL_PANEL ? o1 - o : TL_PANEL;
+        for (int r = 0; r < n;) {
+            const int rows = n - r >= 2 ? 2 : 1;
+            if (dt == TL_Q8) (rows == 2 ? q8_r2 : q8_r1)(x, r, k, panel, out);
+            else (rows == 2 ? q4_r2 : q4_r1)(x, r, k, panel, out);
+            for (int t = 0; t < rows; t++) {
+                float *yr = y + (size_t)(r + t) * (size_t)ldy + o;
+                for (int l = 0; l < lanes; l++) yr[l] = bias ? out[t * TL_PANEL + l] + bias[o + l] : out[t * TL_PANEL + l];
+            }
+            r += rows;
+        }
+    }
+}
+
 static float dot_avx2(const float *a, const float *b, int k) {
     const int k8 = k & ~7;
     __m256 acc = _mm256_setzero_ps();
@@ -162,5 +276,5 @@ static void axpy_avx2(float *y, float a, const float *x, int k) {
     for (int i = k8; i < k; i++) y[i] += a * x[i];
 }
 
-const tl_kernels tl_kernels_avx2 = {"avx2", matmul_avx2, matmul_packed_avx2, dot_avx2, axpy_avx2};
+const tl_kernels tl_kernels_avx2 = {"avx2", matmul_avx2, matmul_packed_avx2, tl_qmatmul_packed_avx2, dot_avx2, axpy_avx2};
 #endif

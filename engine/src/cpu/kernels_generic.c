@@ -4,9 +4,134 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../dtype.h"
 #include "kernels.h"
 
+/* ---------------------------------------------------------------- q8 / q4 */
+
+/* Element (lane, i) of a packed q block as a signed integer (q8: q; q4: u - 8). */
+static inline int qblock_at(const uint8_t *blk, tl_dtype dt, int lane, int i) {
+    if (dt == TL_Q8) return (int)blk[(i / 4) * 64 + lane * 4 + i % 4] - 128;
+    const uint8_t byte = blk[((i % 16) / 4) * 64 + lane * 4 + i % 4];
+    return (int)(i < 16 ? byte & 15 : byte >> 4) - 8;
+}
+
+/* Element (row, col) of a row-major q matrix as a signed integer, and its group's scale. */
+static inline int qrow_at(const tl_matrix *m, int row, int col, float *scale) {
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)m->scale + 2 * ((size_t)row * (size_t)(m->cols / TL_QGROUP) + (size_t)(col / TL_QGROUP)), 2);
+    *scale = tl_f16_to_f32(h);
+    if (m->dtype == TL_Q8) return ((const int8_t *)m->data)[(size_t)row * (size_t)m->cols + (size_t)col];
+    const uint8_t byte = ((const uint8_t *)m->data)[((size_t)row * (size_t)m->cols + (size_t)col) / 2];
+    return (int)(col % 2 ? byte >> 4 : byte & 15) - 8;
+}
+
+static inline uint16_t read_u16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return h;
+}
+
+void tl_cpu_quantize_rows(const float *x, int n, int k, int8_t *q, float *d, int32_t *sum) {
+    const int groups = k / TL_QGROUP;
+    for (int r = 0; r < n; r++)
+        for (int g = 0; g < groups; g++) {
+            const size_t at = (size_t)r * (size_t)k + (size_t)g * TL_QGROUP;
+            float amax = 0.0f;
+            for (int i = 0; i < TL_QGROUP; i++) amax = fmaxf(amax, fabsf(x[at + i]));
+            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int32_t s = 0;
+            for (int i = 0; i < TL_QGROUP; i++) {
+                /* Round half to even by the 1.5 * 2^23 trick: plain IEEE adds, so the same
+                   bits on every machine (|x * id| <= 127.x, far below 2^22). */
+                const float t = x[at + i] * id;
+                int v = (int)((t + 0x1.8p23f) - 0x1.8p23f);
+                v = v > 127 ? 127 : v < -127 ? -127 : v;
+                q[at + i] = (int8_t)v;
+                s += v;
+            }
+            d[(size_t)r * (size_t)groups + (size_t)g] = amax / 127.0f;
+            sum[(size_t)r * (size_t)groups + (size_t)g] = s;
+        }
+}
+
+static void qmatmul_packed_generic(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
+                                   const float *bias, int o0, int o1, float *y, int ldy) {
+    const int groups = k / TL_QGROUP;
+    const size_t bb = tl_qblock_bytes(dt);
+    for (int o = o0; o < o1; o++) {
+        const uint8_t *panel = (const uint8_t *)w + (size_t)(o / TL_PANEL) * (size_t)groups * bb;
+        const int lane = o % TL_PANEL;
+        for (int r = 0; r < n; r++) {
+            float acc = 0.0f;
+            for (int g = 0; g < groups; g++) {
+                const uint8_t *blk = panel + (size_t)g * bb;
+                if (dt == TL_Q8) {
+                    const float *xr = x->x + (size_t)r * (size_t)k + (size_t)g * TL_QGROUP;
+                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    for (int i = 0; i < TL_QGROUP; i++) p[i % 4] = fmaf((float)qblock_at(blk, dt, lane, i), xr[i], p[i % 4]);
+                    const float scale = tl_f16_to_f32(read_u16(blk + tl_qscale_offset(dt) + 2 * lane));
+                    acc = fmaf(scale, (p[0] + p[1]) + (p[2] + p[3]), acc);
+                    continue;
+                }
+                const int8_t *xq = x->q + (size_t)r * (size_t)k + (size_t)g * TL_QGROUP;
+                int32_t isum = 0;
+                for (int i = 0; i < TL_QGROUP; i++) isum += qblock_at(blk, dt, lane, i) * xq[i];
+                const float s = tl_f16_to_f32(read_u16(blk + tl_qscale_offset(dt) + 2 * lane)) *
+                                x->d[(size_t)r * (size_t)groups + (size_t)g];
+                acc = fmaf(s, (float)isum, acc);
+            }
+            y[(size_t)r * (size_t)ldy + o] = bias ? acc + bias[o] : acc;
+        }
+    }
+}
+
+void tl_qmatmul_rowmajor(const tl_qrows *x, int n, int k, const tl_matrix *w, const float *bias,
+                         int o0, int o1, float *y, int ldy) {
+    const int groups = k / TL_QGROUP;
+    for (int o = o0; o < o1; o++)
+        for (int r = 0; r < n; r++) {
+            float acc = 0.0f;
+            for (int g = 0; g < groups; g++) {
+                float scale = 0.0f;
+                if (w->dtype == TL_Q8) {
+                    const float *xr = x->x + (size_t)r * (size_t)k + (size_t)g * TL_QGROUP;
+                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    for (int i = 0; i < TL_QGROUP; i++)
+                        p[i % 4] = fmaf((float)qrow_at(w, o, g * TL_QGROUP + i, &scale), xr[i], p[i % 4]);
+                    acc = fmaf(scale, (p[0] + p[1]) + (p[2] + p[3]), acc);
+                    continue;
+                }
+                const int8_t *xq = x->q + (size_t)r * (size_t)k + (size_t)g * TL_QGROUP;
+                int32_t isum = 0;
+                for (int i = 0; i < TL_QGROUP; i++) isum += qrow_at(w, o, g * TL_QGROUP + i, &scale) * xq[i];
+                acc = fmaf(scale * x->d[(size_t)r * (size_t)groups + (size_t)g], (float)isum, acc);
+            }
+            y[(size_t)r * (size_t)ldy + o] = bias ? acc + bias[o] : acc;
+        }
+}
+
+/* ---------------------------------------------------------------- rows of a matrix */
+
 void tl_matrix_row_f32(const tl_matrix *m, int row, float *out) {
+    if (tl_dtype_quantised(m->dtype)) {
+        float scale;
+        if (!m->packed) {
+            for (int i = 0; i < m->cols; i++) {
+                const int v = qrow_at(m, row, i, &scale);
+                out[i] = scale * (float)v;
+            }
+            return;
+        }
+        const size_t bb = tl_qblock_bytes(m->dtype), groups = (size_t)(m->cols / TL_QGROUP);
+        const uint8_t *panel = (const uint8_t *)m->data + (size_t)(row / TL_PANEL) * groups * bb;
+        for (int i = 0; i < m->cols; i++) {
+            const uint8_t *blk = panel + (size_t)(i / TL_QGROUP) * bb;
+            scale = tl_f16_to_f32(read_u16(blk + tl_qscale_offset(m->dtype) + 2 * (row % TL_PANEL)));
+            out[i] = scale * (float)qblock_at(blk, m->dtype, row % TL_PANEL, i % TL_QGROUP);
+        }
+        return;
+    }
     if (m->packed) {
         for (int i = 0; i < m->cols; i++) out[i] = tl_weight_at(m->data, m->dtype, tl_matrix_index(m, row, i));
         return;
@@ -82,8 +207,8 @@ static void axpy_generic(float *y, float a, const float *x, int k) {
     for (int i = k8; i < k; i++) y[i] += a * x[i];
 }
 
-const tl_kernels tl_kernels_generic = {"generic", matmul_generic, matmul_packed_generic, dot_generic,
-                                       axpy_generic};
+const tl_kernels tl_kernels_generic = {"generic", matmul_generic, matmul_packed_generic,
+                                       qmatmul_packed_generic, dot_generic, axpy_generic};
 
 static const tl_kernels *chosen;
 
@@ -98,10 +223,15 @@ const tl_kernels *tl_cpu_kernels(void) {
     __builtin_cpu_init();
     const bool generic_only = force && strcmp(force, "generic") == 0;
     const bool avx2_only = force && strcmp(force, "avx2") == 0;
+    const bool avx512_only = force && strcmp(force, "avx512") == 0;
     if (!generic_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c")) {
         k = &tl_kernels_avx2;
-        if (!avx2_only && __builtin_cpu_supports("avx512f")) k = &tl_kernels_avx512;
+        if (!avx2_only && __builtin_cpu_supports("avx512f")) {
+            k = &tl_kernels_avx512;
+            if (!avx512_only && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+                k = &tl_kernels_avx512_vnni;
+        }
     }
 #endif
     __atomic_store_n(&chosen, k, __ATOMIC_RELEASE);

@@ -1,0 +1,24 @@
+/* quant.h: q8 / q4 weight quantisation (the rules of internal.h's TL_Q8 / TL_Q4) and the
+ * checkpoint converter behind scripts/quantize. */
+#ifndef TL_QUANT_H
+#define TL_QUANT_H
+
+#include "internal.h"
+
+/* f32 -> f16, round to nearest even (subnormals, inf and NaN kept). */
+uint16_t tl_f32_to_f16(float f);
+
+/* One matrix row of `cols` floats (a multiple of TL_QGROUP) into q8 bytes [cols] or q4 bytes
+   [cols / 2], and f16 scales [cols / TL_QGROUP] (layout: internal.h). */
+void tl_quantize_row_q8(const float *x, int cols, int8_t *q, uint16_t *scales);
+void tl_quantize_row_q4(const float *x, int cols, uint8_t *q, uint16_t *scales);
+
+/* Writes out_dir (created if needed) as a copy of the checkpoint in_dir with every matrix
+   quantised to `type` (TL_Q8 or TL_Q4): each 2-D "*.weight" tensor whose input dimension
+   is a multiple of TL_QGROUP becomes an I8 (q8) or U8 (q4) tensor of the same name plus an
+   F16 "<name>_scale" tensor (q4 keeps tok_embed / lm_head at q8); pos_embed.weight and
+   vectors are copied as they are.
+   config.json and tokenizer.json (when present) are copied. */
+tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dtype type);
+
+#endif
