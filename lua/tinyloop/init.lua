@@ -374,7 +374,7 @@ local function stats_table(s)
         drafted = s.drafted, accepted = s.accepted, verify_steps = s.verify_steps,
         draft_forwards = s.draft_forwards, verify_forwards = s.verify_forwards,
         draft_ms = s.draft_ms, verify_ms = s.verify_ms, acceptance_rate = s.acceptance_rate,
-        mean_accepted = s.mean_accepted,
+        mean_accepted = s.mean_accepted, prompt_tokens_reused = s.prompt_tokens_reused,
         probes = s.probes, probe_ms = s.probe_ms, depth_histogram = histogram, beam_score = s.beam_score,
         prefill_ms = s.prefill_ms, first_token_ms = s.first_token_ms, decode_ms = s.decode_ms,
         prompt_tokens = s.prompt_tokens, tokens_emitted = s.tokens_emitted,
@@ -607,6 +607,20 @@ local session_out = ffi_new("tl_session *[1]")
 -- model:session(prompt, cfg) -> a session stepped with session:step(), or nil, err.
 -- A session on prompt ids, or nil, the engine's status (the caller applies the error
 -- convention: model:session raises argument errors, generate_batch names the prompt).
+-- A Session object owning the C session `ptr` (freed by close or the garbage collector).
+local function wrap_session(model, ptr, ctx, keep)
+    local self_session = setmetatable({
+        model = model, ctx = ctx, keep = keep, has_tokenizer = model.has_tokenizer, done = false,
+        step_token = ffi_new("int32_t[1]"), step_stop = ffi_new("tl_stop_reason[1]"),
+    }, Session)
+    local key = ctx and ctx.key
+    self_session.ptr = ffi_gc(ptr, function(p)
+        C.tl_session_free(p)
+        if key then registry[key] = nil end
+    end)
+    return self_session
+end
+
 local function new_session(model, ids, cfg)
     local c, keep, ctx = make_config(model, cfg)
     local arr, n = id_array(ids)
@@ -619,16 +633,7 @@ local function new_session(model, ids, cfg)
         if ctx then registry[ctx.key] = nil end
         return nil, st
     end
-    local self_session = setmetatable({
-        model = model, ctx = ctx, keep = keep, has_tokenizer = model.has_tokenizer, done = false,
-        step_token = ffi_new("int32_t[1]"), step_stop = ffi_new("tl_stop_reason[1]"),
-    }, Session)
-    local key = ctx and ctx.key
-    self_session.ptr = ffi_gc(session_out[0], function(p)
-        C.tl_session_free(p)
-        if key then registry[key] = nil end
-    end)
-    return self_session
+    return wrap_session(model, session_out[0], ctx, keep)
 end
 
 function Model:session(prompt, cfg)
@@ -771,6 +776,88 @@ function Model:generate_batch(prompts, cfg)
         outs[i], all_stats[i] = t, stats_table(stats[i - 1])
     end
     return outs, all_stats
+end
+
+-- ------------------------------------------------------------------ forks, saved states, prefix pool
+
+local HOOK_FIELDS = { on_token = true, stop_when = true, logits_processor = true, grammar = true }
+
+-- The hook context and C hook fields of a branch of `session`: its own hooks, the parent's
+-- where `hooks` does not replace them, and its own token/text mirrors (a copy of the
+-- parent's). Returns the C config (or nil: keep the parent's, there are none), keep, ctx.
+local function branch_hooks(session, hooks, what)
+    if hooks ~= nil and type(hooks) ~= "table" then raise(what .. ": hooks must be a table") end
+    hooks = hooks or {}
+    for k in pairs(hooks) do
+        if not HOOK_FIELDS[k] then raise(what .. ": unknown hook field '" .. tostring(k) .. "'") end
+    end
+    local parent = session.ctx or {}
+    local cfg = {}
+    for k in pairs(HOOK_FIELDS) do
+        local v = hooks[k]
+        if v == nil then v = parent[k] end
+        cfg[k] = v
+    end
+    if hooks.grammar == nil and parent.grammar then -- a Lua grammar's state cannot be copied
+        raise(what .. ": the session has a Lua grammar, whose state cannot be copied: pass one for the branch ({ grammar = ... })")
+    end
+    if not (cfg.on_token or cfg.stop_when or cfg.logits_processor or cfg.grammar) then return nil, {}, nil end
+    local c, keep, ctx = make_config(session.model, cfg)
+    for i, t in ipairs(parent.tokens or {}) do ctx.tokens[i] = t end
+    for i, p in ipairs(parent.pieces or {}) do ctx.pieces[i] = p end
+    ctx.prompt_len = parent.prompt_len or 0
+    return c, keep, ctx
+end
+
+local branch_out = ffi_new("tl_session *[1]")
+
+-- session:fork([hooks]) -> session | nil, err: a new session continuing from this one's
+-- state (tokens, cache, sampler position, text), sharing its KV pages until either writes
+-- (copy on write). hooks (optional): { on_token, stop_when, logits_processor, grammar }
+-- replacing the parent's for the child. Plain sessions only.
+function Session:fork(hooks)
+    if self.ptr == nil then raise("session:fork(): the session is closed") end
+    if self.ctx and self.ctx.in_hook then raise("session:fork() from inside one of its own hooks") end
+    local c, keep, ctx = branch_hooks(self, hooks, "session:fork()")
+    if ctx then registry[ctx.key] = ctx end
+    local st = C.tl_session_fork(self.ptr, c, branch_out)
+    if st ~= 0 then
+        if ctx then registry[ctx.key] = nil end
+        return engine_failure(st)
+    end
+    return wrap_session(self.model, branch_out[0], ctx, keep)
+end
+
+-- session:save() -> state | nil, err: the session's state, kept after it is closed, to be
+-- resumed (any number of times) by model:resume(state [, hooks]) on the same model.
+function Session:save()
+    if self.ptr == nil then raise("session:save(): the session is closed") end
+    local out = ffi_new("tl_session_state *[1]")
+    local st = C.tl_session_save(self.ptr, out)
+    if st ~= 0 then return engine_failure(st) end
+    return { ptr = ffi_gc(out[0], C.tl_session_state_free), ctx = self.ctx, model = self.model }
+end
+
+function Model:resume(state, hooks)
+    if type(state) ~= "table" or state.ptr == nil then raise("model:resume(): state must come from session:save()") end
+    local c, keep, ctx = branch_hooks(state, hooks, "model:resume()")
+    if ctx then registry[ctx.key] = ctx end
+    local st = C.tl_session_resume(self.ptr, state.ptr, c, branch_out)
+    if st ~= 0 then
+        if ctx then registry[ctx.key] = nil end
+        return engine_failure(st)
+    end
+    return wrap_session(self, branch_out[0], ctx, keep)
+end
+
+-- model:set_prefix_pool(bytes): opts the model into a pool of computed prompt prefixes of at
+-- most `bytes` of KV pages (> 0): a new session whose prompt starts with a pooled prefix at
+-- its depth reuses it (stats.prompt_tokens_reused), with bit-identical output.
+function Model:set_prefix_pool(bytes)
+    if type(bytes) ~= "number" or bytes ~= floor(bytes) then raise("set_prefix_pool: bytes must be an integer") end
+    local st = C.tl_model_set_prefix_pool(self.ptr, bytes)
+    if st ~= 0 then return engine_failure(st) end
+    return true
 end
 
 -- ------------------------------------------------------------------ speculative decoding

@@ -1,0 +1,90 @@
+-- fork_spec.lua: session:fork(), session:save() / model:resume(), model:set_prefix_pool()
+-- from Lua: branches continue exactly as the uninterrupted session, hooks are per branch,
+-- the pool's output equals a cold start, and misuse raises with a clear message.
+local H = require "helpers"
+
+local function finish(s)
+    repeat local _, _, reason = s:step() until reason
+    return s:tokens()
+end
+
+describe("forks and saved states", function()
+    local m = H.model()
+    local prompt = "It is a truth universally acknowledged"
+
+    it("a fork continues as its parent would, sampling included", function()
+        local cfg = { max_tokens = 30, temperature = 0.8, sample_seed = 11, ignore_eos = true }
+        local whole = finish(assert(m:session(prompt, cfg)))
+        local parent = assert(m:session(prompt, cfg))
+        for _ = 1, 12 do parent:step() end
+        local child = assert(parent:fork())
+        assert.same(whole, finish(child))
+        assert.same(whole, finish(parent))
+    end)
+
+    it("gives a branch its own hooks, and its own text", function()
+        local parent = assert(m:session(prompt, { max_tokens = 12, ignore_eos = true }))
+        for _ = 1, 3 do parent:step() end
+        local next_id = H.slice(finish(assert(parent:fork())), 1)[#parent:tokens() + 1]
+        local seen = {}
+        local child = assert(parent:fork({
+            logits_processor = function(logits) logits[next_id] = -math.huge end,
+            on_token = function(id) seen[#seen + 1] = id end,
+        }))
+        local id = child:step()
+        assert.are_not.equal(next_id, id)
+        assert.same({ id }, seen)
+        assert.equal(next_id, (parent:step()))
+    end)
+
+    it("saves a state that outlives its session and resumes it, on its model only", function()
+        local cfg = { max_tokens = 20, ignore_eos = true }
+        local whole = finish(assert(m:session(prompt, cfg)))
+        local s = assert(m:session(prompt, cfg))
+        for _ = 1, 7 do s:step() end
+        local state = assert(s:save())
+        s:close()
+        assert.same(whole, finish(assert(m:resume(state))))
+        assert.same(whole, finish(assert(m:resume(state))))
+        local other = assert(H.tinyloop.load(H.TEXTMODEL, { threads = 1 }))
+        H.error_contains(function() other:resume(state) end, "the state was saved by another model")
+    end)
+
+    it("refuses what cannot be forked, with a message saying why", function()
+        local s = assert(m:session(prompt, { max_tokens = 1 }))
+        finish(s)
+        H.error_contains(function() s:fork() end, "the session has finished")
+        local spec = assert(m:session(prompt, { speculative = "chain", loops = 4, draft_loops = 1 }))
+        H.error_contains(function() spec:fork() end, "only plain sessions can be cloned")
+        local g = { allowed = function(_, mask, vocab) for i = 0, vocab - 1 do mask[i] = 1 end return vocab end,
+                    advance = function() end }
+        local with_grammar = assert(m:session(prompt, { grammar = g }))
+        H.error_contains(function() with_grammar:fork() end, "whose state cannot be copied")
+        assert(with_grammar:fork({ grammar = g }))
+        local forked_from_hook
+        local h
+        h = assert(m:session(prompt, { on_token = function() forked_from_hook = pcall(h.fork, h) end }))
+        h:step()
+        assert.is_false(forked_from_hook)
+        s:close()
+        H.error_contains(function() s:fork() end, "the session is closed")
+    end)
+end)
+
+describe("the prefix pool", function()
+    it("reuses a computed prefix with the output of a cold start", function()
+        local pooled = assert(H.tinyloop.load(H.TEXTMODEL, { threads = 1 }))
+        local cold = H.model()
+        assert.is_true(pooled:set_prefix_pool(8 * 1024 * 1024))
+        local system = "You can't have everything.  Where would you put it?  "
+        local cfg = { max_tokens = 10, ignore_eos = true }
+        local _, first = pooled:generate(system .. "Tell me", cfg)
+        assert.equal(0, first.prompt_tokens_reused)
+        local ids, st = pooled:generate(system .. "Ask me", cfg)
+        assert.is_true(st.prompt_tokens_reused > 5, "reused " .. st.prompt_tokens_reused)
+        assert.same(cold:generate(system .. "Ask me", cfg), ids)
+        H.error_contains(function() pooled:set_prefix_pool(0) end, "budget = 0 bytes must be > 0")
+        H.error_contains(function() pooled:set_prefix_pool(-1) end, "budget = -1 bytes")
+        H.error_contains(function() pooled:set_prefix_pool(1.5) end, "bytes must be an integer")
+    end)
+end)
