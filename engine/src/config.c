@@ -72,6 +72,11 @@ static tl_status read_float(const cJSON *root, const char *name, double lo, doub
     if ((lo_open ? v <= lo : v < lo) || v > hi)
         return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" = %s is out of range %s%g, %g]",
                        name, shown, lo_open ? "(" : "[", lo, hi);
+    /* Stored as a float: 1e-60 passes the (0, ...) check as a double but becomes 0.0f
+       (found by fuzz_config: a norm_eps of 0 divides by zero on an all-zero row). */
+    if (lo_open && !((float)v > (float)lo))
+        return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" = %s rounds to %g as a float, outside (%g, %g]",
+                       name, shown, (double)(float)v, lo, hi);
     *out = (float)v;
     return TL_OK;
 }

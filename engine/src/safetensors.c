@@ -53,7 +53,7 @@ void tl_st_close(tl_st_file *file) {
     if (!file) return;
     for (int i = 0; i < file->n_tensors; i++) free(file->tensors[i].name);
     free(file->tensors);
-    if (file->map) munmap(file->map, file->map_len);
+    if (file->map && !file->borrowed) munmap(file->map, file->map_len);
     memset(file, 0, sizeof *file);
 }
 
@@ -171,6 +171,18 @@ tl_status tl_st_open(const char *path, tl_st_file *out) {
         return tl_fail(TL_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
     }
     st = parse_header(path, out);
+    if (st != TL_OK) tl_st_close(out);
+    return st;
+}
+
+tl_status tl_st_open_memory(const char *name, const void *bytes, size_t len, tl_st_file *out) {
+    memset(out, 0, sizeof *out);
+    if (len < 8)
+        return tl_fail(TL_ERR_FORMAT, "%s: file is %zu bytes, too short for a safetensors header", name, len);
+    out->map = (void *)bytes;
+    out->map_len = len;
+    out->borrowed = true;
+    tl_status st = parse_header(name, out);
     if (st != TL_OK) tl_st_close(out);
     return st;
 }

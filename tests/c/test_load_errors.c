@@ -154,6 +154,8 @@ static void config_errors(void) {
     CHECK_ERROR(load_with_field("beta", "-0.5"), TL_ERR_FORMAT, "\"beta\" = -0.5 is out of range");
     CHECK_ERROR(load_with_field("beta", "\"big\""), TL_ERR_FORMAT, "\"beta\" must be a number");
     CHECK_ERROR(load_with_field("norm_eps", "0"), TL_ERR_FORMAT, "\"norm_eps\" = 0 is out of range");
+    CHECK_ERROR(load_with_field("norm_eps", "1e-60"), TL_ERR_FORMAT, "\"norm_eps\" = 1e-60 rounds to 0 as a float");
+    CHECK_ERROR(load_with_field("beta", "1e-50"), TL_ERR_FORMAT, "\"beta\" = 1e-50 rounds to 0 as a float");
     CHECK_ERROR(load_with_field("injection", "\"mul\""), TL_ERR_FORMAT, "\"injection\" = \"mul\" is not one of");
     CHECK_ERROR(load_with_field("loop_update", "\"average\""), TL_ERR_FORMAT, "\"loop_update\" = \"average\"");
     CHECK_ERROR(load_with_field("norm", "\"batchnorm\""), TL_ERR_FORMAT, "\"norm\" = \"batchnorm\"");
