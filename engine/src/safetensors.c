@@ -165,10 +165,13 @@ tl_status tl_st_open(const char *path, tl_st_file *out) {
     }
     out->map_len = size;
     out->map = mmap(NULL, out->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int map_errno = errno;
     close(fd);
     if (out->map == MAP_FAILED) {
         out->map = NULL;
-        return tl_fail(TL_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
+        /* ENOMEM (address space, map count) is a memory failure, not a bad file. */
+        return tl_fail(map_errno == ENOMEM ? TL_ERR_NO_MEMORY : TL_ERR_IO, "%s: mmap failed: %s", path,
+                       strerror(map_errno));
     }
     st = parse_header(path, out);
     if (st != TL_OK) tl_st_close(out);
