@@ -68,7 +68,14 @@ typedef struct tl_load_options {
     tl_backend_kind backend; /* TL_BACKEND_AUTO by default */
     int mmap_weights;        /* 0 (default): copy matrices into huge-page memory, which
                                 streams faster; 1: use the file mapping in place (no copy,
-                                pages shared with the page cache and other processes) */
+                                pages shared with the page cache and other processes).
+                                With 1 the file must not change while the model is loaded:
+                                truncating it kills the process with SIGBUS on the next
+                                forward, and writing into it changes the weights (and the
+                                output) silently, NaN check included (MAP_PRIVATE does not
+                                isolate pages the process never wrote). Replace a checkpoint
+                                by writing a new file and rename()-ing it over the old one:
+                                the loaded model keeps the old inode. */
 } tl_load_options;
 
 /* Fills *opts with the defaults (all cores, automatic backend). */
@@ -116,6 +123,11 @@ struct tl_model_info {
 
 /* Never NULL for a loaded model; valid as long as the model is. */
 const struct tl_model_info *tl_model_info(const tl_model *model);
+/* What the load accepted but a person should see, one line each ("" when nothing): unknown
+   config.json fields, which SPEC §1 ignores (checkpoints carry metadata) but which may be a
+   misspelt optional field ("rope_theeta": the default then applies; the line suggests the
+   field meant). Never NULL; valid as long as the model is. The CLI prints these. */
+const char *tl_model_warnings(const tl_model *model);
 
 /* ---------------------------------------------------------------- text
    These need the checkpoint's tokenizer.json (tl_model_info()->has_tokenizer); without

@@ -64,22 +64,27 @@ static double length_score(double logp, int len, float penalty) {
 
 /* ---------------------------------------------------------------- hypotheses */
 
-static hypothesis *alloc_hyps(int count, int T) {
-    hypothesis *h = calloc((size_t)count, sizeof *h);
-    for (int i = 0; h && i < count; i++) {
-        h[i].tokens = malloc(((size_t)T + 1) * sizeof(int32_t));
-        h[i].rows = malloc(((size_t)T + 1) * sizeof(int));
-        if (!h[i].tokens || !h[i].rows) return h; /* caller checks the last one */
-    }
-    return h;
-}
-
 static void free_hyps(hypothesis *h, int count) {
     for (int i = 0; h && i < count; i++) {
         free(h[i].tokens);
         free(h[i].rows);
     }
     free(h);
+}
+
+/* All or nothing: NULL when any allocation fails (test_alloc_fail found a hypothesis whose
+   tokens failed while its rows did not, which the caller's check missed). */
+static hypothesis *alloc_hyps(int count, int T) {
+    hypothesis *h = calloc((size_t)count, sizeof *h);
+    for (int i = 0; h && i < count; i++) {
+        h[i].tokens = malloc(((size_t)T + 1) * sizeof(int32_t));
+        h[i].rows = malloc(((size_t)T + 1) * sizeof(int));
+        if (!h[i].tokens || !h[i].rows) {
+            free_hyps(h, count);
+            return NULL;
+        }
+    }
+    return h;
 }
 
 static void copy_hyp(hypothesis *dst, const hypothesis *src) {

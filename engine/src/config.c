@@ -1,6 +1,7 @@
 /* config.c: config.json -> tl_config, with every field validated (SPEC §1). */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
@@ -14,10 +15,27 @@
 
 /* ---------------------------------------------------------------- field readers */
 
+/* Names looked up during the parse running on this thread. Whatever top-level key nobody
+   looked up is an unknown field (a warning, SPEC §1). Recording in the one lookup function
+   keeps the readers' signatures and makes a field known by being read, wherever it is. */
+#define MAX_READ_FIELDS 256
+typedef struct field_log { const char *names[MAX_READ_FIELDS]; int n; } field_log;
+static _Thread_local field_log *reading;
+
+static const cJSON *field(const cJSON *root, const char *name) {
+    if (reading && reading->n < MAX_READ_FIELDS) reading->names[reading->n++] = name;
+    return cJSON_GetObjectItemCaseSensitive(root, name);
+}
+
 /* Each reader returns TL_OK, or an error naming the field and the offending value.
    `required` false means an absent (or null) field keeps *out unchanged. */
 
 static void describe(const cJSON *item, char *buf, size_t len) {
+    /* cJSON reads 1e400 as inf and would print it as "null". */
+    if (cJSON_IsNumber(item) && !isfinite(item->valuedouble)) {
+        snprintf(buf, len, "a number beyond the range of a double");
+        return;
+    }
     char *text = cJSON_PrintUnformatted(item);
     snprintf(buf, len, "%s", text ? text : "?");
     if (strlen(buf) > 60) strcpy(buf + 57, "...");
@@ -26,7 +44,7 @@ static void describe(const cJSON *item, char *buf, size_t len) {
 
 static tl_status read_int(const cJSON *root, const char *name, bool required, int lo, int hi,
                           int *out) {
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, name);
+    const cJSON *item = field(root, name);
     char shown[64];
     if (!item || cJSON_IsNull(item)) {
         if (required) return tl_fail(TL_ERR_FORMAT, "config.json: missing required field \"%s\"", name);
@@ -44,7 +62,7 @@ static tl_status read_int(const cJSON *root, const char *name, bool required, in
 
 static tl_status read_float(const cJSON *root, const char *name, double lo, double hi,
                             bool lo_open, float *out) {
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, name);
+    const cJSON *item = field(root, name);
     char shown[64];
     if (!item || cJSON_IsNull(item)) return TL_OK;
     describe(item, shown, sizeof shown);
@@ -54,12 +72,17 @@ static tl_status read_float(const cJSON *root, const char *name, double lo, doub
     if ((lo_open ? v <= lo : v < lo) || v > hi)
         return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" = %s is out of range %s%g, %g]",
                        name, shown, lo_open ? "(" : "[", lo, hi);
+    /* Stored as a float: 1e-60 passes the (0, ...) check as a double but becomes 0.0f
+       (found by fuzz_config: a norm_eps of 0 divides by zero on an all-zero row). */
+    if (lo_open && !((float)v > (float)lo))
+        return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" = %s rounds to %g as a float, outside (%g, %g]",
+                       name, shown, (double)(float)v, lo, hi);
     *out = (float)v;
     return TL_OK;
 }
 
 static tl_status read_bool(const cJSON *root, const char *name, bool *out) {
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, name);
+    const cJSON *item = field(root, name);
     char shown[64];
     if (!item || cJSON_IsNull(item)) return TL_OK;
     if (!cJSON_IsBool(item)) {
@@ -74,7 +97,7 @@ static tl_status read_bool(const cJSON *root, const char *name, bool *out) {
 /* Reads a string field that must be one of `choices` (NULL-terminated); *out = index. */
 static tl_status read_enum(const cJSON *root, const char *name, bool required,
                            const char *const *choices, int *out) {
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, name);
+    const cJSON *item = field(root, name);
     char shown[64], allowed[160] = "";
     if (!item || cJSON_IsNull(item)) {
         if (required) return tl_fail(TL_ERR_FORMAT, "config.json: missing required field \"%s\"", name);
@@ -209,19 +232,110 @@ tl_status tl_config_check(tl_config *c) {
     return TL_OK;
 }
 
+/* Levenshtein distance, capped: only "is it a likely misspelling" matters. */
+static int edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int row[64];
+    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* SPEC §1: unknown fields are ignored (checkpoints carry metadata), but each one is reported
+   as a warning, with a suggestion when it looks like a misspelt field (rope_theeta), since a
+   misspelt optional field silently keeps the default. */
+static void collect_warnings(const cJSON *root, const field_log *log, tl_config *c) {
+    for (const cJSON *e = root->child; e; e = e->next) {
+        const char *closest = NULL;
+        int best = 3; /* suggest at distance <= 2 */
+        bool known = false;
+        for (int i = 0; i < log->n && !known; i++) {
+            if (strcmp(e->string, log->names[i]) == 0) known = true;
+            int d = edit_distance(e->string, log->names[i]);
+            if (d < best) { best = d; closest = log->names[i]; }
+        }
+        if (known) continue;
+        size_t used = strlen(c->warnings);
+        char line[200];
+        if (closest)
+            snprintf(line, sizeof line, "config.json: unknown field \"%.60s\" ignored (did you mean \"%s\"?)\n",
+                     e->string, closest);
+        else
+            snprintf(line, sizeof line, "config.json: unknown field \"%.60s\" ignored\n", e->string);
+        if (used + strlen(line) < sizeof c->warnings) memcpy(c->warnings + used, line, strlen(line) + 1);
+        else if (used + 4 < sizeof c->warnings) memcpy(c->warnings + used, "...", 4);
+    }
+}
+
+static int by_key(const void *a, const void *b) {
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* JSON leaves duplicate keys undefined and cJSON keeps the first: "d_model" given twice is a
+   mistake whichever one was meant, at any depth. Sorting keeps it O(n log n). */
+static tl_status check_duplicates(const cJSON *node) {
+    tl_status st = TL_OK;
+    int n = 0;
+    for (const cJSON *e = node->child; e; e = e->next) n++;
+    if (cJSON_IsObject(node) && n > 1) {
+        const cJSON **keys = malloc((size_t)n * sizeof *keys);
+        if (!keys) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+        int k = 0;
+        for (const cJSON *e = node->child; e; e = e->next) keys[k++] = e;
+        qsort(keys, (size_t)n, sizeof *keys, by_key);
+        for (int i = 1; i < n && st == TL_OK; i++)
+            if (strcmp(keys[i - 1]->string, keys[i]->string) == 0)
+                st = tl_fail(TL_ERR_FORMAT, "config.json: duplicate key \"%.60s\"%s%.60s%s", keys[i]->string,
+                             node->string ? " in \"" : "", node->string ? node->string : "",
+                             node->string ? "\"" : "");
+        free(keys);
+    }
+    for (const cJSON *e = node->child; e && st == TL_OK; e = e->next) st = check_duplicates(e);
+    return st;
+}
+
 tl_status tl_config_parse(const char *json_text, tl_config *out) {
     memset(out, 0, sizeof *out);
     tl_config_defaults(out);
-    cJSON *root = cJSON_Parse(json_text);
+    /* cJSON skips a byte order mark; JSON (RFC 8259) forbids one, and a tool that wrote it
+       may have mangled more. */
+    if ((unsigned char)json_text[0] == 0xEF && (unsigned char)json_text[1] == 0xBB &&
+        (unsigned char)json_text[2] == 0xBF)
+        return tl_fail(TL_ERR_FORMAT, "config.json: starts with a UTF-8 byte order mark, which JSON does not allow");
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(json_text, &end, false);
     if (!root) {
         const char *where = cJSON_GetErrorPtr();
         char snippet[32] = "";
         if (where) snprintf(snippet, sizeof snippet, "%.20s", where);
         return tl_fail(TL_ERR_FORMAT, "config.json: invalid JSON near \"%s\"", snippet);
     }
-    tl_status st = cJSON_IsObject(root)
-                       ? parse_fields(root, out)
-                       : tl_fail(TL_ERR_FORMAT, "config.json: top level must be a JSON object");
+    while (end && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    tl_status st = TL_OK;
+    if (end && *end)
+        st = tl_fail(TL_ERR_FORMAT, "config.json: unexpected text after the JSON value: \"%.20s\"", end);
+    else if (!cJSON_IsObject(root))
+        st = tl_fail(TL_ERR_FORMAT, "config.json: top level must be a JSON object");
+    if (st == TL_OK) st = check_duplicates(root);
+    if (st == TL_OK) {
+        field_log log = {.n = 0};
+        reading = &log;
+        st = parse_fields(root, out);
+        reading = NULL;
+        if (st == TL_OK) collect_warnings(root, &log, out);
+    }
     cJSON_Delete(root);
     return st;
 }

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -42,7 +43,24 @@ static inline float tl_weight_at(const void *w, tl_dtype dt, size_t i) {
     }
 }
 
+/* Element i of src (dtype dt, not necessarily aligned), as f32. */
+static inline float tl_weight_at_unaligned(const void *src, tl_dtype dt, size_t i) {
+    const uint8_t *from = src;
+    if (dt == TL_F32) {
+        float f;
+        memcpy(&f, from + 4 * i, sizeof f);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, from + 2 * i, sizeof h);
+    return dt == TL_F16 ? tl_f16_to_f32(h) : tl_bf16_to_f32(h);
+}
+
 /* out[i] = src[i] as f32 for i < count; src need not be aligned for its type. */
 void tl_convert_to_f32(const void *src, tl_dtype dt, size_t count, float *out);
+
+/* Index of the first element of src[0..count) that is NaN or +-inf (exponent bits all ones),
+   or count when every element is finite; src need not be aligned. */
+size_t tl_first_nonfinite(const void *src, tl_dtype dt, size_t count);
 
 #endif

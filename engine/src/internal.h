@@ -22,6 +22,19 @@ void *tl_alloc_aligned(size_t bytes);   /* 64-byte aligned, zeroed; NULL on fail
 void tl_free_aligned(void *ptr);
 double tl_now_ms(void);                 /* monotonic clock */
 
+/* ---------------------------------------------------------------- checkpoint files */
+
+/* The one rule for every file of a checkpoint: a regular file (symlinks to one are fine) of
+   at most max_bytes. A FIFO, directory or device is refused without blocking (a FIFO would
+   otherwise hang the load, /dev/zero would be read until memory runs out), as is a dangling
+   symlink, with TL_ERR_IO naming the path and what it is; an oversized file gets
+   TL_ERR_FORMAT. tl_open_regular leaves an open descriptor in *fd (the caller closes it);
+   tl_read_regular returns the NUL-terminated contents in *out (free()). */
+tl_status tl_open_regular(const char *path, size_t max_bytes, int *fd, size_t *size);
+tl_status tl_read_regular(const char *path, size_t max_bytes, char **out, size_t *len);
+#define TL_MAX_CONFIG_BYTES ((size_t)64 << 20)
+#define TL_MAX_TOKENIZER_BYTES ((size_t)256 << 20) /* the largest HF tokenizers are ~35 MB */
+
 /* Most rows one forward pass takes when a sequence is forwarded in pieces (prefill, scoring):
    bounds activation memory only, since results do not depend on it (batch invariance). */
 #define TL_FORWARD_CHUNK 64
@@ -78,6 +91,7 @@ typedef struct tl_config {
     /* Test hook only, never set from a config: q/k biases added after RoPE (the classic
        mistake the golden tests must catch). */
     bool qk_bias_after_rope;
+    char warnings[1024];         /* one line per ignored unknown field ("" when none) */
 } tl_config;
 
 /* Parses and validates config.json text; the message names the field and value. */

@@ -62,27 +62,6 @@ void tl_model_free(tl_model *m) {
 
 /* ---------------------------------------------------------------- files */
 
-static tl_status read_text_file(const char *path, char **out) {
-    *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return tl_fail(TL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (fseek(fp, 0, SEEK_END) != 0) { fclose(fp); return tl_fail(TL_ERR_IO, "%s: cannot seek", path); }
-    long len = ftell(fp);
-    rewind(fp);
-    if (len < 0 || len > (64L << 20)) {
-        fclose(fp);
-        return tl_fail(TL_ERR_FORMAT, "%s: unexpected size %ld bytes", path, len);
-    }
-    char *buf = malloc((size_t)len + 1);
-    if (!buf) { fclose(fp); return tl_fail(TL_ERR_NO_MEMORY, "out of memory reading %s", path); }
-    size_t got = fread(buf, 1, (size_t)len, fp);
-    fclose(fp);
-    if (got != (size_t)len) { free(buf); return tl_fail(TL_ERR_IO, "%s: short read", path); }
-    buf[len] = '\0';
-    *out = buf;
-    return TL_OK;
-}
-
 /* ---------------------------------------------------------------- tensor binding */
 
 static tl_dtype dtype_of(const tl_st_tensor *t) {
@@ -112,6 +91,18 @@ static tl_status find_shaped(tl_binder *b, const char *name, const int64_t *dims
     if (t->dtype != TL_ST_F32 && t->dtype != TL_ST_F16 && t->dtype != TL_ST_BF16)
         return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" has dtype %s; only F32, F16 and BF16 are supported",
                        *path, name, tl_st_dtype_name(t->dtype));
+    /* A NaN or inf weight poisons every logit downstream (a NaN in one mlp.down made every
+       later token "not allowed"), so it is refused here, once, where every tensor passes:
+       one linear scan over the bytes, far cheaper than the copy into the backend. */
+    const tl_dtype dt = t->dtype == TL_ST_F32 ? TL_F32 : t->dtype == TL_ST_F16 ? TL_F16 : TL_BF16;
+    const size_t numel = t->nbytes / tl_st_dtype_size(t->dtype);
+    const size_t bad = tl_first_nonfinite(t->data, dt, numel);
+    if (bad < numel) {
+        const float v = tl_weight_at_unaligned(t->data, dt, bad);
+        return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" has a non-finite value (%s) at index %zu "
+                       "(row-major); the checkpoint is corrupt or overflowed when it was saved",
+                       *path, name, isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", bad);
+    }
     *out = t;
     return TL_OK;
 }
@@ -440,7 +431,9 @@ static void fill_info(tl_model *m, const tl_st_set *files) {
     char path[4096];
     struct stat sb;
     snprintf(path, sizeof path, "%s/tokenizer.json", m->dir);
-    i->has_tokenizer = stat(path, &sb) == 0;
+    /* lstat: any entry named tokenizer.json means "load it", so that a dangling symlink or an
+       unreadable file is an error rather than a silent load without a tokenizer. */
+    i->has_tokenizer = lstat(path, &sb) == 0;
 }
 
 /* ---------------------------------------------------------------- load */
@@ -475,11 +468,15 @@ static tl_status detect_family(const cJSON *root, const tl_family **out) {
 /* config.json -> m->cfg, through the family's reader when it is a published one. */
 static tl_status read_config(tl_model *m, const char *dir, const tl_family **family) {
     char path[4096], *text = NULL;
+    size_t text_len;
     snprintf(path, sizeof path, "%s/config.json", dir);
-    tl_status st = read_text_file(path, &text);
+    tl_status st = tl_read_regular(path, TL_MAX_CONFIG_BYTES, &text, &text_len);
     if (st != TL_OK) return st;
-    cJSON *root = cJSON_Parse(text);
-    st = root && cJSON_IsObject(root) ? detect_family(root, family) : TL_OK;
+    /* The parser reads up to the first NUL: what follows one would be ignored unseen. */
+    if (strlen(text) != text_len)
+        st = tl_fail(TL_ERR_FORMAT, "config.json: contains a NUL byte at offset %zu", strlen(text));
+    cJSON *root = st == TL_OK ? cJSON_Parse(text) : NULL;
+    if (st == TL_OK) st = root && cJSON_IsObject(root) ? detect_family(root, family) : TL_OK;
     if (st == TL_OK)
         st = *family ? (*family)->parse_config(root, &m->cfg) : tl_config_parse(text, &m->cfg);
     cJSON_Delete(root);
@@ -533,8 +530,10 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
     if (st == TL_OK && m->info.has_tokenizer) {
         char tok_path[4200], err[512];
         snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
-        if (tlz_tokenizer_load(tok_path, &m->tokenizer, err, sizeof err) != 0)
-            st = tl_fail(TL_ERR_FORMAT, "%s", err);
+        const int code = tlz_tokenizer_load(tok_path, &m->tokenizer, err, sizeof err);
+        if (code != 0)
+            st = tl_fail(code == TLZ_ENOMEM ? TL_ERR_NO_MEMORY : code == TLZ_EIO ? TL_ERR_IO : TL_ERR_FORMAT,
+                         "%s", err);
         else if (tlz_vocab_size(m->tokenizer) > m->cfg.vocab_size)
             st = tl_fail(TL_ERR_FORMAT, "%s: the tokenizer has %d ids but config.json vocab_size is %d",
                          tok_path, tlz_vocab_size(m->tokenizer), m->cfg.vocab_size);
@@ -568,3 +567,5 @@ tl_status tl_model_load(const char *dir, const tl_load_options *opts, tl_model *
 }
 
 const struct tl_model_info *tl_model_info(const tl_model *model) { return model ? &model->info : NULL; }
+
+const char *tl_model_warnings(const tl_model *model) { return model ? model->cfg.warnings : ""; }

@@ -53,7 +53,7 @@ void tl_st_close(tl_st_file *file) {
     if (!file) return;
     for (int i = 0; i < file->n_tensors; i++) free(file->tensors[i].name);
     free(file->tensors);
-    if (file->map) munmap(file->map, file->map_len);
+    if (file->map && !file->borrowed) munmap(file->map, file->map_len);
     memset(file, 0, sizeof *file);
 }
 
@@ -86,10 +86,16 @@ static tl_status parse_entry(const char *path, const cJSON *entry, const uint8_t
         !cJSON_IsNumber(offsets->child) || !cJSON_IsNumber(offsets->child->next))
         return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" has invalid data_offsets", path, name);
     double begin = offsets->child->valuedouble, end = offsets->child->next->valuedouble;
-    if (begin < 0 || end < begin || end > (double)data_len || begin != floor(begin) ||
-        end != floor(end))
+    /* %.17g shows a fraction or a huge value as it is (%.0f would round 1.5 to "2"). */
+    if (begin != floor(begin) || end != floor(end))
+        return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" data_offsets [%.17g, %.17g] must be integers",
+                       path, name, begin, end);
+    if (begin < 0 || end < begin)
+        return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" data_offsets [%.17g, %.17g] must satisfy 0 <= begin <= end",
+                       path, name, begin, end);
+    if (end > (double)data_len)
         return tl_fail(TL_ERR_FORMAT,
-                       "%s: tensor \"%s\" data_offsets [%.0f, %.0f] fall outside the %zu data "
+                       "%s: tensor \"%s\" data_offsets [%.17g, %.17g] fall outside the %zu data "
                        "bytes (truncated file?)",
                        path, name, begin, end, data_len);
     t->nbytes = (size_t)(end - begin);
@@ -148,26 +154,38 @@ static tl_status parse_header(const char *path, tl_st_file *f) {
 
 tl_status tl_st_open(const char *path, tl_st_file *out) {
     memset(out, 0, sizeof *out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return tl_fail(TL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    int fd;
+    size_t size;
+    tl_status st = tl_open_regular(path, SIZE_MAX, &fd, &size);
+    if (st != TL_OK) return st;
+    if (size < 8) {
         close(fd);
-        return tl_fail(TL_ERR_IO, "%s: not a regular file", path);
+        return tl_fail(TL_ERR_FORMAT, "%s: file is %zu bytes, too short for a safetensors header",
+                       path, size);
     }
-    if (sb.st_size < 8) {
-        close(fd);
-        return tl_fail(TL_ERR_FORMAT, "%s: file is %lld bytes, too short for a safetensors header",
-                       path, (long long)sb.st_size);
-    }
-    out->map_len = (size_t)sb.st_size;
+    out->map_len = size;
     out->map = mmap(NULL, out->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int map_errno = errno;
     close(fd);
     if (out->map == MAP_FAILED) {
         out->map = NULL;
-        return tl_fail(TL_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
+        /* ENOMEM (address space, map count) is a memory failure, not a bad file. */
+        return tl_fail(map_errno == ENOMEM ? TL_ERR_NO_MEMORY : TL_ERR_IO, "%s: mmap failed: %s", path,
+                       strerror(map_errno));
     }
-    tl_status st = parse_header(path, out);
+    st = parse_header(path, out);
+    if (st != TL_OK) tl_st_close(out);
+    return st;
+}
+
+tl_status tl_st_open_memory(const char *name, const void *bytes, size_t len, tl_st_file *out) {
+    memset(out, 0, sizeof *out);
+    if (len < 8)
+        return tl_fail(TL_ERR_FORMAT, "%s: file is %zu bytes, too short for a safetensors header", name, len);
+    out->map = (void *)bytes;
+    out->map_len = len;
+    out->borrowed = true;
+    tl_status st = parse_header(name, out);
     if (st != TL_OK) tl_st_close(out);
     return st;
 }

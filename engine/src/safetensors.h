@@ -26,11 +26,15 @@ typedef struct tl_st_file {
     size_t map_len;
     tl_st_tensor *tensors;
     int n_tensors;
+    bool borrowed;       /* map belongs to the caller (tl_st_open_memory): not unmapped */
 } tl_st_file;
 
 /* Maps and validates the whole header (dtypes, shapes, offsets, file length, overlaps).
    On error *out is left empty and the message names the file and the problem. */
 tl_status tl_st_open(const char *path, tl_st_file *out);
+/* The same validation over a file already in memory (bytes must outlive *out); `name` is used
+   in messages. The fuzzer's entry point. */
+tl_status tl_st_open_memory(const char *name, const void *bytes, size_t len, tl_st_file *out);
 tl_st_tensor *tl_st_find(tl_st_file *file, const char *name);
 void tl_st_close(tl_st_file *file);
 const char *tl_st_dtype_name(tl_st_dtype dtype);

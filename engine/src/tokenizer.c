@@ -7,6 +7,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 
 #include "tokenizer.h"
+#include "internal.h"
 
 #include <cjson/cJSON.h>
 #include <pcre2.h>
@@ -231,30 +232,14 @@ static const merge_slot *merge_find(const tlz_tokenizer *t, int32_t a, int32_t b
 
 /* ------------------------------------------------------------------ load */
 
+/* Through the loader's one rule for checkpoint files (internal.h: regular files only, never
+   blocking on a FIFO, a size cap); its message becomes this module's err. */
 static int read_file(const char *path, char **data, size_t *len, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return fail(err, errlen, TLZ_EIO, "cannot open tokenizer file '%s': %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) { fclose(f); return fail(err, errlen, TLZ_ENOMEM, "out of memory reading '%s'", path); }
-    for (;;) {
-        if (n == cap) {
-            char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
-            if (!nb) { free(buf); fclose(f); return fail(err, errlen, TLZ_ENOMEM, "out of memory reading '%s'", path); }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) { free(buf); return fail(err, errlen, TLZ_EIO, "error reading tokenizer file '%s'", path); }
-    *data = buf;
-    *len = n;
-    return TLZ_OK;
+    tl_status st = tl_read_regular(path, TL_MAX_TOKENIZER_BYTES, data, len);
+    if (st == TL_OK) return TLZ_OK;
+    return fail(err, errlen, st == TL_ERR_NO_MEMORY ? TLZ_ENOMEM : st == TL_ERR_FORMAT ? TLZ_EFORMAT : TLZ_EIO,
+                "%s", tl_last_error());
 }
 
 int tlz_tokenizer_load(const char *path, tlz_tokenizer **out, char *err, size_t errlen)

@@ -1,10 +1,14 @@
 /* util.c: error reporting, aligned memory and the clock shared by the engine. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -58,4 +62,71 @@ double tl_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* ---------------------------------------------------------------- checkpoint files */
+
+tl_status tl_open_regular(const char *path, size_t max_bytes, int *fd, size_t *size) {
+    *fd = -1;
+    *size = 0;
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever;
+       on a regular file it changes nothing. */
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (f < 0) {
+        struct stat lsb;
+        if (errno == ENOENT && lstat(path, &lsb) == 0 && S_ISLNK(lsb.st_mode))
+            return tl_fail(TL_ERR_IO, "%s: is a dangling symbolic link", path);
+        return tl_fail(TL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
+    struct stat sb;
+    if (fstat(f, &sb) != 0) {
+        int e = errno;
+        close(f);
+        return tl_fail(TL_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(f);
+        return tl_fail(TL_ERR_IO, "%s: is %s, not a regular file", path,
+                       S_ISDIR(sb.st_mode) ? "a directory" : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                       : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device"
+                       : S_ISSOCK(sb.st_mode) ? "a socket" : "a special file");
+    }
+    if (sb.st_size < 0 || (unsigned long long)sb.st_size > max_bytes) {
+        close(f);
+        return tl_fail(TL_ERR_FORMAT, "%s: %lld bytes exceeds the limit of %zu bytes for this file",
+                       path, (long long)sb.st_size, max_bytes);
+    }
+    *fd = f;
+    *size = (size_t)sb.st_size;
+    return TL_OK;
+}
+
+tl_status tl_read_regular(const char *path, size_t max_bytes, char **out, size_t *len) {
+    *out = NULL;
+    *len = 0;
+    int fd;
+    size_t size;
+    tl_status st = tl_open_regular(path, max_bytes, &fd, &size);
+    if (st != TL_OK) return st;
+    char *buf = malloc(size + 1);
+    if (!buf) {
+        close(fd);
+        return tl_fail(TL_ERR_NO_MEMORY, "out of memory reading %s (%zu bytes)", path, size);
+    }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = read(fd, buf + got, size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break; /* an error, or the file shrank while we read it */
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != size) {
+        free(buf);
+        return tl_fail(TL_ERR_IO, "%s: short read (%zu of %zu bytes; changed while loading?)", path, got, size);
+    }
+    buf[size] = '\0';
+    *out = buf;
+    *len = size;
+    return TL_OK;
 }

@@ -62,6 +62,7 @@ struct tl_model_info {
     int64_t weight_bytes;
 };
 const struct tl_model_info *tl_model_info(const tl_model *model);
+const char *tl_model_warnings(const tl_model *model);
 void tl_free(void *ptr);
 tl_status tl_encode(const tl_model *model, const char *text, size_t len, int32_t **ids, int *n_ids);
 tl_status tl_decode(const tl_model *model, const int32_t *ids, int n, char **text, size_t *len);

@@ -155,6 +155,7 @@ function _M.main(argv, default_model)
         io.stderr:write("tinyloop: ", err, "\n")
         return 1
     end
+    for _, w in ipairs(model.warnings) do io.stderr:write("tinyloop: warning: ", w, "\n") end
     local cfg = o.cfg
     if o.policy then
         cfg, err = apply_policy(o.policy, cfg, model)

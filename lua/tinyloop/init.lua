@@ -172,6 +172,11 @@ local grammar_allowed_cb = ffi_cast("int (*)(void *, uint8_t *, int)", function(
     if type(r) ~= "number" then -- no count returned: count the mask
         r = 0
         for i = 0, vocab - 1 do r = r + (mask[i] ~= 0 and 1 or 0) end
+    elseif r ~= floor(r) or r < INT_MIN or r > vocab then
+        -- C would read 1e20 as INT_MIN ("hook returned error -2147483648"): say what it was.
+        -- (A negative integer is the hook's error code, which the engine reports.)
+        return fail(ctx, ("grammar.allowed returned %s: must be the count of allowed tokens, an integer in [0, %d]")
+            :format(tostring(r), vocab))
     end
     return r
 end)
@@ -274,7 +279,7 @@ local function make_config(model, cfg)
         for i, seq in ipairs(seqs) do
             if type(seq) ~= "table" then raise("stop_sequences[" .. i .. "] must be a table of token ids") end
             local ids = ffi_new("int32_t[?]", #seq + 1)
-            for j, id in ipairs(seq) do ids[j - 1] = id end
+            for j, id in ipairs(seq) do ids[j - 1] = check_int("stop_sequences[" .. i .. "][" .. j .. "]", id) end
             arr[i - 1].tokens, arr[i - 1].n = ids, #seq
             keep[#keep + 1] = ids
         end
@@ -287,6 +292,11 @@ local function make_config(model, cfg)
         local arr = ffi_new("const char *[?]", #strs + 1)
         for i, s in ipairs(strs) do
             if type(s) ~= "string" then raise("stop_strings[" .. i .. "] must be a string") end
+            -- The engine's stop strings are C strings: one would end at its first NUL.
+            local nul = s:find("\0", 1, true)
+            if nul then
+                raise(("stop_strings[%d] contains a NUL byte (at byte %d): stop strings cannot contain NUL"):format(i, nul))
+            end
             arr[i - 1] = s
             keep[#keep + 1] = s
         end
@@ -352,12 +362,17 @@ local function output_capacity(model, prompt_tokens, sequences, max_tokens)
     return capacity
 end
 
+-- Token ids as an int32 array; each must be an integer (the FFI would truncate 1.5 to 1 and
+-- wrap 1e10), named by its 1-based index; the engine checks the vocabulary range.
 local function id_array(ids)
     local n = #ids
     local arr = ffi_new("int32_t[?]", n + 1)
     for i = 1, n do
         local id = ids[i]
         if type(id) ~= "number" then raise("token ids must be numbers (index " .. i .. ")") end
+        if id ~= floor(id) or id < INT_MIN or id > INT_MAX then
+            raise(("token id %s at index %d must be an integer"):format(tostring(id), i))
+        end
         arr[i - 1] = id
     end
     return arr, n
@@ -386,6 +401,18 @@ end
 
 -- ------------------------------------------------------------------ sessions
 
+-- A C model has several users: its Model (until closed or collected) and every session made
+-- from it (each keeps the model alive: a session reads the weights on every step). The last
+-- user to let go frees it, whatever order close() and the garbage collector's finalizers run
+-- in (a model and its sessions often become garbage in the same cycle).
+local function model_release(h)
+    h.refs = h.refs - 1
+    if h.refs == 0 then
+        C.tl_model_free(h.raw)
+        h.raw = nil
+    end
+end
+
 local Session = {}
 Session.__index = Session
 
@@ -403,6 +430,7 @@ end
 -- Compiled traces must not call C functions that call back into Lua ("bad callback"
 -- panic): this wrapper always runs in the interpreter.
 function Session:step()
+    if self.ptr == nil and not self.done then raise("session:step(): the session is closed") end
     if self.done then raise("session has already finished (" .. tostring(self.stop_reason or self.error) .. ")") end
     local step_token, step_stop = self.step_token, self.step_stop
     local st = C.tl_session_step(self.ptr, step_token, step_stop)
@@ -461,6 +489,7 @@ function Session:close()
         C.tl_session_free(self.ptr)
         self.ptr = nil
         release(self)
+        model_release(self.model.handle)
     end
 end
 
@@ -515,6 +544,13 @@ jit.off(call_blocking)
 local Model = {}
 Model.__index = Model
 
+-- The model's C pointer, or a raised error naming the method once the model is closed.
+local function model_ptr(model, method)
+    local ptr = model.ptr
+    if ptr == nil then raise("model:" .. method .. "(): the model is closed") end
+    return ptr
+end
+
 local status_out = ffi_new("tl_model *[1]")
 local BACKENDS = { auto = C.TL_BACKEND_AUTO, cpu = C.TL_BACKEND_CPU, cuda = C.TL_BACKEND_CUDA }
 
@@ -546,10 +582,17 @@ function _M.load(dir, opts)
         end
     end
     if C.tl_model_load(dir, o, status_out) ~= 0 then return nil, last_error() end
-    local ptr = ffi_gc(status_out[0], C.tl_model_free)
+    -- handle.raw is a separate cdata: the finalizer's closure must not reference the cdata
+    -- it is attached to (that would keep it alive forever).
+    local handle = { raw = ffi_cast("tl_model *", status_out[0]), refs = 1 }
+    local ptr = ffi_gc(status_out[0], function() model_release(handle) end)
     local info = C.tl_model_info(ptr)
+    local warnings = {}
+    for line in ffi_string(C.tl_model_warnings(ptr)):gmatch("[^\n]+") do warnings[#warnings + 1] = line end
     return setmetatable({
         ptr = ptr,
+        handle = handle,
+        warnings = warnings, -- what the load accepted but a person should see (unknown config fields)
         vocab_size = info.vocab_size,
         max_seq_len = info.max_seq_len,
         default_loops = info.default_loops,
@@ -558,8 +601,19 @@ function _M.load(dir, opts)
     }, Model)
 end
 
+-- model:close() frees the model's C memory now; the garbage collector would do it later, but
+-- it cannot see that memory (LuaJIT has no way to be told the size of C allocations), so a
+-- program that loads many models should close them. Idempotent. Sessions still open keep the
+-- C model alive until they are closed or collected; every other method raises afterwards.
+function Model:close()
+    if self.ptr == nil then return end
+    ffi_gc(self.ptr, nil)
+    self.ptr = nil
+    model_release(self.handle)
+end
+
 function Model:info()
-    local i = C.tl_model_info(self.ptr)
+    local i = C.tl_model_info(model_ptr(self, "info"))
     local t = {}
     for _, k in ipairs({ "vocab_size", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff",
                          "max_seq_len", "n_prelude", "n_block", "n_coda", "default_loops", "max_loops",
@@ -583,7 +637,7 @@ local dec_len = ffi_new("size_t[1]")
 -- model:encode(text) -> ids | nil, err
 function Model:encode(text)
     if type(text) ~= "string" then raise("encode: text must be a string") end
-    local st = C.tl_encode(self.ptr, text, #text, enc_ids, enc_n)
+    local st = C.tl_encode(model_ptr(self, "encode"), text, #text, enc_ids, enc_n)
     if st ~= 0 then return engine_failure(st) end
     local ids, n, t = enc_ids[0], enc_n[0], {}
     for i = 1, n do t[i] = ids[i - 1] end
@@ -594,8 +648,9 @@ end
 -- model:decode(ids) -> text | nil, err
 function Model:decode(ids)
     if type(ids) ~= "table" then raise("decode: ids must be a table") end
+    local ptr = model_ptr(self, "decode")
     local arr, n = id_array(ids)
-    local st = C.tl_decode(self.ptr, arr, n, dec_text, dec_len)
+    local st = C.tl_decode(ptr, arr, n, dec_text, dec_len)
     if st ~= 0 then return engine_failure(st) end
     local s = ffi_string(dec_text[0], dec_len[0])
     C.tl_free(dec_text[0])
@@ -605,22 +660,24 @@ end
 local session_out = ffi_new("tl_session *[1]")
 
 -- model:session(prompt, cfg) -> a session stepped with session:step(), or nil, err.
--- A session on prompt ids, or nil, the engine's status (the caller applies the error
--- convention: model:session raises argument errors, generate_batch names the prompt).
 -- A Session object owning the C session `ptr` (freed by close or the garbage collector).
 local function wrap_session(model, ptr, ctx, keep)
     local self_session = setmetatable({
         model = model, ctx = ctx, keep = keep, has_tokenizer = model.has_tokenizer, done = false,
         step_token = ffi_new("int32_t[1]"), step_stop = ffi_new("tl_stop_reason[1]"),
     }, Session)
-    local key = ctx and ctx.key
+    local key, handle = ctx and ctx.key, model.handle
+    handle.refs = handle.refs + 1 -- the session keeps the C model alive (model_release)
     self_session.ptr = ffi_gc(ptr, function(p)
         C.tl_session_free(p)
         if key then registry[key] = nil end
+        model_release(handle)
     end)
     return self_session
 end
 
+-- A session on prompt ids, or nil, the engine's status (the caller applies the error
+-- convention: model:session raises argument errors, generate_batch names the prompt).
 local function new_session(model, ids, cfg)
     local c, keep, ctx = make_config(model, cfg)
     local arr, n = id_array(ids)
@@ -637,6 +694,7 @@ local function new_session(model, ids, cfg)
 end
 
 function Model:session(prompt, cfg)
+    model_ptr(self, "session")
     local ids, err = prompt_ids(self, prompt)
     if not ids then return nil, err end
     local s, st = new_session(self, ids, cfg)
@@ -647,6 +705,7 @@ end
 -- model:generate(prompt, cfg) -> ids (prompt + continuation), stats | nil, err
 -- Every mode (plain, speculative = "chain" | "tree", beam_size >= 2) runs on a session.
 function Model:generate(prompt, cfg)
+    model_ptr(self, "generate")
     local s, err = self:session(prompt, cfg)
     if not s then return nil, err end
     local step = s.step
@@ -667,6 +726,7 @@ end
 -- failure ends the loop (a for loop drops the iterator's nil, err): session.error says why.
 -- model:stream itself returns nil, err when the session cannot be created at run time.
 function Model:stream(prompt, cfg)
+    model_ptr(self, "stream")
     local s, err = self:session(prompt, cfg)
     if not s then return nil, err end
     local function iterate()
@@ -741,6 +801,7 @@ jit.off(batch_with_hooks)
 -- all of them (tl_generate_batch; with hooks, tl_session_step_batch over one session per
 -- prompt, see batch_with_hooks). Each output is bit-identical to generate on its own.
 function Model:generate_batch(prompts, cfg)
+    model_ptr(self, "generate_batch")
     if type(prompts) ~= "table" then raise("generate_batch: prompts must be a table") end
     local n_prompts, all_ids = #prompts, {}
     for i = 1, n_prompts do
@@ -839,6 +900,7 @@ function Session:save()
 end
 
 function Model:resume(state, hooks)
+    model_ptr(self, "resume")
     if type(state) ~= "table" or state.ptr == nil then raise("model:resume(): state must come from session:save()") end
     local c, keep, ctx = branch_hooks(state, hooks, "model:resume()")
     if ctx then registry[ctx.key] = ctx end
@@ -854,6 +916,7 @@ end
 -- most `bytes` of KV pages (> 0): a new session whose prompt starts with a pooled prefix at
 -- its depth reuses it (stats.prompt_tokens_reused), with bit-identical output.
 function Model:set_prefix_pool(bytes)
+    model_ptr(self, "set_prefix_pool")
     if type(bytes) ~= "number" or bytes ~= floor(bytes) then raise("set_prefix_pool: bytes must be an integer") end
     local st = C.tl_model_set_prefix_pool(self.ptr, bytes)
     if st ~= 0 then return engine_failure(st) end
@@ -873,6 +936,7 @@ end
 
 -- Runs tl_generate_speculative / tl_generate_tree_speculative.
 local function run_speculative(model, prompt, cfg, tree)
+    model_ptr(model, tree and "generate_tree_speculative" or "generate_speculative")
     if cfg ~= nil and type(cfg) ~= "table" then raise("config must be a table") end
     cfg = cfg or {}
     local base = {}
@@ -932,6 +996,8 @@ local Scores = {}
 Scores.__index = Scores
 
 function Scores:logit(i, t)
+    check_int("scores:logit: position", i)
+    check_int("scores:logit: token id", t)
     if i < 1 or i > self.n or t < 0 or t >= self.vocab_size then
         raise("scores:logit(" .. tostring(i) .. ", " .. tostring(t) .. ") out of range")
     end
@@ -949,6 +1015,7 @@ function Scores:argmax(i)
 end
 
 function Model:score(ids, loops)
+    model_ptr(self, "score")
     local err
     ids, err = prompt_ids(self, ids)
     if not ids then return nil, err end

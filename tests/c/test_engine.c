@@ -187,7 +187,7 @@ int main(int argc, char **argv) {
         nanosleep(&ts, NULL);
     }
     CHECK(c.active == 0 && c.queued == 0, "after cancel: active %d queued %d", c.active, c.queued);
-    CHECK(c.cancelled == 5 && c.steps_after_cancel >= 1 && c.steps_after_cancel <= 4,
+    CHECK(c.cancelled == 5 && c.steps_after_cancel <= 4, /* 0 when the engine had not entered the step yet */
           "cancelled %llu, steps after cancel %llu (the step in flight only)",
           (unsigned long long)c.cancelled, (unsigned long long)c.steps_after_cancel);
 

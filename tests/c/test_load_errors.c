@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -153,6 +154,8 @@ static void config_errors(void) {
     CHECK_ERROR(load_with_field("beta", "-0.5"), TL_ERR_FORMAT, "\"beta\" = -0.5 is out of range");
     CHECK_ERROR(load_with_field("beta", "\"big\""), TL_ERR_FORMAT, "\"beta\" must be a number");
     CHECK_ERROR(load_with_field("norm_eps", "0"), TL_ERR_FORMAT, "\"norm_eps\" = 0 is out of range");
+    CHECK_ERROR(load_with_field("norm_eps", "1e-60"), TL_ERR_FORMAT, "\"norm_eps\" = 1e-60 rounds to 0 as a float");
+    CHECK_ERROR(load_with_field("beta", "1e-50"), TL_ERR_FORMAT, "\"beta\" = 1e-50 rounds to 0 as a float");
     CHECK_ERROR(load_with_field("injection", "\"mul\""), TL_ERR_FORMAT, "\"injection\" = \"mul\" is not one of");
     CHECK_ERROR(load_with_field("loop_update", "\"average\""), TL_ERR_FORMAT, "\"loop_update\" = \"average\"");
     CHECK_ERROR(load_with_field("norm", "\"batchnorm\""), TL_ERR_FORMAT, "\"norm\" = \"batchnorm\"");
@@ -257,6 +260,205 @@ static void api_errors(void) {
     tl_model_free(m);
 }
 
+/* ---------------------------------------------------------------- robustness (issue 11) */
+
+static void spit_text(const char *name, const char *text) { spit(name, text, strlen(text)); }
+
+static void path_in_work(char *path, size_t len, const char *name) { snprintf(path, len, "%s/%s", work, name); }
+
+/* config.json = the source config with `key` written as the raw JSON text `raw` (which cJSON
+   could not round-trip, e.g. 1e400). */
+static tl_status load_with_raw(const char *key, const char *raw) {
+    char path[4200];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/config.json", source);
+    char *text = slurp(path, &len);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    cJSON_DeleteItemFromObjectCaseSensitive(root, key);
+    char *out = cJSON_Print(root);
+    char *buf = malloc(strlen(out) + strlen(key) + strlen(raw) + 16);
+    sprintf(buf, "{\"%s\": %s, %s", key, raw, strchr(out, '{') + 1);
+    spit_text("config.json", buf);
+    free(buf);
+    cJSON_free(out);
+    cJSON_Delete(root);
+    tl_status st = load_work();
+    reset();
+    return st;
+}
+
+/* Finding 14: config.json leniency; finding 13: "1e400" named as such. */
+static void config_strictness(void) {
+    char path[4200];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/config.json", source);
+    char *text = slurp(path, &len);
+    char *buf = malloc(len + 64);
+
+    /* Duplicate key: the first one used to win silently. */
+    snprintf(buf, len + 64, "{\"d_model\": 64, %s", strchr(text, '{') + 1);
+    spit_text("config.json", buf);
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "config.json: duplicate key \"d_model\"");
+    /* Trailing garbage after the object. */
+    snprintf(buf, len + 64, "%s\n}garbage", text);
+    spit_text("config.json", buf);
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "unexpected text after the JSON value: \"}garbage\"");
+    snprintf(buf, len + 64, "%s \n\t", text); /* trailing whitespace is fine */
+    spit_text("config.json", buf);
+    CHECK(load_work() == TL_OK, "trailing whitespace: %s", tl_last_error());
+    /* A byte order mark. */
+    snprintf(buf, len + 64, "\xEF\xBB\xBF%s", text);
+    spit_text("config.json", buf);
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "byte order mark");
+    /* A NUL byte: what follows it must not be ignored unseen. */
+    memcpy(buf, text, len);
+    memcpy(buf + len, "\0{}", 3);
+    spit("config.json", buf, len + 3);
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "contains a NUL byte at offset");
+    reset();
+    free(buf);
+    free(text);
+
+    CHECK_ERROR(load_with_raw("d_model", "1e400"), TL_ERR_FORMAT,
+                "\"d_model\" = a number beyond the range of a double is out of range");
+    CHECK_ERROR(load_with_raw("beta", "-1e400"), TL_ERR_FORMAT,
+                "\"beta\" must be a number, got a number beyond the range of a double");
+
+    /* Unknown fields load (SPEC §1) but are reported; a misspelling gets a suggestion. */
+    tl_model *m = NULL;
+    CHECK(tl_model_load(work, NULL, &m) == TL_OK && strcmp(tl_model_warnings(m), "") == 0,
+          "a clean config has no warnings: \"%s\"", m ? tl_model_warnings(m) : "");
+    tl_model_free(m);
+    CHECK(strcmp(tl_model_warnings(NULL), "") == 0, "warnings of NULL");
+    snprintf(path, sizeof path, "%s/config.json", source);
+    text = slurp(path, &len);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    cJSON_AddItemToObject(root, "rope_theeta", cJSON_CreateNumber(500000));
+    cJSON_AddItemToObject(root, "architectures", cJSON_Parse("[\"LoopLM\"]"));
+    char *out = cJSON_Print(root);
+    spit_text("config.json", out);
+    cJSON_free(out);
+    cJSON_Delete(root);
+    m = NULL;
+    CHECK(tl_model_load(work, NULL, &m) == TL_OK, "unknown fields load: %s", tl_last_error());
+    const char *w = m ? tl_model_warnings(m) : "";
+    CHECK(strstr(w, "config.json: unknown field \"rope_theeta\" ignored (did you mean \"rope_theta\"?)\n") != NULL,
+          "misspelling reported: \"%s\"", w);
+    CHECK(strstr(w, "config.json: unknown field \"architectures\" ignored\n") != NULL, "metadata reported: \"%s\"", w);
+    tl_model_free(m);
+    reset();
+}
+
+/* Finding 7 (and the dangling symlink of 14): checkpoint files must be regular files; nothing
+   may block. SIGALRM turns a hang (the bug) into a failed test. */
+static void special_files(void) {
+    char path[4200], other[4200];
+    alarm(20);
+    const char *names[] = {"config.json", "model.safetensors", "tokenizer.json"};
+    for (int i = 0; i < 3; i++) {
+        path_in_work(path, sizeof path, names[i]);
+        unlink(path);
+        CHECK(mkfifo(path, 0600) == 0, "mkfifo");
+        CHECK_ERROR(load_work(), TL_ERR_IO, "is a FIFO, not a regular file");
+        unlink(path);
+        CHECK(mkdir(path, 0700) == 0, "mkdir");
+        CHECK_ERROR(load_work(), TL_ERR_IO, "is a directory, not a regular file");
+        rmdir(path);
+        CHECK(symlink("/dev/zero", path) == 0, "symlink");
+        CHECK_ERROR(load_work(), TL_ERR_IO, "is a device, not a regular file");
+        unlink(path);
+        reset();
+    }
+    alarm(0);
+    /* A dangling tokenizer.json symlink used to load silently without a tokenizer. */
+    path_in_work(path, sizeof path, "tokenizer.json");
+    path_in_work(other, sizeof other, "missing.json");
+    CHECK(symlink(other, path) == 0, "symlink");
+    CHECK_ERROR(load_work(), TL_ERR_IO, "tokenizer.json: is a dangling symbolic link");
+    unlink(path);
+    /* An oversized tokenizer.json is refused before anything is read (sparse: no disk used). */
+    FILE *fp = fopen(path, "wb");
+    CHECK(fp && ftruncate(fileno(fp), (off_t)(257L << 20)) == 0, "ftruncate");
+    if (fp) fclose(fp);
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "exceeds the limit of 268435456 bytes");
+    unlink(path);
+    path_in_work(path, sizeof path, "config.json");
+    fp = fopen(path, "wb");
+    CHECK(fp && ftruncate(fileno(fp), (off_t)(65L << 20)) == 0, "ftruncate");
+    if (fp) fclose(fp);
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "config.json: 68157440 bytes exceeds the limit");
+    reset();
+}
+
+/* Finding 4: a NaN or inf weight is refused at load, naming the tensor and the index. */
+static tl_status load_poisoned(const char *dir, const char *tensor, long index, const char *what) {
+    char path[4200];
+    size_t len = 0, clen = 0;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *config = slurp(path, &clen);
+    spit("config.json", config, clen);
+    free(config);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unsigned char *file = (unsigned char *)slurp(path, &len);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | file[i];
+    cJSON *header = cJSON_ParseWithLength((char *)file + 8, hlen);
+    cJSON *t = cJSON_GetObjectItemCaseSensitive(header, tensor);
+    const char *dtype = cJSON_GetObjectItemCaseSensitive(t, "dtype")->valuestring;
+    size_t at = 8 + hlen + (size_t)cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(t, "data_offsets"), 0)->valuedouble;
+    const int nan = strcmp(what, "NaN") == 0, neg = strcmp(what, "-inf") == 0;
+    if (strcmp(dtype, "F32") == 0) {
+        uint32_t bits = nan ? 0x7fc00001u : neg ? 0xff800000u : 0x7f800000u;
+        memcpy(file + at + 4 * index, &bits, 4);
+    } else {
+        uint16_t bits = strcmp(dtype, "F16") == 0 ? (nan ? 0x7e01 : neg ? 0xfc00 : 0x7c00)
+                                                 : (nan ? 0x7fc1 : neg ? 0xff80 : 0x7f80);
+        memcpy(file + at + 2 * index, &bits, 2);
+    }
+    spit("model.safetensors", file, len);
+    free(file);
+    cJSON_Delete(header);
+    tl_status st = load_work();
+    reset();
+    return st;
+}
+
+static void nonfinite_weights(void) {
+    char dir[4300], golden[4200];
+    snprintf(golden, sizeof golden, "%s", source);
+    char *slash = strrchr(golden, '/');
+    if (slash) *slash = '\0';
+    CHECK_ERROR(load_poisoned(source, "block.0.mlp.down.weight", 37, "NaN"), TL_ERR_FORMAT,
+                "tensor \"block.0.mlp.down.weight\" has a non-finite value (NaN) at index 37");
+    CHECK_ERROR(load_poisoned(source, "final_norm.bias", 3, "+inf"), TL_ERR_FORMAT,
+                "tensor \"final_norm.bias\" has a non-finite value (+inf) at index 3");
+    snprintf(dir, sizeof dir, "%s/f16_concat_residual_gqa", golden);
+    CHECK_ERROR(load_poisoned(dir, "tok_embed.weight", 100, "-inf"), TL_ERR_FORMAT,
+                "tensor \"tok_embed.weight\" has a non-finite value (-inf) at index 100");
+    snprintf(dir, sizeof dir, "%s/bf16_tied_rope_residual", golden);
+    CHECK_ERROR(load_poisoned(dir, "block.0.attn.v.weight", 0, "NaN"), TL_ERR_FORMAT,
+                "tensor \"block.0.attn.v.weight\" has a non-finite value (NaN) at index 0");
+    /* The largest finite values are fine. */
+    CHECK(load_work() == TL_OK, "pristine copy loads: %s", tl_last_error());
+}
+
+/* Finding 13: fractional data_offsets are shown as they are, not rounded. */
+static void fractional_offsets(cJSON *h) {
+    cJSON *t = cJSON_GetObjectItemCaseSensitive(h, "final_norm.weight");
+    cJSON_ReplaceItemInObjectCaseSensitive(t, "data_offsets", cJSON_Parse("[1.5, 4]"));
+}
+static void huge_offsets(cJSON *h) {
+    cJSON *t = cJSON_GetObjectItemCaseSensitive(h, "final_norm.weight");
+    cJSON_ReplaceItemInObjectCaseSensitive(t, "data_offsets", cJSON_Parse("[0, 1e300]"));
+}
+
+static void offsets_messages(void) {
+    CHECK_ERROR(load_with_header(fractional_offsets), TL_ERR_FORMAT, "data_offsets [1.5, 4] must be integers");
+    CHECK_ERROR(load_with_header(huge_offsets), TL_ERR_FORMAT, "data_offsets [0, 1.0000000000000001e+300] fall outside");
+}
+
 int main(int argc, char **argv) {
     snprintf(source, sizeof source, "%s", argc > 1 ? argv[1] : "tests/data/golden/concat_replace_bias");
     snprintf(work, sizeof work, "/tmp/tl_load_errors_XXXXXX");
@@ -266,6 +468,10 @@ int main(int argc, char **argv) {
     config_errors();
     file_errors();
     api_errors();
+    config_strictness();
+    special_files();
+    nonfinite_weights();
+    offsets_messages();
     char path[512];
     snprintf(path, sizeof path, "%s/config.json", work); unlink(path);
     snprintf(path, sizeof path, "%s/model.safetensors", work); unlink(path);

@@ -3,6 +3,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "../dtype.h"
 #include "kernels.h"
@@ -224,8 +227,11 @@ const tl_kernels *tl_cpu_kernels(void) {
     const bool generic_only = force && strcmp(force, "generic") == 0;
     const bool avx2_only = force && strcmp(force, "avx2") == 0;
     const bool avx512_only = force && strcmp(force, "avx512") == 0;
-    if (!generic_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
+    /* F16C through cpuid (leaf 1, ecx bit 29): clang before 16 has no "f16c" for
+       __builtin_cpu_supports, and the fuzzers build with clang. */
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
+    if (!generic_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) {
         k = &tl_kernels_avx2;
         if (!avx2_only && __builtin_cpu_supports("avx512f")) {
             k = &tl_kernels_avx512;

@@ -1,0 +1,157 @@
+/* test_alloc_fail.c: allocation-failure injection. Linked against a copy of the library
+ * whose every malloc / calloc / realloc / posix_memalign / strdup / mmap counts
+ * (tests/alloc/fail_alloc.h, force-included), each scenario is run once to count its
+ * allocations, then once per allocation N with the N-th one failing. Each run must end in
+ * TL_OK (the failure was absorbed) or TL_ERR_NO_MEMORY with a message, never another
+ * status, a crash, or (under ASan's LeakSanitizer, scripts/test) a leak.
+ * Scenarios: model load (config, safetensors header, weights, backend, tokenizer), with and
+ * without mmap_weights; session creation and steps in every mode (plain with stop strings and
+ * sampling, beam, chain and tree speculative, early exit) with tl_session_text; tokenizer
+ * encode / decode / detokenizer; scoring. (Session fork does not exist yet.) */
+#include <stdlib.h>
+
+#include "../alloc/fail_alloc_control.h"
+#include "check.h"
+#include "tinyloop.h"
+
+static const char *dir;
+static tl_model *model; /* loaded without injection, for the scenarios after loading */
+static const int32_t prompt[3] = {5, 6, 8};
+
+static tl_status load(int mmap_weights) {
+    tl_load_options o;
+    tl_load_options_init(&o);
+    o.n_threads = 1;
+    o.mmap_weights = mmap_weights;
+    tl_model *m = NULL;
+    tl_status st = tl_model_load(dir, &o, &m);
+    if ((st == TL_OK) != (m != NULL)) return TL_ERR_INTERNAL;
+    tl_model_free(m);
+    return st;
+}
+static tl_status load_copy(void) { return load(0); }
+static tl_status load_mapped(void) { return load(1); }
+
+static tl_status run_session(const tl_generate_config *c) {
+    tl_session *s = NULL;
+    tl_status st = tl_session_new(model, prompt, 3, c, &s);
+    if (st != TL_OK) return s ? TL_ERR_INTERNAL : st;
+    tl_stop_reason stop = TL_STOP_NONE;
+    for (int i = 0; i < 6 && stop == TL_STOP_NONE && st == TL_OK; i++) {
+        int32_t tok;
+        st = tl_session_step(s, &tok, &stop);
+        const char *piece;
+        size_t len;
+        if (st == TL_OK) st = tl_session_text(s, &piece, &len);
+    }
+    tl_session_free(s);
+    return st;
+}
+
+static tl_generate_config base(void) {
+    tl_generate_config c;
+    tl_generate_config_init(&c);
+    c.max_tokens = 6;
+    c.ignore_eos = 1;
+    return c;
+}
+static tl_status plain(void) {
+    static const char *const stops[2] = {"zzq", "\xc3\xa9"};
+    tl_generate_config c = base();
+    c.temperature = 0.8f;
+    c.sample_seed = 7;
+    c.repetition_penalty = 1.2f;
+    c.stop_strings = stops;
+    c.n_stop_strings = 2;
+    return run_session(&c);
+}
+static tl_status beam(void) { tl_generate_config c = base(); c.beam_size = 3; return run_session(&c); }
+static tl_status chain(void) {
+    tl_generate_config c = base();
+    c.speculative = TL_SPECULATIVE_CHAIN; c.loops = 4; c.draft_loops = 1; c.temperature = 0.7f;
+    return run_session(&c);
+}
+static tl_status tree(void) {
+    tl_generate_config c = base();
+    c.speculative = TL_SPECULATIVE_TREE; c.loops = 4; c.draft_loops = 1;
+    return run_session(&c);
+}
+static tl_status early_exit(void) {
+    tl_generate_config c = base();
+    c.loops = 4; c.early_exit_patience = 1; c.cache_window = 4;
+    return run_session(&c);
+}
+
+static tl_status text(void) {
+    static const char sample[] = "It is a truth universally acknowledged, caf\xc3\xa9 <|endoftext|>";
+    int32_t *ids = NULL;
+    int n = 0;
+    tl_status st = tl_encode(model, sample, sizeof sample - 1, &ids, &n);
+    if (st != TL_OK) return st;
+    char *back = NULL;
+    size_t len = 0;
+    st = tl_decode(model, ids, n, &back, &len);
+    tl_free(back);
+    tl_detokenizer *d = NULL;
+    if (st == TL_OK) st = tl_detokenizer_new(model, &d);
+    for (int i = 0; st == TL_OK && i < n; i++) {
+        const char *piece;
+        st = tl_detokenizer_push(d, ids[i], &piece, &len);
+    }
+    tl_detokenizer_free(d);
+    tl_free(ids);
+    return st;
+}
+
+static tl_status score(void) {
+    float *logits = malloc(3 * (size_t)tl_model_info(model)->vocab_size * sizeof(float));
+    tl_status st = tl_score(model, prompt, 3, 3, logits);
+    free(logits);
+    return st;
+}
+
+static void inject(const char *name, tl_status (*scenario)(void)) {
+    tl_test_alloc_arm(0);
+    tl_status st = scenario();
+    const long total = tl_test_alloc_count();
+    CHECK(st == TL_OK, "%s without injection: %s %s", name, tl_status_name(st), tl_last_error());
+    long no_memory = 0, absorbed = 0;
+    for (long n = 1; n <= total; n++) {
+        tl_test_alloc_arm(n);
+        st = scenario();
+        const long failed = tl_test_alloc_failed();
+        tl_test_alloc_arm(0);
+        if (!failed) continue; /* this run allocated less */
+        if (st == TL_OK) { absorbed++; continue; }
+        no_memory++;
+        CHECK(st == TL_ERR_NO_MEMORY && tl_last_error()[0] != '\0',
+              "%s, allocation %ld of %ld failing: %s \"%s\", want TL_ERR_NO_MEMORY", name, n, total,
+              tl_status_name(st), tl_last_error());
+    }
+    printf("%-12s %5ld allocations: %ld runs TL_ERR_NO_MEMORY, %ld absorbed the failure\n", name, total, no_memory,
+           absorbed);
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IONBF, 0); /* progress survives a sanitizer abort */
+    dir = argc > 1 ? argv[1] : "tests/data/textmodel";
+    inject("load", load_copy);
+    inject("load mmap", load_mapped);
+    tl_load_options o;
+    tl_load_options_init(&o);
+    o.n_threads = 1;
+    tl_test_alloc_arm(0);
+    if (tl_model_load(dir, &o, &model) != TL_OK) {
+        printf("cannot load %s: %s\n", dir, tl_last_error());
+        return 1;
+    }
+    inject("plain", plain);
+    inject("beam", beam);
+    inject("chain", chain);
+    inject("tree", tree);
+    inject("early exit", early_exit);
+    inject("tokenizer", text);
+    inject("score", score);
+    tl_model_free(model);
+    return check_summary();
+}
