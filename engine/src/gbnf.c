@@ -99,7 +99,7 @@ static bool add_ranges(parser *ps, const gram_range *r, int n, gram_item *it) {
         b->ranges = q;
         b->cap_ranges = cap;
     }
-    memcpy(b->ranges + b->n_ranges, r, (size_t)n * sizeof *r);
+    if (n) memcpy(b->ranges + b->n_ranges, r, (size_t)n * sizeof *r);
     *it = (gram_item){GE_BYTES, b->n_ranges, n};
     b->n_ranges += n;
     return true;
@@ -223,7 +223,7 @@ static bool parse_class(parser *ps, gram_item *it) {
         r[n++] = (gram_range){lo, hi};
     }
     if (ok) {
-        qsort(r, (size_t)n, sizeof *r, cmp_range);
+        if (n > 1) qsort(r, (size_t)n, sizeof *r, cmp_range);
         int m = 0;
         for (int i = 0; i < n; i++) {
             if (m && r[i].lo <= r[m - 1].hi + 1) {
@@ -343,7 +343,7 @@ static bool parse_sequence(parser *ps, seq *s) {
             if (ps->at < ps->end && strchr("*+?{", *ps->at) && s->n - first != 1) {
                 int lit = gram_builder_fresh_rule(&ps->b, ps->rule);
                 if (lit < 0) return oom(ps);
-                if (!commit_alt(ps, lit, s->items + first, s->n - first)) return false;
+                if (!commit_alt(ps, lit, s->n > first ? s->items + first : NULL, s->n - first)) return false;
                 s->n = first;
                 if (!seq_push(ps, s, (gram_item){GE_REF, lit, 0})) return false;
             }

@@ -537,7 +537,7 @@ static int cmp_i32(const void *a, const void *b) {
 static int32_t intern_state(gram_runtime *rt) {
     int32_t *m = rt->scratch;
     size_t n = rt->n_scratch;
-    qsort(m, n, sizeof *m, cmp_i32);
+    if (n > 1) qsort(m, n, sizeof *m, cmp_i32);
     size_t u = 0;
     for (size_t i = 0; i < n; i++)
         if (u == 0 || m[u - 1] != m[i]) m[u++] = m[i];
@@ -552,7 +552,7 @@ static int32_t intern_state(gram_runtime *rt) {
             if (t->keys[j] != h) continue;
             const int32_t s = t->vals[j];
             const int64_t first = rt->state_first[s], len = rt->state_first[s + 1] - first;
-            if ((size_t)len == n && memcmp(rt->state_members + first, m, n * sizeof *m) == 0) return s;
+            if ((size_t)len == n && (n == 0 || memcmp(rt->state_members + first, m, n * sizeof *m) == 0)) return s;
         }
     }
     if (rt->n_states >= GRAM_MAX_STATES) return -1;
@@ -578,7 +578,7 @@ static int32_t intern_state(gram_runtime *rt) {
         rt->cap_members = cap;
     }
     const int32_t s = rt->n_states++;
-    memcpy(rt->state_members + rt->n_members, m, n * sizeof *m);
+    if (n) memcpy(rt->state_members + rt->n_members, m, n * sizeof *m);
     rt->state_first[s] = (int64_t)rt->n_members;
     rt->n_members += n;
     rt->state_first[s + 1] = (int64_t)rt->n_members;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "grammar.h"
+#include "tokenizer.h"
 
 #define MAX_DEPTH 64
 
@@ -705,6 +706,15 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
 tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, char **gbnf, size_t *gbnf_len, char *err,
                                    size_t errlen) {
     *gbnf = NULL;
+    /* GBNF literals are code points: names and values must be valid UTF-8 */
+    for (size_t i = 0; i < len;) {
+        int k = tlz_utf8_seq((const unsigned char *)json + i, len - i);
+        if (k <= 0) {
+            snprintf(err, errlen, "not valid UTF-8 (byte %zu)", i);
+            return TL_ERR_INVALID_ARGUMENT;
+        }
+        i += (size_t)k;
+    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, false);
     if (!root) {
