@@ -11,7 +11,7 @@
 #define GRAM_MAX_ELEMS (1 << 22)
 #define GRAM_MAX_NODES (1 << 23)
 #define GRAM_MAX_STATES (1 << 22)
-#define GRAM_MAX_EXPANSION (1 << 20) /* stacks one byte may produce */
+#define GRAM_MAX_EXPANSION (1 << 16) /* stacks one byte may produce: beyond, "too ambiguous" */
 
 static bool grow(void **p, int *cap, int need, size_t size) {
     if (need <= *cap) return true;

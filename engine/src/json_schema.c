@@ -234,10 +234,20 @@ static int regex_seq(conv *c, const char **p, const char *path, sbuf *o, int dep
         char q = **p;
         if (q == '*' || q == '+' || q == '?') { put(o, p[0], 1); (*p)++; }
         else if (q == '{') {
-            const char *end = strchr(*p, '}');
-            if (!end) return fail(c, path, "pattern: unterminated '{'");
-            put(o, *p, (size_t)(end - *p + 1));
-            *p = end + 1;
+            /* {m}, {m,}, {m,n}: parsed, so that only valid GBNF comes out */
+            char *after;
+            long lo = strtol(*p + 1, &after, 10), hi = lo;
+            bool ok = after > *p + 1 && lo >= 0 && lo <= 1000;
+            if (ok && *after == ',') {
+                const char *from = after + 1;
+                hi = *from == '}' ? -1 : strtol(from, &after, 10);
+                if (hi >= 0) ok = after > from && hi >= lo && hi <= 1000;
+                else after = (char *)from;
+            }
+            if (!ok || *after != '}') return fail(c, path, "pattern: bad quantifier (expected {m}, {m,} or {m,n} up to 1000)");
+            if (hi < 0) printf_(o, "{%ld,}", lo);
+            else printf_(o, "{%ld,%ld}", lo, hi);
+            *p = after + 1;
         }
         if (**p == '?' || **p == '+') return fail(c, path, "pattern: lazy or possessive quantifiers are not supported");
         puts_(o, " ");
