@@ -257,6 +257,11 @@ static bool parse_alternates(parser *ps, int rule);
 static bool apply_repeat(parser *ps, seq *s, int min, int max /* -1: unbounded */) {
     const gram_item x = s->items[--s->n];
     gram_builder *b = &ps->b;
+    if (max == 0) { /* x{0}: an empty rule stands in, so that a following postfix has an element */
+        int empty = gram_builder_fresh_rule(b, ps->rule);
+        if (empty < 0) return oom(ps);
+        return commit_alt(ps, empty, NULL, 0) && seq_push(ps, s, (gram_item){GE_REF, empty, 0});
+    }
     for (int i = 0; i < min; i++)
         if (!seq_push(ps, s, x)) return false;
     if (max == min) return true;

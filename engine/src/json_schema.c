@@ -191,6 +191,11 @@ static int regex_atom(conv *c, const char **p, const char *path, sbuf *o, int de
         while (*end && *end != ']') { if (*end == '\\' && end[1]) end++; end++; }
         if (*end != ']') return fail(c, path, "pattern: unterminated '['");
         bool negated = s[1] == '^';
+        for (const char *q = s + 1; q < end; q++) {
+            if ((unsigned char)*q < 0x20) return fail(c, path, "pattern: control characters in a class are not supported");
+            if (q[0] == '-' && q > s + 1 + negated && q + 1 < end && q[-1] != '\\' && (unsigned char)q[1] < (unsigned char)q[-1])
+                return fail(c, path, "pattern: reversed range '%c-%c' in a class", q[-1], q[1]);
+        }
         for (const char *q = s + 1; q < end; q++)
             if (*q == '"' && !negated) return fail(c, path, "pattern: a class containing '\"' is not supported");
         puts_(o, "[");
@@ -215,6 +220,7 @@ static int regex_atom(conv *c, const char **p, const char *path, sbuf *o, int de
         return 0;
     }
     if (strchr("*+?{", *s)) return fail(c, path, "pattern: '%c' with nothing to repeat", *s);
+    if ((unsigned char)*s < 0x20) return fail(c, path, "pattern: control characters are not supported");
     if (*s == '"') { puts_(o, "\"\\\\\\\"\""); *p = s + 1; return 0; }
     /* one UTF-8 character, as a literal */
     size_t len = 1;

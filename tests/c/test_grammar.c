@@ -122,6 +122,12 @@ static void test_dialect(void) {
     static const char *n3[] = {"(", ")(", "(()", NULL};
     expect(g, "parens", y3, n3);
     tl_compiled_grammar_free(g);
+    /* fuzzer findings: x{0} followed by another postfix; an empty literal repeated */
+    g = compile("root ::= \"\"{0}{5} \"a\"{0}{3} \"b\"");
+    static const char *y4[] = {"b", NULL};
+    static const char *n4[] = {"ab", "", NULL};
+    expect(g, "x{0}", y4, n4);
+    tl_compiled_grammar_free(g);
 }
 
 static void test_llama_grammars(void) {
@@ -246,6 +252,8 @@ static void test_json_schema(void) {
         {"{\"type\":", "not valid JSON"},
         {"{\"not\":{}}", "unsupported keyword 'not'"},
         {"{\"type\":\"string\",\"pattern\":\"(?=x)\"}", "lookaround"},
+        {"{\"type\":\"string\",\"pattern\":\"[D-0]\"}", "reversed range 'D-0'"},
+        {"{\"type\":\"string\",\"pattern\":\"a{{2}\"}", "bad quantifier"},
         {"{\"properties\":{\"a\":{\"type\":\"integer\",\"multipleOf\":2}}}", "at /properties/a: unsupported keyword 'multipleOf'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
