@@ -734,6 +734,9 @@ tl_status tl_grammar_compile_json_schema(const char *schema, size_t len, const t
     gram_program *prog;
     st = gram_parse_gbnf(text, n, &prog, err, sizeof err);
     free(text);
+    /* a $ref cycle that consumes nothing first ({"$ref": "#"}) is the schema's fault */
+    if (st != TL_OK && strstr(err, "left-recursive"))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "JSON schema: a $ref cycle matches nothing before recurring (%s)", err);
     if (st != TL_OK) return tl_fail(st, "JSON schema: the generated grammar is invalid (a TinyLoop bug): %s", err);
     return wrap_program(prog, out);
 }

@@ -254,6 +254,7 @@ static void test_json_schema(void) {
         {"{\"type\":\"string\",\"pattern\":\"(?=x)\"}", "lookaround"},
         {"{\"type\":\"string\",\"pattern\":\"[D-0]\"}", "reversed range 'D-0'"},
         {"{\"type\":\"string\",\"pattern\":\"a{{2}\"}", "bad quantifier"},
+        {"{\"$ref\":\"#\"}", "a $ref cycle matches nothing"},
         {"{\"properties\":{\"a\":{\"type\":\"integer\",\"multipleOf\":2}}}", "at /properties/a: unsupported keyword 'multipleOf'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
