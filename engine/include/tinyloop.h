@@ -193,11 +193,16 @@ typedef int (*tl_logits_hook)(void *user, float *logits, int vocab_size, const i
 
 /* A grammar drives a mask of allowed tokens. `allowed` fills allowed[vocab_size] with 1 for
    each permitted next token and returns how many (0 ends generation with
-   TL_STOP_GRAMMAR_DEAD_END; < 0 is an error); `advance` is told the chosen token. */
+   TL_STOP_GRAMMAR_DEAD_END; < 0 is an error); `advance` is told the chosen token.
+   Or set `compiled` (tl_grammar_use) to a grammar compiled by TinyLoop (GBNF or JSON Schema,
+   see the end of this header); the callbacks are then unused: every session gets its own
+   matcher, which also enables speculative decoding and fast greedy masks. */
+struct tl_compiled_grammar;
 typedef struct tl_grammar {
     void *user;
     int (*allowed)(void *user, uint8_t *allowed, int vocab_size);
     int (*advance)(void *user, int32_t token);
+    const struct tl_compiled_grammar *compiled; /* NULL: a callback grammar */
 } tl_grammar;
 
 /* Self-speculative decoding as a session mode (see tl_generate_speculative). */
@@ -400,8 +405,9 @@ typedef struct tl_speculative_config {
        ignore_eos, cache_window, hooks) comes from `base` when not NULL; its max_tokens,
        loops, temperature and sample_seed are ignored. Drafts use the raw logits with the
        repetition penalty; the logits_processor hook runs on the verifier's rows only, once
-       per emitted token, as in plain decoding. Grammars, beam search and early exit are
-       refused with TL_ERR_UNSUPPORTED. */
+       per emitted token, as in plain decoding. Compiled grammars constrain drafts and
+       verification alike; callback grammars, beam search and early exit are refused with
+       TL_ERR_UNSUPPORTED. */
     const tl_generate_config *base;
 } tl_speculative_config;
 
@@ -508,6 +514,53 @@ typedef struct tl_engine_counters {
 } tl_engine_counters;
 
 void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);
+
+/* ---------------------------------------------------------------- grammars
+   A grammar is compiled once, independent of any model, and may be shared by any number of
+   sessions and threads (its caches are locked). Text is matched as bytes of UTF-8.
+     - GBNF: llama.cpp's dialect; the start rule is `root`. Errors give "line L, column C",
+       what was expected and the rule, and flag undefined rules, left recursion and an empty
+       grammar.
+     - JSON Schema: converted to GBNF (tl_json_schema_to_gbnf shows it); a keyword outside the
+       supported subset is an error naming it.
+   In a tl_generate_config: `tl_grammar g; tl_grammar_use(&g, compiled); cfg.grammar = &g;`.
+   A session keeps the compiled grammar alive (reference counted), so it may be freed at once.
+   The end of the sequence (eos_token_id) is allowed exactly where the grammar may end. */
+
+typedef struct tl_compiled_grammar tl_compiled_grammar;
+
+tl_status tl_grammar_compile_gbnf(const char *text, size_t len, tl_compiled_grammar **out);
+
+typedef struct tl_json_schema_options {
+    int free_whitespace; /* 0 (default): compact JSON; 1: whitespace allowed between tokens */
+} tl_json_schema_options;
+
+/* schema: a JSON document (len bytes); opts may be NULL. */
+tl_status tl_grammar_compile_json_schema(const char *schema, size_t len, const tl_json_schema_options *opts,
+                                         tl_compiled_grammar **out);
+/* The GBNF a schema compiles to (*gbnf freed with tl_free). */
+tl_status tl_json_schema_to_gbnf(const char *schema, size_t len, const tl_json_schema_options *opts, char **gbnf,
+                                 size_t *gbnf_len);
+void tl_compiled_grammar_free(tl_compiled_grammar *g); /* NULL is a no-op */
+/* *match = 1 when the whole text is a sentence of the grammar. */
+tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
+/* Size of the compiled form (rules, elements), for diagnostics. */
+tl_status tl_grammar_rule_count(const tl_compiled_grammar *g, int *rules, int *elements);
+/* Fills *grammar to constrain a generation config with g. */
+void tl_grammar_use(tl_grammar *grammar, const tl_compiled_grammar *g);
+
+/* A matcher: the grammar's state over one model's tokens, for callers driving their own loop.
+   mask writes allowed[vocab_size] (1 = allowed) and the count (0: dead end); accept advances by
+   one token (TL_ERR_INVALID_ARGUMENT when it is not allowed); rollback undoes the last
+   n_tokens accepted tokens. */
+typedef struct tl_grammar_matcher tl_grammar_matcher;
+tl_status tl_grammar_matcher_new(const tl_compiled_grammar *g, const tl_model *model, tl_grammar_matcher **out);
+tl_status tl_grammar_matcher_mask(tl_grammar_matcher *m, uint8_t *allowed, int vocab_size, int *count);
+tl_status tl_grammar_matcher_accepts(tl_grammar_matcher *m, int32_t token, int *ok);
+tl_status tl_grammar_matcher_accept(tl_grammar_matcher *m, int32_t token);
+tl_status tl_grammar_matcher_rollback(tl_grammar_matcher *m, int n_tokens);
+int tl_grammar_matcher_is_accepting(const tl_grammar_matcher *m); /* the text so far is a sentence */
+void tl_grammar_matcher_free(tl_grammar_matcher *m);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar.h"
 #include "session.h"
 #include "stats.h"
 #include "stop.h"
@@ -36,6 +37,7 @@ static void session_destroy(tl_session *s) {
     for (int i = 0; s->stop_strs && i < s->cfg.n_stop_strings; i++) free(s->stop_strs[i]);
     free(s->stop_strs);
     free(s->stop_lens);
+    tl_grammar_matcher_free(s->grammar_matcher);
     free(s);
 }
 
@@ -144,9 +146,19 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
         at += src->n;
     }
     s->cfg.stop_sequences = s->stop_seqs;
+    s->forced_token = -1;
     if (cfg->grammar) {
         s->grammar = *cfg->grammar;
         s->cfg.grammar = &s->grammar;
+        /* ---- grammar: a compiled grammar gets this session's own matcher */
+        if (cfg->grammar->compiled) {
+            st = gram_matcher_new(cfg->grammar->compiled, m->tokenizer, vocab, m->cfg.eos_token_id, &s->grammar_matcher);
+            if (st != TL_OK) {
+                session_destroy(s);
+                return st;
+            }
+            gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
+        }
     }
     *out = s;
     return TL_OK;
@@ -194,18 +206,36 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
         if (r < 0) return hook_failed(s, "logits_processor", r);
     }
     tl_repetition_penalty(s->work, history, n, c->repetition_penalty, s->seen);
+    s->forced_token = -1;
     if (c->grammar) {
+        /* ---- grammar: greedy decoding checks its argmax first; when the grammar accepts it,
+           the masked argmax is the same token (ties go to the lowest id either way), so the
+           full mask is skipped. Beam search needs whole rows (and has no matcher). */
+        if (s->grammar_matcher && s->greedy && s->cfg.beam_size < 2) {
+            const int32_t top = tl_argmax(s->work, vocab);
+            const int32_t next = top >= 0 ? gram_matcher_advance_state(s->grammar_matcher,
+                                                                        gram_matcher_state(s->grammar_matcher), top)
+                                          : GRAM_DEAD;
+            if (next < 0) return tl_fail(TL_ERR_NO_MEMORY, "grammar: out of memory (grammar too ambiguous?)");
+            if (next != GRAM_DEAD) return TL_OK;
+        }
         memset(s->allowed, 0, (size_t)vocab);
         int n_allowed = c->grammar->allowed(c->grammar->user, s->allowed, vocab);
         if (n_allowed < 0) return hook_failed(s, "grammar allowed", n_allowed);
-        for (int i = 0; i < vocab; i++)
+        int32_t only = -1;
+        for (int i = 0; i < vocab; i++) {
             if (!s->allowed[i]) s->work[i] = -INFINITY;
+            else only = i;
+        }
+        /* one allowed token: no need to sample (unless a hook banned it: then nothing is left) */
+        if (n_allowed == 1 && only >= 0 && s->work[only] > -INFINITY) s->forced_token = only;
     }
     return TL_OK;
 }
 
 int32_t tl_session_choose(tl_session *s) {
     const tl_generate_config *c = &s->cfg;
+    if (s->forced_token >= 0) return s->forced_token; /* the grammar allowed one token */
     if (s->greedy) return tl_argmax(s->work, s->m->cfg.vocab_size);
     return tl_distribution_build(&s->dist, s->work, c->temperature, c->top_k, c->top_p)
                ? tl_distribution_draw(&s->dist, &s->rng)

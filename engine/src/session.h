@@ -67,6 +67,11 @@ struct tl_session {
     bool stepping;               /* inside tl_session_step: hooks may not step or free */
     bool free_requested;         /* tl_session_free from a hook: done when the step returns */
 
+    /* ---- grammar (grammar_mask.c): a compiled grammar runs as this session's own matcher,
+       whose callbacks fill s->grammar; forced_token is the one token a mask allowed (-1). */
+    struct tl_grammar_matcher *grammar_matcher;
+    int32_t forced_token;
+
     /* Set by tl_generate_stream: its callback runs inside the step like on_token. */
     tl_stream_fn stream_fn;
     void *stream_user;

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar.h"
 #include "session.h"
 #include "stats.h"
 #include "validate.h"
@@ -62,6 +63,7 @@ typedef struct spec_state {
     int32_t *row_positions;/* [max_nodes] */
     uint8_t *mask;         /* [max_nodes][max_nodes] ancestor mask */
     draft_tree tree;
+    int32_t grammar_state[TL_MAX_TREE_NODES]; /* compiled grammar: its state after each node */
     int base;              /* cache length before the cycle's root */
     int node;              /* node whose verifier row gives the next token; -1: new cycle */
     int depth;             /* accepted depth of the current cycle */
@@ -144,15 +146,40 @@ static bool is_ancestor_or_self(const draft_tree *t, int a, int node) {
     return false;
 }
 
-/* The draft row of `node` after the repetition penalty over the sequence + its path. */
+/* ---- grammar: a draft row masked by the grammar's state after the node's path, so that
+   drafts are sentences the verifier can accept. The greedy chain only needs its argmax to be
+   allowed; the tree ranks several children and sampling draws from the row: both need the
+   full mask. Returns false when out of memory. */
+static bool grammar_draft_row(tl_session *s, spec_state *sp, int node) {
+    tl_grammar_matcher *mt = s->grammar_matcher;
+    const int vocab = s->m->cfg.vocab_size;
+    const int32_t state = sp->grammar_state[node];
+    if (sp->K == 1 && !sp->sampling) {
+        const int32_t top = tl_argmax(sp->draft_row, vocab);
+        const int32_t next = top >= 0 ? gram_matcher_advance_state(mt, state, top) : GRAM_DEAD;
+        if (next < 0) return false;
+        if (next != GRAM_DEAD) return true;
+    }
+    if (gram_matcher_mask_state(mt, state, s->allowed) < 0) return false;
+    for (int i = 0; i < vocab; i++)
+        if (!s->allowed[i]) sp->draft_row[i] = -INFINITY;
+    return true;
+}
+
+/* The draft row of `node` after the repetition penalty over the sequence + its path (and the
+   grammar's mask, with a compiled grammar). NULL when out of memory. */
 static const float *penalised_draft_row(tl_session *s, spec_state *sp, const float *row, int node) {
     const int vocab = s->m->cfg.vocab_size;
     memcpy(sp->draft_row, row, (size_t)vocab * sizeof(float));
-    if (s->cfg.repetition_penalty == 1.0f) return sp->draft_row;
+    if (s->cfg.repetition_penalty == 1.0f) {
+        if (s->grammar_matcher && !grammar_draft_row(s, sp, node)) return NULL;
+        return sp->draft_row;
+    }
     const draft_tree *t = &sp->tree;
     for (int x = node; x > 0; x = t->parent[x]) sp->history[s->n_tokens + t->depth[x] - 1] = t->token[x];
     tl_repetition_penalty(sp->draft_row, sp->history, s->n_tokens + t->depth[node], s->cfg.repetition_penalty,
                           sp->seen);
+    if (s->grammar_matcher && !grammar_draft_row(s, sp, node)) return NULL;
     return sp->draft_row;
 }
 
@@ -200,6 +227,7 @@ static tl_status draft(tl_session *s, spec_state *sp, int levels) {
     t->parent[0] = -1;
     t->depth[0] = 0;
     t->logp[0] = 0.0;
+    if (s->grammar_matcher) sp->grammar_state[0] = gram_matcher_state(s->grammar_matcher);
     if (s->cfg.repetition_penalty != 1.0f) memcpy(sp->history, s->tokens, (size_t)n * sizeof(int32_t));
     const double t0 = tl_now_ms();
     for (int level = 0; level < levels && t->n < sp->max_nodes; level++) {
@@ -224,6 +252,7 @@ static tl_status draft(tl_session *s, spec_state *sp, int levels) {
         for (int i = 0; i < rows; i++) {
             const int node = level_start + i;
             const float *row = penalised_draft_row(s, sp, sp->draft_logits + (size_t)i * (size_t)vocab, node);
+            if (!row) return tl_fail(TL_ERR_NO_MEMORY, "grammar: out of memory masking a draft");
             n_cand += propose(s, sp, row, node, level, node == greedy_node, sp->candidates + n_cand);
         }
         candidate *cand = sp->candidates;
@@ -248,6 +277,11 @@ static tl_status draft(tl_session *s, spec_state *sp, int levels) {
             t->parent[x] = cand[c].parent;
             t->depth[x] = level + 1;
             t->logp[x] = cand[c].logp;
+            if (s->grammar_matcher) {
+                sp->grammar_state[x] = gram_matcher_advance_state(s->grammar_matcher, sp->grammar_state[cand[c].parent],
+                                                                  cand[c].token);
+                if (sp->grammar_state[x] < 0) return tl_fail(TL_ERR_NO_MEMORY, "grammar: out of memory");
+            }
         }
         level_end = t->n;
         if (keep == 0) break;

@@ -109,8 +109,10 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings[%d] is empty", i);
     if (c->n_stop_strings > 0 && !m->tokenizer)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings need a tokenizer, and this model has no tokenizer.json");
-    if (c->grammar && (!c->grammar->allowed || !c->grammar->advance))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar needs both an allowed and an advance callback");
+    if (c->grammar && !c->grammar->compiled && (!c->grammar->allowed || !c->grammar->advance))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar needs both an allowed and an advance callback (or a compiled grammar)");
+    if (c->grammar && c->grammar->compiled && !m->tokenizer)
+        return tl_fail(TL_ERR_UNSUPPORTED, "a compiled grammar needs the model's tokenizer.json (token bytes)");
     return TL_OK;
 }
 
@@ -146,8 +148,12 @@ static tl_status validate_speculative(const tl_model *m, const tl_generate_confi
     if (c->early_exit_patience > 0)
         return tl_fail(TL_ERR_UNSUPPORTED, "speculative decoding (%s) does not combine with early exit "
                        "(early_exit_patience = %d)", mode, c->early_exit_patience);
-    if (c->grammar)
-        return tl_fail(TL_ERR_UNSUPPORTED, "speculative decoding (%s) with a grammar is not supported yet", mode);
+    /* Drafts need the grammar's state after a drafted path: compiled grammars have it (states
+       are values); a callback grammar can only advance. */
+    if (c->grammar && !c->grammar->compiled)
+        return tl_fail(TL_ERR_UNSUPPORTED,
+                       "speculative decoding (%s) with a callback grammar is not supported (it cannot roll back): "
+                       "use a compiled grammar (GBNF or JSON Schema)", mode);
     return TL_OK;
 }
 

@@ -92,10 +92,12 @@ typedef int (*tl_on_token_hook)(void *user, int32_t token, int position);
 typedef int (*tl_stop_rule_hook)(void *user, const int32_t *tokens, int n);
 typedef int (*tl_logits_hook)(void *user, float *logits, int vocab_size, const int32_t *tokens,
                               int n);
+struct tl_compiled_grammar;
 typedef struct tl_grammar {
     void *user;
     int (*allowed)(void *user, uint8_t *allowed, int vocab_size);
     int (*advance)(void *user, int32_t token);
+    const struct tl_compiled_grammar *compiled;
 } tl_grammar;
 typedef enum tl_speculative_mode {
     TL_SPECULATIVE_OFF = 0,
@@ -258,4 +260,25 @@ typedef struct tl_engine_counters {
     uint64_t steps_after_cancel;
 } tl_engine_counters;
 void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);
+typedef struct tl_compiled_grammar tl_compiled_grammar;
+tl_status tl_grammar_compile_gbnf(const char *text, size_t len, tl_compiled_grammar **out);
+typedef struct tl_json_schema_options {
+    int free_whitespace;
+} tl_json_schema_options;
+tl_status tl_grammar_compile_json_schema(const char *schema, size_t len, const tl_json_schema_options *opts,
+                                         tl_compiled_grammar **out);
+tl_status tl_json_schema_to_gbnf(const char *schema, size_t len, const tl_json_schema_options *opts, char **gbnf,
+                                 size_t *gbnf_len);
+void tl_compiled_grammar_free(tl_compiled_grammar *g);
+tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
+tl_status tl_grammar_rule_count(const tl_compiled_grammar *g, int *rules, int *elements);
+void tl_grammar_use(tl_grammar *grammar, const tl_compiled_grammar *g);
+typedef struct tl_grammar_matcher tl_grammar_matcher;
+tl_status tl_grammar_matcher_new(const tl_compiled_grammar *g, const tl_model *model, tl_grammar_matcher **out);
+tl_status tl_grammar_matcher_mask(tl_grammar_matcher *m, uint8_t *allowed, int vocab_size, int *count);
+tl_status tl_grammar_matcher_accepts(tl_grammar_matcher *m, int32_t token, int *ok);
+tl_status tl_grammar_matcher_accept(tl_grammar_matcher *m, int32_t token);
+tl_status tl_grammar_matcher_rollback(tl_grammar_matcher *m, int n_tokens);
+int tl_grammar_matcher_is_accepting(const tl_grammar_matcher *m);
+void tl_grammar_matcher_free(tl_grammar_matcher *m);
 ]]

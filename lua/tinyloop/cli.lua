@@ -20,6 +20,8 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
   -s, --seed N               sampling seed (default 0)
       --repetition-penalty R HF-style penalty on seen tokens (default 1)
       --stop TEXT            stop when TEXT appears (repeatable)
+      --grammar FILE         constrain the output to a GBNF grammar (llama.cpp dialect)
+      --json-schema FILE     constrain the output to JSON matching a JSON Schema
       --cache-window W       attend to the last W positions only (default 0: all)
       --ignore-eos           keep going past the end-of-text token
       --beam N               beam search with N beams (deterministic; streams the tokens
@@ -100,12 +102,14 @@ function _M.parse(argv, default_model)
                 i = i + 1
             end
         elseif a == "-m" or a == "--model" or a == "-p" or a == "--prompt" or a == "--stop"
-            or a == "--policy" or a == "--threads" then
+            or a == "--policy" or a == "--threads" or a == "--grammar" or a == "--json-schema" then
             if v == nil then return nil, usage_error("option " .. a .. " needs a value") end
             if a == "-m" or a == "--model" then o.model = v
             elseif a == "-p" or a == "--prompt" then o.prompt = v
             elseif a == "--stop" then o.stops[#o.stops + 1] = v
             elseif a == "--policy" then o.policy = v
+            elseif a == "--grammar" then o.grammar_file = v
+            elseif a == "--json-schema" then o.schema_file = v
             else
                 o.threads = tonumber(v)
                 if not o.threads or o.threads < 1 or o.threads ~= math.floor(o.threads) then
@@ -157,6 +161,18 @@ function _M.main(argv, default_model)
     end
     for _, w in ipairs(model.warnings) do io.stderr:write("tinyloop: warning: ", w, "\n") end
     local cfg = o.cfg
+    -- ---- grammars: --grammar FILE.gbnf, --json-schema FILE.json
+    for _, g in ipairs({ { o.grammar_file, tinyloop.grammar.gbnf }, { o.schema_file, tinyloop.grammar.json_schema } }) do
+        if g[1] then
+            local f, ferr = io.open(g[1], "rb")
+            if not f then io.stderr:write("tinyloop: ", ferr, "\n") return 1 end
+            local text = f:read("*a")
+            f:close()
+            local compiled, gerr = g[2](text)
+            if not compiled then io.stderr:write("tinyloop: ", g[1], ": ", gerr, "\n") return 1 end
+            cfg.grammar = compiled
+        end
+    end
     if o.policy then
         cfg, err = apply_policy(o.policy, cfg, model)
         if not cfg then

@@ -57,6 +57,10 @@ end
 
 local raise = require("tinyloop.raise").from(debug.getinfo(1, "S").source)
 
+-- ---- grammars compiled by the engine: tinyloop.grammar (grammar.lua)
+local grammar_mod = require("tinyloop.grammar").bind(C, raise)
+_M.grammar = grammar_mod
+
 -- Engine statuses that mean the caller asked for something wrong: raised (the error
 -- convention at the top). Every other failure is returned as nil, err.
 local ARGUMENT_ERRORS = {
@@ -309,8 +313,16 @@ local function make_config(model, cfg)
         end
     end
     local g = cfg.grammar
-    if g ~= nil and (type(g) ~= "table" or type(g.allowed) ~= "function" or type(g.advance) ~= "function") then
-        raise("config field 'grammar' must be an object with allowed(self, mask, vocab_size) and advance(self, token) methods")
+    -- ---- a compiled grammar: every session runs its own matcher (no Lua callbacks)
+    if grammar_mod.is_compiled(g) then
+        local grammar = ffi_new("tl_grammar")
+        C.tl_grammar_use(grammar, g.ptr)
+        c.grammar = grammar
+        keep[#keep + 1] = grammar
+        keep[#keep + 1] = g
+        g = nil
+    elseif g ~= nil and (type(g) ~= "table" or type(g.allowed) ~= "function" or type(g.advance) ~= "function") then
+        raise("config field 'grammar' must be a tinyloop.grammar, or an object with allowed(self, mask, vocab_size) and advance(self, token) methods")
     end
     local ctx
     if cfg.on_token or cfg.stop_when or cfg.logits_processor or g then

@@ -168,7 +168,7 @@ static void test_validation(void) {
     CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, out, CAP, &n, NULL), TL_ERR_UNSUPPORTED,
                 "beam search (beam_size = 3) does not support a stop_rule hook");
     cfg.stop_rule = NULL;
-    tl_grammar g = {NULL, noop_allowed, noop_advance};
+    tl_grammar g = {.allowed = noop_allowed, .advance = noop_advance};
     cfg.grammar = &g;
     CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, out, CAP, &n, NULL), TL_ERR_UNSUPPORTED, "a grammar");
     cfg.grammar = NULL;

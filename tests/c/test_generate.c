@@ -296,7 +296,7 @@ static void test_stop_reasons(void) {
     /* Grammar: 3, 4, 5, then a dead end. */
     init_cfg(&cfg);
     grammar_state g = {0};
-    tl_grammar grammar = {&g, grammar_allowed, grammar_advance};
+    tl_grammar grammar = {.user = &g, .allowed = grammar_allowed, .advance = grammar_advance};
     cfg.grammar = &grammar;
     n = gen(model, prompt, 3, &cfg, out, &st);
     CHECK(n == 6 && out[3] == 3 && out[4] == 4 && out[5] == 5 && st.stop_reason == TL_STOP_GRAMMAR_DEAD_END,
@@ -428,7 +428,7 @@ static void test_validation(void) {
     BAD(cfg.early_exit_min_L = 0, "early_exit_min_L = 0");
     BAD(cfg.early_exit_peek_every = 0, "early_exit_peek_every = 0");
     BAD(cfg.early_exit_logit_margin = -1.0f, "early_exit_logit_margin = -1");
-    static tl_grammar half = {NULL, grammar_allowed, NULL};
+    static tl_grammar half = {.allowed = grammar_allowed};
     BAD(cfg.grammar = &half, "grammar needs both");
 #undef BAD
     init_cfg(&cfg);

@@ -1,0 +1,472 @@
+/* gbnf.c: llama.cpp's GBNF dialect parsed into the rule builder (grammar.h).
+ *
+ *   grammar   := (rule)*                     rules end at a newline unless inside ( )
+ *   rule      := name '::=' alternates
+ *   alternates:= sequence ('|' sequence)*    newlines may follow '::=', '|' and '('
+ *   sequence  := (element postfix?)*
+ *   element   := '"' literal '"' | '[' '^'? class ']' | '.' | name | '(' alternates ')'
+ *   postfix   := '*' | '+' | '?' | '{' m '}' | '{' m ',' '}' | '{' m ',' n '}'
+ *   comments  := '#' to the end of the line
+ * Groups and repetitions become generated rules; repetition is right-recursive with the
+ * recursive call in tail position (the matcher pushes nothing for it). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar.h"
+
+#define MAX_REPEAT 10000
+#define MAX_NESTING 200
+
+typedef struct parser {
+    const char *src, *end, *at;
+    gram_builder b;
+    int rule;                /* rule being defined, for messages */
+    int depth;
+    char *err;
+    size_t errlen;
+    tl_status st;
+} parser;
+
+/* An alternative under construction: items are committed to the builder when it ends, so
+   that nested groups can add their own alternatives meanwhile. */
+typedef struct seq { gram_item *items; int n, cap; } seq;
+
+static void position(const parser *ps, const char *at, int *line, int *col) {
+    *line = 1;
+    *col = 1;
+    for (const char *c = ps->src; c < at && c < ps->end; c++) {
+        if (*c == '\n') { (*line)++; *col = 1; }
+        else if (((unsigned char)*c & 0xC0) != 0x80) (*col)++;
+    }
+}
+
+static bool fail_at(parser *ps, const char *at, const char *fmt, const char *what) {
+    if (ps->st != TL_OK) return false;
+    int line, col;
+    position(ps, at, &line, &col);
+    int n = snprintf(ps->err, ps->errlen, "line %d, column %d: ", line, col);
+    if (n < 0 || (size_t)n >= ps->errlen) n = 0;
+    n += snprintf(ps->err + n, ps->errlen - (size_t)n, fmt, what);
+    if (ps->rule >= 0 && (size_t)n < ps->errlen)
+        snprintf(ps->err + n, ps->errlen - (size_t)n, " (in rule '%s')", ps->b.names[ps->rule]);
+    ps->st = TL_ERR_INVALID_ARGUMENT;
+    return false;
+}
+
+static bool oom(parser *ps) {
+    if (ps->st == TL_OK) {
+        snprintf(ps->err, ps->errlen, "out of memory parsing the grammar");
+        ps->st = TL_ERR_NO_MEMORY;
+    }
+    return false;
+}
+
+static bool is_name_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+}
+
+/* Skips blanks and comments; newlines only when `newlines` is true. */
+static void skip_space(parser *ps, bool newlines) {
+    while (ps->at < ps->end) {
+        char c = *ps->at;
+        if (c == ' ' || c == '\t' || (newlines && (c == '\n' || c == '\r'))) ps->at++;
+        else if (c == '#') {
+            while (ps->at < ps->end && *ps->at != '\n') ps->at++;
+        } else break;
+    }
+}
+
+static bool seq_push(parser *ps, seq *s, gram_item it) {
+    if (s->n == s->cap) {
+        int cap = s->cap ? s->cap * 2 : 8;
+        gram_item *q = realloc(s->items, (size_t)cap * sizeof *q);
+        if (!q) return oom(ps);
+        s->items = q;
+        s->cap = cap;
+    }
+    s->items[s->n++] = it;
+    return true;
+}
+
+static bool add_ranges(parser *ps, const gram_range *r, int n, gram_item *it) {
+    gram_builder *b = &ps->b;
+    if (b->n_ranges + n > b->cap_ranges) {
+        int cap = b->cap_ranges ? b->cap_ranges : 64;
+        while (cap < b->n_ranges + n) cap *= 2;
+        gram_range *q = realloc(b->ranges, (size_t)cap * sizeof *q);
+        if (!q) return oom(ps);
+        b->ranges = q;
+        b->cap_ranges = cap;
+    }
+    if (n) memcpy(b->ranges + b->n_ranges, r, (size_t)n * sizeof *r);
+    *it = (gram_item){GE_BYTES, b->n_ranges, n};
+    b->n_ranges += n;
+    return true;
+}
+
+/* Commits an alternative of `rule`. */
+static bool commit_alt(parser *ps, int rule, const gram_item *items, int n) {
+    gram_builder *b = &ps->b;
+    if (b->n_items + n > (1 << 24)) return fail_at(ps, ps->at, "%s", "grammar too large");
+    if (b->n_items + n > b->cap_items) {
+        int cap = b->cap_items ? b->cap_items : 64;
+        while (cap < b->n_items + n) cap *= 2;
+        gram_item *q = realloc(b->items, (size_t)cap * sizeof *q);
+        if (!q) return oom(ps);
+        b->items = q;
+        b->cap_items = cap;
+    }
+    if (b->n_alts == b->cap_alts) {
+        int cap = b->cap_alts ? b->cap_alts * 2 : 32;
+        int32_t *r = realloc(b->alt_rule, (size_t)cap * sizeof *r);
+        if (!r) return oom(ps);
+        b->alt_rule = r;
+        int32_t *f = realloc(b->alt_first, (size_t)cap * sizeof *f);
+        if (!f) return oom(ps);
+        b->alt_first = f;
+        int32_t *l = realloc(b->alt_len, (size_t)cap * sizeof *l);
+        if (!l) return oom(ps);
+        b->alt_len = l;
+        b->cap_alts = cap;
+    }
+    if (n) memcpy(b->items + b->n_items, items, (size_t)n * sizeof *items);
+    b->alt_rule[b->n_alts] = rule;
+    b->alt_first[b->n_alts] = b->n_items;
+    b->alt_len[b->n_alts] = n;
+    b->n_alts++;
+    b->n_items += n;
+    return true;
+}
+
+/* One code point of a literal or class, escapes decoded. */
+static bool parse_char(parser *ps, uint32_t *out, const char *context) {
+    const char *start = ps->at;
+    if (ps->at >= ps->end) return fail_at(ps, start, "unexpected end of input in %s", context);
+    unsigned char c = (unsigned char)*ps->at;
+    if (c == '\\') {
+        ps->at++;
+        if (ps->at >= ps->end) return fail_at(ps, start, "unfinished escape in %s", context);
+        char e = *ps->at++;
+        int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
+        if (digits) {
+            uint32_t v = 0;
+            for (int i = 0; i < digits; i++) {
+                if (ps->at >= ps->end) return fail_at(ps, start, "expected %s hex digits after the escape", digits == 2 ? "2" : digits == 4 ? "4" : "8");
+                char h = *ps->at++;
+                int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+                if (d < 0) return fail_at(ps, ps->at - 1, "expected a hex digit in an escape in %s", context);
+                v = v * 16 + (uint32_t)d;
+            }
+            if (v > 0x10FFFF) return fail_at(ps, start, "escape beyond U+10FFFF in %s", context);
+            *out = v;
+            return true;
+        }
+        switch (e) {
+        case 'n': *out = '\n'; return true;
+        case 't': *out = '\t'; return true;
+        case 'r': *out = '\r'; return true;
+        case '0': *out = 0; return true;
+        case '\\': case '"': case '[': case ']': case '-': case '^': case '/': case '\'': case '.': case '*':
+        case '+': case '?': case '(': case ')': case '{': case '}': case '|':
+            *out = (uint32_t)e;
+            return true;
+        default: {
+            char what[2] = {e, 0};
+            return fail_at(ps, start, "unknown escape '\\%s' (expected one of \\n \\t \\r \\\\ \\\" \\[ \\] \\xHH \\uHHHH \\UHHHHHHHH)", what);
+        }
+        }
+    }
+    int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : -1;
+    if (len < 0 || ps->at + len > ps->end) return fail_at(ps, start, "invalid UTF-8 in %s", context);
+    uint32_t v = len == 1 ? c : c & (0xFF >> (len + 1));
+    for (int i = 1; i < len; i++) {
+        unsigned char k = (unsigned char)ps->at[i];
+        if ((k & 0xC0) != 0x80) return fail_at(ps, start, "invalid UTF-8 in %s", context);
+        v = (v << 6) | (k & 0x3F);
+    }
+    ps->at += len;
+    *out = v;
+    return true;
+}
+
+static int cmp_range(const void *a, const void *b) {
+    const gram_range *x = a, *y = b;
+    return (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+/* [abc], [a-z], [^...]: ranges sorted and merged; negation over U+0000..U+10FFFF. */
+static bool parse_class(parser *ps, gram_item *it) {
+    const char *open = ps->at++;
+    bool negate = ps->at < ps->end && *ps->at == '^';
+    if (negate) ps->at++;
+    gram_range *r = NULL;
+    int n = 0, cap = 0;
+    bool ok = true;
+    while (ok) {
+        if (ps->at >= ps->end) { ok = fail_at(ps, open, "%s", "unterminated character class: expected ']'"); break; }
+        if (*ps->at == ']') { ps->at++; break; }
+        uint32_t lo, hi;
+        if (!(ok = parse_char(ps, &lo, "a character class"))) break;
+        hi = lo;
+        if (ps->at + 1 < ps->end && *ps->at == '-' && ps->at[1] != ']') {
+            ps->at++;
+            if (!(ok = parse_char(ps, &hi, "a character class"))) break;
+            if (hi < lo) { ok = fail_at(ps, ps->at, "%s", "character range is reversed (end before start)"); break; }
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 8;
+            gram_range *q = realloc(r, (size_t)cap * sizeof *q);
+            if (!q) { ok = oom(ps); break; }
+            r = q;
+        }
+        r[n++] = (gram_range){lo, hi};
+    }
+    if (ok) {
+        if (n > 1) qsort(r, (size_t)n, sizeof *r, cmp_range);
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            if (m && r[i].lo <= r[m - 1].hi + 1) {
+                if (r[i].hi > r[m - 1].hi) r[m - 1].hi = r[i].hi;
+            } else r[m++] = r[i];
+        }
+        n = m;
+        if (negate) {
+            gram_range *c = malloc(((size_t)n + 1) * sizeof *c);
+            if (!c) ok = oom(ps);
+            int k = 0;
+            uint32_t next = 0;
+            for (int i = 0; ok && i < n; i++) {
+                if (r[i].lo > next) c[k++] = (gram_range){next, r[i].lo - 1};
+                next = r[i].hi + 1;
+            }
+            if (ok && next <= 0x10FFFF) c[k++] = (gram_range){next, 0x10FFFF};
+            free(r);
+            r = c;
+            n = k;
+        }
+    }
+    if (ok) ok = add_ranges(ps, r, n, it);
+    free(r);
+    return ok;
+}
+
+static bool parse_alternates(parser *ps, int rule);
+
+/* x* x+ x? x{m} x{m,} x{m,n}: replaces the last item of s. */
+static bool apply_repeat(parser *ps, seq *s, int min, int max /* -1: unbounded */) {
+    const gram_item x = s->items[--s->n];
+    gram_builder *b = &ps->b;
+    if (max == 0) { /* x{0}: an empty rule stands in, so that a following postfix has an element */
+        int empty = gram_builder_fresh_rule(b, ps->rule);
+        if (empty < 0) return oom(ps);
+        return commit_alt(ps, empty, NULL, 0) && seq_push(ps, s, (gram_item){GE_REF, empty, 0});
+    }
+    for (int i = 0; i < min; i++)
+        if (!seq_push(ps, s, x)) return false;
+    if (max == min) return true;
+    if (max < 0) { /* star ::= x star | ε */
+        int star = gram_builder_fresh_rule(b, ps->rule);
+        if (star < 0) return oom(ps);
+        gram_item both[2] = {x, {GE_REF, star, 0}};
+        if (!commit_alt(ps, star, both, 2) || !commit_alt(ps, star, NULL, 0)) return false;
+        return seq_push(ps, s, (gram_item){GE_REF, star, 0});
+    }
+    /* up to (max - min) more: opt_k ::= x opt_(k+1) | ε, built from the innermost */
+    int inner = -1;
+    for (int k = 0; k < max - min; k++) {
+        int opt = gram_builder_fresh_rule(b, ps->rule);
+        if (opt < 0) return oom(ps);
+        gram_item both[2] = {x, {GE_REF, inner, 0}};
+        if (!commit_alt(ps, opt, both, inner >= 0 ? 2 : 1) || !commit_alt(ps, opt, NULL, 0)) return false;
+        inner = opt;
+    }
+    return seq_push(ps, s, (gram_item){GE_REF, inner, 0});
+}
+
+static bool parse_int(parser *ps, int *v) {
+    const char *start = ps->at;
+    long n = 0;
+    while (ps->at < ps->end && *ps->at >= '0' && *ps->at <= '9') {
+        n = n * 10 + (*ps->at++ - '0');
+        if (n > MAX_REPEAT) return fail_at(ps, start, "repetition count above %s", "10000");
+    }
+    if (ps->at == start) return fail_at(ps, start, "%s", "expected a number in '{m,n}'");
+    *v = (int)n;
+    return true;
+}
+
+static bool parse_postfix(parser *ps, seq *s) {
+    const char *at = ps->at;
+    char c = *at;
+    if (c == '*') { ps->at++; return apply_repeat(ps, s, 0, -1); }
+    if (c == '+') { ps->at++; return apply_repeat(ps, s, 1, -1); }
+    if (c == '?') { ps->at++; return apply_repeat(ps, s, 0, 1); }
+    /* '{' */
+    ps->at++;
+    skip_space(ps, false);
+    int min, max;
+    if (!parse_int(ps, &min)) return false;
+    skip_space(ps, false);
+    max = min;
+    if (ps->at < ps->end && *ps->at == ',') {
+        ps->at++;
+        skip_space(ps, false);
+        if (ps->at < ps->end && *ps->at == '}') max = -1;
+        else if (!parse_int(ps, &max)) return false;
+        skip_space(ps, false);
+    }
+    if (ps->at >= ps->end || *ps->at != '}') return fail_at(ps, ps->at, "%s", "expected '}' to close '{m,n}'");
+    ps->at++;
+    if (max >= 0 && max < min) return fail_at(ps, at, "%s", "repetition '{m,n}' with n < m");
+    return apply_repeat(ps, s, min, max);
+}
+
+/* A sequence: elements until '|', ')', a newline (outside parentheses) or the end. */
+static bool parse_sequence(parser *ps, seq *s) {
+    const bool nested = ps->depth > 0;
+    for (;;) {
+        skip_space(ps, nested);
+        if (ps->at >= ps->end) return true;
+        const char *start = ps->at;
+        char c = *ps->at;
+        if (c == '|' || c == ')' || c == '\n' || c == '\r') return true;
+        if (c == '"') {
+            const int first = s->n;
+            ps->at++;
+            for (;;) {
+                if (ps->at >= ps->end || *ps->at == '\n')
+                    return fail_at(ps, start, "%s", "unterminated string literal: expected '\"'");
+                if (*ps->at == '"') { ps->at++; break; }
+                uint32_t cp;
+                if (!parse_char(ps, &cp, "a string literal")) return false;
+                gram_range r = {cp, cp};
+                gram_item it;
+                if (!add_ranges(ps, &r, 1, &it) || !seq_push(ps, s, it)) return false;
+            }
+            /* a postfix applies to the whole literal: a multi-character one becomes a rule */
+            if (ps->at < ps->end && strchr("*+?{", *ps->at) && s->n - first != 1) {
+                int lit = gram_builder_fresh_rule(&ps->b, ps->rule);
+                if (lit < 0) return oom(ps);
+                if (!commit_alt(ps, lit, s->n > first ? s->items + first : NULL, s->n - first)) return false;
+                s->n = first;
+                if (!seq_push(ps, s, (gram_item){GE_REF, lit, 0})) return false;
+            }
+        } else if (c == '[') {
+            gram_item it;
+            if (!parse_class(ps, &it) || !seq_push(ps, s, it)) return false;
+        } else if (c == '.') {
+            ps->at++;
+            gram_range any = {0, 0x10FFFF};
+            gram_item it;
+            if (!add_ranges(ps, &any, 1, &it) || !seq_push(ps, s, it)) return false;
+        } else if (c == '(') {
+            ps->at++;
+            if (++ps->depth > MAX_NESTING) return fail_at(ps, start, "%s", "parentheses nested too deeply");
+            int group = gram_builder_fresh_rule(&ps->b, ps->rule);
+            if (group < 0) return oom(ps);
+            if (!parse_alternates(ps, group)) return false;
+            skip_space(ps, true);
+            if (ps->at >= ps->end || *ps->at != ')') return fail_at(ps, start, "%s", "expected ')' to close '('");
+            ps->at++;
+            ps->depth--;
+            if (!seq_push(ps, s, (gram_item){GE_REF, group, 0})) return false;
+        } else if (is_name_char(c)) {
+            const char *name = ps->at;
+            while (ps->at < ps->end && is_name_char(*ps->at)) ps->at++;
+            /* "name ::=" starts the next rule: the sequence ended at the previous line */
+            const char *after = ps->at;
+            skip_space(ps, false);
+            if (ps->end - ps->at >= 3 && memcmp(ps->at, "::=", 3) == 0)
+                return fail_at(ps, name, "%s", "a rule definition must start on its own line (expected a newline before it)");
+            ps->at = after;
+            int r = gram_builder_rule(&ps->b, name, (size_t)(after - name));
+            if (r < 0) return oom(ps);
+            if (ps->b.defined_at[r] < 0 && ps->b.used_line[r] == 0) position(ps, name, &ps->b.used_line[r], &ps->b.used_col[r]);
+            if (!seq_push(ps, s, (gram_item){GE_REF, r, 0})) return false;
+        } else {
+            char what[8] = {c, 0};
+            if ((unsigned char)c < 0x20 || (unsigned char)c >= 0x7F) snprintf(what, sizeof what, "\\x%02X", (unsigned char)c);
+            return fail_at(ps, start, "unexpected '%s': expected a literal, a class, a rule name, '(' or '.'", what);
+        }
+        /* postfixes bind to the element just parsed */
+        while (ps->at < ps->end && (*ps->at == '*' || *ps->at == '+' || *ps->at == '?' || *ps->at == '{'))
+            if (!parse_postfix(ps, s)) return false;
+        if (s->n > 0 && (unsigned)(ps->b.n_items + s->n) > (1u << 24)) return fail_at(ps, start, "%s", "grammar too large");
+    }
+}
+
+static bool parse_alternates(parser *ps, int rule) {
+    for (;;) {
+        seq s = {0};
+        bool ok = parse_sequence(ps, &s) && commit_alt(ps, rule, s.items, s.n);
+        free(s.items);
+        if (!ok) return false;
+        skip_space(ps, ps->depth > 0);
+        if (ps->at < ps->end && *ps->at == '|') {
+            ps->at++;
+            skip_space(ps, true);
+            continue;
+        }
+        return true;
+    }
+}
+
+static bool parse_rule(parser *ps) {
+    const char *name = ps->at;
+    if (!is_name_char(*name)) {
+        char what[8] = {*name, 0};
+        if ((unsigned char)*name < 0x20 || (unsigned char)*name >= 0x7F) snprintf(what, sizeof what, "\\x%02X", (unsigned char)*name);
+        return fail_at(ps, name, "unexpected '%s': expected a rule name", what);
+    }
+    while (ps->at < ps->end && is_name_char(*ps->at)) ps->at++;
+    const size_t len = (size_t)(ps->at - name);
+    int r = gram_builder_rule(&ps->b, name, len);
+    if (r < 0) return oom(ps);
+    skip_space(ps, false);
+    if (ps->end - ps->at < 3 || memcmp(ps->at, "::=", 3) != 0) {
+        ps->rule = -1;
+        char nm[64];
+        snprintf(nm, sizeof nm, "%.*s", (int)(len < 60 ? len : 60), name);
+        return fail_at(ps, ps->at, "expected '::=' after rule name '%s'", nm);
+    }
+    if (ps->b.defined_at[r] >= 0) {
+        int line = ps->b.defined_at[r] >> 20, col = ps->b.defined_at[r] & 0xFFFFF;
+        char msg[160];
+        snprintf(msg, sizeof msg, "rule '%.40s' is defined twice (first at line %d, column %d)", ps->b.names[r], line, col);
+        return fail_at(ps, name, "%s", msg);
+    }
+    int line, col;
+    position(ps, name, &line, &col);
+    ps->b.defined_at[r] = (line << 20) | (col & 0xFFFFF);
+    ps->rule = r;
+    ps->at += 3;
+    skip_space(ps, true);
+    if (!parse_alternates(ps, r)) return false;
+    skip_space(ps, false);
+    if (ps->at < ps->end && *ps->at == ')') return fail_at(ps, ps->at, "%s", "unexpected ')' without a matching '('");
+    if (ps->at < ps->end && *ps->at != '\n' && *ps->at != '\r')
+        return fail_at(ps, ps->at, "%s", "expected the end of the line after the rule");
+    ps->rule = -1;
+    return true;
+}
+
+tl_status gram_parse_gbnf(const char *text, size_t len, gram_program **out, char *err, size_t errlen) {
+    parser ps = {.src = text, .end = text + len, .at = text, .rule = -1, .err = err, .errlen = errlen, .st = TL_OK};
+    *out = NULL;
+    for (size_t i = 0; i < len; i++)
+        if (text[i] == 0) {
+            fail_at(&ps, text + i, "%s", "NUL byte in the grammar text");
+            gram_builder_free(&ps.b);
+            return ps.st;
+        }
+    for (;;) {
+        skip_space(&ps, true);
+        if (ps.at >= ps.end) break;
+        if (!parse_rule(&ps)) break;
+    }
+    tl_status st = ps.st;
+    if (st == TL_OK) st = gram_build(&ps.b, out, err, errlen);
+    gram_builder_free(&ps.b);
+    return st;
+}

@@ -1,0 +1,781 @@
+/* grammar.c: the rule builder, its compilation to a byte-level program (UTF-8 classes,
+ * undefined rules, left recursion), the matcher runtime (interned stacks and states) and the
+ * public compile / match calls. See grammar.h for the design. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar.h"
+
+/* Limits that keep a hostile grammar from eating the machine: errors, not aborts. */
+#define GRAM_MAX_ELEMS (1 << 22)
+#define GRAM_MAX_NODES (1 << 23)
+#define GRAM_MAX_STATES (1 << 22)
+#define GRAM_MAX_EXPANSION (1 << 16) /* stacks one byte may produce: beyond, "too ambiguous" */
+
+static bool grow(void **p, int *cap, int need, size_t size) {
+    if (need <= *cap) return true;
+    int c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, (size_t)c * size);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+/* ---------------------------------------------------------------- hash tables */
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static bool hash_reserve(gram_hash *h) {
+    if ((h->n + 1) * 2 <= h->cap) return true;
+    size_t cap = h->cap ? h->cap * 2 : 1024;
+    uint64_t *keys = calloc(cap, sizeof *keys);
+    int32_t *vals = malloc(cap * sizeof *vals);
+    if (!keys || !vals) {
+        free(keys);
+        free(vals);
+        return false;
+    }
+    for (size_t i = 0; i < h->cap; i++) {
+        if (!h->keys[i]) continue;
+        size_t j = mix64(h->keys[i]) & (cap - 1);
+        while (keys[j]) j = (j + 1) & (cap - 1);
+        keys[j] = h->keys[i];
+        vals[j] = h->vals[i];
+    }
+    free(h->keys);
+    free(h->vals);
+    h->keys = keys;
+    h->vals = vals;
+    h->cap = cap;
+    return true;
+}
+
+static int32_t hash_get(const gram_hash *h, uint64_t key) {
+    if (!h->cap) return -1;
+    for (size_t j = mix64(key) & (h->cap - 1);; j = (j + 1) & (h->cap - 1)) {
+        if (h->keys[j] == key) return h->vals[j];
+        if (!h->keys[j]) return -1;
+    }
+}
+
+static bool hash_put(gram_hash *h, uint64_t key, int32_t val) {
+    if (!hash_reserve(h)) return false;
+    size_t j = mix64(key) & (h->cap - 1);
+    while (h->keys[j] && h->keys[j] != key) j = (j + 1) & (h->cap - 1);
+    if (!h->keys[j]) h->n++;
+    h->keys[j] = key;
+    h->vals[j] = val;
+    return true;
+}
+
+static void hash_free(gram_hash *h) {
+    free(h->keys);
+    free(h->vals);
+    memset(h, 0, sizeof *h);
+}
+
+/* ---------------------------------------------------------------- the builder */
+
+void gram_builder_free(gram_builder *b) {
+    for (int i = 0; i < b->n_rules; i++) free(b->names[i]);
+    free(b->names);
+    free(b->defined_at);
+    free(b->used_line);
+    free(b->used_col);
+    free(b->alt_rule);
+    free(b->alt_first);
+    free(b->alt_len);
+    free(b->items);
+    free(b->ranges);
+    memset(b, 0, sizeof *b);
+}
+
+static int add_rule(gram_builder *b, char *name) {
+    if (!name) return -1;
+    const int n = b->n_rules + 1;
+    int cap = b->cap_rules;
+    if (!grow((void **)&b->names, &cap, n, sizeof *b->names)) { free(name); return -1; }
+    cap = b->cap_rules;
+    if (!grow((void **)&b->defined_at, &cap, n, sizeof *b->defined_at)) { free(name); return -1; }
+    cap = b->cap_rules;
+    if (!grow((void **)&b->used_line, &cap, n, sizeof *b->used_line)) { free(name); return -1; }
+    cap = b->cap_rules;
+    if (!grow((void **)&b->used_col, &cap, n, sizeof *b->used_col)) { free(name); return -1; }
+    b->cap_rules = cap;
+    b->names[b->n_rules] = name;
+    b->defined_at[b->n_rules] = -1;
+    b->used_line[b->n_rules] = 0;
+    b->used_col[b->n_rules] = 0;
+    return b->n_rules++;
+}
+
+int gram_builder_rule(gram_builder *b, const char *name, size_t len) {
+    for (int i = 0; i < b->n_rules; i++)
+        if (strlen(b->names[i]) == len && memcmp(b->names[i], name, len) == 0) return i;
+    char *copy = malloc(len + 1);
+    if (copy) {
+        memcpy(copy, name, len);
+        copy[len] = 0;
+    }
+    return add_rule(b, copy);
+}
+
+int gram_builder_fresh_rule(gram_builder *b, int parent) {
+    const char *base = parent >= 0 ? b->names[parent] : "rule";
+    size_t len = strlen(base) + 16;
+    char *name = malloc(len);
+    if (name) snprintf(name, len, "%s(%d)", base, b->n_rules); /* not a GBNF name: no clash */
+    int r = add_rule(b, name);
+    if (r >= 0) b->defined_at[r] = 0; /* generated: defined by construction */
+    return r;
+}
+
+/* ---------------------------------------------------------------- UTF-8 ranges */
+
+typedef struct byte_seq { int n; uint8_t lo[4], hi[4]; } byte_seq;
+
+static int utf8_encode(uint32_t c, uint8_t *out) {
+    if (c < 0x80) { out[0] = (uint8_t)c; return 1; }
+    if (c < 0x800) { out[0] = (uint8_t)(0xC0 | (c >> 6)); out[1] = (uint8_t)(0x80 | (c & 0x3F)); return 2; }
+    if (c < 0x10000) {
+        out[0] = (uint8_t)(0xE0 | (c >> 12));
+        out[1] = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
+        out[2] = (uint8_t)(0x80 | (c & 0x3F));
+        return 3;
+    }
+    out[0] = (uint8_t)(0xF0 | (c >> 18));
+    out[1] = (uint8_t)(0x80 | ((c >> 12) & 0x3F));
+    out[2] = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
+    out[3] = (uint8_t)(0x80 | (c & 0x3F));
+    return 4;
+}
+
+/* Splits the code point range [lo, hi] (no surrogates, <= U+10FFFF) into byte-range sequences,
+   each matching exactly the UTF-8 encodings of a sub-range (the utf8-ranges algorithm). */
+static bool utf8_split(uint32_t lo, uint32_t hi, byte_seq **out, int *n, int *cap) {
+    static const uint32_t bounds[] = {0x7F, 0x7FF, 0xFFFF};
+    if (lo > hi) return true;
+    for (int i = 0; i < 3; i++)
+        if (lo <= bounds[i] && hi > bounds[i])
+            return utf8_split(lo, bounds[i], out, n, cap) && utf8_split(bounds[i] + 1, hi, out, n, cap);
+    if (hi >= 0x80) {
+        for (int i = 1; i < 4; i++) {
+            const uint32_t m = (1u << (6 * i)) - 1;
+            if ((lo & ~m) != (hi & ~m)) {
+                if ((lo & m) != 0)
+                    return utf8_split(lo, lo | m, out, n, cap) && utf8_split((lo | m) + 1, hi, out, n, cap);
+                if ((hi & m) != m)
+                    return utf8_split(lo, (hi & ~m) - 1, out, n, cap) && utf8_split(hi & ~m, hi, out, n, cap);
+            }
+        }
+    }
+    if (!grow((void **)out, cap, *n + 1, sizeof **out)) return false;
+    byte_seq *s = &(*out)[(*n)++];
+    uint8_t a[4], b[4];
+    s->n = utf8_encode(lo, a);
+    utf8_encode(hi, b);
+    for (int i = 0; i < s->n; i++) { s->lo[i] = a[i]; s->hi[i] = b[i]; }
+    return true;
+}
+
+/* ---------------------------------------------------------------- compiling the builder */
+
+typedef struct prog_writer {
+    gram_program *p;
+    int cap_elems, cap_alts, cap_sets, cap_rules;
+    gram_hash set_ids;
+    /* generated rules of multi-byte classes: their alternatives, laid out after the others */
+    byte_seq **gen_seqs;
+    int *gen_n;
+    int n_gen, cap_gen, cap_gen_n;
+    int first_gen;
+} prog_writer;
+
+static int add_set(prog_writer *w, const gram_byteset *set) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int i = 0; i < 4; i++) h = mix64(h ^ set->bits[i]);
+    h |= 1;
+    int32_t at = hash_get(&w->set_ids, h);
+    if (at >= 0 && memcmp(&w->p->sets[at], set, sizeof *set) == 0) return at;
+    gram_program *p = w->p;
+    if (!grow((void **)&p->sets, &w->cap_sets, p->n_sets + 1, sizeof *p->sets)) return -1;
+    p->sets[p->n_sets] = *set;
+    if (at < 0 && !hash_put(&w->set_ids, h, p->n_sets)) return -1;
+    return p->n_sets++;
+}
+
+static bool emit(prog_writer *w, uint8_t kind, int32_t arg) {
+    gram_program *p = w->p;
+    if (p->n_elems >= GRAM_MAX_ELEMS) return false;
+    if (!grow((void **)&p->elems, &w->cap_elems, p->n_elems + 1, sizeof *p->elems)) return false;
+    p->elems[p->n_elems++] = (gram_elem){kind, arg};
+    return true;
+}
+
+static bool begin_alt(prog_writer *w) {
+    gram_program *p = w->p;
+    if (!grow((void **)&p->alt_start, &w->cap_alts, p->n_alts + 1, sizeof *p->alt_start)) return false;
+    p->alt_start[p->n_alts++] = p->n_elems;
+    return true;
+}
+
+static void set_range(gram_byteset *s, unsigned lo, unsigned hi) {
+    for (unsigned b = lo; b <= hi; b++) s->bits[b >> 6] |= 1ull << (b & 63);
+}
+
+/* One class element: a byte set when every code point is ASCII, else a call of a generated
+   rule whose alternatives are the UTF-8 byte sequences. */
+static bool emit_class(prog_writer *w, const gram_range *ranges, int n_ranges, bool *oom) {
+    bool ascii = true;
+    for (int i = 0; i < n_ranges; i++)
+        if (ranges[i].hi >= 0x80) ascii = false;
+    if (ascii) {
+        gram_byteset set = {{0}};
+        for (int i = 0; i < n_ranges; i++) set_range(&set, ranges[i].lo, ranges[i].hi);
+        int id = add_set(w, &set);
+        if (id < 0) return !(*oom = true);
+        return emit(w, GE_BYTES, id);
+    }
+    byte_seq *seqs = NULL;
+    int n = 0, cap = 0;
+    for (int i = 0; i < n_ranges; i++) {
+        uint32_t lo = ranges[i].lo, hi = ranges[i].hi;
+        bool ok = true;
+        if (lo < 0xD800 && hi > 0xDFFF) ok = utf8_split(lo, 0xD7FF, &seqs, &n, &cap) && utf8_split(0xE000, hi, &seqs, &n, &cap);
+        else if (lo >= 0xD800 && hi <= 0xDFFF) ok = true;
+        else if (lo >= 0xD800 && lo <= 0xDFFF) ok = utf8_split(0xE000, hi, &seqs, &n, &cap);
+        else if (hi >= 0xD800 && hi <= 0xDFFF) ok = utf8_split(lo, 0xD7FF, &seqs, &n, &cap);
+        else ok = utf8_split(lo, hi, &seqs, &n, &cap);
+        if (!ok) { free(seqs); return !(*oom = true); }
+    }
+    if (!grow((void **)&w->gen_seqs, &w->cap_gen, w->n_gen + 1, sizeof *w->gen_seqs) ||
+        !grow((void **)&w->gen_n, &w->cap_gen_n, w->n_gen + 1, sizeof *w->gen_n)) {
+        free(seqs);
+        return !(*oom = true);
+    }
+    w->gen_seqs[w->n_gen] = seqs;
+    w->gen_n[w->n_gen] = n;
+    return emit(w, GE_REF, w->first_gen + w->n_gen++);
+}
+
+void gram_program_free(gram_program *p) {
+    if (!p) return;
+    for (int i = 0; p->rule_names && i < p->n_rules; i++) free(p->rule_names[i]);
+    free(p->rule_names);
+    free(p->elems);
+    free(p->alt_start);
+    free(p->rule_alts);
+    free(p->sets);
+    free(p);
+}
+
+/* Left recursion: a rule that can reach itself without consuming a byte would expand forever.
+   Edges r -> callee for each call on an alternative's left edge (after nullable calls only). */
+static tl_status check_left_recursion(const gram_program *p, char *err, size_t errlen) {
+    const int R = p->n_rules;
+    bool *nullable = calloc((size_t)R, 1);
+    uint8_t *color = calloc((size_t)R, 1);
+    int32_t *edge_first = calloc((size_t)R + 1, sizeof *edge_first);
+    int32_t *edges = NULL, *stack = malloc(((size_t)R + 1) * sizeof *stack), *cursor = malloc(((size_t)R + 1) * sizeof *cursor);
+    int n_edges = 0, cap_edges = 0;
+    tl_status st = TL_OK;
+    if (!nullable || !color || !edge_first || !stack || !cursor) goto oom;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int r = 0; r < R; r++) {
+            for (int a = p->rule_alts[r]; a < p->rule_alts[r + 1] && !nullable[r]; a++) {
+                int pos = p->alt_start[a];
+                while (p->elems[pos].kind == GE_REF && nullable[p->elems[pos].arg]) pos++;
+                if (p->elems[pos].kind == GE_END) nullable[r] = changed = true;
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        edge_first[r] = n_edges;
+        for (int a = p->rule_alts[r]; a < p->rule_alts[r + 1]; a++)
+            for (int pos = p->alt_start[a]; p->elems[pos].kind == GE_REF; pos++) {
+                if (!grow((void **)&edges, &cap_edges, n_edges + 1, sizeof *edges)) goto oom;
+                edges[n_edges++] = p->elems[pos].arg;
+                if (!nullable[p->elems[pos].arg]) break;
+            }
+    }
+    edge_first[R] = n_edges;
+    for (int start = 0; start < R && st == TL_OK; start++) {
+        if (color[start]) continue;
+        int depth = 0;
+        stack[0] = start;
+        cursor[0] = edge_first[start];
+        color[start] = 1;
+        while (depth >= 0) {
+            const int r = stack[depth];
+            if (cursor[depth] == edge_first[r + 1]) {
+                color[r] = 2;
+                depth--;
+                continue;
+            }
+            const int callee = edges[cursor[depth]++];
+            if (color[callee] == 2) continue;
+            if (color[callee] == 1) {
+                size_t at = (size_t)snprintf(err, errlen, "rule '%s' is left-recursive: ", p->rule_names[callee]);
+                int from = 0;
+                while (from < depth && stack[from] != callee) from++;
+                for (int d = from; d <= depth && at < errlen; d++)
+                    at += (size_t)snprintf(err + at, errlen - at, "%s -> ", p->rule_names[stack[d]]);
+                if (at < errlen) snprintf(err + at, errlen - at, "%s", p->rule_names[callee]);
+                st = TL_ERR_INVALID_ARGUMENT;
+                break;
+            }
+            color[callee] = 1;
+            stack[++depth] = callee;
+            cursor[depth] = edge_first[callee];
+        }
+    }
+    goto done;
+oom:
+    snprintf(err, errlen, "out of memory");
+    st = TL_ERR_NO_MEMORY;
+done:
+    free(nullable);
+    free(color);
+    free(edge_first);
+    free(edges);
+    free(stack);
+    free(cursor);
+    return st;
+}
+
+tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (b->n_rules == 0) {
+        snprintf(err, errlen, "empty grammar: no rules (a grammar needs at least 'root ::= ...')");
+        return TL_ERR_INVALID_ARGUMENT;
+    }
+    for (int r = 0; r < b->n_rules; r++)
+        if (b->defined_at[r] < 0) {
+            snprintf(err, errlen, "line %d, column %d: undefined rule '%s'", b->used_line[r], b->used_col[r],
+                     b->names[r]);
+            return TL_ERR_INVALID_ARGUMENT;
+        }
+    int root = -1;
+    for (int r = 0; r < b->n_rules; r++)
+        if (strcmp(b->names[r], "root") == 0) root = r;
+    if (root < 0) {
+        snprintf(err, errlen, "no rule named 'root' (the start rule)");
+        return TL_ERR_INVALID_ARGUMENT;
+    }
+    gram_program *p = calloc(1, sizeof *p);
+    prog_writer w = {.p = p, .first_gen = b->n_rules};
+    bool oom = !p;
+    /* Alternatives of each rule, in rule order. */
+    int *rule_alt_count = calloc((size_t)b->n_rules + 1, sizeof *rule_alt_count);
+    int32_t *by_rule = malloc(((size_t)b->n_alts + 1) * sizeof *by_rule);
+    if (!rule_alt_count || !by_rule) oom = true;
+    if (!oom) {
+        for (int a = 0; a < b->n_alts; a++) rule_alt_count[b->alt_rule[a]]++;
+        int *fill = calloc((size_t)b->n_rules + 1, sizeof *fill);
+        if (!fill) oom = true;
+        for (int r = 0, at = 0; !oom && r < b->n_rules; r++) { fill[r] = at; at += rule_alt_count[r]; }
+        for (int a = 0; !oom && a < b->n_alts; a++) by_rule[fill[b->alt_rule[a]]++] = a;
+        free(fill);
+    }
+    int cap_ra = 0;
+    bool too_big = false;
+    for (int r = 0, k = 0; !oom && !too_big && r < b->n_rules; r++) {
+        if (!grow((void **)&p->rule_alts, &cap_ra, r + 2, sizeof *p->rule_alts)) { oom = true; break; }
+        p->rule_alts[r] = p->n_alts;
+        for (int i = 0; i < rule_alt_count[r] && !oom && !too_big; i++, k++) {
+            const int a = by_rule[k];
+            if (!begin_alt(&w)) { oom = true; break; }
+            for (int j = 0; j < b->alt_len[a]; j++) {
+                const gram_item *it = &b->items[b->alt_first[a] + j];
+                bool ok = it->kind == GE_REF ? emit(&w, GE_REF, it->arg)
+                                             : emit_class(&w, b->ranges + it->arg, it->n_ranges, &oom);
+                if (!ok) { too_big = !oom; break; }
+            }
+            if (!oom && !too_big && !emit(&w, GE_END, 0)) too_big = true;
+        }
+    }
+    /* The generated rules of multi-byte classes. */
+    for (int g = 0; !oom && !too_big && g < w.n_gen; g++) {
+        const int r = b->n_rules + g;
+        if (!grow((void **)&p->rule_alts, &cap_ra, r + 2, sizeof *p->rule_alts)) { oom = true; break; }
+        p->rule_alts[r] = p->n_alts;
+        gram_byteset single = {{0}};
+        bool any_single = false;
+        for (int i = 0; i < w.gen_n[g]; i++) {
+            const byte_seq *s = &w.gen_seqs[g][i];
+            if (s->n == 1) { set_range(&single, s->lo[0], s->hi[0]); any_single = true; continue; }
+            if (!begin_alt(&w)) { oom = true; break; }
+            for (int j = 0; j < s->n && !oom; j++) {
+                gram_byteset set = {{0}};
+                set_range(&set, s->lo[j], s->hi[j]);
+                int id = add_set(&w, &set);
+                if (id < 0) oom = true;
+                else if (!emit(&w, GE_BYTES, id)) too_big = true;
+            }
+            if (!emit(&w, GE_END, 0)) too_big = true;
+        }
+        if (any_single && !oom && !too_big) {
+            int id = add_set(&w, &single);
+            if (id < 0 || !begin_alt(&w)) oom = true;
+            else if (!emit(&w, GE_BYTES, id) || !emit(&w, GE_END, 0)) too_big = true;
+        }
+        if (p->n_alts == p->rule_alts[r] && !oom && !too_big) {
+            /* an empty class (e.g. only surrogates): a rule with no alternative matches nothing,
+               which the matcher handles; keep one impossible alternative for uniformity */
+            gram_byteset none = {{0}};
+            int id = add_set(&w, &none);
+            if (id < 0 || !begin_alt(&w)) oom = true;
+            else if (!emit(&w, GE_BYTES, id) || !emit(&w, GE_END, 0)) too_big = true;
+        }
+    }
+    if (!oom && p) {
+        p->n_rules = b->n_rules + w.n_gen;
+        if (!grow((void **)&p->rule_alts, &cap_ra, p->n_rules + 1, sizeof *p->rule_alts)) oom = true;
+        else p->rule_alts[p->n_rules] = p->n_alts;
+        p->root = root;
+        p->rule_names = calloc((size_t)p->n_rules + 1, sizeof *p->rule_names);
+        if (!p->rule_names) oom = true;
+        for (int r = 0; !oom && r < p->n_rules; r++) {
+            const char *src = r < b->n_rules ? b->names[r] : "character class";
+            p->rule_names[r] = malloc(strlen(src) + 1);
+            if (!p->rule_names[r]) oom = true;
+            else strcpy(p->rule_names[r], src);
+        }
+    }
+    for (int g = 0; g < w.n_gen; g++) free(w.gen_seqs[g]);
+    free(w.gen_seqs);
+    free(w.gen_n);
+    hash_free(&w.set_ids);
+    free(rule_alt_count);
+    free(by_rule);
+    if (oom || too_big) {
+        gram_program_free(p);
+        snprintf(err, errlen, oom ? "out of memory compiling the grammar" : "grammar too large (more than %d elements)",
+                 GRAM_MAX_ELEMS);
+        return oom ? TL_ERR_NO_MEMORY : TL_ERR_INVALID_ARGUMENT;
+    }
+    tl_status st = check_left_recursion(p, err, errlen);
+    if (st != TL_OK) {
+        gram_program_free(p);
+        return st;
+    }
+    *out = p;
+    return TL_OK;
+}
+
+/* ---------------------------------------------------------------- the runtime */
+
+static int32_t intern_node(gram_runtime *rt, int32_t pos, int32_t parent) {
+    const uint64_t key = ((uint64_t)(uint32_t)(pos + 1) << 32) | (uint32_t)parent;
+    int32_t id = hash_get(&rt->node_ids, key);
+    if (id >= 0) return id;
+    if (rt->n_nodes >= GRAM_MAX_NODES ||
+        !grow((void **)&rt->nodes, &rt->cap_nodes, rt->n_nodes + 1, sizeof *rt->nodes))
+        return -1;
+    id = rt->n_nodes++;
+    rt->nodes[id] = (gram_node){pos, parent};
+    if (!hash_put(&rt->node_ids, key, id)) return -1;
+    return id;
+}
+
+static bool push_scratch(gram_runtime *rt, int32_t v) {
+    if (rt->n_scratch >= GRAM_MAX_EXPANSION) return false;
+    if (rt->n_scratch == rt->cap_scratch) {
+        size_t cap = rt->cap_scratch ? rt->cap_scratch * 2 : 256;
+        int32_t *q = realloc(rt->scratch, cap * sizeof *q);
+        if (!q) return false;
+        rt->scratch = q;
+        rt->cap_scratch = cap;
+    }
+    rt->scratch[rt->n_scratch++] = v;
+    return true;
+}
+
+/* Every stack that starts at `pos` with `parent` below, expanded until its top is a byte set
+   (or it is empty: the grammar may end here). Appends node ids to the scratch list. */
+static bool expand(gram_runtime *rt, int32_t pos, int32_t parent) {
+    const gram_program *p = rt->prog;
+    for (;;) {
+        const gram_elem e = p->elems[pos];
+        if (e.kind == GE_END) {
+            if (parent == 0) return push_scratch(rt, 0);
+            pos = rt->nodes[parent].pos;
+            parent = rt->nodes[parent].parent;
+            continue;
+        }
+        if (e.kind == GE_BYTES) {
+            int32_t n = intern_node(rt, pos, parent);
+            return n >= 0 && push_scratch(rt, n);
+        }
+        /* A call: what follows it is pushed, unless the call is the alternative's last element
+           (a tail call pushes nothing, so repetition does not grow the stack). */
+        int32_t cont = parent;
+        if (p->elems[pos + 1].kind != GE_END && (cont = intern_node(rt, pos + 1, parent)) < 0) return false;
+        for (int a = p->rule_alts[e.arg]; a < p->rule_alts[e.arg + 1]; a++)
+            if (!expand(rt, p->alt_start[a], cont)) return false;
+        return true;
+    }
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The state whose stacks are the scratch list (sorted, deduplicated here). */
+static int32_t intern_state(gram_runtime *rt) {
+    int32_t *m = rt->scratch;
+    size_t n = rt->n_scratch;
+    if (n > 1) qsort(m, n, sizeof *m, cmp_i32);
+    size_t u = 0;
+    for (size_t i = 0; i < n; i++)
+        if (u == 0 || m[u - 1] != m[i]) m[u++] = m[i];
+    n = u;
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ n;
+    for (size_t i = 0; i < n; i++) h = mix64(h ^ (uint64_t)(uint32_t)m[i]);
+    h |= 1;
+    /* probe the table: equal hashes are compared member by member */
+    gram_hash *t = &rt->state_ids;
+    if (t->cap) {
+        for (size_t j = mix64(h) & (t->cap - 1); t->keys[j]; j = (j + 1) & (t->cap - 1)) {
+            if (t->keys[j] != h) continue;
+            const int32_t s = t->vals[j];
+            const int64_t first = rt->state_first[s], len = rt->state_first[s + 1] - first;
+            if ((size_t)len == n && (n == 0 || memcmp(rt->state_members + first, m, n * sizeof *m) == 0)) return s;
+        }
+    }
+    if (rt->n_states >= GRAM_MAX_STATES) return -1;
+    if (rt->n_states + 2 > rt->cap_states) {
+        int cap = rt->cap_states ? rt->cap_states * 2 : 256;
+        int64_t *f = realloc(rt->state_first, ((size_t)cap + 1) * sizeof *f);
+        if (!f) return -1;
+        rt->state_first = f;
+        uint8_t *fl = realloc(rt->state_flags, (size_t)cap);
+        if (!fl) return -1;
+        rt->state_flags = fl;
+        gram_byteset *lp = realloc(rt->state_loop, (size_t)cap * sizeof *lp);
+        if (!lp) return -1;
+        rt->state_loop = lp;
+        rt->cap_states = cap;
+    }
+    if (rt->n_members + n > rt->cap_members) {
+        size_t cap = rt->cap_members ? rt->cap_members : 1024;
+        while (cap < rt->n_members + n) cap *= 2;
+        int32_t *q = realloc(rt->state_members, cap * sizeof *q);
+        if (!q) return -1;
+        rt->state_members = q;
+        rt->cap_members = cap;
+    }
+    const int32_t s = rt->n_states++;
+    if (n) memcpy(rt->state_members + rt->n_members, m, n * sizeof *m);
+    rt->state_first[s] = (int64_t)rt->n_members;
+    rt->n_members += n;
+    rt->state_first[s + 1] = (int64_t)rt->n_members;
+    rt->state_flags[s] = (n > 0 && m[0] == 0) ? 1 : 0;
+    /* a collision-free insert: probe to an empty slot */
+    if (!hash_reserve(t)) return -1;
+    size_t j = mix64(h) & (t->cap - 1);
+    while (t->keys[j]) j = (j + 1) & (t->cap - 1);
+    t->keys[j] = h;
+    t->vals[j] = s;
+    t->n++;
+    return s;
+}
+
+tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
+    memset(rt, 0, sizeof *rt);
+    rt->prog = prog;
+    if (pthread_mutex_init(&rt->lock, NULL) != 0) return tl_fail(TL_ERR_INTERNAL, "cannot create a mutex");
+    rt->state_first = NULL;
+    /* node 0: the empty stack; state 0: the dead state (no stacks) */
+    if (!grow((void **)&rt->nodes, &rt->cap_nodes, 1, sizeof *rt->nodes)) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    rt->nodes[rt->n_nodes++] = (gram_node){-1, -1};
+    rt->n_scratch = 0;
+    if (intern_state(rt) != GRAM_DEAD) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    bool ok = true;
+    for (int a = prog->rule_alts[prog->root]; ok && a < prog->rule_alts[prog->root + 1]; a++)
+        ok = expand(rt, prog->alt_start[a], 0);
+    rt->initial = ok ? intern_state(rt) : -1;
+    if (rt->initial < 0) return tl_fail(TL_ERR_NO_MEMORY, "out of memory starting the grammar");
+    return TL_OK;
+}
+
+void gram_runtime_destroy(gram_runtime *rt) {
+    pthread_mutex_destroy(&rt->lock);
+    free(rt->nodes);
+    hash_free(&rt->node_ids);
+    free(rt->state_members);
+    free(rt->state_first);
+    free(rt->state_flags);
+    free(rt->state_loop);
+    hash_free(&rt->state_ids);
+    hash_free(&rt->transitions);
+    free(rt->scratch);
+    memset(rt, 0, sizeof *rt);
+}
+
+int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
+    if (state == GRAM_DEAD) return GRAM_DEAD;
+    const uint64_t key = (uint64_t)state * 256u + byte + 1u;
+    int32_t next = hash_get(&rt->transitions, key);
+    if (next >= 0) return next;
+    const gram_program *p = rt->prog;
+    rt->n_scratch = 0;
+    for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
+        const int32_t n = rt->state_members[i];
+        if (n == 0) continue; /* the empty stack accepts the end, not a byte */
+        const gram_node node = rt->nodes[n];
+        if (!gram_byteset_has(&p->sets[p->elems[node.pos].arg], byte)) continue;
+        if (!expand(rt, node.pos + 1, node.parent)) return -1;
+    }
+    next = intern_state(rt);
+    if (next < 0 || !hash_put(&rt->transitions, key, next)) return -1;
+    return next;
+}
+
+int32_t gram_advance_bytes(gram_runtime *rt, int32_t state, const void *bytes, size_t len) {
+    const unsigned char *b = bytes;
+    for (size_t i = 0; i < len && state > 0; i++) state = gram_advance(rt, state, b[i]);
+    return state;
+}
+
+const gram_byteset *gram_loop_bytes(gram_runtime *rt, int32_t state) {
+    if (!(rt->state_flags[state] & 2)) {
+        gram_byteset loop = {{0}};
+        /* only bytes some stack can take may loop */
+        gram_byteset possible = {{0}};
+        const gram_program *p = rt->prog;
+        for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
+            const int32_t n = rt->state_members[i];
+            if (n == 0) continue;
+            const gram_byteset *s = &p->sets[p->elems[rt->nodes[n].pos].arg];
+            for (int k = 0; k < 4; k++) possible.bits[k] |= s->bits[k];
+        }
+        for (unsigned b = 0; b < 256; b++) {
+            if (!gram_byteset_has(&possible, b)) continue;
+            int32_t next = gram_advance(rt, state, b);
+            if (next < 0) return NULL;
+            if (next == state) loop.bits[b >> 6] |= 1ull << (b & 63);
+        }
+        rt->state_loop[state] = loop;
+        rt->state_flags[state] |= 2;
+    }
+    return &rt->state_loop[state];
+}
+
+/* ---------------------------------------------------------------- public: compiling */
+
+static tl_status wrap_program(gram_program *prog, tl_compiled_grammar **out) {
+    tl_compiled_grammar *g = calloc(1, sizeof *g);
+    if (!g) {
+        gram_program_free(prog);
+        return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    }
+    atomic_init(&g->refs, 1);
+    g->prog = prog;
+    tl_status st = gram_runtime_init(&g->rt, prog);
+    if (st != TL_OK) {
+        gram_runtime_destroy(&g->rt);
+        gram_program_free(prog);
+        free(g);
+        return st;
+    }
+    *out = g;
+    return TL_OK;
+}
+
+tl_status tl_grammar_compile_gbnf(const char *text, size_t len, tl_compiled_grammar **out) {
+    tl_clear_error();
+    if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_gbnf: out must not be NULL");
+    *out = NULL;
+    if (!text && len) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_gbnf: text is NULL");
+    char err[512] = "";
+    gram_program *prog;
+    tl_status st = gram_parse_gbnf(text ? text : "", len, &prog, err, sizeof err);
+    if (st != TL_OK) return tl_fail(st, "grammar: %s", err);
+    return wrap_program(prog, out);
+}
+
+tl_status tl_json_schema_to_gbnf(const char *schema, size_t len, const tl_json_schema_options *opts, char **gbnf,
+                                 size_t *gbnf_len) {
+    tl_clear_error();
+    if (!gbnf) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_json_schema_to_gbnf: gbnf must not be NULL");
+    *gbnf = NULL;
+    if (!schema) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_json_schema_to_gbnf: schema is NULL");
+    char err[512] = "";
+    size_t n = 0;
+    tl_status st = gram_json_schema_to_gbnf(schema, len, opts ? opts->free_whitespace : 0, gbnf, &n, err, sizeof err);
+    if (st != TL_OK) return tl_fail(st, "JSON schema: %s", err);
+    if (gbnf_len) *gbnf_len = n;
+    return TL_OK;
+}
+
+tl_status tl_grammar_compile_json_schema(const char *schema, size_t len, const tl_json_schema_options *opts,
+                                         tl_compiled_grammar **out) {
+    tl_clear_error();
+    if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_json_schema: out must not be NULL");
+    *out = NULL;
+    char *text = NULL;
+    size_t n = 0;
+    tl_status st = tl_json_schema_to_gbnf(schema, len, opts, &text, &n);
+    if (st != TL_OK) return st;
+    char err[512] = "";
+    gram_program *prog;
+    st = gram_parse_gbnf(text, n, &prog, err, sizeof err);
+    free(text);
+    /* a $ref cycle that consumes nothing first ({"$ref": "#"}) is the schema's fault */
+    if (st != TL_OK && strstr(err, "left-recursive"))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "JSON schema: a $ref cycle matches nothing before recurring (%s)", err);
+    if (st != TL_OK) return tl_fail(st, "JSON schema: the generated grammar is invalid (a TinyLoop bug): %s", err);
+    return wrap_program(prog, out);
+}
+
+void tl_compiled_grammar_retain(const tl_compiled_grammar *g) {
+    atomic_fetch_add(&((tl_compiled_grammar *)g)->refs, 1);
+}
+
+void tl_compiled_grammar_free(tl_compiled_grammar *g) {
+    if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
+    for (int i = 0; i < g->n_bindings; i++) gram_binding_destroy(&g->bindings[i]);
+    free(g->bindings);
+    gram_runtime_destroy(&g->rt);
+    gram_program_free(g->prog);
+    free(g);
+}
+
+tl_status tl_grammar_matches(const tl_compiled_grammar *cg, const char *text, size_t len, int *match) {
+    tl_clear_error();
+    if (!cg || !match || (!text && len)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matches: NULL argument");
+    tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
+    pthread_mutex_lock(&g->rt.lock);
+    int32_t s = gram_advance_bytes(&g->rt, g->rt.initial, text, len);
+    *match = s > 0 && gram_accepting(&g->rt, s);
+    pthread_mutex_unlock(&g->rt.lock);
+    if (s < 0) return tl_fail(TL_ERR_NO_MEMORY, "tl_grammar_matches: out of memory (grammar too ambiguous?)");
+    return TL_OK;
+}
+
+void tl_grammar_use(tl_grammar *grammar, const tl_compiled_grammar *g) {
+    if (!grammar) return;
+    memset(grammar, 0, sizeof *grammar);
+    grammar->compiled = g;
+}
+
+tl_status tl_grammar_rule_count(const tl_compiled_grammar *g, int *rules, int *elements) {
+    tl_clear_error();
+    if (!g) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_rule_count: grammar is NULL");
+    if (rules) *rules = g->prog->n_rules;
+    if (elements) *elements = g->prog->n_elems;
+    return TL_OK;
+}

@@ -1,0 +1,231 @@
+/* grammar.h: grammars compiled to a byte-level pushdown automaton (internal).
+ *
+ * One internal form for every source: GBNF text (gbnf.c), JSON Schema (json_schema.c, which
+ * writes GBNF) and Lua combinators (which write GBNF too) all end up as a `gram_program`:
+ *
+ *   rules -> alternatives -> sequences of elements, each element either
+ *     GE_BYTES  one byte out of a 256-bit set, or
+ *     GE_REF    a call of another rule,
+ *   every sequence closed by GE_END.
+ *
+ * Character classes over code points are compiled to UTF-8 byte sequences when the grammar is
+ * built, so the matcher walks bytes: a token that ends in the middle of a code point is judged
+ * like any other prefix, with no partial-UTF-8 bookkeeping.
+ *
+ * The matcher (grammar.c) is llama.cpp's set-of-stacks idea with two changes that make it cheap:
+ * stacks are hash-consed persistent lists (a stack is a node id; equal stacks are equal ids) and
+ * a matcher state (a set of stacks) is interned too, so a state is an int, advancing by a byte is
+ * a memoised table lookup, rollback is keeping the old int, and masks can be cached per state.
+ * Calls of a rule in tail position push nothing, so repetition does not grow the stacks. */
+#ifndef TL_GRAMMAR_H
+#define TL_GRAMMAR_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "internal.h"
+
+enum { GE_END = 0, GE_BYTES = 1, GE_REF = 2 };
+
+typedef struct gram_elem {
+    uint8_t kind;
+    int32_t arg; /* GE_BYTES: index of the byte set; GE_REF: rule id */
+} gram_elem;
+
+typedef struct gram_byteset { uint64_t bits[4]; } gram_byteset;
+
+static inline bool gram_byteset_has(const gram_byteset *s, unsigned b) {
+    return (s->bits[b >> 6] >> (b & 63)) & 1u;
+}
+
+typedef struct gram_program {
+    gram_elem *elems;     /* every alternative's elements, each closed by GE_END */
+    int n_elems;
+    int32_t *alt_start;   /* [n_alts] position of each alternative's first element */
+    int32_t *rule_alts;   /* [n_rules + 1] rule r owns alternatives rule_alts[r]..rule_alts[r+1] */
+    int n_rules, n_alts;
+    gram_byteset *sets;
+    int n_sets;
+    int root;
+    char **rule_names;    /* [n_rules] for messages; generated rules are named after their parent */
+} gram_program;
+
+void gram_program_free(gram_program *p);
+
+/* ---------------------------------------------------------------- the rule builder
+   What parsers produce: rules of alternatives of elements, where a terminal is a set of code
+   point ranges. gram_build compiles it (UTF-8, checks) into a gram_program. */
+
+typedef struct gram_range { uint32_t lo, hi; } gram_range;
+
+typedef struct gram_item {
+    int kind;             /* GE_BYTES: code point set; GE_REF: rule */
+    int32_t arg;          /* GE_BYTES: index into the builder's ranges pool; GE_REF: rule */
+    int32_t n_ranges;
+} gram_item;
+
+typedef struct gram_builder {
+    /* rules[r] is alternatives alts[rule_first[r] ...] chained through alt_next */
+    char **names;
+    int32_t *defined_at;  /* [rule] "line:column" packed as line << 20 | column, -1 undefined */
+    int32_t *used_line, *used_col; /* first use, for "undefined rule" messages */
+    int n_rules, cap_rules;
+    /* alternatives: item lists */
+    int32_t *alt_rule, *alt_first, *alt_len;
+    int n_alts, cap_alts;
+    gram_item *items;
+    int n_items, cap_items;
+    gram_range *ranges;
+    int n_ranges, cap_ranges;
+} gram_builder;
+
+void gram_builder_free(gram_builder *b);
+/* Rule id of `name` (created undefined on first sight); -1 out of memory. */
+int gram_builder_rule(gram_builder *b, const char *name, size_t len);
+/* A fresh rule named after `parent` (parent_1, parent_2...). */
+int gram_builder_fresh_rule(gram_builder *b, int parent);
+
+/* Compiles the builder (start rule "root") into *out. On failure a message in err. */
+tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- GBNF (gbnf.c) */
+
+/* Parses GBNF text into a program. Messages: "line L, column C: ... (in rule 'x')". */
+tl_status gram_parse_gbnf(const char *text, size_t len, gram_program **out, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- JSON Schema (json_schema.c) */
+
+/* GBNF text of a JSON Schema (malloc'ed, NUL-terminated). free_ws: allow whitespace between
+   tokens instead of the compact form. */
+tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, char **gbnf, size_t *gbnf_len,
+                                   char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- the matcher runtime */
+
+/* A stack node: "match at `pos`, then continue with stack `parent`". Node 0 is the empty stack. */
+typedef struct gram_node { int32_t pos, parent; } gram_node;
+
+typedef struct gram_hash { /* open addressing, keys != 0 */
+    uint64_t *keys;
+    int32_t *vals;
+    size_t cap, n;
+} gram_hash;
+
+typedef struct gram_mask_entry {
+    int32_t state;
+    int32_t count;
+    uint8_t *mask;        /* [vocab] */
+} gram_mask_entry;
+
+struct gram_vocab;
+
+/* Interned stacks and states of one program. Shared by every matcher of one compiled grammar
+   (so masks cached by one generation serve the next); a mutex guards it. */
+typedef struct gram_runtime {
+    const gram_program *prog;
+    pthread_mutex_t lock;
+    gram_node *nodes;
+    int n_nodes, cap_nodes;
+    gram_hash node_ids;          /* (pos, parent) -> node */
+    int32_t *state_members;      /* concatenated sorted node lists */
+    size_t n_members, cap_members;
+    int64_t *state_first;        /* [n_states + 1] offsets into state_members */
+    uint8_t *state_flags;        /* bit 0: accepting; bit 1: loop bytes computed */
+    gram_byteset *state_loop;    /* bytes that lead from a state back to itself */
+    int n_states, cap_states;
+    gram_hash state_ids;         /* hash of members -> chain of candidate states */
+    gram_hash transitions;       /* state * 256 + byte + 1 -> state */
+    int32_t initial;
+    /* scratch */
+    int32_t *scratch;
+    size_t n_scratch, cap_scratch;
+} gram_runtime;
+
+#define GRAM_DEAD 0 /* the empty set of stacks: nothing can follow */
+
+tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog);
+void gram_runtime_destroy(gram_runtime *rt);
+/* The state after `byte` (GRAM_DEAD when the byte is not allowed); -1 out of memory.
+   Callers hold rt->lock when the runtime is shared. */
+int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte);
+int32_t gram_advance_bytes(gram_runtime *rt, int32_t state, const void *bytes, size_t len);
+static inline bool gram_accepting(const gram_runtime *rt, int32_t state) { return rt->state_flags[state] & 1; }
+/* Bytes b with advance(state, b) == state (computed once per state). NULL out of memory. */
+const gram_byteset *gram_loop_bytes(gram_runtime *rt, int32_t state);
+
+/* ---------------------------------------------------------------- tokens (grammar_mask.c) */
+
+/* A vocabulary as a trie of token byte strings, nodes numbered in preorder: node i's subtree is
+   nodes i..sub_end[i]-1, its children are i+1, sub_end[i+1], ... (while < sub_end[i]). Tokens are
+   listed in `order` by the node they end at, so the tokens ending at node i are
+   order[tok_first[i]..tok_first[i+1]) and those of its whole subtree
+   order[tok_first[i]..tok_first[sub_end[i]]): allowing a subtree in bulk is one loop. */
+typedef struct gram_vocab {
+    int vocab_size;
+    int eos;                     /* -1 none */
+    uint64_t fingerprint;        /* a hash of every token's bytes: identifies the vocabulary */
+    int n_nodes;
+    uint8_t *node_byte;          /* [n_nodes] byte leading into node i (root: unused) */
+    int32_t *sub_end;            /* [n_nodes] */
+    int32_t *tok_first;          /* [n_nodes + 1] */
+    int32_t *order;              /* [n_ordered] token ids */
+    int n_ordered;
+    gram_byteset *sub_bytes;     /* [n_nodes] bytes on the edges below node i */
+    const char **bytes;          /* [vocab] token bytes; NULL: never allowed (special, empty) */
+    uint32_t *lens;
+} gram_vocab;
+
+struct tlz_tokenizer;
+tl_status gram_vocab_build(const struct tlz_tokenizer *tok, int vocab_size, int eos, gram_vocab **out);
+void gram_vocab_free(gram_vocab *v);
+
+/* A vocabulary a compiled grammar is used with, and the masks computed against it. */
+typedef struct gram_binding {
+    gram_vocab *vocab;
+    gram_mask_entry *masks;
+    int n_masks, cap_masks;
+    gram_hash mask_ids;          /* state + 1 -> index in masks */
+    size_t mask_bytes;           /* memory the cached masks hold */
+} gram_binding;
+
+/* The compiled grammar of the public API. */
+struct tl_compiled_grammar {
+    atomic_int refs;
+    gram_program *prog;
+    gram_runtime rt;             /* shared by every matcher, under rt.lock */
+    gram_binding *bindings;      /* one per vocabulary, under rt.lock */
+    int n_bindings;
+};
+
+/* Writes allowed[0..vocab) for `state` (1 = allowed) and returns the count; < 0 out of memory.
+   Callers hold the runtime's lock. */
+int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed);
+/* State after a whole token (GRAM_DEAD if it is not allowed; end of sequence keeps an
+   accepting state); -1 out of memory. Callers hold the runtime's lock. */
+int32_t gram_advance_token(gram_runtime *rt, const gram_vocab *v, int32_t state, int32_t token);
+void gram_binding_destroy(gram_binding *b);
+
+void tl_compiled_grammar_retain(const tl_compiled_grammar *g);
+
+/* ---------------------------------------------------------------- matchers (per generation) */
+
+struct tl_grammar_matcher {
+    tl_compiled_grammar *g;
+    int binding;                 /* index in g->bindings */
+    int32_t *states;             /* history: states[0] initial, states[n-1] current */
+    int n, cap;
+};
+
+struct tlz_tokenizer;
+/* A matcher for a vocabulary given by a tokenizer alone (the benchmark, the session). */
+tl_status gram_matcher_new(const tl_compiled_grammar *g, const struct tlz_tokenizer *tok, int vocab_size, int eos,
+                           tl_grammar_matcher **out);
+/* The current state, and state-level calls for drafts (states are immutable ints, so a drafted
+   path needs no rollback: it is just other ints). */
+int32_t gram_matcher_state(const tl_grammar_matcher *mt);
+int gram_matcher_mask_state(tl_grammar_matcher *mt, int32_t state, uint8_t *allowed);
+int32_t gram_matcher_advance_state(tl_grammar_matcher *mt, int32_t state, int32_t token);
+/* The tl_grammar callbacks of a matcher (what the session runs). */
+void gram_matcher_as_grammar(tl_grammar_matcher *mt, tl_grammar *out);
+
+#endif

@@ -1,0 +1,790 @@
+/* json_schema.c: a JSON Schema subset converted to GBNF (then compiled like any grammar).
+ *
+ * Supported: type (one or a list), properties, required, additionalProperties (false, true or
+ * a schema; absent means false: generation wants closed objects), enum, const, items,
+ * prefixItems, minItems/maxItems, anyOf/oneOf, allOf of objects, string minLength/maxLength,
+ * pattern (a regular-expression subset), format date/time/date-time/uuid, integer
+ * minimum/maximum/exclusiveMinimum/exclusiveMaximum (exact ranges), number minimum >= 0,
+ * boolean, null, $ref to "#", "#/$defs/..." and "#/definitions/...". Annotations (title,
+ * description, examples, default, $schema, $id, $comment) are ignored. Anything else is an
+ * error naming the keyword: a schema is never silently loosened. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar.h"
+#include "tokenizer.h"
+
+#define MAX_DEPTH 64
+
+typedef struct sbuf { char *p; size_t n, cap; bool oom; } sbuf;
+
+static void put(sbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 1024;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) { b->oom = true; return; }
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+static void puts_(sbuf *b, const char *s) { put(b, s, strlen(s)); }
+static void printf_(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void printf_(sbuf *b, const char *fmt, ...) {
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) { put(b, tmp, (size_t)n); return; }
+    char *big = malloc((size_t)n + 1);
+    if (!big) { b->oom = true; return; }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    put(b, big, (size_t)n);
+    free(big);
+}
+
+typedef struct conv {
+    const cJSON *root;
+    sbuf out;
+    int n_rules;
+    bool free_ws;
+    /* $ref targets already given a rule */
+    const cJSON **ref_nodes;
+    int *ref_rules;
+    int n_refs, cap_refs;
+    char *err;
+    size_t errlen;
+    bool failed;
+    bool used_value, used_string;
+} conv;
+
+static int fail(conv *c, const char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(conv *c, const char *path, const char *fmt, ...) {
+    if (c->failed) return -1;
+    c->failed = true;
+    int n = snprintf(c->err, c->errlen, "at %s: ", path[0] ? path : "the root");
+    if (n < 0 || (size_t)n >= c->errlen) n = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err + n, c->errlen - (size_t)n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static const char *WS(const conv *c) { return c->free_ws ? " ws" : ""; }
+
+/* A GBNF string literal of raw bytes. */
+static void literal(sbuf *b, const char *s) {
+    puts_(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') { char e[3] = {'\\', (char)*p, 0}; puts_(b, e); }
+        else if (*p < 0x20) printf_(b, "\\x%02X", *p);
+        else put(b, (const char *)p, 1);
+    }
+    puts_(b, "\"");
+}
+
+static int schema(conv *c, const cJSON *s, const char *path, int depth);
+
+static int new_rule(conv *c) { return ++c->n_rules; }
+
+/* ---------------------------------------------------------------- integers in a range */
+
+/* Decimal numbers of exactly the digits between a and b (same length, leading zeros allowed). */
+static void digits_range(sbuf *b, const char *lo, const char *hi) {
+    size_t n = strlen(lo);
+    if (n == 0) return;
+    if (lo[0] == hi[0]) {
+        printf_(b, "\"%c\" ", lo[0]);
+        digits_range(b, lo + 1, hi + 1);
+        return;
+    }
+    bool lo_min = true, hi_max = true;
+    for (size_t i = 1; i < n; i++) { lo_min &= lo[i] == '0'; hi_max &= hi[i] == '9'; }
+    if (lo_min && hi_max) {
+        printf_(b, "[%c-%c]", lo[0], hi[0]);
+        if (n > 1) printf_(b, " [0-9]{%zu}", n - 1);
+        puts_(b, " ");
+        return;
+    }
+    char nines[32], zeros[32];
+    memset(nines, '9', n - 1);
+    nines[n - 1] = 0;
+    memset(zeros, '0', n - 1);
+    zeros[n - 1] = 0;
+    puts_(b, "(");
+    printf_(b, "\"%c\" ", lo[0]);
+    digits_range(b, lo + 1, nines);
+    if (hi[0] - lo[0] > 1) {
+        printf_(b, "| [%c-%c]", lo[0] + 1, hi[0] - 1);
+        if (n > 1) printf_(b, " [0-9]{%zu}", n - 1);
+        puts_(b, " ");
+    }
+    printf_(b, "| \"%c\" ", hi[0]);
+    digits_range(b, zeros, hi + 1);
+    puts_(b, ") ");
+}
+
+/* Non-negative integers in [lo, hi] (hi < 0: unbounded), no leading zeros. */
+static void natural_range(sbuf *b, long long lo, long long hi) {
+    bool first = true;
+    puts_(b, "(");
+    for (int d = 1; d <= 19; d++) {
+        long long dmin = d == 1 ? 0 : (long long)pow(10, d - 1), dmax = (long long)pow(10, d) - 1;
+        if (d == 19) dmax = 999999999999999999LL;
+        long long a = lo > dmin ? lo : dmin, z = hi >= 0 && hi < dmax ? hi : dmax;
+        if (a > z) {
+            if (hi >= 0 && dmin > hi) break;
+            continue;
+        }
+        if (!first) puts_(b, "| ");
+        first = false;
+        if (hi < 0 && a == dmin && d > 1) { /* every number of d or more digits */
+            printf_(b, "[1-9] [0-9]{%d,} ", d - 1);
+            break;
+        }
+        char sa[32], sz[32];
+        snprintf(sa, sizeof sa, "%lld", a);
+        snprintf(sz, sizeof sz, "%lld", z);
+        digits_range(b, sa, sz);
+        if (hi < 0 && z == dmax) { printf_(b, "| [1-9] [0-9]{%d,} ", d); break; }
+    }
+    if (first) puts_(b, "[^\\x00-\\U0010FFFF] "); /* empty range: nothing */
+    puts_(b, ")");
+}
+
+/* ---------------------------------------------------------------- strings */
+
+/* A regular-expression subset into a GBNF expression over JSON string characters. */
+static int regex_alt(conv *c, const char **p, const char *path, sbuf *o, int depth);
+
+static int regex_atom(conv *c, const char **p, const char *path, sbuf *o, int depth) {
+    const char *s = *p;
+    if (*s == '(') {
+        s++;
+        if (s[0] == '?' && s[1] == ':') s += 2;
+        else if (s[0] == '?') return fail(c, path, "pattern: lookaround and named groups are not supported");
+        puts_(o, "(");
+        *p = s;
+        if (regex_alt(c, p, path, o, depth + 1) < 0) return -1;
+        if (**p != ')') return fail(c, path, "pattern: expected ')'");
+        (*p)++;
+        puts_(o, ")");
+        return 0;
+    }
+    if (*s == '[') {
+        const char *end = s + 1;
+        if (*end == '^') end++;
+        if (*end == ']') end++;
+        while (*end && *end != ']') { if (*end == '\\' && end[1]) end++; end++; }
+        if (*end != ']') return fail(c, path, "pattern: unterminated '['");
+        bool negated = s[1] == '^';
+        for (const char *q = s + 1; q < end; q++) {
+            if ((unsigned char)*q < 0x20) return fail(c, path, "pattern: control characters in a class are not supported");
+            if (q[0] == '-' && q > s + 1 + negated && q + 1 < end && q[-1] != '\\' && (unsigned char)q[1] < (unsigned char)q[-1])
+                return fail(c, path, "pattern: reversed range '%c-%c' in a class", q[-1], q[1]);
+        }
+        for (const char *q = s + 1; q < end; q++)
+            if (*q == '"' && !negated) return fail(c, path, "pattern: a class containing '\"' is not supported");
+        /* Regular-expression classes and GBNF classes differ in their escapes (\d, \w inside
+           a class...): the class is copied as it is only when GBNF reads it as a class, else
+           it is refused here rather than yielding a grammar that does not compile. */
+        {
+            char probe[600];
+            const int len = (int)(end - s - 1);
+            if (len > 500) return fail(c, path, "pattern: a character class longer than 500 bytes is not supported");
+            snprintf(probe, sizeof probe, "root ::= [%.*s]", len, s + 1);
+            tl_compiled_grammar *check = NULL;
+            const bool reads = tl_grammar_compile_gbnf(probe, strlen(probe), &check) == TL_OK;
+            tl_compiled_grammar_free(check);
+            tl_clear_error();
+            if (!reads)
+                return fail(c, path, "pattern: the character class [%.*s] is not supported (escapes such as \\d "
+                            "inside a class are not translated)", len > 40 ? 40 : len, s + 1);
+        }
+        puts_(o, "[");
+        put(o, s + 1, (size_t)(end - s - 1));
+        if (negated) puts_(o, "\\\"\\\\\\x00-\\x1F");
+        puts_(o, "]");
+        *p = end + 1;
+        return 0;
+    }
+    if (*s == '.') { puts_(o, "[^\"\\\\\\x00-\\x1F]"); *p = s + 1; return 0; }
+    if (*s == '\\') {
+        char e = s[1];
+        const char *cls = e == 'd' ? "[0-9]" : e == 'w' ? "[a-zA-Z0-9_]" : e == 's' ? "[ ]" : e == 'D' ? "[^0-9\"\\\\\\x00-\\x1F]"
+                        : e == 'W' ? "[^a-zA-Z0-9_\"\\\\\\x00-\\x1F]" : NULL;
+        if (cls) { puts_(o, cls); *p = s + 2; return 0; }
+        if (!e || (e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
+            return fail(c, path, "pattern: escape '\\%c' is not supported", e ? e : '?');
+        char lit[2] = {e, 0};
+        if (e == '"' || e == '\\') { puts_(o, e == '"' ? "\"\\\\\\\"\"" : "\"\\\\\\\\\""); }
+        else literal(o, lit);
+        *p = s + 2;
+        return 0;
+    }
+    if (strchr("*+?{", *s)) return fail(c, path, "pattern: '%c' with nothing to repeat", *s);
+    if ((unsigned char)*s < 0x20) return fail(c, path, "pattern: control characters are not supported");
+    if (*s == '"') { puts_(o, "\"\\\\\\\"\""); *p = s + 1; return 0; }
+    /* one UTF-8 character, as a literal */
+    size_t len = 1;
+    while (((unsigned char)s[len] & 0xC0) == 0x80) len++;
+    char lit[8] = {0};
+    memcpy(lit, s, len < 7 ? len : 7);
+    literal(o, lit);
+    *p = s + len;
+    return 0;
+}
+
+static int regex_seq(conv *c, const char **p, const char *path, sbuf *o, int depth) {
+    if (depth > MAX_DEPTH) return fail(c, path, "pattern nested too deeply");
+    while (**p && **p != '|' && **p != ')') {
+        if (**p == '^' || **p == '$') { (*p)++; continue; } /* anchors: the whole string matches */
+        if (regex_atom(c, p, path, o, depth) < 0) return -1;
+        char q = **p;
+        if (q == '*' || q == '+' || q == '?') { put(o, p[0], 1); (*p)++; }
+        else if (q == '{') {
+            /* {m}, {m,}, {m,n}: parsed, so that only valid GBNF comes out */
+            char *after;
+            long lo = strtol(*p + 1, &after, 10), hi = lo;
+            bool ok = after > *p + 1 && lo >= 0 && lo <= 1000;
+            if (ok && *after == ',') {
+                const char *from = after + 1;
+                hi = *from == '}' ? -1 : strtol(from, &after, 10);
+                if (hi >= 0) ok = after > from && hi >= lo && hi <= 1000;
+                else after = (char *)from;
+            }
+            if (!ok || *after != '}') return fail(c, path, "pattern: bad quantifier (expected {m}, {m,} or {m,n} up to 1000)");
+            if (hi < 0) printf_(o, "{%ld,}", lo);
+            else printf_(o, "{%ld,%ld}", lo, hi);
+            *p = after + 1;
+        }
+        if (**p == '?' || **p == '+') return fail(c, path, "pattern: lazy or possessive quantifiers are not supported");
+        puts_(o, " ");
+    }
+    return 0;
+}
+
+static int regex_alt(conv *c, const char **p, const char *path, sbuf *o, int depth) {
+    for (;;) {
+        if (regex_seq(c, p, path, o, depth) < 0) return -1;
+        if (**p != '|') return 0;
+        puts_(o, "| ");
+        (*p)++;
+    }
+}
+
+static int string_schema(conv *c, const cJSON *s, const char *path) {
+    const cJSON *minl = cJSON_GetObjectItemCaseSensitive(s, "minLength");
+    const cJSON *maxl = cJSON_GetObjectItemCaseSensitive(s, "maxLength");
+    const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(s, "pattern");
+    const cJSON *format = cJSON_GetObjectItemCaseSensitive(s, "format");
+    sbuf body = {0};
+    if (pattern) {
+        if (!cJSON_IsString(pattern)) return fail(c, path, "'pattern' must be a string");
+        if (minl || maxl || format) return fail(c, path, "'pattern' combined with minLength/maxLength/format is not supported");
+        const char *p = pattern->valuestring;
+        puts_(&body, "\"\\\"\" (");
+        if (regex_alt(c, &p, path, &body, 0) < 0 || *p) {
+            free(body.p);
+            return c->failed ? -1 : fail(c, path, "pattern: unexpected ')'");
+        }
+        puts_(&body, ") \"\\\"\"");
+    } else if (format) {
+        if (!cJSON_IsString(format)) return fail(c, path, "'format' must be a string");
+        if (minl || maxl) return fail(c, path, "'format' combined with minLength/maxLength is not supported");
+        const char *f = format->valuestring;
+        const char *date = "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01])";
+        const char *time = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
+                           "(\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
+        if (strcmp(f, "date") == 0) printf_(&body, "\"\\\"\" %s \"\\\"\"", date);
+        else if (strcmp(f, "time") == 0) printf_(&body, "\"\\\"\" %s \"\\\"\"", time);
+        else if (strcmp(f, "date-time") == 0) printf_(&body, "\"\\\"\" %s \"T\" %s \"\\\"\"", date, time);
+        else if (strcmp(f, "uuid") == 0)
+            puts_(&body, "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12} \"\\\"\"");
+        else return fail(c, path, "format '%s' is not supported (date, time, date-time, uuid)", f);
+    } else {
+        c->used_string = true;
+        int lo = 0, hi = -1;
+        if (minl && (!cJSON_IsNumber(minl) || minl->valuedouble < 0 || minl->valuedouble > 10000))
+            return fail(c, path, "'minLength' must be an integer in [0, 10000]");
+        if (maxl && (!cJSON_IsNumber(maxl) || maxl->valuedouble < 0 || maxl->valuedouble > 10000))
+            return fail(c, path, "'maxLength' must be an integer in [0, 10000]");
+        if (minl) lo = minl->valueint;
+        if (maxl) hi = maxl->valueint;
+        if (hi >= 0 && hi < lo) return fail(c, path, "maxLength < minLength");
+        if (!minl && !maxl) puts_(&body, "string");
+        else if (hi < 0) printf_(&body, "\"\\\"\" char{%d,} \"\\\"\"", lo);
+        else printf_(&body, "\"\\\"\" char{%d,%d} \"\\\"\"", lo, hi);
+    }
+    if (body.oom) { free(body.p); return fail(c, path, "out of memory"); }
+    int r = new_rule(c);
+    printf_(&c->out, "r%d ::= %s%s\n", r, body.p, WS(c));
+    free(body.p);
+    return r;
+}
+
+/* ---------------------------------------------------------------- schemas */
+
+static const char *const ANNOTATIONS[] = {"title", "description", "examples", "default", "$schema", "$id",
+                                          "$comment", "$defs", "definitions", "deprecated", "readOnly", "writeOnly", NULL};
+
+static bool keyword_in(const char *k, const char *const *list) {
+    for (; *list; list++)
+        if (strcmp(k, *list) == 0) return true;
+    return false;
+}
+
+/* Every keyword of s must be handled by its type or be an annotation. */
+static int check_keywords(conv *c, const cJSON *s, const char *path, const char *const *handled) {
+    for (const cJSON *k = s->child; k; k = k->next) {
+        if (keyword_in(k->string, ANNOTATIONS) || keyword_in(k->string, handled)) continue;
+        return fail(c, path, "unsupported keyword '%s'", k->string);
+    }
+    return 0;
+}
+
+static int json_literal_rule(conv *c, const cJSON *v, const char *path) {
+    char *text = cJSON_PrintUnformatted(v);
+    if (!text) return fail(c, path, "out of memory");
+    int r = new_rule(c);
+    printf_(&c->out, "r%d ::= ", r);
+    literal(&c->out, text);
+    printf_(&c->out, "%s\n", WS(c));
+    free(text);
+    return r;
+}
+
+static int ref_rule(conv *c, const char *ref, const char *path, int depth) {
+    const cJSON *target = NULL;
+    if (strcmp(ref, "#") == 0) target = c->root;
+    else if (strncmp(ref, "#/$defs/", 8) == 0) target = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c->root, "$defs"), ref + 8);
+    else if (strncmp(ref, "#/definitions/", 14) == 0)
+        target = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c->root, "definitions"), ref + 14);
+    else return fail(c, path, "$ref '%s' is not supported (only \"#\", \"#/$defs/NAME\" and \"#/definitions/NAME\")", ref);
+    if (!target) return fail(c, path, "$ref '%s' points nowhere", ref);
+    for (int i = 0; i < c->n_refs; i++)
+        if (c->ref_nodes[i] == target) return c->ref_rules[i];
+    if (c->n_refs == c->cap_refs) {
+        int cap = c->cap_refs ? c->cap_refs * 2 : 8;
+        const cJSON **n = realloc(c->ref_nodes, (size_t)cap * sizeof *n);
+        if (!n) return fail(c, path, "out of memory");
+        c->ref_nodes = n;
+        int *r = realloc(c->ref_rules, (size_t)cap * sizeof *r);
+        if (!r) return fail(c, path, "out of memory");
+        c->ref_rules = r;
+        c->cap_refs = cap;
+    }
+    /* the rule name exists before its body, so recursive schemas refer to it */
+    const int r = new_rule(c);
+    c->ref_nodes[c->n_refs] = target;
+    c->ref_rules[c->n_refs++] = r;
+    char sub[256];
+    snprintf(sub, sizeof sub, "%.200s", ref);
+    int body = schema(c, target, sub, depth + 1);
+    if (body < 0) return -1;
+    printf_(&c->out, "r%d ::= r%d\n", r, body);
+    return r;
+}
+
+static int object_schema(conv *c, const cJSON *props, const cJSON *required, const cJSON *additional, const char *path,
+                         int depth) {
+    int n = 0;
+    for (const cJSON *p = props ? props->child : NULL; p; p = p->next) n++;
+    int *value = calloc((size_t)n + 1, sizeof *value);
+    bool *req = calloc((size_t)n + 1, sizeof *req);
+    if (!value || !req) { free(value); free(req); return fail(c, path, "out of memory"); }
+    int i = 0;
+    for (const cJSON *p = props ? props->child : NULL; p; p = p->next, i++) {
+        char sub[512];
+        snprintf(sub, sizeof sub, "%.300s/properties/%.100s", path, p->string);
+        value[i] = schema(c, p, sub, depth + 1);
+        if (value[i] < 0) { free(value); free(req); return -1; }
+        for (const cJSON *r = required ? required->child : NULL; r; r = r->next)
+            if (cJSON_IsString(r) && strcmp(r->valuestring, p->string) == 0) req[i] = true;
+    }
+    for (const cJSON *r = required ? required->child : NULL; r; r = r->next) {
+        bool found = false;
+        i = 0;
+        for (const cJSON *p = props ? props->child : NULL; p; p = p->next, i++)
+            if (cJSON_IsString(r) && strcmp(r->valuestring, p->string) == 0) found = true;
+        if (!found) { free(value); free(req); return fail(c, path, "required property '%s' is not in 'properties'", cJSON_IsString(r) ? r->valuestring : "?"); }
+    }
+    /* extra key-value pairs after the declared ones */
+    int extra = -1;
+    if (additional && !cJSON_IsFalse(additional)) {
+        int v;
+        if (cJSON_IsTrue(additional)) { c->used_value = true; v = new_rule(c); printf_(&c->out, "r%d ::= value\n", v); }
+        else {
+            char sub[512];
+            snprintf(sub, sizeof sub, "%.400s/additionalProperties", path);
+            v = schema(c, additional, sub, depth + 1);
+        }
+        if (v < 0) { free(value); free(req); return -1; }
+        c->used_string = true;
+        extra = new_rule(c);
+        printf_(&c->out, "r%d ::= string \":\"%s r%d\n", extra, WS(c), v);
+    }
+    /* rest(i, first): the properties from i on, `first` when nothing was written yet. Rules
+       rest_i_first / rest_i_after, so optional properties cost linear size. */
+    const int base = c->n_rules;
+    c->n_rules += 2 * (n + 1);
+    for (i = n; i >= 0; i--) {
+        for (int first = 0; first < 2; first++) {
+            const int self = base + 1 + 2 * i + first;
+            printf_(&c->out, "r%d ::= ", self);
+            const char *sep = first ? "" : "\",\" ";
+            if (i == n) {
+                if (extra < 0) puts_(&c->out, "\"\"");
+                else if (first) printf_(&c->out, "(r%d (\",\"%s r%d)*)?", extra, WS(c), extra);
+                else printf_(&c->out, "(\",\"%s r%d)*", WS(c), extra);
+                puts_(&c->out, "\n");
+                continue;
+            }
+            const cJSON *p = props->child;
+            for (int k = 0; k < i; k++) p = p->next;
+            /* the key as JSON text: "name" with JSON escapes */
+            sbuf key = {0};
+            puts_(&key, "\"");
+            for (const unsigned char *k = (const unsigned char *)p->string; *k; k++) {
+                if (*k == '"' || *k == '\\') { char e[3] = {'\\', (char)*k, 0}; puts_(&key, e); }
+                else if (*k < 0x20) printf_(&key, "\\u%04X", *k);
+                else put(&key, (const char *)k, 1);
+            }
+            puts_(&key, "\"");
+            const int next_after = base + 1 + 2 * (i + 1);
+            sbuf kv = {0};
+            if (*sep) printf_(&kv, "%s%s ", sep, c->free_ws ? "ws" : "");
+            literal(&kv, key.p ? key.p : "");
+            free(key.p);
+            printf_(&kv, " \":\"%s r%d r%d", WS(c), value[i], next_after);
+            if (req[i]) puts_(&c->out, kv.p ? kv.p : "");
+            else printf_(&c->out, "(%s) | r%d", kv.p ? kv.p : "", base + 1 + 2 * (i + 1) + first);
+            free(kv.p);
+            puts_(&c->out, "\n");
+        }
+    }
+    free(value);
+    free(req);
+    int r = new_rule(c);
+    printf_(&c->out, "r%d ::= \"{\"%s r%d \"}\"%s\n", r, WS(c), base + 2, WS(c));
+    return r;
+}
+
+static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
+    const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
+    const cJSON *prefix = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
+    const cJSON *mini = cJSON_GetObjectItemCaseSensitive(s, "minItems");
+    const cJSON *maxi = cJSON_GetObjectItemCaseSensitive(s, "maxItems");
+    if (mini && (!cJSON_IsNumber(mini) || mini->valuedouble < 0 || mini->valuedouble > 1000))
+        return fail(c, path, "'minItems' must be an integer in [0, 1000]");
+    if (maxi && (!cJSON_IsNumber(maxi) || maxi->valuedouble < 0 || maxi->valuedouble > 1000))
+        return fail(c, path, "'maxItems' must be an integer in [0, 1000]");
+    int lo = mini ? mini->valueint : 0, hi = maxi ? maxi->valueint : -1;
+    if (hi >= 0 && hi < lo) return fail(c, path, "maxItems < minItems");
+    int n_prefix = prefix ? cJSON_GetArraySize(prefix) : 0;
+    if (prefix && !cJSON_IsArray(prefix)) return fail(c, path, "'prefixItems' must be an array");
+    int *pre = calloc((size_t)n_prefix + 1, sizeof *pre);
+    if (!pre) return fail(c, path, "out of memory");
+    for (int i = 0; i < n_prefix; i++) {
+        char sub[512];
+        snprintf(sub, sizeof sub, "%.400s/prefixItems/%d", path, i);
+        if ((pre[i] = schema(c, cJSON_GetArrayItem(prefix, i), sub, depth + 1)) < 0) { free(pre); return -1; }
+    }
+    int item = -1;
+    if (items && cJSON_IsFalse(items)) item = -1;
+    else if (items) {
+        char sub[512];
+        snprintf(sub, sizeof sub, "%.400s/items", path);
+        if ((item = schema(c, items, sub, depth + 1)) < 0) { free(pre); return -1; }
+    } else if (!prefix) {
+        c->used_value = true;
+        item = new_rule(c);
+        printf_(&c->out, "r%d ::= value\n", item);
+    }
+    if (n_prefix > 0 && lo > n_prefix && item < 0) { free(pre); return fail(c, path, "minItems exceeds prefixItems and items is false"); }
+    /* elements: prefix ones first (all required up to lo, beyond optional), then items */
+    int r = new_rule(c);
+    sbuf b = {0};
+    printf_(&b, "\"[\"%s ", WS(c));
+    const char *comma = c->free_ws ? "\",\" ws " : "\",\" ";
+    int closers = 0;
+    for (int i = 0; i < n_prefix && (hi < 0 || i < hi); i++) {
+        if (i >= lo) { puts_(&b, "("); closers++; }
+        printf_(&b, "%sr%d ", i ? comma : "", pre[i]);
+    }
+    int used = n_prefix < hi || hi < 0 ? n_prefix : hi;
+    if (item >= 0 && (hi < 0 || used < hi)) {
+        int need = lo > used ? lo - used : 0;
+        for (int k = 0; k < need; k++) printf_(&b, "%sr%d ", used + k ? comma : "", item);
+        int have = used + need;
+        if (hi < 0) {
+            if (have == 0) printf_(&b, "(r%d (%sr%d)*)? ", item, comma, item);
+            else printf_(&b, "(%sr%d)* ", comma, item);
+        } else if (hi > have) {
+            if (have == 0) printf_(&b, "(r%d (%sr%d){0,%d})? ", item, comma, item, hi - 1);
+            else printf_(&b, "(%sr%d){0,%d} ", comma, item, hi - have);
+        }
+    }
+    for (int k = 0; k < closers; k++) puts_(&b, ")? ");
+    printf_(&b, "\"]\"%s", WS(c));
+    printf_(&c->out, "r%d ::= %s\n", r, b.p ? b.p : "\"[]\"");
+    free(b.p);
+    free(pre);
+    return r;
+}
+
+static int typed(conv *c, const cJSON *s, const char *type, const char *path, int depth) {
+    static const char *const OBJECT_KW[] = {"type", "properties", "required", "additionalProperties", NULL};
+    static const char *const ARRAY_KW[] = {"type", "items", "prefixItems", "minItems", "maxItems", NULL};
+    static const char *const STRING_KW[] = {"type", "minLength", "maxLength", "pattern", "format", NULL};
+    static const char *const INT_KW[] = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
+    static const char *const NUMBER_KW[] = {"type", "minimum", NULL};
+    static const char *const PLAIN_KW[] = {"type", NULL};
+    if (strcmp(type, "object") == 0) {
+        if (check_keywords(c, s, path, OBJECT_KW) < 0) return -1;
+        const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
+        const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
+        if (props && !cJSON_IsObject(props)) return fail(c, path, "'properties' must be an object");
+        if (req && !cJSON_IsArray(req)) return fail(c, path, "'required' must be an array");
+        return object_schema(c, props, req, cJSON_GetObjectItemCaseSensitive(s, "additionalProperties"), path, depth);
+    }
+    if (strcmp(type, "array") == 0) return check_keywords(c, s, path, ARRAY_KW) < 0 ? -1 : array_schema(c, s, path, depth);
+    if (strcmp(type, "string") == 0) return check_keywords(c, s, path, STRING_KW) < 0 ? -1 : string_schema(c, s, path);
+    int r;
+    if (strcmp(type, "integer") == 0) {
+        if (check_keywords(c, s, path, INT_KW) < 0) return -1;
+        const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum"), *mx = cJSON_GetObjectItemCaseSensitive(s, "maximum");
+        const cJSON *xmn = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum"), *xmx = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum");
+        const double LIM = 1e17;
+        bool has_lo = mn || xmn, has_hi = mx || xmx;
+        double lo = -LIM, hi = LIM;
+        if (mn) { if (!cJSON_IsNumber(mn) || fabs(mn->valuedouble) > LIM) return fail(c, path, "'minimum' must be a number within 1e17"); lo = ceil(mn->valuedouble); }
+        if (xmn) { if (!cJSON_IsNumber(xmn) || fabs(xmn->valuedouble) > LIM) return fail(c, path, "'exclusiveMinimum' must be a number within 1e17"); double v = floor(xmn->valuedouble) + 1; if (v > lo) lo = v; }
+        if (mx) { if (!cJSON_IsNumber(mx) || fabs(mx->valuedouble) > LIM) return fail(c, path, "'maximum' must be a number within 1e17"); hi = floor(mx->valuedouble); }
+        if (xmx) { if (!cJSON_IsNumber(xmx) || fabs(xmx->valuedouble) > LIM) return fail(c, path, "'exclusiveMaximum' must be a number within 1e17"); double v = ceil(xmx->valuedouble) - 1; if (v < hi) hi = v; }
+        if (lo > hi) return fail(c, path, "minimum > maximum: no integer fits");
+        r = new_rule(c);
+        printf_(&c->out, "r%d ::= (", r);
+        if (!has_lo && !has_hi) puts_(&c->out, "\"-\"? (\"0\" | [1-9] [0-9]*)");
+        else {
+            bool any = false;
+            if (lo < 0) { /* negative part: -(|hi'|..|lo|) */
+                long long a = hi < 0 ? (long long)-hi : 1, z = has_lo ? (long long)-lo : -1;
+                puts_(&c->out, "\"-\" ");
+                natural_range(&c->out, a, z);
+                any = true;
+            }
+            if (hi >= 0) {
+                if (any) puts_(&c->out, " | ");
+                natural_range(&c->out, lo > 0 ? (long long)lo : 0, has_hi ? (long long)hi : -1);
+            }
+        }
+        printf_(&c->out, ")%s\n", WS(c));
+        return r;
+    }
+    if (strcmp(type, "number") == 0) {
+        if (check_keywords(c, s, path, NUMBER_KW) < 0) return -1;
+        const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum");
+        if (mn && (!cJSON_IsNumber(mn) || mn->valuedouble != 0.0))
+            return fail(c, path, "'minimum' on a number is supported only as 0 (use an integer for other bounds)");
+        r = new_rule(c);
+        printf_(&c->out, "r%d ::= %s(\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?%s\n", r, mn ? "" : "\"-\"? ",
+                WS(c));
+        return r;
+    }
+    if (strcmp(type, "boolean") == 0 || strcmp(type, "null") == 0) {
+        if (check_keywords(c, s, path, PLAIN_KW) < 0) return -1;
+        r = new_rule(c);
+        printf_(&c->out, "r%d ::= %s%s\n", r, type[0] == 'b' ? "(\"true\" | \"false\")" : "\"null\"", WS(c));
+        return r;
+    }
+    return fail(c, path, "unknown type '%s'", type);
+}
+
+/* Merges allOf's object schemas into one (properties and required concatenated). */
+static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
+    cJSON *props = cJSON_CreateObject(), *req = cJSON_CreateArray();
+    const cJSON *additional = NULL;
+    int r = -1;
+    if (!props || !req) { r = fail(c, path, "out of memory"); goto done; }
+    for (const cJSON *s = list->child; s; s = s->next) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(s, "properties");
+        if (!cJSON_IsObject(s) || (t && !(cJSON_IsString(t) && strcmp(t->valuestring, "object") == 0)) || (!t && !p)) {
+            r = fail(c, path, "allOf is supported for object schemas only");
+            goto done;
+        }
+        static const char *const KW[] = {"type", "properties", "required", "additionalProperties", NULL};
+        if (check_keywords(c, s, path, KW) < 0) goto done;
+        for (const cJSON *q = p ? p->child : NULL; q; q = q->next)
+            if (!cJSON_GetObjectItemCaseSensitive(props, q->string)) cJSON_AddItemReferenceToObject(props, q->string, (cJSON *)q);
+        const cJSON *rq = cJSON_GetObjectItemCaseSensitive(s, "required");
+        for (const cJSON *q = rq ? rq->child : NULL; q; q = q->next) cJSON_AddItemReferenceToArray(req, (cJSON *)q);
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+        if (a) additional = a;
+    }
+    r = object_schema(c, props, req, additional, path, depth);
+done:
+    cJSON_Delete(props);
+    cJSON_Delete(req);
+    return r;
+}
+
+static int schema(conv *c, const cJSON *s, const char *path, int depth) {
+    if (c->failed) return -1;
+    if (depth > MAX_DEPTH) return fail(c, path, "schema nested too deeply (more than %d levels)", MAX_DEPTH);
+    if (cJSON_IsTrue(s) || (cJSON_IsObject(s) && !s->child)) {
+        c->used_value = true;
+        int r = new_rule(c);
+        printf_(&c->out, "r%d ::= value\n", r);
+        return r;
+    }
+    if (cJSON_IsFalse(s)) return fail(c, path, "schema 'false' matches nothing");
+    if (!cJSON_IsObject(s)) return fail(c, path, "a schema must be an object or a boolean");
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
+    if (ref) {
+        static const char *const KW[] = {"$ref", NULL};
+        if (!cJSON_IsString(ref)) return fail(c, path, "'$ref' must be a string");
+        if (check_keywords(c, s, path, KW) < 0) return -1;
+        return ref_rule(c, ref->valuestring, path, depth);
+    }
+    const cJSON *cst = cJSON_GetObjectItemCaseSensitive(s, "const");
+    if (cst) {
+        static const char *const KW[] = {"const", "type", NULL};
+        if (check_keywords(c, s, path, KW) < 0) return -1;
+        return json_literal_rule(c, cst, path);
+    }
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
+    if (en) {
+        static const char *const KW[] = {"enum", "type", NULL};
+        if (check_keywords(c, s, path, KW) < 0) return -1;
+        if (!cJSON_IsArray(en) || !en->child) return fail(c, path, "'enum' must be a non-empty array");
+        sbuf alts = {0};
+        for (const cJSON *v = en->child; v; v = v->next) {
+            int r = json_literal_rule(c, v, path);
+            if (r < 0) { free(alts.p); return -1; }
+            printf_(&alts, "%sr%d", v == en->child ? "" : " | ", r);
+        }
+        int r = new_rule(c);
+        printf_(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
+        free(alts.p);
+        return r;
+    }
+    const char *combinator = cJSON_GetObjectItemCaseSensitive(s, "anyOf") ? "anyOf"
+                           : cJSON_GetObjectItemCaseSensitive(s, "oneOf") ? "oneOf"
+                           : cJSON_GetObjectItemCaseSensitive(s, "allOf") ? "allOf" : NULL;
+    if (combinator) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(s, combinator);
+        const char *const KW[] = {combinator, NULL};
+        if (check_keywords(c, s, path, KW) < 0) return -1;
+        if (!cJSON_IsArray(list) || !list->child) return fail(c, path, "'%s' must be a non-empty array", combinator);
+        if (combinator[1] == 'l') return all_of(c, list, path, depth);
+        sbuf alts = {0};
+        int i = 0;
+        for (const cJSON *v = list->child; v; v = v->next, i++) {
+            char sub[512];
+            snprintf(sub, sizeof sub, "%.400s/%s/%d", path, combinator, i);
+            int r = schema(c, v, sub, depth + 1);
+            if (r < 0) { free(alts.p); return -1; }
+            printf_(&alts, "%sr%d", i ? " | " : "", r);
+        }
+        int r = new_rule(c);
+        printf_(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
+        free(alts.p);
+        return r;
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if (!type) {
+        if (cJSON_GetObjectItemCaseSensitive(s, "properties")) return typed(c, s, "object", path, depth);
+        if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
+            return typed(c, s, "array", path, depth);
+        static const char *const NONE[] = {NULL};
+        if (check_keywords(c, s, path, NONE) < 0) return -1;
+        c->used_value = true;
+        int r = new_rule(c);
+        printf_(&c->out, "r%d ::= value\n", r);
+        return r;
+    }
+    if (cJSON_IsString(type)) return typed(c, s, type->valuestring, path, depth);
+    if (cJSON_IsArray(type) && type->child) {
+        sbuf alts = {0};
+        for (const cJSON *t = type->child; t; t = t->next) {
+            if (!cJSON_IsString(t)) { free(alts.p); return fail(c, path, "'type' entries must be strings"); }
+            int r = typed(c, s, t->valuestring, path, depth);
+            if (r < 0) { free(alts.p); return -1; }
+            printf_(&alts, "%sr%d", t == type->child ? "" : " | ", r);
+        }
+        int r = new_rule(c);
+        printf_(&c->out, "r%d ::= %s\n", r, alts.p);
+        free(alts.p);
+        return r;
+    }
+    return fail(c, path, "'type' must be a string or a non-empty array of strings");
+}
+
+tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, char **gbnf, size_t *gbnf_len, char *err,
+                                   size_t errlen) {
+    *gbnf = NULL;
+    /* GBNF literals are code points: names and values must be valid UTF-8 */
+    for (size_t i = 0; i < len;) {
+        int k = tlz_utf8_seq((const unsigned char *)json + i, len - i);
+        if (k <= 0) {
+            snprintf(err, errlen, "not valid UTF-8 (byte %zu)", i);
+            return TL_ERR_INVALID_ARGUMENT;
+        }
+        i += (size_t)k;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, false);
+    if (!root) {
+        snprintf(err, errlen, "not valid JSON (near byte %zu)", end && end >= json ? (size_t)(end - json) : (size_t)0);
+        return TL_ERR_INVALID_ARGUMENT;
+    }
+    conv c = {.root = root, .free_ws = free_ws != 0, .err = err, .errlen = errlen};
+    int top = schema(&c, root, "", 0);
+    tl_status st = TL_OK;
+    if (top < 0) st = TL_ERR_INVALID_ARGUMENT;
+    else {
+        sbuf head = {0};
+        printf_(&head, "root ::= %sr%d\n", c.free_ws ? "ws " : "", top);
+        puts_(&head, c.free_ws ? "ws ::= ([ \\t\\n] [ \\t]{0,8})?\n" : "ws ::= \"\"\n");
+        if (c.used_string || c.used_value) {
+            puts_(&head, "string ::= \"\\\"\" char* \"\\\"\"");
+            printf_(&head, "%s\n", WS(&c));
+            puts_(&head, "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n");
+        }
+        if (c.used_value) {
+            puts_(&head, "value ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n");
+            puts_(&head, "object ::= \"{\" ws (string \":\" ws value (\",\" ws string \":\" ws value)*)? \"}\" ws\n");
+            puts_(&head, "array ::= \"[\" ws (value (\",\" ws value)*)? \"]\" ws\n");
+            puts_(&head, "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)? ws\n");
+        }
+        put(&head, c.out.p ? c.out.p : "", c.out.n);
+        if (head.oom || c.out.oom) {
+            free(head.p);
+            snprintf(err, errlen, "out of memory");
+            st = TL_ERR_NO_MEMORY;
+        } else {
+            *gbnf = head.p;
+            if (gbnf_len) *gbnf_len = head.n;
+        }
+    }
+    free(c.out.p);
+    free(c.ref_nodes);
+    free(c.ref_rules);
+    cJSON_Delete(root);
+    return st;
+}

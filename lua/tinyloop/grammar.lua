@@ -1,0 +1,222 @@
+-- tinyloop.grammar: grammars compiled by the engine (SPEC §8).
+--
+--   local grammar = require("tinyloop").grammar
+--   local g, err = grammar.gbnf('root ::= "yes" | "no"')       -- llama.cpp's GBNF dialect
+--   local g, err = grammar.json_schema({ type = "object", properties = { a = { type = "integer" } } })
+--   local g = grammar.shipped("json")                            -- lua/tinyloop/grammars/json.gbnf
+--   local g = grammar.build(grammar.seq("(", grammar.rep(grammar.class("0-9"), 1, 3), ")"))
+--   g:matches("(12)")  --> true
+--   model:generate(prompt, { grammar = g })                      -- any decoder, speculative included
+--
+-- Errors follow the module's convention (top of init.lua): a wrong argument type raises; a
+-- grammar or schema that does not compile returns nil, err with the engine's message (line and
+-- column, what was expected, the rule).
+--
+-- Combinators build GBNF text, compiled like any grammar, so there is one internal form:
+--   lit(s)            a literal string
+--   class(spec)       a character class, GBNF syntax inside the brackets: class("a-z0-9_"),
+--                     class("^\"") (negated)
+--   any()             any one character
+--   seq(a, b, ...)    a sequence; strings are literals
+--   alt(a, b, ...)    a choice
+--   rep(x, min, max)  x repeated min..max times (max nil: unbounded); opt(x), star(x), plus(x)
+--   ref(name)         a rule of build{...} by name
+--   build(x) or build{ root = x, name = y, ... }  -> grammar, or nil, err
+local ffi = require "ffi"
+
+local M = {}
+local C, raise
+
+local Grammar = {}
+Grammar.__index = Grammar
+
+local function last_error() return ffi.string(C.tl_last_error()) end
+
+local function wrap(out, source)
+    local g = setmetatable({ ptr = ffi.gc(out[0], C.tl_compiled_grammar_free), source = source }, Grammar)
+    return g
+end
+
+-- true when v is a grammar compiled by this module (init.lua wires it into configs).
+function M.is_compiled(v) return getmetatable(v) == Grammar end
+
+function M.gbnf(text)
+    if type(text) ~= "string" then raise("tinyloop.grammar.gbnf: text must be a string") end
+    local out = ffi.new("tl_compiled_grammar *[1]")
+    if C.tl_grammar_compile_gbnf(text, #text, out) ~= 0 then return nil, last_error() end
+    return wrap(out, text)
+end
+
+-- ------------------------------------------------------------------ JSON text of a Lua table
+
+local function json_string(s)
+    return '"' .. s:gsub('[%c"\\]', function(c)
+        local named = { ['"'] = '\\"', ['\\'] = '\\\\', ['\n'] = '\\n', ['\t'] = '\\t', ['\r'] = '\\r' }
+        return named[c] or ("\\u%04x"):format(c:byte())
+    end) .. '"'
+end
+
+local function to_json(v, depth)
+    depth = depth or 0
+    if depth > 100 then raise("tinyloop.grammar.json_schema: schema nested too deeply (a cycle?)") end
+    local t = type(v)
+    if t == "string" then return json_string(v) end
+    if t == "boolean" then return tostring(v) end
+    if t == "number" then
+        if v ~= v or v == math.huge or v == -math.huge then raise("tinyloop.grammar.json_schema: a number is not finite") end
+        if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return ("%d"):format(v) end
+        return ("%.17g"):format(v)
+    end
+    if t ~= "table" then raise("tinyloop.grammar.json_schema: cannot encode a " .. t) end
+    local n = #v
+    if n > 0 then
+        local parts = {}
+        for i = 1, n do parts[i] = to_json(v[i], depth + 1) end
+        for k in pairs(v) do
+            if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then
+                raise("tinyloop.grammar.json_schema: a table mixes array items and keys")
+            end
+        end
+        return "[" .. table.concat(parts, ",") .. "]"
+    end
+    -- objects keep a stable (sorted) key order; "properties" order is the generation order,
+    -- so a schema that cares about order passes a JSON string instead
+    local keys = {}
+    for k in pairs(v) do
+        if type(k) ~= "string" then raise("tinyloop.grammar.json_schema: object keys must be strings") end
+        keys[#keys + 1] = k
+    end
+    table.sort(keys)
+    local parts = {}
+    for i, k in ipairs(keys) do parts[i] = json_string(k) .. ":" .. to_json(v[k], depth + 1) end
+    return "{" .. table.concat(parts, ",") .. "}"
+end
+M.to_json = to_json
+
+-- schema: a Lua table or a JSON string; opts.whitespace = "free" allows blanks between tokens.
+function M.json_schema(schema, opts)
+    local text
+    if type(schema) == "string" then text = schema
+    elseif type(schema) == "table" then text = to_json(schema)
+    else raise("tinyloop.grammar.json_schema: schema must be a table or a JSON string") end
+    if opts ~= nil and type(opts) ~= "table" then raise("tinyloop.grammar.json_schema: opts must be a table") end
+    local o = ffi.new("tl_json_schema_options")
+    if opts and opts.whitespace ~= nil then
+        if opts.whitespace ~= "free" and opts.whitespace ~= "compact" then
+            raise("tinyloop.grammar.json_schema: opts.whitespace must be \"free\" or \"compact\"")
+        end
+        o.free_whitespace = opts.whitespace == "free" and 1 or 0
+    end
+    local out = ffi.new("tl_compiled_grammar *[1]")
+    if C.tl_grammar_compile_json_schema(text, #text, o, out) ~= 0 then return nil, last_error() end
+    local gb, n = ffi.new("char *[1]"), ffi.new("size_t[1]")
+    local source
+    if C.tl_json_schema_to_gbnf(text, #text, o, gb, n) == 0 then
+        source = ffi.string(gb[0], n[0])
+        C.tl_free(gb[0])
+    end
+    return wrap(out, source)
+end
+
+-- A grammar shipped in lua/tinyloop/grammars/: json, json_array_of_strings, arithmetic, list, yes_no.
+local here = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "."
+function M.shipped(name)
+    if type(name) ~= "string" or not name:match("^[%w_]+$") then
+        raise("tinyloop.grammar.shipped: name must be a word such as \"json\"")
+    end
+    local f, err = io.open(here .. "/grammars/" .. name .. ".gbnf", "rb")
+    if not f then return nil, err end
+    local text = f:read("*a")
+    f:close()
+    return M.gbnf(text)
+end
+
+function Grammar:matches(text)
+    if type(text) ~= "string" then raise("grammar:matches: text must be a string") end
+    local m = ffi.new("int[1]")
+    if C.tl_grammar_matches(self.ptr, text, #text, m) ~= 0 then return nil, last_error() end
+    return m[0] == 1
+end
+
+-- The GBNF text the grammar was compiled from (a schema's generated grammar).
+function Grammar:gbnf() return self.source end
+Grammar.__tostring = function(self) return "tinyloop.grammar: " .. tostring(self.ptr) end
+
+-- ------------------------------------------------------------------ combinators
+
+local Expr = {}
+Expr.__index = Expr
+local function expr(text) return setmetatable({ text = text }, Expr) end
+
+local function gbnf_literal(s)
+    return '"' .. s:gsub('[%c"\\]', function(c)
+        if c == '"' then return '\\"' elseif c == "\\" then return "\\\\" end
+        return ("\\x%02X"):format(c:byte())
+    end) .. '"'
+end
+
+local function as_expr(x, who)
+    if type(x) == "string" then return expr(gbnf_literal(x)) end
+    if getmetatable(x) ~= Expr then raise("tinyloop.grammar." .. who .. ": expected a string or a grammar expression") end
+    return x
+end
+
+function M.lit(s)
+    if type(s) ~= "string" then raise("tinyloop.grammar.lit: expected a string") end
+    return expr(gbnf_literal(s))
+end
+function M.class(spec)
+    if type(spec) ~= "string" or spec == "" then raise("tinyloop.grammar.class: expected a non-empty class such as \"a-z\"") end
+    return expr("[" .. spec:gsub("%]", "\\]"):gsub("\n", "\\n") .. "]")
+end
+function M.any() return expr(".") end
+function M.ref(name)
+    if type(name) ~= "string" or not name:match("^[%w_-]+$") then raise("tinyloop.grammar.ref: expected a rule name") end
+    return expr(name)
+end
+function M.seq(...)
+    local parts = {}
+    for i = 1, select("#", ...) do parts[i] = as_expr(select(i, ...), "seq").text end
+    return expr("(" .. (#parts > 0 and table.concat(parts, " ") or '""') .. ")")
+end
+function M.alt(...)
+    local parts = {}
+    for i = 1, select("#", ...) do parts[i] = as_expr(select(i, ...), "alt").text end
+    if #parts == 0 then raise("tinyloop.grammar.alt: needs at least one choice") end
+    return expr("(" .. table.concat(parts, " | ") .. ")")
+end
+function M.rep(x, min, max)
+    x = as_expr(x, "rep")
+    min = min or 0
+    if type(min) ~= "number" or min < 0 or min ~= math.floor(min) then raise("tinyloop.grammar.rep: min must be an integer >= 0") end
+    if max ~= nil and (type(max) ~= "number" or max < min or max ~= math.floor(max)) then
+        raise("tinyloop.grammar.rep: max must be an integer >= min (or nil: unbounded)")
+    end
+    return expr("(" .. x.text .. ("){%d,%s}"):format(min, max and tostring(max) or ""))
+end
+function M.opt(x) return M.rep(x, 0, 1) end
+function M.star(x) return M.rep(x, 0) end
+function M.plus(x) return M.rep(x, 1) end
+
+-- build(expr) or build{ root = expr, name = expr, ... }: the grammar, or nil, err.
+function M.build(rules)
+    if getmetatable(rules) == Expr or type(rules) == "string" then rules = { root = rules } end
+    if type(rules) ~= "table" then raise("tinyloop.grammar.build: expected an expression or a table of rules") end
+    local names = {}
+    for name in pairs(rules) do
+        if type(name) ~= "string" or not name:match("^[%w_-]+$") then raise("tinyloop.grammar.build: bad rule name " .. tostring(name)) end
+        names[#names + 1] = name
+    end
+    table.sort(names)
+    local lines = {}
+    for i, name in ipairs(names) do lines[i] = name .. " ::= " .. as_expr(rules[name], "build").text end
+    return M.gbnf(table.concat(lines, "\n") .. "\n")
+end
+
+-- Called by init.lua with the loaded library and its error helper.
+function M.bind(lib, raise_fn)
+    C, raise = lib, raise_fn
+    return M
+end
+
+return M

@@ -1,0 +1,490 @@
+/* test_grammar.c: GBNF parsing (valid and invalid, messages checked), the matcher on llama.cpp's
+ * and the shipped grammars, masks against a brute-force check, JSON Schema conversion, and
+ * generation: 200 seeded JSON samples parse, schema samples validate, greedy speculative
+ * (chain and tree) under a grammar equals plain decoding.
+ *   test_grammar SOURCE_DIR */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "tinyloop.h"
+
+static const char *root_dir;
+
+static char *slurp(const char *rel, size_t *len) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", root_dir, rel);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    buf[got] = 0;
+    if (len) *len = got;
+    return buf;
+}
+
+static tl_compiled_grammar *load_grammar(const char *rel) {
+    size_t len;
+    char *text = slurp(rel, &len);
+    CHECK(text != NULL, "cannot read %s", rel);
+    if (!text) return NULL;
+    tl_compiled_grammar *g = NULL;
+    tl_status st = tl_grammar_compile_gbnf(text, len, &g);
+    CHECK(st == TL_OK, "%s: %s", rel, tl_last_error());
+    free(text);
+    return g;
+}
+
+static tl_compiled_grammar *compile(const char *text) {
+    tl_compiled_grammar *g = NULL;
+    tl_status st = tl_grammar_compile_gbnf(text, strlen(text), &g);
+    CHECK(st == TL_OK, "compile \"%s\": %s", text, tl_last_error());
+    return g;
+}
+
+static int matches(const tl_compiled_grammar *g, const char *text) {
+    int m = -1;
+    tl_status st = tl_grammar_matches(g, text, strlen(text), &m);
+    CHECK(st == TL_OK, "matches: %s", tl_last_error());
+    return m;
+}
+
+static void expect(const tl_compiled_grammar *g, const char *name, const char *const *yes, const char *const *no) {
+    if (!g) return;
+    for (; *yes; yes++) CHECK(matches(g, *yes) == 1, "%s should accept \"%s\"", name, *yes);
+    for (; *no; no++) CHECK(matches(g, *no) == 0, "%s should reject \"%s\"", name, *no);
+}
+
+/* ---------------------------------------------------------------- parser */
+
+static void test_parse_errors(void) {
+    static const struct { const char *text, *needle; } cases[] = {
+        {"", "empty grammar"},
+        {"# only a comment\n", "empty grammar"},
+        {"root ::= foo", "line 1, column 10: undefined rule 'foo'"},
+        {"root ::= \"a\" | bar\n", "undefined rule 'bar'"},
+        {"root ::= root \"a\"", "rule 'root' is left-recursive"},
+        {"root ::= a\na ::= b a \"x\" | \"y\"\nb ::= \"z\"?", "is left-recursive"},
+        {"root ::= [a-", "line 1, column 10: unterminated character class: expected ']' (in rule 'root')"},
+        {"root ::= ok\nok ::= \"abc", "line 2, column 8: unterminated string literal"},
+        {"root ::= ok\nok ::= \"abc", "(in rule 'ok')"},
+        {"root = \"a\"", "line 1, column 6: expected '::=' after rule name 'root'"},
+        {"root ::= \"a\" )", "unexpected ')'"},
+        {"root ::= (\"a\"", "expected ')' to close '('"},
+        {"a ::= \"x\"", "no rule named 'root'"},
+        {"root ::= \"\\q\"", "unknown escape '\\q'"},
+        {"root ::= \"a\"{3,1}", "n < m"},
+        {"root ::= \"a\"{2", "expected '}'"},
+        {"root ::= \"a\"{99999}", "repetition count above 10000"},
+        {"root ::= x\nx ::= \"a\"\nx ::= \"b\"", "rule 'x' is defined twice (first at line 2, column 1)"},
+        {"root ::= [z-a]", "reversed"},
+        {"root ::= \"\\xZZ\"", "expected a hex digit"},
+        {"root ::= \"a\" @", "unexpected '@'"},
+        {"root ::= \"a\" b ::= \"c\"", "must start on its own line"},
+        {"root ::= \"\\U00110000\"", "beyond U+10FFFF"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tl_compiled_grammar *g = (tl_compiled_grammar *)1;
+        CHECK_ERROR(tl_grammar_compile_gbnf(cases[i].text, strlen(cases[i].text), &g), TL_ERR_INVALID_ARGUMENT,
+                    cases[i].needle);
+        CHECK(g == NULL, "out is NULL on failure");
+    }
+    /* success clears the thread's error */
+    tl_compiled_grammar *g = compile("root ::= \"a\"");
+    CHECK(strcmp(tl_last_error(), "") == 0, "error cleared: \"%s\"", tl_last_error());
+    tl_compiled_grammar_free(g);
+    CHECK_ERROR(tl_grammar_compile_gbnf("x", 1, NULL), TL_ERR_INVALID_ARGUMENT, "out must not be NULL");
+}
+
+static void test_dialect(void) {
+    tl_compiled_grammar *g = compile("root ::= \"a\"{2} \"b\"{1,3} \"c\"{2,} \"d\"? (\"ef\")* \"g\"+");
+    static const char *y1[] = {"aabccg", "aabbbcccdefefgg", "aabccdg", NULL};
+    static const char *n1[] = {"abccg", "aabbbbccg", "aabcg", "aabccgx", "", NULL};
+    expect(g, "repeat", y1, n1);
+    tl_compiled_grammar_free(g);
+    /* escapes, classes, negation, '.', comments, multi-line alternatives */
+    g = compile("# comment\nroot ::= \"\\x41\\u00e9\\U0001F600\\t\\n\\\\\\\"\" [^a-c] . [\\u0100-\\u0200] | # tail\n"
+                "  \"alt\"   ( \"x\" |\n \"y\" )\n");
+    static const char *y2[] = {"A\xc3\xa9\xf0\x9f\x98\x80\t\n\\\"d\xe4\xb8\x80\xc4\x80", "altx", "alty", NULL};
+    static const char *n2[] = {"A\xc3\xa9\xf0\x9f\x98\x80\t\n\\\"a\xe4\xb8\x80\xc4\x80", "altz", "alt", NULL};
+    expect(g, "escapes", y2, n2);
+    tl_compiled_grammar_free(g);
+    /* nullable rules, tail recursion, deep nesting */
+    g = compile("root ::= e\ne ::= \"(\" e \")\" e | \"\"");
+    static const char *y3[] = {"", "()", "(())()", "((((((((((()))))))))))", NULL};
+    static const char *n3[] = {"(", ")(", "(()", NULL};
+    expect(g, "parens", y3, n3);
+    tl_compiled_grammar_free(g);
+    /* fuzzer findings: x{0} followed by another postfix; an empty literal repeated */
+    g = compile("root ::= \"\"{0}{5} \"a\"{0}{3} \"b\"");
+    static const char *y4[] = {"b", NULL};
+    static const char *n4[] = {"ab", "", NULL};
+    expect(g, "x{0}", y4, n4);
+    tl_compiled_grammar_free(g);
+}
+
+static void test_llama_grammars(void) {
+    static const char *names[] = {"arithmetic", "c", "chess", "english", "japanese", "json", "json_arr", "list"};
+    tl_compiled_grammar *gs[8] = {0};
+    for (int i = 0; i < 8; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "tests/data/grammars/llama.cpp/%s.gbnf", names[i]);
+        gs[i] = load_grammar(rel);
+    }
+    static const char *ar_y[] = {"x=1\n", "a+b*(c-1)=foo\n", "(x) = 42\ny/2=z\n", NULL};
+    static const char *ar_n[] = {"x=1", "=1\n", "a+=1\n", "1=(2\n", NULL};
+    expect(gs[0], "arithmetic", ar_y, ar_n);
+    static const char *c_y[] = {"", "int main(){return 0;}", "int f(int x){x = x+1;if(x<3){return x;}else{return 0;}}",
+                                "char g(){/* c */while(a<b){a = a*2;}}", NULL};
+    static const char *c_n[] = {"int main(", "int main(){return 0}", "main(){}", "int f(){x=;}", NULL};
+    expect(gs[1], "c", c_y, c_n);
+    static const char *ch_y[] = {"1. e4 e5\n2. Nf3 Nc6\n", "1. d4 d5\n2. c4 dxc4\n3. O-O Qxd8+\n", NULL};
+    static const char *ch_n[] = {"1. e4 e5\n", "1. e9 e5\n2. a1 a2\n", NULL};
+    expect(gs[2], "chess", ch_y, ch_n);
+    static const char *js_y[] = {"{}", "{\"a\": 1}", "{\"a\":[1, -2, \"x\", {\"b\": true}], \"c\": \"\\u00e9\\n\"}", NULL};
+    static const char *js_n[] = {"[]", "{\"a\" 1}", "{\"a\": 1,}", "{\"a\": 1.5}", "{'a': 1}", "{\"a\": tru}", NULL};
+    expect(gs[5], "json", js_y, js_n);
+    static const char *li_y[] = {"- one\n", "- one\n- two \xe2\x82\xac\n", NULL};
+    static const char *li_n[] = {"", "- \n", "- one", "* one\n", "- a\xe2\x80\xa8" "b\n", NULL};
+    expect(gs[7], "list", li_y, li_n);
+    static const char *jp_y[] = {"\xe3\x81\x82\xe3\x82\xa2", NULL};
+    static const char *jp_n[] = {"abc", NULL};
+    expect(gs[4], "japanese", jp_y, jp_n);
+    for (int i = 0; i < 8; i++) tl_compiled_grammar_free(gs[i]);
+}
+
+static void test_shipped_grammars(void) {
+    tl_compiled_grammar *g = load_grammar("lua/tinyloop/grammars/json.gbnf");
+    static const char *j_y[] = {"{}", " [1, 2.5e-3, \"x\", null, true, {\"k\": []}] ", "\"str\\u0041\"", "-0.5", "0", NULL};
+    static const char *j_n[] = {"", "{", "01", "[1,]", "{\"a\":}", "\"\x01\"", "nul", "1.", NULL};
+    expect(g, "json", j_y, j_n);
+    tl_compiled_grammar_free(g);
+    g = load_grammar("lua/tinyloop/grammars/json_array_of_strings.gbnf");
+    static const char *a_y[] = {"[]", "[\"a\"]", "[\"a\", \"b\\\"\",\"\"]", NULL};
+    static const char *a_n[] = {"[1]", "[\"a\",]", "[\"a\" \"b\"]", "\"a\"", NULL};
+    expect(g, "json_array_of_strings", a_y, a_n);
+    tl_compiled_grammar_free(g);
+    g = load_grammar("lua/tinyloop/grammars/arithmetic.gbnf");
+    static const char *m_y[] = {"1", "1 + 2 * (x - 3.5) / -y", "(((a)))", NULL};
+    static const char *m_n[] = {"", "1 +", "(1", "1 2", "3.", NULL};
+    expect(g, "arithmetic", m_y, m_n);
+    tl_compiled_grammar_free(g);
+    g = load_grammar("lua/tinyloop/grammars/list.gbnf");
+    static const char *l_y[] = {"- a\n", "- a\n- b c\n", NULL};
+    static const char *l_n[] = {"", "- a", "-a\n", "- \n", NULL};
+    expect(g, "list", l_y, l_n);
+    tl_compiled_grammar_free(g);
+    g = load_grammar("lua/tinyloop/grammars/yes_no.gbnf");
+    static const char *y_y[] = {"yes", " No.", "Yes.", NULL};
+    static const char *y_n[] = {"", "maybe", "yes!", "YES", NULL};
+    expect(g, "yes_no", y_y, y_n);
+    tl_compiled_grammar_free(g);
+}
+
+/* ---------------------------------------------------------------- JSON Schema */
+
+static tl_compiled_grammar *schema(const char *json) {
+    tl_compiled_grammar *g = NULL;
+    tl_status st = tl_grammar_compile_json_schema(json, strlen(json), NULL, &g);
+    CHECK(st == TL_OK, "schema %s: %s", json, tl_last_error());
+    return g;
+}
+
+static void test_json_schema(void) {
+    tl_compiled_grammar *g = schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":4},"
+                                    "\"age\":{\"type\":\"integer\",\"minimum\":18,\"maximum\":120},\"ok\":{\"type\":\"boolean\"}},"
+                                    "\"required\":[\"name\",\"age\"]}");
+    static const char *y1[] = {"{\"name\":\"ann\",\"age\":18}", "{\"name\":\"\",\"age\":120,\"ok\":true}", "{\"name\":\"bobb\",\"age\":99}", NULL};
+    static const char *n1[] = {"{\"name\":\"ann\"}", "{\"name\":\"annie\",\"age\":20}", "{\"name\":\"a\",\"age\":17}",
+                               "{\"name\":\"a\",\"age\":121}", "{\"age\":20,\"name\":\"a\"}", "{\"name\":\"a\",\"age\":20,\"x\":1}", NULL};
+    expect(g, "object schema", y1, n1);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"null\"},\"b\":{\"const\":\"x\"}}}");
+    static const char *y2[] = {"{}", "{\"a\":null}", "{\"b\":\"x\"}", "{\"a\":null,\"b\":\"x\"}", NULL};
+    static const char *n2[] = {"{,\"b\":\"x\"}", "{\"b\":\"x\",\"a\":null}", "{\"a\":null,}", NULL};
+    expect(g, "optional properties", y2, n2);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"integer\"}],\"items\":{\"enum\":[\"r\",\"g\",1]},\"minItems\":2,\"maxItems\":3}");
+    static const char *y3[] = {"[5,\"r\"]", "[-7,1,\"g\"]", NULL};
+    static const char *n3[] = {"[5]", "[5,\"b\"]", "[5,1,1,1]", "[\"r\",5]", NULL};
+    expect(g, "array schema", y3, n3);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\",\"minimum\":-5,\"maximum\":5},"
+               "\"next\":{\"$ref\":\"#/$defs/node\"}},\"required\":[\"v\"]}},\"$ref\":\"#/$defs/node\"}");
+    static const char *y4[] = {"{\"v\":-5}", "{\"v\":0,\"next\":{\"v\":5,\"next\":{\"v\":-1}}}", NULL};
+    static const char *n4[] = {"{\"v\":6}", "{\"v\":-6}", "{\"v\":-0}", "{\"next\":{\"v\":1}}", NULL};
+    expect(g, "recursive $ref", y4, n4);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"anyOf\":[{\"type\":\"string\",\"format\":\"date\"},{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d+$\"},"
+               "{\"type\":\"string\",\"format\":\"uuid\"},{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"number\"}},\"required\":[\"a\"]},"
+               "{\"properties\":{\"b\":{\"type\":\"string\",\"minLength\":2}}}]}]}");
+    static const char *y5[] = {"\"2024-02-29\"", "\"AB-123\"", "\"123e4567-e89b-12d3-a456-426614174000\"", "{\"a\":1.5e3}",
+                               "{\"a\":-2,\"b\":\"xy\"}", NULL};
+    static const char *n5[] = {"\"2024-13-01\"", "\"ab-1\"", "\"AB-\"", "{\"a\":1,\"b\":\"x\"}", "{\"b\":\"xy\"}", NULL};
+    expect(g, "anyOf/allOf/format/pattern", y5, n5);
+    tl_compiled_grammar_free(g);
+    /* free whitespace */
+    tl_json_schema_options opts = {1};
+    g = NULL;
+    const char *s6 = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}}}";
+    CHECK(tl_grammar_compile_json_schema(s6, strlen(s6), &opts, &g) == TL_OK, "%s", tl_last_error());
+    static const char *y6[] = {"{ \"a\": [1, 2 ] }", "{\"a\":[]}", NULL};
+    static const char *n6[] = {"{ \"a\": [1 2] }", NULL};
+    expect(g, "free whitespace", y6, n6);
+    tl_compiled_grammar_free(g);
+    /* unsupported keywords are errors that name them */
+    static const struct { const char *s, *needle; } bad[] = {
+        {"{\"type\":\"string\",\"contentEncoding\":\"base64\"}", "unsupported keyword 'contentEncoding'"},
+        {"{\"type\":\"object\",\"patternProperties\":{}}", "unsupported keyword 'patternProperties'"},
+        {"{\"type\":\"number\",\"maximum\":3}", "unsupported keyword 'maximum'"},
+        {"{\"type\":\"string\",\"format\":\"email\"}", "format 'email' is not supported"},
+        {"{\"type\":\"wat\"}", "unknown type 'wat'"},
+        {"{\"$ref\":\"http://x\"}", "$ref 'http://x' is not supported"},
+        {"{\"$ref\":\"#/$defs/missing\"}", "points nowhere"},
+        {"{\"type\":\"object\",\"required\":[\"z\"]}", "required property 'z' is not in 'properties'"},
+        {"{\"type\":", "not valid JSON"},
+        {"{\"not\":{}}", "unsupported keyword 'not'"},
+        {"{\"type\":\"string\",\"pattern\":\"(?=x)\"}", "lookaround"},
+        {"{\"type\":\"string\",\"pattern\":\"[D-0]\"}", "reversed range 'D-0'"},
+        {"{\"type\":\"string\",\"pattern\":\"a{{2}\"}", "bad quantifier"},
+        {"{\"$ref\":\"#\"}", "a $ref cycle matches nothing"},
+        {"{\"properties\":{\"a\":{\"type\":\"integer\",\"multipleOf\":2}}}", "at /properties/a: unsupported keyword 'multipleOf'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        tl_compiled_grammar *x = NULL;
+        CHECK_ERROR(tl_grammar_compile_json_schema(bad[i].s, strlen(bad[i].s), NULL, &x), TL_ERR_INVALID_ARGUMENT, bad[i].needle);
+        tl_compiled_grammar_free(x);
+    }
+}
+
+/* ---------------------------------------------------------------- masks and generation */
+
+/* The trie-based mask equals a token-by-token check along a document's tokens. */
+static void test_masks(tl_model *m, const char *rel_grammar, const char *doc) {
+    tl_compiled_grammar *g = load_grammar(rel_grammar);
+    if (!g) return;
+    const int vocab = tl_model_info(m)->vocab_size;
+    tl_grammar_matcher *mt = NULL;
+    CHECK(tl_grammar_matcher_new(g, m, &mt) == TL_OK, "%s", tl_last_error());
+    tl_compiled_grammar_free(g); /* the matcher keeps it alive */
+    int32_t *ids;
+    int n;
+    CHECK(tl_encode(m, doc, strlen(doc), &ids, &n) == TL_OK, "%s", tl_last_error());
+    uint8_t *mask = malloc((size_t)vocab);
+    int mismatches = 0;
+    for (int i = 0; i <= n && mt; i++) {
+        int count = -1;
+        CHECK(tl_grammar_matcher_mask(mt, mask, vocab, &count) == TL_OK, "%s", tl_last_error());
+        int counted = 0;
+        for (int t = 0; t < vocab; t++) {
+            int ok = 0;
+            tl_grammar_matcher_accepts(mt, t, &ok);
+            if (ok != mask[t]) mismatches++;
+            counted += mask[t];
+        }
+        CHECK(counted == count, "mask count %d, %d set", count, counted);
+        if (i < n) CHECK(tl_grammar_matcher_accept(mt, ids[i]) == TL_OK, "token %d of the document: %s", i, tl_last_error());
+    }
+    CHECK(mismatches == 0, "%s: %d mask entries differ from the per-token check", rel_grammar, mismatches);
+    CHECK(tl_grammar_matcher_is_accepting(mt), "the whole document is a sentence");
+    /* rollback: back to the start, the first token again */
+    CHECK(tl_grammar_matcher_rollback(mt, n) == TL_OK, "%s", tl_last_error());
+    CHECK(tl_grammar_matcher_accept(mt, ids[0]) == TL_OK, "after rollback: %s", tl_last_error());
+    CHECK_ERROR(tl_grammar_matcher_rollback(mt, 5), TL_ERR_INVALID_ARGUMENT, "1 accepted");
+    tl_free(ids);
+    free(mask);
+    tl_grammar_matcher_free(mt);
+}
+
+/* A validator for the schema subset used below. */
+static bool validate(const cJSON *v, const cJSON *s) {
+    const cJSON *en = cJSON_GetObjectItem(s, "enum");
+    if (en) {
+        for (const cJSON *e = en->child; e; e = e->next)
+            if (cJSON_Compare(e, v, true)) return true;
+        return false;
+    }
+    const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(s, "type"));
+    if (!type) return true;
+    if (strcmp(type, "string") == 0) {
+        if (!cJSON_IsString(v)) return false;
+        const cJSON *mx = cJSON_GetObjectItem(s, "maxLength");
+        return !mx || (int)strlen(v->valuestring) <= mx->valueint; /* ASCII-only strings below */
+    }
+    if (strcmp(type, "integer") == 0) {
+        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) return false;
+        const cJSON *lo = cJSON_GetObjectItem(s, "minimum"), *hi = cJSON_GetObjectItem(s, "maximum");
+        return (!lo || v->valuedouble >= lo->valuedouble) && (!hi || v->valuedouble <= hi->valuedouble);
+    }
+    if (strcmp(type, "boolean") == 0) return cJSON_IsBool(v);
+    if (strcmp(type, "array") == 0) {
+        if (!cJSON_IsArray(v)) return false;
+        const cJSON *mx = cJSON_GetObjectItem(s, "maxItems");
+        if (mx && cJSON_GetArraySize(v) > mx->valueint) return false;
+        for (const cJSON *e = v->child; e; e = e->next)
+            if (!validate(e, cJSON_GetObjectItem(s, "items"))) return false;
+        return true;
+    }
+    if (strcmp(type, "object") == 0) {
+        if (!cJSON_IsObject(v)) return false;
+        const cJSON *props = cJSON_GetObjectItem(s, "properties");
+        for (const cJSON *e = v->child; e; e = e->next) {
+            const cJSON *ps = cJSON_GetObjectItem(props, e->string);
+            if (!ps || !validate(e, ps)) return false;
+        }
+        for (const cJSON *r = cJSON_GetObjectItem(s, "required")->child; r; r = r->next)
+            if (!cJSON_GetObjectItem(v, r->valuestring)) return false;
+        return true;
+    }
+    return false;
+}
+
+static int sample(tl_model *m, const tl_compiled_grammar *g, uint64_t seed, float temperature, tl_speculative_mode mode,
+                  int K, int32_t *out, int *out_len, tl_generate_stats *stats) {
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    tl_grammar grammar;
+    tl_grammar_use(&grammar, g);
+    cfg.grammar = &grammar;
+    cfg.max_tokens = 200;
+    cfg.loops = 4;
+    cfg.temperature = temperature;
+    cfg.top_k = 0 + 40;
+    cfg.sample_seed = seed;
+    cfg.speculative = mode;
+    cfg.draft_loops = 2;
+    cfg.K_branches = K;
+    const int32_t prompt[] = {0, 1};
+    int32_t *ids;
+    int n;
+    if (tl_encode(m, "Data:", 5, &ids, &n) != TL_OK) return -1;
+    tl_status st = tl_generate(m, n > 0 ? ids : prompt, n > 0 ? n : 2, &cfg, out, 256, out_len, stats);
+    tl_free(ids);
+    return st == TL_OK ? n : -1;
+}
+
+static char *continuation_text(tl_model *m, const int32_t *out, int len, int prompt_len) {
+    int eos = tl_model_info(m)->eos_token_id;
+    int n = len - prompt_len;
+    if (n > 0 && out[len - 1] == eos) n--;
+    char *text = NULL;
+    size_t tl;
+    if (tl_decode(m, out + prompt_len, n, &text, &tl) != TL_OK) return NULL;
+    return text;
+}
+
+static void test_generation(tl_model *m) {
+    tl_compiled_grammar *g = load_grammar("tests/data/grammars/json_bounded.gbnf");
+    if (!g) return;
+    int32_t out[256];
+    int parsed = 0, finished = 0;
+    for (uint64_t seed = 1; seed <= 200; seed++) {
+        int len;
+        tl_generate_stats stats;
+        int pl = sample(m, g, seed, 1.0f, TL_SPECULATIVE_OFF, 1, out, &len, &stats);
+        CHECK(pl > 0, "seed %llu: %s", (unsigned long long)seed, tl_last_error());
+        if (pl <= 0) continue;
+        finished += stats.stop_reason == TL_STOP_EOS || stats.stop_reason == TL_STOP_GRAMMAR_DEAD_END;
+        char *text = continuation_text(m, out, len, pl);
+        cJSON *doc = text ? cJSON_Parse(text) : NULL;
+        parsed += doc != NULL;
+        if (!doc) printf("seed %llu (%s): not JSON: %s\n", (unsigned long long)seed, tl_stop_reason_name(stats.stop_reason), text);
+        cJSON_Delete(doc);
+        tl_free(text);
+    }
+    CHECK(finished == 200, "%d of 200 samples finished", finished);
+    CHECK(parsed == 200, "%d of 200 samples parse as JSON", parsed);
+    printf("json: %d of 200 seeded samples finished and parse\n", parsed);
+
+    /* greedy: speculative chain and tree are bit-identical to plain decoding */
+    int plain_len, len;
+    tl_generate_stats st;
+    int32_t plain[256];
+    for (int mode = 0; mode < 3; mode++) {
+        int pl = sample(m, g, 0, 0.0f, mode == 0 ? TL_SPECULATIVE_OFF : mode == 1 ? TL_SPECULATIVE_CHAIN : TL_SPECULATIVE_TREE,
+                        mode == 2 ? 3 : 1, mode == 0 ? plain : out, mode == 0 ? &plain_len : &len, &st);
+        CHECK(pl > 0, "mode %d: %s", mode, tl_last_error());
+        if (mode == 0 || pl <= 0) continue;
+        CHECK(len == plain_len && memcmp(out, plain, (size_t)len * sizeof *out) == 0,
+              "speculative mode %d differs from plain decoding (%d vs %d tokens)", mode, len, plain_len);
+        CHECK(st.drafted > 0, "mode %d drafted nothing", mode);
+    }
+    /* and with sampling the chain stays within the grammar */
+    for (uint64_t seed = 1; seed <= 10; seed++) {
+        int pl = sample(m, g, seed, 0.8f, TL_SPECULATIVE_CHAIN, 1, out, &len, &st);
+        CHECK(pl > 0, "%s", tl_last_error());
+        char *text = pl > 0 ? continuation_text(m, out, len, pl) : NULL;
+        int ok = 0;
+        if (text) tl_grammar_matches(g, text, strlen(text), &ok);
+        CHECK(ok, "speculative sample %llu is a sentence: %s", (unsigned long long)seed, text ? text : "");
+        tl_free(text);
+    }
+    tl_compiled_grammar_free(g);
+
+    /* schema-constrained samples validate */
+    const char *schema_text =
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"pattern\":\"^[a-z]{1,6}$\"},"
+        "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":120},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},"
+        "\"maxItems\":3},\"ok\":{\"type\":\"boolean\"}},\"required\":[\"name\",\"age\"]}";
+    /* the validator's schema: pattern dropped (the grammar enforces it; we check the length) */
+    const char *check_text =
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":100},"
+        "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":120},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},"
+        "\"maxItems\":3},\"ok\":{\"type\":\"boolean\"}},\"required\":[\"name\",\"age\"]}";
+    tl_compiled_grammar *sg = NULL;
+    CHECK(tl_grammar_compile_json_schema(schema_text, strlen(schema_text), NULL, &sg) == TL_OK, "%s", tl_last_error());
+    cJSON *check = cJSON_Parse(check_text);
+    int valid = 0, runs = 0;
+    for (uint64_t seed = 1; sg && seed <= 40; seed++) {
+        tl_generate_stats stats;
+        int pl = sample(m, sg, seed, 1.0f, TL_SPECULATIVE_OFF, 1, out, &len, &stats);
+        if (pl <= 0 || stats.stop_reason == TL_STOP_MAX_TOKENS) continue;
+        runs++;
+        char *text = continuation_text(m, out, len, pl);
+        cJSON *doc = text ? cJSON_Parse(text) : NULL;
+        bool ok = doc && validate(doc, check);
+        valid += ok;
+        if (!ok) printf("schema sample %llu invalid: %s\n", (unsigned long long)seed, text);
+        cJSON_Delete(doc);
+        tl_free(text);
+    }
+    CHECK(runs >= 30 && valid == runs, "%d of %d finished schema samples validate", valid, runs);
+    printf("schema: %d of %d finished samples validate\n", valid, runs);
+    cJSON_Delete(check);
+    tl_compiled_grammar_free(sg);
+}
+
+int main(int argc, char **argv) {
+    root_dir = argc > 1 ? argv[1] : ".";
+    test_parse_errors();
+    test_dialect();
+    test_llama_grammars();
+    test_shipped_grammars();
+    test_json_schema();
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/data/textmodel", root_dir);
+    tl_model *small = NULL;
+    if (tl_model_load(dir, NULL, &small) == TL_OK) {
+        test_masks(small, "lua/tinyloop/grammars/json.gbnf", "{\"a\": [1, 2.5, \"xy z\"], \"b\": null}");
+        tl_model_free(small);
+    } else CHECK(0, "load %s: %s", dir, tl_last_error());
+    snprintf(dir, sizeof dir, "%s/models/tinyloop-austen", root_dir);
+    tl_model *m = NULL;
+    tl_load_options opts;
+    tl_load_options_init(&opts);
+    opts.n_threads = 1;
+    if (tl_model_load(dir, &opts, &m) == TL_OK) {
+        test_masks(m, "lua/tinyloop/grammars/json.gbnf", "{\"name\": \"Elizabeth Bennet\", \"age\": 20, \"tags\": [\"wit\"]}");
+        test_masks(m, "tests/data/grammars/llama.cpp/c.gbnf", "int main(){return 0;}");
+        test_generation(m);
+        tl_model_free(m);
+    } else CHECK(0, "load %s: %s", dir, tl_last_error());
+    return check_summary();
+}

@@ -1,0 +1,23 @@
+/* fuzz_gbnf: libFuzzer target for the GBNF parser, compiler and matcher. Any input must either
+ * compile or fail with a message; a compiled grammar is then matched against the input's tail.
+ *   clang -fsanitize=fuzzer,address,undefined ... (scripts/fuzz builds it) */
+#include <stdint.h>
+#include <string.h>
+
+#include "tinyloop.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    /* the first NUL (if any) splits grammar text from a text to match */
+    const uint8_t *nul = memchr(data, 0, size);
+    size_t glen = nul ? (size_t)(nul - data) : size;
+    tl_compiled_grammar *g = NULL;
+    if (tl_grammar_compile_gbnf((const char *)data, glen, &g) != TL_OK) {
+        if (tl_last_error()[0] == 0) __builtin_trap(); /* a failure must say why */
+        return 0;
+    }
+    int match;
+    if (nul) tl_grammar_matches(g, (const char *)nul + 1, size - glen - 1, &match);
+    tl_grammar_matches(g, (const char *)data, glen, &match);
+    tl_compiled_grammar_free(g);
+    return 0;
+}

@@ -1,0 +1,89 @@
+-- grammar_spec.lua: tinyloop.grammar (SPEC §8): gbnf, json_schema, matches, combinators,
+-- shipped grammars, cfg.grammar in every decoder, and the error convention.
+local H = require "helpers"
+local tinyloop = require "tinyloop"
+local G = tinyloop.grammar
+
+local austen = assert(tinyloop.load(H.ROOT .. "/models/tinyloop-austen", { threads = 1 }))
+
+describe("tinyloop.grammar", function()
+    it("compiles GBNF and matches whole texts", function()
+        local g = assert(G.gbnf('root ::= "a" [0-9]{1,3} ("x" | "y")?'))
+        assert.is_true(g:matches("a12x"))
+        assert.is_false(g:matches("a1234"))
+        assert.is_false(g:matches("a"))
+    end)
+    it("returns nil, err with line, column and rule for bad grammars", function()
+        local g, err = G.gbnf('root ::= item\nitem ::= "a" | [b-')
+        assert.is_nil(g)
+        assert.matches("line 2, column 16: unterminated character class", err, 1, true)
+        assert.matches("(in rule 'item')", err, 1, true)
+        assert.matches("undefined rule 'x'", select(2, G.gbnf("root ::= x")), 1, true)
+        assert.matches("left%-recursive", select(2, G.gbnf('root ::= root "a"')))
+        assert.matches("empty grammar", select(2, G.gbnf("")), 1, true)
+    end)
+    it("raises for arguments of the wrong type", function()
+        assert.has_error(function() G.gbnf(42) end)
+        assert.has_error(function() G.json_schema(42) end)
+    end)
+    it("converts JSON Schema given as a table or a JSON string", function()
+        local s = assert(G.json_schema({ type = "object", properties = { n = { type = "integer", minimum = 1, maximum = 9 } },
+                                         required = { "n" } }))
+        assert.is_true(s:matches('{"n":7}'))
+        assert.is_false(s:matches('{"n":10}'))
+        local t = assert(G.json_schema('{"type":"array","items":{"type":"boolean"},"maxItems":2}', { whitespace = "free" }))
+        assert.is_true(t:matches("[true, false]"))
+        assert.is_false(t:matches("[true,false,true]"))
+        local g, err = G.json_schema({ type = "string", contentMediaType = "x" })
+        assert.is_nil(g)
+        assert.matches("unsupported keyword 'contentMediaType'", err, 1, true)
+        assert.matches("::=", s:gbnf(), 1, true)
+    end)
+    it("builds grammars from combinators", function()
+        local g = assert(G.build{ root = G.seq("(", G.rep(G.class("0-9"), 1, 3), G.ref("close")), close = G.alt(")", "]") })
+        assert.is_true(g:matches("(12)"))
+        assert.is_true(g:matches("(1]"))
+        assert.is_false(g:matches("(1234)"))
+        assert.is_true(assert(G.build(G.plus(G.lit("ab")))):matches("abab"))
+    end)
+    it("ships grammars", function()
+        for _, name in ipairs({ "json", "json_array_of_strings", "arithmetic", "list", "yes_no" }) do
+            assert(G.shipped(name), name)
+        end
+        assert.is_true(G.shipped("json"):matches('{"a": [1, "x", null]}'))
+    end)
+end)
+
+describe("cfg.grammar with a compiled grammar", function()
+    local json = assert(G.shipped("json_array_of_strings"))
+    local function text(ids, n) return austen:decode({ unpack(ids, n + 1) }) end
+    local P = austen:encode("List:")
+    it("constrains generate, stream, session, generate_batch", function()
+        local ids, stats = austen:generate(P, { grammar = json, max_tokens = 120, temperature = 0.9, sample_seed = 5 })
+        local out = text(ids, #P):gsub("<|endoftext|>$", "")
+        if stats.stop_reason == "EOS" then assert.is_true(json:matches(out), out) end
+        local pieces = {}
+        for _, piece in austen:stream(P, { grammar = json, max_tokens = 60, sample_seed = 1 }) do pieces[#pieces + 1] = piece end
+        local yes = assert(G.shipped("yes_no"))
+        local batch = austen:generate_batch({ P, P }, { grammar = yes, max_tokens = 8, temperature = 1, sample_seed = 2 })
+        for _, b in ipairs(batch) do
+            local t = text(b, #P):gsub("<|endoftext|>$", "")
+            assert.is_true(yes:matches(t), t)
+        end
+        local s = austen:session(P, { grammar = yes, max_tokens = 8 })
+        local id = s:step()
+        assert.is_number(id)
+    end)
+    it("makes greedy chain and tree speculative decoding equal plain decoding", function()
+        local cfg = { grammar = json, max_tokens = 60, loops = 4 }
+        local plain = austen:generate(P, cfg)
+        for _, mode in ipairs({ "chain", "tree" }) do
+            local ids = austen:generate(P, { grammar = json, max_tokens = 60, verify_loops = 4, speculative = mode, draft_loops = 2, K_branches = 2 })
+            assert.same(plain, ids)
+        end
+    end)
+    it("refuses speculative decoding with a Lua-object grammar", function()
+        local lua_grammar = { allowed = function(_, mask) mask[0] = 1 return 1 end, advance = function() end }
+        assert.has_error(function() austen:generate(P, { grammar = lua_grammar, speculative = "chain" }) end)
+    end)
+end)
