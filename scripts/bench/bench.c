@@ -43,6 +43,7 @@
 #include "cpu/kernels.h"
 #include "forward.h"
 #include "kv_cache.h"
+#include "quant.h"
 
 #define MAX_THREAD_COUNTS 64
 #define GB 1e9
@@ -317,26 +318,8 @@ static double rng_normal(rng *r) { /* Box-Muller */
     return rad * cos(ang);
 }
 
-/* f32 -> f16 and f32 -> bf16, round to nearest even (subnormals, inf and NaN kept). */
-static uint16_t f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    uint32_t sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
-    if (a >= 0x7f800000u) return (uint16_t)(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
-    if (a >= 0x38800000u) { /* normal in f16 range (or overflowing to inf) */
-        uint32_t h = (a - 0x38000000u) >> 13, rem = a & 0x1fffu;
-        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
-        if (h >= 0x7c00u) h = 0x7c00u;
-        return (uint16_t)(sign | h);
-    }
-    if (a < 0x33000000u) return (uint16_t)sign; /* below half the smallest subnormal */
-    uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;
-    int shift = 126 - (int)e; /* value = mant * 2^(e-150); unit 2^-24 */
-    uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-}
-
+/* f32 -> bf16, round to nearest even (inf and NaN kept); f32 -> f16 is the engine's
+   tl_f32_to_f16 (quant.h), the one conversion the quantiser uses too. */
 static uint16_t f32_to_bf16(float f) {
     uint32_t x;
     memcpy(&x, &f, sizeof x);
@@ -497,7 +480,7 @@ static double write_checkpoint(const char *config_text, const tl_config *c, tl_d
             } else {
                 uint16_t *o16 = (uint16_t *)out;
                 for (size_t k = 0; k < n; k++)
-                    o16[k] = dt == TL_F16 ? f32_to_f16(vals[k]) : f32_to_bf16(vals[k]);
+                    o16[k] = dt == TL_F16 ? tl_f32_to_f16(vals[k]) : f32_to_bf16(vals[k]);
             }
             write_all(fp, out, n * es, g_st_path);
             left -= (int64_t)n;
