@@ -138,6 +138,7 @@ static void saved_states(const tl_model *m, const char *dir) {
     CHECK_ERROR(tl_session_resume(other, state, NULL, &wrong), TL_ERR_INVALID_ARGUMENT, "saved by another model");
     CHECK(wrong == NULL, "out is NULL on error");
     tl_model_free(other);
+    tl_session_free(whole);
     tl_session_free(a);
     tl_session_free(b);
     tl_session_state_free(state);
