@@ -3,10 +3,12 @@
 #ifndef TL_TEST_CHECK_H
 #define TL_TEST_CHECK_H
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
-static int checks_passed, checks_failed;
+/* Atomic: tests that run checks on several threads (test_batch) count them all, race-free. */
+static _Atomic int checks_passed, checks_failed;
 
 #define CHECK(cond, ...)                                                        \
     do {                                                                        \
