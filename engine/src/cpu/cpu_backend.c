@@ -191,6 +191,21 @@ static inline int slot_for(const tl_attention_args *a, int j) {
     return a->slot + (depth - 1) * a->slot_stride;
 }
 
+/* The page of the keys being read, kept while consecutive entries stay in it: a page holds
+   16 rows of one slot, so most keys skip the page-table lookup. Addresses only: the
+   arithmetic (and so every result) is the same as with tl_kv_k / tl_kv_v. */
+typedef struct page_cursor { int slot, page; const tl_kv_page *p; } page_cursor;
+
+static inline const tl_kv_page *cursor_page(page_cursor *cur, const tl_kv_cache *c, int slot, int row) {
+    const int page = row / TL_KV_PAGE_ROWS;
+    if (slot != cur->slot || page != cur->page) {
+        cur->slot = slot;
+        cur->page = page;
+        cur->p = tl_kv_page_of(c, slot, row);
+    }
+    return cur->p;
+}
+
 static void attention_task(void *ctx, int task, int thread) {
     const attention_job *job = ctx;
     int part = 0; /* the chunk this task belongs to (few chunks: a linear search) */
@@ -213,21 +228,29 @@ static void attention_task(void *ctx, int task, int thread) {
 
     /* Scores, then a max-subtracted softmax; every loop runs over keys in logical order
        so the arithmetic is the same whether the row came alone or in a chunk. */
+    const size_t in_row = (size_t)kvh * (size_t)hd;
+    page_cursor cur = {-1, -1, NULL};
     float max_score = -INFINITY;
     for (int j = first; j < last; j++) {
         if (!visible(a, i, j, min_pos)) continue;
-        const float *k = tl_kv_k(c, slot_for(a, j), j) + (size_t)kvh * (size_t)hd;
+        const int row = tl_kv_row(c, j);
+        const float *k = cursor_page(&cur, c, slot_for(a, j), row)->k +
+                         (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim + in_row;
         float s = job->kern->dot(q, k, hd) * scale;
         scores[j - first] = s;
         if (s > max_score) max_score = s;
     }
     memset(out, 0, (size_t)hd * sizeof(float));
     float sum = 0.0f;
+    cur = (page_cursor){-1, -1, NULL};
     for (int j = first; j < last; j++) {
         if (!visible(a, i, j, min_pos)) continue;
         float p = expf(scores[j - first] - max_score);
         sum += p;
-        job->kern->axpy(out, p, tl_kv_v(c, slot_for(a, j), j) + (size_t)kvh * (size_t)hd, hd);
+        const int row = tl_kv_row(c, j);
+        const float *v = cursor_page(&cur, c, slot_for(a, j), row)->v +
+                         (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim + in_row;
+        job->kern->axpy(out, p, v, hd);
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int d = 0; d < hd; d++) out[d] *= inv;
