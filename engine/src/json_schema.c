@@ -199,25 +199,22 @@ static int regex_atom(conv *c, const char **p, const char *path, sbuf *o, int de
         for (const char *q = s + 1; q < end; q++)
             if (*q == '"' && !negated) return fail(c, path, "pattern: a class containing '\"' is not supported");
         /* Regular-expression classes and GBNF classes differ in their escapes (\d, \w inside
-           a class...): the class is copied as it is only when GBNF reads it as a class, else
-           it is refused here rather than yielding a grammar that does not compile. */
-        {
-            char probe[600];
-            const int len = (int)(end - s - 1);
-            if (len > 500) return fail(c, path, "pattern: a character class longer than 500 bytes is not supported");
-            snprintf(probe, sizeof probe, "root ::= [%.*s]", len, s + 1);
-            tl_compiled_grammar *check = NULL;
-            const bool reads = tl_grammar_compile_gbnf(probe, strlen(probe), &check) == TL_OK;
-            tl_compiled_grammar_free(check);
-            tl_clear_error();
-            if (!reads)
-                return fail(c, path, "pattern: the character class [%.*s] is not supported (escapes such as \\d "
-                            "inside a class are not translated)", len > 40 ? 40 : len, s + 1);
-        }
-        puts_(o, "[");
-        put(o, s + 1, (size_t)(end - s - 1));
-        if (negated) puts_(o, "\\\"\\\\\\x00-\\x1F");
-        puts_(o, "]");
+           a class...): the class is written as it will be emitted (a negated one also
+           excludes what a JSON string cannot hold raw), and used only when GBNF reads it as a
+           class, else refused here rather than yielding a grammar that does not compile. */
+        const int len = (int)(end - s - 1);
+        if (len > 500) return fail(c, path, "pattern: a character class longer than 500 bytes is not supported");
+        char emitted[600], probe[620];
+        snprintf(emitted, sizeof emitted, "[%.*s%s]", len, s + 1, negated ? "\\\"\\\\\\x00-\\x1F" : "");
+        snprintf(probe, sizeof probe, "root ::= %s", emitted);
+        tl_compiled_grammar *check = NULL;
+        const bool reads = tl_grammar_compile_gbnf(probe, strlen(probe), &check) == TL_OK;
+        tl_compiled_grammar_free(check);
+        tl_clear_error();
+        if (!reads)
+            return fail(c, path, "pattern: the character class [%.*s] is not supported (escapes such as \\d "
+                        "inside a class are not translated)", len > 40 ? 40 : len, s + 1);
+        puts_(o, emitted);
         *p = end + 1;
         return 0;
     }
@@ -229,6 +226,10 @@ static int regex_atom(conv *c, const char **p, const char *path, sbuf *o, int de
         if (cls) { puts_(o, cls); *p = s + 2; return 0; }
         if (!e || (e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
             return fail(c, path, "pattern: escape '\\%c' is not supported", e ? e : '?');
+        /* An escaped byte is copied as one literal: only ASCII punctuation is a whole
+           character (a UTF-8 lead byte would leave the literal half a character). */
+        if ((unsigned char)e >= 0x80 || (unsigned char)e < 0x20)
+            return fail(c, path, "pattern: escaping a control or non-ASCII character is not supported");
         char lit[2] = {e, 0};
         if (e == '"' || e == '\\') { puts_(o, e == '"' ? "\"\\\\\\\"\"" : "\"\\\\\\\\\""); }
         else literal(o, lit);
