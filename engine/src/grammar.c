@@ -399,7 +399,7 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
             for (int j = 0; j < b->alt_len[a]; j++) {
                 const gram_item *it = &b->items[b->alt_first[a] + j];
                 bool ok = it->kind == GE_REF ? emit(&w, GE_REF, it->arg)
-                                             : emit_class(&w, b->ranges + it->arg, it->n_ranges, &oom);
+                                             : emit_class(&w, b->ranges ? b->ranges + it->arg : NULL, it->n_ranges, &oom);
                 if (!ok) { too_big = !oom; break; }
             }
             if (!oom && !too_big && !emit(&w, GE_END, 0)) too_big = true;
