@@ -40,7 +40,6 @@ typedef struct beam_state {
     int B, T, V;
     hypothesis *live, *next, *ended;  /* [B], [B], [B + 1] */
     int n_live, n_ended;
-    bool prefilled, searching;
     int32_t *history;                 /* [prompt_len + T] prompt + one beam's tokens */
     float *logits;                    /* [B][V] */
     double *logprobs;                 /* [V] */
@@ -258,10 +257,9 @@ static int settled_length(const beam_state *b) {
 static tl_status beam_next(tl_session *s, int32_t *token) {
     beam_state *b = s->mode_state;
     tl_status st;
-    if (!b->prefilled) {
+    if (!s->prompt_done) { /* tl_session_prefill marks it */
         /* All but the last prompt token: that one is the root beam's pending token. */
         if ((st = tl_session_prefill(s, s->prompt_len - 1, NULL)) != TL_OK) return st;
-        b->prefilled = b->searching = true;
         b->n_live = 1;
         b->live[0].logp = 0.0;
         b->live[0].len = 0;

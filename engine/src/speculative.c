@@ -47,7 +47,6 @@ typedef struct spec_state {
     int K;                 /* children proposed per node: 1 for the chain */
     int max_nodes;         /* draft_ahead + 1 for the chain */
     bool sampling;         /* chain at temperature > 0: speculative sampling */
-    bool prefilled;
     float *draft_logits;   /* [max_nodes][vocab] one draft level's logits */
     float *verify_logits;  /* [max_nodes][vocab] the verifier's rows, one per node */
     float *draft_row;      /* [vocab] a draft row after the repetition penalty */
@@ -301,13 +300,12 @@ static int room(const tl_session *s) {
 }
 
 static tl_status begin_cycle(tl_session *s, spec_state *sp) {
-    if (!sp->prefilled) {
+    if (!s->prompt_done) { /* tl_session_prefill marks it */
         /* The prompt minus its last token: that one is the first cycle's root. */
         const int n = s->prompt_len - 1;
         tl_status st = tl_session_prefill(s, n, NULL);
         if (st != TL_OK) return st;
         s->stats.verify_forwards += (n + s->chunk - 1) / s->chunk;
-        sp->prefilled = true;
     }
     sp->base = s->cache->length;
     tl_status st = draft(s, sp, room(s));
