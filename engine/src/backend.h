@@ -41,6 +41,14 @@ typedef struct tl_attention_args {
     int scratch_stride;        /* floats per thread, >= cache->capacity */
 } tl_attention_args;
 
+/* One product of a matmul group (tl_backend.matmul_group). */
+typedef struct tl_matmul_out {
+    const tl_matrix *w;
+    const float *bias; /* [w->rows] or NULL */
+    float *y;          /* [n][w->rows] */
+    bool gelu;         /* then y = gelu_tanh(y), element by element */
+} tl_matmul_out;
+
 typedef struct tl_backend {
     const char *name; /* reported in tl_model_info.backend */
 
@@ -84,6 +92,13 @@ typedef struct tl_backend {
     /* y[n][w.rows] = x[n][w.cols] W^T (+ bias[w.rows]); bias may be NULL. */
     void (*matmul)(const tl_model *m, const float *x, int n, const tl_matrix *w,
                    const float *bias, float *y);
+    /* The products of one input, for i < count: outs[i].y[n][w.rows] = x[n][w.cols] W_i^T
+       (+ bias_i), then gelu_tanh when outs[i].gelu (GPT-2's 0.5 x (1 + tanh(sqrt(2/pi)
+       (x + 0.044715 x^3)))). Each result is that of its own matmul call; a backend runs
+       the group together (the CPU: one parallel region for q/k/v, or gate/up, not one per
+       matrix, with the activation applied by the task that computed the columns). */
+    void (*matmul_group)(const tl_model *m, const float *x, int n, const tl_matmul_out *outs,
+                         int count);
     /* In place on x[n][heads * head_dim]: RoPE at positions[r] (host [n]) on the pairs of
        cfg.rope_pairing ("half": (i, i + hd/2), "interleaved": (2i, 2i+1)), angles in double
        from m->rope_inv_freq. */
@@ -108,8 +123,6 @@ typedef struct tl_backend {
     void (*add_rows)(const tl_model *m, float *y, int n, int width, const float *bias);
     /* y[count] += x[count] (residual add). */
     void (*add)(const tl_model *m, float *y, const float *x, size_t count);
-    /* x[count] = gelu_tanh(x). */
-    void (*gelu)(const tl_model *m, float *x, size_t count);
     /* gate[count] = silu(gate) * up. */
     void (*swiglu)(const tl_model *m, float *gate, const float *up, size_t count);
 

@@ -106,9 +106,10 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
     /* Attention: h [n][d] = norm(x); q [n][qd], k, v [n][kvd] projections, positions on
        q and k, each part's k and v into its cache, att [n][qd] over cache + chunk. */
     be->norm(m, ws->x, n, L->attn_norm_w, L->attn_norm_b, ws->h);
-    be->matmul(m, ws->h, n, &L->q, bias_after_rope ? NULL : L->q_b, ws->q);
-    be->matmul(m, ws->h, n, &L->k, bias_after_rope ? NULL : L->k_b, ws->k);
-    be->matmul(m, ws->h, n, &L->v, L->v_b, ws->v);
+    const tl_matmul_out qkv[3] = {{&L->q, bias_after_rope ? NULL : L->q_b, ws->q, false},
+                                  {&L->k, bias_after_rope ? NULL : L->k_b, ws->k, false},
+                                  {&L->v, L->v_b, ws->v, false}};
+    be->matmul_group(m, ws->h, n, qkv, 3);
     if (c->pos_encoding == TL_POS_ROPE) {
         be->rope(m, ws->q, n, c->n_heads, f->positions);
         be->rope(m, ws->k, n, c->n_kv_heads, f->positions);
@@ -136,11 +137,12 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
        h [n][d] = down(ff_a); x [n][d] += h (with the placement's norms) */
     be->norm(m, ws->x, n, L->mlp_norm_w, L->mlp_norm_b, ws->h);
     if (c->mlp == TL_MLP_GELU) {
-        be->matmul(m, ws->h, n, &L->up, L->up_b, ws->ff_a);
-        be->gelu(m, ws->ff_a, nff);
+        const tl_matmul_out up = {&L->up, L->up_b, ws->ff_a, true};
+        be->matmul_group(m, ws->h, n, &up, 1);
     } else {
-        be->matmul(m, ws->h, n, &L->gate, L->gate_b, ws->ff_a);
-        be->matmul(m, ws->h, n, &L->up, L->up_b, ws->ff_b);
+        const tl_matmul_out gate_up[2] = {{&L->gate, L->gate_b, ws->ff_a, false},
+                                          {&L->up, L->up_b, ws->ff_b, false}};
+        be->matmul_group(m, ws->h, n, gate_up, 2);
         be->swiglu(m, ws->ff_a, ws->ff_b, nff);
     }
     be->matmul(m, ws->ff_a, n, &L->down, L->down_b, ws->h);

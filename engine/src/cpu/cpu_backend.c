@@ -84,31 +84,39 @@ static void cpu_kv_move(tl_kv_cache *c, int from, int to) {
 
 /* ---------------------------------------------------------------- matmul */
 
+/* A group's products (tl_backend.matmul_group) are the tasks of one parallel region:
+   product i owns tasks [first_task[i], first_task[i + 1]), each a run of whole panels. */
+enum { GROUP_MAX = 4 };
+
 typedef struct {
     const float *x;
-    const tl_qrows *xq; /* x quantised, for q8/q4 weights */
-    const tl_matrix *w;
-    const float *bias;
-    float *y;
-    int n, cols_per_task;
+    const tl_qrows *xq; /* x quantised, for q4 weights */
+    const tl_matmul_out *outs;
+    int n, count;
+    int first_task[GROUP_MAX + 1];
+    int cols_per_task[GROUP_MAX];
     const tl_kernels *kern;
 } matmul_job;
 
 static void matmul_task(void *ctx, int task, int thread) {
     (void)thread;
     const matmul_job *j = ctx;
-    int o0 = task * j->cols_per_task;
-    int o1 = o0 + j->cols_per_task;
-    if (o1 > j->w->rows) o1 = j->w->rows;
-    if (tl_dtype_quantised(j->w->dtype)) {
-        if (j->w->packed)
-            j->kern->qmatmul_packed(j->xq, j->n, j->w->cols, j->w->data, j->w->dtype, j->bias, o0, o1, j->y, j->w->rows);
-        else
-            tl_qmatmul_rowmajor(j->xq, j->n, j->w->cols, j->w, j->bias, o0, o1, j->y, j->w->rows);
-        return;
+    int i = 0;
+    while (task >= j->first_task[i + 1]) i++;
+    const tl_matmul_out *out = &j->outs[i];
+    const tl_matrix *w = out->w;
+    const int o0 = (task - j->first_task[i]) * j->cols_per_task[i];
+    const int o1 = o0 + j->cols_per_task[i] < w->rows ? o0 + j->cols_per_task[i] : w->rows;
+    if (tl_dtype_quantised(w->dtype)) {
+        if (w->packed) j->kern->qmatmul_packed(j->xq, j->n, w->cols, w->data, w->dtype, out->bias, o0, o1, out->y, w->rows);
+        else tl_qmatmul_rowmajor(j->xq, j->n, w->cols, w, out->bias, o0, o1, out->y, w->rows);
+    } else {
+        (w->packed ? j->kern->matmul_packed : j->kern->matmul)(j->x, j->n, w->cols, w->data, w->dtype,
+                                                               out->bias, o0, o1, out->y, w->rows);
     }
-    (j->w->packed ? j->kern->matmul_packed : j->kern->matmul)(j->x, j->n, j->w->cols, j->w->data,
-                                                             j->w->dtype, j->bias, o0, o1, j->y, j->w->rows);
+    /* The activation while the columns are still in cache, on the thread that made them. */
+    if (out->gelu)
+        for (int r = 0; r < j->n; r++) tl_cpu_gelu(out->y + (size_t)r * (size_t)w->rows + o0, (size_t)(o1 - o0));
 }
 
 /* Quantised activations need k + 8 k / TL_QGROUP bytes a row: decode's fit on the stack;
@@ -130,32 +138,56 @@ static void quantise_input(const float *x, int n, int k, void *mem, tl_qrows *ou
     *out = (tl_qrows){x, q, d, sum};
 }
 
-void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
-                   const float *bias, float *y) {
-    tl_pool *pool = tl_cpu_pool(m);
-    int threads = tl_pool_threads(pool);
-    /* A few tasks per thread balance uneven cores; tasks hold whole panels of a packed
-       matrix. Tiny matrices stay on one thread. */
+/* Columns per task for one product: a few tasks per thread balance uneven cores; tasks
+   hold whole panels of a packed matrix; tiny products stay one task. */
+static int columns_per_task(const tl_matrix *w, int n, int threads) {
     int per = (w->rows + threads * 4 - 1) / (threads * 4);
-    per = (per + TL_PANEL - 1) / TL_PANEL * TL_PANEL; /* whole panels (and whole 4-row tiles) */
+    per = (per + TL_PANEL - 1) / TL_PANEL * TL_PANEL;
     if (per < TL_PANEL) per = TL_PANEL;
     if ((long)w->rows * w->cols * n < 32768) per = w->rows;
+    return per;
+}
+
+void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matmul_out *outs, int count) {
+    if (count > GROUP_MAX) { /* not from the forward; split rather than fail */
+        tl_cpu_matmul_group(m, x, n, outs, GROUP_MAX);
+        tl_cpu_matmul_group(m, x, n, outs + GROUP_MAX, count - GROUP_MAX);
+        return;
+    }
+    tl_pool *pool = tl_cpu_pool(m);
+    const int threads = tl_pool_threads(pool);
+    matmul_job job = {.x = x, .outs = outs, .n = n, .count = count, .kern = tl_cpu_kernels()};
+    bool any_q4 = false;
+    for (int i = 0; i < count; i++) {
+        job.cols_per_task[i] = columns_per_task(outs[i].w, n, threads);
+        job.first_task[i + 1] = job.first_task[i] + (outs[i].w->rows + job.cols_per_task[i] - 1) / job.cols_per_task[i];
+        any_q4 = any_q4 || outs[i].w->dtype == TL_Q4;
+    }
+    /* q4 multiplies quantised rows (q8 reads the f32 ones: kernels.h); the products of a
+       group share x, so it is quantised once. */
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
     void *heap = NULL;
-    tl_qrows qrows;
-    qrows.x = x;
-    if (w->dtype == TL_Q4) { /* q8 reads the f32 rows (kernels.h) */
-        const size_t bytes = quantised_bytes(n, w->cols);
+    tl_qrows qrows = {.x = x};
+    if (any_q4) {
+        const int k = outs[0].w->cols;
+        const size_t bytes = quantised_bytes(n, k);
         if (bytes > sizeof stack && !(heap = malloc(bytes))) {
             /* Out of memory: nothing sensible is left to compute with. */
-            for (size_t i = 0; i < (size_t)n * (size_t)w->rows; i++) y[i] = NAN;
+            for (int i = 0; i < count; i++)
+                for (size_t e = 0; e < (size_t)n * (size_t)outs[i].w->rows; e++) outs[i].y[e] = NAN;
             return;
         }
-        quantise_input(x, n, w->cols, heap ? heap : stack, &qrows);
+        quantise_input(x, n, k, heap ? heap : stack, &qrows);
     }
-    matmul_job job = {x, &qrows, w, bias, y, n, per, tl_cpu_kernels()};
-    tl_pool_run(pool, (w->rows + per - 1) / per, matmul_task, &job);
+    job.xq = &qrows;
+    tl_pool_run(pool, job.first_task[count], matmul_task, &job);
     free(heap);
+}
+
+void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
+                   const float *bias, float *y) {
+    const tl_matmul_out one = {w, bias, y, false};
+    tl_cpu_matmul_group(m, x, n, &one, 1);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -284,13 +316,13 @@ const tl_backend tl_cpu_backend = {
     .embed = tl_cpu_embed,
     .norm = tl_cpu_norm,
     .matmul = tl_cpu_matmul,
+    .matmul_group = tl_cpu_matmul_group,
     .rope = tl_cpu_rope,
     .kv_write = cpu_kv_write,
     .kv_move = cpu_kv_move,
     .attention = cpu_attention,
     .add_rows = tl_cpu_add_rows,
     .add = tl_cpu_add,
-    .gelu = tl_cpu_gelu,
     .swiglu = tl_cpu_swiglu,
     .loop_init = tl_cpu_loop_init,
     .state_init_random = tl_cpu_state_init_random,

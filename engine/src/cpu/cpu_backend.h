@@ -19,6 +19,7 @@ static inline tl_pool *tl_cpu_pool(const tl_model *m) {
 /* cpu_backend.c */
 void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
                    const float *bias, float *y);
+void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matmul_out *outs, int count);
 
 /* cpu_weights.c */
 tl_status tl_cpu_upload_weights(const tl_model *m, tl_matrix *const *matrices, int n_matrices,
@@ -32,7 +33,7 @@ void tl_cpu_norm(const tl_model *m, const float *x, int n, const float *w, const
 void tl_cpu_rope(const tl_model *m, float *x, int n, int heads, const int32_t *positions);
 void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count);
 void tl_cpu_add_rows(const tl_model *m, float *y, int n, int width, const float *bias);
-void tl_cpu_gelu(const tl_model *m, float *x, size_t count);
+void tl_cpu_gelu(float *x, size_t count); /* x = gelu_tanh(x): the matmul epilogue */
 void tl_cpu_swiglu(const tl_model *m, float *gate, const float *up, size_t count);
 void tl_cpu_loop_init(const tl_model *m, const float *x, int n, float *e, float *s);
 void tl_cpu_state_init_random(const tl_model *m, float *s, int n, const int32_t *positions, uint64_t seed);

@@ -5,6 +5,7 @@
  * golden files and the cross-ISA tests were made with; change one and every bit-exact
  * result moves. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "cpu_backend.h"
@@ -87,12 +88,41 @@ void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count) {
     for (size_t i = 0; i < count; i++) y[i] += x[i];
 }
 
-static inline float gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+/* exp(x) for the activations, in plain float arithmetic the compiler vectorises: libm's
+   tanhf is one call per element and took 11% of a 16-session GPT-2 step. x = n ln2 + r
+   (Cody-Waite, |r| <= ln2 / 2), e^r by its degree-6 Taylor polynomial (relative error
+   under 2e-7 on that range), 2^n written into the exponent bits. x is clamped to
+   [-87, 88] first, so 2^n stays a normal float; NaN clamps too, and every caller
+   multiplies by the NaN input anyway. The same code runs under every kernel family, so
+   results stay identical across ISAs. */
+static inline float exp_activation(float x) {
+    x = x > -87.0f ? x : -87.0f;
+    x = x < 88.0f ? x : 88.0f;
+    const float round_shift = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    const float n = (x * 1.44269504088896341f + round_shift) - round_shift;
+    float r = x - n * 0.693145751953125f; /* ln 2, high bits: n * it is exact */
+    r = r - n * 1.42860682030941723e-6f;  /* ln 2, the rest */
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) * (1 << 23);
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n;
 }
 
-void tl_cpu_gelu(const tl_model *m, float *x, size_t count) {
-    (void)m;
+/* GPT-2's tanh GELU, 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), written as
+   x / (1 + e^(-2u)) (the same function: 0.5 (1 + tanh u) is the logistic of 2u). */
+static inline float gelu_tanh(float x) {
+    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return x / (1.0f + exp_activation(-2.0f * u));
+}
+
+void tl_cpu_gelu(float *x, size_t count) {
     for (size_t i = 0; i < count; i++) x[i] = gelu_tanh(x[i]);
 }
 
