@@ -451,6 +451,56 @@ static void test_depth_policy(void) {
     tl_model_free(m);
 }
 
+/* ---------------------------------------------------------------- depth per session */
+
+/* The published folders allow 4x their trained depth (KV pages follow the depth in use): a
+   session may run shallower or deeper than the default through `loops`, deterministically,
+   paying KV memory for its own depth only; beyond max_loops is refused by name. */
+static void test_depth_override(const char *name) {
+    char sub[256];
+    snprintf(sub, sizeof sub, "hf/%s", name);
+    tl_model *m = load(sub);
+    CHECK(m != NULL, "load %s", name);
+    if (!m) return;
+    const struct tl_model_info *info = tl_model_info(m);
+    CHECK(info->max_loops == 4 * info->default_loops, "%s: max_loops %d, default_loops %d", name, info->max_loops,
+          info->default_loops);
+    const int32_t p[3] = {3, 5, 7};
+    size_t bytes[2] = {0, 0};
+    const int depths[2] = {1, 2 * info->default_loops};
+    for (int k = 0; k < 2; k++) {
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.loops = depths[k];
+        cfg.max_tokens = 4;
+        cfg.ignore_eos = 1;
+        int32_t a[8], b[8];
+        int na = 0, nb = 0;
+        tl_generate_stats st;
+        CHECK(tl_generate(m, p, 3, &cfg, a, 8, &na, &st) == TL_OK && tl_generate(m, p, 3, &cfg, b, 8, &nb, NULL) == TL_OK &&
+                  na == nb && memcmp(a, b, (size_t)na * sizeof *a) == 0 && st.loops_used == depths[k],
+              "%s at loops %d: %s", name, depths[k], tl_last_error());
+        tl_session *s = NULL;
+        int32_t tok;
+        tl_stop_reason stop;
+        CHECK(tl_session_new(m, p, 3, &cfg, &s) == TL_OK && tl_session_step(s, &tok, &stop) == TL_OK, "session");
+        bytes[k] = s ? tl_kv_cache_bytes(s->cache) : 0;
+        tl_session_free(s);
+    }
+    CHECK(bytes[1] > 4 * bytes[0], "%s: KV bytes at depth %d (%zu) vs 1 (%zu): pages follow the depth", name,
+          depths[1], bytes[1], bytes[0]);
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.loops = info->max_loops + 1;
+    cfg.max_tokens = 2;
+    int32_t out[8];
+    int n;
+    char want[64];
+    snprintf(want, sizeof want, "loops = %d is out of range [1, max_loops = %d]", info->max_loops + 1, info->max_loops);
+    CHECK_ERROR(tl_generate(m, p, 3, &cfg, out, 8, &n, NULL), TL_ERR_INVALID_ARGUMENT, want);
+    tl_model_free(m);
+}
+
 /* ---------------------------------------------------------------- rules */
 
 static void test_rules(void) {
@@ -501,6 +551,8 @@ int main(int argc, char **argv) {
     test_ouro_gate("ouro_bf16_tied");
     test_huginn_criteria();
     test_depth_policy();
+    test_depth_override("huginn_f32");
+    test_depth_override("ouro_f32");
     test_rules();
     return check_summary();
 }

@@ -154,3 +154,22 @@ describe("early_exit_criterion", function()
         ouro:close()
     end)
 end)
+
+describe("loops per session on the published families", function()
+    it("caps or raises the trained depth up to max_loops = 4x, and refuses beyond", function()
+        for _, name in ipairs({ "huginn_f32", "ouro_f32" }) do
+            local model = assert(H.tinyloop.load(H.ROOT .. "/tests/data/hf/" .. name, { threads = 1 }))
+            local info = model:info()
+            assert.equal(4 * info.default_loops, info.max_loops)
+            for _, loops in ipairs({ 1, 2 * info.default_loops, info.max_loops }) do
+                local a, stats = model:generate({ 3, 5, 7 }, { loops = loops, max_tokens = 3, ignore_eos = true })
+                assert.equal(loops, stats.loops_used)
+                assert.same(a, model:generate({ 3, 5, 7 }, { loops = loops, max_tokens = 3, ignore_eos = true }))
+            end
+            local ok, err = pcall(model.generate, model, { 3 }, { loops = info.max_loops + 1, max_tokens = 1 })
+            assert.is_false(ok)
+            assert.matches(("loops = %d is out of range %%[1, max_loops = %d%%]"):format(info.max_loops + 1, info.max_loops), err)
+            model:close()
+        end
+    end)
+end)
