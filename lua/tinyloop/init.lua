@@ -248,6 +248,14 @@ local OTHER_FIELDS = {
     on_token = true, stop_when = true, logits_processor = true, grammar = true,
     speculative = true, verify_loops = true, early_exit_criterion = true, depth_policy = true,
 }
+-- The hooks a config may hold as Lua functions (each needs the session's hook context).
+local LUA_HOOKS = { "on_token", "stop_when", "logits_processor", "depth_policy" }
+local function has_lua_hooks(cfg)
+    for i = 1, #LUA_HOOKS do
+        if cfg[LUA_HOOKS[i]] ~= nil then return true end
+    end
+    return false
+end
 -- cfg.early_exit_criterion: the names of tl_exit_criterion (Huginn's spelled with "_").
 local EXIT_CRITERIA = {
     hidden_state = C.TL_EXIT_HIDDEN_STATE, latent_diff = C.TL_EXIT_LATENT_DIFF, kl = C.TL_EXIT_KL,
@@ -345,7 +353,7 @@ local function make_config(model, cfg)
         c.stop_strings, c.n_stop_strings = arr, #strs
         keep[#keep + 1] = arr
     end
-    for _, hook in ipairs({ "on_token", "stop_when", "logits_processor", "depth_policy" }) do
+    for _, hook in ipairs(LUA_HOOKS) do
         if cfg[hook] ~= nil and type(cfg[hook]) ~= "function" then
             raise("config field '" .. hook .. "' must be a function")
         end
@@ -363,7 +371,7 @@ local function make_config(model, cfg)
         raise("config field 'grammar' must be a tinyloop.grammar, or an object with allowed(self, mask, vocab_size) and advance(self, token) methods")
     end
     local ctx
-    if cfg.on_token or cfg.stop_when or cfg.logits_processor or cfg.depth_policy or g then
+    if has_lua_hooks(cfg) or g then
         next_key = next_key + 1
         ctx = {
             key = next_key, model = model.ptr, has_tokenizer = model.has_tokenizer,
@@ -862,7 +870,7 @@ function Model:generate_batch(prompts, cfg)
         if not ids then return nil, err end
         all_ids[i] = ids
     end
-    if cfg ~= nil and type(cfg) == "table" and (cfg.on_token or cfg.stop_when or cfg.logits_processor or cfg.grammar) then
+    if cfg ~= nil and type(cfg) == "table" and (has_lua_hooks(cfg) or cfg.grammar) then
         if n_prompts == 0 then make_config(self, cfg) return {}, {} end
         return batch_with_hooks(self, all_ids, cfg)
     end
@@ -894,7 +902,8 @@ end
 
 -- ------------------------------------------------------------------ forks, saved states, prefix pool
 
-local HOOK_FIELDS = { on_token = true, stop_when = true, logits_processor = true, depth_policy = true, grammar = true }
+local HOOK_FIELDS = { grammar = true }
+for _, hook in ipairs(LUA_HOOKS) do HOOK_FIELDS[hook] = true end
 
 -- The hook context and C hook fields of a branch of `session`: its own hooks, the parent's
 -- where `hooks` does not replace them, and its own token/text mirrors (a copy of the
@@ -915,9 +924,7 @@ local function branch_hooks(session, hooks, what)
     if hooks.grammar == nil and parent.grammar then -- a Lua grammar's state cannot be copied
         raise(what .. ": the session has a Lua grammar, whose state cannot be copied: pass one for the branch ({ grammar = ... })")
     end
-    if not (cfg.on_token or cfg.stop_when or cfg.logits_processor or cfg.depth_policy or cfg.grammar) then
-        return nil, {}, nil
-    end
+    if not (has_lua_hooks(cfg) or cfg.grammar) then return nil, {}, nil end
     local c, keep, ctx = make_config(session.model, cfg)
     for i, t in ipairs(parent.tokens or {}) do ctx.tokens[i] = t end
     for i, p in ipairs(parent.pieces or {}) do ctx.pieces[i] = p end

@@ -173,3 +173,13 @@ describe("loops per session on the published families", function()
         end
     end)
 end)
+
+describe("depth_policy in generate_batch", function()
+    it("gives each prompt what generate gives it", function()
+        local cfg = { loops = L, max_tokens = 4, ignore_eos = true, depth_policy = exit_at(3) }
+        local outs, stats = m:generate_batch({ P, { 1, 2 } }, cfg)
+        assert.same(m:generate(P, cfg), outs[1])
+        assert.same(m:generate({ 1, 2 }, cfg), outs[2])
+        assert.equal(3, stats[2].depth_histogram[3])
+    end)
+end)
