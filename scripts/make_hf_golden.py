@@ -3,7 +3,9 @@
 original Hugging Face layout (config.json + model.safetensors, or shards + index), and
 golden.safetensors with, per sequence i: tokens.{i} (I32 [n]), loops.{i} (I32 [1]),
 logits.{i} (F32 [n, vocab]) from the reference in float64 on the stored (rounded) weights, and
-for Ouro gates.{i} (F32 [loops, n]): each pass's exit-gate sigmoid.
+for Ouro gates.{i} (F32 [loops, n]): each pass's exit-gate sigmoid, and the gate-based exit
+depth: exit_q (F32 [k]) thresholds, exits.{i} (I32 [k, n]) the 1-based pass each token exits at
+under Ouro's rule (ouro_ref.exit_pass) over EXIT_PASSES passes of the full-depth forward.
 Deterministic (fixed seeds, one thread): a rerun rewrites identical bytes.
 """
 import json
@@ -21,6 +23,8 @@ from tinyloop_ref import CKPT_DTYPES, read_safetensors, write_safetensors  # noq
 
 OUT = os.path.join(HERE, "..", "tests", "data", "hf")
 SEQS = [(1, 1), (9, 1), (17, 2), (24, 4), (13, 3)]  # (length, recurrence); 4 = the trained depth
+EXIT_PASSES = 4
+EXIT_Q = [0.3, 0.6, 0.9, 0.95]  # thresholds whose exits the goldens keep (cumulative sums stay clear of them)
 
 
 def save(model, config, directory, dtype, shards, drop=()):
@@ -70,7 +74,7 @@ def make_case(name, family, config, dtype, shards, seed, drop=()):
     model = reload(family, config, d)
     vocab = config.get("padded_vocab_size", config["vocab_size"])
     g = torch.Generator().manual_seed(500 + seed)
-    out, spread = {}, []
+    out, spread, closest = {}, [], []
     for i, (n, loops) in enumerate(SEQS):
         tokens = torch.randint(0, vocab, (n,), generator=g)
         with torch.no_grad():
@@ -80,10 +84,16 @@ def make_case(name, family, config, dtype, shards, seed, drop=()):
                 logits, gates = model(tokens[None], loops)
                 logits = logits[0]
                 out[f"gates.{i}"] = gates[:, 0].to(torch.float32)
+                _, full = model(tokens[None], EXIT_PASSES)
+                out[f"exits.{i}"] = torch.stack([ouro_ref.exit_pass(full[:, 0], q) for q in EXIT_Q]).to(torch.int32)
+                closest.append(ouro_ref.closest_to_threshold(full[:, 0], EXIT_Q))
         out[f"tokens.{i}"] = tokens.to(torch.int32)
         out[f"loops.{i}"] = torch.tensor([loops], dtype=torch.int32)
         out[f"logits.{i}"] = logits.to(torch.float32)
         spread.append(f"L{loops}:{logits.std():.2f}")
+    if closest:
+        out["exit_q"] = torch.tensor(EXIT_Q, dtype=torch.float32)
+        spread.append(f"exit margin {min(closest):.1e}")
     write_safetensors(os.path.join(d, "golden.safetensors"), out,
                       {"format": "pt", "case": name, "checkpoint_dtype": dtype})
     print(f"{name:28s} {dtype:4s} shards {shards} logit std {' '.join(spread)}")

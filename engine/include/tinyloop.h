@@ -119,6 +119,9 @@ struct tl_model_info {
     const char *backend;      /* "cpu" | "cuda" */
     int64_t n_params;         /* parameters in the checkpoint */
     int64_t weight_bytes;     /* bytes of weights held in memory */
+    int exit_gate;            /* 1 when the model has a per-loop exit gate (Ouro) */
+    float exit_gate_threshold; /* its default cumulative-probability threshold (config.json
+                                  early_exit_threshold; 1 = never exit early) */
 };
 
 /* Never NULL for a loaded model; valid as long as the model is. */
@@ -191,6 +194,49 @@ typedef int (*tl_stop_rule_hook)(void *user, const int32_t *tokens, int n);
 typedef int (*tl_logits_hook)(void *user, float *logits, int vocab_size, const int32_t *tokens,
                               int n);
 
+/* Early-exit criteria (tl_generate_config.early_exit_criterion): how a decode token decides,
+   after a loop, that its state has settled. A "probe" runs the coda and the head on the
+   current loop state (its logits), so probe-based criteria cost a head per probed loop.
+   The names in quotes are Huginn-0125's (recpre generate_with_adaptive_compute). */
+typedef enum tl_exit_criterion {
+    TL_EXIT_HIDDEN_STATE = 0, /* relative state change < early_exit_threshold and the probe's
+                                 argmax equals the previous probe's; with
+                                 early_exit_logit_margin > 0: top-1 minus top-2 logit >= it */
+    TL_EXIT_LATENT_DIFF = 1,  /* "latent-diff": relative state change < early_exit_threshold
+                                 (no probe until the exit) */
+    TL_EXIT_KL = 2,           /* "kl": KL(previous probe || this probe) < early_exit_kl_threshold */
+    TL_EXIT_ENTROPY_DIFF = 3, /* "entropy-diff": |entropy - previous probe's| <
+                                 early_exit_entropy_threshold */
+    TL_EXIT_ARGMAX = 4,       /* "argmax-stability": the argmax equals the previous probe's
+                                 (Huginn asks 5 in a row: early_exit_patience = 5) */
+    TL_EXIT_GATE = 5          /* Ouro's exit gate: the cumulative exit probability
+                                 sum_u sigma(gate(s_u)) prod_(v<u) (1 - sigma(gate(s_v))) >=
+                                 early_exit_gate_threshold (no probe until the exit) */
+} tl_exit_criterion;
+
+/* What a decode token's loop `loop` left, for the depth_policy hook. */
+typedef struct tl_loop_signals {
+    int loop;                /* loops done, 1-based (the hook runs after loops 1 .. loops - 1) */
+    int loops;               /* the session's depth: where the token stops if nothing exits */
+    int position;            /* the token's position in the sequence */
+    double state_change;     /* ||s_loop - s_(loop-1)|| / ||s_loop|| (+inf for an all-zero state) */
+    double gate;             /* exit gate sigma(gate(s_loop)) (Ouro); NaN without a gate */
+    double exit_probability; /* cumulative exit probability through this loop; NaN without a gate */
+    int probed;              /* 1 when a probe ran after this loop; the fields below need one */
+    int32_t argmax;          /* the probe's top token; -1 without a probe */
+    double entropy;          /* of the probe's softmax, in nats; NaN without a probe */
+    double kl;               /* KL(previous probe || this probe); NaN without both */
+    double entropy_change;   /* |entropy - previous probe's entropy|; NaN without both */
+    int criterion_exit;      /* 1 when early_exit_criterion (with its patience) says exit here;
+                                always 0 when early_exit_patience is 0 */
+} tl_loop_signals;
+
+/* Called after each loop of a decode token but the last: TL_HOOK_STOP exits at this depth,
+   TL_HOOK_CONTINUE runs the next loop (the hook decides, criterion_exit is its advice),
+   TL_HOOK_ERROR aborts generation with TL_ERR_HOOK. Probes run on the early_exit_min_L /
+   early_exit_peek_every schedule so that the hook sees entropy and KL there. */
+typedef int (*tl_depth_policy_hook)(void *user, const tl_loop_signals *signals);
+
 /* A grammar drives a mask of allowed tokens. `allowed` fills allowed[vocab_size] with 1 for
    each permitted next token and returns how many (0 ends generation with
    TL_STOP_GRAMMAR_DEAD_END; < 0 is an error); `advance` is told the chosen token.
@@ -224,13 +270,21 @@ typedef struct tl_generate_config {
     int n_stop_sequences;
     int beam_size;                   /* 0 (or 1) = off */
     float length_penalty;            /* 1.0 */
-    int early_exit_patience;         /* 0 = off */
-    int early_exit_min_L;            /* 2 */
-    int early_exit_peek_every;       /* 1 */
+    int early_exit_patience;         /* 0 = off; > 0: a decode token exits once the criterion
+                                        held at this many checked loops in a row */
+    int early_exit_min_L;            /* 2; the first loop checked (and probed) */
+    int early_exit_peek_every;       /* 1; then every this many loops, below `loops` */
     float early_exit_logit_margin;   /* 0.0; > 0: a probe is stable when top1 - top2 logit >= it */
     float early_exit_threshold;      /* 0.03: hidden-state mode: a probe is stable when the
                                         relative change ||s_l - s_(l-1)|| / ||s_l|| is below it
-                                        and the probe's argmax equals the previous probe's */
+                                        and the probe's argmax equals the previous probe's;
+                                        latent-diff: the change alone */
+    tl_exit_criterion early_exit_criterion; /* TL_EXIT_HIDDEN_STATE; what "stable" means */
+    float early_exit_kl_threshold;      /* 1e-3 (Huginn's default); TL_EXIT_KL */
+    float early_exit_entropy_threshold; /* 1e-3 (Huginn's default); TL_EXIT_ENTROPY_DIFF */
+    float early_exit_gate_threshold;    /* 0 = the model's (config.json early_exit_threshold);
+                                           else in (0, 1]; TL_EXIT_GATE. Ouro's own rule is
+                                           patience 1, min_L 1, peek_every 1 */
     uint64_t sample_seed;            /* 0; same seed + config + model = same tokens */
     int ignore_eos;                  /* 0; when 1, eos_token_id does not stop generation */
     /* Stop strings: text that may span token boundaries, matched in the generated text
@@ -246,6 +300,10 @@ typedef struct tl_generate_config {
     tl_logits_hook logits_processor;
     void *logits_processor_user;
     const tl_grammar *grammar;
+    /* Per-loop depth decision of each decode token (early exit by a user rule); plain
+       decoding only, like early exit. */
+    tl_depth_policy_hook depth_policy;
+    void *depth_policy_user;
     /* Decoding mode. Plain sampling by default; beam_size >= 2 selects beam search; these
        select self-speculative decoding, verified at `loops` (the verify depth). Every mode
        is a session: tl_session_step emits one token per call in all of them. */
@@ -332,7 +390,7 @@ tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tok
    on write), so a fork costs a page table, not a prefill, and memory grows only with each
    side's own tokens. `hooks` may be NULL: the child keeps the parent's hooks and grammar,
    user pointers included (so a stateful grammar or hook is shared); otherwise the child
-   takes the hook fields of *hooks (on_token, stop_rule, logits_processor, their user
+   takes the hook fields of *hooks (on_token, stop_rule, logits_processor, depth_policy, their user
    pointers, grammar) and nothing else from it. Plain decoding only: a speculative or beam
    session, a finished one and one that is stepping are refused. */
 tl_status tl_session_fork(const tl_session *parent, const tl_generate_config *hooks, tl_session **child);

@@ -149,6 +149,9 @@ typedef struct tl_backend {
     /* The early-exit measure of one row s_new[d] against s_old[d], in double:
        sqrt(sum (s_new - s_old)^2 / sum s_new^2), or +infinity when s_new is all zero. */
     double (*state_change)(const tl_model *m, const float *s_new, const float *s_old);
+    /* The exit gate of one row s[d] (cfg.exit_gate, Ouro): sigmoid(exit_gate . s + b), the
+       sigmoid in double. Like state_change, only the number comes back. */
+    double (*exit_gate)(const tl_model *m, const float *s);
 
     /* ---- the head: logits[n][vocab] (HOST memory) = final_norm(x[n][d]) lm_head^T (x
        itself when cfg.final_norm_at_head is false), with normed[n][d] as scratch. The one

@@ -118,6 +118,10 @@ static tl_status read_enum(const cJSON *root, const char *name, bool required,
 
 /* ---------------------------------------------------------------- parse */
 
+int tl_config_default_max_loops(int default_loops) {
+    return default_loops > MAX_LOOPS / 4 ? MAX_LOOPS : 4 * default_loops;
+}
+
 void tl_config_defaults(tl_config *c) {
     c->beta = 1.0f;
     c->norm_eps = 1e-5f;
@@ -178,7 +182,7 @@ static tl_status parse_fields(const cJSON *root, tl_config *c) {
     TRY(read_int(root, "n_block", true, 0, MAX_LAYERS, &c->n_block));
     TRY(read_int(root, "n_coda", true, 0, MAX_LAYERS, &c->n_coda));
     TRY(read_int(root, "default_loops", true, 1, MAX_LOOPS, &c->default_loops));
-    c->max_loops = c->default_loops * 4 > MAX_LOOPS ? MAX_LOOPS : c->default_loops * 4;
+    c->max_loops = tl_config_default_max_loops(c->default_loops);
     TRY(read_int(root, "max_loops", false, 1, MAX_LOOPS, &c->max_loops));
     c->beta = 1.0f;
     TRY(read_float(root, "beta", 0.0, 1e6, true, &c->beta));

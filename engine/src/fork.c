@@ -36,6 +36,8 @@ static void take_hooks(tl_session *s, const tl_generate_config *hooks) {
     s->cfg.stop_rule_user = hooks->stop_rule_user;
     s->cfg.logits_processor = hooks->logits_processor;
     s->cfg.logits_processor_user = hooks->logits_processor_user;
+    s->cfg.depth_policy = hooks->depth_policy;
+    s->cfg.depth_policy_user = hooks->depth_policy_user;
     s->cfg.grammar = NULL;
     if (hooks->grammar) {
         s->grammar = *hooks->grammar;

@@ -72,9 +72,9 @@ static tl_status huginn_config(const cJSON *root, tl_config *c) {
                        "n_layers_in_recurrent_block + n_layers_in_coda = %d", n_layers,
                        c->n_prelude + c->n_block + c->n_coda);
     TRY(tl_hf_int(root, "mean_recurrence", true, 1, 4096, &c->default_loops));
-    /* One KV slot per block application: the cache grows with max_loops, so the default is
-       the trained mean recurrence rather than SPEC's 4x. */
-    c->max_loops = c->default_loops;
+    /* SPEC §1's default ceiling: KV pages follow the depth a session runs (kv_cache.h), so
+       deeper loops than the trained ones cost nothing until used. */
+    c->max_loops = tl_config_default_max_loops(c->default_loops);
     c->norm_eps = 1e-6f;
     TRY(tl_hf_float(root, "norm_eps", 0.0, 1.0, &c->norm_eps));
     c->rope_theta = 50000.0f;

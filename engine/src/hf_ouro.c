@@ -86,7 +86,9 @@ static tl_status ouro_config(const cJSON *root, tl_config *c) {
     TRY(tl_hf_bool(root, "tie_word_embeddings", &c->tie_embeddings));
     c->default_loops = 4;
     TRY(tl_hf_int(root, "total_ut_steps", false, 1, 4096, &c->default_loops));
-    c->max_loops = c->default_loops; /* a KV slot per (pass, layer): passes beyond training cost memory */
+    /* SPEC §1's default ceiling: KV pages follow the depth a session runs (kv_cache.h), so
+       deeper loops than the trained ones cost nothing until used. */
+    c->max_loops = tl_config_default_max_loops(c->default_loops);
     c->exit_threshold = 1.0f;
     TRY(tl_hf_float(root, "early_exit_threshold", 0.0, 1.0, &c->exit_threshold));
     TRY(token_id(root, "bos_token_id", c->vocab_size, &c->bos_token_id));

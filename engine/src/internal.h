@@ -96,6 +96,8 @@ typedef struct tl_config {
 
 /* Parses and validates config.json text; the message names the field and value. */
 tl_status tl_config_parse(const char *json_text, tl_config *out);
+/* max_loops when a config does not say: 4 x default_loops, at most 4096 (SPEC §1). */
+int tl_config_default_max_loops(int default_loops);
 /* The defaults of every optional field, on a zeroed config (shared by the family loaders). */
 void tl_config_defaults(tl_config *c);
 /* The rules between fields (divisibility, loop bounds, rope's even head_dim), after parsing. */

@@ -413,6 +413,7 @@ static void fill_info(tl_model *m, const tl_st_set *files) {
         .weight_dtype = dtypes[layers_dtype(m)],
         .state_norm = c->state_norm, .bias = c->bias, .tie_embeddings = c->tie_embeddings,
         .n_threads = m->backend->threads(m->backend_ctx), .backend = m->backend->name,
+        .exit_gate = c->exit_gate, .exit_gate_threshold = c->exit_threshold,
     };
     for (int f = 0; f < files->n_files; f++) {
         const tl_st_file *file = &files->files[f];

@@ -192,7 +192,7 @@ tl_status tl_session_prefill(tl_session *s, int n, float *last_logits) {
     return TL_OK;
 }
 
-static tl_status hook_failed(tl_session *s, const char *hook, int code) {
+tl_status tl_session_hook_failed(tl_session *s, const char *hook, int code) {
     s->finished = true;
     return tl_fail(TL_ERR_HOOK, "%s hook returned error %d", hook, code);
 }
@@ -203,7 +203,7 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
     if (row != s->work) memcpy(s->work, row, (size_t)vocab * sizeof(float));
     if (c->logits_processor) {
         int r = c->logits_processor(c->logits_processor_user, s->work, vocab, history, n);
-        if (r < 0) return hook_failed(s, "logits_processor", r);
+        if (r < 0) return tl_session_hook_failed(s, "logits_processor", r);
     }
     tl_repetition_penalty(s->work, history, n, c->repetition_penalty, s->seen);
     s->forced_token = -1;
@@ -221,7 +221,7 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
         }
         memset(s->allowed, 0, (size_t)vocab);
         int n_allowed = c->grammar->allowed(c->grammar->user, s->allowed, vocab);
-        if (n_allowed < 0) return hook_failed(s, "grammar allowed", n_allowed);
+        if (n_allowed < 0) return tl_session_hook_failed(s, "grammar allowed", n_allowed);
         int32_t only = -1;
         for (int i = 0; i < vocab; i++) {
             if (!s->allowed[i]) s->work[i] = -INFINITY;
@@ -244,53 +244,6 @@ int32_t tl_session_choose(tl_session *s) {
 
 /* ---------------------------------------------------------------- plain decoding */
 
-/* One decode token with early exit (SPEC §3 knobs): after early_exit_min_L loops, probe
-   every early_exit_peek_every loops with the coda + head; exit after `patience`
-   consecutive stable probes. The exited position keeps its depth in the cache, and deeper
-   loops of later tokens read its deepest slot (KV sharing, SPEC §2). */
-static tl_status forward_early_exit(tl_session *s, int start) {
-    const tl_generate_config *c = &s->cfg;
-    const int L = s->loops;
-    tl_forward f;
-    tl_status st = tl_forward_begin(&f, s->m, s->cache, &s->ws, s->tokens + start, s->positions + start, 1, NULL);
-    if (st != TL_OK) return st;
-    int stable = 0;
-    int32_t previous = -1;
-    for (int l = 1; l <= L; l++) {
-        const bool probe = l < L && l >= c->early_exit_min_L && (l - c->early_exit_min_L) % c->early_exit_peek_every == 0;
-        if (!probe) {
-            tl_forward_loop(&f);
-            continue;
-        }
-        double change; /* +infinity for an all-zero state: never stable */
-        tl_forward_loop_measured(&f, &change);
-        const double t0 = tl_now_ms();
-        tl_forward_head(&f, 0, s->logits);
-        const int32_t top = tl_argmax(s->logits, s->m->cfg.vocab_size);
-        bool now_stable;
-        if (c->early_exit_logit_margin > 0.0f) {
-            float second = -INFINITY;
-            for (int i = 0; i < s->m->cfg.vocab_size; i++)
-                if (i != top && s->logits[i] > second) second = s->logits[i];
-            now_stable = top >= 0 && s->logits[top] - second >= c->early_exit_logit_margin;
-        } else {
-            now_stable = change < (double)c->early_exit_threshold && top == previous;
-        }
-        previous = top;
-        stable = now_stable ? stable + 1 : 0;
-        s->stats.probes++;
-        s->stats.probe_ms += tl_now_ms() - t0;
-        if (stable >= c->early_exit_patience) {
-            tl_forward_commit(&f); /* the last probe's coda K/V and logits are this depth's */
-            s->last_depth = l;
-            return TL_OK;
-        }
-    }
-    tl_forward_end(&f, 0, s->logits);
-    s->last_depth = L;
-    return TL_OK;
-}
-
 /* The cache, holding the longest prefix of the prompt the prefix pool has at this depth
    (all but the last prompt token at most: its logits are the first step's). */
 static tl_status plain_open(tl_session *s) {
@@ -308,8 +261,8 @@ static tl_status plain_next(tl_session *s, int32_t *token) {
     if (!s->prompt_done) {
         st = tl_session_prefill(s, s->n_tokens, s->logits);
         s->last_depth = s->loops;
-    } else if (s->cfg.early_exit_patience > 0 && c->length + 1 == s->n_tokens) {
-        st = forward_early_exit(s, c->length);
+    } else if (tl_early_exit_on(&s->cfg) && c->length + 1 == s->n_tokens) {
+        st = tl_session_forward_adaptive(s, c->length);
     } else {
         const int start = c->length;
         st = tl_forward_sequence(s->m, c, &s->ws, s->tokens + start, s->positions + start,
@@ -368,7 +321,7 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
     if (tok < 0) return finish(s, TL_STOP_GRAMMAR_DEAD_END, stop);
     if (c->grammar) {
         int r = c->grammar->advance(c->grammar->user, tok);
-        if (r < 0) return hook_failed(s, "grammar advance", r);
+        if (r < 0) return tl_session_hook_failed(s, "grammar advance", r);
     }
 
     /* Append and account. */
@@ -385,7 +338,7 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
     bool observer_stop = false;
     if (c->on_token) {
         int r = c->on_token(c->on_token_user, tok, position);
-        if (r < 0) return hook_failed(s, "on_token", r);
+        if (r < 0) return tl_session_hook_failed(s, "on_token", r);
         observer_stop = r == TL_HOOK_STOP;
     }
     if (s->stream_fn && !s->stream_fn(s->stream_user, tok, position)) observer_stop = true;
@@ -397,7 +350,7 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
     if (stop_string) return finish(s, TL_STOP_SEQUENCE, stop);
     if (c->stop_rule) {
         int r = c->stop_rule(c->stop_rule_user, s->tokens, s->n_tokens);
-        if (r < 0) return hook_failed(s, "stop_rule", r);
+        if (r < 0) return tl_session_hook_failed(s, "stop_rule", r);
         if (r == TL_HOOK_STOP) return finish(s, TL_STOP_CALLBACK_ABORT, stop);
     }
     if (observer_stop) return finish(s, TL_STOP_CALLBACK_ABORT, stop);
@@ -447,7 +400,7 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
    early exit decides each token's depth between loops: those sessions are stepped on their
    own inside the batch call. */
 static bool shares_forward(const tl_session *s) {
-    return s->decoder == &tl_plain_decoder && s->cfg.early_exit_patience == 0 && s->cfg.max_tokens > 0;
+    return s->decoder == &tl_plain_decoder && !tl_early_exit_on(&s->cfg) && s->cfg.max_tokens > 0;
 }
 
 /* One session's share of a batched pass. */

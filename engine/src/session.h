@@ -101,6 +101,11 @@ static inline tl_status tl_session_prepare_logits(tl_session *s, const float *ro
 /* Picks a token from s->work: greedy argmax, or a draw from the temperature / top-k / top-p
    distribution (left in s->dist). -1 when nothing is allowed. */
 int32_t tl_session_choose(tl_session *s);
+/* Forwards the one pending decode token at s->tokens[start], choosing its depth loop by
+   loop (early_exit.c): logits in s->logits, the depth in s->last_depth. */
+tl_status tl_session_forward_adaptive(tl_session *s, int start);
+/* A hook returned `code` < 0: the session is finished, TL_ERR_HOOK names the hook. */
+tl_status tl_session_hook_failed(tl_session *s, const char *hook, int code);
 /* Appends a chosen token (-1: nothing allowed) and runs hooks and stop checks; *stop tells
    whether generation ended. */
 tl_status tl_session_emit(tl_session *s, int32_t token, tl_stop_reason *stop);

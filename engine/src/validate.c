@@ -19,6 +19,10 @@ void tl_generate_config_init(tl_generate_config *cfg) {
     cfg->early_exit_min_L = 2;
     cfg->early_exit_peek_every = 1;
     cfg->early_exit_threshold = 0.03f;
+    cfg->early_exit_criterion = TL_EXIT_HIDDEN_STATE;
+    cfg->early_exit_kl_threshold = 1e-3f;
+    cfg->early_exit_entropy_threshold = 1e-3f;
+    cfg->early_exit_gate_threshold = 0.0f; /* the model's */
     cfg->speculative = TL_SPECULATIVE_OFF;
     cfg->draft_loops = 2;
     cfg->draft_ahead = 4;
@@ -45,9 +49,47 @@ void tl_tree_speculative_config_init(tl_tree_speculative_config *cfg) {
 
 /* ---------------------------------------------------------------- field rules */
 
+static tl_status check_threshold(const char *name, float value) {
+    if (!(value >= 0.0f) || !isfinite(value))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s = %g must be a finite number >= 0", name, (double)value);
+    return TL_OK;
+}
+
+/* The criterion and its thresholds, checked whether or not early exit is on (a config that
+   names a criterion this model cannot evaluate is wrong before patience is set). */
+static tl_status validate_exit_criterion(const tl_model *m, const tl_generate_config *c) {
+    static const char *const names[] = {"hidden_state", "latent_diff", "kl", "entropy_diff", "argmax", "gate"};
+    tl_status st;
+    if ((int)c->early_exit_criterion < 0 || (int)c->early_exit_criterion > TL_EXIT_GATE)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "early_exit_criterion = %d is not a criterion (0 hidden_state, 1 latent_diff, 2 kl, "
+                       "3 entropy_diff, 4 argmax, 5 gate)", (int)c->early_exit_criterion);
+    if ((st = check_threshold("early_exit_logit_margin", c->early_exit_logit_margin)) != TL_OK ||
+        (st = check_threshold("early_exit_threshold", c->early_exit_threshold)) != TL_OK ||
+        (st = check_threshold("early_exit_kl_threshold", c->early_exit_kl_threshold)) != TL_OK ||
+        (st = check_threshold("early_exit_entropy_threshold", c->early_exit_entropy_threshold)) != TL_OK)
+        return st;
+    if (!(c->early_exit_gate_threshold >= 0.0f && c->early_exit_gate_threshold <= 1.0f))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "early_exit_gate_threshold = %g must be in (0, 1] (0 = the model's early_exit_threshold)",
+                       (double)c->early_exit_gate_threshold);
+    /* The margin is a variant of the hidden-state test: with another criterion it would be
+       silently ignored. */
+    if (c->early_exit_logit_margin > 0.0f && c->early_exit_criterion != TL_EXIT_HIDDEN_STATE)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "early_exit_logit_margin = %g applies to the hidden_state criterion only "
+                       "(early_exit_criterion = %s)", (double)c->early_exit_logit_margin,
+                       names[c->early_exit_criterion]);
+    if (c->early_exit_criterion == TL_EXIT_GATE && !m->cfg.exit_gate)
+        return tl_fail(TL_ERR_UNSUPPORTED,
+                       "early_exit_criterion = gate needs a model with an exit gate (Ouro); this one has none");
+    return TL_OK;
+}
+
 static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int prompt_len,
                                  const tl_generate_config *c) {
     const tl_config *mc = &m->cfg;
+    tl_status st;
     if (!prompt && prompt_len > 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "prompt must not be NULL");
     if (prompt_len < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "prompt_len = %d must be >= 1", prompt_len);
     if (c->max_tokens < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_tokens = %d must be >= 0", c->max_tokens);
@@ -96,12 +138,7 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_min_L = %d must be >= 1", c->early_exit_min_L);
     if (c->early_exit_peek_every < 1)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_peek_every = %d must be >= 1", c->early_exit_peek_every);
-    if (!(c->early_exit_logit_margin >= 0.0f) || !isfinite(c->early_exit_logit_margin))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_logit_margin = %g must be a finite number >= 0",
-                       (double)c->early_exit_logit_margin);
-    if (!(c->early_exit_threshold >= 0.0f) || !isfinite(c->early_exit_threshold))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_threshold = %g must be a finite number >= 0",
-                       (double)c->early_exit_threshold);
+    if ((st = validate_exit_criterion(m, c)) != TL_OK) return st;
     if (c->n_stop_strings < 0 || (c->n_stop_strings > 0 && !c->stop_strings))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_strings = %d without stop_strings", c->n_stop_strings);
     for (int i = 0; i < c->n_stop_strings; i++)
@@ -145,9 +182,10 @@ static tl_status validate_speculative(const tl_model *m, const tl_generate_confi
     if (c->beam_size >= 2)
         return tl_fail(TL_ERR_UNSUPPORTED, "speculative decoding (%s) does not combine with beam search (beam_size = %d)",
                        mode, c->beam_size);
-    if (c->early_exit_patience > 0)
+    if (tl_early_exit_on(c))
         return tl_fail(TL_ERR_UNSUPPORTED, "speculative decoding (%s) does not combine with early exit "
-                       "(early_exit_patience = %d)", mode, c->early_exit_patience);
+                       "(early_exit_patience = %d%s)", mode, c->early_exit_patience,
+                       c->depth_policy ? ", a depth_policy hook" : "");
     /* Drafts need the grammar's state after a drafted path: compiled grammars have it (states
        are values); a callback grammar can only advance. */
     if (c->grammar && !c->grammar->compiled)
@@ -165,7 +203,7 @@ static tl_status validate_beam(const tl_generate_config *c) {
                      : c->stop_rule ? "a stop_rule hook"
                      : c->n_stop_strings > 0 ? "stop strings"
                      : c->cache_window > 0 ? "cache_window"
-                     : c->early_exit_patience > 0 ? "early exit" : NULL;
+                     : tl_early_exit_on(c) ? "early exit (early_exit_patience or depth_policy)" : NULL;
     if (what)
         return tl_fail(TL_ERR_UNSUPPORTED, "beam search (beam_size = %d) does not support %s yet", c->beam_size, what);
     return TL_OK;

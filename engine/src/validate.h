@@ -10,6 +10,12 @@
 #define TL_MAX_K_BRANCHES 8
 #define TL_MAX_BEAM_SIZE 64
 
+/* Whether decode tokens choose their depth loop by loop (early_exit.c): a criterion with
+   patience, or a depth_policy hook. Such sessions step alone, never in a batched forward. */
+static inline bool tl_early_exit_on(const tl_generate_config *c) {
+    return c->early_exit_patience > 0 || c->depth_policy != NULL;
+}
+
 /* Every rule for (model, prompt, config), including which mode combinations are supported;
    the message names the field and value (TL_ERR_UNSUPPORTED names the combination). */
 tl_status tl_generate_validate(const tl_model *m, const int32_t *prompt, int prompt_len,

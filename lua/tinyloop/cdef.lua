@@ -60,6 +60,8 @@ struct tl_model_info {
     const char *backend;
     int64_t n_params;
     int64_t weight_bytes;
+    int exit_gate;
+    float exit_gate_threshold;
 };
 const struct tl_model_info *tl_model_info(const tl_model *model);
 const char *tl_model_warnings(const tl_model *model);
@@ -92,6 +94,29 @@ typedef int (*tl_on_token_hook)(void *user, int32_t token, int position);
 typedef int (*tl_stop_rule_hook)(void *user, const int32_t *tokens, int n);
 typedef int (*tl_logits_hook)(void *user, float *logits, int vocab_size, const int32_t *tokens,
                               int n);
+typedef enum tl_exit_criterion {
+    TL_EXIT_HIDDEN_STATE = 0,
+    TL_EXIT_LATENT_DIFF = 1,
+    TL_EXIT_KL = 2,
+    TL_EXIT_ENTROPY_DIFF = 3,
+    TL_EXIT_ARGMAX = 4,
+    TL_EXIT_GATE = 5
+} tl_exit_criterion;
+typedef struct tl_loop_signals {
+    int loop;
+    int loops;
+    int position;
+    double state_change;
+    double gate;
+    double exit_probability;
+    int probed;
+    int32_t argmax;
+    double entropy;
+    double kl;
+    double entropy_change;
+    int criterion_exit;
+} tl_loop_signals;
+typedef int (*tl_depth_policy_hook)(void *user, const tl_loop_signals *signals);
 struct tl_compiled_grammar;
 typedef struct tl_grammar {
     void *user;
@@ -121,6 +146,10 @@ typedef struct tl_generate_config {
     int early_exit_peek_every;
     float early_exit_logit_margin;
     float early_exit_threshold;
+    tl_exit_criterion early_exit_criterion;
+    float early_exit_kl_threshold;
+    float early_exit_entropy_threshold;
+    float early_exit_gate_threshold;
     uint64_t sample_seed;
     int ignore_eos;
     const char *const *stop_strings;
@@ -132,6 +161,8 @@ typedef struct tl_generate_config {
     tl_logits_hook logits_processor;
     void *logits_processor_user;
     const tl_grammar *grammar;
+    tl_depth_policy_hook depth_policy;
+    void *depth_policy_user;
     tl_speculative_mode speculative;
     int draft_loops;
     int draft_ahead;

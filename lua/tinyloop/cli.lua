@@ -37,6 +37,11 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --early-exit-peek N    probe every N loops (default 1)
       --early-exit-threshold T  relative loop-state change counted as stable (default 0.03)
       --early-exit-margin M  use the top-1 minus top-2 logit margin >= M instead
+      --early-exit-criterion C  hidden_state (default), latent_diff, kl, entropy_diff,
+                             argmax or gate (Ouro's exit gate)
+      --early-exit-kl T      kl: KL between successive probes below T (default 1e-3)
+      --early-exit-entropy T entropy_diff: entropy change below T (default 1e-3)
+      --early-exit-gate Q    gate: cumulative exit probability Q (default: config.json's)
       --policy FILE          a Lua file returning config fields and hooks (a table), or a
                              function(cfg, model) that edits the config
       --threads N            CPU threads (default: all cores)
@@ -68,6 +73,10 @@ local OPTIONS = {
     ["--early-exit-peek"] = { "early_exit_peek_every", "int" },
     ["--early-exit-threshold"] = { "early_exit_threshold", "number" },
     ["--early-exit-margin"] = { "early_exit_logit_margin", "number" },
+    ["--early-exit-criterion"] = { "early_exit_criterion", "string" },
+    ["--early-exit-kl"] = { "early_exit_kl_threshold", "number" },
+    ["--early-exit-entropy"] = { "early_exit_entropy_threshold", "number" },
+    ["--early-exit-gate"] = { "early_exit_gate_threshold", "number" },
 }
 
 local function usage_error(msg)

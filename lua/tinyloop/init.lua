@@ -168,6 +168,30 @@ local logits_cb = ffi_cast("tl_logits_hook", function(user, logits, vocab, token
     return C.TL_HOOK_CONTINUE
 end)
 
+-- A C double that is NaN ("no such signal here") reaches Lua as nil.
+local function signal(x)
+    if x ~= x then return nil end
+    return x
+end
+
+-- depth_policy(loop, signals) -> exit?: signals is one table per session, refilled each call
+-- (copy what you keep). gate / exit_probability exist with an exit gate (Ouro); argmax,
+-- entropy, kl and entropy_change after a probe (kl and entropy_change from the second).
+local depth_policy_cb = ffi_cast("tl_depth_policy_hook", function(user, sig)
+    local ctx = context_of(user)
+    local t = ctx.signals
+    t.loop, t.loops, t.position = sig.loop, sig.loops, sig.position
+    t.state_change = sig.state_change
+    t.gate, t.exit_probability = signal(sig.gate), signal(sig.exit_probability)
+    t.probed = sig.probed ~= 0
+    t.argmax = sig.probed ~= 0 and sig.argmax >= 0 and sig.argmax or nil
+    t.entropy, t.kl, t.entropy_change = signal(sig.entropy), signal(sig.kl), signal(sig.entropy_change)
+    t.criterion_exit = sig.criterion_exit ~= 0
+    local ok, r = call_hook(ctx, ctx.depth_policy, sig.loop, t)
+    if not ok then return fail(ctx, r) end
+    return r and C.TL_HOOK_STOP or C.TL_HOOK_CONTINUE
+end)
+
 local grammar_allowed_cb = ffi_cast("int (*)(void *, uint8_t *, int)", function(user, mask, vocab)
     local ctx = context_of(user)
     local g = ctx.grammar
@@ -203,6 +227,7 @@ local NUMBER_FIELDS = {
     cache_window = "int", repetition_penalty = "float", beam_size = "int", length_penalty = "float",
     early_exit_patience = "int", early_exit_min_L = "int", early_exit_peek_every = "int",
     early_exit_logit_margin = "float", early_exit_threshold = "float", sample_seed = "seed",
+    early_exit_kl_threshold = "float", early_exit_entropy_threshold = "float", early_exit_gate_threshold = "float",
 }
 local SPEC_FIELDS = { max_tokens = "int", draft_loops = "int", verify_loops = "int", draft_ahead = "int",
                       temperature = "float", seed = "seed" }
@@ -221,7 +246,20 @@ end
 local OTHER_FIELDS = {
     stop_sequences = true, stop_strings = true, ignore_eos = true,
     on_token = true, stop_when = true, logits_processor = true, grammar = true,
-    speculative = true, verify_loops = true,
+    speculative = true, verify_loops = true, early_exit_criterion = true, depth_policy = true,
+}
+-- The hooks a config may hold as Lua functions (each needs the session's hook context).
+local LUA_HOOKS = { "on_token", "stop_when", "logits_processor", "depth_policy" }
+local function has_lua_hooks(cfg)
+    for i = 1, #LUA_HOOKS do
+        if cfg[LUA_HOOKS[i]] ~= nil then return true end
+    end
+    return false
+end
+-- cfg.early_exit_criterion: the names of tl_exit_criterion (Huginn's spelled with "_").
+local EXIT_CRITERIA = {
+    hidden_state = C.TL_EXIT_HIDDEN_STATE, latent_diff = C.TL_EXIT_LATENT_DIFF, kl = C.TL_EXIT_KL,
+    entropy_diff = C.TL_EXIT_ENTROPY_DIFF, argmax = C.TL_EXIT_ARGMAX, gate = C.TL_EXIT_GATE,
 }
 -- Decoding modes of a session (SPEC §8): cfg.speculative selects self-speculative decoding,
 -- whose fields sit in the same table; verify_loops is its name for loops.
@@ -271,6 +309,14 @@ local function make_config(model, cfg)
         raise(("loops = 0 must be in [1, max_loops = %d] (leave loops out for the model's default_loops = %d)")
             :format(model.max_loops, model.default_loops))
     end
+    local criterion = cfg.early_exit_criterion
+    if criterion ~= nil then
+        if not EXIT_CRITERIA[criterion] then
+            raise("config field 'early_exit_criterion' must be one of \"hidden_state\", \"latent_diff\", \"kl\", "
+                .. "\"entropy_diff\", \"argmax\", \"gate\"")
+        end
+        c.early_exit_criterion = EXIT_CRITERIA[criterion]
+    end
     local ignore_eos = cfg.ignore_eos
     if ignore_eos ~= nil then
         if type(ignore_eos) ~= "boolean" then raise("config field 'ignore_eos' must be a boolean") end
@@ -307,7 +353,7 @@ local function make_config(model, cfg)
         c.stop_strings, c.n_stop_strings = arr, #strs
         keep[#keep + 1] = arr
     end
-    for _, hook in ipairs({ "on_token", "stop_when", "logits_processor" }) do
+    for _, hook in ipairs(LUA_HOOKS) do
         if cfg[hook] ~= nil and type(cfg[hook]) ~= "function" then
             raise("config field '" .. hook .. "' must be a function")
         end
@@ -325,11 +371,12 @@ local function make_config(model, cfg)
         raise("config field 'grammar' must be a tinyloop.grammar, or an object with allowed(self, mask, vocab_size) and advance(self, token) methods")
     end
     local ctx
-    if cfg.on_token or cfg.stop_when or cfg.logits_processor or g then
+    if has_lua_hooks(cfg) or g then
         next_key = next_key + 1
         ctx = {
             key = next_key, model = model.ptr, has_tokenizer = model.has_tokenizer,
             on_token = cfg.on_token, stop_when = cfg.stop_when, logits_processor = cfg.logits_processor,
+            depth_policy = cfg.depth_policy, signals = {},
             grammar = g, tokens = {}, pieces = {}, prompt_len = 0,
             bytes = ffi_new("const char *[1]"), len = ffi_new("size_t[1]"),
         }
@@ -338,6 +385,7 @@ local function make_config(model, cfg)
         c.on_token, c.on_token_user = on_token_cb, user
         if cfg.stop_when then c.stop_rule, c.stop_rule_user = stop_rule_cb, user end
         if cfg.logits_processor then c.logits_processor, c.logits_processor_user = logits_cb, user end
+        if cfg.depth_policy then c.depth_policy, c.depth_policy_user = depth_policy_cb, user end
         if g then
             local grammar = ffi_new("tl_grammar")
             grammar.user, grammar.allowed, grammar.advance = user, grammar_allowed_cb, grammar_advance_cb
@@ -636,8 +684,9 @@ function Model:info()
     for _, k in ipairs({ "injection", "loop_update", "norm", "mlp", "pos_encoding", "weight_dtype", "backend" }) do
         t[k] = ffi_string(i[k])
     end
-    for _, k in ipairs({ "state_norm", "bias", "tie_embeddings", "has_tokenizer" }) do t[k] = i[k] ~= 0 end
+    for _, k in ipairs({ "state_norm", "bias", "tie_embeddings", "has_tokenizer", "exit_gate" }) do t[k] = i[k] ~= 0 end
     t.n_params, t.weight_bytes = tonumber(i.n_params), tonumber(i.weight_bytes)
+    t.exit_gate_threshold = tonumber(i.exit_gate_threshold)
     return t
 end
 
@@ -821,7 +870,7 @@ function Model:generate_batch(prompts, cfg)
         if not ids then return nil, err end
         all_ids[i] = ids
     end
-    if cfg ~= nil and type(cfg) == "table" and (cfg.on_token or cfg.stop_when or cfg.logits_processor or cfg.grammar) then
+    if cfg ~= nil and type(cfg) == "table" and (has_lua_hooks(cfg) or cfg.grammar) then
         if n_prompts == 0 then make_config(self, cfg) return {}, {} end
         return batch_with_hooks(self, all_ids, cfg)
     end
@@ -853,7 +902,8 @@ end
 
 -- ------------------------------------------------------------------ forks, saved states, prefix pool
 
-local HOOK_FIELDS = { on_token = true, stop_when = true, logits_processor = true, grammar = true }
+local HOOK_FIELDS = { grammar = true }
+for _, hook in ipairs(LUA_HOOKS) do HOOK_FIELDS[hook] = true end
 
 -- The hook context and C hook fields of a branch of `session`: its own hooks, the parent's
 -- where `hooks` does not replace them, and its own token/text mirrors (a copy of the
@@ -874,7 +924,7 @@ local function branch_hooks(session, hooks, what)
     if hooks.grammar == nil and parent.grammar then -- a Lua grammar's state cannot be copied
         raise(what .. ": the session has a Lua grammar, whose state cannot be copied: pass one for the branch ({ grammar = ... })")
     end
-    if not (cfg.on_token or cfg.stop_when or cfg.logits_processor or cfg.grammar) then return nil, {}, nil end
+    if not (has_lua_hooks(cfg) or cfg.grammar) then return nil, {}, nil end
     local c, keep, ctx = make_config(session.model, cfg)
     for i, t in ipairs(parent.tokens or {}) do ctx.tokens[i] = t end
     for i, p in ipairs(parent.pieces or {}) do ctx.pieces[i] = p end
@@ -886,7 +936,7 @@ local branch_out = ffi_new("tl_session *[1]")
 
 -- session:fork([hooks]) -> session | nil, err: a new session continuing from this one's
 -- state (tokens, cache, sampler position, text), sharing its KV pages until either writes
--- (copy on write). hooks (optional): { on_token, stop_when, logits_processor, grammar }
+-- (copy on write). hooks (optional): { on_token, stop_when, logits_processor, depth_policy, grammar }
 -- replacing the parent's for the child. Plain sessions only.
 function Session:fork(hooks)
     if self.ptr == nil then raise("session:fork(): the session is closed") end

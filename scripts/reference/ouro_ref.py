@@ -135,6 +135,18 @@ def exit_pass(lambdas, threshold):
     return exit_at
 
 
+def closest_to_threshold(lambdas, thresholds):
+    """How near any pass's cumulative exit probability (last pass excluded) comes to a threshold:
+    a golden exit depth is only meaningful when this is well above float32 rounding."""
+    remaining, cdf, closest = torch.ones_like(lambdas[0]), torch.zeros_like(lambdas[0]), float("inf")
+    for u in range(lambdas.shape[0] - 1):
+        cdf = cdf + lambdas[u] * remaining
+        remaining = remaining * (1 - lambdas[u])
+        for q in thresholds:
+            closest = min(closest, (cdf - q).abs().min().item())
+    return closest
+
+
 def config(d=32, heads=4, kv_heads=2, ff=64, vocab=80, layers=2, passes=4, **extra):
     """A tiny config.json with the published field names of Ouro-1.4B's kind."""
     c = {"architectures": ["OuroForCausalLM"], "model_type": "ouro", "hidden_act": "silu",

@@ -82,6 +82,18 @@ static tl_status early_exit(void) {
     return run_session(&c);
 }
 
+static int exit_at_two(void *user, const tl_loop_signals *sig) {
+    (void)user;
+    return sig->loop == 2 ? TL_HOOK_STOP : TL_HOOK_CONTINUE;
+}
+/* The probes' log-probability buffer of the KL criterion, and a depth policy. */
+static tl_status exit_rules(void) {
+    tl_generate_config c = base();
+    c.loops = 4; c.early_exit_patience = 1; c.early_exit_criterion = TL_EXIT_KL;
+    c.depth_policy = exit_at_two;
+    return run_session(&c);
+}
+
 static tl_status text(void) {
     static const char sample[] = "It is a truth universally acknowledged, caf\xc3\xa9 <|endoftext|>";
     int32_t *ids = NULL;
@@ -150,6 +162,7 @@ int main(int argc, char **argv) {
     inject("chain", chain);
     inject("tree", tree);
     inject("early exit", early_exit);
+    inject("exit rules", exit_rules);
     inject("tokenizer", text);
     inject("score", score);
     tl_model_free(model);

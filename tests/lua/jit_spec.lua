@@ -7,7 +7,7 @@ local H = require "helpers"
 
 -- 5 000 generate calls (max_tokens 2..4) and 2 000 streams: the first ones without hooks (a
 -- trace gets recorded around C calls that do not call back), then hooks on some iterations
--- only, and a stop_when that returns true on one call in seven.
+-- only (a depth_policy among them), and a stop_when that returns true on one call in seven.
 local WORKLOAD = [[
 local H = require "helpers"
 jit.on()
@@ -27,7 +27,7 @@ local function logits_processor(logits, vocab, tokens) if #tokens % 3 == 0 then 
 local plain = { max_tokens = 3 }
 local cfgs = {
     { max_tokens = 3, stop_when = stop_when },
-    { max_tokens = 2, on_token = on_token },
+    { max_tokens = 2, on_token = on_token, depth_policy = function(loop) return loop == 2 end },
     { max_tokens = 4, stop_when = stop_when, logits_processor = logits_processor },
 }
 local prompt = { 72, 101 }

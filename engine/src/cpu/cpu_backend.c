@@ -330,5 +330,6 @@ const tl_backend tl_cpu_backend = {
     .loop_update = tl_cpu_loop_update,
     .copy = tl_cpu_copy,
     .state_change = tl_cpu_state_change,
+    .exit_gate = tl_cpu_exit_gate,
     .head = tl_cpu_head,
 };

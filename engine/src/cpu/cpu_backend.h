@@ -41,6 +41,7 @@ void tl_cpu_inject(const tl_model *m, const float *s, const float *e, int n, flo
 void tl_cpu_loop_update(const tl_model *m, float *s, const float *x, const float *u, int n);
 void tl_cpu_copy(const tl_model *m, float *dst, const float *src, size_t count);
 double tl_cpu_state_change(const tl_model *m, const float *s_new, const float *s_old);
+double tl_cpu_exit_gate(const tl_model *m, const float *s);
 void tl_cpu_head(const tl_model *m, const float *x, int n, float *normed, float *logits);
 
 #endif

@@ -224,6 +224,12 @@ double tl_cpu_state_change(const tl_model *m, const float *s_new, const float *s
     return norm > 0.0 ? sqrt(change / norm) : INFINITY;
 }
 
+double tl_cpu_exit_gate(const tl_model *m, const float *s) {
+    float logit; /* host memory is the CPU backend's: the one-row matmul writes it directly */
+    tl_cpu_matmul(m, s, 1, &m->w.exit_gate, m->w.exit_gate_b, &logit);
+    return 1.0 / (1.0 + exp(-(double)logit));
+}
+
 /* ---------------------------------------------------------------- the head */
 
 void tl_cpu_head(const tl_model *m, const float *x, int n, float *normed, float *logits) {
