@@ -41,7 +41,7 @@ local conf = {
     max_body = 1024 * 1024,   -- request bodies above: 413 (keep client_max_body_size equal)
 }
 
-local model, engine, engine_addr, model_error, created_at
+local model, engine, engine_addr, wait_addr, model_error, created_at
 local next_request = 0
 
 -- configure(opts) in init_by_lua: the fields of `conf` above.
@@ -76,6 +76,7 @@ function _M.init_worker()
     end
     model, engine = m, out[0]
     engine_addr = tonumber(ffi_cast("uintptr_t", engine))
+    wait_addr = tonumber(ffi_cast("uintptr_t", C.tl_engine_wait)) -- see wait.lua
     created_at = ngx.time()
 end
 
@@ -184,7 +185,7 @@ end
 -- -> 1 (output), -1 (gone), or nil, err.
 local function wait(st)
     if conf.thread_pool then
-        local ok, r = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "wait", engine_addr, st.id, conf.wait_ms)
+        local ok, r = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "wait", wait_addr, engine_addr, st.id, conf.wait_ms)
         if not ok then return nil, "thread pool '" .. tostring(conf.thread_pool) .. "': " .. tostring(r) end
         return r
     end
