@@ -2,6 +2,7 @@
 -- on a free loopback port, started and stopped here; curl is the client.
 local cjson = require "cjson"
 local request = require "tinyloop.server.request"
+local tinyloop = require "tinyloop"
 
 local MODEL = "models/tinyloop-austen"
 
@@ -187,6 +188,29 @@ describe("server", function()
         expect_error(400, "speculative", '{"prompt": "hi", "speculative": "sideways"}')
         expect_error(404, "model", '{"prompt": "hi", "model": "gpt-4"}')
         expect_error(400, "n", '{"prompt": "hi", "n": 2}')
+        -- grammars: the parser's or schema compiler's message, naming the field
+        e = expect_error(400, "grammar", '{"prompt": "hi", "grammar": "root ::= \\"unterminated"}')
+        assert.truthy(e.message:find("grammar does not compile: ", 1, true), e.message)
+        assert.truthy(#e.message > #"grammar does not compile: ", e.message)
+        e = expect_error(400, "grammar", '{"prompt": "hi", "grammar": "root ::= missing"}')
+        assert.truthy(e.message:find("missing", 1, true), e.message)
+        expect_error(400, "grammar", '{"prompt": "hi", "grammar": ""}')
+        expect_error(400, "grammar", '{"prompt": "hi", "grammar": {"root": "x"}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "grammar": "root ::= \\"a\\"", "response_format": {"type": "json_object"}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": "json"}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": [1]}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "xml"}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_object", "extra": 1}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema"}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": []}}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": {}, "bogus": 1}}}')
+        e = expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": ' ..
+            '{"schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}}')
+        assert.truthy(e.message:find("strin", 1, true), e.message)
+        e = expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": ' ..
+            '{"schema": {"type": "string", "uniqueItems": true}}}}')
+        assert.truthy(e.message:find("uniqueItems", 1, true), e.message)
         -- size limit (4096 here), declared and chunked
         local big = '{"prompt": "' .. ("a"):rep(5000) .. '"}'
         expect_error(413, nil, big)
@@ -199,6 +223,64 @@ describe("server", function()
         expect_error(404, nil, base .. "/v1/chat/completions", true)
         -- still serving
         local status = post_json({ prompt = "hi", max_tokens = 2 })
+        assert.equal(200, status)
+    end)
+
+    it("constrains a completion with a GBNF grammar, streamed or not", function()
+        local gbnf = 'root ::= ("yes" | "no") (", " ("yes" | "no")){0,5} "."'
+        local g = assert(tinyloop.grammar.gbnf(gbnf))
+        local req = { prompt = "It is a truth", max_tokens = 60, seed = 5, temperature = 1.0, grammar = gbnf }
+        local status, body = post_json(req)
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        local text = r.choices[1].text
+        assert.is_true(g:matches(text), text)
+        assert.equal("stop", r.choices[1].finish_reason)
+        -- the same request streamed: same text, chunk by chunk
+        req.stream = true
+        local sstatus, sbody = post(cjson.encode(req), "-N")
+        assert.equal(200, sstatus, sbody)
+        local chunks, done = sse_chunks(sbody)
+        assert.is_true(done)
+        local parts = {}
+        for _, c in ipairs(chunks) do parts[#parts + 1] = c.choices[1].text end
+        assert.equal(text, table.concat(parts))
+        assert.equal("stop", chunks[#chunks].choices[1].finish_reason)
+    end)
+
+    it("constrains a completion with response_format json_schema (and json_object)", function()
+        -- Written by hand, not with cjson.encode: the order of "properties" is the order the
+        -- model writes the keys in, and a Lua table would lose it.
+        local schema = '{"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, ' ..
+            '"age": {"type": "integer", "minimum": 0, "maximum": 120}, "ok": {"type": "boolean"}}, ' ..
+            '"required": ["name", "age", "ok"]}'
+        local body = '{"prompt": "It is a truth", "max_tokens": 120, "seed": 2, "temperature": 0.9, ' ..
+            '"response_format": {"type": "json_schema", "json_schema": {"name": "person", "strict": true, "schema": ' .. schema .. '}}}'
+        local status, rbody = post(body)
+        assert.equal(200, status, rbody)
+        local r = cjson.decode(rbody)
+        local text = r.choices[1].text
+        assert.equal("stop", r.choices[1].finish_reason, text)
+        local v = cjson.decode(text)
+        assert.equal("table", type(v), text)
+        assert.equal("string", type(v.name))
+        assert.truthy(#v.name <= 12, text)
+        assert.equal("number", type(v.age))
+        assert.truthy(v.age == math.floor(v.age) and v.age >= 0 and v.age <= 120, text)
+        assert.equal("boolean", type(v.ok))
+        local n = 0
+        for _ in pairs(v) do n = n + 1 end
+        assert.equal(3, n, text)
+        assert.truthy(text:find('"name"', 1, true) < text:find('"age"', 1, true), "keys in the schema's order: " .. text)
+        assert.is_true(assert(tinyloop.grammar.json_schema(schema)):matches(text))
+        -- json_object: the shipped JSON grammar; type "text": no constraint
+        status, rbody = post_json({ prompt = "It is a truth", max_tokens = 40, seed = 4, response_format = { type = "json_object" } })
+        assert.equal(200, status, rbody)
+        r = cjson.decode(rbody)
+        if r.choices[1].finish_reason == "stop" then
+            assert.is_true(assert(tinyloop.grammar.shipped("json")):matches(r.choices[1].text), r.choices[1].text)
+        end
+        status = post_json({ prompt = "It is a truth", max_tokens = 4, response_format = { type = "text" } })
         assert.equal(200, status)
     end)
 

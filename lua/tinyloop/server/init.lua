@@ -374,7 +374,10 @@ function _M.completions()
     local ok, session, serr = pcall(model.session, model, req.ids, req.cfg)
     if not ok then
         local msg = plain(session)
-        return send_error(400, msg, request.param_of(msg))
+        local param = request.param_of(msg)
+        -- the engine says "grammar" whichever field the request used
+        if param == "grammar" and req.grammar_field then param = req.grammar_field end
+        return send_error(400, msg, param)
     end
     if not session then return send_error(500, "cannot create the session: " .. tostring(serr), nil, "server_error") end
     local ptr = session:detach()
