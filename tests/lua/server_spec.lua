@@ -345,6 +345,65 @@ describe("server", function()
     end)
 end)
 
+describe("server with two workers", function()
+    -- Each worker has its own engine; /metrics, whichever worker answers, shows both.
+    local port2, base2, dir2
+    setup(function()
+        port2 = free_port()
+        base2 = "http://127.0.0.1:" .. port2
+        dir2 = sh("mktemp -d"):gsub("%s+$", "")
+        os.execute(("scripts/serve --port %d --model %s --workers 2 --threads 1 --max-active 2 --prefix %s/prefix > %s/serve.log 2>&1 & echo $! > %s/pid")
+            :format(port2, MODEL, dir2, dir2, dir2))
+        for _ = 1, 300 do
+            local m = select(2, curl(base2 .. "/metrics")) or ""
+            -- both workers up: each has published its engine once
+            if m:find('worker="1"', 1, true) and m:find('worker="0"', 1, true) then return end
+            os.execute("sleep 0.1")
+        end
+        error("server did not start:\n" .. sh("cat " .. dir2 .. "/serve.log"))
+    end)
+    teardown(function()
+        if dir2 then
+            os.execute("kill -TERM $(cat " .. dir2 .. "/pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. dir2 ..
+                "/pid) 2>/dev/null || break; sleep 0.1; done; rm -rf " .. dir2)
+        end
+    end)
+
+    it("aggregates every worker's counters in /metrics", function()
+        -- 8 requests, 4 at a time on separate connections: nginx hands them to both workers.
+        local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 5, ignore_eos = true }))
+        for _ = 1, 2 do
+            local cmd = {}
+            for i = 1, 4 do
+                cmd[#cmd + 1] = ("curl -s -o /dev/null -w '%%{http_code}\\n' -d %s %s/v1/completions &"):format(req, base2)
+            end
+            local codes = sh("(" .. table.concat(cmd, " ") .. " wait) 2>&1")
+            assert.equal("200\n200\n200\n200\n", codes)
+        end
+        os.execute("sleep 0.6") -- > publish_every: both workers have published since
+        local function total(m, pattern)
+            local sum, workers = 0, 0
+            for w, v in m:gmatch(pattern) do
+                sum, workers = sum + tonumber(v), workers + 1
+            end
+            return sum, workers
+        end
+        for _ = 1, 6 do -- new connections: answered by either worker
+            local status, m = curl(base2 .. "/metrics")
+            assert.equal(200, status)
+            assert.equal(8, metric(m, 'tinyloop_requests_total{endpoint="/v1/completions",status="200"}'))
+            assert.equal(8, metric(m, "tinyloop_completed_total"))
+            assert.equal(40, metric(m, "tinyloop_generated_tokens_total"))
+            local finished, workers = total(m, 'tinyloop_engine_requests_total{worker="(%d)",outcome="finished"} (%d+)')
+            assert.equal(2, workers, m)
+            assert.equal(8, finished, m)
+            assert.equal(8, (total(m, 'tinyloop_engine_requests_total{worker="(%d)",outcome="submitted"} (%d+)')))
+            assert.equal(40, (total(m, 'tinyloop_engine_batch_rows_total{worker="(%d)"} (%d+)')))
+            assert.equal(0, (total(m, 'tinyloop_engine_sessions{worker="(%d)",state="active"} (%d+)')))
+        end
+    end)
+end)
+
 describe("server request parsing", function()
     local fake = { vocab_size = 10, max_seq_len = 16, has_tokenizer = false }
     it("maps an engine message to the field it names", function()

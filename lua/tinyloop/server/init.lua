@@ -39,6 +39,7 @@ local conf = {
     shared_dict = "tinyloop_metrics",
     wait_ms = 1000,           -- one wait in the pool at most (then the handler loops)
     max_body = 1024 * 1024,   -- request bodies above: 413 (keep client_max_body_size equal)
+    publish_every = 0.25,     -- seconds between copies of the engine counters into shared_dict
 }
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
@@ -52,6 +53,14 @@ function _M.configure(opts)
     end
     if type(conf.model) ~= "string" then error("tinyloop.server: configure{ model = DIR } is required") end
     conf.model_id = conf.model_id or conf.model:gsub("/+$", ""):match("([^/]+)$")
+end
+
+-- This worker's engine counters into the shared dict, where /metrics of any worker reads them.
+local counters = ffi_new("tl_engine_counters")
+local function publish()
+    if not engine then return end
+    C.tl_engine_get_counters(engine, counters)
+    metrics.publish_engine(ngx.worker.id(), counters)
 end
 
 -- init_worker(): loads the model and starts this worker's engine (after nginx forks, so the
@@ -78,6 +87,9 @@ function _M.init_worker()
     engine_addr = tonumber(ffi_cast("uintptr_t", engine))
     wait_addr = tonumber(ffi_cast("uintptr_t", C.tl_engine_wait)) -- see wait.lua
     created_at = ngx.time()
+    publish()
+    local ok, err = ngx.timer.every(conf.publish_every, publish)
+    if not ok then ngx_log(ngx.ERR, "tinyloop: no metrics timer (other workers' /metrics miss this engine): ", err) end
 end
 
 -- exit_worker(): stops the engine (its sessions are freed) before the model goes.
@@ -86,6 +98,7 @@ function _M.exit_worker()
         local e = engine
         engine = nil
         C.tl_engine_free(e)
+        metrics.engine_stopped(ngx.worker.id())
     end
 end
 
@@ -132,16 +145,11 @@ function _M.models()
                  max_loops = model.max_loops, has_tokenizer = model.has_tokenizer }) .. "}]}")
 end
 
-local counters = ffi_new("tl_engine_counters")
 function _M.metrics()
     if not only_get() then return end
-    local e
-    if engine then
-        C.tl_engine_get_counters(engine, counters)
-        e = counters
-    end
+    publish() -- this worker's figures are then exact; the others' at most publish_every old
     ngx.header["Content-Type"] = "text/plain; version=0.0.4"
-    ngx_print(metrics.render(e, ngx.worker.id()))
+    ngx_print(metrics.render())
 end
 
 function _M.not_found()
