@@ -402,6 +402,44 @@ describe("server with two workers", function()
             assert.equal(0, (total(m, 'tinyloop_engine_sessions{worker="(%d)",state="active"} (%d+)')))
         end
     end)
+
+    it("keeps answering when the thread pool has no Lua VM to spare (it polls instead)", function()
+        -- scripts/serve's config, with one thread-pool VM for three concurrent requests.
+        local pre = dir2 .. "/small"
+        os.execute("mkdir -p " .. pre .. "/logs")
+        local p3 = free_port()
+        local conf = sh("cat " .. dir2 .. "/prefix/nginx.conf")
+            :gsub("lua_worker_thread_vm_pool_size %d+;", "lua_worker_thread_vm_pool_size 1;")
+            :gsub("listen 127%.0%.0%.1:%d+;", "listen 127.0.0.1:" .. p3 .. ";")
+            :gsub("\npid [^;]+;", "\npid " .. pre .. "/nginx.pid;")
+            :gsub("worker_processes %d+;", "worker_processes 1;")
+        assert.truthy(conf:find("lua_worker_thread_vm_pool_size 1;", 1, true))
+        local f = assert(io.open(pre .. "/nginx.conf", "wb")); f:write(conf); f:close()
+        os.execute(("$(command -v openresty || command -v nginx || echo /usr/sbin/nginx) -p %s -c %s/nginx.conf -e stderr > %s/err.log 2>&1 & echo $! > %s/pid")
+            :format(pre, pre, pre, pre))
+        local b3 = "http://127.0.0.1:" .. p3
+        local up = false
+        for _ = 1, 300 do
+            if curl(b3 .. "/health") == 200 then up = true break end
+            os.execute("sleep 0.1")
+        end
+        local ok, err = pcall(function()
+            assert.is_true(up, sh("cat " .. pre .. "/err.log"))
+            local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 30, ignore_eos = true }))
+            local cmd = {}
+            for i = 1, 3 do
+                cmd[#cmd + 1] = ("curl -s -o %s/r%d -w '%%{http_code}\\n' -d %s %s/v1/completions &"):format(pre, i, req, b3)
+            end
+            assert.equal("200\n200\n200\n", sh("(" .. table.concat(cmd, " ") .. " wait) 2>&1"))
+            for i = 1, 3 do
+                assert.equal(30, cjson.decode(sh("cat " .. pre .. "/r" .. i)).usage.completion_tokens)
+            end
+            assert.truthy(sh("cat " .. pre .. "/err.log"):find("no available Lua vm; polling instead", 1, true))
+        end)
+        os.execute("kill -TERM $(cat " .. pre .. "/pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
+            "/pid) 2>/dev/null || break; sleep 0.1; done")
+        assert(ok, err)
+    end)
 end)
 
 describe("server request parsing", function()

@@ -189,13 +189,22 @@ local function now()
     return ngx_now()
 end
 
+local pool_warned_at = -math.huge
+
 -- Blocks the request's coroutine (never the worker) until the engine has output.
--- -> 1 (output), -1 (gone), or nil, err.
+-- -> 1 (output), -1 (gone).
 local function wait(st)
     if conf.thread_pool then
         local ok, r = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "wait", wait_addr, engine_addr, st.id, conf.wait_ms)
-        if not ok then return nil, "thread pool '" .. tostring(conf.thread_pool) .. "': " .. tostring(r) end
-        return r
+        if ok then return r end
+        -- No thread or Lua VM to wait in ("no available Lua vm" past
+        -- lua_worker_thread_vm_pool_size, a full queue, a missing pool): a configuration too
+        -- small for the load costs polling latency, never the request. Logged once a minute.
+        if ngx_now() - pool_warned_at > 60 then
+            pool_warned_at = ngx_now()
+            ngx_log(ngx.WARN, "tinyloop: thread pool '", tostring(conf.thread_pool), "': ", tostring(r),
+                    "; polling instead (size thread_pool and lua_worker_thread_vm_pool_size to max_active + max_queued)")
+        end
     end
     local delay = 0.001
     while true do
@@ -210,10 +219,8 @@ end
 -- (err "gone" when it was cancelled meanwhile).
 local function next_output(st)
     while true do
-        local r, err = wait(st)
-        if st.released then return nil, "gone" end
-        if not r then return nil, err end
-        if r < 0 then return nil, "gone" end
+        local r = wait(st)
+        if st.released or r < 0 then return nil, "gone" end
         if r > 0 then break end
     end
     C.tl_engine_read(engine, st.id, update)
