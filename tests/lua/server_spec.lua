@@ -403,6 +403,23 @@ describe("server with two workers", function()
         end
     end)
 
+    it("runs each worker's engine threads nicer than its event loop", function()
+        local master = tonumber(sh("cat " .. dir2 .. "/prefix/nginx.pid"))
+        local pids = {}
+        for pid in sh("pgrep -P " .. master):gmatch("%d+") do pids[#pids + 1] = tonumber(pid) end
+        assert.equal(2, #pids)
+        for _, pid in ipairs(pids) do
+            local main_nice, nicer = nil, 0
+            for tid, ni in sh("ps -L -o tid=,ni= -p " .. pid):gmatch("(%d+)%s+(%-?%d+)") do
+                if tonumber(tid) == pid then main_nice = tonumber(ni) end
+            end
+            for _, ni in sh("ps -L -o tid=,ni= -p " .. pid):gmatch("(%d+)%s+(%-?%d+)") do
+                if tonumber(ni) == math.min(19, main_nice + 5) and tonumber(ni) ~= main_nice then nicer = nicer + 1 end
+            end
+            assert.truthy(nicer >= 1, sh("ps -L -o tid=,ni=,comm= -p " .. pid))
+        end
+    end)
+
     it("keeps answering when the thread pool has no Lua VM to spare (it polls instead)", function()
         -- scripts/serve's config, with one thread-pool VM for three concurrent requests.
         local pre = dir2 .. "/small"

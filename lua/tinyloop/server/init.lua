@@ -40,6 +40,7 @@ local conf = {
     wait_ms = 1000,           -- one wait in the pool at most (then the handler loops)
     max_body = 1024 * 1024,   -- request bodies above: 413 (keep client_max_body_size equal)
     publish_every = 0.25,     -- seconds between copies of the engine counters into shared_dict
+    engine_nice = 5,          -- compute threads this much nicer than the event loop (0: as is)
 }
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
@@ -63,11 +64,43 @@ local function publish()
     metrics.publish_engine(ngx.worker.id(), counters)
 end
 
+-- The worker's threads (ids), from /proc (Linux); {} elsewhere.
+local function thread_ids()
+    local ids = {}
+    local p = io.popen("ls /proc/" .. ngx.worker.pid() .. "/task 2>/dev/null")
+    if p then
+        for id in p:read("*a"):gmatch("%d+") do ids[id] = true end
+        p:close()
+    end
+    return ids
+end
+
+local PRIO_PROCESS = 0
+pcall(ffi.cdef, "int getpriority(int which, unsigned int who); int setpriority(int which, unsigned int who, int prio);")
+
+-- Gives the threads started since `before` (the model's compute threads and the engine's)
+-- conf.engine_nice more niceness than the event loop. Why: with as many compute threads as
+-- cores, the event loop (and the thread-pool waiters) must take a core from them for every
+-- /health or token event; a lower weight makes the kernel hand it over at once, while the
+-- engine still gets every cycle nobody else wants. Raising niceness needs no privilege.
+local function lower_engine_priority(before)
+    if conf.engine_nice <= 0 then return end
+    local ok, base = pcall(function() return ffi.C.getpriority(PRIO_PROCESS, 0) end)
+    if not ok then return end
+    local nice = math.min(19, base + conf.engine_nice)
+    for id in pairs(thread_ids()) do
+        if not before[id] and ffi.C.setpriority(PRIO_PROCESS, tonumber(id), nice) ~= 0 then
+            ngx_log(ngx.WARN, "tinyloop: cannot renice engine thread ", id, ": ", ffi.errno())
+        end
+    end
+end
+
 -- init_worker(): loads the model and starts this worker's engine (after nginx forks, so the
 -- engine's and the model's threads live in the worker).
 function _M.init_worker()
     metrics.init(conf.shared_dict)
     if not run_worker_thread then conf.thread_pool = false end
+    local before = thread_ids()
     local m, err = tinyloop.load(conf.model, { threads = conf.threads })
     if not m then
         model_error = "cannot load the model: " .. tostring(err)
@@ -84,6 +117,7 @@ function _M.init_worker()
         return
     end
     model, engine = m, out[0]
+    lower_engine_priority(before)
     engine_addr = tonumber(ffi_cast("uintptr_t", engine))
     wait_addr = tonumber(ffi_cast("uintptr_t", C.tl_engine_wait)) -- see wait.lua
     created_at = ngx.time()
