@@ -467,6 +467,15 @@ describe("server request parsing", function()
         assert.equal("stop", request.param_of("stop_strings[1] must be a string"))
         assert.is_nil(request.param_of("something else"))
     end)
+    it("finds a member's raw JSON text (a schema reaches the compiler as sent)", function()
+        local body = '{"a": "}\\"{", "response_format": {"json_schema": {"schema": {"properties": {"z": {}, "a": {"enum": []}}}, ' ..
+            '"name": "x"}, "type": "json_schema"}, "b": [1, {"c": null}]}'
+        assert.equal('{"properties": {"z": {}, "a": {"enum": []}}}', request.raw_member(body, { "response_format", "json_schema", "schema" }))
+        assert.equal('"json_schema"', request.raw_member(body, { "response_format", "type" }))
+        assert.equal('[1, {"c": null}]', request.raw_member(body, { "b" }))
+        assert.is_nil(request.raw_member(body, { "a", "x" }))
+        assert.equal("2", request.raw_member('{"k": 1, "\\u006b": 2}', { "k" })) -- the last duplicate, as cjson
+    end)
     it("needs token ids without a tokenizer", function()
         local r, e = request.parse('{"prompt": "hi"}', fake, "m")
         assert.is_nil(r)
