@@ -2,6 +2,7 @@
 -- on a free loopback port, started and stopped here; curl is the client.
 local cjson = require "cjson"
 local request = require "tinyloop.server.request"
+local tinyloop = require "tinyloop"
 
 local MODEL = "models/tinyloop-austen"
 
@@ -187,6 +188,29 @@ describe("server", function()
         expect_error(400, "speculative", '{"prompt": "hi", "speculative": "sideways"}')
         expect_error(404, "model", '{"prompt": "hi", "model": "gpt-4"}')
         expect_error(400, "n", '{"prompt": "hi", "n": 2}')
+        -- grammars: the parser's or schema compiler's message, naming the field
+        e = expect_error(400, "grammar", '{"prompt": "hi", "grammar": "root ::= \\"unterminated"}')
+        assert.truthy(e.message:find("grammar does not compile: ", 1, true), e.message)
+        assert.truthy(#e.message > #"grammar does not compile: ", e.message)
+        e = expect_error(400, "grammar", '{"prompt": "hi", "grammar": "root ::= missing"}')
+        assert.truthy(e.message:find("missing", 1, true), e.message)
+        expect_error(400, "grammar", '{"prompt": "hi", "grammar": ""}')
+        expect_error(400, "grammar", '{"prompt": "hi", "grammar": {"root": "x"}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "grammar": "root ::= \\"a\\"", "response_format": {"type": "json_object"}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": "json"}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": [1]}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "xml"}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_object", "extra": 1}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema"}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": []}}}')
+        expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": {}, "bogus": 1}}}')
+        e = expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": ' ..
+            '{"schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}}')
+        assert.truthy(e.message:find("strin", 1, true), e.message)
+        e = expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": ' ..
+            '{"schema": {"type": "string", "uniqueItems": true}}}}')
+        assert.truthy(e.message:find("uniqueItems", 1, true), e.message)
         -- size limit (4096 here), declared and chunked
         local big = '{"prompt": "' .. ("a"):rep(5000) .. '"}'
         expect_error(413, nil, big)
@@ -199,6 +223,64 @@ describe("server", function()
         expect_error(404, nil, base .. "/v1/chat/completions", true)
         -- still serving
         local status = post_json({ prompt = "hi", max_tokens = 2 })
+        assert.equal(200, status)
+    end)
+
+    it("constrains a completion with a GBNF grammar, streamed or not", function()
+        local gbnf = 'root ::= ("yes" | "no") (", " ("yes" | "no")){0,5} "."'
+        local g = assert(tinyloop.grammar.gbnf(gbnf))
+        local req = { prompt = "It is a truth", max_tokens = 60, seed = 5, temperature = 1.0, grammar = gbnf }
+        local status, body = post_json(req)
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        local text = r.choices[1].text
+        assert.is_true(g:matches(text), text)
+        assert.equal("stop", r.choices[1].finish_reason)
+        -- the same request streamed: same text, chunk by chunk
+        req.stream = true
+        local sstatus, sbody = post(cjson.encode(req), "-N")
+        assert.equal(200, sstatus, sbody)
+        local chunks, done = sse_chunks(sbody)
+        assert.is_true(done)
+        local parts = {}
+        for _, c in ipairs(chunks) do parts[#parts + 1] = c.choices[1].text end
+        assert.equal(text, table.concat(parts))
+        assert.equal("stop", chunks[#chunks].choices[1].finish_reason)
+    end)
+
+    it("constrains a completion with response_format json_schema (and json_object)", function()
+        -- Written by hand, not with cjson.encode: the order of "properties" is the order the
+        -- model writes the keys in, and a Lua table would lose it.
+        local schema = '{"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, ' ..
+            '"age": {"type": "integer", "minimum": 0, "maximum": 120}, "ok": {"type": "boolean"}}, ' ..
+            '"required": ["name", "age", "ok"]}'
+        local body = '{"prompt": "It is a truth", "max_tokens": 120, "seed": 2, "temperature": 0.9, ' ..
+            '"response_format": {"type": "json_schema", "json_schema": {"name": "person", "strict": true, "schema": ' .. schema .. '}}}'
+        local status, rbody = post(body)
+        assert.equal(200, status, rbody)
+        local r = cjson.decode(rbody)
+        local text = r.choices[1].text
+        assert.equal("stop", r.choices[1].finish_reason, text)
+        local v = cjson.decode(text)
+        assert.equal("table", type(v), text)
+        assert.equal("string", type(v.name))
+        assert.truthy(#v.name <= 12, text)
+        assert.equal("number", type(v.age))
+        assert.truthy(v.age == math.floor(v.age) and v.age >= 0 and v.age <= 120, text)
+        assert.equal("boolean", type(v.ok))
+        local n = 0
+        for _ in pairs(v) do n = n + 1 end
+        assert.equal(3, n, text)
+        assert.truthy(text:find('"name"', 1, true) < text:find('"age"', 1, true), "keys in the schema's order: " .. text)
+        assert.is_true(assert(tinyloop.grammar.json_schema(schema)):matches(text))
+        -- json_object: the shipped JSON grammar; type "text": no constraint
+        status, rbody = post_json({ prompt = "It is a truth", max_tokens = 40, seed = 4, response_format = { type = "json_object" } })
+        assert.equal(200, status, rbody)
+        r = cjson.decode(rbody)
+        if r.choices[1].finish_reason == "stop" then
+            assert.is_true(assert(tinyloop.grammar.shipped("json")):matches(r.choices[1].text), r.choices[1].text)
+        end
+        status = post_json({ prompt = "It is a truth", max_tokens = 4, response_format = { type = "text" } })
         assert.equal(200, status)
     end)
 
@@ -263,6 +345,120 @@ describe("server", function()
     end)
 end)
 
+describe("server with two workers", function()
+    -- Each worker has its own engine; /metrics, whichever worker answers, shows both.
+    local port2, base2, dir2
+    setup(function()
+        port2 = free_port()
+        base2 = "http://127.0.0.1:" .. port2
+        dir2 = sh("mktemp -d"):gsub("%s+$", "")
+        os.execute(("scripts/serve --port %d --model %s --workers 2 --threads 1 --max-active 2 --prefix %s/prefix > %s/serve.log 2>&1 & echo $! > %s/pid")
+            :format(port2, MODEL, dir2, dir2, dir2))
+        for _ = 1, 300 do
+            local m = select(2, curl(base2 .. "/metrics")) or ""
+            -- both workers up: each has published its engine once
+            if m:find('worker="1"', 1, true) and m:find('worker="0"', 1, true) then return end
+            os.execute("sleep 0.1")
+        end
+        error("server did not start:\n" .. sh("cat " .. dir2 .. "/serve.log"))
+    end)
+    teardown(function()
+        if dir2 then
+            os.execute("kill -TERM $(cat " .. dir2 .. "/pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. dir2 ..
+                "/pid) 2>/dev/null || break; sleep 0.1; done; rm -rf " .. dir2)
+        end
+    end)
+
+    it("aggregates every worker's counters in /metrics", function()
+        -- 8 requests, 4 at a time on separate connections: nginx hands them to both workers.
+        local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 5, ignore_eos = true }))
+        for _ = 1, 2 do
+            local cmd = {}
+            for i = 1, 4 do
+                cmd[#cmd + 1] = ("curl -s -o /dev/null -w '%%{http_code}\\n' -d %s %s/v1/completions &"):format(req, base2)
+            end
+            local codes = sh("(" .. table.concat(cmd, " ") .. " wait) 2>&1")
+            assert.equal("200\n200\n200\n200\n", codes)
+        end
+        os.execute("sleep 0.6") -- > publish_every: both workers have published since
+        local function total(m, pattern)
+            local sum, workers = 0, 0
+            for w, v in m:gmatch(pattern) do
+                sum, workers = sum + tonumber(v), workers + 1
+            end
+            return sum, workers
+        end
+        for _ = 1, 6 do -- new connections: answered by either worker
+            local status, m = curl(base2 .. "/metrics")
+            assert.equal(200, status)
+            assert.equal(8, metric(m, 'tinyloop_requests_total{endpoint="/v1/completions",status="200"}'))
+            assert.equal(8, metric(m, "tinyloop_completed_total"))
+            assert.equal(40, metric(m, "tinyloop_generated_tokens_total"))
+            local finished, workers = total(m, 'tinyloop_engine_requests_total{worker="(%d)",outcome="finished"} (%d+)')
+            assert.equal(2, workers, m)
+            assert.equal(8, finished, m)
+            assert.equal(8, (total(m, 'tinyloop_engine_requests_total{worker="(%d)",outcome="submitted"} (%d+)')))
+            assert.equal(40, (total(m, 'tinyloop_engine_batch_rows_total{worker="(%d)"} (%d+)')))
+            assert.equal(0, (total(m, 'tinyloop_engine_sessions{worker="(%d)",state="active"} (%d+)')))
+        end
+    end)
+
+    it("runs each worker's engine threads nicer than its event loop", function()
+        local master = tonumber(sh("cat " .. dir2 .. "/prefix/nginx.pid"))
+        local pids = {}
+        for pid in sh("pgrep -P " .. master):gmatch("%d+") do pids[#pids + 1] = tonumber(pid) end
+        assert.equal(2, #pids)
+        for _, pid in ipairs(pids) do
+            local main_nice, nicer = nil, 0
+            for tid, ni in sh("ps -L -o tid=,ni= -p " .. pid):gmatch("(%d+)%s+(%-?%d+)") do
+                if tonumber(tid) == pid then main_nice = tonumber(ni) end
+            end
+            for _, ni in sh("ps -L -o tid=,ni= -p " .. pid):gmatch("(%d+)%s+(%-?%d+)") do
+                if tonumber(ni) == math.min(19, main_nice + 5) and tonumber(ni) ~= main_nice then nicer = nicer + 1 end
+            end
+            assert.truthy(nicer >= 1, sh("ps -L -o tid=,ni=,comm= -p " .. pid))
+        end
+    end)
+
+    it("keeps answering when the thread pool has no Lua VM to spare (it polls instead)", function()
+        -- scripts/serve's config, with one thread-pool VM for three concurrent requests.
+        local pre = dir2 .. "/small"
+        os.execute("mkdir -p " .. pre .. "/logs")
+        local p3 = free_port()
+        local conf = sh("cat " .. dir2 .. "/prefix/nginx.conf")
+            :gsub("lua_worker_thread_vm_pool_size %d+;", "lua_worker_thread_vm_pool_size 1;")
+            :gsub("listen 127%.0%.0%.1:%d+;", "listen 127.0.0.1:" .. p3 .. ";")
+            :gsub("\npid [^;]+;", "\npid " .. pre .. "/nginx.pid;")
+            :gsub("worker_processes %d+;", "worker_processes 1;")
+        assert.truthy(conf:find("lua_worker_thread_vm_pool_size 1;", 1, true))
+        local f = assert(io.open(pre .. "/nginx.conf", "wb")); f:write(conf); f:close()
+        os.execute(("$(command -v openresty || command -v nginx || echo /usr/sbin/nginx) -p %s -c %s/nginx.conf -e stderr > %s/err.log 2>&1 & echo $! > %s/pid")
+            :format(pre, pre, pre, pre))
+        local b3 = "http://127.0.0.1:" .. p3
+        local up = false
+        for _ = 1, 300 do
+            if curl(b3 .. "/health") == 200 then up = true break end
+            os.execute("sleep 0.1")
+        end
+        local ok, err = pcall(function()
+            assert.is_true(up, sh("cat " .. pre .. "/err.log"))
+            local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 30, ignore_eos = true }))
+            local cmd = {}
+            for i = 1, 3 do
+                cmd[#cmd + 1] = ("curl -s -o %s/r%d -w '%%{http_code}\\n' -d %s %s/v1/completions &"):format(pre, i, req, b3)
+            end
+            assert.equal("200\n200\n200\n", sh("(" .. table.concat(cmd, " ") .. " wait) 2>&1"))
+            for i = 1, 3 do
+                assert.equal(30, cjson.decode(sh("cat " .. pre .. "/r" .. i)).usage.completion_tokens)
+            end
+            assert.truthy(sh("cat " .. pre .. "/err.log"):find("no available Lua vm; polling instead", 1, true))
+        end)
+        os.execute("kill -TERM $(cat " .. pre .. "/pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
+            "/pid) 2>/dev/null || break; sleep 0.1; done")
+        assert(ok, err)
+    end)
+end)
+
 describe("server request parsing", function()
     local fake = { vocab_size = 10, max_seq_len = 16, has_tokenizer = false }
     it("maps an engine message to the field it names", function()
@@ -270,6 +466,15 @@ describe("server request parsing", function()
         assert.equal("seed", request.param_of("config field 'sample_seed' = -1 must be an integer"))
         assert.equal("stop", request.param_of("stop_strings[1] must be a string"))
         assert.is_nil(request.param_of("something else"))
+    end)
+    it("finds a member's raw JSON text (a schema reaches the compiler as sent)", function()
+        local body = '{"a": "}\\"{", "response_format": {"json_schema": {"schema": {"properties": {"z": {}, "a": {"enum": []}}}, ' ..
+            '"name": "x"}, "type": "json_schema"}, "b": [1, {"c": null}]}'
+        assert.equal('{"properties": {"z": {}, "a": {"enum": []}}}', request.raw_member(body, { "response_format", "json_schema", "schema" }))
+        assert.equal('"json_schema"', request.raw_member(body, { "response_format", "type" }))
+        assert.equal('[1, {"c": null}]', request.raw_member(body, { "b" }))
+        assert.is_nil(request.raw_member(body, { "a", "x" }))
+        assert.equal("2", request.raw_member('{"k": 1, "\\u006b": 2}', { "k" })) -- the last duplicate, as cjson
     end)
     it("needs token ids without a tokenizer", function()
         local r, e = request.parse('{"prompt": "hi"}', fake, "m")

@@ -39,9 +39,11 @@ local conf = {
     shared_dict = "tinyloop_metrics",
     wait_ms = 1000,           -- one wait in the pool at most (then the handler loops)
     max_body = 1024 * 1024,   -- request bodies above: 413 (keep client_max_body_size equal)
+    publish_every = 0.25,     -- seconds between copies of the engine counters into shared_dict
+    engine_nice = 5,          -- compute threads this much nicer than the event loop (0: as is)
 }
 
-local model, engine, engine_addr, model_error, created_at
+local model, engine, engine_addr, wait_addr, model_error, created_at
 local next_request = 0
 
 -- configure(opts) in init_by_lua: the fields of `conf` above.
@@ -54,11 +56,51 @@ function _M.configure(opts)
     conf.model_id = conf.model_id or conf.model:gsub("/+$", ""):match("([^/]+)$")
 end
 
+-- This worker's engine counters into the shared dict, where /metrics of any worker reads them.
+local counters = ffi_new("tl_engine_counters")
+local function publish()
+    if not engine then return end
+    C.tl_engine_get_counters(engine, counters)
+    metrics.publish_engine(ngx.worker.id(), counters)
+end
+
+-- The worker's threads (ids), from /proc (Linux); {} elsewhere.
+local function thread_ids()
+    local ids = {}
+    local p = io.popen("ls /proc/" .. ngx.worker.pid() .. "/task 2>/dev/null")
+    if p then
+        for id in p:read("*a"):gmatch("%d+") do ids[id] = true end
+        p:close()
+    end
+    return ids
+end
+
+local PRIO_PROCESS = 0
+pcall(ffi.cdef, "int getpriority(int which, unsigned int who); int setpriority(int which, unsigned int who, int prio);")
+
+-- Gives the threads started since `before` (the model's compute threads and the engine's)
+-- conf.engine_nice more niceness than the event loop. Why: with as many compute threads as
+-- cores, the event loop (and the thread-pool waiters) must take a core from them for every
+-- /health or token event; a lower weight makes the kernel hand it over at once, while the
+-- engine still gets every cycle nobody else wants. Raising niceness needs no privilege.
+local function lower_engine_priority(before)
+    if conf.engine_nice <= 0 then return end
+    local ok, base = pcall(function() return ffi.C.getpriority(PRIO_PROCESS, 0) end)
+    if not ok then return end
+    local nice = math.min(19, base + conf.engine_nice)
+    for id in pairs(thread_ids()) do
+        if not before[id] and ffi.C.setpriority(PRIO_PROCESS, tonumber(id), nice) ~= 0 then
+            ngx_log(ngx.WARN, "tinyloop: cannot renice engine thread ", id, ": ", ffi.errno())
+        end
+    end
+end
+
 -- init_worker(): loads the model and starts this worker's engine (after nginx forks, so the
 -- engine's and the model's threads live in the worker).
 function _M.init_worker()
     metrics.init(conf.shared_dict)
     if not run_worker_thread then conf.thread_pool = false end
+    local before = thread_ids()
     local m, err = tinyloop.load(conf.model, { threads = conf.threads })
     if not m then
         model_error = "cannot load the model: " .. tostring(err)
@@ -75,8 +117,13 @@ function _M.init_worker()
         return
     end
     model, engine = m, out[0]
+    lower_engine_priority(before)
     engine_addr = tonumber(ffi_cast("uintptr_t", engine))
+    wait_addr = tonumber(ffi_cast("uintptr_t", C.tl_engine_wait)) -- see wait.lua
     created_at = ngx.time()
+    publish()
+    local ok, err = ngx.timer.every(conf.publish_every, publish)
+    if not ok then ngx_log(ngx.ERR, "tinyloop: no metrics timer (other workers' /metrics miss this engine): ", err) end
 end
 
 -- exit_worker(): stops the engine (its sessions are freed) before the model goes.
@@ -85,6 +132,7 @@ function _M.exit_worker()
         local e = engine
         engine = nil
         C.tl_engine_free(e)
+        metrics.engine_stopped(ngx.worker.id())
     end
 end
 
@@ -131,16 +179,11 @@ function _M.models()
                  max_loops = model.max_loops, has_tokenizer = model.has_tokenizer }) .. "}]}")
 end
 
-local counters = ffi_new("tl_engine_counters")
 function _M.metrics()
     if not only_get() then return end
-    local e
-    if engine then
-        C.tl_engine_get_counters(engine, counters)
-        e = counters
-    end
+    publish() -- this worker's figures are then exact; the others' at most publish_every old
     ngx.header["Content-Type"] = "text/plain; version=0.0.4"
-    ngx_print(metrics.render(e, ngx.worker.id()))
+    ngx_print(metrics.render())
 end
 
 function _M.not_found()
@@ -180,13 +223,22 @@ local function now()
     return ngx_now()
 end
 
+local pool_warned_at = -math.huge
+
 -- Blocks the request's coroutine (never the worker) until the engine has output.
--- -> 1 (output), -1 (gone), or nil, err.
+-- -> 1 (output), -1 (gone).
 local function wait(st)
     if conf.thread_pool then
-        local ok, r = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "wait", engine_addr, st.id, conf.wait_ms)
-        if not ok then return nil, "thread pool '" .. tostring(conf.thread_pool) .. "': " .. tostring(r) end
-        return r
+        local ok, r = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "wait", wait_addr, engine_addr, st.id, conf.wait_ms)
+        if ok then return r end
+        -- No thread or Lua VM to wait in ("no available Lua vm" past
+        -- lua_worker_thread_vm_pool_size, a full queue, a missing pool): a configuration too
+        -- small for the load costs polling latency, never the request. Logged once a minute.
+        if ngx_now() - pool_warned_at > 60 then
+            pool_warned_at = ngx_now()
+            ngx_log(ngx.WARN, "tinyloop: thread pool '", tostring(conf.thread_pool), "': ", tostring(r),
+                    "; polling instead (size thread_pool and lua_worker_thread_vm_pool_size to max_active + max_queued)")
+        end
     end
     local delay = 0.001
     while true do
@@ -201,10 +253,8 @@ end
 -- (err "gone" when it was cancelled meanwhile).
 local function next_output(st)
     while true do
-        local r, err = wait(st)
-        if st.released then return nil, "gone" end
-        if not r then return nil, err end
-        if r < 0 then return nil, "gone" end
+        local r = wait(st)
+        if st.released or r < 0 then return nil, "gone" end
         if r > 0 then break end
     end
     C.tl_engine_read(engine, st.id, update)
@@ -373,7 +423,10 @@ function _M.completions()
     local ok, session, serr = pcall(model.session, model, req.ids, req.cfg)
     if not ok then
         local msg = plain(session)
-        return send_error(400, msg, request.param_of(msg))
+        local param = request.param_of(msg)
+        -- the engine says "grammar" whichever field the request used
+        if param == "grammar" and req.grammar_field then param = req.grammar_field end
+        return send_error(400, msg, param)
     end
     if not session then return send_error(500, "cannot create the session: " .. tostring(serr), nil, "server_error") end
     local ptr = session:detach()

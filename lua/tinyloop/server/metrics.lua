@@ -2,7 +2,7 @@
 -- worker adds to the same figures), rendered in the Prometheus text format.
 local _M = {}
 
-local pairs, ipairs, tostring, format, concat, sort = pairs, ipairs, tostring, string.format, table.concat, table.sort
+local pairs, ipairs, tostring, tonumber, format, concat, sort = pairs, ipairs, tostring, tonumber, string.format, table.concat, table.sort
 
 local dict -- ngx.shared[name], set by init
 
@@ -12,6 +12,27 @@ local HISTOGRAMS = {
     ttft = { name = "tinyloop_time_to_first_token_seconds", help = "Time from the request's arrival to its first token." },
     tpot = { name = "tinyloop_time_per_output_token_seconds", help = "Time between consecutive tokens of a request." },
 }
+
+-- Each worker's engine counters (C, in the worker's own process) are copied into the dict
+-- under "engine:<worker id>:<field>" by that worker (publish_engine, on a short timer and
+-- before it answers /metrics), so that whichever worker answers shows every worker's engine.
+local ENGINE_FIELDS = { "active", "queued", "submitted", "finished", "cancelled", "failed", "rejected",
+                        "iterations", "rows", "steps_after_cancel" }
+
+function _M.publish_engine(worker, c)
+    local prefix = "engine:" .. worker .. ":"
+    for i = 1, #ENGINE_FIELDS do
+        local f = ENGINE_FIELDS[i]
+        dict:set(prefix .. f, c and tonumber(c[f]) or 0)
+    end
+end
+
+-- A stopping worker: its sessions are gone (its totals stay until a new worker of the same
+-- id overwrites them, which Prometheus reads as a counter reset).
+function _M.engine_stopped(worker)
+    dict:set("engine:" .. worker .. ":active", 0)
+    dict:set("engine:" .. worker .. ":queued", 0)
+end
 
 function _M.init(dict_name)
     dict = ngx.shared[dict_name]
@@ -58,8 +79,8 @@ local GAUGES = {
     { "queued", "tinyloop_sessions_queued", "Admitted sessions waiting for a place in a batch." },
 }
 
--- The Prometheus text. `engine` (optional): this worker's tl_engine_counters.
-function _M.render(engine, worker)
+-- The Prometheus text: the dict's figures, which every worker adds to.
+function _M.render()
     local out = {}
     local function add(...) out[#out + 1] = format(...) end
     add("# HELP tinyloop_requests_total HTTP requests by endpoint and status.\n# TYPE tinyloop_requests_total counter\n")
@@ -91,19 +112,36 @@ function _M.render(engine, worker)
         end
         add("%s_sum %.6f\n%s_count %d\n", spec.name, dict:get(h .. ":sum") or 0, spec.name, dict:get(h .. ":count") or 0)
     end
-    if engine then
-        -- This worker's engine, straight from C: the ground truth behind the gauges above.
-        local w = tostring(worker or 0)
-        add("# HELP tinyloop_engine_sessions Sessions this worker's engine holds (state: active, queued).\n# TYPE tinyloop_engine_sessions gauge\n")
-        add('tinyloop_engine_sessions{worker="%s",state="active"} %d\n', w, engine.active)
-        add('tinyloop_engine_sessions{worker="%s",state="queued"} %d\n', w, engine.queued)
-        add("# HELP tinyloop_engine_steps_after_cancel_total Steps sessions made after their cancel: the step in flight, at most one each.\n")
-        add('# TYPE tinyloop_engine_steps_after_cancel_total counter\ntinyloop_engine_steps_after_cancel_total{worker="%s"} %d\n',
-            w, tonumber(engine.steps_after_cancel))
-        add("# HELP tinyloop_engine_batch_rows_total Session-steps carried by batched steps (divide by iterations for the mean batch).\n")
-        add('# TYPE tinyloop_engine_batch_rows_total counter\ntinyloop_engine_batch_rows_total{worker="%s"} %d\n', w, tonumber(engine.rows))
-        add('# TYPE tinyloop_engine_iterations_total counter\ntinyloop_engine_iterations_total{worker="%s"} %d\n', w, tonumber(engine.iterations))
+    -- Every worker's engine, as it last published its counters (see publish_engine).
+    local workers, seen = {}, {}
+    for _, k in ipairs(keys) do
+        local w = k:match("^engine:(%d+):")
+        if w and not seen[w] then seen[w] = true; workers[#workers + 1] = w end
     end
+    sort(workers, function(a, b) return tonumber(a) < tonumber(b) end)
+    local function get(w, f) return dict:get("engine:" .. w .. ":" .. f) or 0 end
+    local function series(name, typ, help, each)
+        add("# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+        for _, w in ipairs(workers) do each(w) end
+    end
+    series("tinyloop_engine_sessions", "gauge", "Sessions each worker's engine holds (state: active, queued).", function(w)
+        add('tinyloop_engine_sessions{worker="%s",state="active"} %d\n', w, get(w, "active"))
+        add('tinyloop_engine_sessions{worker="%s",state="queued"} %d\n', w, get(w, "queued"))
+    end)
+    series("tinyloop_engine_requests_total", "counter", "Requests each worker's engine took (submitted) and how they ended.", function(w)
+        for _, f in ipairs({ "submitted", "finished", "failed", "cancelled", "rejected" }) do
+            add('tinyloop_engine_requests_total{worker="%s",outcome="%s"} %d\n', w, f, get(w, f))
+        end
+    end)
+    series("tinyloop_engine_steps_after_cancel_total", "counter", "Steps sessions made after their cancel: the step in flight, at most one each.", function(w)
+        add('tinyloop_engine_steps_after_cancel_total{worker="%s"} %d\n', w, get(w, "steps_after_cancel"))
+    end)
+    series("tinyloop_engine_batch_rows_total", "counter", "Session-steps carried by batched steps (divide by iterations for the mean batch).", function(w)
+        add('tinyloop_engine_batch_rows_total{worker="%s"} %d\n', w, get(w, "rows"))
+    end)
+    series("tinyloop_engine_iterations_total", "counter", "Batched steps of each worker's engine.", function(w)
+        add('tinyloop_engine_iterations_total{worker="%s"} %d\n', w, get(w, "iterations"))
+    end)
     return concat(out)
 end
 

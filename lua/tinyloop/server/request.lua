@@ -5,8 +5,9 @@
 -- the context length); ranges of the decoding fields stay the engine's rule, and its error
 -- message is mapped back to the request field it names (see param_of).
 local cjson = require "cjson.safe"
+local grammar = require("tinyloop").grammar
 
-local type, pairs, ipairs, tostring, floor = type, pairs, ipairs, tostring, math.floor
+local type, pairs, ipairs, tostring, floor, next = type, pairs, ipairs, tostring, math.floor, next
 local json_null = cjson.null
 
 local _M = {}
@@ -25,6 +26,7 @@ local FIELDS = {
     stream = { "boolean", false },
     n = { "integer", false },
     user = { "string", false },
+    response_format = { "object", false }, -- {"type": "text" | "json_object" | "json_schema", ...}
     -- TinyLoop extensions
     loops = { "integer", "loops" },
     top_k = { "integer", "top_k" },
@@ -43,6 +45,7 @@ local FIELDS = {
     early_exit_peek_every = { "integer", "early_exit_peek_every" },
     early_exit_logit_margin = { "number", "early_exit_logit_margin" },
     early_exit_threshold = { "number", "early_exit_threshold" },
+    grammar = { "string", false }, -- GBNF text; compiled below into cfg.grammar
 }
 _M.FIELDS = FIELDS
 
@@ -63,8 +66,9 @@ local KIND_CHECK = {
     number = function(v) return type(v) == "number" and v == v end,
     integer = is_integer,
     boolean = function(v) return type(v) == "boolean" end,
+    object = function(v) return type(v) == "table" end, -- an array is refused where it is read
 }
-local KIND_WORDS = { string = "a string", number = "a number", integer = "an integer", boolean = "a boolean" }
+local KIND_WORDS = { string = "a string", number = "a number", integer = "an integer", boolean = "a boolean", object = "an object" }
 
 -- The request field an engine error message is about: the longest field or cfg name in it.
 local function param_of(message)
@@ -125,8 +129,138 @@ local function stop_strings(stop)
     return stop
 end
 
+-- ------------------------------------------------------------------ grammars
+
+-- The raw JSON text of a member of an object, by key path, in a body cjson has already
+-- accepted (so it is well-formed). Why raw text: a JSON Schema must reach the compiler as
+-- sent. A decoded Lua table loses the order of "properties" (which is the order the model
+-- writes the keys in) and cannot tell [] from {}.
+local function skip_ws(s, i) return s:find("[^ \t\r\n]", i) or #s + 1 end
+
+local function skip_string(s, i) -- s[i] is the opening quote; -> the index after the closing one
+    local j = i + 1
+    while true do
+        local q = s:find('["\\]', j)
+        if s:byte(q) == 34 then return q + 1 end
+        j = q + 2 -- a backslash escapes the next byte
+    end
+end
+
+local function skip_value(s, i)
+    local c = s:byte(i)
+    if c == 34 then return skip_string(s, i) end
+    if c ~= 123 and c ~= 91 then return s:find("[,}%]%s]", i) or #s + 1 end -- a number, true, false, null
+    local depth, j = 0, i
+    while true do
+        local k = s:find('[%[%]{}"]', j)
+        c = s:byte(k)
+        if c == 34 then
+            j = skip_string(s, k)
+        else
+            depth = depth + ((c == 123 or c == 91) and 1 or -1)
+            j = k + 1
+            if depth == 0 then return j end
+        end
+    end
+end
+
+-- -> the text of s's value at `path` (keys of nested objects), or nil. As cjson does, the
+-- last of duplicate keys wins.
+local function raw_member(s, path)
+    local from, to = skip_ws(s, 1), nil
+    for _, key in ipairs(path) do
+        if s:byte(from) ~= 123 then return nil end
+        local i, found = skip_ws(s, from + 1), nil
+        while s:byte(i) == 34 do
+            local kend = skip_string(s, i)
+            local k = cjson.decode(s:sub(i, kend - 1))
+            local vstart = skip_ws(s, skip_ws(s, kend) + 1) -- past the ':'
+            local vend = skip_value(s, vstart)
+            if k == key then found = { vstart, vend - 1 } end
+            i = skip_ws(s, vend)
+            if s:byte(i) ~= 44 then break end
+            i = skip_ws(s, i + 1)
+        end
+        if not found then return nil end
+        from, to = found[1], found[2]
+    end
+    return s:sub(from, to)
+end
+_M.raw_member = raw_member
+
+-- Compiled grammars by source, so that the clients that send the same grammar or schema
+-- again (the usual case) do not pay its compilation on the event loop each time. Grammars
+-- are immutable and shared safely by any number of sessions. Bounded: emptied when full.
+local CACHE_MAX = 64
+local cache, cached = {}, 0
+local function compiled(key, compile, source)
+    local g = cache[key]
+    if g then return g end
+    local err
+    g, err = compile(source)
+    if not g then return nil, err end
+    if cached >= CACHE_MAX then cache, cached = {}, 0 end
+    cache[key], cached = g, cached + 1
+    return g
+end
+
+local SCHEMA_KEYS = { schema = "object", name = "string", description = "string", strict = "boolean" }
+
+-- The grammar a request asks for (fields `grammar` or `response_format`): grammar | false
+-- (none), the field it came from; or nil, err.
+local function constraint(t, body)
+    if t.grammar ~= nil and t.response_format ~= nil then
+        return bad("grammar and response_format cannot be used together: send one of them", "response_format")
+    end
+    if t.grammar ~= nil then
+        if t.grammar == "" then return bad("grammar must not be empty", "grammar") end
+        local g, err = compiled("gbnf:" .. t.grammar, grammar.gbnf, t.grammar)
+        if not g then return bad("grammar does not compile: " .. tostring(err), "grammar") end
+        return g, "grammar"
+    end
+    local rf = t.response_format
+    if rf == nil then return false end
+    local P = "response_format"
+    if raw_member(body, { P }):sub(1, 1) ~= "{" then return bad("response_format must be an object", P) end
+    for k in pairs(rf) do
+        if k ~= "type" and k ~= "json_schema" then
+            return bad(("unknown field '%s' in response_format"):format(tostring(k)), P)
+        end
+    end
+    local kind = rf.type
+    if kind == "text" or kind == "json_object" then
+        if rf.json_schema ~= nil then return bad("response_format.json_schema goes with type \"json_schema\"", P) end
+        if kind == "text" then return false end
+        local g, err = compiled("shipped:json", grammar.shipped, "json")
+        if not g then return nil, { status = 500, message = "the shipped JSON grammar: " .. tostring(err), type = "server_error" } end
+        return g, P
+    end
+    if kind ~= "json_schema" then
+        return bad('response_format.type must be "text", "json_object" or "json_schema"', P)
+    end
+    local js = rf.json_schema
+    if type(js) ~= "table" or raw_member(body, { P, "json_schema" }):sub(1, 1) ~= "{" then
+        return bad('response_format.json_schema must be an object: {"name", "schema", "strict"}', P)
+    end
+    for k, v in pairs(js) do
+        local want = SCHEMA_KEYS[k]
+        if not want then return bad(("unknown field '%s' in response_format.json_schema"):format(tostring(k)), P) end
+        if v ~= json_null and not KIND_CHECK[want](v) then
+            return bad(("response_format.json_schema.%s must be %s"):format(k, KIND_WORDS[want]), P)
+        end
+    end
+    local text = js.schema ~= nil and js.schema ~= json_null and raw_member(body, { P, "json_schema", "schema" })
+    if not text or text:sub(1, 1) ~= "{" then
+        return bad("response_format.json_schema.schema must be a JSON Schema object", P)
+    end
+    local g, err = compiled("schema:" .. text, grammar.json_schema, text)
+    if not g then return bad("response_format.json_schema.schema does not compile: " .. tostring(err), P) end
+    return g, P
+end
+
 -- parse(body, model, model_id) -> request | nil, err. model: a tinyloop model (vocab_size,
--- max_seq_len, has_tokenizer, encode). request = { ids, cfg, stream, stops, prompt_tokens }.
+-- max_seq_len, has_tokenizer, encode). request = { ids, cfg, stream, stops, prompt_tokens,
+-- grammar_field } (grammar_field: "grammar" or "response_format" when cfg.grammar is set).
 function _M.parse(body, model, model_id)
     if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
     local t, err = cjson.decode(body)
@@ -150,6 +284,9 @@ function _M.parse(body, model, model_id)
         return bad(("model '%s' is not served here (GET /v1/models lists '%s')"):format(t.model, model_id), "model", 404)
     end
     if t.n ~= nil and t.n ~= 1 then return bad("n must be 1 (one choice per request)", "n") end
+    local g, grammar_field = constraint(t, body)
+    if g == nil then return nil, grammar_field end
+    if g then cfg.grammar = g end
     if t.stop ~= nil then
         local stops, e = stop_strings(t.stop)
         if not stops then return nil, e end
@@ -165,7 +302,8 @@ function _M.parse(body, model, model_id)
         return bad(("the prompt (%d tokens) plus max_tokens (%d) exceeds the model's context of %d tokens")
             :format(#ids, max_tokens, model.max_seq_len), "max_tokens")
     end
-    return { ids = ids, cfg = cfg, stream = t.stream == true, stops = cfg.stop_strings, prompt_tokens = #ids }
+    return { ids = ids, cfg = cfg, stream = t.stream == true, stops = cfg.stop_strings, prompt_tokens = #ids,
+             grammar_field = cfg.grammar and grammar_field or nil }
 end
 
 return _M
