@@ -11,6 +11,8 @@ uint16_t tl_f32_to_f16(float f);
 /* One matrix row of `cols` floats (a multiple of TL_QGROUP) into q8 bytes [cols] or q4 bytes
    [cols / 2], and f16 scales [cols / TL_QGROUP] (layout: internal.h). */
 void tl_quantize_row_q8(const float *x, int cols, int8_t *q, uint16_t *scales);
+/* q4 searches each group's f16 scale for the least squared error (quant.c): never more error
+   than the Q4_0 rule d = max|x| / -8, nor than any of the candidates it tries. */
 void tl_quantize_row_q4(const float *x, int cols, uint8_t *q, uint16_t *scales);
 
 /* Writes out_dir (created if needed) as a copy of the checkpoint in_dir with every matrix
