@@ -230,6 +230,19 @@ static void test_json_schema(void) {
     static const char *n5[] = {"\"2024-13-01\"", "\"ab-1\"", "\"AB-\"", "{\"a\":1,\"b\":\"x\"}", "{\"b\":\"xy\"}", NULL};
     expect(g, "anyOf/allOf/format/pattern", y5, n5);
     tl_compiled_grammar_free(g);
+    /* Pattern classes are translated member by member (never copied as text): ']' and '#'
+       stay inside the class, '"' and '\' inside a class become the JSON escapes, "[]"
+       matches nothing and "[^]" any character. */
+    g = schema("{\"type\":\"string\",\"pattern\":\"^[a\\\\]#][ -~]{2}[^]x$\"}");
+    static const char *y7[] = {"\"]ab~x\"", "\"#\\\"\\\\zx\"", "\"a \\\"zx\"", NULL};
+    static const char *n7[] = {"\"b  zx\"", "\"a\"b\"x\"", "\"a\\\\x\"", "\"#ab\"", "\"#\\\\\\\\\\\\x\"", NULL};
+    expect(g, "pattern classes", y7, n7);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"pattern\":\"a[]|b\"}");
+    static const char *y8[] = {"\"b\"", NULL};
+    static const char *n8[] = {"\"a\"", "\"a]\"", NULL};
+    expect(g, "empty class", y8, n8);
+    tl_compiled_grammar_free(g);
     /* free whitespace */
     tl_json_schema_options opts = {1};
     g = NULL;
@@ -254,6 +267,12 @@ static void test_json_schema(void) {
         {"{\"type\":\"string\",\"pattern\":\"(?=x)\"}", "lookaround"},
         {"{\"type\":\"string\",\"pattern\":\"[D-0]\"}", "reversed range 'D-0'"},
         {"{\"type\":\"string\",\"pattern\":\"a{{2}\"}", "bad quantifier"},
+        /* fuzzer find: "[]" (an empty class) then an unbalanced ')' once gave GBNF that did not compile */
+        {"{\"type\": \"string\", \"pattern\": \"-Y2-YK][]##!#######Y(Y4U4 00000)000000000 000000000632*7777.00000004 "
+         "00000)0000032YY];lY\"}", "pattern: unexpected ')'"},
+        {"{\"type\":\"string\",\"pattern\":\"[\\\\d-z]\"}", "pattern: a class range cannot start with '\\d'"},
+        {"{\"type\":\"string\",\"pattern\":\"[\\\\n]\"}", "pattern: escape '\\n' inside a class"},
+        {"{\"type\":\"string\",\"pattern\":\"[\\u0001]\"}", "pattern: control characters in a class"},
         {"{\"$ref\":\"#\"}", "a $ref cycle matches nothing"},
         {"{\"properties\":{\"a\":{\"type\":\"integer\",\"multipleOf\":2}}}", "at /properties/a: unsupported keyword 'multipleOf'"},
     };
