@@ -510,6 +510,7 @@ static bool expand(gram_runtime *rt, int32_t pos, int32_t parent) {
         const gram_elem e = p->elems[pos];
         if (e.kind == GE_END) {
             if (parent == 0) return push_scratch(rt, 0);
+            if (parent == rt->esc_node) return push_scratch(rt, parent); /* below a projection's cut */
             pos = rt->nodes[parent].pos;
             parent = rt->nodes[parent].parent;
             continue;
@@ -567,6 +568,12 @@ static int32_t intern_state(gram_runtime *rt) {
         gram_byteset *lp = realloc(rt->state_loop, (size_t)cap * sizeof *lp);
         if (!lp) return -1;
         rt->state_loop = lp;
+        gram_byteset *tk = realloc(rt->state_takes, (size_t)cap * sizeof *tk);
+        if (!tk) return -1;
+        rt->state_takes = tk;
+        int32_t *pj = realloc(rt->state_proj, (size_t)cap * sizeof *pj);
+        if (!pj) return -1;
+        rt->state_proj = pj;
         rt->cap_states = cap;
     }
     if (rt->n_members + n > rt->cap_members) {
@@ -583,6 +590,9 @@ static int32_t intern_state(gram_runtime *rt) {
     rt->n_members += n;
     rt->state_first[s + 1] = (int64_t)rt->n_members;
     rt->state_flags[s] = (n > 0 && m[0] == 0) ? 1 : 0;
+    rt->state_proj[s] = -1;
+    for (size_t i = 0; i < n && rt->esc_node > 0; i++)
+        if (m[i] == rt->esc_node) rt->state_flags[s] |= 4;
     /* a collision-free insert: probe to an empty slot */
     if (!hash_reserve(t)) return -1;
     size_t j = mix64(h) & (t->cap - 1);
@@ -603,6 +613,8 @@ tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
     rt->nodes[rt->n_nodes++] = (gram_node){-1, -1};
     rt->n_scratch = 0;
     if (intern_state(rt) != GRAM_DEAD) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    /* never a member of a real state: expand stops at it instead of reading its pos */
+    if ((rt->esc_node = intern_node(rt, -2, 0)) < 0) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     bool ok = true;
     for (int a = prog->rule_alts[prog->root]; ok && a < prog->rule_alts[prog->root + 1]; a++)
         ok = expand(rt, prog->alt_start[a], 0);
@@ -619,6 +631,8 @@ void gram_runtime_destroy(gram_runtime *rt) {
     free(rt->state_first);
     free(rt->state_flags);
     free(rt->state_loop);
+    free(rt->state_proj);
+    free(rt->state_takes);
     hash_free(&rt->state_ids);
     hash_free(&rt->transitions);
     free(rt->scratch);
@@ -634,7 +648,7 @@ int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
     rt->n_scratch = 0;
     for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
         const int32_t n = rt->state_members[i];
-        if (n == 0) continue; /* the empty stack accepts the end, not a byte */
+        if (n == 0 || n == rt->esc_node) continue; /* the empty stack accepts the end, not a byte */
         const gram_node node = rt->nodes[n];
         if (!gram_byteset_has(&p->sets[p->elems[node.pos].arg], byte)) continue;
         if (!expand(rt, node.pos + 1, node.parent)) return -1;
@@ -650,18 +664,27 @@ int32_t gram_advance_bytes(gram_runtime *rt, int32_t state, const void *bytes, s
     return state;
 }
 
+const gram_byteset *gram_first_bytes(gram_runtime *rt, int32_t state) {
+    if (!(rt->state_flags[state] & 8)) {
+        gram_byteset takes = {{0}};
+        const gram_program *p = rt->prog;
+        for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
+            const int32_t n = rt->state_members[i];
+            if (n == 0 || n == rt->esc_node) continue;
+            const gram_byteset *s = &p->sets[p->elems[rt->nodes[n].pos].arg];
+            for (int k = 0; k < 4; k++) takes.bits[k] |= s->bits[k];
+        }
+        rt->state_takes[state] = takes;
+        rt->state_flags[state] |= 8;
+    }
+    return &rt->state_takes[state];
+}
+
 const gram_byteset *gram_loop_bytes(gram_runtime *rt, int32_t state) {
     if (!(rt->state_flags[state] & 2)) {
         gram_byteset loop = {{0}};
         /* only bytes some stack can take may loop */
-        gram_byteset possible = {{0}};
-        const gram_program *p = rt->prog;
-        for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
-            const int32_t n = rt->state_members[i];
-            if (n == 0) continue;
-            const gram_byteset *s = &p->sets[p->elems[rt->nodes[n].pos].arg];
-            for (int k = 0; k < 4; k++) possible.bits[k] |= s->bits[k];
-        }
+        const gram_byteset possible = *gram_first_bytes(rt, state);
         for (unsigned b = 0; b < 256; b++) {
             if (!gram_byteset_has(&possible, b)) continue;
             int32_t next = gram_advance(rt, state, b);
@@ -672,6 +695,30 @@ const gram_byteset *gram_loop_bytes(gram_runtime *rt, int32_t state) {
         rt->state_flags[state] |= 2;
     }
     return &rt->state_loop[state];
+}
+
+int32_t gram_project(gram_runtime *rt, int32_t state) {
+    if (rt->state_proj[state] >= 0) return rt->state_proj[state];
+    int32_t frames[GRAM_PROJECT_DEPTH];
+    bool cut = false;
+    rt->n_scratch = 0;
+    for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
+        int32_t n = rt->state_members[i], depth = 0;
+        for (int32_t k = n; k > 0 && k != rt->esc_node && depth <= GRAM_PROJECT_DEPTH; k = rt->nodes[k].parent)
+            if (depth < GRAM_PROJECT_DEPTH) frames[depth++] = k;
+            else depth++;
+        if (depth > GRAM_PROJECT_DEPTH) { /* deeper than the cut: rebuilt on the stand-in */
+            cut = true;
+            n = rt->esc_node;
+            for (int d = GRAM_PROJECT_DEPTH - 1; d >= 0 && n >= 0; d--) n = intern_node(rt, rt->nodes[frames[d]].pos, n);
+            if (n < 0) return -1;
+        }
+        if (!push_scratch(rt, n)) return -1;
+    }
+    const int32_t proj = cut ? intern_state(rt) : state;
+    if (proj < 0) return -1;
+    rt->state_proj[state] = proj;
+    return proj;
 }
 
 /* ---------------------------------------------------------------- public: compiling */

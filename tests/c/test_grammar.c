@@ -480,6 +480,44 @@ static void test_generation(tl_model *m) {
     tl_compiled_grammar_free(sg);
 }
 
+/* Masks at many states: seeded random JSON nested up to 7 deep, so that the same place in a
+   value recurs under different enclosing frames (states that share a projection, whose mask
+   comes from the projection plus the per-state escapes: grammar_mask.c). Each state's mask is
+   compared with the per-token check (test_masks), which advances the state itself. */
+static uint64_t doc_rng = 0x2545F4914F6CDD1DULL;
+static unsigned doc_rand(unsigned n) {
+    doc_rng ^= doc_rng << 13;
+    doc_rng ^= doc_rng >> 7;
+    doc_rng ^= doc_rng << 17;
+    return (unsigned)(doc_rng % n);
+}
+static void doc_value(char *b, size_t cap, int depth) {
+    static const char *atoms[] = {"1", "-2.5e3", "\"x\"", "\"a b\"", "true", "null", "\"\"", "0"};
+    size_t n = strlen(b);
+    const unsigned kind = depth >= 7 ? 2 : doc_rand(3);
+    if (kind == 2 || n + 64 > cap) { snprintf(b + n, cap - n, "%s", atoms[doc_rand(8)]); return; }
+    const int items = 1 + (int)doc_rand(2);
+    snprintf(b + n, cap - n, "%s", kind ? "[" : "{");
+    for (int i = 0; i < items; i++) {
+        n = strlen(b);
+        if (n + 64 > cap) break;
+        if (i) snprintf(b + n, cap - n, doc_rand(2) ? ", " : ",");
+        n = strlen(b);
+        if (!kind) snprintf(b + n, cap - n, "\"k%d\": ", (int)doc_rand(3));
+        doc_value(b, cap, depth + 1);
+    }
+    n = strlen(b);
+    snprintf(b + n, cap - n, "%s", kind ? "]" : "}");
+}
+static void test_masks_nested(tl_model *m) {
+    for (int d = 0; d < 6; d++) {
+        char doc[2048] = "{\"top\": ";
+        doc_value(doc, sizeof doc - 2, 1);
+        strcat(doc, "}");
+        test_masks(m, "lua/tinyloop/grammars/json.gbnf", doc);
+    }
+}
+
 int main(int argc, char **argv) {
     root_dir = argc > 1 ? argv[1] : ".";
     test_parse_errors();
@@ -502,6 +540,7 @@ int main(int argc, char **argv) {
     if (tl_model_load(dir, &opts, &m) == TL_OK) {
         test_masks(m, "lua/tinyloop/grammars/json.gbnf", "{\"name\": \"Elizabeth Bennet\", \"age\": 20, \"tags\": [\"wit\"]}");
         test_masks(m, "tests/data/grammars/llama.cpp/c.gbnf", "int main(){return 0;}");
+        test_masks_nested(m);
         test_generation(m);
         tl_model_free(m);
     } else CHECK(0, "load %s: %s", dir, tl_last_error());
