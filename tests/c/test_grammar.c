@@ -389,6 +389,28 @@ static int sample(tl_model *m, const tl_compiled_grammar *g, uint64_t seed, floa
     return st == TL_OK ? n : -1;
 }
 
+/* Beam search of width `width` from `prompt` (a grammar when g is not NULL); returns the
+   prompt length, -1 on error. */
+static int beam_sample(tl_model *m, const tl_compiled_grammar *g, int width, const char *prompt, int32_t *out,
+                       int *out_len, tl_generate_stats *stats) {
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    tl_grammar grammar;
+    if (g) {
+        tl_grammar_use(&grammar, g);
+        cfg.grammar = &grammar;
+    }
+    cfg.max_tokens = 120;
+    cfg.loops = 4;
+    cfg.beam_size = width;
+    int32_t *ids;
+    int n;
+    if (tl_encode(m, prompt, strlen(prompt), &ids, &n) != TL_OK || n == 0) return -1;
+    tl_status st = tl_generate(m, ids, n, &cfg, out, 256, out_len, stats);
+    tl_free(ids);
+    return st == TL_OK ? n : -1;
+}
+
 static char *continuation_text(tl_model *m, const int32_t *out, int len, int prompt_len) {
     int eos = tl_model_info(m)->eos_token_id;
     int n = len - prompt_len;
@@ -435,6 +457,36 @@ static void test_generation(tl_model *m) {
               "speculative mode %d differs from plain decoding (%d vs %d tokens)", mode, len, plain_len);
         CHECK(st.drafted > 0, "mode %d drafted nothing", mode);
     }
+    /* beam search: every hypothesis carries its own grammar state, so the returned one is a
+       sentence (the search is deterministic: widths and prompts vary instead of seeds) */
+    static const char *beam_prompts[] = {"Data:", "{", "Mr. Darcy said", "The list:"};
+    for (int w = 2; w <= 4; w++)
+        for (int pi = 0; pi < 4; pi++) {
+            int pl = beam_sample(m, g, w, beam_prompts[pi], out, &len, &st);
+            CHECK(pl > 0, "beam %d: %s", w, tl_last_error());
+            if (pl <= 0) continue;
+            CHECK(st.stop_reason == TL_STOP_EOS, "beam %d, prompt %d: stopped by %s", w, pi, tl_stop_reason_name(st.stop_reason));
+            char *text = continuation_text(m, out, len, pl);
+            int ok = 0;
+            if (text) tl_grammar_matches(g, text, strlen(text), &ok);
+            CHECK(ok, "beam %d, prompt %d: not a sentence: %s", w, pi, text ? text : "");
+            tl_free(text);
+        }
+    /* a grammar that allows every text changes nothing: the same tokens as without one */
+    tl_compiled_grammar *any = NULL;
+    const char *any_text = "root ::= [\\x00-\\U0010FFFF]*";
+    CHECK(tl_grammar_compile_gbnf(any_text, strlen(any_text), &any) == TL_OK, "%s", tl_last_error());
+    for (int w = 2; w <= 4 && any; w++)
+        for (int pi = 0; pi < 4; pi++) {
+            int32_t free_out[256];
+            int free_len;
+            int pl = beam_sample(m, any, w, beam_prompts[pi], out, &len, &st);
+            int pf = beam_sample(m, NULL, w, beam_prompts[pi], free_out, &free_len, NULL);
+            CHECK(pl > 0 && pf > 0, "%s", tl_last_error());
+            CHECK(len == free_len && memcmp(out, free_out, (size_t)len * sizeof *out) == 0,
+                  "beam %d, prompt %d: an allow-everything grammar changed the result (%d vs %d tokens)", w, pi, len, free_len);
+        }
+    tl_compiled_grammar_free(any);
     /* and with sampling the chain stays within the grammar */
     for (uint64_t seed = 1; seed <= 10; seed++) {
         int pl = sample(m, g, seed, 0.8f, TL_SPECULATIVE_CHAIN, 1, out, &len, &st);
