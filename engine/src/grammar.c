@@ -35,7 +35,7 @@ static uint64_t mix64(uint64_t x) {
     return x;
 }
 
-static bool hash_reserve(gram_hash *h) {
+bool gram_hash_reserve(gram_hash *h) {
     if ((h->n + 1) * 2 <= h->cap) return true;
     size_t cap = h->cap ? h->cap * 2 : 1024;
     uint64_t *keys = calloc(cap, sizeof *keys);
@@ -60,7 +60,7 @@ static bool hash_reserve(gram_hash *h) {
     return true;
 }
 
-static int32_t hash_get(const gram_hash *h, uint64_t key) {
+int32_t gram_hash_get(const gram_hash *h, uint64_t key) {
     if (!h->cap) return -1;
     for (size_t j = mix64(key) & (h->cap - 1);; j = (j + 1) & (h->cap - 1)) {
         if (h->keys[j] == key) return h->vals[j];
@@ -68,8 +68,8 @@ static int32_t hash_get(const gram_hash *h, uint64_t key) {
     }
 }
 
-static bool hash_put(gram_hash *h, uint64_t key, int32_t val) {
-    if (!hash_reserve(h)) return false;
+bool gram_hash_put(gram_hash *h, uint64_t key, int32_t val) {
+    if (!gram_hash_reserve(h)) return false;
     size_t j = mix64(key) & (h->cap - 1);
     while (h->keys[j] && h->keys[j] != key) j = (j + 1) & (h->cap - 1);
     if (!h->keys[j]) h->n++;
@@ -78,7 +78,12 @@ static bool hash_put(gram_hash *h, uint64_t key, int32_t val) {
     return true;
 }
 
-static void hash_free(gram_hash *h) {
+void gram_hash_clear(gram_hash *h) {
+    if (h->cap) memset(h->keys, 0, h->cap * sizeof *h->keys);
+    h->n = 0;
+}
+
+void gram_hash_free(gram_hash *h) {
     free(h->keys);
     free(h->vals);
     memset(h, 0, sizeof *h);
@@ -205,12 +210,12 @@ static int add_set(prog_writer *w, const gram_byteset *set) {
     uint64_t h = 1469598103934665603ULL;
     for (int i = 0; i < 4; i++) h = mix64(h ^ set->bits[i]);
     h |= 1;
-    int32_t at = hash_get(&w->set_ids, h);
+    int32_t at = gram_hash_get(&w->set_ids, h);
     if (at >= 0 && memcmp(&w->p->sets[at], set, sizeof *set) == 0) return at;
     gram_program *p = w->p;
     if (!grow((void **)&p->sets, &w->cap_sets, p->n_sets + 1, sizeof *p->sets)) return -1;
     p->sets[p->n_sets] = *set;
-    if (at < 0 && !hash_put(&w->set_ids, h, p->n_sets)) return -1;
+    if (at < 0 && !gram_hash_put(&w->set_ids, h, p->n_sets)) return -1;
     return p->n_sets++;
 }
 
@@ -456,7 +461,7 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
     for (int g = 0; g < w.n_gen; g++) free(w.gen_seqs[g]);
     free(w.gen_seqs);
     free(w.gen_n);
-    hash_free(&w.set_ids);
+    gram_hash_free(&w.set_ids);
     free(rule_alt_count);
     free(by_rule);
     if (oom || too_big) {
@@ -478,14 +483,14 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
 
 static int32_t intern_node(gram_runtime *rt, int32_t pos, int32_t parent) {
     const uint64_t key = ((uint64_t)(uint32_t)(pos + 1) << 32) | (uint32_t)parent;
-    int32_t id = hash_get(&rt->node_ids, key);
+    int32_t id = gram_hash_get(&rt->node_ids, key);
     if (id >= 0) return id;
     if (rt->n_nodes >= GRAM_MAX_NODES ||
         !grow((void **)&rt->nodes, &rt->cap_nodes, rt->n_nodes + 1, sizeof *rt->nodes))
         return -1;
     id = rt->n_nodes++;
     rt->nodes[id] = (gram_node){pos, parent};
-    if (!hash_put(&rt->node_ids, key, id)) return -1;
+    if (!gram_hash_put(&rt->node_ids, key, id)) return -1;
     return id;
 }
 
@@ -594,7 +599,7 @@ static int32_t intern_state(gram_runtime *rt) {
     for (size_t i = 0; i < n && rt->esc_node > 0; i++)
         if (m[i] == rt->esc_node) rt->state_flags[s] |= 4;
     /* a collision-free insert: probe to an empty slot */
-    if (!hash_reserve(t)) return -1;
+    if (!gram_hash_reserve(t)) return -1;
     size_t j = mix64(h) & (t->cap - 1);
     while (t->keys[j]) j = (j + 1) & (t->cap - 1);
     t->keys[j] = h;
@@ -626,15 +631,15 @@ tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
 void gram_runtime_destroy(gram_runtime *rt) {
     pthread_mutex_destroy(&rt->lock);
     free(rt->nodes);
-    hash_free(&rt->node_ids);
+    gram_hash_free(&rt->node_ids);
     free(rt->state_members);
     free(rt->state_first);
     free(rt->state_flags);
     free(rt->state_loop);
     free(rt->state_proj);
     free(rt->state_takes);
-    hash_free(&rt->state_ids);
-    hash_free(&rt->transitions);
+    gram_hash_free(&rt->state_ids);
+    gram_hash_free(&rt->transitions);
     free(rt->scratch);
     memset(rt, 0, sizeof *rt);
 }
@@ -642,7 +647,7 @@ void gram_runtime_destroy(gram_runtime *rt) {
 int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
     if (state == GRAM_DEAD) return GRAM_DEAD;
     const uint64_t key = (uint64_t)state * 256u + byte + 1u;
-    int32_t next = hash_get(&rt->transitions, key);
+    int32_t next = gram_hash_get(&rt->transitions, key);
     if (next >= 0) return next;
     const gram_program *p = rt->prog;
     rt->n_scratch = 0;
@@ -654,7 +659,7 @@ int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
         if (!expand(rt, node.pos + 1, node.parent)) return -1;
     }
     next = intern_state(rt);
-    if (next < 0 || !hash_put(&rt->transitions, key, next)) return -1;
+    if (next < 0 || !gram_hash_put(&rt->transitions, key, next)) return -1;
     return next;
 }
 

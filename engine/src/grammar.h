@@ -111,6 +111,13 @@ typedef struct gram_hash { /* open addressing, keys != 0 */
     size_t cap, n;
 } gram_hash;
 
+/* The one open-addressing table of the grammar code (grammar.c): grows at half full. */
+bool gram_hash_reserve(gram_hash *h);                      /* room for one more key; false: out of memory */
+int32_t gram_hash_get(const gram_hash *h, uint64_t key);   /* -1 when absent */
+bool gram_hash_put(gram_hash *h, uint64_t key, int32_t val);
+void gram_hash_clear(gram_hash *h);                        /* no keys, capacity kept */
+void gram_hash_free(gram_hash *h);
+
 typedef struct gram_mask_entry {
     int32_t state;
     int32_t count;

@@ -202,23 +202,17 @@ static int walk(gram_runtime *rt, const gram_vocab *v, int node, int depth, int3
 void gram_binding_destroy(gram_binding *b) {
     for (int i = 0; i < b->n_masks; i++) { free(b->masks[i].mask); free(b->masks[i].esc); free(b->masks[i].esc_depth); }
     free(b->masks);
-    free(b->mask_ids.keys);
-    free(b->mask_ids.vals);
+    gram_hash_free(&b->mask_ids);
     gram_vocab_free(b->vocab);
     memset(b, 0, sizeof *b);
 }
 
 static int32_t cached_mask(const gram_binding *b, int32_t state) {
-    const gram_hash *h = &b->mask_ids;
-    if (!h->cap) return -1;
-    const uint64_t key = (uint64_t)state + 1;
-    for (size_t j = (key * 0x9e3779b97f4a7c15ULL >> 20) & (h->cap - 1);; j = (j + 1) & (h->cap - 1)) {
-        if (h->keys[j] == key) return h->vals[j];
-        if (!h->keys[j]) return -1;
-    }
+    return gram_hash_get(&b->mask_ids, (uint64_t)state + 1);
 }
 
-/* Caches a mask (with a projection's escape list, taken over: freed here on failure). */
+/* Caches a mask (with a projection's escape list, taken over on success; on failure the
+   caller keeps it). */
 static bool remember_mask(gram_binding *b, int32_t state, const uint8_t *allowed, int count, esc_list *esc) {
     esc_list none = {0};
     if (!esc) esc = &none;
@@ -227,51 +221,24 @@ static bool remember_mask(gram_binding *b, int32_t state, const uint8_t *allowed
         for (int i = 0; i < b->n_masks; i++) { free(b->masks[i].mask); free(b->masks[i].esc); free(b->masks[i].esc_depth); }
         b->n_masks = 0;
         b->mask_bytes = 0;
-        memset(b->mask_ids.keys, 0, b->mask_ids.cap * sizeof *b->mask_ids.keys);
-        b->mask_ids.n = 0;
+        gram_hash_clear(&b->mask_ids);
     }
-    gram_hash *h = &b->mask_ids;
-    if ((h->n + 1) * 2 > h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 256;
-        uint64_t *keys = calloc(cap, sizeof *keys);
-        int32_t *vals = malloc(cap * sizeof *vals);
-        if (!keys || !vals) { free(keys); free(vals); goto fail; }
-        for (size_t i = 0; i < h->cap; i++) {
-            if (!h->keys[i]) continue;
-            size_t j = (h->keys[i] * 0x9e3779b97f4a7c15ULL >> 20) & (cap - 1);
-            while (keys[j]) j = (j + 1) & (cap - 1);
-            keys[j] = h->keys[i];
-            vals[j] = h->vals[i];
-        }
-        free(h->keys);
-        free(h->vals);
-        h->keys = keys;
-        h->vals = vals;
-        h->cap = cap;
-    }
+    if (!gram_hash_reserve(&b->mask_ids)) return false;
     if (b->n_masks == b->cap_masks) {
         int cap = b->cap_masks ? b->cap_masks * 2 : 64;
         gram_mask_entry *q = realloc(b->masks, (size_t)cap * sizeof *q);
-        if (!q) goto fail;
+        if (!q) return false;
         b->masks = q;
         b->cap_masks = cap;
     }
     uint8_t *copy = malloc(vocab);
-    if (!copy) goto fail;
+    if (!copy) return false;
     memcpy(copy, allowed, vocab);
     b->masks[b->n_masks] = (gram_mask_entry){state, count, copy, esc->node, esc->depth, esc->n};
-    const uint64_t key = (uint64_t)state + 1;
-    size_t j = (key * 0x9e3779b97f4a7c15ULL >> 20) & (h->cap - 1);
-    while (h->keys[j]) j = (j + 1) & (h->cap - 1);
-    h->keys[j] = key;
-    h->vals[j] = b->n_masks++;
-    h->n++;
+    if (!gram_hash_put(&b->mask_ids, (uint64_t)state + 1, b->n_masks)) { free(copy); return false; } /* reserved: cannot fail */
+    b->n_masks++;
     b->mask_bytes += vocab + (size_t)esc->n * 6;
     return true;
-fail:
-    free(esc->node);
-    free(esc->depth);
-    return false;
 }
 
 /* A state's mask is its projection's (grammar.h, gram_project) plus the tokens below the
