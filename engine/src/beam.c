@@ -15,6 +15,13 @@
  * Search stops when every beam has ended, or when beam_size hypotheses have ended and no
  * live beam's current score beats the worst of them.
  *
+ * A compiled grammar (GBNF, JSON Schema) constrains every hypothesis: each carries its own
+ * matcher state (states are immutable ints, so copying a hypothesis copies its grammar
+ * state), its row is masked with that state's allowed tokens before the candidates are
+ * chosen, and a hypothesis with nothing allowed (GRAMMAR_DEAD_END) is dropped. The session's
+ * own matcher advances only over the emitted tokens, a prefix of a hypothesis that followed
+ * the grammar. A callback grammar has one state for the whole session and stays refused.
+ *
  * Streaming: a token is emitted as soon as every hypothesis that can still be returned (the
  * live beams and the kept ended ones) agrees on it, since the winner is one of them or a
  * descendant of a live beam; the rest of the winner is emitted when the search ends. The
@@ -23,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar.h"
 #include "session.h"
 #include "stop.h"
 
@@ -32,6 +40,7 @@ typedef struct hypothesis {
     int32_t *tokens;       /* [max_tokens] */
     int *rows;             /* [max_tokens] cache row of each generated token once forwarded */
     double score;          /* ranking score of an ended hypothesis */
+    int32_t gstate;        /* compiled grammar: the matcher state after the tokens */
 } hypothesis;
 
 typedef struct candidate { double score; int beam; int32_t token; } candidate;
@@ -90,6 +99,7 @@ static void copy_hyp(hypothesis *dst, const hypothesis *src) {
     dst->logp = src->logp;
     dst->len = src->len;
     dst->score = src->score;
+    dst->gstate = src->gstate;
     memcpy(dst->tokens, src->tokens, (size_t)src->len * sizeof(int32_t));
     memcpy(dst->rows, src->rows, (size_t)src->len * sizeof(int));
 }
@@ -198,6 +208,12 @@ static tl_status search_step(tl_session *s, beam_state *b) {
         const int n_hist = history_of(s, b, &b->live[i]);
         st = tl_session_prepare_logits_for(s, b->logits + (size_t)i * (size_t)V, b->history, n_hist);
         if (st != TL_OK) return st;
+        if (s->grammar_matcher) { /* this hypothesis's own grammar state (none allowed: dropped) */
+            const int n_allowed = gram_matcher_mask_state(s->grammar_matcher, b->live[i].gstate, s->allowed);
+            if (n_allowed < 0) return tl_fail(TL_ERR_NO_MEMORY, "grammar: out of memory (grammar too ambiguous?)");
+            for (int t = 0; t < V; t++)
+                if (!s->allowed[t]) s->work[t] = -INFINITY;
+        }
         if (!tl_log_softmax(s->work, V, b->logprobs)) continue;
         const int n = tl_top_k(s->work, V, 2 * B, b->top_ids, b->top_values);
         for (int pick = 0; pick < n; pick++)
@@ -214,6 +230,10 @@ static tl_status search_step(tl_session *s, beam_state *b) {
         copy_hyp(h, &b->live[cd->beam]);
         h->tokens[h->len++] = cd->token;
         h->logp = cd->score;
+        if (s->grammar_matcher) { /* the mask allowed the token: the state cannot die here */
+            h->gstate = gram_matcher_advance_state(s->grammar_matcher, h->gstate, cd->token);
+            if (h->gstate < 0) return tl_fail(TL_ERR_NO_MEMORY, "grammar: out of memory (grammar too ambiguous?)");
+        }
         const int n_hist = history_of(s, b, h);
         const bool ended = (cd->token == s->m->cfg.eos_token_id && !cfg->ignore_eos) ||
                            tl_stop_sequences_match(b->history, n_hist, prompt_len, cfg->stop_sequences,
@@ -263,6 +283,7 @@ static tl_status beam_next(tl_session *s, int32_t *token) {
         b->n_live = 1;
         b->live[0].logp = 0.0;
         b->live[0].len = 0;
+        b->live[0].gstate = s->grammar_matcher ? gram_matcher_state(s->grammar_matcher) : 0;
         memcpy(b->history, s->tokens, (size_t)s->prompt_len * sizeof(int32_t));
     }
     const int emitted = s->n_tokens - s->prompt_len;

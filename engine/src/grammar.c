@@ -35,7 +35,7 @@ static uint64_t mix64(uint64_t x) {
     return x;
 }
 
-static bool hash_reserve(gram_hash *h) {
+bool gram_hash_reserve(gram_hash *h) {
     if ((h->n + 1) * 2 <= h->cap) return true;
     size_t cap = h->cap ? h->cap * 2 : 1024;
     uint64_t *keys = calloc(cap, sizeof *keys);
@@ -60,7 +60,7 @@ static bool hash_reserve(gram_hash *h) {
     return true;
 }
 
-static int32_t hash_get(const gram_hash *h, uint64_t key) {
+int32_t gram_hash_get(const gram_hash *h, uint64_t key) {
     if (!h->cap) return -1;
     for (size_t j = mix64(key) & (h->cap - 1);; j = (j + 1) & (h->cap - 1)) {
         if (h->keys[j] == key) return h->vals[j];
@@ -68,8 +68,8 @@ static int32_t hash_get(const gram_hash *h, uint64_t key) {
     }
 }
 
-static bool hash_put(gram_hash *h, uint64_t key, int32_t val) {
-    if (!hash_reserve(h)) return false;
+bool gram_hash_put(gram_hash *h, uint64_t key, int32_t val) {
+    if (!gram_hash_reserve(h)) return false;
     size_t j = mix64(key) & (h->cap - 1);
     while (h->keys[j] && h->keys[j] != key) j = (j + 1) & (h->cap - 1);
     if (!h->keys[j]) h->n++;
@@ -78,7 +78,12 @@ static bool hash_put(gram_hash *h, uint64_t key, int32_t val) {
     return true;
 }
 
-static void hash_free(gram_hash *h) {
+void gram_hash_clear(gram_hash *h) {
+    if (h->cap) memset(h->keys, 0, h->cap * sizeof *h->keys);
+    h->n = 0;
+}
+
+void gram_hash_free(gram_hash *h) {
     free(h->keys);
     free(h->vals);
     memset(h, 0, sizeof *h);
@@ -205,12 +210,12 @@ static int add_set(prog_writer *w, const gram_byteset *set) {
     uint64_t h = 1469598103934665603ULL;
     for (int i = 0; i < 4; i++) h = mix64(h ^ set->bits[i]);
     h |= 1;
-    int32_t at = hash_get(&w->set_ids, h);
+    int32_t at = gram_hash_get(&w->set_ids, h);
     if (at >= 0 && memcmp(&w->p->sets[at], set, sizeof *set) == 0) return at;
     gram_program *p = w->p;
     if (!grow((void **)&p->sets, &w->cap_sets, p->n_sets + 1, sizeof *p->sets)) return -1;
     p->sets[p->n_sets] = *set;
-    if (at < 0 && !hash_put(&w->set_ids, h, p->n_sets)) return -1;
+    if (at < 0 && !gram_hash_put(&w->set_ids, h, p->n_sets)) return -1;
     return p->n_sets++;
 }
 
@@ -456,7 +461,7 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
     for (int g = 0; g < w.n_gen; g++) free(w.gen_seqs[g]);
     free(w.gen_seqs);
     free(w.gen_n);
-    hash_free(&w.set_ids);
+    gram_hash_free(&w.set_ids);
     free(rule_alt_count);
     free(by_rule);
     if (oom || too_big) {
@@ -478,14 +483,14 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
 
 static int32_t intern_node(gram_runtime *rt, int32_t pos, int32_t parent) {
     const uint64_t key = ((uint64_t)(uint32_t)(pos + 1) << 32) | (uint32_t)parent;
-    int32_t id = hash_get(&rt->node_ids, key);
+    int32_t id = gram_hash_get(&rt->node_ids, key);
     if (id >= 0) return id;
     if (rt->n_nodes >= GRAM_MAX_NODES ||
         !grow((void **)&rt->nodes, &rt->cap_nodes, rt->n_nodes + 1, sizeof *rt->nodes))
         return -1;
     id = rt->n_nodes++;
     rt->nodes[id] = (gram_node){pos, parent};
-    if (!hash_put(&rt->node_ids, key, id)) return -1;
+    if (!gram_hash_put(&rt->node_ids, key, id)) return -1;
     return id;
 }
 
@@ -510,6 +515,7 @@ static bool expand(gram_runtime *rt, int32_t pos, int32_t parent) {
         const gram_elem e = p->elems[pos];
         if (e.kind == GE_END) {
             if (parent == 0) return push_scratch(rt, 0);
+            if (parent == rt->esc_node) return push_scratch(rt, parent); /* below a projection's cut */
             pos = rt->nodes[parent].pos;
             parent = rt->nodes[parent].parent;
             continue;
@@ -567,6 +573,12 @@ static int32_t intern_state(gram_runtime *rt) {
         gram_byteset *lp = realloc(rt->state_loop, (size_t)cap * sizeof *lp);
         if (!lp) return -1;
         rt->state_loop = lp;
+        gram_byteset *tk = realloc(rt->state_takes, (size_t)cap * sizeof *tk);
+        if (!tk) return -1;
+        rt->state_takes = tk;
+        int32_t *pj = realloc(rt->state_proj, (size_t)cap * sizeof *pj);
+        if (!pj) return -1;
+        rt->state_proj = pj;
         rt->cap_states = cap;
     }
     if (rt->n_members + n > rt->cap_members) {
@@ -583,8 +595,11 @@ static int32_t intern_state(gram_runtime *rt) {
     rt->n_members += n;
     rt->state_first[s + 1] = (int64_t)rt->n_members;
     rt->state_flags[s] = (n > 0 && m[0] == 0) ? 1 : 0;
+    rt->state_proj[s] = -1;
+    for (size_t i = 0; i < n && rt->esc_node > 0; i++)
+        if (m[i] == rt->esc_node) rt->state_flags[s] |= 4;
     /* a collision-free insert: probe to an empty slot */
-    if (!hash_reserve(t)) return -1;
+    if (!gram_hash_reserve(t)) return -1;
     size_t j = mix64(h) & (t->cap - 1);
     while (t->keys[j]) j = (j + 1) & (t->cap - 1);
     t->keys[j] = h;
@@ -603,6 +618,8 @@ tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
     rt->nodes[rt->n_nodes++] = (gram_node){-1, -1};
     rt->n_scratch = 0;
     if (intern_state(rt) != GRAM_DEAD) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    /* never a member of a real state: expand stops at it instead of reading its pos */
+    if ((rt->esc_node = intern_node(rt, -2, 0)) < 0) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     bool ok = true;
     for (int a = prog->rule_alts[prog->root]; ok && a < prog->rule_alts[prog->root + 1]; a++)
         ok = expand(rt, prog->alt_start[a], 0);
@@ -614,13 +631,15 @@ tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
 void gram_runtime_destroy(gram_runtime *rt) {
     pthread_mutex_destroy(&rt->lock);
     free(rt->nodes);
-    hash_free(&rt->node_ids);
+    gram_hash_free(&rt->node_ids);
     free(rt->state_members);
     free(rt->state_first);
     free(rt->state_flags);
     free(rt->state_loop);
-    hash_free(&rt->state_ids);
-    hash_free(&rt->transitions);
+    free(rt->state_proj);
+    free(rt->state_takes);
+    gram_hash_free(&rt->state_ids);
+    gram_hash_free(&rt->transitions);
     free(rt->scratch);
     memset(rt, 0, sizeof *rt);
 }
@@ -628,19 +647,19 @@ void gram_runtime_destroy(gram_runtime *rt) {
 int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
     if (state == GRAM_DEAD) return GRAM_DEAD;
     const uint64_t key = (uint64_t)state * 256u + byte + 1u;
-    int32_t next = hash_get(&rt->transitions, key);
+    int32_t next = gram_hash_get(&rt->transitions, key);
     if (next >= 0) return next;
     const gram_program *p = rt->prog;
     rt->n_scratch = 0;
     for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
         const int32_t n = rt->state_members[i];
-        if (n == 0) continue; /* the empty stack accepts the end, not a byte */
+        if (n == 0 || n == rt->esc_node) continue; /* the empty stack accepts the end, not a byte */
         const gram_node node = rt->nodes[n];
         if (!gram_byteset_has(&p->sets[p->elems[node.pos].arg], byte)) continue;
         if (!expand(rt, node.pos + 1, node.parent)) return -1;
     }
     next = intern_state(rt);
-    if (next < 0 || !hash_put(&rt->transitions, key, next)) return -1;
+    if (next < 0 || !gram_hash_put(&rt->transitions, key, next)) return -1;
     return next;
 }
 
@@ -650,18 +669,27 @@ int32_t gram_advance_bytes(gram_runtime *rt, int32_t state, const void *bytes, s
     return state;
 }
 
+const gram_byteset *gram_first_bytes(gram_runtime *rt, int32_t state) {
+    if (!(rt->state_flags[state] & 8)) {
+        gram_byteset takes = {{0}};
+        const gram_program *p = rt->prog;
+        for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
+            const int32_t n = rt->state_members[i];
+            if (n == 0 || n == rt->esc_node) continue;
+            const gram_byteset *s = &p->sets[p->elems[rt->nodes[n].pos].arg];
+            for (int k = 0; k < 4; k++) takes.bits[k] |= s->bits[k];
+        }
+        rt->state_takes[state] = takes;
+        rt->state_flags[state] |= 8;
+    }
+    return &rt->state_takes[state];
+}
+
 const gram_byteset *gram_loop_bytes(gram_runtime *rt, int32_t state) {
     if (!(rt->state_flags[state] & 2)) {
         gram_byteset loop = {{0}};
         /* only bytes some stack can take may loop */
-        gram_byteset possible = {{0}};
-        const gram_program *p = rt->prog;
-        for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
-            const int32_t n = rt->state_members[i];
-            if (n == 0) continue;
-            const gram_byteset *s = &p->sets[p->elems[rt->nodes[n].pos].arg];
-            for (int k = 0; k < 4; k++) possible.bits[k] |= s->bits[k];
-        }
+        const gram_byteset possible = *gram_first_bytes(rt, state);
         for (unsigned b = 0; b < 256; b++) {
             if (!gram_byteset_has(&possible, b)) continue;
             int32_t next = gram_advance(rt, state, b);
@@ -672,6 +700,30 @@ const gram_byteset *gram_loop_bytes(gram_runtime *rt, int32_t state) {
         rt->state_flags[state] |= 2;
     }
     return &rt->state_loop[state];
+}
+
+int32_t gram_project(gram_runtime *rt, int32_t state) {
+    if (rt->state_proj[state] >= 0) return rt->state_proj[state];
+    int32_t frames[GRAM_PROJECT_DEPTH];
+    bool cut = false;
+    rt->n_scratch = 0;
+    for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
+        int32_t n = rt->state_members[i], depth = 0;
+        for (int32_t k = n; k > 0 && k != rt->esc_node && depth <= GRAM_PROJECT_DEPTH; k = rt->nodes[k].parent)
+            if (depth < GRAM_PROJECT_DEPTH) frames[depth++] = k;
+            else depth++;
+        if (depth > GRAM_PROJECT_DEPTH) { /* deeper than the cut: rebuilt on the stand-in */
+            cut = true;
+            n = rt->esc_node;
+            for (int d = GRAM_PROJECT_DEPTH - 1; d >= 0 && n >= 0; d--) n = intern_node(rt, rt->nodes[frames[d]].pos, n);
+            if (n < 0) return -1;
+        }
+        if (!push_scratch(rt, n)) return -1;
+    }
+    const int32_t proj = cut ? intern_state(rt) : state;
+    if (proj < 0) return -1;
+    rt->state_proj[state] = proj;
+    return proj;
 }
 
 /* ---------------------------------------------------------------- public: compiling */

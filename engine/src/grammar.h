@@ -111,10 +111,22 @@ typedef struct gram_hash { /* open addressing, keys != 0 */
     size_t cap, n;
 } gram_hash;
 
+/* The one open-addressing table of the grammar code (grammar.c): grows at half full. */
+bool gram_hash_reserve(gram_hash *h);                      /* room for one more key; false: out of memory */
+int32_t gram_hash_get(const gram_hash *h, uint64_t key);   /* -1 when absent */
+bool gram_hash_put(gram_hash *h, uint64_t key, int32_t val);
+void gram_hash_clear(gram_hash *h);                        /* no keys, capacity kept */
+void gram_hash_free(gram_hash *h);
+
 typedef struct gram_mask_entry {
     int32_t state;
     int32_t count;
     uint8_t *mask;        /* [vocab] */
+    /* a projection's mask leaves out the subtrees of these trie nodes (at these depths), where
+       its walk escaped; they are resolved per state (grammar_mask.c) */
+    int32_t *esc;
+    uint16_t *esc_depth;
+    int32_t n_esc;
 } gram_mask_entry;
 
 struct gram_vocab;
@@ -130,12 +142,17 @@ typedef struct gram_runtime {
     int32_t *state_members;      /* concatenated sorted node lists */
     size_t n_members, cap_members;
     int64_t *state_first;        /* [n_states + 1] offsets into state_members */
-    uint8_t *state_flags;        /* bit 0: accepting; bit 1: loop bytes computed */
+    uint8_t *state_flags;        /* bit 0: accepting; bit 1: loop bytes computed; bit 2: escaped
+                                    (a stack popped into the stand-in of a projection) */
     gram_byteset *state_loop;    /* bytes that lead from a state back to itself */
+    gram_byteset *state_takes;   /* bytes some stack of the state can take (bit 3 of flags: computed) */
     int n_states, cap_states;
     gram_hash state_ids;         /* hash of members -> chain of candidate states */
     gram_hash transitions;       /* state * 256 + byte + 1 -> state */
     int32_t initial;
+    /* Projections (gram_project): a stand-in for everything below a stack's top frames. */
+    int32_t esc_node;            /* the stand-in, a node no byte matches */
+    int32_t *state_proj;         /* [n_states] the state's projection, -1 not computed yet */
     /* scratch */
     int32_t *scratch;
     size_t n_scratch, cap_scratch;
@@ -150,8 +167,21 @@ void gram_runtime_destroy(gram_runtime *rt);
 int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte);
 int32_t gram_advance_bytes(gram_runtime *rt, int32_t state, const void *bytes, size_t len);
 static inline bool gram_accepting(const gram_runtime *rt, int32_t state) { return rt->state_flags[state] & 1; }
+/* Bytes some stack of the state can take (the others lead to GRAM_DEAD; computed once). */
+const gram_byteset *gram_first_bytes(gram_runtime *rt, int32_t state);
 /* Bytes b with advance(state, b) == state (computed once per state). NULL out of memory. */
 const gram_byteset *gram_loop_bytes(gram_runtime *rt, int32_t state);
+/* The projection of a state: each of its stacks cut to its top GRAM_PROJECT_DEPTH frames, the
+   rest replaced by a stand-in node that no byte matches and that marks a state "escaped" when a
+   stack pops into it. Stacks with the same top frames (the same place in a JSON value at any
+   nesting, say) merge, so many states share one projection. Advancing the projection by a
+   byte string that never escapes mirrors advancing the state itself (the cut-off frames are
+   never looked at), so a token is allowed from the state exactly when it is allowed from the
+   projection, as long as no state met on the way is escaped. Returns the state itself when no
+   stack is deeper than the cut; -1 out of memory. */
+#define GRAM_PROJECT_DEPTH 3
+int32_t gram_project(gram_runtime *rt, int32_t state);
+static inline bool gram_escaped(const gram_runtime *rt, int32_t state) { return rt->state_flags[state] & 4; }
 
 /* ---------------------------------------------------------------- tokens (grammar_mask.c) */
 
@@ -200,6 +230,8 @@ struct tl_compiled_grammar {
 /* Writes allowed[0..vocab) for `state` (1 = allowed) and returns the count; < 0 out of memory.
    Callers hold the runtime's lock. */
 int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed);
+/* The same mask by a walk of the state itself: no cache, no projection (the tests' reference). */
+int gram_mask_full(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed);
 /* State after a whole token (GRAM_DEAD if it is not allowed; end of sequence keeps an
    accepting state); -1 out of memory. Callers hold the runtime's lock. */
 int32_t gram_advance_token(gram_runtime *rt, const gram_vocab *v, int32_t state, int32_t token);

@@ -7,7 +7,11 @@
  *   - a subtree whose bytes all lead from the state back to itself (e.g. the inside of a JSON
  *     string) is allowed in bulk, without walking it;
  *   - masks are cached per state for the life of the compiled grammar, so a state met again,
- *     in this generation or a later one, costs a copy.
+ *     in this generation or a later one, costs a copy;
+ *   - a state never met before takes the cached mask of its projection (its stacks cut to the
+ *     top frames, grammar.h), shared by the states that differ only in deeper frames, and walks
+ *     only the subtrees where the projection's walk needed the cut frames (closing brackets);
+ *   - a child byte no stack can take is skipped with a bit test, not a transition lookup.
  * The session asks for a full mask only when it must: greedy decoding first checks its argmax
  * against the grammar (a walk of one token's bytes) and masks only when it is rejected. */
 #include <stdlib.h>
@@ -139,14 +143,42 @@ static bool subset(const gram_byteset *a, const gram_byteset *b) {
     return true;
 }
 
+/* Trie nodes where a projection's walk escaped (grammar.h, gram_project): the tokens below
+   them depend on the frames the projection cut off, and are resolved per state. */
+typedef struct esc_list { int32_t *node; uint16_t *depth; int n, cap; bool oom; } esc_list;
+
+static void esc_add(esc_list *e, int32_t node, int depth) {
+    if (e->n == e->cap) {
+        int cap = e->cap ? e->cap * 2 : 16;
+        int32_t *q = realloc(e->node, (size_t)cap * sizeof *q);
+        if (q) e->node = q;
+        uint16_t *d = q ? realloc(e->depth, (size_t)cap * sizeof *d) : NULL;
+        if (d) e->depth = d;
+        if (!q || !d) { e->oom = true; return; }
+        e->cap = cap;
+    }
+    e->node[e->n] = node;
+    e->depth[e->n++] = (uint16_t)depth;
+}
+
 /* Allows the tokens of node's children subtrees reachable from `state`; returns the count
-   added, or -1 out of memory. */
-static int walk(gram_runtime *rt, const gram_vocab *v, int node, int32_t state, uint8_t *allowed) {
+   added, or -1 out of memory. A child whose state is escaped (only a projection's walk meets
+   one) is left out and listed in `esc`. */
+static int walk(gram_runtime *rt, const gram_vocab *v, int node, int depth, int32_t state, uint8_t *allowed, esc_list *esc) {
     int count = 0;
+    /* bytes no stack can take die without a transition lookup: a wide node (GPT-2's " " has
+       thousands of children) costs a bit test per child, not a hash probe */
+    const gram_byteset takes = *gram_first_bytes(rt, state); /* a copy: advancing may move the array */
     for (int c = node + 1; c < v->sub_end[node]; c = v->sub_end[c]) {
+        if (!gram_byteset_has(&takes, v->node_byte[c])) continue;
         const int32_t next = gram_advance(rt, state, v->node_byte[c]);
         if (next < 0) return -1;
         if (next == GRAM_DEAD) continue;
+        if (gram_escaped(rt, next)) {
+            esc_add(esc, c, depth + 1);
+            if (esc->oom) return -1;
+            continue;
+        }
         const int32_t here_end = v->tok_first[c + 1], below_end = v->tok_first[v->sub_end[c]];
         for (int32_t k = v->tok_first[c]; k < here_end; k++) allowed[v->order[k]] = 1;
         count += here_end - v->tok_first[c];
@@ -160,7 +192,7 @@ static int walk(gram_runtime *rt, const gram_vocab *v, int node, int32_t state, 
                 continue;
             }
         }
-        int below = walk(rt, v, c, next, allowed);
+        int below = walk(rt, v, c, depth + 1, next, allowed, esc);
         if (below < 0) return -1;
         count += below;
     }
@@ -168,52 +200,30 @@ static int walk(gram_runtime *rt, const gram_vocab *v, int node, int32_t state, 
 }
 
 void gram_binding_destroy(gram_binding *b) {
-    for (int i = 0; i < b->n_masks; i++) free(b->masks[i].mask);
+    for (int i = 0; i < b->n_masks; i++) { free(b->masks[i].mask); free(b->masks[i].esc); free(b->masks[i].esc_depth); }
     free(b->masks);
-    free(b->mask_ids.keys);
-    free(b->mask_ids.vals);
+    gram_hash_free(&b->mask_ids);
     gram_vocab_free(b->vocab);
     memset(b, 0, sizeof *b);
 }
 
 static int32_t cached_mask(const gram_binding *b, int32_t state) {
-    const gram_hash *h = &b->mask_ids;
-    if (!h->cap) return -1;
-    const uint64_t key = (uint64_t)state + 1;
-    for (size_t j = (key * 0x9e3779b97f4a7c15ULL >> 20) & (h->cap - 1);; j = (j + 1) & (h->cap - 1)) {
-        if (h->keys[j] == key) return h->vals[j];
-        if (!h->keys[j]) return -1;
-    }
+    return gram_hash_get(&b->mask_ids, (uint64_t)state + 1);
 }
 
-static bool remember_mask(gram_binding *b, int32_t state, const uint8_t *allowed, int count) {
+/* Caches a mask (with a projection's escape list, taken over on success; on failure the
+   caller keeps it). */
+static bool remember_mask(gram_binding *b, int32_t state, const uint8_t *allowed, int count, esc_list *esc) {
+    esc_list none = {0};
+    if (!esc) esc = &none;
     const size_t vocab = (size_t)b->vocab->vocab_size;
     if (b->mask_bytes + vocab > MASK_CACHE_BYTES) { /* full: start over */
-        for (int i = 0; i < b->n_masks; i++) free(b->masks[i].mask);
+        for (int i = 0; i < b->n_masks; i++) { free(b->masks[i].mask); free(b->masks[i].esc); free(b->masks[i].esc_depth); }
         b->n_masks = 0;
         b->mask_bytes = 0;
-        memset(b->mask_ids.keys, 0, b->mask_ids.cap * sizeof *b->mask_ids.keys);
-        b->mask_ids.n = 0;
+        gram_hash_clear(&b->mask_ids);
     }
-    gram_hash *h = &b->mask_ids;
-    if ((h->n + 1) * 2 > h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 256;
-        uint64_t *keys = calloc(cap, sizeof *keys);
-        int32_t *vals = malloc(cap * sizeof *vals);
-        if (!keys || !vals) { free(keys); free(vals); return false; }
-        for (size_t i = 0; i < h->cap; i++) {
-            if (!h->keys[i]) continue;
-            size_t j = (h->keys[i] * 0x9e3779b97f4a7c15ULL >> 20) & (cap - 1);
-            while (keys[j]) j = (j + 1) & (cap - 1);
-            keys[j] = h->keys[i];
-            vals[j] = h->vals[i];
-        }
-        free(h->keys);
-        free(h->vals);
-        h->keys = keys;
-        h->vals = vals;
-        h->cap = cap;
-    }
+    if (!gram_hash_reserve(&b->mask_ids)) return false;
     if (b->n_masks == b->cap_masks) {
         int cap = b->cap_masks ? b->cap_masks * 2 : 64;
         gram_mask_entry *q = realloc(b->masks, (size_t)cap * sizeof *q);
@@ -224,34 +234,93 @@ static bool remember_mask(gram_binding *b, int32_t state, const uint8_t *allowed
     uint8_t *copy = malloc(vocab);
     if (!copy) return false;
     memcpy(copy, allowed, vocab);
-    b->masks[b->n_masks] = (gram_mask_entry){state, count, copy};
-    const uint64_t key = (uint64_t)state + 1;
-    size_t j = (key * 0x9e3779b97f4a7c15ULL >> 20) & (h->cap - 1);
-    while (h->keys[j]) j = (j + 1) & (h->cap - 1);
-    h->keys[j] = key;
-    h->vals[j] = b->n_masks++;
-    h->n++;
-    b->mask_bytes += vocab;
+    b->masks[b->n_masks] = (gram_mask_entry){state, count, copy, esc->node, esc->depth, esc->n};
+    if (!gram_hash_put(&b->mask_ids, (uint64_t)state + 1, b->n_masks)) { free(copy); return false; } /* reserved: cannot fail */
+    b->n_masks++;
+    b->mask_bytes += vocab + (size_t)esc->n * 6;
     return true;
 }
 
-int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed) {
-    const gram_vocab *v = b->vocab;
-    const int32_t at = cached_mask(b, state);
-    if (at >= 0) {
-        memcpy(allowed, b->masks[at].mask, (size_t)v->vocab_size);
-        return b->masks[at].count;
+/* A state's mask is its projection's (grammar.h, gram_project) plus the tokens below the
+   trie nodes where the projection's walk escaped, resolved from the state itself: the
+   projection is shared by every state with the same top frames, so a state never met before
+   usually costs a copy and a few small subtree walks (the tokens that close brackets) instead
+   of a walk of the whole vocabulary. Where the grammar may end, EOS too (the empty stack is
+   never cut, so the state and its projection agree). */
+static int resolve(gram_runtime *rt, const gram_vocab *v, const gram_mask_entry *pm, int32_t state, uint8_t *allowed) {
+    int count = pm->count;
+    for (int i = 0; i < pm->n_esc; i++) {
+        const int32_t c = pm->esc[i];
+        /* the bytes leading to c: the first pm->esc_depth[i] bytes of any token below it */
+        const int32_t tok = v->order[v->tok_first[c]];
+        const int32_t at = gram_advance_bytes(rt, state, v->bytes[tok], pm->esc_depth[i]);
+        if (at < 0) return -1;
+        if (at == GRAM_DEAD) continue;
+        const int32_t here_end = v->tok_first[c + 1];
+        for (int32_t k = v->tok_first[c]; k < here_end; k++) allowed[v->order[k]] = 1;
+        count += here_end - v->tok_first[c];
+        esc_list none = {0};
+        const int below = walk(rt, v, c, pm->esc_depth[i], at, allowed, &none);
+        free(none.node);
+        free(none.depth);
+        if (below < 0) return -1;
+        count += below;
     }
+    return count;
+}
+
+static int walk_mask(gram_runtime *rt, const gram_vocab *v, int32_t state, uint8_t *allowed, esc_list *esc) {
     memset(allowed, 0, (size_t)v->vocab_size);
     if (state == GRAM_DEAD) return 0;
-    int count = walk(rt, v, 0, state, allowed);
+    int count = walk(rt, v, 0, 0, state, allowed, esc);
     if (count < 0) return -1;
-    /* the end of the sequence is allowed where the grammar may end */
     if (v->eos >= 0 && gram_accepting(rt, state) && !allowed[v->eos]) {
         allowed[v->eos] = 1;
         count++;
     }
-    remember_mask(b, state, allowed, count); /* a failed remember only costs speed */
+    return count;
+}
+
+int gram_mask_full(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed) {
+    esc_list none = {0};
+    int count = walk_mask(rt, b->vocab, state, allowed, &none); /* a real state never escapes */
+    free(none.node);
+    free(none.depth);
+    return count;
+}
+
+int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed) {
+    const gram_vocab *v = b->vocab;
+    int32_t at = cached_mask(b, state);
+    if (at >= 0) {
+        memcpy(allowed, b->masks[at].mask, (size_t)v->vocab_size);
+        return b->masks[at].count;
+    }
+    const int32_t proj = gram_project(rt, state);
+    if (proj < 0) return -1;
+    if (proj == state) { /* nothing cut: the state's own walk */
+        const int count = gram_mask_full(rt, b, state, allowed);
+        if (count >= 0) remember_mask(b, state, allowed, count, NULL); /* a failed remember only costs speed */
+        return count;
+    }
+    if ((at = cached_mask(b, proj)) < 0) {
+        esc_list esc = {0};
+        const int count = walk_mask(rt, v, proj, allowed, &esc);
+        if (count < 0) { free(esc.node); free(esc.depth); return -1; }
+        if (!remember_mask(b, proj, allowed, count, &esc)) {
+            /* uncached: resolve from this one */
+            gram_mask_entry tmp = {proj, count, NULL, esc.node, esc.depth, esc.n};
+            const int n = resolve(rt, v, &tmp, state, allowed);
+            free(esc.node);
+            free(esc.depth);
+            return n;
+        }
+        at = b->n_masks - 1;
+    } else memcpy(allowed, b->masks[at].mask, (size_t)v->vocab_size);
+    const gram_mask_entry pm = b->masks[at]; /* a copy: remembering may move the array */
+    if (pm.n_esc == 0) return pm.count;
+    const int count = resolve(rt, v, &pm, state, allowed);
+    if (count >= 0) remember_mask(b, state, allowed, count, NULL);
     return count;
 }
 

@@ -167,6 +167,138 @@ static void natural_range(sbuf *b, long long lo, long long hi) {
 
 /* ---------------------------------------------------------------- strings */
 
+/* The length of the valid UTF-8 character at s (NUL-terminated), or <= 0. */
+static int utf8_char(const char *s) {
+    size_t n = 0;
+    while (n < 4 && s[n]) n++;
+    return n ? tlz_utf8_seq((const unsigned char *)s, n) : -1;
+}
+
+/* A code point in a GBNF class: letters and digits as they are, everything else escaped, so
+   that no character of the pattern can close the class or start a GBNF comment ('#'). */
+static void class_cp(sbuf *o, uint32_t v) {
+    const char ch = (char)v;
+    if ((v >= '0' && v <= '9') || (v >= 'a' && v <= 'z') || (v >= 'A' && v <= 'Z')) put(o, &ch, 1);
+    else if (v < 0x80) printf_(o, "\\x%02X", (unsigned)v);
+    else printf_(o, "\\U%08X", (unsigned)v);
+}
+
+/* One member of a regular-expression class at *q: a code point (*set NULL), or the GBNF
+   ranges of \d \w \s (*set). Escapes follow ECMA-262: \xHH, \uHHHH and escaped punctuation
+   are characters; any other escape is refused. */
+static int class_member(conv *c, const char **q, const char *path, uint32_t *cp, const char **set) {
+    const unsigned char *s = (const unsigned char *)*q;
+    *set = NULL;
+    if (*s == '\\') {
+        const unsigned char e = s[1];
+        if (e == 'd' || e == 'w' || e == 's') {
+            *set = e == 'd' ? "0-9" : e == 'w' ? "a-zA-Z0-9_" : " ";
+            *q += 2;
+            return 0;
+        }
+        if (e == 'x' || e == 'u') {
+            const int digits = e == 'x' ? 2 : 4;
+            uint32_t v = 0;
+            for (int i = 0; i < digits; i++) {
+                const unsigned char h = s[2 + i];
+                const int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+                if (d < 0) return fail(c, path, "pattern: '\\%c' in a class needs %d hex digits", e, digits);
+                v = v * 16 + (uint32_t)d;
+            }
+            if (v >= 0xD800 && v <= 0xDFFF) return fail(c, path, "pattern: a surrogate code point in a class is not supported");
+            *cp = v;
+            *q += 2 + digits;
+            return 0;
+        }
+        if (!e || (e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
+            return fail(c, path, "pattern: escape '\\%c' inside a class is not supported", e ? e : '?');
+        if (e >= 0x80 || e < 0x20) return fail(c, path, "pattern: escaping a control or non-ASCII character is not supported");
+        *cp = e;
+        *q += 2;
+        return 0;
+    }
+    const int len = utf8_char((const char *)s);
+    if (len <= 0) return fail(c, path, "pattern: invalid UTF-8 in a class");
+    uint32_t v = len == 1 ? s[0] : s[0] & (0xFF >> (len + 1));
+    for (int i = 1; i < len; i++) v = (v << 6) | (s[i] & 0x3F);
+    *cp = v;
+    *q += len;
+    return 0;
+}
+
+/* A regular-expression class [...] / [^...] (ECMA-262: "[]" matches nothing, "[^]" any
+   character) translated member by member into a GBNF class, never copied as text: the
+   pattern's bytes cannot end up outside the class. A JSON string holds '"' and '\' only
+   escaped and control characters not at all, so a plain class splits them out ('"' and '\'
+   become the alternatives \" and \\; a control is refused), and a negated class excludes
+   them, as '.' does. */
+static void class_range(sbuf *o, uint32_t lo, uint32_t hi, bool negated, bool *quote, bool *backslash) {
+    if (!negated) {
+        static const uint32_t special[2] = {'"', '\\'};
+        for (int k = 0; k < 2; k++)
+            if (lo <= special[k] && special[k] <= hi) {
+                *(k ? backslash : quote) = true;
+                if (lo < special[k]) class_range(o, lo, special[k] - 1, negated, quote, backslash);
+                if (special[k] < hi) class_range(o, special[k] + 1, hi, negated, quote, backslash);
+                return;
+            }
+    }
+    class_cp(o, lo);
+    if (hi != lo) { puts_(o, "-"); class_cp(o, hi); }
+}
+
+static int regex_class(conv *c, const char **p, const char *path, sbuf *o) {
+    const char *s = *p + 1;
+    const bool negated = *s == '^';
+    if (negated) s++;
+    sbuf cls = {0};
+    puts_(&cls, negated ? "[^" : "[");
+    const size_t empty_len = cls.n;
+    bool quote = false, backslash = false;
+    while (*s != ']') {
+        if (!*s) { free(cls.p); return fail(c, path, "pattern: unterminated '['"); }
+        const char *from = s, *set;
+        uint32_t lo, hi;
+        if (class_member(c, &s, path, &lo, &set) < 0) { free(cls.p); return -1; }
+        if (set) {
+            if (s[0] == '-' && s[1] && s[1] != ']') {
+                free(cls.p);
+                return fail(c, path, "pattern: a class range cannot start with '%.2s'", from);
+            }
+            puts_(&cls, set);
+            continue;
+        }
+        hi = lo;
+        if (s[0] == '-' && s[1] && s[1] != ']') {
+            s++;
+            if (class_member(c, &s, path, &hi, &set) < 0) { free(cls.p); return -1; }
+            if (set) { free(cls.p); return fail(c, path, "pattern: a class range cannot end with '%.2s'", s - 2); }
+            if (hi < lo) { free(cls.p); return fail(c, path, "pattern: reversed range '%.*s' in a class", (int)(s - from), from); }
+        }
+        if (!negated && lo < 0x20) { free(cls.p); return fail(c, path, "pattern: control characters in a class are not supported"); }
+        class_range(&cls, lo, hi, negated, &quote, &backslash);
+    }
+    if (cls.oom) { free(cls.p); o->oom = true; *p = s + 1; return 0; }
+    const bool has_ranges = cls.n > empty_len;
+    if (negated) puts_(&cls, "\\\"\\\\\\x00-\\x1F");
+    puts_(&cls, "]");
+    const char *alts[3];
+    int n_alts = 0;
+    if (negated || has_ranges) alts[n_alts++] = cls.p;
+    if (quote) alts[n_alts++] = "\"\\\\\\\"\"";
+    if (backslash) alts[n_alts++] = "\"\\\\\\\\\"";
+    if (n_alts == 0) puts_(o, "[^\\x00-\\U0010FFFF]"); /* "[]": nothing */
+    else if (n_alts == 1) puts_(o, alts[0]);
+    else {
+        puts_(o, "(");
+        for (int i = 0; i < n_alts; i++) { if (i) puts_(o, " | "); puts_(o, alts[i]); }
+        puts_(o, ")");
+    }
+    free(cls.p);
+    *p = s + 1;
+    return 0;
+}
+
 /* A regular-expression subset into a GBNF expression over JSON string characters. */
 static int regex_alt(conv *c, const char **p, const char *path, sbuf *o, int depth);
 
@@ -184,40 +316,7 @@ static int regex_atom(conv *c, const char **p, const char *path, sbuf *o, int de
         puts_(o, ")");
         return 0;
     }
-    if (*s == '[') {
-        const char *end = s + 1;
-        if (*end == '^') end++;
-        if (*end == ']') end++;
-        while (*end && *end != ']') { if (*end == '\\' && end[1]) end++; end++; }
-        if (*end != ']') return fail(c, path, "pattern: unterminated '['");
-        bool negated = s[1] == '^';
-        for (const char *q = s + 1; q < end; q++) {
-            if ((unsigned char)*q < 0x20) return fail(c, path, "pattern: control characters in a class are not supported");
-            if (q[0] == '-' && q > s + 1 + negated && q + 1 < end && q[-1] != '\\' && (unsigned char)q[1] < (unsigned char)q[-1])
-                return fail(c, path, "pattern: reversed range '%c-%c' in a class", q[-1], q[1]);
-        }
-        for (const char *q = s + 1; q < end; q++)
-            if (*q == '"' && !negated) return fail(c, path, "pattern: a class containing '\"' is not supported");
-        /* Regular-expression classes and GBNF classes differ in their escapes (\d, \w inside
-           a class...): the class is written as it will be emitted (a negated one also
-           excludes what a JSON string cannot hold raw), and used only when GBNF reads it as a
-           class, else refused here rather than yielding a grammar that does not compile. */
-        const int len = (int)(end - s - 1);
-        if (len > 500) return fail(c, path, "pattern: a character class longer than 500 bytes is not supported");
-        char emitted[600], probe[620];
-        snprintf(emitted, sizeof emitted, "[%.*s%s]", len, s + 1, negated ? "\\\"\\\\\\x00-\\x1F" : "");
-        snprintf(probe, sizeof probe, "root ::= %s", emitted);
-        tl_compiled_grammar *check = NULL;
-        const bool reads = tl_grammar_compile_gbnf(probe, strlen(probe), &check) == TL_OK;
-        tl_compiled_grammar_free(check);
-        tl_clear_error();
-        if (!reads)
-            return fail(c, path, "pattern: the character class [%.*s] is not supported (escapes such as \\d "
-                        "inside a class are not translated)", len > 40 ? 40 : len, s + 1);
-        puts_(o, emitted);
-        *p = end + 1;
-        return 0;
-    }
+    if (*s == '[') return regex_class(c, p, path, o);
     if (*s == '.') { puts_(o, "[^\"\\\\\\x00-\\x1F]"); *p = s + 1; return 0; }
     if (*s == '\\') {
         char e = s[1];
@@ -239,11 +338,11 @@ static int regex_atom(conv *c, const char **p, const char *path, sbuf *o, int de
     if (strchr("*+?{", *s)) return fail(c, path, "pattern: '%c' with nothing to repeat", *s);
     if ((unsigned char)*s < 0x20) return fail(c, path, "pattern: control characters are not supported");
     if (*s == '"') { puts_(o, "\"\\\\\\\"\""); *p = s + 1; return 0; }
-    /* one UTF-8 character, as a literal */
-    size_t len = 1;
-    while (((unsigned char)s[len] & 0xC0) == 0x80) len++;
+    /* one UTF-8 character, as a literal (GBNF reads only valid UTF-8) */
+    const int len = utf8_char(s);
+    if (len <= 0) return fail(c, path, "pattern: invalid UTF-8");
     char lit[8] = {0};
-    memcpy(lit, s, len < 7 ? len : 7);
+    memcpy(lit, s, (size_t)len);
     literal(o, lit);
     *p = s + len;
     return 0;

@@ -210,8 +210,10 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
     if (c->grammar) {
         /* ---- grammar: greedy decoding checks its argmax first; when the grammar accepts it,
            the masked argmax is the same token (ties go to the lowest id either way), so the
-           full mask is skipped. Beam search needs whole rows (and has no matcher). */
-        if (s->grammar_matcher && s->greedy && s->cfg.beam_size < 2) {
+           full mask is skipped. Beam search masks each hypothesis with its own state
+           (beam.c), not the session's. */
+        if (s->grammar_matcher && s->cfg.beam_size >= 2) return TL_OK;
+        if (s->grammar_matcher && s->greedy) {
             const int32_t top = tl_argmax(s->work, vocab);
             const int32_t next = top >= 0 ? gram_matcher_advance_state(s->grammar_matcher,
                                                                         gram_matcher_state(s->grammar_matcher), top)

@@ -196,10 +196,12 @@ static tl_status validate_speculative(const tl_model *m, const tl_generate_confi
 }
 
 /* Beam search ranks whole hypotheses: rules that judge one emitted sequence at a time (a
-   stop rule, stop strings, a grammar) or forget history (a window) would need one state per
-   beam, which is not built. on_token observes the settled tokens and works. */
+   stop rule, stop strings, a callback grammar) or forget history (a window) would need one
+   state per beam, which is not built. A compiled grammar's states are values: each hypothesis
+   carries its own (beam.c). on_token observes the settled tokens and works. */
 static tl_status validate_beam(const tl_generate_config *c) {
-    const char *what = c->grammar ? "a grammar"
+    const char *what = c->grammar && !c->grammar->compiled
+                         ? "a callback grammar (its state cannot be copied per hypothesis: use a compiled grammar, GBNF or JSON Schema)"
                      : c->stop_rule ? "a stop_rule hook"
                      : c->n_stop_strings > 0 ? "stop strings"
                      : c->cache_window > 0 ? "cache_window"

@@ -170,7 +170,7 @@ static void test_validation(void) {
     cfg.stop_rule = NULL;
     tl_grammar g = {.allowed = noop_allowed, .advance = noop_advance};
     cfg.grammar = &g;
-    CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, out, CAP, &n, NULL), TL_ERR_UNSUPPORTED, "a grammar");
+    CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, out, CAP, &n, NULL), TL_ERR_UNSUPPORTED, "a callback grammar");
     cfg.grammar = NULL;
     cfg.beam_size = 65;
     CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, out, CAP, &n, NULL), TL_ERR_INVALID_ARGUMENT, "beam_size = 65");

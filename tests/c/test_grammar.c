@@ -230,6 +230,19 @@ static void test_json_schema(void) {
     static const char *n5[] = {"\"2024-13-01\"", "\"ab-1\"", "\"AB-\"", "{\"a\":1,\"b\":\"x\"}", "{\"b\":\"xy\"}", NULL};
     expect(g, "anyOf/allOf/format/pattern", y5, n5);
     tl_compiled_grammar_free(g);
+    /* Pattern classes are translated member by member (never copied as text): ']' and '#'
+       stay inside the class, '"' and '\' inside a class become the JSON escapes, "[]"
+       matches nothing and "[^]" any character. */
+    g = schema("{\"type\":\"string\",\"pattern\":\"^[a\\\\]#][ -~]{2}[^]x$\"}");
+    static const char *y7[] = {"\"]ab~x\"", "\"#\\\"\\\\zx\"", "\"a \\\"zx\"", NULL};
+    static const char *n7[] = {"\"b  zx\"", "\"a\"b\"x\"", "\"a\\\\x\"", "\"#ab\"", "\"#\\\\\\\\\\\\x\"", NULL};
+    expect(g, "pattern classes", y7, n7);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"pattern\":\"a[]|b\"}");
+    static const char *y8[] = {"\"b\"", NULL};
+    static const char *n8[] = {"\"a\"", "\"a]\"", NULL};
+    expect(g, "empty class", y8, n8);
+    tl_compiled_grammar_free(g);
     /* free whitespace */
     tl_json_schema_options opts = {1};
     g = NULL;
@@ -254,6 +267,12 @@ static void test_json_schema(void) {
         {"{\"type\":\"string\",\"pattern\":\"(?=x)\"}", "lookaround"},
         {"{\"type\":\"string\",\"pattern\":\"[D-0]\"}", "reversed range 'D-0'"},
         {"{\"type\":\"string\",\"pattern\":\"a{{2}\"}", "bad quantifier"},
+        /* fuzzer find: "[]" (an empty class) then an unbalanced ')' once gave GBNF that did not compile */
+        {"{\"type\": \"string\", \"pattern\": \"-Y2-YK][]##!#######Y(Y4U4 00000)000000000 000000000632*7777.00000004 "
+         "00000)0000032YY];lY\"}", "pattern: unexpected ')'"},
+        {"{\"type\":\"string\",\"pattern\":\"[\\\\d-z]\"}", "pattern: a class range cannot start with '\\d'"},
+        {"{\"type\":\"string\",\"pattern\":\"[\\\\n]\"}", "pattern: escape '\\n' inside a class"},
+        {"{\"type\":\"string\",\"pattern\":\"[\\u0001]\"}", "pattern: control characters in a class"},
         {"{\"$ref\":\"#\"}", "a $ref cycle matches nothing"},
         {"{\"properties\":{\"a\":{\"type\":\"integer\",\"multipleOf\":2}}}", "at /properties/a: unsupported keyword 'multipleOf'"},
     };
@@ -370,6 +389,28 @@ static int sample(tl_model *m, const tl_compiled_grammar *g, uint64_t seed, floa
     return st == TL_OK ? n : -1;
 }
 
+/* Beam search of width `width` from `prompt` (a grammar when g is not NULL); returns the
+   prompt length, -1 on error. */
+static int beam_sample(tl_model *m, const tl_compiled_grammar *g, int width, const char *prompt, int32_t *out,
+                       int *out_len, tl_generate_stats *stats) {
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    tl_grammar grammar;
+    if (g) {
+        tl_grammar_use(&grammar, g);
+        cfg.grammar = &grammar;
+    }
+    cfg.max_tokens = 120;
+    cfg.loops = 4;
+    cfg.beam_size = width;
+    int32_t *ids;
+    int n;
+    if (tl_encode(m, prompt, strlen(prompt), &ids, &n) != TL_OK || n == 0) return -1;
+    tl_status st = tl_generate(m, ids, n, &cfg, out, 256, out_len, stats);
+    tl_free(ids);
+    return st == TL_OK ? n : -1;
+}
+
 static char *continuation_text(tl_model *m, const int32_t *out, int len, int prompt_len) {
     int eos = tl_model_info(m)->eos_token_id;
     int n = len - prompt_len;
@@ -416,6 +457,36 @@ static void test_generation(tl_model *m) {
               "speculative mode %d differs from plain decoding (%d vs %d tokens)", mode, len, plain_len);
         CHECK(st.drafted > 0, "mode %d drafted nothing", mode);
     }
+    /* beam search: every hypothesis carries its own grammar state, so the returned one is a
+       sentence (the search is deterministic: widths and prompts vary instead of seeds) */
+    static const char *beam_prompts[] = {"Data:", "{", "Mr. Darcy said", "The list:"};
+    for (int w = 2; w <= 4; w++)
+        for (int pi = 0; pi < 4; pi++) {
+            int pl = beam_sample(m, g, w, beam_prompts[pi], out, &len, &st);
+            CHECK(pl > 0, "beam %d: %s", w, tl_last_error());
+            if (pl <= 0) continue;
+            CHECK(st.stop_reason == TL_STOP_EOS, "beam %d, prompt %d: stopped by %s", w, pi, tl_stop_reason_name(st.stop_reason));
+            char *text = continuation_text(m, out, len, pl);
+            int ok = 0;
+            if (text) tl_grammar_matches(g, text, strlen(text), &ok);
+            CHECK(ok, "beam %d, prompt %d: not a sentence: %s", w, pi, text ? text : "");
+            tl_free(text);
+        }
+    /* a grammar that allows every text changes nothing: the same tokens as without one */
+    tl_compiled_grammar *any = NULL;
+    const char *any_text = "root ::= [\\x00-\\U0010FFFF]*";
+    CHECK(tl_grammar_compile_gbnf(any_text, strlen(any_text), &any) == TL_OK, "%s", tl_last_error());
+    for (int w = 2; w <= 4 && any; w++)
+        for (int pi = 0; pi < 4; pi++) {
+            int32_t free_out[256];
+            int free_len;
+            int pl = beam_sample(m, any, w, beam_prompts[pi], out, &len, &st);
+            int pf = beam_sample(m, NULL, w, beam_prompts[pi], free_out, &free_len, NULL);
+            CHECK(pl > 0 && pf > 0, "%s", tl_last_error());
+            CHECK(len == free_len && memcmp(out, free_out, (size_t)len * sizeof *out) == 0,
+                  "beam %d, prompt %d: an allow-everything grammar changed the result (%d vs %d tokens)", w, pi, len, free_len);
+        }
+    tl_compiled_grammar_free(any);
     /* and with sampling the chain stays within the grammar */
     for (uint64_t seed = 1; seed <= 10; seed++) {
         int pl = sample(m, g, seed, 0.8f, TL_SPECULATIVE_CHAIN, 1, out, &len, &st);
@@ -461,6 +532,44 @@ static void test_generation(tl_model *m) {
     tl_compiled_grammar_free(sg);
 }
 
+/* Masks at many states: seeded random JSON nested up to 7 deep, so that the same place in a
+   value recurs under different enclosing frames (states that share a projection, whose mask
+   comes from the projection plus the per-state escapes: grammar_mask.c). Each state's mask is
+   compared with the per-token check (test_masks), which advances the state itself. */
+static uint64_t doc_rng = 0x2545F4914F6CDD1DULL;
+static unsigned doc_rand(unsigned n) {
+    doc_rng ^= doc_rng << 13;
+    doc_rng ^= doc_rng >> 7;
+    doc_rng ^= doc_rng << 17;
+    return (unsigned)(doc_rng % n);
+}
+static void doc_value(char *b, size_t cap, int depth) {
+    static const char *atoms[] = {"1", "-2.5e3", "\"x\"", "\"a b\"", "true", "null", "\"\"", "0"};
+    size_t n = strlen(b);
+    const unsigned kind = depth >= 7 ? 2 : doc_rand(3);
+    if (kind == 2 || n + 64 > cap) { snprintf(b + n, cap - n, "%s", atoms[doc_rand(8)]); return; }
+    const int items = 1 + (int)doc_rand(2);
+    snprintf(b + n, cap - n, "%s", kind ? "[" : "{");
+    for (int i = 0; i < items; i++) {
+        n = strlen(b);
+        if (n + 64 > cap) break;
+        if (i) snprintf(b + n, cap - n, doc_rand(2) ? ", " : ",");
+        n = strlen(b);
+        if (!kind) snprintf(b + n, cap - n, "\"k%d\": ", (int)doc_rand(3));
+        doc_value(b, cap, depth + 1);
+    }
+    n = strlen(b);
+    snprintf(b + n, cap - n, "%s", kind ? "]" : "}");
+}
+static void test_masks_nested(tl_model *m) {
+    for (int d = 0; d < 6; d++) {
+        char doc[2048] = "{\"top\": ";
+        doc_value(doc, sizeof doc - 2, 1);
+        strcat(doc, "}");
+        test_masks(m, "lua/tinyloop/grammars/json.gbnf", doc);
+    }
+}
+
 int main(int argc, char **argv) {
     root_dir = argc > 1 ? argv[1] : ".";
     test_parse_errors();
@@ -483,6 +592,7 @@ int main(int argc, char **argv) {
     if (tl_model_load(dir, &opts, &m) == TL_OK) {
         test_masks(m, "lua/tinyloop/grammars/json.gbnf", "{\"name\": \"Elizabeth Bennet\", \"age\": 20, \"tags\": [\"wit\"]}");
         test_masks(m, "tests/data/grammars/llama.cpp/c.gbnf", "int main(){return 0;}");
+        test_masks_nested(m);
         test_generation(m);
         tl_model_free(m);
     } else CHECK(0, "load %s: %s", dir, tl_last_error());

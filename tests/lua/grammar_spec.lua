@@ -82,6 +82,25 @@ describe("cfg.grammar with a compiled grammar", function()
             assert.same(plain, ids)
         end
     end)
+    it("constrains beam search: each hypothesis keeps its own grammar state", function()
+        for _, width in ipairs({ 2, 3 }) do
+            local ids, stats = austen:generate(P, { grammar = json, max_tokens = 120, loops = 4, beam_size = width })
+            assert.equal("EOS", stats.stop_reason)
+            local out = text(ids, #P):gsub("<|endoftext|>$", "")
+            assert.is_true(json:matches(out), out)
+        end
+        -- a grammar that allows every text leaves the search as it is
+        local any = assert(G.gbnf("root ::= [\\x00-\\U0010FFFF]*"))
+        local cfg = { max_tokens = 40, loops = 4, beam_size = 3 }
+        local free = austen:generate(P, cfg)
+        cfg.grammar = any
+        assert.same(free, austen:generate(P, cfg))
+    end)
+    it("refuses beam search with a Lua-object grammar, naming the reason", function()
+        local lua_grammar = { allowed = function(_, mask) mask[0] = 1 return 1 end, advance = function() end }
+        H.error_contains(function() austen:generate(P, { grammar = lua_grammar, beam_size = 2 }) end,
+            "callback grammar")
+    end)
     it("refuses speculative decoding with a Lua-object grammar", function()
         local lua_grammar = { allowed = function(_, mask) mask[0] = 1 return 1 end, advance = function() end }
         assert.has_error(function() austen:generate(P, { grammar = lua_grammar, speculative = "chain" }) end)
