@@ -17,17 +17,27 @@ static bool needs_probe(tl_exit_criterion c) {
     return c == TL_EXIT_HIDDEN_STATE || c == TL_EXIT_KL || c == TL_EXIT_ENTROPY_DIFF || c == TL_EXIT_ARGMAX;
 }
 
+/* The probe's distribution (log-softmax, entropy, KL) costs two exp per vocabulary entry;
+   only the KL and entropy criteria and a depth_policy hook (which is shown them) read it.
+   The default criterion needs the argmax alone. */
+static bool needs_distribution(const tl_generate_config *c) {
+    return c->depth_policy || (c->early_exit_patience > 0 && (c->early_exit_criterion == TL_EXIT_KL ||
+                                                              c->early_exit_criterion == TL_EXIT_ENTROPY_DIFF));
+}
+
 /* What the previous probe of this token left. */
 typedef struct probe_memory {
     bool have;       /* a probe ran before */
     int32_t argmax;  /* -1 before the first */
     double entropy;
-    double *logp;    /* [vocab] its log-softmax (prev_logp of the next probe) */
+    double *logp;    /* [vocab] its log-softmax (prev_logp of the next probe); NULL when
+                        nothing reads the distribution */
 } probe_memory;
 
 /* The probe's signals from its logits, in double: argmax (tl_argmax: ties to the lowest id),
    entropy, KL(previous || this) and the top-1 minus top-2 margin (in float, as the logits);
-   then this probe becomes the previous one. A row with no finite logit gives argmax -1 and
+   then this probe becomes the previous one. Without prev->logp only the argmax and margin
+   are read (entropy and KL stay NaN). A row with no finite logit gives argmax -1 and
    leaves the memory as it was. */
 static void read_probe(const float *logits, int vocab, probe_memory *prev, tl_loop_signals *sig, double *margin) {
     const int32_t top = tl_argmax(logits, vocab);
@@ -40,6 +50,11 @@ static void read_probe(const float *logits, int vocab, probe_memory *prev, tl_lo
     for (int i = 0; i < vocab; i++)
         if (i != top && logits[i] > second) second = logits[i];
     *margin = (double)(best - second);
+    if (!prev->logp) {
+        prev->have = true;
+        prev->argmax = top;
+        return;
+    }
     double sum = 0.0;
     for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - (double)best);
     const double log_z = (double)best + log(sum);
@@ -93,7 +108,7 @@ tl_status tl_session_forward_adaptive(tl_session *s, int start) {
     const double gate_threshold = c->early_exit_gate_threshold > 0.0f ? (double)c->early_exit_gate_threshold
                                                                      : (double)m->cfg.exit_threshold;
     probe_memory prev = {false, -1, 0.0, NULL};
-    if (probing && L > 1 && !(prev.logp = malloc((size_t)vocab * sizeof *prev.logp)))
+    if (probing && needs_distribution(c) && L > 1 && !(prev.logp = malloc((size_t)vocab * sizeof *prev.logp)))
         return tl_fail(TL_ERR_NO_MEMORY, "out of memory for early-exit probes (%d floats)", vocab);
     tl_forward f;
     tl_status st = tl_forward_begin(&f, m, s->cache, &s->ws, s->tokens + start, s->positions + start, 1, NULL);

@@ -92,7 +92,7 @@ typedef struct {
     const float *x;
     const tl_qrows *xq; /* x quantised, for q4 weights */
     const tl_matmul_out *outs;
-    int n, count;
+    int n;
     int first_task[GROUP_MAX + 1];
     int cols_per_task[GROUP_MAX];
     const tl_kernels *kern;
@@ -156,7 +156,7 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
     }
     tl_pool *pool = tl_cpu_pool(m);
     const int threads = tl_pool_threads(pool);
-    matmul_job job = {.x = x, .outs = outs, .n = n, .count = count, .kern = tl_cpu_kernels()};
+    matmul_job job = {.x = x, .outs = outs, .n = n, .kern = tl_cpu_kernels()};
     bool any_q4 = false;
     for (int i = 0; i < count; i++) {
         job.cols_per_task[i] = columns_per_task(outs[i].w, n, threads);
