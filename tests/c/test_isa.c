@@ -122,6 +122,54 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
     return compared;
 }
 
+/* Attention blocks: every block size from 1 to 36 keys (the four-key groups and their
+   leftovers), head sizes with and without a leftover (k mod 8): each family's dots and
+   axpys equal the generic ones bit for bit, and so does the same work done one key per
+   call (a key's score and a row's output never depend on how the keys were blocked). */
+static int check_attention_blocks(const tl_kernels *const *families, int n_families) {
+    enum { MAX_KEYS = 36, MAX_K = 128 };
+    const int ks[] = {64, 67, 3, 128};
+    static float keys[MAX_KEYS][MAX_K], q[MAX_K], weights[MAX_KEYS];
+    const float *rows[MAX_KEYS];
+    uint32_t state = 777u;
+    for (int j = 0; j < MAX_KEYS; j++) {
+        for (int i = 0; i < MAX_K; i++) {
+            state = state * 1664525u + 1013904223u;
+            keys[j][i] = (float)(state >> 8) / 16777216.0f - 0.5f;
+        }
+        weights[j] = (float)(j + 1) / 37.0f;
+        rows[j] = keys[j];
+    }
+    for (int i = 0; i < MAX_K; i++) q[i] = 0.03f * (float)(i % 17) - 0.2f;
+    int compared = 0;
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+        for (int n = 1; n <= MAX_KEYS; n++) {
+            const int k = ks[ki];
+            float want[MAX_KEYS], got[MAX_KEYS], one[1];
+            float want_y[MAX_K], got_y[MAX_K], alone_y[MAX_K];
+            tl_kernels_generic.dots(q, rows, n, k, want);
+            for (int i = 0; i < k; i++) want_y[i] = 0.5f - 0.01f * (float)i;
+            tl_kernels_generic.axpys(want_y, weights, rows, n, k);
+            for (int f = 0; f < n_families; f++) {
+                families[f]->dots(q, rows, n, k, got);
+                CHECK(memcmp(want, got, (size_t)n * sizeof(float)) == 0, "dots %s k=%d, %d keys: differs from generic",
+                      families[f]->isa, k, n);
+                families[f]->dots(q, rows + (n - 1), 1, k, one);
+                CHECK(memcmp(&want[n - 1], one, sizeof(float)) == 0, "dots %s k=%d: key %d of %d differs from the key alone",
+                      families[f]->isa, k, n - 1, n);
+                for (int i = 0; i < k; i++) got_y[i] = alone_y[i] = 0.5f - 0.01f * (float)i;
+                families[f]->axpys(got_y, weights, rows, n, k);
+                for (int j = 0; j < n; j++) families[f]->axpys(alone_y, weights + j, rows + j, 1, k);
+                CHECK(memcmp(want_y, got_y, (size_t)k * sizeof(float)) == 0, "axpys %s k=%d, %d keys: differs from generic",
+                      families[f]->isa, k, n);
+                CHECK(memcmp(want_y, alone_y, (size_t)k * sizeof(float)) == 0,
+                      "axpys %s k=%d, %d keys one per call: differs from the block", families[f]->isa, k, n);
+                compared++;
+            }
+        }
+    return compared;
+}
+
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : "tests/data/golden";
     const char *names[] = {"gpt2_like", "f16_concat_residual_gqa", "bf16_tied_rope_residual", "concat_residual_mqa",
@@ -144,6 +192,7 @@ int main(int argc, char **argv) {
         if (avx512) families[n_families++] = &tl_kernels_avx512;
 #endif
         compared += check_packed_rows(families, n_families);
+        compared += check_attention_blocks(families, n_families);
     }
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[4096];

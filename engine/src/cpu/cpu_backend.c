@@ -238,6 +238,10 @@ static inline const tl_kv_page *cursor_page(page_cursor *cur, const tl_kv_cache 
     return cur->p;
 }
 
+/* Keys handed to the kernels per call: two KV pages, so a block's key rows stay few
+   enough to live on the stack. */
+#define ATTENTION_BLOCK 32
+
 static void attention_task(void *ctx, int task, int thread) {
     const attention_job *job = ctx;
     int part = 0; /* the chunk this task belongs to (few chunks: a linear search) */
@@ -259,30 +263,46 @@ static void attention_task(void *ctx, int task, int thread) {
     const int last = a->base + a->n, first = last > c->capacity ? last - c->capacity : 0;
 
     /* Scores, then a max-subtracted softmax; every loop runs over keys in logical order
-       so the arithmetic is the same whether the row came alone or in a chunk. */
+       so the arithmetic is the same whether the row came alone or in a chunk. The visible
+       keys are gathered ATTENTION_BLOCK at a time and handed to the kernels as one block
+       (kernels.h: a block gives each key the arithmetic it gets alone). */
     const size_t in_row = (size_t)kvh * (size_t)hd;
+    const float *rows[ATTENTION_BLOCK];
+    float block[ATTENTION_BLOCK];
+    int at[ATTENTION_BLOCK]; /* the block's entries, as offsets from `first` */
     page_cursor cur = {-1, -1, NULL};
     float max_score = -INFINITY;
-    for (int j = first; j < last; j++) {
-        if (!visible(a, i, j, min_pos)) continue;
-        const int row = tl_kv_row(c, j);
-        const float *k = cursor_page(&cur, c, slot_for(a, j), row)->k +
-                         (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim + in_row;
-        float s = job->kern->dot(q, k, hd) * scale;
-        scores[j - first] = s;
-        if (s > max_score) max_score = s;
+    for (int j = first; j < last;) {
+        int n = 0;
+        for (; j < last && n < ATTENTION_BLOCK; j++) {
+            if (!visible(a, i, j, min_pos)) continue;
+            const int row = tl_kv_row(c, j);
+            rows[n] = cursor_page(&cur, c, slot_for(a, j), row)->k +
+                      (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim + in_row;
+            at[n++] = j - first;
+        }
+        job->kern->dots(q, rows, n, hd, block);
+        for (int b = 0; b < n; b++) {
+            const float s = block[b] * scale;
+            scores[at[b]] = s;
+            if (s > max_score) max_score = s;
+        }
     }
     memset(out, 0, (size_t)hd * sizeof(float));
     float sum = 0.0f;
     cur = (page_cursor){-1, -1, NULL};
-    for (int j = first; j < last; j++) {
-        if (!visible(a, i, j, min_pos)) continue;
-        float p = expf(scores[j - first] - max_score);
-        sum += p;
-        const int row = tl_kv_row(c, j);
-        const float *v = cursor_page(&cur, c, slot_for(a, j), row)->v +
-                         (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim + in_row;
-        job->kern->axpy(out, p, v, hd);
+    for (int j = first; j < last;) {
+        int n = 0;
+        for (; j < last && n < ATTENTION_BLOCK; j++) {
+            if (!visible(a, i, j, min_pos)) continue;
+            const float p = expf(scores[j - first] - max_score);
+            sum += p;
+            block[n] = p;
+            const int row = tl_kv_row(c, j);
+            rows[n++] = cursor_page(&cur, c, slot_for(a, j), row)->v +
+                        (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim + in_row;
+        }
+        job->kern->axpys(out, block, rows, n, hd);
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int d = 0; d < hd; d++) out[d] *= inv;

@@ -65,8 +65,17 @@ typedef struct tl_kernels {
        by every implementation (integer sums are exact in any order), so they agree bit for bit. */
     void (*qmatmul_packed)(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                            const float *bias, int o0, int o1, float *y, int ldy);
-    float (*dot)(const float *a, const float *b, int k);
-    void (*axpy)(float *y, float a, const float *x, int k); /* y += a * x */
+    /* Attention over a block of keys (the visible keys of a KV page or more), one call per
+       block rather than per key. Each result is computed as if alone, by every
+       implementation:
+           dots:  scores[j] = the 8-lane dot of q and keys[j]: lane l = fma over i = l (mod 8),
+                  i < (k & ~7), in order; then (l0+l4, l1+l5, l2+l6, l3+l7) = q0..q3,
+                  s = (q0 + q2) + (q1 + q3); then s += q[i] * keys[j][i] for the leftover i
+           axpys: for j = 0..n-1 in order: y[i] = fma(a[j], x[j][i], y[i]) for i < (k & ~7),
+                  y[i] += a[j] * x[j][i] for the rest
+       so a row's attention output does not depend on how its keys were blocked. */
+    void (*dots)(const float *q, const float *const *keys, int n, int k, float *scores);
+    void (*axpys)(float *y, const float *a, const float *const *x, int n, int k);
 } tl_kernels;
 
 /* Chosen once at first use: AVX-512 (multi-row matmul; with VNNI and BW, avx512-vnni for

@@ -258,23 +258,68 @@ void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_d
     }
 }
 
-static float dot_avx2(const float *a, const float *b, int k) {
-    const int k8 = k & ~7;
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < k8; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(b + i), _mm256_loadu_ps(a + i), acc);
-    float s = hsum(acc);
-    for (int i = k8; i < k; i++) s += a[i] * b[i];
+/* dots: four keys at a time, so four independent FMA chains hide the FMA latency; each
+   key still gets exactly the sequence kernels.h fixes. */
+static float dot_tail(const float *q, const float *b, int k8, int k, float s) {
+    for (int i = k8; i < k; i++) s += q[i] * b[i];
     return s;
 }
 
-static void axpy_avx2(float *y, float a, const float *x, int k) {
+static void dots_avx2(const float *q, const float *const *keys, int n, int k, float *scores) {
     const int k8 = k & ~7;
-    const __m256 va = _mm256_set1_ps(a);
-    for (int i = 0; i < k8; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (int i = k8; i < k; i++) y[i] += a * x[i];
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *b0 = keys[j], *b1 = keys[j + 1], *b2 = keys[j + 2], *b3 = keys[j + 3];
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < k8; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(b0 + i), qv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(b1 + i), qv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(b2 + i), qv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(b3 + i), qv, a3);
+        }
+        scores[j] = dot_tail(q, b0, k8, k, hsum(a0));
+        scores[j + 1] = dot_tail(q, b1, k8, k, hsum(a1));
+        scores[j + 2] = dot_tail(q, b2, k8, k, hsum(a2));
+        scores[j + 3] = dot_tail(q, b3, k8, k, hsum(a3));
+    }
+    for (; j < n; j++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < k8; i += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(keys[j] + i), _mm256_loadu_ps(q + i), acc);
+        scores[j] = dot_tail(q, keys[j], k8, k, hsum(acc));
+    }
 }
 
-const tl_kernels tl_kernels_avx2 = {"avx2", matmul_avx2, matmul_packed_avx2, tl_qmatmul_packed_avx2, dot_avx2, axpy_avx2};
+/* axpys: y is read and written once per 32 elements for the whole block of keys, not once
+   per key; per element the fma sequence over j is the one kernels.h fixes. */
+static void axpys_avx2(float *y, const float *a, const float *const *x, int n, int k) {
+    const int k8 = k & ~7;
+    int i = 0;
+    for (; i + 32 <= k8; i += 32) {
+        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);
+        __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);
+        for (int j = 0; j < n; j++) {
+            const __m256 va = _mm256_set1_ps(a[j]);
+            const float *xj = x[j] + i;
+            y0 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xj), y0);
+            y1 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xj + 8), y1);
+            y2 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xj + 16), y2);
+            y3 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xj + 24), y3);
+        }
+        _mm256_storeu_ps(y + i, y0);
+        _mm256_storeu_ps(y + i + 8, y1);
+        _mm256_storeu_ps(y + i + 16, y2);
+        _mm256_storeu_ps(y + i + 24, y3);
+    }
+    for (; i < k8; i += 8) {
+        __m256 yv = _mm256_loadu_ps(y + i);
+        for (int j = 0; j < n; j++) yv = _mm256_fmadd_ps(_mm256_set1_ps(a[j]), _mm256_loadu_ps(x[j] + i), yv);
+        _mm256_storeu_ps(y + i, yv);
+    }
+    for (; i < k; i++)
+        for (int j = 0; j < n; j++) y[i] += a[j] * x[j][i];
+}
+
+const tl_kernels tl_kernels_avx2 = {"avx2", matmul_avx2, matmul_packed_avx2, tl_qmatmul_packed_avx2, dots_avx2, axpys_avx2};
 #endif

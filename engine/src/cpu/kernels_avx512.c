@@ -227,8 +227,13 @@ static void matmul_avx512(const float *x, int n, int k, const void *w, tl_dtype 
     }
 }
 
-static float dot_avx512(const float *a, const float *b, int k) { return tl_kernels_avx2.dot(a, b, k); }
-static void axpy_avx512(float *y, float a, const float *x, int k) { tl_kernels_avx2.axpy(y, a, x, k); }
+/* Attention blocks: the AVX2 kernels (256-bit lanes are what kernels.h's dot order names). */
+static void dots_avx512(const float *q, const float *const *keys, int n, int k, float *scores) {
+    tl_kernels_avx2.dots(q, keys, n, k, scores);
+}
+static void axpys_avx512(float *y, const float *a, const float *const *x, int n, int k) {
+    tl_kernels_avx2.axpys(y, a, x, n, k);
+}
 
 /* ---------------------------------------------------------------- q8 / q4 */
 
@@ -302,7 +307,7 @@ static void qmatmul_avx512_vnni(const tl_qrows *x, int n, int k, const void *w, 
 }
 
 const tl_kernels tl_kernels_avx512 = {"avx512", matmul_avx512, matmul_packed_avx512, qmatmul_avx512,
-                                      dot_avx512, axpy_avx512};
+                                      dots_avx512, axpys_avx512};
 const tl_kernels tl_kernels_avx512_vnni = {"avx512-vnni", matmul_avx512, matmul_packed_avx512,
-                                           qmatmul_avx512_vnni, dot_avx512, axpy_avx512};
+                                           qmatmul_avx512_vnni, dots_avx512, axpys_avx512};
 #endif

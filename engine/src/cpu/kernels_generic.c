@@ -190,28 +190,33 @@ static void matmul_packed_generic(const float *x, int n, int k, const void *w, t
     }
 }
 
-/* dot and axpy (attention) in the AVX2 kernels' exact order: eight fmaf lanes over k in
+/* dots and axpys (attention) in the order kernels.h fixes: eight fmaf lanes over k in
    steps of 8, their fixed horizontal tree, then a plain multiply-add tail. */
-static float dot_generic(const float *a, const float *b, int k) {
+static void dots_generic(const float *q, const float *const *keys, int n, int k, float *scores) {
     const int k8 = k & ~7;
-    float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int i = 0; i < k8; i += 8)
-        for (int l = 0; l < 8; l++) lane[l] = fmaf(b[i + l], a[i + l], lane[l]);
-    float q[4];
-    for (int l = 0; l < 4; l++) q[l] = lane[l] + lane[l + 4];
-    float s = (q[0] + q[2]) + (q[1] + q[3]);
-    for (int i = k8; i < k; i++) s += a[i] * b[i];
-    return s;
+    for (int j = 0; j < n; j++) {
+        const float *b = keys[j];
+        float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int i = 0; i < k8; i += 8)
+            for (int l = 0; l < 8; l++) lane[l] = fmaf(b[i + l], q[i + l], lane[l]);
+        float half[4];
+        for (int l = 0; l < 4; l++) half[l] = lane[l] + lane[l + 4];
+        float s = (half[0] + half[2]) + (half[1] + half[3]);
+        for (int i = k8; i < k; i++) s += q[i] * b[i];
+        scores[j] = s;
+    }
 }
 
-static void axpy_generic(float *y, float a, const float *x, int k) {
+static void axpys_generic(float *y, const float *a, const float *const *x, int n, int k) {
     const int k8 = k & ~7;
-    for (int i = 0; i < k8; i++) y[i] = fmaf(a, x[i], y[i]);
-    for (int i = k8; i < k; i++) y[i] += a * x[i];
+    for (int j = 0; j < n; j++) {
+        for (int i = 0; i < k8; i++) y[i] = fmaf(a[j], x[j][i], y[i]);
+        for (int i = k8; i < k; i++) y[i] += a[j] * x[j][i];
+    }
 }
 
 const tl_kernels tl_kernels_generic = {"generic", matmul_generic, matmul_packed_generic,
-                                       qmatmul_packed_generic, dot_generic, axpy_generic};
+                                       qmatmul_packed_generic, dots_generic, axpys_generic};
 
 static const tl_kernels *chosen;
 
