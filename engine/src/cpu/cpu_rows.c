@@ -122,6 +122,12 @@ static inline float gelu_tanh(float x) {
     return x / (1.0f + exp_activation(-2.0f * u));
 }
 
+/* Cloned per ISA so the loop runs 16 or 8 lanes wide where the CPU has them (it is the
+   epilogue of every GPT-2 up-projection): plain IEEE operations without contraction
+   (-std=c11), so every clone gives the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 void tl_cpu_gelu(float *x, size_t count) {
     for (size_t i = 0; i < count; i++) x[i] = gelu_tanh(x[i]);
 }
