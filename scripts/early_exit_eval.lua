@@ -20,6 +20,8 @@ local opt = options.parse(arg, {
     { "prompt-tokens", 32, "tokens per prompt" },
     { "tokens", 64, "greedy tokens generated per prompt" },
     { "threads", nil, "CPU threads", number = true, default_text = "all cores" },
+    { "repeat", 3, "timed runs of each row, alternating with full-depth runs: the speedup is the median over\n"
+        .. "the median of the full-depth runs around it (machines drift over minutes)" },
 })
 local model = assert(tinyloop.load(opt.model, { threads = opt.threads }))
 local info = model:info()
@@ -57,6 +59,13 @@ local function run(extra)
 end
 
 local grid = {}
+-- Huginn's latent difference: the state change alone, so no probe (coda + head) runs
+-- before the exit.
+for _, t in ipairs({ 0.003, 0.01, 0.03, 0.1 }) do
+    for _, p in ipairs({ 1, 2 }) do
+        grid[#grid + 1] = { ("latent diff < %g"):format(t), p, { early_exit_threshold = t, early_exit_criterion = "latent_diff" } }
+    end
+end
 for _, t in ipairs({ 0.003, 0.01, 0.03, 0.1, 0.3 }) do
     for _, p in ipairs({ 1, 2 }) do grid[#grid + 1] = { ("state change < %g"):format(t), p, { early_exit_threshold = t } } end
 end
@@ -64,6 +73,13 @@ for _, mrg in ipairs({ 0.5, 1, 2, 4 }) do
     for _, p in ipairs({ 1, 2 }) do grid[#grid + 1] = { ("logit margin >= %g"):format(mrg), p, { early_exit_logit_margin = mrg } } end
 end
 local progress = options.progress(#grid + 1, now)
+
+local function median(values)
+    local sorted = { unpack(values) }
+    table.sort(sorted)
+    local n = #sorted
+    return n % 2 == 1 and sorted[(n + 1) / 2] or (sorted[n / 2] + sorted[n / 2 + 1]) / 2
+end
 
 local full, full_loops, full_tps = run({})
 progress("full depth")
@@ -85,8 +101,16 @@ print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for _, g in ipairs(grid) do
     local cfg = { early_exit_patience = g[2], early_exit_min_L = 1, early_exit_peek_every = 1 }
     for k, v in pairs(g[3]) do cfg[k] = v end
-    local outs, loops, tps, probes = run(cfg)
+    local outs, loops, probes
+    local rates, full_rates = {}, {}
+    for r = 1, opt["repeat"] do
+        local tps
+        outs, loops, tps, probes = run(cfg)
+        rates[r] = tps
+        full_rates[r] = select(3, run({}))
+    end
+    local tps, base = median(rates), median(full_rates)
     progress(("%s, patience %d"):format(g[1], g[2]))
     print(("| %s | %d | %.2f | %.0f%% | %.1f | %.2fx | %.2f | %.1f%% |"):format(g[1], g[2], loops,
-        100 * (1 - loops / full_loops), tps, tps / full_tps, probes, 100 * agreement(outs)))
+        100 * (1 - loops / full_loops), tps, tps / base, probes, 100 * agreement(outs)))
 end
