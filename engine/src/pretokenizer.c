@@ -113,7 +113,8 @@ static int compile(const char *pattern, uint32_t options, const char *where, pcr
         PCRE2_UCHAR msg[160];
         char q[96];
         pcre2_get_error_message(code, msg, sizeof msg);
-        return tlz_fail(err, errlen, TLZ_EFORMAT, "%s: cannot compile the regex '%s': %s (at offset %zu)", where,
+        return tlz_fail(err, errlen, code == PCRE2_ERROR_HEAP_FAILED ? TLZ_ENOMEM : TLZ_EFORMAT,
+                        "%s: cannot compile the regex '%s': %s (at offset %zu)", where,
                         tlz_quote(pattern, strlen(pattern), q, sizeof q), (char *)msg, (size_t)off);
     }
 #ifndef TLZ_NO_JIT
@@ -317,7 +318,9 @@ static int find_segments(pcre2_code *re, pcre2_match_data *md, const char *s, si
         if (m < 0) {
             PCRE2_UCHAR msg[160];
             pcre2_get_error_message(m, msg, sizeof msg);
-            return tlz_fail(err, errlen, TLZ_EENCODE, "pre-tokenizer regex failed: %s", (char *)msg);
+            /* The match and backtracking limits end a pathological regex here, as an error. */
+            return tlz_fail(err, errlen, m == PCRE2_ERROR_NOMEMORY ? TLZ_ENOMEM : TLZ_EENCODE,
+                            "pre-tokenizer regex failed: %s", (char *)msg);
         }
         const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t a = ov[0], b = ov[1];

@@ -206,6 +206,29 @@ static void test_errors(void)
     expect_error(deep, "Sequence nested more than 16 deep");
 }
 
+/* A regex with catastrophic backtracking ends at PCRE2's match limit: an encode error with
+   PCRE2's reason, not a hang. */
+static void test_match_limit(void)
+{
+    const char *json = "{\"pre_tokenizer\": " SEQ("{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(a|aa)+$\"}, "
+                                                  "\"behavior\": \"Isolated\"}, " BL)
+                       ", \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []}}";
+    char err[512] = "", text[200];
+    tlz_tokenizer *tok = NULL;
+    int rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    CHECK(rc == TLZ_OK, "load: %s", err);
+    if (rc) return;
+    memset(text, 'a', sizeof text - 1);
+    text[sizeof text - 1] = 'b';
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rc = tlz_encode(tok, text, sizeof text, &ids, &n, err, sizeof err);
+    CHECK(rc == TLZ_EENCODE && ids == NULL && strstr(err, "pre-tokenizer regex failed: match limit exceeded"),
+          "rc=%d \"%s\"", rc, err);
+    free(ids);
+    tlz_tokenizer_free(tok);
+}
+
 /* ------------------------------------------------------------- model load */
 
 /* Huginn's tokenizer shape on the tiny Huginn checkpoint (vocab_size 96): bytes 'a'..'z', ' ',
@@ -273,6 +296,7 @@ int main(int argc, char **argv)
     }
     test_reference_cases(argv[1]);
     test_errors();
+    test_match_limit();
     test_model_load(argv[1]);
     return check_summary();
 }
