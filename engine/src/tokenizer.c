@@ -1,8 +1,9 @@
 /* Byte-level BPE tokenizer: tokenizer.json loading, encoding and decoding.
  *
- * The goal is token-for-token agreement with Hugging Face `tokenizers` on the
- * GPT-2 family (ByteLevel pre-tokenizer + BPE model), so every place where we
- * follow one of its quirks says so. See tokenizer.h for the contract.
+ * The goal is token-for-token agreement with Hugging Face `tokenizers` on
+ * byte-level BPE models (GPT-2, Huginn-0125, Ouro; the pre-tokenizer pipeline
+ * is pretokenizer.c), so every place where we follow one of its quirks says so.
+ * See tokenizer.h for the contract.
  */
 #include "tokenizer.h"
 #include "internal.h"
@@ -229,7 +230,7 @@ static int read_file(const char *path, char **data, size_t *len, char *err, size
     tl_status st = tl_read_regular(path, TL_MAX_TOKENIZER_BYTES, data, len);
     if (st == TL_OK) return TLZ_OK;
     return tlz_fail(err, errlen, st == TL_ERR_NO_MEMORY ? TLZ_ENOMEM : st == TL_ERR_FORMAT ? TLZ_EFORMAT : TLZ_EIO,
-                "%s", tl_last_error());
+                    "%s", tl_last_error());
 }
 
 int tlz_tokenizer_load(const char *path, tlz_tokenizer **out, char *err, size_t errlen)
@@ -297,7 +298,7 @@ static int check_normalizer(const cJSON *root, char *err, size_t errlen)
         cJSON_IsArray(list) && cJSON_GetArraySize(list) == 0)
         return TLZ_OK; /* an empty sequence changes nothing */
     return tlz_fail(err, errlen, TLZ_EFORMAT, "normalizer '%s' is not supported (only null)",
-                cJSON_IsString(type) ? type->valuestring : "?");
+                    cJSON_IsString(type) ? type->valuestring : "?");
 }
 
 /* Decodes a byte-level vocab spelling into raw bytes. Like the HF ByteLevel
@@ -355,7 +356,7 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
         int32_t id;
         if (!json_id(e, &id))
             return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab entry '%s': id must be an integer in [0, %d)",
-                        tlz_quote(e->string, strlen(e->string), q1, sizeof q1), TLZ_MAX_ID);
+                            tlz_quote(e->string, strlen(e->string), q1, sizeof q1), TLZ_MAX_ID);
         if (e->string[0] == '\0')
             return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab has an empty token string (id %d)", (int)id);
         if (id > max_id) max_id = id;
@@ -397,8 +398,8 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
         if (t->flags[id] & TOKF_VOCAB) {
             free(tmp);
             return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab: id %d is used by both '%s' and '%s'", (int)id,
-                        tlz_quote(t->str.p + t->str_off[id], t->str_len[id], q1, sizeof q1),
-                        tlz_quote(e->string, len, q2, sizeof q2));
+                            tlz_quote(t->str.p + t->str_off[id], t->str_len[id], q1, sizeof q1),
+                            tlz_quote(e->string, len, q2, sizeof q2));
         }
         if (vocab_find(t, e->string, len) >= 0) {
             free(tmp);
@@ -436,7 +437,7 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
             int special;
             if (!json_bool(e, "special", 0, &special))
                 return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"special\" of '%s' must be a boolean",
-                            tlz_quote(s, strlen(s), q1, sizeof q1));
+                                tlz_quote(s, strlen(s), q1, sizeof q1));
             size_t len = strlen(s);
             added_token *a = &t->added[t->n_added++];
             a->text = malloc(len + 1);
@@ -500,8 +501,8 @@ static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t 
         if (!merge_parts(m, &a, &na, &b, &nb)) {
             char *txt = cJSON_PrintUnformatted(m);
             tlz_fail(err, errlen, TLZ_EFORMAT,
-                 "model.merges[%d] is malformed: %s (expected \"left right\" or [\"left\", \"right\"])",
-                 (int)rank, txt ? tlz_quote(txt, strlen(txt), q1, sizeof q1) : "?");
+                     "model.merges[%d] is malformed: %s (expected \"left right\" or [\"left\", \"right\"])",
+                     (int)rank, txt ? tlz_quote(txt, strlen(txt), q1, sizeof q1) : "?");
             cJSON_free(txt);
             free(cat);
             return TLZ_EFORMAT;
@@ -510,7 +511,7 @@ static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t 
         if (ia < 0 || ib < 0) {
             free(cat);
             return tlz_fail(err, errlen, TLZ_EFORMAT, "model.merges[%d]: token '%s' is not in the vocab", (int)rank,
-                        ia < 0 ? tlz_quote(a, na, q1, sizeof q1) : tlz_quote(b, nb, q1, sizeof q1));
+                            ia < 0 ? tlz_quote(a, na, q1, sizeof q1) : tlz_quote(b, nb, q1, sizeof q1));
         }
         if (na + nb > cat_cap) {
             char *nc = realloc(cat, 2 * (na + nb));
@@ -523,7 +524,7 @@ static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t 
         int32_t merged = vocab_find(t, cat, na + nb);
         if (merged < 0) {
             tlz_fail(err, errlen, TLZ_EFORMAT, "model.merges[%d] ('%s' + '%s'): merged token is not in the vocab",
-                 (int)rank, tlz_quote(a, na, q1, sizeof q1), tlz_quote(b, nb, q2, sizeof q2));
+                     (int)rank, tlz_quote(a, na, q1, sizeof q1), tlz_quote(b, nb, q2, sizeof q2));
             free(cat);
             return TLZ_EFORMAT;
         }
@@ -572,7 +573,7 @@ int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, c
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
     if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "BPE") == 0)) {
         rc = tlz_fail(err, errlen, TLZ_EFORMAT, "model type '%s' is not supported (only BPE)",
-                  cJSON_IsString(type) ? type->valuestring : "(not a string)");
+                      cJSON_IsString(type) ? type->valuestring : "(not a string)");
         goto done;
     }
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
@@ -613,7 +614,7 @@ int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, c
         if (t->unk_id < 0) {
             char q[64];
             rc = tlz_fail(err, errlen, TLZ_EFORMAT, "model.unk_token '%s' is not in the vocab",
-                      tlz_quote(unk->valuestring, strlen(unk->valuestring), q, sizeof q));
+                          tlz_quote(unk->valuestring, strlen(unk->valuestring), q, sizeof q));
             goto done;
         }
     }
@@ -762,7 +763,7 @@ static int byte_token(enc_ctx *e, unsigned char b, int32_t *id)
     *id = e->t->byte_id[b] >= 0 ? e->t->byte_id[b] : e->t->unk_id;
     if (*id < 0)
         return tlz_fail(e->err, e->errlen, TLZ_EENCODE,
-                    "cannot encode byte 0x%02x: the vocab has no token for it and no unk_token", b);
+                        "cannot encode byte 0x%02x: the vocab has no token for it and no unk_token", b);
     return TLZ_OK;
 }
 
@@ -920,7 +921,7 @@ int tlz_decode(const tlz_tokenizer *t, const int32_t *ids, size_t n, char **text
         int32_t id = ids[i];
         if (id < 0 || id >= t->n_ids || !(t->flags[id] & TOKF_USED))
             return tlz_fail(err, errlen, TLZ_EID, "cannot decode token id %ld at position %zu: not in the vocab (size %ld)",
-                        (long)id, i, (long)t->n_ids);
+                            (long)id, i, (long)t->n_ids);
         total += t->raw_len[id];
     }
     char *out = malloc(total + 1);

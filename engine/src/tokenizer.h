@@ -13,7 +13,8 @@
  * - Text is bytes, not strings: encode accepts any byte sequence (NUL and
  *   invalid UTF-8 included) and decode returns raw bytes, so that
  *   decode(encode(x)) == x for every x when the vocabulary covers all 256
- *   bytes (GPT-2's does) and add_prefix_space is off.
+ *   bytes (GPT-2's does), add_prefix_space is off and no Split step removes
+ *   text (behaviour Removed).
  *
  * Pre-tokenizers: Split (regex or literal, every behaviour, invert), Digits and
  * ByteLevel, nested in Sequences, with ByteLevel last (pretokenizer.h); the
