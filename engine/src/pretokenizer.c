@@ -324,6 +324,8 @@ static int find_segments(pcre2_code *re, pcre2_match_data *md, const char *s, si
         }
         const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t a = ov[0], b = ov[1];
+        if (b < a || a < last_end) /* only \K inside a lookaround could do this; PCRE2 >= 10.38 refuses it */
+            return tlz_fail(err, errlen, TLZ_EENCODE, "pre-tokenizer regex reported a match that ends before it starts");
         if (a == b && have_match && last_end == last_match_end) {
             if (last_end >= n) break;
             int k = tlz_utf8_seq((const unsigned char *)s + last_end, n - last_end);
