@@ -1,16 +1,15 @@
 /* Byte-level BPE tokenizer: tokenizer.json loading, encoding and decoding.
  *
- * The goal is token-for-token agreement with Hugging Face `tokenizers` on the
- * GPT-2 family (ByteLevel pre-tokenizer + BPE model), so every place where we
- * follow one of its quirks says so. See tokenizer.h for the contract.
+ * The goal is token-for-token agreement with Hugging Face `tokenizers` on
+ * byte-level BPE models (GPT-2, Huginn-0125, Ouro; the pre-tokenizer pipeline
+ * is pretokenizer.c), so every place where we follow one of its quirks says so.
+ * See tokenizer.h for the contract.
  */
-#define PCRE2_CODE_UNIT_WIDTH 8
-
 #include "tokenizer.h"
 #include "internal.h"
+#include "pretokenizer.h"
 
 #include <cjson/cJSON.h>
-#include <pcre2.h>
 
 #include <errno.h>
 #include <math.h>
@@ -22,13 +21,6 @@
 /* Ids index per-id arrays, so a hostile file with id 2^31 would make us
    allocate gigabytes; real vocabularies stay far below this (~260k). */
 #define TLZ_MAX_ID (1 << 24)
-
-/* GPT-2's pre-tokenisation regex. PCRE2_UCP makes \s, \p{L}, \p{N} Unicode
-   aware, like the Oniguruma regex Hugging Face uses. Known differences in the
-   \s class: PCRE2 10.42 also counts U+180E as space (Oniguruma does not);
-   gpt-3-encoder (JavaScript) counts U+FEFF but not U+0085. */
-static const char GPT2_PATTERN[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 enum { TOKF_USED = 1, TOKF_SPECIAL = 2, TOKF_VOCAB = 4 };
 
@@ -71,13 +63,12 @@ struct tlz_tokenizer {
     size_t n_added;
     uint8_t added_first[256];/* 1 if some added token starts with this byte */
 
-    pcre2_code *re;          /* NULL when ByteLevel.use_regex is false */
-    int add_prefix_space;
+    tlz_pretok *pre;         /* the pre_tokenizer pipeline (pretokenizer.c) */
 };
 
 /* ---------------------------------------------------------------- helpers */
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+int tlz_fail(char *err, size_t errlen, int code, const char *fmt, ...)
 {
     if (err && errlen) {
         va_list ap;
@@ -90,7 +81,7 @@ static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
 
 /* Token strings go into messages; escape them so that a control byte or a
    huge token cannot garble the log line. */
-static const char *quote(const char *s, size_t n, char *buf, size_t cap)
+const char *tlz_quote(const char *s, size_t n, char *buf, size_t cap)
 {
     size_t o = 0;
     for (size_t i = 0; i < n && o + 8 < cap; i++) {
@@ -238,14 +229,14 @@ static int read_file(const char *path, char **data, size_t *len, char *err, size
 {
     tl_status st = tl_read_regular(path, TL_MAX_TOKENIZER_BYTES, data, len);
     if (st == TL_OK) return TLZ_OK;
-    return fail(err, errlen, st == TL_ERR_NO_MEMORY ? TLZ_ENOMEM : st == TL_ERR_FORMAT ? TLZ_EFORMAT : TLZ_EIO,
-                "%s", tl_last_error());
+    return tlz_fail(err, errlen, st == TL_ERR_NO_MEMORY ? TLZ_ENOMEM : st == TL_ERR_FORMAT ? TLZ_EFORMAT : TLZ_EIO,
+                    "%s", tl_last_error());
 }
 
 int tlz_tokenizer_load(const char *path, tlz_tokenizer **out, char *err, size_t errlen)
 {
     if (out) *out = NULL;
-    if (!path || !out) return fail(err, errlen, TLZ_EINVAL, "tlz_tokenizer_load: NULL argument");
+    if (!path || !out) return tlz_fail(err, errlen, TLZ_EINVAL, "tlz_tokenizer_load: NULL argument");
     char *data = NULL;
     size_t len = 0;
     int rc = read_file(path, &data, &len, err, errlen);
@@ -285,14 +276,14 @@ static int check_model_options(const cJSON *model, char *err, size_t errlen)
 {
     int on;
     if (!json_bool(model, "byte_fallback", 0, &on) || on)
-        return fail(err, errlen, TLZ_EFORMAT, "model.byte_fallback is not supported (byte-level BPE only)");
+        return tlz_fail(err, errlen, TLZ_EFORMAT, "model.byte_fallback is not supported (byte-level BPE only)");
     if (!json_bool(model, "ignore_merges", 0, &on) || on)
-        return fail(err, errlen, TLZ_EFORMAT, "model.ignore_merges is not supported");
+        return tlz_fail(err, errlen, TLZ_EFORMAT, "model.ignore_merges is not supported");
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (size_t i = 0; i < 2; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, affixes[i]);
         if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && v->valuestring[0] == '\0'))
-            return fail(err, errlen, TLZ_EFORMAT, "model.%s is not supported (must be empty or null)", affixes[i]);
+            return tlz_fail(err, errlen, TLZ_EFORMAT, "model.%s is not supported (must be empty or null)", affixes[i]);
     }
     return TLZ_OK;
 }
@@ -306,44 +297,8 @@ static int check_normalizer(const cJSON *root, char *err, size_t errlen)
     if (cJSON_IsString(type) && strcmp(type->valuestring, "Sequence") == 0 &&
         cJSON_IsArray(list) && cJSON_GetArraySize(list) == 0)
         return TLZ_OK; /* an empty sequence changes nothing */
-    return fail(err, errlen, TLZ_EFORMAT, "normalizer '%s' is not supported (only null)",
-                cJSON_IsString(type) ? type->valuestring : "?");
-}
-
-static int parse_pre_tokenizer(tlz_tokenizer *t, const cJSON *root, int *use_regex,
-                               char *err, size_t errlen)
-{
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
-    const cJSON *type = p ? cJSON_GetObjectItemCaseSensitive(p, "type") : NULL;
-    if (!cJSON_IsObject(p) || !cJSON_IsString(type))
-        return fail(err, errlen, TLZ_EFORMAT,
-                    "pre_tokenizer is missing (only the ByteLevel pre-tokenizer is supported)");
-    if (strcmp(type->valuestring, "ByteLevel") != 0)
-        return fail(err, errlen, TLZ_EFORMAT,
-                    "pre_tokenizer '%s' is not supported (only ByteLevel)", type->valuestring);
-    if (!json_bool(p, "add_prefix_space", 0, &t->add_prefix_space) ||
-        !json_bool(p, "use_regex", 1, use_regex))
-        return fail(err, errlen, TLZ_EFORMAT, "pre_tokenizer: add_prefix_space and use_regex must be booleans");
-    return TLZ_OK;
-}
-
-static int compile_regex(tlz_tokenizer *t, char *err, size_t errlen)
-{
-    int code;
-    PCRE2_SIZE off;
-    t->re = pcre2_compile((PCRE2_SPTR)GPT2_PATTERN, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
-                          &code, &off, NULL);
-    if (!t->re) {
-        PCRE2_UCHAR msg[160];
-        pcre2_get_error_message(code, msg, sizeof msg);
-        return fail(err, errlen, TLZ_EFORMAT, "cannot compile the pre-tokenizer regex: %s", (char *)msg);
-    }
-#ifndef TLZ_NO_JIT
-    /* A failure only means no JIT on this platform; pcre2_match then runs the
-       interpreter on the same code, with the same results. */
-    (void)pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);
-#endif
-    return TLZ_OK;
+    return tlz_fail(err, errlen, TLZ_EFORMAT, "normalizer '%s' is not supported (only null)",
+                    cJSON_IsString(type) ? type->valuestring : "?");
 }
 
 /* Decodes a byte-level vocab spelling into raw bytes. Like the HF ByteLevel
@@ -400,23 +355,23 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
     for (const cJSON *e = vocab->child; e; e = e->next) {
         int32_t id;
         if (!json_id(e, &id))
-            return fail(err, errlen, TLZ_EFORMAT, "model.vocab entry '%s': id must be an integer in [0, %d)",
-                        quote(e->string, strlen(e->string), q1, sizeof q1), TLZ_MAX_ID);
+            return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab entry '%s': id must be an integer in [0, %d)",
+                            tlz_quote(e->string, strlen(e->string), q1, sizeof q1), TLZ_MAX_ID);
         if (e->string[0] == '\0')
-            return fail(err, errlen, TLZ_EFORMAT, "model.vocab has an empty token string (id %d)", (int)id);
+            return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab has an empty token string (id %d)", (int)id);
         if (id > max_id) max_id = id;
         n_vocab++;
     }
-    if (n_vocab == 0) return fail(err, errlen, TLZ_EFORMAT, "model.vocab is empty");
+    if (n_vocab == 0) return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab is empty");
     if (added_json) {
         int i = 0;
         for (const cJSON *e = added_json->child; e; e = e->next, i++) {
             int32_t id;
             const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
             if (!json_id(cJSON_GetObjectItemCaseSensitive(e, "id"), &id))
-                return fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"id\" must be an integer in [0, %d)", i, TLZ_MAX_ID);
+                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"id\" must be an integer in [0, %d)", i, TLZ_MAX_ID);
             if (!cJSON_IsString(content) || content->valuestring[0] == '\0')
-                return fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"content\" must be a non-empty string", i);
+                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"content\" must be a non-empty string", i);
             if (id > max_id) max_id = id;
         }
     }
@@ -432,7 +387,7 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
     char *tmp = NULL;
     size_t tmp_cap = 0;
     if (!t->flags || !t->raw_off || !t->raw_len || !t->str_off || !t->str_len || !t->vocab_slots)
-        return fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab");
+        return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab");
     memset(t->vocab_slots, 0xff, vcap * sizeof *t->vocab_slots);
     t->vocab_mask = vcap - 1;
 
@@ -442,24 +397,24 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
         size_t len = strlen(e->string);
         if (t->flags[id] & TOKF_VOCAB) {
             free(tmp);
-            return fail(err, errlen, TLZ_EFORMAT, "model.vocab: id %d is used by both '%s' and '%s'", (int)id,
-                        quote(t->str.p + t->str_off[id], t->str_len[id], q1, sizeof q1),
-                        quote(e->string, len, q2, sizeof q2));
+            return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab: id %d is used by both '%s' and '%s'", (int)id,
+                            tlz_quote(t->str.p + t->str_off[id], t->str_len[id], q1, sizeof q1),
+                            tlz_quote(e->string, len, q2, sizeof q2));
         }
         if (vocab_find(t, e->string, len) >= 0) {
             free(tmp);
-            return fail(err, errlen, TLZ_EFORMAT, "model.vocab: duplicate entry '%s'", quote(e->string, len, q1, sizeof q1));
+            return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab: duplicate entry '%s'", tlz_quote(e->string, len, q1, sizeof q1));
         }
         if (len > tmp_cap) {
             char *nt = realloc(tmp, len * 2);
-            if (!nt) { free(tmp); return fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab"); }
+            if (!nt) { free(tmp); return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab"); }
             tmp = nt;
             tmp_cap = len * 2;
         }
         size_t rlen = spelling_to_raw(e->string, len, cp_to_byte, tmp);
         if (!buf_put(&t->str, e->string, len, &t->str_off[id]) || !buf_put(&t->raw, tmp, rlen, &t->raw_off[id])) {
             free(tmp);
-            return fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab");
+            return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab");
         }
         t->str_len[id] = (uint32_t)len;
         t->raw_len[id] = (uint32_t)rlen;
@@ -475,23 +430,23 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
     if (added_json) {
         size_t na = (size_t)cJSON_GetArraySize(added_json);
         t->added = calloc(na ? na : 1, sizeof *t->added);
-        if (!t->added) return fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
+        if (!t->added) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
         for (const cJSON *e = added_json->child; e; e = e->next) {
             int32_t id = (int32_t)cJSON_GetObjectItemCaseSensitive(e, "id")->valuedouble;
             const char *s = cJSON_GetObjectItemCaseSensitive(e, "content")->valuestring;
             int special;
             if (!json_bool(e, "special", 0, &special))
-                return fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"special\" of '%s' must be a boolean",
-                            quote(s, strlen(s), q1, sizeof q1));
+                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"special\" of '%s' must be a boolean",
+                                tlz_quote(s, strlen(s), q1, sizeof q1));
             size_t len = strlen(s);
             added_token *a = &t->added[t->n_added++];
             a->text = malloc(len + 1);
-            if (!a->text) return fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
+            if (!a->text) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
             memcpy(a->text, s, len + 1);
             a->len = len;
             a->id = id;
             if (!buf_put(&t->raw, s, len, &t->raw_off[id]))
-                return fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
+                return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
             t->raw_len[id] = (uint32_t)len;
             t->flags[id] |= TOKF_USED | (special ? TOKF_SPECIAL : 0);
             t->added_first[(unsigned char)s[0]] = 1;
@@ -533,7 +488,7 @@ static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t 
     size_t count = (size_t)cJSON_GetArraySize(merges);
     uint32_t cap = table_size(count);
     t->merge_slots = malloc(cap * sizeof *t->merge_slots);
-    if (!t->merge_slots) return fail(err, errlen, TLZ_ENOMEM, "out of memory loading merges");
+    if (!t->merge_slots) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading merges");
     for (uint32_t i = 0; i < cap; i++) t->merge_slots[i].rank = -1;
     t->merge_mask = cap - 1;
 
@@ -545,9 +500,9 @@ static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t 
         size_t na, nb;
         if (!merge_parts(m, &a, &na, &b, &nb)) {
             char *txt = cJSON_PrintUnformatted(m);
-            fail(err, errlen, TLZ_EFORMAT,
-                 "model.merges[%d] is malformed: %s (expected \"left right\" or [\"left\", \"right\"])",
-                 (int)rank, txt ? quote(txt, strlen(txt), q1, sizeof q1) : "?");
+            tlz_fail(err, errlen, TLZ_EFORMAT,
+                     "model.merges[%d] is malformed: %s (expected \"left right\" or [\"left\", \"right\"])",
+                     (int)rank, txt ? tlz_quote(txt, strlen(txt), q1, sizeof q1) : "?");
             cJSON_free(txt);
             free(cat);
             return TLZ_EFORMAT;
@@ -555,12 +510,12 @@ static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t 
         int32_t ia = vocab_find(t, a, na), ib = vocab_find(t, b, nb);
         if (ia < 0 || ib < 0) {
             free(cat);
-            return fail(err, errlen, TLZ_EFORMAT, "model.merges[%d]: token '%s' is not in the vocab", (int)rank,
-                        ia < 0 ? quote(a, na, q1, sizeof q1) : quote(b, nb, q1, sizeof q1));
+            return tlz_fail(err, errlen, TLZ_EFORMAT, "model.merges[%d]: token '%s' is not in the vocab", (int)rank,
+                            ia < 0 ? tlz_quote(a, na, q1, sizeof q1) : tlz_quote(b, nb, q1, sizeof q1));
         }
         if (na + nb > cat_cap) {
             char *nc = realloc(cat, 2 * (na + nb));
-            if (!nc) { free(cat); return fail(err, errlen, TLZ_ENOMEM, "out of memory loading merges"); }
+            if (!nc) { free(cat); return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading merges"); }
             cat = nc;
             cat_cap = 2 * (na + nb);
         }
@@ -568,8 +523,8 @@ static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t 
         memcpy(cat + na, b, nb);
         int32_t merged = vocab_find(t, cat, na + nb);
         if (merged < 0) {
-            fail(err, errlen, TLZ_EFORMAT, "model.merges[%d] ('%s' + '%s'): merged token is not in the vocab",
-                 (int)rank, quote(a, na, q1, sizeof q1), quote(b, nb, q2, sizeof q2));
+            tlz_fail(err, errlen, TLZ_EFORMAT, "model.merges[%d] ('%s' + '%s'): merged token is not in the vocab",
+                     (int)rank, tlz_quote(a, na, q1, sizeof q1), tlz_quote(b, nb, q2, sizeof q2));
             free(cat);
             return TLZ_EFORMAT;
         }
@@ -589,11 +544,11 @@ static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t 
 int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, char *err, size_t errlen)
 {
     if (out) *out = NULL;
-    if (!json || !out) return fail(err, errlen, TLZ_EINVAL, "tlz_tokenizer_load_json: NULL argument");
+    if (!json || !out) return tlz_fail(err, errlen, TLZ_EINVAL, "tlz_tokenizer_load_json: NULL argument");
 
     cJSON *root = NULL;
     tlz_tokenizer *t = calloc(1, sizeof *t);
-    if (!t) return fail(err, errlen, TLZ_ENOMEM, "out of memory loading the tokenizer");
+    if (!t) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the tokenizer");
     int rc;
     const char *end = NULL;
     root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
@@ -602,44 +557,43 @@ int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, c
         for (size_t i = 0; i < pos; i++) {
             if (json[i] == '\n') { line++; col = 1; } else col++;
         }
-        rc = fail(err, errlen, TLZ_EFORMAT, "tokenizer.json is not valid JSON (error near line %zu, column %zu)", line, col);
+        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "tokenizer.json is not valid JSON (error near line %zu, column %zu)", line, col);
         goto done;
     }
     if (!cJSON_IsObject(root)) {
-        rc = fail(err, errlen, TLZ_EFORMAT, "tokenizer.json: the top level must be an object");
+        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "tokenizer.json: the top level must be an object");
         goto done;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!cJSON_IsObject(model)) {
-        rc = fail(err, errlen, TLZ_EFORMAT, "tokenizer.json has no \"model\" object");
+        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "tokenizer.json has no \"model\" object");
         goto done;
     }
     /* Old files omit "type"; HF then infers BPE from vocab + merges. */
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
     if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "BPE") == 0)) {
-        rc = fail(err, errlen, TLZ_EFORMAT, "model type '%s' is not supported (only BPE)",
-                  cJSON_IsString(type) ? type->valuestring : "(not a string)");
+        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "model type '%s' is not supported (only BPE)",
+                      cJSON_IsString(type) ? type->valuestring : "(not a string)");
         goto done;
     }
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     if (!cJSON_IsObject(vocab)) {
-        rc = fail(err, errlen, TLZ_EFORMAT, "model.vocab is missing or not an object");
+        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab is missing or not an object");
         goto done;
     }
     if (!cJSON_IsArray(merges)) {
-        rc = fail(err, errlen, TLZ_EFORMAT, "model.merges is missing or not an array");
+        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "model.merges is missing or not an array");
         goto done;
     }
     if (added && cJSON_IsNull(added)) added = NULL;
     if (added && !cJSON_IsArray(added)) {
-        rc = fail(err, errlen, TLZ_EFORMAT, "added_tokens must be an array");
+        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens must be an array");
         goto done;
     }
-    int use_regex = 1;
     if ((rc = check_model_options(model, err, errlen)) || (rc = check_normalizer(root, err, errlen)) ||
-        (rc = parse_pre_tokenizer(t, root, &use_regex, err, errlen)))
+        (rc = tlz_pretok_parse(root, &t->pre, err, errlen)))
         goto done;
 
     uint32_t byte_to_cp[256];
@@ -659,13 +613,11 @@ int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, c
         t->unk_id = tlz_token_id(t, unk->valuestring);
         if (t->unk_id < 0) {
             char q[64];
-            rc = fail(err, errlen, TLZ_EFORMAT, "model.unk_token '%s' is not in the vocab",
-                      quote(unk->valuestring, strlen(unk->valuestring), q, sizeof q));
+            rc = tlz_fail(err, errlen, TLZ_EFORMAT, "model.unk_token '%s' is not in the vocab",
+                          tlz_quote(unk->valuestring, strlen(unk->valuestring), q, sizeof q));
             goto done;
         }
     }
-    if (use_regex && (rc = compile_regex(t, err, errlen))) goto done;
-
     *out = t;
     t = NULL;
     rc = TLZ_OK;
@@ -689,7 +641,7 @@ void tlz_tokenizer_free(tlz_tokenizer *t)
     free(t->merge_slots);
     for (size_t i = 0; i < t->n_added; i++) free(t->added[i].text);
     free(t->added);
-    if (t->re) pcre2_code_free(t->re);
+    tlz_pretok_free(t->pre);
     free(t);
 }
 
@@ -735,7 +687,7 @@ typedef struct {
     int32_t *sym, *prev, *next; /* BPE symbols of the current word, a linked list */
     heap_item *heap;
     size_t sym_cap, heap_cap, heap_n;
-    pcre2_match_data *md;
+    tlz_pretok_scratch *pre;
     char *err;
     size_t errlen;
 } enc_ctx;
@@ -755,7 +707,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
 static int emit(enc_ctx *e, int32_t id)
 {
     if (e->n == e->cap && !grow((void **)&e->ids, &e->cap, e->n + 1, sizeof *e->ids))
-        return fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
+        return tlz_fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
     e->ids[e->n++] = id;
     return TLZ_OK;
 }
@@ -770,7 +722,7 @@ static int heap_push(enc_ctx *e, heap_item it)
     /* Grown on demand: most byte pairs of real text have no merge, and the
        peak is at most 2n (each merge pops one entry and pushes two). */
     if (e->heap_n == e->heap_cap && !grow((void **)&e->heap, &e->heap_cap, e->heap_n + 1, sizeof *e->heap))
-        return fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
+        return tlz_fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
     size_t i = e->heap_n++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
@@ -810,8 +762,8 @@ static int byte_token(enc_ctx *e, unsigned char b, int32_t *id)
 {
     *id = e->t->byte_id[b] >= 0 ? e->t->byte_id[b] : e->t->unk_id;
     if (*id < 0)
-        return fail(e->err, e->errlen, TLZ_EENCODE,
-                    "cannot encode byte 0x%02x: the vocab has no token for it and no unk_token", b);
+        return tlz_fail(e->err, e->errlen, TLZ_EENCODE,
+                        "cannot encode byte 0x%02x: the vocab has no token for it and no unk_token", b);
     return TLZ_OK;
 }
 
@@ -827,7 +779,7 @@ static int bpe_word(enc_ctx *e, const unsigned char *w, size_t n)
         if ((rc = byte_token(e, w[0], &id))) return rc;
         return emit(e, id);
     }
-    if (n > INT32_MAX / 2) return fail(e->err, e->errlen, TLZ_EINVAL, "pre-token too long");
+    if (n > INT32_MAX / 2) return tlz_fail(e->err, e->errlen, TLZ_EINVAL, "pre-token too long");
     if (n > e->sym_cap) {
         /* sym, prev and next always share one capacity. */
         size_t c = e->sym_cap ? e->sym_cap : 64;
@@ -837,7 +789,7 @@ static int bpe_word(enc_ctx *e, const unsigned char *w, size_t n)
         int32_t *b = a ? realloc(e->prev, c * sizeof *b) : NULL;
         if (b) e->prev = b;
         int32_t *d = b ? realloc(e->next, c * sizeof *d) : NULL;
-        if (!d) return fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
+        if (!d) return tlz_fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
         e->next = d;
         e->sym_cap = c;
     }
@@ -868,42 +820,18 @@ static int bpe_word(enc_ctx *e, const unsigned char *w, size_t n)
     return TLZ_OK;
 }
 
-/* Regex pre-tokenisation of a valid UTF-8 run. Text the regex does not cover
-   (none, with GPT-2's pattern) would become pre-tokens of its own, like HF's
-   "Isolated" split behaviour. */
-static int split_run(enc_ctx *e, const char *s, size_t n)
-{
-    int rc;
-    if (!e->t->re) return bpe_word(e, (const unsigned char *)s, n);
-    size_t off = 0;
-    while (off < n) {
-        int m = pcre2_match(e->t->re, (PCRE2_SPTR)s, n, off, PCRE2_NO_UTF_CHECK, e->md, NULL);
-        if (m == PCRE2_ERROR_NOMATCH) return bpe_word(e, (const unsigned char *)s + off, n - off);
-        if (m < 0) {
-            PCRE2_UCHAR msg[160];
-            pcre2_get_error_message(m, msg, sizeof msg);
-            return fail(e->err, e->errlen, TLZ_EENCODE, "pre-tokenizer regex failed: %s", (char *)msg);
-        }
-        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
-        size_t a = ov[0], b = ov[1];
-        if (a > off && (rc = bpe_word(e, (const unsigned char *)s + off, a - off))) return rc;
-        if (b == a) b = a + (size_t)tlz_utf8_seq((const unsigned char *)s + a, n - a); /* no empty pre-tokens */
-        if ((rc = bpe_word(e, (const unsigned char *)s + a, b - a))) return rc;
-        off = b;
-    }
-    return TLZ_OK;
-}
+static int bpe_piece(void *ctx, const unsigned char *w, size_t n) { return bpe_word(ctx, w, n); }
 
 /* A stretch of input between added tokens: valid UTF-8 runs go through the
-   regex, each invalid byte is a pre-token by itself. */
+   pre-tokenizer pipeline, each invalid byte is a pre-token by itself. */
 static int encode_plain(enc_ctx *e, const char *s, size_t n)
 {
     int rc;
     char *prefixed = NULL;
-    if (e->t->add_prefix_space && n > 0 && s[0] != ' ') {
-        /* HF adds the space to every stretch the pre-tokenizer sees. */
+    if (tlz_pretok_prefix_stretch(e->t->pre) && n > 0 && s[0] != ' ') {
+        /* HF's lone ByteLevel adds the space to every stretch it sees. */
         prefixed = malloc(n + 1);
-        if (!prefixed) return fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
+        if (!prefixed) return tlz_fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
         prefixed[0] = ' ';
         memcpy(prefixed + 1, s, n);
         s = prefixed;
@@ -917,7 +845,7 @@ static int encode_plain(enc_ctx *e, const char *s, size_t n)
             if (k <= 0) break;
             j += (size_t)k;
         }
-        if (j > i) rc = split_run(e, s + i, j - i);
+        if (j > i) rc = tlz_pretok_run(e->t->pre, e->pre, s + i, j - i, bpe_piece, e, e->err, e->errlen);
         if (!rc && j < n) rc = bpe_word(e, (const unsigned char *)s + j, 1), j++;
         i = j;
     }
@@ -940,11 +868,11 @@ int tlz_encode_ex(const tlz_tokenizer *t, const char *text, size_t len, unsigned
     if (ids) *ids = NULL;
     if (n) *n = 0;
     if (!t || !ids || !n || (!text && len))
-        return fail(err, errlen, TLZ_EINVAL, "tlz_encode: NULL argument");
+        return tlz_fail(err, errlen, TLZ_EINVAL, "tlz_encode: NULL argument");
     enc_ctx e = {.t = t, .err = err, .errlen = errlen};
     int rc = TLZ_OK;
-    if (t->re && !(e.md = pcre2_match_data_create_from_pattern(t->re, NULL)))
-        return fail(err, errlen, TLZ_ENOMEM, "out of memory encoding");
+    if (!(e.pre = tlz_pretok_scratch_new(t->pre)))
+        return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory encoding");
 
     int specials = t->n_added > 0 && !(flags & TLZ_ENCODE_NO_SPECIAL);
     size_t start = 0;
@@ -964,7 +892,7 @@ int tlz_encode_ex(const tlz_tokenizer *t, const char *text, size_t len, unsigned
     free(e.prev);
     free(e.next);
     free(e.heap);
-    pcre2_match_data_free(e.md);
+    tlz_pretok_scratch_free(e.pre);
     if (rc) {
         free(e.ids);
         return rc;
@@ -987,17 +915,17 @@ int tlz_decode(const tlz_tokenizer *t, const int32_t *ids, size_t n, char **text
 {
     if (text) *text = NULL;
     if (len) *len = 0;
-    if (!t || !text || !len || (!ids && n)) return fail(err, errlen, TLZ_EINVAL, "tlz_decode: NULL argument");
+    if (!t || !text || !len || (!ids && n)) return tlz_fail(err, errlen, TLZ_EINVAL, "tlz_decode: NULL argument");
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         int32_t id = ids[i];
         if (id < 0 || id >= t->n_ids || !(t->flags[id] & TOKF_USED))
-            return fail(err, errlen, TLZ_EID, "cannot decode token id %ld at position %zu: not in the vocab (size %ld)",
-                        (long)id, i, (long)t->n_ids);
+            return tlz_fail(err, errlen, TLZ_EID, "cannot decode token id %ld at position %zu: not in the vocab (size %ld)",
+                            (long)id, i, (long)t->n_ids);
         total += t->raw_len[id];
     }
     char *out = malloc(total + 1);
-    if (!out) return fail(err, errlen, TLZ_ENOMEM, "out of memory decoding");
+    if (!out) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory decoding");
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         memcpy(out + o, t->raw.p + t->raw_off[ids[i]], t->raw_len[ids[i]]);

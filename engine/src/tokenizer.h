@@ -13,13 +13,19 @@
  * - Text is bytes, not strings: encode accepts any byte sequence (NUL and
  *   invalid UTF-8 included) and decode returns raw bytes, so that
  *   decode(encode(x)) == x for every x when the vocabulary covers all 256
- *   bytes (GPT-2's does) and add_prefix_space is off.
+ *   bytes (GPT-2's does), add_prefix_space is off and no Split step removes
+ *   text (behaviour Removed).
+ *
+ * Pre-tokenizers: Split (regex or literal, every behaviour, invert), Digits and
+ * ByteLevel, nested in Sequences, with ByteLevel last (pretokenizer.h); the
+ * normalizer must be null. This covers GPT-2, Ouro's (SmolLM2's) and
+ * Huginn-0125's tokenizer.json.
  *
  * Pre-tokenisation of input that is not valid UTF-8: the input is cut into
  * maximal valid UTF-8 runs and single invalid bytes. Each run goes through the
- * GPT-2 regex as usual; each invalid byte is a pre-token of its own (so it
- * becomes its single-byte token). A valid run is therefore tokenised exactly as
- * Hugging Face tokenizers would tokenise that string alone.
+ * pre-tokenizer pipeline as usual; each invalid byte is a pre-token of its own
+ * (so it becomes its single-byte token). A valid run is therefore tokenised
+ * exactly as Hugging Face tokenizers would tokenise that string alone.
  */
 #ifndef TINYLOOP_TOKENIZER_H
 #define TINYLOOP_TOKENIZER_H
@@ -107,5 +113,12 @@ int tlz_utf8_seq(const unsigned char *p, size_t n);
    p[0..n) form a valid but unfinished sequence, which a later byte may complete (0..3).
    Invalid bytes are never held: no later byte can make them valid. */
 size_t tlz_utf8_unfinished_tail(const unsigned char *p, size_t n);
+
+/* The module's one error rule (tokenizer.c, pretokenizer.c): writes the message to
+   err[0..errlen) when err is not NULL and returns code. */
+int tlz_fail(char *err, size_t errlen, int code, const char *fmt, ...);
+/* s[0..n) for a message: control bytes, quotes and backslashes escaped as \xNN, cut with
+   "..." to fit cap. Returns buf. */
+const char *tlz_quote(const char *s, size_t n, char *buf, size_t cap);
 
 #endif

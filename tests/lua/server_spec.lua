@@ -476,6 +476,28 @@ describe("server request parsing", function()
         assert.is_nil(request.raw_member(body, { "a", "x" }))
         assert.equal("2", request.raw_member('{"k": 1, "\\u006b": 2}', { "k" })) -- the last duplicate, as cjson
     end)
+    it("passes the early-exit criterion and its thresholds to the session config", function()
+        local r = assert(request.parse('{"prompt": [1], "max_tokens": 2, "early_exit_patience": 1, "early_exit_criterion": "kl", ' ..
+            '"early_exit_kl_threshold": 0.002, "early_exit_entropy_threshold": 0.01, "early_exit_gate_threshold": 0.5}',
+            fake, "m"))
+        assert.equal("kl", r.cfg.early_exit_criterion)
+        assert.equal(1, r.cfg.early_exit_patience)
+        assert.equal(0.002, r.cfg.early_exit_kl_threshold)
+        assert.equal(0.01, r.cfg.early_exit_entropy_threshold)
+        assert.equal(0.5, r.cfg.early_exit_gate_threshold)
+        local _, e = request.parse('{"prompt": [1], "max_tokens": 2, "early_exit_criterion": 2}', fake, "m")
+        assert.same({ "early_exit_criterion", "early_exit_criterion must be a string" }, { e.param, e.message })
+        _, e = request.parse('{"prompt": [1], "max_tokens": 2, "early_exit_kl_threshold": "small"}', fake, "m")
+        assert.equal("early_exit_kl_threshold", e.param)
+        -- A name or value the engine refuses: tinyloop's message maps back to the request field.
+        local m = assert(tinyloop.load("tests/data/textmodel"))
+        for field, value in pairs({ early_exit_criterion = '"nope"', early_exit_kl_threshold = "-1" }) do
+            r = assert(request.parse(('{"prompt": [1], "max_tokens": 2, "%s": %s}'):format(field, value), fake, "m"))
+            local ok, msg = pcall(m.generate, m, r.ids, r.cfg)
+            assert.is_false(ok)
+            assert.equal(field, request.param_of(tostring(msg)), tostring(msg))
+        end
+    end)
     it("needs token ids without a tokenizer", function()
         local r, e = request.parse('{"prompt": "hi"}', fake, "m")
         assert.is_nil(r)

@@ -45,6 +45,12 @@ local FIELDS = {
     early_exit_peek_every = { "integer", "early_exit_peek_every" },
     early_exit_logit_margin = { "number", "early_exit_logit_margin" },
     early_exit_threshold = { "number", "early_exit_threshold" },
+    -- "hidden_state", "latent_diff", "kl", "entropy_diff", "argmax" or "gate" (checked by
+    -- tinyloop's config builder) and the thresholds of the criteria that have their own
+    early_exit_criterion = { "string", "early_exit_criterion" },
+    early_exit_kl_threshold = { "number", "early_exit_kl_threshold" },
+    early_exit_entropy_threshold = { "number", "early_exit_entropy_threshold" },
+    early_exit_gate_threshold = { "number", "early_exit_gate_threshold" },
     grammar = { "string", false }, -- GBNF text; compiled below into cfg.grammar
 }
 _M.FIELDS = FIELDS
