@@ -108,8 +108,12 @@ tl_status tl_session_forward_adaptive(tl_session *s, int start) {
     const double gate_threshold = c->early_exit_gate_threshold > 0.0f ? (double)c->early_exit_gate_threshold
                                                                      : (double)m->cfg.exit_threshold;
     probe_memory prev = {false, -1, 0.0, NULL};
-    if (probing && needs_distribution(c) && L > 1 && !(prev.logp = malloc((size_t)vocab * sizeof *prev.logp)))
-        return tl_fail(TL_ERR_NO_MEMORY, "out of memory for early-exit probes (%d floats)", vocab);
+    if (probing && needs_distribution(c) && L > 1) {
+        /* The session's buffer, made once: not an allocation per token. */
+        if (!s->probe_logp && !(s->probe_logp = malloc((size_t)vocab * sizeof *s->probe_logp)))
+            return tl_fail(TL_ERR_NO_MEMORY, "out of memory for early-exit probes (%d doubles)", vocab);
+        prev.logp = s->probe_logp;
+    }
     tl_forward f;
     tl_status st = tl_forward_begin(&f, m, s->cache, &s->ws, s->tokens + start, s->positions + start, 1, NULL);
     /* Ouro's stick-breaking exit distribution: pass u exits with probability
@@ -144,21 +148,16 @@ tl_status tl_session_forward_adaptive(tl_session *s, int start) {
         bool exit = sig.criterion_exit;
         if (c->depth_policy) {
             const int r = c->depth_policy(c->depth_policy_user, &sig);
-            if (r < 0) {
-                free(prev.logp);
-                return tl_session_hook_failed(s, "depth_policy", r);
-            }
+            if (r < 0) return tl_session_hook_failed(s, "depth_policy", r);
             exit = r == TL_HOOK_STOP;
         }
         if (exit) {
             if (!sig.probed) tl_forward_head(&f, 0, s->logits);
             tl_forward_commit(&f); /* the last head's coda K/V and logits are this depth's */
             s->last_depth = l;
-            free(prev.logp);
             return TL_OK;
         }
     }
-    free(prev.logp);
     if (st != TL_OK) return st;
     tl_forward_loop(&f);
     tl_forward_end(&f, 0, s->logits);

@@ -33,6 +33,7 @@ static void session_destroy(tl_session *s) {
     free(s->work);
     free(s->seen);
     free(s->allowed);
+    free(s->probe_logp);
     free(s->text);
     for (int i = 0; s->stop_strs && i < s->cfg.n_stop_strings; i++) free(s->stop_strs[i]);
     free(s->stop_strs);

@@ -49,6 +49,8 @@ struct tl_session {
     float *work;                 /* [vocab] logits after hooks, penalty and grammar mask */
     uint8_t *seen;               /* [vocab] zeroed scratch of the repetition penalty */
     uint8_t *allowed;            /* [vocab] grammar mask */
+    double *probe_logp;          /* [vocab] early exit: the previous probe's log-softmax
+                                    (early_exit.c), allocated at its first use */
     tl_distribution dist;
     tl_rng rng;
 
