@@ -163,12 +163,7 @@ static tl_status huginn_bind(tl_binder *b) {
     for (int i = 0; i < c->n_block; i++) TRY(huginn_layer(b, "core_block", i, &w->block[i]));
     for (int i = 0; i < c->n_coda; i++) TRY(huginn_layer(b, "coda", i, &w->coda[i]));
     TRY(tl_bind_vector(b, "transformer.ln_f.weight", d, &w->final_norm_w));
-    if (c->tie_embeddings) {
-        w->lm_head = w->tok_embed;
-        tl_bind_ignore(b, "lm_head.weight"); /* a stored copy of the tied head, if any */
-    } else {
-        TRY(tl_bind_matrix(b, "lm_head.weight", c->vocab_size, d, &w->lm_head));
-    }
+    TRY(tl_bind_head(b, "lm_head.weight"));
 #undef TRY
     tl_bind_ignore(b, "freqs_cis"); /* RoPE table buffer: the engine computes its own */
     return TL_OK;

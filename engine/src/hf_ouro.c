@@ -142,12 +142,7 @@ static tl_status ouro_bind(tl_binder *b) {
     w->state_norm_w = w->final_norm_w;
     TRY(tl_bind_matrix(b, "model.early_exit_gate.weight", 1, d, &w->exit_gate));
     TRY(tl_bind_vector(b, "model.early_exit_gate.bias", 1, &w->exit_gate_b));
-    if (c->tie_embeddings) {
-        w->lm_head = w->tok_embed;
-        tl_bind_ignore(b, "lm_head.weight"); /* a stored copy of the tied head, if any */
-    } else {
-        TRY(tl_bind_matrix(b, "lm_head.weight", c->vocab_size, d, &w->lm_head));
-    }
+    TRY(tl_bind_head(b, "lm_head.weight"));
 #undef TRY
     tl_bind_ignore(b, "model.rotary_emb.inv_freq"); /* a RoPE buffer, when a file keeps it */
     return TL_OK;

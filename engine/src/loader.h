@@ -29,6 +29,9 @@ tl_status tl_bind_vector_part(tl_binder *b, const char *name, const int64_t *sha
 /* Claims a tensor the model does not use (a buffer such as freqs_cis, the stored copy of a
    tied head), so the loader does not reject it as unexpected. Returns whether it exists. */
 bool tl_bind_ignore(tl_binder *b, const char *name);
+/* The output head of a published family, stored as `name`: with tie_embeddings it is the
+   token embedding, and a stored copy (some exports keep one) is claimed and ignored. */
+tl_status tl_bind_head(tl_binder *b, const char *name);
 
 /* A published model family: recognised by config.json's model_type or architectures[0],
    with its own config names and tensor names. */

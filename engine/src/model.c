@@ -201,6 +201,15 @@ bool tl_bind_ignore(tl_binder *b, const char *name) {
     return t != NULL;
 }
 
+tl_status tl_bind_head(tl_binder *b, const char *name) {
+    tl_weights *w = &b->m->w;
+    const tl_config *c = &b->m->cfg;
+    if (!c->tie_embeddings) return tl_bind_matrix(b, name, c->vocab_size, c->d_model, &w->lm_head);
+    w->lm_head = w->tok_embed;
+    tl_bind_ignore(b, name);
+    return TL_OK;
+}
+
 static tl_status bind_norm(tl_binder *b, const char *prefix, const float **w, const float **bias) {
     char name[256];
     const tl_config *c = &b->m->cfg;
