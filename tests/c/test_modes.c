@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "check.h"
+#include "text_prompts.h"
 #include "tinyloop.h"
 
 #define CAP 200
@@ -285,18 +286,10 @@ static void text_prompts(const char *data) {
     snprintf(dir, sizeof dir, "%s/textmodel", data);
     tl_model *m = load(dir);
     if (!m) { CHECK(0, "load textmodel"); return; }
-    static const char *texts[] = {
-        "It is a truth universally acknowledged, that a single man",
-        "Mr. Bennet was so odd a mixture of quick parts",
-        "The village of Longbourn was only one mile from Meryton;",
-        "Emma Woodhouse, handsome, clever, and rich,",
-        "You can't have everything.  Where would you put it?",
-    };
     for (int p = 0; p < 15; p++) {
         int32_t *ids;
         int n;
-        const char *t = texts[p % 5];
-        tl_encode(m, t, strlen(t) - (size_t)(p / 5) % 10, &ids, &n);
+        if (text_prompt(m, p, &ids, &n) != TL_OK) { CHECK(0, "encode prompt %d: %s", p, tl_last_error()); continue; }
         tl_generate_config cfg;
         tl_generate_config_init(&cfg);
         cfg.max_tokens = 40;
