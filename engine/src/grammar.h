@@ -224,6 +224,7 @@ typedef struct gram_binding {
     int n_masks, cap_masks;
     gram_hash mask_ids;          /* state + 1 -> index in masks */
     size_t mask_bytes;           /* memory the cached masks hold */
+    size_t mask_budget;          /* at most that much (MASK_CACHE_BYTES; tests set less), then start over */
 } gram_binding;
 
 /* The compiled grammar of the public API. */

@@ -313,7 +313,7 @@ static bool remember_mask(gram_binding *b, int32_t state, const uint8_t *allowed
     int32_t n_extra = base >= 0 ? extra_tokens(b, base, allowed, NULL) : 0;
     if (base >= 0 && (size_t)n_extra * sizeof(int32_t) >= bits_bytes) base = -1;
     const size_t fixed = sizeof(gram_mask_entry) + (size_t)esc->n * (sizeof *esc->node + sizeof *esc->depth);
-    if (b->mask_bytes + fixed + (base >= 0 ? (size_t)n_extra * sizeof(int32_t) : bits_bytes) > MASK_CACHE_BYTES) {
+    if (b->mask_bytes + fixed + (base >= 0 ? (size_t)n_extra * sizeof(int32_t) : bits_bytes) > b->mask_budget) {
         forget_masks(b); /* full: start over (the base goes too) */
         base = -1;
     }
@@ -454,6 +454,7 @@ static tl_status binding_for(tl_compiled_grammar *g, const struct tlz_tokenizer 
     g->bindings = q;
     memset(&g->bindings[g->n_bindings], 0, sizeof *g->bindings);
     g->bindings[g->n_bindings].vocab = v;
+    g->bindings[g->n_bindings].mask_budget = MASK_CACHE_BYTES;
     *index = g->n_bindings++;
     return TL_OK;
 }

@@ -594,22 +594,16 @@ static void test_masks_nested(tl_model *m) {
    word, and its string tokens make projections' deltas large (some over the size of a bitset,
    which are then cached as one). At every state of nested documents, the mask, cold and then
    from the cache, equals the state's own uncached walk (gram_mask_full, which test_masks holds
-   to the per-token check on the other vocabularies). */
-static void test_masks_gpt2(void) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/tests/data/gpt2/tokenizer.json", root_dir);
-    tlz_tokenizer *tok = NULL;
-    char err[256] = "";
-    CHECK(tlz_tokenizer_load(path, &tok, err, sizeof err) == 0, "%s: %s", path, err);
+   to the per-token check on the other vocabularies). With a cache budget of a few masks too,
+   so that it starts over often, projections' entries included. */
+static void test_masks_gpt2(tlz_tokenizer *tok, size_t budget) {
     tl_compiled_grammar *g = load_grammar("lua/tinyloop/grammars/json.gbnf");
-    if (!tok || !g) {
-        tlz_tokenizer_free(tok);
-        tl_compiled_grammar_free(g);
-        return;
-    }
+    if (!g) return;
     const int vocab = tlz_vocab_size(tok);
     tl_grammar_matcher *mt = NULL;
     CHECK(gram_matcher_new(g, tok, vocab, tlz_token_id(tok, "<|endoftext|>"), &mt) == TL_OK, "%s", tl_last_error());
+    if (mt && budget) mt->g->bindings[mt->binding].mask_budget = budget;
+    doc_rng = 0x9E3779B97F4A7C15ULL; /* the same documents for every budget */
     uint8_t *mask = malloc((size_t)vocab), *ref = malloc((size_t)vocab);
     int states = 0, mismatches = 0;
     for (int d = 0; d < 8 && mt; d++) {
@@ -635,12 +629,12 @@ static void test_masks_gpt2(void) {
         }
         free(ids);
     }
-    CHECK(states > 500 && mismatches == 0, "GPT-2 json.gbnf: %d of %d masks differ from the uncached walk", mismatches, states);
+    CHECK(states > 500 && mismatches == 0, "GPT-2 json.gbnf, cache budget %zu: %d of %d masks differ from the uncached walk",
+          budget, mismatches, states);
     free(mask);
     free(ref);
     tl_grammar_matcher_free(mt);
     tl_compiled_grammar_free(g);
-    tlz_tokenizer_free(tok);
 }
 
 int main(int argc, char **argv) {
@@ -669,6 +663,14 @@ int main(int argc, char **argv) {
         test_generation(m);
         tl_model_free(m);
     } else CHECK(0, "load %s: %s", dir, tl_last_error());
-    test_masks_gpt2(); /* after test_masks_nested: the seeded documents there stay the same */
+    snprintf(dir, sizeof dir, "%s/tests/data/gpt2/tokenizer.json", root_dir);
+    tlz_tokenizer *gpt2 = NULL;
+    char err[256] = "";
+    CHECK(tlz_tokenizer_load(dir, &gpt2, err, sizeof err) == 0, "%s: %s", dir, err);
+    if (gpt2) {
+        test_masks_gpt2(gpt2, 0);
+        test_masks_gpt2(gpt2, 32 << 10); /* about five bitsets */
+        tlz_tokenizer_free(gpt2);
+    }
     return check_summary();
 }
