@@ -121,11 +121,11 @@ void gram_hash_free(gram_hash *h);
 typedef struct gram_mask_entry {
     int32_t state;
     int32_t count;
-    /* The allowed tokens, held small (grammar_mask.c): a state's first mask writes fresh memory,
-       and on a cold cache that first touch, not the trie walk, is most of the time. Either
-       `bits`, a bitset of the vocabulary (token t is bit t % 64 of word t / 64), or, for a state
-       resolved from its projection, the projection's entry `base` plus the tokens `extra` that
-       the state's escapes add (base -1 when `bits` is set). */
+    /* The allowed tokens, held small (grammar_mask.c): caching a state's first mask writes fresh
+       memory, and on a cold cache the first touch of its pages took longer than the trie walk.
+       Either `bits`, a bitset of the vocabulary (token t is bit t % 64 of word t / 64; base -1),
+       or, for a state resolved from its projection, the projection's entry `base` (which has
+       bits) plus the tokens `extra` that the state's escapes add. */
     uint64_t *bits;
     int32_t base;
     int32_t *extra;

@@ -8,8 +8,9 @@
  *     string) is allowed in bulk, without walking it;
  *   - masks are cached per state for the life of the compiled grammar, so a state met again,
  *     in this generation or a later one, costs a copy. They are cached small (a bitset, or a
- *     projection's entry plus a list of tokens): on a cold cache the first touch of the fresh
- *     pages a whole byte-per-token copy needs (13 for GPT-2) cost more than the walks did;
+ *     projection's entry plus a list of tokens): with a byte per token, the first touch of the
+ *     fresh pages each new copy needed (13 for GPT-2; page faults are slow on virtual machines)
+ *     was most of a cold mask's time, more than the walks;
  *   - a state never met before takes the cached mask of its projection (its stacks cut to the
  *     top frames, grammar.h), shared by the states that differ only in deeper frames, and walks
  *     only the subtrees where the projection's walk needed the cut frames (closing brackets);
@@ -310,6 +311,7 @@ static bool remember_mask(gram_binding *b, int32_t state, const uint8_t *allowed
     if (!esc) esc = &none;
     const gram_vocab *v = b->vocab;
     const size_t bits_bytes = mask_words(v) * sizeof(uint64_t);
+    if (base >= 0 && !b->masks[base].bits) base = -1; /* a base is a whole mask, never a list on another */
     int32_t n_extra = base >= 0 ? extra_tokens(b, base, allowed, NULL) : 0;
     if (base >= 0 && (size_t)n_extra * sizeof(int32_t) >= bits_bytes) base = -1;
     const size_t fixed = sizeof(gram_mask_entry) + (size_t)esc->n * (sizeof *esc->node + sizeof *esc->depth);
