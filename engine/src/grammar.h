@@ -121,7 +121,15 @@ void gram_hash_free(gram_hash *h);
 typedef struct gram_mask_entry {
     int32_t state;
     int32_t count;
-    uint8_t *mask;        /* [vocab] */
+    /* The allowed tokens, held small (grammar_mask.c): caching a state's first mask writes fresh
+       memory, and on a cold cache the first touch of its pages took longer than the trie walk.
+       Either `bits`, a bitset of the vocabulary (token t is bit t % 64 of word t / 64; base -1),
+       or, for a state resolved from its projection, the projection's entry `base` (which has
+       bits) plus the tokens `extra` that the state's escapes add. */
+    uint64_t *bits;
+    int32_t base;
+    int32_t *extra;
+    int32_t n_extra;
     /* a projection's mask leaves out the subtrees of these trie nodes (at these depths), where
        its walk escaped; they are resolved per state (grammar_mask.c) */
     int32_t *esc;
@@ -216,6 +224,7 @@ typedef struct gram_binding {
     int n_masks, cap_masks;
     gram_hash mask_ids;          /* state + 1 -> index in masks */
     size_t mask_bytes;           /* memory the cached masks hold */
+    size_t mask_budget;          /* at most that much (MASK_CACHE_BYTES; tests set less), then start over */
 } gram_binding;
 
 /* The compiled grammar of the public API. */

@@ -7,7 +7,10 @@
  *   - a subtree whose bytes all lead from the state back to itself (e.g. the inside of a JSON
  *     string) is allowed in bulk, without walking it;
  *   - masks are cached per state for the life of the compiled grammar, so a state met again,
- *     in this generation or a later one, costs a copy;
+ *     in this generation or a later one, costs a copy. They are cached small (a bitset, or a
+ *     projection's entry plus a list of tokens): with a byte per token, the first touch of the
+ *     fresh pages each new copy needed (13 for GPT-2; page faults are slow on virtual machines)
+ *     was most of a cold mask's time, more than the walks;
  *   - a state never met before takes the cached mask of its projection (its stacks cut to the
  *     top frames, grammar.h), shared by the states that differ only in deeper frames, and walks
  *     only the subtrees where the projection's walk needed the cut frames (closing brackets);
@@ -20,7 +23,7 @@
 #include "grammar.h"
 #include "tokenizer.h"
 
-#define MASK_CACHE_BYTES ((size_t)256 << 20) /* cached masks per vocabulary, then start over */
+#define MASK_CACHE_BYTES ((size_t)64 << 20) /* cached masks per vocabulary (entries, bitsets, token lists), then start over */
 #define BULK_MIN_TOKENS 8                    /* subtrees smaller than this are walked */
 
 /* ---------------------------------------------------------------- the vocabulary trie */
@@ -199,8 +202,23 @@ static int walk(gram_runtime *rt, const gram_vocab *v, int node, int depth, int3
     return count;
 }
 
+/* ---------------------------------------------------------------- the mask cache */
+
+static void forget_masks(gram_binding *b) {
+    for (int i = 0; i < b->n_masks; i++) {
+        gram_mask_entry *e = &b->masks[i];
+        free(e->bits);
+        free(e->extra);
+        free(e->esc);
+        free(e->esc_depth);
+    }
+    b->n_masks = 0;
+    b->mask_bytes = 0;
+    gram_hash_clear(&b->mask_ids);
+}
+
 void gram_binding_destroy(gram_binding *b) {
-    for (int i = 0; i < b->n_masks; i++) { free(b->masks[i].mask); free(b->masks[i].esc); free(b->masks[i].esc_depth); }
+    forget_masks(b);
     free(b->masks);
     gram_hash_free(&b->mask_ids);
     gram_vocab_free(b->vocab);
@@ -211,18 +229,98 @@ static int32_t cached_mask(const gram_binding *b, int32_t state) {
     return gram_hash_get(&b->mask_ids, (uint64_t)state + 1);
 }
 
+static size_t mask_words(const gram_vocab *v) { return ((size_t)v->vocab_size + 63) / 64; }
+
+/* allowed[0..n) (bytes 0 or 1) as a bitset. Eight bytes at a time: the multiply gathers the
+   low bit of each byte into the top byte, byte i to bit 56 + i (no two partial products meet,
+   so nothing carries). The loads are spelled out byte by byte so that the order does not
+   depend on the host's endianness; compilers turn them into one load. */
+static void pack_bits(const uint8_t *allowed, int n, uint64_t *bits) {
+    int t = 0;
+    for (size_t w = 0; t + 64 <= n; w++, t += 64) {
+        uint64_t word = 0;
+        for (int g = 0; g < 8; g++) {
+            const uint8_t *p = allowed + t + 8 * g;
+            const uint64_t x = (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 |
+                               (uint64_t)p[4] << 32 | (uint64_t)p[5] << 40 | (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
+            word |= ((x * 0x0102040810204080ULL) >> 56) << (8 * g);
+        }
+        bits[w] = word;
+    }
+    if (t < n) {
+        uint64_t word = 0;
+        for (int k = 0; t + k < n; k++) word |= (uint64_t)allowed[t + k] << k;
+        bits[t / 64] = word;
+    }
+}
+
+/* The inverse: allowed[0..n) from a bitset, a byte of bits at a time through a table of
+   their eight 0/1 bytes (2 KiB), copied whole: a cached mask is read far more often than it
+   is written, so this is the copy every mask of a state met before pays. */
+#define SPREAD1(c) {(c) & 1, (c) >> 1 & 1, (c) >> 2 & 1, (c) >> 3 & 1, (c) >> 4 & 1, (c) >> 5 & 1, (c) >> 6 & 1, (c) >> 7 & 1}
+#define SPREAD4(c) SPREAD1(c), SPREAD1((c) + 1), SPREAD1((c) + 2), SPREAD1((c) + 3)
+#define SPREAD16(c) SPREAD4(c), SPREAD4((c) + 4), SPREAD4((c) + 8), SPREAD4((c) + 12)
+#define SPREAD64(c) SPREAD16(c), SPREAD16((c) + 16), SPREAD16((c) + 32), SPREAD16((c) + 48)
+static const uint8_t spread[256][8] = {SPREAD64(0), SPREAD64(64), SPREAD64(128), SPREAD64(192)};
+
+static void unpack_bits(const uint64_t *bits, int n, uint8_t *allowed) {
+    int t = 0;
+    for (size_t w = 0; t + 64 <= n; w++, t += 64) {
+        const uint64_t word = bits[w];
+        if (word == 0 || word == ~0ull) { /* most words of a JSON mask: none or all allowed */
+            memset(allowed + t, (int)(word & 1), 64);
+            continue;
+        }
+        for (int g = 0; g < 8; g++) memcpy(allowed + t + 8 * g, spread[(word >> (8 * g)) & 0xff], 8);
+    }
+    for (; t < n; t++) allowed[t] = (uint8_t)((bits[t / 64] >> (t % 64)) & 1);
+}
+
+/* Writes a cached mask into allowed[0..vocab) and returns its count. */
+static int load_mask(const gram_binding *b, const gram_mask_entry *e, uint8_t *allowed) {
+    unpack_bits(e->base >= 0 ? b->masks[e->base].bits : e->bits, b->vocab->vocab_size, allowed);
+    for (int32_t i = 0; i < e->n_extra; i++) allowed[e->extra[i]] = 1;
+    return e->count;
+}
+
+/* The tokens of `allowed` that the projection's entry `base` lacks, written to out (when not
+   NULL); returns how many. The projection's walk stopped at its escape nodes, so they can
+   only be below them: only those subtrees are scanned. */
+static int32_t extra_tokens(const gram_binding *b, int32_t base, const uint8_t *allowed, int32_t *out) {
+    const gram_vocab *v = b->vocab;
+    const gram_mask_entry *pm = &b->masks[base];
+    int32_t n = 0;
+    for (int32_t i = 0; i < pm->n_esc; i++) {
+        const int32_t c = pm->esc[i];
+        for (int32_t k = v->tok_first[c]; k < v->tok_first[v->sub_end[c]]; k++) {
+            const int32_t t = v->order[k];
+            if (allowed[t] && !((pm->bits[t / 64] >> (t % 64)) & 1)) {
+                if (out) out[n] = t;
+                n++;
+            }
+        }
+    }
+    return n;
+}
+
 /* Caches a mask (with a projection's escape list, taken over on success; on failure the
-   caller keeps it). */
-static bool remember_mask(gram_binding *b, int32_t state, const uint8_t *allowed, int count, esc_list *esc) {
+   caller keeps it). base >= 0: the state's projection's entry, and the mask is held as the
+   tokens it adds to that one when such a list is smaller than a bitset. */
+static bool remember_mask(gram_binding *b, int32_t state, const uint8_t *allowed, int count, esc_list *esc, int32_t base) {
     esc_list none = {0};
     if (!esc) esc = &none;
-    const size_t vocab = (size_t)b->vocab->vocab_size;
-    if (b->mask_bytes + vocab > MASK_CACHE_BYTES) { /* full: start over */
-        for (int i = 0; i < b->n_masks; i++) { free(b->masks[i].mask); free(b->masks[i].esc); free(b->masks[i].esc_depth); }
-        b->n_masks = 0;
-        b->mask_bytes = 0;
-        gram_hash_clear(&b->mask_ids);
+    const gram_vocab *v = b->vocab;
+    const size_t bits_bytes = mask_words(v) * sizeof(uint64_t);
+    if (base >= 0 && !b->masks[base].bits) base = -1; /* a base is a whole mask, never a list on another */
+    int32_t n_extra = base >= 0 ? extra_tokens(b, base, allowed, NULL) : 0;
+    if (base >= 0 && (size_t)n_extra * sizeof(int32_t) >= bits_bytes) base = -1;
+    const size_t fixed = sizeof(gram_mask_entry) + (size_t)esc->n * (sizeof *esc->node + sizeof *esc->depth);
+    if (b->mask_bytes + fixed + (base >= 0 ? (size_t)n_extra * sizeof(int32_t) : bits_bytes) > b->mask_budget) {
+        forget_masks(b); /* full: start over (the base goes too) */
+        base = -1;
     }
+    if (base < 0) n_extra = 0;
+    const size_t held = fixed + (base >= 0 ? (size_t)n_extra * sizeof(int32_t) : bits_bytes);
     if (!gram_hash_reserve(&b->mask_ids)) return false;
     if (b->n_masks == b->cap_masks) {
         int cap = b->cap_masks ? b->cap_masks * 2 : 64;
@@ -231,13 +329,22 @@ static bool remember_mask(gram_binding *b, int32_t state, const uint8_t *allowed
         b->masks = q;
         b->cap_masks = cap;
     }
-    uint8_t *copy = malloc(vocab);
-    if (!copy) return false;
-    memcpy(copy, allowed, vocab);
-    b->masks[b->n_masks] = (gram_mask_entry){state, count, copy, esc->node, esc->depth, esc->n};
-    if (!gram_hash_put(&b->mask_ids, (uint64_t)state + 1, b->n_masks)) { free(copy); return false; } /* reserved: cannot fail */
+    gram_mask_entry e = {.state = state, .count = count, .base = base, .esc = esc->node, .esc_depth = esc->depth, .n_esc = esc->n};
+    if (base >= 0) {
+        if (n_extra && !(e.extra = malloc((size_t)n_extra * sizeof *e.extra))) return false;
+        e.n_extra = extra_tokens(b, base, allowed, e.extra);
+    } else {
+        if (!(e.bits = malloc(bits_bytes))) return false;
+        pack_bits(allowed, v->vocab_size, e.bits);
+    }
+    b->masks[b->n_masks] = e;
+    if (!gram_hash_put(&b->mask_ids, (uint64_t)state + 1, b->n_masks)) { /* reserved: cannot fail */
+        free(e.bits);
+        free(e.extra);
+        return false;
+    }
     b->n_masks++;
-    b->mask_bytes += vocab + (size_t)esc->n * 6;
+    b->mask_bytes += held;
     return true;
 }
 
@@ -292,35 +399,32 @@ int gram_mask_full(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *al
 int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed) {
     const gram_vocab *v = b->vocab;
     int32_t at = cached_mask(b, state);
-    if (at >= 0) {
-        memcpy(allowed, b->masks[at].mask, (size_t)v->vocab_size);
-        return b->masks[at].count;
-    }
+    if (at >= 0) return load_mask(b, &b->masks[at], allowed);
     const int32_t proj = gram_project(rt, state);
     if (proj < 0) return -1;
     if (proj == state) { /* nothing cut: the state's own walk */
         const int count = gram_mask_full(rt, b, state, allowed);
-        if (count >= 0) remember_mask(b, state, allowed, count, NULL); /* a failed remember only costs speed */
+        if (count >= 0) remember_mask(b, state, allowed, count, NULL, -1); /* a failed remember only costs speed */
         return count;
     }
     if ((at = cached_mask(b, proj)) < 0) {
         esc_list esc = {0};
         const int count = walk_mask(rt, v, proj, allowed, &esc);
         if (count < 0) { free(esc.node); free(esc.depth); return -1; }
-        if (!remember_mask(b, proj, allowed, count, &esc)) {
+        if (!remember_mask(b, proj, allowed, count, &esc, -1)) {
             /* uncached: resolve from this one */
-            gram_mask_entry tmp = {proj, count, NULL, esc.node, esc.depth, esc.n};
+            gram_mask_entry tmp = {.state = proj, .count = count, .base = -1, .esc = esc.node, .esc_depth = esc.depth, .n_esc = esc.n};
             const int n = resolve(rt, v, &tmp, state, allowed);
             free(esc.node);
             free(esc.depth);
             return n;
         }
         at = b->n_masks - 1;
-    } else memcpy(allowed, b->masks[at].mask, (size_t)v->vocab_size);
+    } else load_mask(b, &b->masks[at], allowed);
     const gram_mask_entry pm = b->masks[at]; /* a copy: remembering may move the array */
     if (pm.n_esc == 0) return pm.count;
     const int count = resolve(rt, v, &pm, state, allowed);
-    if (count >= 0) remember_mask(b, state, allowed, count, NULL);
+    if (count >= 0) remember_mask(b, state, allowed, count, NULL, at);
     return count;
 }
 
@@ -352,6 +456,7 @@ static tl_status binding_for(tl_compiled_grammar *g, const struct tlz_tokenizer 
     g->bindings = q;
     memset(&g->bindings[g->n_bindings], 0, sizeof *g->bindings);
     g->bindings[g->n_bindings].vocab = v;
+    g->bindings[g->n_bindings].mask_budget = MASK_CACHE_BYTES;
     *index = g->n_bindings++;
     return TL_OK;
 }

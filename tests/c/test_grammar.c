@@ -10,7 +10,9 @@
 #include <string.h>
 
 #include "check.h"
+#include "grammar.h"
 #include "tinyloop.h"
+#include "tokenizer.h"
 
 static const char *root_dir;
 
@@ -285,7 +287,9 @@ static void test_json_schema(void) {
 
 /* ---------------------------------------------------------------- masks and generation */
 
-/* The trie-based mask equals a token-by-token check along a document's tokens. */
+/* The trie-based mask equals a token-by-token check along a document's tokens; then, from the
+   start again, every state's mask comes from the cache (a bitset, or a projection's entry plus
+   the tokens the state adds: grammar_mask.c) and equals the first. */
 static void test_masks(tl_model *m, const char *rel_grammar, const char *doc) {
     tl_compiled_grammar *g = load_grammar(rel_grammar);
     if (!g) return;
@@ -296,11 +300,14 @@ static void test_masks(tl_model *m, const char *rel_grammar, const char *doc) {
     int32_t *ids;
     int n;
     CHECK(tl_encode(m, doc, strlen(doc), &ids, &n) == TL_OK, "%s", tl_last_error());
-    uint8_t *mask = malloc((size_t)vocab);
+    uint8_t *first = malloc(((size_t)n + 1) * (size_t)vocab);
+    int *first_count = malloc(((size_t)n + 1) * sizeof *first_count);
     int mismatches = 0;
     for (int i = 0; i <= n && mt; i++) {
         int count = -1;
+        uint8_t *mask = first + (size_t)i * (size_t)vocab;
         CHECK(tl_grammar_matcher_mask(mt, mask, vocab, &count) == TL_OK, "%s", tl_last_error());
+        first_count[i] = count;
         int counted = 0;
         for (int t = 0; t < vocab; t++) {
             int ok = 0;
@@ -313,11 +320,24 @@ static void test_masks(tl_model *m, const char *rel_grammar, const char *doc) {
     }
     CHECK(mismatches == 0, "%s: %d mask entries differ from the per-token check", rel_grammar, mismatches);
     CHECK(tl_grammar_matcher_is_accepting(mt), "the whole document is a sentence");
+    /* rollback: back to the start; the same states again, now cached */
+    CHECK(tl_grammar_matcher_rollback(mt, n) == TL_OK, "%s", tl_last_error());
+    uint8_t *mask = malloc((size_t)vocab);
+    int cached_mismatches = 0;
+    for (int i = 0; i <= n && mt; i++) {
+        int count = -1;
+        CHECK(tl_grammar_matcher_mask(mt, mask, vocab, &count) == TL_OK, "%s", tl_last_error());
+        if (count != first_count[i] || memcmp(mask, first + (size_t)i * (size_t)vocab, (size_t)vocab) != 0) cached_mismatches++;
+        if (i < n) CHECK(tl_grammar_matcher_accept(mt, ids[i]) == TL_OK, "token %d of the document: %s", i, tl_last_error());
+    }
+    CHECK(cached_mismatches == 0, "%s: %d cached masks differ from the first ones", rel_grammar, cached_mismatches);
     /* rollback: back to the start, the first token again */
     CHECK(tl_grammar_matcher_rollback(mt, n) == TL_OK, "%s", tl_last_error());
     CHECK(tl_grammar_matcher_accept(mt, ids[0]) == TL_OK, "after rollback: %s", tl_last_error());
     CHECK_ERROR(tl_grammar_matcher_rollback(mt, 5), TL_ERR_INVALID_ARGUMENT, "1 accepted");
     tl_free(ids);
+    free(first);
+    free(first_count);
     free(mask);
     tl_grammar_matcher_free(mt);
 }
@@ -570,6 +590,53 @@ static void test_masks_nested(tl_model *m) {
     }
 }
 
+/* GPT-2's vocabulary: 50257 tokens, not a multiple of 64, so a cached bitset ends in a partial
+   word, and its string tokens make projections' deltas large (some over the size of a bitset,
+   which are then cached as one). At every state of nested documents, the mask, cold and then
+   from the cache, equals the state's own uncached walk (gram_mask_full, which test_masks holds
+   to the per-token check on the other vocabularies). With a cache budget of a few masks too,
+   so that it starts over often, projections' entries included. */
+static void test_masks_gpt2(tlz_tokenizer *tok, size_t budget) {
+    tl_compiled_grammar *g = load_grammar("lua/tinyloop/grammars/json.gbnf");
+    if (!g) return;
+    const int vocab = tlz_vocab_size(tok);
+    tl_grammar_matcher *mt = NULL;
+    CHECK(gram_matcher_new(g, tok, vocab, tlz_token_id(tok, "<|endoftext|>"), &mt) == TL_OK, "%s", tl_last_error());
+    if (mt && budget) mt->g->bindings[mt->binding].mask_budget = budget;
+    doc_rng = 0x9E3779B97F4A7C15ULL; /* the same documents for every budget */
+    uint8_t *mask = malloc((size_t)vocab), *ref = malloc((size_t)vocab);
+    int states = 0, mismatches = 0;
+    for (int d = 0; d < 8 && mt; d++) {
+        char doc[2048] = "{\"top\": ";
+        doc_value(doc, sizeof doc - 2, 1);
+        strcat(doc, "}");
+        int32_t *ids = NULL;
+        size_t n = 0;
+        CHECK(tlz_encode(tok, doc, strlen(doc), &ids, &n, NULL, 0) == 0, "encode %s", doc);
+        for (int pass = 0; pass < 2; pass++) {
+            for (size_t i = 0; i <= n; i++) {
+                const int32_t state = gram_matcher_state(mt);
+                const int count = gram_matcher_mask_state(mt, state, mask);
+                const int want = gram_mask_full(&mt->g->rt, &mt->g->bindings[mt->binding], state, ref);
+                states++;
+                if (count != want || memcmp(mask, ref, (size_t)vocab) != 0) mismatches++;
+                if (i < n && tl_grammar_matcher_accept(mt, ids[i]) != TL_OK) {
+                    CHECK(0, "token %zu of %s: %s", i, doc, tl_last_error());
+                    break;
+                }
+            }
+            while (tl_grammar_matcher_rollback(mt, 1) == TL_OK) {}
+        }
+        free(ids);
+    }
+    CHECK(states > 500 && mismatches == 0, "GPT-2 json.gbnf, cache budget %zu: %d of %d masks differ from the uncached walk",
+          budget, mismatches, states);
+    free(mask);
+    free(ref);
+    tl_grammar_matcher_free(mt);
+    tl_compiled_grammar_free(g);
+}
+
 int main(int argc, char **argv) {
     root_dir = argc > 1 ? argv[1] : ".";
     test_parse_errors();
@@ -596,5 +663,14 @@ int main(int argc, char **argv) {
         test_generation(m);
         tl_model_free(m);
     } else CHECK(0, "load %s: %s", dir, tl_last_error());
+    snprintf(dir, sizeof dir, "%s/tests/data/gpt2/tokenizer.json", root_dir);
+    tlz_tokenizer *gpt2 = NULL;
+    char err[256] = "";
+    CHECK(tlz_tokenizer_load(dir, &gpt2, err, sizeof err) == 0, "%s: %s", dir, err);
+    if (gpt2) {
+        test_masks_gpt2(gpt2, 0);
+        test_masks_gpt2(gpt2, 32 << 10); /* about five bitsets */
+        tlz_tokenizer_free(gpt2);
+    }
     return check_summary();
 }
