@@ -569,6 +569,8 @@ typedef struct tl_engine_counters {
     uint64_t submitted, finished, cancelled, failed, rejected; /* rejected: submit when full */
     uint64_t iterations, rows;   /* batched steps, and the session-steps they carried */
     uint64_t steps_after_cancel; /* steps sessions made after their cancel (the one in flight) */
+    uint64_t waiter_wakeups;     /* times a sleeping tl_engine_wait woke (its request's output, finish
+                                    or cancel, the engine's stop, its timeout): not once per step */
 } tl_engine_counters;
 
 void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);
