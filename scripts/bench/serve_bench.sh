@@ -12,18 +12,22 @@
 # p50/p99 come from the difference of the server's TTFT histogram (bucket precision).
 #   scripts/bench/serve_bench.sh [--model DIR] [--clients 8] [--duration 60] [--baseline 15]
 #                                [--threads 2] [--max-tokens 64] [--port N] [--workers 1]
+#                                [--no-engine-ref]
 #   --model /tmp/gpt2-f16   a checkpoint written by
 #                           build/scripts/bench/tinyloop-bench --preset gpt2-small --dtype f16 --keep
 # Without --model it writes (once) such a random GPT-2-small-shaped f16 checkpoint to
 # build/bench-gpt2-small-f16 with tinyloop-bench.
+# First (unless --no-engine-ref) it runs the engine alone, tinyloop-batch-bench with 1 and N
+# sessions, before the server starts: the HTTP ratio "N clients / 1 client" cannot exceed the
+# engine's own, so the verdict prints both.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-model="" clients=8 duration=60 baseline=15 threads=2 max_tokens=64 workers=1 port=$((30000 + RANDOM % 20000))
+engine_ref=1 model="" clients=8 duration=60 baseline=15 threads=2 max_tokens=64 workers=1 port=$((30000 + RANDOM % 20000))
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift 2 ;; --clients) clients=$2; shift 2 ;; --duration) duration=$2; shift 2 ;;
     --baseline) baseline=$2; shift 2 ;; --threads) threads=$2; shift 2 ;; --max-tokens) max_tokens=$2; shift 2 ;;
-    --port) port=$2; shift 2 ;; --workers) workers=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;; --workers) workers=$2; shift 2 ;; --no-engine-ref) engine_ref=0; shift ;;
     *) echo "serve_bench: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -42,6 +46,21 @@ if [ -z "$model" ]; then
   fi
 fi
 vocab=$(grep -o '"vocab_size": *[0-9]*' "$model/config.json" | grep -o '[0-9]*$')
+
+ref_line="" ref_ratio=""
+if [ "$engine_ref" = 1 ]; then
+  cmake --build build -j2 --target tinyloop-batch-bench >/dev/null 2>&1 || true
+  if [ -x build/scripts/bench/tinyloop-batch-bench ]; then
+    ref=$(build/scripts/bench/tinyloop-batch-bench --model "$model" --threads "$threads" --steps 32 --prefix 16 \
+          --sessions "1,$clients" 2>&1 || true)
+    one=$(printf '%s\n' "$ref" | awk '$1 == 1 && $3 ~ /x$/ { print $2 }')
+    many=$(printf '%s\n' "$ref" | awk -v n="$clients" '$1 == n && $3 ~ /x$/ { print $2 }')
+    if [ -n "$one" ] && [ -n "$many" ]; then
+      ref_ratio=$(awk -v a="$many" -v b="$one" 'BEGIN { printf "%.2f", a / b }')
+      ref_line="engine alone (tinyloop-batch-bench, decode only, no HTTP): 1 session $one tok/s, $clients sessions $many tok/s: x$ref_ratio"
+    fi
+  fi
+fi
 
 work=$(mktemp -d)
 serve_pid=""
@@ -93,10 +112,11 @@ hist_q() {
 # $3 output file, $4 seed base.
 load() {
   wrk -t 1 -c "$1" -d "${2}s" --timeout 120s -s scripts/bench/serve_load.lua "$base/v1/completions" \
-    -- stream "$vocab" "$max_tokens" "$4" > "$3" 2>&1
+    -- stream "$vocab" "$max_tokens" "$4" "$1" > "$3" 2>&1
 }
 
 echo "== model $model ($(du -sh "$model" | cut -f1)), $threads threads, serve on $base, load $(cut -d' ' -f1-3 /proc/loadavg)"
+[ -n "$ref_line" ] && echo "$ref_line"
 echo "== baseline: 1 streaming client (wrk -c 1) for $baseline s"
 metrics > "$work/m0"; t0=$(now_ms)
 load 1 "$baseline" "$work/base.txt" 1000000000
@@ -158,7 +178,7 @@ server_5xx=$(awk '/^tinyloop_requests_total/ && /status="5/ { s += $NF } END { p
 yn() { if [ "$1" = 1 ]; then echo yes; else echo NO; fi; }
 echo "== verdict"
 echo "/health p99 < 20 ms             $(yn "$(awk -v p="$health_p99" 'BEGIN { print (p != "n/a" && p < 20) }')")  ($health_p99 ms)"
-echo "aggregate >= 4x single client   $(yn "$(awk -v a="$agg_tps" -v b="$base_tps" 'BEGIN { print (b > 0 && a >= 4 * b) }')")"
+echo "aggregate >= 4x single client   $(yn "$(awk -v a="$agg_tps" -v b="$base_tps" 'BEGIN { print (b > 0 && a >= 4 * b) }')")  (x$(awk -v a="$agg_tps" -v b="$base_tps" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'); the engine alone: x${ref_ratio:-n/a})"
 echo "no 5xx                          $(yn "$(( fivexx + health_bad + server_5xx == 0 ))")  (clients $fivexx, /health $health_bad, server-wide $server_5xx)"
 echo "RSS growth 10 s -> ${rss_at} s < 5%    $(yn "$(awk -v a="$rss10" -v b="$rss_late" 'BEGIN { print ((b - a) * 100 < 5 * a) }')")"
 echo "disconnect stops within 1 step  $(yn "$(( cancel_d >= 1 && after_d <= 1 ))")"

@@ -1,7 +1,12 @@
 -- serve_load.lua: wrk script of serve_bench.sh. Two uses:
---   wrk -s serve_load.lua URL -- stream VOCAB MAX_TOKENS SEED_BASE
+--   wrk -s serve_load.lua URL -- stream VOCAB MAX_TOKENS SEED_BASE CONNECTIONS
 --       streaming POST /v1/completions back to back on every connection: 16 token-id
 --       prompts, temperature 0.8, ignore_eos, a distinct seed (and prompt) per request;
+--       the first request of connection i (of CONNECTIONS) asks for i/CONNECTIONS of
+--       MAX_TOKENS, every later one for MAX_TOKENS. Why: started together with equal
+--       lengths, the connections would stay in lockstep, all finishing in one step and all
+--       prefilling together in the next; staggered, requests end and join one at a time,
+--       as independent clients do, and TTFT is that of a request joining a running batch.
 --   wrk -s serve_load.lua URL -- probe INTERVAL_MS
 --       GET /health, one request per INTERVAL_MS on each connection.
 -- Why wrk and not curl in a shell loop: a loop spawns curl, grep and awk between requests,
@@ -20,6 +25,7 @@ function init(args)
     mode = args[1]
     if mode == "stream" then
         vocab, max_tokens, seed_base = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
+        connections = tonumber(args[5]) or 1
     elseif mode == "probe" then
         interval_ms = tonumber(args[2])
     else
@@ -41,7 +47,9 @@ function request()
     local seed = seed_base + thread_no * 1000000 + sent
     local ids = {}
     for k = 1, 16 do ids[k] = (seed * 7919 + k * 104729) % vocab end
-    local body = '{"prompt":[' .. table.concat(ids, ",") .. '],"max_tokens":' .. max_tokens ..
+    -- wrk asks for each connection's first request in turn at its start (one thread here)
+    local n = sent <= connections and math.max(1, math.floor(max_tokens * sent / connections)) or max_tokens
+    local body = '{"prompt":[' .. table.concat(ids, ",") .. '],"max_tokens":' .. n ..
         ',"ignore_eos":true,"stream":true,"temperature":0.8,"seed":' .. seed .. '}'
     return wrk.format("POST", "/v1/completions", { ["Content-Type"] = "application/json" }, body)
 end
