@@ -530,7 +530,7 @@ tl_status tl_engine_submit(tl_engine *engine, tl_session *session, uint64_t *id)
 
 /* Blocks until request `id` has output not yet read or has finished (1), timeout_ms
    passes (0), or the id is unknown: cancelled, never submitted, or the engine is stopping
-   (-1). */
+   (-1). Only its own request wakes it, not other requests' steps; timeout_ms 0 polls. */
 int tl_engine_wait(tl_engine *engine, uint64_t id, int timeout_ms);
 
 typedef enum tl_engine_state {
