@@ -530,7 +530,7 @@ tl_status tl_engine_submit(tl_engine *engine, tl_session *session, uint64_t *id)
 
 /* Blocks until request `id` has output not yet read or has finished (1), timeout_ms
    passes (0), or the id is unknown: cancelled, never submitted, or the engine is stopping
-   (-1). */
+   (-1). Only its own request wakes it, not other requests' steps; timeout_ms 0 polls. */
 int tl_engine_wait(tl_engine *engine, uint64_t id, int timeout_ms);
 
 typedef enum tl_engine_state {
@@ -569,6 +569,8 @@ typedef struct tl_engine_counters {
     uint64_t submitted, finished, cancelled, failed, rejected; /* rejected: submit when full */
     uint64_t iterations, rows;   /* batched steps, and the session-steps they carried */
     uint64_t steps_after_cancel; /* steps sessions made after their cancel (the one in flight) */
+    uint64_t waiter_wakeups;     /* times a sleeping tl_engine_wait woke (its request's output, finish
+                                    or cancel, the engine's stop, its timeout): not once per step */
 } tl_engine_counters;
 
 void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);

@@ -8,7 +8,16 @@
  * the engine thread and swapped out by readers, both under `mu`.
  * Requests are found by id (a linear scan: there are at most max_active + max_queued plus
  * a few finished-but-unread ones), so a waiter never holds a request pointer while it
- * sleeps, and cancel can free a finished request at once. */
+ * sleeps, and cancel can free a finished request at once.
+ *
+ * Waking: each tl_engine_wait sleeps on a condition variable of its own (on its stack),
+ * linked into its request's list of waiters, and the engine signals only the waiters of a
+ * request that has something new (output, its finish, its cancel) or all of them when it
+ * stops. Why not one broadcast per step: it woke every waiting thread on every step, the
+ * waiters of queued requests included (with max_queued = 32, dozens of threads per token
+ * that find nothing and sleep again, each a context switch on the cores the step needs).
+ * A waiter's node is touched only under `mu`; a request that goes away (remove_request)
+ * signals and unlinks its waiters first, so no node outlives its wait. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <pthread.h>
@@ -27,8 +36,15 @@ typedef struct buffer {
     int n_tokens, cap_tokens;
 } buffer;
 
+/* One tl_engine_wait call, sleeping (see "Waking" above). */
+typedef struct waiter {
+    pthread_cond_t cond;
+    struct waiter *next;
+} waiter;
+
 typedef struct request {
     uint64_t id;
+    waiter *waiters;           /* the tl_engine_wait calls sleeping on this request */
     tl_session *session;       /* owned until it finishes or is cancelled; then NULL */
     tl_engine_state state;
     bool cancelled;            /* the caller is gone: drop the session, free the request */
@@ -46,7 +62,7 @@ struct tl_engine {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t work;       /* the engine thread: a submit, a cancel or stop */
-    pthread_cond_t progress;   /* waiters: output, a finish, a cancel or stop */
+    pthread_condattr_t wait_attr; /* of every waiter's cond: CLOCK_MONOTONIC */
     bool stop;
     int waiters;               /* tl_engine_wait calls inside; free waits for 0 */
     request **reqs;            /* every live request, in submit order */
@@ -67,6 +83,15 @@ static request *find(tl_engine *e, uint64_t id) {
     return NULL;
 }
 
+/* Under mu: r has something new for its readers (or is going away, or the engine stops). */
+static void wake(request *r) {
+    for (waiter *w = r->waiters; w; w = w->next) pthread_cond_signal(&w->cond);
+}
+
+static void wake_all(tl_engine *e) {
+    for (int i = 0; i < e->n_reqs; i++) wake(e->reqs[i]);
+}
+
 static void free_request(request *r) {
     tl_session_free(r->session);
     free(r->pending.text);
@@ -76,8 +101,11 @@ static void free_request(request *r) {
     free(r);
 }
 
-/* Unlinks and frees r (under mu; r's session is no longer stepping). */
+/* Unlinks and frees r (under mu; r's session is no longer stepping). Its waiters wake, find
+   the id gone and return -1; their nodes are theirs again. */
 static void remove_request(tl_engine *e, request *r) {
+    wake(r);
+    r->waiters = NULL;
     for (int i = 0; i < e->n_reqs; i++) {
         if (e->reqs[i] == r) {
             memmove(&e->reqs[i], &e->reqs[i + 1], (size_t)(e->n_reqs - i - 1) * sizeof *e->reqs);
@@ -162,7 +190,8 @@ static void *engine_main(void *arg) {
                 run[n_run++] = r;
             }
         }
-        if (kept != n_run) pthread_cond_broadcast(&e->progress); /* readers see "running" */
+        /* (Admission wakes nobody: a wait returns for output, a finish or a cancel, and the
+           handler learns "running" from its first read.) */
         if (n_run == 0) {
             pthread_cond_wait(&e->work, &e->mu);
             continue;
@@ -190,8 +219,9 @@ static void *engine_main(void *arg) {
             request *r = run[i];
             if (r->cancelled) {
                 e->c.steps_after_cancel++;
-                continue; /* dropped at the top of the loop */
+                continue; /* dropped at the top of the loop; its waiters were woken by the cancel */
             }
+            wake(r); /* a token, a finish or a failure: something to read in every case */
             if (statuses[i] != TL_OK) {
                 finish(e, r, TL_STOP_NONE, statuses[i], error);
                 continue;
@@ -202,7 +232,6 @@ static void *engine_main(void *arg) {
             }
             if (stops[i] != TL_STOP_NONE) finish(e, r, stops[i], TL_OK, NULL);
         }
-        pthread_cond_broadcast(&e->progress);
     }
     /* Stopping: the running sessions are freed with their requests by tl_engine_free. */
     pthread_mutex_unlock(&e->mu);
@@ -228,15 +257,12 @@ tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl
     e->next_id = 1;
     e->c.max_active = o.max_active;
     e->c.max_queued = o.max_queued;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* wait timeouts ignore clock changes */
+    pthread_condattr_init(&e->wait_attr);
+    pthread_condattr_setclock(&e->wait_attr, CLOCK_MONOTONIC); /* wait timeouts ignore clock changes */
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work, NULL);
-    pthread_cond_init(&e->progress, &ca);
-    pthread_condattr_destroy(&ca);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
-        pthread_cond_destroy(&e->progress);
+        pthread_condattr_destroy(&e->wait_attr);
         pthread_cond_destroy(&e->work);
         pthread_mutex_destroy(&e->mu);
         free(e);
@@ -251,12 +277,12 @@ void tl_engine_free(tl_engine *e) {
     pthread_mutex_lock(&e->mu);
     e->stop = true;
     pthread_cond_broadcast(&e->work);
-    pthread_cond_broadcast(&e->progress);
+    wake_all(e);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
     pthread_mutex_lock(&e->mu);
     while (e->waiters > 0) { /* they see `stop` and leave */
-        pthread_cond_broadcast(&e->progress);
+        wake_all(e);
         pthread_mutex_unlock(&e->mu);
         sched_yield();
         pthread_mutex_lock(&e->mu);
@@ -264,7 +290,7 @@ void tl_engine_free(tl_engine *e) {
     pthread_mutex_unlock(&e->mu);
     for (int i = 0; i < e->n_reqs; i++) free_request(e->reqs[i]);
     free(e->reqs);
-    pthread_cond_destroy(&e->progress);
+    pthread_condattr_destroy(&e->wait_attr);
     pthread_cond_destroy(&e->work);
     pthread_mutex_destroy(&e->mu);
     free(e);
@@ -325,20 +351,31 @@ int tl_engine_wait(tl_engine *e, uint64_t id, int timeout_ms) {
     deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
     int result;
+    waiter self = {.next = NULL};
+    pthread_cond_init(&self.cond, &e->wait_attr);
     pthread_mutex_lock(&e->mu);
     e->waiters++;
     for (;;) {
         request *r = e->stop ? NULL : find(e, id); /* looked up again after every wake */
         if (!r || r->cancelled) { result = -1; break; }
         if (readable(r)) { result = 1; break; }
-        if (pthread_cond_timedwait(&e->progress, &e->mu, &deadline) == ETIMEDOUT) {
-            r = e->stop ? NULL : find(e, id);
+        if (timeout_ms == 0) { result = 0; break; } /* a poll: no sleep */
+        self.next = r->waiters; /* linked only while asleep */
+        r->waiters = &self;
+        int rc = pthread_cond_timedwait(&self.cond, &e->mu, &deadline);
+        e->c.waiter_wakeups++;
+        r = find(e, id); /* gone: remove_request unlinked every node already */
+        for (waiter **p = r ? &r->waiters : NULL; p && *p; p = &(*p)->next)
+            if (*p == &self) { *p = self.next; break; }
+        if (rc == ETIMEDOUT) {
+            r = e->stop ? NULL : r;
             result = !r || r->cancelled ? -1 : readable(r) ? 1 : 0;
             break;
         }
     }
     e->waiters--;
     pthread_mutex_unlock(&e->mu);
+    pthread_cond_destroy(&self.cond);
     return result;
 }
 
@@ -387,8 +424,8 @@ void tl_engine_cancel(tl_engine *e, uint64_t id) {
             r->cancelled = true;
             e->c.cancelled++;
             pthread_cond_signal(&e->work);
+            wake(r); /* (removed requests woke theirs in remove_request) */
         }
-        pthread_cond_broadcast(&e->progress);
     }
     pthread_mutex_unlock(&e->mu);
 }

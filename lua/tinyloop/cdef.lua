@@ -289,6 +289,7 @@ typedef struct tl_engine_counters {
     uint64_t submitted, finished, cancelled, failed, rejected;
     uint64_t iterations, rows;
     uint64_t steps_after_cancel;
+    uint64_t waiter_wakeups;
 } tl_engine_counters;
 void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);
 typedef struct tl_compiled_grammar tl_compiled_grammar;

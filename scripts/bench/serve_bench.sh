@@ -5,20 +5,29 @@
 # tokens/s against the single client's, p50/p99 time to first token, p50/p99 /health latency,
 # 5xx counts, the workers' RSS at the 10th and the 60th second, a disconnect check, and a
 # verdict line per criterion of issue 13's "Done when".
+# The load is wrk with scripts/bench/serve_load.lua (streams back to back, no process per
+# request); /health is probed by a second wrk instance at one request per 100 ms. Tokens,
+# statuses and rows per step are differences of the server's /metrics counters before and
+# after each phase (wrk's own count of the streamed tokens is printed next to them); TTFT
+# p50/p99 come from the difference of the server's TTFT histogram (bucket precision).
 #   scripts/bench/serve_bench.sh [--model DIR] [--clients 8] [--duration 60] [--baseline 15]
 #                                [--threads 2] [--max-tokens 64] [--port N] [--workers 1]
+#                                [--no-engine-ref]
 #   --model /tmp/gpt2-f16   a checkpoint written by
 #                           build/scripts/bench/tinyloop-bench --preset gpt2-small --dtype f16 --keep
 # Without --model it writes (once) such a random GPT-2-small-shaped f16 checkpoint to
 # build/bench-gpt2-small-f16 with tinyloop-bench.
+# First (unless --no-engine-ref) it runs the engine alone, tinyloop-batch-bench with 1 and N
+# sessions, before the server starts: the HTTP ratio "N clients / 1 client" cannot exceed the
+# engine's own, so the verdict prints both.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-model="" clients=8 duration=60 baseline=15 threads=2 max_tokens=64 workers=1 port=$((30000 + RANDOM % 20000))
+engine_ref=1 model="" clients=8 duration=60 baseline=15 threads=2 max_tokens=64 workers=1 port=$((30000 + RANDOM % 20000))
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift 2 ;; --clients) clients=$2; shift 2 ;; --duration) duration=$2; shift 2 ;;
     --baseline) baseline=$2; shift 2 ;; --threads) threads=$2; shift 2 ;; --max-tokens) max_tokens=$2; shift 2 ;;
-    --port) port=$2; shift 2 ;; --workers) workers=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;; --workers) workers=$2; shift 2 ;; --no-engine-ref) engine_ref=0; shift ;;
     *) echo "serve_bench: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -37,6 +46,21 @@ if [ -z "$model" ]; then
   fi
 fi
 vocab=$(grep -o '"vocab_size": *[0-9]*' "$model/config.json" | grep -o '[0-9]*$')
+
+ref_line="" ref_ratio=""
+if [ "$engine_ref" = 1 ]; then
+  cmake --build build -j2 --target tinyloop-batch-bench >/dev/null 2>&1 || true
+  if [ -x build/scripts/bench/tinyloop-batch-bench ]; then
+    ref=$(build/scripts/bench/tinyloop-batch-bench --model "$model" --threads "$threads" --steps 32 --prefix 16 \
+          --sessions "1,$clients" 2>&1 || true)
+    one=$(printf '%s\n' "$ref" | awk '$1 == 1 && $3 ~ /x$/ { print $2 }')
+    many=$(printf '%s\n' "$ref" | awk -v n="$clients" '$1 == n && $3 ~ /x$/ { print $2 }')
+    if [ -n "$one" ] && [ -n "$many" ]; then
+      ref_ratio=$(awk -v a="$many" -v b="$one" 'BEGIN { printf "%.2f", a / b }')
+      ref_line="engine alone (tinyloop-batch-bench, decode only, no HTTP): 1 session $one tok/s, $clients sessions $many tok/s: x$ref_ratio"
+    fi
+  fi
+fi
 
 work=$(mktemp -d)
 serve_pid=""
@@ -59,76 +83,103 @@ worker_pids=$(pgrep -P "$master" | paste -sd' ')
 rss_kb() { local t=0 p; for p in $worker_pids; do t=$((t + $(awk '/VmRSS/ { print $2 }' "/proc/$p/status"))); done; echo $t; }
 
 now_ms() { date +%s%3N; }
-# One streaming client: requests back to back until the deadline; per request one line
-# "status ttft_ms tokens".
-client() {
-  local i=$1 deadline=$2 outf=$3 ids body
-  ids=$(for k in $(seq 1 16); do echo $(( (i * 7919 + k * 104729) % vocab )); done | paste -sd,)
-  body="{\"prompt\": [$ids], \"max_tokens\": $max_tokens, \"ignore_eos\": true, \"stream\": true, \"seed\": $i, \"temperature\": 0.8}"
-  while [ "$(now_ms)" -lt "$deadline" ]; do
-    # The server sends headers with the first token: time to first byte = time to first token.
-    local w tokens
-    w=$(curl -sN -m 300 -o "$outf.body" -w '%{http_code} %{time_starttransfer}' -H 'Content-Type: application/json' \
-        -d "$body" "$base/v1/completions" || true)
-    tokens=$(grep -o '"completion_tokens":[0-9]*' "$outf.body" | grep -o '[0-9]*$' || echo 0)
-    echo "${w% *} $(awk -v t="${w#* }" 'BEGIN { printf "%.1f", t * 1000 }') ${tokens:-0}" >> "$outf"
-  done
+metrics() { curl -s "$base/metrics"; }
+# Sum of the series whose line starts with $2 (a name, or a name and labels) in dump $1.
+msum() { awk -v n="$2" 'index($0, n) == 1 { s += $NF } END { printf "%.17g\n", s + 0 }' "$1"; }
+# The field $2 of wrk's "serve_load k=v ..." line in file $1.
+field() { sed -n "s/.*serve_load .* $2=\([^ ]*\).*/\1/p" "$1" | tail -n 1; }
+# Quantile $4 (0-1) of histogram $3 between dumps $1 and $2: the buckets' difference,
+# interpolated linearly inside the bucket where the quantile falls (as Prometheus'
+# histogram_quantile does), so its precision is the bucket width.
+hist_q() {
+  awk -v h="$3_bucket" -v q="$4" '
+    FNR == NR { if (index($0, h) == 1) { match($0, /le="[^"]*"/); a[substr($0, RSTART + 4, RLENGTH - 5)] = $NF } next }
+    index($0, h) == 1 { match($0, /le="[^"]*"/); le = substr($0, RSTART + 4, RLENGTH - 5); n++; les[n] = le; d[n] = $NF - a[le] }
+    END {
+      total = d[n]; if (total <= 0) { print "n/a"; exit }
+      rank = q * total; prev_le = 0; prev_c = 0
+      for (i = 1; i <= n; i++) {
+        if (d[i] >= rank) {
+          if (les[i] == "+Inf") { printf ">%.0f\n", prev_le * 1000; exit }
+          printf "%.1f\n", (prev_le + (les[i] - prev_le) * (rank - prev_c) / (d[i] - prev_c)) * 1000; exit
+        }
+        prev_le = les[i]; prev_c = d[i]
+      }
+    }' "$1" "$2"
 }
-pctl() { sort -n | awk -v p="$1" '{a[NR]=$1} END { if (NR == 0) { print "n/a"; exit } i = int(NR * p / 100 + 0.999); if (i < 1) i = 1; print a[i] }'; }
+# wrk streams from N connections (one wrk thread: its event loop is far from busy), each
+# starting its next request as soon as the last one ends; $1 connections, $2 seconds,
+# $3 output file, $4 seed base.
+load() {
+  wrk -t 1 -c "$1" -d "${2}s" --timeout 120s -s scripts/bench/serve_load.lua "$base/v1/completions" \
+    -- stream "$vocab" "$max_tokens" "$4" "$1" > "$3" 2>&1
+}
 
-echo "== model $model ($(du -sh "$model" | cut -f1)), $threads threads, serve on $base"
-echo "== baseline: 1 streaming client for $baseline s"
-t0=$(now_ms); client 0 $((t0 + baseline * 1000)) "$work/base.txt"; t1=$(now_ms)
-base_tps=$(awk -v ms=$((t1 - t0)) '{ t += $3 } END { printf "%.2f", t / (ms / 1000) }' "$work/base.txt")
-echo "single client: $base_tps tokens/s"
+echo "== model $model ($(du -sh "$model" | cut -f1)), $threads threads, serve on $base, load $(cut -d' ' -f1-3 /proc/loadavg)"
+[ -n "$ref_line" ] && echo "$ref_line"
+echo "== baseline: 1 streaming client (wrk -c 1) for $baseline s"
+metrics > "$work/m0"; t0=$(now_ms)
+load 1 "$baseline" "$work/base.txt" 1000000000
+t1=$(now_ms); metrics > "$work/m1"
+base_secs=$(awk -v ms=$((t1 - t0)) 'BEGIN { printf "%.3f", ms / 1000 }')
+base_tokens=$(( $(msum "$work/m1" tinyloop_generated_tokens_total) - $(msum "$work/m0" tinyloop_generated_tokens_total) ))
+base_tps=$(awk -v t="$base_tokens" -v s="$base_secs" 'BEGIN { printf "%.2f", t / s }')
+echo "single client: $base_tps tokens/s  ($base_tokens tokens of completed requests in $base_secs s, server counter; wrk saw $(field "$work/base.txt" tokens) in $(field "$work/base.txt" ok) streams)"
 
-echo "== load: $clients streaming clients for $duration s, /health probed every 100 ms"
-start=$(now_ms); deadline=$((start + duration * 1000))
-for i in $(seq 1 "$clients"); do client "$i" "$deadline" "$work/c$i.txt" & done
-( while [ "$(now_ms)" -lt "$deadline" ]; do
-    curl -s -o /dev/null -w '%{http_code} %{time_total}\n' "$base/health" >> "$work/health.txt"; sleep 0.1
-  done ) &
+echo "== load: $clients streaming clients (wrk -c $clients) for $duration s, /health probed every 100 ms (wrk -c 1)"
+metrics > "$work/m2"
+start=$(now_ms)
+load "$clients" "$duration" "$work/load.txt" 2000000000 &
+load_pid=$!
+wrk -t 1 -c 1 -d "${duration}s" --timeout 10s -s scripts/bench/serve_load.lua "$base/health" -- probe 100 > "$work/health.txt" 2>&1 &
+health_pid=$!
 # RSS of the worker(s) at the 10th second and at the 60th (or the end of a shorter run).
 sleep 10; rss10=$(rss_kb)
 rss_at=$(( duration < 60 ? duration : 60 ))
 while [ "$(now_ms)" -lt $((start + rss_at * 1000)) ]; do sleep 0.5; done
 rss_late=$(rss_kb)
-while [ "$(now_ms)" -lt "$deadline" ]; do sleep 1; done
-wait $(jobs -p | grep -v "^$serve_pid$") 2>/dev/null || true
-end=$(now_ms)
-cat "$work"/c[0-9]*.txt > "$work/all.txt"
+wait "$load_pid" "$health_pid" || true
+end=$(now_ms); metrics > "$work/m3"
+for f in load health; do grep -q '^serve_load ' "$work/$f.txt" || { cat "$work/$f.txt" >&2; echo "serve_bench: wrk ($f) printed no summary" >&2; exit 1; }; done
 secs=$(awk -v ms=$((end - start)) 'BEGIN { printf "%.1f", ms / 1000 }')
-reqs=$(awk '$1 == 200' "$work/all.txt" | wc -l)
-fivexx=$(awk '$1 ~ /^5/' "$work/all.txt" | wc -l)
-other=$(awk '$1 != 200 && $1 !~ /^5/' "$work/all.txt" | wc -l)
-agg_tps=$(awk -v s="$secs" '$1 == 200 { t += $3 } END { printf "%.2f", t / s }' "$work/all.txt")
-health_5xx=$(awk '$1 !~ /^2/' "$work/health.txt" | wc -l)
-echo "wall                 $secs s"
-echo "requests/s           $(awk -v r="$reqs" -v s="$secs" 'BEGIN { printf "%.3f", r / s }')  ($reqs completed, $fivexx 5xx, $other other)"
-echo "aggregate tokens/s   $agg_tps  (single client $base_tps: x$(awk -v a="$agg_tps" -v b="$base_tps" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'))"
-echo "TTFT ms              p50 $(awk '$1 == 200 { print $2 }' "$work/all.txt" | pctl 50)  p99 $(awk '$1 == 200 { print $2 }' "$work/all.txt" | pctl 99)"
-echo "/health ms           p50 $(awk '{ print $2 * 1000 }' "$work/health.txt" | pctl 50)  p99 $(awk '{ print $2 * 1000 }' "$work/health.txt" | pctl 99)  ($(wc -l < "$work/health.txt") probes, $health_5xx not 2xx)"
+d() { awk -v a="$(msum "$work/m2" "$1")" -v b="$(msum "$work/m3" "$1")" 'BEGIN { printf "%.17g\n", b - a }'; }
+# A stream that wrk closes at the end of the phase is logged with its status, 200, and
+# cancelled: completed requests are the engine-side count of generations run to the end.
+reqs=$(d tinyloop_completed_total)
+ok200=$(d 'tinyloop_requests_total{endpoint="/v1/completions",status="200"}')
+fivexx=$(d 'tinyloop_requests_total{endpoint="/v1/completions",status="5')
+other=$(( $(d 'tinyloop_requests_total{endpoint="/v1/completions"') - ok200 - fivexx ))
+tokens=$(d tinyloop_generated_tokens_total)
+rows=$(d tinyloop_engine_batch_rows_total)
+iters=$(d tinyloop_engine_iterations_total)
+agg_tps=$(awk -v t="$tokens" -v s="$secs" 'BEGIN { printf "%.2f", t / s }')
+health_p50=$(field "$work/health.txt" lat_p50_ms); health_p99=$(field "$work/health.txt" lat_p99_ms)
+health_bad=$(( $(field "$work/health.txt" fivexx) + $(field "$work/health.txt" other) + $(field "$work/health.txt" sock_errors) + $(field "$work/health.txt" timeouts) ))
+echo "wall                 $secs s  (load $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "requests/s           $(awk -v r="$reqs" -v s="$secs" 'BEGIN { printf "%.3f", r / s }')  ($reqs completed, $((ok200 - reqs)) cut at the end, $fivexx 5xx, $other other: server counters; wrk: $(field "$work/load.txt" ok) ok, $(field "$work/load.txt" fivexx) 5xx, $(field "$work/load.txt" broken) broken streams, $(field "$work/load.txt" sock_errors) socket errors, $(field "$work/load.txt" timeouts) timeouts)"
+echo "aggregate tokens/s   $agg_tps  (single client $base_tps: x$(awk -v a="$agg_tps" -v b="$base_tps" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'))  ($tokens tokens of completed requests, server counter; wrk saw $(field "$work/load.txt" tokens); engine stepped $(awk -v r="$rows" -v s="$secs" 'BEGIN { printf "%.1f", r / s }') rows/s)"
+wakes=$(d tinyloop_engine_waiter_wakeups_total)
+echo "rows per step        $(awk -v r="$rows" -v i="$iters" 'BEGIN { printf "%.2f", (i > 0 ? r / i : 0) }')  ($rows rows in $iters batched steps; $(awk -v w="$wakes" -v r="$rows" 'BEGIN { printf "%.2f", (r > 0 ? w / r : 0) }') handler wake-ups per row: engine counters)"
+echo "TTFT ms              p50 $(hist_q "$work/m2" "$work/m3" tinyloop_time_to_first_token_seconds 0.5)  p99 $(hist_q "$work/m2" "$work/m3" tinyloop_time_to_first_token_seconds 0.99)  (server histogram, interpolated in its buckets; single client p50 $(hist_q "$work/m0" "$work/m1" tinyloop_time_to_first_token_seconds 0.5))"
+echo "/health ms           p50 $health_p50  p99 $health_p99  max $(field "$work/health.txt" lat_max_ms)  ($(field "$work/health.txt" completed) probes by wrk, $health_bad not 2xx or failed)"
 echo "worker RSS           ${rss10} kB at 10 s -> ${rss_late} kB at ${rss_at} s ($(awk -v a="$rss10" -v b="$rss_late" 'BEGIN { printf "%+.2f%%", (b - a) * 100 / a }'))  (worker pids: $worker_pids)"
 
 # A disconnect mid-stream: the server must stop that generation within one token.
-m0=$(curl -s "$base/metrics")
+metrics > "$work/m4"
 curl -sN -m 60 -H 'Content-Type: application/json' \
   -d "{\"prompt\": [1, 2, 3], \"max_tokens\": 200, \"ignore_eos\": true, \"stream\": true}" "$base/v1/completions" | head -n 1 >/dev/null || true # curl dies of the closed pipe
 sleep 1
-m1=$(curl -s "$base/metrics")
-msum() { printf '%s\n' "$1" | awk -v n="$2" 'index($0, n) == 1 { s += $NF } END { print s + 0 }'; }
-cancel_d=$(( $(msum "$m1" tinyloop_cancelled_total) - $(msum "$m0" tinyloop_cancelled_total) ))
-after_d=$(( $(msum "$m1" tinyloop_engine_steps_after_cancel_total) - $(msum "$m0" tinyloop_engine_steps_after_cancel_total) ))
+metrics > "$work/m5"
+cancel_d=$(( $(msum "$work/m5" tinyloop_cancelled_total) - $(msum "$work/m4" tinyloop_cancelled_total) ))
+after_d=$(( $(msum "$work/m5" tinyloop_engine_steps_after_cancel_total) - $(msum "$work/m4" tinyloop_engine_steps_after_cancel_total) ))
 echo "disconnect           $cancel_d cancelled, $after_d steps after the cancel"
-server_5xx=$(printf '%s\n' "$m1" | awk '/^tinyloop_requests_total/ && /status="5/ { s += $NF } END { print s + 0 }')
-printf '%s\n' "$m1" | grep -E '^tinyloop_engine_(batch_rows|iterations)_total' || true
+server_5xx=$(awk '/^tinyloop_requests_total/ && /status="5/ { s += $NF } END { print s + 0 }' "$work/m5")
 
 # The issue's "Done when", as measured here (meaningful only on an otherwise idle machine).
 yn() { if [ "$1" = 1 ]; then echo yes; else echo NO; fi; }
-health_p99=$(awk '{ print $2 * 1000 }' "$work/health.txt" | pctl 99)
 echo "== verdict"
 echo "/health p99 < 20 ms             $(yn "$(awk -v p="$health_p99" 'BEGIN { print (p != "n/a" && p < 20) }')")  ($health_p99 ms)"
-echo "aggregate >= 4x single client   $(yn "$(awk -v a="$agg_tps" -v b="$base_tps" 'BEGIN { print (b > 0 && a >= 4 * b) }')")"
-echo "no 5xx                          $(yn "$(( fivexx + health_5xx + server_5xx == 0 ))")  (clients $fivexx, /health $health_5xx, server-wide $server_5xx)"
+echo "aggregate >= 4x single client   $(yn "$(awk -v a="$agg_tps" -v b="$base_tps" 'BEGIN { print (b > 0 && a >= 4 * b) }')")  (x$(awk -v a="$agg_tps" -v b="$base_tps" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'); the engine alone: x${ref_ratio:-n/a})"
+echo "no 5xx                          $(yn "$(( fivexx + health_bad + server_5xx == 0 ))")  (clients $fivexx, /health $health_bad, server-wide $server_5xx)"
 echo "RSS growth 10 s -> ${rss_at} s < 5%    $(yn "$(awk -v a="$rss10" -v b="$rss_late" 'BEGIN { print ((b - a) * 100 < 5 * a) }')")"
 echo "disconnect stops within 1 step  $(yn "$(( cancel_d >= 1 && after_d <= 1 ))")"

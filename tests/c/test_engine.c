@@ -1,7 +1,8 @@
 /* test_engine.c: the serving engine (scheduler.c). Requests of mixed configs, read by one
  * thread each while the engine thread steps them together, produce exactly the tokens of
  * tl_generate alone; the admission limits hold; a cancel stops a running session within
- * one step and frees it. Built also under ThreadSanitizer (scripts/test). */
+ * one step and frees it; a waiter wakes for its own request only. Built also under
+ * ThreadSanitizer (scripts/test). */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdbool.h>
@@ -51,6 +52,18 @@ static void *reader(void *arg) {
         }
     }
     tl_engine_cancel(engine, j->id); /* done with it: frees the finished request */
+    return NULL;
+}
+
+typedef struct {
+    tl_engine *engine;
+    uint64_t id;
+    int result;
+} wait_job;
+
+static void *wait_once(void *arg) {
+    wait_job *w = arg;
+    w->result = tl_engine_wait(w->engine, w->id, 30000);
     return NULL;
 }
 
@@ -190,6 +203,42 @@ int main(int argc, char **argv) {
     CHECK(c.cancelled == 5 && c.steps_after_cancel <= 4, /* 0 when the engine had not entered the step yet */
           "cancelled %llu, steps after cancel %llu (the step in flight only)",
           (unsigned long long)c.cancelled, (unsigned long long)c.steps_after_cancel);
+
+    /* A waiter sleeps until its own request has something new: the steps of other requests
+       do not wake it (one broadcast per step woke every waiter, the queued ones' too). */
+    {
+        tl_engine_options o1;
+        tl_engine_options_init(&o1);
+        o1.max_active = 1, o1.max_queued = 1;
+        tl_engine *one = NULL;
+        CHECK(tl_engine_new(model, &o1, &one) == TL_OK, "%s", tl_last_error());
+        tl_generate_config ac = lc, bc = lc;
+        ac.max_tokens = 40, bc.max_tokens = 3;
+        uint64_t a = 0, b = 0;
+        set_gate(false); /* the engine holds inside a's first step */
+        tl_engine_submit(one, new_session(jobs[0].prompt, &ac), &a);
+        tl_engine_submit(one, new_session(jobs[1].prompt, &bc), &b);
+        CHECK(a > 0 && b > 0, "a running, b queued");
+        CHECK(tl_engine_wait(one, b, 0) == 0, "a poll of a queued request: nothing yet");
+        tl_engine_counters c1;
+        tl_engine_get_counters(one, &c1);
+        CHECK(c1.waiter_wakeups == 0, "a poll does not sleep: %llu wake-ups", (unsigned long long)c1.waiter_wakeups);
+        wait_job w = {one, b, -2};
+        pthread_t t;
+        pthread_create(&t, NULL, wait_once, &w);
+        struct timespec ts = {0, 50000000}; /* the waiter is asleep by then (if not, this checks less) */
+        nanosleep(&ts, NULL);
+        set_gate(true);
+        pthread_join(t, NULL);
+        tl_engine_get_counters(one, &c1);
+        CHECK(w.result == 1, "b has output: %d", w.result);
+        CHECK(c1.iterations >= 41, "a's 40 steps and b's first ran: %llu", (unsigned long long)c1.iterations);
+        CHECK(c1.waiter_wakeups <= 2, "b's waiter woke %llu times over %llu steps (its output, maybe one spurious)",
+              (unsigned long long)c1.waiter_wakeups, (unsigned long long)c1.iterations);
+        tl_engine_cancel(one, a);
+        tl_engine_cancel(one, b);
+        tl_engine_free(one);
+    }
 
     /* Freeing with requests still running (and one never read) is clean. */
     tl_engine_submit(engine, new_session(jobs[0].prompt, &lc), &ids[0]);

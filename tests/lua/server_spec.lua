@@ -320,6 +320,31 @@ describe("server", function()
         assert.equal(cjson.decode(alone_b).choices[1].text, cjson.decode(sh("cat " .. dir .. "/cb")).choices[1].text)
     end)
 
+    it("wakes a waiting handler for its own request's output, not on every step", function()
+        -- Two run and one waits its turn (max-active 2, max-queued 1). Each handler's wait in
+        -- the thread pool wakes for its request's tokens (at most one wake per token, plus a
+        -- timeout per wait_ms = 1 s); the queued one sleeps through the others' steps.
+        local before = metrics()
+        local t0 = os.time()
+        local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 60, loops = 16, ignore_eos = true }))
+        local cmd = {}
+        for _ = 1, 3 do
+            cmd[#cmd + 1] = ("curl -s -m 60 -o /dev/null -w '%%{http_code}\\n' -d %s %s/v1/completions &"):format(req, base)
+        end
+        assert.equal("200\n200\n200\n", sh("(" .. table.concat(cmd, " ") .. " wait) 2>&1"))
+        local secs = os.time() - t0 + 1
+        local m = metrics()
+        local function delta(name) return metric(m, name) - metric(before, name) end
+        local tokens = delta("tinyloop_generated_tokens_total")
+        local wakes = delta('tinyloop_engine_waiter_wakeups_total{worker="0"}')
+        local steps = delta('tinyloop_engine_iterations_total{worker="0"}')
+        assert.equal(180, tokens)
+        assert.truthy(steps >= 120, "the third ran after one of the first two: " .. steps .. " steps")
+        assert.truthy(wakes >= 1, m)
+        -- one broadcast per step would add about 60 wakes of the queued handler
+        assert.truthy(wakes <= tokens + 3 * secs + 6, ("%d wakes for %d tokens in %d steps, %d s"):format(wakes, tokens, steps, secs))
+    end)
+
     it("cancels a stream whose client disconnects, within one step, and frees its session", function()
         local before = metrics()
         local cancelled0 = metric(before, "tinyloop_cancelled_total")

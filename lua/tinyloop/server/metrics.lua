@@ -17,7 +17,7 @@ local HISTOGRAMS = {
 -- under "engine:<worker id>:<field>" by that worker (publish_engine, on a short timer and
 -- before it answers /metrics), so that whichever worker answers shows every worker's engine.
 local ENGINE_FIELDS = { "active", "queued", "submitted", "finished", "cancelled", "failed", "rejected",
-                        "iterations", "rows", "steps_after_cancel" }
+                        "iterations", "rows", "steps_after_cancel", "waiter_wakeups" }
 
 function _M.publish_engine(worker, c)
     local prefix = "engine:" .. worker .. ":"
@@ -141,6 +141,9 @@ function _M.render()
     end)
     series("tinyloop_engine_iterations_total", "counter", "Batched steps of each worker's engine.", function(w)
         add('tinyloop_engine_iterations_total{worker="%s"} %d\n', w, get(w, "iterations"))
+    end)
+    series("tinyloop_engine_waiter_wakeups_total", "counter", "Wake-ups of handlers waiting in the thread pool (about one per token read; not one per waiter per step).", function(w)
+        add('tinyloop_engine_waiter_wakeups_total{worker="%s"} %d\n', w, get(w, "waiter_wakeups"))
     end)
     return concat(out)
 end
