@@ -10,6 +10,7 @@
  * instead of stalling the caller for a scheduler time slice. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -25,6 +26,8 @@
 #endif
 
 #define SPIN_ROUNDS 20000
+#define YIELD_AFTER 4000 /* pauses (~100 us). A yield with nothing else runnable returns at once,
+                            so waiting out a long last task costs syscalls, not latency. */
 #define FIELD_BITS 22
 #define FIELD_MASK ((UINT64_C(1) << FIELD_BITS) - 1)
 #define MAX_TASKS ((int)FIELD_MASK)
@@ -146,6 +149,12 @@ void tl_pool_run(tl_pool *pool, int n_tasks, tl_task_fn fn, void *ctx) {
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->sleep_lock);
     run_tasks(pool, gen, 0);
-    while (atomic_load_explicit(&pool->done, memory_order_acquire) < n_tasks) cpu_relax();
+    /* The tasks still running are claimed by workers. A worker preempted mid-task (another
+       process on its core) would keep a pure spin here for a whole time slice, burning a
+       core that process could use: past YIELD_AFTER pauses the wait yields instead. */
+    for (int spins = 0; atomic_load_explicit(&pool->done, memory_order_acquire) < n_tasks; spins++) {
+        if (spins < YIELD_AFTER) cpu_relax();
+        else sched_yield();
+    }
     pthread_mutex_unlock(&pool->run_lock);
 }
