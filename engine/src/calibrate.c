@@ -172,10 +172,10 @@ tl_status tl_calibrate(const tl_model *m, const int32_t *ids, int n, int max_tok
 
     /* Windows spread evenly over the text, so that a capped calibration still sees all of it
        (the training text is the books one after another). */
-    const int window = n < (c->max_seq_len < 256 ? c->max_seq_len : 256) ? n : (c->max_seq_len < 256 ? c->max_seq_len : 256);
+    const int cap = c->max_seq_len < 256 ? c->max_seq_len : 256, window = n < cap ? n : cap;
     int n_win = n / window;
-    const int want = (max_tokens + window - 1) / window;
-    if (n_win > want) n_win = want;
+    const long want = ((long)max_tokens + window - 1) / window;
+    if (n_win > want) n_win = (int)want;
     if (n_win < 1) n_win = 1;
     tl_kv_cache *cache = NULL;
     tl_workspace ws = {0};

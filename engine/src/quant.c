@@ -145,8 +145,9 @@ static q4_best q4_search(const float *xg, const float *c, uint16_t first) {
 }
 
 /* The group's weights c_i = imp_i / max(imp) into c; false (unweighted) when they are all
-   equal or every importance is 0 (an input that calibration never saw active: nothing to weight by). Negative or
-   non-finite importances count as 0 (tl_quantize_checkpoint_calibrated rejects them first). */
+   equal or every importance is 0 (inputs calibration never saw active: nothing to weight
+   by). Negative or non-finite importances count as 0 (calibrate.c never makes them: it
+   fails on a non-finite mean x^2). */
 static bool q4_weights(const float *imp, float *c) {
     float mx = 0.0f;
     bool uniform = true;
