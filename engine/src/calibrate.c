@@ -31,6 +31,7 @@ struct tl_calibration {
     long tokens;
     bool failed; /* out of memory inside the hook (it cannot return a status) */
     char source[512];
+    char text[512]; /* the calibration text's path (tl_calibrate_text), else "" */
 };
 
 static void calib_free_input(calib_input *in) {
@@ -226,7 +227,10 @@ tl_status tl_calibrate_text(const char *model_dir, const char *text_path, int ma
     st = tl_encode(m, text, len, &ids, &n);
     free(text);
     if (st == TL_OK) st = tl_calibrate(m, ids, n, max_tokens, gram, out);
-    if (st == TL_OK) snprintf((*out)->source, sizeof (*out)->source, "%s", model_dir);
+    if (st == TL_OK) {
+        snprintf((*out)->source, sizeof (*out)->source, "%s", model_dir);
+        snprintf((*out)->text, sizeof (*out)->text, "%s", text_path);
+    }
     tl_free(ids);
     tl_model_free(m);
     return st;
@@ -235,6 +239,7 @@ tl_status tl_calibrate_text(const char *model_dir, const char *text_path, int ma
 int tl_calibration_count(const tl_calibration *cal) { return cal->n_tensors; }
 const char *tl_calibration_name(const tl_calibration *cal, int i) { return cal->tensors[i].name; }
 const char *tl_calibration_source(const tl_calibration *cal) { return cal->source; }
+const char *tl_calibration_text(const tl_calibration *cal) { return cal->text; }
 long tl_calibration_tokens(const tl_calibration *cal) { return cal->tokens; }
 
 static const calib_input *find(const tl_calibration *cal, const char *name) {

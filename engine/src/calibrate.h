@@ -40,6 +40,8 @@ long tl_calibration_rows(const tl_calibration *cal, const char *name);
 /* Where the statistics came from, for messages: the model directory (or "(model)") and the
    tokens run through it. */
 const char *tl_calibration_source(const tl_calibration *cal);
+/* The calibration text's path when made by tl_calibrate_text, else "". */
+const char *tl_calibration_text(const tl_calibration *cal);
 long tl_calibration_tokens(const tl_calibration *cal);
 
 #endif

@@ -220,21 +220,34 @@ static tl_status gptq_factor(const double *gram, int n, double *u) {
     memcpy(a, gram, (size_t)n * n * sizeof *a);
     for (int i = 0; i < n; i++) a[(size_t)i * n + i] += gram[(size_t)i * n + i] > 0.0 ? 0.01 * mean : 1.0;
     bool ok = mean > 0.0 && cholesky(a, n); /* a = L, H = L L^T */
-    /* H^-1 = L^-T L^-1: first Linv (lower) into u, then u = Linv^T Linv (symmetric). */
-    for (int j = 0; ok && j < n; j++) { /* column j of Linv by forward substitution */
-        for (int i = 0; i < n; i++) {
-            double v = i == j ? 1.0 : 0.0;
-            if (i < j) { u[(size_t)i * n + j] = 0.0; continue; }
-            for (int k = j; k < i; k++) v -= a[(size_t)i * n + k] * u[(size_t)k * n + j];
-            u[(size_t)i * n + j] = v / a[(size_t)i * n + i];
+    /* H^-1 = L^-T L^-1. Row by row, so every inner loop runs along contiguous memory (a
+       column-wise substitution strides by n and was minutes for n = 3072): row i of
+       Linv = (e_i - sum_{k<i} L_ik Linv_k) / L_ii into u, then a = sum_k Linv_k^T Linv_k
+       (upper triangle: only columns >= row count, Linv_k being zero past k). */
+    for (int i = 0; ok && i < n; i++) {
+        double *ui = u + (size_t)i * n;
+        memset(ui, 0, (size_t)n * sizeof *ui);
+        ui[i] = 1.0;
+        for (int k = 0; k < i; k++) {
+            const double l = a[(size_t)i * n + k], *uk = u + (size_t)k * n;
+            if (l != 0.0)
+                for (int j = 0; j <= k; j++) ui[j] -= l * uk[j];
+        }
+        const double inv = 1.0 / a[(size_t)i * n + i];
+        for (int j = 0; j <= i; j++) ui[j] *= inv;
+    }
+    if (ok) memset(a, 0, (size_t)n * n * sizeof *a);
+    for (int k = 0; ok && k < n; k++) { /* a[i][j] (j >= i) += Linv[k][i] Linv[k][j], i, j <= k */
+        const double *uk = u + (size_t)k * n;
+        for (int i = 0; i <= k; i++) {
+            const double v = uk[i];
+            double *ai = a + (size_t)i * n;
+            if (v != 0.0)
+                for (int j = i; j <= k; j++) ai[j] += v * uk[j];
         }
     }
-    for (int i = 0; ok && i < n; i++) /* a = Linv^T Linv = H^-1 */
-        for (int j = 0; j <= i; j++) {
-            double v = 0.0;
-            for (int k = i; k < n; k++) v += u[(size_t)k * n + i] * u[(size_t)k * n + j];
-            a[(size_t)i * n + j] = a[(size_t)j * n + i] = v;
-        }
+    for (int i = 0; ok && i < n; i++) /* mirror: a = H^-1, full */
+        for (int j = 0; j < i; j++) a[(size_t)i * n + j] = a[(size_t)j * n + i];
     ok = ok && cholesky(a, n); /* H^-1 = L2 L2^T; U = L2^T */
     for (int i = 0; ok && i < n; i++)
         for (int j = 0; j < n; j++) u[(size_t)i * n + j] = j >= i ? a[(size_t)j * n + i] : 0.0;
@@ -379,9 +392,10 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     cJSON_AddStringToObject(meta, "format", "pt");
     cJSON_AddStringToObject(meta, "tinyloop_quantization", want == TL_Q8 ? "q8" : "q4");
     if (cal) { /* how the file was made, for whoever reads it later */
-        char how[640];
-        snprintf(how, sizeof how, "%s, %ld calibration tokens", tl_calibration_gram(cal, tl_calibration_name(cal, 0)) ? "gptq" : "importance-weighted",
-                 tl_calibration_tokens(cal));
+        char how[1024];
+        snprintf(how, sizeof how, "%s, %ld calibration tokens%s%s",
+                 tl_calibration_gram(cal, tl_calibration_name(cal, 0)) ? "gptq" : "importance-weighted",
+                 tl_calibration_tokens(cal), tl_calibration_text(cal)[0] ? " of " : "", tl_calibration_text(cal));
         cJSON_AddStringToObject(meta, "tinyloop_calibration", how);
     }
     uint64_t offset = 0;
