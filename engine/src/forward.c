@@ -1,7 +1,8 @@
 /* forward.c: prelude -> shared loop block x L -> coda -> head, composed of the backend's
  * operations (backend.h). Nothing here touches an activation: the buffers are the
  * backend's, and the only host data are token ids, positions, the mask, the cache's row
- * bookkeeping and, at the very end, the logits.
+ * bookkeeping and, at the very end, the logits. (The calibration hook, tl_workspace.observe,
+ * only passes a matrix input's address on to calibrate.c, which reads it on the CPU backend.)
  * Reads in data-flow order: workspace, one layer, the stages (begin: embed +
  * prelude; loop; head: coda + final norm + lm_head; commit). */
 #include <stdint.h>
