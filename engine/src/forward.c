@@ -1,7 +1,8 @@
 /* forward.c: prelude -> shared loop block x L -> coda -> head, composed of the backend's
  * operations (backend.h). Nothing here touches an activation: the buffers are the
  * backend's, and the only host data are token ids, positions, the mask, the cache's row
- * bookkeeping and, at the very end, the logits.
+ * bookkeeping and, at the very end, the logits. (The calibration hook, tl_workspace.observe,
+ * only passes a matrix input's address on to calibrate.c, which reads it on the CPU backend.)
  * Reads in data-flow order: workspace, one layer, the stages (begin: embed +
  * prelude; loop; head: coda + final norm + lm_head; commit). */
 #include <stdint.h>
@@ -89,6 +90,11 @@ static void residual_add(tl_forward *f, int n, float *h, const float *out_w, con
     }
 }
 
+/* Hands a product's input to the calibration hook, when one is set (forward.h). */
+static void observe(const tl_workspace *ws, const tl_matrix *const *w, int count, const float *x, int n) {
+    if (ws->observe) ws->observe(ws->observe_ctx, w, count, x, n);
+}
+
 /* One transformer layer on the first n rows (x [n][d] in place; the rows still looping),
    writing the layer's K/V into `slot` (for block layers, the slot of loop `loop`) of each
    part's cache. */
@@ -109,6 +115,7 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
     const tl_matmul_out qkv[3] = {{&L->q, bias_after_rope ? NULL : L->q_b, ws->q, false},
                                   {&L->k, bias_after_rope ? NULL : L->k_b, ws->k, false},
                                   {&L->v, L->v_b, ws->v, false}};
+    observe(ws, (const tl_matrix *const[]){&L->q, &L->k, &L->v}, 3, ws->h, n);
     be->matmul_group(m, ws->h, n, qkv, 3);
     if (c->pos_encoding == TL_POS_ROPE) {
         be->rope(m, ws->q, n, c->n_heads, f->positions);
@@ -130,6 +137,7 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
     }
     be->attention(m, f->attention, n_attention);
     /* h [n][d] = o(att); x [n][d] += h (with the placement's norms) */
+    observe(ws, (const tl_matrix *const[]){&L->o}, 1, ws->att, n);
     be->matmul(m, ws->att, n, &L->o, L->o_b, ws->h);
     residual_add(f, n, ws->h, L->attn_out_norm_w, L->attn_out_norm_b);
 
@@ -138,13 +146,16 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
     be->norm(m, ws->x, n, L->mlp_norm_w, L->mlp_norm_b, ws->h);
     if (c->mlp == TL_MLP_GELU) {
         const tl_matmul_out up = {&L->up, L->up_b, ws->ff_a, true};
+        observe(ws, (const tl_matrix *const[]){&L->up}, 1, ws->h, n);
         be->matmul_group(m, ws->h, n, &up, 1);
     } else {
         const tl_matmul_out gate_up[2] = {{&L->gate, L->gate_b, ws->ff_a, false},
                                           {&L->up, L->up_b, ws->ff_b, false}};
+        observe(ws, (const tl_matrix *const[]){&L->gate, &L->up}, 2, ws->h, n);
         be->matmul_group(m, ws->h, n, gate_up, 2);
         be->swiglu(m, ws->ff_a, ws->ff_b, nff);
     }
+    observe(ws, (const tl_matrix *const[]){&L->down}, 1, ws->ff_a, n);
     be->matmul(m, ws->ff_a, n, &L->down, L->down_b, ws->h);
     residual_add(f, n, ws->h, L->mlp_out_norm_w, L->mlp_out_norm_b);
 }
@@ -264,6 +275,8 @@ void tl_forward_loop(tl_forward *f) {
        runs through the block; s [n][d] moves towards x (and is normed). Rows of shallower
        parts keep their final state. */
     be->inject(m, ws->s, ws->e, n, ws->cat, ws->u);
+    /* concat: cat = [s ; e] is the inject matrix's input (the backend fills it in inject) */
+    if (c->injection == TL_INJECT_CONCAT) observe(ws, (const tl_matrix *const[]){&m->w.inject}, 1, ws->cat, n);
     be->copy(m, ws->x, ws->u, (size_t)n * (size_t)c->d_model);
     for (int i = 0; i < c->n_block; i++) layer_forward(f, &m->w.block[i], c->n_prelude + i, loop, n);
     be->loop_update(m, ws->s, ws->x, ws->u, n);
@@ -290,7 +303,10 @@ static void coda(tl_forward *f) {
 
     /* x [n][d] = the coda's input: the state itself ("replace") or injected ("residual"). */
     if (c->loop_update == TL_UPDATE_REPLACE) be->copy(m, ws->x, ws->s, (size_t)n * (size_t)c->d_model);
-    else be->inject(m, ws->s, ws->e, n, ws->cat, ws->x);
+    else {
+        be->inject(m, ws->s, ws->e, n, ws->cat, ws->x);
+        if (c->injection == TL_INJECT_CONCAT) observe(ws, (const tl_matrix *const[]){&m->w.inject}, 1, ws->cat, n);
+    }
     /* Huginn's ln_f, first use: x [n][d] = final_norm(x) (the head applies it again). */
     if (c->final_norm_before_coda) be->norm(m, ws->x, n, m->w.final_norm_w, m->w.final_norm_b, ws->x);
     const int coda_slot = c->n_prelude + c->n_block * c->max_loops;

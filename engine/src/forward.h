@@ -37,6 +37,12 @@ typedef struct tl_workspace {
        its sample_seed. Each token's state is then a function of (seed, its position) alone
        (backend.h: state_init_random), identical in prefill, decode, drafts and verification. */
     uint64_t state_seed;
+    /* Calibration only (calibrate.c; NULL otherwise): called with the input of every matrix
+       product of a layer before the product, x [n][w[0]->cols], read by the `count` matrices
+       w (q/k/v, or gate/up, share one input). The forward never reads anything back from it.
+       x is backend memory, so only a host backend (the CPU's) may have it set. */
+    void (*observe)(void *ctx, const tl_matrix *const *w, int count, const float *x, int n);
+    void *observe_ctx;
 } tl_workspace;
 
 /* Grows the workspace (never shrinks) to hold `rows` tokens against a cache of

@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "calibrate.h"
 #include "dtype.h"
 #include "quant.h"
 #include "safetensors.h"
@@ -61,18 +62,25 @@ void tl_quantize_row_q8(const float *x, int cols, int8_t *q, uint16_t *scales) {
      its two f16 neighbours (the f16 rounding can move the optimum by up to half an ulp),
      repeated while the error falls. Refitting every grid candidate instead gave the same
      total error on the shipped model at 3x the time (76 s for GPT-2 small against 23 s).
-   The error is the plain sum of squares sum_i (x_i - d q_i)^2. Weighting it by a proxy of the
-   inputs' importance (the preceding norm's gamma^2 for q/k/v/gate/up, or llama.cpp's
-   sqrt(mean(x^2) + x_i^2)) changed the shipped model's top-1 agreement by at most +-0.1%,
-   noise, so the simple measure stays. Ties keep the earlier candidate: the result is a pure
-   function of the group's 32 values. */
-static double q4_try(const float *xg, uint16_t h, uint8_t *u) {
+   The error is the sum of squares sum_i c_i (x_i - d q_i)^2 with c_i = 1, or, given an
+   importance vector (activation-aware quantisation: calibrate.c's mean of the input's x_i^2
+   over real text), c_i = imp_i / max(imp over the group) (the division leaves the minimiser
+   unchanged and keeps the sums in a fixed range); a group of equal importances keeps the
+   unweighted result bit for bit.
+   Weighting by a proxy of the importance instead (the preceding norm's gamma^2) changed the
+   shipped model's top-1 agreement by at most +-0.1%, noise. Ties keep the earlier candidate:
+   the result is a pure function of the group's values (and importances). */
+
+/* The one rounding rule of q4: the nearest integer of x / d, clamped to [-8, 7], stored +8. */
+static inline uint8_t q4_code(float x, float id) { return (uint8_t)clampi(lrintf(x * id) + 8, 0, 15); }
+
+static double q4_try(const float *xg, const float *c, uint16_t h, uint8_t *u) {
     const float d = tl_f16_to_f32(h), id = d != 0.0f ? 1.0f / d : 0.0f;
     double err = 0.0;
     for (int i = 0; i < TL_QGROUP; i++) {
-        u[i] = (uint8_t)clampi(lrintf(xg[i] * id) + 8, 0, 15);
+        u[i] = q4_code(xg[i], id);
         const double e = (double)xg[i] - (double)d * (u[i] - 8);
-        err += e * e;
+        err += c ? (double)c[i] * (e * e) : e * e;
     }
     return err;
 }
@@ -84,9 +92,9 @@ typedef struct {
 } q4_best;
 
 /* Tries scale h (its integers left in u) and keeps it in best if it beats it. */
-static void q4_consider(const float *xg, uint16_t h, q4_best *best, uint8_t *u) {
+static void q4_consider(const float *xg, const float *c, uint16_t h, q4_best *best, uint8_t *u) {
     if ((h & 0x7c00u) == 0x7c00u) { memset(u, 8, TL_QGROUP); return; } /* inf / NaN: never a scale */
-    const double err = q4_try(xg, h, u);
+    const double err = q4_try(xg, c, h, u);
     if (err < best->err) {
         best->err = err;
         best->scale = h;
@@ -101,40 +109,169 @@ static uint16_t f16_step(uint16_t h, int dir) {
     return mag >= 0x7bffu ? h : (uint16_t)(sign | (mag + 1u));
 }
 
-static void q4_group(const float *xg, uint8_t *packed, uint16_t *scale) {
+/* The search above with weights c (NULL: all 1). `first`, when not 0xffff, is tried before
+   the grid (so it wins ties): the weighted search starts from the unweighted winner, which
+   makes its weighted error never above that winner's. */
+static q4_best q4_search(const float *xg, const float *c, uint16_t first) {
     float m = 0.0f;
     for (int i = 0; i < TL_QGROUP; i++)
         if (fabsf(xg[i]) > fabsf(m)) m = xg[i];
     q4_best best = {.err = INFINITY, .scale = 0};
     uint8_t u[TL_QGROUP];
-    q4_consider(xg, tl_f32_to_f16(m / -8.0f), &best, u); /* the Q4_0 rule first: it wins ties */
+    if (first != 0xffffu) q4_consider(xg, c, first, &best, u);
+    q4_consider(xg, c, tl_f32_to_f16(m / -8.0f), &best, u); /* the Q4_0 rule first: it wins ties */
     for (int side = 0; side < 2; side++)
         for (int s = 0; s <= 32; s++) {
             const float t = side == 0 ? -10.0f + 0.125f * (float)s : 6.0f + 0.125f * (float)s;
             if (side == 1 && t > 9.0f) break;
-            q4_consider(xg, tl_f32_to_f16(m / t), &best, u);
+            q4_consider(xg, c, tl_f32_to_f16(m / t), &best, u);
         }
     /* Refit the winner: least-squares scale for its integers, new integers, again, while the
        error falls (a few rounds at most; the bound only guards against cycling). */
     for (int round = 0; round < 8; round++) {
         double num = 0.0, den = 0.0;
         for (int i = 0; i < TL_QGROUP; i++) {
-            const double qi = (double)best.u[i] - 8.0;
-            num += xg[i] * qi;
-            den += qi * qi;
+            const double qi = (double)best.u[i] - 8.0, ci = c ? (double)c[i] : 1.0;
+            num += ci * (xg[i] * qi);
+            den += ci * (qi * qi);
         }
         if (den == 0.0) break;
         const double before = best.err;
         const uint16_t ls = tl_f32_to_f16((float)(num / den));
-        for (int k = -1; k <= 1; k++) q4_consider(xg, k ? f16_step(ls, k) : ls, &best, u);
+        for (int k = -1; k <= 1; k++) q4_consider(xg, c, k ? f16_step(ls, k) : ls, &best, u);
         if (!(best.err < before)) break;
     }
-    *scale = best.scale;
+    return best;
+}
+
+/* The group's weights c_i = imp_i / max(imp) into c; false (unweighted) when they are all
+   equal or every importance is 0 (inputs calibration never saw active: nothing to weight
+   by). Negative or non-finite importances count as 0 (calibrate.c never makes them: it
+   fails on a non-finite mean x^2). */
+static bool q4_weights(const float *imp, float *c) {
+    float mx = 0.0f;
+    bool uniform = true;
+    for (int i = 0; i < TL_QGROUP; i++) {
+        mx = imp[i] > mx && isfinite(imp[i]) ? imp[i] : mx;
+        uniform &= imp[i] == imp[0];
+    }
+    /* Equal importances are the unweighted problem exactly: its answer stands (the weighted
+       search from it could only differ where the refit stopped at its round limit). */
+    if (!(mx > 0.0f) || uniform) return false;
+    for (int i = 0; i < TL_QGROUP; i++) c[i] = imp[i] > 0.0f && isfinite(imp[i]) ? imp[i] / mx : 0.0f;
+    return true;
+}
+
+/* One group: the unweighted search, then (with an importance) the weighted one from its winner. */
+static uint16_t q4_group(const float *xg, const float *imp, uint8_t *packed) {
+    q4_best best = q4_search(xg, NULL, 0xffffu);
+    float c[TL_QGROUP];
+    if (imp && q4_weights(imp, c)) best = q4_search(xg, c, best.scale);
     for (int i = 0; i < TL_QGROUP / 2; i++) packed[i] = (uint8_t)(best.u[2 * i] | best.u[2 * i + 1] << 4);
+    return best.scale;
 }
 
 void tl_quantize_row_q4(const float *x, int cols, uint8_t *q, uint16_t *scales) {
-    for (int g = 0; g < cols / TL_QGROUP; g++) q4_group(x + g * TL_QGROUP, q + g * TL_QGROUP / 2, scales + g);
+    tl_quantize_row_q4_weighted(x, NULL, cols, q, scales);
+}
+
+void tl_quantize_row_q4_weighted(const float *x, const float *imp, int cols, uint8_t *q, uint16_t *scales) {
+    for (int g = 0; g < cols / TL_QGROUP; g++)
+        scales[g] = q4_group(x + g * TL_QGROUP, imp ? imp + g * TL_QGROUP : NULL, q + g * TL_QGROUP / 2);
+}
+
+/* ---------------------------------------------------------------- GPTQ error feedback */
+
+/* GPTQ (Frantar et al. 2022) on the q4 format: the columns of a row are quantised in order,
+   and each one's rounding error is spread over the columns not yet quantised so that the
+   product with the calibration inputs moves least: with H = E[x x^T] (+ damping) and U the
+   upper Cholesky factor of H^-1, quantising column i with error e_i = (w_i - d q_i) / U_ii
+   updates w_k -= e_i U_ik for k > i. The group's scale is chosen, when its first column comes
+   up, by the importance-weighted search above (q4_search) on the group's updated weights;
+   the integers are then q4_code of each updated weight. The stored format is unchanged. */
+
+/* In place: a [n][n] symmetric positive definite -> its lower Cholesky factor L (a = L L^T).
+   False when a pivot is not positive. */
+static bool cholesky(double *a, int n) {
+    for (int j = 0; j < n; j++) {
+        double *aj = a + (size_t)j * n;
+        double d = aj[j];
+        for (int k = 0; k < j; k++) d -= aj[k] * aj[k];
+        if (!(d > 0.0)) return false;
+        d = sqrt(d);
+        aj[j] = d;
+        for (int i = j + 1; i < n; i++) {
+            double *ai = a + (size_t)i * n, v = ai[j];
+            for (int k = 0; k < j; k++) v -= ai[k] * aj[k];
+            ai[j] = v / d;
+        }
+    }
+    return true;
+}
+
+/* U [n][n] upper with U^T U = H^-1, from the mean Gram matrix h (GPTQ's Hinv). Damping
+   (1% of the mean diagonal, GPTQ's default) keeps H positive definite when inputs are
+   correlated or a column is never active; a dead column (zero diagonal) gets 1. */
+static tl_status gptq_factor(const double *gram, int n, double *u) {
+    double *a = malloc((size_t)n * n * sizeof *a), mean = 0.0;
+    if (!a) return tl_fail(TL_ERR_NO_MEMORY, "gptq: out of memory");
+    for (int i = 0; i < n; i++) mean += gram[(size_t)i * n + i];
+    mean /= n;
+    memcpy(a, gram, (size_t)n * n * sizeof *a);
+    for (int i = 0; i < n; i++) a[(size_t)i * n + i] += gram[(size_t)i * n + i] > 0.0 ? 0.01 * mean : 1.0;
+    bool ok = mean > 0.0 && cholesky(a, n); /* a = L, H = L L^T */
+    /* H^-1 = L^-T L^-1. Row by row, so every inner loop runs along contiguous memory (a
+       column-wise substitution strides by n and was minutes for n = 3072): row i of
+       Linv = (e_i - sum_{k<i} L_ik Linv_k) / L_ii into u, then a = sum_k Linv_k^T Linv_k
+       (upper triangle: only columns >= row count, Linv_k being zero past k). */
+    for (int i = 0; ok && i < n; i++) {
+        double *ui = u + (size_t)i * n;
+        memset(ui, 0, (size_t)n * sizeof *ui);
+        ui[i] = 1.0;
+        for (int k = 0; k < i; k++) {
+            const double l = a[(size_t)i * n + k], *uk = u + (size_t)k * n;
+            if (l != 0.0)
+                for (int j = 0; j <= k; j++) ui[j] -= l * uk[j];
+        }
+        const double inv = 1.0 / a[(size_t)i * n + i];
+        for (int j = 0; j <= i; j++) ui[j] *= inv;
+    }
+    if (ok) memset(a, 0, (size_t)n * n * sizeof *a);
+    for (int k = 0; ok && k < n; k++) { /* a[i][j] (j >= i) += Linv[k][i] Linv[k][j], i, j <= k */
+        const double *uk = u + (size_t)k * n;
+        for (int i = 0; i <= k; i++) {
+            const double v = uk[i];
+            double *ai = a + (size_t)i * n;
+            if (v != 0.0)
+                for (int j = i; j <= k; j++) ai[j] += v * uk[j];
+        }
+    }
+    for (int i = 0; ok && i < n; i++) /* mirror: a = H^-1, full */
+        for (int j = 0; j < i; j++) a[(size_t)i * n + j] = a[(size_t)j * n + i];
+    ok = ok && cholesky(a, n); /* H^-1 = L2 L2^T; U = L2^T */
+    for (int i = 0; ok && i < n; i++)
+        for (int j = 0; j < n; j++) u[(size_t)i * n + j] = j >= i ? a[(size_t)j * n + i] : 0.0;
+    free(a);
+    return ok ? TL_OK : tl_fail(TL_ERR_INVALID_ARGUMENT, "gptq: the calibration's Gram matrix is not positive definite");
+}
+
+/* One row, w [cols] (overwritten: the updated weights), against U. */
+static void gptq_row_q4(float *w, const double *u, const float *imp, int cols, uint8_t *q, uint16_t *scales) {
+    for (int g = 0; g < cols / TL_QGROUP; g++) {
+        uint8_t packed[TL_QGROUP / 2];
+        const uint16_t h = q4_group(w + g * TL_QGROUP, imp ? imp + g * TL_QGROUP : NULL, packed);
+        scales[g] = h;
+        const float d = tl_f16_to_f32(h), id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < TL_QGROUP; j++) {
+            const int i = g * TL_QGROUP + j;
+            const uint8_t c = q4_code(w[i], id);
+            if (j % 2 == 0) q[i / 2] = c;
+            else q[i / 2] |= (uint8_t)(c << 4);
+            const double *ui = u + (size_t)i * cols;
+            const double e = ((double)w[i] - (double)d * (c - 8)) / ui[i];
+            for (int k = i + 1; k < cols; k++) w[k] -= (float)(e * ui[k]);
+        }
+    }
 }
 
 /* ---------------------------------------------------------------- checkpoint conversion */
@@ -188,27 +325,79 @@ static void add_entry(cJSON *header, const char *name, const char *dtype, int64_
     *offset += bytes;
 }
 
-tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dtype want) {
-    if (want != TL_Q8 && want != TL_Q4) return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: type must be q8 or q4");
-    char from[4096], to[4096];
-    if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) return tl_fail(TL_ERR_IO, "%s: %s", out_dir, strerror(errno));
-    tl_status st;
-    static const char *const copied[] = {"config.json", "tokenizer.json"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(from, sizeof from, "%s/%s", in_dir, copied[i]);
-        snprintf(to, sizeof to, "%s/%s", out_dir, copied[i]);
-        if ((st = copy_file(from, to, i > 0)) != TL_OK) return st;
+/* The calibration must be of this checkpoint: each of its tensors exists here with its
+   input width, and each matrix that becomes q4 has statistics (a calibration of another
+   model fails one or the other, by name or by shape). */
+static tl_status check_calibration(tl_st_file *file, const char *path, tl_dtype want, const tl_calibration *cal) {
+    if (want != TL_Q4)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: calibration applies to q4 only (q8 keeps max|x| / 127)");
+    for (int i = 0; i < tl_calibration_count(cal); i++) {
+        const char *name = tl_calibration_name(cal, i);
+        int cols = 0;
+        tl_calibration_importance(cal, name, &cols);
+        const tl_st_tensor *t = tl_st_find(file, name);
+        if (!t)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: the calibration (of %s) is not for %s: it has no tensor \"%s\"",
+                           tl_calibration_source(cal), path, name);
+        if (t->ndim != 2 || t->shape[1] != cols)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                           "quantize: the calibration (of %s) is not for %s: \"%s\" has %lld inputs there, %d in the calibration",
+                           tl_calibration_source(cal), path, name, (long long)(t->ndim == 2 ? t->shape[1] : -1), cols);
     }
+    for (int i = 0; i < file->n_tensors; i++) {
+        const tl_st_tensor *t = &file->tensors[i];
+        if (quantisable(t) && type_for(t, want) == TL_Q4 && !tl_calibration_importance(cal, t->name, NULL))
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: the calibration (of %s) has no statistics for %s's \"%s\"",
+                           tl_calibration_source(cal), path, t->name);
+    }
+    return TL_OK;
+}
+
+tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dtype want) {
+    return tl_quantize_checkpoint_calibrated(in_dir, out_dir, want, NULL);
+}
+
+tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_dir, tl_dtype want,
+                                            const tl_calibration *cal) {
+    if (want != TL_Q8 && want != TL_Q4) return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: type must be q8 or q4");
+    if (cal && want != TL_Q4)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: calibration applies to q4 only (q8 keeps max|x| / 127)");
+    char from[4096], to[4096], cfrom[4096], cto[4096];
+    tl_status st;
+    /* The weights are opened (and a calibration checked against them) before anything is
+       written, so that a mismatch leaves no half-made directory. */
     snprintf(from, sizeof from, "%s/model.safetensors", in_dir);
     snprintf(to, sizeof to, "%s/model.safetensors", out_dir);
     tl_st_file file;
     if ((st = tl_st_open(from, &file)) != TL_OK) return st;
+    if (cal && (st = check_calibration(&file, from, want, cal)) != TL_OK) {
+        tl_st_close(&file);
+        return st;
+    }
+    if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
+        st = tl_fail(TL_ERR_IO, "%s: %s", out_dir, strerror(errno));
+        tl_st_close(&file);
+        return st;
+    }
+    static const char *const copied[] = {"config.json", "tokenizer.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cfrom, sizeof cfrom, "%s/%s", in_dir, copied[i]);
+        snprintf(cto, sizeof cto, "%s/%s", out_dir, copied[i]);
+        if ((st = copy_file(cfrom, cto, i > 0)) != TL_OK) { tl_st_close(&file); return st; }
+    }
 
     /* The header first (offsets follow from the shapes), then the data in the same order. */
     cJSON *header = cJSON_CreateObject();
     cJSON *meta = cJSON_AddObjectToObject(header, "__metadata__");
     cJSON_AddStringToObject(meta, "format", "pt");
     cJSON_AddStringToObject(meta, "tinyloop_quantization", want == TL_Q8 ? "q8" : "q4");
+    if (cal) { /* how the file was made, for whoever reads it later */
+        char how[1024];
+        snprintf(how, sizeof how, "%s, %ld calibration tokens%s%s",
+                 tl_calibration_gram(cal, tl_calibration_name(cal, 0)) ? "gptq" : "importance-weighted",
+                 tl_calibration_tokens(cal), tl_calibration_text(cal)[0] ? " of " : "", tl_calibration_text(cal));
+        cJSON_AddStringToObject(meta, "tinyloop_calibration", how);
+    }
     uint64_t offset = 0;
     for (int i = 0; i < file.n_tensors; i++) {
         const tl_st_tensor *t = &file.tensors[i];
@@ -244,6 +433,7 @@ tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dty
     float *row = NULL;
     uint8_t *q = NULL;
     uint16_t *scales = NULL;
+    double *u = NULL;
     for (int i = 0; ok && i < file.n_tensors; i++) {
         const tl_st_tensor *t = &file.tensors[i];
         if (!quantisable(t)) {
@@ -254,21 +444,33 @@ tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dty
         const tl_dtype type = type_for(t, want);
         const size_t elem = tl_st_dtype_size(t->dtype), qbytes = (size_t)(type == TL_Q8 ? cols : cols / 2);
         const size_t groups = (size_t)cols / TL_QGROUP;
-        free(row); free(q); free(scales);
+        free(row); free(q); free(scales); free(u);
         row = malloc((size_t)cols * sizeof *row);
         q = malloc((size_t)rows * qbytes);
         scales = malloc((size_t)rows * groups * sizeof *scales);
+        u = NULL;
         if (!row || !q || !scales) { ok = false; break; }
+        /* Calibrated q4: the importance weights each group's scale search; with a Gram
+           matrix, GPTQ's error feedback runs over the row too. */
+        const float *imp = cal && type == TL_Q4 ? tl_calibration_importance(cal, t->name, NULL) : NULL;
+        const double *gram = cal && type == TL_Q4 ? tl_calibration_gram(cal, t->name) : NULL;
+        if (gram) {
+            u = malloc((size_t)cols * (size_t)cols * sizeof *u);
+            if (!u) { ok = false; break; }
+            if ((st = gptq_factor(gram, (int)cols, u)) != TL_OK) break;
+        }
         for (int64_t r = 0; r < rows; r++) {
             tl_convert_to_f32(t->data + (size_t)r * (size_t)cols * elem, float_dtype(t->dtype), (size_t)cols, row);
             if (type == TL_Q8) tl_quantize_row_q8(row, (int)cols, (int8_t *)q + (size_t)r * qbytes, scales + (size_t)r * groups);
-            else tl_quantize_row_q4(row, (int)cols, q + (size_t)r * qbytes, scales + (size_t)r * groups);
+            else if (u) gptq_row_q4(row, u, imp, (int)cols, q + (size_t)r * qbytes, scales + (size_t)r * groups);
+            else tl_quantize_row_q4_weighted(row, imp, (int)cols, q + (size_t)r * qbytes, scales + (size_t)r * groups);
         }
         ok = fwrite(q, 1, (size_t)rows * qbytes, out) == (size_t)rows * qbytes &&
              fwrite(scales, sizeof *scales, (size_t)rows * groups, out) == (size_t)rows * groups; /* little-endian host */
     }
-    free(row); free(q); free(scales);
+    free(row); free(q); free(scales); free(u);
     ok &= fclose(out) == 0;
     tl_st_close(&file);
+    if (st != TL_OK) return st; /* gptq_factor's message */
     return ok ? TL_OK : tl_fail(TL_ERR_IO, "%s: writing failed (disk full, or out of memory)", to);
 }

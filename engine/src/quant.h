@@ -14,6 +14,11 @@ void tl_quantize_row_q8(const float *x, int cols, int8_t *q, uint16_t *scales);
 /* q4 searches each group's f16 scale for the least squared error (quant.c): never more error
    than the Q4_0 rule d = max|x| / -8, nor than any of the candidates it tries. */
 void tl_quantize_row_q4(const float *x, int cols, uint8_t *q, uint16_t *scales);
+/* The same with an importance per column, imp [cols] (>= 0; NULL = tl_quantize_row_q4): each
+   group's scale minimises sum_i imp_i (x_i - d q_i)^2 instead, searched from the unweighted
+   winner, so the weighted error is never above that winner's; equal importances within a
+   group give exactly the unweighted bytes. */
+void tl_quantize_row_q4_weighted(const float *x, const float *imp, int cols, uint8_t *q, uint16_t *scales);
 
 /* Writes out_dir (created if needed) as a copy of the checkpoint in_dir with every matrix
    quantised to `type` (TL_Q8 or TL_Q4): each 2-D "*.weight" tensor whose input dimension
@@ -22,5 +27,13 @@ void tl_quantize_row_q4(const float *x, int cols, uint8_t *q, uint16_t *scales);
    vectors are copied as they are.
    config.json and tokenizer.json (when present) are copied. */
 tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dtype type);
+/* The same, activation-aware (q4 only) when cal is not NULL (calibrate.h): each q4 matrix's
+   groups weight their error by the importance of their inputs, and when the calibration has
+   Gram matrices, GPTQ's error feedback runs along each row. The calibration must be of this
+   checkpoint (tensor names and input widths; otherwise TL_ERR_INVALID_ARGUMENT, nothing
+   written). The file format is the same. */
+struct tl_calibration;
+tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_dir, tl_dtype type,
+                                            const struct tl_calibration *cal);
 
 #endif

@@ -1,27 +1,53 @@
 /* quantize.c: tinyloop-quantize, the tool behind scripts/quantize (SPEC §8).
- *   tinyloop-quantize --type q8|q4 IN_DIR OUT_DIR
+ *   tinyloop-quantize --type q8|q4 [--calibrate TEXT [--gptq] [--calibrate-tokens N]] IN_DIR OUT_DIR
  * Converts an f32/f16/bf16 checkpoint to q8 or q4 (layout: README "Quantised weights"),
- * then loads the result once to check that the engine accepts it. */
+ * then loads the result once to check that the engine accepts it. With --calibrate, q4 is
+ * activation-aware: IN_DIR runs over TEXT first (calibrate.c) and the importance of each
+ * matrix input weights its groups' scale search (quant.c); --gptq adds GPTQ's error
+ * feedback. TEXT must not be the text the result is evaluated on. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "calibrate.h"
 #include "quant.h"
 #include "tinyloop.h"
 
 static int usage(FILE *fp, int code) {
-    fputs("usage: scripts/quantize --type q8|q4 IN_DIR OUT_DIR\n"
+    fputs("usage: scripts/quantize --type q8|q4 [--calibrate TEXT [--gptq] [--calibrate-tokens N]]\n"
+          "                        [--threads N] IN_DIR OUT_DIR\n"
           "  Writes OUT_DIR: IN_DIR's config.json and tokenizer.json, and model.safetensors with\n"
           "  every matrix quantised in groups of 32 inputs with one f16 scale per group\n"
-          "  (q8: int8, 8.5 bits a weight; q4: 4-bit, 4.5 bits a weight).\n", fp);
+          "  (q8: int8, 8.5 bits a weight; q4: 4-bit, 4.5 bits a weight; q4 keeps the\n"
+          "  embedding and the head at q8).\n"
+          "  --calibrate TEXT  q4 only: run IN_DIR over TEXT (a training text, never the text\n"
+          "                    you evaluate on) and weight each group's error by its inputs'\n"
+          "                    mean x^2 (activation-aware quantisation); same file format\n"
+          "  --gptq            with --calibrate: also GPTQ's error feedback along each row\n"
+          "  --calibrate-tokens N  tokens of TEXT to run, in windows spread over it (16384)\n", fp);
     return code;
 }
 
 int main(int argc, char **argv) {
-    const char *type = NULL, *dirs[2] = {NULL, NULL};
-    int n_dirs = 0;
+    const char *type = NULL, *dirs[2] = {NULL, NULL}, *calib_text = NULL;
+    int n_dirs = 0, calib_tokens = 16384, threads = 0;
+    bool gptq = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout, 0);
         if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
+        else if (!strcmp(argv[i], "--calibrate") && i + 1 < argc) calib_text = argv[++i];
+        else if (!strcmp(argv[i], "--gptq")) gptq = true;
+        else if ((!strcmp(argv[i], "--calibrate-tokens") || !strcmp(argv[i], "--threads")) && i + 1 < argc) {
+            char *end;
+            const long v = strtol(argv[i + 1], &end, 10);
+            const bool tokens = !strcmp(argv[i], "--calibrate-tokens");
+            if (*end || end == argv[i + 1] || v < (tokens ? 1 : 0) || v > (1L << 30)) {
+                fprintf(stderr, "quantize: %s needs a number%s, got \"%s\"\n", argv[i], tokens ? " >= 1" : "", argv[i + 1]);
+                return 2;
+            }
+            if (tokens) calib_tokens = (int)v; else threads = (int)v;
+            i++;
+        }
         else if (!strncmp(argv[i], "--type=", 7)) type = argv[i] + 7;
         else if (argv[i][0] == '-') { fprintf(stderr, "quantize: unknown option %s\n", argv[i]); return usage(stderr, 2); }
         else if (n_dirs < 2) dirs[n_dirs++] = argv[i];
@@ -32,13 +58,29 @@ int main(int argc, char **argv) {
     if (!strcmp(type, "q8")) dt = TL_Q8;
     else if (!strcmp(type, "q4")) dt = TL_Q4;
     else { fprintf(stderr, "quantize: --type must be q8 or q4, got \"%s\"\n", type); return 2; }
-    if (tl_quantize_checkpoint(dirs[0], dirs[1], dt) != TL_OK) {
+    if (gptq && !calib_text) { fprintf(stderr, "quantize: --gptq needs --calibrate TEXT\n"); return 2; }
+    if (calib_text && dt != TL_Q4) {
+        fprintf(stderr, "quantize: --calibrate applies to q4 only (q8 keeps max|x| / 127)\n");
+        return 2;
+    }
+    tl_calibration *cal = NULL;
+    if (calib_text) {
+        if (tl_calibrate_text(dirs[0], calib_text, calib_tokens, gptq, threads, &cal) != TL_OK) {
+            fprintf(stderr, "quantize: calibration on %s: %s\n", calib_text, tl_last_error());
+            return 1;
+        }
+        printf("calibration: %ld tokens of %s through %s%s\n", tl_calibration_tokens(cal), calib_text, dirs[0],
+               gptq ? " (with Gram matrices for GPTQ)" : "");
+    }
+    const tl_status qst = tl_quantize_checkpoint_calibrated(dirs[0], dirs[1], dt, cal);
+    tl_calibration_free(cal);
+    if (qst != TL_OK) {
         fprintf(stderr, "quantize: %s\n", tl_last_error());
         return 1;
     }
     tl_load_options o;
     tl_load_options_init(&o);
-    o.n_threads = 1;
+    o.n_threads = threads ? threads : 1;
     tl_model *m = NULL;
     if (tl_model_load(dirs[1], &o, &m) != TL_OK) {
         fprintf(stderr, "quantize: the written checkpoint does not load: %s\n", tl_last_error());

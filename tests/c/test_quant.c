@@ -7,7 +7,11 @@
  * - It is deterministic (same bytes twice) and its nibbles and f16 scales are what the
  *   loader reads back: a q4 copy of a golden checkpoint loads, and every q4 matrix row
  *   dequantises (tl_matrix_row_f32, packed and mapped) to exactly scale * (u - 8) of what
- *   tl_quantize_row_q4 gives for the original row. */
+ *   tl_quantize_row_q4 gives for the original row.
+ * - With an importance vector (tl_quantize_row_q4_weighted, activation-aware quantisation),
+ *   each group's importance-weighted error is never above that of the unweighted result,
+ *   and strictly below it on a good share of groups; a uniform importance (any constant,
+ *   or all zeros) gives the unweighted bytes exactly. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -195,6 +199,110 @@ static void round_trip(const char *golden, const char *name) {
     tl_st_close(&f);
 }
 
+/* Weighted error of one group as stored, by the quantiser's own measure: c_i = imp_i / max
+   (in float), sum c_i e_i^2 in double (quant.c q4_weights / q4_try). The same arithmetic on
+   both sides, so the comparison needs no tolerance. */
+static double weighted_error(const float *x, const float *imp, const uint8_t *packed, uint16_t scale) {
+    float mx = 0.0f;
+    for (int i = 0; i < G; i++) mx = imp[i] > mx ? imp[i] : mx;
+    const double d = tl_f16_to_f32(scale);
+    double err = 0.0;
+    for (int i = 0; i < G; i++) {
+        const int u = (packed[i / 2] >> (i % 2 ? 4 : 0)) & 15;
+        const double e = (double)x[i] - d * (u - 8), c = mx > 0.0f ? (double)(imp[i] / mx) : 1.0;
+        err += c * (e * e);
+    }
+    return err;
+}
+
+typedef struct { long groups, better, worse; double w_err, u_err; } wtally;
+
+/* One row both ways: weighted result against the unweighted one, per group. */
+static void compare_weighted(const float *x, const float *imp, int cols, wtally *t, const char *what) {
+    uint8_t *q = malloc((size_t)cols / 2), *qu = malloc((size_t)cols / 2);
+    uint16_t *s = malloc((size_t)cols / G * sizeof *s), *su = malloc((size_t)cols / G * sizeof *su);
+    tl_quantize_row_q4_weighted(x, imp, cols, q, s);
+    tl_quantize_row_q4(x, cols, qu, su);
+    for (int g = 0; g < cols / G; g++) {
+        const double w = weighted_error(x + g * G, imp + g * G, q + g * G / 2, s[g]),
+                     u = weighted_error(x + g * G, imp + g * G, qu + g * G / 2, su[g]);
+        t->groups++;
+        t->w_err += w;
+        t->u_err += u;
+        if (w > u && t->worse++ < 5) printf("  %s group %d: weighted error %.9g, unweighted choice %.9g\n", what, g, w, u);
+        t->better += w < u;
+    }
+    free(q); free(qu); free(s); free(su);
+}
+
+/* A uniform importance is the unweighted problem: the same bytes. */
+static void check_uniform(const float *x, int cols, float value, const char *what) {
+    uint8_t *q = malloc((size_t)cols / 2), *qu = malloc((size_t)cols / 2);
+    uint16_t *s = malloc((size_t)cols / G * sizeof *s), *su = malloc((size_t)cols / G * sizeof *su);
+    float *imp = malloc((size_t)cols * sizeof *imp);
+    for (int i = 0; i < cols; i++) imp[i] = value;
+    tl_quantize_row_q4_weighted(x, imp, cols, q, s);
+    tl_quantize_row_q4(x, cols, qu, su);
+    CHECK(!memcmp(q, qu, (size_t)cols / 2) && !memcmp(s, su, (size_t)cols / G * sizeof *s),
+          "%s: uniform importance %g differs from the unweighted quantiser", what, value);
+    free(q); free(qu); free(s); free(su); free(imp);
+}
+
+static void weighted_groups(const char *model_dir) {
+    enum { COLS = 8 * G };
+    float x[COLS], imp[COLS];
+    wtally t = {0};
+    static const double mags[] = {1e-4, 0.02, 1.0, 300.0};
+    for (int trial = 0; trial < 2000; trial++) {
+        const double mag = mags[trial % 4];
+        const int shape = (trial / 4) % 4;
+        for (int i = 0; i < COLS; i++) {
+            x[i] = (float)(gauss() * mag / 4.0);
+            /* importances: log-uniform over 6 decades; a few hot channels (the outlier
+               features of real activations); some channels never active; near-uniform */
+            const double r = uniform();
+            imp[i] = shape == 0 ? (float)pow(10.0, -6.0 * r)
+                   : shape == 1 ? (float)(r < 0.1 ? 100.0 : 1.0)
+                   : shape == 2 ? (float)(r < 0.3 ? 0.0 : r)
+                                : (float)(1.0 + 0.01 * r);
+        }
+        compare_weighted(x, imp, COLS, &t, "random");
+        if (trial % 50 == 0) {
+            static const float values[] = {1.0f, 3.7e-5f, 2.5e8f, 0.0f};
+            for (int v = 0; v < 4; v++) check_uniform(x, COLS, values[v], "random");
+        }
+    }
+    printf("  weighted, random: %ld groups, %ld better than the unweighted choice, %ld worse; weighted error %.4g of its %.4g\n",
+           t.groups, t.better, t.worse, t.w_err, t.u_err);
+    CHECK(t.worse == 0, "%ld random groups with more weighted error than the unweighted choice", t.worse);
+    CHECK(t.better * 4 > t.groups, "only %ld of %ld random groups improved by the importance", t.better, t.groups);
+
+    /* Real weight rows of the shipped model, with importances of the log-uniform shape. */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", model_dir);
+    tl_st_file f;
+    CHECK(tl_st_open(path, &f) == TL_OK, "%s: %s", path, tl_last_error());
+    wtally r = {0};
+    for (int i = 0; i < f.n_tensors; i++) {
+        const tl_st_tensor *ts = &f.tensors[i];
+        if (ts->ndim != 2 || ts->shape[1] % G || ts->dtype != TL_ST_F16) continue;
+        const int cols = (int)ts->shape[1];
+        float *row = malloc((size_t)cols * sizeof *row), *w = malloc((size_t)cols * sizeof *w);
+        for (int c = 0; c < cols; c++) w[c] = (float)pow(10.0, -3.0 * uniform());
+        for (int64_t k = 0; k < ts->shape[0]; k += 32) {
+            tl_convert_to_f32(ts->data + (size_t)k * (size_t)cols * 2, TL_F16, (size_t)cols, row);
+            compare_weighted(row, w, cols, &r, ts->name);
+            if (k % 256 == 0) check_uniform(row, cols, 0.125f, ts->name);
+        }
+        free(row); free(w);
+    }
+    tl_st_close(&f);
+    printf("  weighted, %s: %ld groups, %ld better, %ld worse; weighted error %.4g of its %.4g\n", model_dir,
+           r.groups, r.better, r.worse, r.w_err, r.u_err);
+    CHECK(r.groups > 1000 && r.worse == 0, "%ld of %ld real groups with more weighted error", r.worse, r.groups);
+    CHECK(r.better * 4 > r.groups, "only %ld of %ld real groups improved by the importance", r.better, r.groups);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: test_quant GOLDEN_DIR SHIPPED_MODEL_DIR\n");
@@ -202,6 +310,7 @@ int main(int argc, char **argv) {
     }
     random_groups();
     real_groups(argv[2]);
+    weighted_groups(argv[2]);
     round_trip(argv[1], "gpt2_like");
     round_trip(argv[1], "llama_like");
     return check_summary();
