@@ -959,14 +959,16 @@ typedef struct {
 
 /* ---------------------------------------------------------------- memory */
 
-/* VmHWM of /proc/self/status (Linux): the peak resident set in bytes, or 0 when unknown. */
-static double peak_rss_bytes(void) {
+/* A "Vm...:" line of /proc/self/status (Linux) in bytes, or 0 when unknown: VmHWM is the
+   peak resident set, VmRSS the current one. */
+static double proc_status_bytes(const char *key) {
     FILE *fp = fopen("/proc/self/status", "r");
     if (!fp) return 0.0;
     char line[256];
     double kb = 0.0;
+    size_t n = strlen(key);
     while (fgets(line, sizeof line, fp))
-        if (!strncmp(line, "VmHWM:", 6)) kb = strtod(line + 6, NULL);
+        if (!strncmp(line, key, n) && line[n] == ':') kb = strtod(line + n + 1, NULL);
     fclose(fp);
     return kb * 1024.0;
 }
@@ -1184,6 +1186,9 @@ int main(int argc, char **argv) {
         if (!pre || !dec) die(1, "out of memory");
         for (int rep = 0; rep < o.repeat; rep++) one_run(&b, &pre[rep], &dec[rep]);
 
+        /* Resident now: the weights as loaded (the file mapping is gone once they are copied),
+           the KV cache and the workspace. */
+        double rss_after_runs = proc_status_bytes("VmRSS");
         result_row *row = &rows[ti];
         row->threads = tl_model_info(m)->n_threads;
         row->prefill_tps = o.prompt_len / median(pre, o.repeat);
@@ -1199,9 +1204,11 @@ int main(int argc, char **argv) {
         if (ti == 0) {
             /* The process's peak so far: the load (file mapping and packed copy), the KV cache
                and the workspace of the first thread count, before any stream buffer. */
-            double hwm = peak_rss_bytes();
-            if (hwm > 0.0) printf("memory     peak RSS %.2f GB (load + runs at %d threads)\n", hwm / GB, o.threads[0]);
-            else printf("memory     peak RSS unknown (no /proc/self/status)\n");
+            double hwm = proc_status_bytes("VmHWM");
+            if (hwm > 0.0)
+                printf("memory     peak RSS %.2f GB (load + runs at %d threads); %.2f GB resident after the runs "
+                       "(weights, KV cache, workspace)\n", hwm / GB, o.threads[0], rss_after_runs / GB);
+            else printf("memory     RSS unknown (no /proc/self/status)\n");
             fflush(stdout);
         }
 
@@ -1235,8 +1242,11 @@ int main(int argc, char **argv) {
         const result_row *r = &rows[i];
         char bytes[32];
         snprintf(bytes, sizeof bytes, "%.2f MB", r->bytes_per_token / MB);
-        printf("%7d | %13.1f | %13.1f | %12.2f | %18s | %11.2f | %11.2f | %17.1f%%", r->threads,
-               r->prefill_tps, r->prefill_gflops, r->decode_tps, bytes, r->decode_gbs, r->stream_gbs, r->pct);
+        /* tokens/s with 3 significant digits at least: Huginn at 32 loops decodes well under
+           one token a second on a small machine */
+        printf("%7d | %13.*f | %13.1f | %12.*f | %18s | %11.2f | %11.2f | %17.1f%%", r->threads,
+               r->prefill_tps < 10.0 ? 3 : 1, r->prefill_tps, r->prefill_gflops,
+               r->decode_tps < 1.0 ? 4 : 2, r->decode_tps, bytes, r->decode_gbs, r->stream_gbs, r->pct);
         if (o.sgemm) printf(" | %12.1f | %16.1f%%", r->sgemm_gflops, r->sgemm_pct);
         printf("\n");
     }
