@@ -130,7 +130,7 @@ typedef struct {
    it: sandwich layers, q/k biases before interleaved RoPE, embeddings times init_values.
    embed_scale = sqrt(5280), the concat adapter on [state ; embedding] without a bias, ln_f
    before the coda and at the head, and the "like-init" random initial state of std
-   init_values.std = sqrt(2 / (5 x 5280)) (the bench draws it: see bench_state). */
+   init_values.std = sqrt(2 / (5 x 5280)) (drawn in the timed runs: see ws.state_seed in main). */
 #define HUGINN_OPTIONS                                                                         \
     "\"norm_placement\": \"sandwich\", \"rope_pairing\": \"interleaved\", \"qk_bias\": true, " \
     "\"embed_scale\": 72.6636084983398, \"inject_order\": \"state_first\", "                  \
