@@ -138,12 +138,13 @@ typedef struct {
     "\"initial_state_std\": 0.008703882797784892"
 /* Ouro (ByteDance/Ouro-1.4B, -2.6B) in our format, as hf_ouro.c maps it: the whole stack is
    the loop, 4-norm "pre_post" layers, model.norm after every pass (the state norm reusing
-   final_norm), none again at the head. Its exit gate sigma(gate . s + b) is not part of our
-   format (only of Ouro's own folders): tl_forward_run never evaluates it (early_exit.c does,
-   for early_exit_criterion "gate": one d-length dot product a pass), so the data flow timed
-   here is Ouro's. */
-#define OURO_OPTIONS \
-    "\"norm_placement\": \"pre_post\", \"state_norm_weights\": \"final_norm\", \"final_norm_at_head\": false"
+   final_norm), none again at the head, and the exit gate sigma(gate . s + b) with the
+   published early_exit_threshold 1. (tl_forward_run, which the bench times, never evaluates
+   the gate: early_exit.c does, for early_exit_criterion "gate", one d-length dot product a
+   pass.) */
+#define OURO_OPTIONS                                                                                   \
+    "\"norm_placement\": \"pre_post\", \"state_norm_weights\": \"final_norm\", \"final_norm_at_head\": false, " \
+    "\"exit_gate\": true, \"exit_gate_threshold\": 1.0"
 
 static const preset k_presets[] = {
     {.name = "gpt2-small", .vocab = 50257, .d = 768, .heads = 12, .kv_heads = 12, .dff = 3072,
@@ -513,6 +514,7 @@ static tlist checkpoint_tensors(const tl_config *c) {
     if (c->state_norm && !c->state_norm_is_final_norm) add_norm(&l, c, "state_norm");
     add_norm(&l, c, "final_norm");
     if (!c->tie_embeddings) tl_add(&l, "lm_head.weight", c->vocab_size, d, INIT_NORMAL);
+    if (c->exit_gate) add_linear(&l, "exit_gate", 1, d, true);
     return l;
 }
 
