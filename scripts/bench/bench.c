@@ -19,8 +19,9 @@
  * after one warm-up run.
  *
  * The checkpoint is either an existing directory (--model DIR) or a random one written to
- * a temporary directory from a preset (--preset gpt2-small|looped-400m|tiny) or a
- * config.json (--config FILE), in --dtype f32|f16|bf16. The temporary directory is removed
+ * a temporary directory from a preset (--preset NAME, --list-presets: k_presets, among them
+ * the published shapes and options of Huginn-0125 and Ouro) or a config.json (--config FILE),
+ * in --dtype f32|f16|bf16. The temporary directory is removed
  * at exit unless --keep. GB are 10^9 bytes, MB 10^6, MiB/GiB powers of two. */
 #define _GNU_SOURCE
 #include <errno.h>
