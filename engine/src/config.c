@@ -152,6 +152,10 @@ static tl_status parse_general_options(const cJSON *root, tl_config *c) {
     TRY(read_bool(root, "final_norm_at_head", &c->final_norm_at_head));
     TRY(read_enum(root, "initial_state", false, initial_states, &init));
     TRY(read_float(root, "initial_state_std", 0.0, 1e6, false, &c->state_init_std));
+    /* Ouro's exit gate in our format: exit_gate.weight [1, d_model], exit_gate.bias [1]; the
+       threshold is the range Ouro's early_exit_threshold has (hf_ouro.c) */
+    TRY(read_bool(root, "exit_gate", &c->exit_gate));
+    TRY(read_float(root, "exit_gate_threshold", 0.0, 1.0, false, &c->exit_threshold));
 #undef TRY
     c->norm_placement = (tl_norm_placement)placement;
     c->rope_pairing = (tl_rope_pairing)pairing;

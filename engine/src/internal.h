@@ -85,8 +85,10 @@ typedef struct tl_config {
     float state_init_std;              /* "initial_state_std": the normal's std before truncation
                                           at +-3 std; the draw is then scaled by embed_scale */
     bool inject_bias;                  /* the concat adapter has a bias (our format: = bias) */
-    bool exit_gate;                    /* an exit gate sigma(gate(s)) after each pass (Ouro) */
-    float exit_threshold;              /* its default cumulative-probability threshold */
+    bool exit_gate;                    /* "exit_gate": false; an exit gate sigma(gate(s)) after
+                                          each pass (Ouro): exit_gate.weight [1, d], .bias [1] */
+    float exit_threshold;              /* "exit_gate_threshold": 1; its default cumulative-
+                                          probability threshold */
 
     /* Test hook only, never set from a config: q/k biases added after RoPE (the classic
        mistake the golden tests must catch). */

@@ -290,6 +290,10 @@ static tl_status bind_all(tl_binder *b) {
     }
     if (c->tie_embeddings) w->lm_head = w->tok_embed;
     else TRY(tl_bind_matrix(b, "lm_head.weight", c->vocab_size, c->d_model, &w->lm_head));
+    if (c->exit_gate) {
+        TRY(tl_bind_matrix(b, "exit_gate.weight", 1, c->d_model, &w->exit_gate));
+        TRY(tl_bind_vector(b, "exit_gate.bias", 1, &w->exit_gate_b));
+    }
 #undef TRY
     return TL_OK;
 }

@@ -19,8 +19,9 @@
  * after one warm-up run.
  *
  * The checkpoint is either an existing directory (--model DIR) or a random one written to
- * a temporary directory from a preset (--preset gpt2-small|looped-400m|tiny) or a
- * config.json (--config FILE), in --dtype f32|f16|bf16. The temporary directory is removed
+ * a temporary directory from a preset (--preset NAME, --list-presets: k_presets, among them
+ * the published shapes and options of Huginn-0125 and Ouro) or a config.json (--config FILE),
+ * in --dtype f32|f16|bf16. The temporary directory is removed
  * at exit unless --keep. GB are 10^9 bytes, MB 10^6, MiB/GiB powers of two. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,6 +29,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,29 +91,174 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* ---------------------------------------------------------------- text */
+
+typedef struct { char *s; size_t len, cap; } sbuf;
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) die(1, "formatting failed");
+        if (b->s && b->len + (size_t)n < b->cap) { b->len += (size_t)n; return; }
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap <= b->len + (size_t)n) cap *= 2;
+        char *grown = realloc(b->s, cap);
+        if (!grown) die(1, "out of memory");
+        b->s = grown;
+        b->cap = cap;
+    }
+}
+
+/* ---------------------------------------------------------------- presets */
+
+/* A preset is a config.json in our format (SPEC §1). The fields every config has are struct
+   fields; `options` holds any further config.json fields (the general options of SPEC §1:
+   norm placement, RoPE pairing, ...) as a JSON fragment, so that a preset can carry a
+   published model's architecture without the struct growing a field per option. */
+typedef struct {
+    const char *name;
+    int vocab, d, heads, kv_heads, dff, max_seq, prelude, block, coda, loops, max_loops;
+    const char *norm, *mlp, *pos, *injection, *update;
+    int bias, tie, state_norm, bos, eos;
+    double rope_theta, norm_eps; /* 0: the SPEC defaults, 10000 and 1e-5 */
+    const char *options;         /* more fields, "\"k\": v, ..." without braces; NULL: none */
+} preset;
+
+/* Huginn-0125 (tomg-group-umd/huginn-0125, config.json) in our format, as hf_huginn.c maps
+   it: sandwich layers, q/k biases before interleaved RoPE, embeddings times init_values.
+   embed_scale = sqrt(5280), the concat adapter on [state ; embedding] without a bias, ln_f
+   before the coda and at the head, and the "like-init" random initial state of std
+   init_values.std = sqrt(2 / (5 x 5280)) (drawn in the timed runs: see ws.state_seed in main). */
+#define HUGINN_OPTIONS                                                                         \
+    "\"norm_placement\": \"sandwich\", \"rope_pairing\": \"interleaved\", \"qk_bias\": true, " \
+    "\"embed_scale\": 72.6636084983398, \"inject_order\": \"state_first\", "                  \
+    "\"final_norm_before_coda\": true, \"initial_state\": \"truncated_normal\", "             \
+    "\"initial_state_std\": 0.008703882797784892"
+/* Ouro (ByteDance/Ouro-1.4B, -2.6B) in our format, as hf_ouro.c maps it: the whole stack is
+   the loop, 4-norm "pre_post" layers, model.norm after every pass (the state norm reusing
+   final_norm), none again at the head, and the exit gate sigma(gate . s + b) with the
+   published early_exit_threshold 1. (tl_forward_run, which the bench times, never evaluates
+   the gate: early_exit.c does, for early_exit_criterion "gate", one d-length dot product a
+   pass.) */
+#define OURO_OPTIONS                                                                                   \
+    "\"norm_placement\": \"pre_post\", \"state_norm_weights\": \"final_norm\", \"final_norm_at_head\": false, " \
+    "\"exit_gate\": true, \"exit_gate_threshold\": 1.0"
+
+static const preset k_presets[] = {
+    {.name = "gpt2-small", .vocab = 50257, .d = 768, .heads = 12, .kv_heads = 12, .dff = 3072,
+     .max_seq = 1024, .prelude = 0, .block = 12, .coda = 0, .loops = 1, .max_loops = 1,
+     .norm = "layernorm", .mlp = "gelu", .pos = "learned", .injection = "add", .update = "replace",
+     .bias = 1, .tie = 1, .state_norm = 0, .bos = 50256, .eos = 50256},
+    {.name = "looped-400m", .vocab = 50257, .d = 1024, .heads = 16, .kv_heads = 16, .dff = 4096,
+     .max_seq = 2048, .prelude = 2, .block = 4, .coda = 2, .loops = 8, .max_loops = 8,
+     .norm = "rmsnorm", .mlp = "swiglu", .pos = "rope", .injection = "add", .update = "replace",
+     .bias = 0, .tie = 0, .state_norm = 1, .bos = 50256, .eos = 50256},
+    /* small but exercising the rarer paths: GQA, concat injection, residual update,
+       biases, state norm, untied head */
+    {.name = "tiny", .vocab = 512, .d = 64, .heads = 4, .kv_heads = 2, .dff = 192, .max_seq = 512,
+     .prelude = 1, .block = 2, .coda = 1, .loops = 4, .max_loops = 8,
+     .norm = "rmsnorm", .mlp = "swiglu", .pos = "rope", .injection = "concat", .update = "residual",
+     .bias = 1, .tie = 0, .state_norm = 1, .bos = 0, .eos = 1},
+    /* The published shapes: 55 heads of 96, 2 + 4 x 32 + 2 layers, 3.56 B parameters (tied
+       head); bos/eos are the config's defaults (65504, 65505). */
+    {.name = "huginn-0125", .vocab = 65536, .d = 5280, .heads = 55, .kv_heads = 55, .dff = 17920,
+     .max_seq = 4096, .prelude = 2, .block = 4, .coda = 2, .loops = 32, .max_loops = 128,
+     .norm = "rmsnorm", .mlp = "swiglu", .pos = "rope", .injection = "concat", .update = "replace",
+     .bias = 0, .tie = 1, .state_norm = 0, .bos = 65504, .eos = 65505,
+     .rope_theta = 50000.0, .norm_eps = 1e-6, .options = HUGINN_OPTIONS},
+    /* 16 heads of 128 (num_key_value_heads 16: no GQA), 24 / 48 layers x 4 passes
+       (total_ut_steps), untied head, rope_theta 1e6; 1.43 B / 2.67 B parameters. */
+    {.name = "ouro-1.4b", .vocab = 49152, .d = 2048, .heads = 16, .kv_heads = 16, .dff = 5632,
+     .max_seq = 65536, .prelude = 0, .block = 24, .coda = 0, .loops = 4, .max_loops = 16,
+     .norm = "rmsnorm", .mlp = "swiglu", .pos = "rope", .injection = "none", .update = "replace",
+     .bias = 0, .tie = 0, .state_norm = 1, .bos = 0, .eos = 0,
+     .rope_theta = 1e6, .norm_eps = 1e-6, .options = OURO_OPTIONS},
+    {.name = "ouro-2.6b", .vocab = 49152, .d = 2048, .heads = 16, .kv_heads = 16, .dff = 5632,
+     .max_seq = 65536, .prelude = 0, .block = 48, .coda = 0, .loops = 4, .max_loops = 16,
+     .norm = "rmsnorm", .mlp = "swiglu", .pos = "rope", .injection = "none", .update = "replace",
+     .bias = 0, .tie = 0, .state_norm = 1, .bos = 0, .eos = 0,
+     .rope_theta = 1e6, .norm_eps = 1e-6, .options = OURO_OPTIONS},
+    /* The same architectures at test size (the ctest smoke runs): every option above, so the
+       writer and the loader must agree on the tensors each one implies. */
+    {.name = "huginn-tiny", .vocab = 512, .d = 96, .heads = 4, .kv_heads = 4, .dff = 160,
+     .max_seq = 256, .prelude = 2, .block = 4, .coda = 2, .loops = 4, .max_loops = 16,
+     .norm = "rmsnorm", .mlp = "swiglu", .pos = "rope", .injection = "concat", .update = "replace",
+     .bias = 0, .tie = 1, .state_norm = 0, .bos = 0, .eos = 1,
+     .rope_theta = 50000.0, .norm_eps = 1e-6, .options = HUGINN_OPTIONS},
+    {.name = "ouro-tiny", .vocab = 512, .d = 64, .heads = 4, .kv_heads = 4, .dff = 176,
+     .max_seq = 256, .prelude = 0, .block = 3, .coda = 0, .loops = 4, .max_loops = 16,
+     .norm = "rmsnorm", .mlp = "swiglu", .pos = "rope", .injection = "none", .update = "replace",
+     .bias = 0, .tie = 0, .state_norm = 1, .bos = 0, .eos = 0,
+     .rope_theta = 1e6, .norm_eps = 1e-6, .options = OURO_OPTIONS},
+};
+#define N_PRESETS ((int)(sizeof k_presets / sizeof k_presets[0]))
+
+/* "a, b, c": the preset names, for --help and the unknown-preset error. */
+static const char *preset_names(void) {
+    static char list[512];
+    if (!list[0])
+        for (int i = 0; i < N_PRESETS; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", k_presets[i].name);
+    return list;
+}
+
+static char *preset_config_json(const char *name) {
+    const preset *p = NULL;
+    for (int i = 0; i < N_PRESETS; i++)
+        if (!strcmp(k_presets[i].name, name)) p = &k_presets[i];
+    if (!p) die(2, "--preset: unknown preset \"%s\" (%s)", name, preset_names());
+    sbuf b = {0};
+    sb_printf(&b,
+              "{\n"
+              "  \"vocab_size\": %d,\n  \"d_model\": %d,\n  \"n_heads\": %d,\n  \"n_kv_heads\": %d,\n"
+              "  \"d_ff\": %d,\n  \"max_seq_len\": %d,\n"
+              "  \"n_prelude\": %d,\n  \"n_block\": %d,\n  \"n_coda\": %d,\n"
+              "  \"default_loops\": %d,\n  \"max_loops\": %d,\n  \"beta\": 1.0,\n"
+              "  \"injection\": \"%s\",\n  \"loop_update\": \"%s\",\n  \"state_norm\": %s,\n"
+              "  \"norm\": \"%s\",\n  \"norm_eps\": %g,\n  \"mlp\": \"%s\",\n  \"bias\": %s,\n"
+              "  \"pos_encoding\": \"%s\",\n  \"rope_theta\": %.1f,\n  \"tie_embeddings\": %s,\n"
+              "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n",
+              p->vocab, p->d, p->heads, p->kv_heads, p->dff, p->max_seq, p->prelude, p->block, p->coda,
+              p->loops, p->max_loops, p->injection, p->update, p->state_norm ? "true" : "false",
+              p->norm, p->norm_eps > 0.0 ? p->norm_eps : 1e-5, p->mlp, p->bias ? "true" : "false", p->pos,
+              p->rope_theta > 0.0 ? p->rope_theta : 10000.0, p->tie ? "true" : "false", p->bos, p->eos);
+    if (p->options) sb_printf(&b, "  %s,\n", p->options);
+    /* provenance of a kept checkpoint; the parser warns about it as an unknown field */
+    sb_printf(&b, "  \"tinyloop_bench_preset\": \"%s\"\n}\n", p->name);
+    return b.s;
+}
+
 /* ---------------------------------------------------------------- options */
 
 typedef struct {
     const char *model_dir, *preset, *config_file, *dtype_name, *csv, *tmp_parent;
     tl_dtype dtype;
     int threads[MAX_THREAD_COUNTS], n_threads;
-    int prompt_len, decode, loops, repeat, chunk, stream_passes, keep, sgemm;
+    int prompt_len, decode, loops, repeat, chunk, stream_passes, keep, sgemm, print_config;
     long stream_mb;
     uint64_t seed;
 } options;
 
 static void usage(FILE *fp) {
-    fputs(
+    fprintf(fp,
         "usage: tinyloop-bench (--model DIR | --preset NAME | --config FILE) [options]\n"
         "\n"
         "Checkpoint (exactly one):\n"
         "  --model DIR          an existing checkpoint directory (config.json + model.safetensors)\n"
-        "  --preset NAME        write a random checkpoint to a temp dir: gpt2-small, looped-400m, tiny\n"
+        "  --preset NAME        write a random checkpoint to a temp dir, one of:\n"
+        "                       %s\n"
         "  --config FILE        write a random checkpoint for this config.json to a temp dir\n"
         "  --dtype T            f32 (default), f16 or bf16: dtype of a written checkpoint\n"
         "  --seed N             seed of the random weights and prompt (default 1)\n"
         "  --tmpdir DIR         parent of the temp dir (default $TMPDIR or /tmp)\n"
         "  --keep               keep the written checkpoint (its path is printed)\n"
+        "  --list-presets       print the preset names, one a line, and exit\n"
+        "  --print-config       print the config.json of --preset/--config (checked by the\n"
+        "                       engine's parser) and its tensor and byte counts at --dtype, then\n"
+        "                       exit without writing anything\n"
         "\n"
         "Measurement:\n"
         "  --threads LIST       comma-separated thread counts (default 1,<cores>)\n"
@@ -127,10 +274,10 @@ static void usage(FILE *fp) {
         "  --csv FILE           also write the results as CSV\n"
         "  --help               this text\n"
         "\n"
-        "GB/s are 10^9 bytes per second; 'decode % of stream' compares decode GB/s (weight\n"
+        "GB/s are 10^9 bytes per second; 'decode %% of stream' compares decode GB/s (weight\n"
         "bytes per token x decode tokens/s) with the streaming read bandwidth at the same\n"
         "thread count. KV-cache reads are reported separately, not counted in weight bytes.\n",
-        fp);
+        preset_names());
 }
 
 static long parse_long(const char *flag, const char *s, long lo, long hi) {
@@ -177,10 +324,15 @@ static void parse_args(int argc, char **argv, options *o) {
             snprintf(flag, sizeof flag, "%s", arg);
         }
         if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) { usage(stdout); exit(0); }
-        if (!strcmp(flag, "--keep") || !strcmp(flag, "--sgemm")) {
+        if (!strcmp(flag, "--list-presets")) {
+            for (int k = 0; k < N_PRESETS; k++) puts(k_presets[k].name);
+            exit(0);
+        }
+        if (!strcmp(flag, "--keep") || !strcmp(flag, "--sgemm") || !strcmp(flag, "--print-config")) {
             if (val) die(2, "%s takes no value", flag);
             if (!strcmp(flag, "--keep")) o->keep = 1;
-            else o->sgemm = 1;
+            else if (!strcmp(flag, "--sgemm")) o->sgemm = 1;
+            else o->print_config = 1;
             continue;
         }
         static const char *const valued[] = {"--model", "--preset", "--config", "--dtype", "--seed",
@@ -219,6 +371,8 @@ static void parse_args(int argc, char **argv, options *o) {
     if (sources != 1) die(2, "give exactly one of --model DIR, --preset NAME, --config FILE (see --help)");
     if (o->model_dir && o->dtype_name) die(2, "--dtype applies to written checkpoints (--preset/--config), not --model");
     if (o->model_dir && o->keep) die(2, "--keep applies to written checkpoints (--preset/--config), not --model");
+    if (o->model_dir && o->print_config)
+        die(2, "--print-config applies to written checkpoints (--preset/--config), not --model");
 #ifndef TL_BENCH_OPENBLAS
     if (o->sgemm) die(2, "--sgemm: this tinyloop-bench was built without OpenBLAS (install libopenblas-dev and re-run cmake)");
 #endif
@@ -227,52 +381,6 @@ static void parse_args(int argc, char **argv, options *o) {
         o->threads[o->n_threads++] = 1;
         if (cores > 1) o->threads[o->n_threads++] = (int)(cores > 1024 ? 1024 : cores);
     }
-}
-
-/* ---------------------------------------------------------------- presets */
-
-typedef struct {
-    const char *name;
-    int vocab, d, heads, kv_heads, dff, max_seq, prelude, block, coda, loops, max_loops;
-    const char *norm, *mlp, *pos, *injection, *update;
-    int bias, tie, state_norm, bos, eos;
-} preset;
-
-static const preset k_presets[] = {
-    {"gpt2-small", 50257, 768, 12, 12, 3072, 1024, 0, 12, 0, 1, 1,
-     "layernorm", "gelu", "learned", "add", "replace", 1, 1, 0, 50256, 50256},
-    {"looped-400m", 50257, 1024, 16, 16, 4096, 2048, 2, 4, 2, 8, 8,
-     "rmsnorm", "swiglu", "rope", "add", "replace", 0, 0, 1, 50256, 50256},
-    /* small but exercising the rarer paths: GQA, concat injection, residual update,
-       biases, state norm, untied head */
-    {"tiny", 512, 64, 4, 2, 192, 512, 1, 2, 1, 4, 8,
-     "rmsnorm", "swiglu", "rope", "concat", "residual", 1, 0, 1, 0, 1},
-};
-
-static char *preset_config_json(const char *name) {
-    const preset *p = NULL;
-    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
-        if (!strcmp(k_presets[i].name, name)) p = &k_presets[i];
-    if (!p) die(2, "--preset: unknown preset \"%s\" (gpt2-small, looped-400m, tiny)", name);
-    char *text = malloc(2048);
-    if (!text) die(1, "out of memory");
-    snprintf(text, 2048,
-             "{\n"
-             "  \"vocab_size\": %d,\n  \"d_model\": %d,\n  \"n_heads\": %d,\n  \"n_kv_heads\": %d,\n"
-             "  \"d_ff\": %d,\n  \"max_seq_len\": %d,\n"
-             "  \"n_prelude\": %d,\n  \"n_block\": %d,\n  \"n_coda\": %d,\n"
-             "  \"default_loops\": %d,\n  \"max_loops\": %d,\n  \"beta\": 1.0,\n"
-             "  \"injection\": \"%s\",\n  \"loop_update\": \"%s\",\n  \"state_norm\": %s,\n"
-             "  \"norm\": \"%s\",\n  \"norm_eps\": 1e-05,\n  \"mlp\": \"%s\",\n  \"bias\": %s,\n"
-             "  \"pos_encoding\": \"%s\",\n  \"rope_theta\": 10000.0,\n  \"tie_embeddings\": %s,\n"
-             "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n"
-             "  \"tinyloop_bench_preset\": \"%s\"\n"
-             "}\n",
-             p->vocab, p->d, p->heads, p->kv_heads, p->dff, p->max_seq, p->prelude, p->block, p->coda,
-             p->loops, p->max_loops, p->injection, p->update, p->state_norm ? "true" : "false",
-             p->norm, p->mlp, p->bias ? "true" : "false", p->pos, p->tie ? "true" : "false",
-             p->bos, p->eos, p->name);
-    return text;
 }
 
 static char *read_file_text(const char *path) {
@@ -360,20 +468,25 @@ static void add_norm(tlist *l, const tl_config *c, const char *prefix) {
     }
 }
 
-static void add_linear(tlist *l, const tl_config *c, const char *prefix, int rows, int cols) {
+/* prefix.weight [rows, cols], and prefix.bias when `bias`. */
+static void add_linear(tlist *l, const char *prefix, int rows, int cols, bool bias) {
     char name[128];
     snprintf(name, sizeof name, "%s.weight", prefix);
     tl_add(l, name, rows, cols, INIT_NORMAL);
-    if (c->bias) {
+    if (bias) {
         snprintf(name, sizeof name, "%s.bias", prefix);
         tl_add(l, name, -1, rows, INIT_NORMAL);
     }
 }
 
-/* Tensor names and shapes of SPEC §1 for this config. */
+/* Tensor names and shapes of SPEC §1 for this config: exactly the tensors the loader binds
+   for it (engine/src/model.c, bind_all and bind_layer), which refuses a missing one and an
+   unexpected one alike; the huginn-tiny / ouro-tiny / tiny ctest runs keep the two in step. */
 static tlist checkpoint_tensors(const tl_config *c) {
     tlist l = {0};
     const int d = c->d_model, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    /* qk_bias: q and k carry a bias even when the other linears do not */
+    const bool qk_bias = c->bias || c->qk_bias;
     tl_add(&l, "tok_embed.weight", c->vocab_size, d, INIT_NORMAL);
     if (c->pos_encoding == TL_POS_LEARNED) tl_add(&l, "pos_embed.weight", c->max_seq_len, d, INIT_NORMAL);
     const char *groups[] = {"prelude", "block", "coda"};
@@ -383,44 +496,31 @@ static tlist checkpoint_tensors(const tl_config *c) {
             char p[64];
 #define SUB(s) (snprintf(p, sizeof p, "%s.%d.%s", groups[g], i, s), p)
             add_norm(&l, c, SUB("attn_norm"));
-            add_linear(&l, c, SUB("attn.q"), qd, d);
-            add_linear(&l, c, SUB("attn.k"), kvd, d);
-            add_linear(&l, c, SUB("attn.v"), kvd, d);
-            add_linear(&l, c, SUB("attn.o"), d, qd);
+            if (c->norm_placement != TL_PLACE_PRE) { /* sandwich / pre_post: the 2nd and 4th norms */
+                add_norm(&l, c, SUB("attn_out_norm"));
+                add_norm(&l, c, SUB("mlp_out_norm"));
+            }
+            add_linear(&l, SUB("attn.q"), qd, d, qk_bias);
+            add_linear(&l, SUB("attn.k"), kvd, d, qk_bias);
+            add_linear(&l, SUB("attn.v"), kvd, d, c->bias);
+            add_linear(&l, SUB("attn.o"), d, qd, c->bias);
             add_norm(&l, c, SUB("mlp_norm"));
-            if (c->mlp == TL_MLP_SWIGLU) add_linear(&l, c, SUB("mlp.gate"), c->d_ff, d);
-            add_linear(&l, c, SUB("mlp.up"), c->d_ff, d);
-            add_linear(&l, c, SUB("mlp.down"), d, c->d_ff);
+            if (c->mlp == TL_MLP_SWIGLU) add_linear(&l, SUB("mlp.gate"), c->d_ff, d, c->bias);
+            add_linear(&l, SUB("mlp.up"), c->d_ff, d, c->bias);
+            add_linear(&l, SUB("mlp.down"), d, c->d_ff, c->bias);
 #undef SUB
         }
-    if (c->injection == TL_INJECT_CONCAT) add_linear(&l, c, "inject", d, 2 * d);
-    if (c->state_norm) add_norm(&l, c, "state_norm");
+    if (c->injection == TL_INJECT_CONCAT) add_linear(&l, "inject", d, 2 * d, c->inject_bias);
+    /* "state_norm_weights": "final_norm" reuses final_norm: no tensor of its own */
+    if (c->state_norm && !c->state_norm_is_final_norm) add_norm(&l, c, "state_norm");
     add_norm(&l, c, "final_norm");
     if (!c->tie_embeddings) tl_add(&l, "lm_head.weight", c->vocab_size, d, INIT_NORMAL);
+    if (c->exit_gate) add_linear(&l, "exit_gate", 1, d, true);
     return l;
 }
 
 static int64_t tspec_numel(const tspec *t) { return t->rows < 0 ? t->cols : t->rows * t->cols; }
 static size_t dtype_size(tl_dtype dt) { return dt == TL_F32 ? 4 : 2; }
-
-typedef struct { char *s; size_t len, cap; } sbuf;
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) die(1, "formatting failed");
-        if (b->s && b->len + (size_t)n < b->cap) { b->len += (size_t)n; return; }
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap <= b->len + (size_t)n) cap *= 2;
-        char *grown = realloc(b->s, cap);
-        if (!grown) die(1, "out of memory");
-        b->s = grown;
-        b->cap = cap;
-    }
-}
 
 static void write_all(FILE *fp, const void *p, size_t n, const char *path) {
     if (n && fwrite(p, 1, n, fp) != n) die(1, "writing %s: %s", path, strerror(errno));
@@ -513,6 +613,8 @@ static double layer_vector_bytes(const tl_config *c, const tl_layer *L) {
     const int d = c->d_model, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
     return vec_bytes(L->attn_norm_w, d) + vec_bytes(L->attn_norm_b, d) + vec_bytes(L->q_b, qd) +
            vec_bytes(L->k_b, kvd) + vec_bytes(L->v_b, kvd) + vec_bytes(L->o_b, d) +
+           vec_bytes(L->attn_out_norm_w, d) + vec_bytes(L->attn_out_norm_b, d) +
+           vec_bytes(L->mlp_out_norm_w, d) + vec_bytes(L->mlp_out_norm_b, d) +
            vec_bytes(L->mlp_norm_w, d) + vec_bytes(L->mlp_norm_b, d) +
            vec_bytes(L->gate_b, c->d_ff) + vec_bytes(L->up_b, c->d_ff) + vec_bytes(L->down_b, d);
 }
@@ -858,6 +960,71 @@ typedef struct {
     double prefill_gflops, sgemm_gflops, sgemm_pct; /* sgemm: 0 without --sgemm */
 } result_row;
 
+/* ---------------------------------------------------------------- memory */
+
+/* A "Vm...:" line of /proc/self/status (Linux) in bytes, or 0 when unknown: VmHWM is the
+   peak resident set, VmRSS the current one. */
+static double proc_status_bytes(const char *key) {
+    FILE *fp = fopen("/proc/self/status", "r");
+    if (!fp) return 0.0;
+    char line[256];
+    double kb = 0.0;
+    size_t n = strlen(key);
+    while (fgets(line, sizeof line, fp))
+        if (!strncmp(line, key, n) && line[n] == ':') kb = strtod(line + n + 1, NULL);
+    fclose(fp);
+    return kb * 1024.0;
+}
+
+/* ---------------------------------------------------------------- config checks */
+
+/* The parser's warnings (unknown fields: a misspelt option silently keeps its default) go to
+   stderr. A preset may only draw the one about its provenance tag: any other is a bug in
+   k_presets, which the preset ctest catches. */
+static void check_warnings(const options *o, const tl_config *c) {
+    for (const char *line = c->warnings; *line;) {
+        const char *end = strchr(line, '\n');
+        int len = end ? (int)(end - line) : (int)strlen(line);
+        int tag = strstr(line, "\"tinyloop_bench_preset\"") && strstr(line, "\"tinyloop_bench_preset\"") < line + len;
+        if (o->preset && !tag) die(1, "preset %s: %.*s", o->preset, len, line);
+        if (!tag) fprintf(stderr, "tinyloop-bench: warning: %.*s\n", len, line);
+        line += len + (end != NULL);
+    }
+}
+
+/* The config.json, then (as a JSON-free trailer on stderr) what the writer would write. */
+static void print_config(const char *config_text, const tl_config *c, tl_dtype dt) {
+    tlist l = checkpoint_tensors(c);
+    double params = 0.0;
+    for (int i = 0; i < l.n; i++) params += (double)tspec_numel(&l.v[i]);
+    fputs(config_text, stdout);
+    fprintf(stderr, "%d tensors, %.4f B parameters, %.3f GB in %s (head dim %d, %d layer applications at "
+                    "default_loops %d)\n",
+            l.n, params / 1e9, params * (double)dtype_size(dt) / GB,
+            dt == TL_F32 ? "f32" : dt == TL_F16 ? "f16" : "bf16", c->head_dim,
+            c->n_prelude + c->n_block * c->default_loops + c->n_coda, c->default_loops);
+    free(l.v);
+}
+
+/* The general options (SPEC §1) that differ from the defaults, for the header. */
+static void describe_options(const tl_config *c, char *buf, size_t len) {
+    static const char *const placements[] = {"pre", "sandwich", "pre_post"};
+    buf[0] = '\0';
+#define ADD(...) snprintf(buf + strlen(buf), len - strlen(buf), __VA_ARGS__)
+    if (c->norm_placement != TL_PLACE_PRE) ADD(", %s norms", placements[c->norm_placement]);
+    if (c->rope_pairing == TL_ROPE_INTERLEAVED) ADD(", interleaved rope");
+    if (c->qk_bias && !c->bias) ADD(", qk bias");
+    if (c->embed_scale != 1.0f) ADD(", embed scale %g", (double)c->embed_scale);
+    if (c->injection == TL_INJECT_CONCAT) ADD(", adapter [%s]", c->inject_embedding_first ? "e ; s" : "s ; e");
+    if (c->state_norm) ADD(", state norm%s", c->state_norm_is_final_norm ? " = final norm" : "");
+    if (c->final_norm_before_coda) ADD(", final norm before coda");
+    if (!c->final_norm_at_head) ADD(", no final norm at head");
+    if (c->state_init == TL_STATE_TRUNCATED_NORMAL) ADD(", random initial state (std %g)", (double)c->state_init_std);
+    if (c->exit_gate) ADD(", exit gate");
+#undef ADD
+    if (!buf[0]) snprintf(buf, len, ", none");
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
@@ -880,6 +1047,12 @@ int main(int argc, char **argv) {
         tl_config cfg;
         if (tl_config_parse(config_text, &cfg) != TL_OK)
             die(1, "%s: %s", o.preset ? "preset" : o.config_file, tl_last_error());
+        check_warnings(&o, &cfg);
+        if (o.print_config) {
+            print_config(config_text, &cfg, o.dtype);
+            free(config_text);
+            return 0;
+        }
         (void)checked_loops(&o, &cfg); /* before writing hundreds of MB */
         const char *parent = o.tmp_parent ? o.tmp_parent : getenv("TMPDIR");
         if (!parent || !*parent) parent = "/tmp";
@@ -911,7 +1084,9 @@ int main(int argc, char **argv) {
         if (cap > 0.0 && want > cap) { want = cap; stream_capped = 1; }
         stream_bytes = (size_t)ceil(want / MIB) << 20;
     }
-    float *stream_buf = NULL; /* allocated once the first model has loaded */
+    /* Allocated after the first thread count's model is freed, so that the peak RSS printed
+       for the model is the model's alone (and the two never add up for one thread count). */
+    float *stream_buf = NULL;
 #if defined(__x86_64__)
     const char *isa_env = getenv("TINYLOOP_ISA");
     g_stream_avx2 = __builtin_cpu_supports("avx2") && !(isa_env && !strcmp(isa_env, "generic"));
@@ -937,7 +1112,6 @@ int main(int argc, char **argv) {
         const tl_config *c = &m->cfg;
         loops = checked_loops(&o, c);
         if (ti == 0) {
-            stream_buf = alloc_stream_buffer(stream_bytes);
             info0 = *tl_model_info(m);
             bb = bytes_per_token(m, loops);
             prefill_macs = prefill_macs_per_token(m, loops, o.prompt_len);
@@ -954,6 +1128,9 @@ int main(int argc, char **argv) {
                    c->vocab_size, c->d_model, c->n_heads, c->n_kv_heads, c->d_ff, c->n_prelude,
                    c->n_block, c->n_coda, info0.norm, info0.mlp, info0.pos_encoding, info0.injection,
                    c->tie_embeddings ? ", tied head" : "");
+            char opts[512];
+            describe_options(c, opts, sizeof opts);
+            printf("options    %s\n", opts + 2);
             printf("size       %.1f M params, %.1f MB of weights; CPU kernels %s\n",
                    info0.n_params / 1e6, info0.weight_bytes / MB, tl_cpu_kernels()->isa);
             printf("run        loops %d (max %d), prompt %d tokens in chunks of %d, decode %d tokens, "
@@ -1000,6 +1177,9 @@ int main(int argc, char **argv) {
         for (int i = 0; i < o.prompt_len; i++) prompt[i] = (int32_t)(rng_next(&r) % (uint64_t)c->vocab_size);
         for (int i = 0; i < total; i++) b.positions[i] = i;
         b.prompt = prompt;
+        /* A random initial state is drawn as generation draws it (session.c: a nonzero seed;
+           0 would mean the zero state), so that its cost is in the figures. */
+        if (c->state_init == TL_STATE_TRUNCATED_NORMAL) b.ws.state_seed = (o.seed << 1) | 1u;
         st = tl_kv_cache_new_for(m, total, 0, o.chunk, &b.cache);
         if (st != TL_OK) die(1, "kv cache: %s", tl_last_error());
 
@@ -1009,6 +1189,9 @@ int main(int argc, char **argv) {
         if (!pre || !dec) die(1, "out of memory");
         for (int rep = 0; rep < o.repeat; rep++) one_run(&b, &pre[rep], &dec[rep]);
 
+        /* Resident now: the weights as loaded (the file mapping is gone once they are copied),
+           the KV cache and the workspace. */
+        double rss_after_runs = proc_status_bytes("VmRSS");
         result_row *row = &rows[ti];
         row->threads = tl_model_info(m)->n_threads;
         row->prefill_tps = o.prompt_len / median(pre, o.repeat);
@@ -1021,9 +1204,20 @@ int main(int argc, char **argv) {
         tl_workspace_release(&b.ws);
         tl_kv_cache_free(b.cache);
         tl_model_free(m);
+        if (ti == 0) {
+            /* The process's peak so far: the load (file mapping and packed copy), the KV cache
+               and the workspace of the first thread count, before any stream buffer. */
+            double hwm = proc_status_bytes("VmHWM");
+            if (hwm > 0.0)
+                printf("memory     peak RSS %.2f GB (load + runs at %d threads); %.2f GB resident after the runs "
+                       "(weights, KV cache, workspace)\n", hwm / GB, o.threads[0], rss_after_runs / GB);
+            else printf("memory     RSS unknown (no /proc/self/status)\n");
+            fflush(stdout);
+        }
 
         row->bytes_per_token = bb.total;
         row->decode_gbs = bb.total * row->decode_tps / GB;
+        if (!stream_buf) stream_buf = alloc_stream_buffer(stream_bytes);
         row->stream_gbs = stream_bandwidth(stream_buf, stream_bytes / sizeof(float), o.threads[ti],
                                            o.stream_passes) / GB;
         row->pct = 100.0 * row->decode_gbs / row->stream_gbs;
@@ -1051,8 +1245,11 @@ int main(int argc, char **argv) {
         const result_row *r = &rows[i];
         char bytes[32];
         snprintf(bytes, sizeof bytes, "%.2f MB", r->bytes_per_token / MB);
-        printf("%7d | %13.1f | %13.1f | %12.2f | %18s | %11.2f | %11.2f | %17.1f%%", r->threads,
-               r->prefill_tps, r->prefill_gflops, r->decode_tps, bytes, r->decode_gbs, r->stream_gbs, r->pct);
+        /* tokens/s with 3 significant digits at least: Huginn at 32 loops decodes well under
+           one token a second on a small machine */
+        printf("%7d | %13.*f | %13.1f | %12.*f | %18s | %11.2f | %11.2f | %17.1f%%", r->threads,
+               r->prefill_tps < 10.0 ? 3 : 1, r->prefill_tps, r->prefill_gflops,
+               r->decode_tps < 1.0 ? 4 : 2, r->decode_tps, bytes, r->decode_gbs, r->stream_gbs, r->pct);
         if (o.sgemm) printf(" | %12.1f | %16.1f%%", r->sgemm_gflops, r->sgemm_pct);
         printf("\n");
     }

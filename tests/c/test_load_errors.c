@@ -173,6 +173,10 @@ static void config_errors(void) {
     CHECK_ERROR(load_with_field("tie_embeddings", "true"), TL_ERR_FORMAT, "unexpected tensor \"lm_head.weight\" (not used by this config: tie_embeddings is true)");
     CHECK_ERROR(load_with_field("mlp", "\"swiglu\""), TL_ERR_FORMAT, "mlp.gate.weight");
     CHECK_ERROR(load_with_field("norm", "\"rmsnorm\""), TL_ERR_FORMAT, "norm.bias\"");
+    /* Ouro's exit gate in our format: its tensors are required, its threshold is a probability. */
+    CHECK_ERROR(load_with_field("exit_gate", "true"), TL_ERR_FORMAT, "missing tensor \"exit_gate.weight\"");
+    CHECK_ERROR(load_with_field("exit_gate", "1"), TL_ERR_FORMAT, "\"exit_gate\" must be true or false, got 1");
+    CHECK_ERROR(load_with_field("exit_gate_threshold", "1.5"), TL_ERR_FORMAT, "\"exit_gate_threshold\" = 1.5 is out of range");
 
     spit("config.json", "{\"vocab_size\": 12,", 18);
     CHECK_ERROR(load_work(), TL_ERR_FORMAT, "config.json: invalid JSON");
