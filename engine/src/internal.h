@@ -178,6 +178,8 @@ struct tl_model {
     char *dir;
     struct tl_prefix_pool *prefix_pool; /* opt-in (tl_model_set_prefix_pool), else NULL; the
                                            one mutable part of a model, behind its own lock */
+    struct tl_kv_spares *kv_spares; /* freed KV pages kept for reuse (kv_cache.h), behind
+                                       its own lock; NULL: none kept */
 };
 
 #endif

@@ -1,5 +1,7 @@
 /* kv_cache.c: pages, forks, rollback and compaction of the KV cache. The K/V pages are
  * allocated and copied by the backend; the page table and bookkeeping here are host-side. */
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,28 +12,98 @@
 
 static size_t page_floats(const tl_kv_cache *c) { return (size_t)TL_KV_PAGE_ROWS * (size_t)c->kv_dim; }
 
-static void page_release(const tl_kv_cache *c, tl_kv_page *p) {
-    if (!p || atomic_fetch_sub(&p->refs, 1) != 1) return;
-    const tl_model *m = c->model;
+struct tl_kv_spares {
+    pthread_mutex_t lock;
+    tl_kv_page *top;  /* a stack: the most recently freed page is the warmest */
+    size_t bytes;     /* K + V bytes of the kept pages */
+};
+
+tl_kv_spares *tl_kv_spares_new(void) {
+    tl_kv_spares *spares = calloc(1, sizeof *spares);
+    if (spares && pthread_mutex_init(&spares->lock, NULL) != 0) {
+        free(spares);
+        return NULL;
+    }
+    return spares;
+}
+
+static void page_destroy(const tl_model *m, tl_kv_page *p) {
     m->backend->free(m->backend_ctx, p->k);
     m->backend->free(m->backend_ctx, p->v);
     free(p);
 }
 
-/* A new page; a copy of `from` when given (copy on write). */
+void tl_kv_spares_free(const tl_model *m, tl_kv_spares *spares) {
+    if (!spares) return;
+    for (tl_kv_page *p = spares->top, *next; p; p = next) {
+        next = p->next_spare;
+        page_destroy(m, p);
+    }
+    pthread_mutex_destroy(&spares->lock);
+    free(spares);
+}
+
+size_t tl_kv_spares_bytes(const tl_model *m) {
+    tl_kv_spares *spares = m->kv_spares;
+    if (!spares) return 0;
+    pthread_mutex_lock(&spares->lock);
+    const size_t bytes = spares->bytes;
+    pthread_mutex_unlock(&spares->lock);
+    return bytes;
+}
+
+static size_t page_bytes(const tl_kv_cache *c) { return 2 * page_floats(c) * sizeof(float); }
+
+static void page_release(const tl_kv_cache *c, tl_kv_page *p) {
+    if (!p || atomic_fetch_sub(&p->refs, 1) != 1) return;
+    tl_kv_spares *spares = c->model->kv_spares;
+    if (spares) {
+        pthread_mutex_lock(&spares->lock);
+        const bool keep = spares->bytes + page_bytes(c) <= TL_KV_SPARE_BYTES;
+        if (keep) {
+            p->next_spare = spares->top;
+            spares->top = p;
+            spares->bytes += page_bytes(c);
+        }
+        pthread_mutex_unlock(&spares->lock);
+        if (keep) return;
+    }
+    page_destroy(c->model, p);
+}
+
+/* A kept page, or NULL when there is none. */
+static tl_kv_page *spare_page(const tl_kv_cache *c) {
+    tl_kv_spares *spares = c->model->kv_spares;
+    if (!spares) return NULL;
+    pthread_mutex_lock(&spares->lock);
+    tl_kv_page *p = spares->top;
+    if (p) {
+        spares->top = p->next_spare;
+        spares->bytes -= page_bytes(c);
+    }
+    pthread_mutex_unlock(&spares->lock);
+    return p;
+}
+
+/* A new page (a kept one when there is one); a copy of `from` when given (copy on write). */
 static tl_kv_page *page_new(const tl_kv_cache *c, const tl_kv_page *from) {
     const tl_model *m = c->model;
-    tl_kv_page *p = malloc(sizeof *p);
-    if (!p) return NULL;
-    atomic_init(&p->refs, 1);
-    p->k = m->backend->alloc(m->backend_ctx, page_floats(c) * sizeof(float));
-    p->v = m->backend->alloc(m->backend_ctx, page_floats(c) * sizeof(float));
-    if (!p->k || !p->v) {
-        if (p->k) m->backend->free(m->backend_ctx, p->k);
-        if (p->v) m->backend->free(m->backend_ctx, p->v);
-        free(p);
-        return NULL;
+    tl_kv_page *p = spare_page(c);
+    if (p) {
+        atomic_store(&p->refs, 1);
+    } else {
+        if (!(p = malloc(sizeof *p))) return NULL;
+        atomic_init(&p->refs, 1);
+        p->k = m->backend->alloc(m->backend_ctx, page_floats(c) * sizeof(float));
+        p->v = m->backend->alloc(m->backend_ctx, page_floats(c) * sizeof(float));
+        if (!p->k || !p->v) {
+            if (p->k) m->backend->free(m->backend_ctx, p->k);
+            if (p->v) m->backend->free(m->backend_ctx, p->v);
+            free(p);
+            return NULL;
+        }
     }
+    p->next_spare = NULL;
     if (from) {
         m->backend->copy(m, p->k, from->k, page_floats(c));
         m->backend->copy(m, p->v, from->v, page_floats(c));

@@ -24,7 +24,20 @@
 typedef struct tl_kv_page {
     atomic_int refs;     /* caches sharing the page; written only while it is 1 */
     float *k, *v;        /* [TL_KV_PAGE_ROWS][kv_dim] backend buffers */
+    struct tl_kv_page *next_spare; /* in the model's spare list (refs 0) */
 } tl_kv_page;
+
+/* A model's spare pages. A page no cache holds any more is kept (up to TL_KV_SPARE_BYTES
+   per model) and handed to the next cache that needs one: a server's steady stream of
+   sessions, or a batch of new ones, then reuses warm memory instead of faulting in and
+   zeroing fresh pages for every 16 rows of every slot. A reused page keeps its old rows:
+   a row is read only after its cache wrote it (logical[], depth[] and length say which
+   rows hold entries), so they are never seen. */
+#define TL_KV_SPARE_BYTES ((size_t)64 << 20)
+typedef struct tl_kv_spares tl_kv_spares;
+tl_kv_spares *tl_kv_spares_new(void);             /* NULL when out of memory: no reuse */
+void tl_kv_spares_free(const tl_model *m, tl_kv_spares *spares); /* frees the kept pages */
+size_t tl_kv_spares_bytes(const tl_model *m); /* K + V bytes kept now */
 
 typedef struct tl_kv_cache {
     const tl_model *model; /* whose backend holds the pages */

@@ -17,6 +17,7 @@
 
 #include "backend.h"
 #include "dtype.h"
+#include "kv_cache.h"
 #include "loader.h"
 #include "prefix_pool.h"
 #include "tokenizer.h"
@@ -46,6 +47,7 @@ static void *own(tl_model *m, void *p) {
 void tl_model_free(tl_model *m) {
     if (!m) return;
     tl_prefix_pool_free(m->prefix_pool); /* its pages are backend buffers: before close */
+    tl_kv_spares_free(m, m->kv_spares);  /* so are the kept ones, the pool's among them */
     if (m->backend) m->backend->close(m->backend_ctx); /* workers first: nothing runs after */
     tlz_tokenizer_free(m->tokenizer);
     for (int i = 0; i < m->n_owned; i++) tl_free_aligned(m->owned[i]);
@@ -570,6 +572,7 @@ tl_status tl_model_load(const char *dir, const tl_load_options *opts, tl_model *
     tl_load_options_init(&defaults);
     tl_model *m = calloc(1, sizeof *m);
     if (!m) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    m->kv_spares = tl_kv_spares_new(); /* NULL (out of memory) only means no page reuse */
     tl_status st = load_into(m, dir, opts ? opts : &defaults);
     if (st != TL_OK) {
         tl_model_free(m);

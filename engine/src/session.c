@@ -112,7 +112,7 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
     s->stop_store = malloc(((size_t)stop_total + 1) * sizeof *s->stop_store);
     s->tokens = malloc((size_t)total * sizeof *s->tokens);
     s->positions = malloc((size_t)total * sizeof *s->positions);
-    s->logits = malloc((size_t)vocab * sizeof *s->logits);
+    s->logits = calloc((size_t)vocab, sizeof *s->logits); /* speculative and beam modes never write it; forks copy it */
     s->work = malloc((size_t)vocab * sizeof *s->work);
     s->seen = calloc((size_t)vocab, 1);
     s->allowed = malloc((size_t)vocab);

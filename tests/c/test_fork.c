@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "check.h"
+#include "kv_cache.h"
 #include "session.h"
 
 #define CAP 256
@@ -210,6 +211,69 @@ static void prefix_pool(const char *dir) {
     tl_model_free(cold);
 }
 
+/* Kept pages (kv_cache.h: a freed page is reused with its old rows in it). Sessions on a
+   model whose spare pages hold other sessions' K/V emit exactly what they emit on a model
+   that never reuses a page: with a window (a ring), speculative rollback and early exit
+   (which leaves deeper slots of exited rows unwritten), so a read of a row its cache never
+   wrote would show. */
+static void reused_pages(const char *dir) {
+    tl_model *fresh = load(dir), *reusing = load(dir);
+    if (!fresh || !reusing) { CHECK(0, "load"); tl_model_free(fresh); tl_model_free(reusing); return; }
+    tl_kv_spares_free(fresh, fresh->kv_spares); /* never reuses: every page is a new one */
+    fresh->kv_spares = NULL;
+    enum { CONFIGS = 4, TOKENS = 70 };
+    tl_generate_config cfgs[CONFIGS];
+    for (int i = 0; i < CONFIGS; i++) {
+        tl_generate_config_init(&cfgs[i]);
+        cfgs[i].max_tokens = TOKENS;
+        cfgs[i].ignore_eos = 1;
+    }
+    cfgs[1].cache_window = 24;
+    cfgs[2].speculative = TL_SPECULATIVE_CHAIN;
+    cfgs[2].draft_loops = 1;
+    cfgs[3].loops = 4; /* the text model's max: tokens exit at 2, 3 or 4 loops */
+    cfgs[3].early_exit_patience = 1;
+    cfgs[3].early_exit_min_L = 1;
+    cfgs[3].early_exit_criterion = TL_EXIT_LATENT_DIFF;
+    cfgs[3].early_exit_threshold = 0.06f;
+    /* Other sessions' K/V into the spare pages first. */
+    for (int k = 0; k < 6; k++) {
+        int32_t other[40];
+        for (int i = 0; i < 40; i++) other[i] = (int32_t)((k * 131 + i * 17) % 200 + 1);
+        tl_session *s = NULL;
+        if (tl_session_new(reusing, other, 40, &cfgs[k % CONFIGS], &s) == TL_OK) run(s, TOKENS);
+        tl_session_free(s);
+    }
+    CHECK(tl_kv_spares_bytes(reusing) > 0, "the polluting sessions left no spare pages");
+    const int32_t prompt[5] = {7, 21, 9, 88, 3};
+    for (int i = 0; i < CONFIGS; i++) {
+        tl_session *want = NULL, *got = NULL;
+        tl_session_new(fresh, prompt, 5, &cfgs[i], &want);
+        tl_session_new(reusing, prompt, 5, &cfgs[i], &got);
+        CHECK(want && got, "config %d: sessions: %s", i, tl_last_error());
+        if (want && got) {
+            /* Logits, not only tokens: a stray read moves them before it flips an argmax. */
+            const size_t row_bytes = (size_t)tl_model_info(fresh)->vocab_size * sizeof(float);
+            bool same_logits = true;
+            for (int t = 0; t < TOKENS && !want->finished && !got->finished; t++) {
+                if (run(want, 1) < 0 || run(got, 1) < 0) break;
+                same_logits = same_logits && memcmp(want->logits, got->logits, row_bytes) == 0;
+            }
+            CHECK(same_logits, "config %d: logits on reused pages differ from those on fresh pages", i);
+            CHECK(got->n_tokens == 5 + TOKENS && same_tokens(want, got),
+                  "config %d: a session on reused pages differs from one on fresh pages", i);
+            if (i == 3) /* some tokens exit early, some run deeper: slots left unwritten */
+                CHECK(got->stats.loops_used > 2.05 && got->stats.loops_used < 3.95, "early exit: loops used %.2f",
+                      got->stats.loops_used);
+        }
+        tl_session_free(want);
+        tl_session_free(got);
+    }
+    CHECK(tl_kv_spares_bytes(fresh) == 0, "a model without spares kept pages");
+    tl_model_free(fresh);
+    tl_model_free(reusing);
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "tests/data/textmodel";
     tl_model *m = load(dir);
@@ -219,6 +283,7 @@ int main(int argc, char **argv) {
     saved_states(m, dir);
     bad_input(m);
     prefix_pool(dir);
+    reused_pages(dir);
     tl_model_free(m);
     return check_summary();
 }
