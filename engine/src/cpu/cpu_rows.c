@@ -125,7 +125,8 @@ static inline float gelu_tanh(float x) {
 /* Cloned per ISA so the loop runs 16 or 8 lanes wide where the CPU has them (it is the
    epilogue of every GPT-2 up-projection): plain IEEE operations without contraction
    (-std=c11), so every clone gives the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+/* GCC only: clang 14 leaves the cloned symbol undefined at link time (the fuzz builds). */
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void tl_cpu_gelu(float *x, size_t count) {
