@@ -156,7 +156,7 @@ tl_status tl_kv_reserve(tl_kv_cache *c, int from, int n) {
 size_t tl_kv_cache_bytes(const tl_kv_cache *c) {
     size_t pages = 0;
     for (size_t i = 0; i < (size_t)c->n_slots * (size_t)c->n_pages; i++) pages += c->pages[i] != NULL;
-    return pages * 2 * page_floats(c) * sizeof(float);
+    return pages * page_bytes(c);
 }
 
 /* ---------------------------------------------------------------- caches */

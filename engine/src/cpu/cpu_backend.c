@@ -242,6 +242,23 @@ static inline const tl_kv_page *cursor_page(page_cursor *cur, const tl_kv_cache 
    enough to live on the stack. */
 #define ATTENTION_BLOCK 32
 
+/* The next (at most ATTENTION_BLOCK) entries that row i sees, from logical entry *j on (in
+   logical order; *j advances past them): their K rows, or V rows when `values`, of the
+   head group at in_row, and their offsets from `first`. Returns how many. */
+static int gather_visible(const tl_attention_args *a, int i, int32_t min_pos, int first, int last, int *j,
+                          bool values, size_t in_row, page_cursor *cur, const float **rows, int *at) {
+    const tl_kv_cache *c = a->cache;
+    int n = 0;
+    for (; *j < last && n < ATTENTION_BLOCK; (*j)++) {
+        if (!visible(a, i, *j, min_pos)) continue;
+        const int row = tl_kv_row(c, *j);
+        const tl_kv_page *page = cursor_page(cur, c, slot_for(a, *j), row);
+        rows[n] = (values ? page->v : page->k) + (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim + in_row;
+        at[n++] = *j - first;
+    }
+    return n;
+}
+
 static void attention_task(void *ctx, int task, int thread) {
     const attention_job *job = ctx;
     int part = 0; /* the chunk this task belongs to (few chunks: a linear search) */
@@ -273,14 +290,7 @@ static void attention_task(void *ctx, int task, int thread) {
     page_cursor cur = {-1, -1, NULL};
     float max_score = -INFINITY;
     for (int j = first; j < last;) {
-        int n = 0;
-        for (; j < last && n < ATTENTION_BLOCK; j++) {
-            if (!visible(a, i, j, min_pos)) continue;
-            const int row = tl_kv_row(c, j);
-            rows[n] = cursor_page(&cur, c, slot_for(a, j), row)->k +
-                      (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim + in_row;
-            at[n++] = j - first;
-        }
+        const int n = gather_visible(a, i, min_pos, first, last, &j, false, in_row, &cur, rows, at);
         job->kern->dots(q, rows, n, hd, block);
         for (int b = 0; b < n; b++) {
             const float s = block[b] * scale;
@@ -292,15 +302,10 @@ static void attention_task(void *ctx, int task, int thread) {
     float sum = 0.0f;
     cur = (page_cursor){-1, -1, NULL};
     for (int j = first; j < last;) {
-        int n = 0;
-        for (; j < last && n < ATTENTION_BLOCK; j++) {
-            if (!visible(a, i, j, min_pos)) continue;
-            const float p = expf(scores[j - first] - max_score);
-            sum += p;
-            block[n] = p;
-            const int row = tl_kv_row(c, j);
-            rows[n++] = cursor_page(&cur, c, slot_for(a, j), row)->v +
-                        (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim + in_row;
+        const int n = gather_visible(a, i, min_pos, first, last, &j, true, in_row, &cur, rows, at);
+        for (int b = 0; b < n; b++) {
+            block[b] = expf(scores[at[b]] - max_score);
+            sum += block[b];
         }
         job->kern->axpys(out, block, rows, n, hd);
     }

@@ -77,6 +77,15 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
 
 /* ---------------------------------------------------------------- packed panels */
 
+/* The leftover k (k mod 4) of each of the R rows, in order, into its k = 0 (mod 4) partial
+   sum acc[r][0] (the canonical order): one loop for the narrow and the wide tiles. */
+#define LEFTOVER_K(L16, R, acc)                                                           \
+    for (int i = k4; i < k; i++) {                                                        \
+        const __m512 wv = L16(w, panel + (size_t)i * TL_PANEL);                           \
+        for (int r = 0; r < (R); r++)                                                     \
+            acc[r][0] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[(size_t)r * (size_t)k + (size_t)i]), acc[r][0]); \
+    }
+
 /* One zmm = one panel's 16 output lanes; four partial accumulators (k mod 4) per input row;
    up to 6 input rows share every weight load (24 accumulators + 4 weights of 32 zmm); row
    counts that are not multiples of 6 use tiles of 4, 3, 2 or 1 rows. `ahead` (or NULL) is
@@ -104,11 +113,7 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
                     acc[r][j] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[(size_t)r * (size_t)k + (size_t)(i + j)]), acc[r][j]); \
             }                                                                             \
         }                                                                                 \
-        for (int i = k4; i < k; i++) {                                                    \
-            const __m512 wv = L16(w, panel + (size_t)i * TL_PANEL);                       \
-            for (int r = 0; r < R; r++)                                                   \
-                acc[r][0] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[(size_t)r * (size_t)k + (size_t)i]), acc[r][0]); \
-        }                                                                                 \
+        LEFTOVER_K(L16, R, acc);                                                          \
         for (int r = 0; r < R; r++)                                                       \
             _mm512_storeu_ps(out + r * TL_PANEL, _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), \
                                                                _mm512_add_ps(acc[r][2], acc[r][3]))); \
@@ -140,12 +145,7 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
                         acc[r][jj] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[(size_t)r * (size_t)k + (size_t)(i + jb + jj)]), acc[r][jj]); \
                 }                                                                         \
             }                                                                             \
-            if (jb == 0)                                                                  \
-                for (int i = k4; i < k; i++) {                                            \
-                    const __m512 wv = L16(w, panel + (size_t)i * TL_PANEL);               \
-                    for (int r = 0; r < R; r++)                                           \
-                        acc[r][0] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[(size_t)r * (size_t)k + (size_t)i]), acc[r][0]); \
-                }                                                                         \
+            if (jb == 0) LEFTOVER_K(L16, R, acc);                                         \
             for (int r = 0; r < R; r++)                                                   \
                 for (int jj = 0; jj < JW; jj++) partial[r][jb + jj] = acc[r][jj];          \
         }                                                                                 \

@@ -133,18 +133,18 @@ function _M.render()
             add('tinyloop_engine_requests_total{worker="%s",outcome="%s"} %d\n', w, f, get(w, f))
         end
     end)
-    series("tinyloop_engine_steps_after_cancel_total", "counter", "Steps sessions made after their cancel: the step in flight, at most one each.", function(w)
-        add('tinyloop_engine_steps_after_cancel_total{worker="%s"} %d\n', w, get(w, "steps_after_cancel"))
-    end)
-    series("tinyloop_engine_batch_rows_total", "counter", "Session-steps carried by batched steps (divide by iterations for the mean batch).", function(w)
-        add('tinyloop_engine_batch_rows_total{worker="%s"} %d\n', w, get(w, "rows"))
-    end)
-    series("tinyloop_engine_iterations_total", "counter", "Batched steps of each worker's engine.", function(w)
-        add('tinyloop_engine_iterations_total{worker="%s"} %d\n', w, get(w, "iterations"))
-    end)
-    series("tinyloop_engine_waiter_wakeups_total", "counter", "Wake-ups of handlers waiting in the thread pool (about one per token read; not one per waiter per step).", function(w)
-        add('tinyloop_engine_waiter_wakeups_total{worker="%s"} %d\n', w, get(w, "waiter_wakeups"))
-    end)
+    -- A series with one engine counter per worker.
+    local function counter(name, help, field)
+        series(name, "counter", help, function(w) add('%s{worker="%s"} %d\n', name, w, get(w, field)) end)
+    end
+    counter("tinyloop_engine_steps_after_cancel_total",
+        "Steps sessions made after their cancel: the step in flight, at most one each.", "steps_after_cancel")
+    counter("tinyloop_engine_batch_rows_total",
+        "Session-steps carried by batched steps (divide by iterations for the mean batch).", "rows")
+    counter("tinyloop_engine_iterations_total", "Batched steps of each worker's engine.", "iterations")
+    counter("tinyloop_engine_waiter_wakeups_total",
+        "Wake-ups of handlers waiting in the thread pool (about one per token read; not one per waiter per step).",
+        "waiter_wakeups")
     return concat(out)
 end
 
