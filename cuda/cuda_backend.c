@@ -48,7 +48,11 @@ static void note(const tl_model *m, int err, const char *what) {
     }
 }
 
-static int dtype_code(tl_dtype dt) { return dt == TL_F16 ? TLK_F16 : dt == TL_BF16 ? TLK_BF16 : TLK_F32; }
+static tlk_matrix kernel_matrix(const tl_matrix *w) {
+    const int dtype = w->dtype == TL_F16 ? TLK_F16 : w->dtype == TL_BF16 ? TLK_BF16 : w->dtype == TL_Q8 ? TLK_Q8
+                    : w->dtype == TL_Q4 ? TLK_Q4 : TLK_F32;
+    return (tlk_matrix){w->data, w->scale, dtype, w->rows, w->cols};
+}
 
 /* A host array copied into a stream-ordered device allocation (freed by release_async). */
 static void *upload_async(const tl_model *m, const void *src, size_t bytes) {
@@ -148,25 +152,36 @@ static tl_status device_copy(cuda_context *ctx, const void *src, size_t bytes, v
     return keep_weight(ctx, p);
 }
 
-/* Matrices stay row-major in their stored dtype (f32, f16, bf16); q8/q4 are refused. */
+/* Bytes of a row-major matrix in its stored dtype. */
+static size_t matrix_bytes(const tl_matrix *w) {
+    const size_t count = (size_t)w->rows * (size_t)w->cols;
+    switch (w->dtype) {
+    case TL_F32: return count * 4;
+    case TL_Q8: return count;
+    case TL_Q4: return count / 2;
+    default: return count * 2;
+    }
+}
+
+/* Matrices stay row-major in their stored dtype (f32, f16, bf16, and q8/q4 with their f16
+   group scales: the checkpoint's layout, which the kernels read directly). */
 static tl_status cuda_upload_weights(const tl_model *m, tl_matrix *const *matrices, int n_matrices,
                                      const float **const *vectors, const int *vector_lens, int n_vectors,
                                      bool keep_mapped) {
     (void)keep_mapped; /* device memory is always a copy */
     cuda_context *ctx = ctx_of(m);
-    for (int i = 0; i < n_matrices; i++)
-        if (tl_dtype_quantised(matrices[i]->dtype))
-            return host.fail(TL_ERR_UNSUPPORTED,
-                             "backend CUDA: q8/q4 weights are served by the CPU backend only; load this "
-                             "checkpoint with backend = cpu, or use its f16/bf16 original on the GPU");
     for (int i = 0; i < n_matrices; i++) {
         tl_matrix *w = matrices[i];
-        const size_t bytes = (size_t)w->rows * (size_t)w->cols * (w->dtype == TL_F32 ? 4u : 2u);
         void *p;
-        tl_status st = device_copy(ctx, w->data, bytes, &p);
+        tl_status st = device_copy(ctx, w->data, matrix_bytes(w), &p);
         if (st != TL_OK) return st;
         w->data = p;
         w->packed = 0;
+        if (tl_dtype_quantised(w->dtype)) {
+            st = device_copy(ctx, w->scale, (size_t)w->rows * (size_t)(w->cols / TL_QGROUP) * 2, &p);
+            if (st != TL_OK) return st;
+            w->scale = p;
+        }
     }
     for (int i = 0; i < n_vectors; i++) {
         if (!*vectors[i]) continue;
@@ -186,9 +201,9 @@ static void cuda_embed(const tl_model *m, const int32_t *tokens, const int32_t *
     int32_t *dev_positions = upload_async(m, positions, (size_t)n * sizeof *positions);
     if (dev_tokens && dev_positions) {
         const bool learned = c->pos_encoding == TL_POS_LEARNED;
-        note(m, tlk_launch_embed(dev_tokens, dev_positions, n, c->d_model, m->w.tok_embed.data,
-                                 dtype_code(m->w.tok_embed.dtype), c->embed_scale,
-                                 learned ? m->w.pos_embed.data : NULL, dtype_code(m->w.pos_embed.dtype), x),
+        tlk_matrix pos = kernel_matrix(&m->w.pos_embed);
+        if (!learned) pos.data = NULL;
+        note(m, tlk_launch_embed(dev_tokens, dev_positions, n, kernel_matrix(&m->w.tok_embed), c->embed_scale, pos, x),
              "embed");
     }
     release_async(dev_tokens);
@@ -202,8 +217,7 @@ static void cuda_norm(const tl_model *m, const float *x, int n, const float *w, 
 
 static void matmul_one(const tl_model *m, const float *x, int n, const tl_matrix *w, const float *bias, bool gelu,
                        float *y) {
-    note(m, tlk_launch_matmul(x, n, w->cols, w->data, dtype_code(w->dtype), w->rows, bias, gelu, y, w->rows),
-         "matmul");
+    note(m, tlk_launch_matmul(x, n, kernel_matrix(w), bias, gelu, y, w->rows), "matmul");
 }
 
 static void cuda_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w, const float *bias, float *y) {

@@ -9,8 +9,18 @@
 #define TLK_CHUNK 8      /* consecutive elements a lane reads at once (16 bytes of f16) */
 #define TLK_MAX_HEAD 256 /* head_dim a warp holds in registers: 8 elements a lane */
 
-/* Weight dtypes as the kernels see them (tl_dtype is mapped in cuda_backend.c). */
-enum { TLK_F32 = 0, TLK_F16 = 1, TLK_BF16 = 2 };
+/* Weight dtypes as the kernels see them (tl_dtype is mapped in cuda_backend.c). q8 and q4 are
+   the checkpoint's row-major layout (SPEC §8): int8 values, or two 4-bit values a byte (low
+   nibble first, stored + 8), times one f16 scale per row and group of TLK_QGROUP columns. */
+enum { TLK_F32 = 0, TLK_F16 = 1, TLK_BF16 = 2, TLK_Q8 = 3, TLK_Q4 = 4 };
+#define TLK_QGROUP 32
+
+/* A weight matrix as the kernels read it: [rows][cols] row-major. */
+typedef struct tlk_matrix {
+    const void *data;
+    const uint16_t *scales; /* q8/q4: [rows][cols / TLK_QGROUP] f16; else NULL */
+    int dtype, rows, cols;
+} tlk_matrix;
 
 /* One chunk of attention (a session's rows against its cache), resolved on the host: the
    entries [first, last) as K/V row addresses (NULL where the entry is not held: never

@@ -27,14 +27,13 @@ static unsigned blocks_for(size_t threads, unsigned per_block) {
 /* One warp per output o and group of up to R rows (blockIdx.y): the weight row is read once
    for the group. R is a launch choice only: each row's arithmetic is the same for any R. */
 template <int R>
-__global__ void k_matmul(const float *x, int n, int k, const void *w, int dtype, int rows, const float *bias,
-                         int gelu, float *y, int ldy) {
+__global__ void k_matmul(const float *x, int n, tlk_matrix w, const float *bias, int gelu, float *y, int ldy) {
     const int o = (int)((blockIdx.x * blockDim.x + threadIdx.x) / TLK_WARP), lane = (int)(threadIdx.x % TLK_WARP);
     const int r0 = (int)blockIdx.y * R;
-    if (o >= rows || r0 >= n) return; /* whole warps leave together: o is per warp */
+    if (o >= w.rows || r0 >= n) return; /* whole warps leave together: o is per warp */
     const int live = n - r0 < R ? n - r0 : R;
     float acc[R];
-    tlk_dot_lane<R>(x + (size_t)r0 * (size_t)k, (size_t)k, live, w, dtype, (size_t)o * (size_t)k, k, lane, acc);
+    tlk_dot_lane<R>(x + (size_t)r0 * (size_t)w.cols, (size_t)w.cols, live, &w, o, lane, acc);
     for (int r = 0; r < R; r++) {
         if (r >= live) break;
         const float sum = warp_sum(acc[r]);
@@ -42,13 +41,13 @@ __global__ void k_matmul(const float *x, int n, int k, const void *w, int dtype,
     }
 }
 
-extern "C" int tlk_launch_matmul(const float *x, int n, int k, const void *w, int dtype, int rows,
-                                 const float *bias, int gelu, float *y, int ldy) {
+extern "C" int tlk_launch_matmul(const float *x, int n, tlk_matrix w, const float *bias, int gelu, float *y,
+                                 int ldy) {
     const dim3 block(WARPS_PER_BLOCK * TLK_WARP);
-    const unsigned gx = blocks_for((size_t)rows, WARPS_PER_BLOCK);
-    if (n == 1) k_matmul<1><<<dim3(gx, 1), block>>>(x, n, k, w, dtype, rows, bias, gelu, y, ldy);
-    else if (n <= 4) k_matmul<4><<<dim3(gx, 1), block>>>(x, n, k, w, dtype, rows, bias, gelu, y, ldy);
-    else k_matmul<8><<<dim3(gx, (unsigned)((n + 7) / 8)), block>>>(x, n, k, w, dtype, rows, bias, gelu, y, ldy);
+    const unsigned gx = blocks_for((size_t)w.rows, WARPS_PER_BLOCK);
+    if (n == 1) k_matmul<1><<<dim3(gx, 1), block>>>(x, n, w, bias, gelu, y, ldy);
+    else if (n <= 4) k_matmul<4><<<dim3(gx, 1), block>>>(x, n, w, bias, gelu, y, ldy);
+    else k_matmul<8><<<dim3(gx, (unsigned)((n + 7) / 8)), block>>>(x, n, w, bias, gelu, y, ldy);
     return launched();
 }
 
@@ -90,23 +89,22 @@ extern "C" int tlk_launch_rope(float *x, int n, int heads, int head_dim, int int
     return launched();
 }
 
-__global__ void k_embed(const int32_t *tokens, const int32_t *positions, int n, int d, const void *tok_embed,
-                        int tok_dtype, float embed_scale, const void *pos_embed, int pos_dtype, float *x) {
+__global__ void k_embed(const int32_t *tokens, const int32_t *positions, int n, tlk_matrix tok_embed,
+                        float embed_scale, tlk_matrix pos_embed, float *x) {
+    const int d = tok_embed.cols;
     const size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (t >= (size_t)n * (size_t)d) return;
     const int r = (int)(t / (size_t)d), i = (int)(t % (size_t)d);
-    float v = tlk_weight(tok_embed, tok_dtype, (size_t)tokens[r] * (size_t)d + (size_t)i);
+    float v = tlk_weight(&tok_embed, (size_t)tokens[r], i);
     if (embed_scale != 1.0f) v *= embed_scale;
-    if (pos_embed) v += tlk_weight(pos_embed, pos_dtype, (size_t)positions[r] * (size_t)d + (size_t)i);
+    if (pos_embed.data) v += tlk_weight(&pos_embed, (size_t)positions[r], i);
     x[t] = v;
 }
 
-extern "C" int tlk_launch_embed(const int32_t *tokens, const int32_t *positions, int n, int d,
-                                const void *tok_embed, int tok_dtype, float embed_scale, const void *pos_embed,
-                                int pos_dtype, float *x) {
-    const size_t threads = (size_t)n * (size_t)d;
-    k_embed<<<blocks_for(threads, 256), 256>>>(tokens, positions, n, d, tok_embed, tok_dtype, embed_scale,
-                                               pos_embed, pos_dtype, x);
+extern "C" int tlk_launch_embed(const int32_t *tokens, const int32_t *positions, int n, tlk_matrix tok_embed,
+                                float embed_scale, tlk_matrix pos_embed, float *x) {
+    const size_t threads = (size_t)n * (size_t)tok_embed.cols;
+    k_embed<<<blocks_for(threads, 256), 256>>>(tokens, positions, n, tok_embed, embed_scale, pos_embed, x);
     return launched();
 }
 

@@ -52,25 +52,41 @@ TL_SHARED float tlk_f16(uint16_t h) {
 
 TL_SHARED float tlk_bf16(uint16_t b) { return tlk_bits_float((uint32_t)b << 16); }
 
-TL_SHARED float tlk_weight(const void *w, int dtype, size_t i) {
-    if (dtype == TLK_F16) return tlk_f16(((const uint16_t *)w)[i]);
-    if (dtype == TLK_BF16) return tlk_bf16(((const uint16_t *)w)[i]);
-    return ((const float *)w)[i];
+/* Element (row, col) of a matrix as f32 (q8/q4: scale * value, the CPU's dequantisation). */
+TL_SHARED float tlk_weight(const tlk_matrix *w, size_t row, int col) {
+    const size_t i = row * (size_t)w->cols + (size_t)col;
+    switch (w->dtype) {
+    case TLK_F16: return tlk_f16(((const uint16_t *)w->data)[i]);
+    case TLK_BF16: return tlk_bf16(((const uint16_t *)w->data)[i]);
+    case TLK_Q8:
+    case TLK_Q4: {
+        const float scale = tlk_f16(w->scales[row * (size_t)(w->cols / TLK_QGROUP) + (size_t)(col / TLK_QGROUP)]);
+        int v;
+        if (w->dtype == TLK_Q8) v = ((const int8_t *)w->data)[i];
+        else {
+            const uint8_t byte = ((const uint8_t *)w->data)[i / 2];
+            v = (int)(i % 2 ? byte >> 4 : byte & 15) - 8;
+        }
+        return scale * (float)v;
+    }
+    default: return ((const float *)w->data)[i];
+    }
 }
 
 /* ---------------------------------------------------------------- dot products */
 
-/* Lane `lane`'s partial sums of R rows against one weight row: acc[r] = fmaf chain over the
+/* Lane `lane`'s partial sums of R rows against weight row o: acc[r] = fmaf chain over the
    lane's elements (kernels.cuh header), x rows ldx floats apart, `rows` <= R of them live.
    The weights are read once for all rows; each row's arithmetic is that of a lone row. */
 template <int R>
-TL_SHARED void tlk_dot_lane(const float *x, size_t ldx, int rows, const void *w, int dtype, size_t w_row,
-                            int k, int lane, float acc[R]) {
+TL_SHARED void tlk_dot_lane(const float *x, size_t ldx, int rows, const tlk_matrix *w, int o, int lane,
+                            float acc[R]) {
+    const int k = w->cols;
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
     for (int c = lane * TLK_CHUNK; c < k; c += TLK_WARP * TLK_CHUNK) {
         const int len = k - c < TLK_CHUNK ? k - c : TLK_CHUNK;
         float wv[TLK_CHUNK];
-        for (int i = 0; i < len; i++) wv[i] = tlk_weight(w, dtype, w_row + (size_t)c + (size_t)i);
+        for (int i = 0; i < len; i++) wv[i] = tlk_weight(w, (size_t)o, c + i);
         for (int r = 0; r < R; r++) {
             if (r >= rows) break;
             const float *xr = x + (size_t)r * ldx + c;

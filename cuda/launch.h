@@ -15,10 +15,9 @@
 extern "C" {
 #endif
 
-/* y[r * ldy + o] = x[r] . W[o] (+ bias[o]) (then GELU when gelu), r < n, o < rows;
-   W [rows][k] row-major in `dtype` (TLK_F32 / TLK_F16 / TLK_BF16). */
-int tlk_launch_matmul(const float *x, int n, int k, const void *w, int dtype, int rows, const float *bias,
-                      int gelu, float *y, int ldy);
+/* y[r * ldy + o] = x[r] . W[o] (+ bias[o]) (then GELU when gelu), r < n, o < w.rows
+   (x rows are w.cols wide). */
+int tlk_launch_matmul(const float *x, int n, tlk_matrix w, const float *bias, int gelu, float *y, int ldy);
 /* y[n][d] = norm(x) * w (+ b); layernorm subtracts the mean, rmsnorm not. y may alias x. */
 int tlk_launch_norm(const float *x, int n, int d, int layernorm, float eps, const float *w, const float *b,
                     float *y);
@@ -26,9 +25,10 @@ int tlk_launch_norm(const float *x, int n, int d, int layernorm, float eps, cons
    device arrays. */
 int tlk_launch_rope(float *x, int n, int heads, int head_dim, int interleaved, const int32_t *positions,
                     const double *inv_freq);
-/* x[n][d] = embedding rows (token ids and positions device arrays [n]); pos_embed may be NULL. */
-int tlk_launch_embed(const int32_t *tokens, const int32_t *positions, int n, int d, const void *tok_embed,
-                     int tok_dtype, float embed_scale, const void *pos_embed, int pos_dtype, float *x);
+/* x[n][d] = embedding rows (token ids and positions device arrays [n]); pos_embed.data may
+   be NULL. */
+int tlk_launch_embed(const int32_t *tokens, const int32_t *positions, int n, tlk_matrix tok_embed,
+                     float embed_scale, tlk_matrix pos_embed, float *x);
 /* One chunk's attention; `a` and the arrays it points to are device memory. */
 int tlk_launch_attention(const tlk_attention *a_device, int n, int n_heads, int head_dim);
 /* dst_k[t][0..kvd) = k[t], dst_v likewise, t < n (destination row addresses, device arrays). */

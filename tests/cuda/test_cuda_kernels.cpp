@@ -78,15 +78,15 @@ static void test_conversions() {
 
 // The k_matmul kernel with R rows per warp, emulated: y[r][o] for every row and output.
 template <int R>
-static void matmul_emulated(const float *x, int n, int k, const void *w, int dtype, int rows, const float *bias,
-                            int gelu, float *y) {
+static void matmul_emulated(const float *x, int n, const tlk_matrix *w, const float *bias, int gelu, float *y) {
+    const int k = w->cols, rows = w->rows;
     for (int o = 0; o < rows; o++)
         for (int r0 = 0; r0 < n; r0 += R) {
             const int live = n - r0 < R ? n - r0 : R;
             float lanes[R][TLK_WARP];
             for (int lane = 0; lane < TLK_WARP; lane++) {
                 float acc[R];
-                tlk_dot_lane<R>(x + (size_t)r0 * k, (size_t)k, live, w, dtype, (size_t)o * k, k, lane, acc);
+                tlk_dot_lane<R>(x + (size_t)r0 * k, (size_t)k, live, w, o, lane, acc);
                 for (int r = 0; r < live; r++) lanes[r][lane] = acc[r];
             }
             for (int r = 0; r < live; r++) {
@@ -100,30 +100,47 @@ static void matmul_emulated(const float *x, int n, int k, const void *w, int dty
 
 static void test_matmul() {
     const int ks[] = {1, 7, 8, 64, 67, 255, 256, 300, 768};
-    for (int dtype = TLK_F32; dtype <= TLK_BF16; dtype++)
+    for (int dtype = TLK_F32; dtype <= TLK_Q4; dtype++)
         for (int ki = 0; ki < (int)(sizeof ks / sizeof ks[0]); ki++) {
             const int k = ks[ki], rows = 19, n = 11;
+            if (dtype >= TLK_Q8 && k % TLK_QGROUP) continue; // quantised widths are whole groups
             std::vector<float> x((size_t)n * k), wf((size_t)rows * k), bias(rows);
-            std::vector<uint16_t> wh((size_t)rows * k);
+            std::vector<uint16_t> wh((size_t)rows * k), scales((size_t)rows * (k / TLK_QGROUP + 1));
+            std::vector<uint8_t> wq((size_t)rows * k);
             for (auto &v : x) v = uniform(-1, 1);
+            for (auto &v : scales) v = random_f16();
             for (size_t i = 0; i < wf.size(); i++) {
                 const float v = uniform(-1, 1);
-                wh[i] = dtype == TLK_F16 ? random_f16() : to_bf16(v);
-                wf[i] = dtype == TLK_F32 ? v : dtype == TLK_F16 ? tlk_f16(wh[i]) : tlk_bf16(wh[i]);
+                const size_t row = i / k, col = i % k;
+                const double scale = dtype >= TLK_Q8 ? f16_value(scales[row * (k / TLK_QGROUP) + col / TLK_QGROUP]) : 0.0;
+                if (dtype == TLK_Q8) {
+                    const int q = (int)uniform(-127, 128);
+                    wq[i] = (uint8_t)(int8_t)q;
+                    wf[i] = (float)(scale * q);
+                } else if (dtype == TLK_Q4) {
+                    const int u = (int)uniform(0, 16) & 15; // stored value; the weight is u - 8
+                    wq[i / 2] = (uint8_t)(i % 2 ? (wq[i / 2] & 15) | (u << 4) : (wq[i / 2] & 0xf0) | u);
+                    wf[i] = (float)(scale * (u - 8));
+                } else {
+                    wh[i] = dtype == TLK_F16 ? random_f16() : to_bf16(v);
+                    wf[i] = dtype == TLK_F32 ? v : (float)(dtype == TLK_F16 ? f16_value(wh[i]) : tlk_bf16(wh[i]));
+                }
             }
             for (auto &v : bias) v = uniform(-1, 1);
-            const void *w = dtype == TLK_F32 ? (const void *)wf.data() : (const void *)wh.data();
+            const void *data = dtype == TLK_F32 ? (const void *)wf.data()
+                             : dtype >= TLK_Q8 ? (const void *)wq.data() : (const void *)wh.data();
+            const tlk_matrix w = {data, dtype >= TLK_Q8 ? scales.data() : nullptr, dtype, rows, k};
             for (int gelu = 0; gelu <= 1; gelu++) {
                 std::vector<float> y1((size_t)n * rows), y4((size_t)n * rows), y8((size_t)n * rows);
-                matmul_emulated<1>(x.data(), n, k, w, dtype, rows, bias.data(), gelu, y1.data());
-                matmul_emulated<4>(x.data(), n, k, w, dtype, rows, bias.data(), gelu, y4.data());
-                matmul_emulated<8>(x.data(), n, k, w, dtype, rows, bias.data(), gelu, y8.data());
+                matmul_emulated<1>(x.data(), n, &w, bias.data(), gelu, y1.data());
+                matmul_emulated<4>(x.data(), n, &w, bias.data(), gelu, y4.data());
+                matmul_emulated<8>(x.data(), n, &w, bias.data(), gelu, y8.data());
                 // Batch invariance: the tile (1, 4 or 8 rows a warp) and the row count (the
                 // first row alone) change nothing.
                 CHECK(!memcmp(y1.data(), y4.data(), y1.size() * 4), "k=%d dtype %d: 4-row tiles differ", k, dtype);
                 CHECK(!memcmp(y1.data(), y8.data(), y1.size() * 4), "k=%d dtype %d: 8-row tiles differ", k, dtype);
                 std::vector<float> alone(rows);
-                matmul_emulated<8>(x.data() + 5 * (size_t)k, 1, k, w, dtype, rows, bias.data(), gelu, alone.data());
+                matmul_emulated<8>(x.data() + 5 * (size_t)k, 1, &w, bias.data(), gelu, alone.data());
                 CHECK(!memcmp(alone.data(), y8.data() + 5 * (size_t)rows, rows * 4), "k=%d: row 5 alone differs", k);
                 for (int r = 0; r < n; r++)
                     for (int o = 0; o < rows; o++) {
@@ -337,7 +354,7 @@ int main() {
         fprintf(stderr, "test_cuda_kernels: %d failures\n", failures);
         return 1;
     }
-    printf("test_cuda_kernels: conversions, matmul (3 dtypes, 9 widths, 3 tiles), norms, RoPE, attention "
+    printf("test_cuda_kernels: conversions, matmul (5 dtypes, up to 9 widths, 3 tiles), norms, RoPE, attention "
            "(causal, window, tree mask), state draws: all agree with their references\n");
     return 0;
 }
