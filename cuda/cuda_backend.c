@@ -238,71 +238,72 @@ static void cuda_rope(const tl_model *m, float *x, int n, int heads, const int32
     release_async(dev_positions);
 }
 
-/* Row copies into KV pages: the destination addresses come from the cache's page table
-   (copy on write included), the sources are rows of a device buffer or other pages. */
-static void scatter(const tl_model *m, float **dst_k, float **dst_v, const float **src_k, const float **src_v,
-                    int n, int kvd) {
-    if (n == 0) return;
-    const size_t bytes = (size_t)n * sizeof(float *);
-    void *dk = upload_async(m, dst_k, bytes), *dv = upload_async(m, dst_v, bytes);
-    void *sk = upload_async(m, src_k, bytes), *sv = upload_async(m, src_v, bytes);
-    if (dk && dv && sk && sv) note(m, tlk_launch_scatter_rows(dk, dv, sk, sv, n, kvd), "kv write");
-    release_async(dk);
-    release_async(dv);
-    release_async(sk);
-    release_async(sv);
+/* Row copies into KV pages, gathered on the host and done by one kernel: each row's K and V
+   destination (the cache's page table, copy on write included) and source (rows of a device
+   buffer, or other pages). */
+typedef struct row_copies {
+    float **dst_k, **dst_v;
+    const float **src_k, **src_v;
+    int n;
+} row_copies;
+
+static bool row_copies_new(const tl_model *m, int most, row_copies *rc, const char *what) {
+    *rc = (row_copies){0};
+    if (most < 1) most = 1; /* malloc(0) may return NULL */
+    float **dst = malloc((size_t)most * 2 * sizeof *dst);
+    const float **src = malloc((size_t)most * 2 * sizeof *src);
+    if (!dst || !src) {
+        note(m, (int)cudaErrorMemoryAllocation, what);
+        free(dst);
+        free(src);
+        return false;
+    }
+    *rc = (row_copies){dst, dst + most, src, src + most, 0};
+    return true;
+}
+
+/* One more row, to entry `logical` of `slot`; false (nothing added) when no page can hold it. */
+static bool row_copies_add(row_copies *rc, tl_kv_cache *c, int slot, int logical, const float *k, const float *v) {
+    if (!host.kv_writable(c, slot, logical, &rc->dst_k[rc->n], &rc->dst_v[rc->n])) return false;
+    rc->src_k[rc->n] = k;
+    rc->src_v[rc->n] = v;
+    rc->n++;
+    return true;
+}
+
+static void row_copies_run(const tl_model *m, row_copies *rc, int kvd) {
+    if (rc->n > 0) {
+        const size_t bytes = (size_t)rc->n * sizeof(float *);
+        void *dk = upload_async(m, rc->dst_k, bytes), *dv = upload_async(m, rc->dst_v, bytes);
+        void *sk = upload_async(m, rc->src_k, bytes), *sv = upload_async(m, rc->src_v, bytes);
+        if (dk && dv && sk && sv) note(m, tlk_launch_scatter_rows(dk, dv, sk, sv, rc->n, kvd), "kv rows");
+        release_async(dk);
+        release_async(dv);
+        release_async(sk);
+        release_async(sv);
+    }
+    free(rc->dst_k);
+    free(rc->src_k);
 }
 
 static void cuda_kv_write(const tl_model *m, tl_kv_cache *c, int slot, int base, const float *k, const float *v,
                           int n) {
     const size_t kvd = (size_t)c->kv_dim;
-    float **dst = malloc((size_t)n * 2 * sizeof *dst);
-    const float **src = malloc((size_t)n * 2 * sizeof *src);
-    if (!dst || !src) {
-        note(m, (int)cudaErrorMemoryAllocation, "kv write (host memory)");
-        free(dst);
-        free(src);
-        return;
-    }
-    int rows = 0;
-    for (int t = 0; t < n; t++) {
-        if (!host.kv_writable(c, slot, base + t, &dst[rows], &dst[n + rows])) continue;
-        src[rows] = k + (size_t)t * kvd;
-        src[n + rows] = v + (size_t)t * kvd;
-        rows++;
-    }
-    /* the V addresses were written at n + row: move them next to the K ones */
-    memmove(dst + rows, dst + n, (size_t)rows * sizeof *dst);
-    memmove(src + rows, src + n, (size_t)rows * sizeof *src);
-    scatter(m, dst, dst + rows, src, src + rows, rows, c->kv_dim);
-    free(dst);
-    free(src);
+    row_copies rc;
+    if (!row_copies_new(m, n, &rc, "kv write (host memory)")) return;
+    for (int t = 0; t < n; t++) row_copies_add(&rc, c, slot, base + t, k + (size_t)t * kvd, v + (size_t)t * kvd);
+    row_copies_run(m, &rc, c->kv_dim);
 }
 
 static void cuda_kv_move(tl_kv_cache *c, int from, int to) {
     const tl_model *m = c->model;
-    const int slots = c->n_slots;
-    float **dst = malloc((size_t)slots * 2 * sizeof *dst);
-    const float **src = malloc((size_t)slots * 2 * sizeof *src);
-    if (!dst || !src) {
-        note(m, (int)cudaErrorMemoryAllocation, "kv move (host memory)");
-        free(dst);
-        free(src);
-        return;
-    }
-    int rows = 0;
-    for (int slot = 0; slot < slots; slot++) {
+    row_copies rc;
+    if (!row_copies_new(m, c->n_slots, &rc, "kv move (host memory)")) return;
+    for (int slot = 0; slot < c->n_slots; slot++) {
         const float *k_from = tl_kv_k(c, slot, from), *v_from = tl_kv_v(c, slot, from);
-        if (!k_from || !host.kv_writable(c, slot, to, &dst[rows], &dst[slots + rows])) continue;
-        src[rows] = k_from;
-        src[slots + rows] = v_from;
-        rows++;
+        if (k_from) row_copies_add(&rc, c, slot, to, k_from, v_from); /* else a slot never reached */
     }
-    memmove(dst + rows, dst + slots, (size_t)rows * sizeof *dst);
-    memmove(src + rows, src + slots, (size_t)rows * sizeof *src);
-    scatter(m, dst, dst + rows, src, src + rows, rows, c->kv_dim);
-    free(dst);
-    free(src);
+    row_copies_run(m, &rc, c->kv_dim);
 }
 
 /* The slot entry j is read from (KV sharing by depth, SPEC §2: the CPU's slot_for). */
