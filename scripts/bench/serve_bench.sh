@@ -107,9 +107,9 @@ thread_ticks() {
 }
 # Where the workers' CPU went between thread_ticks dumps $1 and $2, $3 seconds apart:
 # "compute% eventloop% other% compute-CPU-seconds". A worker's main thread is its event loop;
-# its `threads` busiest other threads are the compute threads (the engine thread and the
-# model's pool workers), the rest mostly the thread pool the handlers wait in.
-compute_threads=$threads; [ "$compute_threads" -gt 0 ] || compute_threads=$(nproc)
+# the `threads` x workers busiest other threads are the compute threads (each engine's thread
+# and its model's pool workers), the rest mostly the thread pool the handlers wait in.
+compute_threads=$(( (threads > 0 ? threads : $(nproc)) * workers ))
 cpu_split() {
   awk 'NR == FNR { a[$1 " " $2] = $3; next } ($1 " " $2) in a { print ($1 == $2 ? "E" : "T"), $3 - a[$1 " " $2] }' "$1" "$2" |
     sort -k2,2nr | awk -v k="$compute_threads" -v s="$3" -v hz="$(getconf CLK_TCK)" '
