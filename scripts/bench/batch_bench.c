@@ -5,14 +5,22 @@
  * session's rate, and the time to first token of a session whose long prompt prefix is
  * served from the prefix pool against a cold prefill of the same prompt.
  *
+ * --mix P,T adds the serving mix: the same session counts, each session of a P-token prompt
+ * and T tokens sampled at temperature 0.8, replaced by a fresh one as soon as it finishes (the
+ * first ones of staggered lengths, i/N of T, so that sessions end and join one at a time). This
+ * is what the HTTP server's engine thread runs under scripts/bench/serve_bench.sh, without the
+ * HTTP: the joining prompts' rows share the passes with the decode rows, and every row samples.
+ *
  *   tinyloop-bench --preset gpt2-small --dtype f16 --keep      (prints the checkpoint's path)
  *   tinyloop-batch-bench --model DIR [--threads N] [--steps N] [--prefix 512] [--sessions 1,2,4,8,16]
+ *                        [--mix P,T]
  *
  * Prompts are random token ids (seeded): the weights may be random too. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "tinyloop.h"
@@ -21,6 +29,13 @@ static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* CPU time of the whole process (every thread of the pool), ms. */
+static double cpu_ms(void) {
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 + (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-3;
 }
 
 static void die(const char *what) {
@@ -60,6 +75,54 @@ static double decode_rate(const tl_model *m, int n, int steps, int prompt_len) {
     return (double)n * steps * 1000.0 / ms;
 }
 
+/* One session of the serving mix: a random prompt, `max_tokens` sampled tokens. */
+static tl_session *mix_session(const tl_model *m, int prompt_len, int max_tokens, uint64_t seed) {
+    int32_t prompt[1024];
+    for (int k = 0; k < prompt_len; k++) prompt[k] = random_token(tl_model_info(m)->vocab_size);
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = max_tokens;
+    cfg.ignore_eos = 1;
+    cfg.temperature = 0.8f;
+    cfg.sample_seed = seed;
+    tl_session *s;
+    if (tl_session_new(m, prompt, prompt_len, &cfg, &s) != TL_OK) die("session");
+    return s;
+}
+
+/* Tokens/s of n sessions stepped together under the serving mix (see the top), counting the
+   steps' time only: T untimed steps first reach the steady state of joins, and a replacement
+   is created between steps, off the clock (the server creates it on another thread).
+   *cpu_share: the process's CPU time over those steps' wall time (2.0 = two cores busy; less
+   when other processes took the cores: the figure is then theirs to explain). */
+static double mix_rate(const tl_model *m, int n, int steps, int prompt_len, int max_tokens, double *cpu_share) {
+    tl_session *sessions[64];
+    int32_t tokens[64];
+    tl_stop_reason stops[64];
+    tl_status statuses[64];
+    uint64_t seed = 0;
+    for (int i = 0; i < n; i++) {
+        const int first = max_tokens * (i + 1) / n;
+        sessions[i] = mix_session(m, prompt_len, first > 0 ? first : 1, ++seed);
+    }
+    double ms = 0.0, cpu = 0.0;
+    long rows = 0;
+    for (int s = 0; s < max_tokens + steps; s++) {
+        const double t0 = now_ms(), c0 = cpu_ms();
+        if (tl_session_step_batch(sessions, n, tokens, stops, statuses) != TL_OK) die("step");
+        if (s >= max_tokens) ms += now_ms() - t0, cpu += cpu_ms() - c0, rows += n;
+        for (int i = 0; i < n; i++) {
+            if (statuses[i] != TL_OK) die("mix step");
+            if (stops[i] == TL_STOP_NONE) continue;
+            tl_session_free(sessions[i]);
+            sessions[i] = mix_session(m, prompt_len, max_tokens, ++seed);
+        }
+    }
+    for (int i = 0; i < n; i++) tl_session_free(sessions[i]);
+    *cpu_share = cpu / ms;
+    return (double)rows * 1000.0 / ms;
+}
+
 /* Time to first token (ms) of a prompt `len` tokens long. */
 static double first_token_ms(const tl_model *m, const int32_t *prompt, int len, int *reused) {
     tl_generate_config cfg;
@@ -79,16 +142,19 @@ static double first_token_ms(const tl_model *m, const int32_t *prompt, int len, 
 
 int main(int argc, char **argv) {
     const char *dir = NULL, *counts = "1,2,4,8,16";
-    int threads = 0, steps = 32, prefix = 512;
+    int threads = 0, steps = 32, prefix = 512, mix_prompt = 0, mix_tokens = 0;
     tl_backend_kind backend = TL_BACKEND_CPU;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: tinyloop-batch-bench --model DIR [--threads N] [--steps N] [--prefix N] [--sessions LIST] [--backend B]\n"
+            printf("usage: tinyloop-batch-bench --model DIR [--threads N] [--steps N] [--prefix N] [--sessions LIST] [--mix P,T]\n"
+                   "                            [--backend B]\n"
                    "  --threads N      CPU threads (default: all cores)\n"
                    "  --steps N        timed decode steps per measurement (default 32)\n"
                    "  --prefix N       shared prompt prefix for the prefix-pool figure (default 512)\n"
                    "  --sessions LIST  concurrent sessions to measure (default 1,2,4,8,16)\n"
+                   "  --mix P,T        also the serving mix: P-token prompts, T tokens each at temperature 0.8,\n"
+                   "                   a finished session replaced at once (serve_bench's load without HTTP)\n"
                    "  --backend B      cpu (default) or cuda\n");
             return 0;
         }
@@ -100,6 +166,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--sessions")) counts = v;
         else if (!strcmp(a, "--backend") && (!strcmp(v, "cpu") || !strcmp(v, "cuda")))
             backend = !strcmp(v, "cpu") ? TL_BACKEND_CPU : TL_BACKEND_CUDA;
+        else if (!strcmp(a, "--mix")) {
+            if (sscanf(v, "%d,%d", &mix_prompt, &mix_tokens) != 2 || mix_prompt < 1 || mix_prompt > 1024 || mix_tokens < 1) {
+                fprintf(stderr, "tinyloop-batch-bench: --mix wants P,T (a prompt of 1..1024 tokens, T >= 1), got %s\n", v);
+                return 2;
+            }
+        }
         else { fprintf(stderr, "tinyloop-batch-bench: unknown option %s (see --help)\n", a); return 2; }
         i++;
     }
@@ -111,6 +183,12 @@ int main(int argc, char **argv) {
     tl_model *m;
     if (tl_model_load(dir, &o, &m) != TL_OK) die("load");
     const struct tl_model_info *info = tl_model_info(m);
+    if (mix_prompt + mix_tokens > info->max_seq_len) {
+        fprintf(stderr, "tinyloop-batch-bench: --mix %d,%d is over the model's context of %d tokens\n", mix_prompt,
+                mix_tokens, info->max_seq_len);
+        tl_model_free(m);
+        return 2;
+    }
     printf("model      %s (%lld params, %s, %.1f MB of weights), %d threads\n", dir, (long long)info->n_params,
            info->weight_dtype, info->weight_bytes / 1e6, info->n_threads);
 
@@ -126,6 +204,22 @@ int main(int argc, char **argv) {
         if (n == 1 || one == 0.0) one = rate / n;
         printf("%8d   %22.1f   %13.2fx\n", n, rate, rate / one);
         fflush(stdout);
+    }
+
+    if (mix_prompt > 0) {
+        printf("\nserving mix: prompts of %d tokens, %d tokens each at temperature 0.8, a finished session replaced at once\n"
+               "     sessions   aggregate tok/s   vs one session   CPU %%   tok per CPU-s\n", mix_prompt, mix_tokens);
+        one = 0.0;
+        snprintf(list, sizeof list, "%s", counts);
+        for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+            const int n = atoi(tok);
+            if (n < 1 || n > 64) continue;
+            double share;
+            const double rate = mix_rate(m, n, 2 * mix_tokens > steps ? 2 * mix_tokens : steps, mix_prompt, mix_tokens, &share);
+            if (n == 1 || one == 0.0) one = rate / n;
+            printf("mix %8d   %15.1f   %13.2fx   %5.0f   %13.1f\n", n, rate, rate / one, 100 * share, rate / share);
+            fflush(stdout);
+        }
     }
 
     if (prefix + 2 <= info->max_seq_len) {

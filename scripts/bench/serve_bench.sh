@@ -4,29 +4,35 @@
 # single-client baseline, probes /health meanwhile, and prints requests/s, aggregate
 # tokens/s against the single client's, p50/p99 time to first token, p50/p99 /health latency,
 # 5xx counts, the workers' RSS at the 10th and the 60th second, a disconnect check, and a
-# verdict line per criterion of issue 13's "Done when".
+# verdict line per criterion of issue 13's "Done when". Per phase it also prints where the CPU
+# went (the workers' compute threads, event loops and other threads; wrk) and the engine's
+# rows per compute-CPU-second, a figure that other processes on the machine change little.
 # The load is wrk with scripts/bench/serve_load.lua (streams back to back, no process per
 # request); /health is probed by a second wrk instance at one request per 100 ms. Tokens,
 # statuses and rows per step are differences of the server's /metrics counters before and
 # after each phase (wrk's own count of the streamed tokens is printed next to them); TTFT
 # p50/p99 come from the difference of the server's TTFT histogram (bucket precision).
 #   scripts/bench/serve_bench.sh [--model DIR] [--clients 8] [--duration 60] [--baseline 15]
-#                                [--threads 2] [--max-tokens 64] [--port N] [--workers 1]
-#                                [--no-engine-ref]
+#                                [--threads 2] [--max-tokens 64] [--prompt-len 16] [--port N]
+#                                [--workers 1] [--no-engine-ref]
 #   --model /tmp/gpt2-f16   a checkpoint written by
 #                           build/scripts/bench/tinyloop-bench --preset gpt2-small --dtype f16 --keep
 # Without --model it writes (once) such a random GPT-2-small-shaped f16 checkpoint to
 # build/bench-gpt2-small-f16 with tinyloop-bench.
 # First (unless --no-engine-ref) it runs the engine alone, tinyloop-batch-bench with 1 and N
-# sessions, before the server starts: the HTTP ratio "N clients / 1 client" cannot exceed the
-# engine's own, so the verdict prints both.
+# sessions, before the server starts: decode only, and the same request mix as the load
+# (--mix: prompts of --prompt-len tokens, --max-tokens each at temperature 0.8, a finished
+# session replaced at once), which the HTTP ratio "N clients / 1 client" cannot exceed: every
+# joining request's prompt rows share the passes with the decode rows, and at N rows a row
+# costs far more of a step than at one. The verdict prints both ratios.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-engine_ref=1 model="" clients=8 duration=60 baseline=15 threads=2 max_tokens=64 workers=1 port=$((30000 + RANDOM % 20000))
+engine_ref=1 model="" clients=8 duration=60 baseline=15 threads=2 max_tokens=64 prompt_len=16 workers=1 port=$((30000 + RANDOM % 20000))
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift 2 ;; --clients) clients=$2; shift 2 ;; --duration) duration=$2; shift 2 ;;
     --baseline) baseline=$2; shift 2 ;; --threads) threads=$2; shift 2 ;; --max-tokens) max_tokens=$2; shift 2 ;;
+    --prompt-len) prompt_len=$2; shift 2 ;;
     --port) port=$2; shift 2 ;; --workers) workers=$2; shift 2 ;; --no-engine-ref) engine_ref=0; shift ;;
     *) echo "serve_bench: unknown option $1" >&2; exit 2 ;;
   esac
@@ -47,17 +53,26 @@ if [ -z "$model" ]; then
 fi
 vocab=$(grep -o '"vocab_size": *[0-9]*' "$model/config.json" | grep -o '[0-9]*$')
 
-ref_line="" ref_ratio=""
+ref_line="" ref_ratio="" mix_line="" mix_ratio="" mix_eff_one="" mix_eff_many=""
 if [ "$engine_ref" = 1 ]; then
   cmake --build build -j2 --target tinyloop-batch-bench >/dev/null 2>&1 || true
   if [ -x build/scripts/bench/tinyloop-batch-bench ]; then
     ref=$(build/scripts/bench/tinyloop-batch-bench --model "$model" --threads "$threads" --steps 32 --prefix 16 \
-          --sessions "1,$clients" 2>&1 || true)
+          --sessions "1,$clients" --mix "$prompt_len,$max_tokens" 2>&1 || true)
     one=$(printf '%s\n' "$ref" | awk '$1 == 1 && $3 ~ /x$/ { print $2 }')
     many=$(printf '%s\n' "$ref" | awk -v n="$clients" '$1 == n && $3 ~ /x$/ { print $2 }')
     if [ -n "$one" ] && [ -n "$many" ]; then
       ref_ratio=$(awk -v a="$many" -v b="$one" 'BEGIN { printf "%.2f", a / b }')
       ref_line="engine alone (tinyloop-batch-bench, decode only, no HTTP): 1 session $one tok/s, $clients sessions $many tok/s: x$ref_ratio"
+    fi
+    # "mix N tok/s ratio CPU% tok-per-CPU-s"
+    one=$(printf '%s\n' "$ref" | awk '$1 == "mix" && $2 == 1 { print $3 }')
+    many=$(printf '%s\n' "$ref" | awk -v n="$clients" '$1 == "mix" && $2 == n { print $3 }')
+    mix_eff_one=$(printf '%s\n' "$ref" | awk '$1 == "mix" && $2 == 1 { print $6 }')
+    mix_eff_many=$(printf '%s\n' "$ref" | awk -v n="$clients" '$1 == "mix" && $2 == n { print $6 }')
+    if [ -n "$one" ] && [ -n "$many" ]; then
+      mix_ratio=$(awk -v a="$many" -v b="$one" 'BEGIN { printf "%.2f", a / b }')
+      mix_line="engine alone, the load's mix ($prompt_len-token prompts, $max_tokens tokens at temperature 0.8, no HTTP): 1 session $one tok/s, $clients sessions $many tok/s: x$mix_ratio"
     fi
   fi
 fi
@@ -81,6 +96,26 @@ done
 worker_pids=$(pgrep -P "$master" | paste -sd' ')
 [ -n "$worker_pids" ] || { echo "serve_bench: no nginx worker under pid $master" >&2; exit 1; }
 rss_kb() { local t=0 p; for p in $worker_pids; do t=$((t + $(awk '/VmRSS/ { print $2 }' "/proc/$p/status"))); done; echo $t; }
+# "pid tid cpu-ticks" of every thread of the workers.
+thread_ticks() {
+  local p t
+  for p in $worker_pids; do
+    for t in /proc/"$p"/task/*; do
+      echo "$p ${t##*/} $(awk '{ sub(/.*\) /, ""); split($0, f, " "); print f[12] + f[13] }' "$t/stat" 2>/dev/null)"
+    done
+  done
+}
+# Where the workers' CPU went between thread_ticks dumps $1 and $2, $3 seconds apart:
+# "compute% eventloop% other% compute-CPU-seconds". A worker's main thread is its event loop;
+# the `threads` x workers busiest other threads are the compute threads (each engine's thread
+# and its model's pool workers), the rest mostly the thread pool the handlers wait in.
+compute_threads=$(( (threads > 0 ? threads : $(nproc)) * workers ))
+cpu_split() {
+  awk 'NR == FNR { a[$1 " " $2] = $3; next } ($1 " " $2) in a { print ($1 == $2 ? "E" : "T"), $3 - a[$1 " " $2] }' "$1" "$2" |
+    sort -k2,2nr | awk -v k="$compute_threads" -v s="$3" -v hz="$(getconf CLK_TCK)" '
+      $1 == "E" { e += $2; next } { n++; if (n <= k) c += $2; else o += $2 }
+      END { printf "%.0f %.1f %.1f %.3f\n", 100 * c / hz / s, 100 * e / hz / s, 100 * o / hz / s, c / hz }'
+}
 
 now_ms() { date +%s%3N; }
 metrics() { curl -s "$base/metrics"; }
@@ -109,35 +144,40 @@ hist_q() {
 }
 # wrk streams from N connections (one wrk thread: its event loop is far from busy), each
 # starting its next request as soon as the last one ends; $1 connections, $2 seconds,
-# $3 output file, $4 seed base.
+# $3 output file, $4 seed base. wrk's CPU seconds (user, system) go to $3.cpu.
 load() {
-  wrk -t 1 -c "$1" -d "${2}s" --timeout 120s -s scripts/bench/serve_load.lua "$base/v1/completions" \
-    -- stream "$vocab" "$max_tokens" "$4" "$1" > "$3" 2>&1
+  local TIMEFORMAT="%U %S"
+  { time wrk -t 1 -c "$1" -d "${2}s" --timeout 120s -s scripts/bench/serve_load.lua "$base/v1/completions" \
+      -- stream "$vocab" "$max_tokens" "$4" "$1" "$prompt_len" > "$3" 2>&1; } 2> "$3.cpu"
 }
+# CPU % of one core that wrk took: its .cpu file $1 over $2 seconds.
+wrk_pct() { awk -v s="$2" '{ printf "%.1f", 100 * ($1 + $2) / s }' "$1.cpu"; }
 
 echo "== model $model ($(du -sh "$model" | cut -f1)), $threads threads, serve on $base, load $(cut -d' ' -f1-3 /proc/loadavg)"
 [ -n "$ref_line" ] && echo "$ref_line"
+[ -n "$mix_line" ] && echo "$mix_line"
 echo "== baseline: 1 streaming client (wrk -c 1) for $baseline s"
-metrics > "$work/m0"; t0=$(now_ms)
+metrics > "$work/m0"; thread_ticks > "$work/c0"; t0=$(now_ms)
 load 1 "$baseline" "$work/base.txt" 1000000000
-t1=$(now_ms); metrics > "$work/m1"
+t1=$(now_ms); thread_ticks > "$work/c1"; metrics > "$work/m1"
 base_secs=$(awk -v ms=$((t1 - t0)) 'BEGIN { printf "%.3f", ms / 1000 }')
 base_tokens=$(( $(msum "$work/m1" tinyloop_generated_tokens_total) - $(msum "$work/m0" tinyloop_generated_tokens_total) ))
 base_tps=$(awk -v t="$base_tokens" -v s="$base_secs" 'BEGIN { printf "%.2f", t / s }')
 echo "single client: $base_tps tokens/s  ($base_tokens tokens of completed requests in $base_secs s, server counter; wrk saw $(field "$work/base.txt" tokens) in $(field "$work/base.txt" ok) streams)"
 
 echo "== load: $clients streaming clients (wrk -c $clients) for $duration s, /health probed every 100 ms (wrk -c 1)"
-metrics > "$work/m2"
+metrics > "$work/m2"; thread_ticks > "$work/c2"
 start=$(now_ms)
 load "$clients" "$duration" "$work/load.txt" 2000000000 &
 load_pid=$!
-wrk -t 1 -c 1 -d "${duration}s" --timeout 10s -s scripts/bench/serve_load.lua "$base/health" -- probe 100 > "$work/health.txt" 2>&1 &
+( TIMEFORMAT="%U %S"; time wrk -t 1 -c 1 -d "${duration}s" --timeout 10s -s scripts/bench/serve_load.lua "$base/health" -- probe 100 \
+    > "$work/health.txt" 2>&1 ) 2> "$work/health.txt.cpu" &
 health_pid=$!
 # RSS of the worker(s) at the 10th second and at the 60th (or the end of a shorter run).
 sleep 10; rss10=$(rss_kb)
 rss_at=$(( duration < 60 ? duration : 60 ))
 while [ "$(now_ms)" -lt $((start + rss_at * 1000)) ]; do sleep 0.5; done
-rss_late=$(rss_kb)
+rss_late=$(rss_kb); thread_ticks > "$work/c3"; metrics > "$work/m2b"; late=$(now_ms)
 wait "$load_pid" "$health_pid" || true
 end=$(now_ms); metrics > "$work/m3"
 for f in load health; do grep -q '^serve_load ' "$work/$f.txt" || { cat "$work/$f.txt" >&2; echo "serve_bench: wrk ($f) printed no summary" >&2; exit 1; }; done
@@ -163,6 +203,18 @@ echo "rows per step        $(awk -v r="$rows" -v i="$iters" 'BEGIN { printf "%.2
 echo "TTFT ms              p50 $(hist_q "$work/m2" "$work/m3" tinyloop_time_to_first_token_seconds 0.5)  p99 $(hist_q "$work/m2" "$work/m3" tinyloop_time_to_first_token_seconds 0.99)  (server histogram, interpolated in its buckets; single client p50 $(hist_q "$work/m0" "$work/m1" tinyloop_time_to_first_token_seconds 0.5))"
 echo "/health ms           p50 $health_p50  p99 $health_p99  max $(field "$work/health.txt" lat_max_ms)  ($(field "$work/health.txt" completed) probes by wrk, $health_bad not 2xx or failed)"
 echo "worker RSS           ${rss10} kB at 10 s -> ${rss_late} kB at ${rss_at} s ($(awk -v a="$rss10" -v b="$rss_late" 'BEGIN { printf "%+.2f%%", (b - a) * 100 / a }'))  (worker pids: $worker_pids)"
+# Where the CPU went, per phase (load: its first $rss_at s), in % of one core ($(nproc) cores here).
+read -r b_comp b_ev b_other b_secs < <(cpu_split "$work/c0" "$work/c1" "$base_secs")
+load_secs=$(awk -v ms=$((late - start)) 'BEGIN { printf "%.3f", ms / 1000 }')
+read -r l_comp l_ev l_other l_secs < <(cpu_split "$work/c2" "$work/c3" "$load_secs")
+echo "CPU % of one core    1 client: compute threads $b_comp, event loop $b_ev, other worker threads $b_other, wrk $(wrk_pct "$work/base.txt" "$base_secs");  $clients clients: compute threads $l_comp, event loop $l_ev, other worker threads $l_other, wrk $(wrk_pct "$work/load.txt" "$secs") + $(wrk_pct "$work/health.txt" "$secs") (/health)  ($(nproc) cores)"
+# Rows per CPU-second of the compute threads: the engine's own efficiency, which other
+# processes taking the cores change little (unlike tokens/s); against the engine alone on the
+# same mix it shows what the server itself costs the engine.
+b_rows=$(( $(msum "$work/m1" tinyloop_engine_batch_rows_total) - $(msum "$work/m0" tinyloop_engine_batch_rows_total) ))
+l_rows=$(( $(msum "$work/m2b" tinyloop_engine_batch_rows_total) - $(msum "$work/m2" tinyloop_engine_batch_rows_total) ))
+per_cpu() { awk -v r="$1" -v c="$2" 'BEGIN { printf "%.1f", (c > 0 ? r / c : 0) }'; }
+echo "rows per compute-CPU-s  1 client $(per_cpu "$b_rows" "$b_secs"), $clients clients $(per_cpu "$l_rows" "$l_secs")  (the engine alone on the same mix: ${mix_eff_one:-n/a}, ${mix_eff_many:-n/a})"
 
 # A disconnect mid-stream: the server must stop that generation within one token.
 metrics > "$work/m4"
@@ -179,7 +231,7 @@ server_5xx=$(awk '/^tinyloop_requests_total/ && /status="5/ { s += $NF } END { p
 yn() { if [ "$1" = 1 ]; then echo yes; else echo NO; fi; }
 echo "== verdict"
 echo "/health p99 < 20 ms             $(yn "$(awk -v p="$health_p99" 'BEGIN { print (p != "n/a" && p < 20) }')")  ($health_p99 ms)"
-echo "aggregate >= 4x single client   $(yn "$(awk -v a="$agg_tps" -v b="$base_tps" 'BEGIN { print (b > 0 && a >= 4 * b) }')")  (x$(awk -v a="$agg_tps" -v b="$base_tps" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'); the engine alone: x${ref_ratio:-n/a})"
+echo "aggregate >= 4x single client   $(yn "$(awk -v a="$agg_tps" -v b="$base_tps" 'BEGIN { print (b > 0 && a >= 4 * b) }')")  (x$(awk -v a="$agg_tps" -v b="$base_tps" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'); the engine alone: decode only x${ref_ratio:-n/a}, the load's mix x${mix_ratio:-n/a})"
 echo "no 5xx                          $(yn "$(( fivexx + health_bad + server_5xx == 0 ))")  (clients $fivexx, /health $health_bad, server-wide $server_5xx)"
 echo "RSS growth 10 s -> ${rss_at} s < 5%    $(yn "$(awk -v a="$rss10" -v b="$rss_late" 'BEGIN { print ((b - a) * 100 < 5 * a) }')")"
 echo "disconnect stops within 1 step  $(yn "$(( cancel_d >= 1 && after_d <= 1 ))")"

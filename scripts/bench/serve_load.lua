@@ -1,7 +1,7 @@
 -- serve_load.lua: wrk script of serve_bench.sh. Two uses:
---   wrk -s serve_load.lua URL -- stream VOCAB MAX_TOKENS SEED_BASE CONNECTIONS
---       streaming POST /v1/completions back to back on every connection: 16 token-id
---       prompts, temperature 0.8, ignore_eos, a distinct seed (and prompt) per request;
+--   wrk -s serve_load.lua URL -- stream VOCAB MAX_TOKENS SEED_BASE CONNECTIONS [PROMPT_LEN]
+--       streaming POST /v1/completions back to back on every connection: token-id prompts
+--       of PROMPT_LEN (16) ids, temperature 0.8, ignore_eos, a distinct seed (and prompt) per request;
 --       the first request of connection i (of CONNECTIONS) asks for i/CONNECTIONS of
 --       MAX_TOKENS, every later one for MAX_TOKENS. Why: started together with equal
 --       lengths, the connections would stay in lockstep, all finishing in one step and all
@@ -26,6 +26,7 @@ function init(args)
     if mode == "stream" then
         vocab, max_tokens, seed_base = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
         connections = tonumber(args[5]) or 1
+        prompt_len = tonumber(args[6]) or 16
     elseif mode == "probe" then
         interval_ms = tonumber(args[2])
     else
@@ -46,7 +47,7 @@ function request()
     -- Distinct per request and per thread: 1e6 requests per thread before seeds repeat.
     local seed = seed_base + thread_no * 1000000 + sent
     local ids = {}
-    for k = 1, 16 do ids[k] = (seed * 7919 + k * 104729) % vocab end
+    for k = 1, prompt_len do ids[k] = (seed * 7919 + k * 104729) % vocab end
     -- wrk asks for each connection's first request in turn at its start (one thread here)
     local n = sent <= connections and math.max(1, math.floor(max_tokens * sent / connections)) or max_tokens
     local body = '{"prompt":[' .. table.concat(ids, ",") .. '],"max_tokens":' .. n ..
