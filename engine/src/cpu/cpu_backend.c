@@ -22,7 +22,12 @@ static tl_status cpu_open(const tl_model *m, int n_threads, void **out) {
     if (!ctx) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = n_threads > 0 ? n_threads : (cores > 0 ? (int)cores : 1);
+    if (!(ctx->arena = tl_cpu_arena_new())) {
+        free(ctx);
+        return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    }
     if (!(ctx->pool = tl_pool_new(threads))) {
+        tl_cpu_arena_free(ctx->arena);
         free(ctx);
         return tl_fail(TL_ERR_NO_MEMORY, "cannot start worker threads");
     }
@@ -35,6 +40,7 @@ static void cpu_close(void *opaque) {
     if (!ctx) return;
     tl_pool_free(ctx->pool);
     tl_cpu_release_weights(ctx);
+    tl_cpu_arena_free(ctx->arena);
     free(ctx);
 }
 
@@ -46,13 +52,11 @@ static int cpu_threads(const void *opaque) {
 /* ---------------------------------------------------------------- buffers (host memory) */
 
 static void *cpu_alloc(void *ctx, size_t bytes) {
-    (void)ctx;
-    return tl_alloc_aligned(bytes);
+    return tl_cpu_arena_alloc(ctx ? ((tl_cpu_context *)ctx)->arena : NULL, bytes);
 }
 
 static void cpu_free(void *ctx, void *buffer) {
-    (void)ctx;
-    tl_free_aligned(buffer);
+    tl_cpu_arena_release(ctx ? ((tl_cpu_context *)ctx)->arena : NULL, buffer);
 }
 
 /* ---------------------------------------------------------------- KV cache */

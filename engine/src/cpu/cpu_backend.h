@@ -5,9 +5,18 @@
 #include "../backend.h"
 #include "pool.h"
 
+/* cpu_arena.c: backend buffers (tl_backend.alloc / free), zeroed and 64-byte aligned;
+   small ones from huge-page chunks. A NULL arena takes every block from the C heap. */
+typedef struct tl_cpu_arena tl_cpu_arena;
+tl_cpu_arena *tl_cpu_arena_new(void); /* NULL when out of memory */
+void tl_cpu_arena_free(tl_cpu_arena *arena); /* unmaps the chunks: release every block first */
+void *tl_cpu_arena_alloc(tl_cpu_arena *arena, size_t bytes);
+void tl_cpu_arena_release(tl_cpu_arena *arena, void *buffer);
+
 /* The CPU backend's private state, one per model (m->backend_ctx). */
 typedef struct tl_cpu_context {
     tl_pool *pool;               /* worker threads; shared, used by one caller at a time */
+    tl_cpu_arena *arena;         /* backend buffers (KV pages, workspaces) */
     void *weights_region;        /* anonymous huge-page copy of every matrix, or NULL */
     size_t weights_region_len;
 } tl_cpu_context;
