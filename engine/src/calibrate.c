@@ -220,6 +220,7 @@ tl_status tl_calibrate_text(const char *model_dir, const char *text_path, int ma
     tl_load_options o;
     tl_load_options_init(&o);
     o.n_threads = n_threads;
+    o.backend = TL_BACKEND_CPU; /* the calibration hook reads activations in host memory */
     tl_model *m = NULL;
     if ((st = tl_model_load(model_dir, &o, &m)) != TL_OK) { free(text); return st; }
     int32_t *ids = NULL;

@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 
 #include "backend.h"
+#include "backend_plugin.h"
 #include "dtype.h"
 #include "kv_cache.h"
 #include "loader.h"
@@ -505,6 +506,19 @@ static tl_status read_config(tl_model *m, const char *dir, const tl_family **fam
     return TL_OK;
 }
 
+/* CUDA when asked (or an error naming why not), or under AUTO when the plugin finds a device;
+   TINYLOOP_BACKEND=cpu|cuda overrides AUTO (a GPU machine running the CPU's tests). */
+static tl_status choose_backend(tl_backend_kind kind, const tl_backend **backend) {
+    const char *env = getenv("TINYLOOP_BACKEND");
+    if (kind == TL_BACKEND_AUTO && env && !strcmp(env, "cpu")) return TL_OK;
+    if (kind == TL_BACKEND_AUTO && env && !strcmp(env, "cuda")) kind = TL_BACKEND_CUDA;
+    if (kind == TL_BACKEND_CPU) return TL_OK;
+    const tl_backend *cuda = NULL;
+    tl_status st = tl_backend_cuda(&cuda);
+    if (st == TL_OK) *backend = cuda;
+    return kind == TL_BACKEND_CUDA ? st : TL_OK; /* AUTO without a device: the CPU, silently */
+}
+
 static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *opts) {
     tl_status st;
     struct stat sb;
@@ -517,14 +531,13 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
     const tl_family *family = NULL;
     if ((st = read_config(m, dir, &family)) != TL_OK) return st;
 
-    if (opts->backend == TL_BACKEND_CUDA)
-        return tl_fail(TL_ERR_UNSUPPORTED, "backend CUDA requested but this build has no CUDA backend");
-    if (opts->backend != TL_BACKEND_AUTO && opts->backend != TL_BACKEND_CPU)
+    if (opts->backend != TL_BACKEND_AUTO && opts->backend != TL_BACKEND_CPU && opts->backend != TL_BACKEND_CUDA)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: unknown backend %d", (int)opts->backend);
     if (opts->n_threads < 0 || opts->n_threads > 1024)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: n_threads = %d is out of range [0, 1024]",
                        opts->n_threads);
     const tl_backend *backend = &tl_cpu_backend;
+    if ((st = choose_backend(opts->backend, &backend)) != TL_OK) return st;
 
     tl_st_set *files = calloc(1, sizeof *files);
     if (!files) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");

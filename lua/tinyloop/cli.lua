@@ -45,6 +45,7 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --policy FILE          a Lua file returning config fields and hooks (a table), or a
                              function(cfg, model) that edits the config
       --threads N            CPU threads (default: all cores)
+      --backend B            auto (default: CUDA when a device is present), cpu or cuda
       --no-prompt            do not echo the prompt
       --no-stats             no stats line
   -h, --help                 this text
@@ -111,7 +112,8 @@ function _M.parse(argv, default_model)
                 i = i + 1
             end
         elseif a == "-m" or a == "--model" or a == "-p" or a == "--prompt" or a == "--stop"
-            or a == "--policy" or a == "--threads" or a == "--grammar" or a == "--json-schema" then
+            or a == "--policy" or a == "--threads" or a == "--grammar" or a == "--json-schema"
+            or a == "--backend" then
             if v == nil then return nil, usage_error("option " .. a .. " needs a value") end
             if a == "-m" or a == "--model" then o.model = v
             elseif a == "-p" or a == "--prompt" then o.prompt = v
@@ -119,6 +121,11 @@ function _M.parse(argv, default_model)
             elseif a == "--policy" then o.policy = v
             elseif a == "--grammar" then o.grammar_file = v
             elseif a == "--json-schema" then o.schema_file = v
+            elseif a == "--backend" then
+                if v ~= "auto" and v ~= "cpu" and v ~= "cuda" then
+                    return nil, usage_error("bad value for --backend: " .. v .. " (auto, cpu or cuda)")
+                end
+                o.backend = v
             else
                 o.threads = tonumber(v)
                 if not o.threads or o.threads < 1 or o.threads ~= math.floor(o.threads) then
@@ -163,7 +170,7 @@ end
 function _M.main(argv, default_model)
     local o, status = _M.parse(argv, default_model)
     if not o then return status end
-    local model, err = tinyloop.load(o.model, { threads = o.threads })
+    local model, err = tinyloop.load(o.model, { threads = o.threads, backend = o.backend })
     if not model then
         io.stderr:write("tinyloop: ", err, "\n")
         return 1

@@ -80,14 +80,16 @@ static double first_token_ms(const tl_model *m, const int32_t *prompt, int len, 
 int main(int argc, char **argv) {
     const char *dir = NULL, *counts = "1,2,4,8,16";
     int threads = 0, steps = 32, prefix = 512;
+    tl_backend_kind backend = TL_BACKEND_CPU;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: tinyloop-batch-bench --model DIR [--threads N] [--steps N] [--prefix N] [--sessions LIST]\n"
+            printf("usage: tinyloop-batch-bench --model DIR [--threads N] [--steps N] [--prefix N] [--sessions LIST] [--backend B]\n"
                    "  --threads N      CPU threads (default: all cores)\n"
                    "  --steps N        timed decode steps per measurement (default 32)\n"
                    "  --prefix N       shared prompt prefix for the prefix-pool figure (default 512)\n"
-                   "  --sessions LIST  concurrent sessions to measure (default 1,2,4,8,16)\n");
+                   "  --sessions LIST  concurrent sessions to measure (default 1,2,4,8,16)\n"
+                   "  --backend B      cpu (default) or cuda\n");
             return 0;
         }
         if (!v) { fprintf(stderr, "tinyloop-batch-bench: %s needs a value (see --help)\n", a); return 2; }
@@ -96,6 +98,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--steps")) steps = atoi(v);
         else if (!strcmp(a, "--prefix")) prefix = atoi(v);
         else if (!strcmp(a, "--sessions")) counts = v;
+        else if (!strcmp(a, "--backend") && (!strcmp(v, "cpu") || !strcmp(v, "cuda")))
+            backend = !strcmp(v, "cpu") ? TL_BACKEND_CPU : TL_BACKEND_CUDA;
         else { fprintf(stderr, "tinyloop-batch-bench: unknown option %s (see --help)\n", a); return 2; }
         i++;
     }
@@ -103,6 +107,7 @@ int main(int argc, char **argv) {
     tl_load_options o;
     tl_load_options_init(&o);
     o.n_threads = threads;
+    o.backend = backend;
     tl_model *m;
     if (tl_model_load(dir, &o, &m) != TL_OK) die("load");
     const struct tl_model_info *info = tl_model_info(m);

@@ -236,6 +236,7 @@ static char *preset_config_json(const char *name) {
 typedef struct {
     const char *model_dir, *preset, *config_file, *dtype_name, *csv, *tmp_parent;
     tl_dtype dtype;
+    tl_backend_kind backend; /* --backend: the CPU unless asked */
     int threads[MAX_THREAD_COUNTS], n_threads;
     int prompt_len, decode, loops, repeat, chunk, stream_passes, keep, sgemm, print_config;
     long stream_mb;
@@ -262,6 +263,8 @@ static void usage(FILE *fp) {
         "\n"
         "Measurement:\n"
         "  --threads LIST       comma-separated thread counts (default 1,<cores>)\n"
+        "  --backend B          cpu (default) or cuda (the stream and sgemm columns stay the\n"
+        "                       CPU's; scripts/gpu-check adds the device's copy bandwidth)\n"
         "  --prompt-len N       prompt tokens for prefill (default 128)\n"
         "  --chunk N            rows per prefill forward (default 64)\n"
         "  --decode N           tokens decoded one at a time after the prefill (default 32)\n"
@@ -304,6 +307,7 @@ static void parse_threads(options *o, const char *s) {
 
 static void parse_args(int argc, char **argv, options *o) {
     memset(o, 0, sizeof *o);
+    o->backend = TL_BACKEND_CPU;
     o->prompt_len = 128;
     o->decode = 32;
     o->repeat = 3;
@@ -337,7 +341,7 @@ static void parse_args(int argc, char **argv, options *o) {
         }
         static const char *const valued[] = {"--model", "--preset", "--config", "--dtype", "--seed",
             "--tmpdir", "--threads", "--prompt-len", "--chunk", "--decode", "--loops", "--repeat",
-            "--stream-mb", "--stream-passes", "--csv", NULL};
+            "--stream-mb", "--stream-passes", "--csv", "--backend", NULL};
         int known = 0;
         for (int k = 0; valued[k]; k++) known |= !strcmp(flag, valued[k]);
         if (!known) die(2, "unknown option \"%s\" (see --help)", arg);
@@ -366,6 +370,11 @@ static void parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(flag, "--stream-mb")) o->stream_mb = parse_long(flag, val, 1, 1L << 20);
         else if (!strcmp(flag, "--stream-passes")) o->stream_passes = (int)parse_long(flag, val, 1, 1000);
         else if (!strcmp(flag, "--csv")) o->csv = val;
+        else if (!strcmp(flag, "--backend")) {
+            if (!strcmp(val, "cpu")) o->backend = TL_BACKEND_CPU;
+            else if (!strcmp(val, "cuda")) o->backend = TL_BACKEND_CUDA;
+            else die(2, "--backend: expected cpu or cuda, got \"%s\"", val);
+        }
     }
     int sources = !!o->model_dir + !!o->preset + !!o->config_file;
     if (sources != 1) die(2, "give exactly one of --model DIR, --preset NAME, --config FILE (see --help)");
@@ -1105,7 +1114,7 @@ int main(int argc, char **argv) {
         tl_load_options lo;
         tl_load_options_init(&lo);
         lo.n_threads = o.threads[ti];
-        lo.backend = TL_BACKEND_CPU;
+        lo.backend = o.backend;
         tl_model *m = NULL;
         tl_status st = tl_model_load(model_dir, &lo, &m);
         if (st != TL_OK) die(1, "loading %s: %s: %s", model_dir, tl_status_name(st), tl_last_error());

@@ -239,7 +239,9 @@ static void api_errors(void) {
     CHECK_ERROR(tl_model_load(work, &o, &m), TL_ERR_INVALID_ARGUMENT, "n_threads = -2");
     tl_load_options_init(&o);
     o.backend = TL_BACKEND_CUDA;
-    CHECK_ERROR(tl_model_load(work, &o, &m), TL_ERR_UNSUPPORTED, "CUDA");
+    if (tl_model_load(work, &o, &m) == TL_OK) tl_model_free(m); /* a machine with a GPU */
+    else CHECK(strstr(tl_last_error(), "backend CUDA") != NULL, "CUDA refusal: %s", tl_last_error());
+    m = NULL;
     tl_model_free(NULL);
 
     CHECK(tl_model_load(work, NULL, &m) == TL_OK, "load: %s", tl_last_error());

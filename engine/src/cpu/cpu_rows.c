@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../math_shared.h"
 #include "cpu_backend.h"
 #include "kernels.h"
 
@@ -95,40 +96,6 @@ void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count) {
     for (size_t i = 0; i < count; i++) y[i] += x[i];
 }
 
-/* exp(x) for the activations, in plain float arithmetic the compiler vectorises: libm's
-   tanhf is one call per element and took 11% of a 16-session GPT-2 step. x = n ln2 + r
-   (Cody-Waite, |r| <= ln2 / 2), e^r by its degree-6 Taylor polynomial (relative error
-   under 2e-7 on that range), 2^n written into the exponent bits. x is clamped to
-   [-87, 88] first, so 2^n stays a normal float; NaN clamps too, and every caller
-   multiplies by the NaN input anyway. The same code runs under every kernel family, so
-   results stay identical across ISAs. */
-static inline float exp_activation(float x) {
-    x = x > -87.0f ? x : -87.0f;
-    x = x < 88.0f ? x : 88.0f;
-    const float round_shift = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    const float n = (x * 1.44269504088896341f + round_shift) - round_shift;
-    float r = x - n * 0.693145751953125f; /* ln 2, high bits: n * it is exact */
-    r = r - n * 1.42860682030941723e-6f;  /* ln 2, the rest */
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) * (1 << 23);
-    float two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    return p * two_n;
-}
-
-/* GPT-2's tanh GELU, 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), written as
-   x / (1 + e^(-2u)) (the same function: 0.5 (1 + tanh u) is the logistic of 2u). */
-static inline float gelu_tanh(float x) {
-    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    return x / (1.0f + exp_activation(-2.0f * u));
-}
-
 /* Cloned per ISA so the loop runs 16 or 8 lanes wide where the CPU has them (it is the
    epilogue of every GPT-2 up-projection): plain IEEE operations without contraction
    (-std=c11), so every clone gives the same bits. */
@@ -137,7 +104,7 @@ static inline float gelu_tanh(float x) {
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void tl_cpu_gelu(float *x, size_t count) {
-    for (size_t i = 0; i < count; i++) x[i] = gelu_tanh(x[i]);
+    for (size_t i = 0; i < count; i++) x[i] = tl_gelu_tanh(x[i]);
 }
 
 void tl_cpu_swiglu(float *gate, const float *up, size_t count) {
@@ -161,35 +128,14 @@ void tl_cpu_loop_init(const tl_model *m, const float *x, int n, float *e, float 
     else memset(s, 0, bytes);
 }
 
-/* splitmix64: a counter-based generator, so a draw depends only on its key. */
-static uint64_t mix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-/* A standard normal for key `key`, redrawn (next counter) until |z| <= 3: the truncated normal
-   of torch.nn.init.trunc_normal_(a = -3 std, b = 3 std), by rejection. */
-static double truncated_normal(uint64_t key) {
-    for (uint64_t attempt = 0;; attempt++) {
-        uint64_t a = mix64(key ^ mix64(attempt)), b = mix64(a);
-        double u1 = ((double)(a >> 11) + 1.0) * 0x1.0p-53, u2 = (double)(b >> 11) * 0x1.0p-53;
-        double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-        if (fabs(z) <= 3.0) return z;
-    }
-}
-
 void tl_cpu_state_init_random(const tl_model *m, float *s, int n, const int32_t *positions,
                               uint64_t seed) {
     const tl_config *c = &m->cfg;
     const int d = c->d_model;
-    for (int r = 0; r < n; r++) {
-        const uint64_t row_key = mix64(seed ^ mix64((uint64_t)(uint32_t)positions[r] + 1));
+    for (int r = 0; r < n; r++)
         for (int i = 0; i < d; i++)
             s[(size_t)r * (size_t)d + (size_t)i] =
-                (float)(truncated_normal(row_key ^ mix64((uint64_t)i << 32)) * c->state_init_std * c->embed_scale);
-    }
+                (float)(tl_state_draw(seed, positions[r], i) * c->state_init_std * c->embed_scale);
 }
 
 void tl_cpu_inject(const tl_model *m, const float *s, const float *e, int n, float *cat,

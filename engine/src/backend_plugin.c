@@ -1,0 +1,74 @@
+/* backend_plugin.c: finds and loads the CUDA backend plugin (backend_plugin.h), once per
+ * process. Where it looks, in order: $TINYLOOP_CUDA_PLUGIN (a file), the directory of the
+ * library or program holding this code (an install puts the plugin beside libtinyloop.so),
+ * the build tree this code was built in (tests and uninstalled builds), then the dynamic
+ * linker's own search (LD_LIBRARY_PATH, ld.so.conf). */
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_plugin.h"
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static const tl_backend *cuda_backend;
+static char cuda_why[768];
+
+static void *open_plugin(char *tried, size_t tried_len) {
+    const char *env = getenv("TINYLOOP_CUDA_PLUGIN");
+    if (env && *env) {
+        void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+        if (!h) snprintf(tried, tried_len, "TINYLOOP_CUDA_PLUGIN=%s: %s", env, dlerror());
+        return h;
+    }
+    char path[4200];
+    Dl_info self;
+    if (dladdr((void *)open_plugin, &self) && self.dli_fname) {
+        const char *slash = strrchr(self.dli_fname, '/');
+        if (slash) {
+            snprintf(path, sizeof path, "%.*s/%s", (int)(slash - self.dli_fname), self.dli_fname, TL_CUDA_PLUGIN_FILE);
+            void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            if (h) return h;
+        }
+    }
+#ifdef TL_PLUGIN_BUILD_DIR
+    snprintf(path, sizeof path, "%s/%s", TL_PLUGIN_BUILD_DIR, TL_CUDA_PLUGIN_FILE);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (h) return h;
+#endif
+    void *found = dlopen(TL_CUDA_PLUGIN_FILE, RTLD_NOW | RTLD_LOCAL);
+    if (!found) snprintf(tried, tried_len, "%s", dlerror());
+    return found;
+}
+
+static void load_cuda(void) {
+    char tried[512] = "";
+    void *h = open_plugin(tried, sizeof tried);
+    if (!h) {
+        snprintf(cuda_why, sizeof cuda_why,
+                 "the CUDA plugin %s could not be loaded (built when CMake finds nvcc, "
+                 "-DTINYLOOP_CUDA=AUTO|ON): %s", TL_CUDA_PLUGIN_FILE, tried);
+        return;
+    }
+    tl_backend_plugin_entry entry;
+    *(void **)&entry = dlsym(h, TL_CUDA_PLUGIN_ENTRY);
+    if (!entry) {
+        snprintf(cuda_why, sizeof cuda_why, "%s has no entry point %s", TL_CUDA_PLUGIN_FILE, TL_CUDA_PLUGIN_ENTRY);
+        return;
+    }
+    const tl_backend_host host = {TL_BACKEND_PLUGIN_ABI, sizeof(tl_model), sizeof(tl_config), sizeof(tl_kv_cache),
+                                  sizeof(tl_backend), tl_fail, tl_kv_writable};
+    char why[512] = "";
+    cuda_backend = entry(&host, why, sizeof why);
+    if (!cuda_backend) snprintf(cuda_why, sizeof cuda_why, "%s", why[0] ? why : "the CUDA plugin refused to start");
+    /* The handle stays open for the process: the backend's code lives in it. */
+}
+
+tl_status tl_backend_cuda(const tl_backend **out) {
+    pthread_once(&load_once, load_cuda);
+    *out = cuda_backend;
+    if (!cuda_backend) return tl_fail(TL_ERR_UNSUPPORTED, "backend CUDA: %s", cuda_why);
+    return TL_OK;
+}

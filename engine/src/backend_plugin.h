@@ -1,0 +1,35 @@
+/* backend_plugin.h: backends built as separate shared libraries (libtinyloop-cuda.so), so
+ * that libtinyloop itself links no device library and loads on machines without one.
+ *
+ * The engine dlopens the plugin and calls its entry point with the host services a backend
+ * needs from the engine (whose own symbols are hidden): the error reporter and the KV
+ * cache's copy-on-write. The plugin is built from the same tree, so it shares the engine's
+ * struct layouts; the sizes in tl_backend_host catch a plugin from another build. */
+#ifndef TL_BACKEND_PLUGIN_H
+#define TL_BACKEND_PLUGIN_H
+
+#include <stddef.h>
+
+#include "backend.h"
+
+#define TL_BACKEND_PLUGIN_ABI 1
+#define TL_CUDA_PLUGIN_FILE "libtinyloop-cuda.so"
+#define TL_CUDA_PLUGIN_ENTRY "tl_cuda_backend_plugin"
+
+typedef struct tl_backend_host {
+    int abi; /* TL_BACKEND_PLUGIN_ABI */
+    size_t sizeof_model, sizeof_config, sizeof_kv_cache, sizeof_backend;
+    tl_status (*fail)(tl_status status, const char *fmt, ...);
+    bool (*kv_writable)(tl_kv_cache *c, int slot, int logical, float **k, float **v);
+} tl_backend_host;
+
+/* The entry point: the backend when the plugin can serve (a device is present), else NULL
+   with the reason in why[why_len] ("no CUDA device: ..."). */
+typedef const tl_backend *(*tl_backend_plugin_entry)(const tl_backend_host *host, char *why, size_t why_len);
+
+/* The engine side (backend_plugin.c): the CUDA backend, loaded once per process. TL_OK and
+   *out; TL_ERR_UNSUPPORTED with a message naming the cause (no plugin in this build or
+   install, no device, a plugin from another build). */
+tl_status tl_backend_cuda(const tl_backend **out);
+
+#endif
