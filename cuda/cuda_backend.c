@@ -226,15 +226,20 @@ static void cuda_matmul(const tl_model *m, const float *x, int n, const tl_matri
 
 static void cuda_matmul_group(const tl_model *m, const float *x, int n, const tl_matmul_out *outs, int count) {
     for (int i = 0; i < count; i++) matmul_one(m, x, n, outs[i].w, outs[i].bias, outs[i].gelu, outs[i].y);
+    /* SwiGLU: the gate (outs[i]) becomes silu(gate) * up (outs[i + 1]), once both are made. */
+    for (int i = 0; i + 1 < count; i++)
+        if (outs[i].swiglu)
+            note(m, tlk_launch_swiglu(outs[i].y, outs[i + 1].y, (size_t)n * (size_t)outs[i].w->rows), "swiglu");
 }
 
-static void cuda_rope(const tl_model *m, float *x, int n, int heads, const int32_t *positions) {
+static void cuda_rope(const tl_model *m, float *q, float *k, int n, const int32_t *positions) {
     const tl_config *c = &m->cfg;
+    const int interleaved = c->rope_pairing == TL_ROPE_INTERLEAVED;
     int32_t *dev_positions = upload_async(m, positions, (size_t)n * sizeof *positions);
-    if (dev_positions)
-        note(m, tlk_launch_rope(x, n, heads, c->head_dim, c->rope_pairing == TL_ROPE_INTERLEAVED, dev_positions,
-                                ctx_of(m)->inv_freq),
-             "rope");
+    if (dev_positions) {
+        note(m, tlk_launch_rope(q, n, c->n_heads, c->head_dim, interleaved, dev_positions, ctx_of(m)->inv_freq), "rope");
+        note(m, tlk_launch_rope(k, n, c->n_kv_heads, c->head_dim, interleaved, dev_positions, ctx_of(m)->inv_freq), "rope");
+    }
     release_async(dev_positions);
 }
 
@@ -374,9 +379,6 @@ static void cuda_add_rows(const tl_model *m, float *y, int n, int width, const f
 static void cuda_add(const tl_model *m, float *y, const float *x, size_t count) {
     note(m, tlk_launch_add(y, x, count), "add");
 }
-static void cuda_swiglu(const tl_model *m, float *gate, const float *up, size_t count) {
-    note(m, tlk_launch_swiglu(gate, up, count), "swiglu");
-}
 
 /* ---------------------------------------------------------------- the loop */
 
@@ -495,7 +497,6 @@ static const tl_backend cuda_backend = {
     .attention = cuda_attention,
     .add_rows = cuda_add_rows,
     .add = cuda_add,
-    .swiglu = cuda_swiglu,
     .loop_init = cuda_loop_init,
     .state_init_random = cuda_state_init_random,
     .inject = cuda_inject,

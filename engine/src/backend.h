@@ -38,8 +38,16 @@ typedef struct tl_attention_args {
     int mask_start;            /* first logical entry the mask covers (entries before it are
                                   the always-visible prefix) */
     float *scratch;            /* [threads][scratch_stride] backend buffer (softmax scores) */
-    int scratch_stride;        /* floats per thread, >= cache->capacity */
+    int scratch_stride;        /* floats per thread: cache->capacity times the heads a thread
+                                  may score at once (tl_attention_score_heads) */
 } tl_attention_args;
+
+/* Heads whose softmax scores one thread's attention scratch holds at once: the CPU backend
+   scores a row's heads together (one walk over the cache for all of them). */
+#define TL_ATTENTION_SCORE_HEADS 4
+static inline int tl_attention_score_heads(const tl_config *c) {
+    return c->n_heads < TL_ATTENTION_SCORE_HEADS ? c->n_heads : TL_ATTENTION_SCORE_HEADS;
+}
 
 /* One product of a matmul group (tl_backend.matmul_group). */
 typedef struct tl_matmul_out {
@@ -47,6 +55,8 @@ typedef struct tl_matmul_out {
     const float *bias; /* [w->rows] or NULL */
     float *y;          /* [n][w->rows] */
     bool gelu;         /* then y = gelu_tanh(y), element by element */
+    bool swiglu;       /* then y = silu(y) * outs[i + 1].y, element by element: this is the
+                          gate, the next product (same shape) the up projection */
 } tl_matmul_out;
 
 typedef struct tl_backend {
@@ -94,15 +104,16 @@ typedef struct tl_backend {
                    const float *bias, float *y);
     /* The products of one input, for i < count: outs[i].y[n][w.rows] = x[n][w.cols] W_i^T
        (+ bias_i), then gelu_tanh when outs[i].gelu (GPT-2's 0.5 x (1 + tanh(sqrt(2/pi)
-       (x + 0.044715 x^3)))). Each result is that of its own matmul call; a backend runs
-       the group together (the CPU: one parallel region for q/k/v, or gate/up, not one per
-       matrix, with the activation applied by the task that computed the columns). */
+       (x + 0.044715 x^3)))), or SwiGLU's y = y / (1 + e^-y) * up when outs[i].swiglu.
+       Each result is that of its own matmul call; a backend runs the group together (the
+       CPU: one parallel region for q/k/v, or gate/up, not one per matrix, with the
+       activation applied by the task that computed the columns). */
     void (*matmul_group)(const tl_model *m, const float *x, int n, const tl_matmul_out *outs,
                          int count);
-    /* In place on x[n][heads * head_dim]: RoPE at positions[r] (host [n]) on the pairs of
+    /* In place on q[n][qd] and k[n][kvd]: RoPE at positions[r] (host [n]) on the pairs of
        cfg.rope_pairing ("half": (i, i + hd/2), "interleaved": (2i, 2i+1)), angles in double
-       from m->rope_inv_freq. */
-    void (*rope)(const tl_model *m, float *x, int n, int heads, const int32_t *positions);
+       from m->rope_inv_freq (one call for both, so that a row's angles are computed once). */
+    void (*rope)(const tl_model *m, float *q, float *k, int n, const int32_t *positions);
     /* The chunk's K and V rows k[n][kvd], v[n][kvd] into `slot` at logical entries
        [base, base + n) (ring rows with a window). */
     /* (Pages: kv_cache.h. The forward has made the rows' pages private and present;
@@ -123,8 +134,6 @@ typedef struct tl_backend {
     void (*add_rows)(const tl_model *m, float *y, int n, int width, const float *bias);
     /* y[count] += x[count] (residual add). */
     void (*add)(const tl_model *m, float *y, const float *x, size_t count);
-    /* gate[count] = silu(gate) * up. */
-    void (*swiglu)(const tl_model *m, float *gate, const float *up, size_t count);
 
     /* ---- the loop */
 

@@ -52,7 +52,8 @@ tl_status tl_workspace_reserve(tl_workspace *ws, const tl_model *m, int rows, in
     ws->att = be->alloc(ctx, r * qd * sizeof(float));
     ws->ff_a = be->alloc(ctx, r * ff * sizeof(float));
     ws->ff_b = be->alloc(ctx, r * ff * sizeof(float));
-    ws->attn_scratch = be->alloc(ctx, (size_t)threads * (size_t)cache_capacity * sizeof(float));
+    ws->attn_scratch = be->alloc(ctx, (size_t)threads * (size_t)cache_capacity *
+                                          (size_t)tl_attention_score_heads(c) * sizeof(float));
     ws->s_before = be->alloc(ctx, d * sizeof(float));
     if (!ws->x || !ws->e || !ws->s || !ws->u || !ws->cat || !ws->h || !ws->q || !ws->k ||
         !ws->v || !ws->att || !ws->ff_a || !ws->ff_b || !ws->attn_scratch || !ws->s_before) {
@@ -103,7 +104,6 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
     const tl_config *c = &m->cfg;
     const tl_backend *be = m->backend;
     tl_workspace *ws = f->ws;
-    const size_t nff = (size_t)n * (size_t)c->d_ff;
     const size_t qd = (size_t)(c->n_heads * c->head_dim), kvd = (size_t)(c->n_kv_heads * c->head_dim);
     /* q/k biases go in with the projection, before RoPE, except under the test hook that
        reproduces the classic mistake of adding them after it. */
@@ -112,14 +112,13 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
     /* Attention: h [n][d] = norm(x); q [n][qd], k, v [n][kvd] projections, positions on
        q and k, each part's k and v into its cache, att [n][qd] over cache + chunk. */
     be->norm(m, ws->x, n, L->attn_norm_w, L->attn_norm_b, ws->h);
-    const tl_matmul_out qkv[3] = {{&L->q, bias_after_rope ? NULL : L->q_b, ws->q, false},
-                                  {&L->k, bias_after_rope ? NULL : L->k_b, ws->k, false},
-                                  {&L->v, L->v_b, ws->v, false}};
+    const tl_matmul_out qkv[3] = {{&L->q, bias_after_rope ? NULL : L->q_b, ws->q, false, false},
+                                  {&L->k, bias_after_rope ? NULL : L->k_b, ws->k, false, false},
+                                  {&L->v, L->v_b, ws->v, false, false}};
     observe(ws, (const tl_matrix *const[]){&L->q, &L->k, &L->v}, 3, ws->h, n);
     be->matmul_group(m, ws->h, n, qkv, 3);
     if (c->pos_encoding == TL_POS_ROPE) {
-        be->rope(m, ws->q, n, c->n_heads, f->positions);
-        be->rope(m, ws->k, n, c->n_kv_heads, f->positions);
+        be->rope(m, ws->q, ws->k, n, f->positions);
     }
     if (bias_after_rope) {
         if (L->q_b) be->add_rows(m, ws->q, n, c->n_heads * c->head_dim, L->q_b);
@@ -133,7 +132,8 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
         be->kv_write(m, p->cache, write_slot, p->base, ws->k + row * kvd, ws->v + row * kvd, p->n);
         f->attention[n_attention++] = (tl_attention_args){
             ws->q + row * qd, ws->att + row * qd, p->n, p->cache, p->base, slot, loop, c->n_block,
-            f->positions + p->row, p->mask, p->mask_start, ws->attn_scratch, ws->scratch_per_thread};
+            f->positions + p->row, p->mask, p->mask_start, ws->attn_scratch,
+            ws->scratch_per_thread * tl_attention_score_heads(c)};
     }
     be->attention(m, f->attention, n_attention);
     /* h [n][d] = o(att); x [n][d] += h (with the placement's norms) */
@@ -145,15 +145,15 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
        h [n][d] = down(ff_a); x [n][d] += h (with the placement's norms) */
     be->norm(m, ws->x, n, L->mlp_norm_w, L->mlp_norm_b, ws->h);
     if (c->mlp == TL_MLP_GELU) {
-        const tl_matmul_out up = {&L->up, L->up_b, ws->ff_a, true};
+        const tl_matmul_out up = {&L->up, L->up_b, ws->ff_a, true, false};
         observe(ws, (const tl_matrix *const[]){&L->up}, 1, ws->h, n);
         be->matmul_group(m, ws->h, n, &up, 1);
     } else {
-        const tl_matmul_out gate_up[2] = {{&L->gate, L->gate_b, ws->ff_a, false},
-                                          {&L->up, L->up_b, ws->ff_b, false}};
+        /* ff_a = silu(gate) * up, applied by the product (backend.h) */
+        const tl_matmul_out gate_up[2] = {{&L->gate, L->gate_b, ws->ff_a, false, true},
+                                          {&L->up, L->up_b, ws->ff_b, false, false}};
         observe(ws, (const tl_matrix *const[]){&L->gate, &L->up}, 2, ws->h, n);
         be->matmul_group(m, ws->h, n, gate_up, 2);
-        be->swiglu(m, ws->ff_a, ws->ff_b, nff);
     }
     observe(ws, (const tl_matrix *const[]){&L->down}, 1, ws->ff_a, n);
     be->matmul(m, ws->ff_a, n, &L->down, L->down_b, ws->h);

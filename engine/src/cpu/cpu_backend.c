@@ -22,7 +22,12 @@ static tl_status cpu_open(const tl_model *m, int n_threads, void **out) {
     if (!ctx) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = n_threads > 0 ? n_threads : (cores > 0 ? (int)cores : 1);
+    if (!(ctx->arena = tl_cpu_arena_new())) {
+        free(ctx);
+        return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    }
     if (!(ctx->pool = tl_pool_new(threads))) {
+        tl_cpu_arena_free(ctx->arena);
         free(ctx);
         return tl_fail(TL_ERR_NO_MEMORY, "cannot start worker threads");
     }
@@ -35,6 +40,7 @@ static void cpu_close(void *opaque) {
     if (!ctx) return;
     tl_pool_free(ctx->pool);
     tl_cpu_release_weights(ctx);
+    tl_cpu_arena_free(ctx->arena);
     free(ctx);
 }
 
@@ -46,13 +52,11 @@ static int cpu_threads(const void *opaque) {
 /* ---------------------------------------------------------------- buffers (host memory) */
 
 static void *cpu_alloc(void *ctx, size_t bytes) {
-    (void)ctx;
-    return tl_alloc_aligned(bytes);
+    return tl_cpu_arena_alloc(ctx ? ((tl_cpu_context *)ctx)->arena : NULL, bytes);
 }
 
 static void cpu_free(void *ctx, void *buffer) {
-    (void)ctx;
-    tl_free_aligned(buffer);
+    tl_cpu_arena_release(ctx ? ((tl_cpu_context *)ctx)->arena : NULL, buffer);
 }
 
 /* ---------------------------------------------------------------- KV cache */
@@ -85,28 +89,25 @@ static void cpu_kv_move(tl_kv_cache *c, int from, int to) {
 /* ---------------------------------------------------------------- matmul */
 
 /* A group's products (tl_backend.matmul_group) are the tasks of one parallel region:
-   product i owns tasks [first_task[i], first_task[i + 1]), each a run of whole panels. */
+   product i owns tasks [first_task[i], first_task[i + 1]), each a run of whole panels. A
+   SwiGLU gate's tasks also compute the same columns of the up projection after it, which
+   then owns no task of its own. */
 enum { GROUP_MAX = 4 };
 
 typedef struct {
     const float *x;
     const tl_qrows *xq; /* x quantised, for q4 weights */
     const tl_matmul_out *outs;
+    int count;
     int n;
     int first_task[GROUP_MAX + 1];
     int cols_per_task[GROUP_MAX];
     const tl_kernels *kern;
 } matmul_job;
 
-static void matmul_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const matmul_job *j = ctx;
-    int i = 0;
-    while (task >= j->first_task[i + 1]) i++;
-    const tl_matmul_out *out = &j->outs[i];
+/* Columns [o0, o1) of one product. */
+static void product_columns(const matmul_job *j, const tl_matmul_out *out, int o0, int o1) {
     const tl_matrix *w = out->w;
-    const int o0 = (task - j->first_task[i]) * j->cols_per_task[i];
-    const int o1 = o0 + j->cols_per_task[i] < w->rows ? o0 + j->cols_per_task[i] : w->rows;
     if (tl_dtype_quantised(w->dtype)) {
         if (w->packed) j->kern->qmatmul_packed(j->xq, j->n, w->cols, w->data, w->dtype, out->bias, o0, o1, out->y, w->rows);
         else tl_qmatmul_rowmajor(j->xq, j->n, w->cols, w, out->bias, o0, o1, out->y, w->rows);
@@ -114,9 +115,31 @@ static void matmul_task(void *ctx, int task, int thread) {
         (w->packed ? j->kern->matmul_packed : j->kern->matmul)(j->x, j->n, w->cols, w->data, w->dtype,
                                                                out->bias, o0, o1, out->y, w->rows);
     }
+}
+
+/* A SwiGLU gate (outs[i].swiglu) with its up projection, the product after it. */
+static inline bool swiglu_pair(const tl_matmul_out *outs, int i, int count) {
+    return outs[i].swiglu && i + 1 < count;
+}
+
+static void matmul_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const matmul_job *j = ctx;
+    int i = 0;
+    while (task >= j->first_task[i + 1]) i++;
+    const tl_matmul_out *out = &j->outs[i];
+    const size_t width = (size_t)out->w->rows;
+    const int o0 = (task - j->first_task[i]) * j->cols_per_task[i];
+    const int o1 = o0 + j->cols_per_task[i] < (int)width ? o0 + j->cols_per_task[i] : (int)width;
+    product_columns(j, out, o0, o1);
+    const bool swiglu = swiglu_pair(j->outs, i, j->count);
+    if (swiglu) product_columns(j, out + 1, o0, o1);
     /* The activation while the columns are still in cache, on the thread that made them. */
-    if (out->gelu)
-        for (int r = 0; r < j->n; r++) tl_cpu_gelu(out->y + (size_t)r * (size_t)w->rows + o0, (size_t)(o1 - o0));
+    for (int r = 0; r < j->n; r++) {
+        float *y = out->y + (size_t)r * width + (size_t)o0;
+        if (out->gelu) tl_cpu_gelu(y, (size_t)(o1 - o0));
+        if (swiglu) tl_cpu_swiglu(y, out[1].y + (size_t)r * width + (size_t)o0, (size_t)(o1 - o0));
+    }
 }
 
 /* Quantised activations need k + 8 k / TL_QGROUP bytes a row: decode's fit on the stack;
@@ -138,30 +161,37 @@ static void quantise_input(const float *x, int n, int k, void *mem, tl_qrows *ou
     *out = (tl_qrows){x, q, d, sum};
 }
 
-/* Columns per task for one product: a few tasks per thread balance uneven cores; tasks
-   hold whole panels of a packed matrix; tiny products stay one task. */
-static int columns_per_task(const tl_matrix *w, int n, int threads) {
-    int per = (w->rows + threads * 4 - 1) / (threads * 4);
+/* Columns per task for one product of `macs` multiply-adds: a few tasks per thread
+   balance uneven cores on large products; a small one (a decode row's, a few microseconds)
+   takes one task per thread, since every task is a claim on the pool's shared job word;
+   tasks hold whole panels of a packed matrix; tiny products stay one task. */
+static int columns_per_task(const tl_matrix *w, long macs, int threads) {
+    const int tasks = threads * (macs < (1L << 21) ? 1 : 4);
+    int per = (w->rows + tasks - 1) / tasks;
     per = (per + TL_PANEL - 1) / TL_PANEL * TL_PANEL;
     if (per < TL_PANEL) per = TL_PANEL;
-    if ((long)w->rows * w->cols * n < 32768) per = w->rows;
+    if (macs < 32768) per = w->rows;
     return per;
 }
 
 void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matmul_out *outs, int count) {
-    if (count > GROUP_MAX) { /* not from the forward; split rather than fail */
-        tl_cpu_matmul_group(m, x, n, outs, GROUP_MAX);
-        tl_cpu_matmul_group(m, x, n, outs + GROUP_MAX, count - GROUP_MAX);
+    if (count > GROUP_MAX) { /* not from the forward; split rather than fail (pairs stay together) */
+        const int head = swiglu_pair(outs, GROUP_MAX - 1, count) ? GROUP_MAX - 1 : GROUP_MAX;
+        tl_cpu_matmul_group(m, x, n, outs, head);
+        tl_cpu_matmul_group(m, x, n, outs + head, count - head);
         return;
     }
     tl_pool *pool = tl_cpu_pool(m);
     const int threads = tl_pool_threads(pool);
-    matmul_job job = {.x = x, .outs = outs, .n = n, .kern = tl_cpu_kernels()};
+    matmul_job job = {.x = x, .outs = outs, .count = count, .n = n, .kern = tl_cpu_kernels()};
     bool any_q4 = false;
     for (int i = 0; i < count; i++) {
-        job.cols_per_task[i] = columns_per_task(outs[i].w, n, threads);
-        job.first_task[i + 1] = job.first_task[i] + (outs[i].w->rows + job.cols_per_task[i] - 1) / job.cols_per_task[i];
-        any_q4 = any_q4 || outs[i].w->dtype == TL_Q4;
+        const tl_matrix *w = outs[i].w;
+        const bool pair = swiglu_pair(outs, i, count), paired = i > 0 && swiglu_pair(outs, i - 1, count);
+        job.cols_per_task[i] = columns_per_task(w, (long)w->rows * w->cols * n * (pair ? 2 : 1), threads);
+        const int tasks = paired ? 0 : (w->rows + job.cols_per_task[i] - 1) / job.cols_per_task[i];
+        job.first_task[i + 1] = job.first_task[i] + tasks;
+        any_q4 = any_q4 || w->dtype == TL_Q4;
     }
     /* q4 multiplies quantised rows (q8 reads the f32 ones: kernels.h); the products of a
        group share x, so it is quantised once. */
@@ -186,7 +216,7 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
 
 void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
                    const float *bias, float *y) {
-    const tl_matmul_out one = {w, bias, y, false};
+    const tl_matmul_out one = {w, bias, y, false, false};
     tl_cpu_matmul_group(m, x, n, &one, 1);
 }
 
@@ -197,13 +227,13 @@ typedef struct {
     const tl_attention_args *args;
     int n_args;
     const int *first_task;     /* [n_args + 1] task index where each chunk's tasks begin */
+    int heads_per_task;        /* a task is (chunk, row, group of this many heads) */
     const tl_kernels *kern;
 } attention_job;
 
-/* Whether chunk row i may attend to logical entry j. */
-static inline bool visible(const tl_attention_args *a, int i, int j, int32_t min_pos) {
+/* Whether chunk row i may attend to logical entry j, held in physical row `row`. */
+static inline bool visible(const tl_attention_args *a, int i, int j, int row, int32_t min_pos) {
     const tl_kv_cache *c = a->cache;
-    const int row = tl_kv_row(c, j);
     if (c->logical[row] != j || c->pos[row] < min_pos) return false;
     if (!a->mask) return j < a->base || j - a->base <= i;
     if (j < a->mask_start) return true;
@@ -211,13 +241,13 @@ static inline bool visible(const tl_attention_args *a, int i, int j, int32_t min
     return a->mask[(size_t)i * width + (size_t)(j - a->mask_start)] != 0;
 }
 
-static inline int slot_for(const tl_attention_args *a, int j) {
+static inline int slot_for(const tl_attention_args *a, int j, int row) {
     if (a->loop == 0) return a->slot;
     int depth = a->loop;
     /* KV sharing (SPEC §2): a prefix entry computed at a shallower depth lends its
        deepest slot to every deeper loop. Chunk rows are at the current loop. */
     if (j < a->base) {
-        int have = a->cache->depth[tl_kv_row(a->cache, j)];
+        int have = a->cache->depth[row];
         if (have < depth) depth = have;
     }
     return a->slot + (depth - 1) * a->slot_stride;
@@ -242,23 +272,34 @@ static inline const tl_kv_page *cursor_page(page_cursor *cur, const tl_kv_cache 
    enough to live on the stack. */
 #define ATTENTION_BLOCK 32
 
-/* The next (at most ATTENTION_BLOCK) entries that row i sees, from logical entry *j on (in
-   logical order; *j advances past them): their K rows, or V rows when `values`, of the
-   head group at in_row, and their offsets from `first`. Returns how many. */
-static int gather_visible(const tl_attention_args *a, int i, int32_t min_pos, int first, int last, int *j,
-                          bool values, size_t in_row, page_cursor *cur, const float **rows, int *at) {
+/* A walk over the logical entries [first, last) that one chunk row sees: j and its
+   physical row advance together (the ring's modulo once per walk, not per key). */
+typedef struct key_walk { int j, row; page_cursor cur; } key_walk;
+
+static key_walk walk_start(const tl_kv_cache *c, int first) {
+    return (key_walk){first, tl_kv_row(c, first), {-1, -1, NULL}};
+}
+
+/* The next (at most ATTENTION_BLOCK) entries that row i sees, from the walk's entry on (in
+   logical order; the walk advances past them): the start of their K rows, or V rows when
+   `values` (kv_dim floats, every head), and their offsets from `first`. Returns how many. */
+static int gather_visible(const tl_attention_args *a, int i, int32_t min_pos, int first, int last,
+                          bool values, key_walk *w, const float **rows, int *at) {
     const tl_kv_cache *c = a->cache;
     int n = 0;
-    for (; *j < last && n < ATTENTION_BLOCK; (*j)++) {
-        if (!visible(a, i, *j, min_pos)) continue;
-        const int row = tl_kv_row(c, *j);
-        const tl_kv_page *page = cursor_page(cur, c, slot_for(a, *j), row);
-        rows[n] = (values ? page->v : page->k) + (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim + in_row;
-        at[n++] = *j - first;
+    for (; w->j < last && n < ATTENTION_BLOCK; w->j++, w->row = w->row + 1 == c->capacity ? 0 : w->row + 1) {
+        if (!visible(a, i, w->j, w->row, min_pos)) continue;
+        const tl_kv_page *page = cursor_page(&w->cur, c, slot_for(a, w->j, w->row), w->row);
+        rows[n] = (values ? page->v : page->k) + (size_t)(w->row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim;
+        at[n++] = w->j - first;
     }
     return n;
 }
 
+/* One chunk row's attention for a group of heads [h0, h1). The group shares the walks
+   over the cache (visibility, pages) and reads each K/V row once for all its heads; each
+   head's arithmetic is what it gets alone, so the grouping (which depends on the thread
+   count) cannot change a result. */
 static void attention_task(void *ctx, int task, int thread) {
     const attention_job *job = ctx;
     int part = 0; /* the chunk this task belongs to (few chunks: a linear search) */
@@ -267,13 +308,16 @@ static void attention_task(void *ctx, int task, int thread) {
     task -= job->first_task[part];
     const tl_config *cfg = &job->m->cfg;
     const tl_kv_cache *c = a->cache;
-    const int hd = cfg->head_dim, n_heads = cfg->n_heads;
-    const int i = task / n_heads, h = task % n_heads;
-    const int kvh = h / (n_heads / cfg->n_kv_heads);
+    const int hd = cfg->head_dim, n_heads = cfg->n_heads, group = n_heads / cfg->n_kv_heads;
+    const int groups_per_row = (n_heads + job->heads_per_task - 1) / job->heads_per_task;
+    const int i = task / groups_per_row, h0 = task % groups_per_row * job->heads_per_task;
+    const int h1 = h0 + job->heads_per_task < n_heads ? h0 + job->heads_per_task : n_heads;
     const float scale = 1.0f / sqrtf((float)hd);
-    const float *q = a->q + (size_t)i * (size_t)(n_heads * hd) + (size_t)h * (size_t)hd;
-    float *out = a->out + (size_t)i * (size_t)(n_heads * hd) + (size_t)h * (size_t)hd;
+    const float *q = a->q + (size_t)i * (size_t)(n_heads * hd);
+    float *out = a->out + (size_t)i * (size_t)(n_heads * hd);
+    /* Head h0 + g's scores: scores + g * capacity (cpu_attention sized the group to fit). */
     float *scores = a->scratch + (size_t)thread * (size_t)a->scratch_stride;
+    const size_t score_stride = (size_t)c->capacity;
     const int32_t min_pos = c->window > 0 ? a->positions[i] - c->window + 1 : INT32_MIN;
     /* Logical entries [first, last) are held: the chunk's own rows may have overwritten
        ring rows older than that. */
@@ -283,47 +327,73 @@ static void attention_task(void *ctx, int task, int thread) {
        so the arithmetic is the same whether the row came alone or in a chunk. The visible
        keys are gathered ATTENTION_BLOCK at a time and handed to the kernels as one block
        (kernels.h: a block gives each key the arithmetic it gets alone). */
-    const size_t in_row = (size_t)kvh * (size_t)hd;
-    const float *rows[ATTENTION_BLOCK];
+    const float *rows[ATTENTION_BLOCK], *head_rows[ATTENTION_BLOCK];
     float block[ATTENTION_BLOCK];
     int at[ATTENTION_BLOCK]; /* the block's entries, as offsets from `first` */
-    page_cursor cur = {-1, -1, NULL};
-    float max_score = -INFINITY;
-    for (int j = first; j < last;) {
-        const int n = gather_visible(a, i, min_pos, first, last, &j, false, in_row, &cur, rows, at);
-        job->kern->dots(q, rows, n, hd, block);
-        for (int b = 0; b < n; b++) {
-            const float s = block[b] * scale;
-            scores[at[b]] = s;
-            if (s > max_score) max_score = s;
+    float max_score[TL_ATTENTION_SCORE_HEADS], sum[TL_ATTENTION_SCORE_HEADS];
+    for (int h = h0; h < h1; h++) max_score[h - h0] = -INFINITY;
+    for (key_walk w = walk_start(c, first); w.j < last;) {
+        const int n = gather_visible(a, i, min_pos, first, last, false, &w, rows, at);
+        for (int h = h0; h < h1; h++) {
+            const size_t in_row = (size_t)(h / group) * (size_t)hd;
+            for (int b = 0; b < n; b++) head_rows[b] = rows[b] + in_row;
+            job->kern->dots(q + (size_t)h * (size_t)hd, head_rows, n, hd, block);
+            float *s_h = scores + (size_t)(h - h0) * score_stride, m_h = max_score[h - h0];
+            for (int b = 0; b < n; b++) {
+                const float s = block[b] * scale;
+                s_h[at[b]] = s;
+                if (s > m_h) m_h = s;
+            }
+            max_score[h - h0] = m_h;
         }
     }
-    memset(out, 0, (size_t)hd * sizeof(float));
-    float sum = 0.0f;
-    cur = (page_cursor){-1, -1, NULL};
-    for (int j = first; j < last;) {
-        const int n = gather_visible(a, i, min_pos, first, last, &j, true, in_row, &cur, rows, at);
-        for (int b = 0; b < n; b++) {
-            block[b] = expf(scores[at[b]] - max_score);
-            sum += block[b];
+    memset(out + (size_t)h0 * (size_t)hd, 0, (size_t)(h1 - h0) * (size_t)hd * sizeof(float));
+    for (int h = h0; h < h1; h++) sum[h - h0] = 0.0f;
+    for (key_walk w = walk_start(c, first); w.j < last;) {
+        const int n = gather_visible(a, i, min_pos, first, last, true, &w, rows, at);
+        for (int h = h0; h < h1; h++) {
+            const size_t in_row = (size_t)(h / group) * (size_t)hd;
+            const float *s_h = scores + (size_t)(h - h0) * score_stride, m_h = max_score[h - h0];
+            float sum_h = sum[h - h0];
+            for (int b = 0; b < n; b++) {
+                head_rows[b] = rows[b] + in_row;
+                block[b] = expf(s_h[at[b]] - m_h);
+                sum_h += block[b];
+            }
+            sum[h - h0] = sum_h;
+            job->kern->axpys(out + (size_t)h * (size_t)hd, block, head_rows, n, hd);
         }
-        job->kern->axpys(out, block, rows, n, hd);
     }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int d = 0; d < hd; d++) out[d] *= inv;
+    for (int h = h0; h < h1; h++) {
+        const float inv = sum[h - h0] > 0.0f ? 1.0f / sum[h - h0] : 0.0f;
+        float *out_h = out + (size_t)h * (size_t)hd;
+        for (int d = 0; d < hd; d++) out_h[d] *= inv;
+    }
 }
 
-/* Every (chunk, row, head) of every chunk is one task of ONE parallel region: a batch of
-   sessions pays one fork/join per layer, not one per session. */
+/* Every (chunk, row, head group) of every chunk is one task of ONE parallel region: a
+   batch of sessions pays one fork/join per layer, not one per session. */
 static void cpu_attention(const tl_model *m, const tl_attention_args *args, int n_args) {
     int first_small[17], *first = n_args < 17 ? first_small : malloc(((size_t)n_args + 1) * sizeof(int));
     if (!first) { /* no memory for the index: the chunks one region each */
         for (int i = 0; i < n_args; i++) cpu_attention(m, &args[i], 1);
         return;
     }
+    const int n_heads = m->cfg.n_heads, threads = tl_pool_threads(tl_cpu_pool(m));
+    /* Heads per task: as many as every chunk's scratch holds scores for, fewer while that
+       would leave threads without a task (a decode row has only its heads to share). */
+    int per_task = n_heads < TL_ATTENTION_SCORE_HEADS ? n_heads : TL_ATTENTION_SCORE_HEADS, rows = 0;
+    for (int i = 0; i < n_args; i++) {
+        const int fit = args[i].scratch_stride / args[i].cache->capacity;
+        if (fit < per_task) per_task = fit;
+        rows += args[i].n;
+    }
+    if (per_task < 1) per_task = 1;
+    while (per_task > 1 && (long)rows * ((n_heads + per_task - 1) / per_task) < threads) per_task = (per_task + 1) / 2;
+    const int groups_per_row = (n_heads + per_task - 1) / per_task;
     first[0] = 0;
-    for (int i = 0; i < n_args; i++) first[i + 1] = first[i] + args[i].n * m->cfg.n_heads;
-    attention_job job = {m, args, n_args, first, tl_cpu_kernels()};
+    for (int i = 0; i < n_args; i++) first[i + 1] = first[i] + args[i].n * groups_per_row;
+    attention_job job = {m, args, n_args, first, per_task, tl_cpu_kernels()};
     tl_pool_run(tl_cpu_pool(m), first[n_args], attention_task, &job);
     if (first != first_small) free(first);
 }
@@ -348,7 +418,6 @@ const tl_backend tl_cpu_backend = {
     .attention = cpu_attention,
     .add_rows = tl_cpu_add_rows,
     .add = tl_cpu_add,
-    .swiglu = tl_cpu_swiglu,
     .loop_init = tl_cpu_loop_init,
     .state_init_random = tl_cpu_state_init_random,
     .inject = tl_cpu_inject,

@@ -5,9 +5,18 @@
 #include "../backend.h"
 #include "pool.h"
 
+/* cpu_arena.c: backend buffers (tl_backend.alloc / free), zeroed and 64-byte aligned;
+   small ones from huge-page chunks. A NULL arena takes every block from the C heap. */
+typedef struct tl_cpu_arena tl_cpu_arena;
+tl_cpu_arena *tl_cpu_arena_new(void); /* NULL when out of memory */
+void tl_cpu_arena_free(tl_cpu_arena *arena); /* unmaps the chunks: release every block first */
+void *tl_cpu_arena_alloc(tl_cpu_arena *arena, size_t bytes);
+void tl_cpu_arena_release(tl_cpu_arena *arena, void *buffer);
+
 /* The CPU backend's private state, one per model (m->backend_ctx). */
 typedef struct tl_cpu_context {
     tl_pool *pool;               /* worker threads; shared, used by one caller at a time */
+    tl_cpu_arena *arena;         /* backend buffers (KV pages, workspaces) */
     void *weights_region;        /* anonymous huge-page copy of every matrix, or NULL */
     size_t weights_region_len;
 } tl_cpu_context;
@@ -30,11 +39,11 @@ void tl_cpu_release_weights(tl_cpu_context *ctx);
 /* cpu_rows.c: the per-row operations (norms, RoPE, activations, the loop, the head). */
 void tl_cpu_embed(const tl_model *m, const int32_t *tokens, const int32_t *positions, int n, float *x);
 void tl_cpu_norm(const tl_model *m, const float *x, int n, const float *w, const float *b, float *y);
-void tl_cpu_rope(const tl_model *m, float *x, int n, int heads, const int32_t *positions);
+void tl_cpu_rope(const tl_model *m, float *q, float *k, int n, const int32_t *positions);
 void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count);
 void tl_cpu_add_rows(const tl_model *m, float *y, int n, int width, const float *bias);
 void tl_cpu_gelu(float *x, size_t count); /* x = gelu_tanh(x): the matmul epilogue */
-void tl_cpu_swiglu(const tl_model *m, float *gate, const float *up, size_t count);
+void tl_cpu_swiglu(float *gate, const float *up, size_t count); /* gate = silu(gate) * up: the epilogue */
 void tl_cpu_loop_init(const tl_model *m, const float *x, int n, float *e, float *s);
 void tl_cpu_state_init_random(const tl_model *m, float *s, int n, const int32_t *positions, uint64_t seed);
 void tl_cpu_inject(const tl_model *m, const float *s, const float *e, int n, float *cat, float *out);

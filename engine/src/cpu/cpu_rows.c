@@ -56,23 +56,30 @@ void tl_cpu_norm(const tl_model *m, const float *x, int n, const float *w, const
 
 /* ---------------------------------------------------------------- positions */
 
-/* RoPE on every head of every row; angles in double. Frequency i turns the pair
-   (i, i + hd/2) in the Hugging Face "rotate half" form, or (2i, 2i+1) when interleaved
-   (Huginn's complex-number form); the arithmetic per pair is the same. */
-void tl_cpu_rope(const tl_model *m, float *x, int n, int heads, const int32_t *positions) {
-    const int hd = m->cfg.head_dim, half = hd / 2;
+/* Turns pair (first, second) of each of the row's `heads` heads by the angle (cs, sn). */
+static inline void rope_pair(float *row, int heads, int hd, int first, int second, float cs, float sn) {
+    for (int h = 0; h < heads; h++) {
+        float *v = row + (size_t)h * (size_t)hd;
+        float a = v[first], b = v[second];
+        v[first] = a * cs - b * sn;
+        v[second] = b * cs + a * sn;
+    }
+}
+
+/* RoPE on every head of every row of q and k; angles in double, each computed once for
+   both. Frequency i turns the pair (i, i + hd/2) in the Hugging Face "rotate half" form,
+   or (2i, 2i+1) when interleaved (Huginn's complex-number form); the arithmetic per pair
+   is the same. */
+void tl_cpu_rope(const tl_model *m, float *q, float *k, int n, const int32_t *positions) {
+    const int hd = m->cfg.head_dim, half = hd / 2, qh = m->cfg.n_heads, kh = m->cfg.n_kv_heads;
     const bool interleaved = m->cfg.rope_pairing == TL_ROPE_INTERLEAVED;
     for (int r = 0; r < n; r++)
         for (int i = 0; i < half; i++) {
             double angle = (double)positions[r] * (double)m->rope_inv_freq[i];
             float cs = (float)cos(angle), sn = (float)sin(angle);
             const int first = interleaved ? 2 * i : i, second = interleaved ? 2 * i + 1 : i + half;
-            for (int h = 0; h < heads; h++) {
-                float *v = x + ((size_t)r * (size_t)heads + (size_t)h) * (size_t)hd;
-                float a = v[first], b = v[second];
-                v[first] = a * cs - b * sn;
-                v[second] = b * cs + a * sn;
-            }
+            rope_pair(q + (size_t)r * (size_t)qh * (size_t)hd, qh, hd, first, second, cs, sn);
+            rope_pair(k + (size_t)r * (size_t)kh * (size_t)hd, kh, hd, first, second, cs, sn);
         }
 }
 
@@ -100,8 +107,7 @@ void tl_cpu_gelu(float *x, size_t count) {
     for (size_t i = 0; i < count; i++) x[i] = tl_gelu_tanh(x[i]);
 }
 
-void tl_cpu_swiglu(const tl_model *m, float *gate, const float *up, size_t count) {
-    (void)m;
+void tl_cpu_swiglu(float *gate, const float *up, size_t count) {
     for (size_t i = 0; i < count; i++) {
         float g = gate[i];
         gate[i] = g / (1.0f + expf(-g)) * up[i];

@@ -25,9 +25,15 @@
 #define cpu_relax() ((void)0)
 #endif
 
-#define SPIN_ROUNDS 20000
-#define YIELD_AFTER 4000 /* pauses (~100 us). A yield with nothing else runnable returns at once,
-                            so waiting out a long last task costs syscalls, not latency. */
+/* Waits are counted in pauses (~25 ns each where this was tuned, an AMD Zen 5 VM). */
+#define SPIN_ROUNDS 20000 /* (~0.5 ms) an idle worker spins this long, then sleeps */
+/* Every this many pauses (~25 us: longer than decode's gaps between jobs, so a worker
+   with a core of its own never yields in steady decode) a spinning worker, and a caller
+   waiting for a task, yields. On a loaded machine the thread it waits for may share its
+   core: a pure spin would hold that core for a whole time slice (2 threads then ran 3x
+   slower than 1), a yield hands it over. A yield with nothing else runnable returns at
+   once, so waiting out a long last task costs syscalls, not latency. */
+#define YIELD_EVERY 1000
 #define FIELD_BITS 22
 #define FIELD_MASK ((UINT64_C(1) << FIELD_BITS) - 1)
 #define MAX_TASKS ((int)FIELD_MASK)
@@ -79,7 +85,11 @@ static void *worker_main(void *arg_) {
         int spins = 0;
         while ((gen = gen_of(atomic_load_explicit(&pool->job, memory_order_acquire))) == seen &&
                !atomic_load(&pool->stop)) {
-            if (++spins < SPIN_ROUNDS) { cpu_relax(); continue; }
+            if (++spins < SPIN_ROUNDS) {
+                if (spins % YIELD_EVERY == 0) sched_yield();
+                else cpu_relax();
+                continue;
+            }
             pthread_mutex_lock(&pool->sleep_lock);
             while (gen_of(atomic_load(&pool->job)) == seen && !atomic_load(&pool->stop))
                 pthread_cond_wait(&pool->wake, &pool->sleep_lock);
@@ -150,10 +160,10 @@ void tl_pool_run(tl_pool *pool, int n_tasks, tl_task_fn fn, void *ctx) {
     pthread_mutex_unlock(&pool->sleep_lock);
     run_tasks(pool, gen, 0);
     /* The tasks still running are claimed by workers. A worker preempted mid-task (another
-       process on its core) would keep a pure spin here for a whole time slice, burning a
-       core that process could use: past YIELD_AFTER pauses the wait yields instead. */
+       process on its core, or this thread) would keep a pure spin here for a whole time
+       slice: past YIELD_EVERY pauses the wait yields instead. */
     for (int spins = 0; atomic_load_explicit(&pool->done, memory_order_acquire) < n_tasks; spins++) {
-        if (spins < YIELD_AFTER) cpu_relax();
+        if (spins < YIELD_EVERY) cpu_relax();
         else sched_yield();
     }
     pthread_mutex_unlock(&pool->run_lock);
