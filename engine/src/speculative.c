@@ -4,8 +4,14 @@
  *   1. draft from the pending token (the last one emitted, not yet cached) at draft_loops,
  *      level by level: each node proposes its K_branches best tokens (the chain: 1; when
  *      sampling, the chain draws its token from the draft distribution instead);
- *   2. roll the cache back to the prefix;
- *   3. verify the pending token + every drafted node in ONE forward at the verify depth;
+ *      keeping every node's loop state at draft_loops (the last level's nodes, which propose
+ *      nothing, get a pass through the loops only);
+ *   2. roll the cache back to the prefix (bookkeeping only: the draft's K/V stay in the pages);
+ *   3. verify the pending token + every drafted node in ONE forward at the verify depth,
+ *      resumed from the kept states: the draft computed the prelude and the first draft_loops
+ *      loops of each node with exactly the verifier's inputs (token, position, visible
+ *      entries), so those results and the K/V they wrote are already the verifier's, bit for
+ *      bit (forward.h: tl_kept_states), and only loops draft_loops + 1 .. verify run;
  *   4. then each step takes the verifier's row of the current node, chooses a token exactly as
  *      plain decoding would (same hooks, penalty, argmax or sampling) and emits it; while the
  *      token is a drafted child the next step continues from that child, otherwise the
