@@ -243,6 +243,13 @@ static tl_status open_parts(tl_forward *f, const tl_model *m, tl_workspace *ws, 
     return TL_OK;
 }
 
+/* A forward over one sequence: its one part. */
+static void one_part(tl_forward *f, tl_kv_cache *cache, const tl_workspace *ws, int n, const uint8_t *mask,
+                     int mask_start) {
+    f->one = (tl_forward_part){cache, mask, mask_start, 0, n, 0, INT32_MAX, ws->state_seed};
+    f->attention = &f->attention_one;
+}
+
 /* Checks every part, sizes the workspace, then embed + prelude for all rows. */
 static tl_status start(tl_forward *f, const tl_model *m, tl_workspace *ws, tl_forward_part *parts,
                        int n_parts, const int32_t *tokens, const int32_t *positions) {
@@ -266,8 +273,7 @@ tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache 
                                   tl_workspace *ws, const int32_t *tokens,
                                   const int32_t *positions, int n, const uint8_t *mask,
                                   int mask_start) {
-    f->one = (tl_forward_part){cache, mask, mask_start, 0, n, 0, INT32_MAX, ws->state_seed};
-    f->attention = &f->attention_one;
+    one_part(f, cache, ws, n, mask, mask_start);
     return start(f, m, ws, &f->one, 1, tokens, positions);
 }
 
@@ -305,11 +311,11 @@ void tl_forward_keep(const tl_forward *f, int from, int n, tl_kept_states *k, in
 tl_status tl_forward_begin_kept(tl_forward *f, const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
                                 const int32_t *tokens, const int32_t *positions, int n, const uint8_t *mask,
                                 const tl_kept_states *k, int loops_done) {
-    if (k->backend != m->backend || n > k->rows)
+    const bool ours = k->backend == m->backend && k->backend_ctx == m->backend_ctx;
+    if (!ours || n > k->rows)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: %d rows to resume, %d kept states of this model", n,
-                       k->backend == m->backend ? k->rows : 0);
-    f->one = (tl_forward_part){cache, mask, cache->length, 0, n, 0, INT32_MAX, ws->state_seed};
-    f->attention = &f->attention_one;
+                       ours ? k->rows : 0);
+    one_part(f, cache, ws, n, mask, cache->length);
     tl_status st = open_parts(f, m, ws, &f->one, 1, tokens, positions);
     if (st != TL_OK) return st;
     const size_t nd = (size_t)n * (size_t)m->cfg.d_model;
