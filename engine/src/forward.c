@@ -219,9 +219,10 @@ static tl_status start_part(const tl_model *m, tl_forward_part *p, const int32_t
     return TL_OK;
 }
 
-/* Checks every part, sizes the workspace, then embed + prelude for all rows. */
-static tl_status start(tl_forward *f, const tl_model *m, tl_workspace *ws, tl_forward_part *parts,
-                       int n_parts, const int32_t *tokens, const int32_t *positions) {
+/* Checks every part and sizes the workspace: the forward's rows are then in the caches'
+   bookkeeping, nothing computed yet. */
+static tl_status open_parts(tl_forward *f, const tl_model *m, tl_workspace *ws, tl_forward_part *parts,
+                            int n_parts, const int32_t *tokens, const int32_t *positions) {
     int rows = 0, capacity = 0;
     for (int i = 0; i < n_parts; i++) {
         parts[i].row = rows;
@@ -239,7 +240,22 @@ static tl_status start(tl_forward *f, const tl_model *m, tl_workspace *ws, tl_fo
     f->n_parts = n_parts;
     f->n = rows;
     f->loops_done = 0;
+    return TL_OK;
+}
 
+/* A forward over one sequence: its one part. */
+static void one_part(tl_forward *f, tl_kv_cache *cache, const tl_workspace *ws, int n, const uint8_t *mask,
+                     int mask_start) {
+    f->one = (tl_forward_part){cache, mask, mask_start, 0, n, 0, INT32_MAX, ws->state_seed};
+    f->attention = &f->attention_one;
+}
+
+/* Checks every part, sizes the workspace, then embed + prelude for all rows. */
+static tl_status start(tl_forward *f, const tl_model *m, tl_workspace *ws, tl_forward_part *parts,
+                       int n_parts, const int32_t *tokens, const int32_t *positions) {
+    tl_status st = open_parts(f, m, ws, parts, n_parts, tokens, positions);
+    if (st != TL_OK) return st;
+    const int rows = f->n;
     const tl_config *c = &m->cfg;
     const tl_backend *be = m->backend;
     be->embed(m, tokens, positions, rows, ws->x); /* x [n][d] */
@@ -257,9 +273,56 @@ tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache 
                                   tl_workspace *ws, const int32_t *tokens,
                                   const int32_t *positions, int n, const uint8_t *mask,
                                   int mask_start) {
-    f->one = (tl_forward_part){cache, mask, mask_start, 0, n, 0, INT32_MAX, ws->state_seed};
-    f->attention = &f->attention_one;
+    one_part(f, cache, ws, n, mask, mask_start);
     return start(f, m, ws, &f->one, 1, tokens, positions);
+}
+
+/* ---------------------------------------------------------------- kept loop states */
+
+void tl_kept_states_release(tl_kept_states *k) {
+    if (k->e) k->backend->free(k->backend_ctx, k->e);
+    if (k->s) k->backend->free(k->backend_ctx, k->s);
+    k->e = k->s = NULL;
+    k->rows = 0;
+}
+
+tl_status tl_kept_states_reserve(tl_kept_states *k, const tl_model *m, int rows) {
+    const size_t bytes = (size_t)rows * (size_t)m->cfg.d_model * sizeof(float);
+    tl_kept_states_release(k);
+    k->backend = m->backend;
+    k->backend_ctx = m->backend_ctx;
+    k->e = m->backend->alloc(m->backend_ctx, bytes);
+    k->s = m->backend->alloc(m->backend_ctx, bytes);
+    if (!k->e || !k->s) {
+        tl_kept_states_release(k);
+        return tl_fail(TL_ERR_NO_MEMORY, "out of memory for %d kept loop states", rows);
+    }
+    k->rows = rows;
+    return TL_OK;
+}
+
+void tl_forward_keep(const tl_forward *f, int from, int n, tl_kept_states *k, int at) {
+    const tl_model *m = f->m;
+    const size_t d = (size_t)m->cfg.d_model;
+    m->backend->copy(m, k->e + (size_t)at * d, f->ws->e + (size_t)from * d, (size_t)n * d);
+    m->backend->copy(m, k->s + (size_t)at * d, f->ws->s + (size_t)from * d, (size_t)n * d);
+}
+
+tl_status tl_forward_begin_kept(tl_forward *f, const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
+                                const int32_t *tokens, const int32_t *positions, int n, const uint8_t *mask,
+                                const tl_kept_states *k, int loops_done) {
+    const bool ours = k->backend == m->backend && k->backend_ctx == m->backend_ctx;
+    if (!ours || n > k->rows)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: %d rows to resume, %d kept states of this model", n,
+                       ours ? k->rows : 0);
+    one_part(f, cache, ws, n, mask, cache->length);
+    tl_status st = open_parts(f, m, ws, &f->one, 1, tokens, positions);
+    if (st != TL_OK) return st;
+    const size_t nd = (size_t)n * (size_t)m->cfg.d_model;
+    m->backend->copy(m, ws->e, k->e, nd);
+    m->backend->copy(m, ws->s, k->s, nd);
+    f->loops_done = loops_done;
+    return TL_OK;
 }
 
 /* ---------------------------------------------------------------- the loop */

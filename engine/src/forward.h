@@ -93,6 +93,33 @@ tl_status tl_forward_begin_masked(tl_forward *f, const tl_model *m, tl_kv_cache 
                                   tl_workspace *ws, const int32_t *tokens,
                                   const int32_t *positions, int n, const uint8_t *mask,
                                   int mask_start);
+
+/* Loop states kept from one forward for a later one: each kept row's injected input e and
+   loop state s (backend buffers [rows][d]). A speculative draft keeps every drafted row's
+   state after draft_loops, and the verifier resumes its rows from them instead of running
+   the prelude and those loops again: the same token at the same position, attending over the
+   same entries, gets bit-identical states (batch invariance), and the K/V the draft wrote for
+   the prelude and those loops stay in the pages after the rollback (tl_kv_truncate only
+   moves the length), identical to what the verifier would write. */
+typedef struct tl_kept_states {
+    const struct tl_backend *backend;
+    void *backend_ctx;
+    float *e, *s;  /* [rows][d] */
+    int rows;
+} tl_kept_states;
+/* Room for `rows` kept states (what was kept before is dropped); a zeroed one is empty. */
+tl_status tl_kept_states_reserve(tl_kept_states *k, const tl_model *m, int rows);
+void tl_kept_states_release(tl_kept_states *k);
+/* Keeps rows [from, from + n) of the forward's loop state as kept rows [at, at + n). */
+void tl_forward_keep(const tl_forward *f, int from, int n, tl_kept_states *k, int at);
+/* tl_forward_begin for rows that earlier forwards already took through the prelude and the
+   first `loops_done` loops, whose states are kept rows [0, n), at the cache entries this
+   forward appends (they wrote those layers' K/V there, then were rolled back). The forward
+   goes on at loop loops_done + 1; its results are bit-identical to those of tl_forward_begin
+   when the kept rows were computed with the same tokens, positions and visible entries. */
+tl_status tl_forward_begin_kept(tl_forward *f, const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
+                                const int32_t *tokens, const int32_t *positions, int n, const uint8_t *mask,
+                                const tl_kept_states *k, int loops_done);
 void tl_forward_loop(tl_forward *f);
 /* tl_forward_loop, and the early-exit measure of how much it moved row 0's loop state:
    *relative_change = sqrt(sum (s_new - s_old)^2 / sum s_new^2), in double, or +infinity

@@ -4,8 +4,14 @@
  *   1. draft from the pending token (the last one emitted, not yet cached) at draft_loops,
  *      level by level: each node proposes its K_branches best tokens (the chain: 1; when
  *      sampling, the chain draws its token from the draft distribution instead);
- *   2. roll the cache back to the prefix;
- *   3. verify the pending token + every drafted node in ONE forward at the verify depth;
+ *      keeping every node's loop state at draft_loops (the last level's nodes, which propose
+ *      nothing, get a pass through the loops only);
+ *   2. roll the cache back to the prefix (bookkeeping only: the draft's K/V stay in the pages);
+ *   3. verify the pending token + every drafted node in ONE forward at the verify depth,
+ *      resumed from the kept states: the draft computed the prelude and the first draft_loops
+ *      loops of each node with exactly the verifier's inputs (token, position, visible
+ *      entries), so those results and the K/V they wrote are already the verifier's, bit for
+ *      bit (forward.h: tl_kept_states), and only loops draft_loops + 1 .. verify run;
  *   4. then each step takes the verifier's row of the current node, chooses a token exactly as
  *      plain decoding would (same hooks, penalty, argmax or sampling) and emits it; while the
  *      token is a drafted child the next step continues from that child, otherwise the
@@ -62,6 +68,7 @@ typedef struct spec_state {
     int32_t *row_positions;/* [max_nodes] */
     uint8_t *mask;         /* [max_nodes][max_nodes] ancestor mask */
     draft_tree tree;
+    tl_kept_states kept;   /* [max_nodes] each node's loop state after draft_loops */
     int32_t grammar_state[TL_MAX_TREE_NODES]; /* compiled grammar: its state after each node */
     int base;              /* cache length before the cycle's root */
     int node;              /* node whose verifier row gives the next token; -1: new cycle */
@@ -89,6 +96,7 @@ static void spec_close(tl_session *s) {
     free(sp->row_tokens);
     free(sp->row_positions);
     free(sp->mask);
+    tl_kept_states_release(&sp->kept);
     free(sp);
     s->mode_state = NULL;
 }
@@ -122,6 +130,8 @@ static tl_status spec_open(tl_session *s) {
         !sp->top_values || !sp->candidates || (sp->sampling && !sp->q) || !sp->p || !sp->history ||
         !sp->seen || !sp->row_tokens || !sp->row_positions || !sp->mask)
         return tl_fail(TL_ERR_NO_MEMORY, "speculative decoding: out of memory");
+    tl_status st = tl_kept_states_reserve(&sp->kept, s->m, sp->max_nodes);
+    if (st != TL_OK) return st;
     /* Room for a whole tree after the sequence until the accepted path is compacted. */
     return tl_session_cache_new(s, sp->max_nodes);
 }
@@ -215,12 +225,39 @@ static int propose(tl_session *s, spec_state *sp, const float *row, int node, in
     return n;
 }
 
-/* Drafts up to `levels` levels below the pending token, then rolls the cache back. */
+/* Forwards the nodes [first, end) (one tree level) at draft_loops over the cached prefix and
+   their ancestors (rows base + index in the cache; a chain's ancestors are exactly the causal
+   set) and keeps their loop states for the verifier. With `logits` the rows go on through the
+   coda and head (a draft level); without, they stop after the loops (the last level, which
+   proposes nothing: only its states are needed). */
+static tl_status forward_level(tl_session *s, spec_state *sp, int first, int end, int base, float *logits) {
+    const draft_tree *t = &sp->tree;
+    const int n = s->n_tokens, rows = end - first, cols = end;
+    const bool chain = sp->K == 1;
+    for (int i = 0; i < rows; i++) {
+        const int node = first + i;
+        sp->row_tokens[i] = t->token[node];
+        sp->row_positions[i] = n - 1 + t->depth[node];
+        for (int c = 0; !chain && c < cols; c++) sp->mask[i * cols + c] = is_ancestor_or_self(t, c, node);
+    }
+    tl_forward f;
+    tl_status st = tl_forward_begin_masked(&f, s->m, s->cache, &s->ws, sp->row_tokens, sp->row_positions, rows,
+                                           chain ? NULL : sp->mask, base);
+    if (st != TL_OK) return st;
+    for (int l = 0; l < s->cfg.draft_loops; l++) tl_forward_loop(&f);
+    tl_forward_keep(&f, 0, rows, &sp->kept, first);
+    if (logits) tl_forward_end(&f, 0, logits);
+    else tl_forward_commit(&f);
+    s->stats.draft_forwards++;
+    return TL_OK;
+}
+
+/* Drafts up to `levels` levels below the pending token, then rolls the cache back. Every node
+   (the last level's too) leaves its loop state at draft_loops in sp->kept. */
 static tl_status draft(tl_session *s, spec_state *sp, int levels) {
     draft_tree *t = &sp->tree;
     const int n = s->n_tokens, base = s->cache->length, vocab = s->m->cfg.vocab_size;
-    const bool chain = sp->K == 1;
-    int level_start = 0, level_end = 1, width = 1, greedy_node = 0;
+    int level_start = 0, level_end = 1, width = 1, greedy_node = 0, forwarded = 0;
     t->n = 1;
     t->token[0] = s->tokens[n - 1];
     t->parent[0] = -1;
@@ -230,22 +267,10 @@ static tl_status draft(tl_session *s, spec_state *sp, int levels) {
     if (s->cfg.repetition_penalty != 1.0f) memcpy(sp->history, s->tokens, (size_t)n * sizeof(int32_t));
     const double t0 = tl_now_ms();
     for (int level = 0; level < levels && t->n < sp->max_nodes; level++) {
-        /* Forward this level's nodes; each sees the prefix and its ancestors (rows base +
-           index in the cache). A chain's ancestors are exactly the causal set. */
-        const int rows = level_end - level_start, cols = level_end;
-        for (int i = 0; i < rows; i++) {
-            const int node = level_start + i;
-            sp->row_tokens[i] = t->token[node];
-            sp->row_positions[i] = n - 1 + t->depth[node];
-            for (int c = 0; !chain && c < cols; c++) sp->mask[i * cols + c] = is_ancestor_or_self(t, c, node);
-        }
-        tl_forward f;
-        tl_status st = tl_forward_begin_masked(&f, s->m, s->cache, &s->ws, sp->row_tokens, sp->row_positions,
-                                               rows, chain ? NULL : sp->mask, base);
+        const int rows = level_end - level_start;
+        tl_status st = forward_level(s, sp, level_start, level_end, base, sp->draft_logits);
         if (st != TL_OK) return st;
-        for (int l = 0; l < s->cfg.draft_loops; l++) tl_forward_loop(&f);
-        tl_forward_end(&f, 0, sp->draft_logits);
-        s->stats.draft_forwards++;
+        forwarded = level_end;
 
         int n_cand = 0;
         for (int i = 0; i < rows; i++) {
@@ -285,6 +310,12 @@ static tl_status draft(tl_session *s, spec_state *sp, int levels) {
         level_end = t->n;
         if (keep == 0) break;
     }
+    /* The nodes proposed last were never forwarded: their states too, so that the verifier
+       resumes every row (this costs the layers the verifier saves on one level's rows). */
+    if (forwarded < t->n) {
+        tl_status st = forward_level(s, sp, forwarded, t->n, base, NULL);
+        if (st != TL_OK) return st;
+    }
     s->stats.draft_ms += tl_now_ms() - t0;
     s->stats.drafted += t->n - 1;
     return tl_kv_truncate(s->cache, base);
@@ -323,10 +354,14 @@ static tl_status begin_cycle(tl_session *s, spec_state *sp) {
     }
     sp->depth_offered += max_depth;
     const double t0 = tl_now_ms();
-    st = tl_forward_run(s->m, s->cache, &s->ws, sp->row_tokens, sp->row_positions, t->n, chain ? NULL : sp->mask,
-                        s->loops, 0, sp->verify_logits);
-    s->stats.verify_ms += tl_now_ms() - t0;
+    /* Every row resumes from its draft's state: only the loops past draft_loops are left. */
+    tl_forward f;
+    st = tl_forward_begin_kept(&f, s->m, s->cache, &s->ws, sp->row_tokens, sp->row_positions, t->n,
+                               chain ? NULL : sp->mask, &sp->kept, s->cfg.draft_loops);
     if (st != TL_OK) return st;
+    for (int l = s->cfg.draft_loops; l < s->loops; l++) tl_forward_loop(&f);
+    tl_forward_end(&f, 0, sp->verify_logits);
+    s->stats.verify_ms += tl_now_ms() - t0;
     s->stats.verify_forwards++;
     s->stats.verify_steps++;
     sp->node = 0;

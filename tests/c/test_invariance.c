@@ -206,6 +206,98 @@ static void check_kv_sharing(const char *root, const char *name) {
     tl_model_free(m);
 }
 
+/* Speculative verification resumed from the draft's kept states (forward.h: tl_kept_states):
+   six rows (a chain, or a tree under an ancestor mask) drafted level by level at depth
+   `draft` and kept, the cache rolled back, then resumed to depth `loops`, give the same
+   logits (memcmp) and leave the same K/V in every slot they reach as one forward from
+   scratch; and fewer kept rows than asked for is an error. */
+static void check_kept_resume(const char *root, const char *name, bool tree, int draft, int loops) {
+    char dir[8400];
+    snprintf(dir, sizeof dir, "%s/%s", root, name);
+    tl_model *m = load(dir, 2);
+    if (!m) { CHECK(0, "load %s", name); return; }
+    const tl_config *c = &m->cfg;
+    const int vocab = c->vocab_size, base = 10, n = 6;
+    /* node: parent (-1 for the root); levels {0}, {1, 2}, {3, 4, 5} (a chain: one per level) */
+    const int chain_parent[6] = {-1, 0, 1, 2, 3, 4}, tree_parent[6] = {-1, 0, 0, 1, 1, 2};
+    const int *parent = tree ? tree_parent : chain_parent;
+    const int chain_levels[] = {0, 1, 2, 3, 4, 5, 6}, tree_levels[] = {0, 1, 3, 6};
+    const int *level = tree ? tree_levels : chain_levels, n_levels = tree ? 3 : 6;
+    int32_t tokens[16], pos[16];
+    uint8_t full[36], part[36];
+    for (int i = 0; i < 16; i++) { tokens[i] = (int32_t)(next_u32() % (uint32_t)vocab); pos[i] = i; }
+    for (int i = 0; i < n; i++) {
+        int depth = 0;
+        for (int x = parent[i]; x >= 0; x = parent[x]) depth++;
+        pos[base + i] = base + depth;
+        for (int j = 0; j < n; j++) {
+            bool seen = false;
+            for (int x = i; x >= 0; x = parent[x]) seen = seen || x == j;
+            full[i * n + j] = seen;
+        }
+    }
+    float *want = malloc((size_t)n * (size_t)vocab * sizeof(float)), *got = malloc((size_t)n * (size_t)vocab * sizeof(float));
+    tl_workspace ws = {0};
+    ws.state_seed = c->state_init == TL_STATE_TRUNCATED_NORMAL ? 0x1234567ull : 0;
+    tl_kept_states kept = {0};
+    tl_kv_cache *a = NULL, *b = NULL;
+    tl_kv_cache_new_for(m, base + n, 0, base + n, &a);
+    tl_kv_cache_new_for(m, base + n, 0, base + n, &b);
+    CHECK(tl_kept_states_reserve(&kept, m, n) == TL_OK, "reserve");
+    tl_forward_run(m, a, &ws, tokens, pos, base, NULL, loops, base, NULL);
+    tl_forward_run(m, b, &ws, tokens, pos, base, NULL, loops, base, NULL);
+    tl_forward_run(m, a, &ws, tokens + base, pos + base, n, tree ? full : NULL, loops, 0, want);
+
+    /* The draft: each level sees the prefix and its ancestors; the last level only loops. */
+    for (int l = 0; l < n_levels; l++) {
+        const int first = level[l], end = level[l + 1], rows = end - first;
+        for (int i = 0; i < rows; i++)
+            for (int j = 0; j < end; j++) part[i * end + j] = full[(first + i) * n + j];
+        tl_forward f;
+        tl_status st = tl_forward_begin_masked(&f, m, b, &ws, tokens + base + first, pos + base + first, rows,
+                                               tree ? part : NULL, base);
+        CHECK(st == TL_OK, "draft level %d: %s", l, tl_last_error());
+        if (st != TL_OK) break;
+        for (int i = 0; i < draft; i++) tl_forward_loop(&f);
+        tl_forward_keep(&f, 0, rows, &kept, first);
+        if (l + 1 < n_levels) tl_forward_end(&f, 0, got);
+        else tl_forward_commit(&f);
+    }
+    CHECK(tl_kv_truncate(b, base) == TL_OK, "rollback");
+    tl_forward f;
+    CHECK_ERROR(tl_forward_begin_kept(&f, m, b, &ws, tokens + base, pos + base, n + 1, NULL, &kept, draft),
+                TL_ERR_INVALID_ARGUMENT, "7 rows to resume, 6 kept");
+    tl_status st = tl_forward_begin_kept(&f, m, b, &ws, tokens + base, pos + base, n, tree ? full : NULL, &kept, draft);
+    CHECK(st == TL_OK, "resume: %s", tl_last_error());
+    if (st == TL_OK) {
+        for (int i = draft; i < loops; i++) tl_forward_loop(&f);
+        tl_forward_end(&f, 0, got);
+        CHECK(memcmp(want, got, (size_t)n * (size_t)vocab * sizeof(float)) == 0,
+              "%s %s d%d: resumed verification logits differ from a forward from scratch", name,
+              tree ? "tree" : "chain", draft);
+        /* Every slot the rows reach: prelude, loops 1..loops, coda. */
+        int differ = 0, compared = 0;
+        for (int slot = 0; slot < a->n_slots; slot++) {
+            const bool block = slot >= c->n_prelude && slot < c->n_prelude + c->n_block * c->max_loops;
+            if (block && (slot - c->n_prelude) / c->n_block >= loops) continue;
+            for (int j = base; j < base + n; j++) {
+                const float *ka = tl_kv_k(a, slot, j), *kb = tl_kv_k(b, slot, j);
+                const float *va = tl_kv_v(a, slot, j), *vb = tl_kv_v(b, slot, j);
+                const size_t bytes = (size_t)a->kv_dim * sizeof(float);
+                differ += !ka || !kb || memcmp(ka, kb, bytes) != 0 || memcmp(va, vb, bytes) != 0;
+                compared++;
+            }
+        }
+        CHECK(differ == 0 && compared > 0, "%s %s d%d: %d of %d resumed K/V entries differ", name,
+              tree ? "tree" : "chain", draft, differ, compared);
+    }
+    free(want); free(got);
+    tl_kept_states_release(&kept);
+    tl_workspace_release(&ws);
+    tl_kv_cache_free(a); tl_kv_cache_free(b);
+    tl_model_free(m);
+}
+
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : "tests/data/golden";
     const char *configs[] = {"gpt2_like", "llama_like", "concat_residual_mqa", "f16_concat_residual_gqa",
@@ -230,5 +322,13 @@ int main(int argc, char **argv) {
     check_config(hf, "ouro_bf16_tied");
     check_kv_sharing(hf, "huginn_bf16");
     check_kv_sharing(hf, "ouro_f32");
+    const char *resumed[] = {"add_residual_statenorm_rms_gqa2", "f16_concat_residual_gqa", "bf16_tied_rope_residual"};
+    for (size_t i = 0; i < sizeof resumed / sizeof resumed[0]; i++)
+        for (int tree = 0; tree < 2; tree++) {
+            check_kept_resume(root, resumed[i], tree, 1, 4);
+            check_kept_resume(root, resumed[i], tree, 3, 4);
+        }
+    check_kept_resume(hf, "huginn_f32", true, 2, 4);
+    check_kept_resume(hf, "ouro_bf16_tied", false, 1, 4);
     return check_summary();
 }
