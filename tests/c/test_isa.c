@@ -122,6 +122,76 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
     return compared;
 }
 
+/* q8/q4 kernels on their own, every row count from 1 to 9 (VNNI's tiles of 4, 2, 1 and
+   AVX2's of 2, 1) and a partial last panel: each family equals the generic kernel bit for
+   bit, and so does a row alone. The weights span their whole range (q8 bytes 1..255, i.e.
+   q = -127..127; every nibble) and the activations include an all-zero group and groups
+   whose values all sit at +-max|x| (q = +-qmax on every input: the largest integer sums),
+   so an overflow or a lost offset would show. */
+static int check_quantised_rows(const tl_kernels *const *families, int n_families) {
+    enum { ROWS = 48, MAX_N = 9, K = 256 };
+    const int groups = K / TL_QGROUP;
+    int compared = 0;
+    uint32_t state = 4242u;
+    static float x[MAX_N * K], want[MAX_N * ROWS], got[MAX_N * ROWS];
+    static int8_t q8x[MAX_N * K];
+    static int16_t q16x[MAX_N * K];
+    static float d[MAX_N * K / TL_QGROUP], d16[MAX_N * K / TL_QGROUP];
+    static int32_t sum[MAX_N * K / TL_QGROUP], sum16[MAX_N * K / TL_QGROUP];
+    for (int i = 0; i < MAX_N * K; i++) {
+        state = state * 1664525u + 1013904223u;
+        const float v = (float)(state >> 8) / 16777216.0f - 0.5f;
+        const int g = (i % K) / TL_QGROUP;
+        x[i] = g == 1 ? 0.0f : g == 2 ? (v < 0.0f ? -3.0f : 3.0f) : v;
+    }
+    tl_cpu_quantize_rows(x, MAX_N, K, 8, q8x, d, sum);
+    tl_cpu_quantize_rows(x, MAX_N, K, 16, q16x, d16, sum16);
+    const tl_qrows xq = {q8x, d, sum, q16x, d16, sum16};
+    float bias[ROWS];
+    for (int o = 0; o < ROWS; o++) bias[o] = 0.01f * (float)o;
+    for (int t = 0; t < 2; t++) {
+        const tl_dtype dt = t ? TL_Q4 : TL_Q8;
+        const size_t bb = tl_qblock_bytes(dt), bytes = (size_t)(ROWS / TL_PANEL) * (size_t)groups * bb;
+        uint8_t *w = malloc(bytes);
+        for (size_t b = 0; b < bytes; b++) {
+            state = state * 1664525u + 1013904223u;
+            w[b] = (uint8_t)(state >> 24);
+        }
+        for (size_t blk = 0; blk < bytes / bb; blk++) {
+            uint8_t *p = w + blk * bb;
+            if (dt == TL_Q8)
+                for (size_t b = 0; b < tl_qscale_offset(dt); b++) p[b] = p[b] ? p[b] : 1;
+            for (int l = 0; l < TL_PANEL; l++) {
+                state = state * 1664525u + 1013904223u;
+                const uint16_t h = tl_f32_to_f16((float)(state >> 8) / 16777216.0f * 0.02f);
+                memcpy(p + tl_qscale_offset(dt) + 2 * (size_t)l, &h, 2);
+            }
+        }
+        for (int o1 = ROWS - 8; o1 <= ROWS; o1 += 8)
+            for (int n = 1; n <= MAX_N; n++) {
+                tl_kernels_generic.qmatmul_packed(&xq, n, K, w, dt, bias, 0, o1, want, ROWS);
+                for (int f = 0; f < n_families; f++) {
+                    memset(got, 0, sizeof got);
+                    families[f]->qmatmul_packed(&xq, n, K, w, dt, bias, 0, o1, got, ROWS);
+                    bool same = true;
+                    for (int r = 0; r < n; r++)
+                        same = same && memcmp(want + (size_t)r * ROWS, got + (size_t)r * ROWS, (size_t)o1 * sizeof(float)) == 0;
+                    CHECK(same, "%s %s: %d rows (o1 %d) differ from generic", dt == TL_Q8 ? "q8" : "q4", families[f]->isa, n, o1);
+                    /* the last row alone, through the single-row kernel */
+                    const tl_qrows last = {q8x + (size_t)(n - 1) * K, d + (size_t)(n - 1) * (size_t)groups,
+                                           sum + (size_t)(n - 1) * (size_t)groups, q16x + (size_t)(n - 1) * K,
+                                           d16 + (size_t)(n - 1) * (size_t)groups, sum16 + (size_t)(n - 1) * (size_t)groups};
+                    families[f]->qmatmul_packed(&last, 1, K, w, dt, bias, 0, o1, got, ROWS);
+                    CHECK(memcmp(want + (size_t)(n - 1) * ROWS, got, (size_t)o1 * sizeof(float)) == 0,
+                          "%s %s: row %d of %d differs from the row alone", dt == TL_Q8 ? "q8" : "q4", families[f]->isa, n - 1, n);
+                    compared++;
+                }
+            }
+        free(w);
+    }
+    return compared;
+}
+
 /* Attention blocks: every block size from 1 to 36 keys (the four-key groups and their
    leftovers), head sizes with and without a leftover (k mod 8): each family's dots and
    axpys equal the generic ones bit for bit, and so does the same work done one key per
@@ -184,7 +254,7 @@ int main(int argc, char **argv) {
 #endif
     int compared = 0;
     {
-        const tl_kernels *families[3];
+        const tl_kernels *families[4];
         int n_families = 0;
         families[n_families++] = &tl_kernels_generic; /* itself: the single-row check */
 #if defined(__x86_64__)
@@ -193,6 +263,10 @@ int main(int argc, char **argv) {
 #endif
         compared += check_packed_rows(families, n_families);
         compared += check_attention_blocks(families, n_families);
+#if defined(__x86_64__)
+        if (vnni) families[n_families++] = &tl_kernels_avx512_vnni;
+#endif
+        compared += check_quantised_rows(families, n_families);
     }
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[4096];

@@ -96,7 +96,7 @@ enum { GROUP_MAX = 4 };
 
 typedef struct {
     const float *x;
-    const tl_qrows *xq; /* x quantised, for q4 weights */
+    const tl_qrows *xq; /* x quantised, for q8/q4 weights */
     const tl_matmul_out *outs;
     int count;
     int n;
@@ -142,23 +142,26 @@ static void matmul_task(void *ctx, int task, int thread) {
     }
 }
 
-/* Quantised activations need k + 8 k / TL_QGROUP bytes a row: decode's fit on the stack;
-   larger chunks take a heap buffer for the call (per call, since two sessions may run
-   forwards on one model at the same time). */
+/* Quantised activations need, a row, k + 8 k / TL_QGROUP bytes at 8 bits (q4 weights) and
+   2 k + 8 k / TL_QGROUP at 16 (q8): decode's fit on the stack; larger chunks take a heap
+   buffer for the call (per call, since two sessions may run forwards on one model at the
+   same time). */
 enum { Q_STACK_BYTES = 16384 };
 
-static size_t quantised_bytes(int n, int k) {
+static size_t quantised_bytes(int n, int k, int bits) {
     const size_t vals = (size_t)n * (size_t)k;
-    return vals / TL_QGROUP * (sizeof(float) + sizeof(int32_t)) + vals;
+    return vals / TL_QGROUP * (sizeof(float) + sizeof(int32_t)) + vals * (size_t)(bits / 8);
 }
 
-static void quantise_input(const float *x, int n, int k, void *mem, tl_qrows *out) {
+/* x quantised to `bits` in mem (quantised_bytes(n, k, bits)), into out's fields of that width. */
+static void quantise_input(const float *x, int n, int k, int bits, void *mem, tl_qrows *out) {
     const size_t groups = (size_t)n * (size_t)k / TL_QGROUP;
     float *d = mem;
     int32_t *sum = (int32_t *)(d + groups);
-    int8_t *q = (int8_t *)(sum + groups);
-    tl_cpu_quantize_rows(x, n, k, q, d, sum);
-    *out = (tl_qrows){x, q, d, sum};
+    void *q = sum + groups;
+    tl_cpu_quantize_rows(x, n, k, bits, q, d, sum);
+    if (bits == 16) { out->q16 = q; out->d16 = d; out->sum16 = sum; }
+    else { out->q = q; out->d = d; out->sum = sum; }
 }
 
 /* Columns per task for one product of `macs` multiply-adds: a few tasks per thread
@@ -184,7 +187,7 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
     tl_pool *pool = tl_cpu_pool(m);
     const int threads = tl_pool_threads(pool);
     matmul_job job = {.x = x, .outs = outs, .count = count, .n = n, .kern = tl_cpu_kernels()};
-    bool any_q4 = false;
+    bool any_q4 = false, any_q8 = false;
     for (int i = 0; i < count; i++) {
         const tl_matrix *w = outs[i].w;
         const bool pair = swiglu_pair(outs, i, count), paired = i > 0 && swiglu_pair(outs, i - 1, count);
@@ -192,22 +195,26 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
         const int tasks = paired ? 0 : (w->rows + job.cols_per_task[i] - 1) / job.cols_per_task[i];
         job.first_task[i + 1] = job.first_task[i] + tasks;
         any_q4 = any_q4 || w->dtype == TL_Q4;
+        any_q8 = any_q8 || w->dtype == TL_Q8;
     }
-    /* q4 multiplies quantised rows (q8 reads the f32 ones: kernels.h); the products of a
-       group share x, so it is quantised once. */
+    /* q4 multiplies 8-bit rows, q8 16-bit ones (kernels.h); the products of a group share
+       x, so it is quantised once per width. */
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
     void *heap = NULL;
-    tl_qrows qrows = {.x = x};
-    if (any_q4) {
+    tl_qrows qrows = {0};
+    if (any_q4 || any_q8) {
         const int k = outs[0].w->cols;
-        const size_t bytes = quantised_bytes(n, k);
-        if (bytes > sizeof stack && !(heap = malloc(bytes))) {
+        const size_t bytes8 = any_q4 ? quantised_bytes(n, k, 8) : 0, bytes16 = any_q8 ? quantised_bytes(n, k, 16) : 0;
+        /* The 16-bit rows first: both parts stay aligned for their elements. */
+        if (bytes16 + bytes8 > sizeof stack && !(heap = malloc(bytes16 + bytes8))) {
             /* Out of memory: nothing sensible is left to compute with. */
             for (int i = 0; i < count; i++)
                 for (size_t e = 0; e < (size_t)n * (size_t)outs[i].w->rows; e++) outs[i].y[e] = NAN;
             return;
         }
-        quantise_input(x, n, k, heap ? heap : stack, &qrows);
+        uint8_t *mem = heap ? heap : stack;
+        if (any_q8) quantise_input(x, n, k, 16, mem, &qrows);
+        if (any_q4) quantise_input(x, n, k, 8, mem + bytes16, &qrows);
     }
     job.xq = &qrows;
     tl_pool_run(pool, job.first_task[count], matmul_task, &job);

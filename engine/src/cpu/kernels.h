@@ -9,20 +9,26 @@
 #include "../dtype.h"
 #include "../internal.h"
 
-/* Activation rows quantised for the q8/q4 matmuls: for n rows of k values (k a multiple
-   of TL_QGROUP), q [n][k] int8 in [-127, 127] and, per row and group, d [n][k/TL_QGROUP]
-   (x ~ d * q) and sum [n][k/TL_QGROUP] (the sum of the group's q, for the weights' offset). */
+/* Activation rows quantised for the q8/q4 matmuls, for n rows of k values (k a multiple of
+   TL_QGROUP): q4 weights multiply 8-bit rows, q8 weights 16-bit ones (8-bit activations cost
+   q8 more top-1 agreement than its target allows; 16-bit ones cost it nothing measurable).
+   q [n][k] in [-qmax, qmax] (int8_t, qmax 127; int16_t, qmax 32767) and, per row and group,
+   d [n][k/TL_QGROUP] (x ~ d * q) and sum [n][k/TL_QGROUP] (the sum of the group's q, which
+   removes the weights' unsigned offset). A width a matmul does not need stays NULL. */
 typedef struct tl_qrows {
-    const float *x; /* the rows themselves [n][k]: q8 weights multiply these */
-    const int8_t *q;
+    const int8_t *q; /* 8-bit rows, for q4 weights */
     const float *d;
     const int32_t *sum;
+    const int16_t *q16; /* 16-bit rows, for q8 weights */
+    const float *d16;
+    const int32_t *sum16;
 } tl_qrows;
 
-/* Quantises each row on its own (so a row's result cannot depend on the others): per group,
-   d = max|x| / 127 and q = round_to_even(x * (127 / max|x|)) (0 for an all-zero group).
-   One implementation for every ISA. */
-void tl_cpu_quantize_rows(const float *x, int n, int k, int8_t *q, float *d, int32_t *sum);
+/* Quantises each row on its own (so a row's result cannot depend on the others) to `bits`
+   8 (q: int8_t) or 16 (q: int16_t): per group, qmax = 2^(bits-1) - 1, d = max|x| / qmax and
+   q = round_to_even(x * (qmax / max|x|)) (0 for an all-zero group). One implementation for
+   every ISA. */
+void tl_cpu_quantize_rows(const float *x, int n, int k, int bits, void *q, float *d, int32_t *sum);
 
 /* The packed q8/q4 layout (TL_PANEL-row panels, like the float one): panel p, group g is one
    block of tl_qblock_bytes at data + (p * groups + g) * tl_qblock_bytes, holding
@@ -53,16 +59,15 @@ typedef struct tl_kernels {
        bit, whatever the number of rows. */
     void (*matmul_packed)(const float *x, int n, int k, const void *w, tl_dtype dt,
                           const float *bias, int o0, int o1, float *y, int ldy);
-    /* The same for a packed q8/q4 matrix (layout below). Every output is computed as
+    /* The same for a packed q8/q4 matrix (layout below), activations quantised by
+       tl_cpu_quantize_rows (q8: 16-bit rows q16/d16; q4: 8-bit rows q/d). Every output is
+       computed as
            acc = 0;  for each group g in order:
-             q8 (f32 activations: 8-bit activations cost more top-1 agreement than allowed):
-               p_b = 0; for i = b, b+4, .. < 32: p_b = fma((float)wq[o][32g+i], x[r][32g+i], p_b)
-               acc = fma(scale[o][g], (p_0 + p_1) + (p_2 + p_3), acc)
-             q4 (activations quantised by tl_cpu_quantize_rows):
-               isum = sum_i wq[o][32g + i] * xq[r][32g + i]     (exact, in integers)
+               isum = sum_i wq[o][32g + i] * xq[r][32g + i]     (exact, in int32)
                acc = fma(scale[o][g] * d[r][g], (float)isum, acc)
            y = acc (+ bias)
-       by every implementation (integer sums are exact in any order), so they agree bit for bit. */
+       by every implementation (integer sums are exact in any order, and cannot overflow:
+       32 x 127 x 32767 and 32 x 8 x 127 are far below 2^31), so they agree bit for bit. */
     void (*qmatmul_packed)(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                            const float *bias, int o0, int o1, float *y, int ldy);
     /* Attention over a block of keys (the visible keys of a KV page or more), one call per

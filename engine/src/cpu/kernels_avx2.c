@@ -148,14 +148,16 @@ static void matmul_packed_avx2(const float *x, int n, int k, const void *w, tl_d
 
 /* ---------------------------------------------------------------- q8 / q4 panels */
 
-/* q8: f32 activations (kernels.h). 16 lanes = two ymm halves; a sub-block's 32 bytes per
-   half are 8 lanes x 4 inputs, byte b of each lane sign-extended by a shift pair (the bytes
-   hold q + 128: the xor restores q). R input rows share every conversion. */
+/* q8: 16-bit activations (kernels.h). 16 lanes = four ymm quarters; a sub-block's 16 bytes
+   per quarter are 4 lanes x 4 inputs, widened to int16 (the bytes are unsigned, q + 128) and
+   multiplied by the 4 activations with madd into int32 pairs [lane][inputs 0-1 | 2-3]; after
+   the group, hadd joins the pairs (the lanes come out as 0 1 4 5 | 2 3 6 7 and a qword
+   permute restores their order) and 128 x the activations' sum removes the offset. Integer
+   sums are exact, so the order of the adds cannot show. R input rows share every widening. */
 #define DEFINE_Q8_ROWS(NAME, R)                                                           \
     static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out) { \
         const int groups = k / TL_QGROUP;                                                 \
         const size_t bb = tl_qblock_bytes(TL_Q8);                                         \
-        const __m256i flip = _mm256_set1_epi8((char)0x80);                                \
         __m256 acc[R][2];                                                                 \
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();          \
         for (int g = 0; g < groups; g++) {                                                \
@@ -163,20 +165,28 @@ static void matmul_packed_avx2(const float *x, int n, int k, const void *w, tl_d
             if (R == 1)                                                                   \
                 for (size_t p_ = 0; p_ < bb; p_ += 64)                                    \
                     _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p_, _MM_HINT_T0);   \
-            for (int h = 0; h < 2; h++) {                                                 \
-                __m256 p[R][4];                                                           \
-                for (int r = 0; r < R; r++) p[r][0] = p[r][1] = p[r][2] = p[r][3] = _mm256_setzero_ps(); \
-                for (int j = 0; j < 8; j++) {                                             \
-                    const __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + j * 64 + h * 32)), flip); \
-                    for (int b = 0; b < 4; b++) {                                         \
-                        const __m256 wb = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * b), 24)); \
-                        for (int r = 0; r < R; r++)                                       \
-                            p[r][b] = _mm256_fmadd_ps(wb, _mm256_broadcast_ss(x->x + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP + 4 * j + b), p[r][b]); \
-                    }                                                                     \
+            __m256i dp[R][4];                                                             \
+            for (int r = 0; r < R; r++) dp[r][0] = dp[r][1] = dp[r][2] = dp[r][3] = _mm256_setzero_si256(); \
+            for (int j = 0; j < 8; j++) {                                                 \
+                __m256i wq[4];                                                            \
+                for (int c = 0; c < 4; c++)                                               \
+                    wq[c] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 64 * j + 16 * c))); \
+                for (int r = 0; r < R; r++) {                                             \
+                    int64_t xv;                                                           \
+                    memcpy(&xv, x->q16 + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP + 4 * j, 8); \
+                    const __m256i xb = _mm256_set1_epi64x(xv);                            \
+                    for (int c = 0; c < 4; c++) dp[r][c] = _mm256_add_epi32(dp[r][c], _mm256_madd_epi16(wq[c], xb)); \
                 }                                                                         \
+            }                                                                             \
+            for (int h = 0; h < 2; h++) {                                                 \
                 const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + tl_qscale_offset(TL_Q8) + 16 * h))); \
-                for (int r = 0; r < R; r++)                                               \
-                    acc[r][h] = _mm256_fmadd_ps(sw, _mm256_add_ps(_mm256_add_ps(p[r][0], p[r][1]), _mm256_add_ps(p[r][2], p[r][3])), acc[r][h]); \
+                for (int r = 0; r < R; r++) {                                             \
+                    const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;    \
+                    const __m256i lanes = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dp[r][2 * h], dp[r][2 * h + 1]), 0xD8); \
+                    const __m256i isum = _mm256_sub_epi32(lanes, _mm256_set1_epi32(128 * x->sum16[gi])); \
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(sw, _mm256_set1_ps(x->d16[gi])), \
+                                                _mm256_cvtepi32_ps(isum), acc[r][h]);     \
+                }                                                                         \
             }                                                                             \
         }                                                                                 \
         for (int r = 0; r < R; r++) {                                                     \

@@ -237,77 +237,10 @@ static void axpys_avx512(float *y, const float *a, const float *const *x, int n,
 
 /* ---------------------------------------------------------------- q8 / q4 */
 
-/* q8 with f32 activations (kernels.h): one zmm = a panel's 16 lanes; a sub-block's 64 bytes
-   are 16 lanes x 4 inputs, byte b sign-extended by a shift pair after the xor that undoes
-   the +128. Up to 4 input rows share every conversion. */
-#define DEFINE_Q8_ROWS(NAME, R)                                                           \
-    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out) { \
-        const int groups = k / TL_QGROUP;                                                 \
-        const size_t bb = tl_qblock_bytes(TL_Q8);                                         \
-        const __m512i flip = _mm512_set1_epi32((int)0x80808080u);                         \
-        __m512 acc[R];                                                                    \
-        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                         \
-        for (int g = 0; g < groups; g++) {                                                \
-            const uint8_t *blk = panel + (size_t)g * bb;                                  \
-            if (R == 1)                                                                   \
-                for (size_t p_ = 0; p_ < bb; p_ += 64)                                    \
-                    _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p_, _MM_HINT_T0);   \
-            __m512 p[R][4];                                                               \
-            for (int r = 0; r < R; r++) p[r][0] = p[r][1] = p[r][2] = p[r][3] = _mm512_setzero_ps(); \
-            for (int j = 0; j < 8; j++) {                                                 \
-                const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(blk + 64 * j), flip); \
-                for (int b = 0; b < 4; b++) {                                             \
-                    const __m512 wb = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * b), 24)); \
-                    for (int r = 0; r < R; r++)                                           \
-                        p[r][b] = _mm512_fmadd_ps(wb, _mm512_set1_ps(x->x[(size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP + 4 * j + b]), p[r][b]); \
-                }                                                                         \
-            }                                                                             \
-            const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + tl_qscale_offset(TL_Q8)))); \
-            for (int r = 0; r < R; r++)                                                   \
-                acc[r] = _mm512_fmadd_ps(sw, _mm512_add_ps(_mm512_add_ps(p[r][0], p[r][1]), _mm512_add_ps(p[r][2], p[r][3])), acc[r]); \
-        }                                                                                 \
-        for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * TL_PANEL, acc[r]);         \
-    }
-
-DEFINE_Q8_ROWS(q8_r4, 4)
-DEFINE_Q8_ROWS(q8_r2, 2)
-DEFINE_Q8_ROWS(q8_r1, 1)
-
-static void q8_avx512(const tl_qrows *x, int n, int k, const void *w, const float *bias, int o0, int o1,
-                      float *y, int ldy) {
-    const size_t panel_bytes = (size_t)(k / TL_QGROUP) * tl_qblock_bytes(TL_Q8);
-    float out[4 * TL_PANEL];
-    for (int o = o0; o < o1; o += TL_PANEL) {
-        const uint8_t *panel = (const uint8_t *)w + (size_t)(o / TL_PANEL) * panel_bytes;
-        const int lanes = o1 - o < TL_PANEL ? o1 - o : TL_PANEL;
-        for (int r = 0; r < n;) {
-            const int rows = n - r >= 4 ? 4 : n - r >= 2 ? 2 : 1;
-            (rows == 4 ? q8_r4 : rows == 2 ? q8_r2 : q8_r1)(x, r, k, panel, out);
-            for (int t = 0; t < rows; t++) {
-                float *yr = y + (size_t)(r + t) * (size_t)ldy + o;
-                for (int l = 0; l < lanes; l++) yr[l] = bias ? out[t * TL_PANEL + l] + bias[o + l] : out[t * TL_PANEL + l];
-            }
-            r += rows;
-        }
-    }
-}
-
-/* q4: the AVX2 integer kernel, or with VNNI kernels_vnni.c's (integer sums are exact, so
-   every ISA agrees). */
-static void qmatmul_avx512(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt, const float *bias,
-                           int o0, int o1, float *y, int ldy) {
-    if (dt == TL_Q8) q8_avx512(x, n, k, w, bias, o0, o1, y, ldy);
-    else tl_qmatmul_packed_avx2(x, n, k, w, dt, bias, o0, o1, y, ldy);
-}
-
-static void qmatmul_avx512_vnni(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt, const float *bias,
-                                int o0, int o1, float *y, int ldy) {
-    if (dt == TL_Q8) q8_avx512(x, n, k, w, bias, o0, o1, y, ldy);
-    else tl_qmatmul_packed_vnni(x, n, k, w, dt, bias, o0, o1, y, ldy);
-}
-
-const tl_kernels tl_kernels_avx512 = {"avx512", matmul_avx512, matmul_packed_avx512, qmatmul_avx512,
+/* q8 and q4 are integer dot products (kernels.h): AVX-512 without VNNI and BW runs the AVX2
+   kernels, with them kernels_vnni.c's (integer sums are exact, so every ISA agrees). */
+const tl_kernels tl_kernels_avx512 = {"avx512", matmul_avx512, matmul_packed_avx512, tl_qmatmul_packed_avx2,
                                       dots_avx512, axpys_avx512};
 const tl_kernels tl_kernels_avx512_vnni = {"avx512-vnni", matmul_avx512, matmul_packed_avx512,
-                                           qmatmul_avx512_vnni, dots_avx512, axpys_avx512};
+                                           tl_qmatmul_packed_vnni, dots_avx512, axpys_avx512};
 #endif

@@ -1,14 +1,13 @@
-/* kernels_vnni.c: q4 matmul with AVX512-VNNI (vpdpbusd: 16 lanes x 4 byte products into
- * int32 per instruction). Compiled with -mavx512f -mavx512bw -mavx512vnni -mf16c in a file
- * of its own, so that no other kernel picks up instructions a plain AVX-512 CPU lacks;
+/* kernels_vnni.c: q4 and q8 matmuls with AVX512-VNNI (q4: vpdpbusd, 16 lanes x 4 byte
+ * products into int32 per instruction; q8: vpdpwssd, 16 lanes x 2 int16 products).
+ * Compiled with -mavx512f -mavx512bw -mavx512vnni -mf16c in a file of its own, so that no other kernel picks up instructions a plain AVX-512 CPU lacks;
  * called only after a run-time CPU check.
  *
  * The packed q block layout (kernels.h) is vpdpbusd's shape: one 64-byte load is 16 output
  * lanes x 4 inputs, multiplied by 4 activation bytes broadcast to every lane. The nibbles
  * are unsigned (as vpdpbusd's first operand must be), so the sum is corrected by 8 x the
  * activations' group sum; integers are exact, and the float steps are kernels.h's canonical
- * ones, so the result is bit-identical to the generic and AVX2 kernels. (q8 multiplies f32
- * activations: kernels_avx512.c.) */
+ * ones, so the result is bit-identical to the generic and AVX2 kernels. */
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <string.h>
@@ -63,7 +62,57 @@ DEFINE_VNNI_ROWS(q4_r4, 4)
 DEFINE_VNNI_ROWS(q4_r2, 2)
 DEFINE_VNNI_ROWS(q4_r1, 1)
 
-/* q4 only (q8 goes to the AVX-512 f32 kernel). */
+/* q8: 16-bit activations (kernels.h) with vpdpwssd (int16 pairs into int32). Each half of a
+   sub-block (32 bytes: 8 lanes x 4 inputs, unsigned q + 128) is widened to int16, so int32
+   slot s holds lane s/2's inputs 2(s%2) and 2(s%2)+1: one 64-bit broadcast of the 4
+   activations feeds it. After the group one permute pair gathers each lane's two slots from
+   both halves, and 128 x the activations' sum removes the offset. A single row splits the
+   sums in even and odd sub-blocks to halve the latency chains (exact: integers). */
+#define DEFINE_VNNI_Q8_ROWS(NAME, R)                                                      \
+    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out) { \
+        const int groups = k / TL_QGROUP, chains = R == 1 ? 2 : 1;                        \
+        const size_t bb = tl_qblock_bytes(TL_Q8);                                         \
+        const __m512i first = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30); \
+        const __m512i second = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31); \
+        __m512 acc[R];                                                                    \
+        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                         \
+        for (int g = 0; g < groups; g++) {                                                \
+            const uint8_t *blk = panel + (size_t)g * bb;                                  \
+            if (R == 1)                                                                   \
+                for (size_t p_ = 0; p_ < bb; p_ += 64)                                    \
+                    _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p_, _MM_HINT_T0);   \
+            __m512i lo[R][2], hi[R][2]; /* lanes 0-7, 8-15; per chain */                  \
+            for (int r = 0; r < R; r++) lo[r][0] = lo[r][1] = hi[r][0] = hi[r][1] = _mm512_setzero_si512(); \
+            for (int j = 0; j < 8; j++) {                                                 \
+                const __m512i wl = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 64 * j))); \
+                const __m512i wh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 64 * j + 32))); \
+                const int c = j % chains;                                                 \
+                for (int r = 0; r < R; r++) {                                             \
+                    int64_t xv;                                                           \
+                    memcpy(&xv, x->q16 + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP + 4 * j, 8); \
+                    const __m512i xb = _mm512_set1_epi64(xv);                             \
+                    lo[r][c] = _mm512_dpwssd_epi32(lo[r][c], wl, xb);                     \
+                    hi[r][c] = _mm512_dpwssd_epi32(hi[r][c], wh, xb);                     \
+                }                                                                         \
+            }                                                                             \
+            const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + tl_qscale_offset(TL_Q8)))); \
+            for (int r = 0; r < R; r++) {                                                 \
+                const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;        \
+                const __m512i l = _mm512_add_epi32(lo[r][0], lo[r][1]), h = _mm512_add_epi32(hi[r][0], hi[r][1]); \
+                const __m512i pairs = _mm512_add_epi32(_mm512_permutex2var_epi32(l, first, h), \
+                                                       _mm512_permutex2var_epi32(l, second, h)); \
+                const __m512i isum = _mm512_sub_epi32(pairs, _mm512_set1_epi32(128 * x->sum16[gi])); \
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(sw, _mm512_set1_ps(x->d16[gi])),   \
+                                         _mm512_cvtepi32_ps(isum), acc[r]);               \
+            }                                                                             \
+        }                                                                                 \
+        for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * TL_PANEL, acc[r]);         \
+    }
+
+DEFINE_VNNI_Q8_ROWS(q8_r4, 4)
+DEFINE_VNNI_Q8_ROWS(q8_r2, 2)
+DEFINE_VNNI_Q8_ROWS(q8_r1, 1)
+
 void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {
     const size_t panel_bytes = (size_t)(k / TL_QGROUP) * tl_qblock_bytes(dt);
@@ -73,7 +122,8 @@ void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_d
         const int lanes = o1 - o < TL_PANEL ? o1 - o : TL_PANEL;
         for (int r = 0; r < n;) {
             const int rows = n - r >= 4 ? 4 : n - r >= 2 ? 2 : 1;
-            (rows == 4 ? q4_r4 : rows == 2 ? q4_r2 : q4_r1)(x, r, k, panel, out);
+            if (dt == TL_Q8) (rows == 4 ? q8_r4 : rows == 2 ? q8_r2 : q8_r1)(x, r, k, panel, out);
+            else (rows == 4 ? q4_r4 : rows == 2 ? q4_r2 : q4_r1)(x, r, k, panel, out);
             for (int t = 0; t < rows; t++) {
                 float *yr = y + (size_t)(r + t) * (size_t)ldy + o;
                 for (int l = 0; l < lanes; l++) yr[l] = bias ? out[t * TL_PANEL + l] + bias[o + l] : out[t * TL_PANEL + l];
