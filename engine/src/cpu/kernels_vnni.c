@@ -1,7 +1,8 @@
 /* kernels_vnni.c: q4 and q8 matmuls with AVX512-VNNI (q4: vpdpbusd, 16 lanes x 4 byte
  * products into int32 per instruction; q8: vpdpwssd, 16 lanes x 2 int16 products).
- * Compiled with -mavx512f -mavx512bw -mavx512vnni -mf16c in a file of its own, so that no other kernel picks up instructions a plain AVX-512 CPU lacks;
- * called only after a run-time CPU check.
+ * Compiled with -mavx512f -mavx512bw -mavx512vnni -mf16c in a file of its own, so that no
+ * other kernel picks up instructions a plain AVX-512 CPU lacks; called only after a run-time
+ * CPU check.
  *
  * The packed q block layout (kernels.h) is vpdpbusd's shape: one 64-byte load is 16 output
  * lanes x 4 inputs, multiplied by 4 activation bytes broadcast to every lane. The nibbles
