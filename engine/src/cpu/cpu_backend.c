@@ -143,10 +143,10 @@ static void matmul_task(void *ctx, int task, int thread) {
 }
 
 /* Quantised activations need, a row, k + 8 k / TL_QGROUP bytes at 8 bits (q4 weights) and
-   2 k + 8 k / TL_QGROUP at 16 (q8): decode's fit on the stack; larger chunks take a heap
-   buffer for the call (per call, since two sessions may run forwards on one model at the
-   same time). */
-enum { Q_STACK_BYTES = 16384 };
+   2 k + 8 k / TL_QGROUP at 16 (q8): decode's fit on the stack (a single row up to k = 16384
+   at 16 bits); larger chunks take a heap buffer for the call (per call, since two sessions
+   may run forwards on one model at the same time). */
+enum { Q_STACK_BYTES = 36864 };
 
 static size_t quantised_bytes(int n, int k, int bits) {
     const size_t vals = (size_t)n * (size_t)k;

@@ -43,7 +43,7 @@ void tl_cpu_quantize_rows(const float *x, int n, int k, int bits, void *q, float
             float amax = 0.0f;
             for (int i = 0; i < TL_QGROUP; i++) {
                 /* fmaxf's result (a NaN is skipped), written as a compare: GCC calls libm
-                   for fmaxf, which cost decode ~2% in quantised rows alone. */
+                   for fmaxf (1.5% of a q4 run's time, in that call alone). */
                 const float a = fabsf(x[at + i]);
                 amax = a > amax ? a : amax;
             }
@@ -64,8 +64,8 @@ void tl_cpu_quantize_rows(const float *x, int n, int k, int bits, void *q, float
         }
 }
 
-/* Row r, group g of the activations quantised for weights of type dt (kernels.h): element
-   i as an integer, and the group's d. */
+/* The activations quantised for weights of type dt (kernels.h): element `at + i` as an
+   integer, and group `gi`'s d. */
 static inline int qx_at(const tl_qrows *x, tl_dtype dt, size_t at, int i) {
     return dt == TL_Q8 ? x->q16[at + (size_t)i] : x->q[at + (size_t)i];
 }
