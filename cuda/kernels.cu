@@ -167,8 +167,7 @@ extern "C" int tlk_launch_scatter_rows(float *const *dst_k, float *const *dst_v,
     }
 
 ELEMENTWISE(add, (float *y, const float *x, size_t count), y[i] += x[i])
-ELEMENTWISE(swiglu, (float *gate, const float *up, size_t count),
-            const float g = gate[i]; gate[i] = g / (1.0f + expf(-g)) * up[i])
+ELEMENTWISE(swiglu, (float *gate, const float *up, size_t count), gate[i] = tl_swiglu(gate[i], up[i]))
 ELEMENTWISE(inject_add, (const float *s, const float *e, float *out, size_t count), out[i] = s[i] + e[i])
 ELEMENTWISE(loop_update, (float *s, const float *x, const float *ref, float beta, size_t count),
             s[i] += beta * (x[i] - ref[i]))

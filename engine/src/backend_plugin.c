@@ -66,9 +66,8 @@ static void load_cuda(void) {
     /* The handle stays open for the process: the backend's code lives in it. */
 }
 
-tl_status tl_backend_cuda(const tl_backend **out) {
+const tl_backend *tl_backend_cuda(const char **why) {
     pthread_once(&load_once, load_cuda);
-    *out = cuda_backend;
-    if (!cuda_backend) return tl_fail(TL_ERR_UNSUPPORTED, "backend CUDA: %s", cuda_why);
-    return TL_OK;
+    *why = cuda_why;
+    return cuda_backend;
 }

@@ -27,9 +27,9 @@ typedef struct tl_backend_host {
    with the reason in why[why_len] ("no CUDA device: ..."). */
 typedef const tl_backend *(*tl_backend_plugin_entry)(const tl_backend_host *host, char *why, size_t why_len);
 
-/* The engine side (backend_plugin.c): the CUDA backend, loaded once per process. TL_OK and
-   *out; TL_ERR_UNSUPPORTED with a message naming the cause (no plugin in this build or
-   install, no device, a plugin from another build). */
-tl_status tl_backend_cuda(const tl_backend **out);
+/* The engine side (backend_plugin.c): the CUDA backend, loaded once per process, or NULL
+   with *why naming the cause (no plugin in this build or install, no device, a plugin from
+   another build). Sets no error: under AUTO a missing GPU is not one. */
+const tl_backend *tl_backend_cuda(const char **why);
 
 #endif

@@ -1,6 +1,6 @@
 /* math_shared.h: element-wise rules that every backend computes the same way, written
- * once: the activations' exp, GPT-2's tanh GELU, and the counter-based draw of Huginn's
- * random initial state. Plain C11; nvcc compiles the same text for the CUDA kernels
+ * once: the activations' exp, GPT-2's tanh GELU, SwiGLU's gate, and the counter-based draw
+ * of Huginn's random initial state. Plain C11; nvcc compiles the same text for the CUDA kernels
  * (cuda/kernels.cuh), where TL_SHARED makes each function host + device. */
 #ifndef TL_MATH_SHARED_H
 #define TL_MATH_SHARED_H
@@ -49,6 +49,9 @@ TL_SHARED float tl_gelu_tanh(float x) {
     const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
     return x / (1.0f + tl_exp_activation(-2.0f * u));
 }
+
+/* SwiGLU's gate: silu(gate) * up, with libm's expf (the reference's exp). */
+TL_SHARED float tl_swiglu(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
 
 /* splitmix64: a counter-based generator, so a draw depends only on its key. */
 TL_SHARED uint64_t tl_mix64(uint64_t x) {

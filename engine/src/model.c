@@ -513,10 +513,11 @@ static tl_status choose_backend(tl_backend_kind kind, const tl_backend **backend
     if (kind == TL_BACKEND_AUTO && env && !strcmp(env, "cpu")) return TL_OK;
     if (kind == TL_BACKEND_AUTO && env && !strcmp(env, "cuda")) kind = TL_BACKEND_CUDA;
     if (kind == TL_BACKEND_CPU) return TL_OK;
-    const tl_backend *cuda = NULL;
-    tl_status st = tl_backend_cuda(&cuda);
-    if (st == TL_OK) *backend = cuda;
-    return kind == TL_BACKEND_CUDA ? st : TL_OK; /* AUTO without a device: the CPU, silently */
+    const char *why;
+    const tl_backend *cuda = tl_backend_cuda(&why);
+    if (cuda) *backend = cuda;
+    else if (kind == TL_BACKEND_CUDA) return tl_fail(TL_ERR_UNSUPPORTED, "backend CUDA: %s", why);
+    return TL_OK; /* AUTO without a device: the CPU, silently */
 }
 
 static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *opts) {

@@ -29,4 +29,34 @@ static inline __m256 load_bf16(const void *w, size_t i) {
    leaves single-row streaming ~15% short of the machine's read bandwidth. */
 #define PREFETCH_AHEAD 2048
 
+/* A single row's prefetch of the q block PREFETCH_AHEAD bytes on (its panel is one stream). */
+static inline void prefetch_qblock(const uint8_t *blk, size_t bytes) {
+    for (size_t p = 0; p < bytes; p += 64) _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p, _MM_HINT_T0);
+}
+
+/* A q8/q4 tile: one packed panel's 16 outputs for rows [row0, row0 + R), into out[R][TL_PANEL]. */
+typedef void (*qtile_fn)(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out);
+
+/* The packed q8/q4 product over panels [o0, o1) (tl_kernels.qmatmul_packed): each panel's rows
+   in tiles of 4, 2 and 1 rows (tiles[0..2]; tiles[0] NULL where an ISA has no 4-row tile),
+   then + bias into y. A row's result is its tile's, whichever tile it lands in (kernels.h). */
+static inline void qmatmul_panels(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt, const float *bias,
+                                  int o0, int o1, float *y, int ldy, const qtile_fn tiles[3]) {
+    const size_t panel_bytes = (size_t)(k / TL_QGROUP) * tl_qblock_bytes(dt);
+    float out[4 * TL_PANEL];
+    for (int o = o0; o < o1; o += TL_PANEL) {
+        const uint8_t *panel = (const uint8_t *)w + (size_t)(o / TL_PANEL) * panel_bytes;
+        const int lanes = o1 - o < TL_PANEL ? o1 - o : TL_PANEL;
+        for (int r = 0; r < n;) {
+            const int rows = n - r >= 4 && tiles[0] ? 4 : n - r >= 2 ? 2 : 1;
+            tiles[rows == 4 ? 0 : rows == 2 ? 1 : 2](x, r, k, panel, out);
+            for (int t = 0; t < rows; t++) {
+                float *yr = y + (size_t)(r + t) * (size_t)ldy + o;
+                for (int l = 0; l < lanes; l++) yr[l] = bias ? out[t * TL_PANEL + l] + bias[o + l] : out[t * TL_PANEL + l];
+            }
+            r += rows;
+        }
+    }
+}
+
 #endif

@@ -108,10 +108,7 @@ void tl_cpu_gelu(float *x, size_t count) {
 }
 
 void tl_cpu_swiglu(float *gate, const float *up, size_t count) {
-    for (size_t i = 0; i < count; i++) {
-        float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    for (size_t i = 0; i < count; i++) gate[i] = tl_swiglu(gate[i], up[i]);
 }
 
 void tl_cpu_copy(const tl_model *m, float *dst, const float *src, size_t count) {

@@ -148,6 +148,11 @@ static void matmul_packed_avx2(const float *x, int n, int k, const void *w, tl_d
 
 /* ---------------------------------------------------------------- q8 / q4 panels */
 
+/* A group's step of the canonical q order (kernels.h): acc = fma(scale * d, (float)isum, acc). */
+static inline __m256 fold_group(__m256 acc, __m256 scales, float d, __m256i isum) {
+    return _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(d)), _mm256_cvtepi32_ps(isum), acc);
+}
+
 /* q8: 16-bit activations (kernels.h). 16 lanes = four ymm quarters; a sub-block's 16 bytes
    per quarter are 4 lanes x 4 inputs, widened to int16 (the bytes are unsigned, q + 128) and
    multiplied by the 4 activations with madd into int32 pairs [lane][inputs 0-1 | 2-3]; after
@@ -162,9 +167,7 @@ static void matmul_packed_avx2(const float *x, int n, int k, const void *w, tl_d
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();          \
         for (int g = 0; g < groups; g++) {                                                \
             const uint8_t *blk = panel + (size_t)g * bb;                                  \
-            if (R == 1)                                                                   \
-                for (size_t p_ = 0; p_ < bb; p_ += 64)                                    \
-                    _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p_, _MM_HINT_T0);   \
+            if (R == 1) prefetch_qblock(blk, bb);                                         \
             __m256i dp[R][4];                                                             \
             for (int r = 0; r < R; r++) dp[r][0] = dp[r][1] = dp[r][2] = dp[r][3] = _mm256_setzero_si256(); \
             for (int j = 0; j < 8; j++) {                                                 \
@@ -184,8 +187,7 @@ static void matmul_packed_avx2(const float *x, int n, int k, const void *w, tl_d
                     const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;    \
                     const __m256i lanes = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dp[r][2 * h], dp[r][2 * h + 1]), 0xD8); \
                     const __m256i isum = _mm256_sub_epi32(lanes, _mm256_set1_epi32(128 * x->sum16[gi])); \
-                    acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(sw, _mm256_set1_ps(x->d16[gi])), \
-                                                _mm256_cvtepi32_ps(isum), acc[r][h]);     \
+                    acc[r][h] = fold_group(acc[r][h], sw, x->d16[gi], isum);              \
                 }                                                                         \
             }                                                                             \
         }                                                                                 \
@@ -208,9 +210,7 @@ static void matmul_packed_avx2(const float *x, int n, int k, const void *w, tl_d
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();          \
         for (int g = 0; g < groups; g++) {                                                \
             const uint8_t *blk = panel + (size_t)g * bb;                                  \
-            if (R == 1)                                                                   \
-                for (size_t p_ = 0; p_ < bb; p_ += 64)                                    \
-                    _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p_, _MM_HINT_T0);   \
+            if (R == 1) prefetch_qblock(blk, bb);                                         \
             for (int h = 0; h < 2; h++) {                                                 \
                 __m256i dp[R];                                                            \
                 for (int r = 0; r < R; r++) dp[r] = _mm256_setzero_si256();               \
@@ -232,8 +232,7 @@ static void matmul_packed_avx2(const float *x, int n, int k, const void *w, tl_d
                 for (int r = 0; r < R; r++) {                                             \
                     const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;    \
                     const __m256i isum = _mm256_sub_epi32(dp[r], _mm256_set1_epi32(8 * x->sum[gi])); \
-                    acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(sw, _mm256_set1_ps(x->d[gi])), \
-                                                _mm256_cvtepi32_ps(isum), acc[r][h]);     \
+                    acc[r][h] = fold_group(acc[r][h], sw, x->d[gi], isum);                \
                 }                                                                         \
             }                                                                             \
         }                                                                                 \
@@ -250,22 +249,8 @@ DEFINE_Q4_ROWS(q4_r1, 1)
 
 void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {
-    const size_t panel_bytes = (size_t)(k / TL_QGROUP) * tl_qblock_bytes(dt);
-    float out[2 * TL_PANEL];
-    for (int o = o0; o < o1; o += TL_PANEL) {
-        const uint8_t *panel = (const uint8_t *)w + (size_t)(o / TL_PANEL) * panel_bytes;
-        const int lanes = o1 - o < TL_PANEL ? o1 - o : TL_PANEL;
-        for (int r = 0; r < n;) {
-            const int rows = n - r >= 2 ? 2 : 1;
-            if (dt == TL_Q8) (rows == 2 ? q8_r2 : q8_r1)(x, r, k, panel, out);
-            else (rows == 2 ? q4_r2 : q4_r1)(x, r, k, panel, out);
-            for (int t = 0; t < rows; t++) {
-                float *yr = y + (size_t)(r + t) * (size_t)ldy + o;
-                for (int l = 0; l < lanes; l++) yr[l] = bias ? out[t * TL_PANEL + l] + bias[o + l] : out[t * TL_PANEL + l];
-            }
-            r += rows;
-        }
-    }
+    static const qtile_fn q8_tiles[3] = {NULL, q8_r2, q8_r1}, q4_tiles[3] = {NULL, q4_r2, q4_r1};
+    qmatmul_panels(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_tiles : q4_tiles);
 }
 
 /* dots: four keys at a time, so four independent FMA chains hide the FMA latency; each

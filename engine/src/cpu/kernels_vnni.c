@@ -15,6 +15,11 @@
 
 #include "avx2_inline.h"
 
+/* A group's step of the canonical q order (kernels.h): acc = fma(scale * d, (float)isum, acc). */
+static inline __m512 fold_group(__m512 acc, __m512 scales, float d, __m512i isum) {
+    return _mm512_fmadd_ps(_mm512_mul_ps(scales, _mm512_set1_ps(d)), _mm512_cvtepi32_ps(isum), acc);
+}
+
 static inline __m512i bcast4(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -33,9 +38,7 @@ static inline __m512i bcast4(const int8_t *p) {
         for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                         \
         for (int g = 0; g < groups; g++) {                                                \
             const uint8_t *blk = panel + (size_t)g * bb;                                  \
-            if (R == 1)                                                                   \
-                for (size_t p_ = 0; p_ < bb; p_ += 64)                                    \
-                    _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p_, _MM_HINT_T0);   \
+            if (R == 1) prefetch_qblock(blk, bb);                                         \
             __m512i wv[8];                                                                \
             for (int j = 0; j < 4; j++) {                                                 \
                 const __m512i v = _mm512_loadu_si512(blk + 64 * j);                       \
@@ -52,8 +55,7 @@ static inline __m512i bcast4(const int8_t *p) {
                     odd = _mm512_dpbusd_epi32(odd, wv[j + 1], bcast4(xq + 4 * j + 4));    \
                 }                                                                         \
                 const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(even, odd), _mm512_set1_epi32(8 * x->sum[gi])); \
-                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(sw, _mm512_set1_ps(x->d[gi])),     \
-                                         _mm512_cvtepi32_ps(isum), acc[r]);               \
+                acc[r] = fold_group(acc[r], sw, x->d[gi], isum);                          \
             }                                                                             \
         }                                                                                 \
         for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * TL_PANEL, acc[r]);         \
@@ -79,9 +81,7 @@ DEFINE_VNNI_ROWS(q4_r1, 1)
         for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                         \
         for (int g = 0; g < groups; g++) {                                                \
             const uint8_t *blk = panel + (size_t)g * bb;                                  \
-            if (R == 1)                                                                   \
-                for (size_t p_ = 0; p_ < bb; p_ += 64)                                    \
-                    _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p_, _MM_HINT_T0);   \
+            if (R == 1) prefetch_qblock(blk, bb);                                         \
             __m512i lo[R][2], hi[R][2]; /* lanes 0-7, 8-15; per chain */                  \
             for (int r = 0; r < R; r++) lo[r][0] = lo[r][1] = hi[r][0] = hi[r][1] = _mm512_setzero_si512(); \
             for (int j = 0; j < 8; j++) {                                                 \
@@ -103,8 +103,7 @@ DEFINE_VNNI_ROWS(q4_r1, 1)
                 const __m512i pairs = _mm512_add_epi32(_mm512_permutex2var_epi32(l, first, h), \
                                                        _mm512_permutex2var_epi32(l, second, h)); \
                 const __m512i isum = _mm512_sub_epi32(pairs, _mm512_set1_epi32(128 * x->sum16[gi])); \
-                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(sw, _mm512_set1_ps(x->d16[gi])),   \
-                                         _mm512_cvtepi32_ps(isum), acc[r]);               \
+                acc[r] = fold_group(acc[r], sw, x->d16[gi], isum);                        \
             }                                                                             \
         }                                                                                 \
         for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * TL_PANEL, acc[r]);         \
@@ -116,21 +115,7 @@ DEFINE_VNNI_Q8_ROWS(q8_r1, 1)
 
 void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {
-    const size_t panel_bytes = (size_t)(k / TL_QGROUP) * tl_qblock_bytes(dt);
-    float out[4 * TL_PANEL];
-    for (int o = o0; o < o1; o += TL_PANEL) {
-        const uint8_t *panel = (const uint8_t *)w + (size_t)(o / TL_PANEL) * panel_bytes;
-        const int lanes = o1 - o < TL_PANEL ? o1 - o : TL_PANEL;
-        for (int r = 0; r < n;) {
-            const int rows = n - r >= 4 ? 4 : n - r >= 2 ? 2 : 1;
-            if (dt == TL_Q8) (rows == 4 ? q8_r4 : rows == 2 ? q8_r2 : q8_r1)(x, r, k, panel, out);
-            else (rows == 4 ? q4_r4 : rows == 2 ? q4_r2 : q4_r1)(x, r, k, panel, out);
-            for (int t = 0; t < rows; t++) {
-                float *yr = y + (size_t)(r + t) * (size_t)ldy + o;
-                for (int l = 0; l < lanes; l++) yr[l] = bias ? out[t * TL_PANEL + l] + bias[o + l] : out[t * TL_PANEL + l];
-            }
-            r += rows;
-        }
-    }
+    static const qtile_fn q8_tiles[3] = {q8_r4, q8_r2, q8_r1}, q4_tiles[3] = {q4_r4, q4_r2, q4_r1};
+    qmatmul_panels(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_tiles : q4_tiles);
 }
 #endif
