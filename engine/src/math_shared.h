@@ -43,6 +43,14 @@ TL_SHARED float tl_exp_activation(float x) {
     return p * two_n;
 }
 
+/* A softmax weight e^x (x = score - max <= 0) with the activations' exp, so a block of them
+   vectorises (libm's expf was one call per score); unlike an activation's, a NaN score
+   stays NaN, so a broken row still ends in the non-finite-logits error. */
+TL_SHARED float tl_exp_softmax(float x) {
+    const float e = tl_exp_activation(x);
+    return x == x ? e : x;
+}
+
 /* GPT-2's tanh GELU, 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), written as
    x / (1 + e^(-2u)) (the same function: 0.5 (1 + tanh u) is the logistic of 2u). */
 TL_SHARED float tl_gelu_tanh(float x) {
@@ -50,8 +58,10 @@ TL_SHARED float tl_gelu_tanh(float x) {
     return x / (1.0f + tl_exp_activation(-2.0f * u));
 }
 
-/* SwiGLU's gate: silu(gate) * up, with libm's expf (the reference's exp). */
-TL_SHARED float tl_swiglu(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
+/* SwiGLU's gate: silu(gate) * up, with the activations' exp (libm's expf was one call per
+   element: 2.5% of a shipped-model token; this one vectorises, and gives the GPU the same
+   bits as the CPU). */
+TL_SHARED float tl_swiglu(float gate, float up) { return gate / (1.0f + tl_exp_activation(-gate)) * up; }
 
 /* splitmix64: a counter-based generator, so a draw depends only on its key. */
 TL_SHARED uint64_t tl_mix64(uint64_t x) {

@@ -15,19 +15,37 @@
 
 /* ---------------------------------------------------------------- lifetime */
 
+/* The largest RoPE table kept (bytes): 8 MiB is 16k positions at head_dim 128. */
+#define ROPE_TABLE_MAX ((size_t)8 << 20)
+
+static float *rope_table_new(const tl_model *m) {
+    const tl_config *cfg = &m->cfg;
+    if (cfg->pos_encoding != TL_POS_ROPE || !m->rope_inv_freq || cfg->max_seq_len <= 0) return NULL;
+    const size_t half = (size_t)cfg->head_dim / 2, entries = (size_t)cfg->max_seq_len * half;
+    if (entries * 2 * sizeof(float) > ROPE_TABLE_MAX) return NULL;
+    float *table = malloc(entries * 2 * sizeof(float));
+    if (!table) return NULL; /* computed per call instead */
+    for (int32_t pos = 0; pos < cfg->max_seq_len; pos++)
+        for (size_t i = 0; i < half; i++)
+            tl_cpu_rope_angle(m, pos, (int)i, &table[((size_t)pos * half + i) * 2]);
+    return table;
+}
+
 static tl_status cpu_open(const tl_model *m, int n_threads, void **out) {
-    (void)m;
     *out = NULL;
     tl_cpu_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    ctx->rope_table = rope_table_new(m);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = n_threads > 0 ? n_threads : (cores > 0 ? (int)cores : 1);
     if (!(ctx->arena = tl_cpu_arena_new())) {
+        free(ctx->rope_table);
         free(ctx);
         return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     }
     if (!(ctx->pool = tl_pool_new(threads))) {
         tl_cpu_arena_free(ctx->arena);
+        free(ctx->rope_table);
         free(ctx);
         return tl_fail(TL_ERR_NO_MEMORY, "cannot start worker threads");
     }
@@ -41,6 +59,7 @@ static void cpu_close(void *opaque) {
     tl_pool_free(ctx->pool);
     tl_cpu_release_weights(ctx);
     tl_cpu_arena_free(ctx->arena);
+    free(ctx->rope_table);
     free(ctx);
 }
 
@@ -91,7 +110,12 @@ static void cpu_kv_move(tl_kv_cache *c, int from, int to) {
 /* A group's products (tl_backend.matmul_group) are the tasks of one parallel region:
    product i owns tasks [first_task[i], first_task[i + 1]), each a run of whole panels. A
    SwiGLU gate's tasks also compute the same columns of the up projection after it, which
-   then owns no task of its own. */
+   then owns no task of its own.
+   A small group (a decode row's q, k and v) is instead cut into one task per thread across
+   its products ("spanning"): each task is a run of the group's panels in order, so a
+   thread claims one task per region rather than one per product (each claim, and each
+   start of a kernel on a cold stream, cost about a microsecond where a region's work is
+   a few). Which task computes a column never changes its value. */
 enum { GROUP_MAX = 4 };
 
 typedef struct {
@@ -102,6 +126,10 @@ typedef struct {
     int n;
     int first_task[GROUP_MAX + 1];
     int cols_per_task[GROUP_MAX];
+    /* Spanning: span_tasks > 0 tasks share span_units, a panel of product i weighing
+       unit_weight[i] (2 for a gate with its up projection, 0 for that up projection). */
+    int span_tasks, span_units;
+    int unit_weight[GROUP_MAX];
     const tl_kernels *kern;
 } matmul_job;
 
@@ -122,24 +150,54 @@ static inline bool swiglu_pair(const tl_matmul_out *outs, int i, int count) {
     return outs[i].swiglu && i + 1 < count;
 }
 
-static void matmul_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const matmul_job *j = ctx;
-    int i = 0;
-    while (task >= j->first_task[i + 1]) i++;
+/* Columns [o0, o1) of product i (with its up projection when i is a SwiGLU gate), then
+   the activation while the columns are still in cache, on the thread that made them. */
+static void product_task(const matmul_job *j, int i, int o0, int o1) {
     const tl_matmul_out *out = &j->outs[i];
     const size_t width = (size_t)out->w->rows;
-    const int o0 = (task - j->first_task[i]) * j->cols_per_task[i];
-    const int o1 = o0 + j->cols_per_task[i] < (int)width ? o0 + j->cols_per_task[i] : (int)width;
     product_columns(j, out, o0, o1);
     const bool swiglu = swiglu_pair(j->outs, i, j->count);
     if (swiglu) product_columns(j, out + 1, o0, o1);
-    /* The activation while the columns are still in cache, on the thread that made them. */
     for (int r = 0; r < j->n; r++) {
         float *y = out->y + (size_t)r * width + (size_t)o0;
         if (out->gelu) tl_cpu_gelu(y, (size_t)(o1 - o0));
         if (swiglu) tl_cpu_swiglu(y, out[1].y + (size_t)r * width + (size_t)o0, (size_t)(o1 - o0));
     }
+}
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+/* Spanning task `task`: units [task U / T, (task + 1) U / T) of the group's panels in
+   order; a product's panels are those whose units start in that range, so the tasks
+   cover each panel exactly once. */
+static void span_task(const matmul_job *j, int task) {
+    const int unit0 = (int)((long)task * j->span_units / j->span_tasks);
+    const int unit1 = (int)((long)(task + 1) * j->span_units / j->span_tasks);
+    int base = 0; /* the first unit of product i */
+    for (int i = 0; i < j->count && base < unit1; i++) {
+        const int weight = j->unit_weight[i];
+        if (!weight) continue;
+        const int rows = j->outs[i].w->rows, panels = ceil_div(rows, TL_PANEL);
+        int p0 = unit0 > base ? ceil_div(unit0 - base, weight) : 0;
+        int p1 = ceil_div(unit1 - base, weight);
+        if (p1 > panels) p1 = panels;
+        if (p0 < p1) product_task(j, i, p0 * TL_PANEL, p1 * TL_PANEL < rows ? p1 * TL_PANEL : rows);
+        base += panels * weight;
+    }
+}
+
+static void matmul_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const matmul_job *j = ctx;
+    if (j->span_tasks) {
+        span_task(j, task);
+        return;
+    }
+    int i = 0;
+    while (task >= j->first_task[i + 1]) i++;
+    const int width = j->outs[i].w->rows;
+    const int o0 = (task - j->first_task[i]) * j->cols_per_task[i];
+    product_task(j, i, o0, o0 + j->cols_per_task[i] < width ? o0 + j->cols_per_task[i] : width);
 }
 
 /* Quantised activations need, a row, k + 8 k / TL_QGROUP bytes at 8 bits (q4 weights) and
@@ -164,12 +222,15 @@ static void quantise_input(const float *x, int n, int k, int bits, void *mem, tl
     else { out->q = q; out->d = d; out->sum = sum; }
 }
 
+/* Below this many multiply-adds a product is "small" (a decode row's: a few microseconds):
+   one task per thread, since every task is a claim on the pool's shared job word. */
+#define SMALL_MACS (1L << 21)
+
 /* Columns per task for one product of `macs` multiply-adds: a few tasks per thread
-   balance uneven cores on large products; a small one (a decode row's, a few microseconds)
-   takes one task per thread, since every task is a claim on the pool's shared job word;
-   tasks hold whole panels of a packed matrix; tiny products stay one task. */
+   balance uneven cores on large products; a small one takes one task per thread; tasks
+   hold whole panels of a packed matrix; tiny products stay one task. */
 static int columns_per_task(const tl_matrix *w, long macs, int threads) {
-    const int tasks = threads * (macs < (1L << 21) ? 1 : 4);
+    const int tasks = threads * (macs < SMALL_MACS ? 1 : 4);
     int per = (w->rows + tasks - 1) / tasks;
     per = (per + TL_PANEL - 1) / TL_PANEL * TL_PANEL;
     if (per < TL_PANEL) per = TL_PANEL;
@@ -188,15 +249,24 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
     const int threads = tl_pool_threads(pool);
     matmul_job job = {.x = x, .outs = outs, .count = count, .n = n, .kern = tl_cpu_kernels()};
     bool any_q4 = false, any_q8 = false;
+    long group_macs = 0;
     for (int i = 0; i < count; i++) {
         const tl_matrix *w = outs[i].w;
         const bool pair = swiglu_pair(outs, i, count), paired = i > 0 && swiglu_pair(outs, i - 1, count);
-        job.cols_per_task[i] = columns_per_task(w, (long)w->rows * w->cols * n * (pair ? 2 : 1), threads);
+        const long macs = (long)w->rows * w->cols * n * (pair ? 2 : 1);
+        job.cols_per_task[i] = columns_per_task(w, macs, threads);
         const int tasks = paired ? 0 : (w->rows + job.cols_per_task[i] - 1) / job.cols_per_task[i];
         job.first_task[i + 1] = job.first_task[i] + tasks;
+        job.unit_weight[i] = paired ? 0 : pair ? 2 : 1;
+        job.span_units += job.unit_weight[i] * ceil_div(w->rows, TL_PANEL);
+        if (!paired) group_macs += macs;
         any_q4 = any_q4 || w->dtype == TL_Q4;
         any_q8 = any_q8 || w->dtype == TL_Q8;
     }
+    /* Several small products (q, k, v of a decode row): one spanning task per thread. */
+    if (count > 1 && threads > 1 && group_macs < SMALL_MACS && job.first_task[count] > threads)
+        job.span_tasks = threads < job.span_units ? threads : job.span_units;
+    const int n_tasks = job.span_tasks ? job.span_tasks : job.first_task[count];
     /* q4 multiplies 8-bit rows, q8 16-bit ones (kernels.h); the products of a group share
        x, so it is quantised once per width. */
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
@@ -217,7 +287,7 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
         if (any_q4) quantise_input(x, n, k, 8, mem + bytes16, &qrows);
     }
     job.xq = &qrows;
-    tl_pool_run(pool, job.first_task[count], matmul_task, &job);
+    tl_pool_run(pool, n_tasks, matmul_task, &job);
     free(heap);
 }
 
@@ -364,9 +434,10 @@ static void attention_task(void *ctx, int task, int thread) {
             float sum_h = sum[h - h0];
             for (int b = 0; b < n; b++) {
                 head_rows[b] = rows[b] + in_row;
-                block[b] = expf(s_h[at[b]] - m_h);
-                sum_h += block[b];
+                block[b] = s_h[at[b]];
             }
+            tl_cpu_softmax_weights(block, n, m_h);
+            for (int b = 0; b < n; b++) sum_h += block[b];
             sum[h - h0] = sum_h;
             job->kern->axpys(out + (size_t)h * (size_t)hd, block, head_rows, n, hd);
         }

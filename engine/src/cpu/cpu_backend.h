@@ -19,6 +19,11 @@ typedef struct tl_cpu_context {
     tl_cpu_arena *arena;         /* backend buffers (KV pages, workspaces) */
     void *weights_region;        /* anonymous huge-page copy of every matrix, or NULL */
     size_t weights_region_len;
+    /* RoPE's (cos, sin) of every position and frequency, [max_seq_len][head_dim / 2][2]:
+       every layer of a forward rotates at the same positions, and the sin/cos calls were
+       1.3% of a shipped-model token. NULL when the table would be large (long contexts):
+       tl_cpu_rope then computes them per call, with the same expression. */
+    float *rope_table;
 } tl_cpu_context;
 
 static inline tl_pool *tl_cpu_pool(const tl_model *m) {
@@ -40,10 +45,14 @@ void tl_cpu_release_weights(tl_cpu_context *ctx);
 void tl_cpu_embed(const tl_model *m, const int32_t *tokens, const int32_t *positions, int n, float *x);
 void tl_cpu_norm(const tl_model *m, const float *x, int n, const float *w, const float *b, float *y);
 void tl_cpu_rope(const tl_model *m, float *q, float *k, int n, const int32_t *positions);
+/* RoPE's (cos, sin) for frequency i at `position`: the one expression, kept in the table or not. */
+void tl_cpu_rope_angle(const tl_model *m, int32_t position, int i, float cos_sin[2]);
 void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count);
 void tl_cpu_add_rows(const tl_model *m, float *y, int n, int width, const float *bias);
 void tl_cpu_gelu(float *x, size_t count); /* x = gelu_tanh(x): the matmul epilogue */
 void tl_cpu_swiglu(float *gate, const float *up, size_t count); /* gate = silu(gate) * up: the epilogue */
+/* v[i] = e^(v[i] - max) (math_shared.h's tl_exp_softmax): attention's weights, a block at once. */
+void tl_cpu_softmax_weights(float *v, int n, float max);
 void tl_cpu_loop_init(const tl_model *m, const float *x, int n, float *e, float *s);
 void tl_cpu_state_init_random(const tl_model *m, float *s, int n, const int32_t *positions, uint64_t seed);
 void tl_cpu_inject(const tl_model *m, const float *s, const float *e, int n, float *cat, float *out);

@@ -70,16 +70,24 @@ static inline void rope_pair(float *row, int heads, int hd, int first, int secon
    both. Frequency i turns the pair (i, i + hd/2) in the Hugging Face "rotate half" form,
    or (2i, 2i+1) when interleaved (Huginn's complex-number form); the arithmetic per pair
    is the same. */
+void tl_cpu_rope_angle(const tl_model *m, int32_t position, int i, float cos_sin[2]) {
+    const double angle = (double)position * (double)m->rope_inv_freq[i];
+    cos_sin[0] = (float)cos(angle);
+    cos_sin[1] = (float)sin(angle);
+}
+
 void tl_cpu_rope(const tl_model *m, float *q, float *k, int n, const int32_t *positions) {
     const int hd = m->cfg.head_dim, half = hd / 2, qh = m->cfg.n_heads, kh = m->cfg.n_kv_heads;
     const bool interleaved = m->cfg.rope_pairing == TL_ROPE_INTERLEAVED;
+    const float *table = ((const tl_cpu_context *)m->backend_ctx)->rope_table;
     for (int r = 0; r < n; r++)
         for (int i = 0; i < half; i++) {
-            double angle = (double)positions[r] * (double)m->rope_inv_freq[i];
-            float cs = (float)cos(angle), sn = (float)sin(angle);
+            float computed[2];
+            const float *cos_sin = table ? &table[((size_t)positions[r] * (size_t)half + (size_t)i) * 2] : computed;
+            if (!table) tl_cpu_rope_angle(m, positions[r], i, computed);
             const int first = interleaved ? 2 * i : i, second = interleaved ? 2 * i + 1 : i + half;
-            rope_pair(q + (size_t)r * (size_t)qh * (size_t)hd, qh, hd, first, second, cs, sn);
-            rope_pair(k + (size_t)r * (size_t)kh * (size_t)hd, kh, hd, first, second, cs, sn);
+            rope_pair(q + (size_t)r * (size_t)qh * (size_t)hd, qh, hd, first, second, cos_sin[0], cos_sin[1]);
+            rope_pair(k + (size_t)r * (size_t)kh * (size_t)hd, kh, hd, first, second, cos_sin[0], cos_sin[1]);
         }
 }
 
@@ -96,9 +104,9 @@ void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count) {
     for (size_t i = 0; i < count; i++) y[i] += x[i];
 }
 
-/* Cloned per ISA so the loop runs 16 or 8 lanes wide where the CPU has them (it is the
-   epilogue of every GPT-2 up-projection): plain IEEE operations without contraction
-   (-std=c11), so every clone gives the same bits. */
+/* Cloned per ISA so the loops run 16 or 8 lanes wide where the CPU has them (GELU is the
+   epilogue of every GPT-2 up-projection, SwiGLU of every gate/up pair): plain IEEE
+   operations without contraction (-std=c11), so every clone gives the same bits. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 /* GCC only: clang 14 leaves the cloned symbol undefined at link time (the fuzz builds). */
 __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -107,8 +115,18 @@ void tl_cpu_gelu(float *x, size_t count) {
     for (size_t i = 0; i < count; i++) x[i] = tl_gelu_tanh(x[i]);
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 void tl_cpu_swiglu(float *gate, const float *up, size_t count) {
     for (size_t i = 0; i < count; i++) gate[i] = tl_swiglu(gate[i], up[i]);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void tl_cpu_softmax_weights(float *v, int n, float max) {
+    for (int i = 0; i < n; i++) v[i] = tl_exp_softmax(v[i] - max);
 }
 
 void tl_cpu_copy(const tl_model *m, float *dst, const float *src, size_t count) {

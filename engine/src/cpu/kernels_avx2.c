@@ -253,16 +253,47 @@ void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_d
     qmatmul_panels(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_tiles : q4_tiles);
 }
 
-/* dots: four keys at a time, so four independent FMA chains hide the FMA latency; each
-   key still gets exactly the sequence kernels.h fixes. */
+/* dots: eight keys at a time, so eight independent FMA chains hide the FMA latency, and
+   their eight horizontal sums run as one transposed tree (hsum8); then four, then one.
+   Each key still gets exactly the sequence kernels.h fixes. */
 static float dot_tail(const float *q, const float *b, int k8, int k, float s) {
     for (int i = k8; i < k; i++) s += q[i] * b[i];
     return s;
 }
 
+/* The horizontal sums of a[0..7], each by hsum's tree ((l0+l4) + (l2+l6)) + ((l1+l5) +
+   (l3+l7)), eight at once: every add is one of hsum's, on the same operands. */
+static inline __m256 hsum8(const __m256 a[8]) {
+    /* halves: [a_j lanes 0-3 + lanes 4-7] for j = 0, 1 in one register, and so on */
+    const __m256 h01 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[1], 0x20), _mm256_permute2f128_ps(a[0], a[1], 0x31));
+    const __m256 h23 = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[3], 0x20), _mm256_permute2f128_ps(a[2], a[3], 0x31));
+    const __m256 h45 = _mm256_add_ps(_mm256_permute2f128_ps(a[4], a[5], 0x20), _mm256_permute2f128_ps(a[4], a[5], 0x31));
+    const __m256 h67 = _mm256_add_ps(_mm256_permute2f128_ps(a[6], a[7], 0x20), _mm256_permute2f128_ps(a[6], a[7], 0x31));
+    /* pairs (h0 + h2, h1 + h3): [key 0, key 2 | key 1, key 3] and [4, 6 | 5, 7] */
+    const __m256 p0123 = _mm256_add_ps(_mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 p4567 = _mm256_add_ps(_mm256_shuffle_ps(h45, h67, _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm256_shuffle_ps(h45, h67, _MM_SHUFFLE(3, 2, 3, 2)));
+    /* the last add: [s0 s2 s4 s6 | s1 s3 s5 s7], put in key order */
+    const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(p0123, p4567, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(p0123, p4567, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 static void dots_avx2(const float *q, const float *const *keys, int n, int k, float *scores) {
     const int k8 = k & ~7;
     int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 acc[8];
+        for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+        for (int i = 0; i < k8; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + i);
+            for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(keys[j + t] + i), qv, acc[t]);
+        }
+        _mm256_storeu_ps(scores + j, hsum8(acc));
+        if (k8 < k)
+            for (int t = 0; t < 8; t++) scores[j + t] = dot_tail(q, keys[j + t], k8, k, scores[j + t]);
+    }
     for (; j + 4 <= n; j += 4) {
         const float *b0 = keys[j], *b1 = keys[j + 1], *b2 = keys[j + 2], *b3 = keys[j + 3];
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
