@@ -24,6 +24,38 @@ static inline __m256 load_bf16(const void *w, size_t i) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
+/* axpys (kernels.h) over y's elements from i on, in blocks of four W-lane vectors held in
+   registers for the whole block of keys: per element the fma sequence over j in order, so
+   the width cannot change a bit. Both kernel files expand it at their widths, then finish
+   with axpys_from. */
+#define AXPYS_BLOCKS(W, VEC, LOAD, STORE, SET1, FMA)                                      \
+    for (; i + 4 * (W) <= k8; i += 4 * (W)) {                                              \
+        VEC y0 = LOAD(y + i), y1 = LOAD(y + i + (W)), y2 = LOAD(y + i + 2 * (W)), y3 = LOAD(y + i + 3 * (W)); \
+        for (int j = 0; j < n; j++) {                                                     \
+            const VEC va = SET1(a[j]);                                                    \
+            const float *xj = x[j] + i;                                                   \
+            y0 = FMA(va, LOAD(xj), y0);                                                   \
+            y1 = FMA(va, LOAD(xj + (W)), y1);                                             \
+            y2 = FMA(va, LOAD(xj + 2 * (W)), y2);                                         \
+            y3 = FMA(va, LOAD(xj + 3 * (W)), y3);                                         \
+        }                                                                                 \
+        STORE(y + i, y0);                                                                 \
+        STORE(y + i + (W), y1);                                                           \
+        STORE(y + i + 2 * (W), y2);                                                       \
+        STORE(y + i + 3 * (W), y3);                                                       \
+    }
+
+/* The rest of axpys from element i: 8-lane chunks below k & ~7, then the plain tail. */
+static inline void axpys_from(float *y, const float *a, const float *const *x, int n, int i, int k) {
+    for (; i < (k & ~7); i += 8) {
+        __m256 yv = _mm256_loadu_ps(y + i);
+        for (int j = 0; j < n; j++) yv = _mm256_fmadd_ps(_mm256_set1_ps(a[j]), _mm256_loadu_ps(x[j] + i), yv);
+        _mm256_storeu_ps(y + i, yv);
+    }
+    for (; i < k; i++)
+        for (int j = 0; j < n; j++) y[i] += a[j] * x[j][i];
+}
+
 #define ELEM(dt) ((dt) == TL_F32 ? 4u : 2u)
 /* Software prefetch distance for streaming a single row: the hardware prefetcher alone
    leaves single-row streaming ~15% short of the machine's read bandwidth. */

@@ -322,29 +322,8 @@ static void dots_avx2(const float *q, const float *const *keys, int n, int k, fl
 static void axpys_avx2(float *y, const float *a, const float *const *x, int n, int k) {
     const int k8 = k & ~7;
     int i = 0;
-    for (; i + 32 <= k8; i += 32) {
-        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);
-        __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);
-        for (int j = 0; j < n; j++) {
-            const __m256 va = _mm256_set1_ps(a[j]);
-            const float *xj = x[j] + i;
-            y0 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xj), y0);
-            y1 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xj + 8), y1);
-            y2 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xj + 16), y2);
-            y3 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xj + 24), y3);
-        }
-        _mm256_storeu_ps(y + i, y0);
-        _mm256_storeu_ps(y + i + 8, y1);
-        _mm256_storeu_ps(y + i + 16, y2);
-        _mm256_storeu_ps(y + i + 24, y3);
-    }
-    for (; i < k8; i += 8) {
-        __m256 yv = _mm256_loadu_ps(y + i);
-        for (int j = 0; j < n; j++) yv = _mm256_fmadd_ps(_mm256_set1_ps(a[j]), _mm256_loadu_ps(x[j] + i), yv);
-        _mm256_storeu_ps(y + i, yv);
-    }
-    for (; i < k; i++)
-        for (int j = 0; j < n; j++) y[i] += a[j] * x[j][i];
+    AXPYS_BLOCKS(8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps)
+    axpys_from(y, a, x, n, i, k);
 }
 
 const tl_kernels tl_kernels_avx2 = {"avx2", matmul_avx2, matmul_packed_avx2, tl_qmatmul_packed_avx2, dots_avx2, axpys_avx2};

@@ -236,34 +236,8 @@ static void dots_avx512(const float *q, const float *const *keys, int n, int k, 
 static void axpys_avx512(float *y, const float *a, const float *const *x, int n, int k) {
     const int k8 = k & ~7;
     int i = 0;
-    for (; i + 64 <= k8; i += 64) {
-        __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16);
-        __m512 y2 = _mm512_loadu_ps(y + i + 32), y3 = _mm512_loadu_ps(y + i + 48);
-        for (int j = 0; j < n; j++) {
-            const __m512 va = _mm512_set1_ps(a[j]);
-            const float *xj = x[j] + i;
-            y0 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xj), y0);
-            y1 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xj + 16), y1);
-            y2 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xj + 32), y2);
-            y3 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xj + 48), y3);
-        }
-        _mm512_storeu_ps(y + i, y0);
-        _mm512_storeu_ps(y + i + 16, y1);
-        _mm512_storeu_ps(y + i + 32, y2);
-        _mm512_storeu_ps(y + i + 48, y3);
-    }
-    for (; i + 16 <= k8; i += 16) {
-        __m512 yv = _mm512_loadu_ps(y + i);
-        for (int j = 0; j < n; j++) yv = _mm512_fmadd_ps(_mm512_set1_ps(a[j]), _mm512_loadu_ps(x[j] + i), yv);
-        _mm512_storeu_ps(y + i, yv);
-    }
-    for (; i < k8; i += 8) {
-        __m256 yv = _mm256_loadu_ps(y + i);
-        for (int j = 0; j < n; j++) yv = _mm256_fmadd_ps(_mm256_set1_ps(a[j]), _mm256_loadu_ps(x[j] + i), yv);
-        _mm256_storeu_ps(y + i, yv);
-    }
-    for (; i < k; i++)
-        for (int j = 0; j < n; j++) y[i] += a[j] * x[j][i];
+    AXPYS_BLOCKS(16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps)
+    axpys_from(y, a, x, n, i, k);
 }
 
 /* ---------------------------------------------------------------- q8 / q4 */
