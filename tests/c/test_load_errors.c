@@ -443,9 +443,14 @@ static void nonfinite_weights(void) {
     snprintf(dir, sizeof dir, "%s/f16_concat_residual_gqa", golden);
     CHECK_ERROR(load_poisoned(dir, "tok_embed.weight", 100, "-inf"), TL_ERR_FORMAT,
                 "tensor \"tok_embed.weight\" has a non-finite value (-inf) at index 100");
+    /* Past the scan's first block of 4096 elements, and the very last element. */
+    CHECK_ERROR(load_poisoned(dir, "tok_embed.weight", 5000, "NaN"), TL_ERR_FORMAT,
+                "tensor \"tok_embed.weight\" has a non-finite value (NaN) at index 5000");
     snprintf(dir, sizeof dir, "%s/bf16_tied_rope_residual", golden);
     CHECK_ERROR(load_poisoned(dir, "block.0.attn.v.weight", 0, "NaN"), TL_ERR_FORMAT,
                 "tensor \"block.0.attn.v.weight\" has a non-finite value (NaN) at index 0");
+    CHECK_ERROR(load_poisoned(dir, "tok_embed.weight", 112 * 48 - 1, "+inf"), TL_ERR_FORMAT,
+                "tensor \"tok_embed.weight\" has a non-finite value (+inf) at index 5375");
     /* The largest finite values are fine. */
     CHECK(load_work() == TL_OK, "pristine copy loads: %s", tl_last_error());
 }
