@@ -6,6 +6,7 @@
  * page boundary and the TLB misses; panels make several input rows cheap (prefill,
  * speculative verification, beams). Vectors are already f32 host arrays: used in place. */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -23,11 +24,11 @@ static size_t packed_bytes(const tl_matrix *x) {
 /* Row-major q8/q4 src (the file's layout) -> packed q blocks (kernels.h). The padding rows
    of the last panel stay zero: scale 0, so they contribute nothing (q8's zero is the byte
    128, but a zero scale makes the value irrelevant). */
-static void pack_quantised(const tl_matrix *src, uint8_t *dst) {
+static void pack_quantised(const tl_matrix *src, uint8_t *dst, int r0, int r1) {
     const tl_dtype dt = src->dtype;
     const size_t groups = (size_t)(src->cols / TL_QGROUP), bb = tl_qblock_bytes(dt);
     const uint8_t *q = src->data, *scales = src->scale;
-    for (int r = 0; r < src->rows; r++) {
+    for (int r = r0; r < r1; r++) {
         const int lane = r % TL_PANEL;
         for (size_t g = 0; g < groups; g++) {
             uint8_t *blk = dst + ((size_t)(r / TL_PANEL) * groups + g) * bb;
@@ -46,16 +47,60 @@ static void pack_quantised(const tl_matrix *src, uint8_t *dst) {
     }
 }
 
-/* Row-major src -> packed dst (see tl_matrix). */
-static void pack_matrix(const tl_matrix *src, uint8_t *dst) {
-    if (tl_dtype_quantised(src->dtype)) { pack_quantised(src, dst); return; }
+/* Panels [p0, p1) of one float matrix: each panel written in order, its 16 source rows
+   read side by side (the element-at-a-time copy along each row wrote 16 scattered
+   streams and was most of a load's time). */
+#define DEFINE_PACK_FLOAT(NAME, T)                                                        \
+    static void NAME(const tl_matrix *src, uint8_t *dst, int p0, int p1) {                \
+        const size_t cols = (size_t)src->cols;                                            \
+        for (int p = p0; p < p1; p++) {                                                   \
+            const int rows = src->rows - p * TL_PANEL < TL_PANEL ? src->rows - p * TL_PANEL : TL_PANEL; \
+            const T *from = (const T *)src->data + (size_t)p * TL_PANEL * cols;           \
+            T *panel = (T *)dst + (size_t)p * TL_PANEL * cols;                            \
+            for (size_t c = 0; c < cols; c++)                                             \
+                for (int lane = 0; lane < rows; lane++) panel[c * TL_PANEL + (size_t)lane] = from[(size_t)lane * cols + c]; \
+        }                                                                                 \
+    }
+DEFINE_PACK_FLOAT(pack_panels_32, uint32_t)
+DEFINE_PACK_FLOAT(pack_panels_16, uint16_t)
+
+/* Panels [p0, p1) of row-major src -> packed dst (see tl_matrix). The file mapping is
+   only byte-aligned in principle, but safetensors data offsets of our checkpoints keep
+   each tensor aligned to its element; an unaligned one is copied element by element. */
+static void pack_panels(const tl_matrix *src, uint8_t *dst, int p0, int p1) {
+    const int r0 = p0 * TL_PANEL, r1 = p1 * TL_PANEL < src->rows ? p1 * TL_PANEL : src->rows;
+    if (tl_dtype_quantised(src->dtype)) { pack_quantised(src, dst, r0, r1); return; }
     const size_t elem = src->dtype == TL_F32 ? 4u : 2u, cols = (size_t)src->cols;
+    if ((uintptr_t)src->data % elem == 0) {
+        (elem == 4 ? pack_panels_32 : pack_panels_16)(src, dst, p0, p1);
+        return;
+    }
     const uint8_t *from = src->data;
-    for (int r = 0; r < src->rows; r++) {
+    for (int r = r0; r < r1; r++) {
         const uint8_t *row = from + (size_t)r * cols * elem;
         uint8_t *panel = dst + (size_t)(r / TL_PANEL) * cols * TL_PANEL * elem + (size_t)(r % TL_PANEL) * elem;
         for (size_t c = 0; c < cols; c++) memcpy(panel + c * TL_PANEL * elem, row + c * elem, elem);
     }
+}
+
+/* The packing is spread over the pool: a task is up to PACK_PANELS panels of one matrix. */
+#define PACK_PANELS 64
+
+typedef struct {
+    tl_matrix *const *matrices;
+    uint8_t *const *dst;  /* [n_matrices] where each matrix's panels go */
+    const int *first_task; /* [n_matrices + 1] */
+} pack_job;
+
+static int panel_count(const tl_matrix *x) { return (x->rows + TL_PANEL - 1) / TL_PANEL; }
+
+static void pack_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const pack_job *job = ctx;
+    int i = 0;
+    while (task >= job->first_task[i + 1]) i++;
+    const int p0 = (task - job->first_task[i]) * PACK_PANELS, panels = panel_count(job->matrices[i]);
+    pack_panels(job->matrices[i], job->dst[i], p0, p0 + PACK_PANELS < panels ? p0 + PACK_PANELS : panels);
 }
 
 tl_status tl_cpu_upload_weights(const tl_model *m, tl_matrix *const *matrices, int n_matrices,
@@ -76,13 +121,29 @@ tl_status tl_cpu_upload_weights(const tl_model *m, tl_matrix *const *matrices, i
     madvise(region, len, MADV_HUGEPAGE); /* advisory: without it the copy still works */
 #endif
     uint8_t *at = (uint8_t *)(((uintptr_t)region + huge - 1) & ~(uintptr_t)(huge - 1));
+    uint8_t **dst = malloc(((size_t)n_matrices + 1) * sizeof *dst);
+    int *first_task = malloc(((size_t)n_matrices + 1) * sizeof *first_task);
+    if (!dst || !first_task) {
+        free(dst);
+        free(first_task);
+        munmap(region, len);
+        return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    }
+    first_task[0] = 0;
     for (int i = 0; i < n_matrices; i++) {
-        pack_matrix(matrices[i], at);
-        matrices[i]->data = at;
+        dst[i] = at;
+        at += (packed_bytes(matrices[i]) + 63) & ~(size_t)63;
+        first_task[i + 1] = first_task[i] + (panel_count(matrices[i]) + PACK_PANELS - 1) / PACK_PANELS;
+    }
+    const pack_job job = {matrices, dst, first_task};
+    tl_pool_run(ctx->pool, first_task[n_matrices], pack_task, (void *)&job);
+    for (int i = 0; i < n_matrices; i++) {
+        matrices[i]->data = dst[i];
         matrices[i]->scale = NULL; /* packed q blocks carry their scales */
         matrices[i]->packed = 1;
-        at += (packed_bytes(matrices[i]) + 63) & ~(size_t)63;
     }
+    free(dst);
+    free(first_task);
     ctx->weights_region = region;
     ctx->weights_region_len = len;
     return TL_OK;
