@@ -14,7 +14,7 @@
 # p50/p99 come from the difference of the server's TTFT histogram (bucket precision).
 #   scripts/bench/serve_bench.sh [--model DIR] [--clients 8] [--duration 60] [--baseline 15]
 #                                [--threads 2] [--max-tokens 64] [--prompt-len 16] [--port N]
-#                                [--workers 1] [--no-engine-ref]
+#                                [--workers 1] [--engine-nice 5] [--no-engine-ref]
 #   --model /tmp/gpt2-f16   a checkpoint written by
 #                           build/scripts/bench/tinyloop-bench --preset gpt2-small --dtype f16 --keep
 # Without --model it writes (once) such a random GPT-2-small-shaped f16 checkpoint to
@@ -27,13 +27,14 @@
 # costs far more of a step than at one. The verdict prints both ratios.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-engine_ref=1 model="" clients=8 duration=60 baseline=15 threads=2 max_tokens=64 prompt_len=16 workers=1 port=$((30000 + RANDOM % 20000))
+engine_ref=1 model="" clients=8 duration=60 baseline=15 threads=2 max_tokens=64 prompt_len=16 workers=1 engine_nice=5 port=$((30000 + RANDOM % 20000))
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift 2 ;; --clients) clients=$2; shift 2 ;; --duration) duration=$2; shift 2 ;;
     --baseline) baseline=$2; shift 2 ;; --threads) threads=$2; shift 2 ;; --max-tokens) max_tokens=$2; shift 2 ;;
     --prompt-len) prompt_len=$2; shift 2 ;;
     --port) port=$2; shift 2 ;; --workers) workers=$2; shift 2 ;; --no-engine-ref) engine_ref=0; shift ;;
+    --engine-nice) engine_nice=$2; shift 2 ;;
     *) echo "serve_bench: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -82,7 +83,7 @@ serve_pid=""
 cleanup() { [ -n "$serve_pid" ] && kill -TERM "$serve_pid" 2>/dev/null && wait "$serve_pid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 scripts/serve --port "$port" --model "$model" --threads "$threads" --max-active "$clients" --workers "$workers" \
-  --prefix "$work/prefix" > "$work/serve.log" 2>&1 &
+  --engine-nice "$engine_nice" --prefix "$work/prefix" > "$work/serve.log" 2>&1 &
 serve_pid=$!
 base=http://127.0.0.1:$port
 for _ in $(seq 1 600); do
