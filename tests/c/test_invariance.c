@@ -1,6 +1,10 @@
 /* test_invariance.c: bit-exact (memcmp) batch and thread invariance of the forward pass,
  * plus the KV-cache behaviours built on it: windows, rollback, chunk masks, KV sharing. */
+#define _DEFAULT_SOURCE /* mkdtemp, realpath, symlink */
+#include <limits.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "quantised.h"
@@ -298,6 +302,57 @@ static void check_kept_resume(const char *root, const char *name, bool tree, int
     tl_model_free(m);
 }
 
+/* The CPU backend keeps RoPE's cos/sin in a table unless the table would be large (long
+   contexts), when it computes them per call with the same expression: a copy of `name`
+   whose max_seq_len is too long for the table must give the same logits, bit for bit. */
+static void check_rope_table(const char *root, const char *name) {
+    char src[4200], dir[64] = "/tmp/tinyloop-test-rope-XXXXXX", path[4300], config[8192];
+    snprintf(src, sizeof src, "%s/%s", root, name);
+    snprintf(path, sizeof path, "%s/config.json", src);
+    FILE *f = fopen(path, "rb");
+    const size_t len = f ? fread(config, 1, sizeof config - 1, f) : 0;
+    if (f) fclose(f);
+    config[len] = '\0';
+    char *key = strstr(config, "\"max_seq_len\"");
+    CHECK(len > 0 && key && mkdtemp(dir), "%s: a copy for the RoPE table check", name);
+    if (!len || !key || !dir[0]) return;
+    char *value = strchr(key, ':') + 1, *end = value;
+    while (*end == ' ' || (*end >= '0' && *end <= '9')) end++;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    f = fopen(path, "wb");
+    if (f) {
+        fprintf(f, "%.*s 300000%s", (int)(value - config), config, end);
+        fclose(f);
+    }
+    char target[4300], link_path[4300];
+    snprintf(target, sizeof target, "%s/model.safetensors", src);
+    snprintf(link_path, sizeof link_path, "%s/model.safetensors", dir);
+    char resolved[PATH_MAX];
+    CHECK(f && realpath(target, resolved) && symlink(resolved, link_path) == 0, "%s: the copy", name);
+    tl_model *table = load(src, 2), *computed = load(dir, 2);
+    CHECK(table && computed, "%s: load both", name);
+    if (table && computed) {
+        const int vocab = tl_model_info(table)->vocab_size, sizes[] = {5, 1, 0};
+        int32_t tokens[N_TOKENS];
+        for (int i = 0; i < N_TOKENS; i++) tokens[i] = (int32_t)(next_u32() % (uint32_t)vocab);
+        float *want = malloc((size_t)N_TOKENS * (size_t)vocab * sizeof(float));
+        float *got = malloc((size_t)N_TOKENS * (size_t)vocab * sizeof(float));
+        if (want && got) {
+            run_chunks(table, tokens, N_TOKENS, sizes, 3, 0, want);
+            run_chunks(computed, tokens, N_TOKENS, sizes, 3, 0, got);
+            CHECK(memcmp(want, got, (size_t)N_TOKENS * (size_t)vocab * sizeof(float)) == 0,
+                  "%s: RoPE from the table and computed per call differ", name);
+        }
+        free(want);
+        free(got);
+    }
+    tl_model_free(table);
+    tl_model_free(computed);
+    unlink(link_path);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : "tests/data/golden";
     const char *configs[] = {"gpt2_like", "llama_like", "concat_residual_mqa", "f16_concat_residual_gqa",
@@ -312,6 +367,8 @@ int main(int argc, char **argv) {
             CHECK(qroot != NULL, "%s: quantise", quantised[i]);
             if (qroot) check_config(qroot, quantised[i]);
         }
+    check_rope_table(root, "bf16_tied_rope_residual");
+    check_rope_table(root, "none_replace_beta_rope1000");
     check_kv_sharing(root, "add_replace_beta_statenorm_ln");
     check_kv_sharing(root, "f16_concat_residual_gqa");
     /* The published layouts (tests/data/hf beside the goldens): Huginn, one slot per block
