@@ -24,6 +24,18 @@
 
 static tl_backend_host host;
 
+/* Page-locked host memory that small inputs travel from (upload_async). A block is reused
+   once `copied`, recorded on the stream after the last copy out of it, has completed; `busy`
+   marks it held by a thread between taking it and recording that event. */
+typedef struct staging_block {
+    void *host;
+    size_t size;
+    cudaEvent_t copied;
+    bool busy;
+} staging_block;
+#define STAGING_BLOCKS 64
+#define STAGING_MIN_BYTES ((size_t)64 << 10)
+
 typedef struct cuda_context {
     int device;
     double *inv_freq;      /* device [head_dim / 2] */
@@ -32,6 +44,9 @@ typedef struct cuda_context {
     atomic_int failed;     /* a CUDA call failed: the next logits are NaN */
     char failure[256];     /* the first failure, for the log line */
     pthread_mutex_t failure_lock;
+    staging_block staging[STAGING_BLOCKS];
+    int n_staging, staging_next; /* blocks made; where the next search starts */
+    pthread_mutex_t staging_lock;
 } cuda_context;
 
 static cuda_context *ctx_of(const tl_model *m) { return m->backend_ctx; }
@@ -54,12 +69,80 @@ static tlk_matrix kernel_matrix(const tl_matrix *w) {
     return (tlk_matrix){w->data, w->scale, dtype, w->rows, w->cols};
 }
 
-/* A host array copied into a stream-ordered device allocation (freed by release_async). */
+/* A staging block of at least `bytes` whose earlier copies are done, marked busy; NULL when
+   every block is busy or none can be made (the caller then copies synchronously). Blocks are
+   taken in turn, so the next idle one is the one whose copy was queued longest ago: while
+   the device is behind, a new block is made, up to STAGING_BLOCKS, then the host waits. */
+static staging_block *staging_take(cuda_context *ctx, size_t bytes) {
+    pthread_mutex_lock(&ctx->staging_lock);
+    int at = -1;
+    for (int i = 0; i < ctx->n_staging && at < 0; i++) {
+        const int j = (ctx->staging_next + i) % ctx->n_staging;
+        if (!ctx->staging[j].busy) at = j;
+    }
+    bool fresh = false;
+    if (!(at >= 0 && ctx->staging[at].size >= bytes && cudaEventQuery(ctx->staging[at].copied) == cudaSuccess) &&
+        ctx->n_staging < STAGING_BLOCKS) {
+        staging_block *b = &ctx->staging[ctx->n_staging];
+        *b = (staging_block){0};
+        if (cudaEventCreateWithFlags(&b->copied, cudaEventDisableTiming) == cudaSuccess) {
+            at = ctx->n_staging++;
+            fresh = true;
+        }
+    }
+    staging_block *found = at >= 0 ? &ctx->staging[at] : NULL;
+    if (found) {
+        found->busy = true;
+        ctx->staging_next = at + 1;
+    }
+    pthread_mutex_unlock(&ctx->staging_lock);
+    if (!found) return NULL;
+    /* A block that is not fresh may still be read by a queued copy: wait for it (at once when
+       its event has completed, as checked above). */
+    bool ok = fresh || cudaEventSynchronize(found->copied) == cudaSuccess;
+    if (ok && found->size < bytes) {
+        size_t size = STAGING_MIN_BYTES;
+        while (size < bytes) size *= 2;
+        if (found->host) cudaFreeHost(found->host);
+        found->host = NULL;
+        found->size = 0;
+        ok = cudaMallocHost(&found->host, size) == cudaSuccess;
+        if (ok) found->size = size;
+    }
+    if (!ok) {
+        pthread_mutex_lock(&ctx->staging_lock);
+        found->busy = false;
+        pthread_mutex_unlock(&ctx->staging_lock);
+        return NULL;
+    }
+    return found;
+}
+
+/* A host array copied into a stream-ordered device allocation (freed by release_async). The
+   source is the caller's array, valid for the call only, and pageable: cudaMemcpyAsync from
+   pageable memory gives no promise about when the source has been read (and may wait for the
+   stream to drain). So the bytes go through a page-locked staging block, reused only after
+   the event recorded behind the copy; without one the copy is synchronous. */
 static void *upload_async(const tl_model *m, const void *src, size_t bytes) {
+    cuda_context *ctx = ctx_of(m);
     void *dst = NULL;
     if (!bytes) return NULL;
     int err = (int)cudaMallocAsync(&dst, bytes, 0);
-    if (!err) err = (int)cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0);
+    if (!err) {
+        staging_block *b = staging_take(ctx, bytes);
+        if (b) {
+            memcpy(b->host, src, bytes);
+            err = (int)cudaMemcpyAsync(dst, b->host, bytes, cudaMemcpyHostToDevice, 0);
+            const int recorded = (int)cudaEventRecord(b->copied, 0);
+            if (!err) err = recorded;
+            pthread_mutex_lock(&ctx->staging_lock);
+            b->busy = false;
+            pthread_mutex_unlock(&ctx->staging_lock);
+        } else {
+            err = (int)cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+        }
+        if (err) cudaFreeAsync(dst, 0);
+    }
     note(m, err, "uploading a host array");
     return err ? NULL : dst;
 }
@@ -78,6 +161,7 @@ static tl_status cuda_open(const tl_model *m, int n_threads, void **out) {
     cuda_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return host.fail(TL_ERR_NO_MEMORY, "out of memory");
     pthread_mutex_init(&ctx->failure_lock, NULL);
+    pthread_mutex_init(&ctx->staging_lock, NULL);
     int err = (int)cudaGetDevice(&ctx->device);
     const size_t half = (size_t)(c->head_dim / 2) + 1;
     if (!err) err = (int)cudaMalloc((void **)&ctx->inv_freq, half * sizeof(double));
@@ -85,6 +169,7 @@ static tl_status cuda_open(const tl_model *m, int n_threads, void **out) {
     if (err) {
         if (ctx->inv_freq) cudaFree(ctx->inv_freq);
         pthread_mutex_destroy(&ctx->failure_lock);
+        pthread_mutex_destroy(&ctx->staging_lock);
         free(ctx);
         return host.fail(TL_ERR_UNSUPPORTED, "backend CUDA: %s", cudaGetErrorString((cudaError_t)err));
     }
@@ -99,7 +184,12 @@ static void cuda_close(void *opaque) {
     for (int i = 0; i < ctx->n_weights; i++) cudaFree(ctx->weights[i]);
     free(ctx->weights);
     cudaFree(ctx->inv_freq);
+    for (int i = 0; i < ctx->n_staging; i++) {
+        if (ctx->staging[i].host) cudaFreeHost(ctx->staging[i].host);
+        cudaEventDestroy(ctx->staging[i].copied);
+    }
     pthread_mutex_destroy(&ctx->failure_lock);
+    pthread_mutex_destroy(&ctx->staging_lock);
     free(ctx);
 }
 
