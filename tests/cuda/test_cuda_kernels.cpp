@@ -267,25 +267,29 @@ static void attention_emulated(const tlk_attention *a, float *out_all) {
     }
 }
 
-static void test_attention() {
-    const int heads = 4, kv_heads = 2, hd = 40, entries = 23, base = 17, n = 6;
+// One shape: `heads` query heads over `kv_heads` (GQA, MQA at 1, MHA at heads), head_dim
+// hd (up to TLK_MAX_HEAD: every lane's 8 output registers), entries [first, 23) held (first
+// > 0: a ring whose oldest rows were overwritten).
+static void test_attention_shape(int heads, int kv_heads, int hd, int first) {
+    const int entries = 23, base = 17, n = 6;
     const int qd = heads * hd, kvd = kv_heads * hd;
     std::vector<float> keys((size_t)entries * kvd), values((size_t)entries * kvd), q((size_t)n * qd);
     for (auto &v : keys) v = uniform(-2, 2);
     for (auto &v : values) v = uniform(-1, 1);
     for (auto &v : q) v = uniform(-2, 2);
-    std::vector<const float *> kp(entries), vp(entries);
-    std::vector<int32_t> entry_pos(entries), positions(n);
-    for (int e = 0; e < entries; e++) {
-        kp[e] = e == 3 ? nullptr : keys.data() + (size_t)e * kvd; // entry 3: not held
-        vp[e] = e == 3 ? nullptr : values.data() + (size_t)e * kvd;
-        entry_pos[e] = e;
+    std::vector<const float *> kp(entries - first), vp(entries - first);
+    std::vector<int32_t> entry_pos(entries - first), positions(n);
+    for (int j = first; j < entries; j++) {
+        const int e = j - first;
+        kp[e] = j == 8 ? nullptr : keys.data() + (size_t)j * kvd; // entry 8: not held
+        vp[e] = j == 8 ? nullptr : values.data() + (size_t)j * kvd;
+        entry_pos[e] = j;
     }
     for (int i = 0; i < n; i++) positions[i] = base + i;
     std::vector<uint8_t> mask((size_t)n * (entries - 10));
     for (auto &m : mask) m = uniform(0, 1) < 0.6f;
     for (int variant = 0; variant < 3; variant++) { // causal, window 9, tree mask from entry 10
-        tlk_attention a = {q.data(), nullptr, n, heads, kv_heads, hd, 0, entries, base, variant == 1 ? 9 : 0,
+        tlk_attention a = {q.data(), nullptr, n, heads, kv_heads, hd, first, entries, base, variant == 1 ? 9 : 0,
                            kp.data(), vp.data(), entry_pos.data(), positions.data(),
                            variant == 2 ? mask.data() : nullptr, 10, entries - 10};
         std::vector<float> out((size_t)n * qd);
@@ -295,8 +299,9 @@ static void test_attention() {
                 const int g = h / (heads / kv_heads);
                 std::vector<double> s;
                 std::vector<int> which;
-                for (int j = 0; j < entries; j++) {
+                for (int j = first; j < entries; j++) {
                     if (!tlk_visible(&a, i, j)) continue;
+                    CHECK(j != 8, "entry 8 is not held"); // nor, below, any entry before first
                     double dot = 0;
                     for (int d = 0; d < hd; d++) dot += (double)q[(size_t)i * qd + h * hd + d] * keys[(size_t)j * kvd + g * hd + d];
                     s.push_back(dot / std::sqrt((double)hd));
@@ -308,8 +313,8 @@ static void test_attention() {
                 for (int d = 0; d < hd; d++) {
                     double ref = 0;
                     for (size_t t = 0; t < s.size(); t++) ref += s[t] / sum * values[(size_t)which[t] * kvd + g * hd + d];
-                    CHECK(std::fabs(out[(size_t)i * qd + h * hd + d] - ref) < 1e-5, "attention variant %d row %d head %d: %g vs %g",
-                          variant, i, h, out[(size_t)i * qd + h * hd + d], ref);
+                    CHECK(std::fabs(out[(size_t)i * qd + h * hd + d] - ref) < 1e-5, "attention %d/%d heads hd %d first %d variant %d row %d head %d: %g vs %g",
+                          heads, kv_heads, hd, first, variant, i, h, out[(size_t)i * qd + h * hd + d], ref);
                 }
             }
         // Batch invariance: row 4 alone (a one-row chunk at its own base, same visible keys).
@@ -321,8 +326,15 @@ static void test_attention() {
         alone.mask = variant == 2 ? mask.data() + 4 * (size_t)(entries - 10) : nullptr;
         std::vector<float> one(qd);
         attention_emulated(&alone, one.data());
-        CHECK(!memcmp(one.data(), out.data() + 4 * (size_t)qd, qd * 4), "attention variant %d: row 4 alone differs", variant);
+        CHECK(!memcmp(one.data(), out.data() + 4 * (size_t)qd, qd * 4), "attention hd %d variant %d: row 4 alone differs", hd, variant);
     }
+}
+
+static void test_attention() {
+    test_attention_shape(4, 2, 40, 0);
+    test_attention_shape(3, 1, TLK_MAX_HEAD, 0);
+    test_attention_shape(2, 2, 64, 5);
+    test_attention_shape(8, 2, 16, 5);
 }
 
 // ------------------------------------------------------------------ the random state
