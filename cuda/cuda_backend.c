@@ -69,6 +69,15 @@ static tlk_matrix kernel_matrix(const tl_matrix *w) {
     return (tlk_matrix){w->data, w->scale, dtype, w->rows, w->cols};
 }
 
+/* Whether the copies queued before `copied` was recorded are done. A query answered "not
+   ready" is no failure: it is cleared from this thread's last error, which the kernel
+   launchers read (launched() in kernels.cu) and would otherwise report as one. */
+static bool staging_done(cudaEvent_t copied) {
+    const cudaError_t st = cudaEventQuery(copied);
+    if (st == cudaErrorNotReady) (void)cudaGetLastError();
+    return st == cudaSuccess;
+}
+
 /* A staging block of at least `bytes` whose earlier copies are done, marked busy; NULL when
    every block is busy or none can be made (the caller then copies synchronously). Blocks are
    taken in turn, so the next idle one is the one whose copy was queued longest ago: while
@@ -81,7 +90,7 @@ static staging_block *staging_take(cuda_context *ctx, size_t bytes) {
         if (!ctx->staging[j].busy) at = j;
     }
     bool fresh = false;
-    if (!(at >= 0 && ctx->staging[at].size >= bytes && cudaEventQuery(ctx->staging[at].copied) == cudaSuccess) &&
+    if (!(at >= 0 && ctx->staging[at].size >= bytes && staging_done(ctx->staging[at].copied)) &&
         ctx->n_staging < STAGING_BLOCKS) {
         staging_block *b = &ctx->staging[ctx->n_staging];
         *b = (staging_block){0};
