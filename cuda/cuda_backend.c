@@ -4,8 +4,10 @@
  * Every operation queues its kernels on the legacy default stream in call order and returns
  * without waiting; the host waits only where a result comes back: the logits (head), one
  * double (state_change, exit_gate). Small host inputs (token ids, positions, the attention's
- * resolved key table, the tree mask) travel in stream-ordered allocations (cudaMallocAsync)
- * freed after their kernels, so concurrent forwards on one model share no scratch.
+ * resolved key table, the tree mask) are copied into page-locked staging blocks and travel
+ * from there in stream-ordered allocations (cudaMallocAsync) freed after their kernels, so
+ * concurrent forwards on one model share no scratch and no copy reads a caller's array after
+ * the call returns.
  *
  * Errors. The operations return nothing (backend.h), so a CUDA failure (out of device
  * memory, a lost device) is remembered in the context and turns the next logits into NaN:
