@@ -2,12 +2,14 @@
  * plus the KV-cache behaviours built on it: windows, rollback, chunk masks, KV sharing. */
 #define _DEFAULT_SOURCE /* mkdtemp, realpath, symlink */
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "quantised.h"
+#include "cpu/cpu_backend.h"
 #include "forward.h"
 #include "kv_cache.h"
 #include "tinyloop.h"
@@ -358,6 +360,130 @@ static void check_rope_table(const char *root, const char *name) {
     rmdir(dir);
 }
 
+/* A matmul group's split into tasks depends on the thread count (one task per thread
+   across a small group's products, "spanning", or tasks per product): every column of
+   every product must come out the same whatever the split. Products with rows not a
+   multiple of the panel, SwiGLU pairs first, after another product and beside two more,
+   GELU epilogues, every float and quantised dtype, row-major (mapped) and packed, 1 to 8
+   threads against 1. The packing (tasks of 64 panels on the pool) is checked too: float
+   panels element by element against the layout, q8/q4 by their products, which equal the
+   row-major ones bit for bit (test_isa). */
+static void check_group_split(const char *dir) {
+    enum { K = 256, MAX_N = 3, N_MATRICES = 14, MAX_ROWS = 1050 };
+    const struct { int rows; tl_dtype dt; } specs[N_MATRICES] = {
+        {200, TL_F32}, {72, TL_F16}, {72, TL_BF16}, {104, TL_F32}, {104, TL_F32}, {40, TL_F16},
+        {200, TL_Q8}, {72, TL_Q8}, {72, TL_Q4}, {104, TL_Q8}, {104, TL_Q8}, {MAX_ROWS, TL_F16}, {MAX_ROWS, TL_Q8},
+        {MAX_ROWS, TL_Q4}};
+    /* Each group: up to 4 (matrix, gelu, swiglu, bias) entries, matrix -1 ends it. */
+    const struct { int w; bool gelu, swiglu, bias; } groups[][4] = {
+        {{0, false, false, true}, {1, false, false, false}, {2, false, false, true}, {-1, false, false, false}},
+        {{3, false, true, false}, {4, false, false, false}, {-1, false, false, false}},
+        {{5, false, false, false}, {3, false, true, true}, {4, false, false, true}, {-1, false, false, false}},
+        {{0, true, false, false}, {5, true, false, true}, {-1, false, false, false}},
+        {{6, false, false, true}, {7, false, false, false}, {8, false, false, false}, {-1, false, false, false}},
+        {{9, false, true, false}, {10, false, false, false}, {8, true, false, false}, {-1, false, false, false}},
+        {{3, false, true, false}, {4, false, false, false}, {0, false, false, false}, {1, false, false, false}},
+        {{11, false, false, true}, {5, false, false, false}, {-1, false, false, false}},
+        {{12, false, false, true}, {7, false, false, false}, {-1, false, false, false}},
+        {{8, false, false, false}, {13, false, false, true}, {-1, false, false, false}},
+    };
+    const bool quantised_group[] = {false, false, false, false, true, true, false, false, true, true};
+    enum { N_GROUPS = sizeof groups / sizeof groups[0] };
+    static uint8_t data[N_MATRICES][MAX_ROWS * K * 4];
+    static uint16_t scales[N_MATRICES][MAX_ROWS * K / TL_QGROUP];
+    static float x[MAX_N * K], bias[MAX_ROWS];
+    tl_matrix rowmajor[N_MATRICES];
+    for (int i = 0; i < N_MATRICES; i++) {
+        const tl_dtype dt = specs[i].dt;
+        const size_t count = (size_t)specs[i].rows * K;
+        for (size_t e = 0; e < count; e++) {
+            const uint32_t r = next_u32();
+            if (dt == TL_F32) ((float *)data[i])[e] = (float)(r % 2001) / 1000.0f - 1.0f;
+            else if (dt == TL_F16) ((uint16_t *)data[i])[e] = (uint16_t)((r & 0x8000u) | (10u + r % 7u) << 10 | (r >> 16 & 0x3ffu));
+            else if (dt == TL_BF16) ((uint16_t *)data[i])[e] = (uint16_t)((r & 0x8000u) | (120u + r % 8u) << 7 | (r >> 16 & 0x7fu));
+            else if (dt == TL_Q8) ((int8_t *)data[i])[e] = (int8_t)((int)(r % 255u) - 127);
+            else if (e < count / 2) data[i][e] = (uint8_t)r;
+        }
+        for (size_t g = 0; g < count / TL_QGROUP; g++)
+            scales[i][g] = (uint16_t)((5u + next_u32() % 4u) << 10 | (next_u32() & 0x3ffu));
+        rowmajor[i] = (tl_matrix){data[i], tl_dtype_quantised(dt) ? scales[i] : NULL, dt, specs[i].rows, K, 0};
+    }
+    for (int i = 0; i < MAX_N * K; i++) x[i] = (float)(next_u32() % 2001) / 1000.0f - 1.0f;
+    for (int i = 0; i < MAX_ROWS; i++) bias[i] = (float)(next_u32() % 201) / 100.0f - 1.0f;
+
+    size_t offsets[N_GROUPS][4], total = 0;
+    for (int g = 0; g < N_GROUPS; g++)
+        for (int p = 0; p < 4 && groups[g][p].w >= 0; p++) {
+            offsets[g][p] = total;
+            total += (size_t)(1 + MAX_N) * (size_t)specs[groups[g][p].w].rows; /* n = 1, then n = 3 */
+        }
+    float *want[2] = {malloc(total * sizeof(float)), malloc(total * sizeof(float))};
+    float *got = malloc(total * sizeof(float));
+    CHECK(want[0] && want[1] && got, "group split: memory");
+    for (int packed = 0; packed < 2 && want[0] && want[1] && got; packed++)
+        for (int threads = 1; threads <= 8; threads++) {
+            /* Mapped, so the model's own matrices stay out of the way of the packed ones. */
+            tl_load_options o;
+            tl_load_options_init(&o);
+            o.n_threads = threads;
+            o.mmap_weights = 1;
+            tl_model *m = NULL;
+            if (tl_model_load(dir, &o, &m) != TL_OK) { CHECK(0, "load %s: %s", dir, tl_last_error()); break; }
+            tl_matrix ws[N_MATRICES], *ptrs[N_MATRICES];
+            for (int i = 0; i < N_MATRICES; i++) ws[i] = rowmajor[i], ptrs[i] = &ws[i];
+            if (packed) {
+                CHECK(tl_cpu_upload_weights(m, ptrs, N_MATRICES, NULL, NULL, 0, false) == TL_OK && ws[0].packed,
+                      "group split: pack: %s", tl_last_error());
+                for (int i = 0; i < N_MATRICES; i++) {
+                    if (tl_dtype_quantised(specs[i].dt) || !ws[i].packed) continue;
+                    const size_t elem = specs[i].dt == TL_F32 ? 4 : 2, panels = ((size_t)specs[i].rows + TL_PANEL - 1) / TL_PANEL;
+                    size_t wrong = 0;
+                    for (size_t r = 0; r < panels * TL_PANEL; r++)
+                        for (size_t c = 0; c < K; c++) {
+                            const uint8_t *at = (const uint8_t *)ws[i].data + ((r / TL_PANEL) * K * TL_PANEL + c * TL_PANEL + r % TL_PANEL) * elem;
+                            const uint8_t zero[4] = {0};
+                            wrong += memcmp(at, r < (size_t)specs[i].rows ? data[i] + (r * K + c) * elem : zero, elem) != 0;
+                        }
+                    CHECK(wrong == 0, "matrix %d: %zu packed elements out of place (%d threads)", i, wrong, threads);
+                }
+            }
+            float *out = threads == 1 ? want[packed] : got;
+            for (size_t e = 0; e < total; e++) out[e] = NAN;
+            for (int g = 0; g < N_GROUPS; g++)
+                for (int n = 1; n <= MAX_N; n += 2) {
+                    tl_matmul_out outs[4];
+                    int count = 0;
+                    for (; count < 4 && groups[g][count].w >= 0; count++)
+                        outs[count] = (tl_matmul_out){&ws[groups[g][count].w], groups[g][count].bias ? bias : NULL,
+                                                      out + offsets[g][count] + (n == 1 ? 0 : (size_t)specs[groups[g][count].w].rows),
+                                                      groups[g][count].gelu, groups[g][count].swiglu};
+                    tl_cpu_matmul_group(m, x, n, outs, count);
+                }
+            if (threads == 1) {
+                size_t bad = 0;
+                for (size_t e = 0; e < total; e++) bad += !isfinite(out[e]);
+                CHECK(bad == 0, "group split (%s): %zu outputs not computed or not finite", packed ? "packed" : "mapped", bad);
+                for (int g = 0; packed && g < N_GROUPS; g++)
+                    for (int p = 0; quantised_group[g] && p < 4 && groups[g][p].w >= 0; p++) {
+                        const size_t len = (size_t)(1 + MAX_N) * (size_t)specs[groups[g][p].w].rows;
+                        CHECK(memcmp(want[0] + offsets[g][p], want[1] + offsets[g][p], len * sizeof(float)) == 0,
+                              "group %d product %d: packed differs from row-major", g, p);
+                    }
+            } else {
+                for (int g = 0; g < N_GROUPS; g++)
+                    for (int p = 0; p < 4 && groups[g][p].w >= 0; p++) {
+                        const size_t len = (size_t)(1 + MAX_N) * (size_t)specs[groups[g][p].w].rows;
+                        CHECK(memcmp(want[packed] + offsets[g][p], got + offsets[g][p], len * sizeof(float)) == 0,
+                              "group %d product %d (%s): %d threads differ from 1", g, p, packed ? "packed" : "mapped", threads);
+                    }
+            }
+            tl_model_free(m);
+        }
+    free(want[0]);
+    free(want[1]);
+    free(got);
+}
+
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : "tests/data/golden";
     const char *configs[] = {"gpt2_like", "llama_like", "concat_residual_mqa", "f16_concat_residual_gqa",
@@ -372,6 +498,9 @@ int main(int argc, char **argv) {
             CHECK(qroot != NULL, "%s: quantise", quantised[i]);
             if (qroot) check_config(qroot, quantised[i]);
         }
+    char group_dir[4200];
+    snprintf(group_dir, sizeof group_dir, "%.4000s/llama_like", root);
+    check_group_split(group_dir);
     check_rope_table(root, "bf16_tied_rope_residual");
     check_rope_table(root, "none_replace_beta_rope1000");
     check_kv_sharing(root, "add_replace_beta_statenorm_ln");
