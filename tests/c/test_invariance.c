@@ -321,8 +321,9 @@ static void check_rope_table(const char *root, const char *name) {
     if (f) fclose(f);
     config[len] = '\0';
     char *key = strstr(config, "\"max_seq_len\"");
-    CHECK(len > 0 && key && mkdtemp(dir), "%s: a copy for the RoPE table check", name);
-    if (!len || !key || !dir[0]) return;
+    const bool made = len > 0 && key && mkdtemp(dir);
+    CHECK(made, "%s: a copy for the RoPE table check", name);
+    if (!made) return;
     char *value = strchr(key, ':') + 1, *end = value;
     while (*end == ' ' || (*end >= '0' && *end <= '9')) end++;
     snprintf(path, sizeof path, "%s/config.json", dir);

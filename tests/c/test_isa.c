@@ -194,9 +194,10 @@ static int check_quantised_rows(const tl_kernels *const *families, int n_familie
 
 /* Attention blocks: every block size from 1 to 36 keys (the eight- and four-key groups and
    their leftovers), head sizes with and without a leftover (k mod 8) and through each
-   width of the AVX-512 axpys (64, 16 and 8 lanes: k = 88, 24): each family's dots and
-   axpys equal the generic ones bit for bit, and so does the same work done one key per
-   call (a key's score and a row's output never depend on how the keys were blocked). */
+   step of the AVX-512 axpys (64-element blocks, then 8-lane chunks: k = 88, 24): each
+   family's dots and axpys equal the generic ones bit for bit, and so does the same work
+   done one key per call (a key's score and a row's output never depend on how the keys
+   were blocked). */
 static int check_attention_blocks(const tl_kernels *const *families, int n_families) {
     enum { MAX_KEYS = 36, MAX_K = 128 };
     const int ks[] = {64, 67, 3, 128, 88, 24};
