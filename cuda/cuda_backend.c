@@ -16,6 +16,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +184,17 @@ static tl_status cuda_open(const tl_model *m, int n_threads, void **out) {
         pthread_mutex_destroy(&ctx->staging_lock);
         free(ctx);
         return host.fail(TL_ERR_UNSUPPORTED, "backend CUDA: %s", cudaGetErrorString((cudaError_t)err));
+    }
+    /* The stream-ordered allocations (every op's small inputs, cudaMallocAsync) come from the
+       device's default pool, whose release threshold is 0: it would hand its memory back to
+       the driver at every synchronisation (each token's logits) and map it again on the next
+       token. Keep it; advisory, so a failure changes nothing but speed. */
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, ctx->device) == cudaSuccess) {
+        uint64_t keep = UINT64_MAX;
+        if (cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess) (void)cudaGetLastError();
+    } else {
+        (void)cudaGetLastError();
     }
     *out = ctx;
     return TL_OK;
