@@ -2,6 +2,9 @@
  * generic (fmaf), AVX2 and AVX-512 compute the same canonical sums; with mapped row-major
  * weights, AVX2 and AVX-512 do. So a result never depends on the machine's vector width. */
 #include <stdlib.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "check.h"
 #include "quantised.h"
@@ -248,7 +251,12 @@ int main(int argc, char **argv) {
                            "llama_like"};
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    /* F16C through cpuid (leaf 1, ecx bit 29), as kernels_generic.c: clang before 16 has no
+       "f16c" for __builtin_cpu_supports, and this test should build with clang too (clang
+       is where implicit FMA contraction would break the cross-ISA identity it checks). */
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
     const bool vnni = avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 #else
