@@ -40,6 +40,7 @@ size_t tl_first_nonfinite(const void *src, tl_dtype dt, size_t count) {
     for (size_t start = 0; start < count; start += SCAN_BLOCK) {
         const size_t end = count - start < SCAN_BLOCK ? count : start + SCAN_BLOCK;
         unsigned any = 0;
+        /* One loop per dtype, each with the dtype a constant, so that each vectorises. */
         if (dt == TL_F32)
             for (size_t i = start; i < end; i++) any |= nonfinite_at(from, TL_F32, i);
         else if (dt == TL_F16)

@@ -125,6 +125,8 @@ static inline bool tl_dtype_quantised(tl_dtype dt) { return dt == TL_Q8 || dt ==
    (the last panel zero-padded), so that a kernel streams one panel contiguously and keeps
    one output row per vector lane: no horizontal sums, any number of input rows. */
 #define TL_PANEL 16
+/* Panels of a matrix of `rows` rows (the last one zero-padded). */
+static inline int tl_panel_count(int rows) { return (rows + TL_PANEL - 1) / TL_PANEL; }
 typedef struct tl_matrix {
     const void *data;
     const void *scale; /* q8/q4 only: the f16 group scales (packed: inside `data`, NULL) */

@@ -225,21 +225,30 @@ static int propose(tl_session *s, spec_state *sp, const float *row, int node, in
     return n;
 }
 
+/* The forward rows of tree nodes [first, end), for a draft level and for the verification
+   alike: each node's token at its position and, in a tree, its row of the ancestor mask over
+   nodes [0, end). */
+static void node_rows(const tl_session *s, spec_state *sp, int first, int end) {
+    const draft_tree *t = &sp->tree;
+    const int n = s->n_tokens;
+    const bool chain = sp->K == 1;
+    for (int i = 0; i < end - first; i++) {
+        const int node = first + i;
+        sp->row_tokens[i] = t->token[node];
+        sp->row_positions[i] = n - 1 + t->depth[node];
+        for (int c = 0; !chain && c < end; c++) sp->mask[i * end + c] = is_ancestor_or_self(t, c, node);
+    }
+}
+
 /* Forwards the nodes [first, end) (one tree level) at draft_loops over the cached prefix and
    their ancestors (rows base + index in the cache; a chain's ancestors are exactly the causal
    set) and keeps their loop states for the verifier. With `logits` the rows go on through the
    coda and head (a draft level); without, they stop after the loops (the last level, which
    proposes nothing: only its states are needed). */
 static tl_status forward_level(tl_session *s, spec_state *sp, int first, int end, int base, float *logits) {
-    const draft_tree *t = &sp->tree;
-    const int n = s->n_tokens, rows = end - first, cols = end;
+    const int rows = end - first;
     const bool chain = sp->K == 1;
-    for (int i = 0; i < rows; i++) {
-        const int node = first + i;
-        sp->row_tokens[i] = t->token[node];
-        sp->row_positions[i] = n - 1 + t->depth[node];
-        for (int c = 0; !chain && c < cols; c++) sp->mask[i * cols + c] = is_ancestor_or_self(t, c, node);
-    }
+    node_rows(s, sp, first, end);
     tl_forward f;
     tl_status st = tl_forward_begin_masked(&f, s->m, s->cache, &s->ws, sp->row_tokens, sp->row_positions, rows,
                                            chain ? NULL : sp->mask, base);
@@ -343,15 +352,11 @@ static tl_status begin_cycle(tl_session *s, spec_state *sp) {
     if (st != TL_OK) return st;
 
     const draft_tree *t = &sp->tree;
-    const int n = s->n_tokens;
     const bool chain = sp->K == 1;
+    node_rows(s, sp, 0, t->n);
     int max_depth = 0;
-    for (int i = 0; i < t->n; i++) {
-        sp->row_tokens[i] = t->token[i];
-        sp->row_positions[i] = n - 1 + t->depth[i];
+    for (int i = 0; i < t->n; i++)
         if (t->depth[i] > max_depth) max_depth = t->depth[i];
-        for (int c = 0; !chain && c < t->n; c++) sp->mask[i * t->n + c] = is_ancestor_or_self(t, c, i);
-    }
     sp->depth_offered += max_depth;
     const double t0 = tl_now_ms();
     /* Every row resumes from its draft's state: only the loops past draft_loops are left. */

@@ -177,7 +177,7 @@ static void span_task(const matmul_job *j, int task) {
     for (int i = 0; i < j->count && base < unit1; i++) {
         const int weight = j->unit_weight[i];
         if (!weight) continue;
-        const int rows = j->outs[i].w->rows, panels = ceil_div(rows, TL_PANEL);
+        const int rows = j->outs[i].w->rows, panels = tl_panel_count(rows);
         int p0 = unit0 > base ? ceil_div(unit0 - base, weight) : 0;
         int p1 = ceil_div(unit1 - base, weight);
         if (p1 > panels) p1 = panels;
@@ -258,7 +258,7 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
         const int tasks = paired ? 0 : (w->rows + job.cols_per_task[i] - 1) / job.cols_per_task[i];
         job.first_task[i + 1] = job.first_task[i] + tasks;
         job.unit_weight[i] = paired ? 0 : pair ? 2 : 1;
-        job.span_units += job.unit_weight[i] * ceil_div(w->rows, TL_PANEL);
+        job.span_units += job.unit_weight[i] * tl_panel_count(w->rows);
         if (!paired) group_macs += macs;
         any_q4 = any_q4 || w->dtype == TL_Q4;
         any_q8 = any_q8 || w->dtype == TL_Q8;

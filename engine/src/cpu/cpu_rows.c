@@ -66,16 +66,16 @@ static inline void rope_pair(float *row, int heads, int hd, int first, int secon
     }
 }
 
-/* RoPE on every head of every row of q and k; angles in double, each computed once for
-   both. Frequency i turns the pair (i, i + hd/2) in the Hugging Face "rotate half" form,
-   or (2i, 2i+1) when interleaved (Huginn's complex-number form); the arithmetic per pair
-   is the same. */
 void tl_cpu_rope_angle(const tl_model *m, int32_t position, int i, float cos_sin[2]) {
     const double angle = (double)position * (double)m->rope_inv_freq[i];
     cos_sin[0] = (float)cos(angle);
     cos_sin[1] = (float)sin(angle);
 }
 
+/* RoPE on every head of every row of q and k; angles in double (from the backend's table,
+   or computed here when there is none), each used for both. Frequency i turns the pair
+   (i, i + hd/2) in the Hugging Face "rotate half" form, or (2i, 2i+1) when interleaved
+   (Huginn's complex-number form); the arithmetic per pair is the same. */
 void tl_cpu_rope(const tl_model *m, float *q, float *k, int n, const int32_t *positions) {
     const int hd = m->cfg.head_dim, half = hd / 2, qh = m->cfg.n_heads, kh = m->cfg.n_kv_heads;
     const bool interleaved = m->cfg.rope_pairing == TL_ROPE_INTERLEAVED;
@@ -104,27 +104,28 @@ void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count) {
     for (size_t i = 0; i < count; i++) y[i] += x[i];
 }
 
-/* Cloned per ISA so the loops run 16 or 8 lanes wide where the CPU has them (GELU is the
-   epilogue of every GPT-2 up-projection, SwiGLU of every gate/up pair): plain IEEE
-   operations without contraction (-std=c11), so every clone gives the same bits. */
+/* The element-wise loops below are cloned per ISA so that they run 16 or 8 lanes wide where
+   the CPU has them (GELU is the epilogue of every GPT-2 up-projection, SwiGLU of every
+   gate/up pair, the softmax weights attention's): plain IEEE operations without contraction
+   (-ffp-contract=off), so every clone gives the same bits. GCC only: clang 14 leaves the
+   cloned symbol undefined at link time (the fuzz builds). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-/* GCC only: clang 14 leaves the cloned symbol undefined at link time (the fuzz builds). */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+#define CLONED_PER_ISA __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CLONED_PER_ISA
 #endif
+
+CLONED_PER_ISA
 void tl_cpu_gelu(float *x, size_t count) {
     for (size_t i = 0; i < count; i++) x[i] = tl_gelu_tanh(x[i]);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
+CLONED_PER_ISA
 void tl_cpu_swiglu(float *gate, const float *up, size_t count) {
     for (size_t i = 0; i < count; i++) gate[i] = tl_swiglu(gate[i], up[i]);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
+CLONED_PER_ISA
 void tl_cpu_softmax_weights(float *v, int n, float max) {
     for (int i = 0; i < n; i++) v[i] = tl_exp_softmax(v[i] - max);
 }

@@ -16,7 +16,7 @@
 
 /* Bytes of the packed layout: whole panels, the last one zero-padded. */
 static size_t packed_bytes(const tl_matrix *x) {
-    size_t panels = ((size_t)x->rows + TL_PANEL - 1) / TL_PANEL;
+    const size_t panels = (size_t)tl_panel_count(x->rows);
     if (tl_dtype_quantised(x->dtype)) return panels * (size_t)(x->cols / TL_QGROUP) * tl_qblock_bytes(x->dtype);
     return panels * TL_PANEL * (size_t)x->cols * (x->dtype == TL_F32 ? 4u : 2u);
 }
@@ -64,23 +64,14 @@ static void pack_quantised(const tl_matrix *src, uint8_t *dst, int r0, int r1) {
 DEFINE_PACK_FLOAT(pack_panels_32, uint32_t)
 DEFINE_PACK_FLOAT(pack_panels_16, uint16_t)
 
-/* Panels [p0, p1) of row-major src -> packed dst (see tl_matrix). The file mapping is
-   only byte-aligned in principle, but safetensors data offsets of our checkpoints keep
-   each tensor aligned to its element; an unaligned one is copied element by element. */
+/* Panels [p0, p1) of row-major src -> packed dst (see tl_matrix). Float data is aligned to
+   its element: the loader copies a tensor the file leaves unaligned (model.c). */
 static void pack_panels(const tl_matrix *src, uint8_t *dst, int p0, int p1) {
-    const int r0 = p0 * TL_PANEL, r1 = p1 * TL_PANEL < src->rows ? p1 * TL_PANEL : src->rows;
-    if (tl_dtype_quantised(src->dtype)) { pack_quantised(src, dst, r0, r1); return; }
-    const size_t elem = src->dtype == TL_F32 ? 4u : 2u, cols = (size_t)src->cols;
-    if ((uintptr_t)src->data % elem == 0) {
-        (elem == 4 ? pack_panels_32 : pack_panels_16)(src, dst, p0, p1);
+    if (tl_dtype_quantised(src->dtype)) {
+        pack_quantised(src, dst, p0 * TL_PANEL, p1 * TL_PANEL < src->rows ? p1 * TL_PANEL : src->rows);
         return;
     }
-    const uint8_t *from = src->data;
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *row = from + (size_t)r * cols * elem;
-        uint8_t *panel = dst + (size_t)(r / TL_PANEL) * cols * TL_PANEL * elem + (size_t)(r % TL_PANEL) * elem;
-        for (size_t c = 0; c < cols; c++) memcpy(panel + c * TL_PANEL * elem, row + c * elem, elem);
-    }
+    (src->dtype == TL_F32 ? pack_panels_32 : pack_panels_16)(src, dst, p0, p1);
 }
 
 /* The packing is spread over the pool: a task is up to PACK_PANELS panels of one matrix. */
@@ -92,14 +83,12 @@ typedef struct {
     const int *first_task; /* [n_matrices + 1] */
 } pack_job;
 
-static int panel_count(const tl_matrix *x) { return (x->rows + TL_PANEL - 1) / TL_PANEL; }
-
 static void pack_task(void *ctx, int task, int thread) {
     (void)thread;
     const pack_job *job = ctx;
     int i = 0;
     while (task >= job->first_task[i + 1]) i++;
-    const int p0 = (task - job->first_task[i]) * PACK_PANELS, panels = panel_count(job->matrices[i]);
+    const int p0 = (task - job->first_task[i]) * PACK_PANELS, panels = tl_panel_count(job->matrices[i]->rows);
     pack_panels(job->matrices[i], job->dst[i], p0, p0 + PACK_PANELS < panels ? p0 + PACK_PANELS : panels);
 }
 
@@ -121,7 +110,7 @@ tl_status tl_cpu_upload_weights(const tl_model *m, tl_matrix *const *matrices, i
     madvise(region, len, MADV_HUGEPAGE); /* advisory: without it the copy still works */
 #endif
     uint8_t *at = (uint8_t *)(((uintptr_t)region + huge - 1) & ~(uintptr_t)(huge - 1));
-    uint8_t **dst = malloc(((size_t)n_matrices + 1) * sizeof *dst);
+    uint8_t **dst = malloc((size_t)n_matrices * sizeof *dst);
     int *first_task = malloc(((size_t)n_matrices + 1) * sizeof *first_task);
     if (!dst || !first_task) {
         free(dst);
@@ -133,7 +122,7 @@ tl_status tl_cpu_upload_weights(const tl_model *m, tl_matrix *const *matrices, i
     for (int i = 0; i < n_matrices; i++) {
         dst[i] = at;
         at += (packed_bytes(matrices[i]) + 63) & ~(size_t)63;
-        first_task[i + 1] = first_task[i] + (panel_count(matrices[i]) + PACK_PANELS - 1) / PACK_PANELS;
+        first_task[i + 1] = first_task[i] + (tl_panel_count(matrices[i]->rows) + PACK_PANELS - 1) / PACK_PANELS;
     }
     const pack_job job = {matrices, dst, first_task};
     tl_pool_run(ctx->pool, first_task[n_matrices], pack_task, (void *)&job);
