@@ -27,7 +27,8 @@ typedef struct tl_attention_args {
     const float *q;            /* [n][qd], positions already applied */
     float *out;                /* [n][qd] */
     int n;
-    const tl_kv_cache *cache;  /* holds the prefix and this chunk's rows */
+    tl_kv_cache *cache;        /* holds the prefix and this chunk's rows (written by
+                                  qkv_attention; attention only reads it) */
     int base;                  /* logical index of the chunk's first row */
     int slot;                  /* cache slot of this layer (block layers: at loop 1) */
     int loop;                  /* block layers: 1-based loop; 0 for prelude/coda */
@@ -40,6 +41,8 @@ typedef struct tl_attention_args {
     float *scratch;            /* [threads][scratch_stride] backend buffer (softmax scores) */
     int scratch_stride;        /* floats per thread: cache->capacity times the heads a thread
                                   may score at once (tl_attention_score_heads) */
+    int row;                   /* the chunk's first row among the forward's n rows: where
+                                  qkv_attention finds its k and v rows */
 } tl_attention_args;
 
 /* Heads whose softmax scores one thread's attention scratch holds at once: the CPU backend
@@ -130,6 +133,16 @@ typedef struct tl_backend {
        n_args chunks, each over its own cache (a batch of sessions), in one call: a backend
        runs them together, and each row's result is what it would be alone. */
     void (*attention)(const tl_model *m, const tl_attention_args *args, int n_args);
+    /* Optional (NULL, or false returned having done nothing: the forward runs the separate
+       operations above). matmul_group(h, qkv, 3) for q, k, v; rope(q, k) at `positions`
+       unless NULL; each chunk's k and v rows (k[args[i].row ..][kvd]) into its cache at
+       write_slot as kv_write does; then attention(args), all in one pass, with the results
+       of the separate calls bit for bit. A decode step is then one parallel region for
+       all of this on the CPU (a task per group of KV heads) instead of two, and RoPE and
+       the cache writes run on the threads rather than between regions. */
+    bool (*qkv_attention)(const tl_model *m, const float *h, int n, const tl_matmul_out qkv[3],
+                          const int32_t *positions, int write_slot, const tl_attention_args *args,
+                          int n_args);
     /* y[n][width] += bias[width] on every row (the qk-bias-after-RoPE test hook). */
     void (*add_rows)(const tl_model *m, float *y, int n, int width, const float *bias);
     /* y[count] += x[count] (residual add). */

@@ -116,26 +116,34 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
                                   {&L->k, bias_after_rope ? NULL : L->k_b, ws->k, false, false},
                                   {&L->v, L->v_b, ws->v, false, false}};
     observe(ws, (const tl_matrix *const[]){&L->q, &L->k, &L->v}, 3, ws->h, n);
-    be->matmul_group(m, ws->h, n, qkv, 3);
-    if (c->pos_encoding == TL_POS_ROPE) {
-        be->rope(m, ws->q, ws->k, n, f->positions);
-    }
-    if (bias_after_rope) {
-        if (L->q_b) be->add_rows(m, ws->q, n, c->n_heads * c->head_dim, L->q_b);
-        if (L->k_b) be->add_rows(m, ws->k, n, c->n_kv_heads * c->head_dim, L->k_b);
-    }
     const int write_slot = loop ? slot + (loop - 1) * c->n_block : slot;
     int n_attention = 0;
     for (int i = 0; i < f->n_parts && f->parts[i].row < n; i++) {
         const tl_forward_part *p = &f->parts[i];
         const size_t row = (size_t)p->row;
-        be->kv_write(m, p->cache, write_slot, p->base, ws->k + row * kvd, ws->v + row * kvd, p->n);
         f->attention[n_attention++] = (tl_attention_args){
             ws->q + row * qd, ws->att + row * qd, p->n, p->cache, p->base, slot, loop, c->n_block,
             f->positions + p->row, p->mask, p->mask_start, ws->attn_scratch,
-            ws->scratch_per_thread * tl_attention_score_heads(c)};
+            ws->scratch_per_thread * tl_attention_score_heads(c), p->row};
     }
-    be->attention(m, f->attention, n_attention);
+    const bool rope = c->pos_encoding == TL_POS_ROPE;
+    if (!bias_after_rope && be->qkv_attention &&
+        be->qkv_attention(m, ws->h, n, qkv, rope ? f->positions : NULL, write_slot, f->attention, n_attention)) {
+        /* done in one pass */
+    } else {
+        be->matmul_group(m, ws->h, n, qkv, 3);
+        if (rope) be->rope(m, ws->q, ws->k, n, f->positions);
+        if (bias_after_rope) {
+            if (L->q_b) be->add_rows(m, ws->q, n, c->n_heads * c->head_dim, L->q_b);
+            if (L->k_b) be->add_rows(m, ws->k, n, c->n_kv_heads * c->head_dim, L->k_b);
+        }
+        for (int i = 0; i < n_attention; i++) {
+            const tl_forward_part *p = &f->parts[i];
+            be->kv_write(m, p->cache, write_slot, p->base, ws->k + (size_t)p->row * kvd,
+                         ws->v + (size_t)p->row * kvd, p->n);
+        }
+        be->attention(m, f->attention, n_attention);
+    }
     /* h [n][d] = o(att); x [n][d] += h (with the placement's norms) */
     observe(ws, (const tl_matrix *const[]){&L->o}, 1, ws->att, n);
     be->matmul(m, ws->att, n, &L->o, L->o_b, ws->h);

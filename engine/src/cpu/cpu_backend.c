@@ -222,6 +222,34 @@ static void quantise_input(const float *x, int n, int k, int bits, void *mem, tl
     else { out->q = q; out->d = d; out->sum = sum; }
 }
 
+/* The group's input x [n][k] quantised for its q8/q4 products into *qrows: q4 multiplies
+   8-bit rows, q8 16-bit ones (kernels.h), and the products of a group share x, so it is
+   quantised once per width. The rows go to `stack` (Q_STACK_BYTES) or to a heap buffer
+   returned in *heap for the caller to free. False when out of memory: the outputs are
+   then NaN, nothing sensible being left to compute with. */
+static bool quantise_group_input(const float *x, int n, const tl_matmul_out *outs, int count,
+                                 uint8_t *stack, void **heap, tl_qrows *qrows) {
+    bool any_q4 = false, any_q8 = false;
+    for (int i = 0; i < count; i++) {
+        any_q4 = any_q4 || outs[i].w->dtype == TL_Q4;
+        any_q8 = any_q8 || outs[i].w->dtype == TL_Q8;
+    }
+    *heap = NULL;
+    if (!any_q4 && !any_q8) return true;
+    const int k = outs[0].w->cols;
+    const size_t bytes8 = any_q4 ? quantised_bytes(n, k, 8) : 0, bytes16 = any_q8 ? quantised_bytes(n, k, 16) : 0;
+    /* The 16-bit rows first: both parts stay aligned for their elements. */
+    if (bytes16 + bytes8 > Q_STACK_BYTES && !(*heap = malloc(bytes16 + bytes8))) {
+        for (int i = 0; i < count; i++)
+            for (size_t e = 0; e < (size_t)n * (size_t)outs[i].w->rows; e++) outs[i].y[e] = NAN;
+        return false;
+    }
+    uint8_t *mem = *heap ? *heap : stack;
+    if (any_q8) quantise_input(x, n, k, 16, mem, qrows);
+    if (any_q4) quantise_input(x, n, k, 8, mem + bytes16, qrows);
+    return true;
+}
+
 /* Below this many multiply-adds a product is "small" (a decode row's: a few microseconds):
    one task per thread, since every task is a claim on the pool's shared job word. */
 #define SMALL_MACS (1L << 21)
@@ -248,7 +276,6 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
     tl_pool *pool = tl_cpu_pool(m);
     const int threads = tl_pool_threads(pool);
     matmul_job job = {.x = x, .outs = outs, .count = count, .n = n, .kern = tl_cpu_kernels()};
-    bool any_q4 = false, any_q8 = false;
     long group_macs = 0;
     for (int i = 0; i < count; i++) {
         const tl_matrix *w = outs[i].w;
@@ -260,32 +287,15 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
         job.unit_weight[i] = paired ? 0 : pair ? 2 : 1;
         job.span_units += job.unit_weight[i] * tl_panel_count(w->rows);
         if (!paired) group_macs += macs;
-        any_q4 = any_q4 || w->dtype == TL_Q4;
-        any_q8 = any_q8 || w->dtype == TL_Q8;
     }
     /* Several small products (q, k, v of a decode row): one spanning task per thread. */
     if (count > 1 && threads > 1 && group_macs < SMALL_MACS && job.first_task[count] > threads)
         job.span_tasks = threads < job.span_units ? threads : job.span_units;
     const int n_tasks = job.span_tasks ? job.span_tasks : job.first_task[count];
-    /* q4 multiplies 8-bit rows, q8 16-bit ones (kernels.h); the products of a group share
-       x, so it is quantised once per width. */
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
     void *heap = NULL;
     tl_qrows qrows = {0};
-    if (any_q4 || any_q8) {
-        const int k = outs[0].w->cols;
-        const size_t bytes8 = any_q4 ? quantised_bytes(n, k, 8) : 0, bytes16 = any_q8 ? quantised_bytes(n, k, 16) : 0;
-        /* The 16-bit rows first: both parts stay aligned for their elements. */
-        if (bytes16 + bytes8 > sizeof stack && !(heap = malloc(bytes16 + bytes8))) {
-            /* Out of memory: nothing sensible is left to compute with. */
-            for (int i = 0; i < count; i++)
-                for (size_t e = 0; e < (size_t)n * (size_t)outs[i].w->rows; e++) outs[i].y[e] = NAN;
-            return;
-        }
-        uint8_t *mem = heap ? heap : stack;
-        if (any_q8) quantise_input(x, n, k, 16, mem, &qrows);
-        if (any_q4) quantise_input(x, n, k, 8, mem + bytes16, &qrows);
-    }
+    if (!quantise_group_input(x, n, outs, count, stack, &heap, &qrows)) return;
     job.xq = &qrows;
     tl_pool_run(pool, n_tasks, matmul_task, &job);
     free(heap);
@@ -373,22 +383,15 @@ static int gather_visible(const tl_attention_args *a, int i, int32_t min_pos, in
     return n;
 }
 
-/* One chunk row's attention for a group of heads [h0, h1). The group shares the walks
-   over the cache (visibility, pages) and reads each K/V row once for all its heads; each
-   head's arithmetic is what it gets alone, so the grouping (which depends on the thread
-   count) cannot change a result. */
-static void attention_task(void *ctx, int task, int thread) {
-    const attention_job *job = ctx;
-    int part = 0; /* the chunk this task belongs to (few chunks: a linear search) */
-    while (task >= job->first_task[part + 1]) part++;
-    const tl_attention_args *a = &job->args[part];
-    task -= job->first_task[part];
-    const tl_config *cfg = &job->m->cfg;
+/* Chunk row i's attention for heads [h0, h1) (at most the heads the scratch holds
+   scores for). The group shares the walks over the cache (visibility, pages) and reads
+   each K/V row once for all its heads; each head's arithmetic is what it gets alone, so
+   the grouping (which depends on the thread count) cannot change a result. */
+static void attention_heads(const tl_model *m, const tl_kernels *kern, const tl_attention_args *a, int i,
+                            int h0, int h1, int thread) {
+    const tl_config *cfg = &m->cfg;
     const tl_kv_cache *c = a->cache;
     const int hd = cfg->head_dim, n_heads = cfg->n_heads, group = n_heads / cfg->n_kv_heads;
-    const int groups_per_row = (n_heads + job->heads_per_task - 1) / job->heads_per_task;
-    const int i = task / groups_per_row, h0 = task % groups_per_row * job->heads_per_task;
-    const int h1 = h0 + job->heads_per_task < n_heads ? h0 + job->heads_per_task : n_heads;
     const float scale = 1.0f / sqrtf((float)hd);
     const float *q = a->q + (size_t)i * (size_t)(n_heads * hd);
     float *out = a->out + (size_t)i * (size_t)(n_heads * hd);
@@ -414,7 +417,7 @@ static void attention_task(void *ctx, int task, int thread) {
         for (int h = h0; h < h1; h++) {
             const size_t in_row = (size_t)(h / group) * (size_t)hd;
             for (int b = 0; b < n; b++) head_rows[b] = rows[b] + in_row;
-            job->kern->dots(q + (size_t)h * (size_t)hd, head_rows, n, hd, block);
+            kern->dots(q + (size_t)h * (size_t)hd, head_rows, n, hd, block);
             float *s_h = scores + (size_t)(h - h0) * score_stride, m_h = max_score[h - h0];
             for (int b = 0; b < n; b++) {
                 const float s = block[b] * scale;
@@ -439,7 +442,7 @@ static void attention_task(void *ctx, int task, int thread) {
             tl_cpu_softmax_weights(block, n, m_h);
             for (int b = 0; b < n; b++) sum_h += block[b];
             sum[h - h0] = sum_h;
-            job->kern->axpys(out + (size_t)h * (size_t)hd, block, head_rows, n, hd);
+            kern->axpys(out + (size_t)h * (size_t)hd, block, head_rows, n, hd);
         }
     }
     for (int h = h0; h < h1; h++) {
@@ -447,6 +450,31 @@ static void attention_task(void *ctx, int task, int thread) {
         float *out_h = out + (size_t)h * (size_t)hd;
         for (int d = 0; d < hd; d++) out_h[d] *= inv;
     }
+}
+
+/* Task = (chunk, row, group of heads_per_task heads). */
+static void attention_task(void *ctx, int task, int thread) {
+    const attention_job *job = ctx;
+    int part = 0; /* the chunk this task belongs to (few chunks: a linear search) */
+    while (task >= job->first_task[part + 1]) part++;
+    task -= job->first_task[part];
+    const int n_heads = job->m->cfg.n_heads;
+    const int groups_per_row = (n_heads + job->heads_per_task - 1) / job->heads_per_task;
+    const int h0 = task % groups_per_row * job->heads_per_task;
+    attention_heads(job->m, job->kern, &job->args[part], task / groups_per_row, h0,
+                    h0 + job->heads_per_task < n_heads ? h0 + job->heads_per_task : n_heads, thread);
+}
+
+/* The most heads one attention_heads call may take: what every chunk's scratch holds
+   scores for (at least 1). */
+static int score_heads_fit(const tl_model *m, const tl_attention_args *args, int n_args) {
+    const int n_heads = m->cfg.n_heads;
+    int fit = n_heads < TL_ATTENTION_SCORE_HEADS ? n_heads : TL_ATTENTION_SCORE_HEADS;
+    for (int i = 0; i < n_args; i++) {
+        const int holds = args[i].scratch_stride / args[i].cache->capacity;
+        if (holds < fit) fit = holds;
+    }
+    return fit < 1 ? 1 : fit;
 }
 
 /* Every (chunk, row, head group) of every chunk is one task of ONE parallel region: a
@@ -460,13 +488,8 @@ static void cpu_attention(const tl_model *m, const tl_attention_args *args, int 
     const int n_heads = m->cfg.n_heads, threads = tl_pool_threads(tl_cpu_pool(m));
     /* Heads per task: as many as every chunk's scratch holds scores for, fewer while that
        would leave threads without a task (a decode row has only its heads to share). */
-    int per_task = n_heads < TL_ATTENTION_SCORE_HEADS ? n_heads : TL_ATTENTION_SCORE_HEADS, rows = 0;
-    for (int i = 0; i < n_args; i++) {
-        const int fit = args[i].scratch_stride / args[i].cache->capacity;
-        if (fit < per_task) per_task = fit;
-        rows += args[i].n;
-    }
-    if (per_task < 1) per_task = 1;
+    int per_task = score_heads_fit(m, args, n_args), rows = 0;
+    for (int i = 0; i < n_args; i++) rows += args[i].n;
     while (per_task > 1 && (long)rows * ((n_heads + per_task - 1) / per_task) < threads) per_task = (per_task + 1) / 2;
     const int groups_per_row = (n_heads + per_task - 1) / per_task;
     first[0] = 0;
@@ -474,6 +497,92 @@ static void cpu_attention(const tl_model *m, const tl_attention_args *args, int 
     attention_job job = {m, args, n_args, first, per_task, tl_cpu_kernels()};
     tl_pool_run(tl_cpu_pool(m), first[n_args], attention_task, &job);
     if (first != first_small) free(first);
+}
+
+/* ---------------------------------------------------------------- q/k/v and attention, fused */
+
+/* A decode step's attention sub-layer as one parallel region (backend.h qkv_attention):
+   a task owns a group of KV heads (with the query heads that read them) and computes
+   their q, k and v columns, turns them (RoPE), writes the k and v columns into the
+   caches and runs those heads' attention, all on one thread and with nothing shared
+   between tasks. Separately these were two regions with RoPE and the cache writes
+   between them on the calling thread, about 3 us a layer at two threads where the
+   layer's work is 20 (the shipped model).
+   Every step is the separate operation's own code on a subset of independent outputs
+   (columns, heads), so the results are theirs bit for bit. */
+
+/* Rows one fused call takes: their cache destinations are looked up beforehand, on this
+   thread (a lookup may allocate a page), into arrays on the stack. Longer chunks
+   (prefill) run the separate operations, whose region costs are small next to their work. */
+#define FUSED_MAX_ROWS 64
+
+typedef struct {
+    matmul_job mm;                 /* the q, k, v group */
+    const tl_model *m;
+    const int32_t *positions;      /* [n], or NULL: no RoPE */
+    const tl_attention_args *args;
+    int n_args;
+    float *const *k_dst, *const *v_dst; /* [n] each row's K and V in its cache (NULL: dropped) */
+    int tasks;                     /* groups of KV heads */
+    int score_heads;               /* heads per attention_heads call */
+} qkv_attention_job;
+
+static void qkv_attention_task(void *ctx, int task, int thread) {
+    const qkv_attention_job *j = ctx;
+    const tl_config *c = &j->m->cfg;
+    const int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, n = j->mm.n;
+    const int g0 = task * c->n_kv_heads / j->tasks, g1 = (task + 1) * c->n_kv_heads / j->tasks; /* KV heads */
+    const int h0 = g0 * group, h1 = g1 * group;
+    const tl_matmul_out *qkv = j->mm.outs;
+    product_task(&j->mm, 0, h0 * hd, h1 * hd);
+    product_task(&j->mm, 1, g0 * hd, g1 * hd);
+    product_task(&j->mm, 2, g0 * hd, g1 * hd);
+    if (j->positions) tl_cpu_rope_heads(j->m, qkv[0].y, qkv[1].y, n, j->positions, h0, h1, g0, g1);
+    const size_t kvd = (size_t)c->n_kv_heads * (size_t)hd, at = (size_t)g0 * (size_t)hd;
+    const size_t bytes = (size_t)(g1 - g0) * (size_t)hd * sizeof(float);
+    for (int r = 0; r < n; r++) {
+        if (!j->k_dst[r]) continue;
+        memcpy(j->k_dst[r] + at, qkv[1].y + (size_t)r * kvd + at, bytes);
+        memcpy(j->v_dst[r] + at, qkv[2].y + (size_t)r * kvd + at, bytes);
+    }
+    for (int i = 0; i < j->n_args; i++)
+        for (int r = 0; r < j->args[i].n; r++)
+            for (int h = h0; h < h1; h += j->score_heads)
+                attention_heads(j->m, j->mm.kern, &j->args[i], r, h, h + j->score_heads < h1 ? h + j->score_heads : h1, thread);
+}
+
+static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl_matmul_out qkv[3],
+                              const int32_t *positions, int write_slot, const tl_attention_args *args,
+                              int n_args) {
+    const tl_config *c = &m->cfg;
+    tl_pool *pool = tl_cpu_pool(m);
+    const int threads = tl_pool_threads(pool);
+    /* Fewer KV heads than threads would leave threads idle: the separate operations split
+       finer. */
+    if (n > FUSED_MAX_ROWS || c->n_kv_heads < threads) return false;
+    /* A task's columns must start on a panel of a packed matrix (its q columns then do too:
+       they start at group times its first k column). */
+    for (int task = 1; task < threads; task++)
+        if (task * c->n_kv_heads / threads * c->head_dim % TL_PANEL != 0) return false;
+    float *k_dst[FUSED_MAX_ROWS], *v_dst[FUSED_MAX_ROWS];
+    for (int i = 0; i < n_args; i++)
+        for (int t = 0; t < args[i].n; t++) {
+            const int r = args[i].row + t;
+            if (!tl_kv_writable(args[i].cache, write_slot, args[i].base + t, &k_dst[r], &v_dst[r]))
+                k_dst[r] = v_dst[r] = NULL; /* out of memory: the cache is marked, the row dropped */
+        }
+    _Alignas(64) uint8_t stack[Q_STACK_BYTES];
+    void *heap = NULL;
+    tl_qrows qrows = {0};
+    qkv_attention_job job = {.mm = {.x = h, .xq = &qrows, .outs = qkv, .count = 3, .n = n, .kern = tl_cpu_kernels()},
+                             .m = m, .positions = positions, .args = args, .n_args = n_args,
+                             .k_dst = k_dst, .v_dst = v_dst, .tasks = threads,
+                             .score_heads = score_heads_fit(m, args, n_args)};
+    if (!quantise_group_input(h, n, qkv, 3, stack, &heap, &qrows))
+        return false; /* out of memory: the separate operations meet it too, and say so (NaN) */
+    tl_pool_run(pool, job.tasks, qkv_attention_task, &job);
+    free(heap);
+    return true;
 }
 
 /* ---------------------------------------------------------------- the vtable */
@@ -494,6 +603,7 @@ const tl_backend tl_cpu_backend = {
     .kv_write = cpu_kv_write,
     .kv_move = cpu_kv_move,
     .attention = cpu_attention,
+    .qkv_attention = cpu_qkv_attention,
     .add_rows = tl_cpu_add_rows,
     .add = tl_cpu_add,
     .loop_init = tl_cpu_loop_init,

@@ -45,6 +45,8 @@ void tl_cpu_release_weights(tl_cpu_context *ctx);
 void tl_cpu_embed(const tl_model *m, const int32_t *tokens, const int32_t *positions, int n, float *x);
 void tl_cpu_norm(const tl_model *m, const float *x, int n, const float *w, const float *b, float *y);
 void tl_cpu_rope(const tl_model *m, float *q, float *k, int n, const int32_t *positions);
+void tl_cpu_rope_heads(const tl_model *m, float *q, float *k, int n, const int32_t *positions,
+                       int h0, int h1, int g0, int g1);
 /* RoPE's (cos, sin) for frequency i at `position`: the one expression, kept in the table or not. */
 void tl_cpu_rope_angle(const tl_model *m, int32_t position, int i, float cos_sin[2]);
 void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count);

@@ -72,23 +72,33 @@ void tl_cpu_rope_angle(const tl_model *m, int32_t position, int i, float cos_sin
     cos_sin[1] = (float)sin(angle);
 }
 
-/* RoPE on every head of every row of q and k; angles in double (from the backend's table,
-   or computed here when there is none), each used for both. Frequency i turns the pair
-   (i, i + hd/2) in the Hugging Face "rotate half" form, or (2i, 2i+1) when interleaved
-   (Huginn's complex-number form); the arithmetic per pair is the same. */
-void tl_cpu_rope(const tl_model *m, float *q, float *k, int n, const int32_t *positions) {
+/* RoPE on q heads [h0, h1) and k heads [g0, g1) of every row of q [n][n_heads * hd] and
+   k [n][n_kv_heads * hd]; angles in double (from the backend's table, or computed here
+   when there is none), each used for both. Frequency i turns the pair (i, i + hd/2) in the
+   Hugging Face "rotate half" form, or (2i, 2i+1) when interleaved (Huginn's complex-number
+   form); the arithmetic per pair is the same, whichever heads one call covers. */
+void tl_cpu_rope_heads(const tl_model *m, float *q, float *k, int n, const int32_t *positions,
+                       int h0, int h1, int g0, int g1) {
     const int hd = m->cfg.head_dim, half = hd / 2, qh = m->cfg.n_heads, kh = m->cfg.n_kv_heads;
     const bool interleaved = m->cfg.rope_pairing == TL_ROPE_INTERLEAVED;
     const float *table = ((const tl_cpu_context *)m->backend_ctx)->rope_table;
-    for (int r = 0; r < n; r++)
+    for (int r = 0; r < n; r++) {
+        float *q_row = q + ((size_t)r * (size_t)qh + (size_t)h0) * (size_t)hd;
+        float *k_row = k + ((size_t)r * (size_t)kh + (size_t)g0) * (size_t)hd;
         for (int i = 0; i < half; i++) {
             float computed[2];
             const float *cos_sin = table ? &table[((size_t)positions[r] * (size_t)half + (size_t)i) * 2] : computed;
             if (!table) tl_cpu_rope_angle(m, positions[r], i, computed);
             const int first = interleaved ? 2 * i : i, second = interleaved ? 2 * i + 1 : i + half;
-            rope_pair(q + (size_t)r * (size_t)qh * (size_t)hd, qh, hd, first, second, cos_sin[0], cos_sin[1]);
-            rope_pair(k + (size_t)r * (size_t)kh * (size_t)hd, kh, hd, first, second, cos_sin[0], cos_sin[1]);
+            rope_pair(q_row, h1 - h0, hd, first, second, cos_sin[0], cos_sin[1]);
+            rope_pair(k_row, g1 - g0, hd, first, second, cos_sin[0], cos_sin[1]);
         }
+    }
+}
+
+/* Every head (backend.h's rope). */
+void tl_cpu_rope(const tl_model *m, float *q, float *k, int n, const int32_t *positions) {
+    tl_cpu_rope_heads(m, q, k, n, positions, 0, m->cfg.n_heads, 0, m->cfg.n_kv_heads);
 }
 
 /* ---------------------------------------------------------------- element-wise */
