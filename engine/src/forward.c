@@ -458,6 +458,9 @@ tl_status tl_forward_batch(const tl_model *m, tl_workspace *ws, tl_forward_part 
 tl_status tl_forward_run(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
                          const int32_t *tokens, const int32_t *positions, int n,
                          const uint8_t *mask, int loops, int logits_from, float *logits) {
+    if (loops < 0 || loops > m->cfg.max_loops) /* deeper loops have no cache slot */
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: loops = %d outside [0, max_loops = %d]", loops,
+                       m->cfg.max_loops);
     tl_forward f;
     tl_status st = tl_forward_begin(&f, m, cache, ws, tokens, positions, n, mask);
     if (st != TL_OK) return st;

@@ -15,6 +15,7 @@
 #include "tinyloop.h"
 
 #define N_TOKENS 24
+#define LONG_TOKENS 96 /* check_fused: more rows than the CPU backend fuses in one call (64) */
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint32_t next_u32(void) {
@@ -40,9 +41,9 @@ static void run_chunks(const tl_model *m, const int32_t *tokens, int n, const in
     const int vocab = tl_model_info(m)->vocab_size;
     tl_kv_cache *cache = NULL;
     tl_workspace ws = {0};
-    int32_t pos[N_TOKENS];
+    int32_t pos[LONG_TOKENS];
     for (int i = 0; i < n; i++) pos[i] = i;
-    tl_status st = tl_kv_cache_new_for(m, n, window, N_TOKENS, &cache);
+    tl_status st = tl_kv_cache_new_for(m, n, window, n > N_TOKENS ? n : N_TOKENS, &cache);
     for (int done = 0, k = 0; st == TL_OK && done < n; k++) {
         if (!sizes[k]) k = 0;
         int len = sizes[k] < n - done ? sizes[k] : n - done;
@@ -309,11 +310,11 @@ static void check_kept_resume(const char *root, const char *name, bool tree, int
     tl_model_free(m);
 }
 
-/* The CPU backend keeps RoPE's cos/sin in a table unless the table would be large (long
-   contexts), when it computes them per call with the same expression: a copy of `name`
-   whose max_seq_len is too long for the table must give the same logits, bit for bit. */
-static void check_rope_table(const char *root, const char *name) {
-    char src[4200], dir[64] = "/tmp/tinyloop-test-rope-XXXXXX", path[4300], config[8192];
+/* A copy of root/name in a new temporary directory `dir` (its config with another
+   max_seq_len, the weights linked): false when it could not be made. remove_copy undoes it. */
+static bool copy_with_max_seq_len(const char *root, const char *name, int max_seq_len, char dir[64]) {
+    char src[4200], path[4300], config[8192];
+    strcpy(dir, "/tmp/tinyloop-test-copy-XXXXXX");
     snprintf(src, sizeof src, "%s/%s", root, name);
     snprintf(path, sizeof path, "%s/config.json", src);
     FILE *f = fopen(path, "rb");
@@ -321,23 +322,39 @@ static void check_rope_table(const char *root, const char *name) {
     if (f) fclose(f);
     config[len] = '\0';
     char *key = strstr(config, "\"max_seq_len\"");
-    const bool made = len > 0 && key && mkdtemp(dir);
-    CHECK(made, "%s: a copy for the RoPE table check", name);
-    if (!made) return;
+    if (len == 0 || !key || !mkdtemp(dir)) return false;
     char *value = strchr(key, ':') + 1, *end = value;
     while (*end == ' ' || (*end >= '0' && *end <= '9')) end++;
     snprintf(path, sizeof path, "%s/config.json", dir);
     f = fopen(path, "wb");
     if (f) {
-        fprintf(f, "%.*s 300000%s", (int)(value - config), config, end);
+        fprintf(f, "%.*s %d%s", (int)(value - config), config, max_seq_len, end);
         fclose(f);
     }
-    char target[4300], link_path[4300];
+    char target[4300], link_path[4300], resolved[PATH_MAX];
     snprintf(target, sizeof target, "%s/model.safetensors", src);
     snprintf(link_path, sizeof link_path, "%s/model.safetensors", dir);
-    char resolved[PATH_MAX];
-    CHECK(f && realpath(target, resolved) && symlink(resolved, link_path) == 0, "%s: the copy", name);
-    tl_model *table = load(src, 2), *computed = load(dir, 2);
+    return f && realpath(target, resolved) && symlink(resolved, link_path) == 0;
+}
+
+static void remove_copy(const char *dir) {
+    char path[4300];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* The CPU backend keeps RoPE's cos/sin in a table unless the table would be large (long
+   contexts), when it computes them per call with the same expression: a copy of `name`
+   whose max_seq_len is too long for the table must give the same logits, bit for bit. */
+static void check_rope_table(const char *root, const char *name) {
+    char dir[64], src[4200];
+    snprintf(src, sizeof src, "%s/%s", root, name);
+    const bool made = copy_with_max_seq_len(root, name, 300000, dir);
+    CHECK(made, "%s: a copy for the RoPE table check", name);
+    tl_model *table = load(src, 2), *computed = made ? load(dir, 2) : NULL;
     CHECK(table && computed, "%s: load both", name);
     if (table && computed) {
         const int vocab = tl_model_info(table)->vocab_size, sizes[] = {5, 1, 0};
@@ -356,9 +373,55 @@ static void check_rope_table(const char *root, const char *name) {
     }
     tl_model_free(table);
     tl_model_free(computed);
-    unlink(link_path);
-    unlink(path);
-    rmdir(dir);
+    if (made) remove_copy(dir);
+}
+
+/* The CPU backend runs a layer's q/k/v, RoPE, cache writes and attention as one pass
+   (backend.h qkv_attention) for forwards of up to 64 rows, when the KV heads split evenly
+   into whole panels over the threads, and as the separate operations otherwise: both must
+   give the same logits, bit for bit. A copy of `name` with room for LONG_TOKENS positions
+   runs them as one prefill (more rows than are fused: separate), one token at a time and in
+   chunks of 7 (fused wherever the heads allow), at 1, 2 and 4 threads. */
+static void check_fused(const char *root, const char *name) {
+    char dir[64];
+    const bool made = copy_with_max_seq_len(root, name, LONG_TOKENS, dir);
+    CHECK(made, "%s: a copy for the fused attention check", name);
+    if (!made) return;
+    const int threads[] = {1, 2, 4}, whole[] = {LONG_TOKENS, 0}, single[] = {1, 0}, sevens[] = {7, 0};
+    int loops = 0;
+    int32_t tokens[LONG_TOKENS];
+    float *want = NULL, *got = NULL;
+    size_t bytes = 0;
+    for (int t = 0; t < 3; t++) {
+        tl_model *m = load(dir, threads[t]);
+        CHECK(m != NULL, "%s: load the copy at %d threads", name, threads[t]);
+        if (!m) continue;
+        if (!want) { /* the reference: one prefill at 1 thread, the separate operations */
+            const int vocab = tl_model_info(m)->vocab_size, max_loops = tl_model_info(m)->max_loops;
+            loops = max_loops > 3 ? 3 : max_loops;
+            for (int i = 0; i < LONG_TOKENS; i++) tokens[i] = (int32_t)(next_u32() % (uint32_t)vocab);
+            bytes = (size_t)LONG_TOKENS * (size_t)vocab * sizeof(float);
+            want = malloc(bytes);
+            got = malloc(bytes);
+            if (!want || !got) {
+                tl_model_free(m);
+                break;
+            }
+            run_chunks(m, tokens, LONG_TOKENS, whole, loops, 0, want);
+        }
+        run_chunks(m, tokens, LONG_TOKENS, whole, loops, 0, got);
+        CHECK(memcmp(want, got, bytes) == 0, "%s: one prefill at %d threads vs 1", name, threads[t]);
+        run_chunks(m, tokens, LONG_TOKENS, single, loops, 0, got);
+        CHECK(memcmp(want, got, bytes) == 0, "%s: one token at a time (fused) at %d threads vs one prefill", name,
+              threads[t]);
+        run_chunks(m, tokens, LONG_TOKENS, sevens, loops, 0, got);
+        CHECK(memcmp(want, got, bytes) == 0, "%s: chunks of 7 (fused) at %d threads vs one prefill", name,
+              threads[t]);
+        tl_model_free(m);
+    }
+    free(want);
+    free(got);
+    remove_copy(dir);
 }
 
 /* A matmul group's split into tasks depends on the thread count (one task per thread
@@ -502,6 +565,18 @@ int main(int argc, char **argv) {
     char group_dir[4200];
     snprintf(group_dir, sizeof group_dir, "%.4000s/llama_like", root);
     check_group_split(group_dir);
+    /* Positions without a learned table, so that the copies may hold LONG_TOKENS. Fused at 2
+       threads: deep_residual (4 KV heads of 8 lanes: two per thread, one panel),
+       nblock0_none (2 of 16); at 1 thread only: llama_like (2 of 8: half a panel each),
+       concat_residual_mqa (one KV head), bf16_tied_rope_residual (3). */
+    const char *fused[] = {"deep_residual", "nblock0_none", "llama_like", "concat_residual_mqa",
+                           "bf16_tied_rope_residual"};
+    for (size_t i = 0; i < sizeof fused / sizeof fused[0]; i++) check_fused(root, fused[i]);
+    for (int t = 0; t < 2; t++) {
+        const char *qroot = quantised_copy(root, "deep_residual", t ? TL_Q4 : TL_Q8);
+        CHECK(qroot != NULL, "deep_residual: quantise");
+        if (qroot) check_fused(qroot, "deep_residual");
+    }
     check_rope_table(root, "bf16_tied_rope_residual");
     check_rope_table(root, "none_replace_beta_rope1000");
     check_kv_sharing(root, "add_replace_beta_statenorm_ln");
