@@ -116,6 +116,10 @@ static void check_config(const char *root, const char *name) {
         CHECK(memcmp(want + (size_t)16 * vocab, got, (size_t)8 * vocab * sizeof(float)) == 0,
               "%s: rollback then continue differs", name);
         CHECK(tl_kv_truncate(cache, 25) == TL_ERR_INVALID_ARGUMENT, "truncate beyond length must fail");
+        /* loops past max_loops have no cache slot: refused, the cache untouched */
+        CHECK(tl_forward_run(models[1], cache, &ws, tokens + 16, pos + 16, 1, NULL, info->max_loops + 1, 0, got) ==
+                      TL_ERR_INVALID_ARGUMENT && cache->length == 24,
+              "%s: a forward deeper than max_loops must fail", name);
         tl_workspace_release(&ws);
         tl_kv_cache_free(cache);
     }
