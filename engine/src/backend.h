@@ -113,6 +113,12 @@ typedef struct tl_backend {
        activation applied by the task that computed the columns). */
     void (*matmul_group)(const tl_model *m, const float *x, int n, const tl_matmul_out *outs,
                          int count);
+    /* Optional (NULL: the forward calls matmul_group twice): matmul_group(x, first, count),
+       then matmul_group(first[0].y, second, 1) (the MLP's down projection of its activated
+       gate or up), as one pass. second's output may be x, which the pass no longer reads by
+       then. */
+    void (*matmul_then)(const tl_model *m, const float *x, int n, const tl_matmul_out *first, int count,
+                        const tl_matmul_out *second);
     /* In place on q[n][qd] and k[n][kvd]: RoPE at positions[r] (host [n]) on the pairs of
        cfg.rope_pairing ("half": (i, i + hd/2), "interleaved": (2i, 2i+1)), angles in double
        from m->rope_inv_freq (one call for both, so that a row's angles are computed once). */
@@ -136,13 +142,15 @@ typedef struct tl_backend {
     /* Optional (NULL, or false returned having done nothing: the forward runs the separate
        operations above). matmul_group(h, qkv, 3) for q, k, v; rope(q, k) at `positions`
        unless NULL; each chunk's k and v rows (k[args[i].row ..][kvd]) into its cache at
-       write_slot as kv_write does; then attention(args), all in one pass, with the results
-       of the separate calls bit for bit. A decode step is then one parallel region for
-       all of this on the CPU (a task per group of KV heads) instead of two, and RoPE and
+       write_slot as kv_write does; attention(args), whose outputs fill att [n][qd]; then,
+       unless o is NULL, matmul_group(att, o, 1): all in one pass, with the results of the
+       separate calls bit for bit. o's output may be h, which the pass no longer reads by
+       then. A decode step is then one parallel region for all of this on the CPU (a task
+       per group of KV heads, then the projection's columns) instead of three, and RoPE and
        the cache writes run on the threads rather than between regions. */
     bool (*qkv_attention)(const tl_model *m, const float *h, int n, const tl_matmul_out qkv[3],
                           const int32_t *positions, int write_slot, const tl_attention_args *args,
-                          int n_args);
+                          int n_args, const float *att, const tl_matmul_out *o);
     /* y[n][width] += bias[width] on every row (the qk-bias-after-RoPE test hook). */
     void (*add_rows)(const tl_model *m, float *y, int n, int width, const float *bias);
     /* y[count] += x[count] (residual add). */

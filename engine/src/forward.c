@@ -126,9 +126,13 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
             f->positions + p->row, p->mask, p->mask_start, ws->attn_scratch,
             ws->scratch_per_thread * tl_attention_score_heads(c), p->row};
     }
+    /* h [n][d] = o(att), the projection reading att [n][qd] (observed after the pass:
+       att is still there) */
     const bool rope = c->pos_encoding == TL_POS_ROPE;
+    const tl_matmul_out o = {&L->o, L->o_b, ws->h, false, false};
     if (!bias_after_rope && be->qkv_attention &&
-        be->qkv_attention(m, ws->h, n, qkv, rope ? f->positions : NULL, write_slot, f->attention, n_attention)) {
+        be->qkv_attention(m, ws->h, n, qkv, rope ? f->positions : NULL, write_slot, f->attention, n_attention,
+                          ws->att, &o)) {
         /* done in one pass */
     } else {
         be->matmul_group(m, ws->h, n, qkv, 3);
@@ -143,28 +147,31 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
                          ws->v + (size_t)p->row * kvd, p->n);
         }
         be->attention(m, f->attention, n_attention);
+        be->matmul(m, ws->att, n, &L->o, L->o_b, ws->h);
     }
-    /* h [n][d] = o(att); x [n][d] += h (with the placement's norms) */
     observe(ws, (const tl_matrix *const[]){&L->o}, 1, ws->att, n);
-    be->matmul(m, ws->att, n, &L->o, L->o_b, ws->h);
+    /* x [n][d] += h (with the placement's norms) */
     residual_add(f, n, ws->h, L->attn_out_norm_w, L->attn_out_norm_b);
 
     /* MLP: h [n][d] = norm(x); ff_a [n][d_ff] = act(...) (ff_b [n][d_ff]: swiglu's up);
        h [n][d] = down(ff_a); x [n][d] += h (with the placement's norms) */
     be->norm(m, ws->x, n, L->mlp_norm_w, L->mlp_norm_b, ws->h);
-    if (c->mlp == TL_MLP_GELU) {
-        const tl_matmul_out up = {&L->up, L->up_b, ws->ff_a, true, false};
-        observe(ws, (const tl_matrix *const[]){&L->up}, 1, ws->h, n);
-        be->matmul_group(m, ws->h, n, &up, 1);
+    /* ff_a = gelu(up) or silu(gate) * up, applied by the product (backend.h) */
+    const bool gelu = c->mlp == TL_MLP_GELU;
+    const tl_matmul_out act[2] = {gelu ? (tl_matmul_out){&L->up, L->up_b, ws->ff_a, true, false}
+                                       : (tl_matmul_out){&L->gate, L->gate_b, ws->ff_a, false, true},
+                                  {&L->up, L->up_b, ws->ff_b, false, false}};
+    const int n_act = gelu ? 1 : 2;
+    const tl_matmul_out down = {&L->down, L->down_b, ws->h, false, false};
+    observe(ws, gelu ? (const tl_matrix *const[]){&L->up} : (const tl_matrix *const[]){&L->gate, &L->up}, n_act,
+            ws->h, n);
+    if (be->matmul_then) {
+        be->matmul_then(m, ws->h, n, act, n_act, &down);
     } else {
-        /* ff_a = silu(gate) * up, applied by the product (backend.h) */
-        const tl_matmul_out gate_up[2] = {{&L->gate, L->gate_b, ws->ff_a, false, true},
-                                          {&L->up, L->up_b, ws->ff_b, false, false}};
-        observe(ws, (const tl_matrix *const[]){&L->gate, &L->up}, 2, ws->h, n);
-        be->matmul_group(m, ws->h, n, gate_up, 2);
+        be->matmul_group(m, ws->h, n, act, n_act);
+        be->matmul(m, ws->ff_a, n, &L->down, L->down_b, ws->h);
     }
-    observe(ws, (const tl_matrix *const[]){&L->down}, 1, ws->ff_a, n);
-    be->matmul(m, ws->ff_a, n, &L->down, L->down_b, ws->h);
+    observe(ws, (const tl_matrix *const[]){&L->down}, 1, ws->ff_a, n); /* ff_a is still there */
     residual_add(f, n, ws->h, L->mlp_out_norm_w, L->mlp_out_norm_b);
 }
 

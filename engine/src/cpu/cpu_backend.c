@@ -266,6 +266,29 @@ static int columns_per_task(const tl_matrix *w, long macs, int threads) {
     return per;
 }
 
+/* The group's split into tasks (count <= GROUP_MAX); returns the number of tasks. The
+   quantised input (job->xq) is the caller's to set. */
+static int matmul_job_init(matmul_job *job, const float *x, int n, const tl_matmul_out *outs, int count,
+                           int threads) {
+    *job = (matmul_job){.x = x, .outs = outs, .count = count, .n = n, .kern = tl_cpu_kernels()};
+    long group_macs = 0;
+    for (int i = 0; i < count; i++) {
+        const tl_matrix *w = outs[i].w;
+        const bool pair = swiglu_pair(outs, i, count), paired = i > 0 && swiglu_pair(outs, i - 1, count);
+        const long macs = (long)w->rows * w->cols * n * (pair ? 2 : 1);
+        job->cols_per_task[i] = columns_per_task(w, macs, threads);
+        const int tasks = paired ? 0 : (w->rows + job->cols_per_task[i] - 1) / job->cols_per_task[i];
+        job->first_task[i + 1] = job->first_task[i] + tasks;
+        job->unit_weight[i] = paired ? 0 : pair ? 2 : 1;
+        job->span_units += job->unit_weight[i] * tl_panel_count(w->rows);
+        if (!paired) group_macs += macs;
+    }
+    /* Several small products (q, k, v of a decode row): one spanning task per thread. */
+    if (count > 1 && threads > 1 && group_macs < SMALL_MACS && job->first_task[count] > threads)
+        job->span_tasks = threads < job->span_units ? threads : job->span_units;
+    return job->span_tasks ? job->span_tasks : job->first_task[count];
+}
+
 void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matmul_out *outs, int count) {
     if (count > GROUP_MAX) { /* not from the forward; split rather than fail (pairs stay together) */
         const int head = swiglu_pair(outs, GROUP_MAX - 1, count) ? GROUP_MAX - 1 : GROUP_MAX;
@@ -274,24 +297,8 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
         return;
     }
     tl_pool *pool = tl_cpu_pool(m);
-    const int threads = tl_pool_threads(pool);
-    matmul_job job = {.x = x, .outs = outs, .count = count, .n = n, .kern = tl_cpu_kernels()};
-    long group_macs = 0;
-    for (int i = 0; i < count; i++) {
-        const tl_matrix *w = outs[i].w;
-        const bool pair = swiglu_pair(outs, i, count), paired = i > 0 && swiglu_pair(outs, i - 1, count);
-        const long macs = (long)w->rows * w->cols * n * (pair ? 2 : 1);
-        job.cols_per_task[i] = columns_per_task(w, macs, threads);
-        const int tasks = paired ? 0 : (w->rows + job.cols_per_task[i] - 1) / job.cols_per_task[i];
-        job.first_task[i + 1] = job.first_task[i] + tasks;
-        job.unit_weight[i] = paired ? 0 : pair ? 2 : 1;
-        job.span_units += job.unit_weight[i] * tl_panel_count(w->rows);
-        if (!paired) group_macs += macs;
-    }
-    /* Several small products (q, k, v of a decode row): one spanning task per thread. */
-    if (count > 1 && threads > 1 && group_macs < SMALL_MACS && job.first_task[count] > threads)
-        job.span_tasks = threads < job.span_units ? threads : job.span_units;
-    const int n_tasks = job.span_tasks ? job.span_tasks : job.first_task[count];
+    matmul_job job;
+    const int n_tasks = matmul_job_init(&job, x, n, outs, count, tl_pool_threads(pool));
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
     void *heap = NULL;
     tl_qrows qrows = {0};
@@ -305,6 +312,44 @@ void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
                    const float *bias, float *y) {
     const tl_matmul_out one = {w, bias, y, false, false};
     tl_cpu_matmul_group(m, x, n, &one, 1);
+}
+
+/* A product whose input is another's output as the second phase of the same job
+   (tl_pool_run_phased): the MLP's down projection after gate/up, the attention's output
+   projection after the heads. Float weights only: q8/q4 inputs are quantised whole rows,
+   which do not exist until the first phase is over. */
+static bool phase_capable(const tl_matmul_out *outs, int count) {
+    for (int i = 0; i < count; i++)
+        if (tl_dtype_quantised(outs[i].w->dtype)) return false;
+    return true;
+}
+
+typedef struct {
+    matmul_job first, second;
+    int first_tasks;
+} matmul_then_job;
+
+static void matmul_then_task(void *ctx, int task, int thread) {
+    matmul_then_job *job = ctx;
+    if (task < job->first_tasks) matmul_task(&job->first, task, thread);
+    else matmul_task(&job->second, task - job->first_tasks, thread);
+}
+
+static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_matmul_out *first, int count,
+                            const tl_matmul_out *second) {
+    if (count > GROUP_MAX || !phase_capable(first, count) || !phase_capable(second, 1)) {
+        tl_cpu_matmul_group(m, x, n, first, count);
+        tl_cpu_matmul_group(m, first[0].y, n, second, 1);
+        return;
+    }
+    tl_pool *pool = tl_cpu_pool(m);
+    const int threads = tl_pool_threads(pool);
+    matmul_then_job job;
+    tl_qrows none = {0};
+    job.first_tasks = matmul_job_init(&job.first, x, n, first, count, threads);
+    const int second_tasks = matmul_job_init(&job.second, first[0].y, n, second, 1, threads);
+    job.first.xq = job.second.xq = &none;
+    tl_pool_run_phased(pool, job.first_tasks + second_tasks, job.first_tasks, matmul_then_task, &job);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -508,6 +553,7 @@ static void cpu_attention(const tl_model *m, const tl_attention_args *args, int 
    between tasks. Separately these were two regions with RoPE and the cache writes
    between them on the calling thread, about 3 us a layer at two threads where the
    layer's work is 20 (the shipped model).
+   The output projection of att follows as the job's second phase (tl_pool_run_phased).
    Every step is the separate operation's own code on a subset of independent outputs
    (columns, heads), so the results are theirs bit for bit. */
 
@@ -523,12 +569,17 @@ typedef struct {
     const tl_attention_args *args;
     int n_args;
     float *const *k_dst, *const *v_dst; /* [n] each row's K and V in its cache (NULL: dropped) */
-    int tasks;                     /* groups of KV heads */
+    int tasks;                     /* groups of KV heads: the first phase */
     int score_heads;               /* heads per attention_heads call */
+    matmul_job out;                /* the output projection of att: the second phase */
 } qkv_attention_job;
 
 static void qkv_attention_task(void *ctx, int task, int thread) {
-    const qkv_attention_job *j = ctx;
+    qkv_attention_job *j = ctx;
+    if (task >= j->tasks) {
+        matmul_task(&j->out, task - j->tasks, thread);
+        return;
+    }
     const tl_config *c = &j->m->cfg;
     const int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, n = j->mm.n;
     const int g0 = task * c->n_kv_heads / j->tasks, g1 = (task + 1) * c->n_kv_heads / j->tasks; /* KV heads */
@@ -553,7 +604,7 @@ static void qkv_attention_task(void *ctx, int task, int thread) {
 
 static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl_matmul_out qkv[3],
                               const int32_t *positions, int write_slot, const tl_attention_args *args,
-                              int n_args) {
+                              int n_args, const float *att, const tl_matmul_out *o) {
     const tl_config *c = &m->cfg;
     tl_pool *pool = tl_cpu_pool(m);
     const int threads = tl_pool_threads(pool);
@@ -580,8 +631,14 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
                              .score_heads = score_heads_fit(m, args, n_args)};
     if (!quantise_group_input(h, n, qkv, 3, stack, &heap, &qrows))
         return false; /* out of memory: the separate operations meet it too, and say so (NaN) */
-    tl_pool_run(pool, job.tasks, qkv_attention_task, &job);
+    /* The output projection as the second phase; q8/q4 after the job (phase_capable). */
+    const bool phased = o && phase_capable(o, 1);
+    tl_qrows none = {0};
+    const int out_tasks = phased ? matmul_job_init(&job.out, att, n, o, 1, threads) : 0;
+    job.out.xq = &none;
+    tl_pool_run_phased(pool, job.tasks + out_tasks, job.tasks, qkv_attention_task, &job);
     free(heap);
+    if (o && !phased) tl_cpu_matmul_group(m, att, n, o, 1);
     return true;
 }
 
@@ -604,6 +661,7 @@ const tl_backend tl_cpu_backend = {
     .kv_move = cpu_kv_move,
     .attention = cpu_attention,
     .qkv_attention = cpu_qkv_attention,
+    .matmul_then = cpu_matmul_then,
     .add_rows = tl_cpu_add_rows,
     .add = tl_cpu_add,
     .loop_init = tl_cpu_loop_init,

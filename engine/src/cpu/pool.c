@@ -57,9 +57,22 @@ struct tl_pool {
     atomic_bool stop;
     tl_task_fn fn;                 /* stable while any task of the job is unfinished */
     void *ctx;
+    int first_phase;               /* tasks of the first phase (tl_pool_run_phased) */
 };
 
-/* Claims and runs tasks of generation `gen` until none are left. */
+/* Waits until `count` tasks of the current job are done. A thread that holds one of them
+   may have been preempted (another process on its core): past YIELD_EVERY pauses the wait
+   yields, rather than holding this core for a whole time slice. */
+static void wait_done(tl_pool *pool, int count) {
+    for (int spins = 0; atomic_load_explicit(&pool->done, memory_order_acquire) < count; spins++) {
+        if (spins < YIELD_EVERY) cpu_relax();
+        else sched_yield();
+    }
+}
+
+/* Claims and runs tasks of generation `gen` until none are left; a task of the second
+   phase first waits for the whole first phase (claims go in task order, so every task of
+   the first phase is then running or done, and none of them waits). */
 static void run_tasks(tl_pool *pool, uint64_t gen, int thread) {
     uint64_t w = atomic_load_explicit(&pool->job, memory_order_acquire);
     for (;;) {
@@ -67,6 +80,7 @@ static void run_tasks(tl_pool *pool, uint64_t gen, int thread) {
         if (!atomic_compare_exchange_weak_explicit(&pool->job, &w, w + 1, memory_order_acquire,
                                                    memory_order_acquire))
             continue;
+        if (next_of(w) >= pool->first_phase) wait_done(pool, pool->first_phase);
         pool->fn(pool->ctx, next_of(w), thread);
         atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
         w = atomic_load_explicit(&pool->job, memory_order_acquire);
@@ -141,9 +155,14 @@ void tl_pool_free(tl_pool *pool) {
 }
 
 void tl_pool_run(tl_pool *pool, int n_tasks, tl_task_fn fn, void *ctx) {
+    tl_pool_run_phased(pool, n_tasks, n_tasks, fn, ctx);
+}
+
+void tl_pool_run_phased(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx) {
     if (n_tasks <= 0) return;
     /* Single task, single thread, or the pool busy with another session's job: run here.
-       Callers size per-thread scratch for every thread index, 0 included. */
+       Callers size per-thread scratch for every thread index, 0 included. In task order,
+       the phases keep theirs. */
     if (!pool || pool->n_threads == 1 || n_tasks == 1 || n_tasks > MAX_TASKS ||
         pthread_mutex_trylock(&pool->run_lock) != 0) {
         for (int task = 0; task < n_tasks; task++) fn(ctx, task, 0);
@@ -151,6 +170,7 @@ void tl_pool_run(tl_pool *pool, int n_tasks, tl_task_fn fn, void *ctx) {
     }
     pool->fn = fn;
     pool->ctx = ctx;
+    pool->first_phase = n_first < n_tasks ? n_first : n_tasks;
     atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
     uint64_t gen = (gen_of(atomic_load(&pool->job)) + 1) & ((UINT64_C(1) << 20) - 1);
     if (gen == 0) gen = 1; /* 0 is what a fresh worker has "seen" */
@@ -159,12 +179,6 @@ void tl_pool_run(tl_pool *pool, int n_tasks, tl_task_fn fn, void *ctx) {
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->sleep_lock);
     run_tasks(pool, gen, 0);
-    /* The tasks still running are claimed by workers. A worker preempted mid-task (another
-       process on its core, or this thread) would keep a pure spin here for a whole time
-       slice: past YIELD_EVERY pauses the wait yields instead. */
-    for (int spins = 0; atomic_load_explicit(&pool->done, memory_order_acquire) < n_tasks; spins++) {
-        if (spins < YIELD_EVERY) cpu_relax();
-        else sched_yield();
-    }
+    wait_done(pool, n_tasks); /* the tasks still running, claimed by workers */
     pthread_mutex_unlock(&pool->run_lock);
 }

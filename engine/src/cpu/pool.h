@@ -19,4 +19,11 @@ int tl_pool_threads(const tl_pool *pool);
    Per-thread scratch must therefore exist for every index the pool may pass. */
 void tl_pool_run(tl_pool *pool, int n_tasks, tl_task_fn fn, void *ctx);
 
+/* One job of two phases: tasks [0, n_first), then [n_first, n_tasks), where the second
+   phase reads what the first wrote (a decode layer's attention, then its output
+   projection). A task of the second phase starts only once every task of the first is
+   done, waited for inside the job by whichever thread claimed it, so the caller does not
+   collect the first phase and post the second: that hand-off is what a region costs. */
+void tl_pool_run_phased(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx);
+
 #endif
