@@ -15,7 +15,7 @@
 #include "tinyloop.h"
 
 #define N_TOKENS 24
-#define LONG_TOKENS 96 /* check_fused: more rows than the CPU backend fuses in one call (64) */
+#define LONG_TOKENS 96 /* check_fused: a sequence longer than the goldens allow (32) */
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint32_t next_u32(void) {
@@ -380,12 +380,12 @@ static void check_rope_table(const char *root, const char *name) {
     if (made) remove_copy(dir);
 }
 
-/* The CPU backend runs a layer's q/k/v, RoPE, cache writes and attention as one pass
-   (backend.h qkv_attention) for forwards of up to 64 rows, when the KV heads split evenly
-   into whole panels over the threads, and as the separate operations otherwise: both must
-   give the same logits, bit for bit. A copy of `name` with room for LONG_TOKENS positions
-   runs them as one prefill (more rows than are fused: separate), one token at a time and in
-   chunks of 7 (fused wherever the heads allow), at 1, 2 and 4 threads. */
+/* The CPU backend runs a decode step's q/k/v, RoPE, cache writes, attention and output
+   projection as one pass (backend.h qkv_attention) when every chunk is a single row, and
+   the KV heads split evenly into whole panels over the threads; otherwise as the separate
+   operations. Both must give the same logits, bit for bit. A copy of `name` with room for
+   LONG_TOKENS positions runs them as one prefill and in chunks of 7 (separate) and one
+   token at a time (fused wherever the heads allow), at 1, 2 and 4 threads. */
 static void check_fused(const char *root, const char *name) {
     char dir[64];
     const bool made = copy_with_max_seq_len(root, name, LONG_TOKENS, dir);
@@ -419,7 +419,7 @@ static void check_fused(const char *root, const char *name) {
         CHECK(memcmp(want, got, bytes) == 0, "%s: one token at a time (fused) at %d threads vs one prefill", name,
               threads[t]);
         run_chunks(m, tokens, LONG_TOKENS, sevens, loops, 0, got);
-        CHECK(memcmp(want, got, bytes) == 0, "%s: chunks of 7 (fused) at %d threads vs one prefill", name,
+        CHECK(memcmp(want, got, bytes) == 0, "%s: chunks of 7 at %d threads vs one prefill", name,
               threads[t]);
         tl_model_free(m);
     }
