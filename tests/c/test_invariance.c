@@ -12,6 +12,7 @@
 #include "cpu/cpu_backend.h"
 #include "forward.h"
 #include "kv_cache.h"
+#include "safetensors.h"
 #include "tinyloop.h"
 
 #define N_TOKENS 24
@@ -314,31 +315,36 @@ static void check_kept_resume(const char *root, const char *name, bool tree, int
     tl_model_free(m);
 }
 
-/* A copy of root/name in a new temporary directory `dir` (its config with another
-   max_seq_len, the weights linked): false when it could not be made. remove_copy undoes it. */
-static bool copy_with_max_seq_len(const char *root, const char *name, int max_seq_len, char dir[64]) {
-    char src[4200], path[4300], config[8192];
-    strcpy(dir, "/tmp/tinyloop-test-copy-XXXXXX");
-    snprintf(src, sizeof src, "%s/%s", root, name);
-    snprintf(path, sizeof path, "%s/config.json", src);
-    FILE *f = fopen(path, "rb");
+/* The config.json at `from` written to `to` (may be the same file) with its number `key`
+   set to `value`: false when it could not be. */
+static bool edit_config_number(const char *from, const char *to, const char *key, int value) {
+    char config[8192], quoted[64];
+    FILE *f = fopen(from, "rb");
     const size_t len = f ? fread(config, 1, sizeof config - 1, f) : 0;
     if (f) fclose(f);
     config[len] = '\0';
-    char *key = strstr(config, "\"max_seq_len\"");
-    if (len == 0 || !key || !mkdtemp(dir)) return false;
-    char *value = strchr(key, ':') + 1, *end = value;
+    snprintf(quoted, sizeof quoted, "\"%s\"", key);
+    char *at = strstr(config, quoted);
+    if (len == 0 || !at || !(f = fopen(to, "wb"))) return false;
+    char *number = strchr(at, ':') + 1, *end = number;
     while (*end == ' ' || (*end >= '0' && *end <= '9')) end++;
+    fprintf(f, "%.*s %d%s", (int)(number - config), config, value, end);
+    return fclose(f) == 0;
+}
+
+/* A copy of root/name in a new temporary directory `dir` (its config with another
+   max_seq_len, the weights linked): false when it could not be made. remove_copy undoes it. */
+static bool copy_with_max_seq_len(const char *root, const char *name, int max_seq_len, char dir[64]) {
+    char src[4200], path[4300], target[4300], resolved[PATH_MAX];
+    strcpy(dir, "/tmp/tinyloop-test-copy-XXXXXX");
+    if (!mkdtemp(dir)) return false;
+    snprintf(src, sizeof src, "%s/%s", root, name);
+    snprintf(target, sizeof target, "%s/config.json", src);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    f = fopen(path, "wb");
-    if (f) {
-        fprintf(f, "%.*s %d%s", (int)(value - config), config, max_seq_len, end);
-        fclose(f);
-    }
-    char target[4300], link_path[4300], resolved[PATH_MAX];
+    if (!edit_config_number(target, path, "max_seq_len", max_seq_len)) return false;
     snprintf(target, sizeof target, "%s/model.safetensors", src);
-    snprintf(link_path, sizeof link_path, "%s/model.safetensors", dir);
-    return f && realpath(target, resolved) && symlink(resolved, link_path) == 0;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    return realpath(target, resolved) && symlink(resolved, path) == 0;
 }
 
 static void remove_copy(const char *dir) {
@@ -425,6 +431,69 @@ static void check_fused(const char *root, const char *name) {
     }
     free(want);
     free(got);
+    remove_copy(dir);
+}
+
+/* The fused pass at 2 threads gives each task one KV head and the query heads that read
+   it; no golden model has more query heads than KV heads and KV heads that split into whole
+   panels over 2 threads. A copy of f16_concat_residual_gqa with 4 query heads of 16 lanes
+   over its 2 KV heads (k and v get 16 more rows each: rows of the layer's q) has both;
+   check_fused then runs it fused at 1 and 2 threads, separately at 4. */
+static void check_fused_gqa(const char *root) {
+    char dir[64], path[4300];
+    const bool made = copy_with_max_seq_len(root, "f16_concat_residual_gqa", LONG_TOKENS, dir);
+    CHECK(made, "a copy for the fused GQA check");
+    if (!made) return;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    bool ok = edit_config_number(path, path, "n_heads", 4);
+    FILE *f = NULL;
+    /* The weights: the link replaced by a file, every tensor as it was but k and v. */
+    tl_st_file st = {0};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ok = ok && tl_st_open(path, &st) == TL_OK && unlink(path) == 0 && (f = fopen(path, "wb"));
+    if (ok) {
+        char header[8192];
+        size_t at = 0, offset = 0, wider[64] = {0};
+        int listed = 0;
+        at += (size_t)snprintf(header + at, sizeof header - at, "{");
+        for (int i = 0; i < st.n_tensors && i < 64 && at < sizeof header - 512; i++, listed++) {
+            const tl_st_tensor *t = &st.tensors[i];
+            const size_t name_len = strlen(t->name);
+            const bool kv = name_len > 14 && (!strcmp(t->name + name_len - 14, ".attn.k.weight") ||
+                                              !strcmp(t->name + name_len - 14, ".attn.v.weight"));
+            wider[i] = kv ? t->nbytes : 0;
+            at += (size_t)snprintf(header + at, sizeof header - at,
+                                   "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld", i ? "," : "", t->name,
+                                   tl_st_dtype_name(t->dtype), (long long)t->shape[0] * (kv ? 2 : 1));
+            for (int d = 1; d < t->ndim; d++)
+                at += (size_t)snprintf(header + at, sizeof header - at, ",%lld", (long long)t->shape[d]);
+            at += (size_t)snprintf(header + at, sizeof header - at, "],\"data_offsets\":[%zu,%zu]}", offset,
+                                   offset + t->nbytes + wider[i]);
+            offset += t->nbytes + wider[i];
+        }
+        at += (size_t)snprintf(header + at, sizeof header - at, "}%*s", (int)((8 - (at + 1) % 8) % 8), "");
+        ok = at < sizeof header && listed == st.n_tensors; /* padded: the data stays 8-aligned */
+        const uint64_t header_len = at; /* little-endian, as the format says (and the hosts are) */
+        ok = ok && fwrite(&header_len, 8, 1, f) == 1 && fwrite(header, 1, at, f) == at;
+        for (int i = 0; ok && i < st.n_tensors; i++) {
+            const tl_st_tensor *t = &st.tensors[i];
+            ok = fwrite(t->data, 1, t->nbytes, f) == t->nbytes;
+            if (!ok || !wider[i]) continue;
+            /* the added rows: the layer's q rows, from row 0 (v) or the middle (k) */
+            char q_name[256];
+            snprintf(q_name, sizeof q_name, "%.*sq.weight", (int)strlen(t->name) - 8, t->name);
+            const tl_st_tensor *q = tl_st_find(&st, q_name);
+            const bool is_k = t->name[strlen(t->name) - 8] == 'k';
+            ok = q && q->nbytes >= 2 * wider[i] &&
+                 fwrite(q->data + (is_k ? q->nbytes / 2 : 0), 1, wider[i], f) == wider[i];
+        }
+        ok = fclose(f) == 0 && ok;
+    }
+    tl_st_close(&st);
+    CHECK(ok, "the GQA copy's config and weights");
+    const int failed = checks_failed;
+    if (ok) check_fused("/tmp", dir + strlen("/tmp/"));
+    CHECK(checks_failed == failed, "the failures above: the copy of f16_concat_residual_gqa with 4 query heads");
     remove_copy(dir);
 }
 
@@ -576,6 +645,7 @@ int main(int argc, char **argv) {
     const char *fused[] = {"deep_residual", "nblock0_none", "llama_like", "concat_residual_mqa",
                            "bf16_tied_rope_residual"};
     for (size_t i = 0; i < sizeof fused / sizeof fused[0]; i++) check_fused(root, fused[i]);
+    check_fused_gqa(root);
     for (int t = 0; t < 2; t++) {
         const char *qroot = quantised_copy(root, "deep_residual", t ? TL_Q4 : TL_Q8);
         CHECK(qroot != NULL, "deep_residual: quantise");
