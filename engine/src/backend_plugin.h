@@ -12,7 +12,9 @@
 
 #include "backend.h"
 
-#define TL_BACKEND_PLUGIN_ABI 1
+/* Raised whenever a struct the two sides share changes in a way the sizes below miss
+   (2: tl_attention_args.row). */
+#define TL_BACKEND_PLUGIN_ABI 2
 #define TL_CUDA_PLUGIN_FILE "libtinyloop-cuda.so"
 #define TL_CUDA_PLUGIN_ENTRY "tl_cuda_backend_plugin"
 

@@ -441,6 +441,9 @@ tl_status tl_forward_batch(const tl_model *m, tl_workspace *ws, tl_forward_part 
     for (int i = 1; i < n_parts; i++)
         if (parts[i].loops > parts[i - 1].loops)
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: parts must be sorted deepest first");
+    if (parts[0].loops < 0 || parts[0].loops > m->cfg.max_loops) /* deeper loops have no cache slot */
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: loops = %d outside [0, max_loops = %d]", parts[0].loops,
+                       m->cfg.max_loops);
     tl_forward f;
     f.attention = malloc((size_t)n_parts * sizeof *f.attention);
     if (!f.attention) return tl_fail(TL_ERR_NO_MEMORY, "forward: out of memory for %d parts", n_parts);

@@ -121,6 +121,11 @@ static void check_config(const char *root, const char *name) {
         CHECK(tl_forward_run(models[1], cache, &ws, tokens + 16, pos + 16, 1, NULL, info->max_loops + 1, 0, got) ==
                       TL_ERR_INVALID_ARGUMENT && cache->length == 24,
               "%s: a forward deeper than max_loops must fail", name);
+        tl_forward_part deep = {.cache = cache, .n = 1, .loops = info->max_loops + 1};
+        const bool want_logits = true;
+        CHECK(tl_forward_batch(models[1], &ws, &deep, 1, tokens + 16, pos + 16, &want_logits, got) ==
+                      TL_ERR_INVALID_ARGUMENT && cache->length == 24,
+              "%s: a batched forward deeper than max_loops must fail", name);
         tl_workspace_release(&ws);
         tl_kv_cache_free(cache);
     }

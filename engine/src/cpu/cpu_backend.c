@@ -621,22 +621,23 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
        they start at group times its first k column). */
     for (int task = 1; task < threads; task++)
         if (task * c->n_kv_heads / threads * c->head_dim % TL_PANEL != 0) return false;
-    float *k_dst[FUSED_MAX_ROWS], *v_dst[FUSED_MAX_ROWS];
-    for (int i = 0; i < n_args; i++)
-        for (int t = 0; t < args[i].n; t++) {
-            const int r = args[i].row + t;
-            if (!tl_kv_writable(args[i].cache, write_slot, args[i].base + t, &k_dst[r], &v_dst[r]))
-                k_dst[r] = v_dst[r] = NULL; /* out of memory: the cache is marked, the row dropped */
-        }
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
     void *heap = NULL;
     tl_qrows qrows = {0};
+    float *k_dst[FUSED_MAX_ROWS], *v_dst[FUSED_MAX_ROWS];
     qkv_attention_job job = {.mm = {.x = h, .xq = &qrows, .outs = qkv, .count = 3, .n = n, .kern = tl_cpu_kernels()},
                              .m = m, .positions = positions, .args = args, .n_args = n_args,
                              .k_dst = k_dst, .v_dst = v_dst, .tasks = threads,
                              .score_heads = score_heads_fit(m, args, n_args)};
     if (!quantise_group_input(h, n, qkv, 3, stack, &heap, &qrows))
         return false; /* out of memory: the separate operations meet it too, and say so (NaN) */
+    /* Looked up here, not in the tasks: a lookup may allocate a page (kv_write's way). */
+    for (int i = 0; i < n_args; i++)
+        for (int t = 0; t < args[i].n; t++) {
+            const int r = args[i].row + t;
+            if (!tl_kv_writable(args[i].cache, write_slot, args[i].base + t, &k_dst[r], &v_dst[r]))
+                k_dst[r] = v_dst[r] = NULL; /* out of memory: the cache is marked, the row dropped */
+        }
     /* The output projection as the second phase; q8/q4 after the job (phase_capable). */
     const bool phased = o && phase_capable(o, 1);
     tl_qrows none = {0};
