@@ -568,7 +568,7 @@ typedef struct {
     const int32_t *positions;      /* [n], or NULL: no RoPE */
     const tl_attention_args *args;
     int n_args;
-    float *const *k_dst, *const *v_dst; /* [n] each row's K and V in its cache (NULL: dropped) */
+    float *const *k_dst, *const *v_dst; /* [n] row i's K and V in chunk i's cache (NULL: dropped) */
     int tasks;                     /* groups of KV heads: the first phase */
     int score_heads;               /* heads per attention_heads call */
     matmul_job out;                /* the output projection of att: the second phase */
@@ -596,10 +596,9 @@ static void qkv_attention_task(void *ctx, int task, int thread) {
         memcpy(j->k_dst[r] + at, qkv[1].y + (size_t)r * kvd + at, bytes);
         memcpy(j->v_dst[r] + at, qkv[2].y + (size_t)r * kvd + at, bytes);
     }
-    for (int i = 0; i < j->n_args; i++)
-        for (int r = 0; r < j->args[i].n; r++)
-            for (int h = h0; h < h1; h += j->score_heads)
-                attention_heads(j->m, j->mm.kern, &j->args[i], r, h, h + j->score_heads < h1 ? h + j->score_heads : h1, thread);
+    for (int i = 0; i < j->n_args; i++) /* chunk i is forward row i, its only row */
+        for (int h = h0; h < h1; h += j->score_heads)
+            attention_heads(j->m, j->mm.kern, &j->args[i], 0, h, h + j->score_heads < h1 ? h + j->score_heads : h1, thread);
 }
 
 static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl_matmul_out qkv[3],
@@ -631,18 +630,19 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
                              .score_heads = score_heads_fit(m, args, n_args)};
     if (!quantise_group_input(h, n, qkv, 3, stack, &heap, &qrows))
         return false; /* out of memory: the separate operations meet it too, and say so (NaN) */
-    /* Looked up here, not in the tasks: a lookup may allocate a page (kv_write's way). */
+    /* Looked up here, not in the tasks: a lookup may allocate a page (kv_write's way). Each
+       chunk is one row, so forward row i is chunk i's. */
     for (int i = 0; i < n_args; i++)
-        for (int t = 0; t < args[i].n; t++) {
-            const int r = args[i].row + t;
-            if (!tl_kv_writable(args[i].cache, write_slot, args[i].base + t, &k_dst[r], &v_dst[r]))
-                k_dst[r] = v_dst[r] = NULL; /* out of memory: the cache is marked, the row dropped */
-        }
+        if (!tl_kv_writable(args[i].cache, write_slot, args[i].base, &k_dst[i], &v_dst[i]))
+            k_dst[i] = v_dst[i] = NULL; /* out of memory: the cache is marked, the row dropped */
     /* The output projection as the second phase; q8/q4 after the job (phase_capable). */
     const bool phased = o && phase_capable(o, 1);
     tl_qrows none = {0};
-    const int out_tasks = phased ? matmul_job_init(&job.out, att, n, o, 1, threads) : 0;
-    job.out.xq = &none;
+    int out_tasks = 0;
+    if (phased) {
+        out_tasks = matmul_job_init(&job.out, att, n, o, 1, threads);
+        job.out.xq = &none;
+    }
     tl_pool_run_phased(pool, job.tasks + out_tasks, job.tasks, qkv_attention_task, &job);
     free(heap);
     if (o && !phased) tl_cpu_matmul_group(m, att, n, o, 1);
