@@ -65,10 +65,13 @@ static int check_quantised(const char *root, const char *name, tl_dtype type, bo
     return compared;
 }
 
-/* Every row count from 1 to 40 (so every tile size and mix of tiles: 12, 6, 4, 3, 2, 1),
-   k with and without a leftover (k mod 4), a partial last panel, each weight dtype: each
-   kernel family's packed matmul equals the generic one bit for bit, and so does a row
-   computed on its own (a row's result never depends on the tile it landed in). */
+/* Every row count from 1 to 40 (so every tile size and mix of tiles: one-panel 12, 6, 4, 3,
+   2, 1; two-panel 12, 8, 6, 4 with 1-3 rows left), k with and without a leftover (k mod 4),
+   column ranges of 1 to 3 panels from the first or the second (a pair of whole panels, a
+   pair whose second is partial, a pair and an odd last panel, whole or partial), each
+   weight dtype: each kernel family's packed matmul equals the generic one bit for bit, and
+   so does a row computed on its own (a row's result never depends on the tile it landed
+   in). */
 static int check_packed_rows(const tl_kernels *const *families, int n_families) {
     enum { ROWS = 48, MAX_N = 40 };
     const int ks[] = {64, 67, 256};
@@ -100,23 +103,31 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
                 x[i] = (float)(state >> 8) / 16777216.0f - 0.5f;
             }
             for (int o = 0; o < ROWS; o++) bias[o] = 0.01f * (float)o;
-            for (int o1 = ROWS - 8; o1 <= ROWS; o1 += 8)
-                for (int n = 1; n <= MAX_N; n++) {
-                    tl_kernels_generic.matmul_packed(x, n, k, w, dt, bias, 0, o1, want, ROWS);
-                    for (int f = 0; f < n_families; f++) {
-                        memset(got, 0, (size_t)MAX_N * ROWS * sizeof(float));
-                        families[f]->matmul_packed(x, n, k, w, dt, bias, 0, o1, got, ROWS);
-                        bool same = true;
-                        for (int r = 0; r < n; r++)
-                            same = same && memcmp(want + (size_t)r * ROWS, got + (size_t)r * ROWS, (size_t)o1 * sizeof(float)) == 0;
-                        CHECK(same, "packed %s k=%d dtype %d, %d rows (o1 %d): differs from generic", families[f]->isa, k, (int)dt, n, o1);
-                        /* the last row alone, through the single-row tile */
-                        families[f]->matmul_packed(x + (size_t)(n - 1) * (size_t)k, 1, k, w, dt, bias, 0, o1, got, ROWS);
-                        CHECK(memcmp(want + (size_t)(n - 1) * ROWS, got, (size_t)o1 * sizeof(float)) == 0,
-                              "packed %s k=%d dtype %d: row %d of %d differs from the row alone", families[f]->isa, k, (int)dt, n - 1, n);
-                        compared++;
+            for (int o0 = 0; o0 <= TL_PANEL; o0 += TL_PANEL)
+                for (int o1 = o0 + 24; o1 <= ROWS; o1 += 8)
+                    for (int n = 1; n <= MAX_N; n++) {
+                        const size_t width = (size_t)(o1 - o0) * sizeof(float);
+                        tl_kernels_generic.matmul_packed(x, n, k, w, dt, bias, o0, o1, want, ROWS);
+                        for (int f = 0; f < n_families; f++) {
+                            memset(got, 0, (size_t)MAX_N * ROWS * sizeof(float));
+                            families[f]->matmul_packed(x, n, k, w, dt, bias, o0, o1, got, ROWS);
+                            bool same = true, outside = false;
+                            for (int r = 0; r < n; r++) {
+                                same = same && memcmp(want + (size_t)r * ROWS + o0, got + (size_t)r * ROWS + o0, width) == 0;
+                                for (int o = 0; o < ROWS; o++) /* columns outside [o0, o1) stay as they were */
+                                    outside = outside || ((o < o0 || o >= o1) && got[(size_t)r * ROWS + (size_t)o] != 0.0f);
+                            }
+                            CHECK(same, "packed %s k=%d dtype %d, %d rows (columns %d-%d): differs from generic",
+                                  families[f]->isa, k, (int)dt, n, o0, o1);
+                            CHECK(!outside, "packed %s k=%d dtype %d, %d rows (columns %d-%d): wrote outside its columns",
+                                  families[f]->isa, k, (int)dt, n, o0, o1);
+                            /* the last row alone, through the single-row tile */
+                            families[f]->matmul_packed(x + (size_t)(n - 1) * (size_t)k, 1, k, w, dt, bias, o0, o1, got, ROWS);
+                            CHECK(memcmp(want + (size_t)(n - 1) * ROWS + o0, got + o0, width) == 0,
+                                  "packed %s k=%d dtype %d: row %d of %d differs from the row alone", families[f]->isa, k, (int)dt, n - 1, n);
+                            compared++;
+                        }
                     }
-                }
             free(w);
             free(x);
             free(want);
