@@ -94,41 +94,126 @@ static void matmul_avx2(const float *x, int n, int k, const void *w, tl_dtype dt
 
 /* ---------------------------------------------------------------- packed panels */
 
-/* 16 lanes = two ymm halves; four partial accumulators per half (k mod 4). One input row
-   at a time: the panel (k x 16 weights) stays in L1/L2 for the next rows. */
+/* 16 lanes = two ymm halves; four partial accumulators per half (k mod 4). A single row
+   keeps all eight in registers and streams its panel once, prefetching ahead in its own
+   stream. Several rows share every weight load in tiles of R rows whose 2 x R x 4 partial
+   sums do not fit 16 registers: a tile computes them JW residues at a time (JW = 1: one
+   pass over the panel per residue k mod 4, re-read from L1/L2; JW = 2: two), each partial
+   sum over its k in increasing order with the same fma, the leftover k into the k = 0
+   (mod 4) sum after its run, then the same final tree: the single row's result, bit for
+   bit. `ahead` (or NULL) is the next panel, prefetched evenly over the tile's passes.
+   Measured on GPT-2-shaped f16 panels (k = 768, one thread, from cache and from memory
+   alike): one row at a time ran at 38-59 GFLOP/s whatever the row count; the tiles run at
+   73 (2 rows), 83 (4) and 96-104 GFLOP/s (6 to 16 rows), against a 112 GFLOP/s FMA peak.
+   The prefetch target is advanced by a per-step byte count computed once per tile: a
+   division per step held the 6-row tile at 70. */
+#define DEFINE_PACKED_TILE(NAME, LOAD, DT, R, JW)                                         \
+    static inline void NAME(const float *x, int k, const void *w, size_t panel, const char *ahead, float *out) { \
+        const int k4 = k & ~3, passes = 4 / (JW);                                         \
+        const size_t panel_bytes = (size_t)k * TL_PANEL * ELEM(DT);                       \
+        const char *fetched = ahead;                                                      \
+        /* prefetched bytes per k step (rounded up): one division per tile, not per step */ \
+        const size_t per_step = k4 ? (panel_bytes + (size_t)passes * (size_t)(k4 / 4) - 1) / ((size_t)passes * (size_t)(k4 / 4)) : 0; \
+        __m256 partial[R][2][4];                                                          \
+        for (int jb = 0; jb < 4; jb += JW) {                                              \
+            __m256 acc[R][2][JW];                                                         \
+            for (int r = 0; r < R; r++)                                                   \
+                for (int jj = 0; jj < JW; jj++) acc[r][0][jj] = acc[r][1][jj] = _mm256_setzero_ps(); \
+            for (int i = 0; i < k4; i += 4) {                                             \
+                if (ahead) {                                                              \
+                    const size_t step = (size_t)(jb / (JW)) * (size_t)(k4 / 4) + (size_t)(i / 4) + 1; \
+                    const char *to = ahead + (step * per_step < panel_bytes ? step * per_step : panel_bytes); \
+                    for (; fetched < to; fetched += 64) _mm_prefetch(fetched, _MM_HINT_T0); \
+                }                                                                         \
+                for (int jj = 0; jj < JW; jj++) {                                         \
+                    const size_t at = panel + (size_t)(i + jb + jj) * TL_PANEL;           \
+                    const __m256 lo = LOAD(w, at), hi = LOAD(w, at + 8);                  \
+                    for (int r = 0; r < R; r++) {                                         \
+                        const __m256 xv = _mm256_broadcast_ss(x + (size_t)r * (size_t)k + (size_t)(i + jb + jj)); \
+                        acc[r][0][jj] = _mm256_fmadd_ps(lo, xv, acc[r][0][jj]);           \
+                        acc[r][1][jj] = _mm256_fmadd_ps(hi, xv, acc[r][1][jj]);           \
+                    }                                                                     \
+                }                                                                         \
+            }                                                                             \
+            if (jb == 0)                                                                  \
+                for (int i = k4; i < k; i++) {                                            \
+                    const size_t at = panel + (size_t)i * TL_PANEL;                       \
+                    const __m256 lo = LOAD(w, at), hi = LOAD(w, at + 8);                  \
+                    for (int r = 0; r < R; r++) {                                         \
+                        const __m256 xv = _mm256_broadcast_ss(x + (size_t)r * (size_t)k + (size_t)i); \
+                        acc[r][0][0] = _mm256_fmadd_ps(lo, xv, acc[r][0][0]);             \
+                        acc[r][1][0] = _mm256_fmadd_ps(hi, xv, acc[r][1][0]);             \
+                    }                                                                     \
+                }                                                                         \
+            for (int r = 0; r < R; r++)                                                   \
+                for (int jj = 0; jj < JW; jj++) {                                         \
+                    partial[r][0][jb + jj] = acc[r][0][jj];                               \
+                    partial[r][1][jb + jj] = acc[r][1][jj];                               \
+                }                                                                         \
+        }                                                                                 \
+        for (int r = 0; r < R; r++)                                                       \
+            for (int h = 0; h < 2; h++)                                                   \
+                _mm256_storeu_ps(out + r * TL_PANEL + 8 * h, _mm256_add_ps(_mm256_add_ps(partial[r][h][0], partial[r][h][1]), \
+                                                                           _mm256_add_ps(partial[r][h][2], partial[r][h][3]))); \
+    }
+
+/* Row tiles: 6 (JW 1), 4 (JW 1), 3 (JW 2), 2 (JW 2), 1 (all eight sums at once). */
+static inline int avx2_tile_rows(int left) { return left >= 6 ? 6 : left >= 4 ? 4 : left; }
+
 #define DEFINE_PACKED(NAME, LOAD, DT)                                                     \
-    static void NAME(const float *x, int n, int k, const void *w, const float *bias, int o0, \
-                     int o1, float *y, int ldy) {                                         \
+    DEFINE_PACKED_TILE(NAME##_r6, LOAD, DT, 6, 1)                                         \
+    DEFINE_PACKED_TILE(NAME##_r4, LOAD, DT, 4, 1)                                         \
+    DEFINE_PACKED_TILE(NAME##_r3, LOAD, DT, 3, 2)                                         \
+    DEFINE_PACKED_TILE(NAME##_r2, LOAD, DT, 2, 2)                                         \
+    static inline void NAME##_r1(const float *xr, int k, const void *w, size_t panel, float *out) { \
         const int k4 = k & ~3;                                                            \
         const char *wbytes = (const char *)w;                                             \
+        __m256 lo[4], hi[4];                                                              \
+        for (int j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_ps();                  \
+        for (int i = 0; i < k4; i += 4) {                                                 \
+            for (unsigned p_ = 0; p_ < ELEM(DT); p_++) /* 4 k x 16 lanes = ELEM lines */  \
+                _mm_prefetch(wbytes + (panel + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \
+            for (int j = 0; j < 4; j++) {                                                 \
+                const size_t at = panel + (size_t)(i + j) * TL_PANEL;                     \
+                const __m256 xv = _mm256_broadcast_ss(xr + i + j);                        \
+                lo[j] = _mm256_fmadd_ps(LOAD(w, at), xv, lo[j]);                          \
+                hi[j] = _mm256_fmadd_ps(LOAD(w, at + 8), xv, hi[j]);                      \
+            }                                                                             \
+        }                                                                                 \
+        for (int i = k4; i < k; i++) {                                                    \
+            const size_t at = panel + (size_t)i * TL_PANEL;                               \
+            const __m256 xv = _mm256_broadcast_ss(xr + i);                                \
+            lo[0] = _mm256_fmadd_ps(LOAD(w, at), xv, lo[0]);                              \
+            hi[0] = _mm256_fmadd_ps(LOAD(w, at + 8), xv, hi[0]);                          \
+        }                                                                                 \
+        _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(lo[0], lo[1]), _mm256_add_ps(lo[2], lo[3]))); \
+        _mm256_storeu_ps(out + 8, _mm256_add_ps(_mm256_add_ps(hi[0], hi[1]), _mm256_add_ps(hi[2], hi[3]))); \
+    }                                                                                     \
+    static void NAME(const float *x, int n, int k, const void *w, const float *bias, int o0, \
+                     int o1, float *y, int ldy) {                                         \
+        float out[6 * TL_PANEL];                                                          \
         for (int o = o0; o < o1; o += TL_PANEL) {                                         \
             const size_t panel = (size_t)(o / TL_PANEL) * (size_t)k * TL_PANEL;           \
             const int lanes = o1 - o < TL_PANEL ? o1 - o : TL_PANEL;                      \
-            for (int r = 0; r < n; r++) {                                                 \
+            for (int r = 0; r < n;) {                                                     \
+                const int rows = avx2_tile_rows(n - r);                                   \
                 const float *xr = x + (size_t)r * (size_t)k;                              \
-                __m256 lo[4], hi[4];                                                      \
-                for (int j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_ps();          \
-                for (int i = 0; i < k4; i += 4) {                                         \
-                    for (unsigned p_ = 0; p_ < ELEM(DT); p_++) /* 4 k x 16 lanes = ELEM lines */ \
-                        _mm_prefetch(wbytes + (panel + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \
-                    for (int j = 0; j < 4; j++) {                                         \
-                        const size_t at = panel + (size_t)(i + j) * TL_PANEL;             \
-                        const __m256 xv = _mm256_broadcast_ss(xr + i + j);                \
-                        lo[j] = _mm256_fmadd_ps(LOAD(w, at), xv, lo[j]);                  \
-                        hi[j] = _mm256_fmadd_ps(LOAD(w, at + 8), xv, hi[j]);              \
-                    }                                                                     \
+                /* the first tile of a panel streams the next one in */                  \
+                const char *ahead = r == 0 && o + TL_PANEL < o1                           \
+                    ? (const char *)w + (panel + (size_t)k * TL_PANEL) * ELEM(DT) : NULL; \
+                switch (rows) {                                                           \
+                case 6: NAME##_r6(xr, k, w, panel, ahead, out); break;                    \
+                case 4: NAME##_r4(xr, k, w, panel, ahead, out); break;                    \
+                case 3: NAME##_r3(xr, k, w, panel, ahead, out); break;                    \
+                case 2: NAME##_r2(xr, k, w, panel, ahead, out); break;                    \
+                default: NAME##_r1(xr, k, w, panel, out); break;                          \
                 }                                                                         \
-                for (int i = k4; i < k; i++) {                                            \
-                    const size_t at = panel + (size_t)i * TL_PANEL;                       \
-                    const __m256 xv = _mm256_broadcast_ss(xr + i);                        \
-                    lo[0] = _mm256_fmadd_ps(LOAD(w, at), xv, lo[0]);                      \
-                    hi[0] = _mm256_fmadd_ps(LOAD(w, at + 8), xv, hi[0]);                  \
+                for (int t = 0; t < rows; t++) {                                          \
+                    float *yr = y + (size_t)(r + t) * (size_t)ldy + o;                    \
+                    for (int l = 0; l < lanes; l++)                                       \
+                        yr[l] = bias ? out[t * TL_PANEL + l] + bias[o + l] : out[t * TL_PANEL + l]; \
                 }                                                                         \
-                float out[TL_PANEL];                                                      \
-                _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(lo[0], lo[1]), _mm256_add_ps(lo[2], lo[3]))); \
-                _mm256_storeu_ps(out + 8, _mm256_add_ps(_mm256_add_ps(hi[0], hi[1]), _mm256_add_ps(hi[2], hi[3]))); \
-                float *yr = y + (size_t)r * (size_t)ldy + o;                              \
-                for (int l = 0; l < lanes; l++) yr[l] = bias ? out[l] + bias[o + l] : out[l]; \
+                r += rows;                                                                \
             }                                                                             \
         }                                                                                 \
     }

@@ -170,6 +170,8 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
         const int k4 = k & ~3, passes = 4 / (JW);                                         \
         const size_t panel1 = panel + (size_t)k * TL_PANEL;                               \
         const char *fetched = ahead;                                                      \
+        /* prefetched bytes per k step (rounded up): one division per tile, not per step */ \
+        const size_t per_step = k4 ? (ahead_bytes + (size_t)passes * (size_t)(k4 / 4) - 1) / ((size_t)passes * (size_t)(k4 / 4)) : 0; \
         __m512 partial[R][2][4];                                                          \
         for (int jb = 0; jb < 4; jb += JW) {                                              \
             __m512 acc[R][2][JW];                                                         \
@@ -178,7 +180,7 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
             for (int i = 0; i < k4; i += 4) {                                             \
                 if (ahead) {                                                              \
                     const size_t step = (size_t)(jb / (JW)) * (size_t)(k4 / 4) + (size_t)(i / 4) + 1; \
-                    const char *to = ahead + step * ahead_bytes / ((size_t)passes * (size_t)(k4 / 4)); \
+                    const char *to = ahead + (step * per_step < ahead_bytes ? step * per_step : ahead_bytes); \
                     for (; fetched < to; fetched += 64) _mm_prefetch(fetched, _MM_HINT_T0); \
                 }                                                                         \
                 for (int jj = 0; jj < JW; jj++) {                                         \
