@@ -161,9 +161,10 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
    tile: the results are the one-panel tiles', bit for bit. `ahead` (or NULL) is the next
    `ahead_bytes` of panels, prefetched evenly over all the passes (the first pass alone
    would have to stream at twice the rate; from memory that lost 20%). Measured on
-   GPT-2-shaped f16 panels (k = 768, one thread), against the one-panel tiles:
-   +7-15% at 6 rows, +10-20% at 8 and +7-15% at 12, from memory and from cache alike;
-   4 rows are even and 3 or fewer lose, so those keep the one-panel tiles. */
+   GPT-2-shaped f16 panels (k = 768, medians of 21-41 alternated runs against the one-panel
+   tiles): one thread +11-17% at 6 rows, +13-23% at 8, +12-21% at 10 to 16 from cache,
+   +5-15% from memory; two threads streaming from memory, where both share the bandwidth,
+   -5% to +16% from run to run (the machine's drift), +8-12% at 12 and 16 rows. */
 #define DEFINE_PACKED_PAIR(NAME, L16, DT, R, JW)                                          \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, const char *ahead, \
                             size_t ahead_bytes, float *out) {                            \
@@ -220,11 +221,11 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
 static inline int packed_tile_rows(int left) {
     return left >= 12 ? 12 : left >= 6 ? 6 : left >= 4 ? 4 : left;
 }
-/* Two-panel row tiles: 12, 8, 6, 4 (16 as 8 + 8 and 10 as 6 + 4: a 12- or 8-row tile would
-   leave 4 or 2), for chunks of 6 rows or more; fewer than 4 rows left take the one-panel
+/* Two-panel row tiles: 12, 8, 6, 4 (16 as 8 + 8, and 9 to 11 as 6 + the rest: 8 + 1 measured
+   6% slower), for chunks of 6 rows or more; fewer than 4 rows left take the one-panel
    tiles. Chunks of 4 or 5 rows measured 3% slower in pairs and stay on one-panel tiles. */
 static inline int pair_tile_rows(int left) {
-    return left == 16 || (left >= 8 && left < 10) ? 8 : left >= 12 ? 12 : left >= 6 ? 6 : left >= 4 ? 4 : 0;
+    return left == 8 || left == 16 ? 8 : left >= 12 ? 12 : left >= 6 ? 6 : left >= 4 ? 4 : 0;
 }
 
 /* Stores a tile's rows x `lanes` outputs (+ bias) from out[rows][per_row][TL_PANEL]'s
