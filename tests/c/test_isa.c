@@ -136,8 +136,9 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
     return compared;
 }
 
-/* q8/q4 kernels on their own, every row count from 1 to 9 (VNNI's tiles of 4, 2, 1 and
-   AVX2's of 2, 1) and a partial last panel: each family equals the generic kernel bit for
+/* q8/q4 kernels on their own, every row count from 1 to 9 (VNNI's tiles of 4, 2, 1, its q4
+   two-panel tiles of 4 and 2 with a last row alone, AVX2's of 2, 1), column ranges of 1 to 3
+   panels from the first or the second, whole or partial: each family equals the generic kernel bit for
    bit, and so does a row alone. The weights span their whole range (q8 bytes 1..255, i.e.
    q = -127..127; every nibble) and the activations include an all-zero group and groups
    whose values all sit at +-max|x| (q = +-qmax on every input: the largest integer sums),
@@ -181,26 +182,35 @@ static int check_quantised_rows(const tl_kernels *const *families, int n_familie
                 memcpy(p + tl_qscale_offset(dt) + 2 * (size_t)l, &h, 2);
             }
         }
-        for (int o1 = ROWS - 8; o1 <= ROWS; o1 += 8)
-            for (int n = 1; n <= MAX_N; n++) {
-                tl_kernels_generic.qmatmul_packed(&xq, n, K, w, dt, bias, 0, o1, want, ROWS);
-                for (int f = 0; f < n_families; f++) {
-                    memset(got, 0, sizeof got);
-                    families[f]->qmatmul_packed(&xq, n, K, w, dt, bias, 0, o1, got, ROWS);
-                    bool same = true;
-                    for (int r = 0; r < n; r++)
-                        same = same && memcmp(want + (size_t)r * ROWS, got + (size_t)r * ROWS, (size_t)o1 * sizeof(float)) == 0;
-                    CHECK(same, "%s %s: %d rows (o1 %d) differ from generic", dt == TL_Q8 ? "q8" : "q4", families[f]->isa, n, o1);
-                    /* the last row alone, through the single-row kernel */
-                    const tl_qrows last = {q8x + (size_t)(n - 1) * K, d + (size_t)(n - 1) * (size_t)groups,
-                                           sum + (size_t)(n - 1) * (size_t)groups, q16x + (size_t)(n - 1) * K,
-                                           d16 + (size_t)(n - 1) * (size_t)groups, sum16 + (size_t)(n - 1) * (size_t)groups};
-                    families[f]->qmatmul_packed(&last, 1, K, w, dt, bias, 0, o1, got, ROWS);
-                    CHECK(memcmp(want + (size_t)(n - 1) * ROWS, got, (size_t)o1 * sizeof(float)) == 0,
-                          "%s %s: row %d of %d differs from the row alone", dt == TL_Q8 ? "q8" : "q4", families[f]->isa, n - 1, n);
-                    compared++;
+        for (int o0 = 0; o0 <= TL_PANEL; o0 += TL_PANEL)
+            for (int o1 = o0 + 24; o1 <= ROWS; o1 += 8)
+                for (int n = 1; n <= MAX_N; n++) {
+                    const size_t width = (size_t)(o1 - o0) * sizeof(float);
+                    tl_kernels_generic.qmatmul_packed(&xq, n, K, w, dt, bias, o0, o1, want, ROWS);
+                    for (int f = 0; f < n_families; f++) {
+                        memset(got, 0, sizeof got);
+                        families[f]->qmatmul_packed(&xq, n, K, w, dt, bias, o0, o1, got, ROWS);
+                        bool same = true, outside = false;
+                        for (int r = 0; r < n; r++) {
+                            same = same && memcmp(want + (size_t)r * ROWS + o0, got + (size_t)r * ROWS + o0, width) == 0;
+                            for (int o = 0; o < ROWS; o++) /* columns outside [o0, o1) stay as they were */
+                                outside = outside || ((o < o0 || o >= o1) && got[(size_t)r * ROWS + (size_t)o] != 0.0f);
+                        }
+                        CHECK(same, "%s %s: %d rows (columns %d-%d) differ from generic", dt == TL_Q8 ? "q8" : "q4",
+                              families[f]->isa, n, o0, o1);
+                        CHECK(!outside, "%s %s: %d rows (columns %d-%d) wrote outside their columns",
+                              dt == TL_Q8 ? "q8" : "q4", families[f]->isa, n, o0, o1);
+                        /* the last row alone, through the single-row kernel */
+                        const tl_qrows last = {q8x + (size_t)(n - 1) * K, d + (size_t)(n - 1) * (size_t)groups,
+                                               sum + (size_t)(n - 1) * (size_t)groups, q16x + (size_t)(n - 1) * K,
+                                               d16 + (size_t)(n - 1) * (size_t)groups, sum16 + (size_t)(n - 1) * (size_t)groups};
+                        families[f]->qmatmul_packed(&last, 1, K, w, dt, bias, o0, o1, got, ROWS);
+                        CHECK(memcmp(want + (size_t)(n - 1) * ROWS + o0, got + o0, width) == 0,
+                              "%s %s: row %d of %d differs from the row alone", dt == TL_Q8 ? "q8" : "q4", families[f]->isa,
+                              n - 1, n);
+                        compared++;
+                    }
                 }
-            }
         free(w);
     }
     return compared;

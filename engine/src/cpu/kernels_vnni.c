@@ -65,6 +65,100 @@ DEFINE_VNNI_ROWS(q4_r4, 4)
 DEFINE_VNNI_ROWS(q4_r2, 2)
 DEFINE_VNNI_ROWS(q4_r1, 1)
 
+/* Two panels of q4 at once for R rows (batched decode, verification, prefill): each
+   broadcast of 4 activation bytes feeds two vpdpbusd, where the one-panel tile feeds one;
+   each panel's integer sum is its own chain per row, so every output's sums, and thus its
+   float steps, are the one-panel tile's. `ahead` (or NULL) is the next `ahead_bytes` of
+   panels, prefetched evenly over the groups. Measured (k = 768, one thread, alternated
+   with the one-panel tiles): +22-32% at 2, 4 and 8 rows, from cache and from memory. */
+#define DEFINE_VNNI_PAIR(NAME, R)                                                         \
+    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t panel_bytes, \
+                            const char *ahead, size_t ahead_bytes, float *out) {          \
+        const int groups = k / TL_QGROUP;                                                 \
+        const size_t bb = tl_qblock_bytes(TL_Q4);                                         \
+        const __m512i low4 = _mm512_set1_epi8(15);                                        \
+        const size_t per_group = (ahead_bytes + (size_t)groups - 1) / (size_t)groups;     \
+        const char *fetched = ahead;                                                      \
+        __m512 acc[R][2];                                                                 \
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();          \
+        for (int g = 0; g < groups; g++) {                                                \
+            const uint8_t *b0 = panel + (size_t)g * bb, *b1 = b0 + panel_bytes;           \
+            if (ahead) {                                                                  \
+                const size_t due = (size_t)(g + 1) * per_group;                           \
+                const char *to = ahead + (due < ahead_bytes ? due : ahead_bytes);         \
+                for (; fetched < to; fetched += 64) _mm_prefetch(fetched, _MM_HINT_T0);   \
+            }                                                                             \
+            __m512i sum[R][2];                                                            \
+            for (int r = 0; r < R; r++) sum[r][0] = sum[r][1] = _mm512_setzero_si512();   \
+            for (int j = 0; j < 4; j++) {                                                 \
+                const __m512i v0 = _mm512_loadu_si512(b0 + 64 * j), v1 = _mm512_loadu_si512(b1 + 64 * j); \
+                const __m512i lo0 = _mm512_and_si512(v0, low4), lo1 = _mm512_and_si512(v1, low4); \
+                const __m512i hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low4);     \
+                const __m512i hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low4);     \
+                for (int r = 0; r < R; r++) {                                             \
+                    const int8_t *xq = x->q + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP; \
+                    const __m512i xlo = bcast4(xq + 4 * j), xhi = bcast4(xq + 16 + 4 * j); \
+                    sum[r][0] = _mm512_dpbusd_epi32(sum[r][0], lo0, xlo);                 \
+                    sum[r][1] = _mm512_dpbusd_epi32(sum[r][1], lo1, xlo);                 \
+                    sum[r][0] = _mm512_dpbusd_epi32(sum[r][0], hi0, xhi);                 \
+                    sum[r][1] = _mm512_dpbusd_epi32(sum[r][1], hi1, xhi);                 \
+                }                                                                         \
+            }                                                                             \
+            const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b0 + tl_qscale_offset(TL_Q4)))); \
+            const __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b1 + tl_qscale_offset(TL_Q4)))); \
+            for (int r = 0; r < R; r++) {                                                 \
+                const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;        \
+                const __m512i offset = _mm512_set1_epi32(8 * x->sum[gi]);                 \
+                acc[r][0] = fold_group(acc[r][0], s0, x->d[gi], _mm512_sub_epi32(sum[r][0], offset)); \
+                acc[r][1] = fold_group(acc[r][1], s1, x->d[gi], _mm512_sub_epi32(sum[r][1], offset)); \
+            }                                                                             \
+        }                                                                                 \
+        for (int r = 0; r < R; r++) {                                                     \
+            _mm512_storeu_ps(out + (2 * r) * TL_PANEL, acc[r][0]);                        \
+            _mm512_storeu_ps(out + (2 * r + 1) * TL_PANEL, acc[r][1]);                    \
+        }                                                                                 \
+    }
+
+DEFINE_VNNI_PAIR(q4_pair_r4, 4)
+DEFINE_VNNI_PAIR(q4_pair_r2, 2)
+
+/* The q4 product for two rows or more: pairs of panels (the second may be the matrix's
+   partial last one) in tiles of 4 and 2 rows, a last single row through the one-panel tile
+   on each panel; an odd last panel through qmatmul_panels. */
+static void q4_pairs(const tl_qrows *x, int n, int k, const void *w, const float *bias, int o0, int o1,
+                     float *y, int ldy, const qtile_fn tiles[3]) {
+    const size_t panel_bytes = (size_t)(k / TL_QGROUP) * tl_qblock_bytes(TL_Q4);
+    float out[4 * 2 * TL_PANEL];
+    int o = o0;
+    for (; o + TL_PANEL < o1; o += 2 * TL_PANEL) {
+        const uint8_t *panel = (const uint8_t *)w + (size_t)(o / TL_PANEL) * panel_bytes;
+        const int lanes[2] = {TL_PANEL, o1 - o - TL_PANEL < TL_PANEL ? o1 - o - TL_PANEL : TL_PANEL};
+        const int next = o + 2 * TL_PANEL < o1 ? (o1 - o - TL_PANEL - 1) / TL_PANEL : 0;
+        const char *ahead = next ? (const char *)(panel + 2 * panel_bytes) : NULL;
+        const size_t ahead_bytes = (size_t)(next < 2 ? next : 2) * panel_bytes;
+        for (int r = 0; r < n;) {
+            const int rows = n - r >= 4 ? 4 : n - r >= 2 ? 2 : 1;
+            if (rows > 1) {
+                (rows == 4 ? q4_pair_r4 : q4_pair_r2)(x, r, k, panel, panel_bytes, r == 0 ? ahead : NULL, ahead_bytes, out);
+                for (int t = 0; t < rows; t++)
+                    for (int p = 0; p < 2; p++) {
+                        const float *src = out + (size_t)(2 * t + p) * TL_PANEL;
+                        float *yr = y + (size_t)(r + t) * (size_t)ldy + o + p * TL_PANEL;
+                        for (int l = 0; l < lanes[p]; l++) yr[l] = bias ? src[l] + bias[o + p * TL_PANEL + l] : src[l];
+                    }
+            } else {
+                for (int p = 0; p < 2; p++) {
+                    tiles[2](x, r, k, panel + (size_t)p * panel_bytes, out);
+                    float *yr = y + (size_t)r * (size_t)ldy + o + p * TL_PANEL;
+                    for (int l = 0; l < lanes[p]; l++) yr[l] = bias ? out[l] + bias[o + p * TL_PANEL + l] : out[l];
+                }
+            }
+            r += rows;
+        }
+    }
+    if (o < o1) qmatmul_panels(x, n, k, w, TL_Q4, bias, o, o1, y, ldy, tiles);
+}
+
 /* q8: 16-bit activations (kernels.h) with vpdpwssd (int16 pairs into int32). Each half of a
    sub-block (32 bytes: 8 lanes x 4 inputs, unsigned q + 128) is widened to int16, so int32
    slot s holds lane s/2's inputs 2(s%2) and 2(s%2)+1: one 64-bit broadcast of the 4
@@ -116,6 +210,7 @@ DEFINE_VNNI_Q8_ROWS(q8_r1, 1)
 void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {
     static const qtile_fn q8_tiles[3] = {q8_r4, q8_r2, q8_r1}, q4_tiles[3] = {q4_r4, q4_r2, q4_r1};
-    qmatmul_panels(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_tiles : q4_tiles);
+    if (dt == TL_Q4 && n >= 2) q4_pairs(x, n, k, w, bias, o0, o1, y, ldy, q4_tiles);
+    else qmatmul_panels(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_tiles : q4_tiles);
 }
 #endif
