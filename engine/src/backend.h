@@ -39,18 +39,18 @@ typedef struct tl_attention_args {
     int mask_start;            /* first logical entry the mask covers (entries before it are
                                   the always-visible prefix) */
     float *scratch;            /* [threads][scratch_stride] backend buffer (softmax scores) */
-    int scratch_stride;        /* floats per thread: cache->capacity times the heads a thread
-                                  may score at once (tl_attention_score_heads) */
+    int scratch_stride;        /* floats per thread: cache->capacity times the score arrays a
+                                  thread may fill at once (TL_ATTENTION_SCORE_SLOTS) */
     int row;                   /* the chunk's first row among the forward's n rows: where
                                   qkv_attention finds its k and v rows */
 } tl_attention_args;
 
-/* Heads whose softmax scores one thread's attention scratch holds at once: the CPU backend
-   scores a row's heads together (one walk over the cache for all of them). */
+/* Softmax score arrays (cache->capacity floats each) one thread's attention scratch holds
+   at once: the CPU backend scores a row's heads together, up to TL_ATTENTION_SCORE_HEADS of
+   them (one walk over the cache for all), and the rows of a prompt chunk in groups (one
+   walk for several rows), rows x heads at most TL_ATTENTION_SCORE_SLOTS (8 rows of 4 heads). */
 #define TL_ATTENTION_SCORE_HEADS 4
-static inline int tl_attention_score_heads(const tl_config *c) {
-    return c->n_heads < TL_ATTENTION_SCORE_HEADS ? c->n_heads : TL_ATTENTION_SCORE_HEADS;
-}
+#define TL_ATTENTION_SCORE_SLOTS 32
 
 /* One product of a matmul group (tl_backend.matmul_group). */
 typedef struct tl_matmul_out {

@@ -53,7 +53,7 @@ tl_status tl_workspace_reserve(tl_workspace *ws, const tl_model *m, int rows, in
     ws->ff_a = be->alloc(ctx, r * ff * sizeof(float));
     ws->ff_b = be->alloc(ctx, r * ff * sizeof(float));
     ws->attn_scratch = be->alloc(ctx, (size_t)threads * (size_t)cache_capacity *
-                                          (size_t)tl_attention_score_heads(c) * sizeof(float));
+                                          (size_t)TL_ATTENTION_SCORE_SLOTS * sizeof(float));
     ws->s_before = be->alloc(ctx, d * sizeof(float));
     if (!ws->x || !ws->e || !ws->s || !ws->u || !ws->cat || !ws->h || !ws->q || !ws->k ||
         !ws->v || !ws->att || !ws->ff_a || !ws->ff_b || !ws->attn_scratch || !ws->s_before) {
@@ -124,7 +124,7 @@ static void layer_forward(tl_forward *f, const tl_layer *L, int slot, int loop, 
         f->attention[n_attention++] = (tl_attention_args){
             ws->q + row * qd, ws->att + row * qd, p->n, p->cache, p->base, slot, loop, c->n_block,
             f->positions + p->row, p->mask, p->mask_start, ws->attn_scratch,
-            ws->scratch_per_thread * tl_attention_score_heads(c), p->row};
+            ws->scratch_per_thread * TL_ATTENTION_SCORE_SLOTS, p->row};
     }
     /* h [n][d] = o(att), the projection reading att [n][qd] (observed after the pass:
        att is still there) */

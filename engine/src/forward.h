@@ -30,7 +30,7 @@ typedef struct tl_workspace {
     float *att;   /* [rows][n_heads*head_dim] attention output before o-proj */
     float *ff_a;  /* [rows][d_ff] */
     float *ff_b;  /* [rows][d_ff] */
-    float *attn_scratch; /* [threads][scratch_per_thread * tl_attention_score_heads] softmax scores */
+    float *attn_scratch; /* [threads][scratch_per_thread * TL_ATTENTION_SCORE_SLOTS] softmax scores */
     float *s_before; /* [1][d]       row 0 of the loop state before a measured loop */
     /* Seed of the random initial loop state (cfg.initial_state "truncated_normal"): 0 keeps
        the zero state (tl_score, so that scores are deterministic); a generation sets it from

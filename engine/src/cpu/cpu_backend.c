@@ -359,7 +359,8 @@ typedef struct {
     const tl_attention_args *args;
     int n_args;
     const int *first_task;     /* [n_args + 1] task index where each chunk's tasks begin */
-    int heads_per_task;        /* a task is (chunk, row, group of this many heads) */
+    int heads_per_task;        /* a task is (chunk, rows, group of this many heads) */
+    int rows_per_task;         /* rows of a chunk whose rows share their keys (rows_share_keys) */
     const tl_kernels *kern;
 } attention_job;
 
@@ -428,93 +429,154 @@ static int gather_visible(const tl_attention_args *a, int i, int32_t min_pos, in
     return n;
 }
 
-/* Chunk row i's attention for heads [h0, h1) (at most the heads the scratch holds
-   scores for). The group shares the walks over the cache (visibility, pages) and reads
-   each K/V row once for all its heads; each head's arithmetic is what it gets alone, so
-   the grouping (which depends on the thread count) cannot change a result. */
-static void attention_heads(const tl_model *m, const tl_kernels *kern, const tl_attention_args *a, int i,
-                            int h0, int h1, int thread) {
-    const tl_config *cfg = &m->cfg;
-    const tl_kv_cache *c = a->cache;
-    const int hd = cfg->head_dim, n_heads = cfg->n_heads, group = n_heads / cfg->n_kv_heads;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const float *q = a->q + (size_t)i * (size_t)(n_heads * hd);
-    float *out = a->out + (size_t)i * (size_t)(n_heads * hd);
-    /* Head h0 + g's scores: scores + g * capacity (cpu_attention sized the group to fit). */
-    float *scores = a->scratch + (size_t)thread * (size_t)a->scratch_stride;
-    const size_t score_stride = (size_t)c->capacity;
-    const int32_t min_pos = c->window > 0 ? a->positions[i] - c->window + 1 : INT32_MIN;
-    /* Logical entries [first, last) are held: the chunk's own rows may have overwritten
-       ring rows older than that. */
-    const int last = a->base + a->n, first = last > c->capacity ? last - c->capacity : 0;
+/* The rows [i0, i1) x heads [h0, h1) of one chunk that one attention_rows call computes;
+   (row i, head h) keeps its scores in slot (i - i0) * (h1 - h0) + (h - h0) of the thread's
+   scratch (cache->capacity floats a slot). */
+typedef struct attention_group {
+    const tl_kernels *kern;
+    const tl_attention_args *a;
+    int i0, i1, h0, h1;
+    int hd, n_heads, group; /* head size, query heads, query heads per KV head */
+    int first;              /* the oldest logical entry held: scores are indexed from it */
+    float scale;
+    float *scores;
+    float max_score[TL_ATTENTION_SCORE_SLOTS], sum[TL_ATTENTION_SCORE_SLOTS];
+} attention_group;
 
-    /* Scores, then a max-subtracted softmax; every loop runs over keys in logical order
-       so the arithmetic is the same whether the row came alone or in a chunk. The visible
-       keys are gathered ATTENTION_BLOCK at a time and handed to the kernels as one block
-       (kernels.h: a block gives each key the arithmetic it gets alone). */
+static inline int score_slot(const attention_group *g, int i, int h) {
+    return (i - g->i0) * (g->h1 - g->h0) + (h - g->h0);
+}
+static inline const float *query(const attention_group *g, int i, int h) {
+    return g->a->q + ((size_t)i * (size_t)g->n_heads + (size_t)h) * (size_t)g->hd;
+}
+static inline float *output(const attention_group *g, int i, int h) {
+    return g->a->out + ((size_t)i * (size_t)g->n_heads + (size_t)h) * (size_t)g->hd;
+}
+
+/* Scores of rows [r0, r1) over the entries [from, to) that row `seen_by` sees (every row
+   of [r0, r1) sees them too), with their running maxima. Each block of K rows is gathered
+   once and scored for every row and head while it sits in L1. */
+static void score_entries(attention_group *g, int from, int to, int seen_by, int32_t min_pos, int r0, int r1) {
+    const tl_attention_args *a = g->a;
+    const size_t capacity = (size_t)a->cache->capacity;
     const float *rows[ATTENTION_BLOCK], *head_rows[ATTENTION_BLOCK];
     float block[ATTENTION_BLOCK];
-    int at[ATTENTION_BLOCK]; /* the block's entries, as offsets from `first` */
-    float max_score[TL_ATTENTION_SCORE_HEADS], sum[TL_ATTENTION_SCORE_HEADS];
-    for (int h = h0; h < h1; h++) max_score[h - h0] = -INFINITY;
-    for (key_walk w = walk_start(c, first); w.j < last;) {
-        const int n = gather_visible(a, i, min_pos, first, last, false, &w, rows, at);
-        for (int h = h0; h < h1; h++) {
-            const size_t in_row = (size_t)(h / group) * (size_t)hd;
+    int at[ATTENTION_BLOCK]; /* the block's entries, as offsets from g->first */
+    for (key_walk w = walk_start(a->cache, from); w.j < to;) {
+        const int n = gather_visible(a, seen_by, min_pos, g->first, to, false, &w, rows, at);
+        for (int h = g->h0; h < g->h1; h++) {
+            const size_t in_row = (size_t)(h / g->group) * (size_t)g->hd;
             for (int b = 0; b < n; b++) head_rows[b] = rows[b] + in_row;
-            kern->dots(q + (size_t)h * (size_t)hd, head_rows, n, hd, block);
-            float *s_h = scores + (size_t)(h - h0) * score_stride, m_h = max_score[h - h0];
-            for (int b = 0; b < n; b++) {
-                const float s = block[b] * scale;
-                s_h[at[b]] = s;
-                if (s > m_h) m_h = s;
+            for (int i = r0; i < r1; i++) {
+                g->kern->dots(query(g, i, h), head_rows, n, g->hd, block);
+                const int slot = score_slot(g, i, h);
+                float *s_ih = g->scores + (size_t)slot * capacity, m_ih = g->max_score[slot];
+                for (int b = 0; b < n; b++) {
+                    const float score = block[b] * g->scale;
+                    s_ih[at[b]] = score;
+                    if (score > m_ih) m_ih = score;
+                }
+                g->max_score[slot] = m_ih;
             }
-            max_score[h - h0] = m_h;
         }
-    }
-    memset(out + (size_t)h0 * (size_t)hd, 0, (size_t)(h1 - h0) * (size_t)hd * sizeof(float));
-    for (int h = h0; h < h1; h++) sum[h - h0] = 0.0f;
-    for (key_walk w = walk_start(c, first); w.j < last;) {
-        const int n = gather_visible(a, i, min_pos, first, last, true, &w, rows, at);
-        for (int h = h0; h < h1; h++) {
-            const size_t in_row = (size_t)(h / group) * (size_t)hd;
-            const float *s_h = scores + (size_t)(h - h0) * score_stride, m_h = max_score[h - h0];
-            float sum_h = sum[h - h0];
-            for (int b = 0; b < n; b++) {
-                head_rows[b] = rows[b] + in_row;
-                block[b] = s_h[at[b]];
-            }
-            tl_cpu_softmax_weights(block, n, m_h);
-            for (int b = 0; b < n; b++) sum_h += block[b];
-            sum[h - h0] = sum_h;
-            kern->axpys(out + (size_t)h * (size_t)hd, block, head_rows, n, hd);
-        }
-    }
-    for (int h = h0; h < h1; h++) {
-        const float inv = sum[h - h0] > 0.0f ? 1.0f / sum[h - h0] : 0.0f;
-        float *out_h = out + (size_t)h * (size_t)hd;
-        for (int d = 0; d < hd; d++) out_h[d] *= inv;
     }
 }
 
-/* Task = (chunk, row, group of heads_per_task heads). */
+/* The softmax-weighted V rows of the same entries into rows [r0, r1)'s outputs, with the
+   running sums of the weights. */
+static void add_values(attention_group *g, int from, int to, int seen_by, int32_t min_pos, int r0, int r1) {
+    const tl_attention_args *a = g->a;
+    const size_t capacity = (size_t)a->cache->capacity;
+    const float *rows[ATTENTION_BLOCK], *head_rows[ATTENTION_BLOCK];
+    float block[ATTENTION_BLOCK];
+    int at[ATTENTION_BLOCK];
+    for (key_walk w = walk_start(a->cache, from); w.j < to;) {
+        const int n = gather_visible(a, seen_by, min_pos, g->first, to, true, &w, rows, at);
+        for (int h = g->h0; h < g->h1; h++) {
+            const size_t in_row = (size_t)(h / g->group) * (size_t)g->hd;
+            for (int b = 0; b < n; b++) head_rows[b] = rows[b] + in_row;
+            for (int i = r0; i < r1; i++) {
+                const int slot = score_slot(g, i, h);
+                const float *s_ih = g->scores + (size_t)slot * capacity;
+                for (int b = 0; b < n; b++) block[b] = s_ih[at[b]];
+                tl_cpu_softmax_weights(block, n, g->max_score[slot]);
+                float sum = g->sum[slot];
+                for (int b = 0; b < n; b++) sum += block[b];
+                g->sum[slot] = sum;
+                g->kern->axpys(output(g, i, h), block, head_rows, n, g->hd);
+            }
+        }
+    }
+}
+
+/* Whether a chunk's rows may share their walks over the cache (attention_rows with
+   several rows): causal attention with neither a tree mask nor a window, so every row
+   sees all that its first row sees, and in the same order. */
+static inline bool rows_share_keys(const tl_attention_args *a) {
+    return !a->mask && a->cache->window == 0;
+}
+
+/* Chunk rows [i0, i1)' attention for heads [h0, h1) (rows x heads at most the slots the
+   scratch holds; several rows only where rows_share_keys). Scores, then a max-subtracted
+   softmax; each row's loops run over its keys in logical order, so the arithmetic is the
+   same whether the row came alone, in a chunk or in a group of rows. A group walks the
+   entries its first row sees once for every row and head (each K and V row read once,
+   where a row alone re-read them all from L2/L3 for every row of a long prompt), then each
+   later row walks its own last few (the causal diagonal), which follow in logical order.
+   The visible keys are gathered ATTENTION_BLOCK at a time and handed to the kernels as one
+   block (kernels.h: a block gives each key the arithmetic it gets alone). */
+static void attention_rows(const tl_model *m, const tl_kernels *kern, const tl_attention_args *a, int i0, int i1,
+                           int h0, int h1, int thread) {
+    const tl_config *cfg = &m->cfg;
+    const tl_kv_cache *c = a->cache;
+    /* Logical entries [first, last) are held: the chunk's own rows may have overwritten
+       ring rows older than that. */
+    const int last = a->base + a->n, first = last > c->capacity ? last - c->capacity : 0;
+    attention_group g = {.kern = kern, .a = a, .i0 = i0, .i1 = i1, .h0 = h0, .h1 = h1, .hd = cfg->head_dim,
+                         .n_heads = cfg->n_heads, .group = cfg->n_heads / cfg->n_kv_heads, .first = first,
+                         .scale = 1.0f / sqrtf((float)cfg->head_dim),
+                         .scores = a->scratch + (size_t)thread * (size_t)a->scratch_stride};
+    const int slots = (i1 - i0) * (h1 - h0);
+    for (int s = 0; s < slots; s++) g.max_score[s] = -INFINITY, g.sum[s] = 0.0f;
+    for (int i = i0; i < i1; i++) memset(output(&g, i, h0), 0, (size_t)(h1 - h0) * (size_t)g.hd * sizeof(float));
+    if (i1 - i0 == 1) {
+        const int32_t min_pos = c->window > 0 ? a->positions[i0] - c->window + 1 : INT32_MIN;
+        score_entries(&g, first, last, i0, min_pos, i0, i1);
+        add_values(&g, first, last, i0, min_pos, i0, i1);
+    } else {
+        /* Row i0 sees the entries before a->base + i0 + 1; row i also those up to its own. */
+        const int shared_end = a->base + i0 + 1;
+        score_entries(&g, first, shared_end, i0, INT32_MIN, i0, i1);
+        for (int i = i0 + 1; i < i1; i++) score_entries(&g, shared_end, a->base + i + 1, i, INT32_MIN, i, i + 1);
+        add_values(&g, first, shared_end, i0, INT32_MIN, i0, i1);
+        for (int i = i0 + 1; i < i1; i++) add_values(&g, shared_end, a->base + i + 1, i, INT32_MIN, i, i + 1);
+    }
+    for (int i = i0; i < i1; i++)
+        for (int h = h0; h < h1; h++) {
+            const float sum = g.sum[score_slot(&g, i, h)], inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            float *out = output(&g, i, h);
+            for (int d = 0; d < g.hd; d++) out[d] *= inv;
+        }
+}
+
+/* Task = (chunk, group of rows_per_task rows where the chunk's rows share their keys (one
+   row otherwise), group of heads_per_task heads). */
 static void attention_task(void *ctx, int task, int thread) {
     const attention_job *job = ctx;
     int part = 0; /* the chunk this task belongs to (few chunks: a linear search) */
     while (task >= job->first_task[part + 1]) part++;
     task -= job->first_task[part];
-    const int n_heads = job->m->cfg.n_heads;
+    const tl_attention_args *a = &job->args[part];
+    const int n_heads = job->m->cfg.n_heads, per_row = rows_share_keys(a) ? job->rows_per_task : 1;
     const int groups_per_row = (n_heads + job->heads_per_task - 1) / job->heads_per_task;
-    const int h0 = task % groups_per_row * job->heads_per_task;
-    attention_heads(job->m, job->kern, &job->args[part], task / groups_per_row, h0,
-                    h0 + job->heads_per_task < n_heads ? h0 + job->heads_per_task : n_heads, thread);
+    const int h0 = task % groups_per_row * job->heads_per_task, i0 = task / groups_per_row * per_row;
+    attention_rows(job->m, job->kern, a, i0, i0 + per_row < a->n ? i0 + per_row : a->n, h0,
+                   h0 + job->heads_per_task < n_heads ? h0 + job->heads_per_task : n_heads, thread);
 }
 
-/* The most heads one attention_heads call may take: what every chunk's scratch holds
-   scores for (at least 1). */
-static int score_heads_fit(const tl_model *m, const tl_attention_args *args, int n_args) {
-    const int n_heads = m->cfg.n_heads;
-    int fit = n_heads < TL_ATTENTION_SCORE_HEADS ? n_heads : TL_ATTENTION_SCORE_HEADS;
+/* Score slots (rows x heads) that every chunk's scratch holds (at least 1). */
+static int score_slots_fit(const tl_attention_args *args, int n_args) {
+    int fit = TL_ATTENTION_SCORE_SLOTS;
     for (int i = 0; i < n_args; i++) {
         const int holds = args[i].scratch_stride / args[i].cache->capacity;
         if (holds < fit) fit = holds;
@@ -522,7 +584,20 @@ static int score_heads_fit(const tl_model *m, const tl_attention_args *args, int
     return fit < 1 ? 1 : fit;
 }
 
-/* Every (chunk, row, head group) of every chunk is one task of ONE parallel region: a
+/* The most heads one attention_rows call may take for one row: at most
+   TL_ATTENTION_SCORE_HEADS (a row's heads share its walk), within the scratch. */
+static int score_heads_fit(const tl_model *m, const tl_attention_args *args, int n_args) {
+    const int n_heads = m->cfg.n_heads, slots = score_slots_fit(args, n_args);
+    int fit = n_heads < TL_ATTENTION_SCORE_HEADS ? n_heads : TL_ATTENTION_SCORE_HEADS;
+    return fit < slots ? fit : slots;
+}
+
+/* Rows a task of a chunk whose rows share their keys takes at most. Prefill of a 1000-token
+   prompt on a GPT-2-shaped f16 model, one thread: one row a walk 417-459 tokens/s, groups
+   of 4 rows 511-568, of 8 rows 590-680 (16: 586-687, within the drift). */
+#define ATTENTION_GROUP_ROWS 8
+
+/* Every (chunk, rows, head group) of every chunk is one task of ONE parallel region: a
    batch of sessions pays one fork/join per layer, not one per session. */
 static void cpu_attention(const tl_model *m, const tl_attention_args *args, int n_args) {
     int first_small[17], *first = n_args < 17 ? first_small : malloc(((size_t)n_args + 1) * sizeof(int));
@@ -537,9 +612,23 @@ static void cpu_attention(const tl_model *m, const tl_attention_args *args, int 
     for (int i = 0; i < n_args; i++) rows += args[i].n;
     while (per_task > 1 && (long)rows * ((n_heads + per_task - 1) / per_task) < threads) per_task = (per_task + 1) / 2;
     const int groups_per_row = (n_heads + per_task - 1) / per_task;
+    /* Rows per task where a chunk's rows share their keys: as many as the scratch's slots
+       hold with the task's heads, fewer while that would leave under two tasks a thread. */
+    int rows_per_task = score_slots_fit(args, n_args) / per_task;
+    if (rows_per_task > ATTENTION_GROUP_ROWS) rows_per_task = ATTENTION_GROUP_ROWS;
+    for (;; rows_per_task--) {
+        long tasks = 0;
+        for (int i = 0; i < n_args; i++)
+            tasks += (long)(rows_share_keys(&args[i]) ? (args[i].n + rows_per_task - 1) / rows_per_task : args[i].n);
+        if (rows_per_task <= 1 || tasks * groups_per_row >= 2L * threads) break;
+    }
+    if (rows_per_task < 1) rows_per_task = 1;
     first[0] = 0;
-    for (int i = 0; i < n_args; i++) first[i + 1] = first[i] + args[i].n * groups_per_row;
-    attention_job job = {m, args, n_args, first, per_task, tl_cpu_kernels()};
+    for (int i = 0; i < n_args; i++) {
+        const int row_groups = rows_share_keys(&args[i]) ? (args[i].n + rows_per_task - 1) / rows_per_task : args[i].n;
+        first[i + 1] = first[i] + row_groups * groups_per_row;
+    }
+    attention_job job = {m, args, n_args, first, per_task, rows_per_task, tl_cpu_kernels()};
     tl_pool_run(tl_cpu_pool(m), first[n_args], attention_task, &job);
     if (first != first_small) free(first);
 }
@@ -598,7 +687,7 @@ static void qkv_attention_task(void *ctx, int task, int thread) {
     }
     for (int i = 0; i < j->n_args; i++) /* chunk i is forward row i, its only row */
         for (int h = h0; h < h1; h += j->score_heads)
-            attention_heads(j->m, j->mm.kern, &j->args[i], 0, h, h + j->score_heads < h1 ? h + j->score_heads : h1, thread);
+            attention_rows(j->m, j->mm.kern, &j->args[i], 0, 1, h, h + j->score_heads < h1 ? h + j->score_heads : h1, thread);
 }
 
 static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl_matmul_out qkv[3],
