@@ -613,14 +613,14 @@ static void cpu_attention(const tl_model *m, const tl_attention_args *args, int 
     while (per_task > 1 && (long)rows * ((n_heads + per_task - 1) / per_task) < threads) per_task = (per_task + 1) / 2;
     const int groups_per_row = (n_heads + per_task - 1) / per_task;
     /* Rows per task where a chunk's rows share their keys: as many as the scratch's slots
-       hold with the task's heads, fewer while that would leave under two tasks a thread. */
+       hold with the task's heads, fewer while that would leave a thread without a task. */
     int rows_per_task = score_slots_fit(args, n_args) / per_task;
     if (rows_per_task > ATTENTION_GROUP_ROWS) rows_per_task = ATTENTION_GROUP_ROWS;
     for (;; rows_per_task--) {
         long tasks = 0;
         for (int i = 0; i < n_args; i++)
             tasks += (long)(rows_share_keys(&args[i]) ? (args[i].n + rows_per_task - 1) / rows_per_task : args[i].n);
-        if (rows_per_task <= 1 || tasks * groups_per_row >= 2L * threads) break;
+        if (rows_per_task <= 1 || tasks * groups_per_row >= (long)threads) break;
     }
     if (rows_per_task < 1) rows_per_task = 1;
     first[0] = 0;
