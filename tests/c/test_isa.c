@@ -66,15 +66,16 @@ static int check_quantised(const char *root, const char *name, tl_dtype type, bo
 }
 
 /* Every row count from 1 to 40 (so every tile size and mix of tiles: one-panel 12, 6, 4, 3,
-   2, 1; two-panel 12, 8, 6, 4 with 1-3 rows left), k with and without a leftover (k mod 4),
-   column ranges of 1 to 3 panels from the first or the second (a pair of whole panels, a
-   pair whose second is partial, a pair and an odd last panel, whole or partial), each
-   weight dtype: each kernel family's packed matmul equals the generic one bit for bit, and
-   so does a row computed on its own (a row's result never depends on the tile it landed
-   in). */
+   2, 1; two-panel 12, 8, 6, 4 with 1-3 rows left), k with and without a leftover (k mod 4;
+   k = 3: the leftover alone), column ranges of 1 to 3 panels from the first or the second
+   (a pair of whole panels, a pair whose second is partial, a pair and an odd last panel,
+   whole or partial), each weight dtype, with and without a bias: each kernel family's
+   packed matmul equals the generic one bit for bit, and so does a row computed on its own
+   (a row's result never depends on the tile it landed in), and nothing outside the rows
+   and columns asked for is written. */
 static int check_packed_rows(const tl_kernels *const *families, int n_families) {
     enum { ROWS = 48, MAX_N = 40 };
-    const int ks[] = {64, 67, 256};
+    const int ks[] = {3, 64, 67, 256};
     const tl_dtype dts[] = {TL_F32, TL_F16, TL_BF16};
     int compared = 0;
     for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
@@ -107,22 +108,25 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
                 for (int o1 = o0 + 24; o1 <= ROWS; o1 += 8)
                     for (int n = 1; n <= MAX_N; n++) {
                         const size_t width = (size_t)(o1 - o0) * sizeof(float);
-                        tl_kernels_generic.matmul_packed(x, n, k, w, dt, bias, o0, o1, want, ROWS);
+                        const float *b = n % 2 ? bias : NULL; /* with and without a bias */
+                        tl_kernels_generic.matmul_packed(x, n, k, w, dt, b, o0, o1, want, ROWS);
                         for (int f = 0; f < n_families; f++) {
                             memset(got, 0, (size_t)MAX_N * ROWS * sizeof(float));
-                            families[f]->matmul_packed(x, n, k, w, dt, bias, o0, o1, got, ROWS);
+                            families[f]->matmul_packed(x, n, k, w, dt, b, o0, o1, got, ROWS);
                             bool same = true, outside = false;
-                            for (int r = 0; r < n; r++) {
+                            for (int r = 0; r < n; r++)
                                 same = same && memcmp(want + (size_t)r * ROWS + o0, got + (size_t)r * ROWS + o0, width) == 0;
-                                for (int o = 0; o < ROWS; o++) /* columns outside [o0, o1) stay as they were */
-                                    outside = outside || ((o < o0 || o >= o1) && got[(size_t)r * ROWS + (size_t)o] != 0.0f);
-                            }
+                            /* columns outside [o0, o1) and rows from n on stay as they were (a
+                               tile taller than the rows left would write them) */
+                            for (int r = 0; r < MAX_N; r++)
+                                for (int o = 0; o < ROWS; o++)
+                                    outside = outside || ((r >= n || o < o0 || o >= o1) && got[(size_t)r * ROWS + (size_t)o] != 0.0f);
                             CHECK(same, "packed %s k=%d dtype %d, %d rows (columns %d-%d): differs from generic",
                                   families[f]->isa, k, (int)dt, n, o0, o1);
-                            CHECK(!outside, "packed %s k=%d dtype %d, %d rows (columns %d-%d): wrote outside its columns",
+                            CHECK(!outside, "packed %s k=%d dtype %d, %d rows (columns %d-%d): wrote outside its rows or columns",
                                   families[f]->isa, k, (int)dt, n, o0, o1);
                             /* the last row alone, through the single-row tile */
-                            families[f]->matmul_packed(x + (size_t)(n - 1) * (size_t)k, 1, k, w, dt, bias, o0, o1, got, ROWS);
+                            families[f]->matmul_packed(x + (size_t)(n - 1) * (size_t)k, 1, k, w, dt, b, o0, o1, got, ROWS);
                             CHECK(memcmp(want + (size_t)(n - 1) * ROWS + o0, got + o0, width) == 0,
                                   "packed %s k=%d dtype %d: row %d of %d differs from the row alone", families[f]->isa, k, (int)dt, n - 1, n);
                             compared++;
