@@ -66,6 +66,30 @@ static inline void prefetch_qblock(const uint8_t *blk, size_t bytes) {
     for (size_t p = 0; p < bytes; p += 64) _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p, _MM_HINT_T0);
 }
 
+/* A multi-row tile's prefetch of the next panels (`bytes` from `ahead`), spread evenly over
+   its `steps` k steps, all its passes together: prefetch_per_step once per tile, then
+   prefetch_spread at each step (from 1) with the pointer it returned last (`ahead` at
+   first). The per-step byte count is divided out once per tile: a division per step held
+   the AVX2 6-row tile at 70 GFLOP/s instead of 96-104. */
+static inline size_t prefetch_per_step(size_t bytes, size_t steps) { return steps ? (bytes + steps - 1) / steps : 0; }
+static inline const char *prefetch_spread(const char *fetched, const char *ahead, size_t bytes, size_t per_step,
+                                          size_t step) {
+    const char *to = ahead + (step * per_step < bytes ? step * per_step : bytes);
+    for (; fetched < to; fetched += 64) _mm_prefetch(fetched, _MM_HINT_T0);
+    return fetched;
+}
+
+/* Stores a tile's `rows` x `lanes` outputs (+ bias, the canonical last step) from
+   out[rows][per_row][TL_PANEL]'s panel `p` into y at column o. */
+static inline void store_tile(const float *out, int rows, int per_row, int p, int lanes, const float *bias,
+                              int o, float *y, int ldy) {
+    for (int t = 0; t < rows; t++) {
+        const float *src = out + ((size_t)t * (size_t)per_row + (size_t)p) * TL_PANEL;
+        float *yr = y + (size_t)t * (size_t)ldy + o;
+        for (int l = 0; l < lanes; l++) yr[l] = bias ? src[l] + bias[o + l] : src[l];
+    }
+}
+
 /* A q8/q4 tile: one packed panel's 16 outputs for rows [row0, row0 + R), into out[R][TL_PANEL]. */
 typedef void (*qtile_fn)(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out);
 
@@ -82,10 +106,7 @@ static inline void qmatmul_panels(const tl_qrows *x, int n, int k, const void *w
         for (int r = 0; r < n;) {
             const int rows = n - r >= 4 && tiles[0] ? 4 : n - r >= 2 ? 2 : 1;
             tiles[rows == 4 ? 0 : rows == 2 ? 1 : 2](x, r, k, panel, out);
-            for (int t = 0; t < rows; t++) {
-                float *yr = y + (size_t)(r + t) * (size_t)ldy + o;
-                for (int l = 0; l < lanes; l++) yr[l] = bias ? out[t * TL_PANEL + l] + bias[o + l] : out[t * TL_PANEL + l];
-            }
+            store_tile(out, rows, 1, 0, lanes, bias, o, y + (size_t)r * (size_t)ldy, ldy);
             r += rows;
         }
     }

@@ -101,30 +101,26 @@ static void matmul_avx2(const float *x, int n, int k, const void *w, tl_dtype dt
    pass over the panel per residue k mod 4, re-read from L1/L2; JW = 2: two), each partial
    sum over its k in increasing order with the same fma, the leftover k into the k = 0
    (mod 4) sum after its run, then the same final tree: the single row's result, bit for
-   bit. `ahead` (or NULL) is the next panel, prefetched evenly over the tile's passes.
-   Measured on GPT-2-shaped f16 panels (k = 768, one thread, from cache and from memory
-   alike): one row at a time ran at 38-59 GFLOP/s whatever the row count; the tiles run at
-   73 (2 rows), 83 (4) and 96-104 GFLOP/s (6 to 16 rows), against a 112 GFLOP/s FMA peak.
-   The prefetch target is advanced by a per-step byte count computed once per tile: a
-   division per step held the 6-row tile at 70. */
+   bit. `ahead` (or NULL) is the next panel, prefetched evenly over the tile's passes
+   (prefetch_spread). Measured on GPT-2-shaped f16 panels (k = 768, one thread, from cache
+   and from memory alike): one row at a time ran at 38-59 GFLOP/s whatever the row count;
+   the tiles run at 73 (2 rows), 83 (4) and 96-104 GFLOP/s (6 to 16 rows), against a 112
+   GFLOP/s FMA peak. */
 #define DEFINE_PACKED_TILE(NAME, LOAD, DT, R, JW)                                         \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, const char *ahead, float *out) { \
         const int k4 = k & ~3, passes = 4 / (JW);                                         \
         const size_t panel_bytes = (size_t)k * TL_PANEL * ELEM(DT);                       \
         const char *fetched = ahead;                                                      \
-        /* prefetched bytes per k step (rounded up): one division per tile, not per step */ \
-        const size_t per_step = k4 ? (panel_bytes + (size_t)passes * (size_t)(k4 / 4) - 1) / ((size_t)passes * (size_t)(k4 / 4)) : 0; \
+        const size_t per_step = prefetch_per_step(panel_bytes, (size_t)passes * (size_t)(k4 / 4)); \
         __m256 partial[R][2][4];                                                          \
         for (int jb = 0; jb < 4; jb += JW) {                                              \
             __m256 acc[R][2][JW];                                                         \
             for (int r = 0; r < R; r++)                                                   \
                 for (int jj = 0; jj < JW; jj++) acc[r][0][jj] = acc[r][1][jj] = _mm256_setzero_ps(); \
             for (int i = 0; i < k4; i += 4) {                                             \
-                if (ahead) {                                                              \
-                    const size_t step = (size_t)(jb / (JW)) * (size_t)(k4 / 4) + (size_t)(i / 4) + 1; \
-                    const char *to = ahead + (step * per_step < panel_bytes ? step * per_step : panel_bytes); \
-                    for (; fetched < to; fetched += 64) _mm_prefetch(fetched, _MM_HINT_T0); \
-                }                                                                         \
+                if (ahead)                                                                \
+                    fetched = prefetch_spread(fetched, ahead, panel_bytes, per_step,      \
+                                              (size_t)(jb / (JW)) * (size_t)(k4 / 4) + (size_t)(i / 4) + 1); \
                 for (int jj = 0; jj < JW; jj++) {                                         \
                     const size_t at = panel + (size_t)(i + jb + jj) * TL_PANEL;           \
                     const __m256 lo = LOAD(w, at), hi = LOAD(w, at + 8);                  \
@@ -208,11 +204,7 @@ static inline int avx2_tile_rows(int left) { return left >= 6 ? 6 : left >= 4 ? 
                 case 2: NAME##_r2(xr, k, w, panel, ahead, out); break;                    \
                 default: NAME##_r1(xr, k, w, panel, out); break;                          \
                 }                                                                         \
-                for (int t = 0; t < rows; t++) {                                          \
-                    float *yr = y + (size_t)(r + t) * (size_t)ldy + o;                    \
-                    for (int l = 0; l < lanes; l++)                                       \
-                        yr[l] = bias ? out[t * TL_PANEL + l] + bias[o + l] : out[t * TL_PANEL + l]; \
-                }                                                                         \
+                store_tile(out, rows, 1, 0, lanes, bias, o, y + (size_t)r * (size_t)ldy, ldy); \
                 r += rows;                                                                \
             }                                                                             \
         }                                                                                 \

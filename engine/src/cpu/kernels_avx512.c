@@ -159,31 +159,28 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
    one-panel tile issues a broadcast load per FMA and is bound by its loads. The 2 x R x 4
    partial sums do not fit the registers, so they are computed JW at a time, as in the wide
    tile: the results are the one-panel tiles', bit for bit. `ahead` (or NULL) is the next
-   `ahead_bytes` of panels, prefetched evenly over all the passes (the first pass alone
-   would have to stream at twice the rate; from memory that lost 20%). Measured on
-   GPT-2-shaped f16 panels (k = 768, medians of 21-41 alternated runs against the one-panel
-   tiles): one thread +11-17% at 6 rows, +13-23% at 8, +12-21% at 10 to 16 from cache,
-   +5-15% from memory; two threads streaming from memory, where both share the bandwidth,
-   -5% to +16% from run to run (the machine's drift), +8-12% at 12 and 16 rows. */
+   `ahead_bytes` of panels, prefetched evenly over all the passes by prefetch_spread (the
+   first pass alone would have to stream at twice the rate; from memory that lost 20%).
+   Measured on GPT-2-shaped f16 panels (k = 768, medians of 21-41 alternated runs against
+   the one-panel tiles): one thread +11-17% at 6 rows, +13-23% at 8, +12-21% at 10 to 16
+   from cache, +5-15% from memory; two threads streaming from memory, where both share the
+   bandwidth, -5% to +16% from run to run (the machine's drift), +8-12% at 12 and 16 rows. */
 #define DEFINE_PACKED_PAIR(NAME, L16, DT, R, JW)                                          \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, const char *ahead, \
                             size_t ahead_bytes, float *out) {                            \
         const int k4 = k & ~3, passes = 4 / (JW);                                         \
         const size_t panel1 = panel + (size_t)k * TL_PANEL;                               \
         const char *fetched = ahead;                                                      \
-        /* prefetched bytes per k step (rounded up): one division per tile, not per step */ \
-        const size_t per_step = k4 ? (ahead_bytes + (size_t)passes * (size_t)(k4 / 4) - 1) / ((size_t)passes * (size_t)(k4 / 4)) : 0; \
+        const size_t per_step = prefetch_per_step(ahead_bytes, (size_t)passes * (size_t)(k4 / 4)); \
         __m512 partial[R][2][4];                                                          \
         for (int jb = 0; jb < 4; jb += JW) {                                              \
             __m512 acc[R][2][JW];                                                         \
             for (int r = 0; r < R; r++)                                                   \
                 for (int jj = 0; jj < JW; jj++) acc[r][0][jj] = acc[r][1][jj] = _mm512_setzero_ps(); \
             for (int i = 0; i < k4; i += 4) {                                             \
-                if (ahead) {                                                              \
-                    const size_t step = (size_t)(jb / (JW)) * (size_t)(k4 / 4) + (size_t)(i / 4) + 1; \
-                    const char *to = ahead + (step * per_step < ahead_bytes ? step * per_step : ahead_bytes); \
-                    for (; fetched < to; fetched += 64) _mm_prefetch(fetched, _MM_HINT_T0); \
-                }                                                                         \
+                if (ahead)                                                                \
+                    fetched = prefetch_spread(fetched, ahead, ahead_bytes, per_step,      \
+                                              (size_t)(jb / (JW)) * (size_t)(k4 / 4) + (size_t)(i / 4) + 1); \
                 for (int jj = 0; jj < JW; jj++) {                                         \
                     const __m512 w0 = L16(w, panel + (size_t)(i + jb + jj) * TL_PANEL);   \
                     const __m512 w1 = L16(w, panel1 + (size_t)(i + jb + jj) * TL_PANEL);  \
@@ -226,17 +223,6 @@ static inline int packed_tile_rows(int left) {
    tiles. Chunks of 4 or 5 rows measured 3% slower in pairs and stay on one-panel tiles. */
 static inline int pair_tile_rows(int left) {
     return left == 8 || left == 16 ? 8 : left >= 12 ? 12 : left >= 6 ? 6 : left >= 4 ? 4 : 0;
-}
-
-/* Stores a tile's rows x `lanes` outputs (+ bias) from out[rows][per_row][TL_PANEL]'s
-   panel `p` into y at column o. */
-static inline void store_tile(const float *out, int rows, int per_row, int p, int lanes, const float *bias,
-                              int o, float *y, int ldy) {
-    for (int t = 0; t < rows; t++) {
-        const float *src = out + ((size_t)t * (size_t)per_row + (size_t)p) * TL_PANEL;
-        float *yr = y + (size_t)t * (size_t)ldy + o;
-        for (int l = 0; l < lanes; l++) yr[l] = bias ? src[l] + bias[o + l] : src[l];
-    }
 }
 
 #define DEFINE_PACKED(NAME, L16, DT)                                                      \
