@@ -68,11 +68,11 @@ static int check_quantised(const char *root, const char *name, tl_dtype type, bo
 /* Every row count from 1 to 40 (so every tile size and mix of tiles: one-panel 12, 6, 4, 3,
    2, 1; two-panel 12, 8, 6, 4 with 1-3 rows left), k with and without a leftover (k mod 4;
    k = 3: the leftover alone), column ranges of 1 to 3 panels from the first or the second
-   (a pair of whole panels, a pair whose second is partial, a pair and an odd last panel,
-   whole or partial), each weight dtype, with and without a bias: each kernel family's
-   packed matmul equals the generic one bit for bit, and so does a row computed on its own
-   (a row's result never depends on the tile it landed in), and nothing outside the rows
-   and columns asked for is written. */
+   (one panel, a pair of whole panels, a pair whose second is partial, a pair and an odd
+   last panel, each last panel whole or partial), each weight dtype, with and without a
+   bias: each kernel family's packed matmul equals the generic one bit for bit, and so does
+   a row computed on its own (a row's result never depends on the tile it landed in), and
+   nothing outside the rows and columns asked for is written. */
 static int check_packed_rows(const tl_kernels *const *families, int n_families) {
     enum { ROWS = 48, MAX_N = 40 };
     const int ks[] = {3, 64, 67, 256};
@@ -105,7 +105,7 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
             }
             for (int o = 0; o < ROWS; o++) bias[o] = 0.01f * (float)o;
             for (int o0 = 0; o0 <= TL_PANEL; o0 += TL_PANEL)
-                for (int o1 = o0 + 24; o1 <= ROWS; o1 += 8)
+                for (int o1 = o0 + 8; o1 <= ROWS; o1 += 8)
                     for (int n = 1; n <= MAX_N; n++) {
                         const size_t width = (size_t)(o1 - o0) * sizeof(float);
                         const float *b = n % 2 ? bias : NULL; /* with and without a bias */
