@@ -91,7 +91,9 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
    counts that are not multiples of 6 use tiles of 4, 3, 2 or 1 rows. `ahead` (or NULL) is
    the next panel: the first tile over a panel prefetches it at the pace it computes, since
    the hardware prefetcher alone left 6-row tiles at half speed on weights streamed from
-   memory (a 77 MB head: 5.6 ms -> 3.0 ms for 6 rows, one thread). */
+   memory (a 77 MB head: 5.6 ms -> 3.0 ms for 6 rows, one thread). Only chunks of 2 to 5
+   rows get one now: from 6 rows on, the two-panel tiles prefetch, and the one-panel tiles
+   take a range's odd last panel alone, with no panel after it. */
 #define DEFINE_PACKED_ROWS(NAME, L16, DT, R)                                              \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, const char *ahead, float *out) { \
         const int k4 = k & ~3;                                                            \
@@ -119,16 +121,17 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
                                                                _mm512_add_ps(acc[r][2], acc[r][3]))); \
     }
 
-/* Wide tiles for many rows (batched decode, prefill): the four partial sums of the canonical
-   order are computed JW at a time (JW = 2: passes k = 0,1 then 2,3 (mod 4); JW = 1: one pass
-   per residue), so R x JW accumulators fit the register file with R above 6 and each
-   converted weight vector feeds R FMAs instead of 6. Every partial sum still runs over its
-   k in increasing order with the same fma, the leftover k still go to the k = 0 (mod 4)
-   sum after its main run, and the final tree is the same: the results are those of the
-   narrow tiles, bit for bit. A panel (16 x k weights: 24 KiB at k = 768 in f16) is re-read
-   from L1/L2 by the later passes, not from memory. */
+/* Wide tiles for many rows (batched decode, prefill; a range's odd last panel, the
+   two-panel tiles taking the others, so nothing follows it to prefetch): the four partial
+   sums of the canonical order are computed JW at a time (JW = 2: passes k = 0,1 then 2,3
+   (mod 4); JW = 1: one pass per residue), so R x JW accumulators fit the register file
+   with R above 6 and each converted weight vector feeds R FMAs instead of 6. Every partial
+   sum still runs over its k in increasing order with the same fma, the leftover k still
+   go to the k = 0 (mod 4) sum after its main run, and the final tree is the same: the
+   results are those of the narrow tiles, bit for bit. A panel (16 x k weights: 24 KiB at
+   k = 768 in f16) is re-read from L1/L2 by the later passes, not from memory. */
 #define DEFINE_PACKED_WIDE(NAME, L16, DT, R, JW)                                          \
-    static inline void NAME(const float *x, int k, const void *w, size_t panel, const char *ahead, float *out) { \
+    static inline void NAME(const float *x, int k, const void *w, size_t panel, float *out) { \
         const int k4 = k & ~3;                                                            \
         __m512 partial[R][4];                                                             \
         for (int jb = 0; jb < 4; jb += JW) {                                              \
@@ -136,9 +139,6 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
             for (int r = 0; r < R; r++)                                                   \
                 for (int jj = 0; jj < JW; jj++) acc[r][jj] = _mm512_setzero_ps();         \
             for (int i = 0; i < k4; i += 4) {                                             \
-                if (jb == 0 && ahead)                                                     \
-                    for (unsigned p_ = 0; p_ < ELEM(DT); p_++)                            \
-                        _mm_prefetch(ahead + (size_t)i * TL_PANEL * ELEM(DT) + 64 * p_, _MM_HINT_T0); \
                 for (int jj = 0; jj < JW; jj++) {                                         \
                     const __m512 wv = L16(w, panel + (size_t)(i + jb + jj) * TL_PANEL);   \
                     for (int r = 0; r < R; r++)                                           \
@@ -290,12 +290,12 @@ static inline int pair_tile_rows(int left) {
                 const char *ahead = r == 0 && rows > 1 && o + TL_PANEL < o1               \
                     ? (const char *)w + (panel + (size_t)k * TL_PANEL) * ELEM(DT) : NULL; \
                 switch (rows) {                                                           \
-                case 12: NAME##_r12(xr, k, w, panel, ahead, out); break;                         \
-                case 6: NAME##_r6(xr, k, w, panel, ahead, out); break;                           \
-                case 4: NAME##_r4(xr, k, w, panel, ahead, out); break;                           \
-                case 3: NAME##_r3(xr, k, w, panel, ahead, out); break;                           \
-                case 2: NAME##_r2(xr, k, w, panel, ahead, out); break;                           \
-                default: NAME##_r1(xr, k, w, panel, ahead, out); break;                          \
+                case 12: NAME##_r12(xr, k, w, panel, out); break;                         \
+                case 6: NAME##_r6(xr, k, w, panel, ahead, out); break;                    \
+                case 4: NAME##_r4(xr, k, w, panel, ahead, out); break;                    \
+                case 3: NAME##_r3(xr, k, w, panel, ahead, out); break;                    \
+                case 2: NAME##_r2(xr, k, w, panel, ahead, out); break;                    \
+                default: NAME##_r1(xr, k, w, panel, ahead, out); break;                   \
                 }                                                                         \
                 store_tile(out, rows, 1, 0, lanes, bias, o, y + (size_t)r * (size_t)ldy, ldy); \
                 r += rows;                                                                \
