@@ -67,10 +67,10 @@ static inline void prefetch_qblock(const uint8_t *blk, size_t bytes) {
 }
 
 /* A multi-row tile's prefetch of the next panels (`bytes` from `ahead`), spread evenly over
-   its `steps` k steps, all its passes together: prefetch_per_step once per tile, then
-   prefetch_spread at each step (from 1) with the pointer it returned last (`ahead` at
-   first). The per-step byte count is divided out once per tile: a division per step held
-   the AVX2 6-row tile at 70 GFLOP/s instead of 96-104. */
+   its `steps` (k steps of all its passes together, or q groups): prefetch_per_step once per
+   tile, then prefetch_spread at each step (from 1) with the pointer it returned last
+   (`ahead` at first). The per-step byte count is divided out once per tile: a division per
+   step held the AVX2 6-row tile at 70 GFLOP/s instead of 96-104. */
 static inline size_t prefetch_per_step(size_t bytes, size_t steps) { return steps ? (bytes + steps - 1) / steps : 0; }
 static inline const char *prefetch_spread(const char *fetched, const char *ahead, size_t bytes, size_t per_step,
                                           size_t step) {

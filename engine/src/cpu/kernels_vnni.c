@@ -69,25 +69,22 @@ DEFINE_VNNI_ROWS(q4_r1, 1)
    broadcast of 4 activation bytes feeds two vpdpbusd, where the one-panel tile feeds one;
    each panel's integer sum is its own chain per row, so every output's sums, and thus its
    float steps, are the one-panel tile's. `ahead` (or NULL) is the next `ahead_bytes` of
-   panels, prefetched evenly over the groups. Measured (k = 768, one thread, alternated
-   with the one-panel tiles): +22-32% at 2, 4 and 8 rows, from cache and from memory. */
+   panels, prefetched evenly over the groups (prefetch_spread). Measured (k = 768, one
+   thread, alternated with the one-panel tiles): +22-32% at 2, 4 and 8 rows, from cache and
+   from memory. */
 #define DEFINE_VNNI_PAIR(NAME, R)                                                         \
     static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t panel_bytes, \
                             const char *ahead, size_t ahead_bytes, float *out) {          \
         const int groups = k / TL_QGROUP;                                                 \
         const size_t bb = tl_qblock_bytes(TL_Q4);                                         \
         const __m512i low4 = _mm512_set1_epi8(15);                                        \
-        const size_t per_group = (ahead_bytes + (size_t)groups - 1) / (size_t)groups;     \
+        const size_t per_group = prefetch_per_step(ahead_bytes, (size_t)groups);          \
         const char *fetched = ahead;                                                      \
         __m512 acc[R][2];                                                                 \
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();          \
         for (int g = 0; g < groups; g++) {                                                \
             const uint8_t *b0 = panel + (size_t)g * bb, *b1 = b0 + panel_bytes;           \
-            if (ahead) {                                                                  \
-                const size_t due = (size_t)(g + 1) * per_group;                           \
-                const char *to = ahead + (due < ahead_bytes ? due : ahead_bytes);         \
-                for (; fetched < to; fetched += 64) _mm_prefetch(fetched, _MM_HINT_T0);   \
-            }                                                                             \
+            if (ahead) fetched = prefetch_spread(fetched, ahead, ahead_bytes, per_group, (size_t)g + 1); \
             __m512i sum[R][2];                                                            \
             for (int r = 0; r < R; r++) sum[r][0] = sum[r][1] = _mm512_setzero_si512();   \
             for (int j = 0; j < 4; j++) {                                                 \
@@ -140,17 +137,12 @@ static void q4_pairs(const tl_qrows *x, int n, int k, const void *w, const float
             const int rows = n - r >= 4 ? 4 : n - r >= 2 ? 2 : 1;
             if (rows > 1) {
                 (rows == 4 ? q4_pair_r4 : q4_pair_r2)(x, r, k, panel, panel_bytes, r == 0 ? ahead : NULL, ahead_bytes, out);
-                for (int t = 0; t < rows; t++)
-                    for (int p = 0; p < 2; p++) {
-                        const float *src = out + (size_t)(2 * t + p) * TL_PANEL;
-                        float *yr = y + (size_t)(r + t) * (size_t)ldy + o + p * TL_PANEL;
-                        for (int l = 0; l < lanes[p]; l++) yr[l] = bias ? src[l] + bias[o + p * TL_PANEL + l] : src[l];
-                    }
+                for (int p = 0; p < 2; p++)
+                    store_tile(out, rows, 2, p, lanes[p], bias, o + p * TL_PANEL, y + (size_t)r * (size_t)ldy, ldy);
             } else {
                 for (int p = 0; p < 2; p++) {
                     tiles[2](x, r, k, panel + (size_t)p * panel_bytes, out);
-                    float *yr = y + (size_t)r * (size_t)ldy + o + p * TL_PANEL;
-                    for (int l = 0; l < lanes[p]; l++) yr[l] = bias ? out[l] + bias[o + p * TL_PANEL + l] : out[l];
+                    store_tile(out, 1, 1, 0, lanes[p], bias, o + p * TL_PANEL, y + (size_t)r * (size_t)ldy, ldy);
                 }
             }
             r += rows;
