@@ -65,6 +65,15 @@ static int check_quantised(const char *root, const char *name, tl_dtype type, bo
     return compared;
 }
 
+/* Whether a kernel wrote y (zeroed before, `rows` x `cols`) outside its n rows and its columns
+   [o0, o1): a tile taller than the rows left, or a partial panel stored whole, would. */
+static bool wrote_outside(const float *y, int rows, int cols, int n, int o0, int o1) {
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < cols; o++)
+            if ((r >= n || o < o0 || o >= o1) && y[(size_t)r * (size_t)cols + (size_t)o] != 0.0f) return true;
+    return false;
+}
+
 /* Every row count from 1 to 40 (so every tile size and mix of tiles: one-panel 12, 6, 4, 3,
    2, 1; two-panel 12, 8, 6, 4 with 1-3 rows left), k with and without a leftover (k mod 4;
    k = 3: the leftover alone), column ranges of 1 to 3 panels from the first or the second
@@ -113,17 +122,13 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
                         for (int f = 0; f < n_families; f++) {
                             memset(got, 0, (size_t)MAX_N * ROWS * sizeof(float));
                             families[f]->matmul_packed(x, n, k, w, dt, b, o0, o1, got, ROWS);
-                            bool same = true, outside = false;
+                            bool same = true;
                             for (int r = 0; r < n; r++)
                                 same = same && memcmp(want + (size_t)r * ROWS + o0, got + (size_t)r * ROWS + o0, width) == 0;
-                            /* columns outside [o0, o1) and rows from n on stay as they were (a
-                               tile taller than the rows left would write them) */
-                            for (int r = 0; r < MAX_N; r++)
-                                for (int o = 0; o < ROWS; o++)
-                                    outside = outside || ((r >= n || o < o0 || o >= o1) && got[(size_t)r * ROWS + (size_t)o] != 0.0f);
                             CHECK(same, "packed %s k=%d dtype %d, %d rows (columns %d-%d): differs from generic",
                                   families[f]->isa, k, (int)dt, n, o0, o1);
-                            CHECK(!outside, "packed %s k=%d dtype %d, %d rows (columns %d-%d): wrote outside its rows or columns",
+                            CHECK(!wrote_outside(got, MAX_N, ROWS, n, o0, o1),
+                                  "packed %s k=%d dtype %d, %d rows (columns %d-%d): wrote outside its rows or columns",
                                   families[f]->isa, k, (int)dt, n, o0, o1);
                             /* the last row alone, through the single-row tile */
                             families[f]->matmul_packed(x + (size_t)(n - 1) * (size_t)k, 1, k, w, dt, b, o0, o1, got, ROWS);
@@ -142,8 +147,9 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
 
 /* q8/q4 kernels on their own, every row count from 1 to 9 (VNNI's tiles of 4, 2, 1, its q4
    two-panel tiles of 4 and 2 with a last row alone, AVX2's of 2, 1), column ranges of 1 to 3
-   panels from the first or the second, whole or partial: each family equals the generic kernel bit for
-   bit, and so does a row alone. The weights span their whole range (q8 bytes 1..255, i.e.
+   panels from the first or the second, whole or partial, with and without a bias: each
+   family equals the generic kernel bit for bit, so does a row alone, and nothing outside
+   the rows and columns asked for is written. The weights span their whole range (q8 bytes 1..255, i.e.
    q = -127..127; every nibble) and the activations include an all-zero group and groups
    whose values all sit at +-max|x| (q = +-qmax on every input: the largest integer sums),
    so an overflow or a lost offset would show. */
@@ -187,28 +193,26 @@ static int check_quantised_rows(const tl_kernels *const *families, int n_familie
             }
         }
         for (int o0 = 0; o0 <= TL_PANEL; o0 += TL_PANEL)
-            for (int o1 = o0 + 24; o1 <= ROWS; o1 += 8)
+            for (int o1 = o0 + 8; o1 <= ROWS; o1 += 8)
                 for (int n = 1; n <= MAX_N; n++) {
                     const size_t width = (size_t)(o1 - o0) * sizeof(float);
-                    tl_kernels_generic.qmatmul_packed(&xq, n, K, w, dt, bias, o0, o1, want, ROWS);
+                    const float *b = n % 2 ? bias : NULL; /* with and without a bias */
+                    tl_kernels_generic.qmatmul_packed(&xq, n, K, w, dt, b, o0, o1, want, ROWS);
                     for (int f = 0; f < n_families; f++) {
                         memset(got, 0, sizeof got);
-                        families[f]->qmatmul_packed(&xq, n, K, w, dt, bias, o0, o1, got, ROWS);
-                        bool same = true, outside = false;
-                        for (int r = 0; r < n; r++) {
+                        families[f]->qmatmul_packed(&xq, n, K, w, dt, b, o0, o1, got, ROWS);
+                        bool same = true;
+                        for (int r = 0; r < n; r++)
                             same = same && memcmp(want + (size_t)r * ROWS + o0, got + (size_t)r * ROWS + o0, width) == 0;
-                            for (int o = 0; o < ROWS; o++) /* columns outside [o0, o1) stay as they were */
-                                outside = outside || ((o < o0 || o >= o1) && got[(size_t)r * ROWS + (size_t)o] != 0.0f);
-                        }
                         CHECK(same, "%s %s: %d rows (columns %d-%d) differ from generic", dt == TL_Q8 ? "q8" : "q4",
                               families[f]->isa, n, o0, o1);
-                        CHECK(!outside, "%s %s: %d rows (columns %d-%d) wrote outside their columns",
+                        CHECK(!wrote_outside(got, MAX_N, ROWS, n, o0, o1), "%s %s: %d rows (columns %d-%d) wrote outside their rows or columns",
                               dt == TL_Q8 ? "q8" : "q4", families[f]->isa, n, o0, o1);
                         /* the last row alone, through the single-row kernel */
                         const tl_qrows last = {q8x + (size_t)(n - 1) * K, d + (size_t)(n - 1) * (size_t)groups,
                                                sum + (size_t)(n - 1) * (size_t)groups, q16x + (size_t)(n - 1) * K,
                                                d16 + (size_t)(n - 1) * (size_t)groups, sum16 + (size_t)(n - 1) * (size_t)groups};
-                        families[f]->qmatmul_packed(&last, 1, K, w, dt, bias, o0, o1, got, ROWS);
+                        families[f]->qmatmul_packed(&last, 1, K, w, dt, b, o0, o1, got, ROWS);
                         CHECK(memcmp(want + (size_t)(n - 1) * ROWS + o0, got + o0, width) == 0,
                               "%s %s: row %d of %d differs from the row alone", dt == TL_Q8 ? "q8" : "q4", families[f]->isa,
                               n - 1, n);
