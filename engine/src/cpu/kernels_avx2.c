@@ -104,8 +104,8 @@ static void matmul_avx2(const float *x, int n, int k, const void *w, tl_dtype dt
    bit. `ahead` (or NULL) is the next panel, prefetched evenly over the tile's passes
    (prefetch_spread). Measured on GPT-2-shaped f16 panels (k = 768, one thread, from cache
    and from memory alike): one row at a time ran at 38-59 GFLOP/s whatever the row count;
-   the tiles run at 73 (2 rows), 83 (4) and 96-104 GFLOP/s (6 to 16 rows), against a 112
-   GFLOP/s FMA peak. */
+   the tiles run at 85-92 (3 rows), 81-83 (4) and 96-104 GFLOP/s (6 to 16 rows), against a
+   112 GFLOP/s FMA peak (tinyloop-kernel-bench --isa avx2). */
 #define DEFINE_PACKED_TILE(NAME, LOAD, DT, R, JW)                                         \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, const char *ahead, float *out) { \
         const int k4 = k & ~3, passes = 4 / (JW);                                         \
@@ -153,14 +153,15 @@ static void matmul_avx2(const float *x, int n, int k, const void *w, tl_dtype dt
                                                                            _mm256_add_ps(partial[r][h][2], partial[r][h][3]))); \
     }
 
-/* Row tiles: 6 (JW 1), 4 (JW 1), 3 (JW 2), 2 (JW 2), 1 (all eight sums at once). */
-static inline int avx2_tile_rows(int left) { return left >= 6 ? 6 : left >= 4 ? 4 : left; }
+/* Row tiles: 6 (JW 1), 4 (JW 1), 3 (JW 2), 1 (all eight sums at once); 5 rows as 4 + 1. Two
+   rows run as two single rows: a 2-row tile (8 sums a pass, the FMA latency barely hidden)
+   ran at 47 GFLOP/s where two single rows run at 62. */
+static inline int avx2_tile_rows(int left) { return left >= 6 ? 6 : left == 5 || left == 4 ? 4 : left == 3 ? 3 : 1; }
 
 #define DEFINE_PACKED(NAME, LOAD, DT)                                                     \
     DEFINE_PACKED_TILE(NAME##_r6, LOAD, DT, 6, 1)                                         \
     DEFINE_PACKED_TILE(NAME##_r4, LOAD, DT, 4, 1)                                         \
     DEFINE_PACKED_TILE(NAME##_r3, LOAD, DT, 3, 2)                                         \
-    DEFINE_PACKED_TILE(NAME##_r2, LOAD, DT, 2, 2)                                         \
     static inline void NAME##_r1(const float *xr, int k, const void *w, size_t panel, float *out) { \
         const int k4 = k & ~3;                                                            \
         const char *wbytes = (const char *)w;                                             \
@@ -201,7 +202,6 @@ static inline int avx2_tile_rows(int left) { return left >= 6 ? 6 : left >= 4 ? 
                 case 6: NAME##_r6(xr, k, w, panel, ahead, out); break;                    \
                 case 4: NAME##_r4(xr, k, w, panel, ahead, out); break;                    \
                 case 3: NAME##_r3(xr, k, w, panel, ahead, out); break;                    \
-                case 2: NAME##_r2(xr, k, w, panel, ahead, out); break;                    \
                 default: NAME##_r1(xr, k, w, panel, out); break;                          \
                 }                                                                         \
                 store_tile(out, rows, 1, 0, lanes, bias, o, y + (size_t)r * (size_t)ldy, ldy); \
