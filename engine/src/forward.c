@@ -434,6 +434,13 @@ tl_status tl_forward_sequence(const tl_model *m, tl_kv_cache *cache, tl_workspac
     return TL_OK;
 }
 
+/* A forward's depth: deeper loops than max_loops have no cache slot. */
+static tl_status check_loops(const tl_model *m, int loops) {
+    if (loops < 0 || loops > m->cfg.max_loops)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: loops = %d outside [0, max_loops = %d]", loops, m->cfg.max_loops);
+    return TL_OK;
+}
+
 tl_status tl_forward_batch(const tl_model *m, tl_workspace *ws, tl_forward_part *parts, int n_parts,
                            const int32_t *tokens, const int32_t *positions, const bool *want_logits,
                            float *logits) {
@@ -441,13 +448,12 @@ tl_status tl_forward_batch(const tl_model *m, tl_workspace *ws, tl_forward_part 
     for (int i = 1; i < n_parts; i++)
         if (parts[i].loops > parts[i - 1].loops)
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: parts must be sorted deepest first");
-    if (parts[0].loops < 0 || parts[0].loops > m->cfg.max_loops) /* deeper loops have no cache slot */
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: loops = %d outside [0, max_loops = %d]", parts[0].loops,
-                       m->cfg.max_loops);
+    tl_status st = check_loops(m, parts[0].loops); /* the deepest part */
+    if (st != TL_OK) return st;
     tl_forward f;
     f.attention = malloc((size_t)n_parts * sizeof *f.attention);
     if (!f.attention) return tl_fail(TL_ERR_NO_MEMORY, "forward: out of memory for %d parts", n_parts);
-    tl_status st = start(&f, m, ws, parts, n_parts, tokens, positions);
+    st = start(&f, m, ws, parts, n_parts, tokens, positions);
     if (st == TL_OK) {
         for (int l = 0; l < parts[0].loops; l++) tl_forward_loop(&f);
         coda(&f);
@@ -468,11 +474,10 @@ tl_status tl_forward_batch(const tl_model *m, tl_workspace *ws, tl_forward_part 
 tl_status tl_forward_run(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
                          const int32_t *tokens, const int32_t *positions, int n,
                          const uint8_t *mask, int loops, int logits_from, float *logits) {
-    if (loops < 0 || loops > m->cfg.max_loops) /* deeper loops have no cache slot */
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: loops = %d outside [0, max_loops = %d]", loops,
-                       m->cfg.max_loops);
+    tl_status st = check_loops(m, loops);
+    if (st != TL_OK) return st;
     tl_forward f;
-    tl_status st = tl_forward_begin(&f, m, cache, ws, tokens, positions, n, mask);
+    st = tl_forward_begin(&f, m, cache, ws, tokens, positions, n, mask);
     if (st != TL_OK) return st;
     for (int l = 0; l < loops; l++) tl_forward_loop(&f);
     tl_forward_end(&f, logits_from, logits);

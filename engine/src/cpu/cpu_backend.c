@@ -453,57 +453,44 @@ static inline float *output(const attention_group *g, int i, int h) {
     return g->a->out + ((size_t)i * (size_t)g->n_heads + (size_t)h) * (size_t)g->hd;
 }
 
-/* Scores of rows [r0, r1) over the entries [from, to) that row `seen_by` sees (every row
-   of [r0, r1) sees them too), with their running maxima. Each block of K rows is gathered
-   once and scored for every row and head while it sits in L1. */
-static void score_entries(attention_group *g, int from, int to, int seen_by, int32_t min_pos, int r0, int r1) {
+/* One walk over the entries [from, to) that row `seen_by` sees (every row of [r0, r1)
+   sees them too), for rows [r0, r1) and the group's heads: the first pass (`values`
+   false) stores each score and keeps the running maximum; the second weighs the V rows by
+   the softmax of those scores into the outputs and keeps the running sum of the weights.
+   Each block of K or V rows is gathered once and used for every row and head while it
+   sits in L1. */
+static void walk_entries(attention_group *g, bool values, int from, int to, int seen_by, int32_t min_pos,
+                         int r0, int r1) {
     const tl_attention_args *a = g->a;
     const size_t capacity = (size_t)a->cache->capacity;
     const float *rows[ATTENTION_BLOCK], *head_rows[ATTENTION_BLOCK];
     float block[ATTENTION_BLOCK];
     int at[ATTENTION_BLOCK]; /* the block's entries, as offsets from g->first */
     for (key_walk w = walk_start(a->cache, from); w.j < to;) {
-        const int n = gather_visible(a, seen_by, min_pos, g->first, to, false, &w, rows, at);
+        const int n = gather_visible(a, seen_by, min_pos, g->first, to, values, &w, rows, at);
         for (int h = g->h0; h < g->h1; h++) {
             const size_t in_row = (size_t)(h / g->group) * (size_t)g->hd;
             for (int b = 0; b < n; b++) head_rows[b] = rows[b] + in_row;
             for (int i = r0; i < r1; i++) {
-                g->kern->dots(query(g, i, h), head_rows, n, g->hd, block);
                 const int slot = score_slot(g, i, h);
-                float *s_ih = g->scores + (size_t)slot * capacity, m_ih = g->max_score[slot];
-                for (int b = 0; b < n; b++) {
-                    const float score = block[b] * g->scale;
-                    s_ih[at[b]] = score;
-                    if (score > m_ih) m_ih = score;
+                float *s_ih = g->scores + (size_t)slot * capacity;
+                if (!values) {
+                    g->kern->dots(query(g, i, h), head_rows, n, g->hd, block);
+                    float m_ih = g->max_score[slot];
+                    for (int b = 0; b < n; b++) {
+                        const float score = block[b] * g->scale;
+                        s_ih[at[b]] = score;
+                        if (score > m_ih) m_ih = score;
+                    }
+                    g->max_score[slot] = m_ih;
+                } else {
+                    for (int b = 0; b < n; b++) block[b] = s_ih[at[b]];
+                    tl_cpu_softmax_weights(block, n, g->max_score[slot]);
+                    float sum = g->sum[slot];
+                    for (int b = 0; b < n; b++) sum += block[b];
+                    g->sum[slot] = sum;
+                    g->kern->axpys(output(g, i, h), block, head_rows, n, g->hd);
                 }
-                g->max_score[slot] = m_ih;
-            }
-        }
-    }
-}
-
-/* The softmax-weighted V rows of the same entries into rows [r0, r1)'s outputs, with the
-   running sums of the weights. */
-static void add_values(attention_group *g, int from, int to, int seen_by, int32_t min_pos, int r0, int r1) {
-    const tl_attention_args *a = g->a;
-    const size_t capacity = (size_t)a->cache->capacity;
-    const float *rows[ATTENTION_BLOCK], *head_rows[ATTENTION_BLOCK];
-    float block[ATTENTION_BLOCK];
-    int at[ATTENTION_BLOCK];
-    for (key_walk w = walk_start(a->cache, from); w.j < to;) {
-        const int n = gather_visible(a, seen_by, min_pos, g->first, to, true, &w, rows, at);
-        for (int h = g->h0; h < g->h1; h++) {
-            const size_t in_row = (size_t)(h / g->group) * (size_t)g->hd;
-            for (int b = 0; b < n; b++) head_rows[b] = rows[b] + in_row;
-            for (int i = r0; i < r1; i++) {
-                const int slot = score_slot(g, i, h);
-                const float *s_ih = g->scores + (size_t)slot * capacity;
-                for (int b = 0; b < n; b++) block[b] = s_ih[at[b]];
-                tl_cpu_softmax_weights(block, n, g->max_score[slot]);
-                float sum = g->sum[slot];
-                for (int b = 0; b < n; b++) sum += block[b];
-                g->sum[slot] = sum;
-                g->kern->axpys(output(g, i, h), block, head_rows, n, g->hd);
             }
         }
     }
@@ -539,17 +526,17 @@ static void attention_rows(const tl_model *m, const tl_kernels *kern, const tl_a
     const int slots = (i1 - i0) * (h1 - h0);
     for (int s = 0; s < slots; s++) g.max_score[s] = -INFINITY, g.sum[s] = 0.0f;
     for (int i = i0; i < i1; i++) memset(output(&g, i, h0), 0, (size_t)(h1 - h0) * (size_t)g.hd * sizeof(float));
-    if (i1 - i0 == 1) {
-        const int32_t min_pos = c->window > 0 ? a->positions[i0] - c->window + 1 : INT32_MIN;
-        score_entries(&g, first, last, i0, min_pos, i0, i1);
-        add_values(&g, first, last, i0, min_pos, i0, i1);
-    } else {
+    /* Two passes: the scores and their maxima, then the softmax-weighted values. */
+    for (int values = 0; values < 2; values++) {
+        if (i1 - i0 == 1) {
+            const int32_t min_pos = c->window > 0 ? a->positions[i0] - c->window + 1 : INT32_MIN;
+            walk_entries(&g, values, first, last, i0, min_pos, i0, i1);
+            continue;
+        }
         /* Row i0 sees the entries before a->base + i0 + 1; row i also those up to its own. */
         const int shared_end = a->base + i0 + 1;
-        score_entries(&g, first, shared_end, i0, INT32_MIN, i0, i1);
-        for (int i = i0 + 1; i < i1; i++) score_entries(&g, shared_end, a->base + i + 1, i, INT32_MIN, i, i + 1);
-        add_values(&g, first, shared_end, i0, INT32_MIN, i0, i1);
-        for (int i = i0 + 1; i < i1; i++) add_values(&g, shared_end, a->base + i + 1, i, INT32_MIN, i, i + 1);
+        walk_entries(&g, values, first, shared_end, i0, INT32_MIN, i0, i1);
+        for (int i = i0 + 1; i < i1; i++) walk_entries(&g, values, shared_end, a->base + i + 1, i, INT32_MIN, i, i + 1);
     }
     for (int i = i0; i < i1; i++)
         for (int h = h0; h < h1; h++) {
@@ -559,18 +546,23 @@ static void attention_rows(const tl_model *m, const tl_kernels *kern, const tl_a
         }
 }
 
-/* Task = (chunk, group of rows_per_task rows where the chunk's rows share their keys (one
-   row otherwise), group of heads_per_task heads). */
+/* A chunk's groups of rows: rows_per_task rows a group where its rows share their keys,
+   one row otherwise. */
+static inline int row_groups(const tl_attention_args *a, int rows_per_task) {
+    return rows_share_keys(a) ? (a->n + rows_per_task - 1) / rows_per_task : a->n;
+}
+
+/* Task = (chunk, group of rows (row_groups), group of heads_per_task heads). */
 static void attention_task(void *ctx, int task, int thread) {
     const attention_job *job = ctx;
     int part = 0; /* the chunk this task belongs to (few chunks: a linear search) */
     while (task >= job->first_task[part + 1]) part++;
     task -= job->first_task[part];
     const tl_attention_args *a = &job->args[part];
-    const int n_heads = job->m->cfg.n_heads, per_row = rows_share_keys(a) ? job->rows_per_task : 1;
-    const int groups_per_row = (n_heads + job->heads_per_task - 1) / job->heads_per_task;
-    const int h0 = task % groups_per_row * job->heads_per_task, i0 = task / groups_per_row * per_row;
-    attention_rows(job->m, job->kern, a, i0, i0 + per_row < a->n ? i0 + per_row : a->n, h0,
+    const int n_heads = job->m->cfg.n_heads, group_rows = rows_share_keys(a) ? job->rows_per_task : 1;
+    const int head_groups = (n_heads + job->heads_per_task - 1) / job->heads_per_task;
+    const int h0 = task % head_groups * job->heads_per_task, i0 = task / head_groups * group_rows;
+    attention_rows(job->m, job->kern, a, i0, i0 + group_rows < a->n ? i0 + group_rows : a->n, h0,
                    h0 + job->heads_per_task < n_heads ? h0 + job->heads_per_task : n_heads, thread);
 }
 
@@ -611,23 +603,18 @@ static void cpu_attention(const tl_model *m, const tl_attention_args *args, int 
     int per_task = score_heads_fit(m, args, n_args), rows = 0;
     for (int i = 0; i < n_args; i++) rows += args[i].n;
     while (per_task > 1 && (long)rows * ((n_heads + per_task - 1) / per_task) < threads) per_task = (per_task + 1) / 2;
-    const int groups_per_row = (n_heads + per_task - 1) / per_task;
+    const int head_groups = (n_heads + per_task - 1) / per_task;
     /* Rows per task where a chunk's rows share their keys: as many as the scratch's slots
        hold with the task's heads, fewer while that would leave a thread without a task. */
-    int rows_per_task = score_slots_fit(args, n_args) / per_task;
+    int rows_per_task = score_slots_fit(args, n_args) / per_task; /* >= 1: per_task fits the slots */
     if (rows_per_task > ATTENTION_GROUP_ROWS) rows_per_task = ATTENTION_GROUP_ROWS;
-    for (;; rows_per_task--) {
+    for (; rows_per_task > 1; rows_per_task--) {
         long tasks = 0;
-        for (int i = 0; i < n_args; i++)
-            tasks += (long)(rows_share_keys(&args[i]) ? (args[i].n + rows_per_task - 1) / rows_per_task : args[i].n);
-        if (rows_per_task <= 1 || tasks * groups_per_row >= (long)threads) break;
+        for (int i = 0; i < n_args; i++) tasks += row_groups(&args[i], rows_per_task);
+        if (tasks * head_groups >= threads) break;
     }
-    if (rows_per_task < 1) rows_per_task = 1;
     first[0] = 0;
-    for (int i = 0; i < n_args; i++) {
-        const int row_groups = rows_share_keys(&args[i]) ? (args[i].n + rows_per_task - 1) / rows_per_task : args[i].n;
-        first[i + 1] = first[i] + row_groups * groups_per_row;
-    }
+    for (int i = 0; i < n_args; i++) first[i + 1] = first[i] + row_groups(&args[i], rows_per_task) * head_groups;
     attention_job job = {m, args, n_args, first, per_task, rows_per_task, tl_cpu_kernels()};
     tl_pool_run(tl_cpu_pool(m), first[n_args], attention_task, &job);
     if (first != first_small) free(first);
@@ -659,7 +646,7 @@ typedef struct {
     int n_args;
     float *const *k_dst, *const *v_dst; /* [n] row i's K and V in chunk i's cache (NULL: dropped) */
     int tasks;                     /* groups of KV heads: the first phase */
-    int score_heads;               /* heads per attention_heads call */
+    int score_heads;               /* heads per attention_rows call */
     matmul_job out;                /* the output projection of att: the second phase */
 } qkv_attention_job;
 
@@ -700,9 +687,10 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
        finer. */
     if (n > FUSED_MAX_ROWS || c->n_kv_heads < threads) return false;
     /* Decode rows only (one row a chunk, alone or batched): a chunk of several rows
-       (verification, short prompts) splits its attention finer as (row, heads) tasks, each
-       walking the cache once for all the heads its scratch holds, where a KV-head task
-       walks it once per row for its few heads (a 6-row verification measured 3% slower). */
+       (verification, short prompts) splits its attention finer as (rows, heads) tasks, each
+       walking the cache once for all the rows and heads its scratch holds, where a KV-head
+       task walks it once per row for its few heads (a 6-row verification measured 3% slower
+       fused). */
     for (int i = 0; i < n_args; i++)
         if (args[i].n > 1) return false;
     /* A task's columns must start on a panel of a packed matrix (its q columns then do too:

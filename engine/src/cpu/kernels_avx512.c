@@ -262,21 +262,16 @@ static inline int pair_tile_rows(int left) {
                 store_tile(out, rows, 2, 0, TL_PANEL, bias, o, y + (size_t)r * (size_t)ldy, ldy); \
                 store_tile(out, rows, 2, 1, lanes1, bias, o + TL_PANEL, y + (size_t)r * (size_t)ldy, ldy); \
             }                                                                             \
-            /* The rows left (fewer than 4) in one-panel tiles, panel by panel. */       \
+            /* The rows left (fewer than 4: one tile) in one-panel tiles, panel by panel. */ \
             for (int p = 0; p < 2 && r < n; p++) {                                        \
-                const int op = o + p * TL_PANEL, lanes = p ? lanes1 : TL_PANEL;           \
-                for (int rr = r; rr < n;) {                                               \
-                    const int rows = n - rr;                                              \
-                    const float *xr = x + (size_t)rr * (size_t)k;                         \
-                    const size_t pp = panel + (size_t)p * (size_t)k * TL_PANEL;           \
-                    switch (rows) {                                                       \
-                    case 3: NAME##_r3(xr, k, w, pp, NULL, out); break;                    \
-                    case 2: NAME##_r2(xr, k, w, pp, NULL, out); break;                    \
-                    default: NAME##_r1(xr, k, w, pp, NULL, out); break;                   \
-                    }                                                                     \
-                    store_tile(out, rows, 1, 0, lanes, bias, op, y + (size_t)rr * (size_t)ldy, ldy); \
-                    rr += rows;                                                           \
+                const float *xr = x + (size_t)r * (size_t)k;                              \
+                const size_t pp = panel + (size_t)p * (size_t)k * TL_PANEL;               \
+                switch (n - r) {                                                          \
+                case 3: NAME##_r3(xr, k, w, pp, NULL, out); break;                        \
+                case 2: NAME##_r2(xr, k, w, pp, NULL, out); break;                        \
+                default: NAME##_r1(xr, k, w, pp, NULL, out); break;                       \
                 }                                                                         \
+                store_tile(out, n - r, 1, 0, p ? lanes1 : TL_PANEL, bias, o + p * TL_PANEL, y + (size_t)r * (size_t)ldy, ldy); \
             }                                                                             \
         }                                                                                 \
         for (; o < o1; o += TL_PANEL) {                                                   \
