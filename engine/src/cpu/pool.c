@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "pool.h"
 
@@ -52,12 +53,18 @@ struct tl_pool {
     pthread_mutex_t run_lock;      /* one job at a time */
     pthread_mutex_t sleep_lock;
     pthread_cond_t wake;
-    _Atomic uint64_t job;          /* see pack() */
-    atomic_int done;               /* tasks finished in the current job */
     atomic_bool stop;
+    atomic_int sleepers;           /* workers in (or entering) the condition wait */
+    /* What a job is, written by its caller before it posts: one cache line read by every
+       claimer. */
+    _Alignas(64) _Atomic uint64_t job; /* see pack() */
     tl_task_fn fn;                 /* stable while any task of the job is unfinished */
     void *ctx;
     int first_phase;               /* tasks of the first phase (tl_pool_run_phased) */
+    /* Written as tasks finish: a line of its own, so finishing a task does not take the
+       job's line away from a thread about to claim. */
+    _Alignas(64) atomic_int done;  /* tasks finished in the current job (the struct's
+                                      alignment pads its line) */
 };
 
 /* Waits until `count` tasks of the current job are done. A thread that holds one of them
@@ -104,9 +111,14 @@ static void *worker_main(void *arg_) {
                 else cpu_relax();
                 continue;
             }
+            /* Counted before the job word is read again (both seq_cst): a caller that
+               posts after that read sees the count and broadcasts under the lock, which
+               this thread holds until it waits. */
             pthread_mutex_lock(&pool->sleep_lock);
+            atomic_fetch_add(&pool->sleepers, 1);
             while (gen_of(atomic_load(&pool->job)) == seen && !atomic_load(&pool->stop))
                 pthread_cond_wait(&pool->wake, &pool->sleep_lock);
+            atomic_fetch_sub(&pool->sleepers, 1);
             pthread_mutex_unlock(&pool->sleep_lock);
         }
         if (atomic_load(&pool->stop)) return NULL;
@@ -117,8 +129,9 @@ static void *worker_main(void *arg_) {
 
 tl_pool *tl_pool_new(int n_threads) {
     if (n_threads < 1) n_threads = 1;
-    tl_pool *pool = calloc(1, sizeof *pool);
+    tl_pool *pool = aligned_alloc(64, sizeof *pool); /* the job's and done's own lines */
     if (!pool) return NULL;
+    memset(pool, 0, sizeof *pool);
     pool->n_threads = n_threads;
     pthread_mutex_init(&pool->run_lock, NULL);
     pthread_mutex_init(&pool->sleep_lock, NULL);
@@ -174,10 +187,15 @@ void tl_pool_run_phased(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, 
     atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
     uint64_t gen = (gen_of(atomic_load(&pool->job)) + 1) & ((UINT64_C(1) << 20) - 1);
     if (gen == 0) gen = 1; /* 0 is what a fresh worker has "seen" */
-    pthread_mutex_lock(&pool->sleep_lock);
-    atomic_store_explicit(&pool->job, pack(gen, (uint64_t)n_tasks, 0), memory_order_release);
-    pthread_cond_broadcast(&pool->wake);
-    pthread_mutex_unlock(&pool->sleep_lock);
+    atomic_store(&pool->job, pack(gen, (uint64_t)n_tasks, 0));
+    /* Spinning workers see the job word; sleeping ones need the broadcast. Skipping the
+       lock when none sleeps, with job and done on lines of their own, took a two-task job
+       of 0.3 us tasks from 0.90 to 0.78 us at two threads (a decode token posts ~37). */
+    if (atomic_load(&pool->sleepers) > 0) {
+        pthread_mutex_lock(&pool->sleep_lock);
+        pthread_cond_broadcast(&pool->wake);
+        pthread_mutex_unlock(&pool->sleep_lock);
+    }
     run_tasks(pool, gen, 0);
     wait_done(pool, n_tasks); /* the tasks still running, claimed by workers */
     pthread_mutex_unlock(&pool->run_lock);
