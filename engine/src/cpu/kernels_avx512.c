@@ -212,38 +212,39 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
                                                                              _mm512_add_ps(partial[r][p][2], partial[r][p][3]))); \
     }
 
-/* A single row over two panels (decode): eight independent FMA chains where a one-panel
-   row has four, which at the FMA latency allow one FMA a cycle, less than the loads and
-   conversions allow once the weights sit in L2/L3 (a looped model re-reads its block every
-   loop). Each panel's chains are the one-panel row's, so the bits are; each panel is
-   prefetched in its own stream. Measured (tinyloop-kernel-bench, one thread, f16): 82 ->
-   94-96 GFLOP/s from L2, 73-75 -> 79-81 at 4 MB; the shipped model's decode at two threads
-   1767-1831 -> 1949-2014 tokens/s, alternated. */
-#define DEFINE_PACKED_ROW_PAIR(NAME, L16, DT)                                             \
+/* A single row over ROW_PANELS panels at once (decode): four independent FMA chains per
+   panel, and one prefetch stream per panel. A one-panel row has four chains, which at the
+   FMA latency allow one FMA a cycle, and one stream, which leaves too few lines in flight
+   to read memory at its rate. Each panel's chains are the one-panel row's, so the bits
+   are. Measured (tinyloop-kernel-bench --rows 1, f16, one thread, alternated five times):
+   from memory (k 2048, 1 GiB of copies) 1 panel 21-24 GB/s, 2 panels 27-30, 3: 32-35,
+   4: 33-37, 6: 27-33; from L2 (k 256) 78-82 -> 83-87 GFLOP/s for 2 to 6 panels. */
+#define ROW_PANELS 4
+#define DEFINE_PACKED_ROW_PANELS(NAME, L16, DT, P)                                        \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, float *out) { \
         const int k4 = k & ~3;                                                            \
-        const size_t panel1 = panel + (size_t)k * TL_PANEL;                               \
+        const size_t stride = (size_t)k * TL_PANEL;                                       \
         const char *wbytes = (const char *)w;                                             \
-        __m512 a0[4], a1[4];                                                              \
-        for (int j = 0; j < 4; j++) a0[j] = a1[j] = _mm512_setzero_ps();                  \
+        __m512 acc[P][4];                                                                 \
+        for (int p = 0; p < P; p++)                                                       \
+            for (int j = 0; j < 4; j++) acc[p][j] = _mm512_setzero_ps();                  \
         for (int i = 0; i < k4; i += 4) {                                                 \
-            for (unsigned p_ = 0; p_ < ELEM(DT); p_++) {                                  \
-                _mm_prefetch(wbytes + (panel + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \
-                _mm_prefetch(wbytes + (panel1 + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \
-            }                                                                             \
+            for (int p = 0; p < P; p++)                                                   \
+                for (unsigned p_ = 0; p_ < ELEM(DT); p_++)                                \
+                    _mm_prefetch(wbytes + (panel + p * stride + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \
             for (int j = 0; j < 4; j++) {                                                 \
                 const __m512 xb = _mm512_set1_ps(x[i + j]);                               \
-                a0[j] = _mm512_fmadd_ps(L16(w, panel + (size_t)(i + j) * TL_PANEL), xb, a0[j]); \
-                a1[j] = _mm512_fmadd_ps(L16(w, panel1 + (size_t)(i + j) * TL_PANEL), xb, a1[j]); \
+                for (int p = 0; p < P; p++)                                               \
+                    acc[p][j] = _mm512_fmadd_ps(L16(w, panel + p * stride + (size_t)(i + j) * TL_PANEL), xb, acc[p][j]); \
             }                                                                             \
         }                                                                                 \
         for (int i = k4; i < k; i++) {                                                    \
             const __m512 xb = _mm512_set1_ps(x[i]);                                       \
-            a0[0] = _mm512_fmadd_ps(L16(w, panel + (size_t)i * TL_PANEL), xb, a0[0]);     \
-            a1[0] = _mm512_fmadd_ps(L16(w, panel1 + (size_t)i * TL_PANEL), xb, a1[0]);    \
+            for (int p = 0; p < P; p++)                                                   \
+                acc[p][0] = _mm512_fmadd_ps(L16(w, panel + p * stride + (size_t)i * TL_PANEL), xb, acc[p][0]); \
         }                                                                                 \
-        _mm512_storeu_ps(out, _mm512_add_ps(_mm512_add_ps(a0[0], a0[1]), _mm512_add_ps(a0[2], a0[3]))); \
-        _mm512_storeu_ps(out + TL_PANEL, _mm512_add_ps(_mm512_add_ps(a1[0], a1[1]), _mm512_add_ps(a1[2], a1[3]))); \
+        for (int p = 0; p < P; p++)                                                       \
+            _mm512_storeu_ps(out + p * TL_PANEL, _mm512_add_ps(_mm512_add_ps(acc[p][0], acc[p][1]), _mm512_add_ps(acc[p][2], acc[p][3]))); \
     }
 
 /* One-panel row tiles: 12 (JW 2), then the narrow 6, 4, 3, 2, 1. Measured on GPT-2-shaped
@@ -264,7 +265,7 @@ static inline int pair_tile_rows(int left) {
     DEFINE_PACKED_PAIR(NAME##_p8, L16, DT, 8, 1)                                          \
     DEFINE_PACKED_PAIR(NAME##_p6, L16, DT, 6, 2)                                          \
     DEFINE_PACKED_PAIR(NAME##_p4, L16, DT, 4, 2)                                          \
-    DEFINE_PACKED_ROW_PAIR(NAME##_1x2, L16, DT)                                           \
+    DEFINE_PACKED_ROW_PANELS(NAME##_row_panels, L16, DT, ROW_PANELS)                      \
     DEFINE_PACKED_WIDE(NAME##_r12, L16, DT, 12, 2)                                        \
     DEFINE_PACKED_ROWS(NAME##_r6, L16, DT, 6)                                             \
     DEFINE_PACKED_ROWS(NAME##_r4, L16, DT, 4)                                             \
@@ -276,12 +277,13 @@ static inline int pair_tile_rows(int left) {
         float out[12 * 2 * TL_PANEL];                                                     \
         const size_t panel_bytes = (size_t)k * TL_PANEL * ELEM(DT);                       \
         int o = o0;                                                                       \
-        if (n == 1) /* pairs of panels, then an odd last panel alone */                   \
-            for (; o + TL_PANEL < o1; o += 2 * TL_PANEL) {                                \
-                const int lanes1 = o1 - o - TL_PANEL < TL_PANEL ? o1 - o - TL_PANEL : TL_PANEL; \
-                NAME##_1x2(x, k, w, (size_t)(o / TL_PANEL) * (size_t)k * TL_PANEL, out);   \
-                store_tile(out, 1, 2, 0, TL_PANEL, bias, o, y, ldy);                      \
-                store_tile(out, 1, 2, 1, lanes1, bias, o + TL_PANEL, y, ldy);             \
+        if (n == 1) /* ROW_PANELS panels at a time; the last few alone (below) */          \
+            for (; o + (ROW_PANELS - 1) * TL_PANEL < o1; o += ROW_PANELS * TL_PANEL) {        \
+                const int last = o + (ROW_PANELS - 1) * TL_PANEL;                         \
+                NAME##_row_panels(x, k, w, (size_t)(o / TL_PANEL) * (size_t)k * TL_PANEL, out); \
+                for (int p = 0; p < ROW_PANELS; p++)                                      \
+                    store_tile(out, 1, ROW_PANELS, p, p < ROW_PANELS - 1 || o1 - last >= TL_PANEL ? TL_PANEL : o1 - last, \
+                               bias, o + p * TL_PANEL, y, ldy);                           \
             }                                                                             \
         /* Six rows or more: pairs of panels (the second may be the matrix's partial last \
            one), then an odd last panel alone. */                                         \
