@@ -10,12 +10,12 @@
  * --mb M spreads copies of the matrix over M MB and walks them in turn, so that the
  * weights come from memory rather than cache (use a few times the L3 that tinyloop-bench
  * prints); 0 keeps one matrix (cache-resident when it fits). --threads 2 splits the columns
- * into contiguous whole-panel ranges, one per thread, as the engine's pool does, started
- * together by a barrier. For q8/q4, GFLOP/s counts the integer multiply-adds as a float
+ * into contiguous whole-panel ranges, one task per thread, run by the engine's own pool
+ * (pool.h: persistent workers that spin between jobs, as in decoding; threads created per
+ * call made two-thread figures of small matrices measure thread creation). For q8/q4, GFLOP/s counts the integer multiply-adds as a float
  * product would (2 per weight and row). A tool, not a test: speed figures drift with the
  * machine. */
 #define _GNU_SOURCE
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "cpu/kernels.h"
+#include "cpu/pool.h"
 #include "dtype.h"
 #include "quant.h"
 
@@ -38,11 +39,9 @@ typedef struct {
     const float *x;         /* [rows][k] */
     const tl_qrows *xq;
     float *y;               /* [rows][cols] */
-    pthread_barrier_t start;
+    tl_pool *pool;          /* threads workers (the caller included) */
     int call;               /* the copy the next timed call reads */
 } bench_job;
-
-typedef struct { bench_job *job; int thread; } worker;
 
 static double now_s(void) {
     struct timespec ts;
@@ -69,28 +68,17 @@ static void run_part(bench_job *job, int t) {
         job->kern->matmul_packed(job->x, job->rows, job->k, w, job->dtype, NULL, o0, o1, job->y, job->cols);
 }
 
-static void *worker_main(void *arg) {
-    worker *wk = arg;
-    pthread_barrier_wait(&wk->job->start);
-    run_part(wk->job, wk->thread);
-    return NULL;
+/* Task t: thread t's columns (tasks are claimed by whichever thread is free, as in the engine). */
+static void part_task(void *ctx, int task, int thread) {
+    (void)thread;
+    run_part(ctx, task);
 }
 
 /* One timed call over every thread's columns, reading the next copy of the matrix. */
 static double timed_call(bench_job *job) {
-    pthread_t th[MAX_THREADS];
-    worker wk[MAX_THREADS];
-    pthread_barrier_init(&job->start, NULL, (unsigned)job->threads);
-    for (int t = 1; t < job->threads; t++) {
-        wk[t] = (worker){job, t};
-        pthread_create(&th[t], NULL, worker_main, &wk[t]);
-    }
-    pthread_barrier_wait(&job->start);
     const double t0 = now_s();
-    run_part(job, 0);
-    for (int t = 1; t < job->threads; t++) pthread_join(th[t], NULL);
+    tl_pool_run(job->pool, job->threads, part_task, job);
     const double elapsed = now_s() - t0;
-    pthread_barrier_destroy(&job->start);
     job->call = (job->call + 1) % job->copies;
     return elapsed;
 }
@@ -240,6 +228,8 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < (size_t)max_rows * (size_t)k; i++) x[i] = (float)next_random() / 16777216.0f - 0.5f;
     const tl_qrows xq = {q8, d8, sum8, q16, d16, sum16};
 
+    tl_pool *pool = tl_pool_new(threads);
+    if (!pool) return fprintf(stderr, "tinyloop-kernel-bench: cannot start %d threads\n", threads), 1;
     printf("k %d, cols %d, %d thread%s, median of %d runs%s\n", k, cols, threads, threads > 1 ? "s" : "", repeat,
            mb > 0.0 ? " (weights spread over copies, from memory)" : "");
     printf("%-12s %-5s %5s | %9s | %8s | %-19s\n", "isa", "dtype", "rows", "GFLOP/s", "GB/s", "GFLOP/s q1-q3");
@@ -264,13 +254,16 @@ int main(int argc, char **argv) {
         int copies = mb > 0.0 ? (int)(mb * 1e6 / (double)matrix_bytes) : 1;
         if (copies < 1) copies = 1;
         uint8_t *weights = aligned_alloc(64, ((size_t)copies * matrix_bytes + 63) / 64 * 64);
-        if (!weights) return fprintf(stderr, "out of memory for %d copies of %zu bytes\n", copies, matrix_bytes), 1;
+        if (!weights) {
+            tl_pool_free(pool);
+            return fprintf(stderr, "out of memory for %d copies of %zu bytes\n", copies, matrix_bytes), 1;
+        }
         for (int c = 0; c < copies; c++) fill_matrix(weights + (size_t)c * matrix_bytes, matrix_bytes, dtype);
         for (int f = 0; f < n_families; f++)
             for (int r = 0; r < n_rows; r++) {
                 bench_job job = {.kern = families[f], .dtype = dtype, .k = k, .cols = cols, .rows = rows[r],
                                  .copies = copies, .threads = threads, .matrix_bytes = matrix_bytes,
-                                 .weights = weights, .x = x, .xq = &xq, .y = y};
+                                 .weights = weights, .x = x, .xq = &xq, .y = y, .pool = pool};
                 /* Calls per run: enough for ~20 ms, and a whole walk over the copies. */
                 const double flop = 2.0 * rows[r] * (double)k * (double)cols;
                 timed_call(&job); /* warm-up */
@@ -298,5 +291,6 @@ int main(int argc, char **argv) {
     free(d16);
     free(sum8);
     free(sum16);
+    tl_pool_free(pool);
     return 0;
 }
