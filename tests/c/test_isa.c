@@ -78,9 +78,9 @@ static bool wrote_outside(const float *y, int rows, int cols, int n, int o0, int
    2, 1; two-panel 12, 8, 6, 4 with 1-3 rows left), k with and without a leftover (k mod 4;
    k = 3: the leftover alone), column ranges of 1 to 3 panels from the first or the second
    (one panel, a pair of whole panels, a pair whose second is partial, a pair and an odd
-   last panel, each last panel whole or partial) and, for one and two rows, of up to 7
-   panels (a single row takes panels in groups of 4 on AVX-512: a group and 0 to 3 panels
-   left, each last one whole or partial), each weight dtype, with and without a
+   last panel, each last panel whole or partial) and, for one to three rows, of up to 7
+   panels (AVX-512 takes the panels of 1, 2 and 3 rows in groups of 4, 3 and 2: groups and
+   the panels left, each last one whole or partial), each weight dtype, with and without a
    bias: each kernel family's packed matmul equals the generic one bit for bit, and so does
    a row computed on its own (a row's result never depends on the tile it landed in), and
    nothing outside the rows and columns asked for is written. */
@@ -117,7 +117,7 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
             for (int o = 0; o < ROWS; o++) bias[o] = 0.01f * (float)o;
             for (int o0 = 0; o0 <= TL_PANEL; o0 += TL_PANEL)
                 for (int o1 = o0 + 8; o1 <= ROWS; o1 += 8)
-                    for (int n = 1; n <= (o1 <= NARROW ? MAX_N : 2); n++) {
+                    for (int n = 1; n <= (o1 <= NARROW ? MAX_N : 3); n++) {
                         const size_t width = (size_t)(o1 - o0) * sizeof(float);
                         const float *b = n % 2 ? bias : NULL; /* with and without a bias */
                         tl_kernels_generic.matmul_packed(x, n, k, w, dt, b, o0, o1, want, ROWS);

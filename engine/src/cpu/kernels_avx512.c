@@ -91,9 +91,10 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
    counts that are not multiples of 6 use tiles of 4, 3, 2 or 1 rows. `ahead` (or NULL) is
    the next panel: the first tile over a panel prefetches it at the pace it computes, since
    the hardware prefetcher alone left 6-row tiles at half speed on weights streamed from
-   memory (a 77 MB head: 5.6 ms -> 3.0 ms for 6 rows, one thread). Only chunks of 2 to 5
-   rows get one now: from 6 rows on, the two-panel tiles prefetch, and the one-panel tiles
-   take a range's odd last panel alone, with no panel after it. */
+   memory (a 77 MB head: 5.6 ms -> 3.0 ms for 6 rows, one thread). Only chunks of 4 and 5
+   rows use it now: 1 to 3 rows run groups of panels with a stream each (and these tiles
+   only for the last panels of a range), 6 rows and more two-panel tiles that prefetch, and
+   the one-panel tiles take their odd last panel alone, with no panel after it. */
 #define DEFINE_PACKED_ROWS(NAME, L16, DT, R)                                              \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, const char *ahead, float *out) { \
         const int k4 = k & ~3;                                                            \
@@ -212,39 +213,49 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
                                                                              _mm512_add_ps(partial[r][p][2], partial[r][p][3]))); \
     }
 
-/* A single row over ROW_PANELS panels at once (decode): four independent FMA chains per
-   panel, and one prefetch stream per panel. A one-panel row has four chains, which at the
-   FMA latency allow one FMA a cycle, and one stream, which leaves too few lines in flight
-   to read memory at its rate. Each panel's chains are the one-panel row's, so the bits
-   are. Measured (tinyloop-kernel-bench --rows 1, f16, one thread, alternated five times):
-   from memory (k 2048, 1 GiB of copies) 1 panel 21-24 GB/s, 2 panels 27-30, 3: 32-35,
-   4: 33-37, 6: 27-33; from L2 (k 256) 78-82 -> 83-87 GFLOP/s for 2 to 6 panels. */
-#define ROW_PANELS 4
-#define DEFINE_PACKED_ROW_PANELS(NAME, L16, DT, P)                                        \
+/* One to three rows (decode, batches of 2-3 sessions, 2-3 beams) over P panels at once:
+   1 x 4, 2 x 3, 3 x 2 (4 accumulators per row and panel: 16, 24, 24 of the 32 registers),
+   each panel prefetched in its own stream. A one-panel tile has four FMA chains per row,
+   which at the FMA latency allow one FMA a cycle, and one stream, which leaves too few
+   lines in flight to read memory at its rate. Each (row, panel)'s chains are the one-panel
+   tile's, so the bits are. Measured (tinyloop-kernel-bench, f16, one thread, alternated):
+   - one row from memory (k 2048, 1 GiB of copies): 1 panel 21-24 GB/s, 2 panels 27-30,
+     3: 32-35, 4: 33-37, 6: 27-33; from L2 (k 256) 78-82 -> 83-87 GFLOP/s;
+   - from L3 (k 768, cols 3072): 2 rows 108-111 -> 152-161 GFLOP/s, 3 rows 134-138 ->
+     179-185 (f32 2 rows 48-56 -> 85; bf16 3 rows 115-132 -> 189-192); from memory at two
+     threads 2 rows 38-43 -> 45-56 GB/s. */
+#define DEFINE_PACKED_ROWS_PANELS(NAME, L16, DT, R, P)                                    \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, float *out) { \
         const int k4 = k & ~3;                                                            \
         const size_t stride = (size_t)k * TL_PANEL;                                       \
         const char *wbytes = (const char *)w;                                             \
-        __m512 acc[P][4];                                                                 \
-        for (int p = 0; p < P; p++)                                                       \
-            for (int j = 0; j < 4; j++) acc[p][j] = _mm512_setzero_ps();                  \
+        __m512 acc[R][P][4];                                                              \
+        for (int r = 0; r < R; r++)                                                       \
+            for (int p = 0; p < P; p++)                                                   \
+                for (int j = 0; j < 4; j++) acc[r][p][j] = _mm512_setzero_ps();           \
         for (int i = 0; i < k4; i += 4) {                                                 \
             for (int p = 0; p < P; p++)                                                   \
                 for (unsigned p_ = 0; p_ < ELEM(DT); p_++)                                \
                     _mm_prefetch(wbytes + (panel + p * stride + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \
             for (int j = 0; j < 4; j++) {                                                 \
-                const __m512 xb = _mm512_set1_ps(x[i + j]);                               \
-                for (int p = 0; p < P; p++)                                               \
-                    acc[p][j] = _mm512_fmadd_ps(L16(w, panel + p * stride + (size_t)(i + j) * TL_PANEL), xb, acc[p][j]); \
+                __m512 wv[P];                                                             \
+                for (int p = 0; p < P; p++) wv[p] = L16(w, panel + p * stride + (size_t)(i + j) * TL_PANEL); \
+                for (int r = 0; r < R; r++) {                                             \
+                    const __m512 xb = _mm512_set1_ps(x[(size_t)r * (size_t)k + (size_t)(i + j)]); \
+                    for (int p = 0; p < P; p++) acc[r][p][j] = _mm512_fmadd_ps(wv[p], xb, acc[r][p][j]); \
+                }                                                                         \
             }                                                                             \
         }                                                                                 \
-        for (int i = k4; i < k; i++) {                                                    \
-            const __m512 xb = _mm512_set1_ps(x[i]);                                       \
+        for (int i = k4; i < k; i++)                                                      \
+            for (int p = 0; p < P; p++) {                                                 \
+                const __m512 wv = L16(w, panel + p * stride + (size_t)i * TL_PANEL);      \
+                for (int r = 0; r < R; r++)                                               \
+                    acc[r][p][0] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[(size_t)r * (size_t)k + (size_t)i]), acc[r][p][0]); \
+            }                                                                             \
+        for (int r = 0; r < R; r++)                                                       \
             for (int p = 0; p < P; p++)                                                   \
-                acc[p][0] = _mm512_fmadd_ps(L16(w, panel + p * stride + (size_t)i * TL_PANEL), xb, acc[p][0]); \
-        }                                                                                 \
-        for (int p = 0; p < P; p++)                                                       \
-            _mm512_storeu_ps(out + p * TL_PANEL, _mm512_add_ps(_mm512_add_ps(acc[p][0], acc[p][1]), _mm512_add_ps(acc[p][2], acc[p][3]))); \
+                _mm512_storeu_ps(out + (r * P + p) * TL_PANEL, _mm512_add_ps(_mm512_add_ps(acc[r][p][0], acc[r][p][1]), \
+                                                                           _mm512_add_ps(acc[r][p][2], acc[r][p][3]))); \
     }
 
 /* One-panel row tiles: 12 (JW 2), then the narrow 6, 4, 3, 2, 1. Measured on GPT-2-shaped
@@ -260,12 +271,25 @@ static inline int pair_tile_rows(int left) {
     return left == 8 || left == 16 ? 8 : left >= 12 ? 12 : left >= 6 ? 6 : left >= 4 ? 4 : 0;
 }
 
+/* The few-row loop of a packed product: TILE (R rows x P panels) over groups of P panels
+   of [o, o1) while a whole group fits, the group's last panel possibly partial. */
+#define FEW_ROWS_PANELS(TILE, R, P)                                                       \
+    for (; o + ((P) - 1) * TL_PANEL < o1; o += (P) * TL_PANEL) {                          \
+        const int last_ = o + ((P) - 1) * TL_PANEL;                                       \
+        TILE(x, k, w, (size_t)(o / TL_PANEL) * (size_t)k * TL_PANEL, out);                \
+        for (int p_ = 0; p_ < (P); p_++)                                                  \
+            store_tile(out, R, P, p_, p_ < (P) - 1 || o1 - last_ >= TL_PANEL ? TL_PANEL : o1 - last_, bias, \
+                       o + p_ * TL_PANEL, y, ldy);                                        \
+    }
+
 #define DEFINE_PACKED(NAME, L16, DT)                                                      \
     DEFINE_PACKED_PAIR(NAME##_p12, L16, DT, 12, 1)                                        \
     DEFINE_PACKED_PAIR(NAME##_p8, L16, DT, 8, 1)                                          \
     DEFINE_PACKED_PAIR(NAME##_p6, L16, DT, 6, 2)                                          \
     DEFINE_PACKED_PAIR(NAME##_p4, L16, DT, 4, 2)                                          \
-    DEFINE_PACKED_ROW_PANELS(NAME##_row_panels, L16, DT, ROW_PANELS)                      \
+    DEFINE_PACKED_ROWS_PANELS(NAME##_1x4, L16, DT, 1, 4)                                  \
+    DEFINE_PACKED_ROWS_PANELS(NAME##_2x3, L16, DT, 2, 3)                                  \
+    DEFINE_PACKED_ROWS_PANELS(NAME##_3x2, L16, DT, 3, 2)                                  \
     DEFINE_PACKED_WIDE(NAME##_r12, L16, DT, 12, 2)                                        \
     DEFINE_PACKED_ROWS(NAME##_r6, L16, DT, 6)                                             \
     DEFINE_PACKED_ROWS(NAME##_r4, L16, DT, 4)                                             \
@@ -277,14 +301,14 @@ static inline int pair_tile_rows(int left) {
         float out[12 * 2 * TL_PANEL];                                                     \
         const size_t panel_bytes = (size_t)k * TL_PANEL * ELEM(DT);                       \
         int o = o0;                                                                       \
-        if (n == 1) /* ROW_PANELS panels at a time; the last few alone (below) */          \
-            for (; o + (ROW_PANELS - 1) * TL_PANEL < o1; o += ROW_PANELS * TL_PANEL) {        \
-                const int last = o + (ROW_PANELS - 1) * TL_PANEL;                         \
-                NAME##_row_panels(x, k, w, (size_t)(o / TL_PANEL) * (size_t)k * TL_PANEL, out); \
-                for (int p = 0; p < ROW_PANELS; p++)                                      \
-                    store_tile(out, 1, ROW_PANELS, p, p < ROW_PANELS - 1 || o1 - last >= TL_PANEL ? TL_PANEL : o1 - last, \
-                               bias, o + p * TL_PANEL, y, ldy);                           \
-            }                                                                             \
+        /* One to three rows: groups of panels (DEFINE_PACKED_ROWS_PANELS); the last few  \
+           panels alone (below). */                                                      \
+        switch (n) {                                                                      \
+        case 1: FEW_ROWS_PANELS(NAME##_1x4, 1, 4); break;                                 \
+        case 2: FEW_ROWS_PANELS(NAME##_2x3, 2, 3); break;                                 \
+        case 3: FEW_ROWS_PANELS(NAME##_3x2, 3, 2); break;                                 \
+        default: break;                                                                   \
+        }                                                                                 \
         /* Six rows or more: pairs of panels (the second may be the matrix's partial last \
            one), then an odd last panel alone. */                                         \
         for (; n >= 6 && o + TL_PANEL < o1; o += 2 * TL_PANEL) {                          \
