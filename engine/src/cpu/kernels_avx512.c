@@ -223,7 +223,9 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
      3: 32-35, 4: 33-37, 6: 27-33; from L2 (k 256) 78-82 -> 83-87 GFLOP/s;
    - from L3 (k 768, cols 3072): 2 rows 108-111 -> 152-161 GFLOP/s, 3 rows 134-138 ->
      179-185 (f32 2 rows 48-56 -> 85; bf16 3 rows 115-132 -> 189-192); from memory at two
-     threads 2 rows 38-43 -> 45-56 GB/s. */
+     threads 2 rows 38-43 -> 45-56 GB/s;
+   - each stream running on into the next group (below): 1 row from memory at two threads
+     median 52.5 -> 55 GB/s (six alternations), 3 rows from L3 171-180 -> 187-194 GFLOP/s. */
 #define DEFINE_PACKED_ROWS_PANELS(NAME, L16, DT, R, P)                                    \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, float *out) { \
         const int k4 = k & ~3;                                                            \
@@ -233,10 +235,17 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
         for (int r = 0; r < R; r++)                                                       \
             for (int p = 0; p < P; p++)                                                   \
                 for (int j = 0; j < 4; j++) acc[r][p][j] = _mm512_setzero_ps();           \
+        /* Each panel's stream runs on into the same panel of the next group (P panels  \
+           on), so that a group does not start with P cold streams. */                   \
+        const size_t panel_bytes = stride * ELEM(DT);                                     \
+        const char *group = wbytes + panel * ELEM(DT);                                    \
         for (int i = 0; i < k4; i += 4) {                                                 \
-            for (int p = 0; p < P; p++)                                                   \
-                for (unsigned p_ = 0; p_ < ELEM(DT); p_++)                                \
-                    _mm_prefetch(wbytes + (panel + p * stride + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \
+            for (unsigned p_ = 0; p_ < ELEM(DT); p_++) {                                  \
+                const size_t ahead = (size_t)i * TL_PANEL * ELEM(DT) + PREFETCH_AHEAD + 64 * p_; \
+                const size_t skip = ahead >= panel_bytes ? (size_t)(P - 1) * panel_bytes : 0; \
+                for (int p = 0; p < P; p++)                                               \
+                    _mm_prefetch(group + (size_t)p * panel_bytes + ahead + skip, _MM_HINT_T0); \
+            }                                                                             \
             for (int j = 0; j < 4; j++) {                                                 \
                 __m512 wv[P];                                                             \
                 for (int p = 0; p < P; p++) wv[p] = L16(w, panel + p * stride + (size_t)(i + j) * TL_PANEL); \
