@@ -78,14 +78,15 @@ static bool wrote_outside(const float *y, int rows, int cols, int n, int o0, int
    2, 1; two-panel 12, 8, 6, 4 with 1-3 rows left), k with and without a leftover (k mod 4;
    k = 3: the leftover alone), column ranges of 1 to 3 panels from the first or the second
    (one panel, a pair of whole panels, a pair whose second is partial, a pair and an odd
-   last panel, each last panel whole or partial) and, for one to three rows, of up to 7
-   panels (AVX-512 takes the panels of 1, 2 and 3 rows in groups of 4, 3 and 2: groups and
-   the panels left, each last one whole or partial), each weight dtype, with and without a
+   last panel, each last panel whole or partial) and, for one to three rows, of up to 11
+   panels (AVX-512 reads the panels of 1, 2 and 3 rows as 4, 3 and 2 parts side by side: one
+   to three panels a part and the panels left, each last one whole or partial), each weight
+   dtype, with and without a
    bias: each kernel family's packed matmul equals the generic one bit for bit, and so does
    a row computed on its own (a row's result never depends on the tile it landed in), and
    nothing outside the rows and columns asked for is written. */
 static int check_packed_rows(const tl_kernels *const *families, int n_families) {
-    enum { ROWS = 112, MAX_N = 40, NARROW = 48 /* columns of the ranges every row count takes */ };
+    enum { ROWS = 176, MAX_N = 40, NARROW = 48 /* columns of the ranges every row count takes */ };
     const int ks[] = {3, 64, 67, 256};
     const tl_dtype dts[] = {TL_F32, TL_F16, TL_BF16};
     int compared = 0;

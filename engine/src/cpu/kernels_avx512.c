@@ -224,28 +224,23 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
    - from L3 (k 768, cols 3072): 2 rows 108-111 -> 152-161 GFLOP/s, 3 rows 134-138 ->
      179-185 (f32 2 rows 48-56 -> 85; bf16 3 rows 115-132 -> 189-192); from memory at two
      threads 2 rows 38-43 -> 45-56 GB/s;
-   - each stream running on into the next group (below): 1 row from memory at two threads
-     median 52.5 -> 55 GB/s (six alternations), 3 rows from L3 171-180 -> 187-194 GFLOP/s. */
+   - the P streams spread over the range (FEW_ROWS_PANELS: each walks a contiguous part)
+     instead of P adjacent panels: from memory, one thread, k 768: 1 row 30-32 -> 34-38
+     GB/s, 2 rows 29-30 -> 36-38, 3 rows 25-26 -> 29-31; two threads 54-59 -> 57-63,
+     51-57 -> 64-69, 45-48 -> 53-56. */
 #define DEFINE_PACKED_ROWS_PANELS(NAME, L16, DT, R, P)                                    \
-    static inline void NAME(const float *x, int k, const void *w, size_t panel, float *out) { \
+    static inline void NAME(const float *x, int k, const void *w, size_t panel, size_t stride, float *out) { \
         const int k4 = k & ~3;                                                            \
-        const size_t stride = (size_t)k * TL_PANEL;                                       \
         const char *wbytes = (const char *)w;                                             \
         __m512 acc[R][P][4];                                                              \
         for (int r = 0; r < R; r++)                                                       \
             for (int p = 0; p < P; p++)                                                   \
                 for (int j = 0; j < 4; j++) acc[r][p][j] = _mm512_setzero_ps();           \
-        /* Each panel's stream runs on into the same panel of the next group (P panels  \
-           on), so that a group does not start with P cold streams. */                   \
-        const size_t panel_bytes = stride * ELEM(DT);                                     \
-        const char *group = wbytes + panel * ELEM(DT);                                    \
         for (int i = 0; i < k4; i += 4) {                                                 \
-            for (unsigned p_ = 0; p_ < ELEM(DT); p_++) {                                  \
-                const size_t ahead = (size_t)i * TL_PANEL * ELEM(DT) + PREFETCH_AHEAD + 64 * p_; \
-                const size_t skip = ahead >= panel_bytes ? (size_t)(P - 1) * panel_bytes : 0; \
-                for (int p = 0; p < P; p++)                                               \
-                    _mm_prefetch(group + (size_t)p * panel_bytes + ahead + skip, _MM_HINT_T0); \
-            }                                                                             \
+            /* each stream runs on into its next panel, the next group's */              \
+            for (int p = 0; p < P; p++)                                                   \
+                for (unsigned p_ = 0; p_ < ELEM(DT); p_++)                                \
+                    _mm_prefetch(wbytes + (panel + p * stride + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \
             for (int j = 0; j < 4; j++) {                                                 \
                 __m512 wv[P];                                                             \
                 for (int p = 0; p < P; p++) wv[p] = L16(w, panel + p * stride + (size_t)(i + j) * TL_PANEL); \
@@ -280,16 +275,23 @@ static inline int pair_tile_rows(int left) {
     return left == 8 || left == 16 ? 8 : left >= 12 ? 12 : left >= 6 ? 6 : left >= 4 ? 4 : 0;
 }
 
-/* The few-row loop of a packed product: TILE (R rows x P panels) over groups of P panels
-   of [o, o1) while a whole group fits, the group's last panel possibly partial. */
+/* The few-row loop of a packed product: the whole panels of [o, o1) as P equal parts read
+   side by side, TILE (R rows x P panels) taking panel g of every part at once, so that each
+   of its P prefetch streams walks a contiguous part; then o moves past them (the fewer
+   than P panels left go to the one-panel tiles). The range's last panel, possibly partial,
+   is the last part's last when it falls in one. */
 #define FEW_ROWS_PANELS(TILE, R, P)                                                       \
-    for (; o + ((P) - 1) * TL_PANEL < o1; o += (P) * TL_PANEL) {                          \
-        const int last_ = o + ((P) - 1) * TL_PANEL;                                       \
-        TILE(x, k, w, (size_t)(o / TL_PANEL) * (size_t)k * TL_PANEL, out);                \
-        for (int p_ = 0; p_ < (P); p_++)                                                  \
-            store_tile(out, R, P, p_, p_ < (P) - 1 || o1 - last_ >= TL_PANEL ? TL_PANEL : o1 - last_, bias, \
-                       o + p_ * TL_PANEL, y, ldy);                                        \
-    }
+    do {                                                                                  \
+        const int part_ = (o1 - o + TL_PANEL - 1) / TL_PANEL / (P);                       \
+        for (int g_ = 0; g_ < part_; g_++) {                                              \
+            TILE(x, k, w, (size_t)(o / TL_PANEL + g_) * (size_t)k * TL_PANEL, (size_t)part_ * (size_t)k * TL_PANEL, out); \
+            for (int p_ = 0; p_ < (P); p_++) {                                            \
+                const int col_ = o + (p_ * part_ + g_) * TL_PANEL;                        \
+                store_tile(out, R, P, p_, o1 - col_ < TL_PANEL ? o1 - col_ : TL_PANEL, bias, col_, y, ldy); \
+            }                                                                             \
+        }                                                                                 \
+        o += (P) * part_ * TL_PANEL;                                                      \
+    } while (0)
 
 #define DEFINE_PACKED(NAME, L16, DT)                                                      \
     DEFINE_PACKED_PAIR(NAME##_p12, L16, DT, 12, 1)                                        \
