@@ -735,7 +735,7 @@ static double sum_plain(const float *p, size_t n) {
 typedef struct {
     const float *buf;
     size_t n_floats;
-    int n_threads, passes;
+    int n_threads, passes;  /* passes of both kinds together, alternated */
     int streams;  /* 1 or 4 read streams per thread (sum_avx2_streams) this pass */
     pthread_barrier_t start, stop;
     volatile double sink[1024];
@@ -757,7 +757,7 @@ typedef struct { stream_job *job; int t; } stream_arg;
 
 static void *stream_worker(void *p) {
     stream_arg *a = p;
-    for (int pass = 0; pass < 2 * a->job->passes; pass++) {
+    for (int pass = 0; pass < a->job->passes; pass++) {
         pthread_barrier_wait(&a->job->start);
         stream_part(a->job, a->t);
         pthread_barrier_wait(&a->job->stop);
@@ -774,7 +774,7 @@ static double stream_bandwidth(const float *buf, size_t n_floats, int threads, i
     j->buf = buf;
     j->n_floats = n_floats;
     j->n_threads = threads;
-    j->passes = passes;
+    j->passes = 2 * passes; /* `passes` of each kind */
     if (pthread_barrier_init(&j->start, NULL, (unsigned)threads) ||
         pthread_barrier_init(&j->stop, NULL, (unsigned)threads))
         die(1, "stream: cannot create barriers");
@@ -783,9 +783,8 @@ static double stream_bandwidth(const float *buf, size_t n_floats, int threads, i
         if (pthread_create(&tid[t], NULL, stream_worker, &args[t]) != 0)
             die(1, "stream: cannot start thread %d of %d", t, threads);
     }
-    /* `passes` passes of each kind, alternated; the best of all. */
-    double best = 1e30;
-    for (int pass = 0; pass < 2 * passes; pass++) {
+    double best = 1e30; /* the best pass of either kind */
+    for (int pass = 0; pass < j->passes; pass++) {
         j->streams = pass % 2 ? 4 : 1; /* set before the barrier the workers pass */
         pthread_barrier_wait(&j->start);
         double t0 = now_s();
@@ -1184,9 +1183,9 @@ int main(int argc, char **argv) {
             printf("kv reads   %.2f MB/token at mean context %.0f (f32 K+V, not counted in bytes/tok)\n",
                    kv_bytes / MB, mean_ctx);
             printf("L3         %.1f MiB (%s)\n", l3 / MIB, l3_source);
-            printf("stream     %.0f MiB buffer (%.1f x L3), best of %d passes, %s kernel\n",
+            printf("stream     %.0f MiB buffer (%.1f x L3), best of %d passes, %s\n",
                    stream_bytes / MIB, l3 > 0.0 ? stream_bytes / l3 : 0.0, 2 * o.stream_passes,
-                   g_stream_avx2 ? "avx2, one and four read streams per thread alternated" : "plain C");
+                   g_stream_avx2 ? "avx2 kernel (one and four read streams a thread, alternated)" : "plain C kernel");
             printf("prefill    %.1f MFLOP of matmuls per token (attention not counted)\n",
                    2.0 * prefill_macs / 1e6);
             if (l3 > 0.0 && (double)info0.weight_bytes < 4.0 * l3)

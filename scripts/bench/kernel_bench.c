@@ -131,12 +131,6 @@ static void fill_matrix(uint8_t *w, size_t bytes, tl_dtype dtype) {
     }
 }
 
-static size_t packed_bytes(tl_dtype dtype, int k, int cols) {
-    const size_t panels = (size_t)((cols + TL_PANEL - 1) / TL_PANEL);
-    if (tl_dtype_quantised(dtype)) return panels * (size_t)(k / TL_QGROUP) * tl_qblock_bytes(dtype);
-    return panels * TL_PANEL * (size_t)k * (dtype == TL_F32 ? 4u : 2u);
-}
-
 static int usage(const char *why) {
     if (why) fprintf(stderr, "tinyloop-kernel-bench: %s\n", why);
     fprintf(stderr, "usage: tinyloop-kernel-bench [--k 768] [--cols 3072] [--mb 0] [--rows 1,2,4,6,8,12,16]\n"
@@ -250,7 +244,7 @@ int main(int argc, char **argv) {
             tl_cpu_quantize_rows(x, max_rows, k, 8, q8, d8, sum8);
             tl_cpu_quantize_rows(x, max_rows, k, 16, q16, d16, sum16);
         }
-        const size_t matrix_bytes = packed_bytes(dtype, k, cols);
+        const size_t matrix_bytes = (size_t)tl_panel_count(cols) * tl_panel_bytes(dtype, k);
         int copies = mb > 0.0 ? (int)(mb * 1e6 / (double)matrix_bytes) : 1;
         if (copies < 1) copies = 1;
         uint8_t *weights = aligned_alloc(64, ((size_t)copies * matrix_bytes + 63) / 64 * 64);

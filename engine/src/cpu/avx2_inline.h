@@ -98,7 +98,7 @@ typedef void (*qtile_fn)(const tl_qrows *x, int row0, int k, const uint8_t *pane
    then + bias into y. A row's result is its tile's, whichever tile it lands in (kernels.h). */
 static inline void qmatmul_panels(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt, const float *bias,
                                   int o0, int o1, float *y, int ldy, const qtile_fn tiles[3]) {
-    const size_t panel_bytes = (size_t)(k / TL_QGROUP) * tl_qblock_bytes(dt);
+    const size_t panel_bytes = tl_panel_bytes(dt, k);
     float out[4 * TL_PANEL];
     for (int o = o0; o < o1; o += TL_PANEL) {
         const uint8_t *panel = (const uint8_t *)w + (size_t)(o / TL_PANEL) * panel_bytes;

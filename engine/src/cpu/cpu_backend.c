@@ -546,10 +546,14 @@ static void attention_rows(const tl_model *m, const tl_kernels *kern, const tl_a
         }
 }
 
-/* A chunk's groups of rows: rows_per_task rows a group where its rows share their keys,
-   one row otherwise. */
+/* Rows of a chunk's row group: rows_per_task where its rows share their keys, one
+   otherwise; and the chunk's number of groups. */
+static inline int group_rows(const tl_attention_args *a, int rows_per_task) {
+    return rows_share_keys(a) ? rows_per_task : 1;
+}
 static inline int row_groups(const tl_attention_args *a, int rows_per_task) {
-    return rows_share_keys(a) ? (a->n + rows_per_task - 1) / rows_per_task : a->n;
+    const int rows = group_rows(a, rows_per_task);
+    return (a->n + rows - 1) / rows;
 }
 
 /* Task = (chunk, group of rows (row_groups), group of heads_per_task heads). */
@@ -559,10 +563,10 @@ static void attention_task(void *ctx, int task, int thread) {
     while (task >= job->first_task[part + 1]) part++;
     task -= job->first_task[part];
     const tl_attention_args *a = &job->args[part];
-    const int n_heads = job->m->cfg.n_heads, group_rows = rows_share_keys(a) ? job->rows_per_task : 1;
+    const int n_heads = job->m->cfg.n_heads, rows = group_rows(a, job->rows_per_task);
     const int head_groups = (n_heads + job->heads_per_task - 1) / job->heads_per_task;
-    const int h0 = task % head_groups * job->heads_per_task, i0 = task / head_groups * group_rows;
-    attention_rows(job->m, job->kern, a, i0, i0 + group_rows < a->n ? i0 + group_rows : a->n, h0,
+    const int h0 = task % head_groups * job->heads_per_task, i0 = task / head_groups * rows;
+    attention_rows(job->m, job->kern, a, i0, i0 + rows < a->n ? i0 + rows : a->n, h0,
                    h0 + job->heads_per_task < n_heads ? h0 + job->heads_per_task : n_heads, thread);
 }
 

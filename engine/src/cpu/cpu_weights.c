@@ -16,9 +16,7 @@
 
 /* Bytes of the packed layout: whole panels, the last one zero-padded. */
 static size_t packed_bytes(const tl_matrix *x) {
-    const size_t panels = (size_t)tl_panel_count(x->rows);
-    if (tl_dtype_quantised(x->dtype)) return panels * (size_t)(x->cols / TL_QGROUP) * tl_qblock_bytes(x->dtype);
-    return panels * TL_PANEL * (size_t)x->cols * (x->dtype == TL_F32 ? 4u : 2u);
+    return (size_t)tl_panel_count(x->rows) * tl_panel_bytes(x->dtype, x->cols);
 }
 
 /* Row-major q8/q4 src (the file's layout) -> packed q blocks (kernels.h). The padding rows

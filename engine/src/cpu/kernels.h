@@ -39,6 +39,11 @@ void tl_cpu_quantize_rows(const float *x, int n, int k, int bits, void *q, float
    remove the offset again (q4's 8 likewise). */
 static inline size_t tl_qblock_bytes(tl_dtype dt) { return dt == TL_Q8 ? 16 * 32 + 32 : 16 * 16 + 32; }
 static inline size_t tl_qscale_offset(tl_dtype dt) { return dt == TL_Q8 ? 16 * 32 : 16 * 16; }
+/* Bytes of one packed panel (TL_PANEL rows of k inputs) in any weight dtype. */
+static inline size_t tl_panel_bytes(tl_dtype dt, int k) {
+    if (tl_dtype_quantised(dt)) return (size_t)(k / TL_QGROUP) * tl_qblock_bytes(dt);
+    return (size_t)TL_PANEL * (size_t)k * (dt == TL_F32 ? 4u : 2u);
+}
 
 /* Row-major q8/q4 (the file's layout, tl_load_options.mmap_weights), portable C with the
    canonical order above: every ISA uses it, so packed and row-major results agree. */

@@ -227,7 +227,10 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
    - the P streams spread over the range (FEW_ROWS_PANELS: each walks a contiguous part)
      instead of P adjacent panels: from memory, one thread, k 768: 1 row 30-32 -> 34-38
      GB/s, 2 rows 29-30 -> 36-38, 3 rows 25-26 -> 29-31; two threads 54-59 -> 57-63,
-     51-57 -> 64-69, 45-48 -> 53-56. */
+     51-57 -> 64-69, 45-48 -> 53-56.
+   `panel` is the first panel's offset and `stride` the distance to the next of its P
+   panels, in weights; each panel's stream prefetches PREFETCH_AHEAD on in its own part,
+   running into the part's next panel (the next call's). */
 #define DEFINE_PACKED_ROWS_PANELS(NAME, L16, DT, R, P)                                    \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, size_t stride, float *out) { \
         const int k4 = k & ~3;                                                            \
@@ -237,7 +240,6 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
             for (int p = 0; p < P; p++)                                                   \
                 for (int j = 0; j < 4; j++) acc[r][p][j] = _mm512_setzero_ps();           \
         for (int i = 0; i < k4; i += 4) {                                                 \
-            /* each stream runs on into its next panel, the next group's */              \
             for (int p = 0; p < P; p++)                                                   \
                 for (unsigned p_ = 0; p_ < ELEM(DT); p_++)                                \
                     _mm_prefetch(wbytes + (panel + p * stride + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \

@@ -124,7 +124,7 @@ DEFINE_VNNI_PAIR(q4_pair_r2, 2)
    on each panel; an odd last panel through qmatmul_panels. */
 static void q4_pairs(const tl_qrows *x, int n, int k, const void *w, const float *bias, int o0, int o1,
                      float *y, int ldy, const qtile_fn tiles[3]) {
-    const size_t panel_bytes = (size_t)(k / TL_QGROUP) * tl_qblock_bytes(TL_Q4);
+    const size_t panel_bytes = tl_panel_bytes(TL_Q4, k);
     float out[4 * 2 * TL_PANEL];
     int o = o0;
     for (; o + TL_PANEL < o1; o += 2 * TL_PANEL) {
