@@ -1,10 +1,13 @@
 /* test_pool.c: the CPU backend's worker pool. Every task of a job runs exactly once, on a
  * thread index below the pool's count; in a phased job (tl_pool_run_phased) no task of the
  * second phase starts before every task of the first is done, whatever the thread that
- * claims it. Also run under TSan (scripts/test), which checks the phases' hand-over of
- * plain memory. */
+ * claims it. A balanced job (tl_pool_run_balanced) on threads of unequal speed moves the
+ * shares toward the faster thread, within their bounds, and follows when the speeds
+ * change. Also run under TSan (scripts/test), which checks the phases' hand-over
+ * of plain memory. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -19,6 +22,7 @@ typedef struct {
     atomic_int runs[MAX_TASKS];
     atomic_int early;         /* second-phase tasks that saw a first-phase slot unwritten */
     atomic_int bad_thread;
+    atomic_int ran_on[MAX_TASKS]; /* the thread that ran each task */
     int round;
 } job_state;
 
@@ -26,6 +30,7 @@ static void task_fn(void *ctx, int task, int thread) {
     job_state *s = ctx;
     if (thread < 0 || thread >= s->threads) atomic_fetch_add(&s->bad_thread, 1);
     atomic_fetch_add(&s->runs[task], 1);
+    atomic_store(&s->ran_on[task], thread);
     if (task < s->n_first) {
         /* a slow first-phase task now and then, so that second-phase claimers must wait */
         if ((task + s->round) % 7 == 0) nanosleep(&(struct timespec){0, 20000}, NULL);
@@ -36,30 +41,136 @@ static void task_fn(void *ctx, int task, int thread) {
         if (s->written[t] != s->round) atomic_fetch_add(&s->early, 1);
 }
 
+/* ---------------------------------------------------------------- balanced shares */
+
+typedef struct {
+    int threads;
+    float share[TL_POOL_SHARE_THREADS]; /* the job's cut (tl_pool_shares before it) */
+    double slowdown[TL_POOL_SHARE_THREADS]; /* per thread: time per unit of work */
+    atomic_int ran_on[2 * TL_POOL_SHARE_THREADS];
+} balance_state;
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+/* Task t of a phase: share[t] of 40 us of work, at the speed of the thread running it. */
+static void balance_task(void *ctx, int task, int thread) {
+    balance_state *s = ctx;
+    atomic_store(&s->ran_on[task], thread);
+    const double until = now_us() + 40.0 * (double)s->share[task % s->threads] * s->slowdown[thread];
+    while (now_us() < until) {
+    }
+}
+
+/* Runs up to `jobs` balanced jobs (of two phases where `phased`) on threads of the given
+   slowdowns; returns the shares after the last, stopping early once thread 0's share
+   reaches `stop` from below (`rising`) or from above. The CI machine's other tests share
+   its cores, so the shares see noise besides the slowdowns: the test waits for them to
+   arrive rather than counting on a number of jobs. */
+static int run_balanced(tl_pool *pool, int threads, const double *slowdown, int jobs, bool phased, float stop,
+                        bool rising, float *share) {
+    balance_state s = {.threads = threads};
+    int not_own = 0; /* phases whose two tasks both ran, each on the other's thread */
+    for (int t = 0; t < threads; t++) s.slowdown[t] = slowdown[t];
+    for (int j = 0; j < jobs; j++) {
+        tl_pool_shares(pool, s.share);
+        if (rising ? s.share[0] >= stop : s.share[0] <= stop) break;
+        tl_pool_run_balanced(pool, phased ? 2 * threads : threads, threads, balance_task, &s);
+        for (int begin = 0; begin < (phased ? 2 * threads : threads); begin += threads)
+            not_own += atomic_load(&s.ran_on[begin]) == 1 && atomic_load(&s.ran_on[begin + 1]) == 0;
+    }
+    tl_pool_shares(pool, share);
+    return not_own;
+}
+
+static void check_balanced(void) {
+    /* Two threads (the CI machine has two cores: more would time-share them), jobs of one
+       phase, then of two. */
+    const int threads = 2;
+    for (int phased = 0; phased <= 1; phased++) {
+        /* Thread 0 twice as fast as thread 1: its share grows (the bound is 1.5 x an equal
+           share), and the shares stay a partition. */
+        tl_pool *pool = tl_pool_new(threads);
+        if (!pool || tl_pool_threads(pool) != threads) {
+            CHECK(false, "balanced: pool of %d threads", threads);
+            tl_pool_free(pool);
+            continue;
+        }
+        const double fast0[2] = {1.0, 2.0}, fast1[2] = {2.0, 1.0};
+        float share[TL_POOL_SHARE_THREADS];
+        tl_pool_shares(pool, share);
+        for (int t = 0; t < threads; t++)
+            CHECK(share[t] > 0.99f / (float)threads && share[t] < 1.01f / (float)threads,
+                  "balanced, %d phases: share %d starts equal (%.3f)", phased + 1, t, (double)share[t]);
+        const float target = 1.25f / (float)threads; /* past equal, short of the bound */
+        int not_own = run_balanced(pool, threads, fast0, 20000, phased, target, true, share);
+        float sum = 0.0f;
+        for (int t = 0; t < threads; t++) {
+            sum += share[t];
+            CHECK(share[t] >= 0.49f / (float)threads && share[t] <= 1.51f / (float)threads,
+                  "balanced, %d phases: share %d within its bounds (%.3f)", phased + 1, t, (double)share[t]);
+        }
+        CHECK(share[0] >= target, "balanced, %d phases: the fast thread's share grew to %.3f (want >= %.3f)", phased + 1,
+              (double)share[0], (double)target);
+        CHECK(sum > 0.999f && sum < 1.001f, "balanced, %d phases: shares sum to %.4f", phased + 1, (double)sum);
+        /* Thread 1 now the fast one: the shares follow it. */
+        const float reversed = 1.0f - target;
+        not_own += run_balanced(pool, threads, fast1, 20000, phased, reversed, false, share);
+        CHECK(share[0] <= reversed, "balanced, %d phases: the shares follow a change of speeds (%.3f, want <= %.3f)",
+              phased + 1, (double)share[0], (double)reversed);
+        /* Where thread 1 is the faster, it finishes the first phase first and claims first
+           in the second: it must still take its own task there. */
+        CHECK(not_own == 0, "balanced, %d phases: %d phases ran each task on the other's thread", phased + 1, not_own);
+        tl_pool_free(pool);
+    }
+}
+
 int main(void) {
+    check_balanced();
     for (int threads = 1; threads <= 4; threads++) {
         tl_pool *pool = tl_pool_new(threads);
         CHECK(pool != NULL && tl_pool_threads(pool) == threads, "pool of %d threads", threads);
         if (!pool) continue;
         job_state *s = calloc(1, sizeof *s);
         s->threads = threads;
-        int wrong_runs = 0, early = 0, bad_thread = 0;
+        int wrong_runs = 0, early = 0, bad_thread = 0, not_own = 0;
         for (int round = 1; round <= 400; round++) {
-            /* odd rounds: two phases of any sizes (either may be empty); even: one phase */
-            const int n_tasks = 1 + round % MAX_TASKS, n_first = round % 2 ? (round * 7) % (n_tasks + 1) : n_tasks;
+            /* odd rounds: two phases of any sizes (either may be empty); even: one phase;
+               every fourth: a balanced job (up to one task per thread a phase) */
+            const bool balanced = round % 4 == 0;
+            int n_tasks = 1 + round % MAX_TASKS, n_first = round % 2 ? (round * 7) % (n_tasks + 1) : n_tasks;
+            if (balanced) {
+                n_first = round / 4 % (threads + 1);
+                n_tasks = n_first + round / 8 % (threads + 1);
+            }
             s->n_tasks = n_tasks;
             s->n_first = n_first;
             s->round = round;
             for (int t = 0; t < MAX_TASKS; t++) atomic_store(&s->runs[t], 0);
-            if (round % 2) tl_pool_run_phased(pool, n_tasks, n_first, task_fn, s);
+            if (balanced) tl_pool_run_balanced(pool, n_tasks, n_first, task_fn, s);
+            else if (round % 2) tl_pool_run_phased(pool, n_tasks, n_first, task_fn, s);
             else tl_pool_run(pool, n_tasks, task_fn, s);
             for (int t = 0; t < MAX_TASKS; t++) wrong_runs += atomic_load(&s->runs[t]) != (t < n_tasks);
+            /* Two threads, a balanced phase of two tasks that both ran: each its own (the
+               thread finishing the first phase first must not take the other's second-
+               phase task, whose share was cut for the other). */
+            if (balanced && threads == 2)
+                for (int begin = 0; begin < n_tasks; begin = n_first) {
+                    const int end = begin < n_first ? n_first : n_tasks;
+                    if (end - begin == 2 && atomic_load(&s->ran_on[begin]) != atomic_load(&s->ran_on[begin + 1]))
+                        not_own += atomic_load(&s->ran_on[begin]) != 0;
+                    if (end == n_tasks) break;
+                }
         }
         early = atomic_load(&s->early);
         bad_thread = atomic_load(&s->bad_thread);
         CHECK(wrong_runs == 0, "%d threads: %d tasks not run exactly once", threads, wrong_runs);
         CHECK(early == 0, "%d threads: %d second-phase tasks started before the first phase ended", threads, early);
         CHECK(bad_thread == 0, "%d threads: %d tasks got a thread index out of range", threads, bad_thread);
+        CHECK(not_own == 0, "%d threads: in %d balanced phases the threads swapped their tasks", threads, not_own);
         /* Empty jobs are no-ops. */
         tl_pool_run(pool, 0, task_fn, s);
         tl_pool_run_phased(pool, 0, 0, task_fn, s);

@@ -127,9 +127,13 @@ typedef struct {
     int first_task[GROUP_MAX + 1];
     int cols_per_task[GROUP_MAX];
     /* Spanning: span_tasks > 0 tasks share span_units, a panel of product i weighing
-       unit_weight[i] (2 for a gate with its up projection, 0 for that up projection). */
+       unit_weight[i] (2 for a gate with its up projection, 0 for that up projection).
+       Balanced (one task per thread, sized by the pool's shares): task t takes units
+       [span_first[t], span_first[t + 1]). */
     int span_tasks, span_units;
     int unit_weight[GROUP_MAX];
+    bool balanced;
+    int span_first[TL_POOL_SHARE_THREADS + 1];
     const tl_kernels *kern;
 } matmul_job;
 
@@ -171,8 +175,8 @@ static int ceil_div(int a, int b) { return (a + b - 1) / b; }
    order; a product's panels are those whose units start in that range, so the tasks
    cover each panel exactly once. */
 static void span_task(const matmul_job *j, int task) {
-    const int unit0 = (int)((long)task * j->span_units / j->span_tasks);
-    const int unit1 = (int)((long)(task + 1) * j->span_units / j->span_tasks);
+    const int unit0 = j->balanced ? j->span_first[task] : (int)((long)task * j->span_units / j->span_tasks);
+    const int unit1 = j->balanced ? j->span_first[task + 1] : (int)((long)(task + 1) * j->span_units / j->span_tasks);
     int base = 0; /* the first unit of product i */
     for (int i = 0; i < j->count && base < unit1; i++) {
         const int weight = j->unit_weight[i];
@@ -267,9 +271,11 @@ static int columns_per_task(const tl_matrix *w, long macs, int threads) {
 }
 
 /* The group's split into tasks (count <= GROUP_MAX); returns the number of tasks. The
-   quantised input (job->xq) is the caller's to set. */
+   quantised input (job->xq) is the caller's to set. `share` (or NULL: equal parts) is the
+   pool's (tl_pool_shares): a small group spanned one task per thread is then cut by it
+   (job->balanced). */
 static int matmul_job_init(matmul_job *job, const float *x, int n, const tl_matmul_out *outs, int count,
-                           int threads) {
+                           int threads, const float *share) {
     *job = (matmul_job){.x = x, .outs = outs, .count = count, .n = n, .kern = tl_cpu_kernels()};
     long group_macs = 0;
     for (int i = 0; i < count; i++) {
@@ -283,9 +289,22 @@ static int matmul_job_init(matmul_job *job, const float *x, int n, const tl_matm
         job->span_units += job->unit_weight[i] * tl_panel_count(w->rows);
         if (!paired) group_macs += macs;
     }
-    /* Several small products (q, k, v of a decode row): one spanning task per thread. */
-    if (count > 1 && threads > 1 && group_macs < SMALL_MACS && job->first_task[count] > threads)
+    /* Small products (q, k, v of a decode row; its MLP; its output projection): one
+       spanning task per thread, cut by the threads' shares. */
+    if (threads > 1 && group_macs < SMALL_MACS && job->first_task[count] > 1)
         job->span_tasks = threads < job->span_units ? threads : job->span_units;
+    if (share && job->span_tasks == threads && threads <= TL_POOL_SHARE_THREADS) {
+        job->balanced = true;
+        float sum = 0.0f;
+        job->span_first[0] = 0;
+        for (int t = 0; t < threads; t++) {
+            sum += share[t];
+            int unit = t + 1 == threads ? job->span_units : (int)(sum * (float)job->span_units + 0.5f);
+            if (unit < job->span_first[t]) unit = job->span_first[t];
+            if (unit > job->span_units) unit = job->span_units;
+            job->span_first[t + 1] = unit;
+        }
+    }
     return job->span_tasks ? job->span_tasks : job->first_task[count];
 }
 
@@ -297,14 +316,18 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
         return;
     }
     tl_pool *pool = tl_cpu_pool(m);
+    float share[TL_POOL_SHARE_THREADS];
+    const int threads = tl_pool_threads(pool);
+    if (threads <= TL_POOL_SHARE_THREADS) tl_pool_shares(pool, share);
     matmul_job job;
-    const int n_tasks = matmul_job_init(&job, x, n, outs, count, tl_pool_threads(pool));
+    const int n_tasks = matmul_job_init(&job, x, n, outs, count, threads, share);
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
     void *heap = NULL;
     tl_qrows qrows = {0};
     if (!quantise_group_input(x, n, outs, count, stack, &heap, &qrows)) return;
     job.xq = &qrows;
-    tl_pool_run(pool, n_tasks, matmul_task, &job);
+    if (job.balanced) tl_pool_run_balanced(pool, n_tasks, n_tasks, matmul_task, &job);
+    else tl_pool_run(pool, n_tasks, matmul_task, &job);
     free(heap);
 }
 
@@ -344,12 +367,19 @@ static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_m
     }
     tl_pool *pool = tl_cpu_pool(m);
     const int threads = tl_pool_threads(pool);
+    float share[TL_POOL_SHARE_THREADS];
+    if (threads <= TL_POOL_SHARE_THREADS) tl_pool_shares(pool, share);
     matmul_then_job job;
     tl_qrows none = {0};
-    job.first_tasks = matmul_job_init(&job.first, x, n, first, count, threads);
-    const int second_tasks = matmul_job_init(&job.second, first[0].y, n, second, 1, threads);
+    job.first_tasks = matmul_job_init(&job.first, x, n, first, count, threads, share);
+    const int second_tasks = matmul_job_init(&job.second, first[0].y, n, second, 1, threads, share);
     job.first.xq = job.second.xq = &none;
-    tl_pool_run_phased(pool, job.first_tasks + second_tasks, job.first_tasks, matmul_then_task, &job);
+    /* Both phases cut by the shares: the threads' times teach the pool (the decode MLP is
+       most of a small model's token). */
+    if (job.first.balanced && job.second.balanced)
+        tl_pool_run_balanced(pool, job.first_tasks + second_tasks, job.first_tasks, matmul_then_task, &job);
+    else
+        tl_pool_run_phased(pool, job.first_tasks + second_tasks, job.first_tasks, matmul_then_task, &job);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -721,7 +751,9 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     tl_qrows none = {0};
     int out_tasks = 0;
     if (phased) {
-        out_tasks = matmul_job_init(&job.out, att, n, o, 1, threads);
+        float share[TL_POOL_SHARE_THREADS];
+        if (threads <= TL_POOL_SHARE_THREADS) tl_pool_shares(pool, share);
+        out_tasks = matmul_job_init(&job.out, att, n, o, 1, threads, share);
         job.out.xq = &none;
     }
     tl_pool_run_phased(pool, job.tasks + out_tasks, job.tasks, qkv_attention_task, &job);

@@ -16,14 +16,23 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <x86intrin.h>
 #define cpu_relax() _mm_pause()
+/* Task times for the shares, in ticks of any fixed rate (only their ratios count). */
+static inline uint64_t ticks(void) { return __rdtsc(); }
 #else
 #define cpu_relax() ((void)0)
+static inline uint64_t ticks(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
 #endif
 
 /* Waits are counted in pauses (~25 ns each where this was tuned, an AMD Zen 5 VM). */
@@ -63,8 +72,19 @@ struct tl_pool {
     int first_phase;               /* tasks of the first phase (tl_pool_run_phased) */
     /* Written as tasks finish: a line of its own, so finishing a task does not take the
        job's line away from a thread about to claim. */
-    _Alignas(64) atomic_int done;  /* tasks finished in the current job (the struct's
-                                      alignment pads its line) */
+    _Alignas(64) atomic_int done;  /* tasks finished in the current job */
+    /* Balanced jobs (tl_pool_run_balanced): each thread's ticks in the job's tasks, and
+       whether every task ran on the thread of its index; read by the caller once the job
+       is done. The shares are the caller's to update, under run_lock, and read by any
+       thread (relaxed atomics: a reader may see a mix of two updates, which only sizes a
+       split a little off). */
+    _Alignas(64) bool balanced;
+    uint64_t busy[TL_POOL_SHARE_THREADS];
+    atomic_bool taken[2 * TL_POOL_SHARE_THREADS]; /* the job's tasks handed out */
+    uint64_t window_busy[TL_POOL_SHARE_THREADS]; /* the caller's, under run_lock */
+    int window_jobs;
+    atomic_bool misplaced;
+    _Atomic float share[TL_POOL_SHARE_THREADS];
 };
 
 /* Waits until `count` tasks of the current job are done. A thread that holds one of them
@@ -87,8 +107,26 @@ static void run_tasks(tl_pool *pool, uint64_t gen, int thread) {
         if (!atomic_compare_exchange_weak_explicit(&pool->job, &w, w + 1, memory_order_acquire,
                                                    memory_order_acquire))
             continue;
-        if (next_of(w) >= pool->first_phase) wait_done(pool, pool->first_phase);
-        pool->fn(pool->ctx, next_of(w), thread);
+        const int claim = next_of(w);
+        if (claim >= pool->first_phase) wait_done(pool, pool->first_phase);
+        if (pool->balanced) {
+            /* The claim is one of its phase's tasks: this thread's own where still free
+               (thread t first finishing the first phase must not take thread 0's second-
+               phase task), else any free one (its thread late or descheduled). */
+            const int begin = claim < pool->first_phase ? 0 : pool->first_phase;
+            const int end = claim < pool->first_phase ? pool->first_phase : n_of(w);
+            int task = begin + thread;
+            if (task >= end || atomic_exchange_explicit(&pool->taken[task], true, memory_order_relaxed))
+                for (task = begin; atomic_exchange_explicit(&pool->taken[task], true, memory_order_relaxed); task++) {
+                }
+            const uint64_t start = ticks();
+            pool->fn(pool->ctx, task, thread);
+            pool->busy[thread] += ticks() - start; /* this thread's own slot */
+            if (task - begin != thread) atomic_store_explicit(&pool->misplaced, true, memory_order_relaxed);
+        } else {
+            const int task = claim;
+            pool->fn(pool->ctx, task, thread);
+        }
         atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
         w = atomic_load_explicit(&pool->job, memory_order_acquire);
     }
@@ -137,6 +175,7 @@ tl_pool *tl_pool_new(int n_threads) {
     pthread_mutex_init(&pool->sleep_lock, NULL);
     pthread_cond_init(&pool->wake, NULL);
     atomic_init(&pool->job, 0);
+    for (int t = 0; t < TL_POOL_SHARE_THREADS; t++) atomic_init(&pool->share[t], 1.0f / (float)n_threads);
     pool->workers = calloc((size_t)n_threads, sizeof *pool->workers);
     if (!pool->workers) { free(pool); return NULL; }
     for (int t = 1; t < n_threads; t++) {
@@ -171,7 +210,60 @@ void tl_pool_run(tl_pool *pool, int n_tasks, tl_task_fn fn, void *ctx) {
     tl_pool_run_phased(pool, n_tasks, n_tasks, fn, ctx);
 }
 
+void tl_pool_shares(const tl_pool *pool, float *share) {
+    const int threads = tl_pool_threads(pool);
+    for (int t = 0; t < threads; t++)
+        share[t] = threads <= TL_POOL_SHARE_THREADS ? atomic_load_explicit(&pool->share[t], memory_order_relaxed)
+                                                     : 1.0f / (float)threads;
+}
+
+/* After a balanced job in which every thread ran its own tasks, its times join the
+   window's. Every SHARE_WINDOW such jobs (the shares unchanged over them), thread t has
+   done share[t] of the window's work in window_busy[t] ticks, so its rate is share[t] /
+   window_busy[t], and the shares move a step toward the rates' proportions, each kept
+   within [1/2, 3/2] of an equal share. A window rather than every job: one job's times
+   carry an interrupt's noise, which moved the shares back and forth on alike cores. */
+#define SHARE_WINDOW 16
+#define SHARE_STEP 0.3f
+static void update_shares(tl_pool *pool) {
+    const int threads = pool->n_threads;
+    for (int t = 0; t < threads; t++)
+        if (pool->busy[t] == 0) return; /* a thread without a task: nothing to compare */
+    for (int t = 0; t < threads; t++) pool->window_busy[t] += pool->busy[t];
+    if (++pool->window_jobs < SHARE_WINDOW) return;
+    float rate[TL_POOL_SHARE_THREADS], total = 0.0f;
+    for (int t = 0; t < threads; t++) {
+        rate[t] = atomic_load_explicit(&pool->share[t], memory_order_relaxed) / (float)pool->window_busy[t];
+        total += rate[t];
+        pool->window_busy[t] = 0;
+    }
+    pool->window_jobs = 0;
+    const float equal = 1.0f / (float)threads;
+    float next[TL_POOL_SHARE_THREADS], sum = 0.0f;
+    for (int t = 0; t < threads; t++) {
+        const float now = atomic_load_explicit(&pool->share[t], memory_order_relaxed);
+        float s = now + SHARE_STEP * (rate[t] / total - now);
+        s = s < 0.5f * equal ? 0.5f * equal : s > 1.5f * equal ? 1.5f * equal : s;
+        next[t] = s;
+        sum += s;
+    }
+    for (int t = 0; t < threads; t++) atomic_store_explicit(&pool->share[t], next[t] / sum, memory_order_relaxed);
+}
+
+static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool balanced);
+
 void tl_pool_run_phased(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx) {
+    run_job(pool, n_tasks, n_first, fn, ctx, false);
+}
+
+void tl_pool_run_balanced(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx) {
+    /* At most one task per thread a phase (the `taken` flags' room) */
+    const bool fits = pool && pool->n_threads <= TL_POOL_SHARE_THREADS && n_first <= pool->n_threads &&
+                      n_tasks - n_first <= pool->n_threads;
+    run_job(pool, n_tasks, n_first, fn, ctx, fits);
+}
+
+static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool balanced) {
     if (n_tasks <= 0) return;
     /* Single task, single thread, or the pool busy with another session's job: run here.
        Callers size per-thread scratch for every thread index, 0 included. In task order,
@@ -184,6 +276,12 @@ void tl_pool_run_phased(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, 
     pool->fn = fn;
     pool->ctx = ctx;
     pool->first_phase = n_first < n_tasks ? n_first : n_tasks;
+    pool->balanced = balanced;
+    if (balanced) {
+        memset(pool->busy, 0, sizeof pool->busy);
+        for (int task = 0; task < n_tasks; task++) atomic_store_explicit(&pool->taken[task], false, memory_order_relaxed);
+        atomic_store_explicit(&pool->misplaced, false, memory_order_relaxed);
+    }
     atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
     uint64_t gen = (gen_of(atomic_load(&pool->job)) + 1) & ((UINT64_C(1) << 20) - 1);
     if (gen == 0) gen = 1; /* 0 is what a fresh worker has "seen" */
@@ -198,5 +296,6 @@ void tl_pool_run_phased(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, 
     }
     run_tasks(pool, gen, 0);
     wait_done(pool, n_tasks); /* the tasks still running, claimed by workers */
+    if (balanced && !atomic_load_explicit(&pool->misplaced, memory_order_relaxed)) update_shares(pool);
     pthread_mutex_unlock(&pool->run_lock);
 }

@@ -26,4 +26,27 @@ void tl_pool_run(tl_pool *pool, int n_tasks, tl_task_fn fn, void *ctx);
    collect the first phase and post the second: that hand-off is what a region costs. */
 void tl_pool_run_phased(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx);
 
+/* ---------------------------------------------------------------- balanced shares */
+
+/* Cores are not alike: on a cloud VM one vCPU may run 20% slower than another (a busy
+   neighbour on its core), on a hybrid CPU an efficiency core slower still. A job split
+   into one equal task per thread then waits for the slowest thread each time (the shipped
+   model at two threads: the calling thread idled 28% of each job). The pool therefore
+   keeps a share of work per thread, learned from the jobs below, for callers that split a
+   small job one task per thread: task t of a phase sized share[t] of that phase's work.
+   Up to TL_POOL_SHARE_THREADS threads; larger pools keep equal shares. */
+#define TL_POOL_SHARE_THREADS 8
+
+/* The current shares, share[0..threads) summing to 1 (equal until learned, and for pools
+   larger than TL_POOL_SHARE_THREADS). */
+void tl_pool_shares(const tl_pool *pool, float *share);
+
+/* tl_pool_run_phased for a job whose phases have at most one task per thread, task t of
+   a phase (the phase's first task + t) sized share[t] of the phase, from tl_pool_shares
+   just before. Thread t runs task t of each phase, unless it comes late and another
+   thread has taken it (the caller still never waits for a thread that has not started).
+   Where every task ran on its own thread, the threads' times update the shares: over a
+   window of jobs, a bounded step, so that an interrupt cannot swing them. */
+void tl_pool_run_balanced(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx);
+
 #endif
