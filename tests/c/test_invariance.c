@@ -10,6 +10,7 @@
 #include "check.h"
 #include "quantised.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/pool.h"
 #include "forward.h"
 #include "kv_cache.h"
 #include "safetensors.h"
@@ -432,6 +433,18 @@ static void check_fused(const char *root, const char *name) {
         run_chunks(m, tokens, LONG_TOKENS, sevens, loops, 0, got);
         CHECK(memcmp(want, got, bytes) == 0, "%s: chunks of 7 at %d threads vs one prefill", name,
               threads[t]);
+        if (threads[t] > 1) {
+            /* Threads of unequal speed (pool.h): the pool's shares at their bounds cut the
+               small products and the KV heads unevenly, thread 0 taking the most. */
+            float skewed[4];
+            for (int i = 0; i < threads[t]; i++) skewed[i] = i ? 1.0f : 3.0f;
+            tl_pool_set_shares(tl_cpu_pool(m), skewed);
+            run_chunks(m, tokens, LONG_TOKENS, single, loops, 0, got);
+            CHECK(memcmp(want, got, bytes) == 0, "%s: one token at a time, %d threads of skewed shares", name,
+                  threads[t]);
+            run_chunks(m, tokens, LONG_TOKENS, sevens, loops, 0, got);
+            CHECK(memcmp(want, got, bytes) == 0, "%s: chunks of 7, %d threads of skewed shares", name, threads[t]);
+        }
         tl_model_free(m);
     }
     free(want);
@@ -442,15 +455,16 @@ static void check_fused(const char *root, const char *name) {
 /* The fused pass at 2 threads gives each task one KV head and the query heads that read
    it; no golden model has more query heads than KV heads and KV heads that split into whole
    panels over 2 threads. A copy of f16_concat_residual_gqa with 4 query heads of 16 lanes
-   over its 2 KV heads (k and v get 16 more rows each: rows of the layer's q) has both;
-   check_fused then runs it fused at 1 and 2 threads, separately at 4. */
-static void check_fused_gqa(const char *root) {
+   over `kv_heads` KV heads (2: its own, k and v get 16 more rows each; 4: 48 more, so that
+   skewed shares split the heads 3 + 1; the rows are the layer's q's) has both; check_fused
+   then runs it fused at 1 and 2 threads, separately at 4. */
+static void check_fused_gqa(const char *root, int kv_heads) {
     char dir[64], path[4300];
     const bool made = copy_with_max_seq_len(root, "f16_concat_residual_gqa", LONG_TOKENS, dir);
     CHECK(made, "a copy for the fused GQA check");
     if (!made) return;
     snprintf(path, sizeof path, "%s/config.json", dir);
-    bool ok = edit_config_number(path, path, "n_heads", 4);
+    bool ok = edit_config_number(path, path, "n_heads", 4) && edit_config_number(path, path, "n_kv_heads", kv_heads);
     FILE *f = NULL;
     /* The weights: the link replaced by a file, every tensor as it was but k and v. */
     tl_st_file st = {0};
@@ -466,10 +480,10 @@ static void check_fused_gqa(const char *root) {
             const size_t name_len = strlen(t->name);
             const bool kv = name_len > 14 && (!strcmp(t->name + name_len - 14, ".attn.k.weight") ||
                                               !strcmp(t->name + name_len - 14, ".attn.v.weight"));
-            wider[i] = kv ? t->nbytes : 0;
+            wider[i] = kv ? t->nbytes * (size_t)(kv_heads - 1) : 0; /* 16 rows -> kv_heads x 16 */
             at += (size_t)snprintf(header + at, sizeof header - at,
                                    "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld", i ? "," : "", t->name,
-                                   tl_st_dtype_name(t->dtype), (long long)t->shape[0] * (kv ? 2 : 1));
+                                   tl_st_dtype_name(t->dtype), (long long)t->shape[0] * (kv ? kv_heads : 1));
             for (int d = 1; d < t->ndim; d++)
                 at += (size_t)snprintf(header + at, sizeof header - at, ",%lld", (long long)t->shape[d]);
             at += (size_t)snprintf(header + at, sizeof header - at, "],\"data_offsets\":[%zu,%zu]}", offset,
@@ -484,13 +498,13 @@ static void check_fused_gqa(const char *root) {
             const tl_st_tensor *t = &st.tensors[i];
             ok = fwrite(t->data, 1, t->nbytes, f) == t->nbytes;
             if (!ok || !wider[i]) continue;
-            /* the added rows: the layer's q rows, from row 0 (v) or the middle (k) */
+            /* the added rows: the layer's q rows, from its first row (v) or up to its last (k) */
             char q_name[256];
             snprintf(q_name, sizeof q_name, "%.*sq.weight", (int)strlen(t->name) - 8, t->name);
             const tl_st_tensor *q = tl_st_find(&st, q_name);
             const bool is_k = t->name[strlen(t->name) - 8] == 'k';
-            ok = q && q->nbytes >= 2 * wider[i] &&
-                 fwrite(q->data + (is_k ? q->nbytes / 2 : 0), 1, wider[i], f) == wider[i];
+            ok = q && q->nbytes >= wider[i] &&
+                 fwrite(q->data + (is_k ? q->nbytes - wider[i] : 0), 1, wider[i], f) == wider[i];
         }
         ok = fclose(f) == 0 && ok;
     }
@@ -498,7 +512,8 @@ static void check_fused_gqa(const char *root) {
     CHECK(ok, "the GQA copy's config and weights");
     const int failed = checks_failed;
     if (ok) check_fused("/tmp", dir + strlen("/tmp/"));
-    CHECK(checks_failed == failed, "the failures above: the copy of f16_concat_residual_gqa with 4 query heads");
+    CHECK(checks_failed == failed, "the failures above: the copy of f16_concat_residual_gqa with 4 query heads over %d",
+          kv_heads);
     remove_copy(dir);
 }
 
@@ -650,7 +665,8 @@ int main(int argc, char **argv) {
     const char *fused[] = {"deep_residual", "nblock0_none", "llama_like", "concat_residual_mqa",
                            "bf16_tied_rope_residual"};
     for (size_t i = 0; i < sizeof fused / sizeof fused[0]; i++) check_fused(root, fused[i]);
-    check_fused_gqa(root);
+    check_fused_gqa(root, 2);
+    check_fused_gqa(root, 4);
     for (int t = 0; t < 2; t++) {
         const char *qroot = quantised_copy(root, "deep_residual", t ? TL_Q4 : TL_Q8);
         CHECK(qroot != NULL, "deep_residual: quantise");

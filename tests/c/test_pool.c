@@ -6,6 +6,7 @@
  * change. Also run under TSan (scripts/test), which checks the phases' hand-over
  * of plain memory. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -78,12 +79,33 @@ static int run_balanced(tl_pool *pool, int threads, const double *slowdown, int 
     for (int j = 0; j < jobs; j++) {
         tl_pool_shares(pool, s.share);
         if (rising ? s.share[0] >= stop : s.share[0] <= stop) break;
-        tl_pool_run_balanced(pool, phased ? 2 * threads : threads, threads, balance_task, &s);
+        tl_pool_run_balanced(pool, phased ? 2 * threads : threads, threads, balance_task, &s, true);
         for (int begin = 0; begin < (phased ? 2 * threads : threads); begin += threads)
             not_own += atomic_load(&s.ran_on[begin]) == 1 && atomic_load(&s.ran_on[begin + 1]) == 0;
     }
     tl_pool_shares(pool, share);
     return not_own;
+}
+
+/* tl_pool_set_shares: normalised, each within [1/2, 3/2] of an equal share. */
+static void check_set_shares(void) {
+    tl_pool *pool = tl_pool_new(2);
+    if (!pool || tl_pool_threads(pool) != 2) {
+        CHECK(false, "set shares: a pool of 2 threads");
+        tl_pool_free(pool);
+        return;
+    }
+    const float given[][2] = {{1.0f, 3.0f}, {100.0f, 1.0f}, {0.0f, 0.0f}, {-1.0f, 2.0f}, {NAN, 1.0f}};
+    const float want0[] = {0.25f, 0.75f, 0.5f, 0.25f, 0.25f};
+    for (size_t i = 0; i < sizeof want0 / sizeof want0[0]; i++) {
+        float share[TL_POOL_SHARE_THREADS];
+        tl_pool_set_shares(pool, given[i]);
+        tl_pool_shares(pool, share);
+        CHECK(fabsf(share[0] - want0[i]) < 1e-6f && fabsf(share[0] + share[1] - 1.0f) < 1e-6f,
+              "set shares {%g, %g}: got {%g, %g}, want thread 0 at %g", (double)given[i][0], (double)given[i][1],
+              (double)share[0], (double)share[1], (double)want0[i]);
+    }
+    tl_pool_free(pool);
 }
 
 static void check_balanced(void) {
@@ -129,6 +151,7 @@ static void check_balanced(void) {
 }
 
 int main(void) {
+    check_set_shares();
     check_balanced();
     for (int threads = 1; threads <= 4; threads++) {
         tl_pool *pool = tl_pool_new(threads);
@@ -150,7 +173,7 @@ int main(void) {
             s->n_first = n_first;
             s->round = round;
             for (int t = 0; t < MAX_TASKS; t++) atomic_store(&s->runs[t], 0);
-            if (balanced) tl_pool_run_balanced(pool, n_tasks, n_first, task_fn, s);
+            if (balanced) tl_pool_run_balanced(pool, n_tasks, n_first, task_fn, s, round % 8 == 0);
             else if (round % 2) tl_pool_run_phased(pool, n_tasks, n_first, task_fn, s);
             else tl_pool_run(pool, n_tasks, task_fn, s);
             for (int t = 0; t < MAX_TASKS; t++) wrong_runs += atomic_load(&s->runs[t]) != (t < n_tasks);

@@ -326,7 +326,7 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
     tl_qrows qrows = {0};
     if (!quantise_group_input(x, n, outs, count, stack, &heap, &qrows)) return;
     job.xq = &qrows;
-    if (job.balanced) tl_pool_run_balanced(pool, n_tasks, n_tasks, matmul_task, &job);
+    if (job.balanced) tl_pool_run_balanced(pool, n_tasks, n_tasks, matmul_task, &job, true);
     else tl_pool_run(pool, n_tasks, matmul_task, &job);
     free(heap);
 }
@@ -377,7 +377,7 @@ static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_m
     /* Both phases cut by the shares: the threads' times teach the pool (the decode MLP is
        most of a small model's token). */
     if (job.first.balanced && job.second.balanced)
-        tl_pool_run_balanced(pool, job.first_tasks + second_tasks, job.first_tasks, matmul_then_task, &job);
+        tl_pool_run_balanced(pool, job.first_tasks + second_tasks, job.first_tasks, matmul_then_task, &job, true);
     else
         tl_pool_run_phased(pool, job.first_tasks + second_tasks, job.first_tasks, matmul_then_task, &job);
 }
@@ -680,6 +680,7 @@ typedef struct {
     int n_args;
     float *const *k_dst, *const *v_dst; /* [n] row i's K and V in chunk i's cache (NULL: dropped) */
     int tasks;                     /* groups of KV heads: the first phase */
+    int kv_first[TL_POOL_SHARE_THREADS + 1]; /* task t's KV heads [kv_first[t], kv_first[t + 1]) */
     int score_heads;               /* heads per attention_rows call */
     matmul_job out;                /* the output projection of att: the second phase */
 } qkv_attention_job;
@@ -692,7 +693,7 @@ static void qkv_attention_task(void *ctx, int task, int thread) {
     }
     const tl_config *c = &j->m->cfg;
     const int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, n = j->mm.n;
-    const int g0 = task * c->n_kv_heads / j->tasks, g1 = (task + 1) * c->n_kv_heads / j->tasks; /* KV heads */
+    const int g0 = j->kv_first[task], g1 = j->kv_first[task + 1]; /* KV heads */
     const int h0 = g0 * group, h1 = g1 * group;
     const tl_matmul_out *qkv = j->mm.outs;
     product_task(&j->mm, 0, h0 * hd, h1 * hd);
@@ -711,6 +712,26 @@ static void qkv_attention_task(void *ctx, int task, int thread) {
             attention_rows(j->m, j->mm.kern, &j->args[i], 0, 1, h, h + j->score_heads < h1 ? h + j->score_heads : h1, thread);
 }
 
+/* The KV heads of `threads` tasks by `share` (NULL: equal groups) into first[0..threads]:
+   each task at least one head, each boundary on a panel of the k/v columns. False when a
+   boundary is not. */
+static bool kv_groups(int kv_heads, int head_dim, int threads, const float *share, int *first) {
+    float sum = 0.0f;
+    first[0] = 0;
+    for (int t = 0; t < threads; t++) {
+        int g = t + 1 == threads ? kv_heads : t + 1;
+        if (t + 1 < threads) {
+            sum += share ? share[t] : 1.0f / (float)threads;
+            const int near = (int)(sum * (float)kv_heads + 0.5f);
+            const int most = kv_heads - (threads - t - 1); /* a head left for each later task */
+            g = near < first[t] + 1 ? first[t] + 1 : near > most ? most : near;
+        }
+        first[t + 1] = g;
+        if (g * head_dim % TL_PANEL != 0) return false;
+    }
+    return true;
+}
+
 static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl_matmul_out qkv[3],
                               const int32_t *positions, int write_slot, const tl_attention_args *args,
                               int n_args, const float *att, const tl_matmul_out *o) {
@@ -719,7 +740,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     const int threads = tl_pool_threads(pool);
     /* Fewer KV heads than threads would leave threads idle: the separate operations split
        finer. */
-    if (n > FUSED_MAX_ROWS || c->n_kv_heads < threads) return false;
+    if (n > FUSED_MAX_ROWS || c->n_kv_heads < threads || threads > TL_POOL_SHARE_THREADS) return false;
     /* Decode rows only (one row a chunk, alone or batched): a chunk of several rows
        (verification, short prompts) splits its attention finer as (rows, heads) tasks, each
        walking the cache once for all the rows and heads its scratch holds, where a KV-head
@@ -727,10 +748,15 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
        fused). */
     for (int i = 0; i < n_args; i++)
         if (args[i].n > 1) return false;
-    /* A task's columns must start on a panel of a packed matrix (its q columns then do too:
-       they start at group times its first k column). */
-    for (int task = 1; task < threads; task++)
-        if (task * c->n_kv_heads / threads * c->head_dim % TL_PANEL != 0) return false;
+    /* Task t takes the KV heads nearest its thread's share (tl_pool_shares), at least one;
+       its columns must start on a panel of a packed matrix (its q columns then do too:
+       they start at group times its first k column), else equal groups. */
+    float share[TL_POOL_SHARE_THREADS];
+    tl_pool_shares(pool, share);
+    int kv_first[TL_POOL_SHARE_THREADS + 1];
+    if (!kv_groups(c->n_kv_heads, c->head_dim, threads, share, kv_first) &&
+        !kv_groups(c->n_kv_heads, c->head_dim, threads, NULL, kv_first))
+        return false;
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
     void *heap = NULL;
     tl_qrows qrows = {0};
@@ -738,7 +764,9 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     qkv_attention_job job = {.mm = {.x = h, .xq = &qrows, .outs = qkv, .count = 3, .n = n, .kern = tl_cpu_kernels()},
                              .m = m, .positions = positions, .args = args, .n_args = n_args,
                              .k_dst = k_dst, .v_dst = v_dst, .tasks = threads,
+                             .kv_first = {0},
                              .score_heads = score_heads_fit(m, args, n_args)};
+    memcpy(job.kv_first, kv_first, sizeof kv_first);
     if (!quantise_group_input(h, n, qkv, 3, stack, &heap, &qrows))
         return false; /* out of memory: the separate operations meet it too, and say so (NaN) */
     /* Looked up here, not in the tasks: a lookup may allocate a page (kv_write's way). Each
@@ -751,12 +779,15 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     tl_qrows none = {0};
     int out_tasks = 0;
     if (phased) {
-        float share[TL_POOL_SHARE_THREADS];
-        if (threads <= TL_POOL_SHARE_THREADS) tl_pool_shares(pool, share);
         out_tasks = matmul_job_init(&job.out, att, n, o, 1, threads, share);
         job.out.xq = &none;
     }
-    tl_pool_run_phased(pool, job.tasks + out_tasks, job.tasks, qkv_attention_task, &job);
+    /* Both phases cut for their threads: each thread takes its own task (the heads only
+       approach the shares, so this job does not teach the pool). */
+    if (!phased || job.out.balanced)
+        tl_pool_run_balanced(pool, job.tasks + out_tasks, job.tasks, qkv_attention_task, &job, false);
+    else
+        tl_pool_run_phased(pool, job.tasks + out_tasks, job.tasks, qkv_attention_task, &job);
     free(heap);
     if (o && !phased) tl_cpu_matmul_group(m, att, n, o, 1);
     return true;

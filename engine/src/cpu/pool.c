@@ -217,6 +217,25 @@ void tl_pool_shares(const tl_pool *pool, float *share) {
                                                      : 1.0f / (float)threads;
 }
 
+/* The shares normalised, each bounded to [1/2, 3/2] of an equal one, normalised again. */
+static void store_shares(tl_pool *pool, const float *share) {
+    const int threads = pool->n_threads;
+    const float equal = 1.0f / (float)threads;
+    float bounded[TL_POOL_SHARE_THREADS], given = 0.0f, sum = 0.0f;
+    for (int t = 0; t < threads; t++) given += share[t] > 0.0f ? share[t] : 0.0f;
+    for (int t = 0; t < threads; t++) {
+        const float s = given > 0.0f ? share[t] / given : equal;
+        bounded[t] = !(s >= 0.5f * equal) ? 0.5f * equal : s > 1.5f * equal ? 1.5f * equal : s; /* NaN: the floor */
+        sum += bounded[t];
+    }
+    for (int t = 0; t < threads; t++) atomic_store_explicit(&pool->share[t], bounded[t] / sum, memory_order_relaxed);
+}
+
+void tl_pool_set_shares(tl_pool *pool, const float *share) {
+    if (!pool || pool->n_threads > TL_POOL_SHARE_THREADS) return;
+    store_shares(pool, share);
+}
+
 /* After a balanced job in which every thread ran its own tasks, its times join the
    window's. Every SHARE_WINDOW such jobs (the shares unchanged over them), thread t has
    done share[t] of the window's work in window_busy[t] ticks, so its rate is share[t] /
@@ -238,32 +257,28 @@ static void update_shares(tl_pool *pool) {
         pool->window_busy[t] = 0;
     }
     pool->window_jobs = 0;
-    const float equal = 1.0f / (float)threads;
-    float next[TL_POOL_SHARE_THREADS], sum = 0.0f;
+    float next[TL_POOL_SHARE_THREADS];
     for (int t = 0; t < threads; t++) {
         const float now = atomic_load_explicit(&pool->share[t], memory_order_relaxed);
-        float s = now + SHARE_STEP * (rate[t] / total - now);
-        s = s < 0.5f * equal ? 0.5f * equal : s > 1.5f * equal ? 1.5f * equal : s;
-        next[t] = s;
-        sum += s;
+        next[t] = now + SHARE_STEP * (rate[t] / total - now);
     }
-    for (int t = 0; t < threads; t++) atomic_store_explicit(&pool->share[t], next[t] / sum, memory_order_relaxed);
+    store_shares(pool, next);
 }
 
-static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool balanced);
+static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool balanced, bool learn);
 
 void tl_pool_run_phased(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx) {
-    run_job(pool, n_tasks, n_first, fn, ctx, false);
+    run_job(pool, n_tasks, n_first, fn, ctx, false, false);
 }
 
-void tl_pool_run_balanced(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx) {
+void tl_pool_run_balanced(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool learn) {
     /* At most one task per thread a phase (the `taken` flags' room) */
     const bool fits = pool && pool->n_threads <= TL_POOL_SHARE_THREADS && n_first <= pool->n_threads &&
                       n_tasks - n_first <= pool->n_threads;
-    run_job(pool, n_tasks, n_first, fn, ctx, fits);
+    run_job(pool, n_tasks, n_first, fn, ctx, fits, learn);
 }
 
-static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool balanced) {
+static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool balanced, bool learn) {
     if (n_tasks <= 0) return;
     /* Single task, single thread, or the pool busy with another session's job: run here.
        Callers size per-thread scratch for every thread index, 0 included. In task order,
@@ -296,6 +311,6 @@ static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void
     }
     run_tasks(pool, gen, 0);
     wait_done(pool, n_tasks); /* the tasks still running, claimed by workers */
-    if (balanced && !atomic_load_explicit(&pool->misplaced, memory_order_relaxed)) update_shares(pool);
+    if (balanced && learn && !atomic_load_explicit(&pool->misplaced, memory_order_relaxed)) update_shares(pool);
     pthread_mutex_unlock(&pool->run_lock);
 }

@@ -2,6 +2,8 @@
 #ifndef TL_POOL_H
 #define TL_POOL_H
 
+#include <stdbool.h>
+
 /* fn(ctx, task, thread) runs once per task in [0, n_tasks); `thread` in [0, n_threads)
    indexes per-thread scratch. Tasks must not depend on which thread runs them: results
    are then independent of the thread count (the batch-invariance contract). */
@@ -41,12 +43,19 @@ void tl_pool_run_phased(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, 
    larger than TL_POOL_SHARE_THREADS). */
 void tl_pool_shares(const tl_pool *pool, float *share);
 
+/* Sets the shares (normalised, each bounded as learned ones are), for callers that know
+   their cores and for tests that cut jobs unevenly on purpose; learning goes on from them.
+   No-op for pools larger than TL_POOL_SHARE_THREADS. */
+void tl_pool_set_shares(tl_pool *pool, const float *share);
+
 /* tl_pool_run_phased for a job whose phases have at most one task per thread, task t of
-   a phase (the phase's first task + t) sized share[t] of the phase, from tl_pool_shares
-   just before. Thread t runs task t of each phase, unless it comes late and another
-   thread has taken it (the caller still never waits for a thread that has not started).
-   Where every task ran on its own thread, the threads' times update the shares: over a
-   window of jobs, a bounded step, so that an interrupt cannot swing them. */
-void tl_pool_run_balanced(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx);
+   a phase (the phase's first task + t) cut for thread t by the shares (tl_pool_shares just
+   before). Thread t runs task t of each phase, unless it comes late and another thread has
+   taken it (the caller still never waits for a thread that has not started).
+   With `learn`, which asks that every task t be share[t] of its phase (up to whole panels),
+   and where every task ran on its own thread, the threads' times update the shares: over a
+   window of jobs, a bounded step, so that an interrupt cannot swing them. A job whose cut
+   only approaches the shares (whole attention heads) runs without. */
+void tl_pool_run_balanced(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool learn);
 
 #endif
