@@ -660,8 +660,9 @@ int main(int argc, char **argv) {
     check_group_split(group_dir);
     /* Positions without a learned table, so that the copies may hold LONG_TOKENS. Fused at 2
        threads: deep_residual (4 KV heads of 8 lanes: two per thread, one panel),
-       nblock0_none (2 of 16); at 1 thread only: llama_like (2 of 8: half a panel each),
-       concat_residual_mqa (one KV head), bf16_tied_rope_residual (3). */
+       nblock0_none (2 of 16), bf16_tied_rope_residual (3 of 8: 2 + 1, the nearest whole
+       heads to equal shares); at 1 thread only: llama_like (2 of 8: half a panel each),
+       concat_residual_mqa (one KV head). */
     const char *fused[] = {"deep_residual", "nblock0_none", "llama_like", "concat_residual_mqa",
                            "bf16_tied_rope_residual"};
     for (size_t i = 0; i < sizeof fused / sizeof fused[0]; i++) check_fused(root, fused[i]);

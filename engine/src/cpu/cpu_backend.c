@@ -680,10 +680,16 @@ typedef struct {
     int n_args;
     float *const *k_dst, *const *v_dst; /* [n] row i's K and V in chunk i's cache (NULL: dropped) */
     int tasks;                     /* groups of KV heads: the first phase */
-    int kv_first[TL_POOL_SHARE_THREADS + 1]; /* task t's KV heads [kv_first[t], kv_first[t + 1]) */
+    int kv_first[TL_POOL_SHARE_THREADS + 1]; /* task t's KV heads [kv_first[t], kv_first[t + 1]),
+                                                where tasks <= TL_POOL_SHARE_THREADS */
     int score_heads;               /* heads per attention_rows call */
     matmul_job out;                /* the output projection of att: the second phase */
 } qkv_attention_job;
+
+/* Task t's first KV head: the shares' cut where the job has one, else equal groups. */
+static inline int kv_group_start(const qkv_attention_job *j, int task) {
+    return j->tasks <= TL_POOL_SHARE_THREADS ? j->kv_first[task] : task * j->m->cfg.n_kv_heads / j->tasks;
+}
 
 static void qkv_attention_task(void *ctx, int task, int thread) {
     qkv_attention_job *j = ctx;
@@ -693,7 +699,7 @@ static void qkv_attention_task(void *ctx, int task, int thread) {
     }
     const tl_config *c = &j->m->cfg;
     const int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, n = j->mm.n;
-    const int g0 = j->kv_first[task], g1 = j->kv_first[task + 1]; /* KV heads */
+    const int g0 = kv_group_start(j, task), g1 = kv_group_start(j, task + 1); /* KV heads */
     const int h0 = g0 * group, h1 = g1 * group;
     const tl_matmul_out *qkv = j->mm.outs;
     product_task(&j->mm, 0, h0 * hd, h1 * hd);
@@ -712,21 +718,23 @@ static void qkv_attention_task(void *ctx, int task, int thread) {
             attention_rows(j->m, j->mm.kern, &j->args[i], 0, 1, h, h + j->score_heads < h1 ? h + j->score_heads : h1, thread);
 }
 
-/* The KV heads of `threads` tasks by `share` (NULL: equal groups) into first[0..threads]:
-   each task at least one head, each boundary on a panel of the k/v columns. False when a
-   boundary is not. */
+/* The KV heads of `threads` tasks (kv_heads >= threads) into first[0..threads]: by `share`,
+   each task the nearest whole heads and at least one, or (share NULL) equal groups,
+   task t from head t * kv_heads / threads. False when a task would not start on a panel of
+   the k/v columns. */
 static bool kv_groups(int kv_heads, int head_dim, int threads, const float *share, int *first) {
     float sum = 0.0f;
     first[0] = 0;
-    for (int t = 0; t < threads; t++) {
-        int g = t + 1 == threads ? kv_heads : t + 1;
-        if (t + 1 < threads) {
-            sum += share ? share[t] : 1.0f / (float)threads;
+    first[threads] = kv_heads;
+    for (int t = 1; t < threads; t++) {
+        int g = t * kv_heads / threads;
+        if (share) {
+            sum += share[t - 1];
             const int near = (int)(sum * (float)kv_heads + 0.5f);
-            const int most = kv_heads - (threads - t - 1); /* a head left for each later task */
-            g = near < first[t] + 1 ? first[t] + 1 : near > most ? most : near;
+            const int most = kv_heads - (threads - t); /* a head left for each later task */
+            g = near < first[t - 1] + 1 ? first[t - 1] + 1 : near > most ? most : near;
         }
-        first[t + 1] = g;
+        first[t] = g;
         if (g * head_dim % TL_PANEL != 0) return false;
     }
     return true;
@@ -740,7 +748,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     const int threads = tl_pool_threads(pool);
     /* Fewer KV heads than threads would leave threads idle: the separate operations split
        finer. */
-    if (n > FUSED_MAX_ROWS || c->n_kv_heads < threads || threads > TL_POOL_SHARE_THREADS) return false;
+    if (n > FUSED_MAX_ROWS || c->n_kv_heads < threads) return false;
     /* Decode rows only (one row a chunk, alone or batched): a chunk of several rows
        (verification, short prompts) splits its attention finer as (rows, heads) tasks, each
        walking the cache once for all the rows and heads its scratch holds, where a KV-head
@@ -748,15 +756,21 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
        fused). */
     for (int i = 0; i < n_args; i++)
         if (args[i].n > 1) return false;
-    /* Task t takes the KV heads nearest its thread's share (tl_pool_shares), at least one;
-       its columns must start on a panel of a packed matrix (its q columns then do too:
-       they start at group times its first k column), else equal groups. */
+    /* Task t takes the KV heads nearest its thread's share (tl_pool_shares), at least one,
+       else (or on more threads than shares) equal groups; its columns must start on a panel
+       of a packed matrix (its q columns then do too: they start at group times its first k
+       column). */
     float share[TL_POOL_SHARE_THREADS];
-    tl_pool_shares(pool, share);
     int kv_first[TL_POOL_SHARE_THREADS + 1];
-    if (!kv_groups(c->n_kv_heads, c->head_dim, threads, share, kv_first) &&
-        !kv_groups(c->n_kv_heads, c->head_dim, threads, NULL, kv_first))
-        return false;
+    if (threads <= TL_POOL_SHARE_THREADS) {
+        tl_pool_shares(pool, share);
+        if (!kv_groups(c->n_kv_heads, c->head_dim, threads, share, kv_first) &&
+            !kv_groups(c->n_kv_heads, c->head_dim, threads, NULL, kv_first))
+            return false;
+    } else {
+        for (int task = 1; task < threads; task++)
+            if (task * c->n_kv_heads / threads * c->head_dim % TL_PANEL != 0) return false;
+    }
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
     void *heap = NULL;
     tl_qrows qrows = {0};
@@ -766,7 +780,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
                              .k_dst = k_dst, .v_dst = v_dst, .tasks = threads,
                              .kv_first = {0},
                              .score_heads = score_heads_fit(m, args, n_args)};
-    memcpy(job.kv_first, kv_first, sizeof kv_first);
+    if (threads <= TL_POOL_SHARE_THREADS) memcpy(job.kv_first, kv_first, sizeof kv_first);
     if (!quantise_group_input(h, n, qkv, 3, stack, &heap, &qrows))
         return false; /* out of memory: the separate operations meet it too, and say so (NaN) */
     /* Looked up here, not in the tasks: a lookup may allocate a page (kv_write's way). Each
@@ -779,7 +793,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     tl_qrows none = {0};
     int out_tasks = 0;
     if (phased) {
-        out_tasks = matmul_job_init(&job.out, att, n, o, 1, threads, share);
+        out_tasks = matmul_job_init(&job.out, att, n, o, 1, threads, threads <= TL_POOL_SHARE_THREADS ? share : NULL);
         job.out.xq = &none;
     }
     /* Both phases cut for their threads: each thread takes its own task (the heads only
