@@ -79,7 +79,7 @@ static int run_balanced(tl_pool *pool, int threads, const double *slowdown, int 
     for (int j = 0; j < jobs; j++) {
         tl_pool_shares(pool, s.share);
         if (rising ? s.share[0] >= stop : s.share[0] <= stop) break;
-        tl_pool_run_balanced(pool, phased ? 2 * threads : threads, threads, balance_task, &s, true);
+        tl_pool_run_balanced(pool, phased ? 2 * threads : threads, threads, balance_task, &s, s.share);
         for (int begin = 0; begin < (phased ? 2 * threads : threads); begin += threads)
             not_own += atomic_load(&s.ran_on[begin]) == 1 && atomic_load(&s.ran_on[begin + 1]) == 0;
     }
@@ -87,25 +87,49 @@ static int run_balanced(tl_pool *pool, int threads, const double *slowdown, int 
     return not_own;
 }
 
-/* tl_pool_set_shares: normalised, each within [1/2, 3/2] of an equal share. */
+/* tl_pool_set_shares: normalised, each within [1/2, 3/2] of an equal share (the others
+   taking up what a bounded one gives back), held while jobs would teach otherwise; NULL:
+   equal again. */
 static void check_set_shares(void) {
-    tl_pool *pool = tl_pool_new(2);
-    if (!pool || tl_pool_threads(pool) != 2) {
-        CHECK(false, "set shares: a pool of 2 threads");
-        tl_pool_free(pool);
-        return;
-    }
-    const float given[][2] = {{1.0f, 3.0f}, {100.0f, 1.0f}, {0.0f, 0.0f}, {-1.0f, 2.0f}, {NAN, 1.0f}};
-    const float want0[] = {0.25f, 0.75f, 0.5f, 0.25f, 0.25f};
-    for (size_t i = 0; i < sizeof want0 / sizeof want0[0]; i++) {
-        float share[TL_POOL_SHARE_THREADS];
-        tl_pool_set_shares(pool, given[i]);
+    const struct {
+        int threads;
+        float given[4], want[4];
+    } cases[] = {
+        {2, {1.0f, 3.0f}, {0.25f, 0.75f}},
+        {2, {100.0f, 1.0f}, {0.75f, 0.25f}},
+        {2, {0.0f, 0.0f}, {0.5f, 0.5f}},
+        {2, {-1.0f, 2.0f}, {0.25f, 0.75f}},
+        {2, {NAN, 1.0f}, {0.25f, 0.75f}},
+        {4, {3.0f, 1.0f, 1.0f, 1.0f}, {0.375f, 0.625f / 3, 0.625f / 3, 0.625f / 3}},
+        {4, {100.0f, 100.0f, 1.0f, 1.0f}, {0.375f, 0.375f, 0.125f, 0.125f}},
+        {4, {1.0f, 1.0f, 1.0f, 0.0f}, {0.875f / 3, 0.875f / 3, 0.875f / 3, 0.125f}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int threads = cases[i].threads;
+        tl_pool *pool = tl_pool_new(threads);
+        if (!pool || tl_pool_threads(pool) != threads) {
+            CHECK(false, "set shares: a pool of %d threads", threads);
+            tl_pool_free(pool);
+            continue;
+        }
+        float share[TL_POOL_SHARE_THREADS], sum = 0.0f;
+        tl_pool_set_shares(pool, cases[i].given);
+        /* jobs that would teach the opposite leave pinned shares alone */
+        const double slowdown[2] = {1.0, 4.0};
+        if (threads == 2) run_balanced(pool, threads, slowdown, 200, false, 2.0f, true, share);
         tl_pool_shares(pool, share);
-        CHECK(fabsf(share[0] - want0[i]) < 1e-6f && fabsf(share[0] + share[1] - 1.0f) < 1e-6f,
-              "set shares {%g, %g}: got {%g, %g}, want thread 0 at %g", (double)given[i][0], (double)given[i][1],
-              (double)share[0], (double)share[1], (double)want0[i]);
+        bool near = true;
+        for (int t = 0; t < threads; t++) {
+            near = near && fabsf(share[t] - cases[i].want[t]) < 1e-5f;
+            sum += share[t];
+        }
+        CHECK(near && fabsf(sum - 1.0f) < 1e-5f, "set shares, case %zu (%d threads): got %g %g %g %g", i, threads,
+              (double)share[0], (double)share[1], (double)(threads > 2 ? share[2] : 0), (double)(threads > 2 ? share[3] : 0));
+        tl_pool_set_shares(pool, NULL);
+        tl_pool_shares(pool, share);
+        CHECK(fabsf(share[0] - 1.0f / (float)threads) < 1e-6f, "set shares, case %zu: NULL brings equal shares", i);
+        tl_pool_free(pool);
     }
-    tl_pool_free(pool);
 }
 
 static void check_balanced(void) {
@@ -128,7 +152,7 @@ static void check_balanced(void) {
             CHECK(share[t] > 0.99f / (float)threads && share[t] < 1.01f / (float)threads,
                   "balanced, %d phases: share %d starts equal (%.3f)", phased + 1, t, (double)share[t]);
         const float target = 1.25f / (float)threads; /* past equal, short of the bound */
-        int not_own = run_balanced(pool, threads, fast0, 20000, phased, target, true, share);
+        int not_own = run_balanced(pool, threads, fast0, 100000, phased, target, true, share);
         float sum = 0.0f;
         for (int t = 0; t < threads; t++) {
             sum += share[t];
@@ -140,7 +164,7 @@ static void check_balanced(void) {
         CHECK(sum > 0.999f && sum < 1.001f, "balanced, %d phases: shares sum to %.4f", phased + 1, (double)sum);
         /* Thread 1 now the fast one: the shares follow it. */
         const float reversed = 1.0f - target;
-        not_own += run_balanced(pool, threads, fast1, 20000, phased, reversed, false, share);
+        not_own += run_balanced(pool, threads, fast1, 100000, phased, reversed, false, share);
         CHECK(share[0] <= reversed, "balanced, %d phases: the shares follow a change of speeds (%.3f, want <= %.3f)",
               phased + 1, (double)share[0], (double)reversed);
         /* Where thread 1 is the faster, it finishes the first phase first and claims first
@@ -173,7 +197,7 @@ int main(void) {
             s->n_first = n_first;
             s->round = round;
             for (int t = 0; t < MAX_TASKS; t++) atomic_store(&s->runs[t], 0);
-            if (balanced) tl_pool_run_balanced(pool, n_tasks, n_first, task_fn, s, round % 8 == 0);
+            if (balanced) tl_pool_run_balanced(pool, n_tasks, n_first, task_fn, s, NULL);
             else if (round % 2) tl_pool_run_phased(pool, n_tasks, n_first, task_fn, s);
             else tl_pool_run(pool, n_tasks, task_fn, s);
             for (int t = 0; t < MAX_TASKS; t++) wrong_runs += atomic_load(&s->runs[t]) != (t < n_tasks);

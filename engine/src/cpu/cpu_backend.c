@@ -308,6 +308,20 @@ static int matmul_job_init(matmul_job *job, const float *x, int n, const tl_matm
     return job->span_tasks ? job->span_tasks : job->first_task[count];
 }
 
+/* Each thread's fraction of a balanced job's multiply-adds (tl_pool_run_balanced's `work`):
+   its units of `first` and of `second` (or NULL), a unit weighing its product's inner
+   dimension (a gate's unit already counts its up projection). */
+static void balanced_work(const matmul_job *first, const matmul_job *second, float *work) {
+    const int threads = first->span_tasks;
+    const double k1 = first->outs[0].w->cols, k2 = second ? second->outs[0].w->cols : 0.0;
+    const double total = first->span_units * k1 + (second ? second->span_units * k2 : 0.0);
+    for (int t = 0; t < threads; t++) {
+        double macs = (first->span_first[t + 1] - first->span_first[t]) * k1;
+        if (second) macs += (second->span_first[t + 1] - second->span_first[t]) * k2;
+        work[t] = (float)(macs / total);
+    }
+}
+
 void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matmul_out *outs, int count) {
     if (count > GROUP_MAX) { /* not from the forward; split rather than fail (pairs stay together) */
         const int head = swiglu_pair(outs, GROUP_MAX - 1, count) ? GROUP_MAX - 1 : GROUP_MAX;
@@ -326,8 +340,13 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
     tl_qrows qrows = {0};
     if (!quantise_group_input(x, n, outs, count, stack, &heap, &qrows)) return;
     job.xq = &qrows;
-    if (job.balanced) tl_pool_run_balanced(pool, n_tasks, n_tasks, matmul_task, &job, true);
-    else tl_pool_run(pool, n_tasks, matmul_task, &job);
+    if (job.balanced) {
+        float work[TL_POOL_SHARE_THREADS];
+        balanced_work(&job, NULL, work);
+        tl_pool_run_balanced(pool, n_tasks, n_tasks, matmul_task, &job, work);
+    } else {
+        tl_pool_run(pool, n_tasks, matmul_task, &job);
+    }
     free(heap);
 }
 
@@ -376,10 +395,13 @@ static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_m
     job.first.xq = job.second.xq = &none;
     /* Both phases cut by the shares: the threads' times teach the pool (the decode MLP is
        most of a small model's token). */
-    if (job.first.balanced && job.second.balanced)
-        tl_pool_run_balanced(pool, job.first_tasks + second_tasks, job.first_tasks, matmul_then_task, &job, true);
-    else
+    if (job.first.balanced && job.second.balanced) {
+        float work[TL_POOL_SHARE_THREADS];
+        balanced_work(&job.first, &job.second, work);
+        tl_pool_run_balanced(pool, job.first_tasks + second_tasks, job.first_tasks, matmul_then_task, &job, work);
+    } else {
         tl_pool_run_phased(pool, job.first_tasks + second_tasks, job.first_tasks, matmul_then_task, &job);
+    }
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -799,7 +821,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     /* Both phases cut for their threads: each thread takes its own task (the heads only
        approach the shares, so this job does not teach the pool). */
     if (!phased || job.out.balanced)
-        tl_pool_run_balanced(pool, job.tasks + out_tasks, job.tasks, qkv_attention_task, &job, false);
+        tl_pool_run_balanced(pool, job.tasks + out_tasks, job.tasks, qkv_attention_task, &job, NULL);
     else
         tl_pool_run_phased(pool, job.tasks + out_tasks, job.tasks, qkv_attention_task, &job);
     free(heap);

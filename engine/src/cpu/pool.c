@@ -44,6 +44,13 @@ static inline uint64_t ticks(void) {
    slower than 1), a yield hands it over. A yield with nothing else runnable returns at
    once, so waiting out a long last task costs syscalls, not latency. */
 #define YIELD_EVERY 1000
+/* Learning the shares (update_shares): SHARE_WINDOW jobs a step of SHARE_STEP toward their
+   balance. Each point of a share off the balance costs about two of a job's time, so the
+   step is small: on the shipped model, alike vCPUs, thread 0's share spread with a standard
+   deviation of 0.009-0.012 at windows of 16 and steps of 0.3, 0.004 at 32 and 0.1, which
+   still settles within about 700 jobs (some 20 tokens there) after the cores change. */
+#define SHARE_WINDOW 32
+#define SHARE_STEP 0.1f
 #define FIELD_BITS 22
 #define FIELD_MASK ((UINT64_C(1) << FIELD_BITS) - 1)
 #define MAX_TASKS ((int)FIELD_MASK)
@@ -81,8 +88,12 @@ struct tl_pool {
     _Alignas(64) bool balanced;
     uint64_t busy[TL_POOL_SHARE_THREADS];
     atomic_bool taken[2 * TL_POOL_SHARE_THREADS]; /* the job's tasks handed out */
-    uint64_t window_busy[TL_POOL_SHARE_THREADS]; /* the caller's, under run_lock */
+    float work[TL_POOL_SHARE_THREADS]; /* the job's cut, each thread's fraction (learning) */
+    /* The caller's, under run_lock: each learning job's balance point, thread t's fraction
+       of the work at which the threads would have finished together. */
+    float window[SHARE_WINDOW][TL_POOL_SHARE_THREADS];
     int window_jobs;
+    bool pinned;                   /* tl_pool_set_shares: no learning */
     atomic_bool misplaced;
     _Atomic float share[TL_POOL_SHARE_THREADS];
 };
@@ -175,7 +186,6 @@ tl_pool *tl_pool_new(int n_threads) {
     pthread_mutex_init(&pool->sleep_lock, NULL);
     pthread_cond_init(&pool->wake, NULL);
     atomic_init(&pool->job, 0);
-    for (int t = 0; t < TL_POOL_SHARE_THREADS; t++) atomic_init(&pool->share[t], 1.0f / (float)n_threads);
     pool->workers = calloc((size_t)n_threads, sizeof *pool->workers);
     if (!pool->workers) { free(pool); return NULL; }
     for (int t = 1; t < n_threads; t++) {
@@ -187,6 +197,7 @@ tl_pool *tl_pool_new(int n_threads) {
             break;
         }
     }
+    for (int t = 0; t < TL_POOL_SHARE_THREADS; t++) atomic_init(&pool->share[t], 1.0f / (float)pool->n_threads);
     return pool;
 }
 
@@ -213,72 +224,103 @@ void tl_pool_run(tl_pool *pool, int n_tasks, tl_task_fn fn, void *ctx) {
 void tl_pool_shares(const tl_pool *pool, float *share) {
     const int threads = tl_pool_threads(pool);
     for (int t = 0; t < threads; t++)
-        share[t] = threads <= TL_POOL_SHARE_THREADS ? atomic_load_explicit(&pool->share[t], memory_order_relaxed)
-                                                     : 1.0f / (float)threads;
+        share[t] = pool && threads <= TL_POOL_SHARE_THREADS
+                       ? atomic_load_explicit(&pool->share[t], memory_order_relaxed)
+                       : 1.0f / (float)threads;
 }
 
-/* The shares normalised, each bounded to [1/2, 3/2] of an equal one, normalised again. */
+/* The shares normalised to sum to 1 with each within [1/2, 3/2] of an equal share: the
+   ones out of bounds are pinned to their bound and the rest rescaled to the remainder,
+   until none moves (at most one round per thread). NaN or negative count as 0. */
 static void store_shares(tl_pool *pool, const float *share) {
     const int threads = pool->n_threads;
-    const float equal = 1.0f / (float)threads;
-    float bounded[TL_POOL_SHARE_THREADS], given = 0.0f, sum = 0.0f;
-    for (int t = 0; t < threads; t++) given += share[t] > 0.0f ? share[t] : 0.0f;
-    for (int t = 0; t < threads; t++) {
-        const float s = given > 0.0f ? share[t] / given : equal;
-        bounded[t] = !(s >= 0.5f * equal) ? 0.5f * equal : s > 1.5f * equal ? 1.5f * equal : s; /* NaN: the floor */
-        sum += bounded[t];
+    const float equal = 1.0f / (float)threads, low = 0.5f * equal, high = 1.5f * equal;
+    float value[TL_POOL_SHARE_THREADS];
+    bool pinned[TL_POOL_SHARE_THREADS] = {false};
+    for (int t = 0; t < threads; t++) value[t] = share[t] > 0.0f ? share[t] : 0.0f;
+    for (int round = 0; round <= threads; round++) {
+        float free_sum = 0.0f, left = 1.0f;
+        for (int t = 0; t < threads; t++) {
+            if (pinned[t]) left -= value[t];
+            else free_sum += value[t];
+        }
+        bool moved = false;
+        for (int t = 0; t < threads; t++) {
+            if (pinned[t]) continue;
+            value[t] = free_sum > 0.0f ? value[t] * left / free_sum : left / (float)threads;
+        }
+        for (int t = 0; t < threads; t++) {
+            if (pinned[t] || (value[t] >= low && value[t] <= high)) continue;
+            value[t] = value[t] < low ? low : high;
+            pinned[t] = moved = true;
+        }
+        if (!moved) break;
     }
-    for (int t = 0; t < threads; t++) atomic_store_explicit(&pool->share[t], bounded[t] / sum, memory_order_relaxed);
+    for (int t = 0; t < threads; t++) atomic_store_explicit(&pool->share[t], value[t], memory_order_relaxed);
 }
 
 void tl_pool_set_shares(tl_pool *pool, const float *share) {
     if (!pool || pool->n_threads > TL_POOL_SHARE_THREADS) return;
-    store_shares(pool, share);
+    pthread_mutex_lock(&pool->run_lock); /* no job in flight: the window is the caller's */
+    pool->pinned = share != NULL;
+    pool->window_jobs = 0;
+    if (share) store_shares(pool, share);
+    else
+        for (int t = 0; t < pool->n_threads; t++)
+            atomic_store_explicit(&pool->share[t], 1.0f / (float)pool->n_threads, memory_order_relaxed);
+    pthread_mutex_unlock(&pool->run_lock);
 }
 
-/* After a balanced job in which every thread ran its own tasks, its times join the
-   window's. Every SHARE_WINDOW such jobs (the shares unchanged over them), thread t has
-   done share[t] of the window's work in window_busy[t] ticks, so its rate is share[t] /
-   window_busy[t], and the shares move a step toward the rates' proportions, each kept
-   within [1/2, 3/2] of an equal share. A window rather than every job: one job's times
-   carry an interrupt's noise, which moved the shares back and forth on alike cores. */
-#define SHARE_WINDOW 16
-#define SHARE_STEP 0.3f
+/* After a learning job in which every thread ran its own task of each phase: thread t did
+   work[t] of the job in busy[t] ticks, a rate of work[t] / busy[t], so the job's balance
+   point (the cut at which the threads would have finished together) is the rates'
+   proportions. Every SHARE_WINDOW such jobs, the shares move SHARE_STEP toward each
+   thread's median balance point of the window, within their bounds. The median, not a sum
+   of times: a thread preempted once (another process on its core, a time slice of
+   milliseconds) would outweigh a window of 10-microsecond jobs. */
 static void update_shares(tl_pool *pool) {
     const int threads = pool->n_threads;
-    for (int t = 0; t < threads; t++)
-        if (pool->busy[t] == 0) return; /* a thread without a task: nothing to compare */
-    for (int t = 0; t < threads; t++) pool->window_busy[t] += pool->busy[t];
-    if (++pool->window_jobs < SHARE_WINDOW) return;
     float rate[TL_POOL_SHARE_THREADS], total = 0.0f;
     for (int t = 0; t < threads; t++) {
-        rate[t] = atomic_load_explicit(&pool->share[t], memory_order_relaxed) / (float)pool->window_busy[t];
+        if (pool->busy[t] == 0 || !(pool->work[t] > 0.0f)) return; /* a thread without work: nothing to compare */
+        rate[t] = pool->work[t] / (float)pool->busy[t];
         total += rate[t];
-        pool->window_busy[t] = 0;
     }
+    for (int t = 0; t < threads; t++) pool->window[pool->window_jobs][t] = rate[t] / total;
+    if (++pool->window_jobs < SHARE_WINDOW) return;
     pool->window_jobs = 0;
     float next[TL_POOL_SHARE_THREADS];
     for (int t = 0; t < threads; t++) {
+        float points[SHARE_WINDOW];
+        for (int j = 0; j < SHARE_WINDOW; j++) { /* insertion sort: 32 values */
+            const float v = pool->window[j][t];
+            int at = j;
+            for (; at > 0 && points[at - 1] > v; at--) points[at] = points[at - 1];
+            points[at] = v;
+        }
+        const float median = 0.5f * (points[SHARE_WINDOW / 2 - 1] + points[SHARE_WINDOW / 2]);
         const float now = atomic_load_explicit(&pool->share[t], memory_order_relaxed);
-        next[t] = now + SHARE_STEP * (rate[t] / total - now);
+        next[t] = now + SHARE_STEP * (median - now);
     }
     store_shares(pool, next);
 }
 
-static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool balanced, bool learn);
+static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool balanced,
+                    const float *work);
 
 void tl_pool_run_phased(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx) {
-    run_job(pool, n_tasks, n_first, fn, ctx, false, false);
+    run_job(pool, n_tasks, n_first, fn, ctx, false, NULL);
 }
 
-void tl_pool_run_balanced(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool learn) {
+void tl_pool_run_balanced(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, const float *work) {
     /* At most one task per thread a phase (the `taken` flags' room) */
     const bool fits = pool && pool->n_threads <= TL_POOL_SHARE_THREADS && n_first <= pool->n_threads &&
                       n_tasks - n_first <= pool->n_threads;
-    run_job(pool, n_tasks, n_first, fn, ctx, fits, learn);
+    run_job(pool, n_tasks, n_first, fn, ctx, fits, fits ? work : NULL);
 }
 
-static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool balanced, bool learn) {
+static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool balanced,
+                    const float *work) {
     if (n_tasks <= 0) return;
     /* Single task, single thread, or the pool busy with another session's job: run here.
        Callers size per-thread scratch for every thread index, 0 included. In task order,
@@ -311,6 +353,9 @@ static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void
     }
     run_tasks(pool, gen, 0);
     wait_done(pool, n_tasks); /* the tasks still running, claimed by workers */
-    if (balanced && learn && !atomic_load_explicit(&pool->misplaced, memory_order_relaxed)) update_shares(pool);
+    if (balanced && work && !pool->pinned && !atomic_load_explicit(&pool->misplaced, memory_order_relaxed)) {
+        memcpy(pool->work, work, (size_t)pool->n_threads * sizeof *work);
+        update_shares(pool);
+    }
     pthread_mutex_unlock(&pool->run_lock);
 }

@@ -43,19 +43,20 @@ void tl_pool_run_phased(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, 
    larger than TL_POOL_SHARE_THREADS). */
 void tl_pool_shares(const tl_pool *pool, float *share);
 
-/* Sets the shares (normalised, each bounded as learned ones are), for callers that know
-   their cores and for tests that cut jobs unevenly on purpose; learning goes on from them.
-   No-op for pools larger than TL_POOL_SHARE_THREADS. */
+/* Pins the shares (normalised, each within [1/2, 3/2] of an equal share; learning stops),
+   for callers that know their cores and for tests that cut jobs unevenly on purpose; NULL
+   returns to equal shares and learning. Waits for a job in flight. No-op for pools larger
+   than TL_POOL_SHARE_THREADS. */
 void tl_pool_set_shares(tl_pool *pool, const float *share);
 
 /* tl_pool_run_phased for a job whose phases have at most one task per thread, task t of
    a phase (the phase's first task + t) cut for thread t by the shares (tl_pool_shares just
    before). Thread t runs task t of each phase, unless it comes late and another thread has
    taken it (the caller still never waits for a thread that has not started).
-   With `learn`, which asks that every task t be share[t] of its phase (up to whole panels),
-   and where every task ran on its own thread, the threads' times update the shares: over a
-   window of jobs, a bounded step, so that an interrupt cannot swing them. A job whose cut
-   only approaches the shares (whole attention heads) runs without. */
-void tl_pool_run_balanced(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool learn);
+   `work` (or NULL: the job teaches nothing) is the cut as made, work[t] thread t's fraction
+   of the whole job (whole panels or heads only approach the shares): where every task ran
+   on its own thread, the threads' times then teach the shares (update_shares: the median
+   of a window of jobs, a bounded step, so that a preempted thread cannot swing them). */
+void tl_pool_run_balanced(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, const float *work);
 
 #endif
