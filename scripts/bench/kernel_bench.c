@@ -12,9 +12,9 @@
  * prints); 0 keeps one matrix (cache-resident when it fits). --threads 2 splits the columns
  * into contiguous whole-panel ranges, one task per thread, run by the engine's own pool
  * (pool.h: persistent workers that spin between jobs, as in decoding; threads created per
- * call made two-thread figures of small matrices measure thread creation). For q8/q4, GFLOP/s counts the integer multiply-adds as a float
- * product would (2 per weight and row). A tool, not a test: speed figures drift with the
- * machine. */
+ * call made two-thread figures of small matrices measure thread creation). For q8/q4,
+ * GFLOP/s counts the integer multiply-adds as a float product would (2 per weight and
+ * row). A tool, not a test: speed figures drift with the machine. */
 #define _GNU_SOURCE
 #include <stdbool.h>
 #include <stdint.h>

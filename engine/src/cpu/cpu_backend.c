@@ -293,7 +293,7 @@ static int matmul_job_init(matmul_job *job, const float *x, int n, const tl_matm
        spanning task per thread, cut by the threads' shares. */
     if (threads > 1 && group_macs < SMALL_MACS && job->first_task[count] > 1)
         job->span_tasks = threads < job->span_units ? threads : job->span_units;
-    if (share && job->span_tasks == threads && threads <= TL_POOL_SHARE_THREADS) {
+    if (share && job->span_tasks == threads) {
         job->balanced = true;
         float sum = 0.0f;
         job->span_first[0] = 0;
@@ -330,11 +330,9 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
         return;
     }
     tl_pool *pool = tl_cpu_pool(m);
-    float share[TL_POOL_SHARE_THREADS];
-    const int threads = tl_pool_threads(pool);
-    if (threads <= TL_POOL_SHARE_THREADS) tl_pool_shares(pool, share);
+    float shares[TL_POOL_SHARE_THREADS];
     matmul_job job;
-    const int n_tasks = matmul_job_init(&job, x, n, outs, count, threads, share);
+    const int n_tasks = matmul_job_init(&job, x, n, outs, count, tl_pool_threads(pool), tl_pool_shares(pool, shares));
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
     void *heap = NULL;
     tl_qrows qrows = {0};
@@ -386,8 +384,8 @@ static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_m
     }
     tl_pool *pool = tl_cpu_pool(m);
     const int threads = tl_pool_threads(pool);
-    float share[TL_POOL_SHARE_THREADS];
-    if (threads <= TL_POOL_SHARE_THREADS) tl_pool_shares(pool, share);
+    float shares[TL_POOL_SHARE_THREADS];
+    const float *share = tl_pool_shares(pool, shares);
     matmul_then_job job;
     tl_qrows none = {0};
     job.first_tasks = matmul_job_init(&job.first, x, n, first, count, threads, share);
@@ -703,7 +701,7 @@ typedef struct {
     float *const *k_dst, *const *v_dst; /* [n] row i's K and V in chunk i's cache (NULL: dropped) */
     int tasks;                     /* groups of KV heads: the first phase */
     int kv_first[TL_POOL_SHARE_THREADS + 1]; /* task t's KV heads [kv_first[t], kv_first[t + 1]),
-                                                where tasks <= TL_POOL_SHARE_THREADS */
+                                                where the pool has shares (tasks <= TL_POOL_SHARE_THREADS) */
     int score_heads;               /* heads per attention_rows call */
     matmul_job out;                /* the output projection of att: the second phase */
 } qkv_attention_job;
@@ -782,17 +780,6 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
        else (or on more threads than shares) equal groups; its columns must start on a panel
        of a packed matrix (its q columns then do too: they start at group times its first k
        column). */
-    float share[TL_POOL_SHARE_THREADS];
-    int kv_first[TL_POOL_SHARE_THREADS + 1];
-    if (threads <= TL_POOL_SHARE_THREADS) {
-        tl_pool_shares(pool, share);
-        if (!kv_groups(c->n_kv_heads, c->head_dim, threads, share, kv_first) &&
-            !kv_groups(c->n_kv_heads, c->head_dim, threads, NULL, kv_first))
-            return false;
-    } else {
-        for (int task = 1; task < threads; task++)
-            if (task * c->n_kv_heads / threads * c->head_dim % TL_PANEL != 0) return false;
-    }
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
     void *heap = NULL;
     tl_qrows qrows = {0};
@@ -800,9 +787,17 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     qkv_attention_job job = {.mm = {.x = h, .xq = &qrows, .outs = qkv, .count = 3, .n = n, .kern = tl_cpu_kernels()},
                              .m = m, .positions = positions, .args = args, .n_args = n_args,
                              .k_dst = k_dst, .v_dst = v_dst, .tasks = threads,
-                             .kv_first = {0},
                              .score_heads = score_heads_fit(m, args, n_args)};
-    if (threads <= TL_POOL_SHARE_THREADS) memcpy(job.kv_first, kv_first, sizeof kv_first);
+    float shares[TL_POOL_SHARE_THREADS];
+    const float *share = tl_pool_shares(pool, shares);
+    if (share) {
+        if (!kv_groups(c->n_kv_heads, c->head_dim, threads, share, job.kv_first) &&
+            !kv_groups(c->n_kv_heads, c->head_dim, threads, NULL, job.kv_first))
+            return false;
+    } else {
+        for (int task = 1; task < threads; task++)
+            if (task * c->n_kv_heads / threads * c->head_dim % TL_PANEL != 0) return false;
+    }
     if (!quantise_group_input(h, n, qkv, 3, stack, &heap, &qrows))
         return false; /* out of memory: the separate operations meet it too, and say so (NaN) */
     /* Looked up here, not in the tasks: a lookup may allocate a page (kv_write's way). Each
@@ -815,7 +810,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     tl_qrows none = {0};
     int out_tasks = 0;
     if (phased) {
-        out_tasks = matmul_job_init(&job.out, att, n, o, 1, threads, threads <= TL_POOL_SHARE_THREADS ? share : NULL);
+        out_tasks = matmul_job_init(&job.out, att, n, o, 1, threads, share);
         job.out.xq = &none;
     }
     /* Both phases cut for their threads: each thread takes its own task (the heads only

@@ -109,7 +109,7 @@ static void matmul_avx2(const float *x, int n, int k, const void *w, tl_dtype dt
 #define DEFINE_PACKED_TILE(NAME, LOAD, DT, R, JW)                                         \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, const char *ahead, float *out) { \
         const int k4 = k & ~3, passes = 4 / (JW);                                         \
-        const size_t panel_bytes = (size_t)k * TL_PANEL * ELEM(DT);                       \
+        const size_t panel_bytes = tl_panel_bytes(DT, k);                                 \
         const char *fetched = ahead;                                                      \
         const size_t per_step = prefetch_per_step(panel_bytes, (size_t)passes * (size_t)(k4 / 4)); \
         __m256 partial[R][2][4];                                                          \

@@ -312,7 +312,7 @@ static inline int pair_tile_rows(int left) {
     static void NAME(const float *x, int n, int k, const void *w, const float *bias, int o0, \
                      int o1, float *y, int ldy) {                                         \
         float out[12 * 2 * TL_PANEL];                                                     \
-        const size_t panel_bytes = (size_t)k * TL_PANEL * ELEM(DT);                       \
+        const size_t panel_bytes = tl_panel_bytes(DT, k);                                 \
         int o = o0;                                                                       \
         /* One to three rows: groups of panels (DEFINE_PACKED_ROWS_PANELS); the last few  \
            panels alone (below). */                                                      \

@@ -88,7 +88,6 @@ struct tl_pool {
     _Alignas(64) bool balanced;
     uint64_t busy[TL_POOL_SHARE_THREADS];
     atomic_bool taken[2 * TL_POOL_SHARE_THREADS]; /* the job's tasks handed out */
-    float work[TL_POOL_SHARE_THREADS]; /* the job's cut, each thread's fraction (learning) */
     /* The caller's, under run_lock: each learning job's balance point, thread t's fraction
        of the work at which the threads would have finished together. */
     float window[SHARE_WINDOW][TL_POOL_SHARE_THREADS];
@@ -111,6 +110,21 @@ static void wait_done(tl_pool *pool, int count) {
 /* Claims and runs tasks of generation `gen` until none are left; a task of the second
    phase first waits for the whole first phase (claims go in task order, so every task of
    the first phase is then running or done, and none of them waits). */
+/* A balanced job's task for claim `claim` (of n) by `thread`: one of the claim's phase,
+   this thread's own where still free (thread t first out of the first phase must not take
+   thread 0's second-phase task), else any free one (its thread late or descheduled; the
+   job then teaches nothing). A phase has as many claims as tasks, so one is free. */
+static int balanced_task(tl_pool *pool, int claim, int n, int thread) {
+    const int begin = claim < pool->first_phase ? 0 : pool->first_phase;
+    const int end = claim < pool->first_phase ? pool->first_phase : n;
+    int task = begin + thread;
+    if (task < end && !atomic_exchange_explicit(&pool->taken[task], true, memory_order_relaxed)) return task;
+    for (task = begin; atomic_exchange_explicit(&pool->taken[task], true, memory_order_relaxed); task++) {
+    }
+    atomic_store_explicit(&pool->misplaced, true, memory_order_relaxed);
+    return task;
+}
+
 static void run_tasks(tl_pool *pool, uint64_t gen, int thread) {
     uint64_t w = atomic_load_explicit(&pool->job, memory_order_acquire);
     for (;;) {
@@ -121,22 +135,12 @@ static void run_tasks(tl_pool *pool, uint64_t gen, int thread) {
         const int claim = next_of(w);
         if (claim >= pool->first_phase) wait_done(pool, pool->first_phase);
         if (pool->balanced) {
-            /* The claim is one of its phase's tasks: this thread's own where still free
-               (thread t first finishing the first phase must not take thread 0's second-
-               phase task), else any free one (its thread late or descheduled). */
-            const int begin = claim < pool->first_phase ? 0 : pool->first_phase;
-            const int end = claim < pool->first_phase ? pool->first_phase : n_of(w);
-            int task = begin + thread;
-            if (task >= end || atomic_exchange_explicit(&pool->taken[task], true, memory_order_relaxed))
-                for (task = begin; atomic_exchange_explicit(&pool->taken[task], true, memory_order_relaxed); task++) {
-                }
+            const int task = balanced_task(pool, claim, n_of(w), thread);
             const uint64_t start = ticks();
             pool->fn(pool->ctx, task, thread);
             pool->busy[thread] += ticks() - start; /* this thread's own slot */
-            if (task - begin != thread) atomic_store_explicit(&pool->misplaced, true, memory_order_relaxed);
         } else {
-            const int task = claim;
-            pool->fn(pool->ctx, task, thread);
+            pool->fn(pool->ctx, claim, thread);
         }
         atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
         w = atomic_load_explicit(&pool->job, memory_order_acquire);
@@ -221,12 +225,14 @@ void tl_pool_run(tl_pool *pool, int n_tasks, tl_task_fn fn, void *ctx) {
     tl_pool_run_phased(pool, n_tasks, n_tasks, fn, ctx);
 }
 
-void tl_pool_shares(const tl_pool *pool, float *share) {
-    const int threads = tl_pool_threads(pool);
-    for (int t = 0; t < threads; t++)
-        share[t] = pool && threads <= TL_POOL_SHARE_THREADS
-                       ? atomic_load_explicit(&pool->share[t], memory_order_relaxed)
-                       : 1.0f / (float)threads;
+const float *tl_pool_shares(const tl_pool *pool, float share[TL_POOL_SHARE_THREADS]) {
+    if (!pool) {
+        share[0] = 1.0f;
+        return share;
+    }
+    if (pool->n_threads > TL_POOL_SHARE_THREADS) return NULL;
+    for (int t = 0; t < pool->n_threads; t++) share[t] = atomic_load_explicit(&pool->share[t], memory_order_relaxed);
+    return share;
 }
 
 /* The shares normalised to sum to 1 with each within [1/2, 3/2] of an equal share: the
@@ -278,12 +284,12 @@ void tl_pool_set_shares(tl_pool *pool, const float *share) {
    thread's median balance point of the window, within their bounds. The median, not a sum
    of times: a thread preempted once (another process on its core, a time slice of
    milliseconds) would outweigh a window of 10-microsecond jobs. */
-static void update_shares(tl_pool *pool) {
+static void update_shares(tl_pool *pool, const float *work) {
     const int threads = pool->n_threads;
     float rate[TL_POOL_SHARE_THREADS], total = 0.0f;
     for (int t = 0; t < threads; t++) {
-        if (pool->busy[t] == 0 || !(pool->work[t] > 0.0f)) return; /* a thread without work: nothing to compare */
-        rate[t] = pool->work[t] / (float)pool->busy[t];
+        if (pool->busy[t] == 0 || !(work[t] > 0.0f)) return; /* a thread without work: nothing to compare */
+        rate[t] = work[t] / (float)pool->busy[t];
         total += rate[t];
     }
     for (int t = 0; t < threads; t++) pool->window[pool->window_jobs][t] = rate[t] / total;
@@ -353,9 +359,7 @@ static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void
     }
     run_tasks(pool, gen, 0);
     wait_done(pool, n_tasks); /* the tasks still running, claimed by workers */
-    if (balanced && work && !pool->pinned && !atomic_load_explicit(&pool->misplaced, memory_order_relaxed)) {
-        memcpy(pool->work, work, (size_t)pool->n_threads * sizeof *work);
-        update_shares(pool);
-    }
+    if (balanced && work && !pool->pinned && !atomic_load_explicit(&pool->misplaced, memory_order_relaxed))
+        update_shares(pool, work);
     pthread_mutex_unlock(&pool->run_lock);
 }

@@ -39,9 +39,10 @@ void tl_pool_run_phased(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, 
    Up to TL_POOL_SHARE_THREADS threads; larger pools keep equal shares. */
 #define TL_POOL_SHARE_THREADS 8
 
-/* The current shares, share[0..threads) summing to 1 (equal until learned, and for pools
-   larger than TL_POOL_SHARE_THREADS). */
-void tl_pool_shares(const tl_pool *pool, float *share);
+/* The current shares into share[0..threads), summing to 1 (equal until learned), and
+   returns share; NULL, writing nothing, for pools larger than TL_POOL_SHARE_THREADS (they
+   keep equal splits). */
+const float *tl_pool_shares(const tl_pool *pool, float share[TL_POOL_SHARE_THREADS]);
 
 /* Pins the shares (normalised, each within [1/2, 3/2] of an equal share; learning stops),
    for callers that know their cores and for tests that cut jobs unevenly on purpose; NULL
