@@ -1,14 +1,15 @@
 /* test_pool.c: the CPU backend's worker pool. Every task of a job runs exactly once, on a
  * thread index below the pool's count; in a phased job (tl_pool_run_phased) no task of the
  * second phase starts before every task of the first is done, whatever the thread that
- * claims it. A balanced job (tl_pool_run_balanced) on threads of unequal speed moves the
- * shares toward the faster thread, within their bounds, and follows when the speeds
- * change. Also run under TSan (scripts/test), which checks the phases' hand-over
+ * claims it. A balanced job (tl_pool_run_balanced) on threads of unequal speed (simulated,
+ * on a per-thread clock the pool times tasks by) moves the shares toward the faster thread,
+ * within their bounds, and follows when the speeds change. Also run under TSan (scripts/test), which checks the phases' hand-over
  * of plain memory. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -51,26 +52,38 @@ typedef struct {
     atomic_int ran_on[2 * TL_POOL_SHARE_THREADS];
 } balance_state;
 
+/* The pool times balanced tasks by this clock (tl_pool_set_clock): each thread's own count
+   of nanoseconds of simulated work, so what the shares learn is the test's slowdowns and
+   not the machine's load (a wall-clock version learned the wrong way in CI, time-sharing
+   two cores with another test). */
+static _Thread_local uint64_t simulated_ns;
+static uint64_t simulated_clock(void) { return simulated_ns; }
+
 static double now_us(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
 
-/* Task t of a phase: share[t] of 40 us of work, at the speed of the thread running it. */
+/* Task t of a phase: share[t] of 40 us of work at the speed of the thread running it, on
+   the simulated clock. It also busy-waits an eighth of that for real, so that both threads
+   are at work together and claim their own tasks, and the faster one (thread 1 in the
+   second half) does finish first and claim first in a second phase. */
 static void balance_task(void *ctx, int task, int thread) {
     balance_state *s = ctx;
     atomic_store(&s->ran_on[task], thread);
-    const double until = now_us() + 40.0 * (double)s->share[task % s->threads] * s->slowdown[thread];
+    const double us = 40.0 * (double)s->share[task % s->threads] * s->slowdown[thread];
+    simulated_ns += (uint64_t)(us * 1000.0);
+    const double until = now_us() + us / 8.0;
     while (now_us() < until) {
     }
 }
 
 /* Runs up to `jobs` balanced jobs (of two phases where `phased`) on threads of the given
    slowdowns; returns the shares after the last, stopping early once thread 0's share
-   reaches `stop` from below (`rising`) or from above. The CI machine's other tests share
-   its cores, so the shares see noise besides the slowdowns: the test waits for them to
-   arrive rather than counting on a number of jobs. */
+   reaches `stop` from below (`rising`) or from above. Only the jobs whose tasks each ran
+   on their own thread teach, and on a loaded machine a thread may come late to many: the
+   test waits for the shares to arrive rather than counting on a number of jobs. */
 static int run_balanced(tl_pool *pool, int threads, const double *slowdown, int jobs, bool phased, float stop,
                         bool rising, float *share) {
     balance_state s = {.threads = threads};
@@ -113,6 +126,7 @@ static void check_set_shares(void) {
             continue;
         }
         float share[TL_POOL_SHARE_THREADS], sum = 0.0f;
+        tl_pool_set_clock(pool, simulated_clock);
         tl_pool_set_shares(pool, cases[i].given);
         /* jobs that would teach the opposite leave pinned shares alone */
         const double slowdown[2] = {1.0, 4.0};
@@ -145,6 +159,7 @@ static void check_balanced(void) {
             tl_pool_free(pool);
             continue;
         }
+        tl_pool_set_clock(pool, simulated_clock);
         const double fast0[2] = {1.0, 2.0}, fast1[2] = {2.0, 1.0};
         float share[TL_POOL_SHARE_THREADS];
         tl_pool_shares(pool, share);

@@ -86,6 +86,7 @@ struct tl_pool {
        thread (relaxed atomics: a reader may see a mix of two updates, which only sizes a
        split a little off). */
     _Alignas(64) bool balanced;
+    tl_pool_clock_fn clock;        /* tl_pool_set_clock; NULL: ticks() */
     uint64_t busy[TL_POOL_SHARE_THREADS];
     atomic_bool taken[2 * TL_POOL_SHARE_THREADS]; /* the job's tasks handed out */
     /* The caller's, under run_lock: each learning job's balance point, thread t's fraction
@@ -136,9 +137,10 @@ static void run_tasks(tl_pool *pool, uint64_t gen, int thread) {
         if (claim >= pool->first_phase) wait_done(pool, pool->first_phase);
         if (pool->balanced) {
             const int task = balanced_task(pool, claim, n_of(w), thread);
-            const uint64_t start = ticks();
+            const tl_pool_clock_fn clock = pool->clock;
+            const uint64_t start = clock ? clock() : ticks();
             pool->fn(pool->ctx, task, thread);
-            pool->busy[thread] += ticks() - start; /* this thread's own slot */
+            pool->busy[thread] += (clock ? clock() : ticks()) - start; /* this thread's own slot */
         } else {
             pool->fn(pool->ctx, claim, thread);
         }
@@ -263,6 +265,13 @@ static void store_shares(tl_pool *pool, const float *share) {
         if (!moved) break;
     }
     for (int t = 0; t < threads; t++) atomic_store_explicit(&pool->share[t], value[t], memory_order_relaxed);
+}
+
+void tl_pool_set_clock(tl_pool *pool, tl_pool_clock_fn clock) {
+    if (!pool) return;
+    pthread_mutex_lock(&pool->run_lock);
+    pool->clock = clock;
+    pthread_mutex_unlock(&pool->run_lock);
 }
 
 void tl_pool_set_shares(tl_pool *pool, const float *share) {

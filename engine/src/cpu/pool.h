@@ -3,6 +3,7 @@
 #define TL_POOL_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 /* fn(ctx, task, thread) runs once per task in [0, n_tasks); `thread` in [0, n_threads)
    indexes per-thread scratch. Tasks must not depend on which thread runs them: results
@@ -59,5 +60,14 @@ void tl_pool_set_shares(tl_pool *pool, const float *share);
    on its own thread, the threads' times then teach the shares (update_shares: the median
    of a window of jobs, a bounded step, so that a preempted thread cannot swing them). */
 void tl_pool_run_balanced(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, const float *work);
+
+/* The clock that times a balanced job's tasks, read by the thread running each task just
+   before and after it; any fixed rate (only ratios count). NULL (the default): the CPU's
+   time-stamp counter (CLOCK_MONOTONIC elsewhere). A test sets a per-thread virtual clock
+   that its tasks advance, so that what the shares learn is decided by the test and not by
+   the machine's load (a test timing real busy-waits learned the wrong way in CI, its two
+   threads time-sharing cores with another test). Set it with no job in flight. */
+typedef uint64_t (*tl_pool_clock_fn)(void);
+void tl_pool_set_clock(tl_pool *pool, tl_pool_clock_fn clock);
 
 #endif
