@@ -405,7 +405,6 @@ describe("server with two workers", function()
             local codes = sh("(" .. table.concat(cmd, " ") .. " wait) 2>&1")
             assert.equal("200\n200\n200\n200\n", codes)
         end
-        os.execute("sleep 0.6") -- > publish_every: both workers have published since
         local function total(m, pattern)
             local sum, workers = 0, 0
             for w, v in m:gmatch(pattern) do
@@ -413,6 +412,15 @@ describe("server with two workers", function()
             end
             return sum, workers
         end
+        -- Each worker publishes its counters every publish_every (0.25 s): wait until both
+        -- have done so since the last request (a loaded machine may delay a timer), then
+        -- every answer, from either worker, must show the same totals.
+        for _ = 1, 100 do
+            local m = select(2, curl(base2 .. "/metrics")) or ""
+            if total(m, 'tinyloop_engine_requests_total{worker="(%d)",outcome="finished"} (%d+)') == 8 then break end
+            os.execute("sleep 0.1")
+        end
+        os.execute("sleep 0.3") -- > publish_every: the answering worker's peer has published too
         for _ = 1, 6 do -- new connections: answered by either worker
             local status, m = curl(base2 .. "/metrics")
             assert.equal(200, status)
