@@ -193,15 +193,17 @@ int main(int argc, char **argv) {
            info->weight_dtype, info->weight_bytes / 1e6, info->n_threads);
 
     printf("\nsessions   aggregate decode tok/s   vs one session\n");
-    double one = 0.0;
+    /* The ratios are to one session measured in this run, first (a ratio to the list's
+       first entry would read 8x for 8 sessions whatever they did). */
+    const int prompt_len = 16 < info->max_seq_len - steps - 2 ? 16 : 1;
+    const double one = decode_rate(m, 1, steps, prompt_len);
     char list[256];
     snprintf(list, sizeof list, "%s", counts);
+    if (atoi(counts) != 1) printf("%8d   %22.1f   %13.2fx   (the baseline, not in --sessions)\n", 1, one, 1.0);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
         const int n = atoi(tok);
         if (n < 1 || n > 64) continue;
-        const int prompt_len = 16 < info->max_seq_len - steps - 2 ? 16 : 1;
-        const double rate = decode_rate(m, n, steps, prompt_len);
-        if (n == 1 || one == 0.0) one = rate / n;
+        const double rate = n == 1 && tok == list ? one : decode_rate(m, n, steps, prompt_len);
         printf("%8d   %22.1f   %13.2fx\n", n, rate, rate / one);
         fflush(stdout);
     }
@@ -209,15 +211,18 @@ int main(int argc, char **argv) {
     if (mix_prompt > 0) {
         printf("\nserving mix: prompts of %d tokens, %d tokens each at temperature 0.8, a finished session replaced at once\n"
                "     sessions   aggregate tok/s   vs one session   CPU %%   tok per CPU-s\n", mix_prompt, mix_tokens);
-        one = 0.0;
+        const int mix_steps = 2 * mix_tokens > steps ? 2 * mix_tokens : steps;
+        double share;
+        const double mix_one = mix_rate(m, 1, mix_steps, mix_prompt, mix_tokens, &share);
+        if (atoi(counts) != 1)
+            printf("mix %8d   %15.1f   %13.2fx   %5.0f   %13.1f   (the baseline)\n", 1, mix_one, 1.0, 100 * share,
+                   mix_one / share);
         snprintf(list, sizeof list, "%s", counts);
         for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
             const int n = atoi(tok);
             if (n < 1 || n > 64) continue;
-            double share;
-            const double rate = mix_rate(m, n, 2 * mix_tokens > steps ? 2 * mix_tokens : steps, mix_prompt, mix_tokens, &share);
-            if (n == 1 || one == 0.0) one = rate / n;
-            printf("mix %8d   %15.1f   %13.2fx   %5.0f   %13.1f\n", n, rate, rate / one, 100 * share, rate / share);
+            const double rate = n == 1 && tok == list ? mix_one : mix_rate(m, n, mix_steps, mix_prompt, mix_tokens, &share);
+            printf("mix %8d   %15.1f   %13.2fx   %5.0f   %13.1f\n", n, rate, rate / mix_one, 100 * share, rate / share);
             fflush(stdout);
         }
     }
