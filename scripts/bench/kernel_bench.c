@@ -14,7 +14,9 @@
  * (pool.h: persistent workers that spin between jobs, as in decoding; threads created per
  * call made two-thread figures of small matrices measure thread creation). For q8/q4,
  * GFLOP/s counts the integer multiply-adds as a float product would (2 per weight and
- * row). A tool, not a test: speed figures drift with the machine. */
+ * row). Float rows are arranged once per call for families that arrange them
+ * (tl_kernels.arrange_rows: AVX-512, 6 to 16 rows), inside the timing, as the engine does
+ * once per product. A tool, not a test: speed figures drift with the machine. */
 #define _GNU_SOURCE
 #include <stdbool.h>
 #include <stdint.h>
@@ -37,6 +39,8 @@ typedef struct {
     size_t matrix_bytes;
     const uint8_t *weights; /* [copies][matrix_bytes] */
     const float *x;         /* [rows][k] */
+    float *tiles;           /* [rows * k]: x arranged (tl_kernels.arrange_rows), per call */
+    const float *arranged;  /* tiles when this call's x was arranged, else NULL */
     const tl_qrows *xq;
     float *y;               /* [rows][cols] */
     tl_pool *pool;          /* threads workers (the caller included) */
@@ -64,6 +68,9 @@ static void run_part(bench_job *job, int t) {
     const void *w = job->weights + (size_t)job->call * job->matrix_bytes;
     if (tl_dtype_quantised(job->dtype))
         job->kern->qmatmul_packed(job->xq, job->rows, job->k, w, job->dtype, NULL, o0, o1, job->y, job->cols);
+    else if (job->arranged)
+        job->kern->matmul_packed_arranged(job->x, job->arranged, job->rows, job->k, w, job->dtype, NULL, o0, o1,
+                                          job->y, job->cols);
     else
         job->kern->matmul_packed(job->x, job->rows, job->k, w, job->dtype, NULL, o0, o1, job->y, job->cols);
 }
@@ -77,6 +84,12 @@ static void part_task(void *ctx, int task, int thread) {
 /* One timed call over every thread's columns, reading the next copy of the matrix. */
 static double timed_call(bench_job *job) {
     const double t0 = now_s();
+    /* Float rows arranged for the family's multi-row tiles once per call, as the engine
+       does once per product (cpu_backend.c), and timed with it. */
+    job->arranged = !tl_dtype_quantised(job->dtype) && job->kern->arrange_rows &&
+                            job->kern->arrange_rows(job->x, job->rows, job->k, job->tiles)
+                        ? job->tiles
+                        : NULL;
     tl_pool_run(job->pool, job->threads, part_task, job);
     const double elapsed = now_s() - t0;
     job->call = (job->call + 1) % job->copies;
@@ -212,13 +225,14 @@ int main(int argc, char **argv) {
     int max_rows = 0;
     for (int r = 0; r < n_rows; r++) max_rows = rows[r] > max_rows ? rows[r] : max_rows;
     float *x = malloc((size_t)max_rows * (size_t)k * sizeof(float));
+    float *tiles = malloc((size_t)max_rows * (size_t)k * sizeof(float));
     float *y = malloc((size_t)max_rows * (size_t)cols * sizeof(float));
     int8_t *q8 = malloc((size_t)max_rows * (size_t)k);
     int16_t *q16 = malloc((size_t)max_rows * (size_t)k * sizeof(int16_t));
     const size_t n_groups = (size_t)max_rows * (size_t)(k / TL_QGROUP + 1);
     float *d8 = malloc(n_groups * sizeof(float)), *d16 = malloc(n_groups * sizeof(float));
     int32_t *sum8 = malloc(n_groups * sizeof(int32_t)), *sum16 = malloc(n_groups * sizeof(int32_t));
-    if (!x || !y || !q8 || !q16 || !d8 || !d16 || !sum8 || !sum16) return fprintf(stderr, "out of memory\n"), 1;
+    if (!x || !tiles || !y || !q8 || !q16 || !d8 || !d16 || !sum8 || !sum16) return fprintf(stderr, "out of memory\n"), 1;
     for (size_t i = 0; i < (size_t)max_rows * (size_t)k; i++) x[i] = (float)next_random() / 16777216.0f - 0.5f;
     const tl_qrows xq = {q8, d8, sum8, q16, d16, sum16};
 
@@ -257,7 +271,7 @@ int main(int argc, char **argv) {
             for (int r = 0; r < n_rows; r++) {
                 bench_job job = {.kern = families[f], .dtype = dtype, .k = k, .cols = cols, .rows = rows[r],
                                  .copies = copies, .threads = threads, .matrix_bytes = matrix_bytes,
-                                 .weights = weights, .x = x, .xq = &xq, .y = y, .pool = pool};
+                                 .weights = weights, .x = x, .tiles = tiles, .xq = &xq, .y = y, .pool = pool};
                 /* Calls per run: enough for ~20 ms, and a whole walk over the copies. */
                 const double flop = 2.0 * rows[r] * (double)k * (double)cols;
                 timed_call(&job); /* warm-up */
@@ -278,6 +292,7 @@ int main(int argc, char **argv) {
         free(weights);
     }
     free(x);
+    free(tiles);
     free(y);
     free(q8);
     free(q16);

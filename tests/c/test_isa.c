@@ -89,7 +89,7 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
     enum { ROWS = 176, MAX_N = 40, NARROW = 48 /* columns of the ranges every row count takes */ };
     const int ks[] = {3, 64, 67, 256};
     const tl_dtype dts[] = {TL_F32, TL_F16, TL_BF16};
-    int compared = 0;
+    int compared = 0, arranged = 0;
     for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
         for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
             const int k = ks[ki];
@@ -97,6 +97,7 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
             const size_t elem = dt == TL_F32 ? 4 : 2, count = (size_t)ROWS * (size_t)k;
             unsigned char *w = malloc(count * elem);
             float *x = malloc((size_t)MAX_N * (size_t)k * sizeof(float));
+            float *tiles = malloc((size_t)MAX_N * (size_t)k * sizeof(float));
             float *want = malloc((size_t)MAX_N * ROWS * sizeof(float)), *got = malloc((size_t)MAX_N * ROWS * sizeof(float));
             float bias[ROWS];
             uint32_t state = 12345u + (uint32_t)(ki * 7 + di);
@@ -133,6 +134,21 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
                             CHECK(!wrote_outside(got, MAX_N, ROWS, n, o0, o1),
                                   "packed %s k=%d dtype %d, %d rows (columns %d-%d): wrote outside its rows or columns",
                                   families[f]->isa, k, (int)dt, n, o0, o1);
+                            /* with the rows arranged once for the multi-row tiles, where the
+                               family arranges them (arrange_rows): the same bits */
+                            if (families[f]->arrange_rows && families[f]->arrange_rows(x, n, k, tiles)) {
+                                memset(got, 0, (size_t)MAX_N * ROWS * sizeof(float));
+                                families[f]->matmul_packed_arranged(x, tiles, n, k, w, dt, b, o0, o1, got, ROWS);
+                                same = true;
+                                for (int r = 0; r < n; r++)
+                                    same = same && memcmp(want + (size_t)r * ROWS + o0, got + (size_t)r * ROWS + o0, width) == 0;
+                                CHECK(same, "packed %s k=%d dtype %d, %d rows arranged (columns %d-%d): differs from generic",
+                                      families[f]->isa, k, (int)dt, n, o0, o1);
+                                CHECK(!wrote_outside(got, MAX_N, ROWS, n, o0, o1),
+                                      "packed %s k=%d dtype %d, %d rows arranged (columns %d-%d): wrote outside",
+                                      families[f]->isa, k, (int)dt, n, o0, o1);
+                                arranged++;
+                            }
                             /* the last row alone, through the single-row tile */
                             families[f]->matmul_packed(x + (size_t)(n - 1) * (size_t)k, 1, k, w, dt, b, o0, o1, got, ROWS);
                             CHECK(memcmp(want + (size_t)(n - 1) * ROWS + o0, got + o0, width) == 0,
@@ -142,9 +158,14 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
                     }
             free(w);
             free(x);
+            free(tiles);
             free(want);
             free(got);
         }
+    /* an AVX-512 family was given: its arranged rows were compared (6 rows and more) */
+    bool any_arranges = false;
+    for (int f = 0; f < n_families; f++) any_arranges = any_arranges || families[f]->arrange_rows;
+    CHECK(!any_arranges || arranged > 0, "arranged rows: %d comparisons", arranged);
     return compared;
 }
 

@@ -120,6 +120,7 @@ enum { GROUP_MAX = 4 };
 
 typedef struct {
     const float *x;
+    const float *tiles; /* x arranged for the kernels' multi-row tiles (arrange_group_input), or NULL */
     const tl_qrows *xq; /* x quantised, for q8/q4 weights */
     const tl_matmul_out *outs;
     int count;
@@ -143,6 +144,9 @@ static void product_columns(const matmul_job *j, const tl_matmul_out *out, int o
     if (tl_dtype_quantised(w->dtype)) {
         if (w->packed) j->kern->qmatmul_packed(j->xq, j->n, w->cols, w->data, w->dtype, out->bias, o0, o1, out->y, w->rows);
         else tl_qmatmul_rowmajor(j->xq, j->n, w->cols, w, out->bias, o0, o1, out->y, w->rows);
+    } else if (w->packed && j->tiles) {
+        j->kern->matmul_packed_arranged(j->x, j->tiles, j->n, w->cols, w->data, w->dtype, out->bias, o0, o1, out->y,
+                                        w->rows);
     } else {
         (w->packed ? j->kern->matmul_packed : j->kern->matmul)(j->x, j->n, w->cols, w->data, w->dtype,
                                                                out->bias, o0, o1, out->y, w->rows);
@@ -254,6 +258,25 @@ static bool quantise_group_input(const float *x, int n, const tl_matmul_out *out
     return true;
 }
 
+/* The group's input x [n][k] arranged for the kernels' multi-row tiles (tl_kernels.
+   arrange_rows), once for all of the job's tasks, where a product of the group is a packed
+   float matrix and the kernels take such rows: into a heap buffer returned in *heap for
+   the caller to free (a batch of 16 rows of 3072 inputs is 192 KiB). NULL where they read
+   x as it is, or out of memory: the same results either way. */
+static const float *arrange_group_input(const tl_kernels *kern, const float *x, int n, const tl_matmul_out *outs,
+                                        int count, float **heap) {
+    *heap = NULL;
+    bool packed_float = false;
+    for (int i = 0; i < count; i++) packed_float = packed_float || (outs[i].w->packed && !tl_dtype_quantised(outs[i].w->dtype));
+    if (!kern->arrange_rows || !packed_float || n < 2) return NULL;
+    const int k = outs[0].w->cols;
+    if (!(*heap = malloc((size_t)n * (size_t)k * sizeof(float)))) return NULL;
+    if (kern->arrange_rows(x, n, k, *heap)) return *heap;
+    free(*heap);
+    *heap = NULL;
+    return NULL;
+}
+
 /* Below this many multiply-adds a product is "small" (a decode row's: a few microseconds):
    one task per thread, since every task is a claim on the pool's shared job word. */
 #define SMALL_MACS (1L << 21)
@@ -338,6 +361,8 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
     tl_qrows qrows = {0};
     if (!quantise_group_input(x, n, outs, count, stack, &heap, &qrows)) return;
     job.xq = &qrows;
+    float *tiles;
+    job.tiles = arrange_group_input(job.kern, x, n, outs, count, &tiles);
     if (job.balanced) {
         float work[TL_POOL_SHARE_THREADS];
         balanced_work(&job, NULL, work);
@@ -345,6 +370,7 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
     } else {
         tl_pool_run(pool, n_tasks, matmul_task, &job);
     }
+    free(tiles);
     free(heap);
 }
 
@@ -391,6 +417,9 @@ static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_m
     job.first_tasks = matmul_job_init(&job.first, x, n, first, count, threads, share);
     const int second_tasks = matmul_job_init(&job.second, first[0].y, n, second, 1, threads, share);
     job.first.xq = job.second.xq = &none;
+    /* The first phase's input arranged up front; the second's is made by the first. */
+    float *tiles;
+    job.first.tiles = arrange_group_input(job.first.kern, x, n, first, count, &tiles);
     /* Both phases cut by the shares: the threads' times teach the pool (the decode MLP is
        most of a small model's token). */
     if (job.first.balanced && job.second.balanced) {
@@ -400,6 +429,7 @@ static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_m
     } else {
         tl_pool_run_phased(pool, job.first_tasks + second_tasks, job.first_tasks, matmul_then_task, &job);
     }
+    free(tiles);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -800,6 +830,8 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     }
     if (!quantise_group_input(h, n, qkv, 3, stack, &heap, &qrows))
         return false; /* out of memory: the separate operations meet it too, and say so (NaN) */
+    float *tiles;
+    job.mm.tiles = arrange_group_input(job.mm.kern, h, n, qkv, 3, &tiles);
     /* Looked up here, not in the tasks: a lookup may allocate a page (kv_write's way). Each
        chunk is one row, so forward row i is chunk i's. */
     for (int i = 0; i < n_args; i++)
@@ -819,6 +851,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
         tl_pool_run_balanced(pool, job.tasks + out_tasks, job.tasks, qkv_attention_task, &job, NULL);
     else
         tl_pool_run_phased(pool, job.tasks + out_tasks, job.tasks, qkv_attention_task, &job);
+    free(tiles);
     free(heap);
     if (o && !phased) tl_cpu_matmul_group(m, att, n, o, 1);
     return true;

@@ -403,5 +403,6 @@ static void axpys_avx2(float *y, const float *a, const float *const *x, int n, i
     axpys_from(y, a, x, n, i, k);
 }
 
-const tl_kernels tl_kernels_avx2 = {"avx2", matmul_avx2, matmul_packed_avx2, tl_qmatmul_packed_avx2, dots_avx2, axpys_avx2};
+const tl_kernels tl_kernels_avx2 = {"avx2", matmul_avx2, matmul_packed_avx2, tl_qmatmul_packed_avx2, dots_avx2, axpys_avx2,
+                                    NULL, NULL}; /* rows as they are */
 #endif

@@ -155,6 +155,12 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
                                                                _mm512_add_ps(partial[r][2], partial[r][3]))); \
     }
 
+/* Row r's input i for a tile of R rows: from x row-major ([r][k]), or TILED from the rows
+   as arrange_rows_avx512 lays them out ([i][R]: the R inputs a k step broadcasts share a
+   cache line or two, where row-major they sit on R lines k floats apart, which the panels
+   streaming through L1 evict; from memory, GPT-2 shapes at 8 rows, that cost 25-40%). */
+#define X_AT(TILED, R, r, i) ((TILED) ? x[(size_t)(i) * (size_t)(R) + (size_t)(r)] : x[(size_t)(r) * (size_t)k + (size_t)(i)])
+
 /* Two-panel tiles (batched decode, verification, prefill): R rows x 2 panels, so each
    broadcast activation feeds two FMAs and each converted weight vector R, where a
    one-panel tile issues a broadcast load per FMA and is bound by its loads. The 2 x R x 4
@@ -166,7 +172,7 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
    the one-panel tiles): one thread +11-17% at 6 rows, +13-23% at 8, +12-21% at 10 to 16
    from cache, +5-15% from memory; two threads streaming from memory, where both share the
    bandwidth, -5% to +16% from run to run (the machine's drift), +8-12% at 12 and 16 rows. */
-#define DEFINE_PACKED_PAIR(NAME, L16, DT, R, JW)                                          \
+#define DEFINE_PACKED_PAIR(NAME, L16, DT, R, JW, TILED)                                   \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, const char *ahead, \
                             size_t ahead_bytes, float *out) {                            \
         const int k4 = k & ~3, passes = 4 / (JW);                                         \
@@ -186,7 +192,7 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
                     const __m512 w0 = L16(w, panel + (size_t)(i + jb + jj) * TL_PANEL);   \
                     const __m512 w1 = L16(w, panel1 + (size_t)(i + jb + jj) * TL_PANEL);  \
                     for (int r = 0; r < R; r++) {                                         \
-                        const __m512 xb = _mm512_set1_ps(x[(size_t)r * (size_t)k + (size_t)(i + jb + jj)]); \
+                        const __m512 xb = _mm512_set1_ps(X_AT(TILED, R, r, i + jb + jj)); \
                         acc[r][0][jj] = _mm512_fmadd_ps(w0, xb, acc[r][0][jj]);           \
                         acc[r][1][jj] = _mm512_fmadd_ps(w1, xb, acc[r][1][jj]);           \
                     }                                                                     \
@@ -196,7 +202,7 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
                 for (int i = k4; i < k; i++) {                                            \
                     const __m512 w0 = L16(w, panel + (size_t)i * TL_PANEL), w1 = L16(w, panel1 + (size_t)i * TL_PANEL); \
                     for (int r = 0; r < R; r++) {                                         \
-                        const __m512 xb = _mm512_set1_ps(x[(size_t)r * (size_t)k + (size_t)i]); \
+                        const __m512 xb = _mm512_set1_ps(X_AT(TILED, R, r, i));            \
                         acc[r][0][0] = _mm512_fmadd_ps(w0, xb, acc[r][0][0]);             \
                         acc[r][1][0] = _mm512_fmadd_ps(w1, xb, acc[r][1][0]);             \
                     }                                                                     \
@@ -296,10 +302,14 @@ static inline int pair_tile_rows(int left) {
     } while (0)
 
 #define DEFINE_PACKED(NAME, L16, DT)                                                      \
-    DEFINE_PACKED_PAIR(NAME##_p12, L16, DT, 12, 1)                                        \
-    DEFINE_PACKED_PAIR(NAME##_p8, L16, DT, 8, 1)                                          \
-    DEFINE_PACKED_PAIR(NAME##_p6, L16, DT, 6, 2)                                          \
-    DEFINE_PACKED_PAIR(NAME##_p4, L16, DT, 4, 2)                                          \
+    DEFINE_PACKED_PAIR(NAME##_p12, L16, DT, 12, 1, 0)                                     \
+    DEFINE_PACKED_PAIR(NAME##_p8, L16, DT, 8, 1, 0)                                       \
+    DEFINE_PACKED_PAIR(NAME##_p6, L16, DT, 6, 2, 0)                                       \
+    DEFINE_PACKED_PAIR(NAME##_p4, L16, DT, 4, 2, 0)                                       \
+    DEFINE_PACKED_PAIR(NAME##_t12, L16, DT, 12, 1, 1)                                     \
+    DEFINE_PACKED_PAIR(NAME##_t8, L16, DT, 8, 1, 1)                                       \
+    DEFINE_PACKED_PAIR(NAME##_t6, L16, DT, 6, 2, 1)                                       \
+    DEFINE_PACKED_PAIR(NAME##_t4, L16, DT, 4, 2, 1)                                       \
     DEFINE_PACKED_ROWS_PANELS(NAME##_1x4, L16, DT, 1, 4)                                  \
     DEFINE_PACKED_ROWS_PANELS(NAME##_2x3, L16, DT, 2, 3)                                  \
     DEFINE_PACKED_ROWS_PANELS(NAME##_3x2, L16, DT, 3, 2)                                  \
@@ -309,8 +319,8 @@ static inline int pair_tile_rows(int left) {
     DEFINE_PACKED_ROWS(NAME##_r3, L16, DT, 3)                                             \
     DEFINE_PACKED_ROWS(NAME##_r2, L16, DT, 2)                                             \
     DEFINE_PACKED_ROWS(NAME##_r1, L16, DT, 1)                                             \
-    static void NAME(const float *x, int n, int k, const void *w, const float *bias, int o0, \
-                     int o1, float *y, int ldy) {                                         \
+    static void NAME(const float *x, const float *tiles, int n, int k, const void *w, const float *bias, \
+                     int o0, int o1, float *y, int ldy) {                                 \
         float out[12 * 2 * TL_PANEL];                                                     \
         const size_t panel_bytes = tl_panel_bytes(DT, k);                                 \
         int o = o0;                                                                       \
@@ -332,13 +342,23 @@ static inline int pair_tile_rows(int left) {
             const size_t ahead_bytes = (size_t)(next < 2 ? next : 2) * panel_bytes;       \
             int r = 0;                                                                    \
             for (int rows; r < n && (rows = pair_tile_rows(n - r)) > 0; r += rows) {      \
-                const float *xr = x + (size_t)r * (size_t)k;                              \
                 const char *a = r == 0 ? ahead : NULL;                                    \
-                switch (rows) {                                                           \
-                case 12: NAME##_p12(xr, k, w, panel, a, ahead_bytes, out); break;         \
-                case 8: NAME##_p8(xr, k, w, panel, a, ahead_bytes, out); break;           \
-                case 6: NAME##_p6(xr, k, w, panel, a, ahead_bytes, out); break;           \
-                default: NAME##_p4(xr, k, w, panel, a, ahead_bytes, out); break;          \
+                if (tiles) {                                                              \
+                    const float *xt = tiles + (size_t)r * (size_t)k; /* the group's [k][rows] */ \
+                    switch (rows) {                                                       \
+                    case 12: NAME##_t12(xt, k, w, panel, a, ahead_bytes, out); break;     \
+                    case 8: NAME##_t8(xt, k, w, panel, a, ahead_bytes, out); break;       \
+                    case 6: NAME##_t6(xt, k, w, panel, a, ahead_bytes, out); break;       \
+                    default: NAME##_t4(xt, k, w, panel, a, ahead_bytes, out); break;      \
+                    }                                                                     \
+                } else {                                                                  \
+                    const float *xr = x + (size_t)r * (size_t)k;                          \
+                    switch (rows) {                                                       \
+                    case 12: NAME##_p12(xr, k, w, panel, a, ahead_bytes, out); break;     \
+                    case 8: NAME##_p8(xr, k, w, panel, a, ahead_bytes, out); break;       \
+                    case 6: NAME##_p6(xr, k, w, panel, a, ahead_bytes, out); break;       \
+                    default: NAME##_p4(xr, k, w, panel, a, ahead_bytes, out); break;      \
+                    }                                                                     \
                 }                                                                         \
                 store_tile(out, rows, 2, 0, TL_PANEL, bias, o, y + (size_t)r * (size_t)ldy, ldy); \
                 store_tile(out, rows, 2, 1, lanes1, bias, o + TL_PANEL, y + (size_t)r * (size_t)ldy, ldy); \
@@ -383,13 +403,34 @@ DEFINE_PACKED(packed_f32, l16_f32, TL_F32)
 DEFINE_PACKED(packed_f16, l16_f16, TL_F16)
 DEFINE_PACKED(packed_bf16, l16_bf16, TL_BF16)
 
+static void matmul_packed_arranged_avx512(const float *x, const float *tiles, int n, int k, const void *w,
+                                          tl_dtype dt, const float *bias, int o0, int o1, float *y, int ldy) {
+    switch (dt) {
+    case TL_F16: packed_f16(x, tiles, n, k, w, bias, o0, o1, y, ldy); break;
+    case TL_BF16: packed_bf16(x, tiles, n, k, w, bias, o0, o1, y, ldy); break;
+    default: packed_f32(x, tiles, n, k, w, bias, o0, o1, y, ldy); break;
+    }
+}
+
 static void matmul_packed_avx512(const float *x, int n, int k, const void *w, tl_dtype dt,
                                  const float *bias, int o0, int o1, float *y, int ldy) {
-    switch (dt) {
-    case TL_F16: packed_f16(x, n, k, w, bias, o0, o1, y, ldy); break;
-    case TL_BF16: packed_bf16(x, n, k, w, bias, o0, o1, y, ldy); break;
-    default: packed_f32(x, n, k, w, bias, o0, o1, y, ldy); break;
+    matmul_packed_arranged_avx512(x, NULL, n, k, w, dt, bias, o0, o1, y, ldy);
+}
+
+/* The rows of x [n][k] for the two-panel tiles (kernels.h): each group of rows the pair
+   loop takes (pair_tile_rows) as [k][rows] at the group's offset r * k; the rows after the
+   last group are not read from here. False (nothing written) where no pair tile runs, and
+   past ARRANGE_MAX_ROWS: prefill chunks read x row-major as before (128 rows arranged per
+   product measured even, within the noise, and cost a buffer of 128 x k floats). */
+#define ARRANGE_MAX_ROWS 16
+static bool arrange_rows_avx512(const float *x, int n, int k, float *tiles) {
+    if (n < 6 || n > ARRANGE_MAX_ROWS) return false;
+    for (int r = 0, rows; r < n && (rows = pair_tile_rows(n - r)) > 0; r += rows) {
+        float *group = tiles + (size_t)r * (size_t)k;
+        for (int i = 0; i < k; i++)
+            for (int t = 0; t < rows; t++) group[(size_t)i * (size_t)rows + (size_t)t] = x[(size_t)(r + t) * (size_t)k + (size_t)i];
     }
+    return true;
 }
 
 /* Single rows stay on the AVX2 kernel (prefetched streaming, measured at the machine's
@@ -425,7 +466,8 @@ static void axpys_avx512(float *y, const float *a, const float *const *x, int n,
 /* q8 and q4 are integer dot products (kernels.h): AVX-512 without VNNI and BW runs the AVX2
    kernels, with them kernels_vnni.c's (integer sums are exact, so every ISA agrees). */
 const tl_kernels tl_kernels_avx512 = {"avx512", matmul_avx512, matmul_packed_avx512, tl_qmatmul_packed_avx2,
-                                      dots_avx512, axpys_avx512};
+                                      dots_avx512, axpys_avx512, arrange_rows_avx512, matmul_packed_arranged_avx512};
 const tl_kernels tl_kernels_avx512_vnni = {"avx512-vnni", matmul_avx512, matmul_packed_avx512,
-                                           tl_qmatmul_packed_vnni, dots_avx512, axpys_avx512};
+                                           tl_qmatmul_packed_vnni, dots_avx512, axpys_avx512,
+                                           arrange_rows_avx512, matmul_packed_arranged_avx512};
 #endif

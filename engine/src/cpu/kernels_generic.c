@@ -212,7 +212,8 @@ static void axpys_generic(float *y, const float *a, const float *const *x, int n
 }
 
 const tl_kernels tl_kernels_generic = {"generic", matmul_generic, matmul_packed_generic,
-                                       qmatmul_packed_generic, dots_generic, axpys_generic};
+                                       qmatmul_packed_generic, dots_generic, axpys_generic,
+                                       NULL, NULL}; /* rows as they are */
 
 static const tl_kernels *chosen;
 
