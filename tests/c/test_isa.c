@@ -136,7 +136,11 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
                                   families[f]->isa, k, (int)dt, n, o0, o1);
                             /* with the rows arranged once for the multi-row tiles, where the
                                family arranges them (arrange_rows): the same bits */
-                            if (families[f]->arrange_rows && families[f]->arrange_rows(x, n, k, tiles)) {
+                            const bool will = families[f]->arrange_rows && families[f]->arrange_rows(x, n, k, NULL);
+                            const bool did = families[f]->arrange_rows && families[f]->arrange_rows(x, n, k, tiles);
+                            CHECK(will == did, "%s: arrange_rows(NULL) answers %d for %d rows, arranging %d", families[f]->isa,
+                                  will, n, did);
+                            if (did) {
                                 memset(got, 0, (size_t)MAX_N * ROWS * sizeof(float));
                                 families[f]->matmul_packed_arranged(x, tiles, n, k, w, dt, b, o0, o1, got, ROWS);
                                 same = true;

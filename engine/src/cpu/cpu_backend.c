@@ -268,13 +268,11 @@ static const float *arrange_group_input(const tl_kernels *kern, const float *x, 
     *heap = NULL;
     bool packed_float = false;
     for (int i = 0; i < count; i++) packed_float = packed_float || (outs[i].w->packed && !tl_dtype_quantised(outs[i].w->dtype));
-    if (!kern->arrange_rows || !packed_float || n < 2) return NULL;
     const int k = outs[0].w->cols;
+    if (!kern->arrange_rows || !packed_float || !kern->arrange_rows(x, n, k, NULL)) return NULL;
     if (!(*heap = malloc((size_t)n * (size_t)k * sizeof(float)))) return NULL;
-    if (kern->arrange_rows(x, n, k, *heap)) return *heap;
-    free(*heap);
-    *heap = NULL;
-    return NULL;
+    kern->arrange_rows(x, n, k, *heap);
+    return *heap;
 }
 
 /* Below this many multiply-adds a product is "small" (a decode row's: a few microseconds):
@@ -820,7 +818,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
                              .score_heads = score_heads_fit(m, args, n_args)};
     float shares[TL_POOL_SHARE_THREADS];
     const float *share = tl_pool_shares(pool, shares);
-    if (share) {
+    if (threads <= TL_POOL_SHARE_THREADS) { /* kv_first's room: by the shares, else equal */
         if (!kv_groups(c->n_kv_heads, c->head_dim, threads, share, job.kv_first) &&
             !kv_groups(c->n_kv_heads, c->head_dim, threads, NULL, job.kv_first))
             return false;

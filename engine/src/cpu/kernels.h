@@ -89,10 +89,10 @@ typedef struct tl_kernels {
     /* Optional (NULL in families without): x [n][k] rearranged once for several calls of
        matmul_packed_arranged (a job's tasks), into `tiles` of n * k floats, in the order the
        family's multi-row tiles read it; false (nothing written) where they would not read
-       it (too few rows). Then matmul_packed_arranged(x, tiles, ...) is matmul_packed(x, ...)
-       with the same results, bit for bit, reading the tiles' rows from `tiles` (NULL:
-       exactly matmul_packed). Rearranging per call would cost the tile's gain back on a
-       task of a few dozen panels. */
+       it (too few or too many rows); with tiles NULL it only answers that. Then
+       matmul_packed_arranged(x, tiles, ...) is matmul_packed(x, ...) with the same results,
+       bit for bit, reading the tiles' rows from `tiles` (NULL: exactly matmul_packed).
+       Rearranging per call would cost the tiles' gain back on a task of a few dozen panels. */
     bool (*arrange_rows)(const float *x, int n, int k, float *tiles);
     void (*matmul_packed_arranged)(const float *x, const float *tiles, int n, int k, const void *w, tl_dtype dt,
                                    const float *bias, int o0, int o1, float *y, int ldy);

@@ -425,6 +425,7 @@ static void matmul_packed_avx512(const float *x, int n, int k, const void *w, tl
 #define ARRANGE_MAX_ROWS 16
 static bool arrange_rows_avx512(const float *x, int n, int k, float *tiles) {
     if (n < 6 || n > ARRANGE_MAX_ROWS) return false;
+    if (!tiles) return true; /* the question only */
     for (int r = 0, rows; r < n && (rows = pair_tile_rows(n - r)) > 0; r += rows) {
         float *group = tiles + (size_t)r * (size_t)k;
         for (int i = 0; i < k; i++)
