@@ -343,22 +343,13 @@ static inline int pair_tile_rows(int left) {
             int r = 0;                                                                    \
             for (int rows; r < n && (rows = pair_tile_rows(n - r)) > 0; r += rows) {      \
                 const char *a = r == 0 ? ahead : NULL;                                    \
-                if (tiles) {                                                              \
-                    const float *xt = tiles + (size_t)r * (size_t)k; /* the group's [k][rows] */ \
-                    switch (rows) {                                                       \
-                    case 12: NAME##_t12(xt, k, w, panel, a, ahead_bytes, out); break;     \
-                    case 8: NAME##_t8(xt, k, w, panel, a, ahead_bytes, out); break;       \
-                    case 6: NAME##_t6(xt, k, w, panel, a, ahead_bytes, out); break;       \
-                    default: NAME##_t4(xt, k, w, panel, a, ahead_bytes, out); break;      \
-                    }                                                                     \
-                } else {                                                                  \
-                    const float *xr = x + (size_t)r * (size_t)k;                          \
-                    switch (rows) {                                                       \
-                    case 12: NAME##_p12(xr, k, w, panel, a, ahead_bytes, out); break;     \
-                    case 8: NAME##_p8(xr, k, w, panel, a, ahead_bytes, out); break;       \
-                    case 6: NAME##_p6(xr, k, w, panel, a, ahead_bytes, out); break;       \
-                    default: NAME##_p4(xr, k, w, panel, a, ahead_bytes, out); break;      \
-                    }                                                                     \
+                /* the group's rows arranged ([k][rows]) where given, else row-major */   \
+                const float *xr = (tiles ? tiles : x) + (size_t)r * (size_t)k;            \
+                switch (rows) {                                                           \
+                case 12: (tiles ? NAME##_t12 : NAME##_p12)(xr, k, w, panel, a, ahead_bytes, out); break; \
+                case 8: (tiles ? NAME##_t8 : NAME##_p8)(xr, k, w, panel, a, ahead_bytes, out); break; \
+                case 6: (tiles ? NAME##_t6 : NAME##_p6)(xr, k, w, panel, a, ahead_bytes, out); break; \
+                default: (tiles ? NAME##_t4 : NAME##_p4)(xr, k, w, panel, a, ahead_bytes, out); break; \
                 }                                                                         \
                 store_tile(out, rows, 2, 0, TL_PANEL, bias, o, y + (size_t)r * (size_t)ldy, ldy); \
                 store_tile(out, rows, 2, 1, lanes1, bias, o + TL_PANEL, y + (size_t)r * (size_t)ldy, ldy); \
