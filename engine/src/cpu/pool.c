@@ -293,12 +293,12 @@ void tl_pool_set_shares(tl_pool *pool, const float *share) {
    thread's median balance point of the window, within their bounds. The median, not a sum
    of times: a thread preempted once (another process on its core, a time slice of
    milliseconds) would outweigh a window of 10-microsecond jobs. */
-static void update_shares(tl_pool *pool, const float *work) {
+static void update_shares(tl_pool *pool, const float *work, const uint64_t *busy) {
     const int threads = pool->n_threads;
     float rate[TL_POOL_SHARE_THREADS], total = 0.0f;
     for (int t = 0; t < threads; t++) {
-        if (pool->busy[t] == 0 || !(work[t] > 0.0f)) return; /* a thread without work: nothing to compare */
-        rate[t] = work[t] / (float)pool->busy[t];
+        if (busy[t] == 0 || !(work[t] > 0.0f)) return; /* a thread without work: nothing to compare */
+        rate[t] = work[t] / (float)busy[t];
         total += rate[t];
     }
     for (int t = 0; t < threads; t++) pool->window[pool->window_jobs][t] = rate[t] / total;
@@ -318,6 +318,13 @@ static void update_shares(tl_pool *pool, const float *work) {
         next[t] = now + SHARE_STEP * (median - now);
     }
     store_shares(pool, next);
+}
+
+void tl_pool_teach(tl_pool *pool, const float *work, const uint64_t *busy) {
+    if (!pool || pool->n_threads > TL_POOL_SHARE_THREADS || pool->n_threads < 2) return;
+    pthread_mutex_lock(&pool->run_lock); /* the window is the caller of a job's */
+    if (!pool->pinned) update_shares(pool, work, busy);
+    pthread_mutex_unlock(&pool->run_lock);
 }
 
 static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool balanced,
@@ -369,6 +376,6 @@ static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void
     run_tasks(pool, gen, 0);
     wait_done(pool, n_tasks); /* the tasks still running, claimed by workers */
     if (balanced && work && !pool->pinned && !atomic_load_explicit(&pool->misplaced, memory_order_relaxed))
-        update_shares(pool, work);
+        update_shares(pool, work, pool->busy);
     pthread_mutex_unlock(&pool->run_lock);
 }

@@ -61,6 +61,13 @@ void tl_pool_set_shares(tl_pool *pool, const float *share);
    of a window of jobs, a bounded step, so that a preempted thread cannot swing them). */
 void tl_pool_run_balanced(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, const float *work);
 
+/* What a learning job of tl_pool_run_balanced teaches, given directly: thread t did
+   work[t] of a job in busy[t] ticks of any fixed rate. The same step as after a job (one
+   job of the window; pinned shares ignore it), for tests of the learning that must not
+   depend on how the machine schedules the pool's threads: under load a worker comes late
+   to most jobs, whose tasks then do not run on their own threads and teach nothing. */
+void tl_pool_teach(tl_pool *pool, const float *work, const uint64_t *busy);
+
 /* The clock that times a balanced job's tasks, read by the thread running each task just
    before and after it; any fixed rate (only ratios count). NULL (the default): the CPU's
    time-stamp counter (CLOCK_MONOTONIC elsewhere). A test sets a per-thread virtual clock
