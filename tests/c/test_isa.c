@@ -124,7 +124,6 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
                         const float *b = n % 2 ? bias : NULL; /* with and without a bias */
                         tl_kernels_generic.matmul_packed(x, n, k, w, dt, b, o0, o1, want, ROWS);
                         for (int f = 0; f < n_families; f++) {
-                            memset(got, 0, (size_t)MAX_N * ROWS * sizeof(float));
                             /* with the rows as they are, then (where the family arranges
                                them: arrange_rows) arranged once for its multi-row tiles: the
                                generic kernel's bits, and nothing written outside */

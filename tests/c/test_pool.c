@@ -55,8 +55,8 @@ typedef struct {
 
 /* The pool times balanced tasks by this clock (tl_pool_set_clock): each thread's own count
    of nanoseconds of simulated work, so what the shares learn is the test's slowdowns and
-   not the machine's load (a wall-clock version learned the wrong way in CI, time-sharing
-   two cores with another test). */
+   not the machine's load (a wall-clock version learned the wrong way in the project's CI,
+   time-sharing two cores with another test). */
 static _Thread_local uint64_t simulated_ns;
 static uint64_t simulated_clock(void) { return simulated_ns; }
 
@@ -101,6 +101,15 @@ static int run_balanced(tl_pool *pool, int threads, const double *slowdown, int 
     return not_own;
 }
 
+/* A pool of `threads` threads, or NULL after a failed check naming `what`. */
+static tl_pool *pool_of(int threads, const char *what) {
+    tl_pool *pool = tl_pool_new(threads);
+    if (pool && tl_pool_threads(pool) == threads) return pool;
+    CHECK(false, "%s: a pool of %d threads", what, threads);
+    tl_pool_free(pool);
+    return NULL;
+}
+
 /* tl_pool_set_shares: normalised, each within [1/2, 3/2] of an equal share (the others
    taking up what a bounded one gives back), held while jobs would teach otherwise; NULL:
    equal again. */
@@ -120,12 +129,8 @@ static void check_set_shares(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int threads = cases[i].threads;
-        tl_pool *pool = tl_pool_new(threads);
-        if (!pool || tl_pool_threads(pool) != threads) {
-            CHECK(false, "set shares: a pool of %d threads", threads);
-            tl_pool_free(pool);
-            continue;
-        }
+        tl_pool *pool = pool_of(threads, "set shares");
+        if (!pool) continue;
         float share[TL_POOL_SHARE_THREADS], sum = 0.0f;
         tl_pool_set_clock(pool, simulated_clock);
         tl_pool_set_shares(pool, cases[i].given);
@@ -170,12 +175,8 @@ static void check_learning(void) {
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int threads = cases[c].threads;
-        tl_pool *pool = tl_pool_new(threads);
-        if (!pool || tl_pool_threads(pool) != threads) {
-            CHECK(false, "learning: a pool of %d threads", threads);
-            tl_pool_free(pool);
-            continue;
-        }
+        tl_pool *pool = pool_of(threads, "learning");
+        if (!pool) continue;
         for (int spell = 0; spell < 2; spell++) {
             float share[TL_POOL_SHARE_THREADS];
             int jobs = 0;
@@ -207,21 +208,18 @@ static void check_learning(void) {
 
 /* Balanced jobs on the pool's threads teach it: on the simulated clock, thread 0 twice as
    fast moves its share up, then down when thread 1 is the fast one. Only jobs whose tasks
-   each ran on their own thread teach, and under load a worker comes late to most jobs (in
-   CI, beside another test: about one in a thousand taught), so this asks for a window's
-   step each way (0.5 -> about 0.517), within up to a million jobs. And each thread takes
-   its own task of a phase, also where thread 1 finishes the first phase first. */
+   each ran on their own thread teach, and under load a worker comes late to most jobs
+   (under ctest -j2, beside another test: about one in a thousand taught), so this asks for
+   a window's step each way (0.5 -> about 0.517), within up to a million jobs. And each
+   thread takes its own task of a phase, also where thread 1 finishes the first phase
+   first. */
 static void check_balanced(void) {
     /* Two threads (the CI machine has two cores: more would time-share them), jobs of one
        phase, then of two. */
     const int threads = 2;
     for (int phased = 0; phased <= 1; phased++) {
-        tl_pool *pool = tl_pool_new(threads);
-        if (!pool || tl_pool_threads(pool) != threads) {
-            CHECK(false, "balanced: pool of %d threads", threads);
-            tl_pool_free(pool);
-            continue;
-        }
+        tl_pool *pool = pool_of(threads, "balanced");
+        if (!pool) continue;
         tl_pool_set_clock(pool, simulated_clock);
         const double fast0[2] = {1.0, 2.0}, fast1[2] = {2.0, 1.0};
         float share[TL_POOL_SHARE_THREADS];

@@ -260,19 +260,17 @@ static bool quantise_group_input(const float *x, int n, const tl_matmul_out *out
 
 /* The group's input x [n][k] arranged for the kernels' multi-row tiles (tl_kernels.
    arrange_rows), once for all of the job's tasks, where a product of the group is a packed
-   float matrix and the kernels take such rows: into a heap buffer returned in *heap for
-   the caller to free (a batch of 16 rows of 3072 inputs is 192 KiB). NULL where they read
-   x as it is, or out of memory: the same results either way. */
-static const float *arrange_group_input(const tl_kernels *kern, const float *x, int n, const tl_matmul_out *outs,
-                                        int count, float **heap) {
-    *heap = NULL;
+   float matrix and the kernels take such rows: a heap buffer for the caller to free (a
+   batch of 16 rows of 3072 inputs is 192 KiB). NULL where they read x as it is, or out of
+   memory: the same results either way. */
+static float *arrange_group_input(const tl_kernels *kern, const float *x, int n, const tl_matmul_out *outs, int count) {
     bool packed_float = false;
     for (int i = 0; i < count; i++) packed_float = packed_float || (outs[i].w->packed && !tl_dtype_quantised(outs[i].w->dtype));
     const int k = outs[0].w->cols;
     if (!kern->arrange_rows || !packed_float || !kern->arrange_rows(x, n, k, NULL)) return NULL;
-    if (!(*heap = malloc((size_t)n * (size_t)k * sizeof(float)))) return NULL;
-    kern->arrange_rows(x, n, k, *heap);
-    return *heap;
+    float *tiles = malloc((size_t)n * (size_t)k * sizeof(float));
+    if (tiles) kern->arrange_rows(x, n, k, tiles);
+    return tiles;
 }
 
 /* Below this many multiply-adds a product is "small" (a decode row's: a few microseconds):
@@ -290,6 +288,10 @@ static int columns_per_task(const tl_matrix *w, long macs, int threads) {
     if (macs < 32768) per = w->rows;
     return per;
 }
+
+/* Where a cut by the pool's shares falls among `units` whole units (panels, KV heads): the
+   nearest unit to the shares' running sum. */
+static inline int share_cut(float cumulative, int units) { return (int)(cumulative * (float)units + 0.5f); }
 
 /* The group's split into tasks (count <= GROUP_MAX); returns the number of tasks. The
    quantised input (job->xq) is the caller's to set. `share` (or NULL: equal parts) is the
@@ -320,7 +322,7 @@ static int matmul_job_init(matmul_job *job, const float *x, int n, const tl_matm
         job->span_first[0] = 0;
         for (int t = 0; t < threads; t++) {
             sum += share[t];
-            int unit = t + 1 == threads ? job->span_units : (int)(sum * (float)job->span_units + 0.5f);
+            int unit = t + 1 == threads ? job->span_units : share_cut(sum, job->span_units);
             if (unit < job->span_first[t]) unit = job->span_first[t];
             if (unit > job->span_units) unit = job->span_units;
             job->span_first[t + 1] = unit;
@@ -359,8 +361,8 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
     tl_qrows qrows = {0};
     if (!quantise_group_input(x, n, outs, count, stack, &heap, &qrows)) return;
     job.xq = &qrows;
-    float *tiles;
-    job.tiles = arrange_group_input(job.kern, x, n, outs, count, &tiles);
+    float *tiles = arrange_group_input(job.kern, x, n, outs, count);
+    job.tiles = tiles;
     if (job.balanced) {
         float work[TL_POOL_SHARE_THREADS];
         balanced_work(&job, NULL, work);
@@ -416,8 +418,8 @@ static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_m
     const int second_tasks = matmul_job_init(&job.second, first[0].y, n, second, 1, threads, share);
     job.first.xq = job.second.xq = &none;
     /* The first phase's input arranged up front; the second's is made by the first. */
-    float *tiles;
-    job.first.tiles = arrange_group_input(job.first.kern, x, n, first, count, &tiles);
+    float *tiles = arrange_group_input(job.first.kern, x, n, first, count);
+    job.first.tiles = tiles;
     /* Both phases cut by the shares: the threads' times teach the pool (the decode MLP is
        most of a small model's token). */
     if (job.first.balanced && job.second.balanced) {
@@ -734,9 +736,12 @@ typedef struct {
     matmul_job out;                /* the output projection of att: the second phase */
 } qkv_attention_job;
 
+/* Task t's first KV head of `tasks` equal groups. */
+static inline int equal_kv_start(int task, int kv_heads, int tasks) { return task * kv_heads / tasks; }
+
 /* Task t's first KV head: the shares' cut where the job has one, else equal groups. */
 static inline int kv_group_start(const qkv_attention_job *j, int task) {
-    return j->tasks <= TL_POOL_SHARE_THREADS ? j->kv_first[task] : task * j->m->cfg.n_kv_heads / j->tasks;
+    return j->tasks <= TL_POOL_SHARE_THREADS ? j->kv_first[task] : equal_kv_start(task, j->m->cfg.n_kv_heads, j->tasks);
 }
 
 static void qkv_attention_task(void *ctx, int task, int thread) {
@@ -775,10 +780,10 @@ static bool kv_groups(int kv_heads, int head_dim, int threads, const float *shar
     first[0] = 0;
     first[threads] = kv_heads;
     for (int t = 1; t < threads; t++) {
-        int g = t * kv_heads / threads;
+        int g = equal_kv_start(t, kv_heads, threads);
         if (share) {
             sum += share[t - 1];
-            const int near = (int)(sum * (float)kv_heads + 0.5f);
+            const int near = share_cut(sum, kv_heads);
             const int most = kv_heads - (threads - t); /* a head left for each later task */
             g = near < first[t - 1] + 1 ? first[t - 1] + 1 : near > most ? most : near;
         }
@@ -824,12 +829,12 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
             return false;
     } else {
         for (int task = 1; task < threads; task++)
-            if (task * c->n_kv_heads / threads * c->head_dim % TL_PANEL != 0) return false;
+            if (equal_kv_start(task, c->n_kv_heads, threads) * c->head_dim % TL_PANEL != 0) return false;
     }
     if (!quantise_group_input(h, n, qkv, 3, stack, &heap, &qrows))
         return false; /* out of memory: the separate operations meet it too, and say so (NaN) */
-    float *tiles;
-    job.mm.tiles = arrange_group_input(job.mm.kern, h, n, qkv, 3, &tiles);
+    float *tiles = arrange_group_input(job.mm.kern, h, n, qkv, 3);
+    job.mm.tiles = tiles;
     /* Looked up here, not in the tasks: a lookup may allocate a page (kv_write's way). Each
        chunk is one row, so forward row i is chunk i's. */
     for (int i = 0; i < n_args; i++)

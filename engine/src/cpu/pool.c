@@ -108,9 +108,6 @@ static void wait_done(tl_pool *pool, int count) {
     }
 }
 
-/* Claims and runs tasks of generation `gen` until none are left; a task of the second
-   phase first waits for the whole first phase (claims go in task order, so every task of
-   the first phase is then running or done, and none of them waits). */
 /* A balanced job's task for claim `claim` (of n) by `thread`: one of the claim's phase,
    this thread's own where still free (thread t first out of the first phase must not take
    thread 0's second-phase task), else any free one (its thread late or descheduled; the
@@ -126,6 +123,9 @@ static int balanced_task(tl_pool *pool, int claim, int n, int thread) {
     return task;
 }
 
+/* Claims and runs tasks of generation `gen` until none are left; a task of the second
+   phase first waits for the whole first phase (claims go in task order, so every task of
+   the first phase is then running or done, and none of them waits). */
 static void run_tasks(tl_pool *pool, uint64_t gen, int thread) {
     uint64_t w = atomic_load_explicit(&pool->job, memory_order_acquire);
     for (;;) {
@@ -290,10 +290,11 @@ void tl_pool_set_shares(tl_pool *pool, const float *share) {
    work[t] of the job in busy[t] ticks, a rate of work[t] / busy[t], so the job's balance
    point (the cut at which the threads would have finished together) is the rates'
    proportions. Every SHARE_WINDOW such jobs, the shares move SHARE_STEP toward each
-   thread's median balance point of the window, within their bounds. The median, not a sum
-   of times: a thread preempted once (another process on its core, a time slice of
-   milliseconds) would outweigh a window of 10-microsecond jobs. */
+   thread's median balance point of the window, within their bounds (pinned shares stay).
+   The median, not a sum of times: a thread preempted once (another process on its core, a
+   time slice of milliseconds) would outweigh a window of 10-microsecond jobs. */
 static void update_shares(tl_pool *pool, const float *work, const uint64_t *busy) {
+    if (pool->pinned) return; /* tl_pool_set_shares: held */
     const int threads = pool->n_threads;
     float rate[TL_POOL_SHARE_THREADS], total = 0.0f;
     for (int t = 0; t < threads; t++) {
@@ -323,7 +324,7 @@ static void update_shares(tl_pool *pool, const float *work, const uint64_t *busy
 void tl_pool_teach(tl_pool *pool, const float *work, const uint64_t *busy) {
     if (!pool || pool->n_threads > TL_POOL_SHARE_THREADS || pool->n_threads < 2) return;
     pthread_mutex_lock(&pool->run_lock); /* the window is the caller of a job's */
-    if (!pool->pinned) update_shares(pool, work, busy);
+    update_shares(pool, work, busy);
     pthread_mutex_unlock(&pool->run_lock);
 }
 
@@ -375,7 +376,7 @@ static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void
     }
     run_tasks(pool, gen, 0);
     wait_done(pool, n_tasks); /* the tasks still running, claimed by workers */
-    if (balanced && work && !pool->pinned && !atomic_load_explicit(&pool->misplaced, memory_order_relaxed))
+    if (balanced && work && !atomic_load_explicit(&pool->misplaced, memory_order_relaxed))
         update_shares(pool, work, pool->busy);
     pthread_mutex_unlock(&pool->run_lock);
 }
