@@ -166,15 +166,16 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
 }
 
 /* q8/q4 kernels on their own, every row count from 1 to 9 (VNNI's tiles of 4, 2, 1, its q4
-   two-panel tiles of 4 and 2 with a last row alone, AVX2's of 2, 1), column ranges of 1 to 3
-   panels from the first or the second, whole or partial, with and without a bias: each
+   two-panel tiles of 4 and 2 with a last row alone, AVX2's of 2, 1), column ranges of 1 to 9
+   panels from the first or the second, whole or partial (a single row's panels read as four
+   parts side by side, 1 or 2 panels a part, the rest alone), with and without a bias: each
    family equals the generic kernel bit for bit, so does a row alone, and nothing outside
    the rows and columns asked for is written. The weights span their whole range (q8 bytes 1..255, i.e.
    q = -127..127; every nibble) and the activations include an all-zero group and groups
    whose values all sit at +-max|x| (q = +-qmax on every input: the largest integer sums),
    so an overflow or a lost offset would show. */
 static int check_quantised_rows(const tl_kernels *const *families, int n_families) {
-    enum { ROWS = 48, MAX_N = 9, K = 256 };
+    enum { ROWS = 144, MAX_N = 9, K = 256 };
     const int groups = K / TL_QGROUP;
     int compared = 0;
     uint32_t state = 4242u;

@@ -324,10 +324,97 @@ DEFINE_Q8_ROWS(q8_r1, 1)
 DEFINE_Q4_ROWS(q4_r2, 2)
 DEFINE_Q4_ROWS(q4_r1, 1)
 
+/* One row over P panels (qrow_panels_fn, read side by side by qmatmul_row_parts), each
+   prefetched in its own stream: per panel the one-panel tile's sums and float steps. */
+#define DEFINE_Q8_PANELS(NAME, P)                                                         \
+    static inline void NAME(const tl_qrows *x, int k, const uint8_t *panel, size_t stride, float *out) { \
+        const int groups = k / TL_QGROUP;                                                 \
+        const size_t bb = tl_qblock_bytes(TL_Q8);                                         \
+        __m256 acc[P][2];                                                                 \
+        for (int p = 0; p < P; p++) acc[p][0] = acc[p][1] = _mm256_setzero_ps();          \
+        for (int g = 0; g < groups; g++) {                                                \
+            const uint8_t *blk[P];                                                        \
+            __m256i dp[P][4];                                                             \
+            for (int p = 0; p < P; p++) {                                                 \
+                blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
+                prefetch_qblock(blk[p], bb);                                              \
+                dp[p][0] = dp[p][1] = dp[p][2] = dp[p][3] = _mm256_setzero_si256();       \
+            }                                                                             \
+            for (int j = 0; j < 8; j++) {                                                 \
+                int64_t xv;                                                               \
+                memcpy(&xv, x->q16 + (size_t)g * TL_QGROUP + 4 * j, 8);                   \
+                const __m256i xb = _mm256_set1_epi64x(xv);                                \
+                for (int p = 0; p < P; p++)                                               \
+                    for (int c = 0; c < 4; c++) {                                         \
+                        const __m256i wq = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk[p] + 64 * j + 16 * c))); \
+                        dp[p][c] = _mm256_add_epi32(dp[p][c], _mm256_madd_epi16(wq, xb)); \
+                    }                                                                     \
+            }                                                                             \
+            const __m256i offset = _mm256_set1_epi32(128 * x->sum16[g]);                  \
+            for (int p = 0; p < P; p++)                                                   \
+                for (int h = 0; h < 2; h++) {                                             \
+                    const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk[p] + tl_qscale_offset(TL_Q8) + 16 * h))); \
+                    const __m256i lanes = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dp[p][2 * h], dp[p][2 * h + 1]), 0xD8); \
+                    acc[p][h] = fold_group(acc[p][h], sw, x->d16[g], _mm256_sub_epi32(lanes, offset)); \
+                }                                                                         \
+        }                                                                                 \
+        for (int p = 0; p < P; p++) {                                                     \
+            _mm256_storeu_ps(out + p * TL_PANEL, acc[p][0]);                              \
+            _mm256_storeu_ps(out + p * TL_PANEL + 8, acc[p][1]);                          \
+        }                                                                                 \
+    }
+
+#define DEFINE_Q4_PANELS(NAME, P)                                                         \
+    static inline void NAME(const tl_qrows *x, int k, const uint8_t *panel, size_t stride, float *out) { \
+        const int groups = k / TL_QGROUP;                                                 \
+        const size_t bb = tl_qblock_bytes(TL_Q4);                                         \
+        const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);           \
+        __m256 acc[P][2];                                                                 \
+        for (int p = 0; p < P; p++) acc[p][0] = acc[p][1] = _mm256_setzero_ps();          \
+        for (int g = 0; g < groups; g++) {                                                \
+            const int8_t *xq = x->q + (size_t)g * TL_QGROUP;                              \
+            const __m256i offset = _mm256_set1_epi32(8 * x->sum[g]);                      \
+            const uint8_t *blk[P];                                                        \
+            for (int p = 0; p < P; p++) {                                                 \
+                blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
+                prefetch_qblock(blk[p], bb);                                              \
+            }                                                                             \
+            for (int h = 0; h < 2; h++) {                                                 \
+                __m256i dp[P];                                                            \
+                for (int p = 0; p < P; p++) dp[p] = _mm256_setzero_si256();               \
+                for (int j = 0; j < 4; j++) {                                             \
+                    int32_t xa, xb;                                                       \
+                    memcpy(&xa, xq + 4 * j, 4);                                           \
+                    memcpy(&xb, xq + 16 + 4 * j, 4);                                      \
+                    const __m256i va = _mm256_set1_epi32(xa), vb = _mm256_set1_epi32(xb); \
+                    for (int p = 0; p < P; p++) {                                         \
+                        const __m256i v = _mm256_loadu_si256((const __m256i *)(blk[p] + j * 64 + h * 32)); \
+                        const __m256i lo = _mm256_and_si256(v, low4);                     \
+                        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4); \
+                        const __m256i prod = _mm256_add_epi16(_mm256_maddubs_epi16(lo, va), _mm256_maddubs_epi16(hi, vb)); \
+                        dp[p] = _mm256_add_epi32(dp[p], _mm256_madd_epi16(prod, ones));   \
+                    }                                                                     \
+                }                                                                         \
+                for (int p = 0; p < P; p++) {                                             \
+                    const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk[p] + tl_qscale_offset(TL_Q4) + 16 * h))); \
+                    acc[p][h] = fold_group(acc[p][h], sw, x->d[g], _mm256_sub_epi32(dp[p], offset)); \
+                }                                                                         \
+            }                                                                             \
+        }                                                                                 \
+        for (int p = 0; p < P; p++) {                                                     \
+            _mm256_storeu_ps(out + p * TL_PANEL, acc[p][0]);                              \
+            _mm256_storeu_ps(out + p * TL_PANEL + 8, acc[p][1]);                          \
+        }                                                                                 \
+    }
+
+DEFINE_Q8_PANELS(q8_1x2, 2)
+DEFINE_Q4_PANELS(q4_1x2, 2)
+
 void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {
     static const qtile_fn q8_tiles[3] = {NULL, q8_r2, q8_r1}, q4_tiles[3] = {NULL, q4_r2, q4_r1};
-    qmatmul_panels(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_tiles : q4_tiles);
+    if (n == 1) qmatmul_row_parts(x, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_1x2 : q4_1x2, 2, dt == TL_Q8 ? q8_tiles : q4_tiles);
+    else qmatmul_panels(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_tiles : q4_tiles);
 }
 
 /* dots: eight keys at a time, so eight independent FMA chains hide the FMA latency, and

@@ -199,10 +199,90 @@ DEFINE_VNNI_Q8_ROWS(q8_r4, 4)
 DEFINE_VNNI_Q8_ROWS(q8_r2, 2)
 DEFINE_VNNI_Q8_ROWS(q8_r1, 1)
 
+/* One row over P panels (qrow_panels_fn, read side by side by qmatmul_row_parts), each
+   prefetched in its own stream: the one-panel tiles' sums and float steps per panel (one
+   integer chain per half-panel and panel: P panels are already 2P chains). */
+#define DEFINE_VNNI_Q8_PANELS(NAME, P)                                                    \
+    static inline void NAME(const tl_qrows *x, int k, const uint8_t *panel, size_t stride, float *out) { \
+        const int groups = k / TL_QGROUP;                                                 \
+        const size_t bb = tl_qblock_bytes(TL_Q8);                                         \
+        const __m512i first = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30); \
+        const __m512i second = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31); \
+        __m512 acc[P];                                                                    \
+        for (int p = 0; p < P; p++) acc[p] = _mm512_setzero_ps();                         \
+        for (int g = 0; g < groups; g++) {                                                \
+            const uint8_t *blk[P];                                                        \
+            __m512i lo[P], hi[P]; /* lanes 0-7, 8-15 */                                   \
+            for (int p = 0; p < P; p++) {                                                 \
+                blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
+                prefetch_qblock(blk[p], bb);                                              \
+                lo[p] = hi[p] = _mm512_setzero_si512();                                   \
+            }                                                                             \
+            for (int j = 0; j < 8; j++) {                                                 \
+                int64_t xv;                                                               \
+                memcpy(&xv, x->q16 + (size_t)g * TL_QGROUP + 4 * j, 8);                   \
+                const __m512i xb = _mm512_set1_epi64(xv);                                 \
+                for (int p = 0; p < P; p++) {                                             \
+                    const __m512i wl = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk[p] + 64 * j))); \
+                    const __m512i wh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk[p] + 64 * j + 32))); \
+                    lo[p] = _mm512_dpwssd_epi32(lo[p], wl, xb);                           \
+                    hi[p] = _mm512_dpwssd_epi32(hi[p], wh, xb);                           \
+                }                                                                         \
+            }                                                                             \
+            const __m512i offset = _mm512_set1_epi32(128 * x->sum16[g]);                  \
+            for (int p = 0; p < P; p++) {                                                 \
+                const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[p] + tl_qscale_offset(TL_Q8)))); \
+                const __m512i pairs = _mm512_add_epi32(_mm512_permutex2var_epi32(lo[p], first, hi[p]), \
+                                                       _mm512_permutex2var_epi32(lo[p], second, hi[p])); \
+                acc[p] = fold_group(acc[p], sw, x->d16[g], _mm512_sub_epi32(pairs, offset)); \
+            }                                                                             \
+        }                                                                                 \
+        for (int p = 0; p < P; p++) _mm512_storeu_ps(out + p * TL_PANEL, acc[p]);         \
+    }
+
+DEFINE_VNNI_Q8_PANELS(q8_1x4, 4)
+
+/* q4's: two integer chains per panel (even and odd sub-blocks), as q4_r1. */
+#define DEFINE_VNNI_Q4_PANELS(NAME, P)                                                    \
+    static inline void NAME(const tl_qrows *x, int k, const uint8_t *panel, size_t stride, float *out) { \
+        const int groups = k / TL_QGROUP;                                                 \
+        const size_t bb = tl_qblock_bytes(TL_Q4);                                         \
+        const __m512i low4 = _mm512_set1_epi8(15);                                        \
+        __m512 acc[P];                                                                    \
+        for (int p = 0; p < P; p++) acc[p] = _mm512_setzero_ps();                         \
+        for (int g = 0; g < groups; g++) {                                                \
+            const int8_t *xq = x->q + (size_t)g * TL_QGROUP;                              \
+            const uint8_t *blk[P];                                                        \
+            __m512i even[P], odd[P];                                                      \
+            for (int p = 0; p < P; p++) {                                                 \
+                blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
+                prefetch_qblock(blk[p], bb);                                              \
+                even[p] = odd[p] = _mm512_setzero_si512();                                \
+            }                                                                             \
+            for (int j = 0; j < 4; j++) {                                                 \
+                const __m512i xlo = bcast4(xq + 4 * j), xhi = bcast4(xq + 16 + 4 * j);    \
+                for (int p = 0; p < P; p++) {                                             \
+                    const __m512i v = _mm512_loadu_si512(blk[p] + 64 * j);                 \
+                    even[p] = _mm512_dpbusd_epi32(even[p], _mm512_and_si512(v, low4), xlo); \
+                    odd[p] = _mm512_dpbusd_epi32(odd[p], _mm512_and_si512(_mm512_srli_epi16(v, 4), low4), xhi); \
+                }                                                                         \
+            }                                                                             \
+            const __m512i offset = _mm512_set1_epi32(8 * x->sum[g]);                      \
+            for (int p = 0; p < P; p++) {                                                 \
+                const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[p] + tl_qscale_offset(TL_Q4)))); \
+                acc[p] = fold_group(acc[p], sw, x->d[g], _mm512_sub_epi32(_mm512_add_epi32(even[p], odd[p]), offset)); \
+            }                                                                             \
+        }                                                                                 \
+        for (int p = 0; p < P; p++) _mm512_storeu_ps(out + p * TL_PANEL, acc[p]);         \
+    }
+
+DEFINE_VNNI_Q4_PANELS(q4_1x4, 4)
+
 void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {
     static const qtile_fn q8_tiles[3] = {q8_r4, q8_r2, q8_r1}, q4_tiles[3] = {q4_r4, q4_r2, q4_r1};
-    if (dt == TL_Q4 && n >= 2) q4_pairs(x, n, k, w, bias, o0, o1, y, ldy, q4_tiles);
+    if (n == 1) qmatmul_row_parts(x, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_1x4 : q4_1x4, 4, dt == TL_Q8 ? q8_tiles : q4_tiles);
+    else if (dt == TL_Q4) q4_pairs(x, n, k, w, bias, o0, o1, y, ldy, q4_tiles);
     else qmatmul_panels(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_tiles : q4_tiles);
 }
 #endif
