@@ -6,10 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "calibrate.h"
+#include "cpu/pool.h"
 #include "dtype.h"
 #include "quant.h"
 #include "safetensors.h"
@@ -354,12 +356,51 @@ static tl_status check_calibration(tl_st_file *file, const char *path, tl_dtype 
 }
 
 tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dtype want) {
-    return tl_quantize_checkpoint_calibrated(in_dir, out_dir, want, NULL);
+    return tl_quantize_checkpoint_calibrated(in_dir, out_dir, want, NULL, 0);
+}
+
+/* One matrix's rows, quantised in tasks of QUANT_TASK_ROWS rows on the pool's threads: every
+   row on its own (a row's bytes depend on nothing else), so the file is the same at any
+   thread count. The q4 scale search takes about 7 us a group (5.6 minutes for a 1.4 B
+   checkpoint on one thread). */
+#define QUANT_TASK_ROWS 32
+
+typedef struct {
+    const tl_st_tensor *t;
+    tl_dtype type;             /* TL_Q8 or TL_Q4 */
+    int cols;
+    size_t qbytes, groups;     /* per row */
+    const float *imp;          /* [cols] or NULL */
+    const double *u;           /* GPTQ's factor [cols][cols] or NULL */
+    float *rows;               /* [threads][cols]: each thread's row in f32 */
+    uint8_t *q;                /* [rows][qbytes] */
+    uint16_t *scales;          /* [rows][groups] */
+} quantise_job;
+
+static void quantise_rows_task(void *ctx, int task, int thread) {
+    const quantise_job *j = ctx;
+    const size_t elem = tl_st_dtype_size(j->t->dtype);
+    const int64_t rows = j->t->shape[0], r0 = (int64_t)task * QUANT_TASK_ROWS;
+    const int64_t r1 = r0 + QUANT_TASK_ROWS < rows ? r0 + QUANT_TASK_ROWS : rows;
+    float *row = j->rows + (size_t)thread * (size_t)j->cols;
+    for (int64_t r = r0; r < r1; r++) {
+        uint8_t *q = j->q + (size_t)r * j->qbytes;
+        uint16_t *scales = j->scales + (size_t)r * j->groups;
+        tl_convert_to_f32(j->t->data + (size_t)r * (size_t)j->cols * elem, float_dtype(j->t->dtype), (size_t)j->cols, row);
+        if (j->type == TL_Q8) tl_quantize_row_q8(row, j->cols, (int8_t *)q, scales);
+        else if (j->u) gptq_row_q4(row, j->u, j->imp, j->cols, q, scales);
+        else tl_quantize_row_q4_weighted(row, j->imp, j->cols, q, scales);
+    }
 }
 
 tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_dir, tl_dtype want,
-                                            const tl_calibration *cal) {
+                                            const tl_calibration *cal, int threads) {
     if (want != TL_Q8 && want != TL_Q4) return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: type must be q8 or q4");
+    if (threads < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: threads must be >= 0 (0: every core), got %d", threads);
+    if (threads == 0) {
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cores > 0 ? (int)(cores < 256 ? cores : 256) : 1;
+    }
     if (cal && want != TL_Q4)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: calibration applies to q4 only (q8 keeps max|x| / 127)");
     char from[4096], to[4096], cfrom[4096], cto[4096];
@@ -430,10 +471,12 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     for (size_t i = hlen; i < padded; i++) ok &= fputc(' ', out) != EOF;
     free(text);
 
-    float *row = NULL;
+    float *rows_f32 = NULL;
     uint8_t *q = NULL;
     uint16_t *scales = NULL;
     double *u = NULL;
+    tl_pool *pool = threads > 1 ? tl_pool_new(threads) : NULL;
+    if (!pool) threads = 1; /* one thread, or no threads to be had: the caller's alone */
     for (int i = 0; ok && i < file.n_tensors; i++) {
         const tl_st_tensor *t = &file.tensors[i];
         if (!quantisable(t)) {
@@ -442,14 +485,14 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
         }
         const int64_t rows = t->shape[0], cols = t->shape[1];
         const tl_dtype type = type_for(t, want);
-        const size_t elem = tl_st_dtype_size(t->dtype), qbytes = (size_t)(type == TL_Q8 ? cols : cols / 2);
+        const size_t qbytes = (size_t)(type == TL_Q8 ? cols : cols / 2);
         const size_t groups = (size_t)cols / TL_QGROUP;
-        free(row); free(q); free(scales); free(u);
-        row = malloc((size_t)cols * sizeof *row);
+        free(rows_f32); free(q); free(scales); free(u);
+        rows_f32 = malloc((size_t)threads * (size_t)cols * sizeof *rows_f32);
         q = malloc((size_t)rows * qbytes);
         scales = malloc((size_t)rows * groups * sizeof *scales);
         u = NULL;
-        if (!row || !q || !scales) { ok = false; break; }
+        if (!rows_f32 || !q || !scales) { ok = false; break; }
         /* Calibrated q4: the importance weights each group's scale search; with a Gram
            matrix, GPTQ's error feedback runs over the row too. */
         const float *imp = cal && type == TL_Q4 ? tl_calibration_importance(cal, t->name, NULL) : NULL;
@@ -459,16 +502,16 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
             if (!u) { ok = false; break; }
             if ((st = gptq_factor(gram, (int)cols, u)) != TL_OK) break;
         }
-        for (int64_t r = 0; r < rows; r++) {
-            tl_convert_to_f32(t->data + (size_t)r * (size_t)cols * elem, float_dtype(t->dtype), (size_t)cols, row);
-            if (type == TL_Q8) tl_quantize_row_q8(row, (int)cols, (int8_t *)q + (size_t)r * qbytes, scales + (size_t)r * groups);
-            else if (u) gptq_row_q4(row, u, imp, (int)cols, q + (size_t)r * qbytes, scales + (size_t)r * groups);
-            else tl_quantize_row_q4_weighted(row, imp, (int)cols, q + (size_t)r * qbytes, scales + (size_t)r * groups);
-        }
+        quantise_job job = {t, type, (int)cols, qbytes, groups, imp, u, rows_f32, q, scales};
+        const int tasks = (int)((rows + QUANT_TASK_ROWS - 1) / QUANT_TASK_ROWS);
+        if (pool) tl_pool_run(pool, tasks, quantise_rows_task, &job);
+        else
+            for (int task = 0; task < tasks; task++) quantise_rows_task(&job, task, 0);
         ok = fwrite(q, 1, (size_t)rows * qbytes, out) == (size_t)rows * qbytes &&
              fwrite(scales, sizeof *scales, (size_t)rows * groups, out) == (size_t)rows * groups; /* little-endian host */
     }
-    free(row); free(q); free(scales); free(u);
+    tl_pool_free(pool);
+    free(rows_f32); free(q); free(scales); free(u);
     ok &= fclose(out) == 0;
     tl_st_close(&file);
     if (st != TL_OK) return st; /* gptq_factor's message */

@@ -24,7 +24,9 @@ static int usage(FILE *fp, int code) {
           "                    you evaluate on) and weight each group's error by its inputs'\n"
           "                    mean x^2 (activation-aware quantisation); same file format\n"
           "  --gptq            with --calibrate: also GPTQ's error feedback along each row\n"
-          "  --calibrate-tokens N  tokens of TEXT to run, in windows spread over it (16384)\n", fp);
+          "  --calibrate-tokens N  tokens of TEXT to run, in windows spread over it (16384)\n"
+          "  --threads N       threads for the calibration and the quantisation (default 0:\n"
+          "                    one per core); the output is the same at any count\n", fp);
     return code;
 }
 
@@ -72,7 +74,7 @@ int main(int argc, char **argv) {
         printf("calibration: %ld tokens of %s through %s%s\n", tl_calibration_tokens(cal), calib_text, dirs[0],
                gptq ? " (with Gram matrices for GPTQ)" : "");
     }
-    const tl_status qst = tl_quantize_checkpoint_calibrated(dirs[0], dirs[1], dt, cal);
+    const tl_status qst = tl_quantize_checkpoint_calibrated(dirs[0], dirs[1], dt, cal, threads);
     tl_calibration_free(cal);
     if (qst != TL_OK) {
         fprintf(stderr, "quantize: %s\n", tl_last_error());

@@ -44,6 +44,23 @@ static void write_file(const char *path, const char *text) {
     fclose(fp);
 }
 
+/* Whether dir_a/model.safetensors and dir_b/model.safetensors hold the same bytes. */
+static bool same_weights(const char *dir_a, const char *dir_b) {
+    char path[2][4096];
+    snprintf(path[0], sizeof path[0], "%s/model.safetensors", dir_a);
+    snprintf(path[1], sizeof path[1], "%s/model.safetensors", dir_b);
+    FILE *f[2] = {fopen(path[0], "rb"), fopen(path[1], "rb")};
+    bool same = f[0] && f[1];
+    while (same) {
+        const int a = fgetc(f[0]), b = fgetc(f[1]);
+        same = a == b;
+        if (a == EOF) break;
+    }
+    for (int i = 0; i < 2; i++)
+        if (f[i]) fclose(f[i]);
+    return same;
+}
+
 static bool exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;
@@ -199,8 +216,8 @@ int main(int argc, char **argv) {
 
     /* ---- quantisation */
     CHECK(tl_quantize_checkpoint(model, plain, TL_Q4) == TL_OK, "q4: %s", tl_last_error());
-    CHECK(tl_quantize_checkpoint_calibrated(model, out, TL_Q4, cal) == TL_OK, "q4 calibrated: %s", tl_last_error());
-    CHECK(tl_quantize_checkpoint_calibrated(model, gptq_dir, TL_Q4, cal_g) == TL_OK, "q4 gptq: %s", tl_last_error());
+    CHECK(tl_quantize_checkpoint_calibrated(model, out, TL_Q4, cal, 1) == TL_OK, "q4 calibrated: %s", tl_last_error());
+    CHECK(tl_quantize_checkpoint_calibrated(model, gptq_dir, TL_Q4, cal_g, 1) == TL_OK, "q4 gptq: %s", tl_last_error());
     const char *const dirs[] = {out, gptq_dir};
     for (int i = 0; i < 2; i++) {
         tl_model *m = NULL;
@@ -213,6 +230,25 @@ int main(int argc, char **argv) {
         CHECK(tl_score(m, ids, 1, 2, logits) == TL_OK && isfinite(logits[0]), "%s: score", dirs[i]);
         tl_model_free(m);
     }
+    /* Rows are quantised on several threads, each on its own: the same bytes at any count
+       (tl_quantize_checkpoint took one per core, the calibrated ones one). */
+    {
+        char again[4096], q8_one[4096], q8_three[4096];
+        snprintf(again, sizeof again, "%s/q4-again", tmp);
+        snprintf(q8_one, sizeof q8_one, "%s/q8-one", tmp);
+        snprintf(q8_three, sizeof q8_three, "%s/q8-three", tmp);
+        CHECK(tl_quantize_checkpoint_calibrated(model, again, TL_Q4, NULL, 3) == TL_OK && same_weights(plain, again),
+              "q4 on 3 threads differs from one per core");
+        CHECK(tl_quantize_checkpoint_calibrated(model, again, TL_Q4, cal, 3) == TL_OK && same_weights(out, again),
+              "calibrated q4 on 3 threads differs from one thread");
+        CHECK(tl_quantize_checkpoint_calibrated(model, again, TL_Q4, cal_g, 3) == TL_OK && same_weights(gptq_dir, again),
+              "GPTQ q4 on 3 threads differs from one thread");
+        CHECK(tl_quantize_checkpoint_calibrated(model, q8_one, TL_Q8, NULL, 1) == TL_OK &&
+                  tl_quantize_checkpoint_calibrated(model, q8_three, TL_Q8, NULL, 3) == TL_OK && same_weights(q8_one, q8_three),
+              "q8 on 3 threads differs from one thread");
+        CHECK(!same_weights(plain, out), "the calibrated q4 is the plain one: the comparison cannot tell");
+    }
+
     int improved = 0, gptq_better = 0;
     double out_plain = 0.0, out_gptq = 0.0;
     for (int i = 0; i < tl_calibration_count(cal); i++) {
@@ -248,10 +284,12 @@ int main(int argc, char **argv) {
     CHECK(bad == NULL, "a failed calibration returned one");
     char wrong[4096];
     snprintf(wrong, sizeof wrong, "%s/q4-wrong", tmp);
-    CHECK_ERROR(tl_quantize_checkpoint_calibrated(other, wrong, TL_Q4, cal), TL_ERR_INVALID_ARGUMENT, "is not for");
+    CHECK_ERROR(tl_quantize_checkpoint_calibrated(other, wrong, TL_Q4, cal, 0), TL_ERR_INVALID_ARGUMENT, "is not for");
     CHECK(!exists(wrong), "%s written for a calibration of another model", wrong);
-    CHECK_ERROR(tl_quantize_checkpoint_calibrated(model, wrong, TL_Q8, cal), TL_ERR_INVALID_ARGUMENT, "q4 only");
+    CHECK_ERROR(tl_quantize_checkpoint_calibrated(model, wrong, TL_Q8, cal, 0), TL_ERR_INVALID_ARGUMENT, "q4 only");
     CHECK(!exists(wrong), "%s written for q8 with a calibration", wrong);
+    CHECK_ERROR(tl_quantize_checkpoint_calibrated(model, wrong, TL_Q4, NULL, -1), TL_ERR_INVALID_ARGUMENT, "threads must be >= 0");
+    CHECK(!exists(wrong), "%s written for -1 threads", wrong);
 
     tl_calibration_free(cal);
     tl_calibration_free(cal_g);
