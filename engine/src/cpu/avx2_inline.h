@@ -113,32 +113,33 @@ static inline void qmatmul_panels(const tl_qrows *x, int n, int k, const void *w
 }
 
 
-/* One row over P panels of a packed q8/q4 matrix at once (decode), panel p at `panel` +
-   p * `stride` bytes, into out[P][TL_PANEL]: each panel's sums and float steps are its
-   one-panel tile's, so the bits are. */
-typedef void (*qrow_panels_fn)(const tl_qrows *x, int k, const uint8_t *panel, size_t stride, float *out);
+/* Rows [row0, row0 + R) over P panels of a packed q8/q4 matrix at once (decode, 2-3
+   sessions), panel p at `panel` + p * `stride` bytes, into out[R][P][TL_PANEL]: each row's
+   and panel's sums and float steps are its one-panel tile's, so the bits are. */
+typedef void (*qrows_panels_fn)(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out);
 
-/* A single row's packed q8/q4 product over [o0, o1) (decode): the whole panels as P equal
-   parts read side by side, `panels` taking panel g of every part at once, so that each of
-   its P prefetch streams walks a contiguous part (FEW_ROWS_PANELS' way for float weights:
-   one stream read memory at the rate of one panel at a time, about 20-23 GB/s here where
-   the memory gives 40); the fewer than P panels left through the one-panel tiles. The
-   range's last panel, possibly partial, is the last part's last when it falls in one. */
-static inline void qmatmul_row_parts(const tl_qrows *x, int k, const void *w, tl_dtype dt, const float *bias,
-                                     int o0, int o1, float *y, int ldy, qrow_panels_fn panels, int P,
-                                     const qtile_fn tiles[3]) {
+/* The packed q8/q4 product of n (the tile's R) rows over [o0, o1): the whole panels as P
+   equal parts read side by side, `panels` taking panel g of every part at once, so that
+   each of its P prefetch streams walks a contiguous part (FEW_ROWS_PANELS' way for float
+   weights: one stream read memory at the rate of one panel at a time, about 20-23 GB/s
+   here where the memory gives 40); the fewer than P panels left through the one-panel
+   tiles. The range's last panel, possibly partial, is the last part's last when it falls
+   in one. */
+static inline void qmatmul_rows_parts(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt, const float *bias,
+                                      int o0, int o1, float *y, int ldy, qrows_panels_fn panels, int P,
+                                      const qtile_fn tiles[3]) {
     const size_t panel_bytes = tl_panel_bytes(dt, k);
-    float out[4 * TL_PANEL]; /* P <= 4 */
+    float out[3 * 4 * TL_PANEL]; /* n <= 3, P <= 4 */
     const int part = (o1 - o0 + TL_PANEL - 1) / TL_PANEL / P;
     for (int g = 0; g < part; g++) {
-        panels(x, k, (const uint8_t *)w + (size_t)(o0 / TL_PANEL + g) * panel_bytes, (size_t)part * panel_bytes, out);
+        panels(x, 0, k, (const uint8_t *)w + (size_t)(o0 / TL_PANEL + g) * panel_bytes, (size_t)part * panel_bytes, out);
         for (int p = 0; p < P; p++) {
             const int col = o0 + (p * part + g) * TL_PANEL;
-            store_tile(out, 1, P, p, o1 - col < TL_PANEL ? o1 - col : TL_PANEL, bias, col, y, ldy);
+            store_tile(out, n, P, p, o1 - col < TL_PANEL ? o1 - col : TL_PANEL, bias, col, y, ldy);
         }
     }
     const int o = o0 + P * part * TL_PANEL;
-    if (o < o1) qmatmul_panels(x, 1, k, w, dt, bias, o, o1, y, ldy, tiles);
+    if (o < o1) qmatmul_panels(x, n, k, w, dt, bias, o, o1, y, ldy, tiles);
 }
 
 #endif

@@ -324,12 +324,12 @@ DEFINE_Q8_ROWS(q8_r1, 1)
 DEFINE_Q4_ROWS(q4_r2, 2)
 DEFINE_Q4_ROWS(q4_r1, 1)
 
-/* One row over P panels (qrow_panels_fn, read side by side by qmatmul_row_parts), each
+/* One row over P panels (qrows_panels_fn, read side by side by qmatmul_rows_parts), each
    prefetched in its own stream: per panel the one-panel tile's sums and float steps. q8
    prefetches a block's lines one a sub-block (kernels_vnni.c's q8_1x4; here 26.2 -> 28.0-33.7
    GB/s from memory, one thread), q4 its 4.5 lines at the group's start. */
 #define DEFINE_Q8_PANELS(NAME, P)                                                         \
-    static inline void NAME(const tl_qrows *x, int k, const uint8_t *panel, size_t stride, float *out) { \
+    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out) { \
         const int groups = k / TL_QGROUP;                                                 \
         const size_t bb = tl_qblock_bytes(TL_Q8);                                         \
         __m256 acc[P][2];                                                                 \
@@ -344,7 +344,7 @@ DEFINE_Q4_ROWS(q4_r1, 1)
             }                                                                             \
             for (int j = 0; j < 8; j++) {                                                 \
                 int64_t xv;                                                               \
-                memcpy(&xv, x->q16 + (size_t)g * TL_QGROUP + 4 * j, 8);                   \
+                memcpy(&xv, x->q16 + (size_t)row0 * (size_t)k + (size_t)g * TL_QGROUP + 4 * j, 8);                   \
                 const __m256i xb = _mm256_set1_epi64x(xv);                                \
                 for (int p = 0; p < P; p++) {                                             \
                     _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 64 * j, _MM_HINT_T0); \
@@ -354,12 +354,12 @@ DEFINE_Q4_ROWS(q4_r1, 1)
                     }                                                                     \
                 }                                                                         \
             }                                                                             \
-            const __m256i offset = _mm256_set1_epi32(128 * x->sum16[g]);                  \
+            const __m256i offset = _mm256_set1_epi32(128 * x->sum16[(size_t)row0 * (size_t)groups + (size_t)g]);                  \
             for (int p = 0; p < P; p++)                                                   \
                 for (int h = 0; h < 2; h++) {                                             \
                     const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk[p] + tl_qscale_offset(TL_Q8) + 16 * h))); \
                     const __m256i lanes = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dp[p][2 * h], dp[p][2 * h + 1]), 0xD8); \
-                    acc[p][h] = fold_group(acc[p][h], sw, x->d16[g], _mm256_sub_epi32(lanes, offset)); \
+                    acc[p][h] = fold_group(acc[p][h], sw, x->d16[(size_t)row0 * (size_t)groups + (size_t)g], _mm256_sub_epi32(lanes, offset)); \
                 }                                                                         \
         }                                                                                 \
         for (int p = 0; p < P; p++) {                                                     \
@@ -369,15 +369,15 @@ DEFINE_Q4_ROWS(q4_r1, 1)
     }
 
 #define DEFINE_Q4_PANELS(NAME, P)                                                         \
-    static inline void NAME(const tl_qrows *x, int k, const uint8_t *panel, size_t stride, float *out) { \
+    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out) { \
         const int groups = k / TL_QGROUP;                                                 \
         const size_t bb = tl_qblock_bytes(TL_Q4);                                         \
         const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);           \
         __m256 acc[P][2];                                                                 \
         for (int p = 0; p < P; p++) acc[p][0] = acc[p][1] = _mm256_setzero_ps();          \
         for (int g = 0; g < groups; g++) {                                                \
-            const int8_t *xq = x->q + (size_t)g * TL_QGROUP;                              \
-            const __m256i offset = _mm256_set1_epi32(8 * x->sum[g]);                      \
+            const int8_t *xq = x->q + (size_t)row0 * (size_t)k + (size_t)g * TL_QGROUP;  \
+            const __m256i offset = _mm256_set1_epi32(8 * x->sum[(size_t)row0 * (size_t)groups + (size_t)g]);                      \
             const uint8_t *blk[P];                                                        \
             for (int p = 0; p < P; p++) {                                                 \
                 blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
@@ -401,7 +401,7 @@ DEFINE_Q4_ROWS(q4_r1, 1)
                 }                                                                         \
                 for (int p = 0; p < P; p++) {                                             \
                     const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk[p] + tl_qscale_offset(TL_Q4) + 16 * h))); \
-                    acc[p][h] = fold_group(acc[p][h], sw, x->d[g], _mm256_sub_epi32(dp[p], offset)); \
+                    acc[p][h] = fold_group(acc[p][h], sw, x->d[(size_t)row0 * (size_t)groups + (size_t)g], _mm256_sub_epi32(dp[p], offset)); \
                 }                                                                         \
             }                                                                             \
         }                                                                                 \
@@ -417,7 +417,7 @@ DEFINE_Q4_PANELS(q4_1x2, 2)
 void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {
     static const qtile_fn q8_tiles[3] = {NULL, q8_r2, q8_r1}, q4_tiles[3] = {NULL, q4_r2, q4_r1};
-    if (n == 1) qmatmul_row_parts(x, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_1x2 : q4_1x2, 2, dt == TL_Q8 ? q8_tiles : q4_tiles);
+    if (n == 1) qmatmul_rows_parts(x, 1, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_1x2 : q4_1x2, 2, dt == TL_Q8 ? q8_tiles : q4_tiles);
     else qmatmul_panels(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_tiles : q4_tiles);
 }
 

@@ -119,7 +119,7 @@ DEFINE_VNNI_ROWS(q4_r1, 1)
 DEFINE_VNNI_PAIR(q4_pair_r4, 4)
 DEFINE_VNNI_PAIR(q4_pair_r2, 2)
 
-/* The q4 product for two rows or more: pairs of panels (the second may be the matrix's
+/* The q4 product for four rows or more (fewer: qmatmul_rows_parts): pairs of panels (the second may be the matrix's
    partial last one) in tiles of 4 and 2 rows, a last single row through the one-panel tile
    on each panel; an odd last panel through qmatmul_panels. */
 static void q4_pairs(const tl_qrows *x, int n, int k, const void *w, const float *bias, int o0, int o1,
@@ -199,93 +199,124 @@ DEFINE_VNNI_Q8_ROWS(q8_r4, 4)
 DEFINE_VNNI_Q8_ROWS(q8_r2, 2)
 DEFINE_VNNI_Q8_ROWS(q8_r1, 1)
 
-/* One row over P panels (qrow_panels_fn, read side by side by qmatmul_row_parts), each
-   prefetched in its own stream: the one-panel tiles' sums and float steps per panel (one
-   integer chain per half-panel and panel: P panels are already 2P chains). A block's 8.5
-   lines ahead are prefetched one a sub-block, not all at the group's start (from memory,
-   one thread: 28.6-29.8 -> 29.8-33.9 GB/s); q4's 4.5 lines measured slower spread. */
-#define DEFINE_VNNI_Q8_PANELS(NAME, P)                                                    \
-    static inline void NAME(const tl_qrows *x, int k, const uint8_t *panel, size_t stride, float *out) { \
+/* One to three rows over P panels (qrows_panels_fn, read side by side by qmatmul_rows_parts),
+   each panel prefetched in its own stream: per row and panel the one-panel tiles' integer
+   sums and float steps (one chain per half-panel, row and panel: R x P panels are already
+   2RP chains). A block's 8.5 lines ahead are prefetched one a sub-block, not all at the
+   group's start (from memory, one thread, 1 row: 28.6-29.8 -> 29.8-33.9 GB/s); q4's 4.5
+   lines measured slower spread. */
+#define DEFINE_VNNI_Q8_PANELS(NAME, R, P)                                                 \
+    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out) { \
         const int groups = k / TL_QGROUP;                                                 \
         const size_t bb = tl_qblock_bytes(TL_Q8);                                         \
         const __m512i first = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30); \
         const __m512i second = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31); \
-        __m512 acc[P];                                                                    \
-        for (int p = 0; p < P; p++) acc[p] = _mm512_setzero_ps();                         \
+        __m512 acc[R][P];                                                                 \
+        for (int r = 0; r < R; r++)                                                       \
+            for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();                  \
         for (int g = 0; g < groups; g++) {                                                \
             const uint8_t *blk[P];                                                        \
-            __m512i lo[P], hi[P]; /* lanes 0-7, 8-15 */                                   \
+            __m512i lo[R][P], hi[R][P]; /* lanes 0-7, 8-15 */                             \
             for (int p = 0; p < P; p++) {                                                 \
                 blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
                 _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 512, _MM_HINT_T0);  \
-                lo[p] = hi[p] = _mm512_setzero_si512();                                   \
+                for (int r = 0; r < R; r++) lo[r][p] = hi[r][p] = _mm512_setzero_si512(); \
             }                                                                             \
             for (int j = 0; j < 8; j++) {                                                 \
-                int64_t xv;                                                               \
-                memcpy(&xv, x->q16 + (size_t)g * TL_QGROUP + 4 * j, 8);                   \
-                const __m512i xb = _mm512_set1_epi64(xv);                                 \
+                __m512i xb[R];                                                            \
+                for (int r = 0; r < R; r++) {                                             \
+                    int64_t xv;                                                           \
+                    memcpy(&xv, x->q16 + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP + 4 * j, 8); \
+                    xb[r] = _mm512_set1_epi64(xv);                                        \
+                }                                                                         \
                 for (int p = 0; p < P; p++) {                                             \
                     _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 64 * j, _MM_HINT_T0); \
                     const __m512i wl = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk[p] + 64 * j))); \
                     const __m512i wh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk[p] + 64 * j + 32))); \
-                    lo[p] = _mm512_dpwssd_epi32(lo[p], wl, xb);                           \
-                    hi[p] = _mm512_dpwssd_epi32(hi[p], wh, xb);                           \
+                    for (int r = 0; r < R; r++) {                                         \
+                        lo[r][p] = _mm512_dpwssd_epi32(lo[r][p], wl, xb[r]);              \
+                        hi[r][p] = _mm512_dpwssd_epi32(hi[r][p], wh, xb[r]);              \
+                    }                                                                     \
                 }                                                                         \
             }                                                                             \
-            const __m512i offset = _mm512_set1_epi32(128 * x->sum16[g]);                  \
             for (int p = 0; p < P; p++) {                                                 \
                 const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[p] + tl_qscale_offset(TL_Q8)))); \
-                const __m512i pairs = _mm512_add_epi32(_mm512_permutex2var_epi32(lo[p], first, hi[p]), \
-                                                       _mm512_permutex2var_epi32(lo[p], second, hi[p])); \
-                acc[p] = fold_group(acc[p], sw, x->d16[g], _mm512_sub_epi32(pairs, offset)); \
+                for (int r = 0; r < R; r++) {                                             \
+                    const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;    \
+                    const __m512i pairs = _mm512_add_epi32(_mm512_permutex2var_epi32(lo[r][p], first, hi[r][p]), \
+                                                           _mm512_permutex2var_epi32(lo[r][p], second, hi[r][p])); \
+                    acc[r][p] = fold_group(acc[r][p], sw, x->d16[gi], _mm512_sub_epi32(pairs, _mm512_set1_epi32(128 * x->sum16[gi]))); \
+                }                                                                         \
             }                                                                             \
         }                                                                                 \
-        for (int p = 0; p < P; p++) _mm512_storeu_ps(out + p * TL_PANEL, acc[p]);         \
+        for (int r = 0; r < R; r++)                                                       \
+            for (int p = 0; p < P; p++) _mm512_storeu_ps(out + (r * P + p) * TL_PANEL, acc[r][p]); \
     }
 
-DEFINE_VNNI_Q8_PANELS(q8_1x4, 4)
+DEFINE_VNNI_Q8_PANELS(q8_1x4, 1, 4)
+DEFINE_VNNI_Q8_PANELS(q8_2x3, 2, 3)
+DEFINE_VNNI_Q8_PANELS(q8_3x2, 3, 2)
 
-/* q4's: two integer chains per panel (even and odd sub-blocks), as q4_r1. */
-#define DEFINE_VNNI_Q4_PANELS(NAME, P)                                                    \
-    static inline void NAME(const tl_qrows *x, int k, const uint8_t *panel, size_t stride, float *out) { \
+/* q4's: two integer chains per row and panel (even and odd sub-blocks), as q4_r1. */
+#define DEFINE_VNNI_Q4_PANELS(NAME, R, P)                                                 \
+    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out) { \
         const int groups = k / TL_QGROUP;                                                 \
         const size_t bb = tl_qblock_bytes(TL_Q4);                                         \
         const __m512i low4 = _mm512_set1_epi8(15);                                        \
-        __m512 acc[P];                                                                    \
-        for (int p = 0; p < P; p++) acc[p] = _mm512_setzero_ps();                         \
+        __m512 acc[R][P];                                                                 \
+        for (int r = 0; r < R; r++)                                                       \
+            for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();                  \
         for (int g = 0; g < groups; g++) {                                                \
-            const int8_t *xq = x->q + (size_t)g * TL_QGROUP;                              \
             const uint8_t *blk[P];                                                        \
-            __m512i even[P], odd[P];                                                      \
+            __m512i even[R][P], odd[R][P];                                                \
             for (int p = 0; p < P; p++) {                                                 \
                 blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
                 prefetch_qblock(blk[p], bb);                                              \
-                even[p] = odd[p] = _mm512_setzero_si512();                                \
+                for (int r = 0; r < R; r++) even[r][p] = odd[r][p] = _mm512_setzero_si512(); \
             }                                                                             \
             for (int j = 0; j < 4; j++) {                                                 \
-                const __m512i xlo = bcast4(xq + 4 * j), xhi = bcast4(xq + 16 + 4 * j);    \
+                __m512i xlo[R], xhi[R];                                                   \
+                for (int r = 0; r < R; r++) {                                             \
+                    const int8_t *xq = x->q + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP; \
+                    xlo[r] = bcast4(xq + 4 * j);                                          \
+                    xhi[r] = bcast4(xq + 16 + 4 * j);                                     \
+                }                                                                         \
                 for (int p = 0; p < P; p++) {                                             \
                     const __m512i v = _mm512_loadu_si512(blk[p] + 64 * j);                 \
-                    even[p] = _mm512_dpbusd_epi32(even[p], _mm512_and_si512(v, low4), xlo); \
-                    odd[p] = _mm512_dpbusd_epi32(odd[p], _mm512_and_si512(_mm512_srli_epi16(v, 4), low4), xhi); \
+                    const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4); \
+                    for (int r = 0; r < R; r++) {                                         \
+                        even[r][p] = _mm512_dpbusd_epi32(even[r][p], lo, xlo[r]);         \
+                        odd[r][p] = _mm512_dpbusd_epi32(odd[r][p], hi, xhi[r]);           \
+                    }                                                                     \
                 }                                                                         \
             }                                                                             \
-            const __m512i offset = _mm512_set1_epi32(8 * x->sum[g]);                      \
             for (int p = 0; p < P; p++) {                                                 \
                 const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[p] + tl_qscale_offset(TL_Q4)))); \
-                acc[p] = fold_group(acc[p], sw, x->d[g], _mm512_sub_epi32(_mm512_add_epi32(even[p], odd[p]), offset)); \
+                for (int r = 0; r < R; r++) {                                             \
+                    const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;    \
+                    const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(even[r][p], odd[r][p]), _mm512_set1_epi32(8 * x->sum[gi])); \
+                    acc[r][p] = fold_group(acc[r][p], sw, x->d[gi], isum);                \
+                }                                                                         \
             }                                                                             \
         }                                                                                 \
-        for (int p = 0; p < P; p++) _mm512_storeu_ps(out + p * TL_PANEL, acc[p]);         \
+        for (int r = 0; r < R; r++)                                                       \
+            for (int p = 0; p < P; p++) _mm512_storeu_ps(out + (r * P + p) * TL_PANEL, acc[r][p]); \
     }
 
-DEFINE_VNNI_Q4_PANELS(q4_1x4, 4)
+DEFINE_VNNI_Q4_PANELS(q4_1x4, 1, 4)
+DEFINE_VNNI_Q4_PANELS(q4_2x3, 2, 3)
+DEFINE_VNNI_Q4_PANELS(q4_3x2, 3, 2)
 
 void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {
     static const qtile_fn q8_tiles[3] = {q8_r4, q8_r2, q8_r1}, q4_tiles[3] = {q4_r4, q4_r2, q4_r1};
-    if (n == 1) qmatmul_row_parts(x, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_1x4 : q4_1x4, 4, dt == TL_Q8 ? q8_tiles : q4_tiles);
-    else if (dt == TL_Q4) q4_pairs(x, n, k, w, bias, o0, o1, y, ldy, q4_tiles);
+    /* One to three rows (decode, 2-3 sessions or beams): panels as parts side by side */
+    static const qrows_panels_fn q8_parts[3] = {q8_1x4, q8_2x3, q8_3x2}, q4_parts[3] = {q4_1x4, q4_2x3, q4_3x2};
+    static const int panels[3] = {4, 3, 2};
+    if (n >= 1 && n <= 3) {
+        if (dt == TL_Q8) qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, q8_parts[n - 1], panels[n - 1], q8_tiles);
+        else qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, q4_parts[n - 1], panels[n - 1], q4_tiles);
+    } else if (dt == TL_Q4) q4_pairs(x, n, k, w, bias, o0, o1, y, ldy, q4_tiles);
     else qmatmul_panels(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_tiles : q4_tiles);
 }
 #endif
