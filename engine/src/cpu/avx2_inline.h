@@ -90,8 +90,11 @@ static inline void store_tile(const float *out, int rows, int per_row, int p, in
     }
 }
 
-/* A q8/q4 tile: one packed panel's 16 outputs for rows [row0, row0 + R), into out[R][TL_PANEL]. */
-typedef void (*qtile_fn)(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out);
+/* A q8/q4 tile: rows [row0, row0 + R) over P packed panels at once, panel p at `panel` +
+   p * `stride` bytes (one-panel tiles ignore the stride), into out[R][P][TL_PANEL]. Each
+   row's and panel's integer sums and float steps are the same in every tile, so a row's
+   result does not depend on the tile it lands in (kernels.h). */
+typedef void (*qtile_fn)(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out);
 
 /* The packed q8/q4 product over panels [o0, o1) (tl_kernels.qmatmul_packed): each panel's rows
    in tiles of 4, 2 and 1 rows (tiles[0..2]; tiles[0] NULL where an ISA has no 4-row tile),
@@ -105,28 +108,22 @@ static inline void qmatmul_panels(const tl_qrows *x, int n, int k, const void *w
         const int lanes = o1 - o < TL_PANEL ? o1 - o : TL_PANEL;
         for (int r = 0; r < n;) {
             const int rows = n - r >= 4 && tiles[0] ? 4 : n - r >= 2 ? 2 : 1;
-            tiles[rows == 4 ? 0 : rows == 2 ? 1 : 2](x, r, k, panel, out);
+            tiles[rows == 4 ? 0 : rows == 2 ? 1 : 2](x, r, k, panel, 0, out);
             store_tile(out, rows, 1, 0, lanes, bias, o, y + (size_t)r * (size_t)ldy, ldy);
             r += rows;
         }
     }
 }
 
-
-/* Rows [row0, row0 + R) over P panels of a packed q8/q4 matrix at once (decode, 2-3
-   sessions), panel p at `panel` + p * `stride` bytes, into out[R][P][TL_PANEL]: each row's
-   and panel's sums and float steps are its one-panel tile's, so the bits are. */
-typedef void (*qrows_panels_fn)(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out);
-
-/* The packed q8/q4 product of n (the tile's R) rows over [o0, o1): the whole panels as P
-   equal parts read side by side, `panels` taking panel g of every part at once, so that
-   each of its P prefetch streams walks a contiguous part (FEW_ROWS_PANELS' way for float
-   weights: one stream read memory at the rate of one panel at a time, about 20-23 GB/s
-   here where the memory gives 40); the fewer than P panels left through the one-panel
-   tiles. The range's last panel, possibly partial, is the last part's last when it falls
-   in one. */
+/* The packed q8/q4 product of n (the tile's R, at most 3) rows over [o0, o1): the whole
+   panels as P (at most 4) equal parts read side by side, the tile `panels` taking panel g
+   of every part at once, so that each of its P prefetch streams walks a contiguous part
+   (FEW_ROWS_PANELS' way for float weights: one stream read memory at the rate of one panel
+   at a time, about 20-23 GB/s here where the memory gives 40); the fewer than P panels
+   left through the one-panel tiles. The range's last panel, possibly partial, is the last
+   part's last when it falls in one. */
 static inline void qmatmul_rows_parts(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt, const float *bias,
-                                      int o0, int o1, float *y, int ldy, qrows_panels_fn panels, int P,
+                                      int o0, int o1, float *y, int ldy, qtile_fn panels, int P,
                                       const qtile_fn tiles[3]) {
     const size_t panel_bytes = tl_panel_bytes(dt, k);
     float out[3 * 4 * TL_PANEL]; /* n <= 3, P <= 4 */

@@ -230,189 +230,131 @@ static inline __m256 fold_group(__m256 acc, __m256 scales, float d, __m256i isum
     return _mm256_fmadd_ps(_mm256_mul_ps(scales, _mm256_set1_ps(d)), _mm256_cvtepi32_ps(isum), acc);
 }
 
-/* q8: 16-bit activations (kernels.h). 16 lanes = four ymm quarters; a sub-block's 16 bytes
+/* q8/q4 tiles (qtile_fn): R input rows x P panels, panel p at `panel` + p * `stride` bytes,
+   into out[R][P][TL_PANEL]; every weight load feeds the R rows. P > 1 panels are read side by
+   side from as many parts of a range (qmatmul_rows_parts), each prefetched in its own
+   stream (a single row prefetches too; multi-row one-panel tiles are compute's).
+   q8: 16-bit activations (kernels.h). 16 lanes = four ymm quarters; a sub-block's 16 bytes
    per quarter are 4 lanes x 4 inputs, widened to int16 (the bytes are unsigned, q + 128) and
    multiplied by the 4 activations with madd into int32 pairs [lane][inputs 0-1 | 2-3]; after
    the group, hadd joins the pairs (the lanes come out as 0 1 4 5 | 2 3 6 7 and a qword
    permute restores their order) and 128 x the activations' sum removes the offset. Integer
-   sums are exact, so the order of the adds cannot show. R input rows share every widening. */
-#define DEFINE_Q8_ROWS(NAME, R)                                                           \
-    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out) { \
+   sums are exact, so the order of the adds cannot show. A block's lines are prefetched one
+   a sub-block (from memory, one thread, 1 row x 2 panels: 26.2 -> 28.0-33.7 GB/s). */
+#define DEFINE_Q8_TILE(NAME, R, P)                                                        \
+    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out) { \
         const int groups = k / TL_QGROUP;                                                 \
         const size_t bb = tl_qblock_bytes(TL_Q8);                                         \
-        __m256 acc[R][2];                                                                 \
-        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();          \
+        __m256 acc[R][P][2];                                                              \
+        for (int r = 0; r < R; r++)                                                       \
+            for (int p = 0; p < P; p++) acc[r][p][0] = acc[r][p][1] = _mm256_setzero_ps(); \
         for (int g = 0; g < groups; g++) {                                                \
-            const uint8_t *blk = panel + (size_t)g * bb;                                  \
-            if (R == 1) prefetch_qblock(blk, bb);                                         \
-            __m256i dp[R][4];                                                             \
-            for (int r = 0; r < R; r++) dp[r][0] = dp[r][1] = dp[r][2] = dp[r][3] = _mm256_setzero_si256(); \
+            const uint8_t *blk[P];                                                        \
+            __m256i dp[R][P][4];                                                          \
+            for (int p = 0; p < P; p++) {                                                 \
+                blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
+                if (R == 1 || P > 1) _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 512, _MM_HINT_T0); \
+                for (int r = 0; r < R; r++)                                               \
+                    dp[r][p][0] = dp[r][p][1] = dp[r][p][2] = dp[r][p][3] = _mm256_setzero_si256(); \
+            }                                                                             \
             for (int j = 0; j < 8; j++) {                                                 \
-                __m256i wq[4];                                                            \
-                for (int c = 0; c < 4; c++)                                               \
-                    wq[c] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 64 * j + 16 * c))); \
+                __m256i xb[R];                                                            \
                 for (int r = 0; r < R; r++) {                                             \
                     int64_t xv;                                                           \
                     memcpy(&xv, x->q16 + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP + 4 * j, 8); \
-                    const __m256i xb = _mm256_set1_epi64x(xv);                            \
-                    for (int c = 0; c < 4; c++) dp[r][c] = _mm256_add_epi32(dp[r][c], _mm256_madd_epi16(wq[c], xb)); \
+                    xb[r] = _mm256_set1_epi64x(xv);                                       \
+                }                                                                         \
+                for (int p = 0; p < P; p++) {                                             \
+                    if (R == 1 || P > 1) _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 64 * j, _MM_HINT_T0); \
+                    for (int c = 0; c < 4; c++) {                                         \
+                        const __m256i wq = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk[p] + 64 * j + 16 * c))); \
+                        for (int r = 0; r < R; r++) dp[r][p][c] = _mm256_add_epi32(dp[r][p][c], _mm256_madd_epi16(wq, xb[r])); \
+                    }                                                                     \
                 }                                                                         \
             }                                                                             \
-            for (int h = 0; h < 2; h++) {                                                 \
-                const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + tl_qscale_offset(TL_Q8) + 16 * h))); \
-                for (int r = 0; r < R; r++) {                                             \
-                    const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;    \
-                    const __m256i lanes = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dp[r][2 * h], dp[r][2 * h + 1]), 0xD8); \
-                    const __m256i isum = _mm256_sub_epi32(lanes, _mm256_set1_epi32(128 * x->sum16[gi])); \
-                    acc[r][h] = fold_group(acc[r][h], sw, x->d16[gi], isum);              \
+            for (int p = 0; p < P; p++)                                                   \
+                for (int h = 0; h < 2; h++) {                                             \
+                    const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk[p] + tl_qscale_offset(TL_Q8) + 16 * h))); \
+                    for (int r = 0; r < R; r++) {                                         \
+                        const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g; \
+                        const __m256i lanes = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dp[r][p][2 * h], dp[r][p][2 * h + 1]), 0xD8); \
+                        const __m256i isum = _mm256_sub_epi32(lanes, _mm256_set1_epi32(128 * x->sum16[gi])); \
+                        acc[r][p][h] = fold_group(acc[r][p][h], sw, x->d16[gi], isum);    \
+                    }                                                                     \
                 }                                                                         \
+        }                                                                                 \
+        for (int r = 0; r < R; r++)                                                       \
+            for (int p = 0; p < P; p++) {                                                 \
+                _mm256_storeu_ps(out + (r * P + p) * TL_PANEL, acc[r][p][0]);             \
+                _mm256_storeu_ps(out + (r * P + p) * TL_PANEL + 8, acc[r][p][1]);         \
             }                                                                             \
-        }                                                                                 \
-        for (int r = 0; r < R; r++) {                                                     \
-            _mm256_storeu_ps(out + r * TL_PANEL, acc[r][0]);                              \
-            _mm256_storeu_ps(out + r * TL_PANEL + 8, acc[r][1]);                          \
-        }                                                                                 \
     }
 
 /* q4: quantised activations. Integer dot products of 4 inputs per lane: maddubs multiplies
    the unsigned nibbles by the signed activation bytes into int16 pairs (2 * 15 * 127 and
    the sum of two such results, 4 * 15 * 127, cannot saturate), madd with ones adds the
-   pairs into int32. */
-#define DEFINE_Q4_ROWS(NAME, R)                                                           \
-    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out) { \
+   pairs into int32. A block's 4.5 lines are prefetched at the group's start. */
+#define DEFINE_Q4_TILE(NAME, R, P)                                                        \
+    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out) { \
         const int groups = k / TL_QGROUP;                                                 \
         const size_t bb = tl_qblock_bytes(TL_Q4);                                         \
         const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);           \
-        __m256 acc[R][2];                                                                 \
-        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();          \
+        __m256 acc[R][P][2];                                                              \
+        for (int r = 0; r < R; r++)                                                       \
+            for (int p = 0; p < P; p++) acc[r][p][0] = acc[r][p][1] = _mm256_setzero_ps(); \
         for (int g = 0; g < groups; g++) {                                                \
-            const uint8_t *blk = panel + (size_t)g * bb;                                  \
-            if (R == 1) prefetch_qblock(blk, bb);                                         \
+            const uint8_t *blk[P];                                                        \
+            for (int p = 0; p < P; p++) {                                                 \
+                blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
+                if (R == 1 || P > 1) prefetch_qblock(blk[p], bb);                         \
+            }                                                                             \
             for (int h = 0; h < 2; h++) {                                                 \
-                __m256i dp[R];                                                            \
-                for (int r = 0; r < R; r++) dp[r] = _mm256_setzero_si256();               \
+                __m256i dp[R][P];                                                         \
+                for (int r = 0; r < R; r++)                                               \
+                    for (int p = 0; p < P; p++) dp[r][p] = _mm256_setzero_si256();        \
                 for (int j = 0; j < 4; j++) {                                             \
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + j * 64 + h * 32)); \
-                    const __m256i lo = _mm256_and_si256(v, low4);                         \
-                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);   \
+                    __m256i xa[R], xb[R];                                                 \
                     for (int r = 0; r < R; r++) {                                         \
                         const int8_t *xq = x->q + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP; \
-                        int32_t xa, xb;                                                   \
-                        memcpy(&xa, xq + 4 * j, 4);                                       \
-                        memcpy(&xb, xq + 16 + 4 * j, 4);                                  \
-                        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xa)), \
-                                                           _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xb))); \
-                        dp[r] = _mm256_add_epi32(dp[r], _mm256_madd_epi16(p, ones));      \
+                        int32_t a, b;                                                     \
+                        memcpy(&a, xq + 4 * j, 4);                                        \
+                        memcpy(&b, xq + 16 + 4 * j, 4);                                   \
+                        xa[r] = _mm256_set1_epi32(a);                                     \
+                        xb[r] = _mm256_set1_epi32(b);                                     \
                     }                                                                     \
-                }                                                                         \
-                const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + tl_qscale_offset(TL_Q4) + 16 * h))); \
-                for (int r = 0; r < R; r++) {                                             \
-                    const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;    \
-                    const __m256i isum = _mm256_sub_epi32(dp[r], _mm256_set1_epi32(8 * x->sum[gi])); \
-                    acc[r][h] = fold_group(acc[r][h], sw, x->d[gi], isum);                \
-                }                                                                         \
-            }                                                                             \
-        }                                                                                 \
-        for (int r = 0; r < R; r++) {                                                     \
-            _mm256_storeu_ps(out + r * TL_PANEL, acc[r][0]);                              \
-            _mm256_storeu_ps(out + r * TL_PANEL + 8, acc[r][1]);                          \
-        }                                                                                 \
-    }
-
-DEFINE_Q8_ROWS(q8_r2, 2)
-DEFINE_Q8_ROWS(q8_r1, 1)
-DEFINE_Q4_ROWS(q4_r2, 2)
-DEFINE_Q4_ROWS(q4_r1, 1)
-
-/* One row over P panels (qrows_panels_fn, read side by side by qmatmul_rows_parts), each
-   prefetched in its own stream: per panel the one-panel tile's sums and float steps. q8
-   prefetches a block's lines one a sub-block (kernels_vnni.c's q8_1x4; here 26.2 -> 28.0-33.7
-   GB/s from memory, one thread), q4 its 4.5 lines at the group's start. */
-#define DEFINE_Q8_PANELS(NAME, P)                                                         \
-    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out) { \
-        const int groups = k / TL_QGROUP;                                                 \
-        const size_t bb = tl_qblock_bytes(TL_Q8);                                         \
-        __m256 acc[P][2];                                                                 \
-        for (int p = 0; p < P; p++) acc[p][0] = acc[p][1] = _mm256_setzero_ps();          \
-        for (int g = 0; g < groups; g++) {                                                \
-            const uint8_t *blk[P];                                                        \
-            __m256i dp[P][4];                                                             \
-            for (int p = 0; p < P; p++) {                                                 \
-                blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
-                _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 512, _MM_HINT_T0);  \
-                dp[p][0] = dp[p][1] = dp[p][2] = dp[p][3] = _mm256_setzero_si256();       \
-            }                                                                             \
-            for (int j = 0; j < 8; j++) {                                                 \
-                int64_t xv;                                                               \
-                memcpy(&xv, x->q16 + (size_t)row0 * (size_t)k + (size_t)g * TL_QGROUP + 4 * j, 8);                   \
-                const __m256i xb = _mm256_set1_epi64x(xv);                                \
-                for (int p = 0; p < P; p++) {                                             \
-                    _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 64 * j, _MM_HINT_T0); \
-                    for (int c = 0; c < 4; c++) {                                         \
-                        const __m256i wq = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk[p] + 64 * j + 16 * c))); \
-                        dp[p][c] = _mm256_add_epi32(dp[p][c], _mm256_madd_epi16(wq, xb)); \
-                    }                                                                     \
-                }                                                                         \
-            }                                                                             \
-            const __m256i offset = _mm256_set1_epi32(128 * x->sum16[(size_t)row0 * (size_t)groups + (size_t)g]);                  \
-            for (int p = 0; p < P; p++)                                                   \
-                for (int h = 0; h < 2; h++) {                                             \
-                    const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk[p] + tl_qscale_offset(TL_Q8) + 16 * h))); \
-                    const __m256i lanes = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dp[p][2 * h], dp[p][2 * h + 1]), 0xD8); \
-                    acc[p][h] = fold_group(acc[p][h], sw, x->d16[(size_t)row0 * (size_t)groups + (size_t)g], _mm256_sub_epi32(lanes, offset)); \
-                }                                                                         \
-        }                                                                                 \
-        for (int p = 0; p < P; p++) {                                                     \
-            _mm256_storeu_ps(out + p * TL_PANEL, acc[p][0]);                              \
-            _mm256_storeu_ps(out + p * TL_PANEL + 8, acc[p][1]);                          \
-        }                                                                                 \
-    }
-
-#define DEFINE_Q4_PANELS(NAME, P)                                                         \
-    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out) { \
-        const int groups = k / TL_QGROUP;                                                 \
-        const size_t bb = tl_qblock_bytes(TL_Q4);                                         \
-        const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);           \
-        __m256 acc[P][2];                                                                 \
-        for (int p = 0; p < P; p++) acc[p][0] = acc[p][1] = _mm256_setzero_ps();          \
-        for (int g = 0; g < groups; g++) {                                                \
-            const int8_t *xq = x->q + (size_t)row0 * (size_t)k + (size_t)g * TL_QGROUP;  \
-            const __m256i offset = _mm256_set1_epi32(8 * x->sum[(size_t)row0 * (size_t)groups + (size_t)g]);                      \
-            const uint8_t *blk[P];                                                        \
-            for (int p = 0; p < P; p++) {                                                 \
-                blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
-                prefetch_qblock(blk[p], bb);                                              \
-            }                                                                             \
-            for (int h = 0; h < 2; h++) {                                                 \
-                __m256i dp[P];                                                            \
-                for (int p = 0; p < P; p++) dp[p] = _mm256_setzero_si256();               \
-                for (int j = 0; j < 4; j++) {                                             \
-                    int32_t xa, xb;                                                       \
-                    memcpy(&xa, xq + 4 * j, 4);                                           \
-                    memcpy(&xb, xq + 16 + 4 * j, 4);                                      \
-                    const __m256i va = _mm256_set1_epi32(xa), vb = _mm256_set1_epi32(xb); \
                     for (int p = 0; p < P; p++) {                                         \
                         const __m256i v = _mm256_loadu_si256((const __m256i *)(blk[p] + j * 64 + h * 32)); \
                         const __m256i lo = _mm256_and_si256(v, low4);                     \
                         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4); \
-                        const __m256i prod = _mm256_add_epi16(_mm256_maddubs_epi16(lo, va), _mm256_maddubs_epi16(hi, vb)); \
-                        dp[p] = _mm256_add_epi32(dp[p], _mm256_madd_epi16(prod, ones));   \
+                        for (int r = 0; r < R; r++) {                                     \
+                            const __m256i prod = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa[r]), _mm256_maddubs_epi16(hi, xb[r])); \
+                            dp[r][p] = _mm256_add_epi32(dp[r][p], _mm256_madd_epi16(prod, ones)); \
+                        }                                                                 \
                     }                                                                     \
                 }                                                                         \
                 for (int p = 0; p < P; p++) {                                             \
                     const __m256 sw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk[p] + tl_qscale_offset(TL_Q4) + 16 * h))); \
-                    acc[p][h] = fold_group(acc[p][h], sw, x->d[(size_t)row0 * (size_t)groups + (size_t)g], _mm256_sub_epi32(dp[p], offset)); \
+                    for (int r = 0; r < R; r++) {                                         \
+                        const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g; \
+                        const __m256i isum = _mm256_sub_epi32(dp[r][p], _mm256_set1_epi32(8 * x->sum[gi])); \
+                        acc[r][p][h] = fold_group(acc[r][p][h], sw, x->d[gi], isum);      \
+                    }                                                                     \
                 }                                                                         \
             }                                                                             \
         }                                                                                 \
-        for (int p = 0; p < P; p++) {                                                     \
-            _mm256_storeu_ps(out + p * TL_PANEL, acc[p][0]);                              \
-            _mm256_storeu_ps(out + p * TL_PANEL + 8, acc[p][1]);                          \
-        }                                                                                 \
+        for (int r = 0; r < R; r++)                                                       \
+            for (int p = 0; p < P; p++) {                                                 \
+                _mm256_storeu_ps(out + (r * P + p) * TL_PANEL, acc[r][p][0]);             \
+                _mm256_storeu_ps(out + (r * P + p) * TL_PANEL + 8, acc[r][p][1]);         \
+            }                                                                             \
     }
 
-DEFINE_Q8_PANELS(q8_1x2, 2)
-DEFINE_Q4_PANELS(q4_1x2, 2)
+DEFINE_Q8_TILE(q8_r2, 2, 1)
+DEFINE_Q8_TILE(q8_r1, 1, 1)
+DEFINE_Q8_TILE(q8_1x2, 1, 2)
+DEFINE_Q4_TILE(q4_r2, 2, 1)
+DEFINE_Q4_TILE(q4_r1, 1, 1)
+DEFINE_Q4_TILE(q4_1x2, 1, 2)
 
 void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {

@@ -26,44 +26,64 @@ static inline __m512i bcast4(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* R input rows share every weight load. The integer sum of a group runs in two chains
-   (even and odd sub-blocks) to halve vpdpbusd's latency chain; integer addition is exact,
-   so the split cannot change a bit. */
-#define DEFINE_VNNI_ROWS(NAME, R)                                                         \
-    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out) { \
+/* q4 tiles (qtile_fn): R input rows x P panels, panel p at `panel` + p * `stride` bytes,
+   R x P outputs into out[R][P][TL_PANEL]. Every weight load feeds the R rows; P > 1 panels
+   are read side by side from as many parts of a range (qmatmul_rows_parts), each prefetched
+   in its own stream (a single row prefetches too; multi-row one-panel tiles are compute's).
+   The integer sum of a group runs in two chains per row and panel (the low and the high
+   nibbles) to halve vpdpbusd's latency chain; integer addition is exact, so neither the
+   split nor the tile can change a bit. */
+#define DEFINE_VNNI_Q4_TILE(NAME, R, P)                                                   \
+    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out) { \
         const int groups = k / TL_QGROUP;                                                 \
         const size_t bb = tl_qblock_bytes(TL_Q4);                                         \
         const __m512i low4 = _mm512_set1_epi8(15);                                        \
-        __m512 acc[R];                                                                    \
-        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                         \
+        __m512 acc[R][P];                                                                 \
+        for (int r = 0; r < R; r++)                                                       \
+            for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();                  \
         for (int g = 0; g < groups; g++) {                                                \
-            const uint8_t *blk = panel + (size_t)g * bb;                                  \
-            if (R == 1) prefetch_qblock(blk, bb);                                         \
-            __m512i wv[8];                                                                \
-            for (int j = 0; j < 4; j++) {                                                 \
-                const __m512i v = _mm512_loadu_si512(blk + 64 * j);                       \
-                wv[j] = _mm512_and_si512(v, low4);                                        \
-                wv[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);              \
+            const uint8_t *blk[P];                                                        \
+            __m512i even[R][P], odd[R][P];                                                \
+            for (int p = 0; p < P; p++) {                                                 \
+                blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
+                if (R == 1 || P > 1) prefetch_qblock(blk[p], bb);                         \
+                for (int r = 0; r < R; r++) even[r][p] = odd[r][p] = _mm512_setzero_si512(); \
             }                                                                             \
-            const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + tl_qscale_offset(TL_Q4)))); \
-            for (int r = 0; r < R; r++) {                                                 \
-                const int8_t *xq = x->q + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP; \
-                const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;        \
-                __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();     \
-                for (int j = 0; j < 8; j += 2) {                                          \
-                    even = _mm512_dpbusd_epi32(even, wv[j], bcast4(xq + 4 * j));          \
-                    odd = _mm512_dpbusd_epi32(odd, wv[j + 1], bcast4(xq + 4 * j + 4));    \
+            for (int j = 0; j < 4; j++) {                                                 \
+                __m512i xlo[R], xhi[R];                                                   \
+                for (int r = 0; r < R; r++) {                                             \
+                    const int8_t *xq = x->q + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP; \
+                    xlo[r] = bcast4(xq + 4 * j);                                          \
+                    xhi[r] = bcast4(xq + 16 + 4 * j);                                     \
                 }                                                                         \
-                const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(even, odd), _mm512_set1_epi32(8 * x->sum[gi])); \
-                acc[r] = fold_group(acc[r], sw, x->d[gi], isum);                          \
+                for (int p = 0; p < P; p++) {                                             \
+                    const __m512i v = _mm512_loadu_si512(blk[p] + 64 * j);                 \
+                    const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4); \
+                    for (int r = 0; r < R; r++) {                                         \
+                        even[r][p] = _mm512_dpbusd_epi32(even[r][p], lo, xlo[r]);         \
+                        odd[r][p] = _mm512_dpbusd_epi32(odd[r][p], hi, xhi[r]);           \
+                    }                                                                     \
+                }                                                                         \
+            }                                                                             \
+            for (int p = 0; p < P; p++) {                                                 \
+                const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[p] + tl_qscale_offset(TL_Q4)))); \
+                for (int r = 0; r < R; r++) {                                             \
+                    const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;    \
+                    const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(even[r][p], odd[r][p]), _mm512_set1_epi32(8 * x->sum[gi])); \
+                    acc[r][p] = fold_group(acc[r][p], sw, x->d[gi], isum);                \
+                }                                                                         \
             }                                                                             \
         }                                                                                 \
-        for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * TL_PANEL, acc[r]);         \
+        for (int r = 0; r < R; r++)                                                       \
+            for (int p = 0; p < P; p++) _mm512_storeu_ps(out + (r * P + p) * TL_PANEL, acc[r][p]); \
     }
 
-DEFINE_VNNI_ROWS(q4_r4, 4)
-DEFINE_VNNI_ROWS(q4_r2, 2)
-DEFINE_VNNI_ROWS(q4_r1, 1)
+DEFINE_VNNI_Q4_TILE(q4_r4, 4, 1)
+DEFINE_VNNI_Q4_TILE(q4_r2, 2, 1)
+DEFINE_VNNI_Q4_TILE(q4_r1, 1, 1)
+DEFINE_VNNI_Q4_TILE(q4_1x4, 1, 4)
+DEFINE_VNNI_Q4_TILE(q4_2x3, 2, 3)
+DEFINE_VNNI_Q4_TILE(q4_3x2, 3, 2)
 
 /* Two panels of q4 at once for R rows (batched decode, verification, prefill): each
    broadcast of 4 activation bytes feeds two vpdpbusd, where the one-panel tile feeds one;
@@ -141,7 +161,7 @@ static void q4_pairs(const tl_qrows *x, int n, int k, const void *w, const float
                     store_tile(out, rows, 2, p, lanes[p], bias, o + p * TL_PANEL, y + (size_t)r * (size_t)ldy, ldy);
             } else {
                 for (int p = 0; p < 2; p++) {
-                    tiles[2](x, r, k, panel + (size_t)p * panel_bytes, out);
+                    tiles[2](x, r, k, panel + (size_t)p * panel_bytes, 0, out);
                     store_tile(out, 1, 1, 0, lanes[p], bias, o + p * TL_PANEL, y + (size_t)r * (size_t)ldy, ldy);
                 }
             }
@@ -151,63 +171,20 @@ static void q4_pairs(const tl_qrows *x, int n, int k, const void *w, const float
     if (o < o1) qmatmul_panels(x, n, k, w, TL_Q4, bias, o, o1, y, ldy, tiles);
 }
 
-/* q8: 16-bit activations (kernels.h) with vpdpwssd (int16 pairs into int32). Each half of a
-   sub-block (32 bytes: 8 lanes x 4 inputs, unsigned q + 128) is widened to int16, so int32
-   slot s holds lane s/2's inputs 2(s%2) and 2(s%2)+1: one 64-bit broadcast of the 4
-   activations feeds it. After the group one permute pair gathers each lane's two slots from
-   both halves, and 128 x the activations' sum removes the offset. A single row splits the
-   sums in even and odd sub-blocks to halve the latency chains (exact: integers). */
-#define DEFINE_VNNI_Q8_ROWS(NAME, R)                                                      \
-    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, float *out) { \
-        const int groups = k / TL_QGROUP, chains = R == 1 ? 2 : 1;                        \
-        const size_t bb = tl_qblock_bytes(TL_Q8);                                         \
-        const __m512i first = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30); \
-        const __m512i second = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31); \
-        __m512 acc[R];                                                                    \
-        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                         \
-        for (int g = 0; g < groups; g++) {                                                \
-            const uint8_t *blk = panel + (size_t)g * bb;                                  \
-            if (R == 1) prefetch_qblock(blk, bb);                                         \
-            __m512i lo[R][2], hi[R][2]; /* lanes 0-7, 8-15; per chain */                  \
-            for (int r = 0; r < R; r++) lo[r][0] = lo[r][1] = hi[r][0] = hi[r][1] = _mm512_setzero_si512(); \
-            for (int j = 0; j < 8; j++) {                                                 \
-                const __m512i wl = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 64 * j))); \
-                const __m512i wh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 64 * j + 32))); \
-                const int c = j % chains;                                                 \
-                for (int r = 0; r < R; r++) {                                             \
-                    int64_t xv;                                                           \
-                    memcpy(&xv, x->q16 + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP + 4 * j, 8); \
-                    const __m512i xb = _mm512_set1_epi64(xv);                             \
-                    lo[r][c] = _mm512_dpwssd_epi32(lo[r][c], wl, xb);                     \
-                    hi[r][c] = _mm512_dpwssd_epi32(hi[r][c], wh, xb);                     \
-                }                                                                         \
-            }                                                                             \
-            const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + tl_qscale_offset(TL_Q8)))); \
-            for (int r = 0; r < R; r++) {                                                 \
-                const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;        \
-                const __m512i l = _mm512_add_epi32(lo[r][0], lo[r][1]), h = _mm512_add_epi32(hi[r][0], hi[r][1]); \
-                const __m512i pairs = _mm512_add_epi32(_mm512_permutex2var_epi32(l, first, h), \
-                                                       _mm512_permutex2var_epi32(l, second, h)); \
-                const __m512i isum = _mm512_sub_epi32(pairs, _mm512_set1_epi32(128 * x->sum16[gi])); \
-                acc[r] = fold_group(acc[r], sw, x->d16[gi], isum);                        \
-            }                                                                             \
-        }                                                                                 \
-        for (int r = 0; r < R; r++) _mm512_storeu_ps(out + r * TL_PANEL, acc[r]);         \
-    }
 
-DEFINE_VNNI_Q8_ROWS(q8_r4, 4)
-DEFINE_VNNI_Q8_ROWS(q8_r2, 2)
-DEFINE_VNNI_Q8_ROWS(q8_r1, 1)
-
-/* One to three rows over P panels (qrows_panels_fn, read side by side by qmatmul_rows_parts),
-   each panel prefetched in its own stream: per row and panel the one-panel tiles' integer
-   sums and float steps (one chain per half-panel, row and panel: R x P panels are already
-   2RP chains). A block's 8.5 lines ahead are prefetched one a sub-block, not all at the
-   group's start (from memory, one thread, 1 row: 28.6-29.8 -> 29.8-33.9 GB/s); q4's 4.5
-   lines measured slower spread. */
-#define DEFINE_VNNI_Q8_PANELS(NAME, R, P)                                                 \
+/* q8 tiles (qtile_fn, as q4's above): 16-bit activations (kernels.h) with vpdpwssd (int16
+   pairs into int32). Each half of a sub-block (32 bytes: 8 lanes x 4 inputs, unsigned q +
+   128) is widened to int16, so int32 slot s holds lane s/2's inputs 2(s%2) and 2(s%2)+1: one
+   64-bit broadcast of the 4 activations feeds it. After the group one permute pair gathers
+   each lane's two slots from both halves, and 128 x the activations' sum removes the
+   offset. A single row on one panel splits its sums in even and odd sub-blocks to halve the
+   latency chains (R x P > 1 tiles have 2RP chains already); exact: integers. A block's 8.5
+   lines ahead are prefetched one a sub-block, not all at the group's start (from memory,
+   one thread, 1 row x 4 panels: 28.6-29.8 -> 29.8-33.9 GB/s); q4's 4.5 lines measured
+   slower spread. */
+#define DEFINE_VNNI_Q8_TILE(NAME, R, P)                                                   \
     static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out) { \
-        const int groups = k / TL_QGROUP;                                                 \
+        const int groups = k / TL_QGROUP, chains = R * P == 1 ? 2 : 1;                   \
         const size_t bb = tl_qblock_bytes(TL_Q8);                                         \
         const __m512i first = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30); \
         const __m512i second = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31); \
@@ -216,13 +193,14 @@ DEFINE_VNNI_Q8_ROWS(q8_r1, 1)
             for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();                  \
         for (int g = 0; g < groups; g++) {                                                \
             const uint8_t *blk[P];                                                        \
-            __m512i lo[R][P], hi[R][P]; /* lanes 0-7, 8-15 */                             \
+            __m512i lo[R][P][2], hi[R][P][2]; /* lanes 0-7, 8-15; per chain */            \
             for (int p = 0; p < P; p++) {                                                 \
                 blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
-                _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 512, _MM_HINT_T0);  \
-                for (int r = 0; r < R; r++) lo[r][p] = hi[r][p] = _mm512_setzero_si512(); \
+                if (R == 1 || P > 1) _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 512, _MM_HINT_T0); \
+                for (int r = 0; r < R; r++) lo[r][p][0] = lo[r][p][1] = hi[r][p][0] = hi[r][p][1] = _mm512_setzero_si512(); \
             }                                                                             \
             for (int j = 0; j < 8; j++) {                                                 \
+                const int c = j % chains;                                                 \
                 __m512i xb[R];                                                            \
                 for (int r = 0; r < R; r++) {                                             \
                     int64_t xv;                                                           \
@@ -230,12 +208,12 @@ DEFINE_VNNI_Q8_ROWS(q8_r1, 1)
                     xb[r] = _mm512_set1_epi64(xv);                                        \
                 }                                                                         \
                 for (int p = 0; p < P; p++) {                                             \
-                    _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 64 * j, _MM_HINT_T0); \
+                    if (R == 1 || P > 1) _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 64 * j, _MM_HINT_T0); \
                     const __m512i wl = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk[p] + 64 * j))); \
                     const __m512i wh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk[p] + 64 * j + 32))); \
                     for (int r = 0; r < R; r++) {                                         \
-                        lo[r][p] = _mm512_dpwssd_epi32(lo[r][p], wl, xb[r]);              \
-                        hi[r][p] = _mm512_dpwssd_epi32(hi[r][p], wh, xb[r]);              \
+                        lo[r][p][c] = _mm512_dpwssd_epi32(lo[r][p][c], wl, xb[r]);        \
+                        hi[r][p][c] = _mm512_dpwssd_epi32(hi[r][p][c], wh, xb[r]);        \
                     }                                                                     \
                 }                                                                         \
             }                                                                             \
@@ -243,8 +221,9 @@ DEFINE_VNNI_Q8_ROWS(q8_r1, 1)
                 const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[p] + tl_qscale_offset(TL_Q8)))); \
                 for (int r = 0; r < R; r++) {                                             \
                     const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;    \
-                    const __m512i pairs = _mm512_add_epi32(_mm512_permutex2var_epi32(lo[r][p], first, hi[r][p]), \
-                                                           _mm512_permutex2var_epi32(lo[r][p], second, hi[r][p])); \
+                    const __m512i l = _mm512_add_epi32(lo[r][p][0], lo[r][p][1]), h = _mm512_add_epi32(hi[r][p][0], hi[r][p][1]); \
+                    const __m512i pairs = _mm512_add_epi32(_mm512_permutex2var_epi32(l, first, h), \
+                                                           _mm512_permutex2var_epi32(l, second, h)); \
                     acc[r][p] = fold_group(acc[r][p], sw, x->d16[gi], _mm512_sub_epi32(pairs, _mm512_set1_epi32(128 * x->sum16[gi]))); \
                 }                                                                         \
             }                                                                             \
@@ -253,65 +232,18 @@ DEFINE_VNNI_Q8_ROWS(q8_r1, 1)
             for (int p = 0; p < P; p++) _mm512_storeu_ps(out + (r * P + p) * TL_PANEL, acc[r][p]); \
     }
 
-DEFINE_VNNI_Q8_PANELS(q8_1x4, 1, 4)
-DEFINE_VNNI_Q8_PANELS(q8_2x3, 2, 3)
-DEFINE_VNNI_Q8_PANELS(q8_3x2, 3, 2)
-
-/* q4's: two integer chains per row and panel (even and odd sub-blocks), as q4_r1. */
-#define DEFINE_VNNI_Q4_PANELS(NAME, R, P)                                                 \
-    static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out) { \
-        const int groups = k / TL_QGROUP;                                                 \
-        const size_t bb = tl_qblock_bytes(TL_Q4);                                         \
-        const __m512i low4 = _mm512_set1_epi8(15);                                        \
-        __m512 acc[R][P];                                                                 \
-        for (int r = 0; r < R; r++)                                                       \
-            for (int p = 0; p < P; p++) acc[r][p] = _mm512_setzero_ps();                  \
-        for (int g = 0; g < groups; g++) {                                                \
-            const uint8_t *blk[P];                                                        \
-            __m512i even[R][P], odd[R][P];                                                \
-            for (int p = 0; p < P; p++) {                                                 \
-                blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
-                prefetch_qblock(blk[p], bb);                                              \
-                for (int r = 0; r < R; r++) even[r][p] = odd[r][p] = _mm512_setzero_si512(); \
-            }                                                                             \
-            for (int j = 0; j < 4; j++) {                                                 \
-                __m512i xlo[R], xhi[R];                                                   \
-                for (int r = 0; r < R; r++) {                                             \
-                    const int8_t *xq = x->q + (size_t)(row0 + r) * (size_t)k + (size_t)g * TL_QGROUP; \
-                    xlo[r] = bcast4(xq + 4 * j);                                          \
-                    xhi[r] = bcast4(xq + 16 + 4 * j);                                     \
-                }                                                                         \
-                for (int p = 0; p < P; p++) {                                             \
-                    const __m512i v = _mm512_loadu_si512(blk[p] + 64 * j);                 \
-                    const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4); \
-                    for (int r = 0; r < R; r++) {                                         \
-                        even[r][p] = _mm512_dpbusd_epi32(even[r][p], lo, xlo[r]);         \
-                        odd[r][p] = _mm512_dpbusd_epi32(odd[r][p], hi, xhi[r]);           \
-                    }                                                                     \
-                }                                                                         \
-            }                                                                             \
-            for (int p = 0; p < P; p++) {                                                 \
-                const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[p] + tl_qscale_offset(TL_Q4)))); \
-                for (int r = 0; r < R; r++) {                                             \
-                    const size_t gi = (size_t)(row0 + r) * (size_t)groups + (size_t)g;    \
-                    const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(even[r][p], odd[r][p]), _mm512_set1_epi32(8 * x->sum[gi])); \
-                    acc[r][p] = fold_group(acc[r][p], sw, x->d[gi], isum);                \
-                }                                                                         \
-            }                                                                             \
-        }                                                                                 \
-        for (int r = 0; r < R; r++)                                                       \
-            for (int p = 0; p < P; p++) _mm512_storeu_ps(out + (r * P + p) * TL_PANEL, acc[r][p]); \
-    }
-
-DEFINE_VNNI_Q4_PANELS(q4_1x4, 1, 4)
-DEFINE_VNNI_Q4_PANELS(q4_2x3, 2, 3)
-DEFINE_VNNI_Q4_PANELS(q4_3x2, 3, 2)
+DEFINE_VNNI_Q8_TILE(q8_r4, 4, 1)
+DEFINE_VNNI_Q8_TILE(q8_r2, 2, 1)
+DEFINE_VNNI_Q8_TILE(q8_r1, 1, 1)
+DEFINE_VNNI_Q8_TILE(q8_1x4, 1, 4)
+DEFINE_VNNI_Q8_TILE(q8_2x3, 2, 3)
+DEFINE_VNNI_Q8_TILE(q8_3x2, 3, 2)
 
 void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {
     static const qtile_fn q8_tiles[3] = {q8_r4, q8_r2, q8_r1}, q4_tiles[3] = {q4_r4, q4_r2, q4_r1};
     /* One to three rows (decode, 2-3 sessions or beams): panels as parts side by side */
-    static const qrows_panels_fn q8_parts[3] = {q8_1x4, q8_2x3, q8_3x2}, q4_parts[3] = {q4_1x4, q4_2x3, q4_3x2};
+    static const qtile_fn q8_parts[3] = {q8_1x4, q8_2x3, q8_3x2}, q4_parts[3] = {q4_1x4, q4_2x3, q4_3x2};
     static const int panels[3] = {4, 3, 2};
     if (n >= 1 && n <= 3) {
         if (dt == TL_Q8) qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, q8_parts[n - 1], panels[n - 1], q8_tiles);
