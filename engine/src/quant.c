@@ -364,6 +364,7 @@ tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dty
    thread count. The q4 scale search takes about 7 us a group (5.6 minutes for a 1.4 B
    checkpoint on one thread). */
 #define QUANT_TASK_ROWS 32
+#define QUANT_MAX_THREADS 256
 
 typedef struct {
     const tl_st_tensor *t;
@@ -399,8 +400,9 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     if (threads < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: threads must be >= 0 (0: every core), got %d", threads);
     if (threads == 0) {
         const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cores > 0 ? (int)(cores < 256 ? cores : 256) : 1;
+        threads = cores > 0 ? (int)cores : 1;
     }
+    if (threads > QUANT_MAX_THREADS) threads = QUANT_MAX_THREADS;
     if (cal && want != TL_Q4)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: calibration applies to q4 only (q8 keeps max|x| / 127)");
     char from[4096], to[4096], cfrom[4096], cto[4096];
@@ -476,7 +478,7 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     uint16_t *scales = NULL;
     double *u = NULL;
     tl_pool *pool = threads > 1 ? tl_pool_new(threads) : NULL;
-    if (!pool) threads = 1; /* one thread, or no threads to be had: the caller's alone */
+    threads = pool ? tl_pool_threads(pool) : 1; /* the threads it could start; none: the caller's alone */
     for (int i = 0; ok && i < file.n_tensors; i++) {
         const tl_st_tensor *t = &file.tensors[i];
         if (!quantisable(t)) {

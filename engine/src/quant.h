@@ -32,8 +32,8 @@ tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dty
    Gram matrices, GPTQ's error feedback runs along each row. The calibration must be of this
    checkpoint (tensor names and input widths; otherwise TL_ERR_INVALID_ARGUMENT, nothing
    written). The file format is the same. Rows are quantised on `threads` threads (0: one per
-   core; tl_quantize_checkpoint uses 0): each row on its own, so the bytes are the same at
-   any count. */
+   core; at most 256; tl_quantize_checkpoint uses 0): each row on its own, so the bytes are
+   the same at any count. */
 struct tl_calibration;
 tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_dir, tl_dtype type,
                                             const struct tl_calibration *cal, int threads);

@@ -237,8 +237,12 @@ int main(int argc, char **argv) {
         snprintf(again, sizeof again, "%s/q4-again", tmp);
         snprintf(q8_one, sizeof q8_one, "%s/q8-one", tmp);
         snprintf(q8_three, sizeof q8_three, "%s/q8-three", tmp);
-        CHECK(tl_quantize_checkpoint_calibrated(model, again, TL_Q4, NULL, 3) == TL_OK && same_weights(plain, again),
-              "q4 on 3 threads differs from one per core");
+        char q4_one[4096];
+        snprintf(q4_one, sizeof q4_one, "%s/q4-one", tmp);
+        CHECK(tl_quantize_checkpoint_calibrated(model, q4_one, TL_Q4, NULL, 1) == TL_OK && same_weights(plain, q4_one),
+              "q4 on one thread differs from one per core");
+        CHECK(tl_quantize_checkpoint_calibrated(model, again, TL_Q4, NULL, 3) == TL_OK && same_weights(q4_one, again),
+              "q4 on 3 threads differs from one thread");
         CHECK(tl_quantize_checkpoint_calibrated(model, again, TL_Q4, cal, 3) == TL_OK && same_weights(out, again),
               "calibrated q4 on 3 threads differs from one thread");
         CHECK(tl_quantize_checkpoint_calibrated(model, again, TL_Q4, cal_g, 3) == TL_OK && same_weights(gptq_dir, again),
