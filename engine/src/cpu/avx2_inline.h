@@ -115,24 +115,31 @@ static inline void qmatmul_panels(const tl_qrows *x, int n, int k, const void *w
     }
 }
 
-/* The packed q8/q4 product of n (the tile's R, at most 3) rows over [o0, o1): the whole
-   panels as P (at most 4) equal parts read side by side, the tile `panels` taking panel g
-   of every part at once, so that each of its P prefetch streams walks a contiguous part
-   (FEW_ROWS_PANELS' way for float weights: one stream read memory at the rate of one panel
-   at a time, about 20-23 GB/s here where the memory gives 40); the fewer than P panels
-   left through the one-panel tiles. The range's last panel, possibly partial, is the last
-   part's last when it falls in one. */
+/* The packed q8/q4 product of n rows over [o0, o1): the whole panels as P (at most 4) equal
+   parts read side by side, a tile taking panel g of every part at once, so that each of its
+   P prefetch streams walks a contiguous part (FEW_ROWS_PANELS' way for float weights: one
+   stream read memory at the rate of one panel at a time, about 20-23 GB/s here where the
+   memory gives 40). The rows go in groups of 3 (2 + 2 for the last 4), by_rows[R - 1]
+   taking a group of R rows over the same P panels, which the later groups then read from
+   cache; the fewer than P panels left go through the one-panel `tiles`. The range's last
+   panel, possibly partial, is the last part's last when it falls in one. */
 static inline void qmatmul_rows_parts(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt, const float *bias,
-                                      int o0, int o1, float *y, int ldy, qtile_fn panels, int P,
+                                      int o0, int o1, float *y, int ldy, const qtile_fn by_rows[3], int P,
                                       const qtile_fn tiles[3]) {
     const size_t panel_bytes = tl_panel_bytes(dt, k);
-    float out[3 * 4 * TL_PANEL]; /* n <= 3, P <= 4 */
+    float out[3 * 4 * TL_PANEL]; /* R <= 3, P <= 4 */
     const int part = (o1 - o0 + TL_PANEL - 1) / TL_PANEL / P;
     for (int g = 0; g < part; g++) {
-        panels(x, 0, k, (const uint8_t *)w + (size_t)(o0 / TL_PANEL + g) * panel_bytes, (size_t)part * panel_bytes, out);
-        for (int p = 0; p < P; p++) {
-            const int col = o0 + (p * part + g) * TL_PANEL;
-            store_tile(out, n, P, p, o1 - col < TL_PANEL ? o1 - col : TL_PANEL, bias, col, y, ldy);
+        const uint8_t *panel = (const uint8_t *)w + (size_t)(o0 / TL_PANEL + g) * panel_bytes;
+        for (int r = 0; r < n;) {
+            const int left = n - r, rows = left == 4 ? 2 : left >= 3 ? 3 : left;
+            by_rows[rows - 1](x, r, k, panel, (size_t)part * panel_bytes, out);
+            for (int p = 0; p < P; p++) {
+                const int col = o0 + (p * part + g) * TL_PANEL;
+                store_tile(out, rows, P, p, o1 - col < TL_PANEL ? o1 - col : TL_PANEL, bias, col,
+                           y + (size_t)r * (size_t)ldy, ldy);
+            }
+            r += rows;
         }
     }
     const int o = o0 + P * part * TL_PANEL;

@@ -359,7 +359,8 @@ DEFINE_Q4_TILE(q4_1x2, 1, 2)
 void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {
     static const qtile_fn q8_tiles[3] = {NULL, q8_r2, q8_r1}, q4_tiles[3] = {NULL, q4_r2, q4_r1};
-    if (n == 1) qmatmul_rows_parts(x, 1, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_1x2 : q4_1x2, 2, dt == TL_Q8 ? q8_tiles : q4_tiles);
+    static const qtile_fn q8_one[3] = {q8_1x2, NULL, NULL}, q4_one[3] = {q4_1x2, NULL, NULL};
+    if (n == 1) qmatmul_rows_parts(x, 1, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_one : q4_one, 2, dt == TL_Q8 ? q8_tiles : q4_tiles);
     else qmatmul_panels(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_tiles : q4_tiles);
 }
 

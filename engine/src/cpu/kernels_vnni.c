@@ -238,17 +238,30 @@ DEFINE_VNNI_Q8_TILE(q8_r1, 1, 1)
 DEFINE_VNNI_Q8_TILE(q8_1x4, 1, 4)
 DEFINE_VNNI_Q8_TILE(q8_2x3, 2, 3)
 DEFINE_VNNI_Q8_TILE(q8_3x2, 3, 2)
+DEFINE_VNNI_Q8_TILE(q8_1x2, 1, 2)
+DEFINE_VNNI_Q8_TILE(q8_2x2, 2, 2)
 
 void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {
     static const qtile_fn q8_tiles[3] = {q8_r4, q8_r2, q8_r1}, q4_tiles[3] = {q4_r4, q4_r2, q4_r1};
-    /* One to three rows (decode, 2-3 sessions or beams): panels as parts side by side */
-    static const qtile_fn q8_parts[3] = {q8_1x4, q8_2x3, q8_3x2}, q4_parts[3] = {q4_1x4, q4_2x3, q4_3x2};
+    /* Panels as parts side by side: one to three rows (decode, 2-3 sessions or beams) in
+       one tile, 4, 3 or 2 panels wide; q8 batches of 4 rows or more in groups of 3 rows
+       over 2 panels (from memory, k 2048, one thread: 4 rows 107-110 -> 137-155 GFLOP/s,
+       8 rows 146-152 -> 198-214, 16 rows 193-201 -> 213-230). q4 batches of 4 or more keep
+       the adjacent pairs (q4_pairs): its 3 x 2 parts measured no better at 4, 8 and 16. */
+    static const qtile_fn q8_one[3] = {q8_1x4, NULL, NULL}, q8_two[3] = {NULL, q8_2x3, NULL},
+                          q8_three[3] = {NULL, NULL, q8_3x2}, q8_more[3] = {q8_1x2, q8_2x2, q8_3x2};
+    static const qtile_fn q4_one[3] = {q4_1x4, NULL, NULL}, q4_two[3] = {NULL, q4_2x3, NULL},
+                          q4_three[3] = {NULL, NULL, q4_3x2};
     static const int panels[3] = {4, 3, 2};
-    if (n >= 1 && n <= 3) {
-        if (dt == TL_Q8) qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, q8_parts[n - 1], panels[n - 1], q8_tiles);
-        else qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, q4_parts[n - 1], panels[n - 1], q4_tiles);
-    } else if (dt == TL_Q4) q4_pairs(x, n, k, w, bias, o0, o1, y, ldy, q4_tiles);
-    else qmatmul_panels(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_tiles : q4_tiles);
+    if (n < 1) return;
+    if (dt == TL_Q8) {
+        if (n <= 3) qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, n == 1 ? q8_one : n == 2 ? q8_two : q8_three, panels[n - 1], q8_tiles);
+        else qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, q8_more, 2, q8_tiles);
+    } else if (n <= 3) {
+        qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, n == 1 ? q4_one : n == 2 ? q4_two : q4_three, panels[n - 1], q4_tiles);
+    } else {
+        q4_pairs(x, n, k, w, bias, o0, o1, y, ldy, q4_tiles);
+    }
 }
 #endif
