@@ -6,12 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "calibrate.h"
-#include "cpu/pool.h"
+#include "pool.h"
 #include "dtype.h"
 #include "quant.h"
 #include "safetensors.h"
@@ -398,10 +397,7 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
                                             const tl_calibration *cal, int threads) {
     if (want != TL_Q8 && want != TL_Q4) return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: type must be q8 or q4");
     if (threads < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: threads must be >= 0 (0: every core), got %d", threads);
-    if (threads == 0) {
-        const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cores > 0 ? (int)cores : 1;
-    }
+    if (threads == 0) threads = tl_pool_cores();
     if (threads > QUANT_MAX_THREADS) threads = QUANT_MAX_THREADS;
     if (cal && want != TL_Q4)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: calibration applies to q4 only (q8 keeps max|x| / 127)");

@@ -26,7 +26,7 @@
 #include <time.h>
 
 #include "cpu/kernels.h"
-#include "cpu/pool.h"
+#include "pool.h"
 #include "dtype.h"
 #include "quant.h"
 

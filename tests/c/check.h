@@ -32,6 +32,20 @@ static _Atomic int checks_passed, checks_failed;
               msg_, tl_status_name(status), (needle));                          \
     } while (0)
 
+/* How many bytes of the files at path_a and path_b differ (each byte past the shorter one's
+   end counts), with the longer length in *bytes; -1 when either cannot be opened. */
+static inline long check_files_differ(const char *path_a, const char *path_b, long *bytes) {
+    FILE *a = fopen(path_a, "rb"), *b = fopen(path_b, "rb");
+    long differ = a && b ? 0 : -1;
+    *bytes = 0;
+    if (a && b)
+        for (int ca = fgetc(a), cb = fgetc(b); ca != EOF || cb != EOF; ca = fgetc(a), cb = fgetc(b), (*bytes)++)
+            differ += ca != cb;
+    if (a) fclose(a);
+    if (b) fclose(b);
+    return differ;
+}
+
 static inline int check_summary(void) {
     printf("%d passed, %d failed\n", checks_passed, checks_failed);
     return checks_failed ? 1 : 0;

@@ -49,16 +49,8 @@ static bool same_weights(const char *dir_a, const char *dir_b) {
     char path[2][4096];
     snprintf(path[0], sizeof path[0], "%s/model.safetensors", dir_a);
     snprintf(path[1], sizeof path[1], "%s/model.safetensors", dir_b);
-    FILE *f[2] = {fopen(path[0], "rb"), fopen(path[1], "rb")};
-    bool same = f[0] && f[1];
-    while (same) {
-        const int a = fgetc(f[0]), b = fgetc(f[1]);
-        same = a == b;
-        if (a == EOF) break;
-    }
-    for (int i = 0; i < 2; i++)
-        if (f[i]) fclose(f[i]);
-    return same;
+    long bytes;
+    return check_files_differ(path[0], path[1], &bytes) == 0;
 }
 
 static bool exists(const char *path) {

@@ -10,7 +10,7 @@
 #include "check.h"
 #include "quantised.h"
 #include "cpu/cpu_backend.h"
-#include "cpu/pool.h"
+#include "pool.h"
 #include "forward.h"
 #include "kv_cache.h"
 #include "safetensors.h"

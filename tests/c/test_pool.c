@@ -1,4 +1,5 @@
-/* test_pool.c: the CPU backend's worker pool. Every task of a job runs exactly once, on a
+/* test_pool.c: the worker pool (engine/src/pool.h: the CPU backend's and the quantiser's).
+ * Every task of a job runs exactly once, on a
  * thread index below the pool's count; in a phased job (tl_pool_run_phased) no task of the
  * second phase starts before every task of the first is done, whatever the thread that
  * claims it. The shares' learning (tl_pool_teach) moves them toward the faster threads,
@@ -15,7 +16,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "cpu/pool.h"
+#include "pool.h"
 
 enum { MAX_TASKS = 64 };
 

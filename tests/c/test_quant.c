@@ -306,24 +306,18 @@ static void weighted_groups(const char *model_dir) {
 /* The checkpoint quantised on 1 and on 3 threads (tasks of 32 rows; the shipped model's
    matrices are 8 to 128 tasks each, so the threads do run side by side): the same bytes. */
 static void threads_alike(const char *model_dir) {
-    char dirs[2][512], paths[2][600];
+    char dirs[2][512], paths[2][1100];
     const int threads[2] = {1, 3};
-    FILE *f[2] = {NULL, NULL};
     for (int i = 0; i < 2; i++) {
         snprintf(dirs[i], sizeof dirs[i], "%s/q8-threads-%d", quantised_root, threads[i]);
         snprintf(paths[i], sizeof paths[i], "%s/model.safetensors", dirs[i]);
         CHECK(tl_quantize_checkpoint_calibrated(model_dir, dirs[i], TL_Q8, NULL, threads[i]) == TL_OK, "q8 on %d threads: %s",
               threads[i], tl_last_error());
-        f[i] = fopen(paths[i], "rb");
     }
-    long bytes = 0, differ = 0;
-    if (f[0] && f[1])
-        for (int a = fgetc(f[0]), b = fgetc(f[1]); a != EOF || b != EOF; a = fgetc(f[0]), b = fgetc(f[1]), bytes++)
-            differ += a != b;
-    CHECK(f[0] && f[1] && bytes > 1000000 && differ == 0, "q8 of %s: %ld of %ld bytes differ between 1 and 3 threads", model_dir,
-          differ, bytes);
-    for (int i = 0; i < 2; i++)
-        if (f[i]) fclose(f[i]);
+    long bytes;
+    const long differ = check_files_differ(paths[0], paths[1], &bytes);
+    CHECK(differ == 0 && bytes > 1000000, "q8 of %s: %ld of %ld bytes differ between 1 and 3 threads (-1: unreadable)",
+          model_dir, differ, bytes);
 }
 
 int main(int argc, char **argv) {

@@ -4,11 +4,9 @@
  *
  * Work is split only along independent outputs (matrix columns; (row, head) pairs),
  * never along a reduction, so the thread count cannot change any result. */
-#define _POSIX_C_SOURCE 200809L /* sysconf */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cpu_backend.h"
 #include "kernels.h"
@@ -36,8 +34,7 @@ static tl_status cpu_open(const tl_model *m, int n_threads, void **out) {
     tl_cpu_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     ctx->rope_table = rope_table_new(m);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = n_threads > 0 ? n_threads : (cores > 0 ? (int)cores : 1);
+    const int threads = n_threads > 0 ? n_threads : tl_pool_cores();
     if (!(ctx->arena = tl_cpu_arena_new())) {
         free(ctx->rope_table);
         free(ctx);

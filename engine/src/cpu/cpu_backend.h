@@ -3,7 +3,7 @@
 #define TL_CPU_BACKEND_H
 
 #include "../backend.h"
-#include "pool.h"
+#include "../pool.h"
 
 /* cpu_arena.c: backend buffers (tl_backend.alloc / free), zeroed and 64-byte aligned;
    small ones from huge-page chunks. A NULL arena takes every block from the C heap. */

@@ -369,7 +369,7 @@ void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_d
        thread, q8 2 rows 49-67 -> 64-81 GFLOP/s, 8 rows 57-80 -> 83-84, q4 3 rows 87-90 ->
        121-165, 8 rows 109-118 -> 124-168); the one-panel tiles take the panels left over. */
     static const qtile_fn q8_parts[3] = {q8_1x2, q8_2x2, q8_3x2}, q4_parts[3] = {q4_1x2, q4_2x2, q4_3x2};
-    if (n >= 1) qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_parts : q4_parts, 2, dt == TL_Q8 ? q8_tiles : q4_tiles);
+    qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_parts : q4_parts, 2, dt == TL_Q8 ? q8_tiles : q4_tiles);
 }
 
 /* dots: eight keys at a time, so eight independent FMA chains hide the FMA latency, and

@@ -248,20 +248,16 @@ void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_d
        one tile, 4, 3 or 2 panels wide; q8 batches of 4 rows or more in groups of 3 rows
        over 2 panels (from memory, k 2048, one thread: 4 rows 107-110 -> 137-155 GFLOP/s,
        8 rows 146-152 -> 198-214, 16 rows 193-201 -> 213-230). q4 batches of 4 or more keep
-       the adjacent pairs (q4_pairs): its 3 x 2 parts measured no better at 4, 8 and 16. */
-    static const qtile_fn q8_one[3] = {q8_1x4, NULL, NULL}, q8_two[3] = {NULL, q8_2x3, NULL},
-                          q8_three[3] = {NULL, NULL, q8_3x2}, q8_more[3] = {q8_1x2, q8_2x2, q8_3x2};
-    static const qtile_fn q4_one[3] = {q4_1x4, NULL, NULL}, q4_two[3] = {NULL, q4_2x3, NULL},
-                          q4_three[3] = {NULL, NULL, q4_3x2};
-    static const int panels[3] = {4, 3, 2};
+       the adjacent pairs (q4_pairs): its 3 x 2 parts measured no better at 4, 8 and 16.
+       The tables, by row count (1, 2, 3, 4 or more): the tile for each group size of
+       qmatmul_rows_parts (3 rows or fewer are one group) and the panels they read. */
+    static const qtile_fn q8_parts[4][3] = {{q8_1x4}, {NULL, q8_2x3}, {NULL, NULL, q8_3x2}, {q8_1x2, q8_2x2, q8_3x2}};
+    static const qtile_fn q4_parts[4][3] = {{q4_1x4}, {NULL, q4_2x3}, {NULL, NULL, q4_3x2}, {NULL}};
+    static const int panels[4] = {4, 3, 2, 2};
     if (n < 1) return;
-    if (dt == TL_Q8) {
-        if (n <= 3) qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, n == 1 ? q8_one : n == 2 ? q8_two : q8_three, panels[n - 1], q8_tiles);
-        else qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, q8_more, 2, q8_tiles);
-    } else if (n <= 3) {
-        qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, n == 1 ? q4_one : n == 2 ? q4_two : q4_three, panels[n - 1], q4_tiles);
-    } else {
-        q4_pairs(x, n, k, w, bias, o0, o1, y, ldy, q4_tiles);
-    }
+    const int shape = n < 4 ? n - 1 : 3;
+    if (dt == TL_Q4 && n >= 4) q4_pairs(x, n, k, w, bias, o0, o1, y, ldy, q4_tiles);
+    else qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, (dt == TL_Q8 ? q8_parts : q4_parts)[shape], panels[shape],
+                            dt == TL_Q8 ? q8_tiles : q4_tiles);
 }
 #endif

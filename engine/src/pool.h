@@ -1,4 +1,5 @@
-/* pool.h: a fixed set of worker threads that run parallel-for jobs. */
+/* pool.h: a fixed set of worker threads that run parallel-for jobs (the CPU backend's
+ * operations, the quantiser's rows). */
 #ifndef TL_POOL_H
 #define TL_POOL_H
 
@@ -13,6 +14,7 @@ typedef void (*tl_task_fn)(void *ctx, int task, int thread);
 typedef struct tl_pool tl_pool;
 
 tl_pool *tl_pool_new(int n_threads);   /* NULL on failure; n_threads >= 1 */
+int tl_pool_cores(void);               /* the machine's online cores (>= 1): "one per core" */
 void tl_pool_free(tl_pool *pool);
 int tl_pool_threads(const tl_pool *pool);
 

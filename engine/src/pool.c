@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "pool.h"
 
@@ -180,6 +181,11 @@ static void *worker_main(void *arg_) {
         seen = gen;
         run_tasks(pool, gen, arg.thread);
     }
+}
+
+int tl_pool_cores(void) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return cores > 0 ? (int)(cores < 65536 ? cores : 65536) : 1;
 }
 
 tl_pool *tl_pool_new(int n_threads) {
