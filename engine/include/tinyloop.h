@@ -64,7 +64,8 @@ typedef enum tl_backend_kind {
 } tl_backend_kind;
 
 typedef struct tl_load_options {
-    int n_threads;           /* CPU worker threads; 0 = number of online cores */
+    int n_threads;           /* CPU worker threads; 0 = one per core this process may use
+                                (its affinity mask, capped by its cgroup CPU quota) */
     tl_backend_kind backend; /* TL_BACKEND_AUTO by default */
     int mmap_weights;        /* 0 (default): copy matrices into huge-page memory, which
                                 streams faster; 1: use the file mapping in place (no copy,

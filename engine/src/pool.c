@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -183,8 +184,96 @@ static void *worker_main(void *arg_) {
     }
 }
 
+/* ---- How many cores this process may use ----------------------------------------------
+   Not the machine's count: a container (docker --cpus, a Kubernetes limit, systemd's
+   CPUQuota) or taskset gives a process fewer, and a pool of one thread per machine core
+   then time-shares them, each job waiting for threads that are not running. The count is
+   the CPUs of the affinity mask, capped by the CPU quota of the process's cgroup and every
+   ancestor (v2 cpu.max, v1 cpu.cfs_quota_us / cfs_period_us), rounded up. */
+
+static int quota_cores(long long quota, long long period) {
+    if (quota <= 0 || period <= 0) return 0;
+    const long long cores = (quota + period - 1) / period;
+    return cores < 65536 ? (int)cores : 65536;
+}
+
+int tl_cpu_max_cores(const char *cpu_max) {
+    long long quota, period;
+    if (!cpu_max || sscanf(cpu_max, "%lld %lld", &quota, &period) != 2) return 0; /* "max ..." */
+    return quota_cores(quota, period);
+}
+
+static bool read_line(const char *path, char *line, size_t size) {
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    const bool ok = fgets(line, (int)size, f) != NULL;
+    fclose(f);
+    return ok;
+}
+
+/* The least quota of the cgroup `path` under `mount` and its ancestors (0: none). */
+static int cgroup_quota_cores(const char *mount, const char *path, bool v2) {
+    char dir[512], file[600], line[128];
+    if (snprintf(dir, sizeof dir, "%s%s", mount, path) >= (int)sizeof dir) return 0;
+    int least = 0;
+    for (;;) {
+        int cores = 0;
+        if (v2) {
+            snprintf(file, sizeof file, "%s/cpu.max", dir);
+            if (read_line(file, line, sizeof line)) cores = tl_cpu_max_cores(line);
+        } else {
+            long long quota = -1, period = 0;
+            snprintf(file, sizeof file, "%s/cpu.cfs_quota_us", dir);
+            if (read_line(file, line, sizeof line)) quota = atoll(line);
+            snprintf(file, sizeof file, "%s/cpu.cfs_period_us", dir);
+            if (read_line(file, line, sizeof line)) period = atoll(line);
+            cores = quota_cores(quota, period);
+        }
+        if (cores > 0 && (least == 0 || cores < least)) least = cores;
+        char *slash = strrchr(dir, '/');
+        if (!slash || (size_t)(slash - dir) < strlen(mount)) break; /* the mount's root was read */
+        *slash = '\0';
+    }
+    return least;
+}
+
+/* The cgroup quota of this process in cores (0: none found). /proc/self/cgroup names the
+   v2 group ("0::/path") and the v1 group of the cpu controller ("N:cpu,cpuacct:/path"). */
+static int process_quota_cores(void) {
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) return 0;
+    char line[1024];
+    int least = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *controllers = strchr(line, ':'), *path = controllers ? strchr(controllers + 1, ':') : NULL;
+        if (!path) continue;
+        *path++ = '\0';
+        controllers++;
+        int cores = 0;
+        if (!*controllers) {
+            cores = cgroup_quota_cores("/sys/fs/cgroup", path, true);
+        } else {
+            bool has_cpu = false; /* "cpu" in the comma list, not "cpuacct" or "cpuset" */
+            char *rest = NULL;
+            for (char *c = strtok_r(controllers, ",", &rest); c; c = strtok_r(NULL, ",", &rest)) has_cpu |= strcmp(c, "cpu") == 0;
+            if (has_cpu) {
+                cores = cgroup_quota_cores("/sys/fs/cgroup/cpu", path, false);
+                if (!cores) cores = cgroup_quota_cores("/sys/fs/cgroup/cpu,cpuacct", path, false);
+            }
+        }
+        if (cores > 0 && (least == 0 || cores < least)) least = cores;
+    }
+    fclose(f);
+    return least;
+}
+
 int tl_pool_cores(void) {
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t mask;
+    if (sched_getaffinity(0, sizeof mask, &mask) == 0 && CPU_COUNT(&mask) > 0) cores = CPU_COUNT(&mask);
+    const int quota = process_quota_cores();
+    if (quota > 0 && quota < cores) cores = quota;
     return cores > 0 ? (int)(cores < 65536 ? cores : 65536) : 1;
 }
 

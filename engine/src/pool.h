@@ -14,7 +14,10 @@ typedef void (*tl_task_fn)(void *ctx, int task, int thread);
 typedef struct tl_pool tl_pool;
 
 tl_pool *tl_pool_new(int n_threads);   /* NULL on failure; n_threads >= 1 */
-int tl_pool_cores(void);               /* the machine's online cores (>= 1): "one per core" */
+int tl_pool_cores(void);               /* the cores this process may use (>= 1): "one per core";
+                                         the affinity mask, capped by its cgroup's CPU quota */
+int tl_cpu_max_cores(const char *cpu_max); /* a cgroup v2 cpu.max line ("150000 100000") in whole
+                                         cores, rounded up (2); 0 for "max ..." or unreadable */
 void tl_pool_free(tl_pool *pool);
 int tl_pool_threads(const tl_pool *pool);
 

@@ -46,6 +46,7 @@
 #include "cpu/kernels.h"
 #include "forward.h"
 #include "kv_cache.h"
+#include "pool.h"
 #include "quant.h"
 
 #define MAX_THREAD_COUNTS 64
@@ -388,9 +389,9 @@ static void parse_args(int argc, char **argv, options *o) {
     if (o->sgemm) die(2, "--sgemm: this tinyloop-bench was built without OpenBLAS (install libopenblas-dev and re-run cmake)");
 #endif
     if (o->n_threads == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        const int cores = tl_pool_cores(); /* the engine's "one per core" */
         o->threads[o->n_threads++] = 1;
-        if (cores > 1) o->threads[o->n_threads++] = (int)(cores > 1024 ? 1024 : cores);
+        if (cores > 1) o->threads[o->n_threads++] = cores > 1024 ? 1024 : cores;
     }
 }
 

@@ -7,7 +7,8 @@
  * (tl_pool_run_balanced) on threads of unequal speed (simulated, on a per-thread clock the
  * pool times tasks by) teach it, and each thread takes its own task. Also run under TSan
  * (scripts/test), which checks the phases' hand-over of plain memory. */
-#define _POSIX_C_SOURCE 200809L /* nanosleep */
+#define _GNU_SOURCE /* nanosleep, sched_setaffinity */
+#include <sched.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -244,7 +245,36 @@ static void check_balanced(void) {
     }
 }
 
+/* "One thread per core" counts the cores this process may use: a cgroup quota in whole
+   cores rounded up, and the affinity mask (taskset, a container's cpuset). */
+static void check_cores(void) {
+    CHECK(tl_cpu_max_cores("150000 100000\n") == 2, "cpu.max 1.5 cores -> 2");
+    CHECK(tl_cpu_max_cores("100000 100000") == 1, "cpu.max 1 core -> 1");
+    CHECK(tl_cpu_max_cores("50000 100000") == 1, "cpu.max half a core -> 1");
+    CHECK(tl_cpu_max_cores("800000 100000") == 8, "cpu.max 8 cores -> 8");
+    CHECK(tl_cpu_max_cores("max 100000") == 0, "cpu.max unlimited -> 0 (no quota)");
+    CHECK(tl_cpu_max_cores("0 100000") == 0 && tl_cpu_max_cores("100000 0") == 0, "cpu.max zeros -> 0");
+    CHECK(tl_cpu_max_cores("") == 0 && tl_cpu_max_cores(NULL) == 0 && tl_cpu_max_cores("x y") == 0,
+          "cpu.max unreadable -> 0");
+    const int all = tl_pool_cores();
+    CHECK(all >= 1, "cores %d", all);
+    cpu_set_t saved, one;
+    if (sched_getaffinity(0, sizeof saved, &saved) != 0) return;
+    CPU_ZERO(&one);
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, &saved)) {
+            CPU_SET(cpu, &one);
+            break;
+        }
+    if (sched_setaffinity(0, sizeof one, &one) == 0) {
+        CHECK(tl_pool_cores() == 1, "pinned to one CPU: %d cores", tl_pool_cores());
+        sched_setaffinity(0, sizeof saved, &saved);
+    }
+    CHECK(tl_pool_cores() == all, "affinity restored: %d cores, were %d", tl_pool_cores(), all);
+}
+
 int main(void) {
+    check_cores();
     check_set_shares();
     check_learning();
     check_balanced();
