@@ -360,7 +360,7 @@ static void cuda_rope(const tl_model *m, float *q, float *k, int n, const int32_
    destination (the cache's page table, copy on write included) and source (rows of a device
    buffer, or other pages). */
 typedef struct row_copies {
-    float **dst_k, **dst_v;
+    void **dst_k, **dst_v; /* f32 rows: this backend's models keep f32 KV (model.c refuses f16) */
     const float **src_k, **src_v;
     int n;
 } row_copies;
@@ -368,7 +368,7 @@ typedef struct row_copies {
 static bool row_copies_new(const tl_model *m, int most, row_copies *rc, const char *what) {
     *rc = (row_copies){0};
     if (most < 1) most = 1; /* malloc(0) may return NULL */
-    float **dst = malloc((size_t)most * 2 * sizeof *dst);
+    void **dst = malloc((size_t)most * 2 * sizeof *dst);
     const float **src = malloc((size_t)most * 2 * sizeof *src);
     if (!dst || !src) {
         note(m, (int)cudaErrorMemoryAllocation, what);
@@ -418,7 +418,7 @@ static void cuda_kv_move(tl_kv_cache *c, int from, int to) {
     row_copies rc;
     if (!row_copies_new(m, c->n_slots, &rc, "kv move (host memory)")) return;
     for (int slot = 0; slot < c->n_slots; slot++) {
-        const float *k_from = tl_kv_k(c, slot, from), *v_from = tl_kv_v(c, slot, from);
+        const float *k_from = tl_kv_k(c, slot, from), *v_from = tl_kv_v(c, slot, from); /* f32 KV */
         if (k_from) row_copies_add(&rc, c, slot, to, k_from, v_from); /* else a slot never reached */
     }
     row_copies_run(m, &rc, c->kv_dim);
@@ -453,9 +453,8 @@ static void attention_chunk(const tl_model *m, const tl_attention_args *a) {
     for (int j = first; j < last; j++) {
         const int row = tl_kv_row(cache, j), e = j - first;
         const tl_kv_page *page = cache->logical[row] == j ? tl_kv_page_of(cache, slot_for(a, j), row) : NULL;
-        const size_t offset = (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)cache->kv_dim;
-        keys[e] = page ? page->k + offset : NULL;
-        keys[entries + e] = page ? page->v + offset : NULL;
+        keys[e] = page ? tl_kv_page_row(cache, page->k, row) : NULL; /* f32 KV, as on the host */
+        keys[entries + e] = page ? tl_kv_page_row(cache, page->v, row) : NULL;
         entry_pos[e] = cache->pos[row];
     }
     const int mask_width = a->base + a->n - a->mask_start;

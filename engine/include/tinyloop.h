@@ -63,6 +63,16 @@ typedef enum tl_backend_kind {
     TL_BACKEND_CUDA = 2
 } tl_backend_kind;
 
+/* What the KV cache stores. f32 (the default) keeps K and V as the forward computed them; f16
+   rounds them to half precision on write (round to nearest even) and widens them exactly
+   on read: half the KV memory and half the bytes attention reads, at a small cost in
+   accuracy (the results differ from f32's, and are deterministic and batch-invariant as
+   f32's are). CPU backend only. */
+typedef enum tl_kv_type {
+    TL_KV_F32 = 0,
+    TL_KV_F16 = 1
+} tl_kv_type;
+
 typedef struct tl_load_options {
     int n_threads;           /* CPU worker threads; 0 = one per core this process may use
                                 (its affinity mask, capped by its cgroup CPU quota) */
@@ -77,9 +87,11 @@ typedef struct tl_load_options {
                                 isolate pages the process never wrote). Replace a checkpoint
                                 by writing a new file and rename()-ing it over the old one:
                                 the loaded model keeps the old inode. */
+    tl_kv_type kv_type;      /* TL_KV_F32 by default */
 } tl_load_options;
 
-/* Fills *opts with the defaults (all cores, automatic backend). */
+/* Fills *opts with the defaults (one thread per core, automatic backend, f32 KV; f16 KV
+   when the environment has TINYLOOP_KV_TYPE=f16). */
 void tl_load_options_init(tl_load_options *opts);
 
 /* dir: a checkpoint directory (SPEC §1). opts may be NULL for defaults. */
@@ -118,6 +130,7 @@ struct tl_model_info {
     int has_tokenizer;
     int n_threads;            /* worker threads actually used */
     const char *backend;      /* "cpu" | "cuda" */
+    const char *kv_type;      /* "f32" | "f16" (tl_load_options.kv_type) */
     int64_t n_params;         /* parameters in the checkpoint */
     int64_t weight_bytes;     /* bytes of weights held in memory */
     int exit_gate;            /* 1 when the model has a per-loop exit gate (Ouro) */

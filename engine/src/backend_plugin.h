@@ -22,7 +22,7 @@ typedef struct tl_backend_host {
     int abi; /* TL_BACKEND_PLUGIN_ABI */
     size_t sizeof_model, sizeof_config, sizeof_kv_cache, sizeof_backend;
     tl_status (*fail)(tl_status status, const char *fmt, ...);
-    bool (*kv_writable)(tl_kv_cache *c, int slot, int logical, float **k, float **v);
+    bool (*kv_writable)(tl_kv_cache *c, int slot, int logical, void **k, void **v);
 } tl_backend_host;
 
 /* The entry point: the backend when the plugin can serve (a device is present), else NULL

@@ -53,3 +53,24 @@ size_t tl_first_nonfinite(const void *src, tl_dtype dt, size_t count) {
     }
     return count;
 }
+
+uint16_t tl_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint32_t sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    /* inf; a NaN quieted with its payload's top bits, as F16C's vcvtps2ph does (the f16 KV
+       cache's kernels narrow with it, and must give these bits) */
+    if (a >= 0x7f800000u) return (uint16_t)(sign | (a > 0x7f800000u ? 0x7e00u | ((a & 0x7fffffu) >> 13) : 0x7c00u));
+    if (a >= 0x38800000u) { /* normal in f16 range (or overflowing to inf) */
+        uint32_t h = (a - 0x38000000u) >> 13, rem = a & 0x1fffu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+        if (h >= 0x7c00u) h = 0x7c00u;
+        return (uint16_t)(sign | h);
+    }
+    if (a < 0x33000000u) return (uint16_t)sign; /* below half the smallest subnormal */
+    uint32_t e = a >> 23, mant = (a & 0x7fffffu) | 0x800000u;
+    int shift = 126 - (int)e; /* value = mant * 2^(e-150); unit 2^-24 */
+    uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}

@@ -56,6 +56,10 @@ static inline float tl_weight_at_unaligned(const void *src, tl_dtype dt, size_t 
     return dt == TL_F16 ? tl_f16_to_f32(h) : tl_bf16_to_f32(h);
 }
 
+/* f32 -> f16, round to nearest even (subnormals and inf kept; NaN quieted, its payload's top
+   bits kept, as F16C does): quantisation scales, and the rule of an f16 KV cache's kernels. */
+uint16_t tl_f32_to_f16(float f);
+
 /* out[i] = src[i] as f32 for i < count; src need not be aligned for its type. */
 void tl_convert_to_f32(const void *src, tl_dtype dt, size_t count, float *out);
 

@@ -170,6 +170,7 @@ struct tl_model {
     tl_weights w;
     struct tl_model_info info;
     const struct tl_backend *backend;
+    tl_kv_type kv_type;          /* what the KV pages hold (load option) */
     void *backend_ctx;           /* the backend's private state (backend.h: open / close) */
     struct tl_st_set *kept_files; /* the mapped weight files while matrices point into them
                                      (mmap_weights), else NULL */

@@ -10,7 +10,8 @@
 
 /* ---------------------------------------------------------------- pages */
 
-static size_t page_floats(const tl_kv_cache *c) { return (size_t)TL_KV_PAGE_ROWS * (size_t)c->kv_dim; }
+/* Bytes of a page's K (or V) buffer. */
+static size_t buffer_bytes(const tl_kv_cache *c) { return (size_t)TL_KV_PAGE_ROWS * c->row_bytes; }
 
 struct tl_kv_spares {
     pthread_mutex_t lock;
@@ -52,7 +53,7 @@ size_t tl_kv_spares_bytes(const tl_model *m) {
     return bytes;
 }
 
-static size_t page_bytes(const tl_kv_cache *c) { return 2 * page_floats(c) * sizeof(float); }
+static size_t page_bytes(const tl_kv_cache *c) { return 2 * buffer_bytes(c); }
 
 static void page_release(const tl_kv_cache *c, tl_kv_page *p) {
     if (!p || atomic_fetch_sub(&p->refs, 1) != 1) return;
@@ -94,8 +95,8 @@ static tl_kv_page *page_new(const tl_kv_cache *c, const tl_kv_page *from) {
     } else {
         if (!(p = malloc(sizeof *p))) return NULL;
         atomic_init(&p->refs, 1);
-        p->k = m->backend->alloc(m->backend_ctx, page_floats(c) * sizeof(float));
-        p->v = m->backend->alloc(m->backend_ctx, page_floats(c) * sizeof(float));
+        p->k = m->backend->alloc(m->backend_ctx, buffer_bytes(c));
+        p->v = m->backend->alloc(m->backend_ctx, buffer_bytes(c));
         if (!p->k || !p->v) {
             if (p->k) m->backend->free(m->backend_ctx, p->k);
             if (p->v) m->backend->free(m->backend_ctx, p->v);
@@ -104,9 +105,9 @@ static tl_kv_page *page_new(const tl_kv_cache *c, const tl_kv_page *from) {
         }
     }
     p->next_spare = NULL;
-    if (from) {
-        m->backend->copy(m, p->k, from->k, page_floats(c));
-        m->backend->copy(m, p->v, from->v, page_floats(c));
+    if (from) { /* the backend copies floats: a buffer is a whole number of them (16 rows) */
+        m->backend->copy(m, p->k, from->k, buffer_bytes(c) / sizeof(float));
+        m->backend->copy(m, p->v, from->v, buffer_bytes(c) / sizeof(float));
     }
     return p;
 }
@@ -125,13 +126,12 @@ static tl_kv_page *page_writable(tl_kv_cache *c, int slot, int row) {
     return fresh;
 }
 
-bool tl_kv_writable(tl_kv_cache *c, int slot, int logical, float **k, float **v) {
+bool tl_kv_writable(tl_kv_cache *c, int slot, int logical, void **k, void **v) {
     const int row = tl_kv_row(c, logical);
     tl_kv_page *p = page_writable(c, slot, row);
     if (!p) return false;
-    const size_t offset = (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim;
-    *k = p->k + offset;
-    *v = p->v + offset;
+    *k = tl_kv_page_row(c, p->k, row);
+    *v = tl_kv_page_row(c, p->v, row);
     return true;
 }
 
@@ -169,6 +169,8 @@ static tl_kv_cache *cache_alloc(const tl_model *m, int capacity) {
     c->n_slots = cfg->n_prelude + cfg->n_block * cfg->max_loops + cfg->n_coda;
     if (c->n_slots < 1) c->n_slots = 1;
     c->kv_dim = cfg->n_kv_heads * cfg->head_dim;
+    c->type = m->kv_type;
+    c->row_bytes = (size_t)c->kv_dim * (c->type == TL_KV_F16 ? sizeof(uint16_t) : sizeof(float));
     c->capacity = capacity;
     c->n_pages = (capacity + TL_KV_PAGE_ROWS - 1) / TL_KV_PAGE_ROWS;
     c->reserve_loops = cfg->max_loops;

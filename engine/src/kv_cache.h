@@ -23,7 +23,8 @@
 
 typedef struct tl_kv_page {
     atomic_int refs;     /* caches sharing the page; written only while it is 1 */
-    float *k, *v;        /* [TL_KV_PAGE_ROWS][kv_dim] backend buffers */
+    void *k, *v;         /* [TL_KV_PAGE_ROWS][kv_dim] backend buffers of the model's kv_type:
+                            float, or uint16_t f16 (rounded on write, widened on read) */
     struct tl_kv_page *next_spare; /* in the model's spare list (refs 0) */
 } tl_kv_page;
 
@@ -43,6 +44,8 @@ typedef struct tl_kv_cache {
     const tl_model *model; /* whose backend holds the pages */
     int n_slots;
     int kv_dim;          /* n_kv_heads * head_dim */
+    tl_kv_type type;     /* the model's kv_type: what an element of K or V is */
+    size_t row_bytes;    /* kv_dim elements of K (or V) */
     int capacity;        /* physical rows per slot */
     int n_pages;         /* pages per slot: capacity / TL_KV_PAGE_ROWS rounded up */
     int window;          /* 0 = unbounded; else attention sees positions > p - window */
@@ -75,22 +78,27 @@ static inline int tl_kv_row(const tl_kv_cache *c, int logical) { return logical 
 static inline tl_kv_page *tl_kv_page_of(const tl_kv_cache *c, int slot, int row) {
     return c->pages[(size_t)slot * (size_t)c->n_pages + (size_t)(row / TL_KV_PAGE_ROWS)];
 }
+/* Row `row` (of TL_KV_PAGE_ROWS) of a page's K or V buffer. */
+static inline void *tl_kv_page_row(const tl_kv_cache *c, void *buffer, int row) {
+    return (char *)buffer + (size_t)(row % TL_KV_PAGE_ROWS) * c->row_bytes;
+}
 /* Addresses of entry `logical` in `slot`, for reading (NULL when never written): host
    pointers for the CPU backend (its kernels and the tests); other backends index their
-   pages the same way. */
-static inline const float *tl_kv_k(const tl_kv_cache *c, int slot, int logical) {
+   pages the same way. Elements of c->type. */
+static inline const void *tl_kv_k(const tl_kv_cache *c, int slot, int logical) {
     const int row = tl_kv_row(c, logical);
     const tl_kv_page *p = tl_kv_page_of(c, slot, row);
-    return p ? p->k + (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim : NULL;
+    return p ? tl_kv_page_row(c, p->k, row) : NULL;
 }
-static inline const float *tl_kv_v(const tl_kv_cache *c, int slot, int logical) {
+static inline const void *tl_kv_v(const tl_kv_cache *c, int slot, int logical) {
     const int row = tl_kv_row(c, logical);
     const tl_kv_page *p = tl_kv_page_of(c, slot, row);
-    return p ? p->v + (size_t)(row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim : NULL;
+    return p ? tl_kv_page_row(c, p->v, row) : NULL;
 }
 /* The same for writing: allocates the page, or copies it when it is shared. false when out
    of memory (the cache is then marked out_of_memory). */
-bool tl_kv_writable(tl_kv_cache *c, int slot, int logical, float **k, float **v);
+bool tl_kv_writable(tl_kv_cache *c, int slot, int logical, void **k, void **v);
+
 /* Makes the pages of logical entries [from, from + n) writable in every slot up to
    reserve_loops deep: a forward then writes without allocating. */
 tl_status tl_kv_reserve(tl_kv_cache *c, int from, int n);

@@ -28,6 +28,10 @@ void tl_load_options_init(tl_load_options *opts) {
     memset(opts, 0, sizeof *opts);
     opts->n_threads = 0;
     opts->backend = TL_BACKEND_AUTO;
+    /* TINYLOOP_KV_TYPE=f16 makes f16 the default (the test suite runs its bit-identity tests
+       so, and a deployment can switch without code); an explicit kv_type still decides. */
+    const char *kv = getenv("TINYLOOP_KV_TYPE");
+    opts->kv_type = kv && strcmp(kv, "f16") == 0 ? TL_KV_F16 : TL_KV_F32;
 }
 
 /* ---------------------------------------------------------------- ownership */
@@ -429,6 +433,7 @@ static void fill_info(tl_model *m, const tl_st_set *files) {
         .weight_dtype = dtypes[layers_dtype(m)],
         .state_norm = c->state_norm, .bias = c->bias, .tie_embeddings = c->tie_embeddings,
         .n_threads = m->backend->threads(m->backend_ctx), .backend = m->backend->name,
+        .kv_type = m->kv_type == TL_KV_F16 ? "f16" : "f32",
         .exit_gate = c->exit_gate, .exit_gate_threshold = c->exit_threshold,
     };
     for (int f = 0; f < files->n_files; f++) {
@@ -537,8 +542,15 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
     if (opts->n_threads < 0 || opts->n_threads > 1024)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: n_threads = %d is out of range [0, 1024]",
                        opts->n_threads);
+    if (opts->kv_type != TL_KV_F32 && opts->kv_type != TL_KV_F16)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: unknown kv_type %d (f32 = 0, f16 = 1)",
+                       (int)opts->kv_type);
+    m->kv_type = opts->kv_type;
     const tl_backend *backend = &tl_cpu_backend;
     if ((st = choose_backend(opts->backend, &backend)) != TL_OK) return st;
+    if (backend != &tl_cpu_backend && m->kv_type != TL_KV_F32)
+        return tl_fail(TL_ERR_UNSUPPORTED, "load options: kv_type f16 is supported by the CPU backend only, "
+                                           "not %s (load with kv_type f32, or backend cpu)", backend->name);
 
     tl_st_set *files = calloc(1, sizeof *files);
     if (!files) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");

@@ -3,10 +3,8 @@
 #ifndef TL_QUANT_H
 #define TL_QUANT_H
 
+#include "dtype.h"
 #include "internal.h"
-
-/* f32 -> f16, round to nearest even (subnormals, inf and NaN kept). */
-uint16_t tl_f32_to_f16(float f);
 
 /* One matrix row of `cols` floats (a multiple of TL_QGROUP) into q8 bytes [cols] or q4 bytes
    [cols / 2], and f16 scales [cols / TL_QGROUP] (layout: internal.h). */

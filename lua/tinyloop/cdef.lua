@@ -20,10 +20,15 @@ typedef enum tl_backend_kind {
     TL_BACKEND_CPU = 1,
     TL_BACKEND_CUDA = 2
 } tl_backend_kind;
+typedef enum tl_kv_type {
+    TL_KV_F32 = 0,
+    TL_KV_F16 = 1
+} tl_kv_type;
 typedef struct tl_load_options {
     int n_threads;
     tl_backend_kind backend;
     int mmap_weights;
+    tl_kv_type kv_type;
 } tl_load_options;
 void tl_load_options_init(tl_load_options *opts);
 tl_status tl_model_load(const char *dir, const tl_load_options *opts, tl_model **out);
@@ -58,6 +63,7 @@ struct tl_model_info {
     int has_tokenizer;
     int n_threads;
     const char *backend;
+    const char *kv_type;
     int64_t n_params;
     int64_t weight_bytes;
     int exit_gate;

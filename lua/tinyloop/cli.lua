@@ -44,8 +44,9 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --early-exit-gate Q    gate: cumulative exit probability Q (default: config.json's)
       --policy FILE          a Lua file returning config fields and hooks (a table), or a
                              function(cfg, model) that edits the config
-      --threads N            CPU threads (default: all cores)
+      --threads N            CPU threads (default: one per core this process may use)
       --backend B            auto (default: CUDA when a device is present), cpu or cuda
+      --kv-type T            f32 (default) or f16: half the KV cache memory (CPU only)
       --no-prompt            do not echo the prompt
       --no-stats             no stats line
   -h, --help                 this text
@@ -113,7 +114,7 @@ function _M.parse(argv, default_model)
             end
         elseif a == "-m" or a == "--model" or a == "-p" or a == "--prompt" or a == "--stop"
             or a == "--policy" or a == "--threads" or a == "--grammar" or a == "--json-schema"
-            or a == "--backend" then
+            or a == "--backend" or a == "--kv-type" then
             if v == nil then return nil, usage_error("option " .. a .. " needs a value") end
             if a == "-m" or a == "--model" then o.model = v
             elseif a == "-p" or a == "--prompt" then o.prompt = v
@@ -126,6 +127,11 @@ function _M.parse(argv, default_model)
                     return nil, usage_error("bad value for --backend: " .. v .. " (auto, cpu or cuda)")
                 end
                 o.backend = v
+            elseif a == "--kv-type" then
+                if v ~= "f32" and v ~= "f16" then
+                    return nil, usage_error("bad value for --kv-type: " .. v .. " (f32 or f16)")
+                end
+                o.kv_type = v
             else
                 o.threads = tonumber(v)
                 if not o.threads or o.threads < 1 or o.threads ~= math.floor(o.threads) then
@@ -170,7 +176,7 @@ end
 function _M.main(argv, default_model)
     local o, status = _M.parse(argv, default_model)
     if not o then return status end
-    local model, err = tinyloop.load(o.model, { threads = o.threads, backend = o.backend })
+    local model, err = tinyloop.load(o.model, { threads = o.threads, backend = o.backend, kv_type = o.kv_type })
     if not model then
         io.stderr:write("tinyloop: ", err, "\n")
         return 1

@@ -613,10 +613,12 @@ end
 
 local status_out = ffi_new("tl_model *[1]")
 local BACKENDS = { auto = C.TL_BACKEND_AUTO, cpu = C.TL_BACKEND_CPU, cuda = C.TL_BACKEND_CUDA }
+local KV_TYPES = { f32 = C.TL_KV_F32, f16 = C.TL_KV_F16 }
 
--- tinyloop.load(dir [, opts]) -> model | nil, err. opts: threads (0 = all cores),
--- mmap_weights (boolean), backend ("auto", "cpu" or "cuda"). Bad arguments raise; a
--- checkpoint that cannot be loaded, or a backend this machine lacks, gives nil, err.
+-- tinyloop.load(dir [, opts]) -> model | nil, err. opts: threads (0 = one per core this
+-- process may use), mmap_weights (boolean), backend ("auto", "cpu" or "cuda"), kv_type
+-- ("f32" or "f16": half the KV memory, CPU only). Bad arguments raise; a checkpoint that
+-- cannot be loaded, or a backend this machine lacks, gives nil, err.
 function _M.load(dir, opts)
     if type(dir) ~= "string" then raise("tinyloop.load: model directory must be a string") end
     local o = ffi_new("tl_load_options")
@@ -636,6 +638,10 @@ function _M.load(dir, opts)
                 local b = BACKENDS[v]
                 if not b then raise("load option 'backend' must be \"auto\", \"cpu\" or \"cuda\"") end
                 o.backend = b
+            elseif k == "kv_type" then
+                local t = KV_TYPES[v]
+                if not t then raise("load option 'kv_type' must be \"f32\" or \"f16\"") end
+                o.kv_type = t
             else
                 raise("unknown load option '" .. tostring(k) .. "'")
             end
@@ -681,7 +687,7 @@ function Model:info()
         t[k] = tonumber(i[k])
     end
     for _, k in ipairs({ "beta", "norm_eps", "rope_theta" }) do t[k] = tonumber(i[k]) end
-    for _, k in ipairs({ "injection", "loop_update", "norm", "mlp", "pos_encoding", "weight_dtype", "backend" }) do
+    for _, k in ipairs({ "injection", "loop_update", "norm", "mlp", "pos_encoding", "weight_dtype", "backend", "kv_type" }) do
         t[k] = ffi_string(i[k])
     end
     for _, k in ipairs({ "state_norm", "bias", "tie_embeddings", "has_tokenizer", "exit_gate" }) do t[k] = i[k] ~= 0 end

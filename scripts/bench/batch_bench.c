@@ -17,6 +17,7 @@
  *
  * Prompts are random token ids (seeded): the weights may be random too. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,11 +62,13 @@ static double decode_rate(const tl_model *m, int n, int steps, int prompt_len) {
     tl_generate_config_init(&cfg);
     cfg.max_tokens = steps + 1;
     cfg.ignore_eos = 1;
+    int32_t *prompt = malloc((size_t)prompt_len * sizeof *prompt);
+    if (!prompt) die("prompt");
     for (int i = 0; i < n; i++) {
-        int32_t prompt[64];
         for (int k = 0; k < prompt_len; k++) prompt[k] = random_token(vocab);
         if (tl_session_new(m, prompt, prompt_len, &cfg, &sessions[i]) != TL_OK) die("session");
     }
+    free(prompt);
     if (tl_session_step_batch(sessions, n, tokens, stops, statuses) != TL_OK) die("prefill step");
     const double t0 = now_ms();
     for (int s = 0; s < steps; s++)
@@ -142,30 +145,44 @@ static double first_token_ms(const tl_model *m, const int32_t *prompt, int len, 
 
 int main(int argc, char **argv) {
     const char *dir = NULL, *counts = "1,2,4,8,16";
-    int threads = 0, steps = 32, prefix = 512, mix_prompt = 0, mix_tokens = 0;
+    int threads = 0, steps = 32, prefix = 512, mix_prompt = 0, mix_tokens = 0, context = 0; /* 0: 16, or 1 on a short model */
     tl_backend_kind backend = TL_BACKEND_CPU;
+    tl_kv_type kv_type = TL_KV_F32;
+    bool kv_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: tinyloop-batch-bench --model DIR [--threads N] [--steps N] [--prefix N] [--sessions LIST] [--mix P,T]\n"
-                   "                            [--backend B]\n"
+            printf("usage: tinyloop-batch-bench --model DIR [--threads N] [--steps N] [--context N] [--prefix N] [--sessions LIST] [--mix P,T]\n"
+                   "                            [--backend B] [--kv-type f32|f16]\n"
                    "  --threads N      CPU threads (default: all cores)\n"
                    "  --steps N        timed decode steps per measurement (default 32)\n"
+                   "  --context N      prompt tokens of each session before the timed steps (default 16):\n"
+                   "                   attention reads this many K/V rows and more a step\n"
                    "  --prefix N       shared prompt prefix for the prefix-pool figure (default 512)\n"
                    "  --sessions LIST  concurrent sessions to measure (default 1,2,4,8,16)\n"
                    "  --mix P,T        also the serving mix: P-token prompts, T tokens each at temperature 0.8,\n"
                    "                   a finished session replaced at once (serve_bench's load without HTTP)\n"
-                   "  --backend B      cpu (default) or cuda\n");
+                   "  --backend B      cpu (default) or cuda\n"
+                   "  --kv-type T      the KV cache's type, f32 or f16 (default: f32, or TINYLOOP_KV_TYPE)\n");
             return 0;
         }
         if (!v) { fprintf(stderr, "tinyloop-batch-bench: %s needs a value (see --help)\n", a); return 2; }
         if (!strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--steps")) steps = atoi(v);
+        else if (!strcmp(a, "--context")) context = atoi(v);
         else if (!strcmp(a, "--prefix")) prefix = atoi(v);
         else if (!strcmp(a, "--sessions")) counts = v;
         else if (!strcmp(a, "--backend") && (!strcmp(v, "cpu") || !strcmp(v, "cuda")))
             backend = !strcmp(v, "cpu") ? TL_BACKEND_CPU : TL_BACKEND_CUDA;
+        else if (!strcmp(a, "--kv-type")) {
+            if (strcmp(v, "f32") && strcmp(v, "f16")) {
+                fprintf(stderr, "tinyloop-batch-bench: --kv-type wants f32 or f16, got %s\n", v);
+                return 2;
+            }
+            kv_type = !strcmp(v, "f16") ? TL_KV_F16 : TL_KV_F32;
+            kv_given = true;
+        }
         else if (!strcmp(a, "--mix")) {
             if (sscanf(v, "%d,%d", &mix_prompt, &mix_tokens) != 2 || mix_prompt < 1 || mix_prompt > 1024 || mix_tokens < 1) {
                 fprintf(stderr, "tinyloop-batch-bench: --mix wants P,T (a prompt of 1..1024 tokens, T >= 1), got %s\n", v);
@@ -180,6 +197,7 @@ int main(int argc, char **argv) {
     tl_load_options_init(&o);
     o.n_threads = threads;
     o.backend = backend;
+    if (kv_given) o.kv_type = kv_type;
     tl_model *m;
     if (tl_model_load(dir, &o, &m) != TL_OK) die("load");
     const struct tl_model_info *info = tl_model_info(m);
@@ -189,13 +207,20 @@ int main(int argc, char **argv) {
         tl_model_free(m);
         return 2;
     }
-    printf("model      %s (%lld params, %s, %.1f MB of weights), %d threads\n", dir, (long long)info->n_params,
-           info->weight_dtype, info->weight_bytes / 1e6, info->n_threads);
+    printf("model      %s (%lld params, %s, %.1f MB of weights), %d threads, %s KV\n", dir, (long long)info->n_params,
+           info->weight_dtype, info->weight_bytes / 1e6, info->n_threads, info->kv_type);
 
     printf("\nsessions   aggregate decode tok/s   vs one session\n");
     /* The ratios are to one session measured in this run, first (a ratio to the list's
        first entry would read 8x for 8 sessions whatever they did). */
-    const int prompt_len = 16 < info->max_seq_len - steps - 2 ? 16 : 1;
+    if (context == 0) context = 16 < info->max_seq_len - steps - 2 ? 16 : 1;
+    if (context < 1 || context > info->max_seq_len - steps - 2) {
+        fprintf(stderr, "tinyloop-batch-bench: --context %d: want 1 .. %d (the model's context less the steps)\n",
+                context, info->max_seq_len - steps - 2);
+        tl_model_free(m);
+        return 2;
+    }
+    const int prompt_len = context;
     const double one = decode_rate(m, 1, steps, prompt_len);
     char list[256];
     snprintf(list, sizeof list, "%s", counts);

@@ -106,10 +106,10 @@ static void test_kv_sharing(void) {
             for (int i = 0; i < mc->n_block; i++) {
                 int from = mc->n_prelude + (copy->depth[j] - 1) * mc->n_block + i;
                 int to = mc->n_prelude + (loop - 1) * mc->n_block + i;
-                float *k_to, *v_to;
+                void *k_to, *v_to;
                 CHECK(tl_kv_writable(copy, to, j, &k_to, &v_to), "page");
-                memcpy(k_to, tl_kv_k(copy, from, j), (size_t)c->kv_dim * sizeof(float));
-                memcpy(v_to, tl_kv_v(copy, from, j), (size_t)c->kv_dim * sizeof(float));
+                memcpy(k_to, tl_kv_k(copy, from, j), copy->row_bytes);
+                memcpy(v_to, tl_kv_v(copy, from, j), copy->row_bytes);
             }
         copy->depth[j] = (uint16_t)mc->max_loops;
     }

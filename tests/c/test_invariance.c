@@ -204,12 +204,17 @@ static void check_kv_sharing(const char *root, const char *name) {
         for (int loop = 3; loop <= 4; loop++)
             for (int i = 0; i < c->n_block; i++) {
                 int from = c->n_prelude + 1 * c->n_block + i, to = c->n_prelude + (loop - 1) * c->n_block + i;
-                float *k_to, *v_to;
+                void *k_to, *v_to;
                 CHECK(tl_kv_writable(b, to, j, &k_to, &v_to), "page");
                 /* K/V rows are backend memory (device memory under TINYLOOP_BACKEND=cuda):
                    the backend copies them. */
-                m->backend->copy(m, k_to, tl_kv_k(b, from, j), (size_t)b->kv_dim);
-                m->backend->copy(m, v_to, tl_kv_v(b, from, j), (size_t)b->kv_dim);
+                if (b->type == TL_KV_F32) {
+                    m->backend->copy(m, k_to, tl_kv_k(b, from, j), (size_t)b->kv_dim);
+                    m->backend->copy(m, v_to, tl_kv_v(b, from, j), (size_t)b->kv_dim);
+                } else { /* f16 KV: the CPU backend's host memory */
+                    memcpy(k_to, tl_kv_k(b, from, j), b->row_bytes);
+                    memcpy(v_to, tl_kv_v(b, from, j), b->row_bytes);
+                }
             }
         b->depth[j] = 4;
     }
@@ -304,9 +309,9 @@ static void check_kept_resume(const char *root, const char *name, bool tree, int
             const bool block = slot >= c->n_prelude && slot < c->n_prelude + c->n_block * c->max_loops;
             if (block && (slot - c->n_prelude) / c->n_block >= loops) continue;
             for (int j = base; j < base + n; j++) {
-                const float *ka = tl_kv_k(a, slot, j), *kb = tl_kv_k(b, slot, j);
-                const float *va = tl_kv_v(a, slot, j), *vb = tl_kv_v(b, slot, j);
-                const size_t bytes = (size_t)a->kv_dim * sizeof(float);
+                const void *ka = tl_kv_k(a, slot, j), *kb = tl_kv_k(b, slot, j);
+                const void *va = tl_kv_v(a, slot, j), *vb = tl_kv_v(b, slot, j);
+                const size_t bytes = a->row_bytes;
                 differ += !ka || !kb || memcmp(ka, kb, bytes) != 0 || memcmp(va, vb, bytes) != 0;
                 compared++;
             }

@@ -9,6 +9,7 @@
 #include "check.h"
 #include "quantised.h"
 #include "cpu/kernels.h"
+#include "dtype.h"
 #include "quant.h"
 #include "tinyloop.h"
 
@@ -295,6 +296,94 @@ static int check_attention_blocks(const tl_kernels *const *families, int n_famil
     return compared;
 }
 
+/* dots_f16 and axpys_f16 (an f16 KV cache's rows): on every family, the results of dots and
+   axpys on the rows widened by tl_f16_to_f32, bit for bit, for every finite half (zeros,
+   subnormals, the largest; the 2048 non-finite ones are mapped to finite ones: a NaN's sign
+   in a sum depends on the operand order a compiler picks, for f32 rows as for f16), at
+   lengths that meet every vector loop and scalar tail. */
+static int check_f16_rows(const tl_kernels *const *families, int n_families) {
+    enum { ALL = 65536, KEYS = 32, MAX_K = 80 };
+    uint16_t *halves = malloc(ALL * sizeof *halves);
+    float *widened = malloc(ALL * sizeof *widened);
+    float q[MAX_K], a[KEYS], want[MAX_K], got[MAX_K], want_s[KEYS], got_s[KEYS];
+    const uint16_t *keys_f16[KEYS];
+    const float *keys[KEYS];
+    for (int i = 0; i < ALL; i++) {
+        halves[i] = (uint16_t)(i * 40503u); /* every value once */
+        if ((halves[i] & 0x7c00u) == 0x7c00u) halves[i] ^= 0x4000u; /* inf / NaN -> a finite half */
+        widened[i] = tl_f16_to_f32(halves[i]);
+    }
+    for (int i = 0; i < MAX_K; i++) q[i] = (float)((i * 7) % 13) * 0.125f - 0.75f;
+    for (int j = 0; j < KEYS; j++) a[j] = (float)((j * 5) % 11) * 0.0625f + 0.01f;
+    int compared = 0;
+    for (int f = 0; f < n_families; f++) {
+        int wrong = 0;
+        for (int start = 0; start + KEYS * MAX_K <= ALL; start += KEYS * MAX_K)
+            for (int k = 1; k <= MAX_K; k += k < 20 ? 1 : 13)
+                for (int n = 1; n <= KEYS; n += n < 9 ? 1 : 7) {
+                    for (int j = 0; j < n; j++) {
+                        keys_f16[j] = halves + start + j * MAX_K;
+                        keys[j] = widened + start + j * MAX_K;
+                    }
+                    families[f]->dots(q, keys, n, k, want_s);
+                    families[f]->dots_f16(q, keys_f16, n, k, got_s);
+                    for (int j = 0; j < n; j++) wrong += memcmp(&want_s[j], &got_s[j], sizeof(float)) != 0;
+                    for (int i = 0; i < MAX_K; i++) want[i] = got[i] = (float)i * 0.5f;
+                    families[f]->axpys(want, a, keys, n, k);
+                    families[f]->axpys_f16(got, a, keys_f16, n, k);
+                    wrong += memcmp(want, got, sizeof want) != 0;
+                    /* across families: the f16 rows agree with the generic kernels too */
+                    tl_kernels_generic.dots_f16(q, keys_f16, n, k, want_s);
+                    for (int j = 0; j < n; j++) wrong += memcmp(&want_s[j], &got_s[j], sizeof(float)) != 0;
+                    compared++;
+                }
+        CHECK(wrong == 0, "%s: f16 rows: %d results differ from the widened rows' (of %d cases)", families[f]->isa,
+              wrong, compared);
+    }
+    free(halves);
+    free(widened);
+    return compared;
+}
+
+/* narrow_f16 (an f16 KV cache's writes): every family gives tl_f32_to_f16's bits, for 2^22
+   float bit patterns spread over all 2^32 (a large odd stride) and the edges: ties to even at
+   every exponent, subnormal boundaries, overflow to inf, NaNs with payloads. */
+static int check_narrow(const tl_kernels *const *families, int n_families) {
+    enum { COUNT = 1 << 22, EDGES = 64 };
+    float *src = malloc((COUNT + EDGES) * sizeof *src);
+    uint16_t *want = malloc((COUNT + EDGES) * sizeof *want), *got = malloc((COUNT + EDGES + 1) * sizeof *got);
+    uint32_t bits = 0x12345u;
+    for (int i = 0; i < COUNT; i++, bits += 0x9e3779b1u) memcpy(&src[i], &bits, sizeof bits);
+    const uint32_t edges[] = {0x33000000u, 0x33000001u, 0x337fffffu, 0x33800000u, 0x387fe000u, 0x387ff000u,
+                              0x38800000u, 0x38801000u, 0x38803000u, 0x477fe000u, 0x477fefffu, 0x477ff000u,
+                              0x47800000u, 0x7f800000u, 0x7f800001u, 0x7fc00000u, 0x7fa00000u, 0xffc12345u,
+                              0x80000000u, 0x00000001u, 0x3f801000u, 0x3f803000u, 0xbf801000u, 0x7f7fffffu};
+    for (int i = 0; i < EDGES; i++) {
+        const uint32_t e = edges[i % (int)(sizeof edges / sizeof edges[0])] ^ (i >= 32 ? 0x80000000u : 0);
+        memcpy(&src[COUNT + i], &e, sizeof e);
+    }
+    for (int i = 0; i < COUNT + EDGES; i++) want[i] = tl_f32_to_f16(src[i]);
+    int compared = 0;
+    for (int f = 0; f < n_families; f++) {
+        got[COUNT + EDGES] = 0xabcd;
+        families[f]->narrow_f16(src, COUNT + EDGES, got);
+        int wrong = 0;
+        for (int i = 0; i < COUNT + EDGES; i++) wrong += got[i] != want[i];
+        for (int n = 0; n < 40; n++) { /* short rows: the scalar tails */
+            got[n] = 0xabcd;
+            families[f]->narrow_f16(src + COUNT, n, got);
+            for (int i = 0; i < n; i++) wrong += got[i] != want[COUNT + i];
+            wrong += got[n] != 0xabcd;
+        }
+        CHECK(wrong == 0, "%s: narrow_f16 differs from tl_f32_to_f16 in %d values", families[f]->isa, wrong);
+        compared++;
+    }
+    free(src);
+    free(want);
+    free(got);
+    return compared;
+}
+
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : "tests/data/golden";
     const char *names[] = {"gpt2_like", "f16_concat_residual_gqa", "bf16_tied_rope_residual", "concat_residual_mqa",
@@ -323,6 +412,8 @@ int main(int argc, char **argv) {
 #endif
         compared += check_packed_rows(families, n_families);
         compared += check_attention_blocks(families, n_families);
+        compared += check_f16_rows(families, n_families);
+        compared += check_narrow(families, n_families);
 #if defined(__x86_64__)
         if (vnni) families[n_families++] = &tl_kernels_avx512_vnni;
 #endif

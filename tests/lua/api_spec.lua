@@ -21,6 +21,30 @@ describe("tinyloop.load", function()
         assert.is_table(assert(tinyloop.load(H.TEXTMODEL)))
     end)
 
+    it("keeps an f16 KV cache with kv_type = \"f16\": same greedy text here, close logits, not f32's bits", function()
+        local exact = assert(tinyloop.load(H.TEXTMODEL, { threads = 1, kv_type = "f32" }))
+        local half = assert(tinyloop.load(H.TEXTMODEL, { threads = 1, kv_type = "f16" }))
+        assert.equal("f32", exact:info().kv_type)
+        assert.equal("f16", half:info().kv_type)
+        local prompt = exact:encode("It is a truth universally acknowledged")
+        local a = exact:generate(prompt, { max_tokens = 24 })
+        local b = half:generate(prompt, { max_tokens = 24 })
+        assert.same(a, b)
+        local ids = {}
+        for i = 1, 40 do ids[i] = (i * 37) % 300 + 1 end
+        local sa, sb = exact:score(ids, 2), half:score(ids, 2)
+        local worst, differ = 0, 0
+        for pos = 1, 40 do
+            for t = 0, 319 do
+                local d = math.abs(sa:logit(pos, t) - sb:logit(pos, t))
+                if d > worst then worst = d end
+                if d ~= 0 then differ = differ + 1 end
+            end
+        end
+        assert.is_true(worst < 0.05, "largest logit difference " .. worst)
+        assert.is_true(differ > 0, "f16 KV gave f32's logits bit for bit")
+    end)
+
     it("exposes a version string", function()
         assert.is_string(tinyloop._VERSION)
         assert.truthy(tinyloop._VERSION:match("^%d+%.%d+%.%d+"))
@@ -50,6 +74,8 @@ describe("tinyloop.load", function()
             { { H.TEXTMODEL, { threads = -1 } }, "'threads' = -1 must be >= 0" },
             { { H.TEXTMODEL, { mmap_weights = 1 } }, "'mmap_weights' must be a boolean" },
             { { H.TEXTMODEL, { backend = "gpu" } }, "'backend' must be" },
+            { { H.TEXTMODEL, { kv_type = "f8" } }, "'kv_type' must be \"f32\" or \"f16\"" },
+            { { H.TEXTMODEL, { kv_type = 1 } }, "'kv_type' must be" },
         }
         for _, case in ipairs(cases) do
             local ok, err = pcall(function() local m = tinyloop.load(unpack(case[1])) return m end)
@@ -78,7 +104,7 @@ describe("model:info", function()
             bos_token_id = 319, eos_token_id = 319, injection = "add", loop_update = "replace",
             norm = "rmsnorm", mlp = "swiglu", pos_encoding = "rope", weight_dtype = "f16",
             state_norm = true, tie_embeddings = true, has_tokenizer = true, bias = false, backend = "cpu",
-            n_threads = 1,
+            n_threads = 1, kv_type = "f32",
         }
         for k, v in pairs(expect) do assert.equal(v, i[k], "info." .. k) end
         for _, k in ipairs({ "beta", "norm_eps", "rope_theta", "n_params", "weight_bytes" }) do

@@ -377,7 +377,8 @@ describe("server with two workers", function()
         port2 = free_port()
         base2 = "http://127.0.0.1:" .. port2
         dir2 = sh("mktemp -d"):gsub("%s+$", "")
-        os.execute(("scripts/serve --port %d --model %s --workers 2 --threads 1 --max-active 2 --prefix %s/prefix > %s/serve.log 2>&1 & echo $! > %s/pid")
+        -- f16 KV caches (--kv-type f16): half the memory a session; the answers below need no more.
+        os.execute(("scripts/serve --port %d --model %s --workers 2 --threads 1 --max-active 2 --kv-type f16 --prefix %s/prefix > %s/serve.log 2>&1 & echo $! > %s/pid")
             :format(port2, MODEL, dir2, dir2, dir2))
         for _ = 1, 300 do
             local m = select(2, curl(base2 .. "/metrics")) or ""
@@ -489,6 +490,14 @@ describe("server with two workers", function()
         os.execute("kill -TERM $(cat " .. pre .. "/pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
             "/pid) 2>/dev/null || break; sleep 0.1; done")
         assert(ok, err)
+    end)
+end)
+
+describe("scripts/serve options", function()
+    it("refuses a KV type it does not know before starting nginx", function()
+        local out = sh("scripts/serve --kv-type f8 --port 1 2>&1; echo \"exit $?\"")
+        assert.truthy(out:find("--kv-type must be f32 or f16, got 'f8'", 1, true), out)
+        assert.truthy(out:find("exit 2", 1, true), out)
     end)
 end)
 

@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 
+#include "../dtype.h"
 #include "kernels.h"
 
 static inline float hsum(__m256 v) {
@@ -24,20 +25,26 @@ static inline __m256 load_bf16(const void *w, size_t i) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
+/* Attention rows of f32 or f16 elements (an f16 KV cache), widened exactly on load: 8 (a
+   256-bit vector) or one. */
+static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline float widen1_f32(float x) { return x; }
+static inline float widen1_f16(uint16_t x) { return tl_f16_to_f32(x); }
+
 /* axpys (kernels.h) over y's elements from i on, in blocks of four W-lane vectors held in
    registers for the whole block of keys: per element the fma sequence over j in order, so
-   the width cannot change a bit. Both kernel files expand it at their widths, then finish
-   with axpys_from. */
-#define AXPYS_BLOCKS(W, VEC, LOAD, STORE, SET1, FMA)                                      \
+   the width cannot change a bit. Both kernel files expand it at their widths (LOADX: W of
+   x's elements as floats), then finish with the axpys_from of x's element type. */
+#define AXPYS_BLOCKS(W, VEC, LOAD, LOADX, STORE, SET1, FMA)                               \
     for (; i + 4 * (W) <= k8; i += 4 * (W)) {                                              \
         VEC y0 = LOAD(y + i), y1 = LOAD(y + i + (W)), y2 = LOAD(y + i + 2 * (W)), y3 = LOAD(y + i + 3 * (W)); \
         for (int j = 0; j < n; j++) {                                                     \
             const VEC va = SET1(a[j]);                                                    \
-            const float *xj = x[j] + i;                                                   \
-            y0 = FMA(va, LOAD(xj), y0);                                                   \
-            y1 = FMA(va, LOAD(xj + (W)), y1);                                             \
-            y2 = FMA(va, LOAD(xj + 2 * (W)), y2);                                         \
-            y3 = FMA(va, LOAD(xj + 3 * (W)), y3);                                         \
+            y0 = FMA(va, LOADX(x[j] + i), y0);                                            \
+            y1 = FMA(va, LOADX(x[j] + i + (W)), y1);                                      \
+            y2 = FMA(va, LOADX(x[j] + i + 2 * (W)), y2);                                  \
+            y3 = FMA(va, LOADX(x[j] + i + 3 * (W)), y3);                                  \
         }                                                                                 \
         STORE(y + i, y0);                                                                 \
         STORE(y + i + (W), y1);                                                           \
@@ -46,15 +53,18 @@ static inline __m256 load_bf16(const void *w, size_t i) {
     }
 
 /* The rest of axpys from element i: 8-lane chunks below k & ~7, then the plain tail. */
-static inline void axpys_from(float *y, const float *a, const float *const *x, int n, int i, int k) {
-    for (; i < (k & ~7); i += 8) {
-        __m256 yv = _mm256_loadu_ps(y + i);
-        for (int j = 0; j < n; j++) yv = _mm256_fmadd_ps(_mm256_set1_ps(a[j]), _mm256_loadu_ps(x[j] + i), yv);
-        _mm256_storeu_ps(y + i, yv);
+#define DEFINE_AXPYS_FROM(NAME, ELEM_T, LOAD8, WIDEN1)                                    \
+    static inline void NAME(float *y, const float *a, const ELEM_T *const *x, int n, int i, int k) { \
+        for (; i < (k & ~7); i += 8) {                                                    \
+            __m256 yv = _mm256_loadu_ps(y + i);                                           \
+            for (int j = 0; j < n; j++) yv = _mm256_fmadd_ps(_mm256_set1_ps(a[j]), LOAD8(x[j] + i), yv); \
+            _mm256_storeu_ps(y + i, yv);                                                  \
+        }                                                                                 \
+        for (; i < k; i++)                                                                \
+            for (int j = 0; j < n; j++) y[i] += a[j] * WIDEN1(x[j][i]);                   \
     }
-    for (; i < k; i++)
-        for (int j = 0; j < n; j++) y[i] += a[j] * x[j][i];
-}
+DEFINE_AXPYS_FROM(axpys_from, float, load8_f32, widen1_f32)
+DEFINE_AXPYS_FROM(axpys_from_f16, uint16_t, load8_f16, widen1_f16)
 
 #define ELEM(dt) ((dt) == TL_F32 ? 4u : 2u)
 /* Software prefetch distance for streaming a single row: the hardware prefetcher alone

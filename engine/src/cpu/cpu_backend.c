@@ -77,28 +77,41 @@ static void cpu_free(void *ctx, void *buffer) {
 
 /* ---------------------------------------------------------------- KV cache */
 
+/* Elements [from, from + count) of a K row and a V row computed in f32 (k and v point at
+   element `from`) into the cache rows k_row and v_row (tl_kv_writable) as the cache's type
+   keeps them: f16 rounds to nearest even (narrow_f16: the same bits on every ISA). */
+static void kv_store(const tl_kv_cache *c, void *k_row, void *v_row, const float *k, const float *v, int from,
+                     int count) {
+    if (c->type == TL_KV_F32) {
+        memcpy((float *)k_row + from, k, (size_t)count * sizeof(float));
+        memcpy((float *)v_row + from, v, (size_t)count * sizeof(float));
+        return;
+    }
+    const tl_kernels *kern = tl_cpu_kernels();
+    kern->narrow_f16(k, count, (uint16_t *)k_row + from);
+    kern->narrow_f16(v, count, (uint16_t *)v_row + from);
+}
+
 /* The forward reserved the rows' pages (tl_kv_reserve): writable finds them in place. A
    page it could not make (out of memory) marks the cache and drops the row. */
 static void cpu_kv_write(const tl_model *m, tl_kv_cache *c, int slot, int base, const float *k,
                          const float *v, int n) {
     (void)m;
-    const size_t kvd = (size_t)c->kv_dim, bytes = kvd * sizeof(float);
+    const size_t kvd = (size_t)c->kv_dim;
     for (int t = 0; t < n; t++) {
-        float *k_row, *v_row;
+        void *k_row, *v_row;
         if (!tl_kv_writable(c, slot, base + t, &k_row, &v_row)) continue;
-        memcpy(k_row, k + (size_t)t * kvd, bytes);
-        memcpy(v_row, v + (size_t)t * kvd, bytes);
+        kv_store(c, k_row, v_row, k + (size_t)t * kvd, v + (size_t)t * kvd, 0, c->kv_dim);
     }
 }
 
 static void cpu_kv_move(tl_kv_cache *c, int from, int to) {
-    const size_t bytes = (size_t)c->kv_dim * sizeof(float);
     for (int slot = 0; slot < c->n_slots; slot++) {
-        const float *k_from = tl_kv_k(c, slot, from), *v_from = tl_kv_v(c, slot, from);
-        float *k_to, *v_to;
+        const void *k_from = tl_kv_k(c, slot, from), *v_from = tl_kv_v(c, slot, from);
+        void *k_to, *v_to;
         if (!k_from || !tl_kv_writable(c, slot, to, &k_to, &v_to)) continue; /* a slot never reached */
-        memcpy(k_to, k_from, bytes);
-        memcpy(v_to, v_from, bytes);
+        memcpy(k_to, k_from, c->row_bytes);
+        memcpy(v_to, v_from, c->row_bytes);
     }
 }
 
@@ -492,15 +505,16 @@ static key_walk walk_start(const tl_kv_cache *c, int first) {
 
 /* The next (at most ATTENTION_BLOCK) entries that row i sees, from the walk's entry on (in
    logical order; the walk advances past them): the start of their K rows, or V rows when
-   `values` (kv_dim floats, every head), and their offsets from `first`. Returns how many. */
+   `values` (kv_dim elements of the cache's type, every head), and their offsets from
+   `first`. Returns how many. */
 static int gather_visible(const tl_attention_args *a, int i, int32_t min_pos, int first, int last,
-                          bool values, key_walk *w, const float **rows, int *at) {
+                          bool values, key_walk *w, const void **rows, int *at) {
     const tl_kv_cache *c = a->cache;
     int n = 0;
     for (; w->j < last && n < ATTENTION_BLOCK; w->j++, w->row = w->row + 1 == c->capacity ? 0 : w->row + 1) {
         if (!visible(a, i, w->j, w->row, min_pos)) continue;
         const tl_kv_page *page = cursor_page(&w->cur, c, slot_for(a, w->j, w->row), w->row);
-        rows[n] = (values ? page->v : page->k) + (size_t)(w->row % TL_KV_PAGE_ROWS) * (size_t)c->kv_dim;
+        rows[n] = tl_kv_page_row(c, values ? page->v : page->k, w->row);
         at[n++] = w->j - first;
     }
     return n;
@@ -530,45 +544,62 @@ static inline float *output(const attention_group *g, int i, int h) {
     return g->a->out + ((size_t)i * (size_t)g->n_heads + (size_t)h) * (size_t)g->hd;
 }
 
+/* Rows [r0, r1) x head h over one block of n keys (K rows of head h, or V rows when
+   `values`), at offsets `at` from g->first: the first pass stores each score and keeps the
+   running maximum; the second weighs the V rows by the softmax of those scores into the
+   outputs and keeps the running sum of the weights. The rows are f32 (rows) or f16 (halves:
+   an f16 cache, widened in the kernels' registers); the arithmetic is the same either way
+   on the widened values (kernels.h). */
+static void attend_block(attention_group *g, bool values, int h, const float *const *rows,
+                         const uint16_t *const *halves, int n, const int *at, int r0, int r1) {
+    const size_t capacity = (size_t)g->a->cache->capacity;
+    float block[ATTENTION_BLOCK];
+    for (int i = r0; i < r1; i++) {
+        const int slot = score_slot(g, i, h);
+        float *s_ih = g->scores + (size_t)slot * capacity;
+        if (!values) {
+            if (halves) g->kern->dots_f16(query(g, i, h), halves, n, g->hd, block);
+            else g->kern->dots(query(g, i, h), rows, n, g->hd, block);
+            float m_ih = g->max_score[slot];
+            for (int b = 0; b < n; b++) {
+                const float score = block[b] * g->scale;
+                s_ih[at[b]] = score;
+                if (score > m_ih) m_ih = score;
+            }
+            g->max_score[slot] = m_ih;
+        } else {
+            for (int b = 0; b < n; b++) block[b] = s_ih[at[b]];
+            tl_cpu_softmax_weights(block, n, g->max_score[slot]);
+            float sum = g->sum[slot];
+            for (int b = 0; b < n; b++) sum += block[b];
+            g->sum[slot] = sum;
+            if (halves) g->kern->axpys_f16(output(g, i, h), block, halves, n, g->hd);
+            else g->kern->axpys(output(g, i, h), block, rows, n, g->hd);
+        }
+    }
+}
+
 /* One walk over the entries [from, to) that row `seen_by` sees (every row of [r0, r1)
-   sees them too), for rows [r0, r1) and the group's heads: the first pass (`values`
-   false) stores each score and keeps the running maximum; the second weighs the V rows by
-   the softmax of those scores into the outputs and keeps the running sum of the weights.
-   Each block of K or V rows is gathered once and used for every row and head while it
-   sits in L1. */
+   sees them too), for rows [r0, r1) and the group's heads, one attend_block per block of
+   visible entries and head: each block of K or V rows is gathered once and used for every
+   row and head while it sits in L1. */
 static void walk_entries(attention_group *g, bool values, int from, int to, int seen_by, int32_t min_pos,
                          int r0, int r1) {
     const tl_attention_args *a = g->a;
-    const size_t capacity = (size_t)a->cache->capacity;
-    const float *rows[ATTENTION_BLOCK], *head_rows[ATTENTION_BLOCK];
-    float block[ATTENTION_BLOCK];
+    const bool half = a->cache->type == TL_KV_F16;
+    const void *rows[ATTENTION_BLOCK];
+    const float *head_rows[ATTENTION_BLOCK];
+    const uint16_t *head_halves[ATTENTION_BLOCK];
     int at[ATTENTION_BLOCK]; /* the block's entries, as offsets from g->first */
     for (key_walk w = walk_start(a->cache, from); w.j < to;) {
         const int n = gather_visible(a, seen_by, min_pos, g->first, to, values, &w, rows, at);
         for (int h = g->h0; h < g->h1; h++) {
             const size_t in_row = (size_t)(h / g->group) * (size_t)g->hd;
-            for (int b = 0; b < n; b++) head_rows[b] = rows[b] + in_row;
-            for (int i = r0; i < r1; i++) {
-                const int slot = score_slot(g, i, h);
-                float *s_ih = g->scores + (size_t)slot * capacity;
-                if (!values) {
-                    g->kern->dots(query(g, i, h), head_rows, n, g->hd, block);
-                    float m_ih = g->max_score[slot];
-                    for (int b = 0; b < n; b++) {
-                        const float score = block[b] * g->scale;
-                        s_ih[at[b]] = score;
-                        if (score > m_ih) m_ih = score;
-                    }
-                    g->max_score[slot] = m_ih;
-                } else {
-                    for (int b = 0; b < n; b++) block[b] = s_ih[at[b]];
-                    tl_cpu_softmax_weights(block, n, g->max_score[slot]);
-                    float sum = g->sum[slot];
-                    for (int b = 0; b < n; b++) sum += block[b];
-                    g->sum[slot] = sum;
-                    g->kern->axpys(output(g, i, h), block, head_rows, n, g->hd);
-                }
-            }
+            if (half)
+                for (int b = 0; b < n; b++) head_halves[b] = (const uint16_t *)rows[b] + in_row;
+            else
+                for (int b = 0; b < n; b++) head_rows[b] = (const float *)rows[b] + in_row;
+            attend_block(g, values, h, head_rows, half ? head_halves : NULL, n, at, r0, r1);
         }
     }
 }
@@ -725,7 +756,7 @@ typedef struct {
     const int32_t *positions;      /* [n], or NULL: no RoPE */
     const tl_attention_args *args;
     int n_args;
-    float *const *k_dst, *const *v_dst; /* [n] row i's K and V in chunk i's cache (NULL: dropped) */
+    void *const *k_dst, *const *v_dst; /* [n] row i's K and V in chunk i's cache (NULL: dropped) */
     int tasks;                     /* groups of KV heads: the first phase */
     int kv_first[TL_POOL_SHARE_THREADS + 1]; /* task t's KV heads [kv_first[t], kv_first[t + 1]),
                                                 where the pool has shares (tasks <= TL_POOL_SHARE_THREADS) */
@@ -757,11 +788,10 @@ static void qkv_attention_task(void *ctx, int task, int thread) {
     product_task(&j->mm, 2, g0 * hd, g1 * hd);
     if (j->positions) tl_cpu_rope_heads(j->m, qkv[0].y, qkv[1].y, n, j->positions, h0, h1, g0, g1);
     const size_t kvd = (size_t)c->n_kv_heads * (size_t)hd, at = (size_t)g0 * (size_t)hd;
-    const size_t bytes = (size_t)(g1 - g0) * (size_t)hd * sizeof(float);
     for (int r = 0; r < n; r++) {
-        if (!j->k_dst[r]) continue;
-        memcpy(j->k_dst[r] + at, qkv[1].y + (size_t)r * kvd + at, bytes);
-        memcpy(j->v_dst[r] + at, qkv[2].y + (size_t)r * kvd + at, bytes);
+        if (!j->k_dst[r]) continue; /* chunk r is forward row r */
+        kv_store(j->args[r].cache, j->k_dst[r], j->v_dst[r], qkv[1].y + (size_t)r * kvd + at,
+                    qkv[2].y + (size_t)r * kvd + at, (int)at, (g1 - g0) * hd);
     }
     for (int i = 0; i < j->n_args; i++) /* chunk i is forward row i, its only row */
         for (int h = h0; h < h1; h += j->score_heads)
@@ -813,7 +843,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
     void *heap = NULL;
     tl_qrows qrows = {0};
-    float *k_dst[FUSED_MAX_ROWS], *v_dst[FUSED_MAX_ROWS];
+    void *k_dst[FUSED_MAX_ROWS], *v_dst[FUSED_MAX_ROWS];
     qkv_attention_job job = {.mm = {.x = h, .xq = &qrows, .outs = qkv, .count = 3, .n = n, .kern = tl_cpu_kernels()},
                              .m = m, .positions = positions, .args = args, .n_args = n_args,
                              .k_dst = k_dst, .v_dst = v_dst, .tasks = threads,

@@ -96,6 +96,15 @@ typedef struct tl_kernels {
     bool (*arrange_rows)(const float *x, int n, int k, float *tiles);
     void (*matmul_packed_arranged)(const float *x, const float *tiles, int n, int k, const void *w, tl_dtype dt,
                                    const float *bias, int o0, int o1, float *y, int ldy);
+    /* dots and axpys over keys / rows stored as f16 (an f16 KV cache): each element is widened
+       exactly in registers (F16C, or tl_f16_to_f32), then the order above, so every result is
+       dots' or axpys' on the widened rows, on every implementation (for every half that
+       tl_f32_to_f16 writes: F16C quiets a signalling NaN, which the cache never holds). */
+    void (*dots_f16)(const float *q, const uint16_t *const *keys, int n, int k, float *scores);
+    void (*axpys_f16)(float *y, const float *a, const uint16_t *const *x, int n, int k);
+    /* dst[i] = tl_f32_to_f16(src[i]) for i < n (round to nearest even): the f16 KV cache's
+       rows, the same bits on every implementation. */
+    void (*narrow_f16)(const float *src, int n, uint16_t *dst);
 } tl_kernels;
 
 /* Chosen once at first use: AVX-512 (multi-row matmul; with VNNI and BW, avx512-vnni for

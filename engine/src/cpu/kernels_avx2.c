@@ -375,10 +375,6 @@ void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_d
 /* dots: eight keys at a time, so eight independent FMA chains hide the FMA latency, and
    their eight horizontal sums run as one transposed tree (hsum8); then four, then one.
    Each key still gets exactly the sequence kernels.h fixes. */
-static float dot_tail(const float *q, const float *b, int k8, int k, float s) {
-    for (int i = k8; i < k; i++) s += q[i] * b[i];
-    return s;
-}
 
 /* The horizontal sums of a[0..7], each by hsum's tree ((l0+l4) + (l2+l6)) + ((l1+l5) +
    (l3+l7)), eight at once: every add is one of hsum's, on the same operands. */
@@ -399,52 +395,74 @@ static inline __m256 hsum8(const __m256 a[8]) {
     return _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-static void dots_avx2(const float *q, const float *const *keys, int n, int k, float *scores) {
-    const int k8 = k & ~7;
-    int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 acc[8];
-        for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
-        for (int i = 0; i < k8; i += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + i);
-            for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(keys[j + t] + i), qv, acc[t]);
-        }
-        _mm256_storeu_ps(scores + j, hsum8(acc));
-        if (k8 < k)
-            for (int t = 0; t < 8; t++) scores[j + t] = dot_tail(q, keys[j + t], k8, k, scores[j + t]);
+/* dots over keys of f32 or f16 elements (LOAD8 widens 8, WIDEN1 one, exactly). */
+#define DEFINE_DOTS_AVX2(NAME, ELEM_T, LOAD8, WIDEN1)                                           \
+    static float NAME##_tail(const float *q, const ELEM_T *b, int k8, int k, float s) {         \
+        for (int i = k8; i < k; i++) s += q[i] * WIDEN1(b[i]);                                  \
+        return s;                                                                               \
+    }                                                                                           \
+    static void NAME(const float *q, const ELEM_T *const *keys, int n, int k, float *scores) {  \
+        const int k8 = k & ~7;                                                                  \
+        int j = 0;                                                                              \
+        for (; j + 8 <= n; j += 8) {                                                            \
+            __m256 acc[8];                                                                      \
+            for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();                           \
+            for (int i = 0; i < k8; i += 8) {                                                   \
+                const __m256 qv = _mm256_loadu_ps(q + i);                                       \
+                for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(LOAD8(keys[j + t] + i), qv, acc[t]); \
+            }                                                                                   \
+            _mm256_storeu_ps(scores + j, hsum8(acc));                                           \
+            if (k8 < k)                                                                         \
+                for (int t = 0; t < 8; t++) scores[j + t] = NAME##_tail(q, keys[j + t], k8, k, scores[j + t]); \
+        }                                                                                       \
+        for (; j + 4 <= n; j += 4) {                                                            \
+            const ELEM_T *b0 = keys[j], *b1 = keys[j + 1], *b2 = keys[j + 2], *b3 = keys[j + 3]; \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                         \
+            for (int i = 0; i < k8; i += 8) {                                                   \
+                const __m256 qv = _mm256_loadu_ps(q + i);                                       \
+                a0 = _mm256_fmadd_ps(LOAD8(b0 + i), qv, a0);                                    \
+                a1 = _mm256_fmadd_ps(LOAD8(b1 + i), qv, a1);                                    \
+                a2 = _mm256_fmadd_ps(LOAD8(b2 + i), qv, a2);                                    \
+                a3 = _mm256_fmadd_ps(LOAD8(b3 + i), qv, a3);                                    \
+            }                                                                                   \
+            scores[j] = NAME##_tail(q, b0, k8, k, hsum(a0));                                    \
+            scores[j + 1] = NAME##_tail(q, b1, k8, k, hsum(a1));                                \
+            scores[j + 2] = NAME##_tail(q, b2, k8, k, hsum(a2));                                \
+            scores[j + 3] = NAME##_tail(q, b3, k8, k, hsum(a3));                                \
+        }                                                                                       \
+        for (; j < n; j++) {                                                                    \
+            __m256 acc = _mm256_setzero_ps();                                                   \
+            for (int i = 0; i < k8; i += 8) acc = _mm256_fmadd_ps(LOAD8(keys[j] + i), _mm256_loadu_ps(q + i), acc); \
+            scores[j] = NAME##_tail(q, keys[j], k8, k, hsum(acc));                              \
+        }                                                                                       \
     }
-    for (; j + 4 <= n; j += 4) {
-        const float *b0 = keys[j], *b1 = keys[j + 1], *b2 = keys[j + 2], *b3 = keys[j + 3];
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int i = 0; i < k8; i += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + i);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(b0 + i), qv, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(b1 + i), qv, a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(b2 + i), qv, a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(b3 + i), qv, a3);
-        }
-        scores[j] = dot_tail(q, b0, k8, k, hsum(a0));
-        scores[j + 1] = dot_tail(q, b1, k8, k, hsum(a1));
-        scores[j + 2] = dot_tail(q, b2, k8, k, hsum(a2));
-        scores[j + 3] = dot_tail(q, b3, k8, k, hsum(a3));
-    }
-    for (; j < n; j++) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int i = 0; i < k8; i += 8)
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(keys[j] + i), _mm256_loadu_ps(q + i), acc);
-        scores[j] = dot_tail(q, keys[j], k8, k, hsum(acc));
-    }
-}
+DEFINE_DOTS_AVX2(dots_avx2, float, load8_f32, widen1_f32)
+DEFINE_DOTS_AVX2(dots_f16_avx2, uint16_t, load8_f16, widen1_f16)
 
 /* axpys: y is read and written once per 32 elements for the whole block of keys, not once
    per key; per element the fma sequence over j is the one kernels.h fixes. */
 static void axpys_avx2(float *y, const float *a, const float *const *x, int n, int k) {
     const int k8 = k & ~7;
     int i = 0;
-    AXPYS_BLOCKS(8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps)
+    AXPYS_BLOCKS(8, __m256, _mm256_loadu_ps, load8_f32, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps)
     axpys_from(y, a, x, n, i, k);
+}
+static void axpys_f16_avx2(float *y, const float *a, const uint16_t *const *x, int n, int k) {
+    const int k8 = k & ~7;
+    int i = 0;
+    AXPYS_BLOCKS(8, __m256, _mm256_loadu_ps, load8_f16, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps)
+    axpys_from_f16(y, a, x, n, i, k);
+}
+
+/* F16C rounds to nearest even (imm 0) as tl_f32_to_f16 does, NaNs included (test_isa). */
+static void narrow_f16_avx2(const float *src, int n, uint16_t *dst) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = tl_f32_to_f16(src[i]);
 }
 
 const tl_kernels tl_kernels_avx2 = {"avx2", matmul_avx2, matmul_packed_avx2, tl_qmatmul_packed_avx2, dots_avx2, axpys_avx2,
-                                    NULL, NULL}; /* rows as they are */
+                                    NULL, NULL, /* rows as they are */
+                                    dots_f16_avx2, axpys_f16_avx2, narrow_f16_avx2};
 #endif

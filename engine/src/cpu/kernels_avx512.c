@@ -444,13 +444,29 @@ static void matmul_avx512(const float *x, int n, int k, const void *w, tl_dtype 
 static void dots_avx512(const float *q, const float *const *keys, int n, int k, float *scores) {
     tl_kernels_avx2.dots(q, keys, n, k, scores);
 }
+static void dots_f16_avx512(const float *q, const uint16_t *const *keys, int n, int k, float *scores) {
+    tl_kernels_avx2.dots_f16(q, keys, n, k, scores);
+}
 /* axpys 16 lanes wide: per element, the same fma over j in order as the AVX2 kernel (the
    lanes are independent), 64 elements of y held in registers for the whole block. */
+static inline __m512 load16_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 static void axpys_avx512(float *y, const float *a, const float *const *x, int n, int k) {
     const int k8 = k & ~7;
     int i = 0;
-    AXPYS_BLOCKS(16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps)
+    AXPYS_BLOCKS(16, __m512, _mm512_loadu_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps)
     axpys_from(y, a, x, n, i, k);
+}
+static void narrow_f16_avx512(const float *src, int n, uint16_t *dst) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = tl_f32_to_f16(src[i]);
+}
+static void axpys_f16_avx512(float *y, const float *a, const uint16_t *const *x, int n, int k) {
+    const int k8 = k & ~7;
+    int i = 0;
+    AXPYS_BLOCKS(16, __m512, _mm512_loadu_ps, load16_f16, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps)
+    axpys_from_f16(y, a, x, n, i, k);
 }
 
 /* ---------------------------------------------------------------- q8 / q4 */
@@ -458,8 +474,10 @@ static void axpys_avx512(float *y, const float *a, const float *const *x, int n,
 /* q8 and q4 are integer dot products (kernels.h): AVX-512 without VNNI and BW runs the AVX2
    kernels, with them kernels_vnni.c's (integer sums are exact, so every ISA agrees). */
 const tl_kernels tl_kernels_avx512 = {"avx512", matmul_avx512, matmul_packed_avx512, tl_qmatmul_packed_avx2,
-                                      dots_avx512, axpys_avx512, arrange_rows_avx512, matmul_packed_arranged_avx512};
+                                      dots_avx512, axpys_avx512, arrange_rows_avx512, matmul_packed_arranged_avx512,
+                                      dots_f16_avx512, axpys_f16_avx512, narrow_f16_avx512};
 const tl_kernels tl_kernels_avx512_vnni = {"avx512-vnni", matmul_avx512, matmul_packed_avx512,
                                            tl_qmatmul_packed_vnni, dots_avx512, axpys_avx512,
-                                           arrange_rows_avx512, matmul_packed_arranged_avx512};
+                                           arrange_rows_avx512, matmul_packed_arranged_avx512, dots_f16_avx512,
+                                           axpys_f16_avx512, narrow_f16_avx512};
 #endif

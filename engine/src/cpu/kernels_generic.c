@@ -187,33 +187,45 @@ static void matmul_packed_generic(const float *x, int n, int k, const void *w, t
 }
 
 /* dots and axpys (attention) in the order kernels.h fixes: eight fmaf lanes over k in
-   steps of 8, their fixed horizontal tree, then a plain multiply-add tail. */
-static void dots_generic(const float *q, const float *const *keys, int n, int k, float *scores) {
-    const int k8 = k & ~7;
-    for (int j = 0; j < n; j++) {
-        const float *b = keys[j];
-        float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int i = 0; i < k8; i += 8)
-            for (int l = 0; l < 8; l++) lane[l] = fmaf(b[i + l], q[i + l], lane[l]);
-        float half[4];
-        for (int l = 0; l < 4; l++) half[l] = lane[l] + lane[l + 4];
-        float s = (half[0] + half[2]) + (half[1] + half[3]);
-        for (int i = k8; i < k; i++) s += q[i] * b[i];
-        scores[j] = s;
+   steps of 8, their fixed horizontal tree, then a plain multiply-add tail; for f32 rows and
+   for f16 ones (each element widened exactly first). */
+#define AS_FLOAT(x) (x)
+#define DEFINE_DOTS_GENERIC(NAME, ELEM_T, WIDEN)                                              \
+    static void NAME(const float *q, const ELEM_T *const *keys, int n, int k, float *scores) { \
+        const int k8 = k & ~7;                                                                \
+        for (int j = 0; j < n; j++) {                                                         \
+            const ELEM_T *b = keys[j];                                                        \
+            float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                         \
+            for (int i = 0; i < k8; i += 8)                                                   \
+                for (int l = 0; l < 8; l++) lane[l] = fmaf(WIDEN(b[i + l]), q[i + l], lane[l]); \
+            float half[4];                                                                    \
+            for (int l = 0; l < 4; l++) half[l] = lane[l] + lane[l + 4];                      \
+            float s = (half[0] + half[2]) + (half[1] + half[3]);                              \
+            for (int i = k8; i < k; i++) s += q[i] * WIDEN(b[i]);                             \
+            scores[j] = s;                                                                    \
+        }                                                                                     \
     }
-}
+#define DEFINE_AXPYS_GENERIC(NAME, ELEM_T, WIDEN)                                             \
+    static void NAME(float *y, const float *a, const ELEM_T *const *x, int n, int k) {        \
+        const int k8 = k & ~7;                                                                \
+        for (int j = 0; j < n; j++) {                                                         \
+            for (int i = 0; i < k8; i++) y[i] = fmaf(a[j], WIDEN(x[j][i]), y[i]);             \
+            for (int i = k8; i < k; i++) y[i] += a[j] * WIDEN(x[j][i]);                       \
+        }                                                                                     \
+    }
+DEFINE_DOTS_GENERIC(dots_generic, float, AS_FLOAT)
+DEFINE_DOTS_GENERIC(dots_f16_generic, uint16_t, tl_f16_to_f32)
+DEFINE_AXPYS_GENERIC(axpys_generic, float, AS_FLOAT)
+DEFINE_AXPYS_GENERIC(axpys_f16_generic, uint16_t, tl_f16_to_f32)
 
-static void axpys_generic(float *y, const float *a, const float *const *x, int n, int k) {
-    const int k8 = k & ~7;
-    for (int j = 0; j < n; j++) {
-        for (int i = 0; i < k8; i++) y[i] = fmaf(a[j], x[j][i], y[i]);
-        for (int i = k8; i < k; i++) y[i] += a[j] * x[j][i];
-    }
+static void narrow_f16_generic(const float *src, int n, uint16_t *dst) {
+    for (int i = 0; i < n; i++) dst[i] = tl_f32_to_f16(src[i]);
 }
 
 const tl_kernels tl_kernels_generic = {"generic", matmul_generic, matmul_packed_generic,
                                        qmatmul_packed_generic, dots_generic, axpys_generic,
-                                       NULL, NULL}; /* rows as they are */
+                                       NULL, NULL, /* rows as they are */
+                                       dots_f16_generic, axpys_f16_generic, narrow_f16_generic};
 
 static const tl_kernels *chosen;
 

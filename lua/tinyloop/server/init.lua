@@ -32,7 +32,8 @@ local _M = { _VERSION = tinyloop._VERSION }
 local conf = {
     model = nil,              -- checkpoint directory (required)
     model_id = nil,           -- the name clients send as "model"; default: the directory's name
-    threads = 0,              -- CPU threads of the model (0 = all cores)
+    threads = 0,              -- CPU threads of the model (0 = one per core the worker may use)
+    kv_type = "f32",          -- the KV cache's type: "f32" or "f16" (half the memory a session)
     max_active = 8,           -- sessions stepped together per worker
     max_queued = 32,          -- admitted sessions waiting for a place; beyond: 503
     thread_pool = "tinyloop", -- nginx thread_pool the handlers wait in; false = poll
@@ -53,6 +54,9 @@ function _M.configure(opts)
         conf[k] = v
     end
     if type(conf.model) ~= "string" then error("tinyloop.server: configure{ model = DIR } is required") end
+    if conf.kv_type ~= "f32" and conf.kv_type ~= "f16" then
+        error("tinyloop.server: kv_type must be \"f32\" or \"f16\", got " .. tostring(conf.kv_type))
+    end
     conf.model_id = conf.model_id or conf.model:gsub("/+$", ""):match("([^/]+)$")
 end
 
@@ -101,7 +105,7 @@ function _M.init_worker()
     metrics.init(conf.shared_dict)
     if not run_worker_thread then conf.thread_pool = false end
     local before = thread_ids()
-    local m, err = tinyloop.load(conf.model, { threads = conf.threads })
+    local m, err = tinyloop.load(conf.model, { threads = conf.threads, kv_type = conf.kv_type })
     if not m then
         model_error = "cannot load the model: " .. tostring(err)
         ngx_log(ngx.ERR, "tinyloop: ", model_error)

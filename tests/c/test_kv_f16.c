@@ -1,0 +1,193 @@
+/* test_kv_f16.c: the f16 KV cache (tl_load_options.kv_type). Its K/V pages hold half the
+ * bytes of f32's; the logits stay close to f32's on the shipped model's text (top-1 and
+ * error bounds, teacher-forced, one row a step as decode runs and in prompt chunks) but are
+ * not f32's bits (the rows really are rounded); a widened row equals the rounded value on
+ * every ISA (test_isa checks the kernels) and the suite reruns its bit-identity tests with
+ * TINYLOOP_KV_TYPE=f16 (tests/CMakeLists.txt). Bad options are refused with clear errors. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "dtype.h"
+#include "backend.h"
+#include "forward.h"
+#include "kv_cache.h"
+
+/* A passage in the shipped model's domain (its training text is Austen's novels). */
+static const char *const k_text =
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+    "must be in want of a wife. However little known the feelings or views of such a man may be "
+    "on his first entering a neighbourhood, this truth is so well fixed in the minds of the "
+    "surrounding families, that he is considered the rightful property of some one or other of "
+    "their daughters. \"My dear Mr. Bennet,\" said his lady to him one day, \"have you heard that "
+    "Netherfield Park is let at last?\" Mr. Bennet replied that he had not. \"But it is,\" returned "
+    "she; \"for Mrs. Long has just been here, and she told me all about it.\" Mr. Bennet made no "
+    "answer. \"Do you not want to know who has taken it?\" cried his wife impatiently.";
+
+static tl_model *load(const char *dir, tl_kv_type kv_type) {
+    tl_load_options o;
+    tl_load_options_init(&o);
+    o.kv_type = kv_type;
+    o.n_threads = 2;
+    tl_model *m = NULL;
+    if (tl_model_load(dir, &o, &m) != TL_OK) printf("load %s: %s\n", dir, tl_last_error());
+    return m;
+}
+
+/* Teacher-forced logits [n][vocab] of tokens[0..n), in chunks of `chunk` rows (1: as decode
+   steps run, through the fused attention path). Returns the cache's K/V bytes. */
+static size_t forced_logits(tl_model *m, const int32_t *tokens, int n, int chunk, float *logits) {
+    const int vocab = m->cfg.vocab_size, loops = m->cfg.default_loops;
+    tl_kv_cache *cache = NULL;
+    tl_workspace ws = {0};
+    if (tl_kv_cache_new_for(m, n, 0, chunk, &cache) != TL_OK) return 0;
+    int32_t pos[256];
+    for (int at = 0; at < n; at += chunk) {
+        const int rows = n - at < chunk ? n - at : chunk;
+        for (int r = 0; r < rows; r++) pos[r] = at + r;
+        if (tl_forward_run(m, cache, &ws, tokens + at, pos, rows, NULL, loops, 0, logits + (size_t)at * vocab) != TL_OK)
+            CHECK(0, "forward at %d: %s", at, tl_last_error());
+    }
+    const size_t bytes = tl_kv_cache_bytes(cache);
+    tl_workspace_release(&ws);
+    tl_kv_cache_free(cache);
+    return bytes;
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* text: the model's tokenizer encodes it; NULL: random ids up to max_seq_len (the golden
+   test models, which have no tokenizer). */
+static void close_to_f32(const char *dir, const char *text) {
+    tl_model *exact = load(dir, TL_KV_F32), *half = load(dir, TL_KV_F16);
+    int32_t *tokens = NULL;
+    if (!exact || !half) {
+        CHECK(0, "load both");
+        goto done;
+    }
+    CHECK(strcmp(tl_model_info(half)->kv_type, "f16") == 0 && strcmp(tl_model_info(exact)->kv_type, "f32") == 0,
+          "info kv_type %s / %s", tl_model_info(half)->kv_type, tl_model_info(exact)->kv_type);
+    int n = 0;
+    if (text) {
+        if (tl_encode(exact, text, strlen(text), &tokens, &n) != TL_OK || n < 100) {
+            CHECK(0, "encode: %s (%d tokens)", tl_last_error(), n);
+            goto done;
+        }
+    } else {
+        n = exact->cfg.max_seq_len;
+        tokens = malloc((size_t)n * sizeof *tokens);
+        uint32_t seed = 12345;
+        for (int i = 0; i < n; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            tokens[i] = (int32_t)((seed >> 8) % (uint32_t)exact->cfg.vocab_size);
+        }
+    }
+    if (n > exact->cfg.max_seq_len) n = exact->cfg.max_seq_len;
+    const int vocab = exact->cfg.vocab_size;
+    float *want = malloc((size_t)n * vocab * sizeof(float)), *got = malloc((size_t)n * vocab * sizeof(float));
+    for (int chunk = 1; chunk <= 16; chunk += 15) {
+        const size_t exact_bytes = forced_logits(exact, tokens, n, chunk, want);
+        const size_t half_bytes = forced_logits(half, tokens, n, chunk, got);
+        CHECK(exact_bytes > 0 && half_bytes * 2 == exact_bytes, "chunks of %d: f16 KV %zu bytes, f32 %zu",
+              chunk, half_bytes, exact_bytes);
+        int agree = 0;
+        double err2 = 0.0, ref2 = 0.0, worst = 0.0;
+        for (int t = 0; t < n; t++) {
+            const float *w = want + (size_t)t * vocab, *g = got + (size_t)t * vocab;
+            agree += argmax(w, vocab) == argmax(g, vocab);
+            for (int v = 0; v < vocab; v++) {
+                const double d = (double)g[v] - (double)w[v];
+                err2 += d * d;
+                ref2 += (double)w[v] * (double)w[v];
+                if (fabs(d) > worst) worst = fabs(d);
+            }
+        }
+        const double rel = sqrt(err2 / ref2);
+        printf("%s, chunks of %d rows: %d positions, top-1 agreement %d (%.2f%%), logit RMS error %.2e of RMS, "
+               "largest %.3g; KV %zu -> %zu bytes\n",
+               dir, chunk, n, agree, 100.0 * agree / n, rel, worst, exact_bytes, half_bytes);
+        CHECK(agree >= n - n / 50, "chunks of %d: top-1 agreement %d of %d (want >= 98%%)", chunk, agree, n);
+        CHECK(rel < 2e-3, "chunks of %d: logit RMS error %.2e of the logits' RMS (want < 2e-3)", chunk, rel);
+        CHECK(memcmp(want, got, (size_t)n * vocab * sizeof(float)) != 0,
+              "chunks of %d: f16 KV gave f32's logits bit for bit: the rows were not rounded", chunk);
+    }
+    free(want);
+    free(got);
+done:
+    if (text) tl_free(tokens);
+    else free(tokens);
+    tl_model_free(exact);
+    tl_model_free(half);
+}
+
+/* The backend's kv_write stores what tl_f32_to_f16 gives (overflow to inf included). */
+static void rows_round_to_nearest(const char *dir) {
+    tl_model *m = load(dir, TL_KV_F16);
+    if (!m) return;
+    tl_kv_cache *c = NULL;
+    if (tl_kv_cache_new_for(m, 4, 0, 1, &c) != TL_OK) { CHECK(0, "cache"); tl_model_free(m); return; }
+    CHECK(c->type == TL_KV_F16 && c->row_bytes == (size_t)c->kv_dim * 2, "row bytes %zu for kv_dim %d",
+          c->row_bytes, c->kv_dim);
+    float *k = malloc((size_t)c->kv_dim * sizeof(float)), *v = malloc((size_t)c->kv_dim * sizeof(float));
+    for (int i = 0; i < c->kv_dim; i++) {
+        k[i] = (float)(i - c->kv_dim / 2) * 0.0123456789f; /* most need rounding */
+        v[i] = i % 7 == 0 ? 70000.0f : 1.0f / (float)(i + 3); /* 70000 overflows f16: inf */
+    }
+    tl_kv_reserve(c, 2, 1);
+    m->backend->kv_write(m, c, 0, 2, k, v, 1); /* entry 2 of slot 0 */
+    const uint16_t *k_half = tl_kv_k(c, 0, 2), *v_half = tl_kv_v(c, 0, 2);
+    int wrong = 0, rounded = 0;
+    for (int i = 0; i < c->kv_dim; i++) {
+        wrong += k_half[i] != tl_f32_to_f16(k[i]) || v_half[i] != tl_f32_to_f16(v[i]);
+        rounded += tl_f16_to_f32(k_half[i]) != k[i];
+        if (i % 7 == 0) wrong += !isinf(tl_f16_to_f32(v_half[i]));
+    }
+    CHECK(wrong == 0 && rounded > c->kv_dim / 2, "stored rows: %d wrong, %d rounded", wrong, rounded);
+    free(k);
+    free(v);
+    tl_kv_cache_free(c);
+    tl_model_free(m);
+}
+
+static void bad_options(const char *dir) {
+    tl_load_options o;
+    tl_load_options_init(&o);
+    CHECK(o.kv_type == TL_KV_F32, "default kv_type f32");
+    o.kv_type = (tl_kv_type)7;
+    tl_model *m = NULL;
+    CHECK_ERROR(tl_model_load(dir, &o, &m), TL_ERR_INVALID_ARGUMENT, "unknown kv_type 7");
+    CHECK(m == NULL, "no model on error");
+    o.kv_type = (tl_kv_type)-1;
+    CHECK_ERROR(tl_model_load(dir, &o, &m), TL_ERR_INVALID_ARGUMENT, "kv_type");
+    /* The environment's default: TINYLOOP_KV_TYPE=f16 (and nothing else) makes f16 the default. */
+    setenv("TINYLOOP_KV_TYPE", "f16", 1);
+    tl_load_options_init(&o);
+    CHECK(o.kv_type == TL_KV_F16, "TINYLOOP_KV_TYPE=f16: default f16");
+    setenv("TINYLOOP_KV_TYPE", "f8", 1);
+    tl_load_options_init(&o);
+    CHECK(o.kv_type == TL_KV_F32, "TINYLOOP_KV_TYPE=f8: default stays f32");
+    unsetenv("TINYLOOP_KV_TYPE");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        printf("usage: test_kv_f16 SHIPPED_MODEL_DIR GOLDEN_DIR\n");
+        return 2;
+    }
+    unsetenv("TINYLOOP_KV_TYPE"); /* this test chooses per model */
+    bad_options(argv[1]);
+    rows_round_to_nearest(argv[1]);
+    close_to_f32(argv[1], k_text);
+    /* Grouped-query attention (2 KV heads for 4), RoPE, biases: random weights, random ids. */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/add_residual_statenorm_rms_gqa2", argv[2]);
+    close_to_f32(dir, NULL);
+    return check_summary();
+}
