@@ -39,6 +39,12 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ "$clients" -le 64 ] && [ "$duration" -le 600 ] || { echo "serve_bench: at most 64 clients and 600 s" >&2; exit 2; }
+# wrk (the load) and nginx (the server): scripts/setup installs what is missing; without wrk
+# every load phase would fail with "command not found" and leave no figures.
+if ! command -v wrk >/dev/null 2>&1; then
+  TINYLOOP_SETUP_EXTRA="wrk" scripts/setup || true
+  command -v wrk >/dev/null 2>&1 || { echo "serve_bench: needs wrk (Debian: apt-get install wrk)" >&2; exit 2; }
+fi
 
 if [ -z "$model" ]; then
   model=build/bench-gpt2-small-f16

@@ -499,6 +499,16 @@ describe("scripts/serve options", function()
         assert.truthy(out:find("--kv-type must be f32 or f16, got 'f8'", 1, true), out)
         assert.truthy(out:find("exit 2", 1, true), out)
     end)
+
+    it("refuses, as root, a checkpoint that nginx's workers (nobody) cannot read", function()
+        if sh("id -u"):gsub("%s+$", "") ~= "0" then return end -- workers then run as the caller
+        local dir = sh("mktemp -d"):gsub("%s+$", "") -- 0700: root only
+        os.execute("cp " .. MODEL .. "/config.json " .. dir .. "/")
+        local out = sh("scripts/serve --model " .. dir .. " --port 1 2>&1; echo \"exit $?\"")
+        os.execute("rm -rf " .. dir)
+        assert.truthy(out:find("cannot read " .. dir .. "/config.json", 1, true), out)
+        assert.truthy(out:find("exit 2", 1, true), out)
+    end)
 end)
 
 describe("server request parsing", function()
