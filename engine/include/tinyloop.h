@@ -140,6 +140,15 @@ struct tl_model_info {
 
 /* Never NULL for a loaded model; valid as long as the model is. */
 const struct tl_model_info *tl_model_info(const tl_model *model);
+
+/* What a model holds in memory now (a snapshot; sessions on other threads move it). */
+typedef struct tl_model_memory {
+    int64_t weight_bytes;    /* the weights (tl_model_info's weight_bytes) */
+    int64_t kv_bytes;        /* K/V pages held by sessions, saved states and the prefix pool;
+                                a page that forks share counts once */
+    int64_t kv_spare_bytes;  /* freed pages the model keeps for the next sessions (<= 64 MiB) */
+} tl_model_memory;
+void tl_model_get_memory(const tl_model *model, tl_model_memory *out); /* zeros for NULL */
 /* What the load accepted but a person should see, one line each ("" when nothing): unknown
    config.json fields, which SPEC §1 ignores (checkpoints carry metadata) but which may be a
    misspelt optional field ("rope_theeta": the default then applies; the line suggests the

@@ -2,6 +2,7 @@
 #ifndef TL_INTERNAL_H
 #define TL_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -183,6 +184,10 @@ struct tl_model {
                                            one mutable part of a model, behind its own lock */
     struct tl_kv_spares *kv_spares; /* freed KV pages kept for reuse (kv_cache.h), behind
                                        its own lock; NULL: none kept */
+    atomic_llong kv_page_bytes;  /* K + V bytes of every page that exists (caches, saved
+                                    states, the pool, spares): kv_cache.c counts them through
+                                    its const model pointers (the model is heap memory, never
+                                    a const object), tl_model_get_memory reads them */
 };
 
 #endif

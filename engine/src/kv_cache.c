@@ -17,6 +17,7 @@ struct tl_kv_spares {
     pthread_mutex_t lock;
     tl_kv_page *top;  /* a stack: the most recently freed page is the warmest */
     size_t bytes;     /* K + V bytes of the kept pages */
+    size_t page_bytes; /* of one page (every cache of a model has the same pages) */
 };
 
 tl_kv_spares *tl_kv_spares_new(void) {
@@ -28,17 +29,24 @@ tl_kv_spares *tl_kv_spares_new(void) {
     return spares;
 }
 
-static void page_destroy(const tl_model *m, tl_kv_page *p) {
+/* The model's count of page bytes (internal.h): pages are made and destroyed through the
+   const model pointers that caches hold. */
+static void count_page_bytes(const tl_model *m, long long bytes) {
+    atomic_fetch_add(&((tl_model *)m)->kv_page_bytes, bytes);
+}
+
+static void page_destroy(const tl_model *m, tl_kv_page *p, size_t bytes) {
     m->backend->free(m->backend_ctx, p->k);
     m->backend->free(m->backend_ctx, p->v);
     free(p);
+    count_page_bytes(m, -(long long)bytes);
 }
 
 void tl_kv_spares_free(const tl_model *m, tl_kv_spares *spares) {
     if (!spares) return;
     for (tl_kv_page *p = spares->top, *next; p; p = next) {
         next = p->next_spare;
-        page_destroy(m, p);
+        page_destroy(m, p, spares->page_bytes);
     }
     pthread_mutex_destroy(&spares->lock);
     free(spares);
@@ -65,11 +73,12 @@ static void page_release(const tl_kv_cache *c, tl_kv_page *p) {
             p->next_spare = spares->top;
             spares->top = p;
             spares->bytes += page_bytes(c);
+            spares->page_bytes = page_bytes(c);
         }
         pthread_mutex_unlock(&spares->lock);
         if (keep) return;
     }
-    page_destroy(c->model, p);
+    page_destroy(c->model, p, page_bytes(c));
 }
 
 /* A kept page, or NULL when there is none. */
@@ -103,6 +112,7 @@ static tl_kv_page *page_new(const tl_kv_cache *c, const tl_kv_page *from) {
             free(p);
             return NULL;
         }
+        count_page_bytes(m, (long long)page_bytes(c));
     }
     p->next_spare = NULL;
     if (from) { /* the backend copies floats: a buffer is a whole number of them (16 rows) */

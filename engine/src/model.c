@@ -598,6 +598,7 @@ tl_status tl_model_load(const char *dir, const tl_load_options *opts, tl_model *
     tl_load_options_init(&defaults);
     tl_model *m = calloc(1, sizeof *m);
     if (!m) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    atomic_init(&m->kv_page_bytes, 0);
     m->kv_spares = tl_kv_spares_new(); /* NULL (out of memory) only means no page reuse */
     tl_status st = load_into(m, dir, opts ? opts : &defaults);
     if (st != TL_OK) {
@@ -610,5 +611,15 @@ tl_status tl_model_load(const char *dir, const tl_load_options *opts, tl_model *
 }
 
 const struct tl_model_info *tl_model_info(const tl_model *model) { return model ? &model->info : NULL; }
+
+void tl_model_get_memory(const tl_model *model, tl_model_memory *out) {
+    if (!out) return;
+    *out = (tl_model_memory){0};
+    if (!model) return;
+    const long long spare = (long long)tl_kv_spares_bytes(model), pages = atomic_load(&model->kv_page_bytes);
+    out->weight_bytes = model->info.weight_bytes;
+    out->kv_spare_bytes = spare;
+    out->kv_bytes = pages > spare ? pages - spare : 0; /* two reads: a page may move between them */
+}
 
 const char *tl_model_warnings(const tl_model *model) { return model ? model->cfg.warnings : ""; }

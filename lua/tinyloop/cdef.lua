@@ -70,6 +70,12 @@ struct tl_model_info {
     float exit_gate_threshold;
 };
 const struct tl_model_info *tl_model_info(const tl_model *model);
+typedef struct tl_model_memory {
+    int64_t weight_bytes;
+    int64_t kv_bytes;
+    int64_t kv_spare_bytes;
+} tl_model_memory;
+void tl_model_get_memory(const tl_model *model, tl_model_memory *out);
 const char *tl_model_warnings(const tl_model *model);
 void tl_free(void *ptr);
 tl_status tl_encode(const tl_model *model, const char *text, size_t len, int32_t **ids, int *n_ids);

@@ -696,6 +696,16 @@ function Model:info()
     return t
 end
 
+-- model:memory() -> { weight_bytes, kv_bytes, kv_spare_bytes }: what the model holds now
+-- (kv_bytes: the K/V pages of its sessions, saved states and prefix pool; kv_spare_bytes:
+-- freed pages kept for the next sessions).
+local memory_out = ffi_new("tl_model_memory")
+function Model:memory()
+    C.tl_model_get_memory(model_ptr(self, "memory"), memory_out)
+    return { weight_bytes = tonumber(memory_out.weight_bytes), kv_bytes = tonumber(memory_out.kv_bytes),
+             kv_spare_bytes = tonumber(memory_out.kv_spare_bytes) }
+end
+
 local enc_ids = ffi_new("int32_t *[1]")
 local enc_n = ffi_new("int[1]")
 local dec_text = ffi_new("char *[1]")

@@ -274,6 +274,55 @@ static void reused_pages(const char *dir) {
     tl_model_free(reusing);
 }
 
+/* tl_model_get_memory: the K/V bytes follow the pages that sessions hold. A fork adds none
+   until one side writes (then the page it writes into is copied), a saved state keeps its
+   pages after the session is freed, and freed pages move to the spares. */
+static void memory_accounting(const char *dir) {
+    tl_model *m = load(dir);
+    if (!m) { CHECK(0, "load"); return; }
+    tl_model_memory mem;
+    tl_model_get_memory(m, &mem);
+    CHECK(mem.kv_bytes == 0 && mem.kv_spare_bytes == 0 && mem.weight_bytes == tl_model_info(m)->weight_bytes &&
+              mem.weight_bytes > 0,
+          "fresh model: kv %lld, spare %lld, weights %lld", (long long)mem.kv_bytes, (long long)mem.kv_spare_bytes,
+          (long long)mem.weight_bytes);
+    const int32_t prompt[6] = {3, 14, 15, 92, 65, 35};
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 60;
+    cfg.ignore_eos = 1;
+    tl_session *parent = NULL, *child = NULL;
+    tl_session_state *state = NULL;
+    tl_session_new(m, prompt, 6, &cfg, &parent);
+    run(parent, 20); /* 25 entries: each slot's first page full, its second partly */
+    const long long held = (long long)tl_kv_cache_bytes(parent->cache);
+    tl_model_get_memory(m, &mem);
+    CHECK(held > 0 && mem.kv_bytes == held, "one session: kv %lld, its cache %lld", (long long)mem.kv_bytes, held);
+    tl_session_fork(parent, NULL, &child);
+    tl_model_get_memory(m, &mem);
+    CHECK(child && mem.kv_bytes == held, "a fork adds no pages: kv %lld, was %lld", (long long)mem.kv_bytes, held);
+    run(child, 1); /* writes into the shared second page of each slot: copies those */
+    tl_model_get_memory(m, &mem);
+    const long long forked = mem.kv_bytes;
+    CHECK(forked > held && forked - held <= (long long)tl_kv_cache_bytes(child->cache) / 2,
+          "the child's first write copies its last pages only: kv %lld, was %lld", forked, held);
+    tl_session_save(parent, &state);
+    tl_session_free(parent);
+    tl_model_get_memory(m, &mem);
+    CHECK(state && mem.kv_bytes == forked && mem.kv_spare_bytes == 0,
+          "a saved state keeps the freed session's pages: kv %lld (want %lld), spare %lld", (long long)mem.kv_bytes,
+          forked, (long long)mem.kv_spare_bytes);
+    tl_session_free(child);
+    tl_session_state_free(state);
+    tl_model_get_memory(m, &mem);
+    CHECK(mem.kv_bytes == 0 && mem.kv_spare_bytes == forked, "all freed: kv %lld, spare %lld (want %lld)",
+          (long long)mem.kv_bytes, (long long)mem.kv_spare_bytes, forked);
+    tl_model_free(m);
+    tl_model_get_memory(NULL, &mem);
+    CHECK(mem.kv_bytes == 0 && mem.weight_bytes == 0, "NULL model: zeros");
+    tl_model_get_memory(NULL, NULL); /* a no-op */
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "tests/data/textmodel";
     tl_model *m = load(dir);
@@ -284,6 +333,7 @@ int main(int argc, char **argv) {
     bad_input(m);
     prefix_pool(dir);
     reused_pages(dir);
+    memory_accounting(dir);
     tl_model_free(m);
     return check_summary();
 }

@@ -43,6 +43,18 @@ describe("tinyloop.load", function()
         end
         assert.is_true(worst < 0.05, "largest logit difference " .. worst)
         assert.is_true(differ > 0, "f16 KV gave f32's logits bit for bit")
+        -- model:memory(): the sessions above are freed, their pages kept for reuse; the same
+        -- work left half the bytes with f16 pages.
+        local me, mh = exact:memory(), half:memory()
+        assert.equal(0, me.kv_bytes)
+        assert.equal(0, mh.kv_bytes)
+        assert.is_true(mh.kv_spare_bytes > 0)
+        assert.equal(me.kv_spare_bytes, 2 * mh.kv_spare_bytes)
+        assert.equal(exact:info().weight_bytes, me.weight_bytes)
+        local s = assert(half:session(prompt, { max_tokens = 4 }))
+        s:step()
+        assert.is_true(half:memory().kv_bytes > 0, "a live session holds pages")
+        s:close()
     end)
 
     it("exposes a version string", function()

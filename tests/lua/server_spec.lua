@@ -434,6 +434,13 @@ describe("server with two workers", function()
             assert.equal(8, (total(m, 'tinyloop_engine_requests_total{worker="(%d)",outcome="submitted"} (%d+)')))
             assert.equal(40, (total(m, 'tinyloop_engine_batch_rows_total{worker="(%d)"} (%d+)')))
             assert.equal(0, (total(m, 'tinyloop_engine_sessions{worker="(%d)",state="active"} (%d+)')))
+            -- Memory: no session holds K/V pages any more; the freed ones are kept for reuse
+            -- (f16 pages: this server runs --kv-type f16); each worker holds its weights.
+            assert.equal(0, (total(m, 'tinyloop_engine_memory_bytes{worker="(%d)",kind="kv"} (%d+)')))
+            assert.is_true((total(m, 'tinyloop_engine_memory_bytes{worker="(%d)",kind="kv_spare"} (%d+)')) > 0, m)
+            local weights, holders = total(m, 'tinyloop_engine_memory_bytes{worker="(%d)",kind="weights"} (%d+)')
+            assert.equal(2, holders)
+            assert.is_true(weights > 0)
         end
     end)
 

@@ -65,7 +65,7 @@ local counters = ffi_new("tl_engine_counters")
 local function publish()
     if not engine then return end
     C.tl_engine_get_counters(engine, counters)
-    metrics.publish_engine(ngx.worker.id(), counters)
+    metrics.publish_engine(ngx.worker.id(), counters, model:memory())
 end
 
 -- The worker's threads (ids), from /proc (Linux); {} elsewhere.

@@ -19,11 +19,17 @@ local HISTOGRAMS = {
 local ENGINE_FIELDS = { "active", "queued", "submitted", "finished", "cancelled", "failed", "rejected",
                         "iterations", "rows", "steps_after_cancel", "waiter_wakeups" }
 
-function _M.publish_engine(worker, c)
+-- mem: the worker's model:memory() (its KV pages in use and kept, its weights).
+local MEMORY_FIELDS = { "kv_bytes", "kv_spare_bytes", "weight_bytes" }
+function _M.publish_engine(worker, c, mem)
     local prefix = "engine:" .. worker .. ":"
     for i = 1, #ENGINE_FIELDS do
         local f = ENGINE_FIELDS[i]
         dict:set(prefix .. f, c and tonumber(c[f]) or 0)
+    end
+    for i = 1, #MEMORY_FIELDS do
+        local f = MEMORY_FIELDS[i]
+        dict:set(prefix .. f, mem and mem[f] or 0)
     end
 end
 
@@ -32,6 +38,7 @@ end
 function _M.engine_stopped(worker)
     dict:set("engine:" .. worker .. ":active", 0)
     dict:set("engine:" .. worker .. ":queued", 0)
+    dict:set("engine:" .. worker .. ":kv_bytes", 0)
 end
 
 function _M.init(dict_name)
@@ -133,6 +140,13 @@ function _M.render()
             add('tinyloop_engine_requests_total{worker="%s",outcome="%s"} %d\n', w, f, get(w, f))
         end
     end)
+    series("tinyloop_engine_memory_bytes", "gauge",
+        "Memory each worker's model holds (kind: kv = K/V pages of its sessions, kv_spare = freed pages kept for reuse, weights).",
+        function(w)
+            add('tinyloop_engine_memory_bytes{worker="%s",kind="kv"} %d\n', w, get(w, "kv_bytes"))
+            add('tinyloop_engine_memory_bytes{worker="%s",kind="kv_spare"} %d\n', w, get(w, "kv_spare_bytes"))
+            add('tinyloop_engine_memory_bytes{worker="%s",kind="weights"} %d\n', w, get(w, "weight_bytes"))
+        end)
     -- A series with one engine counter per worker.
     local function counter(name, help, field)
         series(name, "counter", help, function(w) add('%s{worker="%s"} %d\n', name, w, get(w, field)) end)
