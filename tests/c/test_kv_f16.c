@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "forward.h"
 #include "kv_cache.h"
+#include "sampler.h"
 
 /* A passage in the shipped model's domain (its training text is Austen's novels). */
 static const char *const k_text =
@@ -56,13 +57,6 @@ static size_t forced_logits(tl_model *m, const int32_t *tokens, int n, int chunk
     return bytes;
 }
 
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 /* text: the model's tokenizer encodes it; NULL: random ids up to max_seq_len (the golden
    test models, which have no tokenizer). */
 static void close_to_f32(const char *dir, const char *text) {
@@ -101,7 +95,7 @@ static void close_to_f32(const char *dir, const char *text) {
         double err2 = 0.0, ref2 = 0.0, worst = 0.0;
         for (int t = 0; t < n; t++) {
             const float *w = want + (size_t)t * vocab, *g = got + (size_t)t * vocab;
-            agree += argmax(w, vocab) == argmax(g, vocab);
+            agree += tl_argmax(w, vocab) == tl_argmax(g, vocab);
             for (int v = 0; v < vocab; v++) {
                 const double d = (double)g[v] - (double)w[v];
                 err2 += d * d;
