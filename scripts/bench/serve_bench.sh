@@ -93,11 +93,15 @@ scripts/serve --port "$port" --model "$model" --threads "$threads" --max-active 
 serve_pid=$!
 base=http://127.0.0.1:$port
 for _ in $(seq 1 600); do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' $base/health 2>/dev/null)" = 200 ] && break; sleep 0.1
+  [ "$(curl -s -o /dev/null -w '%{http_code}' $base/health 2>/dev/null)" = 200 ] && break
+  kill -0 "$serve_pid" 2>/dev/null || break # it refused to start (its reason is in the log)
+  sleep 0.1
 done
 master=""
 for _ in $(seq 1 100); do
-  master=$(sed -n 's/.*nginx pid \([0-9]*\).*/\1/p' "$work/serve.log"); [ -n "$master" ] && break; sleep 0.1
+  master=$(sed -n 's/.*nginx pid \([0-9]*\).*/\1/p' "$work/serve.log"); [ -n "$master" ] && break
+  kill -0 "$serve_pid" 2>/dev/null || break
+  sleep 0.1
 done
 [ -n "$master" ] || { cat "$work/serve.log" >&2; echo "serve_bench: the server did not start" >&2; exit 1; }
 worker_pids=$(pgrep -P "$master" | paste -sd' ')
