@@ -237,35 +237,54 @@ static int cgroup_quota_cores(const char *mount, const char *path, bool v2) {
     return least;
 }
 
-/* The cgroup quota of this process in cores (0: none found). /proc/self/cgroup names the
-   v2 group ("0::/path") and the v1 group of the cpu controller ("N:cpu,cpuacct:/path"). */
-static int process_quota_cores(void) {
-    FILE *f = fopen("/proc/self/cgroup", "r");
-    if (!f) return 0;
+int tl_cgroup_quota_cores(const char *proc_cgroup, const char *cgroup_root) {
+    if (!proc_cgroup || !cgroup_root) return 0;
+    char v2[512], v1[512], v1_joint[512];
+    if (snprintf(v2, sizeof v2, "%s", cgroup_root) >= (int)sizeof v2 ||
+        snprintf(v1, sizeof v1, "%s/cpu", cgroup_root) >= (int)sizeof v1 ||
+        snprintf(v1_joint, sizeof v1_joint, "%s/cpu,cpuacct", cgroup_root) >= (int)sizeof v1_joint)
+        return 0;
     char line[1024];
     int least = 0;
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = '\0';
+    for (const char *at = proc_cgroup; *at;) {
+        const size_t len = strcspn(at, "\n");
+        if (len >= sizeof line) { /* a path this long holds no quota we could read */
+            at += len + (at[len] == '\n');
+            continue;
+        }
+        memcpy(line, at, len);
+        line[len] = '\0';
+        at += len + (at[len] == '\n');
         char *controllers = strchr(line, ':'), *path = controllers ? strchr(controllers + 1, ':') : NULL;
         if (!path) continue;
         *path++ = '\0';
         controllers++;
         int cores = 0;
         if (!*controllers) {
-            cores = cgroup_quota_cores("/sys/fs/cgroup", path, true);
+            cores = cgroup_quota_cores(v2, path, true);
         } else {
             bool has_cpu = false; /* "cpu" in the comma list, not "cpuacct" or "cpuset" */
             char *rest = NULL;
             for (char *c = strtok_r(controllers, ",", &rest); c; c = strtok_r(NULL, ",", &rest)) has_cpu |= strcmp(c, "cpu") == 0;
             if (has_cpu) {
-                cores = cgroup_quota_cores("/sys/fs/cgroup/cpu", path, false);
-                if (!cores) cores = cgroup_quota_cores("/sys/fs/cgroup/cpu,cpuacct", path, false);
+                cores = cgroup_quota_cores(v1, path, false);
+                if (!cores) cores = cgroup_quota_cores(v1_joint, path, false);
             }
         }
         if (cores > 0 && (least == 0 || cores < least)) least = cores;
     }
-    fclose(f);
     return least;
+}
+
+/* The cgroup quota of this process in cores (0: none found). */
+static int process_quota_cores(void) {
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) return 0;
+    char text[8192];
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    return tl_cgroup_quota_cores(text, "/sys/fs/cgroup");
 }
 
 int tl_pool_cores(void) {

@@ -18,6 +18,11 @@ int tl_pool_cores(void);               /* the cores this process may use (>= 1):
                                          the affinity mask, capped by its cgroup's CPU quota */
 int tl_cpu_max_cores(const char *cpu_max); /* a cgroup v2 cpu.max line ("150000 100000") in whole
                                          cores, rounded up (2); 0 for "max ..." or unreadable */
+/* The least CPU quota, in whole cores, of the cgroups that proc_cgroup (the text of
+   /proc/self/cgroup) names and of their ancestors, read under cgroup_root (/sys/fs/cgroup):
+   v2 ("0::/path": cpu.max) and v1's cpu controller ("N:cpu,cpuacct:/path": cpu.cfs_quota_us
+   over cpu.cfs_period_us, under cgroup_root/cpu or /cpu,cpuacct); 0 when none is set. */
+int tl_cgroup_quota_cores(const char *proc_cgroup, const char *cgroup_root);
 void tl_pool_free(tl_pool *pool);
 int tl_pool_threads(const tl_pool *pool);
 

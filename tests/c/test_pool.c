@@ -14,6 +14,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "check.h"
@@ -273,8 +276,56 @@ static void check_cores(void) {
     CHECK(tl_pool_cores() == all, "affinity restored: %d cores, were %d", tl_pool_cores(), all);
 }
 
+/* A file of a fake cgroup tree. */
+static void put(const char *root, const char *path, const char *text) {
+    char file[1024];
+    snprintf(file, sizeof file, "%s/%s", root, path);
+    for (char *slash = strchr(file + strlen(root) + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+        *slash = '\0';
+        mkdir(file, 0755);
+        *slash = '/';
+    }
+    FILE *f = fopen(file, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* tl_cgroup_quota_cores on a fake /sys/fs/cgroup: the least quota of the process's group and
+   its ancestors, v2 and v1, other controllers and unlimited ones ignored. */
+static void check_cgroup_tree(void) {
+    char root[] = "/tmp/tinyloop-cgroup-XXXXXX";
+    if (!mkdtemp(root)) { CHECK(0, "mkdtemp"); return; }
+    CHECK(tl_cgroup_quota_cores("0::/a/b\n", root) == 0, "no cpu.max anywhere: no quota");
+    put(root, "a/b/cpu.max", "max 100000\n");
+    CHECK(tl_cgroup_quota_cores("0::/a/b\n", root) == 0, "unlimited group: no quota");
+    put(root, "a/cpu.max", "250000 100000\n");
+    CHECK(tl_cgroup_quota_cores("0::/a/b\n", root) == 3, "the parent's 2.5 cores: %d", tl_cgroup_quota_cores("0::/a/b\n", root));
+    put(root, "a/b/cpu.max", "50000 100000\n");
+    CHECK(tl_cgroup_quota_cores("0::/a/b\n", root) == 1, "the least of group and parent");
+    CHECK(tl_cgroup_quota_cores("0::/elsewhere\n", root) == 0, "a group with no quota on its path");
+    put(root, "cpu.max", "200000 100000\n"); /* the root: a container's own group, mounted */
+    CHECK(tl_cgroup_quota_cores("0::/elsewhere\n", root) == 2, "the mount's root counts as an ancestor");
+    /* v1: the cpu controller's quota over its period; cpuset and the other lines ignored */
+    put(root, "cpu/x/cpu.cfs_quota_us", "300000\n");
+    put(root, "cpu/x/cpu.cfs_period_us", "100000\n");
+    put(root, "cpuset/x/cpu.cfs_quota_us", "100000\n");
+    CHECK(tl_cgroup_quota_cores("5:cpuset:/x\n4:cpu,cpuacct:/x\n1:name=systemd:/\n", root) == 3, "v1 cpu: 3 cores");
+    put(root, "cpu/x/cpu.cfs_quota_us", "-1\n");
+    CHECK(tl_cgroup_quota_cores("4:cpuacct,cpu:/x\n", root) == 0, "v1 unlimited (-1)");
+    CHECK(tl_cgroup_quota_cores("4:cpuacct,cpu:/x\n0::/a/b\n", root) == 1, "v1 and v2 lines: the least");
+    CHECK(tl_cgroup_quota_cores("garbage\nno-colons\n\n", root) == 0 && tl_cgroup_quota_cores("", root) == 0 &&
+              tl_cgroup_quota_cores(NULL, root) == 0,
+          "unreadable text: no quota");
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
 int main(void) {
     check_cores();
+    check_cgroup_tree();
     check_set_shares();
     check_learning();
     check_balanced();
