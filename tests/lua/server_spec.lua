@@ -83,6 +83,8 @@ describe("server", function()
         local m = cjson.decode(body)
         assert.equal("list", m.object)
         assert.equal("tinyloop-austen", m.data[1].id)
+        assert.equal("f16", m.data[1].tinyloop.weight_dtype)
+        assert.equal("f32", m.data[1].tinyloop.kv_type)
         status, body = curl(base .. "/metrics")
         assert.equal(200, status)
         assert.truthy(body:find("# TYPE tinyloop_time_to_first_token_seconds histogram", 1, true))
@@ -393,6 +395,12 @@ describe("server with two workers", function()
             os.execute("kill -TERM $(cat " .. dir2 .. "/pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. dir2 ..
                 "/pid) 2>/dev/null || break; sleep 0.1; done; rm -rf " .. dir2)
         end
+    end)
+
+    it("says its KV type in /v1/models (this one runs --kv-type f16)", function()
+        local status, body = curl(base2 .. "/v1/models")
+        assert.equal(200, status)
+        assert.equal("f16", cjson.decode(body).data[1].tinyloop.kv_type)
     end)
 
     it("aggregates every worker's counters in /metrics", function()

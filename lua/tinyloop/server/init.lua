@@ -45,6 +45,7 @@ local conf = {
 }
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
+local model_types -- what /v1/models says of the weights and the KV cache (model:info(), once)
 local next_request = 0
 
 -- configure(opts) in init_by_lua: the fields of `conf` above.
@@ -121,6 +122,8 @@ function _M.init_worker()
         return
     end
     model, engine = m, out[0]
+    local info = m:info()
+    model_types = { weight_dtype = info.weight_dtype, kv_type = info.kv_type }
     lower_engine_priority(before)
     engine_addr = tonumber(ffi_cast("uintptr_t", engine))
     wait_addr = tonumber(ffi_cast("uintptr_t", C.tl_engine_wait)) -- see wait.lua
@@ -180,7 +183,8 @@ function _M.models()
     return send_json(200, '{"object":"list","data":[{"id":' .. encode(conf.model_id) ..
         ',"object":"model","created":' .. created_at .. ',"owned_by":"tinyloop","tinyloop":' ..
         encode({ vocab_size = model.vocab_size, max_seq_len = model.max_seq_len, default_loops = model.default_loops,
-                 max_loops = model.max_loops, has_tokenizer = model.has_tokenizer }) .. "}]}")
+                 max_loops = model.max_loops, has_tokenizer = model.has_tokenizer,
+                 weight_dtype = model_types.weight_dtype, kv_type = model_types.kv_type }) .. "}]}")
 end
 
 function _M.metrics()
