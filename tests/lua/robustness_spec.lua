@@ -104,6 +104,7 @@ describe("Model:close (finding 12)", function()
             { "decode", function() return g:decode({ 1 }) end },
             { "score", function() return g:score({ 1 }) end },
             { "info", function() return g:info() end },
+            { "memory", function() return g:memory() end },
             { "generate_batch", function() return g:generate_batch({ { 1 } }) end },
             { "generate_speculative", function() return g:generate_speculative({ 1 }) end },
         }) do
