@@ -10,14 +10,18 @@
 
 /* ---------------------------------------------------------------- pages */
 
-/* Bytes of a page's K (or V) buffer. */
-static size_t buffer_bytes(const tl_kv_cache *c) { return (size_t)TL_KV_PAGE_ROWS * c->row_bytes; }
+/* Bytes of a row of K (or V) in m's caches, and of a page's K (or V) buffer: every cache of
+   a model has the same pages. */
+static size_t row_bytes_of(const tl_model *m) {
+    return (size_t)m->cfg.n_kv_heads * (size_t)m->cfg.head_dim * (m->kv_type == TL_KV_F16 ? sizeof(uint16_t) : sizeof(float));
+}
+static size_t buffer_bytes(const tl_model *m) { return (size_t)TL_KV_PAGE_ROWS * row_bytes_of(m); }
+static size_t page_bytes(const tl_model *m) { return 2 * buffer_bytes(m); }
 
 struct tl_kv_spares {
     pthread_mutex_t lock;
     tl_kv_page *top;  /* a stack: the most recently freed page is the warmest */
     size_t bytes;     /* K + V bytes of the kept pages */
-    size_t page_bytes; /* of one page (every cache of a model has the same pages) */
 };
 
 tl_kv_spares *tl_kv_spares_new(void) {
@@ -35,18 +39,18 @@ static void count_page_bytes(const tl_model *m, long long bytes) {
     atomic_fetch_add(&((tl_model *)m)->kv_page_bytes, bytes);
 }
 
-static void page_destroy(const tl_model *m, tl_kv_page *p, size_t bytes) {
+static void page_destroy(const tl_model *m, tl_kv_page *p) {
     m->backend->free(m->backend_ctx, p->k);
     m->backend->free(m->backend_ctx, p->v);
     free(p);
-    count_page_bytes(m, -(long long)bytes);
+    count_page_bytes(m, -(long long)page_bytes(m));
 }
 
 void tl_kv_spares_free(const tl_model *m, tl_kv_spares *spares) {
     if (!spares) return;
     for (tl_kv_page *p = spares->top, *next; p; p = next) {
         next = p->next_spare;
-        page_destroy(m, p, spares->page_bytes);
+        page_destroy(m, p);
     }
     pthread_mutex_destroy(&spares->lock);
     free(spares);
@@ -61,24 +65,21 @@ size_t tl_kv_spares_bytes(const tl_model *m) {
     return bytes;
 }
 
-static size_t page_bytes(const tl_kv_cache *c) { return 2 * buffer_bytes(c); }
-
 static void page_release(const tl_kv_cache *c, tl_kv_page *p) {
     if (!p || atomic_fetch_sub(&p->refs, 1) != 1) return;
     tl_kv_spares *spares = c->model->kv_spares;
     if (spares) {
         pthread_mutex_lock(&spares->lock);
-        const bool keep = spares->bytes + page_bytes(c) <= TL_KV_SPARE_BYTES;
+        const bool keep = spares->bytes + page_bytes(c->model) <= TL_KV_SPARE_BYTES;
         if (keep) {
             p->next_spare = spares->top;
             spares->top = p;
-            spares->bytes += page_bytes(c);
-            spares->page_bytes = page_bytes(c);
+            spares->bytes += page_bytes(c->model);
         }
         pthread_mutex_unlock(&spares->lock);
         if (keep) return;
     }
-    page_destroy(c->model, p, page_bytes(c));
+    page_destroy(c->model, p);
 }
 
 /* A kept page, or NULL when there is none. */
@@ -89,7 +90,7 @@ static tl_kv_page *spare_page(const tl_kv_cache *c) {
     tl_kv_page *p = spares->top;
     if (p) {
         spares->top = p->next_spare;
-        spares->bytes -= page_bytes(c);
+        spares->bytes -= page_bytes(c->model);
     }
     pthread_mutex_unlock(&spares->lock);
     return p;
@@ -104,20 +105,20 @@ static tl_kv_page *page_new(const tl_kv_cache *c, const tl_kv_page *from) {
     } else {
         if (!(p = malloc(sizeof *p))) return NULL;
         atomic_init(&p->refs, 1);
-        p->k = m->backend->alloc(m->backend_ctx, buffer_bytes(c));
-        p->v = m->backend->alloc(m->backend_ctx, buffer_bytes(c));
+        p->k = m->backend->alloc(m->backend_ctx, buffer_bytes(m));
+        p->v = m->backend->alloc(m->backend_ctx, buffer_bytes(m));
         if (!p->k || !p->v) {
             if (p->k) m->backend->free(m->backend_ctx, p->k);
             if (p->v) m->backend->free(m->backend_ctx, p->v);
             free(p);
             return NULL;
         }
-        count_page_bytes(m, (long long)page_bytes(c));
+        count_page_bytes(m, (long long)page_bytes(m));
     }
     p->next_spare = NULL;
     if (from) { /* the backend copies floats: a buffer is a whole number of them (16 rows) */
-        m->backend->copy(m, p->k, from->k, buffer_bytes(c) / sizeof(float));
-        m->backend->copy(m, p->v, from->v, buffer_bytes(c) / sizeof(float));
+        m->backend->copy(m, p->k, from->k, buffer_bytes(m) / sizeof(float));
+        m->backend->copy(m, p->v, from->v, buffer_bytes(m) / sizeof(float));
     }
     return p;
 }
@@ -166,7 +167,7 @@ tl_status tl_kv_reserve(tl_kv_cache *c, int from, int n) {
 size_t tl_kv_cache_bytes(const tl_kv_cache *c) {
     size_t pages = 0;
     for (size_t i = 0; i < (size_t)c->n_slots * (size_t)c->n_pages; i++) pages += c->pages[i] != NULL;
-    return pages * page_bytes(c);
+    return pages * page_bytes(c->model);
 }
 
 /* ---------------------------------------------------------------- caches */
@@ -179,8 +180,7 @@ static tl_kv_cache *cache_alloc(const tl_model *m, int capacity) {
     c->n_slots = cfg->n_prelude + cfg->n_block * cfg->max_loops + cfg->n_coda;
     if (c->n_slots < 1) c->n_slots = 1;
     c->kv_dim = cfg->n_kv_heads * cfg->head_dim;
-    c->type = m->kv_type;
-    c->row_bytes = (size_t)c->kv_dim * (c->type == TL_KV_F16 ? sizeof(uint16_t) : sizeof(float));
+    c->row_bytes = row_bytes_of(m);
     c->capacity = capacity;
     c->n_pages = (capacity + TL_KV_PAGE_ROWS - 1) / TL_KV_PAGE_ROWS;
     c->reserve_loops = cfg->max_loops;

@@ -44,8 +44,7 @@ typedef struct tl_kv_cache {
     const tl_model *model; /* whose backend holds the pages */
     int n_slots;
     int kv_dim;          /* n_kv_heads * head_dim */
-    tl_kv_type type;     /* the model's kv_type: what an element of K or V is */
-    size_t row_bytes;    /* kv_dim elements of K (or V) */
+    size_t row_bytes;    /* kv_dim elements of K (or V) of the model's kv_type */
     int capacity;        /* physical rows per slot */
     int n_pages;         /* pages per slot: capacity / TL_KV_PAGE_ROWS rounded up */
     int window;          /* 0 = unbounded; else attention sees positions > p - window */

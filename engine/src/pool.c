@@ -203,6 +203,8 @@ int tl_cpu_max_cores(const char *cpu_max) {
     return quota_cores(quota, period);
 }
 
+/* The first line of a small file. Not tl_read_regular: a missing file is the usual case
+   here (no quota set at that level), and must not leave a message in tl_last_error. */
 static bool read_line(const char *path, char *line, size_t size) {
     FILE *f = fopen(path, "r");
     if (!f) return false;

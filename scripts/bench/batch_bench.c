@@ -147,8 +147,8 @@ int main(int argc, char **argv) {
     const char *dir = NULL, *counts = "1,2,4,8,16";
     int threads = 0, steps = 32, prefix = 512, mix_prompt = 0, mix_tokens = 0, context = 0; /* 0: 16, or 1 on a short model */
     tl_backend_kind backend = TL_BACKEND_CPU;
-    tl_kv_type kv_type = TL_KV_F32;
-    bool kv_given = false;
+    tl_load_options o; /* --kv-type sets its kv_type over the default (TINYLOOP_KV_TYPE) */
+    tl_load_options_init(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -180,8 +180,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "tinyloop-batch-bench: --kv-type wants f32 or f16, got %s\n", v);
                 return 2;
             }
-            kv_type = !strcmp(v, "f16") ? TL_KV_F16 : TL_KV_F32;
-            kv_given = true;
+            o.kv_type = !strcmp(v, "f16") ? TL_KV_F16 : TL_KV_F32;
         }
         else if (!strcmp(a, "--mix")) {
             if (sscanf(v, "%d,%d", &mix_prompt, &mix_tokens) != 2 || mix_prompt < 1 || mix_prompt > 1024 || mix_tokens < 1) {
@@ -193,11 +192,8 @@ int main(int argc, char **argv) {
         i++;
     }
     if (!dir || steps < 1 || prefix < 1) { fprintf(stderr, "tinyloop-batch-bench: need --model DIR (see --help)\n"); return 2; }
-    tl_load_options o;
-    tl_load_options_init(&o);
     o.n_threads = threads;
     o.backend = backend;
-    if (kv_given) o.kv_type = kv_type;
     tl_model *m;
     if (tl_model_load(dir, &o, &m) != TL_OK) die("load");
     const struct tl_model_info *info = tl_model_info(m);

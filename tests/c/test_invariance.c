@@ -208,7 +208,7 @@ static void check_kv_sharing(const char *root, const char *name) {
                 CHECK(tl_kv_writable(b, to, j, &k_to, &v_to), "page");
                 /* K/V rows are backend memory (device memory under TINYLOOP_BACKEND=cuda):
                    the backend copies them. */
-                if (b->type == TL_KV_F32) {
+                if (m->kv_type == TL_KV_F32) {
                     m->backend->copy(m, k_to, tl_kv_k(b, from, j), (size_t)b->kv_dim);
                     m->backend->copy(m, v_to, tl_kv_v(b, from, j), (size_t)b->kv_dim);
                 } else { /* f16 KV: the CPU backend's host memory */

@@ -127,7 +127,7 @@ static void rows_round_to_nearest(const char *dir) {
     if (!m) return;
     tl_kv_cache *c = NULL;
     if (tl_kv_cache_new_for(m, 4, 0, 1, &c) != TL_OK) { CHECK(0, "cache"); tl_model_free(m); return; }
-    CHECK(c->type == TL_KV_F16 && c->row_bytes == (size_t)c->kv_dim * 2, "row bytes %zu for kv_dim %d",
+    CHECK(c->model->kv_type == TL_KV_F16 && c->row_bytes == (size_t)c->kv_dim * 2, "row bytes %zu for kv_dim %d",
           c->row_bytes, c->kv_dim);
     float *k = malloc((size_t)c->kv_dim * sizeof(float)), *v = malloc((size_t)c->kv_dim * sizeof(float));
     for (int i = 0; i < c->kv_dim; i++) {

@@ -80,14 +80,13 @@ static void cpu_free(void *ctx, void *buffer) {
 /* Elements [from, from + count) of a K row and a V row computed in f32 (k and v point at
    element `from`) into the cache rows k_row and v_row (tl_kv_writable) as the cache's type
    keeps them: f16 rounds to nearest even (narrow_f16: the same bits on every ISA). */
-static void kv_store(const tl_kv_cache *c, void *k_row, void *v_row, const float *k, const float *v, int from,
-                     int count) {
-    if (c->type == TL_KV_F32) {
+static void kv_store(const tl_kernels *kern, const tl_kv_cache *c, void *k_row, void *v_row, const float *k,
+                     const float *v, int from, int count) {
+    if (c->model->kv_type == TL_KV_F32) {
         memcpy((float *)k_row + from, k, (size_t)count * sizeof(float));
         memcpy((float *)v_row + from, v, (size_t)count * sizeof(float));
         return;
     }
-    const tl_kernels *kern = tl_cpu_kernels();
     kern->narrow_f16(k, count, (uint16_t *)k_row + from);
     kern->narrow_f16(v, count, (uint16_t *)v_row + from);
 }
@@ -98,10 +97,11 @@ static void cpu_kv_write(const tl_model *m, tl_kv_cache *c, int slot, int base, 
                          const float *v, int n) {
     (void)m;
     const size_t kvd = (size_t)c->kv_dim;
+    const tl_kernels *kern = tl_cpu_kernels();
     for (int t = 0; t < n; t++) {
         void *k_row, *v_row;
         if (!tl_kv_writable(c, slot, base + t, &k_row, &v_row)) continue;
-        kv_store(c, k_row, v_row, k + (size_t)t * kvd, v + (size_t)t * kvd, 0, c->kv_dim);
+        kv_store(kern, c, k_row, v_row, k + (size_t)t * kvd, v + (size_t)t * kvd, 0, c->kv_dim);
     }
 }
 
@@ -586,7 +586,7 @@ static void attend_block(attention_group *g, bool values, int h, const float *co
 static void walk_entries(attention_group *g, bool values, int from, int to, int seen_by, int32_t min_pos,
                          int r0, int r1) {
     const tl_attention_args *a = g->a;
-    const bool half = a->cache->type == TL_KV_F16;
+    const bool half = a->cache->model->kv_type == TL_KV_F16;
     const void *rows[ATTENTION_BLOCK];
     const float *head_rows[ATTENTION_BLOCK];
     const uint16_t *head_halves[ATTENTION_BLOCK];
@@ -790,7 +790,7 @@ static void qkv_attention_task(void *ctx, int task, int thread) {
     const size_t kvd = (size_t)c->n_kv_heads * (size_t)hd, at = (size_t)g0 * (size_t)hd;
     for (int r = 0; r < n; r++) {
         if (!j->k_dst[r]) continue; /* chunk r is forward row r */
-        kv_store(j->args[r].cache, j->k_dst[r], j->v_dst[r], qkv[1].y + (size_t)r * kvd + at,
+        kv_store(j->mm.kern, j->args[r].cache, j->k_dst[r], j->v_dst[r], qkv[1].y + (size_t)r * kvd + at,
                     qkv[2].y + (size_t)r * kvd + at, (int)at, (g1 - g0) * hd);
     }
     for (int i = 0; i < j->n_args; i++) /* chunk i is forward row i, its only row */
