@@ -414,7 +414,9 @@ tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tok
    side's own tokens. `hooks` may be NULL: the child keeps the parent's hooks and grammar,
    user pointers included (so a stateful grammar or hook is shared); otherwise the child
    takes the hook fields of *hooks (on_token, stop_rule, logits_processor, depth_policy, their user
-   pointers, grammar) and nothing else from it. Plain decoding only: a speculative or beam
+   pointers, grammar) and nothing else from it. A compiled grammar is per session: the child
+   gets its own copy of the parent's, at the parent's state (also when *hooks names that same
+   compiled grammar); another compiled grammar starts from its start. Plain decoding only: a speculative or beam
    session, a finished one and one that is stepping are refused. */
 tl_status tl_session_fork(const tl_session *parent, const tl_generate_config *hooks, tl_session **child);
 

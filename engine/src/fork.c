@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar.h"
 #include "session.h"
 
 struct tl_session_state {
@@ -27,7 +28,28 @@ static tl_status check_clonable(const tl_session *s, const char *what) {
     return TL_OK;
 }
 
-/* The hook fields of *hooks (or the source's when NULL). */
+/* The grammar of a clone: the source's compiled grammar continues from the source's state
+   (a copy of its matcher; also when the branch's hooks name that same compiled grammar),
+   another compiled grammar starts from its start state, a callback grammar is the caller's. */
+static tl_status clone_grammar(tl_session *s, const tl_session *src, const tl_generate_config *hooks) {
+    s->grammar_matcher = NULL;
+    const tl_grammar *g = hooks ? hooks->grammar : src->cfg.grammar ? &src->grammar : NULL;
+    s->cfg.grammar = g ? &s->grammar : NULL;
+    if (!g) return TL_OK;
+    if (src->grammar_matcher && (!hooks || g->compiled == src->grammar_matcher->g)) {
+        tl_status st = gram_matcher_clone(src->grammar_matcher, &s->grammar_matcher);
+        if (st == TL_OK) gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
+        return st;
+    }
+    s->grammar = *g;
+    if (!g->compiled) return TL_OK;
+    tl_status st = gram_matcher_new(g->compiled, s->m->tokenizer, s->m->cfg.vocab_size, s->m->cfg.eos_token_id,
+                                    &s->grammar_matcher);
+    if (st == TL_OK) gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
+    return st;
+}
+
+/* The hook fields of *hooks (or the source's when NULL); the grammar is clone_grammar's. */
 static void take_hooks(tl_session *s, const tl_generate_config *hooks) {
     if (!hooks) return;
     s->cfg.on_token = hooks->on_token;
@@ -38,11 +60,6 @@ static void take_hooks(tl_session *s, const tl_generate_config *hooks) {
     s->cfg.logits_processor_user = hooks->logits_processor_user;
     s->cfg.depth_policy = hooks->depth_policy;
     s->cfg.depth_policy_user = hooks->depth_policy_user;
-    s->cfg.grammar = NULL;
-    if (hooks->grammar) {
-        s->grammar = *hooks->grammar;
-        s->cfg.grammar = &s->grammar;
-    }
 }
 
 static void *copy_of(const void *src, size_t bytes) {
@@ -54,8 +71,10 @@ static void *copy_of(const void *src, size_t bytes) {
 /* A deep copy of a plain session whose cache shares src's pages. */
 static tl_status clone(const tl_session *src, const tl_generate_config *hooks, tl_session **out) {
     *out = NULL;
-    if (hooks && hooks->grammar && (!hooks->grammar->allowed || !hooks->grammar->advance))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar needs both an allowed and an advance callback");
+    if (hooks && hooks->grammar && !hooks->grammar->compiled && (!hooks->grammar->allowed || !hooks->grammar->advance))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar needs both an allowed and an advance callback (or a compiled grammar)");
+    if (hooks && hooks->grammar && hooks->grammar->compiled && !src->m->tokenizer)
+        return tl_fail(TL_ERR_UNSUPPORTED, "a compiled grammar needs the model's tokenizer.json (token bytes)");
     const tl_generate_config *c = &src->cfg;
     const int vocab = src->m->cfg.vocab_size, total = src->prompt_len + c->max_tokens;
     tl_session *s = calloc(1, sizeof *s);
@@ -79,6 +98,7 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     s->stepping = s->free_requested = false;
     s->stream_fn = NULL;
     s->stream_user = NULL;
+    s->grammar_matcher = NULL;
 
     int stop_total = 0;
     for (int i = 0; i < c->n_stop_sequences; i++) stop_total += c->stop_sequences[i].n;
@@ -106,7 +126,7 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     if (st == TL_OK) st = tl_kv_cache_fork(src->cache, &s->cache);
     s->cfg.stop_sequences = s->stop_seqs;
     s->cfg.stop_strings = (const char *const *)s->stop_strs;
-    if (src->cfg.grammar) s->cfg.grammar = &s->grammar;
+    if (st == TL_OK) st = clone_grammar(s, src, hooks);
     take_hooks(s, hooks);
     if (st != TL_OK) {
         tl_session_free(s);

@@ -261,6 +261,9 @@ struct tlz_tokenizer;
 /* A matcher for a vocabulary given by a tokenizer alone (the benchmark, the session). */
 tl_status gram_matcher_new(const tl_compiled_grammar *g, const struct tlz_tokenizer *tok, int vocab_size, int eos,
                            tl_grammar_matcher **out);
+/* An independent copy of a matcher: the same grammar and vocabulary, its own history (a
+   forked or resumed session must not share, and then free, its parent's matcher). */
+tl_status gram_matcher_clone(const tl_grammar_matcher *src, tl_grammar_matcher **out);
 /* The current state, and state-level calls for drafts (states are immutable ints, so a drafted
    path needs no rollback: it is just other ints). */
 int32_t gram_matcher_state(const tl_grammar_matcher *mt);

@@ -485,6 +485,22 @@ tl_status gram_matcher_new(const tl_compiled_grammar *cg, const struct tlz_token
     return TL_OK;
 }
 
+tl_status gram_matcher_clone(const tl_grammar_matcher *src, tl_grammar_matcher **out) {
+    tl_grammar_matcher *mt = calloc(1, sizeof *mt);
+    int32_t *states = malloc((size_t)src->cap * sizeof *states);
+    if (!mt || !states) {
+        free(mt);
+        free(states);
+        return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    }
+    memcpy(states, src->states, (size_t)src->n * sizeof *states);
+    *mt = *src;
+    mt->states = states;
+    tl_compiled_grammar_retain(mt->g);
+    *out = mt;
+    return TL_OK;
+}
+
 tl_status tl_grammar_matcher_new(const tl_compiled_grammar *g, const tl_model *m, tl_grammar_matcher **out) {
     tl_clear_error();
     if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matcher_new: out must not be NULL");

@@ -359,8 +359,10 @@ local function make_config(model, cfg)
         end
     end
     local g = cfg.grammar
+    local compiled_grammar
     -- ---- a compiled grammar: every session runs its own matcher (no Lua callbacks)
     if grammar_mod.is_compiled(g) then
+        compiled_grammar = g
         local grammar = ffi_new("tl_grammar")
         C.tl_grammar_use(grammar, g.ptr)
         c.grammar = grammar
@@ -377,7 +379,7 @@ local function make_config(model, cfg)
             key = next_key, model = model.ptr, has_tokenizer = model.has_tokenizer,
             on_token = cfg.on_token, stop_when = cfg.stop_when, logits_processor = cfg.logits_processor,
             depth_policy = cfg.depth_policy, signals = {},
-            grammar = g, tokens = {}, pieces = {}, prompt_len = 0,
+            grammar = g, compiled_grammar = compiled_grammar, tokens = {}, pieces = {}, prompt_len = 0,
             bytes = ffi_new("const char *[1]"), len = ffi_new("size_t[1]"),
         }
         local user = ffi_cast("void *", ctx.key)
@@ -935,6 +937,8 @@ local function branch_hooks(session, hooks, what)
     for k in pairs(HOOK_FIELDS) do
         local v = hooks[k]
         if v == nil then v = parent[k] end
+        -- the parent's compiled grammar: the C side continues it from the parent's state
+        if k == "grammar" and v == nil then v = parent.compiled_grammar end
         cfg[k] = v
     end
     if hooks.grammar == nil and parent.grammar then -- a Lua grammar's state cannot be copied
@@ -942,6 +946,7 @@ local function branch_hooks(session, hooks, what)
     end
     if not (has_lua_hooks(cfg) or cfg.grammar) then return nil, {}, nil end
     local c, keep, ctx = make_config(session.model, cfg)
+    if not ctx then return c, keep, nil end -- a compiled grammar alone: no Lua hooks to mirror for
     for i, t in ipairs(parent.tokens or {}) do ctx.tokens[i] = t end
     for i, p in ipairs(parent.pieces or {}) do ctx.pieces[i] = p end
     ctx.prompt_len = parent.prompt_len or 0

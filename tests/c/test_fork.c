@@ -6,6 +6,7 @@
  * with clear errors. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "kv_cache.h"
@@ -143,6 +144,85 @@ static void saved_states(const tl_model *m, const char *dir) {
     tl_session_free(a);
     tl_session_free(b);
     tl_session_state_free(state);
+}
+
+/* The text of s's tokens from `from` on, end-of-text tokens left out (with ignore_eos, an
+   accepting grammar allows them and generation goes on), and whether g matches it. */
+static char *matched_text(const tl_model *m, const tl_session *s, int from, const tl_compiled_grammar *g, int *match) {
+    *match = 0;
+    if (!s) return NULL;
+    int32_t kept[CAP];
+    int n = 0;
+    for (int i = from; i < s->n_tokens && n < CAP; i++)
+        if (s->tokens[i] != m->cfg.eos_token_id) kept[n++] = s->tokens[i];
+    char *text = NULL;
+    size_t len = 0;
+    if (tl_decode(m, kept, n, &text, &len) == TL_OK) tl_grammar_matches(g, text, len, match);
+    return text;
+}
+
+/* A compiled grammar runs as each session's own matcher: a fork or a resumed state gets a
+   copy of it at the parent's state and outlives the parent (they used to share one matcher,
+   freed with the parent); hooks naming another compiled grammar start that one afresh. */
+static void compiled_grammars(const tl_model *m) {
+    const int32_t prompt[3] = {40, 41, 42};
+    tl_compiled_grammar *letters = NULL, *digits = NULL;
+    const char *letters_src = "root ::= [a-z ]+", *digits_src = "root ::= [0-9]+";
+    CHECK(tl_grammar_compile_gbnf(letters_src, strlen(letters_src), &letters) == TL_OK &&
+          tl_grammar_compile_gbnf(digits_src, strlen(digits_src), &digits) == TL_OK, "compile: %s", tl_last_error());
+    if (!letters || !digits) return;
+    tl_grammar use_letters, use_digits;
+    tl_grammar_use(&use_letters, letters);
+    tl_grammar_use(&use_digits, digits);
+    for (int sampled = 0; sampled < 2; sampled++) {
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.max_tokens = 24;
+        cfg.ignore_eos = 1;
+        cfg.grammar = &use_letters;
+        if (sampled) { cfg.temperature = 0.8f; cfg.sample_seed = 11; }
+        tl_session *whole = NULL, *parent = NULL, *child = NULL, *resumed = NULL, *renamed = NULL, *other = NULL;
+        tl_session_new(m, prompt, 3, &cfg, &whole);
+        tl_session_new(m, prompt, 3, &cfg, &parent);
+        CHECK(whole && parent, "sessions with a compiled grammar: %s", tl_last_error());
+        if (!whole || !parent) return;
+        run(whole, 1000);
+        run(parent, 6);
+        tl_session_state *state = NULL;
+        CHECK(tl_session_fork(parent, NULL, &child) == TL_OK && tl_session_save(parent, &state) == TL_OK,
+              "fork and save with a compiled grammar: %s", tl_last_error());
+        tl_generate_config same = cfg, another = cfg;
+        another.grammar = &use_digits;
+        CHECK(tl_session_fork(parent, &same, &renamed) == TL_OK && tl_session_fork(parent, &another, &other) == TL_OK,
+              "fork with grammar hooks: %s", tl_last_error());
+        tl_session_free(parent); /* the branches' matchers are their own */
+        CHECK(tl_session_resume(m, state, NULL, &resumed) == TL_OK, "resume: %s", tl_last_error());
+        tl_session_state_free(state);
+        run(child, 1000);
+        run(resumed, 1000);
+        run(renamed, 1000);
+        run(other, 1000);
+        CHECK(child && same_tokens(child, whole), "sampled=%d: the fork continues under the parent's grammar state",
+              sampled);
+        CHECK(resumed && same_tokens(resumed, whole), "sampled=%d: the resumed state too", sampled);
+        CHECK(renamed && same_tokens(renamed, whole), "sampled=%d: hooks naming the same grammar continue it", sampled);
+        int letters_ok = 0, digits_ok = 0;
+        char *text = matched_text(m, whole, 3, letters, &letters_ok);
+        tl_free(text);
+        text = matched_text(m, other, 3 + 6, digits, &digits_ok);
+        CHECK(letters_ok && other && other->n_tokens == 3 + 24, "sampled=%d: the whole run matches its grammar",
+              sampled);
+        CHECK(digits_ok, "sampled=%d: another compiled grammar starts from its start: '%s'", sampled,
+              text ? text : "");
+        tl_free(text);
+        tl_session_free(whole);
+        tl_session_free(child);
+        tl_session_free(resumed);
+        tl_session_free(renamed);
+        tl_session_free(other);
+    }
+    tl_compiled_grammar_free(letters);
+    tl_compiled_grammar_free(digits);
 }
 
 static void bad_input(const tl_model *m) {
@@ -330,6 +410,7 @@ int main(int argc, char **argv) {
     forks_continue_exactly(m);
     hooks_per_branch(m);
     saved_states(m, dir);
+    compiled_grammars(m);
     bad_input(m);
     prefix_pool(dir);
     reused_pages(dir);

@@ -37,6 +37,30 @@ describe("forks and saved states", function()
         assert.equal(next_id, (parent:step()))
     end)
 
+    it("gives a branch its own copy of a compiled grammar, at the parent's state", function()
+        local letters = assert(H.tinyloop.grammar.gbnf("root ::= [a-z ]+"))
+        for _, hooks in ipairs({ {}, { on_token = function() end } }) do
+            local cfg = { max_tokens = 16, temperature = 0.8, sample_seed = 3, grammar = letters,
+                          on_token = hooks.on_token }
+            local whole = finish(assert(m:session(prompt, cfg)))
+            local parent = assert(m:session(prompt, cfg))
+            for _ = 1, 5 do parent:step() end
+            local child, state = assert(parent:fork()), assert(parent:save())
+            parent:close() -- the branches' matchers are their own
+            collectgarbage()
+            assert.same(whole, finish(child))
+            assert.same(whole, finish(assert(m:resume(state))))
+        end
+        local parent = assert(m:session(prompt, { max_tokens = 12, grammar = letters }))
+        for _ = 1, 3 do parent:step() end
+        local digits = assert(H.tinyloop.grammar.gbnf("root ::= [0-9]+"))
+        local child = assert(parent:fork({ grammar = digits }))
+        local from = #child:tokens()
+        local ids = H.slice(finish(child), from + 1)
+        local text = m:decode(ids):gsub("<|endoftext|>", "")
+        assert.truthy(digits:matches(text), text)
+    end)
+
     it("saves a state that outlives its session and resumes it, on its model only", function()
         local cfg = { max_tokens = 20, ignore_eos = true }
         local whole = finish(assert(m:session(prompt, cfg)))
