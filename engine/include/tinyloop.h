@@ -429,6 +429,24 @@ tl_status tl_session_resume(const tl_model *model, const tl_session_state *state
                             const tl_generate_config *hooks, tl_session **out);
 void tl_session_state_free(tl_session_state *state); /* NULL is a no-op */
 
+/* A saved state as bytes (*bytes freed with tl_free) or as a file (written beside `path`,
+   then renamed over it: never half a file), read back into a state of `model`, which must
+   be the model that wrote it: its fingerprint (config.json, the weight files' headers and
+   a sample of every tensor) and its KV type are checked, and so is a checksum of the whole
+   state (damaged or truncated: TL_ERR_FORMAT; another model: TL_ERR_INVALID_ARGUMENT).
+   Written: the config's numbers and stop rules, tokens, sampler position, stats and every
+   KV cache entry; not written: hooks (pass them to tl_session_resume) and the time spent
+   saved (decode_ms continues where it stopped). A session with a compiled grammar, and a
+   model on another backend than the CPU, are refused (TL_ERR_UNSUPPORTED). A resumed
+   state continues bit-identically to the session it was saved from. */
+tl_status tl_session_state_to_bytes(const tl_session_state *state, void **bytes, size_t *len);
+tl_status tl_session_state_from_bytes(const tl_model *model, const void *bytes, size_t len,
+                                      tl_session_state **out);
+tl_status tl_session_state_write(const tl_session_state *state, const char *path);
+tl_status tl_session_state_read(const tl_model *model, const char *path, tl_session_state **out);
+/* The state's tokens (prompt, then emitted) and its prompt length; valid while it lives. */
+const int32_t *tl_session_state_tokens(const tl_session_state *state, int *n_tokens, int *prompt_len);
+
 /* Opts a model into a prefix pool of at most budget_bytes of KV pages (> 0; calling again
    changes the budget). Then a new plain session whose prompt starts with a prefix another
    session has computed at the same depth (without cache_window) shares that prefix's K/V

@@ -9,10 +9,6 @@
 #include "grammar.h"
 #include "session.h"
 
-struct tl_session_state {
-    tl_session *frozen; /* never stepped: only cloned from */
-};
-
 /* Which sessions can be cloned: plain decoding (its whole state is the fields below; a
    speculative or beam session also holds a draft tree or beams). */
 static tl_status check_clonable(const tl_session *s, const char *what) {

@@ -23,6 +23,20 @@ void *tl_alloc_aligned(size_t bytes);   /* 64-byte aligned, zeroed; NULL on fail
 void tl_free_aligned(void *ptr);
 double tl_now_ms(void);                 /* monotonic clock */
 
+/* ---------------------------------------------------------------- hashing */
+
+/* A 64-bit hash fed in pieces (a model's fingerprint, a saved state's checksum): eight bytes
+   at a time, each word through a bijective mix, so that a file differing from another in
+   any one word always hashes differently. Not cryptographic. */
+typedef struct tl_hasher {
+    uint64_t h, total;
+    uint8_t tail[8];
+    int n_tail;
+} tl_hasher;
+void tl_hash_init(tl_hasher *hs);
+void tl_hash_add(tl_hasher *hs, const void *bytes, size_t n);
+uint64_t tl_hash_final(const tl_hasher *hs); /* the hasher may go on being fed */
+
 /* ---------------------------------------------------------------- checkpoint files */
 
 /* The one rule for every file of a checkpoint: a regular file (symlinks to one are fine) of
@@ -184,6 +198,8 @@ struct tl_model {
                                            one mutable part of a model, behind its own lock */
     struct tl_kv_spares *kv_spares; /* freed KV pages kept for reuse (kv_cache.h), behind
                                        its own lock; NULL: none kept */
+    uint64_t fingerprint;        /* config.json and the weight files, sampled (model.c): what
+                                    a state file is checked against (state_file.c) */
     atomic_llong kv_page_bytes;  /* K + V bytes of every page that exists (caches, saved
                                     states, the pool, spares): kv_cache.c counts them through
                                     its const model pointers (the model is heap memory, never

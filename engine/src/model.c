@@ -494,6 +494,10 @@ static tl_status read_config(tl_model *m, const char *dir, const tl_family **fam
     snprintf(path, sizeof path, "%s/config.json", dir);
     tl_status st = tl_read_regular(path, TL_MAX_CONFIG_BYTES, &text, &text_len);
     if (st != TL_OK) return st;
+    tl_hasher config_hash;
+    tl_hash_init(&config_hash);
+    tl_hash_add(&config_hash, text, text_len);
+    m->fingerprint = tl_hash_final(&config_hash); /* the weights are added by fingerprint_weights */
     /* The parser reads up to the first NUL: what follows one would be ignored unseen. */
     if (strlen(text) != text_len)
         st = tl_fail(TL_ERR_FORMAT, "config.json: contains a NUL byte at offset %zu", strlen(text));
@@ -509,6 +513,33 @@ static tl_status read_config(tl_model *m, const char *dir, const tl_family **fam
         return tl_fail(st, "%s/%s", dir, msg);
     }
     return TL_OK;
+}
+
+/* The model's fingerprint (a state file names the model it was written by): config.json's
+   hash, then each weight file's header (names, dtypes, shapes, offsets) and a sample of
+   every tensor's bytes: its start, middle and end. Another checkpoint of the same shapes
+   (another seed, a fine-tune, a quantisation) differs in every sample; reading whole
+   files would cost a second pass over gigabytes at each load. */
+#define FINGERPRINT_SAMPLE 256
+static void fingerprint_weights(tl_model *m, const tl_st_set *files) {
+    tl_hasher hs;
+    tl_hash_init(&hs);
+    tl_hash_add(&hs, &m->fingerprint, sizeof m->fingerprint);
+    for (int f = 0; f < files->n_files; f++) {
+        const tl_st_file *file = &files->files[f];
+        const uint8_t *map = file->map;
+        uint64_t header_len = 0;
+        for (int i = 7; i >= 0; i--) header_len = (header_len << 8) | map[i]; /* validated by tl_st_open */
+        tl_hash_add(&hs, map, (size_t)(8 + header_len));
+        for (int t = 0; t < file->n_tensors; t++) {
+            const tl_st_tensor *x = &file->tensors[t];
+            const size_t n = x->nbytes < FINGERPRINT_SAMPLE ? x->nbytes : FINGERPRINT_SAMPLE;
+            tl_hash_add(&hs, x->data, n);
+            tl_hash_add(&hs, x->data + (x->nbytes - n) / 2, n);
+            tl_hash_add(&hs, x->data + x->nbytes - n, n);
+        }
+    }
+    m->fingerprint = tl_hash_final(&hs);
 }
 
 /* CUDA when asked (or an error naming why not), or under AUTO when the plugin finds a device;
@@ -559,6 +590,7 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
     st = allocate_layers(m);
     if (st == TL_OK) st = family ? family->bind(&b) : bind_all(&b);
     if (st == TL_OK) st = check_all_claimed(&b);
+    if (st == TL_OK) fingerprint_weights(m, files);
     if (st == TL_OK) {
         const int half = m->cfg.head_dim / 2;
         m->rope_inv_freq = calloc((size_t)half + 1, sizeof(double));

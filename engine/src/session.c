@@ -291,7 +291,7 @@ static tl_status finish(tl_session *s, tl_stop_reason reason, tl_stop_reason *st
 
 /* Appends the token's bytes to the generated text; true when a stop string now ends
    inside them (a match may start in earlier tokens' text). */
-static tl_status append_text(tl_session *s, int32_t tok, bool *matched) {
+tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched) {
     *matched = false;
     /* Special tokens (end of text...) are control, not text: they are never shown. */
     if (!s->m->tokenizer || tlz_is_special(s->m->tokenizer, tok)) return TL_OK;
@@ -335,7 +335,7 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
                          s->t_start, s->t_prefill_end, tl_now_ms());
 
     bool stop_string = false;
-    if ((st = append_text(s, tok, &stop_string)) != TL_OK) { s->finished = true; return st; }
+    if ((st = tl_session_append_text(s, tok, &stop_string)) != TL_OK) { s->finished = true; return st; }
 
     /* Observers see every token, the last one included. */
     bool observer_stop = false;

@@ -79,6 +79,11 @@ struct tl_session {
     void *stream_user;
 };
 
+/* A saved state: a clone of the session that is never stepped, only cloned from (fork.c). */
+struct tl_session_state {
+    tl_session *frozen;
+};
+
 /* tl_session_new minus the public entry's error bookkeeping (generate.c builds on it). */
 tl_status tl_session_create(const tl_model *m, const int32_t *prompt, int prompt_len,
                             const tl_generate_config *cfg, tl_session **out);
@@ -108,6 +113,9 @@ int32_t tl_session_choose(tl_session *s);
 tl_status tl_session_forward_adaptive(tl_session *s, int start);
 /* A hook returned `code` < 0: the session is finished, TL_ERR_HOOK names the hook. */
 tl_status tl_session_hook_failed(tl_session *s, const char *hook, int code);
+/* Appends the token's bytes to the generated text (special tokens have none); *matched
+   tells whether a stop string now ends inside them. */
+tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched);
 /* Appends a chosen token (-1: nothing allowed) and runs hooks and stop checks; *stop tells
    whether generation ended. */
 tl_status tl_session_emit(tl_session *s, int32_t token, tl_stop_reason *stop);

@@ -64,6 +64,46 @@ double tl_now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* ---------------------------------------------------------------- hashing */
+
+#define HASH_PRIME 0x100000001b3ull /* FNV's 64-bit prime: odd, so multiplying is a bijection */
+
+static uint64_t hash_word(uint64_t h, uint64_t word) {
+    h = (h ^ word) * HASH_PRIME;
+    return h ^ (h >> 29); /* also a bijection: high bits reach the low ones */
+}
+
+static uint64_t load_le64(const uint8_t *b) {
+    uint64_t w = 0;
+    for (int i = 7; i >= 0; i--) w = (w << 8) | b[i];
+    return w;
+}
+
+void tl_hash_init(tl_hasher *hs) { *hs = (tl_hasher){.h = 0xcbf29ce484222325ull}; }
+
+void tl_hash_add(tl_hasher *hs, const void *bytes, size_t n) {
+    const uint8_t *b = bytes;
+    hs->total += n;
+    while (n && hs->n_tail) { /* finish a word begun by the previous piece */
+        hs->tail[hs->n_tail++] = *b++;
+        n--;
+        if (hs->n_tail == 8) {
+            hs->h = hash_word(hs->h, load_le64(hs->tail));
+            hs->n_tail = 0;
+        }
+    }
+    if (!n) return; /* the piece ended inside the unfinished word */
+    for (; n >= 8; b += 8, n -= 8) hs->h = hash_word(hs->h, load_le64(b));
+    memcpy(hs->tail, b, n);
+    hs->n_tail = (int)n;
+}
+
+uint64_t tl_hash_final(const tl_hasher *hs) {
+    uint8_t last[8] = {0};
+    memcpy(last, hs->tail, (size_t)hs->n_tail);
+    return hash_word(hash_word(hs->h, load_le64(last)), hs->total); /* the length: trailing zeros count */
+}
+
 /* ---------------------------------------------------------------- checkpoint files */
 
 tl_status tl_open_regular(const char *path, size_t max_bytes, int *fd, size_t *size) {

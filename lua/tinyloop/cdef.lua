@@ -219,6 +219,12 @@ tl_status tl_session_save(const tl_session *session, tl_session_state **out);
 tl_status tl_session_resume(const tl_model *model, const tl_session_state *state,
                             const tl_generate_config *hooks, tl_session **out);
 void tl_session_state_free(tl_session_state *state);
+tl_status tl_session_state_to_bytes(const tl_session_state *state, void **bytes, size_t *len);
+tl_status tl_session_state_from_bytes(const tl_model *model, const void *bytes, size_t len,
+                                      tl_session_state **out);
+tl_status tl_session_state_write(const tl_session_state *state, const char *path);
+tl_status tl_session_state_read(const tl_model *model, const char *path, tl_session_state **out);
+const int32_t *tl_session_state_tokens(const tl_session_state *state, int *n_tokens, int *prompt_len);
 tl_status tl_model_set_prefix_pool(tl_model *model, int64_t budget_bytes);
 const int32_t *tl_session_tokens(const tl_session *session, int *n);
 const tl_generate_stats *tl_session_stats(const tl_session *session);

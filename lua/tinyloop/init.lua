@@ -972,19 +972,94 @@ function Session:fork(hooks)
     return wrap_session(self.model, branch_out[0], ctx, keep)
 end
 
+-- A saved state: { ptr, ctx (the hooks and token/text mirrors it continues with), model }.
+local State = {}
+State.__index = State
+
+local state_out = ffi_new("tl_session_state *[1]")
+
+local function wrap_state(model, ptr, ctx)
+    return setmetatable({ ptr = ffi_gc(ptr, C.tl_session_state_free), ctx = ctx, model = model }, State)
+end
+
 -- session:save() -> state | nil, err: the session's state, kept after it is closed, to be
--- resumed (any number of times) by model:resume(state [, hooks]) on the same model.
+-- resumed (any number of times) by model:resume(state [, hooks]) on the same model, or
+-- written out with state:bytes() / state:write(path).
 function Session:save()
     if self.ptr == nil then raise("session:save(): the session is closed") end
-    local out = ffi_new("tl_session_state *[1]")
-    local st = C.tl_session_save(self.ptr, out)
+    local st = C.tl_session_save(self.ptr, state_out)
     if st ~= 0 then return engine_failure(st) end
-    return { ptr = ffi_gc(out[0], C.tl_session_state_free), ctx = self.ctx, model = self.model }
+    return wrap_state(self.model, state_out[0], self.ctx)
+end
+
+-- state:bytes() -> string | nil, err: the state as bytes (tl_session_state_to_bytes: tokens,
+-- sampler position, stats and KV cache; hooks are not written).
+local bytes_out, len_out = ffi_new("void *[1]"), ffi_new("size_t[1]")
+function State:bytes()
+    local st = C.tl_session_state_to_bytes(self.ptr, bytes_out, len_out)
+    if st ~= 0 then return nil, last_error() end
+    local s = ffi_string(bytes_out[0], len_out[0])
+    C.tl_free(bytes_out[0])
+    return s
+end
+
+-- state:write(path) -> true | nil, err: the same into a file (written beside it, then
+-- renamed over it).
+function State:write(path)
+    if type(path) ~= "string" then raise("state:write(path): path must be a string") end
+    local st = C.tl_session_state_write(self.ptr, path)
+    if st ~= 0 then return nil, last_error() end
+    return true
+end
+
+-- state:tokens() -> { ids }, prompt_len: the state's prompt and emitted tokens.
+function State:tokens()
+    local n, prompt_len = ffi_new("int[1]"), ffi_new("int[1]")
+    local ids = C.tl_session_state_tokens(self.ptr, n, prompt_len)
+    local t = {}
+    for i = 1, n[0] do t[i] = ids[i - 1] end
+    return t, prompt_len[0]
+end
+
+-- The token/text mirrors a state read from bytes continues with (what on_token would have
+-- recorded had the hooks run since the prompt).
+local function mirror_of(model, state)
+    local tokens, prompt_len = state:tokens()
+    local ctx = { model = model.ptr, has_tokenizer = model.has_tokenizer, tokens = tokens, pieces = {},
+                  prompt_len = prompt_len, bytes = ffi_new("const char *[1]"), len = ffi_new("size_t[1]") }
+    for i = prompt_len + 1, #tokens do
+        local text = token_text(ctx, tokens[i])
+        if text then ctx.pieces[#ctx.pieces + 1] = text end
+    end
+    return { tokens = ctx.tokens, pieces = ctx.pieces, prompt_len = prompt_len }
+end
+
+-- model:state_from_bytes(s) -> state | nil, err: a state written by state:bytes() on this
+-- model (another model's, a damaged one: nil and the reason).
+function Model:state_from_bytes(bytes)
+    model_ptr(self, "state_from_bytes")
+    if type(bytes) ~= "string" then raise("model:state_from_bytes(bytes): bytes must be a string") end
+    local st = C.tl_session_state_from_bytes(self.ptr, bytes, #bytes, state_out)
+    if st ~= 0 then return nil, last_error() end
+    local state = wrap_state(self, state_out[0], nil)
+    state.ctx = mirror_of(self, state)
+    return state
+end
+
+-- model:read_state(path) -> state | nil, err: the same from a file written by state:write().
+function Model:read_state(path)
+    model_ptr(self, "read_state")
+    if type(path) ~= "string" then raise("model:read_state(path): path must be a string") end
+    local st = C.tl_session_state_read(self.ptr, path, state_out)
+    if st ~= 0 then return nil, last_error() end
+    local state = wrap_state(self, state_out[0], nil)
+    state.ctx = mirror_of(self, state)
+    return state
 end
 
 function Model:resume(state, hooks)
     model_ptr(self, "resume")
-    if type(state) ~= "table" or state.ptr == nil then raise("model:resume(): state must come from session:save()") end
+    if getmetatable(state) ~= State then raise("model:resume(): state must come from session:save() or model:read_state()") end
     local c, keep, ctx = branch_hooks(state, hooks, "model:resume()")
     if ctx then registry[ctx.key] = ctx end
     local st = C.tl_session_resume(self.ptr, state.ptr, c, branch_out)

@@ -7,7 +7,8 @@
  * Scenarios: model load (config, safetensors header, weights, backend, tokenizer), with and
  * without mmap_weights; session creation and steps in every mode (plain with stop strings and
  * sampling, beam, chain and tree speculative, early exit) with tl_session_text; tokenizer
- * encode / decode / detokenizer; scoring. (Session fork does not exist yet.) */
+ * encode / decode / detokenizer; scoring; fork, save and resume; a saved state written to bytes,
+ * read back and resumed. */
 #include <stdlib.h>
 
 #include "../alloc/fail_alloc_control.h"
@@ -122,6 +123,56 @@ static tl_status score(void) {
     return st;
 }
 
+/* A session stepped twice, forked, saved and resumed; each branch steps once. */
+static tl_status branches(void) {
+    tl_generate_config c = base();
+    c.temperature = 0.8f;
+    tl_session *s = NULL, *child = NULL, *resumed = NULL;
+    tl_session_state *state = NULL;
+    tl_status st = tl_session_new(model, prompt, 3, &c, &s);
+    int32_t tok;
+    tl_stop_reason stop;
+    for (int i = 0; i < 2 && st == TL_OK; i++) st = tl_session_step(s, &tok, &stop);
+    if (st == TL_OK) st = tl_session_fork(s, NULL, &child);
+    if (st == TL_OK) st = tl_session_save(s, &state);
+    if (st == TL_OK) st = tl_session_resume(model, state, NULL, &resumed);
+    if (st == TL_OK) st = tl_session_step(child, &tok, &stop);
+    if (st == TL_OK) st = tl_session_step(resumed, &tok, &stop);
+    tl_session_free(resumed);
+    tl_session_state_free(state);
+    tl_session_free(child);
+    tl_session_free(s);
+    return st;
+}
+
+/* A saved state to bytes, read back, resumed and stepped. */
+static tl_status state_bytes(void) {
+    tl_generate_config c = base();
+    static const char *const stops[1] = {"zzq"};
+    c.stop_strings = stops;
+    c.n_stop_strings = 1;
+    tl_session *s = NULL, *resumed = NULL;
+    tl_session_state *state = NULL, *read_back = NULL;
+    void *bytes = NULL;
+    size_t len = 0;
+    tl_status st = tl_session_new(model, prompt, 3, &c, &s);
+    int32_t tok;
+    tl_stop_reason stop;
+    for (int i = 0; i < 2 && st == TL_OK; i++) st = tl_session_step(s, &tok, &stop);
+    if (st == TL_OK) st = tl_session_save(s, &state);
+    if (st == TL_OK) st = tl_session_state_to_bytes(state, &bytes, &len);
+    if (st == TL_OK) st = tl_session_state_from_bytes(model, bytes, len, &read_back);
+    if (st != TL_OK && read_back) st = TL_ERR_INTERNAL; /* a refused state is NULL */
+    if (st == TL_OK) st = tl_session_resume(model, read_back, NULL, &resumed);
+    if (st == TL_OK) st = tl_session_step(resumed, &tok, &stop);
+    tl_session_free(resumed);
+    tl_session_state_free(read_back);
+    tl_free(bytes);
+    tl_session_state_free(state);
+    tl_session_free(s);
+    return st;
+}
+
 static void inject(const char *name, tl_status (*scenario)(void)) {
     tl_test_alloc_arm(0);
     tl_status st = scenario();
@@ -165,6 +216,8 @@ int main(int argc, char **argv) {
     inject("exit rules", exit_rules);
     inject("tokenizer", text);
     inject("score", score);
+    inject("branches", branches);
+    inject("state bytes", state_bytes);
     tl_model_free(model);
     return check_summary();
 }

@@ -1,0 +1,381 @@
+/* test_state_file.c: saved states as bytes and files. A state written, read back and
+ * resumed continues exactly as the uninterrupted session (memcmp of tokens and text, over
+ * greedy, seeded sampling, a cache window, early exit, stop rules, a state saved before its
+ * prompt was forwarded, and through a file); the bytes are a function of the state (written
+ * twice, or read and written again, they are equal). A state is refused by another model
+ * (another checkpoint of the same shapes included) and by another KV type; a damaged,
+ * truncated or malformed state is refused with a clear error, never read. */
+#define _GNU_SOURCE /* mkdtemp */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "session.h"
+
+static tl_model *load(const char *dir, tl_kv_type kv_type) {
+    tl_load_options o;
+    tl_load_options_init(&o);
+    o.kv_type = kv_type;
+    tl_model *m = NULL;
+    if (tl_model_load(dir, &o, &m) != TL_OK) printf("load %s: %s\n", dir, tl_last_error());
+    return m;
+}
+
+static void run(tl_session *s, int steps) {
+    int32_t token;
+    tl_stop_reason stop = TL_STOP_NONE;
+    for (int i = 0; i < steps && !s->finished; i++)
+        if (tl_session_step(s, &token, &stop) != TL_OK) return;
+}
+
+static bool same_run(const tl_session *a, const tl_session *b) {
+    return a->n_tokens == b->n_tokens && memcmp(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof(int32_t)) == 0 &&
+           a->text_len == b->text_len && (!a->text_len || memcmp(a->text, b->text, a->text_len) == 0) &&
+           a->stats.stop_reason == b->stats.stop_reason &&
+           memcmp(a->stats.depth_histogram, b->stats.depth_histogram, sizeof a->stats.depth_histogram) == 0;
+}
+
+/* The bytes of session s's state. */
+static void *state_bytes(const tl_session *s, size_t *len) {
+    tl_session_state *state = NULL;
+    void *bytes = NULL;
+    *len = 0;
+    if (tl_session_save(s, &state) == TL_OK) tl_session_state_to_bytes(state, &bytes, len);
+    tl_session_state_free(state);
+    return bytes;
+}
+
+/* A session of m resumed from bytes (NULL, with the error in tl_last_error, when refused). */
+static tl_session *resume_bytes(const tl_model *m, const void *bytes, size_t len) {
+    tl_session_state *state = NULL;
+    tl_session *s = NULL;
+    if (tl_session_state_from_bytes(m, bytes, len, &state) == TL_OK) tl_session_resume(m, state, NULL, &s);
+    tl_session_state_free(state);
+    return s;
+}
+
+/* Recomputes the trailing checksum of a state edited on purpose (the malformed-field cases:
+   the checksum alone would refuse them before any field is read). */
+static void fix_checksum(uint8_t *bytes, size_t len) {
+    tl_hasher hash;
+    tl_hash_init(&hash);
+    tl_hash_add(&hash, bytes, len - 8);
+    const uint64_t sum = tl_hash_final(&hash);
+    memcpy(bytes + len - 8, &sum, 8);
+}
+
+typedef struct scenario {
+    const char *name;
+    int save_after; /* steps before the save */
+    void (*setup)(tl_generate_config *cfg);
+} scenario;
+
+static void greedy(tl_generate_config *c) { (void)c; }
+static void sampled(tl_generate_config *c) { c->temperature = 0.9f; c->top_k = 30; c->top_p = 0.95f; c->sample_seed = 11; }
+static void windowed(tl_generate_config *c) { sampled(c); c->cache_window = 8; c->repetition_penalty = 1.3f; }
+static void early_exit(tl_generate_config *c) {
+    c->loops = 4;
+    c->early_exit_patience = 1;
+    c->early_exit_min_L = 1;
+    c->early_exit_criterion = TL_EXIT_LATENT_DIFF;
+    c->early_exit_threshold = 0.5f;
+}
+static const char *const STOP_STRINGS[] = {"zzqx", "\n\n\n\n"};
+static const int32_t STOP_SEQ[] = {7, 7, 7};
+static const tl_token_seq STOP_SEQS[] = {{STOP_SEQ, 3}};
+static void stop_rules(tl_generate_config *c) {
+    sampled(c);
+    c->stop_strings = STOP_STRINGS;
+    c->n_stop_strings = 2;
+    c->stop_sequences = STOP_SEQS;
+    c->n_stop_sequences = 1;
+    c->ignore_eos = 0;
+}
+
+static void roundtrips(const tl_model *m, const char *tmp_dir) {
+    const int32_t prompt[7] = {3, 14, 15, 92, 65, 35, 89};
+    const scenario scenarios[] = {
+        {"greedy", 20, greedy},         {"sampled", 33, sampled},      {"window", 25, windowed},
+        {"early exit", 17, early_exit}, {"stop rules", 9, stop_rules}, {"before the prompt", 0, sampled},
+    };
+    for (size_t k = 0; k < sizeof scenarios / sizeof *scenarios; k++) {
+        const scenario *sc = &scenarios[k];
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.max_tokens = 48;
+        cfg.ignore_eos = 1;
+        sc->setup(&cfg);
+        tl_session *whole = NULL, *parent = NULL;
+        tl_session_new(m, prompt, 7, &cfg, &whole);
+        tl_session_new(m, prompt, 7, &cfg, &parent);
+        run(whole, 1000);
+        run(parent, sc->save_after);
+        CHECK(!parent->finished, "%s: the parent finished before its save", sc->name);
+        size_t len = 0, again_len = 0;
+        void *bytes = state_bytes(parent, &len);
+        void *again = state_bytes(parent, &again_len);
+        CHECK(bytes && again && len == again_len && memcmp(bytes, again, len) == 0,
+              "%s: the same state written twice differs (%zu, %zu bytes): %s", sc->name, len, again_len, tl_last_error());
+        tl_session_free(parent); /* the state outlives its session and its pages' owner */
+
+        tl_session *resumed = resume_bytes(m, bytes, len);
+        CHECK(resumed != NULL, "%s: resume: %s", sc->name, tl_last_error());
+        if (resumed) {
+            size_t reread_len = 0;
+            void *reread = state_bytes(resumed, &reread_len);
+            CHECK(reread && reread_len == len && memcmp(reread, bytes, len) == 0,
+                  "%s: a state read and written again differs", sc->name);
+            tl_free(reread);
+            CHECK(resumed->stats.tokens_emitted == sc->save_after, "%s: %d tokens emitted before the save, stats say %d",
+                  sc->name, sc->save_after, resumed->stats.tokens_emitted);
+            run(resumed, 1000);
+            CHECK(same_run(resumed, whole), "%s: the resumed session must continue as the uninterrupted run "
+                  "(%d vs %d tokens)", sc->name, resumed->n_tokens, whole->n_tokens);
+            tl_session_free(resumed);
+        }
+
+        /* The same through a file, twice from one state (a state resumes any number of times). */
+        char path[512];
+        snprintf(path, sizeof path, "%s/state.tls", tmp_dir);
+        tl_session_state *state = NULL, *from_file = NULL;
+        CHECK(tl_session_state_from_bytes(m, bytes, len, &state) == TL_OK, "%s: %s", sc->name, tl_last_error());
+        CHECK(tl_session_state_write(state, path) == TL_OK, "%s: write: %s", sc->name, tl_last_error());
+        CHECK(tl_session_state_read(m, path, &from_file) == TL_OK, "%s: read: %s", sc->name, tl_last_error());
+        for (int twice = 0; from_file && twice < 2; twice++) {
+            tl_session *s = NULL;
+            CHECK(tl_session_resume(m, from_file, NULL, &s) == TL_OK, "%s: %s", sc->name, tl_last_error());
+            if (s) run(s, 1000);
+            CHECK(s && same_run(s, whole), "%s: resumed from a file (%d), the run differs", sc->name, twice);
+            tl_session_free(s);
+        }
+        int n_tokens = 0, prompt_len = 0;
+        const int32_t *tokens = tl_session_state_tokens(from_file, &n_tokens, &prompt_len);
+        CHECK(tokens && prompt_len == 7 && n_tokens == 7 + sc->save_after && memcmp(tokens, whole->tokens, (size_t)n_tokens * 4) == 0,
+              "%s: the state's tokens (%d of which %d prompt)", sc->name, n_tokens, prompt_len);
+        tl_session_state_free(state);
+        tl_session_state_free(from_file);
+        unlink(path);
+        tl_free(bytes);
+        tl_free(again);
+        tl_session_free(whole);
+    }
+}
+
+/* A copy of checkpoint `dir` in `out` whose first weight has one mantissa bit flipped:
+   the same shapes and config, other weights. */
+static bool copy_with_other_weight(const char *dir, const char *out) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "cp '%s/config.json' '%s/model.safetensors' '%s/'", dir, dir, out);
+    if (system(cmd) != 0) return false;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    FILE *f = fopen(path, "r+b");
+    if (!f) return false;
+    uint8_t header[8];
+    bool ok = fread(header, 1, 8, f) == 8;
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; i--) header_len = (header_len << 8) | header[i];
+    uint8_t byte = 0;
+    ok = ok && fseek(f, (long)(8 + header_len), SEEK_SET) == 0 && fread(&byte, 1, 1, f) == 1;
+    byte ^= 1; /* the lowest mantissa bit of the first element: a finite weight stays finite */
+    ok = ok && fseek(f, (long)(8 + header_len), SEEK_SET) == 0 && fwrite(&byte, 1, 1, f) == 1;
+    return fclose(f) == 0 && ok;
+}
+
+static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, const char *other_dir) {
+    const int32_t prompt[4] = {5, 6, 7, 8};
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 20;
+    cfg.ignore_eos = 1;
+    tl_session *s = NULL;
+    tl_session_new(m, prompt, 4, &cfg, &s);
+    run(s, 5);
+    size_t len = 0;
+    uint8_t *bytes = state_bytes(s, &len);
+    CHECK(bytes && len > 100, "state bytes: %s", tl_last_error());
+    if (!bytes) return;
+    tl_session_state *state = NULL;
+    tl_session_state_from_bytes(m, bytes, len, &state);
+
+    /* NULLs and bad paths */
+    void *out_bytes;
+    size_t out_len;
+    tl_session_state *out = NULL;
+    CHECK_ERROR(tl_session_state_to_bytes(NULL, &out_bytes, &out_len), TL_ERR_INVALID_ARGUMENT, "state must not be NULL");
+    CHECK_ERROR(tl_session_state_to_bytes(state, NULL, &out_len), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+    CHECK_ERROR(tl_session_state_from_bytes(NULL, bytes, len, &out), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+    CHECK_ERROR(tl_session_state_from_bytes(m, NULL, 10, &out), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+    CHECK_ERROR(tl_session_state_write(state, ""), TL_ERR_INVALID_ARGUMENT, "path must not be empty");
+    CHECK_ERROR(tl_session_state_write(state, "/nonexistent-dir/x/state.tls"), TL_ERR_IO, "/nonexistent-dir/x/state.tls");
+    CHECK_ERROR(tl_session_state_read(m, "/nonexistent-dir/state.tls", &out), TL_ERR_IO, "/nonexistent-dir/state.tls");
+    CHECK_ERROR(tl_session_state_read(m, tmp_dir, &out), TL_ERR_IO, tmp_dir); /* a directory */
+
+    /* Damage: any flipped byte, any truncation; and not a state at all. */
+    uint8_t *copy = malloc(len);
+    const size_t flips[] = {40, len / 2, len - 9, len - 1};
+    for (size_t i = 0; i < sizeof flips / sizeof *flips; i++) {
+        memcpy(copy, bytes, len);
+        copy[flips[i]] ^= 0x10;
+        CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "checksum mismatch");
+    }
+    const size_t cuts[] = {len - 1, len - 8, len / 2, 45};
+    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++)
+        CHECK_ERROR(tl_session_state_from_bytes(m, bytes, cuts[i], &out), TL_ERR_FORMAT, "checksum mismatch");
+    CHECK_ERROR(tl_session_state_from_bytes(m, bytes, 20, &out), TL_ERR_FORMAT, "not a TinyLoop state");
+    CHECK_ERROR(tl_session_state_from_bytes(m, "{\"not\": \"a state\"}", 18, &out), TL_ERR_FORMAT, "not a TinyLoop state");
+    memcpy(copy, bytes, len);
+    copy[8] = 2; /* version 2 */
+    CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "version 2");
+
+    /* Fields that pass the checksum but not the rules (a crafted file). The layout: a 36-byte
+       header, the config's 15 ints at 36 and 9 floats at 96, the seed at 132, no stop rules
+       (140, 144), prompt_len at 148, n_tokens at 152, the tokens from 156. */
+    struct { size_t at; int32_t value; tl_status status; const char *needle; } fields[] = {
+        {36 + 16, 4, TL_ERR_FORMAT, "beam search or speculative"},         /* beam_size */
+        {36 + 4, 999, TL_ERR_INVALID_ARGUMENT, "loops"},                     /* loops: tl_session_new's check */
+        {96, 0x7fc00000, TL_ERR_INVALID_ARGUMENT, "temperature"},            /* NaN */
+        {140, 1 << 30, TL_ERR_FORMAT, "stop sequences do not fit"},
+        {148, 0, TL_ERR_FORMAT, "prompt"},
+        {152, 1 << 30, TL_ERR_FORMAT, "tokens"},
+        {152, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
+        {156 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
+        {156, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+        memcpy(copy, bytes, len);
+        memcpy(copy + fields[i].at, &fields[i].value, 4);
+        fix_checksum(copy, len);
+        CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), fields[i].status, fields[i].needle);
+        CHECK(out == NULL, "field at %zu: a refused state is NULL", fields[i].at);
+    }
+    /* The cache part: length and the first entry's index and depth (after the fixed-size
+       part: tokens, rng, prompt_done, text_shown, 5 f64, 2 + 65 i32). */
+    const size_t cache_at = 156 + 4 * 9 + 32 + 1 + 8 + 40 + 4 * 67;
+    struct { size_t at; int32_t value; const char *needle; } cache_fields[] = {
+        {cache_at, 3, "the cache holds 3 entries"},
+        {cache_at + 4, 99, "cache entries for a length"},
+        {cache_at + 8, 5, "index"},
+        {cache_at + 12, 0, "depth 0"},
+        {cache_at + 12, 99, "depth 99"},
+        {cache_at - 4 * 65, 1, "depth histogram"},
+        {cache_at - 4 * 67, 5, "text shown"}, /* the low half of text_shown: more than the text */
+    };
+    for (size_t i = 0; i < sizeof cache_fields / sizeof *cache_fields; i++) {
+        memcpy(copy, bytes, len);
+        if (!strcmp(cache_fields[i].needle, "text shown")) {
+            const uint64_t too_many = 1u << 20;
+            memcpy(copy + cache_at - 4 * 67 - 40 - 8, &too_many, 8);
+        } else {
+            memcpy(copy + cache_fields[i].at, &cache_fields[i].value, 4);
+        }
+        fix_checksum(copy, len);
+        CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, cache_fields[i].needle);
+    }
+    /* An unchanged copy with its checksum recomputed still reads: the cases above failed on
+       their field, not on the offsets. */
+    memcpy(copy, bytes, len);
+    fix_checksum(copy, len);
+    CHECK(tl_session_state_from_bytes(m, copy, len, &out) == TL_OK, "an intact crafted copy: %s", tl_last_error());
+    tl_session_state_free(out);
+    out = NULL;
+    free(copy);
+
+    /* Another model: another checkpoint, the same checkpoint with one weight changed, the
+       same one with an f16 KV cache. */
+    tl_model *other = load(other_dir, TL_KV_F32);
+    if (other) CHECK_ERROR(tl_session_state_from_bytes(other, bytes, len, &out), TL_ERR_INVALID_ARGUMENT, "another model");
+    tl_model_free(other);
+    char changed_dir[512];
+    snprintf(changed_dir, sizeof changed_dir, "%s/changed", tmp_dir);
+    mkdir(changed_dir, 0700);
+    CHECK(copy_with_other_weight(dir, changed_dir), "copying %s", dir);
+    tl_model *changed = load(changed_dir, TL_KV_F32);
+    if (changed) CHECK_ERROR(tl_session_state_from_bytes(changed, bytes, len, &out), TL_ERR_INVALID_ARGUMENT, "another model");
+    tl_model_free(changed);
+    tl_model *same = load(dir, m->kv_type);
+    CHECK(same && tl_session_state_from_bytes(same, bytes, len, &out) == TL_OK,
+          "the same checkpoint loaded again reads the state: %s", tl_last_error());
+    tl_session_state_free(out);
+    out = NULL;
+    tl_model_free(same);
+    const tl_kv_type other_kv = m->kv_type == TL_KV_F32 ? TL_KV_F16 : TL_KV_F32;
+    tl_model *other_kv_model = load(dir, other_kv);
+    if (other_kv_model)
+        CHECK_ERROR(tl_session_state_from_bytes(other_kv_model, bytes, len, &out), TL_ERR_INVALID_ARGUMENT, "load it with kv_type");
+    tl_model_free(other_kv_model);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", changed_dir);
+    CHECK(system(cmd) == 0, "cleanup");
+
+    /* A compiled grammar's position is not written. */
+    tl_compiled_grammar *g = NULL;
+    const char *gbnf = "root ::= [a-z ]+";
+    CHECK(tl_grammar_compile_gbnf(gbnf, strlen(gbnf), &g) == TL_OK, "compile: %s", tl_last_error());
+    tl_grammar gram;
+    tl_grammar_use(&gram, g);
+    tl_generate_config gcfg = cfg;
+    gcfg.grammar = &gram;
+    tl_session *gs = NULL;
+    tl_session_state *gstate = NULL;
+    tl_session_new(m, prompt, 4, &gcfg, &gs);
+    run(gs, 3);
+    tl_session_save(gs, &gstate);
+    CHECK_ERROR(tl_session_state_to_bytes(gstate, &out_bytes, &out_len), TL_ERR_UNSUPPORTED, "compiled grammar");
+    tl_session_state_free(gstate);
+    tl_session_free(gs);
+    tl_compiled_grammar_free(g);
+
+    tl_session_state_free(state);
+    tl_free(bytes);
+    tl_session_free(s);
+}
+
+/* The checksum fed in pieces of any sizes equals the checksum of the whole (a writer feeds
+   it field by field, a reader in one piece); and it sees every byte. */
+static void checksum_pieces(void) {
+    uint8_t data[300];
+    for (int i = 0; i < 300; i++) data[i] = (uint8_t)(i * 37 + 11);
+    tl_hasher whole;
+    tl_hash_init(&whole);
+    tl_hash_add(&whole, data, sizeof data);
+    const uint64_t expected = tl_hash_final(&whole);
+    const size_t steps[] = {1, 3, 7, 8, 9, 13, 64};
+    for (size_t k = 0; k < sizeof steps / sizeof *steps; k++) {
+        tl_hasher pieces;
+        tl_hash_init(&pieces);
+        for (size_t at = 0, size = steps[k]; at < sizeof data; at += size, size = size % 11 + 1)
+            tl_hash_add(&pieces, data + at, at + size <= sizeof data ? size : sizeof data - at);
+        CHECK(tl_hash_final(&pieces) == expected, "pieces starting at %zu bytes hash differently", steps[k]);
+    }
+    for (size_t i = 0; i < sizeof data; i += 37) {
+        data[i] ^= 0x80;
+        tl_hasher changed;
+        tl_hash_init(&changed);
+        tl_hash_add(&changed, data, sizeof data);
+        CHECK(tl_hash_final(&changed) != expected, "byte %zu changed, same hash", i);
+        data[i] ^= 0x80;
+        tl_hash_init(&changed);
+        tl_hash_add(&changed, data, sizeof data - 1); /* one byte shorter */
+        CHECK(tl_hash_final(&changed) != expected, "a shorter input, same hash");
+    }
+}
+
+int main(int argc, char **argv) {
+    const char *dir = argc > 1 ? argv[1] : "tests/data/textmodel";
+    const char *other_dir = argc > 2 ? argv[2] : "tests/data/golden/deep_residual";
+    const char *env_kv = getenv("TINYLOOP_KV_TYPE");
+    tl_model *m = load(dir, env_kv && !strcmp(env_kv, "f16") ? TL_KV_F16 : TL_KV_F32);
+    if (!m) return 1;
+    char tmp_dir[] = "/tmp/tinyloop-state-XXXXXX";
+    if (!mkdtemp(tmp_dir)) return 1;
+    checksum_pieces();
+    roundtrips(m, tmp_dir);
+    refusals(m, dir, tmp_dir, other_dir);
+    rmdir(tmp_dir);
+    tl_model_free(m);
+    return check_summary();
+}
