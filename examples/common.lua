@@ -5,4 +5,4 @@ package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.pa
 local tinyloop = require "tinyloop"
 local dir = arg[1] or (root .. "/models/tinyloop-austen")
 local model = assert(tinyloop.load(dir))
-return { tinyloop = tinyloop, model = model, policy = require "tinyloop.policy" }
+return { tinyloop = tinyloop, model = model, dir = dir, policy = require "tinyloop.policy" }
