@@ -198,8 +198,9 @@ struct tl_model {
                                            one mutable part of a model, behind its own lock */
     struct tl_kv_spares *kv_spares; /* freed KV pages kept for reuse (kv_cache.h), behind
                                        its own lock; NULL: none kept */
-    uint64_t fingerprint;        /* config.json and the weight files, sampled (model.c): what
-                                    a state file is checked against (state_file.c) */
+    uint64_t fingerprint;        /* config.json, the weight files (sampled) and the token
+                                    texts (model.c): what a state file is checked against
+                                    (state_file.c) */
     atomic_llong kv_page_bytes;  /* K + V bytes of every page that exists (caches, saved
                                     states, the pool, spares): kv_cache.c counts them through
                                     its const model pointers (the model is heap memory, never

@@ -542,6 +542,27 @@ static void fingerprint_weights(tl_model *m, const tl_st_set *files) {
     m->fingerprint = tl_hash_final(&hs);
 }
 
+/* The fingerprint also covers what a state's text is made of: every token's bytes and
+   whether it is special (a state rebuilds its generated text, on which stop strings work,
+   from its tokens). Merges and pre-tokenizer rules only encode prompts: not covered. */
+static void fingerprint_tokenizer(tl_model *m) {
+    tl_hasher hs;
+    tl_hash_init(&hs);
+    tl_hash_add(&hs, &m->fingerprint, sizeof m->fingerprint);
+    const int n = m->tokenizer ? tlz_vocab_size(m->tokenizer) : 0;
+    tl_hash_add(&hs, &n, sizeof n);
+    for (int32_t id = 0; id < n; id++) {
+        const char *bytes = NULL;
+        size_t len = 0;
+        if (tlz_token_bytes(m->tokenizer, id, &bytes, &len) != 0) len = (size_t)-1; /* an id without text */
+        const uint8_t special = (uint8_t)(tlz_is_special(m->tokenizer, id) != 0);
+        tl_hash_add(&hs, &len, sizeof len);
+        if (len != (size_t)-1) tl_hash_add(&hs, bytes, len);
+        tl_hash_add(&hs, &special, 1);
+    }
+    m->fingerprint = tl_hash_final(&hs);
+}
+
 /* CUDA when asked (or an error naming why not), or under AUTO when the plugin finds a device;
    TINYLOOP_BACKEND=cpu|cuda overrides AUTO (a GPU machine running the CPU's tests). */
 static tl_status choose_backend(tl_backend_kind kind, const tl_backend **backend) {
@@ -612,6 +633,7 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
             st = tl_fail(TL_ERR_FORMAT, "%s: the tokenizer has %d ids but config.json vocab_size is %d",
                          tok_path, tlz_vocab_size(m->tokenizer), m->cfg.vocab_size);
     }
+    if (st == TL_OK) fingerprint_tokenizer(m);
     if (st == TL_OK) st = upload_weights(m, opts->mmap_weights);
     if (st == TL_OK && opts->mmap_weights) {
         m->kept_files = files; /* the matrices point into the mappings */

@@ -29,9 +29,11 @@
  *     u64 checksum of every byte before it
  * The fingerprint ties a file to the weights it was computed with: another model (another
  * checkpoint of the same shapes included) is refused, and so is another KV type. */
-#define _GNU_SOURCE /* open_memstream, mkstemp */
+#define _GNU_SOURCE /* open_memstream, strndup */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +42,7 @@
 #include "backend.h"
 #include "kv_cache.h"
 #include "session.h"
+#include "stop.h"
 
 static const char STATE_MAGIC[8] = "TLSTATE";
 #define STATE_VERSION 1u
@@ -68,13 +71,17 @@ static int entry_slots(const tl_config *c, int depth, int *slots) {
 typedef struct state_writer {
     FILE *f;
     tl_hasher hash;
-    bool failed;
+    int error; /* errno of the first failure; 0: none */
 } state_writer;
 
+static void fail_with(state_writer *w, int error) {
+    if (!w->error) w->error = error ? error : EIO;
+}
+
 static void put(state_writer *w, const void *bytes, size_t n) {
-    if (w->failed || !n) return;
+    if (w->error || !n) return;
     tl_hash_add(&w->hash, bytes, n);
-    if (fwrite(bytes, 1, n, w->f) != n) w->failed = true;
+    if (fwrite(bytes, 1, n, w->f) != n) fail_with(w, errno);
 }
 static void put_i32(state_writer *w, int32_t v) { put(w, &v, sizeof v); }
 static void put_u32(state_writer *w, uint32_t v) { put(w, &v, sizeof v); }
@@ -141,6 +148,9 @@ static tl_status write_cache(state_writer *w, const tl_session *s) {
     const tl_config *mc = &s->m->cfg;
     int n_entries = 0;
     for (int j = first_entry(c); j < c->length; j++) n_entries += entry_present(c, j);
+    if (n_entries != c->length - first_entry(c)) /* a plain session's ring has no gaps */
+        return tl_fail(TL_ERR_INTERNAL, "state: the cache holds %d of entries [%d, %d)", n_entries, first_entry(c),
+                       c->length);
     put_i32(w, c->length);
     put_i32(w, n_entries);
     int *slots = malloc((size_t)c->n_slots * sizeof *slots);
@@ -208,8 +218,8 @@ tl_status tl_session_state_to_bytes(const tl_session_state *state, void **bytes,
     state_writer w = {.f = open_memstream(&buffer, &size)};
     if (!w.f) return tl_fail(TL_ERR_NO_MEMORY, "tl_session_state_to_bytes: out of memory");
     st = write_state(&w, state->frozen);
-    if (fclose(w.f) != 0) w.failed = true;
-    if (st == TL_OK && w.failed) st = tl_fail(TL_ERR_NO_MEMORY, "tl_session_state_to_bytes: out of memory");
+    if (fclose(w.f) != 0) fail_with(&w, errno);
+    if (st == TL_OK && w.error) st = tl_fail(TL_ERR_NO_MEMORY, "tl_session_state_to_bytes: out of memory");
     if (st != TL_OK) {
         free(buffer);
         return st;
@@ -219,19 +229,46 @@ tl_status tl_session_state_to_bytes(const tl_session_state *state, void **bytes,
     return TL_OK;
 }
 
-/* A temporary file beside `path`, renamed over it once complete: a reader never sees half a
+/* A new file beside `path` for the state, created like any file (mode 0666 less the umask;
+   mkstemp would make it 0600). Its name is unique in this process by a counter and across
+   processes by the pid; O_EXCL refuses a leftover of an earlier crash, and the next name is
+   tried. NULL name: out of memory; fd -1: errno says why. */
+static int create_beside(const char *path, char **temp) {
+    static atomic_uint counter;
+    const size_t n = strlen(path) + 48;
+    if (!(*temp = malloc(n))) return -1;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        snprintf(*temp, n, "%s.tmp-%ld-%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
+        const int fd = open(*temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    return -1;
+}
+
+/* Makes a rename in path's directory durable (best effort: some file systems refuse to
+   sync a directory, and the file itself is already complete either way). */
+static void sync_directory_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (!dir) return;
+    const int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+    free(dir);
+}
+
+/* A temporary file beside `path`, synced, then renamed over it: a reader never sees half a
    state, and a failed write leaves the old file as it was. */
 tl_status tl_session_state_write(const tl_session_state *state, const char *path) {
     tl_clear_error();
     if (!path || !*path) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_state_write: path must not be empty");
     tl_status st = check_writable(state, "tl_session_state_write");
     if (st != TL_OK) return st;
-    const size_t n = strlen(path);
-    char *temp = malloc(n + 8);
+    char *temp = NULL;
+    const int fd = create_beside(path, &temp);
     if (!temp) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    memcpy(temp, path, n);
-    memcpy(temp + n, ".XXXXXX", 8);
-    const int fd = mkstemp(temp);
     if (fd < 0) {
         st = tl_fail(TL_ERR_IO, "state file %s: cannot create a file beside it: %s", path, strerror(errno));
         free(temp);
@@ -243,11 +280,12 @@ tl_status tl_session_state_write(const tl_session_state *state, const char *path
         st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     } else {
         st = write_state(&w, state->frozen);
-        if (fflush(w.f) != 0 || fsync(fileno(w.f)) != 0) w.failed = true;
-        if (fclose(w.f) != 0) w.failed = true;
-        if (st == TL_OK && w.failed) st = tl_fail(TL_ERR_IO, "state file %s: write failed: %s", path, strerror(errno));
+        if (fflush(w.f) != 0 || fsync(fileno(w.f)) != 0) fail_with(&w, errno);
+        if (fclose(w.f) != 0) fail_with(&w, errno);
+        if (st == TL_OK && w.error) st = tl_fail(TL_ERR_IO, "state file %s: write failed: %s", path, strerror(w.error));
         if (st == TL_OK && rename(temp, path) != 0)
             st = tl_fail(TL_ERR_IO, "state file %s: %s", path, strerror(errno));
+        if (st == TL_OK) sync_directory_of(path);
     }
     if (st != TL_OK) unlink(temp);
     free(temp);
@@ -420,24 +458,28 @@ static tl_status read_cache(state_reader *r, tl_session *s) {
        the prompt has been forwarded. */
     if (length < 0 || length >= s->n_tokens || (s->prompt_done && length != s->n_tokens - 1))
         return MALFORMED("the cache holds %d entries of a sequence of %d tokens", length, s->n_tokens);
-    if (n_entries < 0 || n_entries > length || n_entries > c->capacity)
-        return MALFORMED("%d cache entries for a length of %d (room for %d)", n_entries, length, c->capacity);
+    /* A plain session's ring holds every entry it has room for (only speculative rollbacks
+       leave gaps), and the prompt's entries were computed at the session's full depth (the
+       prefill, or a prefix pool entry of that depth): the prefix pool may be offered them
+       once the prompt is done, and it promises other sessions bit-identical rows. */
+    const int oldest = length > c->capacity ? length - c->capacity : 0;
+    if (n_entries != length - oldest)
+        return MALFORMED("%d cache entries for a length of %d (the cache holds entries [%d, %d))", n_entries, length,
+                         oldest, length);
     int *slots = malloc((size_t)c->n_slots * sizeof *slots);
     if (!slots) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    int previous = -1;
-    const int oldest = length > c->capacity ? length - c->capacity : 0;
     for (int e = 0; st == TL_OK && e < n_entries; e++) {
         const int32_t j = get_i32(r), depth = get_i32(r);
         if (r->short_read) { st = MALFORMED("the bytes end inside cache entry %d", e); break; }
-        if (j <= previous || j < oldest || j >= length) {
-            st = MALFORMED("cache entry %d has index %d (after %d; the cache holds [%d, %d))", e, j, previous, oldest, length);
+        if (j != oldest + e) {
+            st = MALFORMED("cache entry %d has index %d, not %d", e, j, oldest + e);
             break;
         }
-        if (depth < 1 || depth > s->loops) {
-            st = MALFORMED("cache entry %d has depth %d (the session runs %d loops)", j, depth, s->loops);
+        if (depth < 1 || depth > s->loops || (j < s->prompt_len && depth != s->loops)) {
+            st = MALFORMED("cache entry %d has depth %d (the session runs %d loops; a prompt entry all of them)", j,
+                           depth, s->loops);
             break;
         }
-        previous = j;
         const int n_slots = entry_slots(mc, depth, slots);
         if ((size_t)n_slots * 2 > r->left / (c->row_bytes ? c->row_bytes : 1)) {
             st = MALFORMED("the bytes end inside cache entry %d", j);
@@ -460,6 +502,28 @@ static tl_status read_cache(state_reader *r, tl_session *s) {
     free(slots);
     c->length = length;
     return st;
+}
+
+/* Appends the emitted tokens s->tokens[prompt_len, n_tokens) to the session's text, checking
+   that none of them stopped it: a saved session has not finished (tl_session_emit's stop
+   checks; hooks are not saved, so their stops cannot be checked). A state past its end would
+   step beyond the session's arrays. */
+static tl_status rebuild_emitted(tl_session *s) {
+    const tl_generate_config *c = &s->cfg;
+    const int emitted = s->n_tokens - s->prompt_len;
+    if (emitted > 0 && emitted >= c->max_tokens)
+        return MALFORMED("%d tokens emitted: the session had reached max_tokens = %d", emitted, c->max_tokens);
+    for (int i = s->prompt_len; i < s->n_tokens; i++) {
+        const int32_t tok = s->tokens[i];
+        bool stop_string = false;
+        tl_status st = tl_session_append_text(s, tok, &stop_string);
+        if (st != TL_OK) return st;
+        if ((tok == s->m->cfg.eos_token_id && !c->ignore_eos) || stop_string ||
+            tl_stop_sequences_match(s->tokens, i + 1, s->prompt_len, c->stop_sequences, c->n_stop_sequences))
+            return MALFORMED("token %d (%d) ends the generation (end of text or a stop rule): the session had finished",
+                             i, tok);
+    }
+    return TL_OK;
 }
 
 /* Everything after the header: a frozen session of model m, or an error. */
@@ -499,10 +563,7 @@ static tl_status read_session(state_reader *r, const tl_model *m, tl_session **o
         else if (prompt_done > 1) st = MALFORMED("prompt_done is %u", prompt_done);
         else if (!prompt_done && n_tokens != prompt_len) st = MALFORMED("tokens were emitted before the prompt was forwarded");
         s->prompt_done = prompt_done;
-        for (int i = prompt_len; st == TL_OK && i < n_tokens; i++) {
-            bool matched; /* a match would have finished the session, which cannot be saved */
-            st = tl_session_append_text(s, s->tokens[i], &matched);
-        }
+        if (st == TL_OK) st = rebuild_emitted(s);
         if (st == TL_OK && text_shown > s->text_len)
             st = MALFORMED("%llu bytes of text shown, of %zu", (unsigned long long)text_shown, s->text_len);
         s->text_shown = (size_t)text_shown;

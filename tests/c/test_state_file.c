@@ -4,7 +4,8 @@
  * prompt was forwarded, and through a file); the bytes are a function of the state (written
  * twice, or read and written again, they are equal). A state is refused by another model
  * (another checkpoint of the same shapes included) and by another KV type; a damaged,
- * truncated or malformed state is refused with a clear error, never read. */
+ * truncated or malformed state is refused with a clear error, never read; the fuzzer's seeds
+ * are states of the test checkpoint. */
 #define _GNU_SOURCE /* mkdtemp */
 #include <math.h>
 #include <stdlib.h>
@@ -213,6 +214,18 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     CHECK_ERROR(tl_session_state_write(state, "/nonexistent-dir/x/state.tls"), TL_ERR_IO, "/nonexistent-dir/x/state.tls");
     CHECK_ERROR(tl_session_state_read(m, "/nonexistent-dir/state.tls", &out), TL_ERR_IO, "/nonexistent-dir/state.tls");
     CHECK_ERROR(tl_session_state_read(m, tmp_dir, &out), TL_ERR_IO, tmp_dir); /* a directory */
+    /* A state file is created like any other file: 0666 less the umask (and it replaces an
+       older file of the same name whole). */
+    char mode_path[512];
+    snprintf(mode_path, sizeof mode_path, "%s/mode.tls", tmp_dir);
+    const mode_t old_mask = umask(027);
+    for (int twice = 0; twice < 2; twice++)
+        CHECK(tl_session_state_write(state, mode_path) == TL_OK, "write: %s", tl_last_error());
+    umask(old_mask);
+    struct stat sb;
+    CHECK(stat(mode_path, &sb) == 0 && (sb.st_mode & 0777) == 0640 && sb.st_size == (off_t)len,
+          "mode %o, %lld bytes (want 0640, %zu)", (unsigned)(sb.st_mode & 0777), (long long)sb.st_size, len);
+    unlink(mode_path);
 
     /* Damage: any flipped byte, any truncation; and not a state at all. */
     uint8_t *copy = malloc(len);
@@ -242,6 +255,8 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
         {148, 0, TL_ERR_FORMAT, "prompt"},
         {152, 1 << 30, TL_ERR_FORMAT, "tokens"},
         {152, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
+        {36, 5, TL_ERR_FORMAT, "reached max_tokens = 5"}, /* 5 emitted: it had finished */
+        {156 + 4 * 9 + 32, 2, TL_ERR_FORMAT, "prompt_done is 2"}, /* after the tokens and the RNG */
         {156 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
         {156, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
     };
@@ -261,6 +276,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
         {cache_at + 8, 5, "index"},
         {cache_at + 12, 0, "depth 0"},
         {cache_at + 12, 99, "depth 99"},
+        {cache_at + 12, 1, "a prompt entry all of them"}, /* entry 0 at depth 1 of 2 */
         {cache_at - 4 * 65, 1, "depth histogram"},
         {cache_at - 4 * 67, 5, "text shown"}, /* the low half of text_shown: more than the text */
     };
@@ -275,6 +291,14 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
         fix_checksum(copy, len);
         CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, cache_fields[i].needle);
     }
+    /* An emitted end of text stops a session that does not ignore it: such a state had
+       finished (ignore_eos is the config's 10th int). */
+    memcpy(copy, bytes, len);
+    const int32_t no = 0, eos = m->cfg.eos_token_id;
+    memcpy(copy + 36 + 4 * 9, &no, 4);
+    memcpy(copy + 156 + 4 * 4, &eos, 4);
+    fix_checksum(copy, len);
+    CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "the session had finished");
     /* An unchanged copy with its checksum recomputed still reads: the cases above failed on
        their field, not on the offsets. */
     memcpy(copy, bytes, len);
@@ -364,9 +388,33 @@ static void checksum_pieces(void) {
     }
 }
 
+/* The fuzzer's seeds (tests/fuzz/make_state_seeds.lua) are states of this checkpoint: they
+   must still read, or the fuzzer would start from inputs refused at the fingerprint and
+   never reach the fields (rewrite them when the fingerprint or the layout changes). */
+static void fuzz_seeds_read(const tl_model *m, const char *corpus) {
+    const char *names[] = {"greedy", "stop_rules_window", "before_prompt", "early_exit"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", corpus, names[i]);
+        tl_session_state *state = NULL;
+        const tl_status st = tl_session_state_read(m, path, &state);
+        if (m->kv_type == TL_KV_F32)
+            CHECK(st == TL_OK, "%s: %s (rewrite the seeds: luajit tests/fuzz/make_state_seeds.lua)", path, tl_last_error());
+        else
+            CHECK(st == TL_ERR_INVALID_ARGUMENT && strstr(tl_last_error(), "kv_type f32"), "%s with f16 KV: %s", path,
+                  tl_last_error());
+        tl_session_state_free(state);
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/zz_max_tokens_reached", corpus);
+    tl_session_state *state = NULL;
+    CHECK_ERROR(tl_session_state_read(m, path, &state), TL_ERR_FORMAT, "checksum mismatch");
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "tests/data/textmodel";
     const char *other_dir = argc > 2 ? argv[2] : "tests/data/golden/deep_residual";
+    const char *corpus = argc > 3 ? argv[3] : "tests/fuzz/corpus/state";
     const char *env_kv = getenv("TINYLOOP_KV_TYPE");
     tl_model *m = load(dir, env_kv && !strcmp(env_kv, "f16") ? TL_KV_F16 : TL_KV_F32);
     if (!m) return 1;
@@ -375,6 +423,7 @@ int main(int argc, char **argv) {
     checksum_pieces();
     roundtrips(m, tmp_dir);
     refusals(m, dir, tmp_dir, other_dir);
+    fuzz_seeds_read(m, corpus);
     rmdir(tmp_dir);
     tl_model_free(m);
     return check_summary();

@@ -1,0 +1,40 @@
+#!/usr/bin/env luajit
+-- make_state_seeds.lua: writes the seed corpus of the `state` fuzzer (tests/fuzz/corpus/state):
+-- saved states of the small text checkpoint, across the features a state carries (sampling,
+-- stop rules, a window, early exit, a state before its prompt was forwarded), and one at the
+-- edge of a rule (as many tokens as max_tokens: refused). A state names its model by a
+-- fingerprint, so these must be rewritten whenever the checkpoint, the fingerprint or the
+-- layout changes: test_state_file fails until they are (it reads every seed but the last).
+--   luajit tests/fuzz/make_state_seeds.lua      (from the repository root, after a build)
+package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+local tinyloop = require "tinyloop"
+local model = assert(tinyloop.load("tests/data/textmodel", { threads = 1 }))
+local dir = "tests/fuzz/corpus/state/"
+local seeds = {
+    { name = "greedy", steps = 3, cfg = { max_tokens = 10 } },
+    { name = "stop_rules_window", steps = 5,
+      cfg = { max_tokens = 12, temperature = 0.8, sample_seed = 3, stop_strings = { "zq", "\n\n" },
+              stop_sequences = { { 7, 7 } }, cache_window = 6, repetition_penalty = 1.2 } },
+    { name = "before_prompt", steps = 0, cfg = { max_tokens = 6 } },
+    { name = "early_exit", steps = 4,
+      cfg = { max_tokens = 8, loops = 4, early_exit_patience = 1, early_exit_min_L = 1,
+              early_exit_criterion = "latent_diff", early_exit_threshold = 0.5 } },
+}
+local function write(name, bytes)
+    local f = assert(io.open(dir .. name, "wb"))
+    f:write(bytes)
+    f:close()
+    print(("%-24s %6d bytes"):format(name, #bytes))
+end
+local first
+for _, seed in ipairs(seeds) do
+    local session = assert(model:session("It is a truth", seed.cfg))
+    for _ = 1, seed.steps do session:step() end
+    local bytes = assert(assert(session:save()):bytes())
+    write(seed.name, bytes)
+    first = first or bytes
+end
+-- The greedy state with max_tokens (the config's first field, at byte 36) lowered to the 3
+-- tokens it emitted: a finished session, refused (its checksum is stale; the fuzzer
+-- recomputes it).
+write("zz_max_tokens_reached", first:sub(1, 36) .. string.char(3, 0, 0, 0) .. first:sub(41))
