@@ -1,11 +1,13 @@
 /* util.c: error reporting, aligned memory and the clock shared by the engine. */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,6 +64,19 @@ double tl_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+void *tl_map_huge(size_t bytes, void **region, size_t *region_len) {
+    const size_t huge = (size_t)2 << 20;
+    const size_t len = (bytes + huge - 1) / huge * huge + huge; /* room to align the start */
+    void *mapped = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapped == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(mapped, len, MADV_HUGEPAGE); /* advisory: without it the memory still works */
+#endif
+    *region = mapped;
+    *region_len = len;
+    return (void *)(((uintptr_t)mapped + huge - 1) & ~(uintptr_t)(huge - 1));
 }
 
 /* ---------------------------------------------------------------- hashing */

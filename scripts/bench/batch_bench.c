@@ -22,7 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "tinyloop.h"
 
@@ -143,6 +145,40 @@ static double first_token_ms(const tl_model *m, const int32_t *prompt, int len, 
     return ms;
 }
 
+/* A session of `len` prompt tokens stepped once (prefill and first token), saved to a state
+   file; then the file read back, resumed and stepped for the next token, as a process
+   continuing that conversation would. Prints the file's size and both times (the file is
+   read from the page cache: it was just written). */
+static void state_file_figure(const tl_model *m, const int32_t *prompt, int len, double cold_ms) {
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 2;
+    tl_session *s, *resumed;
+    tl_session_state *state, *read_back;
+    int32_t token;
+    tl_stop_reason stop;
+    const char *tmp = getenv("TMPDIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tinyloop-batch-bench-%ld.state", tmp && *tmp ? tmp : "/tmp", (long)getpid());
+    if (tl_session_new(m, prompt, len, &cfg, &s) != TL_OK || tl_session_step(s, &token, &stop) != TL_OK) die("session");
+    const double t0 = now_ms();
+    if (tl_session_save(s, &state) != TL_OK || tl_session_state_write(state, path) != TL_OK) die("state write");
+    const double t1 = now_ms();
+    if (tl_session_state_read(m, path, &read_back) != TL_OK || tl_session_resume(m, read_back, NULL, &resumed) != TL_OK ||
+        tl_session_step(resumed, &token, &stop) != TL_OK)
+        die("state read");
+    const double t2 = now_ms();
+    struct stat sb;
+    const double mb = stat(path, &sb) == 0 ? (double)sb.st_size / 1e6 : 0.0;
+    printf("state file of a %d-token session: %.1f MB, written in %.1f ms; read + resume + next token %.1f ms, "
+           "against a cold prefill of %.1f ms: %.1fx shorter\n", len, mb, t1 - t0, t2 - t1, cold_ms, cold_ms / (t2 - t1));
+    unlink(path);
+    tl_session_free(resumed);
+    tl_session_state_free(read_back);
+    tl_session_state_free(state);
+    tl_session_free(s);
+}
+
 int main(int argc, char **argv) {
     const char *dir = NULL, *counts = "1,2,4,8,16";
     int threads = 0, steps = 32, prefix = 512, mix_prompt = 0, mix_tokens = 0, context = 0; /* 0: 16, or 1 on a short model */
@@ -253,6 +289,7 @@ int main(int argc, char **argv) {
         for (int k = 0; k <= prefix; k++) prompt[k] = random_token(info->vocab_size);
         int reused;
         const double cold = first_token_ms(m, prompt, prefix + 1, &reused);
+        state_file_figure(m, prompt, prefix + 1, cold);
         if (tl_model_set_prefix_pool(m, (int64_t)1 << 32) != TL_OK) die("prefix pool");
         first_token_ms(m, prompt, prefix + 1, &reused); /* fills the pool */
         prompt[prefix] = (prompt[prefix] + 1) % info->vocab_size; /* a new question after the shared prefix */

@@ -7,9 +7,11 @@
  * Scenarios: model load (config, safetensors header, weights, backend, tokenizer), with and
  * without mmap_weights; session creation and steps in every mode (plain with stop strings and
  * sampling, beam, chain and tree speculative, early exit) with tl_session_text; tokenizer
- * encode / decode / detokenizer; scoring; fork, save and resume; a saved state written to bytes,
- * read back and resumed. */
+ * encode / decode / detokenizer; scoring; fork, save and resume; a saved state written to bytes
+ * or a file, read back and resumed. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "../alloc/fail_alloc_control.h"
 #include "check.h"
@@ -173,6 +175,30 @@ static tl_status state_bytes(void) {
     return st;
 }
 
+/* A saved state written to a file, read back, resumed and stepped. */
+static char state_path[64];
+static tl_status state_file(void) {
+    tl_generate_config c = base();
+    tl_session *s = NULL, *resumed = NULL;
+    tl_session_state *state = NULL, *read_back = NULL;
+    tl_status st = tl_session_new(model, prompt, 3, &c, &s);
+    int32_t tok;
+    tl_stop_reason stop;
+    if (st == TL_OK) st = tl_session_step(s, &tok, &stop);
+    if (st == TL_OK) st = tl_session_save(s, &state);
+    if (st == TL_OK) st = tl_session_state_write(state, state_path);
+    if (st == TL_OK) st = tl_session_state_read(model, state_path, &read_back);
+    if (st != TL_OK && read_back) st = TL_ERR_INTERNAL;
+    if (st == TL_OK) st = tl_session_resume(model, read_back, NULL, &resumed);
+    if (st == TL_OK) st = tl_session_step(resumed, &tok, &stop);
+    tl_session_free(resumed);
+    tl_session_state_free(read_back);
+    tl_session_state_free(state);
+    tl_session_free(s);
+    unlink(state_path);
+    return st;
+}
+
 static void inject(const char *name, tl_status (*scenario)(void)) {
     tl_test_alloc_arm(0);
     tl_status st = scenario();
@@ -218,6 +244,8 @@ int main(int argc, char **argv) {
     inject("score", score);
     inject("branches", branches);
     inject("state bytes", state_bytes);
+    snprintf(state_path, sizeof state_path, "/tmp/tinyloop-alloc-fail-%ld.state", (long)getpid());
+    inject("state file", state_file);
     tl_model_free(model);
     return check_summary();
 }

@@ -100,14 +100,10 @@ tl_status tl_cpu_upload_weights(const tl_model *m, tl_matrix *const *matrices, i
     tl_cpu_context *ctx = m->backend_ctx;
     size_t total = 0;
     for (int i = 0; i < n_matrices; i++) total += (packed_bytes(matrices[i]) + 63) & ~(size_t)63;
-    const size_t huge = (size_t)2 << 20;
-    size_t len = (total + huge - 1) / huge * huge + huge;
-    void *region = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (region == MAP_FAILED) return tl_fail(TL_ERR_NO_MEMORY, "cannot allocate %zu bytes for the weights", len);
-#ifdef MADV_HUGEPAGE
-    madvise(region, len, MADV_HUGEPAGE); /* advisory: without it the copy still works */
-#endif
-    uint8_t *at = (uint8_t *)(((uintptr_t)region + huge - 1) & ~(uintptr_t)(huge - 1));
+    void *region;
+    size_t len;
+    uint8_t *at = tl_map_huge(total, &region, &len);
+    if (!at) return tl_fail(TL_ERR_NO_MEMORY, "cannot allocate %zu bytes for the weights", total);
     uint8_t **dst = malloc((size_t)n_matrices * sizeof *dst);
     int *first_task = malloc(((size_t)n_matrices + 1) * sizeof *first_task);
     if (!dst || !first_task) {
