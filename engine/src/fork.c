@@ -45,6 +45,23 @@ static tl_status clone_grammar(tl_session *s, const tl_session *src, const tl_ge
     return st;
 }
 
+/* A state read from a file that was generated under a compiled grammar holds the tokens,
+   not the matcher's position (state_file.c): the branch's compiled grammar, which its hooks
+   must name, gets there by accepting the emitted tokens again. */
+static tl_status replay_grammar(tl_session *s) {
+    s->grammar_replay = false;
+    if (!s->grammar_matcher)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "the state was generated under a compiled grammar, whose position a state file does not "
+                       "hold: pass that grammar to resume (hooks.grammar)");
+    for (int i = s->prompt_len; i < s->n_tokens; i++)
+        if (tl_grammar_matcher_accept(s->grammar_matcher, s->tokens[i]) != TL_OK)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                           "the state's token %d (id %d) is not allowed by the grammar passed to resume: not the "
+                           "grammar it was generated under", i, s->tokens[i]);
+    return TL_OK;
+}
+
 /* The hook fields of *hooks (or the source's when NULL); the grammar is clone_grammar's. */
 static void take_hooks(tl_session *s, const tl_generate_config *hooks) {
     if (!hooks) return;
@@ -123,6 +140,7 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     s->cfg.stop_sequences = s->stop_seqs;
     s->cfg.stop_strings = (const char *const *)s->stop_strs;
     if (st == TL_OK) st = clone_grammar(s, src, hooks);
+    if (st == TL_OK && src->grammar_replay) st = replay_grammar(s);
     take_hooks(s, hooks);
     if (st != TL_OK) {
         tl_session_free(s);

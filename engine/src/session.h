@@ -73,6 +73,9 @@ struct tl_session {
        whose callbacks fill s->grammar; forced_token is the one token a mask allowed (-1). */
     struct tl_grammar_matcher *grammar_matcher;
     int32_t forced_token;
+    bool grammar_replay;         /* a state read from a file, generated under a compiled
+                                    grammar whose position the file does not hold: a resume
+                                    names the grammar and replays the emitted tokens (fork.c) */
 
     /* Set by tl_generate_stream: its callback runs inside the step like on_token. */
     tl_stream_fn stream_fn;

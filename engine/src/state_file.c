@@ -6,7 +6,10 @@
  * rows of every cache entry. Everything else is rebuilt on reading: the session is created
  * from the config and prompt (so every check of tl_session_new runs again), the text is
  * re-derived from the emitted tokens, and the entries' rows are copied into a new cache.
- * Hooks are code, not data: they are not written; tl_session_resume takes them.
+ * Hooks are code, not data: they are not written; tl_session_resume takes them. A session
+ * under a compiled grammar is marked so: its matcher's position is not written, and a
+ * resume must name the grammar again, whose matcher then accepts the emitted tokens anew
+ * (fork.c).
  *
  * The layout, little-endian, no padding (version 1):
  *     "TLSTATE\0"  u32 version  u64 model fingerprint (model.c)
@@ -20,7 +23,7 @@
  *             i32 n_stop_sequences, each: i32 n, i32 tokens[n]
  *             i32 n_stop_strings, each: u32 length, its bytes
  *     i32 prompt_len  i32 n_tokens  i32 tokens[n_tokens]
- *     u64 rng[4]  u8 prompt_done  u64 text_shown
+ *     u64 rng[4]  u8 prompt_done  u8 compiled_grammar  u64 text_shown
  *     f64 prefill_ms first_token_ms decode_ms probe_ms loops_sum
  *     i32 probes prompt_tokens_reused  i32 depth_histogram[65]
  *     i32 cache length  i32 n_entries, each: i32 logical index, i32 depth, then for every
@@ -108,9 +111,6 @@ static tl_status check_writable(const tl_session_state *state, const char *what)
     if (s->m->backend != &tl_cpu_backend)
         return tl_fail(TL_ERR_UNSUPPORTED, "%s: the state's KV cache lives on the %s backend; only CPU states "
                                            "can be written", what, s->m->backend->name);
-    if (s->grammar_matcher)
-        return tl_fail(TL_ERR_UNSUPPORTED, "%s: the session has a compiled grammar, whose matcher position is not "
-                                           "written; save a session without one", what);
     return TL_OK;
 }
 
@@ -207,8 +207,9 @@ static tl_status write_state(state_writer *w, const tl_session *s) {
     put_i32(w, s->n_tokens);
     put(w, s->tokens, (size_t)s->n_tokens * sizeof *s->tokens);
     for (int i = 0; i < 4; i++) put_u64(w, s->rng.s[i]);
-    const uint8_t prompt_done = s->prompt_done;
+    const uint8_t prompt_done = s->prompt_done, compiled_grammar = s->grammar_matcher || s->grammar_replay;
     put(w, &prompt_done, 1);
+    put(w, &compiled_grammar, 1);
     put_u64(w, s->text_shown);
     write_stats(w, s);
     tl_status st = write_cache(w, s);
@@ -564,13 +565,16 @@ static tl_status read_session(state_reader *r, const tl_model *m, tl_session **o
         memcpy(s->tokens, tokens, (size_t)n_tokens * sizeof *tokens);
         s->n_tokens = n_tokens;
         for (int i = 0; i < 4; i++) s->rng.s[i] = get_u64(r);
-        uint8_t prompt_done = 0;
+        uint8_t prompt_done = 0, compiled_grammar = 0;
         get(r, &prompt_done, 1);
+        get(r, &compiled_grammar, 1);
         const uint64_t text_shown = get_u64(r);
         if (r->short_read) st = MALFORMED("the bytes end before the stats");
         else if (prompt_done > 1) st = MALFORMED("prompt_done is %u", prompt_done);
+        else if (compiled_grammar > 1) st = MALFORMED("compiled_grammar is %u", compiled_grammar);
         else if (!prompt_done && n_tokens != prompt_len) st = MALFORMED("tokens were emitted before the prompt was forwarded");
         s->prompt_done = prompt_done;
+        s->grammar_replay = compiled_grammar;
         if (st == TL_OK) st = rebuild_emitted(s);
         if (st == TL_OK && text_shown > s->text_len)
             st = MALFORMED("%llu bytes of text shown, of %zu", (unsigned long long)text_shown, s->text_len);

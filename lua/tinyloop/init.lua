@@ -978,8 +978,30 @@ State.__index = State
 
 local state_out = ffi_new("tl_session_state *[1]")
 
+-- A state keeps the C model alive like a session does (model_release): its KV pages are the
+-- model's, and the collector may finalise a model and its last state in either order.
 local function wrap_state(model, ptr, ctx)
-    return setmetatable({ ptr = ffi_gc(ptr, C.tl_session_state_free), ctx = ctx, model = model }, State)
+    local handle = model.handle
+    handle.refs = handle.refs + 1
+    return setmetatable({ ctx = ctx, model = model, ptr = ffi_gc(ptr, function(p)
+        C.tl_session_state_free(p)
+        model_release(handle)
+    end) }, State)
+end
+
+local function state_ptr(state, what)
+    if state.ptr == nil then raise(what .. ": the state is closed") end
+    return state.ptr
+end
+
+-- state:close(): frees the state's memory (its KV pages) now, not at the next collection.
+function State:close()
+    if self.ptr ~= nil then
+        ffi_gc(self.ptr, nil)
+        C.tl_session_state_free(self.ptr)
+        self.ptr = nil
+        model_release(self.model.handle)
+    end
 end
 
 -- session:save() -> state | nil, err: the session's state, kept after it is closed, to be
@@ -996,7 +1018,7 @@ end
 -- sampler position, stats and KV cache; hooks are not written).
 local bytes_out, len_out = ffi_new("void *[1]"), ffi_new("size_t[1]")
 function State:bytes()
-    local st = C.tl_session_state_to_bytes(self.ptr, bytes_out, len_out)
+    local st = C.tl_session_state_to_bytes(state_ptr(self, "state:bytes()"), bytes_out, len_out)
     if st ~= 0 then return nil, last_error() end
     local s = ffi_string(bytes_out[0], len_out[0])
     C.tl_free(bytes_out[0])
@@ -1007,7 +1029,7 @@ end
 -- renamed over it).
 function State:write(path)
     if type(path) ~= "string" then raise("state:write(path): path must be a string") end
-    local st = C.tl_session_state_write(self.ptr, path)
+    local st = C.tl_session_state_write(state_ptr(self, "state:write()"), path)
     if st ~= 0 then return nil, last_error() end
     return true
 end
@@ -1015,7 +1037,7 @@ end
 -- state:tokens() -> { ids }, prompt_len: the state's prompt and emitted tokens.
 function State:tokens()
     local n, prompt_len = ffi_new("int[1]"), ffi_new("int[1]")
-    local ids = C.tl_session_state_tokens(self.ptr, n, prompt_len)
+    local ids = C.tl_session_state_tokens(state_ptr(self, "state:tokens()"), n, prompt_len)
     local t = {}
     for i = 1, n[0] do t[i] = ids[i - 1] end
     return t, prompt_len[0]
@@ -1060,6 +1082,7 @@ end
 function Model:resume(state, hooks)
     model_ptr(self, "resume")
     if getmetatable(state) ~= State then raise("model:resume(): state must come from session:save() or model:read_state()") end
+    state_ptr(state, "model:resume()")
     local c, keep, ctx = branch_hooks(state, hooks, "model:resume()")
     if ctx then registry[ctx.key] = ctx end
     local st = C.tl_session_resume(self.ptr, state.ptr, c, branch_out)

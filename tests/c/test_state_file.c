@@ -257,6 +257,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
         {152, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
         {36, 5, TL_ERR_FORMAT, "reached max_tokens = 5"}, /* 5 emitted: it had finished */
         {156 + 4 * 9 + 32, 2, TL_ERR_FORMAT, "prompt_done is 2"}, /* after the tokens and the RNG */
+        {156 + 4 * 9 + 32, 1 | 2 << 8, TL_ERR_FORMAT, "compiled_grammar is 2"}, /* the next byte */
         {156 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
         {156, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
     };
@@ -269,7 +270,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     }
     /* The cache part: length and the first entry's index and depth (after the fixed-size
        part: tokens, rng, prompt_done, text_shown, 5 f64, 2 + 65 i32). */
-    const size_t cache_at = 156 + 4 * 9 + 32 + 1 + 8 + 40 + 4 * 67;
+    const size_t cache_at = 156 + 4 * 9 + 32 + 2 + 8 + 40 + 4 * 67;
     struct { size_t at; int32_t value; const char *needle; } cache_fields[] = {
         {cache_at, 3, "the cache holds 3 entries"},
         {cache_at + 4, 99, "cache entries for a length"},
@@ -335,23 +336,6 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", changed_dir);
     CHECK(system(cmd) == 0, "cleanup");
 
-    /* A compiled grammar's position is not written. */
-    tl_compiled_grammar *g = NULL;
-    const char *gbnf = "root ::= [a-z ]+";
-    CHECK(tl_grammar_compile_gbnf(gbnf, strlen(gbnf), &g) == TL_OK, "compile: %s", tl_last_error());
-    tl_grammar gram;
-    tl_grammar_use(&gram, g);
-    tl_generate_config gcfg = cfg;
-    gcfg.grammar = &gram;
-    tl_session *gs = NULL;
-    tl_session_state *gstate = NULL;
-    tl_session_new(m, prompt, 4, &gcfg, &gs);
-    run(gs, 3);
-    tl_session_save(gs, &gstate);
-    CHECK_ERROR(tl_session_state_to_bytes(gstate, &out_bytes, &out_len), TL_ERR_UNSUPPORTED, "compiled grammar");
-    tl_session_state_free(gstate);
-    tl_session_free(gs);
-    tl_compiled_grammar_free(g);
 
     tl_session_state_free(state);
     tl_free(bytes);
@@ -388,11 +372,72 @@ static void checksum_pieces(void) {
     }
 }
 
+/* A session under a compiled grammar: its file marks it so (the matcher's position is not
+   written), and a resume must name the grammar again, whose matcher then accepts the emitted
+   tokens anew: the continuation equals the uninterrupted run's. Without the grammar, or with
+   one that does not allow those tokens, the resume is refused. */
+static void compiled_grammar_states(const tl_model *m) {
+    const int32_t prompt[4] = {5, 6, 7, 8};
+    tl_compiled_grammar *letters = NULL, *digits = NULL;
+    const char *letters_gbnf = "root ::= [a-z ]+", *digits_gbnf = "root ::= [0-9]+";
+    CHECK(tl_grammar_compile_gbnf(letters_gbnf, strlen(letters_gbnf), &letters) == TL_OK, "%s", tl_last_error());
+    CHECK(tl_grammar_compile_gbnf(digits_gbnf, strlen(digits_gbnf), &digits) == TL_OK, "%s", tl_last_error());
+    tl_grammar with_letters, with_digits;
+    tl_grammar_use(&with_letters, letters);
+    tl_grammar_use(&with_digits, digits);
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 16;
+    cfg.temperature = 0.8f;
+    cfg.sample_seed = 9;
+    cfg.grammar = &with_letters;
+    tl_session *whole = NULL, *s = NULL, *resumed = NULL;
+    tl_session_new(m, prompt, 4, &cfg, &whole);
+    tl_session_new(m, prompt, 4, &cfg, &s);
+    run(whole, 1000);
+    run(s, 5);
+    size_t len = 0;
+    void *bytes = state_bytes(s, &len);
+    CHECK(bytes != NULL, "a state under a compiled grammar is written: %s", tl_last_error());
+    tl_session_free(s);
+    tl_session_state *state = NULL;
+    CHECK(bytes && tl_session_state_from_bytes(m, bytes, len, &state) == TL_OK, "%s", tl_last_error());
+    tl_generate_config hooks;
+    tl_generate_config_init(&hooks);
+    CHECK_ERROR(tl_session_resume(m, state, NULL, &resumed), TL_ERR_INVALID_ARGUMENT, "pass that grammar to resume");
+    CHECK_ERROR(tl_session_resume(m, state, &hooks, &resumed), TL_ERR_INVALID_ARGUMENT, "pass that grammar to resume");
+    hooks.grammar = &with_digits;
+    CHECK_ERROR(tl_session_resume(m, state, &hooks, &resumed), TL_ERR_INVALID_ARGUMENT, "is not allowed by the grammar");
+    CHECK(resumed == NULL, "a refused resume gives no session");
+    hooks.grammar = &with_letters;
+    for (int twice = 0; twice < 2; twice++) {
+        CHECK(tl_session_resume(m, state, &hooks, &resumed) == TL_OK, "resume: %s", tl_last_error());
+        if (resumed) run(resumed, 1000);
+        CHECK(resumed && same_run(resumed, whole), "resumed under its grammar (%d), the run differs", twice);
+        if (resumed && twice == 0) { /* a resumed session's own state is marked the same way */
+            size_t again_len = 0;
+            tl_session_free(resumed);
+            CHECK(tl_session_resume(m, state, &hooks, &resumed) == TL_OK, "%s", tl_last_error());
+            void *again = state_bytes(resumed, &again_len);
+            CHECK(again && again_len == len && memcmp(again, bytes, len) == 0, "resumed and saved again, the bytes differ");
+            tl_free(again);
+            run(resumed, 1000);
+        }
+        tl_session_free(resumed);
+        resumed = NULL;
+    }
+    tl_session_state_free(state);
+    tl_free(bytes);
+    tl_session_free(whole);
+    tl_compiled_grammar_free(letters);
+    tl_compiled_grammar_free(digits);
+}
+
 /* The fuzzer's seeds (tests/fuzz/make_state_seeds.lua) are states of this checkpoint: they
    must still read, or the fuzzer would start from inputs refused at the fingerprint and
    never reach the fields (rewrite them when the fingerprint or the layout changes). */
 static void fuzz_seeds_read(const tl_model *m, const char *corpus) {
-    const char *names[] = {"greedy", "stop_rules_window", "before_prompt", "early_exit"};
+    const char *names[] = {"greedy", "stop_rules_window", "before_prompt", "early_exit", "compiled_grammar"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", corpus, names[i]);
@@ -423,6 +468,7 @@ int main(int argc, char **argv) {
     checksum_pieces();
     roundtrips(m, tmp_dir);
     refusals(m, dir, tmp_dir, other_dir);
+    compiled_grammar_states(m);
     fuzz_seeds_read(m, corpus);
     rmdir(tmp_dir);
     tl_model_free(m);

@@ -112,6 +112,19 @@ describe("forks and saved states", function()
         H.error_contains(function() m:resume({ ptr = state.ptr }) end, "state must come from session:save()")
     end)
 
+    it("resumes a state file written under a compiled grammar when the resume names the grammar", function()
+        local letters = assert(H.tinyloop.grammar.gbnf("root ::= [a-z ]+"))
+        local cfg = { max_tokens = 14, temperature = 0.8, sample_seed = 4, grammar = letters }
+        local whole = finish(assert(m:session(prompt, cfg)))
+        local s = assert(m:session(prompt, cfg))
+        for _ = 1, 4 do s:step() end
+        local state = assert(m:state_from_bytes(assert(assert(s:save()):bytes())))
+        H.error_contains(function() m:resume(state) end, "pass that grammar to resume")
+        local digits = assert(H.tinyloop.grammar.gbnf("root ::= [0-9]+"))
+        H.error_contains(function() m:resume(state, { grammar = digits }) end, "is not allowed by the grammar")
+        assert.same(whole, finish(assert(m:resume(state, { grammar = letters }))))
+    end)
+
     it("refuses what cannot be forked, with a message saying why", function()
         local s = assert(m:session(prompt, { max_tokens = 1 }))
         finish(s)

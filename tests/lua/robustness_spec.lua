@@ -144,6 +144,45 @@ describe("Model:close (finding 12)", function()
         assert.is_true(ok and out:find("DONE", 1, true) ~= nil, "child crashed:\n" .. out)
     end)
 
+    it("keeps the C model alive for saved states (their KV pages are the model's)", function()
+        local g = assert(tinyloop.load(H.TEXTMODEL, { threads = 1 }))
+        local s = assert(g:session("It is", { max_tokens = 6, ignore_eos = true }))
+        s:step()
+        local state = assert(s:save())
+        s:close()
+        local refs = g.handle.refs
+        local bytes = assert(state:bytes())
+        g:close()
+        assert.equal(refs - 1, g.handle.refs) -- the state's reference alone holds the C model
+        assert.equal(bytes, state:bytes())
+        state:close()
+        state:close()
+        assert.is_nil(g.handle.raw) -- the last reference gone: the model is freed
+        raises("state:bytes(): the state is closed", function() return state:bytes() end)
+        raises("state:write(): the state is closed", function() return state:write("/tmp/x") end)
+        local other = H.model()
+        raises("model:resume(): the state is closed", function() return other:resume(state) end)
+    end)
+
+    it("frees the model whatever order the collector finalizes it and its saved states in", function()
+        local ok, out = H.run_child([[
+            local H = require "helpers"
+            for i = 1, 30 do
+                local g = assert(H.tinyloop.load(H.TEXTMODEL, { threads = 1 }))
+                local s = g:session("It is", { max_tokens = 4 })
+                s:step()
+                local state = s:save()
+                if i % 3 == 0 then state = g:state_from_bytes(state:bytes()) end
+                if i % 2 == 0 then g:close() end
+                g, s, state = nil, nil, nil
+                collectgarbage()
+            end
+            collectgarbage() collectgarbage()
+            print("DONE")
+        ]])
+        assert.is_true(ok and out:find("DONE", 1, true) ~= nil, "child crashed:\n" .. out)
+    end)
+
     it("lets a program load and close 200 models without the memory growing", function()
         local function rss_kb()
             local f = io.open("/proc/self/status")
