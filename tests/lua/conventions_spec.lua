@@ -64,7 +64,7 @@ describe("runtime failures", function()
     -- A real checkpoint (the text model) whose config allows a 16M-token context: asking for
     -- 16M tokens runs the engine out of memory under a 300 MB address-space limit (the
     -- session's token and row arrays: KV pages are only allocated as they are written).
-    it("return nil, err from every generating call", function()
+    it("return nil, err from every generating call #ulimit", function()
         local dir = os.tmpname()
         os.remove(dir)
         assert(os.execute("mkdir -p " .. dir .. " && cp " .. H.TEXTMODEL .. "/* " .. dir) == 0)

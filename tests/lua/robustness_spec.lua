@@ -183,7 +183,7 @@ describe("Model:close (finding 12)", function()
         assert.is_true(ok and out:find("DONE", 1, true) ~= nil, "child crashed:\n" .. out)
     end)
 
-    it("lets a program load and close 200 models without the memory growing", function()
+    it("lets a program load and close 200 models without the memory growing #rss", function()
         local function rss_kb()
             local f = io.open("/proc/self/status")
             if not f then return 0 end
