@@ -8,6 +8,7 @@
 
 #include "grammar.h"
 #include "session.h"
+#include "validate.h"
 
 /* Which sessions can be cloned: plain decoding (its whole state is the fields below; a
    speculative or beam session also holds a draft tree or beams). */
@@ -28,7 +29,6 @@ static tl_status check_clonable(const tl_session *s, const char *what) {
    (a copy of its matcher; also when the branch's hooks name that same compiled grammar),
    another compiled grammar starts from its start state, a callback grammar is the caller's. */
 static tl_status clone_grammar(tl_session *s, const tl_session *src, const tl_generate_config *hooks) {
-    s->grammar_matcher = NULL;
     const tl_grammar *g = hooks ? hooks->grammar : src->cfg.grammar ? &src->grammar : NULL;
     s->cfg.grammar = g ? &s->grammar : NULL;
     if (!g) return TL_OK;
@@ -37,12 +37,7 @@ static tl_status clone_grammar(tl_session *s, const tl_session *src, const tl_ge
         if (st == TL_OK) gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
         return st;
     }
-    s->grammar = *g;
-    if (!g->compiled) return TL_OK;
-    tl_status st = gram_matcher_new(g->compiled, s->m->tokenizer, s->m->cfg.vocab_size, s->m->cfg.eos_token_id,
-                                    &s->grammar_matcher);
-    if (st == TL_OK) gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
-    return st;
+    return tl_session_set_grammar(s, g);
 }
 
 /* A state read from a file that was generated under a compiled grammar holds the tokens,
@@ -84,10 +79,10 @@ static void *copy_of(const void *src, size_t bytes) {
 /* A deep copy of a plain session whose cache shares src's pages. */
 static tl_status clone(const tl_session *src, const tl_generate_config *hooks, tl_session **out) {
     *out = NULL;
-    if (hooks && hooks->grammar && !hooks->grammar->compiled && (!hooks->grammar->allowed || !hooks->grammar->advance))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar needs both an allowed and an advance callback (or a compiled grammar)");
-    if (hooks && hooks->grammar && hooks->grammar->compiled && !src->m->tokenizer)
-        return tl_fail(TL_ERR_UNSUPPORTED, "a compiled grammar needs the model's tokenizer.json (token bytes)");
+    if (hooks && hooks->grammar) {
+        tl_status st = tl_validate_grammar(src->m, hooks->grammar);
+        if (st != TL_OK) return st;
+    }
     const tl_generate_config *c = &src->cfg;
     const int vocab = src->m->cfg.vocab_size, total = src->prompt_len + c->max_tokens;
     tl_session *s = calloc(1, sizeof *s);

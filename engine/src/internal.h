@@ -28,6 +28,9 @@ double tl_now_ms(void);                 /* monotonic clock */
    frees it. */
 void *tl_map_huge(size_t bytes, void **region, size_t *region_len);
 
+/* The name of a KV cache type, as tl_model_info and the load options spell it. */
+static inline const char *tl_kv_type_name(tl_kv_type t) { return t == TL_KV_F16 ? "f16" : "f32"; }
+
 /* ---------------------------------------------------------------- hashing */
 
 /* A 64-bit hash fed in pieces (a model's fingerprint, a saved state's checksum): eight bytes
@@ -52,6 +55,8 @@ uint64_t tl_hash_final(const tl_hasher *hs); /* the hasher may go on being fed *
    tl_read_regular returns the NUL-terminated contents in *out (free()). */
 tl_status tl_open_regular(const char *path, size_t max_bytes, int *fd, size_t *size);
 tl_status tl_read_regular(const char *path, size_t max_bytes, char **out, size_t *len);
+/* Reads exactly `size` bytes of fd into buf (the file at path, named in the error). */
+tl_status tl_read_exact(int fd, const char *path, void *buf, size_t size);
 #define TL_MAX_CONFIG_BYTES ((size_t)64 << 20)
 #define TL_MAX_TOKENIZER_BYTES ((size_t)256 << 20) /* the largest HF tokenizers are ~35 MB */
 

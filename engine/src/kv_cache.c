@@ -149,9 +149,8 @@ bool tl_kv_writable(tl_kv_cache *c, int slot, int logical, void **k, void **v) {
 tl_status tl_kv_reserve(tl_kv_cache *c, int from, int n) {
     const tl_config *cfg = &c->model->cfg;
     const int loops = c->reserve_loops < cfg->max_loops ? c->reserve_loops : cfg->max_loops;
-    const int block_end = cfg->n_prelude + cfg->n_block * loops, coda = cfg->n_prelude + cfg->n_block * cfg->max_loops;
     for (int slot = 0; slot < c->n_slots; slot++) {
-        if (slot >= block_end && slot < coda) continue; /* loops deeper than the owner runs */
+        if (!tl_kv_slot_at_depth(cfg, slot, loops)) continue; /* loops deeper than the owner runs */
         int last_page = -1;
         for (int e = from; e < from + n; e++) {
             const int row = tl_kv_row(c, e);
@@ -177,8 +176,7 @@ static tl_kv_cache *cache_alloc(const tl_model *m, int capacity) {
     if (!c) return NULL;
     const tl_config *cfg = &m->cfg;
     c->model = m;
-    c->n_slots = cfg->n_prelude + cfg->n_block * cfg->max_loops + cfg->n_coda;
-    if (c->n_slots < 1) c->n_slots = 1;
+    c->n_slots = tl_kv_slots(cfg);
     c->kv_dim = cfg->n_kv_heads * cfg->head_dim;
     c->row_bytes = row_bytes_of(m);
     c->capacity = capacity;

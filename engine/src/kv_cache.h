@@ -61,6 +61,16 @@ typedef struct tl_kv_cache {
     uint16_t *depth;     /* [capacity] loops computed for the row; deeper slots are shared */
 } tl_kv_cache;
 
+/* The slot numbering above, in one place: how many slots a cache of model config c has, and
+   whether a row computed at `depth` loops has `slot` (prelude, block loops 1..depth, coda). */
+static inline int tl_kv_slots(const tl_config *c) {
+    const int n = c->n_prelude + c->n_block * c->max_loops + c->n_coda;
+    return n > 0 ? n : 1;
+}
+static inline bool tl_kv_slot_at_depth(const tl_config *c, int slot, int depth) {
+    return slot < c->n_prelude + c->n_block * depth || slot >= c->n_prelude + c->n_block * c->max_loops;
+}
+
 /* A cache for forwards of model m, its K/V in m's backend. tokens: most logical entries
    ever held (prompt + max new); window 0 = unbounded. With a window the memory is at most
    (window + max_chunk) rows whatever `tokens` is. No page is allocated yet. */

@@ -433,7 +433,7 @@ static void fill_info(tl_model *m, const tl_st_set *files) {
         .weight_dtype = dtypes[layers_dtype(m)],
         .state_norm = c->state_norm, .bias = c->bias, .tie_embeddings = c->tie_embeddings,
         .n_threads = m->backend->threads(m->backend_ctx), .backend = m->backend->name,
-        .kv_type = m->kv_type == TL_KV_F16 ? "f16" : "f32",
+        .kv_type = tl_kv_type_name(m->kv_type),
         .exit_gate = c->exit_gate, .exit_gate_threshold = c->exit_threshold,
     };
     for (int f = 0; f < files->n_files; f++) {

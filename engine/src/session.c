@@ -148,21 +148,23 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
     }
     s->cfg.stop_sequences = s->stop_seqs;
     s->forced_token = -1;
-    if (cfg->grammar) {
-        s->grammar = *cfg->grammar;
-        s->cfg.grammar = &s->grammar;
-        /* ---- grammar: a compiled grammar gets this session's own matcher */
-        if (cfg->grammar->compiled) {
-            st = gram_matcher_new(cfg->grammar->compiled, m->tokenizer, vocab, m->cfg.eos_token_id, &s->grammar_matcher);
-            if (st != TL_OK) {
-                session_destroy(s);
-                return st;
-            }
-            gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
-        }
+    if (cfg->grammar && (st = tl_session_set_grammar(s, cfg->grammar)) != TL_OK) {
+        session_destroy(s);
+        return st;
     }
     *out = s;
     return TL_OK;
+}
+
+tl_status tl_session_set_grammar(tl_session *s, const tl_grammar *g) {
+    s->grammar = *g;
+    s->cfg.grammar = &s->grammar;
+    if (!g->compiled) return TL_OK;
+    /* ---- grammar: a compiled grammar gets this session's own matcher */
+    tl_status st = gram_matcher_new(g->compiled, s->m->tokenizer, s->m->cfg.vocab_size, s->m->cfg.eos_token_id,
+                                    &s->grammar_matcher);
+    if (st == TL_OK) gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
+    return st;
 }
 
 const int32_t *tl_session_tokens(const tl_session *s, int *n) {
@@ -317,6 +319,14 @@ tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched) {
     return TL_OK;
 }
 
+tl_stop_reason tl_session_rule_stop(const tl_session *s, int n, bool stop_string) {
+    const tl_generate_config *c = &s->cfg;
+    if (s->tokens[n - 1] == s->m->cfg.eos_token_id && !c->ignore_eos) return TL_STOP_EOS;
+    if (tl_stop_sequences_match(s->tokens, n, s->prompt_len, c->stop_sequences, c->n_stop_sequences) || stop_string)
+        return TL_STOP_SEQUENCE;
+    return TL_STOP_NONE;
+}
+
 tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
     const tl_generate_config *c = &s->cfg;
     tl_status st;
@@ -347,10 +357,8 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
     if (s->stream_fn && !s->stream_fn(s->stream_user, tok, position)) observer_stop = true;
 
     /* Stop checks, in order of precedence. */
-    if (tok == s->m->cfg.eos_token_id && !c->ignore_eos) return finish(s, TL_STOP_EOS, stop);
-    if (tl_stop_sequences_match(s->tokens, s->n_tokens, s->prompt_len, c->stop_sequences, c->n_stop_sequences))
-        return finish(s, TL_STOP_SEQUENCE, stop);
-    if (stop_string) return finish(s, TL_STOP_SEQUENCE, stop);
+    const tl_stop_reason rule = tl_session_rule_stop(s, s->n_tokens, stop_string);
+    if (rule != TL_STOP_NONE) return finish(s, rule, stop);
     if (c->stop_rule) {
         int r = c->stop_rule(c->stop_rule_user, s->tokens, s->n_tokens);
         if (r < 0) return tl_session_hook_failed(s, "stop_rule", r);

@@ -116,9 +116,16 @@ int32_t tl_session_choose(tl_session *s);
 tl_status tl_session_forward_adaptive(tl_session *s, int start);
 /* A hook returned `code` < 0: the session is finished, TL_ERR_HOOK names the hook. */
 tl_status tl_session_hook_failed(tl_session *s, const char *hook, int code);
+/* Gives the session grammar g (copied; a compiled grammar gets the session's own matcher,
+   at its start). */
+tl_status tl_session_set_grammar(tl_session *s, const tl_grammar *g);
 /* Appends the token's bytes to the generated text (special tokens have none); *matched
    tells whether a stop string now ends inside them. */
 tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched);
+/* The config's own stop rules (end of text, stop sequences, a stop string: stop_string says
+   whether one ended in the token's text) for the emitted token s->tokens[n - 1]; the hooks'
+   and max_tokens are tl_session_emit's. TL_STOP_NONE: go on. */
+tl_stop_reason tl_session_rule_stop(const tl_session *s, int n, bool stop_string);
 /* Appends a chosen token (-1: nothing allowed) and runs hooks and stop checks; *stop tells
    whether generation ended. */
 tl_status tl_session_emit(tl_session *s, int32_t token, tl_stop_reason *stop);

@@ -46,7 +46,6 @@
 #include "backend.h"
 #include "kv_cache.h"
 #include "session.h"
-#include "stop.h"
 
 static const char STATE_MAGIC[8] = "TLSTATE";
 #define STATE_VERSION 1u
@@ -57,17 +56,6 @@ static bool host_is_little_endian(void) {
     uint8_t first;
     memcpy(&first, &one, 1);
     return first == 1;
-}
-
-/* The cache slots an entry computed at `depth` loops has: prelude, the block at loops
-   1..depth, coda (kv_cache.h numbers them). Fills slots[] and returns how many. */
-static int entry_slots(const tl_config *c, int depth, int *slots) {
-    int n = 0;
-    for (int i = 0; i < c->n_prelude; i++) slots[n++] = i;
-    for (int l = 1; l <= depth; l++)
-        for (int i = 0; i < c->n_block; i++) slots[n++] = c->n_prelude + (l - 1) * c->n_block + i;
-    for (int i = 0; i < c->n_coda; i++) slots[n++] = c->n_prelude + c->n_block * c->max_loops + i;
-    return n;
 }
 
 /* ================================================================ writing */
@@ -152,43 +140,31 @@ static void write_stats(state_writer *w, const tl_session *s) {
 
 /* The entries the ring still holds (every entry without a window), oldest first. */
 static int first_entry(const tl_kv_cache *c) { return c->length > c->capacity ? c->length - c->capacity : 0; }
-static bool entry_present(const tl_kv_cache *c, int j) { return c->logical[tl_kv_row(c, j)] == j; }
 
+/* Every entry the ring holds: a plain session's ring has no gaps (only speculative rollbacks
+   leave them), which the reader relies on. */
 static tl_status write_cache(state_writer *w, const tl_session *s) {
     const tl_kv_cache *c = s->cache;
     const tl_config *mc = &s->m->cfg;
-    int n_entries = 0;
-    for (int j = first_entry(c); j < c->length; j++) n_entries += entry_present(c, j);
-    if (n_entries != c->length - first_entry(c)) /* a plain session's ring has no gaps */
-        return tl_fail(TL_ERR_INTERNAL, "state: the cache holds %d of entries [%d, %d)", n_entries, first_entry(c),
-                       c->length);
+    const int n_entries = c->length - first_entry(c);
     put_i32(w, c->length);
     put_i32(w, n_entries);
-    int *slots = malloc((size_t)c->n_slots * sizeof *slots);
-    if (!slots) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    tl_status st = TL_OK;
-    for (int j = first_entry(c); st == TL_OK && j < c->length; j++) {
-        if (!entry_present(c, j)) continue;
+    for (int j = first_entry(c); j < c->length; j++) {
         const int row = tl_kv_row(c, j), depth = c->depth[row];
-        if (depth < 1 || depth > mc->max_loops || c->pos[row] != s->positions[j]) {
-            st = tl_fail(TL_ERR_INTERNAL, "state: cache entry %d has depth %d, position %d", j, depth, c->pos[row]);
-            break;
-        }
+        if (c->logical[row] != j || depth < 1 || depth > mc->max_loops || c->pos[row] != s->positions[j])
+            return tl_fail(TL_ERR_INTERNAL, "state: cache entry %d is missing, or has depth %d, position %d", j, depth,
+                           c->pos[row]);
         put_i32(w, j);
         put_i32(w, depth);
-        const int n_slots = entry_slots(mc, depth, slots);
-        for (int k = 0; k < n_slots; k++) {
-            const void *key = tl_kv_k(c, slots[k], j), *value = tl_kv_v(c, slots[k], j);
-            if (!key || !value) {
-                st = tl_fail(TL_ERR_INTERNAL, "state: cache entry %d has no page in slot %d", j, slots[k]);
-                break;
-            }
+        for (int slot = 0; slot < c->n_slots; slot++) {
+            if (!tl_kv_slot_at_depth(mc, slot, depth)) continue;
+            const void *key = tl_kv_k(c, slot, j), *value = tl_kv_v(c, slot, j);
+            if (!key || !value) return tl_fail(TL_ERR_INTERNAL, "state: cache entry %d has no page in slot %d", j, slot);
             put(w, key, c->row_bytes);
             put(w, value, c->row_bytes);
         }
     }
-    free(slots);
-    return st;
+    return TL_OK;
 }
 
 /* The whole state into w, checksum last. */
@@ -471,35 +447,24 @@ static tl_status read_cache(state_reader *r, tl_session *s) {
        leave gaps), and the prompt's entries were computed at the session's full depth (the
        prefill, or a prefix pool entry of that depth): the prefix pool may be offered them
        once the prompt is done, and it promises other sessions bit-identical rows. */
-    const int oldest = length > c->capacity ? length - c->capacity : 0;
+    c->length = length;
+    const int oldest = first_entry(c);
     if (n_entries != length - oldest)
         return MALFORMED("%d cache entries for a length of %d (the cache holds entries [%d, %d))", n_entries, length,
                          oldest, length);
-    int *slots = malloc((size_t)c->n_slots * sizeof *slots);
-    if (!slots) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    for (int e = 0; st == TL_OK && e < n_entries; e++) {
+    for (int e = 0; e < n_entries; e++) {
         const int32_t j = get_i32(r), depth = get_i32(r);
-        if (r->short_read) { st = MALFORMED("the bytes end inside cache entry %d", e); break; }
-        if (j != oldest + e) {
-            st = MALFORMED("cache entry %d has index %d, not %d", e, j, oldest + e);
-            break;
-        }
-        if (depth < 1 || depth > s->loops || (j < s->prompt_len && depth != s->loops)) {
-            st = MALFORMED("cache entry %d has depth %d (the session runs %d loops; a prompt entry all of them)", j,
-                           depth, s->loops);
-            break;
-        }
-        const int n_slots = entry_slots(mc, depth, slots);
-        if ((size_t)n_slots * 2 > r->left / (c->row_bytes ? c->row_bytes : 1)) {
-            st = MALFORMED("the bytes end inside cache entry %d", j);
-            break;
-        }
-        for (int k = 0; k < n_slots; k++) {
+        if (r->short_read) return MALFORMED("the bytes end inside cache entry %d", e);
+        if (j != oldest + e) return MALFORMED("cache entry %d has index %d, not %d", e, j, oldest + e);
+        if (depth < 1 || depth > s->loops || (j < s->prompt_len && depth != s->loops))
+            return MALFORMED("cache entry %d has depth %d (the session runs %d loops; a prompt entry all of them)", j,
+                             depth, s->loops);
+        for (int slot = 0; slot < c->n_slots; slot++) {
+            if (!tl_kv_slot_at_depth(mc, slot, depth)) continue;
             void *key, *value;
-            if (!tl_kv_writable(c, slots[k], j, &key, &value)) {
-                st = tl_fail(TL_ERR_NO_MEMORY, "state: out of memory for the KV cache");
-                break;
-            }
+            if (2 * c->row_bytes > r->left) return MALFORMED("the bytes end inside cache entry %d", j);
+            if (!tl_kv_writable(c, slot, j, &key, &value))
+                return tl_fail(TL_ERR_NO_MEMORY, "state: out of memory for the KV cache");
             get(r, key, c->row_bytes);
             get(r, value, c->row_bytes);
         }
@@ -508,9 +473,7 @@ static tl_status read_cache(state_reader *r, tl_session *s) {
         c->pos[row] = s->positions[j];
         c->depth[row] = (uint16_t)depth;
     }
-    free(slots);
-    c->length = length;
-    return st;
+    return TL_OK;
 }
 
 /* Appends the emitted tokens s->tokens[prompt_len, n_tokens) to the session's text, checking
@@ -523,14 +486,12 @@ static tl_status rebuild_emitted(tl_session *s) {
     if (emitted > 0 && emitted >= c->max_tokens)
         return MALFORMED("%d tokens emitted: the session had reached max_tokens = %d", emitted, c->max_tokens);
     for (int i = s->prompt_len; i < s->n_tokens; i++) {
-        const int32_t tok = s->tokens[i];
         bool stop_string = false;
-        tl_status st = tl_session_append_text(s, tok, &stop_string);
+        tl_status st = tl_session_append_text(s, s->tokens[i], &stop_string);
         if (st != TL_OK) return st;
-        if ((tok == s->m->cfg.eos_token_id && !c->ignore_eos) || stop_string ||
-            tl_stop_sequences_match(s->tokens, i + 1, s->prompt_len, c->stop_sequences, c->n_stop_sequences))
+        if (tl_session_rule_stop(s, i + 1, stop_string) != TL_STOP_NONE)
             return MALFORMED("token %d (%d) ends the generation (end of text or a stop rule): the session had finished",
-                             i, tok);
+                             i, s->tokens[i]);
     }
     return TL_OK;
 }
@@ -620,17 +581,17 @@ tl_status tl_session_state_from_bytes(const tl_model *model, const void *bytes, 
     const uint64_t fingerprint = get_u64(&r);
     const uint32_t kv_type = get_u32(&r), vocab = get_u32(&r), n_slots = get_u32(&r), kv_dim = get_u32(&r);
     const tl_config *mc = &model->cfg;
-    const uint32_t model_slots = (uint32_t)(mc->n_prelude + mc->n_block * mc->max_loops + mc->n_coda);
-    if (fingerprint != model->fingerprint || vocab != (uint32_t)mc->vocab_size ||
-        n_slots != (model_slots ? model_slots : 1) || kv_dim != (uint32_t)(mc->n_kv_heads * mc->head_dim))
+    if (fingerprint != model->fingerprint || vocab != (uint32_t)mc->vocab_size || n_slots != (uint32_t)tl_kv_slots(mc) ||
+        kv_dim != (uint32_t)(mc->n_kv_heads * mc->head_dim))
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
                        "state: written by another model (fingerprint %016llx), not this one (%s, %016llx): its KV "
                        "cache belongs to that model's weights",
                        (unsigned long long)fingerprint, model->dir, (unsigned long long)model->fingerprint);
-    if (kv_type != (uint32_t)model->kv_type)
+    if (kv_type != (uint32_t)model->kv_type) {
+        const char *written = tl_kv_type_name((tl_kv_type)kv_type);
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "state: its KV cache is %s, this model's is %s (load it with kv_type %s)",
-                       kv_type == TL_KV_F16 ? "f16" : "f32", model->kv_type == TL_KV_F16 ? "f16" : "f32",
-                       kv_type == TL_KV_F16 ? "f16" : "f32");
+                       written, tl_kv_type_name(model->kv_type), written);
+    }
     tl_session_state *state = calloc(1, sizeof *state);
     if (!state) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     tl_status st = read_session(&r, model, &state->frozen);
@@ -662,24 +623,15 @@ tl_status tl_session_state_read(const tl_model *model, const char *path, tl_sess
         close(fd);
         return tl_fail(TL_ERR_NO_MEMORY, "%s: out of memory for %zu bytes", path, len);
     }
-    size_t got = 0;
-    while (got < len) {
-        const ssize_t r = read(fd, bytes + got, len - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break; /* an error, or the file shrank while we read it */
-        got += (size_t)r;
-    }
+    st = tl_read_exact(fd, path, bytes, len);
     close(fd);
-    st = got == len ? tl_session_state_from_bytes(model, bytes, len, out)
-                    : tl_fail(TL_ERR_IO, "short read (%zu of %zu bytes; changed while reading?)", got, len);
-    munmap(region, region_len);
-    if (st != TL_OK) {
-        /* name the file in the message */
-        char message[512];
+    if (st == TL_OK && (st = tl_session_state_from_bytes(model, bytes, len, out)) != TL_OK) {
+        char message[512]; /* name the file in the message */
         snprintf(message, sizeof message, "%s", tl_last_error());
-        return tl_fail(st, "%s: %s", path, message);
+        st = tl_fail(st, "%s: %s", path, message);
     }
-    return TL_OK;
+    munmap(region, region_len);
+    return st;
 }
 
 const int32_t *tl_session_state_tokens(const tl_session_state *state, int *n_tokens, int *prompt_len) {

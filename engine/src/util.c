@@ -156,6 +156,19 @@ tl_status tl_open_regular(const char *path, size_t max_bytes, int *fd, size_t *s
     return TL_OK;
 }
 
+tl_status tl_read_exact(int fd, const char *path, void *buf, size_t size) {
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = read(fd, (char *)buf + got, size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break; /* an error, or the file shrank while we read it */
+        got += (size_t)r;
+    }
+    if (got != size)
+        return tl_fail(TL_ERR_IO, "%s: short read (%zu of %zu bytes; changed while loading?)", path, got, size);
+    return TL_OK;
+}
+
 tl_status tl_read_regular(const char *path, size_t max_bytes, char **out, size_t *len) {
     *out = NULL;
     *len = 0;
@@ -168,17 +181,11 @@ tl_status tl_read_regular(const char *path, size_t max_bytes, char **out, size_t
         close(fd);
         return tl_fail(TL_ERR_NO_MEMORY, "out of memory reading %s (%zu bytes)", path, size);
     }
-    size_t got = 0;
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break; /* an error, or the file shrank while we read it */
-        got += (size_t)r;
-    }
+    st = tl_read_exact(fd, path, buf, size);
     close(fd);
-    if (got != size) {
+    if (st != TL_OK) {
         free(buf);
-        return tl_fail(TL_ERR_IO, "%s: short read (%zu of %zu bytes; changed while loading?)", path, got, size);
+        return st;
     }
     buf[size] = '\0';
     *out = buf;

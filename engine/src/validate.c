@@ -146,9 +146,13 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings[%d] is empty", i);
     if (c->n_stop_strings > 0 && !m->tokenizer)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings need a tokenizer, and this model has no tokenizer.json");
-    if (c->grammar && !c->grammar->compiled && (!c->grammar->allowed || !c->grammar->advance))
+    return c->grammar ? tl_validate_grammar(m, c->grammar) : TL_OK;
+}
+
+tl_status tl_validate_grammar(const tl_model *m, const tl_grammar *g) {
+    if (!g->compiled && (!g->allowed || !g->advance))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar needs both an allowed and an advance callback (or a compiled grammar)");
-    if (c->grammar && c->grammar->compiled && !m->tokenizer)
+    if (g->compiled && !m->tokenizer)
         return tl_fail(TL_ERR_UNSUPPORTED, "a compiled grammar needs the model's tokenizer.json (token bytes)");
     return TL_OK;
 }

@@ -21,6 +21,9 @@ static inline bool tl_early_exit_on(const tl_generate_config *c) {
 tl_status tl_generate_validate(const tl_model *m, const int32_t *prompt, int prompt_len,
                                const tl_generate_config *cfg);
 
+/* The rules of a grammar on model m (a config's, or a branch's new one: fork.c). */
+tl_status tl_validate_grammar(const tl_model *m, const tl_grammar *g);
+
 /* The rules of a tl_speculative_config alone (tl_generate_speculative's own fields). */
 tl_status tl_speculative_validate(const tl_model *m, const tl_speculative_config *cfg);
 

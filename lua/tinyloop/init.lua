@@ -1043,9 +1043,10 @@ function State:tokens()
     return t, prompt_len[0]
 end
 
--- The token/text mirrors a state read from bytes continues with (what on_token would have
--- recorded had the hooks run since the prompt).
-local function mirror_of(model, state)
+-- The state in state_out[0], read back from bytes, with the token/text mirrors it continues
+-- with (what on_token would have recorded had the hooks run since the prompt).
+local function read_back_state(model)
+    local state = wrap_state(model, state_out[0], nil)
     local tokens, prompt_len = state:tokens()
     local ctx = { model = model.ptr, has_tokenizer = model.has_tokenizer, tokens = tokens, pieces = {},
                   prompt_len = prompt_len, bytes = ffi_new("const char *[1]"), len = ffi_new("size_t[1]") }
@@ -1053,7 +1054,8 @@ local function mirror_of(model, state)
         local text = token_text(ctx, tokens[i])
         if text then ctx.pieces[#ctx.pieces + 1] = text end
     end
-    return { tokens = ctx.tokens, pieces = ctx.pieces, prompt_len = prompt_len }
+    state.ctx = { tokens = ctx.tokens, pieces = ctx.pieces, prompt_len = prompt_len }
+    return state
 end
 
 -- model:state_from_bytes(s) -> state | nil, err: a state written by state:bytes() on this
@@ -1063,9 +1065,7 @@ function Model:state_from_bytes(bytes)
     if type(bytes) ~= "string" then raise("model:state_from_bytes(bytes): bytes must be a string") end
     local st = C.tl_session_state_from_bytes(self.ptr, bytes, #bytes, state_out)
     if st ~= 0 then return nil, last_error() end
-    local state = wrap_state(self, state_out[0], nil)
-    state.ctx = mirror_of(self, state)
-    return state
+    return read_back_state(self)
 end
 
 -- model:read_state(path) -> state | nil, err: the same from a file written by state:write().
@@ -1074,9 +1074,7 @@ function Model:read_state(path)
     if type(path) ~= "string" then raise("model:read_state(path): path must be a string") end
     local st = C.tl_session_state_read(self.ptr, path, state_out)
     if st ~= 0 then return nil, last_error() end
-    local state = wrap_state(self, state_out[0], nil)
-    state.ctx = mirror_of(self, state)
-    return state
+    return read_back_state(self)
 end
 
 function Model:resume(state, hooks)

@@ -3,7 +3,8 @@
  * Prints the aggregate decode tokens/s of 1, 2, 4, 8 and 16 concurrent sessions advanced
  * together by tl_session_step_batch (one forward per step for all of them), next to one
  * session's rate, and the time to first token of a session whose long prompt prefix is
- * served from the prefix pool against a cold prefill of the same prompt.
+ * served from the prefix pool against a cold prefill of the same prompt, and the same for a
+ * session saved to a state file and read back.
  *
  * --mix P,T adds the serving mix: the same session counts, each session of a P-token prompt
  * and T tokens sampled at temperature 0.8, replaced by a fresh one as soon as it finishes (the
