@@ -402,9 +402,15 @@ tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *s
    would: tokens[i], stops[i] and statuses[i] are session i's results (a session that fails
    is finished; the others go on). Every session's tokens are bit-identical to stepping it
    alone. Returns TL_OK when the call itself is valid (non-NULL arrays, n >= 1, one model, no
-   session twice, none finished or stepping); the per-session outcome is in statuses. */
+   session twice, none finished or stepping); the per-session outcome is in statuses, and a
+   failed session's message in tl_session_error (tl_last_error() is then empty: one thread's
+   message cannot tell several sessions' failures apart). */
 tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
                                 tl_status *statuses);
+
+/* The message of the session's step that failed (tl_session_step's, or its row's in
+   tl_session_step_batch), "" while none did; valid until the session is freed. NULL gives "". */
+const char *tl_session_error(const tl_session *session);
 
 /* ---- many branches of one state: fork, save / resume, the prefix pool */
 
@@ -455,7 +461,9 @@ const int32_t *tl_session_state_tokens(const tl_session_state *state, int *n_tok
    changes the budget). Then a new plain session whose prompt starts with a prefix another
    session has computed at the same depth (without cache_window) shares that prefix's K/V
    instead of recomputing it: bit-identical output, a shorter prefill
-   (stats.prompt_tokens_reused). Least recently used entries leave first. Thread-safe. */
+   (stats.prompt_tokens_reused); on a model whose loop starts from a random state, only a
+   prefix computed under the same sample_seed. Least recently used entries leave first, at
+   once when a call lowers the budget. Thread-safe. */
 tl_status tl_model_set_prefix_pool(tl_model *model, int64_t budget_bytes);
 
 /* The sequence so far: prompt + emitted tokens; valid until the next step or free. */
@@ -572,7 +580,9 @@ void tl_engine_free(tl_engine *engine);
 /* Hands a fresh session (not stepped, no hooks: hooks would run on the engine thread) to
    the engine. On TL_OK with *id > 0 the engine owns the session. When active and queued
    sessions are at their limits it returns TL_OK with *id = 0 and the caller keeps the
-   session (a server answers 503 and the caller frees it). */
+   session (a server answers 503 and the caller frees it). A session of another model, a
+   finished or stepping one, or one already submitted is refused (TL_ERR_INVALID_ARGUMENT,
+   the caller keeps it): stepped in a batch it would fail every running request. */
 tl_status tl_engine_submit(tl_engine *engine, tl_session *session, uint64_t *id);
 
 /* Blocks until request `id` has output not yet read or has finished (1), timeout_ms
@@ -613,7 +623,9 @@ void tl_engine_cancel(tl_engine *engine, uint64_t id);
 typedef struct tl_engine_counters {
     int active, queued;          /* sessions held now */
     int max_active, max_queued;
-    uint64_t submitted, finished, cancelled, failed, rejected; /* rejected: submit when full */
+    uint64_t submitted, finished, cancelled, failed, rejected; /* finished: every request that ended
+                                    on the engine thread, its `failed` ones included; cancelled: those
+                                    the caller dropped first; rejected: submit when full */
     uint64_t iterations, rows;   /* batched steps, and the session-steps they carried */
     uint64_t steps_after_cancel; /* steps sessions made after their cancel (the one in flight) */
     uint64_t waiter_wakeups;     /* times a sleeping tl_engine_wait woke (its request's output, finish

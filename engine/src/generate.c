@@ -111,9 +111,7 @@ tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, 
         for (int i = 0; st == TL_OK && i < n_live; i++) {
             tl_session *s = live[i];
             if (statuses[i] != TL_OK) {
-                char msg[900];
-                snprintf(msg, sizeof msg, "%s", tl_last_error());
-                st = tl_fail(statuses[i], "generate_batch: prompt %d: %s", live_prompt[i], msg);
+                st = tl_fail(statuses[i], "generate_batch: prompt %d: %s", live_prompt[i], tl_session_error(s));
                 break;
             }
             if (!s->finished) continue;

@@ -204,8 +204,10 @@ struct tl_model {
     double *rope_inv_freq;       /* [head_dim/2] */
     struct tlz_tokenizer *tokenizer; /* NULL without tokenizer.json */
     char *dir;
-    struct tl_prefix_pool *prefix_pool; /* opt-in (tl_model_set_prefix_pool), else NULL; the
-                                           one mutable part of a model, behind its own lock */
+    _Atomic(struct tl_prefix_pool *) prefix_pool; /* opt-in (tl_model_set_prefix_pool), else NULL;
+                                           the one mutable part of a model, behind its own lock
+                                           (set once, by compare and swap: two first calls at once
+                                           must not both install one) */
     struct tl_kv_spares *kv_spares; /* freed KV pages kept for reuse (kv_cache.h), behind
                                        its own lock; NULL: none kept */
     uint64_t fingerprint;        /* config.json, the weight files (sampled) and the token

@@ -8,6 +8,7 @@
 typedef struct pool_entry {
     int32_t *tokens;      /* [n] */
     int n, loops;
+    uint64_t state_seed;  /* the initial loop state's seed (prefix_pool.h), 0: fixed */
     tl_kv_cache *cache;   /* holds exactly these n entries, sharing the donor's pages */
     size_t bytes;
     uint64_t last_used;
@@ -63,6 +64,19 @@ static void entry_free(pool_entry *e) {
     free(e->tokens);
 }
 
+/* Under the lock: least recently used entries leave until `extra` more bytes fit the budget
+   (or none is left). */
+static void evict_to_fit(tl_prefix_pool *pool, size_t extra) {
+    while (pool->n_entries > 0 && pool->used + extra > pool->budget) {
+        int lru = 0;
+        for (int i = 1; i < pool->n_entries; i++)
+            if (pool->entries[i].last_used < pool->entries[lru].last_used) lru = i;
+        pool->used -= pool->entries[lru].bytes;
+        entry_free(&pool->entries[lru]);
+        pool->entries[lru] = pool->entries[--pool->n_entries];
+    }
+}
+
 /* ---------------------------------------------------------------- the pool */
 
 tl_status tl_model_set_prefix_pool(tl_model *m, int64_t budget_bytes) {
@@ -71,17 +85,23 @@ tl_status tl_model_set_prefix_pool(tl_model *m, int64_t budget_bytes) {
     if (budget_bytes <= 0)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "prefix pool budget = %lld bytes must be > 0",
                        (long long)budget_bytes);
-    if (m->prefix_pool) { /* a new budget: evict down to it at the next offer */
-        pthread_mutex_lock(&m->prefix_pool->lock);
-        m->prefix_pool->budget = (size_t)budget_bytes;
-        pthread_mutex_unlock(&m->prefix_pool->lock);
-        return TL_OK;
+    tl_prefix_pool *pool = atomic_load(&m->prefix_pool);
+    if (!pool) {
+        tl_prefix_pool *fresh = calloc(1, sizeof *fresh);
+        if (!fresh) return tl_fail(TL_ERR_NO_MEMORY, "prefix pool: out of memory");
+        pthread_mutex_init(&fresh->lock, NULL);
+        fresh->budget = (size_t)budget_bytes;
+        tl_prefix_pool *none = NULL;
+        if (atomic_compare_exchange_strong(&m->prefix_pool, &none, fresh)) return TL_OK;
+        tl_prefix_pool_free(fresh); /* another first call installed one: this sets its budget */
+        pool = none;
     }
-    tl_prefix_pool *pool = calloc(1, sizeof *pool);
-    if (!pool) return tl_fail(TL_ERR_NO_MEMORY, "prefix pool: out of memory");
-    pthread_mutex_init(&pool->lock, NULL);
+    /* A new budget, kept at once: entries over it leave now (a pool that waited for its
+       next new entry kept them, and served them, for good when none came). */
+    pthread_mutex_lock(&pool->lock);
     pool->budget = (size_t)budget_bytes;
-    m->prefix_pool = pool;
+    evict_to_fit(pool, 0);
+    pthread_mutex_unlock(&pool->lock);
     return TL_OK;
 }
 
@@ -93,13 +113,14 @@ void tl_prefix_pool_free(tl_prefix_pool *pool) {
     free(pool);
 }
 
-int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, tl_kv_cache *cache) {
+int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
+                        tl_kv_cache *cache) {
     if (!pool || cache->window != 0 || cache->length != 0) return 0;
     pthread_mutex_lock(&pool->lock);
     int best = -1, best_len = 0;
     for (int i = 0; i < pool->n_entries; i++) {
         const pool_entry *e = &pool->entries[i];
-        if (e->loops != loops) continue;
+        if (e->loops != loops || e->state_seed != state_seed) continue;
         const int len = common_prefix(e->tokens, e->n, tokens, n);
         if (len > best_len) { best = i; best_len = len; }
     }
@@ -113,12 +134,13 @@ int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int 
     return best_len;
 }
 
-void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, const tl_kv_cache *cache) {
+void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
+                          const tl_kv_cache *cache) {
     if (!pool || n < 1 || cache->window != 0 || cache->length < n) return;
     pthread_mutex_lock(&pool->lock);
     for (int i = 0; i < pool->n_entries; i++) { /* already held, as such or longer */
         pool_entry *e = &pool->entries[i];
-        if (e->loops == loops && e->n >= n && common_prefix(e->tokens, e->n, tokens, n) == n) {
+        if (e->loops == loops && e->state_seed == state_seed && e->n >= n && common_prefix(e->tokens, e->n, tokens, n) == n) {
             e->last_used = ++pool->clock;
             pthread_mutex_unlock(&pool->lock);
             return;
@@ -127,6 +149,7 @@ void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, in
     pool_entry e = {0};
     e.n = n;
     e.loops = loops;
+    e.state_seed = state_seed;
     e.tokens = malloc((size_t)n * sizeof *e.tokens);
     if (e.tokens && tl_kv_cache_new_for(cache->model, n, 0, 1, &e.cache) == TL_OK) {
         memcpy(e.tokens, tokens, (size_t)n * sizeof *e.tokens);
@@ -138,20 +161,14 @@ void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, in
         /* Entries a longer one now covers are dropped; then least recently used first. */
         for (int i = 0; i < pool->n_entries; i++) {
             pool_entry *old = &pool->entries[i];
-            if (old->loops == loops && old->n <= n && common_prefix(old->tokens, old->n, tokens, n) == old->n) {
+            if (old->loops == loops && old->state_seed == state_seed && old->n <= n &&
+                common_prefix(old->tokens, old->n, tokens, n) == old->n) {
                 pool->used -= old->bytes;
                 entry_free(old);
                 pool->entries[i--] = pool->entries[--pool->n_entries];
             }
         }
-        while (pool->n_entries > 0 && pool->used + e.bytes > pool->budget) {
-            int lru = 0;
-            for (int i = 1; i < pool->n_entries; i++)
-                if (pool->entries[i].last_used < pool->entries[lru].last_used) lru = i;
-            pool->used -= pool->entries[lru].bytes;
-            entry_free(&pool->entries[lru]);
-            pool->entries[lru] = pool->entries[--pool->n_entries];
-        }
+        evict_to_fit(pool, e.bytes);
         pool->entries[pool->n_entries++] = e;
         pool->used += e.bytes;
     } else {

@@ -12,12 +12,20 @@ typedef struct tl_prefix_pool tl_prefix_pool;
 
 void tl_prefix_pool_free(tl_prefix_pool *pool); /* NULL is a no-op */
 
-/* Shares into `cache` (empty, unwindowed, of m) the longest pooled prefix of
-   tokens[0..n) computed at `loops`; returns how many entries it now holds (0: no hit). */
-int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, tl_kv_cache *cache);
+/* An entry's K/V are those of its tokens computed at `loops` from the initial loop state
+   that `state_seed` draws (forward.h; 0: the model's fixed one): a prefix is shared only
+   where all three match, else the output would not be a cold start's. */
 
-/* Offers the first n entries of `cache` (computed at `loops` from tokens[0..n)) to the
-   pool, which keeps a share of their pages. Out of memory is not an error: nothing is kept. */
-void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, const tl_kv_cache *cache);
+/* Shares into `cache` (empty, unwindowed, of m) the longest pooled prefix of
+   tokens[0..n) computed at `loops` from `state_seed`; returns how many entries it now
+   holds (0: no hit). */
+int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
+                        tl_kv_cache *cache);
+
+/* Offers the first n entries of `cache` (computed at `loops` from `state_seed` and
+   tokens[0..n)) to the pool, which keeps a share of their pages. Out of memory is not an
+   error: nothing is kept. */
+void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
+                          const tl_kv_cache *cache);
 
 #endif

@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "internal.h"
+#include "session.h"
 
 typedef struct buffer {
     char *text;
@@ -69,6 +70,17 @@ struct tl_engine {
     int n_reqs, cap_reqs;
     uint64_t next_id;
     tl_engine_counters c;
+    /* The engine thread's own, [max_active] each: allocated by tl_engine_new, so that an
+       engine that returned TL_OK can run (a thread that failed to allocate them would have
+       left an engine refusing every submit). */
+    request **run;               /* the running requests */
+    tl_session **sessions;       /* their sessions, as one batch */
+    int32_t *tokens;
+    tl_stop_reason *stops;
+    tl_status *statuses;
+    const char **pieces;         /* each session's new text (tl_session_text) */
+    size_t *piece_lens;
+    const char **errors;         /* each failed session's message (tl_session_error), else NULL */
 };
 
 void tl_engine_options_init(tl_engine_options *opts) {
@@ -140,34 +152,52 @@ static bool append(buffer *b, const char *text, size_t len, int32_t token) {
     return true;
 }
 
-/* Under mu: the session ended (stop, failure or out of memory); keep what the reader needs. */
+/* Under mu: the session ended (stop, failure or out of memory); keep what the reader needs
+   (`error` may be the session's own message: copied before the session goes). */
 static void finish(tl_engine *e, request *r, tl_stop_reason stop, tl_status status, const char *error) {
+    if (error) snprintf(r->error, sizeof r->error, "%s", error);
     r->stats = *tl_session_stats(r->session);
     tl_session_free(r->session); /* its KV cache goes now, not when the caller reads */
     r->session = NULL;
     r->state = TL_ENGINE_FINISHED;
     r->stop_reason = stop;
     r->status = status;
-    if (error) snprintf(r->error, sizeof r->error, "%s", error);
     if (status != TL_OK) e->c.failed++;
     e->c.finished++;
     e->c.active--;
 }
 
+static void free_engine_arrays(tl_engine *e) {
+    free(e->run), free(e->sessions), free(e->tokens), free(e->stops), free(e->statuses), free(e->pieces);
+    free(e->piece_lens), free(e->errors);
+}
+
+static bool alloc_engine_arrays(tl_engine *e) {
+    const size_t cap = (size_t)e->opts.max_active;
+    e->run = calloc(cap, sizeof *e->run);
+    e->sessions = calloc(cap, sizeof *e->sessions);
+    e->tokens = calloc(cap, sizeof *e->tokens);
+    e->stops = calloc(cap, sizeof *e->stops);
+    e->statuses = calloc(cap, sizeof *e->statuses);
+    e->pieces = calloc(cap, sizeof *e->pieces);
+    e->piece_lens = calloc(cap, sizeof *e->piece_lens);
+    e->errors = calloc(cap, sizeof *e->errors);
+    return e->run && e->sessions && e->tokens && e->stops && e->statuses && e->pieces && e->piece_lens && e->errors;
+}
+
 static void *engine_main(void *arg) {
     tl_engine *e = arg;
-    int cap = e->opts.max_active;
-    request **run = calloc((size_t)cap, sizeof *run); /* running requests, engine-owned list */
-    tl_session **sessions = calloc((size_t)cap, sizeof *sessions);
-    int32_t *tokens = calloc((size_t)cap, sizeof *tokens);
-    tl_stop_reason *stops = calloc((size_t)cap, sizeof *stops);
-    tl_status *statuses = calloc((size_t)cap, sizeof *statuses);
-    const char **pieces = calloc((size_t)cap, sizeof *pieces);
-    size_t *piece_lens = calloc((size_t)cap, sizeof *piece_lens);
+    const int cap = e->opts.max_active;
+    request **run = e->run;
+    tl_session **sessions = e->sessions;
+    int32_t *tokens = e->tokens;
+    tl_stop_reason *stops = e->stops;
+    tl_status *statuses = e->statuses;
+    const char **pieces = e->pieces, **errors = e->errors;
+    size_t *piece_lens = e->piece_lens;
     int n_run = 0;
 
     pthread_mutex_lock(&e->mu);
-    if (!run || !sessions || !tokens || !stops || !statuses || !pieces || !piece_lens) e->stop = true;
     while (!e->stop) {
         /* Between iterations, so a cancel takes effect before the next token. */
         int kept = 0;
@@ -201,15 +231,16 @@ static void *engine_main(void *arg) {
 
         /* The forward pass, without the lock. Only this thread touches these sessions. */
         tl_status st = tl_session_step_batch(sessions, n_run, tokens, stops, statuses);
-        const char *batch_error = st == TL_OK ? NULL : tl_last_error();
-        char error[256] = "";
-        if (batch_error) snprintf(error, sizeof error, "%s", batch_error);
+        /* A refused call fails every row with its message (submit admits only sessions the
+           call takes, so this is out of memory at most); a failed session has its own. */
+        char batch_error[256] = "";
+        if (st != TL_OK) snprintf(batch_error, sizeof batch_error, "%s", tl_last_error());
         for (int i = 0; i < n_run; i++) {
             if (st != TL_OK) statuses[i] = st;
+            errors[i] = statuses[i] == TL_OK ? NULL : st != TL_OK ? batch_error : tl_session_error(sessions[i]);
             pieces[i] = "", piece_lens[i] = 0;
             if (statuses[i] == TL_OK && tl_session_text(sessions[i], &pieces[i], &piece_lens[i]) != TL_OK)
                 pieces[i] = "", piece_lens[i] = 0; /* no tokenizer: token ids only */
-            if (statuses[i] != TL_OK && !error[0]) snprintf(error, sizeof error, "%s", tl_last_error());
         }
 
         pthread_mutex_lock(&e->mu);
@@ -223,7 +254,7 @@ static void *engine_main(void *arg) {
             }
             wake(r); /* a token, a finish or a failure: something to read in every case */
             if (statuses[i] != TL_OK) {
-                finish(e, r, TL_STOP_NONE, statuses[i], error);
+                finish(e, r, TL_STOP_NONE, statuses[i], errors[i]);
                 continue;
             }
             if (!append(&r->pending, pieces[i], piece_lens[i], tokens[i])) {
@@ -235,7 +266,6 @@ static void *engine_main(void *arg) {
     }
     /* Stopping: the running sessions are freed with their requests by tl_engine_free. */
     pthread_mutex_unlock(&e->mu);
-    free(run), free(sessions), free(tokens), free(stops), free(statuses), free(pieces), free(piece_lens);
     return NULL;
 }
 
@@ -257,6 +287,11 @@ tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl
     e->next_id = 1;
     e->c.max_active = o.max_active;
     e->c.max_queued = o.max_queued;
+    if (!alloc_engine_arrays(e)) {
+        free_engine_arrays(e);
+        free(e);
+        return tl_fail(TL_ERR_NO_MEMORY, "tl_engine_new: out of memory");
+    }
     pthread_condattr_init(&e->wait_attr);
     pthread_condattr_setclock(&e->wait_attr, CLOCK_MONOTONIC); /* wait timeouts ignore clock changes */
     pthread_mutex_init(&e->mu, NULL);
@@ -265,6 +300,7 @@ tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl
         pthread_condattr_destroy(&e->wait_attr);
         pthread_cond_destroy(&e->work);
         pthread_mutex_destroy(&e->mu);
+        free_engine_arrays(e);
         free(e);
         return tl_fail(TL_ERR_NO_MEMORY, "tl_engine_new: cannot start the engine thread");
     }
@@ -293,6 +329,7 @@ void tl_engine_free(tl_engine *e) {
     pthread_condattr_destroy(&e->wait_attr);
     pthread_cond_destroy(&e->work);
     pthread_mutex_destroy(&e->mu);
+    free_engine_arrays(e);
     free(e);
 }
 
@@ -307,6 +344,16 @@ tl_status tl_engine_submit(tl_engine *e, tl_session *session, uint64_t *id) {
         pthread_mutex_unlock(&e->mu);
         free(r);
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: the engine is stopping");
+    }
+    /* What tl_session_step_batch would refuse fails here, for this request alone: in a
+       batch it would fail the call, and with it every running request. */
+    const char *refusal = tl_session_batch_refusal(session, e->model);
+    for (int i = 0; !refusal && i < e->n_reqs; i++)
+        if (e->reqs[i]->session == session) refusal = "already submitted";
+    if (refusal) {
+        pthread_mutex_unlock(&e->mu);
+        free(r);
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: the session is %s", refusal);
     }
     /* Full means no free place to run now and no room to wait. */
     bool full = e->c.active + e->c.queued >= e->opts.max_active + e->opts.max_queued;

@@ -183,7 +183,7 @@ static void prompt_done(tl_session *s) {
     s->t_prefill_end = tl_now_ms();
     s->stats.prefill_ms = s->t_prefill_end - s->t_start;
     if (s->decoder == &tl_plain_decoder && s->m->prefix_pool)
-        tl_prefix_pool_offer(s->m->prefix_pool, s->tokens, s->prompt_len, s->loops, s->cache);
+        tl_prefix_pool_offer(s->m->prefix_pool, s->tokens, s->prompt_len, s->loops, s->ws.state_seed, s->cache);
 }
 
 tl_status tl_session_prefill(tl_session *s, int n, float *last_logits) {
@@ -255,7 +255,7 @@ static tl_status plain_open(tl_session *s) {
     tl_status st = tl_session_cache_new(s, 0);
     if (st == TL_OK && s->m->prefix_pool)
         s->stats.prompt_tokens_reused =
-            tl_prefix_pool_take(s->m->prefix_pool, s->tokens, s->prompt_len - 1, s->loops, s->cache);
+            tl_prefix_pool_take(s->m->prefix_pool, s->tokens, s->prompt_len - 1, s->loops, s->ws.state_seed, s->cache);
     return st;
 }
 
@@ -384,6 +384,21 @@ static tl_status step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     return TL_OK;
 }
 
+/* The message of the session's failed step, for tl_session_error (the thread's last error
+   is shared by every session a batch steps). */
+static void keep_error(tl_session *s, const char *message) {
+    snprintf(s->error, sizeof s->error, "%s", message);
+}
+
+const char *tl_session_error(const tl_session *s) { return s ? s->error : ""; }
+
+const char *tl_session_batch_refusal(const tl_session *s, const tl_model *m) {
+    if (s->m != m) return "on another model";
+    if (s->finished) return "finished";
+    if (s->stepping) return "stepping";
+    return NULL;
+}
+
 tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     tl_clear_error();
     if (!s) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step: session must not be NULL");
@@ -399,6 +414,7 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     s->stepping = true;
     tl_status st = step(s, token, stop);
     s->stepping = false;
+    if (st != TL_OK) keep_error(s, tl_last_error());
     if (s->free_requested) session_destroy(s);
     if (st == TL_OK) tl_clear_error(); /* a hook's failed call is not this step's error */
     return st;
@@ -504,11 +520,8 @@ tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tok
     for (int i = 0; i < n; i++) {
         const tl_session *s = sessions[i];
         if (!s) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: sessions[%d] is NULL", i);
-        if (s->m != sessions[0]->m)
-            return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: sessions[%d] is on another model", i);
-        if (s->finished || s->stepping)
-            return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: sessions[%d] is %s", i,
-                           s->finished ? "finished" : "stepping");
+        const char *refusal = tl_session_batch_refusal(s, sessions[0]->m);
+        if (refusal) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: sessions[%d] is %s", i, refusal);
         for (int j = 0; j < i; j++)
             if (sessions[j] == s)
                 return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: sessions[%d] is sessions[%d] again", i, j);
@@ -543,8 +556,10 @@ tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tok
         if (forward_status != TL_OK) {
             s->finished = true;
             statuses[i] = forward_status;
+            keep_error(s, forward_error);
         } else {
             statuses[i] = finish_shared_step(s, was_prefill[g], &tokens[i], &stops[i]);
+            if (statuses[i] != TL_OK) keep_error(s, tl_last_error());
         }
         g++;
         s->stepping = false;

@@ -68,6 +68,7 @@ struct tl_session {
     bool prompt_done;            /* the prompt's rows are in the cache (prefill is over) */
     bool stepping;               /* inside tl_session_step: hooks may not step or free */
     bool free_requested;         /* tl_session_free from a hook: done when the step returns */
+    char error[512];             /* the message of the step that failed (tl_session_error), or "" */
 
     /* ---- grammar (grammar_mask.c): a compiled grammar runs as this session's own matcher,
        whose callbacks fill s->grammar; forced_token is the one token a mask allowed (-1). */
@@ -116,6 +117,10 @@ int32_t tl_session_choose(tl_session *s);
 tl_status tl_session_forward_adaptive(tl_session *s, int start);
 /* A hook returned `code` < 0: the session is finished, TL_ERR_HOOK names the hook. */
 tl_status tl_session_hook_failed(tl_session *s, const char *hook, int code);
+
+/* Why tl_session_step_batch would refuse s in a batch of model m ("on another model",
+   "finished", "stepping"), or NULL: the one rule, also the serving engine's at submit. */
+const char *tl_session_batch_refusal(const tl_session *s, const tl_model *m);
 /* Gives the session grammar g (copied; a compiled grammar gets the session's own matcher,
    at its start). */
 tl_status tl_session_set_grammar(tl_session *s, const tl_grammar *g);

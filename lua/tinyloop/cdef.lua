@@ -213,6 +213,7 @@ void tl_session_free(tl_session *session);
 tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *stop);
 tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
                                 tl_status *statuses);
+const char *tl_session_error(const tl_session *session);
 tl_status tl_session_fork(const tl_session *parent, const tl_generate_config *hooks, tl_session **child);
 typedef struct tl_session_state tl_session_state;
 tl_status tl_session_save(const tl_session *session, tl_session_state **out);

@@ -507,9 +507,10 @@ function Session:step()
             self:close()
             error(err, 0)
         end
-        local _, err = engine_failure(st) -- raises argument errors (after the close below)
+        local err = last_error() -- before the close, whose calls clear it
         self:close()
         self.error = err
+        if ARGUMENT_ERRORS[tonumber(st)] then raise(err) end -- the convention: after the close
         return nil, err
     end
     local id, reason = step_token[0], stop_name(step_stop[0])
@@ -558,13 +559,17 @@ end
 -- ---- server (lua/tinyloop/server): hand a session to the C serving engine
 -- session:detach() -> the raw `tl_session *`, now the caller's to free (tl_session_free) or
 -- to give to tl_engine_submit; this object is closed. Only for a live session without Lua
--- hooks: the engine steps it on its own thread, where Lua cannot run.
+-- hooks: the engine steps it on its own thread, where Lua cannot run. The session gives up
+-- its hold on the C model, as C code holds none: like an engine's, the model must stay open
+-- until the detached session is freed (refused on a closed model, which it alone kept alive).
 function Session:detach()
     if self.ctx then raise("session:detach(): a session with Lua hooks cannot leave its Lua state") end
     if self.ptr == nil or self.done then raise("session:detach(): the session has finished or is closed") end
+    if self.model.ptr == nil then raise("session:detach(): the model is closed; a detached session needs it open") end
     local p = self.ptr
     ffi_gc(p, nil)
     self.ptr, self.done = nil, true
+    model_release(self.model.handle)
     return p
 end
 -- ---- end server
@@ -856,7 +861,8 @@ local function batch_with_hooks(model, all_ids, cfg)
             local s = sessions[map[j]]
             local status = statuses[j]
             if status ~= 0 then
-                local ctx, err = s.ctx, last_error()
+                local ctx = s.ctx
+                local err = ("generate_batch: prompt %d: %s"):format(map[j] - 1, ffi_string(C.tl_session_error(s.ptr)))
                 close_all()
                 if status == C.TL_ERR_HOOK and ctx and ctx.err then error(ctx.err, 0) end
                 if ARGUMENT_ERRORS[tonumber(status)] then raise(err) end
@@ -1004,6 +1010,17 @@ function State:close()
     end
 end
 
+-- A session's hook context as of a save: its token and text mirrors copied (the session
+-- goes on appending to its own, and a resume must see the text of the save, not of later
+-- steps), its hooks shared.
+local function snapshot_ctx(ctx)
+    if not ctx then return nil end
+    local snap = setmetatable({ tokens = {}, pieces = {}, prompt_len = ctx.prompt_len }, { __index = ctx })
+    for i, t in ipairs(ctx.tokens or {}) do snap.tokens[i] = t end
+    for i, p in ipairs(ctx.pieces or {}) do snap.pieces[i] = p end
+    return snap
+end
+
 -- session:save() -> state | nil, err: the session's state, kept after it is closed, to be
 -- resumed (any number of times) by model:resume(state [, hooks]) on the same model, or
 -- written out with state:bytes() / state:write(path).
@@ -1011,7 +1028,7 @@ function Session:save()
     if self.ptr == nil then raise("session:save(): the session is closed") end
     local st = C.tl_session_save(self.ptr, state_out)
     if st ~= 0 then return engine_failure(st) end
-    return wrap_state(self.model, state_out[0], self.ctx)
+    return wrap_state(self.model, state_out[0], snapshot_ctx(self.ctx))
 end
 
 -- state:bytes() -> string | nil, err: the state as bytes (tl_session_state_to_bytes: tokens,

@@ -10,8 +10,10 @@
 -- Stop rules are functions (tokens, text) -> true to stop, where `tokens` is the whole
 -- sequence so far (prompt + output, 1-based) and `text` the generated text so far.
 -- Logits processors are functions (logits, vocab_size, tokens) that edit `logits`, a
--- 0-based float array, in place. Every constructor returns a fresh function with its own
--- state: build one per generation (state is also reset when a new generation is seen).
+-- 0-based float array, in place. The rules that keep state (max_wall_time, min_tokens) keep
+-- it per sequence: one rule may serve every prompt of generate_batch and every beam, since
+-- each session hands its hooks one `tokens` table for its whole life (its beams share it),
+-- and a table the rule has not seen starts a new sequence.
 --
 -- Errors follow tinyloop's convention: a bad argument to a constructor raises a Lua error
 -- at the caller's line, naming the argument; nothing here fails at run time.
@@ -41,6 +43,12 @@ local function check_ids(fn, ids)
     for i = 1, #ids do
         if not is_int(ids[i]) then arg_error(fn .. ": ids[" .. i .. "] = " .. tostring(ids[i]) .. " is not an integer") end
     end
+end
+
+-- A rule's state per sequence, keyed by the sequence's `tokens` table (see the top), weakly:
+-- a finished session's entry goes with its table.
+local function per_sequence()
+    return setmetatable({}, { __mode = "k" })
 end
 
 -- Raises unless every value of the vararg list is a function.
@@ -93,16 +101,16 @@ end
 -- Monotonic wall clock in seconds (for timing in scripts).
 _M.now = now_s
 
--- Stops once `seconds` of wall time have passed since the rule was first called in this
--- generation (the first token).
+-- Stops once `seconds` of wall time have passed since the rule was first called for this
+-- sequence (its first token).
 --   cfg.stop_when = policy.max_wall_time(1.5)
 function _M.max_wall_time(seconds)
     if type(seconds) ~= "number" or not (seconds >= 0) then arg_error("max_wall_time: seconds must be a number >= 0") end
-    local start, last_n
+    local start = per_sequence()
     return function(tokens)
-        if not start or #tokens <= last_n then start = now_s() end -- a new generation
-        last_n = #tokens
-        return now_s() - start >= seconds
+        local t0 = start[tokens]
+        if not t0 then t0 = now_s() start[tokens] = t0 end
+        return now_s() - t0 >= seconds
     end
 end
 
@@ -213,12 +221,12 @@ end
 function _M.min_tokens(min_new, eos_id)
     if not is_int(min_new) or min_new < 0 then arg_error("min_tokens: min_new must be an integer >= 0") end
     if not is_int(eos_id) then arg_error("min_tokens: eos_id must be a token id") end
-    local prompt_len, last_n
+    local prompt_len = per_sequence()
     return function(logits, vocab, tokens)
         local n = #tokens
-        if not prompt_len or n <= last_n then prompt_len = n end -- first call: the prompt
-        last_n = n
-        if n - prompt_len < min_new and eos_id < vocab then logits[eos_id] = NEG_INF end
+        local first = prompt_len[tokens]
+        if not first then first = n prompt_len[tokens] = n end -- the sequence's first call: its prompt
+        if n - first < min_new and eos_id < vocab then logits[eos_id] = NEG_INF end
     end
 end
 

@@ -8,7 +8,7 @@
  * without mmap_weights; session creation and steps in every mode (plain with stop strings and
  * sampling, beam, chain and tree speculative, early exit) with tl_session_text; tokenizer
  * encode / decode / detokenizer; scoring; fork, save and resume; a saved state written to bytes
- * or a file, read back and resumed. */
+ * or a file, read back and resumed; the serving engine. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -199,6 +199,37 @@ static tl_status state_file(void) {
     return st;
 }
 
+/* The serving engine: new, one request read to its end, free. A failure on the engine
+   thread reaches the reader as the request's status and message (TL_ERR_NO_MEMORY with a
+   message counts as absorbed); an engine that tl_engine_new returned must run (its thread's
+   arrays were allocated there, after the call had said TL_OK, and every submit then failed). */
+static tl_status engine_run(void) {
+    tl_engine *e = NULL;
+    tl_status st = tl_engine_new(model, NULL, &e);
+    if (st != TL_OK) return st;
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 6;
+    cfg.ignore_eos = 1;
+    tl_session *s = NULL;
+    uint64_t id = 0;
+    st = tl_session_new(model, prompt, 3, &cfg, &s);
+    if (st == TL_OK && (st = tl_engine_submit(e, s, &id)) != TL_OK) tl_session_free(s);
+    if (st == TL_OK && id == 0) st = TL_ERR_INTERNAL; /* an empty engine must admit it */
+    while (st == TL_OK) {
+        tl_engine_update u;
+        if (tl_engine_wait(e, id, 10000) < 0) { st = TL_ERR_INTERNAL; break; }
+        if ((st = tl_engine_read(e, id, &u)) != TL_OK) break;
+        if (u.state != TL_ENGINE_FINISHED) continue;
+        if (u.status != TL_OK) st = u.status == TL_ERR_NO_MEMORY && u.error && u.error[0] ? TL_OK : TL_ERR_INTERNAL;
+        else if (u.stats.tokens_emitted != 6) st = TL_ERR_INTERNAL;
+        break;
+    }
+    if (id) tl_engine_cancel(e, id);
+    tl_engine_free(e);
+    return st;
+}
+
 static void inject(const char *name, tl_status (*scenario)(void)) {
     tl_test_alloc_arm(0);
     tl_status st = scenario();
@@ -246,6 +277,7 @@ int main(int argc, char **argv) {
     inject("state bytes", state_bytes);
     snprintf(state_path, sizeof state_path, "/tmp/tinyloop-alloc-fail-%ld.state", (long)getpid());
     inject("state file", state_file);
+    inject("engine", engine_run);
     tl_model_free(model);
     return check_summary();
 }

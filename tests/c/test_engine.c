@@ -67,6 +67,18 @@ static void *wait_once(void *arg) {
     return NULL;
 }
 
+/* Reads request `id` until it finishes (or a wait or read fails): its last update in *last,
+   and the number of tokens of all of them. */
+static int read_to_end(tl_engine *e, uint64_t id, tl_engine_update *last) {
+    int n_tokens = 0;
+    memset(last, 0, sizeof *last);
+    while (tl_engine_wait(e, id, 1000) >= 0 && tl_engine_read(e, id, last) == TL_OK) {
+        n_tokens += last->n_tokens;
+        if (last->state == TL_ENGINE_FINISHED) break;
+    }
+    return n_tokens;
+}
+
 static tl_session *new_session(const int32_t *prompt, const tl_generate_config *cfg) {
     tl_session *s = NULL;
     if (tl_session_new(model, prompt, 4, cfg, &s) != TL_OK) printf("session: %s\n", tl_last_error());
@@ -86,6 +98,13 @@ static int gate_hook(void *user, float *logits, int vocab_size, const int32_t *t
     pthread_mutex_unlock(&gate_mu);
     return TL_HOOK_CONTINUE;
 }
+/* A logits hook that fails at a session's third token (its history is the prompt, then each
+   emitted token). */
+static int fail_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
+    (void)user, (void)logits, (void)vocab_size, (void)tokens;
+    return n >= 4 + 2 ? TL_HOOK_ERROR : TL_HOOK_CONTINUE;
+}
+
 static void set_gate(bool open) {
     pthread_mutex_lock(&gate_mu);
     gate_open = open;
@@ -238,6 +257,102 @@ int main(int argc, char **argv) {
         tl_engine_cancel(one, a);
         tl_engine_cancel(one, b);
         tl_engine_free(one);
+    }
+
+    /* Submit refuses, for that request alone, what tl_session_step_batch would refuse (in a
+       batch it failed every running request, and a session submitted twice was freed twice):
+       a session of another model, a finished one, one already submitted. */
+    {
+        tl_engine_options o1;
+        tl_engine_options_init(&o1);
+        o1.max_active = 1;
+        tl_engine *one;
+        CHECK(tl_engine_new(model, &o1, &one) == TL_OK, "%s", tl_last_error());
+        tl_model *other;
+        CHECK(tl_model_load(dir, &o, &other) == TL_OK, "%s", tl_last_error());
+        tl_generate_config gc = lc;
+        gc.max_tokens = 2;
+        const int32_t prompt[4] = {5, 6, 7, 8};
+        uint64_t blocker = 0, queued = 0, refused = 7;
+        set_gate(false); /* the blocker holds the one place: `queued` waits, never stepping */
+        tl_session *queued_session = new_session(prompt, &gc), *foreign = NULL;
+        CHECK(tl_engine_submit(one, new_session(prompt, &gc), &blocker) == TL_OK && blocker > 0, "%s", tl_last_error());
+        CHECK(tl_engine_submit(one, queued_session, &queued) == TL_OK && queued > 0, "%s", tl_last_error());
+        CHECK(tl_engine_submit(one, queued_session, &refused) == TL_ERR_INVALID_ARGUMENT && refused == 0 &&
+                  strstr(tl_last_error(), "already submitted"),
+              "the same session again: %s", tl_last_error());
+        CHECK(tl_session_new(other, prompt, 4, &gc, &foreign) == TL_OK, "%s", tl_last_error());
+        CHECK(tl_engine_submit(one, foreign, &refused) == TL_ERR_INVALID_ARGUMENT && strstr(tl_last_error(), "another model"),
+              "another model's session: %s", tl_last_error());
+        tl_generate_config one_token = gc;
+        one_token.max_tokens = 1;
+        one_token.logits_processor = NULL;
+        tl_session *done_session = new_session(prompt, &one_token);
+        int32_t token;
+        tl_stop_reason stop;
+        CHECK(tl_session_step(done_session, &token, &stop) == TL_OK && stop == TL_STOP_MAX_TOKENS, "one token");
+        CHECK(tl_engine_submit(one, done_session, &refused) == TL_ERR_INVALID_ARGUMENT && strstr(tl_last_error(), "finished"),
+              "a finished session: %s", tl_last_error());
+        tl_session_free(foreign);
+        tl_session_free(done_session);
+        set_gate(true);
+        const uint64_t both[2] = {blocker, queued};
+        for (int i = 0; i < 2; i++) {
+            tl_engine_update last;
+            const int n_tokens = read_to_end(one, both[i], &last);
+            CHECK(last.state == TL_ENGINE_FINISHED && last.status == TL_OK && n_tokens == 2,
+                  "request %d beside the refused ones: %s, %d tokens", i, tl_status_name(last.status), n_tokens);
+            tl_engine_cancel(one, both[i]);
+        }
+        tl_engine_free(one);
+        tl_model_free(other);
+    }
+
+    /* A session whose step fails gets its own message (tl_session_error), not another
+       session's or an empty one (the thread's last error, which a batch shares), and the
+       sessions stepped with it go on. */
+    {
+        tl_engine *three;
+        CHECK(tl_engine_new(model, NULL, &three) == TL_OK, "%s", tl_last_error());
+        tl_generate_config gc;
+        tl_generate_config_init(&gc);
+        gc.max_tokens = 30;
+        gc.ignore_eos = 1;
+        tl_generate_config failing = gc;
+        failing.logits_processor = fail_hook;
+        const int32_t prompt[4] = {5, 6, 7, 8};
+        uint64_t ids3[3] = {0, 0, 0};
+        CHECK(tl_engine_submit(three, new_session(prompt, &gc), &ids3[0]) == TL_OK && ids3[0] > 0, "%s", tl_last_error());
+        CHECK(tl_engine_submit(three, new_session(prompt, &failing), &ids3[1]) == TL_OK && ids3[1] > 0, "%s", tl_last_error());
+        CHECK(tl_engine_submit(three, new_session(prompt, &gc), &ids3[2]) == TL_OK && ids3[2] > 0, "%s", tl_last_error());
+        for (int i = 0; i < 3; i++) {
+            tl_engine_update last;
+            const int n_tokens = read_to_end(three, ids3[i], &last);
+            CHECK(last.state == TL_ENGINE_FINISHED, "request %d finished", i);
+            if (i == 1)
+                CHECK(last.status == TL_ERR_HOOK && last.error && strstr(last.error, "logits_processor"),
+                      "the failing request: %s, \"%s\"", tl_status_name(last.status), last.error ? last.error : "(null)");
+            else
+                CHECK(last.status == TL_OK && n_tokens == 30, "request %d beside the failing one: %s, %d tokens", i,
+                      tl_status_name(last.status), n_tokens);
+            tl_engine_cancel(three, ids3[i]);
+        }
+        /* The same message stepping alone, where tl_last_error() has it too. */
+        tl_session *alone = new_session(prompt, &failing);
+        int32_t token;
+        tl_stop_reason stop;
+        tl_status st = TL_OK;
+        CHECK(tl_session_error(alone)[0] == '\0' && tl_session_error(NULL)[0] == '\0', "no failed step yet");
+        for (int i = 0; i < 10 && st == TL_OK; i++) st = tl_session_step(alone, &token, &stop);
+        CHECK(st == TL_ERR_HOOK && strstr(tl_session_error(alone), "logits_processor") &&
+                  !strcmp(tl_session_error(alone), tl_last_error()),
+              "stepped alone: %s \"%s\" / \"%s\"", tl_status_name(st), tl_session_error(alone), tl_last_error());
+        tl_session_free(alone);
+        tl_engine_counters c3;
+        tl_engine_get_counters(three, &c3);
+        CHECK(c3.submitted == 3 && c3.failed == 1 && c3.finished == 3, "counters: %llu submitted, %llu failed, %llu finished",
+              (unsigned long long)c3.submitted, (unsigned long long)c3.failed, (unsigned long long)c3.finished);
+        tl_engine_free(three);
     }
 
     /* Freeing with requests still running (and one never read) is clean. */

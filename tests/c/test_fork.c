@@ -4,7 +4,9 @@
  * of times on their model only; the prefix pool gives a new session the K/V of a prefix
  * another session computed, with output bit-identical to a cold start; bad input is refused
  * with clear errors. */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -281,12 +283,78 @@ static void prefix_pool(const char *dir) {
     cfg.loops = tl_model_info(pooled)->default_loops + 1;
     CHECK(tl_generate(pooled, prompt, n, &cfg, out_b, CAP, &nb, &sb) == TL_OK && sb.prompt_tokens_reused == 0,
           "another depth reused %d", sb.prompt_tokens_reused);
-    /* A budget of one page set: old entries leave (LRU), nothing is reused after. */
+    /* A budget of one byte set: the entries leave at once (they stayed, and were served,
+       until an offer of a new entry that fit), nothing is reused after. */
+    tl_model_memory mem;
+    tl_model_get_memory(pooled, &mem);
+    CHECK(mem.kv_bytes > 0, "the pool holds pages: %lld bytes", (long long)mem.kv_bytes);
     CHECK(tl_model_set_prefix_pool(pooled, 1) == TL_OK, "new budget");
+    tl_model_get_memory(pooled, &mem);
+    CHECK(mem.kv_bytes == 0, "a 1-byte pool still holds %lld bytes of pages", (long long)mem.kv_bytes);
     cfg.loops = 0;
+    CHECK(tl_generate(pooled, prompt, n, &cfg, out_b, CAP, &nb, &sb) == TL_OK && sb.prompt_tokens_reused == 0,
+          "a 1-byte pool still served %d tokens", sb.prompt_tokens_reused);
     tl_generate(pooled, prompt + 1, n - 1, &cfg, out_a, CAP, &na, &sa);
     CHECK(tl_generate(pooled, prompt + 1, n - 1, &cfg, out_a, CAP, &na, &sa) == TL_OK && sa.prompt_tokens_reused == 0,
           "a 1-byte pool still reused %d tokens", sa.prompt_tokens_reused);
+    tl_model_free(pooled);
+    tl_model_free(cold);
+}
+
+/* Two first calls of tl_model_set_prefix_pool at once install one pool (each made its own
+   and one was lost: a leak under LeakSanitizer, a race under ThreadSanitizer). */
+typedef struct { tl_model *model; int64_t budget; pthread_barrier_t *start; tl_status status; } set_pool_job;
+static void *set_pool_thread(void *arg) {
+    set_pool_job *j = arg;
+    pthread_barrier_wait(j->start);
+    j->status = tl_model_set_prefix_pool(j->model, j->budget);
+    return NULL;
+}
+static void prefix_pool_first_calls(const char *dir) {
+    for (int round = 0; round < 20; round++) {
+        tl_model *m = load(dir);
+        if (!m) { CHECK(0, "load"); return; }
+        pthread_barrier_t start;
+        pthread_barrier_init(&start, NULL, 2);
+        set_pool_job jobs[2] = {{m, 1 << 20, &start, TL_ERR_INTERNAL}, {m, 2 << 20, &start, TL_ERR_INTERNAL}};
+        pthread_t threads[2];
+        for (int t = 0; t < 2; t++) pthread_create(&threads[t], NULL, set_pool_thread, &jobs[t]);
+        for (int t = 0; t < 2; t++) pthread_join(threads[t], NULL);
+        pthread_barrier_destroy(&start);
+        CHECK(jobs[0].status == TL_OK && jobs[1].status == TL_OK, "round %d: %s, %s", round,
+              tl_status_name(jobs[0].status), tl_status_name(jobs[1].status));
+        tl_model_free(m);
+    }
+}
+
+/* A model whose loop starts from a random state (Huginn) draws it from the config's seed,
+   and the prompt's K/V depend on it: the pool shares a prefix only with a session of the
+   same seed (it gave seed 2 the K/V computed under seed 1, and other tokens than a cold
+   start's). */
+static void prefix_pool_seeded(const char *huginn_dir) {
+    tl_model *pooled = load(huginn_dir), *cold = load(huginn_dir);
+    if (!pooled || !cold) { CHECK(0, "load %s", huginn_dir); return; }
+    CHECK(tl_model_set_prefix_pool(pooled, 64 << 20) == TL_OK, "pool: %s", tl_last_error());
+    const int vocab = tl_model_info(pooled)->vocab_size;
+    int32_t prompt[12];
+    for (int i = 0; i < 12; i++) prompt[i] = (int32_t)((i * 37 + 5) % vocab);
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 12;
+    cfg.ignore_eos = 1;
+    int32_t got[CAP], want[CAP];
+    int n_got, n_want;
+    tl_generate_stats sg, sw;
+    for (int round = 0; round < 3; round++) {
+        cfg.sample_seed = round == 1 ? 2 : 1; /* fills the pool under 1, then 2, then 1 again */
+        CHECK(tl_generate(pooled, prompt, 12, &cfg, got, CAP, &n_got, &sg) == TL_OK, "%s", tl_last_error());
+        CHECK(tl_generate(cold, prompt, 12, &cfg, want, CAP, &n_want, &sw) == TL_OK, "%s", tl_last_error());
+        CHECK(n_got == n_want && !memcmp(got, want, (size_t)n_want * sizeof *want),
+              "seed %llu, round %d: the pooled output differs from a cold start", (unsigned long long)cfg.sample_seed,
+              round);
+        CHECK(sg.prompt_tokens_reused == (round == 2 ? 11 : 0), "round %d reused %d prompt tokens", round,
+              sg.prompt_tokens_reused);
+    }
     tl_model_free(pooled);
     tl_model_free(cold);
 }
@@ -413,6 +481,10 @@ int main(int argc, char **argv) {
     compiled_grammars(m);
     bad_input(m);
     prefix_pool(dir);
+    prefix_pool_first_calls(dir);
+    char huginn[4096];
+    snprintf(huginn, sizeof huginn, "%s/../hf/huginn_f32", dir);
+    prefix_pool_seeded(huginn);
     reused_pages(dir);
     memory_accounting(dir);
     tl_model_free(m);

@@ -371,6 +371,12 @@ static void test_step_batch_stats(void) {
     p2[2] = 7;
     CHECK_ERROR(tl_generate_batch(model, prompts, 3, &cfg, out, 10, lens, &total, NULL), TL_ERR_INVALID_ARGUMENT,
                 "out_capacity = 10 is too small");
+    /* A prompt whose step fails inside the batch is named with its own message (the batch
+       call emptied the thread's last error, and this read "prompt 0: "). */
+    tl_generate_config failing = cfg;
+    failing.logits_processor = fail_hook;
+    CHECK_ERROR(tl_generate_batch(model, prompts, 3, &failing, out, 3 * CAP, lens, &total, NULL), TL_ERR_HOOK,
+                "generate_batch: prompt 0: logits_processor hook returned error -1");
 }
 
 static void test_cache_window(void) {

@@ -224,7 +224,15 @@ describe("a Lua error in a hook", function()
     end)
 
     it("a grammar returning a negative count is an engine error naming the hook", function()
-        raises({ "grammar allowed", "-1" }, gen({ grammar = { allowed = function() return -1 end, advance = function() end } }))
+        local cfg = { max_tokens = 8, grammar = { allowed = function() return -1 end, advance = function() end } }
+        raises({ "grammar allowed", "-1" }, gen(cfg))
         assert.same(reference, (m:generate("Hello", { max_tokens = 8 })))
+        -- from a session's step: raised once the session is closed (it was left to the collector)
+        local s = m:session("Hello", cfg)
+        raises({ "grammar allowed", "-1" }, function() return s:step() end)
+        assert.is_nil(s.ptr)
+        -- and named in a batch, where the thread's last error holds no session's message
+        raises({ "generate_batch: prompt 0: grammar allowed hook returned error -1" },
+               function() return m:generate_batch({ "Hello", "World" }, cfg) end)
     end)
 end)

@@ -74,6 +74,23 @@ describe("forks and saved states", function()
         H.error_contains(function() other:resume(state) end, "the state was saved by another model")
     end)
 
+    it("resumes with the text of the save, whatever its session emitted after it", function()
+        -- the state kept the session's live token and text mirrors: a resume after the
+        -- session went on showed stop_when the later text, which it never generated
+        local seen
+        local cfg = { max_tokens = 20, ignore_eos = true, stop_when = function(_, text) seen = text return false end }
+        local s = assert(m:session(prompt, cfg))
+        for _ = 1, 3 do s:step() end
+        local state = assert(s:save())
+        for _ = 1, 5 do s:step() end
+        local reference = assert(m:session(prompt, cfg))
+        for _ = 1, 4 do reference:step() end
+        local want = seen
+        assert.is_true(#want > 0)
+        assert(m:resume(state)):step()
+        assert.equal(want, seen)
+    end)
+
     it("writes a state to bytes and to a file, read back by its model only", function()
         local cfg = { max_tokens = 24, temperature = 0.9, sample_seed = 7, ignore_eos = true }
         local whole = finish(assert(m:session(prompt, cfg)))

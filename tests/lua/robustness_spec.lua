@@ -164,6 +164,21 @@ describe("Model:close (finding 12)", function()
         raises("model:resume(): the state is closed", function() return other:resume(state) end)
     end)
 
+    it("a detached session gives up its hold on the C model, and is refused on a closed one", function()
+        local g = assert(tinyloop.load(H.TEXTMODEL, { threads = 1 }))
+        local refs = g.handle.refs
+        local s = assert(g:session("It is", { max_tokens = 4 }))
+        assert.equal(refs + 1, g.handle.refs)
+        local ptr = s:detach() -- C's now: no Lua object holds the model for it (it held it for good)
+        assert.equal(refs, g.handle.refs)
+        tinyloop.C.tl_session_free(ptr)
+        local kept = assert(g:session("It is", { max_tokens = 4 }))
+        g:close() -- the session alone keeps the model alive: detaching it would leave it to C
+        raises("session:detach(): the model is closed", function() return kept:detach() end)
+        kept:close()
+        assert.is_nil(g.handle.raw) -- the last reference gone: the model is freed
+    end)
+
     it("frees the model whatever order the collector finalizes it and its saved states in", function()
         local ok, out = H.run_child([[
             local H = require "helpers"

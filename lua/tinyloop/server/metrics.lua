@@ -135,7 +135,7 @@ function _M.render()
         add('tinyloop_engine_sessions{worker="%s",state="active"} %d\n', w, get(w, "active"))
         add('tinyloop_engine_sessions{worker="%s",state="queued"} %d\n', w, get(w, "queued"))
     end)
-    series("tinyloop_engine_requests_total", "counter", "Requests each worker's engine took (submitted) and how they ended.", function(w)
+    series("tinyloop_engine_requests_total", "counter", "Requests each worker's engine took (submitted) and how they ended (finished includes failed).", function(w)
         for _, f in ipairs({ "submitted", "finished", "failed", "cancelled", "rejected" }) do
             add('tinyloop_engine_requests_total{worker="%s",outcome="%s"} %d\n', w, f, get(w, f))
         end

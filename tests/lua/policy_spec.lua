@@ -1,0 +1,53 @@
+-- policy_spec.lua: the stateful rules of tinyloop.policy keep their state per sequence, so
+-- that one rule serves every prompt of generate_batch and every beam of a search (they
+-- treated "not longer than the last call" as a new generation, which every other call of a
+-- batch or of a beam search is: min_tokens went on banning EOS, max_wall_time never fired).
+local ffi = require "ffi"
+local H = require "helpers"
+local policy = require "tinyloop.policy"
+
+pcall(ffi.cdef, "int usleep(unsigned int usec);")
+
+local m = H.model()
+
+-- EOS made certain, then min_tokens(k) holding it back: every sequence is k tokens, then EOS.
+local function eos_after(k)
+    local rule = policy.min_tokens(k, H.EOS)
+    return policy.chain(function(logits) logits[H.EOS] = 1e9 end, rule)
+end
+
+describe("tinyloop.policy.min_tokens", function()
+    it("holds EOS back for min_new tokens of each sequence, alone, batched and in a beam search", function()
+        local prompts = { { 5, 6, 7 }, { 9, 8, 7, 6, 5 }, { 11 } }
+        local cfg = { max_tokens = 12, logits_processor = eos_after(3) }
+        for _, p in ipairs(prompts) do
+            local ids = assert(m:generate(p, { max_tokens = 12, logits_processor = eos_after(3) }))
+            assert.equal(#p + 4, #ids)
+            assert.equal(H.EOS, ids[#ids])
+        end
+        local outs = assert(m:generate_batch(prompts, cfg)) -- one rule for the three prompts
+        for i, p in ipairs(prompts) do
+            assert.equal(#p + 4, #outs[i], "prompt " .. i)
+            assert.equal(H.EOS, outs[i][#outs[i]])
+        end
+        local beam = assert(m:generate(prompts[2], { max_tokens = 12, beam_size = 3, logits_processor = eos_after(3) }))
+        assert.equal(#prompts[2] + 4, #beam)
+    end)
+end)
+
+describe("tinyloop.policy.max_wall_time", function()
+    it("times each sequence from its own first token, batched too", function()
+        -- 20 ms a call of each sequence: 0.1 s is a handful of steps, where the rule that
+        -- restarted its clock on every other call of a batch ran to max_tokens
+        local slow = function() ffi.C.usleep(20000) end
+        local outs, stats = assert(m:generate_batch({ { 5, 6, 7 }, { 9, 8, 7, 6, 5 } }, {
+            max_tokens = 60, ignore_eos = true, logits_processor = slow, stop_when = policy.max_wall_time(0.1),
+        }))
+        for i = 1, 2 do
+            assert.equal("CALLBACK_ABORT", stats[i].stop_reason, "sequence " .. i)
+            assert.is_true(stats[i].tokens_emitted >= 2 and stats[i].tokens_emitted < 60,
+                           "sequence " .. i .. " emitted " .. stats[i].tokens_emitted)
+        end
+        assert.equal(2, #outs)
+    end)
+end)
