@@ -14,7 +14,12 @@
  *
  *   tinyloop-bench --preset gpt2-small --dtype f16 --keep      (prints the checkpoint's path)
  *   tinyloop-batch-bench --model DIR [--threads N] [--steps N] [--prefix 512] [--sessions 1,2,4,8,16]
- *                        [--mix P,T]
+ *                        [--mix P,T] [--rounds N]
+ *
+ * On a shared VM one session's rate drifts by a quarter within minutes, and a ratio to one
+ * session is only as good as that baseline: --rounds N measures every count N times in turn
+ * (1, 2, 4, ..., then again) and prints the medians, their range and the range of the
+ * ratios within each round.
  *
  * Prompts are random token ids (seeded): the weights may be random too. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -29,6 +34,9 @@
 
 #include "tinyloop.h"
 
+#define MAX_ROUNDS 15
+#define MAX_COUNTS 16
+
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -40,6 +48,17 @@ static double cpu_ms(void) {
     struct rusage u;
     getrusage(RUSAGE_SELF, &u);
     return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 + (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-3;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of v[0..n) (sorts v). */
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, compare_doubles);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static void die(const char *what) {
@@ -183,6 +202,7 @@ static void state_file_figure(const tl_model *m, const int32_t *prompt, int len,
 int main(int argc, char **argv) {
     const char *dir = NULL, *counts = "1,2,4,8,16";
     int threads = 0, steps = 32, prefix = 512, mix_prompt = 0, mix_tokens = 0, context = 0; /* 0: 16, or 1 on a short model */
+    int rounds = 1;
     tl_backend_kind backend = TL_BACKEND_CPU;
     tl_load_options o; /* --kv-type sets its kv_type over the default (TINYLOOP_KV_TYPE) */
     tl_load_options_init(&o);
@@ -190,7 +210,7 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: tinyloop-batch-bench --model DIR [--threads N] [--steps N] [--context N] [--prefix N] [--sessions LIST] [--mix P,T]\n"
-                   "                            [--backend B] [--kv-type f32|f16]\n"
+                   "                            [--backend B] [--kv-type f32|f16] [--rounds N]\n"
                    "  --threads N      CPU threads (default: all cores)\n"
                    "  --steps N        timed decode steps per measurement (default 32)\n"
                    "  --context N      prompt tokens of each session before the timed steps (default 16):\n"
@@ -200,7 +220,9 @@ int main(int argc, char **argv) {
                    "  --mix P,T        also the serving mix: P-token prompts, T tokens each at temperature 0.8,\n"
                    "                   a finished session replaced at once (serve_bench's load without HTTP)\n"
                    "  --backend B      cpu (default) or cuda\n"
-                   "  --kv-type T      the KV cache's type, f32 or f16 (default: f32, or TINYLOOP_KV_TYPE)\n");
+                   "  --kv-type T      the KV cache's type, f32 or f16 (default: f32, or TINYLOOP_KV_TYPE)\n"
+                   "  --rounds N       measure the decode rates N times in turn (1 to 15, default 1) and print\n"
+                   "                   medians, ranges and the range of the ratios within a round\n");
             return 0;
         }
         if (!v) { fprintf(stderr, "tinyloop-batch-bench: %s needs a value (see --help)\n", a); return 2; }
@@ -210,6 +232,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--context")) context = atoi(v);
         else if (!strcmp(a, "--prefix")) prefix = atoi(v);
         else if (!strcmp(a, "--sessions")) counts = v;
+        else if (!strcmp(a, "--rounds")) {
+            rounds = atoi(v);
+            if (rounds < 1 || rounds > MAX_ROUNDS) {
+                fprintf(stderr, "tinyloop-batch-bench: --rounds wants 1 to %d, got %s\n", MAX_ROUNDS, v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--backend") && (!strcmp(v, "cpu") || !strcmp(v, "cuda")))
             backend = !strcmp(v, "cpu") ? TL_BACKEND_CPU : TL_BACKEND_CUDA;
         else if (!strcmp(a, "--kv-type")) {
@@ -243,7 +272,6 @@ int main(int argc, char **argv) {
     printf("model      %s (%lld params, %s, %.1f MB of weights), %d threads, %s KV\n", dir, (long long)info->n_params,
            info->weight_dtype, info->weight_bytes / 1e6, info->n_threads, info->kv_type);
 
-    printf("\nsessions   aggregate decode tok/s   vs one session\n");
     /* The ratios are to one session measured in this run, first (a ratio to the list's
        first entry would read 8x for 8 sessions whatever they did). */
     if (context == 0) context = 16 < info->max_seq_len - steps - 2 ? 16 : 1;
@@ -254,17 +282,46 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int prompt_len = context;
-    const double one = decode_rate(m, 1, steps, prompt_len);
     char list[256];
     snprintf(list, sizeof list, "%s", counts);
-    if (atoi(counts) != 1) printf("%8d   %22.1f   %13.2fx   (the baseline, not in --sessions)\n", 1, one, 1.0);
-    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+    /* The counts to measure after the baseline of one session (a leading 1 is the baseline). */
+    int session_counts[MAX_COUNTS], n_counts = 0;
+    for (char *tok = strtok(list, ","); tok && n_counts < MAX_COUNTS; tok = strtok(NULL, ",")) {
         const int n = atoi(tok);
-        if (n < 1 || n > 64) continue;
-        const double rate = n == 1 && tok == list ? one : decode_rate(m, n, steps, prompt_len);
-        printf("%8d   %22.1f   %13.2fx\n", n, rate, rate / one);
-        fflush(stdout);
+        if (n >= 1 && n <= 64 && !(n == 1 && n_counts == 0 && tok == list)) session_counts[n_counts++] = n;
     }
+    const bool baseline_listed = atoi(counts) == 1;
+    double one_rates[MAX_ROUNDS], rates[MAX_COUNTS][MAX_ROUNDS], ratios[MAX_COUNTS][MAX_ROUNDS];
+    fflush(stdout);
+    for (int round = 0; round < rounds; round++) {
+        if (rounds > 1 && isatty(2)) fprintf(stderr, "  round %d of %d\r", round + 1, rounds); /* progress */
+        one_rates[round] = decode_rate(m, 1, steps, prompt_len);
+        for (int c = 0; c < n_counts; c++) {
+            rates[c][round] = decode_rate(m, session_counts[c], steps, prompt_len);
+            ratios[c][round] = rates[c][round] / one_rates[round];
+        }
+    }
+    if (rounds == 1) {
+        printf("\nsessions   aggregate decode tok/s   vs one session\n");
+        printf("%8d   %22.1f   %13.2fx%s\n", 1, one_rates[0], 1.0, baseline_listed ? "" : "   (the baseline, not in --sessions)");
+        for (int c = 0; c < n_counts; c++) printf("%8d   %22.1f   %13.2fx\n", session_counts[c], rates[c][0], ratios[c][0]);
+    } else {
+        printf("\n%d rounds, each measuring every count in turn: medians (range)\n"
+               "sessions   aggregate decode tok/s           median / one session's median   ratio within a round\n",
+               rounds);
+        double one_sorted[MAX_ROUNDS];
+        memcpy(one_sorted, one_rates, sizeof one_sorted);
+        const double one = median(one_sorted, rounds);
+        printf("%8d   %8.1f (%7.1f - %7.1f)   %13.2fx%s\n", 1, one, one_sorted[0], one_sorted[rounds - 1], 1.0,
+               baseline_listed ? "" : "                   (the baseline, not in --sessions)");
+        for (int c = 0; c < n_counts; c++) {
+            const double rate = median(rates[c], rounds); /* sorts the rates, and below the ratios */
+            median(ratios[c], rounds);
+            printf("%8d   %8.1f (%7.1f - %7.1f)   %13.2fx                   %.2fx - %.2fx\n", session_counts[c], rate,
+                   rates[c][0], rates[c][rounds - 1], rate / one, ratios[c][0], ratios[c][rounds - 1]);
+        }
+    }
+    fflush(stdout);
 
     if (mix_prompt > 0) {
         printf("\nserving mix: prompts of %d tokens, %d tokens each at temperature 0.8, a finished session replaced at once\n"
