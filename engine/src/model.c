@@ -135,6 +135,11 @@ static tl_status bind_quantised(tl_binder *b, const char *name, tl_st_tensor *t,
     if (s->dtype != TL_ST_F16 || s->ndim != 2 || s->shape[0] != rows || s->shape[1] != cols / TL_QGROUP)
         return tl_fail(TL_ERR_FORMAT, "%s: scale tensor \"%s\" must be F16 [%d, %d]", path, scale_name, rows,
                        cols / TL_QGROUP);
+    /* A float weight's rule, for its scales: an infinite or NaN scale makes its group NaN. */
+    const size_t n_scales = (size_t)rows * (size_t)(cols / TL_QGROUP), bad = tl_first_nonfinite(s->data, TL_F16, n_scales);
+    if (bad < n_scales)
+        return tl_fail(TL_ERR_FORMAT, "%s: scale tensor \"%s\" has a non-finite value at index %zu (row-major); "
+                       "the checkpoint is corrupt", path, scale_name, bad);
     out->dtype = q8 ? TL_Q8 : TL_Q4;
     out->rows = rows;
     out->cols = cols;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -260,7 +261,11 @@ static void gptq_row_q4(float *w, const double *u, const float *imp, int cols, u
 
 static tl_status copy_file(const char *from, const char *to, bool optional) {
     FILE *in = fopen(from, "rb");
-    if (!in) return optional && errno == ENOENT ? TL_OK : tl_fail(TL_ERR_IO, "%s: %s", from, strerror(errno));
+    if (!in && optional && errno == ENOENT) { /* none to copy: nor may an older one stay */
+        if (unlink(to) != 0 && errno != ENOENT) return tl_fail(TL_ERR_IO, "%s: %s", to, strerror(errno));
+        return TL_OK;
+    }
+    if (!in) return tl_fail(TL_ERR_IO, "%s: %s", from, strerror(errno));
     FILE *out = fopen(to, "wb");
     if (!out) { fclose(in); return tl_fail(TL_ERR_IO, "%s: %s", to, strerror(errno)); }
     char buf[1 << 16];
@@ -289,6 +294,49 @@ static tl_dtype type_for(const tl_st_tensor *t, tl_dtype type) {
 }
 
 static tl_dtype float_dtype(tl_st_dtype d) { return d == TL_ST_F32 ? TL_F32 : d == TL_ST_F16 ? TL_F16 : TL_BF16; }
+
+/* What would make the output wrong or destroy the input, refused before anything is
+   written: OUT_DIR being IN_DIR (the copies truncated the sources, and the new weights
+   the mapped file being read: a SIGBUS and an emptied checkpoint), a sharded checkpoint
+   left in OUT_DIR (its index, which the loader reads first, would name the old shards), an
+   input already quantised (its integer tensors were passed through as they were, under
+   the other type's name), and weights a group scale cannot represent (a NaN or an
+   infinity, or max|x| / 127 beyond f16's 65504: the scale would be infinite and the group
+   NaN). */
+static tl_status check_quantisable(const char *in_dir, const char *out_dir, const tl_st_file *file) {
+    struct stat in_st, out_st;
+    if (stat(in_dir, &in_st) == 0 && stat(out_dir, &out_st) == 0 && in_st.st_dev == out_st.st_dev &&
+        in_st.st_ino == out_st.st_ino)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: OUT_DIR %s is IN_DIR: write the quantised checkpoint to another directory",
+                       out_dir);
+    char index[4096];
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", out_dir);
+    if (access(index, F_OK) == 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "quantize: %s holds a sharded checkpoint (model.safetensors.index.json), which the loader "
+                       "would read instead of the quantised file: use another directory", out_dir);
+    for (int i = 0; i < file->n_tensors; i++) {
+        const tl_st_tensor *t = &file->tensors[i];
+        if (t->dtype == TL_ST_I8 || t->dtype == TL_ST_U8)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                           "quantize: %s is already quantised (tensor %s is %s): quantise its f32/f16/bf16 original",
+                           in_dir, t->name, tl_st_dtype_name(t->dtype));
+        if (!quantisable(t)) continue;
+        const size_t count = (size_t)(t->shape[0] * t->shape[1]);
+        const tl_dtype dt = float_dtype(t->dtype);
+        const size_t bad = tl_first_nonfinite(t->data, dt, count);
+        if (bad < count)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: tensor %s has a non-finite value at [%lld, %lld]", t->name,
+                           (long long)(bad / (size_t)t->shape[1]), (long long)(bad % (size_t)t->shape[1]));
+        for (size_t e = 0; e < count; e++)
+            if (fabsf(tl_weight_at_unaligned(t->data, dt, e)) > 65504.0f * 127.0f)
+                return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                               "quantize: tensor %s has %g at [%lld, %lld], too large for a group's f16 scale "
+                               "(|x| <= 65504 x 127)", t->name, (double)tl_weight_at_unaligned(t->data, dt, e),
+                               (long long)(e / (size_t)t->shape[1]), (long long)(e % (size_t)t->shape[1]));
+    }
+    return TL_OK;
+}
 
 static void add_entry(cJSON *header, const char *name, const char *dtype, int64_t rows, int64_t cols,
                       int ndim, const int64_t *shape, uint64_t *offset, uint64_t bytes) {
@@ -390,6 +438,10 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     snprintf(to, sizeof to, "%s/model.safetensors", out_dir);
     tl_st_file file;
     if ((st = tl_st_open(from, &file)) != TL_OK) return st;
+    if ((st = check_quantisable(in_dir, out_dir, &file)) != TL_OK) {
+        tl_st_close(&file);
+        return st;
+    }
     if (cal && (st = check_calibration(&file, from, want, cal)) != TL_OK) {
         tl_st_close(&file);
         return st;

@@ -134,7 +134,7 @@ function _M.parse(argv, default_model)
                 o.kv_type = v
             else
                 o.threads = tonumber(v)
-                if not o.threads or o.threads < 1 or o.threads ~= math.floor(o.threads) then
+                if not o.threads or o.threads < 1 or o.threads > 4096 or o.threads ~= math.floor(o.threads) then
                     return nil, usage_error("bad value for --threads: " .. v)
                 end
             end
@@ -151,6 +151,9 @@ function _M.parse(argv, default_model)
         i = i + 1
     end
     if not o.prompt then return nil, usage_error("no prompt given") end
+    if o.grammar_file and o.schema_file then
+        return nil, usage_error("--grammar and --json-schema both constrain the output: give one")
+    end
     if #o.stops > 0 then o.cfg.stop_strings = o.stops end
     return o
 end
@@ -188,8 +191,9 @@ function _M.main(argv, default_model)
         if g[1] then
             local f, ferr = io.open(g[1], "rb")
             if not f then io.stderr:write("tinyloop: ", ferr, "\n") return 1 end
-            local text = f:read("*a")
+            local text, rerr = f:read("*a") -- nil for a directory, which io.open accepts
             f:close()
+            if not text then io.stderr:write("tinyloop: ", g[1], ": ", tostring(rerr), "\n") return 1 end
             local compiled, gerr = g[2](text)
             if not compiled then io.stderr:write("tinyloop: ", g[1], ": ", gerr, "\n") return 1 end
             cfg.grammar = compiled

@@ -320,6 +320,92 @@ static void threads_alike(const char *model_dir) {
           model_dir, differ, bytes);
 }
 
+/* The whole file at `path` (free it), or NULL. */
+static char *slurp(const char *path, long *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *bytes = malloc((size_t)*len + 1);
+    if (bytes && fread(bytes, 1, (size_t)*len, f) != (size_t)*len) { free(bytes); bytes = NULL; }
+    fclose(f);
+    return bytes;
+}
+
+/* Overwrites the first element of tensor `name` in dir/model.safetensors (F32 or F16) with
+   `value`, or the raw `bits` (an f16 scale). */
+static bool poke_first(const char *dir, const char *name, float value, int bits) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    tl_st_file f;
+    if (tl_st_open(path, &f) != TL_OK) return false;
+    long at = -1;
+    tl_st_dtype dtype = TL_ST_F32;
+    for (int i = 0; i < f.n_tensors; i++)
+        if (!strcmp(f.tensors[i].name, name)) at = (long)(f.tensors[i].data - (const uint8_t *)f.map), dtype = f.tensors[i].dtype;
+    tl_st_close(&f);
+    FILE *out = at >= 0 ? fopen(path, "r+b") : NULL;
+    if (!out) return false;
+    const uint16_t half = (uint16_t)bits;
+    const bool ok = fseek(out, at, SEEK_SET) == 0 &&
+                    (dtype == TL_ST_F16 ? fwrite(&half, 2, 1, out) : fwrite(&value, 4, 1, out)) == 1;
+    return fclose(out) == 0 && ok;
+}
+
+/* The quantiser refuses, before writing anything, what would destroy its input or give a
+   broken model: OUT_DIR being IN_DIR (it truncated the input's files and died of SIGBUS on
+   its own mapping), an input already quantised (passed through as it was, under the other
+   type's name), an OUT_DIR holding a sharded checkpoint (whose index the loader would read
+   instead), weights with a NaN, and weights too large for a group's f16 scale; the loader
+   refuses a non-finite scale like a non-finite weight. */
+static void refusals(const char *golden) {
+    char src[1024], dir[1024], cmd[4096], out[1024], path[1100];
+    snprintf(src, sizeof src, "%s/gpt2_like", golden);
+    snprintf(dir, sizeof dir, "%s/same", quantised_root);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", src, dir);
+    CHECK(system(cmd) == 0, "copy");
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    long before_len = 0, after_len = 0;
+    char *before = slurp(path, &before_len);
+    char alias[1100];
+    snprintf(alias, sizeof alias, "%s/.", dir);
+    CHECK_ERROR(tl_quantize_checkpoint(dir, dir, TL_Q8), TL_ERR_INVALID_ARGUMENT, "is IN_DIR");
+    CHECK_ERROR(tl_quantize_checkpoint(dir, alias, TL_Q4), TL_ERR_INVALID_ARGUMENT, "is IN_DIR");
+    char *after = slurp(path, &after_len);
+    CHECK(before && after && before_len == after_len && !memcmp(before, after, (size_t)before_len),
+          "the input is untouched (%ld -> %ld bytes)", before_len, after_len);
+    free(before), free(after);
+
+    snprintf(out, sizeof out, "%s/again", quantised_root);
+    snprintf(dir, sizeof dir, "%s/q4/gpt2_like", quantised_root); /* round_trip's q4 copy */
+    CHECK_ERROR(tl_quantize_checkpoint(dir, out, TL_Q8), TL_ERR_INVALID_ARGUMENT, "is already quantised");
+
+    snprintf(out, sizeof out, "%s/sharded", quantised_root);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && : > '%s/model.safetensors.index.json'", out, out);
+    CHECK(system(cmd) == 0, "sharded");
+    CHECK_ERROR(tl_quantize_checkpoint(src, out, TL_Q8), TL_ERR_INVALID_ARGUMENT, "holds a sharded checkpoint");
+
+    const float values[2] = {NAN, 1e7f};
+    const char *const want[2] = {"non-finite value at [0, 0]", "too large for a group's f16 scale"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(dir, sizeof dir, "%s/poked-%d", quantised_root, i);
+        snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", src, dir);
+        CHECK(system(cmd) == 0 && poke_first(dir, "block.0.attn.q.weight", values[i], 0), "poke %d", i);
+        snprintf(out, sizeof out, "%s/poked-%d-q8", quantised_root, i);
+        CHECK_ERROR(tl_quantize_checkpoint(dir, out, TL_Q8), TL_ERR_INVALID_ARGUMENT, want[i]);
+        struct stat st;
+        CHECK(stat(out, &st) != 0, "nothing written for a refused input: %s exists", out);
+    }
+
+    snprintf(dir, sizeof dir, "%s/inf-scale", quantised_root);
+    snprintf(cmd, sizeof cmd, "cp -r '%s/q4/gpt2_like' '%s'", quantised_root, dir);
+    CHECK(system(cmd) == 0 && poke_first(dir, "block.0.attn.q.weight_scale", 0.0f, 0x7c00), "poke a scale");
+    tl_model *m = NULL;
+    CHECK_ERROR(tl_model_load(dir, NULL, &m), TL_ERR_FORMAT, "scale tensor \"block.0.attn.q.weight_scale\" has a non-finite value");
+    tl_model_free(m);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: test_quant GOLDEN_DIR SHIPPED_MODEL_DIR\n");
@@ -331,5 +417,6 @@ int main(int argc, char **argv) {
     round_trip(argv[1], "gpt2_like");
     round_trip(argv[1], "llama_like");
     threads_alike(argv[2]); /* after round_trip: quantised_root exists */
+    refusals(argv[1]);      /* after round_trip: its q4 copy is an input already quantised */
     return check_summary();
 }
