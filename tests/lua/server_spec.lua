@@ -131,6 +131,14 @@ describe("server", function()
         assert.equal(60, chunks[#chunks].usage.completion_tokens)
     end)
 
+    it("streams to an HTTP/1.0 client too (its buffered flush read as a client gone)", function()
+        local status, sbody = post(cjson.encode({ prompt = "It is", max_tokens = 5, stream = true }), "-0 -N")
+        assert.equal(200, status)
+        local chunks, done = sse_chunks(sbody)
+        assert.is_true(done, sbody)
+        assert.equal(5, chunks[#chunks].usage.completion_tokens)
+    end)
+
     it("stops at a stop string and leaves it out of the text", function()
         local _, body = post_json({ prompt = "It is a truth", max_tokens = 40, seed = 1 })
         local free = cjson.decode(body).choices[1].text
@@ -529,6 +537,8 @@ end)
 describe("server request parsing", function()
     local fake = { vocab_size = 10, max_seq_len = 16, has_tokenizer = false }
     it("maps an engine message to the field it names", function()
+        -- of two names as long, the first in the message ("model" came out of pairs() first)
+        assert.equal("loops", request.param_of("loops = 0 must be in [1, max_loops = 16] (leave loops out for the model's default_loops = 8)"))
         assert.equal("max_tokens", request.param_of("max_tokens = -1 must be >= 0"))
         assert.equal("seed", request.param_of("config field 'sample_seed' = -1 must be an integer"))
         assert.equal("stop", request.param_of("stop_strings[1] must be a string"))
@@ -564,6 +574,33 @@ describe("server request parsing", function()
             assert.is_false(ok)
             assert.equal(field, request.param_of(tostring(msg)), tostring(msg))
         end
+    end)
+    it("accepts OpenAI's fields it lacks at their no-op values only, naming the field otherwise", function()
+        -- what OpenAI clients send by default (LangChain: both penalties 0; the SDKs null)
+        local r = assert(request.parse('{"prompt": [1], "max_tokens": 2, "echo": false, "best_of": 1, "presence_penalty": 0, ' ..
+            '"frequency_penalty": 0, "suffix": null, "logprobs": null, "logit_bias": {}, "user": "u", ' ..
+            '"stream_options": {"include_usage": false}}', fake, "m"))
+        assert.same({ 1 }, r.ids)
+        for field, value in pairs({ echo = "true", best_of = "2", presence_penalty = "0.5", frequency_penalty = "1",
+                                    suffix = '"x"', logprobs = "1", logit_bias = '{"1": 5}', stream_options = '{"include_usage": true}' }) do
+            local _, e = request.parse(('{"prompt": [1], "max_tokens": 2, "%s": %s}'):format(field, value), fake, "m")
+            assert.equal(field, e and e.param, field)
+            assert.truthy(e.message:find("is not supported", 1, true), e.message)
+        end
+    end)
+    it("takes OpenAI's batch of one prompt as that prompt, and refuses larger batches saying so", function()
+        assert.same({ 1, 2 }, assert(request.parse('{"prompt": [[1, 2]], "max_tokens": 2}', fake, "m")).ids)
+        local _, e = request.parse('{"prompt": [[1], [2]], "max_tokens": 2}', fake, "m")
+        assert.truthy(e.message:find("a list of prompts is not supported", 1, true), e.message)
+        _, e = request.parse('{"prompt": ["a", "b"], "max_tokens": 2}', fake, "m")
+        assert.truthy(e.message:find("a list of prompts is not supported", 1, true), e.message)
+    end)
+    it("renders text as valid UTF-8 (a generation may end inside a character)", function()
+        local fix = request.valid_utf8
+        assert.equal("abc é€😀", fix("abc é€😀"))
+        assert.equal("é\239\191\189\239\191\189", fix("é\226\130")) -- "€" cut after two bytes
+        assert.equal("\239\191\189a\239\191\189", fix("\128a\255"))
+        assert.equal("\239\191\189\239\191\189", fix("\237\160")) -- a surrogate's lead is no character
     end)
     it("needs token ids without a tokenizer", function()
         local r, e = request.parse('{"prompt": "hi"}', fake, "m")

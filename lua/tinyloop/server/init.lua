@@ -326,8 +326,9 @@ local function cut_at_stop(text, stops)
     return cut and text:sub(1, cut - 1) or text
 end
 
+
 local function choice_json(text, ids, finish_reason)
-    return '[{"index":0,"text":' .. encode(text) .. ',"logprobs":null,"finish_reason":' ..
+    return '[{"index":0,"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":null,"finish_reason":' ..
         (finish_reason and ('"' .. finish_reason .. '"') or "null") .. ',"token_ids":[' .. concat(ids, ",") .. "]}]"
 end
 
@@ -360,6 +361,9 @@ end
 local function sse(st, payload)
     local ok, err = ngx_print("data: ", payload, "\n\n")
     if ok then ok, err = ngx_flush(true) end
+    -- HTTP/1.0 with lua_http10_buffering on (another nginx.conf than ours): the response is
+    -- buffered whole and flush says so; the client is still there.
+    if not ok and err == "buffering" then ok = true end
     if not ok then
         ngx_log(ngx.INFO, "tinyloop: client gone mid-stream (", err, "): cancelling request ", st.response_id)
         release(st, true)

@@ -76,13 +76,31 @@ local KIND_CHECK = {
 }
 local KIND_WORDS = { string = "a string", number = "a number", integer = "an integer", boolean = "a boolean", object = "an object" }
 
+-- Fields of OpenAI's completions API that TinyLoop does not implement, which clients send at
+-- their defaults (LangChain's wrapper sends both penalties 0, the SDKs null or false): the
+-- value that changes nothing is accepted, any other refused, naming the field.
+local OPENAI_NO_OPS = {
+    echo = { function(v) return v == false end, "false" },
+    best_of = { function(v) return v == 1 end, "1" },
+    presence_penalty = { function(v) return v == 0 end, "0" },
+    frequency_penalty = { function(v) return v == 0 end, "0" },
+    suffix = { function(v) return v == "" end, '""' },
+    logprobs = { function() return false end, "null" },
+    logit_bias = { function(v) return type(v) == "table" and next(v) == nil end, "{}" },
+    stream_options = { function(v) return type(v) == "table" and not v.include_usage end, '{"include_usage": false}' },
+}
+
 -- The request field an engine error message is about: the longest field or cfg name in it.
 local function param_of(message)
-    local best, best_len = nil, 0
+    local best, best_len, best_at = nil, 0, math.huge
     for field, spec in pairs(FIELDS) do
         for _, name in ipairs({ field, spec[2] or field }) do
-            -- as a whole word: "n" must not match inside "something"
-            if #name > best_len and message:find("%f[%w_]" .. name .. "%f[^%w_]") then best, best_len = field, #name end
+            -- as a whole word: "n" must not match inside "something"; of two as long, the
+            -- first in the message ("loops = 0 ... the model's default", not "model")
+            local at = message:find("%f[%w_]" .. name .. "%f[^%w_]")
+            if at and (#name > best_len or (#name == best_len and at < best_at)) then
+                best, best_len, best_at = field, #name, at
+            end
         end
     end
     if not best and message:find("verify_loops", 1, true) then best = "loops" end
@@ -90,8 +108,54 @@ local function param_of(message)
 end
 _M.param_of = param_of
 
+-- Text as valid UTF-8: a byte that does not begin a complete, well-formed sequence becomes
+-- U+FFFD, as OpenAI's API renders a cut character. The engine's stream never splits a
+-- character, but the end of a generation (max_tokens, EOS) can fall inside one, and its
+-- bytes went into the JSON raw: invalid UTF-8 that JSON clients refuse to parse.
+local byte = string.byte
+local function valid_utf8(s)
+    if not s:find("[\128-\255]") then return s end
+    local parts, i, from, n = {}, 1, 1, #s
+    while i <= n do
+        local c = byte(s, i)
+        local len = c < 0x80 and 1 or c >= 0xC2 and c <= 0xDF and 2 or c >= 0xE0 and c <= 0xEF and 3
+            or c >= 0xF0 and c <= 0xF4 and 4 or 0
+        local ok = len > 0 and i + len - 1 <= n
+        if ok and len > 1 then -- the second byte's range excludes overlongs, surrogates, > U+10FFFF
+            local lo = (c == 0xE0 and 0xA0) or (c == 0xF0 and 0x90) or 0x80
+            local hi = (c == 0xED and 0x9F) or (c == 0xF4 and 0x8F) or 0xBF
+            local second = byte(s, i + 1)
+            ok = second >= lo and second <= hi
+            for k = 2, len - 1 do
+                local b = byte(s, i + k)
+                ok = ok and b >= 0x80 and b <= 0xBF
+            end
+        end
+        if ok then
+            i = i + len
+        else
+            parts[#parts + 1] = s:sub(from, i - 1)
+            parts[#parts + 1] = "\239\191\189"
+            i = i + 1
+            from = i
+        end
+    end
+    parts[#parts + 1] = s:sub(from)
+    return table.concat(parts)
+end
+_M.valid_utf8 = valid_utf8
+
 -- Token ids of the prompt: a string (encoded with the model's tokenizer) or an array of ids.
+-- OpenAI's batch shapes (an array of strings or of id arrays) are one choice per prompt: a
+-- batch of one is that prompt; more are refused saying so.
 local function prompt_ids(model, prompt)
+    if type(prompt) == "table" and (type(prompt[1]) == "string" or type(prompt[1]) == "table") then
+        if #prompt > 1 then
+            return bad("a list of prompts is not supported: send one prompt (a string or an array of token ids) a request",
+                       "prompt")
+        end
+        prompt = prompt[1]
+    end
     if type(prompt) == "string" then
         if prompt == "" then return bad("prompt must not be empty", "prompt") end
         if not model.has_tokenizer then
@@ -275,6 +339,13 @@ function _M.parse(body, model, model_id)
     local cfg = {}
     for k, v in pairs(t) do
         local spec = FIELDS[k]
+        local no_op = not spec and OPENAI_NO_OPS[k]
+        if no_op then -- OpenAI's fields that TinyLoop lacks: their no-op value only
+            if v ~= json_null and not no_op[1](v) then
+                return bad(("%s is not supported (only %s, or null)"):format(k, no_op[2]), k)
+            end
+            spec, v = {}, json_null
+        end
         if not spec then return bad(("unknown field '%s'"):format(tostring(k)), tostring(k)) end
         if v == json_null then
             t[k] = nil -- null means "the default", as in OpenAI's API
