@@ -331,8 +331,8 @@ static bool parse_sequence(parser *ps, seq *s) {
         const char *start = ps->at;
         char c = *ps->at;
         if (c == '|' || c == ')' || c == '\n' || c == '\r') return true;
+        const int element = s->n; /* the element's first item: a postfix applies to all of them */
         if (c == '"') {
-            const int first = s->n;
             ps->at++;
             for (;;) {
                 if (ps->at >= ps->end || *ps->at == '\n')
@@ -343,14 +343,6 @@ static bool parse_sequence(parser *ps, seq *s) {
                 gram_range r = {cp, cp};
                 gram_item it;
                 if (!add_ranges(ps, &r, 1, &it) || !seq_push(ps, s, it)) return false;
-            }
-            /* a postfix applies to the whole literal: a multi-character one becomes a rule */
-            if (ps->at < ps->end && strchr("*+?{", *ps->at) && s->n - first != 1) {
-                int lit = gram_builder_fresh_rule(&ps->b, ps->rule);
-                if (lit < 0) return oom(ps);
-                if (!commit_alt(ps, lit, s->n > first ? s->items + first : NULL, s->n - first)) return false;
-                s->n = first;
-                if (!seq_push(ps, s, (gram_item){GE_REF, lit, 0})) return false;
             }
         } else if (c == '[') {
             gram_item it;
@@ -389,9 +381,22 @@ static bool parse_sequence(parser *ps, seq *s) {
             if ((unsigned char)c < 0x20 || (unsigned char)c >= 0x7F) snprintf(what, sizeof what, "\\x%02X", (unsigned char)c);
             return fail_at(ps, start, "unexpected '%s': expected a literal, a class, a rule name, '(' or '.'", what);
         }
-        /* postfixes bind to the element just parsed */
-        while (ps->at < ps->end && (*ps->at == '*' || *ps->at == '+' || *ps->at == '?' || *ps->at == '{'))
+        /* Postfixes bind to the element just parsed, after spaces too ("x *"), and a second
+           one to everything the first made ("a"+? is ("a"+)?, "a"{2}* is ("aa")*), as in
+           llama.cpp: an element of other than one item (a multi-character literal, a
+           repetition's copies) becomes a rule first. */
+        skip_space(ps, nested);
+        while (ps->at < ps->end && (*ps->at == '*' || *ps->at == '+' || *ps->at == '?' || *ps->at == '{')) {
+            if (s->n - element != 1) {
+                int whole = gram_builder_fresh_rule(&ps->b, ps->rule);
+                if (whole < 0) return oom(ps);
+                if (!commit_alt(ps, whole, s->n > element ? s->items + element : NULL, s->n - element)) return false;
+                s->n = element;
+                if (!seq_push(ps, s, (gram_item){GE_REF, whole, 0})) return false;
+            }
             if (!parse_postfix(ps, s)) return false;
+            skip_space(ps, nested);
+        }
         if (s->n > 0 && (unsigned)(ps->b.n_items + s->n) > (1u << 24)) return fail_at(ps, start, "%s", "grammar too large");
     }
 }

@@ -614,7 +614,11 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
         item = new_rule(c);
         printf_(&c->out, "r%d ::= value\n", item);
     }
-    if (n_prefix > 0 && lo > n_prefix && item < 0) { free(pre); return fail(c, path, "minItems exceeds prefixItems and items is false"); }
+    /* (no prefixItems and items false: minItems > 0 matches nothing, and [] was let through) */
+    if (lo > n_prefix && item < 0) {
+        free(pre);
+        return fail(c, path, "minItems %d exceeds the %d prefixItems and no items may follow them", lo, n_prefix);
+    }
     /* elements: prefix ones first (all required up to lo, beyond optional), then items */
     int r = new_rule(c);
     sbuf b = {0};
@@ -729,11 +733,23 @@ static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
         }
         static const char *const KW[] = {"type", "properties", "required", "additionalProperties", NULL};
         if (check_keywords(c, s, path, KW) < 0) goto done;
-        for (const cJSON *q = p ? p->child : NULL; q; q = q->next)
-            if (!cJSON_GetObjectItemCaseSensitive(props, q->string)) cJSON_AddItemReferenceToObject(props, q->string, (cJSON *)q);
+        /* A property or additionalProperties in two branches would need the intersection of
+           their schemas: refused rather than one branch's kept (the other's constraints,
+           a minimum, additionalProperties false, were silently dropped). */
+        for (const cJSON *q = p ? p->child : NULL; q; q = q->next) {
+            if (cJSON_GetObjectItemCaseSensitive(props, q->string)) {
+                r = fail(c, path, "allOf: property '%s' in more than one branch is not supported", q->string);
+                goto done;
+            }
+            cJSON_AddItemReferenceToObject(props, q->string, (cJSON *)q);
+        }
         const cJSON *rq = cJSON_GetObjectItemCaseSensitive(s, "required");
         for (const cJSON *q = rq ? rq->child : NULL; q; q = q->next) cJSON_AddItemReferenceToArray(req, (cJSON *)q);
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+        if (a && additional) {
+            r = fail(c, path, "%s", "allOf: additionalProperties in more than one branch is not supported");
+            goto done;
+        }
         if (a) additional = a;
     }
     r = object_schema(c, props, req, additional, path, depth);
@@ -741,6 +757,26 @@ done:
     cJSON_Delete(props);
     cJSON_Delete(req);
     return r;
+}
+
+/* Whether JSON value v has JSON Schema type `type` (a name, or an array of names; NULL: any). */
+static bool value_has_type(const cJSON *v, const cJSON *type) {
+    if (!type) return true;
+    if (cJSON_IsArray(type)) {
+        for (const cJSON *t = type->child; t; t = t->next)
+            if (value_has_type(v, t)) return true;
+        return false;
+    }
+    if (!cJSON_IsString(type)) return false;
+    const char *name = type->valuestring;
+    if (!strcmp(name, "string")) return cJSON_IsString(v);
+    if (!strcmp(name, "number")) return cJSON_IsNumber(v);
+    if (!strcmp(name, "integer")) return cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble == floor(v->valuedouble);
+    if (!strcmp(name, "boolean")) return cJSON_IsBool(v);
+    if (!strcmp(name, "null")) return cJSON_IsNull(v);
+    if (!strcmp(name, "array")) return cJSON_IsArray(v);
+    if (!strcmp(name, "object")) return cJSON_IsObject(v);
+    return false;
 }
 
 static int schema(conv *c, const cJSON *s, const char *path, int depth) {
@@ -765,6 +801,9 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
     if (cst) {
         static const char *const KW[] = {"const", "type", NULL};
         if (check_keywords(c, s, path, KW) < 0) return -1;
+        /* both keywords apply: a const of another type matches nothing (it was let through) */
+        if (!value_has_type(cst, cJSON_GetObjectItemCaseSensitive(s, "type")))
+            return fail(c, path, "%s", "'const' is not of the schema's 'type': the schema matches nothing");
         return json_literal_rule(c, cst, path);
     }
     const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
@@ -772,12 +811,16 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
         static const char *const KW[] = {"enum", "type", NULL};
         if (check_keywords(c, s, path, KW) < 0) return -1;
         if (!cJSON_IsArray(en) || !en->child) return fail(c, path, "'enum' must be a non-empty array");
+        /* both keywords apply: only the values of the schema's type (others were let through) */
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
         sbuf alts = {0};
         for (const cJSON *v = en->child; v; v = v->next) {
+            if (!value_has_type(v, type)) continue;
             int r = json_literal_rule(c, v, path);
             if (r < 0) { free(alts.p); return -1; }
-            printf_(&alts, "%sr%d", v == en->child ? "" : " | ", r);
+            printf_(&alts, "%sr%d", alts.p ? " | " : "", r);
         }
+        if (!alts.p) return fail(c, path, "%s", "no 'enum' value is of the schema's 'type': the schema matches nothing");
         int r = new_rule(c);
         printf_(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
         free(alts.p);

@@ -130,6 +130,24 @@ static void test_dialect(void) {
     static const char *n4[] = {"ab", "", NULL};
     expect(g, "x{0}", y4, n4);
     tl_compiled_grammar_free(g);
+    /* A second postfix applies to everything the first made, as in llama.cpp: "a"+? is
+       ("a"+)? (it refused ""), "a"{2}* is ("aa")* (it took "a" and "aaa"); and a postfix may
+       follow spaces ("x *" was "unexpected '*'"). */
+    g = compile("root ::= \"a\"+? \"b\"");
+    static const char *y5[] = {"b", "ab", "aaab", NULL};
+    static const char *n5[] = {"", "a", NULL};
+    expect(g, "+?", y5, n5);
+    tl_compiled_grammar_free(g);
+    g = compile("root ::= \"a\"{2}* \"b\"");
+    static const char *y6[] = {"b", "aab", "aaaab", NULL};
+    static const char *n6[] = {"ab", "aaab", NULL};
+    expect(g, "{2}*", y6, n6);
+    tl_compiled_grammar_free(g);
+    g = compile("root ::= \"ab\" * [x-z] + ( \"c\" ) ?\t{1,2}");
+    static const char *y7[] = {"x", "ababyz", "abxc", "xcc", NULL};
+    static const char *n7[] = {"", "ab", "xccc", NULL};
+    expect(g, "spaces", y7, n7);
+    tl_compiled_grammar_free(g);
 }
 
 static void test_llama_grammars(void) {
@@ -245,6 +263,12 @@ static void test_json_schema(void) {
     static const char *n8[] = {"\"a\"", "\"a]\"", NULL};
     expect(g, "empty class", y8, n8);
     tl_compiled_grammar_free(g);
+    /* enum next to type: the values of that type only (1 was let through) */
+    g = schema("{\"type\":\"string\",\"enum\":[\"a\",1,\"b\"]}");
+    static const char *y9[] = {"\"a\"", "\"b\"", NULL};
+    static const char *n9[] = {"1", NULL};
+    expect(g, "enum with type", y9, n9);
+    tl_compiled_grammar_free(g);
     /* free whitespace */
     tl_json_schema_options opts = {1};
     g = NULL;
@@ -266,6 +290,15 @@ static void test_json_schema(void) {
         {"{\"type\":\"object\",\"required\":[\"z\"]}", "required property 'z' is not in 'properties'"},
         {"{\"type\":", "not valid JSON"},
         {"{\"not\":{}}", "unsupported keyword 'not'"},
+        /* schemas that match nothing, or whose branches would need intersecting (each once
+           let through what it forbids: [], 1, {"a":1}) */
+        {"{\"type\":\"array\",\"items\":false,\"minItems\":1}", "minItems 1 exceeds the 0 prefixItems"},
+        {"{\"type\":\"string\",\"const\":1}", "'const' is not of the schema's 'type'"},
+        {"{\"type\":\"string\",\"enum\":[1,null]}", "no 'enum' value is of the schema's 'type'"},
+        {"{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
+         "{\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":5}}}]}", "property 'a' in more than one branch"},
+        {"{\"allOf\":[{\"type\":\"object\",\"additionalProperties\":false},{\"type\":\"object\",\"additionalProperties\":true}]}",
+         "additionalProperties in more than one branch"},
         {"{\"type\":\"string\",\"pattern\":\"(?=x)\"}", "lookaround"},
         {"{\"type\":\"string\",\"pattern\":\"[D-0]\"}", "reversed range 'D-0'"},
         {"{\"type\":\"string\",\"pattern\":\"a{{2}\"}", "bad quantifier"},
