@@ -114,41 +114,45 @@ static tl_status find_shaped(tl_binder *b, const char *name, const int64_t *dims
     return TL_OK;
 }
 
-/* A q8 (I8 [rows, cols]) or q4 (U8 [rows, cols / 2]) matrix and its F16 scale tensor
-   "<name>_scale" [rows, cols / TL_QGROUP] (layout: internal.h, README "Quantised weights"). */
-static tl_status bind_quantised(tl_binder *b, const char *name, tl_st_tensor *t, const char *path, int rows,
-                                int cols, tl_matrix *out) {
+/* Rows [row0, row0 + rows) of a q8 (I8 [total_rows, cols]) or q4 (U8 [total_rows, cols / 2])
+   matrix and of its F16 scale tensor "<name>_scale" [total_rows, cols / TL_QGROUP] (layout:
+   internal.h, README "Quantised weights"): a row's bytes and scales are its own, so a fused
+   tensor (Huginn's Wqkv, its MLP's fc) splits by rows as a float one does. */
+static tl_status bind_quantised(tl_binder *b, const char *name, tl_st_tensor *t, const char *path, int total_rows,
+                                int cols, int row0, int rows, tl_matrix *out) {
     const bool q8 = t->dtype == TL_ST_I8;
     t->claimed = true;
     if (cols % TL_QGROUP != 0)
         return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" is quantised but its %d columns are not a multiple of %d",
                        path, name, cols, TL_QGROUP);
-    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != (q8 ? cols : cols / 2))
+    if (t->ndim != 2 || t->shape[0] != total_rows || t->shape[1] != (q8 ? cols : cols / 2))
         return tl_fail(TL_ERR_FORMAT, "%s: %s tensor \"%s\" must have shape [%d, %d] (config.json: [%d, %d])",
-                       path, q8 ? "q8 (I8)" : "q4 (U8)", name, rows, q8 ? cols : cols / 2, rows, cols);
+                       path, q8 ? "q8 (I8)" : "q4 (U8)", name, total_rows, q8 ? cols : cols / 2, total_rows, cols);
     char scale_name[300];
     snprintf(scale_name, sizeof scale_name, "%s_scale", name);
     const char *scale_path = NULL;
     tl_st_tensor *s = tl_st_set_find(b->files, scale_name, &scale_path);
     if (!s) return tl_fail(TL_ERR_FORMAT, "%s: quantised tensor \"%s\" has no scale tensor \"%s\"", path, name, scale_name);
     s->claimed = true;
-    if (s->dtype != TL_ST_F16 || s->ndim != 2 || s->shape[0] != rows || s->shape[1] != cols / TL_QGROUP)
-        return tl_fail(TL_ERR_FORMAT, "%s: scale tensor \"%s\" must be F16 [%d, %d]", path, scale_name, rows,
+    if (s->dtype != TL_ST_F16 || s->ndim != 2 || s->shape[0] != total_rows || s->shape[1] != cols / TL_QGROUP)
+        return tl_fail(TL_ERR_FORMAT, "%s: scale tensor \"%s\" must be F16 [%d, %d]", path, scale_name, total_rows,
                        cols / TL_QGROUP);
+    const size_t row_bytes = (size_t)(q8 ? cols : cols / 2), row_scales = (size_t)(cols / TL_QGROUP);
+    const uint8_t *scales = s->data + (size_t)row0 * row_scales * 2;
     /* A float weight's rule, for its scales: an infinite or NaN scale makes its group NaN. */
-    const size_t n_scales = (size_t)rows * (size_t)(cols / TL_QGROUP), bad = tl_first_nonfinite(s->data, TL_F16, n_scales);
+    const size_t n_scales = (size_t)rows * row_scales, bad = tl_first_nonfinite(scales, TL_F16, n_scales);
     if (bad < n_scales)
         return tl_fail(TL_ERR_FORMAT, "%s: scale tensor \"%s\" has a non-finite value at index %zu (row-major); "
                        "the checkpoint is corrupt", path, scale_name, bad);
     out->dtype = q8 ? TL_Q8 : TL_Q4;
     out->rows = rows;
     out->cols = cols;
-    out->data = t->data;
-    out->scale = s->data;
-    if ((uintptr_t)s->data % 2 != 0) { /* unaligned in the file: keep an aligned copy */
-        void *copy = own(b->m, tl_alloc_aligned(s->nbytes));
+    out->data = t->data + (size_t)row0 * row_bytes;
+    out->scale = scales;
+    if ((uintptr_t)scales % 2 != 0) { /* unaligned in the file: keep an aligned copy */
+        void *copy = own(b->m, tl_alloc_aligned(n_scales * 2));
         if (!copy) return tl_fail(TL_ERR_NO_MEMORY, "out of memory copying \"%s\"", scale_name);
-        memcpy(copy, s->data, s->nbytes);
+        memcpy(copy, scales, n_scales * 2);
         out->scale = copy;
     }
     return TL_OK;
@@ -163,10 +167,7 @@ tl_status tl_bind_matrix_rows(tl_binder *b, const char *name, int total_rows, in
     if (stored && (stored->dtype == TL_ST_I8 || stored->dtype == TL_ST_U8)) {
         if (strcmp(name, "pos_embed.weight") == 0)
             return tl_fail(TL_ERR_FORMAT, "%s: \"%s\" must be F32, F16 or BF16 (it is not quantised)", path, name);
-        if (row0 != 0 || rows != total_rows) /* a fused tensor split at load (Huginn's Wqkv) */
-            return tl_fail(TL_ERR_FORMAT, "%s: \"%s\" is quantised but must be split at load: quantise the "
-                           "checkpoint after conversion to TinyLoop's format", path, name);
-        return bind_quantised(b, name, stored, path, rows, cols, out);
+        return bind_quantised(b, name, stored, path, total_rows, cols, row0, rows, out);
     }
     tl_status st = find_shaped(b, name, dims, 2, &t, &path);
     if (st != TL_OK) return st;

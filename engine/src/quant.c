@@ -289,7 +289,11 @@ static bool quantisable(const tl_st_tensor *t) {
    reads at depth (the head is read once, the block loops times), and the head's error goes
    straight into the logits (as llama.cpp keeps its output matrix above 4 bits). */
 static tl_dtype type_for(const tl_st_tensor *t, tl_dtype type) {
-    if (type == TL_Q4 && (!strcmp(t->name, "tok_embed.weight") || !strcmp(t->name, "lm_head.weight"))) return TL_Q8;
+    /* ours, then Hugging Face's: Ouro's (Llama's) and Huginn's embeddings */
+    static const char *const kept[] = {"tok_embed.weight", "lm_head.weight", "model.embed_tokens.weight",
+                                       "transformer.wte.weight"};
+    for (size_t i = 0; type == TL_Q4 && i < sizeof kept / sizeof kept[0]; i++)
+        if (!strcmp(t->name, kept[i])) return TL_Q8;
     return type;
 }
 

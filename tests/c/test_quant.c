@@ -320,6 +320,59 @@ static void threads_alike(const char *model_dir) {
           model_dir, differ, bytes);
 }
 
+/* A Hugging Face Huginn folder quantised (its fused Wqkv and mlp.fc, split by rows at load,
+   were refused once quantised, after the quantiser had written its output): it loads, and
+   each split matrix's row r is what tl_quantize_row_q4 makes of the fused row it came from,
+   packed and mapped. */
+static void fused_split(const char *hf_dir) {
+    char out[1024], path[1100];
+    snprintf(out, sizeof out, "%s/huginn-q4", quantised_root);
+    CHECK(tl_quantize_checkpoint(hf_dir, out, TL_Q4) == TL_OK, "quantise %s: %s", hf_dir, tl_last_error());
+    snprintf(path, sizeof path, "%s/model.safetensors", hf_dir);
+    tl_st_file f;
+    if (tl_st_open(path, &f) != TL_OK) { CHECK(0, "%s: %s", path, tl_last_error()); return; }
+    const tl_st_tensor *qkv = tl_st_find(&f, "transformer.core_block.0.attn.Wqkv.weight");
+    for (int mapped = 0; qkv && mapped <= 1; mapped++) {
+        tl_load_options o;
+        tl_load_options_init(&o);
+        o.mmap_weights = mapped;
+        tl_model *m = NULL;
+        CHECK(tl_model_load(out, &o, &m) == TL_OK, "%s: load: %s", out, tl_last_error());
+        if (!m) continue;
+        const tl_layer *L = &m->w.block[0];
+        const tl_matrix *parts[3] = {&L->q, &L->k, &L->v};
+        const int cols = (int)qkv->shape[1];
+        float x[256], got[256];
+        uint8_t q[128];
+        uint16_t s[256 / G];
+        int row0 = 0, mismatches = 0;
+        for (int p = 0; p < 3 && cols <= 256; p++) {
+            CHECK(parts[p]->dtype == TL_Q4 && parts[p]->cols == cols, "part %d of Wqkv: q4 [*, %d]", p, cols);
+            for (int r = 0; r < parts[p]->rows; r++) {
+                tl_convert_to_f32(qkv->data + (size_t)(row0 + r) * (size_t)cols * 4, TL_F32, (size_t)cols, x);
+                tl_quantize_row_q4(x, cols, q, s);
+                tl_matrix_row_f32(parts[p], r, got);
+                for (int c = 0; c < cols; c++) {
+                    const int u = (q[c / 2] >> (c % 2 ? 4 : 0)) & 15;
+                    mismatches += got[c] != tl_f16_to_f32(s[c / G]) * (float)(u - 8);
+                }
+            }
+            row0 += parts[p]->rows;
+        }
+        CHECK(row0 == qkv->shape[0] && mismatches == 0, "%s (%s): %d of Wqkv's elements are not their fused row's",
+              out, mapped ? "mapped" : "packed", mismatches);
+        tl_model_free(m);
+    }
+    CHECK(qkv && qkv->dtype == TL_ST_F32, "the Huginn test checkpoint's Wqkv (F32)");
+    tl_st_close(&f);
+    /* q4 keeps the embedding at q8 under Hugging Face's names too (Huginn's wte was q4) */
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    if (tl_st_open(path, &f) != TL_OK) { CHECK(0, "%s: %s", path, tl_last_error()); return; }
+    const tl_st_tensor *wte = tl_st_find(&f, "transformer.wte.weight");
+    CHECK(wte && wte->dtype == TL_ST_I8, "Huginn's wte in a q4 checkpoint: %s", wte ? tl_st_dtype_name(wte->dtype) : "missing");
+    tl_st_close(&f);
+}
+
 /* The whole file at `path` (free it), or NULL. */
 static char *slurp(const char *path, long *len) {
     FILE *f = fopen(path, "rb");
@@ -418,5 +471,8 @@ int main(int argc, char **argv) {
     round_trip(argv[1], "llama_like");
     threads_alike(argv[2]); /* after round_trip: quantised_root exists */
     refusals(argv[1]);      /* after round_trip: its q4 copy is an input already quantised */
+    char hf[1024];
+    snprintf(hf, sizeof hf, "%s/../hf/huginn_f32", argv[1]);
+    fused_split(hf);
     return check_summary();
 }
