@@ -203,6 +203,19 @@ function _M.too_large()
     return send_error(413, ("the request body is over the %d-byte limit"):format(conf.max_body), nil)
 end
 
+-- nginx's own errors (error_page ... @nginx_error, the status kept): the JSON error shape
+-- instead of nginx's HTML page, which OpenAI clients cannot parse.
+local NGINX_ERRORS = {
+    [400] = "bad request (malformed HTTP)", [404] = "not found", [408] = "the request timed out",
+    [414] = "the request URI is too long",
+    [494] = "the request headers are too large", [500] = "internal server error", [502] = "bad gateway",
+    [504] = "gateway timeout",
+}
+function _M.nginx_error()
+    local status = ngx.status
+    return send_error(status, NGINX_ERRORS[status] or ("HTTP error " .. status), nil)
+end
+
 -- log_by_lua: every request, including nginx's own errors, counted by endpoint and status.
 function _M.log()
     metrics.log_request(ngx.var.uri, ngx.status)
