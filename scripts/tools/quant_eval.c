@@ -108,6 +108,11 @@ int main(int argc, char **argv) {
             }
         }
     }
+    if (positions == 0) { /* fewer tokens than one window: nothing was compared (it printed NaN and exit 0) */
+        fprintf(stderr, "tinyloop-quant-eval: %d tokens of text, fewer than one window of %d: nothing to compare "
+                        "(a longer --text, or a smaller --window)\n", n, window);
+        return 2;
+    }
     const double ref_rms = sqrt(ref2 / ((double)positions * vocab)), err_rms = sqrt(err2 / ((double)positions * vocab));
     printf("reference %s (%s), quantised %s (%s), depth %d, %ld positions in windows of %d\n", ref_dir,
            info->weight_dtype, q_dir, tl_model_info(qm)->weight_dtype, loops, positions, window);

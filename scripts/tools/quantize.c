@@ -51,6 +51,11 @@ int main(int argc, char **argv) {
             i++;
         }
         else if (!strncmp(argv[i], "--type=", 7)) type = argv[i] + 7;
+        else if (!strcmp(argv[i], "--type") || !strcmp(argv[i], "--calibrate") || !strcmp(argv[i], "--calibrate-tokens") ||
+                 !strcmp(argv[i], "--threads")) { /* the last argument: its value is missing */
+            fprintf(stderr, "quantize: %s needs a value\n", argv[i]);
+            return usage(stderr, 2);
+        }
         else if (argv[i][0] == '-') { fprintf(stderr, "quantize: unknown option %s\n", argv[i]); return usage(stderr, 2); }
         else if (n_dirs < 2) dirs[n_dirs++] = argv[i];
         else return usage(stderr, 2);

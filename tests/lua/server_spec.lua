@@ -525,6 +525,16 @@ describe("scripts/serve options", function()
         local out = sh("scripts/serve --kv-type f8 --port 1 2>&1; echo \"exit $?\"")
         assert.truthy(out:find("--kv-type must be f32 or f16, got 'f8'", 1, true), out)
         assert.truthy(out:find("exit 2", 1, true), out)
+        -- a value left out (it was bash's "unbound variable"), a leading zero (bash's "value too
+        -- great for base" after the temp dir was made), no worker or no running place
+        for args, want in pairs({ ["--port"] = "--port needs a value", ["--max-active 08"] = "got '08'",
+                                  ["--workers 0"] = "--workers must be at least 1", ["--max-active 0"] = "--max-active must be at least 1" }) do
+            out = sh("TMPDIR=" .. dir .. " scripts/serve " .. args .. " 2>&1; echo \"exit $?\"")
+            assert.truthy(out:find(want, 1, true), out)
+            assert.truthy(out:find("exit 2", 1, true), out)
+            assert.is_nil(out:find("unbound", 1, true), out)
+        end
+        assert.equal("", sh("ls " .. dir .. " | grep tinyloop-serve || true"))
     end)
 
     it("refuses, as root, a checkpoint that nginx's workers (nobody) cannot read", function()
