@@ -168,6 +168,9 @@ tl_status tl_encode(const tl_model *model, const char *text, size_t len, int32_t
 tl_status tl_decode(const tl_model *model, const int32_t *ids, int n, char **text, size_t *len);
 /* The raw bytes of one token; valid as long as the model. */
 tl_status tl_token_text(const tl_model *model, int32_t id, const char **bytes, size_t *len);
+/* 1 for a special token (end of text...: control, never part of tl_session_text's text), else 0
+   (also without a tokenizer, and for ids out of range). */
+int tl_token_is_special(const tl_model *model, int32_t id);
 
 /* Streaming detokenizer: never returns a broken UTF-8 sequence (bytes of an unfinished
    code point wait for the next token); flush returns what is left. Pieces stay valid

@@ -61,6 +61,10 @@ tl_status tl_token_text(const tl_model *m, int32_t id, const char **bytes, size_
     return TL_OK;
 }
 
+int tl_token_is_special(const tl_model *m, int32_t id) {
+    return m && m->tokenizer && tlz_is_special(m->tokenizer, id) ? 1 : 0;
+}
+
 struct tl_detokenizer {
     tlz_stream *stream;
 };

@@ -81,6 +81,7 @@ void tl_free(void *ptr);
 tl_status tl_encode(const tl_model *model, const char *text, size_t len, int32_t **ids, int *n_ids);
 tl_status tl_decode(const tl_model *model, const int32_t *ids, int n, char **text, size_t *len);
 tl_status tl_token_text(const tl_model *model, int32_t id, const char **bytes, size_t *len);
+int tl_token_is_special(const tl_model *model, int32_t id);
 typedef struct tl_detokenizer tl_detokenizer;
 tl_status tl_detokenizer_new(const tl_model *model, tl_detokenizer **out);
 tl_status tl_detokenizer_push(tl_detokenizer *d, int32_t id, const char **piece, size_t *len);

@@ -146,7 +146,10 @@ local on_token_cb = ffi_cast("tl_on_token_hook", function(user, token, position)
     local t = ctx.tokens
     if #t == position then t[position + 1] = token end
     local text = token_text(ctx, token)
-    if text and position >= ctx.prompt_len then ctx.pieces[#ctx.pieces + 1] = text end
+    -- stop_when's text is the session's text (tl_session_text), without special tokens' text
+    if text and position >= ctx.prompt_len and C.tl_token_is_special(ctx.model, token) == 0 then
+        ctx.pieces[#ctx.pieces + 1] = text
+    end
     if not ctx.on_token then return C.TL_HOOK_CONTINUE end
     local ok, r = call_hook(ctx, ctx.on_token, token, position, text)
     if not ok then return fail(ctx, r) end
@@ -1069,7 +1072,7 @@ local function read_back_state(model)
                   prompt_len = prompt_len, bytes = ffi_new("const char *[1]"), len = ffi_new("size_t[1]") }
     for i = prompt_len + 1, #tokens do
         local text = token_text(ctx, tokens[i])
-        if text then ctx.pieces[#ctx.pieces + 1] = text end
+        if text and C.tl_token_is_special(model.ptr, tokens[i]) == 0 then ctx.pieces[#ctx.pieces + 1] = text end
     end
     state.ctx = { tokens = ctx.tokens, pieces = ctx.pieces, prompt_len = prompt_len }
     return state

@@ -101,6 +101,22 @@ describe("stop_when", function()
         assert.equal("MAX_TOKENS", stats.stop_reason)
     end)
 
+    it("gets the session's text, without special tokens' text (past an EOS with ignore_eos)", function()
+        -- the special token's text went into stop_when's text, never into the session's
+        local seq = { 5, H.EOS, 6, 7 }
+        local seen
+        local s = m:session(P, { max_tokens = 4, ignore_eos = true, logits_processor = H.forcer(seq, #P),
+                                 stop_when = function(_, text) seen = text return false end })
+        local shown = {}
+        repeat
+            local _, piece, reason = s:step()
+            shown[#shown + 1] = piece
+        until reason
+        assert.same(seq, H.slice(s:tokens(), #P + 1))
+        assert.equal(table.concat(shown), seen)
+        assert.is_nil(seen:find(m:decode({ H.EOS }), 1, true))
+    end)
+
     it("can stop on text that spans tokens", function()
         local x, a, b = m:encode("x")[1], m:encode("a")[1], m:encode("b")[1]
         local out, stats = m:generate(P, {
