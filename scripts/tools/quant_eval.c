@@ -84,6 +84,14 @@ int main(int argc, char **argv) {
         }
     }
     if (n > max_tokens) n = max_tokens;
+    if (n < window) { /* not one window to compare (it printed NaN and exit 0) */
+        fprintf(stderr, "tinyloop-quant-eval: %d tokens of text, fewer than one window of %d: nothing to compare "
+                        "(a longer --text, or a smaller --window)\n", n, window);
+        if (text_path) tl_free(ids); else free(ids);
+        tl_model_free(ref);
+        tl_model_free(qm);
+        return 2;
+    }
     float *a = malloc((size_t)window * vocab * sizeof *a), *b = malloc((size_t)window * vocab * sizeof *b);
     if (!a || !b) { fprintf(stderr, "out of memory\n"); return 1; }
     long positions = 0, agree = 0, predicted = 0;
@@ -107,11 +115,6 @@ int main(int argc, char **argv) {
                 predicted++;
             }
         }
-    }
-    if (positions == 0) { /* fewer tokens than one window: nothing was compared (it printed NaN and exit 0) */
-        fprintf(stderr, "tinyloop-quant-eval: %d tokens of text, fewer than one window of %d: nothing to compare "
-                        "(a longer --text, or a smaller --window)\n", n, window);
-        return 2;
     }
     const double ref_rms = sqrt(ref2 / ((double)positions * vocab)), err_rms = sqrt(err2 / ((double)positions * vocab));
     printf("reference %s (%s), quantised %s (%s), depth %d, %ld positions in windows of %d\n", ref_dir,
