@@ -492,12 +492,16 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     }
     char *text = cJSON_PrintUnformatted(header);
     cJSON_Delete(header);
-    FILE *out = fopen(to, "wb");
+    /* Written beside, then renamed over `to`: a run that fails (gptq_factor, a full disk) or
+       is interrupted leaves an earlier good file as it was, not a truncated one. */
+    char partial[4200];
+    snprintf(partial, sizeof partial, "%s.partial", to);
+    FILE *out = fopen(partial, "wb");
     if (!text || !out) {
         free(text);
         if (out) fclose(out);
         tl_st_close(&file);
-        return tl_fail(TL_ERR_IO, "%s: %s", to, strerror(errno));
+        return tl_fail(TL_ERR_IO, "%s: %s", partial, strerror(errno));
     }
     size_t hlen = strlen(text), padded = (hlen + 7) / 8 * 8;
     uint8_t len_le[8];
@@ -549,6 +553,15 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     free(rows_f32); free(q); free(scales); free(u);
     ok &= fclose(out) == 0;
     tl_st_close(&file);
-    if (st != TL_OK) return st; /* gptq_factor's message */
-    return ok ? TL_OK : tl_fail(TL_ERR_IO, "%s: writing failed (disk full, or out of memory)", to);
+    if (st != TL_OK || !ok) {
+        unlink(partial);
+        return st != TL_OK ? st /* gptq_factor's message */
+                           : tl_fail(TL_ERR_IO, "%s: writing failed (disk full, or out of memory)", partial);
+    }
+    if (rename(partial, to) != 0) {
+        st = tl_fail(TL_ERR_IO, "%s: %s", to, strerror(errno));
+        unlink(partial);
+        return st;
+    }
+    return TL_OK;
 }

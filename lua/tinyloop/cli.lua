@@ -141,8 +141,13 @@ function _M.parse(argv, default_model)
             i = i + 1
         elseif a == "--no-prompt" then o.echo = false
         elseif a == "--no-stats" then o.stats = false
-        elseif a == "--" then
-            if v then o.prompt = v i = i + 1 end
+        elseif a == "--" then -- what follows is the prompt, options or not ("-n 3" after it is text)
+            if i + 1 < #argv then return nil, usage_error("unexpected argument " .. argv[i + 2]) end
+            if v then
+                if o.prompt then return nil, usage_error("unexpected argument " .. v) end
+                o.prompt = v
+            end
+            break
         elseif a:sub(1, 1) == "-" and #a > 1 then
             return nil, usage_error("unknown option " .. a)
         elseif not o.prompt then o.prompt = a

@@ -178,13 +178,29 @@ function _M.health()
     return send_json(200, { status = "ok", model = conf.model_id })
 end
 
-function _M.models()
-    if not only_get() or not ready() then return end
-    return send_json(200, '{"object":"list","data":[{"id":' .. encode(conf.model_id) ..
-        ',"object":"model","created":' .. created_at .. ',"owned_by":"tinyloop","tinyloop":' ..
+-- The served model in OpenAI's model shape, with a tinyloop object.
+local function model_json()
+    return '{"id":' .. encode(conf.model_id) .. ',"object":"model","created":' .. created_at ..
+        ',"owned_by":"tinyloop","tinyloop":' ..
         encode({ vocab_size = model.vocab_size, max_seq_len = model.max_seq_len, default_loops = model.default_loops,
                  max_loops = model.max_loops, has_tokenizer = model.has_tokenizer,
-                 weight_dtype = model_types.weight_dtype, kv_type = model_types.kv_type }) .. "}]}")
+                 weight_dtype = model_types.weight_dtype, kv_type = model_types.kv_type }) .. "}"
+end
+
+function _M.models()
+    if not only_get() or not ready() then return end
+    return send_json(200, '{"object":"list","data":[' .. model_json() .. "]}")
+end
+
+-- GET /v1/models/{id} (the OpenAI SDKs' models.retrieve): the model, or 404 naming it.
+function _M.model()
+    if not only_get() or not ready() then return end
+    local id = ngx.unescape_uri(ngx.var.uri:sub(#"/v1/models/" + 1))
+    if id ~= conf.model_id then
+        return send_error(404, ("no model '%s' here (this server runs '%s')"):format(id, conf.model_id), "model",
+                          "not_found_error")
+    end
+    return send_json(200, model_json())
 end
 
 function _M.metrics()
