@@ -183,16 +183,22 @@ static void class_cp(sbuf *o, uint32_t v) {
     else printf_(o, "\\U%08X", (unsigned)v);
 }
 
+/* ECMA-262's \s above U+001F (a JSON string holds no control character): what a negated
+   class must exclude for [^\s] to mean what it means there. */
+#define ECMA_SPACE_ABOVE_CONTROLS " \\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000\\uFEFF"
+
 /* One member of a regular-expression class at *q: a code point (*set NULL), or the GBNF
    ranges of \d \w \s (*set). Escapes follow ECMA-262: \xHH, \uHHHH and escaped punctuation
-   are characters; any other escape is refused. */
-static int class_member(conv *c, const char **q, const char *path, uint32_t *cp, const char **set) {
+   are characters; any other escape is refused. \s is the space alone in a plain class (a
+   narrower class generates only valid strings) and all of ECMA-262's white space in a
+   negated one (excluding less would let through what the pattern forbids). */
+static int class_member(conv *c, const char **q, const char *path, bool negated, uint32_t *cp, const char **set) {
     const unsigned char *s = (const unsigned char *)*q;
     *set = NULL;
     if (*s == '\\') {
         const unsigned char e = s[1];
         if (e == 'd' || e == 'w' || e == 's') {
-            *set = e == 'd' ? "0-9" : e == 'w' ? "a-zA-Z0-9_" : " ";
+            *set = e == 'd' ? "0-9" : e == 'w' ? "a-zA-Z0-9_" : negated ? ECMA_SPACE_ABOVE_CONTROLS : " ";
             *q += 2;
             return 0;
         }
@@ -259,7 +265,7 @@ static int regex_class(conv *c, const char **p, const char *path, sbuf *o) {
         if (!*s) { free(cls.p); return fail(c, path, "pattern: unterminated '['"); }
         const char *from = s, *set;
         uint32_t lo, hi;
-        if (class_member(c, &s, path, &lo, &set) < 0) { free(cls.p); return -1; }
+        if (class_member(c, &s, path, negated, &lo, &set) < 0) { free(cls.p); return -1; }
         if (set) {
             if (s[0] == '-' && s[1] && s[1] != ']') {
                 free(cls.p);
@@ -271,7 +277,7 @@ static int regex_class(conv *c, const char **p, const char *path, sbuf *o) {
         hi = lo;
         if (s[0] == '-' && s[1] && s[1] != ']') {
             s++;
-            if (class_member(c, &s, path, &hi, &set) < 0) { free(cls.p); return -1; }
+            if (class_member(c, &s, path, negated, &hi, &set) < 0) { free(cls.p); return -1; }
             if (set) { free(cls.p); return fail(c, path, "pattern: a class range cannot end with '%.2s'", s - 2); }
             if (hi < lo) { free(cls.p); return fail(c, path, "pattern: reversed range '%.*s' in a class", (int)(s - from), from); }
         }
@@ -317,7 +323,8 @@ static int regex_atom(conv *c, const char **p, const char *path, sbuf *o, int de
         return 0;
     }
     if (*s == '[') return regex_class(c, p, path, o);
-    if (*s == '.') { puts_(o, "[^\"\\\\\\x00-\\x1F]"); *p = s + 1; return 0; }
+    /* '.': any character but a line terminator (ECMA-262: \n \r U+2028 U+2029) */
+    if (*s == '.') { puts_(o, "[^\"\\\\\\x00-\\x1F\\u2028\\u2029]"); *p = s + 1; return 0; }
     if (*s == '\\') {
         char e = s[1];
         const char *cls = e == 'd' ? "[0-9]" : e == 'w' ? "[a-zA-Z0-9_]" : e == 's' ? "[ ]" : e == 'D' ? "[^0-9\"\\\\\\x00-\\x1F]"

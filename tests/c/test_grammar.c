@@ -263,6 +263,13 @@ static void test_json_schema(void) {
     static const char *n8[] = {"\"a\"", "\"a]\"", NULL};
     expect(g, "empty class", y8, n8);
     tl_compiled_grammar_free(g);
+    /* ECMA-262's white space and line terminators: [^\s] excludes U+00A0 and U+3000 as well
+       as the space, '.' excludes U+2028 (both were let through) */
+    g = schema("{\"type\":\"string\",\"pattern\":\"^[^\\\\s].$\"}");
+    static const char *y10[] = {"\"ab\"", "\"\xc3\xa9 \"", NULL};
+    static const char *n10[] = {"\" a\"", "\"\xc2\xa0" "a\"", "\"\xe3\x80\x80" "a\"", "\"a\xe2\x80\xa8\"", NULL};
+    expect(g, "ECMA white space", y10, n10);
+    tl_compiled_grammar_free(g);
     /* enum next to type: the values of that type only (1 was let through) */
     g = schema("{\"type\":\"string\",\"enum\":[\"a\",1,\"b\"]}");
     static const char *y9[] = {"\"a\"", "\"b\"", NULL};
