@@ -42,6 +42,12 @@ static void share_prefix(tl_kv_cache *dst, const tl_kv_cache *src, int n) {
     dst->length = n;
 }
 
+/* Whether entry e's K/V were computed as a session at `loops` from `state_seed` computes
+   them (prefix_pool.h): only then may its rows stand in for that session's. */
+static bool same_key(const pool_entry *e, int loops, uint64_t state_seed) {
+    return e->loops == loops && e->state_seed == state_seed;
+}
+
 static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     int k = 0;
     while (k < na && k < nb && a[k] == b[k]) k++;
@@ -120,7 +126,7 @@ int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int 
     int best = -1, best_len = 0;
     for (int i = 0; i < pool->n_entries; i++) {
         const pool_entry *e = &pool->entries[i];
-        if (e->loops != loops || e->state_seed != state_seed) continue;
+        if (!same_key(e, loops, state_seed)) continue;
         const int len = common_prefix(e->tokens, e->n, tokens, n);
         if (len > best_len) { best = i; best_len = len; }
     }
@@ -140,7 +146,7 @@ void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, in
     pthread_mutex_lock(&pool->lock);
     for (int i = 0; i < pool->n_entries; i++) { /* already held, as such or longer */
         pool_entry *e = &pool->entries[i];
-        if (e->loops == loops && e->state_seed == state_seed && e->n >= n && common_prefix(e->tokens, e->n, tokens, n) == n) {
+        if (same_key(e, loops, state_seed) && e->n >= n && common_prefix(e->tokens, e->n, tokens, n) == n) {
             e->last_used = ++pool->clock;
             pthread_mutex_unlock(&pool->lock);
             return;
@@ -161,8 +167,7 @@ void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, in
         /* Entries a longer one now covers are dropped; then least recently used first. */
         for (int i = 0; i < pool->n_entries; i++) {
             pool_entry *old = &pool->entries[i];
-            if (old->loops == loops && old->state_seed == state_seed && old->n <= n &&
-                common_prefix(old->tokens, old->n, tokens, n) == old->n) {
+            if (same_key(old, loops, state_seed) && old->n <= n && common_prefix(old->tokens, old->n, tokens, n) == old->n) {
                 pool->used -= old->bytes;
                 entry_free(old);
                 pool->entries[i--] = pool->entries[--pool->n_entries];

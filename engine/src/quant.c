@@ -492,16 +492,21 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     }
     char *text = cJSON_PrintUnformatted(header);
     cJSON_Delete(header);
-    /* Written beside, then renamed over `to`: a run that fails (gptq_factor, a full disk) or
-       is interrupted leaves an earlier good file as it was, not a truncated one. */
-    char partial[4200];
-    snprintf(partial, sizeof partial, "%s.partial", to);
-    FILE *out = fopen(partial, "wb");
-    if (!text || !out) {
+    /* Written beside, synced, then renamed over `to` (the state file's way): a run that
+       fails (gptq_factor, a full disk) or is interrupted leaves an earlier good file as it
+       was, not a truncated one. */
+    char *partial = NULL;
+    const int fd = text ? tl_create_beside(to, &partial) : -1;
+    FILE *out = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!out) {
+        st = !text || !partial ? tl_fail(TL_ERR_NO_MEMORY, "quantize: out of memory")
+                               : tl_fail(TL_ERR_IO, "%s: cannot create a file beside it: %s", to, strerror(errno));
+        if (fd >= 0) close(fd);
+        if (partial) unlink(partial);
+        free(partial);
         free(text);
-        if (out) fclose(out);
         tl_st_close(&file);
-        return tl_fail(TL_ERR_IO, "%s: %s", partial, strerror(errno));
+        return st;
     }
     size_t hlen = strlen(text), padded = (hlen + 7) / 8 * 8;
     uint8_t len_le[8];
@@ -551,17 +556,13 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     }
     tl_pool_free(pool);
     free(rows_f32); free(q); free(scales); free(u);
+    ok &= fflush(out) == 0 && fsync(fileno(out)) == 0;
     ok &= fclose(out) == 0;
     tl_st_close(&file);
-    if (st != TL_OK || !ok) {
-        unlink(partial);
-        return st != TL_OK ? st /* gptq_factor's message */
-                           : tl_fail(TL_ERR_IO, "%s: writing failed (disk full, or out of memory)", partial);
-    }
-    if (rename(partial, to) != 0) {
-        st = tl_fail(TL_ERR_IO, "%s: %s", to, strerror(errno));
-        unlink(partial);
-        return st;
-    }
-    return TL_OK;
+    if (st == TL_OK && !ok) st = tl_fail(TL_ERR_IO, "%s: writing failed (disk full, or out of memory)", partial);
+    if (st == TL_OK && rename(partial, to) != 0) st = tl_fail(TL_ERR_IO, "%s: %s", to, strerror(errno));
+    if (st == TL_OK) tl_sync_directory_of(to);
+    else unlink(partial); /* gptq_factor's message, or the write's */
+    free(partial);
+    return st;
 }

@@ -80,7 +80,6 @@ struct tl_engine {
     tl_status *statuses;
     const char **pieces;         /* each session's new text (tl_session_text) */
     size_t *piece_lens;
-    const char **errors;         /* each failed session's message (tl_session_error), else NULL */
 };
 
 void tl_engine_options_init(tl_engine_options *opts) {
@@ -169,7 +168,7 @@ static void finish(tl_engine *e, request *r, tl_stop_reason stop, tl_status stat
 
 static void free_engine_arrays(tl_engine *e) {
     free(e->run), free(e->sessions), free(e->tokens), free(e->stops), free(e->statuses), free(e->pieces);
-    free(e->piece_lens), free(e->errors);
+    free(e->piece_lens);
 }
 
 static bool alloc_engine_arrays(tl_engine *e) {
@@ -181,8 +180,7 @@ static bool alloc_engine_arrays(tl_engine *e) {
     e->statuses = calloc(cap, sizeof *e->statuses);
     e->pieces = calloc(cap, sizeof *e->pieces);
     e->piece_lens = calloc(cap, sizeof *e->piece_lens);
-    e->errors = calloc(cap, sizeof *e->errors);
-    return e->run && e->sessions && e->tokens && e->stops && e->statuses && e->pieces && e->piece_lens && e->errors;
+    return e->run && e->sessions && e->tokens && e->stops && e->statuses && e->pieces && e->piece_lens;
 }
 
 static void *engine_main(void *arg) {
@@ -193,7 +191,7 @@ static void *engine_main(void *arg) {
     int32_t *tokens = e->tokens;
     tl_stop_reason *stops = e->stops;
     tl_status *statuses = e->statuses;
-    const char **pieces = e->pieces, **errors = e->errors;
+    const char **pieces = e->pieces;
     size_t *piece_lens = e->piece_lens;
     int n_run = 0;
 
@@ -237,7 +235,6 @@ static void *engine_main(void *arg) {
         if (st != TL_OK) snprintf(batch_error, sizeof batch_error, "%s", tl_last_error());
         for (int i = 0; i < n_run; i++) {
             if (st != TL_OK) statuses[i] = st;
-            errors[i] = statuses[i] == TL_OK ? NULL : st != TL_OK ? batch_error : tl_session_error(sessions[i]);
             pieces[i] = "", piece_lens[i] = 0;
             if (statuses[i] == TL_OK && tl_session_text(sessions[i], &pieces[i], &piece_lens[i]) != TL_OK)
                 pieces[i] = "", piece_lens[i] = 0; /* no tokenizer: token ids only */
@@ -254,7 +251,7 @@ static void *engine_main(void *arg) {
             }
             wake(r); /* a token, a finish or a failure: something to read in every case */
             if (statuses[i] != TL_OK) {
-                finish(e, r, TL_STOP_NONE, statuses[i], errors[i]);
+                finish(e, r, TL_STOP_NONE, statuses[i], st != TL_OK ? batch_error : tl_session_error(r->session));
                 continue;
             }
             if (!append(&r->pending, pieces[i], piece_lens[i], tokens[i])) {

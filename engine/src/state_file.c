@@ -214,36 +214,6 @@ tl_status tl_session_state_to_bytes(const tl_session_state *state, void **bytes,
     return TL_OK;
 }
 
-/* A new file beside `path` for the state, created like any file (mode 0666 less the umask;
-   mkstemp would make it 0600). Its name is unique in this process by a counter and across
-   processes by the pid; O_EXCL refuses a leftover of an earlier crash, and the next name is
-   tried. NULL name: out of memory; fd -1: errno says why. */
-static int create_beside(const char *path, char **temp) {
-    static atomic_uint counter;
-    const size_t n = strlen(path) + 48;
-    if (!(*temp = malloc(n))) return -1;
-    for (int attempt = 0; attempt < 100; attempt++) {
-        snprintf(*temp, n, "%s.tmp-%ld-%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
-        const int fd = open(*temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd >= 0 || errno != EEXIST) return fd;
-    }
-    return -1;
-}
-
-/* Makes a rename in path's directory durable (best effort: some file systems refuse to
-   sync a directory, and the file itself is already complete either way). */
-static void sync_directory_of(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!dir) return;
-    const int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-    free(dir);
-}
-
 /* A temporary file beside `path`, synced, then renamed over it: a reader never sees half a
    state, and a failed write leaves the old file as it was. */
 tl_status tl_session_state_write(const tl_session_state *state, const char *path) {
@@ -252,7 +222,7 @@ tl_status tl_session_state_write(const tl_session_state *state, const char *path
     tl_status st = check_writable(state, "tl_session_state_write");
     if (st != TL_OK) return st;
     char *temp = NULL;
-    const int fd = create_beside(path, &temp);
+    const int fd = tl_create_beside(path, &temp);
     if (!temp) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     if (fd < 0) {
         st = tl_fail(TL_ERR_IO, "state file %s: cannot create a file beside it: %s", path, strerror(errno));
@@ -270,7 +240,7 @@ tl_status tl_session_state_write(const tl_session_state *state, const char *path
         if (st == TL_OK && w.error) st = tl_fail(TL_ERR_IO, "state file %s: write failed: %s", path, strerror(w.error));
         if (st == TL_OK && rename(temp, path) != 0)
             st = tl_fail(TL_ERR_IO, "state file %s: %s", path, strerror(errno));
-        if (st == TL_OK) sync_directory_of(path);
+        if (st == TL_OK) tl_sync_directory_of(path);
     }
     if (st != TL_OK) unlink(temp);
     free(temp);

@@ -3,6 +3,7 @@
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,4 +192,34 @@ tl_status tl_read_regular(const char *path, size_t max_bytes, char **out, size_t
     *out = buf;
     *len = size;
     return TL_OK;
+}
+
+/* A new file beside `path` (a state file, a quantised checkpoint), created like any file (mode 0666 less the umask;
+   mkstemp would make it 0600). Its name is unique in this process by a counter and across
+   processes by the pid; O_EXCL refuses a leftover of an earlier crash, and the next name is
+   tried. NULL name: out of memory; fd -1: errno says why. */
+int tl_create_beside(const char *path, char **temp) {
+    static atomic_uint counter;
+    const size_t n = strlen(path) + 48;
+    if (!(*temp = malloc(n))) return -1;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        snprintf(*temp, n, "%s.tmp-%ld-%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
+        const int fd = open(*temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    return -1;
+}
+
+/* Makes a rename in path's directory durable (best effort: some file systems refuse to
+   sync a directory, and the file itself is already complete either way). */
+void tl_sync_directory_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (!dir) return;
+    const int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+    free(dir);
 }
