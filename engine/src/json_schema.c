@@ -1,7 +1,8 @@
 /* json_schema.c: a JSON Schema subset converted to GBNF (then compiled like any grammar).
  *
  * Supported: type (one or a list), properties, required, additionalProperties (false, true or
- * a schema; absent means false: generation wants closed objects), enum, const, items,
+ * a schema, for keys that are none of the declared names; absent means false: generation
+ * wants closed objects), enum, const, items,
  * prefixItems, minItems/maxItems, anyOf/oneOf, allOf of objects, string minLength/maxLength,
  * pattern (a regular-expression subset), format date/time/date-time/uuid, integer
  * minimum/maximum/exclusiveMinimum/exclusiveMaximum (exact ranges), number minimum >= 0,
@@ -506,6 +507,100 @@ static int ref_rule(conv *c, const char *ref, const char *path, int depth) {
     return r;
 }
 
+/* ---------------------------------------------------------------- objects */
+
+/* A declared property name as code points, for the key rule of additional properties. */
+typedef struct name_cps { uint32_t *cp; int len; } name_cps;
+
+#define MAX_NAME_CPS 1024 /* a declared name's length beside additionalProperties (recursion) */
+
+static int compare_names(const void *a_, const void *b_) {
+    const name_cps *a = a_, *b = b_;
+    for (int i = 0; i < a->len && i < b->len; i++)
+        if (a->cp[i] != b->cp[i]) return a->cp[i] < b->cp[i] ? -1 : 1;
+    return (a->len > b->len) - (a->len < b->len);
+}
+
+/* The rest of a key after the `depth` code points that names[lo, hi) (sorted) share: the
+   closing quote unless one of them ends here, each next code point of theirs followed by
+   its own rest, or any other character and then anything. "Any other" may be a two-letter
+   escape (\n, \", ...) of a character no name has next, not a \u escape (it could spell
+   one): the few keys that leave every name by a \u escape are not generated (narrower,
+   never looser). */
+static int key_rest_rule(conv *c, const name_cps *names, int lo, int hi, int depth) {
+    static const char ESCAPES[] = "\"\\/bfnrt", ESCAPED[] = "\"\\/\b\f\n\r\t";
+    bool escape_ok[sizeof ESCAPES - 1];
+    for (size_t e = 0; e < sizeof escape_ok; e++) escape_ok[e] = true;
+    sbuf body = {0}, excluded = {0};
+    bool ends_a_name = false, any = false;
+    for (int i = lo; i < hi; i++) ends_a_name |= names[i].len == depth;
+    if (!ends_a_name) { puts_(&body, "\"\\\"\""); any = true; }
+    for (int i = lo, j; i < hi; i = j) {
+        j = i + 1;
+        if (names[i].len == depth) continue;
+        const uint32_t next = names[i].cp[depth];
+        while (j < hi && names[j].len > depth && names[j].cp[depth] == next) j++;
+        for (size_t e = 0; e < sizeof escape_ok; e++) escape_ok[e] &= next != (unsigned char)ESCAPED[e];
+        if (next < 0x20 || next == '"' || next == '\\') continue; /* written escaped in a name: never matched */
+        const int child = key_rest_rule(c, names, i, j, depth + 1);
+        if (child < 0) { free(body.p); free(excluded.p); return -1; }
+        printf_(&body, "%s[", any ? " | " : "");
+        class_cp(&body, next);
+        printf_(&body, "] r%d", child);
+        class_cp(&excluded, next);
+        any = true;
+    }
+    printf_(&body, "%s([^\"\\\\\\x00-\\x1F%s]", any ? " | " : "", excluded.p ? excluded.p : "");
+    sbuf escapes = {0};
+    for (size_t e = 0; e < sizeof escape_ok; e++)
+        if (escape_ok[e]) class_cp(&escapes, (unsigned char)ESCAPES[e]);
+    if (escapes.p) printf_(&body, " | \"\\\\\" [%s]", escapes.p);
+    free(escapes.p);
+    puts_(&body, ") char* \"\\\"\"");
+    const int r = new_rule(c);
+    printf_(&c->out, "r%d ::= %s\n", r, body.p ? body.p : "");
+    free(body.p);
+    free(excluded.p);
+    return r;
+}
+
+/* A JSON string that is none of the declared property names (an additional property must
+   not reuse one: its value would then answer to that property's schema, or repeat it). */
+static int extra_key_rule(conv *c, const cJSON *props, const char *path) {
+    int n = 0;
+    for (const cJSON *p = props ? props->child : NULL; p; p = p->next) n++;
+    name_cps *names = calloc((size_t)n + 1, sizeof *names);
+    if (!names) return fail(c, path, "out of memory");
+    int r = 0, i = 0;
+    for (const cJSON *p = props ? props->child : NULL; p && r == 0; p = p->next, i++) {
+        const size_t bytes = strlen(p->string);
+        names[i].cp = malloc((bytes + 1) * sizeof *names[i].cp);
+        if (!names[i].cp) { r = fail(c, path, "out of memory"); break; }
+        for (const unsigned char *s = (const unsigned char *)p->string; *s;) {
+            const int len = utf8_char((const char *)s);
+            if (len <= 0) { r = fail(c, path, "property name '%.100s' is not valid UTF-8", p->string); break; }
+            uint32_t v = len == 1 ? s[0] : s[0] & (0xFF >> (len + 1));
+            for (int k = 1; k < len; k++) v = (v << 6) | (s[k] & 0x3F);
+            names[i].cp[names[i].len++] = v;
+            s += len;
+        }
+        if (r == 0 && names[i].len > MAX_NAME_CPS)
+            r = fail(c, path, "a property name over %d characters beside additionalProperties is not supported", MAX_NAME_CPS);
+    }
+    if (r == 0) {
+        qsort(names, (size_t)n, sizeof *names, compare_names);
+        const int rest = key_rest_rule(c, names, 0, n, 0);
+        if (rest < 0) r = -1;
+        else {
+            r = new_rule(c);
+            printf_(&c->out, "r%d ::= \"\\\"\" r%d\n", r, rest);
+        }
+    }
+    for (i = 0; i < n; i++) free(names[i].cp);
+    free(names);
+    return r;
+}
+
 static int object_schema(conv *c, const cJSON *props, const cJSON *required, const cJSON *additional, const char *path,
                          int depth) {
     int n = 0;
@@ -541,8 +636,11 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
         }
         if (v < 0) { free(value); free(req); return -1; }
         c->used_string = true;
+        const int key = n ? extra_key_rule(c, props, path) : 0;
+        if (key < 0) { free(value); free(req); return -1; }
         extra = new_rule(c);
-        printf_(&c->out, "r%d ::= string \":\"%s r%d\n", extra, WS(c), v);
+        if (key) printf_(&c->out, "r%d ::= r%d \":\"%s r%d\n", extra, key, WS(c), v);
+        else printf_(&c->out, "r%d ::= string \":\"%s r%d\n", extra, WS(c), v);
     }
     /* rest(i, first): the properties from i on, `first` when nothing was written yet. Rules
        rest_i_first / rest_i_after, so optional properties cost linear size. */

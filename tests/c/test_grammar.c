@@ -276,6 +276,31 @@ static void test_json_schema(void) {
     static const char *n9[] = {"1", NULL};
     expect(g, "enum with type", y9, n9);
     tl_compiled_grammar_free(g);
+    /* additionalProperties: extra keys are any string but a declared name (one was let
+       through: {"a":1,"a":2}, or "ab" with an integer); a name spelled with escapes is no
+       way around it; a key that leaves every name may use escapes after that */
+    g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"ab\":{\"type\":\"string\"},"
+               "\"\xc3\xa9\":{\"type\":\"boolean\"}},\"additionalProperties\":{\"type\":\"integer\"}}");
+    static const char *y11[] = {"{\"a\":1}", "{\"a\":1,\"b\":2}", "{\"x\":3}", "{\"\":1}", "{\"abc\":4}", "{\"aa\":5}",
+                                "{\"\xc3\xa9x\":1}", "{\"\xc3\xaa\":1}", "{\"ab\":\"s\",\"abc\":1,\"A\":2}", "{\"b\\n\\u0061\":1}",
+                                "{\"\xc3\xa9\":true,\"a\\\"\":7}", NULL};
+    static const char *n11[] = {"{\"a\":1,\"a\":2}", "{\"ab\":\"s\",\"a\":2}", "{\"ab\":1}", "{\"x\":\"s\"}", "{\"\xc3\xa9\":1}",
+                                "{\"\\u0061b\":1}", "{\"a\\u0062\":1}", "{\"\xc3\xa9\":true,\"\xc3\xa9\":2}", NULL};
+    expect(g, "additional property names", y11, n11);
+    tl_compiled_grammar_free(g);
+    /* additionalProperties: true beside names that share prefixes, one of them empty */
+    g = schema("{\"type\":\"object\",\"properties\":{\"\":{\"type\":\"null\"},\"k\":{\"type\":\"null\"},\"kk\":{\"type\":\"null\"}},"
+               "\"additionalProperties\":true}");
+    static const char *y12[] = {"{\"\":null,\"k\":null,\"x\":[1]}", "{\"kkk\":\"v\"}", "{\"kx\":{}}", "{\"K\":0}", NULL};
+    static const char *n12[] = {"{\"\":1}", "{\"k\":1}", "{\"kk\":1}", "{\"x\":1,\"\":null}", "{\"k\":null,\"k\":null}", NULL};
+    expect(g, "additional names with shared prefixes", y12, n12);
+    tl_compiled_grammar_free(g);
+    /* an escape that spells a name's next character is no way out of it either */
+    g = schema("{\"type\":\"object\",\"properties\":{\"a/\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"string\"}}");
+    static const char *y13[] = {"{\"a/\":1}", "{\"a\\n\":\"s\"}", "{\"a//\":\"s\"}", "{\"a\\\\\":\"s\"}", NULL};
+    static const char *n13[] = {"{\"a\\/\":\"s\"}", "{\"a/\":\"s\"}", "{\"a/\":1,\"a/\":2}", NULL};
+    expect(g, "additional names and escapes", y13, n13);
+    tl_compiled_grammar_free(g);
     /* free whitespace */
     tl_json_schema_options opts = {1};
     g = NULL;
@@ -321,6 +346,21 @@ static void test_json_schema(void) {
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         tl_compiled_grammar *x = NULL;
         CHECK_ERROR(tl_grammar_compile_json_schema(bad[i].s, strlen(bad[i].s), NULL, &x), TL_ERR_INVALID_ARGUMENT, bad[i].needle);
+        tl_compiled_grammar_free(x);
+    }
+    /* a declared name over 1024 characters beside additionalProperties (its key rule is a
+       rule a character): refused; the same name alone is fine */
+    char long_name[2200];
+    for (int additional = 0; additional < 2; additional++) {
+        int at = snprintf(long_name, sizeof long_name, "{\"properties\":{\"");
+        for (int i = 0; i < 1025; i++) long_name[at++] = 'n';
+        snprintf(long_name + at, sizeof long_name - (size_t)at, "\":{}},\"additionalProperties\":%s}", additional ? "true" : "false");
+        tl_compiled_grammar *x = NULL;
+        if (additional)
+            CHECK_ERROR(tl_grammar_compile_json_schema(long_name, strlen(long_name), NULL, &x), TL_ERR_INVALID_ARGUMENT,
+                        "a property name over 1024 characters beside additionalProperties is not supported");
+        else
+            CHECK(tl_grammar_compile_json_schema(long_name, strlen(long_name), NULL, &x) == TL_OK, "%s", tl_last_error());
         tl_compiled_grammar_free(x);
     }
 }
