@@ -138,6 +138,99 @@ describe("server", function()
         assert.equal(60, chunks[#chunks].usage.completion_tokens)
     end)
 
+    -- A completion of its own, for the choices of a larger request to equal.
+    local function single(t)
+        local status, body = post_json(t)
+        assert.equal(200, status, body)
+        return cjson.decode(body).choices[1]
+    end
+    -- The choices of a streamed body, by index: text and ids joined, the last chunk's reason.
+    local function streamed_choices(chunks)
+        local by_index = {}
+        for _, c in ipairs(chunks) do
+            for _, ch in ipairs(c.choices) do
+                local got = by_index[ch.index + 1] or { text = {}, token_ids = {} }
+                by_index[ch.index + 1] = got
+                got.text[#got.text + 1] = ch.text
+                for _, id in ipairs(ch.token_ids) do got.token_ids[#got.token_ids + 1] = id end
+                if ch.finish_reason ~= cjson.null then got.finish_reason = ch.finish_reason end
+            end
+        end
+        for _, got in ipairs(by_index) do got.text = table.concat(got.text) end
+        return by_index
+    end
+
+    it("answers n samples and batches of prompts with a choice each, equal to single requests", function()
+        -- n = 2 at a temperature: the samples of seeds 11 and 12, different from each other
+        local req = { prompt = "It is a truth", max_tokens = 12, seed = 11, temperature = 1.0, n = 2 }
+        local status, body = post_json(req)
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        assert.equal(2, #r.choices)
+        for i, seed in ipairs({ 11, 12 }) do
+            local one = single({ prompt = "It is a truth", max_tokens = 12, seed = seed, temperature = 1.0 })
+            assert.equal(i - 1, r.choices[i].index)
+            assert.equal(one.text, r.choices[i].text)
+            assert.same(one.token_ids, r.choices[i].token_ids)
+            assert.equal(8, r.choices[i].tinyloop.loops_used)
+        end
+        assert.are_not.same(r.choices[1].token_ids, r.choices[2].token_ids)
+        assert.is_nil(r.tinyloop) -- per choice when there are several
+        -- usage counts the prompt once and both completions
+        local prompt_tokens = cjson.decode(select(2, post_json({ prompt = "It is a truth", max_tokens = 1 }))).usage.prompt_tokens
+        local completion = #r.choices[1].token_ids + #r.choices[2].token_ids
+        assert.same({ prompt_tokens = prompt_tokens, completion_tokens = completion, total_tokens = prompt_tokens + completion }, r.usage)
+        -- a batch of a string and an id array: each choice its prompt's own completion
+        status, body = post_json({ prompt = { "It is a truth", { 10, 20, 30 } }, max_tokens = 6 })
+        assert.equal(200, status, body)
+        r = cjson.decode(body)
+        assert.equal(2, #r.choices)
+        assert.same(single({ prompt = "It is a truth", max_tokens = 6 }).token_ids, r.choices[1].token_ids)
+        assert.same(single({ prompt = { 10, 20, 30 }, max_tokens = 6 }).token_ids, r.choices[2].token_ids)
+        assert.equal(prompt_tokens + 3, r.usage.prompt_tokens)
+        -- streamed: the same choices, chunk by chunk, usage in the last chunk
+        status, body = post(cjson.encode({ prompt = { "It is a truth", { 10, 20, 30 } }, max_tokens = 6, stream = true }), "-N")
+        assert.equal(200, status, body)
+        local chunks, done = sse_chunks(body)
+        assert.is_true(done)
+        local got = streamed_choices(chunks)
+        for i = 1, 2 do
+            assert.equal(r.choices[i].text, got[i].text)
+            assert.same(r.choices[i].token_ids, got[i].token_ids)
+            assert.equal("length", got[i].finish_reason)
+        end
+        assert.same(r.usage, chunks[#chunks].usage)
+        assert.is_nil(chunks[1].usage)
+    end)
+
+    it("echoes the prompt before the completion, and streams usage in a chunk of its own when asked", function()
+        local plain = single({ prompt = "It is a truth", max_tokens = 8 })
+        local echoed = single({ prompt = "It is a truth", max_tokens = 8, echo = true })
+        assert.equal("It is a truth" .. plain.text, echoed.text)
+        assert.same(plain.token_ids, echoed.token_ids) -- the completion's ids
+        -- an id prompt echoes its text
+        local m = assert(tinyloop.load(MODEL))
+        local ids = assert(m:encode("It is a truth"))
+        assert.equal("It is a truth" .. plain.text, single({ prompt = ids, max_tokens = 8, echo = true }).text)
+        -- streamed with echo and include_usage: the prompt's chunk first, "usage": null in every
+        -- chunk with a choice, then a chunk of usage and no choices, then [DONE]
+        local status, body = post(cjson.encode({ prompt = "It is a truth", max_tokens = 8, echo = true, stream = true,
+                                                  stream_options = { include_usage = true } }), "-N")
+        assert.equal(200, status, body)
+        local chunks, done = sse_chunks(body)
+        assert.is_true(done)
+        assert.equal("It is a truth", chunks[1].choices[1].text)
+        local last = chunks[#chunks]
+        assert.same({}, last.choices)
+        assert.equal(8, last.usage.completion_tokens)
+        for i = 1, #chunks - 1 do
+            assert.equal(cjson.null, chunks[i].usage)
+            assert.equal(1, #chunks[i].choices)
+        end
+        assert.equal(echoed.text, streamed_choices(chunks)[1].text)
+        assert.equal("length", chunks[#chunks - 1].choices[1].finish_reason)
+    end)
+
     it("streams to an HTTP/1.0 client too (its buffered flush read as a client gone)", function()
         local status, sbody = post(cjson.encode({ prompt = "It is", max_tokens = 5, stream = true }), "-0 -N")
         assert.equal(200, status)
@@ -204,7 +297,19 @@ describe("server", function()
         expect_error(400, "loops", '{"prompt": "hi", "loops": 99}')
         expect_error(400, "speculative", '{"prompt": "hi", "speculative": "sideways"}')
         expect_error(404, "model", '{"prompt": "hi", "model": "gpt-4"}')
-        expect_error(400, "n", '{"prompt": "hi", "n": 2}')
+        -- several choices: n and batches of prompts, at most max_active (2 here) a request
+        expect_error(400, "n", '{"prompt": "hi", "n": 3}')
+        expect_error(400, "n", '{"prompt": "hi", "n": 0}')
+        expect_error(400, "prompt", '{"prompt": ["a", "b", "c"]}')
+        expect_error(400, "prompt", '{"prompt": ["a", 5]}')
+        e = expect_error(400, "prompt", '{"prompt": ["a", ""]}')
+        assert.truthy(e.message:find("prompt[1] must not be empty", 1, true), e.message)
+        e = expect_error(400, "max_tokens", '{"prompt": [[1], [1, 2, 3]], "max_tokens": 254}')
+        assert.truthy(e.message:find("prompt[1] (3 tokens)", 1, true), e.message)
+        expect_error(400, "stream_options", '{"prompt": "hi", "stream_options": {"include_usage": true}}')
+        expect_error(400, "stream_options", '{"prompt": "hi", "stream": true, "stream_options": {"include_usage": 1}}')
+        expect_error(400, "stream_options", '{"prompt": "hi", "stream": true, "stream_options": {"usage": true}}')
+        expect_error(400, "echo", '{"prompt": "hi", "echo": "yes"}')
         -- grammars: the parser's or schema compiler's message, naming the field
         e = expect_error(400, "grammar", '{"prompt": "hi", "grammar": "root ::= \\"unterminated"}')
         assert.truthy(e.message:find("grammar does not compile: ", 1, true), e.message)
@@ -602,19 +707,29 @@ describe("server request parsing", function()
             '"frequency_penalty": 0, "suffix": null, "logprobs": null, "logit_bias": {}, "user": "u", ' ..
             '"stream_options": {"include_usage": false}}', fake, "m"))
         assert.same({ 1 }, r.ids)
-        for field, value in pairs({ echo = "true", best_of = "2", presence_penalty = "0.5", frequency_penalty = "1",
-                                    suffix = '"x"', logprobs = "1", logit_bias = '{"1": 5}', stream_options = '{"include_usage": true}' }) do
+        for field, value in pairs({ best_of = "2", presence_penalty = "0.5", frequency_penalty = "1",
+                                    suffix = '"x"', logprobs = "1", logit_bias = '{"1": 5}' }) do
             local _, e = request.parse(('{"prompt": [1], "max_tokens": 2, "%s": %s}'):format(field, value), fake, "m")
             assert.equal(field, e and e.param, field)
             assert.truthy(e.message:find("is not supported", 1, true), e.message)
         end
     end)
-    it("takes OpenAI's batch of one prompt as that prompt, and refuses larger batches saying so", function()
+    it("takes OpenAI's batches of prompts, a choice each, up to the choices a request may have", function()
         assert.same({ 1, 2 }, assert(request.parse('{"prompt": [[1, 2]], "max_tokens": 2}', fake, "m")).ids)
-        local _, e = request.parse('{"prompt": [[1], [2]], "max_tokens": 2}', fake, "m")
-        assert.truthy(e.message:find("a list of prompts is not supported", 1, true), e.message)
-        _, e = request.parse('{"prompt": ["a", "b"], "max_tokens": 2}', fake, "m")
-        assert.truthy(e.message:find("a list of prompts is not supported", 1, true), e.message)
+        local r = assert(request.parse('{"prompt": [[1], [2, 3]], "max_tokens": 2, "n": 2}', fake, "m", 4))
+        assert.same({ { 1 }, { 2, 3 } }, r.prompts)
+        assert.equal(2, r.n)
+        assert.equal(3, r.prompt_tokens)
+        local _, e = request.parse('{"prompt": [[1], [2]], "max_tokens": 2, "n": 2}', fake, "m", 3)
+        assert.same({ "prompt", "2 prompts x n = 2 is 4 choices: at most 3 a request here" }, { e.param, e.message })
+        _, e = request.parse('{"prompt": [1], "n": 17}', fake, "m")
+        assert.equal("n", e.param)
+        _, e = request.parse('{"prompt": [[1], "a"], "max_tokens": 2}', fake, "m")
+        assert.same({ "prompt", "this model has no tokenizer: send prompt as an array of token ids" }, { e.param, e.message })
+        _, e = request.parse('{"prompt": [[1], [2, 99]], "max_tokens": 2}', fake, "m")
+        assert.equal("prompt[1][1] = 99 is not a token id: ids are in [0, 10)", e.message)
+        _, e = request.parse('{"prompt": [1], "max_tokens": 2, "echo": true}', fake, "m")
+        assert.same({ "echo", "echo needs a tokenizer, which this model lacks" }, { e.param, e.message })
     end)
     it("renders text as valid UTF-8 (a generation may end inside a character)", function()
         local fix = request.valid_utf8

@@ -24,7 +24,7 @@ local ngx = ngx
 local ngx_say, ngx_print, ngx_flush, ngx_exit, ngx_now, ngx_update_time, ngx_log = ngx.say, ngx.print, ngx.flush, ngx.exit, ngx.now, ngx.update_time, ngx.log
 local ffi_string, ffi_new, ffi_cast = ffi.string, ffi.new, ffi.cast
 local encode = cjson.encode
-local tostring, tonumber, type, pcall, pairs, concat = tostring, tonumber, type, pcall, pairs, table.concat
+local tostring, tonumber, type, pcall, pairs, ipairs, concat = tostring, tonumber, type, pcall, pairs, ipairs, table.concat
 local run_worker_thread = ngx.run_worker_thread
 
 local _M = { _VERSION = tinyloop._VERSION }
@@ -356,46 +356,69 @@ local function cut_at_stop(text, stops)
 end
 
 
-local function choice_json(text, ids, finish_reason)
-    return '[{"index":0,"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":null,"finish_reason":' ..
-        (finish_reason and ('"' .. finish_reason .. '"') or "null") .. ',"token_ids":[' .. concat(ids, ",") .. "]}]"
+-- ------------------------------------------------------------------ answers of a request
+-- A request `r` has choices (r.sts, one engine request each: #prompts x n); its answer is
+-- OpenAI's: the choices by index, usage over them all, and TinyLoop's stats (top-level for
+-- one choice, as always; in each choice for more).
+
+local function release_all(r, cancelled)
+    for _, st in ipairs(r.sts) do release(st, cancelled) end
 end
 
-local function response_json(st, text, ids, final)
-    return '{"id":"' .. st.response_id .. '","object":"text_completion","created":' .. st.created ..
-        ',"model":' .. encode(conf.model_id) .. ',"choices":' .. choice_json(text, ids, final and st.finish_reason) ..
-        (final and (',"usage":' .. encode(st.usage) .. ',"tinyloop":' .. encode(st.tinyloop)) or "") .. "}"
+local function choice_json(st, text, ids, finish_reason, stats)
+    return '{"index":' .. st.index .. ',"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":null,"finish_reason":' ..
+        (finish_reason and ('"' .. finish_reason .. '"') or "null") .. ',"token_ids":[' .. concat(ids, ",") .. "]" ..
+        (stats and (',"tinyloop":' .. encode(stats)) or "") .. "}"
 end
 
-local function run_blocking(st)
-    local texts, all_ids = {}, {}
-    while true do
-        local text, ids, finished = next_output(st)
-        if not text then
-            release(st, ids == "gone")
-            if ids == "gone" then return ngx_exit(499) end
-            return send_error(500, ids, nil, "server_error")
+-- The response (or a chunk) around its choices' JSON, with `tail` (",usage..." or "").
+local function response_json(r, choices, tail)
+    return '{"id":"' .. r.response_id .. '","object":"text_completion","created":' .. r.created ..
+        ',"model":' .. encode(conf.model_id) .. ',"choices":[' .. choices .. "]" .. tail .. "}"
+end
+
+-- Usage over the request: each prompt counted once (n choices of a prompt share it).
+local function usage_json(r)
+    local completion = 0
+    for _, st in ipairs(r.sts) do completion = completion + st.usage.completion_tokens end
+    return encode({ prompt_tokens = r.prompt_tokens, completion_tokens = completion,
+                    total_tokens = r.prompt_tokens + completion })
+end
+
+local function run_blocking(r)
+    local choices, single = {}, #r.sts == 1
+    for _, st in ipairs(r.sts) do
+        local texts, all_ids = {}, {}
+        while true do
+            local text, ids, finished = next_output(st)
+            if not text then
+                release_all(r, ids == "gone")
+                if ids == "gone" then return ngx_exit(499) end
+                return send_error(500, ids, nil, "server_error")
+            end
+            texts[#texts + 1] = text
+            for i = 1, #ids do all_ids[#all_ids + 1] = ids[i] end
+            if finished then break end
         end
-        texts[#texts + 1] = text
-        for i = 1, #ids do all_ids[#all_ids + 1] = ids[i] end
-        if finished then break end
+        release(st, false)
+        local text = concat(texts)
+        if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
+        choices[#choices + 1] = choice_json(st, (st.echo or "") .. text, all_ids, st.finish_reason, not single and st.tinyloop)
     end
-    release(st, false)
-    local text = concat(texts)
-    if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
-    return send_json(200, response_json(st, text, all_ids, true))
+    return send_json(200, response_json(r, concat(choices, ","), ',"usage":' .. usage_json(r) ..
+        (single and (',"tinyloop":' .. encode(r.sts[1].tinyloop)) or "")))
 end
 
 -- Writes one SSE event; false when the client has gone (then the request is released).
-local function sse(st, payload)
+local function sse(r, payload)
     local ok, err = ngx_print("data: ", payload, "\n\n")
     if ok then ok, err = ngx_flush(true) end
     -- HTTP/1.0 with lua_http10_buffering on (another nginx.conf than ours): the response is
     -- buffered whole and flush says so; the client is still there.
     if not ok and err == "buffering" then ok = true end
     if not ok then
-        ngx_log(ngx.INFO, "tinyloop: client gone mid-stream (", err, "): cancelling request ", st.response_id)
-        release(st, true)
+        ngx_log(ngx.INFO, "tinyloop: client gone mid-stream (", err, "): cancelling request ", r.response_id)
+        release_all(r, true)
         return false
     end
     return true
@@ -410,34 +433,53 @@ local function start_stream()
     ngx.header["X-Accel-Buffering"] = "no" -- a proxy in front must not buffer the stream
 end
 
-local function run_stream(st)
+-- The choices stream one after another (all of them generate at once in the engine: a later
+-- choice's tokens wait there, read in one go when its turn comes). Each choice's last chunk
+-- has its finish_reason and stats; usage goes in the very last chunk, or, with
+-- stream_options.include_usage, in a chunk of its own with no choices (OpenAI's shape; every
+-- other chunk then says "usage": null).
+local function run_stream(r)
     local started = false
-    while true do
-        local text, ids, finished = next_output(st)
-        if not text then
-            local gone = ids == "gone"
-            release(st, gone)
-            if gone then return ngx_exit(499) end
-            if not started then return send_error(500, ids, nil, "server_error") end
-            -- Headers are sent: the error travels as an event, and the stream still ends.
-            sse(st, '{"error":{"message":' .. encode(ids) .. ',"type":"server_error","param":null}}')
-            sse(st, "[DONE]")
-            return ngx_exit(ngx.OK)
+    local usage_null = r.include_usage and ',"usage":null' or ""
+    for k, st in ipairs(r.sts) do
+        if st.echo then
+            if not started then start_stream(); started = true end
+            if not sse(r, response_json(r, choice_json(st, st.echo, {}, nil), usage_null)) then return ngx_exit(499) end
         end
-        if not started and (finished or text ~= "" or #ids > 0) then
-            start_stream()
-            started = true
-        end
-        if finished then
-            release(st, false)
-            if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
-            if sse(st, response_json(st, text, ids, true)) then sse(st, "[DONE]") end
-            return ngx_exit(ngx.OK)
-        end
-        if (text ~= "" or #ids > 0) and not sse(st, response_json(st, text, ids, false)) then
-            return ngx_exit(499)
+        while true do
+            local text, ids, finished = next_output(st)
+            if not text then
+                local gone = ids == "gone"
+                release_all(r, gone)
+                if gone then return ngx_exit(499) end
+                if not started then return send_error(500, ids, nil, "server_error") end
+                -- Headers are sent: the error travels as an event, and the stream still ends.
+                sse(r, '{"error":{"message":' .. encode(ids) .. ',"type":"server_error","param":null}}')
+                sse(r, "[DONE]")
+                return ngx_exit(ngx.OK)
+            end
+            if not started and (finished or text ~= "" or #ids > 0) then
+                start_stream()
+                started = true
+            end
+            if finished then
+                release(st, false)
+                if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
+                local usage = (r.include_usage or k < #r.sts) and usage_null or (',"usage":' .. usage_json(r))
+                if not sse(r, response_json(r, choice_json(st, text, ids, st.finish_reason), usage .. ',"tinyloop":' ..
+                                            encode(st.tinyloop))) then
+                    return ngx_exit(499)
+                end
+                break
+            end
+            if (text ~= "" or #ids > 0) and not sse(r, response_json(r, choice_json(st, text, ids, nil), usage_null)) then
+                return ngx_exit(499)
+            end
         end
     end
+    if r.include_usage and not sse(r, response_json(r, "", ',"usage":' .. usage_json(r))) then return ngx_exit(499) end
+    sse(r, "[DONE]")
+    return ngx_exit(ngx.OK)
 end
 
 -- The engine's message without the Lua location prefix of a raised error.
@@ -456,48 +498,65 @@ function _M.completions()
     ngx.req.read_body()
     local body = ngx.req.get_body_data()
     if not body and ngx.req.get_body_file() then return _M.too_large() end -- spilled to disk: over the buffer
-    local req, err = request.parse(body or "", model, conf.model_id)
+    local req, err = request.parse(body or "", model, conf.model_id, conf.max_active)
     if not req then return send_error(err.status, err.message, err.param, err.type) end
 
-    -- The engine validates the decoding fields; its argument errors are raised (tinyloop's
-    -- error convention), runtime failures returned.
-    local ok, session, serr = pcall(model.session, model, req.ids, req.cfg)
-    if not ok then
-        local msg = plain(session)
-        local param = request.param_of(msg)
-        -- the engine says "grammar" whichever field the request used
-        if param == "grammar" and req.grammar_field then param = req.grammar_field end
-        return send_error(400, msg, param)
-    end
-    if not session then return send_error(500, "cannot create the session: " .. tostring(serr), nil, "server_error") end
-    local ptr = session:detach()
-    if C.tl_engine_submit(engine, ptr, id_out) ~= 0 then
-        C.tl_session_free(ptr)
-        return send_error(500, "cannot submit: " .. ffi_string(C.tl_last_error()), nil, "server_error")
-    end
-    local id = tonumber(id_out[0])
-    if id == 0 then
-        C.tl_session_free(ptr)
-        metrics.incr("rejected")
-        return send_error(503, ("every session place is taken (%d running, %d queued): retry later")
-            :format(conf.max_active, conf.max_queued), nil, "overloaded_error", { ["Retry-After"] = "1" })
-    end
     next_request = next_request + 1
-    local st = {
-        id = id, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
-        prompt_tokens = req.prompt_tokens, created = ngx.time(),
-        response_id = "cmpl-" .. ngx.worker.pid() .. "-" .. next_request,
-    }
-    metrics.incr("queued", 1)
-    metrics.incr("tokens_in", req.prompt_tokens)
+    local r = { sts = {}, prompt_tokens = req.prompt_tokens, include_usage = req.include_usage, created = ngx.time(),
+                response_id = "cmpl-" .. ngx.worker.pid() .. "-" .. next_request }
+    for p, ids in ipairs(req.prompts) do
+        for sample = 0, req.n - 1 do
+            local cfg = req.cfg
+            if req.n > 1 then -- the n choices of a prompt are n samples: seeds seed, seed + 1, ...
+                cfg = {}
+                for k, v in pairs(req.cfg) do cfg[k] = v end
+                cfg.sample_seed = (req.cfg.sample_seed or 0) + sample
+            end
+            -- The engine validates the decoding fields; its argument errors are raised
+            -- (tinyloop's error convention), runtime failures returned.
+            local ok, session, serr = pcall(model.session, model, ids, cfg)
+            if not ok then
+                release_all(r, false)
+                local msg = plain(session)
+                local param = request.param_of(msg)
+                -- the engine says "grammar" whichever field the request used
+                if param == "grammar" and req.grammar_field then param = req.grammar_field end
+                return send_error(400, msg, param)
+            end
+            if not session then
+                release_all(r, false)
+                return send_error(500, "cannot create the session: " .. tostring(serr), nil, "server_error")
+            end
+            local ptr = session:detach()
+            if C.tl_engine_submit(engine, ptr, id_out) ~= 0 then
+                C.tl_session_free(ptr)
+                release_all(r, false)
+                return send_error(500, "cannot submit: " .. ffi_string(C.tl_last_error()), nil, "server_error")
+            end
+            local id = tonumber(id_out[0])
+            if id == 0 then
+                C.tl_session_free(ptr)
+                release_all(r, false)
+                metrics.incr("rejected")
+                return send_error(503, ("every session place is taken (%d running, %d queued): retry later")
+                    :format(conf.max_active, conf.max_queued), nil, "overloaded_error", { ["Retry-After"] = "1" })
+            end
+            r.sts[#r.sts + 1] = {
+                id = id, index = #r.sts, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
+                prompt_tokens = #ids, echo = req.echo and req.echo[p],
+            }
+            metrics.incr("queued", 1)
+            metrics.incr("tokens_in", #ids)
+        end
+    end
     -- A client that leaves (lua_check_client_abort on) cancels at once, even while this
     -- request's coroutine waits in the thread pool.
     ngx.on_abort(function()
-        release(st, true)
+        release_all(r, true)
         return ngx_exit(499)
     end)
-    if req.stream then return run_stream(st) end
-    return run_blocking(st)
+    if req.stream then return run_stream(r) end
+    return run_blocking(r)
 end
 
 return _M

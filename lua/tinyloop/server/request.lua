@@ -24,6 +24,8 @@ local FIELDS = {
     stop = { "stop", "stop_strings" },
     seed = { "integer", "sample_seed" },
     stream = { "boolean", false },
+    stream_options = { "object", false }, -- {"include_usage": bool}, with stream only
+    echo = { "boolean", false },
     n = { "integer", false },
     user = { "string", false },
     response_format = { "object", false }, -- {"type": "text" | "json_object" | "json_schema", ...}
@@ -80,14 +82,12 @@ local KIND_WORDS = { string = "a string", number = "a number", integer = "an int
 -- their defaults (LangChain's wrapper sends both penalties 0, the SDKs null or false): the
 -- value that changes nothing is accepted, any other refused, naming the field.
 local OPENAI_NO_OPS = {
-    echo = { function(v) return v == false end, "false" },
     best_of = { function(v) return v == 1 end, "1" },
     presence_penalty = { function(v) return v == 0 end, "0" },
     frequency_penalty = { function(v) return v == 0 end, "0" },
     suffix = { function(v) return v == "" end, '""' },
     logprobs = { function() return false end, "null" },
     logit_bias = { function(v) return type(v) == "table" and next(v) == nil end, "{}" },
-    stream_options = { function(v) return type(v) == "table" and not v.include_usage end, '{"include_usage": false}' },
 }
 
 -- The request field an engine error message is about: the longest field or cfg name in it.
@@ -145,19 +145,11 @@ local function valid_utf8(s)
 end
 _M.valid_utf8 = valid_utf8
 
--- Token ids of the prompt: a string (encoded with the model's tokenizer) or an array of ids.
--- OpenAI's batch shapes (an array of strings or of id arrays) are one choice per prompt: a
--- batch of one is that prompt; more are refused saying so.
-local function prompt_ids(model, prompt)
-    if type(prompt) == "table" and (type(prompt[1]) == "string" or type(prompt[1]) == "table") then
-        if #prompt > 1 then
-            return bad("a list of prompts is not supported: send one prompt (a string or an array of token ids) a request",
-                       "prompt")
-        end
-        prompt = prompt[1]
-    end
+-- Token ids of one prompt: a string (encoded with the model's tokenizer) or an array of ids;
+-- `at` names it in messages ("prompt", or "prompt[1]" in a batch).
+local function prompt_ids(model, prompt, at)
     if type(prompt) == "string" then
-        if prompt == "" then return bad("prompt must not be empty", "prompt") end
+        if prompt == "" then return bad(at .. " must not be empty", "prompt") end
         if not model.has_tokenizer then
             return bad("this model has no tokenizer: send prompt as an array of token ids", "prompt")
         end
@@ -165,25 +157,50 @@ local function prompt_ids(model, prompt)
         if not ids then return nil, { status = 500, message = "encoding the prompt failed: " .. tostring(err), type = "server_error" } end
         return ids
     end
-    if type(prompt) ~= "table" then return bad("prompt must be a string or an array of token ids", "prompt") end
+    if type(prompt) ~= "table" then return bad(at .. " must be a string or an array of token ids", "prompt") end
     local n = #prompt
-    if n == 0 then return bad("prompt must not be empty", "prompt") end
+    if n == 0 then return bad(at .. " must not be empty", "prompt") end
     local vocab = model.vocab_size
     for k in pairs(prompt) do
         if not is_integer(k) or k < 1 or k > n then
-            return bad("prompt must be a string or an array of token ids", "prompt")
+            return bad(at .. " must be a string or an array of token ids", "prompt")
         end
     end
     for i = 1, n do
         local id = prompt[i]
         if not is_integer(id) then
-            return bad(("prompt[%d] must be an integer token id"):format(i - 1), "prompt")
+            return bad(("%s[%d] must be an integer token id"):format(at, i - 1), "prompt")
         end
         if id < 0 or id >= vocab then
-            return bad(("prompt[%d] = %d is not a token id: ids are in [0, %d)"):format(i - 1, id, vocab), "prompt")
+            return bad(("%s[%d] = %d is not a token id: ids are in [0, %d)"):format(at, i - 1, id, vocab), "prompt")
         end
     end
     return prompt
+end
+
+-- The prompts of a request, as id lists: one prompt, or OpenAI's batch (an array of strings
+-- or of id arrays, mixed as well), each prompt of a batch its own choices.
+local function prompt_list(model, prompt)
+    if type(prompt) ~= "table" or (type(prompt[1]) ~= "string" and type(prompt[1]) ~= "table") then
+        local ids, e = prompt_ids(model, prompt, "prompt")
+        if not ids then return nil, e end
+        return { ids }
+    end
+    local n = #prompt
+    for k in pairs(prompt) do
+        if not is_integer(k) or k < 1 or k > n then return bad("prompt must be a string or an array of token ids", "prompt") end
+    end
+    local list = {}
+    for i = 1, n do
+        local item = prompt[i]
+        if type(item) ~= "string" and type(item) ~= "table" then
+            return bad(("prompt[%d] must be a string or an array of token ids (in a batch of prompts)"):format(i - 1), "prompt")
+        end
+        local ids, e = prompt_ids(model, item, ("prompt[%d]"):format(i - 1))
+        if not ids then return nil, e end
+        list[i] = ids
+    end
+    return list
 end
 
 local function stop_strings(stop)
@@ -328,10 +345,15 @@ local function constraint(t, body)
     return g, P
 end
 
--- parse(body, model, model_id) -> request | nil, err. model: a tinyloop model (vocab_size,
--- max_seq_len, has_tokenizer, encode). request = { ids, cfg, stream, stops, prompt_tokens,
--- grammar_field } (grammar_field: "grammar" or "response_format" when cfg.grammar is set).
-function _M.parse(body, model, model_id)
+local DEFAULT_MAX_CHOICES = 16
+
+-- parse(body, model, model_id[, max_choices]) -> request | nil, err. model: a tinyloop model
+-- (vocab_size, max_seq_len, has_tokenizer, encode, decode). request = { prompts (id lists),
+-- ids (the first), n, cfg, stream, include_usage, echo (the prompts' texts, or nil), stops,
+-- prompt_tokens (all prompts'), grammar_field } (grammar_field: "grammar" or
+-- "response_format" when cfg.grammar is set). A request has #prompts * n choices, at most
+-- max_choices (default 16): each is a session of its own.
+function _M.parse(body, model, model_id, max_choices)
     if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
     local t, err = cjson.decode(body)
     if err then return bad("the request body is not valid JSON: " .. err, nil) end
@@ -360,7 +382,21 @@ function _M.parse(body, model, model_id)
     if t.model ~= nil and t.model ~= model_id then
         return bad(("model '%s' is not served here (GET /v1/models lists '%s')"):format(t.model, model_id), "model", 404)
     end
-    if t.n ~= nil and t.n ~= 1 then return bad("n must be 1 (one choice per request)", "n") end
+    if t.n ~= nil and t.n < 1 then return bad(("n = %d must be >= 1"):format(t.n), "n") end
+    local include_usage = false
+    if t.stream_options ~= nil then
+        for k, v in pairs(t.stream_options) do
+            if k ~= "include_usage" then
+                return bad(("unknown field '%s' in stream_options"):format(tostring(k)), "stream_options")
+            end
+            if type(v) ~= "boolean" then return bad("stream_options.include_usage must be a boolean", "stream_options") end
+        end
+        include_usage = t.stream_options.include_usage == true
+        -- (its no-op value goes with any request: clients send it by default)
+        if include_usage and t.stream ~= true then
+            return bad("stream_options.include_usage is only allowed with stream: true", "stream_options")
+        end
+    end
     local g, grammar_field = constraint(t, body)
     if g == nil then return nil, grammar_field end
     if g then cfg.grammar = g end
@@ -370,16 +406,42 @@ function _M.parse(body, model, model_id)
         if not model.has_tokenizer then return bad("stop strings need a tokenizer, which this model lacks", "stop") end
         cfg.stop_strings = stops
     end
-    local ids, e = prompt_ids(model, t.prompt)
-    if not ids then return nil, e end
+    local prompts, e = prompt_list(model, t.prompt)
+    if not prompts then return nil, e end
+    local n = t.n or 1
+    max_choices = max_choices or DEFAULT_MAX_CHOICES
+    if #prompts * n > max_choices then
+        return bad(("%d prompts x n = %d is %d choices: at most %d a request here"):format(#prompts, n, #prompts * n, max_choices),
+                   #prompts > 1 and "prompt" or "n")
+    end
     local max_tokens = cfg.max_tokens or DEFAULT_MAX_TOKENS
     cfg.max_tokens = max_tokens
     if max_tokens < 0 then return bad(("max_tokens = %d must be >= 0"):format(max_tokens), "max_tokens") end
-    if #ids + max_tokens > model.max_seq_len then
-        return bad(("the prompt (%d tokens) plus max_tokens (%d) exceeds the model's context of %d tokens")
-            :format(#ids, max_tokens, model.max_seq_len), "max_tokens")
+    local prompt_tokens, echo = 0, nil
+    for i, ids in ipairs(prompts) do
+        if #ids + max_tokens > model.max_seq_len then
+            return bad(("the %s (%d tokens) plus max_tokens (%d) exceeds the model's context of %d tokens")
+                :format(#prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids, max_tokens, model.max_seq_len), "max_tokens")
+        end
+        prompt_tokens = prompt_tokens + #ids
     end
-    return { ids = ids, cfg = cfg, stream = t.stream == true, stops = cfg.stop_strings, prompt_tokens = #ids,
+    if t.echo then -- each choice's text begins with its prompt's, as OpenAI's echo
+        if not model.has_tokenizer then return bad("echo needs a tokenizer, which this model lacks", "echo") end
+        echo = {}
+        for i, ids in ipairs(prompts) do
+            local batch = type(t.prompt) == "table" and type(t.prompt[1]) ~= "number"
+            local source = batch and t.prompt[i] or t.prompt
+            local text = type(source) == "string" and source or nil -- a string as sent; ids decoded
+            if not text then
+                local err
+                text, err = model:decode(ids)
+                if not text then return nil, { status = 500, message = "decoding the prompt failed: " .. tostring(err), type = "server_error" } end
+            end
+            echo[i] = text
+        end
+    end
+    return { prompts = prompts, ids = prompts[1], n = n, cfg = cfg, stream = t.stream == true, include_usage = include_usage,
+             echo = echo, stops = cfg.stop_strings, prompt_tokens = prompt_tokens,
              grammar_field = cfg.grammar and grammar_field or nil }
 end
 
