@@ -415,6 +415,18 @@ tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tok
    tl_session_step_batch), "" while none did; valid until the session is freed. NULL gives "". */
 const char *tl_session_error(const tl_session *session);
 
+/* Log-probabilities of the token the last step emitted, under the logits it was chosen from
+   as the model gave them (before the logits hook, repetition penalty, grammar mask and
+   temperature: the model's own distribution, as tl_score's rows; an early exit's depth when
+   it exited): *logprob for the token and, for top in [1, TL_MAX_TOP_LOGPROBS], the top most
+   likely tokens, most likely first (ties to the lower id), in top_ids/top_logprobs [top]
+   (-1 and -inf past the tokens with a finite logit). Until the next step, from an on_token
+   hook as well. TL_ERR_UNSUPPORTED for beam and speculative sessions (their tokens come
+   from rows not kept); TL_ERR_INVALID_ARGUMENT when the last step emitted no token (none yet,
+   a session read from a state file before its first step, max_tokens = 0). */
+enum { TL_MAX_TOP_LOGPROBS = 20 }; /* the most alternatives a token's log-probabilities list */
+tl_status tl_session_logprobs(tl_session *session, int top, float *logprob, int32_t *top_ids, float *top_logprobs);
+
 /* ---- many branches of one state: fork, save / resume, the prefix pool */
 
 /* A new session continuing from the same state: tokens, KV cache, sampler position, text,
@@ -588,6 +600,18 @@ void tl_engine_free(tl_engine *engine);
    the caller keeps it): stepped in a batch it would fail every running request. */
 tl_status tl_engine_submit(tl_engine *engine, tl_session *session, uint64_t *id);
 
+/* What a request asks of the engine beyond its tokens. */
+typedef struct tl_engine_request_options {
+    int logprobs;           /* -1 (default): none; 0..TL_MAX_TOP_LOGPROBS: each token's
+                               log-probability (tl_session_logprobs) and this many most
+                               likely alternatives, in the updates (plain sessions only) */
+} tl_engine_request_options;
+void tl_engine_request_options_init(tl_engine_request_options *opts);
+/* tl_engine_submit with options (NULL: the defaults); logprobs out of range, or asked of a
+   beam or speculative session, is refused (TL_ERR_INVALID_ARGUMENT, the caller keeps it). */
+tl_status tl_engine_submit_with(tl_engine *engine, tl_session *session, const tl_engine_request_options *opts,
+                                uint64_t *id);
+
 /* Blocks until request `id` has output not yet read or has finished (1), timeout_ms
    passes (0), or the id is unknown: cancelled, never submitted, or the engine is stopping
    (-1). Only its own request wakes it, not other requests' steps; timeout_ms 0 polls. */
@@ -609,6 +633,12 @@ typedef struct tl_engine_update {
     size_t text_len;
     const int32_t *tokens;  /* emitted token ids */
     int n_tokens;
+    /* With logprobs >= 0 (tl_engine_submit_with), else NULL: each token's log-probability
+       [n_tokens], and its n_top alternatives (= the request's logprobs) at [i * n_top + j] */
+    const float *logprobs;
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    int n_top;
     tl_stop_reason stop_reason;
     tl_status status;
     const char *error;

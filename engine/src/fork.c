@@ -98,6 +98,7 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     s->logits = s->work = NULL;
     s->seen = s->allowed = NULL;
     s->probe_logp = NULL; /* scratch: the child allocates its own at first use */
+    s->logprob_scratch = NULL;
     s->dist = (tl_distribution){0};
     s->text = NULL;
     s->stop_strs = NULL;

@@ -35,7 +35,19 @@ typedef struct buffer {
     size_t len, cap;
     int32_t *tokens;
     int n_tokens, cap_tokens;
+    /* a request with logprobs >= 0: [cap_tokens] and [cap_tokens * n_top], beside tokens */
+    float *logprobs;
+    int32_t *top_ids;
+    float *top_logprobs;
 } buffer;
+
+/* One emitted token's log-probabilities (tl_session_logprobs), for its request's buffer. */
+typedef struct token_logprobs {
+    bool failed;               /* tl_session_logprobs failed (out of memory: the rest is checked at submit) */
+    float logprob;
+    int32_t top_ids[TL_MAX_TOP_LOGPROBS];
+    float top_logprobs[TL_MAX_TOP_LOGPROBS];
+} token_logprobs;
 
 /* One tl_engine_wait call, sleeping (see "Waking" above). */
 typedef struct waiter {
@@ -47,6 +59,7 @@ typedef struct request {
     uint64_t id;
     waiter *waiters;           /* the tl_engine_wait calls sleeping on this request */
     tl_session *session;       /* owned until it finishes or is cancelled; then NULL */
+    int logprobs;              /* tl_engine_request_options.logprobs: -1, or the alternatives */
     tl_engine_state state;
     bool cancelled;            /* the caller is gone: drop the session, free the request */
     bool oom;                  /* an output buffer could not grow: finish with an error */
@@ -80,6 +93,7 @@ struct tl_engine {
     tl_status *statuses;
     const char **pieces;         /* each session's new text (tl_session_text) */
     size_t *piece_lens;
+    token_logprobs *logprobs;    /* each session's token's, where its request asked */
 };
 
 void tl_engine_options_init(tl_engine_options *opts) {
@@ -103,12 +117,18 @@ static void wake_all(tl_engine *e) {
     for (int i = 0; i < e->n_reqs; i++) wake(e->reqs[i]);
 }
 
+static void free_buffer(buffer *b) {
+    free(b->text);
+    free(b->tokens);
+    free(b->logprobs);
+    free(b->top_ids);
+    free(b->top_logprobs);
+}
+
 static void free_request(request *r) {
     tl_session_free(r->session);
-    free(r->pending.text);
-    free(r->pending.tokens);
-    free(r->given.text);
-    free(r->given.tokens);
+    free_buffer(&r->pending);
+    free_buffer(&r->given);
     free(r);
 }
 
@@ -127,7 +147,9 @@ static void remove_request(tl_engine *e, request *r) {
     free_request(r);
 }
 
-static bool append(buffer *b, const char *text, size_t len, int32_t token) {
+/* Appends a step's text and token (-1: none) to b; `lp` (NULL: the request asked for none)
+   the token's log-probabilities with n_top alternatives. */
+static bool append(buffer *b, const char *text, size_t len, int32_t token, const token_logprobs *lp, int n_top) {
     if (len) {
         if (b->len + len > b->cap) {
             size_t cap = b->cap ? b->cap : 256;
@@ -144,7 +166,24 @@ static bool append(buffer *b, const char *text, size_t len, int32_t token) {
             int cap = b->cap_tokens ? 2 * b->cap_tokens : 64;
             int32_t *t = realloc(b->tokens, (size_t)cap * sizeof *t);
             if (!t) return false;
-            b->tokens = t, b->cap_tokens = cap;
+            b->tokens = t;
+            if (lp) {
+                const size_t tops = (size_t)cap * (size_t)n_top;
+                float *l = realloc(b->logprobs, (size_t)cap * sizeof *l);
+                if (l) b->logprobs = l;
+                int32_t *ids = realloc(b->top_ids, (tops ? tops : 1) * sizeof *ids);
+                if (ids) b->top_ids = ids;
+                float *tl = realloc(b->top_logprobs, (tops ? tops : 1) * sizeof *tl);
+                if (tl) b->top_logprobs = tl;
+                if (!l || !ids || !tl) return false;
+            }
+            b->cap_tokens = cap;
+        }
+        if (lp) {
+            b->logprobs[b->n_tokens] = lp->logprob;
+            memcpy(b->top_ids + (size_t)b->n_tokens * (size_t)n_top, lp->top_ids, (size_t)n_top * sizeof *lp->top_ids);
+            memcpy(b->top_logprobs + (size_t)b->n_tokens * (size_t)n_top, lp->top_logprobs,
+                   (size_t)n_top * sizeof *lp->top_logprobs);
         }
         b->tokens[b->n_tokens++] = token;
     }
@@ -168,7 +207,7 @@ static void finish(tl_engine *e, request *r, tl_stop_reason stop, tl_status stat
 
 static void free_engine_arrays(tl_engine *e) {
     free(e->run), free(e->sessions), free(e->tokens), free(e->stops), free(e->statuses), free(e->pieces);
-    free(e->piece_lens);
+    free(e->piece_lens), free(e->logprobs);
 }
 
 static bool alloc_engine_arrays(tl_engine *e) {
@@ -180,7 +219,8 @@ static bool alloc_engine_arrays(tl_engine *e) {
     e->statuses = calloc(cap, sizeof *e->statuses);
     e->pieces = calloc(cap, sizeof *e->pieces);
     e->piece_lens = calloc(cap, sizeof *e->piece_lens);
-    return e->run && e->sessions && e->tokens && e->stops && e->statuses && e->pieces && e->piece_lens;
+    e->logprobs = calloc(cap, sizeof *e->logprobs);
+    return e->run && e->sessions && e->tokens && e->stops && e->statuses && e->pieces && e->piece_lens && e->logprobs;
 }
 
 static void *engine_main(void *arg) {
@@ -193,6 +233,7 @@ static void *engine_main(void *arg) {
     tl_status *statuses = e->statuses;
     const char **pieces = e->pieces;
     size_t *piece_lens = e->piece_lens;
+    token_logprobs *logprobs = e->logprobs;
     int n_run = 0;
 
     pthread_mutex_lock(&e->mu);
@@ -238,6 +279,10 @@ static void *engine_main(void *arg) {
             pieces[i] = "", piece_lens[i] = 0;
             if (statuses[i] == TL_OK && tl_session_text(sessions[i], &pieces[i], &piece_lens[i]) != TL_OK)
                 pieces[i] = "", piece_lens[i] = 0; /* no tokenizer: token ids only */
+            /* (a request's logprobs is fixed at submit: read without the lock) */
+            logprobs[i].failed = statuses[i] == TL_OK && tokens[i] >= 0 && run[i]->logprobs >= 0 &&
+                                 tl_session_logprobs(sessions[i], run[i]->logprobs, &logprobs[i].logprob,
+                                                     logprobs[i].top_ids, logprobs[i].top_logprobs) != TL_OK;
         }
 
         pthread_mutex_lock(&e->mu);
@@ -254,7 +299,12 @@ static void *engine_main(void *arg) {
                 finish(e, r, TL_STOP_NONE, statuses[i], st != TL_OK ? batch_error : tl_session_error(r->session));
                 continue;
             }
-            if (!append(&r->pending, pieces[i], piece_lens[i], tokens[i])) {
+            if (logprobs[i].failed) {
+                finish(e, r, TL_STOP_NONE, TL_ERR_NO_MEMORY, "out of memory for the token's log-probabilities");
+                continue;
+            }
+            if (!append(&r->pending, pieces[i], piece_lens[i], tokens[i], r->logprobs >= 0 ? &logprobs[i] : NULL,
+                        r->logprobs)) {
                 finish(e, r, TL_STOP_NONE, TL_ERR_NO_MEMORY, "out of memory for the request's output");
                 continue;
             }
@@ -330,10 +380,27 @@ void tl_engine_free(tl_engine *e) {
     free(e);
 }
 
+void tl_engine_request_options_init(tl_engine_request_options *opts) {
+    if (opts) opts->logprobs = -1;
+}
+
 tl_status tl_engine_submit(tl_engine *e, tl_session *session, uint64_t *id) {
+    return tl_engine_submit_with(e, session, NULL, id);
+}
+
+tl_status tl_engine_submit_with(tl_engine *e, tl_session *session, const tl_engine_request_options *opts, uint64_t *id) {
     tl_clear_error();
     if (!e || !session || !id) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: NULL argument");
     *id = 0;
+    tl_engine_request_options o;
+    tl_engine_request_options_init(&o);
+    if (opts) o = *opts;
+    if (o.logprobs < -1 || o.logprobs > TL_MAX_TOP_LOGPROBS)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: logprobs = %d must be -1 (none) or in [0, %d]", o.logprobs,
+                       TL_MAX_TOP_LOGPROBS);
+    if (o.logprobs >= 0 && session->decoder != &tl_plain_decoder)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: logprobs of a %s session are not kept (plain decoding only)",
+                       session->decoder->name);
     request *r = calloc(1, sizeof *r);
     if (!r) return tl_fail(TL_ERR_NO_MEMORY, "tl_engine_submit: out of memory");
     pthread_mutex_lock(&e->mu);
@@ -372,6 +439,7 @@ tl_status tl_engine_submit(tl_engine *e, tl_session *session, uint64_t *id) {
     }
     r->id = e->next_id++;
     r->session = session;
+    r->logprobs = o.logprobs;
     r->state = TL_ENGINE_QUEUED;
     e->reqs[e->n_reqs++] = r;
     e->c.queued++;
@@ -444,6 +512,12 @@ tl_status tl_engine_read(tl_engine *e, uint64_t id, tl_engine_update *u) {
     u->text_len = r->given.len;
     u->tokens = r->given.tokens;
     u->n_tokens = r->given.n_tokens;
+    if (r->logprobs >= 0) {
+        u->logprobs = r->given.logprobs;
+        u->top_ids = r->given.top_ids;
+        u->top_logprobs = r->given.top_logprobs;
+        u->n_top = r->logprobs;
+    }
     u->stop_reason = r->stop_reason;
     u->status = r->status;
     u->error = r->error;

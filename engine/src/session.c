@@ -34,6 +34,7 @@ static void session_destroy(tl_session *s) {
     free(s->seen);
     free(s->allowed);
     free(s->probe_logp);
+    free(s->logprob_scratch);
     free(s->text);
     for (int i = 0; s->stop_strs && i < s->cfg.n_stop_strings; i++) free(s->stop_strs[i]);
     free(s->stop_strs);
@@ -372,6 +373,7 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
 /* ---------------------------------------------------------------- the step */
 
 static tl_status step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
+    s->logits_chosen = false;
     if (s->cfg.max_tokens == 0) return finish(s, TL_STOP_MAX_TOKENS, stop);
     int32_t tok = -1;
     tl_status st = s->decoder->next(s, &tok);
@@ -379,6 +381,8 @@ static tl_status step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
         s->finished = true;
         return st;
     }
+    /* before the emission's hooks, which may ask (tl_session_logprobs from on_token) */
+    s->logits_chosen = tok >= 0 && s->decoder == &tl_plain_decoder;
     if ((st = tl_session_emit(s, tok, stop)) != TL_OK) return st;
     if (tok >= 0) *token = tok;
     return TL_OK;
@@ -391,6 +395,32 @@ static void keep_error(tl_session *s, const char *message) {
 }
 
 const char *tl_session_error(const tl_session *s) { return s ? s->error : ""; }
+
+tl_status tl_session_logprobs(tl_session *s, int top, float *logprob, int32_t *top_ids, float *top_logprobs) {
+    tl_clear_error();
+    if (!s || !logprob) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_logprobs: session and logprob must not be NULL");
+    if (top < 0 || top > TL_MAX_TOP_LOGPROBS)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_logprobs: top = %d must be in [0, %d]", top, TL_MAX_TOP_LOGPROBS);
+    if (top > 0 && (!top_ids || !top_logprobs))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_logprobs: top = %d needs top_ids and top_logprobs", top);
+    if (s->decoder != &tl_plain_decoder)
+        return tl_fail(TL_ERR_UNSUPPORTED,
+                       "tl_session_logprobs: a %s session chooses its tokens from rows it does not keep (plain decoding only)",
+                       s->decoder->name);
+    if (!s->logits_chosen) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_logprobs: the last step emitted no token");
+    const int vocab = s->m->cfg.vocab_size;
+    if (!s->logprob_scratch && !(s->logprob_scratch = malloc((size_t)vocab * sizeof *s->logprob_scratch)))
+        return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    tl_log_softmax(s->logits, vocab, s->logprob_scratch);
+    *logprob = (float)s->logprob_scratch[s->tokens[s->n_tokens - 1]];
+    /* the most likely by logit are the most likely by log-probability; ties to the lower id */
+    const int found = top > 0 ? tl_top_k(s->logits, vocab, top, top_ids, top_logprobs) : 0;
+    for (int j = 0; j < top; j++) {
+        if (j < found) top_logprobs[j] = (float)s->logprob_scratch[top_ids[j]];
+        else top_ids[j] = -1, top_logprobs[j] = -INFINITY; /* fewer finite logits than top */
+    }
+    return TL_OK;
+}
 
 const char *tl_session_batch_refusal(const tl_session *s, const tl_model *m) {
     if (s->m != m) return "on another model";
@@ -506,6 +536,7 @@ static tl_status finish_shared_step(tl_session *s, bool was_prefill, int32_t *to
     tl_status st = tl_session_prepare_logits(s, s->logits);
     if (st != TL_OK) return st;
     const int32_t tok = tl_session_choose(s);
+    s->logits_chosen = tok >= 0;
     if ((st = tl_session_emit(s, tok, stop)) != TL_OK) return st;
     if (tok >= 0) *token = tok;
     return TL_OK;

@@ -51,6 +51,9 @@ struct tl_session {
     uint8_t *allowed;            /* [vocab] grammar mask */
     double *probe_logp;          /* [vocab] early exit: the previous probe's log-softmax
                                     (early_exit.c), allocated at its first use */
+    double *logprob_scratch;     /* [vocab] tl_session_logprobs' log-softmax, at its first use */
+    bool logits_chosen;          /* s->logits are the raw logits the last step's token was
+                                    chosen from (plain decoding, a token emitted) */
     tl_distribution dist;
     tl_rng rng;
 

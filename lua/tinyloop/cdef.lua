@@ -215,6 +215,8 @@ tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *s
 tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
                                 tl_status *statuses);
 const char *tl_session_error(const tl_session *session);
+enum { TL_MAX_TOP_LOGPROBS = 20 };
+tl_status tl_session_logprobs(tl_session *session, int top, float *logprob, int32_t *top_ids, float *top_logprobs);
 tl_status tl_session_fork(const tl_session *parent, const tl_generate_config *hooks, tl_session **child);
 typedef struct tl_session_state tl_session_state;
 tl_status tl_session_save(const tl_session *session, tl_session_state **out);
@@ -284,6 +286,12 @@ void tl_engine_options_init(tl_engine_options *opts);
 tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl_engine **out);
 void tl_engine_free(tl_engine *engine);
 tl_status tl_engine_submit(tl_engine *engine, tl_session *session, uint64_t *id);
+typedef struct tl_engine_request_options {
+    int logprobs;
+} tl_engine_request_options;
+void tl_engine_request_options_init(tl_engine_request_options *opts);
+tl_status tl_engine_submit_with(tl_engine *engine, tl_session *session, const tl_engine_request_options *opts,
+                                uint64_t *id);
 int tl_engine_wait(tl_engine *engine, uint64_t id, int timeout_ms);
 typedef enum tl_engine_state {
     TL_ENGINE_QUEUED = 0,
@@ -296,6 +304,10 @@ typedef struct tl_engine_update {
     size_t text_len;
     const int32_t *tokens;
     int n_tokens;
+    const float *logprobs;
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    int n_top;
     tl_stop_reason stop_reason;
     tl_status status;
     const char *error;

@@ -529,6 +529,28 @@ function Session:step()
 end
 jit.off(Session.step)
 
+-- session:logprobs([top]) -> the log-probability of the token the last step emitted, under
+-- the logits it was chosen from as the model gave them (before hooks, penalties, grammar and
+-- temperature: tl_session_logprobs), and a list of the `top` (0..20, default 0) most likely
+-- tokens, most likely first: { {id = ..., logprob = ...}, ... }. Raised: a closed session, a
+-- step that emitted nothing, a beam or speculative session (their rows are not kept).
+local MAX_TOP_LOGPROBS = tonumber(C.TL_MAX_TOP_LOGPROBS)
+local lp_token = ffi_new("float[1]")
+local lp_ids = ffi_new("int32_t[?]", MAX_TOP_LOGPROBS)
+local lp_values = ffi_new("float[?]", MAX_TOP_LOGPROBS)
+function Session:logprobs(top)
+    if self.ptr == nil then raise("session:logprobs(): the session is closed") end
+    top = check_int("top", top or 0)
+    local st = C.tl_session_logprobs(self.ptr, top, lp_token, lp_ids, lp_values)
+    if st ~= 0 then return engine_failure(st) end
+    local alternatives = {}
+    for j = 0, top - 1 do
+        if lp_ids[j] < 0 then break end
+        alternatives[j + 1] = { id = lp_ids[j], logprob = lp_values[j] }
+    end
+    return lp_token[0], alternatives
+end
+
 -- Prompt + emitted tokens so far, as a table.
 function Session:tokens()
     if self.ptr == nil then return self.final_tokens or {} end

@@ -464,6 +464,58 @@ describe("model:generate_batch", function()
     end)
 end)
 
+describe("session:logprobs", function()
+    local m = H.model()
+
+    it("gives the last token's log-probability and its top alternatives, as model:score's row says", function()
+        local prompt = m:encode("The cat")
+        local s = m:session(prompt, { max_tokens = 6, temperature = 1.2, sample_seed = 3, ignore_eos = true })
+        local tokens, lps, tops = {}, {}, {}
+        while true do
+            local id, _, reason = s:step()
+            tokens[#tokens + 1] = id
+            local lp, alternatives = s:logprobs(3)
+            lps[#lps + 1], tops[#tops + 1] = lp, alternatives
+            assert.equal(3, #alternatives)
+            if reason then break end
+        end
+        local seq = H.slice(prompt, 1, #prompt)
+        for _, id in ipairs(tokens) do seq[#seq + 1] = id end
+        local sc = m:score(seq)
+        for k = 1, #tokens do
+            local row = #prompt + k - 1
+            local mx, sum = -math.huge, 0
+            for t = 0, sc.vocab_size - 1 do mx = math.max(mx, sc:logit(row, t)) end
+            for t = 0, sc.vocab_size - 1 do sum = sum + math.exp(sc:logit(row, t) - mx) end
+            local log_z = mx + math.log(sum)
+            assert.near(sc:logit(row, tokens[k]) - log_z, lps[k], 1e-5)
+            assert.equal(sc:argmax(row), tops[k][1].id)
+            for j, alt in ipairs(tops[k]) do
+                assert.near(sc:logit(row, alt.id) - log_z, alt.logprob, 1e-5)
+                if j > 1 then assert.is_true(alt.logprob <= tops[k][j - 1].logprob) end
+            end
+        end
+        -- without top: the log-probability and an empty list
+        local lp, none = s:logprobs()
+        assert.equal(lps[#lps], lp)
+        assert.same({}, none)
+    end)
+
+    it("raises before a token, for a bad top, a closed session and a speculative one", function()
+        local s = m:session({ 1, 2, 3 }, { max_tokens = 2 })
+        assert.has_error(function() s:logprobs() end, "tl_session_logprobs: the last step emitted no token")
+        s:step()
+        assert.has_error(function() s:logprobs(21) end, "tl_session_logprobs: top = 21 must be in [0, 20]")
+        assert.has_error(function() s:logprobs(1.5) end)
+        s:close()
+        assert.has_error(function() s:logprobs() end, "session:logprobs(): the session is closed")
+        local spec = m:session({ 1, 2, 3 }, { max_tokens = 2, speculative = "chain", draft_loops = 1 })
+        spec:step()
+        assert.has_error(function() spec:logprobs() end,
+            "tl_session_logprobs: a speculative session chooses its tokens from rows it does not keep (plain decoding only)")
+    end)
+end)
+
 describe("model:score", function()
     local m = H.model()
 

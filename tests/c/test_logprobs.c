@@ -1,0 +1,281 @@
+/* test_logprobs.c: tl_session_logprobs and the serving engine's logprobs.
+ *
+ * - Each emitted token's log-probability and top alternatives are those of tl_score's row
+ *   for its position (the model's own logits: the kernels are batch-invariant, so the
+ *   decode row and the scored row are the same bits), log-softmaxed here independently;
+ *   with sampling, a repetition penalty and a logits hook the figures stay the model's.
+ * - An on_token hook reads the same figures as the caller after the step.
+ * - The engine's updates carry, for a request that asked, exactly (memcmp) the figures of
+ *   the same session stepped alone, while other requests share its batches.
+ * - Refusals: top out of range, before any step, max_tokens = 0, beam and speculative
+ *   sessions (the session call and the engine's submit). */
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "tinyloop.h"
+
+#define PROMPT 4
+#define STEPS 12
+#define TOP 5
+
+static tl_model *model;
+static const int32_t prompt[PROMPT] = {11, 250, 3, 77};
+
+typedef struct {
+    int n;
+    int32_t tokens[STEPS];
+    float logprob[STEPS];
+    int32_t top_ids[STEPS][TOP];
+    float top_logprobs[STEPS][TOP];
+} record;
+
+/* Steps a new session to the end, recording each token's figures after its step. */
+static void run_alone(const tl_generate_config *cfg, record *rec) {
+    tl_session *s = NULL;
+    CHECK(tl_session_new(model, prompt, PROMPT, cfg, &s) == TL_OK, "%s", tl_last_error());
+    memset(rec, 0, sizeof *rec);
+    tl_stop_reason stop = TL_STOP_NONE;
+    while (s && stop == TL_STOP_NONE && rec->n < STEPS) {
+        int32_t token;
+        if (tl_session_step(s, &token, &stop) != TL_OK || token < 0) break;
+        rec->tokens[rec->n] = token;
+        CHECK(tl_session_logprobs(s, TOP, &rec->logprob[rec->n], rec->top_ids[rec->n], rec->top_logprobs[rec->n]) == TL_OK,
+              "%s", tl_last_error());
+        rec->n++;
+    }
+    tl_session_free(s);
+}
+
+/* The figures against tl_score's rows, log-softmaxed here in long double. */
+static void check_against_score(const record *rec, const char *what) {
+    const int vocab = tl_model_info(model)->vocab_size, n = PROMPT + rec->n;
+    int32_t seq[PROMPT + STEPS];
+    memcpy(seq, prompt, sizeof prompt);
+    memcpy(seq + PROMPT, rec->tokens, (size_t)rec->n * sizeof *seq);
+    float *logits = malloc((size_t)n * (size_t)vocab * sizeof *logits);
+    if (tl_score(model, seq, n, tl_model_info(model)->default_loops, logits) != TL_OK) {
+        CHECK(0, "tl_score: %s", tl_last_error());
+        free(logits);
+        return;
+    }
+    double worst = 0.0;
+    int order_ok = 1;
+    for (int i = 0; i < rec->n; i++) {
+        const float *row = logits + (size_t)(PROMPT - 1 + i) * (size_t)vocab;
+        long double mx = -INFINITY, sum = 0.0L;
+        for (int v = 0; v < vocab; v++) mx = row[v] > mx ? row[v] : mx;
+        for (int v = 0; v < vocab; v++) sum += expl((long double)row[v] - mx);
+        const long double log_z = mx + logl(sum);
+        double err = fabs((double)((long double)row[rec->tokens[i]] - log_z) - rec->logprob[i]);
+        for (int j = 0; j < TOP; j++) {
+            const int32_t id = rec->top_ids[i][j];
+            if (id < 0 || id >= vocab) { order_ok = 0; continue; }
+            const double e = fabs((double)((long double)row[id] - log_z) - rec->top_logprobs[i][j]);
+            err = e > err ? e : err;
+            /* most likely first, ties to the lower id, and nothing left out above the last */
+            if (j > 0 && (row[rec->top_ids[i][j - 1]] < row[id] ||
+                          (row[rec->top_ids[i][j - 1]] == row[id] && rec->top_ids[i][j - 1] > id)))
+                order_ok = 0;
+            if (j == TOP - 1)
+                for (int v = 0; v < vocab; v++) {
+                    bool listed = false;
+                    for (int k = 0; k < TOP; k++) listed |= rec->top_ids[i][k] == v;
+                    if (!listed && (row[v] > row[id] || (row[v] == row[id] && v < id))) order_ok = 0;
+                }
+        }
+        worst = err > worst ? err : worst;
+    }
+    CHECK(worst < 1e-5, "%s: log-probabilities within 1e-5 of tl_score's rows: worst %.3g", what, worst);
+    CHECK(order_ok, "%s: the top %d by logit, most likely first, ties to the lower id", what, TOP);
+    free(logits);
+}
+
+/* An on_token hook that reads the figures from inside the step. */
+typedef struct { tl_session *session; int n; float logprob[STEPS]; int32_t first[STEPS]; bool failed; } hook_reads;
+static int on_token(void *user, int32_t token, int position) {
+    (void)token, (void)position;
+    hook_reads *h = user;
+    float top_lp[2];
+    int32_t top_ids[2];
+    if (!h->session || h->n >= STEPS) return TL_HOOK_CONTINUE;
+    if (tl_session_logprobs(h->session, 2, &h->logprob[h->n], top_ids, top_lp) != TL_OK) h->failed = true;
+    h->first[h->n++] = top_ids[0];
+    return TL_HOOK_CONTINUE;
+}
+
+static int damp_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
+    (void)user, (void)tokens, (void)n;
+    for (int v = 0; v < vocab_size; v += 2) logits[v] -= 3.0f; /* changes the choice, not the model's figures */
+    return TL_HOOK_CONTINUE;
+}
+
+int main(int argc, char **argv) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/textmodel", argc > 1 ? argv[1] : "tests/data");
+    tl_load_options o;
+    tl_load_options_init(&o);
+    o.n_threads = 2;
+    if (tl_model_load(dir, &o, &model) != TL_OK) { printf("load: %s\n", tl_last_error()); return 1; }
+
+    /* greedy: the token is the top alternative, its log-probability the first listed */
+    tl_generate_config greedy;
+    tl_generate_config_init(&greedy);
+    greedy.max_tokens = STEPS;
+    greedy.ignore_eos = 1;
+    record g;
+    run_alone(&greedy, &g);
+    CHECK(g.n == STEPS, "greedy: %d tokens", g.n);
+    check_against_score(&g, "greedy");
+    bool top_is_token = true;
+    for (int i = 0; i < g.n; i++) top_is_token &= g.top_ids[i][0] == g.tokens[i] && g.top_logprobs[i][0] == g.logprob[i];
+    CHECK(top_is_token, "greedy: each token is its own top alternative");
+
+    /* sampling, a penalty and a hook: the choice moves, the figures stay the model's */
+    tl_generate_config sampled = greedy;
+    sampled.temperature = 1.3f;
+    sampled.sample_seed = 9;
+    sampled.repetition_penalty = 1.5f;
+    sampled.logits_processor = damp_hook;
+    record r;
+    run_alone(&sampled, &r);
+    CHECK(r.n == STEPS, "sampled: %d tokens", r.n);
+    check_against_score(&r, "sampled with a penalty and a logits hook");
+    bool some_not_top = false;
+    for (int i = 0; i < r.n; i++) some_not_top |= r.top_ids[i][0] != r.tokens[i];
+    CHECK(some_not_top, "sampled: some token is not the model's most likely (else this checks little)");
+
+    /* from inside on_token: the same figures as after the step */
+    {
+        hook_reads h = {0};
+        tl_generate_config hooked = sampled;
+        hooked.on_token = on_token;
+        hooked.on_token_user = &h;
+        tl_session *s = NULL;
+        CHECK(tl_session_new(model, prompt, PROMPT, &hooked, &s) == TL_OK, "%s", tl_last_error());
+        h.session = s;
+        tl_stop_reason stop = TL_STOP_NONE;
+        for (int i = 0; i < STEPS && stop == TL_STOP_NONE; i++) {
+            int32_t token;
+            float after;
+            CHECK(tl_session_step(s, &token, &stop) == TL_OK, "%s", tl_last_error());
+            CHECK(tl_session_logprobs(s, 0, &after, NULL, NULL) == TL_OK && after == h.logprob[i],
+                  "token %d: %g in the hook, %g after", i, h.logprob[i], after);
+        }
+        CHECK(!h.failed && h.n == STEPS && !memcmp(h.logprob, r.logprob, sizeof h.logprob), "hook reads: %d", h.n);
+        /* the session finished: the last token's figures stay readable */
+        float last;
+        CHECK(stop == TL_STOP_MAX_TOKENS && tl_session_logprobs(s, 0, &last, NULL, NULL) == TL_OK && last == r.logprob[STEPS - 1],
+              "after the last step");
+        tl_session_free(s);
+    }
+
+    /* refusals */
+    {
+        tl_session *s = NULL;
+        float lp;
+        int32_t ids[TL_MAX_TOP_LOGPROBS + 1];
+        float lps[TL_MAX_TOP_LOGPROBS + 1];
+        CHECK(tl_session_new(model, prompt, PROMPT, &greedy, &s) == TL_OK, "%s", tl_last_error());
+        CHECK_ERROR(tl_session_logprobs(s, 0, &lp, NULL, NULL), TL_ERR_INVALID_ARGUMENT, "the last step emitted no token");
+        int32_t token;
+        tl_stop_reason stop;
+        CHECK(tl_session_step(s, &token, &stop) == TL_OK, "%s", tl_last_error());
+        CHECK_ERROR(tl_session_logprobs(s, TL_MAX_TOP_LOGPROBS + 1, &lp, ids, lps), TL_ERR_INVALID_ARGUMENT, "must be in [0, 20]");
+        CHECK_ERROR(tl_session_logprobs(s, -1, &lp, ids, lps), TL_ERR_INVALID_ARGUMENT, "must be in [0, 20]");
+        CHECK_ERROR(tl_session_logprobs(s, 3, &lp, NULL, lps), TL_ERR_INVALID_ARGUMENT, "needs top_ids");
+        CHECK_ERROR(tl_session_logprobs(s, 0, NULL, NULL, NULL), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+        CHECK(tl_session_logprobs(s, TL_MAX_TOP_LOGPROBS, &lp, ids, lps) == TL_OK && ids[0] == token, "top 20");
+        tl_session_free(s);
+
+        tl_generate_config none = greedy;
+        none.max_tokens = 0;
+        CHECK(tl_session_new(model, prompt, PROMPT, &none, &s) == TL_OK, "%s", tl_last_error());
+        CHECK(tl_session_step(s, &token, &stop) == TL_OK && token == -1, "max_tokens 0: no token");
+        CHECK_ERROR(tl_session_logprobs(s, 0, &lp, NULL, NULL), TL_ERR_INVALID_ARGUMENT, "the last step emitted no token");
+        tl_session_free(s);
+
+        tl_generate_config modes[2];
+        modes[0] = greedy, modes[0].beam_size = 2;
+        modes[1] = greedy, modes[1].speculative = TL_SPECULATIVE_CHAIN, modes[1].draft_loops = 1;
+        const char *names[2] = {"a beam session", "a speculative session"};
+        for (int m = 0; m < 2; m++) {
+            CHECK(tl_session_new(model, prompt, PROMPT, &modes[m], &s) == TL_OK, "%s", tl_last_error());
+            CHECK(tl_session_step(s, &token, &stop) == TL_OK && token >= 0, "%s", tl_last_error());
+            CHECK_ERROR(tl_session_logprobs(s, 0, &lp, NULL, NULL), TL_ERR_UNSUPPORTED, names[m] + 2);
+            tl_engine *e = NULL;
+            CHECK(tl_engine_new(model, NULL, &e) == TL_OK, "%s", tl_last_error());
+            tl_session *fresh = NULL;
+            CHECK(tl_session_new(model, prompt, PROMPT, &modes[m], &fresh) == TL_OK, "%s", tl_last_error());
+            tl_engine_request_options ro;
+            tl_engine_request_options_init(&ro);
+            ro.logprobs = 0;
+            uint64_t id = 7;
+            CHECK_ERROR(tl_engine_submit_with(e, fresh, &ro, &id), TL_ERR_INVALID_ARGUMENT, "plain decoding only");
+            CHECK(id == 0, "refused: no id");
+            ro.logprobs = -1; /* without logprobs the same session is served */
+            CHECK(tl_engine_submit_with(e, fresh, &ro, &id) == TL_OK && id > 0, "%s", tl_last_error());
+            tl_engine_cancel(e, id);
+            tl_engine_free(e);
+            tl_session_free(s);
+        }
+    }
+
+    /* The engine: a request with logprobs, beside two without, in shared batches: exactly the
+       figures of the session alone. */
+    {
+        tl_engine *e = NULL;
+        CHECK(tl_engine_new(model, NULL, &e) == TL_OK, "%s", tl_last_error());
+        tl_engine_request_options ro;
+        tl_engine_request_options_init(&ro);
+        CHECK(ro.logprobs == -1, "default: no logprobs");
+        ro.logprobs = TL_MAX_TOP_LOGPROBS + 1;
+        tl_session *s = NULL;
+        CHECK(tl_session_new(model, prompt, PROMPT, &sampled, &s) == TL_OK, "%s", tl_last_error());
+        uint64_t id = 0, others[2] = {0, 0};
+        CHECK_ERROR(tl_engine_submit_with(e, s, &ro, &id), TL_ERR_INVALID_ARGUMENT, "logprobs = 21");
+        ro.logprobs = TOP;
+        for (int i = 0; i < 2; i++) {
+            tl_session *other = NULL;
+            CHECK(tl_session_new(model, prompt, PROMPT, &greedy, &other) == TL_OK, "%s", tl_last_error());
+            CHECK(tl_engine_submit(e, other, &others[i]) == TL_OK && others[i] > 0, "%s", tl_last_error());
+        }
+        CHECK(tl_engine_submit_with(e, s, &ro, &id) == TL_OK && id > 0, "%s", tl_last_error());
+        record got = {0};
+        bool shapes_ok = true, finished = false;
+        while (!finished && tl_engine_wait(e, id, 5000) > 0) {
+            tl_engine_update u;
+            if (tl_engine_read(e, id, &u) != TL_OK) break;
+            shapes_ok &= u.n_tokens == 0 || (u.logprobs && u.top_ids && u.top_logprobs && u.n_top == TOP);
+            for (int i = 0; i < u.n_tokens && got.n < STEPS; i++, got.n++) {
+                got.tokens[got.n] = u.tokens[i];
+                got.logprob[got.n] = u.logprobs[i];
+                memcpy(got.top_ids[got.n], u.top_ids + (size_t)i * TOP, sizeof got.top_ids[0]);
+                memcpy(got.top_logprobs[got.n], u.top_logprobs + (size_t)i * TOP, sizeof got.top_logprobs[0]);
+            }
+            finished = u.state == TL_ENGINE_FINISHED;
+        }
+        CHECK(finished && shapes_ok, "the request finished, every update with its logprobs");
+        CHECK(got.n == r.n && !memcmp(&got, &r, sizeof got), "engine: %d tokens, figures %s those alone", got.n,
+              memcmp(&got, &r, sizeof got) ? "differ from" : "equal");
+        for (int i = 0; i < 2; i++) {
+            tl_engine_update u;
+            while (tl_engine_wait(e, others[i], 5000) > 0 && tl_engine_read(e, others[i], &u) == TL_OK) {
+                CHECK(u.logprobs == NULL && u.top_ids == NULL && u.n_top == 0, "no logprobs unasked");
+                if (u.state == TL_ENGINE_FINISHED) break;
+            }
+            tl_engine_cancel(e, others[i]);
+        }
+        tl_engine_counters c;
+        tl_engine_get_counters(e, &c);
+        CHECK(c.rows > c.iterations, "batched: %llu rows in %llu iterations", (unsigned long long)c.rows,
+              (unsigned long long)c.iterations);
+        tl_engine_cancel(e, id);
+        tl_engine_free(e);
+    }
+
+    tl_model_free(model);
+    printf("%d passed, %d failed\n", checks_passed, checks_failed);
+    return checks_failed;
+}
