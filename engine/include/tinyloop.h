@@ -188,6 +188,14 @@ void tl_detokenizer_free(tl_detokenizer *d);
    Thread-safe on a shared model. */
 tl_status tl_score(const tl_model *model, const int32_t *tokens, int n, int loops,
                    float *logits);
+enum { TL_MAX_TOP_LOGPROBS = 20 }; /* the most alternatives a token's log-probabilities list */
+/* The sequence's own log-probabilities at depth `loops`: logprobs[i] of tokens[i + 1] after
+   tokens[0..i] (n - 1 values: tl_score's rows log-softmaxed), and for each of those rows
+   the `top` (0..TL_MAX_TOP_LOGPROBS) most likely tokens in top_ids/top_logprobs
+   [(n - 1) * top], ranked as tl_session_logprobs ranks them. Holds one chunk of logits at a
+   time, not n rows. Thread-safe on a shared model. */
+tl_status tl_score_logprobs(const tl_model *model, const int32_t *tokens, int n, int loops, int top,
+                            float *logprobs, int32_t *top_ids, float *top_logprobs);
 
 /* ---------------------------------------------------------------- generation (SPEC §3) */
 
@@ -424,7 +432,6 @@ const char *tl_session_error(const tl_session *session);
    hook as well. TL_ERR_UNSUPPORTED for beam and speculative sessions (their tokens come
    from rows not kept); TL_ERR_INVALID_ARGUMENT when the last step emitted no token (none yet,
    a session read from a state file before its first step, max_tokens = 0). */
-enum { TL_MAX_TOP_LOGPROBS = 20 }; /* the most alternatives a token's log-probabilities list */
 tl_status tl_session_logprobs(tl_session *session, int top, float *logprob, int32_t *top_ids, float *top_logprobs);
 
 /* ---- many branches of one state: fork, save / resume, the prefix pool */

@@ -132,6 +132,18 @@ bool tl_log_softmax(const float *logits, int vocab, double *out) {
     return true;
 }
 
+void tl_row_logprobs(const float *row, int vocab, int32_t token, int top, double *scratch, float *logprob,
+                     int32_t *top_ids, float *top_logprobs) {
+    tl_log_softmax(row, vocab, scratch);
+    if (token >= 0) *logprob = (float)scratch[token];
+    /* the most likely by logit are the most likely by log-probability; ties to the lower id */
+    const int found = top > 0 ? tl_top_k(row, vocab, top, top_ids, top_logprobs) : 0;
+    for (int j = 0; j < top; j++) {
+        if (j < found) top_logprobs[j] = (float)scratch[top_ids[j]];
+        else top_ids[j] = -1, top_logprobs[j] = -INFINITY; /* fewer finite logits than top */
+    }
+}
+
 /* ---------------------------------------------------------------- the draw */
 
 int tl_draw(const double *weights, int n, double total, tl_rng *rng) {

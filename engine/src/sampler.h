@@ -34,6 +34,12 @@ int tl_top_k(const float *logits, int vocab, int k, int32_t *ids, float *values)
    -log(count) for each of them). Returns false when every token is banned. */
 bool tl_log_softmax(const float *logits, int vocab, double *out);
 
+/* One row's log-probabilities for tl_session_logprobs and tl_score_logprobs: *logprob of
+   `token` (skipped when token < 0) and the `top` most likely tokens as tl_top_k ranks them
+   (top_ids -1 and top_logprobs -inf past the allowed ones), through scratch[vocab]. */
+void tl_row_logprobs(const float *row, int vocab, int32_t token, int top, double *scratch, float *logprob,
+                     int32_t *top_ids, float *top_logprobs);
+
 /* An index i with probability weights[i] / total (weights >= 0, total = their sum > 0); -1
    when there is no positive weight. The one draw of the engine: u = uniform * total, then
    the first i whose running sum exceeds u (rounding past the end: the last positive one). */

@@ -411,14 +411,7 @@ tl_status tl_session_logprobs(tl_session *s, int top, float *logprob, int32_t *t
     const int vocab = s->m->cfg.vocab_size;
     if (!s->logprob_scratch && !(s->logprob_scratch = malloc((size_t)vocab * sizeof *s->logprob_scratch)))
         return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    tl_log_softmax(s->logits, vocab, s->logprob_scratch);
-    *logprob = (float)s->logprob_scratch[s->tokens[s->n_tokens - 1]];
-    /* the most likely by logit are the most likely by log-probability; ties to the lower id */
-    const int found = top > 0 ? tl_top_k(s->logits, vocab, top, top_ids, top_logprobs) : 0;
-    for (int j = 0; j < top; j++) {
-        if (j < found) top_logprobs[j] = (float)s->logprob_scratch[top_ids[j]];
-        else top_ids[j] = -1, top_logprobs[j] = -INFINITY; /* fewer finite logits than top */
-    }
+    tl_row_logprobs(s->logits, vocab, s->tokens[s->n_tokens - 1], top, s->logprob_scratch, logprob, top_ids, top_logprobs);
     return TL_OK;
 }
 

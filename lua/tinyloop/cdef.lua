@@ -89,6 +89,9 @@ void tl_detokenizer_flush(tl_detokenizer *d, const char **piece, size_t *len);
 void tl_detokenizer_free(tl_detokenizer *d);
 tl_status tl_score(const tl_model *model, const int32_t *tokens, int n, int loops,
                    float *logits);
+enum { TL_MAX_TOP_LOGPROBS = 20 };
+tl_status tl_score_logprobs(const tl_model *model, const int32_t *tokens, int n, int loops, int top,
+                            float *logprobs, int32_t *top_ids, float *top_logprobs);
 typedef enum tl_stop_reason {
     TL_STOP_NONE = 0,
     TL_STOP_EOS = 1,
@@ -215,7 +218,6 @@ tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *s
 tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
                                 tl_status *statuses);
 const char *tl_session_error(const tl_session *session);
-enum { TL_MAX_TOP_LOGPROBS = 20 };
 tl_status tl_session_logprobs(tl_session *session, int top, float *logprob, int32_t *top_ids, float *top_logprobs);
 tl_status tl_session_fork(const tl_session *parent, const tl_generate_config *hooks, tl_session **child);
 typedef struct tl_session_state tl_session_state;

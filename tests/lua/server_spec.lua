@@ -203,6 +203,63 @@ describe("server", function()
         assert.is_nil(chunks[1].usage)
     end)
 
+    it("gives each token's log-probability and alternatives (logprobs), streamed or not, as the session's", function()
+        local req = { prompt = "It is a truth", max_tokens = 10, logprobs = 3, temperature = 0.9, seed = 4, ignore_eos = true }
+        local status, body = post_json(req)
+        assert.equal(200, status, body)
+        local choice = cjson.decode(body).choices[1]
+        local lp = choice.logprobs
+        assert.equal(10, #lp.tokens)
+        assert.equal(10, #lp.token_logprobs)
+        assert.equal(10, #lp.top_logprobs)
+        assert.equal(choice.text, table.concat(lp.tokens))
+        -- the figures of the same session stepped here
+        local m = assert(tinyloop.load(MODEL))
+        local s = m:session(m:encode("It is a truth"), { max_tokens = 10, temperature = 0.9, sample_seed = 4, ignore_eos = true })
+        local offset = 0
+        for i = 1, 10 do
+            local id = s:step()
+            assert.equal(choice.token_ids[i], id)
+            local want, alternatives = s:logprobs(3)
+            assert.near(want, lp.token_logprobs[i], 1e-6)
+            local n = 0
+            for _, alt in ipairs(alternatives) do
+                n = n + 1
+                assert.near(alt.logprob, lp.top_logprobs[i][m:decode({ alt.id })], 1e-6)
+            end
+            assert.equal(3, n)
+            assert.equal(offset, lp.text_offset[i])
+            offset = offset + #lp.tokens[i]
+        end
+        -- streamed: each chunk's figures are its tokens', together the same
+        req.stream = true
+        local sbody
+        status, sbody = post(cjson.encode(req), "-N")
+        assert.equal(200, status, sbody)
+        local joined = { tokens = {}, token_logprobs = {}, text_offset = {} }
+        for _, c in ipairs((sse_chunks(sbody))) do
+            local clp = c.choices[1].logprobs
+            assert.equal(#c.choices[1].token_ids, #clp.tokens)
+            for i = 1, #clp.tokens do
+                joined.tokens[#joined.tokens + 1] = clp.tokens[i]
+                joined.token_logprobs[#joined.token_logprobs + 1] = clp.token_logprobs[i]
+                joined.text_offset[#joined.text_offset + 1] = clp.text_offset[i]
+            end
+        end
+        assert.same(lp.tokens, joined.tokens)
+        assert.same(lp.token_logprobs, joined.token_logprobs)
+        assert.same(lp.text_offset, joined.text_offset)
+        -- without logprobs: null
+        assert.equal(cjson.null, single({ prompt = "It is", max_tokens = 2 }).logprobs)
+        -- refused: out of range, with speculative decoding or beams, with echo
+        for _, bad in ipairs({ '"logprobs": 21', '"logprobs": -1', '"logprobs": "3"', '"logprobs": 2, "speculative": "chain"',
+                               '"logprobs": 2, "beam_size": 2', '"logprobs": 0, "echo": true' }) do
+            local st, b = post('{"prompt": "hi", "max_tokens": 2, ' .. bad .. "}")
+            assert.equal(400, st, bad)
+            assert.equal("logprobs", cjson.decode(b).error.param, bad)
+        end
+    end)
+
     it("echoes the prompt before the completion, and streams usage in a chunk of its own when asked", function()
         local plain = single({ prompt = "It is a truth", max_tokens = 8 })
         local echoed = single({ prompt = "It is a truth", max_tokens = 8, echo = true })
@@ -708,7 +765,7 @@ describe("server request parsing", function()
             '"stream_options": {"include_usage": false}}', fake, "m"))
         assert.same({ 1 }, r.ids)
         for field, value in pairs({ best_of = "2", presence_penalty = "0.5", frequency_penalty = "1",
-                                    suffix = '"x"', logprobs = "1", logit_bias = '{"1": 5}' }) do
+                                    suffix = '"x"', logit_bias = '{"1": 5}' }) do
             local _, e = request.parse(('{"prompt": [1], "max_tokens": 2, "%s": %s}'):format(field, value), fake, "m")
             assert.equal(field, e and e.param, field)
             assert.truthy(e.message:find("is not supported", 1, true), e.message)

@@ -243,6 +243,44 @@ local QUEUED, FINISHED = tonumber(C.TL_ENGINE_QUEUED), tonumber(C.TL_ENGINE_FINI
 local STOP_MAX_TOKENS, STOP_SEQUENCE = tonumber(C.TL_STOP_MAX_TOKENS), tonumber(C.TL_STOP_SEQUENCE)
 local update = ffi_new("tl_engine_update")
 local id_out = ffi_new("uint64_t[1]")
+local request_options = ffi_new("tl_engine_request_options")
+local token_bytes, token_len = ffi_new("const char *[1]"), ffi_new("size_t[1]")
+
+-- A token's text for logprobs: its bytes as valid UTF-8 (a token may hold part of a
+-- character), and its length in the choice's text (special tokens are not shown there).
+local function token_string(id)
+    if C.tl_token_text(model.ptr, id, token_bytes, token_len) ~= 0 then return "", 0 end
+    local bytes = ffi_string(token_bytes[0], token_len[0])
+    return request.valid_utf8(bytes), C.tl_token_is_special(model.ptr, id) ~= 0 and 0 or #bytes
+end
+
+-- A log-probability for JSON: -inf (a token the model rules out) has no JSON number: null.
+local function json_logprob(x)
+    return (x > -math.huge and x == x) and x or cjson.null
+end
+
+-- OpenAI's logprobs object of a choice (or chunk) for `figures` (next_output's), text_offset
+-- in bytes of the choice's text from st.offset on (advanced here).
+local function logprobs_json(st, ids, figures)
+    local tokens, token_logprobs, top_logprobs, offsets = {}, {}, {}, {}
+    for i = 1, #ids do
+        local text, shown = token_string(ids[i])
+        tokens[i], token_logprobs[i], offsets[i] = text, json_logprob(figures[i].logprob), st.offset
+        st.offset = st.offset + shown
+        local top = {}
+        for _, alt in ipairs(figures[i].top) do
+            local key = token_string(alt.id)
+            if top[key] == nil then top[key] = json_logprob(alt.logprob) end -- two tokens of one text: the likelier
+        end
+        top_logprobs[i] = top
+    end
+    -- cjson writes an empty table as {}: the arrays of an empty chunk must be []
+    local function array(t) return #t == 0 and "[]" or encode(t) end
+    local tops = {}
+    for i = 1, #top_logprobs do tops[i] = next(top_logprobs[i]) == nil and "{}" or encode(top_logprobs[i]) end
+    return '{"tokens":' .. array(tokens) .. ',"token_logprobs":' .. array(token_logprobs) .. ',"top_logprobs":[' ..
+        concat(tops, ",") .. '],"text_offset":' .. array(offsets) .. "}"
+end
 
 -- Done with the engine request: exactly once per request, whether it finished, failed or
 -- its client left. A running generation stops before its next step.
@@ -304,6 +342,19 @@ local function next_output(st)
     local n = u.n_tokens
     local ids = {}
     for i = 0, n - 1 do ids[i + 1] = u.tokens[i] end
+    local figures -- the tokens' log-probabilities, when the request asked
+    if u.logprobs ~= nil then
+        figures = {}
+        local n_top = u.n_top
+        for i = 0, n - 1 do
+            local top = {}
+            for j = 0, n_top - 1 do
+                local id = u.top_ids[i * n_top + j]
+                if id >= 0 then top[#top + 1] = { id = id, logprob = u.top_logprobs[i * n_top + j] } end
+            end
+            figures[i + 1] = { logprob = u.logprobs[i], top = top }
+        end
+    end
     local text = ffi_string(u.text, u.text_len)
     if n > 0 then
         local t = now()
@@ -315,7 +366,7 @@ local function next_output(st)
         st.last_token_at = t
         st.n_tokens = st.n_tokens + n
     end
-    if u.state ~= FINISHED then return text, ids, false end
+    if u.state ~= FINISHED then return text, ids, false, figures end
     st.phase = "finished"
     metrics.incr("active", -1)
     if u.status ~= 0 then
@@ -340,7 +391,7 @@ local function next_output(st)
         drafted = s.drafted, accepted = s.accepted, acceptance_rate = s.acceptance_rate,
         mean_accepted = s.mean_accepted, verify_steps = s.verify_steps, probes = s.probes,
     }
-    return text, ids, true
+    return text, ids, true, figures
 end
 
 -- OpenAI leaves the stop string out of the text. The engine shows a match only once it is
@@ -365,8 +416,9 @@ local function release_all(r, cancelled)
     for _, st in ipairs(r.sts) do release(st, cancelled) end
 end
 
-local function choice_json(st, text, ids, finish_reason, stats)
-    return '{"index":' .. st.index .. ',"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":null,"finish_reason":' ..
+local function choice_json(st, text, ids, finish_reason, stats, figures)
+    return '{"index":' .. st.index .. ',"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":' ..
+        (figures and logprobs_json(st, ids, figures) or "null") .. ',"finish_reason":' ..
         (finish_reason and ('"' .. finish_reason .. '"') or "null") .. ',"token_ids":[' .. concat(ids, ",") .. "]" ..
         (stats and (',"tinyloop":' .. encode(stats)) or "") .. "}"
 end
@@ -388,22 +440,26 @@ end
 local function run_blocking(r)
     local choices, single = {}, #r.sts == 1
     for _, st in ipairs(r.sts) do
-        local texts, all_ids = {}, {}
+        local texts, all_ids, all_figures = {}, {}, st.logprobs and {} or nil
         while true do
-            local text, ids, finished = next_output(st)
+            local text, ids, finished, figures = next_output(st)
             if not text then
                 release_all(r, ids == "gone")
                 if ids == "gone" then return ngx_exit(499) end
                 return send_error(500, ids, nil, "server_error")
             end
             texts[#texts + 1] = text
-            for i = 1, #ids do all_ids[#all_ids + 1] = ids[i] end
+            for i = 1, #ids do
+                all_ids[#all_ids + 1] = ids[i]
+                if all_figures then all_figures[#all_figures + 1] = figures[i] end
+            end
             if finished then break end
         end
         release(st, false)
         local text = concat(texts)
         if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
-        choices[#choices + 1] = choice_json(st, (st.echo or "") .. text, all_ids, st.finish_reason, not single and st.tinyloop)
+        choices[#choices + 1] = choice_json(st, (st.echo or "") .. text, all_ids, st.finish_reason, not single and st.tinyloop,
+                                            all_figures)
     end
     return send_json(200, response_json(r, concat(choices, ","), ',"usage":' .. usage_json(r) ..
         (single and (',"tinyloop":' .. encode(r.sts[1].tinyloop)) or "")))
@@ -447,7 +503,7 @@ local function run_stream(r)
             if not sse(r, response_json(r, choice_json(st, st.echo, {}, nil), usage_null)) then return ngx_exit(499) end
         end
         while true do
-            local text, ids, finished = next_output(st)
+            local text, ids, finished, figures = next_output(st)
             if not text then
                 local gone = ids == "gone"
                 release_all(r, gone)
@@ -466,13 +522,13 @@ local function run_stream(r)
                 release(st, false)
                 if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
                 local usage = (r.include_usage or k < #r.sts) and usage_null or (',"usage":' .. usage_json(r))
-                if not sse(r, response_json(r, choice_json(st, text, ids, st.finish_reason), usage .. ',"tinyloop":' ..
+                if not sse(r, response_json(r, choice_json(st, text, ids, st.finish_reason, nil, figures), usage .. ',"tinyloop":' ..
                                             encode(st.tinyloop))) then
                     return ngx_exit(499)
                 end
                 break
             end
-            if (text ~= "" or #ids > 0) and not sse(r, response_json(r, choice_json(st, text, ids, nil), usage_null)) then
+            if (text ~= "" or #ids > 0) and not sse(r, response_json(r, choice_json(st, text, ids, nil, nil, figures), usage_null)) then
                 return ngx_exit(499)
             end
         end
@@ -528,7 +584,8 @@ function _M.completions()
                 return send_error(500, "cannot create the session: " .. tostring(serr), nil, "server_error")
             end
             local ptr = session:detach()
-            if C.tl_engine_submit(engine, ptr, id_out) ~= 0 then
+            request_options.logprobs = req.logprobs or -1
+            if C.tl_engine_submit_with(engine, ptr, request_options, id_out) ~= 0 then
                 C.tl_session_free(ptr)
                 release_all(r, false)
                 return send_error(500, "cannot submit: " .. ffi_string(C.tl_last_error()), nil, "server_error")
@@ -543,7 +600,8 @@ function _M.completions()
             end
             r.sts[#r.sts + 1] = {
                 id = id, index = #r.sts, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
-                prompt_tokens = #ids, echo = req.echo and req.echo[p],
+                prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = req.logprobs ~= nil,
+                offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
             }
             metrics.incr("queued", 1)
             metrics.incr("tokens_in", #ids)

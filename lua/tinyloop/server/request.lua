@@ -26,6 +26,7 @@ local FIELDS = {
     stream = { "boolean", false },
     stream_options = { "object", false }, -- {"include_usage": bool}, with stream only
     echo = { "boolean", false },
+    logprobs = { "integer", false }, -- 0..20: each token's log-probability and this many alternatives
     n = { "integer", false },
     user = { "string", false },
     response_format = { "object", false }, -- {"type": "text" | "json_object" | "json_schema", ...}
@@ -58,6 +59,7 @@ local FIELDS = {
 _M.FIELDS = FIELDS
 
 local DEFAULT_MAX_TOKENS = 16 -- OpenAI's default for completions
+local MAX_LOGPROBS = tonumber(require("tinyloop").C.TL_MAX_TOP_LOGPROBS) -- the engine's most alternatives
 local MAX_STOPS = 4          -- OpenAI's limit
 
 -- An error answer: HTTP status, message, param (the request field, or nil).
@@ -86,7 +88,6 @@ local OPENAI_NO_OPS = {
     presence_penalty = { function(v) return v == 0 end, "0" },
     frequency_penalty = { function(v) return v == 0 end, "0" },
     suffix = { function(v) return v == "" end, '""' },
-    logprobs = { function() return false end, "null" },
     logit_bias = { function(v) return type(v) == "table" and next(v) == nil end, "{}" },
 }
 
@@ -349,7 +350,8 @@ local DEFAULT_MAX_CHOICES = 16
 
 -- parse(body, model, model_id[, max_choices]) -> request | nil, err. model: a tinyloop model
 -- (vocab_size, max_seq_len, has_tokenizer, encode, decode). request = { prompts (id lists),
--- ids (the first), n, cfg, stream, include_usage, echo (the prompts' texts, or nil), stops,
+-- ids (the first), n, cfg, stream, include_usage, echo (the prompts' texts, or nil),
+-- logprobs (alternatives per token, or nil), stops,
 -- prompt_tokens (all prompts'), grammar_field } (grammar_field: "grammar" or
 -- "response_format" when cfg.grammar is set). A request has #prompts * n choices, at most
 -- max_choices (default 16): each is a session of its own.
@@ -425,6 +427,17 @@ function _M.parse(body, model, model_id, max_choices)
         end
         prompt_tokens = prompt_tokens + #ids
     end
+    if t.logprobs ~= nil then
+        if t.logprobs < 0 or t.logprobs > MAX_LOGPROBS then
+            return bad(("logprobs = %d must be in [0, %d]"):format(t.logprobs, MAX_LOGPROBS), "logprobs")
+        end
+        if cfg.speculative or (cfg.beam_size or 0) >= 2 then
+            return bad("logprobs needs plain decoding: not with speculative or beam_size", "logprobs")
+        end
+        if t.echo then
+            return bad("logprobs with echo is not supported: the prompt's log-probabilities are not computed", "logprobs")
+        end
+    end
     if t.echo then -- each choice's text begins with its prompt's, as OpenAI's echo
         if not model.has_tokenizer then return bad("echo needs a tokenizer, which this model lacks", "echo") end
         echo = {}
@@ -441,7 +454,7 @@ function _M.parse(body, model, model_id, max_choices)
         end
     end
     return { prompts = prompts, ids = prompts[1], n = n, cfg = cfg, stream = t.stream == true, include_usage = include_usage,
-             echo = echo, stops = cfg.stop_strings, prompt_tokens = prompt_tokens,
+             echo = echo, logprobs = t.logprobs, stops = cfg.stop_strings, prompt_tokens = prompt_tokens,
              grammar_field = cfg.grammar and grammar_field or nil }
 end
 
