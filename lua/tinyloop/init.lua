@@ -1248,5 +1248,37 @@ function Model:score(ids, loops)
     return setmetatable({ data = data, n = n, vocab_size = self.vocab_size }, Scores)
 end
 
+-- model:score_logprobs(ids[, loops[, top]]) -> logprobs, alternatives: for i = 1 .. #ids - 1,
+-- logprobs[i] of token ids[i + 1] after ids[1..i] (tl_score_logprobs: the model's own, one
+-- chunk of logits at a time) and alternatives[i], the `top` (0..20, default 0) most likely
+-- tokens there, { {id, logprob}, ... } most likely first. A string is encoded.
+function Model:score_logprobs(ids, loops, top)
+    model_ptr(self, "score_logprobs")
+    local err
+    ids, err = prompt_ids(self, ids)
+    if not ids then return nil, err end
+    loops = loops == nil and self.default_loops or check_int("score_logprobs: loops", loops)
+    top = check_int("score_logprobs: top", top or 0)
+    local arr, n = id_array(ids)
+    local rows = n > 1 and n - 1 or 1
+    local lp = ffi_new("float[?]", rows)
+    local top_ids = ffi_new("int32_t[?]", rows * math.max(top, 1))
+    local top_lp = ffi_new("float[?]", rows * math.max(top, 1))
+    local st = C.tl_score_logprobs(self.ptr, arr, n, loops, top, lp, top_ids, top_lp)
+    if st ~= 0 then return engine_failure(st) end
+    local logprobs, alternatives = {}, {}
+    for i = 0, n - 2 do
+        logprobs[i + 1] = lp[i]
+        local list = {}
+        for j = 0, top - 1 do
+            local id = top_ids[i * top + j]
+            if id < 0 then break end
+            list[j + 1] = { id = id, logprob = top_lp[i * top + j] }
+        end
+        alternatives[i + 1] = list
+    end
+    return logprobs, alternatives
+end
+
 _M.C = C -- the raw library, for tools that need more than this module offers
 return _M

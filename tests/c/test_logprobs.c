@@ -4,6 +4,7 @@
  *   for its position (the model's own logits: the kernels are batch-invariant, so the
  *   decode row and the scored row are the same bits), log-softmaxed here independently;
  *   with sampling, a repetition penalty and a logits hook the figures stay the model's.
+ * - tl_score_logprobs gives a sequence the same figures, to the bit, chunk by chunk.
  * - An on_token hook reads the same figures as the caller after the step.
  * - The engine's updates carry, for a request that asked, exactly (memcmp) the figures of
  *   the same session stepped alone, while other requests share its batches.
@@ -145,6 +146,52 @@ int main(int argc, char **argv) {
     bool some_not_top = false;
     for (int i = 0; i < r.n; i++) some_not_top |= r.top_ids[i][0] != r.tokens[i];
     CHECK(some_not_top, "sampled: some token is not the model's most likely (else this checks little)");
+
+    /* tl_score_logprobs: the sequence's own figures are the decode's, to the bit (one row
+       reduction over bit-identical rows), and rows past the first chunk match tl_score's */
+    {
+        int32_t seq[PROMPT + STEPS];
+        memcpy(seq, prompt, sizeof prompt);
+        memcpy(seq + PROMPT, r.tokens, sizeof r.tokens);
+        const int n = PROMPT + STEPS, loops = tl_model_info(model)->default_loops;
+        float lp[PROMPT + STEPS - 1], top_lp[(PROMPT + STEPS - 1) * TOP];
+        int32_t top_ids[(PROMPT + STEPS - 1) * TOP];
+        CHECK(tl_score_logprobs(model, seq, n, loops, TOP, lp, top_ids, top_lp) == TL_OK, "%s", tl_last_error());
+        bool same = true;
+        for (int i = 0; i < STEPS; i++) {
+            const int row = PROMPT - 1 + i;
+            same &= !memcmp(&lp[row], &r.logprob[i], sizeof(float)) &&
+                    !memcmp(&top_ids[row * TOP], r.top_ids[i], sizeof r.top_ids[i]) &&
+                    !memcmp(&top_lp[row * TOP], r.top_logprobs[i], sizeof r.top_logprobs[i]);
+        }
+        CHECK(same, "tl_score_logprobs equals the sampled session's figures bit for bit");
+        /* a long sequence (the context: two chunks of 64 rows), without alternatives */
+        enum { LONG = 128 };
+        int32_t long_seq[LONG];
+        for (int i = 0; i < LONG; i++) long_seq[i] = (int32_t)((i * 7919 + 13) % 300);
+        float long_lp[LONG - 1];
+        float *logits = malloc((size_t)LONG * (size_t)tl_model_info(model)->vocab_size * sizeof *logits);
+        CHECK(tl_score_logprobs(model, long_seq, LONG, 2, 0, long_lp, NULL, NULL) == TL_OK, "%s", tl_last_error());
+        CHECK(logits && tl_score(model, long_seq, LONG, 2, logits) == TL_OK, "%s", tl_last_error());
+        double worst = 0.0;
+        const int vocab = tl_model_info(model)->vocab_size;
+        for (int i = 0; logits && i + 1 < LONG; i++) {
+            const float *row = logits + (size_t)i * (size_t)vocab;
+            long double mx = -INFINITY, sum = 0.0L;
+            for (int v = 0; v < vocab; v++) mx = row[v] > mx ? row[v] : mx;
+            for (int v = 0; v < vocab; v++) sum += expl((long double)row[v] - mx);
+            const double err = fabs((double)((long double)row[long_seq[i + 1]] - mx - logl(sum)) - long_lp[i]);
+            worst = err > worst ? err : worst;
+        }
+        CHECK(worst < 1e-5, "128 tokens: within 1e-5 of tl_score's rows, worst %.3g", worst);
+        free(logits);
+        CHECK_ERROR(tl_score_logprobs(model, seq, n, loops, 21, lp, top_ids, top_lp), TL_ERR_INVALID_ARGUMENT, "must be in [0, 20]");
+        CHECK_ERROR(tl_score_logprobs(model, seq, n, loops, 2, lp, NULL, top_lp), TL_ERR_INVALID_ARGUMENT, "needs top_ids");
+        CHECK_ERROR(tl_score_logprobs(model, seq, n, 0, 0, lp, NULL, NULL), TL_ERR_INVALID_ARGUMENT, "loops = 0");
+        seq[3] = 100000;
+        CHECK_ERROR(tl_score_logprobs(model, seq, n, loops, 0, lp, NULL, NULL), TL_ERR_INVALID_ARGUMENT, "token id 100000 at index 3");
+        CHECK_ERROR(tl_score_logprobs(model, NULL, n, loops, 0, lp, NULL, NULL), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+    }
 
     /* from inside on_token: the same figures as after the step */
     {

@@ -499,6 +499,17 @@ describe("session:logprobs", function()
         local lp, none = s:logprobs()
         assert.equal(lps[#lps], lp)
         assert.same({}, none)
+        -- model:score_logprobs gives the sequence the same figures (the same bits here)
+        local scored, alternatives = m:score_logprobs(seq, nil, 3)
+        assert.equal(#seq - 1, #scored)
+        for k = 1, #tokens do
+            assert.equal(lps[k], scored[#prompt + k - 1])
+            assert.same(tops[k], alternatives[#prompt + k - 1])
+        end
+        local plain = m:score_logprobs(seq)
+        assert.same(scored, plain)
+        assert.has_error(function() m:score_logprobs(seq, nil, 21) end, "tl_score_logprobs: top = 21 must be in [0, 20]")
+        assert.has_error(function() m:score_logprobs(seq, 0) end)
     end)
 
     it("raises before a token, for a bad top, a closed session and a speculative one", function()
