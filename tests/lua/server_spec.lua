@@ -251,9 +251,39 @@ describe("server", function()
         assert.same(lp.text_offset, joined.text_offset)
         -- without logprobs: null
         assert.equal(cjson.null, single({ prompt = "It is", max_tokens = 2 }).logprobs)
-        -- refused: out of range, with speculative decoding or beams, with echo
+        -- echo with logprobs (how lm-evaluation-harness scores text: max_tokens 0): the prompt's
+        -- own figures first, null for its first token, then the completion's
+        local ids = assert(m:encode("It is a truth universally"))
+        local scored, alternatives = m:score_logprobs(ids, nil, 2)
+        for _, stream in ipairs({ false, true }) do
+            status, body = post(cjson.encode({ prompt = ids, max_tokens = 0, echo = true, logprobs = 2, stream = stream }), "-N")
+            assert.equal(200, status, body)
+            local ch = stream and sse_chunks(body)[1].choices[1] or cjson.decode(body).choices[1]
+            assert.equal("It is a truth universally", ch.text)
+            assert.equal(#ids, #ch.logprobs.tokens)
+            assert.equal(cjson.null, ch.logprobs.token_logprobs[1])
+            assert.equal(cjson.null, ch.logprobs.top_logprobs[1])
+            for i = 2, #ids do
+                assert.near(scored[i - 1], ch.logprobs.token_logprobs[i], 1e-6)
+                for _, alt in ipairs(alternatives[i - 1]) do
+                    assert.near(alt.logprob, ch.logprobs.top_logprobs[i][m:decode({ alt.id })], 1e-6)
+                end
+            end
+            assert.equal(0, ch.logprobs.text_offset[1])
+        end
+        status, body = post_json({ prompt = "It is a truth", max_tokens = 10, logprobs = 3, temperature = 0.9, seed = 4,
+                                   ignore_eos = true, echo = true })
+        assert.equal(200, status, body)
+        local with_echo = cjson.decode(body).choices[1].logprobs
+        local n_prompt = #with_echo.tokens - 10
+        assert.equal(#m:encode("It is a truth"), n_prompt)
+        for i = 1, 10 do
+            assert.equal(lp.token_logprobs[i], with_echo.token_logprobs[n_prompt + i])
+            assert.equal(#"It is a truth" + lp.text_offset[i], with_echo.text_offset[n_prompt + i])
+        end
+        -- refused: out of range, with speculative decoding or beams
         for _, bad in ipairs({ '"logprobs": 21', '"logprobs": -1', '"logprobs": "3"', '"logprobs": 2, "speculative": "chain"',
-                               '"logprobs": 2, "beam_size": 2', '"logprobs": 0, "echo": true' }) do
+                               '"logprobs": 2, "beam_size": 2' }) do
             local st, b = post('{"prompt": "hi", "max_tokens": 2, ' .. bad .. "}")
             assert.equal(400, st, bad)
             assert.equal("logprobs", cjson.decode(b).error.param, bad)

@@ -45,6 +45,7 @@ local conf = {
 }
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
+local model_addr, score_addr -- the model and tl_score_logprobs, for prompt scoring in the thread pool
 local model_types -- what /v1/models says of the weights and the KV cache (model:info(), once)
 local next_request = 0
 
@@ -127,6 +128,8 @@ function _M.init_worker()
     lower_engine_priority(before)
     engine_addr = tonumber(ffi_cast("uintptr_t", engine))
     wait_addr = tonumber(ffi_cast("uintptr_t", C.tl_engine_wait)) -- see wait.lua
+    model_addr = tonumber(ffi_cast("uintptr_t", m.ptr))
+    score_addr = tonumber(ffi_cast("uintptr_t", C.tl_score_logprobs))
     created_at = ngx.time()
     publish()
     local ok, err = ngx.timer.every(conf.publish_every, publish)
@@ -259,25 +262,30 @@ local function json_logprob(x)
     return (x > -math.huge and x == x) and x or cjson.null
 end
 
--- OpenAI's logprobs object of a choice (or chunk) for `figures` (next_output's), text_offset
+-- OpenAI's logprobs object of a choice (or chunk) for the tokens `ids` and their `figures`
+-- (next_output's; a prompt's first token has none: null, as in OpenAI's echo), text_offset
 -- in bytes of the choice's text from st.offset on (advanced here).
 local function logprobs_json(st, ids, figures)
-    local tokens, token_logprobs, top_logprobs, offsets = {}, {}, {}, {}
+    local tokens, token_logprobs, tops, offsets = {}, {}, {}, {}
     for i = 1, #ids do
         local text, shown = token_string(ids[i])
-        tokens[i], token_logprobs[i], offsets[i] = text, json_logprob(figures[i].logprob), st.offset
+        local figure = figures[i]
+        tokens[i], offsets[i] = text, st.offset
+        token_logprobs[i] = figure.logprob and json_logprob(figure.logprob) or cjson.null
         st.offset = st.offset + shown
-        local top = {}
-        for _, alt in ipairs(figures[i].top) do
-            local key = token_string(alt.id)
-            if top[key] == nil then top[key] = json_logprob(alt.logprob) end -- two tokens of one text: the likelier
+        if figure.top then
+            local top = {}
+            for _, alt in ipairs(figure.top) do
+                local key = token_string(alt.id)
+                if top[key] == nil then top[key] = json_logprob(alt.logprob) end -- two tokens of one text: the likelier
+            end
+            tops[i] = next(top) == nil and "{}" or encode(top)
+        else
+            tops[i] = "null"
         end
-        top_logprobs[i] = top
     end
     -- cjson writes an empty table as {}: the arrays of an empty chunk must be []
     local function array(t) return #t == 0 and "[]" or encode(t) end
-    local tops = {}
-    for i = 1, #top_logprobs do tops[i] = next(top_logprobs[i]) == nil and "{}" or encode(top_logprobs[i]) end
     return '{"tokens":' .. array(tokens) .. ',"token_logprobs":' .. array(token_logprobs) .. ',"top_logprobs":[' ..
         concat(tops, ",") .. '],"text_offset":' .. array(offsets) .. "}"
 end
@@ -416,9 +424,10 @@ local function release_all(r, cancelled)
     for _, st in ipairs(r.sts) do release(st, cancelled) end
 end
 
-local function choice_json(st, text, ids, finish_reason, stats, figures)
+-- lp_ids: the tokens the logprobs are of (default ids; with echo, the prompt's too)
+local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids)
     return '{"index":' .. st.index .. ',"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":' ..
-        (figures and logprobs_json(st, ids, figures) or "null") .. ',"finish_reason":' ..
+        (figures and logprobs_json(st, lp_ids or ids, figures) or "null") .. ',"finish_reason":' ..
         (finish_reason and ('"' .. finish_reason .. '"') or "null") .. ',"token_ids":[' .. concat(ids, ",") .. "]" ..
         (stats and (',"tinyloop":' .. encode(stats)) or "") .. "}"
 end
@@ -441,6 +450,10 @@ local function run_blocking(r)
     local choices, single = {}, #r.sts == 1
     for _, st in ipairs(r.sts) do
         local texts, all_ids, all_figures = {}, {}, st.logprobs and {} or nil
+        local lp_ids = st.prompt_figures and {} or nil -- echo with logprobs: the prompt's tokens first
+        if lp_ids then
+            for i = 1, #st.prompt_ids do lp_ids[i], all_figures[i] = st.prompt_ids[i], st.prompt_figures[i] end
+        end
         while true do
             local text, ids, finished, figures = next_output(st)
             if not text then
@@ -451,6 +464,7 @@ local function run_blocking(r)
             texts[#texts + 1] = text
             for i = 1, #ids do
                 all_ids[#all_ids + 1] = ids[i]
+                if lp_ids then lp_ids[#lp_ids + 1] = ids[i] end
                 if all_figures then all_figures[#all_figures + 1] = figures[i] end
             end
             if finished then break end
@@ -459,7 +473,7 @@ local function run_blocking(r)
         local text = concat(texts)
         if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
         choices[#choices + 1] = choice_json(st, (st.echo or "") .. text, all_ids, st.finish_reason, not single and st.tinyloop,
-                                            all_figures)
+                                            all_figures, lp_ids)
     end
     return send_json(200, response_json(r, concat(choices, ","), ',"usage":' .. usage_json(r) ..
         (single and (',"tinyloop":' .. encode(r.sts[1].tinyloop)) or "")))
@@ -500,7 +514,8 @@ local function run_stream(r)
     for k, st in ipairs(r.sts) do
         if st.echo then
             if not started then start_stream(); started = true end
-            if not sse(r, response_json(r, choice_json(st, st.echo, {}, nil), usage_null)) then return ngx_exit(499) end
+            local echo_chunk = choice_json(st, st.echo, {}, nil, nil, st.prompt_figures, st.prompt_ids)
+            if not sse(r, response_json(r, echo_chunk, usage_null)) then return ngx_exit(499) end
         end
         while true do
             local text, ids, finished, figures = next_output(st)
@@ -557,6 +572,32 @@ function _M.completions()
     local req, err = request.parse(body or "", model, conf.model_id, conf.max_active)
     if not req then return send_error(err.status, err.message, err.param, err.type) end
 
+    -- echo with logprobs: the prompts' own figures, scored in the thread pool (forward passes)
+    local prompt_figures = {}
+    if req.echo and req.logprobs then
+        if not conf.thread_pool then
+            return send_error(500, "echo with logprobs needs nginx's thread pool (thread_pool and lua_worker_thread_vm_pool_size)",
+                              "logprobs", "server_error")
+        end
+        local loops, top = req.cfg.loops or model.default_loops, req.logprobs
+        for p, ids in ipairs(req.prompts) do
+            local ok, lps, top_ids, top_lps = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "score", score_addr,
+                                                                model_addr, ids, loops, top)
+            if not ok or not lps then
+                return send_error(500, "scoring the prompt failed: " .. tostring(ok and top_ids or lps), nil, "server_error")
+            end
+            local figures = { {} } -- the first token has nothing before it
+            for i = 1, #ids - 1 do
+                local alternatives = {}
+                for j = (i - 1) * top + 1, i * top do
+                    if top_ids[j] >= 0 then alternatives[#alternatives + 1] = { id = top_ids[j], logprob = top_lps[j] } end
+                end
+                figures[i + 1] = { logprob = lps[i], top = alternatives }
+            end
+            prompt_figures[p] = figures
+        end
+    end
+
     next_request = next_request + 1
     local r = { sts = {}, prompt_tokens = req.prompt_tokens, include_usage = req.include_usage, created = ngx.time(),
                 response_id = "cmpl-" .. ngx.worker.pid() .. "-" .. next_request }
@@ -601,6 +642,7 @@ function _M.completions()
             r.sts[#r.sts + 1] = {
                 id = id, index = #r.sts, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
                 prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = req.logprobs ~= nil,
+                prompt_ids = ids, prompt_figures = prompt_figures[p],
                 offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
             }
             metrics.incr("queued", 1)

@@ -434,9 +434,6 @@ function _M.parse(body, model, model_id, max_choices)
         if cfg.speculative or (cfg.beam_size or 0) >= 2 then
             return bad("logprobs needs plain decoding: not with speculative or beam_size", "logprobs")
         end
-        if t.echo then
-            return bad("logprobs with echo is not supported: the prompt's log-probabilities are not computed", "logprobs")
-        end
     end
     if t.echo then -- each choice's text begins with its prompt's, as OpenAI's echo
         if not model.has_tokenizer then return bad("echo needs a tokenizer, which this model lacks", "echo") end
