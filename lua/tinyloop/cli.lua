@@ -1,7 +1,8 @@
 -- tinyloop.cli: the command-line generator on the Lua bindings. Streams text from a
 -- checkpoint as it is produced, then prints one line of stats on stderr.
 --   scripts/tinyloop [options] [--] PROMPT
--- Exit status: 0 on success, 1 when generation fails, 2 for bad usage.
+-- Exit status: 0 on success, 1 when generation fails, 2 for bad usage (a value the engine
+-- refuses included).
 local tinyloop = require "tinyloop"
 
 local _M = {}
@@ -211,11 +212,23 @@ function _M.main(argv, default_model)
             return 1
         end
     end
-    -- Argument errors and hook errors raise; runtime failures come back as nil, err and are
-    -- raised here, so that both reach the one report below.
+    local function report(message)
+        io.stderr:write("tinyloop: ", (tostring(message):gsub("^[^\n]-:%d+: ", "")), "\n")
+    end
+    -- The session is made (every value checked) before any token: what the engine refuses
+    -- there (a depth past max_loops, a prompt plus -n over the context...) is bad usage.
+    local made, iterate, session = pcall(model.stream, model, o.prompt, cfg)
+    if not made then
+        report(iterate)
+        return 2
+    end
+    if not iterate then
+        report(session)
+        return 1
+    end
+    -- Hook errors raise; runtime failures come back as nil, err and are raised here, so that
+    -- both reach the one report below.
     local ok, result = pcall(function()
-        local iterate, session = model:stream(o.prompt, cfg)
-        if not iterate then error(session, 0) end
         if o.echo then io.stdout:write(o.prompt) io.stdout:flush() end
         for _, text in iterate, session do
             io.stdout:write(text)
@@ -227,7 +240,7 @@ function _M.main(argv, default_model)
         return session.final_stats or session:stats()
     end)
     if not ok then
-        io.stderr:write("tinyloop: ", (tostring(result):gsub("^[^\n]-:%d+: ", "")), "\n")
+        report(result)
         return 1
     end
     if o.stats then
