@@ -598,6 +598,12 @@ tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl
 /* Stops the thread, frees every session and request, and returns once no tl_engine_wait
    is inside the engine any more (they return -1). NULL is a no-op. */
 void tl_engine_free(tl_engine *engine);
+/* What tl_engine_free does, without freeing the engine itself: afterwards every call on it
+   is answered (wait -1, read and submit refused, cancel a no-op, the counters as they were),
+   so that a thread that was about to wait when the owner stopped the engine (a server's
+   handler when its worker exits) finds "gone" rather than freed memory. Called again, or
+   followed by tl_engine_free, it does nothing more. Not from two threads at once. */
+void tl_engine_stop(tl_engine *engine);
 
 /* Hands a fresh session (not stepped, no hooks: hooks would run on the engine thread) to
    the engine. On TL_OK with *id > 0 the engine owns the session. When active and queued

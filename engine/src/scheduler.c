@@ -78,6 +78,7 @@ struct tl_engine {
     pthread_cond_t work;       /* the engine thread: a submit, a cancel or stop */
     pthread_condattr_t wait_attr; /* of every waiter's cond: CLOCK_MONOTONIC */
     bool stop;
+    bool joined;               /* tl_engine_stop joined the thread (the stopping caller's) */
     int waiters;               /* tl_engine_wait calls inside; free waits for 0 */
     request **reqs;            /* every live request, in submit order */
     int n_reqs, cap_reqs;
@@ -355,14 +356,17 @@ tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl
     return TL_OK;
 }
 
-void tl_engine_free(tl_engine *e) {
+void tl_engine_stop(tl_engine *e) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
     e->stop = true;
     pthread_cond_broadcast(&e->work);
     wake_all(e);
     pthread_mutex_unlock(&e->mu);
-    pthread_join(e->thread, NULL);
+    if (!e->joined) {
+        pthread_join(e->thread, NULL);
+        e->joined = true;
+    }
     pthread_mutex_lock(&e->mu);
     while (e->waiters > 0) { /* they see `stop` and leave */
         wake_all(e);
@@ -370,8 +374,16 @@ void tl_engine_free(tl_engine *e) {
         sched_yield();
         pthread_mutex_lock(&e->mu);
     }
-    pthread_mutex_unlock(&e->mu);
+    /* Every request goes (a wait or read of its id now finds nothing: -1, an error); the
+       counters stay as they were. */
     for (int i = 0; i < e->n_reqs; i++) free_request(e->reqs[i]);
+    e->n_reqs = 0;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void tl_engine_free(tl_engine *e) {
+    if (!e) return;
+    tl_engine_stop(e);
     free(e->reqs);
     pthread_condattr_destroy(&e->wait_attr);
     pthread_cond_destroy(&e->work);

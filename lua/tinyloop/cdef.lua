@@ -287,6 +287,7 @@ typedef struct tl_engine_options {
 void tl_engine_options_init(tl_engine_options *opts);
 tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl_engine **out);
 void tl_engine_free(tl_engine *engine);
+void tl_engine_stop(tl_engine *engine);
 tl_status tl_engine_submit(tl_engine *engine, tl_session *session, uint64_t *id);
 typedef struct tl_engine_request_options {
     int logprobs;

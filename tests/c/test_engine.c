@@ -355,6 +355,45 @@ int main(int argc, char **argv) {
         tl_engine_free(three);
     }
 
+    /* Stopping (tl_engine_stop) with a request running and a waiter asleep on it: the waiter
+       returns -1, and afterwards every call is answered without the thread: a late wait -1,
+       reads and submits refused, cancels ignored, the counters readable; stopping again and
+       then freeing are clean. */
+    {
+        tl_engine *stopped = NULL;
+        CHECK(tl_engine_new(model, NULL, &stopped) == TL_OK, "%s", tl_last_error());
+        tl_generate_config held = lc;
+        held.max_tokens = 60;
+        uint64_t running = 0;
+        set_gate(false); /* the engine holds inside the request's first step */
+        CHECK(tl_engine_submit(stopped, new_session(jobs[0].prompt, &held), &running) == TL_OK && running > 0, "%s",
+              tl_last_error());
+        wait_job w = {stopped, running, -2};
+        pthread_t t;
+        pthread_create(&t, NULL, wait_once, &w);
+        struct timespec ts = {0, 20000000};
+        nanosleep(&ts, NULL);
+        set_gate(true); /* (the step in flight must end for the thread to be joined) */
+        tl_engine_stop(stopped);
+        pthread_join(t, NULL);
+        CHECK(w.result == -1 || w.result == 1, "the waiter returned: %d", w.result);
+        CHECK(tl_engine_wait(stopped, running, 100) == -1, "a wait after the stop: gone");
+        tl_engine_update su;
+        CHECK_ERROR(tl_engine_read(stopped, running, &su), TL_ERR_INVALID_ARGUMENT, "unknown request id");
+        uint64_t late = 9;
+        tl_session *late_session = new_session(jobs[0].prompt, &held);
+        CHECK_ERROR(tl_engine_submit(stopped, late_session, &late), TL_ERR_INVALID_ARGUMENT, "the engine is stopping");
+        CHECK(late == 0, "no id after the stop");
+        tl_session_free(late_session);
+        tl_engine_cancel(stopped, running);
+        tl_engine_counters sc;
+        tl_engine_get_counters(stopped, &sc);
+        CHECK(sc.submitted == 1, "counters after the stop: %llu submitted", (unsigned long long)sc.submitted);
+        tl_engine_stop(stopped);
+        tl_engine_free(stopped);
+        tl_engine_stop(NULL);
+    }
+
     /* Freeing with requests still running (and one never read) is clean. */
     tl_engine_submit(engine, new_session(jobs[0].prompt, &lc), &ids[0]);
     tl_engine_free(engine);

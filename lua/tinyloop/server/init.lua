@@ -136,12 +136,15 @@ function _M.init_worker()
     if not ok then ngx_log(ngx.ERR, "tinyloop: no metrics timer (other workers' /metrics miss this engine): ", err) end
 end
 
--- exit_worker(): stops the engine (its sessions are freed) before the model goes.
+-- exit_worker(): stops the engine (its sessions are freed) before the model goes. Stopped,
+-- not freed: a thread-pool wait that a handler had queued may still arrive (the pool's
+-- threads outlive this hook), and a stopped engine answers it -1 where a freed one would be
+-- freed memory. The process ends right after; it takes the engine's few bytes with it.
 function _M.exit_worker()
     if engine then
         local e = engine
         engine = nil
-        C.tl_engine_free(e)
+        C.tl_engine_stop(e)
         metrics.engine_stopped(ngx.worker.id())
     end
 end
