@@ -201,6 +201,12 @@ describe("server", function()
         end
         assert.same(r.usage, chunks[#chunks].usage)
         assert.is_nil(chunks[1].usage)
+        -- the latency histograms count a request's first token once, not once per choice
+        local ttft = "tinyloop_time_to_first_token_seconds_count"
+        local before = metric(metrics(), ttft)
+        status = post_json({ prompt = "It is", max_tokens = 3, n = 2, temperature = 1.0 })
+        assert.equal(200, status)
+        assert.equal(before + 1, metric(metrics(), ttft))
     end)
 
     it("gives each token's log-probability and alternatives (logprobs), streamed or not, as the session's", function()
@@ -281,6 +287,20 @@ describe("server", function()
             assert.equal(lp.token_logprobs[i], with_echo.token_logprobs[n_prompt + i])
             assert.equal(#"It is a truth" + lp.text_offset[i], with_echo.text_offset[n_prompt + i])
         end
+        -- an echoed special token is in the text: the offsets after it count its bytes
+        local eot = m:info().eos_token_id
+        status, body = post_json({ prompt = { eot, ids[1], ids[2] }, max_tokens = 2, logprobs = 0, echo = true })
+        assert.equal(200, status, body)
+        local special = cjson.decode(body).choices[1]
+        local eot_text = m:decode({ eot })
+        assert.equal(eot_text, special.text:sub(1, #eot_text))
+        for i, offset in ipairs(special.logprobs.text_offset) do
+            assert.equal(special.logprobs.tokens[i], special.text:sub(offset + 1, offset + #special.logprobs.tokens[i]), i)
+        end
+        -- a bad value is refused by name before the prompt is scored (it was a 500 "failed: 1")
+        status, body = post('{"prompt": "It is", "max_tokens": 2, "loops": 0, "echo": true, "logprobs": 1}')
+        assert.equal(400, status, body)
+        assert.equal("loops", cjson.decode(body).error.param)
         -- refused: out of range, with speculative decoding or beams
         for _, bad in ipairs({ '"logprobs": 21', '"logprobs": -1', '"logprobs": "3"', '"logprobs": 2, "speculative": "chain"',
                                '"logprobs": 2, "beam_size": 2' }) do
@@ -396,6 +416,7 @@ describe("server", function()
         expect_error(400, "stream_options", '{"prompt": "hi", "stream_options": {"include_usage": true}}')
         expect_error(400, "stream_options", '{"prompt": "hi", "stream": true, "stream_options": {"include_usage": 1}}')
         expect_error(400, "stream_options", '{"prompt": "hi", "stream": true, "stream_options": {"usage": true}}')
+        assert.equal(200, (post('{"prompt": "hi", "max_tokens": 1, "stream_options": {"include_usage": null}}')))
         expect_error(400, "echo", '{"prompt": "hi", "echo": "yes"}')
         -- grammars: the parser's or schema compiler's message, naming the field
         e = expect_error(400, "grammar", '{"prompt": "hi", "grammar": "root ::= \\"unterminated"}')

@@ -45,7 +45,8 @@ local conf = {
 }
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
-local model_addr, score_addr -- the model and tl_score_logprobs, for prompt scoring in the thread pool
+-- the model, tl_score_logprobs and tl_last_error, for prompt scoring in the thread pool
+local model_addr, score_addr, last_error_addr
 local model_types -- what /v1/models says of the weights and the KV cache (model:info(), once)
 local next_request = 0
 
@@ -130,6 +131,7 @@ function _M.init_worker()
     wait_addr = tonumber(ffi_cast("uintptr_t", C.tl_engine_wait)) -- see wait.lua
     model_addr = tonumber(ffi_cast("uintptr_t", m.ptr))
     score_addr = tonumber(ffi_cast("uintptr_t", C.tl_score_logprobs))
+    last_error_addr = tonumber(ffi_cast("uintptr_t", C.tl_last_error))
     created_at = ngx.time()
     publish()
     local ok, err = ngx.timer.every(conf.publish_every, publish)
@@ -253,11 +255,12 @@ local request_options = ffi_new("tl_engine_request_options")
 local token_bytes, token_len = ffi_new("const char *[1]"), ffi_new("size_t[1]")
 
 -- A token's text for logprobs: its bytes as valid UTF-8 (a token may hold part of a
--- character), and its length in the choice's text (special tokens are not shown there).
-local function token_string(id)
+-- character), and its length in the choice's text: a generated special token is not shown
+-- there, an echoed prompt's is (in_prompt).
+local function token_string(id, in_prompt)
     if C.tl_token_text(model.ptr, id, token_bytes, token_len) ~= 0 then return "", 0 end
     local bytes = ffi_string(token_bytes[0], token_len[0])
-    return request.valid_utf8(bytes), C.tl_token_is_special(model.ptr, id) ~= 0 and 0 or #bytes
+    return request.valid_utf8(bytes), (in_prompt or C.tl_token_is_special(model.ptr, id) == 0) and #bytes or 0
 end
 
 -- A log-probability for JSON: -inf (a token the model rules out) has no JSON number: null.
@@ -267,11 +270,12 @@ end
 
 -- OpenAI's logprobs object of a choice (or chunk) for the tokens `ids` and their `figures`
 -- (next_output's; a prompt's first token has none: null, as in OpenAI's echo), text_offset
--- in bytes of the choice's text from st.offset on (advanced here).
-local function logprobs_json(st, ids, figures)
+-- in bytes of the choice's text from st.offset on (advanced here). The first n_prompt tokens
+-- are an echoed prompt's.
+local function logprobs_json(st, ids, figures, n_prompt)
     local tokens, token_logprobs, tops, offsets = {}, {}, {}, {}
     for i = 1, #ids do
-        local text, shown = token_string(ids[i])
+        local text, shown = token_string(ids[i], i <= (n_prompt or 0))
         local figure = figures[i]
         tokens[i], offsets[i] = text, st.offset
         token_logprobs[i] = figure.logprob and json_logprob(figure.logprob) or cjson.null
@@ -335,6 +339,12 @@ local function wait(st)
     end
 end
 
+local function started_running(st)
+    st.phase = "running"
+    metrics.incr("queued", -1)
+    metrics.incr("active", 1)
+end
+
 -- The next output of the request: text, token ids (a table), finished (boolean); or nil, err
 -- (err "gone" when it was cancelled meanwhile).
 local function next_output(st)
@@ -345,16 +355,19 @@ local function next_output(st)
     end
     C.tl_engine_read(engine, st.id, update)
     local u = update
-    if st.phase == "queued" and u.state ~= QUEUED then
-        st.phase = "running"
-        metrics.incr("queued", -1)
-        metrics.incr("active", 1)
+    if st.phase == "queued" and u.state ~= QUEUED then started_running(st) end
+    -- The request's other choices are read after this one: a poll (which reads nothing)
+    -- tells which of them have run a step, so that the gauges count them as running now.
+    for _, other in ipairs(st.siblings) do
+        if other.phase == "queued" and not other.released and tonumber(C.tl_engine_wait(engine, other.id, 0)) == 1 then
+            started_running(other)
+        end
     end
     local n = u.n_tokens
     local ids = {}
     for i = 0, n - 1 do ids[i + 1] = u.tokens[i] end
-    local figures -- the tokens' log-probabilities, when the request asked
-    if u.logprobs ~= nil then
+    local figures -- the tokens' log-probabilities, when the request asked ({} for none this time)
+    if st.logprobs then
         figures = {}
         local n_top = u.n_top
         for i = 0, n - 1 do
@@ -368,13 +381,18 @@ local function next_output(st)
     end
     local text = ffi_string(u.text, u.text_len)
     if n > 0 then
-        local t = now()
-        if not st.last_token_at then
-            metrics.observe("ttft", t - ngx.req.start_time())
-        else
-            metrics.observe("tpot", (t - st.last_token_at) / n, n)
+        -- Latencies as the client sees them, from the first choice (read as it generates); a
+        -- later choice's tokens wait in the engine until its turn, so its per-token time comes
+        -- from its stats below, and it has no first token of its own to the client.
+        if st.index == 0 then
+            local t = now()
+            if not st.last_token_at then
+                metrics.observe("ttft", t - ngx.req.start_time())
+            else
+                metrics.observe("tpot", (t - st.last_token_at) / n, n)
+            end
+            st.last_token_at = t
         end
-        st.last_token_at = t
         st.n_tokens = st.n_tokens + n
     end
     if u.state ~= FINISHED then return text, ids, false, figures end
@@ -384,6 +402,9 @@ local function next_output(st)
         return nil, "generation failed: " .. ffi_string(u.error)
     end
     local s = u.stats
+    if st.index > 0 and s.tokens_emitted > 1 then
+        metrics.observe("tpot", s.decode_ms / 1000 / (s.tokens_emitted - 1), s.tokens_emitted - 1)
+    end
     metrics.incr("completed")
     metrics.incr("tokens_out", s.tokens_emitted)
     metrics.incr("loops_sum", s.loops_used * s.tokens_emitted)
@@ -427,10 +448,10 @@ local function release_all(r, cancelled)
     for _, st in ipairs(r.sts) do release(st, cancelled) end
 end
 
--- lp_ids: the tokens the logprobs are of (default ids; with echo, the prompt's too)
-local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids)
+-- lp_ids: the tokens the logprobs are of (default ids; with echo, the prompt's first: n_prompt)
+local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids, n_prompt)
     return '{"index":' .. st.index .. ',"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":' ..
-        (figures and logprobs_json(st, lp_ids or ids, figures) or "null") .. ',"finish_reason":' ..
+        (figures and logprobs_json(st, lp_ids or ids, figures, n_prompt) or "null") .. ',"finish_reason":' ..
         (finish_reason and ('"' .. finish_reason .. '"') or "null") .. ',"token_ids":[' .. concat(ids, ",") .. "]" ..
         (stats and (',"tinyloop":' .. encode(stats)) or "") .. "}"
 end
@@ -476,7 +497,7 @@ local function run_blocking(r)
         local text = concat(texts)
         if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
         choices[#choices + 1] = choice_json(st, (st.echo or "") .. text, all_ids, st.finish_reason, not single and st.tinyloop,
-                                            all_figures, lp_ids)
+                                            all_figures, lp_ids, lp_ids and #st.prompt_ids)
     end
     return send_json(200, response_json(r, concat(choices, ","), ',"usage":' .. usage_json(r) ..
         (single and (',"tinyloop":' .. encode(r.sts[1].tinyloop)) or "")))
@@ -517,7 +538,7 @@ local function run_stream(r)
     for k, st in ipairs(r.sts) do
         if st.echo then
             if not started then start_stream(); started = true end
-            local echo_chunk = choice_json(st, st.echo, {}, nil, nil, st.prompt_figures, st.prompt_ids)
+            local echo_chunk = choice_json(st, st.echo, {}, nil, nil, st.prompt_figures, st.prompt_ids, #st.prompt_ids)
             if not sse(r, response_json(r, echo_chunk, usage_null)) then return ngx_exit(499) end
         end
         while true do
@@ -575,18 +596,49 @@ function _M.completions()
     local req, err = request.parse(body or "", model, conf.model_id, conf.max_active)
     if not req then return send_error(err.status, err.message, err.param, err.type) end
 
-    -- echo with logprobs: the prompts' own figures, scored in the thread pool (forward passes)
+    -- 1. Every choice's session, before anything runs: the engine checks every value here
+    --    (its argument errors are raised, tinyloop's convention; runtime failures returned).
+    local made = {} -- { ptr, prompt index } of each choice, not yet the engine's
+    local function free_made(from)
+        for i = from, #made do C.tl_session_free(made[i].ptr) end
+    end
+    for p, ids in ipairs(req.prompts) do
+        for sample = 0, req.n - 1 do
+            local cfg = req.cfg
+            if req.n > 1 then -- the n choices of a prompt are n samples: seeds seed, seed + 1, ...
+                cfg = {}
+                for k, v in pairs(req.cfg) do cfg[k] = v end
+                cfg.sample_seed = (req.cfg.sample_seed or 0) + sample
+            end
+            local ok, session, serr = pcall(model.session, model, ids, cfg)
+            if not ok or not session then
+                free_made(1)
+                if ok then return send_error(500, "cannot create the session: " .. tostring(serr), nil, "server_error") end
+                local msg = plain(session)
+                local param = request.param_of(msg)
+                -- the engine says "grammar" whichever field the request used
+                if param == "grammar" and req.grammar_field then param = req.grammar_field end
+                return send_error(400, msg, param)
+            end
+            made[#made + 1] = { ptr = session:detach(), prompt = p }
+        end
+    end
+
+    -- 2. echo with logprobs: the prompts' own figures, scored in the thread pool (forward
+    --    passes, never on the event loop).
     local prompt_figures = {}
     if req.echo and req.logprobs then
         if not conf.thread_pool then
+            free_made(1)
             return send_error(500, "echo with logprobs needs nginx's thread pool (thread_pool and lua_worker_thread_vm_pool_size)",
                               "logprobs", "server_error")
         end
         local loops, top = req.cfg.loops or model.default_loops, req.logprobs
         for p, ids in ipairs(req.prompts) do
             local ok, lps, top_ids, top_lps = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "score", score_addr,
-                                                                model_addr, ids, loops, top)
+                                                                last_error_addr, model_addr, ids, loops, top)
             if not ok or not lps then
+                free_made(1)
                 return send_error(500, "scoring the prompt failed: " .. tostring(ok and top_ids or lps), nil, "server_error")
             end
             local figures = { {} } -- the first token has nothing before it
@@ -601,56 +653,36 @@ function _M.completions()
         end
     end
 
+    -- 3. To the engine, all or none.
     next_request = next_request + 1
     local r = { sts = {}, prompt_tokens = req.prompt_tokens, include_usage = req.include_usage, created = ngx.time(),
                 response_id = "cmpl-" .. ngx.worker.pid() .. "-" .. next_request }
-    for p, ids in ipairs(req.prompts) do
-        for sample = 0, req.n - 1 do
-            local cfg = req.cfg
-            if req.n > 1 then -- the n choices of a prompt are n samples: seeds seed, seed + 1, ...
-                cfg = {}
-                for k, v in pairs(req.cfg) do cfg[k] = v end
-                cfg.sample_seed = (req.cfg.sample_seed or 0) + sample
-            end
-            -- The engine validates the decoding fields; its argument errors are raised
-            -- (tinyloop's error convention), runtime failures returned.
-            local ok, session, serr = pcall(model.session, model, ids, cfg)
-            if not ok then
-                release_all(r, false)
-                local msg = plain(session)
-                local param = request.param_of(msg)
-                -- the engine says "grammar" whichever field the request used
-                if param == "grammar" and req.grammar_field then param = req.grammar_field end
-                return send_error(400, msg, param)
-            end
-            if not session then
-                release_all(r, false)
-                return send_error(500, "cannot create the session: " .. tostring(serr), nil, "server_error")
-            end
-            local ptr = session:detach()
-            request_options.logprobs = req.logprobs or -1
-            if C.tl_engine_submit_with(engine, ptr, request_options, id_out) ~= 0 then
-                C.tl_session_free(ptr)
-                release_all(r, false)
-                return send_error(500, "cannot submit: " .. ffi_string(C.tl_last_error()), nil, "server_error")
-            end
-            local id = tonumber(id_out[0])
-            if id == 0 then
-                C.tl_session_free(ptr)
-                release_all(r, false)
-                metrics.incr("rejected")
-                return send_error(503, ("every session place is taken (%d running, %d queued): retry later")
-                    :format(conf.max_active, conf.max_queued), nil, "overloaded_error", { ["Retry-After"] = "1" })
-            end
-            r.sts[#r.sts + 1] = {
-                id = id, index = #r.sts, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
-                prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = req.logprobs ~= nil,
-                prompt_ids = ids, prompt_figures = prompt_figures[p],
-                offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
-            }
-            metrics.incr("queued", 1)
-            metrics.incr("tokens_in", #ids)
+    request_options.logprobs = req.logprobs or -1
+    for k, choice in ipairs(made) do
+        local p, ids = choice.prompt, req.prompts[choice.prompt]
+        if C.tl_engine_submit_with(engine, choice.ptr, request_options, id_out) ~= 0 then
+            local msg = ffi_string(C.tl_last_error())
+            free_made(k)
+            release_all(r, false)
+            return send_error(500, "cannot submit: " .. msg, nil, "server_error")
         end
+        local id = tonumber(id_out[0])
+        if id == 0 then
+            free_made(k)
+            release_all(r, false)
+            metrics.incr("rejected")
+            return send_error(503, ("every session place is taken (%d running, %d queued): retry later")
+                :format(conf.max_active, conf.max_queued), nil, "overloaded_error", { ["Retry-After"] = "1" })
+        end
+        r.sts[#r.sts + 1] = {
+            siblings = r.sts, -- (itself included: its phase is no longer "queued" when polled)
+            id = id, index = #r.sts, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
+            prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = req.logprobs ~= nil,
+            prompt_ids = ids, prompt_figures = prompt_figures[p],
+            offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
+        }
+        metrics.incr("queued", 1)
+        metrics.incr("tokens_in", #ids)
     end
     -- A client that leaves (lua_check_client_abort on) cancels at once, even while this
     -- request's coroutine waits in the thread pool.

@@ -391,7 +391,9 @@ function _M.parse(body, model, model_id, max_choices)
             if k ~= "include_usage" then
                 return bad(("unknown field '%s' in stream_options"):format(tostring(k)), "stream_options")
             end
-            if type(v) ~= "boolean" then return bad("stream_options.include_usage must be a boolean", "stream_options") end
+            if type(v) ~= "boolean" and v ~= json_null then
+                return bad("stream_options.include_usage must be a boolean", "stream_options")
+            end
         end
         include_usage = t.stream_options.include_usage == true
         -- (its no-op value goes with any request: clients send it by default)

@@ -15,15 +15,19 @@ local _M = {}
 
 local fn_addr, fn -- the cast of tl_engine_wait, redone only if its address changes
 
-local score_addr, score_fn -- the cast of tl_score_logprobs
+local score_addr, score_fn, error_addr, error_fn -- the casts of tl_score_logprobs and tl_last_error
 
 -- A prompt's own log-probabilities (echo with logprobs): tl_score_logprobs runs forward
 -- passes, so here and never on the event loop. ids: the prompt's token ids (a table).
--- -> logprobs [#ids - 1], top_ids and top_logprobs [(#ids - 1) * top]; or nil, status.
-function _M.score(fn_addr, model_addr, ids, loops, top)
+-- -> logprobs [#ids - 1], top_ids and top_logprobs [(#ids - 1) * top]; or nil, the message.
+function _M.score(fn_addr, last_error_addr, model_addr, ids, loops, top)
     if fn_addr ~= score_addr then
         score_fn = cast("int (*)(const void *, const int32_t *, int, int, int, float *, int32_t *, float *)", fn_addr)
         score_addr = fn_addr
+    end
+    if last_error_addr ~= error_addr then
+        error_fn = cast("const char *(*)(void)", last_error_addr)
+        error_addr = last_error_addr
     end
     local n = #ids
     local tokens = ffi.new("int32_t[?]", n)
@@ -33,7 +37,7 @@ function _M.score(fn_addr, model_addr, ids, loops, top)
     local top_ids = ffi.new("int32_t[?]", rows * (top > 0 and top or 1))
     local top_logprobs = ffi.new("float[?]", rows * (top > 0 and top or 1))
     local status = tonumber(score_fn(cast("void *", model_addr), tokens, n, loops, top, logprobs, top_ids, top_logprobs))
-    if status ~= 0 then return nil, status end
+    if status ~= 0 then return nil, ffi.string(error_fn()) end -- (this thread's message)
     local lp, ids_out, lp_out = {}, {}, {}
     for i = 0, n - 2 do lp[i + 1] = logprobs[i] end
     for i = 0, (n - 1) * top - 1 do ids_out[i + 1], lp_out[i + 1] = top_ids[i], top_logprobs[i] end
