@@ -1,6 +1,7 @@
 /* json_schema.c: a JSON Schema subset converted to GBNF (then compiled like any grammar).
  *
- * Supported: type (one or a list), properties, required, additionalProperties (false, true or
+ * Supported: type (one or a list, whose other keywords each apply to the values of their own
+ * type, as JSON Schema says: {"type": ["string", "null"], "maxLength": 8}), properties, required, additionalProperties (false, true or
  * a schema, for keys that are none of the declared names; absent means false: generation
  * wants closed objects), enum, const, items,
  * prefixItems, minItems/maxItems, anyOf/oneOf, allOf of objects, string minLength/maxLength,
@@ -755,26 +756,37 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     return r;
 }
 
-static int typed(conv *c, const cJSON *s, const char *type, const char *path, int depth) {
+/* The keywords a type's schema reads (with "type"), or NULL for an unknown type. */
+static const char *const *type_keywords(const char *type) {
     static const char *const OBJECT_KW[] = {"type", "properties", "required", "additionalProperties", NULL};
     static const char *const ARRAY_KW[] = {"type", "items", "prefixItems", "minItems", "maxItems", NULL};
     static const char *const STRING_KW[] = {"type", "minLength", "maxLength", "pattern", "format", NULL};
     static const char *const INT_KW[] = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
     static const char *const NUMBER_KW[] = {"type", "minimum", NULL};
     static const char *const PLAIN_KW[] = {"type", NULL};
+    return !strcmp(type, "object") ? OBJECT_KW : !strcmp(type, "array") ? ARRAY_KW : !strcmp(type, "string") ? STRING_KW
+         : !strcmp(type, "integer") ? INT_KW : !strcmp(type, "number") ? NUMBER_KW
+         : !strcmp(type, "boolean") || !strcmp(type, "null") ? PLAIN_KW : NULL;
+}
+
+/* The value rule of schema s for one type. `listed`: the type is one of a list, whose
+   keywords were checked together (schema()): each type then reads its own and leaves the
+   others', which apply only to values of their types (JSON Schema's rule). */
+static int typed(conv *c, const cJSON *s, const char *type, const char *path, int depth, bool listed) {
+    const char *const *keywords = type_keywords(type);
+    if (!keywords) return fail(c, path, "unknown type '%s'", type);
+    if (!listed && check_keywords(c, s, path, keywords) < 0) return -1;
     if (strcmp(type, "object") == 0) {
-        if (check_keywords(c, s, path, OBJECT_KW) < 0) return -1;
         const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
         const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
         if (props && !cJSON_IsObject(props)) return fail(c, path, "'properties' must be an object");
         if (req && !cJSON_IsArray(req)) return fail(c, path, "'required' must be an array");
         return object_schema(c, props, req, cJSON_GetObjectItemCaseSensitive(s, "additionalProperties"), path, depth);
     }
-    if (strcmp(type, "array") == 0) return check_keywords(c, s, path, ARRAY_KW) < 0 ? -1 : array_schema(c, s, path, depth);
-    if (strcmp(type, "string") == 0) return check_keywords(c, s, path, STRING_KW) < 0 ? -1 : string_schema(c, s, path);
+    if (strcmp(type, "array") == 0) return array_schema(c, s, path, depth);
+    if (strcmp(type, "string") == 0) return string_schema(c, s, path);
     int r;
     if (strcmp(type, "integer") == 0) {
-        if (check_keywords(c, s, path, INT_KW) < 0) return -1;
         const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum"), *mx = cJSON_GetObjectItemCaseSensitive(s, "maximum");
         const cJSON *xmn = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum"), *xmx = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum");
         const double LIM = 1e17;
@@ -805,7 +817,6 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
         return r;
     }
     if (strcmp(type, "number") == 0) {
-        if (check_keywords(c, s, path, NUMBER_KW) < 0) return -1;
         const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum");
         if (mn && (!cJSON_IsNumber(mn) || mn->valuedouble != 0.0))
             return fail(c, path, "'minimum' on a number is supported only as 0 (use an integer for other bounds)");
@@ -814,13 +825,9 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
                 WS(c));
         return r;
     }
-    if (strcmp(type, "boolean") == 0 || strcmp(type, "null") == 0) {
-        if (check_keywords(c, s, path, PLAIN_KW) < 0) return -1;
-        r = new_rule(c);
-        printf_(&c->out, "r%d ::= %s%s\n", r, type[0] == 'b' ? "(\"true\" | \"false\")" : "\"null\"", WS(c));
-        return r;
-    }
-    return fail(c, path, "unknown type '%s'", type);
+    r = new_rule(c); /* boolean or null */
+    printf_(&c->out, "r%d ::= %s%s\n", r, type[0] == 'b' ? "(\"true\" | \"false\")" : "\"null\"", WS(c));
+    return r;
 }
 
 /* Merges allOf's object schemas into one (properties and required concatenated). */
@@ -956,9 +963,9 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
     }
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
     if (!type) {
-        if (cJSON_GetObjectItemCaseSensitive(s, "properties")) return typed(c, s, "object", path, depth);
+        if (cJSON_GetObjectItemCaseSensitive(s, "properties")) return typed(c, s, "object", path, depth, false);
         if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
-            return typed(c, s, "array", path, depth);
+            return typed(c, s, "array", path, depth, false);
         static const char *const NONE[] = {NULL};
         if (check_keywords(c, s, path, NONE) < 0) return -1;
         c->used_value = true;
@@ -966,12 +973,21 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
         printf_(&c->out, "r%d ::= value\n", r);
         return r;
     }
-    if (cJSON_IsString(type)) return typed(c, s, type->valuestring, path, depth);
+    if (cJSON_IsString(type)) return typed(c, s, type->valuestring, path, depth, false);
     if (cJSON_IsArray(type) && type->child) {
+        /* each keyword must be one of a listed type's (typed reads each type's own) */
+        for (const cJSON *t = type->child; t; t = t->next) {
+            if (!cJSON_IsString(t)) return fail(c, path, "'type' entries must be strings");
+            if (!type_keywords(t->valuestring)) return fail(c, path, "unknown type '%s'", t->valuestring);
+        }
+        for (const cJSON *k = s->child; k; k = k->next) {
+            bool known = keyword_in(k->string, ANNOTATIONS);
+            for (const cJSON *t = type->child; t && !known; t = t->next) known = keyword_in(k->string, type_keywords(t->valuestring));
+            if (!known) return fail(c, path, "unsupported keyword '%s'", k->string);
+        }
         sbuf alts = {0};
         for (const cJSON *t = type->child; t; t = t->next) {
-            if (!cJSON_IsString(t)) { free(alts.p); return fail(c, path, "'type' entries must be strings"); }
-            int r = typed(c, s, t->valuestring, path, depth);
+            int r = typed(c, s, t->valuestring, path, depth, true);
             if (r < 0) { free(alts.p); return -1; }
             printf_(&alts, "%sr%d", t == type->child ? "" : " | ", r);
         }

@@ -301,6 +301,33 @@ static void test_json_schema(void) {
     static const char *n13[] = {"{\"a\\/\":\"s\"}", "{\"a/\":\"s\"}", "{\"a/\":1,\"a/\":2}", NULL};
     expect(g, "additional names and escapes", y13, n13);
     tl_compiled_grammar_free(g);
+    /* A list of types beside other keywords (OpenAI's nullable fields): each keyword applies
+       to the values of its own type (they were refused as unsupported) */
+    g = schema("{\"type\":[\"string\",\"null\"],\"maxLength\":3}");
+    static const char *ty0[] = {"\"ab\"", "null", NULL};
+    static const char *tn0[] = {"\"abcd\"", "1", NULL};
+    expect(g, "type list 0", ty0, tn0);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":[\"integer\",\"null\"],\"minimum\":1}");
+    static const char *ty1[] = {"1", "null", "7", NULL};
+    static const char *tn1[] = {"0", "-3", "\"x\"", NULL};
+    expect(g, "type list 1", ty1, tn1);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":[\"object\",\"null\"],\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"],\"additionalProperties\":false}");
+    static const char *ty2[] = {"{\"a\":1}", "null", NULL};
+    static const char *tn2[] = {"{}", "{\"a\":1,\"b\":2}", NULL};
+    expect(g, "type list 2", ty2, tn2);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":[\"array\",\"null\"],\"items\":{\"type\":\"string\"},\"maxItems\":1}");
+    static const char *ty3[] = {"[\"x\"]", "null", "[]", NULL};
+    static const char *tn3[] = {"[1]", "[\"a\",\"b\"]", NULL};
+    expect(g, "type list 3", ty3, tn3);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":[\"string\",\"integer\"],\"minLength\":2,\"maximum\":5}");
+    static const char *ty4[] = {"\"ab\"", "5", "-9", NULL};
+    static const char *tn4[] = {"\"a\"", "6", NULL};
+    expect(g, "type list 4", ty4, tn4);
+    tl_compiled_grammar_free(g);
     /* free whitespace */
     tl_json_schema_options opts = {1};
     g = NULL;
@@ -342,6 +369,11 @@ static void test_json_schema(void) {
         {"{\"type\":\"string\",\"pattern\":\"[\\u0001]\"}", "pattern: control characters in a class"},
         {"{\"$ref\":\"#\"}", "a $ref cycle matches nothing"},
         {"{\"properties\":{\"a\":{\"type\":\"integer\",\"multipleOf\":2}}}", "at /properties/a: unsupported keyword 'multipleOf'"},
+        /* a list of types: a keyword of none of them, an unknown type, a bound a type cannot take */
+        {"{\"type\":[\"string\",\"null\"],\"items\":{}}", "unsupported keyword 'items'"},
+        {"{\"type\":[\"string\",\"wat\"]}", "unknown type 'wat'"},
+        {"{\"type\":[\"string\",3]}", "'type' entries must be strings"},
+        {"{\"type\":[\"number\",\"null\"],\"minimum\":2}", "'minimum' on a number is supported only as 0"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         tl_compiled_grammar *x = NULL;
