@@ -194,6 +194,15 @@ describe("server", function()
         local chunks, done = sse_chunks(body)
         assert.is_true(done)
         local got = streamed_choices(chunks)
+        -- side by side, OpenAI's way: the second choice's first chunk before the first's last
+        local first_of_1, last_of_0
+        for k, c in ipairs(chunks) do
+            for _, ch in ipairs(c.choices) do
+                if ch.index == 1 and not first_of_1 then first_of_1 = k end
+                if ch.index == 0 then last_of_0 = k end
+            end
+        end
+        assert.is_true(first_of_1 < last_of_0, ("chunk %d of choice 1, %d of choice 0"):format(first_of_1, last_of_0))
         for i = 1, 2 do
             assert.equal(r.choices[i].text, got[i].text)
             assert.same(r.choices[i].token_ids, got[i].token_ids)

@@ -347,12 +347,13 @@ end
 
 -- The next output of the request: text, token ids (a table), finished (boolean); or nil, err
 -- (err "gone" when it was cancelled meanwhile).
-local function next_output(st)
-    while true do
+local function next_output(st, ready)
+    while not ready do -- (ready: a poll found output already; no trip through the pool)
         local r = wait(st)
         if st.released or r < 0 then return nil, "gone" end
         if r > 0 then break end
     end
+    if st.released then return nil, "gone" end
     C.tl_engine_read(engine, st.id, update)
     local u = update
     if st.phase == "queued" and u.state ~= QUEUED then started_running(st) end
@@ -527,49 +528,68 @@ local function start_stream()
     ngx.header["X-Accel-Buffering"] = "no" -- a proxy in front must not buffer the stream
 end
 
--- The choices stream one after another (all of them generate at once in the engine: a later
--- choice's tokens wait there, read in one go when its turn comes). Each choice's last chunk
--- has its finish_reason and stats; usage goes in the very last chunk, or, with
+-- The choices stream side by side, OpenAI's way (chunks of several indices interleave). They
+-- step together in the engine, so a wait for the first live choice's output finds the others'
+-- ready as well: each is then read without a wait of its own. Each choice's last chunk has
+-- its finish_reason and stats; usage goes in the very last chunk, or, with
 -- stream_options.include_usage, in a chunk of its own with no choices (OpenAI's shape; every
 -- other chunk then says "usage": null).
 local function run_stream(r)
     local started = false
     local usage_null = r.include_usage and ',"usage":null' or ""
+    local live = {}
     for k, st in ipairs(r.sts) do
+        live[k] = st
         if st.echo then
             if not started then start_stream(); started = true end
             local echo_chunk = choice_json(st, st.echo, {}, nil, nil, st.prompt_figures, st.prompt_ids, #st.prompt_ids)
             if not sse(r, response_json(r, echo_chunk, usage_null)) then return ngx_exit(499) end
         end
-        while true do
-            local text, ids, finished, figures = next_output(st)
-            if not text then
-                local gone = ids == "gone"
-                release_all(r, gone)
-                if gone then return ngx_exit(499) end
-                if not started then return send_error(500, ids, nil, "server_error") end
-                -- Headers are sent: the error travels as an event, and the stream still ends.
-                sse(r, '{"error":{"message":' .. encode(ids) .. ',"type":"server_error","param":null}}')
-                sse(r, "[DONE]")
-                return ngx_exit(ngx.OK)
+    end
+    while #live > 0 do
+        local i = 1
+        while i <= #live do
+            local st = live[i]
+            -- the first live choice is waited for; the others are read when a poll finds output
+            local ready = i > 1 and tonumber(C.tl_engine_wait(engine, st.id, 0)) == 1
+            if i > 1 and not ready then
+                i = i + 1
+                goto next_choice
             end
-            if not started and (finished or text ~= "" or #ids > 0) then
-                start_stream()
-                started = true
-            end
-            if finished then
-                release(st, false)
-                if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
-                local usage = (r.include_usage or k < #r.sts) and usage_null or (',"usage":' .. usage_json(r))
-                if not sse(r, response_json(r, choice_json(st, text, ids, st.finish_reason, nil, figures), usage .. ',"tinyloop":' ..
-                                            encode(st.tinyloop))) then
-                    return ngx_exit(499)
+            do
+                local text, ids, finished, figures = next_output(st, ready)
+                if not text then
+                    local gone = ids == "gone"
+                    release_all(r, gone)
+                    if gone then return ngx_exit(499) end
+                    if not started then return send_error(500, ids, nil, "server_error") end
+                    -- Headers are sent: the error travels as an event, and the stream still ends.
+                    sse(r, '{"error":{"message":' .. encode(ids) .. ',"type":"server_error","param":null}}')
+                    sse(r, "[DONE]")
+                    return ngx_exit(ngx.OK)
                 end
-                break
+                if not started and (finished or text ~= "" or #ids > 0) then
+                    start_stream()
+                    started = true
+                end
+                if finished then
+                    release(st, false)
+                    table.remove(live, i)
+                    if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
+                    local usage = (r.include_usage or #live > 0) and usage_null or (',"usage":' .. usage_json(r))
+                    if not sse(r, response_json(r, choice_json(st, text, ids, st.finish_reason, nil, figures), usage ..
+                                                ',"tinyloop":' .. encode(st.tinyloop))) then
+                        return ngx_exit(499)
+                    end
+                else
+                    if (text ~= "" or #ids > 0) and
+                        not sse(r, response_json(r, choice_json(st, text, ids, nil, nil, figures), usage_null)) then
+                        return ngx_exit(499)
+                    end
+                    i = i + 1
+                end
             end
-            if (text ~= "" or #ids > 0) and not sse(r, response_json(r, choice_json(st, text, ids, nil, nil, figures), usage_null)) then
-                return ngx_exit(499)
-            end
+            ::next_choice::
         end
     end
     if r.include_usage and not sse(r, response_json(r, "", ',"usage":' .. usage_json(r))) then return ngx_exit(499) end
