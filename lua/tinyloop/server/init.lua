@@ -383,8 +383,9 @@ local function next_output(st, ready)
     local text = ffi_string(u.text, u.text_len)
     if n > 0 then
         -- Latencies as the client sees them, from the first choice (read as it generates); a
-        -- later choice's tokens wait in the engine until its turn, so its per-token time comes
-        -- from its stats below, and it has no first token of its own to the client.
+        -- later choice's tokens may wait in the engine until its turn (a blocking answer reads
+        -- the choices in order), so its per-token time comes from its stats below, and the
+        -- request's first token is the first choice's.
         if st.index == 0 then
             local t = now()
             if not st.last_token_at then
