@@ -817,6 +817,13 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
         return r;
     }
     if (strcmp(type, "number") == 0) {
+        /* Listed beside "integer", the integer's bounds reach here too (they apply to every
+           number): a number takes none but minimum 0, so the schema is refused rather than
+           its number branch left unbounded. */
+        static const char *const INTEGER_ONLY[] = {"maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
+        for (int k = 0; listed && INTEGER_ONLY[k]; k++)
+            if (cJSON_GetObjectItemCaseSensitive(s, INTEGER_ONLY[k]))
+                return fail(c, path, "'%s' on a number is not supported (use an integer for other bounds)", INTEGER_ONLY[k]);
         const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum");
         if (mn && (!cJSON_IsNumber(mn) || mn->valuedouble != 0.0))
             return fail(c, path, "'minimum' on a number is supported only as 0 (use an integer for other bounds)");

@@ -374,6 +374,10 @@ static void test_json_schema(void) {
         {"{\"type\":[\"string\",\"wat\"]}", "unknown type 'wat'"},
         {"{\"type\":[\"string\",3]}", "'type' entries must be strings"},
         {"{\"type\":[\"number\",\"null\"],\"minimum\":2}", "'minimum' on a number is supported only as 0"},
+        /* the integer's bounds apply to the listed number too (its branch was unbounded: 6 matched) */
+        {"{\"type\":[\"integer\",\"number\"],\"maximum\":5}", "'maximum' on a number is not supported"},
+        {"{\"type\":[\"integer\",\"number\"],\"minimum\":0,\"exclusiveMinimum\":0}", "'exclusiveMinimum' on a number"},
+        {"{\"type\":[\"number\",\"integer\"],\"minimum\":0,\"exclusiveMaximum\":10}", "'exclusiveMaximum' on a number"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         tl_compiled_grammar *x = NULL;

@@ -620,9 +620,23 @@ function _M.completions()
     -- 1. Every choice's session, before anything runs: the engine checks every value here
     --    (its argument errors are raised, tinyloop's convention; runtime failures returned).
     local made = {} -- { ptr, prompt index } of each choice, not yet the engine's
+    local r         -- the request, once its choices are the engine's (step 3)
     local function free_made(from)
         for i = from, #made do C.tl_session_free(made[i].ptr) end
+        made = {}
     end
+    -- A client that leaves (lua_check_client_abort on) cancels at once, even while this
+    -- request's coroutine waits in the thread pool: for the prompt's scoring (its sessions,
+    -- not yet submitted, are freed) or for output (every choice is released).
+    ngx.on_abort(function()
+        if r then
+            release_all(r, true)
+        else
+            for _ = 1, #made do metrics.incr("cancelled") end
+            free_made(1)
+        end
+        return ngx_exit(499)
+    end)
     for p, ids in ipairs(req.prompts) do
         for sample = 0, req.n - 1 do
             local cfg = req.cfg
@@ -676,7 +690,7 @@ function _M.completions()
 
     -- 3. To the engine, all or none.
     next_request = next_request + 1
-    local r = { sts = {}, prompt_tokens = req.prompt_tokens, include_usage = req.include_usage, created = ngx.time(),
+    r = { sts = {}, prompt_tokens = req.prompt_tokens, include_usage = req.include_usage, created = ngx.time(),
                 response_id = "cmpl-" .. ngx.worker.pid() .. "-" .. next_request }
     request_options.logprobs = req.logprobs or -1
     for k, choice in ipairs(made) do
@@ -705,12 +719,7 @@ function _M.completions()
         metrics.incr("queued", 1)
         metrics.incr("tokens_in", #ids)
     end
-    -- A client that leaves (lua_check_client_abort on) cancels at once, even while this
-    -- request's coroutine waits in the thread pool.
-    ngx.on_abort(function()
-        release_all(r, true)
-        return ngx_exit(499)
-    end)
+    made = {} -- (every one is the engine's now, released through r)
     if req.stream then return run_stream(r) end
     return run_blocking(r)
 end
