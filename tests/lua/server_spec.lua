@@ -611,6 +611,36 @@ describe("server", function()
         assert.truthy(metric(m, "tinyloop_generated_tokens_total") == metric(before, "tinyloop_generated_tokens_total"))
         assert.equal(200, (post_json({ prompt = "hi", max_tokens = 2 })))
     end)
+
+    -- A client that leaves a request of two 200-token prompts (a body in several packets,
+    -- which nginx stopped watching for a hang-up once the handler had read it) after 0.3 s:
+    -- blocking, generating (both choices cancelled, never completed), or while its echoed
+    -- prompts are scored in the thread pool (the choices cancelled before they are the engine's).
+    local function abandoned(body, seconds)
+        local before = metrics()
+        local f = dir .. "/abandoned.json"
+        local h = assert(io.open(f, "wb")); h:write(cjson.encode(body)); h:close()
+        sh(("curl -s -m %s -o /dev/null --data-binary @%s %s/v1/completions"):format(seconds, f, base))
+        local m
+        for _ = 1, 100 do
+            m = metrics()
+            if metric(m, "tinyloop_cancelled_total") >= metric(before, "tinyloop_cancelled_total") + 2 then break end
+            os.execute("sleep 0.05")
+        end
+        os.execute("sleep 0.3") -- (a choice that went on would have finished by now)
+        m = metrics()
+        assert.equal(metric(before, "tinyloop_cancelled_total") + 2, metric(m, "tinyloop_cancelled_total"))
+        assert.equal(metric(before, "tinyloop_completed_total"), metric(m, "tinyloop_completed_total"))
+        assert.equal(0, metric(m, "tinyloop_sessions_active"))
+        assert.equal(0, metric(m, "tinyloop_sessions_queued"))
+    end
+    it("cancels a request with a large body whose client leaves, generating or scoring its prompts", function()
+        local long = {}
+        for i = 1, 200 do long[i] = (i * 37) % 4000 end
+        abandoned({ prompt = { long, long }, max_tokens = 50, loops = 16, ignore_eos = true }, 0.3)
+        abandoned({ prompt = { long, long }, max_tokens = 5, loops = 16, echo = true, logprobs = 1 }, 0.1)
+        assert.equal(200, (post_json({ prompt = "hi", max_tokens = 2 })))
+    end)
 end)
 
 describe("server with two workers", function()
