@@ -227,9 +227,7 @@ static int class_member(conv *c, const char **q, const char *path, bool negated,
     }
     const int len = utf8_char((const char *)s);
     if (len <= 0) return fail(c, path, "pattern: invalid UTF-8 in a class");
-    uint32_t v = len == 1 ? s[0] : s[0] & (0xFF >> (len + 1));
-    for (int i = 1; i < len; i++) v = (v << 6) | (s[i] & 0x3F);
-    *cp = v;
+    *cp = tlz_utf8_value(s, len);
     *q += len;
     return 0;
 }
@@ -580,9 +578,7 @@ static int extra_key_rule(conv *c, const cJSON *props, const char *path) {
         for (const unsigned char *s = (const unsigned char *)p->string; *s;) {
             const int len = utf8_char((const char *)s);
             if (len <= 0) { r = fail(c, path, "property name '%.100s' is not valid UTF-8", p->string); break; }
-            uint32_t v = len == 1 ? s[0] : s[0] & (0xFF >> (len + 1));
-            for (int k = 1; k < len; k++) v = (v << 6) | (s[k] & 0x3F);
-            names[i].cp[names[i].len++] = v;
+            names[i].cp[names[i].len++] = tlz_utf8_value(s, len);
             s += len;
         }
         if (r == 0 && names[i].len > MAX_NAME_CPS)

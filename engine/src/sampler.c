@@ -144,6 +144,14 @@ void tl_row_logprobs(const float *row, int vocab, int32_t token, int top, double
     }
 }
 
+tl_status tl_check_top_logprobs(const char *what, int top, const int32_t *top_ids, const float *top_logprobs) {
+    if (top < 0 || top > TL_MAX_TOP_LOGPROBS)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: top = %d must be in [0, %d]", what, top, TL_MAX_TOP_LOGPROBS);
+    if (top > 0 && (!top_ids || !top_logprobs))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: top = %d needs top_ids and top_logprobs", what, top);
+    return TL_OK;
+}
+
 /* ---------------------------------------------------------------- the draw */
 
 int tl_draw(const double *weights, int n, double total, tl_rng *rng) {

@@ -39,6 +39,9 @@ bool tl_log_softmax(const float *logits, int vocab, double *out);
    (top_ids -1 and top_logprobs -inf past the allowed ones), through scratch[vocab]. */
 void tl_row_logprobs(const float *row, int vocab, int32_t token, int top, double *scratch, float *logprob,
                      int32_t *top_ids, float *top_logprobs);
+/* The callers' one argument rule for `top` alternatives: in [0, TL_MAX_TOP_LOGPROBS], with
+   both arrays when top > 0; `what` names the call in the message. */
+tl_status tl_check_top_logprobs(const char *what, int top, const int32_t *top_ids, const float *top_logprobs);
 
 /* An index i with probability weights[i] / total (weights >= 0, total = their sum > 0); -1
    when there is no positive weight. The one draw of the engine: u = uniform * total, then

@@ -84,14 +84,11 @@ tl_status tl_score_logprobs(const tl_model *model, const int32_t *tokens, int n,
     tl_clear_error();
     if (!model || !tokens || !logprobs)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_score_logprobs: model, tokens and logprobs must not be NULL");
-    if (top < 0 || top > TL_MAX_TOP_LOGPROBS)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_score_logprobs: top = %d must be in [0, %d]", top, TL_MAX_TOP_LOGPROBS);
-    if (top > 0 && (!top_ids || !top_logprobs))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_score_logprobs: top = %d needs top_ids and top_logprobs", top);
+    tl_status st = tl_check_top_logprobs("tl_score_logprobs", top, top_ids, top_logprobs);
+    if (st != TL_OK) return st;
     const int vocab = model->cfg.vocab_size;
     float *chunk = malloc((size_t)TL_FORWARD_CHUNK * (size_t)vocab * sizeof *chunk);
     double *scratch = malloc((size_t)vocab * sizeof *scratch);
-    tl_status st = TL_OK;
     if (!chunk || !scratch) {
         st = tl_fail(TL_ERR_NO_MEMORY, "tl_score_logprobs: out of memory");
     } else {

@@ -399,10 +399,8 @@ const char *tl_session_error(const tl_session *s) { return s ? s->error : ""; }
 tl_status tl_session_logprobs(tl_session *s, int top, float *logprob, int32_t *top_ids, float *top_logprobs) {
     tl_clear_error();
     if (!s || !logprob) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_logprobs: session and logprob must not be NULL");
-    if (top < 0 || top > TL_MAX_TOP_LOGPROBS)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_logprobs: top = %d must be in [0, %d]", top, TL_MAX_TOP_LOGPROBS);
-    if (top > 0 && (!top_ids || !top_logprobs))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_logprobs: top = %d needs top_ids and top_logprobs", top);
+    tl_status st = tl_check_top_logprobs("tl_session_logprobs", top, top_ids, top_logprobs);
+    if (st != TL_OK) return st;
     if (s->decoder != &tl_plain_decoder)
         return tl_fail(TL_ERR_UNSUPPORTED,
                        "tl_session_logprobs: a %s session chooses its tokens from rows it does not keep (plain decoding only)",

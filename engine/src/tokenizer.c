@@ -129,6 +129,13 @@ int tlz_utf8_seq(const unsigned char *p, size_t n)
     return len;
 }
 
+uint32_t tlz_utf8_value(const unsigned char *p, int len)
+{
+    uint32_t v = len == 1 ? p[0] : p[0] & (0xFFu >> (len + 1));
+    for (int i = 1; i < len; i++) v = (v << 6) | (p[i] & 0x3Fu);
+    return v;
+}
+
 size_t tlz_utf8_unfinished_tail(const unsigned char *p, size_t n)
 {
     /* The last lead byte within reach decides: a sequence is at most 4 bytes long. */

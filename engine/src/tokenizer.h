@@ -108,6 +108,8 @@ void tlz_stream_free(tlz_stream *s);  /* NULL is a no-op */
    p[0..n) is a valid but unfinished prefix, -1 when p[0] starts no valid
    sequence. */
 int tlz_utf8_seq(const unsigned char *p, size_t n);
+/* The code point of the len-byte sequence at p that tlz_utf8_seq accepted. */
+uint32_t tlz_utf8_value(const unsigned char *p, int len);
 
 /* The one UTF-8 hold-back rule (the stream and tl_session_text): how many bytes at the end of
    p[0..n) form a valid but unfinished sequence, which a later byte may complete (0..3).

@@ -535,6 +535,21 @@ jit.off(Session.step)
 -- tokens, most likely first: { {id = ..., logprob = ...}, ... }. Raised: a closed session, a
 -- step that emitted nothing, a beam or speculative session (their rows are not kept).
 local MAX_TOP_LOGPROBS = tonumber(C.TL_MAX_TOP_LOGPROBS)
+
+-- tinyloop.alternatives_of(ids, logprobs, from, top): one token's alternatives out of flat
+-- arrays (C arrays or Lua tables, indexed from `from`), top entries at most, up to the first
+-- id -1 (fewer tokens allowed than asked), as { {id = ..., logprob = ...}, ... }: the one
+-- shape of session:logprobs, model:score_logprobs and the server's logprobs.
+local function alternatives_of(ids, logprobs, from, top)
+    local list = {}
+    for j = from, from + top - 1 do
+        if ids[j] < 0 then break end
+        list[#list + 1] = { id = tonumber(ids[j]), logprob = tonumber(logprobs[j]) }
+    end
+    return list
+end
+_M.alternatives_of = alternatives_of
+
 local lp_token = ffi_new("float[1]")
 local lp_ids = ffi_new("int32_t[?]", MAX_TOP_LOGPROBS)
 local lp_values = ffi_new("float[?]", MAX_TOP_LOGPROBS)
@@ -543,12 +558,7 @@ function Session:logprobs(top)
     top = check_int("top", top or 0)
     local st = C.tl_session_logprobs(self.ptr, top, lp_token, lp_ids, lp_values)
     if st ~= 0 then return engine_failure(st) end
-    local alternatives = {}
-    for j = 0, top - 1 do
-        if lp_ids[j] < 0 then break end
-        alternatives[j + 1] = { id = lp_ids[j], logprob = lp_values[j] }
-    end
-    return lp_token[0], alternatives
+    return lp_token[0], alternatives_of(lp_ids, lp_values, 0, top)
 end
 
 -- Prompt + emitted tokens so far, as a table.
@@ -1269,13 +1279,7 @@ function Model:score_logprobs(ids, loops, top)
     local logprobs, alternatives = {}, {}
     for i = 0, n - 2 do
         logprobs[i + 1] = lp[i]
-        local list = {}
-        for j = 0, top - 1 do
-            local id = top_ids[i * top + j]
-            if id < 0 then break end
-            list[j + 1] = { id = id, logprob = top_lp[i * top + j] }
-        end
-        alternatives[i + 1] = list
+        alternatives[i + 1] = alternatives_of(top_ids, top_lp, i * top, top)
     end
     return logprobs, alternatives
 end

@@ -26,6 +26,7 @@ local ffi_string, ffi_new, ffi_cast = ffi.string, ffi.new, ffi.cast
 local encode = cjson.encode
 local tostring, tonumber, type, pcall, pairs, ipairs, concat = tostring, tonumber, type, pcall, pairs, ipairs, table.concat
 local run_worker_thread = ngx.run_worker_thread
+local alternatives_of = tinyloop.alternatives_of
 
 local _M = { _VERSION = tinyloop._VERSION }
 
@@ -372,12 +373,7 @@ local function next_output(st, ready)
         figures = {}
         local n_top = u.n_top
         for i = 0, n - 1 do
-            local top = {}
-            for j = 0, n_top - 1 do
-                local id = u.top_ids[i * n_top + j]
-                if id >= 0 then top[#top + 1] = { id = id, logprob = u.top_logprobs[i * n_top + j] } end
-            end
-            figures[i + 1] = { logprob = u.logprobs[i], top = top }
+            figures[i + 1] = { logprob = u.logprobs[i], top = alternatives_of(u.top_ids, u.top_logprobs, i * n_top, n_top) }
         end
     end
     local text = ffi_string(u.text, u.text_len)
@@ -553,12 +549,10 @@ local function run_stream(r)
             local st = live[i]
             -- the first live choice is waited for; the others are read when a poll finds output
             local ready = i > 1 and tonumber(C.tl_engine_wait(engine, st.id, 0)) == 1
-            if i > 1 and not ready then
-                i = i + 1
-                goto next_choice
-            end
-            do
-                local text, ids, finished, figures = next_output(st, ready)
+            local finished = false
+            if i == 1 or ready then
+                local text, ids, figures
+                text, ids, finished, figures = next_output(st, ready)
                 if not text then
                     local gone = ids == "gone"
                     release_all(r, gone)
@@ -573,24 +567,20 @@ local function run_stream(r)
                     start_stream()
                     started = true
                 end
+                local chunk
                 if finished then
                     release(st, false)
-                    table.remove(live, i)
                     if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
-                    local usage = (r.include_usage or #live > 0) and usage_null or (',"usage":' .. usage_json(r))
-                    if not sse(r, response_json(r, choice_json(st, text, ids, st.finish_reason, nil, figures), usage ..
-                                                ',"tinyloop":' .. encode(st.tinyloop))) then
-                        return ngx_exit(499)
-                    end
-                else
-                    if (text ~= "" or #ids > 0) and
-                        not sse(r, response_json(r, choice_json(st, text, ids, nil, nil, figures), usage_null)) then
-                        return ngx_exit(499)
-                    end
-                    i = i + 1
+                    local last = #live == 1 -- this choice ends the request's generation
+                    local usage = (r.include_usage or not last) and usage_null or (',"usage":' .. usage_json(r))
+                    chunk = response_json(r, choice_json(st, text, ids, st.finish_reason, nil, figures),
+                                          usage .. ',"tinyloop":' .. encode(st.tinyloop))
+                elseif text ~= "" or #ids > 0 then
+                    chunk = response_json(r, choice_json(st, text, ids, nil, nil, figures), usage_null)
                 end
+                if chunk and not sse(r, chunk) then return ngx_exit(499) end
             end
-            ::next_choice::
+            if finished then table.remove(live, i) else i = i + 1 end
         end
     end
     if r.include_usage and not sse(r, response_json(r, "", ',"usage":' .. usage_json(r))) then return ngx_exit(499) end
@@ -678,11 +668,7 @@ function _M.completions()
             end
             local figures = { {} } -- the first token has nothing before it
             for i = 1, #ids - 1 do
-                local alternatives = {}
-                for j = (i - 1) * top + 1, i * top do
-                    if top_ids[j] >= 0 then alternatives[#alternatives + 1] = { id = top_ids[j], logprob = top_lps[j] } end
-                end
-                figures[i + 1] = { logprob = lps[i], top = alternatives }
+                figures[i + 1] = { logprob = lps[i], top = alternatives_of(top_ids, top_lps, (i - 1) * top + 1, top) }
             end
             prompt_figures[p] = figures
         end
