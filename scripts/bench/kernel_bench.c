@@ -87,7 +87,7 @@ static double timed_call(bench_job *job) {
     /* Float rows arranged for the family's multi-row tiles once per call, as the engine
        does once per product (cpu_backend.c), and timed with it. */
     job->arranged = !tl_dtype_quantised(job->dtype) && job->kern->arrange_rows &&
-                            job->kern->arrange_rows(job->x, job->rows, job->k, job->tiles)
+                            job->kern->arrange_rows(job->x, job->rows, job->k, 0, job->k, job->tiles)
                         ? job->tiles
                         : NULL;
     tl_pool_run(job->pool, job->threads, part_task, job);

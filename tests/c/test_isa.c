@@ -99,6 +99,7 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
             unsigned char *w = malloc(count * elem);
             float *x = malloc((size_t)MAX_N * (size_t)k * sizeof(float));
             float *tiles = malloc((size_t)MAX_N * (size_t)k * sizeof(float));
+            float *pieces = malloc((size_t)MAX_N * (size_t)k * sizeof(float));
             float *want = malloc((size_t)MAX_N * ROWS * sizeof(float)), *got = malloc((size_t)MAX_N * ROWS * sizeof(float));
             float bias[ROWS];
             uint32_t state = 12345u + (uint32_t)(ki * 7 + di);
@@ -128,10 +129,18 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
                             /* with the rows as they are, then (where the family arranges
                                them: arrange_rows) arranged once for its multi-row tiles: the
                                generic kernel's bits, and nothing written outside */
-                            const bool will = families[f]->arrange_rows && families[f]->arrange_rows(x, n, k, NULL);
-                            const bool did = families[f]->arrange_rows && families[f]->arrange_rows(x, n, k, tiles);
+                            const bool will = families[f]->arrange_rows && families[f]->arrange_rows(x, n, k, 0, k, NULL);
+                            memset(tiles, 0, (size_t)MAX_N * (size_t)k * sizeof(float));
+                            const bool did = families[f]->arrange_rows && families[f]->arrange_rows(x, n, k, 0, k, tiles);
                             CHECK(will == did, "%s: arrange_rows(NULL) answers %d for %d rows, arranging %d", families[f]->isa,
                                   will, n, did);
+                            if (did) { /* arranged in three pieces of inputs, as a first phase's tasks do: the same */
+                                memset(pieces, 0, (size_t)MAX_N * (size_t)k * sizeof(float));
+                                for (int piece = 0; piece < 3; piece++)
+                                    families[f]->arrange_rows(x, n, k, piece * k / 3, (piece + 1) * k / 3, pieces);
+                                CHECK(memcmp(pieces, tiles, (size_t)MAX_N * (size_t)k * sizeof(float)) == 0,
+                                      "%s: %d rows of k=%d arranged in pieces differ from arranged whole", families[f]->isa, n, k);
+                            }
                             for (int arranging = 0; arranging <= did; arranging++) {
                                 memset(got, 0, (size_t)MAX_N * ROWS * sizeof(float));
                                 if (arranging) families[f]->matmul_packed_arranged(x, tiles, n, k, w, dt, b, o0, o1, got, ROWS);
@@ -156,6 +165,7 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
             free(w);
             free(x);
             free(tiles);
+            free(pieces);
             free(want);
             free(got);
         }

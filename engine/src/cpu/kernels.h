@@ -92,8 +92,11 @@ typedef struct tl_kernels {
        it (too few or too many rows); with tiles NULL it only answers that. Then
        matmul_packed_arranged(x, tiles, ...) is matmul_packed(x, ...) with the same results,
        bit for bit, reading the tiles' rows from `tiles` (NULL: exactly matmul_packed).
-       Rearranging per call would cost the tiles' gain back on a task of a few dozen panels. */
-    bool (*arrange_rows)(const float *x, int n, int k, float *tiles);
+       Rearranging per call would cost the tiles' gain back on a task of a few dozen panels.
+       Only inputs [i0, i1) of each row are read and their places in `tiles` written (0, k:
+       the whole rows): a product whose input is another's output arranges it piece by
+       piece, each task of the first product its own columns (cpu_backend.c). */
+    bool (*arrange_rows)(const float *x, int n, int k, int i0, int i1, float *tiles);
     void (*matmul_packed_arranged)(const float *x, const float *tiles, int n, int k, const void *w, tl_dtype dt,
                                    const float *bias, int o0, int o1, float *y, int ldy);
     /* dots and axpys over keys / rows stored as f16 (an f16 KV cache): each element is widened

@@ -414,12 +414,12 @@ static void matmul_packed_avx512(const float *x, int n, int k, const void *w, tl
    past ARRANGE_MAX_ROWS: prefill chunks read x row-major as before (128 rows arranged per
    product measured even, within the noise, and cost a buffer of 128 x k floats). */
 #define ARRANGE_MAX_ROWS 16
-static bool arrange_rows_avx512(const float *x, int n, int k, float *tiles) {
+static bool arrange_rows_avx512(const float *x, int n, int k, int i0, int i1, float *tiles) {
     if (n < 6 || n > ARRANGE_MAX_ROWS) return false;
     if (!tiles) return true; /* the question only */
     for (int r = 0, rows; r < n && (rows = pair_tile_rows(n - r)) > 0; r += rows) {
         float *group = tiles + (size_t)r * (size_t)k;
-        for (int i = 0; i < k; i++)
+        for (int i = i0; i < i1; i++)
             for (int t = 0; t < rows; t++) group[(size_t)i * (size_t)rows + (size_t)t] = x[(size_t)(r + t) * (size_t)k + (size_t)i];
     }
     return true;
