@@ -292,6 +292,14 @@ typedef enum tl_speculative_mode {
     TL_SPECULATIVE_TREE = 2    /* draft a tree (K_branches per node, max_nodes), greedy only */
 } tl_speculative_mode;
 
+/* One entry of tl_generate_config.logit_bias: `bias` (finite) is added to the logit of
+   `token` (0 <= token < vocab_size) at every step; -100 all but bans it, +100 all but
+   forces it, as in OpenAI's API. */
+typedef struct tl_logit_bias {
+    int32_t token;
+    float bias;
+} tl_logit_bias;
+
 typedef struct tl_generate_config {
     int max_tokens;                  /* 64; new tokens at most (>= 0) */
     int loops;                       /* 0 = the model's default_loops; else 1..max_loops */
@@ -346,6 +354,17 @@ typedef struct tl_generate_config {
     int draft_ahead;                 /* 4; tokens (chain) or tree levels per verification, 1..32 */
     int K_branches;                  /* 2; tree: candidates kept per drafted node, 1..8 */
     int max_nodes;                   /* 64; tree: node budget, 2..256 */
+    /* OpenAI's sampling adjustments (its completions fields of these names), applied to a
+       step's logits after the logits hook, in this order: logit_bias, the repetition
+       penalty, then presence and frequency penalties. Every mode takes them (beam search
+       over each hypothesis's own tokens); log-probabilities stay the model's own. */
+    const tl_logit_bias *logit_bias; /* NULL; n_logit_bias entries, each token at most once */
+    int n_logit_bias;                /* 0 */
+    float presence_penalty;          /* 0.0; finite: subtracted once from the logit of every
+                                        token generated so far (the prompt's do not count) */
+    float frequency_penalty;         /* 0.0; finite: subtracted once per time a token was
+                                        generated so far: logit -= count * frequency +
+                                        (count > 0) * presence */
 } tl_generate_config;
 
 /* Fills *cfg with the documented defaults above. */

@@ -96,7 +96,9 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     s->ws.state_seed = src->ws.state_seed;
     s->tokens = s->positions = NULL;
     s->logits = s->work = NULL;
-    s->seen = s->allowed = NULL;
+    s->tally = NULL;
+    s->logit_bias = NULL;
+    s->allowed = NULL;
     s->probe_logp = NULL; /* scratch: the child allocates its own at first use */
     s->logprob_scratch = NULL;
     s->dist = (tl_distribution){0};
@@ -117,13 +119,14 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     s->positions = copy_of(src->positions, (size_t)total * sizeof *s->positions);
     s->logits = copy_of(src->logits, (size_t)vocab * sizeof *s->logits);
     s->work = malloc((size_t)vocab * sizeof *s->work);
-    s->seen = calloc((size_t)vocab, 1);
+    s->tally = calloc((size_t)vocab, sizeof *s->tally);
+    s->logit_bias = copy_of(src->logit_bias, ((size_t)c->n_logit_bias + 1) * sizeof *s->logit_bias);
     s->allowed = malloc((size_t)vocab);
     s->text = src->text_cap ? copy_of(src->text, src->text_cap) : NULL;
     s->stop_strs = calloc((size_t)c->n_stop_strings + 1, sizeof *s->stop_strs);
     s->stop_lens = copy_of(src->stop_lens, ((size_t)c->n_stop_strings + 1) * sizeof *s->stop_lens);
     tl_status st = (s->stop_seqs && s->stop_store && s->tokens && s->positions && s->logits && s->work &&
-                    s->seen && s->allowed && (s->text || !src->text_cap) && s->stop_strs && s->stop_lens)
+                    s->tally && s->logit_bias && s->allowed && (s->text || !src->text_cap) && s->stop_strs && s->stop_lens)
                        ? tl_distribution_init(&s->dist, vocab)
                        : tl_fail(TL_ERR_NO_MEMORY, "out of memory cloning a session of %d tokens", total);
     for (int i = 0, at = 0; st == TL_OK && i < c->n_stop_sequences; i++) {
@@ -135,6 +138,7 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     if (st == TL_OK) st = tl_kv_cache_fork(src->cache, &s->cache);
     s->cfg.stop_sequences = s->stop_seqs;
     s->cfg.stop_strings = (const char *const *)s->stop_strs;
+    s->cfg.logit_bias = s->logit_bias;
     if (st == TL_OK) st = clone_grammar(s, src, hooks);
     if (st == TL_OK && src->grammar_replay) st = replay_grammar(s);
     take_hooks(s, hooks);

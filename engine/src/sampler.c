@@ -37,15 +37,35 @@ double tl_rng_uniform(tl_rng *rng) { return (double)(tl_rng_next(rng) >> 11) * 0
 
 /* ---------------------------------------------------------------- penalty, argmax */
 
-void tl_repetition_penalty(float *logits, const int32_t *ids, int n, float penalty, uint8_t *seen) {
+void tl_repetition_penalty(float *logits, const int32_t *ids, int n, float penalty, int32_t *tally) {
     if (penalty == 1.0f) return;
     for (int i = 0; i < n; i++) {
         int32_t t = ids[i];
-        if (seen[t]) continue;
-        seen[t] = 1;
+        if (tally[t]) continue;
+        tally[t] = 1;
         logits[t] = logits[t] < 0.0f ? logits[t] * penalty : logits[t] / penalty;
     }
-    for (int i = 0; i < n; i++) seen[ids[i]] = 0;
+    for (int i = 0; i < n; i++) tally[ids[i]] = 0;
+}
+
+bool tl_adjusts_logits(const tl_generate_config *c) {
+    return c->n_logit_bias > 0 || c->repetition_penalty != 1.0f || c->presence_penalty != 0.0f ||
+           c->frequency_penalty != 0.0f;
+}
+
+void tl_adjust_logits(const tl_generate_config *c, float *logits, const int32_t *history, int n, int prompt_len,
+                      int32_t *tally) {
+    for (int i = 0; i < c->n_logit_bias; i++) logits[c->logit_bias[i].token] += c->logit_bias[i].bias;
+    tl_repetition_penalty(logits, history, n, c->repetition_penalty, tally);
+    if (c->presence_penalty == 0.0f && c->frequency_penalty == 0.0f) return;
+    /* OpenAI's and vLLM's rule: the tokens generated so far, each counted */
+    for (int i = prompt_len; i < n; i++) tally[history[i]]++;
+    for (int i = prompt_len; i < n; i++) {
+        const int32_t t = history[i];
+        if (!tally[t]) continue; /* already adjusted */
+        logits[t] -= (float)tally[t] * c->frequency_penalty + c->presence_penalty;
+        tally[t] = 0;
+    }
 }
 
 int32_t tl_argmax(const float *logits, int vocab) {

@@ -13,8 +13,19 @@ uint64_t tl_rng_next(tl_rng *rng);
 double tl_rng_uniform(tl_rng *rng); /* [0, 1), 53 random bits */
 
 /* Hugging Face convention, once per distinct id in ids[0..n): a positive logit is divided
-   by `penalty`, a negative one multiplied. `seen` is vocab bytes of scratch, left zeroed. */
-void tl_repetition_penalty(float *logits, const int32_t *ids, int n, float penalty, uint8_t *seen);
+   by `penalty`, a negative one multiplied. `tally` is vocab int32 of zeroed scratch, left
+   zeroed. */
+void tl_repetition_penalty(float *logits, const int32_t *ids, int n, float penalty, int32_t *tally);
+
+/* A config's adjustments of one step's logits, in the order tinyloop.h documents:
+   logit_bias, the repetition penalty over history[0..n), then the presence and frequency
+   penalties over its generated part history[prompt_len..n) (logit -= count * frequency +
+   presence, once per distinct token). `tally` as above. Every decoder adjusts its rows
+   through this one function. */
+void tl_adjust_logits(const tl_generate_config *c, float *logits, const int32_t *history, int n, int prompt_len,
+                      int32_t *tally);
+/* Whether tl_adjust_logits changes anything under config c. */
+bool tl_adjusts_logits(const tl_generate_config *c);
 
 /* The rules every decoder shares (greedy, sampling, speculative, beam):
      - -inf and NaN logits are banned tokens (no probability, never chosen);

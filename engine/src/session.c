@@ -31,7 +31,8 @@ static void session_destroy(tl_session *s) {
     free(s->positions);
     free(s->logits);
     free(s->work);
-    free(s->seen);
+    free(s->tally);
+    free(s->logit_bias);
     free(s->allowed);
     free(s->probe_logp);
     free(s->logprob_scratch);
@@ -115,12 +116,13 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
     s->positions = malloc((size_t)total * sizeof *s->positions);
     s->logits = calloc((size_t)vocab, sizeof *s->logits); /* speculative and beam modes never write it; forks copy it */
     s->work = malloc((size_t)vocab * sizeof *s->work);
-    s->seen = calloc((size_t)vocab, 1);
+    s->tally = calloc((size_t)vocab, sizeof *s->tally);
+    s->logit_bias = malloc(((size_t)cfg->n_logit_bias + 1) * sizeof *s->logit_bias);
     s->allowed = malloc((size_t)vocab);
     s->stop_strs = calloc((size_t)cfg->n_stop_strings + 1, sizeof *s->stop_strs);
     s->stop_lens = calloc((size_t)cfg->n_stop_strings + 1, sizeof *s->stop_lens);
     st = (s->stop_seqs && s->stop_store && s->tokens && s->positions && s->logits && s->work &&
-          s->seen && s->allowed && s->stop_strs && s->stop_lens)
+          s->tally && s->logit_bias && s->allowed && s->stop_strs && s->stop_lens)
              ? tl_distribution_init(&s->dist, vocab)
              : tl_fail(TL_ERR_NO_MEMORY, "out of memory for a session of %d tokens", total);
     for (int i = 0; st == TL_OK && i < cfg->n_stop_strings; i++) {
@@ -148,6 +150,8 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
         at += src->n;
     }
     s->cfg.stop_sequences = s->stop_seqs;
+    if (cfg->n_logit_bias > 0) memcpy(s->logit_bias, cfg->logit_bias, (size_t)cfg->n_logit_bias * sizeof *s->logit_bias);
+    s->cfg.logit_bias = s->logit_bias;
     s->forced_token = -1;
     if (cfg->grammar && (st = tl_session_set_grammar(s, cfg->grammar)) != TL_OK) {
         session_destroy(s);
@@ -209,7 +213,7 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
         int r = c->logits_processor(c->logits_processor_user, s->work, vocab, history, n);
         if (r < 0) return tl_session_hook_failed(s, "logits_processor", r);
     }
-    tl_repetition_penalty(s->work, history, n, c->repetition_penalty, s->seen);
+    tl_adjust_logits(c, s->work, history, n, s->prompt_len, s->tally);
     s->forced_token = -1;
     if (c->grammar) {
         /* ---- grammar: greedy decoding checks its argmax first; when the grammar accepts it,

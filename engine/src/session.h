@@ -47,7 +47,8 @@ struct tl_session {
 
     float *logits;               /* [vocab] next-token logits from the last forward */
     float *work;                 /* [vocab] logits after hooks, penalty and grammar mask */
-    uint8_t *seen;               /* [vocab] zeroed scratch of the repetition penalty */
+    int32_t *tally;              /* [vocab] zeroed scratch of the logit adjustments (tl_adjust_logits) */
+    tl_logit_bias *logit_bias;   /* the config's logit_bias, owned (cfg.logit_bias points here) */
     uint8_t *allowed;            /* [vocab] grammar mask */
     double *probe_logp;          /* [vocab] early exit: the previous probe's log-softmax
                                     (early_exit.c), allocated at its first use */

@@ -63,7 +63,7 @@ typedef struct spec_state {
     double *q;             /* [draft_ahead][vocab] draft distributions (sampling) */
     double *p;             /* [vocab] verifier distribution (sampling) */
     int32_t *history;      /* [prompt + max_tokens + draft_ahead] sequence + a drafted path */
-    uint8_t *seen;         /* [vocab] repetition-penalty scratch of the drafts */
+    int32_t *tally;        /* [vocab] tl_adjust_logits' scratch for the drafts */
     int32_t *row_tokens;   /* [max_nodes] tokens of a forward */
     int32_t *row_positions;/* [max_nodes] */
     uint8_t *mask;         /* [max_nodes][max_nodes] ancestor mask */
@@ -92,7 +92,7 @@ static void spec_close(tl_session *s) {
     free(sp->q);
     free(sp->p);
     free(sp->history);
-    free(sp->seen);
+    free(sp->tally);
     free(sp->row_tokens);
     free(sp->row_positions);
     free(sp->mask);
@@ -122,13 +122,13 @@ static tl_status spec_open(tl_session *s) {
     sp->q = sp->sampling ? malloc((size_t)c->draft_ahead * v * sizeof(double)) : NULL;
     sp->p = malloc(v * sizeof(double));
     sp->history = malloc(((size_t)s->prompt_len + (size_t)c->max_tokens + rows) * sizeof(int32_t));
-    sp->seen = calloc(v, 1);
+    sp->tally = calloc(v, sizeof *sp->tally);
     sp->row_tokens = malloc(rows * sizeof(int32_t));
     sp->row_positions = malloc(rows * sizeof(int32_t));
     sp->mask = malloc(rows * rows);
     if (!sp->draft_logits || !sp->verify_logits || !sp->draft_row || !sp->logprobs || !sp->top_ids ||
         !sp->top_values || !sp->candidates || (sp->sampling && !sp->q) || !sp->p || !sp->history ||
-        !sp->seen || !sp->row_tokens || !sp->row_positions || !sp->mask)
+        !sp->tally || !sp->row_tokens || !sp->row_positions || !sp->mask)
         return tl_fail(TL_ERR_NO_MEMORY, "speculative decoding: out of memory");
     tl_status st = tl_kept_states_reserve(&sp->kept, s->m, sp->max_nodes);
     if (st != TL_OK) return st;
@@ -175,19 +175,19 @@ static bool grammar_draft_row(tl_session *s, spec_state *sp, int node) {
     return true;
 }
 
-/* The draft row of `node` after the repetition penalty over the sequence + its path (and the
-   grammar's mask, with a compiled grammar). NULL when out of memory. */
+/* The draft row of `node` adjusted as the verifier's rows are (tl_adjust_logits, over the
+   sequence + its path), and masked by the grammar, with a compiled grammar. NULL when out
+   of memory. */
 static const float *penalised_draft_row(tl_session *s, spec_state *sp, const float *row, int node) {
     const int vocab = s->m->cfg.vocab_size;
     memcpy(sp->draft_row, row, (size_t)vocab * sizeof(float));
-    if (s->cfg.repetition_penalty == 1.0f) {
+    if (!tl_adjusts_logits(&s->cfg)) {
         if (s->grammar_matcher && !grammar_draft_row(s, sp, node)) return NULL;
         return sp->draft_row;
     }
     const draft_tree *t = &sp->tree;
     for (int x = node; x > 0; x = t->parent[x]) sp->history[s->n_tokens + t->depth[x] - 1] = t->token[x];
-    tl_repetition_penalty(sp->draft_row, sp->history, s->n_tokens + t->depth[node], s->cfg.repetition_penalty,
-                          sp->seen);
+    tl_adjust_logits(&s->cfg, sp->draft_row, sp->history, s->n_tokens + t->depth[node], s->prompt_len, sp->tally);
     if (s->grammar_matcher && !grammar_draft_row(s, sp, node)) return NULL;
     return sp->draft_row;
 }
@@ -273,7 +273,7 @@ static tl_status draft(tl_session *s, spec_state *sp, int levels) {
     t->depth[0] = 0;
     t->logp[0] = 0.0;
     if (s->grammar_matcher) sp->grammar_state[0] = gram_matcher_state(s->grammar_matcher);
-    if (s->cfg.repetition_penalty != 1.0f) memcpy(sp->history, s->tokens, (size_t)n * sizeof(int32_t));
+    if (tl_adjusts_logits(&s->cfg)) memcpy(sp->history, s->tokens, (size_t)n * sizeof(int32_t));
     const double t0 = tl_now_ms();
     for (int level = 0; level < levels && t->n < sp->max_nodes; level++) {
         const int rows = level_end - level_start;

@@ -11,7 +11,8 @@
  * resume must name the grammar again, whose matcher then accepts the emitted tokens anew
  * (fork.c).
  *
- * The layout, little-endian, no padding (version 1):
+ * The layout, little-endian, no padding (version 2; version 1, still read, ends the config
+ * at the stop strings):
  *     "TLSTATE\0"  u32 version  u64 model fingerprint (model.c)
  *     u32 kv_type  u32 vocab  u32 n_slots  u32 kv_dim
  *     config: i32 max_tokens loops top_k cache_window beam_size early_exit_patience
@@ -22,6 +23,8 @@
  *             early_exit_gate_threshold   u64 sample_seed
  *             i32 n_stop_sequences, each: i32 n, i32 tokens[n]
  *             i32 n_stop_strings, each: u32 length, its bytes
+             f32 presence_penalty frequency_penalty
+             i32 n_logit_bias, each: i32 token, f32 bias
  *     i32 prompt_len  i32 n_tokens  i32 tokens[n_tokens]
  *     u64 rng[4]  u8 prompt_done  u8 compiled_grammar  u64 text_shown
  *     f64 prefill_ms first_token_ms decode_ms probe_ms loops_sum
@@ -48,7 +51,8 @@
 #include "session.h"
 
 static const char STATE_MAGIC[8] = "TLSTATE";
-#define STATE_VERSION 1u
+#define STATE_VERSION 2u
+#define STATE_OLDEST_READ 1u /* a version 1 state has no logit_bias nor presence/frequency penalties */
 #define STATE_MAX_FILE_BYTES ((size_t)1 << 40)
 
 static bool host_is_little_endian(void) {
@@ -123,6 +127,13 @@ static void write_config(state_writer *w, const tl_generate_config *c) {
         const size_t len = strlen(c->stop_strings[i]);
         put_u32(w, (uint32_t)len);
         put(w, c->stop_strings[i], len);
+    }
+    put_f32(w, c->presence_penalty);
+    put_f32(w, c->frequency_penalty);
+    put_i32(w, c->n_logit_bias);
+    for (int i = 0; i < c->n_logit_bias; i++) {
+        put_i32(w, c->logit_bias[i].token);
+        put_f32(w, c->logit_bias[i].bias);
     }
 }
 
@@ -253,6 +264,7 @@ typedef struct state_reader {
     const uint8_t *at;
     size_t left;
     bool short_read; /* the bytes ended before the layout did */
+    uint32_t version;  /* the state's layout version */
 } state_reader;
 
 static bool get(state_reader *r, void *out, size_t n) {
@@ -285,6 +297,7 @@ typedef struct read_config {
     tl_generate_config cfg;
     tl_token_seq *stop_seqs;
     char **stop_strs;
+    tl_logit_bias *logit_bias;
 } read_config;
 
 /* n int32 values copied out of the bytes (which need not be aligned for int32_t); NULL when
@@ -300,6 +313,7 @@ static void read_config_free(read_config *rc) {
     free(rc->stop_seqs);
     for (int i = 0; rc->stop_strs && i < rc->cfg.n_stop_strings; i++) free(rc->stop_strs[i]);
     free(rc->stop_strs);
+    free(rc->logit_bias);
 }
 
 static tl_status read_config_fields(state_reader *r, read_config *rc) {
@@ -357,6 +371,21 @@ static tl_status read_config_fields(state_reader *r, read_config *rc) {
         c->n_stop_strings = i + 1;
         get(r, rc->stop_strs[i], len);
         rc->stop_strs[i][len] = '\0';
+    }
+    if (r->version >= 2) {
+        c->presence_penalty = get_f32(r);
+        c->frequency_penalty = get_f32(r);
+        const int32_t n_bias = get_i32(r);
+        if (!count_fits(r, n_bias, sizeof(int32_t) + sizeof(float)))
+            return MALFORMED("%d logit_bias entries do not fit in the bytes left", n_bias);
+        if (!(rc->logit_bias = malloc(((size_t)n_bias + 1) * sizeof *rc->logit_bias)))
+            return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+        for (int i = 0; i < n_bias; i++) { /* validated by tl_session_create */
+            rc->logit_bias[i].token = get_i32(r);
+            rc->logit_bias[i].bias = get_f32(r);
+        }
+        c->logit_bias = rc->logit_bias;
+        c->n_logit_bias = n_bias;
     }
     return r->short_read ? MALFORMED("the bytes end inside the config") : TL_OK;
 }
@@ -537,10 +566,12 @@ tl_status tl_session_state_from_bytes(const tl_model *model, const void *bytes, 
     const size_t header = sizeof STATE_MAGIC + 4 + 8 + 4 * 4, trailer = 8;
     if (len < header + trailer || memcmp(bytes, STATE_MAGIC, sizeof STATE_MAGIC) != 0)
         return tl_fail(TL_ERR_FORMAT, "state: not a TinyLoop state (%zu bytes, no TLSTATE header)", len);
-    state_reader r = {(const uint8_t *)bytes + sizeof STATE_MAGIC, len - sizeof STATE_MAGIC - trailer, false};
+    state_reader r = {(const uint8_t *)bytes + sizeof STATE_MAGIC, len - sizeof STATE_MAGIC - trailer, false, 0};
     const uint32_t version = get_u32(&r);
-    if (version != STATE_VERSION)
-        return tl_fail(TL_ERR_FORMAT, "state: version %u; this build reads version %u", version, STATE_VERSION);
+    if (version < STATE_OLDEST_READ || version > STATE_VERSION)
+        return tl_fail(TL_ERR_FORMAT, "state: version %u; this build reads versions %u to %u", version,
+                       STATE_OLDEST_READ, STATE_VERSION);
+    r.version = version;
     tl_hasher hash;
     tl_hash_init(&hash);
     tl_hash_add(&hash, bytes, len - trailer);

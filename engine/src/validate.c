@@ -1,6 +1,7 @@
 /* validate.c: documented defaults and every rule of a generation config (SPEC §3).
  * A message always names the field and its value, so a user can fix the call from it. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "validate.h"
@@ -48,6 +49,30 @@ void tl_tree_speculative_config_init(tl_tree_speculative_config *cfg) {
 }
 
 /* ---------------------------------------------------------------- field rules */
+
+/* Each entry's token in range, at most once, and its bias finite. */
+static tl_status validate_logit_bias(const tl_generate_config *c, int vocab) {
+    if (c->n_logit_bias < 0 || (c->n_logit_bias > 0 && !c->logit_bias))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_logit_bias = %d without logit_bias", c->n_logit_bias);
+    if (c->n_logit_bias == 0) return TL_OK;
+    uint8_t *listed = calloc((size_t)vocab, 1);
+    if (!listed) return tl_fail(TL_ERR_NO_MEMORY, "out of memory checking logit_bias");
+    tl_status st = TL_OK;
+    for (int i = 0; st == TL_OK && i < c->n_logit_bias; i++) {
+        const tl_logit_bias *e = &c->logit_bias[i];
+        if (e->token < 0 || e->token >= vocab)
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "logit_bias[%d] token id %d is out of range [0, %d)", i, e->token,
+                         vocab);
+        else if (listed[e->token])
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "logit_bias[%d] token id %d is listed twice", i, e->token);
+        else if (!isfinite(e->bias))
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "logit_bias[%d] bias = %g must be finite", i, (double)e->bias);
+        else
+            listed[e->token] = 1;
+    }
+    free(listed);
+    return st;
+}
 
 static tl_status check_threshold(const char *name, float value) {
     if (!(value >= 0.0f) || !isfinite(value))
@@ -114,6 +139,11 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
     if (!(c->repetition_penalty > 0.0f) || !isfinite(c->repetition_penalty))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "repetition_penalty = %g must be a finite number > 0",
                        (double)c->repetition_penalty);
+    if (!isfinite(c->presence_penalty))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "presence_penalty = %g must be finite", (double)c->presence_penalty);
+    if (!isfinite(c->frequency_penalty))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "frequency_penalty = %g must be finite", (double)c->frequency_penalty);
+    if ((st = validate_logit_bias(c, mc->vocab_size)) != TL_OK) return st;
     if (c->cache_window < 0)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "cache_window = %d must be >= 0 (0 = unbounded)", c->cache_window);
     if (c->n_stop_sequences < 0 || (c->n_stop_sequences > 0 && !c->stop_sequences))

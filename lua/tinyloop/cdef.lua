@@ -145,6 +145,10 @@ typedef enum tl_speculative_mode {
     TL_SPECULATIVE_CHAIN = 1,
     TL_SPECULATIVE_TREE = 2
 } tl_speculative_mode;
+typedef struct tl_logit_bias {
+    int32_t token;
+    float bias;
+} tl_logit_bias;
 typedef struct tl_generate_config {
     int max_tokens;
     int loops;
@@ -184,6 +188,10 @@ typedef struct tl_generate_config {
     int draft_ahead;
     int K_branches;
     int max_nodes;
+    const tl_logit_bias *logit_bias;
+    int n_logit_bias;
+    float presence_penalty;
+    float frequency_penalty;
 } tl_generate_config;
 void tl_generate_config_init(tl_generate_config *cfg);
 typedef struct tl_generate_stats {

@@ -20,6 +20,9 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --top-p P              nucleus mass in (0, 1] (default 1)
   -s, --seed N               sampling seed (default 0)
       --repetition-penalty R HF-style penalty on seen tokens (default 1)
+      --presence-penalty P   OpenAI's: subtract P from each generated token's logit (default 0)
+      --frequency-penalty F  OpenAI's: subtract F per time a token was generated (default 0)
+      --logit-bias ID=BIAS   add BIAS to token ID's logit (repeatable; -100 bans, 100 forces)
       --stop TEXT            stop when TEXT appears (repeatable)
       --grammar FILE         constrain the output to a GBNF grammar (llama.cpp dialect)
       --json-schema FILE     constrain the output to JSON matching a JSON Schema
@@ -62,6 +65,8 @@ local OPTIONS = {
     ["--top-p"] = { "top_p", "number" },
     ["-s"] = { "sample_seed", "int" }, ["--seed"] = { "sample_seed", "int" },
     ["--repetition-penalty"] = { "repetition_penalty", "number" },
+    ["--presence-penalty"] = { "presence_penalty", "number" },
+    ["--frequency-penalty"] = { "frequency_penalty", "number" },
     ["--cache-window"] = { "cache_window", "int" },
     ["--ignore-eos"] = { "ignore_eos", "flag" },
     ["--beam"] = { "beam_size", "int" },
@@ -113,6 +118,15 @@ function _M.parse(argv, default_model)
                 o.cfg[spec[1]] = x
                 i = i + 1
             end
+        elseif a == "--logit-bias" then
+            -- ID=BIAS, repeatable: OpenAI's logit_bias one entry at a time
+            local id, bias = (v or ""):match("^(%d+)=([^=]+)$")
+            if not id or not tonumber(bias) then
+                return nil, usage_error("bad value for --logit-bias: " .. tostring(v) .. " (want ID=BIAS, e.g. 198=-100)")
+            end
+            o.cfg.logit_bias = o.cfg.logit_bias or {}
+            o.cfg.logit_bias[tonumber(id)] = tonumber(bias)
+            i = i + 1
         elseif a == "-m" or a == "--model" or a == "-p" or a == "--prompt" or a == "--stop"
             or a == "--policy" or a == "--threads" or a == "--grammar" or a == "--json-schema"
             or a == "--backend" or a == "--kv-type" then

@@ -231,6 +231,7 @@ local NUMBER_FIELDS = {
     early_exit_patience = "int", early_exit_min_L = "int", early_exit_peek_every = "int",
     early_exit_logit_margin = "float", early_exit_threshold = "float", sample_seed = "seed",
     early_exit_kl_threshold = "float", early_exit_entropy_threshold = "float", early_exit_gate_threshold = "float",
+    presence_penalty = "float", frequency_penalty = "float",
 }
 local SPEC_FIELDS = { max_tokens = "int", draft_loops = "int", verify_loops = "int", draft_ahead = "int",
                       temperature = "float", seed = "seed" }
@@ -247,7 +248,7 @@ local function set_number(c, field, v, kind)
 end
 
 local OTHER_FIELDS = {
-    stop_sequences = true, stop_strings = true, ignore_eos = true,
+    stop_sequences = true, stop_strings = true, ignore_eos = true, logit_bias = true,
     on_token = true, stop_when = true, logits_processor = true, grammar = true,
     speculative = true, verify_loops = true, early_exit_criterion = true, depth_policy = true,
 }
@@ -337,6 +338,22 @@ local function make_config(model, cfg)
             keep[#keep + 1] = ids
         end
         c.stop_sequences, c.n_stop_sequences = arr, #seqs
+        keep[#keep + 1] = arr
+    end
+    local bias = cfg.logit_bias
+    if bias ~= nil then
+        -- { [token id] = bias }: the engine checks the ids' range and the biases' finiteness
+        if type(bias) ~= "table" then raise("config field 'logit_bias' must be a table of token id = bias") end
+        local ids = {}
+        for id, b in pairs(bias) do
+            check_int("logit_bias key", id)
+            if type(b) ~= "number" then raise(("logit_bias[%d] must be a number"):format(id)) end
+            ids[#ids + 1] = id
+        end
+        table.sort(ids) -- the entries in id order, whatever the table's
+        local arr = ffi_new("tl_logit_bias[?]", #ids + 1)
+        for i, id in ipairs(ids) do arr[i - 1].token, arr[i - 1].bias = id, bias[id] end
+        c.logit_bias, c.n_logit_bias = arr, #ids
         keep[#keep + 1] = arr
     end
     local strs = cfg.stop_strings

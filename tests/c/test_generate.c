@@ -192,13 +192,13 @@ static void test_distribution_chi_square(void) {
 static void test_repetition_penalty(void) {
     float logits[6] = {2.0f, -1.0f, 0.5f, 4.0f, -3.0f, 1.0f};
     const int32_t ids[5] = {0, 1, 0, 4, 1};
-    uint8_t seen[6] = {0};
+    int32_t seen[6] = {0};
     tl_repetition_penalty(logits, ids, 5, 2.0f, seen);
     const float want[6] = {1.0f, -2.0f, 0.5f, 4.0f, -6.0f, 1.0f};
     CHECK(memcmp(logits, want, sizeof want) == 0, "penalised %g %g %g %g %g %g", logits[0], logits[1],
           logits[2], logits[3], logits[4], logits[5]);
-    uint8_t zero[6] = {0};
-    CHECK(memcmp(seen, zero, 6) == 0, "seen scratch left dirty");
+    const int32_t zero[6] = {0};
+    CHECK(memcmp(seen, zero, sizeof zero) == 0, "seen scratch left dirty");
 
     /* In generation: token 5 (in the prompt) has logit 3, token 6 logit 2. */
     int32_t prompt[2] = {5, 9}, out[CAP];
@@ -214,6 +214,136 @@ static void test_repetition_penalty(void) {
     cfg.repetition_penalty = 1.4f; /* 3 / 1.4 = 2.14 > 2 */
     gen(model, prompt, 2, &cfg, out, NULL);
     CHECK(out[2] == 5, "a mild penalty keeps token 5, got %d", out[2]);
+}
+
+/* logit_bias, presence and frequency penalties (tinyloop.h): their arithmetic and order on
+   one row, then in generation, in every mode, saved and resumed. */
+static void test_logit_adjustments(void) {
+    /* One row: history = prompt {0, 3} + generated {3, 5, 5, 1}. */
+    float logits[8] = {2.0f, -1.0f, 0.5f, 4.0f, -3.0f, 1.0f, 6.0f, 0.25f};
+    const int32_t history[6] = {0, 3, 3, 5, 5, 1};
+    const tl_logit_bias bias[2] = {{2, 1.5f}, {7, -100.0f}};
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.logit_bias = bias;
+    cfg.n_logit_bias = 2;
+    cfg.repetition_penalty = 2.0f;
+    cfg.presence_penalty = 0.5f;
+    cfg.frequency_penalty = 0.25f;
+    int32_t tally[8] = {0};
+    CHECK(tl_adjusts_logits(&cfg), "adjusts");
+    tl_adjust_logits(&cfg, logits, history, 6, 2, tally);
+    /* bias first, then the repetition penalty over all six (0, 1, 3, 5), then presence and
+       frequency over the generated four: 3 once, 5 twice, 1 once; 0 was the prompt's only */
+    const float want[8] = {2.0f / 2.0f,
+                           -1.0f * 2.0f - (1.0f * 0.25f + 0.5f),
+                           0.5f + 1.5f,
+                           4.0f / 2.0f - (1.0f * 0.25f + 0.5f),
+                           -3.0f,
+                           1.0f / 2.0f - (2.0f * 0.25f + 0.5f),
+                           6.0f,
+                           0.25f - 100.0f};
+    for (int i = 0; i < 8; i++) CHECK(logits[i] == want[i], "adjusted logit %d: %g, want %g", i, (double)logits[i], (double)want[i]);
+    const int32_t zero[8] = {0};
+    CHECK(memcmp(tally, zero, sizeof zero) == 0, "tally left dirty");
+    tl_generate_config_init(&cfg);
+    CHECK(!tl_adjusts_logits(&cfg), "the defaults adjust nothing");
+
+    /* In generation: the hook gives token 5 logit 3, token 6 logit 2, the rest -10. */
+    int32_t prompt[2] = {5, 9}, out[CAP];
+    init_cfg(&cfg);
+    cfg.logits_processor = two_favourites;
+    cfg.max_tokens = 1;
+    tl_logit_bias lift[1] = {{6, 1.5f}};
+    cfg.logit_bias = lift;
+    cfg.n_logit_bias = 1;
+    gen(model, prompt, 2, &cfg, out, NULL);
+    CHECK(out[2] == 6, "logit_bias +1.5 on token 6 (3.5 > 3) must win, got %d", out[2]);
+    lift[0] = (tl_logit_bias){5, -100.0f};
+    gen(model, prompt, 2, &cfg, out, NULL);
+    CHECK(out[2] == 6, "logit_bias -100 on token 5 must ban it, got %d", out[2]);
+    cfg.n_logit_bias = 0;
+    cfg.presence_penalty = 5.0f;
+    cfg.max_tokens = 2;
+    gen(model, prompt, 2, &cfg, out, NULL);
+    CHECK(out[2] == 5 && out[3] == 6, "presence: the prompt's 5 does not count, the generated one does: got %d %d",
+          out[2], out[3]);
+    cfg.presence_penalty = 0.0f;
+    cfg.frequency_penalty = 0.6f; /* 5 scores 3, 2.4, 1.8 after 0, 1, 2 of them */
+    cfg.max_tokens = 3;
+    gen(model, prompt, 2, &cfg, out, NULL);
+    CHECK(out[2] == 5 && out[3] == 5 && out[4] == 6, "frequency: got %d %d %d, want 5 5 6", out[2], out[3], out[4]);
+
+    /* The session keeps its own copy of logit_bias: the caller's array may change. */
+    lift[0] = (tl_logit_bias){6, 1.5f};
+    cfg.logit_bias = lift;
+    cfg.n_logit_bias = 1;
+    cfg.frequency_penalty = 0.0f;
+    tl_session *s = NULL;
+    CHECK(tl_session_new(model, prompt, 2, &cfg, &s) == TL_OK, "session: %s", tl_last_error());
+    lift[0] = (tl_logit_bias){5, 100.0f};
+    int32_t token = -1;
+    tl_stop_reason stop;
+    if (s) CHECK(tl_session_step(s, &token, &stop) == TL_OK && token == 6, "the session's copy decides: got %d", token);
+    tl_session_free(s);
+
+    /* The model's own logits, every mode: greedy plain decoding with all three against
+       chain speculation and a resumed state (both bit-identical to it, SPEC), and beam
+       search never choosing a banned token. */
+    tl_logit_bias mixed[3] = {{prompt[0], -2.0f}, {11, 3.0f}, {eos, -100.0f}};
+    init_cfg(&cfg);
+    cfg.max_tokens = 24;
+    cfg.loops = 4;
+    cfg.logit_bias = mixed;
+    cfg.n_logit_bias = 3;
+    cfg.presence_penalty = 0.7f;
+    cfg.frequency_penalty = 0.4f;
+    int32_t plain[CAP], other[CAP];
+    const int n_plain = gen(model, prompt, 2, &cfg, plain, NULL);
+    tl_generate_config base = cfg;
+    base.n_logit_bias = 0;
+    base.presence_penalty = base.frequency_penalty = 0.0f;
+    const int n_base = gen(model, prompt, 2, &base, other, NULL);
+    CHECK(n_plain != n_base || memcmp(plain, other, (size_t)n_plain * sizeof(int32_t)) != 0,
+          "the adjustments changed nothing (test too weak)");
+    tl_generate_config spec = cfg;
+    spec.speculative = TL_SPECULATIVE_CHAIN;
+    spec.draft_loops = 2;
+    spec.draft_ahead = 3;
+    const int n_spec = gen(model, prompt, 2, &spec, other, NULL);
+    CHECK(n_spec == n_plain && memcmp(plain, other, (size_t)n_plain * sizeof(int32_t)) == 0,
+          "chain speculation with the adjustments differs from plain decoding");
+    for (int i = 2; i < n_plain; i++) CHECK(plain[i] != eos, "token %d is the banned eos", i);
+    /* saved after 10 tokens (through bytes: the state file's layout), resumed to the end */
+    s = NULL;
+    CHECK(tl_session_new(model, prompt, 2, &cfg, &s) == TL_OK, "session: %s", tl_last_error());
+    for (int i = 0; s && i < 10; i++) tl_session_step(s, &token, &stop);
+    tl_session_state *state = NULL, *read_back = NULL;
+    void *bytes = NULL;
+    size_t len = 0;
+    CHECK(s && tl_session_save(s, &state) == TL_OK && tl_session_state_to_bytes(state, &bytes, &len) == TL_OK &&
+              tl_session_state_from_bytes(model, bytes, len, &read_back) == TL_OK,
+          "save and read back: %s", tl_last_error());
+    tl_session_free(s);
+    s = NULL;
+    if (read_back && tl_session_resume(model, read_back, NULL, &s) == TL_OK) {
+        while (tl_session_step(s, &token, &stop) == TL_OK && stop == TL_STOP_NONE) {
+        }
+        int n_resumed = 0;
+        const int32_t *resumed = tl_session_tokens(s, &n_resumed);
+        CHECK(n_resumed == n_plain && memcmp(resumed, plain, (size_t)n_plain * sizeof(int32_t)) == 0,
+              "the resumed state lost its adjustments");
+    } else {
+        CHECK(false, "resume: %s", tl_last_error());
+    }
+    tl_session_free(s);
+    tl_session_state_free(state);
+    tl_session_state_free(read_back);
+    tl_free(bytes);
+    tl_generate_config beam = cfg;
+    beam.beam_size = 3;
+    const int n_beam = gen(model, prompt, 2, &beam, other, NULL);
+    for (int i = 2; i < n_beam; i++) CHECK(other[i] != eos, "beam token %d is the banned eos", i);
 }
 
 static void test_stop_reasons(void) {
@@ -421,6 +551,16 @@ static void test_validation(void) {
     BAD(cfg.top_p = 0.0f, "top_p = 0 must be in (0, 1]");
     BAD(cfg.top_p = 1.5f, "top_p = 1.5");
     BAD(cfg.repetition_penalty = 0.0f, "repetition_penalty = 0");
+    BAD(cfg.presence_penalty = NAN, "presence_penalty = nan must be finite");
+    BAD(cfg.frequency_penalty = -INFINITY, "frequency_penalty = -inf must be finite");
+    BAD(cfg.n_logit_bias = 1, "n_logit_bias = 1 without logit_bias");
+    BAD(cfg.n_logit_bias = -1, "n_logit_bias = -1 without logit_bias");
+    static const tl_logit_bias twice[2] = {{7, 1.0f}, {7, 2.0f}}, outside[1] = {{-1, 1.0f}};
+    static tl_logit_bias not_finite[2] = {{3, 1.0f}, {4, 0.0f}};
+    not_finite[1].bias = NAN;
+    BAD((cfg.logit_bias = twice, cfg.n_logit_bias = 2), "logit_bias[1] token id 7 is listed twice");
+    BAD((cfg.logit_bias = outside, cfg.n_logit_bias = 1), "logit_bias[0] token id -1 is out of range");
+    BAD((cfg.logit_bias = not_finite, cfg.n_logit_bias = 2), "logit_bias[1] bias = nan must be finite");
     BAD(cfg.cache_window = -3, "cache_window = -3");
     BAD(cfg.n_stop_sequences = 2, "n_stop_sequences = 2 without stop_sequences");
     static const int32_t bad_seq[2] = {1, 100000};
@@ -474,6 +614,7 @@ int main(int argc, char **argv) {
     test_sampling_knobs();
     test_distribution_chi_square();
     test_repetition_penalty();
+    test_logit_adjustments();
     test_stop_reasons();
     test_step_batch_stats();
     test_cache_window();

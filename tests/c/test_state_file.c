@@ -241,25 +241,48 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     CHECK_ERROR(tl_session_state_from_bytes(m, bytes, 20, &out), TL_ERR_FORMAT, "not a TinyLoop state");
     CHECK_ERROR(tl_session_state_from_bytes(m, "{\"not\": \"a state\"}", 18, &out), TL_ERR_FORMAT, "not a TinyLoop state");
     memcpy(copy, bytes, len);
-    copy[8] = 2; /* version 2 */
-    CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "version 2");
+    copy[8] = 3; /* version 3: a later build's */
+    CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "version 3");
+
+    /* A version 1 state (before logit_bias and the presence and frequency penalties: this
+       one's bytes without their 12, at 148) is still read, and resumes as this one does. */
+    {
+        uint8_t *v1 = malloc(len - 12);
+        memcpy(v1, bytes, 148);
+        memcpy(v1 + 148, (const uint8_t *)bytes + 160, len - 160);
+        v1[8] = 1;
+        fix_checksum(v1, len - 12);
+        tl_session_state *old = NULL;
+        CHECK(tl_session_state_from_bytes(m, v1, len - 12, &old) == TL_OK, "version 1: %s", tl_last_error());
+        void *again = NULL;
+        size_t again_len = 0;
+        CHECK(old && tl_session_state_to_bytes(old, &again, &again_len) == TL_OK && again_len == len &&
+                  memcmp(again, bytes, len) == 0,
+              "a version 1 state reads as the same state (rewritten as version 2: the same bytes)");
+        tl_free(again);
+        tl_session_state_free(old);
+        free(v1);
+    }
 
     /* Fields that pass the checksum but not the rules (a crafted file). The layout: a 36-byte
        header, the config's 15 ints at 36 and 9 floats at 96, the seed at 132, no stop rules
-       (140, 144), prompt_len at 148, n_tokens at 152, the tokens from 156. */
+       (140, 144), the presence and frequency penalties at 148 and 152, no logit_bias (156),
+       prompt_len at 160, n_tokens at 164, the tokens from 168. */
     struct { size_t at; int32_t value; tl_status status; const char *needle; } fields[] = {
         {36 + 16, 4, TL_ERR_FORMAT, "beam search or speculative"},         /* beam_size */
         {36 + 4, 999, TL_ERR_INVALID_ARGUMENT, "loops"},                     /* loops: tl_session_new's check */
         {96, 0x7fc00000, TL_ERR_INVALID_ARGUMENT, "temperature"},            /* NaN */
         {140, 1 << 30, TL_ERR_FORMAT, "stop sequences do not fit"},
-        {148, 0, TL_ERR_FORMAT, "prompt"},
-        {152, 1 << 30, TL_ERR_FORMAT, "tokens"},
-        {152, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
+        {148, 0x7fc00000, TL_ERR_INVALID_ARGUMENT, "presence_penalty"},     /* NaN */
+        {156, 1 << 30, TL_ERR_FORMAT, "logit_bias entries do not fit"},
+        {160, 0, TL_ERR_FORMAT, "prompt"},
+        {164, 1 << 30, TL_ERR_FORMAT, "tokens"},
+        {164, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
         {36, 5, TL_ERR_FORMAT, "reached max_tokens = 5"}, /* 5 emitted: it had finished */
-        {156 + 4 * 9 + 32, 2, TL_ERR_FORMAT, "prompt_done is 2"}, /* after the tokens and the RNG */
-        {156 + 4 * 9 + 32, 1 | 2 << 8, TL_ERR_FORMAT, "compiled_grammar is 2"}, /* the next byte */
-        {156 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
-        {156, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
+        {168 + 4 * 9 + 32, 2, TL_ERR_FORMAT, "prompt_done is 2"}, /* after the tokens and the RNG */
+        {168 + 4 * 9 + 32, 1 | 2 << 8, TL_ERR_FORMAT, "compiled_grammar is 2"}, /* the next byte */
+        {168 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
+        {168, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
     };
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
         memcpy(copy, bytes, len);
@@ -270,7 +293,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     }
     /* The cache part: length and the first entry's index and depth (after the fixed-size
        part: tokens, rng, prompt_done, text_shown, 5 f64, 2 + 65 i32). */
-    const size_t cache_at = 156 + 4 * 9 + 32 + 2 + 8 + 40 + 4 * 67;
+    const size_t cache_at = 168 + 4 * 9 + 32 + 2 + 8 + 40 + 4 * 67;
     struct { size_t at; int32_t value; const char *needle; } cache_fields[] = {
         {cache_at, 3, "the cache holds 3 entries"},
         {cache_at + 4, 99, "cache entries for a length"},
@@ -297,7 +320,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     memcpy(copy, bytes, len);
     const int32_t no = 0, eos = m->cfg.eos_token_id;
     memcpy(copy + 36 + 4 * 9, &no, 4);
-    memcpy(copy + 156 + 4 * 4, &eos, 4);
+    memcpy(copy + 168 + 4 * 4, &eos, 4);
     fix_checksum(copy, len);
     CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "the session had finished");
     /* An unchanged copy with its checksum recomputed still reads: the cases above failed on

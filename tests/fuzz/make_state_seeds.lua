@@ -1,7 +1,7 @@
 #!/usr/bin/env luajit
 -- make_state_seeds.lua: writes the seed corpus of the `state` fuzzer (tests/fuzz/corpus/state):
 -- saved states of the small text checkpoint, across the features a state carries (sampling,
--- stop rules, a window, early exit, a compiled grammar, a state before its prompt was
+-- stop rules, a window, early exit, logit_bias and the OpenAI penalties, a compiled grammar, a state before its prompt was
 -- forwarded), and one at the edge of a rule (as many tokens as max_tokens: refused). A state
 -- names its model by a fingerprint, so these must be rewritten whenever the checkpoint, the
 -- fingerprint or the layout changes: test_state_file fails until they are (it reads every
@@ -20,6 +20,9 @@ local seeds = {
     { name = "early_exit", steps = 4,
       cfg = { max_tokens = 8, loops = 4, early_exit_patience = 1, early_exit_min_L = 1,
               early_exit_criterion = "latent_diff", early_exit_threshold = 0.5 } },
+    { name = "logit_adjustments", steps = 3,
+      cfg = { max_tokens = 10, temperature = 0.7, sample_seed = 2, presence_penalty = 0.5, frequency_penalty = 0.3,
+              logit_bias = { [7] = -5, [70] = 2.5 } } },
     { name = "compiled_grammar", steps = 3,
       cfg = { max_tokens = 8, temperature = 0.8, sample_seed = 5,
               grammar = assert(tinyloop.grammar.gbnf("root ::= [a-z ]+")) } },

@@ -182,6 +182,42 @@ describe("model:generate", function()
         assert.same(out, (m:generate("The cat", { max_tokens = 10 })))
     end)
 
+    it("takes logit_bias, presence_penalty and frequency_penalty (OpenAI's)", function()
+        local prompt = m:encode("The cat")
+        local plain = m:generate(prompt, { max_tokens = 12 })
+        local first = plain[#prompt + 1]
+        -- a ban (-100) removes the greedy choice; every mode takes the same table
+        local banned = m:generate(prompt, { max_tokens = 12, logit_bias = { [first] = -100 } })
+        assert.are_not.equal(first, banned[#prompt + 1])
+        for i = #prompt + 1, #banned do assert.are_not.equal(first, banned[i]) end
+        local beams = m:generate(prompt, { max_tokens = 6, beam_size = 2, logit_bias = { [first] = -100 } })
+        for i = #prompt + 1, #beams do assert.are_not.equal(first, beams[i]) end
+        -- +100 forces a token at every step
+        local forced = m:generate(prompt, { max_tokens = 5, logit_bias = { [42] = 100 } })
+        for i = #prompt + 1, #forced do assert.equal(42, forced[i]) end
+        -- the penalties against the same hook-free row, recomputed here: the step after a
+        -- forced token sees it penalised once (presence) plus once per time (frequency)
+        local session = m:session(prompt, { max_tokens = 3, logit_bias = { [42] = 100 }, presence_penalty = 40,
+                                            frequency_penalty = 30 })
+        assert.equal(42, (session:step())) -- 100 - 0: forced
+        local second = session:step()      -- 100 - 30 - 40 = 30 over the model's own logits
+        local context = H.copy(prompt)
+        context[#context + 1] = 42
+        local scores = m:score(context)
+        local best, best_id = -math.huge, nil
+        for t = 0, 319 do
+            local l = scores:logit(#prompt + 1, t) + (t == 42 and 30 or 0)
+            if l > best then best, best_id = l, t end
+        end
+        assert.equal(best_id, second)
+        -- chain speculation decodes what plain decoding does, adjustments included
+        local cfg = { max_tokens = 16, loops = 4, presence_penalty = 0.8, frequency_penalty = 0.5,
+                      logit_bias = { [first] = -3 } }
+        local want = m:generate(prompt, cfg)
+        cfg.speculative, cfg.draft_loops = "chain", 2
+        assert.same(want, (m:generate(prompt, cfg)))
+    end)
+
     it("reports the loop depth used", function()
         for loops = 1, 4 do
             local _, stats = m:generate("Hi", { max_tokens = 3, loops = loops })

@@ -77,6 +77,17 @@ describe("engine validation", function()
         raises({ "beam_size" }, gen({ beam_size = -1 }))
     end)
 
+    it("logit_bias, presence_penalty and frequency_penalty", function()
+        raises({ "logit_bias", "token id = bias" }, gen({ logit_bias = 5 }))
+        raises({ "logit_bias key", "must be a number" }, gen({ logit_bias = { ["7"] = 1 } }))
+        raises({ "logit_bias key = 1.5", "integer" }, gen({ logit_bias = { [1.5] = 1 } }))
+        raises({ "logit_bias[7] must be a number" }, gen({ logit_bias = { [7] = "up" } }))
+        raises({ "token id 320 is out of range" }, gen({ logit_bias = { [320] = 1 } }))
+        raises({ "bias = inf must be finite" }, gen({ logit_bias = { [3] = math.huge } }))
+        raises({ "presence_penalty = ", "nan must be finite" }, gen({ presence_penalty = 0 / 0 }))
+        raises({ "frequency_penalty", "must be a number" }, gen({ frequency_penalty = "high" }))
+    end)
+
     it("a prompt too long for max_seq_len", function()
         local long = {}
         for i = 1, 100 do long[i] = i end

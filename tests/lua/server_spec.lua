@@ -218,6 +218,21 @@ describe("server", function()
         assert.equal(before + 1, metric(metrics(), ttft))
     end)
 
+    it("takes presence_penalty, frequency_penalty and logit_bias: the tokens of a session with them", function()
+        local cfg = { max_tokens = 16, presence_penalty = 1.5, frequency_penalty = 2, ignore_eos = true }
+        local m = assert(tinyloop.load(MODEL))
+        local plain = m:generate({ 10, 20, 30 }, { max_tokens = 16, ignore_eos = true })
+        local banned = plain[4] -- the first token without adjustments
+        cfg.logit_bias = { [banned] = -100 }
+        local want = m:generate({ 10, 20, 30 }, cfg)
+        local choice = single({ prompt = { 10, 20, 30 }, max_tokens = 16, presence_penalty = 1.5, frequency_penalty = 2,
+                                ignore_eos = true, logit_bias = { [tostring(banned)] = -100 } })
+        local function generated(ids) return { unpack(ids, 4, 19) } end
+        assert.same(generated(want), choice.token_ids)
+        for _, id in ipairs(choice.token_ids) do assert.are_not.equal(banned, id) end
+        assert.are_not.same(generated(plain), choice.token_ids)
+    end)
+
     it("gives each token's log-probability and alternatives (logprobs), streamed or not, as the session's", function()
         local req = { prompt = "It is a truth", max_tokens = 10, logprobs = 3, temperature = 0.9, seed = 4, ignore_eos = true }
         local status, body = post_json(req)
@@ -854,12 +869,41 @@ describe("server request parsing", function()
             '"frequency_penalty": 0, "suffix": null, "logprobs": null, "logit_bias": {}, "user": "u", ' ..
             '"stream_options": {"include_usage": false}}', fake, "m"))
         assert.same({ 1 }, r.ids)
-        for field, value in pairs({ best_of = "2", presence_penalty = "0.5", frequency_penalty = "1",
-                                    suffix = '"x"', logit_bias = '{"1": 5}' }) do
+        for field, value in pairs({ best_of = "2", suffix = '"x"' }) do
             local _, e = request.parse(('{"prompt": [1], "max_tokens": 2, "%s": %s}'):format(field, value), fake, "m")
             assert.equal(field, e and e.param, field)
             assert.truthy(e.message:find("is not supported", 1, true), e.message)
         end
+    end)
+    it("takes OpenAI's presence_penalty, frequency_penalty and logit_bias, in OpenAI's ranges", function()
+        local r = assert(request.parse('{"prompt": [1], "max_tokens": 2, "presence_penalty": -1.5, ' ..
+            '"frequency_penalty": 2, "logit_bias": {"3": -100, "7": 2.5}}', fake, "m"))
+        assert.equal(-1.5, r.cfg.presence_penalty)
+        assert.equal(2, r.cfg.frequency_penalty)
+        assert.same({ [3] = -100, [7] = 2.5 }, r.cfg.logit_bias)
+        r = assert(request.parse('{"prompt": [1], "max_tokens": 2, "logit_bias": {}, "presence_penalty": null}', fake, "m"))
+        assert.same({}, r.cfg.logit_bias)
+        assert.is_nil(r.cfg.presence_penalty)
+        for _, case in ipairs({
+            { '"presence_penalty": 2.5', "presence_penalty", "presence_penalty = 2.5 must be in [-2, 2]" },
+            { '"frequency_penalty": -3', "frequency_penalty", "frequency_penalty = -3 must be in [-2, 2]" },
+            { '"frequency_penalty": "a"', "frequency_penalty", "frequency_penalty must be a number" },
+            { '"logit_bias": [5]', "logit_bias", "logit_bias must be an object of token id: bias" },
+            { '"logit_bias": 5', "logit_bias", "logit_bias must be an object" },
+            { '"logit_bias": {"x": 1}', "logit_bias", "logit_bias key 'x' must be a token id (a decimal integer)" },
+            { '"logit_bias": {"-1": 1}', "logit_bias", "logit_bias key '-1' must be a token id (a decimal integer)" },
+            { '"logit_bias": {"1": 101}', "logit_bias", "logit_bias['1'] must be a number in [-100, 100]" },
+            { '"logit_bias": {"1": "up"}', "logit_bias", "logit_bias['1'] must be a number in [-100, 100]" },
+        }) do
+            local _, e = request.parse('{"prompt": [1], "max_tokens": 2, ' .. case[1] .. '}', fake, "m")
+            assert.same({ case[2], case[3] }, { e and e.param, e and e.message }, case[1])
+        end
+        -- an id outside the vocabulary: the engine's message, mapped back to the field
+        local m = assert(tinyloop.load("tests/data/textmodel"))
+        r = assert(request.parse('{"prompt": [1], "max_tokens": 2, "logit_bias": {"320": 1}}', fake, "m"))
+        local ok, msg = pcall(m.generate, m, r.ids, r.cfg)
+        assert.is_false(ok)
+        assert.equal("logit_bias", request.param_of(tostring(msg)), tostring(msg))
     end)
     it("takes OpenAI's batches of prompts, a choice each, up to the choices a request may have", function()
         assert.same({ 1, 2 }, assert(request.parse('{"prompt": [[1, 2]], "max_tokens": 2}', fake, "m")).ids)

@@ -7,7 +7,7 @@
 local cjson = require "cjson.safe"
 local grammar = require("tinyloop").grammar
 
-local type, pairs, ipairs, tostring, floor, next = type, pairs, ipairs, tostring, math.floor, next
+local type, pairs, ipairs, tostring, floor = type, pairs, ipairs, tostring, math.floor
 local json_null = cjson.null
 
 local _M = {}
@@ -30,6 +30,9 @@ local FIELDS = {
     n = { "integer", false },
     user = { "string", false },
     response_format = { "object", false }, -- {"type": "text" | "json_object" | "json_schema", ...}
+    presence_penalty = { "number", "presence_penalty" },   -- OpenAI's range, [-2, 2]
+    frequency_penalty = { "number", "frequency_penalty" }, -- OpenAI's range, [-2, 2]
+    logit_bias = { "object", false }, -- {"token id": bias in [-100, 100]}; converted below
     -- TinyLoop extensions
     loops = { "integer", "loops" },
     top_k = { "integer", "top_k" },
@@ -85,11 +88,11 @@ local KIND_WORDS = { string = "a string", number = "a number", integer = "an int
 -- value that changes nothing is accepted, any other refused, naming the field.
 local OPENAI_NO_OPS = {
     best_of = { function(v) return v == 1 end, "1" },
-    presence_penalty = { function(v) return v == 0 end, "0" },
-    frequency_penalty = { function(v) return v == 0 end, "0" },
     suffix = { function(v) return v == "" end, '""' },
-    logit_bias = { function(v) return type(v) == "table" and next(v) == nil end, "{}" },
 }
+
+-- OpenAI's documented ranges of its sampling adjustments (the engine takes any finite value).
+local MAX_PENALTY, MAX_BIAS = 2, 100
 
 -- The request field an engine error message is about: the longest field or cfg name in it.
 local function param_of(message)
@@ -276,6 +279,24 @@ local function raw_member(s, path)
 end
 _M.raw_member = raw_member
 
+-- logit_bias {"id": bias} -> the config's { [id] = bias }, or an error naming the field. The
+-- ids' range is the engine's rule (its message names logit_bias).
+local function logit_bias_of(v, body)
+    local P = "logit_bias"
+    if raw_member(body, { P }):sub(1, 1) ~= "{" then return bad("logit_bias must be an object of token id: bias", P) end
+    local out = {}
+    for k, b in pairs(v) do
+        if type(k) ~= "string" or not k:match("^%d+$") or #k > 10 then
+            return bad(("logit_bias key '%s' must be a token id (a decimal integer)"):format(tostring(k)), P)
+        end
+        if type(b) ~= "number" or not (b >= -MAX_BIAS and b <= MAX_BIAS) then
+            return bad(("logit_bias['%s'] must be a number in [-%d, %d]"):format(k, MAX_BIAS, MAX_BIAS), P)
+        end
+        out[tonumber(k)] = b
+    end
+    return out
+end
+
 -- Compiled grammars by source, so that the clients that send the same grammar or schema
 -- again (the usual case) do not pay its compilation on the event loop each time. Grammars
 -- are immutable and shared safely by any number of sessions. Bounded: emptied when full.
@@ -385,6 +406,16 @@ function _M.parse(body, model, model_id, max_choices)
         return bad(("model '%s' is not served here (GET /v1/models lists '%s')"):format(t.model, model_id), "model", 404)
     end
     if t.n ~= nil and t.n < 1 then return bad(("n = %d must be >= 1"):format(t.n), "n") end
+    for _, k in ipairs({ "presence_penalty", "frequency_penalty" }) do
+        if t[k] ~= nil and not (t[k] >= -MAX_PENALTY and t[k] <= MAX_PENALTY) then
+            return bad(("%s = %s must be in [-%d, %d]"):format(k, tostring(t[k]), MAX_PENALTY, MAX_PENALTY), k)
+        end
+    end
+    if t.logit_bias ~= nil then
+        local bias, e = logit_bias_of(t.logit_bias, body)
+        if not bias then return nil, e end
+        cfg.logit_bias = bias
+    end
     local include_usage = false
     if t.stream_options ~= nil then
         for k, v in pairs(t.stream_options) do
