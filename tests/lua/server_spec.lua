@@ -233,6 +233,46 @@ describe("server", function()
         assert.are_not.same(generated(plain), choice.token_ids)
     end)
 
+    it("answers best_of: the n of best_of samples with the highest mean log-probability, usage over them all", function()
+        -- (this server runs 2 sessions at most: best_of 2)
+        local req = { prompt = { 10, 20, 30 }, max_tokens = 6, temperature = 1.5, ignore_eos = true }
+        local function candidate(seed) -- a sample as best_of draws it (n's seeding), with its mean
+            local t = {}
+            for k, v in pairs(req) do t[k] = v end
+            t.seed, t.logprobs = seed, 0
+            local c = single(t)
+            local sum = 0
+            for _, lp in ipairs(c.logprobs.token_logprobs) do sum = sum + lp end
+            return { ids = c.token_ids, text = c.text, mean = sum / #c.token_ids }
+        end
+        -- a seed whose second sample is the better one: returning the first would fail
+        local seed, first, second
+        for s = 11, 40 do
+            first, second = candidate(s), candidate(s + 1)
+            if second.mean > first.mean then seed = s break end
+        end
+        assert.is_number(seed)
+        req.seed, req.best_of = seed, 2
+        local status, body = post_json(req)
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        assert.equal(1, #r.choices)
+        assert.equal(0, r.choices[1].index)
+        assert.same(second.ids, r.choices[1].token_ids)
+        assert.equal(second.text, r.choices[1].text)
+        assert.equal(cjson.null, r.choices[1].logprobs) -- not asked for
+        assert.equal(2 * 6, r.usage.completion_tokens) -- every candidate's tokens
+        assert.is_table(r.tinyloop) -- one choice: the stats top-level, as always
+        -- with logprobs: the chosen candidate's own figures; n = best_of: both, in sample order
+        req.logprobs = 1
+        r = cjson.decode(select(2, post_json(req)))
+        assert.same(second.ids, r.choices[1].token_ids)
+        assert.equal(6, #r.choices[1].logprobs.token_logprobs)
+        req.logprobs, req.n = nil, 2
+        r = cjson.decode(select(2, post_json(req)))
+        assert.same({ first.ids, second.ids }, { r.choices[1].token_ids, r.choices[2].token_ids })
+    end)
+
     it("gives each token's log-probability and alternatives (logprobs), streamed or not, as the session's", function()
         local req = { prompt = "It is a truth", max_tokens = 10, logprobs = 3, temperature = 0.9, seed = 4, ignore_eos = true }
         local status, body = post_json(req)
@@ -869,7 +909,7 @@ describe("server request parsing", function()
             '"frequency_penalty": 0, "suffix": null, "logprobs": null, "logit_bias": {}, "user": "u", ' ..
             '"stream_options": {"include_usage": false}}', fake, "m"))
         assert.same({ 1 }, r.ids)
-        for field, value in pairs({ best_of = "2", suffix = '"x"' }) do
+        for field, value in pairs({ suffix = '"x"' }) do
             local _, e = request.parse(('{"prompt": [1], "max_tokens": 2, "%s": %s}'):format(field, value), fake, "m")
             assert.equal(field, e and e.param, field)
             assert.truthy(e.message:find("is not supported", 1, true), e.message)
@@ -904,6 +944,24 @@ describe("server request parsing", function()
         local ok, msg = pcall(m.generate, m, r.ids, r.cfg)
         assert.is_false(ok)
         assert.equal("logit_bias", request.param_of(tostring(msg)), tostring(msg))
+    end)
+    it("takes best_of >= n, blocking and with plain decoding only, within the choices a request may have", function()
+        local r = assert(request.parse('{"prompt": [[1], [2]], "max_tokens": 2, "n": 2, "best_of": 3}', fake, "m", 6))
+        assert.same({ 2, 3 }, { r.n, r.best_of })
+        assert.equal(1, assert(request.parse('{"prompt": [1], "max_tokens": 2, "best_of": null}', fake, "m")).best_of)
+        for _, case in ipairs({
+            { '"n": 2, "best_of": 1', "best_of = 1 must be >= n = 2" },
+            { '"best_of": 0', "best_of = 0 must be >= n = 1" },
+            { '"best_of": 2, "stream": true', "best_of cannot be used with stream: the best are known only at the end" },
+            { '"best_of": 2, "beam_size": 2', "best_of needs plain decoding (it ranks by log-probabilities): not with speculative or beam_size" },
+            { '"best_of": 17', "1 prompts x best_of = 17 is 17 choices: at most 16 a request here" },
+            { '"best_of": 1.5', "best_of must be an integer" },
+        }) do
+            local _, e = request.parse('{"prompt": [1], "max_tokens": 2, ' .. case[1] .. '}', fake, "m")
+            assert.same({ "best_of", case[2] }, { e and e.param, e and e.message }, case[1])
+        end
+        -- best_of = n streams: nothing to rank
+        assert(request.parse('{"prompt": [1], "max_tokens": 2, "n": 2, "best_of": 2, "stream": true}', fake, "m"))
     end)
     it("takes OpenAI's batches of prompts, a choice each, up to the choices a request may have", function()
         assert.same({ 1, 2 }, assert(request.parse('{"prompt": [[1, 2]], "max_tokens": 2}', fake, "m")).ids)

@@ -468,10 +468,35 @@ local function usage_json(r)
                     total_tokens = r.prompt_tokens + completion })
 end
 
+-- best_of: of each prompt's best_of candidates (r.sts in prompt order, best_of a prompt), the
+-- n whose completion tokens have the highest mean log-probability (OpenAI's "best"), in that
+-- order, ties to the earlier sample; the choices renumbered 0, 1, ... Every candidate's
+-- tokens count in the usage, as OpenAI bills them.
+local function best_of(r, results)
+    if r.best_of == r.n then return results end
+    local chosen = {}
+    for first = 1, #results, r.best_of do
+        local group = {}
+        for i = first, first + r.best_of - 1 do
+            local res = results[i]
+            res.sample, res.mean = i, #res.ids > 0 and res.logprob_sum / #res.ids or 0
+            group[#group + 1] = res
+        end
+        table.sort(group, function(a, b)
+            if a.mean ~= b.mean then return a.mean > b.mean end
+            return a.sample < b.sample
+        end)
+        for j = 1, r.n do chosen[#chosen + 1] = group[j] end
+    end
+    for i, res in ipairs(chosen) do res.st.index = i - 1 end
+    return chosen
+end
+
 local function run_blocking(r)
-    local choices, single = {}, #r.sts == 1
+    local results = {}
     for _, st in ipairs(r.sts) do
         local texts, all_ids, all_figures = {}, {}, st.logprobs and {} or nil
+        local logprob_sum = 0 -- of the completion's tokens (best_of's ranking)
         local lp_ids = st.prompt_figures and {} or nil -- echo with logprobs: the prompt's tokens first
         if lp_ids then
             for i = 1, #st.prompt_ids do lp_ids[i], all_figures[i] = st.prompt_ids[i], st.prompt_figures[i] end
@@ -488,17 +513,25 @@ local function run_blocking(r)
                 all_ids[#all_ids + 1] = ids[i]
                 if lp_ids then lp_ids[#lp_ids + 1] = ids[i] end
                 if all_figures then all_figures[#all_figures + 1] = figures[i] end
+                if figures then logprob_sum = logprob_sum + figures[i].logprob end
             end
             if finished then break end
         end
         release(st, false)
         local text = concat(texts)
         if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
-        choices[#choices + 1] = choice_json(st, (st.echo or "") .. text, all_ids, st.finish_reason, not single and st.tinyloop,
-                                            all_figures, lp_ids, lp_ids and #st.prompt_ids)
+        results[#results + 1] = { st = st, text = (st.echo or "") .. text, ids = all_ids, logprob_sum = logprob_sum,
+                                  figures = st.show_logprobs and all_figures or nil, lp_ids = lp_ids }
+    end
+    local chosen, choices = best_of(r, results), {}
+    local single = #chosen == 1
+    for _, res in ipairs(chosen) do
+        local st = res.st
+        choices[#choices + 1] = choice_json(st, res.text, res.ids, st.finish_reason, not single and st.tinyloop,
+                                            res.figures, res.lp_ids, res.lp_ids and #st.prompt_ids)
     end
     return send_json(200, response_json(r, concat(choices, ","), ',"usage":' .. usage_json(r) ..
-        (single and (',"tinyloop":' .. encode(r.sts[1].tinyloop)) or "")))
+        (single and (',"tinyloop":' .. encode(chosen[1].st.tinyloop)) or "")))
 end
 
 -- Writes one SSE event; false when the client has gone (then the request is released).
@@ -628,9 +661,9 @@ function _M.completions()
         return ngx_exit(499)
     end)
     for p, ids in ipairs(req.prompts) do
-        for sample = 0, req.n - 1 do
+        for sample = 0, req.best_of - 1 do
             local cfg = req.cfg
-            if req.n > 1 then -- the n choices of a prompt are n samples: seeds seed, seed + 1, ...
+            if req.best_of > 1 then -- the choices of a prompt are samples: seeds seed, seed + 1, ...
                 cfg = {}
                 for k, v in pairs(req.cfg) do cfg[k] = v end
                 cfg.sample_seed = (req.cfg.sample_seed or 0) + sample
@@ -677,8 +710,10 @@ function _M.completions()
     -- 3. To the engine, all or none.
     next_request = next_request + 1
     r = { sts = {}, prompt_tokens = req.prompt_tokens, include_usage = req.include_usage, created = ngx.time(),
-                response_id = "cmpl-" .. ngx.worker.pid() .. "-" .. next_request }
-    request_options.logprobs = req.logprobs or -1
+                response_id = "cmpl-" .. ngx.worker.pid() .. "-" .. next_request, n = req.n, best_of = req.best_of }
+    -- (best_of ranks the candidates by their tokens' log-probabilities: asked for, if not shown)
+    local ranked = req.best_of > req.n
+    request_options.logprobs = req.logprobs or (ranked and 0) or -1
     for k, choice in ipairs(made) do
         local p, ids = choice.prompt, req.prompts[choice.prompt]
         if C.tl_engine_submit_with(engine, choice.ptr, request_options, id_out) ~= 0 then
@@ -698,7 +733,8 @@ function _M.completions()
         r.sts[#r.sts + 1] = {
             siblings = r.sts, -- (itself included: its phase is no longer "queued" when polled)
             id = id, index = #r.sts, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
-            prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = req.logprobs ~= nil,
+            prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = req.logprobs ~= nil or ranked,
+            show_logprobs = req.logprobs ~= nil,
             prompt_ids = ids, prompt_figures = prompt_figures[p],
             offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
         }

@@ -28,6 +28,7 @@ local FIELDS = {
     echo = { "boolean", false },
     logprobs = { "integer", false }, -- 0..20: each token's log-probability and this many alternatives
     n = { "integer", false },
+    best_of = { "integer", false }, -- >= n: candidates a prompt, the n best returned (not streamed)
     user = { "string", false },
     response_format = { "object", false }, -- {"type": "text" | "json_object" | "json_schema", ...}
     presence_penalty = { "number", "presence_penalty" },   -- OpenAI's range, [-2, 2]
@@ -84,10 +85,9 @@ local KIND_CHECK = {
 local KIND_WORDS = { string = "a string", number = "a number", integer = "an integer", boolean = "a boolean", object = "an object" }
 
 -- Fields of OpenAI's completions API that TinyLoop does not implement, which clients send at
--- their defaults (LangChain's wrapper sends both penalties 0, the SDKs null or false): the
--- value that changes nothing is accepted, any other refused, naming the field.
+-- their defaults (the SDKs null): the value that changes nothing is accepted, any other
+-- refused, naming the field. (suffix is for insertion models.)
 local OPENAI_NO_OPS = {
-    best_of = { function(v) return v == 1 end, "1" },
     suffix = { function(v) return v == "" end, '""' },
 }
 
@@ -371,11 +371,11 @@ local DEFAULT_MAX_CHOICES = 16
 
 -- parse(body, model, model_id[, max_choices]) -> request | nil, err. model: a tinyloop model
 -- (vocab_size, max_seq_len, has_tokenizer, encode, decode). request = { prompts (id lists),
--- ids (the first), n, cfg, stream, include_usage, echo (the prompts' texts, or nil),
+-- ids (the first), n, best_of (candidates a prompt, >= n), cfg, stream, include_usage, echo (the prompts' texts, or nil),
 -- logprobs (alternatives per token, or nil), stops,
 -- prompt_tokens (all prompts'), grammar_field } (grammar_field: "grammar" or
--- "response_format" when cfg.grammar is set). A request has #prompts * n choices, at most
--- max_choices (default 16): each is a session of its own.
+-- "response_format" when cfg.grammar is set). A request has #prompts * best_of sessions, at
+-- most max_choices (default 16), and answers #prompts * n choices.
 function _M.parse(body, model, model_id, max_choices)
     if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
     local t, err = cjson.decode(body)
@@ -406,6 +406,15 @@ function _M.parse(body, model, model_id, max_choices)
         return bad(("model '%s' is not served here (GET /v1/models lists '%s')"):format(t.model, model_id), "model", 404)
     end
     if t.n ~= nil and t.n < 1 then return bad(("n = %d must be >= 1"):format(t.n), "n") end
+    local n = t.n or 1
+    local best = t.best_of or n
+    if best < n then return bad(("best_of = %d must be >= n = %d"):format(best, n), "best_of") end
+    if best > n then -- the candidates are ranked by their tokens' log-probabilities, once all are done
+        if t.stream then return bad("best_of cannot be used with stream: the best are known only at the end", "best_of") end
+        if cfg.speculative or (cfg.beam_size or 0) >= 2 then
+            return bad("best_of needs plain decoding (it ranks by log-probabilities): not with speculative or beam_size", "best_of")
+        end
+    end
     for _, k in ipairs({ "presence_penalty", "frequency_penalty" }) do
         if t[k] ~= nil and not (t[k] >= -MAX_PENALTY and t[k] <= MAX_PENALTY) then
             return bad(("%s = %s must be in [-%d, %d]"):format(k, tostring(t[k]), MAX_PENALTY, MAX_PENALTY), k)
@@ -443,11 +452,11 @@ function _M.parse(body, model, model_id, max_choices)
     end
     local prompts, e = prompt_list(model, t.prompt)
     if not prompts then return nil, e end
-    local n = t.n or 1
     max_choices = max_choices or DEFAULT_MAX_CHOICES
-    if #prompts * n > max_choices then
-        return bad(("%d prompts x n = %d is %d choices: at most %d a request here"):format(#prompts, n, #prompts * n, max_choices),
-                   #prompts > 1 and "prompt" or "n")
+    if #prompts * best > max_choices then
+        local what = best > n and ("best_of = %d"):format(best) or ("n = %d"):format(n)
+        return bad(("%d prompts x %s is %d choices: at most %d a request here"):format(#prompts, what, #prompts * best, max_choices),
+                   #prompts > 1 and "prompt" or best > n and "best_of" or "n")
     end
     local max_tokens = cfg.max_tokens or DEFAULT_MAX_TOKENS
     cfg.max_tokens = max_tokens
@@ -483,7 +492,7 @@ function _M.parse(body, model, model_id, max_choices)
             echo[i] = text
         end
     end
-    return { prompts = prompts, ids = prompts[1], n = n, cfg = cfg, stream = t.stream == true, include_usage = include_usage,
+    return { prompts = prompts, ids = prompts[1], n = n, best_of = best, cfg = cfg, stream = t.stream == true, include_usage = include_usage,
              echo = echo, logprobs = t.logprobs, stops = cfg.stop_strings, prompt_tokens = prompt_tokens,
              grammar_field = cfg.grammar and grammar_field or nil }
 end
