@@ -448,9 +448,11 @@ const char *tl_session_error(const tl_session *session);
    it exited): *logprob for the token and, for top in [1, TL_MAX_TOP_LOGPROBS], the top most
    likely tokens, most likely first (ties to the lower id), in top_ids/top_logprobs [top]
    (-1 and -inf past the tokens with a finite logit). Until the next step, from an on_token
-   hook as well. TL_ERR_UNSUPPORTED for beam and speculative sessions (their tokens come
-   from rows not kept); TL_ERR_INVALID_ARGUMENT when the last step emitted no token (none yet,
-   a session read from a state file before its first step, max_tokens = 0). */
+   hook as well. A speculative session's token has its verification row's figures (the row
+   at the verify depth its token was chosen or accepted from: plain decoding's row, to the
+   bit). TL_ERR_UNSUPPORTED for beam sessions (their tokens come from rows not kept);
+   TL_ERR_INVALID_ARGUMENT when the last step emitted no token (none yet, a session read from
+   a state file before its first step, max_tokens = 0). */
 tl_status tl_session_logprobs(tl_session *session, int top, float *logprob, int32_t *top_ids, float *top_logprobs);
 
 /* ---- many branches of one state: fork, save / resume, the prefix pool */
@@ -636,7 +638,7 @@ tl_status tl_engine_submit(tl_engine *engine, tl_session *session, uint64_t *id)
 typedef struct tl_engine_request_options {
     int logprobs;           /* -1 (default): none; 0..TL_MAX_TOP_LOGPROBS: each token's
                                log-probability (tl_session_logprobs) and this many most
-                               likely alternatives, in the updates (plain sessions only) */
+                               likely alternatives, in the updates (not beam sessions) */
 } tl_engine_request_options;
 void tl_engine_request_options_init(tl_engine_request_options *opts);
 /* tl_engine_submit with options (NULL: the defaults); logprobs out of range, or asked of a

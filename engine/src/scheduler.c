@@ -410,8 +410,9 @@ tl_status tl_engine_submit_with(tl_engine *e, tl_session *session, const tl_engi
     if (o.logprobs < -1 || o.logprobs > TL_MAX_TOP_LOGPROBS)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: logprobs = %d must be -1 (none) or in [0, %d]", o.logprobs,
                        TL_MAX_TOP_LOGPROBS);
-    if (o.logprobs >= 0 && session->decoder != &tl_plain_decoder)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: logprobs of a %s session are not kept (plain decoding only)",
+    if (o.logprobs >= 0 && !tl_session_keeps_rows(session))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "tl_engine_submit: logprobs of a %s session are not kept (plain or speculative decoding only)",
                        session->decoder->name);
     request *r = calloc(1, sizeof *r);
     if (!r) return tl_fail(TL_ERR_NO_MEMORY, "tl_engine_submit: out of memory");

@@ -282,6 +282,7 @@ static tl_status plain_next(tl_session *s, int32_t *token) {
     if (st != TL_OK) return st;
     if ((st = tl_session_prepare_logits(s, s->logits)) != TL_OK) return st;
     *token = tl_session_choose(s);
+    s->chosen_row = s->logits;
     return TL_OK;
 }
 
@@ -377,7 +378,7 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
 /* ---------------------------------------------------------------- the step */
 
 static tl_status step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
-    s->logits_chosen = false;
+    s->chosen_row = NULL; /* each decoder sets its own */
     if (s->cfg.max_tokens == 0) return finish(s, TL_STOP_MAX_TOKENS, stop);
     int32_t tok = -1;
     tl_status st = s->decoder->next(s, &tok);
@@ -386,7 +387,7 @@ static tl_status step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
         return st;
     }
     /* before the emission's hooks, which may ask (tl_session_logprobs from on_token) */
-    s->logits_chosen = tok >= 0 && s->decoder == &tl_plain_decoder;
+    if (tok < 0) s->chosen_row = NULL;
     if ((st = tl_session_emit(s, tok, stop)) != TL_OK) return st;
     if (tok >= 0) *token = tok;
     return TL_OK;
@@ -405,15 +406,17 @@ tl_status tl_session_logprobs(tl_session *s, int top, float *logprob, int32_t *t
     if (!s || !logprob) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_logprobs: session and logprob must not be NULL");
     tl_status st = tl_check_top_logprobs("tl_session_logprobs", top, top_ids, top_logprobs);
     if (st != TL_OK) return st;
-    if (s->decoder != &tl_plain_decoder)
+    if (!tl_session_keeps_rows(s))
         return tl_fail(TL_ERR_UNSUPPORTED,
-                       "tl_session_logprobs: a %s session chooses its tokens from rows it does not keep (plain decoding only)",
+                       "tl_session_logprobs: a %s session chooses its tokens from rows it does not keep (plain or "
+                       "speculative decoding only)",
                        s->decoder->name);
-    if (!s->logits_chosen) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_logprobs: the last step emitted no token");
+    if (!s->chosen_row) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_logprobs: the last step emitted no token");
     const int vocab = s->m->cfg.vocab_size;
     if (!s->logprob_scratch && !(s->logprob_scratch = malloc((size_t)vocab * sizeof *s->logprob_scratch)))
         return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    tl_row_logprobs(s->logits, vocab, s->tokens[s->n_tokens - 1], top, s->logprob_scratch, logprob, top_ids, top_logprobs);
+    tl_row_logprobs(s->chosen_row, vocab, s->tokens[s->n_tokens - 1], top, s->logprob_scratch, logprob, top_ids,
+                    top_logprobs);
     return TL_OK;
 }
 
@@ -531,7 +534,7 @@ static tl_status finish_shared_step(tl_session *s, bool was_prefill, int32_t *to
     tl_status st = tl_session_prepare_logits(s, s->logits);
     if (st != TL_OK) return st;
     const int32_t tok = tl_session_choose(s);
-    s->logits_chosen = tok >= 0;
+    s->chosen_row = tok >= 0 ? s->logits : NULL;
     if ((st = tl_session_emit(s, tok, stop)) != TL_OK) return st;
     if (tok >= 0) *token = tok;
     return TL_OK;

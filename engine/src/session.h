@@ -53,8 +53,10 @@ struct tl_session {
     double *probe_logp;          /* [vocab] early exit: the previous probe's log-softmax
                                     (early_exit.c), allocated at its first use */
     double *logprob_scratch;     /* [vocab] tl_session_logprobs' log-softmax, at its first use */
-    bool logits_chosen;          /* s->logits are the raw logits the last step's token was
-                                    chosen from (plain decoding, a token emitted) */
+    const float *chosen_row;     /* [vocab] the raw logits the last step's token was chosen
+                                    from (plain: s->logits; speculative: its verification
+                                    row, kept until the next step), or NULL: no token emitted,
+                                    or beam search (whose rows are not kept) */
     tl_distribution dist;
     tl_rng rng;
 
@@ -110,6 +112,9 @@ tl_status tl_session_prefill(tl_session *s, int n, float *last_logits);
 /* s->work = `row` after the logits hook, the repetition penalty and the grammar mask, for the
    history `history[0..n)` (s->tokens for plain decoding; a beam's own history for beams). */
 tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const int32_t *history, int n);
+/* Whether the session keeps the row each token was chosen from (s->chosen_row), for
+   tl_session_logprobs: plain and speculative decoding; beam search does not. */
+static inline bool tl_session_keeps_rows(const tl_session *s) { return s->cfg.beam_size < 2; }
 static inline tl_status tl_session_prepare_logits(tl_session *s, const float *row) {
     return tl_session_prepare_logits_for(s, row, s->tokens, s->n_tokens);
 }

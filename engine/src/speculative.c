@@ -386,8 +386,10 @@ static tl_status end_cycle(tl_session *s, spec_state *sp) {
 static tl_status choose_verified(tl_session *s, spec_state *sp, int32_t *token) {
     const int vocab = s->m->cfg.vocab_size;
     const draft_tree *t = &sp->tree;
-    tl_status st = tl_session_prepare_logits(s, sp->verify_logits + (size_t)sp->node * (size_t)vocab);
+    const float *row = sp->verify_logits + (size_t)sp->node * (size_t)vocab;
+    tl_status st = tl_session_prepare_logits(s, row);
     if (st != TL_OK) return st;
+    s->chosen_row = row; /* (valid until the next cycle's verification: the next step) */
     if (!sp->sampling) {
         *token = tl_session_choose(s);
         return TL_OK;

@@ -8,8 +8,11 @@
  * - An on_token hook reads the same figures as the caller after the step.
  * - The engine's updates carry, for a request that asked, exactly (memcmp) the figures of
  *   the same session stepped alone, while other requests share its batches.
- * - Refusals: top out of range, before any step, max_tokens = 0, beam and speculative
- *   sessions (the session call and the engine's submit). */
+ * - Speculative sessions give each token its verification row's figures: a greedy chain or
+ *   tree exactly (memcmp) the plain session's, a sampled chain tl_score's rows; so does the
+ *   engine for a speculative request.
+ * - Refusals: top out of range, before any step, max_tokens = 0, beam sessions (the session
+ *   call and the engine's submit). */
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -47,6 +50,26 @@ static void run_alone(const tl_generate_config *cfg, record *rec) {
         rec->n++;
     }
     tl_session_free(s);
+}
+
+/* Reads engine request `id` to its end into *got (each update's figures, TOP alternatives);
+   false when it did not finish or an update lacked its figures. */
+static bool read_request(tl_engine *e, uint64_t id, record *got) {
+    memset(got, 0, sizeof *got);
+    bool shapes_ok = true, finished = false;
+    while (!finished && tl_engine_wait(e, id, 5000) > 0) {
+        tl_engine_update u;
+        if (tl_engine_read(e, id, &u) != TL_OK) break;
+        shapes_ok &= u.n_tokens == 0 || (u.logprobs && u.top_ids && u.top_logprobs && u.n_top == TOP);
+        for (int i = 0; i < u.n_tokens && got->n < STEPS; i++, got->n++) {
+            got->tokens[got->n] = u.tokens[i];
+            got->logprob[got->n] = u.logprobs[i];
+            memcpy(got->top_ids[got->n], u.top_ids + (size_t)i * TOP, sizeof got->top_ids[0]);
+            memcpy(got->top_logprobs[got->n], u.top_logprobs + (size_t)i * TOP, sizeof got->top_logprobs[0]);
+        }
+        finished = u.state == TL_ENGINE_FINISHED;
+    }
+    return finished && shapes_ok;
 }
 
 /* The figures against tl_score's rows, log-softmaxed here in long double. */
@@ -243,30 +266,66 @@ int main(int argc, char **argv) {
         CHECK_ERROR(tl_session_logprobs(s, 0, &lp, NULL, NULL), TL_ERR_INVALID_ARGUMENT, "the last step emitted no token");
         tl_session_free(s);
 
-        tl_generate_config modes[2];
-        modes[0] = greedy, modes[0].beam_size = 2;
-        modes[1] = greedy, modes[1].speculative = TL_SPECULATIVE_CHAIN, modes[1].draft_loops = 1;
-        const char *names[2] = {"a beam session", "a speculative session"};
-        for (int m = 0; m < 2; m++) {
-            CHECK(tl_session_new(model, prompt, PROMPT, &modes[m], &s) == TL_OK, "%s", tl_last_error());
-            CHECK(tl_session_step(s, &token, &stop) == TL_OK && token >= 0, "%s", tl_last_error());
-            CHECK_ERROR(tl_session_logprobs(s, 0, &lp, NULL, NULL), TL_ERR_UNSUPPORTED, names[m] + 2);
-            tl_engine *e = NULL;
-            CHECK(tl_engine_new(model, NULL, &e) == TL_OK, "%s", tl_last_error());
-            tl_session *fresh = NULL;
-            CHECK(tl_session_new(model, prompt, PROMPT, &modes[m], &fresh) == TL_OK, "%s", tl_last_error());
-            tl_engine_request_options ro;
-            tl_engine_request_options_init(&ro);
-            ro.logprobs = 0;
-            uint64_t id = 7;
-            CHECK_ERROR(tl_engine_submit_with(e, fresh, &ro, &id), TL_ERR_INVALID_ARGUMENT, "plain decoding only");
-            CHECK(id == 0, "refused: no id");
-            ro.logprobs = -1; /* without logprobs the same session is served */
-            CHECK(tl_engine_submit_with(e, fresh, &ro, &id) == TL_OK && id > 0, "%s", tl_last_error());
-            tl_engine_cancel(e, id);
-            tl_engine_free(e);
-            tl_session_free(s);
-        }
+        /* Beam search keeps no rows: refused by the session call and the engine's submit. */
+        tl_generate_config beam = greedy;
+        beam.beam_size = 2;
+        CHECK(tl_session_new(model, prompt, PROMPT, &beam, &s) == TL_OK, "%s", tl_last_error());
+        CHECK(tl_session_step(s, &token, &stop) == TL_OK && token >= 0, "%s", tl_last_error());
+        CHECK_ERROR(tl_session_logprobs(s, 0, &lp, NULL, NULL), TL_ERR_UNSUPPORTED, "a beam session");
+        tl_engine *e = NULL;
+        CHECK(tl_engine_new(model, NULL, &e) == TL_OK, "%s", tl_last_error());
+        tl_session *fresh = NULL;
+        CHECK(tl_session_new(model, prompt, PROMPT, &beam, &fresh) == TL_OK, "%s", tl_last_error());
+        tl_engine_request_options ro;
+        tl_engine_request_options_init(&ro);
+        ro.logprobs = 0;
+        uint64_t id = 7;
+        CHECK_ERROR(tl_engine_submit_with(e, fresh, &ro, &id), TL_ERR_INVALID_ARGUMENT, "plain or speculative decoding only");
+        CHECK(id == 0, "refused: no id");
+        ro.logprobs = -1; /* without logprobs the same session is served */
+        CHECK(tl_engine_submit_with(e, fresh, &ro, &id) == TL_OK && id > 0, "%s", tl_last_error());
+        tl_engine_cancel(e, id);
+        tl_engine_free(e);
+        tl_session_free(s);
+    }
+
+    /* Speculative sessions: each token's figures are its verification row's. A greedy chain
+       and tree emit the plain session's tokens, and their rows are the plain decode rows
+       (batch-invariant kernels): the same figures, to the bit. A sampled chain's are
+       tl_score's rows. Through the engine, the session's own. */
+    {
+        tl_generate_config chain = greedy;
+        chain.speculative = TL_SPECULATIVE_CHAIN;
+        chain.draft_loops = 1;
+        chain.draft_ahead = 3;
+        record sc, st, ss, got;
+        run_alone(&chain, &sc);
+        CHECK(sc.n == g.n && memcmp(&sc, &g, sizeof g) == 0, "greedy chain: %d tokens, the plain session's figures %s",
+              sc.n, memcmp(&sc, &g, sizeof g) ? "differ" : "equal");
+        tl_generate_config tree = chain;
+        tree.speculative = TL_SPECULATIVE_TREE;
+        tree.K_branches = 2;
+        run_alone(&tree, &st);
+        CHECK(st.n == g.n && memcmp(&st, &g, sizeof g) == 0, "greedy tree: the plain session's figures");
+        tl_generate_config sampled_chain = chain;
+        sampled_chain.temperature = 1.1f;
+        sampled_chain.sample_seed = 5;
+        run_alone(&sampled_chain, &ss);
+        CHECK(ss.n == STEPS, "sampled chain: %d tokens", ss.n);
+        check_against_score(&ss, "sampled chain");
+        tl_engine *e = NULL;
+        CHECK(tl_engine_new(model, NULL, &e) == TL_OK, "%s", tl_last_error());
+        tl_session *s = NULL;
+        CHECK(tl_session_new(model, prompt, PROMPT, &sampled_chain, &s) == TL_OK, "%s", tl_last_error());
+        tl_engine_request_options ro;
+        tl_engine_request_options_init(&ro);
+        ro.logprobs = TOP;
+        uint64_t id = 0;
+        CHECK(tl_engine_submit_with(e, s, &ro, &id) == TL_OK && id > 0, "%s", tl_last_error());
+        CHECK(read_request(e, id, &got), "the speculative request finished, every update with its logprobs");
+        CHECK(got.n == ss.n && !memcmp(&got, &ss, sizeof got), "engine, speculative: the session's figures");
+        tl_engine_cancel(e, id);
+        tl_engine_free(e);
     }
 
     /* The engine: a request with logprobs, beside two without, in shared batches: exactly the
@@ -289,21 +348,8 @@ int main(int argc, char **argv) {
             CHECK(tl_engine_submit(e, other, &others[i]) == TL_OK && others[i] > 0, "%s", tl_last_error());
         }
         CHECK(tl_engine_submit_with(e, s, &ro, &id) == TL_OK && id > 0, "%s", tl_last_error());
-        record got = {0};
-        bool shapes_ok = true, finished = false;
-        while (!finished && tl_engine_wait(e, id, 5000) > 0) {
-            tl_engine_update u;
-            if (tl_engine_read(e, id, &u) != TL_OK) break;
-            shapes_ok &= u.n_tokens == 0 || (u.logprobs && u.top_ids && u.top_logprobs && u.n_top == TOP);
-            for (int i = 0; i < u.n_tokens && got.n < STEPS; i++, got.n++) {
-                got.tokens[got.n] = u.tokens[i];
-                got.logprob[got.n] = u.logprobs[i];
-                memcpy(got.top_ids[got.n], u.top_ids + (size_t)i * TOP, sizeof got.top_ids[0]);
-                memcpy(got.top_logprobs[got.n], u.top_logprobs + (size_t)i * TOP, sizeof got.top_logprobs[0]);
-            }
-            finished = u.state == TL_ENGINE_FINISHED;
-        }
-        CHECK(finished && shapes_ok, "the request finished, every update with its logprobs");
+        record got;
+        CHECK(read_request(e, id, &got), "the request finished, every update with its logprobs");
         CHECK(got.n == r.n && !memcmp(&got, &r, sizeof got), "engine: %d tokens, figures %s those alone", got.n,
               memcmp(&got, &r, sizeof got) ? "differ from" : "equal");
         for (int i = 0; i < 2; i++) {

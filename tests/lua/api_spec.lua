@@ -548,7 +548,7 @@ describe("session:logprobs", function()
         assert.has_error(function() m:score_logprobs(seq, 0) end)
     end)
 
-    it("raises before a token, for a bad top, a closed session and a speculative one", function()
+    it("raises before a token, for a bad top, a closed session and a beam one", function()
         local s = m:session({ 1, 2, 3 }, { max_tokens = 2 })
         assert.has_error(function() s:logprobs() end, "tl_session_logprobs: the last step emitted no token")
         s:step()
@@ -556,10 +556,24 @@ describe("session:logprobs", function()
         assert.has_error(function() s:logprobs(1.5) end)
         s:close()
         assert.has_error(function() s:logprobs() end, "session:logprobs(): the session is closed")
-        local spec = m:session({ 1, 2, 3 }, { max_tokens = 2, speculative = "chain", draft_loops = 1 })
-        spec:step()
-        assert.has_error(function() spec:logprobs() end,
-            "tl_session_logprobs: a speculative session chooses its tokens from rows it does not keep (plain decoding only)")
+        local beam = m:session({ 1, 2, 3 }, { max_tokens = 2, beam_size = 2 })
+        beam:step()
+        assert.has_error(function() beam:logprobs() end,
+            "tl_session_logprobs: a beam session chooses its tokens from rows it does not keep (plain or speculative decoding only)")
+    end)
+
+    it("gives a speculative session's tokens their verification rows' figures: plain decoding's", function()
+        local cfg = { max_tokens = 10, loops = 3, ignore_eos = true }
+        local plain = m:session({ 1, 2, 3 }, cfg)
+        cfg.speculative, cfg.draft_loops, cfg.draft_ahead = "chain", 1, 3
+        local spec = m:session({ 1, 2, 3 }, cfg)
+        for _ = 1, 10 do
+            assert.equal(plain:step(), spec:step())
+            local a, alternatives = plain:logprobs(3)
+            local b, spec_alternatives = spec:logprobs(3)
+            assert.equal(a, b)
+            assert.same(alternatives, spec_alternatives)
+        end
     end)
 end)
 

@@ -361,13 +361,18 @@ describe("server", function()
         for i, offset in ipairs(special.logprobs.text_offset) do
             assert.equal(special.logprobs.tokens[i], special.text:sub(offset + 1, offset + #special.logprobs.tokens[i]), i)
         end
+        -- speculative decoding: the same tokens and figures as plain decoding (greedy)
+        local spec = single({ prompt = "It is a truth", max_tokens = 10, logprobs = 2, speculative = "chain", draft_loops = 2,
+                              loops = 8, ignore_eos = true })
+        local plain_lp = single({ prompt = "It is a truth", max_tokens = 10, logprobs = 2, loops = 8, ignore_eos = true })
+        assert.same(plain_lp.token_ids, spec.token_ids)
+        assert.same(plain_lp.logprobs, spec.logprobs)
         -- a bad value is refused by name before the prompt is scored (it was a 500 "failed: 1")
         status, body = post('{"prompt": "It is", "max_tokens": 2, "loops": 0, "echo": true, "logprobs": 1}')
         assert.equal(400, status, body)
         assert.equal("loops", cjson.decode(body).error.param)
-        -- refused: out of range, with speculative decoding or beams
-        for _, bad in ipairs({ '"logprobs": 21', '"logprobs": -1', '"logprobs": "3"', '"logprobs": 2, "speculative": "chain"',
-                               '"logprobs": 2, "beam_size": 2' }) do
+        -- refused: out of range, with beams
+        for _, bad in ipairs({ '"logprobs": 21', '"logprobs": -1', '"logprobs": "3"', '"logprobs": 2, "beam_size": 2' }) do
             local st, b = post('{"prompt": "hi", "max_tokens": 2, ' .. bad .. "}")
             assert.equal(400, st, bad)
             assert.equal("logprobs", cjson.decode(b).error.param, bad)
@@ -953,7 +958,7 @@ describe("server request parsing", function()
             { '"n": 2, "best_of": 1', "best_of = 1 must be >= n = 2" },
             { '"best_of": 0', "best_of = 0 must be >= n = 1" },
             { '"best_of": 2, "stream": true', "best_of cannot be used with stream: the best are known only at the end" },
-            { '"best_of": 2, "beam_size": 2', "best_of needs plain decoding (it ranks by log-probabilities): not with speculative or beam_size" },
+            { '"best_of": 2, "beam_size": 2', "best_of ranks by log-probabilities, which beam search does not keep: not with beam_size" },
             { '"best_of": 17', "1 prompts x best_of = 17 is 17 choices: at most 16 a request here" },
             { '"best_of": 1.5', "best_of must be an integer" },
         }) do

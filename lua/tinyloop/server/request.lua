@@ -411,8 +411,8 @@ function _M.parse(body, model, model_id, max_choices)
     if best < n then return bad(("best_of = %d must be >= n = %d"):format(best, n), "best_of") end
     if best > n then -- the candidates are ranked by their tokens' log-probabilities, once all are done
         if t.stream then return bad("best_of cannot be used with stream: the best are known only at the end", "best_of") end
-        if cfg.speculative or (cfg.beam_size or 0) >= 2 then
-            return bad("best_of needs plain decoding (it ranks by log-probabilities): not with speculative or beam_size", "best_of")
+        if (cfg.beam_size or 0) >= 2 then
+            return bad("best_of ranks by log-probabilities, which beam search does not keep: not with beam_size", "best_of")
         end
     end
     for _, k in ipairs({ "presence_penalty", "frequency_penalty" }) do
@@ -473,8 +473,8 @@ function _M.parse(body, model, model_id, max_choices)
         if t.logprobs < 0 or t.logprobs > MAX_LOGPROBS then
             return bad(("logprobs = %d must be in [0, %d]"):format(t.logprobs, MAX_LOGPROBS), "logprobs")
         end
-        if cfg.speculative or (cfg.beam_size or 0) >= 2 then
-            return bad("logprobs needs plain decoding: not with speculative or beam_size", "logprobs")
+        if (cfg.beam_size or 0) >= 2 then
+            return bad("logprobs is not kept by beam search: not with beam_size", "logprobs")
         end
     end
     if t.echo then -- each choice's text begins with its prompt's, as OpenAI's echo
