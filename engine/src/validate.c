@@ -60,13 +60,14 @@ static tl_status validate_logit_bias(const tl_generate_config *c, int vocab) {
     tl_status st = TL_OK;
     for (int i = 0; st == TL_OK && i < c->n_logit_bias; i++) {
         const tl_logit_bias *e = &c->logit_bias[i];
+        /* named by token id: what every front end's user wrote (Lua's table has no order) */
         if (e->token < 0 || e->token >= vocab)
-            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "logit_bias[%d] token id %d is out of range [0, %d)", i, e->token,
-                         vocab);
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "logit_bias: token id %d is out of range [0, %d)", e->token, vocab);
         else if (listed[e->token])
-            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "logit_bias[%d] token id %d is listed twice", i, e->token);
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "logit_bias: token id %d is listed twice", e->token);
         else if (!isfinite(e->bias))
-            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "logit_bias[%d] bias = %g must be finite", i, (double)e->bias);
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "logit_bias: the bias of token id %d = %g must be finite", e->token,
+                         (double)e->bias);
         else
             listed[e->token] = 1;
     }

@@ -346,7 +346,7 @@ local function make_config(model, cfg)
         if type(bias) ~= "table" then raise("config field 'logit_bias' must be a table of token id = bias") end
         local ids = {}
         for id, b in pairs(bias) do
-            check_int("logit_bias key", id)
+            check_int(("logit_bias key %s"):format(tostring(id)), id)
             if type(b) ~= "number" then raise(("logit_bias[%d] must be a number"):format(id)) end
             ids[#ids + 1] = id
         end

@@ -558,9 +558,9 @@ static void test_validation(void) {
     static const tl_logit_bias twice[2] = {{7, 1.0f}, {7, 2.0f}}, outside[1] = {{-1, 1.0f}};
     static tl_logit_bias not_finite[2] = {{3, 1.0f}, {4, 0.0f}};
     not_finite[1].bias = NAN;
-    BAD((cfg.logit_bias = twice, cfg.n_logit_bias = 2), "logit_bias[1] token id 7 is listed twice");
-    BAD((cfg.logit_bias = outside, cfg.n_logit_bias = 1), "logit_bias[0] token id -1 is out of range");
-    BAD((cfg.logit_bias = not_finite, cfg.n_logit_bias = 2), "logit_bias[1] bias = nan must be finite");
+    BAD((cfg.logit_bias = twice, cfg.n_logit_bias = 2), "logit_bias: token id 7 is listed twice");
+    BAD((cfg.logit_bias = outside, cfg.n_logit_bias = 1), "logit_bias: token id -1 is out of range");
+    BAD((cfg.logit_bias = not_finite, cfg.n_logit_bias = 2), "logit_bias: the bias of token id 4 = nan must be finite");
     BAD(cfg.cache_window = -3, "cache_window = -3");
     BAD(cfg.n_stop_sequences = 2, "n_stop_sequences = 2 without stop_sequences");
     static const int32_t bad_seq[2] = {1, 100000};

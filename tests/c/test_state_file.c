@@ -460,7 +460,8 @@ static void compiled_grammar_states(const tl_model *m) {
    must still read, or the fuzzer would start from inputs refused at the fingerprint and
    never reach the fields (rewrite them when the fingerprint or the layout changes). */
 static void fuzz_seeds_read(const tl_model *m, const char *corpus) {
-    const char *names[] = {"greedy", "stop_rules_window", "before_prompt", "early_exit", "compiled_grammar"};
+    const char *names[] = {"greedy", "stop_rules_window", "before_prompt", "early_exit", "logit_adjustments",
+                           "compiled_grammar"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", corpus, names[i]);

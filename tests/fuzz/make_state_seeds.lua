@@ -45,3 +45,7 @@ end
 -- tokens it emitted: a finished session, refused (its checksum is stale; the fuzzer
 -- recomputes it).
 write("zz_max_tokens_reached", first:sub(1, 36) .. string.char(3, 0, 0, 0) .. first:sub(41))
+-- The greedy state in the layout of version 1 (still read): the version, and without the 12
+-- bytes of the presence and frequency penalties and logit_bias after its empty stop rules
+-- (its checksum stale as well: the fuzzer recomputes it).
+write("zz_version1_greedy", first:sub(1, 8) .. string.char(1) .. first:sub(10, 148) .. first:sub(161))

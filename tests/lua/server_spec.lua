@@ -935,8 +935,10 @@ describe("server request parsing", function()
             { '"frequency_penalty": "a"', "frequency_penalty", "frequency_penalty must be a number" },
             { '"logit_bias": [5]', "logit_bias", "logit_bias must be an object of token id: bias" },
             { '"logit_bias": 5', "logit_bias", "logit_bias must be an object" },
-            { '"logit_bias": {"x": 1}', "logit_bias", "logit_bias key 'x' must be a token id (a decimal integer)" },
-            { '"logit_bias": {"-1": 1}', "logit_bias", "logit_bias key '-1' must be a token id (a decimal integer)" },
+            { '"logit_bias": {"x": 1}', "logit_bias", "logit_bias key 'x' must be a token id (a decimal integer, no leading zeros)" },
+            { '"logit_bias": {"-1": 1}', "logit_bias", "logit_bias key '-1' must be a token id (a decimal integer, no leading zeros)" },
+            { '"logit_bias": {"5": 1, "05": -100}', "logit_bias", "logit_bias key '05' must be a token id (a decimal integer, no leading zeros)" },
+            { '"logit_bias": {"9999999999": 1}', "logit_bias", "logit_bias key '9999999999' must be a token id (a decimal integer, no leading zeros)" },
             { '"logit_bias": {"1": 101}', "logit_bias", "logit_bias['1'] must be a number in [-100, 100]" },
             { '"logit_bias": {"1": "up"}', "logit_bias", "logit_bias['1'] must be a number in [-100, 100]" },
         }) do

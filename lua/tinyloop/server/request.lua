@@ -286,8 +286,10 @@ local function logit_bias_of(v, body)
     if raw_member(body, { P }):sub(1, 1) ~= "{" then return bad("logit_bias must be an object of token id: bias", P) end
     local out = {}
     for k, b in pairs(v) do
-        if type(k) ~= "string" or not k:match("^%d+$") or #k > 10 then
-            return bad(("logit_bias key '%s' must be a token id (a decimal integer)"):format(tostring(k)), P)
+        -- as written by a number's decimal digits: "05" would be a second key for token 5
+        if type(k) ~= "string" or not k:match("^%d+$") or (#k > 1 and k:sub(1, 1) == "0") or #k > 10
+            or tonumber(k) > 2147483647 then
+            return bad(("logit_bias key '%s' must be a token id (a decimal integer, no leading zeros)"):format(tostring(k)), P)
         end
         if type(b) ~= "number" or not (b >= -MAX_BIAS and b <= MAX_BIAS) then
             return bad(("logit_bias['%s'] must be a number in [-%d, %d]"):format(k, MAX_BIAS, MAX_BIAS), P)
