@@ -642,7 +642,7 @@ typedef struct tl_engine_request_options {
 } tl_engine_request_options;
 void tl_engine_request_options_init(tl_engine_request_options *opts);
 /* tl_engine_submit with options (NULL: the defaults); logprobs out of range, or asked of a
-   beam or speculative session, is refused (TL_ERR_INVALID_ARGUMENT, the caller keeps it). */
+   beam session, is refused (TL_ERR_INVALID_ARGUMENT, the caller keeps it). */
 tl_status tl_engine_submit_with(tl_engine *engine, tl_session *session, const tl_engine_request_options *opts,
                                 uint64_t *id);
 

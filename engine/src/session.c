@@ -582,6 +582,7 @@ tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tok
             statuses[i] = tl_session_step(s, &tokens[i], &stops[i]);
             continue;
         }
+        s->chosen_row = NULL; /* (as step() does: a failed step leaves no token's row) */
         if (forward_status != TL_OK) {
             s->finished = true;
             statuses[i] = forward_status;

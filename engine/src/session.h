@@ -114,7 +114,7 @@ tl_status tl_session_prefill(tl_session *s, int n, float *last_logits);
 tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const int32_t *history, int n);
 /* Whether the session keeps the row each token was chosen from (s->chosen_row), for
    tl_session_logprobs: plain and speculative decoding; beam search does not. */
-static inline bool tl_session_keeps_rows(const tl_session *s) { return s->cfg.beam_size < 2; }
+static inline bool tl_session_keeps_rows(const tl_session *s) { return s->decoder != &tl_beam_decoder; }
 static inline tl_status tl_session_prepare_logits(tl_session *s, const float *row) {
     return tl_session_prepare_logits_for(s, row, s->tokens, s->n_tokens);
 }

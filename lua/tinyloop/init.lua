@@ -550,7 +550,8 @@ jit.off(Session.step)
 -- the logits it was chosen from as the model gave them (before hooks, penalties, grammar and
 -- temperature: tl_session_logprobs), and a list of the `top` (0..20, default 0) most likely
 -- tokens, most likely first: { {id = ..., logprob = ...}, ... }. Raised: a closed session, a
--- step that emitted nothing, a beam or speculative session (their rows are not kept).
+-- step that emitted nothing, a beam session (its rows are not kept). A speculative session's
+-- tokens have their verification rows' figures.
 local MAX_TOP_LOGPROBS = tonumber(C.TL_MAX_TOP_LOGPROBS)
 
 -- tinyloop.alternatives_of(ids, logprobs, from, top): one token's alternatives out of flat

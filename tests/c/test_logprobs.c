@@ -129,6 +129,12 @@ static int on_token(void *user, int32_t token, int position) {
     return TL_HOOK_CONTINUE;
 }
 
+/* A logits hook that fails from its third call on. */
+static int fail_third(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
+    (void)logits, (void)vocab_size, (void)tokens, (void)n;
+    return ++*(int *)user >= 3 ? TL_HOOK_ERROR : TL_HOOK_CONTINUE;
+}
+
 static int damp_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
     (void)user, (void)tokens, (void)n;
     for (int v = 0; v < vocab_size; v += 2) logits[v] -= 3.0f; /* changes the choice, not the model's figures */
@@ -287,6 +293,31 @@ int main(int argc, char **argv) {
         tl_engine_cancel(e, id);
         tl_engine_free(e);
         tl_session_free(s);
+    }
+
+    /* A step that failed in a shared batch leaves no figures (not the last token's under the
+       failed step's row). */
+    {
+        int calls = 0;
+        tl_generate_config failing = greedy;
+        failing.logits_processor = fail_third;
+        failing.logits_processor_user = &calls;
+        tl_session *pair[2] = {NULL, NULL};
+        CHECK(tl_session_new(model, prompt, PROMPT, &failing, &pair[0]) == TL_OK &&
+                  tl_session_new(model, prompt, PROMPT, &greedy, &pair[1]) == TL_OK,
+              "%s", tl_last_error());
+        int32_t tokens[2];
+        tl_stop_reason stops[2];
+        tl_status statuses[2];
+        float lp;
+        for (int step = 0; pair[0] && pair[1] && step < 3; step++) {
+            CHECK(tl_session_step_batch(pair, 2, tokens, stops, statuses) == TL_OK, "%s", tl_last_error());
+            if (step < 2) CHECK(statuses[0] == TL_OK && tl_session_logprobs(pair[0], 0, &lp, NULL, NULL) == TL_OK, "step %d", step);
+        }
+        CHECK(statuses[0] == TL_ERR_HOOK, "the third step failed in its hook: %d", (int)statuses[0]);
+        CHECK_ERROR(tl_session_logprobs(pair[0], 0, &lp, NULL, NULL), TL_ERR_INVALID_ARGUMENT, "emitted no token");
+        tl_session_free(pair[0]);
+        tl_session_free(pair[1]);
     }
 
     /* Speculative sessions: each token's figures are its verification row's. A greedy chain
