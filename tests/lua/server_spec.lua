@@ -872,6 +872,56 @@ end)
 
 describe("server request parsing", function()
     local fake = { vocab_size = 10, max_seq_len = 16, has_tokenizer = false }
+    it("answers any request of known fields and random values with a request or a 4xx naming a field, never a raise", function()
+        -- A seeded random walk over the accepted fields (and a few unknown ones), each given a
+        -- value of a random JSON type; every request the parser accepts also goes to the
+        -- engine (a real model), which must take it or refuse it with a message.
+        local m = assert(tinyloop.load("tests/data/textmodel"))
+        local names = { "made_up", "suffix" }
+        for name in pairs(request.FIELDS) do names[#names + 1] = name end
+        table.sort(names)
+        math.randomseed(20261202)
+        local random = math.random
+        local function value(depth)
+            local kind = random(1, depth > 1 and 6 or 8)
+            if kind == 1 then return random(-3, 20) end
+            if kind == 2 then return ({ 0.5, -1e300, 1e300, 2 ^ 40, -0.0, 3.25, 100, -100.5 })[random(1, 8)] end
+            if kind == 3 then return ({ "", "chain", "tree", "kl", "x", "json_schema", "root ::= \"a\"", "\0" })[random(1, 8)] end
+            if kind == 4 then return random(1, 2) == 1 end
+            if kind == 5 then return cjson.null end
+            if kind == 6 then return cjson.empty_array end
+            local t = {} -- an array or an object of random members
+            if kind == 7 then
+                for i = 1, random(1, 3) do t[i] = value(depth + 1) end
+            else
+                for _ = 1, random(1, 3) do t[tostring(random(0, 12))] = value(depth + 1) end
+            end
+            return t
+        end
+        local accepted, refused = 0, 0
+        for _ = 1, 2500 do
+            local t = { prompt = random(1, 4) > 1 and { random(0, 9), random(0, 9) } or value(1), max_tokens = random(0, 6) }
+            for _ = 1, random(1, 4) do t[names[random(1, #names)]] = value(1) end
+            local ok_encode, body = pcall(cjson.encode, t)
+            if ok_encode then
+                if random(1, 10) == 1 then body = body:sub(1, random(0, #body)) end -- cut short
+                local ok, r, e = pcall(request.parse, body, fake, "m", 4)
+                assert.is_true(ok, body .. ": " .. tostring(r))
+                if r then
+                    accepted = accepted + 1
+                    local fine, session = pcall(m.session, m, r.ids, r.cfg)
+                    assert.is_true(fine or (type(session) == "string" and #session > 0), body)
+                else
+                    refused = refused + 1
+                    assert.is_true(e.status == 400 or e.status == 404, body)
+                    assert.is_true(type(e.message) == "string" and #e.message > 0, body)
+                    assert.is_true(e.param == nil or request.FIELDS[e.param] ~= nil or e.param == "made_up" or e.param == "suffix",
+                                   body .. " -> " .. tostring(e.param))
+                end
+            end
+        end
+        assert.is_true(accepted > 100 and refused > 100, ("accepted %d, refused %d"):format(accepted, refused))
+    end)
     it("maps an engine message to the field it names", function()
         -- of two names as long, the first in the message ("model" came out of pairs() first)
         assert.equal("loops", request.param_of("loops = 0 must be in [1, max_loops = 16] (leave loops out for the model's default_loops = 8)"))
