@@ -521,7 +521,7 @@ local function run_blocking(r)
         local text = concat(texts)
         if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
         results[#results + 1] = { st = st, text = (st.echo or "") .. text, ids = all_ids, logprob_sum = logprob_sum,
-                                  figures = st.show_logprobs and all_figures or nil, lp_ids = lp_ids }
+                                  figures = r.show_logprobs and all_figures or nil, lp_ids = lp_ids }
     end
     local chosen, choices = best_of(r, results), {}
     local single = #chosen == 1
@@ -710,7 +710,8 @@ function _M.completions()
     -- 3. To the engine, all or none.
     next_request = next_request + 1
     r = { sts = {}, prompt_tokens = req.prompt_tokens, include_usage = req.include_usage, created = ngx.time(),
-                response_id = "cmpl-" .. ngx.worker.pid() .. "-" .. next_request, n = req.n, best_of = req.best_of }
+                response_id = "cmpl-" .. ngx.worker.pid() .. "-" .. next_request, n = req.n, best_of = req.best_of,
+                show_logprobs = req.logprobs ~= nil }
     -- (best_of ranks the candidates by their tokens' log-probabilities: asked for, if not shown)
     local ranked = req.best_of > req.n
     request_options.logprobs = req.logprobs or (ranked and 0) or -1
@@ -733,8 +734,7 @@ function _M.completions()
         r.sts[#r.sts + 1] = {
             siblings = r.sts, -- (itself included: its phase is no longer "queued" when polled)
             id = id, index = #r.sts, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
-            prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = req.logprobs ~= nil or ranked,
-            show_logprobs = req.logprobs ~= nil,
+            prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = request_options.logprobs >= 0,
             prompt_ids = ids, prompt_figures = prompt_figures[p],
             offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
         }
