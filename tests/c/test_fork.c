@@ -301,6 +301,48 @@ static void prefix_pool(const char *dir) {
     tl_model_free(cold);
 }
 
+/* A plain session that ends offers its generated rows too: a prompt that resends its text
+   and more (a chat's next turn) reuses all of it, and decodes as a cold start does. A session
+   that chose its depth token by token (early exit) offers its prompt only. */
+static void prefix_pool_keeps_generations(const char *dir) {
+    tl_model *pooled = load(dir), *cold = load(dir);
+    if (!pooled || !cold) { CHECK(0, "load"); return; }
+    CHECK(tl_model_set_prefix_pool(pooled, 64 << 20) == TL_OK, "pool: %s", tl_last_error());
+    const int vocab = tl_model_info(pooled)->vocab_size;
+    enum { N = 20, GEN = 8, MORE = 3 };
+    int32_t first[N], next_turn[CAP], want[CAP], got[CAP];
+    for (int i = 0; i < N; i++) first[i] = (int32_t)((i * 37 + 11) % vocab);
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = GEN;
+    cfg.ignore_eos = 1;
+    int n_first, n_want, n_got;
+    tl_generate_stats stats;
+    CHECK(tl_generate(pooled, first, N, &cfg, next_turn, CAP, &n_first, &stats) == TL_OK && n_first == N + GEN,
+          "first turn: %s", tl_last_error());
+    for (int i = 0; i < MORE; i++) next_turn[n_first + i] = (int32_t)((i * 53 + 5) % vocab);
+    const int n_next = n_first + MORE;
+    CHECK(tl_generate(pooled, next_turn, n_next, &cfg, got, CAP, &n_got, &stats) == TL_OK, "next turn: %s", tl_last_error());
+    /* every row the first session computed: its prompt and all but its last token */
+    CHECK(stats.prompt_tokens_reused == N + GEN - 1, "the next turn reused %d prompt tokens (want %d)",
+          stats.prompt_tokens_reused, N + GEN - 1);
+    tl_generate(cold, next_turn, n_next, &cfg, want, CAP, &n_want, &stats);
+    CHECK(n_got == n_want && memcmp(got, want, (size_t)n_want * sizeof *want) == 0, "pooled output differs from a cold start");
+    /* early exit: only the prompt's rows (at full depth) were offered */
+    first[0] = (first[0] + 1) % vocab;
+    cfg.early_exit_patience = 1;
+    cfg.early_exit_threshold = 0.5f;
+    CHECK(tl_generate(pooled, first, N, &cfg, next_turn, CAP, &n_first, &stats) == TL_OK, "early exit: %s", tl_last_error());
+    for (int i = 0; i < MORE; i++) next_turn[n_first + i] = (int32_t)((i * 53 + 5) % vocab);
+    cfg.early_exit_patience = 0;
+    CHECK(tl_generate(pooled, next_turn, n_first + MORE, &cfg, got, CAP, &n_got, &stats) == TL_OK &&
+              stats.prompt_tokens_reused == N,
+          "after an early-exit session the next turn reused %d prompt tokens (want its prompt's %d)",
+          stats.prompt_tokens_reused, N);
+    tl_model_free(pooled);
+    tl_model_free(cold);
+}
+
 /* Two first calls of tl_model_set_prefix_pool at once install one pool (each made its own
    and one was lost: a leak under LeakSanitizer, a race under ThreadSanitizer). */
 typedef struct { tl_model *model; int64_t budget; pthread_barrier_t *start; tl_status status; } set_pool_job;
@@ -482,6 +524,7 @@ int main(int argc, char **argv) {
     bad_input(m);
     prefix_pool(dir);
     prefix_pool_first_calls(dir);
+    prefix_pool_keeps_generations(dir);
     char huginn[4096];
     snprintf(huginn, sizeof huginn, "%s/../hf/huginn_f32", dir);
     prefix_pool_seeded(huginn);
