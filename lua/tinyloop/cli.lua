@@ -51,6 +51,10 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --threads N            CPU threads (default: one per core this process may use)
       --backend B            auto (default: CUDA when a device is present), cpu or cuda
       --kv-type T            f32 (default) or f16: half the KV cache memory (CPU only)
+      --chat                 PROMPT is a user message: the model's chat template (or the
+                             plain built-in one) makes the prompt; prints the reply only
+      --system TEXT          with --chat: a system message first
+      --chat-template FILE   with --chat: this Jinja chat template instead of the model's
       --no-prompt            do not echo the prompt
       --no-stats             no stats line
   -h, --help                 this text
@@ -129,11 +133,13 @@ function _M.parse(argv, default_model)
             i = i + 1
         elseif a == "-m" or a == "--model" or a == "-p" or a == "--prompt" or a == "--stop"
             or a == "--policy" or a == "--threads" or a == "--grammar" or a == "--json-schema"
-            or a == "--backend" or a == "--kv-type" then
+            or a == "--backend" or a == "--kv-type" or a == "--system" or a == "--chat-template" then
             if v == nil then return nil, usage_error("option " .. a .. " needs a value") end
             if a == "-m" or a == "--model" then o.model = v
             elseif a == "-p" or a == "--prompt" then o.prompt = v
             elseif a == "--stop" then o.stops[#o.stops + 1] = v
+            elseif a == "--system" then o.system = v
+            elseif a == "--chat-template" then o.chat_template = v
             elseif a == "--policy" then o.policy = v
             elseif a == "--grammar" then o.grammar_file = v
             elseif a == "--json-schema" then o.schema_file = v
@@ -154,6 +160,7 @@ function _M.parse(argv, default_model)
                 end
             end
             i = i + 1
+        elseif a == "--chat" then o.chat = true
         elseif a == "--no-prompt" then o.echo = false
         elseif a == "--no-stats" then o.stats = false
         elseif a == "--" then -- what follows is the prompt, options or not ("-n 3" after it is text)
@@ -173,6 +180,9 @@ function _M.parse(argv, default_model)
     if not o.prompt then return nil, usage_error("no prompt given") end
     if o.grammar_file and o.schema_file then
         return nil, usage_error("--grammar and --json-schema both constrain the output: give one")
+    end
+    if (o.system or o.chat_template) and not o.chat then
+        return nil, usage_error((o.system and "--system" or "--chat-template") .. " goes with --chat")
     end
     if #o.stops > 0 then o.cfg.stop_strings = o.stops end
     return o
@@ -206,6 +216,22 @@ function _M.main(argv, default_model)
     end
     for _, w in ipairs(model.warnings) do io.stderr:write("tinyloop: warning: ", w, "\n") end
     local cfg = o.cfg
+    -- ---- --chat: the prompt through the chat template; the reply ends at the template's turn
+    --      ends too (tinyloop.chat), and is all that is printed
+    if o.chat then
+        local chat, cerr = require("tinyloop.chat").load(o.model, o.chat_template)
+        if not chat then io.stderr:write("tinyloop: ", cerr, "\n") return 1 end
+        local messages = { { role = "user", content = o.prompt } }
+        if o.system then table.insert(messages, 1, { role = "system", content = o.system }) end
+        local text, perr = chat:prompt(messages)
+        if not text then io.stderr:write("tinyloop: ", perr, "\n") return 2 end
+        o.prompt, o.echo = text, false
+        local ends = chat:turn_end_ids(model)
+        if #ends > 0 then
+            cfg.stop_sequences = cfg.stop_sequences or {}
+            for _, id in ipairs(ends) do cfg.stop_sequences[#cfg.stop_sequences + 1] = { id } end
+        end
+    end
     -- ---- grammars: --grammar FILE.gbnf, --json-schema FILE.json
     for _, g in ipairs({ { o.grammar_file, tinyloop.grammar.gbnf }, { o.schema_file, tinyloop.grammar.json_schema } }) do
         if g[1] then

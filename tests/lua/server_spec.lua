@@ -26,10 +26,17 @@ local function post(body, extra)
     return curl((extra or "") .. " -H 'Content-Type: application/json' --data-binary " .. quote(body) .. " " .. base .. "/v1/completions")
 end
 local function post_json(t) return post(cjson.encode(t)) end
+local function post_chat(t, extra) -- t: a table, or the body's JSON text
+    return curl((extra or "") .. " -H 'Content-Type: application/json' --data-binary " ..
+                quote(type(t) == "string" and t or cjson.encode(t)) .. " " .. base .. "/v1/chat/completions")
+end
 local function metric(text, name)
     return tonumber(text:match("\n" .. name:gsub("[%-%[%]{}\"=]", "%%%0") .. " ([%d%.e%+%-]+)"))
 end
 local function metrics() return select(2, curl(base .. "/metrics")) end
+-- A usage's token counts (prompt_tokens_details.cached_tokens depends on what the prefix pool
+-- holds from earlier requests: its own test below).
+local function counts(u) return { prompt_tokens = u.prompt_tokens, completion_tokens = u.completion_tokens, total_tokens = u.total_tokens } end
 
 -- A port nothing listens on, below Linux's ephemeral range (32768 up): a client connection's
 -- own port there is invisible to the probe, and made nginx's bind fail once in CI
@@ -111,7 +118,7 @@ describe("server", function()
         assert.equal("length", r.choices[1].finish_reason)
         assert.equal(20, #r.choices[1].token_ids)
         assert.truthy(#r.choices[1].text > 0)
-        assert.same({ prompt_tokens = r.usage.prompt_tokens, completion_tokens = 20, total_tokens = r.usage.prompt_tokens + 20 }, r.usage)
+        assert.same({ prompt_tokens = r.usage.prompt_tokens, completion_tokens = 20, total_tokens = r.usage.prompt_tokens + 20 }, counts(r.usage))
         assert.equal(8, r.tinyloop.loops_used)
         -- token-id prompts work too
         status, body = post_json({ prompt = { 10, 20, 30 }, max_tokens = 3 })
@@ -182,7 +189,7 @@ describe("server", function()
         -- usage counts the prompt once and both completions
         local prompt_tokens = cjson.decode(select(2, post_json({ prompt = "It is a truth", max_tokens = 1 }))).usage.prompt_tokens
         local completion = #r.choices[1].token_ids + #r.choices[2].token_ids
-        assert.same({ prompt_tokens = prompt_tokens, completion_tokens = completion, total_tokens = prompt_tokens + completion }, r.usage)
+        assert.same({ prompt_tokens = prompt_tokens, completion_tokens = completion, total_tokens = prompt_tokens + completion }, counts(r.usage))
         -- a batch of a string and an id array: each choice its prompt's own completion
         status, body = post_json({ prompt = { "It is a truth", { 10, 20, 30 } }, max_tokens = 6 })
         assert.equal(200, status, body)
@@ -211,7 +218,7 @@ describe("server", function()
             assert.same(r.choices[i].token_ids, got[i].token_ids)
             assert.equal("length", got[i].finish_reason)
         end
-        assert.same(r.usage, chunks[#chunks].usage)
+        assert.same(counts(r.usage), counts(chunks[#chunks].usage))
         assert.is_nil(chunks[1].usage)
         -- the latency histograms count a request's first token once, not once per choice
         local ttft = "tinyloop_time_to_first_token_seconds_count"
@@ -234,6 +241,30 @@ describe("server", function()
         assert.same(generated(want), choice.token_ids)
         for _, id in ipairs(choice.token_ids) do assert.are_not.equal(banned, id) end
         assert.are_not.same(generated(plain), choice.token_ids)
+    end)
+
+    it("stops at stop_token_ids (vLLM's field), the token kept, as a local session with those stop sequences", function()
+        local m = assert(tinyloop.load(MODEL))
+        local greedy = { unpack(m:generate({ 10, 20, 30 }, { max_tokens = 12, ignore_eos = true }), 4) }
+        local choice = single({ prompt = { 10, 20, 30 }, max_tokens = 12, ignore_eos = true, stop_token_ids = { greedy[5], 4000 } })
+        local want = {}
+        for _, id in ipairs(greedy) do
+            want[#want + 1] = id
+            if id == greedy[5] then break end
+        end
+        assert.same(want, choice.token_ids)
+        assert.equal("stop", choice.finish_reason)
+        local function refused(v, message)
+            local status, body = post_json({ prompt = "hi", max_tokens = 2, stop_token_ids = v })
+            assert.equal(400, status, body)
+            local e = cjson.decode(body).error
+            assert.same({ "stop_token_ids", message }, { e.param, e.message })
+        end
+        refused({ 4096 }, "stop_token_ids[0] = 4096 is not a token id: ids are in [0, 4096)")
+        refused({ 1, "a" }, "stop_token_ids[1] = a is not a token id: ids are in [0, 4096)")
+        refused({ a = 1 }, "stop_token_ids must be an array of token ids")
+        refused("x", "stop_token_ids must be an array")
+        assert.equal(200, (post('{"prompt": "hi", "max_tokens": 1, "stop_token_ids": []}')))
     end)
 
     it("answers best_of: the n of best_of samples with the highest mean log-probability, usage over them all", function()
@@ -522,7 +553,7 @@ describe("server", function()
         -- wrong method, wrong path
         expect_error(405, nil, base .. "/v1/completions", true)
         expect_error(405, nil, "-X POST -d x " .. base .. "/health", true)
-        expect_error(404, nil, base .. "/v1/chat/completions", true)
+        expect_error(404, nil, base .. "/v1/embeddings", true)
         -- nginx's own errors in the same JSON shape (its HTML pages before)
         expect_error(414, nil, "-d '{}' '" .. base .. "/v1/completions?" .. ("a"):rep(9000) .. "'", true)
         expect_error(400, nil, "-H 'X-Big: " .. ("b"):rep(20000) .. "' " .. base .. "/health", true)
@@ -706,16 +737,209 @@ describe("server", function()
     end)
 end)
 
+describe("chat completions", function()
+    local messages = { { role = "system", content = "Be brief." }, { role = "user", content = "Who is Emma?" } }
+    -- The shipped model has no chat template: the built-in plain one (tinyloop.chat.PLAIN).
+    local PROMPT = "Be brief.\n\nUser: Who is Emma?\n\nAssistant:"
+
+    it("answers in the OpenAI chat shape, the message the session of the templated prompt writes", function()
+        local status, body = post_chat({ model = "tinyloop-austen", messages = messages, max_tokens = 12, seed = 5, temperature = 0.8,
+                                         ignore_eos = true })
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        assert.equal("chat.completion", r.object)
+        assert.truthy(r.id:match("^chatcmpl%-"))
+        assert.equal("tinyloop-austen", r.model)
+        local choice = r.choices[1]
+        assert.equal(0, choice.index)
+        assert.equal("assistant", choice.message.role)
+        assert.equal("length", choice.finish_reason)
+        assert.equal(cjson.null, choice.logprobs)
+        local m = assert(tinyloop.load(MODEL))
+        local ids = m:encode(PROMPT)
+        local s = m:session(ids, { max_tokens = 12, temperature = 0.8, sample_seed = 5, ignore_eos = true })
+        local want, text = {}, {}
+        for i = 1, 12 do want[i], text[i] = s:step() end
+        assert.same(want, choice.token_ids)
+        assert.equal(table.concat(text), choice.message.content)
+        assert.same({ prompt_tokens = #ids, completion_tokens = 12, total_tokens = #ids + 12 }, counts(r.usage))
+        assert.equal(8, r.tinyloop.loops_used)
+    end)
+
+    it("runs to the end of the context by default (OpenAI's chat rule), or to the model's EOS", function()
+        local status, body = post_chat({ messages = messages, loops = 2 })
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        local m = assert(tinyloop.load(MODEL))
+        local want = m:generate(m:encode(PROMPT), { max_tokens = m.max_seq_len - r.usage.prompt_tokens, loops = 2 })
+        assert.same({ unpack(want, r.usage.prompt_tokens + 1) }, r.choices[1].token_ids)
+        assert.equal(r.choices[1].finish_reason == "length", r.usage.total_tokens == m.max_seq_len)
+    end)
+
+    it("streams chat.completion.chunk deltas whose content is the non-streamed message", function()
+        local req = { messages = messages, max_tokens = 30, seed = 9, temperature = 0.9, ignore_eos = true,
+                      stream_options = { include_usage = true } }
+        local whole = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 30, seed = 9, temperature = 0.9,
+                                                          ignore_eos = true })))
+        req.stream = true
+        local status, body = post_chat(req, "-N")
+        assert.equal(200, status, body)
+        local chunks, done = sse_chunks(body)
+        assert.is_true(done)
+        local content, ids = {}, {}
+        for i, c in ipairs(chunks) do
+            assert.equal("chat.completion.chunk", c.object)
+            assert.equal(chunks[1].id, c.id)
+            if i < #chunks then
+                local delta = c.choices[1].delta
+                -- the role once, in the first delta (OpenAI's shape)
+                assert.equal(i == 1 and "assistant" or nil, delta.role)
+                content[#content + 1] = delta.content
+                for _, id in ipairs(c.choices[1].token_ids) do ids[#ids + 1] = id end
+                assert.equal(i == #chunks - 1 and "length" or cjson.null, c.choices[1].finish_reason)
+                assert.equal(cjson.null, c.usage)
+            end
+        end
+        -- include_usage: a last chunk of no choices with the usage
+        assert.same({}, chunks[#chunks].choices)
+        assert.same(counts(whole.usage), counts(chunks[#chunks].usage))
+        assert.equal(whole.choices[1].message.content, table.concat(content))
+        assert.same(whole.choices[1].token_ids, ids)
+    end)
+
+    it("gives logprobs in the chat shape: the completions API's figures for the same tokens", function()
+        local status, body = post_chat({ messages = messages, max_tokens = 6, logprobs = true, top_logprobs = 2, ignore_eos = true })
+        assert.equal(200, status, body)
+        local choice = cjson.decode(body).choices[1]
+        local m = assert(tinyloop.load(MODEL))
+        local plain = cjson.decode(select(2, post_json({ prompt = m:encode(PROMPT), max_tokens = 6, logprobs = 2, ignore_eos = true })))
+        local lp = plain.choices[1].logprobs
+        assert.same(plain.choices[1].token_ids, choice.token_ids)
+        assert.equal(6, #choice.logprobs.content)
+        local text = {}
+        for i, entry in ipairs(choice.logprobs.content) do
+            assert.equal(lp.tokens[i], entry.token)
+            assert.equal(lp.token_logprobs[i], entry.logprob)
+            assert.equal(entry.token, string.char(unpack(entry.bytes)))
+            assert.equal(2, #entry.top_logprobs)
+            for _, alt in ipairs(entry.top_logprobs) do
+                assert.equal(lp.top_logprobs[i][alt.token], alt.logprob)
+                assert.equal(alt.token, string.char(unpack(alt.bytes)))
+            end
+            text[i] = entry.token
+        end
+        assert.equal(choice.message.content, table.concat(text))
+        -- logprobs alone: each token's own figure, no alternatives
+        choice = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 2, logprobs = true }))).choices[1]
+        assert.same({}, choice.logprobs.content[1].top_logprobs)
+    end)
+
+    it("serves a conversation's earlier turns from the prefix pool: usage's cached_tokens, the same answer", function()
+        local conversation = { { role = "system", content = "You are Miss Bates, and talk at length." },
+                               { role = "user", content = "How is your mother, Miss Bates?" } }
+        local before = metric(metrics(), "tinyloop_prompt_tokens_cached_total") or 0
+        local function ask() return cjson.decode(select(2, post_chat({ messages = conversation, max_tokens = 6, ignore_eos = true }))) end
+        local first, again = ask(), ask()
+        assert.equal(0, first.usage.prompt_tokens_details.cached_tokens)
+        -- all but the last prompt token (its logits are the first step's), bit-identical output
+        assert.equal(first.usage.prompt_tokens - 1, again.usage.prompt_tokens_details.cached_tokens)
+        assert.same(first.choices[1].token_ids, again.choices[1].token_ids)
+        -- the next turn shares the conversation so far
+        conversation[#conversation + 1] = { role = "assistant", content = first.choices[1].message.content }
+        conversation[#conversation + 1] = { role = "user", content = "And Jane?" }
+        local next_turn = ask()
+        local reused = next_turn.usage.prompt_tokens_details.cached_tokens
+        assert.truthy(reused >= first.usage.prompt_tokens - 2, reused) -- ("Assistant:" may merge with the reply's first token)
+        assert.equal(before + again.usage.prompt_tokens_details.cached_tokens + reused,
+                     metric(metrics(), "tinyloop_prompt_tokens_cached_total"))
+    end)
+
+    it("answers n choices, and takes a grammar like the completions API", function()
+        local status, body = post_chat({ messages = messages, max_tokens = 4, n = 2, temperature = 1, seed = 3, ignore_eos = true })
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        assert.same({ 0, 1 }, { r.choices[1].index, r.choices[2].index })
+        assert.equal(8, r.usage.completion_tokens)
+        status, body = post_chat({ messages = messages, max_tokens = 8, grammar = 'root ::= "Yes" | "No"' })
+        assert.equal(200, status, body)
+        local content = cjson.decode(body).choices[1].message.content
+        assert.truthy(content == "Yes" or content == "No", content)
+    end)
+
+    it("refuses bad chat requests with a 4xx naming the field", function()
+        local function refused(t, param, message)
+            local status, body = post_chat(t)
+            assert.equal(400, status, body)
+            local e = cjson.decode(body).error
+            assert.equal(param, e.param)
+            assert.equal("invalid_request_error", e.type)
+            if message then assert.truthy(e.message:find(message, 1, true), e.message) end
+        end
+        refused({ max_tokens = 2 }, "messages", "messages is required")
+        refused('{"messages": []}', "messages", "non-empty array")
+        refused({ messages = { { role = "robot", content = "hi" } } }, "messages", 'messages[0].role must be')
+        refused({ messages = { { role = "user" } } }, "messages", "messages[0].content is required")
+        refused({ messages = { { role = "user", content = { { type = "image_url", image_url = { url = "x" } } } } } }, "messages",
+                'messages[0].content[0].type = "image_url": only "text" parts')
+        refused({ messages = { { role = "user", content = "hi", tool_calls = {} } } }, "messages", "tools are not supported")
+        refused({ messages = messages, tools = { { type = "function" } } }, "tools", "tools is not supported")
+        refused({ messages = messages, tool_choice = "auto" }, "tool_choice")
+        refused({ messages = messages, top_logprobs = 2 }, "top_logprobs", "needs logprobs: true")
+        refused({ messages = messages, logprobs = true, top_logprobs = 21 }, "top_logprobs", "top_logprobs = 21 must be in [0, 20]")
+        refused({ messages = messages, max_tokens = 2, max_completion_tokens = 2 }, "max_completion_tokens", "one setting")
+        refused({ messages = messages, max_completion_tokens = 1000 }, "max_completion_tokens", "exceed the model's context of 256")
+        refused({ messages = messages, echo = true }, "echo", "unknown field 'echo'")
+        refused({ messages = messages, prompt = "hi" }, "prompt", "unknown field 'prompt'")
+        refused({ messages = messages, temperature = -1 }, "temperature")
+        local long = ("word "):rep(300)
+        refused({ messages = { { role = "user", content = long } } }, "messages", "fill the model's context of 256")
+        -- OpenAI clients' defaults are no-ops: accepted
+        local status, body = post_chat('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "tools": [], ' ..
+            '"tool_choice": "none", "parallel_tool_calls": true, "store": false, "service_tier": "auto", "user": "u", ' ..
+            '"metadata": {"k": "v"}, "logprobs": false, "n": 1, "stream": false, "top_logprobs": null}')
+        assert.equal(200, status, body)
+        -- text parts are joined, a "developer" message is the system's
+        status, body = post_chat({ messages = { { role = "developer", content = "Be brief." },
+                                                { role = "user", content = { { type = "text", text = "Who is" },
+                                                                             { type = "text", text = "Emma?" } } } },
+                                   max_tokens = 1 })
+        assert.equal(200, status, body)
+        local m = assert(tinyloop.load(MODEL))
+        assert.equal(#m:encode("Be brief.\n\nUser: Who is\nEmma?\n\nAssistant:"), cjson.decode(body).usage.prompt_tokens)
+        status = curl(base .. "/v1/chat/completions")
+        assert.equal(405, status)
+    end)
+end)
+
 describe("server with two workers", function()
     -- Each worker has its own engine; /metrics, whichever worker answers, shows both.
     local port2, base2, dir2
+    -- Chat here: the ChatML of --chat-template, and a turn that ends at a token the model
+    -- writes (generation_config.json's eos_token_id lists it): the shipped model's files in a
+    -- directory of their own, with that file added.
+    local CHATML_MESSAGES = { { role = "system", content = " Be brief. " }, { role = "user", content = "Who is Emma?" } }
+    local CHATML_PROMPT = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWho is Emma?<|im_end|>\n<|im_start|>assistant\n"
+    local greedy, turn_end -- the greedy tokens of CHATML_PROMPT (f16 KV, as served), and the 6th
     setup(function()
         port2 = free_port()
         base2 = "http://127.0.0.1:" .. port2
         dir2 = sh("mktemp -d"):gsub("%s+$", "")
+        local m = assert(tinyloop.load(MODEL, { kv_type = "f16" }))
+        local prompt = m:encode(CHATML_PROMPT)
+        greedy = { unpack(m:generate(prompt, { max_tokens = 20, ignore_eos = true }), #prompt + 1) }
+        turn_end = greedy[6]
+        local model_dir = dir2 .. "/model"
+        local root = sh("pwd"):gsub("%s+$", "")
+        os.execute(("mkdir %s && chmod a+rx %s %s"):format(model_dir, dir2, model_dir))
+        for _, f in ipairs({ "config.json", "model.safetensors", "tokenizer.json" }) do
+            os.execute(("ln -s %s/%s/%s %s/%s"):format(root, MODEL, f, model_dir, f))
+        end
+        local f = assert(io.open(model_dir .. "/generation_config.json", "wb"))
+        f:write(cjson.encode({ eos_token_id = { m:info().eos_token_id, turn_end } }))
+        f:close()
         -- f16 KV caches (--kv-type f16): half the memory a session; the answers below need no more.
-        os.execute(("scripts/serve --port %d --model %s --workers 2 --threads 1 --max-active 2 --kv-type f16 --prefix %s/prefix > %s/serve.log 2>&1 & echo $! > %s/pid")
-            :format(port2, MODEL, dir2, dir2, dir2))
+        os.execute(("scripts/serve --port %d --model %s --workers 2 --threads 1 --max-active 2 --kv-type f16 --prefix-pool-mb 0 --chat-template tests/data/chat/chatml.jinja --prefix %s/prefix > %s/serve.log 2>&1 & echo $! > %s/pid")
+            :format(port2, model_dir, dir2, dir2, dir2))
         for _ = 1, 300 do
             local m = select(2, curl(base2 .. "/metrics")) or ""
             -- both workers up: each has published its engine once
@@ -776,8 +1000,9 @@ describe("server with two workers", function()
             assert.equal(8, (total(m, 'tinyloop_engine_requests_total{worker="(%d)",outcome="submitted"} (%d+)')))
             assert.equal(40, (total(m, 'tinyloop_engine_batch_rows_total{worker="(%d)"} (%d+)')))
             assert.equal(0, (total(m, 'tinyloop_engine_sessions{worker="(%d)",state="active"} (%d+)')))
-            -- Memory: no session holds K/V pages any more; the freed ones are kept for reuse
-            -- (f16 pages: this server runs --kv-type f16); each worker holds its weights.
+            -- Memory: no session holds K/V pages any more, nor a prefix pool (--prefix-pool-mb 0);
+            -- the freed ones are kept for reuse (f16 pages: this server runs --kv-type f16); each
+            -- worker holds its weights.
             assert.equal(0, (total(m, 'tinyloop_engine_memory_bytes{worker="(%d)",kind="kv"} (%d+)')))
             assert.is_true((total(m, 'tinyloop_engine_memory_bytes{worker="(%d)",kind="kv_spare"} (%d+)')) > 0, m)
             local weights, holders = total(m, 'tinyloop_engine_memory_bytes{worker="(%d)",kind="weights"} (%d+)')
@@ -801,6 +1026,34 @@ describe("server with two workers", function()
             end
             assert.truthy(nicer >= 1, sh("ps -L -o tid=,ni=,comm= -p " .. pid))
         end
+    end)
+
+    it("renders chat messages with the template of --chat-template, and ends the turn at generation_config's ids", function()
+        local function answer(path, t)
+            local status, body = curl(" -H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode(t)) .. " " ..
+                                      base2 .. path)
+            assert.equal(200, status, body)
+            return cjson.decode(body)
+        end
+        local r = answer("/v1/chat/completions", { messages = CHATML_MESSAGES, max_tokens = 20, ignore_eos = true })
+        -- the file's ChatML (tests/data/chat/chatml.jinja: trim, whitespace control), as
+        -- Python's jinja2 renders it
+        local m = assert(tinyloop.load(MODEL))
+        local prompt = m:encode(CHATML_PROMPT)
+        assert.equal(#prompt, r.usage.prompt_tokens)
+        -- up to the first turn_end, which the greedy continuation holds (6th, maybe earlier)
+        local want = {}
+        for _, id in ipairs(greedy) do
+            want[#want + 1] = id
+            if id == turn_end then break end
+        end
+        assert.same(want, r.choices[1].token_ids)
+        assert.equal("stop", r.choices[1].finish_reason)
+        assert.equal("STOP_SEQUENCE", r.tinyloop.stop_reason)
+        -- a turn end is chat's: the completions API runs on
+        r = answer("/v1/completions", { prompt = prompt, max_tokens = 20, ignore_eos = true })
+        assert.same(greedy, r.choices[1].token_ids)
+        assert.equal("length", r.choices[1].finish_reason)
     end)
 
     it("keeps answering when the thread pool has no Lua VM to spare (it polls instead)", function()
@@ -843,6 +1096,17 @@ describe("server with two workers", function()
 end)
 
 describe("scripts/serve options", function()
+    it("refuses a chat template it cannot read or compile", function()
+        local out = sh("scripts/serve --chat-template /nonexistent/t.jinja --port 1 2>&1; echo \"exit $?\"")
+        assert.truthy(out:find("--chat-template /nonexistent/t.jinja: no readable file there", 1, true), out)
+        assert.truthy(out:find("exit 2", 1, true), out)
+        -- one nginx cannot start with (configure raises in init_by_lua, naming the file)
+        local bad = dir .. "/bad.jinja"
+        local f = assert(io.open(bad, "wb")); f:write("{% for m in messages %}"); f:close()
+        out = sh(("TMPDIR=%s scripts/serve --chat-template %s --port %d 2>&1; echo \"exit $?\""):format(dir, bad, free_port()))
+        assert.truthy(out:find("the chat template (" .. bad .. ") does not compile", 1, true), out)
+        assert.truthy(out:find("exit 1", 1, true), out)
+    end)
     it("refuses a KV type it does not know before starting nginx", function()
         local out = sh("scripts/serve --kv-type f8 --port 1 2>&1; echo \"exit $?\"")
         assert.truthy(out:find("--kv-type must be f32 or f16, got 'f8'", 1, true), out)
@@ -1014,7 +1278,7 @@ describe("server request parsing", function()
             { '"best_of": 0', "best_of = 0 must be >= n = 1" },
             { '"best_of": 2, "stream": true', "best_of cannot be used with stream: the best are known only at the end" },
             { '"best_of": 2, "beam_size": 2', "best_of ranks by log-probabilities, which beam search does not keep: not with beam_size" },
-            { '"best_of": 17', "1 prompts x best_of = 17 is 17 choices: at most 16 a request here" },
+            { '"best_of": 17', "best_of = 17 choices: at most 16 a request here" },
             { '"best_of": 1.5', "best_of must be an integer" },
         }) do
             local _, e = request.parse('{"prompt": [1], "max_tokens": 2, ' .. case[1] .. '}', fake, "m")
@@ -1039,6 +1303,47 @@ describe("server request parsing", function()
         assert.equal("prompt[1][1] = 99 is not a token id: ids are in [0, 10)", e.message)
         _, e = request.parse('{"prompt": [1], "max_tokens": 2, "echo": true}', fake, "m")
         assert.same({ "echo", "echo needs a tokenizer, which this model lacks" }, { e.param, e.message })
+    end)
+    it("parses chat requests: the template's prompt, its turn ends as stop sequences, chat's defaults", function()
+        local m = assert(tinyloop.load("tests/data/textmodel"))
+        local c = assert(require("tinyloop.chat").load("tests/data/textmodel")) -- no template: the plain one
+        c.turn_ends = { 5, 9 }
+        local function parse(fields)
+            fields.messages = fields.messages or { { role = "user", content = "hi" } }
+            return request.parse_chat(cjson.encode(fields), m, "m", 16, c)
+        end
+        local r = assert(parse({ max_tokens = 3 }))
+        assert.same(m:encode("User: hi\n\nAssistant:"), r.ids)
+        assert.same({ { 5 }, { 9 } }, r.cfg.stop_sequences)
+        assert.equal(3, r.cfg.max_tokens)
+        assert.same({ 1, 1, #r.ids }, { r.n, r.best_of, r.prompt_tokens })
+        assert.is_nil(r.logprobs)
+        -- max_tokens: the rest of the context unless set, by either name
+        assert.equal(m.max_seq_len - #r.ids, assert(parse({})).cfg.max_tokens)
+        assert.equal(4, assert(parse({ max_completion_tokens = 4 })).cfg.max_tokens)
+        local _, e = parse({ max_completion_tokens = -1 })
+        assert.same({ "max_completion_tokens", "max_completion_tokens = -1 must be >= 0" }, { e.param, e.message })
+        -- logprobs is a boolean; top_logprobs the alternatives
+        assert.equal(3, assert(parse({ logprobs = true, top_logprobs = 3 })).logprobs)
+        assert.equal(0, assert(parse({ logprobs = true })).logprobs)
+        assert.is_nil(assert(parse({ logprobs = false })).logprobs)
+        _, e = parse({ logprobs = 2 })
+        assert.same({ "logprobs", "logprobs must be a boolean" }, { e.param, e.message })
+        _, e = parse({ logprobs = true, beam_size = 2 })
+        assert.same({ "logprobs", "logprobs is not kept by beam search: not with beam_size" }, { e.param, e.message })
+        -- n choices at most max_choices
+        _, e = request.parse_chat(cjson.encode({ messages = { { role = "user", content = "hi" } }, n = 3 }), m, "m", 2, c)
+        assert.same({ "n", "n = 3 choices: at most 2 a request here" }, { e.param, e.message })
+        -- the template's refusal names messages
+        _, e = parse({ messages = { { role = "user", content = {} } } })
+        assert.same({ "messages", "messages[0].content must be a string or a non-empty array of text parts" }, { e.param, e.message })
+        -- no turn ends: no stop sequences
+        c.turn_ends = {}
+        assert.is_nil(assert(parse({})).cfg.stop_sequences)
+        -- a model without a tokenizer
+        _, e = request.parse_chat('{"messages": [{"role": "user", "content": "hi"}]}', fake, "m", 16, c)
+        assert.same({ "messages", "chat needs a tokenizer, which this model lacks: use /v1/completions with token ids" },
+                    { e.param, e.message })
     end)
     it("renders text as valid UTF-8 (a generation may end inside a character)", function()
         local fix = request.valid_utf8

@@ -43,9 +43,14 @@ local conf = {
     max_body = 1024 * 1024,   -- request bodies above: 413 (keep client_max_body_size equal)
     publish_every = 0.25,     -- seconds between copies of the engine counters into shared_dict
     engine_nice = 5,          -- compute threads this much nicer than the event loop (0: as is)
+    prefix_pool_mb = 128,     -- per worker: K/V of recent prompts, reused by requests that start
+                              -- with one (chat turns resend the conversation); 0 = none
+    chat_template = nil,      -- a Jinja file for /v1/chat/completions; default: the model's own
+                              -- (tinyloop.chat.load), else a plain built-in one
 }
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
+local chat_prompts, chat_error -- tinyloop.chat for the model (or why it failed to load)
 -- the model, tl_score_logprobs and tl_last_error, for prompt scoring in the thread pool
 local model_addr, score_addr, last_error_addr
 local model_types -- what /v1/models says of the weights and the KV cache (model:info(), once)
@@ -54,7 +59,7 @@ local next_request = 0
 -- configure(opts) in init_by_lua: the fields of `conf` above.
 function _M.configure(opts)
     for k, v in pairs(opts or {}) do
-        if conf[k] == nil and k ~= "model" and k ~= "model_id" then error("tinyloop.server: unknown option '" .. tostring(k) .. "'") end
+        if conf[k] == nil and k ~= "model" and k ~= "model_id" and k ~= "chat_template" then error("tinyloop.server: unknown option '" .. tostring(k) .. "'") end
         conf[k] = v
     end
     if type(conf.model) ~= "string" then error("tinyloop.server: configure{ model = DIR } is required") end
@@ -62,6 +67,11 @@ function _M.configure(opts)
         error("tinyloop.server: kv_type must be \"f32\" or \"f16\", got " .. tostring(conf.kv_type))
     end
     conf.model_id = conf.model_id or conf.model:gsub("/+$", ""):match("([^/]+)$")
+    -- The chat template is read here, once, in the master: a template the operator named
+    -- must work (else nginx does not start); the model's own may use Jinja this renderer
+    -- lacks, which costs only /v1/chat/completions (500 with the reason; logged per worker).
+    chat_prompts, chat_error = require("tinyloop.chat").load(conf.model, conf.chat_template)
+    if not chat_prompts and conf.chat_template then error("tinyloop.server: " .. chat_error) end
 end
 
 -- This worker's engine counters into the shared dict, where /metrics of any worker reads them.
@@ -115,6 +125,12 @@ function _M.init_worker()
         ngx_log(ngx.ERR, "tinyloop: ", model_error)
         return
     end
+    if type(conf.prefix_pool_mb) ~= "number" or conf.prefix_pool_mb < 0 then
+        model_error = "prefix_pool_mb must be a number >= 0, got " .. tostring(conf.prefix_pool_mb)
+        ngx_log(ngx.ERR, "tinyloop: ", model_error)
+        return
+    end
+    if conf.prefix_pool_mb > 0 then m:set_prefix_pool(math.floor(conf.prefix_pool_mb * 1048576)) end
     local o = ffi_new("tl_engine_options")
     C.tl_engine_options_init(o)
     o.max_active, o.max_queued = conf.max_active, conf.max_queued
@@ -134,6 +150,11 @@ function _M.init_worker()
     score_addr = tonumber(ffi_cast("uintptr_t", C.tl_score_logprobs))
     last_error_addr = tonumber(ffi_cast("uintptr_t", C.tl_last_error))
     created_at = ngx.time()
+    if chat_prompts then
+        chat_prompts.turn_ends = chat_prompts:turn_end_ids(m)
+    else
+        ngx_log(ngx.ERR, "tinyloop: /v1/chat/completions is off: ", chat_error)
+    end
     publish()
     local ok, err = ngx.timer.every(conf.publish_every, publish)
     if not ok then ngx_log(ngx.ERR, "tinyloop: no metrics timer (other workers' /metrics miss this engine): ", err) end
@@ -221,7 +242,7 @@ end
 
 function _M.not_found()
     return send_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, GET /v1/models, /health, /metrics)", nil, "not_found_error")
+        " (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health, /metrics)", nil, "not_found_error")
 end
 
 function _M.too_large()
@@ -259,9 +280,9 @@ local token_bytes, token_len = ffi_new("const char *[1]"), ffi_new("size_t[1]")
 -- character), and its length in the choice's text: a generated special token is not shown
 -- there, an echoed prompt's is (in_prompt).
 local function token_string(id, in_prompt)
-    if C.tl_token_text(model.ptr, id, token_bytes, token_len) ~= 0 then return "", 0 end
+    if C.tl_token_text(model.ptr, id, token_bytes, token_len) ~= 0 then return "", 0, "" end
     local bytes = ffi_string(token_bytes[0], token_len[0])
-    return request.valid_utf8(bytes), (in_prompt or C.tl_token_is_special(model.ptr, id) == 0) and #bytes or 0
+    return request.valid_utf8(bytes), (in_prompt or C.tl_token_is_special(model.ptr, id) == 0) and #bytes or 0, bytes
 end
 
 -- A log-probability for JSON: -inf (a token the model rules out) has no JSON number: null.
@@ -296,6 +317,24 @@ local function logprobs_json(st, ids, figures, n_prompt)
     local function array(t) return #t == 0 and "[]" or encode(t) end
     return '{"tokens":' .. array(tokens) .. ',"token_logprobs":' .. array(token_logprobs) .. ',"top_logprobs":[' ..
         concat(tops, ",") .. '],"text_offset":' .. array(offsets) .. "}"
+end
+
+-- The chat API's logprobs object: {"content": [{"token", "logprob", "bytes", "top_logprobs":
+-- [{"token", "logprob", "bytes"}, ...]}, ...]}, one entry per token of `ids` (bytes: the
+-- token's raw bytes, which a token cutting a character needs to be put back together).
+local function token_entry(id, logprob)
+    local text, _, raw = token_string(id)
+    return '{"token":' .. encode(text) .. ',"logprob":' .. encode(json_logprob(logprob)) .. ',"bytes":[' ..
+        concat({ raw:byte(1, -1) }, ",") .. "]"
+end
+local function chat_logprobs_json(ids, figures)
+    local entries = {}
+    for i = 1, #ids do
+        local alternatives = {}
+        for j, alt in ipairs(figures[i].top or {}) do alternatives[j] = token_entry(alt.id, alt.logprob) .. "}" end
+        entries[i] = token_entry(ids[i], figures[i].logprob) .. ',"top_logprobs":[' .. concat(alternatives, ",") .. "]}"
+    end
+    return '{"content":[' .. concat(entries, ",") .. "]}"
 end
 
 -- Done with the engine request: exactly once per request, whether it finished, failed or
@@ -415,6 +454,8 @@ local function next_output(st, ready)
     st.stopped_by_string = reason == STOP_SEQUENCE and st.stops ~= nil
     st.usage = { prompt_tokens = st.prompt_tokens, completion_tokens = s.tokens_emitted,
                  total_tokens = st.prompt_tokens + s.tokens_emitted }
+    st.cached_tokens = s.prompt_tokens_reused -- of its prompt, from the prefix pool
+    if s.prompt_tokens_reused > 0 then metrics.incr("tokens_cached", s.prompt_tokens_reused) end
     st.tinyloop = {
         stop_reason = ffi_string(C.tl_stop_reason_name(reason)), loops_used = s.loops_used,
         prefill_ms = s.prefill_ms, first_token_ms = s.first_token_ms, decode_ms = s.decode_ms,
@@ -446,26 +487,53 @@ local function release_all(r, cancelled)
     for _, st in ipairs(r.sts) do release(st, cancelled) end
 end
 
--- lp_ids: the tokens the logprobs are of (default ids; with echo, the prompt's first: n_prompt)
+-- lp_ids: the tokens the logprobs are of (default ids; with echo, the prompt's first: n_prompt).
+-- A chat choice (st.chat) holds a message, or in a stream (st.streaming) a delta, whose first
+-- says the role.
 local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids, n_prompt)
+    if st.chat then
+        local content = encode(request.valid_utf8(text))
+        local message
+        if not st.streaming then
+            message = '"message":{"role":"assistant","content":' .. content .. "}"
+        elseif not st.role_sent then
+            st.role_sent = true
+            message = '"delta":{"role":"assistant","content":' .. content .. "}"
+        else
+            message = '"delta":' .. (text == "" and "{}" or ('{"content":' .. content .. "}"))
+        end
+        return '{"index":' .. st.index .. "," .. message .. ',"logprobs":' ..
+            (figures and chat_logprobs_json(ids, figures) or "null") .. ',"finish_reason":' ..
+            (finish_reason and ('"' .. finish_reason .. '"') or "null") .. ',"token_ids":[' .. concat(ids, ",") .. "]" ..
+            (stats and (',"tinyloop":' .. encode(stats)) or "") .. "}"
+    end
     return '{"index":' .. st.index .. ',"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":' ..
         (figures and logprobs_json(st, lp_ids or ids, figures, n_prompt) or "null") .. ',"finish_reason":' ..
         (finish_reason and ('"' .. finish_reason .. '"') or "null") .. ',"token_ids":[' .. concat(ids, ",") .. "]" ..
         (stats and (',"tinyloop":' .. encode(stats)) or "") .. "}"
 end
 
--- The response (or a chunk) around its choices' JSON, with `tail` (",usage..." or "").
+-- The response (or a chunk of a stream) around its choices' JSON, with `tail` (",usage..." or "").
 local function response_json(r, choices, tail)
-    return '{"id":"' .. r.response_id .. '","object":"text_completion","created":' .. r.created ..
+    local object = not r.chat and "text_completion" or r.stream and "chat.completion.chunk" or "chat.completion"
+    return '{"id":"' .. r.response_id .. '","object":"' .. object .. '","created":' .. r.created ..
         ',"model":' .. encode(conf.model_id) .. ',"choices":[' .. choices .. "]" .. tail .. "}"
 end
 
--- Usage over the request: each prompt counted once (n choices of a prompt share it).
+-- Usage over the request: each prompt counted once (n choices of a prompt share it), and
+-- OpenAI's prompt_tokens_details.cached_tokens: the prompt tokens served from the prefix pool
+-- (per prompt, the most any of its choices reused).
 local function usage_json(r)
-    local completion = 0
-    for _, st in ipairs(r.sts) do completion = completion + st.usage.completion_tokens end
+    local completion, cached = 0, {}
+    for _, st in ipairs(r.sts) do
+        completion = completion + st.usage.completion_tokens
+        cached[st.prompt] = math.max(cached[st.prompt] or 0, st.cached_tokens)
+    end
+    local cached_tokens = 0
+    for _, n in pairs(cached) do cached_tokens = cached_tokens + n end
     return encode({ prompt_tokens = r.prompt_tokens, completion_tokens = completion,
-                    total_tokens = r.prompt_tokens + completion })
+                    total_tokens = r.prompt_tokens + completion }):sub(1, -2) ..
+        ',"prompt_tokens_details":{"cached_tokens":' .. cached_tokens .. "}}"
 end
 
 -- best_of: of each prompt's best_of candidates (r.sts in prompt order, best_of a prompt), the
@@ -627,7 +695,8 @@ local function plain(msg)
     return (msg:gsub("^[^:\n]*:%d+: ", ""))
 end
 
-function _M.completions()
+-- POST /v1/completions (chat false) or /v1/chat/completions (chat true).
+local function serve(chat)
     if ngx.req.get_method() ~= "POST" then
         return send_error(405, "method " .. ngx.req.get_method() .. " is not allowed here: use POST", nil, nil, { Allow = "POST" })
     end
@@ -637,7 +706,15 @@ function _M.completions()
     ngx.req.read_body()
     local body = ngx.req.get_body_data()
     if not body and ngx.req.get_body_file() then return _M.too_large() end -- spilled to disk: over the buffer
-    local req, err = request.parse(body or "", model, conf.model_id, conf.max_active)
+    if chat and not chat_prompts then
+        return send_error(500, "the chat template failed to load: " .. tostring(chat_error), nil, "server_error")
+    end
+    local req, err
+    if chat then
+        req, err = request.parse_chat(body or "", model, conf.model_id, conf.max_active, chat_prompts)
+    else
+        req, err = request.parse(body or "", model, conf.model_id, conf.max_active)
+    end
     if not req then return send_error(err.status, err.message, err.param, err.type) end
 
     -- 1. Every choice's session, before anything runs: the engine checks every value here
@@ -710,8 +787,8 @@ function _M.completions()
     -- 3. To the engine, all or none.
     next_request = next_request + 1
     r = { sts = {}, prompt_tokens = req.prompt_tokens, include_usage = req.include_usage, created = ngx.time(),
-                response_id = "cmpl-" .. ngx.worker.pid() .. "-" .. next_request, n = req.n, best_of = req.best_of,
-                show_logprobs = req.logprobs ~= nil }
+                response_id = (chat and "chatcmpl-" or "cmpl-") .. ngx.worker.pid() .. "-" .. next_request, n = req.n,
+                best_of = req.best_of, show_logprobs = req.logprobs ~= nil, chat = chat, stream = req.stream }
     -- (best_of ranks the candidates by their tokens' log-probabilities: asked for, if not shown)
     local ranked = req.best_of > req.n
     request_options.logprobs = req.logprobs or (ranked and 0) or -1
@@ -737,6 +814,7 @@ function _M.completions()
             prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = request_options.logprobs >= 0,
             prompt_ids = ids, prompt_figures = prompt_figures[p],
             offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
+            chat = chat, streaming = req.stream, prompt = p,
         }
         metrics.incr("queued", 1)
         metrics.incr("tokens_in", #ids)
@@ -745,5 +823,8 @@ function _M.completions()
     if req.stream then return run_stream(r) end
     return run_blocking(r)
 end
+
+function _M.completions() return serve(false) end
+function _M.chat_completions() return serve(true) end
 
 return _M

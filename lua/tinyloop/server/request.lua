@@ -7,7 +7,7 @@
 local cjson = require "cjson.safe"
 local grammar = require("tinyloop").grammar
 
-local type, pairs, ipairs, tostring, floor = type, pairs, ipairs, tostring, math.floor
+local type, pairs, ipairs, tostring, next, floor = type, pairs, ipairs, tostring, next, math.floor
 local json_null = cjson.null
 
 local _M = {}
@@ -59,8 +59,21 @@ local FIELDS = {
     early_exit_entropy_threshold = { "number", "early_exit_entropy_threshold" },
     early_exit_gate_threshold = { "number", "early_exit_gate_threshold" },
     grammar = { "string", false }, -- GBNF text; compiled below into cfg.grammar
+    stop_token_ids = { "array", false }, -- vLLM's: token ids that end the generation (kept in it)
 }
 _M.FIELDS = FIELDS
+
+-- POST /v1/chat/completions: the same fields, except that `messages` replaces `prompt`, and
+-- echo and best_of (completions only) are not OpenAI's chat fields; logprobs is a boolean,
+-- with top_logprobs alternatives; max_completion_tokens is OpenAI's newer max_tokens.
+local CHAT_FIELDS = {}
+for k, v in pairs(FIELDS) do CHAT_FIELDS[k] = v end
+CHAT_FIELDS.prompt, CHAT_FIELDS.echo, CHAT_FIELDS.best_of = nil, nil, nil
+CHAT_FIELDS.messages = { "messages", false }
+CHAT_FIELDS.logprobs = { "boolean", false }
+CHAT_FIELDS.top_logprobs = { "integer", false } -- 0..20 alternatives, with logprobs: true
+CHAT_FIELDS.max_completion_tokens = { "integer", false }
+_M.CHAT_FIELDS = CHAT_FIELDS
 
 local DEFAULT_MAX_TOKENS = 16 -- OpenAI's default for completions
 local MAX_LOGPROBS = tonumber(require("tinyloop").C.TL_MAX_TOP_LOGPROBS) -- the engine's most alternatives
@@ -81,14 +94,26 @@ local KIND_CHECK = {
     integer = is_integer,
     boolean = function(v) return type(v) == "boolean" end,
     object = function(v) return type(v) == "table" end, -- an array is refused where it is read
+    array = function(v) return type(v) == "table" end,  -- an object likewise
 }
-local KIND_WORDS = { string = "a string", number = "a number", integer = "an integer", boolean = "a boolean", object = "an object" }
+local KIND_WORDS = { string = "a string", number = "a number", integer = "an integer", boolean = "a boolean", object = "an object",
+                     array = "an array" }
 
 -- Fields of OpenAI's completions API that TinyLoop does not implement, which clients send at
 -- their defaults (the SDKs null): the value that changes nothing is accepted, any other
 -- refused, naming the field. (suffix is for insertion models.)
 local OPENAI_NO_OPS = {
     suffix = { function(v) return v == "" end, '""' },
+}
+-- The chat API's, likewise: tools and their choice (no tool calls here), storing the output
+-- at OpenAI, its service tier.
+local CHAT_NO_OPS = {
+    tools = { function(v) return type(v) == "table" and next(v) == nil end, "[]" },
+    tool_choice = { function(v) return v == "none" end, '"none"' },
+    parallel_tool_calls = { function(v) return type(v) == "boolean" end, "a boolean (there are no tools)" },
+    store = { function(v) return v == false end, "false" },
+    metadata = { function(v) return type(v) == "table" end, "an object (kept only where stored)" },
+    service_tier = { function(v) return v == "auto" or v == "default" end, '"auto" or "default"' },
 }
 
 -- OpenAI's documented ranges of its sampling adjustments (the engine takes any finite value).
@@ -205,6 +230,23 @@ local function prompt_list(model, prompt)
         list[i] = ids
     end
     return list
+end
+
+-- stop_token_ids [id, ...] -> stop sequences of one token each, or an error naming the field.
+local function stop_token_sequences(ids, vocab)
+    local P = "stop_token_ids"
+    if #ids == 0 and next(ids) ~= nil then return bad("stop_token_ids must be an array of token ids", P) end
+    for k in pairs(ids) do
+        if not is_integer(k) or k < 1 or k > #ids then return bad("stop_token_ids must be an array of token ids", P) end
+    end
+    local seqs = {}
+    for i, id in ipairs(ids) do
+        if not is_integer(id) or id < 0 or id >= vocab then
+            return bad(("stop_token_ids[%d] = %s is not a token id: ids are in [0, %d)"):format(i - 1, tostring(id), vocab), P)
+        end
+        seqs[i] = { id }
+    end
+    return seqs
 end
 
 local function stop_strings(stop)
@@ -371,22 +413,18 @@ end
 
 local DEFAULT_MAX_CHOICES = 16
 
--- parse(body, model, model_id[, max_choices]) -> request | nil, err. model: a tinyloop model
--- (vocab_size, max_seq_len, has_tokenizer, encode, decode). request = { prompts (id lists),
--- ids (the first), n, best_of (candidates a prompt, >= n), cfg, stream, include_usage, echo (the prompts' texts, or nil),
--- logprobs (alternatives per token, or nil), stops,
--- prompt_tokens (all prompts'), grammar_field } (grammar_field: "grammar" or
--- "response_format" when cfg.grammar is set). A request has #prompts * best_of sessions, at
--- most max_choices (default 16), and answers #prompts * n choices.
-function _M.parse(body, model, model_id, max_choices)
+-- The body as a table, its fields checked against `fields` (kinds; unknown ones refused,
+-- `no_ops` accepted at their no-op values only, null meaning the default) -> t, cfg (the
+-- tinyloop config fields set directly) | nil, err.
+local function decode_fields(body, fields, no_ops)
     if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
     local t, err = cjson.decode(body)
     if err then return bad("the request body is not valid JSON: " .. err, nil) end
     if type(t) ~= "table" or body:match("^%s*%[") then return bad("the request body must be a JSON object", nil) end
     local cfg = {}
     for k, v in pairs(t) do
-        local spec = FIELDS[k]
-        local no_op = not spec and OPENAI_NO_OPS[k]
+        local spec = fields[k]
+        local no_op = not spec and no_ops[k]
         if no_op then -- OpenAI's fields that TinyLoop lacks: their no-op value only
             if v ~= json_null and not no_op[1](v) then
                 return bad(("%s is not supported (only %s, or null)"):format(k, no_op[2]), k)
@@ -403,20 +441,16 @@ function _M.parse(body, model, model_id, max_choices)
             if cfg_name then cfg[cfg_name] = v end
         end
     end
-    if t.prompt == nil then return bad("prompt is required", "prompt") end
+    return t, cfg
+end
+
+-- What both APIs share, into cfg: model, n, the sampling adjustments, stream_options, the
+-- grammar, stop strings. -> { n, include_usage, grammar_field } | nil, err.
+local function shared_fields(t, body, model, model_id, cfg)
     if t.model ~= nil and t.model ~= model_id then
         return bad(("model '%s' is not served here (GET /v1/models lists '%s')"):format(t.model, model_id), "model", 404)
     end
     if t.n ~= nil and t.n < 1 then return bad(("n = %d must be >= 1"):format(t.n), "n") end
-    local n = t.n or 1
-    local best = t.best_of or n
-    if best < n then return bad(("best_of = %d must be >= n = %d"):format(best, n), "best_of") end
-    if best > n then -- the candidates are ranked by their tokens' log-probabilities, once all are done
-        if t.stream then return bad("best_of cannot be used with stream: the best are known only at the end", "best_of") end
-        if (cfg.beam_size or 0) >= 2 then
-            return bad("best_of ranks by log-probabilities, which beam search does not keep: not with beam_size", "best_of")
-        end
-    end
     for _, k in ipairs({ "presence_penalty", "frequency_penalty" }) do
         if t[k] ~= nil and not (t[k] >= -MAX_PENALTY and t[k] <= MAX_PENALTY) then
             return bad(("%s = %s must be in [-%d, %d]"):format(k, tostring(t[k]), MAX_PENALTY, MAX_PENALTY), k)
@@ -452,14 +486,61 @@ function _M.parse(body, model, model_id, max_choices)
         if not model.has_tokenizer then return bad("stop strings need a tokenizer, which this model lacks", "stop") end
         cfg.stop_strings = stops
     end
+    if t.stop_token_ids ~= nil then
+        local seqs, e = stop_token_sequences(t.stop_token_ids, model.vocab_size)
+        if not seqs then return nil, e end
+        if #seqs > 0 then cfg.stop_sequences = seqs end
+    end
+    return { n = t.n or 1, include_usage = include_usage, grammar_field = cfg.grammar and grammar_field or nil }
+end
+
+-- Choices of a request, at most max_choices (default 16): #prompts x best_of sessions.
+local function check_choices(n_prompts, n, best, max_choices)
+    max_choices = max_choices or DEFAULT_MAX_CHOICES
+    if n_prompts * best <= max_choices then return true end
+    local what = best > n and ("best_of = %d"):format(best) or ("n = %d"):format(n)
+    local choices = n_prompts > 1 and ("%d prompts x %s is %d"):format(n_prompts, what, n_prompts * best) or what
+    return bad(("%s choices: at most %d a request here"):format(choices, max_choices),
+               n_prompts > 1 and "prompt" or best > n and "best_of" or "n")
+end
+
+local function check_logprobs(k, field, cfg)
+    if k < 0 or k > MAX_LOGPROBS then
+        return bad(("%s = %d must be in [0, %d]"):format(field, k, MAX_LOGPROBS), field)
+    end
+    if (cfg.beam_size or 0) >= 2 then
+        return bad(field .. " is not kept by beam search: not with beam_size", field)
+    end
+    return true
+end
+
+-- parse(body, model, model_id[, max_choices]) -> request | nil, err. model: a tinyloop model
+-- (vocab_size, max_seq_len, has_tokenizer, encode, decode). request = { prompts (id lists),
+-- ids (the first), n, best_of (candidates a prompt, >= n), cfg, stream, include_usage, echo (the prompts' texts, or nil),
+-- logprobs (alternatives per token, or nil), stops,
+-- prompt_tokens (all prompts'), grammar_field } (grammar_field: "grammar" or
+-- "response_format" when cfg.grammar is set). A request has #prompts * best_of sessions, at
+-- most max_choices (default 16), and answers #prompts * n choices.
+function _M.parse(body, model, model_id, max_choices)
+    local t, cfg = decode_fields(body, FIELDS, OPENAI_NO_OPS)
+    if not t then return nil, cfg end
+    if t.prompt == nil then return bad("prompt is required", "prompt") end
+    local shared, err = shared_fields(t, body, model, model_id, cfg)
+    if not shared then return nil, err end
+    local n = shared.n
+    local best = t.best_of or n
+    if best < n then return bad(("best_of = %d must be >= n = %d"):format(best, n), "best_of") end
+    if best > n then -- the candidates are ranked by their tokens' log-probabilities, once all are done
+        if t.stream then return bad("best_of cannot be used with stream: the best are known only at the end", "best_of") end
+        if (cfg.beam_size or 0) >= 2 then
+            return bad("best_of ranks by log-probabilities, which beam search does not keep: not with beam_size", "best_of")
+        end
+    end
     local prompts, e = prompt_list(model, t.prompt)
     if not prompts then return nil, e end
-    max_choices = max_choices or DEFAULT_MAX_CHOICES
-    if #prompts * best > max_choices then
-        local what = best > n and ("best_of = %d"):format(best) or ("n = %d"):format(n)
-        return bad(("%d prompts x %s is %d choices: at most %d a request here"):format(#prompts, what, #prompts * best, max_choices),
-                   #prompts > 1 and "prompt" or best > n and "best_of" or "n")
-    end
+    local ok
+    ok, e = check_choices(#prompts, n, best, max_choices)
+    if not ok then return nil, e end
     local max_tokens = cfg.max_tokens or DEFAULT_MAX_TOKENS
     cfg.max_tokens = max_tokens
     if max_tokens < 0 then return bad(("max_tokens = %d must be >= 0"):format(max_tokens), "max_tokens") end
@@ -472,12 +553,8 @@ function _M.parse(body, model, model_id, max_choices)
         prompt_tokens = prompt_tokens + #ids
     end
     if t.logprobs ~= nil then
-        if t.logprobs < 0 or t.logprobs > MAX_LOGPROBS then
-            return bad(("logprobs = %d must be in [0, %d]"):format(t.logprobs, MAX_LOGPROBS), "logprobs")
-        end
-        if (cfg.beam_size or 0) >= 2 then
-            return bad("logprobs is not kept by beam search: not with beam_size", "logprobs")
-        end
+        ok, e = check_logprobs(t.logprobs, "logprobs", cfg)
+        if not ok then return nil, e end
     end
     if t.echo then -- each choice's text begins with its prompt's, as OpenAI's echo
         if not model.has_tokenizer then return bad("echo needs a tokenizer, which this model lacks", "echo") end
@@ -487,16 +564,73 @@ function _M.parse(body, model, model_id, max_choices)
             local source = batch and t.prompt[i] or t.prompt
             local text = type(source) == "string" and source or nil -- a string as sent; ids decoded
             if not text then
-                local err
-                text, err = model:decode(ids)
-                if not text then return nil, { status = 500, message = "decoding the prompt failed: " .. tostring(err), type = "server_error" } end
+                local derr
+                text, derr = model:decode(ids)
+                if not text then return nil, { status = 500, message = "decoding the prompt failed: " .. tostring(derr), type = "server_error" } end
             end
             echo[i] = text
         end
     end
-    return { prompts = prompts, ids = prompts[1], n = n, best_of = best, cfg = cfg, stream = t.stream == true, include_usage = include_usage,
-             echo = echo, logprobs = t.logprobs, stops = cfg.stop_strings, prompt_tokens = prompt_tokens,
-             grammar_field = cfg.grammar and grammar_field or nil }
+    return { prompts = prompts, ids = prompts[1], n = n, best_of = best, cfg = cfg, stream = t.stream == true,
+             include_usage = shared.include_usage, echo = echo, logprobs = t.logprobs, stops = cfg.stop_strings,
+             prompt_tokens = prompt_tokens, grammar_field = shared.grammar_field }
+end
+
+-- parse_chat(body, model, model_id, max_choices, chat) -> request | nil, err: a POST
+-- /v1/chat/completions body, its messages rendered by `chat` (tinyloop.chat: the model's
+-- template) into the one prompt, generation stopping at chat.turn_ends (ids, if set) as well;
+-- the request has parse's shape (best_of = n, no echo).
+-- max_tokens (or max_completion_tokens) defaults to the rest of the context, OpenAI's rule
+-- for chat.
+function _M.parse_chat(body, model, model_id, max_choices, chat)
+    local t, cfg = decode_fields(body, CHAT_FIELDS, CHAT_NO_OPS)
+    if not t then return nil, cfg end
+    if t.messages == nil then return bad("messages is required", "messages") end
+    if t.max_tokens ~= nil and t.max_completion_tokens ~= nil then
+        return bad("max_tokens and max_completion_tokens are one setting: send one of them", "max_completion_tokens")
+    end
+    local shared, err = shared_fields(t, body, model, model_id, cfg)
+    if not shared then return nil, err end
+    if not model.has_tokenizer then return bad("chat needs a tokenizer, which this model lacks: use /v1/completions with token ids", "messages") end
+    local text
+    text, err = chat:prompt(t.messages)
+    if not text then return bad(err, "messages") end
+    if text == "" then return bad("the chat template rendered these messages as an empty prompt", "messages") end
+    local ids, e = model:encode(text)
+    if not ids then return nil, { status = 500, message = "encoding the prompt failed: " .. tostring(e), type = "server_error" } end
+    local ok
+    ok, e = check_choices(1, shared.n, shared.n, max_choices)
+    if not ok then return nil, e end
+    local field = t.max_completion_tokens ~= nil and "max_completion_tokens" or "max_tokens"
+    local max_tokens = t.max_completion_tokens or cfg.max_tokens
+    if max_tokens and max_tokens < 0 then return bad(("%s = %d must be >= 0"):format(field, max_tokens), field) end
+    if #ids >= model.max_seq_len then
+        return bad(("the messages (%d tokens with the chat template) fill the model's context of %d tokens")
+            :format(#ids, model.max_seq_len), "messages")
+    end
+    max_tokens = max_tokens or model.max_seq_len - #ids
+    if #ids + max_tokens > model.max_seq_len then
+        return bad(("the messages (%d tokens with the chat template) plus %s (%d) exceed the model's context of %d tokens")
+            :format(#ids, field, max_tokens, model.max_seq_len), field)
+    end
+    cfg.max_tokens = max_tokens
+    -- the template's own turn ends (chat.turn_ends: tinyloop.chat's turn_end_ids) stop it too
+    if chat.turn_ends and #chat.turn_ends > 0 then
+        cfg.stop_sequences = cfg.stop_sequences or {}
+        for _, id in ipairs(chat.turn_ends) do cfg.stop_sequences[#cfg.stop_sequences + 1] = { id } end
+    end
+    local logprobs
+    if t.top_logprobs ~= nil and not t.logprobs then
+        return bad("top_logprobs needs logprobs: true", "top_logprobs")
+    end
+    if t.logprobs then
+        logprobs = t.top_logprobs or 0
+        ok, e = check_logprobs(logprobs, t.top_logprobs and "top_logprobs" or "logprobs", cfg)
+        if not ok then return nil, e end
+    end
+    return { prompts = { ids }, ids = ids, n = shared.n, best_of = shared.n, cfg = cfg, stream = t.stream == true,
+             include_usage = shared.include_usage, logprobs = logprobs, stops = cfg.stop_strings, prompt_tokens = #ids,
+             grammar_field = shared.grammar_field, prompt_text = text }
 end
 
 return _M

@@ -1,0 +1,212 @@
+-- tinyloop.chat: OpenAI-style chat messages -> the prompt text a checkpoint was trained to
+-- continue, through the checkpoint's own chat template (Hugging Face's: `chat_template.jinja`
+-- or `tokenizer_config.json`'s "chat_template", rendered by tinyloop.chat_template), or a
+-- plain built-in one for checkpoints that carry none (the shipped model). Pure Lua (no ngx):
+-- the server and scripts use it alike.
+--
+--   local chat = require("tinyloop.chat").load(dir)          -- or load(dir, "my.jinja")
+--   local text = chat:prompt({ { role = "user", content = "Hello" } })
+--   local ids = model:encode(text)
+local cjson = require "cjson.safe"
+local chat_template = require "tinyloop.chat_template"
+
+local type, pairs, ipairs, tostring, concat = type, pairs, ipairs, tostring, table.concat
+local json_null = cjson.null
+
+local _M = {}
+
+-- For checkpoints without a template: each message on a "Role: content" paragraph (a system
+-- message as it is), then "Assistant:" to continue. Plain text, which a base model trained
+-- on prose continues as a reply.
+_M.PLAIN = "{% for message in messages %}{% if message.role == 'system' %}{{ message.content + '\\n\\n' }}"
+    .. "{% else %}{{ message.role | capitalize + ': ' + message.content + '\\n\\n' }}{% endif %}{% endfor %}"
+    .. "{% if add_generation_prompt %}Assistant:{% endif %}"
+
+local Chat = {}
+Chat.__index = Chat
+
+local function read_file(path)
+    local f = io.open(path, "rb")
+    if not f then return nil end
+    local text = f:read("*a")
+    f:close()
+    return text
+end
+
+-- A special-token entry of tokenizer_config.json: "text" or {"content": "text", ...}.
+local function token_text(v)
+    if type(v) == "string" then return v end
+    if type(v) == "table" and type(v.content) == "string" then return v.content end
+    return nil
+end
+
+-- tokenizer_config.json's "chat_template": a string, or Hugging Face's list of named
+-- templates ({"name", "template"}), of which "default" is the chat one.
+local function config_template(cfg)
+    local t = cfg.chat_template
+    if type(t) == "string" then return t end
+    if type(t) == "table" then
+        for _, entry in ipairs(t) do
+            if type(entry) == "table" and entry.name == "default" and type(entry.template) == "string" then
+                return entry.template
+            end
+        end
+    end
+    return nil
+end
+
+-- A JSON object file of the checkpoint: the table, {} when the file is absent, or nil, err.
+local function read_json(path)
+    local text = read_file(path)
+    if not text then return {} end
+    local decoded, err = cjson.decode(text)
+    if type(decoded) ~= "table" or not text:match("^%s*{") then
+        return nil, path .. " is not a JSON object" .. (err and (": " .. err) or "")
+    end
+    return decoded
+end
+
+-- load(dir[, template_path]) -> chat | nil, err. The template is, in this order: the file
+-- template_path; dir/chat_template.jinja (transformers >= 4.43 writes it there);
+-- dir/tokenizer_config.json's chat_template; the built-in PLAIN. chat.source says which.
+-- bos_token and eos_token (templates print them) come from tokenizer_config.json, and the
+-- ids that end a turn (turn_end_ids) from it and generation_config.json.
+function _M.load(dir, template_path)
+    local source, origin
+    if template_path ~= nil then
+        if type(template_path) ~= "string" then return nil, "chat template path must be a string" end
+        source = read_file(template_path)
+        if not source then return nil, "cannot read the chat template " .. template_path end
+        origin = template_path
+    end
+    local cfg, generation, err = {}, {}, nil
+    if type(dir) == "string" then
+        cfg, err = read_json(dir .. "/tokenizer_config.json")
+        if not cfg then return nil, err end
+        generation, err = read_json(dir .. "/generation_config.json")
+        if not generation then return nil, err end
+    end
+    if not source and type(dir) == "string" then
+        source = read_file(dir .. "/chat_template.jinja")
+        if source then origin = dir .. "/chat_template.jinja" end
+    end
+    if not source then
+        source = config_template(cfg)
+        if source then origin = dir .. "/tokenizer_config.json" end
+    end
+    if not source then source, origin = _M.PLAIN, "built-in plain" end
+    local template
+    template, err = chat_template.compile(source)
+    if not template then return nil, ("the chat template (%s) does not compile: %s"):format(origin, tostring(err)) end
+    -- generation_config.json's eos_token_id: one id or a list of them (transformers' generate
+    -- stops at any)
+    local eos_ids = generation.eos_token_id
+    if type(eos_ids) ~= "table" then eos_ids = { eos_ids } end
+    return setmetatable({ template = template, source = origin, bos_token = token_text(cfg.bos_token) or "",
+                          eos_token = token_text(cfg.eos_token) or "", generation_eos_ids = eos_ids }, Chat)
+end
+
+-- chat:turn_end_ids(model) -> the token ids that end the assistant's turn besides the model's
+-- own eos_token_id (which ends every generation): tokenizer_config.json's eos_token where it
+-- is one token, and generation_config.json's eos_token_id. A chat template's turns often end
+-- in a token of their own (ChatML's "<|im_end|>"), which the checkpoint lists there.
+function Chat:turn_end_ids(model)
+    local info = model:info()
+    local seen, ids = { [info.eos_token_id] = true }, {}
+    local function add(id)
+        if type(id) == "number" and id % 1 == 0 and id >= 0 and id < info.vocab_size and not seen[id] then
+            seen[id] = true
+            ids[#ids + 1] = id
+        end
+    end
+    if self.eos_token ~= "" and info.has_tokenizer then
+        local tokens = model:encode(self.eos_token)
+        if tokens and #tokens == 1 then add(tokens[1]) end
+    end
+    for _, id in ipairs(self.generation_eos_ids) do add(id) end
+    return ids
+end
+
+-- ------------------------------------------------------------------ messages
+
+-- OpenAI's roles that a template sees; "developer" (OpenAI's newer name for the system
+-- message) is passed on as "system", which is what templates test for.
+local ROLES = { system = "system", developer = "system", user = "user", assistant = "assistant" }
+local MESSAGE_FIELDS = { role = true, content = true, name = true }
+
+local function is_array(v)
+    if type(v) ~= "table" then return false end
+    local n = #v
+    for k in pairs(v) do
+        if type(k) ~= "number" or k < 1 or k > n or k % 1 ~= 0 then return false end
+    end
+    return true
+end
+
+-- A message's content: a string, or OpenAI's array of content parts, of which only text
+-- parts ({"type": "text", "text": ...}) are readable here; they are joined with "\n" (as
+-- vLLM does).
+local function content_text(content, at)
+    if type(content) == "string" then return content end
+    if not is_array(content) or #content == 0 then
+        return nil, at .. ".content must be a string or a non-empty array of text parts"
+    end
+    local texts = {}
+    for i, part in ipairs(content) do
+        local where = ("%s.content[%d]"):format(at, i - 1)
+        if type(part) ~= "table" then return nil, where .. " must be an object {\"type\": \"text\", \"text\": ...}" end
+        if part.type ~= "text" then
+            return nil, ("%s.type = %s: only \"text\" parts are supported (this model reads text)")
+                :format(where, type(part.type) == "string" and ('"' .. part.type .. '"') or tostring(part.type))
+        end
+        if type(part.text) ~= "string" then return nil, where .. ".text must be a string" end
+        for k in pairs(part) do
+            if k ~= "type" and k ~= "text" then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
+        end
+        texts[i] = part.text
+    end
+    return concat(texts, "\n")
+end
+
+-- check_messages(messages) -> the messages as a template reads them ({role, content[, name]}
+-- with plain strings), or nil, err (naming the message: "messages[2].role ...").
+function _M.check_messages(messages)
+    if not is_array(messages) or #messages == 0 then return nil, "messages must be a non-empty array of messages" end
+    local out = {}
+    for i, m in ipairs(messages) do
+        local at = ("messages[%d]"):format(i - 1)
+        if type(m) ~= "table" or is_array(m) then return nil, at .. " must be an object {\"role\", \"content\"}" end
+        for k in pairs(m) do
+            if not MESSAGE_FIELDS[k] then
+                local why = (k == "tool_calls" or k == "tool_call_id" or k == "function_call") and " (tools are not supported)" or ""
+                return nil, ("unknown field '%s' in %s%s"):format(tostring(k), at, why)
+            end
+        end
+        local role = ROLES[m.role]
+        if not role then
+            return nil, ("%s.role must be \"system\", \"developer\", \"user\" or \"assistant\", got %s")
+                :format(at, type(m.role) == "string" and ('"' .. m.role .. '"') or tostring(m.role == json_null and "null" or m.role))
+        end
+        if m.content == nil or m.content == json_null then return nil, at .. ".content is required" end
+        local text, err = content_text(m.content, at)
+        if not text then return nil, err end
+        if m.name ~= nil and m.name ~= json_null and type(m.name) ~= "string" then return nil, at .. ".name must be a string" end
+        out[i] = { role = role, content = text, name = type(m.name) == "string" and m.name or nil }
+    end
+    return out
+end
+
+-- chat:prompt(messages[, add_generation_prompt = true]) -> text | nil, err: the messages
+-- checked (check_messages) and rendered; err is check_messages' or the template's (its
+-- raise_exception message, e.g. roles that must alternate).
+function Chat:prompt(messages, add_generation_prompt)
+    local checked, err = _M.check_messages(messages)
+    if not checked then return nil, err end
+    local text
+    text, err = self.template:render({ messages = checked, add_generation_prompt = add_generation_prompt ~= false,
+                                       bos_token = self.bos_token, eos_token = self.eos_token })
+    if not text then return nil, "the chat template refused the messages: " .. tostring(err) end
+    return text
+end
+
+return _M

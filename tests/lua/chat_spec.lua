@@ -1,0 +1,146 @@
+-- chat_spec: tinyloop.chat, which turns OpenAI chat messages into a checkpoint's prompt text
+-- through the checkpoint's own chat template (the renderer itself: chat_template_spec).
+local cjson = require "cjson"
+local chat = require "tinyloop.chat"
+
+local function sh(cmd)
+    local p = assert(io.popen(cmd))
+    local out = p:read("*a")
+    p:close()
+    return out
+end
+
+local function write(path, text)
+    local f = assert(io.open(path, "wb"))
+    f:write(text)
+    f:close()
+end
+
+describe("tinyloop.chat", function()
+    local dir
+    before_each(function() dir = sh("mktemp -d"):gsub("%s+$", "") end)
+    after_each(function() os.execute("rm -rf " .. dir) end)
+
+    local user = { { role = "user", content = "Hi" } }
+    local TEMPLATE = "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}{{ eos_token }}{% endfor %}" ..
+                     "{% if add_generation_prompt %}[assistant]{% endif %}"
+
+    it("renders tokenizer_config.json's chat_template, with its bos_token and eos_token", function()
+        -- special tokens as strings or as {"content": ...} objects, both Hugging Face's forms
+        write(dir .. "/tokenizer_config.json", cjson.encode({ chat_template = TEMPLATE, bos_token = { content = "<s>" }, eos_token = "</s>" }))
+        local c = assert(chat.load(dir))
+        assert.equal(dir .. "/tokenizer_config.json", c.source)
+        assert.equal("<s>[user] Hi</s>[assistant]", c:prompt(user))
+        assert.equal("<s>[user] Hi</s>", c:prompt(user, false))
+    end)
+
+    it("prefers chat_template.jinja to tokenizer_config.json, and takes the 'default' of a list of templates", function()
+        write(dir .. "/tokenizer_config.json", cjson.encode({ chat_template = {
+            { name = "tool_use", template = "tools" }, { name = "default", template = "default: {{ messages[0].content }}" } } }))
+        assert.equal("default: Hi", assert(chat.load(dir)):prompt(user))
+        write(dir .. "/chat_template.jinja", "jinja file: {{ messages[0].content }}")
+        local c = assert(chat.load(dir))
+        assert.equal(dir .. "/chat_template.jinja", c.source)
+        assert.equal("jinja file: Hi", c:prompt(user))
+        -- an explicit file before both
+        write(dir .. "/mine.jinja", "mine: {{ messages[0].content }}")
+        c = assert(chat.load(dir, dir .. "/mine.jinja"))
+        assert.equal(dir .. "/mine.jinja", c.source)
+        assert.equal("mine: Hi", c:prompt(user))
+    end)
+
+    it("falls back to the plain built-in template", function()
+        local c = assert(chat.load(dir))
+        assert.equal("built-in plain", c.source)
+        assert.equal("Be brief.\n\nUser: Who?\n\nAssistant: Emma.\n\nUser: And?\n\nAssistant:",
+                     c:prompt({ { role = "system", content = "Be brief." }, { role = "user", content = "Who?" },
+                                { role = "assistant", content = "Emma." }, { role = "user", content = "And?" } }))
+    end)
+
+    it("says why a template cannot be loaded or used", function()
+        local c, err = chat.load(dir, dir .. "/missing.jinja")
+        assert.is_nil(c)
+        assert.equal("cannot read the chat template " .. dir .. "/missing.jinja", err)
+        write(dir .. "/tokenizer_config.json", "[1, 2]")
+        c, err = chat.load(dir)
+        assert.is_nil(c)
+        assert.truthy(err:find("tokenizer_config.json is not a JSON object", 1, true), err)
+        write(dir .. "/tokenizer_config.json", "{}")
+        write(dir .. "/chat_template.jinja", "{% for m in messages %}")
+        c, err = chat.load(dir)
+        assert.is_nil(c)
+        assert.truthy(err:find("the chat template (" .. dir .. "/chat_template.jinja) does not compile", 1, true), err)
+        -- a template's own refusal (raise_exception) comes back with its message
+        write(dir .. "/chat_template.jinja", "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must start with a user message') }}{% endif %}ok")
+        c = assert(chat.load(dir))
+        local text
+        text, err = c:prompt({ { role = "assistant", content = "Hi" } })
+        assert.is_nil(text)
+        assert.equal("the chat template refused the messages: Conversation must start with a user message", err)
+        assert.equal("ok", c:prompt(user))
+    end)
+
+    it("lists the ids that end a turn: tokenizer_config's eos_token (one token) and generation_config's eos_token_id", function()
+        local m = assert(require("tinyloop").load("models/tinyloop-austen"))
+        local eos = m:info().eos_token_id
+        local word -- a token whose text encodes back to it alone
+        for id = 300, 400 do
+            local back = m:encode(m:decode({ id }))
+            if #back == 1 and back[1] == id then word = id break end
+        end
+        assert.is_number(word)
+        write(dir .. "/tokenizer_config.json", cjson.encode({ eos_token = m:decode({ word }) }))
+        -- the model's own EOS (it ends every generation), repeats, ids out of range or not integers: left out
+        write(dir .. "/generation_config.json", cjson.encode({ eos_token_id = { eos, 7, 7, 99999, 7.5, -1 } }))
+        assert.same({ word, 7 }, assert(chat.load(dir)):turn_end_ids(m))
+        -- one id; an eos_token of several tokens is no turn end
+        write(dir .. "/tokenizer_config.json", cjson.encode({ eos_token = "Emma Woodhouse" }))
+        write(dir .. "/generation_config.json", cjson.encode({ eos_token_id = 12 }))
+        assert.same({ 12 }, assert(chat.load(dir)):turn_end_ids(m))
+        os.remove(dir .. "/generation_config.json")
+        os.remove(dir .. "/tokenizer_config.json")
+        assert.same({}, assert(chat.load(dir)):turn_end_ids(m))
+        write(dir .. "/generation_config.json", "nonsense")
+        local c, err = chat.load(dir)
+        assert.is_nil(c)
+        assert.truthy(err:find("generation_config.json is not a JSON object", 1, true), err)
+    end)
+
+    it("drives the CLI's --chat: the reply to the templated prompt", function()
+        local function run(args) return sh("(scripts/tinyloop --no-stats -n 8 --ignore-eos " .. args .. "; echo \"exit $?\") 2>&1") end
+        local want = run("--no-prompt -- 'Be brief.\n\nUser: Who is Emma?\n\nAssistant:'")
+        assert.equal(want, run("--chat --system 'Be brief.' 'Who is Emma?'"))
+        assert.truthy(#want > #"\nexit 0\n" and want:find("\nexit 0\n$"), want)
+        -- --chat-template FILE, and refusals
+        write(dir .. "/t.jinja", "{{ messages[0].content }}!")
+        assert.equal(run("--no-prompt 'Who is Emma?!'"), run("--chat --chat-template " .. dir .. "/t.jinja 'Who is Emma?'"))
+        local usage = run("--system hi 'x'")
+        assert.truthy(usage:find("--system goes with --chat", 1, true) and usage:find("exit 2", 1, true), usage)
+        write(dir .. "/t.jinja", "{{ raise_exception('no') }}")
+        local out = run("--chat --chat-template " .. dir .. "/t.jinja x")
+        assert.truthy(out:find("the chat template refused the messages: no", 1, true), out)
+        assert.truthy(out:find("exit 2", 1, true), out)
+    end)
+
+    it("checks messages in OpenAI's shape, naming the message", function()
+        local function refused(messages, message)
+            local out, err = chat.check_messages(messages)
+            assert.is_nil(out)
+            assert.equal(message, err)
+        end
+        refused("hi", "messages must be a non-empty array of messages")
+        refused({}, "messages must be a non-empty array of messages")
+        refused({ "hi" }, 'messages[0] must be an object {"role", "content"}')
+        refused({ user[1], { role = "user", content = "x", extra = 1 } }, "unknown field 'extra' in messages[1]")
+        refused({ { role = "tool", content = "x" } }, 'messages[0].role must be "system", "developer", "user" or "assistant", got "tool"')
+        refused({ { role = cjson.null, content = "x" } }, 'messages[0].role must be "system", "developer", "user" or "assistant", got null')
+        refused({ { role = "user", content = cjson.null } }, "messages[0].content is required")
+        refused({ { role = "user", content = 5 } }, "messages[0].content must be a string or a non-empty array of text parts")
+        refused({ { role = "user", content = { { type = "text" } } } }, "messages[0].content[0].text must be a string")
+        refused({ { role = "user", content = { { type = "text", text = "a", cache = 1 } } } }, "unknown field 'cache' in messages[0].content[0]")
+        refused({ { role = "user", content = { 5 } } }, 'messages[0].content[0] must be an object {"type": "text", "text": ...}')
+        refused({ { role = "user", content = "x", name = 5 } }, "messages[0].name must be a string")
+        assert.same({ { role = "system", content = "a\nb", name = "n" } },
+                    chat.check_messages({ { role = "developer", content = { { type = "text", text = "a" }, { type = "text", text = "b" } }, name = "n" } }))
+    end)
+end)
