@@ -17,8 +17,12 @@ local _M = {}
 
 -- For checkpoints without a template: each message on a "Role: content" paragraph (a system
 -- message as it is), then "Assistant:" to continue. Plain text, which a base model trained
--- on prose continues as a reply.
+-- on prose continues as a reply. An assistant message that begins with white space (as a
+-- reply generated after "Assistant:" does) follows the colon as it is, so the next turn's
+-- prompt holds the reply's own tokens, which the prefix pool then serves.
 _M.PLAIN = "{% for message in messages %}{% if message.role == 'system' %}{{ message.content + '\\n\\n' }}"
+    .. "{% elif message.role == 'assistant' %}{{ 'Assistant:' + (message.content if message.content[:1] in [' ', '\\n']"
+    .. " else ' ' + message.content) + '\\n\\n' }}"
     .. "{% else %}{{ message.role | capitalize + ': ' + message.content + '\\n\\n' }}{% endif %}{% endfor %}"
     .. "{% if add_generation_prompt %}Assistant:{% endif %}"
 
