@@ -143,6 +143,12 @@ int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int 
 void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
                           const tl_kv_cache *cache) {
     if (!pool || n < 1 || cache->window != 0 || cache->length < n) return;
+    for (int j = 0; j < n; j++)
+        if (cache->depth[tl_kv_row(cache, j)] != loops) {
+            n = j;
+            break;
+        }
+    if (n < 1) return;
     pthread_mutex_lock(&pool->lock);
     for (int i = 0; i < pool->n_entries; i++) { /* already held, as such or longer */
         pool_entry *e = &pool->entries[i];

@@ -22,9 +22,10 @@ void tl_prefix_pool_free(tl_prefix_pool *pool); /* NULL is a no-op */
 int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
                         tl_kv_cache *cache);
 
-/* Offers the first n entries of `cache` (computed at `loops` from `state_seed` and
-   tokens[0..n)) to the pool, which keeps a share of their pages. Out of memory is not an
-   error: nothing is kept. */
+/* Offers the first n entries of `cache` (computed from `state_seed` and tokens[0..n)) to
+   the pool as computed at `loops`, which keeps a share of their pages: those before the
+   first entry of another depth (an early exit's shallower row), which a cold start at
+   `loops` would not compute. Out of memory is not an error: nothing is kept. */
 void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
                           const tl_kv_cache *cache);
 

@@ -292,12 +292,13 @@ const tl_decoder tl_plain_decoder = {"plain", plain_open, plain_next, NULL};
 
 static tl_status finish(tl_session *s, tl_stop_reason reason, tl_stop_reason *stop) {
     s->finished = true;
-    /* A plain session's rows, the prompt's and the generated ones, are all at its full
-       depth, each what a prefill of the same text computes (batch invariance): offered to
-       the prefix pool, they serve a request that resends this text, a chat's next turn.
-       Rows of a session that chose its depth token by token may be shallower: its prompt
-       alone was offered (prompt_done). */
-    if (s->decoder == &tl_plain_decoder && s->m->prefix_pool && s->prompt_done && !tl_early_exit_on(&s->cfg))
+    /* A plain session's rows at its full depth, the prompt's and the generated ones, are
+       each what a prefill of the same text computes (batch invariance): offered to the
+       prefix pool, they serve a request that resends this text, a chat's next turn. The
+       pool takes the rows up to the first shallower one (an early exit's, here or in the
+       session this one was forked or resumed from); rows read from saved bytes are never
+       offered. */
+    if (s->decoder == &tl_plain_decoder && s->m->prefix_pool && s->prompt_done && !s->rows_from_bytes)
         tl_prefix_pool_offer(s->m->prefix_pool, s->tokens, s->cache->length, s->loops, s->ws.state_seed, s->cache);
     s->stats.stop_reason = reason;
     *stop = reason;

@@ -13,6 +13,7 @@
 #include "check.h"
 #include "kv_cache.h"
 #include "session.h"
+#include "validate.h"
 
 #define CAP 256
 
@@ -302,43 +303,124 @@ static void prefix_pool(const char *dir) {
 }
 
 /* A plain session that ends offers its generated rows too: a prompt that resends its text
-   and more (a chat's next turn) reuses all of it, and decodes as a cold start does. A session
-   that chose its depth token by token (early exit) offers its prompt only. */
+   and more (a chat's next turn) reuses all of it, and decodes as a cold start does. Only rows
+   at the session's full depth are offered, up to the first shallower one (an early exit's,
+   its own or inherited by a fork that dropped the depth policy); rows read from saved bytes
+   never are. */
+
+/* Exits every decode token at its first loop. */
+static int exit_at_once(void *user, const tl_loop_signals *signals) {
+    (void)user;
+    (void)signals;
+    return TL_HOOK_STOP;
+}
+
+/* The next turn of `turn` (n tokens, then MORE of its own) on the pooled model: how many
+   prompt tokens it reused, and whether its output is the cold model's. */
+enum { N = 20, GEN = 8, MORE = 3 };
+static int next_turn_reuse(tl_model *pooled, tl_model *cold, const int32_t *turn, int n, bool *as_cold) {
+    const int vocab = tl_model_info(pooled)->vocab_size;
+    int32_t prompt[CAP], got[CAP], want[CAP];
+    memcpy(prompt, turn, (size_t)n * sizeof *prompt);
+    for (int i = 0; i < MORE; i++) prompt[n + i] = (int32_t)((i * 53 + 5) % vocab);
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = GEN;
+    cfg.ignore_eos = 1;
+    cfg.loops = tl_model_info(pooled)->max_loops; /* the turns' depth, deep enough to exit early */
+    int n_got = 0, n_want = 0;
+    tl_generate_stats stats = {0}, cold_stats;
+    const bool ok = tl_generate(pooled, prompt, n + MORE, &cfg, got, CAP, &n_got, &stats) == TL_OK &&
+                    tl_generate(cold, prompt, n + MORE, &cfg, want, CAP, &n_want, &cold_stats) == TL_OK;
+    *as_cold = ok && n_got == n_want && memcmp(got, want, (size_t)n_want * sizeof *want) == 0;
+    return stats.prompt_tokens_reused;
+}
+
+/* Entries of c at its session's full depth before the first shallower one. */
+static int full_depth_rows(const tl_session *s) {
+    int n = 0;
+    while (n < s->cache->length && s->cache->depth[tl_kv_row(s->cache, n)] == s->loops) n++;
+    return n;
+}
+
 static void prefix_pool_keeps_generations(const char *dir) {
     tl_model *pooled = load(dir), *cold = load(dir);
     if (!pooled || !cold) { CHECK(0, "load"); return; }
     CHECK(tl_model_set_prefix_pool(pooled, 64 << 20) == TL_OK, "pool: %s", tl_last_error());
     const int vocab = tl_model_info(pooled)->vocab_size;
-    enum { N = 20, GEN = 8, MORE = 3 };
-    int32_t first[N], next_turn[CAP], want[CAP], got[CAP];
-    for (int i = 0; i < N; i++) first[i] = (int32_t)((i * 37 + 11) % vocab);
+    int32_t first[N];
+    int variant = 0; /* each case its own prompt, so that none reuses another's rows */
+#define NEW_PROMPT() for (int i = 0; i < N; i++) first[i] = (int32_t)((i * 37 + 11 + 101 * variant) % vocab); variant++
     tl_generate_config cfg;
     tl_generate_config_init(&cfg);
     cfg.max_tokens = GEN;
     cfg.ignore_eos = 1;
-    int n_first, n_want, n_got;
-    tl_generate_stats stats;
-    CHECK(tl_generate(pooled, first, N, &cfg, next_turn, CAP, &n_first, &stats) == TL_OK && n_first == N + GEN,
-          "first turn: %s", tl_last_error());
-    for (int i = 0; i < MORE; i++) next_turn[n_first + i] = (int32_t)((i * 53 + 5) % vocab);
-    const int n_next = n_first + MORE;
-    CHECK(tl_generate(pooled, next_turn, n_next, &cfg, got, CAP, &n_got, &stats) == TL_OK, "next turn: %s", tl_last_error());
-    /* every row the first session computed: its prompt and all but its last token */
-    CHECK(stats.prompt_tokens_reused == N + GEN - 1, "the next turn reused %d prompt tokens (want %d)",
-          stats.prompt_tokens_reused, N + GEN - 1);
-    tl_generate(cold, next_turn, n_next, &cfg, want, CAP, &n_want, &stats);
-    CHECK(n_got == n_want && memcmp(got, want, (size_t)n_want * sizeof *want) == 0, "pooled output differs from a cold start");
-    /* early exit: only the prompt's rows (at full depth) were offered */
-    first[0] = (first[0] + 1) % vocab;
-    cfg.early_exit_patience = 1;
-    cfg.early_exit_threshold = 0.5f;
-    CHECK(tl_generate(pooled, first, N, &cfg, next_turn, CAP, &n_first, &stats) == TL_OK, "early exit: %s", tl_last_error());
-    for (int i = 0; i < MORE; i++) next_turn[n_first + i] = (int32_t)((i * 53 + 5) % vocab);
-    cfg.early_exit_patience = 0;
-    CHECK(tl_generate(pooled, next_turn, n_first + MORE, &cfg, got, CAP, &n_got, &stats) == TL_OK &&
-              stats.prompt_tokens_reused == N,
-          "after an early-exit session the next turn reused %d prompt tokens (want its prompt's %d)",
-          stats.prompt_tokens_reused, N);
+    cfg.loops = tl_model_info(pooled)->max_loops; /* deep enough for an early exit to be shallower */
+    bool as_cold;
+
+    /* plain: every row the first turn computed, its prompt and all but its last token */
+    NEW_PROMPT();
+    tl_session *s = NULL;
+    CHECK(tl_session_new(pooled, first, N, &cfg, &s) == TL_OK && run(s, GEN) == N + GEN, "plain turn: %s", tl_last_error());
+    int reused = next_turn_reuse(pooled, cold, s->tokens, s->n_tokens, &as_cold);
+    CHECK(reused == N + GEN - 1 && as_cold, "the next turn reused %d prompt tokens (want %d), as a cold start: %d", reused,
+          N + GEN - 1, as_cold);
+    tl_session_free(s);
+
+    /* early exit: the rows up to the first shallow one */
+    NEW_PROMPT();
+    tl_generate_config early = cfg;
+    early.early_exit_patience = 1; /* any loop-state change counts as settled: exits at loop 2 */
+    early.early_exit_min_L = 1;
+    early.early_exit_threshold = 1e30f;
+    CHECK(tl_session_new(pooled, first, N, &early, &s) == TL_OK && run(s, GEN) == N + GEN, "early exit: %s", tl_last_error());
+    int full = full_depth_rows(s);
+    CHECK(full >= N && full < s->cache->length, "the early-exit turn has %d full-depth rows of %d (want a shallow one)", full,
+          s->cache->length);
+    reused = next_turn_reuse(pooled, cold, s->tokens, s->n_tokens, &as_cold);
+    CHECK(reused == full && as_cold, "after an early exit the next turn reused %d prompt tokens (want %d), as a cold start: %d",
+          reused, full, as_cold);
+    tl_session_free(s);
+
+    /* a fork whose hooks drop the parent's depth policy: the parent's shallow rows stay out */
+    NEW_PROMPT();
+    tl_generate_config policy = cfg;
+    policy.depth_policy = exit_at_once;
+    tl_session *parent = NULL, *child = NULL;
+    CHECK(tl_session_new(pooled, first, N, &policy, &parent) == TL_OK && run(parent, 3) == N + 3, "policy: %s",
+          tl_last_error());
+    tl_generate_config no_hooks;
+    tl_generate_config_init(&no_hooks);
+    CHECK(tl_session_fork(parent, &no_hooks, &child) == TL_OK && !tl_early_exit_on(&child->cfg), "fork: %s", tl_last_error());
+    run(child, GEN);
+    full = full_depth_rows(child);
+    CHECK(full == N, "the fork holds %d full-depth rows (want the prompt's, %d)", full, N);
+    reused = next_turn_reuse(pooled, cold, child->tokens, child->n_tokens, &as_cold);
+    CHECK(reused == N && as_cold, "after the fork the next turn reused %d prompt tokens (want %d), as a cold start: %d", reused,
+          N, as_cold);
+    tl_session_free(parent);
+    tl_session_free(child);
+
+    /* a session resumed from saved bytes offers nothing (its prompt was offered by the
+       session that saved it, on the cold model, which has no pool) */
+    NEW_PROMPT();
+    tl_session_state *state = NULL, *read = NULL;
+    void *bytes = NULL;
+    size_t len = 0;
+    CHECK(tl_session_new(cold, first, N, &cfg, &s) == TL_OK && run(s, 2) == N + 2 && tl_session_save(s, &state) == TL_OK &&
+              tl_session_state_to_bytes(state, &bytes, &len) == TL_OK &&
+              tl_session_state_from_bytes(pooled, bytes, len, &read) == TL_OK,
+          "save and read: %s", tl_last_error());
+    tl_session_free(s);
+    s = NULL;
+    CHECK(tl_session_resume(pooled, read, NULL, &s) == TL_OK && run(s, GEN) == N + GEN, "resume: %s", tl_last_error());
+    reused = next_turn_reuse(pooled, cold, s->tokens, s->n_tokens, &as_cold);
+    CHECK(reused == 0 && as_cold, "after a resumed session the next turn reused %d prompt tokens (want 0)", reused);
+    tl_session_free(s);
+    tl_session_state_free(state);
+    tl_session_state_free(read);
+    tl_free(bytes);
+#undef NEW_PROMPT
     tl_model_free(pooled);
     tl_model_free(cold);
 }
