@@ -138,6 +138,12 @@ end
 local ROLES = { system = "system", developer = "system", user = "user", assistant = "assistant" }
 local MESSAGE_FIELDS = { role = true, content = true, name = true }
 
+-- A value as a message shows it: JSON ("user", null, ["user"]).
+local function shown(v)
+    local text = cjson.encode(v)
+    return text or tostring(v)
+end
+
 local function is_array(v)
     if type(v) ~= "table" then return false end
     local n = #v
@@ -160,8 +166,7 @@ local function content_text(content, at)
         local where = ("%s.content[%d]"):format(at, i - 1)
         if type(part) ~= "table" then return nil, where .. " must be an object {\"type\": \"text\", \"text\": ...}" end
         if part.type ~= "text" then
-            return nil, ("%s.type = %s: only \"text\" parts are supported (this model reads text)")
-                :format(where, type(part.type) == "string" and ('"' .. part.type .. '"') or tostring(part.type))
+            return nil, ("%s.type = %s: only \"text\" parts are supported (this model reads text)"):format(where, shown(part.type))
         end
         if type(part.text) ~= "string" then return nil, where .. ".text must be a string" end
         for k in pairs(part) do
@@ -188,8 +193,7 @@ function _M.check_messages(messages)
         end
         local role = ROLES[m.role]
         if not role then
-            return nil, ("%s.role must be \"system\", \"developer\", \"user\" or \"assistant\", got %s")
-                :format(at, type(m.role) == "string" and ('"' .. m.role .. '"') or tostring(m.role == json_null and "null" or m.role))
+            return nil, ("%s.role must be \"system\", \"developer\", \"user\" or \"assistant\", got %s"):format(at, shown(m.role))
         end
         if m.content == nil or m.content == json_null then return nil, at .. ".content is required" end
         local text, err = content_text(m.content, at)
@@ -200,17 +204,20 @@ function _M.check_messages(messages)
     return out
 end
 
--- chat:prompt(messages[, add_generation_prompt = true]) -> text | nil, err: the messages
--- checked (check_messages) and rendered; err is check_messages' or the template's (its
--- raise_exception message, e.g. roles that must alternate).
+-- chat:prompt(messages[, add_generation_prompt = true]) -> text | nil, err, fault: the
+-- messages checked (check_messages) and rendered. fault says whose the failure is:
+-- "messages" (check_messages' rules, the template's raise_exception, e.g. roles that must
+-- alternate, or more text than the renderer's bounds) or "template" (it cannot run here: a
+-- Jinja feature tinyloop.chat_template lacks, say).
 function Chat:prompt(messages, add_generation_prompt)
     local checked, err = _M.check_messages(messages)
-    if not checked then return nil, err end
-    local text
-    text, err = self.template:render({ messages = checked, add_generation_prompt = add_generation_prompt ~= false,
-                                       bos_token = self.bos_token, eos_token = self.eos_token })
-    if not text then return nil, "the chat template refused the messages: " .. tostring(err) end
-    return text
+    if not checked then return nil, err, "messages" end
+    local text, kind
+    text, err, kind = self.template:render({ messages = checked, add_generation_prompt = add_generation_prompt ~= false,
+                                             bos_token = self.bos_token, eos_token = self.eos_token })
+    if text then return text end
+    if kind == "template" then return nil, ("the chat template (%s) cannot render: %s"):format(self.source, tostring(err)), "template" end
+    return nil, "the chat template refused the messages: " .. tostring(err), "messages"
 end
 
 return _M

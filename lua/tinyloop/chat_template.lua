@@ -66,6 +66,16 @@ if cjson.array_mt then MT_KIND[cjson.array_mt] = "list" end
 if cjson.empty_array_mt then MT_KIND[cjson.empty_array_mt] = "list" end
 
 local function fail(msg) error(setmetatable({ message = msg }, ERROR), 0) end
+-- A bound passed (MAX_OUTPUT, MAX_WORK, ...): what the input asked for was too much, which a
+-- caller may answer differently from a template that cannot run (render's third value).
+local function fail_limit(msg) error(setmetatable({ message = msg, limit = true }, ERROR), 0) end
+-- Padding of n spaces (tojson's and indent's): bounded before it is built, since rep() of a
+-- template's huge width would take seconds before MAX_OUTPUT is checked.
+local MAX_PAD = 4096
+local function pad_of(n)
+    if n > MAX_PAD then fail_limit(fmt("an indent of %d spaces: at most %d", n, MAX_PAD)) end
+    return rep(" ", n > 0 and n or 0)
+end
 local function undefined(hint, security) return setmetatable({ hint = hint, security = security }, UNDEF) end
 local function norm(v, hint) -- a value read from data: nil is undefined, cjson.empty_array []
     if v == nil then return undefined(hint) end
@@ -157,7 +167,8 @@ end
 
 local WHITESPACE = " \t\n\r\f\v"
 local function strip(s, chars_, left, right) -- Python's str.strip family (ASCII whitespace)
-    local set = "[" .. gsub(chars_ or WHITESPACE, "[%]%%%^%-]", "%%%0") .. "]"
+    -- (a NUL would end the class: %z is Lua 5.1's pattern for it)
+    local set = "[" .. gsub(gsub(chars_ or WHITESPACE, "[%]%%%^%-]", "%%%0"), "%z", "%%z") .. "]"
     if chars_ == "" then return s end
     if left ~= false then s = gsub(s, "^" .. set .. "+", "") end
     if right ~= false then s = gsub(s, set .. "+$", "") end
@@ -933,7 +944,7 @@ end
 -- strings and lists a template builds count against MAX_WORK, as written text does
 local function built(st, v, size)
     st.work = st.work + (size or #v)
-    if st.work > _M.MAX_WORK then fail(fmt("the template built more than MAX_WORK = %d bytes of text", _M.MAX_WORK)) end
+    if st.work > _M.MAX_WORK then fail_limit(fmt("the template built more than MAX_WORK = %d bytes of text", _M.MAX_WORK)) end
     return v
 end
 
@@ -1133,9 +1144,9 @@ local function emit(st, s)
     st.work = st.work + #s
     if st.captures == 0 then
         st.size = st.size + #s
-        if st.size > _M.MAX_OUTPUT then fail(fmt("the output is longer than MAX_OUTPUT = %d bytes", _M.MAX_OUTPUT)) end
+        if st.size > _M.MAX_OUTPUT then fail_limit(fmt("the output is longer than MAX_OUTPUT = %d bytes", _M.MAX_OUTPUT)) end
     end
-    if st.work > _M.MAX_WORK then fail(fmt("the template built more than MAX_WORK = %d bytes of text", _M.MAX_WORK)) end
+    if st.work > _M.MAX_WORK then fail_limit(fmt("the template built more than MAX_WORK = %d bytes of text", _M.MAX_WORK)) end
     st.n = st.n + 1
     st.out[st.n] = s
 end
@@ -1198,7 +1209,7 @@ EXEC["continue"] = function() return "continue" end
 local function tick(st)
     st.iterations = st.iterations + 1
     if st.iterations > _M.MAX_ITERATIONS then
-        fail(fmt("more than MAX_ITERATIONS = %d loop iterations", _M.MAX_ITERATIONS))
+        fail_limit(fmt("more than MAX_ITERATIONS = %d loop iterations", _M.MAX_ITERATIONS))
     end
 end
 
@@ -1494,7 +1505,7 @@ FILTERS.d = FILTERS.default
 -- transformers': json.dumps(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
 FILTERS.tojson = function(_, v, a, kw)
     local indent, separators = arg(a, kw, 2, "indent"), arg(a, kw, 3, "separators")
-    if type(indent) ~= "string" and indent ~= nil then indent = rep(" ", int_arg(indent, "indent")) end
+    if type(indent) ~= "string" and indent ~= nil then indent = pad_of(int_arg(indent, "indent")) end
     local o = { ascii = truthy(arg(a, kw, 1, "ensure_ascii", false)), indent = indent,
                 item_sep = indent and "," or ", ", key_sep = ": ", sort_keys = truthy(arg(a, kw, 4, "sort_keys", false)) }
     if separators then
@@ -1607,7 +1618,7 @@ FILTERS.sum = function(st, v, a, kw)
 end
 FILTERS.indent = function(st, v, a, kw) -- jinja2's: lines after the first, blank ones too only if blank=true
     local width = arg(a, kw, 1, "width", 4)
-    local pad = type(width) == "string" and width or rep(" ", int_arg(width, "width"))
+    local pad = type(width) == "string" and width or pad_of(int_arg(width, "width"))
     local first, blank = truthy(arg(a, kw, 2, "first", false)), truthy(arg(a, kw, 3, "blank", false))
     local lines = split(gsub(to_str(v), "\r\n?", "\n"), "\n", -1)
     if lines[#lines] == "" then lines[#lines] = nil end
@@ -1705,7 +1716,10 @@ end
 
 local ROOT_MT = { __index = GLOBALS }
 
--- template:render(vars) -> text | nil, err (raise_exception's message as the template gave it)
+-- template:render(vars) -> text | nil, err, kind: "raised" (err is raise_exception's message as
+-- the template gave it: the template refuses its input), "limit" (a bound was passed: the
+-- input asked for too much) or "template" (the template cannot run here: a missing filter, a
+-- type error...).
 function Template:render(vars)
     if vars ~= nil and type(vars) ~= "table" then return nil, "chat template: vars must be a table" end
     local root = setmetatable({}, ROOT_MT)
@@ -1714,10 +1728,10 @@ function Template:render(vars)
     local ok, err = pcall(exec_body, self.body, root, st)
     if ok then return concat(st.out, "", 1, st.n) end
     if getmetatable(err) == ERROR then
-        if err.raised then return nil, err.message end
-        return nil, fmt("chat template: line %d: %s", st.line, err.message)
+        if err.raised then return nil, err.message, "raised" end
+        return nil, fmt("chat template: line %d: %s", st.line, err.message), err.limit and "limit" or "template"
     end
-    return nil, fmt("chat template: line %d: %s", st.line, tostring(err))
+    return nil, fmt("chat template: line %d: %s", st.line, tostring(err)), "template"
 end
 
 return _M

@@ -223,8 +223,11 @@ function _M.main(argv, default_model)
         if not chat then io.stderr:write("tinyloop: ", cerr, "\n") return 1 end
         local messages = { { role = "user", content = o.prompt } }
         if o.system then table.insert(messages, 1, { role = "system", content = o.system }) end
-        local text, perr = chat:prompt(messages)
-        if not text then io.stderr:write("tinyloop: ", perr, "\n") return 2 end
+        local text, perr, fault = chat:prompt(messages)
+        if not text then
+            io.stderr:write("tinyloop: ", perr, "\n")
+            return fault == "template" and 1 or 2
+        end
         o.prompt, o.echo = text, false
         local ends = chat:turn_end_ids(model)
         if #ends > 0 then

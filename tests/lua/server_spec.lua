@@ -261,7 +261,7 @@ describe("server", function()
             assert.same({ "stop_token_ids", message }, { e.param, e.message })
         end
         refused({ 4096 }, "stop_token_ids[0] = 4096 is not a token id: ids are in [0, 4096)")
-        refused({ 1, "a" }, "stop_token_ids[1] = a is not a token id: ids are in [0, 4096)")
+        refused({ 1, "a" }, 'stop_token_ids[1] = "a" is not a token id: ids are in [0, 4096)')
         refused({ a = 1 }, "stop_token_ids must be an array of token ids")
         refused("x", "stop_token_ids must be an array")
         assert.equal(200, (post('{"prompt": "hi", "max_tokens": 1, "stop_token_ids": []}')))
@@ -1100,9 +1100,13 @@ describe("scripts/serve options", function()
         local out = sh("scripts/serve --chat-template /nonexistent/t.jinja --port 1 2>&1; echo \"exit $?\"")
         assert.truthy(out:find("--chat-template /nonexistent/t.jinja: no readable file there", 1, true), out)
         assert.truthy(out:find("exit 2", 1, true), out)
+        local odd = dir .. "/t]=="
+        local f = assert(io.open(odd, "wb")); f:write("x"); f:close()
+        out = sh("scripts/serve --chat-template '" .. odd .. "' --port 1 2>&1; echo \"exit $?\"")
+        assert.truthy(out:find("the path must not contain ']'", 1, true) and out:find("exit 2", 1, true), out)
         -- one nginx cannot start with (configure raises in init_by_lua, naming the file)
         local bad = dir .. "/bad.jinja"
-        local f = assert(io.open(bad, "wb")); f:write("{% for m in messages %}"); f:close()
+        f = assert(io.open(bad, "wb")); f:write("{% for m in messages %}"); f:close()
         out = sh(("TMPDIR=%s scripts/serve --chat-template %s --port %d 2>&1; echo \"exit $?\""):format(dir, bad, free_port()))
         assert.truthy(out:find("the chat template (" .. bad .. ") does not compile", 1, true), out)
         assert.truthy(out:find("exit 1", 1, true), out)
@@ -1278,7 +1282,7 @@ describe("server request parsing", function()
             { '"best_of": 0', "best_of = 0 must be >= n = 1" },
             { '"best_of": 2, "stream": true', "best_of cannot be used with stream: the best are known only at the end" },
             { '"best_of": 2, "beam_size": 2', "best_of ranks by log-probabilities, which beam search does not keep: not with beam_size" },
-            { '"best_of": 17', "best_of = 17 choices: at most 16 a request here" },
+            { '"best_of": 17', "best_of = 17: at most 16 choices a request here" },
             { '"best_of": 1.5', "best_of must be an integer" },
         }) do
             local _, e = request.parse('{"prompt": [1], "max_tokens": 2, ' .. case[1] .. '}', fake, "m")
@@ -1294,7 +1298,7 @@ describe("server request parsing", function()
         assert.equal(2, r.n)
         assert.equal(3, r.prompt_tokens)
         local _, e = request.parse('{"prompt": [[1], [2]], "max_tokens": 2, "n": 2}', fake, "m", 3)
-        assert.same({ "prompt", "2 prompts x n = 2 is 4 choices: at most 3 a request here" }, { e.param, e.message })
+        assert.same({ "prompt", "2 prompts x n = 2 is 4 choices: at most 3 choices a request here" }, { e.param, e.message })
         _, e = request.parse('{"prompt": [1], "n": 17}', fake, "m")
         assert.equal("n", e.param)
         _, e = request.parse('{"prompt": [[1], "a"], "max_tokens": 2}', fake, "m")
@@ -1333,10 +1337,16 @@ describe("server request parsing", function()
         assert.same({ "logprobs", "logprobs is not kept by beam search: not with beam_size" }, { e.param, e.message })
         -- n choices at most max_choices
         _, e = request.parse_chat(cjson.encode({ messages = { { role = "user", content = "hi" } }, n = 3 }), m, "m", 2, c)
-        assert.same({ "n", "n = 3 choices: at most 2 a request here" }, { e.param, e.message })
+        assert.same({ "n", "n = 3: at most 2 choices a request here" }, { e.param, e.message })
         -- the template's refusal names messages
         _, e = parse({ messages = { { role = "user", content = {} } } })
         assert.same({ "messages", "messages[0].content must be a string or a non-empty array of text parts" }, { e.param, e.message })
+        -- a template that cannot run here: the server's fault (500), not the request's
+        local broken = assert(require("tinyloop.chat").load("tests/data/textmodel"))
+        broken.template = assert(require("tinyloop.chat_template").compile("{{ messages | wordwrap }}"))
+        _, e = request.parse_chat('{"messages": [{"role": "user", "content": "hi"}]}', m, "m", 16, broken)
+        assert.same({ 500, "server_error" }, { e.status, e.type })
+        assert.truthy(e.message:find("cannot render: chat template: line 1: No filter named 'wordwrap'", 1, true), e.message)
         -- no turn ends: no stop sequences
         c.turn_ends = {}
         assert.is_nil(assert(parse({})).cfg.stop_sequences)

@@ -242,7 +242,7 @@ local function stop_token_sequences(ids, vocab)
     local seqs = {}
     for i, id in ipairs(ids) do
         if not is_integer(id) or id < 0 or id >= vocab then
-            return bad(("stop_token_ids[%d] = %s is not a token id: ids are in [0, %d)"):format(i - 1, tostring(id), vocab), P)
+            return bad(("stop_token_ids[%d] = %s is not a token id: ids are in [0, %d)"):format(i - 1, cjson.encode(id) or tostring(id), vocab), P)
         end
         seqs[i] = { id }
     end
@@ -499,8 +499,8 @@ local function check_choices(n_prompts, n, best, max_choices)
     max_choices = max_choices or DEFAULT_MAX_CHOICES
     if n_prompts * best <= max_choices then return true end
     local what = best > n and ("best_of = %d"):format(best) or ("n = %d"):format(n)
-    local choices = n_prompts > 1 and ("%d prompts x %s is %d"):format(n_prompts, what, n_prompts * best) or what
-    return bad(("%s choices: at most %d a request here"):format(choices, max_choices),
+    local choices = n_prompts > 1 and ("%d prompts x %s is %d choices"):format(n_prompts, what, n_prompts * best) or what
+    return bad(("%s: at most %d choices a request here"):format(choices, max_choices),
                n_prompts > 1 and "prompt" or best > n and "best_of" or "n")
 end
 
@@ -592,9 +592,13 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     local shared, err = shared_fields(t, body, model, model_id, cfg)
     if not shared then return nil, err end
     if not model.has_tokenizer then return bad("chat needs a tokenizer, which this model lacks: use /v1/completions with token ids", "messages") end
-    local text
-    text, err = chat:prompt(t.messages)
-    if not text then return bad(err, "messages") end
+    local text, fault
+    text, err, fault = chat:prompt(t.messages)
+    if not text then
+        -- the server's template that cannot run is the server's fault, not the request's
+        if fault == "template" then return nil, { status = 500, message = err, type = "server_error" } end
+        return bad(err, "messages")
+    end
     if text == "" then return bad("the chat template rendered these messages as an empty prompt", "messages") end
     local ids, e = model:encode(text)
     if not ids then return nil, { status = 500, message = "encoding the prompt failed: " .. tostring(e), type = "server_error" } end
