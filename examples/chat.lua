@@ -30,6 +30,7 @@ for turn, question in ipairs({ "Who is Mr. Knightley?", "And Harriet Smith?", "W
         io.flush()
     end
     local stats = session.final_stats or session:stats()
-    print(("\n[turn %d: %d prompt tokens, %d of them from the prefix pool]"):format(turn, #prompt, stats.prompt_tokens_reused))
+    print(("\n[turn %d: %d prompt tokens, %d of them from the prefix pool; prefill %.1f ms]"):format(turn, #prompt,
+        stats.prompt_tokens_reused, stats.prefill_ms))
     messages[#messages + 1] = { role = "assistant", content = table.concat(reply) }
 end
