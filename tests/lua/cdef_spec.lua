@@ -7,12 +7,7 @@ local ffi = require "ffi"
 local HEADER = H.ROOT .. "/engine/include/tinyloop.h"
 local CDEF = H.ROOT .. "/lua/tinyloop/cdef.lua"
 
-local function read(path)
-    local f = assert(io.open(path, "rb"))
-    local s = f:read("*a")
-    f:close()
-    return s
-end
+local read = H.read
 
 -- The script returns { render = render } when its chunk is run with "tinyloop.gen_cdef" as
 -- its first vararg (as `require "tinyloop.gen_cdef"` would), instead of writing the file.

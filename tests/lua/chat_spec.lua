@@ -1,14 +1,10 @@
 -- chat_spec: tinyloop.chat, which turns OpenAI chat messages into a checkpoint's prompt text
 -- through the checkpoint's own chat template (the renderer itself: chat_template_spec).
+local H = require "helpers"
 local cjson = require "cjson"
 local chat = require "tinyloop.chat"
 
-local function sh(cmd)
-    local p = assert(io.popen(cmd))
-    local out = p:read("*a")
-    p:close()
-    return out
-end
+local sh = H.sh
 
 local function write(path, text)
     local f = assert(io.open(path, "wb"))

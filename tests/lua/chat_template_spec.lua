@@ -4,20 +4,14 @@
 --     expressions, generated whitespace cases) renders to the very bytes jinja2 gave, or fails
 --     where jinja2 failed (scripts/tools/chat_template_fixtures.py regenerates the file);
 --   * the rules one by one, and every error path with its message.
--- Pure Lua: needs neither the engine nor a model.
+-- Needs neither the engine nor a model (helpers loads the bindings, which this spec does not use).
+local H = require "helpers"
 local chat_template = require "tinyloop.chat_template"
 local cjson = require "cjson.safe"
 local dkjson = require "dkjson"
 
-local ROOT = (debug.getinfo(1, "S").source:sub(2):match("^(.*)/[^/]*$") or ".") .. "/../.."
-local FIXTURES = ROOT .. "/tests/data/chat_templates"
-
-local function read(path)
-    local f = assert(io.open(path, "rb"))
-    local s = f:read("*a")
-    f:close()
-    return s
-end
+local FIXTURES = H.ROOT .. "/tests/data/chat_templates"
+local read = H.read
 
 local function render(source, vars)
     local tpl, err = chat_template.compile(source)

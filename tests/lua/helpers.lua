@@ -23,6 +23,22 @@ H.GOLDEN = H.ROOT .. "/tests/data/golden"
 package.path = H.ROOT .. "/lua/?.lua;" .. H.ROOT .. "/lua/?/init.lua;" .. package.path
 H.tinyloop = require "tinyloop"
 
+-- A file's bytes.
+function H.read(path)
+    local f = assert(io.open(path, "rb"))
+    local s = f:read("*a")
+    f:close()
+    return s
+end
+
+-- A shell command's standard output.
+function H.sh(cmd)
+    local p = assert(io.popen(cmd))
+    local out = p:read("*a")
+    p:close()
+    return out
+end
+
 local cache = {}
 -- A loaded model (one per directory and process; one worker thread, the machine is shared).
 function H.model(name)

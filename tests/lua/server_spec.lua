@@ -1,17 +1,13 @@
 -- server_spec: the HTTP API (scripts/serve -> nginx + lua/tinyloop/server) against a real nginx
 -- on a free loopback port, started and stopped here; curl is the client.
+local H = require "helpers"
 local cjson = require "cjson"
 local request = require "tinyloop.server.request"
 local tinyloop = require "tinyloop"
 
 local MODEL = "models/tinyloop-austen"
 
-local function sh(cmd)
-    local p = assert(io.popen(cmd))
-    local out = p:read("*a")
-    p:close()
-    return out
-end
+local sh = H.sh
 
 local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
