@@ -530,6 +530,12 @@ local function parse_call_args(p)
     return args, kwargs
 end
 
+-- fn(args...): the call of fn, its arguments read from the "(" on.
+local function call_of(p, fn, line)
+    local args, kwargs = parse_call_args(p)
+    return { k = "call", fn = fn, args = args, kwargs = kwargs, line = line }
+end
+
 local function parse_primary(p)
     local t = p:next()
     if t.type == "name" then
@@ -586,8 +592,7 @@ local function parse_postfix(p, e)
             elseif colons > 2 then p:fail("invalid slice")
             else e = { k = "slice", obj = e, start = bounds[1], stop = bounds[2], step = bounds[3], line = line } end
         elseif p:is_op("(") then
-            local args, kwargs = parse_call_args(p)
-            e = { k = "call", fn = e, args = args, kwargs = kwargs, line = line }
+            e = call_of(p, e, line)
         else
             return e
         end
@@ -616,8 +621,7 @@ local function parse_filter_expr(p, e)
             e = { k = "test", obj = e, name = name, args = args, kwargs = kwargs, line = line }
             if negate then e = { k = "not", e = e } end
         elseif p:is_op("(") then
-            local args, kwargs = parse_call_args(p)
-            e = { k = "call", fn = e, args = args, kwargs = kwargs, line = line }
+            e = call_of(p, e, line)
         else
             return e
         end
