@@ -1188,6 +1188,70 @@ describe("server request parsing", function()
         end
         assert.is_true(accepted > 100 and refused > 100, ("accepted %d, refused %d"):format(accepted, refused))
     end)
+    it("answers any chat request of random messages and fields with a request or a 4xx naming a field, never a raise", function()
+        -- The chat parser's random walk: messages of random shapes (roles, content strings,
+        -- part arrays, extra keys, wrong types) and random fields; an accepted request goes to
+        -- the engine, which takes it or refuses it with a message.
+        local m = assert(tinyloop.load("tests/data/textmodel"))
+        local c = assert(require("tinyloop.chat").load("tests/data/textmodel"))
+        c.turn_ends = { 5 }
+        local names = { "made_up", "tools", "tool_choice", "store", "echo", "prompt" }
+        for name in pairs(request.CHAT_FIELDS) do names[#names + 1] = name end
+        table.sort(names)
+        math.randomseed(20261203)
+        local random = math.random
+        local scalars = { 1, -1, 0.5, "", "user", "assistant", "system", "developer", "tool", "Hi there", true, false, cjson.null }
+        local function scalar() return scalars[random(1, #scalars)] end
+        local function message()
+            local kind = random(1, 10)
+            if kind == 1 then return scalar() end
+            local msg = { role = ({ "user", "user", "assistant", "system", "developer", "tool", 3 })[random(1, 7)] }
+            local content = random(1, 6)
+            if content <= 4 then msg.content = ("word "):rep(random(0, 8))
+            elseif content == 5 and random(1, 2) == 1 then msg.content = scalar()
+            elseif content == 5 then
+                msg.content = {}
+                for i = 1, random(0, 3) do
+                    msg.content[i] = random(1, 4) > 1 and { type = random(1, 5) > 1 and "text" or "image_url", text = "part " .. i } or scalar()
+                end
+            end
+            if random(1, 8) == 1 then msg[({ "name", "tool_calls", "extra" })[random(1, 3)]] = scalar() end
+            return msg
+        end
+        local accepted, refused = 0, 0
+        for _ = 1, 1500 do
+            local t = {}
+            if random(1, 12) > 1 then
+                t.messages = {}
+                for i = 1, random(0, 4) do t.messages[i] = message() end
+                if #t.messages == 0 and random(1, 2) == 1 then t.messages = scalar() end
+            end
+            for _ = 1, random(1, 2) == 1 and 0 or random(1, 3) do
+                t[names[random(1, #names)]] = random(1, 2) == 1 and scalar() or random(-2, 40)
+            end
+            local ok_encode, body = pcall(cjson.encode, t)
+            if ok_encode then
+                if random(1, 15) == 1 then body = body:sub(1, random(0, #body)) end -- cut short
+                local ok, r, e = pcall(request.parse_chat, body, m, "m", 4, c)
+                assert.is_true(ok, body .. ": " .. tostring(r))
+                if r then
+                    accepted = accepted + 1
+                    assert.same({ { 5 } }, { r.cfg.stop_sequences[#r.cfg.stop_sequences] })
+                    local fine, session = pcall(m.session, m, r.ids, r.cfg)
+                    assert.is_true(fine or (type(session) == "string" and #session > 0), body)
+                else
+                    refused = refused + 1
+                    assert.is_true(e.status == 400 or e.status == 404, body .. " -> " .. tostring(e.status) .. " " .. tostring(e.message))
+                    assert.is_true(type(e.message) == "string" and #e.message > 0 and not e.message:find("table: 0x", 1, true)
+                                   and not e.message:find("userdata", 1, true), body .. " -> " .. tostring(e.message))
+                    local known = { made_up = true, tools = true, tool_choice = true, store = true, echo = true, prompt = true }
+                    assert.is_true(e.param == nil or request.CHAT_FIELDS[e.param] ~= nil or known[e.param],
+                                   body .. " -> " .. tostring(e.param))
+                end
+            end
+        end
+        assert.is_true(accepted > 100 and refused > 100, ("accepted %d, refused %d"):format(accepted, refused))
+    end)
     it("maps an engine message to the field it names", function()
         -- of two names as long, the first in the message ("model" came out of pairs() first)
         assert.equal("loops", request.param_of("loops = 0 must be in [1, max_loops = 16] (leave loops out for the model's default_loops = 8)"))
