@@ -187,7 +187,7 @@ static void prompt_done(tl_session *s) {
     s->prompt_done = true;
     s->t_prefill_end = tl_now_ms();
     s->stats.prefill_ms = s->t_prefill_end - s->t_start;
-    if (s->decoder == &tl_plain_decoder && s->m->prefix_pool)
+    if (s->decoder == &tl_plain_decoder && s->m->prefix_pool && !s->rows_from_bytes)
         tl_prefix_pool_offer(s->m->prefix_pool, s->tokens, s->prompt_len, s->loops, s->ws.state_seed, s->cache);
 }
 

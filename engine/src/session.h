@@ -72,9 +72,10 @@ struct tl_session {
     int last_depth;              /* loop depth of the forward that produced the chosen row */
     bool finished;
     bool prompt_done;            /* the prompt's rows are in the cache (prefill is over) */
-    bool rows_from_bytes;        /* its K/V rows came from a saved state's bytes (state_file.c),
-                                    which only a checksum guards: never offered to the prefix
-                                    pool, where other sessions would read them (forks keep it) */
+    bool rows_from_bytes;        /* some of its K/V rows came from a saved state's bytes
+                                    (state_file.c), which only a checksum guards: none is ever
+                                    offered to the prefix pool, where other sessions would read
+                                    them (forks keep it) */
     bool stepping;               /* inside tl_session_step: hooks may not step or free */
     bool free_requested;         /* tl_session_free from a hook: done when the step returns */
     char error[512];             /* the message of the step that failed (tl_session_error), or "" */

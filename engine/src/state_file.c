@@ -443,9 +443,9 @@ static tl_status read_cache(state_reader *r, tl_session *s) {
     if (length < 0 || length >= s->n_tokens || (s->prompt_done && length != s->n_tokens - 1))
         return MALFORMED("the cache holds %d entries of a sequence of %d tokens", length, s->n_tokens);
     /* A plain session's ring holds every entry it has room for (only speculative rollbacks
-       leave gaps), and the prompt's entries were computed at the session's full depth (the
-       prefill, or a prefix pool entry of that depth): the prefix pool may be offered them
-       once the prompt is done, and it promises other sessions bit-identical rows. */
+       leave gaps). Whatever entries it holds came from these bytes, which only a checksum
+       guards: the session never offers them to the prefix pool (rows_from_bytes), which
+       promises other sessions bit-identical rows. */
     c->length = length;
     const int oldest = first_entry(c);
     if (n_entries != length - oldest)
@@ -544,7 +544,7 @@ static tl_status read_session(state_reader *r, const tl_model *m, tl_session **o
     if (st == TL_OK) st = read_stats(r, s);
     if (st == TL_OK) st = read_cache(r, s);
     if (st == TL_OK && r->left != 0) st = MALFORMED("%zu bytes follow the cache", r->left);
-    s->rows_from_bytes = true;
+    s->rows_from_bytes = s->cache->length > 0; /* (none read: it computes all its rows itself) */
     if (st != TL_OK) {
         tl_session_free(s);
         return st;

@@ -10,7 +10,7 @@
 local cjson = require "cjson.safe"
 local chat_template = require "tinyloop.chat_template"
 
-local type, pairs, ipairs, tostring, concat = type, pairs, ipairs, tostring, table.concat
+local type, pairs, ipairs, next, tostring, concat = type, pairs, ipairs, next, tostring, table.concat
 local json_null = cjson.null
 
 local _M = {}
@@ -138,8 +138,9 @@ end
 local ROLES = { system = "system", developer = "system", user = "user", assistant = "assistant" }
 local MESSAGE_FIELDS = { role = true, content = true, name = true }
 
--- A value as a message shows it: JSON ("user", null, ["user"]).
+-- A value as a message shows it: JSON ("user", null, ["user"]; an empty table as []).
 local function shown(v)
+    if type(v) == "table" and next(v) == nil then return "[]" end
     local text = cjson.encode(v)
     return text or tostring(v)
 end
@@ -216,7 +217,10 @@ function Chat:prompt(messages, add_generation_prompt)
     text, err, kind = self.template:render({ messages = checked, add_generation_prompt = add_generation_prompt ~= false,
                                              bos_token = self.bos_token, eos_token = self.eos_token })
     if text then return text end
-    if kind == "template" then return nil, ("the chat template (%s) cannot render: %s"):format(self.source, tostring(err)), "template" end
+    -- (its file name only: the message may reach a client)
+    if kind == "template" then
+        return nil, ("the chat template (%s) cannot render: %s"):format(self.source:match("[^/]+$"), tostring(err)), "template"
+    end
     return nil, "the chat template refused the messages: " .. tostring(err), "messages"
 end
 

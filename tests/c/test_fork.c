@@ -420,6 +420,34 @@ static void prefix_pool_keeps_generations(const char *dir) {
     tl_session_state_free(state);
     tl_session_state_free(read);
     tl_free(bytes);
+
+    /* saved before its first step, holding a prefix it took from a pool: read back, its
+       prefill (the last prompt token) must not offer the rows that came from the bytes */
+    NEW_PROMPT();
+    tl_model *donor = load(dir);
+    CHECK(donor && tl_model_set_prefix_pool(donor, 64 << 20) == TL_OK, "donor pool: %s", tl_last_error());
+    int n_out;
+    int32_t out[CAP];
+    tl_generate(donor, first, N, &cfg, out, CAP, &n_out, NULL); /* the donor's pool holds the prompt */
+    state = read = NULL;
+    bytes = NULL;
+    s = NULL;
+    CHECK(tl_session_new(donor, first, N, &cfg, &s) == TL_OK && s->cache->length == N - 1 &&
+              tl_session_save(s, &state) == TL_OK && tl_session_state_to_bytes(state, &bytes, &len) == TL_OK &&
+              tl_session_state_from_bytes(pooled, bytes, len, &read) == TL_OK,
+          "save before the first step: %s", tl_last_error());
+    tl_session_free(s);
+    s = NULL;
+    CHECK(tl_session_resume(pooled, read, NULL, &s) == TL_OK && s->rows_from_bytes && run(s, 1) == N + 1, "resume: %s",
+          tl_last_error());
+    reused = next_turn_reuse(pooled, cold, first, N, &as_cold);
+    CHECK(reused == 0 && as_cold, "after a state read before its prefill the next turn reused %d prompt tokens (want 0)",
+          reused);
+    tl_session_free(s);
+    tl_session_state_free(state);
+    tl_session_state_free(read);
+    tl_free(bytes);
+    tl_model_free(donor);
 #undef NEW_PROMPT
     tl_model_free(pooled);
     tl_model_free(cold);

@@ -888,10 +888,14 @@ describe("chat completions", function()
         refused({ messages = messages, echo = true }, "echo", "unknown field 'echo'")
         refused({ messages = messages, prompt = "hi" }, "prompt", "unknown field 'prompt'")
         refused({ messages = messages, temperature = -1 }, "temperature")
+        -- a message quoting the client's bytes stays valid UTF-8 (JSON clients refuse others)
+        local status, body = post_chat('{"messages": [{"role": "\xff", "content": "x"}]}')
+        assert.equal(400, status)
+        assert.truthy(body:find('got \\"\239\191\189\\"', 1, true), body)
         local long = ("word "):rep(300)
         refused({ messages = { { role = "user", content = long } } }, "messages", "fill the model's context of 256")
         -- OpenAI clients' defaults are no-ops: accepted
-        local status, body = post_chat('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "tools": [], ' ..
+        status, body = post_chat('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "tools": [], ' ..
             '"tool_choice": "none", "parallel_tool_calls": true, "store": false, "service_tier": "auto", "user": "u", ' ..
             '"metadata": {"k": "v"}, "logprobs": false, "n": 1, "stream": false, "top_logprobs": null}')
         assert.equal(200, status, body)

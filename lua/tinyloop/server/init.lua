@@ -185,7 +185,8 @@ end
 
 -- The one error shape: {"error": {"message", "type", "param"}} (param: the field, or null).
 local function send_error(status, message, param, etype, headers)
-    return send_json(status, '{"error":{"message":' .. encode(message) .. ',"type":' ..
+    -- (a message may quote the client's bytes, which need not be UTF-8: JSON clients refuse them)
+    return send_json(status, '{"error":{"message":' .. encode(request.valid_utf8(tostring(message))) .. ',"type":' ..
         encode(etype or (status >= 500 and "server_error" or "invalid_request_error")) ..
         ',"param":' .. (param and encode(param) or "null") .. "}}", headers)
 end
