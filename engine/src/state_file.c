@@ -544,7 +544,7 @@ static tl_status read_session(state_reader *r, const tl_model *m, tl_session **o
     if (st == TL_OK) st = read_stats(r, s);
     if (st == TL_OK) st = read_cache(r, s);
     if (st == TL_OK && r->left != 0) st = MALFORMED("%zu bytes follow the cache", r->left);
-    s->rows_from_bytes = s->cache->length > 0; /* (none read: it computes all its rows itself) */
+    if (st == TL_OK) s->rows_from_bytes = s->cache->length > 0; /* (none read: it computes all its rows itself) */
     if (st != TL_OK) {
         tl_session_free(s);
         return st;
