@@ -188,15 +188,18 @@ describe("server", function()
         local completion = #r.choices[1].token_ids + #r.choices[2].token_ids
         assert.same({ prompt_tokens = prompt_tokens, completion_tokens = completion, total_tokens = prompt_tokens + completion }, counts(r.usage))
         -- a batch of a string and an id array: each choice its prompt's own completion
-        status, body = post_json({ prompt = { "It is a truth", { 10, 20, 30 } }, max_tokens = 6 })
+        -- (40 tokens: long enough that the stream below reads the choices many times, even when
+        -- their prompts come from the prefix pool and the engine runs ahead of the handler)
+        status, body = post_json({ prompt = { "It is a truth", { 10, 20, 30 } }, max_tokens = 40, ignore_eos = true })
         assert.equal(200, status, body)
         r = cjson.decode(body)
         assert.equal(2, #r.choices)
-        assert.same(single({ prompt = "It is a truth", max_tokens = 6 }).token_ids, r.choices[1].token_ids)
-        assert.same(single({ prompt = { 10, 20, 30 }, max_tokens = 6 }).token_ids, r.choices[2].token_ids)
+        assert.same(single({ prompt = "It is a truth", max_tokens = 40, ignore_eos = true }).token_ids, r.choices[1].token_ids)
+        assert.same(single({ prompt = { 10, 20, 30 }, max_tokens = 40, ignore_eos = true }).token_ids, r.choices[2].token_ids)
         assert.equal(prompt_tokens + 3, r.usage.prompt_tokens)
         -- streamed: the same choices, chunk by chunk, usage in the last chunk
-        status, body = post(cjson.encode({ prompt = { "It is a truth", { 10, 20, 30 } }, max_tokens = 6, stream = true }), "-N")
+        status, body = post(cjson.encode({ prompt = { "It is a truth", { 10, 20, 30 } }, max_tokens = 40, ignore_eos = true,
+                                           stream = true }), "-N")
         assert.equal(200, status, body)
         local chunks, done = sse_chunks(body)
         assert.is_true(done)
@@ -1090,6 +1093,45 @@ describe("server with two workers", function()
                 assert.equal(30, cjson.decode(sh("cat " .. pre .. "/r" .. i)).usage.completion_tokens)
             end
             assert.truthy(sh("cat " .. pre .. "/err.log"):find("no available Lua vm; polling instead", 1, true))
+        end)
+        os.execute("kill -TERM $(cat " .. pre .. "/pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
+            "/pid) 2>/dev/null || break; sleep 0.1; done")
+        assert(ok, err)
+    end)
+end)
+
+describe("examples/openresty", function()
+    it("mounts the handlers in an app's own nginx.conf: completions and chat behind its API key", function()
+        local module = io.open("/usr/lib/nginx/modules/ngx_http_lua_module.so")
+        if not module then return pending("the example loads Debian's nginx Lua module, which is not here") end
+        module:close()
+        local pre = dir .. "/openresty"
+        os.execute("mkdir -p " .. pre .. "/logs")
+        local p = free_port()
+        local root = sh("pwd"):gsub("%s+$", "")
+        local conf = H.read("examples/openresty/nginx.conf"):gsub("/path/to/tinyloop", root)
+            :gsub("listen 127%.0%.0%.1:%d+;", "listen 127.0.0.1:" .. p .. ";")
+        local f = assert(io.open(pre .. "/nginx.conf", "wb")); f:write(conf); f:close()
+        os.execute(("nginx -p %s -c %s/nginx.conf > %s/err.log 2>&1 & echo $! > %s/pid"):format(pre, pre, pre, pre))
+        local b = "http://127.0.0.1:" .. p
+        local up = false
+        for _ = 1, 300 do
+            if curl(b .. "/health") == 200 then up = true break end
+            os.execute("sleep 0.1")
+        end
+        local ok, err = pcall(function()
+            assert.is_true(up, sh("cat " .. pre .. "/err.log"))
+            local key = " -H 'Authorization: Bearer secret'"
+            local status, body = curl(key .. " --data-binary " .. quote(cjson.encode({ messages = { { role = "user", content = "Who is Emma?" } },
+                                                                              max_tokens = 3 })) .. " " .. b .. "/api/chat")
+            assert.equal(200, status, body)
+            assert.equal("chat.completion", cjson.decode(body).object)
+            status, body = curl(key .. " --data-binary '{\"prompt\": \"It is\", \"max_tokens\": 3}' " .. b .. "/api/generate")
+            assert.equal(200, status, body)
+            assert.equal("text_completion", cjson.decode(body).object)
+            status, body = curl("--data-binary '{}' " .. b .. "/api/chat")
+            assert.equal(401, status, body)
+            assert.equal("authentication_error", cjson.decode(body).error.type)
         end)
         os.execute("kill -TERM $(cat " .. pre .. "/pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
             "/pid) 2>/dev/null || break; sleep 0.1; done")
