@@ -6,13 +6,13 @@
 --   luajit examples/chat.lua [MODEL_DIR]
 local ex = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/common.lua")
 local model = ex.model
-local chat = assert(require("tinyloop.chat").load(ex.dir))
+local chats = require "tinyloop.chat"
+local chat = assert(chats.load(ex.dir))
 model:set_prefix_pool(64 * 1024 * 1024)
 
 -- The reply ends at the model's EOS, at the template's own turn ends, or after 24 tokens.
-local cfg = { max_tokens = 24, temperature = 0.7, top_k = 40, sample_seed = 1, stop_sequences = {} }
-for _, id in ipairs(chat:turn_end_ids(model)) do cfg.stop_sequences[#cfg.stop_sequences + 1] = { id } end
-if #cfg.stop_sequences == 0 then cfg.stop_sequences = nil end
+local cfg = { max_tokens = 24, temperature = 0.7, top_k = 40, sample_seed = 1 }
+chats.add_stop_ids(cfg, chat:turn_end_ids(model))
 
 print(("template: %s"):format(chat.source))
 local messages = { { role = "system", content = "A conversation at Hartfield." } }

@@ -181,14 +181,23 @@ const tl_generate_stats *tl_session_stats(const tl_session *s) { return s ? &s->
 
 /* ---------------------------------------------------------------- shared by the decoders */
 
-/* The prompt's rows are in the cache: time the prefill, and offer them to the model's
-   prefix pool (plain decoding: every row at the session's full depth). */
+/* Offers the cache's first n rows to the model's prefix pool. A plain session's rows at its
+   full depth, the prompt's and the generated ones, are each what a prefill of the same text
+   computes (batch invariance): they serve a request that resends this text, a chat's next
+   turn. The pool takes the rows up to the first shallower one (an early exit's, here or in
+   the session this one was forked or resumed from); rows read from saved bytes are never
+   offered. */
+static void offer_rows(const tl_session *s, int n) {
+    if (s->decoder == &tl_plain_decoder && s->m->prefix_pool && !s->rows_from_bytes)
+        tl_prefix_pool_offer(s->m->prefix_pool, s->tokens, n, s->loops, s->ws.state_seed, s->cache);
+}
+
+/* The prompt's rows are in the cache: time the prefill, and offer them to the prefix pool. */
 static void prompt_done(tl_session *s) {
     s->prompt_done = true;
     s->t_prefill_end = tl_now_ms();
     s->stats.prefill_ms = s->t_prefill_end - s->t_start;
-    if (s->decoder == &tl_plain_decoder && s->m->prefix_pool && !s->rows_from_bytes)
-        tl_prefix_pool_offer(s->m->prefix_pool, s->tokens, s->prompt_len, s->loops, s->ws.state_seed, s->cache);
+    offer_rows(s, s->prompt_len);
 }
 
 tl_status tl_session_prefill(tl_session *s, int n, float *last_logits) {
@@ -292,14 +301,7 @@ const tl_decoder tl_plain_decoder = {"plain", plain_open, plain_next, NULL};
 
 static tl_status finish(tl_session *s, tl_stop_reason reason, tl_stop_reason *stop) {
     s->finished = true;
-    /* A plain session's rows at its full depth, the prompt's and the generated ones, are
-       each what a prefill of the same text computes (batch invariance): offered to the
-       prefix pool, they serve a request that resends this text, a chat's next turn. The
-       pool takes the rows up to the first shallower one (an early exit's, here or in the
-       session this one was forked or resumed from); rows read from saved bytes are never
-       offered. */
-    if (s->decoder == &tl_plain_decoder && s->m->prefix_pool && s->prompt_done && !s->rows_from_bytes)
-        tl_prefix_pool_offer(s->m->prefix_pool, s->tokens, s->cache->length, s->loops, s->ws.state_seed, s->cache);
+    if (s->prompt_done) offer_rows(s, s->cache->length); /* the generated rows too */
     s->stats.stop_reason = reason;
     *stop = reason;
     return TL_OK;

@@ -89,10 +89,10 @@ function _M.load(dir, template_path)
         if not cfg then return nil, err end
         generation, err = read_json(dir .. "/generation_config.json")
         if not generation then return nil, err end
-    end
-    if not source and type(dir) == "string" then
-        source = read_file(dir .. "/chat_template.jinja")
-        if source then origin = dir .. "/chat_template.jinja" end
+        if not source then
+            source = read_file(dir .. "/chat_template.jinja")
+            if source then origin = dir .. "/chat_template.jinja" end
+        end
     end
     if not source then
         source = config_template(cfg)
@@ -129,6 +129,15 @@ function Chat:turn_end_ids(model)
     end
     for _, id in ipairs(self.generation_eos_ids) do add(id) end
     return ids
+end
+
+-- add_stop_ids(cfg, ids): a one-token stop sequence for each id (turn ends, a request's
+-- stop_token_ids) added to cfg.stop_sequences, made when there is none yet.
+function _M.add_stop_ids(cfg, ids)
+    if #ids == 0 then return end
+    local seqs = cfg.stop_sequences or {}
+    for _, id in ipairs(ids) do seqs[#seqs + 1] = { id } end
+    cfg.stop_sequences = seqs
 end
 
 -- ------------------------------------------------------------------ messages

@@ -229,11 +229,7 @@ function _M.main(argv, default_model)
             return fault == "template" and 1 or 2
         end
         o.prompt, o.echo = text, false
-        local ends = chat:turn_end_ids(model)
-        if #ends > 0 then
-            cfg.stop_sequences = cfg.stop_sequences or {}
-            for _, id in ipairs(ends) do cfg.stop_sequences[#cfg.stop_sequences + 1] = { id } end
-        end
+        require("tinyloop.chat").add_stop_ids(cfg, chat:turn_end_ids(model))
     end
     -- ---- grammars: --grammar FILE.gbnf, --json-schema FILE.json
     for _, g in ipairs({ { o.grammar_file, tinyloop.grammar.gbnf }, { o.schema_file, tinyloop.grammar.json_schema } }) do

@@ -45,6 +45,27 @@ local function free_port()
     error("no free port")
 end
 
+-- Runs fn(base URL) against an nginx started by `bin` with the config text `conf`, which
+-- listens on `port`, under the prefix `pre`; stops it afterwards, whatever fn did.
+local function with_nginx(bin, pre, conf, port, fn)
+    os.execute("mkdir -p " .. pre .. "/logs")
+    local f = assert(io.open(pre .. "/nginx.conf", "wb")); f:write(conf); f:close()
+    os.execute(("%s -p %s -c %s/nginx.conf -e stderr > %s/err.log 2>&1 & echo $! > %s/pid"):format(bin, pre, pre, pre, pre))
+    local base = "http://127.0.0.1:" .. port
+    local up = false
+    for _ = 1, 300 do
+        if curl(base .. "/health") == 200 then up = true break end
+        os.execute("sleep 0.1")
+    end
+    local ok, err = pcall(function()
+        assert.is_true(up, sh("cat " .. pre .. "/err.log"))
+        fn(base)
+    end)
+    os.execute("kill -TERM $(cat " .. pre .. "/pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
+        "/pid) 2>/dev/null || break; sleep 0.1; done")
+    assert(ok, err)
+end
+
 setup(function()
     math.randomseed(os.time() + tonumber(tostring({}):match("0x(%x+)"), 16) % 100000)
     port = free_port()
@@ -1064,7 +1085,6 @@ describe("server with two workers", function()
     it("keeps answering when the thread pool has no Lua VM to spare (it polls instead)", function()
         -- scripts/serve's config, with one thread-pool VM for three concurrent requests.
         local pre = dir2 .. "/small"
-        os.execute("mkdir -p " .. pre .. "/logs")
         local p3 = free_port()
         local conf = sh("cat " .. dir2 .. "/prefix/nginx.conf")
             :gsub("lua_worker_thread_vm_pool_size %d+;", "lua_worker_thread_vm_pool_size 1;")
@@ -1072,17 +1092,7 @@ describe("server with two workers", function()
             :gsub("\npid [^;]+;", "\npid " .. pre .. "/nginx.pid;")
             :gsub("worker_processes %d+;", "worker_processes 1;")
         assert.truthy(conf:find("lua_worker_thread_vm_pool_size 1;", 1, true))
-        local f = assert(io.open(pre .. "/nginx.conf", "wb")); f:write(conf); f:close()
-        os.execute(("$(command -v openresty || command -v nginx || echo /usr/sbin/nginx) -p %s -c %s/nginx.conf -e stderr > %s/err.log 2>&1 & echo $! > %s/pid")
-            :format(pre, pre, pre, pre))
-        local b3 = "http://127.0.0.1:" .. p3
-        local up = false
-        for _ = 1, 300 do
-            if curl(b3 .. "/health") == 200 then up = true break end
-            os.execute("sleep 0.1")
-        end
-        local ok, err = pcall(function()
-            assert.is_true(up, sh("cat " .. pre .. "/err.log"))
+        with_nginx("$(command -v openresty || command -v nginx || echo /usr/sbin/nginx)", pre, conf, p3, function(b3)
             local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 30, ignore_eos = true }))
             local cmd = {}
             for i = 1, 3 do
@@ -1094,9 +1104,6 @@ describe("server with two workers", function()
             end
             assert.truthy(sh("cat " .. pre .. "/err.log"):find("no available Lua vm; polling instead", 1, true))
         end)
-        os.execute("kill -TERM $(cat " .. pre .. "/pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
-            "/pid) 2>/dev/null || break; sleep 0.1; done")
-        assert(ok, err)
     end)
 end)
 
@@ -1105,22 +1112,11 @@ describe("examples/openresty", function()
         local module = io.open("/usr/lib/nginx/modules/ngx_http_lua_module.so")
         if not module then return pending("the example loads Debian's nginx Lua module, which is not here") end
         module:close()
-        local pre = dir .. "/openresty"
-        os.execute("mkdir -p " .. pre .. "/logs")
         local p = free_port()
         local root = sh("pwd"):gsub("%s+$", "")
         local conf = H.read("examples/openresty/nginx.conf"):gsub("/path/to/tinyloop", root)
             :gsub("listen 127%.0%.0%.1:%d+;", "listen 127.0.0.1:" .. p .. ";")
-        local f = assert(io.open(pre .. "/nginx.conf", "wb")); f:write(conf); f:close()
-        os.execute(("nginx -p %s -c %s/nginx.conf > %s/err.log 2>&1 & echo $! > %s/pid"):format(pre, pre, pre, pre))
-        local b = "http://127.0.0.1:" .. p
-        local up = false
-        for _ = 1, 300 do
-            if curl(b .. "/health") == 200 then up = true break end
-            os.execute("sleep 0.1")
-        end
-        local ok, err = pcall(function()
-            assert.is_true(up, sh("cat " .. pre .. "/err.log"))
+        with_nginx("$(command -v nginx || echo /usr/sbin/nginx)", dir .. "/openresty", conf, p, function(b)
             local key = " -H 'Authorization: Bearer secret'"
             local status, body = curl(key .. " --data-binary " .. quote(cjson.encode({ messages = { { role = "user", content = "Who is Emma?" } },
                                                                               max_tokens = 3 })) .. " " .. b .. "/api/chat")
@@ -1133,9 +1129,6 @@ describe("examples/openresty", function()
             assert.equal(401, status, body)
             assert.equal("authentication_error", cjson.decode(body).error.type)
         end)
-        os.execute("kill -TERM $(cat " .. pre .. "/pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
-            "/pid) 2>/dev/null || break; sleep 0.1; done")
-        assert(ok, err)
     end)
 end)
 

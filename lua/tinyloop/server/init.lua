@@ -490,6 +490,12 @@ local function release_all(r, cancelled)
     for _, st in ipairs(r.sts) do release(st, cancelled) end
 end
 
+-- What ends a choice of either API: finish_reason, token_ids and the stats, if given.
+local function choice_tail(ids, finish_reason, stats)
+    return ',"finish_reason":' .. (finish_reason and ('"' .. finish_reason .. '"') or "null") ..
+        ',"token_ids":[' .. concat(ids, ",") .. "]" .. (stats and (',"tinyloop":' .. encode(stats)) or "") .. "}"
+end
+
 -- lp_ids: the tokens the logprobs are of (default ids; with echo, the prompt's first: n_prompt).
 -- A chat choice (st.chat) holds a message, or in a stream (st.streaming) a delta, whose first
 -- says the role.
@@ -506,14 +512,10 @@ local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids,
             message = '"delta":' .. (text == "" and "{}" or ('{"content":' .. content .. "}"))
         end
         return '{"index":' .. st.index .. "," .. message .. ',"logprobs":' ..
-            (figures and chat_logprobs_json(ids, figures) or "null") .. ',"finish_reason":' ..
-            (finish_reason and ('"' .. finish_reason .. '"') or "null") .. ',"token_ids":[' .. concat(ids, ",") .. "]" ..
-            (stats and (',"tinyloop":' .. encode(stats)) or "") .. "}"
+            (figures and chat_logprobs_json(ids, figures) or "null") .. choice_tail(ids, finish_reason, stats)
     end
     return '{"index":' .. st.index .. ',"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":' ..
-        (figures and logprobs_json(st, lp_ids or ids, figures, n_prompt) or "null") .. ',"finish_reason":' ..
-        (finish_reason and ('"' .. finish_reason .. '"') or "null") .. ',"token_ids":[' .. concat(ids, ",") .. "]" ..
-        (stats and (',"tinyloop":' .. encode(stats)) or "") .. "}"
+        (figures and logprobs_json(st, lp_ids or ids, figures, n_prompt) or "null") .. choice_tail(ids, finish_reason, stats)
 end
 
 -- The response (or a chunk of a stream) around its choices' JSON, with `tail` (",usage..." or "").
@@ -535,8 +537,8 @@ local function usage_json(r)
     local cached_tokens = 0
     for _, n in pairs(cached) do cached_tokens = cached_tokens + n end
     return encode({ prompt_tokens = r.prompt_tokens, completion_tokens = completion,
-                    total_tokens = r.prompt_tokens + completion }):sub(1, -2) ..
-        ',"prompt_tokens_details":{"cached_tokens":' .. cached_tokens .. "}}"
+                    total_tokens = r.prompt_tokens + completion,
+                    prompt_tokens_details = { cached_tokens = cached_tokens } })
 end
 
 -- best_of: of each prompt's best_of candidates (r.sts in prompt order, best_of a prompt), the

@@ -6,6 +6,7 @@
 -- message is mapped back to the request field it names (see param_of).
 local cjson = require "cjson.safe"
 local grammar = require("tinyloop").grammar
+local add_stop_ids = require("tinyloop.chat").add_stop_ids
 
 local type, pairs, ipairs, tostring, next, floor = type, pairs, ipairs, tostring, next, math.floor
 local json_null = cjson.null
@@ -232,21 +233,19 @@ local function prompt_list(model, prompt)
     return list
 end
 
--- stop_token_ids [id, ...] -> stop sequences of one token each, or an error naming the field.
-local function stop_token_sequences(ids, vocab)
+-- stop_token_ids [id, ...] -> true when every one is a token id, or an error naming the field.
+local function check_stop_token_ids(ids, vocab)
     local P = "stop_token_ids"
     if #ids == 0 and next(ids) ~= nil then return bad("stop_token_ids must be an array of token ids", P) end
     for k in pairs(ids) do
         if not is_integer(k) or k < 1 or k > #ids then return bad("stop_token_ids must be an array of token ids", P) end
     end
-    local seqs = {}
     for i, id in ipairs(ids) do
         if not is_integer(id) or id < 0 or id >= vocab then
             return bad(("stop_token_ids[%d] = %s is not a token id: ids are in [0, %d)"):format(i - 1, cjson.encode(id) or tostring(id), vocab), P)
         end
-        seqs[i] = { id }
     end
-    return seqs
+    return true
 end
 
 local function stop_strings(stop)
@@ -487,9 +486,9 @@ local function shared_fields(t, body, model, model_id, cfg)
         cfg.stop_strings = stops
     end
     if t.stop_token_ids ~= nil then
-        local seqs, e = stop_token_sequences(t.stop_token_ids, model.vocab_size)
-        if not seqs then return nil, e end
-        if #seqs > 0 then cfg.stop_sequences = seqs end
+        local ok, e = check_stop_token_ids(t.stop_token_ids, model.vocab_size)
+        if not ok then return nil, e end
+        add_stop_ids(cfg, t.stop_token_ids)
     end
     return { n = t.n or 1, include_usage = include_usage, grammar_field = cfg.grammar and grammar_field or nil }
 end
@@ -619,10 +618,7 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     end
     cfg.max_tokens = max_tokens
     -- the template's own turn ends (chat.turn_ends: tinyloop.chat's turn_end_ids) stop it too
-    if chat.turn_ends and #chat.turn_ends > 0 then
-        cfg.stop_sequences = cfg.stop_sequences or {}
-        for _, id in ipairs(chat.turn_ends) do cfg.stop_sequences[#cfg.stop_sequences + 1] = { id } end
-    end
+    if chat.turn_ends then add_stop_ids(cfg, chat.turn_ends) end
     local logprobs
     if t.top_logprobs ~= nil and not t.logprobs then
         return bad("top_logprobs needs logprobs: true", "top_logprobs")
