@@ -9,6 +9,7 @@
 --   local ids = model:encode(text)
 local cjson = require "cjson.safe"
 local chat_template = require "tinyloop.chat_template"
+local json_text = require "tinyloop.json_text"
 
 local type, pairs, ipairs, next, tostring, concat = type, pairs, ipairs, next, tostring, table.concat
 local json_null = cjson.null
@@ -19,10 +20,16 @@ local _M = {}
 -- message as it is), then "Assistant:" to continue. Plain text, which a base model trained
 -- on prose continues as a reply. An assistant message that begins with white space (as a
 -- reply generated after "Assistant:" does) follows the colon as it is, so the next turn's
--- prompt holds the reply's own tokens, which the prefix pool then serves.
-_M.PLAIN = "{% for message in messages %}{% if message.role == 'system' %}{{ message.content + '\\n\\n' }}"
-    .. "{% elif message.role == 'assistant' %}{{ 'Assistant:' + (message.content if message.content[:1] in [' ', '\\n']"
-    .. " else ' ' + message.content) + '\\n\\n' }}"
+-- prompt holds the reply's own tokens, which the prefix pool then serves. Tools (a request's
+-- `tools`) come first, one JSON line each, with the Hermes call format (tinyloop.tools), in
+-- which an assistant's calls are written back and tool results follow as "Tool:" paragraphs.
+_M.PLAIN = "{% if tools %}{{ 'Tools (to call one, write <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>):\\n' }}"
+    .. "{% for tool in tools %}{{ tool | tojson + '\\n' }}{% endfor %}{{ '\\n' }}{% endif %}"
+    .. "{% for message in messages %}{% if message.role == 'system' %}{{ message.content + '\\n\\n' }}"
+    .. "{% elif message.role == 'assistant' %}{{ 'Assistant:' }}{% if message.content is not none %}"
+    .. "{{ message.content if message.content[:1] in [' ', '\\n'] else ' ' + message.content }}{% endif %}"
+    .. "{% for call in message.tool_calls or [] %}{{ '<tool_call>\\n{\"name\": \"' + call.function.name"
+    .. " + '\", \"arguments\": ' + call.function.arguments | tojson + '}\\n</tool_call>' }}{% endfor %}{{ '\\n\\n' }}"
     .. "{% else %}{{ message.role | capitalize + ': ' + message.content + '\\n\\n' }}{% endif %}{% endfor %}"
     .. "{% if add_generation_prompt %}Assistant:{% endif %}"
 
@@ -144,8 +151,8 @@ end
 
 -- OpenAI's roles that a template sees; "developer" (OpenAI's newer name for the system
 -- message) is passed on as "system", which is what templates test for.
-local ROLES = { system = "system", developer = "system", user = "user", assistant = "assistant" }
-local MESSAGE_FIELDS = { role = true, content = true, name = true }
+local ROLES = { system = "system", developer = "system", user = "user", assistant = "assistant", tool = "tool" }
+local MESSAGE_FIELDS = { role = true, content = true, name = true, tool_calls = true, tool_call_id = true }
 
 -- A value as a message shows it: JSON ("user", null, ["user"]; an empty table as []).
 local function shown(v)
@@ -161,6 +168,30 @@ local function is_array(v)
         if type(k) ~= "number" or k < 1 or k > n or k % 1 ~= 0 then return false end
     end
     return true
+end
+
+-- decode_ordered(text) -> the JSON text's value as a template reads it: each object a dict
+-- whose keys iterate in the text's order (tojson prints them so, as Python's json keeps
+-- them), {} a dict and not a list; or nil, err.
+local function ordered(value, s, at)
+    local c = s:byte(at)
+    if c == 123 then
+        local keys, seen, last = {}, {}, {}
+        for _, m in ipairs(json_text.members(s, at)) do
+            if not seen[m.key] then seen[m.key] = true; keys[#keys + 1] = m.key end
+            last[m.key] = m.from -- the value of the last duplicate is cjson's
+        end
+        for _, k in ipairs(keys) do value[k] = ordered(value[k], s, last[k]) end
+        return chat_template.dict(value, keys)
+    elseif c == 91 then
+        for i, e in ipairs(json_text.elements(s, at)) do value[i] = ordered(value[i], s, e.from) end
+    end
+    return value
+end
+function _M.decode_ordered(text)
+    local value, err = cjson.decode(text)
+    if value == nil then return nil, err end
+    return ordered(value, text, json_text.skip_ws(text, 1))
 end
 
 -- A message's content: a string, or OpenAI's array of content parts, of which only text
@@ -187,8 +218,44 @@ local function content_text(content, at)
     return concat(texts, "\n")
 end
 
+-- An assistant message's tool_calls (OpenAI's: {"id", "type": "function", "function":
+-- {"name", "arguments": JSON text of an object}}) as templates read them (transformers'
+-- convention, which vLLM follows): the arguments an object (a dict in the text's key order).
+local function tool_calls_of(calls, at)
+    if not is_array(calls) or #calls == 0 then return nil, at .. ".tool_calls must be a non-empty array of tool calls" end
+    local out = {}
+    for j, call in ipairs(calls) do
+        local where = ("%s.tool_calls[%d]"):format(at, j - 1)
+        local fn = type(call) == "table" and call["function"]
+        if type(call) ~= "table" or is_array(call) or type(fn) ~= "table" or is_array(fn) then
+            return nil, where .. " must be an object {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}"
+        end
+        for k in pairs(call) do
+            if k ~= "id" and k ~= "type" and k ~= "function" then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
+        end
+        for k in pairs(fn) do
+            if k ~= "name" and k ~= "arguments" then return nil, ("unknown field '%s' in %s.function"):format(tostring(k), where) end
+        end
+        if call.type ~= nil and call.type ~= "function" then return nil, where .. ".type must be \"function\"" end
+        if call.id ~= nil and type(call.id) ~= "string" then return nil, where .. ".id must be a string" end
+        if type(fn.name) ~= "string" or fn.name == "" then return nil, where .. ".function.name must be a non-empty string" end
+        if type(fn.arguments) ~= "string" then return nil, where .. ".function.arguments must be a string (the arguments' JSON)" end
+        local arguments = _M.decode_ordered(fn.arguments)
+        if type(arguments) ~= "table" or not fn.arguments:match("^%s*{") then
+            return nil, where .. ".function.arguments must be the JSON text of an object"
+        end
+        local id = type(call.id) == "string" and call.id or nil
+        out[j] = chat_template.dict({ id = id, type = "function",
+                                      ["function"] = chat_template.dict({ name = fn.name, arguments = arguments }, { "name", "arguments" }) },
+                                    id and { "id", "type", "function" } or { "type", "function" })
+    end
+    return out
+end
+
 -- check_messages(messages) -> the messages as a template reads them ({role, content[, name]}
--- with plain strings), or nil, err (naming the message: "messages[2].role ...").
+-- with plain strings; an assistant's tool_calls (then its content may be null: None to the
+-- template); a tool message's tool_call_id), or nil, err (naming the message:
+-- "messages[2].role ...").
 function _M.check_messages(messages)
     if not is_array(messages) or #messages == 0 then return nil, "messages must be a non-empty array of messages" end
     local out = {}
@@ -196,35 +263,54 @@ function _M.check_messages(messages)
         local at = ("messages[%d]"):format(i - 1)
         if type(m) ~= "table" or is_array(m) then return nil, at .. " must be an object {\"role\", \"content\"}" end
         for k in pairs(m) do
-            if not MESSAGE_FIELDS[k] then
-                local why = (k == "tool_calls" or k == "tool_call_id" or k == "function_call") and " (tools are not supported)" or ""
-                return nil, ("unknown field '%s' in %s%s"):format(tostring(k), at, why)
-            end
+            if not MESSAGE_FIELDS[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), at) end
         end
         local role = ROLES[m.role]
         if not role then
-            return nil, ("%s.role must be \"system\", \"developer\", \"user\" or \"assistant\", got %s"):format(at, shown(m.role))
+            return nil, ("%s.role must be \"system\", \"developer\", \"user\", \"assistant\" or \"tool\", got %s"):format(at, shown(m.role))
         end
-        if m.content == nil or m.content == json_null then return nil, at .. ".content is required" end
-        local text, err = content_text(m.content, at)
-        if not text then return nil, err end
+        local message = { role = role }
+        if m.tool_calls ~= nil and m.tool_calls ~= json_null then
+            if role ~= "assistant" then return nil, at .. ".tool_calls: only an assistant message calls tools" end
+            local calls, err = tool_calls_of(m.tool_calls, at)
+            if not calls then return nil, err end
+            message.tool_calls = calls
+        end
+        if m.tool_call_id ~= nil and m.tool_call_id ~= json_null then
+            if role ~= "tool" then return nil, at .. ".tool_call_id: only a tool message answers a call" end
+            if type(m.tool_call_id) ~= "string" then return nil, at .. ".tool_call_id must be a string" end
+            message.tool_call_id = m.tool_call_id
+        elseif role == "tool" then
+            return nil, at .. ".tool_call_id is required in a tool message (the id of the call it answers)"
+        end
+        if m.content == nil or m.content == json_null then
+            if not message.tool_calls then return nil, at .. ".content is required" end
+            message.content = json_null
+        else
+            local text, err = content_text(m.content, at)
+            if not text then return nil, err end
+            message.content = text
+        end
         if m.name ~= nil and m.name ~= json_null and type(m.name) ~= "string" then return nil, at .. ".name must be a string" end
-        out[i] = { role = role, content = text, name = type(m.name) == "string" and m.name or nil }
+        message.name = type(m.name) == "string" and m.name or nil
+        out[i] = message
     end
     return out
 end
 
--- chat:prompt(messages[, add_generation_prompt = true]) -> text | nil, err, fault: the
--- messages checked (check_messages) and rendered. fault says whose the failure is:
+-- chat:prompt(messages[, add_generation_prompt = true[, tools]]) -> text | nil, err, fault:
+-- the messages checked (check_messages) and rendered, with `tools` (a list the template
+-- reads, OpenAI's {"type": "function", "function": {...}} objects: decode_ordered of the
+-- request's tools) when given. fault says whose the failure is:
 -- "messages" (check_messages' rules, the template's raise_exception, e.g. roles that must
 -- alternate, or more text than the renderer's bounds) or "template" (it cannot run here: a
 -- Jinja feature tinyloop.chat_template lacks, say).
-function Chat:prompt(messages, add_generation_prompt)
+function Chat:prompt(messages, add_generation_prompt, tools)
     local checked, err = _M.check_messages(messages)
     if not checked then return nil, err, "messages" end
     local text, kind
     text, err, kind = self.template:render({ messages = checked, add_generation_prompt = add_generation_prompt ~= false,
-                                             bos_token = self.bos_token, eos_token = self.eos_token })
+                                             bos_token = self.bos_token, eos_token = self.eos_token, tools = tools })
     if text then return text end
     -- (its file name only: the message may reach a client)
     if kind == "template" then

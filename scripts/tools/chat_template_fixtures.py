@@ -6,7 +6,8 @@ lstrip_blocks, loop controls, the generation tag, transformers' tojson, raise_ex
 strftime_now). CI never runs this: tests/lua/chat_template_spec.lua reads the stored file.
 
 Entries: {"template": "<file>.jinja" or "inline", "source" (inline only), "case", "vars",
-"output"} or, where jinja2 raises, {..., "error": message, "raised": true when the template's
+"output"} (or "vars_json": the variables as JSON text, their dicts' keys in their own order)
+or, where jinja2 raises, {..., "error": message, "raised": true when the template's
 raise_exception raised it}. Dict keys in vars are sorted (Lua tables have no key order; the Lua
 renderer iterates caller dicts in sorted order), and no vars hold an empty JSON object (cjson
 cannot tell it from an empty list). Deterministic: a rerun rewrites identical bytes.
@@ -160,7 +161,22 @@ TEMPLATES = {
         ("tools", {"messages": TRICKY[:2], "tools": TOOLS, "add_generation_prompt": True}),
     ]},
     "plain.jinja": {"tokens": ("", ""), "extra": []},
+    # tinyloop.chat's built-in template (chat.PLAIN, which tests/lua/chat_spec.lua checks equal)
+    "builtin_plain.jinja": {"tokens": ("", ""), "extra": [
+        ("tools", {"messages": [SYSTEM, HELLO], "tools": TOOLS, "add_generation_prompt": True}),
+        ("tool_calls", {"messages": TOOL_CALL_TURNS, "tools": TOOLS, "add_generation_prompt": True}),
+        ("empty_assistant", {"messages": [HELLO, msg("assistant", ""), msg("user", "Well?")], "add_generation_prompt": True}),
+    ]},
 }
+
+# Cases whose variables keep their dicts' key order: stored as JSON text ("vars_json"), which
+# the Lua side decodes with tinyloop.chat.decode_ordered (the server's decoding of a request's
+# tools and tool call arguments), so the order is the client's, as Python keeps it.
+ORDERED = [
+    ("qwen2_5.jinja", "tool_calls_in_key_order", {"messages": TOOL_CALL_TURNS, "tools": TOOLS, "add_generation_prompt": True}),
+    ("builtin_plain.jinja", "tool_calls_in_key_order", {"messages": TOOL_CALL_TURNS, "tools": TOOLS, "add_generation_prompt": True}),
+    ("tools_json.jinja", "tools_in_key_order", {"messages": TRICKY[:2], "tools": TOOLS, "add_generation_prompt": True}),
+]
 
 
 # ---------------------------------------------------------------- inline cases
@@ -306,6 +322,13 @@ def main():
         for case, variables in COMMON + spec["extra"]:
             variables = sorted_json({"bos_token": bos, "eos_token": eos, **variables})
             entries.append({"template": name, "case": case, "vars": variables, **render(source, variables)})
+    for name, case, variables in ORDERED:
+        with open(os.path.join(DATA, name), encoding="utf-8") as f:
+            source = f.read()
+        bos, eos = TEMPLATES[name]["tokens"]
+        variables = {"bos_token": bos, "eos_token": eos, **variables}
+        entries.append({"template": name, "case": case, "vars_json": json.dumps(variables, ensure_ascii=False),
+                        **render(source, variables)})
     inline_vars = sorted_json(INLINE_VARS)
     for i, source in enumerate(INLINE):
         entries.append({"template": "inline", "case": f"expression {i + 1}", "source": source, "vars": inline_vars,

@@ -53,6 +53,12 @@ describe("tinyloop.chat", function()
                                 { role = "assistant", content = "Emma." }, { role = "user", content = "And?" } }))
     end)
 
+    it("keeps the built-in template in the fixture file its parity with jinja2 is checked on", function()
+        -- (tests/data/chat_templates/builtin_plain.jinja: chat_template_spec renders its cases,
+        -- tools and tool calls among them, against Python's jinja2)
+        assert.equal(H.read(H.ROOT .. "/tests/data/chat_templates/builtin_plain.jinja"), chat.PLAIN)
+    end)
+
     it("says why a template cannot be loaded or used", function()
         local c, err = chat.load(dir, dir .. "/missing.jinja")
         assert.is_nil(c)
@@ -137,18 +143,60 @@ describe("tinyloop.chat", function()
         refused({}, "messages must be a non-empty array of messages")
         refused({ "hi" }, 'messages[0] must be an object {"role", "content"}')
         refused({ user[1], { role = "user", content = "x", extra = 1 } }, "unknown field 'extra' in messages[1]")
-        refused({ { role = "tool", content = "x" } }, 'messages[0].role must be "system", "developer", "user" or "assistant", got "tool"')
-        refused({ { role = cjson.null, content = "x" } }, 'messages[0].role must be "system", "developer", "user" or "assistant", got null')
+        refused({ { role = "robot", content = "x" } }, 'messages[0].role must be "system", "developer", "user", "assistant" or "tool", got "robot"')
+        refused({ { role = cjson.null, content = "x" } }, 'messages[0].role must be "system", "developer", "user", "assistant" or "tool", got null')
         refused({ { role = "user", content = cjson.null } }, "messages[0].content is required")
         refused({ { role = "user", content = 5 } }, "messages[0].content must be a string or a non-empty array of text parts")
         refused({ { role = "user", content = { { type = "text" } } } }, "messages[0].content[0].text must be a string")
         refused({ { role = "user", content = { { type = "text", text = "a", cache = 1 } } } }, "unknown field 'cache' in messages[0].content[0]")
         refused({ { role = "user", content = { 5 } } }, 'messages[0].content[0] must be an object {"type": "text", "text": ...}')
-        refused({ { role = { "user" }, content = "x" } }, 'messages[0].role must be "system", "developer", "user" or "assistant", got ["user"]')
-        refused({ { role = {}, content = "x" } }, 'messages[0].role must be "system", "developer", "user" or "assistant", got []')
+        refused({ { role = { "user" }, content = "x" } }, 'messages[0].role must be "system", "developer", "user", "assistant" or "tool", got ["user"]')
+        refused({ { role = {}, content = "x" } }, 'messages[0].role must be "system", "developer", "user", "assistant" or "tool", got []')
         refused({ { role = "user", content = { { type = cjson.null } } } }, 'messages[0].content[0].type = null: only "text" parts are supported (this model reads text)')
         refused({ { role = "user", content = "x", name = 5 } }, "messages[0].name must be a string")
         assert.same({ { role = "system", content = "a\nb", name = "n" } },
                     chat.check_messages({ { role = "developer", content = { { type = "text", text = "a" }, { type = "text", text = "b" } }, name = "n" } }))
+        -- tools: an assistant's calls, a tool's answer
+        local call = { id = "c1", type = "function", ["function"] = { name = "f", arguments = '{"a": 1}' } }
+        refused({ { role = "tool", content = "x" } }, "messages[0].tool_call_id is required in a tool message (the id of the call it answers)")
+        refused({ { role = "tool", content = "x", tool_call_id = 5 } }, "messages[0].tool_call_id must be a string")
+        refused({ { role = "user", content = "x", tool_call_id = "c1" } }, "messages[0].tool_call_id: only a tool message answers a call")
+        refused({ { role = "user", content = "x", tool_calls = { call } } }, "messages[0].tool_calls: only an assistant message calls tools")
+        refused({ { role = "assistant", content = cjson.null } }, "messages[0].content is required")
+        refused({ { role = "assistant", tool_calls = {} } }, "messages[0].tool_calls must be a non-empty array of tool calls")
+        refused({ { role = "assistant", tool_calls = { 5 } } },
+                'messages[0].tool_calls[0] must be an object {"id", "type": "function", "function": {"name", "arguments"}}')
+        refused({ { role = "assistant", tool_calls = { { id = "c", ["function"] = { name = "f", arguments = "{}" }, x = 1 } } } },
+                "unknown field 'x' in messages[0].tool_calls[0]")
+        refused({ { role = "assistant", tool_calls = { { ["function"] = { name = "f", arguments = "{}", y = 1 } } } } },
+                "unknown field 'y' in messages[0].tool_calls[0].function")
+        refused({ { role = "assistant", tool_calls = { { type = "code", ["function"] = { name = "f", arguments = "{}" } } } } },
+                'messages[0].tool_calls[0].type must be "function"')
+        refused({ { role = "assistant", tool_calls = { { id = 1, ["function"] = { name = "f", arguments = "{}" } } } } },
+                "messages[0].tool_calls[0].id must be a string")
+        refused({ { role = "assistant", tool_calls = { { ["function"] = { name = "", arguments = "{}" } } } } },
+                "messages[0].tool_calls[0].function.name must be a non-empty string")
+        refused({ { role = "assistant", tool_calls = { { ["function"] = { name = "f", arguments = { a = 1 } } } } } },
+                "messages[0].tool_calls[0].function.arguments must be a string (the arguments' JSON)")
+        for _, bad in ipairs({ "{", "[1]", "5", "" }) do
+            refused({ { role = "assistant", tool_calls = { { ["function"] = { name = "f", arguments = bad } } } } },
+                    "messages[0].tool_calls[0].function.arguments must be the JSON text of an object")
+        end
+        local out = assert(chat.check_messages({ { role = "assistant", content = cjson.null, tool_calls = { call } },
+                                                 { role = "tool", content = "2", tool_call_id = "c1" } }))
+        assert.equal(cjson.null, out[1].content)
+        assert.equal("f", out[1].tool_calls[1]["function"].name)
+        assert.same({ a = 1 }, out[1].tool_calls[1]["function"].arguments)
+        assert.same({ role = "tool", content = "2", tool_call_id = "c1" }, out[2])
+    end)
+
+    it("decodes JSON for templates with its objects' key order, and {} as an object", function()
+        local template = assert(require("tinyloop.chat_template").compile("{{ v | tojson }}|{% for k in v.b %}{{ k }}{% endfor %}"))
+        local text = '{"z": 1, "b": {"y": [], "x": {}}, "a": [{"k2": null, "k1": true}], "z": 2}'
+        local v = assert(chat.decode_ordered(text))
+        -- the last duplicate's value, at the first one's place (Python's json)
+        assert.equal('{"z": 2, "b": {"y": [], "x": {}}, "a": [{"k2": null, "k1": true}]}|yx', template:render({ v = v }))
+        assert.is_nil(chat.decode_ordered("{"))
+        assert.equal(5, chat.decode_ordered("5"))
     end)
 end)

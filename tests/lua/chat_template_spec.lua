@@ -68,7 +68,10 @@ describe("parity with jinja2 (tests/data/chat_templates/expected.json)", functio
             end
             local tpl, err = chat_template.compile(source)
             local out
-            if tpl then out, err = tpl:render(e.vars) end
+            -- vars_json: dicts in their own key order (tinyloop.chat.decode_ordered, as the
+            -- server reads a request's tools)
+            local vars = e.vars or assert(require("tinyloop.chat").decode_ordered(e.vars_json))
+            if tpl then out, err = tpl:render(vars) end
             if e.output then
                 assert.are.equal(e.output, out, err)
             elseif e.raised then -- raise_exception's message, verbatim

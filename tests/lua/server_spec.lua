@@ -887,6 +887,137 @@ describe("chat completions", function()
         assert.truthy(content == "Yes" or content == "No", content)
     end)
 
+    -- ---- tools: small schemas (the shipped model's context is 256 tokens)
+    local WEATHER = { type = "function", ["function"] = { name = "weather",
+        parameters = { type = "object", properties = { city = { enum = { "Paris", "Rome" } } }, required = { "city" } } } }
+    local NOW = { type = "function", ["function"] = { name = "now" } }
+    local ask = { { role = "user", content = "Weather?" } }
+    -- A streamed chat body -> the deltas' content, tool calls (index -> {id, name, arguments}),
+    -- token ids, the last finish_reason.
+    local function streamed(body)
+        local chunks, done = sse_chunks(body)
+        assert.is_true(done)
+        local content, calls, ids, finish = {}, {}, {}, nil
+        for i, c in ipairs(chunks) do
+            local choice = c.choices[1]
+            assert.equal(i == 1 and "assistant" or nil, choice.delta.role)
+            if type(choice.delta.content) == "string" then content[#content + 1] = choice.delta.content end
+            for _, call in ipairs(choice.delta.tool_calls or {}) do
+                local into = calls[call.index + 1] or { arguments = "" }
+                calls[call.index + 1] = into
+                into.id, into.name = call.id or into.id, call["function"].name or into.name
+                into.arguments = into.arguments .. (call["function"].arguments or "")
+            end
+            for _, id in ipairs(choice.token_ids) do ids[#ids + 1] = id end
+            if choice.finish_reason ~= cjson.null then finish = choice.finish_reason end
+        end
+        return table.concat(content), calls, ids, finish
+    end
+    local function call_of(c) return { id = c.id, name = c["function"].name, arguments = c["function"].arguments } end
+
+    it("calls the function tool_choice names, or any when required, in arguments its schema takes", function()
+        local before = metric(metrics(), "tinyloop_tool_calls_total") or 0
+        local tools = require "tinyloop.tools"
+        local m = assert(tinyloop.load(MODEL))
+        -- (few tools: a tool's JSON is some 40 to 90 of the prompt's tokens here)
+        for _, case in ipairs({ { { type = "function", ["function"] = { name = "weather" } }, { WEATHER } }, { "required", { WEATHER, NOW } } }) do
+            local choice, declared = case[1], case[2]
+            local req = { messages = ask, tools = declared, tool_choice = choice, parallel_tool_calls = false }
+            local status, body = post_chat(req)
+            assert.equal(200, status, body)
+            local r = cjson.decode(body)
+            local answer = r.choices[1]
+            assert.equal("tool_calls", answer.finish_reason)
+            assert.equal(cjson.null, answer.message.content)
+            assert.equal(1, #answer.message.tool_calls)
+            local call = answer.message.tool_calls[1]
+            assert.equal("function", call.type)
+            assert.truthy(call.id:match("^call_"), call.id)
+            if type(choice) == "table" then assert.equal("weather", call["function"].name) end
+            local arguments = cjson.decode(call["function"].arguments)
+            if call["function"].name == "weather" then
+                assert.truthy(arguments.city == "Paris" or arguments.city == "Rome", call["function"].arguments)
+            else
+                assert.same({}, arguments)
+            end
+            -- the call is what the tokens say, read back as the server reads it
+            local spec = assert(tools.check(declared, nil, nil, cjson.encode(declared)))
+            local ids = { unpack(answer.token_ids) }
+            if ids[#ids] == m:info().eos_token_id then ids[#ids] = nil end -- (its text is not the answer's)
+            local content, calls = tools.parse(m:decode(ids), spec, function() return call.id end)
+            assert.is_nil(content)
+            assert.same({ { id = call.id, name = call["function"].name, arguments = call["function"].arguments } }, calls)
+            -- streamed: the role at once, the same call at the end
+            req.stream = true
+            status, body = post_chat(req, "-N")
+            assert.equal(200, status, body)
+            local text, streamed_calls, ids, finish = streamed(body)
+            assert.equal("", text)
+            assert.equal("tool_calls", finish)
+            assert.same(answer.token_ids, ids)
+            assert.equal(1, #streamed_calls)
+            assert.same({ call["function"].name, call["function"].arguments }, { streamed_calls[1].name, streamed_calls[1].arguments })
+        end
+        assert.equal(before + 4, metric(metrics(), "tinyloop_tool_calls_total"))
+    end)
+
+    it("reads the calls a model writes on its own (auto), after its content, streamed or not", function()
+        -- a grammar writes the model's answer here: the shipped model never calls on its own
+        -- (the function without parameters: tokens are few, and a grammar's text may take one a
+        -- character)
+        local answer = 'Ok.\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
+        local twice = answer .. '\n<tool_call>{"name":"now","arguments":{"tz": "UTC"}}</tool_call>'
+        local function grammar_of(text) return "root ::= " .. cjson.encode(text):gsub("\\/", "/") end
+        local req = { messages = ask, tools = { NOW }, grammar = grammar_of(twice) }
+        local status, body = post_chat(req)
+        assert.equal(200, status, body)
+        local choice = cjson.decode(body).choices[1]
+        assert.equal("tool_calls", choice.finish_reason)
+        assert.equal("Ok.", choice.message.content)
+        local calls = choice.message.tool_calls
+        assert.same({ { "now", "{}" }, { "now", '{"tz": "UTC"}' } },
+                    { { calls[1]["function"].name, calls[1]["function"].arguments }, { calls[2]["function"].name, calls[2]["function"].arguments } })
+        assert.are_not.equal(calls[1].id, calls[2].id)
+        req.stream = true
+        local text, streamed_calls, _, finish = streamed(select(2, post_chat(req, "-N")))
+        assert.equal("Ok.", text)
+        assert.equal("tool_calls", finish)
+        assert.same({ call_of(calls[1]).name, call_of(calls[2]).arguments }, { streamed_calls[1].name, streamed_calls[2].arguments })
+        -- parallel_tool_calls false: the generation ends with the first call
+        status, body = post_chat({ messages = ask, tools = { NOW }, grammar = grammar_of(twice), parallel_tool_calls = false })
+        choice = cjson.decode(body).choices[1]
+        assert.equal(1, #choice.message.tool_calls)
+        assert.equal("tool_calls", choice.finish_reason)
+        -- tool_choice "none": no call is read, the text is content
+        status, body = post_chat({ messages = ask, tools = { NOW }, tool_choice = "none", grammar = grammar_of(answer) })
+        choice = cjson.decode(body).choices[1]
+        assert.equal(answer, choice.message.content)
+        assert.is_nil(choice.message.tool_calls)
+        -- a call of a function not declared is content too, and white space before it is kept
+        local unknown = 'Hm. <tool_call>\n{"name": "later", "arguments": {}}\n</tool_call>'
+        req = { messages = ask, tools = { NOW }, grammar = grammar_of(unknown) }
+        choice = cjson.decode(select(2, post_chat(req))).choices[1]
+        assert.equal(unknown, choice.message.content)
+        assert.is_nil(choice.message.tool_calls)
+        req.stream = true
+        text, streamed_calls, _, finish = streamed(select(2, post_chat(req, "-N")))
+        assert.same({ unknown, {}, "stop" }, { text, streamed_calls, finish })
+    end)
+
+    it("renders tools and a conversation's earlier calls and results into the prompt", function()
+        local history = { ask[1], { role = "assistant", content = cjson.null, tool_calls = {
+                              { id = "call_1", type = "function", ["function"] = { name = "weather", arguments = '{"city": "Paris"}' } } } },
+                          { role = "tool", tool_call_id = "call_1", content = "21 C, clear" } }
+        local body = cjson.encode({ messages = history, tools = { WEATHER }, max_tokens = 1 })
+        local status, answer = post_chat(body)
+        assert.equal(200, status, answer)
+        local chat = require "tinyloop.chat"
+        local text = assert(assert(chat.load(MODEL)):prompt(history, true, chat.decode_ordered(request.raw_member(body, { "tools" }))))
+        assert.truthy(text:find('Assistant:<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>\n\nTool: 21 C, clear', 1, true), text)
+        local m = assert(tinyloop.load(MODEL))
+        assert.equal(#m:encode(text), cjson.decode(answer).usage.prompt_tokens)
+    end)
+
     it("refuses bad chat requests with a 4xx naming the field", function()
         local function refused(t, param, message)
             local status, body = post_chat(t)
@@ -902,9 +1033,20 @@ describe("chat completions", function()
         refused({ messages = { { role = "user" } } }, "messages", "messages[0].content is required")
         refused({ messages = { { role = "user", content = { { type = "image_url", image_url = { url = "x" } } } } } }, "messages",
                 'messages[0].content[0].type = "image_url": only "text" parts')
-        refused({ messages = { { role = "user", content = "hi", tool_calls = {} } } }, "messages", "tools are not supported")
-        refused({ messages = messages, tools = { { type = "function" } } }, "tools", "tools is not supported")
-        refused({ messages = messages, tool_choice = "auto" }, "tool_choice")
+        refused({ messages = { { role = "user", content = "hi", tool_calls = {} } } }, "messages", "only an assistant message calls tools")
+        refused({ messages = { { role = "tool", content = "21" } } }, "messages", "tool_call_id is required")
+        refused({ messages = messages, tools = { { type = "function" } } }, "tools", "tools[0].function must be an object")
+        refused({ messages = messages, tools = { WEATHER, WEATHER } }, "tools", "declared twice")
+        refused({ messages = messages, tool_choice = "auto" }, "tool_choice", "tool_choice needs tools")
+        refused({ messages = messages, tools = { NOW }, tool_choice = { type = "function", ["function"] = { name = "weather" } } },
+                "tool_choice", 'names the function "weather"')
+        refused({ messages = messages, tools = { NOW }, tool_choice = "required", grammar = 'root ::= "x"' }, "grammar",
+                'tool_choice "required" constrains the output to tool calls: not with grammar')
+        refused({ messages = messages, tools = { NOW }, tool_choice = "required", response_format = { type = "json_object" } },
+                "response_format", "not with response_format")
+        refused({ messages = messages, tools = { { type = "function", ["function"] = { name = "f", parameters = { type = "quantum" } } } },
+                  tool_choice = "required" }, "tools", "the parameters of function 'f' do not compile")
+        refused({ messages = messages, tools = { NOW }, parallel_tool_calls = 1 }, "parallel_tool_calls", "must be a boolean")
         refused({ messages = messages, top_logprobs = 2 }, "top_logprobs", "needs logprobs: true")
         refused({ messages = messages, logprobs = true, top_logprobs = 21 }, "top_logprobs", "top_logprobs = 21 must be in [0, 20]")
         refused({ messages = messages, max_tokens = 2, max_completion_tokens = 2 }, "max_completion_tokens", "one setting")
@@ -1234,7 +1376,12 @@ describe("server request parsing", function()
         local m = assert(tinyloop.load("tests/data/textmodel"))
         local c = assert(require("tinyloop.chat").load("tests/data/textmodel"))
         c.turn_ends = { 5 }
-        local names = { "made_up", "tools", "tool_choice", "store", "echo", "prompt" }
+        -- with tools, a template that leaves them out: their JSON would fill this model's 128
+        -- tokens, and the walk is about the fields
+        local brief = setmetatable({ template = assert(require("tinyloop.chat_template").compile(
+            "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")) }, getmetatable(c))
+        brief.turn_ends, brief.source = c.turn_ends, "brief"
+        local names = { "made_up", "store", "echo", "prompt" }
         for name in pairs(request.CHAT_FIELDS) do names[#names + 1] = name end
         table.sort(names)
         math.randomseed(20261203)
@@ -1254,10 +1401,31 @@ describe("server request parsing", function()
                     msg.content[i] = random(1, 4) > 1 and { type = random(1, 5) > 1 and "text" or "image_url", text = "part " .. i } or scalar()
                 end
             end
-            if random(1, 8) == 1 then msg[({ "name", "tool_calls", "extra" })[random(1, 3)]] = scalar() end
+            if random(1, 8) == 1 then msg[({ "name", "tool_calls", "tool_call_id", "extra" })[random(1, 4)]] = scalar() end
+            if random(1, 6) == 1 then -- calls of random shapes, answers with or without their id
+                msg.tool_calls = { { id = random(1, 4) > 1 and "c1" or scalar(), type = random(1, 6) > 1 and "function" or scalar(),
+                                     ["function"] = random(1, 8) > 1 and { name = ({ "f", "", "g" })[random(1, 3)],
+                                         arguments = ({ "{}", '{"x": 1}', "[", "5", '{"a": {}}' })[random(1, 5)] } or scalar() } }
+                if random(1, 4) == 1 then msg.tool_calls = random(1, 2) == 1 and {} or scalar() end
+            end
+            if msg.role == "tool" and random(1, 3) > 1 then msg.tool_call_id = "c1" end
             return msg
         end
-        local accepted, refused = 0, 0
+        -- tools of random shapes (schemas that compile or not), and the choices among them
+        local function tool()
+            if random(1, 20) == 1 then return scalar() end
+            local fn = { name = random(1, 10) > 1 and ({ "f", "g", "h" })[random(1, 3)] or ({ "bad name", "" })[random(1, 2)] }
+            if random(1, 2) == 1 then
+                local x = { type = "object", properties = { x = { type = "integer" } }, required = { "x" } }
+                fn.parameters = random(1, 6) > 1 and ({ x, { type = "object" } })[random(1, 2)]
+                    or ({ { type = "object", properties = { x = { type = "quantum" } } }, { 1 }, "s" })[random(1, 3)]
+            end
+            if random(1, 20) == 1 then fn.extra = scalar() end
+            return { type = random(1, 20) > 1 and "function" or scalar(), ["function"] = random(1, 20) > 1 and fn or scalar() }
+        end
+        local choices = { "none", "auto", "required", { type = "function", ["function"] = { name = "f" } },
+                          { type = "function", ["function"] = { name = "zz" } }, { type = "function" } }
+        local accepted, refused, tooled, forced = 0, 0, 0, 0
         for _ = 1, 1500 do
             local t = {}
             if random(1, 12) > 1 then
@@ -1268,14 +1436,33 @@ describe("server request parsing", function()
             for _ = 1, random(1, 2) == 1 and 0 or random(1, 3) do
                 t[names[random(1, #names)]] = random(1, 2) == 1 and scalar() or random(-2, 40)
             end
+            if random(1, 2) == 1 then
+                t.tools = {}
+                for i = 1, random(1, 4) == 1 and 2 or 1 do t.tools[i] = tool() end
+                if random(1, 8) == 1 then t.tools = cjson.empty_array end
+                if random(1, 4) > 1 then t.tool_choice = random(1, 8) > 1 and choices[random(1, #choices)] or scalar() end
+                if random(1, 4) == 1 then
+                    if random(1, 8) > 1 then t.parallel_tool_calls = random(1, 2) == 1 else t.parallel_tool_calls = scalar() end
+                end
+                if random(1, 2) == 1 then -- a well-formed conversation with a call and its answer
+                    t.messages = { { role = "user", content = "hi" }, { role = "assistant", content = cjson.null,
+                        tool_calls = { { id = "c1", type = "function", ["function"] = { name = "f", arguments = '{"x": 1}' } } } },
+                        { role = "tool", tool_call_id = "c1", content = "2" } }
+                end
+            end
             local ok_encode, body = pcall(cjson.encode, t)
             if ok_encode then
                 if random(1, 15) == 1 then body = body:sub(1, random(0, #body)) end -- cut short
-                local ok, r, e = pcall(request.parse_chat, body, m, "m", 4, c)
+                local ok, r, e = pcall(request.parse_chat, body, m, "m", 4, t.tools and brief or c)
                 assert.is_true(ok, body .. ": " .. tostring(r))
                 if r then
                     accepted = accepted + 1
                     assert.same({ { 5 } }, { r.cfg.stop_sequences[#r.cfg.stop_sequences] })
+                    if r.tools then -- a forced choice generates under its calls' grammar
+                        tooled = tooled + 1
+                        if r.tools.forced then forced = forced + 1 end
+                        assert.equal(r.tools.forced, r.cfg.grammar ~= nil, body)
+                    end
                     local fine, session = pcall(m.session, m, r.ids, r.cfg)
                     assert.is_true(fine or (type(session) == "string" and #session > 0), body)
                 else
@@ -1283,12 +1470,13 @@ describe("server request parsing", function()
                     assert.is_true(e.status == 400 or e.status == 404, body .. " -> " .. tostring(e.status) .. " " .. tostring(e.message))
                     assert.is_true(type(e.message) == "string" and #e.message > 0 and not e.message:find("table: 0x", 1, true)
                                    and not e.message:find("userdata", 1, true), body .. " -> " .. tostring(e.message))
-                    local known = { made_up = true, tools = true, tool_choice = true, store = true, echo = true, prompt = true }
+                    local known = { made_up = true, store = true, echo = true, prompt = true }
                     assert.is_true(e.param == nil or request.CHAT_FIELDS[e.param] ~= nil or known[e.param],
                                    body .. " -> " .. tostring(e.param))
                 end
             end
         end
+        assert.is_true(tooled > 30 and forced > 8, ("with tools %d, forced %d"):format(tooled, forced))
         assert.is_true(accepted > 100 and refused > 100, ("accepted %d, refused %d"):format(accepted, refused))
     end)
     it("maps an engine message to the field it names", function()

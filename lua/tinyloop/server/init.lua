@@ -17,6 +17,7 @@ local ffi = require "ffi"
 local cjson = require "cjson.safe"
 local tinyloop = require "tinyloop"
 local request = require "tinyloop.server.request"
+local tools = require "tinyloop.tools"
 local metrics = require "tinyloop.server.metrics"
 
 local C = tinyloop.C
@@ -486,6 +487,62 @@ end
 -- OpenAI's: the choices by index, usage over them all, and TinyLoop's stats (top-level for
 -- one choice, as always; in each choice for more).
 
+-- A chat choice's finished text, with tools: its content (nil: none) and calls (nil: none;
+-- then finish_reason is "tool_calls", OpenAI's), each call with an id unique to the request.
+local function tool_calls_of(r, st, text)
+    local content, calls = tools.parse(text, st.tools, function(k)
+        return ("call_%s_%d_%d"):format(r.response_id:match("[^-]+-(.*)"), st.index, k)
+    end)
+    if calls then
+        st.finish_reason = "tool_calls"
+        metrics.incr("tool_calls", #calls)
+    end
+    return content, calls
+end
+
+-- A streamed chat choice with tools: what its chunk shows now, given the text just read.
+-- Content goes out as it comes, but from a <tool_call> on the text is held (and so are white
+-- space and a possible beginning of one at its end, until the next text tells) and read as
+-- calls at the finish. -> the text to show (nil: nothing to send yet), the ids and figures to
+-- send with it (the held tokens' too), calls (at the finish, when the held text holds some).
+local function tool_stream(r, st, text, ids, figures, finished)
+    local tool = st.tool_stream
+    if not tool then
+        tool = { held = "", ids = {}, figures = figures and {} or nil }
+        st.tool_stream = tool
+    end
+    for i = 1, #ids do
+        tool.ids[#tool.ids + 1] = ids[i]
+        if figures then tool.figures[#tool.figures + 1] = figures[i] end
+    end
+    local all, show = tool.held .. text, ""
+    if tool.in_call then
+        tool.held = all
+    else
+        local at = all:find(tools.START, 1, true)
+        if at then
+            tool.in_call = true
+        else
+            at = finished and #all + 1 or #all - tools.held(all) + 1
+        end
+        at = all:sub(1, at - 1):find("[ \t\r\n]*$") -- white space before a call is not content
+        show, tool.held = all:sub(1, at - 1), all:sub(at)
+    end
+    local calls
+    if finished then
+        if tool.in_call then
+            local _
+            _, calls = tool_calls_of(r, st, tool.held)
+        end
+        if not calls then show = show .. tool.held end -- no call after all: all of it is content
+    elseif show == "" then
+        return nil
+    end
+    local out_ids, out_figures = tool.ids, tool.figures
+    tool.ids, tool.figures = {}, figures and {} or nil
+    return show, out_ids, out_figures, calls
+end
+
 local function release_all(r, cancelled)
     for _, st in ipairs(r.sts) do release(st, cancelled) end
 end
@@ -496,20 +553,36 @@ local function choice_tail(ids, finish_reason, stats)
         ',"token_ids":[' .. concat(ids, ",") .. "]" .. (stats and (',"tinyloop":' .. encode(stats)) or "") .. "}"
 end
 
+-- A chat choice's tool calls (tinyloop.tools.parse) in OpenAI's shape; in a stream's delta
+-- (indexed) each has its index.
+local function tool_calls_json(calls, indexed)
+    local out = {}
+    for k, call in ipairs(calls) do
+        out[k] = "{" .. (indexed and ('"index":' .. (k - 1) .. ",") or "") .. '"id":' .. encode(call.id) ..
+            ',"type":"function","function":{"name":' .. encode(call.name) .. ',"arguments":' ..
+            encode(request.valid_utf8(call.arguments)) .. "}}"
+    end
+    return "[" .. concat(out, ",") .. "]"
+end
+
 -- lp_ids: the tokens the logprobs are of (default ids; with echo, the prompt's first: n_prompt).
 -- A chat choice (st.chat) holds a message, or in a stream (st.streaming) a delta, whose first
--- says the role.
-local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids, n_prompt)
+-- says the role; with tool calls (calls), its content is the text before them (text, or nil:
+-- null) and its tool_calls follow.
+local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids, n_prompt, calls)
     if st.chat then
-        local content = encode(request.valid_utf8(text))
+        local content = text and encode(request.valid_utf8(text)) or "null"
+        local tool_calls = calls and (',"tool_calls":' .. tool_calls_json(calls, st.streaming)) or ""
         local message
         if not st.streaming then
-            message = '"message":{"role":"assistant","content":' .. content .. "}"
+            message = '"message":{"role":"assistant","content":' .. content .. tool_calls .. "}"
         elseif not st.role_sent then
             st.role_sent = true
-            message = '"delta":{"role":"assistant","content":' .. content .. "}"
+            message = '"delta":{"role":"assistant","content":' .. content .. tool_calls .. "}"
+        elseif calls then
+            message = '"delta":{' .. (text and text ~= "" and ('"content":' .. content .. ",") or "") .. tool_calls:sub(2) .. "}"
         else
-            message = '"delta":' .. (text == "" and "{}" or ('{"content":' .. content .. "}"))
+            message = '"delta":' .. ((not text or text == "") and "{}" or ('{"content":' .. content .. "}"))
         end
         return '{"index":' .. st.index .. "," .. message .. ',"logprobs":' ..
             (figures and chat_logprobs_json(ids, figures) or "null") .. choice_tail(ids, finish_reason, stats)
@@ -593,15 +666,19 @@ local function run_blocking(r)
         release(st, false)
         local text = concat(texts)
         if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
-        results[#results + 1] = { st = st, text = (st.echo or "") .. text, ids = all_ids, logprob_sum = logprob_sum,
-                                  figures = r.show_logprobs and all_figures or nil, lp_ids = lp_ids }
+        local calls
+        if st.tools then text, calls = tool_calls_of(r, st, text) end
+        results[#results + 1] = { st = st, text = (st.echo or "") .. (text or ""), ids = all_ids, logprob_sum = logprob_sum,
+                                  figures = r.show_logprobs and all_figures or nil, lp_ids = lp_ids, calls = calls,
+                                  no_content = text == nil }
     end
     local chosen, choices = best_of(r, results), {}
     local single = #chosen == 1
     for _, res in ipairs(chosen) do
         local st = res.st
-        choices[#choices + 1] = choice_json(st, res.text, res.ids, st.finish_reason, not single and st.tinyloop,
-                                            res.figures, res.lp_ids, res.lp_ids and #st.prompt_ids)
+        choices[#choices + 1] = choice_json(st, not res.no_content and res.text or nil, res.ids, st.finish_reason,
+                                            not single and st.tinyloop, res.figures, res.lp_ids, res.lp_ids and #st.prompt_ids,
+                                            res.calls)
     end
     return send_json(200, response_json(r, concat(choices, ","), ',"usage":' .. usage_json(r) ..
         (single and (',"tinyloop":' .. encode(chosen[1].st.tinyloop)) or "")))
@@ -669,19 +746,39 @@ local function run_stream(r)
                     sse(r, "[DONE]")
                     return ngx_exit(ngx.OK)
                 end
-                if not started and (finished or text ~= "" or #ids > 0) then
+                local calls
+                if finished then
+                    release(st, false)
+                    if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
+                end
+                if st.tools then
+                    text, ids, figures, calls = tool_stream(r, st, text, ids, figures, finished)
+                    if not text and not st.role_sent then -- held: the role goes out at once all the same
+                        if not started then start_stream(); started = true end
+                        if not sse(r, response_json(r, choice_json(st, nil, {}, nil, nil, nil), usage_null)) then
+                            return ngx_exit(499)
+                        end
+                    end
+                end
+                if not started and text and (finished or text ~= "" or #ids > 0) then
                     start_stream()
                     started = true
                 end
                 local chunk
+                if calls and text ~= "" then -- the content before the calls, then the calls
+                    if not sse(r, response_json(r, choice_json(st, text, {}, nil, nil, nil), usage_null)) then
+                        return ngx_exit(499)
+                    end
+                    text = nil
+                elseif calls then
+                    text = nil
+                end
                 if finished then
-                    release(st, false)
-                    if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
                     local last = #live == 1 -- this choice ends the request's generation
                     local usage = (r.include_usage or not last) and usage_null or (',"usage":' .. usage_json(r))
-                    chunk = response_json(r, choice_json(st, text, ids, st.finish_reason, nil, figures),
+                    chunk = response_json(r, choice_json(st, text, ids, st.finish_reason, nil, figures, nil, nil, calls),
                                           usage .. ',"tinyloop":' .. encode(st.tinyloop))
-                elseif text ~= "" or #ids > 0 then
+                elseif text and (text ~= "" or #ids > 0) then
                     chunk = response_json(r, choice_json(st, text, ids, nil, nil, figures), usage_null)
                 end
                 if chunk and not sse(r, chunk) then return ngx_exit(499) end
@@ -819,7 +916,7 @@ local function serve(chat)
             prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = request_options.logprobs >= 0,
             prompt_ids = ids, prompt_figures = prompt_figures[p],
             offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
-            chat = chat, streaming = req.stream, prompt = p,
+            chat = chat, streaming = req.stream, prompt = p, tools = req.tools,
         }
         metrics.incr("queued", 1)
         metrics.incr("tokens_in", #ids)

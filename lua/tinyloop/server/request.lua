@@ -6,7 +6,10 @@
 -- message is mapped back to the request field it names (see param_of).
 local cjson = require "cjson.safe"
 local grammar = require("tinyloop").grammar
-local add_stop_ids = require("tinyloop.chat").add_stop_ids
+local chat_module = require "tinyloop.chat"
+local json_text = require "tinyloop.json_text"
+local tools = require "tinyloop.tools"
+local add_stop_ids = chat_module.add_stop_ids
 
 local type, pairs, ipairs, tostring, next, floor = type, pairs, ipairs, tostring, next, math.floor
 local json_null = cjson.null
@@ -74,6 +77,9 @@ CHAT_FIELDS.messages = { "messages", false }
 CHAT_FIELDS.logprobs = { "boolean", false }
 CHAT_FIELDS.top_logprobs = { "integer", false } -- 0..20 alternatives, with logprobs: true
 CHAT_FIELDS.max_completion_tokens = { "integer", false }
+CHAT_FIELDS.tools = { "array", false }               -- function tools (tinyloop.tools)
+CHAT_FIELDS.tool_choice = { "tool_choice", false }   -- "none" | "auto" | "required" | {"type": "function", ...}
+CHAT_FIELDS.parallel_tool_calls = { "boolean", false }
 _M.CHAT_FIELDS = CHAT_FIELDS
 
 local DEFAULT_MAX_TOKENS = 16 -- OpenAI's default for completions
@@ -96,9 +102,10 @@ local KIND_CHECK = {
     boolean = function(v) return type(v) == "boolean" end,
     object = function(v) return type(v) == "table" end, -- an array is refused where it is read
     array = function(v) return type(v) == "table" end,  -- an object likewise
+    tool_choice = function(v) return type(v) == "string" or type(v) == "table" end, -- tinyloop.tools checks it
 }
 local KIND_WORDS = { string = "a string", number = "a number", integer = "an integer", boolean = "a boolean", object = "an object",
-                     array = "an array" }
+                     array = "an array", tool_choice = 'a string or an object {"type": "function", ...}' }
 
 -- Fields of OpenAI's completions API that TinyLoop does not implement, which clients send at
 -- their defaults (the SDKs null): the value that changes nothing is accepted, any other
@@ -106,12 +113,8 @@ local KIND_WORDS = { string = "a string", number = "a number", integer = "an int
 local OPENAI_NO_OPS = {
     suffix = { function(v) return v == "" end, '""' },
 }
--- The chat API's, likewise: tools and their choice (no tool calls here), storing the output
--- at OpenAI, its service tier.
+-- The chat API's, likewise: storing the output at OpenAI, its service tier.
 local CHAT_NO_OPS = {
-    tools = { function(v) return type(v) == "table" and next(v) == nil end, "[]" },
-    tool_choice = { function(v) return v == "none" end, '"none"' },
-    parallel_tool_calls = { function(v) return type(v) == "boolean" end, "a boolean (there are no tools)" },
     store = { function(v) return v == false end, "false" },
     metadata = { function(v) return type(v) == "table" end, "an object (kept only where stored)" },
     service_tier = { function(v) return v == "auto" or v == "default" end, '"auto" or "default"' },
@@ -263,61 +266,8 @@ end
 
 -- ------------------------------------------------------------------ grammars
 
--- The raw JSON text of a member of an object, by key path, in a body cjson has already
--- accepted (so it is well-formed). Why raw text: a JSON Schema must reach the compiler as
--- sent. A decoded Lua table loses the order of "properties" (which is the order the model
--- writes the keys in) and cannot tell [] from {}.
-local function skip_ws(s, i) return s:find("[^ \t\r\n]", i) or #s + 1 end
-
-local function skip_string(s, i) -- s[i] is the opening quote; -> the index after the closing one
-    local j = i + 1
-    while true do
-        local q = s:find('["\\]', j)
-        if s:byte(q) == 34 then return q + 1 end
-        j = q + 2 -- a backslash escapes the next byte
-    end
-end
-
-local function skip_value(s, i)
-    local c = s:byte(i)
-    if c == 34 then return skip_string(s, i) end
-    if c ~= 123 and c ~= 91 then return s:find("[,}%]%s]", i) or #s + 1 end -- a number, true, false, null
-    local depth, j = 0, i
-    while true do
-        local k = s:find('[%[%]{}"]', j)
-        c = s:byte(k)
-        if c == 34 then
-            j = skip_string(s, k)
-        else
-            depth = depth + ((c == 123 or c == 91) and 1 or -1)
-            j = k + 1
-            if depth == 0 then return j end
-        end
-    end
-end
-
--- -> the text of s's value at `path` (keys of nested objects), or nil. As cjson does, the
--- last of duplicate keys wins.
-local function raw_member(s, path)
-    local from, to = skip_ws(s, 1), nil
-    for _, key in ipairs(path) do
-        if s:byte(from) ~= 123 then return nil end
-        local i, found = skip_ws(s, from + 1), nil
-        while s:byte(i) == 34 do
-            local kend = skip_string(s, i)
-            local k = cjson.decode(s:sub(i, kend - 1))
-            local vstart = skip_ws(s, skip_ws(s, kend) + 1) -- past the ':'
-            local vend = skip_value(s, vstart)
-            if k == key then found = { vstart, vend - 1 } end
-            i = skip_ws(s, vend)
-            if s:byte(i) ~= 44 then break end
-            i = skip_ws(s, i + 1)
-        end
-        if not found then return nil end
-        from, to = found[1], found[2]
-    end
-    return s:sub(from, to)
-end
+-- The raw JSON text of a member, by key path (tinyloop.json_text: why raw text).
+local raw_member = json_text.member
 _M.raw_member = raw_member
 
 -- logit_bias {"id": bias} -> the config's { [id] = bias }, or an error naming the field. The
@@ -575,6 +525,36 @@ function _M.parse(body, model, model_id, max_choices)
              prompt_tokens = prompt_tokens, grammar_field = shared.grammar_field }
 end
 
+-- A chat request's tools (tinyloop.tools.check) -> spec (false when it has none, or
+-- tool_choice is "none"), the tools as the template reads them (nil when not shown); or nil,
+-- err. A choice that must call (tool_choice "required" or a named function) generates under
+-- the grammar of the calls it may make; "auto" without parallel_tool_calls stops at the end
+-- of the first call.
+local function tools_fields(t, body, cfg, shared)
+    local tools_json = t.tools ~= nil and raw_member(body, { "tools" }) or nil
+    local spec, err, param = tools.check(t.tools, t.tool_choice, t.parallel_tool_calls, tools_json)
+    if not spec then
+        if err then return bad(err, param) end
+        return false
+    end
+    if spec.choice == "none" then return false end
+    if spec.forced then
+        if cfg.grammar then
+            return bad(("tool_choice %s constrains the output to tool calls: not with %s")
+                :format(spec.choice == "function" and "naming a function" or '"required"', shared.grammar_field), shared.grammar_field)
+        end
+        local key = ("tools:%s:%s:%s"):format(spec.name or spec.choice, tostring(spec.parallel), tools_json)
+        local g, gerr = compiled(key, tools.grammar, spec)
+        if not g then return bad(gerr, "tools") end
+        cfg.grammar, shared.grammar_field = g, "tools"
+    elseif not spec.parallel then
+        local stops = cfg.stop_strings or {}
+        stops[#stops + 1] = tools.END
+        cfg.stop_strings = stops
+    end
+    return spec, chat_module.decode_ordered(tools_json)
+end
+
 -- parse_chat(body, model, model_id, max_choices, chat) -> request | nil, err: a POST
 -- /v1/chat/completions body, its messages rendered by `chat` (tinyloop.chat: the model's
 -- template) into the one prompt, generation stopping at chat.turn_ends (ids, if set) as well;
@@ -591,8 +571,10 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     local shared, err = shared_fields(t, body, model, model_id, cfg)
     if not shared then return nil, err end
     if not model.has_tokenizer then return bad("chat needs a tokenizer, which this model lacks: use /v1/completions with token ids", "messages") end
+    local tool_spec, template_tools = tools_fields(t, body, cfg, shared)
+    if tool_spec == nil then return nil, template_tools end
     local text, fault
-    text, err, fault = chat:prompt(t.messages)
+    text, err, fault = chat:prompt(t.messages, true, template_tools)
     if not text then
         -- the server's template that cannot run is the server's fault, not the request's
         if fault == "template" then return nil, { status = 500, message = err, type = "server_error" } end
@@ -630,7 +612,7 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     end
     return { prompts = { ids }, ids = ids, n = shared.n, best_of = shared.n, cfg = cfg, stream = t.stream == true,
              include_usage = shared.include_usage, logprobs = logprobs, stops = cfg.stop_strings, prompt_tokens = #ids,
-             grammar_field = shared.grammar_field, prompt_text = text }
+             grammar_field = shared.grammar_field, prompt_text = text, tools = tool_spec or nil }
 end
 
 return _M

@@ -1,0 +1,249 @@
+-- tinyloop.tools: OpenAI's function tools for chat. A request's `tools`, `tool_choice` and
+-- `parallel_tool_calls` are checked here; the calls a model writes are read back from its text;
+-- and a choice that must call (tool_choice "required" or a named function) gets a grammar that
+-- lets the model write nothing else. Pure Lua (no ngx): the server and scripts use it alike.
+--
+-- The calls are written in the Hermes format, which Qwen2.5/Qwen3, Hermes 2/3 and many other
+-- checkpoints' chat templates teach (and tinyloop.chat's built-in plain template too):
+--
+--   <tool_call>
+--   {"name": "get_weather", "arguments": {"city": "Paris"}}
+--   </tool_call>
+--
+--   local tools = require "tinyloop.tools"
+--   local spec = assert(tools.check(request.tools, request.tool_choice, request.parallel_tool_calls, tools_json))
+--   cfg.grammar = tools.grammar(spec)          -- when spec.forced: the model can only call
+--   local content, calls = tools.parse(text, spec, function(k) return "call_" .. k end)
+local cjson = require "cjson.safe"
+local json_text = require "tinyloop.json_text"
+local grammar = require("tinyloop").grammar
+
+local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
+local find, sub, byte, concat = string.find, string.sub, string.byte, table.concat
+local json_null = cjson.null
+
+local _M = {}
+
+_M.START, _M.END = "<tool_call>", "</tool_call>"
+local START, END = _M.START, _M.END
+_M.MAX_TOOLS = 128 -- OpenAI's limit
+
+local function encode(v) return (cjson.encode(v)) end
+
+-- ------------------------------------------------------------------ the request's fields
+
+local TOOL_KEYS = { type = true, ["function"] = true }
+local FUNCTION_KEYS = { name = "string", description = "string", parameters = "object", strict = "boolean" }
+
+-- OpenAI's rule for a function name: a-z, A-Z, 0-9, underscores and dashes, 64 at most.
+local function valid_name(name)
+    return type(name) == "string" and #name >= 1 and #name <= 64 and not find(name, "[^%w_%-]")
+end
+
+-- check(tools, tool_choice, parallel_tool_calls, tools_json) -> spec, or nil, err, param (the
+-- field at fault). tools: the decoded array (nil or empty: none); tools_json: its JSON text as
+-- sent (the parameters' schemas are read from it, in their own key order). tool_choice: nil
+-- (default "auto" with tools, else "none"), "none", "auto", "required" or
+-- {"type": "function", "function": {"name": ...}}. parallel_tool_calls: nil (true) or a boolean.
+-- spec = { functions = { {name, parameters_json}, ... }, declared = {[name] = true},
+--          choice = "none" | "auto" | "required" | "function", name (the named function),
+--          forced (required or named), parallel }, or nil when there are no tools and
+--          tool_choice is "none" or absent.
+function _M.check(tools, tool_choice, parallel, tools_json)
+    local P = "tools"
+    if parallel ~= nil and type(parallel) ~= "boolean" then
+        return nil, "parallel_tool_calls must be a boolean", "parallel_tool_calls"
+    end
+    if tools ~= nil and (type(tools) ~= "table" or (tools_json and byte(tools_json, 1) ~= 91)) then
+        return nil, "tools must be an array of {\"type\": \"function\", \"function\": {...}}", P
+    end
+    local n = tools and #tools or 0
+    if n == 0 then
+        if tool_choice == nil or tool_choice == "none" then return nil end
+        return nil, "tool_choice needs tools: send tools, or tool_choice \"none\"", "tool_choice"
+    end
+    if n > _M.MAX_TOOLS then return nil, ("tools: %d tools, at most %d"):format(n, _M.MAX_TOOLS), P end
+    local functions, declared = {}, {}
+    for i, tool in ipairs(tools) do
+        local at = ("tools[%d]"):format(i - 1)
+        if type(tool) ~= "table" or byte(json_text.member(tools_json, { i }), 1) ~= 123 then
+            return nil, at .. " must be an object {\"type\": \"function\", \"function\": {...}}", P
+        end
+        for k in pairs(tool) do
+            if not TOOL_KEYS[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), at), P end
+        end
+        if tool.type ~= "function" then return nil, at .. ".type must be \"function\"", P end
+        local fn = tool["function"]
+        if type(fn) ~= "table" or byte(json_text.member(tools_json, { i, "function" }), 1) ~= 123 then
+            return nil, at .. ".function must be an object {\"name\", \"description\", \"parameters\"}", P
+        end
+        for k, v in pairs(fn) do
+            local want = FUNCTION_KEYS[k]
+            if not want then return nil, ("unknown field '%s' in %s.function"):format(tostring(k), at), P end
+            local text = json_text.member(tools_json, { i, "function", k })
+            local ok = (want == "string" and type(v) == "string") or (want == "boolean" and type(v) == "boolean")
+                or (want == "object" and byte(text, 1) == 123)
+            if not ok and v ~= json_null then
+                return nil, ("%s.function.%s must be %s"):format(at, k, want == "object" and "a JSON Schema object" or "a " .. want), P
+            end
+        end
+        if not valid_name(fn.name) then
+            return nil, at .. ".function.name must be 1 to 64 letters, digits, underscores or dashes", P
+        end
+        if declared[fn.name] then return nil, ("%s.function.name '%s' is declared twice"):format(at, fn.name), P end
+        declared[fn.name] = true
+        local parameters = fn.parameters ~= nil and fn.parameters ~= json_null
+            and json_text.member(tools_json, { i, "function", "parameters" }) or nil
+        functions[i] = { name = fn.name, parameters_json = parameters }
+    end
+    local spec = { functions = functions, declared = declared, parallel = parallel ~= false }
+    if tool_choice == nil then tool_choice = "auto" end
+    if tool_choice == "none" or tool_choice == "auto" or tool_choice == "required" then
+        spec.choice = tool_choice
+    elseif type(tool_choice) == "table" and tool_choice.type == "function" and type(tool_choice["function"]) == "table" then
+        local name = tool_choice["function"].name
+        if not declared[name] then
+            return nil, ("tool_choice names the function %s, which tools does not declare"):format(encode(name) or "?"), "tool_choice"
+        end
+        for k in pairs(tool_choice) do
+            if k ~= "type" and k ~= "function" then return nil, ("unknown field '%s' in tool_choice"):format(tostring(k)), "tool_choice" end
+        end
+        for k in pairs(tool_choice["function"]) do
+            if k ~= "name" then return nil, ("unknown field '%s' in tool_choice.function"):format(tostring(k)), "tool_choice" end
+        end
+        spec.choice, spec.name = "function", name
+    else
+        return nil, 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}', "tool_choice"
+    end
+    spec.forced = spec.choice == "required" or spec.choice == "function"
+    return spec
+end
+
+-- ------------------------------------------------------------------ the grammar of a forced call
+
+-- The rule names of GBNF text, each given `prefix` (definitions and references alike), so that
+-- several generated grammars live in one text. Literals, character classes and repetition
+-- counts are copied as they are; every other word of GBNF is a rule name.
+local function prefix_rules(text, prefix)
+    local out, i, n = {}, 1, #text
+    while i <= n do
+        local c = byte(text, i)
+        local j
+        if c == 34 or c == 91 then -- "literal" or [class]: up to the unescaped closing character
+            local close = c == 34 and '["\\]' or "[%]\\]"
+            j = i + 1
+            while true do
+                local q = find(text, close, j)
+                if byte(text, q) ~= 92 then j = q + 1 break end
+                j = q + 2
+            end
+        elseif c == 123 then -- {m,n}
+            j = find(text, "}", i, true) + 1
+        elseif find(text, "^[%w_%-]", i) then
+            j = find(text, "[^%w_%-]", i) or n + 1
+            out[#out + 1] = prefix
+        else
+            j = i + 1
+        end
+        out[#out + 1] = sub(text, i, j - 1)
+        i = j
+    end
+    return concat(out)
+end
+
+-- The JSON Schema of one call's JSON: {"name": <this name>, "arguments": <its parameters>}, in
+-- that order. A function without parameters takes {} (OpenAI's rule).
+local function call_schema(fn)
+    return '{"type":"object","properties":{"name":{"const":' .. encode(fn.name) .. '},"arguments":' ..
+        (fn.parameters_json or '{"type":"object","properties":{},"additionalProperties":false}') ..
+        '},"required":["name","arguments"],"additionalProperties":false}'
+end
+
+-- grammar_text(spec) -> GBNF text that accepts the calls a forced choice may make: one call of
+-- the named function, or of any declared function (required), repeated when parallel calls
+-- are allowed, in the Hermes format; or nil, err (a schema that does not compile, naming it).
+function _M.grammar_text(spec)
+    local alternatives, rules = {}, {}
+    for k, fn in ipairs(spec.functions) do
+        if spec.choice ~= "function" or fn.name == spec.name then
+            local g, err = grammar.json_schema(call_schema(fn), { whitespace = "free" })
+            if not g then
+                return nil, ("the parameters of function '%s' do not compile as a JSON Schema: %s"):format(fn.name, tostring(err))
+            end
+            local prefix = "f" .. k .. "-"
+            alternatives[#alternatives + 1] = prefix .. "root"
+            -- Blanks between the JSON's tokens: one space at most, so that the call may be
+            -- written as Python's json.dumps writes it (", " and ": "), which the templates'
+            -- examples and tojson show, or compactly; free white space would let a model pad
+            -- the call with blanks up to max_tokens.
+            local text = g:gbnf():gsub("\nws ::= [^\n]*", '\nws ::= " "?', 1)
+            rules[#rules + 1] = prefix_rules(text, prefix)
+        end
+    end
+    local call = '"' .. START .. '\\n" (' .. concat(alternatives, " | ") .. ') "\\n' .. END .. '"'
+    return (spec.parallel and 'root ::= call ("\\n" call)*\n' or "root ::= call\n") .. "call ::= " .. call .. "\n" ..
+        concat(rules, "\n")
+end
+
+-- grammar(spec) -> the compiled grammar_text, or nil, err.
+function _M.grammar(spec)
+    local text, err = _M.grammar_text(spec)
+    if not text then return nil, err end
+    return grammar.gbnf(text)
+end
+
+-- ------------------------------------------------------------------ reading calls back
+
+-- One call's JSON text -> { name, arguments (the arguments' JSON text as written) }, or nil
+-- when it is not a call of a declared function.
+local function decode_call(body, spec)
+    local from = find(body, "[^ \t\r\n]")
+    if not from or byte(body, from) ~= 123 then return nil end
+    local text = sub(body, from, (find(body, "[ \t\r\n]*$")) - 1)
+    local call = cjson.decode(text)
+    if type(call) ~= "table" or type(call.name) ~= "string" or not spec.declared[call.name] then return nil end
+    for k in pairs(call) do
+        if k ~= "name" and k ~= "arguments" then return nil end
+    end
+    local arguments = json_text.member(text, { "arguments" })
+    if not arguments or byte(arguments, 1) ~= 123 then return nil end
+    return { name = call.name, arguments = arguments }
+end
+
+-- parse(text, spec, id_of) -> content, calls: the text a choice generated, split into its
+-- content (the text before the first call, trailing white space dropped; nil when none is
+-- left) and its calls ({ {id = id_of(k), name, arguments}, ... } in order, k from 1), or
+-- (text, nil) when it holds no call. Each <tool_call> block must hold one call of a declared
+-- function whose arguments are an object, and only white space may stand between and after
+-- the blocks; the last block may lack its </tool_call> (a stop string or the end of the
+-- generation cut it). Otherwise the whole text is content, as the model wrote it.
+function _M.parse(text, spec, id_of)
+    local first = find(text, START, 1, true)
+    if not first then return text, nil end
+    local calls, at = {}, first
+    while at do
+        local body_from = at + #START
+        local close = find(text, END, body_from, true)
+        local call = decode_call(sub(text, body_from, (close or #text + 1) - 1), spec)
+        if not call then return text, nil end
+        call.id = id_of(#calls + 1)
+        calls[#calls + 1] = call
+        if not close then break end
+        local rest = close + #END
+        at = find(text, "[^ \t\r\n]", rest)
+        if at and find(text, START, at, true) ~= at then return text, nil end
+    end
+    local content = sub(text, 1, first - 1):gsub("[ \t\r\n]+$", "")
+    return content ~= "" and content or nil, calls
+end
+
+-- held(text) -> how many bytes at the end of text may begin a <tool_call> (a stream holds
+-- them back until the next text tells).
+function _M.held(text)
+    for k = #START - 1, 1, -1 do
+        if k <= #text and sub(text, -k) == sub(START, 1, k) then return k end
+    end
+    return 0
+end
+
+return _M

@@ -1,0 +1,225 @@
+-- tools_spec: tinyloop.tools (a chat request's function tools: their checks, the grammar of a
+-- forced call, the calls read back from a generation) and tinyloop.json_text (raw JSON parts).
+-- The server's use of both, against a real nginx: server_spec.
+require "helpers"
+local cjson = require "cjson"
+local tools = require "tinyloop.tools"
+local json_text = require "tinyloop.json_text"
+
+local WEATHER = { type = "function", ["function"] = { name = "get_weather", description = "Weather now",
+    parameters = { type = "object", properties = { city = { enum = { "Paris", "Rome" } }, days = { type = "integer" } },
+                   required = { "city" } } } }
+local NOW = { type = "function", ["function"] = { name = "now" } }
+
+-- check() on tools as a client would send them (their JSON text as the request holds it)
+local function check(list, choice, parallel)
+    local text = list ~= nil and cjson.encode(list) or nil
+    if type(list) == "table" and next(list) == nil then text = "[]" end
+    return tools.check(list ~= nil and cjson.decode(text) or nil, choice, parallel, text)
+end
+
+describe("tinyloop.tools.check", function()
+    it("reads tools and the choice among them", function()
+        local spec = assert(check({ WEATHER, NOW }))
+        assert.equal("auto", spec.choice) -- OpenAI's default with tools
+        assert.is_false(spec.forced)
+        assert.is_true(spec.parallel)
+        assert.same({ "get_weather", "now" }, { spec.functions[1].name, spec.functions[2].name })
+        assert.is_nil(spec.functions[2].parameters_json)
+        assert.same(WEATHER["function"].parameters, cjson.decode(spec.functions[1].parameters_json))
+        spec = assert(check({ WEATHER, NOW }, "required", false))
+        assert.is_true(spec.forced)
+        assert.is_false(spec.parallel)
+        spec = assert(check({ WEATHER, NOW }, { type = "function", ["function"] = { name = "now" } }))
+        assert.same({ "function", "now", true }, { spec.choice, spec.name, spec.forced })
+        assert.equal("none", assert(check({ WEATHER }, "none")).choice)
+        -- no tools: nothing to do, whatever says so
+        assert.is_nil(check(nil))
+        assert.is_nil(check({}))
+        assert.is_nil(check(nil, "none"))
+        assert.is_nil(select(2, check({}, "none")))
+    end)
+
+    it("keeps a schema's text as sent, its key order included", function()
+        local text = '[{"type": "function", "function": {"name": "f", "parameters": {"properties": {"z": {}, "a": {}}}}}]'
+        local spec = assert(tools.check(cjson.decode(text), nil, nil, text))
+        assert.equal('{"properties": {"z": {}, "a": {}}}', spec.functions[1].parameters_json)
+    end)
+
+    it("refuses what is not a tool, naming the field", function()
+        local function refused(list, choice, parallel, param, message)
+            local spec, err, p = check(list, choice, parallel)
+            assert.is_nil(spec)
+            assert.equal(message, err)
+            assert.equal(param, p)
+        end
+        local function fn(t) return { type = "function", ["function"] = t } end
+        refused({ a = 1 }, nil, nil, "tools", 'tools must be an array of {"type": "function", "function": {...}}')
+        refused({ 5 }, nil, nil, "tools", 'tools[0] must be an object {"type": "function", "function": {...}}')
+        refused({ {} }, nil, nil, "tools", 'tools[0].type must be "function"')
+        refused({ { 1 } }, nil, nil, "tools", 'tools[0] must be an object {"type": "function", "function": {...}}')
+        refused({ WEATHER, { type = "code" } }, nil, nil, "tools", 'tools[1].type must be "function"')
+        refused({ { type = "function", extra = 1 } }, nil, nil, "tools", "unknown field 'extra' in tools[0]")
+        refused({ { type = "function" } }, nil, nil, "tools", 'tools[0].function must be an object {"name", "description", "parameters"}')
+        refused({ { type = "function", ["function"] = { 1 } } }, nil, nil, "tools",
+                'tools[0].function must be an object {"name", "description", "parameters"}')
+        refused({ fn({ name = "f", returns = 1 }) }, nil, nil, "tools", "unknown field 'returns' in tools[0].function")
+        refused({ fn({ name = "f", description = 5 }) }, nil, nil, "tools", "tools[0].function.description must be a string")
+        refused({ fn({ name = "f", strict = "yes" }) }, nil, nil, "tools", "tools[0].function.strict must be a boolean")
+        refused({ fn({ name = "f", parameters = { 1 } }) }, nil, nil, "tools", "tools[0].function.parameters must be a JSON Schema object")
+        refused({ fn({ name = "f", parameters = "{}" }) }, nil, nil, "tools", "tools[0].function.parameters must be a JSON Schema object")
+        refused({ fn({ name = 5 }) }, nil, nil, "tools", "tools[0].function.name must be a string")
+        refused({ fn({ description = "no name" }) }, nil, nil, "tools", "tools[0].function.name must be 1 to 64 letters, digits, underscores or dashes")
+        for _, name in ipairs({ "", "a b", ("x"):rep(65), "é" }) do
+            refused({ fn({ name = name }) }, nil, nil, "tools", "tools[0].function.name must be 1 to 64 letters, digits, underscores or dashes")
+        end
+        refused({ NOW, NOW }, nil, nil, "tools", "tools[1].function.name 'now' is declared twice")
+        local many = {}
+        for i = 1, 129 do many[i] = fn({ name = "f" .. i }) end
+        refused(many, nil, nil, "tools", "tools: 129 tools, at most 128")
+        refused(nil, "auto", nil, "tool_choice", 'tool_choice needs tools: send tools, or tool_choice "none"')
+        refused({}, { type = "function", ["function"] = { name = "now" } }, nil, "tool_choice", 'tool_choice needs tools: send tools, or tool_choice "none"')
+        local choice_rule = 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+        for _, choice in ipairs({ "any", 5, true, { type = "function" }, { type = "tool", ["function"] = { name = "now" } } }) do
+            refused({ NOW }, choice, nil, "tool_choice", choice_rule)
+        end
+        refused({ NOW }, { type = "function", ["function"] = { name = "later" } }, nil, "tool_choice",
+                'tool_choice names the function "later", which tools does not declare')
+        refused({ NOW }, { type = "function", ["function"] = { name = "now", strict = true } }, nil, "tool_choice",
+                "unknown field 'strict' in tool_choice.function")
+        refused({ NOW }, { type = "function", ["function"] = { name = "now" }, x = 1 }, nil, "tool_choice", "unknown field 'x' in tool_choice")
+        refused({ NOW }, nil, "yes", "parallel_tool_calls", "parallel_tool_calls must be a boolean")
+    end)
+end)
+
+describe("tinyloop.tools.grammar", function()
+    local function grammar_of(list, choice, parallel) return assert(tools.grammar(assert(check(list, choice, parallel)))) end
+    local function call(name, arguments) return "<tool_call>\n" .. '{"name": "' .. name .. '", "arguments": ' .. arguments .. "}\n</tool_call>" end
+
+    it("accepts exactly the calls a forced choice may make, in the Hermes format", function()
+        local g = grammar_of({ WEATHER, NOW }, "required")
+        assert.is_true(g:matches(call("get_weather", '{"city": "Paris"}')))
+        assert.is_true(g:matches(call("get_weather", '{"city": "Rome", "days": 3}')))
+        assert.is_true(g:matches(call("now", "{}")))
+        assert.is_true(g:matches(call("now", "{}") .. "\n" .. call("get_weather", '{"city": "Rome"}'))) -- parallel calls
+        -- compact JSON, and json.dumps' spacing; no more blank than one space
+        assert.is_true(g:matches('<tool_call>\n{"name":"now","arguments":{}}\n</tool_call>'))
+        assert.is_false(g:matches('<tool_call>\n{"name":  "now", "arguments": {}}\n</tool_call>'))
+        assert.is_false(g:matches('<tool_call>\n{"name": "now",\n"arguments": {}}\n</tool_call>'))
+        -- what the schemas refuse
+        assert.is_false(g:matches(call("get_weather", '{"city": "Oslo"}')))
+        assert.is_false(g:matches(call("get_weather", '{"days": 3}')))
+        assert.is_false(g:matches(call("now", '{"x": 1}')))
+        assert.is_false(g:matches(call("later", "{}")))
+        assert.is_false(g:matches('{"name": "now", "arguments": {}}'))
+        assert.is_false(g:matches("Sure. " .. call("now", "{}")))
+        assert.is_false(g:matches(call("now", "{}") .. "\n"))
+        -- one call only, and a named function only
+        g = grammar_of({ WEATHER, NOW }, "required", false)
+        assert.is_true(g:matches(call("now", "{}")))
+        assert.is_false(g:matches(call("now", "{}") .. "\n" .. call("now", "{}")))
+        g = grammar_of({ WEATHER, NOW }, { type = "function", ["function"] = { name = "get_weather" } })
+        assert.is_true(g:matches(call("get_weather", '{"city": "Paris"}')))
+        assert.is_false(g:matches(call("now", "{}")))
+    end)
+
+    it("keeps each function's rules apart, whatever their names in the generated grammars", function()
+        -- both schemas generate rules of the same names (root, ws, string, r1, ...)
+        local a = { type = "function", ["function"] = { name = "a", parameters = { type = "object", properties = { x = { type = "string" } }, required = { "x" } } } }
+        local b = { type = "function", ["function"] = { name = "b", parameters = { type = "object", properties = { x = { type = "integer" } }, required = { "x" } } } }
+        local g = grammar_of({ a, b }, "required")
+        assert.is_true(g:matches(call("a", '{"x": "1"}')))
+        assert.is_true(g:matches(call("b", '{"x": 1}')))
+        assert.is_false(g:matches(call("a", '{"x": 1}')))
+        assert.is_false(g:matches(call("b", '{"x": "1"}')))
+        -- literals, classes and counts are copied, not renamed
+        local text = assert(tools.grammar_text(assert(check({ a }, "required"))))
+        assert.truthy(text:find('f1-char ::= [^"\\\\\\x00-\\x1F]', 1, true), text)
+        assert.truthy(text:find('"\\"a\\""', 1, true), text)
+    end)
+
+    it("says which function's parameters do not compile", function()
+        local bad = { type = "function", ["function"] = { name = "bad", parameters = { type = "object", properties = { x = { type = "quantum" } } } } }
+        local g, err = tools.grammar(assert(check({ NOW, bad }, "required")))
+        assert.is_nil(g)
+        assert.truthy(err:find("the parameters of function 'bad' do not compile as a JSON Schema: ", 1, true), err)
+        -- a named choice compiles only its own function
+        assert.truthy(tools.grammar(assert(check({ NOW, bad }, { type = "function", ["function"] = { name = "now" } }))))
+    end)
+end)
+
+describe("tinyloop.tools.parse", function()
+    local spec = assert(check({ WEATHER, NOW }))
+    local function id_of(k) return "call_" .. k end
+    local function parsed(text) return { tools.parse(text, spec, id_of) } end
+
+    it("reads the calls after the content", function()
+        assert.same({ nil, { { id = "call_1", name = "now", arguments = "{}" } } },
+                    parsed('<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'))
+        -- the arguments' text as written (key order, spacing); white space around the blocks
+        assert.same({ "Let me look.", { { id = "call_1", name = "get_weather", arguments = '{"days":2,  "city": "Rome"}' },
+                                        { id = "call_2", name = "now", arguments = "{}" } } },
+                    parsed('Let me look.\n\n<tool_call>\n {"name": "get_weather", "arguments": {"days":2,  "city": "Rome"}} \n</tool_call>\n' ..
+                           '<tool_call>{"arguments": {}, "name": "now"}</tool_call>\n'))
+        -- the last block cut short of its end tag (a stop string, the end of the generation)
+        assert.same({ nil, { { id = "call_1", name = "now", arguments = "{}" } } }, parsed('<tool_call>\n{"name": "now", "arguments": {}}\n'))
+    end)
+
+    it("leaves text that is not a call as content, all of it", function()
+        for _, text in ipairs({
+            "Just words.",
+            "",
+            "<tool_call>",
+            '<tool_call>\n{"name": "now", "arguments": {}',                                -- cut inside the JSON
+            '<tool_call>\n{"name": "later", "arguments": {}}\n</tool_call>',               -- not declared
+            '<tool_call>\n{"name": "now", "arguments": []}\n</tool_call>',                 -- arguments not an object
+            '<tool_call>\n{"name": "now", "arguments": "{}"}\n</tool_call>',
+            '<tool_call>\n{"name": "now"}\n</tool_call>',
+            '<tool_call>\n{"name": "now", "arguments": {}, "id": 1}\n</tool_call>',        -- more than a call
+            '<tool_call>\n[{"name": "now", "arguments": {}}]\n</tool_call>',
+            '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call> and more words',  -- text after a call
+            '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>x<tool_call>{"name": "now", "arguments": {}}</tool_call>',
+            '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>\n<tool_call>\nnope',
+        }) do
+            assert.same({ text, nil }, parsed(text))
+        end
+    end)
+
+    it("measures how much of a text's end may begin a call", function()
+        assert.equal(0, tools.held("Hello"))
+        assert.equal(1, tools.held("Hello <"))
+        assert.equal(6, tools.held("x<tool_"))
+        assert.equal(10, tools.held("<tool_call"))
+        assert.equal(0, tools.held("<tool_call>")) -- whole: not a beginning any more
+        assert.equal(0, tools.held("<tool_x"))
+        assert.equal(0, tools.held(""))
+    end)
+end)
+
+describe("tinyloop.json_text", function()
+    local doc = ' {"a": [1, {"b": {}}, "x,]"], "s": "q\\"}", "a2": {"c": [ ] }, "n": -1.5e3} '
+
+    it("finds a member's raw text by keys and indexes", function()
+        assert.equal('[1, {"b": {}}, "x,]"]', json_text.member(doc, { "a" }))
+        assert.equal("{}", json_text.member(doc, { "a", 2, "b" }))
+        assert.equal('"x,]"', json_text.member(doc, { "a", 3 }))
+        assert.equal('"q\\"}"', json_text.member(doc, { "s" }))
+        assert.equal("[ ]", json_text.member(doc, { "a2", "c" }))
+        assert.equal("-1.5e3", json_text.member(doc, { "n" }))
+        assert.equal(doc:sub(2, -2), json_text.member(doc, {}))
+        assert.is_nil(json_text.member(doc, { "a", 4 }))
+        assert.is_nil(json_text.member(doc, { "a", "b" }))
+        assert.is_nil(json_text.member(doc, { "s", 1 }))
+        assert.is_nil(json_text.member(doc, { "zz" }))
+        assert.equal("2", json_text.member('{"k": 1, "k": 2}', { "k" })) -- the last duplicate, as cjson
+    end)
+
+    it("lists members and elements in text order", function()
+        local keys = {}
+        for i, m in ipairs(json_text.members(doc, 2)) do keys[i] = m.key end
+        assert.same({ "a", "s", "a2", "n" }, keys)
+        assert.same({}, json_text.members("{}", 1))
+        assert.equal(3, #json_text.elements('[1, [2, 3], {"x": [4]}]', 1))
+        assert.same({}, json_text.elements("[ ]", 1))
+    end)
+end)
