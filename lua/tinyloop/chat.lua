@@ -177,14 +177,14 @@ local function ordered(value, s, at)
     local c = s:byte(at)
     if c == 123 then
         local keys, seen, last = {}, {}, {}
-        for _, m in ipairs(json_text.members(s, at)) do
+        for _, m in ipairs(json_text.entries(s, at)) do
             if not seen[m.key] then seen[m.key] = true; keys[#keys + 1] = m.key end
             last[m.key] = m.from -- the value of the last duplicate is cjson's
         end
         for _, k in ipairs(keys) do value[k] = ordered(value[k], s, last[k]) end
         return chat_template.dict(value, keys)
     elseif c == 91 then
-        for i, e in ipairs(json_text.elements(s, at)) do value[i] = ordered(value[i], s, e.from) end
+        for i, e in ipairs(json_text.entries(s, at)) do value[i] = ordered(value[i], s, e.from) end
     end
     return value
 end

@@ -7,7 +7,7 @@
 --
 --   local json_text = require "tinyloop.json_text"
 --   json_text.member('{"a": [1, {"b": {}}]}', { "a", 2, "b" })   --> "{}"  (array indexes from 1)
---   for _, m in ipairs(json_text.members(s, i)) do ... m.key, m.from, m.to ... end
+--   for _, e in ipairs(json_text.entries(s, i)) do ... e.key, e.from, e.to ... end
 local byte, find, sub = string.byte, string.find, string.sub
 local cjson = require "cjson.safe"
 
@@ -44,30 +44,22 @@ local function skip_value(s, i)
     end
 end
 
--- The members of the object that starts at s[i], in text order: { {key, from, to}, ... }, the
--- value's text being s:sub(from, to). Duplicate keys are all listed (cjson keeps the last).
-function _M.members(s, i)
-    local out = {}
+-- The entries of the object or array that starts at s[i], in text order: { {key, from, to},
+-- ... }, each value's text being s:sub(from, to); key is an object member's (nil in an array).
+-- Duplicate keys are all listed (cjson keeps the last).
+function _M.entries(s, i)
+    local object, out = byte(s, i) == 123, {}
+    local close = object and 125 or 93
     i = skip_ws(s, i + 1)
-    while byte(s, i) == 34 do
-        local key_end = skip_string(s, i)
-        local from = skip_ws(s, skip_ws(s, key_end) + 1) -- past the ':'
-        local to = skip_value(s, from)
-        out[#out + 1] = { key = cjson.decode(sub(s, i, key_end - 1)), from = from, to = to - 1 }
-        i = skip_ws(s, to)
-        if byte(s, i) ~= 44 then break end
-        i = skip_ws(s, i + 1)
-    end
-    return out
-end
-
--- The elements of the array that starts at s[i], in order: { {from, to}, ... }.
-function _M.elements(s, i)
-    local out = {}
-    i = skip_ws(s, i + 1)
-    while i <= #s and byte(s, i) ~= 93 do
+    while i <= #s and byte(s, i) ~= close do
+        local key
+        if object then
+            local key_end = skip_string(s, i)
+            key = cjson.decode(sub(s, i, key_end - 1))
+            i = skip_ws(s, skip_ws(s, key_end) + 1) -- past the ':'
+        end
         local to = skip_value(s, i)
-        out[#out + 1] = { from = i, to = to - 1 }
+        out[#out + 1] = { key = key, from = i, to = to - 1 }
         i = skip_ws(s, to)
         if byte(s, i) ~= 44 then break end
         i = skip_ws(s, i + 1)
@@ -84,10 +76,10 @@ function _M.member(s, path)
         local c, found = byte(s, from), nil
         if type(step) == "number" then
             if c ~= 91 then return nil end
-            found = _M.elements(s, from)[step]
+            found = _M.entries(s, from)[step]
         else
             if c ~= 123 then return nil end
-            for _, m in ipairs(_M.members(s, from)) do
+            for _, m in ipairs(_M.entries(s, from)) do
                 if m.key == step then found = m end
             end
         end

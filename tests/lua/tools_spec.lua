@@ -11,12 +11,17 @@ local WEATHER = { type = "function", ["function"] = { name = "get_weather", desc
                    required = { "city" } } } }
 local NOW = { type = "function", ["function"] = { name = "now" } }
 
--- check() on tools as a client would send them (their JSON text as the request holds it)
+-- check() on tools as a client would send them (their JSON text as the request holds it).
+-- The schemas' key order is the order the grammar writes the keys in, and a Lua table's
+-- encoding has none: where it matters, pass the JSON text.
 local function check(list, choice, parallel)
-    local text = list ~= nil and cjson.encode(list) or nil
+    local text = type(list) == "string" and list or list ~= nil and cjson.encode(list) or nil
     if type(list) == "table" and next(list) == nil then text = "[]" end
     return tools.check(list ~= nil and cjson.decode(text) or nil, choice, parallel, text)
 end
+local WEATHER_NOW = '[{"type": "function", "function": {"name": "get_weather", "description": "Weather now", ' ..
+    '"parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer"}}, ' ..
+    '"required": ["city"]}}}, {"type": "function", "function": {"name": "now"}}]'
 
 describe("tinyloop.tools.check", function()
     it("reads tools and the choice among them", function()
@@ -97,7 +102,7 @@ describe("tinyloop.tools.grammar", function()
     local function call(name, arguments) return "<tool_call>\n" .. '{"name": "' .. name .. '", "arguments": ' .. arguments .. "}\n</tool_call>" end
 
     it("accepts exactly the calls a forced choice may make, in the Hermes format", function()
-        local g = grammar_of({ WEATHER, NOW }, "required")
+        local g = grammar_of(WEATHER_NOW, "required")
         assert.is_true(g:matches(call("get_weather", '{"city": "Paris"}')))
         assert.is_true(g:matches(call("get_weather", '{"city": "Rome", "days": 3}')))
         assert.is_true(g:matches(call("now", "{}")))
@@ -115,10 +120,10 @@ describe("tinyloop.tools.grammar", function()
         assert.is_false(g:matches("Sure. " .. call("now", "{}")))
         assert.is_false(g:matches(call("now", "{}") .. "\n"))
         -- one call only, and a named function only
-        g = grammar_of({ WEATHER, NOW }, "required", false)
+        g = grammar_of(WEATHER_NOW, "required", false)
         assert.is_true(g:matches(call("now", "{}")))
         assert.is_false(g:matches(call("now", "{}") .. "\n" .. call("now", "{}")))
-        g = grammar_of({ WEATHER, NOW }, { type = "function", ["function"] = { name = "get_weather" } })
+        g = grammar_of(WEATHER_NOW, { type = "function", ["function"] = { name = "get_weather" } })
         assert.is_true(g:matches(call("get_weather", '{"city": "Paris"}')))
         assert.is_false(g:matches(call("now", "{}")))
     end)
@@ -214,12 +219,14 @@ describe("tinyloop.json_text", function()
         assert.equal("2", json_text.member('{"k": 1, "k": 2}', { "k" })) -- the last duplicate, as cjson
     end)
 
-    it("lists members and elements in text order", function()
+    it("lists an object's members and an array's elements in text order", function()
         local keys = {}
-        for i, m in ipairs(json_text.members(doc, 2)) do keys[i] = m.key end
+        for i, m in ipairs(json_text.entries(doc, 2)) do keys[i] = m.key end
         assert.same({ "a", "s", "a2", "n" }, keys)
-        assert.same({}, json_text.members("{}", 1))
-        assert.equal(3, #json_text.elements('[1, [2, 3], {"x": [4]}]', 1))
-        assert.same({}, json_text.elements("[ ]", 1))
+        assert.same({}, json_text.entries("{}", 1))
+        assert.same({}, json_text.entries("{ }", 1))
+        local elements = json_text.entries('[1, [2, 3], {"x": [4]}]', 1)
+        assert.same({ { from = 2, to = 2 }, { from = 5, to = 10 }, { from = 13, to = 22 } }, elements)
+        assert.same({}, json_text.entries("[ ]", 1))
     end)
 end)
