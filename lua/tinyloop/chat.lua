@@ -10,6 +10,7 @@
 local cjson = require "cjson.safe"
 local chat_template = require "tinyloop.chat_template"
 local json_text = require "tinyloop.json_text"
+local valid_name = require("tinyloop.tools").valid_name
 
 local type, pairs, ipairs, next, tostring, concat = type, pairs, ipairs, next, tostring, table.concat
 local json_null = cjson.null
@@ -22,13 +23,15 @@ local _M = {}
 -- reply generated after "Assistant:" does) follows the colon as it is, so the next turn's
 -- prompt holds the reply's own tokens, which the prefix pool then serves. Tools (a request's
 -- `tools`) come first, one JSON line each, with the Hermes call format (tinyloop.tools), in
--- which an assistant's calls are written back and tool results follow as "Tool:" paragraphs.
+-- which an assistant's calls are written back (after its content, one a line, as a forced
+-- choice's grammar writes them) and tool results follow as "Tool:" paragraphs.
 _M.PLAIN = "{% if tools %}{{ 'Tools (to call one, write <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>):\\n' }}"
     .. "{% for tool in tools %}{{ tool | tojson + '\\n' }}{% endfor %}{{ '\\n' }}{% endif %}"
     .. "{% for message in messages %}{% if message.role == 'system' %}{{ message.content + '\\n\\n' }}"
     .. "{% elif message.role == 'assistant' %}{{ 'Assistant:' }}{% if message.content is not none %}"
     .. "{{ message.content if message.content[:1] in [' ', '\\n'] else ' ' + message.content }}{% endif %}"
-    .. "{% for call in message.tool_calls or [] %}{{ '<tool_call>\\n{\"name\": \"' + call.function.name"
+    .. "{% for call in message.tool_calls or [] %}{% if message.content or not loop.first %}{{ '\\n' }}{% endif %}"
+    .. "{{ '<tool_call>\\n{\"name\": \"' + call.function.name"
     .. " + '\", \"arguments\": ' + call.function.arguments | tojson + '}\\n</tool_call>' }}{% endfor %}{{ '\\n\\n' }}"
     .. "{% else %}{{ message.role | capitalize + ': ' + message.content + '\\n\\n' }}{% endif %}{% endfor %}"
     .. "{% if add_generation_prompt %}Assistant:{% endif %}"
@@ -153,6 +156,9 @@ end
 -- message) is passed on as "system", which is what templates test for.
 local ROLES = { system = "system", developer = "system", user = "user", assistant = "assistant", tool = "tool" }
 local MESSAGE_FIELDS = { role = true, content = true, name = true, tool_calls = true, tool_call_id = true }
+-- Fields of OpenAI's answers that a client sending a reply back as it came (the Python SDK's
+-- message.model_dump()) includes: accepted when null, which is what this server answers.
+local NULL_FIELDS = { refusal = true, function_call = true, audio = true, annotations = true }
 
 -- A value as a message shows it: JSON ("user", null, ["user"]; an empty table as []).
 local function shown(v)
@@ -238,7 +244,9 @@ local function tool_calls_of(calls, at)
         end
         if call.type ~= nil and call.type ~= "function" then return nil, where .. ".type must be \"function\"" end
         if call.id ~= nil and type(call.id) ~= "string" then return nil, where .. ".id must be a string" end
-        if type(fn.name) ~= "string" or fn.name == "" then return nil, where .. ".function.name must be a non-empty string" end
+        if not valid_name(fn.name) then
+            return nil, where .. ".function.name must be a function's name: 1 to 64 letters, digits, underscores or dashes"
+        end
         if type(fn.arguments) ~= "string" then return nil, where .. ".function.arguments must be a string (the arguments' JSON)" end
         local arguments = _M.decode_ordered(fn.arguments)
         if type(arguments) ~= "table" or not fn.arguments:match("^%s*{") then
@@ -262,8 +270,12 @@ function _M.check_messages(messages)
     for i, m in ipairs(messages) do
         local at = ("messages[%d]"):format(i - 1)
         if type(m) ~= "table" or is_array(m) then return nil, at .. " must be an object {\"role\", \"content\"}" end
-        for k in pairs(m) do
-            if not MESSAGE_FIELDS[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), at) end
+        for k, v in pairs(m) do
+            if NULL_FIELDS[k] then
+                if v ~= json_null then return nil, ("%s.%s is not supported (only null)"):format(at, k) end
+            elseif not MESSAGE_FIELDS[k] then
+                return nil, ("unknown field '%s' in %s"):format(tostring(k), at)
+            end
         end
         local role = ROLES[m.role]
         if not role then

@@ -16,7 +16,6 @@
 --   local content, calls = tools.parse(text, spec, function(k) return "call_" .. k end)
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
-local grammar = require("tinyloop").grammar
 
 local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
 local find, sub, byte, concat = string.find, string.sub, string.byte, table.concat
@@ -39,22 +38,33 @@ local FUNCTION_KEYS = { name = "string", description = "string", parameters = "o
 local function valid_name(name)
     return type(name) == "string" and #name >= 1 and #name <= 64 and not find(name, "[^%w_%-]")
 end
+_M.valid_name = valid_name
 
 -- check(tools, tool_choice, parallel_tool_calls, tools_json) -> spec, or nil, err, param (the
 -- field at fault). tools: the decoded array (nil or empty: none); tools_json: its JSON text as
--- sent (the parameters' schemas are read from it, in their own key order). tool_choice: nil
+-- sent (the parameters' schemas are read from it, in their own key order; without it, tools
+-- encoded by cjson, whose objects have no order). tool_choice: nil
 -- (default "auto" with tools, else "none"), "none", "auto", "required" or
 -- {"type": "function", "function": {"name": ...}}. parallel_tool_calls: nil (true) or a boolean.
 -- spec = { functions = { {name, parameters_json}, ... }, declared = {[name] = true},
 --          choice = "none" | "auto" | "required" | "function", name (the named function),
 --          forced (required or named), parallel }, or nil when there are no tools and
 --          tool_choice is "none" or absent.
+-- The members of the object whose text is `text`, by key: their raw text (the last of
+-- duplicate keys, as cjson keeps).
+local function members_of(text)
+    local out = {}
+    for _, m in ipairs(json_text.entries(text, 1)) do out[m.key] = sub(text, m.from, m.to) end
+    return out
+end
+
 function _M.check(tools, tool_choice, parallel, tools_json)
     local P = "tools"
     if parallel ~= nil and type(parallel) ~= "boolean" then
         return nil, "parallel_tool_calls must be a boolean", "parallel_tool_calls"
     end
-    if tools ~= nil and (type(tools) ~= "table" or (tools_json and byte(tools_json, 1) ~= 91)) then
+    if tools ~= nil and tools_json == nil then tools_json = type(tools) == "table" and next(tools) == nil and "[]" or encode(tools) end
+    if tools ~= nil and (type(tools) ~= "table" or byte(tools_json, 1) ~= 91) then
         return nil, "tools must be an array of {\"type\": \"function\", \"function\": {...}}", P
     end
     local n = tools and #tools or 0
@@ -63,26 +73,30 @@ function _M.check(tools, tool_choice, parallel, tools_json)
         return nil, "tool_choice needs tools: send tools, or tool_choice \"none\"", "tool_choice"
     end
     if n > _M.MAX_TOOLS then return nil, ("tools: %d tools, at most %d"):format(n, _M.MAX_TOOLS), P end
+    -- Each tool's text is cut out of the array once, and each function's out of its tool: a
+    -- look-up by path from the top would scan the whole array again for every field.
+    local tool_texts = json_text.entries(tools_json, 1)
     local functions, declared = {}, {}
     for i, tool in ipairs(tools) do
         local at = ("tools[%d]"):format(i - 1)
-        if type(tool) ~= "table" or byte(json_text.member(tools_json, { i }), 1) ~= 123 then
+        local tool_text = sub(tools_json, tool_texts[i].from, tool_texts[i].to)
+        if type(tool) ~= "table" or byte(tool_text, 1) ~= 123 then
             return nil, at .. " must be an object {\"type\": \"function\", \"function\": {...}}", P
         end
         for k in pairs(tool) do
             if not TOOL_KEYS[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), at), P end
         end
         if tool.type ~= "function" then return nil, at .. ".type must be \"function\"", P end
-        local fn = tool["function"]
-        if type(fn) ~= "table" or byte(json_text.member(tools_json, { i, "function" }), 1) ~= 123 then
+        local fn, fn_text = tool["function"], members_of(tool_text)["function"]
+        if type(fn) ~= "table" or byte(fn_text, 1) ~= 123 then
             return nil, at .. ".function must be an object {\"name\", \"description\", \"parameters\"}", P
         end
+        local fields = members_of(fn_text)
         for k, v in pairs(fn) do
             local want = FUNCTION_KEYS[k]
             if not want then return nil, ("unknown field '%s' in %s.function"):format(tostring(k), at), P end
-            local text = json_text.member(tools_json, { i, "function", k })
             local ok = (want == "string" and type(v) == "string") or (want == "boolean" and type(v) == "boolean")
-                or (want == "object" and byte(text, 1) == 123)
+                or (want == "object" and byte(fields[k], 1) == 123)
             if not ok and v ~= json_null then
                 return nil, ("%s.function.%s must be %s"):format(at, k, want == "object" and "a JSON Schema object" or "a " .. want), P
             end
@@ -92,8 +106,7 @@ function _M.check(tools, tool_choice, parallel, tools_json)
         end
         if declared[fn.name] then return nil, ("%s.function.name '%s' is declared twice"):format(at, fn.name), P end
         declared[fn.name] = true
-        local parameters = fn.parameters ~= nil and fn.parameters ~= json_null
-            and json_text.member(tools_json, { i, "function", "parameters" }) or nil
+        local parameters = fn.parameters ~= nil and fn.parameters ~= json_null and fields.parameters or nil
         functions[i] = { name = fn.name, parameters_json = parameters }
     end
     local spec = { functions = functions, declared = declared, parallel = parallel ~= false }
@@ -122,9 +135,10 @@ end
 -- ------------------------------------------------------------------ the grammar of a forced call
 
 -- The rule names of GBNF text, each given `prefix` (definitions and references alike), so that
--- several generated grammars live in one text. Literals, character classes and repetition
--- counts are copied as they are; every other word of GBNF is a rule name.
-local function prefix_rules(text, prefix)
+-- several generated grammars live in one text; a name of `shared` becomes the name it maps to
+-- (a rule the text no longer defines). Literals, character classes and repetition counts are
+-- copied as they are; every other word of GBNF is a rule name.
+local function prefix_rules(text, prefix, shared)
     local out, i, n = {}, 1, #text
     while i <= n do
         local c = byte(text, i)
@@ -141,55 +155,62 @@ local function prefix_rules(text, prefix)
             j = find(text, "}", i, true) + 1
         elseif find(text, "^[%w_%-]", i) then
             j = find(text, "[^%w_%-]", i) or n + 1
-            out[#out + 1] = prefix
+            local name = sub(text, i, j - 1)
+            out[#out + 1] = shared[name] or (prefix .. name)
+            i = j
         else
             j = i + 1
         end
-        out[#out + 1] = sub(text, i, j - 1)
+        if i < j then out[#out + 1] = sub(text, i, j - 1) end
         i = j
     end
     return concat(out)
 end
 
--- The JSON Schema of one call's JSON: {"name": <this name>, "arguments": <its parameters>}, in
--- that order. A function without parameters takes {} (OpenAI's rule).
-local function call_schema(fn)
-    return '{"type":"object","properties":{"name":{"const":' .. encode(fn.name) .. '},"arguments":' ..
-        (fn.parameters_json or '{"type":"object","properties":{},"additionalProperties":false}') ..
-        '},"required":["name","arguments"],"additionalProperties":false}'
-end
+_M.MAX_CALLS = 16 -- calls a forced choice may make in one reply (parallel_tool_calls)
 
--- grammar_text(spec) -> GBNF text that accepts the calls a forced choice may make: one call of
--- the named function, or of any declared function (required), repeated when parallel calls
--- are allowed, in the Hermes format; or nil, err (a schema that does not compile, naming it).
+-- A function without parameters takes {} (OpenAI's rule).
+local NO_PARAMETERS = '{"type":"object","properties":{},"additionalProperties":false}'
+
+-- grammar_text(spec) -> GBNF text that accepts the calls a forced choice may make, in the
+-- Hermes format: one call of the named function, or of any declared function (required); with
+-- parallel_tool_calls, up to MAX_CALLS of them, one a line (a model that loops on calls then
+-- ends). Or nil, err (a schema that does not compile, naming its function).
+-- Each function's parameters compile on their own (so "$ref": "#/$defs/..." and "#" mean
+-- what they mean in the schema as sent), and the call's JSON around them is written here:
+-- {"name": "<name>", "arguments": <parameters>} (the parameters' grammar has the blanks
+-- around them).
 function _M.grammar_text(spec)
+    local grammar = require("tinyloop").grammar -- (here: check and parse need no engine)
     local alternatives, rules = {}, {}
     for k, fn in ipairs(spec.functions) do
         if spec.choice ~= "function" or fn.name == spec.name then
-            local g, err = grammar.json_schema(call_schema(fn), { whitespace = "free" })
+            local g, err = grammar.json_schema(fn.parameters_json or NO_PARAMETERS, { whitespace = "free" })
             if not g then
                 return nil, ("the parameters of function '%s' do not compile as a JSON Schema: %s"):format(fn.name, tostring(err))
             end
             local prefix = "f" .. k .. "-"
-            alternatives[#alternatives + 1] = prefix .. "root"
+            alternatives[#alternatives + 1] = prefix .. "call"
             -- Blanks between the JSON's tokens: one space at most, so that the call may be
             -- written as Python's json.dumps writes it (", " and ": "), which the templates'
             -- examples and tojson show, or compactly; free white space would let a model pad
             -- the call with blanks up to max_tokens.
-            local text = g:gbnf():gsub("\nws ::= [^\n]*", '\nws ::= " "?', 1)
-            rules[#rules + 1] = prefix_rules(text, prefix)
+            local text = g:gbnf():gsub("\nws ::= [^\n]*", "", 1):gsub("^ws ::= [^\n]*\n", "", 1)
+            rules[#rules + 1] = prefix_rules(text, prefix, { ws = "sp" }) ..
+                ("%scall ::= \"{\" sp \"\\\"name\\\"\" sp \":\" sp \"\\\"%s\\\"\" sp \",\" sp \"\\\"arguments\\\"\" sp \":\" %sroot \"}\"\n")
+                    :format(prefix, fn.name, prefix)
         end
     end
     local call = '"' .. START .. '\\n" (' .. concat(alternatives, " | ") .. ') "\\n' .. END .. '"'
-    return (spec.parallel and 'root ::= call ("\\n" call)*\n' or "root ::= call\n") .. "call ::= " .. call .. "\n" ..
-        concat(rules, "\n")
+    return (spec.parallel and ('root ::= call ("\\n" call){0,%d}\n'):format(_M.MAX_CALLS - 1) or "root ::= call\n") ..
+        "call ::= " .. call .. '\nsp ::= " "?\n' .. concat(rules, "\n")
 end
 
 -- grammar(spec) -> the compiled grammar_text, or nil, err.
 function _M.grammar(spec)
     local text, err = _M.grammar_text(spec)
     if not text then return nil, err end
-    return grammar.gbnf(text)
+    return require("tinyloop").grammar.gbnf(text)
 end
 
 -- ------------------------------------------------------------------ reading calls back
@@ -210,29 +231,43 @@ local function decode_call(body, spec)
     return { name = call.name, arguments = arguments }
 end
 
--- parse(text, spec, id_of) -> content, calls: the text a choice generated, split into its
--- content (the text before the first call, trailing white space dropped; nil when none is
--- left) and its calls ({ {id = id_of(k), name, arguments}, ... } in order, k from 1), or
--- (text, nil) when it holds no call. Each <tool_call> block must hold one call of a declared
--- function whose arguments are an object, and only white space may stand between and after
--- the blocks; the last block may lack its </tool_call> (a stop string or the end of the
--- generation cut it). Otherwise the whole text is content, as the model wrote it.
-function _M.parse(text, spec, id_of)
+-- parse(text, spec, id_of[, cut]) -> content, calls: the text a choice generated, split into
+-- its content (the text before the first call, trailing white space dropped; nil when none is
+-- left) and its calls ({ {id = id_of(k), name, arguments}, ... } in order, k from 1; nil when
+-- none). Each <tool_call> block must hold one call of a declared function whose arguments are
+-- an object; its </tool_call> is the first after the block's start that ends such a call (a
+-- string argument may hold the tag itself), and the last block may lack it (a stop string or
+-- the end of the generation cut it). Text between and after the blocks is not content (as
+-- vLLM's Hermes parser has it). A block that is not a call makes the whole text content and
+-- no call at all, except: the last block, unclosed, of a generation the token limit cut (cut
+-- true) is dropped when calls came before it; and a forced choice (spec.forced) never has
+-- content, only the calls that are whole.
+function _M.parse(text, spec, id_of, cut)
     local first = find(text, START, 1, true)
-    if not first then return text, nil end
     local calls, at = {}, first
     while at do
-        local body_from = at + #START
+        local body_from, call, after = at + #START, nil, nil
         local close = find(text, END, body_from, true)
-        local call = decode_call(sub(text, body_from, (close or #text + 1) - 1), spec)
-        if not call then return text, nil end
+        while close and not call do
+            call = decode_call(sub(text, body_from, close - 1), spec)
+            after = close + #END
+            close = find(text, END, close + 1, true)
+        end
+        if not call then
+            call, after = decode_call(sub(text, body_from), spec), #text + 1
+        end
+        if not call then
+            local tail = not find(text, END, body_from, true) and cut and #calls > 0
+            if not tail and not spec.forced then return text, nil end
+            break
+        end
         call.id = id_of(#calls + 1)
         calls[#calls + 1] = call
-        if not close then break end
-        local rest = close + #END
-        at = find(text, "[^ \t\r\n]", rest)
-        if at and find(text, START, at, true) ~= at then return text, nil end
+        at = find(text, START, after, true)
     end
+    if #calls == 0 then calls = nil end
+    if spec.forced then return nil, calls end
+    if not calls then return text, nil end
     local content = sub(text, 1, first - 1):gsub("[ \t\r\n]+$", "")
     return content ~= "" and content or nil, calls
 end

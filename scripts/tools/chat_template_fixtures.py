@@ -166,6 +166,11 @@ TEMPLATES = {
         ("tools", {"messages": [SYSTEM, HELLO], "tools": TOOLS, "add_generation_prompt": True}),
         ("tool_calls", {"messages": TOOL_CALL_TURNS, "tools": TOOLS, "add_generation_prompt": True}),
         ("empty_assistant", {"messages": [HELLO, msg("assistant", ""), msg("user", "Well?")], "add_generation_prompt": True}),
+        ("content_and_parallel_calls", {"messages": [HELLO, msg("assistant", "Let me see.", tool_calls=[
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+            {"id": "c2", "type": "function", "function": {"name": "search", "arguments": {"query": "x", "limit": 1}}}]),
+            msg("tool", "21", tool_call_id="c1"), msg("tool", "[]", tool_call_id="c2")], "tools": TOOLS,
+            "add_generation_prompt": True}),
     ]},
 }
 

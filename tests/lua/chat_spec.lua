@@ -174,8 +174,15 @@ describe("tinyloop.chat", function()
                 'messages[0].tool_calls[0].type must be "function"')
         refused({ { role = "assistant", tool_calls = { { id = 1, ["function"] = { name = "f", arguments = "{}" } } } } },
                 "messages[0].tool_calls[0].id must be a string")
-        refused({ { role = "assistant", tool_calls = { { ["function"] = { name = "", arguments = "{}" } } } } },
-                "messages[0].tool_calls[0].function.name must be a non-empty string")
+        for _, name in ipairs({ "", 'w"x', 5 }) do
+            refused({ { role = "assistant", tool_calls = { { ["function"] = { name = name, arguments = "{}" } } } } },
+                    "messages[0].tool_calls[0].function.name must be a function's name: 1 to 64 letters, digits, underscores or dashes")
+        end
+        -- OpenAI's answer fields that a client sends back as they came: null only
+        refused({ { role = "assistant", content = "x", refusal = "no" } }, "messages[0].refusal is not supported (only null)")
+        refused({ { role = "assistant", content = "x", audio = {} } }, "messages[0].audio is not supported (only null)")
+        assert.same({ { role = "assistant", content = "x" } }, chat.check_messages({ { role = "assistant", content = "x", refusal = cjson.null,
+            function_call = cjson.null, audio = cjson.null, annotations = cjson.null } }))
         refused({ { role = "assistant", tool_calls = { { ["function"] = { name = "f", arguments = { a = 1 } } } } } },
                 "messages[0].tool_calls[0].function.arguments must be a string (the arguments' JSON)")
         for _, bad in ipairs({ "{", "[1]", "5", "" }) do

@@ -958,7 +958,28 @@ describe("chat completions", function()
             assert.equal(1, #streamed_calls)
             assert.same({ call["function"].name, call["function"].arguments }, { streamed_calls[1].name, streamed_calls[1].arguments })
         end
-        assert.equal(before + 4, metric(metrics(), "tinyloop_tool_calls_total"))
+        -- parallel calls (the default): one a line, each whole; a model that goes on calling is
+        -- cut by the token limit, and keeps its whole calls ("length": one may be missing)
+        local status, body = post_chat({ messages = ask, tools = { WEATHER }, tool_choice = "required", max_tokens = 90 })
+        assert.equal(200, status, body)
+        local answer = cjson.decode(body).choices[1]
+        assert.truthy(answer.finish_reason == "tool_calls" or answer.finish_reason == "length", answer.finish_reason)
+        assert.equal(cjson.null, answer.message.content)
+        assert.is_true(#answer.message.tool_calls >= 1)
+        for _, call in ipairs(answer.message.tool_calls) do
+            assert.equal("weather", call["function"].name)
+            local city = cjson.decode(call["function"].arguments).city
+            assert.truthy(city == "Paris" or city == "Rome", call["function"].arguments)
+        end
+        -- cut before a call is whole: no call, and no markup as content either
+        status, body = post_chat({ messages = ask, tools = { WEATHER }, tool_choice = "required", max_tokens = 12 })
+        answer = cjson.decode(body).choices[1]
+        assert.same({ "length", cjson.null, nil }, { answer.finish_reason, answer.message.content, answer.message.tool_calls })
+        local streamed_text, streamed_calls, _, finish = streamed(select(2, post_chat({ messages = ask, tools = { WEATHER },
+            tool_choice = "required", max_tokens = 12, stream = true }, "-N")))
+        assert.same({ "", {}, "length" }, { streamed_text, streamed_calls, finish })
+        assert.equal(before + 4 + #cjson.decode(select(2, post_chat({ messages = ask, tools = { WEATHER }, tool_choice = "required",
+            max_tokens = 90 }))).choices[1].message.tool_calls * 2, metric(metrics(), "tinyloop_tool_calls_total"))
     end)
 
     it("reads the calls a model writes on its own (auto), after its content, streamed or not", function()
@@ -988,11 +1009,15 @@ describe("chat completions", function()
         choice = cjson.decode(body).choices[1]
         assert.equal(1, #choice.message.tool_calls)
         assert.equal("tool_calls", choice.finish_reason)
-        -- tool_choice "none": no call is read, the text is content
+        -- tool_choice "none": no call is read, the text is content; the tools are shown all the same
         status, body = post_chat({ messages = ask, tools = { NOW }, tool_choice = "none", grammar = grammar_of(answer) })
-        choice = cjson.decode(body).choices[1]
+        local none = cjson.decode(body)
+        choice = none.choices[1]
         assert.equal(answer, choice.message.content)
         assert.is_nil(choice.message.tool_calls)
+        local auto = cjson.decode(select(2, post_chat({ messages = ask, tools = { NOW }, max_tokens = 1 })))
+        assert.equal(auto.usage.prompt_tokens, none.usage.prompt_tokens)
+        assert.is_true(none.usage.prompt_tokens > cjson.decode(select(2, post_chat({ messages = ask, max_tokens = 1 }))).usage.prompt_tokens)
         -- a call of a function not declared is content too, and white space before it is kept
         local unknown = 'Hm. <tool_call>\n{"name": "later", "arguments": {}}\n</tool_call>'
         req = { messages = ask, tools = { NOW }, grammar = grammar_of(unknown) }
@@ -1005,7 +1030,9 @@ describe("chat completions", function()
     end)
 
     it("renders tools and a conversation's earlier calls and results into the prompt", function()
-        local history = { ask[1], { role = "assistant", content = cjson.null, tool_calls = {
+        -- (the assistant's message as OpenAI's SDK sends a reply back: its null fields included)
+        local history = { ask[1], { role = "assistant", content = cjson.null, refusal = cjson.null, audio = cjson.null,
+                                    function_call = cjson.null, annotations = cjson.null, tool_calls = {
                               { id = "call_1", type = "function", ["function"] = { name = "weather", arguments = '{"city": "Paris"}' } } } },
                           { role = "tool", tool_call_id = "call_1", content = "21 C, clear" } }
         local body = cjson.encode({ messages = history, tools = { WEATHER }, max_tokens = 1 })

@@ -38,6 +38,10 @@ describe("tinyloop.tools.check", function()
         spec = assert(check({ WEATHER, NOW }, { type = "function", ["function"] = { name = "now" } }))
         assert.same({ "function", "now", true }, { spec.choice, spec.name, spec.forced })
         assert.equal("none", assert(check({ WEATHER }, "none")).choice)
+        -- without the JSON text: cjson's encoding of the tools (whose objects have no key order)
+        spec = assert(tools.check({ NOW, WEATHER }, "auto"))
+        assert.same({ "now", "get_weather" }, { spec.functions[1].name, spec.functions[2].name })
+        assert.same(WEATHER["function"].parameters, cjson.decode(spec.functions[2].parameters_json))
         -- no tools: nothing to do, whatever says so
         assert.is_nil(check(nil))
         assert.is_nil(check({}))
@@ -143,6 +147,27 @@ describe("tinyloop.tools.grammar", function()
         assert.truthy(text:find('"\\"a\\""', 1, true), text)
     end)
 
+    it("compiles each function's parameters as sent: references to their own $defs and root", function()
+        local text = '[{"type": "function", "function": {"name": "move", "parameters": {"$defs": {"Loc": {"type": "object", ' ..
+            '"properties": {"city": {"type": "string"}}, "required": ["city"]}}, "type": "object", "properties": {"to": ' ..
+            '{"$ref": "#/$defs/Loc"}, "then": {"$ref": "#"}}, "required": ["to"]}}}]'
+        local g = assert(tools.grammar(assert(check(text, "required"))))
+        assert.is_true(g:matches(call("move", '{"to": {"city": "P"}}')))
+        assert.is_true(g:matches(call("move", '{"to": {"city": "P"}, "then": {"to": {"city": "Q"}}}')))
+        -- "#" is the parameters, not the call around them
+        assert.is_false(g:matches(call("move", '{"to": {"city": "P"}, "then": {"name": "move", "arguments": {"to": {"city": "Q"}}}}')))
+        assert.is_false(g:matches(call("move", '{"to": {}}')))
+    end)
+
+    it("lets a forced choice make at most MAX_CALLS calls", function()
+        local g = grammar_of({ NOW }, "required")
+        local calls = {}
+        for k = 1, tools.MAX_CALLS do calls[k] = call("now", "{}") end
+        assert.is_true(g:matches(table.concat(calls, "\n")))
+        calls[#calls + 1] = call("now", "{}")
+        assert.is_false(g:matches(table.concat(calls, "\n")))
+    end)
+
     it("says which function's parameters do not compile", function()
         local bad = { type = "function", ["function"] = { name = "bad", parameters = { type = "object", properties = { x = { type = "quantum" } } } } }
         local g, err = tools.grammar(assert(check({ NOW, bad }, "required")))
@@ -155,12 +180,13 @@ end)
 
 describe("tinyloop.tools.parse", function()
     local spec = assert(check({ WEATHER, NOW }))
+    local forced = assert(check({ WEATHER, NOW }, "required"))
     local function id_of(k) return "call_" .. k end
-    local function parsed(text) return { tools.parse(text, spec, id_of) } end
+    local function parsed(text, cut, which) return { tools.parse(text, which or spec, id_of, cut) } end
+    local NOW_CALL = '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
 
     it("reads the calls after the content", function()
-        assert.same({ nil, { { id = "call_1", name = "now", arguments = "{}" } } },
-                    parsed('<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'))
+        assert.same({ nil, { { id = "call_1", name = "now", arguments = "{}" } } }, parsed(NOW_CALL))
         -- the arguments' text as written (key order, spacing); white space around the blocks
         assert.same({ "Let me look.", { { id = "call_1", name = "get_weather", arguments = '{"days":2,  "city": "Rome"}' },
                                         { id = "call_2", name = "now", arguments = "{}" } } },
@@ -168,6 +194,12 @@ describe("tinyloop.tools.parse", function()
                            '<tool_call>{"arguments": {}, "name": "now"}</tool_call>\n'))
         -- the last block cut short of its end tag (a stop string, the end of the generation)
         assert.same({ nil, { { id = "call_1", name = "now", arguments = "{}" } } }, parsed('<tool_call>\n{"name": "now", "arguments": {}}\n'))
+        -- text between and after the calls is not content (vLLM's Hermes parser)
+        assert.same({ "A", { { id = "call_1", name = "now", arguments = "{}" }, { id = "call_2", name = "now", arguments = "{}" } } },
+                    parsed("A " .. NOW_CALL .. " and " .. NOW_CALL .. " done."))
+        -- an end tag inside a string argument is the argument's
+        local tricky = '<tool_call>{"name": "get_weather", "arguments": {"city": "</tool_call>"}}</tool_call>'
+        assert.same({ nil, { { id = "call_1", name = "get_weather", arguments = '{"city": "</tool_call>"}' } } }, parsed(tricky))
     end)
 
     it("leaves text that is not a call as content, all of it", function()
@@ -182,12 +214,30 @@ describe("tinyloop.tools.parse", function()
             '<tool_call>\n{"name": "now"}\n</tool_call>',
             '<tool_call>\n{"name": "now", "arguments": {}, "id": 1}\n</tool_call>',        -- more than a call
             '<tool_call>\n[{"name": "now", "arguments": {}}]\n</tool_call>',
-            '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call> and more words',  -- text after a call
-            '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>x<tool_call>{"name": "now", "arguments": {}}</tool_call>',
-            '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>\n<tool_call>\nnope',
+            NOW_CALL .. "\n<tool_call>\nnope",                                            -- a broken call after one
+            NOW_CALL .. '\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_',
         }) do
             assert.same({ text, nil }, parsed(text))
         end
+    end)
+
+    it("keeps the whole calls of a generation the token limit cut", function()
+        local whole = { { id = "call_1", name = "now", arguments = "{}" } }
+        assert.same({ nil, whole }, parsed(NOW_CALL .. "\n<tool_call>\n{\"name\": \"get_w", true))
+        assert.same({ nil, whole }, parsed(NOW_CALL .. '\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_', true))
+        assert.same({ "Hm.", whole }, parsed("Hm. " .. NOW_CALL .. "\n<tool_call>", true))
+        -- not a closed block that is no call, nor a cut before any whole call
+        local broken = '<tool_call>{"name": "later", "arguments": {}}</tool_call>\n' .. NOW_CALL .. "\n<tool_call>"
+        assert.same({ broken, nil }, parsed(broken, true))
+        assert.same({ "<tool_call>\n{", nil }, parsed("<tool_call>\n{", true))
+    end)
+
+    it("gives a forced choice no content, only its whole calls", function()
+        assert.same({ nil, { { id = "call_1", name = "now", arguments = "{}" } } }, parsed(NOW_CALL, false, forced))
+        assert.same({ nil, nil }, parsed("<tool_c", true, forced))
+        assert.same({ nil, nil }, parsed("", false, forced))
+        assert.same({ nil, { { id = "call_1", name = "now", arguments = "{}" } } },
+                    parsed(NOW_CALL .. "\n<tool_call>\n{", true, forced))
     end)
 
     it("measures how much of a text's end may begin a call", function()

@@ -487,14 +487,17 @@ end
 -- OpenAI's: the choices by index, usage over them all, and TinyLoop's stats (top-level for
 -- one choice, as always; in each choice for more).
 
--- A chat choice's finished text, with tools: its content (nil: none) and calls (nil: none;
--- then finish_reason is "tool_calls", OpenAI's), each call with an id unique to the request.
+-- A chat choice's finished text, with tools: its content (nil: none) and calls (nil: none),
+-- each call with an id unique to the request (tinyloop.tools.parse). With calls, finish_reason
+-- is "tool_calls" (OpenAI's), unless the token limit cut the generation: "length" says that
+-- a call may be missing (the whole ones before the cut are kept).
 local function tool_calls_of(r, st, text)
+    local cut = st.finish_reason == "length"
     local content, calls = tools.parse(text, st.tools, function(k)
         return ("call_%s_%d_%d"):format(r.response_id:match("[^-]+-(.*)"), st.index, k)
-    end)
+    end, cut)
     if calls then
-        st.finish_reason = "tool_calls"
+        if not cut then st.finish_reason = "tool_calls" end
         metrics.incr("tool_calls", #calls)
     end
     return content, calls
@@ -507,8 +510,8 @@ end
 -- send with it (the held tokens' too), calls (at the finish, when the held text holds some).
 local function tool_stream(r, st, text, ids, figures, finished)
     local tool = st.tool_stream
-    if not tool then
-        tool = { held = "", ids = {}, figures = figures and {} or nil }
+    if not tool then -- (a forced choice writes calls only: all of it is held from the start)
+        tool = { held = "", ids = {}, figures = figures and {} or nil, in_call = st.tools.forced }
         st.tool_stream = tool
     end
     for i = 1, #ids do
@@ -534,7 +537,7 @@ local function tool_stream(r, st, text, ids, figures, finished)
             local _
             _, calls = tool_calls_of(r, st, tool.held)
         end
-        if not calls then show = show .. tool.held end -- no call after all: all of it is content
+        if not calls and not st.tools.forced then show = show .. tool.held end -- no call after all: all of it is content
     elseif show == "" then
         return nil
     end
@@ -765,18 +768,19 @@ local function run_stream(r)
                     started = true
                 end
                 local chunk
-                if calls and text ~= "" then -- the content before the calls, then the calls
-                    if not sse(r, response_json(r, choice_json(st, text, {}, nil, nil, nil), usage_null)) then
+                if calls then -- the content before the calls, the calls, then the finish (OpenAI's chunks)
+                    if text ~= "" and not sse(r, response_json(r, choice_json(st, text, {}, nil, nil, nil), usage_null)) then
                         return ngx_exit(499)
                     end
-                    text = nil
-                elseif calls then
-                    text = nil
+                    if not sse(r, response_json(r, choice_json(st, nil, {}, nil, nil, nil, nil, nil, calls), usage_null)) then
+                        return ngx_exit(499)
+                    end
+                    text = ""
                 end
                 if finished then
                     local last = #live == 1 -- this choice ends the request's generation
                     local usage = (r.include_usage or not last) and usage_null or (',"usage":' .. usage_json(r))
-                    chunk = response_json(r, choice_json(st, text, ids, st.finish_reason, nil, figures, nil, nil, calls),
+                    chunk = response_json(r, choice_json(st, text, ids, st.finish_reason, nil, figures),
                                           usage .. ',"tinyloop":' .. encode(st.tinyloop))
                 elseif text and (text ~= "" or #ids > 0) then
                     chunk = response_json(r, choice_json(st, text, ids, nil, nil, figures), usage_null)

@@ -526,8 +526,8 @@ function _M.parse(body, model, model_id, max_choices)
 end
 
 -- A chat request's tools (tinyloop.tools.check) -> spec (false when it has none, or
--- tool_choice is "none"), the tools as the template reads them (nil when not shown); or nil,
--- err. A choice that must call (tool_choice "required" or a named function) generates under
+-- tool_choice is "none"), the tools as the template reads them (nil when there are none); or
+-- nil, err. A choice that must call (tool_choice "required" or a named function) generates under
 -- the grammar of the calls it may make; "auto" without parallel_tool_calls stops at the end
 -- of the first call.
 local function tools_fields(t, body, cfg, shared)
@@ -537,7 +537,9 @@ local function tools_fields(t, body, cfg, shared)
         if err then return bad(err, param) end
         return false
     end
-    if spec.choice == "none" then return false end
+    -- "none": no call is made or read, but the tools are shown all the same (OpenAI's way; a
+    -- conversation that turns to "none" for its answer keeps its prompt, and its prefix)
+    if spec.choice == "none" then return false, chat_module.decode_ordered(tools_json) end
     if spec.forced then
         if cfg.grammar then
             return bad(("tool_choice %s constrains the output to tool calls: not with %s")
