@@ -28,7 +28,7 @@ local _M = {}
 _M.PLAIN = "{% if tools %}{{ 'Tools (to call one, write <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>):\\n' }}"
     .. "{% for tool in tools %}{{ tool | tojson + '\\n' }}{% endfor %}{{ '\\n' }}{% endif %}"
     .. "{% for message in messages %}{% if message.role == 'system' %}{{ message.content + '\\n\\n' }}"
-    .. "{% elif message.role == 'assistant' %}{{ 'Assistant:' }}{% if message.content is not none %}"
+    .. "{% elif message.role == 'assistant' %}{{ 'Assistant:' }}{% if message.content %}"
     .. "{{ message.content if message.content[:1] in [' ', '\\n'] else ' ' + message.content }}{% endif %}"
     .. "{% for call in message.tool_calls or [] %}{% if message.content or not loop.first %}{{ '\\n' }}{% endif %}"
     .. "{{ '<tool_call>\\n{\"name\": \"' + call.function.name"
@@ -157,8 +157,10 @@ end
 local ROLES = { system = "system", developer = "system", user = "user", assistant = "assistant", tool = "tool" }
 local MESSAGE_FIELDS = { role = true, content = true, name = true, tool_calls = true, tool_call_id = true }
 -- Fields of OpenAI's answers that a client sending a reply back as it came (the Python SDK's
--- message.model_dump()) includes: accepted when null, which is what this server answers.
+-- message.model_dump()) includes: accepted when null (what this server answers), or, for
+-- annotations, empty (what OpenAI's own answers hold).
 local NULL_FIELDS = { refusal = true, function_call = true, audio = true, annotations = true }
+local function no_op(k, v) return v == json_null or (k == "annotations" and type(v) == "table" and next(v) == nil) end
 
 -- A value as a message shows it: JSON ("user", null, ["user"]; an empty table as []).
 local function shown(v)
@@ -178,26 +180,55 @@ end
 
 -- decode_ordered(text) -> the JSON text's value as a template reads it: each object a dict
 -- whose keys iterate in the text's order (tojson prints them so, as Python's json keeps
--- them), {} a dict and not a list; or nil, err.
-local function ordered(value, s, at)
-    local c = s:byte(at)
-    if c == 123 then
-        local keys, seen, last = {}, {}, {}
-        for _, m in ipairs(json_text.entries(s, at)) do
-            if not seen[m.key] then seen[m.key] = true; keys[#keys + 1] = m.key end
-            last[m.key] = m.from -- the value of the last duplicate is cjson's
-        end
-        for _, k in ipairs(keys) do value[k] = ordered(value[k], s, last[k]) end
-        return chat_template.dict(value, keys)
-    elseif c == 91 then
-        for i, e in ipairs(json_text.entries(s, at)) do value[i] = ordered(value[i], s, e.from) end
+-- them), {} a dict and not a list; or nil, err. Objects and arrays nest MAX_NESTING deep at
+-- most: a template's tojson prints 100 levels, of which the messages and tools around such a
+-- value take a few. One pass over the text (each value is read once, whatever its depth).
+_M.MAX_NESTING = 64
+local NESTED = {}
+local skip_ws, skip_string = json_text.skip_ws, json_text.skip_string
+local function decode_value(s, i, depth) -- s[i]: the value's first byte -> value, the index after it
+    local c = s:byte(i)
+    if c == 34 then
+        local after = skip_string(s, i)
+        return cjson.decode(s:sub(i, after - 1)), after
+    elseif c ~= 123 and c ~= 91 then -- a number, true, false, null
+        local after = s:find("[,}%]%s]", i) or #s + 1
+        return cjson.decode(s:sub(i, after - 1)), after
     end
-    return value
+    if depth >= _M.MAX_NESTING then error(NESTED, 0) end
+    local object, close = c == 123, c == 123 and 125 or 93
+    local out, keys = {}, {}
+    i = skip_ws(s, i + 1)
+    if s:byte(i) ~= close then
+        while true do
+            local key
+            if object then
+                local key_end = skip_string(s, i)
+                key = cjson.decode(s:sub(i, key_end - 1))
+                i = skip_ws(s, skip_ws(s, key_end) + 1) -- past the ':'
+            end
+            local value
+            value, i = decode_value(s, i, depth + 1)
+            if not object then
+                out[#out + 1] = value
+            else -- the last of duplicate keys, at the first one's place (Python's json)
+                if out[key] == nil then keys[#keys + 1] = key end
+                out[key] = value
+            end
+            i = skip_ws(s, i)
+            if s:byte(i) ~= 44 then break end
+            i = skip_ws(s, i + 1)
+        end
+    end
+    return object and chat_template.dict(out, keys) or out, i + 1
 end
 function _M.decode_ordered(text)
-    local value, err = cjson.decode(text)
+    local value, err = cjson.decode(text) -- (well-formed: then the pass below cannot fail but on depth)
     if value == nil then return nil, err end
-    return ordered(value, text, json_text.skip_ws(text, 1))
+    local ok, decoded = pcall(decode_value, text, skip_ws(text, 1), 0)
+    if ok then return decoded end
+    if decoded == NESTED then return nil, ("objects and arrays nested deeper than %d"):format(_M.MAX_NESTING) end
+    error(decoded, 0)
 end
 
 -- A message's content: a string, or OpenAI's array of content parts, of which only text
@@ -248,9 +279,10 @@ local function tool_calls_of(calls, at)
             return nil, where .. ".function.name must be a function's name: 1 to 64 letters, digits, underscores or dashes"
         end
         if type(fn.arguments) ~= "string" then return nil, where .. ".function.arguments must be a string (the arguments' JSON)" end
-        local arguments = _M.decode_ordered(fn.arguments)
+        local arguments, derr = _M.decode_ordered(fn.arguments)
         if type(arguments) ~= "table" or not fn.arguments:match("^%s*{") then
-            return nil, where .. ".function.arguments must be the JSON text of an object"
+            return nil, where .. ".function.arguments must be the JSON text of an object" ..
+                (derr and derr:find("nested deeper", 1, true) and (": " .. derr) or "")
         end
         local id = type(call.id) == "string" and call.id or nil
         out[j] = chat_template.dict({ id = id, type = "function",
@@ -272,7 +304,9 @@ function _M.check_messages(messages)
         if type(m) ~= "table" or is_array(m) then return nil, at .. " must be an object {\"role\", \"content\"}" end
         for k, v in pairs(m) do
             if NULL_FIELDS[k] then
-                if v ~= json_null then return nil, ("%s.%s is not supported (only null)"):format(at, k) end
+                if not no_op(k, v) then
+                    return nil, ("%s.%s is not supported (only null%s)"):format(at, k, k == "annotations" and " or []" or "")
+                end
             elseif not MESSAGE_FIELDS[k] then
                 return nil, ("unknown field '%s' in %s"):format(tostring(k), at)
             end

@@ -24,8 +24,10 @@ local function skip_string(s, i) -- s[i] is the opening quote; -> the index afte
         j = q + 2 -- a backslash escapes the next byte
     end
 end
+_M.skip_string = skip_string
 
--- The index after the value that starts at s[i].
+-- The index after the value that starts at s[i] (in text that is not well-formed JSON, an
+-- error may be raised).
 local function skip_value(s, i)
     local c = byte(s, i)
     if c == 34 then return skip_string(s, i) end
@@ -43,6 +45,7 @@ local function skip_value(s, i)
         end
     end
 end
+_M.skip_value = skip_value
 
 -- The entries of the object or array that starts at s[i], in text order: { {key, from, to},
 -- ... }, each value's text being s:sub(from, to); key is an object member's (nil in an array).

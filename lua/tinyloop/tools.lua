@@ -64,7 +64,7 @@ function _M.check(tools, tool_choice, parallel, tools_json)
         return nil, "parallel_tool_calls must be a boolean", "parallel_tool_calls"
     end
     if tools ~= nil and tools_json == nil then tools_json = type(tools) == "table" and next(tools) == nil and "[]" or encode(tools) end
-    if tools ~= nil and (type(tools) ~= "table" or byte(tools_json, 1) ~= 91) then
+    if tools ~= nil and (type(tools) ~= "table" or not tools_json or byte(tools_json, 1) ~= 91) then
         return nil, "tools must be an array of {\"type\": \"function\", \"function\": {...}}", P
     end
     local n = tools and #tools or 0
@@ -106,7 +106,13 @@ function _M.check(tools, tool_choice, parallel, tools_json)
         end
         if declared[fn.name] then return nil, ("%s.function.name '%s' is declared twice"):format(at, fn.name), P end
         declared[fn.name] = true
+        -- The arguments are an object (OpenAI's rule; the calls are read back so): a schema of
+        -- anything else is refused, and {} (any value) means no parameters.
         local parameters = fn.parameters ~= nil and fn.parameters ~= json_null and fields.parameters or nil
+        if parameters and next(fn.parameters) == nil then parameters = nil end
+        if parameters and fn.parameters.type ~= "object" then
+            return nil, at .. '.function.parameters must be the JSON Schema of an object: {"type": "object", ...}', P
+        end
         functions[i] = { name = fn.name, parameters_json = parameters }
     end
     local spec = { functions = functions, declared = declared, parallel = parallel ~= false }
@@ -215,50 +221,62 @@ end
 
 -- ------------------------------------------------------------------ reading calls back
 
--- One call's JSON text -> { name, arguments (the arguments' JSON text as written) }, or nil
--- when it is not a call of a declared function.
-local function decode_call(body, spec)
-    local from = find(body, "[^ \t\r\n]")
-    if not from or byte(body, from) ~= 123 then return nil end
-    local text = sub(body, from, (find(body, "[ \t\r\n]*$")) - 1)
-    local call = cjson.decode(text)
+-- The index where the white space that ends s[1..upto] begins (upto + 1 when none): a step
+-- back per byte (an anchored pattern would retry from every position of a long run).
+local function blank_tail(s, upto)
+    local i = upto
+    while i >= 1 do
+        local c = byte(s, i)
+        if c ~= 32 and c ~= 9 and c ~= 10 and c ~= 13 then break end
+        i = i - 1
+    end
+    return i + 1
+end
+_M.blank_tail = blank_tail
+
+-- The call of the block whose body starts at text[from]: { name, arguments (their JSON text as
+-- written) } and the index after the block (past its </tool_call>, or the text's end when the
+-- block has none), or nil when it holds no call of a declared function. The JSON's end is found
+-- by scanning it once (an end tag inside a string argument is the argument's); only white
+-- space may stand between it and </tool_call>.
+local function block_call(text, from, spec)
+    local open = find(text, "[^ \t\r\n]", from)
+    if not open or byte(text, open) ~= 123 then return nil end
+    local ok, after_json = pcall(json_text.skip_value, text, open)
+    if not ok or not after_json then return nil end
+    local json = sub(text, open, after_json - 1)
+    local after = find(text, "[^ \t\r\n]", after_json) or #text + 1
+    if after <= #text then
+        if sub(text, after, after + #END - 1) ~= END then return nil end
+        after = after + #END
+    end
+    local call = cjson.decode(json)
     if type(call) ~= "table" or type(call.name) ~= "string" or not spec.declared[call.name] then return nil end
     for k in pairs(call) do
         if k ~= "name" and k ~= "arguments" then return nil end
     end
-    local arguments = json_text.member(text, { "arguments" })
+    local arguments = json_text.member(json, { "arguments" })
     if not arguments or byte(arguments, 1) ~= 123 then return nil end
-    return { name = call.name, arguments = arguments }
+    return { name = call.name, arguments = arguments }, after
 end
 
 -- parse(text, spec, id_of[, cut]) -> content, calls: the text a choice generated, split into
 -- its content (the text before the first call, trailing white space dropped; nil when none is
 -- left) and its calls ({ {id = id_of(k), name, arguments}, ... } in order, k from 1; nil when
 -- none). Each <tool_call> block must hold one call of a declared function whose arguments are
--- an object; its </tool_call> is the first after the block's start that ends such a call (a
--- string argument may hold the tag itself), and the last block may lack it (a stop string or
--- the end of the generation cut it). Text between and after the blocks is not content (as
--- vLLM's Hermes parser has it). A block that is not a call makes the whole text content and
--- no call at all, except: the last block, unclosed, of a generation the token limit cut (cut
--- true) is dropped when calls came before it; and a forced choice (spec.forced) never has
--- content, only the calls that are whole.
+-- an object, then its </tool_call>, which the last block may lack (a stop string or the end of
+-- the generation cut it). Text between and after the blocks is not content (as vLLM's Hermes
+-- parser has it). A block that is not a call makes the whole text content and no call at all,
+-- except that when the token limit cut the generation (cut true) and calls came before it, it
+-- and what follows are dropped; and a forced choice (spec.forced) never has content, only the
+-- calls that are whole.
 function _M.parse(text, spec, id_of, cut)
     local first = find(text, START, 1, true)
     local calls, at = {}, first
     while at do
-        local body_from, call, after = at + #START, nil, nil
-        local close = find(text, END, body_from, true)
-        while close and not call do
-            call = decode_call(sub(text, body_from, close - 1), spec)
-            after = close + #END
-            close = find(text, END, close + 1, true)
-        end
+        local call, after = block_call(text, at + #START, spec)
         if not call then
-            call, after = decode_call(sub(text, body_from), spec), #text + 1
-        end
-        if not call then
-            local tail = not find(text, END, body_from, true) and cut and #calls > 0
-            if not tail and not spec.forced then return text, nil end
+            if not (cut and #calls > 0) and not spec.forced then return text, nil end
             break
         end
         call.id = id_of(#calls + 1)
@@ -268,7 +286,7 @@ function _M.parse(text, spec, id_of, cut)
     if #calls == 0 then calls = nil end
     if spec.forced then return nil, calls end
     if not calls then return text, nil end
-    local content = sub(text, 1, first - 1):gsub("[ \t\r\n]+$", "")
+    local content = sub(text, 1, blank_tail(text, first - 1) - 1)
     return content ~= "" and content or nil, calls
 end
 

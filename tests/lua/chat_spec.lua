@@ -183,6 +183,14 @@ describe("tinyloop.chat", function()
         refused({ { role = "assistant", content = "x", audio = {} } }, "messages[0].audio is not supported (only null)")
         assert.same({ { role = "assistant", content = "x" } }, chat.check_messages({ { role = "assistant", content = "x", refusal = cjson.null,
             function_call = cjson.null, audio = cjson.null, annotations = cjson.null } }))
+        assert.same({ { role = "assistant", content = "x" } }, chat.check_messages({ { role = "assistant", content = "x", annotations = {} } }))
+        refused({ { role = "assistant", content = "x", annotations = { 1 } } }, "messages[0].annotations is not supported (only null or [])")
+        -- arguments nested deeper than a template prints
+        local deep = ('{"a": '):rep(chat.MAX_NESTING) .. "1" .. ("}"):rep(chat.MAX_NESTING)
+        assert.truthy(chat.check_messages({ { role = "assistant", tool_calls = { { ["function"] = { name = "f", arguments = deep } } } } }))
+        deep = "{" .. ('"a": {'):rep(chat.MAX_NESTING) .. ("}"):rep(chat.MAX_NESTING + 1)
+        refused({ { role = "assistant", tool_calls = { { ["function"] = { name = "f", arguments = deep } } } } },
+                "messages[0].tool_calls[0].function.arguments must be the JSON text of an object: objects and arrays nested deeper than 64")
         refused({ { role = "assistant", tool_calls = { { ["function"] = { name = "f", arguments = { a = 1 } } } } } },
                 "messages[0].tool_calls[0].function.arguments must be a string (the arguments' JSON)")
         for _, bad in ipairs({ "{", "[1]", "5", "" }) do
@@ -205,5 +213,10 @@ describe("tinyloop.chat", function()
         assert.equal('{"z": 2, "b": {"y": [], "x": {}}, "a": [{"k2": null, "k1": true}]}|yx', template:render({ v = v }))
         assert.is_nil(chat.decode_ordered("{"))
         assert.equal(5, chat.decode_ordered("5"))
+        assert.same({ "a", 1.5, true, cjson.null, { "x" }, {} }, chat.decode_ordered(' ["a", 1.5, true, null, ["x"], []] '))
+        -- MAX_NESTING levels of objects and arrays, not one more
+        local n = chat.MAX_NESTING
+        assert.truthy(chat.decode_ordered(("["):rep(n) .. ("]"):rep(n)))
+        assert.same({ nil, "objects and arrays nested deeper than 64" }, { chat.decode_ordered(("["):rep(n + 1) .. ("]"):rep(n + 1)) })
     end)
 end)

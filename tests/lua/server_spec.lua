@@ -1071,8 +1071,15 @@ describe("chat completions", function()
                 'tool_choice "required" constrains the output to tool calls: not with grammar')
         refused({ messages = messages, tools = { NOW }, tool_choice = "required", response_format = { type = "json_object" } },
                 "response_format", "not with response_format")
-        refused({ messages = messages, tools = { { type = "function", ["function"] = { name = "f", parameters = { type = "quantum" } } } },
+        refused({ messages = messages, tools = { { type = "function", ["function"] = { name = "f",
+                  parameters = { type = "object", properties = { x = { type = "quantum" } } } } } },
                   tool_choice = "required" }, "tools", "the parameters of function 'f' do not compile")
+        refused({ messages = messages, tools = { { type = "function", ["function"] = { name = "f", parameters = { type = "string" } } } } },
+                "tools", "must be the JSON Schema of an object")
+        local deep = {}
+        for _ = 1, 70 do deep = { type = "object", properties = { a = deep } } end
+        refused({ messages = messages, tools = { { type = "function", ["function"] = { name = "f", parameters = deep } } } },
+                "tools", "tools: objects and arrays nested deeper than 64")
         refused({ messages = messages, tools = { NOW }, parallel_tool_calls = 1 }, "parallel_tool_calls", "must be a boolean")
         refused({ messages = messages, top_logprobs = 2 }, "top_logprobs", "needs logprobs: true")
         refused({ messages = messages, logprobs = true, top_logprobs = 21 }, "top_logprobs", "top_logprobs = 21 must be in [0, 20]")

@@ -50,9 +50,12 @@ describe("tinyloop.tools.check", function()
     end)
 
     it("keeps a schema's text as sent, its key order included", function()
-        local text = '[{"type": "function", "function": {"name": "f", "parameters": {"properties": {"z": {}, "a": {}}}}}]'
+        local text = '[{"type": "function", "function": {"name": "f", "parameters": {"properties": {"z": {}, "a": {}}, "type": "object"}}}]'
         local spec = assert(tools.check(cjson.decode(text), nil, nil, text))
-        assert.equal('{"properties": {"z": {}, "a": {}}}', spec.functions[1].parameters_json)
+        assert.equal('{"properties": {"z": {}, "a": {}}, "type": "object"}', spec.functions[1].parameters_json)
+        -- {} (any value) is a function without parameters: it takes {}
+        text = '[{"type": "function", "function": {"name": "f", "parameters": {}}}]'
+        assert.is_nil(assert(tools.check(cjson.decode(text), nil, nil, text)).functions[1].parameters_json)
     end)
 
     it("refuses what is not a tool, naming the field", function()
@@ -77,6 +80,15 @@ describe("tinyloop.tools.check", function()
         refused({ fn({ name = "f", strict = "yes" }) }, nil, nil, "tools", "tools[0].function.strict must be a boolean")
         refused({ fn({ name = "f", parameters = { 1 } }) }, nil, nil, "tools", "tools[0].function.parameters must be a JSON Schema object")
         refused({ fn({ name = "f", parameters = "{}" }) }, nil, nil, "tools", "tools[0].function.parameters must be a JSON Schema object")
+        -- arguments are an object: a schema of anything else would let a forced call write what
+        -- no call can be read from
+        for _, schema in ipairs({ { enum = { "a" } }, { type = "string" }, { type = { "object", "null" } }, { properties = { a = {} } } }) do
+            refused({ fn({ name = "f", parameters = schema }) }, nil, nil, "tools",
+                    'tools[0].function.parameters must be the JSON Schema of an object: {"type": "object", ...}')
+        end
+        -- tools that cjson cannot encode (without their JSON text) are no array either
+        local spec, err, param = tools.check({ [1] = NOW, [20] = NOW }, "auto")
+        assert.same({ nil, 'tools must be an array of {"type": "function", "function": {...}}', "tools" }, { spec, err, param })
         refused({ fn({ name = 5 }) }, nil, nil, "tools", "tools[0].function.name must be a string")
         refused({ fn({ description = "no name" }) }, nil, nil, "tools", "tools[0].function.name must be 1 to 64 letters, digits, underscores or dashes")
         for _, name in ipairs({ "", "a b", ("x"):rep(65), "é" }) do
@@ -229,6 +241,8 @@ describe("tinyloop.tools.parse", function()
         -- not a closed block that is no call, nor a cut before any whole call
         local broken = '<tool_call>{"name": "later", "arguments": {}}</tool_call>\n' .. NOW_CALL .. "\n<tool_call>"
         assert.same({ broken, nil }, parsed(broken, true))
+        -- the cut block's unfinished string may hold an end tag: it is cut all the same
+        assert.same({ nil, whole }, parsed(NOW_CALL .. '\n<tool_call>{"name": "get_weather", "arguments": {"city": "a </tool_call> b', true))
         assert.same({ "<tool_call>\n{", nil }, parsed("<tool_call>\n{", true))
     end)
 

@@ -511,33 +511,36 @@ end
 local function tool_stream(r, st, text, ids, figures, finished)
     local tool = st.tool_stream
     if not tool then -- (a forced choice writes calls only: all of it is held from the start)
-        tool = { held = "", ids = {}, figures = figures and {} or nil, in_call = st.tools.forced }
+        tool = { held = "", ids = {}, figures = figures and {} or nil, calls_text = st.tools.forced and {} or nil }
         st.tool_stream = tool
     end
     for i = 1, #ids do
         tool.ids[#tool.ids + 1] = ids[i]
         if figures then tool.figures[#tool.figures + 1] = figures[i] end
     end
-    local all, show = tool.held .. text, ""
-    if tool.in_call then
-        tool.held = all
+    local show = ""
+    if tool.calls_text then -- from the first call on: pieces, joined once at the finish
+        tool.calls_text[#tool.calls_text + 1] = text
     else
+        local all = tool.held .. text
         local at = all:find(tools.START, 1, true)
-        if at then
-            tool.in_call = true
+        if not at then at = finished and #all + 1 or #all - tools.held(all) + 1 end
+        local blank = tools.blank_tail(all, at - 1) -- white space before a call is not content
+        if all:find(tools.START, at, true) == at then
+            tool.calls_text, show, tool.held = { all:sub(blank) }, all:sub(1, blank - 1), ""
         else
-            at = finished and #all + 1 or #all - tools.held(all) + 1
+            show, tool.held = all:sub(1, blank - 1), all:sub(blank)
         end
-        at = all:sub(1, at - 1):find("[ \t\r\n]*$") -- white space before a call is not content
-        show, tool.held = all:sub(1, at - 1), all:sub(at)
     end
     local calls
     if finished then
-        if tool.in_call then
+        local held = tool.calls_text and concat(tool.calls_text) or ""
+        if tool.calls_text then
             local _
-            _, calls = tool_calls_of(r, st, tool.held)
+            _, calls = tool_calls_of(r, st, held)
         end
-        if not calls and not st.tools.forced then show = show .. tool.held end -- no call after all: all of it is content
+        -- no call after all: all of it is content (a forced choice's never is)
+        if not calls and not st.tools.forced then show = show .. tool.held .. held end
     elseif show == "" then
         return nil
     end

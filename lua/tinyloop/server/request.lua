@@ -537,9 +537,12 @@ local function tools_fields(t, body, cfg, shared)
         if err then return bad(err, param) end
         return false
     end
+    -- (as the template reads them; a schema nested too deep for its tojson is the request's fault)
+    local shown, derr = chat_module.decode_ordered(tools_json)
+    if not shown then return bad("tools: " .. tostring(derr), "tools") end
     -- "none": no call is made or read, but the tools are shown all the same (OpenAI's way; a
     -- conversation that turns to "none" for its answer keeps its prompt, and its prefix)
-    if spec.choice == "none" then return false, chat_module.decode_ordered(tools_json) end
+    if spec.choice == "none" then return false, shown end
     if spec.forced then
         if cfg.grammar then
             return bad(("tool_choice %s constrains the output to tool calls: not with %s")
@@ -554,7 +557,7 @@ local function tools_fields(t, body, cfg, shared)
         stops[#stops + 1] = tools.END
         cfg.stop_strings = stops
     end
-    return spec, chat_module.decode_ordered(tools_json)
+    return spec, shown
 end
 
 -- parse_chat(body, model, model_id, max_choices, chat) -> request | nil, err: a POST
