@@ -4,6 +4,10 @@
 -- Exit status: 0 on success, 1 when generation fails, 2 for bad usage (a value the engine
 -- refuses included).
 local tinyloop = require "tinyloop"
+local tools = require "tinyloop.tools"
+local json_text = require "tinyloop.json_text"
+local cjson = require "cjson.safe"
+local read_tools -- (below)
 
 local _M = {}
 
@@ -55,6 +59,11 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
                              plain built-in one) makes the prompt; prints the reply only
       --system TEXT          with --chat: a system message first
       --chat-template FILE   with --chat: this Jinja chat template instead of the model's
+      --tools FILE           with --chat: function tools, a JSON file of OpenAI's tools array;
+                             the reply's calls are printed one JSON line each
+                             ({"name": ..., "arguments": {...}}) after its content
+      --tool-choice C        with --tools: auto (default), required, none, or a function's
+                             name (then the reply is that call, its arguments as the schema says)
       --no-prompt            do not echo the prompt
       --no-stats             no stats line
   -h, --help                 this text
@@ -133,13 +142,16 @@ function _M.parse(argv, default_model)
             i = i + 1
         elseif a == "-m" or a == "--model" or a == "-p" or a == "--prompt" or a == "--stop"
             or a == "--policy" or a == "--threads" or a == "--grammar" or a == "--json-schema"
-            or a == "--backend" or a == "--kv-type" or a == "--system" or a == "--chat-template" then
+            or a == "--backend" or a == "--kv-type" or a == "--system" or a == "--chat-template"
+            or a == "--tools" or a == "--tool-choice" then
             if v == nil then return nil, usage_error("option " .. a .. " needs a value") end
             if a == "-m" or a == "--model" then o.model = v
             elseif a == "-p" or a == "--prompt" then o.prompt = v
             elseif a == "--stop" then o.stops[#o.stops + 1] = v
             elseif a == "--system" then o.system = v
             elseif a == "--chat-template" then o.chat_template = v
+            elseif a == "--tools" then o.tools_file = v
+            elseif a == "--tool-choice" then o.tool_choice = v
             elseif a == "--policy" then o.policy = v
             elseif a == "--grammar" then o.grammar_file = v
             elseif a == "--json-schema" then o.schema_file = v
@@ -181,11 +193,36 @@ function _M.parse(argv, default_model)
     if o.grammar_file and o.schema_file then
         return nil, usage_error("--grammar and --json-schema both constrain the output: give one")
     end
-    if (o.system or o.chat_template) and not o.chat then
-        return nil, usage_error((o.system and "--system" or "--chat-template") .. " goes with --chat")
+    for _, pair in ipairs({ { o.system, "--system" }, { o.chat_template, "--chat-template" }, { o.tools_file, "--tools" } }) do
+        if pair[1] and not o.chat then return nil, usage_error(pair[2] .. " goes with --chat") end
     end
+    if o.tool_choice and not o.tools_file then return nil, usage_error("--tool-choice goes with --tools") end
     if #o.stops > 0 then o.cfg.stop_strings = o.stops end
     return o
+end
+
+-- --tools FILE [--tool-choice C] -> the tools' spec (tinyloop.tools.check), the tools as the
+-- template reads them; or nil, nil, err, exit status (1: the file cannot be read; 2: what it
+-- or the choice says is refused).
+read_tools = function(path, choice)
+    local f, ferr = io.open(path, "rb")
+    if not f then return nil, nil, ferr, 1 end
+    local text = f:read("*a")
+    f:close()
+    if not text then return nil, nil, path .. ": cannot read it", 1 end
+    local list = cjson.decode(text)
+    if type(list) ~= "table" then return nil, nil, path .. ": not JSON (OpenAI's tools array)", 2 end
+    local tool_choice = choice
+    if choice and choice ~= "auto" and choice ~= "required" and choice ~= "none" then
+        tool_choice = { type = "function", ["function"] = { name = choice } }
+    end
+    local body = json_text.member(text, {})
+    local spec, err = tools.check(list, tool_choice, nil, body)
+    if err then return nil, nil, (err:gsub("^tool_choice", "--tool-choice")), 2 end
+    local shown, derr = require("tinyloop.chat").decode_ordered(body)
+    if not shown then return nil, nil, path .. ": " .. tostring(derr), 2 end
+    -- ("none": the tools are shown, no call is read)
+    return spec and spec.choice ~= "none" and spec or nil, shown
 end
 
 -- Merges a policy file into cfg: the file returns a table of config fields (hooks and
@@ -223,7 +260,16 @@ function _M.main(argv, default_model)
         if not chat then io.stderr:write("tinyloop: ", cerr, "\n") return 1 end
         local messages = { { role = "user", content = o.prompt } }
         if o.system then table.insert(messages, 1, { role = "system", content = o.system }) end
-        local text, perr, fault = chat:prompt(messages)
+        local shown
+        if o.tools_file then
+            local terr, status
+            o.tools, shown, terr, status = read_tools(o.tools_file, o.tool_choice)
+            if terr then
+                io.stderr:write("tinyloop: ", terr, "\n")
+                return status
+            end
+        end
+        local text, perr, fault = chat:prompt(messages, true, shown)
         if not text then
             io.stderr:write("tinyloop: ", perr, "\n")
             return fault == "template" and 1 or 2
@@ -243,6 +289,12 @@ function _M.main(argv, default_model)
             if not compiled then io.stderr:write("tinyloop: ", g[1], ": ", gerr, "\n") return 1 end
             cfg.grammar = compiled
         end
+    end
+    if o.tools and o.tools.forced then -- the reply is calls: their grammar
+        if cfg.grammar then io.stderr:write("tinyloop: --tool-choice ", o.tool_choice, " constrains the output itself: not with --grammar or --json-schema\n") return 2 end
+        local g, gerr = tools.grammar(o.tools)
+        if not g then io.stderr:write("tinyloop: ", o.tools_file, ": ", gerr, "\n") return 2 end
+        cfg.grammar = g
     end
     if o.policy then
         cfg, err = apply_policy(o.policy, cfg, model)
@@ -269,13 +321,23 @@ function _M.main(argv, default_model)
     -- both reach the one report below.
     local ok, result = pcall(function()
         if o.echo then io.stdout:write(o.prompt) io.stdout:flush() end
+        local reply = o.tools and {} -- with tools: the reply is read for calls at its end
         for _, text in iterate, session do
-            io.stdout:write(text)
-            io.stdout:flush()
+            if reply then reply[#reply + 1] = text else io.stdout:write(text) io.stdout:flush() end
         end
-        io.stdout:write("\n")
-        io.stdout:flush()
         if session.error then error(session.error, 0) end
+        if reply then
+            local stats = session.final_stats or session:stats()
+            local content, calls = tools.parse(table.concat(reply), o.tools, function(k) return "call_" .. k end,
+                                               stats.stop_reason == "MAX_TOKENS")
+            if content then io.stdout:write(content, "\n") end
+            for _, call in ipairs(calls or {}) do
+                io.stdout:write('{"name": ', cjson.encode(call.name), ', "arguments": ', call.arguments, "}\n")
+            end
+        else
+            io.stdout:write("\n")
+        end
+        io.stdout:flush()
         return session.final_stats or session:stats()
     end)
     if not ok then

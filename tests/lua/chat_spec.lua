@@ -133,6 +133,47 @@ describe("tinyloop.chat", function()
         assert.truthy(out:find("exit 2", 1, true), out)
     end)
 
+    it("calls tools from the CLI: the reply's calls as JSON lines, a named one under its schema", function()
+        local function run(args) return sh("(scripts/tinyloop --no-stats --chat " .. args .. "; echo \"exit $?\") 2>&1") end
+        write(dir .. "/tools.json", '[{"type": "function", "function": {"name": "weather", "parameters": {"type": "object", ' ..
+              '"properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}}}]')
+        local out = run("-n 100 --tools " .. dir .. "/tools.json --tool-choice weather 'Weather?'")
+        local line = out:match("^({[^\n]*})\nexit 0\n$")
+        assert.truthy(line, out)
+        local call = cjson.decode(line)
+        assert.equal("weather", call.name)
+        assert.truthy(call.arguments.city == "Paris" or call.arguments.city == "Rome", line)
+        -- the same call as the Lua API makes it (greedy): the tools shown, the grammar of the call
+        local tinyloop, tools = require "tinyloop", require "tinyloop.tools"
+        local m = assert(tinyloop.load("models/tinyloop-austen"))
+        local text = H.read(dir .. "/tools.json")
+        local spec = assert(tools.check(cjson.decode(text), { type = "function", ["function"] = { name = "weather" } }, nil, text))
+        local prompt = assert(assert(chat.load("models/tinyloop-austen")):prompt({ { role = "user", content = "Weather?" } }, true,
+                                                                                  chat.decode_ordered(text)))
+        local cfg = { max_tokens = 100, grammar = assert(tools.grammar(spec)) }
+        local reply = {}
+        local iterate, session = m:stream(prompt, cfg)
+        for _, piece in iterate, session do reply[#reply + 1] = piece end
+        local _, calls = tools.parse(table.concat(reply), spec, function() return "c" end)
+        assert.equal(line, '{"name": "weather", "arguments": ' .. calls[1].arguments .. "}")
+        -- refusals: usage (2), a file that cannot be read (1)
+        for args, message in pairs({
+            ["--tools " .. dir .. "/tools.json --tool-choice later x"] = 'names the function "later", which tools does not declare\nexit 2',
+            ["--tool-choice required x"] = "--tool-choice goes with --tools (see --help)\nexit 2",
+            ["--tools " .. dir .. "/none.json x"] = "none.json: No such file or directory\nexit 1",
+            ["--tools " .. dir .. "/tools.json --tool-choice required --grammar lua/tinyloop/grammars/json.gbnf x"] =
+                "--tool-choice required constrains the output itself: not with --grammar or --json-schema\nexit 2",
+        }) do
+            out = run(args)
+            assert.truthy(out:find(message, 1, true), out)
+        end
+        out = sh("(scripts/tinyloop --tools " .. dir .. "/tools.json x; echo \"exit $?\") 2>&1")
+        assert.truthy(out:find("--tools goes with --chat (see --help)\nexit 2", 1, true), out)
+        write(dir .. "/bad.json", '[{"type": "function", "function": {"name": "a b"}}]')
+        out = run("--tools " .. dir .. "/bad.json x")
+        assert.truthy(out:find("tools[0].function.name must be 1 to 64 letters, digits, underscores or dashes\nexit 2", 1, true), out)
+    end)
+
     it("checks messages in OpenAI's shape, naming the message", function()
         local function refused(messages, message)
             local out, err = chat.check_messages(messages)
