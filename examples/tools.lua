@@ -19,7 +19,9 @@ local TOOLS = '[{"type": "function", "function": {"name": "lookup", "description
 local FACTS = { Emma = "Emma Woodhouse, handsome, clever, and rich.", Harriet = "Harriet Smith, a parlour-boarder." }
 local function lookup(arguments) return FACTS[arguments.who] end
 
-local shown = chats.decode_ordered(TOOLS) -- what the template prints
+-- A call is required: the grammar lets the model write nothing else. (shown: the tools as the
+-- template prints them, in the key order above)
+local spec, shown = assert(tools.prepare(cjson.decode(TOOLS), "required", false, TOOLS))
 local messages = { { role = "user", content = "Who is Emma?" } }
 
 -- Generates a reply to the messages under cfg: its text (the stream's pieces, joined).
@@ -34,8 +36,7 @@ local function reply(cfg)
     return table.concat(text), #prompt
 end
 
--- 1. A call is required: the grammar lets the model write nothing else.
-local spec = assert(tools.check(cjson.decode(TOOLS), "required", false, TOOLS))
+-- 1. The call.
 local text, prompt_tokens = reply({ max_tokens = 120, grammar = assert(tools.grammar(spec)) })
 local _, calls = tools.parse(text, spec, function(k) return "call_" .. k end)
 assert(calls, "the reply is not a call: " .. text)

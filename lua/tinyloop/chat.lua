@@ -9,7 +9,6 @@
 --   local ids = model:encode(text)
 local cjson = require "cjson.safe"
 local chat_template = require "tinyloop.chat_template"
-local json_text = require "tinyloop.json_text"
 local valid_name = require("tinyloop.tools").valid_name
 
 local type, pairs, ipairs, next, tostring, concat = type, pairs, ipairs, next, tostring, table.concat
@@ -178,58 +177,10 @@ local function is_array(v)
     return true
 end
 
--- decode_ordered(text) -> the JSON text's value as a template reads it: each object a dict
--- whose keys iterate in the text's order (tojson prints them so, as Python's json keeps
--- them), {} a dict and not a list; or nil, err. Objects and arrays nest MAX_NESTING deep at
--- most: a template's tojson prints 100 levels, of which the messages and tools around such a
--- value take a few. One pass over the text (each value is read once, whatever its depth).
-_M.MAX_NESTING = 64
-local NESTED = {}
-local skip_ws, skip_string = json_text.skip_ws, json_text.skip_string
-local function decode_value(s, i, depth) -- s[i]: the value's first byte -> value, the index after it
-    local c = s:byte(i)
-    if c == 34 then
-        local after = skip_string(s, i)
-        return cjson.decode(s:sub(i, after - 1)), after
-    elseif c ~= 123 and c ~= 91 then -- a number, true, false, null
-        local after = s:find("[,}%]%s]", i) or #s + 1
-        return cjson.decode(s:sub(i, after - 1)), after
-    end
-    if depth >= _M.MAX_NESTING then error(NESTED, 0) end
-    local object, close = c == 123, c == 123 and 125 or 93
-    local out, keys = {}, {}
-    i = skip_ws(s, i + 1)
-    if s:byte(i) ~= close then
-        while true do
-            local key
-            if object then
-                local key_end = skip_string(s, i)
-                key = cjson.decode(s:sub(i, key_end - 1))
-                i = skip_ws(s, skip_ws(s, key_end) + 1) -- past the ':'
-            end
-            local value
-            value, i = decode_value(s, i, depth + 1)
-            if not object then
-                out[#out + 1] = value
-            else -- the last of duplicate keys, at the first one's place (Python's json)
-                if out[key] == nil then keys[#keys + 1] = key end
-                out[key] = value
-            end
-            i = skip_ws(s, i)
-            if s:byte(i) ~= 44 then break end
-            i = skip_ws(s, i + 1)
-        end
-    end
-    return object and chat_template.dict(out, keys) or out, i + 1
-end
-function _M.decode_ordered(text)
-    local value, err = cjson.decode(text) -- (well-formed: then the pass below cannot fail but on depth)
-    if value == nil then return nil, err end
-    local ok, decoded = pcall(decode_value, text, skip_ws(text, 1), 0)
-    if ok then return decoded end
-    if decoded == NESTED then return nil, ("objects and arrays nested deeper than %d"):format(_M.MAX_NESTING) end
-    error(decoded, 0)
-end
+-- decode_ordered(text): chat_template.decode_json (objects in the text's key order, for a
+-- template to print as Python would), bounded at MAX_NESTING levels.
+_M.decode_ordered = chat_template.decode_json
+_M.MAX_NESTING = chat_template.MAX_NESTING
 
 -- A message's content: a string, or OpenAI's array of content parts, of which only text
 -- parts ({"type": "text", "text": ...}) are readable here; they are joined with "\n" (as
@@ -258,7 +209,7 @@ end
 -- An assistant message's tool_calls (OpenAI's: {"id", "type": "function", "function":
 -- {"name", "arguments": JSON text of an object}}) as templates read them (transformers'
 -- convention, which vLLM follows): the arguments an object (a dict in the text's key order).
-local function tool_calls_of(calls, at)
+local function message_tool_calls(calls, at)
     if not is_array(calls) or #calls == 0 then return nil, at .. ".tool_calls must be a non-empty array of tool calls" end
     local out = {}
     for j, call in ipairs(calls) do
@@ -318,7 +269,7 @@ function _M.check_messages(messages)
         local message = { role = role }
         if m.tool_calls ~= nil and m.tool_calls ~= json_null then
             if role ~= "assistant" then return nil, at .. ".tool_calls: only an assistant message calls tools" end
-            local calls, err = tool_calls_of(m.tool_calls, at)
+            local calls, err = message_tool_calls(m.tool_calls, at)
             if not calls then return nil, err end
             message.tool_calls = calls
         end

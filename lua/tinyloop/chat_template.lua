@@ -59,6 +59,16 @@ function _M.dict(t, keys)
     ORDER[t] = keys
     return setmetatable(t, DICT)
 end
+
+-- decode_json(text) -> the JSON text's value as a template reads it: each object a dict whose
+-- keys iterate in the text's order (tojson prints them so, as Python's json keeps them), {} a
+-- dict and not a list; or nil, err (not strict JSON, or nested deeper than MAX_NESTING).
+-- MAX_NESTING: tojson prints 100 levels, of which the messages and tools around such a value
+-- (a request's tools, a call's arguments) take a few.
+_M.MAX_NESTING = 64
+function _M.decode_json(text)
+    return require("tinyloop.json_text").decode_ordered(text, _M.dict, _M.MAX_NESTING)
+end
 local EMPTY_ARRAY = cjson.empty_array -- a lightuserdata in some cjson builds: an empty list
 local MT_KIND = { [UNDEF] = "undefined", [FLOAT] = "number", [TUPLE] = "list", [NAMESPACE] = "namespace",
                   [CALLABLE] = "callable", [DICT] = "dict" }

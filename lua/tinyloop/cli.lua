@@ -210,19 +210,15 @@ read_tools = function(path, choice)
     local text = f:read("*a")
     f:close()
     if not text then return nil, nil, path .. ": cannot read it", 1 end
-    local list = cjson.decode(text)
+    local list = json_text.decode(text)
     if type(list) ~= "table" then return nil, nil, path .. ": not JSON (OpenAI's tools array)", 2 end
     local tool_choice = choice
     if choice and choice ~= "auto" and choice ~= "required" and choice ~= "none" then
         tool_choice = { type = "function", ["function"] = { name = choice } }
     end
-    local body = json_text.member(text, {})
-    local spec, err = tools.check(list, tool_choice, nil, body)
-    if err then return nil, nil, (err:gsub("^tool_choice", "--tool-choice")), 2 end
-    local shown, derr = require("tinyloop.chat").decode_ordered(body)
-    if not shown then return nil, nil, path .. ": " .. tostring(derr), 2 end
-    -- ("none": the tools are shown, no call is read)
-    return spec and spec.choice ~= "none" and spec or nil, shown
+    local spec, shown = tools.prepare(list, tool_choice, nil, json_text.member(text, {}))
+    if spec == nil then return nil, nil, (shown:gsub("^tool_choice", "--tool-choice")), 2 end
+    return spec or nil, shown
 end
 
 -- Merges a policy file into cfg: the file returns a table of config fields (hooks and

@@ -1,5 +1,4 @@
--- tinyloop.json_text: the raw text of a JSON document's parts, for text that cjson has already
--- accepted (so it is well-formed). Pure Lua.
+-- tinyloop.json_text: JSON text read as it is written. Pure Lua.
 --
 -- Why raw text: a decoded Lua table loses what the text says. A JSON Schema must reach the
 -- grammar compiler as sent (the order of "properties" is the order the model writes the keys
@@ -8,36 +7,54 @@
 --   local json_text = require "tinyloop.json_text"
 --   json_text.member('{"a": [1, {"b": {}}]}', { "a", 2, "b" })   --> "{}"  (array indexes from 1)
 --   for _, e in ipairs(json_text.entries(s, i)) do ... e.key, e.from, e.to ... end
+--   json_text.decode_ordered(text, dict, 64)   -- objects as dict(t, keys in text order)
+--
+-- The scanners read text that is not JSON (a model's output) without raising: where a value
+-- does not end, they return nil. decode is strict JSON (no NaN, Infinity or hex numbers,
+-- which lua-cjson takes by default and clients' parsers refuse).
 local byte, find, sub = string.byte, string.find, string.sub
-local cjson = require "cjson.safe"
+
+local strict = require("cjson.safe").new()
+strict.decode_invalid_numbers(false)
 
 local _M = {}
+
+_M.decode = strict.decode
 
 local function skip_ws(s, i) return find(s, "[^ \t\r\n]", i) or #s + 1 end
 _M.skip_ws = skip_ws
 
-local function skip_string(s, i) -- s[i] is the opening quote; -> the index after the closing one
+-- s[i] is the opening quote -> the index after the closing one, or nil (no closing one).
+local function skip_string(s, i)
     local j = i + 1
     while true do
         local q = find(s, '["\\]', j)
+        if not q then return nil end
         if byte(s, q) == 34 then return q + 1 end
         j = q + 2 -- a backslash escapes the next byte
     end
 end
-_M.skip_string = skip_string
 
--- The index after the value that starts at s[i] (in text that is not well-formed JSON, an
--- error may be raised).
+-- The end of a number, true, false or null that starts at s[i]: the index after it.
+local function scalar_end(s, i) return find(s, "[,}%]%s]", i) or #s + 1 end
+
+-- The index after the value that starts at s[i], or nil when the text ends first. One pass,
+-- counting brackets (so a long or deep value costs its length, and no recursion).
 local function skip_value(s, i)
     local c = byte(s, i)
     if c == 34 then return skip_string(s, i) end
-    if c ~= 123 and c ~= 91 then return find(s, "[,}%]%s]", i) or #s + 1 end -- a number, true, false, null
+    if c ~= 123 and c ~= 91 then -- (none at all where the text ends)
+        local after = scalar_end(s, i)
+        return after > i and after or nil
+    end
     local depth, j = 0, i
     while true do
         local k = find(s, '[%[%]{}"]', j)
+        if not k then return nil end
         c = byte(s, k)
         if c == 34 then
             j = skip_string(s, k)
+            if not j then return nil end
         else
             depth = depth + ((c == 123 or c == 91) and 1 or -1)
             j = k + 1
@@ -47,34 +64,52 @@ local function skip_value(s, i)
 end
 _M.skip_value = skip_value
 
+-- The one walk over a container: calls visit(key, from) for each entry of the object or
+-- array that starts at s[i], in text order (key nil in an array; the value starts at
+-- s[from]); visit returns the index after the value. -> the index after the container, or nil
+-- where the text is not a well-formed container.
+local function each_entry(s, i, visit)
+    local object = byte(s, i) == 123
+    local close = object and 125 or 93
+    i = skip_ws(s, i + 1)
+    if byte(s, i) == close then return i + 1 end
+    while i <= #s do
+        local key
+        if object then
+            local key_end = byte(s, i) == 34 and skip_string(s, i)
+            if not key_end then return nil end
+            key = strict.decode(sub(s, i, key_end - 1))
+            i = skip_ws(s, skip_ws(s, key_end) + 1) -- past the ':'
+        end
+        local after = visit(key, i)
+        if not after then return nil end
+        i = skip_ws(s, after)
+        local c = byte(s, i)
+        if c == close then return i + 1 end
+        if c ~= 44 then return nil end
+        i = skip_ws(s, i + 1)
+    end
+    return nil
+end
+
 -- The entries of the object or array that starts at s[i], in text order: { {key, from, to},
 -- ... }, each value's text being s:sub(from, to); key is an object member's (nil in an array).
 -- Duplicate keys are all listed (cjson keeps the last).
 function _M.entries(s, i)
-    local object, out = byte(s, i) == 123, {}
-    local close = object and 125 or 93
-    i = skip_ws(s, i + 1)
-    while i <= #s and byte(s, i) ~= close do
-        local key
-        if object then
-            local key_end = skip_string(s, i)
-            key = cjson.decode(sub(s, i, key_end - 1))
-            i = skip_ws(s, skip_ws(s, key_end) + 1) -- past the ':'
-        end
-        local to = skip_value(s, i)
-        out[#out + 1] = { key = key, from = i, to = to - 1 }
-        i = skip_ws(s, to)
-        if byte(s, i) ~= 44 then break end
-        i = skip_ws(s, i + 1)
-    end
+    local out = {}
+    each_entry(s, i, function(key, from)
+        local after = skip_value(s, from)
+        if after then out[#out + 1] = { key = key, from = from, to = after - 1 } end
+        return after
+    end)
     return out
 end
 
 -- member(s, path) -> the text of s's value at `path` (object keys, and array indexes from 1),
 -- or nil. As cjson does, the last of duplicate keys wins.
 function _M.member(s, path)
-    local from, to = skip_ws(s, 1), nil
-    to = skip_value(s, from) - 1
+    local from = skip_ws(s, 1)
+    local to = (skip_value(s, from) or #s + 1) - 1
     for _, step in ipairs(path) do
         local c, found = byte(s, from), nil
         if type(step) == "number" then
@@ -90,6 +125,41 @@ function _M.member(s, path)
         from, to = found.from, found.to
     end
     return sub(s, from, to)
+end
+
+-- decode_ordered(text, dict, max_depth) -> the value of the JSON text, each object made by
+-- dict(table, keys) with its keys in the text's order (the last of duplicate keys' value, at
+-- the first one's place, as Python's json keeps it); or nil, err: not strict JSON, or objects
+-- and arrays nested deeper than max_depth (err then names the bound). One pass: each value is
+-- read once, whatever its depth.
+local NESTED = {}
+function _M.decode_ordered(text, dict, max_depth)
+    local checked, err = strict.decode(text)
+    if checked == nil then return nil, err end
+    local function value_at(i, depth)
+        local c = byte(text, i)
+        if c ~= 123 and c ~= 91 then
+            local after = c == 34 and skip_string(text, i) or scalar_end(text, i)
+            return strict.decode(sub(text, i, after - 1)), after
+        end
+        if depth >= max_depth then error(NESTED, 0) end
+        local object, out, keys = c == 123, {}, {}
+        local after = each_entry(text, i, function(key, from)
+            local value, next_i = value_at(from, depth + 1)
+            if not object then
+                out[#out + 1] = value
+            else
+                if out[key] == nil then keys[#keys + 1] = key end
+                out[key] = value
+            end
+            return next_i
+        end)
+        return object and dict(out, keys) or out, after
+    end
+    local ok, value = pcall(value_at, skip_ws(text, 1), 0)
+    if ok then return value end
+    if value == NESTED then return nil, ("objects and arrays nested deeper than %d"):format(max_depth) end
+    error(value, 0)
 end
 
 return _M

@@ -11,11 +11,14 @@
 --   </tool_call>
 --
 --   local tools = require "tinyloop.tools"
---   local spec = assert(tools.check(request.tools, request.tool_choice, request.parallel_tool_calls, tools_json))
---   cfg.grammar = tools.grammar(spec)          -- when spec.forced: the model can only call
---   local content, calls = tools.parse(text, spec, function(k) return "call_" .. k end)
+--   local spec, shown = tools.prepare(request.tools, request.tool_choice, request.parallel_tool_calls, tools_json)
+--   -- spec: nil, err, param (refused) | false (no calls: no tools, or tool_choice "none") | the spec
+--   text = chat:prompt(messages, true, shown)   -- the tools as the template reads them
+--   if spec and spec.forced then cfg.grammar = assert(tools.grammar(spec)) end -- only calls
+--   local content, calls = tools.parse(generated, spec, function(k) return "call_" .. k end)
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
+local chat_template = require "tinyloop.chat_template"
 
 local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
 local find, sub, byte, concat = string.find, string.sub, string.byte, table.concat
@@ -40,6 +43,14 @@ local function valid_name(name)
 end
 _M.valid_name = valid_name
 
+-- The members of the object whose text is `text`, by key: their raw text (the last of
+-- duplicate keys, as cjson keeps).
+local function members_of(text)
+    local out = {}
+    for _, m in ipairs(json_text.entries(text, 1)) do out[m.key] = sub(text, m.from, m.to) end
+    return out
+end
+
 -- check(tools, tool_choice, parallel_tool_calls, tools_json) -> spec, or nil, err, param (the
 -- field at fault). tools: the decoded array (nil or empty: none); tools_json: its JSON text as
 -- sent (the parameters' schemas are read from it, in their own key order; without it, tools
@@ -50,14 +61,6 @@ _M.valid_name = valid_name
 --          choice = "none" | "auto" | "required" | "function", name (the named function),
 --          forced (required or named), parallel }, or nil when there are no tools and
 --          tool_choice is "none" or absent.
--- The members of the object whose text is `text`, by key: their raw text (the last of
--- duplicate keys, as cjson keeps).
-local function members_of(text)
-    local out = {}
-    for _, m in ipairs(json_text.entries(text, 1)) do out[m.key] = sub(text, m.from, m.to) end
-    return out
-end
-
 function _M.check(tools, tool_choice, parallel, tools_json)
     local P = "tools"
     if parallel ~= nil and type(parallel) ~= "boolean" then
@@ -136,6 +139,20 @@ function _M.check(tools, tool_choice, parallel, tools_json)
     end
     spec.forced = spec.choice == "required" or spec.choice == "function"
     return spec
+end
+
+-- prepare(tools, tool_choice, parallel_tool_calls, tools_json) -> spec, shown: check's spec
+-- (false when no call is to be made or read: no tools, or tool_choice "none") and the tools
+-- as a chat template reads them (chat_template.decode_json: the client's key order; nil when
+-- there are none); or nil, err, param. With "none" the tools are shown all the same (OpenAI's
+-- way: a conversation that turns to "none" for its answer keeps its prompt and its prefix).
+function _M.prepare(tools, tool_choice, parallel, tools_json)
+    local spec, err, param = _M.check(tools, tool_choice, parallel, tools_json)
+    if err then return nil, err, param end
+    if not spec then return false end
+    local shown, derr = chat_template.decode_json(tools_json or encode(tools))
+    if not shown then return nil, "tools: " .. tostring(derr), "tools" end
+    return spec.choice ~= "none" and spec, shown
 end
 
 -- ------------------------------------------------------------------ the grammar of a forced call
@@ -242,15 +259,15 @@ _M.blank_tail = blank_tail
 local function block_call(text, from, spec)
     local open = find(text, "[^ \t\r\n]", from)
     if not open or byte(text, open) ~= 123 then return nil end
-    local ok, after_json = pcall(json_text.skip_value, text, open)
-    if not ok or not after_json then return nil end
+    local after_json = json_text.skip_value(text, open)
+    if not after_json then return nil end
     local json = sub(text, open, after_json - 1)
     local after = find(text, "[^ \t\r\n]", after_json) or #text + 1
     if after <= #text then
         if sub(text, after, after + #END - 1) ~= END then return nil end
         after = after + #END
     end
-    local call = cjson.decode(json)
+    local call = json_text.decode(json) -- (strict: what a client's JSON parser takes)
     if type(call) ~= "table" or type(call.name) ~= "string" or not spec.declared[call.name] then return nil end
     for k in pairs(call) do
         if k ~= "name" and k ~= "arguments" then return nil end

@@ -234,7 +234,7 @@ describe("tinyloop.chat", function()
                 "messages[0].tool_calls[0].function.arguments must be the JSON text of an object: objects and arrays nested deeper than 64")
         refused({ { role = "assistant", tool_calls = { { ["function"] = { name = "f", arguments = { a = 1 } } } } } },
                 "messages[0].tool_calls[0].function.arguments must be a string (the arguments' JSON)")
-        for _, bad in ipairs({ "{", "[1]", "5", "" }) do
+        for _, bad in ipairs({ "{", "[1]", "5", "", '{"a": NaN}', '{"a": 0x10}' }) do
             refused({ { role = "assistant", tool_calls = { { ["function"] = { name = "f", arguments = bad } } } } },
                     "messages[0].tool_calls[0].function.arguments must be the JSON text of an object")
         end

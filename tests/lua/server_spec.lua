@@ -913,7 +913,6 @@ describe("chat completions", function()
         end
         return table.concat(content), calls, ids, finish
     end
-    local function call_of(c) return { id = c.id, name = c["function"].name, arguments = c["function"].arguments } end
 
     it("calls the function tool_choice names, or any when required, in arguments its schema takes", function()
         local before = metric(metrics(), "tinyloop_tool_calls_total") or 0
@@ -1003,7 +1002,10 @@ describe("chat completions", function()
         local text, streamed_calls, _, finish = streamed(select(2, post_chat(req, "-N")))
         assert.equal("Ok.", text)
         assert.equal("tool_calls", finish)
-        assert.same({ call_of(calls[1]).name, call_of(calls[2]).arguments }, { streamed_calls[1].name, streamed_calls[2].arguments })
+        for k = 1, 2 do -- the calls streamed with their indexes, ids of their own
+            assert.same({ calls[k]["function"].name, calls[k]["function"].arguments }, { streamed_calls[k].name, streamed_calls[k].arguments })
+            assert.truthy(streamed_calls[k].id:match("^call_.*_" .. k .. "$"), streamed_calls[k].id)
+        end
         -- parallel_tool_calls false: the generation ends with the first call
         status, body = post_chat({ messages = ask, tools = { NOW }, grammar = grammar_of(twice), parallel_tool_calls = false })
         choice = cjson.decode(body).choices[1]
@@ -1027,6 +1029,44 @@ describe("chat completions", function()
         req.stream = true
         text, streamed_calls, _, finish = streamed(select(2, post_chat(req, "-N")))
         assert.same({ unknown, {}, "stop" }, { text, streamed_calls, finish })
+    end)
+
+    it("streams the calls of several choices side by side, with their logprobs and the usage", function()
+        local req = { messages = ask, tools = { WEATHER }, tool_choice = "required", n = 2, temperature = 0.9, seed = 4,
+                      logprobs = true, stream = true, stream_options = { include_usage = true } }
+        local status, body = post_chat(req, "-N")
+        assert.equal(200, status, body)
+        local chunks, done = sse_chunks(body)
+        assert.is_true(done)
+        local per = { [0] = { calls = {}, ids = {}, logprobs = 0, finishes = 0 }, [1] = { calls = {}, ids = {}, logprobs = 0, finishes = 0 } }
+        for i = 1, #chunks - 1 do
+            local choice = chunks[i].choices[1]
+            local c = per[choice.index]
+            for _, call in ipairs(choice.delta.tool_calls or {}) do c.calls[#c.calls + 1] = call end
+            for _, id in ipairs(choice.token_ids) do c.ids[#c.ids + 1] = id end
+            if choice.logprobs ~= cjson.null then c.logprobs = c.logprobs + #choice.logprobs.content end
+            if choice.finish_reason ~= cjson.null then c.finishes = c.finishes + 1 end
+        end
+        -- the blocking answer of the same request, choice by choice
+        req.stream, req.stream_options = nil, nil
+        local whole = cjson.decode(select(2, post_chat(req)))
+        local usage = 0
+        for index = 0, 1 do
+            local c, answer = per[index], whole.choices[index + 1]
+            assert.equal(1, c.finishes)
+            assert.same(answer.token_ids, c.ids)
+            assert.equal(#c.ids, c.logprobs) -- every token's, the calls' too
+            assert.equal(#answer.message.tool_calls, #c.calls)
+            for k, call in ipairs(c.calls) do
+                assert.equal(k - 1, call.index)
+                assert.truthy(call.id:match("_" .. index .. "_" .. k .. "$"), call.id)
+                assert.same({ answer.message.tool_calls[k]["function"].name, answer.message.tool_calls[k]["function"].arguments },
+                            { call["function"].name, call["function"].arguments })
+            end
+            usage = usage + #c.ids
+        end
+        assert.same({}, chunks[#chunks].choices)
+        assert.equal(usage, chunks[#chunks].usage.completion_tokens)
     end)
 
     it("renders tools and a conversation's earlier calls and results into the prompt", function()
@@ -1081,6 +1121,8 @@ describe("chat completions", function()
         refused({ messages = messages, tools = { { type = "function", ["function"] = { name = "f", parameters = deep } } } },
                 "tools", "tools: objects and arrays nested deeper than 64")
         refused({ messages = messages, tools = { NOW }, parallel_tool_calls = 1 }, "parallel_tool_calls", "must be a boolean")
+        refused({ messages = messages, tools = { NOW }, tool_choice = "required", stop = { "\n" } }, "stop",
+                'tool_choice "required" writes tool calls only: not with stop strings')
         refused({ messages = messages, top_logprobs = 2 }, "top_logprobs", "needs logprobs: true")
         refused({ messages = messages, logprobs = true, top_logprobs = 21 }, "top_logprobs", "top_logprobs = 21 must be in [0, 20]")
         refused({ messages = messages, max_tokens = 2, max_completion_tokens = 2 }, "max_completion_tokens", "one setting")

@@ -226,6 +226,9 @@ describe("tinyloop.tools.parse", function()
             '<tool_call>\n{"name": "now"}\n</tool_call>',
             '<tool_call>\n{"name": "now", "arguments": {}, "id": 1}\n</tool_call>',        -- more than a call
             '<tool_call>\n[{"name": "now", "arguments": {}}]\n</tool_call>',
+            '<tool_call>{"name": "now", "arguments": {"a": nan}}</tool_call>',          -- not JSON a client takes
+            '<tool_call>{"name": "now", "arguments": {"a": 0x1F}}</tool_call>',
+            '<tool_call>{"name": "now", "arguments": {"a": "unterminated}}</tool_call>',
             NOW_CALL .. "\n<tool_call>\nnope",                                            -- a broken call after one
             NOW_CALL .. '\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_',
         }) do
@@ -281,6 +284,18 @@ describe("tinyloop.json_text", function()
         assert.is_nil(json_text.member(doc, { "s", 1 }))
         assert.is_nil(json_text.member(doc, { "zz" }))
         assert.equal("2", json_text.member('{"k": 1, "k": 2}', { "k" })) -- the last duplicate, as cjson
+    end)
+
+    it("scans text that is not JSON without raising: nil where a value does not end", function()
+        assert.equal(9, json_text.skip_value('{"a": 1} x', 1)) -- the index after the value
+        assert.is_nil(json_text.skip_value('{"a": "b', 1))
+        assert.is_nil(json_text.skip_value('{"a": [1, 2}', 1))
+        assert.is_nil(json_text.skip_value('"no end', 1))
+        assert.same({}, json_text.entries('{"a": ', 1))
+        -- decoding is strict: what a client's JSON parser takes
+        assert.is_nil(json_text.decode('{"a": nan}'))
+        assert.is_nil(json_text.decode("[0x10]"))
+        assert.same({ 1.5 }, json_text.decode("[1.5]"))
     end)
 
     it("lists an object's members and an array's elements in text order", function()

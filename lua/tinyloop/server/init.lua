@@ -491,7 +491,7 @@ end
 -- each call with an id unique to the request (tinyloop.tools.parse). With calls, finish_reason
 -- is "tool_calls" (OpenAI's), unless the token limit cut the generation: "length" says that
 -- a call may be missing (the whole ones before the cut are kept).
-local function tool_calls_of(r, st, text)
+local function read_calls(r, st, text)
     local cut = st.finish_reason == "length"
     local content, calls = tools.parse(text, st.tools, function(k)
         return ("call_%s_%d_%d"):format(r.response_id:match("[^-]+-(.*)"), st.index, k)
@@ -504,14 +504,19 @@ local function tool_calls_of(r, st, text)
 end
 
 -- A streamed chat choice with tools: what its chunk shows now, given the text just read.
--- Content goes out as it comes, but from a <tool_call> on the text is held (and so are white
--- space and a possible beginning of one at its end, until the next text tells) and read as
--- calls at the finish. -> the text to show (nil: nothing to send yet), the ids and figures to
--- send with it (the held tokens' too), calls (at the finish, when the held text holds some).
+-- Content goes out as it comes, but from a <tool_call> on the text is held and read as calls
+-- at the finish; white space at the end of the content, and a possible beginning of a
+-- <tool_call>, wait until the next text tells (white space before a call is not content, as
+-- in a blocking answer). The engine's own hold-back (stop strings, UTF-8) ends generation at
+-- its match; this marker must not, so it is held here. Every read costs its own length: the
+-- held white space is kept in pieces, and only the new text is searched.
+-- -> the text to show (nil: nothing to send yet), the ids and figures to send with it (the
+-- held tokens' too), calls (at the finish, when the held text holds some).
 local function tool_stream(r, st, text, ids, figures, finished)
     local tool = st.tool_stream
     if not tool then -- (a forced choice writes calls only: all of it is held from the start)
-        tool = { held = "", ids = {}, figures = figures and {} or nil, calls_text = st.tools.forced and {} or nil }
+        tool = { blanks = {}, prefix = "", ids = {}, figures = figures and {} or nil,
+                 calls_text = st.tools.forced and {} or nil }
         st.tool_stream = tool
     end
     for i = 1, #ids do
@@ -522,25 +527,31 @@ local function tool_stream(r, st, text, ids, figures, finished)
     if tool.calls_text then -- from the first call on: pieces, joined once at the finish
         tool.calls_text[#tool.calls_text + 1] = text
     else
-        local all = tool.held .. text
-        local at = all:find(tools.START, 1, true)
-        if not at then at = finished and #all + 1 or #all - tools.held(all) + 1 end
-        local blank = tools.blank_tail(all, at - 1) -- white space before a call is not content
-        if all:find(tools.START, at, true) == at then
-            tool.calls_text, show, tool.held = { all:sub(blank) }, all:sub(1, blank - 1), ""
+        local new = tool.prefix .. text -- (prefix: under the marker's length)
+        local at = new:find(tools.START, 1, true)
+        local body_end = at and at - 1 or (finished and #new or #new - tools.held(new))
+        local blank = tools.blank_tail(new, body_end)
+        if blank > 1 then -- words: the held white space before them is content after all
+            show = concat(tool.blanks) .. new:sub(1, blank - 1)
+            tool.blanks = {}
+        end
+        tool.blanks[#tool.blanks + 1] = new:sub(blank, body_end)
+        if at then
+            tool.calls_text, tool.prefix = { new:sub(at) }, ""
         else
-            show, tool.held = all:sub(1, blank - 1), all:sub(blank)
+            tool.prefix = new:sub(body_end + 1)
         end
     end
     local calls
     if finished then
-        local held = tool.calls_text and concat(tool.calls_text) or ""
         if tool.calls_text then
             local _
-            _, calls = tool_calls_of(r, st, held)
+            _, calls = read_calls(r, st, concat(tool.calls_text))
         end
         -- no call after all: all of it is content (a forced choice's never is)
-        if not calls and not st.tools.forced then show = show .. tool.held .. held end
+        if not calls and not st.tools.forced then
+            show = show .. concat(tool.blanks) .. tool.prefix .. concat(tool.calls_text or {})
+        end
     elseif show == "" then
         return nil
     end
@@ -673,7 +684,7 @@ local function run_blocking(r)
         local text = concat(texts)
         if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
         local calls
-        if st.tools then text, calls = tool_calls_of(r, st, text) end
+        if st.tools then text, calls = read_calls(r, st, text) end
         results[#results + 1] = { st = st, text = (st.echo or "") .. (text or ""), ids = all_ids, logprob_sum = logprob_sum,
                                   figures = r.show_logprobs and all_figures or nil, lp_ids = lp_ids, calls = calls,
                                   no_content = text == nil }

@@ -6,10 +6,9 @@
 -- message is mapped back to the request field it names (see param_of).
 local cjson = require "cjson.safe"
 local grammar = require("tinyloop").grammar
-local chat_module = require "tinyloop.chat"
 local json_text = require "tinyloop.json_text"
 local tools = require "tinyloop.tools"
-local add_stop_ids = chat_module.add_stop_ids
+local add_stop_ids = require("tinyloop.chat").add_stop_ids
 
 local type, pairs, ipairs, tostring, next, floor = type, pairs, ipairs, tostring, next, math.floor
 local json_null = cjson.null
@@ -532,22 +531,17 @@ end
 -- of the first call.
 local function tools_fields(t, body, cfg, shared)
     local tools_json = t.tools ~= nil and raw_member(body, { "tools" }) or nil
-    local spec, err, param = tools.check(t.tools, t.tool_choice, t.parallel_tool_calls, tools_json)
-    if not spec then
-        if err then return bad(err, param) end
-        return false
-    end
-    -- (as the template reads them; a schema nested too deep for its tojson is the request's fault)
-    local shown, derr = chat_module.decode_ordered(tools_json)
-    if not shown then return bad("tools: " .. tostring(derr), "tools") end
-    -- "none": no call is made or read, but the tools are shown all the same (OpenAI's way; a
-    -- conversation that turns to "none" for its answer keeps its prompt, and its prefix)
-    if spec.choice == "none" then return false, shown end
+    local spec, shown, param = tools.prepare(t.tools, t.tool_choice, t.parallel_tool_calls, tools_json)
+    if spec == nil then return bad(shown, param) end
+    if not spec then return false, shown end
     if spec.forced then
+        local which = spec.choice == "function" and "naming a function" or '"required"'
         if cfg.grammar then
-            return bad(("tool_choice %s constrains the output to tool calls: not with %s")
-                :format(spec.choice == "function" and "naming a function" or '"required"', shared.grammar_field), shared.grammar_field)
+            return bad(("tool_choice %s constrains the output to tool calls: not with %s"):format(which, shared.grammar_field),
+                       shared.grammar_field)
         end
+        -- a stop string would cut the calls' markup or JSON, which the grammar guarantees whole
+        if t.stop ~= nil then return bad(("tool_choice %s writes tool calls only: not with stop strings"):format(which), "stop") end
         local key = ("tools:%s:%s:%s"):format(spec.name or spec.choice, tostring(spec.parallel), tools_json)
         local g, gerr = compiled(key, tools.grammar, spec)
         if not g then return bad(gerr, "tools") end
