@@ -159,7 +159,7 @@ end
 
 -- The rule names of GBNF text, each given `prefix` (definitions and references alike), so that
 -- several generated grammars live in one text; a name of `shared` becomes the name it maps to
--- (a rule the text no longer defines). Literals, character classes and repetition counts are
+-- (a rule the text no longer defines), or nothing where it maps to false. Literals, character classes and repetition counts are
 -- copied as they are; every other word of GBNF is a rule name.
 local function prefix_rules(text, prefix, shared)
     local out, i, n = {}, 1, #text
@@ -179,7 +179,8 @@ local function prefix_rules(text, prefix, shared)
         elseif find(text, "^[%w_%-]", i) then
             j = find(text, "[^%w_%-]", i) or n + 1
             local name = sub(text, i, j - 1)
-            out[#out + 1] = shared[name] or (prefix .. name)
+            local to = shared[name]
+            if to == nil then out[#out + 1] = prefix .. name elseif to then out[#out + 1] = to end
             i = j
         else
             j = i + 1
@@ -201,8 +202,7 @@ local NO_PARAMETERS = '{"type":"object","properties":{},"additionalProperties":f
 -- ends). Or nil, err (a schema that does not compile, naming its function).
 -- Each function's parameters compile on their own (so "$ref": "#/$defs/..." and "#" mean
 -- what they mean in the schema as sent), and the call's JSON around them is written here:
--- {"name": "<name>", "arguments": <parameters>} (the parameters' grammar has the blanks
--- around them).
+-- {"name": "<name>", "arguments": <parameters>}.
 function _M.grammar_text(spec)
     local grammar = require("tinyloop").grammar -- (here: check and parse need no engine)
     local alternatives, rules = {}, {}
@@ -214,19 +214,21 @@ function _M.grammar_text(spec)
             end
             local prefix = "f" .. k .. "-"
             alternatives[#alternatives + 1] = prefix .. "call"
-            -- Blanks between the JSON's tokens: one space at most, so that the call may be
-            -- written as Python's json.dumps writes it (", " and ": "), which the templates'
-            -- examples and tojson show, or compactly; free white space would let a model pad
-            -- the call with blanks up to max_tokens.
-            local text = g:gbnf():gsub("\nws ::= [^\n]*", "", 1):gsub("^ws ::= [^\n]*\n", "", 1)
-            rules[#rules + 1] = prefix_rules(text, prefix, { ws = "sp" }) ..
-                ("%scall ::= \"{\" sp \"\\\"name\\\"\" sp \":\" sp \"\\\"%s\\\"\" sp \",\" sp \"\\\"arguments\\\"\" sp \":\" %sroot \"}\"\n")
-                    :format(prefix, fn.name, prefix)
+            -- The call is written as Python's json.dumps writes it (", " and ": ", no other
+            -- blank), which is how the chat templates' tojson shows calls to the model, in its
+            -- training and in a conversation's history: a call the model makes is then the very
+            -- text the next turn renders (the prefix pool serves it), and it cannot pad a call
+            -- with blanks up to max_tokens. The generated grammar puts its blanks after "," and
+            -- ":" and between tokens (rule ws): those become ", ", ": " and nothing.
+            local text = g:gbnf():gsub('"," ws', '", "'):gsub('":" ws', '": "')
+            text = text:gsub("\nws ::= [^\n]*", "", 1):gsub("^ws ::= [^\n]*\n", "", 1)
+            rules[#rules + 1] = prefix_rules(text, prefix, { ws = false }) ..
+                ('%scall ::= "{\\"name\\": \\"%s\\", \\"arguments\\": " %sroot "}"\n'):format(prefix, fn.name, prefix)
         end
     end
     local call = '"' .. START .. '\\n" (' .. concat(alternatives, " | ") .. ') "\\n' .. END .. '"'
     return (spec.parallel and ('root ::= call ("\\n" call){0,%d}\n'):format(_M.MAX_CALLS - 1) or "root ::= call\n") ..
-        "call ::= " .. call .. '\nsp ::= " "?\n' .. concat(rules, "\n")
+        "call ::= " .. call .. "\n" .. concat(rules, "\n")
 end
 
 -- grammar(spec) -> the compiled grammar_text, or nil, err.

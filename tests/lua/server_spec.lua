@@ -1069,6 +1069,22 @@ describe("chat completions", function()
         assert.equal(usage, chunks[#chunks].usage.completion_tokens)
     end)
 
+    it("writes a forced call as the template writes it back, so the next turn's prompt begins with this one's text", function()
+        local body = cjson.encode({ messages = ask, tools = { WEATHER }, tool_choice = "required", parallel_tool_calls = false })
+        local answer = cjson.decode(select(2, post_chat(body))).choices[1]
+        local m = assert(tinyloop.load(MODEL))
+        local ids = { unpack(answer.token_ids) }
+        if ids[#ids] == m:info().eos_token_id then ids[#ids] = nil end
+        local chat = require "tinyloop.chat"
+        local c = assert(chat.load(MODEL))
+        local shown = chat.decode_ordered(request.raw_member(body, { "tools" }))
+        local before = assert(c:prompt(ask, true, shown))
+        local history = { ask[1], answer.message, { role = "tool", tool_call_id = answer.message.tool_calls[1].id, content = "21 C" } }
+        local after = assert(c:prompt(history, true, shown))
+        local written = before .. m:decode(ids)
+        assert.equal(written, after:sub(1, #written))
+    end)
+
     it("renders tools and a conversation's earlier calls and results into the prompt", function()
         -- (the assistant's message as OpenAI's SDK sends a reply back: its null fields included)
         local history = { ask[1], { role = "assistant", content = cjson.null, refusal = cjson.null, audio = cjson.null,

@@ -123,10 +123,14 @@ describe("tinyloop.tools.grammar", function()
         assert.is_true(g:matches(call("get_weather", '{"city": "Rome", "days": 3}')))
         assert.is_true(g:matches(call("now", "{}")))
         assert.is_true(g:matches(call("now", "{}") .. "\n" .. call("get_weather", '{"city": "Rome"}'))) -- parallel calls
-        -- compact JSON, and json.dumps' spacing; no more blank than one space
-        assert.is_true(g:matches('<tool_call>\n{"name":"now","arguments":{}}\n</tool_call>'))
+        -- json.dumps' spacing (as the templates' tojson shows calls), and no other
+        assert.is_false(g:matches('<tool_call>\n{"name":"now","arguments":{}}\n</tool_call>'))
         assert.is_false(g:matches('<tool_call>\n{"name":  "now", "arguments": {}}\n</tool_call>'))
         assert.is_false(g:matches('<tool_call>\n{"name": "now",\n"arguments": {}}\n</tool_call>'))
+        assert.is_false(g:matches(call("get_weather", '{ "city": "Paris"}')))
+        assert.is_false(g:matches(call("get_weather", '{"city":"Paris"}')))
+        assert.is_false(g:matches(call("get_weather", '{"city": "Paris", "days": 3 }')))
+        assert.is_true(g:matches(call("get_weather", '{"city": "Paris", "days": 3}')))
         -- what the schemas refuse
         assert.is_false(g:matches(call("get_weather", '{"city": "Oslo"}')))
         assert.is_false(g:matches(call("get_weather", '{"days": 3}')))
@@ -156,7 +160,8 @@ describe("tinyloop.tools.grammar", function()
         -- literals, classes and counts are copied, not renamed
         local text = assert(tools.grammar_text(assert(check({ a }, "required"))))
         assert.truthy(text:find('f1-char ::= [^"\\\\\\x00-\\x1F]', 1, true), text)
-        assert.truthy(text:find('"\\"a\\""', 1, true), text)
+        assert.truthy(text:find('"\\"x\\""', 1, true), text)
+        assert.truthy(text:find("[0-9a-fA-F]{4}", 1, true), text)
     end)
 
     it("compiles each function's parameters as sent: references to their own $defs and root", function()
