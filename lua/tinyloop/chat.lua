@@ -232,8 +232,7 @@ local function message_tool_calls(calls, at)
         if type(fn.arguments) ~= "string" then return nil, where .. ".function.arguments must be a string (the arguments' JSON)" end
         local arguments, derr = _M.decode_ordered(fn.arguments)
         if type(arguments) ~= "table" or not fn.arguments:match("^%s*{") then
-            return nil, where .. ".function.arguments must be the JSON text of an object" ..
-                (derr and derr:find("nested deeper", 1, true) and (": " .. derr) or "")
+            return nil, where .. ".function.arguments must be the JSON text of an object" .. (derr and (": " .. derr) or "")
         end
         local id = type(call.id) == "string" and call.id or nil
         out[j] = chat_template.dict({ id = id, type = "function",

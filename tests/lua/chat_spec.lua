@@ -234,9 +234,11 @@ describe("tinyloop.chat", function()
                 "messages[0].tool_calls[0].function.arguments must be the JSON text of an object: objects and arrays nested deeper than 64")
         refused({ { role = "assistant", tool_calls = { { ["function"] = { name = "f", arguments = { a = 1 } } } } } },
                 "messages[0].tool_calls[0].function.arguments must be a string (the arguments' JSON)")
-        for _, bad in ipairs({ "{", "[1]", "5", "", '{"a": NaN}', '{"a": 0x10}' }) do
-            refused({ { role = "assistant", tool_calls = { { ["function"] = { name = "f", arguments = bad } } } } },
-                    "messages[0].tool_calls[0].function.arguments must be the JSON text of an object")
+        -- (with the decoder's reason where the text is no JSON)
+        for _, bad in ipairs({ "{", "[1]", "5", "", '{"a": NaN}', '{"a": 0x10}', '{"a": "\\ud800"}' }) do
+            local out, err = chat.check_messages({ { role = "assistant", tool_calls = { { ["function"] = { name = "f", arguments = bad } } } } })
+            assert.is_nil(out)
+            assert.equal(1, err:find("messages[0].tool_calls[0].function.arguments must be the JSON text of an object", 1, true), err)
         end
         local out = assert(chat.check_messages({ { role = "assistant", content = cjson.null, tool_calls = { call } },
                                                  { role = "tool", content = "2", tool_call_id = "c1" } }))
