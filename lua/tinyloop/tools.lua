@@ -159,8 +159,9 @@ end
 
 -- The rule names of GBNF text, each given `prefix` (definitions and references alike), so that
 -- several generated grammars live in one text; a name of `shared` becomes the name it maps to
--- (a rule the text no longer defines), or nothing where it maps to false. Literals, character classes and repetition counts are
--- copied as they are; every other word of GBNF is a rule name.
+-- (a rule the text no longer defines), or nothing where it maps to false. Literals, character
+-- classes and repetition counts are copied as they are; every other word of GBNF is a rule
+-- name.
 local function prefix_rules(text, prefix, shared)
     local out, i, n = {}, 1, #text
     while i <= n do
