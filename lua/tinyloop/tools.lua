@@ -319,4 +319,70 @@ function _M.held(text)
     return 0
 end
 
+-- ------------------------------------------------------------------ a forced choice, as it comes
+
+-- call_stream() -> a reader of a forced choice's text as it is generated, whose grammar fixes
+-- its shape (grammar_text): <tool_call>\n{"name": "<name>", "arguments": <JSON object>}
+-- \n</tool_call>, the calls one a line. reader:feed(text) -> the events the text completes:
+-- {call = k, name = ...} when call k's name is whole, then {call = k, arguments = piece} for
+-- each piece of its arguments' text, as it comes (a stream sends them as OpenAI streams a
+-- call). Each text is read once; text off the shape (none, under the grammar) ends the events.
+local CallStream = {}
+CallStream.__index = CallStream
+local HEAD, MID, TAIL = START .. '\n{"name": "', ', "arguments": ', '}\n' .. END
+
+function _M.call_stream()
+    return setmetatable({ state = "literal", want = HEAD, got = 0, after = "name", call = 0 }, CallStream)
+end
+
+function CallStream:feed(text)
+    local events, i, n = {}, 1, #text
+    while i <= n and self.state ~= "off" do
+        local state = self.state
+        if state == "literal" then -- a fixed part of the shape, byte by byte
+            local want = self.want
+            local take = math.min(#want - self.got, n - i + 1)
+            if sub(text, i, i + take - 1) ~= sub(want, self.got + 1, self.got + take) then
+                self.state = "off"
+                break
+            end
+            self.got, i = self.got + take, i + take
+            if self.got == #want then
+                self.state, self.got = self.after, 0
+                if self.state == "name" then self.call, self.name = self.call + 1, {} end
+            end
+        elseif state == "name" then -- (a declared name: no quote or escape in it)
+            local quote = find(text, '"', i, true)
+            self.name[#self.name + 1] = sub(text, i, (quote or n + 1) - 1)
+            if not quote then break end
+            events[#events + 1] = { call = self.call, name = concat(self.name) }
+            self.state, self.want, self.after, i = "literal", MID, "arguments", quote + 1
+            self.depth, self.in_string, self.escaped = 0, false, false
+        else -- the arguments: up to the brace that closes them
+            local from, done = i, false
+            while i <= n do
+                local c = byte(text, i)
+                if self.in_string then
+                    if self.escaped then self.escaped = false
+                    elseif c == 92 then self.escaped = true
+                    elseif c == 34 then self.in_string = false end
+                elseif c == 34 then self.in_string = true
+                elseif c == 123 or c == 91 then self.depth = self.depth + 1
+                elseif c == 125 or c == 93 then
+                    self.depth = self.depth - 1
+                    if self.depth == 0 then done = true end
+                end
+                i = i + 1
+                if done then break end
+            end
+            events[#events + 1] = { call = self.call, arguments = sub(text, from, i - 1) }
+            if done then self.state, self.want, self.after = "literal", TAIL, "next" end
+        end
+        if self.state == "next" then -- another call, one a line
+            self.state, self.want, self.after = "literal", "\n" .. HEAD, "name"
+        end
+    end
+    return events
+end
+
 return _M

@@ -1038,11 +1038,24 @@ describe("chat completions", function()
         assert.equal(200, status, body)
         local chunks, done = sse_chunks(body)
         assert.is_true(done)
-        local per = { [0] = { calls = {}, ids = {}, logprobs = 0, finishes = 0 }, [1] = { calls = {}, ids = {}, logprobs = 0, finishes = 0 } }
+        local per = { [0] = { calls = {}, ids = {}, logprobs = 0, finishes = 0, pieces = 0 },
+                      [1] = { calls = {}, ids = {}, logprobs = 0, finishes = 0, pieces = 0 } }
         for i = 1, #chunks - 1 do
             local choice = chunks[i].choices[1]
             local c = per[choice.index]
-            for _, call in ipairs(choice.delta.tool_calls or {}) do c.calls[#c.calls + 1] = call end
+            -- a forced call comes in pieces: its id and name first, then its arguments as they come
+            for _, piece in ipairs(choice.delta.tool_calls or {}) do
+                local call = c.calls[piece.index + 1]
+                if not call then
+                    assert.is_string(piece.id)
+                    call = { index = piece.index, id = piece.id, ["function"] = { name = piece["function"].name, arguments = "" } }
+                    c.calls[piece.index + 1] = call
+                else
+                    assert.is_nil(piece.id)
+                end
+                call["function"].arguments = call["function"].arguments .. piece["function"].arguments
+                c.pieces = c.pieces + 1
+            end
             for _, id in ipairs(choice.token_ids) do c.ids[#c.ids + 1] = id end
             if choice.logprobs ~= cjson.null then c.logprobs = c.logprobs + #choice.logprobs.content end
             if choice.finish_reason ~= cjson.null then c.finishes = c.finishes + 1 end
@@ -1057,6 +1070,7 @@ describe("chat completions", function()
             assert.same(answer.token_ids, c.ids)
             assert.equal(#c.ids, c.logprobs) -- every token's, the calls' too
             assert.equal(#answer.message.tool_calls, #c.calls)
+            assert.is_true(c.pieces > 2 * #c.calls, "pieces " .. c.pieces) -- not each call whole at the end
             for k, call in ipairs(c.calls) do
                 assert.equal(k - 1, call.index)
                 assert.truthy(call.id:match("_" .. index .. "_" .. k .. "$"), call.id)

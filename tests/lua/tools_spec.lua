@@ -273,6 +273,39 @@ describe("tinyloop.tools.parse", function()
     end)
 end)
 
+describe("tinyloop.tools.call_stream", function()
+    -- two calls as a forced choice's grammar writes them: an argument string holding a brace and
+    -- an escaped quote, nested values
+    local text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa}\\"ris", "n": [1, {"x": 2}]}}\n</tool_call>\n' ..
+                 '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
+
+    it("reads the calls' names, then their arguments piece by piece, however the text is cut", function()
+        for _, size in ipairs({ 1, 2, 3, 5, 8, 13, #text }) do
+            local reader, names, arguments, pieces = tools.call_stream(), {}, {}, 0
+            for i = 1, #text, size do
+                for _, e in ipairs(reader:feed(text:sub(i, i + size - 1))) do
+                    if e.name then
+                        assert.is_nil(names[e.call])
+                        names[e.call], arguments[e.call] = e.name, ""
+                    else
+                        arguments[e.call] = arguments[e.call] .. e.arguments
+                        pieces = pieces + 1
+                    end
+                end
+            end
+            assert.same({ "get_weather", "now" }, names)
+            assert.same({ '{"city": "Pa}\\"ris", "n": [1, {"x": 2}]}', "{}" }, arguments)
+            assert.is_true(pieces >= math.min(2, math.ceil(#text / size)))
+        end
+    end)
+
+    it("stops at text off the shape", function()
+        local reader = tools.call_stream()
+        assert.same({}, reader:feed('<tool_call>{"name"'))
+        assert.same({}, reader:feed('<tool_call>\n{"name": "x", "arguments": {}}'))
+    end)
+end)
+
 describe("tinyloop.json_text", function()
     local doc = ' {"a": [1, {"b": {}}, "x,]"], "s": "q\\"}", "a2": {"c": [ ] }, "n": -1.5e3} '
 

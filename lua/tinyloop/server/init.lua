@@ -487,15 +487,41 @@ end
 -- OpenAI's: the choices by index, usage over them all, and TinyLoop's stats (top-level for
 -- one choice, as always; in each choice for more).
 
+-- A chat choice's tool calls (tinyloop.tools.parse) in OpenAI's shape, as JSON text; in a
+-- stream's delta (indexed) each has its index.
+local function tool_calls_json(calls, indexed)
+    local out = {}
+    for k, call in ipairs(calls) do
+        out[k] = "{" .. (indexed and ('"index":' .. (k - 1) .. ",") or "") .. '"id":' .. encode(call.id) ..
+            ',"type":"function","function":{"name":' .. encode(call.name) .. ',"arguments":' ..
+            encode(request.valid_utf8(call.arguments)) .. "}}"
+    end
+    return "[" .. concat(out, ",") .. "]"
+end
+
+-- Call k's id, unique to the request.
+local function call_id(r, st, k) return ("call_%s_%d_%d"):format(r.response_id:match("[^-]+-(.*)"), st.index, k) end
+
+-- A forced call's pieces as they come (tinyloop.tools.call_stream's events), as a stream's
+-- tool_calls delta: a call's first piece has its id, type and name, the others a piece of its
+-- arguments (OpenAI's way; a client joins the pieces of each index).
+local function call_pieces_json(r, st, events)
+    local out = {}
+    for i, e in ipairs(events) do
+        out[i] = e.name and ('{"index":%d,"id":%s,"type":"function","function":{"name":%s,"arguments":""}}')
+            :format(e.call - 1, encode(call_id(r, st, e.call)), encode(e.name))
+            or ('{"index":%d,"function":{"arguments":%s}}'):format(e.call - 1, encode(request.valid_utf8(e.arguments)))
+    end
+    return "[" .. concat(out, ",") .. "]"
+end
+
 -- A chat choice's finished text, with tools: its content (nil: none) and calls (nil: none),
 -- each call with an id unique to the request (tinyloop.tools.parse). With calls, finish_reason
 -- is "tool_calls" (OpenAI's), unless the token limit cut the generation: "length" says that
 -- a call may be missing (the whole ones before the cut are kept).
 local function read_calls(r, st, text)
     local cut = st.finish_reason == "length"
-    local content, calls = tools.parse(text, st.tools, function(k)
-        return ("call_%s_%d_%d"):format(r.response_id:match("[^-]+-(.*)"), st.index, k)
-    end, cut)
+    local content, calls = tools.parse(text, st.tools, function(k) return call_id(r, st, k) end, cut)
     if calls then
         if not cut then st.finish_reason = "tool_calls" end
         metrics.incr("tool_calls", #calls)
@@ -516,16 +542,19 @@ local function tool_stream(r, st, text, ids, figures, finished)
     local tool = st.tool_stream
     if not tool then -- (a forced choice writes calls only: all of it is held from the start)
         tool = { blanks = {}, prefix = "", ids = {}, figures = figures and {} or nil,
-                 calls_text = st.tools.forced and {} or nil }
+                 calls_text = st.tools.forced and {} or nil, reader = st.tools.forced and tools.call_stream() or nil }
         st.tool_stream = tool
     end
     for i = 1, #ids do
         tool.ids[#tool.ids + 1] = ids[i]
         if figures then tool.figures[#tool.figures + 1] = figures[i] end
     end
-    local show = ""
+    local show, pieces = "", nil
     if tool.calls_text then -- from the first call on: pieces, joined once at the finish
         tool.calls_text[#tool.calls_text + 1] = text
+        -- a forced choice's calls, whose shape its grammar fixes, go out as they come
+        local events = tool.reader and tool.reader:feed(text)
+        if events and #events > 0 then pieces = call_pieces_json(r, st, events) end
     else
         local new = tool.prefix .. text -- (prefix: under the marker's length)
         local at = new:find(tools.START, 1, true)
@@ -542,8 +571,8 @@ local function tool_stream(r, st, text, ids, figures, finished)
             tool.prefix = new:sub(body_end + 1)
         end
     end
-    local calls
     if finished then
+        local calls
         if tool.calls_text then
             local _
             _, calls = read_calls(r, st, concat(tool.calls_text))
@@ -552,12 +581,14 @@ local function tool_stream(r, st, text, ids, figures, finished)
         if not calls and not st.tools.forced then
             show = show .. concat(tool.blanks) .. tool.prefix .. concat(tool.calls_text or {})
         end
-    elseif show == "" then
+        -- the calls read back whole, where they did not go out piece by piece
+        if calls and not tool.reader then pieces = tool_calls_json(calls, true) end
+    elseif show == "" and not pieces then
         return nil
     end
     local out_ids, out_figures = tool.ids, tool.figures
     tool.ids, tool.figures = {}, figures and {} or nil
-    return show, out_ids, out_figures, calls
+    return show, out_ids, out_figures, pieces
 end
 
 local function release_all(r, cancelled)
@@ -570,26 +601,14 @@ local function choice_tail(ids, finish_reason, stats)
         ',"token_ids":[' .. concat(ids, ",") .. "]" .. (stats and (',"tinyloop":' .. encode(stats)) or "") .. "}"
 end
 
--- A chat choice's tool calls (tinyloop.tools.parse) in OpenAI's shape; in a stream's delta
--- (indexed) each has its index.
-local function tool_calls_json(calls, indexed)
-    local out = {}
-    for k, call in ipairs(calls) do
-        out[k] = "{" .. (indexed and ('"index":' .. (k - 1) .. ",") or "") .. '"id":' .. encode(call.id) ..
-            ',"type":"function","function":{"name":' .. encode(call.name) .. ',"arguments":' ..
-            encode(request.valid_utf8(call.arguments)) .. "}}"
-    end
-    return "[" .. concat(out, ",") .. "]"
-end
-
 -- lp_ids: the tokens the logprobs are of (default ids; with echo, the prompt's first: n_prompt).
 -- A chat choice (st.chat) holds a message, or in a stream (st.streaming) a delta, whose first
--- says the role; with tool calls (calls), its content is the text before them (text, or nil:
--- null) and its tool_calls follow.
+-- says the role; with tool calls (calls: their JSON text, tool_calls_json or call_pieces_json),
+-- its content is the text before them (text, or nil: null) and its tool_calls follow.
 local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids, n_prompt, calls)
     if st.chat then
         local content = text and encode(request.valid_utf8(text)) or "null"
-        local tool_calls = calls and (',"tool_calls":' .. tool_calls_json(calls, st.streaming)) or ""
+        local tool_calls = calls and (',"tool_calls":' .. calls) or ""
         local message
         if not st.streaming then
             message = '"message":{"role":"assistant","content":' .. content .. tool_calls .. "}"
@@ -695,7 +714,7 @@ local function run_blocking(r)
         local st = res.st
         choices[#choices + 1] = choice_json(st, not res.no_content and res.text or nil, res.ids, st.finish_reason,
                                             not single and st.tinyloop, res.figures, res.lp_ids, res.lp_ids and #st.prompt_ids,
-                                            res.calls)
+                                            res.calls and tool_calls_json(res.calls, false))
     end
     return send_json(200, response_json(r, concat(choices, ","), ',"usage":' .. usage_json(r) ..
         (single and (',"tinyloop":' .. encode(chosen[1].st.tinyloop)) or "")))
@@ -786,10 +805,14 @@ local function run_stream(r)
                     if text ~= "" and not sse(r, response_json(r, choice_json(st, text, {}, nil, nil, nil), usage_null)) then
                         return ngx_exit(499)
                     end
-                    if not sse(r, response_json(r, choice_json(st, nil, {}, nil, nil, nil, nil, nil, calls), usage_null)) then
+                    -- (a piece of a forced call carries the tokens read with it; the finish, the rest)
+                    local with_ids = not finished
+                    if not sse(r, response_json(r, choice_json(st, nil, with_ids and ids or {}, nil, nil, with_ids and figures or nil,
+                                                               nil, nil, calls), usage_null)) then
                         return ngx_exit(499)
                     end
                     text = ""
+                    if with_ids then ids, figures = {}, nil end
                 end
                 if finished then
                     local last = #live == 1 -- this choice ends the request's generation
