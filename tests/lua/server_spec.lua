@@ -113,6 +113,7 @@ describe("server", function()
         assert.equal("f16", m.data[1].tinyloop.weight_dtype)
         assert.equal("f32", m.data[1].tinyloop.kv_type)
         assert.equal("built-in plain", m.data[1].tinyloop.chat_template)
+        assert.equal("hermes", m.data[1].tinyloop.tool_call_format)
         -- one model by id (the OpenAI SDKs' models.retrieve), the same object
         status, body = curl(base .. "/v1/models/tinyloop-austen")
         assert.equal(200, status)

@@ -211,14 +211,16 @@ function _M.health()
 end
 
 -- The served model in OpenAI's model shape, with a tinyloop object (chat_template: which
--- template /v1/chat/completions applies, by file name, or null when none could be loaded).
+-- template /v1/chat/completions applies, by file name, or null when none could be loaded;
+-- tool_call_format: how its tool calls are written and read, tinyloop.tools').
 local function model_json()
     return '{"id":' .. encode(conf.model_id) .. ',"object":"model","created":' .. created_at ..
         ',"owned_by":"tinyloop","tinyloop":' ..
         encode({ vocab_size = model.vocab_size, max_seq_len = model.max_seq_len, default_loops = model.default_loops,
                  max_loops = model.max_loops, has_tokenizer = model.has_tokenizer,
                  weight_dtype = model_types.weight_dtype, kv_type = model_types.kv_type,
-                 chat_template = chat_prompts and chat_prompts.source:match("[^/]+$") or cjson.null }) .. "}"
+                 chat_template = chat_prompts and chat_prompts.source:match("[^/]+$") or cjson.null,
+                 tool_call_format = chat_prompts and "hermes" or cjson.null }) .. "}"
 end
 
 function _M.models()
