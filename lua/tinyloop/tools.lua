@@ -259,7 +259,7 @@ _M.blank_tail = blank_tail
 -- block has none), or nil when it holds no call of a declared function. The JSON's end is found
 -- by scanning it once (an end tag inside a string argument is the argument's); only white
 -- space may stand between it and </tool_call>.
-local function block_call(text, from, spec)
+local function block_call(text, from, spec, cut)
     local open = find(text, "[^ \t\r\n]", from)
     if not open or byte(text, open) ~= 123 then return nil end
     local after_json = json_text.skip_value(text, open)
@@ -267,8 +267,15 @@ local function block_call(text, from, spec)
     local json = sub(text, open, after_json - 1)
     local after = find(text, "[^ \t\r\n]", after_json) or #text + 1
     if after <= #text then
-        if sub(text, after, after + #END - 1) ~= END then return nil end
-        after = after + #END
+        local tag = sub(text, after, after + #END - 1)
+        -- (where the token limit cut the text, the end tag may be cut too: the call is whole)
+        if tag == END then
+            after = after + #END
+        elseif cut and after + #tag > #text and tag == sub(END, 1, #tag) then
+            after = #text + 1
+        else
+            return nil
+        end
     end
     local call = json_text.decode(json) -- (strict: what a client's JSON parser takes)
     if type(call) ~= "table" or type(call.name) ~= "string" or not spec.declared[call.name] then return nil end
@@ -294,7 +301,7 @@ function _M.parse(text, spec, id_of, cut)
     local first = find(text, START, 1, true)
     local calls, at = {}, first
     while at do
-        local call, after = block_call(text, at + #START, spec)
+        local call, after = block_call(text, at + #START, spec, cut)
         if not call then
             if not (cut and #calls > 0) and not spec.forced then return text, nil end
             break
@@ -326,13 +333,14 @@ end
 -- \n</tool_call>, the calls one a line. reader:feed(text) -> the events the text completes:
 -- {call = k, name = ...} when call k's name is whole, then {call = k, arguments = piece} for
 -- each piece of its arguments' text, as it comes (a stream sends them as OpenAI streams a
--- call). Each text is read once; text off the shape (none, under the grammar) ends the events.
+-- call). Each text is read once; text off the shape (none, under the grammar) ends the events
+-- (reader.state is then "off"; reader.announced counts the calls whose names went out).
 local CallStream = {}
 CallStream.__index = CallStream
 local HEAD, MID, TAIL = START .. '\n{"name": "', ', "arguments": ', '}\n' .. END
 
 function _M.call_stream()
-    return setmetatable({ state = "literal", want = HEAD, got = 0, after = "name", call = 0 }, CallStream)
+    return setmetatable({ state = "literal", want = HEAD, got = 0, after = "name", call = 0, announced = 0 }, CallStream)
 end
 
 function CallStream:feed(text)
@@ -356,6 +364,7 @@ function CallStream:feed(text)
             self.name[#self.name + 1] = sub(text, i, (quote or n + 1) - 1)
             if not quote then break end
             events[#events + 1] = { call = self.call, name = concat(self.name) }
+            self.announced = self.call
             self.state, self.want, self.after, i = "literal", MID, "arguments", quote + 1
             self.depth, self.in_string, self.escaped = 0, false, false
         else -- the arguments: up to the brace that closes them

@@ -244,7 +244,14 @@ describe("tinyloop.tools.parse", function()
     it("keeps the whole calls of a generation the token limit cut", function()
         local whole = { { id = "call_1", name = "now", arguments = "{}" } }
         assert.same({ nil, whole }, parsed(NOW_CALL .. "\n<tool_call>\n{\"name\": \"get_w", true))
-        assert.same({ nil, whole }, parsed(NOW_CALL .. '\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_', true))
+        -- a call whose JSON is whole is whole, though the cut took part of its end tag
+        local two = { whole[1], { id = "call_2", name = "now", arguments = "{}" } }
+        assert.same({ nil, two }, parsed(NOW_CALL .. '\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_', true))
+        assert.same({ nil, whole }, parsed('<tool_call>\n{"name": "now", "arguments": {}}\n</', true))
+        -- (not without the cut: then the model wrote something else)
+        local odd = '<tool_call>\n{"name": "now", "arguments": {}}\n</'
+        assert.same({ odd, nil }, parsed(odd))
+        assert.same({ odd .. "x", nil }, parsed(odd .. "x", true))
         assert.same({ "Hm.", whole }, parsed("Hm. " .. NOW_CALL .. "\n<tool_call>", true))
         -- not a closed block that is no call, nor a cut before any whole call
         local broken = '<tool_call>{"name": "later", "arguments": {}}</tool_call>\n' .. NOW_CALL .. "\n<tool_call>"

@@ -491,10 +491,11 @@ end
 
 -- A chat choice's tool calls (tinyloop.tools.parse) in OpenAI's shape, as JSON text; in a
 -- stream's delta (indexed) each has its index.
-local function tool_calls_json(calls, indexed)
+local function tool_calls_json(calls, indexed, from)
     local out = {}
-    for k, call in ipairs(calls) do
-        out[k] = "{" .. (indexed and ('"index":' .. (k - 1) .. ",") or "") .. '"id":' .. encode(call.id) ..
+    for k = from or 1, #calls do
+        local call = calls[k]
+        out[#out + 1] = "{" .. (indexed and ('"index":' .. (k - 1) .. ",") or "") .. '"id":' .. encode(call.id) ..
             ',"type":"function","function":{"name":' .. encode(call.name) .. ',"arguments":' ..
             encode(request.valid_utf8(call.arguments)) .. "}}"
     end
@@ -508,11 +509,23 @@ local function call_id(r, st, k) return ("call_%s_%d_%d"):format(r.response_id:m
 -- tool_calls delta: a call's first piece has its id, type and name, the others a piece of its
 -- arguments (OpenAI's way; a client joins the pieces of each index).
 local function call_pieces_json(r, st, events)
+    -- one entry per call in a chunk (a client that copies the first delta's list as it is, as
+    -- openai-python's accumulator does, would keep a second entry of the same index apart)
+    local entries = {}
+    for _, e in ipairs(events) do
+        local last = entries[#entries]
+        if not last or last.call ~= e.call then
+            last = { call = e.call, arguments = {} }
+            entries[#entries + 1] = last
+        end
+        if e.name then last.name = e.name else last.arguments[#last.arguments + 1] = e.arguments end
+    end
     local out = {}
-    for i, e in ipairs(events) do
-        out[i] = e.name and ('{"index":%d,"id":%s,"type":"function","function":{"name":%s,"arguments":""}}')
-            :format(e.call - 1, encode(call_id(r, st, e.call)), encode(e.name))
-            or ('{"index":%d,"function":{"arguments":%s}}'):format(e.call - 1, encode(request.valid_utf8(e.arguments)))
+    for i, e in ipairs(entries) do
+        local arguments = encode(request.valid_utf8(concat(e.arguments)))
+        out[i] = e.name and ('{"index":%d,"id":%s,"type":"function","function":{"name":%s,"arguments":%s}}')
+            :format(e.call - 1, encode(call_id(r, st, e.call)), encode(e.name), arguments)
+            or ('{"index":%d,"function":{"arguments":%s}}'):format(e.call - 1, arguments)
     end
     return "[" .. concat(out, ",") .. "]"
 end
@@ -583,8 +596,13 @@ local function tool_stream(r, st, text, ids, figures, finished)
         if not calls and not st.tools.forced then
             show = show .. concat(tool.blanks) .. tool.prefix .. concat(tool.calls_text or {})
         end
-        -- the calls read back whole, where they did not go out piece by piece
-        if calls and not tool.reader then pieces = tool_calls_json(calls, true) end
+        -- the calls read back whole, where they did not go out piece by piece (and, should a
+        -- forced choice's reader have lost the shape, those whose names did not go out)
+        if calls and not tool.reader then
+            pieces = tool_calls_json(calls, true)
+        elseif calls and tool.reader.state == "off" and #calls > tool.reader.announced then
+            pieces = tool_calls_json(calls, true, tool.reader.announced + 1)
+        end
     elseif show == "" and not pieces then
         return nil
     end
