@@ -66,9 +66,8 @@ end
 -- MAX_NESTING: tojson prints 100 levels, of which the messages and tools around such a value
 -- (a request's tools, a call's arguments) take a few.
 _M.MAX_NESTING = 64
-function _M.decode_json(text)
-    return require("tinyloop.json_text").decode_ordered(text, _M.dict, _M.MAX_NESTING)
-end
+local decode_ordered = require("tinyloop.json_text").decode_ordered
+function _M.decode_json(text) return decode_ordered(text, _M.dict, _M.MAX_NESTING) end
 local EMPTY_ARRAY = cjson.empty_array -- a lightuserdata in some cjson builds: an empty list
 local MT_KIND = { [UNDEF] = "undefined", [FLOAT] = "number", [TUPLE] = "list", [NAMESPACE] = "namespace",
                   [CALLABLE] = "callable", [DICT] = "dict" }

@@ -26,11 +26,17 @@ local json_null = cjson.null
 
 local _M = {}
 
+_M.FORMAT = "hermes" -- how calls are written and read (GET /v1/models says it)
 _M.START, _M.END = "<tool_call>", "</tool_call>"
 local START, END = _M.START, _M.END
 _M.MAX_TOOLS = 128 -- OpenAI's limit
 
 local function encode(v) return (cjson.encode(v)) end
+
+-- The JSON text of tools given without it: cjson's encoding (an empty table as an array).
+local function tools_text(tools)
+    return type(tools) == "table" and next(tools) == nil and "[]" or encode(tools)
+end
 
 -- ------------------------------------------------------------------ the request's fields
 
@@ -66,7 +72,7 @@ function _M.check(tools, tool_choice, parallel, tools_json)
     if parallel ~= nil and type(parallel) ~= "boolean" then
         return nil, "parallel_tool_calls must be a boolean", "parallel_tool_calls"
     end
-    if tools ~= nil and tools_json == nil then tools_json = type(tools) == "table" and next(tools) == nil and "[]" or encode(tools) end
+    if tools ~= nil and tools_json == nil then tools_json = tools_text(tools) end
     if tools ~= nil and (type(tools) ~= "table" or not tools_json or byte(tools_json, 1) ~= 91) then
         return nil, "tools must be an array of {\"type\": \"function\", \"function\": {...}}", P
     end
@@ -147,10 +153,11 @@ end
 -- there are none); or nil, err, param. With "none" the tools are shown all the same (OpenAI's
 -- way: a conversation that turns to "none" for its answer keeps its prompt and its prefix).
 function _M.prepare(tools, tool_choice, parallel, tools_json)
+    if tools ~= nil and tools_json == nil then tools_json = tools_text(tools) end
     local spec, err, param = _M.check(tools, tool_choice, parallel, tools_json)
     if err then return nil, err, param end
     if not spec then return false end
-    local shown, derr = chat_template.decode_json(tools_json or encode(tools))
+    local shown, derr = chat_template.decode_json(tools_json)
     if not shown then return nil, "tools: " .. tostring(derr), "tools" end
     return spec.choice ~= "none" and spec, shown
 end
@@ -334,13 +341,14 @@ end
 -- {call = k, name = ...} when call k's name is whole, then {call = k, arguments = piece} for
 -- each piece of its arguments' text, as it comes (a stream sends them as OpenAI streams a
 -- call). Each text is read once; text off the shape (none, under the grammar) ends the events
--- (reader.state is then "off"; reader.announced counts the calls whose names went out).
+-- (reader.state is then "off", and reader.call counts the calls whose names went out: the
+-- shape goes off only in its fixed parts, never inside a name).
 local CallStream = {}
 CallStream.__index = CallStream
 local HEAD, MID, TAIL = START .. '\n{"name": "', ', "arguments": ', '}\n' .. END
 
 function _M.call_stream()
-    return setmetatable({ state = "literal", want = HEAD, got = 0, after = "name", call = 0, announced = 0 }, CallStream)
+    return setmetatable({ state = "literal", want = HEAD, got = 0, after = "name", call = 0 }, CallStream)
 end
 
 function CallStream:feed(text)
@@ -364,7 +372,6 @@ function CallStream:feed(text)
             self.name[#self.name + 1] = sub(text, i, (quote or n + 1) - 1)
             if not quote then break end
             events[#events + 1] = { call = self.call, name = concat(self.name) }
-            self.announced = self.call
             self.state, self.want, self.after, i = "literal", MID, "arguments", quote + 1
             self.depth, self.in_string, self.escaped = 0, false, false
         else -- the arguments: up to the brace that closes them

@@ -220,7 +220,7 @@ local function model_json()
                  max_loops = model.max_loops, has_tokenizer = model.has_tokenizer,
                  weight_dtype = model_types.weight_dtype, kv_type = model_types.kv_type,
                  chat_template = chat_prompts and chat_prompts.source:match("[^/]+$") or cjson.null,
-                 tool_call_format = chat_prompts and "hermes" or cjson.null }) .. "}"
+                 tool_call_format = chat_prompts and tools.FORMAT or cjson.null }) .. "}"
 end
 
 function _M.models()
@@ -489,15 +489,22 @@ end
 -- OpenAI's: the choices by index, usage over them all, and TinyLoop's stats (top-level for
 -- one choice, as always; in each choice for more).
 
--- A chat choice's tool calls (tinyloop.tools.parse) in OpenAI's shape, as JSON text; in a
--- stream's delta (indexed) each has its index.
+-- One entry of a tool_calls list in OpenAI's shape: its index (in a stream's delta; nil in a
+-- message), then its id, type and name (nil in a piece that carries arguments only), then its
+-- arguments' text.
+local function call_entry_json(index, id, name, arguments)
+    return "{" .. (index and ('"index":' .. index .. ",") or "") ..
+        (id and ('"id":' .. encode(id) .. ',"type":"function",') or "") .. '"function":{' ..
+        (name and ('"name":' .. encode(name) .. ",") or "") .. '"arguments":' .. encode(request.valid_utf8(arguments)) .. "}}"
+end
+
+-- A chat choice's tool calls (tinyloop.tools.parse) as a tool_calls list's JSON text, from
+-- call `from` (default 1) on; in a stream's delta (indexed) each has its index.
 local function tool_calls_json(calls, indexed, from)
     local out = {}
     for k = from or 1, #calls do
         local call = calls[k]
-        out[#out + 1] = "{" .. (indexed and ('"index":' .. (k - 1) .. ",") or "") .. '"id":' .. encode(call.id) ..
-            ',"type":"function","function":{"name":' .. encode(call.name) .. ',"arguments":' ..
-            encode(request.valid_utf8(call.arguments)) .. "}}"
+        out[#out + 1] = call_entry_json(indexed and k - 1 or nil, call.id, call.name, call.arguments)
     end
     return "[" .. concat(out, ",") .. "]"
 end
@@ -507,10 +514,10 @@ local function call_id(r, st, k) return ("call_%s_%d_%d"):format(r.response_id:m
 
 -- A forced call's pieces as they come (tinyloop.tools.call_stream's events), as a stream's
 -- tool_calls delta: a call's first piece has its id, type and name, the others a piece of its
--- arguments (OpenAI's way; a client joins the pieces of each index).
+-- arguments (OpenAI's way; a client joins the pieces of each index). One entry per call in a
+-- chunk: a client that copies the first delta's list as it is (openai-python's accumulator
+-- does) would keep a second entry of the same index apart.
 local function call_pieces_json(r, st, events)
-    -- one entry per call in a chunk (a client that copies the first delta's list as it is, as
-    -- openai-python's accumulator does, would keep a second entry of the same index apart)
     local entries = {}
     for _, e in ipairs(events) do
         local last = entries[#entries]
@@ -522,10 +529,7 @@ local function call_pieces_json(r, st, events)
     end
     local out = {}
     for i, e in ipairs(entries) do
-        local arguments = encode(request.valid_utf8(concat(e.arguments)))
-        out[i] = e.name and ('{"index":%d,"id":%s,"type":"function","function":{"name":%s,"arguments":%s}}')
-            :format(e.call - 1, encode(call_id(r, st, e.call)), encode(e.name), arguments)
-            or ('{"index":%d,"function":{"arguments":%s}}'):format(e.call - 1, arguments)
+        out[i] = call_entry_json(e.call - 1, e.name and call_id(r, st, e.call), e.name, concat(e.arguments))
     end
     return "[" .. concat(out, ",") .. "]"
 end
@@ -552,7 +556,8 @@ end
 -- its match; this marker must not, so it is held here. Every read costs its own length: the
 -- held white space is kept in pieces, and only the new text is searched.
 -- -> the text to show (nil: nothing to send yet), the ids and figures to send with it (the
--- held tokens' too), calls (at the finish, when the held text holds some).
+-- held tokens' too), and the tool_calls JSON to send now, if any: a forced call's pieces as
+-- they come, or at the finish the calls read back whole.
 local function tool_stream(r, st, text, ids, figures, finished)
     local tool = st.tool_stream
     if not tool then -- (a forced choice writes calls only: all of it is held from the start)
@@ -600,8 +605,8 @@ local function tool_stream(r, st, text, ids, figures, finished)
         -- forced choice's reader have lost the shape, those whose names did not go out)
         if calls and not tool.reader then
             pieces = tool_calls_json(calls, true)
-        elseif calls and tool.reader.state == "off" and #calls > tool.reader.announced then
-            pieces = tool_calls_json(calls, true, tool.reader.announced + 1)
+        elseif calls and tool.reader.state == "off" and #calls > tool.reader.call then
+            pieces = tool_calls_json(calls, true, tool.reader.call + 1)
         end
     elseif show == "" and not pieces then
         return nil
@@ -723,16 +728,15 @@ local function run_blocking(r)
         local text = concat(texts)
         if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
         local calls
-        if st.tools then text, calls = read_calls(r, st, text) end
-        results[#results + 1] = { st = st, text = (st.echo or "") .. (text or ""), ids = all_ids, logprob_sum = logprob_sum,
-                                  figures = r.show_logprobs and all_figures or nil, lp_ids = lp_ids, calls = calls,
-                                  no_content = text == nil }
+        if st.tools then text, calls = read_calls(r, st, text) end -- (text nil: no content, null)
+        results[#results + 1] = { st = st, text = text and (st.echo or "") .. text, ids = all_ids, logprob_sum = logprob_sum,
+                                  figures = r.show_logprobs and all_figures or nil, lp_ids = lp_ids, calls = calls }
     end
     local chosen, choices = best_of(r, results), {}
     local single = #chosen == 1
     for _, res in ipairs(chosen) do
         local st = res.st
-        choices[#choices + 1] = choice_json(st, not res.no_content and res.text or nil, res.ids, st.finish_reason,
+        choices[#choices + 1] = choice_json(st, res.text, res.ids, st.finish_reason,
                                             not single and st.tinyloop, res.figures, res.lp_ids, res.lp_ids and #st.prompt_ids,
                                             res.calls and tool_calls_json(res.calls, false))
     end
@@ -802,13 +806,13 @@ local function run_stream(r)
                     sse(r, "[DONE]")
                     return ngx_exit(ngx.OK)
                 end
-                local calls
+                local calls_json
                 if finished then
                     release(st, false)
                     if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
                 end
                 if st.tools then
-                    text, ids, figures, calls = tool_stream(r, st, text, ids, figures, finished)
+                    text, ids, figures, calls_json = tool_stream(r, st, text, ids, figures, finished)
                     if not text and not st.role_sent then -- held: the role goes out at once all the same
                         if not started then start_stream(); started = true end
                         if not sse(r, response_json(r, choice_json(st, nil, {}, nil, nil, nil), usage_null)) then
@@ -821,14 +825,14 @@ local function run_stream(r)
                     started = true
                 end
                 local chunk
-                if calls then -- the content before the calls, the calls, then the finish (OpenAI's chunks)
+                if calls_json then -- the content before the calls, the calls, then the finish (OpenAI's chunks)
                     if text ~= "" and not sse(r, response_json(r, choice_json(st, text, {}, nil, nil, nil), usage_null)) then
                         return ngx_exit(499)
                     end
                     -- (a piece of a forced call carries the tokens read with it; the finish, the rest)
                     local with_ids = not finished
                     if not sse(r, response_json(r, choice_json(st, nil, with_ids and ids or {}, nil, nil, with_ids and figures or nil,
-                                                               nil, nil, calls), usage_null)) then
+                                                               nil, nil, calls_json), usage_null)) then
                         return ngx_exit(499)
                     end
                     text = ""

@@ -524,7 +524,7 @@ function _M.parse(body, model, model_id, max_choices)
              prompt_tokens = prompt_tokens, grammar_field = shared.grammar_field }
 end
 
--- A chat request's tools (tinyloop.tools.check) -> spec (false when it has none, or
+-- A chat request's tools (tinyloop.tools.prepare) -> spec (false when it has none, or
 -- tool_choice is "none"), the tools as the template reads them (nil when there are none); or
 -- nil, err. A choice that must call (tool_choice "required" or a named function) generates under
 -- the grammar of the calls it may make; "auto" without parallel_tool_calls stops at the end
