@@ -1,5 +1,5 @@
-/* sampler.c: repetition penalty, greedy argmax, the one top-k, log-softmax and draw, and
- * temperature / top-k / top-p sampling. */
+/* sampler.c: the logit adjustments, greedy argmax, the one top-k, log-softmax and draw,
+ * and temperature / top-k / top-p / min-p sampling. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,22 +50,39 @@ void tl_repetition_penalty(float *logits, const int32_t *ids, int n, float penal
 
 bool tl_adjusts_logits(const tl_generate_config *c) {
     return c->n_logit_bias > 0 || c->repetition_penalty != 1.0f || c->presence_penalty != 0.0f ||
-           c->frequency_penalty != 0.0f;
+           c->frequency_penalty != 0.0f || c->min_tokens > 0;
+}
+
+/* vLLM's min_tokens: the ends are banned (its stop_token_ids included), not merely
+   ignored, so that the tokens a step emits are the ones the text goes on with. */
+static void ban_ends(const tl_generate_config *c, float *logits, int32_t eos) {
+    if (!c->ignore_eos) logits[eos] = -INFINITY;
+    for (int i = 0; i < c->n_stop_sequences; i++)
+        if (c->stop_sequences[i].n == 1) logits[c->stop_sequences[i].tokens[0]] = -INFINITY;
+}
+
+int32_t tl_min_tokens_end(const tl_generate_config *c, int32_t eos, const uint8_t *allowed) {
+    if (!c->ignore_eos && allowed[eos]) return eos;
+    for (int i = 0; i < c->n_stop_sequences; i++)
+        if (c->stop_sequences[i].n == 1 && allowed[c->stop_sequences[i].tokens[0]]) return c->stop_sequences[i].tokens[0];
+    return -1;
 }
 
 void tl_adjust_logits(const tl_generate_config *c, float *logits, const int32_t *history, int n, int prompt_len,
-                      int32_t *tally) {
+                      int32_t eos, int32_t *tally) {
     for (int i = 0; i < c->n_logit_bias; i++) logits[c->logit_bias[i].token] += c->logit_bias[i].bias;
     tl_repetition_penalty(logits, history, n, c->repetition_penalty, tally);
-    if (c->presence_penalty == 0.0f && c->frequency_penalty == 0.0f) return;
-    /* OpenAI's and vLLM's rule: the tokens generated so far, each counted */
-    for (int i = prompt_len; i < n; i++) tally[history[i]]++;
-    for (int i = prompt_len; i < n; i++) {
-        const int32_t t = history[i];
-        if (!tally[t]) continue; /* already adjusted */
-        logits[t] -= (float)tally[t] * c->frequency_penalty + c->presence_penalty;
-        tally[t] = 0;
+    if (c->presence_penalty != 0.0f || c->frequency_penalty != 0.0f) {
+        /* OpenAI's and vLLM's rule: the tokens generated so far, each counted */
+        for (int i = prompt_len; i < n; i++) tally[history[i]]++;
+        for (int i = prompt_len; i < n; i++) {
+            const int32_t t = history[i];
+            if (!tally[t]) continue; /* already adjusted */
+            logits[t] -= (float)tally[t] * c->frequency_penalty + c->presence_penalty;
+            tally[t] = 0;
+        }
     }
+    if (tl_min_tokens_pending(c, n, prompt_len)) ban_ends(c, logits, eos);
 }
 
 int32_t tl_argmax(const float *logits, int vocab) {
@@ -210,7 +227,7 @@ void tl_distribution_free(tl_distribution *d) {
 }
 
 bool tl_distribution_build(tl_distribution *d, const float *logits, float temperature, int top_k,
-                           float top_p) {
+                           float top_p, float min_p) {
     const int vocab = d->vocab;
     int n = tl_top_k(logits, vocab, top_k < 1 || top_k > vocab ? vocab : top_k, d->ids, d->values);
     d->n = n;
@@ -240,6 +257,19 @@ bool tl_distribution_build(tl_distribution *d, const float *logits, float temper
         sum = 0.0;
         for (int i = 0; i < n; i++) sum += d->probs[i];
         for (int i = 0; i < n; i++) d->probs[i] /= sum;
+    }
+    /* Min-p (after top-p, as Hugging Face's and vLLM's samplers order them): the tokens at
+       least min_p times as likely as the first, a prefix of the ranked candidates. */
+    if (min_p > 0.0f) {
+        const double floor = (double)min_p * d->probs[0];
+        int keep = 1;
+        while (keep < n && d->probs[keep] >= floor) keep++;
+        if (keep < n) {
+            n = keep;
+            sum = 0.0;
+            for (int i = 0; i < n; i++) sum += d->probs[i];
+            for (int i = 0; i < n; i++) d->probs[i] /= sum;
+        }
     }
     d->n = n;
     return true;

@@ -20,12 +20,22 @@ void tl_repetition_penalty(float *logits, const int32_t *ids, int n, float penal
 /* A config's adjustments of one step's logits, in the order tinyloop.h documents:
    logit_bias, the repetition penalty over history[0..n), then the presence and frequency
    penalties over its generated part history[prompt_len..n) (logit -= count * frequency +
-   presence, once per distinct token). `tally` as above. Every decoder adjusts its rows
-   through this one function. */
+   presence, once per distinct token), and last min_tokens' ban of the ends (eos, the
+   model's eos_token_id, and the one-token stop sequences) while fewer than min_tokens of
+   history are generated. `tally` as above. Every decoder adjusts its rows through this
+   one function. */
 void tl_adjust_logits(const tl_generate_config *c, float *logits, const int32_t *history, int n, int prompt_len,
-                      int32_t *tally);
+                      int32_t eos, int32_t *tally);
 /* Whether tl_adjust_logits changes anything under config c. */
 bool tl_adjusts_logits(const tl_generate_config *c);
+/* Whether min_tokens still holds back the ends of a step whose history has n tokens (its
+   stop sequences and strings are then not matched either). */
+static inline bool tl_min_tokens_pending(const tl_generate_config *c, int n, int prompt_len) {
+    return n - prompt_len < c->min_tokens;
+}
+/* Of the ends min_tokens bans, the first that allowed[] (a grammar's mask) allows: eos
+   first, then the one-token stop sequences in order; -1 if none. */
+int32_t tl_min_tokens_end(const tl_generate_config *c, int32_t eos, const uint8_t *allowed);
 
 /* The rules every decoder shares (greedy, sampling, speculative, beam):
      - -inf and NaN logits are banned tokens (no probability, never chosen);
@@ -59,8 +69,9 @@ tl_status tl_check_top_logprobs(const char *what, int top, const int32_t *top_id
    the first i whose running sum exceeds u (rounding past the end: the last positive one). */
 int tl_draw(const double *weights, int n, double total, tl_rng *rng);
 
-/* The sampling distribution after temperature, top-k and top-p: `n` candidates with ids in
-   decreasing probability (ties: lower id first) and probabilities summing to 1. */
+/* The sampling distribution after temperature, top-k, top-p and min-p: `n` candidates
+   with ids in decreasing probability (ties: lower id first) and probabilities summing to
+   1. */
 typedef struct tl_distribution {
     int vocab, n;
     int32_t *ids;   /* [vocab] */
@@ -72,7 +83,7 @@ tl_status tl_distribution_init(tl_distribution *d, int vocab);
 void tl_distribution_free(tl_distribution *d);
 /* Returns false when no token has a finite logit. */
 bool tl_distribution_build(tl_distribution *d, const float *logits, float temperature, int top_k,
-                           float top_p);
+                           float top_p, float min_p);
 int32_t tl_distribution_draw(const tl_distribution *d, tl_rng *rng);
 
 #endif

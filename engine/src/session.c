@@ -222,7 +222,7 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
         int r = c->logits_processor(c->logits_processor_user, s->work, vocab, history, n);
         if (r < 0) return tl_session_hook_failed(s, "logits_processor", r);
     }
-    tl_adjust_logits(c, s->work, history, n, s->prompt_len, s->tally);
+    tl_adjust_logits(c, s->work, history, n, s->prompt_len, s->m->cfg.eos_token_id, s->tally);
     s->forced_token = -1;
     if (c->grammar) {
         /* ---- grammar: greedy decoding checks its argmax first; when the grammar accepts it,
@@ -242,12 +242,16 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
         int n_allowed = c->grammar->allowed(c->grammar->user, s->allowed, vocab);
         if (n_allowed < 0) return tl_session_hook_failed(s, "grammar allowed", n_allowed);
         int32_t only = -1;
+        bool any_finite = false;
         for (int i = 0; i < vocab; i++) {
             if (!s->allowed[i]) s->work[i] = -INFINITY;
-            else only = i;
+            else only = i, any_finite |= s->work[i] > -INFINITY;
         }
         /* one allowed token: no need to sample (unless a hook banned it: then nothing is left) */
         if (n_allowed == 1 && only >= 0 && s->work[only] > -INFINITY) s->forced_token = only;
+        /* min_tokens does not delay a grammar's end: where it banned all the grammar allows */
+        if (!any_finite && tl_min_tokens_pending(c, n, s->prompt_len))
+            s->forced_token = tl_min_tokens_end(c, s->m->cfg.eos_token_id, s->allowed);
     }
     return TL_OK;
 }
@@ -256,7 +260,7 @@ int32_t tl_session_choose(tl_session *s) {
     const tl_generate_config *c = &s->cfg;
     if (s->forced_token >= 0) return s->forced_token; /* the grammar allowed one token */
     if (s->greedy) return tl_argmax(s->work, s->m->cfg.vocab_size);
-    return tl_distribution_build(&s->dist, s->work, c->temperature, c->top_k, c->top_p)
+    return tl_distribution_build(&s->dist, s->work, c->temperature, c->top_k, c->top_p, c->min_p)
                ? tl_distribution_draw(&s->dist, &s->rng)
                : -1;
 }
@@ -338,6 +342,9 @@ tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched) {
 tl_stop_reason tl_session_rule_stop(const tl_session *s, int n, bool stop_string) {
     const tl_generate_config *c = &s->cfg;
     if (s->tokens[n - 1] == s->m->cfg.eos_token_id && !c->ignore_eos) return TL_STOP_EOS;
+    /* stop sequences and strings end the min_tokens-th new token at the earliest (they are
+       text, where eos is not: min_tokens bans eos until that many tokens came before it) */
+    if (tl_min_tokens_pending(c, n, s->prompt_len)) return TL_STOP_NONE;
     if (tl_stop_sequences_match(s->tokens, n, s->prompt_len, c->stop_sequences, c->n_stop_sequences) || stop_string)
         return TL_STOP_SEQUENCE;
     return TL_STOP_NONE;

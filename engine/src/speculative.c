@@ -141,7 +141,7 @@ static tl_status spec_open(tl_session *s) {
 /* Dense distribution (after temperature, top-k, top-p) of processed logits; false if empty. */
 static bool dense_distribution(tl_session *s, const float *logits, double *out, double *total) {
     const int vocab = s->m->cfg.vocab_size;
-    if (!tl_distribution_build(&s->dist, logits, s->cfg.temperature, s->cfg.top_k, s->cfg.top_p)) return false;
+    if (!tl_distribution_build(&s->dist, logits, s->cfg.temperature, s->cfg.top_k, s->cfg.top_p, s->cfg.min_p)) return false;
     memset(out, 0, (size_t)vocab * sizeof(double));
     for (int i = 0; i < s->dist.n; i++) out[s->dist.ids[i]] = s->dist.probs[i];
     *total = 0.0;
@@ -187,7 +187,8 @@ static const float *penalised_draft_row(tl_session *s, spec_state *sp, const flo
     }
     const draft_tree *t = &sp->tree;
     for (int x = node; x > 0; x = t->parent[x]) sp->history[s->n_tokens + t->depth[x] - 1] = t->token[x];
-    tl_adjust_logits(&s->cfg, sp->draft_row, sp->history, s->n_tokens + t->depth[node], s->prompt_len, sp->tally);
+    tl_adjust_logits(&s->cfg, sp->draft_row, sp->history, s->n_tokens + t->depth[node], s->prompt_len,
+                     s->m->cfg.eos_token_id, sp->tally);
     if (s->grammar_matcher && !grammar_draft_row(s, sp, node)) return NULL;
     return sp->draft_row;
 }

@@ -11,8 +11,8 @@
  * resume must name the grammar again, whose matcher then accepts the emitted tokens anew
  * (fork.c).
  *
- * The layout, little-endian, no padding (version 2; version 1, still read, ends the config
- * at the stop strings):
+ * The layout, little-endian, no padding (version 3; version 2, still read, ends the config
+ * at the logit_bias entries, and version 1 at the stop strings):
  *     "TLSTATE\0"  u32 version  u64 model fingerprint (model.c)
  *     u32 kv_type  u32 vocab  u32 n_slots  u32 kv_dim
  *     config: i32 max_tokens loops top_k cache_window beam_size early_exit_patience
@@ -25,6 +25,7 @@
  *             i32 n_stop_strings, each: u32 length, its bytes
  *             f32 presence_penalty frequency_penalty
  *             i32 n_logit_bias, each: i32 token, f32 bias
+             f32 min_p  i32 min_tokens
  *     i32 prompt_len  i32 n_tokens  i32 tokens[n_tokens]
  *     u64 rng[4]  u8 prompt_done  u8 compiled_grammar  u64 text_shown
  *     f64 prefill_ms first_token_ms decode_ms probe_ms loops_sum
@@ -51,8 +52,9 @@
 #include "session.h"
 
 static const char STATE_MAGIC[8] = "TLSTATE";
-#define STATE_VERSION 2u
-#define STATE_OLDEST_READ 1u /* a version 1 state has no logit_bias nor presence/frequency penalties */
+#define STATE_VERSION 3u
+#define STATE_OLDEST_READ 1u /* a version 1 state has no logit_bias nor presence/frequency penalties,
+                                version 2 no min_p nor min_tokens */
 #define STATE_MAX_FILE_BYTES ((size_t)1 << 40)
 
 static bool host_is_little_endian(void) {
@@ -135,6 +137,8 @@ static void write_config(state_writer *w, const tl_generate_config *c) {
         put_i32(w, c->logit_bias[i].token);
         put_f32(w, c->logit_bias[i].bias);
     }
+    put_f32(w, c->min_p);
+    put_i32(w, c->min_tokens);
 }
 
 static void write_stats(state_writer *w, const tl_session *s) {
@@ -386,6 +390,10 @@ static tl_status read_config_fields(state_reader *r, read_config *rc) {
         }
         c->logit_bias = rc->logit_bias;
         c->n_logit_bias = n_bias;
+    }
+    if (r->version >= 3) { /* validated by tl_session_create */
+        c->min_p = get_f32(r);
+        c->min_tokens = get_i32(r);
     }
     return r->short_read ? MALFORMED("the bytes end inside the config") : TL_OK;
 }

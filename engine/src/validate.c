@@ -145,6 +145,11 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
     if (!isfinite(c->frequency_penalty))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "frequency_penalty = %g must be finite", (double)c->frequency_penalty);
     if ((st = validate_logit_bias(c, mc->vocab_size)) != TL_OK) return st;
+    if (!(c->min_p >= 0.0f && c->min_p <= 1.0f))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "min_p = %g must be in [0, 1] (0 = off)", (double)c->min_p);
+    if (c->min_tokens < 0 || c->min_tokens > c->max_tokens)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "min_tokens = %d must be in [0, max_tokens = %d]", c->min_tokens,
+                       c->max_tokens);
     if (c->cache_window < 0)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "cache_window = %d must be >= 0 (0 = unbounded)", c->cache_window);
     if (c->n_stop_sequences < 0 || (c->n_stop_sequences > 0 && !c->stop_sequences))

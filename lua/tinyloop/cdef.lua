@@ -192,6 +192,8 @@ typedef struct tl_generate_config {
     int n_logit_bias;
     float presence_penalty;
     float frequency_penalty;
+    float min_p;
+    int min_tokens;
 } tl_generate_config;
 void tl_generate_config_init(tl_generate_config *cfg);
 typedef struct tl_generate_stats {

@@ -22,6 +22,7 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
   -t, --temperature T        0 = greedy (default 0)
   -k, --top-k K              keep the K most likely tokens (default 50)
       --top-p P              nucleus mass in (0, 1] (default 1)
+      --min-p P              keep tokens at least P times as likely as the first (default 0)
   -s, --seed N               sampling seed (default 0)
       --repetition-penalty R HF-style penalty on seen tokens (default 1)
       --presence-penalty P   OpenAI's: subtract P from each generated token's logit (default 0)
@@ -32,6 +33,7 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --json-schema FILE     constrain the output to JSON matching a JSON Schema
       --cache-window W       attend to the last W positions only (default 0: all)
       --ignore-eos           keep going past the end-of-text token
+      --min-tokens N         no end of text nor stop before N new tokens (default 0)
       --beam N               beam search with N beams (deterministic; streams the tokens
                              every surviving hypothesis agrees on)
       --length-penalty P     beam ranking: sum_logprob / len^P (default 1)
@@ -80,6 +82,8 @@ local OPTIONS = {
     ["--repetition-penalty"] = { "repetition_penalty", "number" },
     ["--presence-penalty"] = { "presence_penalty", "number" },
     ["--frequency-penalty"] = { "frequency_penalty", "number" },
+    ["--min-p"] = { "min_p", "number" },
+    ["--min-tokens"] = { "min_tokens", "int" },
     ["--cache-window"] = { "cache_window", "int" },
     ["--ignore-eos"] = { "ignore_eos", "flag" },
     ["--beam"] = { "beam_size", "int" },

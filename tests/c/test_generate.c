@@ -161,7 +161,7 @@ static void test_distribution_chi_square(void) {
 
     tl_distribution d;
     tl_distribution_init(&d, 8);
-    CHECK(tl_distribution_build(&d, logits, T, top_k, top_p), "build");
+    CHECK(tl_distribution_build(&d, logits, T, top_k, top_p, 0.0f), "build");
     CHECK(d.n == keep, "kept %d candidates, expected %d", d.n, keep);
     for (int i = 0; i < d.n && i < keep; i++)
         CHECK(d.ids[i] == order[i] && fabs(d.probs[i] - p[i]) < 1e-12, "candidate %d: id %d p %.6f", i, d.ids[i], d.probs[i]);
@@ -182,7 +182,7 @@ static void test_distribution_chi_square(void) {
     printf("  sampler chi-square %.2f (df %d, %d draws)\n", chi2, keep - 1, draws);
     float all_banned[8];
     for (int i = 0; i < 8; i++) all_banned[i] = -INFINITY;
-    CHECK(!tl_distribution_build(&d, all_banned, 1.0f, 5, 1.0f), "all -inf must yield no distribution");
+    CHECK(!tl_distribution_build(&d, all_banned, 1.0f, 5, 1.0f, 0.5f), "all -inf must yield no distribution");
     CHECK(tl_argmax(all_banned, 8) == -1, "argmax of all -inf");
     const float ties[4] = {1.0f, 3.0f, NAN, 3.0f};
     CHECK(tl_argmax(ties, 4) == 1, "argmax ties go to the lowest id, NaN never wins");
@@ -232,7 +232,7 @@ static void test_logit_adjustments(void) {
     cfg.frequency_penalty = 0.25f;
     int32_t tally[8] = {0};
     CHECK(tl_adjusts_logits(&cfg), "adjusts");
-    tl_adjust_logits(&cfg, logits, history, 6, 2, tally);
+    tl_adjust_logits(&cfg, logits, history, 6, 2, eos, tally);
     /* bias first, then the repetition penalty over all six (0, 1, 3, 5), then presence and
        frequency over the generated four: 3 once, 5 twice, 1 once; 0 was the prompt's only */
     const float want[8] = {2.0f / 2.0f,
@@ -344,6 +344,171 @@ static void test_logit_adjustments(void) {
     beam.beam_size = 3;
     const int n_beam = gen(model, prompt, 2, &beam, other, NULL);
     for (int i = 2; i < n_beam; i++) CHECK(other[i] != eos, "beam token %d is the banned eos", i);
+}
+
+/* min_p (tinyloop.h): after top-k and top-p, the candidates at least min_p times as likely
+   as the first, renormalised; on one row by hand, then in generation. */
+static void test_min_p(void) {
+    /* At T = 1, relative to the first (2.5): ids 1 and 3 1.0, 5 0.449, 0 0.223, 6 0.202,
+       2 0.111, 4 0.030; 7 is banned. */
+    const float logits[8] = {1.0f, 2.5f, 0.3f, 2.5f, -1.0f, 1.7f, 0.9f, -INFINITY};
+    const struct { int top_k; float top_p, min_p; int want; } cases[] = {
+        {8, 1.0f, 0.0f, 7},  {8, 1.0f, 0.2f, 5}, {8, 1.0f, 0.21f, 4}, {8, 1.0f, 0.5f, 2},
+        {8, 1.0f, 1.0f, 2},  /* the tie with the first stays */
+        {8, 0.8f, 0.3f, 3},  /* the nucleus (1, 3, 5: 0.81) first, then min_p inside it */
+        {8, 0.8f, 0.5f, 2},  {3, 1.0f, 0.21f, 3}, {4, 1.0f, 0.21f, 4}, {5, 1.0f, 0.21f, 4},
+    };
+    tl_distribution d;
+    tl_distribution_init(&d, 8);
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        CHECK(tl_distribution_build(&d, logits, 1.0f, cases[c].top_k, cases[c].top_p, cases[c].min_p), "build");
+        CHECK(d.n == cases[c].want, "top_k %d top_p %g min_p %g: %d candidates, want %d", cases[c].top_k,
+              (double)cases[c].top_p, (double)cases[c].min_p, d.n, cases[c].want);
+        double sum = 0.0;
+        for (int i = 0; i < d.n; i++) {
+            sum += d.probs[i];
+            const double ratio = exp((double)logits[d.ids[i]] - 2.5);
+            CHECK(fabs(d.probs[i] / d.probs[0] - ratio) < 1e-12 && ratio >= (double)cases[c].min_p,
+                  "case %zu candidate %d (id %d): p / p_first %.6f, want %.6f", c, i, d.ids[i], d.probs[i] / d.probs[0], ratio);
+        }
+        CHECK(fabs(sum - 1.0) < 1e-12, "case %zu: probabilities sum to %.15f", c, sum);
+    }
+    tl_distribution_free(&d);
+
+    /* In generation: sampling at T = 1 with min_p = 1 keeps only the most likely token (the
+       model's logits have no ties), so every seed decodes greedily; without it, some seed
+       does not (the test's strength). */
+    int32_t prompt[3] = {7, 8, 9}, greedy[CAP], sampled[CAP];
+    tl_generate_config cfg;
+    init_cfg(&cfg);
+    cfg.ignore_eos = 1;
+    const int n_greedy = gen(model, prompt, 3, &cfg, greedy, NULL);
+    cfg.temperature = 1.0f;
+    cfg.top_k = vocab;
+    bool some_seed_differs = false;
+    for (uint64_t seed = 1; seed <= 4; seed++) {
+        cfg.sample_seed = seed;
+        cfg.min_p = 0.0f;
+        int n = gen(model, prompt, 3, &cfg, sampled, NULL);
+        some_seed_differs |= n != n_greedy || memcmp(sampled, greedy, (size_t)n * sizeof(int32_t)) != 0;
+        cfg.min_p = 1.0f;
+        n = gen(model, prompt, 3, &cfg, sampled, NULL);
+        CHECK(n == n_greedy && memcmp(sampled, greedy, (size_t)n * sizeof(int32_t)) == 0,
+              "min_p = 1, seed %llu: not the greedy tokens", (unsigned long long)seed);
+        tl_generate_config spec = cfg; /* speculative sampling draws from the same distribution */
+        spec.speculative = TL_SPECULATIVE_CHAIN;
+        spec.draft_loops = 1;
+        spec.draft_ahead = 3;
+        n = gen(model, prompt, 3, &spec, sampled, NULL);
+        CHECK(n == n_greedy && memcmp(sampled, greedy, (size_t)n * sizeof(int32_t)) == 0,
+              "chain speculation, min_p = 1, seed %llu: not the greedy tokens", (unsigned long long)seed);
+    }
+    CHECK(some_seed_differs, "sampling at T = 1 decoded greedily for every seed (test too weak)");
+}
+
+/* min_tokens (tinyloop.h, vLLM's): eos and one-token stop sequences banned, stop sequences
+   matched from the min_tokens-th new token on; the same in every mode. */
+static void test_min_tokens(void) {
+    int32_t prompt[3] = {7, 8, 9}, out[CAP], other[CAP];
+    tl_generate_stats st;
+    tl_generate_config cfg;
+    /* eos as every step's favourite (logit_bias), the real model's logits under it */
+    const tl_logit_bias to_eos[1] = {{eos, 100.0f}};
+    init_cfg(&cfg);
+    cfg.logit_bias = to_eos;
+    cfg.n_logit_bias = 1;
+    int n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 4 && out[3] == eos && st.stop_reason == TL_STOP_EOS, "without min_tokens: eos first (len %d)", n);
+    cfg.min_tokens = 5;
+    n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 9 && out[8] == eos && st.stop_reason == TL_STOP_EOS && st.tokens_emitted == 6,
+          "min_tokens 5: five tokens, then eos (len %d, %s)", n, tl_stop_reason_name(st.stop_reason));
+    for (int i = 3; i < 8; i++) CHECK(out[i] != eos, "token %d is eos", i);
+    const int n_plain = n;
+    int32_t plain[CAP];
+    memcpy(plain, out, (size_t)n * sizeof(int32_t));
+    /* every mode: chain and tree speculation, a batch, beam search (its first five tokens
+       cannot end it), and a state saved after 2 tokens and resumed */
+    tl_generate_config mode = cfg;
+    mode.speculative = TL_SPECULATIVE_CHAIN;
+    mode.draft_loops = 1;
+    mode.draft_ahead = 4;
+    n = gen(model, prompt, 3, &mode, other, NULL);
+    CHECK(n == n_plain && memcmp(other, plain, (size_t)n * sizeof(int32_t)) == 0, "chain speculation differs");
+    mode.speculative = TL_SPECULATIVE_TREE;
+    n = gen(model, prompt, 3, &mode, other, NULL);
+    CHECK(n == n_plain && memcmp(other, plain, (size_t)n * sizeof(int32_t)) == 0, "tree speculation differs");
+    {
+        const tl_token_seq prompts[2] = {{prompt, 3}, {prompt, 3}};
+        int32_t flat[2 * CAP];
+        int out_lens[2] = {0, 0}, total = 0;
+        CHECK(tl_generate_batch(model, prompts, 2, &cfg, flat, 2 * CAP, out_lens, &total, NULL) == TL_OK, "batch: %s",
+              tl_last_error());
+        CHECK(out_lens[0] == n_plain && out_lens[1] == n_plain &&
+                  memcmp(flat, plain, (size_t)n_plain * sizeof(int32_t)) == 0 &&
+                  memcmp(flat + n_plain, plain, (size_t)n_plain * sizeof(int32_t)) == 0,
+              "batch: lengths %d %d", out_lens[0], out_lens[1]);
+    }
+    mode = cfg;
+    mode.beam_size = 3;
+    n = gen(model, prompt, 3, &mode, other, NULL);
+    CHECK(n >= 9, "beam search ended after %d new tokens", n - 3);
+    for (int i = 3; i < n && i < 8; i++) CHECK(other[i] != eos, "beam token %d is eos", i);
+    {
+        tl_session *s = NULL, *resumed = NULL;
+        tl_session_state *state = NULL, *read_back = NULL;
+        void *bytes = NULL;
+        size_t len = 0;
+        int32_t token;
+        tl_stop_reason stop = TL_STOP_NONE;
+        CHECK(tl_session_new(model, prompt, 3, &cfg, &s) == TL_OK, "session: %s", tl_last_error());
+        for (int i = 0; s && i < 2; i++) tl_session_step(s, &token, &stop);
+        CHECK(s && tl_session_save(s, &state) == TL_OK && tl_session_state_to_bytes(state, &bytes, &len) == TL_OK &&
+                  tl_session_state_from_bytes(model, bytes, len, &read_back) == TL_OK &&
+                  tl_session_resume(model, read_back, NULL, &resumed) == TL_OK,
+              "save, read back and resume: %s", tl_last_error());
+        stop = TL_STOP_NONE;
+        while (resumed && stop == TL_STOP_NONE && tl_session_step(resumed, &token, &stop) == TL_OK) {
+        }
+        int n_resumed = 0;
+        const int32_t *tokens = resumed ? tl_session_tokens(resumed, &n_resumed) : NULL;
+        CHECK(tokens && n_resumed == n_plain && memcmp(tokens, plain, (size_t)n_plain * sizeof(int32_t)) == 0,
+              "the resumed state lost min_tokens (%d tokens)", n_resumed);
+        tl_session_free(s);
+        tl_session_free(resumed);
+        tl_session_state_free(state);
+        tl_session_state_free(read_back);
+        tl_free(bytes);
+    }
+    /* ignore_eos: eos is no end, so it is not banned */
+    cfg.ignore_eos = 1;
+    n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 15 && out[3] == eos && st.stop_reason == TL_STOP_MAX_TOKENS, "ignore_eos: eos not banned (len %d)", n);
+
+    /* A one-token stop sequence is banned like eos (a script of 10s against {10}); longer
+       ones match from the min_tokens-th token on (10 11 10 11 ... against {10, 11}). */
+    const int32_t script[2] = {10, 11};
+    script_t tens = {script, 1, 3, 0}, s = {script, 2, 3, 0};
+    const int32_t ten[1] = {10}, ten_eleven[2] = {10, 11};
+    tl_token_seq one[1] = {{ten, 1}}, two[1] = {{ten_eleven, 2}};
+    init_cfg(&cfg);
+    cfg.logits_processor = force_script;
+    cfg.logits_processor_user = &tens;
+    cfg.stop_sequences = one;
+    cfg.n_stop_sequences = 1;
+    cfg.min_tokens = 3;
+    n = gen(model, prompt, 3, &cfg, out, &st);
+    CHECK(n == 7 && out[6] == 10 && st.stop_reason == TL_STOP_SEQUENCE, "one-token stop, min_tokens 3: len %d", n);
+    for (int i = 3; i < 6; i++) CHECK(out[i] != 10, "token %d is the banned stop token", i);
+    cfg.logits_processor_user = &s;
+    cfg.stop_sequences = two;
+    const struct { int min_tokens, want_len; } at[] = {{0, 5}, {2, 5}, {3, 7}, {4, 7}, {5, 9}};
+    for (size_t i = 0; i < sizeof at / sizeof *at; i++) {
+        cfg.min_tokens = at[i].min_tokens;
+        n = gen(model, prompt, 3, &cfg, out, &st);
+        CHECK(n == at[i].want_len && st.stop_reason == TL_STOP_SEQUENCE && out[n - 2] == 10 && out[n - 1] == 11,
+              "{10, 11} with min_tokens %d: len %d, want %d", at[i].min_tokens, n, at[i].want_len);
+    }
 }
 
 static void test_stop_reasons(void) {
@@ -553,6 +718,11 @@ static void test_validation(void) {
     BAD(cfg.repetition_penalty = 0.0f, "repetition_penalty = 0");
     BAD(cfg.presence_penalty = NAN, "presence_penalty = nan must be finite");
     BAD(cfg.frequency_penalty = -INFINITY, "frequency_penalty = -inf must be finite");
+    BAD(cfg.min_p = -0.1f, "min_p = -0.1 must be in [0, 1]");
+    BAD(cfg.min_p = 1.5f, "min_p = 1.5 must be in [0, 1]");
+    BAD(cfg.min_p = NAN, "min_p = nan");
+    BAD(cfg.min_tokens = -1, "min_tokens = -1 must be in [0, max_tokens = 12]");
+    BAD(cfg.min_tokens = 13, "min_tokens = 13 must be in [0, max_tokens = 12]");
     BAD(cfg.n_logit_bias = 1, "n_logit_bias = 1 without logit_bias");
     BAD(cfg.n_logit_bias = -1, "n_logit_bias = -1 without logit_bias");
     static const tl_logit_bias twice[2] = {{7, 1.0f}, {7, 2.0f}}, outside[1] = {{-1, 1.0f}};
@@ -615,6 +785,8 @@ int main(int argc, char **argv) {
     test_distribution_chi_square();
     test_repetition_penalty();
     test_logit_adjustments();
+    test_min_p();
+    test_min_tokens();
     test_stop_reasons();
     test_step_batch_stats();
     test_cache_window();

@@ -241,33 +241,38 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     CHECK_ERROR(tl_session_state_from_bytes(m, bytes, 20, &out), TL_ERR_FORMAT, "not a TinyLoop state");
     CHECK_ERROR(tl_session_state_from_bytes(m, "{\"not\": \"a state\"}", 18, &out), TL_ERR_FORMAT, "not a TinyLoop state");
     memcpy(copy, bytes, len);
-    copy[8] = 3; /* version 3: a later build's */
-    CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "version 3");
+    copy[8] = 4; /* version 4: a later build's */
+    CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "version 4");
 
-    /* A version 1 state (before logit_bias and the presence and frequency penalties: this
-       one's bytes without their 12, at 148) is still read, and resumes as this one does. */
-    {
-        uint8_t *v1 = malloc(len - 12);
-        memcpy(v1, bytes, 148);
-        memcpy(v1 + 148, (const uint8_t *)bytes + 160, len - 160);
-        v1[8] = 1;
-        fix_checksum(v1, len - 12);
+    /* Older layouts are still read, and resume as this one does: version 2 (before min_p and
+       min_tokens: this one's bytes without their 8, at 160) and version 1 (also before
+       logit_bias and the presence and frequency penalties: without 20 bytes at 148). */
+    const struct { uint8_t version; size_t at, cut; } older[] = {{2, 160, 8}, {1, 148, 20}};
+    for (size_t i = 0; i < sizeof older / sizeof *older; i++) {
+        const size_t at = older[i].at, cut = older[i].cut;
+        uint8_t *old_bytes = malloc(len - cut);
+        memcpy(old_bytes, bytes, at);
+        memcpy(old_bytes + at, (const uint8_t *)bytes + at + cut, len - at - cut);
+        old_bytes[8] = older[i].version;
+        fix_checksum(old_bytes, len - cut);
         tl_session_state *old = NULL;
-        CHECK(tl_session_state_from_bytes(m, v1, len - 12, &old) == TL_OK, "version 1: %s", tl_last_error());
+        CHECK(tl_session_state_from_bytes(m, old_bytes, len - cut, &old) == TL_OK, "version %d: %s", older[i].version,
+              tl_last_error());
         void *again = NULL;
         size_t again_len = 0;
         CHECK(old && tl_session_state_to_bytes(old, &again, &again_len) == TL_OK && again_len == len &&
                   memcmp(again, bytes, len) == 0,
-              "a version 1 state reads as the same state (rewritten as version 2: the same bytes)");
+              "a version %d state reads as the same state (rewritten as version 3: the same bytes)", older[i].version);
         tl_free(again);
         tl_session_state_free(old);
-        free(v1);
+        free(old_bytes);
     }
 
     /* Fields that pass the checksum but not the rules (a crafted file). The layout: a 36-byte
        header, the config's 15 ints at 36 and 9 floats at 96, the seed at 132, no stop rules
        (140, 144), the presence and frequency penalties at 148 and 152, no logit_bias (156),
-       prompt_len at 160, n_tokens at 164, the tokens from 168. */
+       min_p at 160 and min_tokens at 164, prompt_len at 168, n_tokens at 172, the tokens from
+       176. */
     struct { size_t at; int32_t value; tl_status status; const char *needle; } fields[] = {
         {36 + 16, 4, TL_ERR_FORMAT, "beam search or speculative"},         /* beam_size */
         {36 + 4, 999, TL_ERR_INVALID_ARGUMENT, "loops"},                     /* loops: tl_session_new's check */
@@ -275,14 +280,16 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
         {140, 1 << 30, TL_ERR_FORMAT, "stop sequences do not fit"},
         {148, 0x7fc00000, TL_ERR_INVALID_ARGUMENT, "presence_penalty"},     /* NaN */
         {156, 1 << 30, TL_ERR_FORMAT, "logit_bias entries do not fit"},
-        {160, 0, TL_ERR_FORMAT, "prompt"},
-        {164, 1 << 30, TL_ERR_FORMAT, "tokens"},
-        {164, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
+        {160, 0x7fc00000, TL_ERR_INVALID_ARGUMENT, "min_p"},                /* NaN */
+        {164, 999, TL_ERR_INVALID_ARGUMENT, "min_tokens"},                  /* above max_tokens */
+        {168, 0, TL_ERR_FORMAT, "prompt"},
+        {172, 1 << 30, TL_ERR_FORMAT, "tokens"},
+        {172, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
         {36, 5, TL_ERR_FORMAT, "reached max_tokens = 5"}, /* 5 emitted: it had finished */
-        {168 + 4 * 9 + 32, 2, TL_ERR_FORMAT, "prompt_done is 2"}, /* after the tokens and the RNG */
-        {168 + 4 * 9 + 32, 1 | 2 << 8, TL_ERR_FORMAT, "compiled_grammar is 2"}, /* the next byte */
-        {168 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
-        {168, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
+        {176 + 4 * 9 + 32, 2, TL_ERR_FORMAT, "prompt_done is 2"}, /* after the tokens and the RNG */
+        {176 + 4 * 9 + 32, 1 | 2 << 8, TL_ERR_FORMAT, "compiled_grammar is 2"}, /* the next byte */
+        {176 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
+        {176, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
     };
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
         memcpy(copy, bytes, len);
@@ -293,7 +300,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     }
     /* The cache part: length and the first entry's index and depth (after the fixed-size
        part: tokens, rng, prompt_done, text_shown, 5 f64, 2 + 65 i32). */
-    const size_t cache_at = 168 + 4 * 9 + 32 + 2 + 8 + 40 + 4 * 67;
+    const size_t cache_at = 176 + 4 * 9 + 32 + 2 + 8 + 40 + 4 * 67;
     struct { size_t at; int32_t value; const char *needle; } cache_fields[] = {
         {cache_at, 3, "the cache holds 3 entries"},
         {cache_at + 4, 99, "cache entries for a length"},
@@ -320,7 +327,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     memcpy(copy, bytes, len);
     const int32_t no = 0, eos = m->cfg.eos_token_id;
     memcpy(copy + 36 + 4 * 9, &no, 4);
-    memcpy(copy + 168 + 4 * 4, &eos, 4);
+    memcpy(copy + 176 + 4 * 4, &eos, 4);
     fix_checksum(copy, len);
     CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "the session had finished");
     /* An unchanged copy with its checksum recomputed still reads: the cases above failed on

@@ -218,6 +218,39 @@ describe("model:generate", function()
         assert.same(want, (m:generate(prompt, cfg)))
     end)
 
+    it("takes min_p and min_tokens (vLLM's)", function()
+        local prompt = m:encode("The cat")
+        local greedy = m:generate(prompt, { max_tokens = 12, ignore_eos = true })
+        -- min_p = 1 keeps only the most likely token: any seed samples the greedy tokens
+        local unlike = false
+        for seed = 1, 3 do
+            local cfg = { max_tokens = 12, ignore_eos = true, temperature = 1, top_k = 320, sample_seed = seed }
+            local sampled = m:generate(prompt, cfg)
+            for i = 1, #greedy do unlike = unlike or sampled[i] ~= greedy[i] end
+            cfg.min_p = 1
+            assert.same(greedy, (m:generate(prompt, cfg)))
+        end
+        assert.is_true(unlike) -- without min_p some seed does not (the test's strength)
+        -- min_tokens: eos, every step's favourite here, waits for four tokens
+        local eos = m:info().eos_token_id
+        local out, stats = m:generate(prompt, { max_tokens = 12, logit_bias = { [eos] = 100 } })
+        assert.equal(#prompt + 1, #out)
+        out, stats = m:generate(prompt, { max_tokens = 12, min_tokens = 4, logit_bias = { [eos] = 100 } })
+        assert.equal(#prompt + 5, #out)
+        assert.equal(eos, out[#out])
+        assert.equal("EOS", stats.stop_reason)
+        -- a stop string the first new token completes waits for the fourth token at least
+        local first_text = m:decode({ greedy[#prompt + 1] })
+        assert.is_true(#first_text > 0)
+        local cfg = { max_tokens = 12, ignore_eos = true, stop_strings = { first_text } }
+        out = m:generate(prompt, cfg)
+        assert.equal(#prompt + 1, #out)
+        cfg.min_tokens = 4
+        out = m:generate(prompt, cfg)
+        assert.is_true(#out >= #prompt + 4)
+        assert.same({ unpack(greedy, 1, #out) }, out)
+    end)
+
     it("reports the loop depth used", function()
         for loops = 1, 4 do
             local _, stats = m:generate("Hi", { max_tokens = 3, loops = loops })

@@ -88,6 +88,14 @@ describe("engine validation", function()
         raises({ "frequency_penalty", "must be a number" }, gen({ frequency_penalty = "high" }))
     end)
 
+    it("min_p and min_tokens", function()
+        raises({ "min_p = 1.5 must be in [0, 1]" }, gen({ min_p = 1.5 }))
+        raises({ "min_p", "must be a number" }, gen({ min_p = "low" }))
+        raises({ "min_tokens = 9 must be in [0, max_tokens = 8]" }, gen({ max_tokens = 8, min_tokens = 9 }))
+        raises({ "min_tokens = -1" }, gen({ min_tokens = -1 }))
+        raises({ "min_tokens", "integer" }, gen({ min_tokens = 2.5 }))
+    end)
+
     it("a prompt too long for max_seq_len", function()
         local long = {}
         for i = 1, 100 do long[i] = i end

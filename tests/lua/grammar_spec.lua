@@ -82,6 +82,23 @@ describe("cfg.grammar with a compiled grammar", function()
             assert.same(plain, ids)
         end
     end)
+    it("ends where the grammar ends, min_tokens or not (its end is not delayed)", function()
+        local short = assert(G.gbnf('root ::= "Yes" | "No"'))
+        local base = { grammar = short, max_tokens = 20, loops = 4 }
+        local ids, stats = austen:generate(P, base)
+        assert.equal("EOS", stats.stop_reason)
+        local n_new = #ids - #P
+        assert.is_true(n_new < 10)
+        for _, mode in ipairs({ "plain", "chain", "beam" }) do
+            local cfg = { grammar = short, max_tokens = 20, loops = 4, min_tokens = 10 }
+            if mode == "chain" then cfg.speculative, cfg.draft_loops = "chain", 2 end
+            if mode == "beam" then cfg.beam_size = 2 end
+            local got, got_stats = austen:generate(P, cfg)
+            assert.equal("EOS", got_stats.stop_reason, mode)
+            if mode ~= "beam" then assert.same(ids, got, mode) end
+            assert.is_true(short:matches(text(got, #P):gsub("<|endoftext|>$", "")), mode)
+        end
+    end)
     it("constrains beam search: each hypothesis keeps its own grammar state", function()
         for _, width in ipairs({ 2, 3 }) do
             local ids, stats = austen:generate(P, { grammar = json, max_tokens = 120, loops = 4, beam_size = width })

@@ -265,6 +265,27 @@ describe("server", function()
         assert.are_not.same(generated(plain), choice.token_ids)
     end)
 
+    it("takes min_p and min_tokens (vLLM's): the tokens of a session with them", function()
+        local m = assert(tinyloop.load(MODEL))
+        local eos = m:info().eos_token_id
+        -- eos, every step's favourite, and a stop token the first step would end at, both wait
+        local first = m:generate({ 10, 20, 30 }, { max_tokens = 1, ignore_eos = true })[4]
+        local want = m:generate({ 10, 20, 30 }, { max_tokens = 16, min_tokens = 5, logit_bias = { [eos] = 100 },
+                                                  stop_sequences = { { first } } })
+        assert.equal(9, #want)
+        assert.equal(eos, want[9])
+        local choice = single({ prompt = { 10, 20, 30 }, max_tokens = 16, min_tokens = 5,
+                                logit_bias = { [tostring(eos)] = 100 }, stop_token_ids = { first } })
+        assert.same({ unpack(want, 4) }, choice.token_ids)
+        for i = 1, 5 do assert.are_not.equal(first, choice.token_ids[i]) end
+        assert.equal("stop", choice.finish_reason)
+        -- min_p = 1 at temperature 1 keeps only the most likely token: greedy decoding
+        local greedy = { unpack(m:generate({ 10, 20, 30 }, { max_tokens = 12, ignore_eos = true }), 4) }
+        choice = single({ prompt = { 10, 20, 30 }, max_tokens = 12, ignore_eos = true, temperature = 1, top_k = 4096,
+                          min_p = 1, seed = 3 })
+        assert.same(greedy, choice.token_ids)
+    end)
+
     it("stops at stop_token_ids (vLLM's field), the token kept, as a local session with those stop sequences", function()
         local m = assert(tinyloop.load(MODEL))
         local greedy = { unpack(m:generate({ 10, 20, 30 }, { max_tokens = 12, ignore_eos = true }), 4) }
@@ -527,6 +548,10 @@ describe("server", function()
         expect_error(400, "prompt", '{"prompt": [1, -1]}')
         expect_error(400, "prompt", '{"prompt": [1, 2.5]}')
         expect_error(400, "loops", '{"prompt": "hi", "loops": 99}')
+        expect_error(400, "min_p", '{"prompt": "hi", "min_p": 1.5}')
+        expect_error(400, "min_p", '{"prompt": "hi", "min_p": "low"}')
+        e = expect_error(400, "min_tokens", '{"prompt": "hi", "max_tokens": 4, "min_tokens": 5}')
+        assert.truthy(e.message:find("min_tokens = 5 must be in [0, max_tokens = 4]", 1, true), e.message)
         expect_error(400, "speculative", '{"prompt": "hi", "speculative": "sideways"}')
         expect_error(404, "model", '{"prompt": "hi", "model": "gpt-4"}')
         -- several choices: n and batches of prompts, at most max_active (2 here) a request

@@ -40,6 +40,8 @@ local FIELDS = {
     -- TinyLoop extensions
     loops = { "integer", "loops" },
     top_k = { "integer", "top_k" },
+    min_p = { "number", "min_p" },           -- vLLM's and llama.cpp's, in [0, 1]
+    min_tokens = { "integer", "min_tokens" }, -- vLLM's, in [0, max_tokens]
     repetition_penalty = { "number", "repetition_penalty" },
     ignore_eos = { "boolean", "ignore_eos" },
     cache_window = { "integer", "cache_window" },
