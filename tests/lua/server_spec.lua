@@ -1217,6 +1217,105 @@ describe("chat completions", function()
     end)
 end)
 
+describe("/tokenize and /detokenize (vLLM's)", function()
+    local function post_to(path, t) -- t: a table, or the body's JSON text
+        return curl("-H 'Content-Type: application/json' --data-binary " ..
+                    quote(type(t) == "string" and t or cjson.encode(t)) .. " " .. base .. path)
+    end
+    local function ok(path, t)
+        local status, body = post_to(path, t)
+        assert.equal(200, status, body)
+        return cjson.decode(body), body
+    end
+    local messages = { { role = "system", content = "Be brief." }, { role = "user", content = "Who is Emma?" } }
+
+    it("counts a prompt's tokens as /v1/completions reads them, and gives their text back", function()
+        local m = assert(tinyloop.load(MODEL))
+        local text = "It is a truth universally acknowledged, \u{e9}t\u{e9}"
+        local r, raw = ok("/tokenize", { model = "tinyloop-austen", prompt = text })
+        assert.same(m:encode(text), r.tokens)
+        assert.equal(#r.tokens, r.count)
+        assert.equal(256, r.max_model_len)
+        assert.equal(cjson.null, r.token_strs)
+        assert.truthy(raw:find('"token_strs":null', 1, true))
+        local status, body = post_json({ prompt = text, max_tokens = 1 })
+        assert.equal(200, status, body)
+        assert.equal(r.count, cjson.decode(body).usage.prompt_tokens)
+        -- each token's text: joined, an ASCII prompt; a token holding part of a character
+        -- shows U+FFFD (JSON is UTF-8), as logprobs show it
+        local ascii = "It is a truth universally acknowledged"
+        local with_strs = ok("/tokenize", { prompt = ascii, return_token_strs = true })
+        assert.equal(with_strs.count, #with_strs.token_strs)
+        assert.equal(ascii, table.concat(with_strs.token_strs))
+        with_strs = ok("/tokenize", { prompt = text, return_token_strs = true })
+        assert.equal(r.count, #with_strs.token_strs)
+        assert.truthy(table.concat(with_strs.token_strs):find("\u{fffd}", 1, true))
+        assert.equal(text, ok("/detokenize", { model = "tinyloop-austen", tokens = r.tokens }).prompt)
+        -- nothing, and a text's empty token list
+        assert.equal("", ok("/detokenize", '{"tokens": []}').prompt)
+        local empty, empty_raw = ok("/tokenize", { prompt = "" })
+        assert.equal(0, empty.count)
+        assert.truthy(empty_raw:find('"tokens":[]', 1, true), empty_raw)
+    end)
+
+    it("counts a conversation's tokens as /v1/chat/completions renders them", function()
+        local r = ok("/tokenize", { messages = messages })
+        local status, body = post_chat({ messages = messages, max_tokens = 1 })
+        assert.equal(200, status, body)
+        assert.equal(r.count, cjson.decode(body).usage.prompt_tokens)
+        local m = assert(tinyloop.load(MODEL))
+        assert.same(m:encode("Be brief.\n\nUser: Who is Emma?\n\nAssistant:"), r.tokens)
+        -- without the assistant's opened turn: a prefix of its text
+        local closed = ok("/tokenize", { messages = messages, add_generation_prompt = false })
+        assert.is_true(closed.count < r.count)
+        local open_text = ok("/detokenize", { tokens = r.tokens }).prompt
+        local closed_text = ok("/detokenize", { tokens = closed.tokens }).prompt
+        assert.equal(closed_text, open_text:sub(1, #closed_text))
+        assert.is_true(#closed_text < #open_text)
+        -- the tools the template shows count, as in a chat request with them
+        local tools = { { type = "function", ["function"] = { name = "lookup", description = "Find a person.",
+                                                               parameters = { type = "object" } } } }
+        local with_tools = ok("/tokenize", { messages = messages, tools = tools })
+        assert.is_true(with_tools.count > r.count)
+        status, body = post_chat({ messages = messages, tools = tools, max_tokens = 1 })
+        assert.equal(200, status, body)
+        assert.equal(with_tools.count, cjson.decode(body).usage.prompt_tokens)
+    end)
+
+    it("answers bad input with 4xx JSON errors naming the field", function()
+        local function refused(path, t, status, param, needle)
+            local got, body = post_to(path, t)
+            assert.equal(status, got, body)
+            local e = cjson.decode(body).error
+            assert.equal(param == nil and cjson.null or param, e.param, body)
+            if needle then assert.truthy(e.message:find(needle, 1, true), e.message) end
+        end
+        refused("/tokenize", { prompt = "a", messages = messages }, 400, "messages", "one of them")
+        refused("/tokenize", {}, 400, "prompt", "one of them")
+        refused("/tokenize", { prompt = { 1, 2 } }, 400, "prompt", "prompt must be a string")
+        refused("/tokenize", { prompt = "a", tools = {} }, 400, "tools", "tools goes with messages")
+        refused("/tokenize", { prompt = "a", add_generation_prompt = true }, 400, "add_generation_prompt")
+        refused("/tokenize", { prompt = "a", add_special_tokens = true }, 400, "add_special_tokens", "unknown field")
+        refused("/tokenize", { messages = { { role = "wizard", content = "hi" } } }, 400, "messages")
+        refused("/tokenize", { messages = messages, tools = { { type = "function" } } }, 400, "tools")
+        refused("/tokenize", { prompt = "a", model = "gpt-4" }, 404, "model", "not served here")
+        refused("/tokenize", "[1, 2]", 400, nil, "must be a JSON object")
+        refused("/detokenize", { tokens = { 1, 4096 } }, 400, "tokens", "tokens[1] = 4096 is not a token id: ids are in [0, 4096)")
+        refused("/detokenize", { tokens = { 1, 2.5 } }, 400, "tokens", "tokens[1] = 2.5 is not a token id")
+        refused("/detokenize", '{"tokens": {"a": 1}}', 400, "tokens", "tokens must be an array of token ids")
+        refused("/detokenize", '{"tokens": {}}', 400, "tokens", "tokens must be an array of token ids")
+        refused("/detokenize", { tokens = "1 2" }, 400, "tokens", "tokens must be an array")
+        refused("/detokenize", {}, 400, "tokens", "tokens is required")
+        refused("/detokenize", { tokens = { 1 }, prompt = "a" }, 400, "prompt", "unknown field")
+        for _, path in ipairs({ "/tokenize", "/detokenize" }) do
+            local status, body = curl(base .. path)
+            assert.equal(405, status, body)
+        end
+        -- and the server still serves
+        assert.equal(1, ok("/tokenize", { prompt = "It" }).count)
+    end)
+end)
+
 describe("server with two workers", function()
     -- Each worker has its own engine; /metrics, whichever worker answers, shows both.
     local port2, base2, dir2

@@ -248,7 +248,8 @@ end
 
 function _M.not_found()
     return send_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health, /metrics)", nil, "not_found_error")
+        " (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
+        "/metrics)", nil, "not_found_error")
 end
 
 function _M.too_large()
@@ -862,8 +863,8 @@ local function plain(msg)
     return (msg:gsub("^[^:\n]*:%d+: ", ""))
 end
 
--- POST /v1/completions (chat false) or /v1/chat/completions (chat true).
-local function serve(chat)
+-- A POST's body, once the model is ready and the body within the limit; nil when answered.
+local function post_body()
     if ngx.req.get_method() ~= "POST" then
         return send_error(405, "method " .. ngx.req.get_method() .. " is not allowed here: use POST", nil, nil, { Allow = "POST" })
     end
@@ -873,14 +874,51 @@ local function serve(chat)
     ngx.req.read_body()
     local body = ngx.req.get_body_data()
     if not body and ngx.req.get_body_file() then return _M.too_large() end -- spilled to disk: over the buffer
+    return body or ""
+end
+
+-- POST /tokenize (vLLM's): the ids of a prompt or a conversation, as the completions
+-- endpoints encode them: {"count", "max_model_len", "tokens", "token_strs"} (each token's
+-- text, as logprobs show it, with return_token_strs; else null).
+function _M.tokenize()
+    local body = post_body()
+    if not body then return end
+    local req, err = request.parse_tokenize(body, model, conf.model_id, chat_prompts, chat_error)
+    if not req then return send_error(err.status, err.message, err.param, err.type) end
+    local strs = "null"
+    if req.token_strs then
+        local list = {}
+        for i, id in ipairs(req.ids) do list[i] = encode((token_string(id, true))) end
+        strs = "[" .. concat(list, ",") .. "]"
+    end
+    return send_json(200, '{"count":' .. #req.ids .. ',"max_model_len":' .. model.max_seq_len .. ',"tokens":[' ..
+        concat(req.ids, ",") .. '],"token_strs":' .. strs .. "}")
+end
+
+-- POST /detokenize (vLLM's): {"tokens": [...]} -> {"prompt": their text} (a token holding
+-- part of a character shows U+FFFD, as JSON needs UTF-8).
+function _M.detokenize()
+    local body = post_body()
+    if not body then return end
+    local req, err = request.parse_detokenize(body, model, conf.model_id)
+    if not req then return send_error(err.status, err.message, err.param, err.type) end
+    local text, derr = model:decode(req.ids)
+    if not text then return send_error(500, "decoding failed: " .. tostring(derr), nil, "server_error") end
+    return send_json(200, '{"prompt":' .. encode(request.valid_utf8(text)) .. "}")
+end
+
+-- POST /v1/completions (chat false) or /v1/chat/completions (chat true).
+local function serve(chat)
+    local body = post_body()
+    if not body then return end
     if chat and not chat_prompts then
         return send_error(500, "the chat template failed to load: " .. tostring(chat_error), nil, "server_error")
     end
     local req, err
     if chat then
-        req, err = request.parse_chat(body or "", model, conf.model_id, conf.max_active, chat_prompts)
+        req, err = request.parse_chat(body, model, conf.model_id, conf.max_active, chat_prompts)
     else
-        req, err = request.parse(body or "", model, conf.model_id, conf.max_active)
+        req, err = request.parse(body, model, conf.model_id, conf.max_active)
     end
     if not req then return send_error(err.status, err.message, err.param, err.type) end
 

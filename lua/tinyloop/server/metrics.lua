@@ -67,7 +67,7 @@ end
 
 -- Requests by endpoint and status: endpoints are a fixed set, so labels stay bounded.
 local ENDPOINTS = { ["/v1/completions"] = true, ["/v1/chat/completions"] = true, ["/v1/models"] = true, ["/health"] = true,
-                    ["/metrics"] = true }
+                    ["/metrics"] = true, ["/tokenize"] = true, ["/detokenize"] = true }
 function _M.log_request(uri, status)
     incr("req:" .. (ENDPOINTS[uri] and uri or "other") .. ":" .. tostring(status))
 end

@@ -237,16 +237,16 @@ local function prompt_list(model, prompt)
     return list
 end
 
--- stop_token_ids [id, ...] -> true when every one is a token id, or an error naming the field.
-local function check_stop_token_ids(ids, vocab)
-    local P = "stop_token_ids"
-    if #ids == 0 and next(ids) ~= nil then return bad("stop_token_ids must be an array of token ids", P) end
+-- A field's [id, ...] (stop_token_ids, /detokenize's tokens) -> true when every one is a
+-- token id, or an error naming the field.
+local function check_token_ids(ids, vocab, P)
+    if #ids == 0 and next(ids) ~= nil then return bad(P .. " must be an array of token ids", P) end
     for k in pairs(ids) do
-        if not is_integer(k) or k < 1 or k > #ids then return bad("stop_token_ids must be an array of token ids", P) end
+        if not is_integer(k) or k < 1 or k > #ids then return bad(P .. " must be an array of token ids", P) end
     end
     for i, id in ipairs(ids) do
         if not is_integer(id) or id < 0 or id >= vocab then
-            return bad(("stop_token_ids[%d] = %s is not a token id: ids are in [0, %d)"):format(i - 1, cjson.encode(id) or tostring(id), vocab), P)
+            return bad(("%s[%d] = %s is not a token id: ids are in [0, %d)"):format(P, i - 1, cjson.encode(id) or tostring(id), vocab), P)
         end
     end
     return true
@@ -396,10 +396,16 @@ end
 
 -- What both APIs share, into cfg: model, n, the sampling adjustments, stream_options, the
 -- grammar, stop strings. -> { n, include_usage, grammar_field } | nil, err.
-local function shared_fields(t, body, model, model_id, cfg)
+local function check_model(t, model_id)
     if t.model ~= nil and t.model ~= model_id then
         return bad(("model '%s' is not served here (GET /v1/models lists '%s')"):format(t.model, model_id), "model", 404)
     end
+    return true
+end
+
+local function shared_fields(t, body, model, model_id, cfg)
+    local ok, e = check_model(t, model_id)
+    if not ok then return nil, e end
     if t.n ~= nil and t.n < 1 then return bad(("n = %d must be >= 1"):format(t.n), "n") end
     for _, k in ipairs({ "presence_penalty", "frequency_penalty" }) do
         if t[k] ~= nil and not (t[k] >= -MAX_PENALTY and t[k] <= MAX_PENALTY) then
@@ -437,7 +443,7 @@ local function shared_fields(t, body, model, model_id, cfg)
         cfg.stop_strings = stops
     end
     if t.stop_token_ids ~= nil then
-        local ok, e = check_stop_token_ids(t.stop_token_ids, model.vocab_size)
+        local ok, e = check_token_ids(t.stop_token_ids, model.vocab_size, "stop_token_ids")
         if not ok then return nil, e end
         add_stop_ids(cfg, t.stop_token_ids)
     end
@@ -614,6 +620,73 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     return { prompts = { ids }, ids = ids, n = shared.n, best_of = shared.n, cfg = cfg, stream = t.stream == true,
              include_usage = shared.include_usage, logprobs = logprobs, stops = cfg.stop_strings, prompt_tokens = #ids,
              grammar_field = shared.grammar_field, prompt_text = text, tools = tool_spec or nil }
+end
+
+-- ------------------------------------------------------------------ /tokenize, /detokenize
+
+-- vLLM's endpoints, for clients that count a prompt's tokens against the context first.
+local TOKENIZE_FIELDS = {
+    model = { "string", false },
+    prompt = { "string", false },           -- a text, encoded as /v1/completions encodes it
+    messages = { "messages", false },       -- or a conversation, rendered as /v1/chat/completions does
+    add_generation_prompt = { "boolean", false }, -- with messages: the assistant's turn opened (default true)
+    tools = { "array", false },             -- with messages: the tools the template shows
+    return_token_strs = { "boolean", false }, -- each token's text as well
+}
+local DETOKENIZE_FIELDS = { model = { "string", false }, tokens = { "array", false } }
+
+-- parse_tokenize(body, model, model_id, chat) -> { ids, token_strs } | nil, err: the ids a
+-- POST /tokenize body's prompt or messages become on the completions endpoints (chat: as
+-- parse_chat's; nil when the chat template failed to load, a 500 for messages only).
+function _M.parse_tokenize(body, model, model_id, chat, chat_error)
+    local t, e = decode_fields(body, TOKENIZE_FIELDS, {})
+    if not t then return nil, e end
+    local ok
+    ok, e = check_model(t, model_id)
+    if not ok then return nil, e end
+    if (t.prompt == nil) == (t.messages == nil) then
+        return bad("send prompt (a text) or messages (a conversation): one of them", t.prompt and "messages" or "prompt")
+    end
+    local field = t.prompt and "prompt" or "messages"
+    if not model.has_tokenizer then return bad("this model has no tokenizer: it reads token ids only", field) end
+    local text = t.prompt
+    if t.messages then
+        if not chat then return nil, { status = 500, message = "the chat template failed to load: " .. tostring(chat_error), type = "server_error" } end
+        local shown, param
+        if t.tools ~= nil then
+            local spec
+            spec, shown, param = tools.prepare(t.tools, nil, nil, raw_member(body, { "tools" }))
+            if spec == nil then return bad(shown, param) end
+        end
+        local err, fault
+        text, err, fault = chat:prompt(t.messages, t.add_generation_prompt ~= false, shown)
+        if not text then
+            if fault == "template" then return nil, { status = 500, message = err, type = "server_error" } end
+            return bad(err, "messages")
+        end
+    else
+        for _, k in ipairs({ "add_generation_prompt", "tools" }) do
+            if t[k] ~= nil then return bad(k .. " goes with messages, not with prompt", k) end
+        end
+    end
+    local ids, err = model:encode(text)
+    if not ids then return nil, { status = 500, message = "encoding failed: " .. tostring(err), type = "server_error" } end
+    return { ids = ids, token_strs = t.return_token_strs == true }
+end
+
+-- parse_detokenize(body, model, model_id) -> { ids } | nil, err: a POST /detokenize body.
+function _M.parse_detokenize(body, model, model_id)
+    local t, e = decode_fields(body, DETOKENIZE_FIELDS, {})
+    if not t then return nil, e end
+    local ok
+    ok, e = check_model(t, model_id)
+    if not ok then return nil, e end
+    if t.tokens == nil then return bad("tokens is required", "tokens") end
+    if raw_member(body, { "tokens" }):sub(1, 1) ~= "[" then return bad("tokens must be an array of token ids", "tokens") end
+    if not model.has_tokenizer then return bad("this model has no tokenizer: it has no text for its ids", "tokens") end
+    ok, e = check_token_ids(t.tokens, model.vocab_size, "tokens")
+    if not ok then return nil, e end
+    return { ids = t.tokens }
 end
 
 return _M
