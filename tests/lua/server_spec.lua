@@ -279,6 +279,14 @@ describe("server", function()
         assert.same({ unpack(want, 4) }, choice.token_ids)
         for i = 1, 5 do assert.are_not.equal(first, choice.token_ids[i]) end
         assert.equal("stop", choice.finish_reason)
+        -- top_k -1 (vLLM's "every token"): a session sampling over the whole vocabulary
+        local all = { unpack(m:generate({ 10, 20, 30 }, { max_tokens = 12, ignore_eos = true, temperature = 1,
+                                                          top_k = m:info().vocab_size, sample_seed = 9 }), 4) }
+        choice = single({ prompt = { 10, 20, 30 }, max_tokens = 12, ignore_eos = true, temperature = 1, top_k = -1, seed = 9 })
+        assert.same(all, choice.token_ids)
+        local top50 = { unpack(m:generate({ 10, 20, 30 }, { max_tokens = 12, ignore_eos = true, temperature = 1,
+                                                            sample_seed = 9 }), 4) }
+        assert.are_not.same(top50, all) -- the default top_k (50) samples otherwise (the test's strength)
         -- min_p = 1 at temperature 1 keeps only the most likely token: greedy decoding
         local greedy = { unpack(m:generate({ 10, 20, 30 }, { max_tokens = 12, ignore_eos = true }), 4) }
         choice = single({ prompt = { 10, 20, 30 }, max_tokens = 12, ignore_eos = true, temperature = 1, top_k = 4096,
@@ -1767,6 +1775,15 @@ describe("server request parsing", function()
             assert.equal(field, e and e.param, field)
             assert.truthy(e.message:find("is not supported", 1, true), e.message)
         end
+    end)
+    it("takes top_k 0 or -1 as every token (vLLM's convention), other values as they are", function()
+        for _, k in ipairs({ 0, -1 }) do
+            local r = assert(request.parse(('{"prompt": [1], "max_tokens": 2, "top_k": %d}'):format(k), fake, "m"))
+            assert.equal(10, r.cfg.top_k)
+        end
+        assert.equal(3, assert(request.parse('{"prompt": [1], "max_tokens": 2, "top_k": 3}', fake, "m")).cfg.top_k)
+        assert.equal(-2, assert(request.parse('{"prompt": [1], "max_tokens": 2, "top_k": -2}', fake, "m")).cfg.top_k)
+        assert.is_nil(assert(request.parse('{"prompt": [1], "max_tokens": 2}', fake, "m")).cfg.top_k)
     end)
     it("takes OpenAI's presence_penalty, frequency_penalty and logit_bias, in OpenAI's ranges", function()
         local r = assert(request.parse('{"prompt": [1], "max_tokens": 2, "presence_penalty": -1.5, ' ..

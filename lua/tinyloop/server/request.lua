@@ -39,7 +39,7 @@ local FIELDS = {
     logit_bias = { "object", false }, -- {"token id": bias in [-100, 100]}; converted below
     -- TinyLoop extensions
     loops = { "integer", "loops" },
-    top_k = { "integer", "top_k" },
+    top_k = { "integer", "top_k" },          -- 0 or -1: every token (vLLM's convention)
     min_p = { "number", "min_p" },           -- vLLM's and llama.cpp's, in [0, 1]
     min_tokens = { "integer", "min_tokens" }, -- vLLM's, in [0, max_tokens]
     repetition_penalty = { "number", "repetition_penalty" },
@@ -417,6 +417,8 @@ local function shared_fields(t, body, model, model_id, cfg)
         if not bias then return nil, e end
         cfg.logit_bias = bias
     end
+    -- vLLM's convention (its clients send it): top_k 0 or -1 considers every token
+    if t.top_k == 0 or t.top_k == -1 then cfg.top_k = model.vocab_size end
     local include_usage = false
     if t.stream_options ~= nil then
         for k, v in pairs(t.stream_options) do
