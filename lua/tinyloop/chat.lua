@@ -294,19 +294,58 @@ function _M.check_messages(messages)
     return out
 end
 
--- chat:prompt(messages[, add_generation_prompt = true[, tools]]) -> text | nil, err, fault:
--- the messages checked (check_messages) and rendered, with `tools` (a list the template
--- reads, OpenAI's {"type": "function", "function": {...}} objects: decode_ordered of the
--- request's tools) when given. fault says whose the failure is:
+-- The last place `needle` (not empty) begins in `text`, or nil.
+local function last_find(text, needle)
+    local at, from = nil, 1
+    while true do
+        local found = text:find(needle, from, true)
+        if not found then return at end
+        at, from = found, found + 1
+    end
+end
+
+-- The rendered conversation cut right after the final message's content, so that the model
+-- continues that message (transformers' continue_final_message, its rule to the letter: the
+-- content's last appearance, stripped of surrounding blanks; its leading blanks stay out
+-- when the template trimmed them, its trailing ones when the template kept them).
+local function continue_final(text, content)
+    if content == json_null or content:match("^%s*$") then
+        return nil, "continue_final_message: the final message has no text to continue"
+    end
+    local stripped, lstripped = content:match("^%s*(.-)%s*$"), content:match("^%s*(.*)$")
+    local at = last_find(text, stripped)
+    if not at then
+        return nil, "continue_final_message: the chat template does not show the final message's text as it is"
+    end
+    if text:sub(at, at + #lstripped - 1) == content then return text:sub(1, at + #lstripped - 1) end
+    return text:sub(1, at + #stripped - 1)
+end
+
+-- chat:prompt(messages[, add_generation_prompt = true[, tools[, continue_final_message]]])
+-- -> text | nil, err, fault: the messages checked (check_messages) and rendered, with `tools`
+-- (a list the template reads, OpenAI's {"type": "function", "function": {...}} objects:
+-- decode_ordered of the request's tools) when given. continue_final_message (vLLM's and
+-- transformers'): the text ends inside the final message, which the model then continues
+-- (a reply begun for it, say); it opens no new turn, so add_generation_prompt must not be
+-- true (nil counts as false then). fault says whose the failure is:
 -- "messages" (check_messages' rules, the template's raise_exception, e.g. roles that must
 -- alternate, or more text than the renderer's bounds) or "template" (it cannot run here: a
 -- Jinja feature tinyloop.chat_template lacks, say).
-function Chat:prompt(messages, add_generation_prompt, tools)
+function Chat:prompt(messages, add_generation_prompt, tools, continue_final_message)
+    if continue_final_message and add_generation_prompt then
+        return nil, "continue_final_message continues the final message: it opens no new turn (add_generation_prompt)",
+            "messages"
+    end
     local checked, err = _M.check_messages(messages)
     if not checked then return nil, err, "messages" end
     local text, kind
-    text, err, kind = self.template:render({ messages = checked, add_generation_prompt = add_generation_prompt ~= false,
+    text, err, kind = self.template:render({ messages = checked,
+                                             add_generation_prompt = not continue_final_message and add_generation_prompt ~= false,
                                              bos_token = self.bos_token, eos_token = self.eos_token, tools = tools })
+    if text and continue_final_message then
+        text, err = continue_final(text, checked[#checked].content)
+        if not text then return nil, err, "messages" end
+    end
     if text then return text end
     -- (its file name only: the message may reach a client)
     if kind == "template" then

@@ -53,6 +53,45 @@ describe("tinyloop.chat", function()
                                 { role = "assistant", content = "Emma." }, { role = "user", content = "And?" } }))
     end)
 
+    it("continues the final message (continue_final_message: transformers' rule)", function()
+        local begun = { { role = "user", content = "Who is Emma?" }, { role = "assistant", content = "She is" } }
+        local c = assert(chat.load(dir))
+        assert.equal("User: Who is Emma?\n\nAssistant: She is", c:prompt(begun, nil, nil, true))
+        assert.equal("User: Who is Emma?\n\nAssistant: She is", c:prompt(begun, false, nil, true))
+        -- ChatML: the turn stays open, no <|im_end|>
+        local qwen = assert(chat.load(dir, H.ROOT .. "/tests/data/chat_templates/qwen2_5.jinja"))
+        local text = assert(qwen:prompt(begun, false, nil, true))
+        assert.equal("<|im_start|>assistant\nShe is", text:sub(-#"<|im_start|>assistant\nShe is"))
+        assert.equal(assert(qwen:prompt(begun, false)):sub(1, #text), text) -- the closed turn, cut
+        -- blanks: trailing ones the template kept stay; leading ones stay out of the match, and
+        -- then the trailing ones go too (the content's last appearance, stripped)
+        local function final(content) return { { role = "user", content = "Hi" }, { role = "assistant", content = content } } end
+        assert.equal("<|im_start|>assistant\nWell,  ", assert(qwen:prompt(final("Well,  "), false, nil, true)):sub(-29))
+        assert.equal("<|im_start|>assistant\n  Well,", assert(qwen:prompt(final("  Well,  "), false, nil, true)):sub(-29))
+        -- the content's last appearance: an earlier equal text is not the cut
+        assert.equal("User: Yes\n\nAssistant: Yes", c:prompt({ { role = "user", content = "Yes" },
+                                                                  { role = "assistant", content = "Yes" } }, false, nil, true))
+        -- refusals, all the request's ("messages")
+        local function refused(needle, ...)
+            local got, err, fault = c:prompt(...)
+            assert.is_nil(got)
+            assert.truthy(err:find(needle, 1, true), err)
+            assert.equal("messages", fault)
+        end
+        refused("it opens no new turn", begun, true, nil, true)
+        refused("the final message has no text to continue", final("  "), false, nil, true)
+        refused("the final message has no text to continue",
+                { { role = "user", content = "Hi" }, { role = "assistant", content = cjson.null,
+                  tool_calls = { { id = "c1", type = "function", ["function"] = { name = "f", arguments = "{}" } } } } },
+                false, nil, true)
+        write(dir .. "/upper.jinja", "{% for m in messages %}{{ m.content | upper }}{% endfor %}")
+        local upper = assert(chat.load(dir, dir .. "/upper.jinja"))
+        local got, err, fault = upper:prompt(begun, false, nil, true)
+        assert.is_nil(got)
+        assert.truthy(err:find("does not show the final message's text as it is", 1, true), err)
+        assert.equal("messages", fault)
+    end)
+
     it("keeps the built-in template in the fixture file its parity with jinja2 is checked on", function()
         -- (tests/data/chat_templates/builtin_plain.jinja: chat_template_spec renders its cases,
         -- tools and tool calls among them, against Python's jinja2)

@@ -1225,6 +1225,44 @@ describe("chat completions", function()
     end)
 end)
 
+describe("chat completions: add_generation_prompt and continue_final_message (vLLM's)", function()
+    local begun = { { role = "user", content = "Who is Emma?" }, { role = "assistant", content = "She is" } }
+
+    it("continues a begun reply: the completion of the cut prompt, the new text only", function()
+        local m = assert(tinyloop.load(MODEL))
+        local prompt = "User: Who is Emma?\n\nAssistant: She is"
+        local want = m:generate(m:encode(prompt), { max_tokens = 10, ignore_eos = true })
+        local status, body = post_chat({ messages = begun, continue_final_message = true, max_tokens = 10, ignore_eos = true })
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        assert.equal(#m:encode(prompt), r.usage.prompt_tokens)
+        assert.equal(m:decode({ unpack(want, #m:encode(prompt) + 1) }), r.choices[1].message.content)
+        -- the same prompt, counted by /tokenize; add_generation_prompt false alone closes the turn
+        status, body = curl("-H 'Content-Type: application/json' --data-binary " ..
+                            quote(cjson.encode({ messages = begun, continue_final_message = true })) .. " " .. base .. "/tokenize")
+        assert.equal(200, status, body)
+        assert.same(m:encode(prompt), cjson.decode(body).tokens)
+        status, body = post_chat({ messages = begun, add_generation_prompt = false, max_tokens = 1 })
+        assert.equal(200, status, body)
+        assert.equal(#m:encode(prompt .. "\n\n"), cjson.decode(body).usage.prompt_tokens)
+    end)
+
+    it("refuses add_generation_prompt with continue_final_message, and a final message it cannot find", function()
+        local function refused(t, param, needle)
+            local status, body = post_chat(t)
+            assert.equal(400, status, body)
+            local e = cjson.decode(body).error
+            assert.equal(param, e.param)
+            assert.truthy(e.message:find(needle, 1, true), e.message)
+        end
+        refused({ messages = begun, continue_final_message = true, add_generation_prompt = true }, "add_generation_prompt",
+                "must be false")
+        refused({ messages = { { role = "user", content = "Hi" }, { role = "assistant", content = " " } },
+                  continue_final_message = true }, "messages", "no text to continue")
+        refused({ messages = begun, continue_final_message = "yes" }, "continue_final_message", "must be a boolean")
+    end)
+end)
+
 describe("/tokenize and /detokenize (vLLM's)", function()
     local function post_to(path, t) -- t: a table, or the body's JSON text
         return curl("-H 'Content-Type: application/json' --data-binary " ..

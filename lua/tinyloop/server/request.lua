@@ -81,6 +81,8 @@ CHAT_FIELDS.max_completion_tokens = { "integer", false }
 CHAT_FIELDS.tools = { "array", false }               -- function tools (tinyloop.tools)
 CHAT_FIELDS.tool_choice = { "tool_choice", false }   -- "none" | "auto" | "required" | {"type": "function", ...}
 CHAT_FIELDS.parallel_tool_calls = { "boolean", false }
+CHAT_FIELDS.add_generation_prompt = { "boolean", false }  -- vLLM's: the assistant's turn opened (default true)
+CHAT_FIELDS.continue_final_message = { "boolean", false } -- vLLM's: the reply continues the final message
 _M.CHAT_FIELDS = CHAT_FIELDS
 
 local DEFAULT_MAX_TOKENS = 16 -- OpenAI's default for completions
@@ -564,6 +566,23 @@ local function tools_fields(t, body, cfg, shared)
     return spec, shown
 end
 
+-- The prompt text of a body's messages (chat: tinyloop.chat; template_tools: the tools the
+-- template shows), with vLLM's add_generation_prompt (default true) and
+-- continue_final_message (the reply continues the final message: a begun answer) -> text |
+-- nil, err.
+local function render_messages(t, chat, template_tools)
+    if t.continue_final_message and t.add_generation_prompt then
+        return bad("continue_final_message continues the final message: it opens no new turn, so add_generation_prompt " ..
+                   "must be false (or left out)", "add_generation_prompt")
+    end
+    local text, err, fault = chat:prompt(t.messages, not t.continue_final_message and t.add_generation_prompt ~= false,
+                                         template_tools, t.continue_final_message)
+    if text then return text end
+    -- the server's template that cannot run is the server's fault, not the request's
+    if fault == "template" then return nil, { status = 500, message = err, type = "server_error" } end
+    return bad(err, "messages")
+end
+
 -- parse_chat(body, model, model_id, max_choices, chat) -> request | nil, err: a POST
 -- /v1/chat/completions body, its messages rendered by `chat` (tinyloop.chat: the model's
 -- template) into the one prompt, generation stopping at chat.turn_ends (ids, if set) as well;
@@ -582,13 +601,9 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     if not model.has_tokenizer then return bad("chat needs a tokenizer, which this model lacks: use /v1/completions with token ids", "messages") end
     local tool_spec, template_tools = tools_fields(t, body, cfg, shared)
     if tool_spec == nil then return nil, template_tools end
-    local text, fault
-    text, err, fault = chat:prompt(t.messages, true, template_tools)
-    if not text then
-        -- the server's template that cannot run is the server's fault, not the request's
-        if fault == "template" then return nil, { status = 500, message = err, type = "server_error" } end
-        return bad(err, "messages")
-    end
+    local text
+    text, err = render_messages(t, chat, template_tools)
+    if not text then return nil, err end
     if text == "" then return bad("the chat template rendered these messages as an empty prompt", "messages") end
     local ids, e = model:encode(text)
     if not ids then return nil, { status = 500, message = "encoding the prompt failed: " .. tostring(e), type = "server_error" } end
@@ -632,6 +647,7 @@ local TOKENIZE_FIELDS = {
     prompt = { "string", false },           -- a text, encoded as /v1/completions encodes it
     messages = { "messages", false },       -- or a conversation, rendered as /v1/chat/completions does
     add_generation_prompt = { "boolean", false }, -- with messages: the assistant's turn opened (default true)
+    continue_final_message = { "boolean", false }, -- with messages: ends inside the final message
     tools = { "array", false },             -- with messages: the tools the template shows
     return_token_strs = { "boolean", false }, -- each token's text as well
 }
@@ -660,14 +676,10 @@ function _M.parse_tokenize(body, model, model_id, chat, chat_error)
             spec, shown, param = tools.prepare(t.tools, nil, nil, raw_member(body, { "tools" }))
             if spec == nil then return bad(shown, param) end
         end
-        local err, fault
-        text, err, fault = chat:prompt(t.messages, t.add_generation_prompt ~= false, shown)
-        if not text then
-            if fault == "template" then return nil, { status = 500, message = err, type = "server_error" } end
-            return bad(err, "messages")
-        end
+        text, e = render_messages(t, chat, shown)
+        if not text then return nil, e end
     else
-        for _, k in ipairs({ "add_generation_prompt", "tools" }) do
+        for _, k in ipairs({ "add_generation_prompt", "continue_final_message", "tools" }) do
             if t[k] ~= nil then return bad(k .. " goes with messages, not with prompt", k) end
         end
     end
