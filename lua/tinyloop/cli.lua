@@ -1,18 +1,21 @@
 -- tinyloop.cli: the command-line generator on the Lua bindings. Streams text from a
--- checkpoint as it is produced, then prints one line of stats on stderr.
+-- checkpoint as it is produced, then prints one line of stats on stderr; or, with
+-- --interactive, holds a conversation read from stdin.
 --   scripts/tinyloop [options] [--] PROMPT
+--   scripts/tinyloop --interactive [options] [--] [FIRST MESSAGE]
 -- Exit status: 0 on success, 1 when generation fails, 2 for bad usage (a value the engine
 -- refuses included).
 local tinyloop = require "tinyloop"
 local tools = require "tinyloop.tools"
 local json_text = require "tinyloop.json_text"
 local cjson = require "cjson.safe"
-local read_tools -- (below)
+local read_tools, converse -- (below)
 
 local _M = {}
 
 local USAGE = [[
 usage: tinyloop [options] [--] PROMPT
+       tinyloop --interactive [options] [--] [FIRST MESSAGE]
 Generate text from a looped transformer checkpoint, streaming it as it is produced.
 
   -m, --model DIR            checkpoint directory (default %s)
@@ -59,6 +62,11 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --kv-type T            f32 (default) or f16: half the KV cache memory (CPU only)
       --chat                 PROMPT is a user message: the model's chat template (or the
                              plain built-in one) makes the prompt; prints the reply only
+  -i, --interactive          a conversation (--chat): each line of stdin is a user message,
+                             each reply streamed; -n bounds a reply, older turns are dropped
+                             when the next would not fit the context, and each turn computes
+                             only its new text (a prefix pool); /reset forgets the
+                             conversation, /exit (or end of input) ends it
       --system TEXT          with --chat: a system message first
       --chat-template FILE   with --chat: this Jinja chat template instead of the model's
       --tools FILE           with --chat: function tools, a JSON file of OpenAI's tools array;
@@ -177,6 +185,7 @@ function _M.parse(argv, default_model)
             end
             i = i + 1
         elseif a == "--chat" then o.chat = true
+        elseif a == "-i" or a == "--interactive" then o.chat, o.interactive = true, true
         elseif a == "--no-prompt" then o.echo = false
         elseif a == "--no-stats" then o.stats = false
         elseif a == "--" then -- what follows is the prompt, options or not ("-n 3" after it is text)
@@ -193,7 +202,8 @@ function _M.parse(argv, default_model)
         end
         i = i + 1
     end
-    if not o.prompt then return nil, usage_error("no prompt given") end
+    if not o.prompt and not o.interactive then return nil, usage_error("no prompt given") end
+    if o.interactive and o.tools_file then return nil, usage_error("--tools goes with one --chat turn, not --interactive") end
     if o.grammar_file and o.schema_file then
         return nil, usage_error("--grammar and --json-schema both constrain the output: give one")
     end
@@ -223,6 +233,119 @@ read_tools = function(path, choice)
     local spec, shown = tools.prepare(list, tool_choice, nil, json_text.member(text, {}))
     if spec == nil then return nil, nil, (shown:gsub("^tool_choice", "--tool-choice")), 2 end
     return spec or nil, shown
+end
+
+local function report(message)
+    io.stderr:write("tinyloop: ", (tostring(message):gsub("^[^\n]-:%d+: ", "")), "\n")
+end
+
+-- The one stats line of a generation, on stderr.
+local function stats_line(s, model)
+    io.stderr:write(string.format(
+        "[prefill %d tokens%s %.1f ms (%.1f tok/s) | first token %.1f ms | %d tokens %.1f tok/s | stop %s | loops %.2f%s%s | %d threads]\n",
+        s.prompt_tokens, s.prompt_tokens_reused > 0 and string.format(" (%d reused)", s.prompt_tokens_reused) or "",
+        s.prefill_ms, s.prefill_tokens_per_s, s.first_token_ms, s.tokens_emitted,
+        s.decode_tokens_per_s, s.stop_reason or "?", s.loops_used,
+        s.probes > 0 and string.format(" (%d probes, %.1f ms)", s.probes, s.probe_ms) or "",
+        s.verify_steps > 0 and string.format(" | accepted %d of %d drafted, %.2f per verification",
+                                             s.accepted, s.drafted, s.mean_accepted) or "",
+        model:info().n_threads))
+end
+
+-- ---- --interactive: a conversation, a user message a line of stdin
+
+local CONVERSE_POOL_BYTES = 64 * 1024 * 1024 -- the prefix pool that keeps the conversation's rows
+
+-- One reply to `ids`, streamed to stdout -> text, stats | nil, err, exit status.
+local function stream_reply(model, ids, cfg)
+    local made, iterate, session = pcall(model.stream, model, ids, cfg)
+    if not made then return nil, iterate, 2 end
+    if not iterate then return nil, session, 1 end
+    local parts = {}
+    local ok, err = pcall(function()
+        for _, text in iterate, session do
+            parts[#parts + 1] = text
+            io.stdout:write(text)
+            io.stdout:flush()
+        end
+        if session.error then error(session.error, 0) end
+    end)
+    if not ok then return nil, err, 1 end
+    io.stdout:write("\n")
+    io.stdout:flush()
+    return table.concat(parts), session.final_stats or session:stats()
+end
+
+-- The conversation's prompt ids with room for a reply of `want` tokens, dropping its oldest
+-- turns (a user message and its reply) while they do not fit -> ids, turns dropped | nil,
+-- err, exit status (the newest message alone overfills the context, or the template fails).
+local function fit(model, chat, system, history, want)
+    local max_seq, dropped = model:info().max_seq_len, 0
+    while true do
+        local messages = system and { system } or {}
+        for _, m in ipairs(history) do messages[#messages + 1] = m end
+        local text, err, fault = chat:prompt(messages, true)
+        if not text then return nil, err, fault == "template" and 1 or 2 end
+        local ids = assert(model:encode(text))
+        if #ids + want <= max_seq or #history == 1 then
+            if #ids >= max_seq then
+                return nil, ("the message makes a prompt of %d tokens with the chat template: over the model's context of %d")
+                    :format(#ids, max_seq), 2
+            end
+            return ids, dropped
+        end
+        table.remove(history, 1)
+        if history[1] and history[1].role == "assistant" then table.remove(history, 1) end
+        dropped = dropped + 1
+    end
+end
+
+converse = function(model, chat, cfg, o)
+    local ffi = require "ffi"
+    pcall(ffi.cdef, "int isatty(int fd);")
+    local prompt_marks = ffi.C.isatty(0) == 1 -- "> " before each message, for a person typing
+    model:set_prefix_pool(CONVERSE_POOL_BYTES)
+    local want = cfg.max_tokens
+    if not want then
+        local defaults = ffi.new("tl_generate_config")
+        tinyloop.C.tl_generate_config_init(defaults)
+        want = defaults.max_tokens
+    end
+    local system = o.system and { role = "system", content = o.system }
+    local history, pending = {}, o.prompt
+    while true do
+        local line = pending
+        pending = nil
+        if not line then
+            if prompt_marks then io.stderr:write("> ") io.stderr:flush() end
+            line = io.read("*l")
+        end
+        if not line or line == "/exit" or line == "/quit" then return 0 end
+        if line == "/reset" then
+            history = {}
+            io.stderr:write("(the conversation is forgotten)\n")
+        elseif line:match("%S") then
+            history[#history + 1] = { role = "user", content = line }
+            local ids, dropped, status = fit(model, chat, system, history, want)
+            if not ids then
+                report(dropped)
+                if status == 1 then return 1 end
+                table.remove(history) -- this message only: the conversation goes on
+            else
+                if dropped > 0 then io.stderr:write(("(the %d oldest turns are dropped to fit the context)\n"):format(dropped)) end
+                local turn = {}
+                for k, v in pairs(cfg) do turn[k] = v end
+                turn.max_tokens = math.min(want, model:info().max_seq_len - #ids)
+                local reply, stats, fail = stream_reply(model, ids, turn)
+                if not reply then
+                    report(stats)
+                    return fail
+                end
+                history[#history + 1] = { role = "assistant", content = reply }
+                if o.stats then stats_line(stats, model) end
+            end
+        end
+    end
 end
 
 -- Merges a policy file into cfg: the file returns a table of config fields (hooks and
@@ -255,9 +378,14 @@ function _M.main(argv, default_model)
     local cfg = o.cfg
     -- ---- --chat: the prompt through the chat template; the reply ends at the template's turn
     --      ends too (tinyloop.chat), and is all that is printed
+    local chat
     if o.chat then
-        local chat, cerr = require("tinyloop.chat").load(o.model, o.chat_template)
+        local cerr
+        chat, cerr = require("tinyloop.chat").load(o.model, o.chat_template)
         if not chat then io.stderr:write("tinyloop: ", cerr, "\n") return 1 end
+        require("tinyloop.chat").add_stop_ids(cfg, chat:turn_end_ids(model))
+    end
+    if o.chat and not o.interactive then
         local messages = { { role = "user", content = o.prompt } }
         if o.system then table.insert(messages, 1, { role = "system", content = o.system }) end
         local shown
@@ -275,7 +403,6 @@ function _M.main(argv, default_model)
             return fault == "template" and 1 or 2
         end
         o.prompt, o.echo = text, false
-        require("tinyloop.chat").add_stop_ids(cfg, chat:turn_end_ids(model))
     end
     -- ---- grammars: --grammar FILE.gbnf, --json-schema FILE.json
     for _, g in ipairs({ { o.grammar_file, tinyloop.grammar.gbnf }, { o.schema_file, tinyloop.grammar.json_schema } }) do
@@ -303,9 +430,7 @@ function _M.main(argv, default_model)
             return 1
         end
     end
-    local function report(message)
-        io.stderr:write("tinyloop: ", (tostring(message):gsub("^[^\n]-:%d+: ", "")), "\n")
-    end
+    if o.interactive then return converse(model, chat, cfg, o) end
     -- The session is made (every value checked) before any token: what the engine refuses
     -- there (a depth past max_loops, a prompt plus -n over the context...) is bad usage.
     local made, iterate, session = pcall(model.stream, model, o.prompt, cfg)
@@ -344,17 +469,7 @@ function _M.main(argv, default_model)
         report(result)
         return 1
     end
-    if o.stats then
-        local s = result
-        io.stderr:write(string.format(
-            "[prefill %d tokens %.1f ms (%.1f tok/s) | first token %.1f ms | %d tokens %.1f tok/s | stop %s | loops %.2f%s%s | %d threads]\n",
-            s.prompt_tokens, s.prefill_ms, s.prefill_tokens_per_s, s.first_token_ms, s.tokens_emitted,
-            s.decode_tokens_per_s, s.stop_reason or "?", s.loops_used,
-            s.probes > 0 and string.format(" (%d probes, %.1f ms)", s.probes, s.probe_ms) or "",
-            s.verify_steps > 0 and string.format(" | accepted %d of %d drafted, %.2f per verification",
-                                                 s.accepted, s.drafted, s.mean_accepted) or "",
-            model:info().n_threads))
-    end
+    if o.stats then stats_line(result, model) end
     return 0
 end
 

@@ -172,6 +172,51 @@ describe("tinyloop.chat", function()
         assert.truthy(out:find("exit 2", 1, true), out)
     end)
 
+    it("holds a conversation in the CLI's --interactive: each reply the one-shot reply to the conversation so far", function()
+        local function run(args, input)
+            write(dir .. "/input.txt", input or "")
+            return sh("(scripts/tinyloop -n 12 --ignore-eos " .. args .. " < " .. dir .. "/input.txt; echo \"exit $?\") 2>&1")
+        end
+        local function reply_to(text) -- a one-shot greedy reply to a rendered prompt
+            return (run("--no-stats --no-prompt -- '" .. text .. "'"):gsub("\nexit 0\n$", ""))
+        end
+        local out = run("-i --system 'Be brief.'", "Who is Emma?\nAnd Harriet?\n/reset\n\nWho is Emma?\n")
+        local lines = {}
+        for line in out:gmatch("[^\n]*\n") do lines[#lines + 1] = line end
+        -- replies and stats lines interleave; the second turn reads the first from the pool
+        local replies, stats = {}, {}
+        local reply = {}
+        for _, line in ipairs(lines) do
+            if line:match("^%[prefill") then
+                replies[#replies + 1], reply = table.concat(reply):gsub("\n$", ""), {}
+                stats[#stats + 1] = line
+            elseif line ~= "(the conversation is forgotten)\n" and line ~= "exit 0\n" then
+                reply[#reply + 1] = line
+            end
+        end
+        assert.equal(3, #replies, out)
+        assert.truthy(out:find("(the conversation is forgotten)", 1, true), out)
+        assert.truthy(out:find("\nexit 0\n$"), out)
+        assert.truthy(stats[2]:match("%((%d+) reused%)"), stats[2])
+        assert.is_true(tonumber(stats[2]:match("%((%d+) reused%)")) > 10, stats[2])
+        local first = "Be brief.\n\nUser: Who is Emma?\n\nAssistant:"
+        assert.equal(reply_to(first), replies[1])
+        assert.equal(reply_to(first .. (replies[1]:match("^[ \n]") and "" or " ") .. replies[1] ..
+                              "\n\nUser: And Harriet?\n\nAssistant:"), replies[2])
+        assert.equal(replies[1], replies[3]) -- /reset: the first question again, from the start
+        -- a long conversation drops its oldest turns to leave room for -n tokens
+        out = run("-i --no-stats -n 100", "Who is Emma?\nAnd Harriet?\nAnd Jane?\n")
+        assert.truthy(out:find("(the 1 oldest turns are dropped to fit the context)", 1, true), out)
+        -- a message over the context is refused, and the conversation goes on
+        out = run("-i --no-stats", ("word "):rep(300) .. "\nWho is Emma?\n")
+        assert.truthy(out:find("over the model's context of 256", 1, true), out)
+        local tail = "256\n" .. reply_to("User: Who is Emma?\n\nAssistant:") .. "\nexit 0\n"
+        assert.equal(tail, out:sub(-#tail))
+        -- usage
+        out = run("-i --tools " .. dir .. "/input.txt")
+        assert.truthy(out:find("--tools goes with one --chat turn, not --interactive (see --help)\nexit 2", 1, true), out)
+    end)
+
     it("calls tools from the CLI: the reply's calls as JSON lines, a named one under its schema", function()
         local function run(args) return sh("(scripts/tinyloop --no-stats --chat " .. args .. "; echo \"exit $?\") 2>&1") end
         write(dir .. "/tools.json", '[{"type": "function", "function": {"name": "weather", "parameters": {"type": "object", ' ..
