@@ -676,6 +676,58 @@ describe("server", function()
         assert.equal(200, status)
     end)
 
+    it("constrains a completion with vLLM's structured_outputs and guided_* fields: the session under the same grammar", function()
+        local m = assert(tinyloop.load(MODEL))
+        local G = tinyloop.grammar
+        local prompt = m:encode("It is a truth")
+        -- each field against a local session under the grammar it names (seeded sampling)
+        local schema = '{"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}}, ' ..
+                       '"required": ["age"]}'
+        local cases = {
+            { '"guided_choice": ["Emma", "Harriet", "Mr. \\"Knightley\\""]', G.gbnf('root ::= "Emma" | "Harriet" | "Mr. \\"Knightley\\""') },
+            { '"structured_outputs": {"choice": ["yes", "no"]}', G.gbnf('root ::= "yes" | "no"') },
+            { '"structured_outputs": {"json": ' .. schema .. '}', G.json_schema(schema) },
+            { '"guided_json": ' .. schema, G.json_schema(schema) },
+            { '"structured_outputs": {"json": ' .. cjson.encode(schema) .. '}', G.json_schema(schema) }, -- as JSON text
+            { '"guided_grammar": "root ::= [0-9]{2,3}"', G.gbnf("root ::= [0-9]{2,3}") },
+            { '"structured_outputs": {"grammar": "root ::= [0-9]{2,3}", "json": null}', G.gbnf("root ::= [0-9]{2,3}") },
+            { '"structured_outputs": {"json_object": true}', G.shipped("json") },
+        }
+        for _, case in ipairs(cases) do
+            local g = assert(case[2])
+            local body = '{"prompt": "It is a truth", "max_tokens": 40, "seed": 3, "temperature": 0.9, ' .. case[1] .. '}'
+            local status, rbody = post(body)
+            assert.equal(200, status, rbody)
+            local choice = cjson.decode(rbody).choices[1]
+            local want = m:generate(prompt, { max_tokens = 40, sample_seed = 3, temperature = 0.9, grammar = g })
+            assert.same({ unpack(want, #prompt + 1) }, choice.token_ids, case[1])
+            if choice.finish_reason == "stop" then assert.is_true(g:matches(choice.text), case[1] .. ": " .. choice.text) end
+        end
+        -- refusals naming the field
+        for _, case in ipairs({
+            { '"guided_choice": []', "guided_choice", "must be a non-empty array of strings" },
+            { '"guided_choice": ["a", 1]', "guided_choice", "must be a non-empty array of strings" },
+            { '"guided_json": 5', "guided_json", "must be a JSON Schema" },
+            { '"guided_json": "[1]"', "guided_json", "must be a JSON Schema object" },
+            { '"guided_json": {"type": "nonsense"}', "guided_json", "does not compile" },
+            { '"guided_regex": "[0-9]+"', "guided_regex", "regular expressions are not supported" },
+            { '"guided_grammar": "root ::= [a"', "guided_grammar", "does not compile" },
+            { '"guided_grammar": ""', "guided_grammar", "must not be empty" },
+            { '"structured_outputs": {"regex": "a"}', "structured_outputs", "regular expressions are not supported" },
+            { '"structured_outputs": {"choice": ["a"], "grammar": "root ::= \\"a\\""}', "structured_outputs",
+              "takes one of json, choice, grammar and json_object, not choice and grammar" },
+            { '"structured_outputs": {}', "structured_outputs", "needs one of" },
+            { '"structured_outputs": {"json_object": false}', "structured_outputs", "json_object must be true" },
+            { '"structured_outputs": {"disable_any_whitespace": true}', "structured_outputs", "unknown field 'disable_any_whitespace'" },
+            { '"structured_outputs": [1]', "structured_outputs", "must be an object" },
+            { '"guided_choice": ["a"], "response_format": {"type": "json_object"}', "guided_choice",
+              "response_format and guided_choice cannot be used together" },
+        }) do
+            local e = expect_error(400, case[2], '{"prompt": "hi", "max_tokens": 2, ' .. case[1] .. '}')
+            assert.truthy(e.message:find(case[3], 1, true), case[1] .. ": " .. e.message)
+        end
+    end)
+
     it("serves concurrent requests, and 503s with Retry-After when full", function()
         -- Two running + one queued fit; launched together, six must see at least one 503.
         local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 100, loops = 16, ignore_eos = true }))

@@ -64,6 +64,13 @@ local FIELDS = {
     early_exit_entropy_threshold = { "number", "early_exit_entropy_threshold" },
     early_exit_gate_threshold = { "number", "early_exit_gate_threshold" },
     grammar = { "string", false }, -- GBNF text; compiled below into cfg.grammar
+    -- vLLM's structured outputs: {"json": schema, "choice": [...], "grammar": GBNF, "json_object":
+    -- true}, and its older fields of the same (guided_json, guided_choice, guided_grammar)
+    structured_outputs = { "object", false },
+    guided_json = { "schema", false },
+    guided_choice = { "array", false },
+    guided_grammar = { "string", false },
+    guided_regex = { "string", false }, -- refused, saying why (no regular expressions over raw text)
     stop_token_ids = { "array", false }, -- vLLM's: token ids that end the generation (kept in it)
 }
 _M.FIELDS = FIELDS
@@ -106,9 +113,11 @@ local KIND_CHECK = {
     object = function(v) return type(v) == "table" end, -- an array is refused where it is read
     array = function(v) return type(v) == "table" end,  -- an object likewise
     tool_choice = function(v) return type(v) == "string" or type(v) == "table" end, -- tinyloop.tools checks it
+    schema = function(v) return type(v) == "string" or type(v) == "table" end,      -- a JSON Schema or its JSON text
 }
 local KIND_WORDS = { string = "a string", number = "a number", integer = "an integer", boolean = "a boolean", object = "an object",
-                     array = "an array", tool_choice = 'a string or an object {"type": "function", ...}' }
+                     array = "an array", tool_choice = 'a string or an object {"type": "function", ...}',
+                     schema = "a JSON Schema (an object, or its JSON text)" }
 
 -- Fields of OpenAI's completions API that TinyLoop does not implement, which clients send at
 -- their defaults (the SDKs null): the value that changes nothing is accepted, any other
@@ -311,18 +320,108 @@ end
 
 local SCHEMA_KEYS = { schema = "object", name = "string", description = "string", strict = "boolean" }
 
--- The grammar a request asks for (fields `grammar` or `response_format`): grammar | false
--- (none), the field it came from; or nil, err.
+-- The ways to constrain the output, of which a request takes one: this server's, OpenAI's,
+-- vLLM's and vLLM's older ones.
+local CONSTRAINTS = { "grammar", "response_format", "structured_outputs", "guided_json", "guided_choice", "guided_grammar",
+                      "guided_regex" }
+local NO_REGEX = "regular expressions are not supported: send grammar (GBNF), or json (a JSON Schema; its string " ..
+                 "patterns are)"
+
+local function gbnf_grammar(text, P)
+    if text == "" then return bad(P .. " must not be empty", P) end
+    local g, err = compiled("gbnf:" .. text, grammar.gbnf, text)
+    if not g then return bad(P .. " does not compile: " .. tostring(err), P) end
+    return g, P
+end
+
+-- A JSON Schema given as an object (its text read from the body at `path`) or as JSON text.
+local function schema_grammar(value, body, path, P)
+    local text = type(value) == "string" and value or raw_member(body, path)
+    if not text:match("^%s*{") then return bad(P .. " must be a JSON Schema object", P) end
+    local g, err = compiled("schema:" .. text, grammar.json_schema, text)
+    if not g then return bad(P .. " does not compile: " .. tostring(err), P) end
+    return g, P
+end
+
+-- The output is one of the strings (vLLM's choice).
+local function choice_grammar(choices, body, path, P)
+    if #choices == 0 or raw_member(body, path):sub(1, 1) ~= "[" then return bad(P .. " must be a non-empty array of strings", P) end
+    for k, v in pairs(choices) do
+        if type(k) ~= "number" or type(v) ~= "string" then return bad(P .. " must be a non-empty array of strings", P) end
+    end
+    local g, err = compiled("choice:" .. raw_member(body, path), function()
+        local literals = {}
+        for i, s in ipairs(choices) do literals[i] = grammar.lit(s).text end
+        return grammar.gbnf("root ::= " .. table.concat(literals, " | ") .. "\n")
+    end)
+    if not g then return bad(P .. " does not compile: " .. tostring(err), P) end
+    return g, P
+end
+
+local function shipped_json()
+    local g, err = compiled("shipped:json", grammar.shipped, "json")
+    if not g then return nil, { status = 500, message = "the shipped JSON grammar: " .. tostring(err), type = "server_error" } end
+    return g
+end
+
+-- vLLM's structured_outputs object: one of json, choice, grammar, json_object.
+local STRUCTURED_KEYS = { "json", "choice", "grammar", "json_object", "regex" }
+local function structured_grammar(so, body)
+    local P = "structured_outputs"
+    if raw_member(body, { P }):sub(1, 1) ~= "{" then return bad(P .. " must be an object", P) end
+    local known = {}
+    for _, k in ipairs(STRUCTURED_KEYS) do known[k] = true end
+    for k in pairs(so) do
+        if not known[k] then
+            return bad(("unknown field '%s' in structured_outputs (json, choice, grammar or json_object)"):format(tostring(k)), P)
+        end
+    end
+    local which
+    for _, k in ipairs(STRUCTURED_KEYS) do
+        if so[k] ~= nil and so[k] ~= json_null then
+            if which then return bad(("structured_outputs takes one of json, choice, grammar and json_object, not %s and %s")
+                :format(which, k), P) end
+            which = k
+        end
+    end
+    local v = which and so[which]
+    if which == "regex" then return bad("structured_outputs.regex: " .. NO_REGEX, P) end
+    if which == "json" then
+        if type(v) ~= "string" and type(v) ~= "table" then return bad("structured_outputs.json must be a JSON Schema", P) end
+        return schema_grammar(v, body, { P, "json" }, P)
+    end
+    if which == "choice" then
+        if type(v) ~= "table" then return bad("structured_outputs.choice must be a non-empty array of strings", P) end
+        return choice_grammar(v, body, { P, "choice" }, P)
+    end
+    if which == "grammar" then
+        if type(v) ~= "string" then return bad("structured_outputs.grammar must be a string (GBNF)", P) end
+        return gbnf_grammar(v, P)
+    end
+    if which == "json_object" then
+        if v ~= true then return bad("structured_outputs.json_object must be true", P) end
+        local g, e = shipped_json()
+        if not g then return nil, e end
+        return g, P
+    end
+    return bad("structured_outputs needs one of json, choice, grammar or json_object", P)
+end
+
+-- The grammar a request asks for (one of CONSTRAINTS): grammar | false (none), the field it
+-- came from; or nil, err.
 local function constraint(t, body)
-    if t.grammar ~= nil and t.response_format ~= nil then
-        return bad("grammar and response_format cannot be used together: send one of them", "response_format")
+    local given
+    for _, k in ipairs(CONSTRAINTS) do
+        if t[k] ~= nil then
+            if given then return bad(("%s and %s cannot be used together: send one of them"):format(given, k), k) end
+            given = k
+        end
     end
-    if t.grammar ~= nil then
-        if t.grammar == "" then return bad("grammar must not be empty", "grammar") end
-        local g, err = compiled("gbnf:" .. t.grammar, grammar.gbnf, t.grammar)
-        if not g then return bad("grammar does not compile: " .. tostring(err), "grammar") end
-        return g, "grammar"
-    end
+    if given == "grammar" or given == "guided_grammar" then return gbnf_grammar(t[given], given) end
+    if given == "guided_json" then return schema_grammar(t.guided_json, body, { given }, given) end
+    if given == "guided_choice" then return choice_grammar(t.guided_choice, body, { given }, given) end
+    if given == "guided_regex" then return bad("guided_regex: " .. NO_REGEX, given) end
+    if given == "structured_outputs" then return structured_grammar(t.structured_outputs, body) end
     local rf = t.response_format
     if rf == nil then return false end
     local P = "response_format"
@@ -336,8 +435,8 @@ local function constraint(t, body)
     if kind == "text" or kind == "json_object" then
         if rf.json_schema ~= nil then return bad("response_format.json_schema goes with type \"json_schema\"", P) end
         if kind == "text" then return false end
-        local g, err = compiled("shipped:json", grammar.shipped, "json")
-        if not g then return nil, { status = 500, message = "the shipped JSON grammar: " .. tostring(err), type = "server_error" } end
+        local g, err = shipped_json()
+        if not g then return nil, err end
         return g, P
     end
     if kind ~= "json_schema" then
