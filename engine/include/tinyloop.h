@@ -367,16 +367,19 @@ typedef struct tl_generate_config {
                                         (count > 0) * presence */
     /* vLLM's and llama.cpp's sampling extensions. */
     float min_p;                     /* 0.0 (off); in [0, 1]: when sampling, after top_k and
-                                        top_p, only tokens whose probability is at least
-                                        min_p times the most likely token's are kept */
+                                        top_p (Hugging Face's and llama.cpp's order; vLLM's
+                                        V1 applies it first, the same unless top_p < 1), only
+                                        tokens whose probability is at least min_p times the
+                                        most likely token's are kept */
     int min_tokens;                  /* 0; in [0, max_tokens]: the first min_tokens new tokens
                                         are neither eos (unless ignore_eos) nor the token of a
-                                        one-token stop sequence (banned from the logits,
-                                        after the adjustments above), and stop sequences and
+                                        one-token stop sequence, and longer stop sequences and
                                         stop strings match from the min_tokens-th new token
-                                        on (vLLM's rule). A grammar's end is not delayed:
-                                        when the grammar allows only tokens this bans, the
-                                        first of them (eos first) is taken. The hooks
+                                        on (vLLM's rule). The ends are banned (after the
+                                        adjustments above) to the lowest finite logit, not
+                                        -inf: one comes earlier only where every other token
+                                        is banned (a grammar that allows nothing but its
+                                        end), and then ends generation as always. The hooks
                                         (stop_rule, on_token) still stop. */
 } tl_generate_config;
 

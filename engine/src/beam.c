@@ -26,6 +26,7 @@
  * live beams and the kept ended ones) agrees on it, since the winner is one of them or a
  * descendant of a live beam; the rest of the winner is emitted when the search ends. The
  * session's emission then applies the same stop checks the search applied to hypotheses. */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,15 +215,7 @@ static tl_status search_step(tl_session *s, beam_state *b) {
             for (int t = 0; t < V; t++)
                 if (!s->allowed[t]) s->work[t] = -INFINITY;
         }
-        if (!tl_log_softmax(s->work, V, b->logprobs)) {
-            /* min_tokens does not delay a grammar's end (as in session.c): where it banned all
-               the grammar allows, the end is taken, as certain as a grammar's only token */
-            const int32_t end = s->grammar_matcher && tl_min_tokens_pending(cfg, n_hist, prompt_len)
-                                    ? tl_min_tokens_end(cfg, s->m->cfg.eos_token_id, s->allowed)
-                                    : -1;
-            if (end >= 0) b->cands[n_cand++] = (candidate){b->live[i].logp, i, end};
-            continue;
-        }
+        if (!tl_log_softmax(s->work, V, b->logprobs)) continue;
         const int n = tl_top_k(s->work, V, 2 * B, b->top_ids, b->top_values);
         for (int pick = 0; pick < n; pick++)
             b->cands[n_cand++] = (candidate){b->live[i].logp + b->logprobs[b->top_ids[pick]], i, b->top_ids[pick]};
@@ -244,9 +237,9 @@ static tl_status search_step(tl_session *s, beam_state *b) {
         }
         const int n_hist = history_of(s, b, h);
         const bool ended = (cd->token == s->m->cfg.eos_token_id && !cfg->ignore_eos) ||
-                           (!tl_min_tokens_pending(cfg, n_hist, prompt_len) &&
-                            tl_stop_sequences_match(b->history, n_hist, prompt_len, cfg->stop_sequences,
-                                                    cfg->n_stop_sequences));
+                           tl_stop_sequences_match(b->history, n_hist, prompt_len, cfg->stop_sequences,
+                                                   cfg->n_stop_sequences,
+                                                   tl_min_tokens_pending(cfg, n_hist, prompt_len) ? 1 : INT_MAX);
         if (ended || h->len >= b->T) {
             h->score = length_score(h->logp, h->len, cfg->length_penalty);
             if (c < B || !ended) add_ended(b, h);

@@ -1,5 +1,6 @@
 /* sampler.c: the logit adjustments, greedy argmax, the one top-k, log-softmax and draw,
  * and temperature / top-k / top-p / min-p sampling. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,18 +55,18 @@ bool tl_adjusts_logits(const tl_generate_config *c) {
 }
 
 /* vLLM's min_tokens: the ends are banned (its stop_token_ids included), not merely
-   ignored, so that the tokens a step emits are the ones the text goes on with. */
-static void ban_ends(const tl_generate_config *c, float *logits, int32_t eos) {
-    if (!c->ignore_eos) logits[eos] = -INFINITY;
-    for (int i = 0; i < c->n_stop_sequences; i++)
-        if (c->stop_sequences[i].n == 1) logits[c->stop_sequences[i].tokens[0]] = -INFINITY;
+   ignored, so that the tokens a step emits are the ones the text goes on with. Banned to
+   the lowest finite logit, not to -inf: every rule that chooses (argmax, the sampling
+   distribution, beam search's log-probabilities) then takes an end only where nothing else
+   is left, a grammar that allows nothing but its end, so that min_tokens never delays that
+   end into a dead end; an end a hook or the grammar banned (-inf) stays banned. */
+static void ban_end(float *logits, int32_t token) {
+    if (logits[token] > -INFINITY) logits[token] = -FLT_MAX;
 }
-
-int32_t tl_min_tokens_end(const tl_generate_config *c, int32_t eos, const uint8_t *allowed) {
-    if (!c->ignore_eos && allowed[eos]) return eos;
+static void ban_ends(const tl_generate_config *c, float *logits, int32_t eos) {
+    if (!c->ignore_eos) ban_end(logits, eos);
     for (int i = 0; i < c->n_stop_sequences; i++)
-        if (c->stop_sequences[i].n == 1 && allowed[c->stop_sequences[i].tokens[0]]) return c->stop_sequences[i].tokens[0];
-    return -1;
+        if (c->stop_sequences[i].n == 1) ban_end(logits, c->stop_sequences[i].tokens[0]);
 }
 
 void tl_adjust_logits(const tl_generate_config *c, float *logits, const int32_t *history, int n, int prompt_len,
@@ -258,12 +259,13 @@ bool tl_distribution_build(tl_distribution *d, const float *logits, float temper
         for (int i = 0; i < n; i++) sum += d->probs[i];
         for (int i = 0; i < n; i++) d->probs[i] /= sum;
     }
-    /* Min-p (after top-p, as Hugging Face's and vLLM's samplers order them): the tokens at
-       least min_p times as likely as the first, a prefix of the ranked candidates. */
+    /* Min-p (after top-p, as Hugging Face's and llama.cpp's samplers order them; vLLM's V1
+       applies it before top-k and top-p, which agrees unless top_p < 1): the tokens at least
+       min_p times as likely as the first, a prefix of the ranked candidates. */
     if (min_p > 0.0f) {
-        const double floor = (double)min_p * d->probs[0];
+        const double threshold = (double)min_p * d->probs[0];
         int keep = 1;
-        while (keep < n && d->probs[keep] >= floor) keep++;
+        while (keep < n && d->probs[keep] >= threshold) keep++;
         if (keep < n) {
             n = keep;
             sum = 0.0;

@@ -22,20 +22,18 @@ void tl_repetition_penalty(float *logits, const int32_t *ids, int n, float penal
    penalties over its generated part history[prompt_len..n) (logit -= count * frequency +
    presence, once per distinct token), and last min_tokens' ban of the ends (eos, the
    model's eos_token_id, and the one-token stop sequences) while fewer than min_tokens of
-   history are generated. `tally` as above. Every decoder adjusts its rows through this
-   one function. */
+   history are generated: their finite logits become -FLT_MAX, so that an end is chosen
+   only where every other token is banned (a grammar's end). `tally` as above. Every
+   decoder adjusts its rows through this one function. */
 void tl_adjust_logits(const tl_generate_config *c, float *logits, const int32_t *history, int n, int prompt_len,
                       int32_t eos, int32_t *tally);
 /* Whether tl_adjust_logits changes anything under config c. */
 bool tl_adjusts_logits(const tl_generate_config *c);
 /* Whether min_tokens still holds back the ends of a step whose history has n tokens (its
-   stop sequences and strings are then not matched either). */
+   longer stop sequences and its stop strings are then not matched either). */
 static inline bool tl_min_tokens_pending(const tl_generate_config *c, int n, int prompt_len) {
     return n - prompt_len < c->min_tokens;
 }
-/* Of the ends min_tokens bans, the first that allowed[] (a grammar's mask) allows: eos
-   first, then the one-token stop sequences in order; -1 if none. */
-int32_t tl_min_tokens_end(const tl_generate_config *c, int32_t eos, const uint8_t *allowed);
 
 /* The rules every decoder shares (greedy, sampling, speculative, beam):
      - -inf and NaN logits are banned tokens (no probability, never chosen);

@@ -5,6 +5,7 @@
  * the hooks and stop checks. Every mode (plain, speculative, beam) and every blocking call in
  * generate.c goes through tl_session_step. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,16 +243,12 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
         int n_allowed = c->grammar->allowed(c->grammar->user, s->allowed, vocab);
         if (n_allowed < 0) return tl_session_hook_failed(s, "grammar allowed", n_allowed);
         int32_t only = -1;
-        bool any_finite = false;
         for (int i = 0; i < vocab; i++) {
             if (!s->allowed[i]) s->work[i] = -INFINITY;
-            else only = i, any_finite |= s->work[i] > -INFINITY;
+            else only = i;
         }
         /* one allowed token: no need to sample (unless a hook banned it: then nothing is left) */
         if (n_allowed == 1 && only >= 0 && s->work[only] > -INFINITY) s->forced_token = only;
-        /* min_tokens does not delay a grammar's end: where it banned all the grammar allows */
-        if (!any_finite && tl_min_tokens_pending(c, n, s->prompt_len))
-            s->forced_token = tl_min_tokens_end(c, s->m->cfg.eos_token_id, s->allowed);
     }
     return TL_OK;
 }
@@ -342,10 +339,14 @@ tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched) {
 tl_stop_reason tl_session_rule_stop(const tl_session *s, int n, bool stop_string) {
     const tl_generate_config *c = &s->cfg;
     if (s->tokens[n - 1] == s->m->cfg.eos_token_id && !c->ignore_eos) return TL_STOP_EOS;
-    /* stop sequences and strings end the min_tokens-th new token at the earliest (they are
-       text, where eos is not: min_tokens bans eos until that many tokens came before it) */
-    if (tl_min_tokens_pending(c, n, s->prompt_len)) return TL_STOP_NONE;
-    if (tl_stop_sequences_match(s->tokens, n, s->prompt_len, c->stop_sequences, c->n_stop_sequences) || stop_string)
+    /* min_tokens: longer stop sequences and stop strings end the min_tokens-th new token at
+       the earliest; eos and a one-token sequence's token, which it bans until then (so that
+       they come earlier only where nothing else could: a grammar's end), end whenever they
+       come */
+    const bool pending = tl_min_tokens_pending(c, n, s->prompt_len);
+    if (tl_stop_sequences_match(s->tokens, n, s->prompt_len, c->stop_sequences, c->n_stop_sequences,
+                                pending ? 1 : INT_MAX) ||
+        (stop_string && !pending))
         return TL_STOP_SEQUENCE;
     return TL_STOP_NONE;
 }

@@ -25,7 +25,7 @@
  *             i32 n_stop_strings, each: u32 length, its bytes
  *             f32 presence_penalty frequency_penalty
  *             i32 n_logit_bias, each: i32 token, f32 bias
-             f32 min_p  i32 min_tokens
+ *             f32 min_p  i32 min_tokens
  *     i32 prompt_len  i32 n_tokens  i32 tokens[n_tokens]
  *     u64 rng[4]  u8 prompt_done  u8 compiled_grammar  u64 text_shown
  *     f64 prefill_ms first_token_ms decode_ms probe_ms loops_sum

@@ -4,11 +4,11 @@
 #include "stop.h"
 
 bool tl_stop_sequences_match(const int32_t *tokens, int n, int first_new, const tl_token_seq *seqs,
-                             int n_seqs) {
+                             int n_seqs, int longest) {
     if (n <= first_new) return false;
     for (int i = 0; i < n_seqs; i++) {
         const tl_token_seq *s = &seqs[i];
-        if (s->n <= n && memcmp(tokens + n - s->n, s->tokens, (size_t)s->n * sizeof(int32_t)) == 0)
+        if (s->n <= n && s->n <= longest && memcmp(tokens + n - s->n, s->tokens, (size_t)s->n * sizeof(int32_t)) == 0)
             return true;
     }
     return false;

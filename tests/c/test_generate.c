@@ -508,6 +508,13 @@ static void test_min_tokens(void) {
         n = gen(model, prompt, 3, &cfg, out, &st);
         CHECK(n == at[i].want_len && st.stop_reason == TL_STOP_SEQUENCE && out[n - 2] == 10 && out[n - 1] == 11,
               "{10, 11} with min_tokens %d: len %d, want %d", at[i].min_tokens, n, at[i].want_len);
+        /* beam search ends its hypotheses by the same rule (the script leaves one path) */
+        tl_generate_config beam = cfg;
+        beam.beam_size = 2;
+        n = gen(model, prompt, 3, &beam, other, &st);
+        CHECK(n == at[i].want_len && memcmp(other, out, (size_t)n * sizeof(int32_t)) == 0 && st.stop_reason == TL_STOP_SEQUENCE,
+              "beam, {10, 11} with min_tokens %d: len %d (%s), want %d", at[i].min_tokens, n,
+              tl_stop_reason_name(st.stop_reason), at[i].want_len);
     }
 }
 

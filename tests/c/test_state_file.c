@@ -468,10 +468,35 @@ static void compiled_grammar_states(const tl_model *m) {
    never reach the fields (rewrite them when the fingerprint or the layout changes). */
 static void fuzz_seeds_read(const tl_model *m, const char *corpus) {
     const char *names[] = {"greedy", "stop_rules_window", "before_prompt", "early_exit", "logit_adjustments",
-                           "compiled_grammar"};
+                           "min_p_min_tokens", "compiled_grammar"};
+    /* the layout a state is written in now (its version, byte 8): the seeds' too, so that
+       they carry every field the layout has */
+    uint8_t version = 0;
+    {
+        const int32_t prompt[2] = {1, 2};
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.max_tokens = 2;
+        tl_session *s = NULL;
+        tl_session_state *now = NULL;
+        void *bytes = NULL;
+        size_t len = 0;
+        if (tl_session_new(m, prompt, 2, &cfg, &s) == TL_OK && tl_session_save(s, &now) == TL_OK &&
+            tl_session_state_to_bytes(now, &bytes, &len) == TL_OK && len > 8)
+            version = ((const uint8_t *)bytes)[8];
+        tl_free(bytes);
+        tl_session_state_free(now);
+        tl_session_free(s);
+    }
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", corpus, names[i]);
+        FILE *f = fopen(path, "rb");
+        uint8_t head[9] = {0};
+        CHECK(f && fread(head, 1, sizeof head, f) == sizeof head && head[8] == version,
+              "%s: layout version %d, states are written in %d now (rewrite the seeds: luajit "
+              "tests/fuzz/make_state_seeds.lua)", path, head[8], version);
+        if (f) fclose(f);
         tl_session_state *state = NULL;
         const tl_status st = tl_session_state_read(m, path, &state);
         if (m->kv_type == TL_KV_F32)

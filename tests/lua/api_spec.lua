@@ -245,9 +245,16 @@ describe("model:generate", function()
         local cfg = { max_tokens = 12, ignore_eos = true, stop_strings = { first_text } }
         out = m:generate(prompt, cfg)
         assert.equal(#prompt + 1, #out)
+        -- with min_tokens 4: the first match that ends in the text of the fourth token or later
+        local want = 12
+        for k = 4, 12 do
+            local before = m:decode({ unpack(greedy, #prompt + 1, #prompt + k - 1) })
+            local now = m:decode({ unpack(greedy, #prompt + 1, #prompt + k) })
+            if now:find(first_text, math.max(1, #before - #first_text + 2), true) then want = k break end
+        end
         cfg.min_tokens = 4
         out = m:generate(prompt, cfg)
-        assert.is_true(#out >= #prompt + 4)
+        assert.equal(#prompt + want, #out)
         assert.same({ unpack(greedy, 1, #out) }, out)
     end)
 

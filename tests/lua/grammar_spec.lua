@@ -89,14 +89,34 @@ describe("cfg.grammar with a compiled grammar", function()
         assert.equal("EOS", stats.stop_reason)
         local n_new = #ids - #P
         assert.is_true(n_new < 10)
-        for _, mode in ipairs({ "plain", "chain", "beam" }) do
+        for _, mode in ipairs({ "plain", "chain", "tree", "beam", "sampled", "sampled chain" }) do
             local cfg = { grammar = short, max_tokens = 20, loops = 4, min_tokens = 10 }
-            if mode == "chain" then cfg.speculative, cfg.draft_loops = "chain", 2 end
+            if mode:find("chain") then cfg.speculative, cfg.draft_loops = "chain", 2 end
+            if mode == "tree" then cfg.speculative, cfg.draft_loops = "tree", 2 end
             if mode == "beam" then cfg.beam_size = 2 end
+            if mode:find("sampled") then cfg.temperature, cfg.sample_seed = 1, 7 end
             local got, got_stats = austen:generate(P, cfg)
             assert.equal("EOS", got_stats.stop_reason, mode)
-            if mode ~= "beam" then assert.same(ids, got, mode) end
+            if mode == "plain" or mode == "chain" or mode == "tree" then assert.same(ids, got, mode) end
             assert.is_true(short:matches(text(got, #P):gsub("<|endoftext|>$", "")), mode)
+        end
+        -- an end a hook banned stays banned: nothing is left, a dead end
+        local eos = austen:info().eos_token_id
+        local no_eos = function(logits) logits[eos] = -math.huge end
+        for _, min_tokens in ipairs({ 0, 10 }) do
+            local _, st = austen:generate(P, { grammar = short, max_tokens = 20, loops = 4, min_tokens = min_tokens,
+                                               logits_processor = no_eos })
+            assert.equal("GRAMMAR_DEAD_END", st.stop_reason, min_tokens)
+        end
+        -- a one-token stop sequence the grammar ends on ends it, min_tokens or not
+        local z = austen:encode("Z")
+        assert.equal(1, #z)
+        local qz = assert(G.gbnf('root ::= "Q" "Z"'))
+        for _, min_tokens in ipairs({ 0, 5 }) do
+            local got, st = austen:generate(P, { grammar = qz, max_tokens = 20, loops = 4, min_tokens = min_tokens,
+                                                 stop_sequences = { z } })
+            assert.equal("STOP_SEQUENCE", st.stop_reason, min_tokens)
+            assert.equal("QZ", text(got, #P))
         end
     end)
     it("constrains beam search: each hypothesis keeps its own grammar state", function()

@@ -500,6 +500,48 @@ describe("server", function()
         assert.equal(5, chunks[#chunks].usage.completion_tokens)
     end)
 
+    it("cuts the text at the stop string that ended it, not at one min_tokens held back (blocking and streamed)", function()
+        local m = assert(tinyloop.load(MODEL))
+        local prompt = m:encode("It is a truth")
+        local function shown(cfg) -- a session's text (special tokens are not text)
+            local parts = {}
+            local iterate, session = m:stream(prompt, cfg)
+            for _, piece in iterate, session do parts[#parts + 1] = piece end
+            return table.concat(parts)
+        end
+        local text = shown({ max_tokens = 60, ignore_eos = true })
+        -- a stop string that comes twice, the first time early
+        local stop
+        for len = 3, 6 do
+            for at = 1, 12 do
+                local s = text:sub(at, at + len - 1)
+                local second = text:find(s, at + len, true)
+                if not stop and s:match("^%S.*%S$") and second and second > 25 then stop = s end
+            end
+        end
+        assert.truthy(stop, text)
+        local generated = shown({ max_tokens = 60, ignore_eos = true, min_tokens = 20, stop_strings = { stop } })
+        local last_at = select(1, generated:find(stop, #generated - #stop - 20, true)) -- the final match
+        for _, stream in ipairs({ false, true }) do
+            local status, body = post(cjson.encode({ prompt = "It is a truth", max_tokens = 60, ignore_eos = true, min_tokens = 20,
+                                                     stop = stop, stream = stream }), "-N")
+            assert.equal(200, status, body)
+            local got
+            if stream then
+                local parts = {}
+                for _, c in ipairs(sse_chunks(body)) do
+                    if c.choices[1] then parts[#parts + 1] = c.choices[1].text end
+                end
+                got = table.concat(parts)
+            else
+                got = cjson.decode(body).choices[1].text
+            end
+            assert.truthy(last_at and last_at > 1, generated)
+            assert.equal(generated:sub(1, last_at - 1), got, stream and "streamed" or "blocking")
+            assert.truthy(got:find(stop, 1, true), "the early occurrence stays: " .. got)
+        end
+    end)
+
     it("stops at a stop string and leaves it out of the text", function()
         local _, body = post_json({ prompt = "It is a truth", max_tokens = 40, seed = 1 })
         local free = cjson.decode(body).choices[1].text

@@ -473,12 +473,18 @@ local function next_output(st, ready)
 end
 
 -- OpenAI leaves the stop string out of the text. The engine shows a match only once it is
--- complete (it holds back any suffix that may still grow into one), so the match lies in the
--- text of the finishing read: cut it at the earliest stop string found there.
-local function cut_at_stop(text, stops)
+-- complete (it holds back any suffix that may still grow into one), and ends at a match only
+-- in the token that completes it: the match lies in the text of the finishing read and ends
+-- in the bytes of its last token, `last_id` (an earlier one in the text is one that
+-- min_tokens held back). Cut at the earliest such match.
+local function cut_at_stop(text, stops, last_id)
+    local last_len = #text -- (no token in the read: the whole of its text)
+    if last_id then
+        last_len = C.tl_token_text(model.ptr, last_id, token_bytes, token_len) == 0 and tonumber(token_len[0]) or 0
+    end
     local cut
     for i = 1, #stops do
-        local at = text:find(stops[i], 1, true)
+        local at = text:find(stops[i], math.max(1, #text - last_len - #stops[i] + 2), true)
         if at and (not cut or at < cut) then cut = at end
     end
     return cut and text:sub(1, cut - 1) or text
@@ -727,7 +733,7 @@ local function run_blocking(r)
         end
         release(st, false)
         local text = concat(texts)
-        if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
+        if st.stopped_by_string then text = cut_at_stop(text, st.stops, all_ids[#all_ids]) end
         local calls
         if st.tools then text, calls = read_calls(r, st, text) end -- (text nil: no content, null)
         results[#results + 1] = { st = st, text = text and (st.echo or "") .. text, ids = all_ids, logprob_sum = logprob_sum,
@@ -810,7 +816,7 @@ local function run_stream(r)
                 local calls_json
                 if finished then
                     release(st, false)
-                    if st.stopped_by_string then text = cut_at_stop(text, st.stops) end
+                    if st.stopped_by_string then text = cut_at_stop(text, st.stops, ids[#ids]) end
                 end
                 if st.tools then
                     text, ids, figures, calls_json = tool_stream(r, st, text, ids, figures, finished)
