@@ -883,6 +883,10 @@ local function post_body()
     return body or ""
 end
 
+-- Each token's text as a JSON string, made once per worker (a long prompt's token_strs
+-- would otherwise cost an FFI call and an encode per token on the event loop, every time).
+local token_json = {}
+
 -- POST /tokenize (vLLM's): the ids of a prompt or a conversation, as the completions
 -- endpoints encode them: {"count", "max_model_len", "tokens", "token_strs"} (each token's
 -- text, as logprobs show it, with return_token_strs; else null).
@@ -894,7 +898,14 @@ function _M.tokenize()
     local strs = "null"
     if req.token_strs then
         local list = {}
-        for i, id in ipairs(req.ids) do list[i] = encode((token_string(id, true))) end
+        for i, id in ipairs(req.ids) do
+            local json = token_json[id]
+            if not json then
+                json = encode((token_string(id, true)))
+                token_json[id] = json
+            end
+            list[i] = json
+        end
         strs = "[" .. concat(list, ",") .. "]"
     end
     return send_json(200, '{"count":' .. #req.ids .. ',"max_model_len":' .. model.max_seq_len .. ',"tokens":[' ..
@@ -908,9 +919,7 @@ function _M.detokenize()
     if not body then return end
     local req, err = request.parse_detokenize(body, model, conf.model_id)
     if not req then return send_error(err.status, err.message, err.param, err.type) end
-    local text, derr = model:decode(req.ids)
-    if not text then return send_error(500, "decoding failed: " .. tostring(derr), nil, "server_error") end
-    return send_json(200, '{"prompt":' .. encode(request.valid_utf8(text)) .. "}")
+    return send_json(200, '{"prompt":' .. encode(request.valid_utf8(req.text)) .. "}")
 end
 
 -- POST /v1/completions (chat false) or /v1/chat/completions (chat true).

@@ -223,6 +223,15 @@ local function prompt_ids(model, prompt, at)
     return prompt
 end
 
+-- The text of token ids for a client (model:decode); an id the tokenizer has no text for (a
+-- vocabulary padded past the tokenizer's) is the request's error, naming `field`.
+local function decode_ids(model, ids, field)
+    local ok, text, err = pcall(model.decode, model, ids)
+    if not ok then return bad(tostring(text):gsub("^[^\n]-:%d+: ", ""), field) end
+    if not text then return nil, { status = 500, message = "decoding failed: " .. tostring(err), type = "server_error" } end
+    return text
+end
+
 -- The prompts of a request, as id lists: one prompt, or OpenAI's batch (an array of strings
 -- or of id arrays, mixed as well), each prompt of a batch its own choices.
 local function prompt_list(model, prompt)
@@ -623,9 +632,9 @@ function _M.parse(body, model, model_id, max_choices)
             local source = batch and t.prompt[i] or t.prompt
             local text = type(source) == "string" and source or nil -- a string as sent; ids decoded
             if not text then
-                local derr
-                text, derr = model:decode(ids)
-                if not text then return nil, { status = 500, message = "decoding the prompt failed: " .. tostring(derr), type = "server_error" } end
+                local e
+                text, e = decode_ids(model, ids, "prompt")
+                if not text then return nil, e end
             end
             echo[i] = text
         end
@@ -750,13 +759,16 @@ local TOKENIZE_FIELDS = {
     tools = { "array", false },             -- with messages: the tools the template shows
     return_token_strs = { "boolean", false }, -- each token's text as well
 }
+-- vLLM's add_special_tokens, which its clients send: TinyLoop adds no special tokens around a
+-- text (no tokenizer post-processor), on /v1/completions as here, so either value is the truth.
+local TOKENIZE_NO_OPS = { add_special_tokens = { function(v) return type(v) == "boolean" end, "true or false" } }
 local DETOKENIZE_FIELDS = { model = { "string", false }, tokens = { "array", false } }
 
 -- parse_tokenize(body, model, model_id, chat) -> { ids, token_strs } | nil, err: the ids a
 -- POST /tokenize body's prompt or messages become on the completions endpoints (chat: as
 -- parse_chat's; nil when the chat template failed to load, a 500 for messages only).
 function _M.parse_tokenize(body, model, model_id, chat, chat_error)
-    local t, e = decode_fields(body, TOKENIZE_FIELDS, {})
+    local t, e = decode_fields(body, TOKENIZE_FIELDS, TOKENIZE_NO_OPS)
     if not t then return nil, e end
     local ok
     ok, e = check_model(t, model_id)
@@ -787,7 +799,8 @@ function _M.parse_tokenize(body, model, model_id, chat, chat_error)
     return { ids = ids, token_strs = t.return_token_strs == true }
 end
 
--- parse_detokenize(body, model, model_id) -> { ids } | nil, err: a POST /detokenize body.
+-- parse_detokenize(body, model, model_id) -> { text } | nil, err: a POST /detokenize body,
+-- its ids' text.
 function _M.parse_detokenize(body, model, model_id)
     local t, e = decode_fields(body, DETOKENIZE_FIELDS, {})
     if not t then return nil, e end
@@ -799,7 +812,10 @@ function _M.parse_detokenize(body, model, model_id)
     if not model.has_tokenizer then return bad("this model has no tokenizer: it has no text for its ids", "tokens") end
     ok, e = check_token_ids(t.tokens, model.vocab_size, "tokens")
     if not ok then return nil, e end
-    return { ids = t.tokens }
+    local text
+    text, e = decode_ids(model, t.tokens, "tokens")
+    if not text then return nil, e end
+    return { text = text }
 end
 
 return _M
