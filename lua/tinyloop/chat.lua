@@ -321,27 +321,41 @@ local function continue_final(text, content)
     return text:sub(1, at + #stripped - 1)
 end
 
--- chat:prompt(messages[, add_generation_prompt = true[, tools[, continue_final_message]]])
--- -> text | nil, err, fault: the messages checked (check_messages) and rendered, with `tools`
--- (a list the template reads, OpenAI's {"type": "function", "function": {...}} objects:
--- decode_ordered of the request's tools) when given. continue_final_message (vLLM's and
--- transformers'): the text ends inside the final message, which the model then continues
--- (a reply begun for it, say); it opens no new turn, so add_generation_prompt must not be
--- true (nil counts as false then). fault says whose the failure is:
--- "messages" (check_messages' rules, the template's raise_exception, e.g. roles that must
--- alternate, or more text than the renderer's bounds) or "template" (it cannot run here: a
--- Jinja feature tinyloop.chat_template lacks, say).
-function Chat:prompt(messages, add_generation_prompt, tools, continue_final_message)
+-- The variables a template gets from chat:prompt itself, which `variables` may not set.
+local OWN_VARIABLES = { messages = true, tools = true, add_generation_prompt = true, bos_token = true, eos_token = true }
+
+-- chat:prompt(messages[, add_generation_prompt = true[, tools[, continue_final_message[,
+-- variables]]]]) -> text | nil, err, fault: the messages checked (check_messages) and
+-- rendered, with `tools` (a list the template reads, OpenAI's {"type": "function",
+-- "function": {...}} objects: decode_ordered of the request's tools) when given.
+-- continue_final_message (vLLM's and transformers'): the text ends inside the final message,
+-- which the model then continues (a reply begun for it, say); it opens no new turn, so
+-- add_generation_prompt must not be true (nil counts as false then). variables: more names
+-- the template reads (vLLM's chat_template_kwargs, e.g. enable_thinking), values as
+-- decode_ordered gives them. fault says whose the failure is: "messages" (check_messages'
+-- rules, the template's raise_exception, e.g. roles that must alternate, or more text than
+-- the renderer's bounds), "variables" (one of them names what chat:prompt sets itself) or
+-- "template" (it cannot run here: a Jinja feature tinyloop.chat_template lacks, say).
+function Chat:prompt(messages, add_generation_prompt, tools, continue_final_message, variables)
     if continue_final_message and add_generation_prompt then
         return nil, "continue_final_message continues the final message: it opens no new turn (add_generation_prompt)",
             "messages"
     end
     local checked, err = _M.check_messages(messages)
     if not checked then return nil, err, "messages" end
+    local context = {}
+    for name, value in pairs(variables or {}) do
+        if OWN_VARIABLES[name] then
+            return nil, ("the template variable '%s' is the request's own: it cannot be set as a variable"):format(name),
+                "variables"
+        end
+        context[name] = value
+    end
+    context.messages, context.tools = checked, tools
+    context.add_generation_prompt = not continue_final_message and add_generation_prompt ~= false
+    context.bos_token, context.eos_token = self.bos_token, self.eos_token
     local text, kind
-    text, err, kind = self.template:render({ messages = checked,
-                                             add_generation_prompt = not continue_final_message and add_generation_prompt ~= false,
-                                             bos_token = self.bos_token, eos_token = self.eos_token, tools = tools })
+    text, err, kind = self.template:render(context)
     if text and continue_final_message then
         text, err = continue_final(text, checked[#checked].content)
         if not text then return nil, err, "messages" end

@@ -53,6 +53,21 @@ describe("tinyloop.chat", function()
                                 { role = "assistant", content = "Emma." }, { role = "user", content = "And?" } }))
     end)
 
+    it("gives the template more variables (vLLM's chat_template_kwargs), never its own names", function()
+        write(dir .. "/t.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}|{% endif %}" ..
+                                 "{% if enable_thinking %}<think>{% endif %}{% if extra is defined %}{{ extra | tojson }}{% endif %}")
+        local c = assert(chat.load(dir, dir .. "/t.jinja"))
+        local extra = chat.decode_ordered('{"b": 1, "a": [2, "x"]}') -- a dict in its own key order
+        assert.equal("Hi|<think>" .. '{"b": 1, "a": [2, "x"]}', c:prompt(user, true, nil, nil, { enable_thinking = true, extra = extra }))
+        assert.equal("Hi|", c:prompt(user, true, nil, nil, {}))
+        for _, own in ipairs({ "messages", "tools", "add_generation_prompt", "bos_token", "eos_token" }) do
+            local text, err, fault = c:prompt(user, true, nil, nil, { [own] = 1 })
+            assert.is_nil(text)
+            assert.equal(("the template variable '%s' is the request's own: it cannot be set as a variable"):format(own), err)
+            assert.equal("variables", fault)
+        end
+    end)
+
     it("continues the final message (continue_final_message: transformers' rule)", function()
         local begun = { { role = "user", content = "Who is Emma?" }, { role = "assistant", content = "She is" } }
         local c = assert(chat.load(dir))

@@ -1354,6 +1354,11 @@ describe("chat completions: add_generation_prompt and continue_final_message (vL
         refused({ messages = { { role = "user", content = "Hi" }, { role = "assistant", content = " " } },
                   continue_final_message = true }, "messages", "no text to continue")
         refused({ messages = begun, continue_final_message = "yes" }, "continue_final_message", "must be a boolean")
+        -- chat_template_kwargs: variables the template may read (the plain one reads none)
+        local status, body = post_chat({ messages = begun, chat_template_kwargs = { enable_thinking = true }, max_tokens = 1 })
+        assert.equal(200, status, body)
+        refused({ messages = begun, chat_template_kwargs = { messages = {} } }, "chat_template_kwargs", "is the request's own")
+        refused({ messages = begun, chat_template_kwargs = { 1 } }, "chat_template_kwargs", "must be an object")
     end)
 end)
 

@@ -8,7 +8,7 @@ local cjson = require "cjson.safe"
 local grammar = require("tinyloop").grammar
 local json_text = require "tinyloop.json_text"
 local tools = require "tinyloop.tools"
-local add_stop_ids = require("tinyloop.chat").add_stop_ids
+local add_stop_ids, decode_ordered = require("tinyloop.chat").add_stop_ids, require("tinyloop.chat").decode_ordered
 
 local type, pairs, ipairs, tostring, next, floor = type, pairs, ipairs, tostring, next, math.floor
 local json_null = cjson.null
@@ -90,6 +90,7 @@ CHAT_FIELDS.tool_choice = { "tool_choice", false }   -- "none" | "auto" | "requi
 CHAT_FIELDS.parallel_tool_calls = { "boolean", false }
 CHAT_FIELDS.add_generation_prompt = { "boolean", false }  -- vLLM's: the assistant's turn opened (default true)
 CHAT_FIELDS.continue_final_message = { "boolean", false } -- vLLM's: the reply continues the final message
+CHAT_FIELDS.chat_template_kwargs = { "object", false }    -- vLLM's: more variables for the template
 _M.CHAT_FIELDS = CHAT_FIELDS
 
 local DEFAULT_MAX_TOKENS = 16 -- OpenAI's default for completions
@@ -675,20 +676,29 @@ local function tools_fields(t, body, cfg, shared)
 end
 
 -- The prompt text of a body's messages (chat: tinyloop.chat; template_tools: the tools the
--- template shows), with vLLM's add_generation_prompt (default true) and
--- continue_final_message (the reply continues the final message: a begun answer) -> text |
--- nil, err.
-local function render_messages(t, chat, template_tools)
+-- template shows), with vLLM's add_generation_prompt (default true), continue_final_message
+-- (the reply continues the final message: a begun answer) and chat_template_kwargs (more
+-- variables, in the body's key order) -> text | nil, err.
+local function render_messages(t, body, chat, template_tools)
     if t.continue_final_message and t.add_generation_prompt then
         return bad("continue_final_message continues the final message: it opens no new turn, so add_generation_prompt " ..
                    "must be false (or left out)", "add_generation_prompt")
     end
+    local variables
+    if t.chat_template_kwargs ~= nil then
+        local P = "chat_template_kwargs"
+        local raw = raw_member(body, { P })
+        if raw:sub(1, 1) ~= "{" then return bad(P .. " must be an object of template variables", P) end
+        local derr
+        variables, derr = decode_ordered(raw)
+        if not variables then return bad(P .. ": " .. tostring(derr), P) end
+    end
     local text, err, fault = chat:prompt(t.messages, not t.continue_final_message and t.add_generation_prompt ~= false,
-                                         template_tools, t.continue_final_message)
+                                         template_tools, t.continue_final_message, variables)
     if text then return text end
     -- the server's template that cannot run is the server's fault, not the request's
     if fault == "template" then return nil, { status = 500, message = err, type = "server_error" } end
-    return bad(err, "messages")
+    return bad(err, fault == "variables" and "chat_template_kwargs" or "messages")
 end
 
 -- parse_chat(body, model, model_id, max_choices, chat) -> request | nil, err: a POST
@@ -710,7 +720,7 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     local tool_spec, template_tools = tools_fields(t, body, cfg, shared)
     if tool_spec == nil then return nil, template_tools end
     local text
-    text, err = render_messages(t, chat, template_tools)
+    text, err = render_messages(t, body, chat, template_tools)
     if not text then return nil, err end
     if text == "" then return bad("the chat template rendered these messages as an empty prompt", "messages") end
     local ids, e = model:encode(text)
@@ -756,6 +766,7 @@ local TOKENIZE_FIELDS = {
     messages = { "messages", false },       -- or a conversation, rendered as /v1/chat/completions does
     add_generation_prompt = { "boolean", false }, -- with messages: the assistant's turn opened (default true)
     continue_final_message = { "boolean", false }, -- with messages: ends inside the final message
+    chat_template_kwargs = { "object", false },     -- with messages: more variables for the template
     tools = { "array", false },             -- with messages: the tools the template shows
     return_token_strs = { "boolean", false }, -- each token's text as well
 }
@@ -787,10 +798,10 @@ function _M.parse_tokenize(body, model, model_id, chat, chat_error)
             spec, shown, param = tools.prepare(t.tools, nil, nil, raw_member(body, { "tools" }))
             if spec == nil then return bad(shown, param) end
         end
-        text, e = render_messages(t, chat, shown)
+        text, e = render_messages(t, body, chat, shown)
         if not text then return nil, e end
     else
-        for _, k in ipairs({ "add_generation_prompt", "continue_final_message", "tools" }) do
+        for _, k in ipairs({ "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools" }) do
             if t[k] ~= nil then return bad(k .. " goes with messages, not with prompt", k) end
         end
     end
