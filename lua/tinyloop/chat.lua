@@ -115,7 +115,7 @@ function _M.load(dir, template_path)
     -- stops at any)
     local eos_ids = generation.eos_token_id
     if type(eos_ids) ~= "table" then eos_ids = { eos_ids } end
-    return setmetatable({ template = template, source = origin, bos_token = token_text(cfg.bos_token) or "",
+    return setmetatable({ template = template, source = origin, text = source, bos_token = token_text(cfg.bos_token) or "",
                           eos_token = token_text(cfg.eos_token) or "", generation_eos_ids = eos_ids }, Chat)
 end
 

@@ -19,6 +19,7 @@
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local chat_template = require "tinyloop.chat_template"
+local tags = require "tinyloop.tags"
 
 local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
 local find, sub, byte, concat = string.find, string.sub, string.byte, table.concat
@@ -326,12 +327,7 @@ end
 
 -- held(text) -> how many bytes at the end of text may begin a <tool_call> (a stream holds
 -- them back until the next text tells).
-function _M.held(text)
-    for k = #START - 1, 1, -1 do
-        if k <= #text and sub(text, -k) == sub(START, 1, k) then return k end
-    end
-    return 0
-end
+function _M.held(text) return tags.held(text, START) end
 
 -- ------------------------------------------------------------------ a forced choice, as it comes
 

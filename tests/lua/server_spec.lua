@@ -114,6 +114,7 @@ describe("server", function()
         assert.equal("f32", m.data[1].tinyloop.kv_type)
         assert.equal("built-in plain", m.data[1].tinyloop.chat_template)
         assert.equal("hermes", m.data[1].tinyloop.tool_call_format)
+        assert.equal(cjson.null, m.data[1].tinyloop.reasoning_format) -- (its plain template has no <think>)
         -- one model by id (the OpenAI SDKs' models.retrieve), the same object
         status, body = curl(base .. "/v1/models/tinyloop-austen")
         assert.equal(200, status)
@@ -1472,10 +1473,12 @@ describe("server with two workers", function()
     local port2, base2, dir2
     -- Chat here: the ChatML of --chat-template, and a turn that ends at a token the model
     -- writes (generation_config.json's eos_token_id lists it): the shipped model's files in a
-    -- directory of their own, with that file added.
+    -- directory of their own, with that file added. The template opens a <think> block where
+    -- asked (chat_template_kwargs enable_thinking), so this server reads replies for
+    -- reasoning (--reasoning auto).
     local CHATML_MESSAGES = { { role = "system", content = " Be brief. " }, { role = "user", content = "Who is Emma?" } }
     local CHATML_PROMPT = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWho is Emma?<|im_end|>\n<|im_start|>assistant\n"
-    local greedy, turn_end -- the greedy tokens of CHATML_PROMPT (f16 KV, as served), and the 6th
+    local greedy, turn_end -- the greedy tokens of CHATML_PROMPT (f16 KV, as served), and one
     setup(function()
         port2 = free_port()
         base2 = "http://127.0.0.1:" .. port2
@@ -1483,7 +1486,12 @@ describe("server with two workers", function()
         local m = assert(tinyloop.load(MODEL, { kv_type = "f16" }))
         local prompt = m:encode(CHATML_PROMPT)
         greedy = { unpack(m:generate(prompt, { max_tokens = 20, ignore_eos = true }), #prompt + 1) }
-        turn_end = greedy[6]
+        -- the 6th token or a later one whose text a reasoning block's grammar below cannot
+        -- write (a character besides a-z, blank space and the tags')
+        for i = 6, #greedy do
+            if m:decode({ greedy[i] }):find("[^a-z </>]") then turn_end = greedy[i] break end
+        end
+        assert(turn_end, "no turn end among the greedy tokens")
         local model_dir = dir2 .. "/model"
         local root = sh("pwd"):gsub("%s+$", "")
         os.execute(("mkdir %s && chmod a+rx %s %s"):format(model_dir, dir2, model_dir))
@@ -1635,6 +1643,68 @@ describe("server with two workers", function()
             end
             assert.truthy(sh("cat " .. pre .. "/err.log"):find("no available Lua vm; polling instead", 1, true))
         end)
+    end)
+
+    it("answers a thinking model's reasoning as reasoning_content, blocking and streamed alike", function()
+        local m = assert(tinyloop.load(MODEL, { kv_type = "f16" }))
+        local function ask(t, stream)
+            t.stream = stream or nil
+            local status, body = curl("-N -H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode(t)) ..
+                                      " " .. base2 .. "/v1/chat/completions")
+            assert.equal(200, status, body)
+            if not stream then
+                local message = cjson.decode(body).choices[1].message
+                return message.reasoning_content, message.content
+            end
+            -- the deltas joined; no content may come before the reasoning is done
+            local thought, content, seen_content = {}, {}, false
+            for _, chunk in ipairs((sse_chunks(body))) do
+                local delta = chunk.choices[1] and chunk.choices[1].delta or {}
+                if type(delta.reasoning_content) == "string" then
+                    assert.is_false(seen_content, body)
+                    thought[#thought + 1] = delta.reasoning_content
+                end
+                if type(delta.content) == "string" and delta.content ~= "" then
+                    seen_content = true
+                    content[#content + 1] = delta.content
+                end
+            end
+            return #thought > 0 and table.concat(thought) or cjson.null, #content > 0 and table.concat(content) or cjson.null
+        end
+        local status, body = curl(base2 .. "/v1/models")
+        assert.equal(200, status)
+        assert.equal("think", cjson.decode(body).data[1].tinyloop.reasoning_format)
+        -- the template opens the block: the whole reply (cut by max_tokens) is reasoning
+        local prompt = m:encode(CHATML_PROMPT .. "<think>\n")
+        -- (the chat stops at this checkpoint's turn end as well)
+        local want = m:decode({ unpack(m:generate(prompt, { max_tokens = 8, ignore_eos = true, stop_sequences = { { turn_end } } }),
+                                       #prompt + 1) })
+        for _, stream in ipairs({ false, true }) do
+            local thought, content = ask({ messages = CHATML_MESSAGES, max_tokens = 8, ignore_eos = true,
+                                           chat_template_kwargs = { enable_thinking = true } }, stream)
+            assert.equal(want, thought)
+            assert.equal(cjson.null, content)
+        end
+        -- a block the reply writes (a grammar makes it here): the text between the tags is the
+        -- reasoning, the text after them the content, streamed in pieces as they come
+        local g = 'root ::= "<think>" [a-z ]{3,12} "</think>" [a-z ]{3,12}'
+        local blocking_thought, blocking_content = ask({ messages = CHATML_MESSAGES, max_tokens = 60, seed = 5,
+                                                         temperature = 1, grammar = g })
+        assert.truthy(blocking_thought:match("^[a-z ]+$"), blocking_thought)
+        assert.truthy(blocking_content:match("^[a-z ]+$"), blocking_content)
+        local grammar_prompt = m:encode(CHATML_PROMPT)
+        local ids = m:generate(grammar_prompt, { max_tokens = 60, sample_seed = 5, temperature = 1,
+                                                 grammar = assert(tinyloop.grammar.gbnf(g)) })
+        local text = m:decode({ unpack(ids, #grammar_prompt + 1) }):gsub("<|endoftext|>$", "")
+        assert.equal("<think>" .. blocking_thought .. "</think>" .. blocking_content, text)
+        local thought, content = ask({ messages = CHATML_MESSAGES, max_tokens = 60, seed = 5, temperature = 1, grammar = g }, true)
+        assert.same({ blocking_thought, blocking_content }, { thought, content })
+        -- no block: all of it is content, and there is no reasoning_content
+        status, body = curl("-H 'Content-Type: application/json' --data-binary " ..
+                            quote(cjson.encode({ messages = CHATML_MESSAGES, max_tokens = 4, ignore_eos = true })) .. " " ..
+                            base2 .. "/v1/chat/completions")
+        assert.equal(200, status, body)
+        assert.is_nil(body:find("reasoning_content", 1, true), body)
     end)
 end)
 

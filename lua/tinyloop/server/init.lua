@@ -18,6 +18,7 @@ local cjson = require "cjson.safe"
 local tinyloop = require "tinyloop"
 local request = require "tinyloop.server.request"
 local tools = require "tinyloop.tools"
+local reasoning = require "tinyloop.reasoning"
 local metrics = require "tinyloop.server.metrics"
 
 local C = tinyloop.C
@@ -48,10 +49,14 @@ local conf = {
                               -- with one (chat turns resend the conversation); 0 = none
     chat_template = nil,      -- a Jinja file for /v1/chat/completions; default: the model's own
                               -- (tinyloop.chat.load), else a plain built-in one
+    reasoning = "auto",       -- a thinking model's <think> block as reasoning_content (tinyloop.
+                              -- reasoning): "think", "none", or "auto" (where the chat template
+                              -- speaks of </think>)
 }
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
 local chat_prompts, chat_error -- tinyloop.chat for the model (or why it failed to load)
+local reasoning_on -- chat replies are read for reasoning (conf.reasoning)
 -- the model, tl_score_logprobs and tl_last_error, for prompt scoring in the thread pool
 local model_addr, score_addr, last_error_addr
 local model_types -- what /v1/models says of the weights and the KV cache (model:info(), once)
@@ -73,6 +78,10 @@ function _M.configure(opts)
     -- lacks, which costs only /v1/chat/completions (500 with the reason; logged per worker).
     chat_prompts, chat_error = require("tinyloop.chat").load(conf.model, conf.chat_template)
     if not chat_prompts and conf.chat_template then error("tinyloop.server: " .. chat_error) end
+    if conf.reasoning ~= "auto" and conf.reasoning ~= "think" and conf.reasoning ~= "none" then
+        error("tinyloop.server: reasoning must be \"auto\", \"think\" or \"none\", got " .. tostring(conf.reasoning))
+    end
+    reasoning_on = conf.reasoning == "think" or (conf.reasoning == "auto" and chat_prompts ~= nil and reasoning.uses(chat_prompts.text))
 end
 
 -- This worker's engine counters into the shared dict, where /metrics of any worker reads them.
@@ -220,7 +229,8 @@ local function model_json()
                  max_loops = model.max_loops, has_tokenizer = model.has_tokenizer,
                  weight_dtype = model_types.weight_dtype, kv_type = model_types.kv_type,
                  chat_template = chat_prompts and chat_prompts.source:match("[^/]+$") or cjson.null,
-                 tool_call_format = chat_prompts and tools.FORMAT or cjson.null }) .. "}"
+                 tool_call_format = chat_prompts and tools.FORMAT or cjson.null,
+                 reasoning_format = reasoning_on and reasoning.FORMAT or cjson.null }) .. "}"
 end
 
 function _M.models()
@@ -636,22 +646,24 @@ end
 -- lp_ids: the tokens the logprobs are of (default ids; with echo, the prompt's first: n_prompt).
 -- A chat choice (st.chat) holds a message, or in a stream (st.streaming) a delta, whose first
 -- says the role; with tool calls (calls: their JSON text, tool_calls_json or call_pieces_json),
--- its content is the text before them (text, or nil: null) and its tool_calls follow.
-local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids, n_prompt, calls)
+-- its content is the text before them (text, or nil: null) and its tool_calls follow; a
+-- thinking model's reasoning (tinyloop.reasoning) is its reasoning_content (nil: none).
+local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids, n_prompt, calls, reasoning_text)
     if st.chat then
-        local content = text and encode(request.valid_utf8(text)) or "null"
-        local tool_calls = calls and (',"tool_calls":' .. calls) or ""
-        local message
-        if not st.streaming then
-            message = '"message":{"role":"assistant","content":' .. content .. tool_calls .. "}"
-        elseif not st.role_sent then
-            st.role_sent = true
-            message = '"delta":{"role":"assistant","content":' .. content .. tool_calls .. "}"
-        elseif calls then
-            message = '"delta":{' .. (text and text ~= "" and ('"content":' .. content .. ",") or "") .. tool_calls:sub(2) .. "}"
-        else
-            message = '"delta":' .. ((not text or text == "") and "{}" or ('{"content":' .. content .. "}"))
+        local fields = {}
+        local first = not st.streaming or not st.role_sent
+        if first then
+            fields[1] = '"role":"assistant"'
+            if st.streaming then st.role_sent = true end
         end
+        if first or (text and text ~= "") then
+            fields[#fields + 1] = '"content":' .. (text and encode(request.valid_utf8(text)) or "null")
+        end
+        if reasoning_text and (not st.streaming or reasoning_text ~= "") then
+            fields[#fields + 1] = '"reasoning_content":' .. encode(request.valid_utf8(reasoning_text))
+        end
+        if calls then fields[#fields + 1] = '"tool_calls":' .. calls end
+        local message = (st.streaming and '"delta":{' or '"message":{') .. concat(fields, ",") .. "}"
         return '{"index":' .. st.index .. "," .. message .. ',"logprobs":' ..
             (figures and chat_logprobs_json(ids, figures) or "null") .. choice_tail(ids, finish_reason, stats)
     end
@@ -734,10 +746,12 @@ local function run_blocking(r)
         release(st, false)
         local text = concat(texts)
         if st.stopped_by_string then text = cut_at_stop(text, st.stops, all_ids[#all_ids]) end
-        local calls
-        if st.tools then text, calls = read_calls(r, st, text) end -- (text nil: no content, null)
+        local calls, thought
+        if st.reasoning then thought, text = reasoning.split(text, st.reasoning.inside) end -- (text nil: none)
+        if st.tools and text then text, calls = read_calls(r, st, text) end -- (text nil: no content, null)
         results[#results + 1] = { st = st, text = text and (st.echo or "") .. text, ids = all_ids, logprob_sum = logprob_sum,
-                                  figures = r.show_logprobs and all_figures or nil, lp_ids = lp_ids, calls = calls }
+                                  figures = r.show_logprobs and all_figures or nil, lp_ids = lp_ids, calls = calls,
+                                  reasoning = thought }
     end
     local chosen, choices = best_of(r, results), {}
     local single = #chosen == 1
@@ -745,7 +759,7 @@ local function run_blocking(r)
         local st = res.st
         choices[#choices + 1] = choice_json(st, res.text, res.ids, st.finish_reason,
                                             not single and st.tinyloop, res.figures, res.lp_ids, res.lp_ids and #st.prompt_ids,
-                                            res.calls and tool_calls_json(res.calls, false))
+                                            res.calls and tool_calls_json(res.calls, false), res.reasoning)
     end
     return send_json(200, response_json(r, concat(choices, ","), ',"usage":' .. usage_json(r) ..
         (single and (',"tinyloop":' .. encode(chosen[1].st.tinyloop)) or "")))
@@ -817,6 +831,15 @@ local function run_stream(r)
                 if finished then
                     release(st, false)
                     if st.stopped_by_string then text = cut_at_stop(text, st.stops, ids[#ids]) end
+                end
+                if st.reasoning then -- the reasoning goes out first, in a chunk of its own
+                    local thought
+                    thought, text = st.reasoning.reader:feed(text, finished)
+                    if thought ~= "" then
+                        if not started then start_stream(); started = true end
+                        local reasoning_chunk = choice_json(st, nil, {}, nil, nil, nil, nil, nil, nil, thought)
+                        if not sse(r, response_json(r, reasoning_chunk, usage_null)) then return ngx_exit(499) end
+                    end
                 end
                 if st.tools then
                     text, ids, figures, calls_json = tool_stream(r, st, text, ids, figures, finished)
@@ -1028,6 +1051,11 @@ local function serve(chat)
             return send_error(503, ("every session place is taken (%d running, %d queued): retry later")
                 :format(conf.max_active, conf.max_queued), nil, "overloaded_error", { ["Retry-After"] = "1" })
         end
+        -- a thinking model's reply (req.prompt_text: the chat prompt, which may open the block;
+        -- under a grammar, which writes the reply from its first token, a block counts only
+        -- where the grammar writes one)
+        local read_reasoning = chat and reasoning_on
+        local inside = read_reasoning and not req.cfg.grammar and reasoning.opens(req.prompt_text)
         r.sts[#r.sts + 1] = {
             siblings = r.sts, -- (itself included: its phase is no longer "queued" when polled)
             id = id, index = #r.sts, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
@@ -1035,6 +1063,7 @@ local function serve(chat)
             prompt_ids = ids, prompt_figures = prompt_figures[p],
             offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
             chat = chat, streaming = req.stream, prompt = p, tools = req.tools,
+            reasoning = read_reasoning and { inside = inside, reader = req.stream and reasoning.stream(inside) } or nil,
         }
         metrics.incr("queued", 1)
         metrics.incr("tokens_in", #ids)

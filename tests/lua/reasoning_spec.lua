@@ -1,0 +1,58 @@
+-- reasoning_spec: tinyloop.reasoning, a thinking model's <think> block told apart from its
+-- answer, whole and as a stream reads it (the server's reasoning_content).
+local reasoning = require "tinyloop.reasoning"
+
+describe("tinyloop.reasoning", function()
+    it("tells whether a template speaks of reasoning and whether a prompt opens a block", function()
+        assert.is_true(reasoning.uses("{% if enable_thinking %}<think>\n{% endif %}"))
+        assert.is_false(reasoning.uses("{{ messages[0].content }}"))
+        assert.is_false(reasoning.uses(nil))
+        assert.is_true(reasoning.opens("<|im_start|>assistant\n<think>\n"))
+        assert.is_false(reasoning.opens("<|im_start|>assistant\n"))
+        assert.is_false(reasoning.opens("<think>a</think>b<|im_start|>assistant\n"))   -- an earlier turn's, closed
+        assert.is_true(reasoning.opens("<think>a</think>b<|im_start|>assistant\n<think>")) -- the last one open
+    end)
+
+    it("splits a whole reply: the text before </think> the reasoning, after it the content", function()
+        local function split(text, inside) return { reasoning.split(text, inside) } end
+        assert.same({ "Let me see.", "Emma." }, split("Let me see.</think>Emma.", true))
+        assert.same({ "Let me see.", nil }, split("Let me see.", true))         -- cut inside the block
+        assert.same({ "", "Emma." }, split("</think>Emma.", true))               -- an empty block
+        assert.same({ "Let me see.", nil }, split("Let me see.</think>", true)) -- no answer after it
+        assert.same({ "x", "\n\nEmma." }, split("\n<think>x</think>\n\nEmma.", false)) -- a block the reply opens
+        assert.same({ nil, "Emma. <think>x</think>" }, split("Emma. <think>x</think>", false)) -- not at its beginning
+        assert.same({ nil, "Emma." }, split("Emma.", false))
+        assert.same({ "a</think", "b" }, split("a</think</think>b", true))      -- the first whole tag ends it
+    end)
+
+    it("reads a reply as it comes into the same parts, whatever the pieces (a random walk)", function()
+        local words = { "<think>", "</think>", "<th", "ink>", "</", "think", ">", "<", "/", "\n", " ", "Emma", "x", "</thi" }
+        math.randomseed(7)
+        for _ = 1, 3000 do
+            local parts = {}
+            for i = 1, math.random(0, 12) do parts[i] = words[math.random(#words)] end
+            local text = table.concat(parts)
+            local inside = math.random() < 0.5
+            local want_reasoning, want_content = reasoning.split(text, inside)
+            -- the same text in random pieces
+            local reader, got_reasoning, got_content = reasoning.stream(inside), {}, {}
+            local at = 1
+            while at <= #text do
+                local len = math.random(1, 5)
+                local thought, content = reader:feed(text:sub(at, at + len - 1), at + len > #text)
+                at = at + len
+                if thought ~= "" then
+                    assert.equal(0, #got_content, "reasoning after content: " .. text)
+                    got_reasoning[#got_reasoning + 1] = thought
+                end
+                if content ~= "" then got_content[#got_content + 1] = content end
+            end
+            if #text == 0 then
+                local thought, content = reader:feed("", true)
+                got_reasoning[1], got_content[1] = thought ~= "" and thought or nil, content ~= "" and content or nil
+            end
+            assert.equal(want_reasoning or "", table.concat(got_reasoning), text)
+            assert.equal(want_content or "", table.concat(got_content), text)
+        end
+    end)
+end)
