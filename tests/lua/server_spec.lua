@@ -1756,7 +1756,8 @@ describe("scripts/serve options", function()
         -- a value left out (it was bash's "unbound variable"), a leading zero (bash's "value too
         -- great for base" after the temp dir was made), no worker or no running place
         for args, want in pairs({ ["--port"] = "--port needs a value", ["--max-active 08"] = "got '08'",
-                                  ["--workers 0"] = "--workers must be at least 1", ["--max-active 0"] = "--max-active must be at least 1" }) do
+                                  ["--workers 0"] = "--workers must be at least 1", ["--max-active 0"] = "--max-active must be at least 1",
+                                  ["--reasoning deepseek"] = "--reasoning must be auto, think or none, got 'deepseek'" }) do
             out = sh("TMPDIR=" .. dir .. " scripts/serve " .. args .. " 2>&1; echo \"exit $?\"")
             assert.truthy(out:find(want, 1, true), out)
             assert.truthy(out:find("exit 2", 1, true), out)
