@@ -131,6 +131,18 @@ function M.shipped(name)
     return M.gbnf(text)
 end
 
+-- json_object() -> the shipped JSON grammar with an object at its top level (OpenAI's JSON
+-- mode, vLLM's json_object), or nil, err.
+function M.json_object()
+    local f, err = io.open(here .. "/grammars/json.gbnf", "rb")
+    if not f then return nil, err end
+    local text = f:read("*a")
+    f:close()
+    local object_root, n = text:gsub("\nroot%s*::=[^\n]*", "\nroot ::= ws object ws", 1)
+    if n ~= 1 then return nil, "json.gbnf: no root rule to put an object at" end
+    return M.gbnf(object_root)
+end
+
 function Grammar:matches(text)
     if type(text) ~= "string" then raise("grammar:matches: text must be a string") end
     local m = ffi.new("int[1]")

@@ -82,6 +82,16 @@ describe("cfg.grammar with a compiled grammar", function()
             assert.same(plain, ids)
         end
     end)
+    it("has a JSON object grammar (OpenAI's JSON mode): the shipped JSON, an object at its top level", function()
+        local object, any = assert(G.json_object()), assert(G.shipped("json"))
+        for _, text in ipairs({ '{"a": [1, true, null]}', ' {}', '{"b": {"c": "d"}}\n' }) do
+            assert.is_true(object:matches(text), text)
+        end
+        for _, text in ipairs({ "true", "null", '"a"', "12", "[1]" }) do
+            assert.is_false(object:matches(text), text)
+            assert.is_true(any:matches(text), text)
+        end
+    end)
     it("ends where the grammar ends, min_tokens or not (its end is not delayed)", function()
         local short = assert(G.gbnf('root ::= "Yes" | "No"'))
         local base = { grammar = short, max_tokens = 20, loops = 4 }

@@ -734,7 +734,13 @@ describe("server", function()
             { '"structured_outputs": {"json": ' .. cjson.encode(schema) .. '}', G.json_schema(schema) }, -- as JSON text
             { '"guided_grammar": "root ::= [0-9]{2,3}"', G.gbnf("root ::= [0-9]{2,3}") },
             { '"structured_outputs": {"grammar": "root ::= [0-9]{2,3}", "json": null}', G.gbnf("root ::= [0-9]{2,3}") },
-            { '"structured_outputs": {"json_object": true}', G.shipped("json") },
+            { '"structured_outputs": {"json_object": true}', G.json_object() },
+            { '"structured_outputs": {"json": ' .. schema .. ', "disable_any_whitespace": false}', -- vLLM's default blanks
+              G.json_schema(schema, { whitespace = "free" }) },
+            { '"structured_outputs": {"json": ' .. schema .. ', "disable_any_whitespace": true, "disable_fallback": true}',
+              G.json_schema(schema) },
+            { '"guided_choice": ["yes", "no"], "guided_decoding_backend": "xgrammar"', G.gbnf('root ::= "yes" | "no"') },
+            { '"guided_choice": ["yes", "no"], "response_format": {"type": "text"}', G.gbnf('root ::= "yes" | "no"') },
         }
         for _, case in ipairs(cases) do
             local g = assert(case[2])
@@ -749,19 +755,28 @@ describe("server", function()
         -- refusals naming the field
         for _, case in ipairs({
             { '"guided_choice": []', "guided_choice", "must be a non-empty array of strings" },
+            { '"guided_choice": ["a", "b\xffc"]', "guided_choice", "guided_choice[1] is not valid UTF-8" },
+            { '"structured_outputs": {"choice": []}', "structured_outputs", "structured_outputs.choice must be a non-empty array" },
+            { '"structured_outputs": {"grammar": ""}', "structured_outputs", "structured_outputs.grammar must not be empty" },
+            { '"structured_outputs": {"json": "[1]"}', "structured_outputs", "structured_outputs.json must be a JSON Schema object" },
+            { '"structured_outputs": {"json": {"type": "nonsense"}}', "structured_outputs", "structured_outputs.json does not compile" },
+            { '"structured_outputs": {"json_object": true, "whitespace_pattern": " "}', "structured_outputs",
+              'structured_outputs.whitespace_pattern = " " is not supported here' },
+            { '"guided_decoding_backend": 5', "guided_decoding_backend", "is not supported" },
             { '"guided_choice": ["a", 1]', "guided_choice", "must be a non-empty array of strings" },
             { '"guided_json": 5', "guided_json", "must be a JSON Schema" },
             { '"guided_json": "[1]"', "guided_json", "must be a JSON Schema object" },
             { '"guided_json": {"type": "nonsense"}', "guided_json", "does not compile" },
-            { '"guided_regex": "[0-9]+"', "guided_regex", "regular expressions are not supported" },
+            { '"guided_regex": "[0-9]+"', "guided_regex", "a regular expression over the whole text is not supported" },
             { '"guided_grammar": "root ::= [a"', "guided_grammar", "does not compile" },
             { '"guided_grammar": ""', "guided_grammar", "must not be empty" },
-            { '"structured_outputs": {"regex": "a"}', "structured_outputs", "regular expressions are not supported" },
+            { '"structured_outputs": {"regex": "a"}', "structured_outputs", "structured_outputs.regex: a regular expression" },
             { '"structured_outputs": {"choice": ["a"], "grammar": "root ::= \\"a\\""}', "structured_outputs",
               "takes one of json, choice, grammar and json_object, not choice and grammar" },
             { '"structured_outputs": {}', "structured_outputs", "needs one of" },
             { '"structured_outputs": {"json_object": false}', "structured_outputs", "json_object must be true" },
-            { '"structured_outputs": {"disable_any_whitespace": true}', "structured_outputs", "unknown field 'disable_any_whitespace'" },
+            { '"structured_outputs": {"disable_any_whitespace": true}', "structured_outputs", "needs one of" },
+            { '"structured_outputs": {"json_object": true, "regex_flags": 1}', "structured_outputs", "unknown field 'regex_flags'" },
             { '"structured_outputs": [1]', "structured_outputs", "must be an object" },
             { '"guided_choice": ["a"], "response_format": {"type": "json_object"}', "guided_choice",
               "response_format and guided_choice cannot be used together" },
@@ -2032,7 +2047,8 @@ describe("server request parsing", function()
             assert.equal(10, r.cfg.top_k)
         end
         assert.equal(3, assert(request.parse('{"prompt": [1], "max_tokens": 2, "top_k": 3}', fake, "m")).cfg.top_k)
-        assert.equal(-2, assert(request.parse('{"prompt": [1], "max_tokens": 2, "top_k": -2}', fake, "m")).cfg.top_k)
+        local _, e = request.parse('{"prompt": [1], "max_tokens": 2, "top_k": -2, "temperature": 1}', fake, "m")
+        assert.same({ "top_k", "top_k = -2 must be at least 1, or 0 or -1 (every token)" }, { e.param, e.message })
         assert.is_nil(assert(request.parse('{"prompt": [1], "max_tokens": 2}', fake, "m")).cfg.top_k)
     end)
     it("takes OpenAI's presence_penalty, frequency_penalty and logit_bias, in OpenAI's ranges", function()

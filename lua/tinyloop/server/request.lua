@@ -125,12 +125,15 @@ local KIND_WORDS = { string = "a string", number = "a number", integer = "an int
 -- refused, naming the field. (suffix is for insertion models.)
 local OPENAI_NO_OPS = {
     suffix = { function(v) return v == "" end, '""' },
+    -- vLLM's older guided_* fields' companion: this server has one backend, whatever its name
+    guided_decoding_backend = { function(v) return type(v) == "string" end, "a backend's name" },
 }
 -- The chat API's, likewise: storing the output at OpenAI, its service tier.
 local CHAT_NO_OPS = {
     store = { function(v) return v == false end, "false" },
     metadata = { function(v) return type(v) == "table" end, "an object (kept only where stored)" },
     service_tier = { function(v) return v == "auto" or v == "default" end, '"auto" or "default"' },
+    guided_decoding_backend = OPENAI_NO_OPS.guided_decoding_backend,
 }
 
 -- OpenAI's documented ranges of its sampling adjustments (the engine takes any finite value).
@@ -334,55 +337,85 @@ local SCHEMA_KEYS = { schema = "object", name = "string", description = "string"
 -- vLLM's and vLLM's older ones.
 local CONSTRAINTS = { "grammar", "response_format", "structured_outputs", "guided_json", "guided_choice", "guided_grammar",
                       "guided_regex" }
-local NO_REGEX = "regular expressions are not supported: send grammar (GBNF), or json (a JSON Schema; its string " ..
-                 "patterns are)"
+local NO_REGEX = "a regular expression over the whole text is not supported: send grammar (GBNF), or json (a JSON " ..
+                 "Schema, whose strings may have a pattern)"
+local MAX_CHOICES = 4096
 
-local function gbnf_grammar(text, P)
-    if text == "" then return bad(P .. " must not be empty", P) end
+-- P: the param an error names; `what`: the field in its message (a member of P, say).
+local function gbnf_grammar(text, P, what)
+    what = what or P
+    if text == "" then return bad(what .. " must not be empty", P) end
     local g, err = compiled("gbnf:" .. text, grammar.gbnf, text)
-    if not g then return bad(P .. " does not compile: " .. tostring(err), P) end
+    if not g then return bad(what .. " does not compile: " .. tostring(err), P) end
     return g, P
 end
 
--- A JSON Schema given as an object (its text read from the body at `path`) or as JSON text.
-local function schema_grammar(value, body, path, P)
+-- A JSON Schema given as an object (its text read from the body at `path`) or as JSON text;
+-- free: blanks allowed between its tokens (vLLM's default), else none.
+local function schema_grammar(value, body, path, P, what, free)
+    what = what or P
     local text = type(value) == "string" and value or raw_member(body, path)
-    if not text:match("^%s*{") then return bad(P .. " must be a JSON Schema object", P) end
-    local g, err = compiled("schema:" .. text, grammar.json_schema, text)
-    if not g then return bad(P .. " does not compile: " .. tostring(err), P) end
+    if not text:match("^%s*{") then return bad(what .. " must be a JSON Schema object", P) end
+    local whitespace = free and "free" or "compact"
+    local g, err = compiled("schema:" .. whitespace .. ":" .. text, function(source)
+        return grammar.json_schema(source, { whitespace = whitespace })
+    end, text)
+    if not g then return bad(what .. " does not compile: " .. tostring(err), P) end
     return g, P
 end
 
 -- The output is one of the strings (vLLM's choice).
-local function choice_grammar(choices, body, path, P)
-    if #choices == 0 or raw_member(body, path):sub(1, 1) ~= "[" then return bad(P .. " must be a non-empty array of strings", P) end
+local function choice_grammar(choices, body, path, P, what)
+    what = what or P
+    local raw = raw_member(body, path)
+    if #choices == 0 or raw:sub(1, 1) ~= "[" then return bad(what .. " must be a non-empty array of strings", P) end
     for k, v in pairs(choices) do
-        if type(k) ~= "number" or type(v) ~= "string" then return bad(P .. " must be a non-empty array of strings", P) end
+        if type(k) ~= "number" or type(v) ~= "string" then return bad(what .. " must be a non-empty array of strings", P) end
     end
-    local g, err = compiled("choice:" .. raw_member(body, path), function()
+    if #choices > MAX_CHOICES then return bad(("%s has %d choices: at most %d"):format(what, #choices, MAX_CHOICES), P) end
+    for i, v in ipairs(choices) do
+        if valid_utf8(v) ~= v then return bad(("%s[%d] is not valid UTF-8"):format(what, i - 1), P) end
+    end
+    local g, err = compiled("choice:" .. raw, function()
         local literals = {}
         for i, s in ipairs(choices) do literals[i] = grammar.lit(s).text end
         return grammar.gbnf("root ::= " .. table.concat(literals, " | ") .. "\n")
     end)
-    if not g then return bad(P .. " does not compile: " .. tostring(err), P) end
+    if not g then return bad(what .. " does not compile: " .. tostring(err), P) end
     return g, P
 end
 
-local function shipped_json()
-    local g, err = compiled("shipped:json", grammar.shipped, "json")
+-- OpenAI's JSON mode and vLLM's json_object: a JSON object (the shipped JSON grammar, its
+-- top level an object).
+local function json_object(P)
+    local g, err = compiled("shipped:json_object", grammar.json_object)
     if not g then return nil, { status = 500, message = "the shipped JSON grammar: " .. tostring(err), type = "server_error" } end
-    return g
+    return g, P
 end
 
--- vLLM's structured_outputs object: one of json, choice, grammar, json_object.
+-- vLLM's structured_outputs object: one of json, choice, grammar, json_object; its options
+-- where they say what this server does (disable_any_whitespace: the json's blanks,
+-- disable_fallback: there is no other backend to fall back on), others at their defaults.
 local STRUCTURED_KEYS = { "json", "choice", "grammar", "json_object", "regex" }
+local STRUCTURED_OPTIONS = {
+    disable_any_whitespace = function(v) return type(v) == "boolean" end,
+    disable_fallback = function(v) return type(v) == "boolean" end,
+    disable_additional_properties = function(v) return v == false end, -- (vLLM's default; a schema says its own)
+    whitespace_pattern = function() return false end,
+    structural_tag = function() return false end,
+}
 local function structured_grammar(so, body)
     local P = "structured_outputs"
     if raw_member(body, { P }):sub(1, 1) ~= "{" then return bad(P .. " must be an object", P) end
     local known = {}
     for _, k in ipairs(STRUCTURED_KEYS) do known[k] = true end
-    for k in pairs(so) do
-        if not known[k] then
+    for k, v in pairs(so) do
+        local option = STRUCTURED_OPTIONS[k]
+        if option then
+            if v ~= json_null and not option(v) then
+                return bad(("structured_outputs.%s = %s is not supported here"):format(k, cjson.encode(v) or "?"), P)
+            end
+        elseif not known[k] then
             return bad(("unknown field '%s' in structured_outputs (json, choice, grammar or json_object)"):format(tostring(k)), P)
         end
     end
@@ -394,46 +427,30 @@ local function structured_grammar(so, body)
             which = k
         end
     end
-    local v = which and so[which]
-    if which == "regex" then return bad("structured_outputs.regex: " .. NO_REGEX, P) end
+    local v, what = which and so[which], "structured_outputs." .. tostring(which)
+    if which == "regex" then return bad(what .. ": " .. NO_REGEX, P) end
     if which == "json" then
-        if type(v) ~= "string" and type(v) ~= "table" then return bad("structured_outputs.json must be a JSON Schema", P) end
-        return schema_grammar(v, body, { P, "json" }, P)
+        if type(v) ~= "string" and type(v) ~= "table" then return bad(what .. " must be a JSON Schema", P) end
+        return schema_grammar(v, body, { P, "json" }, P, what, so.disable_any_whitespace == false)
     end
     if which == "choice" then
-        if type(v) ~= "table" then return bad("structured_outputs.choice must be a non-empty array of strings", P) end
-        return choice_grammar(v, body, { P, "choice" }, P)
+        if type(v) ~= "table" then return bad(what .. " must be a non-empty array of strings", P) end
+        return choice_grammar(v, body, { P, "choice" }, P, what)
     end
     if which == "grammar" then
-        if type(v) ~= "string" then return bad("structured_outputs.grammar must be a string (GBNF)", P) end
-        return gbnf_grammar(v, P)
+        if type(v) ~= "string" then return bad(what .. " must be a string (GBNF)", P) end
+        return gbnf_grammar(v, P, what)
     end
     if which == "json_object" then
-        if v ~= true then return bad("structured_outputs.json_object must be true", P) end
-        local g, e = shipped_json()
-        if not g then return nil, e end
-        return g, P
+        if v ~= true then return bad(what .. " must be true", P) end
+        return json_object(P)
     end
     return bad("structured_outputs needs one of json, choice, grammar or json_object", P)
 end
 
--- The grammar a request asks for (one of CONSTRAINTS): grammar | false (none), the field it
--- came from; or nil, err.
-local function constraint(t, body)
-    local given
-    for _, k in ipairs(CONSTRAINTS) do
-        if t[k] ~= nil then
-            if given then return bad(("%s and %s cannot be used together: send one of them"):format(given, k), k) end
-            given = k
-        end
-    end
-    if given == "grammar" or given == "guided_grammar" then return gbnf_grammar(t[given], given) end
-    if given == "guided_json" then return schema_grammar(t.guided_json, body, { given }, given) end
-    if given == "guided_choice" then return choice_grammar(t.guided_choice, body, { given }, given) end
-    if given == "guided_regex" then return bad("guided_regex: " .. NO_REGEX, given) end
-    if given == "structured_outputs" then return structured_grammar(t.structured_outputs, body) end
-    local rf = t.response_format
-    if rf == nil then return false end
+-- OpenAI's response_format -> grammar | false ({"type": "text"}: none), "response_format";
+-- or nil, err.
+local function response_format_grammar(rf, body)
     local P = "response_format"
     if raw_member(body, { P }):sub(1, 1) ~= "{" then return bad("response_format must be an object", P) end
     for k in pairs(rf) do
@@ -445,9 +462,7 @@ local function constraint(t, body)
     if kind == "text" or kind == "json_object" then
         if rf.json_schema ~= nil then return bad("response_format.json_schema goes with type \"json_schema\"", P) end
         if kind == "text" then return false end
-        local g, err = shipped_json()
-        if not g then return nil, err end
-        return g, P
+        return json_object(P)
     end
     if kind ~= "json_schema" then
         return bad('response_format.type must be "text", "json_object" or "json_schema"', P)
@@ -467,9 +482,33 @@ local function constraint(t, body)
     if not text or text:sub(1, 1) ~= "{" then
         return bad("response_format.json_schema.schema must be a JSON Schema object", P)
     end
-    local g, err = compiled("schema:" .. text, grammar.json_schema, text)
-    if not g then return bad("response_format.json_schema.schema does not compile: " .. tostring(err), P) end
-    return g, P
+    return schema_grammar(text, body, nil, P, "response_format.json_schema.schema")
+end
+
+-- The grammar a request asks for (one of CONSTRAINTS): grammar | false (none), the field it
+-- came from; or nil, err. response_format {"type": "text"} asks for none, and so goes with
+-- any other.
+local function constraint(t, body)
+    local rf_grammar
+    if t.response_format ~= nil then
+        local err
+        rf_grammar, err = response_format_grammar(t.response_format, body)
+        if rf_grammar == nil then return nil, err end
+    end
+    local given
+    for _, k in ipairs(CONSTRAINTS) do
+        if t[k] ~= nil and not (k == "response_format" and rf_grammar == false) then
+            if given then return bad(("%s and %s cannot be used together: send one of them"):format(given, k), k) end
+            given = k
+        end
+    end
+    if given == "response_format" then return rf_grammar, given end
+    if given == "grammar" or given == "guided_grammar" then return gbnf_grammar(t[given], given) end
+    if given == "guided_json" then return schema_grammar(t.guided_json, body, { given }, given) end
+    if given == "guided_choice" then return choice_grammar(t.guided_choice, body, { given }, given) end
+    if given == "guided_regex" then return bad("guided_regex: " .. NO_REGEX, given) end
+    if given == "structured_outputs" then return structured_grammar(t.structured_outputs, body) end
+    return false
 end
 
 local DEFAULT_MAX_CHOICES = 16
@@ -530,6 +569,9 @@ local function shared_fields(t, body, model, model_id, cfg)
     end
     -- vLLM's convention (its clients send it): top_k 0 or -1 considers every token
     if t.top_k == 0 or t.top_k == -1 then cfg.top_k = model.vocab_size end
+    if t.top_k and t.top_k < -1 then
+        return bad(("top_k = %d must be at least 1, or 0 or -1 (every token)"):format(t.top_k), "top_k")
+    end
     local include_usage = false
     if t.stream_options ~= nil then
         for k, v in pairs(t.stream_options) do
