@@ -294,25 +294,37 @@ function _M.check_messages(messages)
     return out
 end
 
--- The last place `needle` (not empty) begins in `text`, or nil.
+-- The last place `needle` (not empty) begins in `text`, or nil: one search of both reversed
+-- (a search per occurrence would be quadratic in a repetitive text).
 local function last_find(text, needle)
-    local at, from = nil, 1
-    while true do
-        local found = text:find(needle, from, true)
-        if not found then return at end
-        at, from = found, found + 1
-    end
+    local found = text:reverse():find(needle:reverse(), 1, true)
+    return found and #text - found - #needle + 2 or nil
+end
+
+-- The first and last bytes of s that are not blank (ASCII white space, as the renderer's trim
+-- and Lua's %s), or nil: byte loops, where a pattern's backtracking was quadratic in a run
+-- of blanks.
+local function is_blank(b) return b == 32 or (b >= 9 and b <= 13) end
+local function unblank(s)
+    local first, last = 1, #s
+    while first <= last and is_blank(s:byte(first)) do first = first + 1 end
+    while last >= first and is_blank(s:byte(last)) do last = last - 1 end
+    if first > last then return nil end
+    return first, last
 end
 
 -- The rendered conversation cut right after the final message's content, so that the model
 -- continues that message (transformers' continue_final_message, its rule to the letter: the
 -- content's last appearance, stripped of surrounding blanks; its leading blanks stay out
 -- when the template trimmed them, its trailing ones when the template kept them).
-local function continue_final(text, content)
-    if content == json_null or content:match("^%s*$") then
-        return nil, "continue_final_message: the final message has no text to continue"
+local function continue_final(text, message)
+    if message.tool_calls then
+        return nil, "continue_final_message: the final message has tool calls, which cannot be continued"
     end
-    local stripped, lstripped = content:match("^%s*(.-)%s*$"), content:match("^%s*(.*)$")
+    local content = message.content
+    local first, last = unblank(content == json_null and "" or content)
+    if not first then return nil, "continue_final_message: the final message has no text to continue" end
+    local stripped, lstripped = content:sub(first, last), content:sub(first)
     local at = last_find(text, stripped)
     if not at then
         return nil, "continue_final_message: the chat template does not show the final message's text as it is"
@@ -357,7 +369,7 @@ function Chat:prompt(messages, add_generation_prompt, tools, continue_final_mess
     local text, kind
     text, err, kind = self.template:render(context)
     if text and continue_final_message then
-        text, err = continue_final(text, checked[#checked].content)
+        text, err = continue_final(text, checked[#checked])
         if not text then return nil, err, "messages" end
     end
     if text then return text end

@@ -9,6 +9,7 @@ local tinyloop = require "tinyloop"
 local tools = require "tinyloop.tools"
 local json_text = require "tinyloop.json_text"
 local cjson = require "cjson.safe"
+local tags = require "tinyloop.tags"
 local read_tools, converse -- (below)
 
 local _M = {}
@@ -63,10 +64,10 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --chat                 PROMPT is a user message: the model's chat template (or the
                              plain built-in one) makes the prompt; prints the reply only
   -i, --interactive          a conversation (--chat): each line of stdin is a user message,
-                             each reply streamed; -n bounds a reply, older turns are dropped
-                             when the next would not fit the context, and each turn computes
-                             only its new text (a prefix pool); /reset forgets the
-                             conversation, /exit (or end of input) ends it
+                             each reply streamed; -n bounds a reply, older turns are left out
+                             when the next would not fit the context, and with plain decoding
+                             a turn computes only its new text (a prefix pool); /reset
+                             forgets the conversation, /exit (/quit, end of input) ends it
       --system TEXT          with --chat: a system message first
       --chat-template FILE   with --chat: this Jinja chat template instead of the model's
       --tools FILE           with --chat: function tools, a JSON file of OpenAI's tools array;
@@ -256,7 +257,8 @@ end
 
 local CONVERSE_POOL_BYTES = 64 * 1024 * 1024 -- the prefix pool that keeps the conversation's rows
 
--- One reply to `ids`, streamed to stdout -> text, stats | nil, err, exit status.
+-- One reply to `ids`, streamed to stdout -> text, stats, the session's last token | nil, err,
+-- exit status (2: the engine refused the config; 1: generation failed).
 local function stream_reply(model, ids, cfg)
     local made, iterate, session = pcall(model.stream, model, ids, cfg)
     if not made then return nil, iterate, 2 end
@@ -273,38 +275,40 @@ local function stream_reply(model, ids, cfg)
     if not ok then return nil, err, 1 end
     io.stdout:write("\n")
     io.stdout:flush()
-    return table.concat(parts), session.final_stats or session:stats()
+    local tokens = session:tokens()
+    return table.concat(parts), session.final_stats or session:stats(), tokens[#tokens]
 end
 
--- The conversation's prompt ids with room for a reply of `want` tokens, dropping its oldest
--- turns (a user message and its reply) while they do not fit -> ids, turns dropped | nil,
--- err, exit status (the newest message alone overfills the context, or the template fails).
+-- The conversation's prompt ids with room for a reply of `want` tokens: the oldest turns (a
+-- user message and its reply) left out while they do not fit -> ids, the turns left out |
+-- nil, err, exit status (the newest message alone overfills the context, or the template
+-- fails). `history` itself is not changed.
 local function fit(model, chat, system, history, want)
-    local max_seq, dropped = model:info().max_seq_len, 0
+    local max_seq = model:info().max_seq_len
+    local first = 1 -- the oldest message kept
     while true do
         local messages = system and { system } or {}
-        for _, m in ipairs(history) do messages[#messages + 1] = m end
+        for i = first, #history do messages[#messages + 1] = history[i] end
         local text, err, fault = chat:prompt(messages, true)
         if not text then return nil, err, fault == "template" and 1 or 2 end
         local ids = assert(model:encode(text))
-        if #ids + want <= max_seq or #history == 1 then
+        if #ids + want <= max_seq or first == #history then
             if #ids >= max_seq then
                 return nil, ("the message makes a prompt of %d tokens with the chat template: over the model's context of %d")
                     :format(#ids, max_seq), 2
             end
-            return ids, dropped
+            return ids, first - 1
         end
-        table.remove(history, 1)
-        if history[1] and history[1].role == "assistant" then table.remove(history, 1) end
-        dropped = dropped + 1
+        first = first + 1
+        if history[first].role == "assistant" then first = first + 1 end
     end
 end
 
 converse = function(model, chat, cfg, o)
     local ffi = require "ffi"
-    pcall(ffi.cdef, "int isatty(int fd);")
-    local prompt_marks = ffi.C.isatty(0) == 1 -- "> " before each message, for a person typing
-    model:set_prefix_pool(CONVERSE_POOL_BYTES)
+    local prompt_marks = pcall(ffi.cdef, "int isatty(int fd);") and pcall(function() return ffi.C.isatty end) and
+                         ffi.C.isatty(0) == 1 -- "> " before each message, for a person typing
+    local max_seq = model:info().max_seq_len
     local want = cfg.max_tokens
     if not want then
         local defaults = ffi.new("tl_generate_config")
@@ -312,6 +316,15 @@ converse = function(model, chat, cfg, o)
         want = defaults.max_tokens
     end
     local system = o.system and { role = "system", content = o.system }
+    -- a conversation needs room for a message and a reply of -n tokens besides the system's
+    local opening = chat:prompt(system and { system, { role = "user", content = "" } } or { { role = "user", content = "" } }, true)
+    local opening_len = opening and #assert(model:encode(opening)) or 0
+    if opening_len + want >= max_seq then
+        report(("-n %d (a reply) and the chat template's %d tokens%s fill the model's context of %d: no room for a message")
+            :format(want, opening_len, system and " with the system message" or "", max_seq))
+        return 2
+    end
+    model:set_prefix_pool(CONVERSE_POOL_BYTES)
     local history, pending = {}, o.prompt
     while true do
         local line = pending
@@ -319,27 +332,40 @@ converse = function(model, chat, cfg, o)
         if not line then
             if prompt_marks then io.stderr:write("> ") io.stderr:flush() end
             line = io.read("*l")
+            if line then line = line:gsub("\r$", "") end -- (a Windows line end)
         end
-        if not line or line == "/exit" or line == "/quit" then return 0 end
+        if not line or line == "/exit" or line == "/quit" then
+            if not line and prompt_marks then io.stderr:write("\n") end
+            return 0
+        end
         if line == "/reset" then
             history = {}
             io.stderr:write("(the conversation is forgotten)\n")
         elseif line:match("%S") then
             history[#history + 1] = { role = "user", content = line }
-            local ids, dropped, status = fit(model, chat, system, history, want)
-            if not ids then
-                report(dropped)
-                if status == 1 then return 1 end
-                table.remove(history) -- this message only: the conversation goes on
-            else
-                if dropped > 0 then io.stderr:write(("(the %d oldest turns are dropped to fit the context)\n"):format(dropped)) end
+            local ids, left_out, status = fit(model, chat, system, history, want)
+            local reply, stats, last
+            if ids then
                 local turn = {}
                 for k, v in pairs(cfg) do turn[k] = v end
-                turn.max_tokens = math.min(want, model:info().max_seq_len - #ids)
-                local reply, stats, fail = stream_reply(model, ids, turn)
-                if not reply then
-                    report(stats)
-                    return fail
+                turn.max_tokens = math.min(want, max_seq - #ids)
+                if turn.min_tokens then turn.min_tokens = math.min(turn.min_tokens, turn.max_tokens) end
+                reply, stats, last = stream_reply(model, ids, turn)
+                if not reply then ids, left_out, status = nil, stats, last end
+            end
+            if not ids then
+                report(left_out)
+                if status == 1 then return 1 end
+                table.remove(history) -- this message only: the conversation goes on as it was
+            else
+                if left_out > 0 then
+                    local turns = math.ceil(left_out / 2)
+                    io.stderr:write(("(the %d oldest turn%s left out to fit the context)\n"):format(turns, turns == 1 and " is" or "s are"))
+                    for _ = 1, left_out do table.remove(history, 1) end
+                end
+                -- the text that goes on in the conversation: without the stop string that ended it
+                if stats.stop_reason == "STOP_SEQUENCE" and cfg.stop_strings then
+                    reply = tags.cut_at_stop(reply, cfg.stop_strings, #(model:decode({ last }) or ""))
                 end
                 history[#history + 1] = { role = "assistant", content = reply }
                 if o.stats then stats_line(stats, model) end

@@ -1,8 +1,8 @@
--- tinyloop.tags: markup tags in generated text (a tool call's <tool_call>, a reasoning
--- block's </think>), as a stream reads them: text arrives a token at a time, so a tag may be
--- cut between two reads, and what may still become one is held back until the next read
--- tells.
-local sub = string.sub
+-- tinyloop.tags: marks in generated text (a tool call's <tool_call>, a reasoning block's
+-- </think>, the stop string that ended it), as a reader of the text finds them: text arrives
+-- a token at a time, so a tag may be cut between two reads, and what may still become one is
+-- held back until the next read tells.
+local sub, find, max = string.sub, string.find, math.max
 
 local _M = {}
 
@@ -13,6 +13,19 @@ function _M.held(text, tag)
         if k <= #text and sub(text, -k) == sub(tag, 1, k) then return k end
     end
     return 0
+end
+
+-- cut_at_stop(text, stops, last_len) -> the text before the stop string that ended it (OpenAI
+-- leaves the stop string out), or the text as it is where none did. The engine ends at a
+-- match only in the token that completes it, so the match ends in the text's last `last_len`
+-- bytes (that token's); an earlier one is one min_tokens held back. The earliest such match.
+function _M.cut_at_stop(text, stops, last_len)
+    local cut
+    for i = 1, #stops do
+        local at = find(text, stops[i], max(1, #text - last_len - #stops[i] + 2), true)
+        if at and (not cut or at < cut) then cut = at end
+    end
+    return cut and sub(text, 1, cut - 1) or text
 end
 
 return _M

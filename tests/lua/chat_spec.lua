@@ -95,10 +95,24 @@ describe("tinyloop.chat", function()
         end
         refused("it opens no new turn", begun, true, nil, true)
         refused("the final message has no text to continue", final("  "), false, nil, true)
-        refused("the final message has no text to continue",
-                { { role = "user", content = "Hi" }, { role = "assistant", content = cjson.null,
-                  tool_calls = { { id = "c1", type = "function", ["function"] = { name = "f", arguments = "{}" } } } } },
+        local call = { { id = "c1", type = "function", ["function"] = { name = "f", arguments = '{"city": "Paris"}' } } }
+        refused("the final message has tool calls, which cannot be continued",
+                { { role = "user", content = "Hi" }, { role = "assistant", content = cjson.null, tool_calls = call } },
                 false, nil, true)
+        refused("the final message has tool calls, which cannot be continued",
+                { { role = "user", content = "Hi" }, { role = "assistant", content = "Paris", tool_calls = call } },
+                false, nil, true)
+        -- a template that trims the content (Llama 3.1's): the blanks the template dropped stay out
+        local llama = assert(chat.load(dir, H.ROOT .. "/tests/data/chat_templates/llama3_1.jinja"))
+        text = assert(llama:prompt(final("  She is  "), false, nil, true))
+        assert.equal("<|start_header_id|>assistant<|end_header_id|>\n\nShe is", text:sub(-#"<|start_header_id|>assistant<|end_header_id|>\n\nShe is"))
+        -- long runs of blanks and repetitive text cost their length (once quadratic)
+        local blanks = (" "):rep(100000)
+        text = assert(c:prompt(final("a" .. blanks .. "b" .. blanks), false, nil, true))
+        assert.is_true(text:sub(-200002) == "a" .. blanks .. "b" .. blanks) -- (kept verbatim here: its blanks stay)
+        text = assert(c:prompt({ { role = "user", content = ("a"):rep(100000) }, { role = "assistant", content = ("a"):rep(50000) } },
+                               false, nil, true))
+        assert.equal("Assistant: " .. ("a"):rep(50000), text:sub(-50011))
         write(dir .. "/upper.jinja", "{% for m in messages %}{{ m.content | upper }}{% endfor %}")
         local upper = assert(chat.load(dir, dir .. "/upper.jinja"))
         local got, err, fault = upper:prompt(begun, false, nil, true)
@@ -188,48 +202,72 @@ describe("tinyloop.chat", function()
     end)
 
     it("holds a conversation in the CLI's --interactive: each reply the one-shot reply to the conversation so far", function()
+        local function q(text) return "'" .. text:gsub("'", "'\\''") .. "'" end
         local function run(args, input)
             write(dir .. "/input.txt", input or "")
             return sh("(scripts/tinyloop -n 12 --ignore-eos " .. args .. " < " .. dir .. "/input.txt; echo \"exit $?\") 2>&1")
         end
-        local function reply_to(text) -- a one-shot greedy reply to a rendered prompt
-            return (run("--no-stats --no-prompt -- '" .. text .. "'"):gsub("\nexit 0\n$", ""))
+        local function reply_to(text, args) -- a one-shot greedy reply to a rendered prompt
+            return (run("--no-stats --no-prompt " .. (args or "") .. " -- " .. q(text)):gsub("\nexit 0\n$", ""))
+        end
+        -- an -i run's replies (each before its stats line), its stats lines and its notices
+        local function turns(out)
+            local replies, stats, notes, reply = {}, {}, {}, {}
+            for line in out:gmatch("[^\n]*\n") do
+                if line:match("^%[prefill") then
+                    replies[#replies + 1], reply = table.concat(reply):gsub("\n$", ""), {}
+                    stats[#stats + 1] = line
+                elseif line:match("^%(") or line:match("^tinyloop: ") or line:match("^exit %d") then
+                    notes[#notes + 1] = line
+                else
+                    reply[#reply + 1] = line
+                end
+            end
+            return replies, stats, table.concat(notes)
+        end
+        -- the plain template: an assistant's reply after "Assistant:", a blank before it
+        local function turn(user, reply)
+            return "User: " .. user .. "\n\nAssistant:" .. (reply and ((reply:match("^[ \n]") and "" or " ") .. reply .. "\n\n") or "")
         end
         local out = run("-i --system 'Be brief.'", "Who is Emma?\nAnd Harriet?\n/reset\n\nWho is Emma?\n")
-        local lines = {}
-        for line in out:gmatch("[^\n]*\n") do lines[#lines + 1] = line end
-        -- replies and stats lines interleave; the second turn reads the first from the pool
-        local replies, stats = {}, {}
-        local reply = {}
-        for _, line in ipairs(lines) do
-            if line:match("^%[prefill") then
-                replies[#replies + 1], reply = table.concat(reply):gsub("\n$", ""), {}
-                stats[#stats + 1] = line
-            elseif line ~= "(the conversation is forgotten)\n" and line ~= "exit 0\n" then
-                reply[#reply + 1] = line
-            end
-        end
+        local replies, stats, notes = turns(out)
         assert.equal(3, #replies, out)
-        assert.truthy(out:find("(the conversation is forgotten)", 1, true), out)
-        assert.truthy(out:find("\nexit 0\n$"), out)
-        assert.truthy(stats[2]:match("%((%d+) reused%)"), stats[2])
-        assert.is_true(tonumber(stats[2]:match("%((%d+) reused%)")) > 10, stats[2])
-        local first = "Be brief.\n\nUser: Who is Emma?\n\nAssistant:"
-        assert.equal(reply_to(first), replies[1])
-        assert.equal(reply_to(first .. (replies[1]:match("^[ \n]") and "" or " ") .. replies[1] ..
-                              "\n\nUser: And Harriet?\n\nAssistant:"), replies[2])
+        assert.equal("(the conversation is forgotten)\nexit 0\n", notes)
+        -- the second turn reads the first from the pool
+        assert.is_true(tonumber(stats[2]:match("%((%d+) reused%)") or 0) > 10, stats[2])
+        assert.equal(reply_to("Be brief.\n\n" .. turn("Who is Emma?")), replies[1])
+        assert.equal(reply_to("Be brief.\n\n" .. turn("Who is Emma?", replies[1]) .. turn("And Harriet?")), replies[2])
         assert.equal(replies[1], replies[3]) -- /reset: the first question again, from the start
-        -- a long conversation drops its oldest turns to leave room for -n tokens
-        out = run("-i --no-stats -n 100", "Who is Emma?\nAnd Harriet?\nAnd Jane?\n")
-        assert.truthy(out:find("(the 1 oldest turns are dropped to fit the context)", 1, true), out)
-        -- a message over the context is refused, and the conversation goes on
-        out = run("-i --no-stats", ("word "):rep(300) .. "\nWho is Emma?\n")
-        assert.truthy(out:find("over the model's context of 256", 1, true), out)
-        local tail = "256\n" .. reply_to("User: Who is Emma?\n\nAssistant:") .. "\nexit 0\n"
-        assert.equal(tail, out:sub(-#tail))
-        -- usage
+        -- a long conversation leaves its oldest turns out to leave room for -n tokens: the third
+        -- reply is the one-shot reply to the second turn and the third message
+        replies, stats, notes = turns(run("-i -n 100", "Who is Emma?\nAnd Harriet?\nAnd Jane?\n"))
+        assert.equal(3, #replies)
+        assert.equal("(the 1 oldest turn is left out to fit the context)\nexit 0\n", notes)
+        assert.equal(reply_to(turn("And Harriet?", replies[2]) .. turn("And Jane?"), "-n 100"), replies[3])
+        -- a message over the context is refused, and the conversation goes on as it was
+        replies, stats, notes = turns(run("-i", "Who is Emma?\n" .. ("word "):rep(300) .. "\nAnd Harriet?\n"))
+        assert.equal(2, #replies)
+        assert.truthy(notes:find("over the model's context of 256\nexit 0\n$"), notes)
+        assert.equal(reply_to(turn("Who is Emma?", replies[1]) .. turn("And Harriet?")), replies[2])
+        -- Windows line ends: /exit is /exit
+        replies = turns(run("-i", "Who is Emma?\r\n/exit\r\nAnd Harriet?\r\n"))
+        assert.same({ reply_to(turn("Who is Emma?")) }, replies)
+        -- --min-tokens past the room a long message leaves: that reply is shorter, no error
+        replies, stats, notes = turns(run("-i -n 40 --min-tokens 30", "Who is Emma?\n" .. ("word "):rep(230) .. "\n"))
+        assert.equal(2, #replies, notes)
+        assert.equal("(the 1 oldest turn is left out to fit the context)\nexit 0\n", notes)
+        -- a --stop string goes on in the conversation without its text (as the server cuts it)
+        local first = reply_to(turn("Who is Emma?"), "-n 30")
+        local word = first:match("%a%a%a+", 4)
+        assert.truthy(word, first)
+        local cut = first:sub(1, first:find(word, 1, true) - 1)
+        replies = turns(run("-i -n 30 --stop " .. word, "Who is Emma?\nAnd?\n"))
+        assert.equal(reply_to(turn("Who is Emma?", cut) .. turn("And?"), "-n 30 --stop " .. word), replies[2])
+        -- usage: tools, and a reply as long as the context
         out = run("-i --tools " .. dir .. "/input.txt")
         assert.truthy(out:find("--tools goes with one --chat turn, not --interactive (see --help)\nexit 2", 1, true), out)
+        out = run("-i -n 300")
+        assert.truthy(out:find("fill the model's context of 256: no room for a message\nexit 2", 1, true), out)
     end)
 
     it("calls tools from the CLI: the reply's calls as JSON lines, a named one under its schema", function()

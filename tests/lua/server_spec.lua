@@ -1370,6 +1370,9 @@ describe("chat completions: add_generation_prompt and continue_final_message (vL
         refused({ messages = { { role = "user", content = "Hi" }, { role = "assistant", content = " " } },
                   continue_final_message = true }, "messages", "no text to continue")
         refused({ messages = begun, continue_final_message = "yes" }, "continue_final_message", "must be a boolean")
+        local weather = { { type = "function", ["function"] = { name = "weather", parameters = { type = "object" } } } }
+        refused({ messages = begun, continue_final_message = true, tools = weather, tool_choice = "required" }, "tool_choice",
+                "not with continue_final_message")
         -- chat_template_kwargs: variables the template may read (the plain one reads none)
         local status, body = post_chat({ messages = begun, chat_template_kwargs = { enable_thinking = true }, max_tokens = 1 })
         assert.equal(200, status, body)

@@ -19,6 +19,7 @@ local tinyloop = require "tinyloop"
 local request = require "tinyloop.server.request"
 local tools = require "tinyloop.tools"
 local reasoning = require "tinyloop.reasoning"
+local tags = require "tinyloop.tags"
 local metrics = require "tinyloop.server.metrics"
 
 local C = tinyloop.C
@@ -482,22 +483,16 @@ local function next_output(st, ready)
     return text, ids, true, figures
 end
 
--- OpenAI leaves the stop string out of the text. The engine shows a match only once it is
--- complete (it holds back any suffix that may still grow into one), and ends at a match only
--- in the token that completes it: the match lies in the text of the finishing read and ends
--- in the bytes of its last token, `last_id` (an earlier one in the text is one that
--- min_tokens held back). Cut at the earliest such match.
+-- OpenAI leaves the stop string out of the text (tags.cut_at_stop). The engine shows a match
+-- only once it is complete (it holds back any suffix that may still grow into one), so the
+-- match lies in the text of the finishing read, and ends in the bytes of its last token,
+-- `last_id`.
 local function cut_at_stop(text, stops, last_id)
     local last_len = #text -- (no token in the read: the whole of its text)
     if last_id then
         last_len = C.tl_token_text(model.ptr, last_id, token_bytes, token_len) == 0 and tonumber(token_len[0]) or 0
     end
-    local cut
-    for i = 1, #stops do
-        local at = text:find(stops[i], math.max(1, #text - last_len - #stops[i] + 2), true)
-        if at and (not cut or at < cut) then cut = at end
-    end
-    return cut and text:sub(1, cut - 1) or text
+    return tags.cut_at_stop(text, stops, last_len)
 end
 
 

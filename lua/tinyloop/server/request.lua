@@ -761,6 +761,10 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     if not model.has_tokenizer then return bad("chat needs a tokenizer, which this model lacks: use /v1/completions with token ids", "messages") end
     local tool_spec, template_tools = tools_fields(t, body, cfg, shared)
     if tool_spec == nil then return nil, template_tools end
+    if tool_spec and tool_spec.forced and t.continue_final_message then
+        return bad("tool_choice " .. (tool_spec.choice == "function" and "naming a function" or '"required"') ..
+                   " writes tool calls from the reply's start: not with continue_final_message", "tool_choice")
+    end
     local text
     text, err = render_messages(t, body, chat, template_tools)
     if not text then return nil, err end
