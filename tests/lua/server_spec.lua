@@ -565,6 +565,19 @@ describe("server", function()
             assert.equal("STOP_SEQUENCE", r.tinyloop.stop_reason)
             assert.equal(free:sub(1, free:find(stop, 1, true) - 1), r.choices[1].text)
         end
+        -- vLLM's include_stop_str_in_output: the stop string stays (the text the engine made)
+        for _, stream in ipairs({ false, true }) do
+            local status, b = post(cjson.encode({ prompt = "It is a truth", max_tokens = 40, seed = 1, stop = stop, stream = stream,
+                                                  include_stop_str_in_output = true }), "-N")
+            assert.equal(200, status, b)
+            local text = {}
+            if stream then
+                for _, c in ipairs(sse_chunks(b)) do text[#text + 1] = c.choices[1].text end
+            else
+                text[1] = cjson.decode(b).choices[1].text
+            end
+            assert.equal(free:sub(1, free:find(stop, 1, true) + #stop - 1), table.concat(text))
+        end
     end)
 
     local function expect_error(status, param, body_or_args, raw)

@@ -72,6 +72,7 @@ local FIELDS = {
     guided_grammar = { "string", false },
     guided_regex = { "string", false }, -- refused, saying why (no regular expressions over raw text)
     stop_token_ids = { "array", false }, -- vLLM's: token ids that end the generation (kept in it)
+    include_stop_str_in_output = { "boolean", false }, -- vLLM's: the stop string stays in the text
 }
 _M.FIELDS = FIELDS
 
@@ -683,7 +684,8 @@ function _M.parse(body, model, model_id, max_choices)
         end
     end
     return { prompts = prompts, ids = prompts[1], n = n, best_of = best, cfg = cfg, stream = t.stream == true,
-             include_usage = shared.include_usage, echo = echo, logprobs = t.logprobs, stops = cfg.stop_strings,
+             include_usage = shared.include_usage, echo = echo, logprobs = t.logprobs,
+             stops = not t.include_stop_str_in_output and cfg.stop_strings or nil,
              prompt_tokens = prompt_tokens, grammar_field = shared.grammar_field }
 end
 
@@ -799,7 +801,8 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
         if not ok then return nil, e end
     end
     return { prompts = { ids }, ids = ids, n = shared.n, best_of = shared.n, cfg = cfg, stream = t.stream == true,
-             include_usage = shared.include_usage, logprobs = logprobs, stops = cfg.stop_strings, prompt_tokens = #ids,
+             include_usage = shared.include_usage, logprobs = logprobs, prompt_tokens = #ids,
+             stops = not t.include_stop_str_in_output and cfg.stop_strings or nil,
              grammar_field = shared.grammar_field, prompt_text = text, tools = tool_spec or nil }
 end
 
