@@ -154,7 +154,8 @@ end
 -- OpenAI's roles that a template sees; "developer" (OpenAI's newer name for the system
 -- message) is passed on as "system", which is what templates test for.
 local ROLES = { system = "system", developer = "system", user = "user", assistant = "assistant", tool = "tool" }
-local MESSAGE_FIELDS = { role = true, content = true, name = true, tool_calls = true, tool_call_id = true }
+local MESSAGE_FIELDS = { role = true, content = true, name = true, tool_calls = true, tool_call_id = true,
+                         reasoning_content = true, reasoning = true }
 -- Fields of OpenAI's answers that a client sending a reply back as it came (the Python SDK's
 -- message.model_dump()) includes: accepted when null (what this server answers), or, for
 -- annotations, empty (what OpenAI's own answers hold).
@@ -279,9 +280,25 @@ function _M.check_messages(messages)
         elseif role == "tool" then
             return nil, at .. ".tool_call_id is required in a tool message (the id of the call it answers)"
         end
+        -- a thinking model's reasoning, which a client sends back with the reply it came with
+        -- (the server answers both names): the template reads it as reasoning_content
+        -- (Qwen3's), where it reads it at all
+        for _, k in ipairs({ "reasoning_content", "reasoning" }) do
+            local v = m[k]
+            if v ~= nil and v ~= json_null then
+                if role ~= "assistant" then return nil, ("%s.%s: only an assistant message has reasoning"):format(at, k) end
+                if type(v) ~= "string" then return nil, ("%s.%s must be a string"):format(at, k) end
+                message.reasoning_content = message.reasoning_content or v
+            end
+        end
         if m.content == nil or m.content == json_null then
-            if not message.tool_calls then return nil, at .. ".content is required" end
-            message.content = json_null
+            if message.reasoning_content then -- (a reply that was all reasoning: cut inside its block)
+                message.content = ""
+            elseif not message.tool_calls then
+                return nil, at .. ".content is required"
+            else
+                message.content = json_null
+            end
         else
             local text, err = content_text(m.content, at)
             if not text then return nil, err end
@@ -360,6 +377,10 @@ function Chat:prompt(messages, add_generation_prompt, tools, continue_final_mess
         if OWN_VARIABLES[name] then
             return nil, ("the template variable '%s' is the request's own: it cannot be set as a variable"):format(name),
                 "variables"
+        end
+        if chat_template.is_global(name) then
+            return nil, ("the template variable '%s' is the renderer's own (a function templates call): it cannot be " ..
+                         "set as a variable"):format(name), "variables"
         end
         context[name] = value
     end

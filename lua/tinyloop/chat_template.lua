@@ -1729,6 +1729,10 @@ end
 
 local ROOT_MT = { __index = GLOBALS }
 
+-- is_global(name) -> whether the renderer itself defines `name` (raise_exception, namespace,
+-- range...): a variable of that name would hide it from the template.
+function _M.is_global(name) return GLOBALS[name] ~= nil end
+
 -- template:render(vars) -> text | nil, err, kind: "raised" (err is raise_exception's message as
 -- the template gave it: the template refuses its input), "limit" (a bound was passed: the
 -- input asked for too much) or "template" (the template cannot run here: a missing filter, a

@@ -1,9 +1,10 @@
 -- tinyloop.reasoning: a thinking model's reasoning told apart from its answer, as vLLM's
--- reasoning parsers (deepseek_r1, qwen3) and llama.cpp's reasoning format tell them: the text
--- before </think> is the reasoning, the text after it the answer. Thinking checkpoints
--- (DeepSeek-R1's distills, Qwen3, Ouro-Thinking) write a <think> ... </think> block first,
--- or their template opens it in the prompt (Ouro-Thinking's enable_thinking, DeepSeek-R1's
--- generation prompt), and the reply then begins inside it.
+-- reasoning parsers (deepseek_r1, qwen3) and llama.cpp's "deepseek" reasoning format tell
+-- them: the text before </think> is the reasoning, the text after it the answer. Thinking
+-- checkpoints (DeepSeek-R1's distills, Qwen3, Ouro-Thinking) write a <think> ... </think>
+-- block first, or their template opens it at the end of the prompt (Ouro-Thinking's and
+-- Qwen3's enable_thinking, DeepSeek-R1's generation prompt), and the reply then begins
+-- inside it.
 --
 --   local reasoning = require "tinyloop.reasoning"
 --   local inside = reasoning.opens(prompt_text)          -- the reply begins in a block
@@ -12,27 +13,23 @@
 --   local thought_piece, answer_piece = reader:feed(text[, finished])
 local tags = require "tinyloop.tags"
 
-local find, sub, match = string.find, string.sub, string.match
+local find, sub, match, concat = string.find, string.sub, string.match, table.concat
 
-local _M = { FORMAT = "think", START = "<think>", END = "</think>" }
+local _M = { FORMAT = "deepseek", START = "<think>", END = "</think>" }
 local START, END = _M.START, _M.END
 
 -- uses(template_source) -> whether a chat template speaks of reasoning blocks (Qwen3's drops
--- them from earlier turns, Ouro-Thinking's opens one): the server tells reasoning apart for
--- such checkpoints (unless told otherwise).
+-- them from earlier turns, Ouro-Thinking's opens one, DeepSeek-R1's splits replies at
+-- </think>): the server tells reasoning apart for such checkpoints (unless told otherwise).
 function _M.uses(template_source)
-    return type(template_source) == "string" and find(template_source, START, 1, true) ~= nil
+    return type(template_source) == "string" and (find(template_source, START, 1, true) or find(template_source, END, 1, true)) ~= nil
 end
 
--- opens(prompt) -> true when the prompt's last <think> is not closed: the reply begins
--- inside the block.
+-- opens(prompt) -> true when the prompt ends with an opened block (<think>, then blank space
+-- at most: the generation prompt opened it). A <think> earlier in the conversation (a user
+-- asking about the tag, say) opens nothing.
 function _M.opens(prompt)
-    local last, at = nil, find(prompt, START, 1, true)
-    while at do
-        last = at
-        at = find(prompt, START, at + 1, true)
-    end
-    return last ~= nil and not find(prompt, END, last + #START, true)
+    return find(prompt, "<think>%s*$") ~= nil
 end
 
 -- The position after a block's opening tag where the reply begins with one (blank space
@@ -66,28 +63,49 @@ Stream.__index = Stream
 -- stream(inside) -> a reader of a reply read as it comes; reader:feed(text, finished) ->
 -- the reasoning and the content the text completes ("" when none), split as split splits
 -- the whole reply: a tag cut between two reads waits for the next, and so does a reply's
--- beginning until it tells whether a block opens it.
+-- beginning until it tells whether a block opens it (its blank space kept in pieces, so that
+-- each read costs its own length).
 function _M.stream(inside)
-    return setmetatable({ state = inside and "reasoning" or "start", held = "" }, Stream)
+    return setmetatable({ state = inside and "reasoning" or "start", held = "", blanks = {}, partial = "" }, Stream)
+end
+
+-- The "start" state: -> the text after a block's opening tag (the state now "reasoning"), or
+-- the content so far (the state now "content"), or nil while it cannot tell yet.
+function Stream:begin(text, finished)
+    local rest = text
+    if self.partial == "" then
+        local first = find(text, "%S")
+        if not first then
+            self.blanks[#self.blanks + 1] = text
+            if not finished then return nil end
+            self.state = "content"
+            return concat(self.blanks)
+        end
+        self.blanks[#self.blanks + 1] = sub(text, 1, first - 1)
+        rest = sub(text, first)
+    else
+        rest = self.partial .. text -- (a part of <think>, shorter than it)
+    end
+    if sub(rest, 1, #START) == START then
+        self.state = "reasoning" -- (the blank space before the block is no content)
+        return sub(rest, #START + 1)
+    end
+    if not finished and #rest < #START and sub(START, 1, #rest) == rest then
+        self.partial = rest
+        return nil
+    end
+    self.state = "content"
+    return concat(self.blanks) .. rest
 end
 
 function Stream:feed(text, finished)
-    local buf = self.held .. text
-    self.held = ""
     if self.state == "start" then
-        local from = block_start(buf)
-        if from then
-            self.state, buf = "reasoning", sub(buf, from)
-        else
-            local rest = sub(buf, #match(buf, "^%s*") + 1)
-            if not finished and sub(START, 1, #rest) == rest then -- (blank space, or part of <think>, so far)
-                self.held = buf
-                return "", ""
-            end
-            self.state = "content"
-        end
+        text = self:begin(text, finished)
+        if not text then return "", "" end
     end
-    if self.state == "content" then return "", buf end
+    if self.state == "content" then return "", text end
+    local buf = self.held .. text -- (held: a part of </think>, shorter than it)
+    self.held = ""
     local at = find(buf, END, 1, true)
     if at then
         self.state = "content"

@@ -66,6 +66,32 @@ describe("tinyloop.chat", function()
             assert.equal(("the template variable '%s' is the request's own: it cannot be set as a variable"):format(own), err)
             assert.equal("variables", fault)
         end
+        for _, global in ipairs({ "namespace", "raise_exception", "range", "dict", "strftime_now" }) do
+            local text, err, fault = c:prompt(user, true, nil, nil, { [global] = 1 })
+            assert.is_nil(text)
+            assert.truthy(err:find(("'%s' is the renderer's own"):format(global), 1, true), err)
+            assert.equal("variables", fault)
+        end
+    end)
+
+    it("takes a thinking model's reasoning back in an assistant message, as the template's reasoning_content", function()
+        write(dir .. "/t.jinja", "{% for m in messages %}[{{ m.role }}]{% if m.reasoning_content %}<think>{{ m.reasoning_content }}" ..
+                                 "</think>{% endif %}{{ m.content }}{% endfor %}")
+        local c = assert(chat.load(dir, dir .. "/t.jinja"))
+        local turns = { { role = "user", content = "Hi" }, { role = "assistant", content = "Hello.", reasoning_content = "Greet." } }
+        assert.equal("[user]Hi[assistant]<think>Greet.</think>Hello.", c:prompt(turns, false))
+        turns[2] = { role = "assistant", content = cjson.null, reasoning = "Cut off" } -- vLLM's name; all reasoning
+        assert.equal("[user]Hi[assistant]<think>Cut off</think>", c:prompt(turns, false))
+        turns[2] = { role = "assistant", content = "Hello.", reasoning_content = cjson.null, reasoning = cjson.null }
+        assert.equal("[user]Hi[assistant]Hello.", c:prompt(turns, false))
+        for _, bad in ipairs({
+            { { role = "user", content = "Hi", reasoning_content = "x" }, "messages[0].reasoning_content: only an assistant message" },
+            { { role = "assistant", content = "Hi", reasoning = 5 }, "messages[0].reasoning must be a string" },
+        }) do
+            local text, err = c:prompt({ bad[1] }, false)
+            assert.is_nil(text)
+            assert.truthy(err:find(bad[2], 1, true), err)
+        end
     end)
 
     it("continues the final message (continue_final_message: transformers' rule)", function()

@@ -7,6 +7,10 @@ describe("tinyloop.reasoning", function()
         assert.is_true(reasoning.uses("{% if enable_thinking %}<think>\n{% endif %}"))
         assert.is_false(reasoning.uses("{{ messages[0].content }}"))
         assert.is_false(reasoning.uses(nil))
+        assert.is_true(reasoning.uses("{{ content.split('</think>')[-1] }}")) -- DeepSeek-R1's drops the block
+        -- only a block the prompt ends with: a user's <think> is a word
+        assert.is_false(reasoning.opens("<|im_start|>user\nWhat is <think>?<|im_end|>\n<|im_start|>assistant\n"))
+        assert.is_false(reasoning.opens("<|im_start|>assistant\n<think>\n\n</think>\n\n")) -- Qwen3, thinking off
         assert.is_true(reasoning.opens("<|im_start|>assistant\n<think>\n"))
         assert.is_false(reasoning.opens("<|im_start|>assistant\n"))
         assert.is_false(reasoning.opens("<think>a</think>b<|im_start|>assistant\n"))   -- an earlier turn's, closed

@@ -1678,44 +1678,90 @@ describe("server with two workers", function()
 
     it("answers a thinking model's reasoning as reasoning_content, blocking and streamed alike", function()
         local m = assert(tinyloop.load(MODEL, { kv_type = "f16" }))
+        -- -> reasoning, content, token ids (cjson.null where a field is absent)
         local function ask(t, stream)
             t.stream = stream or nil
             local status, body = curl("-N -H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode(t)) ..
                                       " " .. base2 .. "/v1/chat/completions")
             assert.equal(200, status, body)
             if not stream then
-                local message = cjson.decode(body).choices[1].message
-                return message.reasoning_content, message.content
+                local choice = cjson.decode(body).choices[1]
+                local message = choice.message
+                assert.equal(message.reasoning_content, message.reasoning) -- both names clients read
+                return message.reasoning_content or cjson.null, message.content, choice.token_ids
             end
-            -- the deltas joined; no content may come before the reasoning is done
-            local thought, content, seen_content = {}, {}, false
+            -- the deltas joined; no content may come before the reasoning is done, and a
+            -- read's reasoning goes with its tokens
+            local thought, content, ids, seen_content = {}, {}, {}, false
             for _, chunk in ipairs((sse_chunks(body))) do
-                local delta = chunk.choices[1] and chunk.choices[1].delta or {}
+                local choice = chunk.choices[1] or {}
+                local delta = choice.delta or {}
+                assert.equal(delta.reasoning_content, delta.reasoning)
                 if type(delta.reasoning_content) == "string" then
                     assert.is_false(seen_content, body)
+                    assert.is_true(#choice.token_ids > 0, body)
                     thought[#thought + 1] = delta.reasoning_content
                 end
                 if type(delta.content) == "string" and delta.content ~= "" then
                     seen_content = true
                     content[#content + 1] = delta.content
                 end
+                for _, id in ipairs(choice.token_ids or {}) do ids[#ids + 1] = id end
             end
-            return #thought > 0 and table.concat(thought) or cjson.null, #content > 0 and table.concat(content) or cjson.null
+            return #thought > 0 and table.concat(thought) or cjson.null, #content > 0 and table.concat(content) or cjson.null, ids
         end
         local status, body = curl(base2 .. "/v1/models")
         assert.equal(200, status)
-        assert.equal("think", cjson.decode(body).data[1].tinyloop.reasoning_format)
+        assert.equal("deepseek", cjson.decode(body).data[1].tinyloop.reasoning_format)
         -- the template opens the block: the whole reply (cut by max_tokens) is reasoning
         local prompt = m:encode(CHATML_PROMPT .. "<think>\n")
         -- (the chat stops at this checkpoint's turn end as well)
         local want = m:decode({ unpack(m:generate(prompt, { max_tokens = 8, ignore_eos = true, stop_sequences = { { turn_end } } }),
                                        #prompt + 1) })
+        local blocking_ids
         for _, stream in ipairs({ false, true }) do
-            local thought, content = ask({ messages = CHATML_MESSAGES, max_tokens = 8, ignore_eos = true,
-                                           chat_template_kwargs = { enable_thinking = true } }, stream)
+            local thought, content, ids = ask({ messages = CHATML_MESSAGES, max_tokens = 8, ignore_eos = true,
+                                                chat_template_kwargs = { enable_thinking = true } }, stream)
             assert.equal(want, thought)
             assert.equal(cjson.null, content)
+            blocking_ids = blocking_ids or ids
+            assert.same(blocking_ids, ids)
         end
+        -- include_reasoning false (vLLM's): the reasoning is left out, and is still no content
+        local _, no_reasoning = curl("-H 'Content-Type: application/json' --data-binary " ..
+            quote(cjson.encode({ messages = CHATML_MESSAGES, max_tokens = 8, ignore_eos = true, include_reasoning = false,
+                                 chat_template_kwargs = { enable_thinking = true } })) .. " " .. base2 .. "/v1/chat/completions")
+        assert.is_nil(no_reasoning:find('"reasoning', 1, true), no_reasoning)
+        assert.equal(cjson.null, cjson.decode(no_reasoning).choices[1].message.content)
+        -- the reply goes back into the conversation with its reasoning (all of it: no content)
+        local thought = ask({ messages = CHATML_MESSAGES, max_tokens = 8, ignore_eos = true,
+                              chat_template_kwargs = { enable_thinking = true } })
+        local turns = { CHATML_MESSAGES[1], CHATML_MESSAGES[2],
+                        { role = "assistant", content = cjson.null, reasoning_content = thought },
+                        { role = "user", content = "And Harriet?" } }
+        ask({ messages = turns, max_tokens = 2 })
+        -- a <think> a user writes opens nothing; nor does one under a grammar, which writes the
+        -- reply from its first token
+        local _, content = ask({ messages = { { role = "user", content = "What is <think>?" } }, max_tokens = 4, ignore_eos = true })
+        assert.equal("string", type(content))
+        local r1, c1 = ask({ messages = CHATML_MESSAGES, max_tokens = 4, grammar = 'root ::= "yes" | "no"',
+                             chat_template_kwargs = { enable_thinking = true } })
+        assert.equal(cjson.null, r1)
+        assert.truthy(c1 == "yes" or c1 == "no", tostring(c1))
+        -- a template variable that would hide one of the renderer's own: the request's error
+        status, body = curl("-H 'Content-Type: application/json' --data-binary " ..
+                            quote(cjson.encode({ messages = CHATML_MESSAGES, chat_template_kwargs = { namespace = 1 } })) .. " " ..
+                            base2 .. "/v1/chat/completions")
+        assert.equal(400, status, body)
+        assert.equal("chat_template_kwargs", cjson.decode(body).error.param)
+        -- /tokenize renders the variables too: the opened block's tokens count
+        local function count(t)
+            local s, b = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode(t)) .. " " .. base2 .. "/tokenize")
+            assert.equal(200, s, b)
+            return cjson.decode(b).count
+        end
+        assert.equal(#prompt, count({ messages = CHATML_MESSAGES, chat_template_kwargs = { enable_thinking = true } }))
+        assert.equal(#m:encode(CHATML_PROMPT), count({ messages = CHATML_MESSAGES }))
         -- a block the reply writes (a grammar makes it here): the text between the tags is the
         -- reasoning, the text after them the content, streamed in pieces as they come
         local g = 'root ::= "<think>" [a-z ]{3,12} "</think>" [a-z ]{3,12}'
@@ -1728,8 +1774,9 @@ describe("server with two workers", function()
                                                  grammar = assert(tinyloop.grammar.gbnf(g)) })
         local text = m:decode({ unpack(ids, #grammar_prompt + 1) }):gsub("<|endoftext|>$", "")
         assert.equal("<think>" .. blocking_thought .. "</think>" .. blocking_content, text)
-        local thought, content = ask({ messages = CHATML_MESSAGES, max_tokens = 60, seed = 5, temperature = 1, grammar = g }, true)
-        assert.same({ blocking_thought, blocking_content }, { thought, content })
+        local streamed_thought, streamed_content = ask({ messages = CHATML_MESSAGES, max_tokens = 60, seed = 5, temperature = 1,
+                                                         grammar = g }, true)
+        assert.same({ blocking_thought, blocking_content }, { streamed_thought, streamed_content })
         -- no block: all of it is content, and there is no reasoning_content
         status, body = curl("-H 'Content-Type: application/json' --data-binary " ..
                             quote(cjson.encode({ messages = CHATML_MESSAGES, max_tokens = 4, ignore_eos = true })) .. " " ..
@@ -1788,7 +1835,7 @@ describe("scripts/serve options", function()
         -- great for base" after the temp dir was made), no worker or no running place
         for args, want in pairs({ ["--port"] = "--port needs a value", ["--max-active 08"] = "got '08'",
                                   ["--workers 0"] = "--workers must be at least 1", ["--max-active 0"] = "--max-active must be at least 1",
-                                  ["--reasoning deepseek"] = "--reasoning must be auto, think or none, got 'deepseek'" }) do
+                                  ["--reasoning think"] = "--reasoning must be auto, deepseek or none, got 'think'" }) do
             out = sh("TMPDIR=" .. dir .. " scripts/serve " .. args .. " 2>&1; echo \"exit $?\"")
             assert.truthy(out:find(want, 1, true), out)
             assert.truthy(out:find("exit 2", 1, true), out)

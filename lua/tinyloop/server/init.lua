@@ -51,8 +51,8 @@ local conf = {
     chat_template = nil,      -- a Jinja file for /v1/chat/completions; default: the model's own
                               -- (tinyloop.chat.load), else a plain built-in one
     reasoning = "auto",       -- a thinking model's <think> block as reasoning_content (tinyloop.
-                              -- reasoning): "think", "none", or "auto" (where the chat template
-                              -- speaks of </think>)
+                              -- reasoning): "deepseek" (llama.cpp's name of the format), "none",
+                              -- or "auto" (where the chat template speaks of <think> or </think>)
 }
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
@@ -79,10 +79,10 @@ function _M.configure(opts)
     -- lacks, which costs only /v1/chat/completions (500 with the reason; logged per worker).
     chat_prompts, chat_error = require("tinyloop.chat").load(conf.model, conf.chat_template)
     if not chat_prompts and conf.chat_template then error("tinyloop.server: " .. chat_error) end
-    if conf.reasoning ~= "auto" and conf.reasoning ~= "think" and conf.reasoning ~= "none" then
-        error("tinyloop.server: reasoning must be \"auto\", \"think\" or \"none\", got " .. tostring(conf.reasoning))
+    if conf.reasoning ~= "auto" and conf.reasoning ~= reasoning.FORMAT and conf.reasoning ~= "none" then
+        error(("tinyloop.server: reasoning must be \"auto\", \"%s\" or \"none\", got %s"):format(reasoning.FORMAT, tostring(conf.reasoning)))
     end
-    reasoning_on = conf.reasoning == "think" or (conf.reasoning == "auto" and chat_prompts ~= nil and reasoning.uses(chat_prompts.text))
+    reasoning_on = conf.reasoning == reasoning.FORMAT or (conf.reasoning == "auto" and chat_prompts ~= nil and reasoning.uses(chat_prompts.text))
 end
 
 -- This worker's engine counters into the shared dict, where /metrics of any worker reads them.
@@ -654,8 +654,11 @@ local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids,
         if first or (text and text ~= "") then
             fields[#fields + 1] = '"content":' .. (text and encode(request.valid_utf8(text)) or "null")
         end
-        if reasoning_text and (not st.streaming or reasoning_text ~= "") then
-            fields[#fields + 1] = '"reasoning_content":' .. encode(request.valid_utf8(reasoning_text))
+        -- (under both names clients read: reasoning_content, DeepSeek's, llama.cpp's and older
+        -- vLLM's; reasoning, vLLM's now)
+        if reasoning_text and st.reasoning and st.reasoning.shown and (not st.streaming or reasoning_text ~= "") then
+            local json = encode(request.valid_utf8(reasoning_text))
+            fields[#fields + 1] = '"reasoning_content":' .. json .. ',"reasoning":' .. json
         end
         if calls then fields[#fields + 1] = '"tool_calls":' .. calls end
         local message = (st.streaming and '"delta":{' or '"message":{') .. concat(fields, ",") .. "}"
@@ -827,33 +830,32 @@ local function run_stream(r)
                     release(st, false)
                     if st.stopped_by_string then text = cut_at_stop(text, st.stops, ids[#ids]) end
                 end
-                if st.reasoning then -- the reasoning goes out first, in a chunk of its own
-                    local thought
-                    thought, text = st.reasoning.reader:feed(text, finished)
-                    if thought ~= "" then
-                        if not started then start_stream(); started = true end
-                        local reasoning_chunk = choice_json(st, nil, {}, nil, nil, nil, nil, nil, nil, thought)
-                        if not sse(r, response_json(r, reasoning_chunk, usage_null)) then return ngx_exit(499) end
-                    end
-                end
+                -- a thinking model's reasoning: in the chunk of the read that made it, before any
+                -- content (the content of a read goes with it)
+                local thought = ""
+                if st.reasoning then thought, text = st.reasoning.reader:feed(text, finished) end
                 if st.tools then
                     text, ids, figures, calls_json = tool_stream(r, st, text, ids, figures, finished)
-                    if not text and not st.role_sent then -- held: the role goes out at once all the same
+                    -- held: the role, and the reasoning so far, go out at once all the same
+                    if not text and (not st.role_sent or thought ~= "") then
                         if not started then start_stream(); started = true end
-                        if not sse(r, response_json(r, choice_json(st, nil, {}, nil, nil, nil), usage_null)) then
+                        if not sse(r, response_json(r, choice_json(st, nil, {}, nil, nil, nil, nil, nil, nil, thought), usage_null)) then
                             return ngx_exit(499)
                         end
+                        thought = ""
                     end
                 end
-                if not started and text and (finished or text ~= "" or #ids > 0) then
+                if not started and ((text and (finished or text ~= "" or #ids > 0)) or thought ~= "") then
                     start_stream()
                     started = true
                 end
                 local chunk
                 if calls_json then -- the content before the calls, the calls, then the finish (OpenAI's chunks)
-                    if text ~= "" and not sse(r, response_json(r, choice_json(st, text, {}, nil, nil, nil), usage_null)) then
+                    if (text ~= "" or thought ~= "") and
+                        not sse(r, response_json(r, choice_json(st, text, {}, nil, nil, nil, nil, nil, nil, thought), usage_null)) then
                         return ngx_exit(499)
                     end
+                    thought = ""
                     -- (a piece of a forced call carries the tokens read with it; the finish, the rest)
                     local with_ids = not finished
                     if not sse(r, response_json(r, choice_json(st, nil, with_ids and ids or {}, nil, nil, with_ids and figures or nil,
@@ -866,10 +868,10 @@ local function run_stream(r)
                 if finished then
                     local last = #live == 1 -- this choice ends the request's generation
                     local usage = (r.include_usage or not last) and usage_null or (',"usage":' .. usage_json(r))
-                    chunk = response_json(r, choice_json(st, text, ids, st.finish_reason, nil, figures),
+                    chunk = response_json(r, choice_json(st, text, ids, st.finish_reason, nil, figures, nil, nil, nil, thought),
                                           usage .. ',"tinyloop":' .. encode(st.tinyloop))
-                elseif text and (text ~= "" or #ids > 0) then
-                    chunk = response_json(r, choice_json(st, text, ids, nil, nil, figures), usage_null)
+                elseif (text and (text ~= "" or #ids > 0)) or thought ~= "" then
+                    chunk = response_json(r, choice_json(st, text or "", ids, nil, nil, figures, nil, nil, nil, thought), usage_null)
                 end
                 if chunk and not sse(r, chunk) then return ngx_exit(499) end
             end
@@ -1058,7 +1060,8 @@ local function serve(chat)
             prompt_ids = ids, prompt_figures = prompt_figures[p],
             offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
             chat = chat, streaming = req.stream, prompt = p, tools = req.tools,
-            reasoning = read_reasoning and { inside = inside, reader = req.stream and reasoning.stream(inside) } or nil,
+            reasoning = read_reasoning and { inside = inside, reader = req.stream and reasoning.stream(inside),
+                                             shown = req.include_reasoning } or nil,
         }
         metrics.incr("queued", 1)
         metrics.incr("tokens_in", #ids)

@@ -92,6 +92,7 @@ CHAT_FIELDS.parallel_tool_calls = { "boolean", false }
 CHAT_FIELDS.add_generation_prompt = { "boolean", false }  -- vLLM's: the assistant's turn opened (default true)
 CHAT_FIELDS.continue_final_message = { "boolean", false } -- vLLM's: the reply continues the final message
 CHAT_FIELDS.chat_template_kwargs = { "object", false }    -- vLLM's: more variables for the template
+CHAT_FIELDS.include_reasoning = { "boolean", false }      -- vLLM's: false leaves a thinking model's reasoning out
 _M.CHAT_FIELDS = CHAT_FIELDS
 
 local DEFAULT_MAX_TOKENS = 16 -- OpenAI's default for completions
@@ -803,7 +804,8 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     return { prompts = { ids }, ids = ids, n = shared.n, best_of = shared.n, cfg = cfg, stream = t.stream == true,
              include_usage = shared.include_usage, logprobs = logprobs, prompt_tokens = #ids,
              stops = not t.include_stop_str_in_output and cfg.stop_strings or nil,
-             grammar_field = shared.grammar_field, prompt_text = text, tools = tool_spec or nil }
+             grammar_field = shared.grammar_field, prompt_text = text, tools = tool_spec or nil,
+             include_reasoning = t.include_reasoning ~= false }
 end
 
 -- ------------------------------------------------------------------ /tokenize, /detokenize
