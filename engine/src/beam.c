@@ -239,7 +239,7 @@ static tl_status search_step(tl_session *s, beam_state *b) {
         const bool ended = (cd->token == s->m->cfg.eos_token_id && !cfg->ignore_eos) ||
                            tl_stop_sequences_match(b->history, n_hist, prompt_len, cfg->stop_sequences,
                                                    cfg->n_stop_sequences,
-                                                   tl_min_tokens_pending(cfg, n_hist, prompt_len) ? 1 : INT_MAX);
+                                                   tl_stop_longest(cfg, n_hist, prompt_len));
         if (ended || h->len >= b->T) {
             h->score = length_score(h->logp, h->len, cfg->length_penalty);
             if (c < B || !ended) add_ended(b, h);

@@ -49,17 +49,17 @@ void tl_repetition_penalty(float *logits, const int32_t *ids, int n, float penal
     for (int i = 0; i < n; i++) tally[ids[i]] = 0;
 }
 
-bool tl_adjusts_logits(const tl_generate_config *c) {
+bool tl_adjusts_logits(const tl_generate_config *c, int n, int prompt_len) {
     return c->n_logit_bias > 0 || c->repetition_penalty != 1.0f || c->presence_penalty != 0.0f ||
-           c->frequency_penalty != 0.0f || c->min_tokens > 0;
+           c->frequency_penalty != 0.0f || tl_min_tokens_pending(c, n, prompt_len);
 }
 
 /* vLLM's min_tokens: the ends are banned (its stop_token_ids included), not merely
    ignored, so that the tokens a step emits are the ones the text goes on with. Banned to
-   the lowest finite logit, not to -inf: every rule that chooses (argmax, the sampling
-   distribution, beam search's log-probabilities) then takes an end only where nothing else
-   is left, a grammar that allows nothing but its end, so that min_tokens never delays that
-   end into a dead end; an end a hook or the grammar banned (-inf) stays banned. */
+   the lowest finite logit, not to -inf (tinyloop.h): every rule that chooses (argmax, the
+   sampling distribution, beam search's log-probabilities) then takes an end only where
+   nothing else is left, a grammar that allows nothing but its end, so that min_tokens never
+   delays that end into a dead end; an end a hook or the grammar banned (-inf) stays banned. */
 static void ban_end(float *logits, int32_t token) {
     if (logits[token] > -INFINITY) logits[token] = -FLT_MAX;
 }
@@ -247,31 +247,28 @@ bool tl_distribution_build(tl_distribution *d, const float *logits, float temper
         for (int i = 0; i < n; i++) d->probs[i] /= sum;
     }
     /* Nucleus: the shortest prefix whose mass reaches top_p (at least one token). */
+    const int before_cuts = n;
     if (top_p < 1.0f) {
         double mass = 0.0;
-        int keep = n;
         for (int i = 0; i < n; i++) {
             mass += d->probs[i];
-            if (mass >= (double)top_p) { keep = i + 1; break; }
+            if (mass >= (double)top_p) { n = i + 1; break; }
         }
-        n = keep;
-        sum = 0.0;
-        for (int i = 0; i < n; i++) sum += d->probs[i];
-        for (int i = 0; i < n; i++) d->probs[i] /= sum;
     }
     /* Min-p (after top-p, as Hugging Face's and llama.cpp's samplers order them; vLLM's V1
        applies it before top-k and top-p, which agrees unless top_p < 1): the tokens at least
-       min_p times as likely as the first, a prefix of the ranked candidates. */
+       min_p times as likely as the first, a prefix of the ranked candidates. A ratio to the
+       first, so the cut before it needs no renormalising first. */
     if (min_p > 0.0f) {
         const double threshold = (double)min_p * d->probs[0];
         int keep = 1;
         while (keep < n && d->probs[keep] >= threshold) keep++;
-        if (keep < n) {
-            n = keep;
-            sum = 0.0;
-            for (int i = 0; i < n; i++) sum += d->probs[i];
-            for (int i = 0; i < n; i++) d->probs[i] /= sum;
-        }
+        n = keep;
+    }
+    if (n < before_cuts) {
+        sum = 0.0;
+        for (int i = 0; i < n; i++) sum += d->probs[i];
+        for (int i = 0; i < n; i++) d->probs[i] /= sum;
     }
     d->n = n;
     return true;

@@ -3,6 +3,8 @@
 #ifndef TL_SAMPLER_H
 #define TL_SAMPLER_H
 
+#include <limits.h>
+
 #include "internal.h"
 
 /* xoshiro256**, seeded through splitmix64: the same seed gives the same stream on every
@@ -22,17 +24,23 @@ void tl_repetition_penalty(float *logits, const int32_t *ids, int n, float penal
    penalties over its generated part history[prompt_len..n) (logit -= count * frequency +
    presence, once per distinct token), and last min_tokens' ban of the ends (eos, the
    model's eos_token_id, and the one-token stop sequences) while fewer than min_tokens of
-   history are generated: their finite logits become -FLT_MAX, so that an end is chosen
-   only where every other token is banned (a grammar's end). `tally` as above. Every
-   decoder adjusts its rows through this one function. */
+   history are generated (sampler.c says how). `tally` as above. Every decoder adjusts its
+   rows through this one function. */
 void tl_adjust_logits(const tl_generate_config *c, float *logits, const int32_t *history, int n, int prompt_len,
                       int32_t eos, int32_t *tally);
-/* Whether tl_adjust_logits changes anything under config c. */
-bool tl_adjusts_logits(const tl_generate_config *c);
 /* Whether min_tokens still holds back the ends of a step whose history has n tokens (its
    longer stop sequences and its stop strings are then not matched either). */
 static inline bool tl_min_tokens_pending(const tl_generate_config *c, int n, int prompt_len) {
     return n - prompt_len < c->min_tokens;
+}
+/* Whether tl_adjust_logits changes anything under config c at a step whose history has n
+   tokens (min_tokens' ban ends with its count). */
+bool tl_adjusts_logits(const tl_generate_config *c, int n, int prompt_len);
+/* The longest stop sequence that may end a step whose history has n tokens (stop.h): a
+   one-token one only while min_tokens holds, as eos (its token comes then only where
+   nothing else could), any after. */
+static inline int tl_stop_longest(const tl_generate_config *c, int n, int prompt_len) {
+    return tl_min_tokens_pending(c, n, prompt_len) ? 1 : INT_MAX;
 }
 
 /* The rules every decoder shares (greedy, sampling, speculative, beam):

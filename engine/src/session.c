@@ -340,13 +340,10 @@ tl_stop_reason tl_session_rule_stop(const tl_session *s, int n, bool stop_string
     const tl_generate_config *c = &s->cfg;
     if (s->tokens[n - 1] == s->m->cfg.eos_token_id && !c->ignore_eos) return TL_STOP_EOS;
     /* min_tokens: longer stop sequences and stop strings end the min_tokens-th new token at
-       the earliest; eos and a one-token sequence's token, which it bans until then (so that
-       they come earlier only where nothing else could: a grammar's end), end whenever they
-       come */
-    const bool pending = tl_min_tokens_pending(c, n, s->prompt_len);
+       the earliest; a one-token sequence's token ends whenever it comes, as eos (sampler.h) */
     if (tl_stop_sequences_match(s->tokens, n, s->prompt_len, c->stop_sequences, c->n_stop_sequences,
-                                pending ? 1 : INT_MAX) ||
-        (stop_string && !pending))
+                                tl_stop_longest(c, n, s->prompt_len)) ||
+        (stop_string && !tl_min_tokens_pending(c, n, s->prompt_len)))
         return TL_STOP_SEQUENCE;
     return TL_STOP_NONE;
 }

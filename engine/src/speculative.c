@@ -138,7 +138,7 @@ static tl_status spec_open(tl_session *s) {
 
 /* ---------------------------------------------------------------- drafting */
 
-/* Dense distribution (after temperature, top-k, top-p) of processed logits; false if empty. */
+/* Dense distribution (after temperature, top-k, top-p, min-p) of processed logits; false if empty. */
 static bool dense_distribution(tl_session *s, const float *logits, double *out, double *total) {
     const int vocab = s->m->cfg.vocab_size;
     if (!tl_distribution_build(&s->dist, logits, s->cfg.temperature, s->cfg.top_k, s->cfg.top_p, s->cfg.min_p)) return false;
@@ -181,11 +181,11 @@ static bool grammar_draft_row(tl_session *s, spec_state *sp, int node) {
 static const float *penalised_draft_row(tl_session *s, spec_state *sp, const float *row, int node) {
     const int vocab = s->m->cfg.vocab_size;
     memcpy(sp->draft_row, row, (size_t)vocab * sizeof(float));
-    if (!tl_adjusts_logits(&s->cfg)) {
+    const draft_tree *t = &sp->tree;
+    if (!tl_adjusts_logits(&s->cfg, s->n_tokens + t->depth[node], s->prompt_len)) {
         if (s->grammar_matcher && !grammar_draft_row(s, sp, node)) return NULL;
         return sp->draft_row;
     }
-    const draft_tree *t = &sp->tree;
     for (int x = node; x > 0; x = t->parent[x]) sp->history[s->n_tokens + t->depth[x] - 1] = t->token[x];
     tl_adjust_logits(&s->cfg, sp->draft_row, sp->history, s->n_tokens + t->depth[node], s->prompt_len,
                      s->m->cfg.eos_token_id, sp->tally);
@@ -274,7 +274,7 @@ static tl_status draft(tl_session *s, spec_state *sp, int levels) {
     t->depth[0] = 0;
     t->logp[0] = 0.0;
     if (s->grammar_matcher) sp->grammar_state[0] = gram_matcher_state(s->grammar_matcher);
-    if (tl_adjusts_logits(&s->cfg)) memcpy(sp->history, s->tokens, (size_t)n * sizeof(int32_t));
+    if (tl_adjusts_logits(&s->cfg, n, s->prompt_len)) memcpy(sp->history, s->tokens, (size_t)n * sizeof(int32_t));
     const double t0 = tl_now_ms();
     for (int level = 0; level < levels && t->n < sp->max_nodes; level++) {
         const int rows = level_end - level_start;

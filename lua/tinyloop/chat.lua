@@ -10,6 +10,7 @@
 local cjson = require "cjson.safe"
 local chat_template = require "tinyloop.chat_template"
 local valid_name = require("tinyloop.tools").valid_name
+local raise = require("tinyloop.raise").from(debug.getinfo(1, "S").source)
 
 local type, pairs, ipairs, next, tostring, concat = type, pairs, ipairs, next, tostring, table.concat
 local json_null = cjson.null
@@ -81,7 +82,8 @@ end
 
 -- load(dir[, template_path]) -> chat | nil, err. The template is, in this order: the file
 -- template_path; dir/chat_template.jinja (transformers >= 4.43 writes it there);
--- dir/tokenizer_config.json's chat_template; the built-in PLAIN. chat.source says which.
+-- dir/tokenizer_config.json's chat_template; the built-in PLAIN. chat.source says which,
+-- chat.template_text is its text.
 -- bos_token and eos_token (templates print them) come from tokenizer_config.json, and the
 -- ids that end a turn (turn_end_ids) from it and generation_config.json.
 function _M.load(dir, template_path)
@@ -115,7 +117,7 @@ function _M.load(dir, template_path)
     -- stops at any)
     local eos_ids = generation.eos_token_id
     if type(eos_ids) ~= "table" then eos_ids = { eos_ids } end
-    return setmetatable({ template = template, source = origin, text = source, bos_token = token_text(cfg.bos_token) or "",
+    return setmetatable({ template = template, source = origin, template_text = source, bos_token = token_text(cfg.bos_token) or "",
                           eos_token = token_text(cfg.eos_token) or "", generation_eos_ids = eos_ids }, Chat)
 end
 
@@ -245,7 +247,8 @@ end
 
 -- check_messages(messages) -> the messages as a template reads them ({role, content[, name]}
 -- with plain strings; an assistant's tool_calls (then its content may be null: None to the
--- template); a tool message's tool_call_id), or nil, err (naming the message:
+-- template) and reasoning_content (from either name a client sends it under; then a null
+-- content is ""); a tool message's tool_call_id), or nil, err (naming the message:
 -- "messages[2].role ...").
 function _M.check_messages(messages)
     if not is_array(messages) or #messages == 0 then return nil, "messages must be a non-empty array of messages" end
@@ -288,7 +291,10 @@ function _M.check_messages(messages)
             if v ~= nil and v ~= json_null then
                 if role ~= "assistant" then return nil, ("%s.%s: only an assistant message has reasoning"):format(at, k) end
                 if type(v) ~= "string" then return nil, ("%s.%s must be a string"):format(at, k) end
-                message.reasoning_content = message.reasoning_content or v
+                if message.reasoning_content and message.reasoning_content ~= v then
+                    return nil, at .. ".reasoning_content and .reasoning are one text under two names: they differ"
+                end
+                message.reasoning_content = v
             end
         end
         if m.content == nil or m.content == json_null then
@@ -338,8 +344,8 @@ local function continue_final(text, message)
     if message.tool_calls then
         return nil, "continue_final_message: the final message has tool calls, which cannot be continued"
     end
-    local content = message.content
-    local first, last = unblank(content == json_null and "" or content)
+    local content = message.content -- (a string: null content comes with tool calls only)
+    local first, last = unblank(content)
     if not first then return nil, "continue_final_message: the final message has no text to continue" end
     local stripped, lstripped = content:sub(first, last), content:sub(first)
     local at = last_find(text, stripped)
@@ -367,9 +373,9 @@ local OWN_VARIABLES = { messages = true, tools = true, add_generation_prompt = t
 -- "template" (it cannot run here: a Jinja feature tinyloop.chat_template lacks, say).
 function Chat:prompt(messages, add_generation_prompt, tools, continue_final_message, variables)
     if continue_final_message and add_generation_prompt then
-        return nil, "continue_final_message continues the final message: it opens no new turn (add_generation_prompt)",
-            "messages"
+        raise("chat:prompt: continue_final_message continues the final message: it opens no new turn (add_generation_prompt)")
     end
+    if variables ~= nil and type(variables) ~= "table" then raise("chat:prompt: variables must be a table of template variables") end
     local checked, err = _M.check_messages(messages)
     if not checked then return nil, err, "messages" end
     local context = {}

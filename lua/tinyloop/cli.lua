@@ -10,7 +10,8 @@ local tools = require "tinyloop.tools"
 local json_text = require "tinyloop.json_text"
 local cjson = require "cjson.safe"
 local tags = require "tinyloop.tags"
-local read_tools, converse -- (below)
+local raised_message = require("tinyloop.raise").message
+local read_tools -- (below)
 
 local _M = {}
 
@@ -26,7 +27,8 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
   -t, --temperature T        0 = greedy (default 0)
   -k, --top-k K              keep the K most likely tokens (default 50)
       --top-p P              nucleus mass in (0, 1] (default 1)
-      --min-p P              keep tokens at least P times as likely as the first (default 0)
+      --min-p P              keep tokens at least P times as likely as the first, P in [0, 1]
+                             (default 0: off)
   -s, --seed N               sampling seed (default 0)
       --repetition-penalty R HF-style penalty on seen tokens (default 1)
       --presence-penalty P   OpenAI's: subtract P from each generated token's logit (default 0)
@@ -67,9 +69,11 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
                              each reply streamed; -n bounds a reply, older turns are left out
                              when the next would not fit the context, and with plain decoding
                              a turn computes only its new text (a prefix pool); /reset
-                             forgets the conversation, /exit (/quit, end of input) ends it
-      --system TEXT          with --chat: a system message first
-      --chat-template FILE   with --chat: this Jinja chat template instead of the model's
+                             forgets the conversation, /exit (/quit, end of input) ends it.
+                             The reply is kept as written: a thinking model's <think> block
+                             stays in it (the server tells reasoning apart)
+      --system TEXT          with --chat or -i: a system message first
+      --chat-template FILE   with --chat or -i: this Jinja chat template instead of the model's
       --tools FILE           with --chat: function tools, a JSON file of OpenAI's tools array;
                              the reply's calls are printed one JSON line each
                              ({"name": ..., "arguments": {...}}) after its content
@@ -237,7 +241,7 @@ read_tools = function(path, choice)
 end
 
 local function report(message)
-    io.stderr:write("tinyloop: ", (tostring(message):gsub("^[^\n]-:%d+: ", "")), "\n")
+    io.stderr:write("tinyloop: ", raised_message(message), "\n")
 end
 
 -- The one stats line of a generation, on stderr.
@@ -259,6 +263,7 @@ local CONVERSE_POOL_BYTES = 64 * 1024 * 1024 -- the prefix pool that keeps the c
 
 -- One reply to `ids`, streamed to stdout -> text, stats, the session's last token | nil, err,
 -- exit status (2: the engine refused the config; 1: generation failed).
+-- (main's one-shot reply is streamed by its own loop: it echoes the prompt and reads tools.)
 local function stream_reply(model, ids, cfg)
     local made, iterate, session = pcall(model.stream, model, ids, cfg)
     if not made then return nil, iterate, 2 end
@@ -279,10 +284,10 @@ local function stream_reply(model, ids, cfg)
     return table.concat(parts), session.final_stats or session:stats(), tokens[#tokens]
 end
 
--- The conversation's prompt ids with room for a reply of `want` tokens: the oldest turns (a
--- user message and its reply) left out while they do not fit -> ids, the turns left out |
--- nil, err, exit status (the newest message alone overfills the context, or the template
--- fails). `history` itself is not changed.
+-- The conversation's prompt with room for a reply of `want` tokens, the oldest turns (a user
+-- message and its reply) left out while they do not fit -> { ids, left_out = messages left
+-- out } | nil, err, exit status (the newest message alone overfills the context, or the
+-- template fails). `history` itself is not changed.
 local function fit(model, chat, system, history, want)
     local max_seq = model:info().max_seq_len
     local first = 1 -- the oldest message kept
@@ -291,20 +296,31 @@ local function fit(model, chat, system, history, want)
         for i = first, #history do messages[#messages + 1] = history[i] end
         local text, err, fault = chat:prompt(messages, true)
         if not text then return nil, err, fault == "template" and 1 or 2 end
-        local ids = assert(model:encode(text))
+        local ids, encode_err = model:encode(text)
+        if not ids then return nil, encode_err, 1 end
         if #ids + want <= max_seq or first == #history then
             if #ids >= max_seq then
                 return nil, ("the message makes a prompt of %d tokens with the chat template: over the model's context of %d")
                     :format(#ids, max_seq), 2
             end
-            return ids, first - 1
+            return { ids = ids, left_out = first - 1 }
         end
         first = first + 1
         if history[first].role == "assistant" then first = first + 1 end
     end
 end
 
-converse = function(model, chat, cfg, o)
+-- A token's length in the text a session shows (a special token shows nothing).
+local function shown_length(model, id)
+    if tinyloop.C.tl_token_is_special(model.ptr, id) ~= 0 then return 0 end
+    return #(model:decode({ id }) or "")
+end
+
+local function converse(model, chat, cfg, o)
+    if not model:info().has_tokenizer then
+        report("--interactive reads text: this model has no tokenizer")
+        return 2
+    end
     local ffi = require "ffi"
     local prompt_marks = pcall(ffi.cdef, "int isatty(int fd);") and pcall(function() return ffi.C.isatty end) and
                          ffi.C.isatty(0) == 1 -- "> " before each message, for a person typing
@@ -322,6 +338,10 @@ converse = function(model, chat, cfg, o)
     if opening_len + want >= max_seq then
         report(("-n %d (a reply) and the chat template's %d tokens%s fill the model's context of %d: no room for a message")
             :format(want, opening_len, system and " with the system message" or "", max_seq))
+        return 2
+    end
+    if cfg.min_tokens and cfg.min_tokens > want then -- (as a one-shot reply refuses it)
+        report(("min_tokens = %d must be in [0, max_tokens = %d]"):format(cfg.min_tokens, want))
         return 2
     end
     model:set_prefix_pool(CONVERSE_POOL_BYTES)
@@ -343,29 +363,30 @@ converse = function(model, chat, cfg, o)
             io.stderr:write("(the conversation is forgotten)\n")
         elseif line:match("%S") then
             history[#history + 1] = { role = "user", content = line }
-            local ids, left_out, status = fit(model, chat, system, history, want)
-            local reply, stats, last
-            if ids then
-                local turn = {}
-                for k, v in pairs(cfg) do turn[k] = v end
-                turn.max_tokens = math.min(want, max_seq - #ids)
-                if turn.min_tokens then turn.min_tokens = math.min(turn.min_tokens, turn.max_tokens) end
-                reply, stats, last = stream_reply(model, ids, turn)
-                if not reply then ids, left_out, status = nil, stats, last end
-            end
-            if not ids then
-                report(left_out)
+            local fitted, err, status = fit(model, chat, system, history, want)
+            if not fitted then
+                report(err)
                 if status == 1 then return 1 end
                 table.remove(history) -- this message only: the conversation goes on as it was
             else
-                if left_out > 0 then
-                    local turns = math.ceil(left_out / 2)
+                local turn = {}
+                for k, v in pairs(cfg) do turn[k] = v end
+                -- the room the context leaves (the only message's reply may get less than -n)
+                turn.max_tokens = math.min(want, max_seq - #fitted.ids)
+                if turn.min_tokens then turn.min_tokens = math.min(turn.min_tokens, turn.max_tokens) end
+                if fitted.left_out > 0 then
+                    local turns = math.ceil(fitted.left_out / 2)
                     io.stderr:write(("(the %d oldest turn%s left out to fit the context)\n"):format(turns, turns == 1 and " is" or "s are"))
-                    for _ = 1, left_out do table.remove(history, 1) end
                 end
+                local reply, stats, last = stream_reply(model, fitted.ids, turn)
+                if not reply then -- a config the engine refuses, or a failure: as a one-shot reply's
+                    report(stats)
+                    return last
+                end
+                for _ = 1, fitted.left_out do table.remove(history, 1) end
                 -- the text that goes on in the conversation: without the stop string that ended it
                 if stats.stop_reason == "STOP_SEQUENCE" and cfg.stop_strings then
-                    reply = tags.cut_at_stop(reply, cfg.stop_strings, #(model:decode({ last }) or ""))
+                    reply = tags.cut_at_stop(reply, cfg.stop_strings, shown_length(model, last))
                 end
                 history[#history + 1] = { role = "assistant", content = reply }
                 if o.stats then stats_line(stats, model) end

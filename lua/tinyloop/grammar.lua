@@ -120,24 +120,29 @@ end
 
 -- A grammar shipped in lua/tinyloop/grammars/: json, json_array_of_strings, arithmetic, list, yes_no.
 local here = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "."
-function M.shipped(name)
-    if type(name) ~= "string" or not name:match("^[%w_]+$") then
-        raise("tinyloop.grammar.shipped: name must be a word such as \"json\"")
-    end
+-- The text of a shipped grammar file, or nil, err.
+local function read_shipped(name)
     local f, err = io.open(here .. "/grammars/" .. name .. ".gbnf", "rb")
     if not f then return nil, err end
     local text = f:read("*a")
     f:close()
+    return text
+end
+
+function M.shipped(name)
+    if type(name) ~= "string" or not name:match("^[%w_]+$") then
+        raise("tinyloop.grammar.shipped: name must be a word such as \"json\"")
+    end
+    local text, err = read_shipped(name)
+    if not text then return nil, err end
     return M.gbnf(text)
 end
 
 -- json_object() -> the shipped JSON grammar with an object at its top level (OpenAI's JSON
 -- mode, vLLM's json_object), or nil, err.
 function M.json_object()
-    local f, err = io.open(here .. "/grammars/json.gbnf", "rb")
-    if not f then return nil, err end
-    local text = f:read("*a")
-    f:close()
+    local text, err = read_shipped("json")
+    if not text then return nil, err end
     local object_root, n = text:gsub("\nroot%s*::=[^\n]*", "\nroot ::= ws object ws", 1)
     if n ~= 1 then return nil, "json.gbnf: no root rule to put an object at" end
     return M.gbnf(object_root)

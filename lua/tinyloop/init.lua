@@ -1225,7 +1225,7 @@ end
 
 -- model:generate_speculative(prompt, cfg) -> ids, stats | nil, err. cfg: max_tokens,
 -- draft_loops, verify_loops, draft_ahead, temperature, seed, plus the generate fields
--- (top_k, top_p, repetition_penalty, stop_sequences, stop_strings, ignore_eos, cache_window,
+-- (top_k, top_p, min_p, repetition_penalty, stop_sequences, stop_strings, ignore_eos, min_tokens, cache_window,
 -- hooks). stats adds drafted, accepted, acceptance_rate, mean_accepted, verify_steps,
 -- draft_forwards, verify_forwards, draft_ms, verify_ms.
 function Model:generate_speculative(prompt, cfg)

@@ -216,7 +216,10 @@ function _M.no_repeat_ngram(n)
     end
 end
 
--- Forbids `eos_id` until `min_new` tokens have been generated.
+-- Forbids `eos_id` until `min_new` tokens have been generated, as a logits processor (a -inf
+-- ban, eos only: under a grammar that allows nothing but its end it is a dead end). The
+-- config field min_tokens is the engine's rule: one-token stop sequences and stop strings
+-- too, and a grammar's end never delayed; prefer it.
 --   cfg.logits_processor = policy.min_tokens(20, model:info().eos_token_id)
 function _M.min_tokens(min_new, eos_id)
     if not is_int(min_new) or min_new < 0 then arg_error("min_tokens: min_new must be an integer >= 0") end

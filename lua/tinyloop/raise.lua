@@ -20,4 +20,10 @@ function _M.from(source)
     end
 end
 
+-- message(err) -> a raised error's text without the position error() put before it
+-- ("file.lua:12: "), for a message shown to a person or a client.
+function _M.message(err)
+    return (tostring(err):gsub("^[^\n]-:%d+: ", ""))
+end
+
 return _M

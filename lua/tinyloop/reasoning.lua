@@ -29,7 +29,7 @@ end
 -- at most: the generation prompt opened it). A <think> earlier in the conversation (a user
 -- asking about the tag, say) opens nothing.
 function _M.opens(prompt)
-    return find(prompt, "<think>%s*$") ~= nil
+    return find(prompt, START .. "%s*$") ~= nil -- (no magic characters in the tag)
 end
 
 -- The position after a block's opening tag where the reply begins with one (blank space
@@ -69,9 +69,10 @@ function _M.stream(inside)
     return setmetatable({ state = inside and "reasoning" or "start", held = "", blanks = {}, partial = "" }, Stream)
 end
 
--- The "start" state: -> the text after a block's opening tag (the state now "reasoning"), or
--- the content so far (the state now "content"), or nil while it cannot tell yet.
-function Stream:begin(text, finished)
+-- The "start" state of `reader`: -> the text after a block's opening tag (the state now
+-- "reasoning"), or the content so far (the state now "content"), or nil while it cannot
+-- tell yet.
+local function begin(self, text, finished)
     local rest = text
     if self.partial == "" then
         local first = find(text, "%S")
@@ -100,7 +101,7 @@ end
 
 function Stream:feed(text, finished)
     if self.state == "start" then
-        text = self:begin(text, finished)
+        text = begin(self, text, finished)
         if not text then return "", "" end
     end
     if self.state == "content" then return "", text end

@@ -231,7 +231,7 @@ static void test_logit_adjustments(void) {
     cfg.presence_penalty = 0.5f;
     cfg.frequency_penalty = 0.25f;
     int32_t tally[8] = {0};
-    CHECK(tl_adjusts_logits(&cfg), "adjusts");
+    CHECK(tl_adjusts_logits(&cfg, 6, 2), "adjusts");
     tl_adjust_logits(&cfg, logits, history, 6, 2, eos, tally);
     /* bias first, then the repetition penalty over all six (0, 1, 3, 5), then presence and
        frequency over the generated four: 3 once, 5 twice, 1 once; 0 was the prompt's only */
@@ -247,7 +247,9 @@ static void test_logit_adjustments(void) {
     const int32_t zero[8] = {0};
     CHECK(memcmp(tally, zero, sizeof zero) == 0, "tally left dirty");
     tl_generate_config_init(&cfg);
-    CHECK(!tl_adjusts_logits(&cfg), "the defaults adjust nothing");
+    CHECK(!tl_adjusts_logits(&cfg, 6, 2), "the defaults adjust nothing");
+    cfg.min_tokens = 3; /* min_tokens adjusts while it holds: after 2 new tokens, not after 3 */
+    CHECK(tl_adjusts_logits(&cfg, 4, 2) && !tl_adjusts_logits(&cfg, 5, 2), "min_tokens adjusts while it holds only");
 
     /* In generation: the hook gives token 5 logit 3, token 6 logit 2, the rest -10. */
     int32_t prompt[2] = {5, 9}, out[CAP];

@@ -87,6 +87,7 @@ describe("tinyloop.chat", function()
         for _, bad in ipairs({
             { { role = "user", content = "Hi", reasoning_content = "x" }, "messages[0].reasoning_content: only an assistant message" },
             { { role = "assistant", content = "Hi", reasoning = 5 }, "messages[0].reasoning must be a string" },
+            { { role = "assistant", content = "Hi", reasoning = "a", reasoning_content = "b" }, "they differ" },
         }) do
             local text, err = c:prompt({ bad[1] }, false)
             assert.is_nil(text)
@@ -119,7 +120,10 @@ describe("tinyloop.chat", function()
             assert.truthy(err:find(needle, 1, true), err)
             assert.equal("messages", fault)
         end
-        refused("it opens no new turn", begun, true, nil, true)
+        -- (contradictory arguments are the caller's: raised, as the Lua API does)
+        assert.has_error(function() c:prompt(begun, true, nil, true) end,
+                         "chat:prompt: continue_final_message continues the final message: it opens no new turn (add_generation_prompt)")
+        assert.has_error(function() c:prompt(begun, true, nil, nil, "x") end, "chat:prompt: variables must be a table of template variables")
         refused("the final message has no text to continue", final("  "), false, nil, true)
         local call = { { id = "c1", type = "function", ["function"] = { name = "f", arguments = '{"city": "Paris"}' } } }
         refused("the final message has tool calls, which cannot be continued",
@@ -289,7 +293,14 @@ describe("tinyloop.chat", function()
         local cut = first:sub(1, first:find(word, 1, true) - 1)
         replies = turns(run("-i -n 30 --stop " .. word, "Who is Emma?\nAnd?\n"))
         assert.equal(reply_to(turn("Who is Emma?", cut) .. turn("And?"), "-n 30 --stop " .. word), replies[2])
-        -- usage: tools, and a reply as long as the context
+        -- usage: tools, and a reply as long as the context; a config the engine refuses ends the
+        -- run as a one-shot reply's does; a model without a tokenizer
+        out = run("-i --min-p 5", "Who is Emma?\nAnd?\n")
+        assert.equal("tinyloop: min_p = 5 must be in [0, 1] (0 = off)\nexit 2\n", out)
+        os.execute("mkdir " .. dir .. "/ids_only && cp models/tinyloop-austen/config.json models/tinyloop-austen/model.safetensors " ..
+                   dir .. "/ids_only/")
+        out = run("-i -m " .. dir .. "/ids_only", "Who is Emma?\n")
+        assert.truthy(out:find("--interactive reads text: this model has no tokenizer\nexit 2\n$"), out)
         out = run("-i --tools " .. dir .. "/input.txt")
         assert.truthy(out:find("--tools goes with one --chat turn, not --interactive (see --help)\nexit 2", 1, true), out)
         out = run("-i -n 300")

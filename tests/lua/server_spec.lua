@@ -1506,7 +1506,7 @@ describe("server with two workers", function()
     -- writes (generation_config.json's eos_token_id lists it): the shipped model's files in a
     -- directory of their own, with that file added. The template opens a <think> block where
     -- asked (chat_template_kwargs enable_thinking), so this server reads replies for
-    -- reasoning (--reasoning auto).
+    -- reasoning (--reasoning-format auto).
     local CHATML_MESSAGES = { { role = "system", content = " Be brief. " }, { role = "user", content = "Who is Emma?" } }
     local CHATML_PROMPT = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWho is Emma?<|im_end|>\n<|im_start|>assistant\n"
     local greedy, turn_end -- the greedy tokens of CHATML_PROMPT (f16 KV, as served), and one
@@ -1835,7 +1835,7 @@ describe("scripts/serve options", function()
         -- great for base" after the temp dir was made), no worker or no running place
         for args, want in pairs({ ["--port"] = "--port needs a value", ["--max-active 08"] = "got '08'",
                                   ["--workers 0"] = "--workers must be at least 1", ["--max-active 0"] = "--max-active must be at least 1",
-                                  ["--reasoning think"] = "--reasoning must be auto, deepseek or none, got 'think'" }) do
+                                  ["--reasoning-format think"] = "--reasoning-format must be auto, deepseek or none, got 'think'" }) do
             out = sh("TMPDIR=" .. dir .. " scripts/serve " .. args .. " 2>&1; echo \"exit $?\"")
             assert.truthy(out:find(want, 1, true), out)
             assert.truthy(out:find("exit 2", 1, true), out)

@@ -20,6 +20,7 @@ local request = require "tinyloop.server.request"
 local tools = require "tinyloop.tools"
 local reasoning = require "tinyloop.reasoning"
 local tags = require "tinyloop.tags"
+local raised_message = require("tinyloop.raise").message
 local metrics = require "tinyloop.server.metrics"
 
 local C = tinyloop.C
@@ -50,14 +51,14 @@ local conf = {
                               -- with one (chat turns resend the conversation); 0 = none
     chat_template = nil,      -- a Jinja file for /v1/chat/completions; default: the model's own
                               -- (tinyloop.chat.load), else a plain built-in one
-    reasoning = "auto",       -- a thinking model's <think> block as reasoning_content (tinyloop.
+    reasoning_format = "auto", -- a thinking model's <think> block as reasoning_content (tinyloop.
                               -- reasoning): "deepseek" (llama.cpp's name of the format), "none",
                               -- or "auto" (where the chat template speaks of <think> or </think>)
 }
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
 local chat_prompts, chat_error -- tinyloop.chat for the model (or why it failed to load)
-local reasoning_on -- chat replies are read for reasoning (conf.reasoning)
+local reasoning_on -- chat replies are read for reasoning (conf.reasoning_format)
 -- the model, tl_score_logprobs and tl_last_error, for prompt scoring in the thread pool
 local model_addr, score_addr, last_error_addr
 local model_types -- what /v1/models says of the weights and the KV cache (model:info(), once)
@@ -79,10 +80,11 @@ function _M.configure(opts)
     -- lacks, which costs only /v1/chat/completions (500 with the reason; logged per worker).
     chat_prompts, chat_error = require("tinyloop.chat").load(conf.model, conf.chat_template)
     if not chat_prompts and conf.chat_template then error("tinyloop.server: " .. chat_error) end
-    if conf.reasoning ~= "auto" and conf.reasoning ~= reasoning.FORMAT and conf.reasoning ~= "none" then
-        error(("tinyloop.server: reasoning must be \"auto\", \"%s\" or \"none\", got %s"):format(reasoning.FORMAT, tostring(conf.reasoning)))
+    local format = conf.reasoning_format
+    if format ~= "auto" and format ~= reasoning.FORMAT and format ~= "none" then
+        error(("tinyloop.server: reasoning_format must be \"auto\", \"%s\" or \"none\", got %s"):format(reasoning.FORMAT, tostring(format)))
     end
-    reasoning_on = conf.reasoning == reasoning.FORMAT or (conf.reasoning == "auto" and chat_prompts ~= nil and reasoning.uses(chat_prompts.text))
+    reasoning_on = format == reasoning.FORMAT or (format == "auto" and chat_prompts ~= nil and reasoning.uses(chat_prompts.template_text))
 end
 
 -- This worker's engine counters into the shared dict, where /metrics of any worker reads them.
@@ -485,14 +487,14 @@ end
 
 -- OpenAI leaves the stop string out of the text (tags.cut_at_stop). The engine shows a match
 -- only once it is complete (it holds back any suffix that may still grow into one), so the
--- match lies in the text of the finishing read, and ends in the bytes of its last token,
--- `last_id`.
+-- match lies in the text of the finishing read, and ends in what its last token, `last_id`,
+-- shows (nothing, for a special token: a stop token then ended it, not a string).
 local function cut_at_stop(text, stops, last_id)
-    local last_len = #text -- (no token in the read: the whole of its text)
-    if last_id then
-        last_len = C.tl_token_text(model.ptr, last_id, token_bytes, token_len) == 0 and tonumber(token_len[0]) or 0
+    local shown = #text -- (no token in the read, or one without text: the whole of its text)
+    if last_id and C.tl_token_text(model.ptr, last_id, token_bytes, token_len) == 0 then
+        shown = select(2, token_string(last_id))
     end
-    return tags.cut_at_stop(text, stops, last_len)
+    return tags.cut_at_stop(text, stops, shown)
 end
 
 
@@ -645,23 +647,25 @@ end
 -- thinking model's reasoning (tinyloop.reasoning) is its reasoning_content (nil: none).
 local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids, n_prompt, calls, reasoning_text)
     if st.chat then
-        local fields = {}
-        local first = not st.streaming or not st.role_sent
-        if first then
-            fields[1] = '"role":"assistant"'
-            if st.streaming then st.role_sent = true end
-        end
-        if first or (text and text ~= "") then
-            fields[#fields + 1] = '"content":' .. (text and encode(request.valid_utf8(text)) or "null")
-        end
-        -- (under both names clients read: reasoning_content, DeepSeek's, llama.cpp's and older
-        -- vLLM's; reasoning, vLLM's now)
+        local content = text and encode(request.valid_utf8(text)) or "null"
+        -- a thinking model's reasoning, under both names clients read: reasoning_content
+        -- (DeepSeek's, llama.cpp's, older vLLM's) and reasoning (vLLM's now)
+        local thought = ""
         if reasoning_text and st.reasoning and st.reasoning.shown and (not st.streaming or reasoning_text ~= "") then
             local json = encode(request.valid_utf8(reasoning_text))
-            fields[#fields + 1] = '"reasoning_content":' .. json .. ',"reasoning":' .. json
+            thought = ',"reasoning_content":' .. json .. ',"reasoning":' .. json
         end
-        if calls then fields[#fields + 1] = '"tool_calls":' .. calls end
-        local message = (st.streaming and '"delta":{' or '"message":{') .. concat(fields, ",") .. "}"
+        local tool_calls = calls and (',"tool_calls":' .. calls) or ""
+        local message
+        if not st.streaming then
+            message = '"message":{"role":"assistant","content":' .. content .. thought .. tool_calls .. "}"
+        elseif not st.role_sent then
+            st.role_sent = true
+            message = '"delta":{"role":"assistant","content":' .. content .. thought .. tool_calls .. "}"
+        else -- a later delta: only what it carries
+            local fields = ((text and text ~= "") and (',"content":' .. content) or "") .. thought .. tool_calls
+            message = '"delta":{' .. fields:sub(2) .. "}"
+        end
         return '{"index":' .. st.index .. "," .. message .. ',"logprobs":' ..
             (figures and chat_logprobs_json(ids, figures) or "null") .. choice_tail(ids, finish_reason, stats)
     end
@@ -883,11 +887,6 @@ local function run_stream(r)
     return ngx_exit(ngx.OK)
 end
 
--- The engine's message without the Lua location prefix of a raised error.
-local function plain(msg)
-    msg = tostring(msg)
-    return (msg:gsub("^[^:\n]*:%d+: ", ""))
-end
 
 -- A POST's body, once the model is ready and the body within the limit; nil when answered.
 local function post_body()
@@ -947,7 +946,8 @@ local function serve(chat)
     local body = post_body()
     if not body then return end
     if chat and not chat_prompts then
-        return send_error(500, "the chat template failed to load: " .. tostring(chat_error), nil, "server_error")
+        local e = request.template_unloaded(chat_error)
+        return send_error(e.status, e.message, nil, e.type)
     end
     local req, err
     if chat then
@@ -989,7 +989,7 @@ local function serve(chat)
             if not ok or not session then
                 free_made(1)
                 if ok then return send_error(500, "cannot create the session: " .. tostring(serr), nil, "server_error") end
-                local msg = plain(session)
+                local msg = raised_message(session)
                 local param = request.param_of(msg)
                 -- the engine says "grammar" whichever field the request used
                 if param == "grammar" and req.grammar_field then param = req.grammar_field end

@@ -1,5 +1,6 @@
--- tinyloop.server.request: a POST /v1/completions body -> a validated request, or an error
--- naming the field. Pure Lua (no ngx): the busted suite can test it without nginx.
+-- tinyloop.server.request: a POST body (/v1/completions, /v1/chat/completions, /tokenize,
+-- /detokenize) -> a validated request, or an error naming the field. Pure Lua (no ngx): the
+-- busted suite can test it without nginx.
 --
 -- Only what the engine cannot see is checked here (JSON types, unknown fields, the prompt,
 -- the context length); ranges of the decoding fields stay the engine's rule, and its error
@@ -8,6 +9,7 @@ local cjson = require "cjson.safe"
 local grammar = require("tinyloop").grammar
 local json_text = require "tinyloop.json_text"
 local tools = require "tinyloop.tools"
+local raised_message = require("tinyloop.raise").message
 local add_stop_ids, decode_ordered = require("tinyloop.chat").add_stop_ids, require("tinyloop.chat").decode_ordered
 
 local type, pairs, ipairs, tostring, next, floor = type, pairs, ipairs, tostring, next, math.floor
@@ -122,9 +124,9 @@ local KIND_WORDS = { string = "a string", number = "a number", integer = "an int
                      array = "an array", tool_choice = 'a string or an object {"type": "function", ...}',
                      schema = "a JSON Schema (an object, or its JSON text)" }
 
--- Fields of OpenAI's completions API that TinyLoop does not implement, which clients send at
--- their defaults (the SDKs null): the value that changes nothing is accepted, any other
--- refused, naming the field. (suffix is for insertion models.)
+-- Fields that TinyLoop does not implement, which clients send at their defaults (the SDKs
+-- null): OpenAI's completions' and vLLM's; the value that changes nothing is accepted, any
+-- other refused, naming the field. (suffix is for insertion models.)
 local OPENAI_NO_OPS = {
     suffix = { function(v) return v == "" end, '""' },
     -- vLLM's older guided_* fields' companion: this server has one backend, whatever its name
@@ -229,11 +231,16 @@ local function prompt_ids(model, prompt, at)
     return prompt
 end
 
+-- The answer where the chat template did not load (the server's fault: 500).
+function _M.template_unloaded(chat_error)
+    return { status = 500, message = "the chat template failed to load: " .. tostring(chat_error), type = "server_error" }
+end
+
 -- The text of token ids for a client (model:decode); an id the tokenizer has no text for (a
 -- vocabulary padded past the tokenizer's) is the request's error, naming `field`.
 local function decode_ids(model, ids, field)
     local ok, text, err = pcall(model.decode, model, ids)
-    if not ok then return bad(tostring(text):gsub("^[^\n]-:%d+: ", ""), field) end
+    if not ok then return bad(raised_message(text), field) end
     if not text then return nil, { status = 500, message = "decoding failed: " .. tostring(err), type = "server_error" } end
     return text
 end
@@ -353,7 +360,8 @@ local function gbnf_grammar(text, P, what)
 end
 
 -- A JSON Schema given as an object (its text read from the body at `path`) or as JSON text;
--- free: blanks allowed between its tokens (vLLM's default), else none.
+-- free: blanks allowed between its tokens (vLLM's default, asked for here with
+-- disable_any_whitespace false), else none (this server's default).
 local function schema_grammar(value, body, path, P, what, free)
     what = what or P
     local text = type(value) == "string" and value or raw_member(body, path)
@@ -399,6 +407,8 @@ end
 -- where they say what this server does (disable_any_whitespace: the json's blanks,
 -- disable_fallback: there is no other backend to fall back on), others at their defaults.
 local STRUCTURED_KEYS = { "json", "choice", "grammar", "json_object", "regex" }
+local STRUCTURED_KNOWN = {}
+for _, k in ipairs(STRUCTURED_KEYS) do STRUCTURED_KNOWN[k] = true end
 local STRUCTURED_OPTIONS = {
     disable_any_whitespace = function(v) return type(v) == "boolean" end,
     disable_fallback = function(v) return type(v) == "boolean" end,
@@ -409,15 +419,13 @@ local STRUCTURED_OPTIONS = {
 local function structured_grammar(so, body)
     local P = "structured_outputs"
     if raw_member(body, { P }):sub(1, 1) ~= "{" then return bad(P .. " must be an object", P) end
-    local known = {}
-    for _, k in ipairs(STRUCTURED_KEYS) do known[k] = true end
     for k, v in pairs(so) do
         local option = STRUCTURED_OPTIONS[k]
         if option then
             if v ~= json_null and not option(v) then
                 return bad(("structured_outputs.%s = %s is not supported here"):format(k, cjson.encode(v) or "?"), P)
             end
-        elseif not known[k] then
+        elseif not STRUCTURED_KNOWN[k] then
             return bad(("unknown field '%s' in structured_outputs (json, choice, grammar or json_object)"):format(tostring(k)), P)
         end
     end
@@ -546,8 +554,7 @@ local function decode_fields(body, fields, no_ops)
     return t, cfg
 end
 
--- What both APIs share, into cfg: model, n, the sampling adjustments, stream_options, the
--- grammar, stop strings. -> { n, include_usage, grammar_field } | nil, err.
+-- The body's model, if it names one, is the one served here -> true | nil, err.
 local function check_model(t, model_id)
     if t.model ~= nil and t.model ~= model_id then
         return bad(("model '%s' is not served here (GET /v1/models lists '%s')"):format(t.model, model_id), "model", 404)
@@ -555,6 +562,14 @@ local function check_model(t, model_id)
     return true
 end
 
+-- The stop strings an answer's text is cut at (the config's, at its end: a chat's tool calls
+-- may add one), none with include_stop_str_in_output.
+local function answer_stops(t, cfg)
+    return not t.include_stop_str_in_output and cfg.stop_strings or nil
+end
+
+-- What both APIs share, into cfg: model, n, the sampling adjustments, stream_options, the
+-- grammar, stop strings. -> { n, include_usage, grammar_field } | nil, err.
 local function shared_fields(t, body, model, model_id, cfg)
     local ok, e = check_model(t, model_id)
     if not ok then return nil, e end
@@ -685,8 +700,7 @@ function _M.parse(body, model, model_id, max_choices)
         end
     end
     return { prompts = prompts, ids = prompts[1], n = n, best_of = best, cfg = cfg, stream = t.stream == true,
-             include_usage = shared.include_usage, echo = echo, logprobs = t.logprobs,
-             stops = not t.include_stop_str_in_output and cfg.stop_strings or nil,
+             include_usage = shared.include_usage, echo = echo, logprobs = t.logprobs, stops = answer_stops(t, cfg),
              prompt_tokens = prompt_tokens, grammar_field = shared.grammar_field }
 end
 
@@ -695,13 +709,16 @@ end
 -- nil, err. A choice that must call (tool_choice "required" or a named function) generates under
 -- the grammar of the calls it may make; "auto" without parallel_tool_calls stops at the end
 -- of the first call.
+-- How a message names a forced tool_choice.
+local function forced_choice(spec) return spec.choice == "function" and "naming a function" or '"required"' end
+
 local function tools_fields(t, body, cfg, shared)
     local tools_json = t.tools ~= nil and raw_member(body, { "tools" }) or nil
     local spec, shown, param = tools.prepare(t.tools, t.tool_choice, t.parallel_tool_calls, tools_json)
     if spec == nil then return bad(shown, param) end
     if not spec then return false, shown end
     if spec.forced then
-        local which = spec.choice == "function" and "naming a function" or '"required"'
+        local which = forced_choice(spec)
         if cfg.grammar then
             return bad(("tool_choice %s constrains the output to tool calls: not with %s"):format(which, shared.grammar_field),
                        shared.grammar_field)
@@ -723,7 +740,7 @@ end
 -- The prompt text of a body's messages (chat: tinyloop.chat; template_tools: the tools the
 -- template shows), with vLLM's add_generation_prompt (default true), continue_final_message
 -- (the reply continues the final message: a begun answer) and chat_template_kwargs (more
--- variables, in the body's key order) -> text | nil, err.
+-- variables; objects inside them keep the body's key order) -> text | nil, err.
 local function render_messages(t, body, chat, template_tools)
     if t.continue_final_message and t.add_generation_prompt then
         return bad("continue_final_message continues the final message: it opens no new turn, so add_generation_prompt " ..
@@ -765,7 +782,7 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     local tool_spec, template_tools = tools_fields(t, body, cfg, shared)
     if tool_spec == nil then return nil, template_tools end
     if tool_spec and tool_spec.forced and t.continue_final_message then
-        return bad("tool_choice " .. (tool_spec.choice == "function" and "naming a function" or '"required"') ..
+        return bad("tool_choice " .. forced_choice(tool_spec) ..
                    " writes tool calls from the reply's start: not with continue_final_message", "tool_choice")
     end
     local text
@@ -802,8 +819,7 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
         if not ok then return nil, e end
     end
     return { prompts = { ids }, ids = ids, n = shared.n, best_of = shared.n, cfg = cfg, stream = t.stream == true,
-             include_usage = shared.include_usage, logprobs = logprobs, prompt_tokens = #ids,
-             stops = not t.include_stop_str_in_output and cfg.stop_strings or nil,
+             include_usage = shared.include_usage, logprobs = logprobs, prompt_tokens = #ids, stops = answer_stops(t, cfg),
              grammar_field = shared.grammar_field, prompt_text = text, tools = tool_spec or nil,
              include_reasoning = t.include_reasoning ~= false }
 end
@@ -814,11 +830,10 @@ end
 local TOKENIZE_FIELDS = {
     model = { "string", false },
     prompt = { "string", false },           -- a text, encoded as /v1/completions encodes it
-    messages = { "messages", false },       -- or a conversation, rendered as /v1/chat/completions does
-    add_generation_prompt = { "boolean", false }, -- with messages: the assistant's turn opened (default true)
-    continue_final_message = { "boolean", false }, -- with messages: ends inside the final message
-    chat_template_kwargs = { "object", false },     -- with messages: more variables for the template
-    tools = { "array", false },             -- with messages: the tools the template shows
+    -- or a conversation, rendered as /v1/chat/completions renders it, with these
+    messages = CHAT_FIELDS.messages, add_generation_prompt = CHAT_FIELDS.add_generation_prompt,
+    continue_final_message = CHAT_FIELDS.continue_final_message, chat_template_kwargs = CHAT_FIELDS.chat_template_kwargs,
+    tools = CHAT_FIELDS.tools,
     return_token_strs = { "boolean", false }, -- each token's text as well
 }
 -- vLLM's add_special_tokens, which its clients send: TinyLoop adds no special tokens around a
@@ -826,9 +841,10 @@ local TOKENIZE_FIELDS = {
 local TOKENIZE_NO_OPS = { add_special_tokens = { function(v) return type(v) == "boolean" end, "true or false" } }
 local DETOKENIZE_FIELDS = { model = { "string", false }, tokens = { "array", false } }
 
--- parse_tokenize(body, model, model_id, chat) -> { ids, token_strs } | nil, err: the ids a
--- POST /tokenize body's prompt or messages become on the completions endpoints (chat: as
--- parse_chat's; nil when the chat template failed to load, a 500 for messages only).
+-- parse_tokenize(body, model, model_id, chat, chat_error) -> { ids, token_strs } | nil, err:
+-- the ids a POST /tokenize body's prompt or messages become on the completions endpoints
+-- (chat: as parse_chat's; nil when the chat template failed to load, chat_error saying why:
+-- a 500 for messages only).
 function _M.parse_tokenize(body, model, model_id, chat, chat_error)
     local t, e = decode_fields(body, TOKENIZE_FIELDS, TOKENIZE_NO_OPS)
     if not t then return nil, e end
@@ -842,7 +858,7 @@ function _M.parse_tokenize(body, model, model_id, chat, chat_error)
     if not model.has_tokenizer then return bad("this model has no tokenizer: it reads token ids only", field) end
     local text = t.prompt
     if t.messages then
-        if not chat then return nil, { status = 500, message = "the chat template failed to load: " .. tostring(chat_error), type = "server_error" } end
+        if not chat then return nil, _M.template_unloaded(chat_error) end
         local shown, param
         if t.tools ~= nil then
             local spec
