@@ -222,12 +222,13 @@ function _M.health()
     return send_json(200, { status = "ok", model = conf.model_id })
 end
 
--- The served model in OpenAI's model shape, with a tinyloop object (chat_template: which
--- template /v1/chat/completions applies, by file name, or null when none could be loaded;
--- tool_call_format: how its tool calls are written and read, tinyloop.tools').
+-- The served model in OpenAI's model shape, with vLLM's max_model_len (the context) and a
+-- tinyloop object (chat_template: which template /v1/chat/completions applies, by file name,
+-- or null when none could be loaded; tool_call_format: how its tool calls are written and
+-- read, tinyloop.tools'; reasoning_format: tinyloop.reasoning's, or null where it is off).
 local function model_json()
     return '{"id":' .. encode(conf.model_id) .. ',"object":"model","created":' .. created_at ..
-        ',"owned_by":"tinyloop","tinyloop":' ..
+        ',"owned_by":"tinyloop","max_model_len":' .. model.max_seq_len .. ',"tinyloop":' ..
         encode({ vocab_size = model.vocab_size, max_seq_len = model.max_seq_len, default_loops = model.default_loops,
                  max_loops = model.max_loops, has_tokenizer = model.has_tokenizer,
                  weight_dtype = model_types.weight_dtype, kv_type = model_types.kv_type,
