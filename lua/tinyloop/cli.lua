@@ -261,25 +261,31 @@ end
 
 local CONVERSE_POOL_BYTES = 64 * 1024 * 1024 -- the prefix pool that keeps the conversation's rows
 
--- One reply to `ids`, streamed to stdout -> text, stats, the session's last token | nil, err,
--- exit status (2: the engine refused the config; 1: generation failed).
--- (main's one-shot reply is streamed by its own loop: it echoes the prompt and reads tools.)
-local function stream_reply(model, ids, cfg)
-    local made, iterate, session = pcall(model.stream, model, ids, cfg)
+-- One reply to `prompt` (text or ids), streamed to stdout then a line end -> its text, stats,
+-- the session's last token | nil, err, exit status. The session is made (every value
+-- checked) before any token: what the engine refuses there (a depth past max_loops, a
+-- prompt plus -n over the context...) is bad usage, status 2; a failure while generating is
+-- status 1 (hook errors raise, runtime failures come back as nil, err: both reach it).
+-- opts.echo: text written once the session is made (the prompt); opts.held: nothing written
+-- of the reply (a caller that reads it first: tool calls).
+local function stream_reply(model, prompt, cfg, opts)
+    local made, iterate, session = pcall(model.stream, model, prompt, cfg)
     if not made then return nil, iterate, 2 end
     if not iterate then return nil, session, 1 end
     local parts = {}
     local ok, err = pcall(function()
+        if opts and opts.echo then io.stdout:write(opts.echo) io.stdout:flush() end
         for _, text in iterate, session do
             parts[#parts + 1] = text
-            io.stdout:write(text)
-            io.stdout:flush()
+            if not (opts and opts.held) then io.stdout:write(text) io.stdout:flush() end
         end
         if session.error then error(session.error, 0) end
     end)
     if not ok then return nil, err, 1 end
-    io.stdout:write("\n")
-    io.stdout:flush()
+    if not (opts and opts.held) then
+        io.stdout:write("\n")
+        io.stdout:flush()
+    end
     local tokens = session:tokens()
     return table.concat(parts), session.final_stats or session:stats(), tokens[#tokens]
 end
@@ -478,43 +484,20 @@ function _M.main(argv, default_model)
         end
     end
     if o.interactive then return converse(model, chat, cfg, o) end
-    -- The session is made (every value checked) before any token: what the engine refuses
-    -- there (a depth past max_loops, a prompt plus -n over the context...) is bad usage.
-    local made, iterate, session = pcall(model.stream, model, o.prompt, cfg)
-    if not made then
-        report(iterate)
-        return 2
+    -- with tools: the reply is read for calls at its end, then its content and calls written
+    local reply, result, status = stream_reply(model, o.prompt, cfg, { echo = o.echo and o.prompt, held = o.tools ~= nil })
+    if not reply then
+        report(result)
+        return status
     end
-    if not iterate then
-        report(session)
-        return 1
-    end
-    -- Hook errors raise; runtime failures come back as nil, err and are raised here, so that
-    -- both reach the one report below.
-    local ok, result = pcall(function()
-        if o.echo then io.stdout:write(o.prompt) io.stdout:flush() end
-        local reply = o.tools and {} -- with tools: the reply is read for calls at its end
-        for _, text in iterate, session do
-            if reply then reply[#reply + 1] = text else io.stdout:write(text) io.stdout:flush() end
-        end
-        if session.error then error(session.error, 0) end
-        if reply then
-            local stats = session.final_stats or session:stats()
-            local content, calls = tools.parse(table.concat(reply), o.tools, function(k) return "call_" .. k end,
-                                               stats.stop_reason == "MAX_TOKENS")
-            if content then io.stdout:write(content, "\n") end
-            for _, call in ipairs(calls or {}) do
-                io.stdout:write('{"name": ', cjson.encode(call.name), ', "arguments": ', call.arguments, "}\n")
-            end
-        else
-            io.stdout:write("\n")
+    if o.tools then
+        local content, calls = tools.parse(reply, o.tools, function(k) return "call_" .. k end,
+                                           result.stop_reason == "MAX_TOKENS")
+        if content then io.stdout:write(content, "\n") end
+        for _, call in ipairs(calls or {}) do
+            io.stdout:write('{"name": ', cjson.encode(call.name), ', "arguments": ', call.arguments, "}\n")
         end
         io.stdout:flush()
-        return session.final_stats or session:stats()
-    end)
-    if not ok then
-        report(result)
-        return 1
     end
     if o.stats then stats_line(result, model) end
     return 0
