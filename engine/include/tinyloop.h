@@ -725,6 +725,7 @@ void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);
        grammar.
      - JSON Schema: converted to GBNF (tl_json_schema_to_gbnf shows it); a keyword outside the
        supported subset is an error naming it.
+     - Regular expressions: converted to GBNF as well (tl_regex_to_gbnf).
    In a tl_generate_config: `tl_grammar g; tl_grammar_use(&g, compiled); cfg.grammar = &g;`.
    A session keeps the compiled grammar alive (reference counted), so it may be freed at once.
    The end of the sequence (eos_token_id) is allowed exactly where the grammar may end. */
@@ -743,6 +744,14 @@ tl_status tl_grammar_compile_json_schema(const char *schema, size_t len, const t
 /* The GBNF a schema compiles to (*gbnf freed with tl_free). */
 tl_status tl_json_schema_to_gbnf(const char *schema, size_t len, const tl_json_schema_options *opts, char **gbnf,
                                  size_t *gbnf_len);
+/* A regular expression (len bytes) that the whole generated text matches: vLLM's `regex`
+   structured output. ECMA-262 syntax, the subset a matcher can follow exactly: literals,
+   '.', classes, \d \w \s \D \W \S, \n \r \t \f \v \0 \xHH \uHHHH, groups, '|', greedy
+   * + ? {m} {m,} {m,n} (n <= 1000); ^ and $ are accepted (the whole text matches anyway).
+   Lookaround, backreferences, \b and lazy quantifiers are errors naming them. */
+tl_status tl_grammar_compile_regex(const char *pattern, size_t len, tl_compiled_grammar **out);
+/* The GBNF a regular expression compiles to (*gbnf freed with tl_free). */
+tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t *gbnf_len);
 void tl_compiled_grammar_free(tl_compiled_grammar *g); /* NULL is a no-op */
 /* *match = 1 when the whole text is a sentence of the grammar. */
 tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, size_t len, int *match);

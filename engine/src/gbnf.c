@@ -475,3 +475,26 @@ tl_status gram_parse_gbnf(const char *text, size_t len, gram_program **out, char
     gram_builder_free(&ps.b);
     return st;
 }
+
+/* ---------------------------------------------------------------- writing GBNF
+   For the converters that write GBNF (json_schema.c, regex.c): text that this parser reads
+   back as exactly the characters meant. */
+
+void gram_gbnf_literal(strbuf *b, const char *s) {
+    strbuf_puts(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') { const char e[3] = {'\\', (char)*p, 0}; strbuf_puts(b, e); }
+        else if (*p < 0x20) strbuf_printf(b, "\\x%02X", *p);
+        else strbuf_put(b, (const char *)p, 1);
+    }
+    strbuf_puts(b, "\"");
+}
+
+/* Letters and digits as they are, everything else escaped, so that no character can close
+   the class or start a comment ('#'). */
+void gram_gbnf_class_cp(strbuf *b, uint32_t v) {
+    const char ch = (char)v;
+    if ((v >= '0' && v <= '9') || (v >= 'a' && v <= 'z') || (v >= 'A' && v <= 'Z')) strbuf_put(b, &ch, 1);
+    else if (v < 0x80) strbuf_printf(b, "\\x%02X", (unsigned)v);
+    else strbuf_printf(b, "\\U%08X", (unsigned)v);
+}

@@ -284,17 +284,25 @@ void gram_program_free(gram_program *p) {
     free(p);
 }
 
-/* Left recursion: a rule that can reach itself without consuming a byte would expand forever.
-   Edges r -> callee for each call on an alternative's left edge (after nullable calls only). */
-static tl_status check_left_recursion(const gram_program *p, char *err, size_t errlen) {
+/* Left recursion: a rule that can reach itself without consuming a byte.
+   Edges r -> callee for each call on an alternative's left edge (after nullable calls only),
+   marked "tail" when the call is its alternative's last element. A cycle through a call that
+   is not a tail call pushes a frame on every turn and would expand forever: an error. A cycle
+   of tail calls only ("a"? repeated: r ::= x r | "" with x nullable) revisits the same stack,
+   which the matcher recognises (p->empty_cycles). Cycles are found as strongly connected
+   components (Tarjan's, iterative). */
+static tl_status check_left_recursion(gram_program *p, char *err, size_t errlen) {
     const int R = p->n_rules;
     bool *nullable = calloc((size_t)R, 1);
-    uint8_t *color = calloc((size_t)R, 1);
     int32_t *edge_first = calloc((size_t)R + 1, sizeof *edge_first);
-    int32_t *edges = NULL, *stack = malloc(((size_t)R + 1) * sizeof *stack), *cursor = malloc(((size_t)R + 1) * sizeof *cursor);
-    int n_edges = 0, cap_edges = 0;
+    int32_t *edges = NULL;
+    uint8_t *edge_tail = NULL;
+    int32_t *order = malloc((size_t)R * sizeof *order), *low = malloc((size_t)R * sizeof *low);
+    int32_t *comp = malloc((size_t)R * sizeof *comp), *tstack = malloc((size_t)R * sizeof *tstack);
+    int32_t *dfs = malloc((size_t)R * sizeof *dfs), *cursor = malloc((size_t)R * sizeof *cursor);
+    int n_edges = 0, cap_edges = 0, cap_tail = 0;
     tl_status st = TL_OK;
-    if (!nullable || !color || !edge_first || !stack || !cursor) goto oom;
+    if (!nullable || !edge_first || !order || !low || !comp || !tstack || !dfs || !cursor) goto oom;
     for (bool changed = true; changed;) {
         changed = false;
         for (int r = 0; r < R; r++) {
@@ -309,52 +317,96 @@ static tl_status check_left_recursion(const gram_program *p, char *err, size_t e
         edge_first[r] = n_edges;
         for (int a = p->rule_alts[r]; a < p->rule_alts[r + 1]; a++)
             for (int pos = p->alt_start[a]; p->elems[pos].kind == GE_REF; pos++) {
-                if (!grow((void **)&edges, &cap_edges, n_edges + 1, sizeof *edges)) goto oom;
+                if (!grow((void **)&edges, &cap_edges, n_edges + 1, sizeof *edges) ||
+                    !grow((void **)&edge_tail, &cap_tail, n_edges + 1, sizeof *edge_tail))
+                    goto oom;
+                edge_tail[n_edges] = p->elems[pos + 1].kind == GE_END;
                 edges[n_edges++] = p->elems[pos].arg;
                 if (!nullable[p->elems[pos].arg]) break;
             }
     }
     edge_first[R] = n_edges;
-    for (int start = 0; start < R && st == TL_OK; start++) {
-        if (color[start]) continue;
+    /* productive: derives some text (an alternative of bytes and productive calls); a cycle
+       of tail calls among rules that are not ("r ::= r") only recurs: an error too */
+    bool *productive = nullable; /* (nullable is no longer needed: reused) */
+    memset(productive, 0, (size_t)R);
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int r = 0; r < R; r++)
+            for (int a = p->rule_alts[r]; a < p->rule_alts[r + 1] && !productive[r]; a++) {
+                int pos = p->alt_start[a];
+                while (p->elems[pos].kind == GE_BYTES || (p->elems[pos].kind == GE_REF && productive[p->elems[pos].arg])) pos++;
+                if (p->elems[pos].kind == GE_END) productive[r] = changed = true;
+            }
+    }
+    /* Tarjan: order[r] = visit number (-1 unvisited), low[r] = lowest reachable on the stack */
+    for (int r = 0; r < R; r++) order[r] = comp[r] = -1;
+    int visited = 0, n_tstack = 0, n_comps = 0;
+    for (int start = 0; start < R; start++) {
+        if (order[start] >= 0) continue;
         int depth = 0;
-        stack[0] = start;
+        dfs[0] = start;
         cursor[0] = edge_first[start];
-        color[start] = 1;
+        order[start] = low[start] = visited++;
+        tstack[n_tstack++] = start;
         while (depth >= 0) {
-            const int r = stack[depth];
-            if (cursor[depth] == edge_first[r + 1]) {
-                color[r] = 2;
-                depth--;
+            const int r = dfs[depth];
+            if (cursor[depth] < edge_first[r + 1]) {
+                const int callee = edges[cursor[depth]++];
+                if (order[callee] < 0) {
+                    order[callee] = low[callee] = visited++;
+                    tstack[n_tstack++] = callee;
+                    dfs[++depth] = callee;
+                    cursor[depth] = edge_first[callee];
+                } else if (comp[callee] < 0 && order[callee] < low[r]) low[r] = order[callee]; /* on the stack */
                 continue;
             }
-            const int callee = edges[cursor[depth]++];
-            if (color[callee] == 2) continue;
-            if (color[callee] == 1) {
-                size_t at = (size_t)snprintf(err, errlen, "rule '%s' is left-recursive: ", p->rule_names[callee]);
-                int from = 0;
-                while (from < depth && stack[from] != callee) from++;
-                for (int d = from; d <= depth && at < errlen; d++)
-                    at += (size_t)snprintf(err + at, errlen - at, "%s -> ", p->rule_names[stack[d]]);
-                if (at < errlen) snprintf(err + at, errlen - at, "%s", p->rule_names[callee]);
-                st = TL_ERR_INVALID_ARGUMENT;
-                break;
+            if (low[r] == order[r]) { /* r roots a component: pop it */
+                int member;
+                do { member = tstack[--n_tstack]; comp[member] = n_comps; } while (member != r);
+                n_comps++;
             }
-            color[callee] = 1;
-            stack[++depth] = callee;
-            cursor[depth] = edge_first[callee];
+            if (--depth >= 0 && low[r] < low[dfs[depth]]) low[dfs[depth]] = low[r];
         }
     }
+    for (int r = 0; r < R && st == TL_OK; r++)
+        for (int e = edge_first[r]; e < edge_first[r + 1]; e++) {
+            const int callee = edges[e];
+            if (comp[callee] != comp[r]) continue;
+            if (edge_tail[e] && productive[r]) { p->empty_cycles = true; continue; }
+            /* the cycle for the message: a path callee -> ... -> r inside the component */
+            int n_path = 0;
+            for (int at = callee, guard = 0; guard <= R; guard++) {
+                dfs[n_path++] = at;
+                if (at == r) break;
+                int next = -1;
+                for (int f = edge_first[at]; f < edge_first[at + 1] && next < 0; f++)
+                    if (comp[edges[f]] == comp[r] && order[edges[f]] >= 0) next = edges[f];
+                order[at] = -1; /* (visit numbers are no longer needed: mark the path) */
+                if (next < 0) break;
+                at = next;
+            }
+            size_t at = (size_t)snprintf(err, errlen, "rule '%s' is left-recursive: %s", p->rule_names[r], p->rule_names[r]);
+            for (int k = 0; k < n_path && at < errlen; k++)
+                at += (size_t)snprintf(err + at, errlen - at, " -> %s", p->rule_names[dfs[k]]);
+            if (dfs[n_path - 1] != r && at < errlen) snprintf(err + at, errlen - at, " -> ... -> %s", p->rule_names[r]);
+            st = TL_ERR_INVALID_ARGUMENT;
+            break;
+        }
     goto done;
 oom:
     snprintf(err, errlen, "out of memory");
     st = TL_ERR_NO_MEMORY;
 done:
     free(nullable);
-    free(color);
     free(edge_first);
     free(edges);
-    free(stack);
+    free(edge_tail);
+    free(order);
+    free(low);
+    free(comp);
+    free(tstack);
+    free(dfs);
     free(cursor);
     return st;
 }
@@ -528,6 +580,13 @@ static bool expand(gram_runtime *rt, int32_t pos, int32_t parent) {
            (a tail call pushes nothing, so repetition does not grow the stack). */
         int32_t cont = parent;
         if (p->elems[pos + 1].kind != GE_END && (cont = intern_node(rt, pos + 1, parent)) < 0) return false;
+        if (p->empty_cycles) {
+            /* a cycle of tail calls (a repeated nullable item) comes back to the same call
+               with the same stack below: expanded once per closure */
+            const uint64_t key = ((uint64_t)(uint32_t)(e.arg + 1) << 32) | (uint32_t)cont;
+            if (gram_hash_get(&rt->called, key) == rt->closure) return true;
+            if (!gram_hash_put(&rt->called, key, rt->closure)) return false;
+        }
         for (int a = p->rule_alts[e.arg]; a < p->rule_alts[e.arg + 1]; a++)
             if (!expand(rt, p->alt_start[a], cont)) return false;
         return true;
@@ -621,6 +680,7 @@ tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
     /* never a member of a real state: expand stops at it instead of reading its pos */
     if ((rt->esc_node = intern_node(rt, -2, 0)) < 0) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     bool ok = true;
+    rt->closure++;
     for (int a = prog->rule_alts[prog->root]; ok && a < prog->rule_alts[prog->root + 1]; a++)
         ok = expand(rt, prog->alt_start[a], 0);
     rt->initial = ok ? intern_state(rt) : -1;
@@ -640,6 +700,7 @@ void gram_runtime_destroy(gram_runtime *rt) {
     free(rt->state_takes);
     gram_hash_free(&rt->state_ids);
     gram_hash_free(&rt->transitions);
+    gram_hash_free(&rt->called);
     free(rt->scratch);
     memset(rt, 0, sizeof *rt);
 }
@@ -651,6 +712,7 @@ int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
     if (next >= 0) return next;
     const gram_program *p = rt->prog;
     rt->n_scratch = 0;
+    rt->closure++;
     for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
         const int32_t n = rt->state_members[i];
         if (n == 0 || n == rt->esc_node) continue; /* the empty stack accepts the end, not a byte */
@@ -790,6 +852,45 @@ tl_status tl_grammar_compile_json_schema(const char *schema, size_t len, const t
     if (st != TL_OK && strstr(err, "left-recursive"))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "JSON schema: a $ref cycle matches nothing before recurring (%s)", err);
     if (st != TL_OK) return tl_fail(st, "JSON schema: the generated grammar is invalid (a TinyLoop bug): %s", err);
+    return wrap_program(prog, out);
+}
+
+tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t *gbnf_len) {
+    tl_clear_error();
+    if (!gbnf) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_regex_to_gbnf: gbnf must not be NULL");
+    *gbnf = NULL;
+    if (!pattern) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_regex_to_gbnf: pattern is NULL");
+    if (memchr(pattern, 0, len)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "regular expression: a NUL byte in the pattern (write \\0)");
+    char *copy = malloc(len + 1);
+    if (!copy) return tl_fail(TL_ERR_NO_MEMORY, "tl_regex_to_gbnf: out of memory");
+    memcpy(copy, pattern, len);
+    copy[len] = 0;
+    strbuf text = {0};
+    strbuf_puts(&text, "root ::= ");
+    char err[256] = "";
+    const int rc = gram_regex_expr(copy, true, &text, err, sizeof err);
+    strbuf_puts(&text, "\n");
+    free(copy);
+    if (rc < 0) { free(text.p); return tl_fail(TL_ERR_INVALID_ARGUMENT, "regular expression: %s", err); }
+    if (text.oom) { free(text.p); return tl_fail(TL_ERR_NO_MEMORY, "tl_regex_to_gbnf: out of memory"); }
+    *gbnf = text.p;
+    if (gbnf_len) *gbnf_len = text.n;
+    return TL_OK;
+}
+
+tl_status tl_grammar_compile_regex(const char *pattern, size_t len, tl_compiled_grammar **out) {
+    tl_clear_error();
+    if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_regex: out must not be NULL");
+    *out = NULL;
+    char *text = NULL;
+    size_t n = 0;
+    tl_status st = tl_regex_to_gbnf(pattern, len, &text, &n);
+    if (st != TL_OK) return st;
+    char err[512] = "";
+    gram_program *prog;
+    st = gram_parse_gbnf(text, n, &prog, err, sizeof err);
+    free(text);
+    if (st != TL_OK) return tl_fail(st, "regular expression: the generated grammar is invalid (a TinyLoop bug): %s", err);
     return wrap_program(prog, out);
 }
 

@@ -1,7 +1,8 @@
 /* grammar.h: grammars compiled to a byte-level pushdown automaton (internal).
  *
- * One internal form for every source: GBNF text (gbnf.c), JSON Schema (json_schema.c, which
- * writes GBNF) and Lua combinators (which write GBNF too) all end up as a `gram_program`:
+ * One internal form for every source: GBNF text (gbnf.c), and JSON Schema (json_schema.c),
+ * regular expressions (regex.c) and Lua combinators, which all write GBNF, end up as a
+ * `gram_program`:
  *
  *   rules -> alternatives -> sequences of elements, each element either
  *     GE_BYTES  one byte out of a 256-bit set, or
@@ -24,6 +25,7 @@
 #include <stdatomic.h>
 
 #include "internal.h"
+#include "strbuf.h"
 
 enum { GE_END = 0, GE_BYTES = 1, GE_REF = 2 };
 
@@ -48,6 +50,8 @@ typedef struct gram_program {
     int n_sets;
     int root;
     char **rule_names;    /* [n_rules] for messages; generated rules are named after their parent */
+    bool empty_cycles;    /* a rule reaches itself by tail calls without a byte (("a"?)*): the
+                             matcher expands each call once per closure */
 } gram_program;
 
 void gram_program_free(gram_program *p);
@@ -92,6 +96,17 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
 
 /* Parses GBNF text into a program. Messages: "line L, column C: ... (in rule 'x')". */
 tl_status gram_parse_gbnf(const char *text, size_t len, gram_program **out, char *err, size_t errlen);
+
+/* Writing GBNF: a literal of the NUL-terminated bytes s; one code point inside a class. */
+void gram_gbnf_literal(strbuf *b, const char *s);
+void gram_gbnf_class_cp(strbuf *b, uint32_t cp);
+
+/* ---------------------------------------------------------------- regular expressions (regex.c) */
+
+/* Appends to out a parenthesised GBNF expression for the NUL-terminated pattern. text: it
+   matches a whole text; false: the characters of a JSON string as JSON writes them (a
+   schema's "pattern"). Returns 0, or -1 with err saying what is wrong. */
+int gram_regex_expr(const char *pattern, bool text, strbuf *out, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- JSON Schema (json_schema.c) */
 
@@ -161,6 +176,10 @@ typedef struct gram_runtime {
     /* Projections (gram_project): a stand-in for everything below a stack's top frames. */
     int32_t esc_node;            /* the stand-in, a node no byte matches */
     int32_t *state_proj;         /* [n_states] the state's projection, -1 not computed yet */
+    /* calls already expanded in the current closure, (rule, stack below) -> closure number;
+       used only when the program has empty cycles */
+    gram_hash called;
+    int32_t closure;
     /* scratch */
     int32_t *scratch;
     size_t n_scratch, cap_scratch;

@@ -22,44 +22,9 @@
 
 #define MAX_DEPTH 64
 
-typedef struct sbuf { char *p; size_t n, cap; bool oom; } sbuf;
-
-static void put(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 1024;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) { b->oom = true; return; }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-static void puts_(sbuf *b, const char *s) { put(b, s, strlen(s)); }
-static void printf_(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void printf_(sbuf *b, const char *fmt, ...) {
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) { put(b, tmp, (size_t)n); return; }
-    char *big = malloc((size_t)n + 1);
-    if (!big) { b->oom = true; return; }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    put(b, big, (size_t)n);
-    free(big);
-}
-
 typedef struct conv {
     const cJSON *root;
-    sbuf out;
+    strbuf out;
     int n_rules;
     bool free_ws;
     /* $ref targets already given a rule */
@@ -87,17 +52,6 @@ static int fail(conv *c, const char *path, const char *fmt, ...) {
 
 static const char *WS(const conv *c) { return c->free_ws ? " ws" : ""; }
 
-/* A GBNF string literal of raw bytes. */
-static void literal(sbuf *b, const char *s) {
-    puts_(b, "\"");
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') { char e[3] = {'\\', (char)*p, 0}; puts_(b, e); }
-        else if (*p < 0x20) printf_(b, "\\x%02X", *p);
-        else put(b, (const char *)p, 1);
-    }
-    puts_(b, "\"");
-}
-
 static int schema(conv *c, const cJSON *s, const char *path, int depth);
 
 static int new_rule(conv *c) { return ++c->n_rules; }
@@ -105,20 +59,20 @@ static int new_rule(conv *c) { return ++c->n_rules; }
 /* ---------------------------------------------------------------- integers in a range */
 
 /* Decimal numbers of exactly the digits between a and b (same length, leading zeros allowed). */
-static void digits_range(sbuf *b, const char *lo, const char *hi) {
+static void digits_range(strbuf *b, const char *lo, const char *hi) {
     size_t n = strlen(lo);
     if (n == 0) return;
     if (lo[0] == hi[0]) {
-        printf_(b, "\"%c\" ", lo[0]);
+        strbuf_printf(b, "\"%c\" ", lo[0]);
         digits_range(b, lo + 1, hi + 1);
         return;
     }
     bool lo_min = true, hi_max = true;
     for (size_t i = 1; i < n; i++) { lo_min &= lo[i] == '0'; hi_max &= hi[i] == '9'; }
     if (lo_min && hi_max) {
-        printf_(b, "[%c-%c]", lo[0], hi[0]);
-        if (n > 1) printf_(b, " [0-9]{%zu}", n - 1);
-        puts_(b, " ");
+        strbuf_printf(b, "[%c-%c]", lo[0], hi[0]);
+        if (n > 1) strbuf_printf(b, " [0-9]{%zu}", n - 1);
+        strbuf_puts(b, " ");
         return;
     }
     char nines[32], zeros[32];
@@ -126,23 +80,23 @@ static void digits_range(sbuf *b, const char *lo, const char *hi) {
     nines[n - 1] = 0;
     memset(zeros, '0', n - 1);
     zeros[n - 1] = 0;
-    puts_(b, "(");
-    printf_(b, "\"%c\" ", lo[0]);
+    strbuf_puts(b, "(");
+    strbuf_printf(b, "\"%c\" ", lo[0]);
     digits_range(b, lo + 1, nines);
     if (hi[0] - lo[0] > 1) {
-        printf_(b, "| [%c-%c]", lo[0] + 1, hi[0] - 1);
-        if (n > 1) printf_(b, " [0-9]{%zu}", n - 1);
-        puts_(b, " ");
+        strbuf_printf(b, "| [%c-%c]", lo[0] + 1, hi[0] - 1);
+        if (n > 1) strbuf_printf(b, " [0-9]{%zu}", n - 1);
+        strbuf_puts(b, " ");
     }
-    printf_(b, "| \"%c\" ", hi[0]);
+    strbuf_printf(b, "| \"%c\" ", hi[0]);
     digits_range(b, zeros, hi + 1);
-    puts_(b, ") ");
+    strbuf_puts(b, ") ");
 }
 
 /* Non-negative integers in [lo, hi] (hi < 0: unbounded), no leading zeros. */
-static void natural_range(sbuf *b, long long lo, long long hi) {
+static void natural_range(strbuf *b, long long lo, long long hi) {
     bool first = true;
-    puts_(b, "(");
+    strbuf_puts(b, "(");
     for (int d = 1; d <= 19; d++) {
         long long dmin = d == 1 ? 0 : (long long)pow(10, d - 1), dmax = (long long)pow(10, d) - 1;
         if (d == 19) dmax = 999999999999999999LL;
@@ -151,20 +105,20 @@ static void natural_range(sbuf *b, long long lo, long long hi) {
             if (hi >= 0 && dmin > hi) break;
             continue;
         }
-        if (!first) puts_(b, "| ");
+        if (!first) strbuf_puts(b, "| ");
         first = false;
         if (hi < 0 && a == dmin && d > 1) { /* every number of d or more digits */
-            printf_(b, "[1-9] [0-9]{%d,} ", d - 1);
+            strbuf_printf(b, "[1-9] [0-9]{%d,} ", d - 1);
             break;
         }
         char sa[32], sz[32];
         snprintf(sa, sizeof sa, "%lld", a);
         snprintf(sz, sizeof sz, "%lld", z);
         digits_range(b, sa, sz);
-        if (hi < 0 && z == dmax) { printf_(b, "| [1-9] [0-9]{%d,} ", d); break; }
+        if (hi < 0 && z == dmax) { strbuf_printf(b, "| [1-9] [0-9]{%d,} ", d); break; }
     }
-    if (first) puts_(b, "[^\\x00-\\U0010FFFF] "); /* empty range: nothing */
-    puts_(b, ")");
+    if (first) strbuf_puts(b, "[^\\x00-\\U0010FFFF] "); /* empty range: nothing */
+    strbuf_puts(b, ")");
 }
 
 /* ---------------------------------------------------------------- strings */
@@ -176,239 +130,22 @@ static int utf8_char(const char *s) {
     return n ? tlz_utf8_seq((const unsigned char *)s, n) : -1;
 }
 
-/* A code point in a GBNF class: letters and digits as they are, everything else escaped, so
-   that no character of the pattern can close the class or start a GBNF comment ('#'). */
-static void class_cp(sbuf *o, uint32_t v) {
-    const char ch = (char)v;
-    if ((v >= '0' && v <= '9') || (v >= 'a' && v <= 'z') || (v >= 'A' && v <= 'Z')) put(o, &ch, 1);
-    else if (v < 0x80) printf_(o, "\\x%02X", (unsigned)v);
-    else printf_(o, "\\U%08X", (unsigned)v);
-}
-
-/* ECMA-262's \s above U+001F (a JSON string holds no control character): what a negated
-   class must exclude for [^\s] to mean what it means there. */
-#define ECMA_SPACE_ABOVE_CONTROLS " \\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000\\uFEFF"
-
-/* One member of a regular-expression class at *q: a code point (*set NULL), or the GBNF
-   ranges of \d \w \s (*set). Escapes follow ECMA-262: \xHH, \uHHHH and escaped punctuation
-   are characters; any other escape is refused. \s is the space alone in a plain class (a
-   narrower class generates only valid strings) and all of ECMA-262's white space in a
-   negated one (excluding less would let through what the pattern forbids). */
-static int class_member(conv *c, const char **q, const char *path, bool negated, uint32_t *cp, const char **set) {
-    const unsigned char *s = (const unsigned char *)*q;
-    *set = NULL;
-    if (*s == '\\') {
-        const unsigned char e = s[1];
-        if (e == 'd' || e == 'w' || e == 's') {
-            *set = e == 'd' ? "0-9" : e == 'w' ? "a-zA-Z0-9_" : negated ? ECMA_SPACE_ABOVE_CONTROLS : " ";
-            *q += 2;
-            return 0;
-        }
-        if (e == 'x' || e == 'u') {
-            const int digits = e == 'x' ? 2 : 4;
-            uint32_t v = 0;
-            for (int i = 0; i < digits; i++) {
-                const unsigned char h = s[2 + i];
-                const int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
-                if (d < 0) return fail(c, path, "pattern: '\\%c' in a class needs %d hex digits", e, digits);
-                v = v * 16 + (uint32_t)d;
-            }
-            if (v >= 0xD800 && v <= 0xDFFF) return fail(c, path, "pattern: a surrogate code point in a class is not supported");
-            *cp = v;
-            *q += 2 + digits;
-            return 0;
-        }
-        if (!e || (e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
-            return fail(c, path, "pattern: escape '\\%c' inside a class is not supported", e ? e : '?');
-        if (e >= 0x80 || e < 0x20) return fail(c, path, "pattern: escaping a control or non-ASCII character is not supported");
-        *cp = e;
-        *q += 2;
-        return 0;
-    }
-    const int len = utf8_char((const char *)s);
-    if (len <= 0) return fail(c, path, "pattern: invalid UTF-8 in a class");
-    *cp = tlz_utf8_value(s, len);
-    *q += len;
-    return 0;
-}
-
-/* A regular-expression class [...] / [^...] (ECMA-262: "[]" matches nothing, "[^]" any
-   character) translated member by member into a GBNF class, never copied as text: the
-   pattern's bytes cannot end up outside the class. A JSON string holds '"' and '\' only
-   escaped and control characters not at all, so a plain class splits them out ('"' and '\'
-   become the alternatives \" and \\; a control is refused), and a negated class excludes
-   them, as '.' does. */
-static void class_range(sbuf *o, uint32_t lo, uint32_t hi, bool negated, bool *quote, bool *backslash) {
-    if (!negated) {
-        static const uint32_t special[2] = {'"', '\\'};
-        for (int k = 0; k < 2; k++)
-            if (lo <= special[k] && special[k] <= hi) {
-                *(k ? backslash : quote) = true;
-                if (lo < special[k]) class_range(o, lo, special[k] - 1, negated, quote, backslash);
-                if (special[k] < hi) class_range(o, special[k] + 1, hi, negated, quote, backslash);
-                return;
-            }
-    }
-    class_cp(o, lo);
-    if (hi != lo) { puts_(o, "-"); class_cp(o, hi); }
-}
-
-static int regex_class(conv *c, const char **p, const char *path, sbuf *o) {
-    const char *s = *p + 1;
-    const bool negated = *s == '^';
-    if (negated) s++;
-    sbuf cls = {0};
-    puts_(&cls, negated ? "[^" : "[");
-    const size_t empty_len = cls.n;
-    bool quote = false, backslash = false;
-    while (*s != ']') {
-        if (!*s) { free(cls.p); return fail(c, path, "pattern: unterminated '['"); }
-        const char *from = s, *set;
-        uint32_t lo, hi;
-        if (class_member(c, &s, path, negated, &lo, &set) < 0) { free(cls.p); return -1; }
-        if (set) {
-            if (s[0] == '-' && s[1] && s[1] != ']') {
-                free(cls.p);
-                return fail(c, path, "pattern: a class range cannot start with '%.2s'", from);
-            }
-            puts_(&cls, set);
-            continue;
-        }
-        hi = lo;
-        if (s[0] == '-' && s[1] && s[1] != ']') {
-            s++;
-            if (class_member(c, &s, path, negated, &hi, &set) < 0) { free(cls.p); return -1; }
-            if (set) { free(cls.p); return fail(c, path, "pattern: a class range cannot end with '%.2s'", s - 2); }
-            if (hi < lo) { free(cls.p); return fail(c, path, "pattern: reversed range '%.*s' in a class", (int)(s - from), from); }
-        }
-        if (!negated && lo < 0x20) { free(cls.p); return fail(c, path, "pattern: control characters in a class are not supported"); }
-        class_range(&cls, lo, hi, negated, &quote, &backslash);
-    }
-    if (cls.oom) { free(cls.p); o->oom = true; *p = s + 1; return 0; }
-    const bool has_ranges = cls.n > empty_len;
-    if (negated) puts_(&cls, "\\\"\\\\\\x00-\\x1F");
-    puts_(&cls, "]");
-    const char *alts[3];
-    int n_alts = 0;
-    if (negated || has_ranges) alts[n_alts++] = cls.p;
-    if (quote) alts[n_alts++] = "\"\\\\\\\"\"";
-    if (backslash) alts[n_alts++] = "\"\\\\\\\\\"";
-    if (n_alts == 0) puts_(o, "[^\\x00-\\U0010FFFF]"); /* "[]": nothing */
-    else if (n_alts == 1) puts_(o, alts[0]);
-    else {
-        puts_(o, "(");
-        for (int i = 0; i < n_alts; i++) { if (i) puts_(o, " | "); puts_(o, alts[i]); }
-        puts_(o, ")");
-    }
-    free(cls.p);
-    *p = s + 1;
-    return 0;
-}
-
-/* A regular-expression subset into a GBNF expression over JSON string characters. */
-static int regex_alt(conv *c, const char **p, const char *path, sbuf *o, int depth);
-
-static int regex_atom(conv *c, const char **p, const char *path, sbuf *o, int depth) {
-    const char *s = *p;
-    if (*s == '(') {
-        s++;
-        if (s[0] == '?' && s[1] == ':') s += 2;
-        else if (s[0] == '?') return fail(c, path, "pattern: lookaround and named groups are not supported");
-        puts_(o, "(");
-        *p = s;
-        if (regex_alt(c, p, path, o, depth + 1) < 0) return -1;
-        if (**p != ')') return fail(c, path, "pattern: expected ')'");
-        (*p)++;
-        puts_(o, ")");
-        return 0;
-    }
-    if (*s == '[') return regex_class(c, p, path, o);
-    /* '.': any character but a line terminator (ECMA-262: \n \r U+2028 U+2029) */
-    if (*s == '.') { puts_(o, "[^\"\\\\\\x00-\\x1F\\u2028\\u2029]"); *p = s + 1; return 0; }
-    if (*s == '\\') {
-        char e = s[1];
-        const char *cls = e == 'd' ? "[0-9]" : e == 'w' ? "[a-zA-Z0-9_]" : e == 's' ? "[ ]" : e == 'D' ? "[^0-9\"\\\\\\x00-\\x1F]"
-                        : e == 'W' ? "[^a-zA-Z0-9_\"\\\\\\x00-\\x1F]" : NULL;
-        if (cls) { puts_(o, cls); *p = s + 2; return 0; }
-        if (!e || (e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
-            return fail(c, path, "pattern: escape '\\%c' is not supported", e ? e : '?');
-        /* An escaped byte is copied as one literal: only ASCII punctuation is a whole
-           character (a UTF-8 lead byte would leave the literal half a character). */
-        if ((unsigned char)e >= 0x80 || (unsigned char)e < 0x20)
-            return fail(c, path, "pattern: escaping a control or non-ASCII character is not supported");
-        char lit[2] = {e, 0};
-        if (e == '"' || e == '\\') { puts_(o, e == '"' ? "\"\\\\\\\"\"" : "\"\\\\\\\\\""); }
-        else literal(o, lit);
-        *p = s + 2;
-        return 0;
-    }
-    if (strchr("*+?{", *s)) return fail(c, path, "pattern: '%c' with nothing to repeat", *s);
-    if ((unsigned char)*s < 0x20) return fail(c, path, "pattern: control characters are not supported");
-    if (*s == '"') { puts_(o, "\"\\\\\\\"\""); *p = s + 1; return 0; }
-    /* one UTF-8 character, as a literal (GBNF reads only valid UTF-8) */
-    const int len = utf8_char(s);
-    if (len <= 0) return fail(c, path, "pattern: invalid UTF-8");
-    char lit[8] = {0};
-    memcpy(lit, s, (size_t)len);
-    literal(o, lit);
-    *p = s + len;
-    return 0;
-}
-
-static int regex_seq(conv *c, const char **p, const char *path, sbuf *o, int depth) {
-    if (depth > MAX_DEPTH) return fail(c, path, "pattern nested too deeply");
-    while (**p && **p != '|' && **p != ')') {
-        if (**p == '^' || **p == '$') { (*p)++; continue; } /* anchors: the whole string matches */
-        if (regex_atom(c, p, path, o, depth) < 0) return -1;
-        char q = **p;
-        if (q == '*' || q == '+' || q == '?') { put(o, p[0], 1); (*p)++; }
-        else if (q == '{') {
-            /* {m}, {m,}, {m,n}: parsed, so that only valid GBNF comes out */
-            char *after;
-            long lo = strtol(*p + 1, &after, 10), hi = lo;
-            bool ok = after > *p + 1 && lo >= 0 && lo <= 1000;
-            if (ok && *after == ',') {
-                const char *from = after + 1;
-                hi = *from == '}' ? -1 : strtol(from, &after, 10);
-                if (hi >= 0) ok = after > from && hi >= lo && hi <= 1000;
-                else after = (char *)from;
-            }
-            if (!ok || *after != '}') return fail(c, path, "pattern: bad quantifier (expected {m}, {m,} or {m,n} up to 1000)");
-            if (hi < 0) printf_(o, "{%ld,}", lo);
-            else printf_(o, "{%ld,%ld}", lo, hi);
-            *p = after + 1;
-        }
-        if (**p == '?' || **p == '+') return fail(c, path, "pattern: lazy or possessive quantifiers are not supported");
-        puts_(o, " ");
-    }
-    return 0;
-}
-
-static int regex_alt(conv *c, const char **p, const char *path, sbuf *o, int depth) {
-    for (;;) {
-        if (regex_seq(c, p, path, o, depth) < 0) return -1;
-        if (**p != '|') return 0;
-        puts_(o, "| ");
-        (*p)++;
-    }
-}
-
 static int string_schema(conv *c, const cJSON *s, const char *path) {
     const cJSON *minl = cJSON_GetObjectItemCaseSensitive(s, "minLength");
     const cJSON *maxl = cJSON_GetObjectItemCaseSensitive(s, "maxLength");
     const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(s, "pattern");
     const cJSON *format = cJSON_GetObjectItemCaseSensitive(s, "format");
-    sbuf body = {0};
+    strbuf body = {0};
     if (pattern) {
         if (!cJSON_IsString(pattern)) return fail(c, path, "'pattern' must be a string");
         if (minl || maxl || format) return fail(c, path, "'pattern' combined with minLength/maxLength/format is not supported");
-        const char *p = pattern->valuestring;
-        puts_(&body, "\"\\\"\" (");
-        if (regex_alt(c, &p, path, &body, 0) < 0 || *p) {
+        char err[256];
+        strbuf_puts(&body, "\"\\\"\" ");
+        if (gram_regex_expr(pattern->valuestring, false, &body, err, sizeof err) < 0) {
             free(body.p);
-            return c->failed ? -1 : fail(c, path, "pattern: unexpected ')'");
+            return fail(c, path, "pattern: %s", err);
         }
-        puts_(&body, ") \"\\\"\"");
+        strbuf_puts(&body, " \"\\\"\"");
     } else if (format) {
         if (!cJSON_IsString(format)) return fail(c, path, "'format' must be a string");
         if (minl || maxl) return fail(c, path, "'format' combined with minLength/maxLength is not supported");
@@ -416,11 +153,11 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
         const char *date = "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01])";
         const char *time = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
                            "(\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
-        if (strcmp(f, "date") == 0) printf_(&body, "\"\\\"\" %s \"\\\"\"", date);
-        else if (strcmp(f, "time") == 0) printf_(&body, "\"\\\"\" %s \"\\\"\"", time);
-        else if (strcmp(f, "date-time") == 0) printf_(&body, "\"\\\"\" %s \"T\" %s \"\\\"\"", date, time);
+        if (strcmp(f, "date") == 0) strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", date);
+        else if (strcmp(f, "time") == 0) strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", time);
+        else if (strcmp(f, "date-time") == 0) strbuf_printf(&body, "\"\\\"\" %s \"T\" %s \"\\\"\"", date, time);
         else if (strcmp(f, "uuid") == 0)
-            puts_(&body, "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12} \"\\\"\"");
+            strbuf_puts(&body, "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12} \"\\\"\"");
         else return fail(c, path, "format '%s' is not supported (date, time, date-time, uuid)", f);
     } else {
         c->used_string = true;
@@ -432,13 +169,13 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
         if (minl) lo = minl->valueint;
         if (maxl) hi = maxl->valueint;
         if (hi >= 0 && hi < lo) return fail(c, path, "maxLength < minLength");
-        if (!minl && !maxl) puts_(&body, "string");
-        else if (hi < 0) printf_(&body, "\"\\\"\" char{%d,} \"\\\"\"", lo);
-        else printf_(&body, "\"\\\"\" char{%d,%d} \"\\\"\"", lo, hi);
+        if (!minl && !maxl) strbuf_puts(&body, "string");
+        else if (hi < 0) strbuf_printf(&body, "\"\\\"\" char{%d,} \"\\\"\"", lo);
+        else strbuf_printf(&body, "\"\\\"\" char{%d,%d} \"\\\"\"", lo, hi);
     }
     if (body.oom) { free(body.p); return fail(c, path, "out of memory"); }
     int r = new_rule(c);
-    printf_(&c->out, "r%d ::= %s%s\n", r, body.p, WS(c));
+    strbuf_printf(&c->out, "r%d ::= %s%s\n", r, body.p, WS(c));
     free(body.p);
     return r;
 }
@@ -467,9 +204,9 @@ static int json_literal_rule(conv *c, const cJSON *v, const char *path) {
     char *text = cJSON_PrintUnformatted(v);
     if (!text) return fail(c, path, "out of memory");
     int r = new_rule(c);
-    printf_(&c->out, "r%d ::= ", r);
-    literal(&c->out, text);
-    printf_(&c->out, "%s\n", WS(c));
+    strbuf_printf(&c->out, "r%d ::= ", r);
+    gram_gbnf_literal(&c->out, text);
+    strbuf_printf(&c->out, "%s\n", WS(c));
     free(text);
     return r;
 }
@@ -502,7 +239,7 @@ static int ref_rule(conv *c, const char *ref, const char *path, int depth) {
     snprintf(sub, sizeof sub, "%.200s", ref);
     int body = schema(c, target, sub, depth + 1);
     if (body < 0) return -1;
-    printf_(&c->out, "r%d ::= r%d\n", r, body);
+    strbuf_printf(&c->out, "r%d ::= r%d\n", r, body);
     return r;
 }
 
@@ -530,10 +267,10 @@ static int key_rest_rule(conv *c, const name_cps *names, int lo, int hi, int dep
     static const char ESCAPES[] = "\"\\/bfnrt", ESCAPED[] = "\"\\/\b\f\n\r\t";
     bool escape_ok[sizeof ESCAPES - 1];
     for (size_t e = 0; e < sizeof escape_ok; e++) escape_ok[e] = true;
-    sbuf body = {0}, excluded = {0};
+    strbuf body = {0}, excluded = {0};
     bool ends_a_name = false, any = false;
     for (int i = lo; i < hi; i++) ends_a_name |= names[i].len == depth;
-    if (!ends_a_name) { puts_(&body, "\"\\\"\""); any = true; }
+    if (!ends_a_name) { strbuf_puts(&body, "\"\\\"\""); any = true; }
     for (int i = lo, j; i < hi; i = j) {
         j = i + 1;
         if (names[i].len == depth) continue;
@@ -543,21 +280,21 @@ static int key_rest_rule(conv *c, const name_cps *names, int lo, int hi, int dep
         if (next < 0x20 || next == '"' || next == '\\') continue; /* written escaped in a name: never matched */
         const int child = key_rest_rule(c, names, i, j, depth + 1);
         if (child < 0) { free(body.p); free(excluded.p); return -1; }
-        printf_(&body, "%s[", any ? " | " : "");
-        class_cp(&body, next);
-        printf_(&body, "] r%d", child);
-        class_cp(&excluded, next);
+        strbuf_printf(&body, "%s[", any ? " | " : "");
+        gram_gbnf_class_cp(&body, next);
+        strbuf_printf(&body, "] r%d", child);
+        gram_gbnf_class_cp(&excluded, next);
         any = true;
     }
-    printf_(&body, "%s([^\"\\\\\\x00-\\x1F%s]", any ? " | " : "", excluded.p ? excluded.p : "");
-    sbuf escapes = {0};
+    strbuf_printf(&body, "%s([^\"\\\\\\x00-\\x1F%s]", any ? " | " : "", excluded.p ? excluded.p : "");
+    strbuf escapes = {0};
     for (size_t e = 0; e < sizeof escape_ok; e++)
-        if (escape_ok[e]) class_cp(&escapes, (unsigned char)ESCAPES[e]);
-    if (escapes.p) printf_(&body, " | \"\\\\\" [%s]", escapes.p);
+        if (escape_ok[e]) gram_gbnf_class_cp(&escapes, (unsigned char)ESCAPES[e]);
+    if (escapes.p) strbuf_printf(&body, " | \"\\\\\" [%s]", escapes.p);
     free(escapes.p);
-    puts_(&body, ") char* \"\\\"\"");
+    strbuf_puts(&body, ") char* \"\\\"\"");
     const int r = new_rule(c);
-    printf_(&c->out, "r%d ::= %s\n", r, body.p ? body.p : "");
+    strbuf_printf(&c->out, "r%d ::= %s\n", r, body.p ? body.p : "");
     free(body.p);
     free(excluded.p);
     return r;
@@ -590,7 +327,7 @@ static int extra_key_rule(conv *c, const cJSON *props, const char *path) {
         if (rest < 0) r = -1;
         else {
             r = new_rule(c);
-            printf_(&c->out, "r%d ::= \"\\\"\" r%d\n", r, rest);
+            strbuf_printf(&c->out, "r%d ::= \"\\\"\" r%d\n", r, rest);
         }
     }
     for (i = 0; i < n; i++) free(names[i].cp);
@@ -625,7 +362,7 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
     int extra = -1;
     if (additional && !cJSON_IsFalse(additional)) {
         int v;
-        if (cJSON_IsTrue(additional)) { c->used_value = true; v = new_rule(c); printf_(&c->out, "r%d ::= value\n", v); }
+        if (cJSON_IsTrue(additional)) { c->used_value = true; v = new_rule(c); strbuf_printf(&c->out, "r%d ::= value\n", v); }
         else {
             char sub[512];
             snprintf(sub, sizeof sub, "%.400s/additionalProperties", path);
@@ -636,8 +373,8 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
         const int key = n ? extra_key_rule(c, props, path) : 0;
         if (key < 0) { free(value); free(req); return -1; }
         extra = new_rule(c);
-        if (key) printf_(&c->out, "r%d ::= r%d \":\"%s r%d\n", extra, key, WS(c), v);
-        else printf_(&c->out, "r%d ::= string \":\"%s r%d\n", extra, WS(c), v);
+        if (key) strbuf_printf(&c->out, "r%d ::= r%d \":\"%s r%d\n", extra, key, WS(c), v);
+        else strbuf_printf(&c->out, "r%d ::= string \":\"%s r%d\n", extra, WS(c), v);
     }
     /* rest(i, first): the properties from i on, `first` when nothing was written yet. Rules
        rest_i_first / rest_i_after, so optional properties cost linear size. */
@@ -646,42 +383,42 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
     for (i = n; i >= 0; i--) {
         for (int first = 0; first < 2; first++) {
             const int self = base + 1 + 2 * i + first;
-            printf_(&c->out, "r%d ::= ", self);
+            strbuf_printf(&c->out, "r%d ::= ", self);
             const char *sep = first ? "" : "\",\" ";
             if (i == n) {
-                if (extra < 0) puts_(&c->out, "\"\"");
-                else if (first) printf_(&c->out, "(r%d (\",\"%s r%d)*)?", extra, WS(c), extra);
-                else printf_(&c->out, "(\",\"%s r%d)*", WS(c), extra);
-                puts_(&c->out, "\n");
+                if (extra < 0) strbuf_puts(&c->out, "\"\"");
+                else if (first) strbuf_printf(&c->out, "(r%d (\",\"%s r%d)*)?", extra, WS(c), extra);
+                else strbuf_printf(&c->out, "(\",\"%s r%d)*", WS(c), extra);
+                strbuf_puts(&c->out, "\n");
                 continue;
             }
             const cJSON *p = props->child;
             for (int k = 0; k < i; k++) p = p->next;
             /* the key as JSON text: "name" with JSON escapes */
-            sbuf key = {0};
-            puts_(&key, "\"");
+            strbuf key = {0};
+            strbuf_puts(&key, "\"");
             for (const unsigned char *k = (const unsigned char *)p->string; *k; k++) {
-                if (*k == '"' || *k == '\\') { char e[3] = {'\\', (char)*k, 0}; puts_(&key, e); }
-                else if (*k < 0x20) printf_(&key, "\\u%04X", *k);
-                else put(&key, (const char *)k, 1);
+                if (*k == '"' || *k == '\\') { char e[3] = {'\\', (char)*k, 0}; strbuf_puts(&key, e); }
+                else if (*k < 0x20) strbuf_printf(&key, "\\u%04X", *k);
+                else strbuf_put(&key, (const char *)k, 1);
             }
-            puts_(&key, "\"");
+            strbuf_puts(&key, "\"");
             const int next_after = base + 1 + 2 * (i + 1);
-            sbuf kv = {0};
-            if (*sep) printf_(&kv, "%s%s ", sep, c->free_ws ? "ws" : "");
-            literal(&kv, key.p ? key.p : "");
+            strbuf kv = {0};
+            if (*sep) strbuf_printf(&kv, "%s%s ", sep, c->free_ws ? "ws" : "");
+            gram_gbnf_literal(&kv, key.p ? key.p : "");
             free(key.p);
-            printf_(&kv, " \":\"%s r%d r%d", WS(c), value[i], next_after);
-            if (req[i]) puts_(&c->out, kv.p ? kv.p : "");
-            else printf_(&c->out, "(%s) | r%d", kv.p ? kv.p : "", base + 1 + 2 * (i + 1) + first);
+            strbuf_printf(&kv, " \":\"%s r%d r%d", WS(c), value[i], next_after);
+            if (req[i]) strbuf_puts(&c->out, kv.p ? kv.p : "");
+            else strbuf_printf(&c->out, "(%s) | r%d", kv.p ? kv.p : "", base + 1 + 2 * (i + 1) + first);
             free(kv.p);
-            puts_(&c->out, "\n");
+            strbuf_puts(&c->out, "\n");
         }
     }
     free(value);
     free(req);
     int r = new_rule(c);
-    printf_(&c->out, "r%d ::= \"{\"%s r%d \"}\"%s\n", r, WS(c), base + 2, WS(c));
+    strbuf_printf(&c->out, "r%d ::= \"{\"%s r%d \"}\"%s\n", r, WS(c), base + 2, WS(c));
     return r;
 }
 
@@ -714,7 +451,7 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     } else if (!prefix) {
         c->used_value = true;
         item = new_rule(c);
-        printf_(&c->out, "r%d ::= value\n", item);
+        strbuf_printf(&c->out, "r%d ::= value\n", item);
     }
     /* (no prefixItems and items false: minItems > 0 matches nothing, and [] was let through) */
     if (lo > n_prefix && item < 0) {
@@ -723,30 +460,30 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     }
     /* elements: prefix ones first (all required up to lo, beyond optional), then items */
     int r = new_rule(c);
-    sbuf b = {0};
-    printf_(&b, "\"[\"%s ", WS(c));
+    strbuf b = {0};
+    strbuf_printf(&b, "\"[\"%s ", WS(c));
     const char *comma = c->free_ws ? "\",\" ws " : "\",\" ";
     int closers = 0;
     for (int i = 0; i < n_prefix && (hi < 0 || i < hi); i++) {
-        if (i >= lo) { puts_(&b, "("); closers++; }
-        printf_(&b, "%sr%d ", i ? comma : "", pre[i]);
+        if (i >= lo) { strbuf_puts(&b, "("); closers++; }
+        strbuf_printf(&b, "%sr%d ", i ? comma : "", pre[i]);
     }
     int used = n_prefix < hi || hi < 0 ? n_prefix : hi;
     if (item >= 0 && (hi < 0 || used < hi)) {
         int need = lo > used ? lo - used : 0;
-        for (int k = 0; k < need; k++) printf_(&b, "%sr%d ", used + k ? comma : "", item);
+        for (int k = 0; k < need; k++) strbuf_printf(&b, "%sr%d ", used + k ? comma : "", item);
         int have = used + need;
         if (hi < 0) {
-            if (have == 0) printf_(&b, "(r%d (%sr%d)*)? ", item, comma, item);
-            else printf_(&b, "(%sr%d)* ", comma, item);
+            if (have == 0) strbuf_printf(&b, "(r%d (%sr%d)*)? ", item, comma, item);
+            else strbuf_printf(&b, "(%sr%d)* ", comma, item);
         } else if (hi > have) {
-            if (have == 0) printf_(&b, "(r%d (%sr%d){0,%d})? ", item, comma, item, hi - 1);
-            else printf_(&b, "(%sr%d){0,%d} ", comma, item, hi - have);
+            if (have == 0) strbuf_printf(&b, "(r%d (%sr%d){0,%d})? ", item, comma, item, hi - 1);
+            else strbuf_printf(&b, "(%sr%d){0,%d} ", comma, item, hi - have);
         }
     }
-    for (int k = 0; k < closers; k++) puts_(&b, ")? ");
-    printf_(&b, "\"]\"%s", WS(c));
-    printf_(&c->out, "r%d ::= %s\n", r, b.p ? b.p : "\"[]\"");
+    for (int k = 0; k < closers; k++) strbuf_puts(&b, ")? ");
+    strbuf_printf(&b, "\"]\"%s", WS(c));
+    strbuf_printf(&c->out, "r%d ::= %s\n", r, b.p ? b.p : "\"[]\"");
     free(b.p);
     free(pre);
     return r;
@@ -794,22 +531,22 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
         if (xmx) { if (!cJSON_IsNumber(xmx) || fabs(xmx->valuedouble) > LIM) return fail(c, path, "'exclusiveMaximum' must be a number within 1e17"); double v = ceil(xmx->valuedouble) - 1; if (v < hi) hi = v; }
         if (lo > hi) return fail(c, path, "minimum > maximum: no integer fits");
         r = new_rule(c);
-        printf_(&c->out, "r%d ::= (", r);
-        if (!has_lo && !has_hi) puts_(&c->out, "\"-\"? (\"0\" | [1-9] [0-9]*)");
+        strbuf_printf(&c->out, "r%d ::= (", r);
+        if (!has_lo && !has_hi) strbuf_puts(&c->out, "\"-\"? (\"0\" | [1-9] [0-9]*)");
         else {
             bool any = false;
             if (lo < 0) { /* negative part: -(|hi'|..|lo|) */
                 long long a = hi < 0 ? (long long)-hi : 1, z = has_lo ? (long long)-lo : -1;
-                puts_(&c->out, "\"-\" ");
+                strbuf_puts(&c->out, "\"-\" ");
                 natural_range(&c->out, a, z);
                 any = true;
             }
             if (hi >= 0) {
-                if (any) puts_(&c->out, " | ");
+                if (any) strbuf_puts(&c->out, " | ");
                 natural_range(&c->out, lo > 0 ? (long long)lo : 0, has_hi ? (long long)hi : -1);
             }
         }
-        printf_(&c->out, ")%s\n", WS(c));
+        strbuf_printf(&c->out, ")%s\n", WS(c));
         return r;
     }
     if (strcmp(type, "number") == 0) {
@@ -824,12 +561,12 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
         if (mn && (!cJSON_IsNumber(mn) || mn->valuedouble != 0.0))
             return fail(c, path, "'minimum' on a number is supported only as 0 (use an integer for other bounds)");
         r = new_rule(c);
-        printf_(&c->out, "r%d ::= %s(\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?%s\n", r, mn ? "" : "\"-\"? ",
+        strbuf_printf(&c->out, "r%d ::= %s(\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?%s\n", r, mn ? "" : "\"-\"? ",
                 WS(c));
         return r;
     }
     r = new_rule(c); /* boolean or null */
-    printf_(&c->out, "r%d ::= %s%s\n", r, type[0] == 'b' ? "(\"true\" | \"false\")" : "\"null\"", WS(c));
+    strbuf_printf(&c->out, "r%d ::= %s%s\n", r, type[0] == 'b' ? "(\"true\" | \"false\")" : "\"null\"", WS(c));
     return r;
 }
 
@@ -900,7 +637,7 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
     if (cJSON_IsTrue(s) || (cJSON_IsObject(s) && !s->child)) {
         c->used_value = true;
         int r = new_rule(c);
-        printf_(&c->out, "r%d ::= value\n", r);
+        strbuf_printf(&c->out, "r%d ::= value\n", r);
         return r;
     }
     if (cJSON_IsFalse(s)) return fail(c, path, "schema 'false' matches nothing");
@@ -928,16 +665,16 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
         if (!cJSON_IsArray(en) || !en->child) return fail(c, path, "'enum' must be a non-empty array");
         /* both keywords apply: only the values of the schema's type (others were let through) */
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
-        sbuf alts = {0};
+        strbuf alts = {0};
         for (const cJSON *v = en->child; v; v = v->next) {
             if (!value_has_type(v, type)) continue;
             int r = json_literal_rule(c, v, path);
             if (r < 0) { free(alts.p); return -1; }
-            printf_(&alts, "%sr%d", alts.p ? " | " : "", r);
+            strbuf_printf(&alts, "%sr%d", alts.p ? " | " : "", r);
         }
         if (!alts.p) return fail(c, path, "%s", "no 'enum' value is of the schema's 'type': the schema matches nothing");
         int r = new_rule(c);
-        printf_(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
+        strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
         free(alts.p);
         return r;
     }
@@ -950,17 +687,17 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
         if (check_keywords(c, s, path, KW) < 0) return -1;
         if (!cJSON_IsArray(list) || !list->child) return fail(c, path, "'%s' must be a non-empty array", combinator);
         if (combinator[1] == 'l') return all_of(c, list, path, depth);
-        sbuf alts = {0};
+        strbuf alts = {0};
         int i = 0;
         for (const cJSON *v = list->child; v; v = v->next, i++) {
             char sub[512];
             snprintf(sub, sizeof sub, "%.400s/%s/%d", path, combinator, i);
             int r = schema(c, v, sub, depth + 1);
             if (r < 0) { free(alts.p); return -1; }
-            printf_(&alts, "%sr%d", i ? " | " : "", r);
+            strbuf_printf(&alts, "%sr%d", i ? " | " : "", r);
         }
         int r = new_rule(c);
-        printf_(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
+        strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
         free(alts.p);
         return r;
     }
@@ -973,7 +710,7 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
         if (check_keywords(c, s, path, NONE) < 0) return -1;
         c->used_value = true;
         int r = new_rule(c);
-        printf_(&c->out, "r%d ::= value\n", r);
+        strbuf_printf(&c->out, "r%d ::= value\n", r);
         return r;
     }
     if (cJSON_IsString(type)) return typed(c, s, type->valuestring, path, depth, false);
@@ -988,14 +725,14 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
             for (const cJSON *t = type->child; t && !known; t = t->next) known = keyword_in(k->string, type_keywords(t->valuestring));
             if (!known) return fail(c, path, "unsupported keyword '%s'", k->string);
         }
-        sbuf alts = {0};
+        strbuf alts = {0};
         for (const cJSON *t = type->child; t; t = t->next) {
             int r = typed(c, s, t->valuestring, path, depth, true);
             if (r < 0) { free(alts.p); return -1; }
-            printf_(&alts, "%sr%d", t == type->child ? "" : " | ", r);
+            strbuf_printf(&alts, "%sr%d", t == type->child ? "" : " | ", r);
         }
         int r = new_rule(c);
-        printf_(&c->out, "r%d ::= %s\n", r, alts.p);
+        strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p);
         free(alts.p);
         return r;
     }
@@ -1025,21 +762,21 @@ tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, ch
     tl_status st = TL_OK;
     if (top < 0) st = TL_ERR_INVALID_ARGUMENT;
     else {
-        sbuf head = {0};
-        printf_(&head, "root ::= %sr%d\n", c.free_ws ? "ws " : "", top);
-        puts_(&head, c.free_ws ? "ws ::= ([ \\t\\n] [ \\t]{0,8})?\n" : "ws ::= \"\"\n");
+        strbuf head = {0};
+        strbuf_printf(&head, "root ::= %sr%d\n", c.free_ws ? "ws " : "", top);
+        strbuf_puts(&head, c.free_ws ? "ws ::= ([ \\t\\n] [ \\t]{0,8})?\n" : "ws ::= \"\"\n");
         if (c.used_string || c.used_value) {
-            puts_(&head, "string ::= \"\\\"\" char* \"\\\"\"");
-            printf_(&head, "%s\n", WS(&c));
-            puts_(&head, "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n");
+            strbuf_puts(&head, "string ::= \"\\\"\" char* \"\\\"\"");
+            strbuf_printf(&head, "%s\n", WS(&c));
+            strbuf_puts(&head, "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n");
         }
         if (c.used_value) {
-            puts_(&head, "value ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n");
-            puts_(&head, "object ::= \"{\" ws (string \":\" ws value (\",\" ws string \":\" ws value)*)? \"}\" ws\n");
-            puts_(&head, "array ::= \"[\" ws (value (\",\" ws value)*)? \"]\" ws\n");
-            puts_(&head, "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)? ws\n");
+            strbuf_puts(&head, "value ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n");
+            strbuf_puts(&head, "object ::= \"{\" ws (string \":\" ws value (\",\" ws string \":\" ws value)*)? \"}\" ws\n");
+            strbuf_puts(&head, "array ::= \"[\" ws (value (\",\" ws value)*)? \"]\" ws\n");
+            strbuf_puts(&head, "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)? ws\n");
         }
-        put(&head, c.out.p ? c.out.p : "", c.out.n);
+        strbuf_put(&head, c.out.p ? c.out.p : "", c.out.n);
         if (head.oom || c.out.oom) {
             free(head.p);
             snprintf(err, errlen, "out of memory");

@@ -37,6 +37,7 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --stop TEXT            stop when TEXT appears (repeatable)
       --grammar FILE         constrain the output to a GBNF grammar (llama.cpp dialect)
       --json-schema FILE     constrain the output to JSON matching a JSON Schema
+      --regex PATTERN        constrain the whole output to match a regular expression
       --cache-window W       attend to the last W positions only (default 0: all)
       --ignore-eos           keep going past the end-of-text token
       --min-tokens N         no end of text nor stop before N new tokens (default 0)
@@ -158,7 +159,7 @@ function _M.parse(argv, default_model)
             o.cfg.logit_bias[tonumber(id)] = tonumber(bias)
             i = i + 1
         elseif a == "-m" or a == "--model" or a == "-p" or a == "--prompt" or a == "--stop"
-            or a == "--policy" or a == "--threads" or a == "--grammar" or a == "--json-schema"
+            or a == "--policy" or a == "--threads" or a == "--grammar" or a == "--json-schema" or a == "--regex"
             or a == "--backend" or a == "--kv-type" or a == "--system" or a == "--chat-template"
             or a == "--tools" or a == "--tool-choice" then
             if v == nil then return nil, usage_error("option " .. a .. " needs a value") end
@@ -172,6 +173,7 @@ function _M.parse(argv, default_model)
             elseif a == "--policy" then o.policy = v
             elseif a == "--grammar" then o.grammar_file = v
             elseif a == "--json-schema" then o.schema_file = v
+            elseif a == "--regex" then o.regex = v
             elseif a == "--backend" then
                 if v ~= "auto" and v ~= "cpu" and v ~= "cuda" then
                     return nil, usage_error("bad value for --backend: " .. v .. " (auto, cpu or cuda)")
@@ -209,8 +211,12 @@ function _M.parse(argv, default_model)
     end
     if not o.prompt and not o.interactive then return nil, usage_error("no prompt given") end
     if o.interactive and o.tools_file then return nil, usage_error("--tools goes with one --chat turn, not --interactive") end
-    if o.grammar_file and o.schema_file then
-        return nil, usage_error("--grammar and --json-schema both constrain the output: give one")
+    local constraints = {}
+    for _, c in ipairs({ { o.grammar_file, "--grammar" }, { o.schema_file, "--json-schema" }, { o.regex, "--regex" } }) do
+        if c[1] then constraints[#constraints + 1] = c[2] end
+    end
+    if #constraints > 1 then
+        return nil, usage_error(table.concat(constraints, " and ") .. " each constrain the output: give one")
     end
     for _, pair in ipairs({ { o.system, "--system" }, { o.chat_template, "--chat-template" }, { o.tools_file, "--tools" } }) do
         if pair[1] and not o.chat then return nil, usage_error(pair[2] .. " goes with --chat") end
@@ -470,8 +476,13 @@ function _M.main(argv, default_model)
             cfg.grammar = compiled
         end
     end
+    if o.regex then
+        local compiled, gerr = tinyloop.grammar.regex(o.regex)
+        if not compiled then io.stderr:write("tinyloop: --regex: ", gerr, "\n") return 2 end
+        cfg.grammar = compiled
+    end
     if o.tools and o.tools.forced then -- the reply is calls: their grammar
-        if cfg.grammar then io.stderr:write("tinyloop: --tool-choice ", o.tool_choice, " constrains the output itself: not with --grammar or --json-schema\n") return 2 end
+        if cfg.grammar then io.stderr:write("tinyloop: --tool-choice ", o.tool_choice, " constrains the output itself: not with --grammar, --json-schema or --regex\n") return 2 end
         local g, gerr = tools.grammar(o.tools)
         if not g then io.stderr:write("tinyloop: ", o.tools_file, ": ", gerr, "\n") return 2 end
         cfg.grammar = g

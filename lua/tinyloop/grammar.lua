@@ -118,6 +118,21 @@ function M.json_schema(schema, opts)
     return wrap(out, source)
 end
 
+-- regex(pattern) -> a grammar whose sentences are the texts the regular expression matches
+-- (ECMA-262 syntax, the subset tinyloop.h's tl_grammar_compile_regex lists), or nil, err.
+function M.regex(pattern)
+    if type(pattern) ~= "string" then raise("tinyloop.grammar.regex: pattern must be a string") end
+    local out = ffi.new("tl_compiled_grammar *[1]")
+    if C.tl_grammar_compile_regex(pattern, #pattern, out) ~= 0 then return nil, last_error() end
+    local gb, n = ffi.new("char *[1]"), ffi.new("size_t[1]")
+    local source
+    if C.tl_regex_to_gbnf(pattern, #pattern, gb, n) == 0 then
+        source = ffi.string(gb[0], n[0])
+        C.tl_free(gb[0])
+    end
+    return wrap(out, source)
+end
+
 -- A grammar shipped in lua/tinyloop/grammars/: json, json_array_of_strings, arithmetic, list, yes_no.
 local here = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "."
 -- The text of a shipped grammar file, or nil, err.

@@ -74,6 +74,11 @@ static void test_parse_errors(void) {
         {"root ::= \"a\" | bar\n", "undefined rule 'bar'"},
         {"root ::= root \"a\"", "rule 'root' is left-recursive"},
         {"root ::= a\na ::= b a \"x\" | \"y\"\nb ::= \"z\"?", "is left-recursive"},
+        /* a cycle of tail calls among rules that derive nothing only recurs */
+        {"root ::= r\nr ::= r", "rule 'r' is left-recursive: r -> r"},
+        {"root ::= a\na ::= \"x\"? b\nb ::= a", "is left-recursive"},
+        /* a nullable item repeated, then a call that pushes a frame: still expands forever */
+        {"root ::= a \"x\"\na ::= (\"y\"?)* a \"z\" | \"w\"", "is left-recursive"},
         {"root ::= [a-", "line 1, column 10: unterminated character class: expected ']' (in rule 'root')"},
         {"root ::= ok\nok ::= \"abc", "line 2, column 8: unterminated string literal"},
         {"root ::= ok\nok ::= \"abc", "(in rule 'ok')"},
@@ -142,6 +147,14 @@ static void test_dialect(void) {
     static const char *y6[] = {"b", "aab", "aaaab", NULL};
     static const char *n6[] = {"ab", "aaab", NULL};
     expect(g, "{2}*", y6, n6);
+    tl_compiled_grammar_free(g);
+    /* A repeated item that may be empty (("a"?)*, what a regular expression's (a?)* becomes):
+       a cycle of tail calls, which the matcher expands once per step (it was refused as
+       left-recursive, though it comes back to the same stack) */
+    g = compile("root ::= (\"a\"? \"b\"?)* \"c\" | x\nx ::= \"d\"? x | \"e\"");
+    static const char *y8[] = {"c", "abc", "bbac", "aaaabbbc", "e", "dde", NULL};
+    static const char *n8[] = {"", "ab", "ca", "d", "ded", NULL};
+    expect(g, "nullable repeat", y8, n8);
     tl_compiled_grammar_free(g);
     g = compile("root ::= \"ab\" * [x-z] + ( \"c\" ) ?\t{1,2}");
     static const char *y7[] = {"x", "ababyz", "abxc", "xcc", NULL};

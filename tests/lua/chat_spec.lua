@@ -336,7 +336,7 @@ describe("tinyloop.chat", function()
             ["--tool-choice required x"] = "--tool-choice goes with --tools (see --help)\nexit 2",
             ["--tools " .. dir .. "/none.json x"] = "none.json: No such file or directory\nexit 1",
             ["--tools " .. dir .. "/tools.json --tool-choice required --grammar lua/tinyloop/grammars/json.gbnf x"] =
-                "--tool-choice required constrains the output itself: not with --grammar or --json-schema\nexit 2",
+                "--tool-choice required constrains the output itself: not with --grammar, --json-schema or --regex\nexit 2",
         }) do
             out = run(args)
             assert.truthy(out:find(message, 1, true), out)

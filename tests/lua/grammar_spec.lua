@@ -39,6 +39,30 @@ describe("tinyloop.grammar", function()
         assert.matches("unsupported keyword 'contentMediaType'", err, 1, true)
         assert.matches("::=", s:gbnf(), 1, true)
     end)
+    it("compiles regular expressions (vLLM's regex): the whole text matches, nil, err for what is refused", function()
+        local g = assert(G.regex("(Emma|Harriet) [a-z]{2,8}\\.\\n?"))
+        assert.is_true(g:matches("Emma smiled."))
+        assert.is_true(g:matches("Harriet is.\n"))
+        assert.is_false(g:matches("Emma smiled"))
+        assert.is_false(g:matches("Jane smiled."))
+        assert.matches("root ::= ", g:gbnf(), 1, true)
+        -- the GBNF it shows compiles to the same language
+        local again = assert(G.gbnf(g:gbnf()))
+        assert.is_true(again:matches("Emma smiled."))
+        -- a repeated item that may be empty
+        local words = assert(G.regex("([a-z]*,? ?)+!"))
+        assert.is_true(words:matches("a, b c!"))
+        assert.is_true(words:matches("!"))
+        assert.is_false(words:matches("A!"))
+        for pattern, needle in pairs({ ["a(?=b)"] = "lookaround", ["(a)\\1"] = "escape '\\1'", ["a{2,1}"] = "bad quantifier",
+                                       ["[a"] = "unterminated '['", ["a*?"] = "lazy" }) do
+            local bad, err = G.regex(pattern)
+            assert.is_nil(bad, pattern)
+            assert.matches("regular expression: ", err, 1, true)
+            assert.matches(needle, err, 1, true)
+        end
+        assert.has_error(function() G.regex(42) end, "tinyloop.grammar.regex: pattern must be a string")
+    end)
     it("builds grammars from combinators", function()
         local g = assert(G.build{ root = G.seq("(", G.rep(G.class("0-9"), 1, 3), G.ref("close")), close = G.alt(")", "]") })
         assert.is_true(g:matches("(12)"))
@@ -80,6 +104,16 @@ describe("cfg.grammar with a compiled grammar", function()
         for _, mode in ipairs({ "chain", "tree" }) do
             local ids = austen:generate(P, { grammar = json, max_tokens = 60, verify_loops = 4, speculative = mode, draft_loops = 2, K_branches = 2 })
             assert.same(plain, ids)
+        end
+    end)
+    it("constrains generation to a regular expression: seeded samples match it and end where it may end", function()
+        local phone = assert(G.regex("\\(?[0-9]{3}\\)? ?[0-9]{3}-[0-9]{4}"))
+        for seed = 1, 4 do
+            local ids, stats = austen:generate(P, { grammar = phone, max_tokens = 30, temperature = 1, sample_seed = seed })
+            assert.equal("EOS", stats.stop_reason)
+            local out = text(ids, #P):gsub("<|endoftext|>$", "")
+            assert.is_true(phone:matches(out), out)
+            assert.truthy(out:match("^%(?%d%d%d%)? ?%d%d%d%-%d%d%d%d$"), out)
         end
     end)
     it("has a JSON object grammar (OpenAI's JSON mode): the shipped JSON, an object at its top level", function()

@@ -72,7 +72,7 @@ local FIELDS = {
     guided_json = { "schema", false },
     guided_choice = { "array", false },
     guided_grammar = { "string", false },
-    guided_regex = { "string", false }, -- refused, saying why (no regular expressions over raw text)
+    guided_regex = { "string", false },
     stop_token_ids = { "array", false }, -- vLLM's: token ids that end the generation (kept in it)
     include_stop_str_in_output = { "boolean", false }, -- vLLM's: the stop string stays in the text
 }
@@ -346,8 +346,6 @@ local SCHEMA_KEYS = { schema = "object", name = "string", description = "string"
 -- vLLM's and vLLM's older ones.
 local CONSTRAINTS = { "grammar", "response_format", "structured_outputs", "guided_json", "guided_choice", "guided_grammar",
                       "guided_regex" }
-local NO_REGEX = "a regular expression over the whole text is not supported: send grammar (GBNF), or json (a JSON " ..
-                 "Schema, whose strings may have a pattern)"
 local MAX_CHOICES = 4096
 
 -- P: the param an error names; `what`: the field in its message (a member of P, say).
@@ -355,6 +353,15 @@ local function gbnf_grammar(text, P, what)
     what = what or P
     if text == "" then return bad(what .. " must not be empty", P) end
     local g, err = compiled("gbnf:" .. text, grammar.gbnf, text)
+    if not g then return bad(what .. " does not compile: " .. tostring(err), P) end
+    return g, P
+end
+
+-- The whole output matches a regular expression (vLLM's regex).
+local function regex_grammar(pattern, P, what)
+    what = what or P
+    if valid_utf8(pattern) ~= pattern then return bad(what .. " is not valid UTF-8", P) end
+    local g, err = compiled("regex:" .. pattern, grammar.regex, pattern)
     if not g then return bad(what .. " does not compile: " .. tostring(err), P) end
     return g, P
 end
@@ -403,10 +410,10 @@ local function json_object(P)
     return g, P
 end
 
--- vLLM's structured_outputs object: one of json, choice, grammar, json_object; its options
+-- vLLM's structured_outputs object: one of json, regex, choice, grammar, json_object; its options
 -- where they say what this server does (disable_any_whitespace: the json's blanks,
 -- disable_fallback: there is no other backend to fall back on), others at their defaults.
-local STRUCTURED_KEYS = { "json", "choice", "grammar", "json_object", "regex" }
+local STRUCTURED_KEYS = { "json", "regex", "choice", "grammar", "json_object" }
 local STRUCTURED_KNOWN = {}
 for _, k in ipairs(STRUCTURED_KEYS) do STRUCTURED_KNOWN[k] = true end
 local STRUCTURED_OPTIONS = {
@@ -426,19 +433,22 @@ local function structured_grammar(so, body)
                 return bad(("structured_outputs.%s = %s is not supported here"):format(k, cjson.encode(v) or "?"), P)
             end
         elseif not STRUCTURED_KNOWN[k] then
-            return bad(("unknown field '%s' in structured_outputs (json, choice, grammar or json_object)"):format(tostring(k)), P)
+            return bad(("unknown field '%s' in structured_outputs (json, regex, choice, grammar or json_object)"):format(tostring(k)), P)
         end
     end
     local which
     for _, k in ipairs(STRUCTURED_KEYS) do
         if so[k] ~= nil and so[k] ~= json_null then
-            if which then return bad(("structured_outputs takes one of json, choice, grammar and json_object, not %s and %s")
+            if which then return bad(("structured_outputs takes one of json, regex, choice, grammar and json_object, not %s and %s")
                 :format(which, k), P) end
             which = k
         end
     end
     local v, what = which and so[which], "structured_outputs." .. tostring(which)
-    if which == "regex" then return bad(what .. ": " .. NO_REGEX, P) end
+    if which == "regex" then
+        if type(v) ~= "string" then return bad(what .. " must be a string (a regular expression)", P) end
+        return regex_grammar(v, P, what)
+    end
     if which == "json" then
         if type(v) ~= "string" and type(v) ~= "table" then return bad(what .. " must be a JSON Schema", P) end
         return schema_grammar(v, body, { P, "json" }, P, what, so.disable_any_whitespace == false)
@@ -455,7 +465,7 @@ local function structured_grammar(so, body)
         if v ~= true then return bad(what .. " must be true", P) end
         return json_object(P)
     end
-    return bad("structured_outputs needs one of json, choice, grammar or json_object", P)
+    return bad("structured_outputs needs one of json, regex, choice, grammar or json_object", P)
 end
 
 -- OpenAI's response_format -> grammar | false ({"type": "text"}: none), "response_format";
@@ -516,7 +526,7 @@ local function constraint(t, body)
     if given == "grammar" or given == "guided_grammar" then return gbnf_grammar(t[given], given) end
     if given == "guided_json" then return schema_grammar(t.guided_json, body, { given }, given) end
     if given == "guided_choice" then return choice_grammar(t.guided_choice, body, { given }, given) end
-    if given == "guided_regex" then return bad("guided_regex: " .. NO_REGEX, given) end
+    if given == "guided_regex" then return regex_grammar(t.guided_regex, given) end
     if given == "structured_outputs" then return structured_grammar(t.structured_outputs, body) end
     return false
 end

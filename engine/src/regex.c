@@ -1,0 +1,351 @@
+/* regex.c: a regular-expression subset written as a GBNF expression (then compiled like any
+ * grammar). Two users, one converter:
+ *   - a JSON Schema's "pattern" (json_schema.c), matched against a JSON string's characters as
+ *     JSON writes them: '"' and '\' only escaped, no control character;
+ *   - a whole generated text (tl_grammar_compile_regex: vLLM's `regex` structured output).
+ *
+ * Syntax: ECMA-262's, as JSON Schema says. Literals (UTF-8), '.', classes [...] and [^...]
+ * with ranges, \d \w \s \D \W \S, \xHH and \uHHHH in classes, escaped punctuation, groups
+ * (...) and (?:...), alternation, * + ? {m} {m,} {m,n} (greedy; up to 1000). In text mode
+ * also \n \r \t \f \v \0 and \xHH outside classes. ^ and $ are accepted and mean what they
+ * mean anyway: the whole text matches. Anything else (lookaround, backreferences, \b, lazy
+ * or possessive quantifiers, named groups) is an error naming it: a pattern is never
+ * silently loosened. The matcher decides by bytes, so the expression is exact, not a
+ * sampled approximation: every text it lets through matches the pattern. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar.h"
+#include "tokenizer.h"
+
+#define MAX_DEPTH 64
+#define MAX_REPEAT 1000
+
+typedef struct rx {
+    strbuf *out;
+    bool text; /* a whole text; false: a JSON string's characters */
+    char *err;
+    size_t errlen;
+    bool failed;
+} rx;
+
+static int fail(rx *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(rx *r, const char *fmt, ...) {
+    if (r->failed) return -1;
+    r->failed = true;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->err, r->errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* The length of the valid UTF-8 character at s (NUL-terminated), or <= 0. */
+static int char_len(const char *s) {
+    size_t n = 0;
+    while (n < 4 && s[n]) n++;
+    return n ? tlz_utf8_seq((const unsigned char *)s, n) : -1;
+}
+
+static int hex_digit(unsigned char h) {
+    return h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+}
+
+/* ECMA-262's white space and line terminators (\s). A JSON string holds no control
+   character, so there \s above U+001F is what a negated class must exclude. */
+#define SPACE_CONTROLS "\\x09-\\x0D"
+#define SPACE_ABOVE_CONTROLS " \\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000\\uFEFF"
+
+/* What a JSON string's character class must leave out: '"' and '\' (written escaped, as
+   the alternatives the caller adds) and the controls (never in a JSON string). */
+#define JSON_EXCLUDED "\"\\\\\\x00-\\x1F"
+
+/* The control character of a text-mode escape (\n \r \t \f \v, \0 not before a digit), or -1. */
+static int control_escape(const char *s) {
+    switch (s[1]) {
+    case 'n': return '\n';
+    case 'r': return '\r';
+    case 't': return '\t';
+    case 'f': return '\f';
+    case 'v': return '\v';
+    case '0': return s[2] >= '0' && s[2] <= '9' ? -1 : 0;
+    default: return -1;
+    }
+}
+
+/* \xHH (or \uHHHH) at s: the code point and its length, or -1 (error set). */
+static int hex_escape(rx *r, const char *s, uint32_t *cp) {
+    const int digits = s[1] == 'x' ? 2 : 4;
+    uint32_t v = 0;
+    for (int i = 0; i < digits; i++) {
+        const int d = hex_digit((unsigned char)s[2 + i]);
+        if (d < 0) return fail(r, "'\\%c' needs %d hex digits", s[1], digits);
+        v = v * 16 + (uint32_t)d;
+    }
+    if (v >= 0xD800 && v <= 0xDFFF) return fail(r, "a surrogate code point is not supported");
+    *cp = v;
+    return 2 + digits;
+}
+
+/* One member of a class at *q: a code point (*set NULL), or the GBNF ranges of \d \w \s
+   (*set). Escapes follow ECMA-262: \xHH, \uHHHH and escaped punctuation are characters (and
+   in text mode \n \r \t \f \v \0); any other escape is refused. In a JSON string \s is the
+   space alone in a plain class (a narrower class generates only valid strings) and all of
+   ECMA-262's white space in a negated one (excluding less would let through what the
+   pattern forbids). */
+static int class_member(rx *r, const char **q, bool negated, uint32_t *cp, const char **set) {
+    const char *s = *q;
+    *set = NULL;
+    if (*s == '\\') {
+        const unsigned char e = (unsigned char)s[1];
+        if (e == 'd' || e == 'w' || e == 's') {
+            *set = e == 'd'     ? "0-9"
+                 : e == 'w'     ? "a-zA-Z0-9_"
+                 : r->text      ? SPACE_CONTROLS SPACE_ABOVE_CONTROLS
+                 : negated      ? SPACE_ABOVE_CONTROLS
+                                : " ";
+            *q += 2;
+            return 0;
+        }
+        if (e == 'x' || e == 'u') {
+            const int n = hex_escape(r, s, cp);
+            if (n < 0) return -1;
+            *q += n;
+            return 0;
+        }
+        const int control = r->text ? control_escape(s) : -1;
+        if (control >= 0) { *cp = (uint32_t)control; *q += 2; return 0; }
+        if (!e || (e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
+            return fail(r, "escape '\\%c' inside a class is not supported", e ? e : '?');
+        if (e >= 0x80 || e < 0x20) return fail(r, "escaping a control or non-ASCII character is not supported");
+        *cp = e;
+        *q += 2;
+        return 0;
+    }
+    const int len = char_len(s);
+    if (len <= 0) return fail(r, "invalid UTF-8 in a class");
+    *cp = tlz_utf8_value((const unsigned char *)s, len);
+    *q += len;
+    return 0;
+}
+
+/* A range of a class, as GBNF. In a JSON string a plain class splits '"' and '\' out (they
+   become the alternatives \" and \\, flagged in *quote and *backslash). */
+static void class_range(rx *r, strbuf *o, uint32_t lo, uint32_t hi, bool negated, bool *quote, bool *backslash) {
+    if (!r->text && !negated) {
+        static const uint32_t special[2] = {'"', '\\'};
+        for (int k = 0; k < 2; k++)
+            if (lo <= special[k] && special[k] <= hi) {
+                *(k ? backslash : quote) = true;
+                if (lo < special[k]) class_range(r, o, lo, special[k] - 1, negated, quote, backslash);
+                if (special[k] < hi) class_range(r, o, special[k] + 1, hi, negated, quote, backslash);
+                return;
+            }
+    }
+    gram_gbnf_class_cp(o, lo);
+    if (hi != lo) { strbuf_puts(o, "-"); gram_gbnf_class_cp(o, hi); }
+}
+
+/* A class [...] / [^...] (ECMA-262: "[]" matches nothing, "[^]" any character) translated
+   member by member into a GBNF class, never copied as text: the pattern's bytes cannot end
+   up outside the class. In a JSON string a control is refused in a plain class and a
+   negated class excludes '"', '\' and the controls, as '.' does. */
+static int regex_class(rx *r, const char **p) {
+    const char *s = *p + 1;
+    const bool negated = *s == '^';
+    if (negated) s++;
+    strbuf cls = {0};
+    strbuf_puts(&cls, negated ? "[^" : "[");
+    const size_t empty_len = cls.n;
+    bool quote = false, backslash = false;
+    while (*s != ']') {
+        if (!*s) { free(cls.p); return fail(r, "unterminated '['"); }
+        const char *from = s, *set;
+        uint32_t lo = 0, hi;
+        if (class_member(r, &s, negated, &lo, &set) < 0) { free(cls.p); return -1; }
+        if (set) {
+            if (s[0] == '-' && s[1] && s[1] != ']') {
+                free(cls.p);
+                return fail(r, "a class range cannot start with '%.2s'", from);
+            }
+            strbuf_puts(&cls, set);
+            continue;
+        }
+        hi = lo;
+        if (s[0] == '-' && s[1] && s[1] != ']') {
+            s++;
+            if (class_member(r, &s, negated, &hi, &set) < 0) { free(cls.p); return -1; }
+            if (set) { free(cls.p); return fail(r, "a class range cannot end with '%.2s'", s - 2); }
+            if (hi < lo) { free(cls.p); return fail(r, "reversed range '%.*s' in a class", (int)(s - from), from); }
+        }
+        if (!r->text && !negated && lo < 0x20) { free(cls.p); return fail(r, "control characters in a class are not supported"); }
+        class_range(r, &cls, lo, hi, negated, &quote, &backslash);
+    }
+    if (cls.oom) { free(cls.p); r->out->oom = true; *p = s + 1; return 0; }
+    const bool has_ranges = cls.n > empty_len;
+    if (negated && !r->text) strbuf_puts(&cls, JSON_EXCLUDED);
+    strbuf_puts(&cls, "]");
+    /* "[^]" in text mode: any character, which an empty negated GBNF class is not */
+    if (negated && r->text && !has_ranges) { free(cls.p); strbuf_puts(r->out, "."); *p = s + 1; return 0; }
+    const char *alts[3];
+    int n_alts = 0;
+    if (negated || has_ranges) alts[n_alts++] = cls.p;
+    if (quote) alts[n_alts++] = "\"\\\\\\\"\"";
+    if (backslash) alts[n_alts++] = "\"\\\\\\\\\"";
+    strbuf *o = r->out;
+    if (n_alts == 0) strbuf_puts(o, "[^\\x00-\\U0010FFFF]"); /* "[]": nothing */
+    else if (n_alts == 1) strbuf_puts(o, alts[0]);
+    else {
+        strbuf_puts(o, "(");
+        for (int i = 0; i < n_alts; i++) { if (i) strbuf_puts(o, " | "); strbuf_puts(o, alts[i]); }
+        strbuf_puts(o, ")");
+    }
+    free(cls.p);
+    *p = s + 1;
+    return 0;
+}
+
+static int regex_alt(rx *r, const char **p, int depth);
+
+/* One code point as a GBNF literal. */
+static void literal_cp(strbuf *o, uint32_t cp) {
+    char utf8[5] = {0};
+    if (cp < 0x80) utf8[0] = (char)cp;
+    else if (cp < 0x800) { utf8[0] = (char)(0xC0 | cp >> 6); utf8[1] = (char)(0x80 | (cp & 0x3F)); }
+    else if (cp < 0x10000) {
+        utf8[0] = (char)(0xE0 | cp >> 12);
+        utf8[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        utf8[2] = (char)(0x80 | (cp & 0x3F));
+    } else {
+        utf8[0] = (char)(0xF0 | cp >> 18);
+        utf8[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        utf8[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        utf8[3] = (char)(0x80 | (cp & 0x3F));
+    }
+    /* U+0000 is the one code point a NUL-terminated literal cannot hold: a class can */
+    if (cp == 0) strbuf_puts(o, "[\\x00]");
+    else gram_gbnf_literal(o, utf8);
+}
+
+static int regex_atom(rx *r, const char **p, int depth) {
+    strbuf *o = r->out;
+    const char *s = *p;
+    if (*s == '(') {
+        s++;
+        if (s[0] == '?' && s[1] == ':') s += 2;
+        else if (s[0] == '?') return fail(r, "lookaround and named groups are not supported");
+        strbuf_puts(o, "(");
+        *p = s;
+        if (regex_alt(r, p, depth + 1) < 0) return -1;
+        if (**p != ')') return fail(r, "expected ')'");
+        (*p)++;
+        strbuf_puts(o, ")");
+        return 0;
+    }
+    if (*s == '[') return regex_class(r, p);
+    /* '.': any character but a line terminator (ECMA-262: \n \r U+2028 U+2029) */
+    if (*s == '.') {
+        strbuf_puts(o, r->text ? "[^\\n\\r\\u2028\\u2029]" : "[^" JSON_EXCLUDED "\\u2028\\u2029]");
+        *p = s + 1;
+        return 0;
+    }
+    if (*s == '\\') {
+        const unsigned char e = (unsigned char)s[1];
+        const char *cls = NULL;
+        switch (e) {
+        case 'd': cls = "[0-9]"; break;
+        case 'w': cls = "[a-zA-Z0-9_]"; break;
+        case 's': cls = r->text ? "[" SPACE_CONTROLS SPACE_ABOVE_CONTROLS "]" : "[ ]"; break;
+        case 'D': cls = r->text ? "[^0-9]" : "[^0-9" JSON_EXCLUDED "]"; break;
+        case 'W': cls = r->text ? "[^a-zA-Z0-9_]" : "[^a-zA-Z0-9_" JSON_EXCLUDED "]"; break;
+        case 'S': cls = r->text ? "[^" SPACE_CONTROLS SPACE_ABOVE_CONTROLS "]" : "[^" SPACE_ABOVE_CONTROLS JSON_EXCLUDED "]"; break;
+        default: break;
+        }
+        if (cls) { strbuf_puts(o, cls); *p = s + 2; return 0; }
+        if (r->text) {
+            const int control = control_escape(s);
+            if (control >= 0) { literal_cp(o, (uint32_t)control); *p = s + 2; return 0; }
+            if (e == 'x' || e == 'u') {
+                uint32_t cp;
+                const int n = hex_escape(r, s, &cp);
+                if (n < 0) return -1;
+                literal_cp(o, cp);
+                *p = s + n;
+                return 0;
+            }
+        }
+        if (!e || (e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
+            return fail(r, "escape '\\%c' is not supported", e ? e : '?');
+        /* An escaped byte is copied as one literal: only ASCII punctuation is a whole
+           character (a UTF-8 lead byte would leave the literal half a character). */
+        if (e >= 0x80 || e < 0x20) return fail(r, "escaping a control or non-ASCII character is not supported");
+        if (!r->text && (e == '"' || e == '\\')) strbuf_puts(o, e == '"' ? "\"\\\\\\\"\"" : "\"\\\\\\\\\"");
+        else literal_cp(o, e);
+        *p = s + 2;
+        return 0;
+    }
+    if (strchr("*+?{", *s)) return fail(r, "'%c' with nothing to repeat", *s);
+    if (!r->text && (unsigned char)*s < 0x20) return fail(r, "control characters are not supported");
+    if (!r->text && *s == '"') { strbuf_puts(o, "\"\\\\\\\"\""); *p = s + 1; return 0; }
+    /* one UTF-8 character, as a literal (GBNF reads only valid UTF-8) */
+    const int len = char_len(s);
+    if (len <= 0) return fail(r, "invalid UTF-8");
+    literal_cp(o, tlz_utf8_value((const unsigned char *)s, len));
+    *p = s + len;
+    return 0;
+}
+
+static int regex_seq(rx *r, const char **p, int depth) {
+    if (depth > MAX_DEPTH) return fail(r, "nested too deeply");
+    strbuf *o = r->out;
+    bool empty = true;
+    while (**p && **p != '|' && **p != ')') {
+        if (**p == '^' || **p == '$') { (*p)++; continue; } /* anchors: the whole text matches */
+        if (regex_atom(r, p, depth) < 0) return -1;
+        empty = false;
+        const char q = **p;
+        if (q == '*' || q == '+' || q == '?') { strbuf_put(o, *p, 1); (*p)++; }
+        else if (q == '{') {
+            /* {m}, {m,}, {m,n}: parsed, so that only valid GBNF comes out */
+            char *after;
+            long lo = strtol(*p + 1, &after, 10), hi = lo;
+            bool ok = after > *p + 1 && lo >= 0 && lo <= MAX_REPEAT;
+            if (ok && *after == ',') {
+                const char *from = after + 1;
+                hi = *from == '}' ? -1 : strtol(from, &after, 10);
+                if (hi >= 0) ok = after > from && hi >= lo && hi <= MAX_REPEAT;
+                else after = (char *)from;
+            }
+            if (!ok || *after != '}') return fail(r, "bad quantifier (expected {m}, {m,} or {m,n} up to %d)", MAX_REPEAT);
+            if (hi < 0) strbuf_printf(o, "{%ld,}", lo);
+            else strbuf_printf(o, "{%ld,%ld}", lo, hi);
+            *p = after + 1;
+        }
+        if (**p == '?' || **p == '+') return fail(r, "lazy or possessive quantifiers are not supported");
+        strbuf_puts(o, " ");
+    }
+    /* an empty alternative ("a|", "()") matches the empty text: GBNF needs it spelled */
+    if (empty) strbuf_puts(o, "\"\" ");
+    return 0;
+}
+
+static int regex_alt(rx *r, const char **p, int depth) {
+    for (;;) {
+        if (regex_seq(r, p, depth) < 0) return -1;
+        if (**p != '|') return 0;
+        strbuf_puts(r->out, "| ");
+        (*p)++;
+    }
+}
+
+int gram_regex_expr(const char *pattern, bool text, strbuf *out, char *err, size_t errlen) {
+    rx r = {.out = out, .text = text, .err = err, .errlen = errlen};
+    const char *p = pattern;
+    strbuf_puts(out, "(");
+    if (regex_alt(&r, &p, 0) < 0) return -1;
+    if (*p) return fail(&r, "unexpected ')'");
+    strbuf_puts(out, ")");
+    return 0;
+}
