@@ -133,6 +133,17 @@ function M.regex(pattern)
     return wrap(out, source)
 end
 
+-- after(trigger, g) -> a grammar that leaves the text free until it contains `trigger`, then
+-- constrains what follows it (after blank space) to g: for thinking models,
+-- after("</think>", g) lets the reasoning run free. nil, err when C refuses.
+function M.after(trigger, g)
+    if type(trigger) ~= "string" then raise("tinyloop.grammar.after: trigger must be a string") end
+    if not M.is_compiled(g) then raise("tinyloop.grammar.after: g must be a compiled grammar") end
+    local out = ffi.new("tl_compiled_grammar *[1]")
+    if C.tl_grammar_compile_after(g.ptr, trigger, #trigger, out) ~= 0 then return nil, last_error() end
+    return wrap(out, nil)
+end
+
 -- A grammar shipped in lua/tinyloop/grammars/: json, json_array_of_strings, arithmetic, list, yes_no.
 local here = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "."
 -- The text of a shipped grammar file, or nil, err.
