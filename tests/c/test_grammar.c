@@ -710,6 +710,94 @@ static void doc_value(char *b, size_t cap, int depth) {
     n = strlen(b);
     snprintf(b + n, cap - n, "%s", kind ? "]" : "}");
 }
+/* ---------------------------------------------------------------- free text, then a grammar */
+
+/* tl_grammar_compile_after: free text until the trigger, then (after blank space) the grammar.
+   What it matches (the trigger found by KMP: overlapping prefixes, a trigger inside the
+   answer), and generation: seeded samples where the model writes the trigger continue under
+   the grammar and end where it ends; a token spanning the trigger is judged byte by byte;
+   greedy speculative decoding equals plain decoding; beam hypotheses carry it too. */
+static void test_after(tl_model *m) {
+    tl_compiled_grammar *answer = compile("root ::= (\"cat\" | \"dog\") \".\"");
+    tl_compiled_grammar *g = NULL;
+    CHECK(tl_grammar_compile_after(answer, "abab", 4, &g) == TL_OK, "%s", tl_last_error());
+    tl_compiled_grammar_free(answer); /* the combined grammar keeps what it needs */
+    static const char *y[] = {"", "free text", "aba", "ababcat.", "abaababdog.", "x abab \n\t cat.", "abacababcat.", NULL};
+    static const char *n[] = {"ababcat", "ababx", "abab cat. more", "ababcat.abab", NULL};
+    expect(g, "after", y, n);
+    /* the trigger's overlaps: "abaabab" holds it from its 4th byte on; the first whole
+       trigger is the one that counts ("aababab" has it at its 2nd byte, then "ab") */
+    static const char *y2[] = {"abaababdog.", "aababcat.", "cat.", NULL};
+    static const char *n2[] = {"aabababdog.", "aababab", NULL};
+    expect(g, "after, overlapping", y2, n2);
+    tl_compiled_grammar *bad = NULL;
+    CHECK(tl_grammar_compile_after(g, "", 0, &bad) == TL_ERR_INVALID_ARGUMENT && !bad, "an empty trigger is refused");
+    CHECK(tl_grammar_compile_after(NULL, "x", 1, &bad) == TL_ERR_INVALID_ARGUMENT, "a NULL grammar is refused");
+    tl_compiled_grammar_free(g);
+
+    /* generation: the shipped model writes " the" often; after it, " cat." or " dog." */
+    answer = compile("root ::= (\"cat\" | \"dog\" | \"house\") [.!]");
+    g = NULL;
+    CHECK(tl_grammar_compile_after(answer, " the", 4, &g) == TL_OK, "%s", tl_last_error());
+    tl_compiled_grammar_free(answer);
+    if (!g) return;
+    int32_t out[256];
+    int triggered = 0, free_before = 0;
+    for (uint64_t seed = 1; seed <= 40; seed++) {
+        int len;
+        tl_generate_stats stats;
+        const int pl = sample(m, g, seed, 1.0f, TL_SPECULATIVE_OFF, 1, out, &len, &stats);
+        CHECK(pl > 0, "seed %llu: %s", (unsigned long long)seed, tl_last_error());
+        if (pl <= 0) continue;
+        char *text = continuation_text(m, out, len, pl);
+        if (!text) continue;
+        const char *at = strstr(text, " the");
+        int ok = 0;
+        tl_grammar_matches(g, text, strlen(text), &ok);
+        if (stats.stop_reason == TL_STOP_EOS) CHECK(ok, "seed %llu: not a sentence: \"%s\"", (unsigned long long)seed, text);
+        if (at) {
+            triggered++;
+            /* after the trigger: blanks, then exactly one answer, and the end */
+            const char *rest = at + 4;
+            while (*rest == ' ' || *rest == '\t' || *rest == '\n' || *rest == '\r') rest++;
+            CHECK(stats.stop_reason != TL_STOP_EOS || strcmp(rest, "cat.") == 0 || strcmp(rest, "dog.") == 0 ||
+                      strcmp(rest, "house.") == 0 || strcmp(rest, "cat!") == 0 || strcmp(rest, "dog!") == 0 ||
+                      strcmp(rest, "house!") == 0,
+                  "seed %llu: after the trigger \"%s\"", (unsigned long long)seed, rest);
+            /* before it: text the answer grammar alone could not write */
+            free_before += at > text;
+        }
+        tl_free(text);
+    }
+    CHECK(triggered >= 10 && free_before >= 5, "the trigger came in %d of 40 samples (%d after free text)", triggered,
+          free_before);
+    printf("after: the trigger came in %d of 40 seeded samples, %d after free text\n", triggered, free_before);
+    /* greedy: speculative chain and tree are bit-identical to plain decoding */
+    int plain_len, len;
+    tl_generate_stats st;
+    int32_t plain[256];
+    for (int mode = 0; mode < 3; mode++) {
+        const int pl = sample(m, g, 0, 0.0f, mode == 0 ? TL_SPECULATIVE_OFF : mode == 1 ? TL_SPECULATIVE_CHAIN : TL_SPECULATIVE_TREE,
+                              mode == 2 ? 3 : 1, mode == 0 ? plain : out, mode == 0 ? &plain_len : &len, &st);
+        CHECK(pl > 0, "mode %d: %s", mode, tl_last_error());
+        if (mode == 0 || pl <= 0) continue;
+        CHECK(len == plain_len && memcmp(out, plain, (size_t)len * sizeof *out) == 0,
+              "after, speculative mode %d differs from plain decoding", mode);
+    }
+    /* beam search: the returned hypothesis is a sentence when it ends */
+    for (int w = 2; w <= 3; w++) {
+        const int pl = beam_sample(m, g, w, "It is a truth", out, &len, &st);
+        CHECK(pl > 0, "beam %d: %s", w, tl_last_error());
+        if (pl <= 0 || st.stop_reason != TL_STOP_EOS) continue;
+        char *text = continuation_text(m, out, len, pl);
+        int ok = 0;
+        if (text) tl_grammar_matches(g, text, strlen(text), &ok);
+        CHECK(ok, "beam %d: not a sentence: %s", w, text ? text : "");
+        tl_free(text);
+    }
+    tl_compiled_grammar_free(g);
+}
+
 static void test_masks_nested(tl_model *m) {
     for (int d = 0; d < 6; d++) {
         char doc[2048] = "{\"top\": ";
@@ -790,6 +878,7 @@ int main(int argc, char **argv) {
         test_masks(m, "tests/data/grammars/llama.cpp/c.gbnf", "int main(){return 0;}");
         test_masks_nested(m);
         test_generation(m);
+        test_after(m);
         tl_model_free(m);
     } else CHECK(0, "load %s: %s", dir, tl_last_error());
     snprintf(dir, sizeof dir, "%s/tests/data/gpt2/tokenizer.json", root_dir);

@@ -1746,14 +1746,28 @@ describe("server with two workers", function()
                         { role = "assistant", content = cjson.null, reasoning_content = thought },
                         { role = "user", content = "And Harriet?" } }
         ask({ messages = turns, max_tokens = 2 })
-        -- a <think> a user writes opens nothing; nor does one under a grammar, which writes the
-        -- reply from its first token
+        -- a <think> a user writes opens nothing
         local _, content = ask({ messages = { { role = "user", content = "What is <think>?" } }, max_tokens = 4, ignore_eos = true })
         assert.equal("string", type(content))
-        local r1, c1 = ask({ messages = CHATML_MESSAGES, max_tokens = 4, grammar = 'root ::= "yes" | "no"',
-                             chat_template_kwargs = { enable_thinking = true } })
-        assert.equal(cjson.null, r1)
-        assert.truthy(c1 == "yes" or c1 == "no", tostring(c1))
+        -- under a grammar, an opened block runs free and the grammar writes the answer after
+        -- </think> (vLLM's structured outputs with a reasoning parser): the tokens of a session
+        -- under grammar.after("</think>", g), all of them reasoning while the block is open
+        local yes_no = 'root ::= "yes" | "no"'
+        local after = assert(tinyloop.grammar.after("</think>", assert(tinyloop.grammar.gbnf(yes_no))))
+        local want_ids = { unpack(m:generate(prompt, { max_tokens = 6, ignore_eos = true, grammar = after,
+                                                      stop_sequences = { { turn_end } } }), #prompt + 1) }
+        for _, stream in ipairs({ false, true }) do
+            local r1, c1, ids1 = ask({ messages = CHATML_MESSAGES, max_tokens = 6, ignore_eos = true, temperature = 0,
+                                       grammar = yes_no, chat_template_kwargs = { enable_thinking = true } }, stream)
+            assert.same(want_ids, ids1)
+            assert.equal(m:decode(want_ids), r1)
+            assert.truthy(r1:find("[^yesno]"), r1) -- (text the grammar alone could not write)
+            assert.equal(cjson.null, c1)
+        end
+        -- where the template opens no block the grammar writes the reply from its first token
+        local r2, c2 = ask({ messages = CHATML_MESSAGES, max_tokens = 4, grammar = yes_no })
+        assert.equal(cjson.null, r2)
+        assert.truthy(c2 == "yes" or c2 == "no", tostring(c2))
         -- a template variable that would hide one of the renderer's own: the request's error
         status, body = curl("-H 'Content-Type: application/json' --data-binary " ..
                             quote(cjson.encode({ messages = CHATML_MESSAGES, chat_template_kwargs = { namespace = 1 } })) .. " " ..

@@ -957,6 +957,15 @@ local function serve(chat)
         req, err = request.parse(body, model, conf.model_id, conf.max_active)
     end
     if not req then return send_error(err.status, err.message, err.param, err.type) end
+    -- A thinking model whose prompt opens a block: under a grammar (structured outputs, a
+    -- forced tool choice) its reasoning runs free and the grammar writes the answer after
+    -- </think>, as vLLM does with a reasoning parser.
+    local thinks = chat and reasoning_on and reasoning.opens(req.prompt_text)
+    if thinks and req.cfg.grammar then
+        local g, gerr = request.after_reasoning(req.cfg.grammar)
+        if not g then return send_error(500, "the grammar after the reasoning: " .. tostring(gerr), nil, "server_error") end
+        req.cfg.grammar = g
+    end
 
     -- 1. Every choice's session, before anything runs: the engine checks every value here
     --    (its argument errors are raised, tinyloop's convention; runtime failures returned).
@@ -1050,10 +1059,10 @@ local function serve(chat)
                 :format(conf.max_active, conf.max_queued), nil, "overloaded_error", { ["Retry-After"] = "1" })
         end
         -- a thinking model's reply (req.prompt_text: the chat prompt, which may open the block;
-        -- under a grammar, which writes the reply from its first token, a block counts only
-        -- where the grammar writes one)
+        -- where it does not, a grammar writes the reply from its first token and a block
+        -- counts only where the grammar writes one)
         local read_reasoning = chat and reasoning_on
-        local inside = read_reasoning and not req.cfg.grammar and reasoning.opens(req.prompt_text)
+        local inside = thinks
         r.sts[#r.sts + 1] = {
             siblings = r.sts, -- (itself included: its phase is no longer "queued" when polled)
             id = id, index = #r.sts, phase = "queued", released = false, n_tokens = 0, stops = req.stops,

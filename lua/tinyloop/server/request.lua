@@ -10,6 +10,7 @@ local grammar = require("tinyloop").grammar
 local json_text = require "tinyloop.json_text"
 local tools = require "tinyloop.tools"
 local raised_message = require("tinyloop.raise").message
+local reasoning = require "tinyloop.reasoning"
 local add_stop_ids, decode_ordered = require("tinyloop.chat").add_stop_ids, require("tinyloop.chat").decode_ordered
 
 local type, pairs, ipairs, tostring, next, floor = type, pairs, ipairs, tostring, next, math.floor
@@ -355,6 +356,19 @@ local function gbnf_grammar(text, P, what)
     local g, err = compiled("gbnf:" .. text, grammar.gbnf, text)
     if not g then return bad(what .. " does not compile: " .. tostring(err), P) end
     return g, P
+end
+
+-- A grammar for the answer after a thinking model's reasoning: the text runs free until
+-- </think>, then g (cached per grammar object, which may leave the cache above first).
+local after_cache = setmetatable({}, { __mode = "k" })
+function _M.after_reasoning(g)
+    local after = after_cache[g]
+    if after then return after end
+    local err
+    after, err = grammar.after(reasoning.END, g)
+    if not after then return nil, err end
+    after_cache[g] = after
+    return after
 end
 
 -- The whole output matches a regular expression (vLLM's regex).
