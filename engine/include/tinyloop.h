@@ -753,7 +753,7 @@ tl_status tl_grammar_compile_regex(const char *pattern, size_t len, tl_compiled_
 /* The GBNF a regular expression compiles to (*gbnf freed with tl_free). */
 tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t *gbnf_len);
 /* A grammar that leaves the text free until it contains `trigger` (len bytes, 1 to 256), then
-   constrains what follows the trigger (after blank space: spaces, tabs, newlines) to g; the
+   constrains what follows the trigger (after up to 4 blanks: spaces, tabs, newlines) to g; the
    text may also end before the trigger. For thinking models: after "</think>" the reasoning
    runs free and the answer is written under g (vLLM's structured outputs with a reasoning
    parser). Exact like any grammar: a token that spans the trigger is allowed only where what

@@ -812,12 +812,16 @@ static tl_status wrap_program(gram_program *prog, tl_compiled_grammar **out) {
 /* ---------------------------------------------------------------- free text, then a grammar */
 
 #define MAX_TRIGGER 256
+/* Blank bytes allowed between the trigger and g ("</think>\n\n{"): a few, not a run a
+   model could pad with up to max_tokens. */
+#define MAX_BLANKS_AFTER 4
 
 /* A program whose sentences are any bytes without `trigger`, or such bytes, the trigger, blank
    space and a sentence of g. The free part is the trigger's KMP automaton (Knuth-Morris-Pratt:
    state i = the longest trigger prefix the text ends with) written as rules q0..q(L-1), one
    alternative per byte set leading to the same state, and an empty one (the text may end
-   before the trigger); the trigger's last byte leads to "post ::= [ \t\n\r] post | g.root".
+   before the trigger); the trigger's last byte leads to post0, where
+   "post_k ::= [ \t\n\r] post_k+1 | g.root" (MAX_BLANKS_AFTER of them, the last g.root alone).
    Every new alternative starts with a byte and ends in a tail call: no new left recursion, no
    stack growth, and a token that spans the trigger is judged byte by byte like any other. */
 static tl_status program_after(const gram_program *g, const unsigned char *trigger, int L, gram_program **out, char *err,
@@ -825,9 +829,9 @@ static tl_status program_after(const gram_program *g, const unsigned char *trigg
     *out = NULL;
     int *delta = malloc((size_t)L * 256 * sizeof *delta), *fail_of = malloc((size_t)L * sizeof *fail_of);
     gram_program *p = calloc(1, sizeof *p);
-    const int n_rules = g->n_rules + L + 1, post = g->n_rules + L;
-    const size_t max_alts = (size_t)g->n_alts + (size_t)L * ((size_t)L + 2) + 2;
-    const size_t max_elems = (size_t)g->n_elems + (size_t)L * (3 * ((size_t)L + 1) + 1) + 5;
+    const int n_rules = g->n_rules + L + MAX_BLANKS_AFTER + 1, post = g->n_rules + L;
+    const size_t max_alts = (size_t)g->n_alts + (size_t)L * ((size_t)L + 2) + 2 * (MAX_BLANKS_AFTER + 1);
+    const size_t max_elems = (size_t)g->n_elems + (size_t)L * (3 * ((size_t)L + 1) + 1) + 5 * (MAX_BLANKS_AFTER + 1);
     const size_t max_sets = (size_t)g->n_sets + (size_t)L * ((size_t)L + 1) + 1;
     if (p) {
         p->elems = malloc(max_elems * sizeof *p->elems);
@@ -879,18 +883,23 @@ static tl_status program_after(const gram_program *g, const unsigned char *trigg
         p->alt_start[p->n_alts++] = p->n_elems; /* the text may end here */
         p->elems[p->n_elems++] = (gram_elem){GE_END, 0};
     }
-    /* post ::= [ \t\n\r] post | g.root */
-    p->rule_alts[post] = p->n_alts;
+    /* post_k ::= [ \t\n\r] post_k+1 | g.root; the last one g.root alone */
     gram_byteset blank = {{0}};
     for (const char *c = " \t\n\r"; *c; c++) blank.bits[(unsigned char)*c >> 6] |= 1ull << ((unsigned char)*c & 63);
-    p->sets[p->n_sets] = blank;
-    p->alt_start[p->n_alts++] = p->n_elems;
-    p->elems[p->n_elems++] = (gram_elem){GE_BYTES, p->n_sets++};
-    p->elems[p->n_elems++] = (gram_elem){GE_REF, post};
-    p->elems[p->n_elems++] = (gram_elem){GE_END, 0};
-    p->alt_start[p->n_alts++] = p->n_elems;
-    p->elems[p->n_elems++] = (gram_elem){GE_REF, g->root};
-    p->elems[p->n_elems++] = (gram_elem){GE_END, 0};
+    const int32_t blank_set = p->n_sets;
+    p->sets[p->n_sets++] = blank;
+    for (int k = 0; k <= MAX_BLANKS_AFTER; k++) {
+        p->rule_alts[post + k] = p->n_alts;
+        if (k < MAX_BLANKS_AFTER) {
+            p->alt_start[p->n_alts++] = p->n_elems;
+            p->elems[p->n_elems++] = (gram_elem){GE_BYTES, blank_set};
+            p->elems[p->n_elems++] = (gram_elem){GE_REF, post + k + 1};
+            p->elems[p->n_elems++] = (gram_elem){GE_END, 0};
+        }
+        p->alt_start[p->n_alts++] = p->n_elems;
+        p->elems[p->n_elems++] = (gram_elem){GE_REF, g->root};
+        p->elems[p->n_elems++] = (gram_elem){GE_END, 0};
+    }
     p->rule_alts[n_rules] = p->n_alts;
     p->root = g->n_rules; /* q0 */
     free(delta);

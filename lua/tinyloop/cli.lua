@@ -486,6 +486,10 @@ function _M.main(argv, default_model)
         local g, gerr = tools.grammar(o.tools)
         if not g then io.stderr:write("tinyloop: ", o.tools_file, ": ", gerr, "\n") return 2 end
         cfg.grammar = g
+    elseif o.tools and not cfg.grammar then -- "auto": a call the model opens is made whole and valid
+        local g, gerr = tools.lazy_grammar(o.tools)
+        if not g then io.stderr:write("tinyloop: ", o.tools_file, ": ", gerr, "\n") return 2 end
+        cfg.grammar = g
     end
     if o.policy then
         cfg, err = apply_policy(o.policy, cfg, model)

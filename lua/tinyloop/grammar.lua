@@ -134,7 +134,7 @@ function M.regex(pattern)
 end
 
 -- after(trigger, g) -> a grammar that leaves the text free until it contains `trigger`, then
--- constrains what follows it (after blank space) to g: for thinking models,
+-- constrains what follows it (after up to 4 blanks) to g: for thinking models,
 -- after("</think>", g) lets the reasoning run free. nil, err when C refuses.
 function M.after(trigger, g)
     if type(trigger) ~= "string" then raise("tinyloop.grammar.after: trigger must be a string") end

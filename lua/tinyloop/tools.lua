@@ -211,8 +211,9 @@ local NO_PARAMETERS = '{"type":"object","properties":{},"additionalProperties":f
 -- ends). Or nil, err (a schema that does not compile, naming its function).
 -- Each function's parameters compile on their own (so "$ref": "#/$defs/..." and "#" mean
 -- what they mean in the schema as sent), and the call's JSON around them is written here:
--- {"name": "<name>", "arguments": <parameters>}.
-function _M.grammar_text(spec)
+-- {"name": "<name>", "arguments": <parameters>}. after_open: the text from after the first
+-- call's opening tag and the blank space after it (lazy_grammar's).
+function _M.grammar_text(spec, after_open)
     local grammar = require("tinyloop").grammar -- (here: check and parse need no engine)
     local alternatives, rules = {}, {}
     for k, fn in ipairs(spec.functions) do
@@ -235,9 +236,12 @@ function _M.grammar_text(spec)
                 ('%scall ::= "{\\"name\\": \\"%s\\", \\"arguments\\": " %sroot "}"\n'):format(prefix, fn.name, prefix)
         end
     end
-    local call = '"' .. START .. '\\n" (' .. concat(alternatives, " | ") .. ') "\\n' .. END .. '"'
-    return (spec.parallel and ('root ::= call ("\\n" call){0,%d}\n'):format(_M.MAX_CALLS - 1) or "root ::= call\n") ..
-        "call ::= " .. call .. "\n" .. concat(rules, "\n")
+    local body = '(' .. concat(alternatives, " | ") .. ') "\\n' .. END .. '"'
+    local more = spec.parallel and (' ("\\n" call){0,%d}'):format(_M.MAX_CALLS - 1) or ""
+    -- after_open: the first call from after its opening tag and the blank space after it
+    -- (what grammar.after leaves to the grammar once the model has written the tag)
+    return (after_open and "root ::= " .. body .. more .. "\n" or "root ::= call" .. more .. "\n") ..
+        'call ::= "' .. START .. '\\n" ' .. body .. "\n" .. concat(rules, "\n")
 end
 
 -- grammar(spec) -> the compiled grammar_text, or nil, err.
@@ -245,6 +249,18 @@ function _M.grammar(spec)
     local text, err = _M.grammar_text(spec)
     if not text then return nil, err end
     return require("tinyloop").grammar.gbnf(text)
+end
+
+-- lazy_grammar(spec) -> a grammar for tool_choice "auto" (llama.cpp's lazy grammar): the
+-- reply is free text until the model opens a call, and the calls from there on are whole and
+-- valid (each function's parameters); or nil, err.
+function _M.lazy_grammar(spec)
+    local text, err = _M.grammar_text(spec, true)
+    if not text then return nil, err end
+    local grammar = require("tinyloop").grammar
+    local calls, gerr = grammar.gbnf(text)
+    if not calls then return nil, gerr end
+    return grammar.after(START, calls)
 end
 
 -- ------------------------------------------------------------------ reading calls back

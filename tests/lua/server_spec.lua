@@ -2016,12 +2016,13 @@ describe("server request parsing", function()
                 if r then
                     accepted = accepted + 1
                     assert.same({ { 5 } }, { r.cfg.stop_sequences[#r.cfg.stop_sequences] })
-                    if r.tools then -- a forced choice generates under its calls' grammar
-                        tooled = tooled + 1
+                    if r.tools then -- a forced choice generates under its calls' grammar, "auto" under
+                        tooled = tooled + 1 -- the lazy one, unless the request constrains it itself
                         if r.tools.forced then forced = forced + 1 end
+                        assert.is_not_nil(r.cfg.grammar, body)
                         -- (a string is a regular expression: guided_regex is the one field a
-                        -- scalar of the walk can constrain the output with, besides forced calls)
-                        assert.equal(r.tools.forced or type(t.guided_regex) == "string", r.cfg.grammar ~= nil, body)
+                        -- scalar of the walk can constrain the output with)
+                        assert.equal(type(t.guided_regex) == "string" and "guided_regex" or "tools", r.grammar_field, body)
                     end
                     local fine, session = pcall(m.session, m, r.ids, r.cfg)
                     assert.is_true(fine or (type(session) == "string" and #session > 0), body)

@@ -185,6 +185,66 @@ describe("tinyloop.tools.grammar", function()
         assert.is_false(g:matches(table.concat(calls, "\n")))
     end)
 
+    it("makes tool_choice auto's calls whole and valid once the model opens one (lazy_grammar)", function()
+        local g = assert(tools.lazy_grammar(assert(check(WEATHER_NOW, "auto"))))
+        -- free text, with or without calls after it
+        assert.is_true(g:matches("It is sunny, I think."))
+        assert.is_true(g:matches(""))
+        assert.is_true(g:matches("Let me look. " .. call("get_weather", '{"city": "Rome"}')))
+        assert.is_true(g:matches(call("now", "{}") .. "\n" .. call("get_weather", '{"city": "Paris"}'))) -- parallel
+        -- once a call is open, only calls: valid arguments, the tag closed, nothing after them
+        assert.is_false(g:matches(call("get_weather", '{"city": "Oslo"}')))
+        assert.is_false(g:matches(call("later", "{}")))
+        assert.is_false(g:matches("<tool_call>\nget_weather(Rome)"))
+        assert.is_false(g:matches(call("now", "{}") .. " And more text."))
+        -- not parallel: one call
+        g = assert(tools.lazy_grammar(assert(check(WEATHER_NOW, "auto", false))))
+        assert.is_true(g:matches("Sure. " .. call("now", "{}")))
+        assert.is_false(g:matches(call("now", "{}") .. "\n" .. call("now", "{}")))
+        -- a schema that does not compile is said as for a forced choice
+        local bad = { type = "function", ["function"] = { name = "bad", parameters = { type = "object", properties = { x = { type = "quantum" } } } } }
+        local none, err = tools.lazy_grammar(assert(check({ NOW, bad }, "auto")))
+        assert.is_nil(none)
+        assert.truthy(err:find("the parameters of function 'bad' do not compile", 1, true), err)
+    end)
+
+    it("lets a model that opens a call on its own write only a valid one (auto, with the shipped model)", function()
+        -- the shipped model never calls on its own: a logits processor makes it open a call,
+        -- and the lazy grammar writes the rest from the model's own choices
+        local tinyloop = require "tinyloop"
+        local H = require "helpers"
+        local m = assert(tinyloop.load(H.ROOT .. "/models/tinyloop-austen", { threads = 1 }))
+        local spec = assert(check(WEATHER_NOW, "auto", false))
+        local g = assert(tools.lazy_grammar(spec))
+        local prompt, opener = m:encode("It is a truth"), m:encode("Let me see. <tool_call>")
+        local ended = 0
+        for seed = 1, 6 do
+            local ids, stats = m:generate(prompt, { grammar = g, max_tokens = 90, temperature = 1, sample_seed = seed,
+                logits_processor = function(logits, vocab_size, tokens)
+                    local at = #tokens - #prompt + 1
+                    if opener[at] then
+                        for id = 0, vocab_size - 1 do if id ~= opener[at] then logits[id] = -1e30 end end
+                    end
+                end })
+            local text = m:decode({ unpack(ids, #prompt + 1) }):gsub("<|endoftext|>$", "")
+            assert.equal("Let me see. <tool_call>", text:sub(1, 23))
+            if stats.stop_reason == "EOS" then
+                ended = ended + 1
+                assert.is_true(g:matches(text), text)
+                local content, calls = tools.parse(text, spec, function(k) return "c" .. k end)
+                assert.equal("Let me see.", content)
+                assert.equal(1, #calls, text)
+                local arguments = cjson.decode(calls[1].arguments)
+                if calls[1].name == "get_weather" then
+                    assert.truthy(arguments.city == "Paris" or arguments.city == "Rome", calls[1].arguments)
+                else
+                    assert.equal("now", calls[1].name)
+                end
+            end
+        end
+        assert.truthy(ended >= 3, ended .. " of 6 samples ended")
+    end)
+
     it("says which function's parameters do not compile", function()
         local bad = { type = "function", ["function"] = { name = "bad", parameters = { type = "object", properties = { x = { type = "quantum" } } } } }
         local g, err = tools.grammar(assert(check({ NOW, bad }, "required")))

@@ -753,10 +753,18 @@ local function tools_fields(t, body, cfg, shared)
         local g, gerr = compiled(key, tools.grammar, spec)
         if not g then return bad(gerr, "tools") end
         cfg.grammar, shared.grammar_field = g, "tools"
-    elseif not spec.parallel then
-        local stops = cfg.stop_strings or {}
-        stops[#stops + 1] = tools.END
-        cfg.stop_strings = stops
+    else -- "auto": free text, and a call the model opens is made whole and valid
+        if not spec.parallel then
+            local stops = cfg.stop_strings or {}
+            stops[#stops + 1] = tools.END
+            cfg.stop_strings = stops
+        end
+        if not cfg.grammar then -- (a request's own grammar constrains the reply instead)
+            local key = ("tools-auto:%s:%s"):format(tostring(spec.parallel), tools_json)
+            local g, gerr = compiled(key, tools.lazy_grammar, spec)
+            if not g then return bad(gerr, "tools") end
+            cfg.grammar, shared.grammar_field = g, "tools"
+        end
     end
     return spec, shown
 end
