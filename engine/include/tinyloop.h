@@ -753,12 +753,14 @@ tl_status tl_grammar_compile_regex(const char *pattern, size_t len, tl_compiled_
 /* The GBNF a regular expression compiles to (*gbnf freed with tl_free). */
 tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t *gbnf_len);
 /* A grammar that leaves the text free until it contains `trigger` (len bytes, 1 to 256), then
-   constrains what follows the trigger (after up to 4 blanks: spaces, tabs, newlines) to g; the
-   text may also end before the trigger. For thinking models: after "</think>" the reasoning
-   runs free and the answer is written under g (vLLM's structured outputs with a reasoning
-   parser). Exact like any grammar: a token that spans the trigger is allowed only where what
-   it writes after the trigger can begin a sentence of g. g may be freed afterwards. */
-tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *trigger, size_t len, tl_compiled_grammar **out);
+   constrains what follows the trigger to g, after at most max_blanks (0 to 16) blanks:
+   spaces, tabs, newlines. The text may also end before the trigger. For thinking models:
+   after "</think>" the reasoning runs free and the answer is written under g (vLLM's
+   structured outputs with a reasoning parser); for tool calls, after "<tool_call>" (llama.cpp's
+   lazy grammar). Exact like any grammar: a token that spans the trigger is allowed only where
+   what it writes after the trigger can begin a sentence of g. g may be freed afterwards. */
+tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *trigger, size_t len, int max_blanks,
+                                   tl_compiled_grammar **out);
 void tl_compiled_grammar_free(tl_compiled_grammar *g); /* NULL is a no-op */
 /* *match = 1 when the whole text is a sentence of the grammar. */
 tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, size_t len, int *match);

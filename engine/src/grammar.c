@@ -812,26 +812,26 @@ static tl_status wrap_program(gram_program *prog, tl_compiled_grammar **out) {
 /* ---------------------------------------------------------------- free text, then a grammar */
 
 #define MAX_TRIGGER 256
-/* Blank bytes allowed between the trigger and g ("</think>\n\n{"): a few, not a run a
-   model could pad with up to max_tokens. */
-#define MAX_BLANKS_AFTER 4
+/* Blank bytes a caller may allow between the trigger and g ("</think>\n\n{"): a few, not a
+   run a model could pad with up to max_tokens. */
+#define MAX_BLANKS_AFTER 16
 
 /* A program whose sentences are any bytes without `trigger`, or such bytes, the trigger, blank
    space and a sentence of g. The free part is the trigger's KMP automaton (Knuth-Morris-Pratt:
    state i = the longest trigger prefix the text ends with) written as rules q0..q(L-1), one
    alternative per byte set leading to the same state, and an empty one (the text may end
    before the trigger); the trigger's last byte leads to post0, where
-   "post_k ::= [ \t\n\r] post_k+1 | g.root" (MAX_BLANKS_AFTER of them, the last g.root alone).
+   "post_k ::= [ \t\n\r] post_k+1 | g.root" (max_blanks of them, the last g.root alone).
    Every new alternative starts with a byte and ends in a tail call: no new left recursion, no
    stack growth, and a token that spans the trigger is judged byte by byte like any other. */
-static tl_status program_after(const gram_program *g, const unsigned char *trigger, int L, gram_program **out, char *err,
-                               size_t errlen) {
+static tl_status program_after(const gram_program *g, const unsigned char *trigger, int L, int max_blanks, gram_program **out,
+                               char *err, size_t errlen) {
     *out = NULL;
     int *delta = malloc((size_t)L * 256 * sizeof *delta), *fail_of = malloc((size_t)L * sizeof *fail_of);
     gram_program *p = calloc(1, sizeof *p);
-    const int n_rules = g->n_rules + L + MAX_BLANKS_AFTER + 1, post = g->n_rules + L;
-    const size_t max_alts = (size_t)g->n_alts + (size_t)L * ((size_t)L + 2) + 2 * (MAX_BLANKS_AFTER + 1);
-    const size_t max_elems = (size_t)g->n_elems + (size_t)L * (3 * ((size_t)L + 1) + 1) + 5 * (MAX_BLANKS_AFTER + 1);
+    const int n_rules = g->n_rules + L + max_blanks + 1, post = g->n_rules + L;
+    const size_t max_alts = (size_t)g->n_alts + (size_t)L * ((size_t)L + 2) + 2 * ((size_t)max_blanks + 1);
+    const size_t max_elems = (size_t)g->n_elems + (size_t)L * (3 * ((size_t)L + 1) + 1) + 5 * ((size_t)max_blanks + 1);
     const size_t max_sets = (size_t)g->n_sets + (size_t)L * ((size_t)L + 1) + 1;
     if (p) {
         p->elems = malloc(max_elems * sizeof *p->elems);
@@ -888,9 +888,9 @@ static tl_status program_after(const gram_program *g, const unsigned char *trigg
     for (const char *c = " \t\n\r"; *c; c++) blank.bits[(unsigned char)*c >> 6] |= 1ull << ((unsigned char)*c & 63);
     const int32_t blank_set = p->n_sets;
     p->sets[p->n_sets++] = blank;
-    for (int k = 0; k <= MAX_BLANKS_AFTER; k++) {
+    for (int k = 0; k <= max_blanks; k++) {
         p->rule_alts[post + k] = p->n_alts;
-        if (k < MAX_BLANKS_AFTER) {
+        if (k < max_blanks) {
             p->alt_start[p->n_alts++] = p->n_elems;
             p->elems[p->n_elems++] = (gram_elem){GE_BYTES, blank_set};
             p->elems[p->n_elems++] = (gram_elem){GE_REF, post + k + 1};
@@ -914,16 +914,20 @@ oom:
     return TL_ERR_NO_MEMORY;
 }
 
-tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *trigger, size_t len, tl_compiled_grammar **out) {
+tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *trigger, size_t len, int max_blanks,
+                                   tl_compiled_grammar **out) {
     tl_clear_error();
     if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: out must not be NULL");
     *out = NULL;
     if (!g) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: grammar is NULL");
     if (!trigger || len == 0 || len > MAX_TRIGGER)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: the trigger must be 1 to %d bytes", MAX_TRIGGER);
+    if (max_blanks < 0 || max_blanks > MAX_BLANKS_AFTER)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: max_blanks = %d is out of range [0, %d]", max_blanks,
+                       MAX_BLANKS_AFTER);
     char err[128] = "";
     gram_program *prog;
-    const tl_status st = program_after(g->prog, (const unsigned char *)trigger, (int)len, &prog, err, sizeof err);
+    const tl_status st = program_after(g->prog, (const unsigned char *)trigger, (int)len, max_blanks, &prog, err, sizeof err);
     if (st != TL_OK) return tl_fail(st, "tl_grammar_compile_after: %s", err);
     return wrap_program(prog, out);
 }

@@ -348,7 +348,8 @@ tl_status tl_json_schema_to_gbnf(const char *schema, size_t len, const tl_json_s
                                  size_t *gbnf_len);
 tl_status tl_grammar_compile_regex(const char *pattern, size_t len, tl_compiled_grammar **out);
 tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t *gbnf_len);
-tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *trigger, size_t len, tl_compiled_grammar **out);
+tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *trigger, size_t len, int max_blanks,
+                                   tl_compiled_grammar **out);
 void tl_compiled_grammar_free(tl_compiled_grammar *g);
 tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
 tl_status tl_grammar_rule_count(const tl_compiled_grammar *g, int *rules, int *elements);

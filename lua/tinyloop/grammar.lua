@@ -133,14 +133,18 @@ function M.regex(pattern)
     return wrap(out, source)
 end
 
--- after(trigger, g) -> a grammar that leaves the text free until it contains `trigger`, then
--- constrains what follows it (after up to 4 blanks) to g: for thinking models,
--- after("</think>", g) lets the reasoning run free. nil, err when C refuses.
-function M.after(trigger, g)
+-- after(trigger, g[, max_blanks]) -> a grammar that leaves the text free until it contains
+-- `trigger`, then constrains what follows it to g, after at most max_blanks blanks (default
+-- 4, at most 16): for thinking models, after("</think>", g) lets the reasoning run free.
+-- nil, err when C refuses.
+function M.after(trigger, g, max_blanks)
     if type(trigger) ~= "string" then raise("tinyloop.grammar.after: trigger must be a string") end
     if not M.is_compiled(g) then raise("tinyloop.grammar.after: g must be a compiled grammar") end
+    if max_blanks ~= nil and (type(max_blanks) ~= "number" or max_blanks % 1 ~= 0) then
+        raise("tinyloop.grammar.after: max_blanks must be an integer")
+    end
     local out = ffi.new("tl_compiled_grammar *[1]")
-    if C.tl_grammar_compile_after(g.ptr, trigger, #trigger, out) ~= 0 then return nil, last_error() end
+    if C.tl_grammar_compile_after(g.ptr, trigger, #trigger, max_blanks or 4, out) ~= 0 then return nil, last_error() end
     return wrap(out, nil)
 end
 

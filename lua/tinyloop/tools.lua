@@ -212,7 +212,7 @@ local NO_PARAMETERS = '{"type":"object","properties":{},"additionalProperties":f
 -- Each function's parameters compile on their own (so "$ref": "#/$defs/..." and "#" mean
 -- what they mean in the schema as sent), and the call's JSON around them is written here:
 -- {"name": "<name>", "arguments": <parameters>}. after_open: the text from after the first
--- call's opening tag and the blank space after it (lazy_grammar's).
+-- call's opening tag (lazy_grammar's).
 function _M.grammar_text(spec, after_open)
     local grammar = require("tinyloop").grammar -- (here: check and parse need no engine)
     local alternatives, rules = {}, {}
@@ -238,9 +238,9 @@ function _M.grammar_text(spec, after_open)
     end
     local body = '(' .. concat(alternatives, " | ") .. ') "\\n' .. END .. '"'
     local more = spec.parallel and (' ("\\n" call){0,%d}'):format(_M.MAX_CALLS - 1) or ""
-    -- after_open: the first call from after its opening tag and the blank space after it
-    -- (what grammar.after leaves to the grammar once the model has written the tag)
-    return (after_open and "root ::= " .. body .. more .. "\n" or "root ::= call" .. more .. "\n") ..
+    -- after_open: the first call from after its opening tag (what grammar.after leaves to
+    -- the grammar once the model has written the tag)
+    return (after_open and 'root ::= "\\n" ' .. body .. more .. "\n" or "root ::= call" .. more .. "\n") ..
         'call ::= "' .. START .. '\\n" ' .. body .. "\n" .. concat(rules, "\n")
 end
 
@@ -260,7 +260,7 @@ function _M.lazy_grammar(spec)
     local grammar = require("tinyloop").grammar
     local calls, gerr = grammar.gbnf(text)
     if not calls then return nil, gerr end
-    return grammar.after(START, calls)
+    return grammar.after(START, calls, 0) -- (the call's shape to the byte: "<tool_call>\n{")
 end
 
 -- ------------------------------------------------------------------ reading calls back

@@ -720,7 +720,7 @@ static void doc_value(char *b, size_t cap, int depth) {
 static void test_after(tl_model *m) {
     tl_compiled_grammar *answer = compile("root ::= (\"cat\" | \"dog\") \".\"");
     tl_compiled_grammar *g = NULL;
-    CHECK(tl_grammar_compile_after(answer, "abab", 4, &g) == TL_OK, "%s", tl_last_error());
+    CHECK(tl_grammar_compile_after(answer, "abab", 4, 4, &g) == TL_OK, "%s", tl_last_error());
     tl_compiled_grammar_free(answer); /* the combined grammar keeps what it needs */
     static const char *y[] = {"", "free text", "aba", "ababcat.", "abaababdog.", "x abab \n\t cat.", "abacababcat.", NULL};
     static const char *n[] = {"ababcat", "ababx", "abab cat. more", "ababcat.abab", NULL};
@@ -731,14 +731,31 @@ static void test_after(tl_model *m) {
     static const char *n2[] = {"aabababdog.", "aababab", NULL};
     expect(g, "after, overlapping", y2, n2);
     tl_compiled_grammar *bad = NULL;
-    CHECK(tl_grammar_compile_after(g, "", 0, &bad) == TL_ERR_INVALID_ARGUMENT && !bad, "an empty trigger is refused");
-    CHECK(tl_grammar_compile_after(NULL, "x", 1, &bad) == TL_ERR_INVALID_ARGUMENT, "a NULL grammar is refused");
+    CHECK(tl_grammar_compile_after(g, "", 0, 4, &bad) == TL_ERR_INVALID_ARGUMENT && !bad, "an empty trigger is refused");
+    CHECK(tl_grammar_compile_after(NULL, "x", 1, 4, &bad) == TL_ERR_INVALID_ARGUMENT, "a NULL grammar is refused");
+    CHECK(tl_grammar_compile_after(g, "x", 1, 17, &bad) == TL_ERR_INVALID_ARGUMENT && strstr(tl_last_error(), "max_blanks"),
+          "max_blanks over 16 is refused");
+    CHECK(tl_grammar_compile_after(g, "x", 1, -1, &bad) == TL_ERR_INVALID_ARGUMENT, "a negative max_blanks is refused");
+    /* max_blanks: that many blanks between the trigger and the grammar, no more */
+    tl_compiled_grammar *cat = compile("root ::= \"cat.\""), *tight = NULL;
+    CHECK(tl_grammar_compile_after(cat, "Q:", 2, 0, &tight) == TL_OK, "%s", tl_last_error());
+    static const char *y3[] = {"Q:cat.", "x Q:cat.", "Q", NULL};
+    static const char *n3[] = {"Q: cat.", "Q:", NULL};
+    expect(tight, "after, no blanks", y3, n3);
+    tl_compiled_grammar_free(tight);
+    tight = NULL;
+    CHECK(tl_grammar_compile_after(cat, "Q:", 2, 2, &tight) == TL_OK, "%s", tl_last_error());
+    static const char *y4[] = {"Q:\n cat.", "Q:cat.", NULL};
+    static const char *n4[] = {"Q:\n\n\tcat.", NULL};
+    expect(tight, "after, two blanks", y4, n4);
+    tl_compiled_grammar_free(tight);
+    tl_compiled_grammar_free(cat);
     tl_compiled_grammar_free(g);
 
     /* generation: the shipped model writes " the" often; after it, " cat." or " dog." */
     answer = compile("root ::= (\"cat\" | \"dog\" | \"house\") [.!]");
     g = NULL;
-    CHECK(tl_grammar_compile_after(answer, " the", 4, &g) == TL_OK, "%s", tl_last_error());
+    CHECK(tl_grammar_compile_after(answer, " the", 4, 4, &g) == TL_OK, "%s", tl_last_error());
     tl_compiled_grammar_free(answer);
     if (!g) return;
     int32_t out[256];

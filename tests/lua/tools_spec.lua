@@ -197,6 +197,9 @@ describe("tinyloop.tools.grammar", function()
         assert.is_false(g:matches(call("later", "{}")))
         assert.is_false(g:matches("<tool_call>\nget_weather(Rome)"))
         assert.is_false(g:matches(call("now", "{}") .. " And more text."))
+        -- the call's shape to the byte, as a forced choice writes it
+        assert.is_false(g:matches('<tool_call>\n\n{"name": "now", "arguments": {}}\n</tool_call>'))
+        assert.is_false(g:matches('<tool_call> {"name": "now", "arguments": {}}\n</tool_call>'))
         -- not parallel: one call
         g = assert(tools.lazy_grammar(assert(check(WEATHER_NOW, "auto", false))))
         assert.is_true(g:matches("Sure. " .. call("now", "{}")))
@@ -228,6 +231,7 @@ describe("tinyloop.tools.grammar", function()
                 end })
             local text = m:decode({ unpack(ids, #prompt + 1) }):gsub("<|endoftext|>$", "")
             assert.equal("Let me see. <tool_call>", text:sub(1, 23))
+            assert.equal("Let me see. <tool_call>\n{", text:sub(1, 25))
             if stats.stop_reason == "EOS" then
                 ended = ended + 1
                 assert.is_true(g:matches(text), text)

@@ -572,7 +572,8 @@ end
 -- held white space is kept in pieces, and only the new text is searched.
 -- -> the text to show (nil: nothing to send yet), the ids and figures to send with it (the
 -- held tokens' too), and the tool_calls JSON to send now, if any: a forced call's pieces as
--- they come, or at the finish the calls read back whole.
+-- they come (an auto call's too, under its lazy grammar), or at the finish the calls read
+-- back whole.
 local function tool_stream(r, st, text, ids, figures, finished)
     local tool = st.tool_stream
     if not tool then -- (a forced choice writes calls only: all of it is held from the start)
@@ -602,6 +603,13 @@ local function tool_stream(r, st, text, ids, figures, finished)
         tool.blanks[#tool.blanks + 1] = new:sub(blank, body_end)
         if at then
             tool.calls_text, tool.prefix = { new:sub(at) }, ""
+            -- under tool_choice auto's lazy grammar, what follows the tag is calls: they go out
+            -- as they come, as a forced choice's do
+            if st.tools.lazy then
+                tool.reader = tools.call_stream()
+                local events = tool.reader:feed(tool.calls_text[1])
+                if #events > 0 then pieces = call_pieces_json(r, st, events) end
+            end
         else
             tool.prefix = new:sub(body_end + 1)
         end

@@ -764,6 +764,7 @@ local function tools_fields(t, body, cfg, shared)
             local g, gerr = compiled(key, tools.lazy_grammar, spec)
             if not g then return bad(gerr, "tools") end
             cfg.grammar, shared.grammar_field = g, "tools"
+            spec.lazy = true -- (its calls, whole by the grammar, can be streamed as they come)
         end
     end
     return spec, shown
