@@ -289,7 +289,7 @@ void gram_program_free(gram_program *p) {
    marked "tail" when the call is its alternative's last element. A cycle through a call that
    is not a tail call pushes a frame on every turn and would expand forever: an error. A cycle
    of tail calls only ("a"? repeated: r ::= x r | "" with x nullable) revisits the same stack,
-   which the matcher recognises (p->empty_cycles). Cycles are found as strongly connected
+   which the matcher recognises (expand: each call once per closure). Cycles are found as strongly connected
    components (Tarjan's, iterative). */
 static tl_status check_left_recursion(gram_program *p, char *err, size_t errlen) {
     const int R = p->n_rules;
@@ -373,16 +373,17 @@ static tl_status check_left_recursion(gram_program *p, char *err, size_t errlen)
         for (int e = edge_first[r]; e < edge_first[r + 1]; e++) {
             const int callee = edges[e];
             if (comp[callee] != comp[r]) continue;
-            if (edge_tail[e] && productive[r]) { p->empty_cycles = true; continue; }
-            /* the cycle for the message: a path callee -> ... -> r inside the component */
+            if (edge_tail[e] && productive[r]) continue;
+            /* the cycle for the message: a path callee -> ... -> r inside the component, each
+               rule once (marked before its edges are scanned: a self-edge cannot repeat it) */
             int n_path = 0;
-            for (int at = callee, guard = 0; guard <= R; guard++) {
+            for (int at = callee; n_path < R;) {
                 dfs[n_path++] = at;
                 if (at == r) break;
+                order[at] = -1; /* (visit numbers are no longer needed: mark the path) */
                 int next = -1;
                 for (int f = edge_first[at]; f < edge_first[at + 1] && next < 0; f++)
                     if (comp[edges[f]] == comp[r] && order[edges[f]] >= 0) next = edges[f];
-                order[at] = -1; /* (visit numbers are no longer needed: mark the path) */
                 if (next < 0) break;
                 at = next;
             }
@@ -559,6 +560,15 @@ static bool push_scratch(gram_runtime *rt, int32_t v) {
     return true;
 }
 
+/* A new closure number (rt->called's values): past INT32_MAX the table starts again. */
+static void next_closure(gram_runtime *rt) {
+    if (rt->closure == INT32_MAX) {
+        gram_hash_clear(&rt->called);
+        rt->closure = 0;
+    }
+    rt->closure++;
+}
+
 /* Every stack that starts at `pos` with `parent` below, expanded until its top is a byte set
    (or it is empty: the grammar may end here). Appends node ids to the scratch list. */
 static bool expand(gram_runtime *rt, int32_t pos, int32_t parent) {
@@ -580,13 +590,13 @@ static bool expand(gram_runtime *rt, int32_t pos, int32_t parent) {
            (a tail call pushes nothing, so repetition does not grow the stack). */
         int32_t cont = parent;
         if (p->elems[pos + 1].kind != GE_END && (cont = intern_node(rt, pos + 1, parent)) < 0) return false;
-        if (p->empty_cycles) {
-            /* a cycle of tail calls (a repeated nullable item) comes back to the same call
-               with the same stack below: expanded once per closure */
-            const uint64_t key = ((uint64_t)(uint32_t)(e.arg + 1) << 32) | (uint32_t)cont;
-            if (gram_hash_get(&rt->called, key) == rt->closure) return true;
-            if (!gram_hash_put(&rt->called, key, rt->closure)) return false;
-        }
+        /* A call with the same stack below expands to the same stacks: once per closure.
+           That ends a cycle of tail calls (a repeated nullable item comes back to the same
+           call with the same stack below), and keeps ambiguous nullable alternatives
+           ((a?|b?){16}) from expanding every way they can be empty. */
+        const uint64_t key = ((uint64_t)(uint32_t)(e.arg + 1) << 32) | (uint32_t)cont;
+        if (gram_hash_get(&rt->called, key) == rt->closure) return true;
+        if (!gram_hash_put(&rt->called, key, rt->closure)) return false;
         for (int a = p->rule_alts[e.arg]; a < p->rule_alts[e.arg + 1]; a++)
             if (!expand(rt, p->alt_start[a], cont)) return false;
         return true;
@@ -680,7 +690,7 @@ tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
     /* never a member of a real state: expand stops at it instead of reading its pos */
     if ((rt->esc_node = intern_node(rt, -2, 0)) < 0) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     bool ok = true;
-    rt->closure++;
+    next_closure(rt);
     for (int a = prog->rule_alts[prog->root]; ok && a < prog->rule_alts[prog->root + 1]; a++)
         ok = expand(rt, prog->alt_start[a], 0);
     rt->initial = ok ? intern_state(rt) : -1;
@@ -712,7 +722,7 @@ int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
     if (next >= 0) return next;
     const gram_program *p = rt->prog;
     rt->n_scratch = 0;
-    rt->closure++;
+    next_closure(rt);
     for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
         const int32_t n = rt->state_members[i];
         if (n == 0 || n == rt->esc_node) continue; /* the empty stack accepts the end, not a byte */
@@ -850,7 +860,6 @@ static tl_status program_after(const gram_program *g, const unsigned char *trigg
     p->n_alts = g->n_alts;
     p->n_sets = g->n_sets;
     p->n_rules = n_rules;
-    p->empty_cycles = g->empty_cycles;
     for (int r = 0; r < n_rules; r++) {
         const char *name = r < g->n_rules ? g->rule_names[r] : r < post ? "free text before the trigger" : "after the trigger";
         if (!(p->rule_names[r] = malloc(strlen(name) + 1))) goto oom;
@@ -974,6 +983,8 @@ tl_status tl_grammar_compile_json_schema(const char *schema, size_t len, const t
     /* a $ref cycle that consumes nothing first ({"$ref": "#"}) is the schema's fault */
     if (st != TL_OK && strstr(err, "left-recursive"))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "JSON schema: a $ref cycle matches nothing before recurring (%s)", err);
+    if (st != TL_OK && strstr(err, "grammar too large"))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "JSON schema: too large once expanded (%s)", err);
     if (st != TL_OK) return tl_fail(st, "JSON schema: the generated grammar is invalid (a TinyLoop bug): %s", err);
     return wrap_program(prog, out);
 }
@@ -1013,6 +1024,9 @@ tl_status tl_grammar_compile_regex(const char *pattern, size_t len, tl_compiled_
     gram_program *prog;
     st = gram_parse_gbnf(text, n, &prog, err, sizeof err);
     free(text);
+    /* repetitions that expand past the grammar's size are the pattern's size, not a bug */
+    if (st != TL_OK && strstr(err, "grammar too large"))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "regular expression: too large once its repetitions are expanded (%s)", err);
     if (st != TL_OK) return tl_fail(st, "regular expression: the generated grammar is invalid (a TinyLoop bug): %s", err);
     return wrap_program(prog, out);
 }

@@ -50,8 +50,6 @@ typedef struct gram_program {
     int n_sets;
     int root;
     char **rule_names;    /* [n_rules] for messages; generated rules are named after their parent */
-    bool empty_cycles;    /* a rule reaches itself by tail calls without a byte (("a"?)*): the
-                             matcher expands each call once per closure */
 } gram_program;
 
 void gram_program_free(gram_program *p);
@@ -176,8 +174,7 @@ typedef struct gram_runtime {
     /* Projections (gram_project): a stand-in for everything below a stack's top frames. */
     int32_t esc_node;            /* the stand-in, a node no byte matches */
     int32_t *state_proj;         /* [n_states] the state's projection, -1 not computed yet */
-    /* calls already expanded in the current closure, (rule, stack below) -> closure number;
-       used only when the program has empty cycles */
+    /* calls already expanded in the current closure: (rule, stack below) -> closure number */
     gram_hash called;
     int32_t closure;
     /* scratch */

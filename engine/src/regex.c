@@ -7,9 +7,10 @@
  * Syntax: ECMA-262's, as JSON Schema says. Literals (UTF-8), '.', classes [...] and [^...]
  * with ranges, \d \w \s \D \W \S, \xHH and \uHHHH in classes, escaped punctuation, groups
  * (...) and (?:...), alternation, * + ? {m} {m,} {m,n} (greedy; up to 1000). In text mode
- * also \n \r \t \f \v \0 and \xHH outside classes. ^ and $ are accepted and mean what they
- * mean anyway: the whole text matches. Anything else (lookaround, backreferences, \b, lazy
- * or possessive quantifiers, named groups) is an error naming it: a pattern is never
+ * also \n \r \t \f \v \0 and \xHH outside classes. ^ and $ are accepted at the start and the
+ * end of the pattern (or of a top-level alternative), where they mean what they mean anyway:
+ * the whole text matches. Anything else (lookaround, backreferences, \b, lazy
+ * or possessive quantifiers, named groups, anchors inside it) is an error naming it: a pattern is never
  * silently loosened. The matcher decides by bytes, so the expression is exact, not a
  * sampled approximation: every text it lets through matches the pattern. */
 #include <stdarg.h>
@@ -117,6 +118,7 @@ static int class_member(rx *r, const char **q, bool negated, uint32_t *cp, const
         }
         const int control = r->text ? control_escape(s) : -1;
         if (control >= 0) { *cp = (uint32_t)control; *q += 2; return 0; }
+        if (r->text && e == '0') return fail(r, "'\\0' before a digit (an octal escape) is not supported");
         if (!e || (e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
             return fail(r, "escape '\\%c' inside a class is not supported", e ? e : '?');
         if (e >= 0x80 || e < 0x20) return fail(r, "escaping a control or non-ASCII character is not supported");
@@ -267,6 +269,7 @@ static int regex_atom(rx *r, const char **p, int depth) {
         if (r->text) {
             const int control = control_escape(s);
             if (control >= 0) { literal_cp(o, (uint32_t)control); *p = s + 2; return 0; }
+            if (e == '0') return fail(r, "'\\0' before a digit (an octal escape) is not supported");
             if (e == 'x' || e == 'u') {
                 uint32_t cp;
                 const int n = hex_escape(r, s, &cp);
@@ -297,26 +300,43 @@ static int regex_atom(rx *r, const char **p, int depth) {
     return 0;
 }
 
+static bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* A sequence. Anchors mean what they mean anyway where they stand at the start ('^') or the
+   end ('$') of the pattern or of one of its top-level alternatives: the whole text matches.
+   Elsewhere ("a^b", "(^a)*") they would cut the language: refused, never dropped. */
 static int regex_seq(rx *r, const char **p, int depth) {
     if (depth > MAX_DEPTH) return fail(r, "nested too deeply");
     strbuf *o = r->out;
     bool empty = true;
     while (**p && **p != '|' && **p != ')') {
-        if (**p == '^' || **p == '$') { (*p)++; continue; } /* anchors: the whole text matches */
+        if (**p == '^') {
+            if (depth > 0 || !empty) return fail(r, "'^' is supported only at the start of the pattern or of a top-level alternative");
+            (*p)++;
+            continue;
+        }
+        if (**p == '$') {
+            if (depth > 0 || ((*p)[1] && (*p)[1] != '|'))
+                return fail(r, "'$' is supported only at the end of the pattern or of a top-level alternative");
+            (*p)++;
+            continue;
+        }
         if (regex_atom(r, p, depth) < 0) return -1;
         empty = false;
         const char q = **p;
         if (q == '*' || q == '+' || q == '?') { strbuf_put(o, *p, 1); (*p)++; }
         else if (q == '{') {
-            /* {m}, {m,}, {m,n}: parsed, so that only valid GBNF comes out */
-            char *after;
-            long lo = strtol(*p + 1, &after, 10), hi = lo;
-            bool ok = after > *p + 1 && lo >= 0 && lo <= MAX_REPEAT;
+            /* {m}, {m,}, {m,n}, digits only ("{ 2}" and "{+2}" are not quantifiers): parsed,
+               so that only valid GBNF comes out */
+            char *after = (char *)*p + 1;
+            long lo = is_digit((*p)[1]) ? strtol(*p + 1, &after, 10) : -1, hi = lo;
+            bool ok = lo >= 0 && lo <= MAX_REPEAT;
             if (ok && *after == ',') {
                 const char *from = after + 1;
-                hi = *from == '}' ? -1 : strtol(from, &after, 10);
-                if (hi >= 0) ok = after > from && hi >= lo && hi <= MAX_REPEAT;
-                else after = (char *)from;
+                hi = *from == '}' ? -1 : is_digit(*from) ? strtol(from, &after, 10) : -2;
+                if (hi >= 0) ok = hi >= lo && hi <= MAX_REPEAT;
+                else if (hi == -1) after = (char *)from;
+                else ok = false;
             }
             if (!ok || *after != '}') return fail(r, "bad quantifier (expected {m}, {m,} or {m,n} up to %d)", MAX_REPEAT);
             if (hi < 0) strbuf_printf(o, "{%ld,}", lo);

@@ -216,7 +216,7 @@ function _M.parse(argv, default_model)
         if c[1] then constraints[#constraints + 1] = c[2] end
     end
     if #constraints > 1 then
-        return nil, usage_error(table.concat(constraints, " and ") .. " each constrain the output: give one")
+        return nil, usage_error(table.concat(constraints, ", ") .. ": each constrains the output, give one")
     end
     for _, pair in ipairs({ { o.system, "--system" }, { o.chat_template, "--chat-template" }, { o.tools_file, "--tools" } }) do
         if pair[1] and not o.chat then return nil, usage_error(pair[2] .. " goes with --chat") end

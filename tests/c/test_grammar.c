@@ -76,6 +76,8 @@ static void test_parse_errors(void) {
         {"root ::= a\na ::= b a \"x\" | \"y\"\nb ::= \"z\"?", "is left-recursive"},
         /* a cycle of tail calls among rules that derive nothing only recurs */
         {"root ::= r\nr ::= r", "rule 'r' is left-recursive: r -> r"},
+        /* a self-edge on the cycle's path is named once (the path once wrote past its array) */
+        {"root ::= a\na ::= a \"x\" | root", "left-recursive: root -> a -> root"},
         {"root ::= a\na ::= \"x\"? b\nb ::= a", "is left-recursive"},
         /* a nullable item repeated, then a call that pushes a frame: still expands forever */
         {"root ::= a \"x\"\na ::= (\"y\"?)* a \"z\" | \"w\"", "is left-recursive"},

@@ -72,6 +72,12 @@ static void test_tables(void) {
       expect("[b\\u00e0-\\u00ff\\u20ac]", y, n); }
     /* anchors are accepted: the whole text matches anyway */
     { static const char *y[] = {"Hello", NULL}, *n[] = {"hello", "Hello!", NULL}; expect("^[A-Z][a-z]+$", y, n); }
+    { static const char *y[] = {"ab", "cd", NULL}, *n[] = {"abcd", NULL}; expect("^ab$|^cd$", y, n); }
+    /* ambiguous alternatives that may be empty, repeated: each call expands once per step
+       (they ran out of the matcher's room for stacks) */
+    { static const char *y[] = {"c", "ababbac", "aaaaaaaaaaaaaaac", NULL}, *n[] = {"", "abd", NULL};
+      expect("(a?|b?){0,16}c", y, n); expect("x?(a*|b*){16}c", y, n); }
+    { static const char *y[] = {"", NULL}, *n[] = {"a", NULL}; expect("(|){20}", y, n); }
     { static const char *y[] = {"x", "xx", "xxxxx", NULL}, *n[] = {"", NULL}; expect("x{1,}", y, n); }
     { static const char *y[] = {"ab", "abab", "", NULL}, *n[] = {"aba", NULL}; expect("(?:ab){0,2}", y, n); }
     { static const char *y[] = {"caf\xc3\xa9", NULL}, *n[] = {"cafe", NULL}; expect("caf\xc3\xa9", y, n); }
@@ -116,6 +122,20 @@ static void test_errors(void) {
         {"\\ud800", "surrogate"},
         {"\xff", "invalid UTF-8"},
         {"[\xc3]", "invalid UTF-8 in a class"},
+        /* anchors where they would cut the language, never dropped (they matched "ab" once) */
+        {"a^b", "'^' is supported only at the start"},
+        {"b(^a)", "'^' is supported only at the start"},
+        {"(^a)*", "'^' is supported only at the start"},
+        {"a$b", "'$' is supported only at the end"},
+        {"a(b$)?c", "'$' is supported only at the end"},
+        {"x^", "'^' is supported only at the start"},
+        /* quantifiers are digits only (these once read as a{2} and a{2,3}) */
+        {"a{ 2}", "bad quantifier"},
+        {"a{+2}", "bad quantifier"},
+        {"a{2, 3}", "bad quantifier"},
+        {"a{-0}", "bad quantifier"},
+        {"a\\01", "'\\0' before a digit"},
+        {"[\\01]", "'\\0' before a digit"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         tl_compiled_grammar *g = NULL;
@@ -125,6 +145,13 @@ static void test_errors(void) {
               "/%s/: \"%s\" should say \"%s\"", bad[i].pattern, tl_last_error(), bad[i].needle);
         tl_compiled_grammar_free(g);
     }
+    /* repetitions past the grammar's size: the pattern's size, not "a TinyLoop bug" */
+    char big[1024] = "";
+    for (int i = 0; i < 100; i++) strcat(big, ".{1000}");
+    tl_compiled_grammar *too_big = NULL;
+    CHECK(tl_grammar_compile_regex(big, strlen(big), &too_big) == TL_ERR_INVALID_ARGUMENT && !too_big &&
+              strstr(tl_last_error(), "regular expression: too large once its repetitions are expanded"),
+          "100 x .{1000}: %s", tl_last_error());
     /* a NUL byte inside the pattern's length, a NULL pattern or out: refused, never read past */
     tl_compiled_grammar *g = NULL;
     CHECK(tl_grammar_compile_regex("a\0b", 3, &g) == TL_ERR_INVALID_ARGUMENT && strstr(tl_last_error(), "NUL"), "NUL in pattern");
