@@ -762,6 +762,26 @@ tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t 
    what it writes after the trigger can begin a sentence of g. g may be freed afterwards. */
 tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *trigger, size_t len, int max_blanks,
                                    tl_compiled_grammar **out);
+
+/* Free text and the grammars it opens: xgrammar's triggered tags (vLLM's structural_tag). The
+   text is free until one of the triggers appears; from there it is one of the tags whose
+   begin starts with that trigger (the rest of its begin, after at most max_blanks blanks a
+   sentence of its content, then its end), and then free text again, or the end of the text
+   (ends_text). Otherwise the text may end only in free text. triggers: 1 to 64 strings of 1
+   to 256 bytes; every tag's begin (1 to 256 tags) starts with one of them. The contents may
+   be freed afterwards. */
+typedef struct tl_grammar_tag {
+    const char *begin;                  /* starts with a trigger */
+    const tl_compiled_grammar *content; /* what the tag holds */
+    const char *end;                    /* "" for none */
+    int ends_text;                      /* 1: nothing follows this tag */
+} tl_grammar_tag;
+typedef struct tl_grammar_tags_options {
+    int max_blanks;   /* 0 (default) to 16: blanks allowed between a begin and its content */
+    int at_least_one; /* 1: the text holds a tag (it may not end before one) */
+} tl_grammar_tags_options;
+tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const char *const *triggers, int n_triggers,
+                                  const tl_grammar_tags_options *opts, tl_compiled_grammar **out); /* opts may be NULL */
 void tl_compiled_grammar_free(tl_compiled_grammar *g); /* NULL is a no-op */
 /* *match = 1 when the whole text is a sentence of the grammar. */
 tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, size_t len, int *match);

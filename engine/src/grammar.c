@@ -8,7 +8,6 @@
 #include "grammar.h"
 
 /* Limits that keep a hostile grammar from eating the machine: errors, not aborts. */
-#define GRAM_MAX_ELEMS (1 << 22)
 #define GRAM_MAX_NODES (1 << 23)
 #define GRAM_MAX_STATES (1 << 22)
 #define GRAM_MAX_EXPANSION (1 << 16) /* stacks one byte may produce: beyond, "too ambiguous" */
@@ -800,7 +799,7 @@ int32_t gram_project(gram_runtime *rt, int32_t state) {
 
 /* ---------------------------------------------------------------- public: compiling */
 
-static tl_status wrap_program(gram_program *prog, tl_compiled_grammar **out) {
+tl_status gram_wrap_program(gram_program *prog, tl_compiled_grammar **out) {
     tl_compiled_grammar *g = calloc(1, sizeof *g);
     if (!g) {
         gram_program_free(prog);
@@ -819,128 +818,6 @@ static tl_status wrap_program(gram_program *prog, tl_compiled_grammar **out) {
     return TL_OK;
 }
 
-/* ---------------------------------------------------------------- free text, then a grammar */
-
-#define MAX_TRIGGER 256
-/* Blank bytes a caller may allow between the trigger and g ("</think>\n\n{"): a few, not a
-   run a model could pad with up to max_tokens. */
-#define MAX_BLANKS_AFTER 16
-
-/* A program whose sentences are any bytes without `trigger`, or such bytes, the trigger, blank
-   space and a sentence of g. The free part is the trigger's KMP automaton (Knuth-Morris-Pratt:
-   state i = the longest trigger prefix the text ends with) written as rules q0..q(L-1), one
-   alternative per byte set leading to the same state, and an empty one (the text may end
-   before the trigger); the trigger's last byte leads to post0, where
-   "post_k ::= [ \t\n\r] post_k+1 | g.root" (max_blanks of them, the last g.root alone).
-   Every new alternative starts with a byte and ends in a tail call: no new left recursion, no
-   stack growth, and a token that spans the trigger is judged byte by byte like any other. */
-static tl_status program_after(const gram_program *g, const unsigned char *trigger, int L, int max_blanks, gram_program **out,
-                               char *err, size_t errlen) {
-    *out = NULL;
-    int *delta = malloc((size_t)L * 256 * sizeof *delta), *fail_of = malloc((size_t)L * sizeof *fail_of);
-    gram_program *p = calloc(1, sizeof *p);
-    const int n_rules = g->n_rules + L + max_blanks + 1, post = g->n_rules + L;
-    const size_t max_alts = (size_t)g->n_alts + (size_t)L * ((size_t)L + 2) + 2 * ((size_t)max_blanks + 1);
-    const size_t max_elems = (size_t)g->n_elems + (size_t)L * (3 * ((size_t)L + 1) + 1) + 5 * ((size_t)max_blanks + 1);
-    const size_t max_sets = (size_t)g->n_sets + (size_t)L * ((size_t)L + 1) + 1;
-    if (p) {
-        p->elems = malloc(max_elems * sizeof *p->elems);
-        p->alt_start = malloc(max_alts * sizeof *p->alt_start);
-        p->rule_alts = malloc(((size_t)n_rules + 1) * sizeof *p->rule_alts);
-        p->sets = malloc(max_sets * sizeof *p->sets);
-        p->rule_names = calloc((size_t)n_rules + 1, sizeof *p->rule_names);
-    }
-    if (!delta || !fail_of || !p || !p->elems || !p->alt_start || !p->rule_alts || !p->sets || !p->rule_names) goto oom;
-    /* g as it is: its rules, alternatives and sets keep their numbers */
-    memcpy(p->elems, g->elems, (size_t)g->n_elems * sizeof *p->elems);
-    memcpy(p->alt_start, g->alt_start, (size_t)g->n_alts * sizeof *p->alt_start);
-    memcpy(p->rule_alts, g->rule_alts, ((size_t)g->n_rules + 1) * sizeof *p->rule_alts);
-    memcpy(p->sets, g->sets, (size_t)g->n_sets * sizeof *p->sets);
-    p->n_elems = g->n_elems;
-    p->n_alts = g->n_alts;
-    p->n_sets = g->n_sets;
-    p->n_rules = n_rules;
-    for (int r = 0; r < n_rules; r++) {
-        const char *name = r < g->n_rules ? g->rule_names[r] : r < post ? "free text before the trigger" : "after the trigger";
-        if (!(p->rule_names[r] = malloc(strlen(name) + 1))) goto oom;
-        strcpy(p->rule_names[r], name);
-    }
-    /* KMP: fail_of[i] = the longest proper border of trigger[0..i]; delta[i][b] = next state */
-    fail_of[0] = 0;
-    for (int i = 1, k = 0; i < L; i++) {
-        while (k > 0 && trigger[i] != trigger[k]) k = fail_of[k - 1];
-        if (trigger[i] == trigger[k]) k++;
-        fail_of[i] = k;
-    }
-    for (int i = 0; i < L; i++)
-        for (int b = 0; b < 256; b++)
-            delta[i * 256 + b] = b == trigger[i] ? i + 1 : i == 0 ? 0 : delta[fail_of[i - 1] * 256 + b];
-    for (int i = 0; i < L; i++) {
-        p->rule_alts[g->n_rules + i] = p->n_alts;
-        for (int target = 0; target <= L; target++) {
-            gram_byteset set = {{0}};
-            bool any = false;
-            for (int b = 0; b < 256; b++)
-                if (delta[i * 256 + b] == target) { set.bits[b >> 6] |= 1ull << (b & 63); any = true; }
-            if (!any) continue;
-            p->sets[p->n_sets] = set;
-            p->alt_start[p->n_alts++] = p->n_elems;
-            p->elems[p->n_elems++] = (gram_elem){GE_BYTES, p->n_sets++};
-            p->elems[p->n_elems++] = (gram_elem){GE_REF, target == L ? post : g->n_rules + target};
-            p->elems[p->n_elems++] = (gram_elem){GE_END, 0};
-        }
-        p->alt_start[p->n_alts++] = p->n_elems; /* the text may end here */
-        p->elems[p->n_elems++] = (gram_elem){GE_END, 0};
-    }
-    /* post_k ::= [ \t\n\r] post_k+1 | g.root; the last one g.root alone */
-    gram_byteset blank = {{0}};
-    for (const char *c = " \t\n\r"; *c; c++) blank.bits[(unsigned char)*c >> 6] |= 1ull << ((unsigned char)*c & 63);
-    const int32_t blank_set = p->n_sets;
-    p->sets[p->n_sets++] = blank;
-    for (int k = 0; k <= max_blanks; k++) {
-        p->rule_alts[post + k] = p->n_alts;
-        if (k < max_blanks) {
-            p->alt_start[p->n_alts++] = p->n_elems;
-            p->elems[p->n_elems++] = (gram_elem){GE_BYTES, blank_set};
-            p->elems[p->n_elems++] = (gram_elem){GE_REF, post + k + 1};
-            p->elems[p->n_elems++] = (gram_elem){GE_END, 0};
-        }
-        p->alt_start[p->n_alts++] = p->n_elems;
-        p->elems[p->n_elems++] = (gram_elem){GE_REF, g->root};
-        p->elems[p->n_elems++] = (gram_elem){GE_END, 0};
-    }
-    p->rule_alts[n_rules] = p->n_alts;
-    p->root = g->n_rules; /* q0 */
-    free(delta);
-    free(fail_of);
-    *out = p;
-    return TL_OK;
-oom:
-    free(delta);
-    free(fail_of);
-    gram_program_free(p);
-    snprintf(err, errlen, "out of memory");
-    return TL_ERR_NO_MEMORY;
-}
-
-tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *trigger, size_t len, int max_blanks,
-                                   tl_compiled_grammar **out) {
-    tl_clear_error();
-    if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: out must not be NULL");
-    *out = NULL;
-    if (!g) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: grammar is NULL");
-    if (!trigger || len == 0 || len > MAX_TRIGGER)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: the trigger must be 1 to %d bytes", MAX_TRIGGER);
-    if (max_blanks < 0 || max_blanks > MAX_BLANKS_AFTER)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: max_blanks = %d is out of range [0, %d]", max_blanks,
-                       MAX_BLANKS_AFTER);
-    char err[128] = "";
-    gram_program *prog;
-    const tl_status st = program_after(g->prog, (const unsigned char *)trigger, (int)len, max_blanks, &prog, err, sizeof err);
-    if (st != TL_OK) return tl_fail(st, "tl_grammar_compile_after: %s", err);
-    return wrap_program(prog, out);
-}
-
 tl_status tl_grammar_compile_gbnf(const char *text, size_t len, tl_compiled_grammar **out) {
     tl_clear_error();
     if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_gbnf: out must not be NULL");
@@ -950,7 +827,7 @@ tl_status tl_grammar_compile_gbnf(const char *text, size_t len, tl_compiled_gram
     gram_program *prog;
     tl_status st = gram_parse_gbnf(text ? text : "", len, &prog, err, sizeof err);
     if (st != TL_OK) return tl_fail(st, "grammar: %s", err);
-    return wrap_program(prog, out);
+    return gram_wrap_program(prog, out);
 }
 
 tl_status tl_json_schema_to_gbnf(const char *schema, size_t len, const tl_json_schema_options *opts, char **gbnf,
@@ -986,7 +863,7 @@ tl_status tl_grammar_compile_json_schema(const char *schema, size_t len, const t
     if (st != TL_OK && strstr(err, "grammar too large"))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "JSON schema: too large once expanded (%s)", err);
     if (st != TL_OK) return tl_fail(st, "JSON schema: the generated grammar is invalid (a TinyLoop bug): %s", err);
-    return wrap_program(prog, out);
+    return gram_wrap_program(prog, out);
 }
 
 tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t *gbnf_len) {
@@ -1028,7 +905,7 @@ tl_status tl_grammar_compile_regex(const char *pattern, size_t len, tl_compiled_
     if (st != TL_OK && strstr(err, "grammar too large"))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "regular expression: too large once its repetitions are expanded (%s)", err);
     if (st != TL_OK) return tl_fail(st, "regular expression: the generated grammar is invalid (a TinyLoop bug): %s", err);
-    return wrap_program(prog, out);
+    return gram_wrap_program(prog, out);
 }
 
 void tl_compiled_grammar_retain(const tl_compiled_grammar *g) {

@@ -29,6 +29,9 @@
 
 enum { GE_END = 0, GE_BYTES = 1, GE_REF = 2 };
 
+/* The most elements a program may have: a hostile grammar's error, not an abort. */
+#define GRAM_MAX_ELEMS (1 << 22)
+
 typedef struct gram_elem {
     uint8_t kind;
     int32_t arg; /* GE_BYTES: index of the byte set; GE_REF: rule id */
@@ -53,6 +56,9 @@ typedef struct gram_program {
 } gram_program;
 
 void gram_program_free(gram_program *p);
+struct tl_compiled_grammar;
+/* A compiled grammar around prog (which it owns from here, also on failure). */
+tl_status gram_wrap_program(gram_program *prog, struct tl_compiled_grammar **out);
 
 /* ---------------------------------------------------------------- the rule builder
    What parsers produce: rules of alternatives of elements, where a terminal is a set of code
@@ -266,11 +272,16 @@ void tl_compiled_grammar_retain(const tl_compiled_grammar *g);
 
 /* ---------------------------------------------------------------- matchers (per generation) */
 
+#define GRAM_MAX_ENDS 16
 struct tl_grammar_matcher {
     tl_compiled_grammar *g;
     int binding;                 /* index in g->bindings */
     int32_t *states;             /* history: states[0] initial, states[n-1] current */
     int n, cap;
+    /* special tokens that end generation as eos does (a chat template's turn end, a one-token
+       stop sequence): allowed wherever the grammar may end */
+    int32_t ends[GRAM_MAX_ENDS];
+    int n_ends;
 };
 
 struct tlz_tokenizer;
@@ -282,6 +293,10 @@ tl_status gram_matcher_new(const tl_compiled_grammar *g, const struct tlz_tokeni
 tl_status gram_matcher_clone(const tl_grammar_matcher *src, tl_grammar_matcher **out);
 /* The current state, and state-level calls for drafts (states are immutable ints, so a drafted
    path needs no rollback: it is just other ints). */
+/* The tokens of one-token stop sequences that have no text (special tokens, which no grammar
+   writes): they end the text like eos, allowed where the grammar may end (the first
+   GRAM_MAX_ENDS of them; text tokens are left to the grammar). */
+void gram_matcher_set_ends(tl_grammar_matcher *mt, const int32_t *ids, int n);
 int32_t gram_matcher_state(const tl_grammar_matcher *mt);
 int gram_matcher_mask_state(tl_grammar_matcher *mt, int32_t state, uint8_t *allowed);
 int32_t gram_matcher_advance_state(tl_grammar_matcher *mt, int32_t state, int32_t token);

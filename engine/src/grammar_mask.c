@@ -520,16 +520,33 @@ void tl_grammar_matcher_free(tl_grammar_matcher *mt) {
 
 int32_t gram_matcher_state(const tl_grammar_matcher *mt) { return mt->states[mt->n - 1]; }
 
+void gram_matcher_set_ends(tl_grammar_matcher *mt, const int32_t *ids, int n) {
+    const gram_vocab *v = mt->g->bindings[mt->binding].vocab;
+    mt->n_ends = 0;
+    for (int i = 0; i < n && mt->n_ends < GRAM_MAX_ENDS; i++)
+        if (ids[i] >= 0 && ids[i] < v->vocab_size && ids[i] != v->eos && !v->bytes[ids[i]]) mt->ends[mt->n_ends++] = ids[i];
+}
+
+static bool is_end(const tl_grammar_matcher *mt, int32_t token) {
+    for (int i = 0; i < mt->n_ends; i++)
+        if (mt->ends[i] == token) return true;
+    return false;
+}
+
 int gram_matcher_mask_state(tl_grammar_matcher *mt, int32_t state, uint8_t *allowed) {
     pthread_mutex_lock(&mt->g->rt.lock);
     int n = gram_mask(&mt->g->rt, &mt->g->bindings[mt->binding], state, allowed);
+    if (n >= 0 && mt->n_ends && state != GRAM_DEAD && gram_accepting(&mt->g->rt, state))
+        for (int i = 0; i < mt->n_ends; i++)
+            if (!allowed[mt->ends[i]]) { allowed[mt->ends[i]] = 1; n++; }
     pthread_mutex_unlock(&mt->g->rt.lock);
     return n;
 }
 
 int32_t gram_matcher_advance_state(tl_grammar_matcher *mt, int32_t state, int32_t token) {
     pthread_mutex_lock(&mt->g->rt.lock);
-    int32_t next = gram_advance_token(&mt->g->rt, mt->g->bindings[mt->binding].vocab, state, token);
+    int32_t next = is_end(mt, token) ? (state != GRAM_DEAD && gram_accepting(&mt->g->rt, state) ? state : GRAM_DEAD)
+                                     : gram_advance_token(&mt->g->rt, mt->g->bindings[mt->binding].vocab, state, token);
     pthread_mutex_unlock(&mt->g->rt.lock);
     return next;
 }

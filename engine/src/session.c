@@ -169,7 +169,15 @@ tl_status tl_session_set_grammar(tl_session *s, const tl_grammar *g) {
     /* ---- grammar: a compiled grammar gets this session's own matcher */
     tl_status st = gram_matcher_new(g->compiled, s->m->tokenizer, s->m->cfg.vocab_size, s->m->cfg.eos_token_id,
                                     &s->grammar_matcher);
-    if (st == TL_OK) gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
+    if (st != TL_OK) return st;
+    /* a one-token stop sequence of a special token (a chat turn's end) ends the text where
+       the grammar may end, as eos does: no grammar writes it */
+    int32_t ends[GRAM_MAX_ENDS];
+    int n_ends = 0;
+    for (int i = 0; i < s->cfg.n_stop_sequences && n_ends < GRAM_MAX_ENDS; i++)
+        if (s->cfg.stop_sequences[i].n == 1) ends[n_ends++] = s->cfg.stop_sequences[i].tokens[0];
+    gram_matcher_set_ends(s->grammar_matcher, ends, n_ends);
+    gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
     return st;
 }
 

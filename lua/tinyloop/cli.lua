@@ -487,7 +487,7 @@ function _M.main(argv, default_model)
         if not g then io.stderr:write("tinyloop: ", o.tools_file, ": ", gerr, "\n") return 2 end
         cfg.grammar = g
     elseif o.tools and not cfg.grammar then -- "auto": a call the model opens is made whole and valid
-        local g, gerr = tools.lazy_grammar(o.tools)
+        local g, gerr = tools.lazy_grammar(o.tools, chat ~= nil and require("tinyloop.reasoning").uses(chat.template_text))
         if not g then io.stderr:write("tinyloop: ", o.tools_file, ": ", gerr, "\n") return 2 end
         cfg.grammar = g
     end

@@ -148,6 +148,45 @@ function M.after(trigger, g, max_blanks)
     return wrap(out, nil)
 end
 
+-- tags(tags, triggers[, opts]) -> free text and the grammars it opens (xgrammar's triggered
+-- tags, vLLM's structural_tag): the text is free until a trigger appears; from there it is a
+-- tag whose begin starts with that trigger ({begin = s, content = compiled grammar, ["end"] =
+-- s, ends_text = boolean}), then free text again (or the end, ends_text). opts: max_blanks
+-- (blanks between a begin and its content, default 0), at_least_one. nil, err when C refuses.
+function M.tags(tags, triggers, opts)
+    if type(tags) ~= "table" or #tags == 0 then raise("tinyloop.grammar.tags: tags must be a non-empty list") end
+    if type(triggers) ~= "table" or #triggers == 0 then raise("tinyloop.grammar.tags: triggers must be a non-empty list of strings") end
+    if opts ~= nil and type(opts) ~= "table" then raise("tinyloop.grammar.tags: opts must be a table") end
+    local c_tags = ffi.new("tl_grammar_tag[?]", #tags)
+    for i, t in ipairs(tags) do
+        if type(t) ~= "table" or type(t.begin) ~= "string" or not M.is_compiled(t.content) or
+            (t["end"] ~= nil and type(t["end"]) ~= "string") then
+            raise(("tinyloop.grammar.tags: tags[%d] must be {begin = string, content = compiled grammar, end = string}"):format(i))
+        end
+        c_tags[i - 1].begin, c_tags[i - 1].content, c_tags[i - 1]["end"] = t.begin, t.content.ptr, t["end"] or ""
+        c_tags[i - 1].ends_text = t.ends_text and 1 or 0
+    end
+    local c_triggers = ffi.new("const char *[?]", #triggers)
+    for i, trigger in ipairs(triggers) do
+        if type(trigger) ~= "string" then raise(("tinyloop.grammar.tags: triggers[%d] must be a string"):format(i)) end
+        c_triggers[i - 1] = trigger
+    end
+    local o = ffi.new("tl_grammar_tags_options")
+    if opts then
+        if opts.max_blanks ~= nil and (type(opts.max_blanks) ~= "number" or opts.max_blanks % 1 ~= 0) then
+            raise("tinyloop.grammar.tags: opts.max_blanks must be an integer")
+        end
+        o.max_blanks, o.at_least_one = opts.max_blanks or 0, opts.at_least_one and 1 or 0
+    end
+    local out = ffi.new("tl_compiled_grammar *[1]")
+    -- (the strings above are anchored by `tags` and `triggers` until the call returns)
+    if C.tl_grammar_compile_tags(c_tags, #tags, c_triggers, #triggers, o, out) ~= 0 then return nil, last_error() end
+    return wrap(out, nil)
+end
+
+-- never() -> a grammar without sentences (a trigger that must not come: text without it).
+function M.never() return M.gbnf("root ::= [^\\x00-\\U0010FFFF]") end
+
 -- A grammar shipped in lua/tinyloop/grammars/: json, json_array_of_strings, arithmetic, list, yes_no.
 local here = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "."
 -- The text of a shipped grammar file, or nil, err.
@@ -185,7 +224,8 @@ function Grammar:matches(text)
     return m[0] == 1
 end
 
--- The GBNF text the grammar was compiled from (a schema's generated grammar).
+-- The GBNF text the grammar was compiled from (a schema's or a pattern's generated grammar);
+-- nil for one built from other grammars (after, tags).
 function Grammar:gbnf() return self.source end
 Grammar.__tostring = function(self) return "tinyloop.grammar: " .. tostring(self.ptr) end
 

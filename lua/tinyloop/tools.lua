@@ -251,16 +251,30 @@ function _M.grammar(spec)
     return require("tinyloop").grammar.gbnf(text)
 end
 
--- lazy_grammar(spec) -> a grammar for tool_choice "auto" (llama.cpp's lazy grammar): the
--- reply is free text until the model opens a call, and the calls from there on are whole and
--- valid (each function's parameters); or nil, err.
-function _M.lazy_grammar(spec)
+-- lazy_grammar(spec[, thinks]) -> a grammar for tool_choice "auto" (llama.cpp's lazy grammar):
+-- the reply is free text until the model opens a call, and the calls from there on are whole
+-- and valid (each function's parameters), then the reply ends; or nil, err. thinks: the model
+-- may write a reasoning block (<think> ... </think>) on its own, in which a <tool_call> is
+-- words, not a call (the template speaks of reasoning: tinyloop.reasoning.uses).
+local think_body -- text without "</think>": a block's body (built once)
+function _M.lazy_grammar(spec, thinks)
     local text, err = _M.grammar_text(spec, true)
     if not text then return nil, err end
     local grammar = require("tinyloop").grammar
     local calls, gerr = grammar.gbnf(text)
     if not calls then return nil, gerr end
-    return grammar.after(START, calls, 0) -- (the call's shape to the byte: "<tool_call>\n{")
+    -- (the call's shape to the byte: "<tool_call>\n{")
+    local tags, triggers = { { begin = START, content = calls, ends_text = true } }, { START }
+    if thinks then
+        local reasoning = require "tinyloop.reasoning"
+        if not think_body then
+            local never = assert(grammar.never())
+            think_body = assert(grammar.tags({ { begin = reasoning.END, content = never } }, { reasoning.END }))
+        end
+        tags[2] = { begin = reasoning.START, content = think_body, ["end"] = reasoning.END }
+        triggers[2] = reasoning.START
+    end
+    return grammar.tags(tags, triggers)
 end
 
 -- ------------------------------------------------------------------ reading calls back
@@ -360,14 +374,17 @@ CallStream.__index = CallStream
 local HEAD, MID, TAIL = START .. '\n{"name": "', ', "arguments": ', '}\n' .. END
 
 function _M.call_stream()
-    return setmetatable({ state = "literal", want = HEAD, got = 0, after = "name", call = 0 }, CallStream)
+    return setmetatable({ state = "blanks", want = HEAD, got = 0, after = "name", call = 0 }, CallStream)
 end
 
 function CallStream:feed(text)
     local events, i, n = {}, 1, #text
     while i <= n and self.state ~= "off" do
         local state = self.state
-        if state == "literal" then -- a fixed part of the shape, byte by byte
+        if state == "blanks" then -- before the first call (after a reasoning block: "</think>\n\n")
+            i = find(text, "[^ \t\n\r]", i) or n + 1
+            if i <= n then self.state = "literal" end
+        elseif state == "literal" then -- a fixed part of the shape, byte by byte
             local want = self.want
             local take = math.min(#want - self.got, n - i + 1)
             if sub(text, i, i + take - 1) ~= sub(want, self.got + 1, self.got + take) then

@@ -791,7 +791,14 @@ static void test_after(tl_model *m) {
     CHECK(triggered >= 10 && free_before >= 5, "the trigger came in %d of 40 samples (%d after free text)", triggered,
           free_before);
     printf("after: the trigger came in %d of 40 seeded samples, %d after free text\n", triggered, free_before);
-    /* greedy: speculative chain and tree are bit-identical to plain decoding */
+    tl_compiled_grammar_free(g);
+    /* greedy from "Data:" writes a "," early: across that trigger, speculative chain and tree
+       are bit-identical to plain decoding, and beam hypotheses carry the grammar */
+    answer = compile("root ::= (\"cat\" | \"dog\" | \"house\") [.!]");
+    g = NULL;
+    CHECK(tl_grammar_compile_after(answer, ",", 1, 4, &g) == TL_OK, "%s", tl_last_error());
+    tl_compiled_grammar_free(answer);
+    if (!g) return;
     int plain_len, len;
     tl_generate_stats st;
     int32_t plain[256];
@@ -799,13 +806,20 @@ static void test_after(tl_model *m) {
         const int pl = sample(m, g, 0, 0.0f, mode == 0 ? TL_SPECULATIVE_OFF : mode == 1 ? TL_SPECULATIVE_CHAIN : TL_SPECULATIVE_TREE,
                               mode == 2 ? 3 : 1, mode == 0 ? plain : out, mode == 0 ? &plain_len : &len, &st);
         CHECK(pl > 0, "mode %d: %s", mode, tl_last_error());
-        if (mode == 0 || pl <= 0) continue;
+        if (pl <= 0) continue;
+        if (mode == 0) {
+            char *text = continuation_text(m, plain, plain_len, pl);
+            const char *comma = text ? strchr(text, ',') : NULL;
+            CHECK(comma && st.stop_reason == TL_STOP_EOS, "greedy crosses the trigger and ends: \"%s\"", text ? text : "");
+            tl_free(text);
+            continue;
+        }
         CHECK(len == plain_len && memcmp(out, plain, (size_t)len * sizeof *out) == 0,
               "after, speculative mode %d differs from plain decoding", mode);
     }
     /* beam search: the returned hypothesis is a sentence when it ends */
     for (int w = 2; w <= 3; w++) {
-        const int pl = beam_sample(m, g, w, "It is a truth", out, &len, &st);
+        const int pl = beam_sample(m, g, w, "Data:", out, &len, &st);
         CHECK(pl > 0, "beam %d: %s", w, tl_last_error());
         if (pl <= 0 || st.stop_reason != TL_STOP_EOS) continue;
         char *text = continuation_text(m, out, len, pl);
@@ -814,6 +828,126 @@ static void test_after(tl_model *m) {
         CHECK(ok, "beam %d: not a sentence: %s", w, text ? text : "");
         tl_free(text);
     }
+    tl_compiled_grammar_free(g);
+}
+
+/* tl_grammar_compile_tags: free text, tags opened by triggers, free text again. */
+static tl_compiled_grammar *tags_grammar(const tl_grammar_tag *tags, int n_tags, const char *const *triggers, int n_triggers,
+                                         int at_least_one, int max_blanks) {
+    tl_grammar_tags_options opts = {max_blanks, at_least_one};
+    tl_compiled_grammar *g = NULL;
+    CHECK(tl_grammar_compile_tags(tags, n_tags, triggers, n_triggers, &opts, &g) == TL_OK, "%s", tl_last_error());
+    return g;
+}
+
+static void test_tags(tl_model *m) {
+    tl_compiled_grammar *digit = compile("root ::= \"{\" [0-9] \"}\""), *x = compile("root ::= \"x\"+");
+    const tl_grammar_tag fa[] = {{"<f=a>", digit, "</f>", 0}, {"<f=b>", x, "</f>", 0}};
+    const char *const trig[] = {"<f="};
+    tl_compiled_grammar *g = tags_grammar(fa, 2, trig, 1, 0, 0);
+    static const char *y1[] = {"", "hello", "hi <f=a>{1}</f> bye", "<f=b>xx</f><f=a>{2}</f>", "a<f<f=b>x</f>", "<f", NULL};
+    static const char *n1[] = {"<f=c>", "<f=a>{x}</f>", "<f=a>{1}", "<f=a>{1}</f", "<f=a> {1}</f>", "<f=", NULL};
+    expect(g, "tags", y1, n1);
+    tl_compiled_grammar_free(g);
+    /* at least one tag; a tag that ends the text; blanks after a begin */
+    g = tags_grammar(fa, 2, trig, 1, 1, 0);
+    static const char *y2[] = {"<f=b>x</f>", "so <f=a>{3}</f> and", NULL};
+    static const char *n2[] = {"", "no tag", NULL};
+    expect(g, "tags, at least one", y2, n2);
+    tl_compiled_grammar_free(g);
+    const tl_grammar_tag last[] = {{"<f=a>", digit, "</f>", 1}, {"<f=b>", x, "</f>", 0}};
+    g = tags_grammar(last, 2, trig, 1, 0, 2);
+    static const char *y3[] = {"<f=b>x</f>", "so <f=a>\n {3}</f>", "none", "<f=b>x</f> more <f=a>{1}</f>", NULL};
+    static const char *n3[] = {"<f=a>{1}</f> more", "<f=a>\n \n{3}</f>", NULL};
+    expect(g, "tags, one ending the text, two blanks", y3, n3);
+    tl_compiled_grammar_free(g);
+    /* triggers that overlap: "ab" and "b" complete together after "ab"; each opens its own */
+    const tl_grammar_tag ov[] = {{"abX", digit, "", 0}, {"bY", x, ";", 0}};
+    const char *const trig2[] = {"ab", "b"};
+    g = tags_grammar(ov, 2, trig2, 2, 0, 0);
+    static const char *y4[] = {"aabX{1}", "abYx;", "bYxx;c", "zzz", NULL};
+    static const char *n4[] = {"ab", "abZ", "bX{1}", "aab", NULL};
+    expect(g, "tags, overlapping triggers", y4, n4);
+    tl_compiled_grammar_free(g);
+    /* what is refused */
+    tl_compiled_grammar *bad = NULL;
+    const tl_grammar_tag orphan[] = {{"<g=a>", digit, "", 0}};
+    CHECK(tl_grammar_compile_tags(orphan, 1, trig, 1, NULL, &bad) == TL_ERR_INVALID_ARGUMENT &&
+              strstr(tl_last_error(), "starts with no trigger"), "a begin without its trigger: %s", tl_last_error());
+    const char *const empty_trigger[] = {""};
+    CHECK(tl_grammar_compile_tags(fa, 2, empty_trigger, 1, NULL, &bad) == TL_ERR_INVALID_ARGUMENT, "an empty trigger");
+    CHECK(tl_grammar_compile_tags(fa, 0, trig, 1, NULL, &bad) == TL_ERR_INVALID_ARGUMENT, "no tags");
+    const tl_grammar_tag no_content[] = {{"<f=a>", NULL, "", 0}};
+    CHECK(tl_grammar_compile_tags(no_content, 1, trig, 1, NULL, &bad) == TL_ERR_INVALID_ARGUMENT, "a tag without content");
+    tl_grammar_tags_options too_many = {17, 0};
+    CHECK(tl_grammar_compile_tags(fa, 2, trig, 1, &too_many, &bad) == TL_ERR_INVALID_ARGUMENT, "max_blanks 17");
+    CHECK(bad == NULL, "nothing compiled");
+    tl_compiled_grammar_free(digit);
+    tl_compiled_grammar_free(x);
+
+    /* generation: the shipped model writes " the" often; each one opens " cat." or " dog."
+       and the text runs free again after it */
+    tl_compiled_grammar *animal = compile("root ::= (\" cat\" | \" dog\")");
+    const tl_grammar_tag the[] = {{" the", animal, ".", 0}};
+    const char *const trig3[] = {" the"};
+    g = tags_grammar(the, 1, trig3, 1, 0, 0);
+    tl_compiled_grammar_free(animal);
+    if (!g) return;
+    int32_t out[256];
+    int tags_seen = 0, ended = 0;
+    for (uint64_t seed = 1; seed <= 30; seed++) {
+        int len;
+        tl_generate_stats stats;
+        const int pl = sample(m, g, seed, 1.0f, TL_SPECULATIVE_OFF, 1, out, &len, &stats);
+        CHECK(pl > 0, "seed %llu: %s", (unsigned long long)seed, tl_last_error());
+        if (pl <= 0) continue;
+        char *text = continuation_text(m, out, len, pl);
+        if (!text) continue;
+        /* every " the" the text holds opens a tag: " cat." or " dog." follows (or the text
+           ends inside it) */
+        for (const char *at = strstr(text, " the"); at; at = strstr(at, " the")) {
+            at += 4;
+            const size_t rest = strlen(at);
+            const bool whole = strncmp(at, " cat.", 5) == 0 || strncmp(at, " dog.", 5) == 0;
+            const bool cut = rest < 5 && (strncmp(at, " cat.", rest) == 0 || strncmp(at, " dog.", rest) == 0);
+            CHECK(whole || cut, "seed %llu: a tag not kept after \" the\": \"%s\"", (unsigned long long)seed, at);
+            tags_seen += whole;
+            if (whole) at += 5;
+            else break;
+        }
+        if (stats.stop_reason == TL_STOP_EOS) {
+            ended++;
+            int ok = 0;
+            tl_grammar_matches(g, text, strlen(text), &ok);
+            CHECK(ok, "seed %llu: not a sentence: \"%s\"", (unsigned long long)seed, text);
+        }
+        tl_free(text);
+    }
+    CHECK(tags_seen >= 20, "%d tags in 30 samples", tags_seen);
+    printf("tags: %d tags in 30 seeded samples (%d ended)\n", tags_seen, ended);
+    tl_compiled_grammar_free(g);
+    /* greedy from "Data:" writes "," early: across that trigger, greedy speculative decoding
+       is plain decoding under tags too */
+    animal = compile("root ::= (\" cat\" | \" dog\")");
+    const tl_grammar_tag comma[] = {{",", animal, ".", 0}};
+    const char *const trig4[] = {","};
+    g = tags_grammar(comma, 1, trig4, 1, 0, 0);
+    tl_compiled_grammar_free(animal);
+    if (!g) return;
+    int plain_len, len, plain_prompt = 0;
+    tl_generate_stats st;
+    int32_t plain[256];
+    for (int mode = 0; mode < 3; mode++) {
+        const int pl = sample(m, g, 0, 0.0f, mode == 0 ? TL_SPECULATIVE_OFF : mode == 1 ? TL_SPECULATIVE_CHAIN : TL_SPECULATIVE_TREE,
+                              mode == 2 ? 3 : 1, mode == 0 ? plain : out, mode == 0 ? &plain_len : &len, &st);
+        CHECK(pl > 0, "mode %d: %s", mode, tl_last_error());
+        if (mode == 0) plain_prompt = pl;
+        if (mode == 0 || pl <= 0) continue;
+        CHECK(len == plain_len && memcmp(out, plain, (size_t)len * sizeof *out) == 0, "tags, speculative mode %d differs", mode);
+    }
+    char *text = plain_prompt > 0 ? continuation_text(m, plain, plain_len, plain_prompt) : NULL;
+    CHECK(text && (strstr(text, ", cat.") || strstr(text, ", dog.")), "greedy opens a tag: \"%s\"", text ? text : "");
+    tl_free(text);
     tl_compiled_grammar_free(g);
 }
 
@@ -898,6 +1032,7 @@ int main(int argc, char **argv) {
         test_masks_nested(m);
         test_generation(m);
         test_after(m);
+        test_tags(m);
         tl_model_free(m);
     } else CHECK(0, "load %s: %s", dir, tl_last_error());
     snprintf(dir, sizeof dir, "%s/tests/data/gpt2/tokenizer.json", root_dir);

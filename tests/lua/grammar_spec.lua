@@ -129,6 +129,40 @@ describe("cfg.grammar with a compiled grammar", function()
             assert.truthy(out:match("^%(?%d%d%d%)? ?%d%d%d%-%d%d%d%d$"), out)
         end
     end)
+    it("lets a special token that ends the text (a chat turn's end) end it wherever the grammar may end", function()
+        -- the shipped model with "." marked special (no grammar writes a special token), and a
+        -- one-token stop sequence of it, as a chat template's turn end is: under a grammar
+        -- whose text is free until a trigger that never comes, the same tokens as without
+        -- one, each ending at the stop (the grammar banned it, and every reply ran on)
+        local cjson = require "cjson"
+        local dir = os.tmpname()
+        os.remove(dir)
+        os.execute("mkdir -p " .. dir)
+        local src = H.ROOT .. "/models/tinyloop-austen"
+        for _, f in ipairs({ "config.json", "model.safetensors" }) do os.execute(("ln -s %s/%s %s/%s"):format(src, f, dir, f)) end
+        local dot = austen:encode(".")
+        assert.equal(1, #dot)
+        local tok = cjson.decode(assert(io.open(src .. "/tokenizer.json")):read("*a"))
+        table.insert(tok.added_tokens, { id = dot[1], content = ".", single_word = false, lstrip = false, rstrip = false,
+                                         normalized = false, special = true })
+        local f = assert(io.open(dir .. "/tokenizer.json", "wb"))
+        f:write(cjson.encode(tok))
+        f:close()
+        local m = assert(tinyloop.load(dir, { threads = 1 }))
+        os.execute("rm -rf " .. dir)
+        local g = assert(G.after("<tool_call>", assert(G.gbnf('root ::= "x"')), 0))
+        local stopped = 0
+        for seed = 1, 6 do
+            local cfg = { max_tokens = 40, temperature = 1, sample_seed = seed, stop_sequences = { { dot[1] } } }
+            local free, free_stats = m:generate(P, cfg)
+            cfg.grammar = g
+            local constrained, stats = m:generate(P, cfg)
+            assert.same(free, constrained)
+            assert.equal(free_stats.stop_reason, stats.stop_reason)
+            if stats.stop_reason == "STOP_SEQUENCE" then stopped = stopped + 1 end
+        end
+        assert.truthy(stopped >= 4, stopped)
+    end)
     it("has a JSON object grammar (OpenAI's JSON mode): the shipped JSON, an object at its top level", function()
         local object, any = assert(G.json_object()), assert(G.shipped("json"))
         for _, text in ipairs({ '{"a": [1, true, null]}', ' {}', '{"b": {"c": "d"}}\n' }) do

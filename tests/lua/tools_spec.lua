@@ -204,6 +204,13 @@ describe("tinyloop.tools.grammar", function()
         g = assert(tools.lazy_grammar(assert(check(WEATHER_NOW, "auto", false))))
         assert.is_true(g:matches("Sure. " .. call("now", "{}")))
         assert.is_false(g:matches(call("now", "{}") .. "\n" .. call("now", "{}")))
+        -- a model that may think on its own: a <tool_call> inside its block is words
+        local thinking = assert(tools.lazy_grammar(assert(check(WEATHER_NOW, "auto")), true))
+        local reasoned = "<think>\nI will write a <tool_call> block.\n</think>\n\n" .. call("now", "{}")
+        assert.is_true(thinking:matches(reasoned))
+        assert.is_true(thinking:matches("<think>\nno call</think>\nIt is sunny."))
+        assert.is_false(thinking:matches("<think>x</think>" .. call("later", "{}")))
+        assert.is_false(g:matches(reasoned)) -- (without: the tag in the block opens a call)
         -- a schema that does not compile is said as for a forced choice
         local bad = { type = "function", ["function"] = { name = "bad", parameters = { type = "object", properties = { x = { type = "quantum" } } } } }
         local none, err = tools.lazy_grammar(assert(check({ NOW, bad }, "auto")))
@@ -368,6 +375,20 @@ describe("tinyloop.tools.call_stream", function()
             assert.same({ '{"city": "Pa}\\"ris", "n": [1, {"x": 2}]}', "{}" }, arguments)
             assert.is_true(pieces >= math.min(2, math.ceil(#text / size)))
         end
+    end)
+
+    it("reads calls after blank space (a thinking model's answer after </think>), however the text is cut", function()
+        local spaced = "\n\n \t" .. text
+        for _, size in ipairs({ 1, 2, 3, 7, #spaced }) do
+            local reader, names = tools.call_stream(), {}
+            for i = 1, #spaced, size do
+                for _, e in ipairs(reader:feed(spaced:sub(i, i + size - 1))) do
+                    if e.name then names[#names + 1] = e.name end
+                end
+            end
+            assert.same({ "get_weather", "now" }, names)
+        end
+        assert.same({}, tools.call_stream():feed("\n words <tool_call>")) -- (words are off the shape)
     end)
 
     it("stops at text off the shape", function()

@@ -736,7 +736,7 @@ end
 -- How a message names a forced tool_choice.
 local function forced_choice(spec) return spec.choice == "function" and "naming a function" or '"required"' end
 
-local function tools_fields(t, body, cfg, shared)
+local function tools_fields(t, body, cfg, shared, thinks)
     local tools_json = t.tools ~= nil and raw_member(body, { "tools" }) or nil
     local spec, shown, param = tools.prepare(t.tools, t.tool_choice, t.parallel_tool_calls, tools_json)
     if spec == nil then return bad(shown, param) end
@@ -760,8 +760,8 @@ local function tools_fields(t, body, cfg, shared)
             cfg.stop_strings = stops
         end
         if not cfg.grammar then -- (a request's own grammar constrains the reply instead)
-            local key = ("tools-auto:%s:%s"):format(tostring(spec.parallel), tools_json)
-            local g, gerr = compiled(key, tools.lazy_grammar, spec)
+            local key = ("tools-auto:%s:%s:%s"):format(tostring(spec.parallel), tostring(thinks), tools_json)
+            local g, gerr = compiled(key, function() return tools.lazy_grammar(spec, thinks) end)
             if not g then return bad(gerr, "tools") end
             cfg.grammar, shared.grammar_field = g, "tools"
             spec.lazy = true -- (its calls, whole by the grammar, can be streamed as they come)
@@ -812,7 +812,8 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     local shared, err = shared_fields(t, body, model, model_id, cfg)
     if not shared then return nil, err end
     if not model.has_tokenizer then return bad("chat needs a tokenizer, which this model lacks: use /v1/completions with token ids", "messages") end
-    local tool_spec, template_tools = tools_fields(t, body, cfg, shared)
+    -- (a template that speaks of reasoning: a <tool_call> inside a block is no call)
+    local tool_spec, template_tools = tools_fields(t, body, cfg, shared, reasoning.uses(chat.template_text))
     if tool_spec == nil then return nil, template_tools end
     if tool_spec and tool_spec.forced and t.continue_final_message then
         return bad("tool_choice " .. forced_choice(tool_spec) ..

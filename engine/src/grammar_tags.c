@@ -1,0 +1,382 @@
+/* grammar_tags.c: free text and the grammars it opens (xgrammar's triggered tags, vLLM's
+ * structural_tag, llama.cpp's lazy grammars).
+ *
+ * The text is free until one of the triggers appears; from there it is a tag whose begin
+ * starts with that trigger (the rest of its begin, a sentence of its content grammar, its
+ * end), then free text again (or the end of the text: ends_text). It is one grammar program, built
+ * here from the content grammars' programs:
+ *
+ *   free_s  the free text, one rule per state s of the triggers' Aho-Corasick automaton (s =
+ *           the longest trigger prefix the text ends with): an alternative per set of bytes
+ *           that lead to the same next state, "[bytes] free_next", or "[bytes] enter_n" where
+ *           the next state n completes triggers; and an empty alternative (the text may end)
+ *           unless at_least_one and no tag came yet (a second copy of the free rules then);
+ *   enter_n an alternative per tag whose begin starts with a trigger completed at n:
+ *           "[rest of begin, a byte each] blank_t0";
+ *   blank_tk "[ \t\n\r] blank_t(k+1) | content_t.root [end, a byte each] next", next being
+ *           free_root (after a tag) or nothing (a tag that ends the text); max_blanks of them.
+ *
+ * Every cycle of new rules passes through a byte and the content programs were checked when
+ * they were compiled, so the whole is free of left recursion; a token that spans a trigger is
+ * judged byte by byte like any other. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar.h"
+
+#define MAX_TRIGGER 256
+#define MAX_TRIGGERS 64
+#define MAX_TAGS 256
+/* Blank bytes a caller may allow between a tag's begin and its content ("</think>\n\n{"): a
+   few, not a run a model could pad with up to max_tokens. */
+#define MAX_BLANKS 16
+
+typedef struct bytes { const unsigned char *p; int n; } bytes;
+
+typedef struct tag_in {
+    bytes begin, end;
+    const gram_program *content;
+    bool ends_text;
+} tag_in;
+
+/* ---------------------------------------------------------------- the program writer */
+
+typedef struct writer {
+    gram_program *p;
+    int cap_elems, cap_alts, cap_sets, cap_rule_alts;
+    bool oom;
+} writer;
+
+static bool grow_to(void **a, int *cap, int need, size_t size) {
+    if (need <= *cap) return true;
+    int c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*a, (size_t)c * size);
+    if (!q) return false;
+    *a = q;
+    *cap = c;
+    return true;
+}
+
+static void emit(writer *w, uint8_t kind, int32_t arg) {
+    if (w->oom || !grow_to((void **)&w->p->elems, &w->cap_elems, w->p->n_elems + 1, sizeof *w->p->elems)) { w->oom = true; return; }
+    w->p->elems[w->p->n_elems++] = (gram_elem){kind, arg};
+}
+
+static void begin_alt(writer *w) {
+    if (w->oom || !grow_to((void **)&w->p->alt_start, &w->cap_alts, w->p->n_alts + 1, sizeof *w->p->alt_start)) { w->oom = true; return; }
+    w->p->alt_start[w->p->n_alts++] = w->p->n_elems;
+}
+
+/* Rules are written in order: rule r's alternatives follow begin_rule(w, r). */
+static void begin_rule(writer *w, int r) {
+    if (w->oom || !grow_to((void **)&w->p->rule_alts, &w->cap_rule_alts, r + 2, sizeof *w->p->rule_alts)) { w->oom = true; return; }
+    w->p->rule_alts[r] = w->p->n_alts;
+}
+
+static int32_t add_set(writer *w, const gram_byteset *set) {
+    if (w->oom || !grow_to((void **)&w->p->sets, &w->cap_sets, w->p->n_sets + 1, sizeof *w->p->sets)) { w->oom = true; return 0; }
+    w->p->sets[w->p->n_sets] = *set;
+    return w->p->n_sets++;
+}
+
+static int32_t byte_set(writer *w, unsigned char b) {
+    gram_byteset set = {{0}};
+    set.bits[b >> 6] |= 1ull << (b & 63);
+    return add_set(w, &set);
+}
+
+/* A program's rules appended as they are (their alternatives, elements and sets renumbered):
+   its rule r becomes rule first + r. */
+static void append_program(writer *w, const gram_program *g, int first) {
+    const int set0 = w->p->n_sets;
+    for (int s = 0; s < g->n_sets; s++) add_set(w, &g->sets[s]);
+    for (int r = 0; r < g->n_rules && !w->oom; r++) {
+        begin_rule(w, first + r);
+        for (int a = g->rule_alts[r]; a < g->rule_alts[r + 1]; a++) {
+            begin_alt(w);
+            for (int pos = g->alt_start[a];; pos++) {
+                const gram_elem e = g->elems[pos];
+                emit(w, e.kind, e.kind == GE_BYTES ? e.arg + set0 : e.kind == GE_REF ? e.arg + first : 0);
+                if (e.kind == GE_END) break;
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- the triggers' automaton */
+
+/* Aho-Corasick over bytes: a trie of the triggers, delta[s * 256 + b] the next state (failure
+   links folded in), completes[s] whether some trigger ends at s (at s itself or at a suffix
+   of it), and which ones: ends_of(s) through the failure links. */
+typedef struct automaton {
+    int n_states;
+    int32_t *delta;     /* [n_states][256] */
+    int32_t *fail_of;   /* [n_states] */
+    int32_t *trigger_at;/* [n_states] the trigger whose last byte is s, or -1 */
+    bool *completes;    /* [n_states] */
+} automaton;
+
+static void automaton_free(automaton *a) {
+    free(a->delta);
+    free(a->fail_of);
+    free(a->trigger_at);
+    free(a->completes);
+}
+
+static bool automaton_build(automaton *a, const bytes *triggers, int n) {
+    int max_states = 1;
+    for (int t = 0; t < n; t++) max_states += triggers[t].n;
+    memset(a, 0, sizeof *a);
+    a->delta = malloc((size_t)max_states * 256 * sizeof *a->delta);
+    a->fail_of = malloc((size_t)max_states * sizeof *a->fail_of);
+    a->trigger_at = malloc((size_t)max_states * sizeof *a->trigger_at);
+    a->completes = calloc((size_t)max_states, sizeof *a->completes);
+    int32_t *queue = malloc((size_t)max_states * sizeof *queue);
+    if (!a->delta || !a->fail_of || !a->trigger_at || !a->completes || !queue) {
+        free(queue);
+        automaton_free(a);
+        return false;
+    }
+    for (int i = 0; i < max_states * 256; i++) a->delta[i] = -1;
+    a->n_states = 1;
+    a->trigger_at[0] = -1;
+    for (int t = 0; t < n; t++) {
+        int s = 0;
+        for (int i = 0; i < triggers[t].n; i++) {
+            int32_t *next = &a->delta[s * 256 + triggers[t].p[i]];
+            if (*next < 0) {
+                *next = a->n_states;
+                a->trigger_at[a->n_states++] = -1;
+            }
+            s = *next;
+        }
+        if (a->trigger_at[s] < 0) a->trigger_at[s] = t; /* (a repeated trigger: its first) */
+    }
+    /* breadth first: a state's failure link is shallower, so known before it */
+    int head = 0, tail = 0;
+    a->fail_of[0] = 0;
+    for (int b = 0; b < 256; b++) {
+        int32_t *next = &a->delta[b];
+        if (*next < 0) *next = 0;
+        else { a->fail_of[*next] = 0; queue[tail++] = *next; }
+    }
+    while (head < tail) {
+        const int s = queue[head++];
+        a->completes[s] = a->trigger_at[s] >= 0 || a->completes[a->fail_of[s]];
+        for (int b = 0; b < 256; b++) {
+            int32_t *next = &a->delta[s * 256 + b];
+            if (*next < 0) *next = a->delta[a->fail_of[s] * 256 + b];
+            else {
+                a->fail_of[*next] = a->delta[a->fail_of[s] * 256 + b];
+                queue[tail++] = *next;
+            }
+        }
+    }
+    free(queue);
+    return true;
+}
+
+/* ---------------------------------------------------------------- the program */
+
+static bool starts_with(bytes s, bytes prefix) { return s.n >= prefix.n && memcmp(s.p, prefix.p, (size_t)prefix.n) == 0; }
+
+static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *triggers, int n_triggers, int max_blanks,
+                              bool at_least_one, gram_program **out, char *err, size_t errlen) {
+    *out = NULL;
+    automaton a;
+    if (!automaton_build(&a, triggers, n_triggers)) {
+        snprintf(err, errlen, "out of memory");
+        return TL_ERR_NO_MEMORY;
+    }
+    /* rule numbers: the content programs, then free (one or two copies), enter, blank */
+    int *content_first = malloc((size_t)n_tags * sizeof *content_first);
+    writer w = {.p = calloc(1, sizeof *w.p)};
+    if (!content_first || !w.p) w.oom = true;
+    int n_rules = 0;
+    for (int t = 0; t < n_tags && !w.oom; t++) {
+        content_first[t] = n_rules;
+        n_rules += tags[t].content->n_rules;
+    }
+    const int S = a.n_states, copies = at_least_one ? 2 : 1;
+    const int free_first = n_rules, enter_first = free_first + copies * S, blank_first = enter_first + S;
+    n_rules = blank_first + n_tags * (max_blanks + 1);
+    /* free_after: the free text after a tag (the copy that may end); the start: before any */
+    const int free_after = free_first + (copies - 1) * S;
+    for (int t = 0; t < n_tags && !w.oom; t++) append_program(&w, tags[t].content, content_first[t]);
+    for (int c = 0; c < copies && !w.oom; c++)
+        for (int s = 0; s < S; s++) {
+            begin_rule(&w, free_first + c * S + s);
+            if (a.completes[s]) { /* (never called: the byte that leads here enters a tag) */
+                const gram_byteset none = {{0}};
+                const int32_t id = add_set(&w, &none);
+                begin_alt(&w);
+                emit(&w, GE_BYTES, id);
+                emit(&w, GE_END, 0);
+                continue;
+            }
+            /* one alternative per next state, its bytes in one set */
+            for (int next = 0; next < S; next++) {
+                gram_byteset set = {{0}};
+                bool any = false;
+                for (int b = 0; b < 256; b++)
+                    if (a.delta[s * 256 + b] == next) { set.bits[b >> 6] |= 1ull << (b & 63); any = true; }
+                if (!any) continue;
+                const int32_t id = add_set(&w, &set);
+                begin_alt(&w);
+                emit(&w, GE_BYTES, id);
+                emit(&w, GE_REF, a.completes[next] ? enter_first + next : free_first + c * S + next);
+                emit(&w, GE_END, 0);
+            }
+            if (c == copies - 1) { /* the text may end here */
+                begin_alt(&w);
+                emit(&w, GE_END, 0);
+            }
+        }
+    for (int s = 0; s < S && !w.oom; s++) {
+        begin_rule(&w, enter_first + s);
+        bool any = false;
+        for (int at = s; a.completes[at] && !w.oom; at = a.fail_of[at]) { /* each trigger ending here */
+            if (a.trigger_at[at] < 0) continue;
+            const bytes trigger = triggers[a.trigger_at[at]];
+            for (int t = 0; t < n_tags; t++) {
+                if (!starts_with(tags[t].begin, trigger)) continue;
+                begin_alt(&w);
+                for (int i = trigger.n; i < tags[t].begin.n; i++) emit(&w, GE_BYTES, byte_set(&w, tags[t].begin.p[i]));
+                emit(&w, GE_REF, blank_first + t * (max_blanks + 1));
+                emit(&w, GE_END, 0);
+                any = true;
+            }
+            if (at == 0) break;
+        }
+        if (!any) { /* no tag opens here: the trigger is a dead end (an empty byte set) */
+            const gram_byteset none = {{0}};
+            const int32_t id = add_set(&w, &none);
+            begin_alt(&w);
+            emit(&w, GE_BYTES, id);
+            emit(&w, GE_END, 0);
+        }
+    }
+    gram_byteset blank = {{0}};
+    for (const char *c = " \t\n\r"; *c; c++) blank.bits[(unsigned char)*c >> 6] |= 1ull << ((unsigned char)*c & 63);
+    const int32_t blank_set = add_set(&w, &blank);
+    for (int t = 0; t < n_tags && !w.oom; t++)
+        for (int k = 0; k <= max_blanks; k++) {
+            const int r = blank_first + t * (max_blanks + 1) + k;
+            begin_rule(&w, r);
+            if (k < max_blanks) {
+                begin_alt(&w);
+                emit(&w, GE_BYTES, blank_set);
+                emit(&w, GE_REF, r + 1);
+                emit(&w, GE_END, 0);
+            }
+            begin_alt(&w);
+            emit(&w, GE_REF, content_first[t] + tags[t].content->root);
+            for (int i = 0; i < tags[t].end.n; i++) emit(&w, GE_BYTES, byte_set(&w, tags[t].end.p[i]));
+            if (!tags[t].ends_text) emit(&w, GE_REF, free_after);
+            emit(&w, GE_END, 0);
+        }
+    begin_rule(&w, n_rules); /* (the end of the last rule's alternatives) */
+    gram_program *p = w.p;
+    if (!w.oom) {
+        p->n_rules = n_rules;
+        p->root = free_first;
+        p->rule_names = calloc((size_t)n_rules + 1, sizeof *p->rule_names);
+        if (!p->rule_names) w.oom = true;
+        for (int t = 0, r = 0; t < n_tags && !w.oom; t++)
+            for (int k = 0; k < tags[t].content->n_rules && !w.oom; k++, r++) {
+                const char *name = tags[t].content->rule_names[k];
+                if (!(p->rule_names[r] = malloc(strlen(name) + 1))) w.oom = true;
+                else strcpy(p->rule_names[r], name);
+            }
+        for (int r = free_first; r < n_rules && !w.oom; r++) {
+            const char *name = r < enter_first ? "free text" : r < blank_first ? "a trigger" : "a tag";
+            if (!(p->rule_names[r] = malloc(strlen(name) + 1))) w.oom = true;
+            else strcpy(p->rule_names[r], name);
+        }
+    }
+    free(content_first);
+    automaton_free(&a);
+    if (w.oom || (p && p->n_elems > GRAM_MAX_ELEMS)) {
+        const bool big = !w.oom;
+        gram_program_free(p);
+        if (big) snprintf(err, errlen, "too large (more than %d elements)", GRAM_MAX_ELEMS);
+        else snprintf(err, errlen, "out of memory");
+        return big ? TL_ERR_INVALID_ARGUMENT : TL_ERR_NO_MEMORY;
+    }
+    *out = p;
+    return TL_OK;
+}
+
+/* ---------------------------------------------------------------- the API */
+
+tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const char *const *triggers, int n_triggers,
+                                  const tl_grammar_tags_options *opts, tl_compiled_grammar **out) {
+    tl_clear_error();
+    if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: out must not be NULL");
+    *out = NULL;
+    if (!tags || n_tags < 1 || n_tags > MAX_TAGS)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: 1 to %d tags", MAX_TAGS);
+    if (!triggers || n_triggers < 1 || n_triggers > MAX_TRIGGERS)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: 1 to %d triggers", MAX_TRIGGERS);
+    const int max_blanks = opts ? opts->max_blanks : 0;
+    if (max_blanks < 0 || max_blanks > MAX_BLANKS)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: max_blanks = %d is out of range [0, %d]", max_blanks,
+                       MAX_BLANKS);
+    bytes trig[MAX_TRIGGERS];
+    for (int i = 0; i < n_triggers; i++) {
+        const size_t n = triggers[i] ? strlen(triggers[i]) : 0;
+        if (n == 0 || n > MAX_TRIGGER)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: trigger %d must be 1 to %d bytes", i, MAX_TRIGGER);
+        trig[i] = (bytes){(const unsigned char *)triggers[i], (int)n};
+    }
+    tag_in *in = calloc((size_t)n_tags, sizeof *in);
+    if (!in) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    tl_status st = TL_OK;
+    for (int t = 0; t < n_tags && st == TL_OK; t++) {
+        if (!tags[t].begin || !tags[t].content || !tags[t].end) {
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: tag %d needs begin, content and end", t);
+            break;
+        }
+        in[t] = (tag_in){{(const unsigned char *)tags[t].begin, (int)strlen(tags[t].begin)},
+                         {(const unsigned char *)tags[t].end, (int)strlen(tags[t].end)}, tags[t].content->prog,
+                         tags[t].ends_text != 0};
+        bool opened = false;
+        for (int i = 0; i < n_triggers && !opened; i++) opened = starts_with(in[t].begin, trig[i]);
+        if (!opened)
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: tag %d's begin \"%.64s\" starts with no trigger", t,
+                         tags[t].begin);
+        else if (in[t].begin.n > 4096 || in[t].end.n > 4096)
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: tag %d's begin or end is over 4096 bytes", t);
+    }
+    gram_program *prog = NULL;
+    char err[128] = "";
+    if (st == TL_OK) {
+        st = program_tags(in, n_tags, trig, n_triggers, max_blanks, opts && opts->at_least_one, &prog, err, sizeof err);
+        if (st != TL_OK) st = tl_fail(st, "tl_grammar_compile_tags: %s", err);
+    }
+    free(in);
+    return st == TL_OK ? gram_wrap_program(prog, out) : st;
+}
+
+tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *trigger, size_t len, int max_blanks,
+                                   tl_compiled_grammar **out) {
+    tl_clear_error();
+    if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: out must not be NULL");
+    *out = NULL;
+    if (!g) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: grammar is NULL");
+    if (!trigger || len == 0 || len > MAX_TRIGGER)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: the trigger must be 1 to %d bytes", MAX_TRIGGER);
+    if (max_blanks < 0 || max_blanks > MAX_BLANKS)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: max_blanks = %d is out of range [0, %d]", max_blanks,
+                       MAX_BLANKS);
+    /* one tag: the trigger its begin, g its content, no end; the text ends with it */
+    const bytes trig = {(const unsigned char *)trigger, (int)len};
+    const tag_in tag = {trig, {(const unsigned char *)"", 0}, g->prog, true};
+    gram_program *prog;
+    char err[128] = "";
+    const tl_status st = program_tags(&tag, 1, &trig, 1, max_blanks, false, &prog, err, sizeof err);
+    if (st != TL_OK) return tl_fail(st, "tl_grammar_compile_after: %s", err);
+    return gram_wrap_program(prog, out);
+}
