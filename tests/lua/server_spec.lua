@@ -740,6 +740,11 @@ describe("server", function()
         -- each field against a local session under the grammar it names (seeded sampling)
         local schema = '{"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}}, ' ..
                        '"required": ["age"]}'
+        local tag_schema = '{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]}'
+        local tag_json = '{"type": "structural_tag", "structures": [{"begin": " the", "schema": ' .. tag_schema ..
+                         ', "end": "."}], "triggers": [" the"]}'
+        local tagged = assert(G.tags({ { begin = " the", content = assert(G.json_schema(tag_schema, { whitespace = "free" })),
+                                         ["end"] = "." } }, { " the" }))
         local cases = {
             { '"guided_choice": ["Emma", "Harriet", "Mr. \\"Knightley\\""]', G.gbnf('root ::= "Emma" | "Harriet" | "Mr. \\"Knightley\\""') },
             { '"structured_outputs": {"choice": ["yes", "no"]}', G.gbnf('root ::= "yes" | "no"') },
@@ -757,6 +762,9 @@ describe("server", function()
               G.json_schema(schema) },
             { '"guided_choice": ["yes", "no"], "guided_decoding_backend": "xgrammar"', G.gbnf('root ::= "yes" | "no"') },
             { '"guided_choice": ["yes", "no"], "response_format": {"type": "text"}', G.gbnf('root ::= "yes" | "no"') },
+            -- vLLM's structural_tag: free text; each " the" opens an {"n": digit} object, then "."
+            { '"response_format": ' .. tag_json, tagged },
+            { '"structured_outputs": {"structural_tag": ' .. cjson.encode(tag_json) .. '}', tagged }, -- (as JSON text)
         }
         for _, case in ipairs(cases) do
             local g = assert(case[2])
@@ -768,6 +776,18 @@ describe("server", function()
             assert.same({ unpack(want, #prompt + 1) }, choice.token_ids, case[1])
             if choice.finish_reason == "stop" then assert.is_true(g:matches(choice.text), case[1] .. ": " .. choice.text) end
         end
+        -- a structural tag the model opens (seed 8 writes " the"): its object, its end, free text after
+        local body = '{"prompt": "It is a truth", "max_tokens": 40, "seed": 8, "temperature": 0.9, "response_format": ' ..
+                     tag_json .. '}'
+        local status, rbody = post(body)
+        assert.equal(200, status, rbody)
+        local choice = cjson.decode(rbody).choices[1]
+        local want = m:generate(prompt, { max_tokens = 40, sample_seed = 8, temperature = 0.9, grammar = tagged })
+        assert.same({ unpack(want, #prompt + 1) }, choice.token_ids)
+        local object, after = choice.text:match(" the%s*(%b{})%s*%.(.*)$")
+        assert.truthy(object, choice.text)
+        assert.truthy(cjson.decode(object).n, object)
+        assert.truthy(after:find("%a"), "free text after the tag: " .. choice.text)
         -- refusals naming the field
         for _, case in ipairs({
             { '"guided_choice": []', "guided_choice", "must be a non-empty array of strings" },
@@ -791,11 +811,26 @@ describe("server", function()
             { '"structured_outputs": {"regex": "a\\\\1"}', "structured_outputs", "structured_outputs.regex does not compile: regular expression: escape '\\1'" },
             { '"structured_outputs": {"regex": 5}', "structured_outputs", "structured_outputs.regex must be a string" },
             { '"structured_outputs": {"choice": ["a"], "grammar": "root ::= \\"a\\""}', "structured_outputs",
-              "takes one of json, regex, choice, grammar and json_object, not choice and grammar" },
+              "takes one of json, regex, choice, grammar, json_object and structural_tag, not choice and grammar" },
             { '"structured_outputs": {}', "structured_outputs", "needs one of" },
             { '"structured_outputs": {"json_object": false}', "structured_outputs", "json_object must be true" },
             { '"structured_outputs": {"disable_any_whitespace": true}', "structured_outputs", "needs one of" },
             { '"structured_outputs": {"json_object": true, "regex_flags": 1}', "structured_outputs", "unknown field 'regex_flags'" },
+            { '"response_format": {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": {}, "end": "</f>"}], ' ..
+              '"triggers": ["<g"]}', "response_format", "response_format: structures[0]'s begin \"<f>\" starts with no trigger" },
+            { '"response_format": {"type": "structural_tag", "structures": [], "triggers": ["<f"]}', "response_format",
+              "response_format.structures must be a non-empty array" },
+            { '"response_format": {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": {}, "end": ""}]}',
+              "response_format", "response_format.triggers must be a non-empty array of strings" },
+            { '"response_format": {"type": "structural_tag", "format": {"type": "any_text"}}', "response_format",
+              'the "format" form is not supported here' },
+            { '"response_format": {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": {"type": "quantum"}, ' ..
+              '"end": ""}], "triggers": ["<f"]}', "response_format", "response_format.structures[0].schema does not compile" },
+            { '"response_format": {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": {}, "end": "", "x": 1}], ' ..
+              '"triggers": ["<f"]}', "response_format", "unknown field 'x' in response_format.structures[0]" },
+            { '"structured_outputs": {"structural_tag": "{\\"type\\": \\"structural_tag\\", \\"triggers\\": [1]}"}',
+              "structured_outputs", "structured_outputs.structural_tag.structures must be a non-empty array" },
+            { '"response_format": {"type": "tags"}', "response_format", '"json_schema" or "structural_tag"' },
             { '"structured_outputs": [1]', "structured_outputs", "must be an object" },
             { '"guided_choice": ["a"], "response_format": {"type": "json_object"}', "guided_choice",
               "response_format and guided_choice cannot be used together" },

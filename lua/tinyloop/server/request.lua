@@ -424,10 +424,66 @@ local function json_object(P)
     return g, P
 end
 
+-- vLLM's structural_tag (xgrammar's triggered tags, its first form): {"type": "structural_tag",
+-- "structures": [{"begin", "schema", "end"}], "triggers": [...]}: free text until a trigger,
+-- then a structure whose begin starts with it (its schema's JSON between begin and end), then
+-- free text again. text: its JSON (the schemas' key order is the order they write keys in).
+local MAX_STRUCTURES = 256
+local function structural_tag_grammar(v, text, P, what)
+    if type(v) ~= "table" or text:sub(1, 1) ~= "{" then return bad(what .. " must be an object", P) end
+    for k in pairs(v) do
+        if k ~= "type" and k ~= "structures" and k ~= "triggers" then
+            if k == "format" then
+                return bad(what .. ": the \"format\" form is not supported here: send \"structures\" and \"triggers\"", P)
+            end
+            return bad(("unknown field '%s' in %s"):format(tostring(k), what), P)
+        end
+    end
+    if v.type ~= "structural_tag" then return bad(what .. '.type must be "structural_tag"', P) end
+    local structures, triggers = v.structures, v.triggers
+    if type(structures) ~= "table" or #structures == 0 or json_text.member(text, { "structures" }):sub(1, 1) ~= "[" then
+        return bad(what .. ".structures must be a non-empty array of {begin, schema, end}", P)
+    end
+    if #structures > MAX_STRUCTURES then return bad(("%s.structures has %d entries: at most %d"):format(what, #structures, MAX_STRUCTURES), P) end
+    if type(triggers) ~= "table" or #triggers == 0 or json_text.member(text, { "triggers" }):sub(1, 1) ~= "[" then
+        return bad(what .. ".triggers must be a non-empty array of strings", P)
+    end
+    for i, trigger in pairs(triggers) do
+        if type(i) ~= "number" or type(trigger) ~= "string" or trigger == "" or valid_utf8(trigger) ~= trigger then
+            return bad(("%s.triggers[%s] must be a non-empty string"):format(what, tostring(type(i) == "number" and i - 1 or i)), P)
+        end
+    end
+    local g, err = compiled("structural_tag:" .. text, function()
+        local tags = {}
+        for i, st in ipairs(structures) do
+            local at = ("%s.structures[%d]"):format(what, i - 1)
+            if type(st) ~= "table" or type(st.begin) ~= "string" or type(st["end"]) ~= "string" or type(st.schema) ~= "table" then
+                return nil, at .. " must be {begin: string, schema: object, end: string}"
+            end
+            for k in pairs(st) do
+                if k ~= "begin" and k ~= "schema" and k ~= "end" then return nil, ("unknown field '%s' in %s"):format(tostring(k), at) end
+            end
+            if st.begin == "" or valid_utf8(st.begin) ~= st.begin or valid_utf8(st["end"]) ~= st["end"] then
+                return nil, at .. ": begin must be a non-empty string and both valid UTF-8"
+            end
+            local schema = json_text.member(text, { "structures", i, "schema" })
+            if not schema or schema:sub(1, 1) ~= "{" then return nil, at .. ".schema must be a JSON Schema object" end
+            local content, serr = grammar.json_schema(schema, { whitespace = "free" })
+            if not content then return nil, at .. ".schema does not compile: " .. tostring(serr) end
+            tags[i] = { begin = st.begin, content = content, ["end"] = st["end"] }
+        end
+        local tagged, terr = grammar.tags(tags, triggers)
+        if not tagged then return nil, tostring(terr):gsub("^tl_grammar_compile_tags: ", ""):gsub("tag (%d+)'s", "structures[%1]'s") end
+        return tagged
+    end)
+    if not g then return bad(what .. ": " .. tostring(err), P) end
+    return g, P
+end
+
 -- vLLM's structured_outputs object: one of json, regex, choice, grammar, json_object; its options
 -- where they say what this server does (disable_any_whitespace: the json's blanks,
 -- disable_fallback: there is no other backend to fall back on), others at their defaults.
-local STRUCTURED_KEYS = { "json", "regex", "choice", "grammar", "json_object" }
+local STRUCTURED_KEYS = { "json", "regex", "choice", "grammar", "json_object", "structural_tag" }
 local STRUCTURED_KNOWN = {}
 for _, k in ipairs(STRUCTURED_KEYS) do STRUCTURED_KNOWN[k] = true end
 local STRUCTURED_OPTIONS = {
@@ -435,7 +491,6 @@ local STRUCTURED_OPTIONS = {
     disable_fallback = function(v) return type(v) == "boolean" end,
     disable_additional_properties = function(v) return v == false end, -- (vLLM's default; a schema says its own)
     whitespace_pattern = function() return false end,
-    structural_tag = function() return false end,
 }
 local function structured_grammar(so, body)
     local P = "structured_outputs"
@@ -447,13 +502,13 @@ local function structured_grammar(so, body)
                 return bad(("structured_outputs.%s = %s is not supported here"):format(k, cjson.encode(v) or "?"), P)
             end
         elseif not STRUCTURED_KNOWN[k] then
-            return bad(("unknown field '%s' in structured_outputs (json, regex, choice, grammar or json_object)"):format(tostring(k)), P)
+            return bad(("unknown field '%s' in structured_outputs (json, regex, choice, grammar, json_object or structural_tag)"):format(tostring(k)), P)
         end
     end
     local which
     for _, k in ipairs(STRUCTURED_KEYS) do
         if so[k] ~= nil and so[k] ~= json_null then
-            if which then return bad(("structured_outputs takes one of json, regex, choice, grammar and json_object, not %s and %s")
+            if which then return bad(("structured_outputs takes one of json, regex, choice, grammar, json_object and structural_tag, not %s and %s")
                 :format(which, k), P) end
             which = k
         end
@@ -479,7 +534,12 @@ local function structured_grammar(so, body)
         if v ~= true then return bad(what .. " must be true", P) end
         return json_object(P)
     end
-    return bad("structured_outputs needs one of json, regex, choice, grammar or json_object", P)
+    if which == "structural_tag" then -- (vLLM's is the JSON text of the object; an object is taken too)
+        local text = type(v) == "string" and v or raw_member(body, { P, "structural_tag" })
+        local decoded = type(v) == "string" and cjson.decode(v) or v
+        return structural_tag_grammar(decoded, text, P, what)
+    end
+    return bad("structured_outputs needs one of json, regex, choice, grammar, json_object or structural_tag", P)
 end
 
 -- OpenAI's response_format -> grammar | false ({"type": "text"}: none), "response_format";
@@ -487,6 +547,8 @@ end
 local function response_format_grammar(rf, body)
     local P = "response_format"
     if raw_member(body, { P }):sub(1, 1) ~= "{" then return bad("response_format must be an object", P) end
+    -- vLLM's structural_tag: its own fields, checked there
+    if rf.type == "structural_tag" then return structural_tag_grammar(rf, raw_member(body, { P }), P, P) end
     for k in pairs(rf) do
         if k ~= "type" and k ~= "json_schema" then
             return bad(("unknown field '%s' in response_format"):format(tostring(k)), P)
@@ -499,7 +561,7 @@ local function response_format_grammar(rf, body)
         return json_object(P)
     end
     if kind ~= "json_schema" then
-        return bad('response_format.type must be "text", "json_object" or "json_schema"', P)
+        return bad('response_format.type must be "text", "json_object", "json_schema" or "structural_tag"', P)
     end
     local js = rf.json_schema
     if type(js) ~= "table" or raw_member(body, { P, "json_schema" }):sub(1, 1) ~= "{" then
