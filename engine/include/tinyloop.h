@@ -763,6 +763,13 @@ tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t 
 tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *trigger, size_t len, int max_blanks,
                                    tl_compiled_grammar **out);
 
+/* An optional block, then g: `open`, text without `close`, `close` and at most max_blanks
+   blanks, or none of it, then a sentence of g (open and close: 1 to 256 bytes). For thinking
+   models whose template leaves the block to them (Qwen3's): "<think>" ... "</think>" runs free
+   when the model writes one, then g writes the answer. */
+tl_status tl_grammar_compile_after_block(const tl_compiled_grammar *g, const char *open, const char *close, int max_blanks,
+                                         tl_compiled_grammar **out);
+
 /* Free text and the grammars it opens: xgrammar's triggered tags (vLLM's structural_tag). The
    text is free until one of the triggers appears; from there it is one of the tags whose
    begin starts with that trigger (the rest of its begin, after at most max_blanks blanks a
@@ -785,6 +792,9 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
 void tl_compiled_grammar_free(tl_compiled_grammar *g); /* NULL is a no-op */
 /* *match = 1 when the whole text is a sentence of the grammar. */
 tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
+/* *match = 1 when some sentence of the grammar begins with the text (a partial output that can
+   still be completed). */
+tl_status tl_grammar_matches_prefix(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
 /* Size of the compiled form (rules, elements), for diagnostics. */
 tl_status tl_grammar_rule_count(const tl_compiled_grammar *g, int *rules, int *elements);
 /* Fills *grammar to constrain a generation config with g. */

@@ -933,6 +933,18 @@ tl_status tl_grammar_matches(const tl_compiled_grammar *cg, const char *text, si
     return TL_OK;
 }
 
+tl_status tl_grammar_matches_prefix(const tl_compiled_grammar *cg, const char *text, size_t len, int *match) {
+    tl_clear_error();
+    if (!cg || !match || (!text && len)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matches_prefix: NULL argument");
+    tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
+    pthread_mutex_lock(&g->rt.lock);
+    const int32_t s = gram_advance_bytes(&g->rt, g->rt.initial, text, len);
+    pthread_mutex_unlock(&g->rt.lock);
+    if (s < 0) return tl_fail(TL_ERR_NO_MEMORY, "tl_grammar_matches_prefix: out of memory (grammar too ambiguous?)");
+    *match = s != GRAM_DEAD;
+    return TL_OK;
+}
+
 void tl_grammar_use(tl_grammar *grammar, const tl_compiled_grammar *g) {
     if (!grammar) return;
     memset(grammar, 0, sizeof *grammar);

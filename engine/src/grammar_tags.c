@@ -380,3 +380,52 @@ tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *tri
     if (st != TL_OK) return tl_fail(st, "tl_grammar_compile_after: %s", err);
     return gram_wrap_program(prog, out);
 }
+
+tl_status tl_grammar_compile_after_block(const tl_compiled_grammar *g, const char *open, const char *close, int max_blanks,
+                                         tl_compiled_grammar **out) {
+    tl_clear_error();
+    if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after_block: out must not be NULL");
+    *out = NULL;
+    if (!g) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after_block: grammar is NULL");
+    const size_t open_len = open ? strlen(open) : 0, close_len = close ? strlen(close) : 0;
+    if (open_len == 0 || open_len > MAX_TRIGGER || close_len == 0 || close_len > MAX_TRIGGER)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after_block: open and close must be 1 to %d bytes",
+                       MAX_TRIGGER);
+    if (max_blanks < 0 || max_blanks > MAX_BLANKS)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after_block: max_blanks = %d is out of range [0, %d]",
+                       max_blanks, MAX_BLANKS);
+    /* after(close, g), whose rules start with g's own (its root keeps its number), and in
+       front a new root: "open after.root | g.root" */
+    const bytes trig = {(const unsigned char *)close, (int)close_len};
+    const tag_in tag = {trig, {(const unsigned char *)"", 0}, g->prog, true};
+    gram_program *p;
+    char err[128] = "";
+    tl_status st = program_tags(&tag, 1, &trig, 1, max_blanks, false, &p, err, sizeof err);
+    if (st != TL_OK) return tl_fail(st, "tl_grammar_compile_after_block: %s", err);
+    writer w = {.p = p, .cap_elems = p->n_elems, .cap_alts = p->n_alts, .cap_sets = p->n_sets, .cap_rule_alts = p->n_rules + 1};
+    const int root = p->n_rules, after_root = p->root;
+    begin_rule(&w, root);
+    begin_alt(&w);
+    for (size_t i = 0; i < open_len; i++) emit(&w, GE_BYTES, byte_set(&w, (unsigned char)open[i]));
+    emit(&w, GE_REF, after_root);
+    emit(&w, GE_END, 0);
+    begin_alt(&w);
+    emit(&w, GE_REF, g->prog->root);
+    emit(&w, GE_END, 0);
+    begin_rule(&w, root + 1);
+    char **names = w.oom ? NULL : realloc(p->rule_names, ((size_t)root + 2) * sizeof *names);
+    if (names) {
+        p->rule_names = names;
+        names[root + 1] = NULL;
+        names[root] = malloc(sizeof "a block, then the grammar");
+        if (names[root]) strcpy(names[root], "a block, then the grammar");
+    }
+    if (!names || !names[root]) {
+        p->n_rules = root; /* (the names array holds root entries) */
+        gram_program_free(p);
+        return tl_fail(TL_ERR_NO_MEMORY, "tl_grammar_compile_after_block: out of memory");
+    }
+    p->n_rules = root + 1;
+    p->root = root;
+    return gram_wrap_program(p, out);
+}

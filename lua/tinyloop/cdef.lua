@@ -350,6 +350,8 @@ tl_status tl_grammar_compile_regex(const char *pattern, size_t len, tl_compiled_
 tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t *gbnf_len);
 tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *trigger, size_t len, int max_blanks,
                                    tl_compiled_grammar **out);
+tl_status tl_grammar_compile_after_block(const tl_compiled_grammar *g, const char *open, const char *close, int max_blanks,
+                                         tl_compiled_grammar **out);
 typedef struct tl_grammar_tag {
     const char *begin;
     const tl_compiled_grammar *content;
@@ -364,6 +366,7 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
                                   const tl_grammar_tags_options *opts, tl_compiled_grammar **out);
 void tl_compiled_grammar_free(tl_compiled_grammar *g);
 tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
+tl_status tl_grammar_matches_prefix(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
 tl_status tl_grammar_rule_count(const tl_compiled_grammar *g, int *rules, int *elements);
 void tl_grammar_use(tl_grammar *grammar, const tl_compiled_grammar *g);
 typedef struct tl_grammar_matcher tl_grammar_matcher;

@@ -148,6 +148,20 @@ function M.after(trigger, g, max_blanks)
     return wrap(out, nil)
 end
 
+-- after_block(open, close, g[, max_blanks]) -> an optional block (open, text without close,
+-- close, at most max_blanks blanks, default 4), then g: a thinking model that may write
+-- "<think>" ... "</think>" on its own thinks freely, then g writes the answer.
+function M.after_block(open, close, g, max_blanks)
+    if type(open) ~= "string" or type(close) ~= "string" then raise("tinyloop.grammar.after_block: open and close must be strings") end
+    if not M.is_compiled(g) then raise("tinyloop.grammar.after_block: g must be a compiled grammar") end
+    if max_blanks ~= nil and (type(max_blanks) ~= "number" or max_blanks % 1 ~= 0) then
+        raise("tinyloop.grammar.after_block: max_blanks must be an integer")
+    end
+    local out = ffi.new("tl_compiled_grammar *[1]")
+    if C.tl_grammar_compile_after_block(g.ptr, open, close, max_blanks or 4, out) ~= 0 then return nil, last_error() end
+    return wrap(out, nil)
+end
+
 -- tags(tags, triggers[, opts]) -> free text and the grammars it opens (xgrammar's triggered
 -- tags, vLLM's structural_tag): the text is free until a trigger appears; from there it is a
 -- tag whose begin starts with that trigger ({begin = s, content = compiled grammar, ["end"] =
@@ -221,6 +235,14 @@ function Grammar:matches(text)
     if type(text) ~= "string" then raise("grammar:matches: text must be a string") end
     local m = ffi.new("int[1]")
     if C.tl_grammar_matches(self.ptr, text, #text, m) ~= 0 then return nil, last_error() end
+    return m[0] == 1
+end
+
+-- Whether some sentence begins with text (a partial output that can still be completed).
+function Grammar:matches_prefix(text)
+    if type(text) ~= "string" then raise("grammar:matches_prefix: text must be a string") end
+    local m = ffi.new("int[1]")
+    if C.tl_grammar_matches_prefix(self.ptr, text, #text, m) ~= 0 then return nil, last_error() end
     return m[0] == 1
 end
 

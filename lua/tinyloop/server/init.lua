@@ -965,12 +965,13 @@ local function serve(chat)
         req, err = request.parse(body, model, conf.model_id, conf.max_active)
     end
     if not req then return send_error(err.status, err.message, err.param, err.type) end
-    -- A thinking model whose prompt opens a block: under a grammar (structured outputs, a
-    -- forced tool choice) its reasoning runs free and the grammar writes the answer after
-    -- </think>, as vLLM does with a reasoning parser.
+    -- A thinking model under a grammar (structured outputs, a tool choice): its reasoning runs
+    -- free and the grammar writes the answer after </think>, as vLLM does with a reasoning
+    -- parser; where the prompt does not open the block, the model may write one first (unless
+    -- the grammar writes the block itself).
     local thinks = chat and reasoning_on and reasoning.opens(req.prompt_text)
-    if thinks and req.cfg.grammar then
-        local g, gerr = request.after_reasoning(req.cfg.grammar)
+    if chat and reasoning_on and req.cfg.grammar and (thinks or not req.cfg.grammar:matches_prefix(reasoning.START)) then
+        local g, gerr = request.after_reasoning(req.cfg.grammar, thinks)
         if not g then return send_error(500, "the grammar after the reasoning: " .. tostring(gerr), nil, "server_error") end
         req.cfg.grammar = g
     end

@@ -358,16 +358,23 @@ local function gbnf_grammar(text, P, what)
     return g, P
 end
 
--- A grammar for the answer after a thinking model's reasoning: the text runs free until
--- </think>, then g (cached per grammar object, which may leave the cache above first).
+-- A grammar for the answer after a thinking model's reasoning: opened (the prompt opened the
+-- block), the text runs free until </think>, then g; else an optional block the model may
+-- write first, then g. Cached per grammar object (which may leave the cache above first).
 local after_cache = setmetatable({}, { __mode = "k" })
-function _M.after_reasoning(g)
-    local after = after_cache[g]
-    if after then return after end
-    local err
-    after, err = grammar.after(reasoning.END, g)
+function _M.after_reasoning(g, opened)
+    local variants = after_cache[g]
+    if not variants then
+        variants = {}
+        after_cache[g] = variants
+    end
+    local which = opened and "opened" or "block"
+    if variants[which] then return variants[which] end
+    local after, err
+    if opened then after, err = grammar.after(reasoning.END, g)
+    else after, err = grammar.after_block(reasoning.START, reasoning.END, g) end
     if not after then return nil, err end
-    after_cache[g] = after
+    variants[which] = after
     return after
 end
 
