@@ -12,7 +12,7 @@
 #define GRAM_MAX_STATES (1 << 22)
 #define GRAM_MAX_EXPANSION (1 << 16) /* stacks one byte may produce: beyond, "too ambiguous" */
 
-static bool grow(void **p, int *cap, int need, size_t size) {
+bool gram_grow(void **p, int *cap, int need, size_t size) {
     if (need <= *cap) return true;
     int c = *cap ? *cap : 16;
     while (c < need) c *= 2;
@@ -108,13 +108,13 @@ static int add_rule(gram_builder *b, char *name) {
     if (!name) return -1;
     const int n = b->n_rules + 1;
     int cap = b->cap_rules;
-    if (!grow((void **)&b->names, &cap, n, sizeof *b->names)) { free(name); return -1; }
+    if (!gram_grow((void **)&b->names, &cap, n, sizeof *b->names)) { free(name); return -1; }
     cap = b->cap_rules;
-    if (!grow((void **)&b->defined_at, &cap, n, sizeof *b->defined_at)) { free(name); return -1; }
+    if (!gram_grow((void **)&b->defined_at, &cap, n, sizeof *b->defined_at)) { free(name); return -1; }
     cap = b->cap_rules;
-    if (!grow((void **)&b->used_line, &cap, n, sizeof *b->used_line)) { free(name); return -1; }
+    if (!gram_grow((void **)&b->used_line, &cap, n, sizeof *b->used_line)) { free(name); return -1; }
     cap = b->cap_rules;
-    if (!grow((void **)&b->used_col, &cap, n, sizeof *b->used_col)) { free(name); return -1; }
+    if (!gram_grow((void **)&b->used_col, &cap, n, sizeof *b->used_col)) { free(name); return -1; }
     b->cap_rules = cap;
     b->names[b->n_rules] = name;
     b->defined_at[b->n_rules] = -1;
@@ -183,7 +183,7 @@ static bool utf8_split(uint32_t lo, uint32_t hi, byte_seq **out, int *n, int *ca
             }
         }
     }
-    if (!grow((void **)out, cap, *n + 1, sizeof **out)) return false;
+    if (!gram_grow((void **)out, cap, *n + 1, sizeof **out)) return false;
     byte_seq *s = &(*out)[(*n)++];
     uint8_t a[4], b[4];
     s->n = utf8_encode(lo, a);
@@ -212,7 +212,7 @@ static int add_set(prog_writer *w, const gram_byteset *set) {
     int32_t at = gram_hash_get(&w->set_ids, h);
     if (at >= 0 && memcmp(&w->p->sets[at], set, sizeof *set) == 0) return at;
     gram_program *p = w->p;
-    if (!grow((void **)&p->sets, &w->cap_sets, p->n_sets + 1, sizeof *p->sets)) return -1;
+    if (!gram_grow((void **)&p->sets, &w->cap_sets, p->n_sets + 1, sizeof *p->sets)) return -1;
     p->sets[p->n_sets] = *set;
     if (at < 0 && !gram_hash_put(&w->set_ids, h, p->n_sets)) return -1;
     return p->n_sets++;
@@ -221,14 +221,14 @@ static int add_set(prog_writer *w, const gram_byteset *set) {
 static bool emit(prog_writer *w, uint8_t kind, int32_t arg) {
     gram_program *p = w->p;
     if (p->n_elems >= GRAM_MAX_ELEMS) return false;
-    if (!grow((void **)&p->elems, &w->cap_elems, p->n_elems + 1, sizeof *p->elems)) return false;
+    if (!gram_grow((void **)&p->elems, &w->cap_elems, p->n_elems + 1, sizeof *p->elems)) return false;
     p->elems[p->n_elems++] = (gram_elem){kind, arg};
     return true;
 }
 
 static bool begin_alt(prog_writer *w) {
     gram_program *p = w->p;
-    if (!grow((void **)&p->alt_start, &w->cap_alts, p->n_alts + 1, sizeof *p->alt_start)) return false;
+    if (!gram_grow((void **)&p->alt_start, &w->cap_alts, p->n_alts + 1, sizeof *p->alt_start)) return false;
     p->alt_start[p->n_alts++] = p->n_elems;
     return true;
 }
@@ -262,8 +262,8 @@ static bool emit_class(prog_writer *w, const gram_range *ranges, int n_ranges, b
         else ok = utf8_split(lo, hi, &seqs, &n, &cap);
         if (!ok) { free(seqs); return !(*oom = true); }
     }
-    if (!grow((void **)&w->gen_seqs, &w->cap_gen, w->n_gen + 1, sizeof *w->gen_seqs) ||
-        !grow((void **)&w->gen_n, &w->cap_gen_n, w->n_gen + 1, sizeof *w->gen_n)) {
+    if (!gram_grow((void **)&w->gen_seqs, &w->cap_gen, w->n_gen + 1, sizeof *w->gen_seqs) ||
+        !gram_grow((void **)&w->gen_n, &w->cap_gen_n, w->n_gen + 1, sizeof *w->gen_n)) {
         free(seqs);
         return !(*oom = true);
     }
@@ -316,8 +316,8 @@ static tl_status check_left_recursion(gram_program *p, char *err, size_t errlen)
         edge_first[r] = n_edges;
         for (int a = p->rule_alts[r]; a < p->rule_alts[r + 1]; a++)
             for (int pos = p->alt_start[a]; p->elems[pos].kind == GE_REF; pos++) {
-                if (!grow((void **)&edges, &cap_edges, n_edges + 1, sizeof *edges) ||
-                    !grow((void **)&edge_tail, &cap_tail, n_edges + 1, sizeof *edge_tail))
+                if (!gram_grow((void **)&edges, &cap_edges, n_edges + 1, sizeof *edges) ||
+                    !gram_grow((void **)&edge_tail, &cap_tail, n_edges + 1, sizeof *edge_tail))
                     goto oom;
                 edge_tail[n_edges] = p->elems[pos + 1].kind == GE_END;
                 edges[n_edges++] = p->elems[pos].arg;
@@ -448,7 +448,7 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
     int cap_ra = 0;
     bool too_big = false;
     for (int r = 0, k = 0; !oom && !too_big && r < b->n_rules; r++) {
-        if (!grow((void **)&p->rule_alts, &cap_ra, r + 2, sizeof *p->rule_alts)) { oom = true; break; }
+        if (!gram_grow((void **)&p->rule_alts, &cap_ra, r + 2, sizeof *p->rule_alts)) { oom = true; break; }
         p->rule_alts[r] = p->n_alts;
         for (int i = 0; i < rule_alt_count[r] && !oom && !too_big; i++, k++) {
             const int a = by_rule[k];
@@ -465,7 +465,7 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
     /* The generated rules of multi-byte classes. */
     for (int g = 0; !oom && !too_big && g < w.n_gen; g++) {
         const int r = b->n_rules + g;
-        if (!grow((void **)&p->rule_alts, &cap_ra, r + 2, sizeof *p->rule_alts)) { oom = true; break; }
+        if (!gram_grow((void **)&p->rule_alts, &cap_ra, r + 2, sizeof *p->rule_alts)) { oom = true; break; }
         p->rule_alts[r] = p->n_alts;
         gram_byteset single = {{0}};
         bool any_single = false;
@@ -498,7 +498,7 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
     }
     if (!oom && p) {
         p->n_rules = b->n_rules + w.n_gen;
-        if (!grow((void **)&p->rule_alts, &cap_ra, p->n_rules + 1, sizeof *p->rule_alts)) oom = true;
+        if (!gram_grow((void **)&p->rule_alts, &cap_ra, p->n_rules + 1, sizeof *p->rule_alts)) oom = true;
         else p->rule_alts[p->n_rules] = p->n_alts;
         p->root = root;
         p->rule_names = calloc((size_t)p->n_rules + 1, sizeof *p->rule_names);
@@ -538,7 +538,7 @@ static int32_t intern_node(gram_runtime *rt, int32_t pos, int32_t parent) {
     int32_t id = gram_hash_get(&rt->node_ids, key);
     if (id >= 0) return id;
     if (rt->n_nodes >= GRAM_MAX_NODES ||
-        !grow((void **)&rt->nodes, &rt->cap_nodes, rt->n_nodes + 1, sizeof *rt->nodes))
+        !gram_grow((void **)&rt->nodes, &rt->cap_nodes, rt->n_nodes + 1, sizeof *rt->nodes))
         return -1;
     id = rt->n_nodes++;
     rt->nodes[id] = (gram_node){pos, parent};
@@ -682,7 +682,7 @@ tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
     if (pthread_mutex_init(&rt->lock, NULL) != 0) return tl_fail(TL_ERR_INTERNAL, "cannot create a mutex");
     rt->state_first = NULL;
     /* node 0: the empty stack; state 0: the dead state (no stacks) */
-    if (!grow((void **)&rt->nodes, &rt->cap_nodes, 1, sizeof *rt->nodes)) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    if (!gram_grow((void **)&rt->nodes, &rt->cap_nodes, 1, sizeof *rt->nodes)) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     rt->nodes[rt->n_nodes++] = (gram_node){-1, -1};
     rt->n_scratch = 0;
     if (intern_state(rt) != GRAM_DEAD) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");

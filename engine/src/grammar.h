@@ -29,6 +29,9 @@
 
 enum { GE_END = 0, GE_BYTES = 1, GE_REF = 2 };
 
+/* Grows *p to hold `need` items of `size` bytes (capacity *cap, doubled); false out of memory. */
+bool gram_grow(void **p, int *cap, int need, size_t size);
+
 /* The most elements a program may have: a hostile grammar's error, not an abort. */
 #define GRAM_MAX_ELEMS (1 << 22)
 

@@ -48,35 +48,24 @@ typedef struct writer {
     bool oom;
 } writer;
 
-static bool grow_to(void **a, int *cap, int need, size_t size) {
-    if (need <= *cap) return true;
-    int c = *cap ? *cap : 64;
-    while (c < need) c *= 2;
-    void *q = realloc(*a, (size_t)c * size);
-    if (!q) return false;
-    *a = q;
-    *cap = c;
-    return true;
-}
-
 static void emit(writer *w, uint8_t kind, int32_t arg) {
-    if (w->oom || !grow_to((void **)&w->p->elems, &w->cap_elems, w->p->n_elems + 1, sizeof *w->p->elems)) { w->oom = true; return; }
+    if (w->oom || !gram_grow((void **)&w->p->elems, &w->cap_elems, w->p->n_elems + 1, sizeof *w->p->elems)) { w->oom = true; return; }
     w->p->elems[w->p->n_elems++] = (gram_elem){kind, arg};
 }
 
 static void begin_alt(writer *w) {
-    if (w->oom || !grow_to((void **)&w->p->alt_start, &w->cap_alts, w->p->n_alts + 1, sizeof *w->p->alt_start)) { w->oom = true; return; }
+    if (w->oom || !gram_grow((void **)&w->p->alt_start, &w->cap_alts, w->p->n_alts + 1, sizeof *w->p->alt_start)) { w->oom = true; return; }
     w->p->alt_start[w->p->n_alts++] = w->p->n_elems;
 }
 
 /* Rules are written in order: rule r's alternatives follow begin_rule(w, r). */
 static void begin_rule(writer *w, int r) {
-    if (w->oom || !grow_to((void **)&w->p->rule_alts, &w->cap_rule_alts, r + 2, sizeof *w->p->rule_alts)) { w->oom = true; return; }
+    if (w->oom || !gram_grow((void **)&w->p->rule_alts, &w->cap_rule_alts, r + 2, sizeof *w->p->rule_alts)) { w->oom = true; return; }
     w->p->rule_alts[r] = w->p->n_alts;
 }
 
 static int32_t add_set(writer *w, const gram_byteset *set) {
-    if (w->oom || !grow_to((void **)&w->p->sets, &w->cap_sets, w->p->n_sets + 1, sizeof *w->p->sets)) { w->oom = true; return 0; }
+    if (w->oom || !gram_grow((void **)&w->p->sets, &w->cap_sets, w->p->n_sets + 1, sizeof *w->p->sets)) { w->oom = true; return 0; }
     w->p->sets[w->p->n_sets] = *set;
     return w->p->n_sets++;
 }

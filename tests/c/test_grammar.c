@@ -572,6 +572,30 @@ static char *continuation_text(tl_model *m, const int32_t *out, int len, int pro
     return text;
 }
 
+/* Greedy decoding under g from "Data:", plain, then chain and tree speculative: the
+   speculative tokens must equal plain decoding's (and have drafted). Returns plain decoding's
+   text (tl_free it; NULL on failure) and its stop reason in *stop. */
+static char *greedy_modes_agree(tl_model *m, const tl_compiled_grammar *g, const char *what, tl_stop_reason *stop) {
+    int32_t plain[256], out[256];
+    int plain_len = 0, len, plain_prompt = 0;
+    tl_generate_stats st;
+    for (int mode = 0; mode < 3; mode++) {
+        const int pl = sample(m, g, 0, 0.0f, mode == 0 ? TL_SPECULATIVE_OFF : mode == 1 ? TL_SPECULATIVE_CHAIN : TL_SPECULATIVE_TREE,
+                              mode == 2 ? 3 : 1, mode == 0 ? plain : out, mode == 0 ? &plain_len : &len, &st);
+        CHECK(pl > 0, "%s, mode %d: %s", what, mode, tl_last_error());
+        if (pl <= 0) return NULL;
+        if (mode == 0) {
+            plain_prompt = pl;
+            if (stop) *stop = st.stop_reason;
+            continue;
+        }
+        CHECK(len == plain_len && memcmp(out, plain, (size_t)len * sizeof *out) == 0,
+              "%s: speculative mode %d differs from plain decoding (%d vs %d tokens)", what, mode, len, plain_len);
+        CHECK(st.drafted > 0, "%s: mode %d drafted nothing", what, mode);
+    }
+    return continuation_text(m, plain, plain_len, plain_prompt);
+}
+
 static void test_generation(tl_model *m) {
     tl_compiled_grammar *g = load_grammar("tests/data/grammars/json_bounded.gbnf");
     if (!g) return;
@@ -596,18 +620,9 @@ static void test_generation(tl_model *m) {
     printf("json: %d of 200 seeded samples finished and parse\n", parsed);
 
     /* greedy: speculative chain and tree are bit-identical to plain decoding */
-    int plain_len, len;
+    tl_free(greedy_modes_agree(m, g, "json", NULL));
+    int len;
     tl_generate_stats st;
-    int32_t plain[256];
-    for (int mode = 0; mode < 3; mode++) {
-        int pl = sample(m, g, 0, 0.0f, mode == 0 ? TL_SPECULATIVE_OFF : mode == 1 ? TL_SPECULATIVE_CHAIN : TL_SPECULATIVE_TREE,
-                        mode == 2 ? 3 : 1, mode == 0 ? plain : out, mode == 0 ? &plain_len : &len, &st);
-        CHECK(pl > 0, "mode %d: %s", mode, tl_last_error());
-        if (mode == 0 || pl <= 0) continue;
-        CHECK(len == plain_len && memcmp(out, plain, (size_t)len * sizeof *out) == 0,
-              "speculative mode %d differs from plain decoding (%d vs %d tokens)", mode, len, plain_len);
-        CHECK(st.drafted > 0, "mode %d drafted nothing", mode);
-    }
     /* beam search: every hypothesis carries its own grammar state, so the returned one is a
        sentence (the search is deterministic: widths and prompts vary instead of seeds) */
     static const char *beam_prompts[] = {"Data:", "{", "Mr. Darcy said", "The list:"};
@@ -808,24 +823,12 @@ static void test_after(tl_model *m) {
     CHECK(tl_grammar_compile_after(answer, ",", 1, 4, &g) == TL_OK, "%s", tl_last_error());
     tl_compiled_grammar_free(answer);
     if (!g) return;
-    int plain_len, len;
+    tl_stop_reason stop = TL_STOP_NONE;
+    char *greedy = greedy_modes_agree(m, g, "after", &stop);
+    CHECK(greedy && strchr(greedy, ',') && stop == TL_STOP_EOS, "greedy crosses the trigger and ends: \"%s\"", greedy ? greedy : "");
+    tl_free(greedy);
+    int len;
     tl_generate_stats st;
-    int32_t plain[256];
-    for (int mode = 0; mode < 3; mode++) {
-        const int pl = sample(m, g, 0, 0.0f, mode == 0 ? TL_SPECULATIVE_OFF : mode == 1 ? TL_SPECULATIVE_CHAIN : TL_SPECULATIVE_TREE,
-                              mode == 2 ? 3 : 1, mode == 0 ? plain : out, mode == 0 ? &plain_len : &len, &st);
-        CHECK(pl > 0, "mode %d: %s", mode, tl_last_error());
-        if (pl <= 0) continue;
-        if (mode == 0) {
-            char *text = continuation_text(m, plain, plain_len, pl);
-            const char *comma = text ? strchr(text, ',') : NULL;
-            CHECK(comma && st.stop_reason == TL_STOP_EOS, "greedy crosses the trigger and ends: \"%s\"", text ? text : "");
-            tl_free(text);
-            continue;
-        }
-        CHECK(len == plain_len && memcmp(out, plain, (size_t)len * sizeof *out) == 0,
-              "after, speculative mode %d differs from plain decoding", mode);
-    }
     /* beam search: the returned hypothesis is a sentence when it ends */
     for (int w = 2; w <= 3; w++) {
         const int pl = beam_sample(m, g, w, "Data:", out, &len, &st);
@@ -943,18 +946,7 @@ static void test_tags(tl_model *m) {
     g = tags_grammar(comma, 1, trig4, 1, 0, 0);
     tl_compiled_grammar_free(animal);
     if (!g) return;
-    int plain_len, len, plain_prompt = 0;
-    tl_generate_stats st;
-    int32_t plain[256];
-    for (int mode = 0; mode < 3; mode++) {
-        const int pl = sample(m, g, 0, 0.0f, mode == 0 ? TL_SPECULATIVE_OFF : mode == 1 ? TL_SPECULATIVE_CHAIN : TL_SPECULATIVE_TREE,
-                              mode == 2 ? 3 : 1, mode == 0 ? plain : out, mode == 0 ? &plain_len : &len, &st);
-        CHECK(pl > 0, "mode %d: %s", mode, tl_last_error());
-        if (mode == 0) plain_prompt = pl;
-        if (mode == 0 || pl <= 0) continue;
-        CHECK(len == plain_len && memcmp(out, plain, (size_t)len * sizeof *out) == 0, "tags, speculative mode %d differs", mode);
-    }
-    char *text = plain_prompt > 0 ? continuation_text(m, plain, plain_len, plain_prompt) : NULL;
+    char *text = greedy_modes_agree(m, g, "tags", NULL);
     CHECK(text && (strstr(text, ", cat.") || strstr(text, ", dog.")), "greedy opens a tag: \"%s\"", text ? text : "");
     tl_free(text);
     tl_compiled_grammar_free(g);
