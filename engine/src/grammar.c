@@ -14,6 +14,7 @@
 
 bool gram_grow(void **p, int *cap, int need, size_t size) {
     if (need <= *cap) return true;
+    if (need > INT32_MAX / 2) return false; /* (the doubling below would overflow) */
     int c = *cap ? *cap : 16;
     while (c < need) c *= 2;
     void *q = realloc(*p, (size_t)c * size);

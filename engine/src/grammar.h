@@ -296,10 +296,10 @@ tl_status gram_matcher_new(const tl_compiled_grammar *g, const struct tlz_tokeni
 tl_status gram_matcher_clone(const tl_grammar_matcher *src, tl_grammar_matcher **out);
 /* The current state, and state-level calls for drafts (states are immutable ints, so a drafted
    path needs no rollback: it is just other ints). */
-/* The tokens of one-token stop sequences that have no text (special tokens, which no grammar
-   writes): they end the text like eos, allowed where the grammar may end (the first
+/* The tokens of the one-token stop sequences that have no text (special tokens, which no
+   grammar writes): they end the text like eos, allowed where the grammar may end (the first
    GRAM_MAX_ENDS of them; text tokens are left to the grammar). */
-void gram_matcher_set_ends(tl_grammar_matcher *mt, const int32_t *ids, int n);
+void gram_matcher_set_ends(tl_grammar_matcher *mt, const tl_token_seq *stops, int n_stops);
 int32_t gram_matcher_state(const tl_grammar_matcher *mt);
 int gram_matcher_mask_state(tl_grammar_matcher *mt, int32_t state, uint8_t *allowed);
 int32_t gram_matcher_advance_state(tl_grammar_matcher *mt, int32_t state, int32_t token);

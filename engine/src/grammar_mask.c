@@ -520,11 +520,14 @@ void tl_grammar_matcher_free(tl_grammar_matcher *mt) {
 
 int32_t gram_matcher_state(const tl_grammar_matcher *mt) { return mt->states[mt->n - 1]; }
 
-void gram_matcher_set_ends(tl_grammar_matcher *mt, const int32_t *ids, int n) {
+void gram_matcher_set_ends(tl_grammar_matcher *mt, const tl_token_seq *stops, int n_stops) {
     const gram_vocab *v = mt->g->bindings[mt->binding].vocab;
     mt->n_ends = 0;
-    for (int i = 0; i < n && mt->n_ends < GRAM_MAX_ENDS; i++)
-        if (ids[i] >= 0 && ids[i] < v->vocab_size && ids[i] != v->eos && !v->bytes[ids[i]]) mt->ends[mt->n_ends++] = ids[i];
+    for (int i = 0; i < n_stops && mt->n_ends < GRAM_MAX_ENDS; i++) {
+        if (stops[i].n != 1) continue;
+        const int32_t id = stops[i].tokens[0];
+        if (id >= 0 && id < v->vocab_size && id != v->eos && !v->bytes[id]) mt->ends[mt->n_ends++] = id;
+    }
 }
 
 static bool is_end(const tl_grammar_matcher *mt, int32_t token) {

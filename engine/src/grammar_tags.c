@@ -46,9 +46,12 @@ typedef struct writer {
     gram_program *p;
     int cap_elems, cap_alts, cap_sets, cap_rule_alts;
     bool oom;
+    bool big;           /* past GRAM_MAX_ELEMS: stopped writing (an error, not an allocation) */
+    int32_t single[256]; /* the set of each single byte, once written (-1: not yet) */
 } writer;
 
 static void emit(writer *w, uint8_t kind, int32_t arg) {
+    if (w->p->n_elems >= GRAM_MAX_ELEMS) w->big = w->oom = true; /* (oom: every write stops) */
     if (w->oom || !gram_grow((void **)&w->p->elems, &w->cap_elems, w->p->n_elems + 1, sizeof *w->p->elems)) { w->oom = true; return; }
     w->p->elems[w->p->n_elems++] = (gram_elem){kind, arg};
 }
@@ -65,15 +68,26 @@ static void begin_rule(writer *w, int r) {
 }
 
 static int32_t add_set(writer *w, const gram_byteset *set) {
+    if (w->p->n_sets >= GRAM_MAX_ELEMS) w->big = w->oom = true;
     if (w->oom || !gram_grow((void **)&w->p->sets, &w->cap_sets, w->p->n_sets + 1, sizeof *w->p->sets)) { w->oom = true; return 0; }
     w->p->sets[w->p->n_sets] = *set;
     return w->p->n_sets++;
 }
 
 static int32_t byte_set(writer *w, unsigned char b) {
+    if (w->single[b] >= 0) return w->single[b];
     gram_byteset set = {{0}};
     set.bits[b >> 6] |= 1ull << (b & 63);
-    return add_set(w, &set);
+    return w->single[b] = add_set(w, &set);
+}
+
+/* An alternative nothing matches (a rule that is never entered, a trigger no tag opens). */
+static void impossible_alt(writer *w) {
+    const gram_byteset none = {{0}};
+    const int32_t id = add_set(w, &none);
+    begin_alt(w);
+    emit(w, GE_BYTES, id);
+    emit(w, GE_END, 0);
 }
 
 /* A program's rules appended as they are (their alternatives, elements and sets renumbered):
@@ -179,73 +193,106 @@ static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *trigg
         snprintf(err, errlen, "out of memory");
         return TL_ERR_NO_MEMORY;
     }
-    /* rule numbers: the content programs, then free (one or two copies), enter, blank */
+    /* rule numbers: the content programs, then free (one or two copies), enter (per state),
+       open (per trigger), blank (per tag) */
+    const int S = a.n_states, copies = at_least_one ? 2 : 1;
     int *content_first = malloc((size_t)n_tags * sizeof *content_first);
+    /* reached: the states free text can be in (from the root through states that complete
+       nothing) or step into; grouping: each next state's bytes, per state */
+    bool *reached = calloc((size_t)S, sizeof *reached);
+    int32_t *queue = malloc((size_t)S * sizeof *queue), *group_of = malloc((size_t)S * sizeof *group_of);
+    int32_t *stamp = malloc((size_t)S * sizeof *stamp);
     writer w = {.p = calloc(1, sizeof *w.p)};
-    if (!content_first || !w.p) w.oom = true;
+    for (int b = 0; b < 256; b++) w.single[b] = -1;
+    if (!content_first || !reached || !queue || !group_of || !stamp || !w.p) w.oom = true;
     int n_rules = 0;
     for (int t = 0; t < n_tags && !w.oom; t++) {
         content_first[t] = n_rules;
         n_rules += tags[t].content->n_rules;
     }
-    const int S = a.n_states, copies = at_least_one ? 2 : 1;
-    const int free_first = n_rules, enter_first = free_first + copies * S, blank_first = enter_first + S;
+    const int free_first = n_rules, enter_first = free_first + copies * S, open_first = enter_first + S;
+    const int blank_first = open_first + n_triggers;
     n_rules = blank_first + n_tags * (max_blanks + 1);
     /* free_after: the free text after a tag (the copy that may end); the start: before any */
     const int free_after = free_first + (copies - 1) * S;
+    if (!w.oom) {
+        int head = 0, tail = 0;
+        reached[0] = true;
+        queue[tail++] = 0;
+        while (head < tail) {
+            const int st = queue[head++];
+            stamp[st] = -1;
+            if (a.completes[st]) continue;
+            for (int byte = 0; byte < 256; byte++) {
+                const int next = a.delta[st * 256 + byte];
+                if (!reached[next]) { reached[next] = true; queue[tail++] = next; }
+            }
+        }
+    }
     for (int t = 0; t < n_tags && !w.oom; t++) append_program(&w, tags[t].content, content_first[t]);
     for (int c = 0; c < copies && !w.oom; c++)
-        for (int s = 0; s < S; s++) {
-            begin_rule(&w, free_first + c * S + s);
-            if (a.completes[s]) { /* (never called: the byte that leads here enters a tag) */
-                const gram_byteset none = {{0}};
-                const int32_t id = add_set(&w, &none);
-                begin_alt(&w);
-                emit(&w, GE_BYTES, id);
-                emit(&w, GE_END, 0);
+        for (int st = 0; st < S && !w.oom; st++) {
+            begin_rule(&w, free_first + c * S + st);
+            if (!reached[st] || a.completes[st]) { /* (never called: free text is never here) */
+                impossible_alt(&w);
                 continue;
             }
-            /* one alternative per next state, its bytes in one set */
-            for (int next = 0; next < S; next++) {
-                gram_byteset set = {{0}};
-                bool any = false;
-                for (int b = 0; b < 256; b++)
-                    if (a.delta[s * 256 + b] == next) { set.bits[b >> 6] |= 1ull << (b & 63); any = true; }
-                if (!any) continue;
-                const int32_t id = add_set(&w, &set);
+            /* one alternative per next state, its bytes in one set (grouped in one pass) */
+            gram_byteset groups[256];
+            int32_t targets[256];
+            int n_groups = 0;
+            for (int byte = 0; byte < 256; byte++) {
+                const int next = a.delta[st * 256 + byte];
+                if (stamp[next] != st) {
+                    stamp[next] = st;
+                    group_of[next] = n_groups;
+                    memset(&groups[n_groups], 0, sizeof groups[n_groups]);
+                    targets[n_groups++] = next;
+                }
+                groups[group_of[next]].bits[byte >> 6] |= 1ull << (byte & 63);
+            }
+            for (int k = 0; k < n_groups; k++) {
+                const int32_t id = add_set(&w, &groups[k]);
                 begin_alt(&w);
                 emit(&w, GE_BYTES, id);
-                emit(&w, GE_REF, a.completes[next] ? enter_first + next : free_first + c * S + next);
+                emit(&w, GE_REF, a.completes[targets[k]] ? enter_first + targets[k] : free_first + c * S + targets[k]);
                 emit(&w, GE_END, 0);
             }
             if (c == copies - 1) { /* the text may end here */
                 begin_alt(&w);
                 emit(&w, GE_END, 0);
             }
+            for (int k = 0; k < n_groups; k++) stamp[targets[k]] = -1; /* (the next state's pass) */
         }
-    for (int s = 0; s < S && !w.oom; s++) {
-        begin_rule(&w, enter_first + s);
+    /* enter_s: each trigger that ends at s, through its open rule */
+    for (int st = 0; st < S && !w.oom; st++) {
+        begin_rule(&w, enter_first + st);
         bool any = false;
-        for (int at = s; a.completes[at] && !w.oom; at = a.fail_of[at]) { /* each trigger ending here */
-            if (a.trigger_at[at] < 0) continue;
-            const bytes trigger = triggers[a.trigger_at[at]];
-            for (int t = 0; t < n_tags; t++) {
-                if (!starts_with(tags[t].begin, trigger)) continue;
-                begin_alt(&w);
-                for (int i = trigger.n; i < tags[t].begin.n; i++) emit(&w, GE_BYTES, byte_set(&w, tags[t].begin.p[i]));
-                emit(&w, GE_REF, blank_first + t * (max_blanks + 1));
-                emit(&w, GE_END, 0);
-                any = true;
+        if (reached[st])
+            for (int at = st; a.completes[at]; at = a.fail_of[at]) {
+                if (a.trigger_at[at] >= 0) {
+                    begin_alt(&w);
+                    emit(&w, GE_REF, open_first + a.trigger_at[at]);
+                    emit(&w, GE_END, 0);
+                    any = true;
+                }
+                if (at == 0) break;
             }
-            if (at == 0) break;
-        }
-        if (!any) { /* no tag opens here: the trigger is a dead end (an empty byte set) */
-            const gram_byteset none = {{0}};
-            const int32_t id = add_set(&w, &none);
+        if (!any) impossible_alt(&w);
+    }
+    /* open_t: each tag whose begin starts with trigger t, the rest of its begin then its blanks */
+    for (int t = 0; t < n_triggers && !w.oom; t++) {
+        begin_rule(&w, open_first + t);
+        bool any = false;
+        for (int k = 0; k < n_tags; k++) {
+            if (!starts_with(tags[k].begin, triggers[t])) continue;
             begin_alt(&w);
-            emit(&w, GE_BYTES, id);
+            for (int i = triggers[t].n; i < tags[k].begin.n; i++) emit(&w, GE_BYTES, byte_set(&w, tags[k].begin.p[i]));
+            emit(&w, GE_REF, blank_first + k * (max_blanks + 1));
             emit(&w, GE_END, 0);
+            any = true;
         }
+        if (!any) impossible_alt(&w);
     }
     gram_byteset blank = {{0}};
     for (const char *c = " \t\n\r"; *c; c++) blank.bits[(unsigned char)*c >> 6] |= 1ull << ((unsigned char)*c & 63);
@@ -286,9 +333,13 @@ static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *trigg
         }
     }
     free(content_first);
+    free(reached);
+    free(queue);
+    free(group_of);
+    free(stamp);
     automaton_free(&a);
-    if (w.oom || (p && p->n_elems > GRAM_MAX_ELEMS)) {
-        const bool big = !w.oom;
+    if (w.oom) {
+        const bool big = w.big;
         gram_program_free(p);
         if (big) snprintf(err, errlen, "too large (more than %d elements)", GRAM_MAX_ELEMS);
         else snprintf(err, errlen, "out of memory");
@@ -317,7 +368,7 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
     for (int i = 0; i < n_triggers; i++) {
         const size_t n = triggers[i] ? strlen(triggers[i]) : 0;
         if (n == 0 || n > MAX_TRIGGER)
-            return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: trigger %d must be 1 to %d bytes", i, MAX_TRIGGER);
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: triggers[%d] must be 1 to %d bytes", i, MAX_TRIGGER);
         trig[i] = (bytes){(const unsigned char *)triggers[i], (int)n};
     }
     tag_in *in = calloc((size_t)n_tags, sizeof *in);
@@ -325,7 +376,7 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
     tl_status st = TL_OK;
     for (int t = 0; t < n_tags && st == TL_OK; t++) {
         if (!tags[t].begin || !tags[t].content || !tags[t].end) {
-            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: tag %d needs begin, content and end", t);
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: tags[%d] needs begin, content and end", t);
             break;
         }
         in[t] = (tag_in){{(const unsigned char *)tags[t].begin, (int)strlen(tags[t].begin)},
@@ -334,10 +385,10 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
         bool opened = false;
         for (int i = 0; i < n_triggers && !opened; i++) opened = starts_with(in[t].begin, trig[i]);
         if (!opened)
-            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: tag %d's begin \"%.64s\" starts with no trigger", t,
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: tags[%d]'s begin \"%.64s\" starts with no trigger", t,
                          tags[t].begin);
         else if (in[t].begin.n > 4096 || in[t].end.n > 4096)
-            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: tag %d's begin or end is over 4096 bytes", t);
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: tags[%d]'s begin or end is over 4096 bytes", t);
     }
     gram_program *prog = NULL;
     char err[128] = "";
@@ -392,6 +443,7 @@ tl_status tl_grammar_compile_after_block(const tl_compiled_grammar *g, const cha
     tl_status st = program_tags(&tag, 1, &trig, 1, max_blanks, false, &p, err, sizeof err);
     if (st != TL_OK) return tl_fail(st, "tl_grammar_compile_after_block: %s", err);
     writer w = {.p = p, .cap_elems = p->n_elems, .cap_alts = p->n_alts, .cap_sets = p->n_sets, .cap_rule_alts = p->n_rules + 1};
+    for (int b = 0; b < 256; b++) w.single[b] = -1;
     const int root = p->n_rules, after_root = p->root;
     begin_rule(&w, root);
     begin_alt(&w);

@@ -172,11 +172,7 @@ tl_status tl_session_set_grammar(tl_session *s, const tl_grammar *g) {
     if (st != TL_OK) return st;
     /* a one-token stop sequence of a special token (a chat turn's end) ends the text where
        the grammar may end, as eos does: no grammar writes it */
-    int32_t ends[GRAM_MAX_ENDS];
-    int n_ends = 0;
-    for (int i = 0; i < s->cfg.n_stop_sequences && n_ends < GRAM_MAX_ENDS; i++)
-        if (s->cfg.stop_sequences[i].n == 1) ends[n_ends++] = s->cfg.stop_sequences[i].tokens[0];
-    gram_matcher_set_ends(s->grammar_matcher, ends, n_ends);
+    gram_matcher_set_ends(s->grammar_matcher, s->cfg.stop_sequences, s->cfg.n_stop_sequences);
     gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
     return st;
 }

@@ -133,6 +133,14 @@ function M.regex(pattern)
     return wrap(out, source)
 end
 
+-- (C reads these strings up to a NUL: one inside would silently cut them)
+local function has_nul(s) return s:find("\0", 1, true) ~= nil end
+
+-- max_blanks: nil, or an integer C can hold (its range is C's to check)
+local function check_blanks(v, who)
+    if v ~= nil and (type(v) ~= "number" or v % 1 ~= 0 or v < -1e9 or v > 1e9) then raise(who .. ": max_blanks must be an integer") end
+end
+
 -- after(trigger, g[, max_blanks]) -> a grammar that leaves the text free until it contains
 -- `trigger`, then constrains what follows it to g, after at most max_blanks blanks (default
 -- 4, at most 16): for thinking models, after("</think>", g) lets the reasoning run free.
@@ -140,9 +148,7 @@ end
 function M.after(trigger, g, max_blanks)
     if type(trigger) ~= "string" then raise("tinyloop.grammar.after: trigger must be a string") end
     if not M.is_compiled(g) then raise("tinyloop.grammar.after: g must be a compiled grammar") end
-    if max_blanks ~= nil and (type(max_blanks) ~= "number" or max_blanks % 1 ~= 0) then
-        raise("tinyloop.grammar.after: max_blanks must be an integer")
-    end
+    check_blanks(max_blanks, "tinyloop.grammar.after")
     local out = ffi.new("tl_compiled_grammar *[1]")
     if C.tl_grammar_compile_after(g.ptr, trigger, #trigger, max_blanks or 4, out) ~= 0 then return nil, last_error() end
     return wrap(out, nil)
@@ -154,9 +160,8 @@ end
 function M.after_block(open, close, g, max_blanks)
     if type(open) ~= "string" or type(close) ~= "string" then raise("tinyloop.grammar.after_block: open and close must be strings") end
     if not M.is_compiled(g) then raise("tinyloop.grammar.after_block: g must be a compiled grammar") end
-    if max_blanks ~= nil and (type(max_blanks) ~= "number" or max_blanks % 1 ~= 0) then
-        raise("tinyloop.grammar.after_block: max_blanks must be an integer")
-    end
+    check_blanks(max_blanks, "tinyloop.grammar.after_block")
+    if has_nul(open) or has_nul(close) then return nil, "tinyloop.grammar.after_block: open and close must not hold a NUL byte" end
     local out = ffi.new("tl_compiled_grammar *[1]")
     if C.tl_grammar_compile_after_block(g.ptr, open, close, max_blanks or 4, out) ~= 0 then return nil, last_error() end
     return wrap(out, nil)
@@ -177,19 +182,21 @@ function M.tags(tags, triggers, opts)
             (t["end"] ~= nil and type(t["end"]) ~= "string") then
             raise(("tinyloop.grammar.tags: tags[%d] must be {begin = string, content = compiled grammar, end = string}"):format(i))
         end
+        if has_nul(t.begin) or has_nul(t["end"] or "") then
+            return nil, ("tinyloop.grammar.tags: tags[%d]'s begin or end holds a NUL byte"):format(i)
+        end
         c_tags[i - 1].begin, c_tags[i - 1].content, c_tags[i - 1]["end"] = t.begin, t.content.ptr, t["end"] or ""
         c_tags[i - 1].ends_text = t.ends_text and 1 or 0
     end
     local c_triggers = ffi.new("const char *[?]", #triggers)
     for i, trigger in ipairs(triggers) do
         if type(trigger) ~= "string" then raise(("tinyloop.grammar.tags: triggers[%d] must be a string"):format(i)) end
+        if has_nul(trigger) then return nil, ("tinyloop.grammar.tags: triggers[%d] holds a NUL byte"):format(i) end
         c_triggers[i - 1] = trigger
     end
     local o = ffi.new("tl_grammar_tags_options")
     if opts then
-        if opts.max_blanks ~= nil and (type(opts.max_blanks) ~= "number" or opts.max_blanks % 1 ~= 0) then
-            raise("tinyloop.grammar.tags: opts.max_blanks must be an integer")
-        end
+        check_blanks(opts.max_blanks, "tinyloop.grammar.tags")
         o.max_blanks, o.at_least_one = opts.max_blanks or 0, opts.at_least_one and 1 or 0
     end
     local out = ffi.new("tl_compiled_grammar *[1]")

@@ -253,10 +253,9 @@ end
 
 -- lazy_grammar(spec[, thinks]) -> a grammar for tool_choice "auto" (llama.cpp's lazy grammar):
 -- the reply is free text until the model opens a call, and the calls from there on are whole
--- and valid (each function's parameters), then the reply ends; or nil, err. thinks: the model
--- may write a reasoning block (<think> ... </think>) on its own, in which a <tool_call> is
--- words, not a call (the template speaks of reasoning: tinyloop.reasoning.uses).
-local think_body -- text without "</think>": a block's body (built once)
+-- and valid (each function's parameters), then the reply ends; or nil, err. thinks: the reply
+-- may begin with a reasoning block (<think> ... </think>, as tinyloop.reasoning reads one), in
+-- which a <tool_call> is words, not a call.
 function _M.lazy_grammar(spec, thinks)
     local text, err = _M.grammar_text(spec, true)
     if not text then return nil, err end
@@ -264,17 +263,10 @@ function _M.lazy_grammar(spec, thinks)
     local calls, gerr = grammar.gbnf(text)
     if not calls then return nil, gerr end
     -- (the call's shape to the byte: "<tool_call>\n{")
-    local tags, triggers = { { begin = START, content = calls, ends_text = true } }, { START }
-    if thinks then
-        local reasoning = require "tinyloop.reasoning"
-        if not think_body then
-            local never = assert(grammar.never())
-            think_body = assert(grammar.tags({ { begin = reasoning.END, content = never } }, { reasoning.END }))
-        end
-        tags[2] = { begin = reasoning.START, content = think_body, ["end"] = reasoning.END }
-        triggers[2] = reasoning.START
-    end
-    return grammar.tags(tags, triggers)
+    local lazy, lerr = grammar.after(START, calls, 0)
+    if not lazy or not thinks then return lazy, lerr end
+    local reasoning = require "tinyloop.reasoning"
+    return grammar.after_block(reasoning.START, reasoning.END, lazy)
 end
 
 -- ------------------------------------------------------------------ reading calls back

@@ -891,6 +891,54 @@ static void test_tags(tl_model *m) {
     CHECK(tl_grammar_compile_tags(fa, 0, trig, 1, NULL, &bad) == TL_ERR_INVALID_ARGUMENT, "no tags");
     const tl_grammar_tag no_content[] = {{"<f=a>", NULL, "", 0}};
     CHECK(tl_grammar_compile_tags(no_content, 1, trig, 1, NULL, &bad) == TL_ERR_INVALID_ARGUMENT, "a tag without content");
+    /* triggers that share prefixes, one inside another, twice the same: each opens its tags */
+    const tl_grammar_tag nest[] = {{"<a", digit, "", 0}, {"<ab", x, ";", 0}, {"b>", digit, "", 1}};
+    const char *const trig5[] = {"<a", "<ab", "<a", "b>"};
+    g = tags_grammar(nest, 3, trig5, 4, 0, 0);
+    static const char *y5[] = {"<a{1}", "<abxx;", "zb>{2}", "<a{1}<abx;b>{3}", NULL};
+    static const char *n5[] = {"<a", "<ab{1}x", "b>{1}tail", "z<ab>{2}", NULL}; /* ("<a" opens first) */
+    expect(g, "tags, nested and repeated triggers", y5, n5);
+    tl_compiled_grammar_free(g);
+    /* big inputs build in one pass: 64 triggers of 256 bytes (the free rules once scanned
+       every byte for every pair of states: 44 s), and begins of 4 KB behind a trigger that
+       completes in thousands of states no text reaches (each once copied the begin: GBs) */
+    static char long_trig[64][257];
+    const char *long_p[64];
+    for (int i = 0; i < 64; i++) {
+        for (int j = 0; j < 256; j++) long_trig[i][j] = (char)('A' + (i * 7 + j * 13) % 50);
+        long_trig[i][256] = 0;
+        long_p[i] = long_trig[i];
+    }
+    const tl_grammar_tag long_tag[] = {{long_trig[5], digit, "", 0}};
+    g = tags_grammar(long_tag, 1, long_p, 64, 0, 0);
+    char *long_text = malloc(300);
+    snprintf(long_text, 300, "free %s{7}", long_trig[5]);
+    static const char *no_more[] = {NULL};
+    const char *y6[] = {long_text, NULL};
+    expect(g, "tags, 64 long triggers", y6, no_more);
+    tl_compiled_grammar_free(g);
+    static char spread[64][257], begins[3][4097];
+    for (int i = 1; i < 64; i++) {
+        spread[i][0] = (char)('A' + i);
+        memset(spread[i] + 1, 'x', 255);
+        long_p[i] = spread[i];
+    }
+    long_p[0] = "x";
+    tl_grammar_tag wide[3];
+    for (int k = 0; k < 3; k++) {
+        begins[k][0] = 'x';
+        memset(begins[k] + 1, 'y', 4095);
+        begins[k][4095] = (char)('a' + k);
+        wide[k] = (tl_grammar_tag){begins[k], digit, "", 0};
+    }
+    g = tags_grammar(wide, 3, long_p, 64, 0, 0);
+    char *wide_text = malloc(4200);
+    snprintf(wide_text, 4200, "B%s{4}", begins[2]);
+    const char *y7[] = {wide_text, NULL};
+    expect(g, "tags, long begins", y7, no_more);
+    tl_compiled_grammar_free(g);
+    free(long_text);
+    free(wide_text);
     tl_grammar_tags_options too_many = {17, 0};
     CHECK(tl_grammar_compile_tags(fa, 2, trig, 1, &too_many, &bad) == TL_ERR_INVALID_ARGUMENT, "max_blanks 17");
     CHECK(bad == NULL, "nothing compiled");

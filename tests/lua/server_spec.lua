@@ -825,12 +825,16 @@ describe("server", function()
             { '"response_format": {"type": "structural_tag", "format": {"type": "any_text"}}', "response_format",
               'the "format" form is not supported here' },
             { '"response_format": {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": {"type": "quantum"}, ' ..
-              '"end": ""}], "triggers": ["<f"]}', "response_format", "response_format.structures[0].schema does not compile" },
+              '"end": ""}], "triggers": ["<f"]}', "response_format", "response_format: structures[0].schema does not compile" },
             { '"response_format": {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": {}, "end": "", "x": 1}], ' ..
-              '"triggers": ["<f"]}', "response_format", "unknown field 'x' in response_format.structures[0]" },
+              '"triggers": ["<f"]}', "response_format", "response_format: unknown field 'x' in structures[0]" },
             { '"structured_outputs": {"structural_tag": "{\\"type\\": \\"structural_tag\\", \\"triggers\\": [1]}"}',
               "structured_outputs", "structured_outputs.structural_tag.structures must be a non-empty array" },
             { '"response_format": {"type": "tags"}', "response_format", '"json_schema" or "structural_tag"' },
+            { '"response_format": {"type": "structural_tag", "structures": [{"begin": "<f\\u0000>", "schema": {}, "end": ""}], ' ..
+              '"triggers": ["<f"]}', "response_format", "response_format: structures[0]: begin and end must not hold a NUL character" },
+            { '"response_format": {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": {}, "end": ""}], ' ..
+              '"triggers": ["<\\u0000"]}', "response_format", "response_format.triggers[0] must be a non-empty string (without NUL)" },
             { '"structured_outputs": [1]', "structured_outputs", "must be an object" },
             { '"guided_choice": ["a"], "response_format": {"type": "json_object"}', "guided_choice",
               "response_format and guided_choice cannot be used together" },

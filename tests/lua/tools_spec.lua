@@ -204,12 +204,17 @@ describe("tinyloop.tools.grammar", function()
         g = assert(tools.lazy_grammar(assert(check(WEATHER_NOW, "auto", false))))
         assert.is_true(g:matches("Sure. " .. call("now", "{}")))
         assert.is_false(g:matches(call("now", "{}") .. "\n" .. call("now", "{}")))
-        -- a model that may think on its own: a <tool_call> inside its block is words
+        -- a reply that may begin with a reasoning block: a <tool_call> inside it is words
         local thinking = assert(tools.lazy_grammar(assert(check(WEATHER_NOW, "auto")), true))
         local reasoned = "<think>\nI will write a <tool_call> block.\n</think>\n\n" .. call("now", "{}")
         assert.is_true(thinking:matches(reasoned))
         assert.is_true(thinking:matches("<think>\nno call</think>\nIt is sunny."))
-        assert.is_false(thinking:matches("<think>x</think>" .. call("later", "{}")))
+        assert.is_true(thinking:matches(call("now", "{}"))) -- (the block is optional)
+        assert.is_false(thinking:matches("<think>x</think>" .. call("get_weather", '{"city": "Oslo"}')))
+        -- only at the start, where the reply is read for one: a block later is text, and a
+        -- call in it must be valid (it was let through, and read back as a call)
+        assert.is_false(thinking:matches('Sure. <think><tool_call>\n{"name": "get_weather", "arguments": ' ..
+                                         '{"city": "Tokyo", "bogus": 1}}\n</tool_call></think> done.'))
         assert.is_false(g:matches(reasoned)) -- (without: the tag in the block opens a call)
         -- a schema that does not compile is said as for a forced choice
         local bad = { type = "function", ["function"] = { name = "bad", parameters = { type = "object", properties = { x = { type = "quantum" } } } } }

@@ -960,7 +960,7 @@ local function serve(chat)
     end
     local req, err
     if chat then
-        req, err = request.parse_chat(body, model, conf.model_id, conf.max_active, chat_prompts)
+        req, err = request.parse_chat(body, model, conf.model_id, conf.max_active, chat_prompts, reasoning_on)
     else
         req, err = request.parse(body, model, conf.model_id, conf.max_active)
     end

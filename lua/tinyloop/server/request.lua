@@ -436,8 +436,8 @@ end
 -- then a structure whose begin starts with it (its schema's JSON between begin and end), then
 -- free text again. text: its JSON (the schemas' key order is the order they write keys in).
 local MAX_STRUCTURES = 256
-local function structural_tag_grammar(v, text, P, what)
-    if type(v) ~= "table" or text:sub(1, 1) ~= "{" then return bad(what .. " must be an object", P) end
+local function structural_tag_grammar(v, text, P, what, compact)
+    if type(v) ~= "table" or not text:match("^%s*{") then return bad(what .. " must be an object", P) end
     for k in pairs(v) do
         if k ~= "type" and k ~= "structures" and k ~= "triggers" then
             if k == "format" then
@@ -456,14 +456,16 @@ local function structural_tag_grammar(v, text, P, what)
         return bad(what .. ".triggers must be a non-empty array of strings", P)
     end
     for i, trigger in pairs(triggers) do
-        if type(i) ~= "number" or type(trigger) ~= "string" or trigger == "" or valid_utf8(trigger) ~= trigger then
-            return bad(("%s.triggers[%s] must be a non-empty string"):format(what, tostring(type(i) == "number" and i - 1 or i)), P)
+        if type(i) ~= "number" or type(trigger) ~= "string" or trigger == "" or valid_utf8(trigger) ~= trigger or
+            trigger:find("\0", 1, true) then
+            return bad(("%s.triggers[%s] must be a non-empty string (without NUL)"):format(what, tostring(type(i) == "number" and i - 1 or i)), P)
         end
     end
-    local g, err = compiled("structural_tag:" .. text, function()
+    local whitespace = compact and "compact" or "free"
+    local g, err = compiled("structural_tag:" .. whitespace .. ":" .. text, function()
         local tags = {}
         for i, st in ipairs(structures) do
-            local at = ("%s.structures[%d]"):format(what, i - 1)
+            local at = ("structures[%d]"):format(i - 1)
             if type(st) ~= "table" or type(st.begin) ~= "string" or type(st["end"]) ~= "string" or type(st.schema) ~= "table" then
                 return nil, at .. " must be {begin: string, schema: object, end: string}"
             end
@@ -473,14 +475,18 @@ local function structural_tag_grammar(v, text, P, what)
             if st.begin == "" or valid_utf8(st.begin) ~= st.begin or valid_utf8(st["end"]) ~= st["end"] then
                 return nil, at .. ": begin must be a non-empty string and both valid UTF-8"
             end
+            if (st.begin .. st["end"]):find("\0", 1, true) then return nil, at .. ": begin and end must not hold a NUL character" end
             local schema = json_text.member(text, { "structures", i, "schema" })
             if not schema or schema:sub(1, 1) ~= "{" then return nil, at .. ".schema must be a JSON Schema object" end
-            local content, serr = grammar.json_schema(schema, { whitespace = "free" })
+            local content, serr = grammar.json_schema(schema, { whitespace = whitespace })
             if not content then return nil, at .. ".schema does not compile: " .. tostring(serr) end
             tags[i] = { begin = st.begin, content = content, ["end"] = st["end"] }
         end
         local tagged, terr = grammar.tags(tags, triggers)
-        if not tagged then return nil, tostring(terr):gsub("^tl_grammar_compile_tags: ", ""):gsub("tag (%d+)'s", "structures[%1]'s") end
+        if not tagged then
+            return nil, (tostring(terr):gsub("^tl_grammar_compile_tags: ", ""):gsub("^tinyloop.grammar.tags: ", "")
+                :gsub("tags?%[?(%d+)%]?'s", "structures[%1]'s"):gsub("trigger (%d+)", "triggers[%1]"))
+        end
         return tagged
     end)
     if not g then return bad(what .. ": " .. tostring(err), P) end
@@ -544,7 +550,8 @@ local function structured_grammar(so, body)
     if which == "structural_tag" then -- (vLLM's is the JSON text of the object; an object is taken too)
         local text = type(v) == "string" and v or raw_member(body, { P, "structural_tag" })
         local decoded = type(v) == "string" and cjson.decode(v) or v
-        return structural_tag_grammar(decoded, text, P, what)
+        -- (blanks between the schemas' tokens unless disable_any_whitespace, vLLM's default)
+        return structural_tag_grammar(decoded, text, P, what, so.disable_any_whitespace == true)
     end
     return bad("structured_outputs needs one of json, regex, choice, grammar, json_object or structural_tag", P)
 end
@@ -865,13 +872,14 @@ local function render_messages(t, body, chat, template_tools)
     return bad(err, fault == "variables" and "chat_template_kwargs" or "messages")
 end
 
--- parse_chat(body, model, model_id, max_choices, chat) -> request | nil, err: a POST
--- /v1/chat/completions body, its messages rendered by `chat` (tinyloop.chat: the model's
+-- parse_chat(body, model, model_id, max_choices, chat[, reasoning_on]) -> request | nil, err: a
+-- POST /v1/chat/completions body, its messages rendered by `chat` (tinyloop.chat: the model's
 -- template) into the one prompt, generation stopping at chat.turn_ends (ids, if set) as well;
--- the request has parse's shape (best_of = n, no echo).
+-- the request has parse's shape (best_of = n, no echo). reasoning_on: replies are read for a
+-- reasoning block (the server's reasoning_format), which tool_choice auto's grammar allows.
 -- max_tokens (or max_completion_tokens) defaults to the rest of the context, OpenAI's rule
 -- for chat.
-function _M.parse_chat(body, model, model_id, max_choices, chat)
+function _M.parse_chat(body, model, model_id, max_choices, chat, reasoning_on)
     local t, cfg = decode_fields(body, CHAT_FIELDS, CHAT_NO_OPS)
     if not t then return nil, cfg end
     if t.messages == nil then return bad("messages is required", "messages") end
@@ -881,8 +889,8 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     local shared, err = shared_fields(t, body, model, model_id, cfg)
     if not shared then return nil, err end
     if not model.has_tokenizer then return bad("chat needs a tokenizer, which this model lacks: use /v1/completions with token ids", "messages") end
-    -- (a template that speaks of reasoning: a <tool_call> inside a block is no call)
-    local tool_spec, template_tools = tools_fields(t, body, cfg, shared, reasoning.uses(chat.template_text))
+    -- (a reply read for reasoning: a <tool_call> inside its block is no call)
+    local tool_spec, template_tools = tools_fields(t, body, cfg, shared, reasoning_on)
     if tool_spec == nil then return nil, template_tools end
     if tool_spec and tool_spec.forced and t.continue_final_message then
         return bad("tool_choice " .. forced_choice(tool_spec) ..
