@@ -765,6 +765,12 @@ describe("server", function()
             -- vLLM's structural_tag: free text; each " the" opens an {"n": digit} object, then "."
             { '"response_format": ' .. tag_json, tagged },
             { '"structured_outputs": {"structural_tag": ' .. cjson.encode(tag_json) .. '}', tagged }, -- (as JSON text)
+            -- xgrammar's newer "format" form: triggered tags, and a format for the whole output
+            { '"response_format": {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": [" the"], ' ..
+              '"tags": [{"type": "tag", "begin": " the", "content": {"type": "json_schema", "json_schema": ' .. tag_schema ..
+              '}, "end": "."}]}}', tagged },
+            { '"response_format": {"type": "structural_tag", "format": {"type": "regex", "pattern": "[A-Z][a-z]{1,9}"}}',
+              G.regex("[A-Z][a-z]{1,9}") },
         }
         for _, case in ipairs(cases) do
             local g = assert(case[2])
@@ -822,8 +828,7 @@ describe("server", function()
               "response_format.structures must be a non-empty array" },
             { '"response_format": {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": {}, "end": ""}]}',
               "response_format", "response_format.triggers must be a non-empty array of strings" },
-            { '"response_format": {"type": "structural_tag", "format": {"type": "any_text"}}', "response_format",
-              'the "format" form is not supported here' },
+
             { '"response_format": {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": {"type": "quantum"}, ' ..
               '"end": ""}], "triggers": ["<f"]}', "response_format", "response_format: structures[0].schema does not compile" },
             { '"response_format": {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": {}, "end": "", "x": 1}], ' ..
@@ -831,6 +836,23 @@ describe("server", function()
             { '"structured_outputs": {"structural_tag": "{\\"type\\": \\"structural_tag\\", \\"triggers\\": [1]}"}',
               "structured_outputs", "structured_outputs.structural_tag.structures must be a non-empty array" },
             { '"response_format": {"type": "tags"}', "response_format", '"json_schema" or "structural_tag"' },
+            { '"response_format": {"type": "structural_tag", "format": {"type": "sequence", "elements": []}}', "response_format",
+              'format.type "sequence" is not supported here' },
+            { '"response_format": {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<f"], ' ..
+              '"tags": [{"begin": "<g>", "content": {"type": "any_text"}, "end": "</g>"}]}}', "response_format",
+              "format.tags[0]'s begin \"<g>\" starts with no trigger" },
+            { '"response_format": {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<f"], ' ..
+              '"tags": [{"begin": "<f>", "content": {"type": "any_text"}, "end": ""}]}}', "response_format",
+              "any_text needs the tag's end" },
+            { '"response_format": {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<f"], ' ..
+              '"tags": [{"begin": "<f>", "content": {"type": "any_text"}, "end": "."}], "stop_after_first": 1}}', "response_format",
+              "format.stop_after_first must be a boolean" },
+            { '"response_format": {"type": "structural_tag", "format": {"type": "const_string"}}', "response_format",
+              "format.value must be a non-empty string" },
+            { '"response_format": {"type": "structural_tag", "format": {"type": "regex", "pattern": "(a"}}', "response_format",
+              "format.pattern does not compile" },
+            { '"response_format": {"type": "structural_tag", "format": {"type": "regex", "pattern": "a", "x": 1}}', "response_format",
+              "unknown field 'x' in format" },
             { '"response_format": {"type": "structural_tag", "structures": [{"begin": "<f\\u0000>", "schema": {}, "end": ""}], ' ..
               '"triggers": ["<f"]}', "response_format", "response_format: structures[0]: begin and end must not hold a NUL character" },
             { '"response_format": {"type": "structural_tag", "structures": [{"begin": "<f>", "schema": {}, "end": ""}], ' ..

@@ -436,13 +436,130 @@ end
 -- then a structure whose begin starts with it (its schema's JSON between begin and end), then
 -- free text again. text: its JSON (the schemas' key order is the order they write keys in).
 local MAX_STRUCTURES = 256
+-- xgrammar's newer form, {"type": "structural_tag", "format": {...}}: a format of one of the
+-- kinds below (a whole output), or triggered_tags, whose tags hold one of them. -> grammar |
+-- false (any_text: none) | nil, message (relative to `what`).
+local CONTENT_KINDS = "json_schema, regex, grammar, const_string or any_text"
+local function content_grammar(c, text, path, at, compact, tag_end)
+    if type(c) ~= "table" then return nil, at .. " must be an object with a \"type\"" end
+    local function only(...)
+        local allowed = { type = true }
+        for _, k in ipairs({ ... }) do allowed[k] = true end
+        for k in pairs(c) do
+            if not allowed[k] then return ("unknown field '%s' in %s"):format(tostring(k), at) end
+        end
+    end
+    local kind, err = c.type
+    if kind == "json_schema" then
+        err = only("json_schema")
+        local at_schema = { unpack(path) }
+        at_schema[#at_schema + 1] = "json_schema"
+        local schema = not err and json_text.member(text, at_schema)
+        if err or not schema or not schema:match("^%s*{") then return nil, err or at .. ".json_schema must be a JSON Schema object" end
+        local g, serr = grammar.json_schema(schema, { whitespace = compact and "compact" or "free" })
+        if not g then return nil, at .. ".json_schema does not compile: " .. tostring(serr) end
+        return g
+    elseif kind == "regex" then
+        err = only("pattern")
+        if err or type(c.pattern) ~= "string" or valid_utf8(c.pattern) ~= c.pattern then return nil, err or at .. ".pattern must be a string" end
+        local g, rerr = grammar.regex(c.pattern)
+        if not g then return nil, at .. ".pattern does not compile: " .. tostring(rerr) end
+        return g
+    elseif kind == "grammar" then
+        err = only("grammar")
+        if err or type(c.grammar) ~= "string" or c.grammar == "" then return nil, err or at .. ".grammar must be GBNF text" end
+        local g, gerr = grammar.gbnf(c.grammar)
+        if not g then return nil, at .. ".grammar does not compile: " .. tostring(gerr) end
+        return g
+    elseif kind == "const_string" then
+        err = only("value")
+        if err or type(c.value) ~= "string" or c.value == "" or valid_utf8(c.value) ~= c.value or c.value:find("\0", 1, true) then
+            return nil, err or at .. ".value must be a non-empty string"
+        end
+        return grammar.gbnf("root ::= " .. grammar.lit(c.value).text .. "\n")
+    elseif kind == "any_text" then
+        err = only()
+        if err then return nil, err end
+        if tag_end == nil then return false end -- (the whole output: no constraint)
+        -- inside a tag: any text up to its end (it may not hold the end)
+        if tag_end == "" then return nil, at .. ": any_text needs the tag's end (it runs up to it)" end
+        return grammar.tags({ { begin = tag_end, content = assert(grammar.never()) } }, { tag_end })
+    end
+    return nil, ("%s.type %s is not supported here (%s, or triggered_tags at the top)"):format(at, cjson.encode(kind) or "?", CONTENT_KINDS)
+end
+
+local function format_grammar(f, text, compact)
+    local at = "format"
+    if type(f) ~= "table" then return nil, at .. " must be an object with a \"type\"" end
+    if f.type ~= "triggered_tags" then return content_grammar(f, text, { "format" }, at, compact, nil) end
+    for k in pairs(f) do
+        if k ~= "type" and k ~= "triggers" and k ~= "tags" and k ~= "at_least_one" and k ~= "stop_after_first" then
+            return nil, ("unknown field '%s' in %s"):format(tostring(k), at)
+        end
+    end
+    for _, k in ipairs({ "at_least_one", "stop_after_first" }) do
+        if f[k] ~= nil and type(f[k]) ~= "boolean" then return nil, ("%s.%s must be a boolean"):format(at, k) end
+    end
+    local triggers, tags = f.triggers, f.tags
+    if type(triggers) ~= "table" or #triggers == 0 or json_text.member(text, { "format", "triggers" }):sub(1, 1) ~= "[" then
+        return nil, at .. ".triggers must be a non-empty array of strings"
+    end
+    for i, trigger in pairs(triggers) do
+        if type(i) ~= "number" or type(trigger) ~= "string" or trigger == "" or valid_utf8(trigger) ~= trigger or
+            trigger:find("\0", 1, true) then
+            return nil, ("%s.triggers[%s] must be a non-empty string (without NUL)"):format(at, tostring(type(i) == "number" and i - 1 or i))
+        end
+    end
+    if type(tags) ~= "table" or #tags == 0 or #tags > MAX_STRUCTURES or json_text.member(text, { "format", "tags" }):sub(1, 1) ~= "[" then
+        return nil, ("%s.tags must be an array of 1 to %d tags"):format(at, MAX_STRUCTURES)
+    end
+    local out = {}
+    for i, tag in ipairs(tags) do
+        local tag_at = ("%s.tags[%d]"):format(at, i - 1)
+        if type(tag) ~= "table" or (tag.type ~= nil and tag.type ~= "tag") or type(tag.begin) ~= "string" or
+            type(tag["end"]) ~= "string" then
+            return nil, tag_at .. ' must be {"type": "tag", "begin": string, "content": {...}, "end": string}'
+        end
+        for k in pairs(tag) do
+            if k ~= "type" and k ~= "begin" and k ~= "content" and k ~= "end" then
+                return nil, ("unknown field '%s' in %s"):format(tostring(k), tag_at)
+            end
+        end
+        if tag.begin == "" or valid_utf8(tag.begin) ~= tag.begin or valid_utf8(tag["end"]) ~= tag["end"] or
+            (tag.begin .. tag["end"]):find("\0", 1, true) then
+            return nil, tag_at .. ": begin must be a non-empty string, begin and end valid UTF-8 without NUL"
+        end
+        local content, err = content_grammar(tag.content, text, { "format", "tags", i, "content" }, tag_at .. ".content",
+                                             compact, tag["end"])
+        if not content then return nil, err or tag_at .. ".content: any_text needs an end" end
+        out[i] = { begin = tag.begin, content = content, ["end"] = tag["end"], ends_text = f.stop_after_first == true }
+    end
+    local tagged, terr = grammar.tags(out, triggers, { at_least_one = f.at_least_one == true })
+    if not tagged then
+        return nil, (tostring(terr):gsub("^tl_grammar_compile_tags: ", ""):gsub("^tinyloop.grammar.tags: ", "")
+            :gsub("tags?%[?(%d+)%]?'s", "format.tags[%1]'s"):gsub("triggers%[(%d+)%]", "format.triggers[%1]"))
+    end
+    return tagged
+end
+
 local function structural_tag_grammar(v, text, P, what, compact)
     if type(v) ~= "table" or not text:match("^%s*{") then return bad(what .. " must be an object", P) end
+    if v.format ~= nil then
+        for k in pairs(v) do
+            if k ~= "type" and k ~= "format" then return bad(("unknown field '%s' in %s"):format(tostring(k), what), P) end
+        end
+        if v.type ~= "structural_tag" then return bad(what .. '.type must be "structural_tag"', P) end
+        local g, err = compiled("structural_tag_format:" .. (compact and "compact:" or "free:") .. text, function()
+            local g, err = format_grammar(v.format, text, compact)
+            if g == false then return nil, "(none)" end -- (any_text: cached as no grammar below)
+            return g, err
+        end)
+        if not g and err == "(none)" then return false, P end
+        if not g then return bad(what .. ": " .. tostring(err), P) end
+        return g, P
+    end
     for k in pairs(v) do
         if k ~= "type" and k ~= "structures" and k ~= "triggers" then
-            if k == "format" then
-                return bad(what .. ": the \"format\" form is not supported here: send \"structures\" and \"triggers\"", P)
-            end
             return bad(("unknown field '%s' in %s"):format(tostring(k), what), P)
         end
     end
