@@ -11,8 +11,10 @@ local function show(name, grammar, prompt, cfg)
     local ids, stats = model:generate(prompt, cfg)
     local prompt_len = #model:encode(prompt)
     local text = model:decode({ unpack(ids, prompt_len + 1) }):gsub("<|endoftext|>$", "")
-    -- a finished text is a sentence of its grammar; one max_tokens cut can still be finished
-    local ok = stats.stop_reason == "EOS" and grammar:matches(text) or grammar:matches_prefix(text)
+    -- a finished text is a sentence of its grammar; one max_tokens cut is a text it allowed
+    local ok
+    if stats.stop_reason == "EOS" then ok = grammar:matches(text)
+    else ok = stats.stop_reason == "MAX_TOKENS" and grammar:matches_prefix(text) end
     print(("%-8s %-10s %q  in the grammar: %s"):format(name, stats.stop_reason, text, tostring(ok)))
 end
 

@@ -792,8 +792,9 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
 void tl_compiled_grammar_free(tl_compiled_grammar *g); /* NULL is a no-op */
 /* *match = 1 when the whole text is a sentence of the grammar. */
 tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
-/* *match = 1 when some sentence of the grammar begins with the text (a partial output that can
-   still be completed). */
+/* *match = 1 when the grammar has not rejected the text: every byte of it was allowed (a partial
+   output that may go on; where a grammar has dead ends, a trigger that opens nothing, say, it
+   may still fail later). */
 tl_status tl_grammar_matches_prefix(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
 /* Size of the compiled form (rules, elements), for diagnostics. */
 tl_status tl_grammar_rule_count(const tl_compiled_grammar *g, int *rules, int *elements);

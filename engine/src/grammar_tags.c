@@ -51,7 +51,7 @@ typedef struct writer {
 } writer;
 
 static void emit(writer *w, uint8_t kind, int32_t arg) {
-    if (w->p->n_elems >= GRAM_MAX_ELEMS) w->big = w->oom = true; /* (oom: every write stops) */
+    if (!w->oom && w->p->n_elems >= GRAM_MAX_ELEMS) w->big = w->oom = true; /* (oom: every write stops) */
     if (w->oom || !gram_grow((void **)&w->p->elems, &w->cap_elems, w->p->n_elems + 1, sizeof *w->p->elems)) { w->oom = true; return; }
     w->p->elems[w->p->n_elems++] = (gram_elem){kind, arg};
 }
@@ -68,7 +68,7 @@ static void begin_rule(writer *w, int r) {
 }
 
 static int32_t add_set(writer *w, const gram_byteset *set) {
-    if (w->p->n_sets >= GRAM_MAX_ELEMS) w->big = w->oom = true;
+    if (!w->oom && w->p->n_sets >= GRAM_MAX_ELEMS) w->big = w->oom = true;
     if (w->oom || !gram_grow((void **)&w->p->sets, &w->cap_sets, w->p->n_sets + 1, sizeof *w->p->sets)) { w->oom = true; return 0; }
     w->p->sets[w->p->n_sets] = *set;
     return w->p->n_sets++;
@@ -265,6 +265,7 @@ static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *trigg
             for (int k = 0; k < n_groups; k++) stamp[targets[k]] = -1; /* (the next state's pass) */
         }
     /* enter_s: each trigger that ends at s, through its open rule */
+    bool used[MAX_TRIGGERS] = {false}; /* (a repeated trigger, or one never reached, opens nothing) */
     for (int st = 0; st < S && !w.oom; st++) {
         begin_rule(&w, enter_first + st);
         bool any = false;
@@ -274,7 +275,7 @@ static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *trigg
                     begin_alt(&w);
                     emit(&w, GE_REF, open_first + a.trigger_at[at]);
                     emit(&w, GE_END, 0);
-                    any = true;
+                    used[a.trigger_at[at]] = any = true;
                 }
                 if (at == 0) break;
             }
@@ -284,7 +285,7 @@ static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *trigg
     for (int t = 0; t < n_triggers && !w.oom; t++) {
         begin_rule(&w, open_first + t);
         bool any = false;
-        for (int k = 0; k < n_tags; k++) {
+        for (int k = 0; k < n_tags && used[t]; k++) {
             if (!starts_with(tags[k].begin, triggers[t])) continue;
             begin_alt(&w);
             for (int i = triggers[t].n; i < tags[k].begin.n; i++) emit(&w, GE_BYTES, byte_set(&w, tags[k].begin.p[i]));
@@ -464,6 +465,7 @@ tl_status tl_grammar_compile_after_block(const tl_compiled_grammar *g, const cha
     if (!names || !names[root]) {
         p->n_rules = root; /* (the names array holds root entries) */
         gram_program_free(p);
+        if (w.big) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after_block: too large (more than %d elements)", GRAM_MAX_ELEMS);
         return tl_fail(TL_ERR_NO_MEMORY, "tl_grammar_compile_after_block: out of memory");
     }
     p->n_rules = root + 1;

@@ -481,13 +481,23 @@ function _M.main(argv, default_model)
         if not compiled then io.stderr:write("tinyloop: --regex: ", gerr, "\n") return 2 end
         cfg.grammar = compiled
     end
+    local reasoning = require "tinyloop.reasoning"
+    local thinking = chat ~= nil and reasoning.uses(chat.template_text) -- (the template speaks of blocks)
     if o.tools and o.tools.forced then -- the reply is calls: their grammar
         if cfg.grammar then io.stderr:write("tinyloop: --tool-choice ", o.tool_choice, " constrains the output itself: not with --grammar, --json-schema or --regex\n") return 2 end
         local g, gerr = tools.grammar(o.tools)
         if not g then io.stderr:write("tinyloop: ", o.tools_file, ": ", gerr, "\n") return 2 end
         cfg.grammar = g
     elseif o.tools and not cfg.grammar then -- "auto": a call the model opens is made whole and valid
-        local g, gerr = tools.lazy_grammar(o.tools, chat ~= nil and require("tinyloop.reasoning").uses(chat.template_text))
+        -- a thinking model's one block (opened by the prompt, or first in the reply) runs free;
+        -- the reply is read for calls after it
+        local g, gerr
+        if thinking and reasoning.opens(o.prompt) then
+            g, gerr = tools.lazy_grammar(o.tools)
+            if g then g, gerr = tinyloop.grammar.after(reasoning.END, g) end
+        else
+            g, gerr = tools.lazy_grammar(o.tools, thinking)
+        end
         if not g then io.stderr:write("tinyloop: ", o.tools_file, ": ", gerr, "\n") return 2 end
         cfg.grammar = g
     end
@@ -506,7 +516,14 @@ function _M.main(argv, default_model)
         return status
     end
     if o.tools then
-        local content, calls = tools.parse(reply, o.tools, function(k) return "call_" .. k end,
+        -- a thinking model's block is written as it is, and only the answer after it read for calls
+        local answer = reply
+        if thinking then
+            local _, after_block = reasoning.split(reply, reasoning.opens(o.prompt))
+            answer = after_block or ""
+            io.stdout:write(reply:sub(1, #reply - #answer))
+        end
+        local content, calls = tools.parse(answer, o.tools, function(k) return "call_" .. k end,
                                            result.stop_reason == "MAX_TOKENS")
         if content then io.stdout:write(content, "\n") end
         for _, call in ipairs(calls or {}) do

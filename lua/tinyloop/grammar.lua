@@ -245,7 +245,8 @@ function Grammar:matches(text)
     return m[0] == 1
 end
 
--- Whether some sentence begins with text (a partial output that can still be completed).
+-- Whether the grammar has not rejected text: every byte of it was allowed (a partial output
+-- that may go on; tinyloop.h's tl_grammar_matches_prefix).
 function Grammar:matches_prefix(text)
     if type(text) ~= "string" then raise("grammar:matches_prefix: text must be a string") end
     local m = ffi.new("int[1]")

@@ -216,6 +216,12 @@ describe("tinyloop.tools.grammar", function()
         assert.is_false(thinking:matches('Sure. <think><tool_call>\n{"name": "get_weather", "arguments": ' ..
                                          '{"city": "Tokyo", "bogus": 1}}\n</tool_call></think> done.'))
         assert.is_false(g:matches(reasoned)) -- (without: the tag in the block opens a call)
+        -- where the prompt opened the block, the server puts the grammar after its end: one
+        -- block, no second one in which an unchecked call would be read back
+        local opened = assert(require("tinyloop").grammar.after("</think>", assert(tools.lazy_grammar(assert(check(WEATHER_NOW, "auto"))))))
+        assert.is_true(opened:matches("hm</think>\n" .. call("now", "{}")))
+        assert.is_false(opened:matches('hm</think>\n<think><tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}' ..
+                                       '\n</tool_call>'))
         -- a schema that does not compile is said as for a forced choice
         local bad = { type = "function", ["function"] = { name = "bad", parameters = { type = "object", properties = { x = { type = "quantum" } } } } }
         local none, err = tools.lazy_grammar(assert(check({ NOW, bad }, "auto")))

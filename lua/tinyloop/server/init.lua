@@ -960,7 +960,7 @@ local function serve(chat)
     end
     local req, err
     if chat then
-        req, err = request.parse_chat(body, model, conf.model_id, conf.max_active, chat_prompts, reasoning_on)
+        req, err = request.parse_chat(body, model, conf.model_id, conf.max_active, chat_prompts)
     else
         req, err = request.parse(body, model, conf.model_id, conf.max_active)
     end
@@ -968,12 +968,18 @@ local function serve(chat)
     -- A thinking model under a grammar (structured outputs, a tool choice): its reasoning runs
     -- free and the grammar writes the answer after </think>, as vLLM does with a reasoning
     -- parser; where the prompt does not open the block, the model may write one first (unless
-    -- the grammar writes the block itself).
+    -- a request's own grammar writes the block itself). One block, where the reply is read for
+    -- it: a call inside a later one would be read as a call and never checked.
     local thinks = chat and reasoning_on and reasoning.opens(req.prompt_text)
-    if chat and reasoning_on and req.cfg.grammar and (thinks or not req.cfg.grammar:matches_prefix(reasoning.START)) then
-        local g, gerr = request.after_reasoning(req.cfg.grammar, thinks)
-        if not g then return send_error(500, "the grammar after the reasoning: " .. tostring(gerr), nil, "server_error") end
-        req.cfg.grammar = g
+    local g = req.cfg.grammar
+    if chat and reasoning_on and g and (thinks or req.grammar_field == "tools" or not g:matches_prefix(reasoning.START)) then
+        local wrapped, gerr = request.after_reasoning(g, thinks)
+        if not wrapped then -- (the grammar's own size: the request's; memory: the server's)
+            local too_large = tostring(gerr):find("too large", 1, true)
+            return send_error(too_large and 400 or 500, "the grammar after the reasoning: " .. tostring(gerr),
+                              too_large and req.grammar_field or nil, not too_large and "server_error" or nil)
+        end
+        req.cfg.grammar = wrapped
     end
 
     -- 1. Every choice's session, before anything runs: the engine checks every value here

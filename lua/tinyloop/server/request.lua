@@ -929,7 +929,7 @@ end
 -- How a message names a forced tool_choice.
 local function forced_choice(spec) return spec.choice == "function" and "naming a function" or '"required"' end
 
-local function tools_fields(t, body, cfg, shared, thinks)
+local function tools_fields(t, body, cfg, shared)
     local tools_json = t.tools ~= nil and raw_member(body, { "tools" }) or nil
     local spec, shown, param = tools.prepare(t.tools, t.tool_choice, t.parallel_tool_calls, tools_json)
     if spec == nil then return bad(shown, param) end
@@ -953,8 +953,8 @@ local function tools_fields(t, body, cfg, shared, thinks)
             cfg.stop_strings = stops
         end
         if not cfg.grammar then -- (a request's own grammar constrains the reply instead)
-            local key = ("tools-auto:%s:%s:%s"):format(tostring(spec.parallel), tostring(thinks), tools_json)
-            local g, gerr = compiled(key, function() return tools.lazy_grammar(spec, thinks) end)
+            local key = ("tools-auto:%s:%s"):format(tostring(spec.parallel), tools_json)
+            local g, gerr = compiled(key, function() return tools.lazy_grammar(spec) end)
             if not g then return bad(gerr, "tools") end
             cfg.grammar, shared.grammar_field = g, "tools"
             spec.lazy = true -- (its calls, whole by the grammar, can be streamed as they come)
@@ -989,14 +989,13 @@ local function render_messages(t, body, chat, template_tools)
     return bad(err, fault == "variables" and "chat_template_kwargs" or "messages")
 end
 
--- parse_chat(body, model, model_id, max_choices, chat[, reasoning_on]) -> request | nil, err: a
--- POST /v1/chat/completions body, its messages rendered by `chat` (tinyloop.chat: the model's
+-- parse_chat(body, model, model_id, max_choices, chat) -> request | nil, err: a POST
+-- /v1/chat/completions body, its messages rendered by `chat` (tinyloop.chat: the model's
 -- template) into the one prompt, generation stopping at chat.turn_ends (ids, if set) as well;
--- the request has parse's shape (best_of = n, no echo). reasoning_on: replies are read for a
--- reasoning block (the server's reasoning_format), which tool_choice auto's grammar allows.
+-- the request has parse's shape (best_of = n, no echo).
 -- max_tokens (or max_completion_tokens) defaults to the rest of the context, OpenAI's rule
 -- for chat.
-function _M.parse_chat(body, model, model_id, max_choices, chat, reasoning_on)
+function _M.parse_chat(body, model, model_id, max_choices, chat)
     local t, cfg = decode_fields(body, CHAT_FIELDS, CHAT_NO_OPS)
     if not t then return nil, cfg end
     if t.messages == nil then return bad("messages is required", "messages") end
@@ -1006,8 +1005,8 @@ function _M.parse_chat(body, model, model_id, max_choices, chat, reasoning_on)
     local shared, err = shared_fields(t, body, model, model_id, cfg)
     if not shared then return nil, err end
     if not model.has_tokenizer then return bad("chat needs a tokenizer, which this model lacks: use /v1/completions with token ids", "messages") end
-    -- (a reply read for reasoning: a <tool_call> inside its block is no call)
-    local tool_spec, template_tools = tools_fields(t, body, cfg, shared, reasoning_on)
+    -- (a thinking model's block around the calls' grammar: the server's, once the prompt is known)
+    local tool_spec, template_tools = tools_fields(t, body, cfg, shared)
     if tool_spec == nil then return nil, template_tools end
     if tool_spec and tool_spec.forced and t.continue_final_message then
         return bad("tool_choice " .. forced_choice(tool_spec) ..
