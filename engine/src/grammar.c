@@ -204,6 +204,7 @@ typedef struct prog_writer {
     int *gen_n;
     int n_gen, cap_gen, cap_gen_n;
     int first_gen;
+    bool out_of_memory; /* an emit failed to grow (not the size limit) */
 } prog_writer;
 
 static int add_set(prog_writer *w, const gram_byteset *set) {
@@ -222,7 +223,7 @@ static int add_set(prog_writer *w, const gram_byteset *set) {
 static bool emit(prog_writer *w, uint8_t kind, int32_t arg) {
     gram_program *p = w->p;
     if (p->n_elems >= GRAM_MAX_ELEMS) return false;
-    if (!gram_grow((void **)&p->elems, &w->cap_elems, p->n_elems + 1, sizeof *p->elems)) return false;
+    if (!gram_grow((void **)&p->elems, &w->cap_elems, p->n_elems + 1, sizeof *p->elems)) return !(w->out_of_memory = true);
     p->elems[p->n_elems++] = (gram_elem){kind, arg};
     return true;
 }
@@ -517,6 +518,7 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
     gram_hash_free(&w.set_ids);
     free(rule_alt_count);
     free(by_rule);
+    oom = oom || w.out_of_memory; /* (a failed emit reads as "too big" above) */
     if (oom || too_big) {
         gram_program_free(p);
         snprintf(err, errlen, oom ? "out of memory compiling the grammar" : "grammar too large (more than %d elements)",
@@ -863,6 +865,7 @@ tl_status tl_grammar_compile_json_schema(const char *schema, size_t len, const t
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "JSON schema: a $ref cycle matches nothing before recurring (%s)", err);
     if (st != TL_OK && strstr(err, "grammar too large"))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "JSON schema: too large once expanded (%s)", err);
+    if (st == TL_ERR_NO_MEMORY) return tl_fail(st, "JSON schema: %s", err);
     if (st != TL_OK) return tl_fail(st, "JSON schema: the generated grammar is invalid (a TinyLoop bug): %s", err);
     return gram_wrap_program(prog, out);
 }
@@ -905,6 +908,7 @@ tl_status tl_grammar_compile_regex(const char *pattern, size_t len, tl_compiled_
     /* repetitions that expand past the grammar's size are the pattern's size, not a bug */
     if (st != TL_OK && strstr(err, "grammar too large"))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "regular expression: too large once its repetitions are expanded (%s)", err);
+    if (st == TL_ERR_NO_MEMORY) return tl_fail(st, "regular expression: %s", err);
     if (st != TL_OK) return tl_fail(st, "regular expression: the generated grammar is invalid (a TinyLoop bug): %s", err);
     return gram_wrap_program(prog, out);
 }

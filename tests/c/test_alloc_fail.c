@@ -8,7 +8,8 @@
  * without mmap_weights; session creation and steps in every mode (plain with stop strings and
  * sampling, beam, chain and tree speculative, early exit) with tl_session_text; tokenizer
  * encode / decode / detokenizer; scoring; fork, save and resume; a saved state written to bytes
- * or a file, read back and resumed; the serving engine. */
+ * or a file, read back and resumed; the serving engine; grammars (regex, tags, after, after_block)
+ * and a session under one. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -230,6 +231,38 @@ static tl_status engine_run(void) {
     return st;
 }
 
+/* Grammars: a regular expression, GBNF, and the grammars built around them (after, tags,
+   after_block: programs copied and renumbered), then a session under the last one, whose
+   one-token special stop is one of its matcher's ends. */
+static tl_status grammars(void) {
+    tl_compiled_grammar *digits = NULL, *rx = NULL, *after = NULL, *tags = NULL, *block = NULL;
+    tl_status st = tl_grammar_compile_gbnf("root ::= [0-9]+", 15, &digits);
+    if (st == TL_OK) st = tl_grammar_compile_regex("(a?|b)*[0-9]{2}", 15, &rx);
+    if (st == TL_OK) st = tl_grammar_compile_after(digits, "</t>", 4, 2, &after);
+    const tl_grammar_tag tag[] = {{"<d>", digits, "</d>", 0}, {"<r>", rx, "", 1}};
+    const char *const triggers[] = {"<d", "<r"};
+    if (st == TL_OK) st = tl_grammar_compile_tags(tag, 2, triggers, 2, NULL, &tags);
+    if (st == TL_OK) st = tl_grammar_compile_after_block(tags, "<t>", "</t>", 1, &block);
+    if (st == TL_OK) {
+        tl_generate_config c = base();
+        c.ignore_eos = 0;
+        tl_grammar use;
+        tl_grammar_use(&use, block);
+        c.grammar = &use;
+        const int32_t eos = tl_model_info(model)->eos_token_id;
+        const tl_token_seq stop = {&eos, 1};
+        c.stop_sequences = &stop;
+        c.n_stop_sequences = 1;
+        st = run_session(&c);
+    }
+    tl_compiled_grammar_free(digits);
+    tl_compiled_grammar_free(rx);
+    tl_compiled_grammar_free(after);
+    tl_compiled_grammar_free(tags);
+    tl_compiled_grammar_free(block);
+    return st;
+}
+
 static void inject(const char *name, tl_status (*scenario)(void)) {
     tl_test_alloc_arm(0);
     tl_status st = scenario();
@@ -278,6 +311,7 @@ int main(int argc, char **argv) {
     snprintf(state_path, sizeof state_path, "/tmp/tinyloop-alloc-fail-%ld.state", (long)getpid());
     inject("state file", state_file);
     inject("engine", engine_run);
+    inject("grammars", grammars);
     tl_model_free(model);
     return check_summary();
 }
