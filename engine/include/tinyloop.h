@@ -764,9 +764,10 @@ tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *tri
                                    tl_compiled_grammar **out);
 
 /* An optional block, then g: `open`, text without `close`, `close` and at most max_blanks
-   blanks, or none of it, then a sentence of g (open and close: 1 to 256 bytes). For thinking
-   models whose template leaves the block to them (Qwen3's): "<think>" ... "</think>" runs free
-   when the model writes one, then g writes the answer. */
+   blanks, or none of it, then a sentence of g (open and close: 1 to 256 bytes). The text may
+   also end inside the block (as `after`'s may before its trigger). For thinking models whose
+   template leaves the block to them (Qwen3's): "<think>" ... "</think>" runs free when the
+   model writes one, then g writes the answer. */
 tl_status tl_grammar_compile_after_block(const tl_compiled_grammar *g, const char *open, const char *close, int max_blanks,
                                          tl_compiled_grammar **out);
 

@@ -6,8 +6,8 @@
  *
  * Syntax: ECMA-262's, as JSON Schema says. Literals (UTF-8), '.', classes [...] and [^...]
  * with ranges, \d \w \s \D \W \S, \xHH and \uHHHH in classes, escaped punctuation, groups
- * (...) and (?:...), alternation, * + ? {m} {m,} {m,n} (greedy; up to 1000). In text mode
- * also \n \r \t \f \v \0 and \xHH outside classes. ^ and $ are accepted at the start and the
+ * (...) and (?:...), alternation, * + ? {m} {m,} {m,n} (greedy; up to 1000), \xHH and
+ * \uHHHH outside classes too. In text mode also \n \r \t \f \v \0. ^ and $ are accepted at the start and the
  * end of the pattern (or of a top-level alternative), where they mean what they mean anyway:
  * the whole text matches. Anything else (lookaround, backreferences, \b, lazy
  * or possessive quantifiers, named groups, anchors inside it) is an error naming it: a pattern is never
@@ -270,14 +270,17 @@ static int regex_atom(rx *r, const char **p, int depth) {
             const int control = control_escape(s);
             if (control >= 0) { literal_cp(o, (uint32_t)control); *p = s + 2; return 0; }
             if (e == '0') return fail(r, "'\\0' before a digit (an octal escape) is not supported");
-            if (e == 'x' || e == 'u') {
-                uint32_t cp;
-                const int n = hex_escape(r, s, &cp);
-                if (n < 0) return -1;
-                literal_cp(o, cp);
-                *p = s + n;
-                return 0;
-            }
+        }
+        if (e == 'x' || e == 'u') {
+            uint32_t cp;
+            const int n = hex_escape(r, s, &cp);
+            if (n < 0) return -1;
+            /* in a JSON string: no control, and '"' and '\' as JSON writes them */
+            if (!r->text && cp < 0x20) return fail(r, "control characters are not supported");
+            if (!r->text && (cp == '"' || cp == '\\')) strbuf_puts(o, cp == '"' ? "\"\\\\\\\"\"" : "\"\\\\\\\\\"");
+            else literal_cp(o, cp);
+            *p = s + n;
+            return 0;
         }
         if (!e || (e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
             return fail(r, "escape '\\%c' is not supported", e ? e : '?');

@@ -489,16 +489,15 @@ function _M.main(argv, default_model)
         if not g then io.stderr:write("tinyloop: ", o.tools_file, ": ", gerr, "\n") return 2 end
         cfg.grammar = g
     elseif o.tools and not cfg.grammar then -- "auto": a call the model opens is made whole and valid
-        -- a thinking model's one block (opened by the prompt, or first in the reply) runs free;
-        -- the reply is read for calls after it
-        local g, gerr
-        if thinking and reasoning.opens(o.prompt) then
-            g, gerr = tools.lazy_grammar(o.tools)
-            if g then g, gerr = tinyloop.grammar.after(reasoning.END, g) end
-        else
-            g, gerr = tools.lazy_grammar(o.tools, thinking)
-        end
+        local g, gerr = tools.lazy_grammar(o.tools)
         if not g then io.stderr:write("tinyloop: ", o.tools_file, ": ", gerr, "\n") return 2 end
+        cfg.grammar = g
+    end
+    -- a thinking model's one block (opened by the prompt, or first in the reply) runs free and
+    -- the grammar writes what follows it, as the server does; the reply is read after it
+    if thinking and cfg.grammar then
+        local g, gerr = reasoning.grammar(cfg.grammar, reasoning.opens(o.prompt), not o.tools)
+        if not g then io.stderr:write("tinyloop: ", gerr, "\n") return 2 end
         cfg.grammar = g
     end
     if o.policy then

@@ -155,8 +155,9 @@ function M.after(trigger, g, max_blanks)
 end
 
 -- after_block(open, close, g[, max_blanks]) -> an optional block (open, text without close,
--- close, at most max_blanks blanks, default 4), then g: a thinking model that may write
--- "<think>" ... "</think>" on its own thinks freely, then g writes the answer.
+-- close, at most max_blanks blanks, default 4), then g; the text may also end inside the
+-- block: a thinking model that may write "<think>" ... "</think>" on its own thinks freely,
+-- then g writes the answer.
 function M.after_block(open, close, g, max_blanks)
     if type(open) ~= "string" or type(close) ~= "string" then raise("tinyloop.grammar.after_block: open and close must be strings") end
     if not M.is_compiled(g) then raise("tinyloop.grammar.after_block: g must be a compiled grammar") end
@@ -201,7 +202,10 @@ function M.tags(tags, triggers, opts)
     end
     local out = ffi.new("tl_compiled_grammar *[1]")
     -- (the strings above are anchored by `tags` and `triggers` until the call returns)
-    if C.tl_grammar_compile_tags(c_tags, #tags, c_triggers, #triggers, o, out) ~= 0 then return nil, last_error() end
+    if C.tl_grammar_compile_tags(c_tags, #tags, c_triggers, #triggers, o, out) ~= 0 then
+        -- C counts the lists from 0, Lua from 1: its messages name tags[i] and triggers[i] as here
+        return nil, (last_error():gsub("(%a+)%[(%d+)%]", function(list, i) return list .. "[" .. (tonumber(i) + 1) .. "]" end))
+    end
     return wrap(out, nil)
 end
 

@@ -11,6 +11,7 @@
 --   local thought, answer = reasoning.split(reply_text, inside)
 --   local reader = reasoning.stream(inside)              -- the same, read as it comes
 --   local thought_piece, answer_piece = reader:feed(text[, finished])
+--   cfg.grammar = reasoning.grammar(g, inside, own)     -- g for the answer after the block
 local tags = require "tinyloop.tags"
 
 local find, sub, match, concat = string.find, string.sub, string.match, table.concat
@@ -30,6 +31,19 @@ end
 -- asking about the tag, say) opens nothing.
 function _M.opens(prompt)
     return find(prompt, START .. "%s*$") ~= nil -- (no magic characters in the tag)
+end
+
+-- grammar(g, opened, own) -> the grammar a thinking model's reply runs under, given g for its
+-- answer: the one block runs free and g writes what follows it (vLLM's structured outputs
+-- with a reasoning parser). opened: the prompt opened the block (after("</think>", g));
+-- otherwise the reply may begin with one (after_block), unless own (a request's own grammar)
+-- can itself begin with <think>: it then writes the block, and g is kept. The reply may also
+-- end inside its block (reasoning only). -> grammar | nil, err.
+function _M.grammar(g, opened, own)
+    local grammar = require("tinyloop").grammar
+    if opened then return grammar.after(END, g) end
+    if own and g:matches_prefix(START) then return g end
+    return grammar.after_block(START, END, g)
 end
 
 -- The position after a block's opening tag where the reply begins with one (blank space

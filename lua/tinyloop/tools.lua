@@ -251,22 +251,17 @@ function _M.grammar(spec)
     return require("tinyloop").grammar.gbnf(text)
 end
 
--- lazy_grammar(spec[, thinks]) -> a grammar for tool_choice "auto" (llama.cpp's lazy grammar):
--- the reply is free text until the model opens a call, and the calls from there on are whole
--- and valid (each function's parameters), then the reply ends; or nil, err. thinks: the reply
--- may begin with a reasoning block (<think> ... </think>, as tinyloop.reasoning reads one), in
--- which a <tool_call> is words, not a call.
-function _M.lazy_grammar(spec, thinks)
+-- lazy_grammar(spec) -> a grammar for tool_choice "auto" (llama.cpp's lazy grammar): the reply
+-- is free text until the model opens a call, and the calls from there on are whole and valid
+-- (each function's parameters), then the reply ends; or nil, err. (A thinking model's block
+-- around it: tinyloop.reasoning.grammar.)
+function _M.lazy_grammar(spec)
     local text, err = _M.grammar_text(spec, true)
     if not text then return nil, err end
     local grammar = require("tinyloop").grammar
     local calls, gerr = grammar.gbnf(text)
     if not calls then return nil, gerr end
-    -- (the call's shape to the byte: "<tool_call>\n{")
-    local lazy, lerr = grammar.after(START, calls, 0)
-    if not lazy or not thinks then return lazy, lerr end
-    local reasoning = require "tinyloop.reasoning"
-    return grammar.after_block(reasoning.START, reasoning.END, lazy)
+    return grammar.after(START, calls, 0) -- (the call's shape to the byte: "<tool_call>\n{")
 end
 
 -- ------------------------------------------------------------------ reading calls back
@@ -351,11 +346,12 @@ end
 -- them back until the next text tells).
 function _M.held(text) return tags.held(text, START) end
 
--- ------------------------------------------------------------------ a forced choice, as it comes
+-- ------------------------------------------------------------------ calls, as they come
 
--- call_stream() -> a reader of a forced choice's text as it is generated, whose grammar fixes
--- its shape (grammar_text): <tool_call>\n{"name": "<name>", "arguments": <JSON object>}
--- \n</tool_call>, the calls one a line. reader:feed(text) -> the events the text completes:
+-- call_stream() -> a reader of calls as they are generated under a grammar that fixes their
+-- shape (grammar_text: a forced choice's, or auto's lazy grammar from the tag on), after blank
+-- space: <tool_call>\n{"name": "<name>", "arguments": <JSON object>}\n</tool_call>, the calls one
+-- a line. reader:feed(text) -> the events the text completes:
 -- {call = k, name = ...} when call k's name is whole, then {call = k, arguments = piece} for
 -- each piece of its arguments' text, as it comes (a stream sends them as OpenAI streams a
 -- call). Each text is read once; text off the shape (none, under the grammar) ends the events

@@ -232,8 +232,9 @@ static tl_status engine_run(void) {
 }
 
 /* Grammars: a regular expression, GBNF, and the grammars built around them (after, tags,
-   after_block: programs copied and renumbered), then a session under the last one, whose
-   one-token special stop is one of its matcher's ends. */
+   after_block: programs copied and renumbered), then a session under the last one with a
+   one-token stop sequence (its matcher's ends are set; this checkpoint's one special token is
+   eos, which they leave to the grammar). */
 static tl_status grammars(void) {
     tl_compiled_grammar *digits = NULL, *rx = NULL, *after = NULL, *tags = NULL, *block = NULL;
     tl_status st = tl_grammar_compile_gbnf("root ::= [0-9]+", 15, &digits);

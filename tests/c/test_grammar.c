@@ -343,6 +343,12 @@ static void test_json_schema(void) {
     static const char *tn4[] = {"\"a\"", "6", NULL};
     expect(g, "type list 4", ty4, tn4);
     tl_compiled_grammar_free(g);
+    /* \uHHHH and \xHH outside a class too; '"' and '\' as JSON writes them */
+    g = schema("{\"type\":\"string\",\"pattern\":\"caf\\\\u00e9 \\\\x41\\\\u0022\"}");
+    static const char *yu[] = {"\"caf\xc3\xa9 A\\\"\"", NULL};
+    static const char *nu[] = {"\"cafe A\\\"\"", "\"caf\xc3\xa9 A\"\"", NULL};
+    expect(g, "pattern hex escapes", yu, nu);
+    tl_compiled_grammar_free(g);
     /* free whitespace */
     tl_json_schema_options opts = {1};
     g = NULL;

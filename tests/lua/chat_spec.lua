@@ -330,6 +330,24 @@ describe("tinyloop.chat", function()
         for _, piece in iterate, session do reply[#reply + 1] = piece end
         local _, calls = tools.parse(table.concat(reply), spec, function() return "c" end)
         assert.equal(line, '{"name": "weather", "arguments": ' .. calls[1].arguments .. "}")
+        -- a thinking template that opens the block: the reasoning runs free and the calls come
+        -- after </think> (the grammar wrote them inside the block, where they were lost): the
+        -- reply of a session under reasoning.grammar(calls, opened), printed as it came (this
+        -- model never closes a block)
+        write(dir .. "/think.jinja", "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}" ..
+              "{% if add_generation_prompt %}assistant: <think>\n{% endif %}")
+        out = run("-n 24 --chat-template " .. dir .. "/think.jinja --tools " .. dir .. "/tools.json --tool-choice required 'Weather?'")
+        local thinking_chat = assert(chat.load("models/tinyloop-austen", dir .. "/think.jinja"))
+        local think_prompt = assert(thinking_chat:prompt({ { role = "user", content = "Weather?" } }, true, chat.decode_ordered(text)))
+        local spec_required = assert(tools.check(cjson.decode(text), "required", nil, text))
+        local wrapped = assert(require("tinyloop.reasoning").grammar(assert(tools.grammar(spec_required)), true))
+        local think_cfg = { max_tokens = 24, grammar = wrapped }
+        chat.add_stop_ids(think_cfg, thinking_chat:turn_end_ids(m))
+        local ids = m:generate(think_prompt, think_cfg)
+        local prompt_ids = m:encode(think_prompt)
+        local want = m:decode({ unpack(ids, #prompt_ids + 1) })
+        assert.equal(want .. "exit 0\n", out)
+        assert.is_nil(want:find("^%s*<tool_call>"), want)
         -- refusals: usage (2), a file that cannot be read (1)
         for args, message in pairs({
             ["--tools " .. dir .. "/tools.json --tool-choice later x"] = 'names the function "later", which tools does not declare\nexit 2',

@@ -88,7 +88,7 @@ describe("tinyloop.grammar", function()
         assert.matches("holds a NUL byte", err, 1, true)
         bad, err = G.tags({ { begin = "<f=a>", content = digit } }, { "<g" })
         assert.is_nil(bad)
-        assert.matches("tags[0]'s begin \"<f=a>\" starts with no trigger", err, 1, true)
+        assert.matches("tags[1]'s begin \"<f=a>\" starts with no trigger", err, 1, true)
         assert.has_error(function() G.tags({}, { "x" }) end, "tinyloop.grammar.tags: tags must be a non-empty list")
         assert.has_error(function() G.tags({ { begin = "x", content = "root" } }, { "x" }) end)
         assert.has_error(function() G.tags({ { begin = "x", content = digit } }, { "x" }, { max_blanks = 1e20 }) end,

@@ -205,7 +205,7 @@ describe("tinyloop.tools.grammar", function()
         assert.is_true(g:matches("Sure. " .. call("now", "{}")))
         assert.is_false(g:matches(call("now", "{}") .. "\n" .. call("now", "{}")))
         -- a reply that may begin with a reasoning block: a <tool_call> inside it is words
-        local thinking = assert(tools.lazy_grammar(assert(check(WEATHER_NOW, "auto")), true))
+        local thinking = assert(require("tinyloop.reasoning").grammar(assert(tools.lazy_grammar(assert(check(WEATHER_NOW, "auto")))), false))
         local reasoned = "<think>\nI will write a <tool_call> block.\n</think>\n\n" .. call("now", "{}")
         assert.is_true(thinking:matches(reasoned))
         assert.is_true(thinking:matches("<think>\nno call</think>\nIt is sunny."))

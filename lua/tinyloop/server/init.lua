@@ -564,8 +564,9 @@ local function read_calls(r, st, text)
 end
 
 -- A streamed chat choice with tools: what its chunk shows now, given the text just read.
--- Content goes out as it comes, but from a <tool_call> on the text is held and read as calls
--- at the finish; white space at the end of the content, and a possible beginning of a
+-- Content goes out as it comes; from a <tool_call> on the text is calls: under a grammar that
+-- makes them whole (a forced choice, auto's lazy grammar) they go out piece by piece as they
+-- come, else they are held and read at the finish; white space at the end of the content, and a possible beginning of a
 -- <tool_call>, wait until the next text tells (white space before a call is not content, as
 -- in a blocking answer). The engine's own hold-back (stop strings, UTF-8) ends generation at
 -- its match; this marker must not, so it is held here. Every read costs its own length: the
@@ -620,8 +621,10 @@ local function tool_stream(r, st, text, ids, figures, finished)
             local _
             _, calls = read_calls(r, st, concat(tool.calls_text))
         end
-        -- no call after all: all of it is content (a forced choice's never is)
-        if not calls and not st.tools.forced then
+        -- no call after all: all of it is content (a forced choice's never is, nor a call whose
+        -- pieces went out already: under auto's lazy grammar, one max_tokens cut arrives cut,
+        -- as a forced one does)
+        if not calls and not st.tools.forced and not (tool.reader and tool.reader.call > 0) then
             show = show .. concat(tool.blanks) .. tool.prefix .. concat(tool.calls_text or {})
         end
         -- the calls read back whole, where they did not go out piece by piece (and, should a
@@ -971,9 +974,8 @@ local function serve(chat)
     -- a request's own grammar writes the block itself). One block, where the reply is read for
     -- it: a call inside a later one would be read as a call and never checked.
     local thinks = chat and reasoning_on and reasoning.opens(req.prompt_text)
-    local g = req.cfg.grammar
-    if chat and reasoning_on and g and (thinks or req.grammar_field == "tools" or not g:matches_prefix(reasoning.START)) then
-        local wrapped, gerr = request.after_reasoning(g, thinks)
+    if chat and reasoning_on and req.cfg.grammar then
+        local wrapped, gerr = request.after_reasoning(req.cfg.grammar, thinks, req.grammar_field ~= "tools")
         if not wrapped then -- (the grammar's own size: the request's; memory: the server's)
             local too_large = tostring(gerr):find("too large", 1, true)
             return send_error(too_large and 400 or 500, "the grammar after the reasoning: " .. tostring(gerr),

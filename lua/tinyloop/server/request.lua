@@ -358,24 +358,21 @@ local function gbnf_grammar(text, P, what)
     return g, P
 end
 
--- A grammar for the answer after a thinking model's reasoning: opened (the prompt opened the
--- block), the text runs free until </think>, then g; else an optional block the model may
--- write first, then g. Cached per grammar object (which may leave the cache above first).
+-- A thinking model's grammar around g (tinyloop.reasoning.grammar: opened, own), cached per
+-- grammar object (which may leave the cache above first).
 local after_cache = setmetatable({}, { __mode = "k" })
-function _M.after_reasoning(g, opened)
+function _M.after_reasoning(g, opened, own)
     local variants = after_cache[g]
     if not variants then
         variants = {}
         after_cache[g] = variants
     end
-    local which = opened and "opened" or "block"
+    local which = (opened and "opened" or "block") .. (own and ":own" or "")
     if variants[which] then return variants[which] end
-    local after, err
-    if opened then after, err = grammar.after(reasoning.END, g)
-    else after, err = grammar.after_block(reasoning.START, reasoning.END, g) end
-    if not after then return nil, err end
-    variants[which] = after
-    return after
+    local wrapped, err = reasoning.grammar(g, opened, own)
+    if not wrapped then return nil, err end
+    variants[which] = wrapped
+    return wrapped
 end
 
 -- The whole output matches a regular expression (vLLM's regex).
@@ -436,6 +433,15 @@ end
 -- then a structure whose begin starts with it (its schema's JSON between begin and end), then
 -- free text again. text: its JSON (the schemas' key order is the order they write keys in).
 local MAX_STRUCTURES = 256
+-- grammar.tags' message about its lists (Lua's indexes, from 1) with the request's names and
+-- JSON's indexes (from 0).
+local function json_indexes(err, tags_name, triggers_name)
+    return (tostring(err):gsub("^tl_grammar_compile_tags: ", ""):gsub("^tinyloop.grammar.tags: ", "")
+        :gsub("(%a+)%[(%d+)%]", function(list, i)
+            return (list == "tags" and tags_name or list == "triggers" and triggers_name or list) .. "[" .. (tonumber(i) - 1) .. "]"
+        end))
+end
+
 -- xgrammar's newer form, {"type": "structural_tag", "format": {...}}: a format of one of the
 -- kinds below (a whole output), or triggered_tags, whose tags hold one of them. -> grammar |
 -- false (any_text: none) | nil, message (relative to `what`).
@@ -535,10 +541,7 @@ local function format_grammar(f, text, compact)
         out[i] = { begin = tag.begin, content = content, ["end"] = tag["end"], ends_text = f.stop_after_first == true }
     end
     local tagged, terr = grammar.tags(out, triggers, { at_least_one = f.at_least_one == true })
-    if not tagged then
-        return nil, (tostring(terr):gsub("^tl_grammar_compile_tags: ", ""):gsub("^tinyloop.grammar.tags: ", "")
-            :gsub("tags?%[?(%d+)%]?'s", "format.tags[%1]'s"):gsub("triggers%[(%d+)%]", "format.triggers[%1]"))
-    end
+    if not tagged then return nil, json_indexes(terr, "format.tags", "format.triggers") end
     return tagged
 end
 
@@ -600,10 +603,7 @@ local function structural_tag_grammar(v, text, P, what, compact)
             tags[i] = { begin = st.begin, content = content, ["end"] = st["end"] }
         end
         local tagged, terr = grammar.tags(tags, triggers)
-        if not tagged then
-            return nil, (tostring(terr):gsub("^tl_grammar_compile_tags: ", ""):gsub("^tinyloop.grammar.tags: ", "")
-                :gsub("tags?%[?(%d+)%]?'s", "structures[%1]'s"):gsub("trigger (%d+)", "triggers[%1]"))
-        end
+        if not tagged then return nil, json_indexes(terr, "structures", "triggers") end
         return tagged
     end)
     if not g then return bad(what .. ": " .. tostring(err), P) end
