@@ -6,8 +6,9 @@
  *
  * Syntax: ECMA-262's, as JSON Schema says. Literals (UTF-8), '.', classes [...] and [^...]
  * with ranges, \d \w \s \D \W \S, \xHH and \uHHHH in classes, escaped punctuation, groups
- * (...) and (?:...), alternation, * + ? {m} {m,} {m,n} (greedy; up to 1000), \xHH and
- * \uHHHH outside classes too. In text mode also \n \r \t \f \v \0. ^ and $ are accepted at the start and the
+ * (...) and (?:...), alternation, * + ? {m} {m,} {m,n} (greedy; up to 1000), \xHH, \uHHHH
+ * and \n \r \t \f \v \0 outside classes too (in a JSON string, a control as JSON escapes it).
+ * ^ and $ are accepted at the start and the
  * end of the pattern (or of a top-level alternative), where they mean what they mean anyway:
  * the whole text matches. Anything else (lookaround, backreferences, \b, lazy
  * or possessive quantifiers, named groups, anchors inside it) is an error naming it: a pattern is never
@@ -231,6 +232,16 @@ static void literal_cp(strbuf *o, uint32_t cp) {
     else gram_gbnf_literal(o, utf8);
 }
 
+/* A control character inside a JSON string, as JSON writes it: its short escape (\b \t \n \f
+   \r) or \u00XX (JSON's other spellings of the same character are not generated). */
+static void json_control(strbuf *o, uint32_t cp) {
+    static const char SHORT[] = {['\b'] = 'b', ['\t'] = 't', ['\n'] = 'n', ['\f'] = 'f', ['\r'] = 'r'};
+    char escaped[8];
+    if (cp < sizeof SHORT && SHORT[cp]) snprintf(escaped, sizeof escaped, "\\%c", SHORT[cp]);
+    else snprintf(escaped, sizeof escaped, "\\u%04X", (unsigned)cp);
+    gram_gbnf_literal(o, escaped);
+}
+
 static int regex_atom(rx *r, const char **p, int depth) {
     strbuf *o = r->out;
     const char *s = *p;
@@ -266,18 +277,21 @@ static int regex_atom(rx *r, const char **p, int depth) {
         default: break;
         }
         if (cls) { strbuf_puts(o, cls); *p = s + 2; return 0; }
-        if (r->text) {
-            const int control = control_escape(s);
-            if (control >= 0) { literal_cp(o, (uint32_t)control); *p = s + 2; return 0; }
-            if (e == '0') return fail(r, "'\\0' before a digit (an octal escape) is not supported");
+        const int control = control_escape(s);
+        if (control >= 0) {
+            if (r->text) literal_cp(o, (uint32_t)control);
+            else json_control(o, (uint32_t)control);
+            *p = s + 2;
+            return 0;
         }
+        if (e == '0') return fail(r, "'\\0' before a digit (an octal escape) is not supported");
         if (e == 'x' || e == 'u') {
             uint32_t cp;
             const int n = hex_escape(r, s, &cp);
             if (n < 0) return -1;
-            /* in a JSON string: no control, and '"' and '\' as JSON writes them */
-            if (!r->text && cp < 0x20) return fail(r, "control characters are not supported");
-            if (!r->text && (cp == '"' || cp == '\\')) strbuf_puts(o, cp == '"' ? "\"\\\\\\\"\"" : "\"\\\\\\\\\"");
+            /* in a JSON string: controls, '"' and '\' as JSON writes them */
+            if (!r->text && cp < 0x20) json_control(o, cp);
+            else if (!r->text && (cp == '"' || cp == '\\')) strbuf_puts(o, cp == '"' ? "\"\\\\\\\"\"" : "\"\\\\\\\\\"");
             else literal_cp(o, cp);
             *p = s + n;
             return 0;

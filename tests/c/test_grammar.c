@@ -349,6 +349,12 @@ static void test_json_schema(void) {
     static const char *nu[] = {"\"cafe A\\\"\"", "\"caf\xc3\xa9 A\"\"", NULL};
     expect(g, "pattern hex escapes", yu, nu);
     tl_compiled_grammar_free(g);
+    /* a control in a JSON string's pattern: the string holds it as JSON escapes it */
+    g = schema("{\"type\":\"string\",\"pattern\":\"a\\\\nb\\\\t\\\\x01\"}");
+    static const char *yc[] = {"\"a\\nb\\t\\u0001\"", NULL};
+    static const char *nc[] = {"\"anbt\"", "\"a\nb\t\x01\"", "\"a\\u000Ab\\t\\u0001\"", NULL};
+    expect(g, "pattern controls", yc, nc);
+    tl_compiled_grammar_free(g);
     /* free whitespace */
     tl_json_schema_options opts = {1};
     g = NULL;
