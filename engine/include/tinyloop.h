@@ -763,11 +763,11 @@ tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t 
 tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *trigger, size_t len, int max_blanks,
                                    tl_compiled_grammar **out);
 
-/* An optional block, then g: `open`, text without `close`, `close` and at most max_blanks
-   blanks, or none of it, then a sentence of g (open and close: 1 to 256 bytes). The text may
-   also end inside the block (as `after`'s may before its trigger). For thinking models whose
-   template leaves the block to them (Qwen3's): "<think>" ... "</think>" runs free when the
-   model writes one, then g writes the answer. */
+/* An optional block, then g: at most max_blanks blanks, `open`, text without `close`, `close`
+   and at most max_blanks blanks, or none of it, then a sentence of g (open and close: 1 to 256
+   bytes). The text may also end inside the block (as `after`'s may before its trigger). For
+   thinking models whose template leaves the block to them (Qwen3's): "<think>" ... "</think>"
+   runs free when the model writes one, then g writes the answer. */
 tl_status tl_grammar_compile_after_block(const tl_compiled_grammar *g, const char *open, const char *close, int max_blanks,
                                          tl_compiled_grammar **out);
 

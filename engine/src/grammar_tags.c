@@ -445,30 +445,49 @@ tl_status tl_grammar_compile_after_block(const tl_compiled_grammar *g, const cha
     if (st != TL_OK) return tl_fail(st, "tl_grammar_compile_after_block: %s", err);
     writer w = {.p = p, .cap_elems = p->n_elems, .cap_alts = p->n_alts, .cap_sets = p->n_sets, .cap_rule_alts = p->n_rules + 1};
     for (int b = 0; b < 256; b++) w.single[b] = -1;
-    const int root = p->n_rules, after_root = p->root;
-    begin_rule(&w, root);
-    begin_alt(&w);
-    for (size_t i = 0; i < open_len; i++) emit(&w, GE_BYTES, byte_set(&w, (unsigned char)open[i]));
-    emit(&w, GE_REF, after_root);
-    emit(&w, GE_END, 0);
-    begin_alt(&w);
-    emit(&w, GE_REF, g->prog->root);
-    emit(&w, GE_END, 0);
-    begin_rule(&w, root + 1);
-    char **names = w.oom ? NULL : realloc(p->rule_names, ((size_t)root + 2) * sizeof *names);
+    /* lead_k ::= [ \t\n\r] lead_k+1 | open after.root (| g.root for k = 0): up to max_blanks
+       blanks may come before the block, as a reasoning reader takes them */
+    const int root = p->n_rules, after_root = p->root, n_new = max_blanks + 1;
+    gram_byteset blank = {{0}};
+    for (const char *c = " \t\n\r"; *c; c++) blank.bits[(unsigned char)*c >> 6] |= 1ull << ((unsigned char)*c & 63);
+    const int32_t blank_set = add_set(&w, &blank);
+    for (int k = 0; k < n_new; k++) {
+        begin_rule(&w, root + k);
+        if (k < max_blanks) {
+            begin_alt(&w);
+            emit(&w, GE_BYTES, blank_set);
+            emit(&w, GE_REF, root + k + 1);
+            emit(&w, GE_END, 0);
+        }
+        begin_alt(&w);
+        for (size_t i = 0; i < open_len; i++) emit(&w, GE_BYTES, byte_set(&w, (unsigned char)open[i]));
+        emit(&w, GE_REF, after_root);
+        emit(&w, GE_END, 0);
+        if (k == 0) {
+            begin_alt(&w);
+            emit(&w, GE_REF, g->prog->root);
+            emit(&w, GE_END, 0);
+        }
+    }
+    begin_rule(&w, root + n_new);
+    char **names = w.oom ? NULL : realloc(p->rule_names, ((size_t)root + n_new + 1) * sizeof *names);
+    int named = 0;
     if (names) {
         p->rule_names = names;
-        names[root + 1] = NULL;
-        names[root] = malloc(sizeof "a block, then the grammar");
-        if (names[root]) strcpy(names[root], "a block, then the grammar");
+        for (; named < n_new; named++) {
+            names[root + named] = malloc(sizeof "a block, then the grammar");
+            if (!names[root + named]) break;
+            strcpy(names[root + named], "a block, then the grammar");
+        }
+        names[root + n_new] = NULL;
     }
-    if (!names || !names[root]) {
-        p->n_rules = root; /* (the names array holds root entries) */
+    if (!names || named < n_new) {
+        p->n_rules = root + named; /* (the names array holds that many entries) */
         gram_program_free(p);
         if (w.big) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after_block: too large (more than %d elements)", GRAM_MAX_ELEMS);
         return tl_fail(TL_ERR_NO_MEMORY, "tl_grammar_compile_after_block: out of memory");
     }
-    p->n_rules = root + 1;
+    p->n_rules = root + n_new;
     p->root = root;
     return gram_wrap_program(p, out);
 }

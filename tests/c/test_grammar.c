@@ -781,9 +781,10 @@ static void test_after(tl_model *m) {
     /* an optional block first (a model that opens "<think>" itself), then the grammar */
     tight = NULL;
     CHECK(tl_grammar_compile_after_block(cat, "<think>", "</think>", 2, &tight) == TL_OK, "%s", tl_last_error());
-    static const char *y5[] = {"cat.", "<think>x</think>cat.", "<think></think>\n cat.", "<think>thinking, unclosed", NULL};
+    static const char *y5[] = {"cat.", "<think>x</think>cat.", "<think></think>\n cat.", "<think>thinking, unclosed",
+                               "\n <think>x</think>cat.", NULL};
     static const char *n5[] = {"x cat.", " cat.", "<think>a</think>dog.", "<think>a</think>cat.</think>", "<think>a</think>   cat.",
-                               "<thin", NULL};
+                               "<thin", "\n\n\t<think>x</think>cat.", NULL};
     expect(tight, "after a block", y5, n5);
     tl_compiled_grammar_free(tight);
     CHECK(tl_grammar_compile_after_block(cat, "", "</think>", 2, &tight) == TL_ERR_INVALID_ARGUMENT, "an empty open is refused");
