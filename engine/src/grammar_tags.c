@@ -81,6 +81,13 @@ static int32_t byte_set(writer *w, unsigned char b) {
     return w->single[b] = add_set(w, &set);
 }
 
+/* The set of the blanks allowed between a begin and its content: space, tab, newline, CR. */
+static int32_t add_blank_set(writer *w) {
+    gram_byteset blank = {{0}};
+    for (const char *c = " \t\n\r"; *c; c++) blank.bits[(unsigned char)*c >> 6] |= 1ull << ((unsigned char)*c & 63);
+    return add_set(w, &blank);
+}
+
 /* An alternative nothing matches (a rule that is never entered, a trigger no tag opens). */
 static void impossible_alt(writer *w) {
     const gram_byteset none = {{0}};
@@ -295,9 +302,7 @@ static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *trigg
         }
         if (!any) impossible_alt(&w);
     }
-    gram_byteset blank = {{0}};
-    for (const char *c = " \t\n\r"; *c; c++) blank.bits[(unsigned char)*c >> 6] |= 1ull << ((unsigned char)*c & 63);
-    const int32_t blank_set = add_set(&w, &blank);
+    const int32_t blank_set = add_blank_set(&w);
     for (int t = 0; t < n_tags && !w.oom; t++)
         for (int k = 0; k <= max_blanks; k++) {
             const int r = blank_first + t * (max_blanks + 1) + k;
@@ -401,6 +406,20 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
     return st == TL_OK ? gram_wrap_program(prog, out) : st;
 }
 
+/* after(trigger, g): one tag, the trigger its begin, g its content, no end; the text ends with
+   it. Its rules start with g's own (g's root keeps its number). `who` names the caller in
+   messages. */
+static tl_status after_program(const tl_compiled_grammar *g, const char *trigger, size_t len, int max_blanks, const char *who,
+                               gram_program **out) {
+    if (max_blanks < 0 || max_blanks > MAX_BLANKS)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: max_blanks = %d is out of range [0, %d]", who, max_blanks, MAX_BLANKS);
+    const bytes trig = {(const unsigned char *)trigger, (int)len};
+    const tag_in tag = {trig, {(const unsigned char *)"", 0}, g->prog, true};
+    char err[128] = "";
+    const tl_status st = program_tags(&tag, 1, &trig, 1, max_blanks, false, out, err, sizeof err);
+    return st == TL_OK ? TL_OK : tl_fail(st, "%s: %s", who, err);
+}
+
 tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *trigger, size_t len, int max_blanks,
                                    tl_compiled_grammar **out) {
     tl_clear_error();
@@ -409,17 +428,9 @@ tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *tri
     if (!g) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: grammar is NULL");
     if (!trigger || len == 0 || len > MAX_TRIGGER)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: the trigger must be 1 to %d bytes", MAX_TRIGGER);
-    if (max_blanks < 0 || max_blanks > MAX_BLANKS)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: max_blanks = %d is out of range [0, %d]", max_blanks,
-                       MAX_BLANKS);
-    /* one tag: the trigger its begin, g its content, no end; the text ends with it */
-    const bytes trig = {(const unsigned char *)trigger, (int)len};
-    const tag_in tag = {trig, {(const unsigned char *)"", 0}, g->prog, true};
     gram_program *prog;
-    char err[128] = "";
-    const tl_status st = program_tags(&tag, 1, &trig, 1, max_blanks, false, &prog, err, sizeof err);
-    if (st != TL_OK) return tl_fail(st, "tl_grammar_compile_after: %s", err);
-    return gram_wrap_program(prog, out);
+    const tl_status st = after_program(g, trigger, len, max_blanks, "tl_grammar_compile_after", &prog);
+    return st == TL_OK ? gram_wrap_program(prog, out) : st;
 }
 
 tl_status tl_grammar_compile_after_block(const tl_compiled_grammar *g, const char *open, const char *close, int max_blanks,
@@ -432,25 +443,16 @@ tl_status tl_grammar_compile_after_block(const tl_compiled_grammar *g, const cha
     if (open_len == 0 || open_len > MAX_TRIGGER || close_len == 0 || close_len > MAX_TRIGGER)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after_block: open and close must be 1 to %d bytes",
                        MAX_TRIGGER);
-    if (max_blanks < 0 || max_blanks > MAX_BLANKS)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after_block: max_blanks = %d is out of range [0, %d]",
-                       max_blanks, MAX_BLANKS);
-    /* after(close, g), whose rules start with g's own (its root keeps its number), and in
-       front a new root: "open after.root | g.root" */
-    const bytes trig = {(const unsigned char *)close, (int)close_len};
-    const tag_in tag = {trig, {(const unsigned char *)"", 0}, g->prog, true};
+    /* after(close, g), and in front a new root: "open after.root | g.root" */
     gram_program *p;
-    char err[128] = "";
-    tl_status st = program_tags(&tag, 1, &trig, 1, max_blanks, false, &p, err, sizeof err);
-    if (st != TL_OK) return tl_fail(st, "tl_grammar_compile_after_block: %s", err);
+    const tl_status st = after_program(g, close, close_len, max_blanks, "tl_grammar_compile_after_block", &p);
+    if (st != TL_OK) return st;
     writer w = {.p = p, .cap_elems = p->n_elems, .cap_alts = p->n_alts, .cap_sets = p->n_sets, .cap_rule_alts = p->n_rules + 1};
     for (int b = 0; b < 256; b++) w.single[b] = -1;
     /* lead_k ::= [ \t\n\r] lead_k+1 | open after.root (| g.root for k = 0): up to max_blanks
        blanks may come before the block, as a reasoning reader takes them */
     const int root = p->n_rules, after_root = p->root, n_new = max_blanks + 1;
-    gram_byteset blank = {{0}};
-    for (const char *c = " \t\n\r"; *c; c++) blank.bits[(unsigned char)*c >> 6] |= 1ull << ((unsigned char)*c & 63);
-    const int32_t blank_set = add_set(&w, &blank);
+    const int32_t blank_set = add_blank_set(&w);
     for (int k = 0; k < n_new; k++) {
         begin_rule(&w, root + k);
         if (k < max_blanks) {

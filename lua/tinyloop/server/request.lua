@@ -442,6 +442,17 @@ local function json_indexes(err, tags_name, triggers_name)
         end))
 end
 
+-- The message for a structural tag's triggers (an array already) that are not all non-empty
+-- valid UTF-8 strings without NUL (C reads them up to a NUL), or nil. at: the field's name.
+local function trigger_error(triggers, at)
+    for i, trigger in pairs(triggers) do
+        if type(i) ~= "number" or type(trigger) ~= "string" or trigger == "" or valid_utf8(trigger) ~= trigger or
+            trigger:find("\0", 1, true) then
+            return ("%s.triggers[%s] must be a non-empty string (without NUL)"):format(at, tostring(type(i) == "number" and i - 1 or i))
+        end
+    end
+end
+
 -- xgrammar's newer form, {"type": "structural_tag", "format": {...}}: a format of one of the
 -- kinds below (a whole output), or triggered_tags, whose tags hold one of them. -> grammar |
 -- false (any_text: none) | nil, message (relative to `what`).
@@ -510,12 +521,8 @@ local function format_grammar(f, text, compact)
     if type(triggers) ~= "table" or #triggers == 0 or json_text.member(text, { "format", "triggers" }):sub(1, 1) ~= "[" then
         return nil, at .. ".triggers must be a non-empty array of strings"
     end
-    for i, trigger in pairs(triggers) do
-        if type(i) ~= "number" or type(trigger) ~= "string" or trigger == "" or valid_utf8(trigger) ~= trigger or
-            trigger:find("\0", 1, true) then
-            return nil, ("%s.triggers[%s] must be a non-empty string (without NUL)"):format(at, tostring(type(i) == "number" and i - 1 or i))
-        end
-    end
+    local terr = trigger_error(triggers, at)
+    if terr then return nil, terr end
     if type(tags) ~= "table" or #tags == 0 or #tags > MAX_STRUCTURES or json_text.member(text, { "format", "tags" }):sub(1, 1) ~= "[" then
         return nil, ("%s.tags must be an array of 1 to %d tags"):format(at, MAX_STRUCTURES)
     end
@@ -575,12 +582,8 @@ local function structural_tag_grammar(v, text, P, what, compact)
     if type(triggers) ~= "table" or #triggers == 0 or json_text.member(text, { "triggers" }):sub(1, 1) ~= "[" then
         return bad(what .. ".triggers must be a non-empty array of strings", P)
     end
-    for i, trigger in pairs(triggers) do
-        if type(i) ~= "number" or type(trigger) ~= "string" or trigger == "" or valid_utf8(trigger) ~= trigger or
-            trigger:find("\0", 1, true) then
-            return bad(("%s.triggers[%s] must be a non-empty string (without NUL)"):format(what, tostring(type(i) == "number" and i - 1 or i)), P)
-        end
-    end
+    local terr = trigger_error(triggers, what)
+    if terr then return bad(terr, P) end
     local whitespace = compact and "compact" or "free"
     local g, err = compiled("structural_tag:" .. whitespace .. ":" .. text, function()
         local tags = {}
