@@ -1461,6 +1461,233 @@ describe("chat completions: add_generation_prompt and continue_final_message (vL
     end)
 end)
 
+describe("responses (OpenAI's Responses API)", function()
+    local function post_responses(t, extra) -- t: a table, or the body's JSON text
+        return curl((extra or "") .. " -H 'Content-Type: application/json' --data-binary " ..
+                    quote(type(t) == "string" and t or cjson.encode(t)) .. " " .. base .. "/v1/responses")
+    end
+    -- A Responses stream -> its events (each an event: line, then its data: line, whose type is
+    -- the event's), their sequence numbers 0, 1, 2, ... and no [DONE] (the API has none).
+    local function events_of(body)
+        local events = {}
+        for kind, data in body:gmatch("event: ([^\n]+)\ndata: ([^\n]+)\n\n") do
+            local e = cjson.decode(data)
+            assert.equal(kind, e.type)
+            assert.equal(#events, e.sequence_number)
+            events[#events + 1] = e
+        end
+        assert.equal("", (body:gsub("event: [^\n]+\ndata: [^\n]+\n\n", "")), "every line of the stream is an event's")
+        assert.is_nil(body:find("[DONE]", 1, true))
+        return events
+    end
+    local messages = { { role = "system", content = "Be brief." }, { role = "user", content = "Who is Emma?" } }
+
+    it("answers what the chat completions of the same conversation answer, as output items", function()
+        local status, body = post_chat({ messages = messages, max_tokens = 12, seed = 5, temperature = 0.8, ignore_eos = true })
+        assert.equal(200, status, body)
+        local chat = cjson.decode(body)
+        -- instructions are the system message; input a string, the user's
+        status, body = post_responses({ model = "tinyloop-austen", instructions = "Be brief.", input = "Who is Emma?",
+                                        max_output_tokens = 12, seed = 5, temperature = 0.8, ignore_eos = true, metadata = { k = "v" } })
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        assert.equal("response", r.object)
+        assert.truthy(r.id:match("^resp_"), r.id)
+        assert.equal("tinyloop-austen", r.model)
+        assert.equal("incomplete", r.status)
+        assert.same({ reason = "max_output_tokens" }, r.incomplete_details)
+        assert.equal(1, #r.output)
+        local item = r.output[1]
+        assert.same({ "message", "assistant", "incomplete" }, { item.type, item.role, item.status })
+        assert.truthy(item.id:match("^msg_"), item.id)
+        assert.equal(1, #item.content)
+        assert.same({ type = "output_text", text = chat.choices[1].message.content, annotations = {}, logprobs = {} }, item.content[1])
+        assert.same({ input_tokens = chat.usage.prompt_tokens, output_tokens = 12, total_tokens = chat.usage.prompt_tokens + 12,
+                      output_tokens_details = { reasoning_tokens = 0 } },
+                    { input_tokens = r.usage.input_tokens, output_tokens = r.usage.output_tokens, total_tokens = r.usage.total_tokens,
+                      output_tokens_details = r.usage.output_tokens_details })
+        assert.equal("number", type(r.usage.input_tokens_details.cached_tokens))
+        -- the request's settings, echoed (OpenAI's defaults where left out); nothing is stored
+        assert.same({ "Be brief.", 12, 0.8, { k = "v" }, false, "auto", {}, { format = { type = "text" } }, true },
+                    { r.instructions, r.max_output_tokens, r.temperature, r.metadata, r.store, r.tool_choice, r.tools, r.text,
+                      r.parallel_tool_calls })
+        assert.equal(chat.tinyloop.loops_used, r.tinyloop.loops_used)
+        -- the model's end: completed; input as items, a developer message as the system's
+        status, body = post_responses({ input = { { role = "developer", content = "Be brief." },
+                                                  { type = "message", role = "user", content = { { type = "input_text", text = "Who is Emma?" } } } },
+                                        max_output_tokens = 200, seed = 5 })
+        assert.equal(200, status, body)
+        r = cjson.decode(body)
+        local whole = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 200, seed = 5 })))
+        assert.equal(whole.choices[1].finish_reason == "length" and "incomplete" or "completed", r.status)
+        assert.equal(whole.choices[1].message.content, r.output[1].content[1].text)
+        assert.equal(whole.usage.prompt_tokens, r.usage.input_tokens)
+    end)
+
+    it("streams semantic events whose deltas are the blocking answer's text, and ends with the response", function()
+        local req = { instructions = "Be brief.", input = "Who is Emma?", max_output_tokens = 20, seed = 9, temperature = 0.9,
+                      ignore_eos = true, include = { "message.output_text.logprobs" }, top_logprobs = 2 }
+        local whole = cjson.decode(select(2, post_responses(req)))
+        req.stream = true
+        local status, body = post_responses(req, "-N")
+        assert.equal(200, status, body)
+        local events = events_of(body)
+        local kinds = {}
+        for _, e in ipairs(events) do if kinds[#kinds] ~= e.type then kinds[#kinds + 1] = e.type end end
+        assert.same({ "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+                      "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+                      "response.output_item.done", "response.incomplete" }, kinds)
+        assert.equal("in_progress", events[1].response.status)
+        assert.same({}, events[1].response.output)
+        local text, logprobs = {}, {}
+        for _, e in ipairs(events) do
+            if e.type == "response.output_text.delta" then
+                text[#text + 1] = e.delta
+                assert.equal(events[3].item.id, e.item_id)
+                for _, lp in ipairs(e.logprobs) do logprobs[#logprobs + 1] = lp end
+            end
+        end
+        local part = whole.output[1].content[1]
+        assert.equal(part.text, table.concat(text))
+        assert.equal(20, #part.logprobs)
+        assert.equal(2, #part.logprobs[1].top_logprobs)
+        assert.same(part.logprobs, logprobs)
+        local final = events[#events].response
+        assert.equal(whole.status, final.status)
+        -- the same output (its ids are the stream's own) and usage
+        final.output[1].id, final.id, final.created_at = whole.output[1].id, whole.id, whole.created_at
+        final.tinyloop, whole.tinyloop = nil, nil
+        final.usage.input_tokens_details, whole.usage.input_tokens_details = nil, nil
+        assert.same(whole, final)
+    end)
+
+    it("takes a conversation with function calls and their outputs, as chat's tool_calls and tool messages", function()
+        local m = assert(tinyloop.load(MODEL))
+        local chat_module = require "tinyloop.chat"
+        local chat = assert(chat_module.load(MODEL))
+        local turns = { { role = "user", content = "Weather?" },
+                        { role = "assistant", content = cjson.null, reasoning_content = "Look it up.",
+                          tool_calls = { { id = "c1", type = "function", ["function"] = { name = "w", arguments = '{"a": 1}' } } } },
+                        { role = "tool", tool_call_id = "c1", content = "Sun." } }
+        local prompt = assert(chat:prompt(turns, true))
+        local status, body = post_responses({ input = {
+            { role = "user", content = "Weather?" },
+            { type = "reasoning", id = "rs_1", summary = {}, content = { { type = "reasoning_text", text = "Look it up." } } },
+            { type = "function_call", id = "fc_1", call_id = "c1", name = "w", arguments = '{"a": 1}', status = "completed" },
+            { type = "function_call_output", call_id = "c1", output = "Sun." } }, max_output_tokens = 4, ignore_eos = true, seed = 1 })
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        assert.equal(#m:encode(prompt), r.usage.input_tokens)
+        local cfg = { max_tokens = 4, ignore_eos = true, sample_seed = 1 }
+        local turn_ends = chat:turn_end_ids(m)
+        if turn_ends then chat_module.add_stop_ids(cfg, turn_ends) end
+        local want = m:generate(m:encode(prompt), cfg)
+        assert.equal(m:decode({ unpack(want, #m:encode(prompt) + 1) }), r.output[1].content[1].text)
+    end)
+
+    local WEATHER = { type = "function", name = "weather",
+                      parameters = { type = "object", properties = { city = { enum = { "Paris", "Rome" } } }, required = { "city" } } }
+    it("calls a function tool as function_call items, streamed as argument deltas", function()
+        local req = { input = "Weather?", tools = { WEATHER }, tool_choice = { type = "function", name = "weather" },
+                      parallel_tool_calls = false }
+        local status, body = post_responses(req)
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        assert.equal("completed", r.status)
+        assert.equal(1, #r.output)
+        local call = r.output[1]
+        assert.same({ "function_call", "weather", "completed" }, { call.type, call.name, call.status })
+        assert.truthy(call.call_id:match("^call_"), call.call_id)
+        assert.truthy(call.id:match("^fc_"), call.id)
+        local city = cjson.decode(call.arguments).city
+        assert.truthy(city == "Paris" or city == "Rome", call.arguments)
+        assert.same({ type = "function", name = "weather" }, r.tool_choice)
+        assert.equal("weather", r.tools[1].name)
+        -- streamed: the item with its name and call_id, then the arguments in pieces
+        req.stream = true
+        status, body = post_responses(req, "-N")
+        assert.equal(200, status, body)
+        local events = events_of(body)
+        local added, pieces, done
+        for _, e in ipairs(events) do
+            if e.type == "response.output_item.added" then added = e.item end
+            if e.type == "response.function_call_arguments.delta" then pieces = (pieces or "") .. e.delta end
+            if e.type == "response.function_call_arguments.done" then done = e end
+        end
+        assert.same({ "function_call", "weather", "" }, { added.type, added.name, added.arguments })
+        assert.equal(call.arguments, pieces)
+        assert.same({ "weather", call.arguments }, { done.name, done.arguments })
+        local final = events[#events]
+        assert.equal("response.completed", final.type)
+        assert.equal(call.arguments, final.response.output[1].arguments)
+        assert.equal(added.call_id, final.response.output[1].call_id)
+    end)
+
+    it("writes JSON its text.format's schema takes", function()
+        local status, body = post_responses('{"input": "Who?", "max_output_tokens": 40, "text": {"format": {"type": "json_schema", ' ..
+            '"name": "who", "strict": true, "schema": {"type": "object", "properties": {"who": {"enum": ["Emma", "Harriet"]}}, ' ..
+            '"required": ["who"], "additionalProperties": false}}}}')
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        local answer = cjson.decode(r.output[1].content[1].text)
+        assert.truthy(answer.who == "Emma" or answer.who == "Harriet", r.output[1].content[1].text)
+        assert.same({ type = "json_schema", name = "who", strict = true }, { type = r.text.format.type, name = r.text.format.name,
+                                                                            strict = r.text.format.strict })
+    end)
+
+    it("refuses what it cannot honour, naming the Responses field", function()
+        local function refused(t, param, words, want_status)
+            local status, body = post_responses(t)
+            assert.equal(want_status or 400, status, body)
+            local e = cjson.decode(body).error
+            assert.equal(param, e.param == cjson.null and nil or e.param, body)
+            assert.truthy(e.message:find(words, 1, true), e.message)
+        end
+        refused({ max_output_tokens = 4 }, "input", "input is required")
+        refused({ input = "hi", previous_response_id = "resp_1" }, "previous_response_id", "not stored")
+        refused({ input = "hi", conversation = "c" }, "conversation", "not stored")
+        refused({ input = "hi", background = true }, "background", "background")
+        refused({ input = "hi", truncation = "auto" }, "truncation", "disabled")
+        refused({ input = "hi", messages = {} }, "messages", "unknown field 'messages'")
+        refused({ input = "hi", max_tokens = 3 }, "max_tokens", "unknown field 'max_tokens'")
+        refused({ input = {} }, "input", "non-empty array")
+        refused({ input = { { role = "tool", content = "x" } } }, "input", "input[0].role")
+        refused({ input = { { role = "user", content = { { type = "input_image", image_url = "x" } } } } }, "input",
+                "input[0].content[0].type")
+        refused({ input = { "hi" } }, "input", "input[0] must be an object")
+        refused({ input = { { type = "item_reference", id = "x" } } }, "input", "nothing is stored")
+        refused({ input = { { type = "web_search_call" } } }, "input", 'input[0].type = "web_search_call"')
+        refused({ input = "hi", tools = { { type = "web_search" } } }, "tools", 'tools[0].type = "web_search"')
+        refused({ input = "hi", tool_choice = { type = "file_search" } }, "tool_choice", "function tools only")
+        refused({ input = "hi", text = { format = { type = "xml" } } }, "text", "text.format.type")
+        refused({ input = "hi", include = { "everything" } }, "include", "include[0]")
+        refused({ input = "hi", reasoning = { effort = "max" } }, "reasoning", "reasoning.effort")
+        refused({ input = "hi", max_output_tokens = -1 }, "max_output_tokens", "max_output_tokens = -1")
+        refused({ input = "hi", max_output_tokens = 100000 }, "max_output_tokens", "max_output_tokens (100000)")
+        refused({ input = "hi", temperature = "hot" }, "temperature", "temperature must be a number")
+        refused({ input = "hi", model = "gpt-9" }, "model", "gpt-9", 404)
+        -- a message's fault that the chat request finds names the input item it came from
+        refused({ instructions = "x", input = { { role = "user", content = "a" },
+                                                { type = "function_call_output", call_id = "c", output = { { type = "input_text" } } } } },
+                "input", "input[1].output[0].text")
+        -- a schema the grammar compiler refuses: its field is text
+        refused({ input = "hi", text = { format = { type = "json_schema", name = "x", schema = { type = "object", minProperties = "a" } } } },
+                "text", "text.format")
+        -- nothing to fetch: responses are not stored
+        local status, body = curl(base .. "/v1/responses/resp_1")
+        assert.equal(404, status)
+        assert.truthy(cjson.decode(body).error.message:find("not stored", 1, true))
+        -- OpenAI clients' defaults are accepted
+        status, body = post_responses({ input = "hi", max_output_tokens = 1, store = true, truncation = "disabled", service_tier = "auto",
+                                        include = {}, tools = {}, tool_choice = "auto", reasoning = { effort = "low", summary = "auto" },
+                                        text = { format = { type = "text" }, verbosity = "medium" }, user = "u",
+                                        safety_identifier = "s", prompt_cache_key = "k", top_p = 1, parallel_tool_calls = true,
+                                        stream_options = cjson.null, previous_response_id = cjson.null })
+        assert.equal(200, status, body)
+        assert.same({ effort = "low", summary = cjson.null }, cjson.decode(body).reasoning)
+    end)
+end)
+
 describe("/tokenize and /detokenize (vLLM's)", function()
     local function post_to(path, t) -- t: a table, or the body's JSON text
         return curl("-H 'Content-Type: application/json' --data-binary " ..
@@ -1875,6 +2102,45 @@ describe("server with two workers", function()
                             base2 .. "/v1/chat/completions")
         assert.equal(200, status, body)
         assert.is_nil(body:find("reasoning_content", 1, true), body)
+    end)
+
+    it("answers a thinking model's reasoning as a reasoning item in /v1/responses, blocking and streamed alike", function()
+        local m = assert(tinyloop.load(MODEL, { kv_type = "f16" }))
+        local prompt = m:encode(CHATML_PROMPT .. "<think>\n")
+        local want = m:decode({ unpack(m:generate(prompt, { max_tokens = 8, ignore_eos = true, stop_sequences = { { turn_end } } }),
+                                       #prompt + 1) })
+        local req = { instructions = " Be brief. ", input = "Who is Emma?", max_output_tokens = 8, ignore_eos = true,
+                      chat_template_kwargs = { enable_thinking = true } }
+        local status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode(req)) .. " " ..
+                                  base2 .. "/v1/responses")
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        -- the block is cut by the token limit: the reasoning is all there is, and an empty message
+        assert.equal("incomplete", r.status)
+        assert.equal("reasoning", r.output[1].type)
+        assert.same({ { type = "reasoning_text", text = want } }, r.output[1].content)
+        assert.same({ "message", "" }, { r.output[2].type, r.output[2].content[1].text })
+        assert.equal(#m:encode(want), r.usage.output_tokens_details.reasoning_tokens)
+        req.stream = true
+        status, body = curl("-N -H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode(req)) .. " " ..
+                            base2 .. "/v1/responses")
+        assert.equal(200, status, body)
+        local thought, final = {}, nil
+        for kind, data in body:gmatch("event: ([^\n]+)\ndata: ([^\n]+)\n\n") do
+            local e = cjson.decode(data)
+            if kind == "response.reasoning_text.delta" then thought[#thought + 1] = e.delta end
+            if kind == "response.output_item.added" and e.item.type == "reasoning" then
+                -- (its one part is there from the start: clients append the deltas to it)
+                assert.same({ { type = "reasoning_text", text = "" } }, e.item.content)
+            end
+            final = e
+        end
+        assert.equal(want, table.concat(thought))
+        assert.equal("response.incomplete", final.type)
+        r.id, r.created_at, r.output[1].id, r.output[2].id, r.tinyloop = final.response.id, final.response.created_at,
+            final.response.output[1].id, final.response.output[2].id, nil
+        final.response.tinyloop = nil
+        assert.same(r, final.response)
     end)
 end)
 

@@ -4,7 +4,8 @@
 --   init_by_lua_block        { require("tinyloop.server").configure{ model = "/path/to/model" } }
 --   init_worker_by_lua_block { require("tinyloop.server").init_worker() }
 --   location = /v1/completions { content_by_lua_block { require("tinyloop.server").completions() } }
---   (and models, health, metrics, log; see lua/tinyloop/server/nginx.conf and examples/)
+--   (and chat_completions, responses, models, health, metrics, log; see
+--   lua/tinyloop/server/nginx.conf and examples/)
 --
 -- Why it never blocks the event loop: each worker owns a C engine (tl_engine_*) whose thread
 -- steps all of the worker's sessions together (one tl_session_step_batch per iteration). A
@@ -17,6 +18,7 @@ local ffi = require "ffi"
 local cjson = require "cjson.safe"
 local tinyloop = require "tinyloop"
 local request = require "tinyloop.server.request"
+local responses = require "tinyloop.server.responses"
 local tools = require "tinyloop.tools"
 local reasoning = require "tinyloop.reasoning"
 local tags = require "tinyloop.tags"
@@ -262,7 +264,7 @@ end
 
 function _M.not_found()
     return send_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
         "/metrics)", nil, "not_found_error")
 end
 
@@ -775,13 +777,25 @@ local function run_blocking(r)
                                             not single and st.tinyloop, res.figures, res.lp_ids, res.lp_ids and #st.prompt_ids,
                                             res.calls and tool_calls_json(res.calls, false), res.reasoning)
     end
-    return send_json(200, response_json(r, concat(choices, ","), ',"usage":' .. usage_json(r) ..
-        (single and (',"tinyloop":' .. encode(chosen[1].st.tinyloop)) or "")))
+    local answer = response_json(r, concat(choices, ","), ',"usage":' .. usage_json(r) ..
+        (single and (',"tinyloop":' .. encode(chosen[1].st.tinyloop)) or ""))
+    if r.responses then answer = r.responses:response(answer, r.public_id) end
+    return send_json(200, answer)
 end
 
--- Writes one SSE event; false when the client has gone (then the request is released).
+-- Writes one SSE event; false when the client has gone (then the request is released). A
+-- Responses stream (r.responses) reads each chat chunk as the semantic events it makes.
 local function sse(r, payload)
-    local ok, err = ngx_print("data: ", payload, "\n\n")
+    local ok, err
+    if r.responses then
+        local events = r.responses:feed(payload)
+        if #events == 0 then return true end
+        local text = {}
+        for i, e in ipairs(events) do text[i] = "event: " .. e[1] .. "\ndata: " .. e[2] .. "\n\n" end
+        ok, err = ngx_print(text)
+    else
+        ok, err = ngx_print("data: ", payload, "\n\n")
+    end
     if ok then ok, err = ngx_flush(true) end
     -- HTTP/1.0 with lua_http10_buffering on (another nginx.conf than ours): the response is
     -- buffered whole and flush says so; the client is still there.
@@ -953,10 +967,18 @@ function _M.detokenize()
     return send_json(200, '{"prompt":' .. encode(request.valid_utf8(req.text)) .. "}")
 end
 
--- POST /v1/completions (chat false) or /v1/chat/completions (chat true).
-local function serve(chat)
-    local body = post_body()
-    if not body then return end
+-- POST /v1/completions (chat false) or /v1/chat/completions (chat true): the request's body.
+-- view: a Responses request's (tinyloop.server.responses), whose chat body `body` is; its
+-- answer, its stream's events and its errors' field names are the Responses API's.
+local function serve(chat, body, view)
+    -- an error answer, naming the Responses request's own fields for a Responses request
+    local function send_error(status, message, param, etype, headers)
+        if view then
+            local e = view:error({ status = status, message = message, param = param, type = etype })
+            message, param = e.message, e.param
+        end
+        return _M.send_error(status, message, param, etype, headers)
+    end
     if chat and not chat_prompts then
         local e = request.template_unloaded(chat_error)
         return send_error(e.status, e.message, nil, e.type)
@@ -1054,8 +1076,13 @@ local function serve(chat)
     -- 3. To the engine, all or none.
     next_request = next_request + 1
     r = { sts = {}, prompt_tokens = req.prompt_tokens, include_usage = req.include_usage, created = ngx.time(),
-                response_id = (chat and "chatcmpl-" or "cmpl-") .. ngx.worker.pid() .. "-" .. next_request, n = req.n,
-                best_of = req.best_of, show_logprobs = req.logprobs ~= nil, chat = chat, stream = req.stream }
+                response_id = (view and "resp-" or chat and "chatcmpl-" or "cmpl-") .. ngx.worker.pid() .. "-" .. next_request,
+                n = req.n, best_of = req.best_of, show_logprobs = req.logprobs ~= nil, chat = chat, stream = req.stream,
+                responses = view }
+    if view then -- (its stream's usage and stats come with the finish, which closes the response)
+        r.public_id, r.include_usage = r.response_id:gsub("-", "_"), false
+        if req.stream then view:start_stream(r.public_id, r.created, conf.model_id) end
+    end
     -- (best_of ranks the candidates by their tokens' log-probabilities: asked for, if not shown)
     local ranked = req.best_of > req.n
     request_options.logprobs = req.logprobs or (ranked and 0) or -1
@@ -1098,7 +1125,35 @@ local function serve(chat)
     return run_blocking(r)
 end
 
-function _M.completions() return serve(false) end
-function _M.chat_completions() return serve(true) end
+function _M.completions()
+    local body = post_body()
+    if body then return serve(false, body) end
+end
+
+function _M.chat_completions()
+    local body = post_body()
+    if body then return serve(true, body) end
+end
+
+-- POST /v1/responses (OpenAI's Responses API): the chat request it means, answered as output
+-- items and semantic events (tinyloop.server.responses).
+function _M.responses()
+    local body = post_body()
+    if not body then return end
+    local chat_body, view = responses.to_chat(body)
+    if not chat_body then return send_error(view.status, view.message, view.param, view.type) end
+    -- (usage's reasoning_tokens: the reasoning's text as the tokenizer encodes it)
+    view.count_tokens = function(text)
+        local ids = model:encode(text)
+        return ids and #ids or 0
+    end
+    return serve(true, chat_body, view)
+end
+
+-- /v1/responses/{id} (retrieve, cancel, delete, input_items): nothing is stored here.
+function _M.stored_response()
+    return send_error(404, "responses are not stored here: each POST /v1/responses is answered whole (or streamed) " ..
+                      "and then forgotten", nil, "not_found_error")
+end
 
 return _M

@@ -1,0 +1,725 @@
+-- tinyloop.server.responses: OpenAI's Responses API (POST /v1/responses) as a view of the chat
+-- completions path. Pure Lua (no ngx): the busted suite tests it without nginx.
+--
+-- A Responses request is the chat request it means (the input items as messages, instructions
+-- as the first system message, its flat tools and text.format in chat's nested shapes), so
+-- one parser checks both and one engine path runs both; the chat answer, or each chunk of its
+-- stream, is then read back as Responses output items and semantic events. Nothing is stored:
+-- previous_response_id, conversation, background runs and GET /v1/responses/{id} are refused
+-- with a message saying so (a client sends the whole conversation in `input`, as with chat).
+--
+--   local responses = require "tinyloop.server.responses"
+--   local chat_body, view = responses.to_chat(body)      -- nil, err: the Responses field named
+--   local req, err = request.parse_chat(chat_body, ...)  -- err: view:error(err) renames its fields
+--   body = view:response(chat_json, id, created)         -- a blocking answer
+--   local events = view:feed(chunk_json)                 -- a stream: {type, json} per event
+local cjson = require "cjson.safe"
+local json_text = require "tinyloop.json_text"
+
+local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
+local concat, sub, gsub, format = table.concat, string.sub, string.gsub, string.format
+local raw_member = json_text.member
+local json_null = cjson.null
+
+local _M = {}
+
+local function encode(v) return (cjson.encode(v)) end
+
+local function bad(message, param, status)
+    return nil, { status = status or 400, message = message, param = param, type = "invalid_request_error" }
+end
+
+local function is_array(v)
+    if type(v) ~= "table" then return false end
+    local n = #v
+    for k in pairs(v) do
+        if type(k) ~= "number" or k < 1 or k > n or k % 1 ~= 0 then return false end
+    end
+    return true
+end
+
+local function shown(v)
+    if type(v) == "table" and next(v) == nil then return "{}" end
+    return encode(v) or tostring(v)
+end
+
+-- An object's JSON text from { {key, json text or nil (left out)}, ... }, in that order.
+local function object(members)
+    local out = {}
+    for _, m in ipairs(members) do
+        if m[2] ~= nil then out[#out + 1] = encode(m[1]) .. ":" .. m[2] end
+    end
+    return "{" .. concat(out, ",") .. "}"
+end
+
+-- ------------------------------------------------------------------ the request
+
+-- The Responses fields read here, by JSON kind. Chat's fields of the same meaning and name
+-- (temperature, top_p, user, seed, stop and TinyLoop's and vLLM's extensions: PASSED) go
+-- to the chat request as sent, checked there.
+local OWN = {
+    input = "any", instructions = "string", max_output_tokens = "integer", tools = "array",
+    tool_choice = "any", text = "object", include = "array", top_logprobs = "integer", reasoning = "object",
+    metadata = "object", store = "boolean", truncation = "string", background = "boolean",
+    service_tier = "string", safety_identifier = "string", prompt_cache_key = "string", stream_options = "object",
+}
+local PASSED = {
+    "model", "temperature", "top_p", "stream", "user", "parallel_tool_calls", "seed", "stop", "presence_penalty",
+    "frequency_penalty", "logit_bias", "loops", "top_k", "min_p", "min_tokens", "repetition_penalty", "ignore_eos",
+    "cache_window", "speculative", "draft_loops", "draft_ahead", "K_branches", "max_nodes", "beam_size",
+    "length_penalty", "early_exit_patience", "early_exit_min_L", "early_exit_peek_every", "early_exit_logit_margin",
+    "early_exit_threshold", "early_exit_criterion", "early_exit_kl_threshold", "early_exit_entropy_threshold",
+    "early_exit_gate_threshold", "grammar", "structured_outputs", "guided_json", "guided_choice", "guided_grammar",
+    "guided_regex", "stop_token_ids", "include_stop_str_in_output", "chat_template_kwargs", "include_reasoning",
+}
+local PASS = {}
+for _, k in ipairs(PASSED) do PASS[k] = true end
+-- Fields this server cannot honour (nothing is stored, no prompt templates are kept, calls are
+-- not counted while they are written): refused unless null, with why.
+local REFUSED = {
+    previous_response_id = "responses are not stored here: send the whole conversation in input",
+    conversation = "conversations are not stored here: send the whole conversation in input",
+    prompt = "stored prompt templates are not kept here: send the text in input and instructions",
+    max_tool_calls = "max_tool_calls is not supported: the calls a reply makes are read once it is written",
+}
+local KIND_WORDS = { string = "a string", integer = "an integer", boolean = "a boolean", object = "an object", array = "an array" }
+local KIND_OK = {
+    string = function(v) return type(v) == "string" end,
+    integer = function(v) return type(v) == "number" and v % 1 == 0 and v > -2 ^ 53 and v < 2 ^ 53 end,
+    boolean = function(v) return type(v) == "boolean" end,
+    object = function(v) return type(v) == "table" and (next(v) == nil or not is_array(v)) end,
+    array = function(v) return type(v) == "table" and is_array(v) end,
+    any = function() return true end,
+}
+-- include's values: the logprobs of the output text, and the others OpenAI lists, which name
+-- outputs this server never makes (hosted tools' results, an encrypted reasoning: the reasoning
+-- is returned as text), so they change nothing.
+local INCLUDE = {
+    ["message.output_text.logprobs"] = true, ["reasoning.encrypted_content"] = true,
+    ["file_search_call.results"] = true, ["web_search_call.results"] = true, ["web_search_call.action.sources"] = true,
+    ["message.input_image.image_url"] = true, ["computer_call_output.output.image_url"] = true,
+    ["code_interpreter_call.outputs"] = true,
+}
+local EFFORTS = { none = true, minimal = true, low = true, medium = true, high = true, xhigh = true }
+
+-- A content part of an input message -> chat's text part, or nil, err.
+local TEXT_PARTS = { input_text = true, output_text = true, text = true }
+local PART_KEYS = { type = true, text = true, annotations = true, logprobs = true }
+local function text_part(part, where)
+    if type(part) ~= "table" or is_array(part) then return nil, where .. ' must be an object {"type": "input_text", "text": ...}' end
+    if not TEXT_PARTS[part.type] then
+        return nil, ('%s.type = %s: only "input_text" and "output_text" parts are supported (this model reads text)')
+            :format(where, shown(part.type))
+    end
+    for k in pairs(part) do
+        if not PART_KEYS[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
+    end
+    if type(part.text) ~= "string" then return nil, where .. ".text must be a string" end
+    return { type = "text", text = part.text }
+end
+
+-- A message's or an output's content: a string, or an array of text parts -> chat's content.
+local function content_of(content, where)
+    if type(content) == "string" then return content end
+    if not is_array(content) or #content == 0 then
+        return nil, where .. " must be a string or a non-empty array of input_text parts"
+    end
+    local parts = {}
+    for i, part in ipairs(content) do
+        local p, err = text_part(part, ("%s[%d]"):format(where, i - 1))
+        if not p then return nil, err end
+        parts[i] = p
+    end
+    return parts
+end
+
+local function check_keys(item, keys, where)
+    for k in pairs(item) do
+        if not keys[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
+    end
+    return true
+end
+
+local MESSAGE_KEYS = { type = true, role = true, content = true, id = true, status = true }
+local CALL_KEYS = { type = true, call_id = true, name = true, arguments = true, id = true, status = true }
+local OUTPUT_KEYS = { type = true, call_id = true, output = true, id = true, status = true }
+local REASONING_KEYS = { type = true, id = true, summary = true, content = true, encrypted_content = true, status = true }
+local ROLES = { user = true, system = true, developer = true, assistant = true }
+
+-- A reasoning item's text: its reasoning_text content, else its summary's text.
+local function reasoning_text(item, where)
+    for _, field in ipairs({ "content", "summary" }) do
+        local list = item[field]
+        if list ~= nil and list ~= json_null then
+            if not is_array(list) then return nil, ("%s.%s must be an array"):format(where, field) end
+            local texts = {}
+            for i, part in ipairs(list) do
+                if type(part) ~= "table" or type(part.text) ~= "string" then
+                    return nil, ("%s.%s[%d] must be an object {\"type\", \"text\"}"):format(where, field, i - 1)
+                end
+                texts[i] = part.text
+            end
+            if #texts > 0 then return concat(texts, "\n") end
+        end
+    end
+    return nil
+end
+
+-- input (a string, or an array of items) -> chat's messages, and for each message the index
+-- of the input item it came from (nil: the instructions), or nil, err. Items: messages
+-- (type "message" or left out), function_call (an assistant's call: joined to the assistant
+-- message before it, as chat's tool_calls), function_call_output (a tool message) and
+-- reasoning (the next assistant message's reasoning_content).
+local function messages_of(input, instructions)
+    local messages, from = {}, {}
+    if instructions then messages[1], from[1] = { role = "system", content = instructions }, false end
+    if type(input) == "string" then
+        messages[#messages + 1], from[#messages + 1] = { role = "user", content = input }, 0
+        return messages, from
+    end
+    if not is_array(input) or #input == 0 then
+        return nil, "input must be a string or a non-empty array of items (messages, function calls and their outputs)"
+    end
+    local reasoning -- a reasoning item's text, for the assistant turn that follows it
+    local function assistant_turn(i)
+        local last = messages[#messages]
+        if last and last.role == "assistant" and from[#messages] ~= false then return last end
+        local m = { role = "assistant", content = json_null }
+        messages[#messages + 1], from[#messages + 1] = m, i
+        return m
+    end
+    for i, item in ipairs(input) do
+        local where = ("input[%d]"):format(i - 1)
+        if type(item) ~= "table" or is_array(item) then
+            return nil, where .. ' must be an object: a message {"role", "content"} or an item {"type", ...}'
+        end
+        local kind = item.type
+        if kind == nil or kind == "message" then
+            local ok, err = check_keys(item, MESSAGE_KEYS, where)
+            if not ok then return nil, err end
+            if not ROLES[item.role] then
+                return nil, ('%s.role must be "user", "system", "developer" or "assistant", got %s'):format(where, shown(item.role))
+            end
+            local content
+            content, err = content_of(item.content, where .. ".content")
+            if content == nil then return nil, err end
+            if item.role == "assistant" then
+                -- a new assistant turn (an earlier one's calls were answered, or none made)
+                local m = { role = "assistant", content = content, reasoning_content = reasoning }
+                messages[#messages + 1], from[#messages + 1] = m, i - 1
+                reasoning = nil
+            else
+                messages[#messages + 1], from[#messages + 1] = { role = item.role, content = content }, i - 1
+            end
+        elseif kind == "function_call" then
+            local ok, err = check_keys(item, CALL_KEYS, where)
+            if not ok then return nil, err end
+            for _, k in ipairs({ "call_id", "name", "arguments" }) do
+                if type(item[k]) ~= "string" then return nil, ("%s.%s must be a string"):format(where, k) end
+            end
+            local m = assistant_turn(i - 1)
+            if reasoning then m.reasoning_content, reasoning = reasoning, nil end
+            m.tool_calls = m.tool_calls or {}
+            m.tool_calls[#m.tool_calls + 1] = { id = item.call_id, type = "function",
+                                                ["function"] = { name = item.name, arguments = item.arguments } }
+        elseif kind == "function_call_output" then
+            local ok, err = check_keys(item, OUTPUT_KEYS, where)
+            if not ok then return nil, err end
+            if type(item.call_id) ~= "string" then return nil, where .. ".call_id must be a string" end
+            local content
+            content, err = content_of(item.output, where .. ".output")
+            if content == nil then return nil, err end
+            messages[#messages + 1], from[#messages + 1] = { role = "tool", tool_call_id = item.call_id, content = content }, i - 1
+        elseif kind == "reasoning" then
+            local ok, err = check_keys(item, REASONING_KEYS, where)
+            if not ok then return nil, err end
+            local text
+            text, err = reasoning_text(item, where)
+            if err then return nil, err end
+            reasoning = text
+        elseif kind == "item_reference" then
+            return nil, where .. ": item references name stored items, and nothing is stored here: send the item itself"
+        else
+            return nil, ('%s.type = %s: only "message", "function_call", "function_call_output" and "reasoning" items are ' ..
+                         "supported (this server runs function tools only)"):format(where, shown(kind))
+        end
+    end
+    return messages, from
+end
+
+-- tools: Responses' flat function tools -> chat's nested ones, each member's text as sent
+-- (a schema's key order is the order the model writes its keys in).
+local TOOL_KEYS = { type = true, name = true, description = true, parameters = true, strict = true }
+local function chat_tools(tools, body)
+    local out = {}
+    for i, tool in ipairs(tools) do
+        local where = ("tools[%d]"):format(i - 1)
+        if type(tool) ~= "table" or is_array(tool) then return nil, where .. ' must be an object {"type": "function", "name", ...}' end
+        if tool.type ~= "function" then
+            return nil, ('%s.type = %s: only "function" tools are served here'):format(where, shown(tool.type))
+        end
+        local ok, err = check_keys(tool, TOOL_KEYS, where)
+        if not ok then return nil, err end
+        local members = {}
+        for _, k in ipairs({ "name", "description", "parameters", "strict" }) do
+            if tool[k] ~= nil then members[#members + 1] = { k, raw_member(body, { "tools", i, k }) } end
+        end
+        out[i] = '{"type":"function","function":' .. object(members) .. "}"
+    end
+    return "[" .. concat(out, ",") .. "]"
+end
+
+local function chat_tool_choice(choice)
+    if type(choice) == "string" then return encode(choice) end
+    if type(choice) == "table" and choice.type == "function" then
+        for k in pairs(choice) do
+            if k ~= "type" and k ~= "name" then return nil, ("unknown field '%s' in tool_choice"):format(tostring(k)) end
+        end
+        if type(choice.name) ~= "string" then return nil, 'tool_choice {"type": "function"} needs the function\'s "name"' end
+        return '{"type":"function","function":{"name":' .. encode(choice.name) .. "}}"
+    end
+    return nil, 'tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...} (function tools only)'
+end
+
+-- text: {format: {type: "text" | "json_object" | "json_schema", ...}, verbosity} -> chat's
+-- response_format's JSON text (nil: none), or nil, err.
+local FORMAT_KEYS = { type = true, name = true, schema = true, strict = true, description = true }
+local function chat_format(text, body)
+    for k in pairs(text) do
+        if k ~= "format" and k ~= "verbosity" then return nil, ("unknown field '%s' in text"):format(tostring(k)) end
+    end
+    if text.verbosity ~= nil and text.verbosity ~= json_null and text.verbosity ~= "medium" then
+        return nil, 'text.verbosity is not supported (only "medium", or null): this model has no setting for it'
+    end
+    local f = text.format
+    if f == nil or f == json_null then return false end
+    if type(f) ~= "table" or is_array(f) then return nil, 'text.format must be an object {"type": ...}' end
+    local ok, err = check_keys(f, FORMAT_KEYS, "text.format")
+    if not ok then return nil, err end
+    if f.type == "text" or f.type == "json_object" then
+        if next(f, nil) ~= "type" or next(f, "type") ~= nil then
+            return nil, ('text.format {"type": "%s"} has no other fields'):format(f.type)
+        end
+        return '{"type":"' .. f.type .. '"}'
+    end
+    if f.type ~= "json_schema" then return nil, 'text.format.type must be "text", "json_object" or "json_schema"' end
+    local members = {}
+    for _, k in ipairs({ "name", "description", "schema", "strict" }) do
+        if f[k] ~= nil then members[#members + 1] = { k, raw_member(body, { "text", "format", k }) } end
+    end
+    return '{"type":"json_schema","json_schema":' .. object(members) .. "}"
+end
+
+-- A view: what the answer echoes of the request, and the map from the chat request's
+-- messages back to the input items.
+local View = {}
+View.__index = View
+
+-- to_chat(body) -> the chat completions body that means the same, and its view; or nil, err
+-- (the Responses field named).
+function _M.to_chat(body)
+    if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
+    local t, derr = cjson.decode(body)
+    if derr then return bad("the request body is not valid JSON: " .. derr, nil) end
+    if type(t) ~= "table" or body:match("^%s*%[") then return bad("the request body must be a JSON object", nil) end
+    local members = {} -- the chat body's, in order
+    for k, v in pairs(t) do
+        if v == json_null then
+            t[k] = nil
+        elseif REFUSED[k] then
+            return bad(REFUSED[k], k)
+        elseif OWN[k] then
+            if not KIND_OK[OWN[k]](v) then return bad(("%s must be %s"):format(k, KIND_WORDS[OWN[k]]), k) end
+        elseif PASS[k] then
+            members[#members + 1] = { k, raw_member(body, { k }) }
+        else
+            return bad(("unknown field '%s'"):format(tostring(k)), tostring(k))
+        end
+    end
+    if t.input == nil then return bad("input is required", "input") end
+    if t.background then return bad("background responses are not supported: nothing is stored here to fetch later", "background") end
+    if t.truncation ~= nil and t.truncation ~= "disabled" then
+        return bad('truncation is not supported (only "disabled", or null): the input must fit the context', "truncation")
+    end
+    if t.service_tier ~= nil and t.service_tier ~= "auto" and t.service_tier ~= "default" then
+        return bad('service_tier is not supported (only "auto" or "default", or null)', "service_tier")
+    end
+    if t.stream_options ~= nil then
+        for k, v in pairs(t.stream_options) do
+            if k ~= "include_obfuscation" or type(v) ~= "boolean" then
+                return bad("stream_options takes include_obfuscation (a boolean; no obfuscation is added here)", "stream_options")
+            end
+        end
+    end
+    local messages, from = messages_of(t.input, t.instructions)
+    if not messages then return bad(from, "input") end
+    members[#members + 1] = { "messages", encode(messages) }
+    if t.max_output_tokens ~= nil then members[#members + 1] = { "max_completion_tokens", tostring(t.max_output_tokens) } end
+    local tools_text, tool_choice_text
+    if t.tools then
+        local err
+        tools_text, err = chat_tools(t.tools, body)
+        if not tools_text then return bad(err, "tools") end
+        members[#members + 1] = { "tools", tools_text }
+    end
+    -- (auto without tools changes nothing: OpenAI's clients send it with an empty list)
+    if t.tool_choice ~= nil and not (t.tool_choice == "auto" and not (t.tools and #t.tools > 0)) then
+        local err
+        tool_choice_text, err = chat_tool_choice(t.tool_choice)
+        if not tool_choice_text then return bad(err, "tool_choice") end
+        members[#members + 1] = { "tool_choice", tool_choice_text }
+    end
+    local format_text
+    if t.text then
+        local err
+        format_text, err = chat_format(t.text, body)
+        if format_text == nil then return bad(err, "text") end
+        if format_text then members[#members + 1] = { "response_format", format_text } end
+    end
+    local logprobs = false
+    for i, v in ipairs(t.include or {}) do
+        if not INCLUDE[v] then
+            return bad(("include[%d] = %s is not one of OpenAI's include values"):format(i - 1, shown(v)), "include")
+        end
+        if v == "message.output_text.logprobs" then logprobs = true end
+    end
+    if t.top_logprobs ~= nil then
+        if t.top_logprobs < 0 then return bad(("top_logprobs = %d must be >= 0"):format(t.top_logprobs), "top_logprobs") end
+        logprobs = true
+    end
+    if logprobs then
+        members[#members + 1] = { "logprobs", "true" }
+        members[#members + 1] = { "top_logprobs", tostring(t.top_logprobs or 0) }
+    end
+    local effort
+    if t.reasoning then
+        for k, v in pairs(t.reasoning) do
+            if k == "effort" then
+                if v ~= json_null and not EFFORTS[v] then
+                    return bad('reasoning.effort must be "none", "minimal", "low", "medium", "high" or "xhigh"', "reasoning")
+                end
+                effort = v ~= json_null and v or nil
+            elseif k ~= "summary" and k ~= "generate_summary" then
+                return bad(("unknown field '%s' in reasoning"):format(tostring(k)), "reasoning")
+            end
+        end
+    end
+    if effort then -- a template variable (gpt-oss's templates read it), unless the request sets it
+        local kwargs
+        for i, m in ipairs(members) do
+            if m[1] == "chat_template_kwargs" then kwargs = i end
+        end
+        if not kwargs then
+            members[#members + 1] = { "chat_template_kwargs", '{"reasoning_effort":' .. encode(effort) .. "}" }
+        elseif type(t.chat_template_kwargs) == "table" and t.chat_template_kwargs.reasoning_effort == nil then
+            local raw = members[kwargs][2]
+            local inner = raw:match("^%s*{%s*(.-)%s*}%s*$")
+            if inner then
+                members[kwargs][2] = '{"reasoning_effort":' .. encode(effort) .. (inner ~= "" and ("," .. inner) or "") .. "}"
+            end
+        end
+    end
+    local view = setmetatable({
+        from = from, logprobs = logprobs, stream = t.stream == true,
+        -- what the answer echoes (OpenAI's defaults where the request left a field out)
+        echo = {
+            { "instructions", t.instructions and encode(t.instructions) or "null" },
+            { "max_output_tokens", t.max_output_tokens and tostring(t.max_output_tokens) or "null" },
+            { "parallel_tool_calls", t.parallel_tool_calls == false and "false" or "true" },
+            { "previous_response_id", "null" },
+            { "reasoning", object({ { "effort", effort and encode(effort) or "null" }, { "summary", "null" } }) },
+            { "store", "false" },
+            { "temperature", t.temperature and raw_member(body, { "temperature" }) or "1" },
+            { "text", object({ { "format", format_text and raw_member(body, { "text", "format" }) or '{"type":"text"}' } }) },
+            { "tool_choice", t.tool_choice and raw_member(body, { "tool_choice" }) or '"auto"' },
+            { "tools", t.tools and raw_member(body, { "tools" }) or "[]" },
+            { "top_logprobs", tostring(t.top_logprobs or 0) },
+            { "top_p", t.top_p and raw_member(body, { "top_p" }) or "1" },
+            { "truncation", '"disabled"' },
+            { "user", t.user and encode(t.user) or "null" },
+            { "metadata", t.metadata and raw_member(body, { "metadata" }) or "{}" },
+        },
+    }, View)
+    return object(members), view
+end
+
+-- The chat request's names -> the Responses request's, in an error's message and param.
+local RENAMES = {
+    { "response_format.json_schema", "text.format" }, { "response_format", "text.format" },
+    { "max_completion_tokens", "max_output_tokens" },
+}
+function View:error(err)
+    local message = err.message or ""
+    for _, r in ipairs(RENAMES) do
+        message = gsub(message, "%f[%w_]" .. r[1]:gsub("%.", "%%.") .. "%f[^%w_]", r[2])
+    end
+    -- messages[k] is the input item it came from (the instructions: message 0 before them)
+    message = gsub(message, "messages%[(%d+)%]", function(k)
+        local from = self.from[tonumber(k) + 1]
+        if from == false then return "instructions" end
+        return from and ("input[" .. from .. "]") or nil
+    end)
+    message = gsub(message, "%f[%w_]messages%f[^%w_]", "input")
+    local param = err.param
+    if param == "messages" then
+        param = message:find("^instructions") and "instructions" or "input"
+    elseif param == "response_format" then
+        param = "text"
+    elseif param == "max_completion_tokens" or param == "max_tokens" then
+        param = "max_output_tokens"
+    elseif param == "logprobs" then
+        param = "top_logprobs"
+    end
+    return { status = err.status, message = message, param = param, type = err.type }
+end
+
+-- ------------------------------------------------------------------ the answer
+
+-- A chat answer's usage -> Responses'. reasoning_tokens: the reasoning's text as the
+-- tokenizer encodes it (view.count_tokens, the server's; the chat answer does not say which of
+-- its tokens were reasoning).
+local function usage_of(u, reasoning_tokens)
+    if type(u) ~= "table" then return "null" end
+    local details = type(u.prompt_tokens_details) == "table" and u.prompt_tokens_details or {}
+    return object({
+        { "input_tokens", tostring(u.prompt_tokens or 0) },
+        { "input_tokens_details", object({ { "cached_tokens", tostring(details.cached_tokens or 0) } }) },
+        { "output_tokens", tostring(u.completion_tokens or 0) },
+        { "output_tokens_details", object({ { "reasoning_tokens", tostring(reasoning_tokens or 0) } }) },
+        { "total_tokens", tostring(u.total_tokens or 0) },
+    })
+end
+
+-- A chat answer's or chunk's logprobs entries (its choice's logprobs.content), each entry's
+-- JSON text as the chat path wrote it: Responses' entries have the same shape (bytes
+-- included; decoded and encoded again, an empty top_logprobs would become {}).
+local function logprob_entries(chat_json)
+    local list = raw_member(chat_json, { "choices", 1, "logprobs", "content" })
+    local out = {}
+    if list and sub(list, 1, 1) == "[" then
+        for i, e in ipairs(json_text.entries(list, 1)) do out[i] = sub(list, e.from, e.to) end
+    end
+    return out
+end
+
+local function logprob_list(entries) return "[" .. concat(entries, ",") .. "]" end
+
+local function reasoning_item(id, text, status)
+    return object({ { "id", encode(id) }, { "type", '"reasoning"' }, { "summary", "[]" },
+                    { "content", "[" .. object({ { "type", '"reasoning_text"' }, { "text", encode(text) } }) .. "]" },
+                    { "encrypted_content", "null" }, { "status", encode(status) } })
+end
+
+local function text_part_json(text, logprobs)
+    return object({ { "type", '"output_text"' }, { "text", encode(text) }, { "annotations", "[]" }, { "logprobs", logprobs or "[]" } })
+end
+
+local function message_item(id, parts, status)
+    return object({ { "id", encode(id) }, { "type", '"message"' }, { "status", encode(status) }, { "role", '"assistant"' },
+                    { "content", "[" .. parts .. "]" } })
+end
+
+local function call_item(id, call_id, name, arguments, status)
+    return object({ { "id", encode(id) }, { "type", '"function_call"' }, { "status", encode(status) },
+                    { "call_id", encode(call_id) }, { "name", encode(name) }, { "arguments", encode(arguments) } })
+end
+
+-- The response object: status "in_progress" | "completed" | "incomplete" (a token limit
+-- cut it), its output items' JSON texts, usage's JSON text, TinyLoop's stats (JSON text).
+function View:response_object(id, created, model, status, items, usage, stats)
+    local members = {
+        { "id", encode(id) }, { "object", '"response"' }, { "created_at", tostring(created) }, { "status", encode(status) },
+        { "background", "false" }, { "error", "null" },
+        { "incomplete_details", status == "incomplete" and '{"reason":"max_output_tokens"}' or "null" },
+        { "model", encode(model) }, { "output", "[" .. concat(items, ",") .. "]" },
+    }
+    for _, m in ipairs(self.echo) do members[#members + 1] = m end
+    members[#members + 1] = { "service_tier", '"default"' }
+    members[#members + 1] = { "usage", usage or "null" }
+    members[#members + 1] = { "tinyloop", stats }
+    return object(members)
+end
+
+-- An item's id: its kind's prefix and the response's ("resp_7_12" -> "msg_7_12").
+local function item_key(id) return (id:gsub("^resp_", "")) end
+
+local function status_of(finish_reason) return finish_reason == "length" and "incomplete" or "completed" end
+
+-- The tokens of a reasoning text (0 without the server's counter).
+function View:reasoning_tokens(text)
+    return text and self.count_tokens and self.count_tokens(text) or 0
+end
+
+-- response(chat_json, id) -> the Responses answer's JSON text of a blocking chat answer (one
+-- choice): a reasoning item (a thinking model's), a message (unless the reply is calls only),
+-- a function_call item per call. A token limit's cut leaves the last item incomplete.
+function View:response(chat_json, id)
+    local chat = cjson.decode(chat_json)
+    local choice = chat.choices[1]
+    local message, status = choice.message, status_of(choice.finish_reason)
+    local items = {} -- { make(status) } in order
+    local thought = type(message.reasoning_content) == "string" and message.reasoning_content or nil
+    if thought then items[#items + 1] = function(s) return reasoning_item("rs_" .. item_key(id), thought, s) end end
+    local calls = type(message.tool_calls) == "table" and message.tool_calls or {}
+    local content = type(message.content) == "string" and message.content or ""
+    if content ~= "" or #calls == 0 then
+        local lp = self.logprobs and logprob_list(logprob_entries(chat_json)) or nil
+        items[#items + 1] = function(s) return message_item("msg_" .. item_key(id), text_part_json(content, lp), s) end
+    end
+    for k, call in ipairs(calls) do
+        local fn = call["function"]
+        -- (a call read back is whole: a token limit that cut the reply cut what came after it)
+        items[#items + 1] = function() return call_item(("fc_%s_%d"):format(item_key(id), k), call.id, fn.name, fn.arguments, "completed") end
+    end
+    for i, make in ipairs(items) do items[i] = make(i == #items and status or "completed") end
+    return self:response_object(id, chat.created, chat.model, status, items, usage_of(chat.usage, self:reasoning_tokens(thought)),
+                                chat.tinyloop and encode(chat.tinyloop) or nil)
+end
+
+-- ------------------------------------------------------------------ the stream
+
+-- start_stream(id, created, model): the view reads a chat stream's chunks from now on.
+function View:start_stream(id, created, model)
+    self.id, self.created, self.model = id, created, model
+    self.sequence, self.items, self.open, self.pending_logprobs = 0, {}, nil, {}
+    self.calls = 0
+end
+
+-- Adds an event {type, json} to out: the event's fields after its type and sequence number.
+function View:event(out, kind, members)
+    local all = { { "type", encode(kind) }, { "sequence_number", tostring(self.sequence) } }
+    for _, m in ipairs(members) do all[#all + 1] = m end
+    self.sequence = self.sequence + 1
+    out[#out + 1] = { kind, object(all) }
+end
+
+local function where(item) return { "item_id", encode(item.id) }, { "output_index", tostring(item.index) } end
+
+-- The open item closed: its .done events, its final JSON kept for the response.
+function View:close(out, status)
+    local item = self.open
+    if not item then return end
+    self.open = nil
+    local id_m, index_m = where(item)
+    local text = concat(item.text)
+    local json
+    if item.kind == "reasoning" then
+        self.thought = (self.thought or "") .. text
+        self:event(out, "response.reasoning_text.done", { id_m, index_m, { "content_index", "0" }, { "text", encode(text) } })
+        json = reasoning_item(item.id, text, status)
+    elseif item.kind == "message" then
+        local lp = logprob_list(item.logprobs)
+        self:event(out, "response.output_text.done", { id_m, index_m, { "content_index", "0" }, { "text", encode(text) }, { "logprobs", lp } })
+        local part = text_part_json(text, lp)
+        self:event(out, "response.content_part.done", { id_m, index_m, { "content_index", "0" }, { "part", part } })
+        json = message_item(item.id, part, status)
+    else
+        self:event(out, "response.function_call_arguments.done", { id_m, index_m, { "name", encode(item.name) }, { "arguments", encode(text) } })
+        json = call_item(item.id, item.call_id, item.name, text, status)
+    end
+    self:event(out, "response.output_item.done", { { "output_index", tostring(item.index) }, { "item", json } })
+    self.items[item.index + 1] = json
+end
+
+-- Opens an item of `kind` (closing the one open): its .added events.
+function View:open_item(out, kind, id, call_id, name)
+    self:close(out, "completed")
+    local item = { kind = kind, id = id, index = #self.items, text = {}, logprobs = {}, call_id = call_id, name = name }
+    self.items[item.index + 1] = false -- (its place; its JSON at the close)
+    self.open = item
+    if kind == "message" then self.message_seen = true end
+    local json
+    if kind == "reasoning" then -- (its one content part is there from the start: clients append the deltas to it)
+        json = reasoning_item(id, "", "in_progress")
+    elseif kind == "message" then
+        json = message_item(id, "", "in_progress")
+    else
+        json = call_item(id, call_id, name, "", "in_progress")
+    end
+    self:event(out, "response.output_item.added", { { "output_index", tostring(item.index) }, { "item", json } })
+    if kind == "message" then
+        local id_m, index_m = where(item)
+        self:event(out, "response.content_part.added", { id_m, index_m, { "content_index", "0" }, { "part", text_part_json("") } })
+    end
+    return item
+end
+
+-- feed(payload) -> the events {type, json} that a chat stream's event (a chunk's JSON text, an
+-- error's, or "[DONE]") makes. The first makes response.created and response.in_progress; the
+-- chunk with the finish closes every item and makes response.completed (or .incomplete, with
+-- the usage and stats the chat stream's last chunk carries).
+function View:feed(payload)
+    local out = {}
+    if payload == "[DONE]" or self.finished then return out end
+    local chunk = cjson.decode(payload)
+    if type(chunk) ~= "table" then return out end
+    if chunk.error then
+        local e = chunk.error
+        self.finished = true
+        self:event(out, "error", { { "code", "null" }, { "message", encode(e.message or "") }, { "param", e.param and encode(e.param) or "null" } })
+        return out
+    end
+    if self.sequence == 0 then
+        local initial = self:response_object(self.id, self.created, self.model, "in_progress", {}, "null", nil)
+        self:event(out, "response.created", { { "response", initial } })
+        self:event(out, "response.in_progress", { { "response", initial } })
+    end
+    local choice = type(chunk.choices) == "table" and chunk.choices[1]
+    if not choice then return out end
+    local delta = choice.delta or {}
+    local thought = delta.reasoning_content
+    if type(thought) == "string" and thought ~= "" then
+        local item = self.open
+        if not item or item.kind ~= "reasoning" then item = self:open_item(out, "reasoning", "rs_" .. item_key(self.id)) end
+        item.text[#item.text + 1] = thought
+        local id_m, index_m = where(item)
+        self:event(out, "response.reasoning_text.delta", { id_m, index_m, { "content_index", "0" }, { "delta", encode(thought) } })
+    end
+    if self.logprobs and type(choice.logprobs) == "table" then
+        for _, e in ipairs(logprob_entries(payload)) do self.pending_logprobs[#self.pending_logprobs + 1] = e end
+    end
+    local content = delta.content
+    if type(content) == "string" and content ~= "" then
+        local item = self.open
+        if not item or item.kind ~= "message" then item = self:open_item(out, "message", "msg_" .. item_key(self.id)) end
+        item.text[#item.text + 1] = content
+        local lp = self.pending_logprobs
+        for _, e in ipairs(lp) do item.logprobs[#item.logprobs + 1] = e end
+        self.pending_logprobs = {}
+        local id_m, index_m = where(item)
+        self:event(out, "response.output_text.delta", { id_m, index_m, { "content_index", "0" }, { "delta", encode(content) },
+                                                        { "logprobs", logprob_list(lp) } })
+    end
+    for _, entry in ipairs(type(delta.tool_calls) == "table" and delta.tool_calls or {}) do
+        local fn = entry["function"] or {}
+        local item = self.open
+        if entry.id then -- a call's first piece: its id and name
+            self.calls = self.calls + 1
+            item = self:open_item(out, "function_call", ("fc_%s_%d"):format(item_key(self.id), self.calls), entry.id, fn.name)
+        end
+        local arguments = fn.arguments
+        if item and item.kind == "function_call" and type(arguments) == "string" and arguments ~= "" then
+            item.text[#item.text + 1] = arguments
+            local id_m, index_m = where(item)
+            self:event(out, "response.function_call_arguments.delta", { id_m, index_m, { "delta", encode(arguments) } })
+        end
+    end
+    if choice.finish_reason and choice.finish_reason ~= json_null then
+        local status = status_of(choice.finish_reason)
+        -- a reply with no text and no call still has its (empty) message, as a blocking answer does
+        if self.calls == 0 and not self.message_seen then
+            self:open_item(out, "message", "msg_" .. item_key(self.id))
+        end
+        if self.open and self.open.kind == "message" and #self.pending_logprobs > 0 then
+            for _, e in ipairs(self.pending_logprobs) do self.open.logprobs[#self.open.logprobs + 1] = e end
+        end
+        self:close(out, status)
+        self.finished = true
+        local final = self:response_object(self.id, self.created, self.model, status, self.items,
+                                           usage_of(chunk.usage, self:reasoning_tokens(self.thought)), chunk.tinyloop and encode(chunk.tinyloop) or nil)
+        self:event(out, status == "completed" and "response.completed" or "response.incomplete", { { "response", final } })
+    end
+    return out
+end
+
+return _M
