@@ -398,7 +398,7 @@ local function converse(model, chat, cfg, o)
                 for _ = 1, fitted.left_out do table.remove(history, 1) end
                 -- the text that goes on in the conversation: without the stop string that ended it
                 if stats.stop_reason == "STOP_SEQUENCE" and cfg.stop_strings then
-                    reply = tags.cut_at_stop(reply, cfg.stop_strings, shown_length(model, last))
+                    reply = (tags.cut_at_stop(reply, cfg.stop_strings, shown_length(model, last)))
                 end
                 history[#history + 1] = { role = "assistant", content = reply }
                 if o.stats then stats_line(stats, model) end

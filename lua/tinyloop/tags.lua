@@ -16,16 +16,18 @@ function _M.held(text, tag)
 end
 
 -- cut_at_stop(text, stops, last_len) -> the text before the stop string that ended it (OpenAI
--- leaves the stop string out), or the text as it is where none did. The engine ends at a
--- match only in the token that completes it, so the match ends in the text's last `last_len`
--- bytes (that token's); an earlier one is one min_tokens held back. The earliest such match.
+-- leaves the stop string out) and that string; or the text as it is where none did. The
+-- engine ends at a match only in the token that completes it, so the match ends in the text's
+-- last `last_len` bytes (that token's); an earlier one is one min_tokens held back. The
+-- earliest such match.
 function _M.cut_at_stop(text, stops, last_len)
-    local cut
+    local cut, stop
     for i = 1, #stops do
         local at = find(text, stops[i], max(1, #text - last_len - #stops[i] + 2), true)
-        if at and (not cut or at < cut) then cut = at end
+        if at and (not cut or at < cut) then cut, stop = at, stops[i] end
     end
-    return cut and sub(text, 1, cut - 1) or text
+    if not cut then return text end
+    return sub(text, 1, cut - 1), stop
 end
 
 return _M

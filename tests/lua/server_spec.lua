@@ -307,6 +307,7 @@ describe("server", function()
         end
         assert.same(want, choice.token_ids)
         assert.equal("stop", choice.finish_reason)
+        assert.equal(greedy[5], choice.stop_reason) -- vLLM's: the stop token that ended it
         local function refused(v, message)
             local status, body = post_json({ prompt = "hi", max_tokens = 2, stop_token_ids = v })
             assert.equal(400, status, body)
@@ -564,8 +565,11 @@ describe("server", function()
             end
             assert.equal("stop", r.choices[1].finish_reason)
             assert.equal("STOP_SEQUENCE", r.tinyloop.stop_reason)
+            assert.equal(stop, r.choices[1].stop_reason) -- vLLM's: the stop string that ended it
             assert.equal(free:sub(1, free:find(stop, 1, true) - 1), r.choices[1].text)
         end
+        -- no stop string: none named (the token limit, the model's end)
+        assert.equal(cjson.null, cjson.decode(body).choices[1].stop_reason)
         -- vLLM's include_stop_str_in_output: the stop string stays (the text the engine made)
         for _, stream in ipairs({ false, true }) do
             local status, b = post(cjson.encode({ prompt = "It is a truth", max_tokens = 40, seed = 1, stop = stop, stream = stream,
@@ -576,6 +580,7 @@ describe("server", function()
                 for _, c in ipairs(sse_chunks(b)) do text[#text + 1] = c.choices[1].text end
             else
                 text[1] = cjson.decode(b).choices[1].text
+                assert.equal(stop, cjson.decode(b).choices[1].stop_reason)
             end
             assert.equal(free:sub(1, free:find(stop, 1, true) + #stop - 1), table.concat(text))
         end

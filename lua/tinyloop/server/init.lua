@@ -474,7 +474,7 @@ local function next_output(st, ready)
     end
     local reason = tonumber(s.stop_reason)
     st.finish_reason = reason == STOP_MAX_TOKENS and "length" or "stop"
-    st.stopped_by_string = reason == STOP_SEQUENCE and st.stops ~= nil
+    st.stopped_by_sequence = reason == STOP_SEQUENCE
     st.usage = { prompt_tokens = st.prompt_tokens, completion_tokens = s.tokens_emitted,
                  total_tokens = st.prompt_tokens + s.tokens_emitted }
     st.cached_tokens = s.prompt_tokens_reused -- of its prompt, from the prefix pool
@@ -498,6 +498,22 @@ local function cut_at_stop(text, stops, last_id)
         shown = select(2, token_string(last_id))
     end
     return tags.cut_at_stop(text, stops, shown)
+end
+
+-- A choice's finishing read (`text`, whose last token is last_id): the text without the stop
+-- string that ended it (kept with include_stop_str_in_output), and st.stop_reason, vLLM's:
+-- that stop string, or the request's stop token id that ended it (nil: the model's end, the
+-- token limit, the chat template's turn end).
+local function finish_read(st, text, last_id)
+    if not st.stopped_by_sequence then return text end
+    if last_id and st.stop_ids and st.stop_ids[last_id] then
+        st.stop_reason = last_id
+        return text
+    end
+    if not st.stop_strings then return text end
+    local cut, stop = cut_at_stop(text, st.stop_strings, last_id)
+    st.stop_reason = stop
+    return st.stops and cut or text
 end
 
 
@@ -649,8 +665,9 @@ local function release_all(r, cancelled)
 end
 
 -- What ends a choice of either API: finish_reason, token_ids and the stats, if given.
-local function choice_tail(ids, finish_reason, stats)
+local function choice_tail(ids, finish_reason, stats, stop_reason)
     return ',"finish_reason":' .. (finish_reason and ('"' .. finish_reason .. '"') or "null") ..
+        ',"stop_reason":' .. (stop_reason and encode(stop_reason) or "null") ..
         ',"token_ids":[' .. concat(ids, ",") .. "]" .. (stats and (',"tinyloop":' .. encode(stats)) or "") .. "}"
 end
 
@@ -681,10 +698,10 @@ local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids,
             message = '"delta":{' .. fields:sub(2) .. "}"
         end
         return '{"index":' .. st.index .. "," .. message .. ',"logprobs":' ..
-            (figures and chat_logprobs_json(ids, figures) or "null") .. choice_tail(ids, finish_reason, stats)
+            (figures and chat_logprobs_json(ids, figures) or "null") .. choice_tail(ids, finish_reason, stats, finish_reason and st.stop_reason)
     end
     return '{"index":' .. st.index .. ',"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":' ..
-        (figures and logprobs_json(st, lp_ids or ids, figures, n_prompt) or "null") .. choice_tail(ids, finish_reason, stats)
+        (figures and logprobs_json(st, lp_ids or ids, figures, n_prompt) or "null") .. choice_tail(ids, finish_reason, stats, finish_reason and st.stop_reason)
 end
 
 -- The response (or a chunk of a stream) around its choices' JSON, with `tail` (",usage..." or "").
@@ -761,7 +778,7 @@ local function run_blocking(r)
         end
         release(st, false)
         local text = concat(texts)
-        if st.stopped_by_string then text = cut_at_stop(text, st.stops, all_ids[#all_ids]) end
+        text = finish_read(st, text, all_ids[#all_ids])
         local calls, thought
         if st.reasoning then thought, text = reasoning.split(text, st.reasoning.inside) end -- (text nil: none)
         if st.tools and text then text, calls = read_calls(r, st, text) end -- (text nil: no content, null)
@@ -858,7 +875,7 @@ local function run_stream(r)
                 local calls_json
                 if finished then
                     release(st, false)
-                    if st.stopped_by_string then text = cut_at_stop(text, st.stops, ids[#ids]) end
+                    text = finish_read(st, text, ids[#ids])
                 end
                 -- a thinking model's reasoning: in the chunk of the read that made it, before any
                 -- content (the content of a read goes with it)
@@ -1111,6 +1128,7 @@ local function serve(chat, body, view)
             siblings = r.sts, -- (itself included: its phase is no longer "queued" when polled)
             id = id, index = #r.sts, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
             prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = request_options.logprobs >= 0,
+            stop_strings = req.stop_strings, stop_ids = req.stop_ids,
             prompt_ids = ids, prompt_figures = prompt_figures[p],
             offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
             chat = chat, streaming = req.stream, prompt = p, tools = req.tools,

@@ -834,12 +834,15 @@ local function shared_fields(t, body, model, model_id, cfg)
         if not model.has_tokenizer then return bad("stop strings need a tokenizer, which this model lacks", "stop") end
         cfg.stop_strings = stops
     end
+    local stop_ids -- (a set: vLLM's stop_reason names the one that ended a choice)
     if t.stop_token_ids ~= nil then
         local ok, e = check_token_ids(t.stop_token_ids, model.vocab_size, "stop_token_ids")
         if not ok then return nil, e end
         add_stop_ids(cfg, t.stop_token_ids)
+        stop_ids = {}
+        for _, id in ipairs(t.stop_token_ids) do stop_ids[id] = true end
     end
-    return { n = t.n or 1, include_usage = include_usage, grammar_field = cfg.grammar and grammar_field or nil }
+    return { n = t.n or 1, include_usage = include_usage, grammar_field = cfg.grammar and grammar_field or nil, stop_ids = stop_ids }
 end
 
 -- Choices of a request, at most max_choices (default 16): #prompts x best_of sessions.
@@ -921,6 +924,7 @@ function _M.parse(body, model, model_id, max_choices)
     end
     return { prompts = prompts, ids = prompts[1], n = n, best_of = best, cfg = cfg, stream = t.stream == true,
              include_usage = shared.include_usage, echo = echo, logprobs = t.logprobs, stops = answer_stops(t, cfg),
+             stop_strings = cfg.stop_strings, stop_ids = shared.stop_ids,
              prompt_tokens = prompt_tokens, grammar_field = shared.grammar_field }
 end
 
@@ -1050,6 +1054,7 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     end
     return { prompts = { ids }, ids = ids, n = shared.n, best_of = shared.n, cfg = cfg, stream = t.stream == true,
              include_usage = shared.include_usage, logprobs = logprobs, prompt_tokens = #ids, stops = answer_stops(t, cfg),
+             stop_strings = cfg.stop_strings, stop_ids = shared.stop_ids,
              grammar_field = shared.grammar_field, prompt_text = text, tools = tool_spec or nil,
              include_reasoning = t.include_reasoning ~= false }
 end
