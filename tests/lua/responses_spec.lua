@@ -63,8 +63,10 @@ describe("responses.to_chat", function()
     it("asks for logprobs with include or top_logprobs, and gives reasoning.effort to the template", function()
         local chat = chat_of('{"input": "x", "include": ["message.output_text.logprobs"]}')
         assert.same({ true, 0 }, { chat.logprobs, chat.top_logprobs })
-        chat = chat_of('{"input": "x", "top_logprobs": 3}')
+        chat = chat_of('{"input": "x", "top_logprobs": 3, "include": ["message.output_text.logprobs"]}')
         assert.same({ true, 3 }, { chat.logprobs, chat.top_logprobs })
+        -- (OpenAI's rule: include asks for them, top_logprobs says how many alternatives)
+        assert.is_nil((chat_of('{"input": "x", "top_logprobs": 3}')).logprobs)
         assert.is_nil((chat_of('{"input": "x", "include": ["reasoning.encrypted_content"]}')).logprobs)
         chat = chat_of('{"input": "x", "reasoning": {"effort": "high"}}')
         assert.same({ reasoning_effort = "high" }, chat.chat_template_kwargs)
@@ -79,7 +81,7 @@ describe("responses.to_chat", function()
         local _, _, view = chat_of('{"instructions": "x", "input": [{"role": "user", "content": "a"}, ' ..
             '{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]}')
         local e = view:error({ status = 400, message = "messages[2].tool_calls[0].function.arguments must be ...", param = "messages" })
-        assert.same({ 400, "input[1].tool_calls[0].function.arguments must be ...", "input" }, { e.status, e.message, e.param })
+        assert.same({ 400, "input[1].arguments must be ...", "input" }, { e.status, e.message, e.param })
         e = view:error({ status = 400, message = "messages[0].content must be a string", param = "messages" })
         assert.same({ "instructions.content must be a string", "instructions" }, { e.message, e.param })
         e = view:error({ status = 400, message = "the messages (9 tokens) plus max_completion_tokens (5) exceed", param = "max_completion_tokens" })
@@ -101,14 +103,18 @@ describe("responses.to_chat", function()
             { '{"input": [{"type": "reasoning", "content": [5]}]}', "input", "input[0].content[0]" },
             { '{"input": [{"role": "user", "content": []}]}', "input", "input[0].content must be" },
             { '{"input": "x", "text": {"format": {"type": "json_object", "name": "n"}}}', "text", "no other fields" },
-            { '{"input": "x", "text": {"verbosity": "low"}}', "text", "text.verbosity" },
+            { '{"input": "x", "text": {"verbosity": "loud"}}', "text", "text.verbosity" },
             { '{"input": "x", "text": {"size": 1}}', "text", "unknown field 'size' in text" },
             { '{"input": "x", "tool_choice": {"type": "function"}}', "tool_choice", '"name"' },
             { '{"input": "x", "top_logprobs": -1}', "top_logprobs", "top_logprobs = -1" },
             { '{"input": "x", "reasoning": {"depth": 1}}', "reasoning", "unknown field 'depth' in reasoning" },
             { '{"input": "x", "service_tier": "flex"}', "service_tier", "service_tier" },
             { '{"input": "x", "stream_options": {"include_usage": true}}', "stream_options", "include_obfuscation" },
-            { '{"input": "x", "max_tool_calls": 2}', "max_tool_calls", "max_tool_calls" },
+            { '{"input": [{"type": "reasoning", "summary": []}]}', "input", "holds no message" },
+            { '{"input": [{"role": "user", "content": "a", "phase": "final_answer"}]}', "input", "input[0].phase" },
+            { '{"input": "x", "truncation": "middle"}', "truncation", "truncation" },
+            { '{"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "allowed_tools", ' ..
+              '"mode": "auto", "tools": [{"type": "function", "name": "g"}]}}', "tool_choice", "not among tools" },
             { '{"input": "x", "prompt": {"id": "p"}}', "prompt", "prompt templates" },
             { '{"input": "x", "n": 2}', "n", "unknown field 'n'" },
         }
@@ -122,15 +128,90 @@ describe("responses.to_chat", function()
     end)
 end)
 
+describe("responses.to_chat: what OpenAI's clients send back", function()
+    it("takes an assistant message's phase, a refusal part, and the fields that change nothing here", function()
+        local chat = chat_of(cjson.encode({ input = {
+            { role = "user", content = "q" },
+            { type = "message", role = "assistant", phase = "final_answer", status = "completed", id = "msg_1",
+              content = { { type = "output_text", text = "a", annotations = {}, logprobs = {} }, { type = "refusal", refusal = "no" } } },
+            { role = "user", content = "q2" } },
+            truncation = "auto", max_tool_calls = 3, prompt_cache_retention = "24h", text = { verbosity = "low" },
+            stream_options = { include_obfuscation = cjson.null } }))
+        assert.same({ { type = "text", text = "a" }, { type = "text", text = "no" } }, chat.messages[2].content)
+        assert.is_nil(chat.messages[2].phase)
+    end)
+
+    it("gives reasoning to its own assistant turn only", function()
+        local function reasoning(t) return { type = "reasoning", summary = { { type = "summary_text", text = t } } } end
+        local chat = chat_of(cjson.encode({ input = {
+            { role = "user", content = "q" }, reasoning("R1"), { role = "assistant", content = "Let me check" }, reasoning("R2"),
+            { type = "function_call", call_id = "c", name = "f", arguments = "{}" },
+            { type = "function_call_output", call_id = "c", output = "o" },
+            reasoning("OLD"), { role = "user", content = "q2" }, { role = "assistant", content = "a2" } } }))
+        local m = chat.messages
+        assert.same({ "R1\nR2", "c" }, { m[2].reasoning_content, m[2].tool_calls[1].id })
+        assert.same({ "assistant", "a2" }, { m[5].role, m[5].content })
+        assert.is_nil(m[5].reasoning_content) -- (OLD was nobody's: a user's turn came between)
+    end)
+
+    it("cuts the tools to those an allowed_tools choice names", function()
+        local chat = chat_of(cjson.encode({ input = "x",
+            tools = { { type = "function", name = "f" }, { type = "function", name = "g" }, { type = "function", name = "h" } },
+            tool_choice = { type = "allowed_tools", mode = "required", tools = { { type = "function", name = "h" },
+                                                                               { type = "function", name = "f" } } } }))
+        assert.same({ "f", "h" }, { chat.tools[1]["function"].name, chat.tools[2]["function"].name })
+        assert.equal(2, #chat.tools)
+        assert.equal("required", chat.tool_choice)
+    end)
+
+    it("names the call item a chat error about a merged turn's call came from, and a tool's own fields", function()
+        local _, _, view = chat_of(cjson.encode({ input = {
+            { role = "user", content = "q" }, { type = "function_call", call_id = "a", name = "f", arguments = "{}" },
+            { type = "function_call", call_id = "b", name = "f", arguments = "[]" } } }))
+        local e = view:error({ status = 400, message = "messages[1].tool_calls[1].function.arguments must be the JSON text of an object",
+                               param = "messages" })
+        assert.equal("input[2].arguments must be the JSON text of an object", e.message)
+        e = view:error({ status = 400, message = "tools[0].function.parameters must be an object", param = "tools" })
+        assert.equal("tools[0].parameters must be an object", e.message)
+    end)
+end)
+
 describe("responses view of a chat stream", function()
     it("says an error mid-stream as an error event, and nothing after it", function()
         local _, _, view = chat_of('{"input": "x", "stream": true}')
         view:start_stream("resp_1_2", 100, "m")
         local events = view:feed('{"error":{"message":"engine failed","type":"server_error","param":null}}')
         assert.equal(1, #events)
-        assert.same({ type = "error", sequence_number = 0, code = cjson.null, message = "engine failed", param = cjson.null },
+        assert.same({ type = "error", sequence_number = 0, code = "server_error", message = "engine failed", param = cjson.null },
                     cjson.decode(events[1][2]))
         assert.same({}, view:feed('{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}'))
         assert.same({}, view:feed("[DONE]"))
+        -- after output: the error, then the response's end, failed, with what it had
+        _, _, view = chat_of('{"input": "x", "stream": true}')
+        view:start_stream("resp_1_3", 100, "m")
+        view:feed('{"choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},"finish_reason":null}]}')
+        events = view:feed('{"error":{"message":"engine failed","type":"server_error","param":null}}')
+        local kinds = {}
+        for i, e in ipairs(events) do kinds[i] = e[1] end
+        assert.same({ "error", "response.output_text.done", "response.content_part.done", "response.output_item.done",
+                      "response.failed" }, kinds)
+        local failed = cjson.decode(events[#events][2]).response
+        assert.same({ "failed", "server_error", "Hel", "incomplete" }, { failed.status, failed.error.code,
+                    failed.output[1].content[1].text, failed.output[1].status })
+    end)
+
+    it("ends a call whose arguments are whole as completed, one the token limit cut as incomplete", function()
+        for _, case in ipairs({ { '{\\"a\\": 1}', "completed" }, { '{\\"a', "incomplete" } }) do
+            local _, _, view = chat_of('{"input": "x", "stream": true}')
+            view:start_stream("resp_1_4", 100, "m")
+            view:feed('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function",' ..
+                      '"function":{"name":"f","arguments":""}}]},"finish_reason":null}]}')
+            view:feed('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"' .. case[1] ..
+                      '"}}]},"finish_reason":null}]}')
+            local events = view:feed('{"choices":[{"index":0,"delta":{},"finish_reason":"length"}],"usage":' ..
+                                     '{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}')
+            local final = cjson.decode(events[#events][2]).response
+            assert.same({ "incomplete", case[2], 1 }, { final.status, final.output[1].status, #final.output })
+        end
     end)
 end)

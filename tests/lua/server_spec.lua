@@ -1652,7 +1652,7 @@ describe("responses (OpenAI's Responses API)", function()
         refused({ input = "hi", previous_response_id = "resp_1" }, "previous_response_id", "not stored")
         refused({ input = "hi", conversation = "c" }, "conversation", "not stored")
         refused({ input = "hi", background = true }, "background", "background")
-        refused({ input = "hi", truncation = "auto" }, "truncation", "disabled")
+        refused({ input = "hi", truncation = "middle" }, "truncation", "truncation must be")
         refused({ input = "hi", messages = {} }, "messages", "unknown field 'messages'")
         refused({ input = "hi", max_tokens = 3 }, "max_tokens", "unknown field 'max_tokens'")
         refused({ input = {} }, "input", "non-empty array")
@@ -1681,15 +1681,157 @@ describe("responses (OpenAI's Responses API)", function()
         -- nothing to fetch: responses are not stored
         local status, body = curl(base .. "/v1/responses/resp_1")
         assert.equal(404, status)
-        assert.truthy(cjson.decode(body).error.message:find("not stored", 1, true))
+        assert.truthy(cjson.decode(body).error.message:find("not stored", 1, true), body)
         -- OpenAI clients' defaults are accepted
         status, body = post_responses({ input = "hi", max_output_tokens = 1, store = true, truncation = "disabled", service_tier = "auto",
                                         include = {}, tools = {}, tool_choice = "auto", reasoning = { effort = "low", summary = "auto" },
+                                        max_tool_calls = 4, prompt_cache_retention = "24h",
                                         text = { format = { type = "text" }, verbosity = "medium" }, user = "u",
                                         safety_identifier = "s", prompt_cache_key = "k", top_p = 1, parallel_tool_calls = true,
                                         stream_options = cjson.null, previous_response_id = cjson.null })
         assert.equal(200, status, body)
         assert.same({ effort = "low", summary = cjson.null }, cjson.decode(body).reasoning)
+    end)
+end)
+
+describe("messages (Anthropic's Messages API)", function()
+    local function post_messages(t, extra, path) -- t: a table, or the body's JSON text
+        return curl((extra or "") .. " -H 'Content-Type: application/json' -H 'anthropic-version: 2023-06-01' --data-binary " ..
+                    quote(type(t) == "string" and t or cjson.encode(t)) .. " " .. base .. (path or "/v1/messages"))
+    end
+    -- An Anthropic stream -> its events (event: line, then data: whose type is the event's).
+    local function events_of(body)
+        local events = {}
+        for kind, data in body:gmatch("event: ([^\n]+)\ndata: ([^\n]+)\n\n") do
+            local e = cjson.decode(data)
+            assert.equal(kind, e.type)
+            events[#events + 1] = e
+        end
+        assert.equal("", (body:gsub("event: [^\n]+\ndata: [^\n]+\n\n", "")), "every line of the stream is an event's")
+        return events
+    end
+    local messages = { { role = "system", content = "Be brief." }, { role = "user", content = "Who is Emma?" } }
+    local asked = { { role = "user", content = "Who is Emma?" } }
+
+    it("answers what the chat completions of the same conversation answer, as content blocks", function()
+        local chat = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 12, seed = 5, temperature = 0.8,
+                                                         ignore_eos = true })))
+        local status, body = post_messages({ model = "tinyloop-austen", system = "Be brief.", messages = asked, max_tokens = 12,
+                                             seed = 5, temperature = 0.8, ignore_eos = true })
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        assert.same({ "message", "assistant", "tinyloop-austen" }, { r.type, r.role, r.model })
+        assert.truthy(r.id:match("^msg_"), r.id)
+        assert.same({ { type = "text", text = chat.choices[1].message.content } }, r.content)
+        assert.same({ "max_tokens", cjson.null }, { r.stop_reason, r.stop_sequence })
+        local cached = chat.usage.prompt_tokens_details.cached_tokens
+        assert.equal(chat.usage.prompt_tokens, r.usage.input_tokens + r.usage.cache_read_input_tokens)
+        assert.same({ 12, 0 }, { r.usage.output_tokens, r.usage.cache_creation_input_tokens })
+        assert.is_true(cached >= 0)
+        -- a stop sequence: named, and left out of the text (the chat endpoint's rule)
+        local free = chat.choices[1].message.content
+        local stop = free:match("^.-(%a%a%a)")
+        status, body = post_messages({ system = "Be brief.", messages = asked, max_tokens = 12, seed = 5, temperature = 0.8,
+                                       ignore_eos = true, stop_sequences = { "zzzz", stop } })
+        r = cjson.decode(body)
+        assert.same({ "stop_sequence", stop }, { r.stop_reason, r.stop_sequence })
+        assert.equal(free:sub(1, free:find(stop, 1, true) - 1), r.content[1].text)
+        -- the model's end: end_turn
+        local whole = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 200, seed = 5 })))
+        r = cjson.decode(select(2, post_messages({ system = "Be brief.", messages = asked, max_tokens = 200, seed = 5 })))
+        assert.equal(whole.choices[1].finish_reason == "length" and "max_tokens" or "end_turn", r.stop_reason)
+    end)
+
+    it("streams Anthropic's events, whose deltas are the blocking answer's text", function()
+        local req = { system = "Be brief.", messages = asked, max_tokens = 20, seed = 9, temperature = 0.9, ignore_eos = true }
+        local whole = cjson.decode(select(2, post_messages(req)))
+        req.stream = true
+        local status, body = post_messages(req, "-N")
+        assert.equal(200, status, body)
+        local events = events_of(body)
+        local kinds = {}
+        for _, e in ipairs(events) do if kinds[#kinds] ~= e.type then kinds[#kinds + 1] = e.type end end
+        assert.same({ "message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+                      "message_stop" }, kinds)
+        local start = events[1].message
+        assert.same({ {}, cjson.null, whole.usage.input_tokens + whole.usage.cache_read_input_tokens },
+                    { start.content, start.stop_reason, start.usage.input_tokens })
+        local text = {}
+        for _, e in ipairs(events) do
+            if e.type == "content_block_delta" then
+                assert.same({ 0, "text_delta" }, { e.index, e.delta.type })
+                text[#text + 1] = e.delta.text
+            end
+        end
+        assert.equal(whole.content[1].text, table.concat(text))
+        local delta = events[#events - 1]
+        assert.same({ whole.stop_reason, whole.usage.output_tokens }, { delta.delta.stop_reason, delta.usage.output_tokens })
+    end)
+
+    local WEATHER = { name = "weather", input_schema = { type = "object", properties = { city = { enum = { "Paris", "Rome" } } },
+                                                         required = { "city" } } }
+    it("calls a tool as a tool_use block, streamed as input_json_delta pieces, and reads tool results back", function()
+        local req = { messages = { { role = "user", content = "Weather?" } }, tools = { WEATHER },
+                      tool_choice = { type = "tool", name = "weather", disable_parallel_tool_use = true } }
+        -- (the rest of the context: the shipped model writes a call slowly)
+        local status, body = post_messages(req, nil, "/v1/messages/count_tokens")
+        req.max_tokens = 256 - cjson.decode(body).input_tokens
+        status, body = post_messages(req)
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        assert.equal("tool_use", r.stop_reason)
+        assert.equal(1, #r.content)
+        local use = r.content[1]
+        assert.same({ "tool_use", "weather" }, { use.type, use.name })
+        assert.truthy(use.input.city == "Paris" or use.input.city == "Rome", body)
+        req.stream = true
+        status, body = post_messages(req, "-N")
+        assert.equal(200, status, body)
+        local json, started = {}, nil
+        for _, e in ipairs(events_of(body)) do
+            if e.type == "content_block_start" then started = e.content_block end
+            if e.type == "content_block_delta" then
+                assert.equal("input_json_delta", e.delta.type)
+                json[#json + 1] = e.delta.partial_json
+            end
+            if e.type == "message_delta" then assert.equal("tool_use", e.delta.stop_reason) end
+        end
+        assert.same({ "tool_use", "weather", {} }, { started.type, started.name, started.input })
+        assert.same(use.input, cjson.decode(table.concat(json)))
+        -- the call and its result go back in the conversation
+        status, body = post_messages({ max_tokens = 3, tools = { WEATHER }, messages = {
+            { role = "user", content = "Weather?" },
+            { role = "assistant", content = { { type = "tool_use", id = use.id, name = "weather", input = use.input } } },
+            { role = "user", content = { { type = "tool_result", tool_use_id = use.id, content = "Sun." } } } } })
+        assert.equal(200, status, body)
+    end)
+
+    it("counts a request's input tokens as /v1/messages would send them", function()
+        local chat = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 1 })))
+        local status, body = post_messages({ system = "Be brief.", messages = asked }, nil, "/v1/messages/count_tokens")
+        assert.equal(200, status, body)
+        assert.same({ input_tokens = chat.usage.prompt_tokens }, cjson.decode(body))
+    end)
+
+    it("answers bad input in Anthropic's error shape", function()
+        local function refused(t, words, want_status, extra)
+            local status, body = post_messages(t, extra)
+            assert.equal(want_status or 400, status, body)
+            local r = cjson.decode(body)
+            assert.equal("error", r.type, body)
+            assert.equal(want_status == 404 and "not_found_error" or want_status == 405 and "invalid_request_error" or
+                         "invalid_request_error", r.error.type)
+            assert.truthy(r.error.message:find(words, 1, true), r.error.message)
+        end
+        refused({ messages = asked }, "max_tokens is required")
+        refused("{nope", "not valid JSON")
+        refused({ messages = asked, max_tokens = 5, temperature = "hot" }, "temperature must be a number")
+        refused({ messages = asked, max_tokens = 100000 }, "max_tokens (100000)")
+        refused({ messages = { { role = "user", content = { { type = "document" } } } }, max_tokens = 5 }, 'messages[0].content[0].type')
+        refused({ model = "claude-9", messages = asked, max_tokens = 5 }, "claude-9", 404)
+        local status, body = curl(base .. "/v1/messages")
+        assert.equal(405, status)
+        assert.equal("error", cjson.decode(body).type)
     end)
 end)
 
@@ -2107,6 +2249,42 @@ describe("server with two workers", function()
                             base2 .. "/v1/chat/completions")
         assert.equal(200, status, body)
         assert.is_nil(body:find("reasoning_content", 1, true), body)
+    end)
+
+    it("answers a thinking model's reasoning as a thinking block in /v1/messages, blocking and streamed alike", function()
+        local m = assert(tinyloop.load(MODEL, { kv_type = "f16" }))
+        local prompt = m:encode(CHATML_PROMPT .. "<think>\n")
+        local want = m:decode({ unpack(m:generate(prompt, { max_tokens = 8, ignore_eos = true, stop_sequences = { { turn_end } } }),
+                                       #prompt + 1) })
+        -- thinking enabled: the template's enable_thinking opens the block
+        local req = { system = " Be brief. ", messages = { { role = "user", content = "Who is Emma?" } }, max_tokens = 8,
+                      ignore_eos = true, thinking = { type = "enabled", budget_tokens = 1024 } }
+        local status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode(req)) .. " " ..
+                                  base2 .. "/v1/messages")
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        assert.same({ { type = "thinking", thinking = want, signature = "" } }, r.content)
+        assert.equal("max_tokens", r.stop_reason)
+        req.stream = true
+        status, body = curl("-N -H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode(req)) .. " " ..
+                            base2 .. "/v1/messages")
+        assert.equal(200, status, body)
+        local thought = {}
+        for kind, data in body:gmatch("event: ([^\n]+)\ndata: ([^\n]+)\n\n") do
+            local e = cjson.decode(data)
+            if kind == "content_block_start" then assert.same({ type = "thinking", thinking = "", signature = "" }, e.content_block) end
+            if kind == "content_block_delta" then
+                assert.equal("thinking_delta", e.delta.type)
+                thought[#thought + 1] = e.delta.thinking
+            end
+        end
+        assert.equal(want, table.concat(thought))
+        -- thinking disabled: no block opened, the reply is text
+        req.stream, req.thinking = nil, { type = "disabled" }
+        status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode(req)) .. " " ..
+                            base2 .. "/v1/messages")
+        assert.equal(200, status, body)
+        assert.equal("text", cjson.decode(body).content[1].type)
     end)
 
     it("answers a thinking model's reasoning as a reasoning item in /v1/responses, blocking and streamed alike", function()

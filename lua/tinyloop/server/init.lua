@@ -4,7 +4,7 @@
 --   init_by_lua_block        { require("tinyloop.server").configure{ model = "/path/to/model" } }
 --   init_worker_by_lua_block { require("tinyloop.server").init_worker() }
 --   location = /v1/completions { content_by_lua_block { require("tinyloop.server").completions() } }
---   (and chat_completions, responses, models, health, metrics, log; see
+--   (and chat_completions, responses, messages, count_tokens, models, health, metrics, log; see
 --   lua/tinyloop/server/nginx.conf and examples/)
 --
 -- Why it never blocks the event loop: each worker owns a C engine (tl_engine_*) whose thread
@@ -19,6 +19,7 @@ local cjson = require "cjson.safe"
 local tinyloop = require "tinyloop"
 local request = require "tinyloop.server.request"
 local responses = require "tinyloop.server.responses"
+local anthropic = require "tinyloop.server.anthropic"
 local tools = require "tinyloop.tools"
 local reasoning = require "tinyloop.reasoning"
 local tags = require "tinyloop.tags"
@@ -207,9 +208,9 @@ local function send_error(status, message, param, etype, headers)
 end
 _M.send_error = send_error
 
-local function ready()
+local function ready(fail)
     if engine then return true end
-    send_error(503, model_error or "the model is loading", nil, "server_error", { ["Retry-After"] = "1" })
+    ;(fail or send_error)(503, model_error or "the model is loading", nil, "server_error", { ["Retry-After"] = "1" })
 end
 
 local function only_get()
@@ -264,12 +265,17 @@ end
 
 function _M.not_found()
     return send_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
         "/metrics)", nil, "not_found_error")
 end
 
 function _M.too_large()
     return send_error(413, ("the request body is over the %d-byte limit"):format(conf.max_body), nil)
+end
+
+-- An error in Anthropic's shape ({"type": "error", "error": {"type", "message"}}).
+local function send_anthropic_error(status, message, _, _, headers)
+    return send_json(status, anthropic.error_body(status, request.valid_utf8(tostring(message))), headers)
 end
 
 -- nginx's own errors (error_page ... @nginx_error, the status kept): the JSON error shape
@@ -796,16 +802,17 @@ local function run_blocking(r)
     end
     local answer = response_json(r, concat(choices, ","), ',"usage":' .. usage_json(r) ..
         (single and (',"tinyloop":' .. encode(chosen[1].st.tinyloop)) or ""))
-    if r.responses then answer = r.responses:response(answer, r.public_id) end
+    if r.view then answer = r.view:response(answer, r.public_id) end
     return send_json(200, answer)
 end
 
 -- Writes one SSE event; false when the client has gone (then the request is released). A
--- Responses stream (r.responses) reads each chat chunk as the semantic events it makes.
+-- stream of another API (r.view: OpenAI's Responses, Anthropic's Messages) reads each chat
+-- chunk as the events of its own that it makes.
 local function sse(r, payload)
     local ok, err
-    if r.responses then
-        local events = r.responses:feed(payload)
+    if r.view then
+        local events = r.view:feed(payload)
         if #events == 0 then return true end
         local text = {}
         for i, e in ipairs(events) do text[i] = "event: " .. e[1] .. "\ndata: " .. e[2] .. "\n\n" end
@@ -932,16 +939,19 @@ end
 
 
 -- A POST's body, once the model is ready and the body within the limit; nil when answered.
-local function post_body()
+-- (fail: how an error is answered, send_error's arguments; default send_error)
+local function post_body(fail)
+    fail = fail or send_error
     if ngx.req.get_method() ~= "POST" then
-        return send_error(405, "method " .. ngx.req.get_method() .. " is not allowed here: use POST", nil, nil, { Allow = "POST" })
+        return fail(405, "method " .. ngx.req.get_method() .. " is not allowed here: use POST", nil, nil, { Allow = "POST" })
     end
-    if not ready() then return end
+    if not ready(fail) then return end
     local declared = tonumber(ngx.var.http_content_length)
-    if declared and declared > conf.max_body then return _M.too_large() end
+    local too_large = ("the request body is over the %d-byte limit"):format(conf.max_body)
+    if declared and declared > conf.max_body then return fail(413, too_large) end
     ngx.req.read_body()
     local body = ngx.req.get_body_data()
-    if not body and ngx.req.get_body_file() then return _M.too_large() end -- spilled to disk: over the buffer
+    if not body and ngx.req.get_body_file() then return fail(413, too_large) end -- spilled to disk: over the buffer
     return body or ""
 end
 
@@ -985,13 +995,14 @@ function _M.detokenize()
 end
 
 -- POST /v1/completions (chat false) or /v1/chat/completions (chat true): the request's body.
--- view: a Responses request's (tinyloop.server.responses), whose chat body `body` is; its
--- answer, its stream's events and its errors' field names are the Responses API's.
+-- view: another API's request (tinyloop.server.responses', tinyloop.server.anthropic's), whose
+-- chat body `body` is; its answer, its stream's events and its errors are that API's.
 local function serve(chat, body, view)
-    -- an error answer, naming the Responses request's own fields for a Responses request
+    -- an error answer: the other API's field names, and shape, for its request
     local function send_error(status, message, param, etype, headers)
         if view then
             local e = view:error({ status = status, message = message, param = param, type = etype })
+            if e.body then return send_json(status, e.body, headers) end
             message, param = e.message, e.param
         end
         return _M.send_error(status, message, param, etype, headers)
@@ -1093,12 +1104,13 @@ local function serve(chat, body, view)
     -- 3. To the engine, all or none.
     next_request = next_request + 1
     r = { sts = {}, prompt_tokens = req.prompt_tokens, include_usage = req.include_usage, created = ngx.time(),
-                response_id = (view and "resp-" or chat and "chatcmpl-" or "cmpl-") .. ngx.worker.pid() .. "-" .. next_request,
+                response_id = (view and view.ID_PREFIX .. "-" or chat and "chatcmpl-" or "cmpl-") .. ngx.worker.pid() .. "-" ..
+                    next_request,
                 n = req.n, best_of = req.best_of, show_logprobs = req.logprobs ~= nil, chat = chat, stream = req.stream,
-                responses = view }
+                view = view }
     if view then -- (its stream's usage and stats come with the finish, which closes the response)
         r.public_id, r.include_usage = r.response_id:gsub("-", "_"), false
-        if req.stream then view:start_stream(r.public_id, r.created, conf.model_id) end
+        if req.stream then view:start_stream(r.public_id, r.created, conf.model_id, req.prompt_tokens) end
     end
     -- (best_of ranks the candidates by their tokens' log-probabilities: asked for, if not shown)
     local ranked = req.best_of > req.n
@@ -1168,10 +1180,38 @@ function _M.responses()
     return serve(true, chat_body, view)
 end
 
--- /v1/responses/{id} (retrieve, cancel, delete, input_items): nothing is stored here.
+-- POST /v1/messages (Anthropic's Messages API): the chat request it means, answered as content
+-- blocks and Anthropic's stream events, errors in its shape (tinyloop.server.anthropic).
+function _M.messages()
+    local body = post_body(send_anthropic_error)
+    if not body then return end
+    local chat_body, view = anthropic.to_chat(body)
+    if not chat_body then return send_anthropic_error(view.status, view.message) end
+    return serve(true, chat_body, view)
+end
+
+-- POST /v1/messages/count_tokens (Anthropic's): {"input_tokens": the prompt's tokens, as
+-- /v1/messages would send it}.
+function _M.count_tokens()
+    local body = post_body(send_anthropic_error)
+    if not body then return end
+    if not chat_prompts then return send_anthropic_error(500, request.template_unloaded(chat_error).message) end
+    local chat_body, view = anthropic.to_chat(body, true)
+    if not chat_body then return send_anthropic_error(view.status, view.message) end
+    local req, err = request.parse_chat(chat_body, model, conf.model_id, conf.max_active, chat_prompts)
+    if not req then
+        local e = view:error(err)
+        return send_json(e.status, e.body)
+    end
+    return send_json(200, '{"input_tokens":' .. req.prompt_tokens .. "}")
+end
+
+-- /v1/responses/... (a stored response's retrieve, cancel, delete, input_items; input_tokens,
+-- compact): not served; nothing is stored here.
 function _M.stored_response()
-    return send_error(404, "responses are not stored here: each POST /v1/responses is answered whole (or streamed) " ..
-                      "and then forgotten", nil, "not_found_error")
+    return send_error(404, ("%s %s is not served here: only POST /v1/responses is, and responses are not stored (each is " ..
+                      "answered whole, or streamed, and then forgotten)"):format(ngx.req.get_method(), ngx.var.uri), nil,
+                      "not_found_error")
 end
 
 return _M

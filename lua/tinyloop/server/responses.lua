@@ -15,42 +15,17 @@
 --   local events = view:feed(chunk_json)                 -- a stream: {type, json} per event
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
+local shapes = require "tinyloop.server.shapes"
 
 local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
-local concat, sub, gsub, format = table.concat, string.sub, string.gsub, string.format
+local concat, gsub = table.concat, string.gsub
 local raw_member = json_text.member
 local json_null = cjson.null
+local encode, bad, is_array, shown, object, check_keys = shapes.encode, shapes.bad, shapes.is_array, shapes.shown, shapes.object,
+                                                         shapes.check_keys
+local KIND_OK, KIND_WORDS = shapes.KIND_OK, shapes.KIND_WORDS
 
 local _M = {}
-
-local function encode(v) return (cjson.encode(v)) end
-
-local function bad(message, param, status)
-    return nil, { status = status or 400, message = message, param = param, type = "invalid_request_error" }
-end
-
-local function is_array(v)
-    if type(v) ~= "table" then return false end
-    local n = #v
-    for k in pairs(v) do
-        if type(k) ~= "number" or k < 1 or k > n or k % 1 ~= 0 then return false end
-    end
-    return true
-end
-
-local function shown(v)
-    if type(v) == "table" and next(v) == nil then return "{}" end
-    return encode(v) or tostring(v)
-end
-
--- An object's JSON text from { {key, json text or nil (left out)}, ... }, in that order.
-local function object(members)
-    local out = {}
-    for _, m in ipairs(members) do
-        if m[2] ~= nil then out[#out + 1] = encode(m[1]) .. ":" .. m[2] end
-    end
-    return "{" .. concat(out, ",") .. "}"
-end
 
 -- ------------------------------------------------------------------ the request
 
@@ -62,34 +37,17 @@ local OWN = {
     tool_choice = "any", text = "object", include = "array", top_logprobs = "integer", reasoning = "object",
     metadata = "object", store = "boolean", truncation = "string", background = "boolean",
     service_tier = "string", safety_identifier = "string", prompt_cache_key = "string", stream_options = "object",
+    prompt_cache_retention = "string", max_tool_calls = "integer",
 }
-local PASSED = {
-    "model", "temperature", "top_p", "stream", "user", "parallel_tool_calls", "seed", "stop", "presence_penalty",
-    "frequency_penalty", "logit_bias", "loops", "top_k", "min_p", "min_tokens", "repetition_penalty", "ignore_eos",
-    "cache_window", "speculative", "draft_loops", "draft_ahead", "K_branches", "max_nodes", "beam_size",
-    "length_penalty", "early_exit_patience", "early_exit_min_L", "early_exit_peek_every", "early_exit_logit_margin",
-    "early_exit_threshold", "early_exit_criterion", "early_exit_kl_threshold", "early_exit_entropy_threshold",
-    "early_exit_gate_threshold", "grammar", "structured_outputs", "guided_json", "guided_choice", "guided_grammar",
-    "guided_regex", "stop_token_ids", "include_stop_str_in_output", "chat_template_kwargs", "include_reasoning",
-}
-local PASS = {}
-for _, k in ipairs(PASSED) do PASS[k] = true end
--- Fields this server cannot honour (nothing is stored, no prompt templates are kept, calls are
--- not counted while they are written): refused unless null, with why.
+local PASS = { user = true, parallel_tool_calls = true, stop = true }
+for _, k in ipairs(shapes.PASSED) do PASS[k] = true end
+-- Fields this server cannot honour (nothing is stored, no prompt templates are kept): refused
+-- unless null, with why. (max_tool_calls caps OpenAI's built-in tools' calls: with function
+-- tools only, it changes nothing.)
 local REFUSED = {
     previous_response_id = "responses are not stored here: send the whole conversation in input",
     conversation = "conversations are not stored here: send the whole conversation in input",
     prompt = "stored prompt templates are not kept here: send the text in input and instructions",
-    max_tool_calls = "max_tool_calls is not supported: the calls a reply makes are read once it is written",
-}
-local KIND_WORDS = { string = "a string", integer = "an integer", boolean = "a boolean", object = "an object", array = "an array" }
-local KIND_OK = {
-    string = function(v) return type(v) == "string" end,
-    integer = function(v) return type(v) == "number" and v % 1 == 0 and v > -2 ^ 53 and v < 2 ^ 53 end,
-    boolean = function(v) return type(v) == "boolean" end,
-    object = function(v) return type(v) == "table" and (next(v) == nil or not is_array(v)) end,
-    array = function(v) return type(v) == "table" and is_array(v) end,
-    any = function() return true end,
 }
 -- include's values: the logprobs of the output text, and the others OpenAI lists, which name
 -- outputs this server never makes (hosted tools' results, an encrypted reasoning: the reasoning
@@ -107,6 +65,13 @@ local TEXT_PARTS = { input_text = true, output_text = true, text = true }
 local PART_KEYS = { type = true, text = true, annotations = true, logprobs = true }
 local function text_part(part, where)
     if type(part) ~= "table" or is_array(part) then return nil, where .. ' must be an object {"type": "input_text", "text": ...}' end
+    -- a refusal an answer held, sent back: its words are the assistant's text
+    if part.type == "refusal" then
+        local ok, err = check_keys(part, { type = true, refusal = true }, where)
+        if not ok then return nil, err end
+        if type(part.refusal) ~= "string" then return nil, where .. ".refusal must be a string" end
+        return { type = "text", text = part.refusal }
+    end
     if not TEXT_PARTS[part.type] then
         return nil, ('%s.type = %s: only "input_text" and "output_text" parts are supported (this model reads text)')
             :format(where, shown(part.type))
@@ -133,14 +98,9 @@ local function content_of(content, where)
     return parts
 end
 
-local function check_keys(item, keys, where)
-    for k in pairs(item) do
-        if not keys[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
-    end
-    return true
-end
-
-local MESSAGE_KEYS = { type = true, role = true, content = true, id = true, status = true }
+local MESSAGE_KEYS = { type = true, role = true, content = true, id = true, status = true, phase = true }
+-- an assistant message's phase (OpenAI's, sent back as it came): a label for the client
+local PHASES = { commentary = true, final_answer = true }
 local CALL_KEYS = { type = true, call_id = true, name = true, arguments = true, id = true, status = true }
 local OUTPUT_KEYS = { type = true, call_id = true, output = true, id = true, status = true }
 local REASONING_KEYS = { type = true, id = true, summary = true, content = true, encrypted_content = true, status = true }
@@ -165,28 +125,34 @@ local function reasoning_text(item, where)
     return nil
 end
 
--- input (a string, or an array of items) -> chat's messages, and for each message the index
--- of the input item it came from (nil: the instructions), or nil, err. Items: messages
--- (type "message" or left out), function_call (an assistant's call: joined to the assistant
--- message before it, as chat's tool_calls), function_call_output (a tool message) and
--- reasoning (the next assistant message's reasoning_content).
+-- input (a string, or an array of items) -> chat's messages, and where each came from:
+-- from[k], the index of the input item message k came from (false: the instructions), and
+-- calls_from[k][j], that of its j-th tool call's item; or nil, err. Items: messages (type
+-- "message" or left out), function_call (an assistant's call: joined to the assistant message
+-- just before it, as chat's tool_calls), function_call_output (a tool message) and reasoning
+-- (the reasoning_content of the assistant turn it is part of: the assistant message or call
+-- that follows it, or the one it follows and whose calls follow it).
 local function messages_of(input, instructions)
-    local messages, from = {}, {}
+    local messages, from, calls_from = {}, {}, {}
     if instructions then messages[1], from[1] = { role = "system", content = instructions }, false end
     if type(input) == "string" then
         messages[#messages + 1], from[#messages + 1] = { role = "user", content = input }, 0
-        return messages, from
+        return messages, from, calls_from
     end
     if not is_array(input) or #input == 0 then
         return nil, "input must be a string or a non-empty array of items (messages, function calls and their outputs)"
     end
-    local reasoning -- a reasoning item's text, for the assistant turn that follows it
-    local function assistant_turn(i)
-        local last = messages[#messages]
-        if last and last.role == "assistant" and from[#messages] ~= false then return last end
-        local m = { role = "assistant", content = json_null }
+    local reasoning -- reasoning items' text, for the assistant turn they are part of
+    local function add(m, i)
         messages[#messages + 1], from[#messages + 1] = m, i
+        if m.role ~= "assistant" then reasoning = nil end -- (another turn: it was nobody's)
         return m
+    end
+    local function take_reasoning(m)
+        if reasoning then
+            m.reasoning_content = m.reasoning_content and (m.reasoning_content .. "\n" .. reasoning) or reasoning
+            reasoning = nil
+        end
     end
     for i, item in ipairs(input) do
         local where = ("input[%d]"):format(i - 1)
@@ -200,28 +166,29 @@ local function messages_of(input, instructions)
             if not ROLES[item.role] then
                 return nil, ('%s.role must be "user", "system", "developer" or "assistant", got %s'):format(where, shown(item.role))
             end
+            if item.phase ~= nil and item.phase ~= json_null and not (item.role == "assistant" and PHASES[item.phase]) then
+                return nil, where .. '.phase must be "commentary" or "final_answer" (an assistant message\'s), or null'
+            end
             local content
             content, err = content_of(item.content, where .. ".content")
             if content == nil then return nil, err end
-            if item.role == "assistant" then
-                -- a new assistant turn (an earlier one's calls were answered, or none made)
-                local m = { role = "assistant", content = content, reasoning_content = reasoning }
-                messages[#messages + 1], from[#messages + 1] = m, i - 1
-                reasoning = nil
-            else
-                messages[#messages + 1], from[#messages + 1] = { role = item.role, content = content }, i - 1
-            end
+            take_reasoning(add({ role = item.role, content = content }, i - 1))
         elseif kind == "function_call" then
             local ok, err = check_keys(item, CALL_KEYS, where)
             if not ok then return nil, err end
             for _, k in ipairs({ "call_id", "name", "arguments" }) do
                 if type(item[k]) ~= "string" then return nil, ("%s.%s must be a string"):format(where, k) end
             end
-            local m = assistant_turn(i - 1)
-            if reasoning then m.reasoning_content, reasoning = reasoning, nil end
+            local m = messages[#messages]
+            if not (m and m.role == "assistant" and from[#messages] ~= false) then
+                m = add({ role = "assistant", content = json_null }, i - 1)
+            end
+            take_reasoning(m)
             m.tool_calls = m.tool_calls or {}
             m.tool_calls[#m.tool_calls + 1] = { id = item.call_id, type = "function",
                                                 ["function"] = { name = item.name, arguments = item.arguments } }
+            calls_from[#messages] = calls_from[#messages] or {}
+            calls_from[#messages][#m.tool_calls] = i - 1
         elseif kind == "function_call_output" then
             local ok, err = check_keys(item, OUTPUT_KEYS, where)
             if not ok then return nil, err end
@@ -229,14 +196,14 @@ local function messages_of(input, instructions)
             local content
             content, err = content_of(item.output, where .. ".output")
             if content == nil then return nil, err end
-            messages[#messages + 1], from[#messages + 1] = { role = "tool", tool_call_id = item.call_id, content = content }, i - 1
+            add({ role = "tool", tool_call_id = item.call_id, content = content }, i - 1)
         elseif kind == "reasoning" then
             local ok, err = check_keys(item, REASONING_KEYS, where)
             if not ok then return nil, err end
             local text
             text, err = reasoning_text(item, where)
             if err then return nil, err end
-            reasoning = text
+            if text then reasoning = reasoning and (reasoning .. "\n" .. text) or text end
         elseif kind == "item_reference" then
             return nil, where .. ": item references name stored items, and nothing is stored here: send the item itself"
         else
@@ -244,13 +211,16 @@ local function messages_of(input, instructions)
                          "supported (this server runs function tools only)"):format(where, shown(kind))
         end
     end
-    return messages, from
+    if #messages == 0 or (instructions and #messages == 1) then
+        return nil, "input holds no message, function call or output (reasoning items alone are no conversation)"
+    end
+    return messages, from, calls_from
 end
 
 -- tools: Responses' flat function tools -> chat's nested ones, each member's text as sent
 -- (a schema's key order is the order the model writes its keys in).
 local TOOL_KEYS = { type = true, name = true, description = true, parameters = true, strict = true }
-local function chat_tools(tools, body)
+local function chat_tools(tools, body, allowed)
     local out = {}
     for i, tool in ipairs(tools) do
         local where = ("tools[%d]"):format(i - 1)
@@ -264,13 +234,35 @@ local function chat_tools(tools, body)
         for _, k in ipairs({ "name", "description", "parameters", "strict" }) do
             if tool[k] ~= nil then members[#members + 1] = { k, raw_member(body, { "tools", i, k }) } end
         end
-        out[i] = '{"type":"function","function":' .. object(members) .. "}"
+        if not allowed or allowed[tool.name] then out[#out + 1] = '{"type":"function","function":' .. object(members) .. "}" end
     end
     return "[" .. concat(out, ",") .. "]"
 end
 
-local function chat_tool_choice(choice)
+-- tool_choice -> chat's tool_choice text, and the names of the tools it allows (allowed_tools:
+-- the tools sent are cut to those; nil: all), or nil, err.
+local function chat_tool_choice(choice, tools)
     if type(choice) == "string" then return encode(choice) end
+    if type(choice) == "table" and choice.type == "allowed_tools" then
+        local ok, err = check_keys(choice, { type = true, mode = true, tools = true }, "tool_choice")
+        if not ok then return nil, err end
+        if choice.mode ~= "auto" and choice.mode ~= "required" then return nil, 'tool_choice.mode must be "auto" or "required"' end
+        if not is_array(choice.tools) or #choice.tools == 0 then return nil, "tool_choice.tools must be a non-empty array of tools" end
+        local declared, allowed = {}, {}
+        for _, tool in ipairs(tools or {}) do
+            if type(tool) == "table" then declared[tool.name or false] = true end
+        end
+        for j, tool in ipairs(choice.tools) do
+            if type(tool) ~= "table" or tool.type ~= "function" or type(tool.name) ~= "string" then
+                return nil, ('tool_choice.tools[%d] must be {"type": "function", "name": ...} (function tools only)'):format(j - 1)
+            end
+            if not declared[tool.name] then
+                return nil, ("tool_choice.tools[%d] names %s, which is not among tools"):format(j - 1, shown(tool.name))
+            end
+            allowed[tool.name] = true
+        end
+        return encode(choice.mode), allowed
+    end
     if type(choice) == "table" and choice.type == "function" then
         for k in pairs(choice) do
             if k ~= "type" and k ~= "name" then return nil, ("unknown field '%s' in tool_choice"):format(tostring(k)) end
@@ -278,7 +270,8 @@ local function chat_tool_choice(choice)
         if type(choice.name) ~= "string" then return nil, 'tool_choice {"type": "function"} needs the function\'s "name"' end
         return '{"type":"function","function":{"name":' .. encode(choice.name) .. "}}"
     end
-    return nil, 'tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...} (function tools only)'
+    return nil, 'tool_choice must be "none", "auto", "required", {"type": "function", "name": ...} or {"type": ' ..
+        '"allowed_tools", ...} (function tools only)'
 end
 
 -- text: {format: {type: "text" | "json_object" | "json_schema", ...}, verbosity} -> chat's
@@ -288,8 +281,10 @@ local function chat_format(text, body)
     for k in pairs(text) do
         if k ~= "format" and k ~= "verbosity" then return nil, ("unknown field '%s' in text"):format(tostring(k)) end
     end
-    if text.verbosity ~= nil and text.verbosity ~= json_null and text.verbosity ~= "medium" then
-        return nil, 'text.verbosity is not supported (only "medium", or null): this model has no setting for it'
+    -- (a hint, OpenAI's models' own: taken, it changes nothing here)
+    if text.verbosity ~= nil and text.verbosity ~= json_null and text.verbosity ~= "low" and text.verbosity ~= "medium" and
+        text.verbosity ~= "high" then
+        return nil, 'text.verbosity must be "low", "medium" or "high"'
     end
     local f = text.format
     if f == nil or f == json_null then return false end
@@ -312,16 +307,14 @@ end
 
 -- A view: what the answer echoes of the request, and the map from the chat request's
 -- messages back to the input items.
-local View = {}
+local View = { ID_PREFIX = "resp" }
 View.__index = View
 
 -- to_chat(body) -> the chat completions body that means the same, and its view; or nil, err
 -- (the Responses field named).
 function _M.to_chat(body)
-    if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
-    local t, derr = cjson.decode(body)
-    if derr then return bad("the request body is not valid JSON: " .. derr, nil) end
-    if type(t) ~= "table" or body:match("^%s*%[") then return bad("the request body must be a JSON object", nil) end
+    local t, derr = shapes.decode(body)
+    if not t then return nil, derr end
     local members = {} -- the chat body's, in order
     for k, v in pairs(t) do
         if v == json_null then
@@ -338,37 +331,37 @@ function _M.to_chat(body)
     end
     if t.input == nil then return bad("input is required", "input") end
     if t.background then return bad("background responses are not supported: nothing is stored here to fetch later", "background") end
-    if t.truncation ~= nil and t.truncation ~= "disabled" then
-        return bad('truncation is not supported (only "disabled", or null): the input must fit the context', "truncation")
+    -- ("auto" drops input that does not fit: here an input that does not fit is refused, and
+    -- one that fits is what "auto" would keep)
+    if t.truncation ~= nil and t.truncation ~= "disabled" and t.truncation ~= "auto" then
+        return bad('truncation must be "disabled" or "auto"', "truncation")
     end
     if t.service_tier ~= nil and t.service_tier ~= "auto" and t.service_tier ~= "default" then
         return bad('service_tier is not supported (only "auto" or "default", or null)', "service_tier")
     end
     if t.stream_options ~= nil then
         for k, v in pairs(t.stream_options) do
-            if k ~= "include_obfuscation" or type(v) ~= "boolean" then
+            if k ~= "include_obfuscation" or (type(v) ~= "boolean" and v ~= json_null) then
                 return bad("stream_options takes include_obfuscation (a boolean; no obfuscation is added here)", "stream_options")
             end
         end
     end
-    local messages, from = messages_of(t.input, t.instructions)
+    local messages, from, calls_from = messages_of(t.input, t.instructions)
     if not messages then return bad(from, "input") end
     members[#members + 1] = { "messages", encode(messages) }
     if t.max_output_tokens ~= nil then members[#members + 1] = { "max_completion_tokens", tostring(t.max_output_tokens) } end
-    local tools_text, tool_choice_text
+    local tool_choice_text, allowed
+    -- (auto without tools changes nothing: OpenAI's clients send it with an empty list)
+    if t.tool_choice ~= nil and not (t.tool_choice == "auto" and not (t.tools and #t.tools > 0)) then
+        tool_choice_text, allowed = chat_tool_choice(t.tool_choice, t.tools)
+        if not tool_choice_text then return bad(allowed, "tool_choice") end
+    end
     if t.tools then
-        local err
-        tools_text, err = chat_tools(t.tools, body)
+        local tools_text, err = chat_tools(t.tools, body, allowed)
         if not tools_text then return bad(err, "tools") end
         members[#members + 1] = { "tools", tools_text }
     end
-    -- (auto without tools changes nothing: OpenAI's clients send it with an empty list)
-    if t.tool_choice ~= nil and not (t.tool_choice == "auto" and not (t.tools and #t.tools > 0)) then
-        local err
-        tool_choice_text, err = chat_tool_choice(t.tool_choice)
-        if not tool_choice_text then return bad(err, "tool_choice") end
-        members[#members + 1] = { "tool_choice", tool_choice_text }
-    end
+    if tool_choice_text then members[#members + 1] = { "tool_choice", tool_choice_text } end
     local format_text
     if t.text then
         local err
@@ -383,9 +376,9 @@ function _M.to_chat(body)
         end
         if v == "message.output_text.logprobs" then logprobs = true end
     end
-    if t.top_logprobs ~= nil then
-        if t.top_logprobs < 0 then return bad(("top_logprobs = %d must be >= 0"):format(t.top_logprobs), "top_logprobs") end
-        logprobs = true
+    -- (top_logprobs says how many alternatives; include asks for the logprobs: OpenAI's rule)
+    if t.top_logprobs ~= nil and t.top_logprobs < 0 then
+        return bad(("top_logprobs = %d must be >= 0"):format(t.top_logprobs), "top_logprobs")
     end
     if logprobs then
         members[#members + 1] = { "logprobs", "true" }
@@ -420,7 +413,7 @@ function _M.to_chat(body)
         end
     end
     local view = setmetatable({
-        from = from, logprobs = logprobs, stream = t.stream == true,
+        from = from, calls_from = calls_from, logprobs = logprobs, stream = t.stream == true,
         -- what the answer echoes (OpenAI's defaults where the request left a field out)
         echo = {
             { "instructions", t.instructions and encode(t.instructions) or "null" },
@@ -448,12 +441,21 @@ local RENAMES = {
     { "response_format.json_schema", "text.format" }, { "response_format", "text.format" },
     { "max_completion_tokens", "max_output_tokens" },
 }
+-- (a tool's fields sit in the tool itself here: tools[i].function.parameters is tools[i].parameters)
 function View:error(err)
     local message = err.message or ""
     for _, r in ipairs(RENAMES) do
         message = gsub(message, "%f[%w_]" .. r[1]:gsub("%.", "%%.") .. "%f[^%w_]", r[2])
     end
-    -- messages[k] is the input item it came from (the instructions: message 0 before them)
+    message = gsub(message, "(tools%[%d+%])%.function%.", "%1.")
+    -- a call of messages[k] is the input item it came from; messages[k] too (the instructions:
+    -- message 0 before them)
+    message = gsub(message, "messages%[(%d+)%]%.tool_calls%[(%d+)%]", function(k, j)
+        local calls = self.calls_from[tonumber(k) + 1]
+        local from = calls and calls[tonumber(j) + 1]
+        return from and ("input[" .. from .. "]") or nil
+    end)
+    message = gsub(message, "(input%[%d+%])%.function%.", "%1.")
     message = gsub(message, "messages%[(%d+)%]", function(k)
         local from = self.from[tonumber(k) + 1]
         if from == false then return "instructions" end
@@ -490,18 +492,6 @@ local function usage_of(u, reasoning_tokens)
     })
 end
 
--- A chat answer's or chunk's logprobs entries (its choice's logprobs.content), each entry's
--- JSON text as the chat path wrote it: Responses' entries have the same shape (bytes
--- included; decoded and encoded again, an empty top_logprobs would become {}).
-local function logprob_entries(chat_json)
-    local list = raw_member(chat_json, { "choices", 1, "logprobs", "content" })
-    local out = {}
-    if list and sub(list, 1, 1) == "[" then
-        for i, e in ipairs(json_text.entries(list, 1)) do out[i] = sub(list, e.from, e.to) end
-    end
-    return out
-end
-
 local function logprob_list(entries) return "[" .. concat(entries, ",") .. "]" end
 
 local function reasoning_item(id, text, status)
@@ -526,10 +516,10 @@ end
 
 -- The response object: status "in_progress" | "completed" | "incomplete" (a token limit
 -- cut it), its output items' JSON texts, usage's JSON text, TinyLoop's stats (JSON text).
-function View:response_object(id, created, model, status, items, usage, stats)
+function View:response_object(id, created, model, status, items, usage, stats, error_json)
     local members = {
         { "id", encode(id) }, { "object", '"response"' }, { "created_at", tostring(created) }, { "status", encode(status) },
-        { "background", "false" }, { "error", "null" },
+        { "background", "false" }, { "error", error_json or "null" },
         { "incomplete_details", status == "incomplete" and '{"reason":"max_output_tokens"}' or "null" },
         { "model", encode(model) }, { "output", "[" .. concat(items, ",") .. "]" },
     }
@@ -550,36 +540,58 @@ function View:reasoning_tokens(text)
     return text and self.count_tokens and self.count_tokens(text) or 0
 end
 
+-- The logprobs entries of the tokens that wrote `text` (a message's content), of a reply that
+-- also holds reasoning (`after` bytes of it come first) or calls: the tokens whose bytes meet
+-- the content's place in the reply's bytes. (All of them where it cannot be found.)
+local function text_entries(entries, text, after)
+    local pieces, starts, at = {}, {}, 0
+    for i, e in ipairs(entries) do
+        local bytes = json_text.member(e, { "bytes" })
+        local list = bytes and json_text.decode(bytes)
+        local piece = {}
+        for j, b in ipairs(type(list) == "table" and list or {}) do piece[j] = string.char(b) end
+        pieces[i], starts[i] = concat(piece), at
+        at = at + #pieces[i]
+    end
+    local from = concat(pieces):find(text, after + 1, true)
+    if not from or text == "" then return text == "" and {} or entries end
+    local out, last = {}, from - 1 + #text
+    for i, e in ipairs(entries) do
+        if starts[i] < last and starts[i] + #pieces[i] > from - 1 then out[#out + 1] = e end
+    end
+    return out
+end
+
 -- response(chat_json, id) -> the Responses answer's JSON text of a blocking chat answer (one
 -- choice): a reasoning item (a thinking model's), a message (unless the reply is calls only),
 -- a function_call item per call. A token limit's cut leaves the last item incomplete.
 function View:response(chat_json, id)
-    local chat = cjson.decode(chat_json)
-    local choice = chat.choices[1]
-    local message, status = choice.message, status_of(choice.finish_reason)
+    local answer = shapes.answer(chat_json)
+    local status = status_of(answer.finish.finish_reason)
     local items = {} -- { make(status) } in order
-    local thought = type(message.reasoning_content) == "string" and message.reasoning_content or nil
+    local thought = answer.reasoning
     if thought then items[#items + 1] = function(s) return reasoning_item("rs_" .. item_key(id), thought, s) end end
-    local calls = type(message.tool_calls) == "table" and message.tool_calls or {}
-    local content = type(message.content) == "string" and message.content or ""
-    if content ~= "" or #calls == 0 then
-        local lp = self.logprobs and logprob_list(logprob_entries(chat_json)) or nil
-        items[#items + 1] = function(s) return message_item("msg_" .. item_key(id), text_part_json(content, lp), s) end
+    if answer.text ~= "" or #answer.calls == 0 then
+        local entries = answer.logprobs
+        if thought or #answer.calls > 0 then entries = text_entries(entries, answer.text, thought and #thought or 0) end
+        local lp = self.logprobs and logprob_list(entries) or nil
+        items[#items + 1] = function(s) return message_item("msg_" .. item_key(id), text_part_json(answer.text, lp), s) end
     end
-    for k, call in ipairs(calls) do
-        local fn = call["function"]
+    for k, call in ipairs(answer.calls) do
         -- (a call read back is whole: a token limit that cut the reply cut what came after it)
-        items[#items + 1] = function() return call_item(("fc_%s_%d"):format(item_key(id), k), call.id, fn.name, fn.arguments, "completed") end
+        items[#items + 1] = function()
+            return call_item(("fc_%s_%d"):format(item_key(id), k), call.id, call.name, call.arguments, "completed")
+        end
     end
     for i, make in ipairs(items) do items[i] = make(i == #items and status or "completed") end
-    return self:response_object(id, chat.created, chat.model, status, items, usage_of(chat.usage, self:reasoning_tokens(thought)),
-                                chat.tinyloop and encode(chat.tinyloop) or nil)
+    return self:response_object(id, answer.created, answer.model, status, items,
+                                usage_of(answer.finish.usage, self:reasoning_tokens(thought)), answer.finish.tinyloop)
 end
 
 -- ------------------------------------------------------------------ the stream
 
 -- start_stream(id, created, model): the view reads a chat stream's chunks from now on.
-function View:start_stream(id, created, model)
+function View:start_stream(id, created, model, _)
     self.id, self.created, self.model = id, created, model
     self.sequence, self.items, self.open, self.pending_logprobs = 0, {}, nil, {}
     self.calls = 0
@@ -650,74 +662,82 @@ end
 -- the usage and stats the chat stream's last chunk carries).
 function View:feed(payload)
     local out = {}
-    if payload == "[DONE]" or self.finished then return out end
-    local chunk = cjson.decode(payload)
-    if type(chunk) ~= "table" then return out end
-    if chunk.error then
-        local e = chunk.error
+    if self.finished then return out end
+    local deltas, entries = shapes.deltas(payload)
+    if deltas[1] and deltas[1].kind == "error" then
+        -- the error, then the response's end (clients wait for one): failed, with what it had
+        local e = deltas[1]
         self.finished = true
-        self:event(out, "error", { { "code", "null" }, { "message", encode(e.message or "") }, { "param", e.param and encode(e.param) or "null" } })
+        self:event(out, "error", { { "code", '"server_error"' }, { "message", encode(e.message) },
+                                   { "param", e.param and encode(e.param) or "null" } })
+        if self.sequence > 1 then
+            self:close(out, "incomplete")
+            local failed = self:response_object(self.id, self.created, self.model, "failed", self.items, "null", nil,
+                                                object({ { "code", '"server_error"' }, { "message", encode(e.message) } }))
+            self:event(out, "response.failed", { { "response", failed } })
+        end
         return out
     end
+    if #deltas == 0 and #entries == 0 then return out end
     if self.sequence == 0 then
         local initial = self:response_object(self.id, self.created, self.model, "in_progress", {}, "null", nil)
         self:event(out, "response.created", { { "response", initial } })
         self:event(out, "response.in_progress", { { "response", initial } })
     end
-    local choice = type(chunk.choices) == "table" and chunk.choices[1]
-    if not choice then return out end
-    local delta = choice.delta or {}
-    local thought = delta.reasoning_content
-    if type(thought) == "string" and thought ~= "" then
-        local item = self.open
-        if not item or item.kind ~= "reasoning" then item = self:open_item(out, "reasoning", "rs_" .. item_key(self.id)) end
-        item.text[#item.text + 1] = thought
-        local id_m, index_m = where(item)
-        self:event(out, "response.reasoning_text.delta", { id_m, index_m, { "content_index", "0" }, { "delta", encode(thought) } })
-    end
-    if self.logprobs and type(choice.logprobs) == "table" then
-        for _, e in ipairs(logprob_entries(payload)) do self.pending_logprobs[#self.pending_logprobs + 1] = e end
-    end
-    local content = delta.content
-    if type(content) == "string" and content ~= "" then
-        local item = self.open
-        if not item or item.kind ~= "message" then item = self:open_item(out, "message", "msg_" .. item_key(self.id)) end
-        item.text[#item.text + 1] = content
-        local lp = self.pending_logprobs
-        for _, e in ipairs(lp) do item.logprobs[#item.logprobs + 1] = e end
-        self.pending_logprobs = {}
-        local id_m, index_m = where(item)
-        self:event(out, "response.output_text.delta", { id_m, index_m, { "content_index", "0" }, { "delta", encode(content) },
-                                                        { "logprobs", logprob_list(lp) } })
-    end
-    for _, entry in ipairs(type(delta.tool_calls) == "table" and delta.tool_calls or {}) do
-        local fn = entry["function"] or {}
-        local item = self.open
-        if entry.id then -- a call's first piece: its id and name
-            self.calls = self.calls + 1
-            item = self:open_item(out, "function_call", ("fc_%s_%d"):format(item_key(self.id), self.calls), entry.id, fn.name)
+    -- the logprobs of the message's tokens: a chunk's that carries reasoning or a call's
+    -- pieces are those tokens' (the tokens of a chunk with no text are held for the next)
+    if self.logprobs then
+        local other = false
+        for _, d in ipairs(deltas) do
+            if d.kind == "reasoning" or d.kind == "call" or d.kind == "arguments" then other = true end
         end
-        local arguments = fn.arguments
-        if item and item.kind == "function_call" and type(arguments) == "string" and arguments ~= "" then
-            item.text[#item.text + 1] = arguments
+        if other then
+            self.pending_logprobs = {}
+        else
+            for _, e in ipairs(entries) do self.pending_logprobs[#self.pending_logprobs + 1] = e end
+        end
+    end
+    for _, d in ipairs(deltas) do
+        local item = self.open
+        if d.kind == "reasoning" then
+            if not item or item.kind ~= "reasoning" then item = self:open_item(out, "reasoning", "rs_" .. item_key(self.id)) end
+            item.text[#item.text + 1] = d.text
             local id_m, index_m = where(item)
-            self:event(out, "response.function_call_arguments.delta", { id_m, index_m, { "delta", encode(arguments) } })
+            self:event(out, "response.reasoning_text.delta", { id_m, index_m, { "content_index", "0" }, { "delta", encode(d.text) } })
+        elseif d.kind == "text" then
+            if not item or item.kind ~= "message" then item = self:open_item(out, "message", "msg_" .. item_key(self.id)) end
+            item.text[#item.text + 1] = d.text
+            local lp = self.pending_logprobs
+            for _, e in ipairs(lp) do item.logprobs[#item.logprobs + 1] = e end
+            self.pending_logprobs = {}
+            local id_m, index_m = where(item)
+            self:event(out, "response.output_text.delta", { id_m, index_m, { "content_index", "0" }, { "delta", encode(d.text) },
+                                                            { "logprobs", logprob_list(lp) } })
+        elseif d.kind == "call" then
+            self.calls = self.calls + 1
+            self:open_item(out, "function_call", ("fc_%s_%d"):format(item_key(self.id), self.calls), d.id, d.name)
+        elseif d.kind == "arguments" and item and item.kind == "function_call" then
+            item.text[#item.text + 1] = d.text
+            local id_m, index_m = where(item)
+            self:event(out, "response.function_call_arguments.delta", { id_m, index_m, { "delta", encode(d.text) } })
+        elseif d.kind == "finish" then
+            local status = status_of(d.finish_reason)
+            -- a reply with no text and no call still has its (empty) message, as a blocking answer does
+            if self.calls == 0 and not self.message_seen then self:open_item(out, "message", "msg_" .. item_key(self.id)) end
+            if self.open and self.open.kind == "message" then
+                for _, e in ipairs(self.pending_logprobs) do self.open.logprobs[#self.open.logprobs + 1] = e end
+            end
+            -- a call whose arguments are whole is complete, whatever came after it; one the
+            -- token limit cut stays incomplete (its pieces went out; a blocking answer leaves it out)
+            local open = self.open
+            if open and open.kind == "function_call" and json_text.decode(concat(open.text)) then status = "completed" end
+            self:close(out, status)
+            status = status_of(d.finish_reason)
+            self.finished = true
+            local final = self:response_object(self.id, self.created, self.model, status, self.items,
+                                               usage_of(d.usage, self:reasoning_tokens(self.thought)), d.tinyloop)
+            self:event(out, status == "completed" and "response.completed" or "response.incomplete", { { "response", final } })
         end
-    end
-    if choice.finish_reason and choice.finish_reason ~= json_null then
-        local status = status_of(choice.finish_reason)
-        -- a reply with no text and no call still has its (empty) message, as a blocking answer does
-        if self.calls == 0 and not self.message_seen then
-            self:open_item(out, "message", "msg_" .. item_key(self.id))
-        end
-        if self.open and self.open.kind == "message" and #self.pending_logprobs > 0 then
-            for _, e in ipairs(self.pending_logprobs) do self.open.logprobs[#self.open.logprobs + 1] = e end
-        end
-        self:close(out, status)
-        self.finished = true
-        local final = self:response_object(self.id, self.created, self.model, status, self.items,
-                                           usage_of(chunk.usage, self:reasoning_tokens(self.thought)), chunk.tinyloop and encode(chunk.tinyloop) or nil)
-        self:event(out, status == "completed" and "response.completed" or "response.incomplete", { { "response", final } })
     end
     return out
 end

@@ -1,0 +1,455 @@
+-- tinyloop.server.anthropic: Anthropic's Messages API (POST /v1/messages, and
+-- /v1/messages/count_tokens) as a view of the chat completions path, as
+-- tinyloop.server.responses is of OpenAI's Responses. Pure Lua (no ngx).
+--
+-- A Messages request is the chat request it means: `system` the first system message, content
+-- blocks as chat's messages (text; tool_use as an assistant's tool_calls; tool_result as tool
+-- messages; thinking as the assistant's reasoning_content), `tools` with their input_schema as
+-- parameters, tool_choice auto/any/tool/none, `thinking` as the template's enable_thinking,
+-- `output_format` as a JSON Schema response_format. The answer is content blocks (thinking,
+-- text, tool_use) with Anthropic's stop_reason, usage and, streamed, its events
+-- (message_start, content_block_start/delta/stop, message_delta, message_stop). Errors have
+-- Anthropic's shape: {"type": "error", "error": {"type", "message"}}.
+--
+--   local anthropic = require "tinyloop.server.anthropic"
+--   local chat_body, view = anthropic.to_chat(body)  -- nil, err; view:error(err).body: the answer
+--   body = view:response(chat_json, id)              -- a blocking answer
+--   view:start_stream(id, created, model, prompt_tokens); local events = view:feed(chunk_json)
+local cjson = require "cjson.safe"
+local json_text = require "tinyloop.json_text"
+local shapes = require "tinyloop.server.shapes"
+
+local type, pairs, ipairs, tostring = type, pairs, ipairs, tostring
+local concat, gsub = table.concat, string.gsub
+local raw_member = json_text.member
+local json_null = cjson.null
+local encode, bad, is_array, shown, object, check_keys = shapes.encode, shapes.bad, shapes.is_array, shapes.shown, shapes.object,
+                                                         shapes.check_keys
+local KIND_OK, KIND_WORDS = shapes.KIND_OK, shapes.KIND_WORDS
+
+local _M = {}
+
+-- ------------------------------------------------------------------ the request
+
+local OWN = {
+    messages = "array", max_tokens = "integer", system = "any", stop_sequences = "array", tools = "array",
+    tool_choice = "object", thinking = "object", metadata = "object", service_tier = "string", output_format = "object",
+    output_config = "object",
+}
+local PASS = {}
+for _, k in ipairs(shapes.PASSED) do PASS[k] = true end
+local REFUSED = {
+    container = "containers (code execution) are not run here",
+    mcp_servers = "MCP servers are not connected from here: run the tools in the client and send their results back",
+    context_management = "context management is not done here: send the conversation that fits",
+}
+
+-- Content blocks' fields (cache_control: a hint for Anthropic's prompt cache, which the prefix
+-- pool here does without; citations: none are made).
+local TEXT_KEYS = { type = true, text = true, cache_control = true, citations = true }
+local TOOL_USE_KEYS = { type = true, id = true, name = true, input = true, cache_control = true }
+local TOOL_RESULT_KEYS = { type = true, tool_use_id = true, content = true, is_error = true, cache_control = true }
+local THINKING_KEYS = { type = true, thinking = true, signature = true }
+
+-- Text blocks (or a string) -> the text, joined with "\n", or nil, err.
+local function text_of(content, where)
+    if type(content) == "string" then return content end
+    if not is_array(content) then return nil, where .. " must be a string or an array of text blocks" end
+    local texts = {}
+    for i, block in ipairs(content) do
+        local at = ("%s[%d]"):format(where, i - 1)
+        if type(block) ~= "table" or block.type ~= "text" then
+            return nil, ('%s.type = %s: only "text" blocks are read here (this model reads text)')
+                :format(at, shown(type(block) == "table" and block.type or block))
+        end
+        local ok, err = check_keys(block, TEXT_KEYS, at)
+        if not ok then return nil, err end
+        if type(block.text) ~= "string" then return nil, at .. ".text must be a string" end
+        texts[#texts + 1] = block.text
+    end
+    return concat(texts, "\n")
+end
+
+-- messages (Anthropic's) -> chat's messages, and for each the index of the message it came
+-- from (false: the system prompt); or nil, err. A user message's tool_result blocks become
+-- tool messages, in their order among its text; an assistant's blocks one assistant message
+-- (its text, its tool_use blocks as tool_calls, its thinking as reasoning_content).
+local function messages_of(messages, system, body)
+    local out, from = {}, {}
+    if system ~= nil then
+        local text, err = text_of(system, "system")
+        if not text then return nil, err end
+        out[1], from[1] = { role = "system", content = text }, false
+    end
+    if #messages == 0 then return nil, "messages must be a non-empty array of {\"role\", \"content\"}" end
+    for i, m in ipairs(messages) do
+        local where = ("messages[%d]"):format(i - 1)
+        if type(m) ~= "table" or is_array(m) then return nil, where .. ' must be an object {"role", "content"}' end
+        local ok, err = check_keys(m, { role = true, content = true }, where)
+        if not ok then return nil, err end
+        if m.role ~= "user" and m.role ~= "assistant" then
+            return nil, ('%s.role must be "user" or "assistant", got %s'):format(where, shown(m.role))
+        end
+        local blocks = m.content
+        if type(blocks) == "string" then blocks = { { type = "text", text = blocks } } end
+        if not is_array(blocks) or #blocks == 0 then
+            return nil, where .. ".content must be a string or a non-empty array of content blocks"
+        end
+        local texts, calls, thought = {}, {}, nil
+        local function flush_user_text()
+            if #texts > 0 then
+                out[#out + 1], from[#out + 1] = { role = "user", content = concat(texts, "\n") }, i - 1
+                texts = {}
+            end
+        end
+        for j, block in ipairs(blocks) do
+            local at = ("%s.content[%d]"):format(where, j - 1)
+            local kind = type(block) == "table" and block.type
+            if kind == "text" then
+                ok, err = check_keys(block, TEXT_KEYS, at)
+                if not ok then return nil, err end
+                if type(block.text) ~= "string" then return nil, at .. ".text must be a string" end
+                texts[#texts + 1] = block.text
+            elseif kind == "tool_use" and m.role == "assistant" then
+                ok, err = check_keys(block, TOOL_USE_KEYS, at)
+                if not ok then return nil, err end
+                if type(block.id) ~= "string" or type(block.name) ~= "string" then
+                    return nil, at .. " needs its id and name (strings)"
+                end
+                local input = raw_member(body, { "messages", i, "content", j, "input" })
+                if not input or input:sub(1, 1) ~= "{" then return nil, at .. ".input must be an object (the tool's arguments)" end
+                calls[#calls + 1] = { id = block.id, type = "function", ["function"] = { name = block.name, arguments = input } }
+            elseif kind == "tool_result" and m.role == "user" then
+                ok, err = check_keys(block, TOOL_RESULT_KEYS, at)
+                if not ok then return nil, err end
+                if type(block.tool_use_id) ~= "string" then return nil, at .. ".tool_use_id must be a string" end
+                if block.is_error ~= nil and type(block.is_error) ~= "boolean" then return nil, at .. ".is_error must be a boolean" end
+                local content = ""
+                if block.content ~= nil and block.content ~= json_null then
+                    content, err = text_of(block.content, at .. ".content")
+                    if not content then return nil, err end
+                end
+                flush_user_text()
+                out[#out + 1], from[#out + 1] = { role = "tool", tool_call_id = block.tool_use_id, content = content }, i - 1
+            elseif (kind == "thinking" or kind == "redacted_thinking") and m.role == "assistant" then
+                if kind == "thinking" then
+                    ok, err = check_keys(block, THINKING_KEYS, at)
+                    if not ok then return nil, err end
+                    if type(block.thinking) ~= "string" then return nil, at .. ".thinking must be a string" end
+                    thought = (thought and thought .. "\n" or "") .. block.thinking
+                end -- (a redacted block's reasoning is Anthropic's encryption: nothing to read back)
+            else
+                local words = (kind == "tool_use" or kind == "thinking") and "only an assistant message has these" or
+                    kind == "tool_result" and "only a user message answers tool calls" or
+                    '"text", "tool_use", "tool_result" and "thinking" blocks are read here (this model reads text)'
+                return nil, ("%s.type = %s: %s"):format(at, shown(kind or block), words)
+            end
+        end
+        if m.role == "assistant" then
+            local message = { role = "assistant", content = #texts > 0 and concat(texts, "\n") or (#calls > 0 and json_null or "") }
+            if #calls > 0 then message.tool_calls = calls end
+            message.reasoning_content = thought
+            out[#out + 1], from[#out + 1] = message, i - 1
+        else
+            flush_user_text()
+        end
+    end
+    return out, from
+end
+
+-- tools -> chat's, each input_schema's text as sent (its key order is the model's).
+local TOOL_KEYS = { type = true, name = true, description = true, input_schema = true, cache_control = true, strict = true }
+local function chat_tools(tools, body)
+    local out = {}
+    for i, tool in ipairs(tools) do
+        local where = ("tools[%d]"):format(i - 1)
+        if type(tool) ~= "table" or is_array(tool) then return nil, where .. ' must be an object {"name", "input_schema", ...}' end
+        if tool.type ~= nil and tool.type ~= "custom" then
+            return nil, ("%s.type = %s: Anthropic's server tools are not run here (custom tools only)"):format(where, shown(tool.type))
+        end
+        local ok, err = check_keys(tool, TOOL_KEYS, where)
+        if not ok then return nil, err end
+        if tool.input_schema == nil then return nil, where .. ".input_schema is required (the tool's JSON Schema)" end
+        out[i] = '{"type":"function","function":' .. object({
+            { "name", raw_member(body, { "tools", i, "name" }) },
+            { "description", tool.description ~= nil and raw_member(body, { "tools", i, "description" }) or nil },
+            { "parameters", raw_member(body, { "tools", i, "input_schema" }) },
+            { "strict", tool.strict ~= nil and raw_member(body, { "tools", i, "strict" }) or nil },
+        }) .. "}"
+    end
+    return "[" .. concat(out, ",") .. "]"
+end
+
+-- tool_choice -> chat's tool_choice text and parallel_tool_calls (nil: the default), or nil, err.
+local function chat_tool_choice(choice)
+    local ok, err = check_keys(choice, { type = true, name = true, disable_parallel_tool_use = true }, "tool_choice")
+    if not ok then return nil, err end
+    local parallel = nil
+    if choice.disable_parallel_tool_use ~= nil then
+        if type(choice.disable_parallel_tool_use) ~= "boolean" then return nil, "tool_choice.disable_parallel_tool_use must be a boolean" end
+        parallel = not choice.disable_parallel_tool_use
+    end
+    if choice.type == "auto" then return '"auto"', parallel end
+    if choice.type == "any" then return '"required"', parallel end
+    if choice.type == "none" then return '"none"', parallel end
+    if choice.type == "tool" then
+        if type(choice.name) ~= "string" then return nil, 'tool_choice {"type": "tool"} needs the tool\'s "name"' end
+        return '{"type":"function","function":{"name":' .. encode(choice.name) .. "}}", parallel
+    end
+    return nil, 'tool_choice.type must be "auto", "any", "tool" or "none"'
+end
+
+-- output_format (or output_config.format): {"type": "json_schema", "schema"} -> chat's
+-- response_format text, or nil, err.
+local function chat_format(path, f, body)
+    local where = concat(path, ".")
+    local ok, err = check_keys(f, { type = true, schema = true }, where)
+    if not ok then return nil, err end
+    if f.type ~= "json_schema" then return nil, where .. '.type must be "json_schema"' end
+    local schema_path = { unpack(path) }
+    schema_path[#schema_path + 1] = "schema"
+    local schema = raw_member(body, schema_path)
+    if not schema or schema:sub(1, 1) ~= "{" then return nil, where .. ".schema must be a JSON Schema object" end
+    return '{"type":"json_schema","json_schema":{"name":"output","schema":' .. schema .. "}}"
+end
+
+local View = { ID_PREFIX = "msg" }
+View.__index = View
+
+-- to_chat(body, counting) -> the chat completions body that means the same, and its view; or
+-- nil, err. counting: count_tokens' body (no max_tokens: nothing is generated).
+function _M.to_chat(body, counting)
+    local t, derr = shapes.decode(body)
+    if not t then return nil, derr end
+    local members = {}
+    for k, v in pairs(t) do
+        if v == json_null then
+            t[k] = nil
+        elseif REFUSED[k] then
+            return bad(REFUSED[k], k)
+        elseif OWN[k] then
+            if not KIND_OK[OWN[k]](v) then return bad(("%s must be %s"):format(k, KIND_WORDS[OWN[k]]), k) end
+        elseif PASS[k] then
+            members[#members + 1] = { k, raw_member(body, { k }) }
+        else
+            return bad(("unknown field '%s'"):format(tostring(k)), tostring(k))
+        end
+    end
+    if t.messages == nil then return bad("messages is required", "messages") end
+    if counting and t.max_tokens ~= nil then
+        return bad("unknown field 'max_tokens' (count_tokens generates nothing)", "max_tokens")
+    end
+    if t.max_tokens == nil and not counting then return bad("max_tokens is required", "max_tokens") end
+    local messages, from = messages_of(t.messages, t.system, body)
+    if not messages then return bad(from, from:match("^system") and "system" or "messages") end
+    members[#members + 1] = { "messages", encode(messages) }
+    members[#members + 1] = { "max_tokens", tostring(t.max_tokens or 0) }
+    if t.stop_sequences then members[#members + 1] = { "stop", raw_member(body, { "stop_sequences" }) } end
+    if t.service_tier ~= nil and t.service_tier ~= "auto" and t.service_tier ~= "standard_only" then
+        return bad('service_tier must be "auto" or "standard_only"', "service_tier")
+    end
+    if t.metadata then
+        for k, v in pairs(t.metadata) do
+            if k ~= "user_id" then return bad(("unknown field '%s' in metadata"):format(tostring(k)), "metadata") end
+            if v ~= json_null and type(v) ~= "string" then return bad("metadata.user_id must be a string", "metadata") end
+            if type(v) == "string" then members[#members + 1] = { "user", encode(v) } end
+        end
+    end
+    if t.tools and #t.tools > 0 then
+        local text, err = chat_tools(t.tools, body)
+        if not text then return bad(err, "tools") end
+        members[#members + 1] = { "tools", text }
+    end
+    if t.tool_choice then
+        local text, parallel = chat_tool_choice(t.tool_choice)
+        if not text then return bad(parallel, "tool_choice") end
+        -- (auto without tools changes nothing)
+        if text ~= '"auto"' or (t.tools and #t.tools > 0) then members[#members + 1] = { "tool_choice", text } end
+        if parallel ~= nil and t.tools and #t.tools > 0 then members[#members + 1] = { "parallel_tool_calls", tostring(parallel) } end
+    end
+    if t.output_format and t.output_config then
+        return bad("output_format and output_config.format are one setting: send one of them", "output_format")
+    end
+    local format_text
+    if t.output_format then
+        local err
+        format_text, err = chat_format({ "output_format" }, t.output_format, body)
+        if not format_text then return bad(err, "output_format") end
+    elseif t.output_config then
+        local ok, err = check_keys(t.output_config, { format = true, effort = true }, "output_config")
+        if not ok then return bad(err, "output_config") end
+        if type(t.output_config.format) == "table" then
+            format_text, err = chat_format({ "output_config", "format" }, t.output_config.format, body)
+            if not format_text then return bad(err, "output_config") end
+        end
+    end
+    if format_text then members[#members + 1] = { "response_format", format_text } end
+    if t.thinking then
+        -- the template's switch (Qwen3's enable_thinking), unless the request sets it itself;
+        -- budget_tokens is taken, not enforced: the block ends where the model ends it
+        local kind = t.thinking.type
+        local ok, err = check_keys(t.thinking, { type = true, budget_tokens = true, display = true }, "thinking")
+        if not ok then return bad(err, "thinking") end
+        if kind ~= "enabled" and kind ~= "disabled" and kind ~= "adaptive" then
+            return bad('thinking.type must be "enabled", "disabled" or "adaptive"', "thinking")
+        end
+        if t.thinking.budget_tokens ~= nil and not KIND_OK.integer(t.thinking.budget_tokens) then
+            return bad("thinking.budget_tokens must be an integer", "thinking")
+        end
+        local switch = '"enable_thinking":' .. tostring(kind ~= "disabled")
+        local kwargs
+        for i, m in ipairs(members) do
+            if m[1] == "chat_template_kwargs" then kwargs = i end
+        end
+        if not kwargs then
+            members[#members + 1] = { "chat_template_kwargs", "{" .. switch .. "}" }
+        elseif type(t.chat_template_kwargs) == "table" and t.chat_template_kwargs.enable_thinking == nil then
+            local inner = members[kwargs][2]:match("^%s*{%s*(.-)%s*}%s*$")
+            if inner then members[kwargs][2] = "{" .. switch .. (inner ~= "" and ("," .. inner) or "") .. "}" end
+        end
+    end
+    return object(members), setmetatable({ from = from }, View)
+end
+
+-- The chat request's names -> Anthropic's, in an error's message; the answer's body in
+-- Anthropic's error shape (which has no param: the message names the field).
+local RENAMES = {
+    { "max_completion_tokens", "max_tokens" }, { "response_format.json_schema.schema", "output_format.schema" },
+    { "response_format", "output_format" }, { "tool_choice \"required\"", 'tool_choice {"type": "any"}' },
+}
+local ERROR_TYPES = { [400] = "invalid_request_error", [401] = "authentication_error", [403] = "permission_error",
+                      [404] = "not_found_error", [405] = "invalid_request_error", [413] = "request_too_large",
+                      [429] = "rate_limit_error", [503] = "overloaded_error" }
+function View:error(err)
+    local message = err.message or ""
+    for _, r in ipairs(RENAMES) do
+        message = gsub(message, "%f[%w_]" .. r[1]:gsub("[%.%-\"]", "%%%0") .. "%f[^%w_]", r[2])
+    end
+    message = gsub(message, "messages%[(%d+)%]", function(k)
+        local from = self and self.from and self.from[tonumber(k) + 1]
+        if from == false then return "system" end
+        return from and ("messages[" .. from .. "]") or nil
+    end)
+    if err.param == "stop" then message = gsub(message, "%f[%w_]stop%f[^%w_]", "stop_sequences") end
+    return { status = err.status, message = message, type = err.type, body = _M.error_body(err.status, message) }
+end
+
+function _M.error_body(status, message)
+    return object({ { "type", '"error"' }, { "error", object({
+        { "type", encode(ERROR_TYPES[status] or (status >= 500 and "api_error" or "invalid_request_error")) },
+        { "message", encode(message) } }) } })
+end
+
+-- ------------------------------------------------------------------ the answer
+
+-- A chat finish -> Anthropic's stop_reason and stop_sequence (JSON texts).
+local function stop_of(finish)
+    if finish.finish_reason == "tool_calls" then return '"tool_use"', "null" end
+    if finish.finish_reason == "length" then return '"max_tokens"', "null" end
+    if type(finish.stop_reason) == "string" then return '"stop_sequence"', encode(finish.stop_reason) end
+    return '"end_turn"', "null"
+end
+
+-- usage: Anthropic's input_tokens are those not read from a cache (the prefix pool's).
+local function usage_of(u)
+    u = u or {}
+    local details = type(u.prompt_tokens_details) == "table" and u.prompt_tokens_details or {}
+    local cached = details.cached_tokens or 0
+    return object({ { "input_tokens", tostring((u.prompt_tokens or 0) - cached) }, { "cache_creation_input_tokens", "0" },
+                    { "cache_read_input_tokens", tostring(cached) }, { "output_tokens", tostring(u.completion_tokens or 0) } })
+end
+
+local function thinking_block(text) return object({ { "type", '"thinking"' }, { "thinking", encode(text) }, { "signature", '""' } }) end
+local function text_block(text) return object({ { "type", '"text"' }, { "text", encode(text) } }) end
+local function tool_block(id, name, input)
+    return object({ { "type", '"tool_use"' }, { "id", encode(id) }, { "name", encode(name) }, { "input", input } })
+end
+
+local function message_json(id, model, blocks, stop_reason, stop_sequence, usage, stats)
+    return object({ { "id", encode(id) }, { "type", '"message"' }, { "role", '"assistant"' }, { "model", encode(model) },
+                    { "content", "[" .. concat(blocks, ",") .. "]" }, { "stop_reason", stop_reason },
+                    { "stop_sequence", stop_sequence }, { "usage", usage }, { "tinyloop", stats } })
+end
+
+-- response(chat_json, id) -> the Messages answer's JSON text of a blocking chat answer.
+function View:response(chat_json, id)
+    local answer = shapes.answer(chat_json)
+    local blocks = {}
+    if answer.reasoning then blocks[#blocks + 1] = thinking_block(answer.reasoning) end
+    if answer.text ~= "" then blocks[#blocks + 1] = text_block(answer.text) end
+    for _, call in ipairs(answer.calls) do blocks[#blocks + 1] = tool_block(call.id, call.name, call.arguments) end
+    local stop_reason, stop_sequence = stop_of(answer.finish)
+    return message_json(id, answer.model, blocks, stop_reason, stop_sequence, usage_of(answer.finish.usage), answer.finish.tinyloop)
+end
+
+-- ------------------------------------------------------------------ the stream
+
+function View:start_stream(id, _, model, prompt_tokens)
+    self.id, self.model, self.prompt_tokens = id, model, prompt_tokens
+    self.started, self.finished, self.open, self.blocks = false, false, nil, 0
+end
+
+local function add(out, kind, members)
+    local all = { { "type", encode(kind) } }
+    for _, m in ipairs(members) do all[#all + 1] = m end
+    out[#out + 1] = { kind, object(all) }
+end
+
+-- Closes the open block (content_block_stop), and opens one of `kind` (content_block_start).
+function View:open_block(out, kind, block)
+    if self.open then add(out, "content_block_stop", { { "index", tostring(self.blocks - 1) } }) end
+    self.open = kind
+    if kind then
+        add(out, "content_block_start", { { "index", tostring(self.blocks) }, { "content_block", block } })
+        self.blocks = self.blocks + 1
+    end
+end
+
+local function delta(out, index, kind, field, text)
+    add(out, "content_block_delta", { { "index", tostring(index) }, { "delta", object({ { "type", encode(kind) }, { field, encode(text) } }) } })
+end
+
+-- feed(payload) -> the events {type, json} one chat stream event makes: message_start first;
+-- a block per kind of delta (thinking, text, each tool call), started and stopped around its
+-- deltas; at the finish message_delta (stop_reason, usage) and message_stop.
+function View:feed(payload)
+    local out = {}
+    if self.finished then return out end
+    local deltas = shapes.deltas(payload)
+    if deltas[1] and deltas[1].kind == "error" then
+        self.finished = true
+        local status = deltas[1].type == "overloaded_error" and 503 or 500
+        out[1] = { "error", _M.error_body(status, deltas[1].message) }
+        return out
+    end
+    if #deltas == 0 then return out end
+    if not self.started then
+        self.started = true
+        add(out, "message_start", { { "message", message_json(self.id, self.model, {}, "null", "null", object({
+            { "input_tokens", tostring(self.prompt_tokens) }, { "cache_creation_input_tokens", "0" },
+            { "cache_read_input_tokens", "0" }, { "output_tokens", "0" } }), nil) } })
+    end
+    for _, d in ipairs(deltas) do
+        if d.kind == "reasoning" then
+            if self.open ~= "thinking" then self:open_block(out, "thinking", thinking_block("")) end
+            delta(out, self.blocks - 1, "thinking_delta", "thinking", d.text)
+        elseif d.kind == "text" then
+            if self.open ~= "text" then self:open_block(out, "text", text_block("")) end
+            delta(out, self.blocks - 1, "text_delta", "text", d.text)
+        elseif d.kind == "call" then
+            self:open_block(out, "tool_use", tool_block(d.id, d.name, "{}"))
+        elseif d.kind == "arguments" and self.open == "tool_use" then
+            delta(out, self.blocks - 1, "input_json_delta", "partial_json", d.text)
+        elseif d.kind == "finish" then
+            self:open_block(out, nil)
+            self.finished = true
+            local stop_reason, stop_sequence = stop_of(d)
+            add(out, "message_delta", { { "delta", object({ { "stop_reason", stop_reason }, { "stop_sequence", stop_sequence } }) },
+                                        { "usage", usage_of(d.usage) }, { "tinyloop", d.tinyloop } })
+            add(out, "message_stop", {})
+        end
+    end
+    return out
+end
+
+return _M

@@ -1,0 +1,173 @@
+-- tinyloop.server.shapes: what the other APIs served over the chat completions path (OpenAI's
+-- Responses, Anthropic's Messages) share. Pure Lua (no ngx).
+--
+-- Their requests are read into the chat request they mean; their answers are the chat answer
+-- read back: `answer` reads a blocking chat answer, `deltas` one chunk of a chat stream, into
+-- the same few parts (reasoning, text, calls, the finish), which each API then writes in its
+-- own shape. JSON is written by hand (`object`), in the order each API documents, with
+-- values kept as the chat path wrote them (an empty list stays [], a schema keeps its order).
+local cjson = require "cjson.safe"
+local json_text = require "tinyloop.json_text"
+
+local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
+local concat, sub = table.concat, string.sub
+local raw_member = json_text.member
+local json_null = cjson.null
+
+local _M = {}
+
+function _M.encode(v) return (cjson.encode(v)) end
+local encode = _M.encode
+
+-- An error answer's parts: HTTP status, message, param (the request field, or nil).
+function _M.bad(message, param, status)
+    return nil, { status = status or 400, message = message, param = param, type = "invalid_request_error" }
+end
+
+function _M.is_array(v)
+    if type(v) ~= "table" then return false end
+    local n = #v
+    for k in pairs(v) do
+        if type(k) ~= "number" or k < 1 or k > n or k % 1 ~= 0 then return false end
+    end
+    return true
+end
+local is_array = _M.is_array
+
+-- A value as a message shows it: JSON ("user", null, 5; an empty table as {}).
+function _M.shown(v)
+    if type(v) == "table" and next(v) == nil then return "{}" end
+    return encode(v) or tostring(v)
+end
+
+-- An object's JSON text from { {key, json text or nil (left out)}, ... }, in that order.
+function _M.object(members)
+    local out = {}
+    for _, m in ipairs(members) do
+        if m[2] ~= nil then out[#out + 1] = encode(m[1]) .. ":" .. m[2] end
+    end
+    return "{" .. concat(out, ",") .. "}"
+end
+
+-- Every key of `item` is one of `keys` -> true | nil, err naming the first that is not.
+function _M.check_keys(item, keys, where)
+    for k in pairs(item) do
+        if not keys[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
+    end
+    return true
+end
+
+-- JSON kinds of a request's top-level fields, checked before anything reads them.
+_M.KIND_WORDS = { string = "a string", integer = "an integer", boolean = "a boolean", object = "an object", array = "an array",
+                  number = "a number" }
+_M.KIND_OK = {
+    string = function(v) return type(v) == "string" end,
+    number = function(v) return type(v) == "number" and v == v end,
+    integer = function(v) return type(v) == "number" and v % 1 == 0 and v > -2 ^ 53 and v < 2 ^ 53 end,
+    boolean = function(v) return type(v) == "boolean" end,
+    object = function(v) return type(v) == "table" and (next(v) == nil or not is_array(v)) end,
+    array = function(v) return type(v) == "table" and is_array(v) end,
+    any = function() return true end,
+}
+
+-- The chat fields another API's request passes on as sent (same name, same meaning), checked
+-- by the chat parser: TinyLoop's and vLLM's extensions and the sampling fields all share.
+_M.PASSED = {
+    "model", "temperature", "top_p", "stream", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "loops", "top_k",
+    "min_p", "min_tokens", "repetition_penalty", "ignore_eos", "cache_window", "speculative", "draft_loops", "draft_ahead",
+    "K_branches", "max_nodes", "beam_size", "length_penalty", "early_exit_patience", "early_exit_min_L", "early_exit_peek_every",
+    "early_exit_logit_margin", "early_exit_threshold", "early_exit_criterion", "early_exit_kl_threshold",
+    "early_exit_entropy_threshold", "early_exit_gate_threshold", "grammar", "structured_outputs", "guided_json", "guided_choice",
+    "guided_grammar", "guided_regex", "stop_token_ids", "include_stop_str_in_output", "chat_template_kwargs", "include_reasoning",
+}
+
+-- decode(body) -> the request body's table | nil, err (not JSON, not an object).
+function _M.decode(body)
+    if type(body) ~= "string" or body == "" then return _M.bad("the request body must be a JSON object", nil) end
+    local t, err = cjson.decode(body)
+    if err then return _M.bad("the request body is not valid JSON: " .. err, nil) end
+    if type(t) ~= "table" or body:match("^%s*%[") then return _M.bad("the request body must be a JSON object", nil) end
+    return t
+end
+
+-- ------------------------------------------------------------------ chat answers read back
+
+-- A chat answer's or chunk's logprobs entries (its choice's logprobs.content), each entry's
+-- JSON text as the chat path wrote it (decoded and encoded again, an empty top_logprobs would
+-- become {}).
+function _M.logprob_entries(chat_json)
+    local list = raw_member(chat_json, { "choices", 1, "logprobs", "content" })
+    local out = {}
+    if list and sub(list, 1, 1) == "[" then
+        for i, e in ipairs(json_text.entries(list, 1)) do out[i] = sub(list, e.from, e.to) end
+    end
+    return out
+end
+
+local function string_or_nil(v) return type(v) == "string" and v or nil end
+
+-- The finish of a choice: {finish_reason, stop_reason (vLLM's: the stop string or token id
+-- that ended it), usage (the chat usage table), tinyloop (the stats' JSON text)}.
+local function finish_of(choice, chat, chat_json)
+    local stats = chat.tinyloop and raw_member(chat_json, { "tinyloop" }) or nil
+    local stop = choice.stop_reason
+    return { finish_reason = choice.finish_reason, stop_reason = stop ~= json_null and stop or nil,
+             usage = type(chat.usage) == "table" and chat.usage or nil, tinyloop = stats }
+end
+
+-- answer(chat_json) -> a blocking chat answer's one choice: { reasoning (text, or nil for none
+-- or an empty block), text (the
+-- content, "" for none), calls ({id, name, arguments (JSON text)}, ...), logprobs (entries'
+-- JSON texts), finish = finish_of's, created, model }.
+function _M.answer(chat_json)
+    local chat = cjson.decode(chat_json)
+    local choice = chat.choices[1]
+    local message = choice.message
+    local calls = {}
+    for k, call in ipairs(type(message.tool_calls) == "table" and message.tool_calls or {}) do
+        calls[k] = { id = call.id, name = call["function"].name, arguments = call["function"].arguments }
+    end
+    -- (an empty block is no reasoning: a stream shows none)
+    local thought = string_or_nil(message.reasoning_content)
+    return { reasoning = thought ~= "" and thought or nil, text = string_or_nil(message.content) or "", calls = calls,
+             logprobs = _M.logprob_entries(chat_json), finish = finish_of(choice, chat, chat_json),
+             created = chat.created, model = chat.model }
+end
+
+-- deltas(payload) -> what one event of a chat stream (a chunk's JSON text, an error's, or
+-- "[DONE]") says, in order: { {kind = "reasoning", text}, {kind = "text", text},
+-- {kind = "call", id, name} (a call begins), {kind = "arguments", text} (of the call begun
+-- last), {kind = "finish", ...finish_of's}, {kind = "error", message, type, param} }, and the
+-- chunk's logprobs entries (JSON texts). A chunk's reasoning comes before its text, and its
+-- text before its calls (the chat stream's order).
+function _M.deltas(payload)
+    local out = {}
+    if payload == "[DONE]" then return out, {} end
+    local chunk = cjson.decode(payload)
+    if type(chunk) ~= "table" then return out, {} end
+    if type(chunk.error) == "table" then
+        local e = chunk.error
+        out[1] = { kind = "error", message = tostring(e.message), type = string_or_nil(e.type), param = string_or_nil(e.param) }
+        return out, {}
+    end
+    local choice = type(chunk.choices) == "table" and chunk.choices[1]
+    if type(choice) ~= "table" then return out, {} end
+    local delta = type(choice.delta) == "table" and choice.delta or {}
+    local thought, text = string_or_nil(delta.reasoning_content), string_or_nil(delta.content)
+    if thought and thought ~= "" then out[#out + 1] = { kind = "reasoning", text = thought } end
+    if text and text ~= "" then out[#out + 1] = { kind = "text", text = text } end
+    for _, entry in ipairs(type(delta.tool_calls) == "table" and delta.tool_calls or {}) do
+        local fn = type(entry["function"]) == "table" and entry["function"] or {}
+        if string_or_nil(entry.id) then out[#out + 1] = { kind = "call", id = entry.id, name = string_or_nil(fn.name) or "" } end
+        local arguments = string_or_nil(fn.arguments)
+        if arguments and arguments ~= "" then out[#out + 1] = { kind = "arguments", text = arguments } end
+    end
+    if choice.finish_reason and choice.finish_reason ~= json_null then
+        local finish = finish_of(choice, chunk, payload)
+        finish.kind = "finish"
+        out[#out + 1] = finish
+    end
+    return out, _M.logprob_entries(payload)
+end
+
+return _M

@@ -1,0 +1,118 @@
+-- anthropic_spec: tinyloop.server.anthropic without nginx: a Messages request as the chat
+-- request it means (server_spec runs both through a real nginx and compares their answers).
+local cjson = require "cjson"
+local anthropic = require "tinyloop.server.anthropic"
+local json_text = require "tinyloop.json_text"
+
+local function chat_of(body, counting)
+    local chat_body, view = anthropic.to_chat(body, counting)
+    assert(chat_body, view and view.message)
+    return cjson.decode(chat_body), chat_body, view
+end
+
+describe("anthropic.to_chat", function()
+    it("makes system the first message, and content blocks chat's messages", function()
+        local chat, text = chat_of([[{"model": "m", "max_tokens": 9, "system": [{"type": "text", "text": "Be"}, {"type": "text",
+            "text": "brief."}], "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "Look.", "signature": "s"},
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "t1", "name": "w", "input": {"zeta": 1, "alpha": 2}}]},
+            {"role": "user", "content": [{"type": "text", "text": "before"}, {"type": "tool_result", "tool_use_id": "t1",
+                "content": [{"type": "text", "text": "Sun."}], "is_error": false}, {"type": "text", "text": "Thanks."}]}],
+            "stop_sequences": ["\n\n", "END"], "top_k": 5, "metadata": {"user_id": "u1"}}]])
+        local m = chat.messages
+        assert.equal(6, #m)
+        assert.same({ role = "system", content = "Be\nbrief." }, m[1])
+        assert.same({ role = "user", content = "Weather?" }, m[2])
+        assert.same({ "assistant", "Checking.", "Look.", "t1", "w" }, { m[3].role, m[3].content, m[3].reasoning_content,
+                    m[3].tool_calls[1].id, m[3].tool_calls[1]["function"].name })
+        -- the arguments as sent (their key order is the model's)
+        assert.equal('{"zeta": 1, "alpha": 2}', m[3].tool_calls[1]["function"].arguments)
+        assert.same({ role = "user", content = "before" }, m[4])
+        assert.same({ role = "tool", tool_call_id = "t1", content = "Sun." }, m[5])
+        assert.same({ role = "user", content = "Thanks." }, m[6])
+        assert.same({ 9, { "\n\n", "END" }, 5, "u1" }, { chat.max_tokens, chat.stop, chat.top_k, chat.user })
+        assert.is_nil(json_text.member(text, { "stop_sequences" }))
+    end)
+
+    it("passes tools, tool_choice, thinking and output_format on in chat's shapes", function()
+        local schema = '{"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}}}'
+        local _, text = chat_of('{"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "w", ' ..
+            '"description": "d", "input_schema": ' .. schema .. ', "cache_control": {"type": "ephemeral"}}], ' ..
+            '"tool_choice": {"type": "tool", "name": "w", "disable_parallel_tool_use": true}, ' ..
+            '"thinking": {"type": "enabled", "budget_tokens": 2048}, "output_format": {"type": "json_schema", "schema": ' .. schema .. '}}')
+        assert.equal(schema, json_text.member(text, { "tools", 1, "function", "parameters" }))
+        assert.equal('"d"', json_text.member(text, { "tools", 1, "function", "description" }))
+        assert.equal('{"type":"function","function":{"name":"w"}}', json_text.member(text, { "tool_choice" }))
+        assert.equal("false", json_text.member(text, { "parallel_tool_calls" }))
+        assert.equal('{"enable_thinking":true}', json_text.member(text, { "chat_template_kwargs" }))
+        assert.equal(schema, json_text.member(text, { "response_format", "json_schema", "schema" }))
+        local choices = { auto = "auto", any = "required", none = "none" }
+        for kind, want in pairs(choices) do
+            local chat = chat_of('{"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "w", ' ..
+                '"input_schema": {}}], "tool_choice": {"type": "' .. kind .. '"}}')
+            assert.equal(want, chat.tool_choice)
+        end
+        -- disabled thinking, and the request's own template variables kept
+        _, text = chat_of('{"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "thinking": {"type": "disabled"}, ' ..
+            '"chat_template_kwargs": {"a": 1}}')
+        assert.equal('{"enable_thinking":false,"a": 1}', json_text.member(text, { "chat_template_kwargs" }))
+    end)
+
+    it("counts without max_tokens, and generates with it only", function()
+        local chat = chat_of('{"messages": [{"role": "user", "content": "x"}]}', true)
+        assert.equal(0, chat.max_tokens)
+        local body, err = anthropic.to_chat('{"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}', true)
+        assert.is_nil(body)
+        assert.truthy(err.message:find("count_tokens generates nothing", 1, true))
+    end)
+
+    it("answers errors in Anthropic's shape, naming its own fields", function()
+        local _, _, view = chat_of('{"system": "s", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}')
+        local e = view:error({ status = 400, message = "messages[1].content: bad; max_completion_tokens too", param = "messages" })
+        assert.same({ type = "error", error = { type = "invalid_request_error", message = "messages[0].content: bad; max_tokens too" } },
+                    cjson.decode(e.body))
+        e = view:error({ status = 503, message = "every session place is taken" })
+        assert.equal("overloaded_error", cjson.decode(e.body).error.type)
+        e = view:error({ status = 400, message = "stop: at most 4 strings", param = "stop" })
+        assert.equal("stop_sequences: at most 4 strings", cjson.decode(e.body).error.message)
+    end)
+
+    it("refuses bad input, naming the field", function()
+        local ok = '"max_tokens": 5, '
+        local cases = {
+            { "{", nil, "not valid JSON" },
+            { '{"max_tokens": 5}', "messages", "messages is required" },
+            { '{"messages": [{"role": "user", "content": "x"}]}', "max_tokens", "max_tokens is required" },
+            { '{' .. ok .. '"messages": []}', "messages", "non-empty" },
+            { '{' .. ok .. '"messages": [{"role": "system", "content": "x"}]}', "messages", "messages[0].role" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": []}]}', "messages", "messages[0].content" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}', "messages",
+              'messages[0].content[0].type = "image"' },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]}]}',
+              "messages", "only an assistant message" },
+            { '{' .. ok .. '"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": [1]}]}]}',
+              "messages", "input must be an object" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "r"}]}]}', "messages",
+              "tool_use_id" },
+            { '{' .. ok .. '"system": [{"type": "image"}], "messages": [{"role": "user", "content": "x"}]}', "system", "system[0].type" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "web_search_20250305", "name": "s"}]}',
+              "tools", "server tools" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}]}', "tools", "input_schema is required" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "some"}}', "tool_choice", "tool_choice.type" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "on"}}', "thinking", "thinking.type" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "output_format": {"type": "xml"}}', "output_format", "json_schema" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "mcp_servers": []}', "mcp_servers", "MCP" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "n": 2}', "n", "unknown field 'n'" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "metadata": {"tag": 1}}', "metadata", "unknown field 'tag'" },
+        }
+        for _, case in ipairs(cases) do
+            local body, err = anthropic.to_chat(case[1])
+            assert.is_nil(body, case[1])
+            assert.equal(400, err.status)
+            assert.equal(case[2], err.param, case[1])
+            assert.truthy(err.message:find(case[3], 1, true), case[1] .. " -> " .. err.message)
+        end
+    end)
+end)
