@@ -179,6 +179,7 @@ local function is_array(v)
     end
     return true
 end
+_M.is_array = is_array
 
 -- decode_ordered(text): chat_template.decode_json (objects in the text's key order, for a
 -- template to print as Python would), bounded at MAX_NESTING levels.

@@ -22,10 +22,12 @@ local function post(body, extra)
     return curl((extra or "") .. " -H 'Content-Type: application/json' --data-binary " .. quote(body) .. " " .. base .. "/v1/completions")
 end
 local function post_json(t) return post(cjson.encode(t)) end
-local function post_chat(t, extra) -- t: a table, or the body's JSON text
+-- A POST of t (a table, or the body's JSON text) to path, with curl's `extra` options.
+local function post_to(path, t, extra)
     return curl((extra or "") .. " -H 'Content-Type: application/json' --data-binary " ..
-                quote(type(t) == "string" and t or cjson.encode(t)) .. " " .. base .. "/v1/chat/completions")
+                quote(type(t) == "string" and t or cjson.encode(t)) .. " " .. base .. path)
 end
+local function post_chat(t, extra) return post_to("/v1/chat/completions", t, extra) end
 local function metric(text, name)
     return tonumber(text:match("\n" .. name:gsub("[%-%[%]{}\"=]", "%%%0") .. " ([%d%.e%+%-]+)"))
 end
@@ -87,6 +89,40 @@ teardown(function()
             "/pid) 2>/dev/null || break; sleep 0.1; done; rm -rf " .. dir)
     end
 end)
+
+-- A stream of `path` (its JSON body `req`) whose client reads the first line and hangs up:
+-- it is cancelled (the metrics count it) and its session freed, before it generated its tokens.
+local function hangs_up(path, req)
+    local before = metrics()
+    local first = sh("curl -sN -m 30 --data-binary " .. quote(cjson.encode(req)) .. " " .. base .. path .. " | head -n 1")
+    assert.truthy(first:match("^event: ") or first:match("^data: "), first)
+    local m
+    for _ = 1, 100 do
+        m = metrics()
+        if metric(m, "tinyloop_cancelled_total") == metric(before, "tinyloop_cancelled_total") + 1 and
+            metric(m, "tinyloop_sessions_active") == 0 then break end
+        os.execute("sleep 0.05")
+    end
+    assert.equal(metric(before, "tinyloop_cancelled_total") + 1, metric(m, "tinyloop_cancelled_total"))
+    assert.equal(0, metric(m, "tinyloop_sessions_active"))
+    assert.equal(metric(before, "tinyloop_completed_total"), metric(m, "tinyloop_completed_total"))
+end
+
+-- Parses a stream of typed events (OpenAI's Responses', Anthropic's): each an event: line,
+-- then a data: line whose type is the event's, and no [DONE] (neither API has one) -> the
+-- events; `sequenced`: their sequence_number is 0, 1, 2, ...
+local function typed_events(body, sequenced)
+    local events = {}
+    for kind, data in body:gmatch("event: ([^\n]+)\ndata: ([^\n]+)\n\n") do
+        local e = cjson.decode(data)
+        assert.equal(kind, e.type)
+        if sequenced then assert.equal(#events, e.sequence_number) end
+        events[#events + 1] = e
+    end
+    assert.equal("", (body:gsub("event: [^\n]+\ndata: [^\n]+\n\n", "")), "every line of the stream is an event's")
+    assert.is_nil(body:find("[DONE]", 1, true))
+    return events
+end
 
 -- Parses an SSE body: the JSON chunks, and whether it ended with data: [DONE].
 local function sse_chunks(body)
@@ -1467,24 +1503,9 @@ describe("chat completions: add_generation_prompt and continue_final_message (vL
 end)
 
 describe("responses (OpenAI's Responses API)", function()
-    local function post_responses(t, extra) -- t: a table, or the body's JSON text
-        return curl((extra or "") .. " -H 'Content-Type: application/json' --data-binary " ..
-                    quote(type(t) == "string" and t or cjson.encode(t)) .. " " .. base .. "/v1/responses")
-    end
-    -- A Responses stream -> its events (each an event: line, then its data: line, whose type is
-    -- the event's), their sequence numbers 0, 1, 2, ... and no [DONE] (the API has none).
-    local function events_of(body)
-        local events = {}
-        for kind, data in body:gmatch("event: ([^\n]+)\ndata: ([^\n]+)\n\n") do
-            local e = cjson.decode(data)
-            assert.equal(kind, e.type)
-            assert.equal(#events, e.sequence_number)
-            events[#events + 1] = e
-        end
-        assert.equal("", (body:gsub("event: [^\n]+\ndata: [^\n]+\n\n", "")), "every line of the stream is an event's")
-        assert.is_nil(body:find("[DONE]", 1, true))
-        return events
-    end
+    local function post_responses(t, extra) return post_to("/v1/responses", t, extra) end
+    -- (their sequence numbers 0, 1, 2, ...)
+    local function events_of(body) return typed_events(body, true) end
     local messages = { { role = "system", content = "Be brief." }, { role = "user", content = "Who is Emma?" } }
 
     it("answers what the chat completions of the same conversation answer, as output items", function()
@@ -1628,6 +1649,10 @@ describe("responses (OpenAI's Responses API)", function()
         assert.equal(added.call_id, final.response.output[1].call_id)
     end)
 
+    it("cancels a stream whose client hangs up", function()
+        hangs_up("/v1/responses", { input = "Who is Emma?", max_output_tokens = 200, loops = 16, ignore_eos = true, stream = true })
+    end)
+
     it("writes JSON its text.format's schema takes", function()
         local status, body = post_responses('{"input": "Who?", "max_output_tokens": 40, "text": {"format": {"type": "json_schema", ' ..
             '"name": "who", "strict": true, "schema": {"type": "object", "properties": {"who": {"enum": ["Emma", "Harriet"]}}, ' ..
@@ -1695,21 +1720,10 @@ describe("responses (OpenAI's Responses API)", function()
 end)
 
 describe("messages (Anthropic's Messages API)", function()
-    local function post_messages(t, extra, path) -- t: a table, or the body's JSON text
-        return curl((extra or "") .. " -H 'Content-Type: application/json' -H 'anthropic-version: 2023-06-01' --data-binary " ..
-                    quote(type(t) == "string" and t or cjson.encode(t)) .. " " .. base .. (path or "/v1/messages"))
+    local function post_messages(t, extra, path)
+        return post_to(path or "/v1/messages", t, "-H 'anthropic-version: 2023-06-01' " .. (extra or ""))
     end
-    -- An Anthropic stream -> its events (event: line, then data: whose type is the event's).
-    local function events_of(body)
-        local events = {}
-        for kind, data in body:gmatch("event: ([^\n]+)\ndata: ([^\n]+)\n\n") do
-            local e = cjson.decode(data)
-            assert.equal(kind, e.type)
-            events[#events + 1] = e
-        end
-        assert.equal("", (body:gsub("event: [^\n]+\ndata: [^\n]+\n\n", "")), "every line of the stream is an event's")
-        return events
-    end
+    local function events_of(body) return typed_events(body) end
     local messages = { { role = "system", content = "Be brief." }, { role = "user", content = "Who is Emma?" } }
     local asked = { { role = "user", content = "Who is Emma?" } }
 
@@ -1804,6 +1818,10 @@ describe("messages (Anthropic's Messages API)", function()
             { role = "assistant", content = { { type = "tool_use", id = use.id, name = "weather", input = use.input } } },
             { role = "user", content = { { type = "tool_result", tool_use_id = use.id, content = "Sun." } } } } })
         assert.equal(200, status, body)
+    end)
+
+    it("cancels a stream whose client hangs up", function()
+        hangs_up("/v1/messages", { messages = asked, max_tokens = 200, loops = 16, ignore_eos = true, stream = true })
     end)
 
     it("counts a request's input tokens as /v1/messages would send them", function()

@@ -25,7 +25,7 @@ local raw_member = json_text.member
 local json_null = cjson.null
 local encode, bad, is_array, shown, object, check_keys = shapes.encode, shapes.bad, shapes.is_array, shapes.shown, shapes.object,
                                                          shapes.check_keys
-local KIND_OK, KIND_WORDS = shapes.KIND_OK, shapes.KIND_WORDS
+local KIND_OK = shapes.KIND_OK
 
 local _M = {}
 
@@ -219,22 +219,8 @@ View.__index = View
 -- to_chat(body, counting) -> the chat completions body that means the same, and its view; or
 -- nil, err. counting: count_tokens' body (no max_tokens: nothing is generated).
 function _M.to_chat(body, counting)
-    local t, derr = shapes.decode(body)
-    if not t then return nil, derr end
-    local members = {}
-    for k, v in pairs(t) do
-        if v == json_null then
-            t[k] = nil
-        elseif REFUSED[k] then
-            return bad(REFUSED[k], k)
-        elseif OWN[k] then
-            if not KIND_OK[OWN[k]](v) then return bad(("%s must be %s"):format(k, KIND_WORDS[OWN[k]]), k) end
-        elseif PASS[k] then
-            members[#members + 1] = { k, raw_member(body, { k }) }
-        else
-            return bad(("unknown field '%s'"):format(tostring(k)), tostring(k))
-        end
-    end
+    local t, members = shapes.read_fields(body, OWN, PASS, REFUSED)
+    if not t then return nil, members end
     if t.messages == nil then return bad("messages is required", "messages") end
     if counting and t.max_tokens ~= nil then
         return bad("unknown field 'max_tokens' (count_tokens generates nothing)", "max_tokens")
@@ -296,17 +282,7 @@ function _M.to_chat(body, counting)
         if t.thinking.budget_tokens ~= nil and not KIND_OK.integer(t.thinking.budget_tokens) then
             return bad("thinking.budget_tokens must be an integer", "thinking")
         end
-        local switch = '"enable_thinking":' .. tostring(kind ~= "disabled")
-        local kwargs
-        for i, m in ipairs(members) do
-            if m[1] == "chat_template_kwargs" then kwargs = i end
-        end
-        if not kwargs then
-            members[#members + 1] = { "chat_template_kwargs", "{" .. switch .. "}" }
-        elseif type(t.chat_template_kwargs) == "table" and t.chat_template_kwargs.enable_thinking == nil then
-            local inner = members[kwargs][2]:match("^%s*{%s*(.-)%s*}%s*$")
-            if inner then members[kwargs][2] = "{" .. switch .. (inner ~= "" and ("," .. inner) or "") .. "}" end
-        end
+        shapes.add_template_variable(members, t, "enable_thinking", tostring(kind ~= "disabled"))
     end
     return object(members), setmetatable({ from = from }, View)
 end

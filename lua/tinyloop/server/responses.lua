@@ -23,7 +23,6 @@ local raw_member = json_text.member
 local json_null = cjson.null
 local encode, bad, is_array, shown, object, check_keys = shapes.encode, shapes.bad, shapes.is_array, shapes.shown, shapes.object,
                                                          shapes.check_keys
-local KIND_OK, KIND_WORDS = shapes.KIND_OK, shapes.KIND_WORDS
 
 local _M = {}
 
@@ -313,22 +312,8 @@ View.__index = View
 -- to_chat(body) -> the chat completions body that means the same, and its view; or nil, err
 -- (the Responses field named).
 function _M.to_chat(body)
-    local t, derr = shapes.decode(body)
-    if not t then return nil, derr end
-    local members = {} -- the chat body's, in order
-    for k, v in pairs(t) do
-        if v == json_null then
-            t[k] = nil
-        elseif REFUSED[k] then
-            return bad(REFUSED[k], k)
-        elseif OWN[k] then
-            if not KIND_OK[OWN[k]](v) then return bad(("%s must be %s"):format(k, KIND_WORDS[OWN[k]]), k) end
-        elseif PASS[k] then
-            members[#members + 1] = { k, raw_member(body, { k }) }
-        else
-            return bad(("unknown field '%s'"):format(tostring(k)), tostring(k))
-        end
-    end
+    local t, members = shapes.read_fields(body, OWN, PASS, REFUSED)
+    if not t then return nil, members end
     if t.input == nil then return bad("input is required", "input") end
     if t.background then return bad("background responses are not supported: nothing is stored here to fetch later", "background") end
     -- ("auto" drops input that does not fit: here an input that does not fit is refused, and
@@ -397,21 +382,8 @@ function _M.to_chat(body)
             end
         end
     end
-    if effort then -- a template variable (gpt-oss's templates read it), unless the request sets it
-        local kwargs
-        for i, m in ipairs(members) do
-            if m[1] == "chat_template_kwargs" then kwargs = i end
-        end
-        if not kwargs then
-            members[#members + 1] = { "chat_template_kwargs", '{"reasoning_effort":' .. encode(effort) .. "}" }
-        elseif type(t.chat_template_kwargs) == "table" and t.chat_template_kwargs.reasoning_effort == nil then
-            local raw = members[kwargs][2]
-            local inner = raw:match("^%s*{%s*(.-)%s*}%s*$")
-            if inner then
-                members[kwargs][2] = '{"reasoning_effort":' .. encode(effort) .. (inner ~= "" and ("," .. inner) or "") .. "}"
-            end
-        end
-    end
+    -- a template variable (gpt-oss's templates read it), unless the request sets it
+    if effort then shapes.add_template_variable(members, t, "reasoning_effort", encode(effort)) end
     local view = setmetatable({
         from = from, calls_from = calls_from, logprobs = logprobs, stream = t.stream == true,
         -- what the answer echoes (OpenAI's defaults where the request left a field out)

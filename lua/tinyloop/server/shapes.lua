@@ -24,14 +24,7 @@ function _M.bad(message, param, status)
     return nil, { status = status or 400, message = message, param = param, type = "invalid_request_error" }
 end
 
-function _M.is_array(v)
-    if type(v) ~= "table" then return false end
-    local n = #v
-    for k in pairs(v) do
-        if type(k) ~= "number" or k < 1 or k > n or k % 1 ~= 0 then return false end
-    end
-    return true
-end
+_M.is_array = require("tinyloop.chat").is_array
 local is_array = _M.is_array
 
 -- A value as a message shows it: JSON ("user", null, 5; an empty table as {}).
@@ -81,13 +74,45 @@ _M.PASSED = {
     "guided_grammar", "guided_regex", "stop_token_ids", "include_stop_str_in_output", "chat_template_kwargs", "include_reasoning",
 }
 
--- decode(body) -> the request body's table | nil, err (not JSON, not an object).
-function _M.decode(body)
+-- read_fields(body, own, pass, refused) -> the request body's table (null fields left out) and
+-- the chat body's members so far (the `pass` fields, as sent), or nil, err: not a JSON object,
+-- an unknown field, a `refused` one (its value: why), an `own` one (its value: its kind) of
+-- another kind.
+function _M.read_fields(body, own, pass, refused)
     if type(body) ~= "string" or body == "" then return _M.bad("the request body must be a JSON object", nil) end
     local t, err = cjson.decode(body)
     if err then return _M.bad("the request body is not valid JSON: " .. err, nil) end
     if type(t) ~= "table" or body:match("^%s*%[") then return _M.bad("the request body must be a JSON object", nil) end
-    return t
+    local members = {}
+    for k, v in pairs(t) do
+        if v == json_null then
+            t[k] = nil
+        elseif refused[k] then
+            return _M.bad(refused[k], k)
+        elseif own[k] then
+            if not _M.KIND_OK[own[k]](v) then return _M.bad(("%s must be %s"):format(k, _M.KIND_WORDS[own[k]]), k) end
+        elseif pass[k] then
+            members[#members + 1] = { k, raw_member(body, { k }) }
+        else
+            return _M.bad(("unknown field '%s'"):format(tostring(k)), tostring(k))
+        end
+    end
+    return t, members
+end
+
+-- add_template_variable(members, t, name, json): the chat body's chat_template_kwargs get
+-- `name` (its value's JSON text), first, unless the request's own (t's) set it.
+function _M.add_template_variable(members, t, name, json)
+    for _, m in ipairs(members) do
+        if m[1] == "chat_template_kwargs" then
+            local own = t.chat_template_kwargs
+            if type(own) ~= "table" or own[name] ~= nil then return end
+            local inner = m[2]:match("^%s*{%s*(.-)%s*}%s*$")
+            if inner then m[2] = "{" .. encode(name) .. ":" .. json .. (inner ~= "" and ("," .. inner) or "") .. "}" end
+            return
+        end
+    end
+    members[#members + 1] = { "chat_template_kwargs", "{" .. encode(name) .. ":" .. json .. "}" }
 end
 
 -- ------------------------------------------------------------------ chat answers read back
