@@ -116,3 +116,61 @@ describe("anthropic.to_chat", function()
         end
     end)
 end)
+
+describe("anthropic.to_chat: what Anthropic's clients send", function()
+    it("joins consecutive turns of one role, and continues a final assistant message (a prefill)", function()
+        local chat = chat_of([[{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}, {"role": "user", "content":
+            [{"type": "text", "text": "again"}]}, {"role": "assistant", "content": "Hel"}, {"role": "assistant", "content": "lo"}]}]])
+        assert.same({ { role = "user", content = "Hi\nagain" }, { role = "assistant", content = "Hel\nlo" } }, chat.messages)
+        assert.is_true(chat.continue_final_message)
+        -- a final call is no prefill: its result is awaited
+        chat = chat_of([[{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content":
+            [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}]])
+        assert.is_nil(chat.continue_final_message)
+    end)
+
+    it("leaves Claude Code's billing line out of the system prompt, and an empty one out", function()
+        local chat = chat_of([[{"max_tokens": 5, "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2; cch=9f;"},
+            {"type": "text", "text": "You are helpful.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": "Hi"}]}]])
+        assert.same({ role = "system", content = "You are helpful." }, chat.messages[1])
+        chat = chat_of('{"max_tokens": 5, "system": "", "messages": [{"role": "user", "content": "Hi"}]}')
+        assert.equal("user", chat.messages[1].role)
+    end)
+
+    it("switches thinking off unless asked for (Anthropic's default)", function()
+        local chat = chat_of('{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}')
+        assert.same({ enable_thinking = false }, chat.chat_template_kwargs)
+        chat = chat_of('{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"enable_thinking": true}}')
+        assert.same({ enable_thinking = true }, chat.chat_template_kwargs)
+    end)
+
+    it("takes the fields that change nothing here", function()
+        local chat = chat_of([[{"max_tokens": 5, "inference_geo": "us", "context_management": {"edits": []},
+            "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"},
+            {"type": "tool_use", "id": "t", "name": "f", "input": {}, "caller": {"type": "direct"}}]}],
+            "tools": [{"name": "f", "input_schema": {"type": "object"}, "defer_loading": false, "eager_input_streaming": true}]}]])
+        assert.equal("t", chat.messages[2].tool_calls[1].id)
+    end)
+
+    it("reads a long conversation's tool calls and tools in one pass over the body", function()
+        -- (json_text.member per block rescanned the whole body: 4,000 calls took 86 s). The work,
+        -- counted as the text each scan of a container is given, stays a few times the body's.
+        local blocks, tools = {}, {}
+        for k = 1, 4000 do blocks[k] = ('{"type": "tool_use", "id": "t%d", "name": "f", "input": {"k": %d}}'):format(k, k) end
+        for k = 1, 500 do tools[k] = ('{"name": "f%d", "input_schema": {"type": "object"}}'):format(k) end
+        local body = '{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [' ..
+            table.concat(blocks, ",") .. ']}], "tools": [' .. table.concat(tools, ",") .. ']}'
+        local entries, scanned = json_text.entries, 0
+        json_text.entries = function(text, i)
+            scanned = scanned + #text - i + 1
+            return entries(text, i)
+        end
+        local ok, chat = pcall(chat_of, body)
+        json_text.entries = entries
+        assert(ok, chat)
+        assert.equal('{"k": 4000}', chat.messages[2].tool_calls[4000]["function"].arguments)
+        assert.equal("f500", chat.tools[500]["function"].name)
+        assert.truthy(scanned < 10 * #body, ("%d bytes scanned for a body of %d"):format(scanned, #body))
+    end)
+end)

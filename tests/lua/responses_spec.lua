@@ -176,6 +176,26 @@ describe("responses.to_chat: what OpenAI's clients send back", function()
     end)
 end)
 
+describe("responses.to_chat: a large request", function()
+    it("reads many tools in one pass over the body", function()
+        -- (json_text.member per tool's field rescanned the whole body). The work, counted as the
+        -- text each scan of a container is given, stays a few times the body's.
+        local tools = {}
+        for k = 1, 2000 do tools[k] = ('{"type": "function", "name": "f%d", "parameters": {"type": "object"}}'):format(k) end
+        local body = '{"input": "x", "tools": [' .. table.concat(tools, ",") .. ']}'
+        local entries, scanned = json_text.entries, 0
+        json_text.entries = function(text, i)
+            scanned = scanned + #text - i + 1
+            return entries(text, i)
+        end
+        local ok, chat = pcall(chat_of, body)
+        json_text.entries = entries
+        assert(ok, chat)
+        assert.equal("f2000", chat.tools[2000]["function"].name)
+        assert.truthy(scanned < 10 * #body, ("%d bytes scanned for a body of %d"):format(scanned, #body))
+    end)
+end)
+
 describe("responses view of a chat stream", function()
     it("says an error mid-stream as an error event, and nothing after it", function()
         local _, _, view = chat_of('{"input": "x", "stream": true}')

@@ -1750,6 +1750,14 @@ describe("messages (Anthropic's Messages API)", function()
         r = cjson.decode(body)
         assert.same({ "stop_sequence", stop }, { r.stop_reason, r.stop_sequence })
         assert.equal(free:sub(1, free:find(stop, 1, true) - 1), r.content[1].text)
+        -- a final assistant message is continued (a prefill), as chat's continue_final_message does
+        local begun = { messages[1], messages[2], { role = "assistant", content = "She is" } }
+        local continued = cjson.decode(select(2, post_chat({ messages = begun, continue_final_message = true, max_tokens = 6,
+                                                             seed = 2, ignore_eos = true })))
+        r = cjson.decode(select(2, post_messages({ system = "Be brief.", max_tokens = 6, seed = 2, ignore_eos = true,
+                                                   messages = { asked[1], { role = "assistant", content = "She is" } } })))
+        assert.equal(continued.choices[1].message.content, r.content[1].text)
+        assert.equal(continued.usage.prompt_tokens, r.usage.input_tokens + r.usage.cache_read_input_tokens)
         -- the model's end: end_turn
         local whole = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 200, seed = 5 })))
         r = cjson.decode(select(2, post_messages({ system = "Be brief.", messages = asked, max_tokens = 200, seed = 5 })))

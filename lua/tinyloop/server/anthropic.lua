@@ -18,6 +18,7 @@
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local shapes = require "tinyloop.server.shapes"
+local valid_utf8 = require("tinyloop.server.request").valid_utf8
 
 local type, pairs, ipairs, tostring = type, pairs, ipairs, tostring
 local concat, gsub = table.concat, string.gsub
@@ -34,25 +35,33 @@ local _M = {}
 local OWN = {
     messages = "array", max_tokens = "integer", system = "any", stop_sequences = "array", tools = "array",
     tool_choice = "object", thinking = "object", metadata = "object", service_tier = "string", output_format = "object",
-    output_config = "object",
+    output_config = "object", inference_geo = "string", context_management = "object",
 }
 local PASS = {}
 for _, k in ipairs(shapes.PASSED) do PASS[k] = true end
 local REFUSED = {
     container = "containers (code execution) are not run here",
     mcp_servers = "MCP servers are not connected from here: run the tools in the client and send their results back",
-    context_management = "context management is not done here: send the conversation that fits",
 }
+-- Anthropic sets no limit on stop_sequences (OpenAI's 4 is the chat endpoint's).
+_M.MAX_STOPS = 64
 
 -- Content blocks' fields (cache_control: a hint for Anthropic's prompt cache, which the prefix
--- pool here does without; citations: none are made).
+-- pool here does without; citations: none are made; caller: who made a call, Anthropic's
+-- programmatic tool calling).
 local TEXT_KEYS = { type = true, text = true, cache_control = true, citations = true }
-local TOOL_USE_KEYS = { type = true, id = true, name = true, input = true, cache_control = true }
+local TOOL_USE_KEYS = { type = true, id = true, name = true, input = true, cache_control = true, caller = true }
 local TOOL_RESULT_KEYS = { type = true, tool_use_id = true, content = true, is_error = true, cache_control = true }
 local THINKING_KEYS = { type = true, thinking = true, signature = true }
+local REDACTED_KEYS = { type = true, data = true }
 
--- Text blocks (or a string) -> the text, joined with "\n", or nil, err.
-local function text_of(content, where)
+-- Claude Code's first system block, a billing line that changes with every request: at the
+-- prompt's start it would leave the prefix pool nothing to share (vLLM drops it too).
+local BILLING = "x-anthropic-billing-header"
+
+-- Text blocks (or a string) -> the text, joined with "\n", or nil, err. (skip_billing: the
+-- system prompt's billing line is left out.)
+local function text_of(content, where, skip_billing)
     if type(content) == "string" then return content end
     if not is_array(content) then return nil, where .. " must be a string or an array of text blocks" end
     local texts = {}
@@ -65,23 +74,36 @@ local function text_of(content, where)
         local ok, err = check_keys(block, TEXT_KEYS, at)
         if not ok then return nil, err end
         if type(block.text) ~= "string" then return nil, at .. ".text must be a string" end
-        texts[#texts + 1] = block.text
+        if not (skip_billing and block.text:sub(1, #BILLING) == BILLING) then texts[#texts + 1] = block.text end
     end
     return concat(texts, "\n")
 end
 
--- messages (Anthropic's) -> chat's messages, and for each the index of the message it came
--- from (false: the system prompt); or nil, err. A user message's tool_result blocks become
--- tool messages, in their order among its text; an assistant's blocks one assistant message
--- (its text, its tool_use blocks as tool_calls, its thinking as reasoning_content).
-local function messages_of(messages, system, body)
+-- messages (Anthropic's; `raw`: their JSON text, each tool_use's input read from it as sent)
+-- -> chat's messages, and for each the index of the message it came from (false: the system
+-- prompt); or nil, err. A user message's tool_result blocks become tool messages, in their
+-- order among its text; an assistant's blocks one assistant message (its text, its tool_use
+-- blocks as tool_calls, its thinking as reasoning_content). Consecutive turns of one role are
+-- one turn (Anthropic's rule; templates that want turns to alternate refuse two).
+local function messages_of(messages, system, raw)
     local out, from = {}, {}
     if system ~= nil then
-        local text, err = text_of(system, "system")
+        local text, err = text_of(system, "system", true)
         if not text then return nil, err end
-        out[1], from[1] = { role = "system", content = text }, false
+        if text ~= "" then out[1], from[1] = { role = "system", content = text }, false end
     end
     if #messages == 0 then return nil, "messages must be a non-empty array of {\"role\", \"content\"}" end
+    -- a turn of `role` from message i, joined to the last one where that is the same role's
+    local function turn(role, i)
+        local last = out[#out]
+        if last and last.role == role and from[#out] ~= false then return last end
+        out[#out + 1], from[#out + 1] = { role = role }, i
+        return out[#out]
+    end
+    local function add_text(m, text)
+        m.content = (type(m.content) == "string" and m.content ~= "") and (m.content .. "\n" .. text) or text
+    end
+    local raw_messages = shapes.raw_list(raw)
     for i, m in ipairs(messages) do
         local where = ("messages[%d]"):format(i - 1)
         if type(m) ~= "table" or is_array(m) then return nil, where .. ' must be an object {"role", "content"}' end
@@ -95,13 +117,8 @@ local function messages_of(messages, system, body)
         if not is_array(blocks) or #blocks == 0 then
             return nil, where .. ".content must be a string or a non-empty array of content blocks"
         end
-        local texts, calls, thought = {}, {}, nil
-        local function flush_user_text()
-            if #texts > 0 then
-                out[#out + 1], from[#out + 1] = { role = "user", content = concat(texts, "\n") }, i - 1
-                texts = {}
-            end
-        end
+        local raw_blocks = shapes.raw_list(shapes.raw_fields(raw_messages[i]).content)
+        local message = m.role == "assistant" and turn("assistant", i - 1) or nil
         for j, block in ipairs(blocks) do
             local at = ("%s.content[%d]"):format(where, j - 1)
             local kind = type(block) == "table" and block.type
@@ -109,17 +126,19 @@ local function messages_of(messages, system, body)
                 ok, err = check_keys(block, TEXT_KEYS, at)
                 if not ok then return nil, err end
                 if type(block.text) ~= "string" then return nil, at .. ".text must be a string" end
-                texts[#texts + 1] = block.text
-            elseif kind == "tool_use" and m.role == "assistant" then
+                add_text(message or turn("user", i - 1), block.text)
+            elseif kind == "tool_use" and message then
                 ok, err = check_keys(block, TOOL_USE_KEYS, at)
                 if not ok then return nil, err end
                 if type(block.id) ~= "string" or type(block.name) ~= "string" then
                     return nil, at .. " needs its id and name (strings)"
                 end
-                local input = raw_member(body, { "messages", i, "content", j, "input" })
+                local input = shapes.raw_fields(raw_blocks[j]).input
                 if not input or input:sub(1, 1) ~= "{" then return nil, at .. ".input must be an object (the tool's arguments)" end
-                calls[#calls + 1] = { id = block.id, type = "function", ["function"] = { name = block.name, arguments = input } }
-            elseif kind == "tool_result" and m.role == "user" then
+                message.tool_calls = message.tool_calls or {}
+                message.tool_calls[#message.tool_calls + 1] = { id = block.id, type = "function",
+                                                                ["function"] = { name = block.name, arguments = input } }
+            elseif kind == "tool_result" and not message then
                 ok, err = check_keys(block, TOOL_RESULT_KEYS, at)
                 if not ok then return nil, err end
                 if type(block.tool_use_id) ~= "string" then return nil, at .. ".tool_use_id must be a string" end
@@ -129,38 +148,37 @@ local function messages_of(messages, system, body)
                     content, err = text_of(block.content, at .. ".content")
                     if not content then return nil, err end
                 end
-                flush_user_text()
                 out[#out + 1], from[#out + 1] = { role = "tool", tool_call_id = block.tool_use_id, content = content }, i - 1
-            elseif (kind == "thinking" or kind == "redacted_thinking") and m.role == "assistant" then
-                if kind == "thinking" then
-                    ok, err = check_keys(block, THINKING_KEYS, at)
-                    if not ok then return nil, err end
-                    if type(block.thinking) ~= "string" then return nil, at .. ".thinking must be a string" end
-                    thought = (thought and thought .. "\n" or "") .. block.thinking
-                end -- (a redacted block's reasoning is Anthropic's encryption: nothing to read back)
+            elseif kind == "thinking" and message then
+                ok, err = check_keys(block, THINKING_KEYS, at)
+                if not ok then return nil, err end
+                if type(block.thinking) ~= "string" then return nil, at .. ".thinking must be a string" end
+                message.reasoning_content = (message.reasoning_content and message.reasoning_content .. "\n" or "") .. block.thinking
+            elseif kind == "redacted_thinking" and message then
+                -- (its reasoning is Anthropic's encryption: nothing to read back)
+                ok, err = check_keys(block, REDACTED_KEYS, at)
+                if not ok then return nil, err end
             else
-                local words = (kind == "tool_use" or kind == "thinking") and "only an assistant message has these" or
-                    kind == "tool_result" and "only a user message answers tool calls" or
+                local words = (kind == "tool_use" or kind == "thinking" or kind == "redacted_thinking") and
+                    "only an assistant message has these" or kind == "tool_result" and "only a user message answers tool calls" or
                     '"text", "tool_use", "tool_result" and "thinking" blocks are read here (this model reads text)'
                 return nil, ("%s.type = %s: %s"):format(at, shown(kind or block), words)
             end
         end
-        if m.role == "assistant" then
-            local message = { role = "assistant", content = #texts > 0 and concat(texts, "\n") or (#calls > 0 and json_null or "") }
-            if #calls > 0 then message.tool_calls = calls end
-            message.reasoning_content = thought
-            out[#out + 1], from[#out + 1] = message, i - 1
-        else
-            flush_user_text()
+        if message then
+            if message.content == nil then message.content = message.tool_calls and json_null or "" end
         end
     end
     return out, from
 end
 
 -- tools -> chat's, each input_schema's text as sent (its key order is the model's).
-local TOOL_KEYS = { type = true, name = true, description = true, input_schema = true, cache_control = true, strict = true }
-local function chat_tools(tools, body)
-    local out = {}
+-- (defer_loading, eager_input_streaming: Anthropic's tool search and streaming hints, which
+-- change nothing here)
+local TOOL_KEYS = { type = true, name = true, description = true, input_schema = true, cache_control = true, strict = true,
+                    defer_loading = true, eager_input_streaming = true }
+local function chat_tools(tools, raw)
+    local out, raw_tools = {}, shapes.raw_list(raw)
     for i, tool in ipairs(tools) do
         local where = ("tools[%d]"):format(i - 1)
         if type(tool) ~= "table" or is_array(tool) then return nil, where .. ' must be an object {"name", "input_schema", ...}' end
@@ -170,11 +188,10 @@ local function chat_tools(tools, body)
         local ok, err = check_keys(tool, TOOL_KEYS, where)
         if not ok then return nil, err end
         if tool.input_schema == nil then return nil, where .. ".input_schema is required (the tool's JSON Schema)" end
+        local fields = shapes.raw_fields(raw_tools[i])
         out[i] = '{"type":"function","function":' .. object({
-            { "name", raw_member(body, { "tools", i, "name" }) },
-            { "description", tool.description ~= nil and raw_member(body, { "tools", i, "description" }) or nil },
-            { "parameters", raw_member(body, { "tools", i, "input_schema" }) },
-            { "strict", tool.strict ~= nil and raw_member(body, { "tools", i, "strict" }) or nil },
+            { "name", fields.name }, { "description", tool.description ~= nil and fields.description or nil },
+            { "parameters", fields.input_schema }, { "strict", tool.strict ~= nil and fields.strict or nil },
         }) .. "}"
     end
     return "[" .. concat(out, ",") .. "]"
@@ -226,10 +243,15 @@ function _M.to_chat(body, counting)
         return bad("unknown field 'max_tokens' (count_tokens generates nothing)", "max_tokens")
     end
     if t.max_tokens == nil and not counting then return bad("max_tokens is required", "max_tokens") end
-    local messages, from = messages_of(t.messages, t.system, body)
+    local messages, from = messages_of(t.messages, t.system, raw_member(body, { "messages" }))
     if not messages then return bad(from, from:match("^system") and "system" or "messages") end
     members[#members + 1] = { "messages", encode(messages) }
-    members[#members + 1] = { "max_tokens", tostring(t.max_tokens or 0) }
+    members[#members + 1] = { "max_tokens", shapes.integer(t.max_tokens or 0) }
+    -- a final assistant message is a prefill: the reply continues it (Anthropic's rule)
+    local last = t.messages[#t.messages]
+    if type(last) == "table" and last.role == "assistant" and not messages[#messages].tool_calls then
+        members[#members + 1] = { "continue_final_message", "true" }
+    end
     if t.stop_sequences then members[#members + 1] = { "stop", raw_member(body, { "stop_sequences" }) } end
     if t.service_tier ~= nil and t.service_tier ~= "auto" and t.service_tier ~= "standard_only" then
         return bad('service_tier must be "auto" or "standard_only"', "service_tier")
@@ -242,7 +264,7 @@ function _M.to_chat(body, counting)
         end
     end
     if t.tools and #t.tools > 0 then
-        local text, err = chat_tools(t.tools, body)
+        local text, err = chat_tools(t.tools, raw_member(body, { "tools" }))
         if not text then return bad(err, "tools") end
         members[#members + 1] = { "tools", text }
     end
@@ -264,8 +286,10 @@ function _M.to_chat(body, counting)
     elseif t.output_config then
         local ok, err = check_keys(t.output_config, { format = true, effort = true }, "output_config")
         if not ok then return bad(err, "output_config") end
-        if type(t.output_config.format) == "table" then
-            format_text, err = chat_format({ "output_config", "format" }, t.output_config.format, body)
+        local f = t.output_config.format
+        if f ~= nil and f ~= json_null then
+            if type(f) ~= "table" then return bad('output_config.format must be an object {"type": "json_schema", "schema"}', "output_config") end
+            format_text, err = chat_format({ "output_config", "format" }, f, body)
             if not format_text then return bad(err, "output_config") end
         end
     end
@@ -283,6 +307,8 @@ function _M.to_chat(body, counting)
             return bad("thinking.budget_tokens must be an integer", "thinking")
         end
         shapes.add_template_variable(members, t, "enable_thinking", tostring(kind ~= "disabled"))
+    else -- (no thinking asked for: none, Anthropic's default, where the template has the switch)
+        shapes.add_template_variable(members, t, "enable_thinking", "false")
     end
     return object(members), setmetatable({ from = from }, View)
 end
@@ -291,29 +317,34 @@ end
 -- Anthropic's error shape (which has no param: the message names the field).
 local RENAMES = {
     { "max_completion_tokens", "max_tokens" }, { "response_format.json_schema.schema", "output_format.schema" },
-    { "response_format", "output_format" }, { "tool_choice \"required\"", 'tool_choice {"type": "any"}' },
+    { "response_format", "output_format" },
 }
 local ERROR_TYPES = { [400] = "invalid_request_error", [401] = "authentication_error", [403] = "permission_error",
                       [404] = "not_found_error", [405] = "invalid_request_error", [413] = "request_too_large",
                       [429] = "rate_limit_error", [503] = "overloaded_error" }
+local function plain(s) return (s:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0")) end
 function View:error(err)
     local message = err.message or ""
-    for _, r in ipairs(RENAMES) do
-        message = gsub(message, "%f[%w_]" .. r[1]:gsub("[%.%-\"]", "%%%0") .. "%f[^%w_]", r[2])
-    end
+    for _, r in ipairs(RENAMES) do message = gsub(message, "%f[%w_]" .. plain(r[1]) .. "%f[^%w_]", r[2]) end
+    message = gsub(message, plain('tool_choice "required"'), 'tool_choice {"type": "any"}')
+    message = gsub(message, "(tools%[%d+%])%.function%.parameters", "%1.input_schema")
+    message = gsub(message, "(tools%[%d+%])%.function%.", "%1.")
+    message = gsub(message, "(tool_calls%[%d+%])%.function%.", "%1.")
     message = gsub(message, "messages%[(%d+)%]", function(k)
         local from = self and self.from and self.from[tonumber(k) + 1]
         if from == false then return "system" end
         return from and ("messages[" .. from .. "]") or nil
     end)
-    if err.param == "stop" then message = gsub(message, "%f[%w_]stop%f[^%w_]", "stop_sequences") end
+    message = gsub(message, "tool_calls%[", "tool_use[")
+    if err.param == "stop" then message = gsub(gsub(message, "^stop strings", "stop_sequences"), "^stop([%s:=])", "stop_sequences%1") end
     return { status = err.status, message = message, type = err.type, body = _M.error_body(err.status, message) }
 end
 
+-- (a message may quote the client's bytes, which need not be UTF-8: JSON clients refuse them)
 function _M.error_body(status, message)
     return object({ { "type", '"error"' }, { "error", object({
         { "type", encode(ERROR_TYPES[status] or (status >= 500 and "api_error" or "invalid_request_error")) },
-        { "message", encode(message) } }) } })
+        { "message", encode(valid_utf8(message)) } }) } })
 end
 
 -- ------------------------------------------------------------------ the answer

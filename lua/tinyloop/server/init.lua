@@ -265,17 +265,19 @@ end
 
 function _M.not_found()
     return send_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
         "/metrics)", nil, "not_found_error")
-end
-
-function _M.too_large()
-    return send_error(413, ("the request body is over the %d-byte limit"):format(conf.max_body), nil)
 end
 
 -- An error in Anthropic's shape ({"type": "error", "error": {"type", "message"}}).
 local function send_anthropic_error(status, message, _, _, headers)
-    return send_json(status, anthropic.error_body(status, request.valid_utf8(tostring(message))), headers)
+    return send_json(status, anthropic.error_body(status, tostring(message)), headers)
+end
+
+-- (nginx's own 413, client_max_body_size's: in the shape of the API the URI is)
+function _M.too_large()
+    local fail = ngx.var.uri:find("^/v1/messages") and send_anthropic_error or send_error
+    return fail(413, ("the request body is over the %d-byte limit"):format(conf.max_body), nil)
 end
 
 -- nginx's own errors (error_page ... @nginx_error, the status kept): the JSON error shape
@@ -771,7 +773,7 @@ local function run_blocking(r)
             if not text then
                 release_all(r, ids == "gone")
                 if ids == "gone" then return ngx_exit(499) end
-                return send_error(500, ids, nil, "server_error")
+                return r.send_error(500, ids, nil, "server_error")
             end
             texts[#texts + 1] = text
             for i = 1, #ids do
@@ -873,7 +875,7 @@ local function run_stream(r)
                     local gone = ids == "gone"
                     release_all(r, gone)
                     if gone then return ngx_exit(499) end
-                    if not started then return send_error(500, ids, nil, "server_error") end
+                    if not started then return r.send_error(500, ids, nil, "server_error") end
                     -- Headers are sent: the error travels as an event, and the stream still ends.
                     sse(r, '{"error":{"message":' .. encode(ids) .. ',"type":"server_error","param":null}}')
                     sse(r, "[DONE]")
@@ -997,7 +999,7 @@ end
 -- POST /v1/completions (chat false) or /v1/chat/completions (chat true): the request's body.
 -- view: another API's request (tinyloop.server.responses', tinyloop.server.anthropic's), whose
 -- chat body `body` is; its answer, its stream's events and its errors are that API's.
-local function serve(chat, body, view)
+local function serve(chat, body, view, parse_opts)
     -- an error answer: the other API's field names, and shape, for its request
     local function send_error(status, message, param, etype, headers)
         if view then
@@ -1013,7 +1015,7 @@ local function serve(chat, body, view)
     end
     local req, err
     if chat then
-        req, err = request.parse_chat(body, model, conf.model_id, conf.max_active, chat_prompts)
+        req, err = request.parse_chat(body, model, conf.model_id, conf.max_active, chat_prompts, parse_opts)
     else
         req, err = request.parse(body, model, conf.model_id, conf.max_active)
     end
@@ -1107,7 +1109,7 @@ local function serve(chat, body, view)
                 response_id = (view and view.ID_PREFIX .. "-" or chat and "chatcmpl-" or "cmpl-") .. ngx.worker.pid() .. "-" ..
                     next_request,
                 n = req.n, best_of = req.best_of, show_logprobs = req.logprobs ~= nil, chat = chat, stream = req.stream,
-                view = view }
+                view = view, send_error = send_error }
     if view then -- (its stream's usage and stats come with the finish, which closes the response)
         r.public_id, r.include_usage = r.response_id:gsub("-", "_"), false
         if req.stream then view:start_stream(r.public_id, r.created, conf.model_id, req.prompt_tokens) end
@@ -1187,7 +1189,7 @@ function _M.messages()
     if not body then return end
     local chat_body, view = anthropic.to_chat(body)
     if not chat_body then return send_anthropic_error(view.status, view.message) end
-    return serve(true, chat_body, view)
+    return serve(true, chat_body, view, { max_stops = anthropic.MAX_STOPS })
 end
 
 -- POST /v1/messages/count_tokens (Anthropic's): {"input_tokens": the prompt's tokens, as
@@ -1198,7 +1200,8 @@ function _M.count_tokens()
     if not chat_prompts then return send_anthropic_error(500, request.template_unloaded(chat_error).message) end
     local chat_body, view = anthropic.to_chat(body, true)
     if not chat_body then return send_anthropic_error(view.status, view.message) end
-    local req, err = request.parse_chat(chat_body, model, conf.model_id, conf.max_active, chat_prompts)
+    local req, err = request.parse_chat(chat_body, model, conf.model_id, conf.max_active, chat_prompts,
+                                        { counting = true, max_stops = anthropic.MAX_STOPS })
     if not req then
         local e = view:error(err)
         return send_json(e.status, e.body)

@@ -286,10 +286,11 @@ local function check_token_ids(ids, vocab, P)
     return true
 end
 
-local function stop_strings(stop)
+local function stop_strings(stop, max_stops)
+    max_stops = max_stops or MAX_STOPS
     if type(stop) == "string" then stop = { stop } end
     if type(stop) ~= "table" then return bad("stop must be a string or an array of strings", "stop") end
-    if #stop > MAX_STOPS then return bad(("stop has %d strings: at most %d"):format(#stop, MAX_STOPS), "stop") end
+    if #stop > max_stops then return bad(("stop has %d strings: at most %d"):format(#stop, max_stops), "stop") end
     for k, s in pairs(stop) do
         if not is_integer(k) or k < 1 or k > #stop or type(s) ~= "string" then
             return bad("stop must be a string or an array of strings", "stop")
@@ -790,7 +791,7 @@ end
 
 -- What both APIs share, into cfg: model, n, the sampling adjustments, stream_options, the
 -- grammar, stop strings. -> { n, include_usage, grammar_field } | nil, err.
-local function shared_fields(t, body, model, model_id, cfg)
+local function shared_fields(t, body, model, model_id, cfg, max_stops)
     local ok, e = check_model(t, model_id)
     if not ok then return nil, e end
     if t.n ~= nil and t.n < 1 then return bad(("n = %d must be >= 1"):format(t.n), "n") end
@@ -829,7 +830,7 @@ local function shared_fields(t, body, model, model_id, cfg)
     if g == nil then return nil, grammar_field end
     if g then cfg.grammar = g end
     if t.stop ~= nil then
-        local stops, e = stop_strings(t.stop)
+        local stops, e = stop_strings(t.stop, max_stops)
         if not stops then return nil, e end
         if not model.has_tokenizer then return bad("stop strings need a tokenizer, which this model lacks", "stop") end
         cfg.stop_strings = stops
@@ -1002,14 +1003,17 @@ end
 -- the request has parse's shape (best_of = n, no echo).
 -- max_tokens (or max_completion_tokens) defaults to the rest of the context, OpenAI's rule
 -- for chat.
-function _M.parse_chat(body, model, model_id, max_choices, chat)
+-- opts (optional): max_stops (another API's limit on stop strings; default OpenAI's 4),
+-- counting (the prompt is only counted: -> { prompt_tokens }, whatever room it leaves).
+function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
+    opts = opts or {}
     local t, cfg = decode_fields(body, CHAT_FIELDS, CHAT_NO_OPS)
     if not t then return nil, cfg end
     if t.messages == nil then return bad("messages is required", "messages") end
     if t.max_tokens ~= nil and t.max_completion_tokens ~= nil then
         return bad("max_tokens and max_completion_tokens are one setting: send one of them", "max_completion_tokens")
     end
-    local shared, err = shared_fields(t, body, model, model_id, cfg)
+    local shared, err = shared_fields(t, body, model, model_id, cfg, opts.max_stops)
     if not shared then return nil, err end
     if not model.has_tokenizer then return bad("chat needs a tokenizer, which this model lacks: use /v1/completions with token ids", "messages") end
     -- (a thinking model's block around the calls' grammar: the server's, once the prompt is known)
@@ -1025,6 +1029,7 @@ function _M.parse_chat(body, model, model_id, max_choices, chat)
     if text == "" then return bad("the chat template rendered these messages as an empty prompt", "messages") end
     local ids, e = model:encode(text)
     if not ids then return nil, { status = 500, message = "encoding the prompt failed: " .. tostring(e), type = "server_error" } end
+    if opts.counting then return { prompt_tokens = #ids } end
     local ok
     ok, e = check_choices(1, shared.n, shared.n, max_choices)
     if not ok then return nil, e end

@@ -219,8 +219,8 @@ end
 -- tools: Responses' flat function tools -> chat's nested ones, each member's text as sent
 -- (a schema's key order is the order the model writes its keys in).
 local TOOL_KEYS = { type = true, name = true, description = true, parameters = true, strict = true }
-local function chat_tools(tools, body, allowed)
-    local out = {}
+local function chat_tools(tools, raw, allowed)
+    local out, raw_tools = {}, shapes.raw_list(raw)
     for i, tool in ipairs(tools) do
         local where = ("tools[%d]"):format(i - 1)
         if type(tool) ~= "table" or is_array(tool) then return nil, where .. ' must be an object {"type": "function", "name", ...}' end
@@ -229,9 +229,9 @@ local function chat_tools(tools, body, allowed)
         end
         local ok, err = check_keys(tool, TOOL_KEYS, where)
         if not ok then return nil, err end
-        local members = {}
+        local members, fields = {}, shapes.raw_fields(raw_tools[i])
         for _, k in ipairs({ "name", "description", "parameters", "strict" }) do
-            if tool[k] ~= nil then members[#members + 1] = { k, raw_member(body, { "tools", i, k }) } end
+            if tool[k] ~= nil then members[#members + 1] = { k, fields[k] } end
         end
         if not allowed or allowed[tool.name] then out[#out + 1] = '{"type":"function","function":' .. object(members) .. "}" end
     end
@@ -334,7 +334,7 @@ function _M.to_chat(body)
     local messages, from, calls_from = messages_of(t.input, t.instructions)
     if not messages then return bad(from, "input") end
     members[#members + 1] = { "messages", encode(messages) }
-    if t.max_output_tokens ~= nil then members[#members + 1] = { "max_completion_tokens", tostring(t.max_output_tokens) } end
+    if t.max_output_tokens ~= nil then members[#members + 1] = { "max_completion_tokens", shapes.integer(t.max_output_tokens) } end
     local tool_choice_text, allowed
     -- (auto without tools changes nothing: OpenAI's clients send it with an empty list)
     if t.tool_choice ~= nil and not (t.tool_choice == "auto" and not (t.tools and #t.tools > 0)) then
@@ -342,7 +342,7 @@ function _M.to_chat(body)
         if not tool_choice_text then return bad(allowed, "tool_choice") end
     end
     if t.tools then
-        local tools_text, err = chat_tools(t.tools, body, allowed)
+        local tools_text, err = chat_tools(t.tools, raw_member(body, { "tools" }), allowed)
         if not tools_text then return bad(err, "tools") end
         members[#members + 1] = { "tools", tools_text }
     end
@@ -367,7 +367,7 @@ function _M.to_chat(body)
     end
     if logprobs then
         members[#members + 1] = { "logprobs", "true" }
-        members[#members + 1] = { "top_logprobs", tostring(t.top_logprobs or 0) }
+        members[#members + 1] = { "top_logprobs", shapes.integer(t.top_logprobs or 0) }
     end
     local effort
     if t.reasoning then
@@ -389,7 +389,7 @@ function _M.to_chat(body)
         -- what the answer echoes (OpenAI's defaults where the request left a field out)
         echo = {
             { "instructions", t.instructions and encode(t.instructions) or "null" },
-            { "max_output_tokens", t.max_output_tokens and tostring(t.max_output_tokens) or "null" },
+            { "max_output_tokens", t.max_output_tokens and shapes.integer(t.max_output_tokens) or "null" },
             { "parallel_tool_calls", t.parallel_tool_calls == false and "false" or "true" },
             { "previous_response_id", "null" },
             { "reasoning", object({ { "effort", effort and encode(effort) or "null" }, { "summary", "null" } }) },
@@ -398,7 +398,7 @@ function _M.to_chat(body)
             { "text", object({ { "format", format_text and raw_member(body, { "text", "format" }) or '{"type":"text"}' } }) },
             { "tool_choice", t.tool_choice and raw_member(body, { "tool_choice" }) or '"auto"' },
             { "tools", t.tools and raw_member(body, { "tools" }) or "[]" },
-            { "top_logprobs", tostring(t.top_logprobs or 0) },
+            { "top_logprobs", shapes.integer(t.top_logprobs or 0) },
             { "top_p", t.top_p and raw_member(body, { "top_p" }) or "1" },
             { "truncation", '"disabled"' },
             { "user", t.user and encode(t.user) or "null" },

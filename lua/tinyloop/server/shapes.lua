@@ -50,6 +50,28 @@ function _M.check_keys(item, keys, where)
     return true
 end
 
+-- The raw JSON text of each element of the array, or each member of the object, whose text is
+-- `text` (nil or another kind: none): a list, or a map key -> text. One pass over the text:
+-- reading a request's nested members with these, level by level, costs its length once
+-- (json_text.member rescans from the top at every call).
+function _M.raw_list(text)
+    local out = {}
+    if text and sub(text, 1, 1) == "[" then
+        for i, e in ipairs(json_text.entries(text, 1)) do out[i] = sub(text, e.from, e.to) end
+    end
+    return out
+end
+function _M.raw_fields(text)
+    local out = {}
+    if text and sub(text, 1, 1) == "{" then
+        for _, e in ipairs(json_text.entries(text, 1)) do out[e.key] = sub(text, e.from, e.to) end
+    end
+    return out
+end
+
+-- An integer's JSON text (tostring writes 2^47 as 1.4073748835533e+14).
+function _M.integer(n) return ("%d"):format(n) end
+
 -- JSON kinds of a request's top-level fields, checked before anything reads them.
 _M.KIND_WORDS = { string = "a string", integer = "an integer", boolean = "a boolean", object = "an object", array = "an array",
                   number = "a number" }
@@ -121,12 +143,7 @@ end
 -- JSON text as the chat path wrote it (decoded and encoded again, an empty top_logprobs would
 -- become {}).
 function _M.logprob_entries(chat_json)
-    local list = raw_member(chat_json, { "choices", 1, "logprobs", "content" })
-    local out = {}
-    if list and sub(list, 1, 1) == "[" then
-        for i, e in ipairs(json_text.entries(list, 1)) do out[i] = sub(list, e.from, e.to) end
-    end
-    return out
+    return _M.raw_list(raw_member(chat_json, { "choices", 1, "logprobs", "content" }))
 end
 
 local function string_or_nil(v) return type(v) == "string" and v or nil end
