@@ -174,3 +174,43 @@ describe("anthropic.to_chat: what Anthropic's clients send", function()
         assert.truthy(scanned < 10 * #body, ("%d bytes scanned for a body of %d"):format(scanned, #body))
     end)
 end)
+
+describe("anthropic.to_chat on random requests", function()
+    local BASES = {
+        { max_tokens = 5, system = { { type = "text", text = "s" } }, stop_sequences = { "x" },
+          messages = { { role = "user", content = "q" },
+                       { role = "assistant", content = { { type = "thinking", thinking = "t", signature = "" },
+                                                         { type = "text", text = "a" },
+                                                         { type = "tool_use", id = "u", name = "f", input = { k = 1 } } } },
+                       { role = "user", content = { { type = "tool_result", tool_use_id = "u", content = { { type = "text", text = "r" } } },
+                                                    { type = "text", text = "more" } } } },
+          tools = { { name = "f", input_schema = { type = "object" }, description = "d" } },
+          tool_choice = { type = "tool", name = "f", disable_parallel_tool_use = true },
+          thinking = { type = "enabled", budget_tokens = 1024 }, metadata = { user_id = "u" } },
+        { max_tokens = 5, messages = { { role = "user", content = { { type = "text", text = "q" } } }, { role = "assistant", content = "pre" } },
+          output_config = { format = { type = "json_schema", schema = { type = "object" } } }, chat_template_kwargs = { a = 1 } },
+    }
+    it("answers each (a valid one with one place changed) with a chat body or a 400, never raising", function()
+        local H = require "helpers"
+        local words = { "messages", "max_tokens", "system", "stop_sequences", "tools", "tool_choice", "thinking", "metadata",
+                        "output_format", "output_config", "role", "content", "type", "text", "user", "assistant", "tool_use",
+                        "tool_result", "thinking", "redacted_thinking", "id", "name", "input", "tool_use_id", "is_error",
+                        "input_schema", "auto", "any", "tool", "none", "enabled", "disabled", "budget_tokens", "schema",
+                        "json_schema", "format", "user_id", "cache_control", "disable_parallel_tool_use", "signature" }
+        for seed = 1, 3000 do
+            local body = H.mutated(BASES[seed % #BASES + 1], seed, words)
+            for _, counting in ipairs({ false, true }) do
+                local ok, chat_body, view = pcall(anthropic.to_chat, body, counting)
+                assert(ok, body .. " raised " .. tostring(chat_body))
+                if chat_body then
+                    assert(cjson.decode(chat_body), body)
+                    local e = view:error({ status = 400, message = "messages[0].content", param = "messages" })
+                    assert(cjson.decode(e.body), body)
+                else
+                    assert.equal(400, view.status, body)
+                    assert.equal("string", type(view.message), body)
+                end
+            end
+        end
+    end)
+end)

@@ -115,4 +115,54 @@ function H.run_child(code, env)
     return status == 0, out:gsub("__exit=%d+%s*$", ""), status
 end
 
+-- H.mutated(request, seed, words) -> the JSON text of `request` (a valid request as a Lua
+-- table) with one random place changed: a walk from the top picks a member or element, and
+-- its value becomes a random one (an object keyed by `words`, an array, a string, often one of
+-- `words`, a number, a boolean or null) or is left out. Deep paths of a parser are reached
+-- this way, which random text rarely gets past the top-level checks to. Same seed, same text.
+function H.mutated(request, seed, words)
+    local cjson = require "cjson"
+    local state = seed
+    local function rand(n) -- a small LCG: the sequence is the seed's, whatever math.random is
+        state = (state * 1103515245 + 12345) % 2147483648
+        return math.floor(state / 65536) % n + 1 -- (the high bits: an LCG's low ones cycle short)
+    end
+    local function value(level)
+        local kind = rand(level >= 3 and 5 or 7)
+        if kind == 1 then return cjson.null end
+        if kind == 2 then return rand(2) == 1 end
+        if kind == 3 then return ({ 0, -1, 3, 1.5, 1e300, 4096, 2 ^ 60 })[rand(7)] end
+        if kind <= 5 then return rand(4) == 1 and "" or words[rand(#words)] end
+        local t = {}
+        if kind == 6 then
+            for i = 1, rand(3) - 1 do t[i] = value(level + 1) end
+        else
+            for _ = 1, rand(4) - 1 do t[words[rand(#words)]] = value(level + 1) end
+        end
+        return t
+    end
+    local function copy(v)
+        if type(v) ~= "table" then return v end
+        local out = {}
+        for k, x in pairs(v) do out[k] = copy(x) end
+        return out
+    end
+    local top = copy(request)
+    local at = top
+    while true do
+        local keys = {}
+        for k in pairs(at) do keys[#keys + 1] = k end
+        table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+        if #keys == 0 then break end
+        local k = keys[rand(#keys)]
+        if type(at[k]) == "table" and rand(3) > 1 then
+            at = at[k]
+        else
+            if rand(6) == 1 then at[k] = nil else at[k] = value(1) end
+            break
+        end
+    end
+    return cjson.encode(top)
+end
+
 return H

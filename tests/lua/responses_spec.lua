@@ -235,3 +235,40 @@ describe("responses view of a chat stream", function()
         end
     end)
 end)
+
+describe("responses.to_chat on random requests", function()
+    local BASES = {
+        { input = { { role = "user", content = { { type = "input_text", text = "q" } } },
+                    { type = "reasoning", summary = { { type = "summary_text", text = "r" } } },
+                    { type = "function_call", call_id = "c", name = "f", arguments = "{}" },
+                    { type = "function_call_output", call_id = "c", output = "o" },
+                    { type = "message", role = "assistant", phase = "final_answer", content = { { type = "output_text", text = "a" } } } },
+          instructions = "i", max_output_tokens = 5, top_logprobs = 2, include = { "message.output_text.logprobs" },
+          tools = { { type = "function", name = "f", parameters = { type = "object" }, strict = true } },
+          tool_choice = { type = "allowed_tools", mode = "auto", tools = { { type = "function", name = "f" } } },
+          reasoning = { effort = "low" }, text = { format = { type = "json_schema", name = "n", schema = { type = "object" } } } },
+        { input = "q", tool_choice = { type = "function", name = "f" }, tools = { { type = "function", name = "f" } },
+          text = { format = { type = "json_object" }, verbosity = "low" }, stream = true, metadata = { k = "v" } },
+    }
+    it("answers each (a valid one with one place changed) with a chat body or a 400, never raising", function()
+        local H = require "helpers"
+        local words = { "input", "instructions", "max_output_tokens", "tools", "tool_choice", "text", "include", "top_logprobs",
+                        "reasoning", "metadata", "store", "stream", "role", "content", "type", "message", "function_call",
+                        "function_call_output", "reasoning", "call_id", "name", "arguments", "output", "input_text",
+                        "output_text", "refusal", "summary", "phase", "format", "json_schema", "schema", "strict", "function",
+                        "allowed_tools", "mode", "user", "assistant", "developer", "effort", "verbosity", "parameters" }
+        for seed = 1, 3000 do
+            local body = H.mutated(BASES[seed % #BASES + 1], seed, words)
+            local ok, chat_body, view = pcall(responses.to_chat, body)
+            assert(ok, body .. " raised " .. tostring(chat_body))
+            if chat_body then
+                assert(cjson.decode(chat_body), body)
+                local e = view:error({ status = 400, message = "messages[0].content and messages[1].tool_calls[0]", param = "messages" })
+                assert.equal("string", type(e.message))
+            else
+                assert.equal(400, view.status, body)
+                assert.equal("string", type(view.message), body)
+            end
+        end
+    end)
+end)
