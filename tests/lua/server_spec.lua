@@ -2411,6 +2411,54 @@ describe("scripts/serve options", function()
         assert.equal("", sh("ls " .. dir .. " | grep tinyloop-serve || true"))
     end)
 
+    it("asks for the API key of --api-key (or $TINYLOOP_API_KEY), which it keeps out of its config", function()
+        local p = free_port()
+        local pre = dir .. "/keyed"
+        os.execute(("scripts/serve --port %d --threads 1 --max-active 1 --prefix-pool-mb 0 --api-key 'k3y!' --prefix %s " ..
+                    "> %s.log 2>&1 & echo $! > %s.pid"):format(p, pre, pre, pre))
+        local url = "http://127.0.0.1:" .. p
+        local ok, err = pcall(function()
+            local up = false
+            for _ = 1, 300 do
+                if curl(url .. "/health") == 200 then up = true break end
+                os.execute("sleep 0.1")
+            end
+            assert.is_true(up, sh("cat " .. pre .. ".log"))
+            assert.equal("", sh("grep -l 'k3y!' " .. pre .. "/nginx.conf || true"))
+            for _ = 1, 50 do -- (the banner follows the first /health that answers)
+                if sh("cat " .. pre .. ".log"):find("requests need the API key", 1, true) then break end
+                os.execute("sleep 0.1")
+            end
+            assert.truthy(sh("cat " .. pre .. ".log"):find("requests need the API key", 1, true), sh("cat " .. pre .. ".log"))
+            -- none, a wrong one: 401 in each API's shape; /health and /metrics need none
+            local status, body = curl(url .. "/v1/models")
+            assert.equal(401, status)
+            assert.equal("authentication_error", cjson.decode(body).error.type)
+            status, body = curl("-H 'Authorization: Bearer k3y' " .. url .. "/v1/models")
+            assert.equal(401, status)
+            assert.truthy(cjson.decode(body).error.message:find("not this server's", 1, true))
+            status, body = curl("-H 'x-api-key: wrong' -d '{}' " .. url .. "/v1/messages")
+            assert.same({ 401, "error", "authentication_error" }, { status, cjson.decode(body).type, cjson.decode(body).error.type })
+            assert.equal(200, (curl(url .. "/metrics")))
+            -- the key, either way a client sends it
+            status, body = curl("-H 'Authorization: Bearer k3y!' " .. url .. "/v1/models")
+            assert.equal(200, status, body)
+            status, body = curl("-H 'x-api-key: k3y!' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}' " ..
+                                url .. "/v1/messages/count_tokens")
+            assert.equal(200, status, body)
+            status = curl("-H 'Authorization: Bearer k3y!' -d '{\"prompt\": \"hi\", \"max_tokens\": 1}' " .. url .. "/v1/completions")
+            assert.equal(200, status)
+            -- an unknown path is still a 404 with the key, a 401 without
+            assert.equal(404, (curl("-H 'Authorization: Bearer k3y!' " .. url .. "/nowhere")))
+            assert.equal(401, (curl(url .. "/nowhere")))
+        end)
+        os.execute("kill -TERM $(cat " .. pre .. ".pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
+            ".pid) 2>/dev/null || break; sleep 0.1; done")
+        assert(ok, err)
+        local out = sh("scripts/serve --api-key 'a b' --port 1 2>&1; echo \"exit $?\"")
+        assert.truthy(out:find("--api-key must be printable ASCII without blanks", 1, true) and out:find("exit 2", 1, true), out)
+    end)
+
     it("refuses, as root, a checkpoint that nginx's workers (nobody) cannot read", function()
         if sh("id -u"):gsub("%s+$", "") ~= "0" then return end -- workers then run as the caller
         local dir = sh("mktemp -d"):gsub("%s+$", "") -- 0700: root only

@@ -57,6 +57,8 @@ local conf = {
     reasoning_format = "auto", -- a thinking model's <think> block as reasoning_content (tinyloop.
                               -- reasoning): "deepseek" (llama.cpp's name of the format), "none",
                               -- or "auto" (where the chat template speaks of <think> or </think>)
+    api_key = nil,            -- requests but /health's and /metrics' must carry it (Authorization:
+                              -- Bearer KEY, or Anthropic's x-api-key: KEY); nil: none needed
 }
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
@@ -70,7 +72,7 @@ local next_request = 0
 -- configure(opts) in init_by_lua: the fields of `conf` above.
 function _M.configure(opts)
     for k, v in pairs(opts or {}) do
-        if conf[k] == nil and k ~= "model" and k ~= "model_id" and k ~= "chat_template" then error("tinyloop.server: unknown option '" .. tostring(k) .. "'") end
+        if conf[k] == nil and k ~= "model" and k ~= "model_id" and k ~= "chat_template" and k ~= "api_key" then error("tinyloop.server: unknown option '" .. tostring(k) .. "'") end
         conf[k] = v
     end
     if type(conf.model) ~= "string" then error("tinyloop.server: configure{ model = DIR } is required") end
@@ -78,6 +80,10 @@ function _M.configure(opts)
         error("tinyloop.server: kv_type must be \"f32\" or \"f16\", got " .. tostring(conf.kv_type))
     end
     conf.model_id = conf.model_id or conf.model:gsub("/+$", ""):match("([^/]+)$")
+    if conf.api_key == "" then conf.api_key = nil end -- (an environment variable set empty: none)
+    if conf.api_key ~= nil and (type(conf.api_key) ~= "string" or conf.api_key:find("[^\33-\126]")) then
+        error("tinyloop.server: api_key must be printable ASCII without blanks")
+    end
     -- The chat template is read here, once, in the master: a template the operator named
     -- must work (else nginx does not start); the model's own may use Jinja this renderer
     -- lacks, which costs only /v1/chat/completions (500 with the reason; logged per worker).
@@ -272,6 +278,26 @@ end
 -- An error in Anthropic's shape ({"type": "error", "error": {"type", "message"}}).
 local function send_anthropic_error(status, message, _, _, headers)
     return send_json(status, anthropic.error_body(status, tostring(message)), headers)
+end
+
+-- access_by_lua: with conf.api_key, a request to anything but /health and /metrics (a load
+-- balancer's and Prometheus' probes) carries it, as Authorization: Bearer KEY (OpenAI's
+-- clients) or x-api-key: KEY (Anthropic's); else 401, in the shape of the API the URI is.
+function _M.authorize()
+    local key = conf.api_key
+    local uri = ngx.var.uri
+    if not key or uri == "/health" or uri == "/metrics" or uri == "/.tinyloop-error" then return end
+    local given = ngx.var.http_authorization
+    given = given and given:match("^[Bb]earer%s+(%S+)%s*$") or ngx.var.http_x_api_key
+    if given and #given == #key then -- (every byte compared: the time says nothing of where they differ)
+        local differ = 0
+        for i = 1, #key do differ = bit.bor(differ, bit.bxor(given:byte(i), key:byte(i))) end
+        if differ == 0 then return end
+    end
+    local fail = uri:find("^/v1/messages") and send_anthropic_error or send_error
+    return fail(401, given and "the API key is not this server's" or
+                "this server needs an API key: Authorization: Bearer KEY (or x-api-key: KEY)", nil, "authentication_error",
+                { ["WWW-Authenticate"] = 'Bearer realm="tinyloop"' })
 end
 
 -- (nginx's own 413, client_max_body_size's: in the shape of the API the URI is)
