@@ -95,7 +95,7 @@ end)
 local function hangs_up(path, req)
     local before = metrics()
     local first = sh("curl -sN -m 30 --data-binary " .. quote(cjson.encode(req)) .. " " .. base .. path .. " | head -n 1")
-    assert.truthy(first:match("^event: ") or first:match("^data: "), first)
+    assert.truthy(first:match("^event: ") or first:match("^data: ") or first:match("^{"), first)
     local m
     for _ = 1, 100 do
         m = metrics()
@@ -1858,6 +1858,111 @@ describe("messages (Anthropic's Messages API)", function()
         local status, body = curl(base .. "/v1/messages")
         assert.equal(405, status)
         assert.equal("error", cjson.decode(body).type)
+    end)
+end)
+
+describe("Ollama's API", function()
+    local function ndjson(body) -- an Ollama stream -> its objects, one a line
+        local objects = {}
+        for line in body:gmatch("[^\n]+") do objects[#objects + 1] = cjson.decode(line) end
+        assert.equal("\n", body:sub(-1))
+        return objects
+    end
+    local messages = { { role = "system", content = "Be brief." }, { role = "user", content = "Who is Emma?" } }
+
+    it("chats as the chat completions do, streamed as JSON lines by default or whole", function()
+        local chat = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 12, seed = 5, temperature = 0.8,
+                                                         ignore_eos = true })))
+        local req = { model = "tinyloop-austen:latest", messages = messages, options = { num_predict = 12, seed = 5, temperature = 0.8 },
+                      ignore_eos = true }
+        local status, body = post_to("/api/chat", req)
+        assert.equal(200, status, body)
+        local objects = ndjson(body)
+        local text = {}
+        for i, o in ipairs(objects) do
+            assert.same({ "tinyloop-austen:latest", "assistant", i == #objects }, { o.model, o.message.role, o.done })
+            assert.truthy(o.created_at:match("^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%d"), o.created_at)
+            text[#text + 1] = o.message.content
+        end
+        assert.equal(chat.choices[1].message.content, table.concat(text))
+        local final = objects[#objects]
+        assert.same({ "length", chat.usage.prompt_tokens, 12, 0 },
+                    { final.done_reason, final.prompt_eval_count, final.eval_count, final.load_duration })
+        assert.truthy(final.eval_duration > 0 and final.total_duration >= final.eval_duration)
+        req.stream = false
+        status, body = post_to("/api/chat", req)
+        assert.equal(200, status, body)
+        local whole = cjson.decode(body)
+        assert.same({ chat.choices[1].message.content, true, "length" }, { whole.message.content, whole.done, whole.done_reason })
+    end)
+
+    it("generates through the chat template, or raw as the completions do", function()
+        local chat = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 8, seed = 2, ignore_eos = true })))
+        local status, body = post_to("/api/generate", { prompt = "Who is Emma?", system = "Be brief.", stream = false,
+                                                        options = { num_predict = 8, seed = 2 }, ignore_eos = true })
+        assert.equal(200, status, body)
+        assert.equal(chat.choices[1].message.content, cjson.decode(body).response)
+        local completion = cjson.decode(select(2, post_json({ prompt = "It is a truth", max_tokens = 8, seed = 2, ignore_eos = true })))
+        status, body = post_to("/api/generate", { prompt = "It is a truth", raw = true, options = { num_predict = 8, seed = 2 },
+                                                  ignore_eos = true })
+        assert.equal(200, status, body)
+        local text = {}
+        for _, o in ipairs(ndjson(body)) do text[#text + 1] = o.response end
+        assert.equal(completion.choices[1].text, table.concat(text))
+        -- an empty prompt loads the model (Ollama's way): it is loaded
+        status, body = post_to("/api/generate", { model = "tinyloop-austen" })
+        assert.same({ 200, "load", true }, { status, cjson.decode(body).done_reason, cjson.decode(body).done })
+    end)
+
+    it("answers a call the model writes as tool_calls with an arguments object", function()
+        -- (a grammar writes the call: the shipped model never calls on its own)
+        local call = '<tool_call>\n{"name": "now", "arguments": {"tz": "UTC"}}\n</tool_call>'
+        local req = { messages = { { role = "user", content = "Time?" } }, stream = false,
+                      tools = { { type = "function", ["function"] = { name = "now", parameters = { type = "object" } } } },
+                      grammar = "root ::= " .. cjson.encode(call):gsub("\\/", "/") }
+        local status, body = post_to("/api/chat", req)
+        assert.equal(200, status, body)
+        local message = cjson.decode(body).message
+        assert.same({ { ["function"] = { index = 0, name = "now", arguments = { tz = "UTC" } } } },
+                    { { ["function"] = message.tool_calls[1]["function"] } })
+        assert.equal("", message.content)
+        req.stream = nil
+        status, body = post_to("/api/chat", req)
+        local calls = {}
+        for _, o in ipairs(ndjson(body)) do
+            for _, c in ipairs(o.message.tool_calls or {}) do calls[#calls + 1] = c["function"] end
+        end
+        assert.same({ message.tool_calls[1]["function"] }, calls) -- (the ids are each request's own)
+    end)
+
+    it("lists, shows and names the served model, and answers errors as {\"error\"}", function()
+        local status, body = curl(base .. "/api/tags")
+        assert.equal(200, status)
+        local entry = cjson.decode(body).models[1]
+        assert.same({ "tinyloop-austen:latest", "safetensors", "tinyloop" }, { entry.name, entry.details.format, entry.details.family })
+        assert.equal(tinyloop.load(MODEL):info().weight_bytes, entry.size)
+        assert.equal(256, cjson.decode(select(2, curl(base .. "/api/ps"))).models[1].context_length)
+        status, body = post_to("/api/show", { model = "tinyloop-austen" })
+        assert.equal(200, status, body)
+        local shown = cjson.decode(body)
+        assert.truthy(shown.template:find("message", 1, true))
+        assert.same({ "completion", "tools" }, shown.capabilities)
+        assert.equal("string", type(cjson.decode(select(2, curl(base .. "/api/version"))).version))
+        for _, case in ipairs({ { "/api/show", { model = "llama3" }, 404, "not found" },
+                                { "/api/chat", { model = "llama3", messages = messages }, 404, "not found" },
+                                { "/api/chat", { messages = messages, options = { mirostat = 1 } }, 400, "options.mirostat" },
+                                { "/api/chat", { messages = messages, options = { num_predict = 100000 } }, 400, "options.num_predict" },
+                                { "/api/generate", { prompt = "x", images = { "aGk=" } }, 400, "text only" } }) do
+            status, body = post_to(case[1], case[2])
+            assert.equal(case[3], status, body)
+            local e = cjson.decode(body).error
+            assert.equal("string", type(e), body)
+            assert.truthy(e:find(case[4], 1, true), e)
+        end
+    end)
+
+    it("cancels a stream whose client hangs up", function()
+        hangs_up("/api/chat", { messages = messages, options = { num_predict = 200 }, loops = 16, ignore_eos = true })
     end)
 end)
 

@@ -20,6 +20,7 @@ local tinyloop = require "tinyloop"
 local request = require "tinyloop.server.request"
 local responses = require "tinyloop.server.responses"
 local anthropic = require "tinyloop.server.anthropic"
+local ollama = require "tinyloop.server.ollama"
 local tools = require "tinyloop.tools"
 local reasoning = require "tinyloop.reasoning"
 local tags = require "tinyloop.tags"
@@ -271,7 +272,7 @@ end
 
 function _M.not_found()
     return send_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
         "/metrics)", nil, "not_found_error")
 end
 
@@ -843,7 +844,10 @@ local function sse(r, payload)
         local events = r.view:feed(payload)
         if #events == 0 then return true end
         local text = {}
-        for i, e in ipairs(events) do text[i] = "event: " .. e[1] .. "\ndata: " .. e[2] .. "\n\n" end
+        for i, e in ipairs(events) do
+            -- (Ollama's stream: one JSON object a line; the others: server-sent events with a type)
+            text[i] = r.view.FRAME == "ndjson" and (e[2] .. "\n") or ("event: " .. e[1] .. "\ndata: " .. e[2] .. "\n\n")
+        end
         ok, err = ngx_print(text)
     else
         ok, err = ngx_print("data: ", payload, "\n\n")
@@ -862,9 +866,9 @@ end
 
 -- Headers go with the first event, not before: a client's time to first byte is then its
 -- time to first token, and a failure before any token still gets a real error status.
-local function start_stream()
+local function start_stream(r)
     ngx.status = 200
-    ngx.header["Content-Type"] = "text/event-stream"
+    ngx.header["Content-Type"] = r.view and r.view.CONTENT_TYPE or "text/event-stream"
     ngx.header["Cache-Control"] = "no-cache"
     ngx.header["X-Accel-Buffering"] = "no" -- a proxy in front must not buffer the stream
 end
@@ -882,7 +886,7 @@ local function run_stream(r)
     for k, st in ipairs(r.sts) do
         live[k] = st
         if st.echo then
-            if not started then start_stream(); started = true end
+            if not started then start_stream(r); started = true end
             local echo_chunk = choice_json(st, st.echo, {}, nil, nil, st.prompt_figures, st.prompt_ids, #st.prompt_ids)
             if not sse(r, response_json(r, echo_chunk, usage_null)) then return ngx_exit(499) end
         end
@@ -920,7 +924,7 @@ local function run_stream(r)
                     text, ids, figures, calls_json = tool_stream(r, st, text, ids, figures, finished)
                     -- held: the role, and the reasoning so far, go out at once all the same
                     if not text and (not st.role_sent or thought ~= "") then
-                        if not started then start_stream(); started = true end
+                        if not started then start_stream(r); started = true end
                         if not sse(r, response_json(r, choice_json(st, nil, {}, nil, nil, nil, nil, nil, nil, thought), usage_null)) then
                             return ngx_exit(499)
                         end
@@ -928,7 +932,7 @@ local function run_stream(r)
                     end
                 end
                 if not started and ((text and (finished or text ~= "" or #ids > 0)) or thought ~= "") then
-                    start_stream()
+                    start_stream(r)
                     started = true
                 end
                 local chunk
@@ -1233,6 +1237,65 @@ function _M.count_tokens()
         return send_json(e.status, e.body)
     end
     return send_json(200, '{"input_tokens":' .. req.prompt_tokens .. "}")
+end
+
+-- ------------------------------------------------------------------ Ollama's API
+
+local function send_ollama_error(status, message, _, _, headers)
+    return send_json(status, ollama.error_body(tostring(message)), headers)
+end
+
+-- POST /api/chat, /api/generate: the chat (or, raw, completions) request it means
+-- (tinyloop.server.ollama), answered as Ollama's objects, streamed unless stream is false.
+local function ollama_serve(to_chat)
+    local body = post_body(send_ollama_error)
+    if not body then return end
+    local chat_body, view, chat = to_chat(body, conf.model_id)
+    if not chat_body then return send_ollama_error(view.status, view.message) end
+    if view.load then return send_json(200, view:load_answer(ngx.now())) end
+    return serve(chat ~= false, chat_body, view)
+end
+function _M.ollama_chat() return ollama_serve(ollama.chat_to_chat) end
+function _M.ollama_generate() return ollama_serve(ollama.generate_to_chat) end
+
+-- The served model as Ollama's listings describe it (once per worker).
+local ollama_info
+local function ollama_model()
+    if not ollama_info then
+        local info = model:info()
+        ollama_info = { id = conf.model_id, size = info.weight_bytes, created = created_at, weight_dtype = model_types.weight_dtype,
+                        parameters = info.n_params, context = model.max_seq_len, tools = chat_prompts ~= nil,
+                        template = chat_prompts and chat_prompts.template_text or nil, thinking = reasoning_on }
+    end
+    return ollama_info
+end
+
+-- GET /api/tags (the models there are), /api/ps (those loaded: the same one), /api/version.
+function _M.ollama_tags()
+    if not only_get() or not ready(send_ollama_error) then return end
+    return send_json(200, '{"models":[' .. ollama.model_entry(ollama_model()) .. "]}")
+end
+function _M.ollama_ps()
+    if not only_get() or not ready(send_ollama_error) then return end
+    return send_json(200, '{"models":[' .. ollama.model_entry(ollama_model(), true) .. "]}")
+end
+function _M.ollama_version()
+    if not only_get() then return end
+    return send_json(200, '{"version":' .. encode(_M._VERSION) .. "}")
+end
+
+-- POST /api/show {"model"} (or Ollama's older "name"): the model's details, template and
+-- capabilities.
+function _M.ollama_show()
+    local body = post_body(send_ollama_error)
+    if not body then return end
+    local t = cjson.decode(body)
+    local name = type(t) == "table" and (t.model or t.name)
+    if type(name) ~= "string" then return send_ollama_error(400, 'the body must be {"model": NAME}') end
+    if not ollama.names_model(name, conf.model_id) then
+        return send_ollama_error(404, ("model %s not found (this server runs %s:latest)"):format(encode(name), conf.model_id))
+    end
+    return send_json(200, ollama.show(ollama_model()))
 end
 
 -- /v1/responses/... (a stored response's retrieve, cancel, delete, input_items; input_tokens,

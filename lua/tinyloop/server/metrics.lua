@@ -66,7 +66,7 @@ function _M.observe(h, v, count)
 end
 
 -- Requests by endpoint and status: endpoints are a fixed set, so labels stay bounded.
-local ENDPOINTS = { ["/v1/completions"] = true, ["/v1/chat/completions"] = true, ["/v1/responses"] = true, ["/v1/messages"] = true, ["/v1/messages/count_tokens"] = true, ["/v1/models"] = true, ["/health"] = true,
+local ENDPOINTS = { ["/v1/completions"] = true, ["/v1/chat/completions"] = true, ["/v1/responses"] = true, ["/v1/messages"] = true, ["/v1/messages/count_tokens"] = true, ["/api/chat"] = true, ["/api/generate"] = true, ["/v1/models"] = true, ["/health"] = true,
                     ["/metrics"] = true, ["/tokenize"] = true, ["/detokenize"] = true }
 function _M.log_request(uri, status)
     incr("req:" .. (ENDPOINTS[uri] and uri or "other") .. ":" .. tostring(status))

@@ -127,8 +127,8 @@ end
 function _M.add_template_variable(members, t, name, json)
     for _, m in ipairs(members) do
         if m[1] == "chat_template_kwargs" then
-            local own = t.chat_template_kwargs
-            if type(own) ~= "table" or own[name] ~= nil then return end
+            local own = t.chat_template_kwargs -- (nil: the member is this function's)
+            if own ~= nil and (type(own) ~= "table" or own[name] ~= nil) then return end
             local inner = m[2]:match("^%s*{%s*(.-)%s*}%s*$")
             if inner then m[2] = "{" .. encode(name) .. ":" .. json .. (inner ~= "" and ("," .. inner) or "") .. "}" end
             return
@@ -157,14 +157,15 @@ local function finish_of(choice, chat, chat_json)
              usage = type(chat.usage) == "table" and chat.usage or nil, tinyloop = stats }
 end
 
--- answer(chat_json) -> a blocking chat answer's one choice: { reasoning (text, or nil for none
+-- answer(chat_json) -> a blocking chat (or completions) answer's one choice: { reasoning (text, or nil for none
 -- or an empty block), text (the
 -- content, "" for none), calls ({id, name, arguments (JSON text)}, ...), logprobs (entries'
 -- JSON texts), finish = finish_of's, created, model }.
 function _M.answer(chat_json)
     local chat = cjson.decode(chat_json)
     local choice = chat.choices[1]
-    local message = choice.message
+    -- (a completions answer's choice has its text: a message of that content)
+    local message = type(choice.message) == "table" and choice.message or { content = choice.text }
     local calls = {}
     for k, call in ipairs(type(message.tool_calls) == "table" and message.tool_calls or {}) do
         calls[k] = { id = call.id, name = call["function"].name, arguments = call["function"].arguments }
@@ -194,7 +195,8 @@ function _M.deltas(payload)
     end
     local choice = type(chunk.choices) == "table" and chunk.choices[1]
     if type(choice) ~= "table" then return out, {} end
-    local delta = type(choice.delta) == "table" and choice.delta or {}
+    -- (a completions chunk's choice has its text: a delta of that content)
+    local delta = type(choice.delta) == "table" and choice.delta or { content = choice.text }
     local thought, text = string_or_nil(delta.reasoning_content), string_or_nil(delta.content)
     if thought and thought ~= "" then out[#out + 1] = { kind = "reasoning", text = thought } end
     if text and text ~= "" then out[#out + 1] = { kind = "text", text = text } end

@@ -1,0 +1,417 @@
+-- tinyloop.server.ollama: Ollama's API (POST /api/chat, /api/generate, /api/show; GET /api/tags,
+-- /api/ps, /api/version) as a view of the chat and completions paths, as
+-- tinyloop.server.responses is of OpenAI's Responses. Pure Lua (no ngx).
+--
+-- The tools built on Ollama (its Python and JS clients, LangChain's ChatOllama, editors' and
+-- web UIs' Ollama backends) send /api/chat and /api/generate: a request is the chat request it
+-- means (/api/generate with raw: true the completions request), Ollama's `options` as the
+-- sampling fields, `format` as a JSON grammar, `think` as the template's enable_thinking.
+-- Answers stream by default (Ollama's rule), as newline-delimited JSON objects, the last with
+-- done: true, done_reason and the counts and durations (nanoseconds) Ollama reports. Errors
+-- are {"error": "message"}.
+local cjson = require "cjson.safe"
+local json_text = require "tinyloop.json_text"
+local shapes = require "tinyloop.server.shapes"
+
+local type, pairs, ipairs, tostring = type, pairs, ipairs, tostring
+local concat, floor = table.concat, math.floor
+local raw_member = json_text.member
+local json_null = cjson.null
+local encode, bad, is_array, shown, object, check_keys = shapes.encode, shapes.bad, shapes.is_array, shapes.shown, shapes.object,
+                                                         shapes.check_keys
+
+local _M = {}
+
+-- ------------------------------------------------------------------ the request
+
+-- Ollama's options -> the chat request's field (true: taken, changes nothing here: the
+-- machine's and the context's settings, which the server's own configuration fixes).
+local OPTIONS = {
+    temperature = "temperature", top_p = "top_p", top_k = "top_k", min_p = "min_p", seed = "seed",
+    repeat_penalty = "repetition_penalty", presence_penalty = "presence_penalty", frequency_penalty = "frequency_penalty",
+    num_predict = true, stop = true, -- (read below)
+    num_ctx = true, num_keep = true, num_batch = true, num_gpu = true, main_gpu = true, num_thread = true, numa = true,
+    use_mmap = true, use_mlock = true, low_vram = true, vocab_only = true, f16_kv = true, logits_all = true,
+    repeat_last_n = true, penalize_newline = true, mirostat_eta = true, mirostat_tau = true,
+}
+-- Options taken only at the value that changes nothing (samplers this engine does not have).
+local NO_OP_OPTIONS = { typical_p = 1, tfs_z = 1, mirostat = 0 }
+
+-- The request's top-level fields: their JSON kinds (PASSED: the chat request's, as sent).
+local CHAT_OWN = { model = "string", messages = "array", tools = "array", format = "any", options = "object", stream = "boolean",
+                   think = "any", keep_alive = "any" }
+local GENERATE_OWN = { model = "string", prompt = "string", suffix = "string", system = "string", raw = "boolean", format = "any",
+                       options = "object", stream = "boolean", think = "any", keep_alive = "any", images = "array",
+                       context = "array", template = "string" }
+local PASS = {}
+for _, k in ipairs(shapes.PASSED) do PASS[k] = k ~= "model" and k ~= "stream" or nil end
+local REFUSED = {}
+
+-- A model name as Ollama's clients send it ("name" or "name:tag") is the served model's when
+-- its name is, with the tag "latest" or none.
+function _M.names_model(name, model_id)
+    return name == model_id or name == model_id .. ":latest"
+end
+
+-- options, format, think, stream -> members of the chat body (appended), or nil, err.
+local function check_model(t, model_id)
+    if t.model ~= nil and not _M.names_model(t.model, model_id) then
+        return bad(("model %s not found (this server runs %s)"):format(shown(t.model), model_id .. ":latest"), "model", 404)
+    end
+    return true
+end
+
+local function common(t, body, members)
+    -- Ollama streams unless told not to
+    members[#members + 1] = { "stream", t.stream == false and "false" or "true" }
+    local options = t.options or {}
+    local raw_options = shapes.raw_fields(raw_member(body, { "options" }))
+    for k, v in pairs(options) do
+        if v ~= json_null then
+            if NO_OP_OPTIONS[k] ~= nil then
+                if v ~= NO_OP_OPTIONS[k] then
+                    return bad(("options.%s is not supported (only %s, which changes nothing)"):format(k, tostring(NO_OP_OPTIONS[k])), "options")
+                end
+            elseif not OPTIONS[k] then
+                return bad(("unknown option '%s' in options"):format(tostring(k)), "options")
+            elseif type(OPTIONS[k]) == "string" then
+                members[#members + 1] = { OPTIONS[k], raw_options[k] }
+            end
+        end
+    end
+    local predict = options.num_predict
+    if predict ~= nil and predict ~= json_null then
+        if not shapes.KIND_OK.integer(predict) then return bad("options.num_predict must be an integer", "options") end
+        -- (-1: no limit, -2: fill the context: both the rest of the context here)
+        if predict >= 0 then members[#members + 1] = { "max_tokens", shapes.integer(predict) } end
+    end
+    if options.stop ~= nil and options.stop ~= json_null then members[#members + 1] = { "stop", raw_options.stop } end
+    local format = t.format
+    if format ~= nil and format ~= "" then
+        if format == "json" then
+            members[#members + 1] = { "response_format", '{"type":"json_object"}' }
+        elseif type(format) == "table" and not is_array(format) then
+            members[#members + 1] = { "response_format", '{"type":"json_schema","json_schema":{"name":"format","schema":' ..
+                                                         raw_member(body, { "format" }) .. "}}" }
+        else
+            return bad('format must be "json" or a JSON Schema object', "format")
+        end
+    end
+    local think = t.think
+    if think ~= nil then
+        if think ~= true and think ~= false and think ~= "low" and think ~= "medium" and think ~= "high" then
+            return bad('think must be true, false, "low", "medium" or "high"', "think")
+        end
+        shapes.add_template_variable(members, t, "enable_thinking", tostring(think ~= false))
+        if type(think) == "string" then shapes.add_template_variable(members, t, "reasoning_effort", encode(think)) end
+    end
+    return true
+end
+
+-- An assistant's tool_calls (Ollama's: {"function": {"name", "arguments": an object}}, its
+-- arguments read as sent) -> chat's, each with an id (Ollama's calls have none; its tool
+-- messages name the function they answer).
+local CALL_KEYS = { id = true, type = true, ["function"] = true }
+local FUNCTION_KEYS = { name = true, arguments = true, index = true, description = true }
+local function chat_calls(calls, raw_calls, where, message_index)
+    if not is_array(calls) then return nil, where .. " must be an array" end
+    local out = {}
+    for k, call in ipairs(calls) do
+        local at = ("%s[%d]"):format(where, k - 1)
+        local fn = type(call) == "table" and call["function"]
+        if type(fn) ~= "table" then return nil, at .. ' must be {"function": {"name", "arguments"}}' end
+        local ok, err = check_keys(call, CALL_KEYS, at)
+        if ok then ok, err = check_keys(fn, FUNCTION_KEYS, at .. ".function") end
+        if not ok then return nil, err end
+        if type(fn.name) ~= "string" then return nil, at .. ".function.name must be a string" end
+        local arguments = shapes.raw_fields(shapes.raw_fields(raw_calls[k])["function"]).arguments
+        if not arguments or arguments:sub(1, 1) ~= "{" then return nil, at .. ".function.arguments must be an object" end
+        out[k] = { id = type(call.id) == "string" and call.id or ("call_%d_%d"):format(message_index, k), type = "function",
+                   ["function"] = { name = fn.name, arguments = arguments } }
+    end
+    return out
+end
+
+local MESSAGE_KEYS = { role = true, content = true, images = true, thinking = true, tool_calls = true, tool_name = true,
+                       tool_call_id = true }
+local ROLES = { system = true, user = true, assistant = true, tool = true }
+
+-- messages (Ollama's) -> chat's, or nil, err. A tool message answers the earliest call not yet
+-- answered of the function it names (tool_name), or else the earliest not yet answered.
+local function chat_messages(messages, raw)
+    local out, open = {}, {} -- open: calls not yet answered, in order
+    local raw_messages = shapes.raw_list(raw)
+    for i, m in ipairs(messages) do
+        local where = ("messages[%d]"):format(i - 1)
+        if type(m) ~= "table" or is_array(m) then return nil, where .. ' must be an object {"role", "content"}' end
+        local ok, err = check_keys(m, MESSAGE_KEYS, where)
+        if not ok then return nil, err end
+        if not ROLES[m.role] then return nil, ('%s.role must be "system", "user", "assistant" or "tool", got %s'):format(where, shown(m.role)) end
+        if m.content ~= nil and type(m.content) ~= "string" then return nil, where .. ".content must be a string" end
+        if m.images ~= nil and m.images ~= json_null and not (is_array(m.images) and #m.images == 0) then
+            return nil, where .. ".images: this model reads text only"
+        end
+        local message = { role = m.role, content = m.content or "" }
+        if m.role == "assistant" then
+            if type(m.thinking) == "string" and m.thinking ~= "" then message.reasoning_content = m.thinking end
+            if m.tool_calls ~= nil and m.tool_calls ~= json_null then
+                local calls
+                calls, err = chat_calls(m.tool_calls, shapes.raw_list(shapes.raw_fields(raw_messages[i]).tool_calls),
+                                        where .. ".tool_calls", i - 1)
+                if not calls then return nil, err end
+                if #calls > 0 then
+                    message.tool_calls = calls
+                    if message.content == "" then message.content = json_null end
+                    for _, call in ipairs(calls) do open[#open + 1] = call end
+                end
+            end
+        elseif m.role == "tool" then
+            local pick
+            if type(m.tool_call_id) == "string" then
+                message.tool_call_id = m.tool_call_id
+            else
+                for k, call in ipairs(open) do
+                    if not pick and (m.tool_name == nil or call["function"].name == m.tool_name) then pick = k end
+                end
+                pick = pick or (#open > 0 and 1 or nil)
+                message.tool_call_id = pick and open[pick].id or ("call_" .. (i - 1))
+            end
+            for k, call in ipairs(open) do
+                if call.id == message.tool_call_id then table.remove(open, k) break end
+            end
+        end
+        out[#out + 1] = message
+    end
+    if #out == 0 then return nil, "messages must be a non-empty array of messages" end
+    return out
+end
+
+local View = { ID_PREFIX = "ollama", CONTENT_TYPE = "application/x-ndjson", FRAME = "ndjson" }
+View.__index = View
+
+-- chat_to_chat(body, model_id) -> an /api/chat request's chat body, and its view; or nil, err.
+function _M.chat_to_chat(body, model_id)
+    local t, members = shapes.read_fields(body, CHAT_OWN, PASS, REFUSED)
+    if not t then return nil, members end
+    local ok, err = check_model(t, model_id)
+    if not ok then return nil, err end
+    if t.messages == nil then return bad("messages is required", "messages") end
+    local messages
+    messages, err = chat_messages(t.messages, raw_member(body, { "messages" }))
+    if not messages then return bad(err, "messages") end
+    members[#members + 1] = { "messages", encode(messages) }
+    if t.tools and #t.tools > 0 then members[#members + 1] = { "tools", raw_member(body, { "tools" }) } end
+    ok, err = common(t, body, members)
+    if not ok then return nil, err end
+    return object(members), setmetatable({ kind = "chat", stream = t.stream ~= false, model_name = t.model or model_id }, View)
+end
+
+-- generate_to_chat(body, model_id) -> an /api/generate request's body for the chat path (or,
+-- with raw: true, the completions path: `chat` false), its view and `chat`; or nil, err.
+-- An empty prompt loads the model in Ollama: here it is answered at once (view.load).
+function _M.generate_to_chat(body, model_id)
+    local t, members = shapes.read_fields(body, GENERATE_OWN, PASS, REFUSED)
+    if not t then return nil, members end
+    local ok, err = check_model(t, model_id)
+    if not ok then return nil, err end
+    if t.template ~= nil then return bad("template is not taken: the chat template is the server's (--chat-template)", "template") end
+    if t.suffix ~= nil and t.suffix ~= "" then return bad("suffix (fill in the middle) is not supported", "suffix") end
+    if t.images ~= nil and #t.images > 0 then return bad("images: this model reads text only", "images") end
+    if t.context ~= nil and #t.context > 0 then
+        return bad("context (a past reply's tokens) is not kept: send the conversation to /api/chat", "context")
+    end
+    local view = setmetatable({ kind = "generate", stream = t.stream ~= false, model_name = t.model or model_id }, View)
+    ok, err = common(t, body, members)
+    if not ok then return nil, err end
+    if t.prompt == nil or t.prompt == "" then
+        view.load = true -- (Ollama's way to load a model: it is loaded)
+        return "", view, true
+    end
+    if t.raw then
+        if t.system ~= nil then return bad("system goes through the chat template, which raw leaves out", "system") end
+        if t.think ~= nil then return bad("think goes through the chat template, which raw leaves out", "think") end
+        members[#members + 1] = { "prompt", encode(t.prompt) }
+        return object(members), view, false
+    end
+    local messages = {}
+    if t.system and t.system ~= "" then messages[1] = { role = "system", content = t.system } end
+    messages[#messages + 1] = { role = "user", content = t.prompt }
+    members[#members + 1] = { "messages", encode(messages) }
+    return object(members), view, true
+end
+
+-- The chat request's names -> Ollama's, in an error's message; the body {"error": message}.
+function View:error(err)
+    local message = err.message or ""
+    message = message:gsub("%f[%w_]max_completion_tokens%f[^%w_]", "options.num_predict")
+                     :gsub("%f[%w_]max_tokens%f[^%w_]", "options.num_predict")
+                     :gsub("%f[%w_]repetition_penalty%f[^%w_]", "options.repeat_penalty")
+                     :gsub("%f[%w_]response_format%f[^%w_]", "format")
+    if err.param == "stop" then message = message:gsub("^stop", "options.stop") end
+    return { status = err.status, message = message, type = err.type, body = _M.error_body(message) }
+end
+
+function _M.error_body(message)
+    return '{"error":' .. encode(require("tinyloop.server.request").valid_utf8(message)) .. "}"
+end
+
+-- ------------------------------------------------------------------ the answer
+
+local function iso_time(seconds)
+    return os.date("!%Y-%m-%dT%H:%M:%S", floor(seconds)) .. ("%.6fZ"):format(seconds % 1):sub(2)
+end
+_M.iso_time = iso_time
+
+local function ns(ms) return ("%d"):format(floor((tonumber(ms) or 0) * 1e6 + 0.5)) end
+
+-- The fields of a final object: done, done_reason and the counts and durations Ollama reports
+-- (TinyLoop's stats, its own fields kept under "tinyloop").
+local function final_fields(members, finish)
+    local stats = finish.tinyloop and cjson.decode(finish.tinyloop) or {}
+    local usage = finish.usage or {}
+    members[#members + 1] = { "done_reason", finish.finish_reason == "length" and '"length"' or '"stop"' }
+    members[#members + 1] = { "done", "true" }
+    members[#members + 1] = { "total_duration", ns((stats.prefill_ms or 0) + (stats.decode_ms or 0)) }
+    members[#members + 1] = { "load_duration", "0" }
+    members[#members + 1] = { "prompt_eval_count", tostring(usage.prompt_tokens or 0) }
+    members[#members + 1] = { "prompt_eval_duration", ns(stats.prefill_ms) }
+    members[#members + 1] = { "eval_count", tostring(usage.completion_tokens or 0) }
+    members[#members + 1] = { "eval_duration", ns(stats.decode_ms) }
+    members[#members + 1] = { "tinyloop", finish.tinyloop }
+end
+
+local function calls_json(calls, from)
+    local out = {}
+    for k = from or 1, #calls do
+        local call = calls[k]
+        out[#out + 1] = object({ { "id", encode(call.id) }, { "function", object({ { "index", tostring(k - 1) },
+            { "name", encode(call.name) }, { "arguments", call.arguments } }) } })
+    end
+    return "[" .. concat(out, ",") .. "]"
+end
+
+-- One object of the answer: the message (chat) or response (generate) so far.
+function View:object(text, thought, calls, final)
+    local members = { { "model", encode(self.model_name) }, { "created_at", encode(iso_time(self.created or os.time())) } }
+    if self.kind == "chat" then
+        members[#members + 1] = { "message", object({ { "role", '"assistant"' }, { "content", encode(text) },
+            { "thinking", thought and encode(thought) or nil }, { "tool_calls", calls and #calls > 0 and calls_json(calls) or nil } }) }
+    else
+        members[#members + 1] = { "response", encode(text) }
+        members[#members + 1] = { "thinking", thought and encode(thought) or nil }
+    end
+    if final then final_fields(members, final) else members[#members + 1] = { "done", "false" } end
+    return object(members)
+end
+
+-- The answer to an empty /api/generate prompt (Ollama's model load).
+function View:load_answer(created)
+    self.created = created
+    return object({ { "model", encode(self.model_name) }, { "created_at", encode(iso_time(created)) }, { "response", '""' },
+                    { "done_reason", '"load"' }, { "done", "true" } })
+end
+
+-- response(json, id) -> a blocking answer (one object) of a chat or completions answer.
+function View:response(answer_json, _)
+    local answer = shapes.answer(answer_json)
+    self.created = answer.created
+    return self:object(answer.text, answer.reasoning, answer.calls, answer.finish)
+end
+
+-- ------------------------------------------------------------------ the stream
+
+function View:start_stream(_, created)
+    self.created, self.calls, self.finished = created, {}, false
+end
+
+-- feed(payload) -> the objects {nil, json} a chat stream's event makes: one per chunk with
+-- text or reasoning; a call goes out whole (Ollama's way), once the next begins or at the
+-- finish, whose object is the last (done: true).
+function View:feed(payload)
+    local out = {}
+    if self.finished then return out end
+    local deltas = shapes.deltas(payload)
+    local text, thought = {}, {}
+    local function flush_calls(all)
+        local calls = self.calls
+        local upto = all and #calls or #calls - 1
+        if upto >= (self.sent_calls or 0) + 1 then
+            local whole = {}
+            for k = (self.sent_calls or 0) + 1, upto do whole[#whole + 1] = calls[k] end
+            out[#out + 1] = { nil, self:object("", nil, whole) }
+            self.sent_calls = upto
+        end
+    end
+    for _, d in ipairs(deltas) do
+        if d.kind == "error" then
+            self.finished = true
+            out[#out + 1] = { nil, _M.error_body(d.message) }
+            return out
+        elseif d.kind == "reasoning" then
+            thought[#thought + 1] = d.text
+        elseif d.kind == "text" then
+            text[#text + 1] = d.text
+        elseif d.kind == "call" then
+            self.calls[#self.calls + 1] = { id = d.id, name = d.name, arguments = "" }
+            flush_calls(false)
+        elseif d.kind == "arguments" and #self.calls > 0 then
+            local call = self.calls[#self.calls]
+            call.arguments = call.arguments .. d.text
+        elseif d.kind == "finish" then
+            if #text > 0 or #thought > 0 then
+                out[#out + 1] = { nil, self:object(concat(text), #thought > 0 and concat(thought) or nil) }
+                text, thought = {}, {}
+            end
+            -- (a call the token limit cut is no call: its arguments are not an object)
+            local last = self.calls[#self.calls]
+            if last and not json_text.decode(last.arguments) then self.calls[#self.calls] = nil end
+            flush_calls(true)
+            self.finished = true
+            out[#out + 1] = { nil, self:object("", nil, nil, d) }
+            return out
+        end
+    end
+    if #text > 0 or #thought > 0 then out[#out + 1] = { nil, self:object(concat(text), #thought > 0 and concat(thought) or nil) } end
+    return out
+end
+
+-- ------------------------------------------------------------------ the model
+
+-- The served model as /api/tags, /api/ps and /api/show describe it: info = { id, size (bytes
+-- of its weights), created (seconds), weight_dtype, parameters (count), context, template (the
+-- chat template's text, or nil), thinking (its template has a reasoning block), tools }.
+local function details(info)
+    local billions = info.parameters / 1e9
+    return object({ { "parent_model", '""' }, { "format", '"safetensors"' }, { "family", '"tinyloop"' },
+                    { "families", '["tinyloop"]' },
+                    { "parameter_size", encode(billions >= 1 and ("%.1fB"):format(billions) or ("%.0fM"):format(info.parameters / 1e6)) },
+                    { "quantization_level", encode(info.weight_dtype:upper()) } })
+end
+
+function _M.model_entry(info, running)
+    local name = info.id .. ":latest"
+    local members = { { "name", encode(name) }, { "model", encode(name) },
+                      { "modified_at", encode(iso_time(info.created)) }, { "size", ("%d"):format(info.size) },
+                      { "digest", '""' }, { "details", details(info) } }
+    if running then
+        members[#members + 1] = { "expires_at", '"9999-12-31T23:59:59Z"' } -- (the model stays loaded)
+        members[#members + 1] = { "size_vram", "0" }
+        members[#members + 1] = { "context_length", tostring(info.context) }
+    end
+    return object(members)
+end
+
+function _M.show(info)
+    local capabilities = { '"completion"' }
+    if info.tools then capabilities[#capabilities + 1] = '"tools"' end
+    if info.thinking then capabilities[#capabilities + 1] = '"thinking"' end
+    return object({ { "modelfile", '""' }, { "parameters", '""' }, { "template", encode(info.template or "") },
+                    { "details", details(info) },
+                    { "model_info", object({ { "general.architecture", '"tinyloop"' },
+                                             { "general.parameter_count", ("%d"):format(info.parameters) },
+                                             { "tinyloop.context_length", tostring(info.context) } }) },
+                    { "capabilities", "[" .. concat(capabilities, ",") .. "]" },
+                    { "modified_at", encode(iso_time(info.created)) } })
+end
+
+return _M

@@ -1,0 +1,148 @@
+-- ollama_spec: tinyloop.server.ollama without nginx: an Ollama request as the chat (or
+-- completions) request it means (server_spec runs them through a real nginx and compares).
+local cjson = require "cjson"
+local ollama = require "tinyloop.server.ollama"
+local json_text = require "tinyloop.json_text"
+
+local ID = "tinyloop-austen"
+local function chat_of(body, generate)
+    local chat_body, view, chat = (generate and ollama.generate_to_chat or ollama.chat_to_chat)(body, ID)
+    assert(chat_body, view and view.message)
+    return chat_body ~= "" and cjson.decode(chat_body) or {}, chat_body, view, chat
+end
+
+describe("ollama.chat_to_chat", function()
+    it("maps options, format and think onto the chat request, and streams by default", function()
+        local chat, text = chat_of([[{"model": "tinyloop-austen:latest", "messages": [{"role": "user", "content": "Hi"}],
+            "options": {"temperature": 0.5, "top_k": 7, "seed": 3, "num_predict": 9, "repeat_penalty": 1.1, "stop": ["\n"],
+                        "num_ctx": 4096, "num_thread": 2, "typical_p": 1, "mirostat": 0},
+            "format": {"type": "object", "properties": {"b": {}, "a": {}}}, "think": "high", "keep_alive": "5m"}]])
+        assert.same({ 0.5, 7, 3, 9, 1.1, { "\n" }, true }, { chat.temperature, chat.top_k, chat.seed, chat.max_tokens,
+                                                             chat.repetition_penalty, chat.stop, chat.stream })
+        assert.equal('{"type": "object", "properties": {"b": {}, "a": {}}}', json_text.member(text, { "response_format", "json_schema", "schema" }))
+        assert.same({ enable_thinking = true, reasoning_effort = "high" }, chat.chat_template_kwargs)
+        assert.is_nil(chat.num_ctx)
+        chat = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "stream": false, "format": "json", ' ..
+                       '"options": {"num_predict": -1}}')
+        assert.same({ false, { type = "json_object" } }, { chat.stream, chat.response_format })
+        assert.is_nil(chat.max_tokens) -- (-1: no limit: the rest of the context)
+    end)
+
+    it("gives Ollama's tool calls ids, and each tool message the call it answers", function()
+        local chat = chat_of([[{"messages": [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "", "thinking": "Both.", "tool_calls": [
+                {"function": {"name": "weather", "arguments": {"city": "Paris", "unit": "c"}}},
+                {"function": {"name": "time", "arguments": {}}}]},
+            {"role": "tool", "tool_name": "time", "content": "noon"},
+            {"role": "tool", "content": "sun"}],
+            "tools": [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]}]])
+        local m = chat.messages
+        assert.same({ "assistant", cjson.null, "Both." }, { m[2].role, m[2].content, m[2].reasoning_content })
+        local calls = m[2].tool_calls
+        assert.equal('{"city": "Paris", "unit": "c"}', calls[1]["function"].arguments) -- (as sent)
+        assert.same({ calls[2].id, "noon" }, { m[3].tool_call_id, m[3].content })
+        assert.same({ calls[1].id, "sun" }, { m[4].tool_call_id, m[4].content })
+        assert.equal("weather", chat.tools[1]["function"].name)
+    end)
+
+    it("refuses bad input, naming the field", function()
+        local cases = {
+            { "{", nil, "not valid JSON" },
+            { '{"model": "llama3"}', "model", "not found" },
+            { '{"messages": []}', "messages", "non-empty" },
+            { '{"messages": [{"role": "bot", "content": "x"}]}', "messages", "messages[0].role" },
+            { '{"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}', "messages", "text only" },
+            { '{"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]}', "messages",
+              "arguments must be an object" },
+            { '{"messages": [{"role": "user", "content": "x"}], "options": {"mirostat": 2}}', "options", "options.mirostat" },
+            { '{"messages": [{"role": "user", "content": "x"}], "options": {"warp": 1}}', "options", "unknown option 'warp'" },
+            { '{"messages": [{"role": "user", "content": "x"}], "options": {"num_predict": 1.5}}', "options", "num_predict" },
+            { '{"messages": [{"role": "user", "content": "x"}], "format": "xml"}', "format", "format must be" },
+            { '{"messages": [{"role": "user", "content": "x"}], "think": "max"}', "think", "think must be" },
+            { '{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n", "unknown field 'n'" },
+        }
+        for _, case in ipairs(cases) do
+            local body, err = ollama.chat_to_chat(case[1], ID)
+            assert.is_nil(body, case[1])
+            assert.equal(case[2] == "model" and 404 or 400, err.status)
+            assert.equal(case[2], err.param, case[1])
+            assert.truthy(err.message:find(case[3], 1, true), case[1] .. " -> " .. err.message)
+        end
+    end)
+end)
+
+describe("ollama.generate_to_chat", function()
+    it("is a chat turn (system and prompt), or with raw the completions request, or a load", function()
+        local chat, _, _, is_chat = chat_of('{"prompt": "Hi", "system": "Be brief.", "options": {"num_predict": 3}}', true)
+        assert.is_true(is_chat)
+        assert.same({ { role = "system", content = "Be brief." }, { role = "user", content = "Hi" } }, chat.messages)
+        chat, _, _, is_chat = chat_of('{"prompt": "It is", "raw": true, "stream": false}', true)
+        assert.is_false(is_chat)
+        assert.same({ "It is", false }, { chat.prompt, chat.stream })
+        local _, _, view = chat_of('{"model": "tinyloop-austen"}', true)
+        assert.is_true(view.load)
+        assert.same({ done = true, done_reason = "load", response = "", model = "tinyloop-austen" },
+                    (function(t) t.created_at = nil return t end)(cjson.decode(view:load_answer(0))))
+        for body, words in pairs({ ['{"prompt": "x", "images": ["aGk="]}'] = "text only", ['{"prompt": "x", "context": [1, 2]}'] = "not kept",
+                                   ['{"prompt": "x", "raw": true, "system": "s"}'] = "raw leaves out",
+                                   ['{"prompt": "x", "template": "{{ .Prompt }}"}'] = "the server's",
+                                   ['{"prompt": "x", "suffix": "y"}'] = "fill in the middle" }) do
+            local b, err = ollama.generate_to_chat(body, ID)
+            assert.is_nil(b)
+            assert.truthy(err.message:find(words, 1, true), err.message)
+        end
+    end)
+end)
+
+describe("ollama view of a chat stream", function()
+    it("sends a call whole, once its arguments are, and a cut one not at all", function()
+        local _, _, view = chat_of('{"messages": [{"role": "user", "content": "x"}]}')
+        view:start_stream("ollama_1_1", 100)
+        local function feed(json) return view:feed(json) end
+        assert.same({}, feed('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function",' ..
+                             '"function":{"name":"f","arguments":""}}]},"finish_reason":null}]}'))
+        assert.same({}, feed('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\\"a\\": 1}"}}]},' ..
+                             '"finish_reason":null}]}'))
+        local out = feed('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_2","type":"function",' ..
+                         '"function":{"name":"g","arguments":"{\\"b"}}]},"finish_reason":null}]}')
+        assert.equal(1, #out)
+        local first = cjson.decode(out[1][2]).message.tool_calls
+        assert.same({ { id = "call_1", ["function"] = { index = 0, name = "f", arguments = { a = 1 } } } }, first)
+        out = feed('{"choices":[{"index":0,"delta":{},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":9}}')
+        assert.equal(1, #out) -- (the cut call is no call: only the final object)
+        local final = cjson.decode(out[1][2])
+        assert.same({ true, "length", 3, 9 }, { final.done, final.done_reason, final.prompt_eval_count, final.eval_count })
+    end)
+end)
+
+describe("ollama requests at random", function()
+    it("answers each (a valid one with one place changed) with a chat body or a 4xx, never raising", function()
+        local H = require "helpers"
+        local BASES = {
+            { model = ID, messages = { { role = "user", content = "q" },
+                                       { role = "assistant", content = "", thinking = "t",
+                                         tool_calls = { { ["function"] = { name = "f", arguments = { k = 1 } } } } },
+                                       { role = "tool", tool_name = "f", content = "r" } },
+              tools = { { type = "function", ["function"] = { name = "f", parameters = { type = "object" } } } },
+              options = { temperature = 0.5, num_predict = 5, stop = { "x" }, top_k = 3 }, format = "json", think = true },
+            { model = ID, prompt = "p", system = "s", raw = false, options = { seed = 1 }, format = { type = "object" } },
+        }
+        local words = { "model", "messages", "role", "content", "user", "assistant", "tool", "tool_calls", "function", "name",
+                        "arguments", "options", "num_predict", "temperature", "stop", "format", "json", "think", "prompt",
+                        "system", "raw", "images", "tool_name", "thinking", "stream" }
+        for seed = 1, 3000 do
+            local base = BASES[seed % #BASES + 1]
+            local body = H.mutated(base, seed, words)
+            local convert = base.prompt and ollama.generate_to_chat or ollama.chat_to_chat
+            local ok, chat_body, view = pcall(convert, body, ID)
+            assert(ok, body .. " raised " .. tostring(chat_body))
+            if chat_body then
+                if chat_body ~= "" then assert(cjson.decode(chat_body), body) end
+                assert(cjson.decode(view:error({ status = 400, message = "max_tokens must be", param = "max_tokens" }).body))
+            else
+                assert.truthy(view.status == 400 or view.status == 404, body)
+                assert.equal("string", type(view.message), body)
+            end
+        end
+    end)
+end)
