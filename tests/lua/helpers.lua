@@ -115,6 +115,20 @@ function H.run_child(code, env)
     return status == 0, out:gsub("__exit=%d+%s*$", ""), status
 end
 
+-- H.refuses(convert, cases): each case {body, param, words} is refused by convert(body) ->
+-- nil, err: a 4xx (404 where param is "model", else 400) naming `param`, its message holding
+-- `words`.
+function H.refuses(convert, cases)
+    local assert = require "luassert" -- (busted's assert is the specs' global, not this module's)
+    for _, case in ipairs(cases) do
+        local body, err = convert(case[1])
+        assert.is_nil(body, case[1])
+        assert.equal(case[2] == "model" and 404 or 400, err.status, case[1])
+        assert.equal(case[2], err.param, case[1])
+        assert.truthy(err.message:find(case[3], 1, true), case[1] .. " -> " .. err.message)
+    end
+end
+
 -- H.mutated(request, seed, words) -> the JSON text of `request` (a valid request as a Lua
 -- table) with one random place changed: a walk from the top picks a member or element, and
 -- its value becomes a random one (an object keyed by `words`, an array, a string, often one of

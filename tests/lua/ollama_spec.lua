@@ -61,13 +61,7 @@ describe("ollama.chat_to_chat", function()
             { '{"messages": [{"role": "user", "content": "x"}], "think": "max"}', "think", "think must be" },
             { '{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n", "unknown field 'n'" },
         }
-        for _, case in ipairs(cases) do
-            local body, err = ollama.chat_to_chat(case[1], ID)
-            assert.is_nil(body, case[1])
-            assert.equal(case[2] == "model" and 404 or 400, err.status)
-            assert.equal(case[2], err.param, case[1])
-            assert.truthy(err.message:find(case[3], 1, true), case[1] .. " -> " .. err.message)
-        end
+        require("helpers").refuses(function(body) return ollama.chat_to_chat(body, ID) end, cases)
     end)
 end)
 

@@ -118,13 +118,7 @@ describe("responses.to_chat", function()
             { '{"input": "x", "prompt": {"id": "p"}}', "prompt", "prompt templates" },
             { '{"input": "x", "n": 2}', "n", "unknown field 'n'" },
         }
-        for _, case in ipairs(cases) do
-            local body, err = responses.to_chat(case[1])
-            assert.is_nil(body, case[1])
-            assert.equal(400, err.status)
-            assert.equal(case[2], err.param, case[1])
-            assert.truthy(err.message:find(case[3], 1, true), case[1] .. " -> " .. err.message)
-        end
+        require("helpers").refuses(responses.to_chat, cases)
     end)
 end)
 
