@@ -49,19 +49,53 @@ describe("ollama.chat_to_chat", function()
         local cases = {
             { "{", nil, "not valid JSON" },
             { '{"model": "llama3"}', "model", "not found" },
-            { '{"messages": []}', "messages", "non-empty" },
             { '{"messages": [{"role": "bot", "content": "x"}]}', "messages", "messages[0].role" },
             { '{"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}', "messages", "text only" },
             { '{"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]}', "messages",
               "arguments must be an object" },
             { '{"messages": [{"role": "user", "content": "x"}], "options": {"mirostat": 2}}', "options", "options.mirostat" },
-            { '{"messages": [{"role": "user", "content": "x"}], "options": {"warp": 1}}', "options", "unknown option 'warp'" },
             { '{"messages": [{"role": "user", "content": "x"}], "options": {"num_predict": 1.5}}', "options", "num_predict" },
             { '{"messages": [{"role": "user", "content": "x"}], "format": "xml"}', "format", "format must be" },
             { '{"messages": [{"role": "user", "content": "x"}], "think": "max"}', "think", "think must be" },
             { '{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n", "unknown field 'n'" },
         }
         require("helpers").refuses(function(body) return ollama.chat_to_chat(body, ID) end, cases)
+    end)
+end)
+
+describe("ollama: what Ollama's clients send", function()
+    it("takes Go clients' empty fields, Open WebUI's call index and null content, any role case, unknown options", function()
+        local chat, _, _, is_chat = chat_of('{"model": "TinyLoop-Austen:latest", "prompt": "Hi", "suffix": "", "system": "", ' ..
+                                            '"template": "", "options": null}', true)
+        assert.same({ true, { { role = "user", content = "Hi" } } }, { is_chat, chat.messages })
+        chat = chat_of([[{"messages": [{"role": "User", "content": "q"}, {"role": "assistant", "content": null,
+            "tool_calls": [{"index": 0, "id": "c9", "function": {"name": "f", "arguments": {}}}]},
+            {"role": "tool", "content": "r"}], "options": {"reasoning_effort": "low", "seed": -1, "rope_frequency_base": 1e4},
+            "system": "ignored, as Ollama's chat ignores it", "truncate": true}]])
+        assert.same({ "user", cjson.null, "c9", "c9" }, { chat.messages[1].role, chat.messages[2].content,
+                    chat.messages[2].tool_calls[1].id, chat.messages[3].tool_call_id })
+        assert.is_nil(chat.seed) -- (-1: Ollama's "random")
+        assert.is_nil(chat.reasoning_effort)
+    end)
+
+    it("loads on an empty chat, and continues a final assistant message (a prefill)", function()
+        local _, body, view = chat_of('{"model": "tinyloop-austen", "messages": []}')
+        assert.same({ "", true }, { body, view.load })
+        local answer = cjson.decode(view:load_answer(0))
+        assert.same({ "load", "", true }, { answer.done_reason, answer.message.content, answer.done })
+        local chat = chat_of('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "She is"}]}')
+        assert.is_true(chat.continue_final_message)
+    end)
+
+    it("answers each tool message in time linear in the conversation", function()
+        local messages = {}
+        for k = 1, 3000 do
+            messages[#messages + 1] = { role = "assistant", content = "", tool_calls = { { ["function"] = { name = "z", arguments = {} } } } }
+        end
+        for _ = 1, 3000 do messages[#messages + 1] = { role = "tool", tool_name = "z", content = "r" } end
+        local chat = chat_of(cjson.encode({ messages = messages }))
+        -- each answers its own call, in order (the earliest open one of its name)
+        for k = 1, 3000 do assert.equal(chat.messages[k].tool_calls[1].id, chat.messages[3000 + k].tool_call_id) end
     end)
 end)
 
@@ -98,12 +132,19 @@ describe("ollama view of a chat stream", function()
         assert.same({}, feed('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\\"a\\": 1}"}}]},' ..
                              '"finish_reason":null}]}'))
         local out = feed('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_2","type":"function",' ..
-                         '"function":{"name":"g","arguments":"{\\"b"}}]},"finish_reason":null}]}')
+                         '"function":{"name":"g","arguments":"{\\"b\\": 2}"}}]},"finish_reason":null}]}')
         assert.equal(1, #out)
         local first = cjson.decode(out[1][2]).message.tool_calls
         assert.same({ { id = "call_1", ["function"] = { index = 0, name = "f", arguments = { a = 1 } } } }, first)
+        out = feed('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":2,"id":"call_3","type":"function",' ..
+                   '"function":{"name":"h","arguments":"{}"}}]},"finish_reason":null}]}')
+        assert.same({ id = "call_2", ["function"] = { index = 1, name = "g", arguments = { b = 2 } } },
+                    cjson.decode(out[1][2]).message.tool_calls[1]) -- (its index: the call's place in the reply)
+        out = feed('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":3,"id":"call_4","type":"function",' ..
+                   '"function":{"name":"k","arguments":"{\\"c"}}]},"finish_reason":null}]}')
+        assert.equal(2, cjson.decode(out[1][2]).message.tool_calls[1]["function"].index) -- (call_3, whole once call_4 began)
         out = feed('{"choices":[{"index":0,"delta":{},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":9}}')
-        assert.equal(1, #out) -- (the cut call is no call: only the final object)
+        assert.equal(1, #out) -- (the final object: the cut call_4 is no call)
         local final = cjson.decode(out[1][2])
         assert.same({ true, "length", 3, 9 }, { final.done, final.done_reason, final.prompt_eval_count, final.eval_count })
     end)

@@ -1909,9 +1909,16 @@ describe("Ollama's API", function()
         local text = {}
         for _, o in ipairs(ndjson(body)) do text[#text + 1] = o.response end
         assert.equal(completion.choices[1].text, table.concat(text))
-        -- an empty prompt loads the model (Ollama's way): it is loaded
+        -- an empty prompt, or chat, loads the model (Ollama's way): it is loaded
         status, body = post_to("/api/generate", { model = "tinyloop-austen" })
         assert.same({ 200, "load", true }, { status, cjson.decode(body).done_reason, cjson.decode(body).done })
+        status, body = post_to("/api/chat", { model = "tinyloop-austen", messages = {} })
+        assert.same({ 200, "load", "" }, { status, cjson.decode(body).done_reason, cjson.decode(body).message.content })
+        -- raw with no num_predict, or one past the context: the rest of the context (Ollama's caps)
+        status, body = post_to("/api/generate", { prompt = "It is a truth", raw = true, stream = false, ignore_eos = true,
+                                                  options = { num_predict = 100000 } })
+        assert.equal(200, status, body)
+        assert.equal(256 - completion.usage.prompt_tokens, cjson.decode(body).eval_count)
     end)
 
     it("answers a call the model writes as tool_calls with an arguments object", function()
@@ -1948,10 +1955,12 @@ describe("Ollama's API", function()
         assert.truthy(shown.template:find("message", 1, true))
         assert.same({ "completion", "tools" }, shown.capabilities)
         assert.equal("string", type(cjson.decode(select(2, curl(base .. "/api/version"))).version))
+        status, body = curl(base .. "/")
+        assert.same({ 200, true }, { status, body:find("TinyLoop is running", 1, true) ~= nil })
         for _, case in ipairs({ { "/api/show", { model = "llama3" }, 404, "not found" },
                                 { "/api/chat", { model = "llama3", messages = messages }, 404, "not found" },
                                 { "/api/chat", { messages = messages, options = { mirostat = 1 } }, 400, "options.mirostat" },
-                                { "/api/chat", { messages = messages, options = { num_predict = 100000 } }, 400, "options.num_predict" },
+                                { "/api/chat", { messages = messages, options = { num_predict = 1.5 } }, 400, "options.num_predict" },
                                 { "/api/generate", { prompt = "x", images = { "aGk=" } }, 400, "text only" } }) do
             status, body = post_to(case[1], case[2])
             assert.equal(case[3], status, body)
@@ -2542,12 +2551,15 @@ describe("scripts/serve options", function()
             status, body = curl("-H 'Authorization: Bearer k3y' " .. url .. "/v1/models")
             assert.equal(401, status)
             assert.truthy(cjson.decode(body).error.message:find("not this server's", 1, true))
+            status, body = curl("-H 'Authorization: Bearer k3y' " .. url .. "/api/tags")
+            assert.same({ 401, "the API key is not this server's" }, { status, cjson.decode(body).error }) -- (Ollama's shape)
             status, body = curl("-H 'x-api-key: wrong' -d '{}' " .. url .. "/v1/messages")
             assert.same({ 401, "error", "authentication_error" }, { status, cjson.decode(body).type, cjson.decode(body).error.type })
             assert.equal(200, (curl(url .. "/metrics")))
             -- the key, either way a client sends it
             status, body = curl("-H 'Authorization: Bearer k3y!' " .. url .. "/v1/models")
             assert.equal(200, status, body)
+            assert.equal(200, (curl("-H 'Authorization: BEARER k3y!' " .. url .. "/v1/models"))) -- (the scheme in any case)
             status, body = curl("-H 'x-api-key: k3y!' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}' " ..
                                 url .. "/v1/messages/count_tokens")
             assert.equal(200, status, body)
@@ -2562,6 +2574,8 @@ describe("scripts/serve options", function()
         assert(ok, err)
         local out = sh("scripts/serve --api-key 'a b' --port 1 2>&1; echo \"exit $?\"")
         assert.truthy(out:find("--api-key must be printable ASCII without blanks", 1, true) and out:find("exit 2", 1, true), out)
+        out = sh("scripts/serve --api-key '' --port 1 2>&1; echo \"exit $?\"") -- (an unset $KEY must not serve without one)
+        assert.truthy(out:find("--api-key is empty", 1, true) and out:find("exit 2", 1, true), out)
     end)
 
     it("refuses, as root, a checkpoint that nginx's workers (nobody) cannot read", function()

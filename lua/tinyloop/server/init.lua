@@ -215,6 +215,21 @@ local function send_error(status, message, param, etype, headers)
 end
 _M.send_error = send_error
 
+-- An error in Anthropic's shape ({"type": "error", "error": {"type", "message"}}), in Ollama's
+-- ({"error": "message"}), or in the shape of the API the request's URI is (its clients read
+-- only their own).
+local function send_anthropic_error(status, message, _, _, headers)
+    return send_json(status, anthropic.error_body(status, tostring(message)), headers)
+end
+local function send_ollama_error(status, message, _, _, headers)
+    return send_json(status, ollama.error_body(tostring(message)), headers)
+end
+local function send_uri_error(...)
+    local uri = ngx.var.uri
+    local send = uri:find("^/v1/messages") and send_anthropic_error or uri:find("^/api/") and send_ollama_error or send_error
+    return send(...)
+end
+
 local function ready(fail)
     if engine then return true end
     ;(fail or send_error)(503, model_error or "the model is loading", nil, "server_error", { ["Retry-After"] = "1" })
@@ -223,7 +238,7 @@ end
 local function only_get()
     local method = ngx.req.get_method()
     if method == "GET" or method == "HEAD" then return true end
-    send_error(405, "method " .. method .. " is not allowed here: use GET", nil, nil, { Allow = "GET, HEAD" })
+    send_uri_error(405, "method " .. method .. " is not allowed here: use GET", nil, nil, { Allow = "GET, HEAD" })
 end
 
 function _M.health()
@@ -271,14 +286,9 @@ function _M.metrics()
 end
 
 function _M.not_found()
-    return send_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
+    return send_uri_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
         "/metrics)", nil, "not_found_error")
-end
-
--- An error in Anthropic's shape ({"type": "error", "error": {"type", "message"}}).
-local function send_anthropic_error(status, message, _, _, headers)
-    return send_json(status, anthropic.error_body(status, tostring(message)), headers)
 end
 
 -- access_by_lua: with conf.api_key, a request to anything but /health and /metrics (a load
@@ -288,23 +298,26 @@ function _M.authorize()
     local key = conf.api_key
     local uri = ngx.var.uri
     if not key or uri == "/health" or uri == "/metrics" or uri == "/.tinyloop-error" then return end
-    local given = ngx.var.http_authorization
-    given = given and given:match("^[Bb]earer%s+(%S+)%s*$") or ngx.var.http_x_api_key
-    if given and #given == #key then -- (every byte compared: the time says nothing of where they differ)
+    -- (every byte compared: the time says nothing of where a wrong key differs)
+    local function matches(given)
+        if type(given) ~= "string" or #given ~= #key then return false end
         local differ = 0
         for i = 1, #key do differ = bit.bor(differ, bit.bxor(given:byte(i), key:byte(i))) end
-        if differ == 0 then return end
+        return differ == 0
     end
-    local fail = uri:find("^/v1/messages") and send_anthropic_error or send_error
-    return fail(401, given and "the API key is not this server's" or
+    local authorization = ngx.var.http_authorization
+    local bearer = authorization and authorization:lower():find("^bearer%s") and authorization:match("^%S+%s+(%S+)%s*$")
+    local api_key = ngx.var.http_x_api_key
+    if matches(bearer) or matches(api_key) then return end
+    local given = bearer or api_key
+    return send_uri_error(401, given and "the API key is not this server's" or
                 "this server needs an API key: Authorization: Bearer KEY (or x-api-key: KEY)", nil, "authentication_error",
                 { ["WWW-Authenticate"] = 'Bearer realm="tinyloop"' })
 end
 
 -- (nginx's own 413, client_max_body_size's: in the shape of the API the URI is)
 function _M.too_large()
-    local fail = ngx.var.uri:find("^/v1/messages") and send_anthropic_error or send_error
-    return fail(413, ("the request body is over the %d-byte limit"):format(conf.max_body), nil)
+    return send_uri_error(413, ("the request body is over the %d-byte limit"):format(conf.max_body), nil)
 end
 
 -- nginx's own errors (error_page ... @nginx_error, the status kept): the JSON error shape
@@ -317,7 +330,7 @@ local NGINX_ERRORS = {
 }
 function _M.nginx_error()
     local status = ngx.status
-    return send_error(status, NGINX_ERRORS[status] or ("HTTP error " .. status), nil)
+    return send_uri_error(status, NGINX_ERRORS[status] or ("HTTP error " .. status), nil)
 end
 
 -- log_by_lua: every request, including nginx's own errors, counted by endpoint and status.
@@ -1047,7 +1060,7 @@ local function serve(chat, body, view, parse_opts)
     if chat then
         req, err = request.parse_chat(body, model, conf.model_id, conf.max_active, chat_prompts, parse_opts)
     else
-        req, err = request.parse(body, model, conf.model_id, conf.max_active)
+        req, err = request.parse(body, model, conf.model_id, conf.max_active, parse_opts)
     end
     if not req then return send_error(err.status, err.message, err.param, err.type) end
     -- A thinking model under a grammar (structured outputs, a tool choice): its reasoning runs
@@ -1241,10 +1254,6 @@ end
 
 -- ------------------------------------------------------------------ Ollama's API
 
-local function send_ollama_error(status, message, _, _, headers)
-    return send_json(status, ollama.error_body(tostring(message)), headers)
-end
-
 -- POST /api/chat, /api/generate: the chat (or, raw, completions) request it means
 -- (tinyloop.server.ollama), answered as Ollama's objects, streamed unless stream is false.
 local function ollama_serve(to_chat)
@@ -1253,7 +1262,7 @@ local function ollama_serve(to_chat)
     local chat_body, view, chat = to_chat(body, conf.model_id)
     if not chat_body then return send_ollama_error(view.status, view.message) end
     if view.load then return send_json(200, view:load_answer(ngx.now())) end
-    return serve(chat ~= false, chat_body, view)
+    return serve(chat ~= false, chat_body, view, ollama.PARSE_OPTIONS)
 end
 function _M.ollama_chat() return ollama_serve(ollama.chat_to_chat) end
 function _M.ollama_generate() return ollama_serve(ollama.generate_to_chat) end
@@ -1281,7 +1290,7 @@ function _M.ollama_ps()
 end
 function _M.ollama_version()
     if not only_get() then return end
-    return send_json(200, '{"version":' .. encode(_M._VERSION) .. "}")
+    return send_json(200, '{"version":' .. encode(ollama.API_VERSION) .. ',"tinyloop":' .. encode(_M._VERSION) .. "}")
 end
 
 -- POST /api/show {"model"} (or Ollama's older "name"): the model's details, template and
@@ -1290,12 +1299,19 @@ function _M.ollama_show()
     local body = post_body(send_ollama_error)
     if not body then return end
     local t = cjson.decode(body)
-    local name = type(t) == "table" and (t.model or t.name)
+    local name = type(t) == "table" and (type(t.model) == "string" and t.model or t.name)
     if type(name) ~= "string" then return send_ollama_error(400, 'the body must be {"model": NAME}') end
     if not ollama.names_model(name, conf.model_id) then
         return send_ollama_error(404, ("model %s not found (this server runs %s:latest)"):format(encode(name), conf.model_id))
     end
     return send_json(200, ollama.show(ollama_model()))
+end
+
+-- GET / (Ollama's clients' liveness probe, and anyone's first look).
+function _M.root()
+    if not only_get() then return end
+    ngx.header["Content-Type"] = "text/plain"
+    ngx_say("TinyLoop is running: ", conf.model_id, " (OpenAI's API at /v1, Anthropic's at /v1/messages, Ollama's at /api)")
 end
 
 -- /v1/responses/... (a stored response's retrieve, cancel, delete, input_items; input_tokens,

@@ -35,14 +35,23 @@ local OPTIONS = {
     repeat_last_n = true, penalize_newline = true, mirostat_eta = true, mirostat_tau = true,
 }
 -- Options taken only at the value that changes nothing (samplers this engine does not have).
+-- Any other option is ignored, as Ollama ignores one it does not know (clients put what they
+-- do not map there: Open WebUI's reasoning_effort, old Modelfiles' rope_frequency_base).
 local NO_OP_OPTIONS = { typical_p = 1, tfs_z = 1, mirostat = 0 }
+-- Ollama's rules where the chat request's differ: num_predict is a cap (the rest of the
+-- context at most), stop strings are not limited to OpenAI's 4.
+_M.PARSE_OPTIONS = { room = true, max_stops = 64 }
+-- The Ollama version the API here follows (clients check it: some want 0.6 or later).
+_M.API_VERSION = "0.12.6"
 
 -- The request's top-level fields: their JSON kinds (PASSED: the chat request's, as sent).
+-- (truncate, shift: what Ollama does with a prompt over its context; here one is refused;
+-- /api/chat's system: Open WebUI sends one, which Ollama's chat ignores, as here)
 local CHAT_OWN = { model = "string", messages = "array", tools = "array", format = "any", options = "object", stream = "boolean",
-                   think = "any", keep_alive = "any" }
+                   think = "any", keep_alive = "any", truncate = "boolean", shift = "boolean", system = "any" }
 local GENERATE_OWN = { model = "string", prompt = "string", suffix = "string", system = "string", raw = "boolean", format = "any",
                        options = "object", stream = "boolean", think = "any", keep_alive = "any", images = "array",
-                       context = "array", template = "string" }
+                       context = "array", template = "string", truncate = "boolean", shift = "boolean" }
 local PASS = {}
 for _, k in ipairs(shapes.PASSED) do PASS[k] = k ~= "model" and k ~= "stream" or nil end
 local REFUSED = {}
@@ -50,7 +59,8 @@ local REFUSED = {}
 -- A model name as Ollama's clients send it ("name" or "name:tag") is the served model's when
 -- its name is, with the tag "latest" or none.
 function _M.names_model(name, model_id)
-    return name == model_id or name == model_id .. ":latest"
+    name = type(name) == "string" and name:lower() or nil
+    return name == model_id:lower() or name == model_id:lower() .. ":latest"
 end
 
 -- options, format, think, stream -> members of the chat body (appended), or nil, err.
@@ -72,9 +82,7 @@ local function common(t, body, members)
                 if v ~= NO_OP_OPTIONS[k] then
                     return bad(("options.%s is not supported (only %s, which changes nothing)"):format(k, tostring(NO_OP_OPTIONS[k])), "options")
                 end
-            elseif not OPTIONS[k] then
-                return bad(("unknown option '%s' in options"):format(tostring(k)), "options")
-            elseif type(OPTIONS[k]) == "string" then
+            elseif type(OPTIONS[k]) == "string" and not (k == "seed" and v == -1) then -- (seed -1: Ollama's "random")
                 members[#members + 1] = { OPTIONS[k], raw_options[k] }
             end
         end
@@ -111,7 +119,7 @@ end
 -- An assistant's tool_calls (Ollama's: {"function": {"name", "arguments": an object}}, its
 -- arguments read as sent) -> chat's, each with an id (Ollama's calls have none; its tool
 -- messages name the function they answer).
-local CALL_KEYS = { id = true, type = true, ["function"] = true }
+local CALL_KEYS = { id = true, type = true, ["function"] = true, index = true }
 local FUNCTION_KEYS = { name = true, arguments = true, index = true, description = true }
 local function chat_calls(calls, raw_calls, where, message_index)
     if not is_array(calls) then return nil, where .. " must be an array" end
@@ -137,22 +145,32 @@ local MESSAGE_KEYS = { role = true, content = true, images = true, thinking = tr
 local ROLES = { system = true, user = true, assistant = true, tool = true }
 
 -- messages (Ollama's) -> chat's, or nil, err. A tool message answers the earliest call not yet
--- answered of the function it names (tool_name), or else the earliest not yet answered.
+-- answered of the function it names (tool_name), or else the earliest not yet answered. (The
+-- open calls are queues, by name and all together: each answer costs its own, whatever their
+-- number.)
 local function chat_messages(messages, raw)
-    local out, open = {}, {} -- open: calls not yet answered, in order
+    local out = {}
+    local all, by_name, answered = { first = 1 }, {}, {} -- queues of open calls; answered ids
+    local function next_open(queue)
+        while queue and queue[queue.first] and answered[queue[queue.first].id] do queue.first = queue.first + 1 end
+        return queue and queue[queue.first]
+    end
     local raw_messages = shapes.raw_list(raw)
     for i, m in ipairs(messages) do
         local where = ("messages[%d]"):format(i - 1)
         if type(m) ~= "table" or is_array(m) then return nil, where .. ' must be an object {"role", "content"}' end
         local ok, err = check_keys(m, MESSAGE_KEYS, where)
         if not ok then return nil, err end
-        if not ROLES[m.role] then return nil, ('%s.role must be "system", "user", "assistant" or "tool", got %s'):format(where, shown(m.role)) end
-        if m.content ~= nil and type(m.content) ~= "string" then return nil, where .. ".content must be a string" end
+        local role = type(m.role) == "string" and m.role:lower() or m.role -- (Ollama reads roles in any case)
+        if not ROLES[role] then return nil, ('%s.role must be "system", "user", "assistant" or "tool", got %s'):format(where, shown(m.role)) end
+        local content = m.content
+        if content == json_null then content = nil end
+        if content ~= nil and type(content) ~= "string" then return nil, where .. ".content must be a string" end
         if m.images ~= nil and m.images ~= json_null and not (is_array(m.images) and #m.images == 0) then
             return nil, where .. ".images: this model reads text only"
         end
-        local message = { role = m.role, content = m.content or "" }
-        if m.role == "assistant" then
+        local message = { role = role, content = content or "" }
+        if role == "assistant" then
             if type(m.thinking) == "string" and m.thinking ~= "" then message.reasoning_content = m.thinking end
             if m.tool_calls ~= nil and m.tool_calls ~= json_null then
                 local calls
@@ -162,23 +180,22 @@ local function chat_messages(messages, raw)
                 if #calls > 0 then
                     message.tool_calls = calls
                     if message.content == "" then message.content = json_null end
-                    for _, call in ipairs(calls) do open[#open + 1] = call end
+                    for _, call in ipairs(calls) do
+                        local name = call["function"].name
+                        by_name[name] = by_name[name] or { first = 1 }
+                        by_name[name][#by_name[name] + 1] = call
+                        all[#all + 1] = call
+                    end
                 end
             end
-        elseif m.role == "tool" then
-            local pick
+        elseif role == "tool" then
             if type(m.tool_call_id) == "string" then
                 message.tool_call_id = m.tool_call_id
             else
-                for k, call in ipairs(open) do
-                    if not pick and (m.tool_name == nil or call["function"].name == m.tool_name) then pick = k end
-                end
-                pick = pick or (#open > 0 and 1 or nil)
-                message.tool_call_id = pick and open[pick].id or ("call_" .. (i - 1))
+                local call = (type(m.tool_name) == "string" and next_open(by_name[m.tool_name])) or next_open(all)
+                message.tool_call_id = call and call.id or ("call_" .. (i - 1))
             end
-            for k, call in ipairs(open) do
-                if call.id == message.tool_call_id then table.remove(open, k) break end
-            end
+            answered[message.tool_call_id] = true
         end
         out[#out + 1] = message
     end
@@ -195,15 +212,22 @@ function _M.chat_to_chat(body, model_id)
     if not t then return nil, members end
     local ok, err = check_model(t, model_id)
     if not ok then return nil, err end
-    if t.messages == nil then return bad("messages is required", "messages") end
+    local view = setmetatable({ kind = "chat", stream = t.stream ~= false, model_name = t.model or model_id }, View)
+    if t.messages == nil or #t.messages == 0 then -- (Ollama's way to load a model: it is loaded)
+        view.load = true
+        return "", view, true
+    end
     local messages
     messages, err = chat_messages(t.messages, raw_member(body, { "messages" }))
     if not messages then return bad(err, "messages") end
     members[#members + 1] = { "messages", encode(messages) }
+    -- a final assistant message is a prefill: the reply continues it (Ollama's templates leave it open)
+    local last = messages[#messages]
+    if last.role == "assistant" and not last.tool_calls then members[#members + 1] = { "continue_final_message", "true" } end
     if t.tools and #t.tools > 0 then members[#members + 1] = { "tools", raw_member(body, { "tools" }) } end
     ok, err = common(t, body, members)
     if not ok then return nil, err end
-    return object(members), setmetatable({ kind = "chat", stream = t.stream ~= false, model_name = t.model or model_id }, View)
+    return object(members), view
 end
 
 -- generate_to_chat(body, model_id) -> an /api/generate request's body for the chat path (or,
@@ -214,8 +238,12 @@ function _M.generate_to_chat(body, model_id)
     if not t then return nil, members end
     local ok, err = check_model(t, model_id)
     if not ok then return nil, err end
+    -- (Ollama's Go clients send "" for each of these: none)
+    for _, k in ipairs({ "template", "system", "suffix" }) do
+        if t[k] == "" then t[k] = nil end
+    end
     if t.template ~= nil then return bad("template is not taken: the chat template is the server's (--chat-template)", "template") end
-    if t.suffix ~= nil and t.suffix ~= "" then return bad("suffix (fill in the middle) is not supported", "suffix") end
+    if t.suffix ~= nil then return bad("suffix (fill in the middle) is not supported", "suffix") end
     if t.images ~= nil and #t.images > 0 then return bad("images: this model reads text only", "images") end
     if t.context ~= nil and #t.context > 0 then
         return bad("context (a past reply's tokens) is not kept: send the conversation to /api/chat", "context")
@@ -234,7 +262,7 @@ function _M.generate_to_chat(body, model_id)
         return object(members), view, false
     end
     local messages = {}
-    if t.system and t.system ~= "" then messages[1] = { role = "system", content = t.system } end
+    if t.system then messages[1] = { role = "system", content = t.system } end
     messages[#messages + 1] = { role = "user", content = t.prompt }
     members[#members + 1] = { "messages", encode(messages) }
     return object(members), view, true
@@ -280,9 +308,9 @@ local function final_fields(members, finish)
     members[#members + 1] = { "tinyloop", finish.tinyloop }
 end
 
-local function calls_json(calls, from)
+local function calls_json(calls, from, to)
     local out = {}
-    for k = from or 1, #calls do
+    for k = from or 1, to or #calls do
         local call = calls[k]
         out[#out + 1] = object({ { "id", encode(call.id) }, { "function", object({ { "index", tostring(k - 1) },
             { "name", encode(call.name) }, { "arguments", call.arguments } }) } })
@@ -291,11 +319,11 @@ local function calls_json(calls, from)
 end
 
 -- One object of the answer: the message (chat) or response (generate) so far.
-function View:object(text, thought, calls, final)
+function View:object(text, thought, calls, final, from, to)
     local members = { { "model", encode(self.model_name) }, { "created_at", encode(iso_time(self.created or os.time())) } }
     if self.kind == "chat" then
         members[#members + 1] = { "message", object({ { "role", '"assistant"' }, { "content", encode(text) },
-            { "thinking", thought and encode(thought) or nil }, { "tool_calls", calls and #calls > 0 and calls_json(calls) or nil } }) }
+            { "thinking", thought and encode(thought) or nil }, { "tool_calls", calls and #calls > 0 and calls_json(calls, from, to) or nil } }) }
     else
         members[#members + 1] = { "response", encode(text) }
         members[#members + 1] = { "thinking", thought and encode(thought) or nil }
@@ -307,7 +335,8 @@ end
 -- The answer to an empty /api/generate prompt (Ollama's model load).
 function View:load_answer(created)
     self.created = created
-    return object({ { "model", encode(self.model_name) }, { "created_at", encode(iso_time(created)) }, { "response", '""' },
+    local reply = self.kind == "chat" and { "message", '{"role":"assistant","content":""}' } or { "response", '""' }
+    return object({ { "model", encode(self.model_name) }, { "created_at", encode(iso_time(created)) }, reply,
                     { "done_reason", '"load"' }, { "done", "true" } })
 end
 
@@ -336,9 +365,8 @@ function View:feed(payload)
         local calls = self.calls
         local upto = all and #calls or #calls - 1
         if upto >= (self.sent_calls or 0) + 1 then
-            local whole = {}
-            for k = (self.sent_calls or 0) + 1, upto do whole[#whole + 1] = calls[k] end
-            out[#out + 1] = { nil, self:object("", nil, whole) }
+            for k = (self.sent_calls or 0) + 1, upto do calls[k].arguments = concat(calls[k].pieces) end
+            out[#out + 1] = { nil, self:object("", nil, calls, nil, (self.sent_calls or 0) + 1, upto) }
             self.sent_calls = upto
         end
     end
@@ -352,11 +380,11 @@ function View:feed(payload)
         elseif d.kind == "text" then
             text[#text + 1] = d.text
         elseif d.kind == "call" then
-            self.calls[#self.calls + 1] = { id = d.id, name = d.name, arguments = "" }
+            self.calls[#self.calls + 1] = { id = d.id, name = d.name, pieces = {} }
             flush_calls(false)
         elseif d.kind == "arguments" and #self.calls > 0 then
-            local call = self.calls[#self.calls]
-            call.arguments = call.arguments .. d.text
+            local pieces = self.calls[#self.calls].pieces
+            pieces[#pieces + 1] = d.text
         elseif d.kind == "finish" then
             if #text > 0 or #thought > 0 then
                 out[#out + 1] = { nil, self:object(concat(text), #thought > 0 and concat(thought) or nil) }
@@ -364,7 +392,7 @@ function View:feed(payload)
             end
             -- (a call the token limit cut is no call: its arguments are not an object)
             local last = self.calls[#self.calls]
-            if last and not json_text.decode(last.arguments) then self.calls[#self.calls] = nil end
+            if last and not json_text.decode(concat(last.pieces)) then self.calls[#self.calls] = nil end
             flush_calls(true)
             self.finished = true
             out[#out + 1] = { nil, self:object("", nil, nil, d) }

@@ -873,11 +873,14 @@ end
 -- prompt_tokens (all prompts'), grammar_field } (grammar_field: "grammar" or
 -- "response_format" when cfg.grammar is set). A request has #prompts * best_of sessions, at
 -- most max_choices (default 16), and answers #prompts * n choices.
-function _M.parse(body, model, model_id, max_choices)
+-- opts (optional): another API's rules (Ollama's): max_stops (its limit on stop strings),
+-- room (max_tokens, or its absence, is a cap: the rest of the context at most).
+function _M.parse(body, model, model_id, max_choices, opts)
+    opts = opts or {}
     local t, cfg = decode_fields(body, FIELDS, OPENAI_NO_OPS)
     if not t then return nil, cfg end
     if t.prompt == nil then return bad("prompt is required", "prompt") end
-    local shared, err = shared_fields(t, body, model, model_id, cfg)
+    local shared, err = shared_fields(t, body, model, model_id, cfg, opts.max_stops)
     if not shared then return nil, err end
     local n = shared.n
     local best = t.best_of or n
@@ -893,9 +896,12 @@ function _M.parse(body, model, model_id, max_choices)
     local ok
     ok, e = check_choices(#prompts, n, best, max_choices)
     if not ok then return nil, e end
-    local max_tokens = cfg.max_tokens or DEFAULT_MAX_TOKENS
-    cfg.max_tokens = max_tokens
+    local max_tokens = cfg.max_tokens or (opts.room and math.huge) or DEFAULT_MAX_TOKENS
     if max_tokens < 0 then return bad(("max_tokens = %d must be >= 0"):format(max_tokens), "max_tokens") end
+    if opts.room then -- (one prompt here: the rest of its context)
+        max_tokens = math.min(max_tokens, math.max(0, model.max_seq_len - #prompts[1]))
+    end
+    cfg.max_tokens = max_tokens
     local prompt_tokens, echo = 0, nil
     for i, ids in ipairs(prompts) do
         if #ids + max_tokens > model.max_seq_len then
@@ -1004,7 +1010,8 @@ end
 -- max_tokens (or max_completion_tokens) defaults to the rest of the context, OpenAI's rule
 -- for chat.
 -- opts (optional): max_stops (another API's limit on stop strings; default OpenAI's 4),
--- counting (the prompt is only counted: -> { prompt_tokens }, whatever room it leaves).
+-- counting (the prompt is only counted: -> { prompt_tokens }, whatever room it leaves), room
+-- (max_tokens is a cap: the rest of the context at most, Ollama's num_predict).
 function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
     opts = opts or {}
     local t, cfg = decode_fields(body, CHAT_FIELDS, CHAT_NO_OPS)
@@ -1041,6 +1048,7 @@ function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
             :format(#ids, model.max_seq_len), "messages")
     end
     max_tokens = max_tokens or model.max_seq_len - #ids
+    if opts.room then max_tokens = math.min(max_tokens, model.max_seq_len - #ids) end
     if #ids + max_tokens > model.max_seq_len then
         return bad(("the messages (%d tokens with the chat template) plus %s (%d) exceed the model's context of %d tokens")
             :format(#ids, field, max_tokens, model.max_seq_len), field)
