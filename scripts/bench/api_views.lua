@@ -1,8 +1,8 @@
 #!/usr/bin/env luajit
--- api_views.lua: what serving OpenAI's Responses API and Anthropic's Messages API over the
--- chat path costs the nginx event loop. Each of their streamed tokens is a chat chunk read back
--- (decoded) and written again as the other API's events (tinyloop.server.responses',
--- tinyloop.server.anthropic's feed). This times that per chunk, on the chunks of a real reply
+-- api_views.lua: what serving OpenAI's Responses API, Anthropic's Messages API and Ollama's
+-- over the chat path costs the nginx event loop. Each of their streamed tokens is a chat chunk
+-- read back (decoded) and written again as the other API's events (tinyloop.server.responses',
+-- anthropic's and ollama's feed). This times that per chunk, on the chunks of a real reply
 -- (the shipped model's tokens, in the chat stream's shape), next to the model's own time per
 -- token (wall time) in the same run, and prints both (median of --repeat runs).
 --   luajit scripts/bench/api_views.lua [--model DIR] [--tokens 200] [--repeat 5]
@@ -12,6 +12,7 @@ local cjson = require "cjson.safe"
 local tinyloop = require "tinyloop"
 local responses = require "tinyloop.server.responses"
 local anthropic = require "tinyloop.server.anthropic"
+local ollama = require "tinyloop.server.ollama"
 
 local opt = { model = root .. "/models/tinyloop-austen", tokens = 200, repeat_ = 5 }
 for i = 1, #arg, 2 do
@@ -48,24 +49,27 @@ for i = 1, #ids do
                    (#prompt + #ids) .. ',"prompt_tokens_details":{"cached_tokens":0}},"tinyloop":{"loops_used":8}') or "") .. "}"
 end
 
-local function per_chunk(module, body)
+local function per_chunk(to_chat, body)
     local started = os.clock()
-    local _, view = module.to_chat(body)
+    local _, view = to_chat(body)
     view:start_stream("x_1_1", 1, "m", #prompt)
     local events = 0
     for _, chunk in ipairs(chunks) do events = events + #view:feed(chunk) end
     return (os.clock() - started) / #chunks, events
 end
 
-local model_t, resp_t, anth_t = {}, {}, {}
-local resp_events, anth_events
+local model_t, resp_t, anth_t, oll_t = {}, {}, {}, {}
+local resp_events, anth_events, oll_events
 for r = 1, repeats do
     model_t[r] = r == 1 and per_token or decode()
-    resp_t[r], resp_events = per_chunk(responses, '{"input": "x", "stream": true}')
-    anth_t[r], anth_events = per_chunk(anthropic, '{"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "stream": true}')
+    resp_t[r], resp_events = per_chunk(responses.to_chat, '{"input": "x", "stream": true}')
+    anth_t[r], anth_events = per_chunk(anthropic.to_chat, '{"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "stream": true}')
+    oll_t[r], oll_events = per_chunk(function(body) return ollama.chat_to_chat(body, "m") end,
+                                     '{"messages": [{"role": "user", "content": "x"}]}')
 end
-local m, rv, av = median(model_t), median(resp_t), median(anth_t)
+local m, rv, av, ov = median(model_t), median(resp_t), median(anth_t), median(oll_t)
 print(("model %s, %d tokens, median of %d runs"):format(opt.model:match("[^/]+$"), #ids, repeats))
 print(("  decode (wall)          %8.1f us a token"):format(m * 1e6))
 print(("  Responses view (CPU)   %8.1f us a chunk (%.1f%% of a token; %d events)"):format(rv * 1e6, 100 * rv / m, resp_events))
 print(("  Messages view (CPU)    %8.1f us a chunk (%.1f%% of a token; %d events)"):format(av * 1e6, 100 * av / m, anth_events))
+print(("  Ollama view (CPU)      %8.1f us a chunk (%.1f%% of a token; %d objects)"):format(ov * 1e6, 100 * ov / m, oll_events))

@@ -173,7 +173,8 @@ function _M.answer(chat_json)
     -- (an empty block is no reasoning: a stream shows none)
     local thought = string_or_nil(message.reasoning_content)
     return { reasoning = thought ~= "" and thought or nil, text = string_or_nil(message.content) or "", calls = calls,
-             logprobs = _M.logprob_entries(chat_json), finish = finish_of(choice, chat, chat_json),
+             logprobs = type(choice.logprobs) == "table" and _M.logprob_entries(chat_json) or {},
+             finish = finish_of(choice, chat, chat_json),
              created = chat.created, model = chat.model }
 end
 
@@ -211,7 +212,8 @@ function _M.deltas(payload)
         finish.kind = "finish"
         out[#out + 1] = finish
     end
-    return out, _M.logprob_entries(payload)
+    -- (the entries' texts only where there are some: reading them scans the chunk's text)
+    return out, type(choice.logprobs) == "table" and _M.logprob_entries(payload) or {}
 end
 
 return _M
