@@ -2525,10 +2525,11 @@ describe("scripts/serve options", function()
         assert.equal("", sh("ls " .. dir .. " | grep tinyloop-serve || true"))
     end)
 
-    it("asks for the API key of --api-key (or $TINYLOOP_API_KEY), which it keeps out of its config", function()
+    it("asks for the API key of --api-key (or $TINYLOOP_API_KEY), which it keeps out of its config; answers --cors-origin's pages", function()
         local p = free_port()
         local pre = dir .. "/keyed"
-        os.execute(("scripts/serve --port %d --threads 1 --max-active 1 --prefix-pool-mb 0 --api-key 'k3y!' --prefix %s " ..
+        os.execute(("scripts/serve --port %d --threads 1 --max-active 1 --prefix-pool-mb 0 --api-key 'k3y!' " ..
+                    "--cors-origin 'http://app.example,http://localhost:3000' --prefix %s " ..
                     "> %s.log 2>&1 & echo $! > %s.pid"):format(p, pre, pre, pre))
         local url = "http://127.0.0.1:" .. p
         local ok, err = pcall(function()
@@ -2568,6 +2569,28 @@ describe("scripts/serve options", function()
             -- an unknown path is still a 404 with the key, a 401 without
             assert.equal(404, (curl("-H 'Authorization: Bearer k3y!' " .. url .. "/nowhere")))
             assert.equal(401, (curl(url .. "/nowhere")))
+            -- CORS: an allowed page's preflight is answered without the key (browsers send none
+            -- there), and every answer to it says the origin may read it (a 401, a stream too)
+            local headers = sh("curl -s -D - -o /dev/null -X OPTIONS -H 'Origin: http://localhost:3000' " ..
+                               "-H 'Access-Control-Request-Method: POST' -H 'Access-Control-Request-Headers: authorization' " ..
+                               url .. "/v1/chat/completions"):lower()
+            assert.truthy(headers:find("^http/1.1 204"), headers)
+            assert.truthy(headers:find("access-control-allow-origin: http://localhost:3000", 1, true), headers)
+            assert.truthy(headers:find("access-control-allow-headers: authorization", 1, true), headers)
+            assert.truthy(headers:find("access-control-allow-methods: get, post, options", 1, true), headers)
+            headers = sh("curl -s -D - -o /dev/null -H 'Origin: http://app.example' " .. url .. "/v1/models"):lower()
+            assert.truthy(headers:find("^http/1.1 401") and headers:find("access-control-allow-origin: http://app.example", 1, true), headers)
+            headers = sh("curl -s -N -D - -o /dev/null -H 'Origin: http://app.example' -H 'Authorization: Bearer k3y!' " ..
+                         "-d '{\"prompt\": \"hi\", \"max_tokens\": 2, \"stream\": true}' " .. url .. "/v1/completions"):lower()
+            assert.truthy(headers:find("text/event-stream", 1, true) and headers:find("access-control-allow-origin: http://app.example", 1, true), headers)
+            -- another origin: nothing allowed (the browser then keeps the answer from the page)
+            headers = sh("curl -s -D - -o /dev/null -H 'Origin: http://evil.example' -H 'Authorization: Bearer k3y!' " ..
+                         url .. "/v1/models"):lower()
+            assert.truthy(headers:find("^http/1.1 200"), headers)
+            assert.is_nil(headers:find("access-control", 1, true), headers)
+            headers = sh("curl -s -D - -o /dev/null -X OPTIONS -H 'Origin: http://evil.example' " ..
+                         "-H 'Access-Control-Request-Method: POST' " .. url .. "/v1/models"):lower()
+            assert.truthy(headers:find("^http/1.1 401"), headers)
         end)
         os.execute("kill -TERM $(cat " .. pre .. ".pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
             ".pid) 2>/dev/null || break; sleep 0.1; done")
@@ -2576,6 +2599,10 @@ describe("scripts/serve options", function()
         assert.truthy(out:find("--api-key must be printable ASCII without blanks", 1, true) and out:find("exit 2", 1, true), out)
         out = sh("scripts/serve --api-key '' --port 1 2>&1; echo \"exit $?\"") -- (an unset $KEY must not serve without one)
         assert.truthy(out:find("--api-key is empty", 1, true) and out:find("exit 2", 1, true), out)
+        out = sh("scripts/serve --cors-origin 'http://a b' --port 1 2>&1; echo \"exit $?\"")
+        assert.truthy(out:find("--cors-origin must be origins", 1, true) and out:find("exit 2", 1, true), out)
+        out = sh(("TMPDIR=%s scripts/serve --cors-origin app.example --port %d 2>&1; echo \"exit $?\""):format(dir, free_port()))
+        assert.truthy(out:find("app.example is not an origin", 1, true) and out:find("exit 1", 1, true), out)
     end)
 
     it("refuses, as root, a checkpoint that nginx's workers (nobody) cannot read", function()

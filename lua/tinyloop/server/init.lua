@@ -60,6 +60,9 @@ local conf = {
                               -- or "auto" (where the chat template speaks of <think> or </think>)
     api_key = nil,            -- requests but /health's and /metrics' must carry it (Authorization:
                               -- Bearer KEY, or Anthropic's x-api-key: KEY); nil: none needed
+    cors_origins = nil,       -- web pages of these origins may call the API from a browser: "*",
+                              -- or origins separated by commas ("https://app.example,http://
+                              -- localhost:3000"); nil: none (browsers then refuse cross-origin calls)
 }
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
@@ -73,7 +76,7 @@ local next_request = 0
 -- configure(opts) in init_by_lua: the fields of `conf` above.
 function _M.configure(opts)
     for k, v in pairs(opts or {}) do
-        if conf[k] == nil and k ~= "model" and k ~= "model_id" and k ~= "chat_template" and k ~= "api_key" then error("tinyloop.server: unknown option '" .. tostring(k) .. "'") end
+        if conf[k] == nil and k ~= "model" and k ~= "model_id" and k ~= "chat_template" and k ~= "api_key" and k ~= "cors_origins" then error("tinyloop.server: unknown option '" .. tostring(k) .. "'") end
         conf[k] = v
     end
     if type(conf.model) ~= "string" then error("tinyloop.server: configure{ model = DIR } is required") end
@@ -82,6 +85,18 @@ function _M.configure(opts)
     end
     conf.model_id = conf.model_id or conf.model:gsub("/+$", ""):match("([^/]+)$")
     if conf.api_key == "" then conf.api_key = nil end -- (an environment variable set empty: none)
+    if conf.cors_origins == "" then conf.cors_origins = nil end
+    if conf.cors_origins ~= nil then
+        if type(conf.cors_origins) ~= "string" then error("tinyloop.server: cors_origins must be a string") end
+        local allowed = {}
+        for origin in conf.cors_origins:gmatch("[^,%s]+") do
+            if origin ~= "*" and not origin:find("^https?://[^/]+$") then
+                error(("tinyloop.server: cors_origins: %s is not an origin (scheme://host[:port], or *)"):format(origin))
+            end
+            allowed[origin] = true
+        end
+        conf.cors_allowed = allowed
+    end
     if conf.api_key ~= nil and (type(conf.api_key) ~= "string" or conf.api_key:find("[^\33-\126]")) then
         error("tinyloop.server: api_key must be printable ASCII without blanks")
     end
@@ -289,6 +304,46 @@ function _M.not_found()
     return send_uri_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
         " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
         "/metrics)", nil, "not_found_error")
+end
+
+-- CORS (conf.cors_origins): the origin of a browser's request, when it is one allowed to call
+-- the API (nil: none, or not allowed), and that header's value ("*" allows any).
+local function cors_origin()
+    local allowed = conf.cors_allowed
+    local origin = allowed and ngx.var.http_origin
+    if not origin then return nil end
+    if allowed["*"] then return "*" end
+    return allowed[origin] and origin or nil
+end
+
+-- A browser's preflight (OPTIONS with Access-Control-Request-Method) from an allowed origin:
+-- answered 204 with what it may send, before the API key is asked for (browsers send none in
+-- a preflight). Other requests get their Access-Control-Allow-Origin in cors_headers.
+local function preflight()
+    if ngx.req.get_method() ~= "OPTIONS" or not ngx.var.http_access_control_request_method then return end
+    local origin = cors_origin()
+    if not origin then return end
+    ngx.status = 204
+    ngx.header["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+    ngx.header["Access-Control-Allow-Headers"] = ngx.var.http_access_control_request_headers or
+        "Authorization, Content-Type, x-api-key, anthropic-version"
+    ngx.header["Access-Control-Max-Age"] = "86400"
+    return ngx_exit(204)
+end
+
+-- header_filter_by_lua: every answer to an allowed origin says so (errors and streams too: a
+-- page can read why it was refused).
+function _M.cors_headers()
+    local origin = cors_origin()
+    if not origin then return end
+    ngx.header["Access-Control-Allow-Origin"] = origin
+    if origin ~= "*" then ngx.header["Vary"] = "Origin" end
+end
+
+-- server_rewrite_by_lua: a browser's preflight, then the API key (authorize).
+function _M.guard()
+    preflight()
+    return _M.authorize()
 end
 
 -- access_by_lua: with conf.api_key, a request to anything but /health and /metrics (a load
