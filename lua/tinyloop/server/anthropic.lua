@@ -44,7 +44,7 @@ local REFUSED = {
     mcp_servers = "MCP servers are not connected from here: run the tools in the client and send their results back",
 }
 -- Anthropic sets no limit on stop_sequences (OpenAI's 4 is the chat endpoint's).
-_M.MAX_STOPS = 64
+_M.MAX_STOPS = shapes.MAX_STOPS
 
 -- Content blocks' fields (cache_control: a hint for Anthropic's prompt cache, which the prefix
 -- pool here does without; citations: none are made; caller: who made a call, Anthropic's
@@ -236,23 +236,19 @@ View.__index = View
 -- to_chat(body, counting) -> the chat completions body that means the same, and its view; or
 -- nil, err. counting: count_tokens' body (no max_tokens: nothing is generated).
 function _M.to_chat(body, counting)
-    local t, members = shapes.read_fields(body, OWN, PASS, REFUSED)
+    local t, members, raw = shapes.read_fields(body, OWN, PASS, REFUSED)
     if not t then return nil, members end
     if t.messages == nil then return bad("messages is required", "messages") end
     if counting and t.max_tokens ~= nil then
         return bad("unknown field 'max_tokens' (count_tokens generates nothing)", "max_tokens")
     end
     if t.max_tokens == nil and not counting then return bad("max_tokens is required", "max_tokens") end
-    local messages, from = messages_of(t.messages, t.system, raw_member(body, { "messages" }))
+    local messages, from = messages_of(t.messages, t.system, raw.messages)
     if not messages then return bad(from, from:match("^system") and "system" or "messages") end
     members[#members + 1] = { "messages", encode(messages) }
     members[#members + 1] = { "max_tokens", shapes.integer(t.max_tokens or 0) }
-    -- a final assistant message is a prefill: the reply continues it (Anthropic's rule)
-    local last = t.messages[#t.messages]
-    if type(last) == "table" and last.role == "assistant" and not messages[#messages].tool_calls then
-        members[#members + 1] = { "continue_final_message", "true" }
-    end
-    if t.stop_sequences then members[#members + 1] = { "stop", raw_member(body, { "stop_sequences" }) } end
+    shapes.continue_prefill(members, messages)
+    if t.stop_sequences then members[#members + 1] = { "stop", raw.stop_sequences } end
     if t.service_tier ~= nil and t.service_tier ~= "auto" and t.service_tier ~= "standard_only" then
         return bad('service_tier must be "auto" or "standard_only"', "service_tier")
     end
@@ -264,7 +260,7 @@ function _M.to_chat(body, counting)
         end
     end
     if t.tools and #t.tools > 0 then
-        local text, err = chat_tools(t.tools, raw_member(body, { "tools" }))
+        local text, err = chat_tools(t.tools, raw.tools)
         if not text then return bad(err, "tools") end
         members[#members + 1] = { "tools", text }
     end

@@ -1,11 +1,15 @@
--- tinyloop.server: an OpenAI-style completions API for nginx + lua-nginx-module (Debian's
--- nginx with libnginx-mod-http-lua, or OpenResty). Any nginx.conf can use it:
+-- tinyloop.server: OpenAI's completions, chat and Responses APIs, Anthropic's Messages API and
+-- Ollama's API for nginx + lua-nginx-module (Debian's nginx with libnginx-mod-http-lua, or
+-- OpenResty; 0.10.22 or later for server_rewrite_by_lua). Any nginx.conf can use it:
 --
 --   init_by_lua_block        { require("tinyloop.server").configure{ model = "/path/to/model" } }
 --   init_worker_by_lua_block { require("tinyloop.server").init_worker() }
 --   location = /v1/completions { content_by_lua_block { require("tinyloop.server").completions() } }
---   (and chat_completions, responses, messages, count_tokens, models, health, metrics, log; see
---   lua/tinyloop/server/nginx.conf and examples/)
+--   (and chat_completions, responses, stored_response, messages, count_tokens, ollama_chat,
+--   ollama_generate, ollama_show, ollama_tags, ollama_ps, ollama_version, root, models, model,
+--   tokenize, detokenize, health, metrics; the hooks guard (server_rewrite: CORS preflights, the
+--   API key), cors_headers (header_filter) and log (log); see lua/tinyloop/server/nginx.conf and
+--   examples/)
 --
 -- Why it never blocks the event loop: each worker owns a C engine (tl_engine_*) whose thread
 -- steps all of the worker's sessions together (one tl_session_step_batch per iteration). A
@@ -239,9 +243,13 @@ end
 local function send_ollama_error(status, message, _, _, headers)
     return send_json(status, ollama.error_body(tostring(message)), headers)
 end
+-- (the path the client asked for: nginx's error_page redirect rewrites $uri; Ollama's are its
+-- exact paths, so that another app's /api/... keeps OpenAI's shape)
+local OLLAMA_PATHS = { ["/api/chat"] = true, ["/api/generate"] = true, ["/api/show"] = true, ["/api/tags"] = true,
+                       ["/api/ps"] = true, ["/api/version"] = true }
 local function send_uri_error(...)
-    local uri = ngx.var.uri
-    local send = uri:find("^/v1/messages") and send_anthropic_error or uri:find("^/api/") and send_ollama_error or send_error
+    local path = (ngx.var.request_uri or ngx.var.uri or ""):match("^[^?]*")
+    local send = path:find("^/v1/messages") and send_anthropic_error or OLLAMA_PATHS[path] and send_ollama_error or send_error
     return send(...)
 end
 
@@ -346,7 +354,7 @@ function _M.guard()
     return _M.authorize()
 end
 
--- access_by_lua: with conf.api_key, a request to anything but /health and /metrics (a load
+-- server_rewrite_by_lua (guard): with conf.api_key, a request to anything but /health and /metrics (a load
 -- balancer's and Prometheus' probes) carries it, as Authorization: Bearer KEY (OpenAI's
 -- clients) or x-api-key: KEY (Anthropic's); else 401, in the shape of the API the URI is.
 function _M.authorize()
@@ -613,9 +621,10 @@ local function finish_read(st, text, last_id)
         st.stop_reason = last_id
         return text
     end
-    if not st.stop_strings then return text end
-    local cut, stop = cut_at_stop(text, st.stop_strings, last_id)
-    st.stop_reason = stop
+    local stops = st.stops or st.stop_strings -- (cut at: the engine's; named: the client's own)
+    if not stops then return text end
+    local cut, stop = cut_at_stop(text, stops, last_id)
+    if stop and st.stop_names and st.stop_names[stop] then st.stop_reason = stop end
     return st.stops and cut or text
 end
 
@@ -904,12 +913,17 @@ local function run_blocking(r)
 end
 
 -- Writes one SSE event; false when the client has gone (then the request is released). A
--- stream of another API (r.view: OpenAI's Responses, Anthropic's Messages) reads each chat
--- chunk as the events of its own that it makes.
+-- stream of another API (r.view: OpenAI's Responses, Anthropic's Messages, Ollama's) reads each
+-- chat chunk as the events (or, Ollama's, JSON lines) of its own that it makes.
 local function sse(r, payload)
     local ok, err
     if r.view then
-        local events = r.view:feed(payload)
+        local fed, events = pcall(r.view.feed, r.view, payload)
+        if not fed then -- (a view's fault must not leave the engine generating for nobody)
+            ngx_log(ngx.ERR, "tinyloop: ", r.response_id, ": the answer's view failed: ", tostring(events))
+            release_all(r, false)
+            return false
+        end
         if #events == 0 then return true end
         local text = {}
         for i, e in ipairs(events) do
@@ -1095,8 +1109,9 @@ function _M.detokenize()
 end
 
 -- POST /v1/completions (chat false) or /v1/chat/completions (chat true): the request's body.
--- view: another API's request (tinyloop.server.responses', tinyloop.server.anthropic's), whose
--- chat body `body` is; its answer, its stream's events and its errors are that API's.
+-- view: another API's request (tinyloop.server.responses', anthropic's, ollama's), whose chat
+-- (or completions) body `body` is; its answer, its stream's events and its errors are that
+-- API's. parse_opts: that API's rules the parser takes (request.parse_chat's opts).
 local function serve(chat, body, view, parse_opts)
     -- an error answer: the other API's field names, and shape, for its request
     local function send_error(status, message, param, etype, headers)
@@ -1240,7 +1255,7 @@ local function serve(chat, body, view, parse_opts)
             siblings = r.sts, -- (itself included: its phase is no longer "queued" when polled)
             id = id, index = #r.sts, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
             prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = request_options.logprobs >= 0,
-            stop_strings = req.stop_strings, stop_ids = req.stop_ids,
+            stop_strings = req.stop_strings, stop_names = req.stop_names, stop_ids = req.stop_ids,
             prompt_ids = ids, prompt_figures = prompt_figures[p],
             offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
             chat = chat, streaming = req.stream, prompt = p, tools = req.tools,

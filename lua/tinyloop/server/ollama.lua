@@ -40,7 +40,7 @@ local OPTIONS = {
 local NO_OP_OPTIONS = { typical_p = 1, tfs_z = 1, mirostat = 0 }
 -- Ollama's rules where the chat request's differ: num_predict is a cap (the rest of the
 -- context at most), stop strings are not limited to OpenAI's 4.
-_M.PARSE_OPTIONS = { room = true, max_stops = 64 }
+_M.PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS }
 -- The Ollama version the API here follows (clients check it: some want 0.6 or later).
 _M.API_VERSION = "0.12.6"
 
@@ -63,7 +63,16 @@ function _M.names_model(name, model_id)
     return name == model_id:lower() or name == model_id:lower() .. ":latest"
 end
 
--- options, format, think, stream -> members of the chat body (appended), or nil, err.
+-- A seed from the kernel's entropy (the engine's default seed is fixed: the same tokens).
+local function random_seed()
+    local f = io.open("/dev/urandom", "rb")
+    local bytes = f and f:read(4)
+    if f then f:close() end
+    if not bytes or #bytes < 4 then return floor(os.time() * 1000 + os.clock() * 1e6) % 2147483648 end
+    local a, b, c, d = bytes:byte(1, 4)
+    return ((a * 256 + b) * 256 + c) * 128 + d % 128
+end
+
 local function check_model(t, model_id)
     if t.model ~= nil and not _M.names_model(t.model, model_id) then
         return bad(("model %s not found (this server runs %s)"):format(shown(t.model), model_id .. ":latest"), "model", 404)
@@ -71,18 +80,21 @@ local function check_model(t, model_id)
     return true
 end
 
-local function common(t, body, members)
+-- options, format, think, stream -> members of the chat body (appended), or nil, err.
+local function common(t, raw, members)
     -- Ollama streams unless told not to
     members[#members + 1] = { "stream", t.stream == false and "false" or "true" }
     local options = t.options or {}
-    local raw_options = shapes.raw_fields(raw_member(body, { "options" }))
+    local raw_options = shapes.raw_fields(raw.options)
     for k, v in pairs(options) do
         if v ~= json_null then
             if NO_OP_OPTIONS[k] ~= nil then
                 if v ~= NO_OP_OPTIONS[k] then
                     return bad(("options.%s is not supported (only %s, which changes nothing)"):format(k, tostring(NO_OP_OPTIONS[k])), "options")
                 end
-            elseif type(OPTIONS[k]) == "string" and not (k == "seed" and v == -1) then -- (seed -1: Ollama's "random")
+            elseif k == "seed" and v == -1 then -- (Ollama's "random": a seed drawn for this request)
+                members[#members + 1] = { "seed", shapes.integer(random_seed()) }
+            elseif type(OPTIONS[k]) == "string" then
                 members[#members + 1] = { OPTIONS[k], raw_options[k] }
             end
         end
@@ -100,7 +112,7 @@ local function common(t, body, members)
             members[#members + 1] = { "response_format", '{"type":"json_object"}' }
         elseif type(format) == "table" and not is_array(format) then
             members[#members + 1] = { "response_format", '{"type":"json_schema","json_schema":{"name":"format","schema":' ..
-                                                         raw_member(body, { "format" }) .. "}}" }
+                                                         raw.format .. "}}" }
         else
             return bad('format must be "json" or a JSON Schema object', "format")
         end
@@ -208,7 +220,7 @@ View.__index = View
 
 -- chat_to_chat(body, model_id) -> an /api/chat request's chat body, and its view; or nil, err.
 function _M.chat_to_chat(body, model_id)
-    local t, members = shapes.read_fields(body, CHAT_OWN, PASS, REFUSED)
+    local t, members, raw = shapes.read_fields(body, CHAT_OWN, PASS, REFUSED)
     if not t then return nil, members end
     local ok, err = check_model(t, model_id)
     if not ok then return nil, err end
@@ -218,14 +230,12 @@ function _M.chat_to_chat(body, model_id)
         return "", view, true
     end
     local messages
-    messages, err = chat_messages(t.messages, raw_member(body, { "messages" }))
+    messages, err = chat_messages(t.messages, raw.messages)
     if not messages then return bad(err, "messages") end
     members[#members + 1] = { "messages", encode(messages) }
-    -- a final assistant message is a prefill: the reply continues it (Ollama's templates leave it open)
-    local last = messages[#messages]
-    if last.role == "assistant" and not last.tool_calls then members[#members + 1] = { "continue_final_message", "true" } end
-    if t.tools and #t.tools > 0 then members[#members + 1] = { "tools", raw_member(body, { "tools" }) } end
-    ok, err = common(t, body, members)
+    shapes.continue_prefill(members, messages)
+    if t.tools and #t.tools > 0 then members[#members + 1] = { "tools", raw.tools } end
+    ok, err = common(t, raw, members)
     if not ok then return nil, err end
     return object(members), view
 end
@@ -234,7 +244,7 @@ end
 -- with raw: true, the completions path: `chat` false), its view and `chat`; or nil, err.
 -- An empty prompt loads the model in Ollama: here it is answered at once (view.load).
 function _M.generate_to_chat(body, model_id)
-    local t, members = shapes.read_fields(body, GENERATE_OWN, PASS, REFUSED)
+    local t, members, raw = shapes.read_fields(body, GENERATE_OWN, PASS, REFUSED)
     if not t then return nil, members end
     local ok, err = check_model(t, model_id)
     if not ok then return nil, err end
@@ -249,7 +259,7 @@ function _M.generate_to_chat(body, model_id)
         return bad("context (a past reply's tokens) is not kept: send the conversation to /api/chat", "context")
     end
     local view = setmetatable({ kind = "generate", stream = t.stream ~= false, model_name = t.model or model_id }, View)
-    ok, err = common(t, body, members)
+    ok, err = common(t, raw, members)
     if not ok then return nil, err end
     if t.prompt == nil or t.prompt == "" then
         view.load = true -- (Ollama's way to load a model: it is loaded)

@@ -835,7 +835,14 @@ local function shared_fields(t, body, model, model_id, cfg, max_stops)
         if not model.has_tokenizer then return bad("stop strings need a tokenizer, which this model lacks", "stop") end
         cfg.stop_strings = stops
     end
-    local stop_ids -- (a set: vLLM's stop_reason names the one that ended a choice)
+    -- (sets: vLLM's stop_reason names the one that ended a choice; the client's own only, not
+    -- the stop a tool choice adds later)
+    local stop_names
+    for _, stop in ipairs(cfg.stop_strings or {}) do
+        stop_names = stop_names or {}
+        stop_names[stop] = true
+    end
+    local stop_ids
     if t.stop_token_ids ~= nil then
         local ok, e = check_token_ids(t.stop_token_ids, model.vocab_size, "stop_token_ids")
         if not ok then return nil, e end
@@ -843,7 +850,8 @@ local function shared_fields(t, body, model, model_id, cfg, max_stops)
         stop_ids = {}
         for _, id in ipairs(t.stop_token_ids) do stop_ids[id] = true end
     end
-    return { n = t.n or 1, include_usage = include_usage, grammar_field = cfg.grammar and grammar_field or nil, stop_ids = stop_ids }
+    return { n = t.n or 1, include_usage = include_usage, grammar_field = cfg.grammar and grammar_field or nil, stop_ids = stop_ids,
+             stop_names = stop_names }
 end
 
 -- Choices of a request, at most max_choices (default 16): #prompts x best_of sessions.
@@ -898,8 +906,11 @@ function _M.parse(body, model, model_id, max_choices, opts)
     if not ok then return nil, e end
     local max_tokens = cfg.max_tokens or (opts.room and math.huge) or DEFAULT_MAX_TOKENS
     if max_tokens < 0 then return bad(("max_tokens = %d must be >= 0"):format(max_tokens), "max_tokens") end
-    if opts.room then -- (one prompt here: the rest of its context)
-        max_tokens = math.min(max_tokens, math.max(0, model.max_seq_len - #prompts[1]))
+    if opts.room then -- (one prompt here: the rest of its context, which it must leave)
+        if #prompts[1] >= model.max_seq_len then
+            return bad(("the prompt (%d tokens) fills the model's context of %d tokens"):format(#prompts[1], model.max_seq_len), "prompt")
+        end
+        max_tokens = math.min(max_tokens, model.max_seq_len - #prompts[1])
     end
     cfg.max_tokens = max_tokens
     local prompt_tokens, echo = 0, nil
@@ -931,7 +942,7 @@ function _M.parse(body, model, model_id, max_choices, opts)
     end
     return { prompts = prompts, ids = prompts[1], n = n, best_of = best, cfg = cfg, stream = t.stream == true,
              include_usage = shared.include_usage, echo = echo, logprobs = t.logprobs, stops = answer_stops(t, cfg),
-             stop_strings = cfg.stop_strings, stop_ids = shared.stop_ids,
+             stop_strings = cfg.stop_strings, stop_names = shared.stop_names, stop_ids = shared.stop_ids,
              prompt_tokens = prompt_tokens, grammar_field = shared.grammar_field }
 end
 
@@ -1067,7 +1078,7 @@ function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
     end
     return { prompts = { ids }, ids = ids, n = shared.n, best_of = shared.n, cfg = cfg, stream = t.stream == true,
              include_usage = shared.include_usage, logprobs = logprobs, prompt_tokens = #ids, stops = answer_stops(t, cfg),
-             stop_strings = cfg.stop_strings, stop_ids = shared.stop_ids,
+             stop_strings = cfg.stop_strings, stop_names = shared.stop_names, stop_ids = shared.stop_ids,
              grammar_field = shared.grammar_field, prompt_text = text, tools = tool_spec or nil,
              include_reasoning = t.include_reasoning ~= false }
 end

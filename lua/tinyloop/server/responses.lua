@@ -11,8 +11,9 @@
 --   local responses = require "tinyloop.server.responses"
 --   local chat_body, view = responses.to_chat(body)      -- nil, err: the Responses field named
 --   local req, err = request.parse_chat(chat_body, ...)  -- err: view:error(err) renames its fields
---   body = view:response(chat_json, id, created)         -- a blocking answer
---   local events = view:feed(chunk_json)                 -- a stream: {type, json} per event
+--   body = view:response(chat_json, id)                  -- a blocking answer
+--   view:start_stream(id, created, model)                -- or a stream:
+--   local events = view:feed(chunk_json)                 --   {type, json} per event
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local shapes = require "tinyloop.server.shapes"
@@ -312,7 +313,7 @@ View.__index = View
 -- to_chat(body) -> the chat completions body that means the same, and its view; or nil, err
 -- (the Responses field named).
 function _M.to_chat(body)
-    local t, members = shapes.read_fields(body, OWN, PASS, REFUSED)
+    local t, members, raw = shapes.read_fields(body, OWN, PASS, REFUSED)
     if not t then return nil, members end
     if t.input == nil then return bad("input is required", "input") end
     if t.background then return bad("background responses are not supported: nothing is stored here to fetch later", "background") end
@@ -342,7 +343,7 @@ function _M.to_chat(body)
         if not tool_choice_text then return bad(allowed, "tool_choice") end
     end
     if t.tools then
-        local tools_text, err = chat_tools(t.tools, raw_member(body, { "tools" }), allowed)
+        local tools_text, err = chat_tools(t.tools, raw.tools, allowed)
         if not tools_text then return bad(err, "tools") end
         members[#members + 1] = { "tools", tools_text }
     end
@@ -394,15 +395,15 @@ function _M.to_chat(body)
             { "previous_response_id", "null" },
             { "reasoning", object({ { "effort", effort and encode(effort) or "null" }, { "summary", "null" } }) },
             { "store", "false" },
-            { "temperature", t.temperature and raw_member(body, { "temperature" }) or "1" },
+            { "temperature", t.temperature and raw.temperature or "1" },
             { "text", object({ { "format", format_text and raw_member(body, { "text", "format" }) or '{"type":"text"}' } }) },
-            { "tool_choice", t.tool_choice and raw_member(body, { "tool_choice" }) or '"auto"' },
-            { "tools", t.tools and raw_member(body, { "tools" }) or "[]" },
+            { "tool_choice", t.tool_choice and raw.tool_choice or '"auto"' },
+            { "tools", t.tools and raw.tools or "[]" },
             { "top_logprobs", shapes.integer(t.top_logprobs or 0) },
-            { "top_p", t.top_p and raw_member(body, { "top_p" }) or "1" },
+            { "top_p", t.top_p and raw.top_p or "1" },
             { "truncation", '"disabled"' },
             { "user", t.user and encode(t.user) or "null" },
-            { "metadata", t.metadata and raw_member(body, { "metadata" }) or "{}" },
+            { "metadata", t.metadata and raw.metadata or "{}" },
         },
     }, View)
     return object(members), view

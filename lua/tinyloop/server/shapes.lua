@@ -1,5 +1,5 @@
 -- tinyloop.server.shapes: what the other APIs served over the chat completions path (OpenAI's
--- Responses, Anthropic's Messages) share. Pure Lua (no ngx).
+-- Responses, Anthropic's Messages, Ollama's) share. Pure Lua (no ngx).
 --
 -- Their requests are read into the chat request they mean; their answers are the chat answer
 -- read back: `answer` reads a blocking chat answer, `deltas` one chunk of a chat stream, into
@@ -63,14 +63,25 @@ function _M.raw_list(text)
 end
 function _M.raw_fields(text)
     local out = {}
-    if text and sub(text, 1, 1) == "{" then
-        for _, e in ipairs(json_text.entries(text, 1)) do out[e.key] = sub(text, e.from, e.to) end
+    local at = text and json_text.skip_ws(text, 1)
+    if at and sub(text, at, at) == "{" then
+        for _, e in ipairs(json_text.entries(text, at)) do out[e.key] = sub(text, e.from, e.to) end
     end
     return out
 end
 
 -- An integer's JSON text (tostring writes 2^47 as 1.4073748835533e+14).
 function _M.integer(n) return ("%d"):format(n) end
+
+-- Anthropic and Ollama set no limit on stop strings (OpenAI's 4 is the chat endpoint's): this one.
+_M.MAX_STOPS = 64
+
+-- A final assistant message (no calls) is a prefill: the reply continues it (Anthropic's rule,
+-- and Ollama's templates leave it open) -> the chat body's member saying so, added.
+function _M.continue_prefill(members, messages)
+    local last = messages[#messages]
+    if last and last.role == "assistant" and not last.tool_calls then members[#members + 1] = { "continue_final_message", "true" } end
+end
 
 -- JSON kinds of a request's top-level fields, checked before anything reads them.
 _M.KIND_WORDS = { string = "a string", integer = "an integer", boolean = "a boolean", object = "an object", array = "an array",
@@ -96,8 +107,9 @@ _M.PASSED = {
     "guided_grammar", "guided_regex", "stop_token_ids", "include_stop_str_in_output", "chat_template_kwargs", "include_reasoning",
 }
 
--- read_fields(body, own, pass, refused) -> the request body's table (null fields left out) and
--- the chat body's members so far (the `pass` fields, as sent), or nil, err: not a JSON object,
+-- read_fields(body, own, pass, refused) -> the request body's table (null fields left out),
+-- the chat body's members so far (the `pass` fields, as sent) and each top-level member's text
+-- (read in one pass: a body of many fields is not rescanned for each), or nil, err: not a JSON object,
 -- an unknown field, a `refused` one (its value: why), an `own` one (its value: its kind) of
 -- another kind.
 function _M.read_fields(body, own, pass, refused)
@@ -105,7 +117,7 @@ function _M.read_fields(body, own, pass, refused)
     local t, err = cjson.decode(body)
     if err then return _M.bad("the request body is not valid JSON: " .. err, nil) end
     if type(t) ~= "table" or body:match("^%s*%[") then return _M.bad("the request body must be a JSON object", nil) end
-    local members = {}
+    local members, raw = {}, _M.raw_fields(body)
     for k, v in pairs(t) do
         if v == json_null then
             t[k] = nil
@@ -114,12 +126,12 @@ function _M.read_fields(body, own, pass, refused)
         elseif own[k] then
             if not _M.KIND_OK[own[k]](v) then return _M.bad(("%s must be %s"):format(k, _M.KIND_WORDS[own[k]]), k) end
         elseif pass[k] then
-            members[#members + 1] = { k, raw_member(body, { k }) }
+            members[#members + 1] = { k, raw[k] }
         else
             return _M.bad(("unknown field '%s'"):format(tostring(k)), tostring(k))
         end
     end
-    return t, members
+    return t, members, raw
 end
 
 -- add_template_variable(members, t, name, json): the chat body's chat_template_kwargs get
