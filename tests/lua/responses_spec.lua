@@ -214,6 +214,32 @@ describe("responses view of a chat stream", function()
                     failed.output[1].content[1].text, failed.output[1].status })
     end)
 
+    it("gives the message the logprobs of its own tokens, streamed as blocking, where a read also ends the reasoning", function()
+        local function entry(token)
+            local bytes = {}
+            for i = 1, #token do bytes[i] = token:byte(i) end
+            return { token = token, logprob = -1, bytes = bytes, top_logprobs = cjson.empty_array or {} }
+        end
+        local entries = { entry("Hm"), entry("</think>"), entry("Hi"), entry(",") }
+        local logprobs = { content = entries }
+        local _, _, view = chat_of('{"input": "x", "stream": true, "include": ["message.output_text.logprobs"]}')
+        view:start_stream("resp_1_5", 100, "m")
+        local chunk = { choices = { { index = 0, delta = { reasoning_content = "Hm", content = "Hi," }, logprobs = logprobs,
+                                      finish_reason = "stop" } },
+                        usage = { prompt_tokens = 3, completion_tokens = 4, total_tokens = 7 } }
+        local events = view:feed(cjson.encode(chunk))
+        local streamed = cjson.decode(events[#events][2]).response.output[2].content[1].logprobs
+        assert.same({ "Hi", "," }, { streamed[1].token, streamed[2].token })
+        assert.equal(2, #streamed)
+        -- the blocking answer of the same reply
+        _, _, view = chat_of('{"input": "x", "include": ["message.output_text.logprobs"]}')
+        local answer = { created = 1, model = "m", choices = { { index = 0, finish_reason = "stop", logprobs = logprobs,
+                         message = { role = "assistant", content = "Hi,", reasoning_content = "Hm" } } },
+                         usage = chunk.usage }
+        local blocking = cjson.decode(view:response(cjson.encode(answer), "resp_1_6")).output[2].content[1].logprobs
+        assert.same(streamed, blocking)
+    end)
+
     it("ends a call whose arguments are whole as completed, one the token limit cut as incomplete", function()
         for _, case in ipairs({ { '{\\"a\\": 1}', "completed" }, { '{\\"a', "incomplete" } }) do
             local _, _, view = chat_of('{"input": "x", "stream": true}')

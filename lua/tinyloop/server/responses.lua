@@ -657,15 +657,18 @@ function View:feed(payload)
         self:event(out, "response.created", { { "response", initial } })
         self:event(out, "response.in_progress", { { "response", initial } })
     end
-    -- the logprobs of the message's tokens: a chunk's that carries reasoning or a call's
-    -- pieces are those tokens' (the tokens of a chunk with no text are held for the next)
+    -- the logprobs of the message's tokens: a chunk's that carries reasoning or a call's pieces
+    -- too keeps only its text's tokens (found by their bytes, as a blocking answer's are); the
+    -- tokens of a chunk with no text are held for the next
     if self.logprobs then
-        local other = false
+        local other, text, thought = false, {}, {}
         for _, d in ipairs(deltas) do
             if d.kind == "reasoning" or d.kind == "call" or d.kind == "arguments" then other = true end
+            if d.kind == "text" then text[#text + 1] = d.text end
+            if d.kind == "reasoning" then thought[#thought + 1] = d.text end
         end
         if other then
-            self.pending_logprobs = {}
+            self.pending_logprobs = #text > 0 and text_entries(entries, concat(text), #concat(thought)) or {}
         else
             for _, e in ipairs(entries) do self.pending_logprobs[#self.pending_logprobs + 1] = e end
         end
