@@ -132,6 +132,17 @@ describe("anthropic.to_chat: what Anthropic's clients send", function()
         assert.equal("user", chat.messages[1].role)
     end)
 
+    it("gives output_config.effort to the template as reasoning_effort, beside an output_format", function()
+        local chat = chat_of('{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}], "output_config": {"effort": "low"}, ' ..
+                             '"output_format": {"type": "json_schema", "schema": {"type": "object"}}}')
+        assert.same({ enable_thinking = false, reasoning_effort = "low" }, chat.chat_template_kwargs)
+        assert.equal("json_schema", chat.response_format.type)
+        local body, err = anthropic.to_chat('{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}], ' ..
+                                            '"output_config": {"effort": "max"}}')
+        assert.is_nil(body)
+        assert.truthy(err.message:find("output_config.effort", 1, true))
+    end)
+
     it("switches thinking off unless asked for (Anthropic's default)", function()
         local chat = chat_of('{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}')
         assert.same({ enable_thinking = false }, chat.chat_template_kwargs)

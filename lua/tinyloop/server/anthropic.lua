@@ -271,23 +271,32 @@ function _M.to_chat(body, counting)
         if text ~= '"auto"' or (t.tools and #t.tools > 0) then members[#members + 1] = { "tool_choice", text } end
         if parallel ~= nil and t.tools and #t.tools > 0 then members[#members + 1] = { "parallel_tool_calls", tostring(parallel) } end
     end
-    if t.output_format and t.output_config then
-        return bad("output_format and output_config.format are one setting: send one of them", "output_format")
-    end
     local format_text
-    if t.output_format then
-        local err
-        format_text, err = chat_format({ "output_format" }, t.output_format, body)
-        if not format_text then return bad(err, "output_format") end
-    elseif t.output_config then
+    if t.output_config then
         local ok, err = check_keys(t.output_config, { format = true, effort = true }, "output_config")
         if not ok then return bad(err, "output_config") end
         local f = t.output_config.format
         if f ~= nil and f ~= json_null then
+            if t.output_format then
+                return bad("output_format and output_config.format are one setting: send one of them", "output_format")
+            end
             if type(f) ~= "table" then return bad('output_config.format must be an object {"type": "json_schema", "schema"}', "output_config") end
             format_text, err = chat_format({ "output_config", "format" }, f, body)
             if not format_text then return bad(err, "output_config") end
         end
+        -- effort: a template variable, as Responses' reasoning.effort (gpt-oss's templates read it)
+        local effort = t.output_config.effort
+        if effort ~= nil and effort ~= json_null then
+            if effort ~= "low" and effort ~= "medium" and effort ~= "high" then
+                return bad('output_config.effort must be "low", "medium" or "high"', "output_config")
+            end
+            shapes.add_template_variable(members, t, "reasoning_effort", encode(effort))
+        end
+    end
+    if t.output_format then
+        local err
+        format_text, err = chat_format({ "output_format" }, t.output_format, body)
+        if not format_text then return bad(err, "output_format") end
     end
     if format_text then members[#members + 1] = { "response_format", format_text } end
     if t.thinking then
