@@ -138,7 +138,8 @@ describe("ollama.generate_to_chat", function()
         for body, words in pairs({ ['{"prompt": "x", "images": ["aGk="]}'] = "text only", ['{"prompt": "x", "context": [1, 2]}'] = "not kept",
                                    ['{"prompt": "x", "raw": true, "system": "s"}'] = "raw leaves out",
                                    ['{"prompt": "x", "template": "{{ .Prompt }}"}'] = "the server's",
-                                   ['{"prompt": "x", "suffix": "y"}'] = "fill in the middle" }) do
+                                   ['{"prompt": "x", "suffix": "y"}'] = "fill in the middle",
+                                   ['{"prompt": "x", "raw": true, "logprobs": true}'] = "the chat path" }) do
             local b, err = ollama.generate_to_chat(body, ID)
             assert.is_nil(b)
             assert.truthy(err.message:find(words, 1, true), err.message)

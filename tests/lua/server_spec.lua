@@ -1893,6 +1893,27 @@ describe("Ollama's API", function()
         assert.same({ chat.choices[1].message.content, true, "length" }, { whole.message.content, whole.done, whole.done_reason })
     end)
 
+    it("answers each token's logprobs as the chat completions do, streamed or whole", function()
+        local chat = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 6, seed = 3, logprobs = true,
+                                                         top_logprobs = 2, ignore_eos = true })))
+        local want = chat.choices[1].logprobs.content
+        local req = { messages = messages, options = { num_predict = 6, seed = 3 }, logprobs = true, top_logprobs = 2,
+                      ignore_eos = true, stream = false }
+        local status, body = post_to("/api/chat", req)
+        assert.equal(200, status, body)
+        assert.same(want, cjson.decode(body).logprobs)
+        req.stream = nil
+        status, body = post_to("/api/chat", req)
+        local streamed = {}
+        for _, o in ipairs(ndjson(body)) do
+            for _, e in ipairs(o.logprobs) do streamed[#streamed + 1] = e end
+        end
+        assert.same(want, streamed)
+        assert.equal(2, #streamed[1].top_logprobs)
+        status, body = post_to("/api/chat", { messages = messages, top_logprobs = 2 })
+        assert.same({ 400, "top_logprobs needs logprobs: true" }, { status, cjson.decode(body).error })
+    end)
+
     it("generates through the chat template, or raw as the completions do", function()
         local chat = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 8, seed = 2, ignore_eos = true })))
         local status, body = post_to("/api/generate", { prompt = "Who is Emma?", system = "Be brief.", stream = false,

@@ -48,10 +48,12 @@ _M.API_VERSION = "0.12.6"
 -- (truncate, shift: what Ollama does with a prompt over its context; here one is refused;
 -- /api/chat's system: Open WebUI sends one, which Ollama's chat ignores, as here)
 local CHAT_OWN = { model = "string", messages = "array", tools = "array", format = "any", options = "object", stream = "boolean",
-                   think = "any", keep_alive = "any", truncate = "boolean", shift = "boolean", system = "any" }
+                   think = "any", keep_alive = "any", truncate = "boolean", shift = "boolean", system = "any",
+                   logprobs = "boolean", top_logprobs = "integer" }
 local GENERATE_OWN = { model = "string", prompt = "string", suffix = "string", system = "string", raw = "boolean", format = "any",
                        options = "object", stream = "boolean", think = "any", keep_alive = "any", images = "array",
-                       context = "array", template = "string", truncate = "boolean", shift = "boolean" }
+                       context = "array", template = "string", truncate = "boolean", shift = "boolean",
+                       logprobs = "boolean", top_logprobs = "integer" }
 local PASS = {}
 for _, k in ipairs(shapes.PASSED) do PASS[k] = k ~= "model" and k ~= "stream" or nil end
 local REFUSED = {}
@@ -84,6 +86,12 @@ end
 local function common(t, raw, members)
     -- Ollama streams unless told not to
     members[#members + 1] = { "stream", t.stream == false and "false" or "true" }
+    -- logprobs (Ollama's, as the chat request's: each token's, with top_logprobs alternatives)
+    if t.top_logprobs ~= nil and not t.logprobs then return bad("top_logprobs needs logprobs: true", "top_logprobs") end
+    if t.logprobs then
+        members[#members + 1] = { "logprobs", "true" }
+        members[#members + 1] = { "top_logprobs", shapes.integer(t.top_logprobs or 0) }
+    end
     local options = t.options or {}
     local raw_options = shapes.raw_fields(raw.options)
     for k, v in pairs(options) do
@@ -224,7 +232,7 @@ function _M.chat_to_chat(body, model_id)
     if not t then return nil, members end
     local ok, err = check_model(t, model_id)
     if not ok then return nil, err end
-    local view = setmetatable({ kind = "chat", stream = t.stream ~= false, model_name = t.model or model_id }, View)
+    local view = setmetatable({ kind = "chat", stream = t.stream ~= false, model_name = t.model or model_id, logprobs = t.logprobs }, View)
     if t.messages == nil or #t.messages == 0 then -- (Ollama's way to load a model: it is loaded)
         view.load = true
         return "", view, true
@@ -258,7 +266,7 @@ function _M.generate_to_chat(body, model_id)
     if t.context ~= nil and #t.context > 0 then
         return bad("context (a past reply's tokens) is not kept: send the conversation to /api/chat", "context")
     end
-    local view = setmetatable({ kind = "generate", stream = t.stream ~= false, model_name = t.model or model_id }, View)
+    local view = setmetatable({ kind = "generate", stream = t.stream ~= false, model_name = t.model or model_id, logprobs = t.logprobs }, View)
     ok, err = common(t, raw, members)
     if not ok then return nil, err end
     if t.prompt == nil or t.prompt == "" then
@@ -266,6 +274,7 @@ function _M.generate_to_chat(body, model_id)
         return "", view, true
     end
     if t.raw then
+        if t.logprobs then return bad("logprobs go through the chat path, which raw leaves out", "logprobs") end
         if t.system ~= nil then return bad("system goes through the chat template, which raw leaves out", "system") end
         if t.think ~= nil then return bad("think goes through the chat template, which raw leaves out", "think") end
         members[#members + 1] = { "prompt", encode(t.prompt) }
@@ -329,7 +338,8 @@ local function calls_json(calls, from, to)
 end
 
 -- One object of the answer: the message (chat) or response (generate) so far.
-function View:object(text, thought, calls, final, from, to)
+-- (lp: logprobs entries' JSON texts, with logprobs asked for: this object's tokens')
+function View:object(text, thought, calls, final, from, to, lp)
     local members = { { "model", encode(self.model_name) }, { "created_at", encode(iso_time(self.created or os.time())) } }
     if self.kind == "chat" then
         members[#members + 1] = { "message", object({ { "role", '"assistant"' }, { "content", encode(text) },
@@ -338,6 +348,7 @@ function View:object(text, thought, calls, final, from, to)
         members[#members + 1] = { "response", encode(text) }
         members[#members + 1] = { "thinking", thought and encode(thought) or nil }
     end
+    if self.logprobs then members[#members + 1] = { "logprobs", "[" .. concat(lp or {}, ",") .. "]" } end
     if final then final_fields(members, final) else members[#members + 1] = { "done", "false" } end
     return object(members)
 end
@@ -354,7 +365,7 @@ end
 function View:response(answer_json, _)
     local answer = shapes.answer(answer_json)
     self.created = answer.created
-    return self:object(answer.text, answer.reasoning, answer.calls, answer.finish)
+    return self:object(answer.text, answer.reasoning, answer.calls, answer.finish, nil, nil, answer.logprobs)
 end
 
 -- ------------------------------------------------------------------ the stream
@@ -369,14 +380,22 @@ end
 function View:feed(payload)
     local out = {}
     if self.finished then return out end
-    local deltas = shapes.deltas(payload)
+    local deltas, entries = shapes.deltas(payload)
     local text, thought = {}, {}
+    -- the logprobs of the tokens read since the last object went out go with the next one
+    self.pending = self.pending or {}
+    for _, e in ipairs(entries) do self.pending[#self.pending + 1] = e end
+    local function take()
+        local lp = self.pending
+        self.pending = {}
+        return lp
+    end
     local function flush_calls(all)
         local calls = self.calls
         local upto = all and #calls or #calls - 1
         if upto >= (self.sent_calls or 0) + 1 then
             for k = (self.sent_calls or 0) + 1, upto do calls[k].arguments = concat(calls[k].pieces) end
-            out[#out + 1] = { nil, self:object("", nil, calls, nil, (self.sent_calls or 0) + 1, upto) }
+            out[#out + 1] = { nil, self:object("", nil, calls, nil, (self.sent_calls or 0) + 1, upto, take()) }
             self.sent_calls = upto
         end
     end
@@ -397,7 +416,7 @@ function View:feed(payload)
             pieces[#pieces + 1] = d.text
         elseif d.kind == "finish" then
             if #text > 0 or #thought > 0 then
-                out[#out + 1] = { nil, self:object(concat(text), #thought > 0 and concat(thought) or nil) }
+                out[#out + 1] = { nil, self:object(concat(text), #thought > 0 and concat(thought) or nil, nil, nil, nil, nil, take()) }
                 text, thought = {}, {}
             end
             -- (a call the token limit cut is no call: its arguments are not an object)
@@ -405,11 +424,13 @@ function View:feed(payload)
             if last and not json_text.decode(concat(last.pieces)) then self.calls[#self.calls] = nil end
             flush_calls(true)
             self.finished = true
-            out[#out + 1] = { nil, self:object("", nil, nil, d) }
+            out[#out + 1] = { nil, self:object("", nil, nil, d, nil, nil, take()) }
             return out
         end
     end
-    if #text > 0 or #thought > 0 then out[#out + 1] = { nil, self:object(concat(text), #thought > 0 and concat(thought) or nil) } end
+    if #text > 0 or #thought > 0 then
+        out[#out + 1] = { nil, self:object(concat(text), #thought > 0 and concat(thought) or nil, nil, nil, nil, nil, take()) }
+    end
     return out
 end
 
