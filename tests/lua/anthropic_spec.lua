@@ -166,14 +166,7 @@ describe("anthropic.to_chat: what Anthropic's clients send", function()
         for k = 1, 500 do tools[k] = ('{"name": "f%d", "input_schema": {"type": "object"}}'):format(k) end
         local body = '{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [' ..
             table.concat(blocks, ",") .. ']}], "tools": [' .. table.concat(tools, ",") .. ']}'
-        local entries, scanned = json_text.entries, 0
-        json_text.entries = function(text, i)
-            scanned = scanned + #text - i + 1
-            return entries(text, i)
-        end
-        local ok, chat = pcall(chat_of, body)
-        json_text.entries = entries
-        assert(ok, chat)
+        local scanned, chat = require("helpers").text_scanned(chat_of, body)
         assert.equal('{"k": 4000}', chat.messages[2].tool_calls[4000]["function"].arguments)
         assert.equal("f500", chat.tools[500]["function"].name)
         assert.truthy(scanned < 10 * #body, ("%d bytes scanned for a body of %d"):format(scanned, #body))

@@ -115,6 +115,21 @@ function H.run_child(code, env)
     return status == 0, out:gsub("__exit=%d+%s*$", ""), status
 end
 
+-- H.text_scanned(fn, ...) -> the bytes of JSON text that json_text's container scans were given
+-- while fn(...) ran (a measure of parsing work that time cannot blur), and fn's first result.
+function H.text_scanned(fn, ...)
+    local json_text = require "tinyloop.json_text"
+    local entries, scanned = json_text.entries, 0
+    json_text.entries = function(text, i)
+        scanned = scanned + #text - i + 1
+        return entries(text, i)
+    end
+    local ok, result = pcall(fn, ...)
+    json_text.entries = entries
+    assert(ok, result)
+    return scanned, result
+end
+
 -- H.refuses(convert, cases): each case {body, param, words} is refused by convert(body) ->
 -- nil, err: a 4xx (404 where param is "model", else 400) naming `param`, its message holding
 -- `words`.

@@ -124,6 +124,13 @@ local function typed_events(body, sequenced)
     return events
 end
 
+-- The types of typed events, a run of one type written once (deltas repeat).
+local function kinds_of(events)
+    local kinds = {}
+    for _, e in ipairs(events) do if kinds[#kinds] ~= e.type then kinds[#kinds + 1] = e.type end end
+    return kinds
+end
+
 -- Parses an SSE body: the JSON chunks, and whether it ended with data: [DONE].
 local function sse_chunks(body)
     local chunks, done = {}, false
@@ -1558,8 +1565,7 @@ describe("responses (OpenAI's Responses API)", function()
         local status, body = post_responses(req, "-N")
         assert.equal(200, status, body)
         local events = events_of(body)
-        local kinds = {}
-        for _, e in ipairs(events) do if kinds[#kinds] ~= e.type then kinds[#kinds + 1] = e.type end end
+        local kinds = kinds_of(events)
         assert.same({ "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
                       "response.output_text.delta", "response.output_text.done", "response.content_part.done",
                       "response.output_item.done", "response.incomplete" }, kinds)
@@ -1769,8 +1775,7 @@ describe("messages (Anthropic's Messages API)", function()
         local status, body = post_messages(req, "-N")
         assert.equal(200, status, body)
         local events = events_of(body)
-        local kinds = {}
-        for _, e in ipairs(events) do if kinds[#kinds] ~= e.type then kinds[#kinds + 1] = e.type end end
+        local kinds = kinds_of(events)
         assert.same({ "message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
                       "message_stop" }, kinds)
         local start = events[1].message

@@ -43,8 +43,6 @@ local REFUSED = {
     container = "containers (code execution) are not run here",
     mcp_servers = "MCP servers are not connected from here: run the tools in the client and send their results back",
 }
--- Anthropic sets no limit on stop_sequences (OpenAI's 4 is the chat endpoint's).
-_M.MAX_STOPS = shapes.MAX_STOPS
 
 -- Content blocks' fields (cache_control: a hint for Anthropic's prompt cache, which the prefix
 -- pool here does without; citations: none are made; caller: who made a call, Anthropic's
@@ -230,7 +228,8 @@ local function chat_format(path, f, body)
     return '{"type":"json_schema","json_schema":{"name":"output","schema":' .. schema .. "}}"
 end
 
-local View = { ID_PREFIX = "msg" }
+-- (Anthropic sets no limit on stop_sequences: OpenAI's 4 is the chat endpoint's)
+local View = { ID_PREFIX = "msg", PARSE_OPTIONS = { max_stops = shapes.MAX_STOPS } }
 View.__index = View
 
 -- to_chat(body, counting) -> the chat completions body that means the same, and its view; or
@@ -267,8 +266,7 @@ function _M.to_chat(body, counting)
     if t.tool_choice then
         local text, parallel = chat_tool_choice(t.tool_choice)
         if not text then return bad(parallel, "tool_choice") end
-        -- (auto without tools changes nothing)
-        if text ~= '"auto"' or (t.tools and #t.tools > 0) then members[#members + 1] = { "tool_choice", text } end
+        shapes.add_tool_choice(members, text, t.tools)
         if parallel ~= nil and t.tools and #t.tools > 0 then members[#members + 1] = { "parallel_tool_calls", tostring(parallel) } end
     end
     local format_text
@@ -327,11 +325,9 @@ local RENAMES = {
 local ERROR_TYPES = { [400] = "invalid_request_error", [401] = "authentication_error", [403] = "permission_error",
                       [404] = "not_found_error", [405] = "invalid_request_error", [413] = "request_too_large",
                       [429] = "rate_limit_error", [503] = "overloaded_error" }
-local function plain(s) return (s:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0")) end
 function View:error(err)
-    local message = err.message or ""
-    for _, r in ipairs(RENAMES) do message = gsub(message, "%f[%w_]" .. plain(r[1]) .. "%f[^%w_]", r[2]) end
-    message = gsub(message, plain('tool_choice "required"'), 'tool_choice {"type": "any"}')
+    local message = shapes.rename_fields(err.message or "", RENAMES)
+    message = gsub(message, 'tool_choice "required"', 'tool_choice {"type": "any"}')
     message = gsub(message, "(tools%[%d+%])%.function%.parameters", "%1.input_schema")
     message = gsub(message, "(tools%[%d+%])%.function%.", "%1.")
     message = gsub(message, "(tool_calls%[%d+%])%.function%.", "%1.")

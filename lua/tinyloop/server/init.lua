@@ -253,9 +253,9 @@ local function send_uri_error(...)
     return send(...)
 end
 
-local function ready(fail)
+local function ready()
     if engine then return true end
-    ;(fail or send_error)(503, model_error or "the model is loading", nil, "server_error", { ["Retry-After"] = "1" })
+    send_uri_error(503, model_error or "the model is loading", nil, "server_error", { ["Retry-After"] = "1" })
 end
 
 local function only_get()
@@ -1053,19 +1053,18 @@ end
 
 
 -- A POST's body, once the model is ready and the body within the limit; nil when answered.
--- (fail: how an error is answered, send_error's arguments; default send_error)
-local function post_body(fail)
-    fail = fail or send_error
+-- (its errors in the shape of the API the path is: send_uri_error)
+local function post_body()
     if ngx.req.get_method() ~= "POST" then
-        return fail(405, "method " .. ngx.req.get_method() .. " is not allowed here: use POST", nil, nil, { Allow = "POST" })
+        return send_uri_error(405, "method " .. ngx.req.get_method() .. " is not allowed here: use POST", nil, nil, { Allow = "POST" })
     end
-    if not ready(fail) then return end
+    if not ready() then return end
     local declared = tonumber(ngx.var.http_content_length)
     local too_large = ("the request body is over the %d-byte limit"):format(conf.max_body)
-    if declared and declared > conf.max_body then return fail(413, too_large) end
+    if declared and declared > conf.max_body then return send_uri_error(413, too_large) end
     ngx.req.read_body()
     local body = ngx.req.get_body_data()
-    if not body and ngx.req.get_body_file() then return fail(413, too_large) end -- spilled to disk: over the buffer
+    if not body and ngx.req.get_body_file() then return send_uri_error(413, too_large) end -- spilled to disk: over the buffer
     return body or ""
 end
 
@@ -1111,8 +1110,9 @@ end
 -- POST /v1/completions (chat false) or /v1/chat/completions (chat true): the request's body.
 -- view: another API's request (tinyloop.server.responses', anthropic's, ollama's), whose chat
 -- (or completions) body `body` is; its answer, its stream's events and its errors are that
--- API's. parse_opts: that API's rules the parser takes (request.parse_chat's opts).
-local function serve(chat, body, view, parse_opts)
+-- API's, and view.PARSE_OPTIONS that API's rules the parser takes (request.parse_chat's opts).
+local function serve(chat, body, view)
+    local parse_opts = view and view.PARSE_OPTIONS
     -- an error answer: the other API's field names, and shape, for its request
     local function send_error(status, message, param, etype, headers)
         if view then
@@ -1298,23 +1298,23 @@ end
 -- POST /v1/messages (Anthropic's Messages API): the chat request it means, answered as content
 -- blocks and Anthropic's stream events, errors in its shape (tinyloop.server.anthropic).
 function _M.messages()
-    local body = post_body(send_anthropic_error)
+    local body = post_body()
     if not body then return end
     local chat_body, view = anthropic.to_chat(body)
     if not chat_body then return send_anthropic_error(view.status, view.message) end
-    return serve(true, chat_body, view, { max_stops = anthropic.MAX_STOPS })
+    return serve(true, chat_body, view)
 end
 
 -- POST /v1/messages/count_tokens (Anthropic's): {"input_tokens": the prompt's tokens, as
 -- /v1/messages would send it}.
 function _M.count_tokens()
-    local body = post_body(send_anthropic_error)
+    local body = post_body()
     if not body then return end
     if not chat_prompts then return send_anthropic_error(500, request.template_unloaded(chat_error).message) end
     local chat_body, view = anthropic.to_chat(body, true)
     if not chat_body then return send_anthropic_error(view.status, view.message) end
     local req, err = request.parse_chat(chat_body, model, conf.model_id, conf.max_active, chat_prompts,
-                                        { counting = true, max_stops = anthropic.MAX_STOPS })
+                                        { counting = true, max_stops = view.PARSE_OPTIONS.max_stops })
     if not req then
         local e = view:error(err)
         return send_json(e.status, e.body)
@@ -1327,12 +1327,12 @@ end
 -- POST /api/chat, /api/generate: the chat (or, raw, completions) request it means
 -- (tinyloop.server.ollama), answered as Ollama's objects, streamed unless stream is false.
 local function ollama_serve(to_chat)
-    local body = post_body(send_ollama_error)
+    local body = post_body()
     if not body then return end
     local chat_body, view, chat = to_chat(body, conf.model_id)
     if not chat_body then return send_ollama_error(view.status, view.message) end
     if view.load then return send_json(200, view:load_answer(ngx.now())) end
-    return serve(chat ~= false, chat_body, view, ollama.PARSE_OPTIONS)
+    return serve(chat ~= false, chat_body, view)
 end
 function _M.ollama_chat() return ollama_serve(ollama.chat_to_chat) end
 function _M.ollama_generate() return ollama_serve(ollama.generate_to_chat) end
@@ -1351,11 +1351,11 @@ end
 
 -- GET /api/tags (the models there are), /api/ps (those loaded: the same one), /api/version.
 function _M.ollama_tags()
-    if not only_get() or not ready(send_ollama_error) then return end
+    if not only_get() or not ready() then return end
     return send_json(200, '{"models":[' .. ollama.model_entry(ollama_model()) .. "]}")
 end
 function _M.ollama_ps()
-    if not only_get() or not ready(send_ollama_error) then return end
+    if not only_get() or not ready() then return end
     return send_json(200, '{"models":[' .. ollama.model_entry(ollama_model(), true) .. "]}")
 end
 function _M.ollama_version()
@@ -1366,7 +1366,7 @@ end
 -- POST /api/show {"model"} (or Ollama's older "name"): the model's details, template and
 -- capabilities.
 function _M.ollama_show()
-    local body = post_body(send_ollama_error)
+    local body = post_body()
     if not body then return end
     local t = cjson.decode(body)
     local name = type(t) == "table" and (type(t.model) == "string" and t.model or t.name)

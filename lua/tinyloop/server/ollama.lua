@@ -12,6 +12,7 @@
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local shapes = require "tinyloop.server.shapes"
+local valid_utf8 = require("tinyloop.server.request").valid_utf8
 
 local type, pairs, ipairs, tostring = type, pairs, ipairs, tostring
 local concat, floor = table.concat, math.floor
@@ -38,9 +39,6 @@ local OPTIONS = {
 -- Any other option is ignored, as Ollama ignores one it does not know (clients put what they
 -- do not map there: Open WebUI's reasoning_effort, old Modelfiles' rope_frequency_base).
 local NO_OP_OPTIONS = { typical_p = 1, tfs_z = 1, mirostat = 0 }
--- Ollama's rules where the chat request's differ: num_predict is a cap (the rest of the
--- context at most), stop strings are not limited to OpenAI's 4.
-_M.PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS }
 -- The Ollama version the API here follows (clients check it: some want 0.6 or later).
 _M.API_VERSION = "0.12.6"
 
@@ -223,7 +221,10 @@ local function chat_messages(messages, raw)
     return out
 end
 
-local View = { ID_PREFIX = "ollama", CONTENT_TYPE = "application/x-ndjson", FRAME = "ndjson" }
+-- (PARSE_OPTIONS: Ollama's rules where the chat request's differ: num_predict is a cap, the
+-- rest of the context at most; stop strings are not limited to OpenAI's 4)
+local View = { ID_PREFIX = "ollama", CONTENT_TYPE = "application/x-ndjson", FRAME = "ndjson",
+               PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS } }
 View.__index = View
 
 -- chat_to_chat(body, model_id) -> an /api/chat request's chat body, and its view; or nil, err.
@@ -288,18 +289,16 @@ function _M.generate_to_chat(body, model_id)
 end
 
 -- The chat request's names -> Ollama's, in an error's message; the body {"error": message}.
+local RENAMES = { { "max_completion_tokens", "options.num_predict" }, { "max_tokens", "options.num_predict" },
+                  { "repetition_penalty", "options.repeat_penalty" }, { "response_format", "format" } }
 function View:error(err)
-    local message = err.message or ""
-    message = message:gsub("%f[%w_]max_completion_tokens%f[^%w_]", "options.num_predict")
-                     :gsub("%f[%w_]max_tokens%f[^%w_]", "options.num_predict")
-                     :gsub("%f[%w_]repetition_penalty%f[^%w_]", "options.repeat_penalty")
-                     :gsub("%f[%w_]response_format%f[^%w_]", "format")
+    local message = shapes.rename_fields(err.message or "", RENAMES)
     if err.param == "stop" then message = message:gsub("^stop", "options.stop") end
     return { status = err.status, message = message, type = err.type, body = _M.error_body(message) }
 end
 
 function _M.error_body(message)
-    return '{"error":' .. encode(require("tinyloop.server.request").valid_utf8(message)) .. "}"
+    return '{"error":' .. encode(valid_utf8(message)) .. "}"
 end
 
 -- ------------------------------------------------------------------ the answer

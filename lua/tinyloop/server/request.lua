@@ -106,6 +106,7 @@ local MAX_STOPS = 4          -- OpenAI's limit
 local function bad(message, param, status)
     return nil, { status = status or 400, message = message, param = param, type = "invalid_request_error" }
 end
+_M.bad = bad
 
 local function is_integer(v)
     return type(v) == "number" and v == floor(v) and v > -2 ^ 53 and v < 2 ^ 53

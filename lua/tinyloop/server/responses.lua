@@ -337,8 +337,7 @@ function _M.to_chat(body)
     members[#members + 1] = { "messages", encode(messages) }
     if t.max_output_tokens ~= nil then members[#members + 1] = { "max_completion_tokens", shapes.integer(t.max_output_tokens) } end
     local tool_choice_text, allowed
-    -- (auto without tools changes nothing: OpenAI's clients send it with an empty list)
-    if t.tool_choice ~= nil and not (t.tool_choice == "auto" and not (t.tools and #t.tools > 0)) then
+    if t.tool_choice ~= nil then
         tool_choice_text, allowed = chat_tool_choice(t.tool_choice, t.tools)
         if not tool_choice_text then return bad(allowed, "tool_choice") end
     end
@@ -347,7 +346,7 @@ function _M.to_chat(body)
         if not tools_text then return bad(err, "tools") end
         members[#members + 1] = { "tools", tools_text }
     end
-    if tool_choice_text then members[#members + 1] = { "tool_choice", tool_choice_text } end
+    if tool_choice_text then shapes.add_tool_choice(members, tool_choice_text, t.tools) end
     local format_text
     if t.text then
         local err
@@ -417,10 +416,7 @@ local RENAMES = {
 -- (a tool's fields sit in the tool itself here: tools[i].function.parameters is tools[i].parameters)
 function View:error(err)
     local message = err.message or ""
-    for _, r in ipairs(RENAMES) do
-        message = gsub(message, "%f[%w_]" .. r[1]:gsub("%.", "%%.") .. "%f[^%w_]", r[2])
-    end
-    message = gsub(message, "(tools%[%d+%])%.function%.", "%1.")
+    message = gsub(shapes.rename_fields(message, RENAMES), "(tools%[%d+%])%.function%.", "%1.")
     -- a call of messages[k] is the input item it came from; messages[k] too (the instructions:
     -- message 0 before them)
     message = gsub(message, "messages%[(%d+)%]%.tool_calls%[(%d+)%]", function(k, j)

@@ -10,7 +10,7 @@ local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 
 local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
-local concat, sub = table.concat, string.sub
+local concat, sub, gsub = table.concat, string.sub, string.gsub
 local raw_member = json_text.member
 local json_null = cjson.null
 
@@ -19,10 +19,9 @@ local _M = {}
 function _M.encode(v) return (cjson.encode(v)) end
 local encode = _M.encode
 
--- An error answer's parts: HTTP status, message, param (the request field, or nil).
-function _M.bad(message, param, status)
-    return nil, { status = status or 400, message = message, param = param, type = "invalid_request_error" }
-end
+-- An error answer's parts: HTTP status, message, param (the request field, or nil): the chat
+-- parser's, whose errors the views rename.
+_M.bad = require("tinyloop.server.request").bad
 
 _M.is_array = require("tinyloop.chat").is_array
 local is_array = _M.is_array
@@ -68,6 +67,22 @@ function _M.raw_fields(text)
         for _, e in ipairs(json_text.entries(text, at)) do out[e.key] = sub(text, e.from, e.to) end
     end
     return out
+end
+
+local function plain(s) return (s:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0")) end
+
+-- rename_fields(message, renames) -> an error's message with the chat request's field names
+-- ({ {chat name, the API's name}, ... }, in order) written as the other API's, whole words only.
+function _M.rename_fields(message, renames)
+    for _, r in ipairs(renames) do message = gsub(message, "%f[%w_]" .. plain(r[1]) .. "%f[^%w_]", r[2]) end
+    return message
+end
+
+-- add_tool_choice(members, choice_json, tools): the chat body's tool_choice, unless it is
+-- "auto" without tools, which changes nothing (OpenAI's clients send it with an empty list).
+function _M.add_tool_choice(members, choice_json, tools)
+    if choice_json == '"auto"' and not (tools and #tools > 0) then return end
+    members[#members + 1] = { "tool_choice", choice_json }
 end
 
 -- An integer's JSON text (tostring writes 2^47 as 1.4073748835533e+14).
