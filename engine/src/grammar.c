@@ -11,6 +11,10 @@
 #define GRAM_MAX_NODES (1 << 23)
 #define GRAM_MAX_STATES (1 << 22)
 #define GRAM_MAX_EXPANSION (1 << 16) /* stacks one byte may produce: beyond, "too ambiguous" */
+/* Calls nested at a stack's top before a byte (expand's recursion): a deeper chain, such as
+   nested repeats of empty groups ((?:){5,720} in a repeat), fails as the expansion limit does
+   instead of overflowing the C stack. Real grammars nest a few dozen. */
+#define GRAM_MAX_CALL_DEPTH 1024
 
 bool gram_grow(void **p, int *cap, int need, size_t size) {
     if (need <= *cap) return true;
@@ -573,8 +577,9 @@ static void next_closure(gram_runtime *rt) {
 
 /* Every stack that starts at `pos` with `parent` below, expanded until its top is a byte set
    (or it is empty: the grammar may end here). Appends node ids to the scratch list. */
-static bool expand(gram_runtime *rt, int32_t pos, int32_t parent) {
+static bool expand(gram_runtime *rt, int32_t pos, int32_t parent, int depth) {
     const gram_program *p = rt->prog;
+    if (depth > GRAM_MAX_CALL_DEPTH) return false;
     for (;;) {
         const gram_elem e = p->elems[pos];
         if (e.kind == GE_END) {
@@ -600,7 +605,7 @@ static bool expand(gram_runtime *rt, int32_t pos, int32_t parent) {
         if (gram_hash_get(&rt->called, key) == rt->closure) return true;
         if (!gram_hash_put(&rt->called, key, rt->closure)) return false;
         for (int a = p->rule_alts[e.arg]; a < p->rule_alts[e.arg + 1]; a++)
-            if (!expand(rt, p->alt_start[a], cont)) return false;
+            if (!expand(rt, p->alt_start[a], cont, depth + 1)) return false;
         return true;
     }
 }
@@ -694,7 +699,7 @@ tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
     bool ok = true;
     next_closure(rt);
     for (int a = prog->rule_alts[prog->root]; ok && a < prog->rule_alts[prog->root + 1]; a++)
-        ok = expand(rt, prog->alt_start[a], 0);
+        ok = expand(rt, prog->alt_start[a], 0, 0);
     rt->initial = ok ? intern_state(rt) : -1;
     if (rt->initial < 0) return tl_fail(TL_ERR_NO_MEMORY, "out of memory starting the grammar");
     return TL_OK;
@@ -730,7 +735,7 @@ int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
         if (n == 0 || n == rt->esc_node) continue; /* the empty stack accepts the end, not a byte */
         const gram_node node = rt->nodes[n];
         if (!gram_byteset_has(&p->sets[p->elems[node.pos].arg], byte)) continue;
-        if (!expand(rt, node.pos + 1, node.parent)) return -1;
+        if (!expand(rt, node.pos + 1, node.parent, 0)) return -1;
     }
     next = intern_state(rt);
     if (next < 0 || !gram_hash_put(&rt->transitions, key, next)) return -1;
