@@ -589,6 +589,28 @@ static void cuda_head(const tl_model *m, const float *x, int n, float *normed, f
         for (size_t i = 0; i < count; i++) logits[i] = NAN;
 }
 
+static void cuda_hidden(const tl_model *m, const float *x, int n, float *hidden) {
+    const tl_config *c = &m->cfg;
+    const size_t count = (size_t)n * (size_t)c->d_model;
+    const float *rows = x;
+    float *dev_normed = NULL;
+    bool ok = false;
+    if (c->final_norm_at_head) {
+        const int err = (int)cudaMallocAsync((void **)&dev_normed, count * sizeof(float), 0);
+        note(m, err, "hidden");
+        if (!err) {
+            cuda_norm(m, x, n, m->w.final_norm_w, m->w.final_norm_b, dev_normed);
+            rows = dev_normed;
+        } else {
+            rows = NULL;
+        }
+    }
+    if (rows) ok = fetch(m, hidden, rows, count * sizeof(float));
+    if (dev_normed) release_async(dev_normed);
+    if (!ok)
+        for (size_t i = 0; i < count; i++) hidden[i] = NAN;
+}
+
 /* ---------------------------------------------------------------- the vtable, the entry */
 
 static const tl_backend cuda_backend = {
@@ -617,6 +639,7 @@ static const tl_backend cuda_backend = {
     .state_change = cuda_state_change,
     .exit_gate = cuda_exit_gate,
     .head = cuda_head,
+    .hidden = cuda_hidden,
 };
 
 __attribute__((visibility("default"))) const tl_backend *tl_cuda_backend_plugin(const tl_backend_host *h, char *why,

@@ -197,6 +197,32 @@ enum { TL_MAX_TOP_LOGPROBS = 20 }; /* the most alternatives a token's log-probab
 tl_status tl_score_logprobs(const tl_model *model, const int32_t *tokens, int n, int loops, int top,
                             float *logprobs, int32_t *top_ids, float *top_logprobs);
 
+/* ---------------------------------------------------------------- embeddings */
+
+/* How tl_embed turns a sequence's rows into its embedding. */
+typedef enum tl_pooling {
+    TL_POOLING_MEAN = 0, /* the mean of every token's row (in double, in token order) */
+    TL_POOLING_LAST = 1, /* the last token's row: the only one that has read the whole text */
+    TL_POOLING_NONE = 2  /* every token's row: out [n][d_model] */
+} tl_pooling;
+
+typedef struct tl_embed_options {
+    int loops;          /* 0 (default): the model's default_loops; else 1..max_loops */
+    tl_pooling pooling; /* TL_POOLING_MEAN */
+    int normalize;      /* 1 (default): each vector returned scaled to unit L2 norm (a zero
+                           vector stays zero); 0: as the model computed it */
+} tl_embed_options;
+
+void tl_embed_options_init(tl_embed_options *opts);
+
+/* The embedding of tokens[0..n): the rows the head reads (final_norm of the coda's output,
+   SPEC §1) at depth opts->loops, pooled into out [d_model] (out [n][d_model] with
+   TL_POOLING_NONE). opts NULL: the defaults. Each row is the row tl_score's logits come
+   from, computed from a zero initial state; nothing is sampled or kept. Thread-safe on a
+   shared model. */
+tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl_embed_options *opts,
+                   float *out);
+
 /* ---------------------------------------------------------------- generation (SPEC §3) */
 
 typedef enum tl_stop_reason {

@@ -187,6 +187,10 @@ typedef struct tl_backend {
        itself when cfg.final_norm_at_head is false), with normed[n][d] as scratch. The one
        result that leaves the backend. */
     void (*head)(const tl_model *m, const float *x, int n, float *normed, float *logits);
+    /* hidden[n][d] (HOST memory) = final_norm(x[n][d]) (x itself when
+       cfg.final_norm_at_head is false): the rows the head reads, brought back instead of
+       the logits (tl_embed's embeddings). */
+    void (*hidden)(const tl_model *m, const float *x, int n, float *hidden);
 } tl_backend;
 
 /* The backends of this build. */

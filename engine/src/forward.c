@@ -421,6 +421,12 @@ void tl_forward_end(tl_forward *f, int logits_from, float *logits) {
     tl_forward_commit(f);
 }
 
+void tl_forward_end_hidden(tl_forward *f, float *hidden) {
+    coda(f);
+    f->m->backend->hidden(f->m, f->ws->x, f->n, hidden);
+    tl_forward_commit(f);
+}
+
 tl_status tl_forward_sequence(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
                               const int32_t *tokens, const int32_t *positions, int n, int chunk,
                               int loops, float *last_logits) {
@@ -481,5 +487,18 @@ tl_status tl_forward_run(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws
     if (st != TL_OK) return st;
     for (int l = 0; l < loops; l++) tl_forward_loop(&f);
     tl_forward_end(&f, logits_from, logits);
+    return TL_OK;
+}
+
+tl_status tl_forward_run_hidden(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
+                                const int32_t *tokens, const int32_t *positions, int n, int loops,
+                                float *hidden) {
+    tl_status st = check_loops(m, loops);
+    if (st != TL_OK) return st;
+    tl_forward f;
+    st = tl_forward_begin(&f, m, cache, ws, tokens, positions, n, NULL);
+    if (st != TL_OK) return st;
+    for (int l = 0; l < loops; l++) tl_forward_loop(&f);
+    tl_forward_end_hidden(&f, hidden);
     return TL_OK;
 }

@@ -135,6 +135,10 @@ void tl_forward_end(tl_forward *f, int logits_from, float *logits);
 void tl_forward_head(tl_forward *f, int logits_from, float *logits);
 void tl_forward_commit(tl_forward *f);
 
+/* tl_forward_end bringing back the head's input instead of the logits: the coda, then
+   hidden[n][d] (host) = final_norm of every row (backend.h: hidden); the rows join the cache. */
+void tl_forward_end_hidden(tl_forward *f, float *hidden);
+
 /* Forwards tokens[0..n) (n >= 0) in chunks of at most `chunk` rows at `loops`; when
    last_logits is not NULL it receives the logits of the last token (n must then be >= 1).
    Results do not depend on `chunk` (batch invariance); it only bounds activation memory. */
@@ -157,5 +161,9 @@ tl_status tl_forward_batch(const tl_model *m, tl_workspace *ws, tl_forward_part 
 tl_status tl_forward_run(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
                          const int32_t *tokens, const int32_t *positions, int n,
                          const uint8_t *mask, int loops, int logits_from, float *logits);
+/* begin + `loops` x loop + end_hidden (causal): hidden [n][d] on the host. */
+tl_status tl_forward_run_hidden(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
+                                const int32_t *tokens, const int32_t *positions, int n, int loops,
+                                float *hidden);
 
 #endif

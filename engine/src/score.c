@@ -1,15 +1,20 @@
-/* score.c: tl_score, logits for every position of a sequence (SPEC §6), and
- * tl_score_logprobs, their log-probabilities chunk by chunk. */
+/* score.c: reading a whole sequence without generating: tl_score, logits for every position
+ * of a sequence (SPEC §6), tl_score_logprobs, their log-probabilities chunk by chunk, and
+ * tl_embed, the rows the head reads, pooled into an embedding. */
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "forward.h"
 #include "sampler.h"
 
-/* Where a scored chunk's logits go: each chunk's rows in turn (tl_score: into the caller's
-   array; tl_score_logprobs: one chunk's buffer, reduced after each). */
+/* Where a scored chunk's logits (or hidden rows) go: each chunk's rows in turn (tl_score:
+   into the caller's array; tl_score_logprobs: one chunk's buffer, reduced after each;
+   tl_embed: the head's input rows instead, into the caller's array or one chunk's buffer). */
 typedef struct chunk_sink {
     float *logits;      /* [n][vocab], or one chunk's [TL_FORWARD_CHUNK][vocab] */
-    bool reuse;         /* every chunk into logits' start */
+    float *hidden;      /* instead of logits: [n][d], or one chunk's [TL_FORWARD_CHUNK][d] */
+    bool reuse;         /* every chunk into the array's start */
     tl_status (*done)(void *ctx, int start, int len);
     void *ctx;
 } chunk_sink;
@@ -36,8 +41,12 @@ static tl_status score_chunks(const char *what, const tl_model *model, const int
     for (int i = 0; positions && i < n; i++) positions[i] = i;
     for (int start = 0; st == TL_OK && start < n; start += TL_FORWARD_CHUNK) {
         int len = n - start < TL_FORWARD_CHUNK ? n - start : TL_FORWARD_CHUNK;
-        st = tl_forward_run(model, cache, &ws, tokens + start, positions + start, len, NULL, loops, 0,
-                            sink->logits + (sink->reuse ? 0 : (size_t)start * (size_t)c->vocab_size));
+        if (sink->hidden)
+            st = tl_forward_run_hidden(model, cache, &ws, tokens + start, positions + start, len, loops,
+                                       sink->hidden + (sink->reuse ? 0 : (size_t)start * (size_t)c->d_model));
+        else
+            st = tl_forward_run(model, cache, &ws, tokens + start, positions + start, len, NULL, loops, 0,
+                                sink->logits + (sink->reuse ? 0 : (size_t)start * (size_t)c->vocab_size));
         if (st == TL_OK && sink->done) st = sink->done(sink->ctx, start, len);
     }
     tl_workspace_release(&ws);
@@ -51,7 +60,7 @@ tl_status tl_score(const tl_model *model, const int32_t *tokens, int n, int loop
     tl_clear_error();
     if (!model) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_score: model must not be NULL");
     if (!tokens || !logits) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_score: tokens and logits must not be NULL");
-    const chunk_sink sink = {logits, false, NULL, NULL};
+    const chunk_sink sink = {logits, NULL, false, NULL, NULL};
     return score_chunks("tl_score", model, tokens, n, loops, &sink);
 }
 
@@ -93,10 +102,85 @@ tl_status tl_score_logprobs(const tl_model *model, const int32_t *tokens, int n,
         st = tl_fail(TL_ERR_NO_MEMORY, "tl_score_logprobs: out of memory");
     } else {
         logprob_reduce r = {tokens, n, vocab, top, chunk, scratch, logprobs, top_ids, top_logprobs};
-        const chunk_sink sink = {chunk, true, reduce_chunk, &r};
+        const chunk_sink sink = {chunk, NULL, true, reduce_chunk, &r};
         st = score_chunks("tl_score_logprobs", model, tokens, n, loops, &sink);
     }
     free(chunk);
     free(scratch);
+    return st;
+}
+
+/* ---------------------------------------------------------------- embeddings */
+
+void tl_embed_options_init(tl_embed_options *opts) {
+    if (!opts) return;
+    opts->loops = 0;
+    opts->pooling = TL_POOLING_MEAN;
+    opts->normalize = 1;
+}
+
+typedef struct pool_rows {
+    const float *chunk; /* the chunk's hidden rows [len][d] */
+    int n, d;
+    tl_pooling pooling;
+    double *sum;        /* [d]: mean pooling's running sum, in token order */
+    float *out;         /* [d]: the last row (TL_POOLING_LAST) */
+} pool_rows;
+
+static tl_status pool_chunk(void *ctx, int start, int len) {
+    pool_rows *p = ctx;
+    if (p->pooling == TL_POOLING_LAST) {
+        if (start + len == p->n) memcpy(p->out, p->chunk + (size_t)(len - 1) * (size_t)p->d, (size_t)p->d * sizeof *p->out);
+        return TL_OK;
+    }
+    for (int t = 0; t < len; t++)
+        for (int j = 0; j < p->d; j++) p->sum[j] += p->chunk[(size_t)t * (size_t)p->d + (size_t)j];
+    return TL_OK;
+}
+
+/* v[d] scaled to unit L2 norm (the norm in double); a zero vector stays zero. */
+static void unit_norm(float *v, int d) {
+    double squares = 0.0;
+    for (int j = 0; j < d; j++) squares += (double)v[j] * (double)v[j];
+    if (squares <= 0.0) return;
+    const double scale = 1.0 / sqrt(squares);
+    for (int j = 0; j < d; j++) v[j] = (float)((double)v[j] * scale);
+}
+
+tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl_embed_options *opts, float *out) {
+    tl_clear_error();
+    if (!model || !tokens || !out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_embed: model, tokens and out must not be NULL");
+    tl_embed_options o;
+    tl_embed_options_init(&o);
+    if (opts) o = *opts;
+    if (o.pooling != TL_POOLING_MEAN && o.pooling != TL_POOLING_LAST && o.pooling != TL_POOLING_NONE)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_embed: pooling = %d is not TL_POOLING_MEAN, _LAST or _NONE", (int)o.pooling);
+    if (o.normalize != 0 && o.normalize != 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_embed: normalize = %d, want 0 or 1", o.normalize);
+    const tl_config *c = &model->cfg;
+    const int loops = o.loops == 0 ? c->default_loops : o.loops;
+    const int d = c->d_model;
+    if (o.pooling == TL_POOLING_NONE) { /* every row straight into out */
+        const chunk_sink sink = {NULL, out, false, NULL, NULL};
+        tl_status st = score_chunks("tl_embed", model, tokens, n, loops, &sink);
+        if (st == TL_OK && o.normalize)
+            for (int t = 0; t < n; t++) unit_norm(out + (size_t)t * (size_t)d, d);
+        return st;
+    }
+    float *chunk = malloc((size_t)TL_FORWARD_CHUNK * (size_t)d * sizeof *chunk);
+    double *sum = calloc((size_t)d, sizeof *sum);
+    tl_status st;
+    if (!chunk || !sum) {
+        st = tl_fail(TL_ERR_NO_MEMORY, "tl_embed: out of memory");
+    } else {
+        pool_rows p = {chunk, n, d, o.pooling, sum, out};
+        const chunk_sink sink = {NULL, chunk, true, pool_chunk, &p};
+        st = score_chunks("tl_embed", model, tokens, n, loops, &sink);
+        if (st == TL_OK && o.pooling == TL_POOLING_MEAN)
+            for (int j = 0; j < d; j++) out[j] = (float)(sum[j] / (double)n);
+        if (st == TL_OK && o.normalize) unit_norm(out, d);
+    }
+    free(chunk);
+    free(sum);
     return st;
 }

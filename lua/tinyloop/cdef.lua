@@ -92,6 +92,19 @@ tl_status tl_score(const tl_model *model, const int32_t *tokens, int n, int loop
 enum { TL_MAX_TOP_LOGPROBS = 20 };
 tl_status tl_score_logprobs(const tl_model *model, const int32_t *tokens, int n, int loops, int top,
                             float *logprobs, int32_t *top_ids, float *top_logprobs);
+typedef enum tl_pooling {
+    TL_POOLING_MEAN = 0,
+    TL_POOLING_LAST = 1,
+    TL_POOLING_NONE = 2
+} tl_pooling;
+typedef struct tl_embed_options {
+    int loops;
+    tl_pooling pooling;
+    int normalize;
+} tl_embed_options;
+void tl_embed_options_init(tl_embed_options *opts);
+tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl_embed_options *opts,
+                   float *out);
 typedef enum tl_stop_reason {
     TL_STOP_NONE = 0,
     TL_STOP_EOS = 1,

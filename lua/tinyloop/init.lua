@@ -720,6 +720,7 @@ function _M.load(dir, opts)
         handle = handle,
         warnings = warnings, -- what the load accepted but a person should see (unknown config fields)
         vocab_size = info.vocab_size,
+        d_model = info.d_model, -- (an embedding's length)
         max_seq_len = info.max_seq_len,
         default_loops = info.default_loops,
         max_loops = info.max_loops,
@@ -1300,6 +1301,49 @@ function Model:score_logprobs(ids, loops, top)
         alternatives[i + 1] = alternatives_of(top_ids, top_lp, i * top, top)
     end
     return logprobs, alternatives
+end
+
+-- model:embed(input[, opts]) -> embedding | nil, err: the rows the head reads
+-- (tl_embed) for `input` (a string, encoded as model:encode does, or token ids), pooled:
+-- opts.pooling "mean" (default) or "last" gives one vector { d_model numbers }, "none" a
+-- vector per token; opts.normalize (default true) scales each to unit length; opts.loops
+-- (default the model's default_loops) is the depth.
+local POOLINGS = { mean = C.TL_POOLING_MEAN, last = C.TL_POOLING_LAST, none = C.TL_POOLING_NONE }
+local EMBED_OPTIONS = { loops = true, pooling = true, normalize = true }
+
+function Model:embed(input, opts)
+    model_ptr(self, "embed")
+    opts = opts or {}
+    if type(opts) ~= "table" then raise("embed: opts must be a table") end
+    for k in pairs(opts) do
+        if not EMBED_OPTIONS[k] then raise("embed: unknown option '" .. tostring(k) .. "'") end
+    end
+    local pooling = opts.pooling or "mean"
+    if not POOLINGS[pooling] then
+        raise("embed: pooling must be \"mean\", \"last\" or \"none\", got " .. tostring(pooling))
+    end
+    local normalize = opts.normalize
+    if normalize == nil then normalize = true end
+    if type(normalize) ~= "boolean" then raise("embed: normalize must be a boolean") end
+    local eo = ffi_new("tl_embed_options")
+    C.tl_embed_options_init(eo)
+    eo.loops = opts.loops == nil and 0 or check_int("embed: loops", opts.loops)
+    eo.pooling, eo.normalize = POOLINGS[pooling], normalize and 1 or 0
+    local ids, err = prompt_ids(self, input)
+    if not ids then return nil, err end
+    local arr, n = id_array(ids)
+    local d = self.d_model
+    local vectors = pooling == "none" and n or 1
+    local out = ffi_new("float[?]", vectors * d)
+    local st = C.tl_embed(self.ptr, arr, n, eo, out)
+    if st ~= 0 then return engine_failure(st) end
+    local result = {}
+    for v = 0, vectors - 1 do
+        local vector = {}
+        for j = 0, d - 1 do vector[j + 1] = out[v * d + j] end
+        result[v + 1] = vector
+    end
+    return pooling == "none" and result or result[1]
 end
 
 _M.C = C -- the raw library, for tools that need more than this module offers

@@ -68,8 +68,9 @@ static void check_parity(const char *dir) {
     const int n = info->max_seq_len < 12 ? info->max_seq_len : 12;
     int32_t tokens[12];
     for (int i = 0; i < n; i++) tokens[i] = random_token(info->vocab_size);
-    const size_t count = (size_t)n * (size_t)info->vocab_size;
-    float *a = malloc(count * sizeof(float)), *b = malloc(count * sizeof(float));
+    const size_t count = (size_t)n * (size_t)info->vocab_size, rows = (size_t)n * (size_t)info->d_model;
+    const size_t room = count > rows ? count : rows;
+    float *a = malloc(room * sizeof(float)), *b = malloc(room * sizeof(float));
     if (a && b && tl_score(cpu, tokens, n, 0, a) == TL_OK && tl_score(gpu, tokens, n, 0, b) == TL_OK) {
         double max_abs = 0.0, max_diff = 0.0;
         for (size_t i = 0; i < count; i++) {
@@ -80,6 +81,22 @@ static void check_parity(const char *dir) {
               dir, max_diff, max_abs);
     } else {
         CHECK(0, "%s: score: %s", dir, tl_last_error());
+    }
+    /* the rows the head reads (tl_embed: the backend's hidden op), every token's */
+    tl_embed_options eo;
+    tl_embed_options_init(&eo);
+    eo.pooling = TL_POOLING_NONE;
+    eo.normalize = 0;
+    if (a && b && tl_embed(cpu, tokens, n, &eo, a) == TL_OK && tl_embed(gpu, tokens, n, &eo, b) == TL_OK) {
+        double max_abs = 0.0, max_diff = 0.0;
+        for (size_t i = 0; i < rows; i++) {
+            if (fabs(a[i]) > max_abs) max_abs = fabs(a[i]);
+            if (fabs((double)a[i] - b[i]) > max_diff) max_diff = fabs((double)a[i] - b[i]);
+        }
+        CHECK(max_diff <= 1e-3 * (max_abs > 1.0 ? max_abs : 1.0), "%s: GPU vs CPU embedding rows differ by %g (max %g)", dir,
+              max_diff, max_abs);
+    } else {
+        CHECK(0, "%s: embed: %s", dir, tl_last_error());
     }
     free(a);
     free(b);

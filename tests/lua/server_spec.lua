@@ -713,7 +713,7 @@ describe("server", function()
         -- wrong method, wrong path
         expect_error(405, nil, base .. "/v1/completions", true)
         expect_error(405, nil, "-X POST -d x " .. base .. "/health", true)
-        expect_error(404, nil, base .. "/v1/embeddings", true)
+        expect_error(404, nil, base .. "/v1/audio/transcriptions", true)
         -- nginx's own errors in the same JSON shape (its HTML pages before)
         expect_error(414, nil, "-d '{}' '" .. base .. "/v1/completions?" .. ("a"):rep(9000) .. "'", true)
         expect_error(400, nil, "-H 'X-Big: " .. ("b"):rep(20000) .. "' " .. base .. "/health", true)
@@ -2161,6 +2161,130 @@ describe("/tokenize and /detokenize (vLLM's)", function()
         end
         -- and the server still serves
         assert.equal(1, ok("/tokenize", { prompt = "It" }).count)
+    end)
+end)
+
+describe("embeddings (OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embeddings)", function()
+    local ffi = require "ffi"
+    local m = assert(tinyloop.load(MODEL))
+    local text = "It is a truth universally acknowledged"
+
+    -- A base64 text's bytes (the OpenAI SDKs' default encoding_format is base64).
+    local B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    local function unbase64(s)
+        local bits, out = {}, {}
+        for c in s:gmatch("[^=]") do
+            local v = B64:find(c, 1, true) - 1
+            for b = 5, 0, -1 do bits[#bits + 1] = math.floor(v / 2 ^ b) % 2 end
+        end
+        for i = 1, #bits - 7, 8 do
+            local byte = 0
+            for b = 0, 7 do byte = byte * 2 + bits[i + b] end
+            out[#out + 1] = string.char(byte)
+        end
+        return table.concat(out)
+    end
+    local function floats_of(bytes)
+        local n = #bytes / 4
+        local p = ffi.cast("const float *", bytes)
+        local v = {}
+        for i = 1, n do v[i] = p[i - 1] end
+        return v
+    end
+    -- The JSON numbers as the float32s they were written from (%.9g: float32's round trip).
+    local function as_floats(v)
+        local out = {}
+        for i, x in ipairs(v) do out[i] = ffi.new("float[1]", x)[0] end
+        return out
+    end
+    local function ok(path, t)
+        local status, body = post_to(path, t)
+        assert.equal(200, status, body)
+        return cjson.decode(body), body
+    end
+
+    it("answers each input with model:embed's vector, as floats or base64", function()
+        local before = metric(metrics(), "tinyloop_embedded_tokens_total") or 0
+        local r = ok("/v1/embeddings", { model = "tinyloop-austen", input = { text, { 1, 2, 3 } } })
+        assert.equal("list", r.object)
+        assert.equal("tinyloop-austen", r.model)
+        assert.equal(2, #r.data)
+        for i, want in ipairs({ m:embed(text), m:embed({ 1, 2, 3 }) }) do
+            assert.same({ "embedding", i - 1 }, { r.data[i].object, r.data[i].index })
+            assert.equal(256, #r.data[i].embedding)
+            assert.same(want, as_floats(r.data[i].embedding))
+        end
+        local tokens = #m:encode(text) + 3
+        assert.same({ prompt_tokens = tokens, total_tokens = tokens }, r.usage)
+        assert.equal(before + tokens, metric(metrics(), "tinyloop_embedded_tokens_total"))
+        -- base64: the same floats' bytes
+        local b = ok("/v1/embeddings", { input = text, encoding_format = "base64" })
+        assert.equal("string", type(b.data[1].embedding))
+        assert.same(m:embed(text), floats_of(unbase64(b.data[1].embedding)))
+        -- TinyLoop's fields: pooling, normalize, depth; vLLM's truncate_prompt_tokens
+        local last = ok("/v1/embeddings", { input = text, pooling = "last", normalize = false, loops = 3 })
+        assert.same(m:embed(text, { pooling = "last", normalize = false, loops = 3 }), as_floats(last.data[1].embedding))
+        local cut = ok("/v1/embeddings", { input = { 7, 8, 9, 10 }, truncate_prompt_tokens = 2 })
+        assert.same(m:embed({ 9, 10 }), as_floats(cut.data[1].embedding))
+        assert.equal(2, cut.usage.prompt_tokens)
+    end)
+
+    it("answers Ollama's /api/embed (unit vectors) and /api/embeddings (the model's own)", function()
+        local r = ok("/api/embed", { model = "tinyloop-austen", input = { text, "Emma" } })
+        assert.equal("tinyloop-austen", r.model)
+        assert.same(m:embed(text), as_floats(r.embeddings[1]))
+        assert.same(m:embed("Emma"), as_floats(r.embeddings[2]))
+        assert.equal(#m:encode(text) + #m:encode("Emma"), r.prompt_eval_count)
+        assert.equal("number", type(r.total_duration))
+        local older = ok("/api/embeddings", { model = "tinyloop-austen:latest", prompt = text })
+        assert.same(m:embed(text, { normalize = false }), as_floats(older.embedding))
+        -- over the context: Ollama truncates by default (the first tokens), or refuses
+        local long = ("Emma Woodhouse, handsome, clever, and rich. "):rep(40)
+        local ids = m:encode(long)
+        assert.is_true(#ids > 256)
+        local first = {}
+        for i = 1, 256 do first[i] = ids[i] end
+        r = ok("/api/embed", { model = "tinyloop-austen", input = long })
+        assert.same(m:embed(first), as_floats(r.embeddings[1]))
+        assert.equal(256, r.prompt_eval_count)
+        local status, body = post_to("/api/embed", { model = "tinyloop-austen", input = long, truncate = false })
+        assert.equal(400, status, body)
+        assert.truthy(cjson.decode(body).error:find("over this model's context of 256", 1, true), body)
+        -- nothing to embed: Ollama's model-load idiom
+        assert.same({}, ok("/api/embed", { model = "tinyloop-austen" }).embeddings)
+        assert.same({}, ok("/api/embeddings", { model = "tinyloop-austen", prompt = "" }).embedding)
+    end)
+
+    it("answers bad input with 4xx errors in each API's shape, naming the field", function()
+        local function refused(path, t, status, param, needle)
+            local got, body = post_to(path, t)
+            assert.equal(status, got, body)
+            local e = cjson.decode(body).error
+            if path:find("^/api/") then
+                assert.equal("string", type(e), body)
+                assert.truthy(e:find(needle, 1, true), e)
+            else
+                assert.equal(param, e.param, body)
+                assert.truthy(e.message:find(needle, 1, true), e.message)
+            end
+        end
+        refused("/v1/embeddings", {}, 400, "input", "input is required")
+        refused("/v1/embeddings", { input = { 1, 4096 } }, 400, "input", "input[1] = 4096 is not a token id")
+        refused("/v1/embeddings", { input = ("Emma "):rep(300) }, 400, "input", "over this model's context of 256")
+        refused("/v1/embeddings", { input = "a", encoding_format = "hex" }, 400, "encoding_format", '"float" or "base64"')
+        refused("/v1/embeddings", { input = "a", dimensions = 64 }, 400, "dimensions", "this model's 256")
+        refused("/v1/embeddings", { input = "a", temperature = 1 }, 400, "temperature", "unknown field")
+        refused("/v1/embeddings", { input = "a", model = "text-embedding-3-small" }, 404, "model", "not served here")
+        refused("/api/embed", { model = "nomic-embed-text", input = "a" }, 404, nil, "not found")
+        refused("/api/embed", { model = "tinyloop-austen", input = 5 }, 400, nil, "input must be a string or an array of strings")
+        refused("/api/embed", { model = "tinyloop-austen", input = "a", dimensions = 8 }, 400, nil, "this model's 256")
+        refused("/api/embeddings", { model = "tinyloop-austen", input = "a" }, 400, nil, "unknown field 'input'")
+        for _, path in ipairs({ "/v1/embeddings", "/api/embed", "/api/embeddings" }) do
+            local status, body = curl(base .. path)
+            assert.equal(405, status, body)
+        end
+        -- and the server still serves
+        assert.equal(1, #ok("/v1/embeddings", { input = "It" }).data)
     end)
 end)
 

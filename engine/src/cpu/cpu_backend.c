@@ -946,4 +946,5 @@ const tl_backend tl_cpu_backend = {
     .state_change = tl_cpu_state_change,
     .exit_gate = tl_cpu_exit_gate,
     .head = tl_cpu_head,
+    .hidden = tl_cpu_hidden,
 };

@@ -63,5 +63,6 @@ void tl_cpu_copy(const tl_model *m, float *dst, const float *src, size_t count);
 double tl_cpu_state_change(const tl_model *m, const float *s_new, const float *s_old);
 double tl_cpu_exit_gate(const tl_model *m, const float *s);
 void tl_cpu_head(const tl_model *m, const float *x, int n, float *normed, float *logits);
+void tl_cpu_hidden(const tl_model *m, const float *x, int n, float *hidden);
 
 #endif

@@ -226,3 +226,9 @@ void tl_cpu_head(const tl_model *m, const float *x, int n, float *normed, float 
     tl_cpu_norm(m, x, n, m->w.final_norm_w, m->w.final_norm_b, normed);
     tl_cpu_matmul(m, normed, n, &m->w.lm_head, NULL, logits);
 }
+
+void tl_cpu_hidden(const tl_model *m, const float *x, int n, float *hidden) {
+    const size_t count = (size_t)n * (size_t)m->cfg.d_model;
+    if (m->cfg.final_norm_at_head) tl_cpu_norm(m, x, n, m->w.final_norm_w, m->w.final_norm_b, hidden);
+    else memcpy(hidden, x, count * sizeof *hidden);
+}

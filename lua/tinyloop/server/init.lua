@@ -72,8 +72,9 @@ local conf = {
 local model, engine, engine_addr, wait_addr, model_error, created_at
 local chat_prompts, chat_error -- tinyloop.chat for the model (or why it failed to load)
 local reasoning_on -- chat replies are read for reasoning (conf.reasoning_format)
--- the model, tl_score_logprobs and tl_last_error, for prompt scoring in the thread pool
-local model_addr, score_addr, last_error_addr
+-- the model, tl_score_logprobs, tl_embed and tl_last_error, for prompt scoring and
+-- embeddings in the thread pool
+local model_addr, score_addr, embed_addr, last_error_addr
 local model_types -- what /v1/models says of the weights and the KV cache (model:info(), once)
 local next_request = 0
 
@@ -190,6 +191,7 @@ function _M.init_worker()
     wait_addr = tonumber(ffi_cast("uintptr_t", C.tl_engine_wait)) -- see wait.lua
     model_addr = tonumber(ffi_cast("uintptr_t", m.ptr))
     score_addr = tonumber(ffi_cast("uintptr_t", C.tl_score_logprobs))
+    embed_addr = tonumber(ffi_cast("uintptr_t", C.tl_embed))
     last_error_addr = tonumber(ffi_cast("uintptr_t", C.tl_last_error))
     created_at = ngx.time()
     if chat_prompts then
@@ -246,7 +248,7 @@ end
 -- (the path the client asked for: nginx's error_page redirect rewrites $uri; Ollama's are its
 -- exact paths, so that another app's /api/... keeps OpenAI's shape)
 local OLLAMA_PATHS = { ["/api/chat"] = true, ["/api/generate"] = true, ["/api/show"] = true, ["/api/tags"] = true,
-                       ["/api/ps"] = true, ["/api/version"] = true }
+                       ["/api/ps"] = true, ["/api/version"] = true, ["/api/embed"] = true, ["/api/embeddings"] = true }
 local function send_uri_error(...)
     local path = (ngx.var.request_uri or ngx.var.uri or ""):match("^[^?]*")
     local send = path:find("^/v1/messages") and send_anthropic_error or OLLAMA_PATHS[path] and send_ollama_error or send_error
@@ -1322,6 +1324,38 @@ function _M.count_tokens()
     return send_json(200, '{"input_tokens":' .. req.prompt_tokens .. "}")
 end
 
+-- ------------------------------------------------------------------ embeddings
+
+-- The inputs' embeddings (tl_embed, over `tokens` ids in all), each vector's JSON text (`as`:
+-- "float" an array, "base64" a string), computed and written in the thread pool: forward
+-- passes, and a million numbers' text for a full request, never on the event loop. ->
+-- texts | nil (`send` has answered the error).
+local function embed_texts(inputs, tokens, loops, pooling, normalize, as, send)
+    if not conf.thread_pool then
+        return send(500, "embeddings need nginx's thread pool (thread_pool and lua_worker_thread_vm_pool_size)", nil, "server_error")
+    end
+    local ok, texts, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "embed", embed_addr, last_error_addr,
+                                             model_addr, inputs, model.d_model, loops, pooling, normalize, as)
+    if not ok or not texts then return send(500, "embedding failed: " .. tostring(ok and err or texts), nil, "server_error") end
+    metrics.incr("tokens_embedded", tokens)
+    return texts
+end
+
+-- POST /v1/embeddings (OpenAI's): {"object": "list", "data": [{"object": "embedding", "index",
+-- "embedding"}], "model", "usage"}.
+function _M.embeddings()
+    local body = post_body()
+    if not body then return end
+    local req, err = request.parse_embeddings(body, model, conf.model_id)
+    if not req then return send_error(err.status, err.message, err.param, err.type) end
+    local texts = embed_texts(req.inputs, req.tokens, req.loops, req.pooling, req.normalize, req.encoding, send_error)
+    if not texts then return end
+    local data = {}
+    for i, text in ipairs(texts) do data[i] = '{"object":"embedding","index":' .. (i - 1) .. ',"embedding":' .. text .. "}" end
+    return send_json(200, '{"object":"list","data":[' .. concat(data, ",") .. '],"model":' .. encode(conf.model_id) ..
+        ',"usage":{"prompt_tokens":' .. req.tokens .. ',"total_tokens":' .. req.tokens .. "}}")
+end
+
 -- ------------------------------------------------------------------ Ollama's API
 
 -- POST /api/chat, /api/generate: the chat (or, raw, completions) request it means
@@ -1336,6 +1370,33 @@ local function ollama_serve(to_chat)
 end
 function _M.ollama_chat() return ollama_serve(ollama.chat_to_chat) end
 function _M.ollama_generate() return ollama_serve(ollama.generate_to_chat) end
+
+-- POST /api/embed (older: /api/embeddings): the inputs' mean-pooled embeddings at the model's
+-- depth, as Ollama answers them (tinyloop.server.ollama).
+local function ollama_embed(older)
+    local body = post_body()
+    if not body then return end
+    local req, err = ollama.embed_request(body, conf.model_id, older)
+    if not req then return send_ollama_error(err.status, err.message) end
+    if req.dimensions ~= nil and req.dimensions ~= model.d_model then
+        return send_ollama_error(400, ("dimensions must be this model's %d (its embeddings cannot be shortened)"):format(model.d_model))
+    end
+    if #req.inputs > request.MAX_EMBEDDING_INPUTS then
+        return send_ollama_error(400, ("input has %d items: at most %d a request"):format(#req.inputs, request.MAX_EMBEDDING_INPUTS))
+    end
+    local started, lists, tokens, texts = now(), {}, 0, {}
+    if #req.inputs > 0 then
+        lists, err = request.input_ids(model, req.inputs, "input")
+        if lists then lists, err = request.fit_inputs(lists, model, "input", nil, req.truncate) end
+        if not lists then return send_ollama_error(err.status, err.message) end
+        for _, ids in ipairs(lists) do tokens = tokens + #ids end
+        texts = embed_texts(lists, tokens, model.default_loops, "mean", req.normalize, "float", send_ollama_error)
+        if not texts then return end
+    end
+    return send_json(200, ollama.embed_answer(req, texts, tokens, (now() - started) * 1000))
+end
+function _M.ollama_embed() return ollama_embed(false) end
+function _M.ollama_embeddings() return ollama_embed(true) end
 
 -- The served model as Ollama's listings describe it (once per worker).
 local ollama_info

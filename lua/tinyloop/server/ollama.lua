@@ -1,5 +1,5 @@
--- tinyloop.server.ollama: Ollama's API (POST /api/chat, /api/generate, /api/show; GET /api/tags,
--- /api/ps, /api/version) as a view of the chat and completions paths, as
+-- tinyloop.server.ollama: Ollama's API (POST /api/chat, /api/generate, /api/show, /api/embed,
+-- /api/embeddings; GET /api/tags, /api/ps, /api/version) as a view of the chat and completions paths, as
 -- tinyloop.server.responses is of OpenAI's Responses. Pure Lua (no ngx).
 --
 -- The tools built on Ollama (its Python and JS clients, LangChain's ChatOllama, editors' and
@@ -288,6 +288,42 @@ function _M.generate_to_chat(body, model_id)
     return object(members), view, true
 end
 
+-- ------------------------------------------------------------------ embeddings
+
+-- POST /api/embed {model, input: a string or strings, truncate (default true: an input over
+-- the context keeps its first tokens), dimensions, options, keep_alive} and the older
+-- /api/embeddings {model, prompt}. -> { inputs (strings), truncate, normalize (Ollama's
+-- /api/embed gives unit vectors, /api/embeddings the model's own), dimensions, model_name }
+-- | nil, err. No input at all (or an empty one) is Ollama's way to load the model: inputs {}.
+local EMBED_OWN = { model = "string", input = "any", truncate = "boolean", dimensions = "integer", options = "object",
+                    keep_alive = "any" }
+local EMBEDDINGS_OWN = { model = "string", prompt = "string", options = "object", keep_alive = "any" }
+function _M.embed_request(body, model_id, older)
+    local t, err = shapes.read_fields(body, older and EMBEDDINGS_OWN or EMBED_OWN, {}, REFUSED)
+    if not t then return nil, err end
+    local ok
+    ok, err = check_model(t, model_id)
+    if not ok then return nil, err end
+    local input = older and t.prompt or t.input
+    local inputs
+    if input == nil or input == "" then
+        inputs = {}
+    elseif type(input) == "string" then
+        inputs = { input }
+    elseif type(input) == "table" and is_array(input) then
+        inputs = input
+        for i, item in ipairs(input) do
+            if type(item) ~= "string" or item == "" then
+                return bad(("input[%d] must be a non-empty string"):format(i - 1), "input")
+            end
+        end
+    else
+        return bad("input must be a string or an array of strings", "input")
+    end
+    return { inputs = inputs, truncate = older or t.truncate ~= false, normalize = not older, dimensions = t.dimensions,
+             model_name = t.model or model_id, older = older }
+end
+
 -- The chat request's names -> Ollama's, in an error's message; the body {"error": message}.
 local RENAMES = { { "max_completion_tokens", "options.num_predict" }, { "max_tokens", "options.num_predict" },
                   { "repetition_penalty", "options.repeat_penalty" }, { "response_format", "format" } }
@@ -470,6 +506,15 @@ function _M.show(info)
                                              { "tinyloop.context_length", tostring(info.context) } }) },
                     { "capabilities", "[" .. concat(capabilities, ",") .. "]" },
                     { "modified_at", encode(iso_time(info.created)) } })
+end
+
+-- An embeddings answer (embed_request's request): {"model", "embeddings": [...], durations,
+-- "prompt_eval_count"} (/api/embed), or {"embedding": [...]} (/api/embeddings). vectors: each
+-- one's JSON text; ms: the time taken.
+function _M.embed_answer(req, vectors, tokens, ms)
+    if req.older then return '{"embedding":' .. (vectors[1] or "[]") .. "}" end
+    return '{"model":' .. encode(req.model_name) .. ',"embeddings":[' .. concat(vectors, ",") .. '],"total_duration":' .. ns(ms) ..
+        ',"load_duration":0,"prompt_eval_count":' .. tokens .. "}"
 end
 
 return _M

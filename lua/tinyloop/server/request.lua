@@ -1,5 +1,5 @@
 -- tinyloop.server.request: a POST body (/v1/completions, /v1/chat/completions, /tokenize,
--- /detokenize) -> a validated request, or an error naming the field. Pure Lua (no ngx): the
+-- /detokenize, /v1/embeddings) -> a validated request, or an error naming the field. Pure Lua (no ngx): the
 -- busted suite can test it without nginx.
 --
 -- Only what the engine cannot see is checked here (JSON types, unknown fields, the prompt,
@@ -201,33 +201,35 @@ end
 _M.valid_utf8 = valid_utf8
 
 -- Token ids of one prompt: a string (encoded with the model's tokenizer) or an array of ids;
--- `at` names it in messages ("prompt", or "prompt[1]" in a batch).
-local function prompt_ids(model, prompt, at)
+-- `at` names it in messages ("prompt", or "prompt[1]" in a batch), `field` (default
+-- "prompt") is the request field it is.
+local function prompt_ids(model, prompt, at, field)
+    field = field or "prompt"
     if type(prompt) == "string" then
-        if prompt == "" then return bad(at .. " must not be empty", "prompt") end
+        if prompt == "" then return bad(at .. " must not be empty", field) end
         if not model.has_tokenizer then
-            return bad("this model has no tokenizer: send prompt as an array of token ids", "prompt")
+            return bad(("this model has no tokenizer: send %s as an array of token ids"):format(field), field)
         end
         local ids, err = model:encode(prompt)
         if not ids then return nil, { status = 500, message = "encoding the prompt failed: " .. tostring(err), type = "server_error" } end
         return ids
     end
-    if type(prompt) ~= "table" then return bad(at .. " must be a string or an array of token ids", "prompt") end
+    if type(prompt) ~= "table" then return bad(at .. " must be a string or an array of token ids", field) end
     local n = #prompt
-    if n == 0 then return bad(at .. " must not be empty", "prompt") end
+    if n == 0 then return bad(at .. " must not be empty", field) end
     local vocab = model.vocab_size
     for k in pairs(prompt) do
         if not is_integer(k) or k < 1 or k > n then
-            return bad(at .. " must be a string or an array of token ids", "prompt")
+            return bad(at .. " must be a string or an array of token ids", field)
         end
     end
     for i = 1, n do
         local id = prompt[i]
         if not is_integer(id) then
-            return bad(("%s[%d] must be an integer token id"):format(at, i - 1), "prompt")
+            return bad(("%s[%d] must be an integer token id"):format(at, i - 1), field)
         end
         if id < 0 or id >= vocab then
-            return bad(("%s[%d] = %d is not a token id: ids are in [0, %d)"):format(at, i - 1, id, vocab), "prompt")
+            return bad(("%s[%d] = %d is not a token id: ids are in [0, %d)"):format(at, i - 1, id, vocab), field)
         end
     end
     return prompt
@@ -248,29 +250,33 @@ local function decode_ids(model, ids, field)
 end
 
 -- The prompts of a request, as id lists: one prompt, or OpenAI's batch (an array of strings
--- or of id arrays, mixed as well), each prompt of a batch its own choices.
-local function prompt_list(model, prompt)
+-- or of id arrays, mixed as well), each prompt of a batch its own choices. `field`: the
+-- request field (default "prompt"; /v1/embeddings' "input").
+local function prompt_list(model, prompt, field)
+    field = field or "prompt"
     if type(prompt) ~= "table" or (type(prompt[1]) ~= "string" and type(prompt[1]) ~= "table") then
-        local ids, e = prompt_ids(model, prompt, "prompt")
+        local ids, e = prompt_ids(model, prompt, field, field)
         if not ids then return nil, e end
         return { ids }
     end
     local n = #prompt
     for k in pairs(prompt) do
-        if not is_integer(k) or k < 1 or k > n then return bad("prompt must be a string or an array of token ids", "prompt") end
+        if not is_integer(k) or k < 1 or k > n then return bad(field .. " must be a string or an array of token ids", field) end
     end
     local list = {}
     for i = 1, n do
         local item = prompt[i]
         if type(item) ~= "string" and type(item) ~= "table" then
-            return bad(("prompt[%d] must be a string or an array of token ids (in a batch of prompts)"):format(i - 1), "prompt")
+            return bad(("%s[%d] must be a string or an array of token ids (in a batch)"):format(field, i - 1), field)
         end
-        local ids, e = prompt_ids(model, item, ("prompt[%d]"):format(i - 1))
+        local ids, e = prompt_ids(model, item, ("%s[%d]"):format(field, i - 1), field)
         if not ids then return nil, e end
         list[i] = ids
     end
     return list
 end
+
+_M.input_ids = prompt_list
 
 -- A field's [id, ...] (stop_token_ids, /detokenize's tokens) -> true when every one is a
 -- token id, or an error naming the field.
@@ -1154,6 +1160,95 @@ function _M.parse_detokenize(body, model, model_id)
     text, e = decode_ids(model, t.tokens, "tokens")
     if not text then return nil, e end
     return { text = text }
+end
+
+-- ------------------------------------------------------------------ embeddings
+
+local EMBEDDINGS_FIELDS = {
+    model = { "string", false },
+    input = { "input", false },             -- a string, an array of ids, or an array of either
+    encoding_format = { "string", false },  -- "float" (default) or "base64"
+    dimensions = { "integer", false },      -- the model's d_model only (no shortening here)
+    user = { "string", false },
+    -- vLLM's: keep the last k tokens of a longer input (-1: the context's length)
+    truncate_prompt_tokens = { "integer", false },
+    -- TinyLoop extensions
+    loops = { "integer", false },
+    pooling = { "string", false },          -- "mean" (default) or "last"
+    normalize = { "boolean", false },       -- true (default): unit length
+}
+local MAX_EMBEDDING_INPUTS = 2048 -- OpenAI's limit
+_M.MAX_EMBEDDING_INPUTS = MAX_EMBEDDING_INPUTS
+
+-- The inputs' id lists, each fitted to the context: over it, an error naming the input, or,
+-- with keep_last k (vLLM's truncate_prompt_tokens) its last k tokens, with keep_first (Ollama's
+-- truncate) its first max_seq_len. -> list | nil, err.
+local function slice(ids, from, to) -- (unpack would overflow the C stack on a long input)
+    local part = {}
+    for i = from, to do part[#part + 1] = ids[i] end
+    return part
+end
+
+function _M.fit_inputs(list, model, field, keep_last, keep_first)
+    local limit = model.max_seq_len
+    for i, ids in ipairs(list) do
+        local n = #ids
+        if keep_last and n > keep_last then
+            list[i] = slice(ids, n - keep_last + 1, n)
+        elseif keep_first and n > limit then
+            list[i] = slice(ids, 1, limit)
+        elseif n > limit then
+            local at = #list > 1 and ("%s[%d]"):format(field, i - 1) or field
+            return bad(("%s has %d tokens, over this model's context of %d"):format(at, n, limit), field)
+        end
+    end
+    return list
+end
+
+-- parse_embeddings(body, model, model_id) -> { inputs (id lists), tokens (their total),
+-- encoding ("float" | "base64"), loops, pooling, normalize } | nil, err: a POST
+-- /v1/embeddings body (OpenAI's, with vLLM's truncate_prompt_tokens).
+function _M.parse_embeddings(body, model, model_id)
+    local t, e = decode_fields(body, EMBEDDINGS_FIELDS, {})
+    if not t then return nil, e end
+    local ok
+    ok, e = check_model(t, model_id)
+    if not ok then return nil, e end
+    if t.input == nil then return bad("input is required", "input") end
+    if type(t.input) == "table" and next(t.input) == nil then return bad("input must not be empty", "input") end
+    local inputs
+    inputs, e = prompt_list(model, t.input, "input")
+    if not inputs then return nil, e end
+    if #inputs > MAX_EMBEDDING_INPUTS then
+        return bad(("input has %d items: at most %d a request"):format(#inputs, MAX_EMBEDDING_INPUTS), "input")
+    end
+    local encoding = t.encoding_format or "float"
+    if encoding ~= "float" and encoding ~= "base64" then
+        return bad('encoding_format must be "float" or "base64"', "encoding_format")
+    end
+    local d = model.d_model
+    if t.dimensions ~= nil and t.dimensions ~= d then
+        return bad(("dimensions must be this model's %d (its embeddings cannot be shortened)"):format(d), "dimensions")
+    end
+    local keep = t.truncate_prompt_tokens
+    if keep ~= nil then
+        if keep == -1 then keep = model.max_seq_len end
+        if keep < 1 or keep > model.max_seq_len then
+            return bad(("truncate_prompt_tokens must be -1 or in [1, %d]"):format(model.max_seq_len), "truncate_prompt_tokens")
+        end
+    end
+    inputs, e = _M.fit_inputs(inputs, model, "input", keep)
+    if not inputs then return nil, e end
+    local pooling = t.pooling or "mean"
+    if pooling ~= "mean" and pooling ~= "last" then return bad('pooling must be "mean" or "last"', "pooling") end
+    local loops = t.loops
+    if loops ~= nil and (loops < 1 or loops > model.max_loops) then
+        return bad(("loops must be in [1, %d]"):format(model.max_loops), "loops")
+    end
+    local tokens = 0
+    for _, ids in ipairs(inputs) do tokens = tokens + #ids end
+    return { inputs = inputs, tokens = tokens, encoding = encoding, loops = loops or model.default_loops, pooling = pooling,
+             normalize = t.normalize ~= false }
 end
 
 return _M

@@ -44,6 +44,53 @@ function _M.score(fn_addr, last_error_addr, model_addr, ids, loops, top)
     return lp, ids_out, lp_out
 end
 
+local embed_addr, embed_fn -- the cast of tl_embed
+-- tl_embed_options, declared here without the binding's cdef (why: see the top); the
+-- embed spec checks that it has the header's size and offsets.
+local embed_options = ffi.typeof("struct { int loops; int pooling; int normalize; }")
+_M.embed_options = embed_options
+local POOLING = { mean = 0, last = 1 } -- TL_POOLING_MEAN, TL_POOLING_LAST
+
+-- Embeddings (POST /v1/embeddings, /api/embed, /api/embeddings): tl_embed runs forward
+-- passes, so here and never on the event loop, and so does the writing of the vectors (a
+-- request of 2,048 inputs is over a million numbers). inputs: id lists; d: d_model; as
+-- "float" (each vector a JSON array's text) or "base64" (its float32 bytes, little-endian
+-- as this machine's, base64, a JSON string's text). -> list of texts | nil, the message.
+function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, pooling, normalize, as)
+    if fn_addr ~= embed_addr then
+        embed_fn = cast("int (*)(const void *, const int32_t *, int, const void *, float *)", fn_addr)
+        embed_addr = fn_addr
+    end
+    if last_error_addr ~= error_addr then
+        error_fn = cast("const char *(*)(void)", last_error_addr)
+        error_addr = last_error_addr
+    end
+    local opts = embed_options(loops, POOLING[pooling], normalize and 1 or 0)
+    local vector = ffi.new("float[?]", d)
+    local texts, numbers, format = {}, {}, string.format
+    for i, ids in ipairs(inputs) do
+        local n = #ids
+        local tokens = ffi.new("int32_t[?]", n)
+        for k = 1, n do tokens[k - 1] = ids[k] end
+        if tonumber(embed_fn(cast("void *", model_addr), tokens, n, opts, vector)) ~= 0 then
+            return nil, ffi.string(error_fn()) -- (this thread's message)
+        end
+        for j = 0, d - 1 do
+            local x = vector[j]
+            if x ~= x or x == math.huge or x == -math.huge then
+                return nil, ("the model gave a non-finite embedding (input %d)"):format(i - 1)
+            end
+            if as == "float" then numbers[j + 1] = format("%.9g", x) end -- (float32's round trip)
+        end
+        if as == "base64" then
+            texts[i] = '"' .. ngx.encode_base64(ffi.string(vector, d * 4)) .. '"'
+        else
+            texts[i] = "[" .. table.concat(numbers, ",", 1, d) .. "]"
+        end
+    end
+    return texts
+end
+
 -- -> 1 output to read, 0 timeout, -1 the request is gone (cancelled) or the engine stopped.
 function _M.wait(wait_addr, engine_addr, id, timeout_ms)
     if wait_addr ~= fn_addr then

@@ -1,0 +1,216 @@
+/* test_embed.c: tl_embed, a sequence's embedding.
+ *
+ * - Each row (TL_POOLING_NONE, not normalised) is what the head reads: lm_head times the row,
+ *   summed here in double from the matrix's own rows (tl_matrix_row_f32), gives tl_score's
+ *   logits for that position (within float rounding) on models with and without the head's
+ *   final norm (Ouro applies its norm per pass), tied and untied heads, f16/bf16 weights.
+ * - Rows are causal and batch-invariant: the rows of a prefix are the first rows of the
+ *   whole (memcmp), also across the forward's chunk size (a sequence longer than
+ *   TL_FORWARD_CHUNK).
+ * - Mean pooling is the mean of the rows, summed in double in token order (memcmp); last
+ *   pooling is the last row (memcmp); normalize scales each vector to unit length, in the
+ *   same direction; loops 0 is the model's default depth (memcmp), and another depth gives
+ *   other rows (where the model has a block to loop).
+ * - Refusals: NULL arguments, n out of range, token ids out of range, loops, pooling and
+ *   normalize out of range. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "forward.h"
+#include "cpu/kernels.h"
+#include "tinyloop.h"
+
+#define LONG_N 100 /* over TL_FORWARD_CHUNK (64): two chunks */
+
+static tl_model *load(const char *root, const char *name) {
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%.4000s/%s", root, name);
+    tl_load_options o;
+    tl_load_options_init(&o);
+    tl_model *m = NULL;
+    if (tl_model_load(dir, &o, &m) != TL_OK) CHECK(0, "load %s: %s", dir, tl_last_error());
+    return m;
+}
+
+static tl_embed_options options(int loops, tl_pooling pooling, int normalize) {
+    tl_embed_options o;
+    tl_embed_options_init(&o);
+    o.loops = loops;
+    o.pooling = pooling;
+    o.normalize = normalize;
+    return o;
+}
+
+static void fill_tokens(int32_t *tokens, int n, int vocab, uint32_t seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        tokens[i] = (int32_t)((seed >> 8) % (uint32_t)vocab);
+    }
+}
+
+/* The head over the rows: lm_head . row, in double, against tl_score's logits. */
+static void check_head_parity(const char *name, const tl_model *m, const int32_t *tokens, int n, const float *rows) {
+    const tl_config *c = &m->cfg;
+    const int d = c->d_model, vocab = c->vocab_size;
+    float *logits = malloc((size_t)n * (size_t)vocab * sizeof *logits), *w = malloc((size_t)d * sizeof *w);
+    if (!logits || !w) {
+        CHECK(0, "%s: out of memory", name);
+        free(logits);
+        free(w);
+        return;
+    }
+    CHECK(tl_score(m, tokens, n, c->default_loops, logits) == TL_OK, "%s: score: %s", name, tl_last_error());
+    double worst = 0.0;
+    for (int o = 0; o < vocab; o++) {
+        tl_matrix_row_f32(&m->w.lm_head, o, w);
+        for (int t = 0; t < n; t++) {
+            double dot = 0.0, scale = 0.0;
+            for (int j = 0; j < d; j++) {
+                dot += (double)rows[(size_t)t * (size_t)d + (size_t)j] * (double)w[j];
+                scale += fabs((double)rows[(size_t)t * (size_t)d + (size_t)j] * (double)w[j]);
+            }
+            const double err = fabs(dot - (double)logits[(size_t)t * (size_t)vocab + (size_t)o]) / (scale + 1e-6);
+            if (err > worst) worst = err;
+        }
+    }
+    CHECK(worst < 1e-5, "%s: head(row) against tl_score's logits: worst relative error %g", name, worst);
+    free(logits);
+    free(w);
+}
+
+static void check_model(const char *root, const char *name) {
+    tl_model *m = load(root, name);
+    if (!m) return;
+    const tl_config *c = &m->cfg;
+    const int d = c->d_model;
+    const int n = LONG_N < c->max_seq_len ? LONG_N : c->max_seq_len, short_n = 7;
+    int32_t *tokens = malloc((size_t)n * sizeof *tokens);
+    float *rows = malloc((size_t)n * (size_t)d * sizeof *rows), *prefix = malloc((size_t)short_n * (size_t)d * sizeof *prefix);
+    float *vec = malloc((size_t)d * sizeof *vec), *again = malloc((size_t)d * sizeof *again);
+    if (!tokens || !rows || !prefix || !vec || !again) {
+        CHECK(0, "%s: out of memory", name);
+        goto done;
+    }
+    fill_tokens(tokens, n, c->vocab_size, 7u);
+
+    tl_embed_options o = options(0, TL_POOLING_NONE, 0);
+    CHECK(tl_embed(m, tokens, n, &o, rows) == TL_OK, "%s: rows: %s", name, tl_last_error());
+    check_head_parity(name, m, tokens, n, rows);
+
+    /* causal and batch-invariant: a prefix's rows are the first rows of the whole */
+    CHECK(tl_embed(m, tokens, short_n, &o, prefix) == TL_OK, "%s: prefix rows: %s", name, tl_last_error());
+    CHECK(memcmp(prefix, rows, (size_t)short_n * (size_t)d * sizeof *rows) == 0, "%s: prefix rows differ", name);
+
+    /* mean: the rows' mean in double, in token order */
+    o = options(0, TL_POOLING_MEAN, 0);
+    CHECK(tl_embed(m, tokens, n, &o, vec) == TL_OK, "%s: mean: %s", name, tl_last_error());
+    bool same = true;
+    for (int j = 0; j < d; j++) {
+        double sum = 0.0;
+        for (int t = 0; t < n; t++) sum += rows[(size_t)t * (size_t)d + (size_t)j];
+        const float mean = (float)(sum / (double)n);
+        same = same && memcmp(&mean, &vec[j], sizeof mean) == 0;
+    }
+    CHECK(same, "%s: mean pooling is not the rows' mean", name);
+    /* defaults (opts NULL) = mean, normalised, default depth */
+    CHECK(tl_embed(m, tokens, n, NULL, again) == TL_OK, "%s: defaults: %s", name, tl_last_error());
+    double length = 0.0, cosine = 0.0, vec_length = 0.0;
+    for (int j = 0; j < d; j++) {
+        length += (double)again[j] * again[j];
+        vec_length += (double)vec[j] * vec[j];
+        cosine += (double)again[j] * vec[j];
+    }
+    CHECK(fabs(sqrt(length) - 1.0) < 1e-6, "%s: normalised length %.9f", name, sqrt(length));
+    CHECK(vec_length > 0 && fabs(cosine / sqrt(vec_length) - 1.0) < 1e-6, "%s: normalised vector turned (cosine %.9f)", name,
+          cosine / sqrt(vec_length));
+
+    /* last: the last row */
+    o = options(0, TL_POOLING_LAST, 0);
+    CHECK(tl_embed(m, tokens, n, &o, vec) == TL_OK, "%s: last: %s", name, tl_last_error());
+    CHECK(memcmp(vec, rows + (size_t)(n - 1) * (size_t)d, (size_t)d * sizeof *vec) == 0, "%s: last pooling is not the last row",
+          name);
+
+    /* every row normalised */
+    o = options(0, TL_POOLING_NONE, 1);
+    CHECK(tl_embed(m, tokens, short_n, &o, prefix) == TL_OK, "%s: normalised rows: %s", name, tl_last_error());
+    bool unit = true;
+    for (int t = 0; t < short_n; t++) {
+        double squares = 0.0;
+        for (int j = 0; j < d; j++) squares += (double)prefix[(size_t)t * (size_t)d + (size_t)j] * prefix[(size_t)t * (size_t)d + (size_t)j];
+        unit = unit && fabs(sqrt(squares) - 1.0) < 1e-6;
+    }
+    CHECK(unit, "%s: a normalised row is not of unit length", name);
+
+    /* depth: 0 is default_loops; another depth, other rows */
+    o = options(c->default_loops, TL_POOLING_LAST, 0);
+    CHECK(tl_embed(m, tokens, n, &o, again) == TL_OK, "%s: explicit depth: %s", name, tl_last_error());
+    CHECK(memcmp(vec, again, (size_t)d * sizeof *vec) == 0, "%s: loops 0 is not default_loops", name);
+    o = options(c->default_loops == 1 ? 2 : 1, TL_POOLING_LAST, 0);
+    if (o.loops <= c->max_loops && c->n_block > 0) { /* (no block: no depth) */
+        CHECK(tl_embed(m, tokens, n, &o, again) == TL_OK, "%s: other depth: %s", name, tl_last_error());
+        CHECK(memcmp(vec, again, (size_t)d * sizeof *vec) != 0, "%s: depth %d gives the default depth's row", name, o.loops);
+    }
+done:
+    free(tokens);
+    free(rows);
+    free(prefix);
+    free(vec);
+    free(again);
+    tl_model_free(m);
+}
+
+static void check_refusals(const char *root) {
+    tl_model *m = load(root, "llama_like");
+    if (!m) return;
+    const tl_config *c = &m->cfg;
+    int32_t tokens[4] = {1, 2, 3, 4};
+    float *out = malloc((size_t)c->max_seq_len * (size_t)c->d_model * sizeof *out);
+    int32_t *many = calloc((size_t)c->max_seq_len + 1, sizeof *many);
+    if (!out || !many) {
+        CHECK(0, "out of memory");
+    } else {
+        tl_embed_options o;
+        tl_embed_options_init(&o);
+        CHECK_ERROR(tl_embed(NULL, tokens, 4, &o, out), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+        CHECK_ERROR(tl_embed(m, NULL, 4, &o, out), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+        CHECK_ERROR(tl_embed(m, tokens, 4, &o, NULL), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+        CHECK_ERROR(tl_embed(m, tokens, 0, &o, out), TL_ERR_INVALID_ARGUMENT, "n = 0 is out of range");
+        CHECK_ERROR(tl_embed(m, many, c->max_seq_len + 1, &o, out), TL_ERR_INVALID_ARGUMENT, "is out of range");
+        tokens[2] = c->vocab_size;
+        CHECK_ERROR(tl_embed(m, tokens, 4, &o, out), TL_ERR_INVALID_ARGUMENT, "token id");
+        tokens[2] = -1;
+        CHECK_ERROR(tl_embed(m, tokens, 4, &o, out), TL_ERR_INVALID_ARGUMENT, "token id");
+        tokens[2] = 3;
+        o.loops = -1;
+        CHECK_ERROR(tl_embed(m, tokens, 4, &o, out), TL_ERR_INVALID_ARGUMENT, "loops = -1");
+        o.loops = c->max_loops + 1;
+        CHECK_ERROR(tl_embed(m, tokens, 4, &o, out), TL_ERR_INVALID_ARGUMENT, "loops");
+        tl_embed_options_init(&o);
+        o.pooling = (tl_pooling)7;
+        CHECK_ERROR(tl_embed(m, tokens, 4, &o, out), TL_ERR_INVALID_ARGUMENT, "pooling = 7");
+        tl_embed_options_init(&o);
+        o.normalize = 2;
+        CHECK_ERROR(tl_embed(m, tokens, 4, &o, out), TL_ERR_INVALID_ARGUMENT, "normalize = 2");
+        tl_embed_options_init(&o);
+        CHECK(tl_embed(m, tokens, 4, &o, out) == TL_OK && tl_last_error()[0] == '\0', "a good call after refusals: %s",
+              tl_last_error());
+    }
+    free(out);
+    free(many);
+    tl_model_free(m);
+}
+
+int main(int argc, char **argv) {
+    const char *root = argc > 1 ? argv[1] : "tests/data/golden";
+    const char *configs[] = {"gpt2_like", "llama_like", "f16_concat_residual_gqa", "bf16_tied_rope_residual", "nblock0_none"};
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) check_model(root, configs[i]);
+    char hf[4200];
+    snprintf(hf, sizeof hf, "%.4000s/../hf", root);
+    check_model(hf, "huginn_f32");
+    check_model(hf, "ouro_bf16_tied");
+    check_refusals(root);
+    printf("%d passed, %d failed\n", checks_passed, checks_failed);
+    return checks_failed;
+}

@@ -1,0 +1,168 @@
+-- embed_spec: model:embed (tl_embed through the binding), and the embeddings requests'
+-- parsers without nginx (request.parse_embeddings, ollama.embed_request); server_spec sends
+-- them through a real nginx and compares the vectors with model:embed's.
+local H = require "helpers"
+local ffi = require "ffi"
+local cjson = require "cjson"
+local request = require "tinyloop.server.request"
+local ollama = require "tinyloop.server.ollama"
+local wait = require "tinyloop.server.wait"
+
+local model = H.model() -- the text model: d_model 32, context 128
+local D = 32
+
+local function length(v)
+    local s = 0
+    for _, x in ipairs(v) do s = s + x * x end
+    return math.sqrt(s)
+end
+
+local function as_float(x) return ffi.new("float[1]", x)[0] end
+
+describe("model:embed", function()
+    local text = "It is a truth universally acknowledged"
+
+    it("gives a unit vector of d_model numbers, the mean of the token rows", function()
+        assert.equal(D, model.d_model)
+        local v = model:embed(text)
+        assert.equal(D, #v)
+        assert.is_true(math.abs(length(v) - 1) < 1e-6)
+        -- the rows, pooled here: their mean in double, in token order, then unit length
+        local rows = model:embed(text, { pooling = "none", normalize = false })
+        local ids = model:encode(text)
+        assert.equal(#ids, #rows)
+        local mean = {}
+        for j = 1, D do
+            local s = 0
+            for t = 1, #rows do s = s + rows[t][j] end
+            mean[j] = as_float(s / #rows)
+        end
+        assert.same(mean, model:embed(text, { normalize = false }))
+        local n = length(mean)
+        for j = 1, D do assert.is_true(math.abs(v[j] - mean[j] / n) < 1e-6) end
+        -- a string is its ids
+        assert.same(v, model:embed(ids))
+        -- last: the last row
+        assert.same(rows[#rows], model:embed(text, { pooling = "last", normalize = false }))
+    end)
+
+    it("reads at the depth asked: loops 0 or none is the model's default", function()
+        local deep = model:embed(text, { loops = model.default_loops })
+        assert.same(model:embed(text), deep)
+        assert.are_not.same(deep, model:embed(text, { loops = 1 }))
+        assert.same(model:embed(text, { loops = 0 }), deep)
+    end)
+
+    it("refuses bad options and input, naming them", function()
+        H.error_contains(function() model:embed(text, { pooling = "max" }) end, 'pooling must be "mean", "last" or "none"')
+        H.error_contains(function() model:embed(text, { normalize = 1 }) end, "normalize must be a boolean")
+        H.error_contains(function() model:embed(text, { depth = 2 }) end, "unknown option 'depth'")
+        H.error_contains(function() model:embed(text, "mean") end, "opts must be a table")
+        H.error_contains(function() model:embed(text, { loops = 1.5 }) end, "embed: loops")
+        H.error_contains(function() model:embed(text, { loops = 99 }) end, "loops = 99 is out of range")
+        H.error_contains(function() model:embed({ 1, 320 }) end, "token id 320 at index 1 is out of range")
+        H.error_contains(function() model:embed({}) end, "n = 0 is out of range")
+        H.error_contains(function() model:embed(42) end, "prompt must be a string or a table of token ids")
+    end)
+
+    it("declares tl_embed_options in the thread-pool module as the header does", function()
+        -- (wait.lua declares it without the binding's cdef, which a new thread VM would pay for)
+        assert.equal(ffi.sizeof("tl_embed_options"), ffi.sizeof(wait.embed_options))
+        for _, field in ipairs({ "loops", "pooling", "normalize" }) do
+            assert.equal(ffi.offsetof("tl_embed_options", field), ffi.offsetof(wait.embed_options, field), field)
+        end
+    end)
+end)
+
+describe("request.parse_embeddings", function()
+    local function parse(t) return request.parse_embeddings(type(t) == "string" and t or cjson.encode(t), model, "textmodel") end
+
+    it("reads OpenAI's fields and TinyLoop's", function()
+        local r = assert(parse({ model = "textmodel", input = "It is", encoding_format = "base64", dimensions = D, user = "u" }))
+        assert.same({ model:encode("It is") }, r.inputs)
+        assert.equal(#r.inputs[1], r.tokens)
+        assert.equal("base64", r.encoding)
+        assert.equal(model.default_loops, r.loops)
+        assert.equal("mean", r.pooling)
+        assert.is_true(r.normalize)
+        r = assert(parse({ input = { "It", { 1, 2, 3 } }, loops = 1, pooling = "last", normalize = false }))
+        assert.same({ model:encode("It"), { 1, 2, 3 } }, r.inputs)
+        assert.equal(#r.inputs[1] + 3, r.tokens)
+        assert.same({ "float", 1, "last", false }, { r.encoding, r.loops, r.pooling, r.normalize })
+        assert.same({ { 4, 5 } }, assert(parse({ input = { 1, 2, 3, 4, 5 }, truncate_prompt_tokens = 2 })).inputs)
+        -- -1: the context; a shorter input is kept whole
+        assert.same({ { 1, 2 } }, assert(parse({ input = { 1, 2 }, truncate_prompt_tokens = -1 })).inputs)
+        local long = {}
+        for i = 1, 200 do long[i] = i % 300 end
+        local kept = assert(parse({ input = long, truncate_prompt_tokens = -1 })).inputs[1]
+        assert.equal(128, #kept)
+        assert.same(H.slice(long, 73, 200), kept)
+    end)
+
+    it("refuses bad input, naming the field", function()
+        local long = {}
+        for i = 1, 129 do long[i] = 1 end
+        local many = {}
+        for i = 1, request.MAX_EMBEDDING_INPUTS + 1 do many[i] = "a" end
+        H.refuses(function(body) return request.parse_embeddings(body, model, "textmodel") end, {
+            { "{}", "input", "input is required" },
+            { '{"input": []}', "input", "input must not be empty" },
+            { '{"input": ""}', "input", "input must not be empty" },
+            { '{"input": 5}', "input", "input must be a string or an array of token ids" },
+            { '{"input": ["a", ""]}', "input", "input[1] must not be empty" },
+            { '{"input": ["a", 5]}', "input", "input[1] must be a string or an array of token ids" },
+            { '{"input": [1, 320]}', "input", "input[1] = 320 is not a token id" },
+            { '{"input": [1, 2.5]}', "input", "input[1] must be an integer token id" },
+            { '{"input": [[1], [-1]]}', "input", "input[1][0] = -1 is not a token id" },
+            { cjson.encode({ input = long }), "input", "input has 129 tokens, over this model's context of 128" },
+            { cjson.encode({ input = { "a", long } }), "input", "input[1] has 129 tokens" },
+            { cjson.encode({ input = many }), "input", "at most 2048 a request" },
+            { '{"input": "a", "encoding_format": "hex"}', "encoding_format", 'must be "float" or "base64"' },
+            { '{"input": "a", "dimensions": 16}', "dimensions", "this model's 32" },
+            { '{"input": "a", "dimensions": "32"}', "dimensions", "dimensions must be an integer" },
+            { '{"input": "a", "pooling": "max"}', "pooling", 'pooling must be "mean" or "last"' },
+            { '{"input": "a", "loops": 0}', "loops", "loops must be in [1, 4]" },
+            { '{"input": "a", "normalize": "yes"}', "normalize", "normalize must be a boolean" },
+            { '{"input": "a", "truncate_prompt_tokens": 0}', "truncate_prompt_tokens", "-1 or in [1, 128]" },
+            { '{"input": "a", "prompt": "b"}', "prompt", "unknown field 'prompt'" },
+            { '{"input": "a", "model": "gpt-4"}', "model", "not served here" },
+        })
+        local body, err = request.parse_embeddings("[1]", model, "textmodel")
+        assert.is_nil(body)
+        assert.equal(400, err.status)
+    end)
+end)
+
+describe("ollama.embed_request", function()
+    it("reads /api/embed's and /api/embeddings' bodies", function()
+        local r = assert(ollama.embed_request('{"model": "textmodel", "input": ["a", "b"], "keep_alive": "5m", "options": {}}',
+                                              "textmodel"))
+        assert.same({ { "a", "b" }, true, true }, { r.inputs, r.truncate, r.normalize })
+        r = assert(ollama.embed_request('{"model": "textmodel:latest", "input": "a", "truncate": false, "dimensions": 32}', "textmodel"))
+        assert.same({ { "a" }, false, 32 }, { r.inputs, r.truncate, r.dimensions })
+        -- the older endpoint: the model's own vector (not unit length), one prompt
+        r = assert(ollama.embed_request('{"model": "textmodel", "prompt": "a"}', "textmodel", true))
+        assert.same({ { "a" }, false, true }, { r.inputs, r.normalize, r.older })
+        -- nothing to embed: Ollama's way to load a model
+        assert.same({}, assert(ollama.embed_request('{"model": "textmodel"}', "textmodel")).inputs)
+        assert.same({}, assert(ollama.embed_request('{"model": "textmodel", "input": ""}', "textmodel")).inputs)
+        assert.same({}, assert(ollama.embed_request('{"model": "textmodel", "prompt": ""}', "textmodel", true)).inputs)
+        assert.equal('{"embedding":[]}', ollama.embed_answer(r, {}, 0, 0))
+    end)
+
+    it("refuses bad bodies, naming the field", function()
+        H.refuses(function(body) return ollama.embed_request(body, "textmodel") end, {
+            { '{"model": "llama3", "input": "a"}', "model", "model \"llama3\" not found" },
+            { '{"input": 5}', "input", "input must be a string or an array of strings" },
+            { '{"input": {"a": 1}}', "input", "input must be a string or an array of strings" },
+            { '{"input": ["a", 1]}', "input", "input[1] must be a non-empty string" },
+            { '{"input": ["a", ""]}', "input", "input[1] must be a non-empty string" },
+            { '{"input": "a", "truncate": "no"}', "truncate", "truncate must be" },
+            { '{"input": "a", "prompt": "b"}', "prompt", "unknown field 'prompt'" },
+        })
+        H.refuses(function(body) return ollama.embed_request(body, "textmodel", true) end, {
+            { '{"prompt": ["a"]}', "prompt", "prompt must be" },
+            { '{"prompt": "a", "input": "b"}', "input", "unknown field 'input'" },
+        })
+    end)
+end)
