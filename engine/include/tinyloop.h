@@ -218,8 +218,8 @@ void tl_embed_options_init(tl_embed_options *opts);
 /* The embedding of tokens[0..n): the rows the head reads (final_norm of the coda's output,
    SPEC §1) at depth opts->loops, pooled into out [d_model] (out [n][d_model] with
    TL_POOLING_NONE). opts NULL: the defaults. Each row is the row tl_score's logits come
-   from, computed from a zero initial state; nothing is sampled or kept. Thread-safe on a
-   shared model. */
+   from, computed from a zero initial state; nothing is sampled or kept. As with tl_score, a
+   device failure (CUDA) leaves NaN in out: check before use. Thread-safe on a shared model. */
 tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl_embed_options *opts,
                    float *out);
 

@@ -1307,7 +1307,7 @@ end
 -- (tl_embed) for `input` (a string, encoded as model:encode does, or token ids), pooled:
 -- opts.pooling "mean" (default) or "last" gives one vector { d_model numbers }, "none" a
 -- vector per token; opts.normalize (default true) scales each to unit length; opts.loops
--- (default the model's default_loops) is the depth.
+-- (1..max_loops; left out: the model's default_loops) is the depth.
 local POOLINGS = { mean = C.TL_POOLING_MEAN, last = C.TL_POOLING_LAST, none = C.TL_POOLING_NONE }
 local EMBED_OPTIONS = { loops = true, pooling = true, normalize = true }
 
@@ -1327,11 +1327,22 @@ function Model:embed(input, opts)
     if type(normalize) ~= "boolean" then raise("embed: normalize must be a boolean") end
     local eo = ffi_new("tl_embed_options")
     C.tl_embed_options_init(eo)
-    eo.loops = opts.loops == nil and 0 or check_int("embed: loops", opts.loops)
+    if opts.loops ~= nil then
+        eo.loops = check_int("embed: loops", opts.loops)
+        -- (C reads loops = 0 as "the default"; in Lua the default is spelled by leaving loops out)
+        if opts.loops == 0 then
+            raise(("embed: loops = 0 must be in [1, max_loops = %d] (leave loops out for the model's default_loops = %d)")
+                :format(self.max_loops, self.default_loops))
+        end
+    end
     eo.pooling, eo.normalize = POOLINGS[pooling], normalize and 1 or 0
+    if type(input) ~= "string" and type(input) ~= "table" then raise("embed: input must be a string or a table of token ids") end
     local ids, err = prompt_ids(self, input)
     if not ids then return nil, err end
     local arr, n = id_array(ids)
+    if n < 1 or n > self.max_seq_len then -- (before a vector a token is allocated)
+        raise(("embed: the input has %d tokens: want 1 .. max_seq_len = %d"):format(n, self.max_seq_len))
+    end
     local d = self.d_model
     local vectors = pooling == "none" and n or 1
     local out = ffi_new("float[?]", vectors * d)

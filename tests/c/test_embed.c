@@ -5,8 +5,9 @@
  *   logits for that position (within float rounding) on models with and without the head's
  *   final norm (Ouro applies its norm per pass), tied and untied heads, f16/bf16 weights.
  * - Rows are causal and batch-invariant: the rows of a prefix are the first rows of the
- *   whole (memcmp), also across the forward's chunk size (a sequence longer than
- *   TL_FORWARD_CHUNK).
+ *   whole (memcmp), also across the forward's chunk size: the text model's context (128)
+ *   holds a sequence of 100 tokens, two chunks of TL_FORWARD_CHUNK (64), whose prefix of 70
+ *   ends in the second; pooling sums over both chunks, last takes the second's last row.
  * - Mean pooling is the mean of the rows, summed in double in token order (memcmp); last
  *   pooling is the last row (memcmp); normalize scales each vector to unit length, in the
  *   same direction; loops 0 is the model's default depth (memcmp), and another depth gives
@@ -85,7 +86,8 @@ static void check_model(const char *root, const char *name) {
     if (!m) return;
     const tl_config *c = &m->cfg;
     const int d = c->d_model;
-    const int n = LONG_N < c->max_seq_len ? LONG_N : c->max_seq_len, short_n = 7;
+    const int n = LONG_N < c->max_seq_len ? LONG_N : c->max_seq_len;
+    const int short_n = n > TL_FORWARD_CHUNK ? TL_FORWARD_CHUNK + 6 : 7; /* (past the first chunk where n is) */
     int32_t *tokens = malloc((size_t)n * sizeof *tokens);
     float *rows = malloc((size_t)n * (size_t)d * sizeof *rows), *prefix = malloc((size_t)short_n * (size_t)d * sizeof *prefix);
     float *vec = malloc((size_t)d * sizeof *vec), *again = malloc((size_t)d * sizeof *again);
@@ -94,6 +96,7 @@ static void check_model(const char *root, const char *name) {
         goto done;
     }
     fill_tokens(tokens, n, c->vocab_size, 7u);
+    if (strcmp(name, "textmodel") == 0) CHECK(n > TL_FORWARD_CHUNK, "%s: %d tokens is one chunk", name, n);
 
     tl_embed_options o = options(0, TL_POOLING_NONE, 0);
     CHECK(tl_embed(m, tokens, n, &o, rows) == TL_OK, "%s: rows: %s", name, tl_last_error());
@@ -206,6 +209,9 @@ int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : "tests/data/golden";
     const char *configs[] = {"gpt2_like", "llama_like", "f16_concat_residual_gqa", "bf16_tied_rope_residual", "nblock0_none"};
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) check_model(root, configs[i]);
+    char data[4200];
+    snprintf(data, sizeof data, "%.4000s/..", root);
+    check_model(data, "textmodel"); /* context 128: two chunks */
     char hf[4200];
     snprintf(hf, sizeof hf, "%.4000s/../hf", root);
     check_model(hf, "huginn_f32");

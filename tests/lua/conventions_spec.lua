@@ -27,6 +27,7 @@ describe("loops", function()
         raised(needles, function() m:stream({ 1, 2 }, { loops = 0 }) end)
         raised(needles, function() m:generate_batch({ { 1, 2 } }, { loops = 0 }) end)
         raised(needles, function() m:generate({ 1, 2 }, { loops = 0, beam_size = 2 }) end)
+        raised(needles, function() m:embed({ 1, 2 }, { loops = 0 }) end)
     end)
 
     it("left out means the model's default_loops", function()
@@ -140,4 +141,19 @@ describe("tinyloop.policy constructors", function()
             assert.truthy(err:find("conventions_spec.lua:%d+:"), err)
         end)
     end
+end)
+
+describe("modules", function()
+    it("assign no global (a local declared below its first use becomes one: a handler then finds nil)", function()
+        local files = H.sh("ls " .. H.ROOT .. "/lua/tinyloop/*.lua " .. H.ROOT .. "/lua/tinyloop/server/*.lua")
+        local checked = 0
+        for path in files:gmatch("[^\n]+") do
+            local listing = H.sh("luajit -bl " .. path .. " 2>&1")
+            assert.truthy(listing:find("KSHORT", 1, true) or listing:find("KSTR", 1, true), path .. ": no bytecode listing")
+            local set = listing:match("GSET[^\n]*")
+            assert.is_nil(set, path .. " assigns a global: " .. tostring(set))
+            checked = checked + 1
+        end
+        assert.is_true(checked >= 20)
+    end)
 end)

@@ -46,11 +46,10 @@ describe("model:embed", function()
         assert.same(rows[#rows], model:embed(text, { pooling = "last", normalize = false }))
     end)
 
-    it("reads at the depth asked: loops 0 or none is the model's default", function()
+    it("reads at the depth asked: left out, the model's default", function()
         local deep = model:embed(text, { loops = model.default_loops })
         assert.same(model:embed(text), deep)
         assert.are_not.same(deep, model:embed(text, { loops = 1 }))
-        assert.same(model:embed(text, { loops = 0 }), deep)
     end)
 
     it("refuses bad options and input, naming them", function()
@@ -61,8 +60,12 @@ describe("model:embed", function()
         H.error_contains(function() model:embed(text, { loops = 1.5 }) end, "embed: loops")
         H.error_contains(function() model:embed(text, { loops = 99 }) end, "loops = 99 is out of range")
         H.error_contains(function() model:embed({ 1, 320 }) end, "token id 320 at index 1 is out of range")
-        H.error_contains(function() model:embed({}) end, "n = 0 is out of range")
-        H.error_contains(function() model:embed(42) end, "prompt must be a string or a table of token ids")
+        H.error_contains(function() model:embed(text, { loops = 0 }) end, "loops = 0 must be in [1, max_loops = 4] (leave loops out")
+        H.error_contains(function() model:embed({}) end, "the input has 0 tokens: want 1 .. max_seq_len = 128")
+        local long = {}
+        for i = 1, 129 do long[i] = 1 end
+        H.error_contains(function() model:embed(long, { pooling = "none" }) end, "the input has 129 tokens")
+        H.error_contains(function() model:embed(42) end, "embed: input must be a string or a table of token ids")
     end)
 
     it("declares tl_embed_options in the thread-pool module as the header does", function()
@@ -103,7 +106,7 @@ describe("request.parse_embeddings", function()
         local long = {}
         for i = 1, 129 do long[i] = 1 end
         local many = {}
-        for i = 1, request.MAX_EMBEDDING_INPUTS + 1 do many[i] = "a" end
+        for i = 1, 2049 do many[i] = "a" end
         H.refuses(function(body) return request.parse_embeddings(body, model, "textmodel") end, {
             { "{}", "input", "input is required" },
             { '{"input": []}', "input", "input must not be empty" },
@@ -127,6 +130,9 @@ describe("request.parse_embeddings", function()
             { '{"input": "a", "prompt": "b"}', "prompt", "unknown field 'prompt'" },
             { '{"input": "a", "model": "gpt-4"}', "model", "not served here" },
         })
+        -- the most inputs: OpenAI's 2,048, fewer for long vectors (about 4 million numbers)
+        assert.same({ 2048, 2048, 1024, 1 }, { request.max_embedding_inputs(32), request.max_embedding_inputs(2048),
+                                               request.max_embedding_inputs(4096), request.max_embedding_inputs(2 ^ 23) })
         local body, err = request.parse_embeddings("[1]", model, "textmodel")
         assert.is_nil(body)
         assert.equal(400, err.status)
@@ -147,7 +153,7 @@ describe("ollama.embed_request", function()
         assert.same({}, assert(ollama.embed_request('{"model": "textmodel"}', "textmodel")).inputs)
         assert.same({}, assert(ollama.embed_request('{"model": "textmodel", "input": ""}', "textmodel")).inputs)
         assert.same({}, assert(ollama.embed_request('{"model": "textmodel", "prompt": ""}', "textmodel", true)).inputs)
-        assert.equal('{"embedding":[]}', ollama.embed_answer(r, {}, 0, 0))
+        assert.equal('{"embedding":[]}', ollama.embed_answer(r, "", 0, 0))
     end)
 
     it("refuses bad bodies, naming the field", function()

@@ -2224,6 +2224,15 @@ describe("embeddings (OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embe
         -- TinyLoop's fields: pooling, normalize, depth; vLLM's truncate_prompt_tokens
         local last = ok("/v1/embeddings", { input = text, pooling = "last", normalize = false, loops = 3 })
         assert.same(m:embed(text, { pooling = "last", normalize = false, loops = 3 }), as_floats(last.data[1].embedding))
+        -- more inputs than a thread-pool call takes (16): every one in its place
+        local many = {}
+        for i = 1, 37 do many[i] = { i, 2 * i, 3 * i } end
+        local all = ok("/v1/embeddings", { input = many, encoding_format = "base64" })
+        assert.equal(37, #all.data)
+        for i, entry in ipairs(all.data) do
+            assert.equal(i - 1, entry.index)
+            assert.same(m:embed(many[i]), floats_of(unbase64(entry.embedding)), "input " .. i)
+        end
         local cut = ok("/v1/embeddings", { input = { 7, 8, 9, 10 }, truncate_prompt_tokens = 2 })
         assert.same(m:embed({ 9, 10 }), as_floats(cut.data[1].embedding))
         assert.equal(2, cut.usage.prompt_tokens)
@@ -2249,7 +2258,7 @@ describe("embeddings (OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embe
         assert.equal(256, r.prompt_eval_count)
         local status, body = post_to("/api/embed", { model = "tinyloop-austen", input = long, truncate = false })
         assert.equal(400, status, body)
-        assert.truthy(cjson.decode(body).error:find("over this model's context of 256", 1, true), body)
+        assert.truthy(cjson.decode(body).error:find("^input has %d+ tokens, over this model's context of 256"), body)
         -- nothing to embed: Ollama's model-load idiom
         assert.same({}, ok("/api/embed", { model = "tinyloop-austen" }).embeddings)
         assert.same({}, ok("/api/embeddings", { model = "tinyloop-austen", prompt = "" }).embedding)
@@ -2724,6 +2733,7 @@ describe("scripts/serve options", function()
         -- great for base" after the temp dir was made), no worker or no running place
         for args, want in pairs({ ["--port"] = "--port needs a value", ["--max-active 08"] = "got '08'",
                                   ["--workers 0"] = "--workers must be at least 1", ["--max-active 0"] = "--max-active must be at least 1",
+                                  ["--embed-jobs 0"] = "--embed-jobs must be at least 1", ["--embed-jobs x"] = "got 'x'",
                                   ["--reasoning-format think"] = "--reasoning-format must be auto, deepseek or none, got 'think'" }) do
             out = sh("TMPDIR=" .. dir .. " scripts/serve " .. args .. " 2>&1; echo \"exit $?\"")
             assert.truthy(out:find(want, 1, true), out)

@@ -5,8 +5,9 @@
 --   init_by_lua_block        { require("tinyloop.server").configure{ model = "/path/to/model" } }
 --   init_worker_by_lua_block { require("tinyloop.server").init_worker() }
 --   location = /v1/completions { content_by_lua_block { require("tinyloop.server").completions() } }
---   (and chat_completions, responses, stored_response, messages, count_tokens, ollama_chat,
---   ollama_generate, ollama_show, ollama_tags, ollama_ps, ollama_version, root, models, model,
+--   (and chat_completions, responses, stored_response, messages, count_tokens, embeddings,
+--   ollama_chat, ollama_generate, ollama_show, ollama_tags, ollama_ps, ollama_version,
+--   ollama_embed, ollama_embeddings, root, models, model,
 --   tokenize, detokenize, health, metrics; the hooks guard (server_rewrite: CORS preflights, the
 --   API key), cors_headers (header_filter) and log (log); see lua/tinyloop/server/nginx.conf and
 --   examples/)
@@ -64,6 +65,9 @@ local conf = {
                               -- or "auto" (where the chat template speaks of <think> or </think>)
     api_key = nil,            -- requests but /health's and /metrics' must carry it (Authorization:
                               -- Bearer KEY, or Anthropic's x-api-key: KEY); nil: none needed
+    embed_jobs = 2,           -- embeddings requests a worker computes at once (each in the thread
+                              -- pool; the others wait for a place, up to embed_wait_s, then 503)
+    embed_wait_s = 30,
     cors_origins = nil,       -- web pages of these origins may call the API from a browser: "*",
                               -- or origins separated by commas ("https://app.example,http://
                               -- localhost:3000"); nil: none (browsers then refuse cross-origin calls)
@@ -75,6 +79,7 @@ local reasoning_on -- chat replies are read for reasoning (conf.reasoning_format
 -- the model, tl_score_logprobs, tl_embed and tl_last_error, for prompt scoring and
 -- embeddings in the thread pool
 local model_addr, score_addr, embed_addr, last_error_addr
+local embed_slots -- ngx.semaphore of conf.embed_jobs places: the embeddings requests computed at once
 local model_types -- what /v1/models says of the weights and the KV cache (model:info(), once)
 local next_request = 0
 
@@ -101,6 +106,12 @@ function _M.configure(opts)
             allowed[origin] = true
         end
         conf.cors_allowed = allowed
+    end
+    if not request.is_integer(conf.embed_jobs) or conf.embed_jobs < 1 then
+        error("tinyloop.server: embed_jobs must be an integer >= 1, got " .. tostring(conf.embed_jobs))
+    end
+    if type(conf.embed_wait_s) ~= "number" or not (conf.embed_wait_s >= 0) then
+        error("tinyloop.server: embed_wait_s must be a number >= 0, got " .. tostring(conf.embed_wait_s))
     end
     if conf.api_key ~= nil and (type(conf.api_key) ~= "string" or conf.api_key:find("[^\33-\126]")) then
         error("tinyloop.server: api_key must be printable ASCII without blanks")
@@ -192,6 +203,7 @@ function _M.init_worker()
     model_addr = tonumber(ffi_cast("uintptr_t", m.ptr))
     score_addr = tonumber(ffi_cast("uintptr_t", C.tl_score_logprobs))
     embed_addr = tonumber(ffi_cast("uintptr_t", C.tl_embed))
+    embed_slots = require("ngx.semaphore").new(conf.embed_jobs)
     last_error_addr = tonumber(ffi_cast("uintptr_t", C.tl_last_error))
     created_at = ngx.time()
     if chat_prompts then
@@ -312,7 +324,7 @@ end
 
 function _M.not_found()
     return send_uri_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
         "/metrics)", nil, "not_found_error")
 end
 
@@ -1326,19 +1338,47 @@ end
 
 -- ------------------------------------------------------------------ embeddings
 
--- The inputs' embeddings (tl_embed, over `tokens` ids in all), each vector's JSON text (`as`:
--- "float" an array, "base64" a string), computed and written in the thread pool: forward
--- passes, and a million numbers' text for a full request, never on the event loop. ->
--- texts | nil (`send` has answered the error).
-local function embed_texts(inputs, tokens, loops, pooling, normalize, as, send)
+-- The inputs' embeddings (tl_embed, over `tokens` ids in all), the JSON text of their entries
+-- joined by commas (`as`: "float" arrays or "base64" strings; `shape`: wait.embed's), computed
+-- and written in the thread pool: forward passes, and over half a million numbers' text for a
+-- full request, never on the event loop. A worker runs conf.embed_jobs requests at once (the
+-- thread pool's VMs are the generation waits'; the cores, the engine's): the others wait for
+-- a place up to conf.embed_wait_s, then 503. A client that leaves stops its request after the
+-- slice of EMBED_SLICE inputs in hand. -> text | nil (`send` has answered the error).
+local EMBED_SLICE = 16
+local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, send)
     if not conf.thread_pool then
         return send(500, "embeddings need nginx's thread pool (thread_pool and lua_worker_thread_vm_pool_size)", nil, "server_error")
     end
-    local ok, texts, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "embed", embed_addr, last_error_addr,
-                                             model_addr, inputs, model.d_model, loops, pooling, normalize, as)
-    if not ok or not texts then return send(500, "embedding failed: " .. tostring(ok and err or texts), nil, "server_error") end
+    if not embed_slots:wait(conf.embed_wait_s) then
+        metrics.incr("rejected")
+        return send(503, ("every embedding place is taken (%d a worker): retry later"):format(conf.embed_jobs), nil,
+                    "overloaded_error", { ["Retry-After"] = "1" })
+    end
+    local held = true
+    local function give_back()
+        if held then held = false; embed_slots:post(1) end
+    end
+    ngx.on_abort(function() -- (nil where lua_check_client_abort is off: the request then runs to its end)
+        give_back()
+        metrics.incr("cancelled")
+        return ngx_exit(499)
+    end)
+    local parts = {}
+    for from = 1, #inputs, EMBED_SLICE do
+        local slice = {}
+        for i = from, math.min(from + EMBED_SLICE - 1, #inputs) do slice[#slice + 1] = inputs[i] end
+        local ok, text, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "embed", embed_addr, last_error_addr,
+                                                model_addr, slice, model.d_model, loops, pooling, normalize, as, shape, from - 1)
+        if not ok or not text then
+            give_back()
+            return send(500, "embedding failed: " .. tostring(ok and err or text), nil, "server_error")
+        end
+        parts[#parts + 1] = text
+    end
+    give_back()
     metrics.incr("tokens_embedded", tokens)
-    return texts
+    return concat(parts, ",")
 end
 
 -- POST /v1/embeddings (OpenAI's): {"object": "list", "data": [{"object": "embedding", "index",
@@ -1348,11 +1388,9 @@ function _M.embeddings()
     if not body then return end
     local req, err = request.parse_embeddings(body, model, conf.model_id)
     if not req then return send_error(err.status, err.message, err.param, err.type) end
-    local texts = embed_texts(req.inputs, req.tokens, req.loops, req.pooling, req.normalize, req.encoding, send_error)
-    if not texts then return end
-    local data = {}
-    for i, text in ipairs(texts) do data[i] = '{"object":"embedding","index":' .. (i - 1) .. ',"embedding":' .. text .. "}" end
-    return send_json(200, '{"object":"list","data":[' .. concat(data, ",") .. '],"model":' .. encode(conf.model_id) ..
+    local data = embed_text(req.inputs, req.tokens, req.loops, req.pooling, req.normalize, req.encoding, "openai", send_error)
+    if not data then return end
+    return send_json(200, '{"object":"list","data":[' .. data .. '],"model":' .. encode(conf.model_id) ..
         ',"usage":{"prompt_tokens":' .. req.tokens .. ',"total_tokens":' .. req.tokens .. "}}")
 end
 
@@ -1381,19 +1419,23 @@ local function ollama_embed(older)
     if req.dimensions ~= nil and req.dimensions ~= model.d_model then
         return send_ollama_error(400, ("dimensions must be this model's %d (its embeddings cannot be shortened)"):format(model.d_model))
     end
-    if #req.inputs > request.MAX_EMBEDDING_INPUTS then
-        return send_ollama_error(400, ("input has %d items: at most %d a request"):format(#req.inputs, request.MAX_EMBEDDING_INPUTS))
+    local most = request.max_embedding_inputs(model.d_model)
+    if #req.inputs > most then
+        return send_ollama_error(400, ("input has %d items: at most %d a request"):format(#req.inputs, most))
     end
-    local started, lists, tokens, texts = now(), {}, 0, {}
+    local started, tokens, vectors = now(), 0, ""
     if #req.inputs > 0 then
-        lists, err = request.input_ids(model, req.inputs, "input")
-        if lists then lists, err = request.fit_inputs(lists, model, "input", nil, req.truncate) end
+        -- (a single text is named as sent: input, or /api/embeddings' prompt; a list's by index)
+        local field = older and "prompt" or "input"
+        local lists
+        lists, err = request.input_ids(model, req.single and req.inputs[1] or req.inputs, field)
+        if lists then lists, err = request.fit_inputs(lists, model, field, nil, req.truncate) end
         if not lists then return send_ollama_error(err.status, err.message) end
         for _, ids in ipairs(lists) do tokens = tokens + #ids end
-        texts = embed_texts(lists, tokens, model.default_loops, "mean", req.normalize, "float", send_ollama_error)
-        if not texts then return end
+        vectors = embed_text(lists, tokens, model.default_loops, "mean", req.normalize, "float", "ollama", send_ollama_error)
+        if not vectors then return end
     end
-    return send_json(200, ollama.embed_answer(req, texts, tokens, (now() - started) * 1000))
+    return send_json(200, ollama.embed_answer(req, vectors, tokens, (now() - started) * 1000))
 end
 function _M.ollama_embed() return ollama_embed(false) end
 function _M.ollama_embeddings() return ollama_embed(true) end

@@ -320,8 +320,8 @@ function _M.embed_request(body, model_id, older)
     else
         return bad("input must be a string or an array of strings", "input")
     end
-    return { inputs = inputs, truncate = older or t.truncate ~= false, normalize = not older, dimensions = t.dimensions,
-             model_name = t.model or model_id, older = older }
+    return { inputs = inputs, single = type(input) == "string", truncate = older or t.truncate ~= false, normalize = not older,
+             dimensions = t.dimensions, model_name = t.model or model_id, older = older }
 end
 
 -- The chat request's names -> Ollama's, in an error's message; the body {"error": message}.
@@ -509,11 +509,11 @@ function _M.show(info)
 end
 
 -- An embeddings answer (embed_request's request): {"model", "embeddings": [...], durations,
--- "prompt_eval_count"} (/api/embed), or {"embedding": [...]} (/api/embeddings). vectors: each
--- one's JSON text; ms: the time taken.
+-- "prompt_eval_count"} (/api/embed), or {"embedding": [...]} (/api/embeddings). vectors: their
+-- JSON texts joined by commas ("" for none); ms: the time taken.
 function _M.embed_answer(req, vectors, tokens, ms)
-    if req.older then return '{"embedding":' .. (vectors[1] or "[]") .. "}" end
-    return '{"model":' .. encode(req.model_name) .. ',"embeddings":[' .. concat(vectors, ",") .. '],"total_duration":' .. ns(ms) ..
+    if req.older then return '{"embedding":' .. (vectors ~= "" and vectors or "[]") .. "}" end
+    return '{"model":' .. encode(req.model_name) .. ',"embeddings":[' .. vectors .. '],"total_duration":' .. ns(ms) ..
         ',"load_duration":0,"prompt_eval_count":' .. tokens .. "}"
 end
 

@@ -111,6 +111,7 @@ _M.bad = bad
 local function is_integer(v)
     return type(v) == "number" and v == floor(v) and v > -2 ^ 53 and v < 2 ^ 53
 end
+_M.is_integer = is_integer
 
 local KIND_CHECK = {
     string = function(v) return type(v) == "string" end,
@@ -1177,8 +1178,11 @@ local EMBEDDINGS_FIELDS = {
     pooling = { "string", false },          -- "mean" (default) or "last"
     normalize = { "boolean", false },       -- true (default): unit length
 }
-local MAX_EMBEDDING_INPUTS = 2048 -- OpenAI's limit
-_M.MAX_EMBEDDING_INPUTS = MAX_EMBEDDING_INPUTS
+-- The most inputs a request may embed: OpenAI's 2,048, fewer where the vectors are long (their
+-- numbers, written as text, at most about 4 million: 50 MB).
+function _M.max_embedding_inputs(d)
+    return math.max(1, math.min(2048, floor(4194304 / d)))
+end
 
 -- The inputs' id lists, each fitted to the context: over it, an error naming the input, or,
 -- with keep_last k (vLLM's truncate_prompt_tokens) its last k tokens, with keep_first (Ollama's
@@ -1216,12 +1220,14 @@ function _M.parse_embeddings(body, model, model_id)
     if not ok then return nil, e end
     if t.input == nil then return bad("input is required", "input") end
     if type(t.input) == "table" and next(t.input) == nil then return bad("input must not be empty", "input") end
+    -- (counted before any is encoded: a body of a million one-letter texts is refused at once)
+    local most = _M.max_embedding_inputs(model.d_model)
+    if type(t.input) == "table" and type(t.input[1]) ~= "number" and #t.input > most then
+        return bad(("input has %d items: at most %d a request"):format(#t.input, most), "input")
+    end
     local inputs
     inputs, e = prompt_list(model, t.input, "input")
     if not inputs then return nil, e end
-    if #inputs > MAX_EMBEDDING_INPUTS then
-        return bad(("input has %d items: at most %d a request"):format(#inputs, MAX_EMBEDDING_INPUTS), "input")
-    end
     local encoding = t.encoding_format or "float"
     if encoding ~= "float" and encoding ~= "base64" then
         return bad('encoding_format must be "float" or "base64"', "encoding_format")

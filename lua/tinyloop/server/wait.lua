@@ -53,10 +53,13 @@ local POOLING = { mean = 0, last = 1 } -- TL_POOLING_MEAN, TL_POOLING_LAST
 
 -- Embeddings (POST /v1/embeddings, /api/embed, /api/embeddings): tl_embed runs forward
 -- passes, so here and never on the event loop, and so does the writing of the vectors (a
--- request of 2,048 inputs is over a million numbers). inputs: id lists; d: d_model; as
--- "float" (each vector a JSON array's text) or "base64" (its float32 bytes, little-endian
--- as this machine's, base64, a JSON string's text). -> list of texts | nil, the message.
-function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, pooling, normalize, as)
+-- request of 2,048 inputs is over half a million numbers). inputs: id lists, a slice of the
+-- request's, the first of which is its input `first` (0-based); d: d_model; as "float" (a
+-- vector is a JSON array) or "base64" (its float32 bytes, little-endian as this machine's,
+-- base64, a JSON string); shape "openai" (each vector in {"object": "embedding", "index",
+-- "embedding"}) or "ollama" (the bare vector). -> the slice's entries' JSON text, joined by
+-- commas | nil, the message.
+function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, pooling, normalize, as, shape, first)
     if fn_addr ~= embed_addr then
         embed_fn = cast("int (*)(const void *, const int32_t *, int, const void *, float *)", fn_addr)
         embed_addr = fn_addr
@@ -67,7 +70,7 @@ function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, poolin
     end
     local opts = embed_options(loops, POOLING[pooling], normalize and 1 or 0)
     local vector = ffi.new("float[?]", d)
-    local texts, numbers, format = {}, {}, string.format
+    local entries, numbers, format = {}, {}, string.format
     for i, ids in ipairs(inputs) do
         local n = #ids
         local tokens = ffi.new("int32_t[?]", n)
@@ -78,17 +81,16 @@ function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, poolin
         for j = 0, d - 1 do
             local x = vector[j]
             if x ~= x or x == math.huge or x == -math.huge then
-                return nil, ("the model gave a non-finite embedding (input %d)"):format(i - 1)
+                return nil, ("the model gave a non-finite embedding (input %d)"):format(first + i - 1)
             end
             if as == "float" then numbers[j + 1] = format("%.9g", x) end -- (float32's round trip)
         end
-        if as == "base64" then
-            texts[i] = '"' .. ngx.encode_base64(ffi.string(vector, d * 4)) .. '"'
-        else
-            texts[i] = "[" .. table.concat(numbers, ",", 1, d) .. "]"
-        end
+        local text = as == "base64" and ('"' .. ngx.encode_base64(ffi.string(vector, d * 4)) .. '"')
+            or ("[" .. table.concat(numbers, ",", 1, d) .. "]")
+        entries[i] = shape == "openai" and ('{"object":"embedding","index":' .. (first + i - 1) .. ',"embedding":' .. text .. "}")
+            or text
     end
-    return texts
+    return table.concat(entries, ",")
 end
 
 -- -> 1 output to read, 0 timeout, -1 the request is gone (cancelled) or the engine stopped.
