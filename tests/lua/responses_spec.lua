@@ -249,6 +249,91 @@ describe("responses view of a chat stream", function()
     end)
 end)
 
+describe("responses: stored responses (previous_response_id)", function()
+    local earlier = { { role = "user", content = "My name is Emma." }, { role = "assistant", content = "Hello, Emma." } }
+    local store = { resp_1_1 = earlier }
+    local function lookup(id) return store[id] and cjson.decode(cjson.encode(store[id])) or nil end
+
+    it("continues the stored conversation: instructions first, then it, then the input", function()
+        local chat_body, view = responses.to_chat('{"instructions": "Be brief.", "input": "Who am I?", ' ..
+                                                  '"previous_response_id": "resp_1_1"}', lookup)
+        assert(chat_body, view and view.message)
+        local messages = cjson.decode(chat_body).messages
+        assert.same({ { role = "system", content = "Be brief." }, earlier[1], earlier[2], { role = "user", content = "Who am I?" } },
+                    messages)
+        assert.is_true(view.store)
+        -- the answer echoes both; the conversation kept has no instructions (OpenAI's rule)
+        local answer = { created = 1, model = "m", choices = { { index = 0, finish_reason = "stop",
+                         message = { role = "assistant", content = "Emma." } } },
+                         usage = { prompt_tokens = 9, completion_tokens = 2, total_tokens = 11 } }
+        local final = view:response(cjson.encode(answer), "resp_1_2")
+        local r = cjson.decode(final)
+        assert.same({ "resp_1_1", true }, { r.previous_response_id, r.store })
+        local conversation, kept = view:record()
+        assert.equal(final, kept)
+        assert.same({ earlier[1], earlier[2], { role = "user", content = "Who am I?" }, { role = "assistant", content = "Emma." } },
+                    cjson.decode(conversation))
+    end)
+
+    it("keeps a reply's calls and reasoning, streamed as blocking", function()
+        local answer = { created = 1, model = "m", choices = { { index = 0, finish_reason = "tool_calls",
+                         message = { role = "assistant", content = cjson.null, reasoning_content = "Look it up.", tool_calls = {
+                             { id = "call_9", type = "function", ["function"] = { name = "f", arguments = '{"a": 1}' } } } } } },
+                         usage = { prompt_tokens = 3, completion_tokens = 5, total_tokens = 8 } }
+        local _, view = responses.to_chat('{"input": "x"}', lookup)
+        view:response(cjson.encode(answer), "resp_1_3")
+        local blocking = cjson.decode((view:record()))
+        assert.same({ role = "assistant", content = cjson.null, reasoning_content = "Look it up.",
+                      tool_calls = { { id = "call_9", type = "function", ["function"] = { name = "f", arguments = '{"a": 1}' } } } },
+                    blocking[2])
+        _, view = responses.to_chat('{"input": "x", "stream": true}', lookup)
+        view:start_stream("resp_1_4", 1, "m")
+        assert.is_nil(view:record()) -- (nothing until it ends)
+        view:feed('{"choices":[{"index":0,"delta":{"role":"assistant","reasoning_content":"Look it up."},"finish_reason":null}]}')
+        view:feed('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_9","type":"function",' ..
+                  '"function":{"name":"f","arguments":"{\\"a\\": 1}"}}]},"finish_reason":null}]}')
+        view:feed('{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"usage":' ..
+                  '{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}')
+        assert.same(blocking, cjson.decode((view:record())))
+        -- a stream that failed is not kept
+        _, view = responses.to_chat('{"input": "x", "stream": true}', lookup)
+        view:start_stream("resp_1_5", 1, "m")
+        view:feed('{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}')
+        view:feed('{"error":{"message":"engine failed","type":"server_error","param":null}}')
+        assert.is_nil(view:record())
+    end)
+
+    it("keeps nothing with store: false or without a store, and says so", function()
+        local answer = cjson.encode({ created = 1, model = "m", choices = { { index = 0, finish_reason = "stop",
+                                      message = { role = "assistant", content = "a" } } } })
+        for _, case in ipairs({ { '{"input": "x", "store": false}', lookup }, { '{"input": "x"}', nil } }) do
+            local _, view = responses.to_chat(case[1], case[2])
+            assert.is_false(cjson.decode(view:response(answer, "resp_1_6")).store)
+            assert.is_nil(view:record())
+        end
+        local body, err = responses.to_chat('{"input": "x", "previous_response_id": "resp_1_1"}')
+        assert.is_nil(body)
+        assert.same({ 400, "previous_response_id" }, { err.status, err.param })
+        assert.truthy(err.message:find("not stored by this server", 1, true), err.message)
+        body, err = responses.to_chat('{"input": "x", "previous_response_id": "resp_9_9"}', lookup)
+        assert.is_nil(body)
+        assert.same({ 404, "previous_response_id" }, { err.status, err.param })
+        assert.truthy(err.message:find('previous response "resp_9_9" is not stored here', 1, true), err.message)
+        body, err = responses.to_chat('{"input": "x", "previous_response_id": 7}', lookup)
+        assert.same({ 400, "previous_response_id" }, { err.status, err.param })
+        body, err = responses.to_chat('{"input": "x", "conversation": "conv_1"}', lookup)
+        assert.truthy(err.message:find("conversation objects are not kept here", 1, true), err.message)
+    end)
+
+    it("names the earlier conversation in errors about its messages", function()
+        local _, view = responses.to_chat('{"input": "x", "previous_response_id": "resp_1_1"}', lookup)
+        local e = view:error({ status = 400, message = "messages[1].content is too long", param = "messages" })
+        assert.same({ "previous_response_id's conversation.content is too long", "previous_response_id" }, { e.message, e.param })
+        e = view:error({ status = 400, message = "messages[2].content is bad", param = "messages" })
+        assert.same({ "input[0].content is bad", "input" }, { e.message, e.param })
+    end)
+end)
+
 describe("responses.to_chat on random requests", function()
     local BASES = {
         { input = { { role = "user", content = { { type = "input_text", text = "q" } } },

@@ -1540,8 +1540,8 @@ describe("responses (OpenAI's Responses API)", function()
                     { input_tokens = r.usage.input_tokens, output_tokens = r.usage.output_tokens, total_tokens = r.usage.total_tokens,
                       output_tokens_details = r.usage.output_tokens_details })
         assert.equal("number", type(r.usage.input_tokens_details.cached_tokens))
-        -- the request's settings, echoed (OpenAI's defaults where left out); nothing is stored
-        assert.same({ "Be brief.", 12, 0.8, { k = "v" }, false, "auto", {}, { format = { type = "text" } }, true },
+        -- the request's settings, echoed (OpenAI's defaults where left out: it is stored)
+        assert.same({ "Be brief.", 12, 0.8, { k = "v" }, true, "auto", {}, { format = { type = "text" } }, true },
                     { r.instructions, r.max_output_tokens, r.temperature, r.metadata, r.store, r.tool_choice, r.tools, r.text,
                       r.parallel_tool_calls })
         assert.equal(chat.tinyloop.loops_used, r.tinyloop.loops_used)
@@ -1671,6 +1671,67 @@ describe("responses (OpenAI's Responses API)", function()
                                                                             strict = r.text.format.strict })
     end)
 
+    it("stores a response: previous_response_id continues its conversation, GET returns it, DELETE forgets it", function()
+        local first_body
+        local status
+        status, first_body = post_responses({ input = "My name is Emma.", max_output_tokens = 6, temperature = 0, ignore_eos = true })
+        assert.equal(200, status, first_body)
+        local first = cjson.decode(first_body)
+        assert.is_true(first.store)
+        local reply = first.output[1].content[1].text
+        -- the next turn: the chat completion of the whole conversation (the new instructions
+        -- first; the earlier ones are not carried over: OpenAI's rule)
+        local status2, body2 = post_responses({ instructions = "Be brief.", input = "Who am I?", previous_response_id = first.id,
+                                                max_output_tokens = 6, temperature = 0, ignore_eos = true })
+        assert.equal(200, status2, body2)
+        local second = cjson.decode(body2)
+        assert.equal(first.id, second.previous_response_id)
+        local chat = cjson.decode(select(2, post_chat({ messages = {
+            { role = "system", content = "Be brief." }, { role = "user", content = "My name is Emma." },
+            { role = "assistant", content = reply }, { role = "user", content = "Who am I?" } },
+            max_tokens = 6, temperature = 0, ignore_eos = true })))
+        assert.equal(chat.choices[1].message.content, second.output[1].content[1].text)
+        assert.equal(chat.usage.prompt_tokens, second.usage.input_tokens)
+        -- a chain: the third continues the second, which holds the first
+        local third = cjson.decode(select(2, post_responses({ input = "And again?", previous_response_id = second.id,
+                                                              max_output_tokens = 2, temperature = 0 })))
+        local chat3 = cjson.decode(select(2, post_chat({ messages = {
+            { role = "user", content = "My name is Emma." }, { role = "assistant", content = reply },
+            { role = "user", content = "Who am I?" }, { role = "assistant", content = second.output[1].content[1].text },
+            { role = "user", content = "And again?" } }, max_tokens = 2, temperature = 0 })))
+        assert.equal(chat3.usage.prompt_tokens, third.usage.input_tokens)
+        -- GET: the object the POST answered; a streamed one's, its response.completed's
+        local got_status, got = curl(base .. "/v1/responses/" .. first.id)
+        assert.equal(200, got_status, got)
+        assert.same(first, cjson.decode(got))
+        local _, sbody = post_responses({ input = "Who is Emma?", max_output_tokens = 4, stream = true }, "-N")
+        local events = events_of(sbody)
+        assert.equal("response.incomplete", events[#events].type)
+        local streamed = events[#events].response
+        assert.same(streamed, cjson.decode(select(2, curl(base .. "/v1/responses/" .. streamed.id))))
+        -- DELETE: gone, for GET and for previous_response_id
+        local del_status, del = curl("-X DELETE " .. base .. "/v1/responses/" .. first.id)
+        assert.equal(200, del_status, del)
+        assert.same({ id = first.id, object = "response", deleted = true }, cjson.decode(del))
+        assert.equal(404, (curl(base .. "/v1/responses/" .. first.id)))
+        assert.equal(404, (curl("-X DELETE " .. base .. "/v1/responses/" .. first.id)))
+        local gone_status, gone = post_responses({ input = "x", previous_response_id = first.id, max_output_tokens = 1 })
+        assert.equal(404, gone_status, gone)
+        assert.equal("previous_response_id", cjson.decode(gone).error.param)
+        -- the second, which held the first's conversation, still continues
+        assert.equal(200, (post_responses({ input = "x", previous_response_id = second.id, max_output_tokens = 1 })))
+        -- store: false keeps nothing
+        local unkept = cjson.decode(select(2, post_responses({ input = "hi", max_output_tokens = 1, store = false })))
+        assert.is_false(unkept.store)
+        assert.equal(404, (curl(base .. "/v1/responses/" .. unkept.id)))
+        -- what is not served under /v1/responses/
+        local s405 = curl("-X PUT -d '{}' " .. base .. "/v1/responses/" .. second.id)
+        assert.equal(405, s405)
+        local s404, b404 = curl(base .. "/v1/responses/" .. second.id .. "/input_items")
+        assert.equal(404, s404)
+        assert.truthy(cjson.decode(b404).error.message:find("input items are not listed", 1, true), b404)
+    end)
+
     it("refuses what it cannot honour, naming the Responses field", function()
         local function refused(t, param, words, want_status)
             local status, body = post_responses(t)
@@ -1680,8 +1741,8 @@ describe("responses (OpenAI's Responses API)", function()
             assert.truthy(e.message:find(words, 1, true), e.message)
         end
         refused({ max_output_tokens = 4 }, "input", "input is required")
-        refused({ input = "hi", previous_response_id = "resp_1" }, "previous_response_id", "not stored")
-        refused({ input = "hi", conversation = "c" }, "conversation", "not stored")
+        refused({ input = "hi", previous_response_id = "resp_1" }, "previous_response_id", '"resp_1" is not stored here', 404)
+        refused({ input = "hi", conversation = "c" }, "conversation", "not kept here")
         refused({ input = "hi", background = true }, "background", "background")
         refused({ input = "hi", truncation = "middle" }, "truncation", "truncation must be")
         refused({ input = "hi", messages = {} }, "messages", "unknown field 'messages'")
@@ -1691,7 +1752,7 @@ describe("responses (OpenAI's Responses API)", function()
         refused({ input = { { role = "user", content = { { type = "input_image", image_url = "x" } } } } }, "input",
                 "input[0].content[0].type")
         refused({ input = { "hi" } }, "input", "input[0] must be an object")
-        refused({ input = { { type = "item_reference", id = "x" } } }, "input", "nothing is stored")
+        refused({ input = { { type = "item_reference", id = "x" } } }, "input", "send the item itself")
         refused({ input = { { type = "web_search_call" } } }, "input", 'input[0].type = "web_search_call"')
         refused({ input = "hi", tools = { { type = "web_search" } } }, "tools", 'tools[0].type = "web_search"')
         refused({ input = "hi", tool_choice = { type = "file_search" } }, "tool_choice", "function tools only")
@@ -1709,10 +1770,10 @@ describe("responses (OpenAI's Responses API)", function()
         -- a schema the grammar compiler refuses: its field is text
         refused({ input = "hi", text = { format = { type = "json_schema", name = "x", schema = { type = "object", minProperties = "a" } } } },
                 "text", "text.format")
-        -- nothing to fetch: responses are not stored
+        -- nothing to fetch under an id never answered
         local status, body = curl(base .. "/v1/responses/resp_1")
         assert.equal(404, status)
-        assert.truthy(cjson.decode(body).error.message:find("not stored", 1, true), body)
+        assert.truthy(cjson.decode(body).error.message:find("Response with id 'resp_1' not found", 1, true), body)
         -- OpenAI clients' defaults are accepted
         status, body = post_responses({ input = "hi", max_output_tokens = 1, store = true, truncation = "disabled", service_tier = "auto",
                                         include = {}, tools = {}, tool_choice = "auto", reasoning = { effort = "low", summary = "auto" },

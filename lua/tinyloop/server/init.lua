@@ -68,6 +68,9 @@ local conf = {
     embed_jobs = 2,           -- embeddings requests a worker computes at once (each in the thread
                               -- pool; the others wait for a place, up to embed_wait_s, then 503)
     embed_wait_s = 30,
+    responses_store = "tinyloop_responses", -- the lua_shared_dict that keeps /v1/responses' stored
+                              -- responses (previous_response_id, GET): the oldest go when it is
+                              -- full; false, or a dict not declared: none are stored
     cors_origins = nil,       -- web pages of these origins may call the API from a browser: "*",
                               -- or origins separated by commas ("https://app.example,http://
                               -- localhost:3000"); nil: none (browsers then refuse cross-origin calls)
@@ -80,6 +83,10 @@ local reasoning_on -- chat replies are read for reasoning (conf.reasoning_format
 -- embeddings in the thread pool
 local model_addr, score_addr, embed_addr, last_error_addr
 local embed_slots -- ngx.semaphore of conf.embed_jobs places: the embeddings requests computed at once
+-- This worker's part of every answer's id: its pid and a random number, so that ids stay
+-- unique across workers and restarts (a stored response's id is the key of its conversation)
+local worker_tag
+local responses_store -- ngx.shared[conf.responses_store] (nil: responses are not stored)
 local model_types -- what /v1/models says of the weights and the KV cache (model:info(), once)
 local next_request = 0
 
@@ -204,6 +211,14 @@ function _M.init_worker()
     score_addr = tonumber(ffi_cast("uintptr_t", C.tl_score_logprobs))
     embed_addr = tonumber(ffi_cast("uintptr_t", C.tl_embed))
     embed_slots = require("ngx.semaphore").new(conf.embed_jobs)
+    local urandom = io.open("/dev/urandom", "rb")
+    local bytes = urandom and urandom:read(4) or ""
+    if urandom then urandom:close() end
+    worker_tag = ngx.worker.pid() .. (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+    responses_store = conf.responses_store and ngx.shared[conf.responses_store] or nil
+    if conf.responses_store and not responses_store then
+        ngx_log(ngx.WARN, "tinyloop: lua_shared_dict ", conf.responses_store, " is not declared: responses are not stored")
+    end
     last_error_addr = tonumber(ffi_cast("uintptr_t", C.tl_last_error))
     created_at = ngx.time()
     if chat_prompts then
@@ -324,7 +339,7 @@ end
 
 function _M.not_found()
     return send_uri_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
         "/metrics)", nil, "not_found_error")
 end
 
@@ -877,6 +892,33 @@ local function best_of(r, results)
     return chosen
 end
 
+-- ------------------------------------------------------------------ stored responses
+
+-- A stored response (/v1/responses' store): its conversation (chat messages, JSON) and its
+-- response object (JSON), kept as one value (so that the store drops both or neither), under
+-- its id. -> conversation, response | nil.
+local function stored(id)
+    local value = responses_store and type(id) == "string" and responses_store:get("resp:" .. id)
+    if not value then return nil end
+    local cut = value:find("\0", 1, true) -- (JSON text has no raw NUL: cjson writes \u0000)
+    return value:sub(1, cut - 1), value:sub(cut + 1)
+end
+
+-- The conversation a previous_response_id continues (responses.to_chat's lookup).
+local function stored_conversation(id)
+    local conversation = stored(id)
+    return conversation and cjson.decode(conversation) or nil
+end
+
+-- Keeps a Responses answer that asked to be stored (r.view:record), once it has ended.
+local function keep_response(r)
+    if not r.view.record or not responses_store then return end -- (another API's view keeps nothing)
+    local conversation, response = r.view:record()
+    if not conversation then return end
+    local ok, err = responses_store:set("resp:" .. r.public_id, conversation .. "\0" .. response)
+    if not ok then ngx_log(ngx.WARN, "tinyloop: response ", r.public_id, " is not stored: ", err) end
+end
+
 local function run_blocking(r)
     local results = {}
     for _, st in ipairs(r.sts) do
@@ -922,7 +964,10 @@ local function run_blocking(r)
     end
     local answer = response_json(r, concat(choices, ","), ',"usage":' .. usage_json(r) ..
         (single and (',"tinyloop":' .. encode(chosen[1].st.tinyloop)) or ""))
-    if r.view then answer = r.view:response(answer, r.public_id) end
+    if r.view then
+        answer = r.view:response(answer, r.public_id)
+        keep_response(r)
+    end
     return send_json(200, answer)
 end
 
@@ -1061,6 +1106,7 @@ local function run_stream(r)
         end
     end
     if r.include_usage and not sse(r, response_json(r, "", ',"usage":' .. usage_json(r))) then return ngx_exit(499) end
+    if r.view then keep_response(r) end
     sse(r, "[DONE]")
     return ngx_exit(ngx.OK)
 end
@@ -1233,7 +1279,7 @@ local function serve(chat, body, view)
     -- 3. To the engine, all or none.
     next_request = next_request + 1
     r = { sts = {}, prompt_tokens = req.prompt_tokens, include_usage = req.include_usage, created = ngx.time(),
-                response_id = (view and view.ID_PREFIX .. "-" or chat and "chatcmpl-" or "cmpl-") .. ngx.worker.pid() .. "-" ..
+                response_id = (view and view.ID_PREFIX .. "-" or chat and "chatcmpl-" or "cmpl-") .. worker_tag .. "-" ..
                     next_request,
                 n = req.n, best_of = req.best_of, show_logprobs = req.logprobs ~= nil, chat = chat, stream = req.stream,
                 view = view, send_error = send_error }
@@ -1299,7 +1345,7 @@ end
 function _M.responses()
     local body = post_body()
     if not body then return end
-    local chat_body, view = responses.to_chat(body)
+    local chat_body, view = responses.to_chat(body, responses_store and stored_conversation)
     if not chat_body then return send_error(view.status, view.message, view.param, view.type) end
     -- (usage's reasoning_tokens: the reasoning's text as the tokenizer encodes it)
     view.count_tokens = function(text)
@@ -1490,8 +1536,24 @@ end
 -- /v1/responses/... (a stored response's retrieve, cancel, delete, input_items; input_tokens,
 -- compact): not served; nothing is stored here.
 function _M.stored_response()
-    return send_error(404, ("%s %s is not served here: only POST /v1/responses is, and responses are not stored (each is " ..
-                      "answered whole, or streamed, and then forgotten)"):format(ngx.req.get_method(), ngx.var.uri), nil,
+    local method, id = ngx.req.get_method(), ngx.var.uri:match("^/v1/responses/([^/]+)$")
+    if id and (method == "GET" or method == "HEAD" or method == "DELETE") then
+        if not ready() then return end
+        local conversation, response = stored(id)
+        if not conversation then
+            return send_error(404, ("Response with id '%s' not found (responses made with store: false are not kept; the " ..
+                              "oldest go when the store is full)"):format(id), nil, "invalid_request_error")
+        end
+        if method ~= "DELETE" then return send_json(200, response) end
+        responses_store:delete("resp:" .. id)
+        return send_json(200, '{"id":' .. encode(id) .. ',"object":"response","deleted":true}')
+    end
+    if id then
+        return send_uri_error(405, "method " .. method .. " is not allowed here: use GET or DELETE", nil, nil,
+                              { Allow = "GET, HEAD, DELETE" })
+    end
+    return send_error(404, ("%s %s is not served here: a stored response is GET or DELETE /v1/responses/{id} (its input " ..
+                      "items are not listed, and nothing runs in the background to cancel)"):format(method, ngx.var.uri), nil,
                       "not_found_error")
 end
 

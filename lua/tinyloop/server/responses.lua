@@ -4,12 +4,16 @@
 -- A Responses request is the chat request it means (the input items as messages, instructions
 -- as the first system message, its flat tools and text.format in chat's nested shapes), so
 -- one parser checks both and one engine path runs both; the chat answer, or each chunk of its
--- stream, is then read back as Responses output items and semantic events. Nothing is stored:
--- previous_response_id, conversation, background runs and GET /v1/responses/{id} are refused
--- with a message saying so (a client sends the whole conversation in `input`, as with chat).
+-- stream, is then read back as Responses output items and semantic events. A response is
+-- stored (store, true by default, as OpenAI's): the server keeps its conversation (its input's
+-- messages and its reply, as chat messages) and its response object, so that a later request's
+-- previous_response_id continues that conversation and GET /v1/responses/{id} returns the
+-- object. Where they are kept is the server's (a lookup function here: this module stays pure).
+-- conversation, background runs and the other stored objects are refused, saying so.
 --
 --   local responses = require "tinyloop.server.responses"
---   local chat_body, view = responses.to_chat(body)      -- nil, err: the Responses field named
+--   local chat_body, view = responses.to_chat(body, lookup) -- nil, err: the Responses field named
+--                                                            -- lookup(id) -> messages | nil
 --   local req, err = request.parse_chat(chat_body, ...)  -- err: view:error(err) renames its fields
 --   body = view:response(chat_json, id)                  -- a blocking answer
 --   view:start_stream(id, created, model)                -- or a stream:
@@ -37,16 +41,16 @@ local OWN = {
     tool_choice = "any", text = "object", include = "array", top_logprobs = "integer", reasoning = "object",
     metadata = "object", store = "boolean", truncation = "string", background = "boolean",
     service_tier = "string", safety_identifier = "string", prompt_cache_key = "string", stream_options = "object",
-    prompt_cache_retention = "string", max_tool_calls = "integer",
+    prompt_cache_retention = "string", max_tool_calls = "integer", previous_response_id = "string",
 }
 local PASS = { user = true, parallel_tool_calls = true, stop = true }
 for _, k in ipairs(shapes.PASSED) do PASS[k] = true end
--- Fields this server cannot honour (nothing is stored, no prompt templates are kept): refused
--- unless null, with why. (max_tool_calls caps OpenAI's built-in tools' calls: with function
--- tools only, it changes nothing.)
+-- Fields this server cannot honour (no conversation objects or prompt templates are kept):
+-- refused unless null, with why. (max_tool_calls caps OpenAI's built-in tools' calls: with
+-- function tools only, it changes nothing.)
 local REFUSED = {
-    previous_response_id = "responses are not stored here: send the whole conversation in input",
-    conversation = "conversations are not stored here: send the whole conversation in input",
+    conversation = "conversation objects are not kept here: continue a response with previous_response_id, or send the " ..
+        "whole conversation in input",
     prompt = "stored prompt templates are not kept here: send the text in input and instructions",
 }
 -- include's values: the logprobs of the output text, and the others OpenAI lists, which name
@@ -132,9 +136,12 @@ end
 -- just before it, as chat's tool_calls), function_call_output (a tool message) and reasoning
 -- (the reasoning_content of the assistant turn it is part of: the assistant message or call
 -- that follows it, or the one it follows and whose calls follow it).
-local function messages_of(input, instructions)
+local function messages_of(input, instructions, earlier)
     local messages, from, calls_from = {}, {}, {}
     if instructions then messages[1], from[1] = { role = "system", content = instructions }, false end
+    -- a previous response's conversation (its instructions are not carried over: OpenAI's rule)
+    for _, m in ipairs(earlier or {}) do messages[#messages + 1], from[#messages + 1] = m, "previous" end
+    local own = #messages -- (the messages before the input's)
     if type(input) == "string" then
         messages[#messages + 1], from[#messages + 1] = { role = "user", content = input }, 0
         return messages, from, calls_from
@@ -205,13 +212,14 @@ local function messages_of(input, instructions)
             if err then return nil, err end
             if text then reasoning = reasoning and (reasoning .. "\n" .. text) or text end
         elseif kind == "item_reference" then
-            return nil, where .. ": item references name stored items, and nothing is stored here: send the item itself"
+            return nil, where .. ": item references are not resolved here: send the item itself (or continue a stored " ..
+                "response with previous_response_id)"
         else
             return nil, ('%s.type = %s: only "message", "function_call", "function_call_output" and "reasoning" items are ' ..
                          "supported (this server runs function tools only)"):format(where, shown(kind))
         end
     end
-    if #messages == 0 or (instructions and #messages == 1) then
+    if #messages == own then
         return nil, "input holds no message, function call or output (reasoning items alone are no conversation)"
     end
     return messages, from, calls_from
@@ -310,12 +318,25 @@ end
 local View = { ID_PREFIX = "resp" }
 View.__index = View
 
--- to_chat(body) -> the chat completions body that means the same, and its view; or nil, err
--- (the Responses field named).
-function _M.to_chat(body)
+-- to_chat(body, lookup) -> the chat completions body that means the same, and its view; or
+-- nil, err (the Responses field named). lookup(id) -> the stored conversation of response id
+-- (chat messages) or nil; lookup nil: nothing is stored (the server has no store).
+function _M.to_chat(body, lookup)
     local t, members, raw = shapes.read_fields(body, OWN, PASS, REFUSED)
     if not t then return nil, members end
     if t.input == nil then return bad("input is required", "input") end
+    local earlier
+    if t.previous_response_id ~= nil then
+        if not lookup then
+            return bad("responses are not stored by this server (no store configured): send the whole conversation in input",
+                       "previous_response_id")
+        end
+        earlier = lookup(t.previous_response_id)
+        if not earlier then
+            return bad(("previous response %s is not stored here: it was made with store: false, deleted, dropped to " ..
+                        "make room, or made by another server"):format(shown(t.previous_response_id)), "previous_response_id", 404)
+        end
+    end
     if t.background then return bad("background responses are not supported: nothing is stored here to fetch later", "background") end
     -- ("auto" drops input that does not fit: here an input that does not fit is refused, and
     -- one that fits is what "auto" would keep)
@@ -332,8 +353,14 @@ function _M.to_chat(body)
             end
         end
     end
-    local messages, from, calls_from = messages_of(t.input, t.instructions)
+    local messages, from, calls_from = messages_of(t.input, t.instructions, earlier)
     if not messages then return bad(from, "input") end
+    -- what a stored response keeps: the conversation but the instructions (the reply joins it)
+    local conversation = {}
+    for k, m in ipairs(messages) do
+        if from[k] ~= false then conversation[#conversation + 1] = m end
+    end
+    local store = t.store ~= false and lookup ~= nil
     members[#members + 1] = { "messages", encode(messages) }
     if t.max_output_tokens ~= nil then members[#members + 1] = { "max_completion_tokens", shapes.integer(t.max_output_tokens) } end
     local tool_choice_text, allowed
@@ -386,14 +413,15 @@ function _M.to_chat(body)
     if effort then shapes.add_template_variable(members, t, "reasoning_effort", encode(effort)) end
     local view = setmetatable({
         from = from, calls_from = calls_from, logprobs = logprobs, stream = t.stream == true,
+        store = store, conversation = store and conversation or nil,
         -- what the answer echoes (OpenAI's defaults where the request left a field out)
         echo = {
             { "instructions", t.instructions and encode(t.instructions) or "null" },
             { "max_output_tokens", t.max_output_tokens and shapes.integer(t.max_output_tokens) or "null" },
             { "parallel_tool_calls", t.parallel_tool_calls == false and "false" or "true" },
-            { "previous_response_id", "null" },
+            { "previous_response_id", t.previous_response_id and encode(t.previous_response_id) or "null" },
             { "reasoning", object({ { "effort", effort and encode(effort) or "null" }, { "summary", "null" } }) },
-            { "store", "false" },
+            { "store", store and "true" or "false" },
             { "temperature", t.temperature and raw.temperature or "1" },
             { "text", object({ { "format", format_text and raw_member(body, { "text", "format" }) or '{"type":"text"}' } }) },
             { "tool_choice", t.tool_choice and raw.tool_choice or '"auto"' },
@@ -428,12 +456,14 @@ function View:error(err)
     message = gsub(message, "messages%[(%d+)%]", function(k)
         local from = self.from[tonumber(k) + 1]
         if from == false then return "instructions" end
+        if from == "previous" then return "previous_response_id's conversation" end
         return from and ("input[" .. from .. "]") or nil
     end)
     message = gsub(message, "%f[%w_]messages%f[^%w_]", "input")
     local param = err.param
     if param == "messages" then
-        param = message:find("^instructions") and "instructions" or "input"
+        param = message:find("^instructions") and "instructions" or message:find("^previous_response_id") and
+            "previous_response_id" or "input"
     elseif param == "response_format" then
         param = "text"
     elseif param == "max_completion_tokens" or param == "max_tokens" then
@@ -553,8 +583,35 @@ function View:response(chat_json, id)
         end
     end
     for i, make in ipairs(items) do items[i] = make(i == #items and status or "completed") end
-    return self:response_object(id, answer.created, answer.model, status, items,
-                                usage_of(answer.finish.usage, self:reasoning_tokens(thought)), answer.finish.tinyloop)
+    local final = self:response_object(id, answer.created, answer.model, status, items,
+                                       usage_of(answer.finish.usage, self:reasoning_tokens(thought)), answer.finish.tinyloop)
+    if self.store then self:keep(final, answer.text, thought, answer.calls) end
+    return final
+end
+
+-- The answer to keep (a stored response): its object's JSON text and its reply as the chat
+-- message it is in the conversation (text nil or "": no content; calls {id, name, arguments}).
+function View:keep(final, text, thought, calls)
+    local reply = { role = "assistant", content = (text and text ~= "") and text or (#calls == 0 and "" or json_null) }
+    if thought and thought ~= "" then reply.reasoning_content = thought end
+    if #calls > 0 then
+        reply.tool_calls = {}
+        for k, call in ipairs(calls) do
+            reply.tool_calls[k] = { id = call.id, type = "function", ["function"] = { name = call.name, arguments = call.arguments } }
+        end
+    end
+    self.final, self.reply = final, reply
+end
+
+-- record() -> what a stored response keeps: its conversation with the reply (chat messages,
+-- JSON text) and its response object (JSON text); nil when it is not stored (store: false, no
+-- store) or did not end (failed, cut off).
+function View:record()
+    if not (self.store and self.final) then return nil end
+    local conversation = {}
+    for i, m in ipairs(self.conversation) do conversation[i] = m end
+    conversation[#conversation + 1] = self.reply
+    return encode(conversation), self.final
 end
 
 -- ------------------------------------------------------------------ the stream
@@ -564,6 +621,7 @@ function View:start_stream(id, created, model, _)
     self.id, self.created, self.model = id, created, model
     self.sequence, self.items, self.open, self.pending_logprobs = 0, {}, nil, {}
     self.calls = 0
+    self.reply_text, self.reply_calls = {}, {} -- (what a stored response's reply was)
 end
 
 -- Adds an event {type, json} to out: the event's fields after its type and sequence number.
@@ -589,12 +647,14 @@ function View:close(out, status)
         self:event(out, "response.reasoning_text.done", { id_m, index_m, { "content_index", "0" }, { "text", encode(text) } })
         json = reasoning_item(item.id, text, status)
     elseif item.kind == "message" then
+        self.reply_text[#self.reply_text + 1] = text
         local lp = logprob_list(item.logprobs)
         self:event(out, "response.output_text.done", { id_m, index_m, { "content_index", "0" }, { "text", encode(text) }, { "logprobs", lp } })
         local part = text_part_json(text, lp)
         self:event(out, "response.content_part.done", { id_m, index_m, { "content_index", "0" }, { "part", part } })
         json = message_item(item.id, part, status)
     else
+        self.reply_calls[#self.reply_calls + 1] = { id = item.call_id, name = item.name, arguments = text }
         self:event(out, "response.function_call_arguments.done", { id_m, index_m, { "name", encode(item.name) }, { "arguments", encode(text) } })
         json = call_item(item.id, item.call_id, item.name, text, status)
     end
@@ -708,6 +768,7 @@ function View:feed(payload)
             self.finished = true
             local final = self:response_object(self.id, self.created, self.model, status, self.items,
                                                usage_of(d.usage, self:reasoning_tokens(self.thought)), d.tinyloop)
+            if self.store then self:keep(final, concat(self.reply_text), self.thought, self.reply_calls) end
             self:event(out, status == "completed" and "response.completed" or "response.incomplete", { { "response", final } })
         end
     end
