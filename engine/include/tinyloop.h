@@ -407,7 +407,24 @@ typedef struct tl_generate_config {
                                         is banned (a grammar that allows nothing but its
                                         end), and then ends generation as always. The hooks
                                         (stop_rule, on_token) still stop. */
+    /* A thinking budget: thinking models write their reasoning in a block (from
+       reasoning_start's tokens to reasoning_end's, "<think>" ... "</think>") before the
+       answer. With reasoning_budget > 0, once an open block holds that many tokens (after
+       its start), the next tokens are reasoning_end's, forced (those it does not already end
+       with: a tag of several ids the model had begun), and decoding goes on free (the
+       answer follows). A block opens where the generated tokens end with
+       reasoning_start's ids and closes where they end with reasoning_end's; it is open from
+       the first token with reasoning_open (the prompt opened it: a template that writes
+       "<think>\n" itself). A compiled grammar must allow reasoning_end where it is forced
+       (the after-block grammars do). Plain and batched decoding; speculative and beam
+       sessions refuse it. */
+    int reasoning_budget;            /* 0 (off); > 0: the most tokens of a block */
+    tl_token_seq reasoning_start;    /* 1..TL_MAX_REASONING_TAG ids (0 ids: only with reasoning_open) */
+    tl_token_seq reasoning_end;      /* 1..TL_MAX_REASONING_TAG ids; also what the budget forces */
+    int reasoning_open;              /* 0; 1: the block is open before the first token */
 } tl_generate_config;
+
+enum { TL_MAX_REASONING_TAG = 16 }; /* the most ids of reasoning_start and reasoning_end */
 
 /* Fills *cfg with the documented defaults above. */
 void tl_generate_config_init(tl_generate_config *cfg);

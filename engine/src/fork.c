@@ -140,6 +140,7 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     s->cfg.stop_sequences = s->stop_seqs;
     s->cfg.stop_strings = (const char *const *)s->stop_strs;
     s->cfg.logit_bias = s->logit_bias;
+    tl_session_own_reasoning_tags(s, &src->cfg); /* (the ids came with *s = *src; the pointers still named src's) */
     if (st == TL_OK) st = clone_grammar(s, src, hooks);
     if (st == TL_OK && src->grammar_replay) st = replay_grammar(s);
     take_hooks(s, hooks);

@@ -154,6 +154,9 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
     if (cfg->n_logit_bias > 0) memcpy(s->logit_bias, cfg->logit_bias, (size_t)cfg->n_logit_bias * sizeof *s->logit_bias);
     s->cfg.logit_bias = s->logit_bias;
     s->forced_token = -1;
+    tl_session_own_reasoning_tags(s, cfg);
+    s->reasoning_inside = cfg->reasoning_budget > 0 && cfg->reasoning_open;
+    s->reasoning_forced = -1;
     if (cfg->grammar && (st = tl_session_set_grammar(s, cfg->grammar)) != TL_OK) {
         session_destroy(s);
         return st;
@@ -229,6 +232,10 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
     }
     tl_adjust_logits(c, s->work, history, n, s->prompt_len, s->m->cfg.eos_token_id, s->tally);
     s->forced_token = -1;
+    if (s->reasoning_forced >= 0) { /* the thinking budget is spent: reasoning_end's next id */
+        s->forced_token = c->reasoning_end.tokens[s->reasoning_forced];
+        return TL_OK;
+    }
     if (c->grammar) {
         /* ---- grammar: greedy decoding checks its argmax first; when the grammar accepts it,
            the masked argmax is the same token (ties go to the lowest id either way), so the
@@ -264,6 +271,52 @@ int32_t tl_session_choose(tl_session *s) {
     return tl_distribution_build(&s->dist, s->work, c->temperature, c->top_k, c->top_p, c->min_p)
                ? tl_distribution_draw(&s->dist, &s->rng)
                : -1;
+}
+
+/* ---------------------------------------------------------------- the thinking budget */
+
+void tl_session_own_reasoning_tags(tl_session *s, const tl_generate_config *from) {
+    const tl_token_seq *tags[2] = {&from->reasoning_start, &from->reasoning_end};
+    tl_token_seq *own[2] = {&s->cfg.reasoning_start, &s->cfg.reasoning_end};
+    for (int t = 0; t < 2; t++) {
+        const int n = from->reasoning_budget > 0 ? tags[t]->n : 0; /* (validated: <= TL_MAX_REASONING_TAG) */
+        if (n > 0 && tags[t]->tokens != s->reasoning_ids[t])
+            memcpy(s->reasoning_ids[t], tags[t]->tokens, (size_t)n * sizeof(int32_t));
+        *own[t] = (tl_token_seq){n > 0 ? s->reasoning_ids[t] : NULL, n};
+    }
+}
+
+/* Whether the generated tokens end with the tag (whole within them). */
+static bool generated_end_with(const tl_session *s, const tl_token_seq *tag) {
+    const int n = s->n_tokens;
+    if (tag->n < 1 || n - s->prompt_len < tag->n) return false;
+    return memcmp(s->tokens + n - tag->n, tag->tokens, (size_t)tag->n * sizeof(int32_t)) == 0;
+}
+
+void tl_session_track_reasoning(tl_session *s) {
+    const tl_generate_config *c = &s->cfg;
+    if (c->reasoning_budget <= 0) return;
+    if (s->reasoning_forced >= 0) { /* a forced id went out: the block closes with the last */
+        if (++s->reasoning_forced == c->reasoning_end.n) s->reasoning_forced = -1, s->reasoning_inside = false;
+        return;
+    }
+    if (!s->reasoning_inside) {
+        if (generated_end_with(s, &c->reasoning_start)) s->reasoning_inside = true, s->reasoning_tokens = 0;
+        return;
+    }
+    if (generated_end_with(s, &c->reasoning_end)) {
+        s->reasoning_inside = false;
+        return;
+    }
+    if (++s->reasoning_tokens < c->reasoning_budget) return;
+    /* spent: the end's ids are forced, from where the block's last tokens already began it
+       (a tag of several ids the model was writing), so that the end is written once */
+    const tl_token_seq *end = &c->reasoning_end;
+    int begun = end->n - 1;
+    if (begun > s->reasoning_tokens) begun = s->reasoning_tokens;
+    for (; begun > 0; begun--)
+        if (memcmp(s->tokens + s->n_tokens - begun, end->tokens, (size_t)begun * sizeof(int32_t)) == 0) break;
+    s->reasoning_forced = begun;
 }
 
 /* ---------------------------------------------------------------- plain decoding */
@@ -365,6 +418,7 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
     /* Append and account. */
     const int position = s->n_tokens;
     s->tokens[s->n_tokens++] = tok;
+    tl_session_track_reasoning(s);
     const int emitted = s->n_tokens - s->prompt_len;
     tl_stats_count_token(&s->stats, emitted, s->last_depth > 0 ? s->last_depth : s->loops, &s->loops_sum,
                          s->t_start, s->t_prefill_end, tl_now_ms());

@@ -88,6 +88,14 @@ struct tl_session {
                                     grammar whose position the file does not hold: a resume
                                     names the grammar and replays the emitted tokens (fork.c) */
 
+    /* ---- the thinking budget (cfg.reasoning_budget): whether a block is open, the tokens it
+       holds, and how many of reasoning_end's ids the budget has forced (-1: not forcing).
+       reasoning_ids holds the session's copies of the tags, which cfg points at. */
+    bool reasoning_inside;
+    int reasoning_tokens;
+    int reasoning_forced;
+    int32_t reasoning_ids[2][TL_MAX_REASONING_TAG];
+
     /* Set by tl_generate_stream: its callback runs inside the step like on_token. */
     tl_stream_fn stream_fn;
     void *stream_user;
@@ -122,6 +130,11 @@ static inline bool tl_session_keeps_rows(const tl_session *s) { return s->decode
 static inline tl_status tl_session_prepare_logits(tl_session *s, const float *row) {
     return tl_session_prepare_logits_for(s, row, s->tokens, s->n_tokens);
 }
+/* The thinking budget's bookkeeping after s->tokens[s->n_tokens - 1] joined the tokens
+   (tl_session_emit; a state read from a file replays its tokens through it). */
+void tl_session_track_reasoning(tl_session *s);
+/* Points s->cfg's reasoning tags at the session's own copies of them (creation, clones). */
+void tl_session_own_reasoning_tags(tl_session *s, const tl_generate_config *from);
 /* Picks a token from s->work: greedy argmax, or a draw from the temperature / top-k / top-p
    distribution (left in s->dist). -1 when nothing is allowed. */
 int32_t tl_session_choose(tl_session *s);

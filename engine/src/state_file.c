@@ -11,8 +11,8 @@
  * resume must name the grammar again, whose matcher then accepts the emitted tokens anew
  * (fork.c).
  *
- * The layout, little-endian, no padding (version 3; version 2, still read, ends the config
- * at the logit_bias entries, and version 1 at the stop strings):
+ * The layout, little-endian, no padding (version 4; version 3, still read, ends the config
+ * at min_tokens, version 2 at the logit_bias entries, and version 1 at the stop strings):
  *     "TLSTATE\0"  u32 version  u64 model fingerprint (model.c)
  *     u32 kv_type  u32 vocab  u32 n_slots  u32 kv_dim
  *     config: i32 max_tokens loops top_k cache_window beam_size early_exit_patience
@@ -26,6 +26,8 @@
  *             f32 presence_penalty frequency_penalty
  *             i32 n_logit_bias, each: i32 token, f32 bias
  *             f32 min_p  i32 min_tokens
+ *             i32 reasoning_budget reasoning_open  i32 n, i32 ids[n] of reasoning_start, then
+ *             of reasoning_end (the budget's state is replayed from the tokens)
  *     i32 prompt_len  i32 n_tokens  i32 tokens[n_tokens]
  *     u64 rng[4]  u8 prompt_done  u8 compiled_grammar  u64 text_shown
  *     f64 prefill_ms first_token_ms decode_ms probe_ms loops_sum
@@ -52,9 +54,9 @@
 #include "session.h"
 
 static const char STATE_MAGIC[8] = "TLSTATE";
-#define STATE_VERSION 3u
+#define STATE_VERSION 4u
 #define STATE_OLDEST_READ 1u /* a version 1 state has no logit_bias nor presence/frequency penalties,
-                                version 2 no min_p nor min_tokens */
+                                version 2 no min_p nor min_tokens, version 3 no thinking budget */
 #define STATE_MAX_FILE_BYTES ((size_t)1 << 40)
 
 static bool host_is_little_endian(void) {
@@ -139,6 +141,13 @@ static void write_config(state_writer *w, const tl_generate_config *c) {
     }
     put_f32(w, c->min_p);
     put_i32(w, c->min_tokens);
+    put_i32(w, c->reasoning_budget);
+    put_i32(w, c->reasoning_open);
+    for (int t = 0; t < 2; t++) {
+        const tl_token_seq *tag = t ? &c->reasoning_end : &c->reasoning_start;
+        put_i32(w, tag->n);
+        put(w, tag->tokens, (size_t)tag->n * sizeof(int32_t));
+    }
 }
 
 static void write_stats(state_writer *w, const tl_session *s) {
@@ -302,6 +311,7 @@ typedef struct read_config {
     tl_token_seq *stop_seqs;
     char **stop_strs;
     tl_logit_bias *logit_bias;
+    int32_t reasoning_ids[2][TL_MAX_REASONING_TAG];
 } read_config;
 
 /* n int32 values copied out of the bytes (which need not be aligned for int32_t); NULL when
@@ -394,6 +404,17 @@ static tl_status read_config_fields(state_reader *r, read_config *rc) {
     if (r->version >= 3) { /* validated by tl_session_create */
         c->min_p = get_f32(r);
         c->min_tokens = get_i32(r);
+    }
+    if (r->version >= 4) { /* the values validated by tl_session_create, the counts here */
+        c->reasoning_budget = get_i32(r);
+        c->reasoning_open = get_i32(r);
+        for (int t = 0; t < 2; t++) {
+            const int32_t n = get_i32(r);
+            if (n < 0 || n > TL_MAX_REASONING_TAG || !count_fits(r, n, sizeof(int32_t)))
+                return MALFORMED("a reasoning tag of %d ids (at most %d)", n, TL_MAX_REASONING_TAG);
+            get(r, rc->reasoning_ids[t], (size_t)n * sizeof(int32_t));
+            *(t ? &c->reasoning_end : &c->reasoning_start) = (tl_token_seq){n > 0 ? rc->reasoning_ids[t] : NULL, n};
+        }
     }
     return r->short_read ? MALFORMED("the bytes end inside the config") : TL_OK;
 }
@@ -492,7 +513,10 @@ static tl_status rebuild_emitted(tl_session *s) {
     const int emitted = s->n_tokens - s->prompt_len;
     if (emitted > 0 && emitted >= c->max_tokens)
         return MALFORMED("%d tokens emitted: the session had reached max_tokens = %d", emitted, c->max_tokens);
-    for (int i = s->prompt_len; i < s->n_tokens; i++) {
+    const int n_tokens = s->n_tokens;
+    for (int i = s->prompt_len; i < n_tokens; i++) {
+        s->n_tokens = i + 1; /* (the thinking budget's state, as the emission left it) */
+        tl_session_track_reasoning(s);
         bool stop_string = false;
         tl_status st = tl_session_append_text(s, s->tokens[i], &stop_string);
         if (st != TL_OK) return st;

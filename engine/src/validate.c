@@ -235,6 +235,32 @@ static tl_status validate_speculative(const tl_model *m, const tl_generate_confi
     return TL_OK;
 }
 
+/* The thinking budget's fields (reasoning_budget and its tags). */
+static tl_status validate_reasoning(const tl_model *m, const tl_generate_config *c) {
+    if (c->reasoning_budget < 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "reasoning_budget = %d must be >= 0 (0 = off)", c->reasoning_budget);
+    if (c->reasoning_open != 0 && c->reasoning_open != 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "reasoning_open = %d must be 0 or 1", c->reasoning_open);
+    if (c->reasoning_budget == 0) return TL_OK;
+    const tl_token_seq *tags[2] = {&c->reasoning_start, &c->reasoning_end};
+    const char *names[2] = {"reasoning_start", "reasoning_end"};
+    for (int t = 0; t < 2; t++) {
+        const tl_token_seq *tag = tags[t];
+        const int least = t == 0 && c->reasoning_open ? 0 : 1;
+        if (tag->n < least || tag->n > TL_MAX_REASONING_TAG || (tag->n > 0 && !tag->tokens))
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s has %d ids: a thinking budget needs %d to %d", names[t], tag->n, least,
+                           TL_MAX_REASONING_TAG);
+        for (int j = 0; j < tag->n; j++)
+            if (tag->tokens[j] < 0 || tag->tokens[j] >= m->cfg.vocab_size)
+                return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s token id %d is out of range [0, %d)", names[t], tag->tokens[j],
+                               m->cfg.vocab_size);
+    }
+    if (c->speculative != TL_SPECULATIVE_OFF || c->beam_size >= 2)
+        return tl_fail(TL_ERR_UNSUPPORTED, "a thinking budget (reasoning_budget = %d) is for plain decoding, not %s",
+                       c->reasoning_budget, c->beam_size >= 2 ? "beam search" : "speculative decoding");
+    return TL_OK;
+}
+
 /* Beam search ranks whole hypotheses: rules that judge one emitted sequence at a time (a
    stop rule, stop strings, a callback grammar) or forget history (a window) would need one
    state per beam, which is not built. A compiled grammar's states are values: each hypothesis
@@ -256,6 +282,7 @@ tl_status tl_generate_validate(const tl_model *m, const int32_t *prompt, int pro
     if (!m) return tl_fail(TL_ERR_INVALID_ARGUMENT, "model must not be NULL");
     if (!c) return tl_fail(TL_ERR_INVALID_ARGUMENT, "config must not be NULL");
     tl_status st = validate_fields(m, prompt, prompt_len, c);
+    if (st == TL_OK) st = validate_reasoning(m, c);
     if (st == TL_OK && c->speculative != TL_SPECULATIVE_OFF) st = validate_speculative(m, c);
     if (st == TL_OK && c->beam_size >= 2) st = validate_beam(c);
     return st;

@@ -207,7 +207,12 @@ typedef struct tl_generate_config {
     float frequency_penalty;
     float min_p;
     int min_tokens;
+    int reasoning_budget;
+    tl_token_seq reasoning_start;
+    tl_token_seq reasoning_end;
+    int reasoning_open;
 } tl_generate_config;
+enum { TL_MAX_REASONING_TAG = 16 };
 void tl_generate_config_init(tl_generate_config *cfg);
 typedef struct tl_generate_stats {
     double prefill_ms;

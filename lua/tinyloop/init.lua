@@ -232,6 +232,7 @@ local NUMBER_FIELDS = {
     early_exit_logit_margin = "float", early_exit_threshold = "float", sample_seed = "seed",
     early_exit_kl_threshold = "float", early_exit_entropy_threshold = "float", early_exit_gate_threshold = "float",
     presence_penalty = "float", frequency_penalty = "float", min_p = "float", min_tokens = "int",
+    reasoning_budget = "int",
 }
 local SPEC_FIELDS = { max_tokens = "int", draft_loops = "int", verify_loops = "int", draft_ahead = "int",
                       temperature = "float", seed = "seed" }
@@ -251,6 +252,7 @@ local OTHER_FIELDS = {
     stop_sequences = true, stop_strings = true, ignore_eos = true, logit_bias = true,
     on_token = true, stop_when = true, logits_processor = true, grammar = true,
     speculative = true, verify_loops = true, early_exit_criterion = true, depth_policy = true,
+    reasoning_start = true, reasoning_end = true, reasoning_open = true,
 }
 -- The hooks a config may hold as Lua functions (each needs the session's hook context).
 local LUA_HOOKS = { "on_token", "stop_when", "logits_processor", "depth_policy" }
@@ -339,6 +341,28 @@ local function make_config(model, cfg)
         end
         c.stop_sequences, c.n_stop_sequences = arr, #seqs
         keep[#keep + 1] = arr
+    end
+    -- the thinking budget's tags: a text (encoded: "<think>" and "</think>" where left out)
+    -- or token ids; reasoning_open: the prompt opened the block
+    if cfg.reasoning_budget ~= nil or cfg.reasoning_start ~= nil or cfg.reasoning_end ~= nil or cfg.reasoning_open ~= nil then
+        for field, default in pairs({ reasoning_start = "<think>", reasoning_end = "</think>" }) do
+            local tag = cfg[field]
+            if tag == nil then tag = default end
+            if type(tag) == "string" then
+                local ids, err = model:encode(tag)
+                if not ids then raise(("config field '%s': %s"):format(field, tostring(err))) end
+                tag = ids
+            elseif type(tag) ~= "table" then
+                raise(("config field '%s' must be a text or a table of token ids"):format(field))
+            end
+            local ids = ffi_new("int32_t[?]", #tag + 1)
+            for j, id in ipairs(tag) do ids[j - 1] = check_int(field .. "[" .. j .. "]", id) end
+            c[field].tokens, c[field].n = ids, #tag
+            keep[#keep + 1] = ids
+        end
+        local open = cfg.reasoning_open
+        if open ~= nil and type(open) ~= "boolean" then raise("config field 'reasoning_open' must be a boolean") end
+        c.reasoning_open = open and 1 or 0
     end
     local bias = cfg.logit_bias
     if bias ~= nil then

@@ -1,7 +1,7 @@
 #!/usr/bin/env luajit
 -- make_state_seeds.lua: writes the seed corpus of the `state` fuzzer (tests/fuzz/corpus/state):
 -- saved states of the small text checkpoint, across the features a state carries (sampling,
--- stop rules, a window, early exit, logit_bias and the OpenAI penalties, a compiled grammar, a state before its prompt was
+-- stop rules, a window, early exit, logit_bias and the OpenAI penalties, a thinking budget, a compiled grammar, a state before its prompt was
 -- forwarded), and one at the edge of a rule (as many tokens as max_tokens: refused). A state
 -- names its model by a fingerprint, so these must be rewritten whenever the checkpoint, the
 -- fingerprint or the layout changes: test_state_file fails until they are (it reads every
@@ -26,6 +26,8 @@ local seeds = {
     { name = "min_p_min_tokens", steps = 3,
       cfg = { max_tokens = 10, temperature = 0.9, sample_seed = 4, min_p = 0.05, min_tokens = 6,
               stop_sequences = { { 7 } } } },
+    { name = "thinking_budget", steps = 4,
+      cfg = { max_tokens = 12, temperature = 0.8, sample_seed = 6, reasoning_budget = 3, reasoning_open = true } },
     { name = "compiled_grammar", steps = 3,
       cfg = { max_tokens = 8, temperature = 0.8, sample_seed = 5,
               grammar = assert(tinyloop.grammar.gbnf("root ::= [a-z ]+")) } },

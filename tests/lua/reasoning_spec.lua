@@ -60,3 +60,49 @@ describe("tinyloop.reasoning", function()
         end
     end)
 end)
+
+describe("the thinking budget (config reasoning_budget)", function()
+    local H = require "helpers"
+    local m = H.model() -- the text model: "<think>" and "</think>" are several ids each
+    local prompt = m:encode("Hi")
+
+    -- A config whose logits hook writes `script` (ids, then `filler` for ever).
+    local function scripted(script, filler, cfg)
+        cfg.logits_processor = function(logits, _, tokens)
+            logits[script[#tokens - #prompt + 1] or filler] = 1e9
+        end
+        cfg.ignore_eos = true
+        return cfg
+    end
+    local function text_of(ids) return m:decode(H.slice(ids, #prompt + 1, #ids)) end
+
+    it("ends a block that holds its budget with the end tag, forced; the tags default to <think> and </think>", function()
+        local a = m:encode("a")[1]
+        local out = m:generate(prompt, scripted(m:encode("<think>"), a, { max_tokens = 21, reasoning_budget = 4 }))
+        assert.equal("<think>aaaa</think>", text_of(out):sub(1, 19))
+        assert.equal("aaaa", text_of(out):sub(20))
+        -- the tags as texts or ids; a block the prompt opened
+        out = m:generate(prompt, scripted({}, a, { max_tokens = 7, reasoning_budget = 2, reasoning_open = true,
+                                                   reasoning_start = {}, reasoning_end = m:encode("|") }))
+        assert.equal("aa|aaaa", text_of(out))
+        out = m:generate(prompt, scripted(m:encode("[["), a, { max_tokens = 7, reasoning_budget = 1, reasoning_start = "[[",
+                                                               reasoning_end = "]]" }))
+        assert.equal("[[a]]aa", text_of(out))
+        -- a budget the block stays within: untouched
+        out = m:generate(prompt, scripted(m:encode("<think>ab</think>"), a, { max_tokens = 20, reasoning_budget = 10 }))
+        assert.equal("<think>ab</think>aaaaa", text_of(out))
+    end)
+
+    it("refuses bad tags and values, naming the field", function()
+        H.error_contains(function() m:generate(prompt, { reasoning_budget = -1 }) end, "reasoning_budget = -1")
+        H.error_contains(function() m:generate(prompt, { reasoning_budget = 1.5 }) end, "'reasoning_budget' = 1.5 must be an integer")
+        H.error_contains(function() m:generate(prompt, { reasoning_budget = 2, reasoning_end = 5 }) end,
+                         "config field 'reasoning_end' must be a text or a table of token ids")
+        H.error_contains(function() m:generate(prompt, { reasoning_budget = 2, reasoning_end = {} }) end, "reasoning_end has 0 ids")
+        H.error_contains(function() m:generate(prompt, { reasoning_budget = 2, reasoning_end = { 1, 9999 } }) end,
+                         "reasoning_end token id 9999")
+        H.error_contains(function() m:generate(prompt, { reasoning_budget = 2, reasoning_open = 1 }) end,
+                         "config field 'reasoning_open' must be a boolean")
+        H.error_contains(function() m:generate(prompt, { reasoning_budget = 2, beam_size = 2 }) end, "not beam search")
+    end)
+end)
