@@ -269,10 +269,12 @@ describe("responses: stored responses (previous_response_id)", function()
         local final = view:response(cjson.encode(answer), "resp_1_2")
         local r = cjson.decode(final)
         assert.same({ "resp_1_1", true }, { r.previous_response_id, r.store })
-        local conversation, kept = view:record()
+        -- kept: its own messages (the earlier ones are their response's), and which it continued
+        local messages, kept, previous = view:record()
         assert.equal(final, kept)
-        assert.same({ earlier[1], earlier[2], { role = "user", content = "Who am I?" }, { role = "assistant", content = "Emma." } },
-                    cjson.decode(conversation))
+        assert.equal("resp_1_1", previous)
+        assert.same({ { role = "user", content = "Who am I?" }, { role = "assistant", content = "Emma." } },
+                    cjson.decode(messages))
     end)
 
     it("keeps a reply's calls and reasoning, streamed as blocking", function()
@@ -283,6 +285,7 @@ describe("responses: stored responses (previous_response_id)", function()
         local _, view = responses.to_chat('{"input": "x"}', lookup)
         view:response(cjson.encode(answer), "resp_1_3")
         local blocking = cjson.decode((view:record()))
+        assert.is_nil(select(3, view:record())) -- (it continued none)
         assert.same({ role = "assistant", content = cjson.null, reasoning_content = "Look it up.",
                       tool_calls = { { id = "call_9", type = "function", ["function"] = { name = "f", arguments = '{"a": 1}' } } } },
                     blocking[2])
@@ -295,6 +298,15 @@ describe("responses: stored responses (previous_response_id)", function()
         view:feed('{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"usage":' ..
                   '{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}')
         assert.same(blocking, cjson.decode((view:record())))
+        -- a call the token limit cut is left out of what is kept, as a blocking answer leaves it out
+        _, view = responses.to_chat('{"input": "x", "stream": true}', lookup)
+        view:start_stream("resp_1_7", 1, "m")
+        view:feed('{"choices":[{"index":0,"delta":{"content":"Let me see."},"finish_reason":null}]}')
+        view:feed('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_8","type":"function",' ..
+                  '"function":{"name":"f","arguments":"{\\"a\\": "}}]},"finish_reason":null}]}')
+        view:feed('{"choices":[{"index":0,"delta":{},"finish_reason":"length"}],"usage":' ..
+                  '{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}')
+        assert.same({ role = "assistant", content = "Let me see." }, cjson.decode((view:record()))[2])
         -- a stream that failed is not kept
         _, view = responses.to_chat('{"input": "x", "stream": true}', lookup)
         view:start_stream("resp_1_5", 1, "m")
@@ -317,18 +329,29 @@ describe("responses: stored responses (previous_response_id)", function()
         assert.truthy(err.message:find("not stored by this server", 1, true), err.message)
         body, err = responses.to_chat('{"input": "x", "previous_response_id": "resp_9_9"}', lookup)
         assert.is_nil(body)
-        assert.same({ 404, "previous_response_id" }, { err.status, err.param })
-        assert.truthy(err.message:find('previous response "resp_9_9" is not stored here', 1, true), err.message)
+        -- (OpenAI's status and code, which clients read to send the whole conversation instead)
+        assert.same({ 400, "previous_response_id", "previous_response_not_found" }, { err.status, err.param, err.code })
+        assert.truthy(err.message:find('Previous response with id "resp_9_9" not found', 1, true), err.message)
         body, err = responses.to_chat('{"input": "x", "previous_response_id": 7}', lookup)
         assert.same({ 400, "previous_response_id" }, { err.status, err.param })
         body, err = responses.to_chat('{"input": "x", "conversation": "conv_1"}', lookup)
         assert.truthy(err.message:find("conversation objects are not kept here", 1, true), err.message)
     end)
 
+    it("makes an input's function call a turn of its own after an earlier reply", function()
+        local chat_body = responses.to_chat(cjson.encode({ previous_response_id = "resp_1_1", input = {
+            { type = "function_call", call_id = "c1", name = "f", arguments = "{}" },
+            { type = "function_call_output", call_id = "c1", output = "done" } } }), lookup)
+        local m = cjson.decode(chat_body).messages
+        assert.equal(4, #m)
+        assert.same({ role = "assistant", content = "Hello, Emma." }, m[2])
+        assert.same({ "assistant", "c1", "tool" }, { m[3].role, m[3].tool_calls[1].id, m[4].role })
+    end)
+
     it("names the earlier conversation in errors about its messages", function()
         local _, view = responses.to_chat('{"input": "x", "previous_response_id": "resp_1_1"}', lookup)
         local e = view:error({ status = 400, message = "messages[1].content is too long", param = "messages" })
-        assert.same({ "previous_response_id's conversation.content is too long", "previous_response_id" }, { e.message, e.param })
+        assert.same({ "previous_response_id's conversation[1].content is too long", "previous_response_id" }, { e.message, e.param })
         e = view:error({ status = 400, message = "messages[2].content is bad", param = "messages" })
         assert.same({ "input[0].content is bad", "input" }, { e.message, e.param })
     end)

@@ -1716,10 +1716,11 @@ describe("responses (OpenAI's Responses API)", function()
         assert.equal(404, (curl(base .. "/v1/responses/" .. first.id)))
         assert.equal(404, (curl("-X DELETE " .. base .. "/v1/responses/" .. first.id)))
         local gone_status, gone = post_responses({ input = "x", previous_response_id = first.id, max_output_tokens = 1 })
-        assert.equal(404, gone_status, gone)
-        assert.equal("previous_response_id", cjson.decode(gone).error.param)
-        -- the second, which held the first's conversation, still continues
-        assert.equal(200, (post_responses({ input = "x", previous_response_id = second.id, max_output_tokens = 1 })))
+        assert.equal(400, gone_status, gone) -- (OpenAI's answer, and the code its clients read)
+        assert.same({ "previous_response_id", "previous_response_not_found" },
+                    { cjson.decode(gone).error.param, cjson.decode(gone).error.code })
+        -- each response keeps its own turn: the chains through the first are gone with it
+        assert.equal(400, (post_responses({ input = "x", previous_response_id = second.id, max_output_tokens = 1 })))
         -- store: false keeps nothing
         local unkept = cjson.decode(select(2, post_responses({ input = "hi", max_output_tokens = 1, store = false })))
         assert.is_false(unkept.store)
@@ -1730,6 +1731,39 @@ describe("responses (OpenAI's Responses API)", function()
         local s404, b404 = curl(base .. "/v1/responses/" .. second.id .. "/input_items")
         assert.equal(404, s404)
         assert.truthy(cjson.decode(b404).error.message:find("input items are not listed", 1, true), b404)
+        for _, path in ipairs({ "compact", "input_tokens" }) do -- (not ids: Codex's calls, not served)
+            s404, b404 = post_to("/v1/responses/" .. path, { input = "x" })
+            assert.equal(404, s404, b404)
+            assert.truthy(cjson.decode(b404).error.message:find("is not served here", 1, true), b404)
+        end
+        -- ids are 128 random bits, not a count
+        assert.truthy(first.id:match("^resp_" .. ("%x"):rep(32) .. "$"), first.id)
+    end)
+
+    it("continues a stored response's function call with its output (the Agents SDK's turn)", function()
+        local tools = { { type = "function", name = "lookup", description = "Find a person.",
+                          parameters = { type = "object", properties = { name = { type = "string", enum = { "Emma" } } },
+                                         required = { "name" } } } }
+        local status, body = post_responses({ input = "Who is Emma?", tools = tools, tool_choice = "required", max_output_tokens = 60,
+                                              temperature = 0 })
+        assert.equal(200, status, body)
+        local first = cjson.decode(body)
+        local call = first.output[#first.output]
+        assert.equal("function_call", call.type, body)
+        status, body = post_responses({ previous_response_id = first.id, tools = tools, max_output_tokens = 4, temperature = 0,
+                                        input = { { type = "function_call_output", call_id = call.call_id, output = "A lady." } } })
+        assert.equal(200, status, body)
+        local second = cjson.decode(body)
+        -- the chat completion of the conversation it means: the call's turn, then its output
+        local chat = cjson.decode(select(2, post_chat({ tools = { { type = "function", ["function"] = {
+                name = "lookup", description = "Find a person.", parameters = tools[1].parameters } } },
+            max_tokens = 4, temperature = 0, messages = {
+                { role = "user", content = "Who is Emma?" },
+                { role = "assistant", content = cjson.null, tool_calls = { { id = call.call_id, type = "function",
+                    ["function"] = { name = "lookup", arguments = call.arguments } } } },
+                { role = "tool", tool_call_id = call.call_id, content = "A lady." } } })))
+        assert.equal(chat.usage.prompt_tokens, second.usage.input_tokens)
+        assert.equal(chat.choices[1].message.content or "", second.output[1].content and second.output[1].content[1].text or "")
     end)
 
     it("refuses what it cannot honour, naming the Responses field", function()
@@ -1741,7 +1775,7 @@ describe("responses (OpenAI's Responses API)", function()
             assert.truthy(e.message:find(words, 1, true), e.message)
         end
         refused({ max_output_tokens = 4 }, "input", "input is required")
-        refused({ input = "hi", previous_response_id = "resp_1" }, "previous_response_id", '"resp_1" is not stored here', 404)
+        refused({ input = "hi", previous_response_id = "resp_1" }, "previous_response_id", 'Previous response with id "resp_1" not found')
         refused({ input = "hi", conversation = "c" }, "conversation", "not kept here")
         refused({ input = "hi", background = true }, "background", "background")
         refused({ input = "hi", truncation = "middle" }, "truncation", "truncation must be")
@@ -2807,7 +2841,7 @@ describe("scripts/serve options", function()
     it("asks for the API key of --api-key (or $TINYLOOP_API_KEY), which it keeps out of its config; answers --cors-origin's pages", function()
         local p = free_port()
         local pre = dir .. "/keyed"
-        os.execute(("scripts/serve --port %d --threads 1 --max-active 1 --prefix-pool-mb 0 --api-key 'k3y!' " ..
+        os.execute(("scripts/serve --port %d --threads 1 --max-active 1 --prefix-pool-mb 0 --responses-store-mb 0 --api-key 'k3y!' " ..
                     "--cors-origin 'http://app.example,http://localhost:3000' --prefix %s " ..
                     "> %s.log 2>&1 & echo $! > %s.pid"):format(p, pre, pre, pre))
         local url = "http://127.0.0.1:" .. p
@@ -2856,7 +2890,18 @@ describe("scripts/serve options", function()
             assert.truthy(headers:find("^http/1.1 204"), headers)
             assert.truthy(headers:find("access-control-allow-origin: http://localhost:3000", 1, true), headers)
             assert.truthy(headers:find("access-control-allow-headers: authorization", 1, true), headers)
-            assert.truthy(headers:find("access-control-allow-methods: get, post, options", 1, true), headers)
+            assert.truthy(headers:find("access-control-allow-methods: get, post, delete, options", 1, true), headers)
+            -- --responses-store-mb 0: no response is stored, and the answers say so
+            status, body = curl("-H 'Authorization: Bearer k3y!' -d '{\"input\": \"hi\", \"max_output_tokens\": 1}' " ..
+                                url .. "/v1/responses")
+            assert.equal(200, status, body)
+            local unkept = cjson.decode(body)
+            assert.is_false(unkept.store)
+            assert.equal(404, (curl("-H 'Authorization: Bearer k3y!' " .. url .. "/v1/responses/" .. unkept.id)))
+            status, body = curl("-H 'Authorization: Bearer k3y!' -d '{\"input\": \"hi\", \"previous_response_id\": \"" ..
+                                unkept.id .. "\"}' " .. url .. "/v1/responses")
+            assert.equal(400, status, body)
+            assert.truthy(cjson.decode(body).error.message:find("not stored by this server", 1, true), body)
             headers = sh("curl -s -D - -o /dev/null -H 'Origin: http://app.example' " .. url .. "/v1/models"):lower()
             assert.truthy(headers:find("^http/1.1 401") and headers:find("access-control-allow-origin: http://app.example", 1, true), headers)
             headers = sh("curl -s -N -D - -o /dev/null -H 'Origin: http://app.example' -H 'Authorization: Bearer k3y!' " ..

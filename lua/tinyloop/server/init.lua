@@ -84,9 +84,11 @@ local reasoning_on -- chat replies are read for reasoning (conf.reasoning_format
 local model_addr, score_addr, embed_addr, last_error_addr
 local embed_slots -- ngx.semaphore of conf.embed_jobs places: the embeddings requests computed at once
 -- This worker's part of every answer's id: its pid and a random number, so that ids stay
--- unique across workers and restarts (a stored response's id is the key of its conversation)
+-- unique across workers and restarts
 local worker_tag
 local responses_store -- ngx.shared[conf.responses_store] (nil: responses are not stored)
+local urandom -- /dev/urandom, open: a stored response's id is 128 random bits (whoever knows
+              -- an id can read, continue and delete that conversation: none is guessable)
 local model_types -- what /v1/models says of the weights and the KV cache (model:info(), once)
 local next_request = 0
 
@@ -176,6 +178,13 @@ end
 
 -- init_worker(): loads the model and starts this worker's engine (after nginx forks, so the
 -- engine's and the model's threads live in the worker).
+-- n random bytes as hex (2n digits) from /dev/urandom; nil when it cannot be read.
+local function random_hex(n)
+    local bytes = urandom and urandom:read(n)
+    if not bytes or #bytes ~= n then return nil end
+    return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+end
+
 function _M.init_worker()
     metrics.init(conf.shared_dict)
     if not run_worker_thread then conf.thread_pool = false end
@@ -211,12 +220,15 @@ function _M.init_worker()
     score_addr = tonumber(ffi_cast("uintptr_t", C.tl_score_logprobs))
     embed_addr = tonumber(ffi_cast("uintptr_t", C.tl_embed))
     embed_slots = require("ngx.semaphore").new(conf.embed_jobs)
-    local urandom = io.open("/dev/urandom", "rb")
-    local bytes = urandom and urandom:read(4) or ""
-    if urandom then urandom:close() end
-    worker_tag = ngx.worker.pid() .. (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+    urandom = io.open("/dev/urandom", "rb")
+    local tag = random_hex(4)
+    worker_tag = ngx.worker.pid() .. (tag or "")
     responses_store = conf.responses_store and ngx.shared[conf.responses_store] or nil
-    if conf.responses_store and not responses_store then
+    if responses_store and not tag then
+        responses_store = nil
+        ngx_log(ngx.ERR, "tinyloop: /dev/urandom cannot be read: responses are not stored (their ids would be guessable)")
+    elseif conf.responses_store and not responses_store and conf.responses_store ~= "tinyloop_responses" then
+        -- (the default's dict left out of an app's nginx.conf means "none": no warning)
         ngx_log(ngx.WARN, "tinyloop: lua_shared_dict ", conf.responses_store, " is not declared: responses are not stored")
     end
     last_error_addr = tonumber(ffi_cast("uintptr_t", C.tl_last_error))
@@ -255,11 +267,11 @@ local function send_json(status, body, headers)
 end
 
 -- The one error shape: {"error": {"message", "type", "param"}} (param: the field, or null).
-local function send_error(status, message, param, etype, headers)
+local function send_error(status, message, param, etype, headers, code)
     -- (a message may quote the client's bytes, which need not be UTF-8: JSON clients refuse them)
     return send_json(status, '{"error":{"message":' .. encode(request.valid_utf8(tostring(message))) .. ',"type":' ..
         encode(etype or (status >= 500 and "server_error" or "invalid_request_error")) ..
-        ',"param":' .. (param and encode(param) or "null") .. "}}", headers)
+        ',"param":' .. (param and encode(param) or "null") .. (code and (',"code":' .. encode(code)) or "") .. "}}", headers)
 end
 _M.send_error = send_error
 
@@ -361,7 +373,7 @@ local function preflight()
     local origin = cors_origin()
     if not origin then return end
     ngx.status = 204
-    ngx.header["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+    ngx.header["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
     ngx.header["Access-Control-Allow-Headers"] = ngx.var.http_access_control_request_headers or
         "Authorization, Content-Type, x-api-key, anthropic-version"
     ngx.header["Access-Control-Max-Age"] = "86400"
@@ -894,30 +906,58 @@ end
 
 -- ------------------------------------------------------------------ stored responses
 
--- A stored response (/v1/responses' store): its conversation (chat messages, JSON) and its
--- response object (JSON), kept as one value (so that the store drops both or neither), under
--- its id. -> conversation, response | nil.
+-- A stored response (/v1/responses' store), one value under its id (so that the store drops
+-- all of it or none): the id of the response it continued ("" for none), its own messages
+-- (chat messages, JSON: its input's and its reply) and its response object (JSON), NUL
+-- between them (JSON text has no raw NUL: cjson writes \u0000). Each keeps only its own
+-- messages, not the whole conversation again: a chain of n turns holds each turn once. The
+-- dict drops the least recently used first (a read refreshes: a chain in use stays).
+-- -> previous id, messages, response | nil.
 local function stored(id)
     local value = responses_store and type(id) == "string" and responses_store:get("resp:" .. id)
     if not value then return nil end
-    local cut = value:find("\0", 1, true) -- (JSON text has no raw NUL: cjson writes \u0000)
-    return value:sub(1, cut - 1), value:sub(cut + 1)
+    local first = value:find("\0", 1, true)
+    local second = value:find("\0", first + 1, true)
+    return value:sub(1, first - 1), value:sub(first + 1, second - 1), value:sub(second + 1)
 end
 
--- The conversation a previous_response_id continues (responses.to_chat's lookup).
+-- The conversation a previous_response_id continues (responses.to_chat's lookup): the chain's
+-- messages, oldest first; nil when a response of the chain is not stored.
+local MAX_CHAIN = 100000 -- (a cycle cannot be stored, ids being new; this only bounds a walk)
 local function stored_conversation(id)
-    local conversation = stored(id)
-    return conversation and cjson.decode(conversation) or nil
+    local parts = {}
+    while id ~= "" and #parts < MAX_CHAIN do
+        local previous, messages = stored(id)
+        if not previous then return nil end
+        parts[#parts + 1] = messages
+        id = previous
+    end
+    local conversation = {}
+    for i = #parts, 1, -1 do
+        local messages = cjson.decode(parts[i])
+        if type(messages) ~= "table" then return nil end
+        for _, m in ipairs(messages) do conversation[#conversation + 1] = m end
+    end
+    return conversation
 end
 
--- Keeps a Responses answer that asked to be stored (r.view:record), once it has ended.
+-- Keeps a Responses answer that asked to be stored (r.view:record), once it has ended, before
+-- its end goes out (a client may send the next turn as soon as it reads it). -> false when it
+-- could not be kept (the dict is full of entries it cannot drop: the answer then says
+-- store: false), else true.
 local function keep_response(r)
-    if not r.view.record or not responses_store then return end -- (another API's view keeps nothing)
-    local conversation, response = r.view:record()
-    if not conversation then return end
-    local ok, err = responses_store:set("resp:" .. r.public_id, conversation .. "\0" .. response)
+    if r.kept or not r.view.record or not responses_store then return true end -- (another API's view keeps nothing)
+    local messages, response, previous = r.view:record()
+    if not messages then return true end
+    r.kept = true
+    local ok, err = responses_store:set("resp:" .. r.public_id, (previous or "") .. "\0" .. messages .. "\0" .. response)
     if not ok then ngx_log(ngx.WARN, "tinyloop: response ", r.public_id, " is not stored: ", err) end
+    return ok and true or false
 end
+-- The answer (or final event) text of a response that asked to be stored and could not be:
+-- store false. (The first "store":true of the object is its member: every text in it before
+-- is a JSON string, whose quotes are escaped.)
+local function not_stored(text) return (text:gsub('"store":true', '"store":false', 1)) end
 
 local function run_blocking(r)
     local results = {}
@@ -966,7 +1006,7 @@ local function run_blocking(r)
         (single and (',"tinyloop":' .. encode(chosen[1].st.tinyloop)) or ""))
     if r.view then
         answer = r.view:response(answer, r.public_id)
-        keep_response(r)
+        if not keep_response(r) then answer = not_stored(answer) end
     end
     return send_json(200, answer)
 end
@@ -984,6 +1024,10 @@ local function sse(r, payload)
             return false
         end
         if #events == 0 then return true end
+        -- (a stored response is kept before its end goes out)
+        if r.view.final and not r.kept and not keep_response(r) then
+            events[#events][2] = not_stored(events[#events][2])
+        end
         local text = {}
         for i, e in ipairs(events) do
             -- (Ollama's stream: one JSON object a line; the others: server-sent events with a type)
@@ -1106,7 +1150,6 @@ local function run_stream(r)
         end
     end
     if r.include_usage and not sse(r, response_json(r, "", ',"usage":' .. usage_json(r))) then return ngx_exit(499) end
-    if r.view then keep_response(r) end
     sse(r, "[DONE]")
     return ngx_exit(ngx.OK)
 end
@@ -1285,6 +1328,8 @@ local function serve(chat, body, view)
                 view = view, send_error = send_error }
     if view then -- (its stream's usage and stats come with the finish, which closes the response)
         r.public_id, r.include_usage = r.response_id:gsub("-", "_"), false
+        -- a stored response's id: 128 random bits, not a count (see urandom)
+        if view.store then r.public_id = "resp_" .. (random_hex(16) or r.public_id) end
         if req.stream then view:start_stream(r.public_id, r.created, conf.model_id, req.prompt_tokens) end
     end
     -- (best_of ranks the candidates by their tokens' log-probabilities: asked for, if not shown)
@@ -1346,7 +1391,7 @@ function _M.responses()
     local body = post_body()
     if not body then return end
     local chat_body, view = responses.to_chat(body, responses_store and stored_conversation)
-    if not chat_body then return send_error(view.status, view.message, view.param, view.type) end
+    if not chat_body then return send_error(view.status, view.message, view.param, view.type, nil, view.code) end
     -- (usage's reasoning_tokens: the reasoning's text as the tokenizer encodes it)
     view.count_tokens = function(text)
         local ids = model:encode(text)
@@ -1533,14 +1578,14 @@ function _M.root()
     ngx_say("TinyLoop is running: ", conf.model_id, " (OpenAI's API at /v1, Anthropic's at /v1/messages, Ollama's at /api)")
 end
 
--- /v1/responses/... (a stored response's retrieve, cancel, delete, input_items; input_tokens,
--- compact): not served; nothing is stored here.
+-- /v1/responses/{id}: a stored response, GET (retrieve) or DELETE; the rest under
+-- /v1/responses/ (a response's input_items and cancel, input_tokens, compact) is not served.
 function _M.stored_response()
-    local method, id = ngx.req.get_method(), ngx.var.uri:match("^/v1/responses/([^/]+)$")
+    local method, id = ngx.req.get_method(), ngx.var.uri:match("^/v1/responses/(resp_[^/]+)$")
     if id and (method == "GET" or method == "HEAD" or method == "DELETE") then
         if not ready() then return end
-        local conversation, response = stored(id)
-        if not conversation then
+        local previous, _, response = stored(id)
+        if not previous then
             return send_error(404, ("Response with id '%s' not found (responses made with store: false are not kept; the " ..
                               "oldest go when the store is full)"):format(id), nil, "invalid_request_error")
         end

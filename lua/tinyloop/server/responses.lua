@@ -5,11 +5,12 @@
 -- as the first system message, its flat tools and text.format in chat's nested shapes), so
 -- one parser checks both and one engine path runs both; the chat answer, or each chunk of its
 -- stream, is then read back as Responses output items and semantic events. A response is
--- stored (store, true by default, as OpenAI's): the server keeps its conversation (its input's
--- messages and its reply, as chat messages) and its response object, so that a later request's
--- previous_response_id continues that conversation and GET /v1/responses/{id} returns the
--- object. Where they are kept is the server's (a lookup function here: this module stays pure).
--- conversation, background runs and the other stored objects are refused, saying so.
+-- stored (store, true by default, as OpenAI's): the server keeps its own part of the
+-- conversation (its input's messages and its reply, as chat messages), the id of the response
+-- it continued, and its response object, so that a later request's previous_response_id
+-- continues the whole chain and GET /v1/responses/{id} returns the object. Where they are kept
+-- is the server's (a lookup function here: this module stays pure). conversation objects,
+-- background runs and the other stored objects are refused, saying so.
 --
 --   local responses = require "tinyloop.server.responses"
 --   local chat_body, view = responses.to_chat(body, lookup) -- nil, err: the Responses field named
@@ -187,7 +188,8 @@ local function messages_of(input, instructions, earlier)
                 if type(item[k]) ~= "string" then return nil, ("%s.%s must be a string"):format(where, k) end
             end
             local m = messages[#messages]
-            if not (m and m.role == "assistant" and from[#messages] ~= false) then
+            -- (an earlier response's reply is a turn of its own: a call in the input is a new one)
+            if not (m and m.role == "assistant" and from[#messages] ~= false and from[#messages] ~= "previous") then
                 m = add({ role = "assistant", content = json_null }, i - 1)
             end
             take_reasoning(m)
@@ -332,12 +334,15 @@ function _M.to_chat(body, lookup)
                        "previous_response_id")
         end
         earlier = lookup(t.previous_response_id)
-        if not earlier then
-            return bad(("previous response %s is not stored here: it was made with store: false, deleted, dropped to " ..
-                        "make room, or made by another server"):format(shown(t.previous_response_id)), "previous_response_id", 404)
+        if not earlier then -- (OpenAI's answer and code, which clients read to send the whole conversation instead)
+            local _, e = bad(("Previous response with id %s not found (made with store: false, deleted, dropped to make " ..
+                              "room, or part of a chain one of whose responses is gone)"):format(shown(t.previous_response_id)),
+                             "previous_response_id")
+            e.code = "previous_response_not_found"
+            return nil, e
         end
     end
-    if t.background then return bad("background responses are not supported: nothing is stored here to fetch later", "background") end
+    if t.background then return bad("background responses are not supported: each is answered whole, or streamed", "background") end
     -- ("auto" drops input that does not fit: here an input that does not fit is refused, and
     -- one that fits is what "auto" would keep)
     if t.truncation ~= nil and t.truncation ~= "disabled" and t.truncation ~= "auto" then
@@ -355,10 +360,11 @@ function _M.to_chat(body, lookup)
     end
     local messages, from, calls_from = messages_of(t.input, t.instructions, earlier)
     if not messages then return bad(from, "input") end
-    -- what a stored response keeps: the conversation but the instructions (the reply joins it)
-    local conversation = {}
+    -- what a stored response keeps: its own messages (neither the instructions nor the earlier
+    -- responses', which their entries keep; the reply joins them), and the response it continued
+    local own = {}
     for k, m in ipairs(messages) do
-        if from[k] ~= false then conversation[#conversation + 1] = m end
+        if from[k] ~= false and from[k] ~= "previous" then own[#own + 1] = m end
     end
     local store = t.store ~= false and lookup ~= nil
     members[#members + 1] = { "messages", encode(messages) }
@@ -413,7 +419,7 @@ function _M.to_chat(body, lookup)
     if effort then shapes.add_template_variable(members, t, "reasoning_effort", encode(effort)) end
     local view = setmetatable({
         from = from, calls_from = calls_from, logprobs = logprobs, stream = t.stream == true,
-        store = store, conversation = store and conversation or nil,
+        store = store, own = store and own or nil, previous = t.previous_response_id,
         -- what the answer echoes (OpenAI's defaults where the request left a field out)
         echo = {
             { "instructions", t.instructions and encode(t.instructions) or "null" },
@@ -456,7 +462,7 @@ function View:error(err)
     message = gsub(message, "messages%[(%d+)%]", function(k)
         local from = self.from[tonumber(k) + 1]
         if from == false then return "instructions" end
-        if from == "previous" then return "previous_response_id's conversation" end
+        if from == "previous" then return "previous_response_id's conversation[" .. k .. "]" end
         return from and ("input[" .. from .. "]") or nil
     end)
     message = gsub(message, "%f[%w_]messages%f[^%w_]", "input")
@@ -603,15 +609,15 @@ function View:keep(final, text, thought, calls)
     self.final, self.reply = final, reply
 end
 
--- record() -> what a stored response keeps: its conversation with the reply (chat messages,
--- JSON text) and its response object (JSON text); nil when it is not stored (store: false, no
--- store) or did not end (failed, cut off).
+-- record() -> what a stored response keeps: its own messages with the reply (chat messages,
+-- JSON text), its response object (JSON text) and the id of the response it continued (nil:
+-- none); nil when it is not stored (store: false, no store) or did not end (failed).
 function View:record()
     if not (self.store and self.final) then return nil end
-    local conversation = {}
-    for i, m in ipairs(self.conversation) do conversation[i] = m end
-    conversation[#conversation + 1] = self.reply
-    return encode(conversation), self.final
+    local messages = {}
+    for i, m in ipairs(self.own) do messages[i] = m end
+    messages[#messages + 1] = self.reply
+    return encode(messages), self.final, self.previous
 end
 
 -- ------------------------------------------------------------------ the stream
@@ -654,7 +660,12 @@ function View:close(out, status)
         self:event(out, "response.content_part.done", { id_m, index_m, { "content_index", "0" }, { "part", part } })
         json = message_item(item.id, part, status)
     else
-        self.reply_calls[#self.reply_calls + 1] = { id = item.call_id, name = item.name, arguments = text }
+        -- (a call the token limit cut is left out of the conversation kept, as a blocking
+        -- answer leaves it out: its arguments are no JSON object, which a next turn refuses)
+        local arguments = json_text.decode(text)
+        if type(arguments) == "table" and text:find("^%s*{") then
+            self.reply_calls[#self.reply_calls + 1] = { id = item.call_id, name = item.name, arguments = text }
+        end
         self:event(out, "response.function_call_arguments.done", { id_m, index_m, { "name", encode(item.name) }, { "arguments", encode(text) } })
         json = call_item(item.id, item.call_id, item.name, text, status)
     end
