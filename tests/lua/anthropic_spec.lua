@@ -47,6 +47,7 @@ describe("anthropic.to_chat", function()
         assert.equal('{"type":"function","function":{"name":"w"}}', json_text.member(text, { "tool_choice" }))
         assert.equal("false", json_text.member(text, { "parallel_tool_calls" }))
         assert.equal('{"enable_thinking":true}', json_text.member(text, { "chat_template_kwargs" }))
+        assert.equal("2048", json_text.member(text, { "thinking_budget" })) -- (the chat request's budget)
         assert.equal(schema, json_text.member(text, { "response_format", "json_schema", "schema" }))
         local choices = { auto = "auto", any = "required", none = "none" }
         for kind, want in pairs(choices) do

@@ -1741,27 +1741,29 @@ describe("responses (OpenAI's Responses API)", function()
     end)
 
     it("continues a stored response's function call with its output (the Agents SDK's turn)", function()
-        local tools = { { type = "function", name = "lookup", description = "Find a person.",
-                          parameters = { type = "object", properties = { name = { type = "string", enum = { "Emma" } } },
-                                         required = { "name" } } } }
-        local status, body = post_responses({ input = "Who is Emma?", tools = tools, tool_choice = "required", max_output_tokens = 60,
-                                              temperature = 0 })
+        -- (bodies as text: a schema's key order is the order the template shows it in)
+        local parameters = '{"type": "object", "properties": {"name": {"type": "string", "enum": ["Emma"]}}, "required": ["name"]}'
+        local flat = '[{"type": "function", "name": "lookup", "description": "Find a person.", "parameters": ' .. parameters .. "}]"
+        local status, body = post_responses('{"input": "Who is Emma?", "tools": ' .. flat .. ', "tool_choice": "required", ' ..
+                                            '"max_output_tokens": 60, "temperature": 0}')
         assert.equal(200, status, body)
         local first = cjson.decode(body)
         local call = first.output[#first.output]
         assert.equal("function_call", call.type, body)
-        status, body = post_responses({ previous_response_id = first.id, tools = tools, max_output_tokens = 4, temperature = 0,
-                                        input = { { type = "function_call_output", call_id = call.call_id, output = "A lady." } } })
+        status, body = post_responses('{"previous_response_id": ' .. cjson.encode(first.id) .. ', "tools": ' .. flat ..
+                                      ', "max_output_tokens": 4, "temperature": 0, "input": [{"type": "function_call_output", ' ..
+                                      '"call_id": ' .. cjson.encode(call.call_id) .. ', "output": "A lady."}]}')
         assert.equal(200, status, body)
         local second = cjson.decode(body)
         -- the chat completion of the conversation it means: the call's turn, then its output
-        local chat = cjson.decode(select(2, post_chat({ tools = { { type = "function", ["function"] = {
-                name = "lookup", description = "Find a person.", parameters = tools[1].parameters } } },
-            max_tokens = 4, temperature = 0, messages = {
-                { role = "user", content = "Who is Emma?" },
-                { role = "assistant", content = cjson.null, tool_calls = { { id = call.call_id, type = "function",
-                    ["function"] = { name = "lookup", arguments = call.arguments } } } },
-                { role = "tool", tool_call_id = call.call_id, content = "A lady." } } })))
+        local messages = cjson.encode({
+            { role = "user", content = "Who is Emma?" },
+            { role = "assistant", content = cjson.null, tool_calls = { { id = call.call_id, type = "function",
+                ["function"] = { name = "lookup", arguments = call.arguments } } } },
+            { role = "tool", tool_call_id = call.call_id, content = "A lady." } })
+        local chat = cjson.decode(select(2, post_chat('{"tools": [{"type": "function", "function": {"name": "lookup", ' ..
+            '"description": "Find a person.", "parameters": ' .. parameters .. '}}], "max_tokens": 4, "temperature": 0, ' ..
+            '"messages": ' .. messages .. "}")))
         assert.equal(chat.usage.prompt_tokens, second.usage.input_tokens)
         assert.equal(chat.choices[1].message.content or "", second.output[1].content and second.output[1].content[1].text or "")
     end)
@@ -2701,6 +2703,60 @@ describe("server with two workers", function()
                             base2 .. "/v1/chat/completions")
         assert.equal(200, status, body)
         assert.is_nil(body:find("reasoning_content", 1, true), body)
+    end)
+
+    it("ends a thinking model's block at thinking_budget (chat) and budget_tokens (Messages): </think> written for it", function()
+        local m = assert(tinyloop.load(MODEL, { kv_type = "f16" }))
+        local prompt = m:encode(CHATML_PROMPT .. "<think>\n")
+        local want = { unpack(m:generate(prompt, { max_tokens = 16, ignore_eos = true, stop_sequences = { { turn_end } },
+                                                  reasoning_budget = 3, reasoning_open = true }), #prompt + 1) }
+        local free = { unpack(m:generate(prompt, { max_tokens = 16, ignore_eos = true, stop_sequences = { { turn_end } } }),
+                              #prompt + 1) }
+        assert.are_not.same(free, want) -- (this model does not end its block within 3 tokens by itself)
+        local reasoning_text = m:decode({ want[1], want[2], want[3] })
+        local req = { messages = CHATML_MESSAGES, max_tokens = 16, ignore_eos = true, thinking_budget = 3,
+                      chat_template_kwargs = { enable_thinking = true } }
+        local answers = {}
+        for _, stream in ipairs({ false, true }) do
+            req.stream = stream or nil
+            local status, body = curl("-N -H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode(req)) .. " " ..
+                                      base2 .. "/v1/chat/completions")
+            assert.equal(200, status, body)
+            local ids, thought, content = {}, {}, {}
+            if stream then
+                for _, chunk in ipairs((sse_chunks(body))) do
+                    local choice = chunk.choices[1] or {}
+                    for _, id in ipairs(choice.token_ids or {}) do ids[#ids + 1] = id end
+                    local delta = choice.delta or {}
+                    if type(delta.reasoning_content) == "string" then thought[#thought + 1] = delta.reasoning_content end
+                    if type(delta.content) == "string" then content[#content + 1] = delta.content end
+                end
+            else
+                local choice = cjson.decode(body).choices[1]
+                ids, thought, content = choice.token_ids, { choice.message.reasoning_content }, { choice.message.content }
+            end
+            assert.same(want, ids)
+            assert.equal(reasoning_text, table.concat(thought))
+            answers[#answers + 1] = table.concat(content)
+        end
+        assert.equal(answers[1], answers[2])
+        -- Anthropic's budget_tokens is the same budget
+        local status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
+            system = " Be brief. ", messages = { { role = "user", content = "Who is Emma?" } }, max_tokens = 16, ignore_eos = true,
+            thinking = { type = "enabled", budget_tokens = 3 } })) .. " " .. base2 .. "/v1/messages")
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        assert.same({ "thinking", reasoning_text }, { r.content[1].type, r.content[1].thinking })
+        assert.same({ "text", answers[1] }, { r.content[2].type, r.content[2].text })
+        -- refusals: a budget below 1; on a server whose replies have no block (base: a plain template)
+        status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
+            messages = CHATML_MESSAGES, max_tokens = 4, thinking_budget = 0 })) .. " " .. base2 .. "/v1/chat/completions")
+        assert.equal(400, status, body)
+        assert.equal("thinking_budget", cjson.decode(body).error.param)
+        status, body = post_chat({ messages = CHATML_MESSAGES, max_tokens = 4, thinking_budget = 8 })
+        assert.equal(400, status, body)
+        assert.same({ "thinking_budget", true }, { cjson.decode(body).error.param,
+                    cjson.decode(body).error.message:find("needs a thinking model", 1, true) ~= nil })
     end)
 
     it("answers a thinking model's reasoning as a thinking block in /v1/messages, blocking and streamed alike", function()

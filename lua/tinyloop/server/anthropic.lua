@@ -299,15 +299,20 @@ function _M.to_chat(body, counting)
     if format_text then members[#members + 1] = { "response_format", format_text } end
     if t.thinking then
         -- the template's switch (Qwen3's enable_thinking), unless the request sets it itself;
-        -- budget_tokens is taken, not enforced: the block ends where the model ends it
+        -- budget_tokens, the chat request's thinking_budget (the block holds that many tokens
+        -- at most: then </think> is written for it)
         local kind = t.thinking.type
         local ok, err = check_keys(t.thinking, { type = true, budget_tokens = true, display = true }, "thinking")
         if not ok then return bad(err, "thinking") end
         if kind ~= "enabled" and kind ~= "disabled" and kind ~= "adaptive" then
             return bad('thinking.type must be "enabled", "disabled" or "adaptive"', "thinking")
         end
-        if t.thinking.budget_tokens ~= nil and not KIND_OK.integer(t.thinking.budget_tokens) then
-            return bad("thinking.budget_tokens must be an integer", "thinking")
+        local budget = t.thinking.budget_tokens
+        if budget ~= nil and budget ~= json_null then
+            if not KIND_OK.integer(budget) or budget < 1 then
+                return bad("thinking.budget_tokens must be an integer >= 1", "thinking")
+            end
+            if kind == "enabled" then members[#members + 1] = { "thinking_budget", shapes.integer(budget) } end
         end
         shapes.add_template_variable(members, t, "enable_thinking", tostring(kind ~= "disabled"))
     else -- (no thinking asked for: none, Anthropic's default, where the template has the switch)
@@ -320,7 +325,7 @@ end
 -- Anthropic's error shape (which has no param: the message names the field).
 local RENAMES = {
     { "max_completion_tokens", "max_tokens" }, { "response_format.json_schema.schema", "output_format.schema" },
-    { "response_format", "output_format" },
+    { "response_format", "output_format" }, { "thinking_budget", "thinking.budget_tokens" },
 }
 local ERROR_TYPES = { [400] = "invalid_request_error", [401] = "authentication_error", [403] = "permission_error",
                       [404] = "not_found_error", [405] = "invalid_request_error", [413] = "request_too_large",

@@ -1242,6 +1242,16 @@ local function serve(chat, body, view)
     -- a request's own grammar writes the block itself). One block, where the reply is read for
     -- it: a call inside a later one would be read as a call and never checked.
     local thinks = chat and reasoning_on and reasoning.opens(req.prompt_text)
+    -- A thinking budget: the engine writes </think> for a block that holds that many tokens
+    -- (the tags the replies are read by; the block open from the start where the prompt opened it)
+    if req.thinking_budget then
+        if not reasoning_on then
+            return send_error(400, "thinking_budget needs a thinking model: this server does not read replies for " ..
+                              "<think> blocks (its chat template has none; --reasoning-format)", "thinking_budget")
+        end
+        req.cfg.reasoning_budget, req.cfg.reasoning_open = req.thinking_budget, thinks
+        req.cfg.reasoning_start, req.cfg.reasoning_end = reasoning.START, reasoning.END
+    end
     if chat and reasoning_on and req.cfg.grammar then
         local wrapped, gerr = request.after_reasoning(req.cfg.grammar, thinks, req.grammar_field ~= "tools")
         if not wrapped then -- (the grammar's own size: the request's; memory: the server's)

@@ -96,6 +96,8 @@ CHAT_FIELDS.add_generation_prompt = { "boolean", false }  -- vLLM's: the assista
 CHAT_FIELDS.continue_final_message = { "boolean", false } -- vLLM's: the reply continues the final message
 CHAT_FIELDS.chat_template_kwargs = { "object", false }    -- vLLM's: more variables for the template
 CHAT_FIELDS.include_reasoning = { "boolean", false }      -- vLLM's: false leaves a thinking model's reasoning out
+CHAT_FIELDS.thinking_budget = { "integer", false }        -- TinyLoop's: a thinking model's reasoning block holds at
+                                                          -- most this many tokens (then </think> is written for it)
 _M.CHAT_FIELDS = CHAT_FIELDS
 
 local DEFAULT_MAX_TOKENS = 16 -- OpenAI's default for completions
@@ -1073,6 +1075,9 @@ function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
             :format(#ids, field, max_tokens, model.max_seq_len), field)
     end
     cfg.max_tokens = max_tokens
+    if t.thinking_budget ~= nil and t.thinking_budget < 1 then
+        return bad(("thinking_budget = %d must be >= 1 (leave it out for no budget)"):format(t.thinking_budget), "thinking_budget")
+    end
     -- the template's own turn ends (chat.turn_ends: tinyloop.chat's turn_end_ids) stop it too
     if chat.turn_ends then add_stop_ids(cfg, chat.turn_ends) end
     local logprobs
@@ -1088,7 +1093,7 @@ function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
              include_usage = shared.include_usage, logprobs = logprobs, prompt_tokens = #ids, stops = answer_stops(t, cfg),
              stop_strings = cfg.stop_strings, stop_names = shared.stop_names, stop_ids = shared.stop_ids,
              grammar_field = shared.grammar_field, prompt_text = text, tools = tool_spec or nil,
-             include_reasoning = t.include_reasoning ~= false }
+             include_reasoning = t.include_reasoning ~= false, thinking_budget = t.thinking_budget }
 end
 
 -- ------------------------------------------------------------------ /tokenize, /detokenize
