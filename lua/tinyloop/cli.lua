@@ -28,6 +28,9 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
   -k, --top-k K              keep the K most likely tokens (default 50)
       --top-p P              nucleus mass in (0, 1] (default 1)
       --min-p P              keep tokens at least P times as likely as the first, P in [0, 1]
+      --thinking-budget N    a thinking model's <think> block holds N tokens at most: then
+                             </think> is written for it and the answer follows (the block is
+                             open from the start where the prompt ends with <think>)
                              (default 0: off)
   -s, --seed N               sampling seed (default 0)
       --repetition-penalty R HF-style penalty on seen tokens (default 1)
@@ -97,6 +100,7 @@ local OPTIONS = {
     ["--presence-penalty"] = { "presence_penalty", "number" },
     ["--frequency-penalty"] = { "frequency_penalty", "number" },
     ["--min-p"] = { "min_p", "number" },
+    ["--thinking-budget"] = { "reasoning_budget", "int" },
     ["--min-tokens"] = { "min_tokens", "int" },
     ["--cache-window"] = { "cache_window", "int" },
     ["--ignore-eos"] = { "ignore_eos", "flag" },
@@ -483,6 +487,8 @@ function _M.main(argv, default_model)
     end
     local reasoning = require "tinyloop.reasoning"
     local thinking = chat ~= nil and reasoning.uses(chat.template_text) -- (the template speaks of blocks)
+    -- the thinking budget's block: <think> ... </think>, open from the start where the prompt opened it
+    if cfg.reasoning_budget then cfg.reasoning_open = reasoning.opens(o.prompt) end
     if o.tools and o.tools.forced then -- the reply is calls: their grammar
         if cfg.grammar then io.stderr:write("tinyloop: --tool-choice ", o.tool_choice, " constrains the output itself: not with --grammar, --json-schema or --regex\n") return 2 end
         local g, gerr = tools.grammar(o.tools)
