@@ -83,6 +83,8 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
                              ({"name": ..., "arguments": {...}}) after its content
       --tool-choice C        with --tools: auto (default), required, none, or a function's
                              name (then the reply is that call, its arguments as the schema says)
+      --embed                print PROMPT's embedding instead of generating: one JSON array
+                             of d_model numbers (model:embed: mean-pooled, unit length; at -L)
       --no-prompt            do not echo the prompt
       --no-stats             no stats line
   -h, --help                 this text
@@ -197,6 +199,7 @@ function _M.parse(argv, default_model)
             i = i + 1
         elseif a == "--chat" then o.chat = true
         elseif a == "-i" or a == "--interactive" then o.chat, o.interactive = true, true
+        elseif a == "--embed" then o.embed = true
         elseif a == "--no-prompt" then o.echo = false
         elseif a == "--no-stats" then o.stats = false
         elseif a == "--" then -- what follows is the prompt, options or not ("-n 3" after it is text)
@@ -226,6 +229,7 @@ function _M.parse(argv, default_model)
         if pair[1] and not o.chat then return nil, usage_error(pair[2] .. " goes with --chat") end
     end
     if o.tool_choice and not o.tools_file then return nil, usage_error("--tool-choice goes with --tools") end
+    if o.embed and o.chat then return nil, usage_error("--embed reads PROMPT as text: not with --chat or -i") end
     if #o.stops > 0 then o.cfg.stop_strings = o.stops end
     return o
 end
@@ -439,6 +443,16 @@ function _M.main(argv, default_model)
     end
     for _, w in ipairs(model.warnings) do io.stderr:write("tinyloop: warning: ", w, "\n") end
     local cfg = o.cfg
+    -- ---- --embed: the prompt's embedding, one JSON array (float32's round trip, %.9g)
+    if o.embed then
+        local ok, vector, eerr = pcall(model.embed, model, o.prompt, { loops = cfg.loops })
+        if not ok then io.stderr:write("tinyloop: ", tostring(vector), "\n") return 2 end
+        if not vector then io.stderr:write("tinyloop: ", tostring(eerr), "\n") return 1 end
+        local numbers = {}
+        for i, x in ipairs(vector) do numbers[i] = ("%.9g"):format(x) end
+        io.write("[", table.concat(numbers, ","), "]\n")
+        return 0
+    end
     -- ---- --chat: the prompt through the chat template; the reply ends at the template's turn
     --      ends too (tinyloop.chat), and is all that is printed
     local chat
