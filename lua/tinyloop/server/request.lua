@@ -793,6 +793,17 @@ local function check_model(t, model_id)
     return true
 end
 
+-- A body of one of the smaller endpoints (/tokenize, /detokenize, /v1/embeddings): its fields
+-- checked (decode_fields, no no-ops but `no_ops`) and its model the one served -> t | nil, err.
+local function endpoint_body(body, fields, model_id, no_ops)
+    local t, e = decode_fields(body, fields, no_ops or {})
+    if not t then return nil, e end
+    local ok
+    ok, e = check_model(t, model_id)
+    if not ok then return nil, e end
+    return t
+end
+
 -- The stop strings an answer's text is cut at (the config's, at its end: a chat's tool calls
 -- may add one), none with include_stop_str_in_output.
 local function answer_stops(t, cfg)
@@ -1118,11 +1129,8 @@ local DETOKENIZE_FIELDS = { model = { "string", false }, tokens = { "array", fal
 -- (chat: as parse_chat's; nil when the chat template failed to load, chat_error saying why:
 -- a 500 for messages only).
 function _M.parse_tokenize(body, model, model_id, chat, chat_error)
-    local t, e = decode_fields(body, TOKENIZE_FIELDS, TOKENIZE_NO_OPS)
+    local t, e = endpoint_body(body, TOKENIZE_FIELDS, model_id, TOKENIZE_NO_OPS)
     if not t then return nil, e end
-    local ok
-    ok, e = check_model(t, model_id)
-    if not ok then return nil, e end
     if (t.prompt == nil) == (t.messages == nil) then
         return bad("send prompt (a text) or messages (a conversation): one of them", t.prompt and "messages" or "prompt")
     end
@@ -1152,11 +1160,9 @@ end
 -- parse_detokenize(body, model, model_id) -> { text } | nil, err: a POST /detokenize body,
 -- its ids' text.
 function _M.parse_detokenize(body, model, model_id)
-    local t, e = decode_fields(body, DETOKENIZE_FIELDS, {})
+    local t, e = endpoint_body(body, DETOKENIZE_FIELDS, model_id)
     if not t then return nil, e end
     local ok
-    ok, e = check_model(t, model_id)
-    if not ok then return nil, e end
     if t.tokens == nil then return bad("tokens is required", "tokens") end
     if raw_member(body, { "tokens" }):sub(1, 1) ~= "[" then return bad("tokens must be an array of token ids", "tokens") end
     if not model.has_tokenizer then return bad("this model has no tokenizer: it has no text for its ids", "tokens") end
@@ -1218,11 +1224,8 @@ end
 -- encoding ("float" | "base64"), loops, pooling, normalize } | nil, err: a POST
 -- /v1/embeddings body (OpenAI's, with vLLM's truncate_prompt_tokens).
 function _M.parse_embeddings(body, model, model_id)
-    local t, e = decode_fields(body, EMBEDDINGS_FIELDS, {})
+    local t, e = endpoint_body(body, EMBEDDINGS_FIELDS, model_id)
     if not t then return nil, e end
-    local ok
-    ok, e = check_model(t, model_id)
-    if not ok then return nil, e end
     if t.input == nil then return bad("input is required", "input") end
     if type(t.input) == "table" and next(t.input) == nil then return bad("input must not be empty", "input") end
     -- (counted before any is encoded: a body of a million one-letter texts is refused at once)

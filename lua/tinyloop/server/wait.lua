@@ -13,22 +13,25 @@ local cast, tonumber = ffi.cast, tonumber
 
 local _M = {}
 
-local fn_addr, fn -- the cast of tl_engine_wait, redone only if its address changes
-
-local score_addr, score_fn, error_addr, error_fn -- the casts of tl_score_logprobs and tl_last_error
+-- The function at address `addr` as the C type `ctype`: one cast per type, redone only if the
+-- address changes (tl_engine_wait, tl_score_logprobs, tl_embed, tl_last_error).
+local casts = {}
+local function function_at(addr, ctype)
+    local c = casts[ctype]
+    if not c or c.addr ~= addr then
+        c = { addr = addr, fn = cast(ctype, addr) }
+        casts[ctype] = c
+    end
+    return c.fn
+end
+local LAST_ERROR = "const char *(*)(void)"
 
 -- A prompt's own log-probabilities (echo with logprobs): tl_score_logprobs runs forward
 -- passes, so here and never on the event loop. ids: the prompt's token ids (a table).
 -- -> logprobs [#ids - 1], top_ids and top_logprobs [(#ids - 1) * top]; or nil, the message.
 function _M.score(fn_addr, last_error_addr, model_addr, ids, loops, top)
-    if fn_addr ~= score_addr then
-        score_fn = cast("int (*)(const void *, const int32_t *, int, int, int, float *, int32_t *, float *)", fn_addr)
-        score_addr = fn_addr
-    end
-    if last_error_addr ~= error_addr then
-        error_fn = cast("const char *(*)(void)", last_error_addr)
-        error_addr = last_error_addr
-    end
+    local score_fn = function_at(fn_addr, "int (*)(const void *, const int32_t *, int, int, int, float *, int32_t *, float *)")
+    local error_fn = function_at(last_error_addr, LAST_ERROR)
     local n = #ids
     local tokens = ffi.new("int32_t[?]", n)
     for i = 1, n do tokens[i - 1] = ids[i] end
@@ -44,7 +47,6 @@ function _M.score(fn_addr, last_error_addr, model_addr, ids, loops, top)
     return lp, ids_out, lp_out
 end
 
-local embed_addr, embed_fn -- the cast of tl_embed
 -- tl_embed_options, declared here without the binding's cdef (why: see the top); the
 -- embed spec checks that it has the header's size and offsets.
 local embed_options = ffi.typeof("struct { int loops; int pooling; int normalize; }")
@@ -60,14 +62,8 @@ local POOLING = { mean = 0, last = 1 } -- TL_POOLING_MEAN, TL_POOLING_LAST
 -- "embedding"}) or "ollama" (the bare vector). -> the slice's entries' JSON text, joined by
 -- commas | nil, the message.
 function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, pooling, normalize, as, shape, first)
-    if fn_addr ~= embed_addr then
-        embed_fn = cast("int (*)(const void *, const int32_t *, int, const void *, float *)", fn_addr)
-        embed_addr = fn_addr
-    end
-    if last_error_addr ~= error_addr then
-        error_fn = cast("const char *(*)(void)", last_error_addr)
-        error_addr = last_error_addr
-    end
+    local embed_fn = function_at(fn_addr, "int (*)(const void *, const int32_t *, int, const void *, float *)")
+    local error_fn = function_at(last_error_addr, LAST_ERROR)
     local opts = embed_options(loops, POOLING[pooling], normalize and 1 or 0)
     local vector = ffi.new("float[?]", d)
     local entries, numbers, format = {}, {}, string.format
@@ -95,11 +91,7 @@ end
 
 -- -> 1 output to read, 0 timeout, -1 the request is gone (cancelled) or the engine stopped.
 function _M.wait(wait_addr, engine_addr, id, timeout_ms)
-    if wait_addr ~= fn_addr then
-        fn = cast("int (*)(void *, uint64_t, int)", wait_addr)
-        fn_addr = wait_addr
-    end
-    return tonumber(fn(cast("void *", engine_addr), id, timeout_ms))
+    return tonumber(function_at(wait_addr, "int (*)(void *, uint64_t, int)")(cast("void *", engine_addr), id, timeout_ms))
 end
 
 return _M
