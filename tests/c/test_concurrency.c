@@ -1,5 +1,6 @@
 /* test_concurrency.c: four threads, each with its own sessions on one shared model, produce
- * exactly the tokens of sequential runs. Built also under ThreadSanitizer (scripts/test). */
+ * exactly the tokens of sequential runs, and between them the embeddings (tl_embed) of
+ * sequential calls, to the bit. Built also under ThreadSanitizer (scripts/test). */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -18,8 +19,17 @@ typedef struct {
     tl_generate_config cfg;
     int32_t want[CAP], got[ROUNDS][CAP];
     int want_len, got_len[ROUNDS];
+    float *embed_want, *embed_got[ROUNDS]; /* [d_model] each: the prompt's embedding */
     tl_status status;
 } job_t;
+
+static tl_embed_options embed_options(int i) {
+    tl_embed_options o;
+    tl_embed_options_init(&o);
+    o.loops = 1 + i % 2;
+    o.pooling = i % 2 ? TL_POOLING_LAST : TL_POOLING_MEAN;
+    return o;
+}
 
 static void *worker(void *arg) {
     job_t *j = arg;
@@ -37,6 +47,8 @@ static void *worker(void *arg) {
             memcpy(j->got[r], tokens, (size_t)j->got_len[r] * sizeof(int32_t));
             tl_session_free(s);
         }
+        const tl_embed_options eo = embed_options(j->index);
+        j->status |= tl_embed(model, j->prompt, 4, &eo, j->embed_got[r]);
     }
     return NULL;
 }
@@ -63,6 +75,12 @@ int main(int argc, char **argv) {
         j->cfg.cache_window = i == 3 ? 6 : 0;
         CHECK(tl_generate(model, j->prompt, 4, &j->cfg, j->want, CAP, &j->want_len, NULL) == TL_OK,
               "sequential %d: %s", i, tl_last_error());
+        const size_t d = (size_t)tl_model_info(model)->d_model;
+        j->embed_want = calloc(d, sizeof(float));
+        for (int r = 0; r < ROUNDS; r++) j->embed_got[r] = calloc(d, sizeof(float));
+        const tl_embed_options eo = embed_options(i);
+        CHECK(j->embed_want && tl_embed(model, j->prompt, 4, &eo, j->embed_want) == TL_OK, "sequential embed %d: %s", i,
+              tl_last_error());
     }
     pthread_t threads[THREADS];
     for (int i = 0; i < THREADS; i++) pthread_create(&threads[i], NULL, worker, &jobs[i]);
@@ -73,6 +91,13 @@ int main(int argc, char **argv) {
             CHECK(jobs[i].got_len[r] == jobs[i].want_len &&
                       memcmp(jobs[i].got[r], jobs[i].want, (size_t)jobs[i].want_len * sizeof(int32_t)) == 0,
                   "thread %d round %d differs from the sequential run", i, r);
+        const size_t d = (size_t)tl_model_info(model)->d_model;
+        for (int r = 0; r < ROUNDS; r++) {
+            CHECK(jobs[i].embed_got[r] && memcmp(jobs[i].embed_got[r], jobs[i].embed_want, d * sizeof(float)) == 0,
+                  "thread %d round %d: the embedding differs from the sequential one", i, r);
+            free(jobs[i].embed_got[r]);
+        }
+        free(jobs[i].embed_want);
     }
     tl_model_free(model);
     return check_summary();
