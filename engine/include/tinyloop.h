@@ -412,12 +412,15 @@ typedef struct tl_generate_config {
        answer. With reasoning_budget > 0, once an open block holds that many tokens (after
        its start), the next tokens are reasoning_end's, forced (those it does not already end
        with: a tag of several ids the model had begun), and decoding goes on free (the
-       answer follows). A block opens where the generated tokens end with
-       reasoning_start's ids and closes where they end with reasoning_end's; it is open from
-       the first token with reasoning_open (the prompt opened it: a template that writes
-       "<think>\n" itself). A compiled grammar must allow reasoning_end where it is forced
-       (the after-block grammars do). Plain and batched decoding; speculative and beam
-       sessions refuse it. */
+       answer follows). A block opens where the generated text comes to hold
+       reasoning_start's bytes (however the model's ids spell them; or its ids, where a tag
+       is a special token, whose text is not shown) and closes where it holds reasoning_end's;
+       it is open from the first token with reasoning_open (the prompt opened it: a template
+       that writes "<think>\n" itself); a later block gets a budget of its own. A compiled
+       grammar must allow reasoning_end where it is forced (the after-block grammars do):
+       else that step fails with TL_ERR_UNSUPPORTED, saying so. The forced tokens'
+       log-probabilities are the model's own (tl_session_logprobs), however low. Plain and
+       batched decoding, early exit included; speculative and beam sessions refuse it. */
     int reasoning_budget;            /* 0 (off); > 0: the most tokens of a block */
     tl_token_seq reasoning_start;    /* 1..TL_MAX_REASONING_TAG ids (0 ids: only with reasoning_open) */
     tl_token_seq reasoning_end;      /* 1..TL_MAX_REASONING_TAG ids; also what the budget forces */

@@ -234,6 +234,14 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
     s->forced_token = -1;
     if (s->reasoning_forced >= 0) { /* the thinking budget is spent: reasoning_end's next id */
         s->forced_token = c->reasoning_end.tokens[s->reasoning_forced];
+        /* a compiled grammar must take it (a callback grammar's advance is told, and may fail) */
+        if (s->grammar_matcher &&
+            gram_matcher_advance_state(s->grammar_matcher, gram_matcher_state(s->grammar_matcher), s->forced_token) == GRAM_DEAD) {
+            s->finished = true;
+            return tl_fail(TL_ERR_UNSUPPORTED, "the thinking budget is spent, and the grammar does not allow reasoning_end's "
+                           "id %d there (a grammar must let the reasoning block end: tl_grammar_compile_after_block)",
+                           s->forced_token);
+        }
         return TL_OK;
     }
     if (c->grammar) {
@@ -275,6 +283,24 @@ int32_t tl_session_choose(tl_session *s) {
 
 /* ---------------------------------------------------------------- the thinking budget */
 
+/* The bytes of tag's ids into out[256] -> their length; 0 when they cannot be matched as text
+   (no tokenizer, a special token among them: its text is not in the generated text, or more
+   than 256 bytes). */
+static size_t tag_bytes(const tl_session *s, const tl_token_seq *tag, char *out) {
+    size_t len = 0;
+    if (!s->m->tokenizer) return 0;
+    for (int i = 0; i < tag->n; i++) {
+        const char *bytes;
+        size_t n;
+        if (tlz_is_special(s->m->tokenizer, tag->tokens[i]) ||
+            tlz_token_bytes(s->m->tokenizer, tag->tokens[i], &bytes, &n) != 0 || len + n > 256)
+            return 0;
+        memcpy(out + len, bytes, n);
+        len += n;
+    }
+    return len;
+}
+
 void tl_session_own_reasoning_tags(tl_session *s, const tl_generate_config *from) {
     const tl_token_seq *tags[2] = {&from->reasoning_start, &from->reasoning_end};
     tl_token_seq *own[2] = {&s->cfg.reasoning_start, &s->cfg.reasoning_end};
@@ -283,17 +309,27 @@ void tl_session_own_reasoning_tags(tl_session *s, const tl_generate_config *from
         if (n > 0 && tags[t]->tokens != s->reasoning_ids[t])
             memcpy(s->reasoning_ids[t], tags[t]->tokens, (size_t)n * sizeof(int32_t));
         *own[t] = (tl_token_seq){n > 0 ? s->reasoning_ids[t] : NULL, n};
+        s->reasoning_tag_len[t] = n > 0 ? tag_bytes(s, own[t], s->reasoning_tag_bytes[t]) : 0;
     }
 }
 
-/* Whether the generated tokens end with the tag (whole within them). */
-static bool generated_end_with(const tl_session *s, const tl_token_seq *tag) {
+/* Whether tag t (0 start, 1 end) has just been written: the generated ids end with its ids
+   (whole within them), or the text holds its bytes ending in the last token's bytes (`old`:
+   the text's length before them), however the model's ids spelled them. */
+static bool tag_written(const tl_session *s, int t, size_t old) {
+    const tl_token_seq *tag = t ? &s->cfg.reasoning_end : &s->cfg.reasoning_start;
     const int n = s->n_tokens;
-    if (tag->n < 1 || n - s->prompt_len < tag->n) return false;
-    return memcmp(s->tokens + n - tag->n, tag->tokens, (size_t)tag->n * sizeof(int32_t)) == 0;
+    if (tag->n >= 1 && n - s->prompt_len >= tag->n &&
+        memcmp(s->tokens + n - tag->n, tag->tokens, (size_t)tag->n * sizeof(int32_t)) == 0)
+        return true;
+    const size_t len = s->reasoning_tag_len[t];
+    if (len == 0 || s->text_len < len || s->text_len == old) return false;
+    for (size_t at = old + 1 > len ? old + 1 - len : 0; at + len <= s->text_len; at++)
+        if (memcmp(s->text + at, s->reasoning_tag_bytes[t], len) == 0) return true;
+    return false;
 }
 
-void tl_session_track_reasoning(tl_session *s) {
+void tl_session_track_reasoning(tl_session *s, size_t old_text_len) {
     const tl_generate_config *c = &s->cfg;
     if (c->reasoning_budget <= 0) return;
     if (s->reasoning_forced >= 0) { /* a forced id went out: the block closes with the last */
@@ -301,10 +337,10 @@ void tl_session_track_reasoning(tl_session *s) {
         return;
     }
     if (!s->reasoning_inside) {
-        if (generated_end_with(s, &c->reasoning_start)) s->reasoning_inside = true, s->reasoning_tokens = 0;
+        if (tag_written(s, 0, old_text_len)) s->reasoning_inside = true, s->reasoning_tokens = 0;
         return;
     }
-    if (generated_end_with(s, &c->reasoning_end)) {
+    if (tag_written(s, 1, old_text_len)) {
         s->reasoning_inside = false;
         return;
     }
@@ -418,13 +454,14 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
     /* Append and account. */
     const int position = s->n_tokens;
     s->tokens[s->n_tokens++] = tok;
-    tl_session_track_reasoning(s);
     const int emitted = s->n_tokens - s->prompt_len;
     tl_stats_count_token(&s->stats, emitted, s->last_depth > 0 ? s->last_depth : s->loops, &s->loops_sum,
                          s->t_start, s->t_prefill_end, tl_now_ms());
 
     bool stop_string = false;
+    const size_t old_text_len = s->text_len;
     if ((st = tl_session_append_text(s, tok, &stop_string)) != TL_OK) { s->finished = true; return st; }
+    tl_session_track_reasoning(s, old_text_len);
 
     /* Observers see every token, the last one included. */
     bool observer_stop = false;

@@ -95,6 +95,11 @@ struct tl_session {
     int reasoning_tokens;
     int reasoning_forced;
     int32_t reasoning_ids[2][TL_MAX_REASONING_TAG];
+    /* The tags' bytes (len 0: found by their ids alone: no tokenizer, a special token among
+       them, or over 256 bytes): a tag is found where the generated text holds it, however the
+       model's ids spelled it, or where the ids end with the tag's. */
+    char reasoning_tag_bytes[2][256];
+    size_t reasoning_tag_len[2];
 
     /* Set by tl_generate_stream: its callback runs inside the step like on_token. */
     tl_stream_fn stream_fn;
@@ -130,9 +135,10 @@ static inline bool tl_session_keeps_rows(const tl_session *s) { return s->decode
 static inline tl_status tl_session_prepare_logits(tl_session *s, const float *row) {
     return tl_session_prepare_logits_for(s, row, s->tokens, s->n_tokens);
 }
-/* The thinking budget's bookkeeping after s->tokens[s->n_tokens - 1] joined the tokens
-   (tl_session_emit; a state read from a file replays its tokens through it). */
-void tl_session_track_reasoning(tl_session *s);
+/* The thinking budget's bookkeeping after s->tokens[s->n_tokens - 1] joined the tokens and
+   its bytes the text (which was old_text_len bytes long before them): tl_session_emit; a
+   state read from a file replays its tokens through it. */
+void tl_session_track_reasoning(tl_session *s, size_t old_text_len);
 /* Points s->cfg's reasoning tags at the session's own copies of them (creation, clones). */
 void tl_session_own_reasoning_tags(tl_session *s, const tl_generate_config *from);
 /* Picks a token from s->work: greedy argmax, or a draw from the temperature / top-k / top-p

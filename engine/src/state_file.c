@@ -516,10 +516,11 @@ static tl_status rebuild_emitted(tl_session *s) {
     const int n_tokens = s->n_tokens;
     for (int i = s->prompt_len; i < n_tokens; i++) {
         s->n_tokens = i + 1; /* (the thinking budget's state, as the emission left it) */
-        tl_session_track_reasoning(s);
         bool stop_string = false;
+        const size_t old_text_len = s->text_len;
         tl_status st = tl_session_append_text(s, s->tokens[i], &stop_string);
         if (st != TL_OK) return st;
+        tl_session_track_reasoning(s, old_text_len);
         if (tl_session_rule_stop(s, i + 1, stop_string) != TL_STOP_NONE)
             return MALFORMED("token %d (%d) ends the generation (end of text or a stop rule): the session had finished",
                              i, s->tokens[i]);

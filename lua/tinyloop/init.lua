@@ -345,10 +345,19 @@ local function make_config(model, cfg)
     -- the thinking budget's tags: a text (encoded: "<think>" and "</think>" where left out)
     -- or token ids; reasoning_open: the prompt opened the block
     if cfg.reasoning_budget ~= nil or cfg.reasoning_start ~= nil or cfg.reasoning_end ~= nil or cfg.reasoning_open ~= nil then
+        -- (the tags are looked at, and texts encoded, only where there is a budget: a model
+        -- without a tokenizer takes a config that says none)
+        local budget = (cfg.reasoning_budget or 0) > 0
         for field, default in pairs({ reasoning_start = "<think>", reasoning_end = "</think>" }) do
             local tag = cfg[field]
-            if tag == nil then tag = default end
-            if type(tag) == "string" then
+            if tag == nil then tag = budget and default or {} end
+            if type(tag) == "string" and not budget then
+                tag = {}
+            elseif type(tag) == "string" then
+                if not model.has_tokenizer then
+                    raise(("config field '%s' is a text (%s by default), which needs the model's tokenizer: give "
+                           .. "token ids"):format(field, default))
+                end
                 local ids, err = model:encode(tag)
                 if not ids then raise(("config field '%s': %s"):format(field, tostring(err))) end
                 tag = ids

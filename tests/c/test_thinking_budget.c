@@ -79,6 +79,8 @@ static void expect_tokens(const char *what, const int32_t *got, int n_got, const
           n_got, n_want, n_got == n_want ? " (others)" : "");
 }
 
+static int encode_into(const char *text, int32_t *out, int cap);
+
 static void check_blocks(void) {
     int32_t out[MAX_NEW];
     /* a block over its budget: 5 tokens, then the end, forced; the script goes on after it */
@@ -110,6 +112,7 @@ static void check_blocks(void) {
 
     /* the budget spent while the model writes the end's ids (a tag of several): only the
        rest is forced, the end written once */
+    CHECK(n_end > 2, "</think> is %d ids here: the begun-end case needs more than 2", n_end);
     if (n_end > 2) {
         script begun = {0};
         add(&begun, think, n_think);
@@ -123,6 +126,25 @@ static void check_blocks(void) {
         add(&want, end_think, n_end);
         add_filler(&want, filler, 1);
         expect_tokens("the end begun by the model", out, run(&cfg, out), &want, want.n);
+    }
+
+    /* a tag is found in the text, however the ids spell it: the end "in" is one merged id, the
+       model writes it as "i" and "n"; the block closes there, and nothing is forced later */
+    int32_t in_merged[4], i_id[4], n_id[4];
+    if (encode_into("in", in_merged, 4) == 1 && encode_into("i", i_id, 4) == 1 && encode_into("n", n_id, 4) == 1) {
+        script spelled = {0};
+        add(&spelled, think, n_think);
+        add_filler(&spelled, filler, 2);
+        add(&spelled, i_id, 1);
+        add(&spelled, n_id, 1);
+        add_filler(&spelled, filler, 12);
+        cfg = config(&spelled, 6, n_think + 16);
+        cfg.reasoning_end = (tl_token_seq){in_merged, 1};
+        want = (script){0};
+        add(&want, spelled.tokens, n_think + 16);
+        expect_tokens("an end spelled by other ids", out, run(&cfg, out), &want, want.n);
+    } else {
+        CHECK(0, "\"in\" is one merged id, \"i\" and \"n\" one each, in the text model");
     }
 
     /* the prompt opened the block: counted from the first token */
@@ -176,12 +198,15 @@ static void check_continuations(void) {
     CHECK(n[2] == total && memcmp(batched[2], sc.tokens, (size_t)total * sizeof *alone) == 0, "the batch's session without a budget");
     for (int i = 0; i < 3; i++) tl_session_free(s[i]);
 
-    /* from the middle of the block: a fork, and a state through bytes */
+    /* a fork, and a state through bytes, from the middle of the block and from the middle of
+       the forced end */
+    const int save_points[2] = {n_think + 3, n_think + 6 + 2};
+    for (int point = 0; point < 2; point++) {
     tl_session *parent = NULL;
     CHECK(tl_session_new(model, prompt, 2, &cfg, &parent) == TL_OK, "%s", tl_last_error());
     int done = 0;
     tl_stop_reason stop = TL_STOP_NONE;
-    for (; parent && done < n_think + 3; done++) {
+    for (; parent && done < save_points[point]; done++) {
         int32_t tok;
         CHECK(tl_session_step(parent, &tok, &stop) == TL_OK, "%s", tl_last_error());
     }
@@ -206,7 +231,8 @@ static void check_continuations(void) {
             if (tl_session_step(continued[c], &tok, &stop) != TL_OK || tok < 0) break;
             out[k++] = tok;
         }
-        CHECK(k == n_alone && memcmp(out, alone, (size_t)n_alone * sizeof *out) == 0, "%s mid-block: %d tokens", names[c], k);
+        CHECK(k == n_alone && memcmp(out, alone, (size_t)n_alone * sizeof *out) == 0, "%s from token %d: %d tokens",
+              names[c], done, k);
     }
     tl_session_free(child);
     tl_session_free(resumed);
@@ -214,6 +240,16 @@ static void check_continuations(void) {
     tl_session_state_free(saved);
     tl_session_state_free(read);
     tl_free(bytes);
+    }
+
+    /* an early-exit session (its own forward, one token at a time) forces where plain decoding does */
+    tl_generate_config early = cfg;
+    early.early_exit_patience = 1;
+    early.early_exit_min_L = 1;
+    early.loops = 2;
+    int32_t exited[MAX_NEW];
+    const int n_exited = run(&early, exited);
+    CHECK(n_exited == n_alone && memcmp(exited, alone, (size_t)n_alone * sizeof *alone) == 0, "early exit: %d tokens", n_exited);
 }
 
 /* Under an after-block grammar: the forced end is the grammar's too; the answer follows it. */
@@ -241,6 +277,27 @@ static void check_grammar(void) {
     CHECK(text && (strcmp(text, want_yes) == 0 || strcmp(text, want_no) == 0), "under the grammar: \"%s\"", text ? text : "");
     tl_free(text);
     tl_compiled_grammar_free(g);
+
+    /* a grammar that does not let the block end: the step that would force it fails, saying so */
+    tl_compiled_grammar *no_slash = NULL;
+    const char *letters = "root ::= [a-z<>]+";
+    CHECK(tl_grammar_compile_gbnf(letters, strlen(letters), &no_slash) == TL_OK, "%s", tl_last_error());
+    if (!no_slash) return;
+    tl_grammar_use(&grammar, no_slash);
+    cfg = config(&sc, 2, 30);
+    cfg.grammar = &grammar;
+    tl_session *s = NULL;
+    CHECK(tl_session_new(model, prompt, 2, &cfg, &s) == TL_OK, "%s", tl_last_error());
+    tl_status st = TL_OK;
+    tl_stop_reason stop = TL_STOP_NONE;
+    for (int i = 0; s && i < 30 && st == TL_OK && stop == TL_STOP_NONE; i++) {
+        int32_t tok;
+        st = tl_session_step(s, &tok, &stop);
+    }
+    CHECK(st == TL_ERR_UNSUPPORTED && strstr(tl_last_error(), "the grammar does not allow reasoning_end") != NULL,
+          "a grammar that refuses the end: %s \"%s\"", tl_status_name(st), tl_last_error());
+    tl_session_free(s);
+    tl_compiled_grammar_free(no_slash);
 }
 
 static void check_refusals(void) {

@@ -106,3 +106,14 @@ describe("the thinking budget (config reasoning_budget)", function()
         H.error_contains(function() m:generate(prompt, { reasoning_budget = 2, beam_size = 2 }) end, "not beam search")
     end)
 end)
+
+describe("the thinking budget's tags", function()
+    local H = require "helpers"
+    it("are looked at only where there is a budget: a model without a tokenizer takes a config that says none", function()
+        local m = H.model("llama_like") -- (no tokenizer.json)
+        assert.is_table(m:generate({ 1, 2 }, { max_tokens = 2, reasoning_budget = 0, reasoning_open = false }))
+        H.error_contains(function() m:generate({ 1, 2 }, { max_tokens = 2, reasoning_budget = 2 }) end, "which needs the model's tokenizer: give token ids")
+        -- ids need no tokenizer
+        assert.is_table(m:generate({ 1, 2 }, { max_tokens = 2, reasoning_budget = 2, reasoning_start = { 5 }, reasoning_end = { 6 } }))
+    end)
+end)

@@ -2757,6 +2757,22 @@ describe("server with two workers", function()
         assert.equal(400, status, body)
         assert.same({ "thinking_budget", true }, { cjson.decode(body).error.param,
                     cjson.decode(body).error.message:find("needs a thinking model", 1, true) ~= nil })
+        status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
+            messages = CHATML_MESSAGES, max_tokens = 4, thinking_budget = 2 ^ 40 })) .. " " .. base2 .. "/v1/chat/completions")
+        assert.equal(400, status, body)
+        assert.equal("thinking_budget", cjson.decode(body).error.param)
+        -- a request's own grammar that writes the block: the budget could force </think> where it may not go
+        status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
+            messages = CHATML_MESSAGES, max_tokens = 12, thinking_budget = 2,
+            grammar = 'root ::= "<think>" [a-z ]* "</think>" "yes"' })) .. " " .. base2 .. "/v1/chat/completions")
+        assert.equal(400, status, body)
+        assert.truthy(cjson.decode(body).error.message:find("writes the <think> block itself", 1, true), body)
+        -- Anthropic's clients send budget_tokens with every thinking request: where the server
+        -- reads no reasoning (base: a plain template) it is dropped, not refused
+        status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
+            messages = { { role = "user", content = "Who is Emma?" } }, max_tokens = 4,
+            thinking = { type = "enabled", budget_tokens = 1024 } })) .. " " .. base .. "/v1/messages")
+        assert.equal(200, status, body)
     end)
 
     it("answers a thinking model's reasoning as a thinking block in /v1/messages, blocking and streamed alike", function()

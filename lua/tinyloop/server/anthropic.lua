@@ -229,7 +229,9 @@ local function chat_format(path, f, body)
 end
 
 -- (Anthropic sets no limit on stop_sequences: OpenAI's 4 is the chat endpoint's)
-local View = { ID_PREFIX = "msg", PARSE_OPTIONS = { max_stops = shapes.MAX_STOPS } }
+-- (BUDGET_ADVISORY: Anthropic's clients send budget_tokens with every thinking request; where the
+-- server reads no reasoning the budget is dropped, not refused as the chat field is)
+local View = { ID_PREFIX = "msg", PARSE_OPTIONS = { max_stops = shapes.MAX_STOPS }, BUDGET_ADVISORY = true }
 View.__index = View
 
 -- to_chat(body, counting) -> the chat completions body that means the same, and its view; or

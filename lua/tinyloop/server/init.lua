@@ -1242,16 +1242,7 @@ local function serve(chat, body, view)
     -- a request's own grammar writes the block itself). One block, where the reply is read for
     -- it: a call inside a later one would be read as a call and never checked.
     local thinks = chat and reasoning_on and reasoning.opens(req.prompt_text)
-    -- A thinking budget: the engine writes </think> for a block that holds that many tokens
-    -- (the tags the replies are read by; the block open from the start where the prompt opened it)
-    if req.thinking_budget then
-        if not reasoning_on then
-            return send_error(400, "thinking_budget needs a thinking model: this server does not read replies for " ..
-                              "<think> blocks (its chat template has none; --reasoning-format)", "thinking_budget")
-        end
-        req.cfg.reasoning_budget, req.cfg.reasoning_open = req.thinking_budget, thinks
-        req.cfg.reasoning_start, req.cfg.reasoning_end = reasoning.START, reasoning.END
-    end
+    local own_block = false -- a request's own grammar writes the block itself
     if chat and reasoning_on and req.cfg.grammar then
         local wrapped, gerr = request.after_reasoning(req.cfg.grammar, thinks, req.grammar_field ~= "tools")
         if not wrapped then -- (the grammar's own size: the request's; memory: the server's)
@@ -1259,7 +1250,23 @@ local function serve(chat, body, view)
             return send_error(too_large and 400 or 500, "the grammar after the reasoning: " .. tostring(gerr),
                               too_large and req.grammar_field or nil, not too_large and "server_error" or nil)
         end
+        own_block = wrapped == req.cfg.grammar
         req.cfg.grammar = wrapped
+    end
+    -- A thinking budget: the engine writes </think> for a block that holds that many tokens
+    -- (the tags the replies are read by; the block open from the start where the prompt opened it)
+    if req.thinking_budget and not reasoning_on and view and view.BUDGET_ADVISORY then req.thinking_budget = nil end
+    if req.thinking_budget then
+        if not reasoning_on then
+            return send_error(400, "thinking_budget needs a thinking model: this server does not read replies for " ..
+                              "<think> blocks (its chat template has none, or --reasoning-format none)", "thinking_budget")
+        end
+        if own_block then -- (the engine could force </think> where that grammar does not allow it)
+            return send_error(400, "thinking_budget does not combine with a grammar that writes the <think> block itself (" ..
+                              req.grammar_field .. ")", "thinking_budget")
+        end
+        req.cfg.reasoning_budget, req.cfg.reasoning_open = req.thinking_budget, thinks
+        req.cfg.reasoning_start, req.cfg.reasoning_end = reasoning.START, reasoning.END
     end
 
     -- 1. Every choice's session, before anything runs: the engine checks every value here

@@ -1086,8 +1086,9 @@ function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
             :format(#ids, field, max_tokens, model.max_seq_len), field)
     end
     cfg.max_tokens = max_tokens
-    if t.thinking_budget ~= nil and t.thinking_budget < 1 then
-        return bad(("thinking_budget = %d must be >= 1 (leave it out for no budget)"):format(t.thinking_budget), "thinking_budget")
+    if t.thinking_budget ~= nil and (t.thinking_budget < 1 or t.thinking_budget > 2147483647) then
+        return bad(("thinking_budget = %.0f must be in [1, 2147483647] (leave it out for no budget)"):format(t.thinking_budget),
+                   "thinking_budget")
     end
     -- the template's own turn ends (chat.turn_ends: tinyloop.chat's turn_end_ids) stop it too
     if chat.turn_ends then add_stop_ids(cfg, chat.turn_ends) end
