@@ -2095,6 +2095,93 @@ describe("Ollama's API", function()
     end)
 end)
 
+describe("llama.cpp's API (/completion, /props, /tokenize's content)", function()
+    local function ok(path, t, extra)
+        local status, body = post_to(path, t, extra)
+        assert.equal(200, status, body)
+        return cjson.decode(body), body
+    end
+
+    it("completes as /v1/completions does, in llama.cpp's shape, blocking and streamed", function()
+        local sampling = { temperature = 0.9, seed = 4, top_k = 40, top_p = 0.95, min_p = 0.05 }
+        local req = { prompt = "It is a truth", n_predict = 20, return_tokens = true }
+        local openai = { prompt = "It is a truth", max_tokens = 20 }
+        for k, v in pairs(sampling) do req[k], openai[k] = v, v end
+        local want = ok("/v1/completions", openai).choices[1]
+        local r = ok("/completion", req)
+        assert.same({ want.text, want.token_ids, true, "limit", 20 }, { r.content, r.tokens, r.stop, r.stop_type, r.tokens_predicted })
+        assert.same({ "tinyloop-austen", 20 }, { r.model, r.timings.predicted_n })
+        assert.equal(r.tokens_evaluated, r.timings.prompt_n)
+        -- streamed: data events without a type, no [DONE]; the pieces are the text
+        req.stream = true
+        local status, body = post_to("/completion", req, "-N")
+        assert.equal(200, status, body)
+        assert.is_nil(body:find("[DONE]", 1, true))
+        assert.is_nil(body:find("event:", 1, true))
+        local pieces, tokens, last = {}, {}, nil
+        for data in body:gmatch("data: ([^\n]+)\n\n") do
+            last = cjson.decode(data)
+            pieces[#pieces + 1] = last.content
+            for _, id in ipairs(last.tokens) do tokens[#tokens + 1] = id end
+        end
+        assert.same({ want.text, want.token_ids }, { table.concat(pieces), tokens })
+        assert.same({ true, "limit", 20 }, { last.stop, last.stop_type, last.tokens_predicted })
+        -- llama.cpp's defaults where left out: /props says them, and they are what runs
+        local props = cjson.decode(select(2, curl(base .. "/props")))
+        assert.same({ 256, 2 }, { props.default_generation_settings.n_ctx, props.total_slots })
+        local defaults = props.default_generation_settings.params
+        openai = { prompt = "It is a truth", max_tokens = 8, seed = 9, temperature = defaults.temperature, top_k = defaults.top_k,
+                   top_p = defaults.top_p, min_p = defaults.min_p }
+        assert.equal(ok("/v1/completions", openai).choices[1].text, ok("/completion", { prompt = "It is a truth", n_predict = 8, seed = 9 }).content)
+        -- a stop word: named, and left out of the content (llama.cpp's rule)
+        local free = ok("/completion", { prompt = "It is a truth", n_predict = 20, temperature = 0 }).content
+        local word = free:match("^.-(%a%a)")
+        r = ok("/completion", { prompt = "It is a truth", n_predict = 20, temperature = 0, stop = { word } })
+        assert.same({ "word", word, free:sub(1, free:find(word, 1, true) - 1) }, { r.stop_type, r.stopping_word, r.content })
+    end)
+
+    it("tokenizes llama.cpp's content, with pieces where asked, and detokenizes into content", function()
+        local m = assert(tinyloop.load(MODEL))
+        local text = "It is a truth universally acknowledged"
+        local r, raw = ok("/tokenize", { content = text })
+        assert.same(m:encode(text), r.tokens)
+        assert.is_nil(raw:find("count", 1, true)) -- (llama.cpp's answer: the tokens alone)
+        local pieces = ok("/tokenize", { content = text, with_pieces = true, add_special = false }).tokens
+        local joined = {}
+        for i, p in ipairs(pieces) do
+            assert.equal(r.tokens[i], p.id)
+            joined[i] = p.piece
+        end
+        assert.equal(text, table.concat(joined))
+        local d = ok("/detokenize", { tokens = r.tokens })
+        assert.same({ text, text }, { d.content, d.prompt })
+        local status, body = post_to("/tokenize", { content = "a", prompt = "b" })
+        assert.equal(400, status, body)
+        assert.equal("prompt", cjson.decode(body).error.param)
+    end)
+
+    it("answers bad input in llama.cpp's error shape, and a wrong method", function()
+        local function refused(t, needle)
+            local status, body = post_to("/completion", t)
+            assert.equal(400, status, body)
+            local e = cjson.decode(body).error
+            assert.same({ 400, "invalid_request_error" }, { e.code, e.type })
+            assert.truthy(e.message:find(needle, 1, true), e.message)
+        end
+        refused({ n_predict = 3 }, "prompt is required")
+        refused({ prompt = { "a", "b" } }, "batches are not taken")
+        refused({ prompt = "a", mirostat = 2 }, "mirostat is not supported")
+        refused({ prompt = "a", n_predict = 4096 * 4, temperature = "x" }, "temperature must be a number")
+        refused({ prompt = { 1, 99999 } }, "is not a token id")
+        refused({ prompt = ("Emma "):rep(300) }, "fills the model's context")
+        for _, case in ipairs({ { "", "/completion", 405 }, { "-X POST -d '{}' ", "/props", 405 } }) do
+            local status, body = curl(case[1] .. base .. case[2])
+            assert.equal(case[3], status, body)
+            assert.equal(case[3], cjson.decode(body).error.code, body)
+        end
+    end)
+end)
+
 describe("the other APIs' edges", function()
     local asked = { { role = "user", content = "Who is Emma?" } }
     it("answers nginx's own 413 and a wrong method in each API's shape", function()

@@ -26,6 +26,7 @@ local request = require "tinyloop.server.request"
 local responses = require "tinyloop.server.responses"
 local anthropic = require "tinyloop.server.anthropic"
 local ollama = require "tinyloop.server.ollama"
+local llamacpp = require "tinyloop.server.llamacpp"
 local tools = require "tinyloop.tools"
 local reasoning = require "tinyloop.reasoning"
 local tags = require "tinyloop.tags"
@@ -288,9 +289,14 @@ end
 -- exact paths, so that another app's /api/... keeps OpenAI's shape)
 local OLLAMA_PATHS = { ["/api/chat"] = true, ["/api/generate"] = true, ["/api/show"] = true, ["/api/tags"] = true,
                        ["/api/ps"] = true, ["/api/version"] = true, ["/api/embed"] = true, ["/api/embeddings"] = true }
+local function send_llamacpp_error(status, message, _, etype, headers)
+    return send_json(status, llamacpp.error_body(status, tostring(message), etype), headers)
+end
+local LLAMACPP_PATHS = { ["/completion"] = true, ["/props"] = true }
 local function send_uri_error(...)
     local path = (ngx.var.request_uri or ngx.var.uri or ""):match("^[^?]*")
-    local send = path:find("^/v1/messages") and send_anthropic_error or OLLAMA_PATHS[path] and send_ollama_error or send_error
+    local send = path:find("^/v1/messages") and send_anthropic_error or OLLAMA_PATHS[path] and send_ollama_error or
+                 LLAMACPP_PATHS[path] and send_llamacpp_error or send_error
     return send(...)
 end
 
@@ -351,7 +357,7 @@ end
 
 function _M.not_found()
     return send_uri_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /completion, GET /props, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
         "/metrics)", nil, "not_found_error")
 end
 
@@ -1031,7 +1037,9 @@ local function sse(r, payload)
         local text = {}
         for i, e in ipairs(events) do
             -- (Ollama's stream: one JSON object a line; the others: server-sent events with a type)
-            text[i] = r.view.FRAME == "ndjson" and (e[2] .. "\n") or ("event: " .. e[1] .. "\ndata: " .. e[2] .. "\n\n")
+            -- (llama.cpp's: server-sent data events without a type)
+            text[i] = r.view.FRAME == "ndjson" and (e[2] .. "\n") or r.view.FRAME == "data" and ("data: " .. e[2] .. "\n\n") or
+                      ("event: " .. e[1] .. "\ndata: " .. e[2] .. "\n\n")
         end
         ok, err = ngx_print(text)
     else
@@ -1183,6 +1191,19 @@ function _M.tokenize()
     if not body then return end
     local req, err = request.parse_tokenize(body, model, conf.model_id, chat_prompts, chat_error)
     if not req then return send_error(err.status, err.message, err.param, err.type) end
+    if req.llama then -- llama.cpp's answer: the ids, or each id with its text
+        if not req.with_pieces then return send_json(200, '{"tokens":[' .. concat(req.ids, ",") .. "]}") end
+        local pieces = {}
+        for i, id in ipairs(req.ids) do
+            local json = token_json[id]
+            if not json then
+                json = encode((token_string(id, true)))
+                token_json[id] = json
+            end
+            pieces[i] = '{"id":' .. id .. ',"piece":' .. json .. "}"
+        end
+        return send_json(200, '{"tokens":[' .. concat(pieces, ",") .. "]}")
+    end
     local strs = "null"
     if req.token_strs then
         local list = {}
@@ -1200,14 +1221,16 @@ function _M.tokenize()
         concat(req.ids, ",") .. '],"token_strs":' .. strs .. "}")
 end
 
--- POST /detokenize (vLLM's): {"tokens": [...]} -> {"prompt": their text} (a token holding
+-- POST /detokenize (vLLM's, and llama.cpp's): {"tokens": [...]} -> {"prompt": their text, "content": the same} (a token holding
 -- part of a character shows U+FFFD, as JSON needs UTF-8).
 function _M.detokenize()
     local body = post_body()
     if not body then return end
     local req, err = request.parse_detokenize(body, model, conf.model_id)
     if not req then return send_error(err.status, err.message, err.param, err.type) end
-    return send_json(200, '{"prompt":' .. encode(request.valid_utf8(req.text)) .. "}")
+    -- (and as "content": llama.cpp's name of it)
+    local text = encode(request.valid_utf8(req.text))
+    return send_json(200, '{"prompt":' .. text .. ',"content":' .. text .. "}")
 end
 
 -- POST /v1/completions (chat false) or /v1/chat/completions (chat true): the request's body.
@@ -1500,6 +1523,25 @@ function _M.embeddings()
     if not data then return end
     return send_json(200, '{"object":"list","data":[' .. data .. '],"model":' .. encode(conf.model_id) ..
         ',"usage":{"prompt_tokens":' .. req.tokens .. ',"total_tokens":' .. req.tokens .. "}}")
+end
+
+-- ------------------------------------------------------------------ llama.cpp's API
+
+-- POST /completion (llama.cpp's server's): the /v1/completions request it means, answered in
+-- llama.cpp's shape, streamed as data events where asked (tinyloop.server.llamacpp).
+function _M.llamacpp_completion()
+    local body = post_body()
+    if not body then return end
+    local completions_body, view = llamacpp.to_completions(body)
+    if not completions_body then return send_llamacpp_error(view.status, view.message, nil, view.type) end
+    return serve(false, completions_body, view)
+end
+
+-- GET /props: what llama.cpp's clients read of the server (the context, the slots, the defaults).
+function _M.llamacpp_props()
+    if not only_get() or not ready() then return end
+    return send_json(200, llamacpp.props({ model_path = conf.model, n_ctx = model.max_seq_len, total_slots = conf.max_active,
+                                           chat_template = chat_prompts and chat_prompts.template_text, version = _M._VERSION }))
 end
 
 -- ------------------------------------------------------------------ Ollama's API

@@ -63,15 +63,6 @@ function _M.names_model(name, model_id)
     return name == model_id:lower() or name == model_id:lower() .. ":latest"
 end
 
--- A seed from the kernel's entropy (the engine's default seed is fixed: the same tokens).
-local function random_seed()
-    local f = io.open("/dev/urandom", "rb")
-    local bytes = f and f:read(4)
-    if f then f:close() end
-    if not bytes or #bytes < 4 then return floor(os.time() * 1000 + os.clock() * 1e6) % 2147483648 end
-    local a, b, c, d = bytes:byte(1, 4)
-    return ((a * 256 + b) * 256 + c) * 128 + d % 128
-end
 
 local function check_model(t, model_id)
     if t.model ~= nil and not _M.names_model(t.model, model_id) then
@@ -99,7 +90,7 @@ local function common(t, raw, members)
                     return bad(("options.%s is not supported (only %s, which changes nothing)"):format(k, tostring(NO_OP_OPTIONS[k])), "options")
                 end
             elseif k == "seed" and v == -1 then -- (Ollama's "random": a seed drawn for this request)
-                members[#members + 1] = { "seed", shapes.integer(random_seed()) }
+                members[#members + 1] = { "seed", shapes.integer(shapes.random_seed()) }
             elseif type(OPTIONS[k]) == "string" then
                 members[#members + 1] = { OPTIONS[k], raw_options[k] }
             end

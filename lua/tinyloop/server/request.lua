@@ -1119,6 +1119,8 @@ local TOKENIZE_FIELDS = {
     continue_final_message = CHAT_FIELDS.continue_final_message, chat_template_kwargs = CHAT_FIELDS.chat_template_kwargs,
     tools = CHAT_FIELDS.tools,
     return_token_strs = { "boolean", false }, -- each token's text as well
+    -- llama.cpp's form: content (a text) -> {"tokens": ids}, or with_pieces [{"id", "piece"}]
+    content = { "string", false }, with_pieces = { "boolean", false }, add_special = { "boolean", false },
 }
 -- vLLM's add_special_tokens, which its clients send: TinyLoop adds no special tokens around a
 -- text (no tokenizer post-processor), on /v1/completions as here, so either value is the truth.
@@ -1132,6 +1134,18 @@ local DETOKENIZE_FIELDS = { model = { "string", false }, tokens = { "array", fal
 function _M.parse_tokenize(body, model, model_id, chat, chat_error)
     local t, e = endpoint_body(body, TOKENIZE_FIELDS, model_id, TOKENIZE_NO_OPS)
     if not t then return nil, e end
+    if t.content ~= nil then -- (llama.cpp's /tokenize: no special token is added, either way add_special says)
+        for _, k in ipairs({ "prompt", "messages", "return_token_strs" }) do
+            if t[k] ~= nil then return bad(k .. " is vLLM's form, content llama.cpp's: send one of them", k) end
+        end
+        if not model.has_tokenizer then return bad("this model has no tokenizer: it reads token ids only", "content") end
+        local ids, err = model:encode(t.content)
+        if not ids then return nil, { status = 500, message = "encoding failed: " .. tostring(err), type = "server_error" } end
+        return { ids = ids, llama = true, with_pieces = t.with_pieces == true }
+    end
+    for _, k in ipairs({ "with_pieces", "add_special" }) do
+        if t[k] ~= nil then return bad(k .. " goes with content (llama.cpp's form)", k) end
+    end
     if (t.prompt == nil) == (t.messages == nil) then
         return bad("send prompt (a text) or messages (a conversation): one of them", t.prompt and "messages" or "prompt")
     end

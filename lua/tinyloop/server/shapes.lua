@@ -88,6 +88,17 @@ end
 -- An integer's JSON text (tostring writes 2^47 as 1.4073748835533e+14).
 function _M.integer(n) return ("%d"):format(n) end
 
+-- A seed from the kernel's entropy, for a request's "random" seed (Ollama's and llama.cpp's -1:
+-- the engine's default seed is fixed, the same tokens every time).
+function _M.random_seed()
+    local f = io.open("/dev/urandom", "rb")
+    local bytes = f and f:read(4)
+    if f then f:close() end
+    if not bytes or #bytes < 4 then return math.floor(os.time() * 1000 + os.clock() * 1e6) % 2147483648 end
+    local a, b, c, d = bytes:byte(1, 4)
+    return ((a * 256 + b) * 256 + c) * 128 + d % 128
+end
+
 -- Anthropic and Ollama set no limit on stop strings (OpenAI's 4 is the chat endpoint's): this one.
 _M.MAX_STOPS = 64
 

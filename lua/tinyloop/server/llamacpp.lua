@@ -1,0 +1,259 @@
+-- tinyloop.server.llamacpp: llama.cpp's server API (POST /completion, GET /props) as a view of
+-- the completions path, as tinyloop.server.ollama is of chat. Pure Lua (no ngx).
+--
+-- The tools written against llama.cpp's own server (its web UI's raw mode, SillyTavern's and
+-- KoboldAI-style front ends, scripts that post to /completion) send a prompt with llama.cpp's
+-- sampling fields: a request is the /v1/completions request it means, with llama.cpp's
+-- defaults where a field is left out (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05; the
+-- rest of the context for n_predict), and the completion comes back in llama.cpp's shape
+-- ({"content", "stop", "stop_type", "tokens_predicted", "timings", ...}), streamed as
+-- server-sent `data:` events without a [DONE]. As llama.cpp does, fields it does not know are
+-- ignored (front ends send many); samplers this engine lacks are taken only at their off
+-- values. Errors are llama.cpp's {"error": {"code", "message", "type"}}.
+--
+--   local llamacpp = require "tinyloop.server.llamacpp"
+--   local body, view = llamacpp.to_completions(body_text)   -- nil, err: the field named
+--   answer = view:response(completions_json)                -- a blocking answer
+--   view:start_stream(id, created); events = view:feed(chunk_json)
+local cjson = require "cjson.safe"
+local shapes = require "tinyloop.server.shapes"
+
+local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
+local concat = table.concat
+local json_null = cjson.null
+local encode, bad, is_array, object, KIND_OK = shapes.encode, shapes.bad, shapes.is_array, shapes.object, shapes.KIND_OK
+
+local _M = {}
+
+-- llama.cpp's defaults (its server's), where a request leaves the field out: /props says them.
+_M.DEFAULTS = { temperature = 0.8, top_k = 40, top_p = 0.95, min_p = 0.05 }
+
+-- Fields taken as they are, renamed where llama.cpp's name differs: {llama.cpp name, kind, the
+-- completions request's name}.
+local PASSED = {
+    { "temperature", "number" }, { "top_k", "integer" }, { "top_p", "number" }, { "min_p", "number" },
+    { "presence_penalty", "number" }, { "frequency_penalty", "number" }, { "repeat_penalty", "number", "repetition_penalty" },
+    { "ignore_eos", "boolean" }, { "grammar", "string" }, { "stream", "boolean" },
+}
+-- Samplers this engine does not have, taken at the value that turns them off.
+local OFF = { typical_p = 1, tfs_z = 1, mirostat = 0, dry_multiplier = 0, xtc_probability = 0, top_n_sigma = -1, n_probs = 0 }
+local OFF_WHY = { n_probs = " (token probabilities: /v1/completions' logprobs)" }
+
+-- to_completions(body) -> the /v1/completions body that means the same, and its view; or nil,
+-- err (the field named).
+function _M.to_completions(body)
+    if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
+    local t, err = cjson.decode(body)
+    if err then return bad("the request body is not valid JSON: " .. err, nil) end
+    if type(t) ~= "table" or body:match("^%s*%[") then return bad("the request body must be a JSON object", nil) end
+    local raw = shapes.raw_fields(body)
+    for k, v in pairs(t) do
+        if v == json_null then t[k] = nil end
+    end
+    local members = {}
+    local prompt = t.prompt
+    if prompt == nil then return bad("prompt is required", "prompt") end
+    if type(prompt) == "table" and not (is_array(prompt) and #prompt > 0 and type(prompt[1]) == "number") then
+        return bad("prompt must be a text or an array of token ids (one prompt; mixed arrays and batches are not taken)", "prompt")
+    elseif type(prompt) ~= "string" and type(prompt) ~= "table" then
+        return bad("prompt must be a text or an array of token ids", "prompt")
+    end
+    members[#members + 1] = { "prompt", raw.prompt }
+    for _, f in ipairs(PASSED) do
+        local name, kind, as = f[1], f[2], f[3] or f[1]
+        local v = t[name]
+        if v ~= nil then
+            if not KIND_OK[kind](v) then return bad(("%s must be %s"):format(name, shapes.KIND_WORDS[kind]), name) end
+            members[#members + 1] = { as, raw[name] }
+        elseif _M.DEFAULTS[name] then
+            members[#members + 1] = { as, tostring(_M.DEFAULTS[name]) }
+        end
+    end
+    for name, off in pairs(OFF) do
+        if t[name] ~= nil and t[name] ~= off then
+            return bad(("%s is not supported here (only %s, which is off)%s"):format(name, tostring(off), OFF_WHY[name] or ""), name)
+        end
+    end
+    local n_predict = t.n_predict
+    if n_predict ~= nil then
+        if not KIND_OK.integer(n_predict) then return bad("n_predict must be an integer", "n_predict") end
+        -- (-1: no limit, -2: fill the context: the rest of the context either way)
+        if n_predict >= 0 then members[#members + 1] = { "max_tokens", shapes.integer(n_predict) } end
+    end
+    local seed = t.seed
+    if seed ~= nil then
+        if not KIND_OK.integer(seed) then return bad("seed must be an integer", "seed") end
+        members[#members + 1] = { "seed", shapes.integer(seed == -1 and shapes.random_seed() or seed) } -- (-1: random)
+    end
+    if t.stop ~= nil then
+        if not KIND_OK.array(t.stop) and not (type(t.stop) == "table" and next(t.stop) == nil) then
+            return bad("stop must be an array of texts", "stop")
+        end
+        if #t.stop > 0 then members[#members + 1] = { "stop", raw.stop } end
+    end
+    if t.json_schema ~= nil then
+        if not KIND_OK.object(t.json_schema) then return bad("json_schema must be a JSON Schema object", "json_schema") end
+        if t.grammar ~= nil then return bad("json_schema and grammar each constrain the output: send one", "json_schema") end
+        members[#members + 1] = { "response_format", '{"type":"json_schema","json_schema":{"name":"schema","schema":' ..
+                                                     raw.json_schema .. "}}" }
+    end
+    if t.logit_bias ~= nil then
+        -- llama.cpp's forms: [[id, bias], ...] (false: never) or {"id": bias}
+        local biases = {}
+        if type(t.logit_bias) ~= "table" then return bad("logit_bias must be [[id, bias], ...] or {\"id\": bias}", "logit_bias") end
+        if is_array(t.logit_bias) then
+            for i, pair in ipairs(t.logit_bias) do
+                if type(pair) ~= "table" or not KIND_OK.integer(pair[1]) or
+                    (type(pair[2]) ~= "number" and pair[2] ~= false) then
+                    return bad(("logit_bias[%d] must be [token id, bias] (false: never)"):format(i - 1), "logit_bias")
+                end
+                biases[#biases + 1] = { encode(shapes.integer(pair[1])), pair[2] == false and "-100" or encode(pair[2]) }
+            end
+        else
+            for id, v in pairs(t.logit_bias) do
+                if type(v) ~= "number" and v ~= false then
+                    return bad("logit_bias values must be numbers (false: never)", "logit_bias")
+                end
+                biases[#biases + 1] = { encode(tostring(id)), v == false and "-100" or encode(v) }
+            end
+        end
+        local inner = {}
+        for i, b in ipairs(biases) do inner[i] = b[1] .. ":" .. b[2] end
+        members[#members + 1] = { "logit_bias", "{" .. concat(inner, ",") .. "}" }
+    end
+    local view = setmetatable({ stream = t.stream == true, return_tokens = t.return_tokens == true,
+                                n_predict = n_predict }, _M.View)
+    return object(members), view
+end
+
+-- ------------------------------------------------------------------ the answer
+
+local View = { ID_PREFIX = "llamacpp", FRAME = "data", PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS } }
+View.__index = View
+_M.View = View
+
+-- The completions request's names -> llama.cpp's, in an error's message; the error body.
+local RENAMES = { { "max_tokens", "n_predict" }, { "repetition_penalty", "repeat_penalty" }, { "response_format", "json_schema" } }
+function View:error(err)
+    local message = shapes.rename_fields(err.message or "", RENAMES)
+    return { status = err.status, message = message, type = err.type, body = _M.error_body(err.status, message, err.type) }
+end
+
+function _M.error_body(status, message, etype)
+    return object({ { "error", object({ { "code", tostring(status) }, { "message", encode(message) },
+                                        { "type", encode(etype or (status >= 500 and "server_error" or "invalid_request_error")) } }) } })
+end
+
+-- llama.cpp's stop_type and stopping_word of a finish: "limit" (n_predict or the context), "word"
+-- (a stop text, or a stop token id), "eos".
+local function stop_of(finish)
+    if finish.finish_reason == "length" then return "limit", "" end
+    local word = finish.stop_reason
+    if type(word) == "string" then return "word", word end
+    if word ~= nil then return "word", "" end
+    return "eos", ""
+end
+
+local function timings(stats, usage)
+    local prompt_n, predicted_n = usage.prompt_tokens or 0, usage.completion_tokens or 0
+    local prompt_ms, predicted_ms = stats.prefill_ms or 0, stats.decode_ms or 0
+    local function per(ms, n) return n > 0 and ("%.6g"):format(ms / n) or "0" end
+    local function rate(ms, n) return ms > 0 and ("%.6g"):format(n * 1000 / ms) or "0" end
+    return object({ { "prompt_n", tostring(prompt_n) }, { "prompt_ms", ("%.6g"):format(prompt_ms) },
+                    { "prompt_per_token_ms", per(prompt_ms, prompt_n) }, { "prompt_per_second", rate(prompt_ms, prompt_n) },
+                    { "predicted_n", tostring(predicted_n) }, { "predicted_ms", ("%.6g"):format(predicted_ms) },
+                    { "predicted_per_token_ms", per(predicted_ms, predicted_n) },
+                    { "predicted_per_second", rate(predicted_ms, predicted_n) } })
+end
+
+-- One object of the answer: content (the whole text, or a stream's piece), its tokens, and with
+-- the finish (`finish`: shapes' finish) llama.cpp's closing fields.
+function View:object(content, tokens, finish, model)
+    local members = { { "index", "0" }, { "content", encode(content) },
+                      { "tokens", (self.return_tokens or self.stream) and ("[" .. concat(tokens or {}, ",") .. "]") or "[]" },
+                      { "id_slot", "0" }, { "stop", finish and "true" or "false" } }
+    if finish then
+        local usage = finish.usage or {}
+        local stats = finish.tinyloop and cjson.decode(finish.tinyloop) or {}
+        local stop_type, word = stop_of(finish)
+        members[#members + 1] = { "model", encode(model or "") }
+        members[#members + 1] = { "tokens_predicted", tostring(usage.completion_tokens or 0) }
+        members[#members + 1] = { "tokens_evaluated", tostring(usage.prompt_tokens or 0) }
+        members[#members + 1] = { "has_new_line", tostring((self.text or content):find("\n", 1, true) ~= nil) }
+        members[#members + 1] = { "truncated", "false" }
+        members[#members + 1] = { "stop_type", encode(stop_type) }
+        members[#members + 1] = { "stopping_word", encode(word) }
+        members[#members + 1] = { "tokens_cached", tostring((usage.prompt_tokens or 0) + (usage.completion_tokens or 0)) }
+        members[#members + 1] = { "timings", timings(stats, usage) }
+        members[#members + 1] = { "tinyloop", finish.tinyloop }
+    end
+    return object(members)
+end
+
+-- response(completions_json) -> the blocking answer.
+function View:response(answer_json, _)
+    local answer = shapes.answer(answer_json)
+    local choice = (cjson.decode(answer_json).choices or {})[1] or {}
+    self.text = answer.text
+    return self:object(answer.text, type(choice.token_ids) == "table" and choice.token_ids or {}, answer.finish, answer.model)
+end
+
+-- ------------------------------------------------------------------ the stream
+
+function View:start_stream(_, created, model)
+    self.created, self.model, self.finished, self.text = created, model, false, ""
+end
+
+-- feed(payload) -> the events {nil, json} a completions stream's event makes: one per chunk with
+-- text or tokens, and the finish's (stop: true, with the counts), which is the last: the chunk
+-- of the finish carries the usage (no include_usage is asked for).
+function View:feed(payload)
+    local out = {}
+    if self.finished or payload == "[DONE]" then return out end
+    local chunk = cjson.decode(payload)
+    if type(chunk) ~= "table" then return out end
+    if type(chunk.error) == "table" then
+        self.finished = true
+        out[1] = { nil, _M.error_body(500, tostring(chunk.error.message), "server_error") }
+        return out
+    end
+    local choice = type(chunk.choices) == "table" and chunk.choices[1] or nil
+    if choice then
+        local text = type(choice.text) == "string" and choice.text or ""
+        local tokens = type(choice.token_ids) == "table" and choice.token_ids or {}
+        self.text = self.text .. text
+        if text ~= "" or #tokens > 0 then out[#out + 1] = { nil, self:object(text, tokens) } end
+        if choice.finish_reason and choice.finish_reason ~= json_null then
+            self.finish = { finish_reason = choice.finish_reason, stop_reason = choice.stop_reason ~= json_null and choice.stop_reason or nil,
+                            tinyloop = chunk.tinyloop and cjson.encode(chunk.tinyloop) or nil }
+        end
+    end
+    if self.finish and type(chunk.usage) == "table" then -- (the usage chunk: the end)
+        self.finish.usage = chunk.usage
+        self.finished = true
+        out[#out + 1] = { nil, self:object("", {}, self.finish, self.model) }
+    end
+    return out
+end
+
+-- ------------------------------------------------------------------ /props
+
+-- props(info) -> GET /props: info = { model_path, n_ctx, total_slots, chat_template, version }.
+function _M.props(info)
+    local params = {}
+    for _, k in ipairs({ "temperature", "top_k", "top_p", "min_p" }) do params[#params + 1] = { k, tostring(_M.DEFAULTS[k]) } end
+    params[#params + 1] = { "n_predict", "-1" }
+    params[#params + 1] = { "seed", "-1" }
+    return object({
+        { "default_generation_settings", object({ { "id", "0" }, { "id_task", "-1" }, { "n_ctx", tostring(info.n_ctx) },
+                                                  { "speculative", "false" }, { "is_processing", "false" },
+                                                  { "params", object(params) } }) },
+        { "total_slots", tostring(info.total_slots) },
+        { "model_path", encode(info.model_path) },
+        { "chat_template", encode(info.chat_template or "") },
+        { "modalities", '{"vision":false,"audio":false}' },
+        { "build_info", encode("TinyLoop " .. tostring(info.version)) },
+    })
+end
+
+return _M

@@ -1,0 +1,106 @@
+-- llamacpp_spec: tinyloop.server.llamacpp without nginx: a llama.cpp /completion request as the
+-- /v1/completions request it means, and a completions answer or stream read back in llama.cpp's
+-- shape (server_spec runs both through a real nginx and compares them with /v1/completions).
+local H = require "helpers"
+local cjson = require "cjson"
+local llamacpp = require "tinyloop.server.llamacpp"
+local json_text = require "tinyloop.json_text"
+
+local function completions_of(body)
+    local text, view = llamacpp.to_completions(body)
+    assert(text, view and view.message)
+    return cjson.decode(text), text, view
+end
+
+describe("llamacpp.to_completions", function()
+    it("maps llama.cpp's fields, with its defaults where they are left out", function()
+        local t = completions_of('{"prompt": "It is", "n_predict": 12, "repeat_penalty": 1.1, "seed": 3, "stop": ["\\n"], ' ..
+                                 '"cache_prompt": true, "id_slot": -1, "samplers": ["top_k"], "dry_multiplier": 0, "typical_p": 1}')
+        assert.same({ "It is", 12, 1.1, 3, { "\n" } }, { t.prompt, t.max_tokens, t.repetition_penalty, t.seed, t.stop })
+        assert.same({ 0.8, 40, 0.95, 0.05 }, { t.temperature, t.top_k, t.top_p, t.min_p }) -- (llama.cpp's defaults)
+        assert.is_nil(t.cache_prompt) -- (taken, changes nothing: the prefix pool serves it)
+        -- n_predict -1 (or none): the rest of the context (the view's parse rule: room)
+        t = completions_of('{"prompt": [1, 2, 3], "n_predict": -1, "temperature": 0}')
+        assert.same({ { 1, 2, 3 }, nil, 0 }, { t.prompt, t.max_tokens, t.temperature })
+        assert.is_true(llamacpp.View.PARSE_OPTIONS.room)
+        -- seed -1: one drawn for the request
+        t = completions_of('{"prompt": "a", "seed": -1}')
+        assert.is_true(t.seed >= 0)
+        -- json_schema and grammar; logit_bias in both of llama.cpp's forms
+        local _, text = completions_of('{"prompt": "a", "json_schema": {"type": "object", "properties": {"b": {"type": "integer"}}}}')
+        assert.equal('{"type": "object", "properties": {"b": {"type": "integer"}}}',
+                     json_text.member(text, { "response_format", "json_schema", "schema" }))
+        t = completions_of('{"prompt": "a", "grammar": "root ::= \\"x\\"", "logit_bias": [[15, -2.5], [16, false]]}')
+        assert.same({ "root ::= \"x\"", { ["15"] = -2.5, ["16"] = -100 } }, { t.grammar, t.logit_bias })
+        t = completions_of('{"prompt": "a", "logit_bias": {"15": 1}}')
+        assert.same({ ["15"] = 1 }, t.logit_bias)
+    end)
+
+    it("refuses what it cannot honour, naming the field", function()
+        H.refuses(function(body) return llamacpp.to_completions(body) end, {
+            { "{}", "prompt", "prompt is required" },
+            { '{"prompt": 5}', "prompt", "prompt must be a text or an array of token ids" },
+            { '{"prompt": ["a", "b"]}', "prompt", "batches are not taken" },
+            { '{"prompt": "a", "n_predict": 1.5}', "n_predict", "n_predict must be an integer" },
+            { '{"prompt": "a", "temperature": "hot"}', "temperature", "temperature must be a number" },
+            { '{"prompt": "a", "mirostat": 2}', "mirostat", "mirostat is not supported here (only 0" },
+            { '{"prompt": "a", "n_probs": 3}', "n_probs", "/v1/completions' logprobs" },
+            { '{"prompt": "a", "typical_p": 0.5}', "typical_p", "typical_p is not supported" },
+            { '{"prompt": "a", "json_schema": {}, "grammar": "root ::= \\"x\\""}', "json_schema", "send one" },
+            { '{"prompt": "a", "logit_bias": [[1]]}', "logit_bias", "logit_bias[0] must be [token id, bias]" },
+            { '{"prompt": "a", "stop": "x"}', "stop", "stop must be an array of texts" },
+        })
+    end)
+end)
+
+describe("llamacpp view", function()
+    local answer = { created = 1, model = "m", choices = { { index = 0, text = "Hi there", token_ids = { 5, 6 }, finish_reason = "stop",
+                     stop_reason = "\n" } }, usage = { prompt_tokens = 3, completion_tokens = 2, total_tokens = 5 },
+                     tinyloop = { prefill_ms = 2, decode_ms = 4 } }
+
+    it("answers a completion as llama.cpp does: content, stop_type, counts, timings", function()
+        local _, _, view = completions_of('{"prompt": "a", "return_tokens": true}')
+        local r = cjson.decode(view:response(cjson.encode(answer)))
+        assert.same({ "Hi there", { 5, 6 }, true, "word", "\n", 2, 3, "m" },
+                    { r.content, r.tokens, r.stop, r.stop_type, r.stopping_word, r.tokens_predicted, r.tokens_evaluated, r.model })
+        assert.same({ 3, 2, 2, 4, 1000 }, { r.timings.prompt_n, r.timings.predicted_n, r.timings.prompt_ms, r.timings.predicted_ms,
+                                           r.timings.prompt_per_second * 2 / 3 })
+        -- the limit, and the end of text
+        answer.choices[1].finish_reason, answer.choices[1].stop_reason = "length", nil
+        assert.equal("limit", cjson.decode(view:response(cjson.encode(answer))).stop_type)
+        answer.choices[1].finish_reason = "stop"
+        assert.same({ "eos", "" }, { cjson.decode(view:response(cjson.encode(answer))).stop_type,
+                                     cjson.decode(view:response(cjson.encode(answer))).stopping_word })
+        -- tokens only where asked
+        _, _, view = completions_of('{"prompt": "a"}')
+        assert.same({}, cjson.decode(view:response(cjson.encode(answer))).tokens)
+    end)
+
+    it("streams data events whose contents join to the text, the last with stop: true and the counts", function()
+        local _, _, view = completions_of('{"prompt": "a", "stream": true}')
+        view:start_stream("x", 1, "m")
+        local events = {}
+        local function feed(t) for _, e in ipairs(view:feed(cjson.encode(t))) do events[#events + 1] = cjson.decode(e[2]) end end
+        feed({ choices = { { index = 0, text = "Hi", token_ids = { 5 }, finish_reason = cjson.null } }, usage = cjson.null })
+        feed({ choices = { { index = 0, text = " there", token_ids = { 6 }, finish_reason = "length" } }, tinyloop = { decode_ms = 1 },
+               usage = { prompt_tokens = 3, completion_tokens = 2, total_tokens = 5 } })
+        assert.same({}, view:feed("[DONE]"))
+        assert.equal(3, #events)
+        assert.same({ "Hi", { 5 }, false }, { events[1].content, events[1].tokens, events[1].stop })
+        assert.same({ " there", false }, { events[2].content, events[2].stop })
+        assert.same({ "", true, "limit", 2 }, { events[3].content, events[3].stop, events[3].stop_type, events[3].tokens_predicted })
+        -- an error mid-stream: llama.cpp's error object, and nothing after it
+        _, _, view = completions_of('{"prompt": "a", "stream": true}')
+        view:start_stream("x", 1, "m")
+        local e = view:feed('{"error":{"message":"engine failed","type":"server_error","param":null}}')
+        assert.same({ code = 500, message = "engine failed", type = "server_error" }, cjson.decode(e[1][2]).error)
+        assert.same({}, view:feed('{"choices":[{"index":0,"text":"a","finish_reason":null}]}'))
+    end)
+
+    it("names llama.cpp's fields in the completions parser's errors", function()
+        local _, _, view = completions_of('{"prompt": "a"}')
+        local e = view:error({ status = 400, message = "max_tokens = 999 is too many; repetition_penalty must be > 0", param = "max_tokens" })
+        assert.equal("n_predict = 999 is too many; repeat_penalty must be > 0", e.message)
+        assert.same({ code = 400, message = e.message, type = "invalid_request_error" }, cjson.decode(e.body).error)
+    end)
+end)
