@@ -9,6 +9,9 @@
 --       as independent clients do, and TTFT is that of a request joining a running batch.
 --   wrk -s serve_load.lua URL -- probe INTERVAL_MS
 --       GET /health, one request per INTERVAL_MS on each connection.
+--   wrk -s serve_load.lua URL -- embed VOCAB INPUTS INPUT_LEN
+--       POST /v1/embeddings back to back: INPUTS token-id inputs of INPUT_LEN ids each, distinct
+--       per request (embed_bench.sh); tokens counts the usage's prompt_tokens.
 -- Why wrk and not curl in a shell loop: a loop spawns curl, grep and awk between requests,
 -- and on a 2-core machine those processes take the cores the engine needs and leave gaps
 -- in the batch; wrk sends the next request from its event loop as soon as one ends.
@@ -29,8 +32,10 @@ function init(args)
         prompt_len = tonumber(args[6]) or 16
     elseif mode == "probe" then
         interval_ms = tonumber(args[2])
+    elseif mode == "embed" then
+        vocab, inputs, input_len = tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
     else
-        error("serve_load.lua: mode 'stream' or 'probe', got " .. tostring(mode))
+        error("serve_load.lua: mode 'stream', 'probe' or 'embed', got " .. tostring(mode))
     end
     sent, ok, fivexx, other, broken, tokens = 0, 0, 0, 0, 0, 0
 end
@@ -43,6 +48,16 @@ function request()
     if mode == "probe" then
         health_req = health_req or wrk.format("GET", "/health")
         return health_req
+    end
+    if mode == "embed" then
+        local list = {}
+        for i = 1, inputs do
+            local ids = {}
+            for k = 1, input_len do ids[k] = ((thread_no * 1000003 + sent * 7919 + i * 104729 + k * 31) % vocab) end
+            list[i] = "[" .. table.concat(ids, ",") .. "]"
+        end
+        return wrk.format("POST", "/v1/embeddings", { ["Content-Type"] = "application/json" },
+                          '{"input":[' .. table.concat(list, ",") .. '],"encoding_format":"base64"}')
     end
     -- Distinct per request and per thread: 1e6 requests per thread before seeds repeat.
     local seed = seed_base + thread_no * 1000000 + sent
@@ -64,7 +79,9 @@ end
 function response(status, headers, body)
     if status == 200 then
         ok = ok + 1
-        if mode == "stream" then
+        if mode == "embed" then
+            tokens = tokens + (tonumber(body:match('"prompt_tokens":(%d+)')) or 0)
+        elseif mode == "stream" then
             local n = body:match('"completion_tokens":(%d+)')
             tokens = tokens + (tonumber(n) or 0)
             -- a 200 stream without its final event and [DONE] (an error event mid-stream)

@@ -18,37 +18,67 @@ describe("llamacpp.to_completions", function()
                                  '"cache_prompt": true, "id_slot": -1, "samplers": ["top_k"], "dry_multiplier": 0, "typical_p": 1}')
         assert.same({ "It is", 12, 1.1, 3, { "\n" } }, { t.prompt, t.max_tokens, t.repetition_penalty, t.seed, t.stop })
         assert.same({ 0.8, 40, 0.95, 0.05 }, { t.temperature, t.top_k, t.top_p, t.min_p }) -- (llama.cpp's defaults)
-        assert.is_nil(t.cache_prompt) -- (taken, changes nothing: the prefix pool serves it)
-        -- n_predict -1 (or none): the rest of the context (the view's parse rule: room)
+        -- n_predict -1 (or none): no max_tokens (the view's parser then leaves the rest of the context)
         t = completions_of('{"prompt": [1, 2, 3], "n_predict": -1, "temperature": 0}')
         assert.same({ { 1, 2, 3 }, nil, 0 }, { t.prompt, t.max_tokens, t.temperature })
-        assert.is_true(llamacpp.View.PARSE_OPTIONS.room)
-        -- seed -1: one drawn for the request
-        t = completions_of('{"prompt": "a", "seed": -1}')
-        assert.is_true(t.seed >= 0)
+        -- max_tokens, where n_predict is left out (llama.cpp reads either)
+        assert.equal(7, completions_of('{"prompt": "a", "max_tokens": 7}').max_tokens)
+        -- no seed, -1 or 2^32 - 1: one drawn for each request (llama.cpp's default is random)
+        local seeds = {}
+        for _, body in ipairs({ '{"prompt": "a"}', '{"prompt": "a", "seed": -1}', '{"prompt": "a", "seed": 4294967295}' }) do
+            for _ = 1, 2 do seeds[#seeds + 1] = completions_of(body).seed end
+        end
+        local distinct = {}
+        for _, seed in ipairs(seeds) do distinct[seed] = true end
+        local count = 0
+        for _ in pairs(distinct) do count = count + 1 end
+        assert.is_true(count >= 5, "seeds drawn: " .. table.concat(seeds, ","))
         -- json_schema and grammar; logit_bias in both of llama.cpp's forms
         local _, text = completions_of('{"prompt": "a", "json_schema": {"type": "object", "properties": {"b": {"type": "integer"}}}}')
         assert.equal('{"type": "object", "properties": {"b": {"type": "integer"}}}',
                      json_text.member(text, { "response_format", "json_schema", "schema" }))
-        t = completions_of('{"prompt": "a", "grammar": "root ::= \\"x\\"", "logit_bias": [[15, -2.5], [16, false]]}')
-        assert.same({ "root ::= \"x\"", { ["15"] = -2.5, ["16"] = -100 } }, { t.grammar, t.logit_bias })
+        t = completions_of('{"prompt": "a", "grammar": "root ::= \\"x\\"", "logit_bias": [[15, -2.5], [16, false], [15, 1]]}')
+        assert.same({ "root ::= \"x\"", { ["15"] = -1.5, ["16"] = -100 } }, { t.grammar, t.logit_bias }) -- (15 twice: added)
         t = completions_of('{"prompt": "a", "logit_bias": {"15": 1}}')
         assert.same({ ["15"] = 1 }, t.logit_bias)
+        -- a grammar, where given, is the constraint (json_schema then left out, as llama.cpp does)
+        t = completions_of('{"prompt": "a", "grammar": "root ::= \\"x\\"", "json_schema": {"type": "object"}}')
+        assert.same({ "root ::= \"x\"", nil }, { t.grammar, t.response_format })
+    end)
+
+    it("takes what SillyTavern sends llama.cpp by default", function()
+        -- (its text-completion request for llama.cpp, at its neutral settings)
+        local t = completions_of(cjson.encode({
+            prompt = "Emma:", n_predict = 80, max_tokens = 80, temperature = 0.7, top_p = 0.9, top_k = 20, typical_p = 1,
+            min_p = 0, repeat_penalty = 1.1, repeat_last_n = 64, presence_penalty = 0, frequency_penalty = 0,
+            tfs_z = 1, mirostat = 0, mirostat_tau = 5, mirostat_eta = 0.1, grammar = "", n_probs = 0, min_keep = 0,
+            ignore_eos = false, dry_multiplier = 0, dry_base = 1.75, dry_allowed_length = 2, dry_sequence_breakers = { "\n" },
+            xtc_threshold = 0.1, xtc_probability = 0, top_n_sigma = 0, stream = true, stop = { "\nEmma:", "" },
+            samplers = { "top_k", "min_p" }, cache_prompt = true, n_keep = 0 }))
+        assert.same({ 80, 0.7, 20, 1.1, { "\nEmma:" }, true }, { t.max_tokens, t.temperature, t.top_k, t.repetition_penalty, t.stop,
+                    t.stream })
+        assert.is_nil(t.grammar) -- ("": none)
+        assert.is_number(t.seed)
     end)
 
     it("refuses what it cannot honour, naming the field", function()
         H.refuses(function(body) return llamacpp.to_completions(body) end, {
             { "{}", "prompt", "prompt is required" },
             { '{"prompt": 5}', "prompt", "prompt must be a text or an array of token ids" },
-            { '{"prompt": ["a", "b"]}', "prompt", "batches are not taken" },
+            { '{"prompt": ["a", "b"]}', "prompt", "batches of prompts, are not taken" },
+            { '{"prompt": [1, "a", 3]}', "prompt", "prompt[1]: a prompt is a text or an array of token ids" },
+            { '{"prompt": []}', "prompt", "prompt must be a text or an array of token ids" },
             { '{"prompt": "a", "n_predict": 1.5}', "n_predict", "n_predict must be an integer" },
             { '{"prompt": "a", "temperature": "hot"}', "temperature", "temperature must be a number" },
-            { '{"prompt": "a", "mirostat": 2}', "mirostat", "mirostat is not supported here (only 0" },
+            { '{"prompt": "a", "mirostat": 2}', "mirostat", "mirostat is not supported here (only values that turn it off: 0)" },
             { '{"prompt": "a", "n_probs": 3}', "n_probs", "/v1/completions' logprobs" },
             { '{"prompt": "a", "typical_p": 0.5}', "typical_p", "typical_p is not supported" },
-            { '{"prompt": "a", "json_schema": {}, "grammar": "root ::= \\"x\\""}', "json_schema", "send one" },
-            { '{"prompt": "a", "logit_bias": [[1]]}', "logit_bias", "logit_bias[0] must be [token id, bias]" },
+            { '{"prompt": "a", "top_n_sigma": 1.5}', "top_n_sigma", "<= 0" },
+            { '{"prompt": "a", "logit_bias": [[1]]}', "logit_bias", "logit_bias[0]: a bias is a number, or false" },
+            { '{"prompt": "a", "logit_bias": [["Hello", -1]]}', "logit_bias", "texts are not taken here" },
+            { '{"prompt": "a", "logit_bias": {"Hello": -1}}', "logit_bias", "texts are not taken here" },
             { '{"prompt": "a", "stop": "x"}', "stop", "stop must be an array of texts" },
+            { '{"prompt": "a", "stop": ["x", 5]}', "stop", "stop[1] must be a text" },
         })
     end)
 end)
@@ -63,8 +93,13 @@ describe("llamacpp view", function()
         local r = cjson.decode(view:response(cjson.encode(answer)))
         assert.same({ "Hi there", { 5, 6 }, true, "word", "\n", 2, 3, "m" },
                     { r.content, r.tokens, r.stop, r.stop_type, r.stopping_word, r.tokens_predicted, r.tokens_evaluated, r.model })
-        assert.same({ 3, 2, 2, 4, 1000 }, { r.timings.prompt_n, r.timings.predicted_n, r.timings.prompt_ms, r.timings.predicted_ms,
-                                           r.timings.prompt_per_second * 2 / 3 })
+        assert.same({ 3, 0, 2, 2, 4, 1000 }, { r.timings.prompt_n, r.timings.cache_n, r.timings.predicted_n, r.timings.prompt_ms,
+                                              r.timings.predicted_ms, r.timings.prompt_per_second * 2 / 3 })
+        -- a prompt the prefix pool served in part: prompt_n counts what the prefill computed
+        local cached = cjson.decode(cjson.encode(answer))
+        cached.usage.prompt_tokens_details = { cached_tokens = 2 }
+        r = cjson.decode(view:response(cjson.encode(cached)))
+        assert.same({ 1, 2, 3 }, { r.timings.prompt_n, r.timings.cache_n, r.tokens_evaluated })
         -- the limit, and the end of text
         answer.choices[1].finish_reason, answer.choices[1].stop_reason = "length", nil
         assert.equal("limit", cjson.decode(view:response(cjson.encode(answer))).stop_type)
@@ -78,7 +113,7 @@ describe("llamacpp view", function()
 
     it("streams data events whose contents join to the text, the last with stop: true and the counts", function()
         local _, _, view = completions_of('{"prompt": "a", "stream": true}')
-        view:start_stream("x", 1, "m")
+        view:start_stream("x", 1, "m", 3)
         local events = {}
         local function feed(t) for _, e in ipairs(view:feed(cjson.encode(t))) do events[#events + 1] = cjson.decode(e[2]) end end
         feed({ choices = { { index = 0, text = "Hi", token_ids = { 5 }, finish_reason = cjson.null } }, usage = cjson.null })
@@ -86,8 +121,9 @@ describe("llamacpp view", function()
                usage = { prompt_tokens = 3, completion_tokens = 2, total_tokens = 5 } })
         assert.same({}, view:feed("[DONE]"))
         assert.equal(3, #events)
-        assert.same({ "Hi", { 5 }, false }, { events[1].content, events[1].tokens, events[1].stop })
-        assert.same({ " there", false }, { events[2].content, events[2].stop })
+        assert.same({ "Hi", { 5 }, false, 1, 3 }, { events[1].content, events[1].tokens, events[1].stop, events[1].tokens_predicted,
+                                                events[1].tokens_evaluated })
+        assert.same({ " there", false, 2 }, { events[2].content, events[2].stop, events[2].tokens_predicted })
         assert.same({ "", true, "limit", 2 }, { events[3].content, events[3].stop, events[3].stop_type, events[3].tokens_predicted })
         -- an error mid-stream: llama.cpp's error object, and nothing after it
         _, _, view = completions_of('{"prompt": "a", "stream": true}')

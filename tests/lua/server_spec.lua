@@ -2111,7 +2111,7 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         local r = ok("/completion", req)
         assert.same({ want.text, want.token_ids, true, "limit", 20 }, { r.content, r.tokens, r.stop, r.stop_type, r.tokens_predicted })
         assert.same({ "tinyloop-austen", 20 }, { r.model, r.timings.predicted_n })
-        assert.equal(r.tokens_evaluated, r.timings.prompt_n)
+        assert.equal(r.tokens_evaluated, r.timings.prompt_n + r.timings.cache_n) -- (the prefix pool's part: cache_n)
         -- streamed: data events without a type, no [DONE]; the pieces are the text
         req.stream = true
         local status, body = post_to("/completion", req, "-N")
@@ -2169,11 +2169,15 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
             assert.truthy(e.message:find(needle, 1, true), e.message)
         end
         refused({ n_predict = 3 }, "prompt is required")
-        refused({ prompt = { "a", "b" } }, "batches are not taken")
+        refused({ prompt = { "a", "b" } }, "batches of prompts, are not taken")
         refused({ prompt = "a", mirostat = 2 }, "mirostat is not supported")
         refused({ prompt = "a", n_predict = 4096 * 4, temperature = "x" }, "temperature must be a number")
         refused({ prompt = { 1, 99999 } }, "is not a token id")
         refused({ prompt = ("Emma "):rep(300) }, "fills the model's context")
+        -- /completions is llama.cpp's other name of it
+        local status, body = post_to("/completions", { prompt = "It is", n_predict = 2, temperature = 0 })
+        assert.equal(200, status, body)
+        assert.equal(2, cjson.decode(body).tokens_predicted)
         for _, case in ipairs({ { "", "/completion", 405 }, { "-X POST -d '{}' ", "/props", 405 } }) do
             local status, body = curl(case[1] .. base .. case[2])
             assert.equal(case[3], status, body)

@@ -290,9 +290,10 @@ end
 local OLLAMA_PATHS = { ["/api/chat"] = true, ["/api/generate"] = true, ["/api/show"] = true, ["/api/tags"] = true,
                        ["/api/ps"] = true, ["/api/version"] = true, ["/api/embed"] = true, ["/api/embeddings"] = true }
 local function send_llamacpp_error(status, message, _, etype, headers)
+    if status == 503 then etype = "unavailable_error" end -- (llama.cpp's, while its model loads)
     return send_json(status, llamacpp.error_body(status, tostring(message), etype), headers)
 end
-local LLAMACPP_PATHS = { ["/completion"] = true, ["/props"] = true }
+local LLAMACPP_PATHS = { ["/completion"] = true, ["/completions"] = true, ["/props"] = true }
 local function send_uri_error(...)
     local path = (ngx.var.request_uri or ngx.var.uri or ""):match("^[^?]*")
     local send = path:find("^/v1/messages") and send_anthropic_error or OLLAMA_PATHS[path] and send_ollama_error or
@@ -357,7 +358,7 @@ end
 
 function _M.not_found()
     return send_uri_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /completion, GET /props, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /completion (or /completions), GET /props, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
         "/metrics)", nil, "not_found_error")
 end
 

@@ -1,15 +1,16 @@
 -- tinyloop.server.llamacpp: llama.cpp's server API (POST /completion, GET /props) as a view of
 -- the completions path, as tinyloop.server.ollama is of chat. Pure Lua (no ngx).
 --
--- The tools written against llama.cpp's own server (its web UI's raw mode, SillyTavern's and
--- KoboldAI-style front ends, scripts that post to /completion) send a prompt with llama.cpp's
--- sampling fields: a request is the /v1/completions request it means, with llama.cpp's
--- defaults where a field is left out (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05; the
--- rest of the context for n_predict), and the completion comes back in llama.cpp's shape
--- ({"content", "stop", "stop_type", "tokens_predicted", "timings", ...}), streamed as
--- server-sent `data:` events without a [DONE]. As llama.cpp does, fields it does not know are
--- ignored (front ends send many); samplers this engine lacks are taken only at their off
--- values. Errors are llama.cpp's {"error": {"code", "message", "type"}}.
+-- The tools written against llama.cpp's own server (SillyTavern's and KoboldAI-style front
+-- ends, llama.cpp's legacy web UI, scripts that post to /completion) send a prompt with
+-- llama.cpp's sampling fields: a request is the /v1/completions request it means, with
+-- llama.cpp's defaults where a field is left out (temperature 0.8, top_k 40, top_p 0.95, min_p
+-- 0.05, a random seed, the rest of the context for n_predict), and the completion comes back
+-- in llama.cpp's shape ({"content", "stop", "stop_type", "tokens_predicted", "timings", ...}),
+-- streamed as server-sent `data:` events without a [DONE]. As llama.cpp does, fields it does
+-- not know are ignored (front ends send many), an empty grammar is none, and samplers this
+-- engine lacks are taken wherever their values turn them off. Errors are llama.cpp's
+-- {"error": {"code", "message", "type"}}.
 --
 --   local llamacpp = require "tinyloop.server.llamacpp"
 --   local body, view = llamacpp.to_completions(body_text)   -- nil, err: the field named
@@ -35,9 +36,15 @@ local PASSED = {
     { "presence_penalty", "number" }, { "frequency_penalty", "number" }, { "repeat_penalty", "number", "repetition_penalty" },
     { "ignore_eos", "boolean" }, { "grammar", "string" }, { "stream", "boolean" },
 }
--- Samplers this engine does not have, taken at the value that turns them off.
-local OFF = { typical_p = 1, tfs_z = 1, mirostat = 0, dry_multiplier = 0, xtc_probability = 0, top_n_sigma = -1, n_probs = 0 }
-local OFF_WHY = { n_probs = " (token probabilities: /v1/completions' logprobs)" }
+-- Samplers this engine does not have, taken where their values turn them off (llama.cpp's
+-- ranges: front ends send their neutral values), with what "off" is, for the message.
+local OFF = {
+    typical_p = { function(v) return v >= 1 end, ">= 1" }, tfs_z = { function(v) return v >= 1 end, ">= 1" },
+    mirostat = { function(v) return v == 0 end, "0" }, dry_multiplier = { function(v) return v <= 0 end, "<= 0" },
+    xtc_probability = { function(v) return v <= 0 end, "<= 0" }, top_n_sigma = { function(v) return v <= 0 end, "<= 0" },
+    n_probs = { function(v) return v == 0 end, "0; token probabilities: /v1/completions' logprobs" },
+}
+local UNSET_SEED = { [-1] = true, [4294967295] = true } -- (llama.cpp's "random", either way it is spelled)
 
 -- to_completions(body) -> the /v1/completions body that means the same, and its view; or nil,
 -- err (the field named).
@@ -53,12 +60,20 @@ function _M.to_completions(body)
     local members = {}
     local prompt = t.prompt
     if prompt == nil then return bad("prompt is required", "prompt") end
-    if type(prompt) == "table" and not (is_array(prompt) and #prompt > 0 and type(prompt[1]) == "number") then
-        return bad("prompt must be a text or an array of token ids (one prompt; mixed arrays and batches are not taken)", "prompt")
-    elseif type(prompt) ~= "string" and type(prompt) ~= "table" then
+    if type(prompt) == "table" then
+        if not is_array(prompt) or #prompt == 0 then return bad("prompt must be a text or an array of token ids", "prompt") end
+        for i, v in ipairs(prompt) do
+            if type(v) ~= "number" then
+                return bad(("prompt[%d]: a prompt is a text or an array of token ids (arrays mixing texts and ids, and " ..
+                            "batches of prompts, are not taken)"):format(i - 1), "prompt")
+            end
+        end
+    elseif type(prompt) ~= "string" then
         return bad("prompt must be a text or an array of token ids", "prompt")
     end
     members[#members + 1] = { "prompt", raw.prompt }
+    if t.grammar == "" then t.grammar = nil end -- (front ends send "": no grammar, as llama.cpp reads it)
+    if t.grammar ~= nil then t.json_schema = nil end -- (llama.cpp: a grammar, where given, is the constraint)
     for _, f in ipairs(PASSED) do
         local name, kind, as = f[1], f[2], f[3] or f[1]
         local v = t[name]
@@ -70,26 +85,32 @@ function _M.to_completions(body)
         end
     end
     for name, off in pairs(OFF) do
-        if t[name] ~= nil and t[name] ~= off then
-            return bad(("%s is not supported here (only %s, which is off)%s"):format(name, tostring(off), OFF_WHY[name] or ""), name)
+        local v = t[name]
+        if v ~= nil and (type(v) ~= "number" or not off[1](v)) then
+            return bad(("%s is not supported here (only values that turn it off: %s)"):format(name, off[2]), name)
         end
     end
     local n_predict = t.n_predict
+    if n_predict == nil then n_predict = t.max_tokens end -- (llama.cpp reads either)
     if n_predict ~= nil then
         if not KIND_OK.integer(n_predict) then return bad("n_predict must be an integer", "n_predict") end
         -- (-1: no limit, -2: fill the context: the rest of the context either way)
         if n_predict >= 0 then members[#members + 1] = { "max_tokens", shapes.integer(n_predict) } end
     end
     local seed = t.seed
-    if seed ~= nil then
-        if not KIND_OK.integer(seed) then return bad("seed must be an integer", "seed") end
-        members[#members + 1] = { "seed", shapes.integer(seed == -1 and shapes.random_seed() or seed) } -- (-1: random)
-    end
+    if seed ~= nil and not KIND_OK.integer(seed) then return bad("seed must be an integer", "seed") end
+    -- (llama.cpp's default is a random seed: left out, -1 or 2^32 - 1, one drawn for the request)
+    members[#members + 1] = { "seed", shapes.integer((seed == nil or UNSET_SEED[seed]) and shapes.random_seed() or seed) }
     if t.stop ~= nil then
         if not KIND_OK.array(t.stop) and not (type(t.stop) == "table" and next(t.stop) == nil) then
             return bad("stop must be an array of texts", "stop")
         end
-        if #t.stop > 0 then members[#members + 1] = { "stop", raw.stop } end
+        local stops = {}
+        for i, w in ipairs(t.stop) do
+            if type(w) ~= "string" then return bad(("stop[%d] must be a text"):format(i - 1), "stop") end
+            if w ~= "" then stops[#stops + 1] = w end -- (an empty one stops nothing: llama.cpp skips it)
+        end
+        if #stops > 0 then members[#members + 1] = { "stop", encode(stops) } end
     end
     if t.json_schema ~= nil then
         if not KIND_OK.object(t.json_schema) then return bad("json_schema must be a JSON Schema object", "json_schema") end
@@ -98,27 +119,34 @@ function _M.to_completions(body)
                                                      raw.json_schema .. "}}" }
     end
     if t.logit_bias ~= nil then
-        -- llama.cpp's forms: [[id, bias], ...] (false: never) or {"id": bias}
-        local biases = {}
-        if type(t.logit_bias) ~= "table" then return bad("logit_bias must be [[id, bias], ...] or {\"id\": bias}", "logit_bias") end
-        if is_array(t.logit_bias) then
-            for i, pair in ipairs(t.logit_bias) do
-                if type(pair) ~= "table" or not KIND_OK.integer(pair[1]) or
-                    (type(pair[2]) ~= "number" and pair[2] ~= false) then
-                    return bad(("logit_bias[%d] must be [token id, bias] (false: never)"):format(i - 1), "logit_bias")
-                end
-                biases[#biases + 1] = { encode(shapes.integer(pair[1])), pair[2] == false and "-100" or encode(pair[2]) }
+        -- llama.cpp's forms: [[id, bias], ...] or {"id": bias}; false is -100 (OpenAI's floor:
+        -- all but never); an id given twice adds up, as llama.cpp adds them
+        local sums, order = {}, {}
+        local function add(id, v, where)
+            if not KIND_OK.integer(id) then
+                return bad(("%s: a token id (texts are not taken here: give their ids, /tokenize)"):format(where), "logit_bias")
+            end
+            if type(v) ~= "number" and v ~= false then return bad(where .. ": a bias is a number, or false", "logit_bias") end
+            if sums[id] == nil then order[#order + 1] = id end
+            sums[id] = (sums[id] or 0) + (v == false and -100 or v)
+            return true
+        end
+        local lb = t.logit_bias
+        if type(lb) ~= "table" then return bad('logit_bias must be [[id, bias], ...] or {"id": bias}', "logit_bias") end
+        if is_array(lb) then
+            for i, pair in ipairs(lb) do
+                if type(pair) ~= "table" then return bad(("logit_bias[%d] must be [token id, bias]"):format(i - 1), "logit_bias") end
+                local ok, e = add(pair[1], pair[2], ("logit_bias[%d]"):format(i - 1))
+                if not ok then return nil, e end
             end
         else
-            for id, v in pairs(t.logit_bias) do
-                if type(v) ~= "number" and v ~= false then
-                    return bad("logit_bias values must be numbers (false: never)", "logit_bias")
-                end
-                biases[#biases + 1] = { encode(tostring(id)), v == false and "-100" or encode(v) }
+            for key, v in pairs(lb) do
+                local ok, e = add(tonumber(key), v, ("logit_bias[%s]"):format(encode(key)))
+                if not ok then return nil, e end
             end
         end
         local inner = {}
-        for i, b in ipairs(biases) do inner[i] = b[1] .. ":" .. b[2] end
+        for i, id in ipairs(order) do inner[i] = encode(shapes.integer(id)) .. ":" .. encode(math.max(-100, math.min(100, sums[id]))) end
         members[#members + 1] = { "logit_bias", "{" .. concat(inner, ",") .. "}" }
     end
     local view = setmetatable({ stream = t.stream == true, return_tokens = t.return_tokens == true,
@@ -154,12 +182,15 @@ local function stop_of(finish)
     return "eos", ""
 end
 
+-- (prompt_n: the prompt's tokens the prefill computed; cache_n: those the prefix pool gave)
 local function timings(stats, usage)
-    local prompt_n, predicted_n = usage.prompt_tokens or 0, usage.completion_tokens or 0
-    local prompt_ms, predicted_ms = stats.prefill_ms or 0, stats.decode_ms or 0
+    local details = type(usage.prompt_tokens_details) == "table" and usage.prompt_tokens_details or {}
+    local cache_n = tonumber(details.cached_tokens) or 0
+    local prompt_n, predicted_n = (tonumber(usage.prompt_tokens) or 0) - cache_n, tonumber(usage.completion_tokens) or 0
+    local prompt_ms, predicted_ms = tonumber(stats.prefill_ms) or 0, tonumber(stats.decode_ms) or 0
     local function per(ms, n) return n > 0 and ("%.6g"):format(ms / n) or "0" end
     local function rate(ms, n) return ms > 0 and ("%.6g"):format(n * 1000 / ms) or "0" end
-    return object({ { "prompt_n", tostring(prompt_n) }, { "prompt_ms", ("%.6g"):format(prompt_ms) },
+    return object({ { "cache_n", tostring(cache_n) }, { "prompt_n", tostring(prompt_n) }, { "prompt_ms", ("%.6g"):format(prompt_ms) },
                     { "prompt_per_token_ms", per(prompt_ms, prompt_n) }, { "prompt_per_second", rate(prompt_ms, prompt_n) },
                     { "predicted_n", tostring(predicted_n) }, { "predicted_ms", ("%.6g"):format(predicted_ms) },
                     { "predicted_per_token_ms", per(predicted_ms, predicted_n) },
@@ -172,6 +203,10 @@ function View:object(content, tokens, finish, model)
     local members = { { "index", "0" }, { "content", encode(content) },
                       { "tokens", (self.return_tokens or self.stream) and ("[" .. concat(tokens or {}, ",") .. "]") or "[]" },
                       { "id_slot", "0" }, { "stop", finish and "true" or "false" } }
+    if not finish and self.stream then -- (each chunk of llama.cpp's stream carries the counts so far)
+        members[#members + 1] = { "tokens_predicted", tostring(self.predicted or 0) }
+        members[#members + 1] = { "tokens_evaluated", tostring(self.evaluated or 0) }
+    end
     if finish then
         local usage = finish.usage or {}
         local stats = finish.tinyloop and cjson.decode(finish.tinyloop) or {}
@@ -200,8 +235,9 @@ end
 
 -- ------------------------------------------------------------------ the stream
 
-function View:start_stream(_, created, model)
+function View:start_stream(_, created, model, prompt_tokens)
     self.created, self.model, self.finished, self.text = created, model, false, ""
+    self.predicted, self.evaluated = 0, prompt_tokens or 0
 end
 
 -- feed(payload) -> the events {nil, json} a completions stream's event makes: one per chunk with
@@ -222,6 +258,7 @@ function View:feed(payload)
         local text = type(choice.text) == "string" and choice.text or ""
         local tokens = type(choice.token_ids) == "table" and choice.token_ids or {}
         self.text = self.text .. text
+        self.predicted = self.predicted + #tokens
         if text ~= "" or #tokens > 0 then out[#out + 1] = { nil, self:object(text, tokens) } end
         if choice.finish_reason and choice.finish_reason ~= json_null then
             self.finish = { finish_reason = choice.finish_reason, stop_reason = choice.stop_reason ~= json_null and choice.stop_reason or nil,

@@ -69,7 +69,7 @@ end
 local ENDPOINTS = { ["/v1/completions"] = true, ["/v1/chat/completions"] = true, ["/v1/responses"] = true, ["/v1/messages"] = true, ["/v1/messages/count_tokens"] = true, ["/api/chat"] = true, ["/api/generate"] = true,
                     ["/api/show"] = true, ["/api/tags"] = true, ["/api/ps"] = true, ["/api/version"] = true, ["/"] = true, ["/v1/models"] = true, ["/health"] = true,
                     ["/metrics"] = true, ["/tokenize"] = true, ["/detokenize"] = true, ["/v1/embeddings"] = true,
-                    ["/api/embed"] = true, ["/api/embeddings"] = true, ["/completion"] = true, ["/props"] = true }
+                    ["/api/embed"] = true, ["/api/embeddings"] = true, ["/completion"] = true, ["/completions"] = true, ["/props"] = true }
 function _M.log_request(uri, status)
     incr("req:" .. (ENDPOINTS[uri] and uri or "other") .. ":" .. tostring(status))
 end

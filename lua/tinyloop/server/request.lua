@@ -1121,6 +1121,7 @@ local TOKENIZE_FIELDS = {
     return_token_strs = { "boolean", false }, -- each token's text as well
     -- llama.cpp's form: content (a text) -> {"tokens": ids}, or with_pieces [{"id", "piece"}]
     content = { "string", false }, with_pieces = { "boolean", false }, add_special = { "boolean", false },
+    parse_special = { "boolean", false }, -- (taken: a special token's text is read as that token, as parse_special true says)
 }
 -- vLLM's add_special_tokens, which its clients send: TinyLoop adds no special tokens around a
 -- text (no tokenizer post-processor), on /v1/completions as here, so either value is the truth.
@@ -1143,7 +1144,7 @@ function _M.parse_tokenize(body, model, model_id, chat, chat_error)
         if not ids then return nil, { status = 500, message = "encoding failed: " .. tostring(err), type = "server_error" } end
         return { ids = ids, llama = true, with_pieces = t.with_pieces == true }
     end
-    for _, k in ipairs({ "with_pieces", "add_special" }) do
+    for _, k in ipairs({ "with_pieces", "add_special", "parse_special" }) do
         if t[k] ~= nil then return bad(k .. " goes with content (llama.cpp's form)", k) end
     end
     if (t.prompt == nil) == (t.messages == nil) then
