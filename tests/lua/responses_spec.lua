@@ -348,6 +348,34 @@ describe("responses: stored responses (previous_response_id)", function()
         assert.same({ "assistant", "c1", "tool" }, { m[3].role, m[3].tool_calls[1].id, m[4].role })
     end)
 
+    it("lists a stored response's input as items, OpenAI's list and paging", function()
+        local messages = cjson.encode({
+            { role = "developer", content = "Be brief." }, { role = "user", content = { { type = "text", text = "Hi" } } },
+            { role = "assistant", content = cjson.null, reasoning_content = "Look.", tool_calls = {
+                { id = "c1", type = "function", ["function"] = { name = "f", arguments = "{}" } } } },
+            { role = "tool", tool_call_id = "c1", content = "done" },
+            { role = "assistant", content = "the reply: not input" } })
+        local list = cjson.decode((assert(responses.input_items(messages, "resp_ab", "asc", 20))))
+        local kinds = {}
+        for i, item in ipairs(list.data) do kinds[i] = item.type .. ":" .. (item.role or item.call_id or "") end
+        assert.same({ "message:developer", "message:user", "reasoning:", "function_call:c1", "function_call_output:c1" }, kinds)
+        assert.same({ { type = "input_text", text = "Hi" } }, list.data[2].content)
+        assert.same({ "f", "{}" }, { list.data[4].name, list.data[4].arguments })
+        assert.equal("done", list.data[5].output)
+        assert.same({ list.data[1].id, list.data[5].id, false }, { list.first_id, list.last_id, list.has_more })
+        -- desc (OpenAI's default), a page of 2, then the next after it; the ids are the same at every call
+        local page = cjson.decode((assert(responses.input_items(messages, "resp_ab", "desc", 2))))
+        assert.same({ list.data[5].id, list.data[4].id, true }, { page.data[1].id, page.data[2].id, page.has_more })
+        local next_page = cjson.decode((assert(responses.input_items(messages, "resp_ab", "desc", 2, page.last_id))))
+        assert.same({ list.data[3].id, list.data[2].id }, { next_page.data[1].id, next_page.data[2].id })
+        local _, err, param = responses.input_items(messages, "resp_ab", "up", 2)
+        assert.same({ "order" }, { param })
+        _, err, param = responses.input_items(messages, "resp_ab", "asc", 101)
+        assert.equal("limit", param)
+        _, err, param = responses.input_items(messages, "resp_ab", "asc", 5, "msg_zz")
+        assert.same({ "after", true }, { param, err:find("no item of this response", 1, true) ~= nil })
+    end)
+
     it("names the earlier conversation in errors about its messages", function()
         local _, view = responses.to_chat('{"input": "x", "previous_response_id": "resp_1_1"}', lookup)
         local e = view:error({ status = 400, message = "messages[1].content is too long", param = "messages" })

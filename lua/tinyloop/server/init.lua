@@ -358,7 +358,7 @@ end
 
 function _M.not_found()
     return send_uri_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /completion (or /completions), GET /props, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /completion (or /completions), GET /props, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
         "/metrics)", nil, "not_found_error")
 end
 
@@ -1638,10 +1638,23 @@ function _M.root()
     ngx_say("TinyLoop is running: ", conf.model_id, " (OpenAI's API at /v1, Anthropic's at /v1/messages, Ollama's at /api)")
 end
 
--- /v1/responses/{id}: a stored response, GET (retrieve) or DELETE; the rest under
--- /v1/responses/ (a response's input_items and cancel, input_tokens, compact) is not served.
+-- /v1/responses/{id}: a stored response, GET (retrieve) or DELETE, and GET .../input_items; the
+-- rest under /v1/responses/ (a response's cancel, input_tokens, compact) is not served.
 function _M.stored_response()
     local method, id = ngx.req.get_method(), ngx.var.uri:match("^/v1/responses/(resp_[^/]+)$")
+    local listed = ngx.var.uri:match("^/v1/responses/(resp_[^/]+)/input_items$")
+    if listed then -- the input it was made from, as Responses items (OpenAI's list and its paging)
+        if not only_get() or not ready() then return end
+        local _, messages = stored(listed)
+        if not messages then return send_error(404, ("Response with id '%s' not found"):format(listed), nil, "invalid_request_error") end
+        local args = ngx.req.get_uri_args()
+        local limit = tonumber(args.limit or 20)
+        if not limit or limit % 1 ~= 0 then return send_error(400, "limit must be an integer in [1, 100]", "limit") end
+        local list, err, param = responses.input_items(messages, listed, args.order or "desc", limit,
+                                                       type(args.after) == "string" and args.after or nil)
+        if not list then return send_error(param and 400 or 500, err, param) end
+        return send_json(200, list)
+    end
     if id and (method == "GET" or method == "HEAD" or method == "DELETE") then
         if not ready() then return end
         local previous, _, response = stored(id)
@@ -1657,9 +1670,9 @@ function _M.stored_response()
         return send_uri_error(405, "method " .. method .. " is not allowed here: use GET or DELETE", nil, nil,
                               { Allow = "GET, HEAD, DELETE" })
     end
-    return send_error(404, ("%s %s is not served here: a stored response is GET or DELETE /v1/responses/{id} (its input " ..
-                      "items are not listed, and nothing runs in the background to cancel)"):format(method, ngx.var.uri), nil,
-                      "not_found_error")
+    return send_error(404, ("%s %s is not served here: a stored response is GET or DELETE /v1/responses/{id}, and GET " ..
+                      "/v1/responses/{id}/input_items (nothing runs in the background to cancel, nor is compacted)")
+                      :format(method, ngx.var.uri), nil, "not_found_error")
 end
 
 return _M

@@ -620,6 +620,80 @@ function View:record()
     return encode(messages), self.final, self.previous
 end
 
+-- ------------------------------------------------------------------ a stored response's input
+
+-- The text of a chat message's content (a string, or text parts).
+local function content_text(content)
+    if type(content) == "string" then return content end
+    local texts = {}
+    for i, part in ipairs(type(content) == "table" and content or {}) do texts[i] = type(part) == "table" and part.text or "" end
+    return concat(texts)
+end
+
+-- input_items(messages_json, id, order, limit, after) -> GET /v1/responses/{id}/input_items:
+-- the input of stored response `id` (its own messages but the reply, as record() kept them)
+-- as Responses items, OpenAI's list ({"object": "list", "data", "first_id", "last_id",
+-- "has_more"}): `order` "desc" (OpenAI's default: the last first) or "asc", at most `limit`,
+-- after the item of id `after`. Each item's id is the response's key and its place, the same
+-- at every call. -> the list's JSON text | nil, err (the query parameter named).
+function _M.input_items(messages_json, id, order, limit, after)
+    local messages = cjson.decode(messages_json)
+    if type(messages) ~= "table" then return nil, "the stored response cannot be read" end
+    local key, items = item_key(id), {}
+    for i = 1, #messages - 1 do -- (the last is the reply)
+        local m = messages[i]
+        local at = ("%s_in%d"):format(key, i)
+        if m.role == "tool" then
+            items[#items + 1] = object({ { "id", encode("fco_" .. at) }, { "type", '"function_call_output"' },
+                                         { "call_id", encode(tostring(m.tool_call_id)) },
+                                         { "output", encode(content_text(m.content)) }, { "status", '"completed"' } })
+        elseif m.role == "assistant" then
+            if type(m.reasoning_content) == "string" and m.reasoning_content ~= "" then
+                items[#items + 1] = reasoning_item("rs_" .. at, m.reasoning_content, "completed")
+            end
+            if m.content ~= nil and m.content ~= json_null and content_text(m.content) ~= "" then
+                items[#items + 1] = message_item("msg_" .. at, text_part_json(content_text(m.content)), "completed")
+            end
+            for k, call in ipairs(type(m.tool_calls) == "table" and m.tool_calls or {}) do
+                local fn = type(call["function"]) == "table" and call["function"] or {}
+                items[#items + 1] = call_item(("fc_%s_%d"):format(at, k), tostring(call.id), tostring(fn.name),
+                                              tostring(fn.arguments), "completed")
+            end
+        else
+            local parts = {}
+            if type(m.content) == "string" then
+                parts[1] = object({ { "type", '"input_text"' }, { "text", encode(m.content) } })
+            else
+                for _, part in ipairs(type(m.content) == "table" and m.content or {}) do
+                    parts[#parts + 1] = object({ { "type", '"input_text"' }, { "text", encode(type(part) == "table" and part.text or "") } })
+                end
+            end
+            items[#items + 1] = object({ { "id", encode("msg_" .. at) }, { "type", '"message"' }, { "role", encode(tostring(m.role)) },
+                                         { "status", '"completed"' }, { "content", "[" .. concat(parts, ",") .. "]" } })
+        end
+    end
+    if order ~= "asc" and order ~= "desc" then return nil, 'order must be "asc" or "desc"', "order" end
+    if limit < 1 or limit > 100 then return nil, "limit must be in [1, 100]", "limit" end
+    if order == "desc" then
+        local reversed = {}
+        for i = #items, 1, -1 do reversed[#reversed + 1] = items[i] end
+        items = reversed
+    end
+    local from = 1
+    if after then
+        from = nil
+        for i, item in ipairs(items) do
+            if cjson.decode(item).id == after then from = i + 1 break end
+        end
+        if not from then return nil, ("after = %s is no item of this response's input"):format(shown(after)), "after" end
+    end
+    local page = {}
+    for i = from, math.min(#items, from + limit - 1) do page[#page + 1] = items[i] end
+    local function id_of(item) return item and encode(cjson.decode(item).id) or "null" end
+    return object({ { "object", '"list"' }, { "data", "[" .. concat(page, ",") .. "]" }, { "first_id", id_of(page[1]) },
+                    { "last_id", id_of(page[#page]) }, { "has_more", tostring(from + limit - 1 < #items) } })
+end
+
 -- ------------------------------------------------------------------ the stream
 
 -- start_stream(id, created, model): the view reads a chat stream's chunks from now on.
