@@ -60,7 +60,7 @@ tl_status tl_score(const tl_model *model, const int32_t *tokens, int n, int loop
     tl_clear_error();
     if (!model) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_score: model must not be NULL");
     if (!tokens || !logits) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_score: tokens and logits must not be NULL");
-    const chunk_sink sink = {logits, NULL, false, NULL, NULL};
+    const chunk_sink sink = {.logits = logits};
     return score_chunks("tl_score", model, tokens, n, loops, &sink);
 }
 
@@ -102,7 +102,7 @@ tl_status tl_score_logprobs(const tl_model *model, const int32_t *tokens, int n,
         st = tl_fail(TL_ERR_NO_MEMORY, "tl_score_logprobs: out of memory");
     } else {
         logprob_reduce r = {tokens, n, vocab, top, chunk, scratch, logprobs, top_ids, top_logprobs};
-        const chunk_sink sink = {chunk, NULL, true, reduce_chunk, &r};
+        const chunk_sink sink = {.logits = chunk, .reuse = true, .done = reduce_chunk, .ctx = &r};
         st = score_chunks("tl_score_logprobs", model, tokens, n, loops, &sink);
     }
     free(chunk);
@@ -161,7 +161,7 @@ tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl
     const int loops = o.loops == 0 ? c->default_loops : o.loops;
     const int d = c->d_model;
     if (o.pooling == TL_POOLING_NONE) { /* every row straight into out */
-        const chunk_sink sink = {NULL, out, false, NULL, NULL};
+        const chunk_sink sink = {.hidden = out};
         tl_status st = score_chunks("tl_embed", model, tokens, n, loops, &sink);
         if (st == TL_OK && o.normalize)
             for (int t = 0; t < n; t++) unit_norm(out + (size_t)t * (size_t)d, d);
@@ -174,7 +174,7 @@ tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl
         st = tl_fail(TL_ERR_NO_MEMORY, "tl_embed: out of memory");
     } else {
         pool_rows p = {chunk, n, d, o.pooling, sum, out};
-        const chunk_sink sink = {NULL, chunk, true, pool_chunk, &p};
+        const chunk_sink sink = {.hidden = chunk, .reuse = true, .done = pool_chunk, .ctx = &p};
         st = score_chunks("tl_embed", model, tokens, n, loops, &sink);
         if (st == TL_OK && o.pooling == TL_POOLING_MEAN)
             for (int j = 0; j < d; j++) out[j] = (float)(sum[j] / (double)n);

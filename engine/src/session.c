@@ -322,11 +322,7 @@ static bool tag_written(const tl_session *s, int t, size_t old) {
     if (tag->n >= 1 && n - s->prompt_len >= tag->n &&
         memcmp(s->tokens + n - tag->n, tag->tokens, (size_t)tag->n * sizeof(int32_t)) == 0)
         return true;
-    const size_t len = s->reasoning_tag_len[t];
-    if (len == 0 || s->text_len < len || s->text_len == old) return false;
-    for (size_t at = old + 1 > len ? old + 1 - len : 0; at + len <= s->text_len; at++)
-        if (memcmp(s->text + at, s->reasoning_tag_bytes[t], len) == 0) return true;
-    return false;
+    return tl_session_text_ends_in_new(s, s->reasoning_tag_bytes[t], s->reasoning_tag_len[t], old);
 }
 
 void tl_session_track_reasoning(tl_session *s, size_t old_text_len) {
@@ -420,13 +416,16 @@ tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched) {
     const size_t old = s->text_len;
     memcpy(s->text + old, bytes, len);
     s->text_len += len;
-    for (int i = 0; i < s->cfg.n_stop_strings; i++) {
-        const size_t L = s->stop_lens[i];
-        size_t from = old + 1 > L ? old + 1 - L : 0; /* the match must end in the new bytes */
-        for (size_t at = from; at + L <= s->text_len; at++)
-            if (memcmp(s->text + at, s->stop_strs[i], L) == 0) { *matched = true; return TL_OK; }
-    }
+    for (int i = 0; i < s->cfg.n_stop_strings; i++)
+        if (tl_session_text_ends_in_new(s, s->stop_strs[i], s->stop_lens[i], old)) { *matched = true; return TL_OK; }
     return TL_OK;
+}
+
+bool tl_session_text_ends_in_new(const tl_session *s, const char *bytes, size_t len, size_t old) {
+    if (len == 0 || s->text_len == old) return false;
+    for (size_t at = old + 1 > len ? old + 1 - len : 0; at + len <= s->text_len; at++) /* the match ends in the new bytes */
+        if (memcmp(s->text + at, bytes, len) == 0) return true;
+    return false;
 }
 
 tl_stop_reason tl_session_rule_stop(const tl_session *s, int n, bool stop_string) {

@@ -135,6 +135,9 @@ static inline bool tl_session_keeps_rows(const tl_session *s) { return s->decode
 static inline tl_status tl_session_prepare_logits(tl_session *s, const float *row) {
     return tl_session_prepare_logits_for(s, row, s->tokens, s->n_tokens);
 }
+/* Whether the generated text holds bytes[0..len) ending in what came after its first `old`
+   bytes (a stop string or a reasoning tag the last token completed; len 0: never). */
+bool tl_session_text_ends_in_new(const tl_session *s, const char *bytes, size_t len, size_t old);
 /* The thinking budget's bookkeeping after s->tokens[s->n_tokens - 1] joined the tokens and
    its bytes the text (which was old_text_len bytes long before them): tl_session_emit; a
    state read from a file replays its tokens through it. */

@@ -28,10 +28,10 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
   -k, --top-k K              keep the K most likely tokens (default 50)
       --top-p P              nucleus mass in (0, 1] (default 1)
       --min-p P              keep tokens at least P times as likely as the first, P in [0, 1]
+                             (default 0: off)
       --thinking-budget N    a thinking model's <think> block holds N tokens at most: then
                              </think> is written for it and the answer follows (the block is
                              open from the start where the prompt ends with <think>)
-                             (default 0: off)
   -s, --seed N               sampling seed (default 0)
       --repetition-penalty R HF-style penalty on seen tokens (default 1)
       --presence-penalty P   OpenAI's: subtract P from each generated token's logit (default 0)
@@ -323,7 +323,7 @@ local function fit(model, chat, system, history, want)
                 return nil, ("the message makes a prompt of %d tokens with the chat template: over the model's context of %d")
                     :format(#ids, max_seq), 2
             end
-            return { ids = ids, left_out = first - 1 }
+            return { ids = ids, text = text, left_out = first - 1 }
         end
         first = first + 1
         if history[first].role == "assistant" then first = first + 1 end
@@ -393,6 +393,8 @@ local function converse(model, chat, cfg, o)
                 for k, v in pairs(cfg) do turn[k] = v end
                 -- the room the context leaves (the only message's reply may get less than -n)
                 turn.max_tokens = math.min(want, max_seq - #fitted.ids)
+                -- a thinking budget's block: open from the start where this turn's prompt opened it
+                if turn.reasoning_budget then turn.reasoning_open = require("tinyloop.reasoning").opens(fitted.text) end
                 if turn.min_tokens then turn.min_tokens = math.min(turn.min_tokens, turn.max_tokens) end
                 if fitted.left_out > 0 then
                     local turns = math.ceil(fitted.left_out / 2)
@@ -502,7 +504,7 @@ function _M.main(argv, default_model)
     local reasoning = require "tinyloop.reasoning"
     local thinking = chat ~= nil and reasoning.uses(chat.template_text) -- (the template speaks of blocks)
     -- the thinking budget's block: <think> ... </think>, open from the start where the prompt opened it
-    if cfg.reasoning_budget then cfg.reasoning_open = reasoning.opens(o.prompt) end
+    if cfg.reasoning_budget and o.prompt and not o.interactive then cfg.reasoning_open = reasoning.opens(o.prompt) end
     if o.tools and o.tools.forced then -- the reply is calls: their grammar
         if cfg.grammar then io.stderr:write("tinyloop: --tool-choice ", o.tool_choice, " constrains the output itself: not with --grammar, --json-schema or --regex\n") return 2 end
         local g, gerr = tools.grammar(o.tools)

@@ -39,6 +39,7 @@ local OWN = {
 }
 local PASS = {}
 for _, k in ipairs(shapes.PASSED) do PASS[k] = true end
+PASS.thinking_budget = nil -- (thinking.budget_tokens says it here)
 local REFUSED = {
     container = "containers (code execution) are not run here",
     mcp_servers = "MCP servers are not connected from here: run the tools in the client and send their results back",
@@ -229,9 +230,10 @@ local function chat_format(path, f, body)
 end
 
 -- (Anthropic sets no limit on stop_sequences: OpenAI's 4 is the chat endpoint's)
--- (BUDGET_ADVISORY: Anthropic's clients send budget_tokens with every thinking request; where the
--- server reads no reasoning the budget is dropped, not refused as the chat field is)
-local View = { ID_PREFIX = "msg", PARSE_OPTIONS = { max_stops = shapes.MAX_STOPS }, BUDGET_ADVISORY = true }
+-- (DROPS_BUDGET_WITHOUT_REASONING: Anthropic's clients send budget_tokens with every thinking
+-- request; where the server reads no reasoning the budget is dropped, not refused as the chat
+-- field is)
+local View = { ID_PREFIX = "msg", PARSE_OPTIONS = { max_stops = shapes.MAX_STOPS }, DROPS_BUDGET_WITHOUT_REASONING = true }
 View.__index = View
 
 -- to_chat(body, counting) -> the chat completions body that means the same, and its view; or
@@ -310,10 +312,8 @@ function _M.to_chat(body, counting)
             return bad('thinking.type must be "enabled", "disabled" or "adaptive"', "thinking")
         end
         local budget = t.thinking.budget_tokens
-        if budget ~= nil and budget ~= json_null then
-            if not KIND_OK.integer(budget) or budget < 1 then
-                return bad("thinking.budget_tokens must be an integer >= 1", "thinking")
-            end
+        if budget ~= nil and budget ~= json_null then -- (its range: the chat parser's rule, its name renamed)
+            if not KIND_OK.integer(budget) then return bad("thinking.budget_tokens must be an integer", "thinking") end
             if kind == "enabled" then members[#members + 1] = { "thinking_budget", shapes.integer(budget) } end
         end
         shapes.add_template_variable(members, t, "enable_thinking", tostring(kind ~= "disabled"))

@@ -1,5 +1,5 @@
--- tinyloop.server: OpenAI's completions, chat and Responses APIs, Anthropic's Messages API and
--- Ollama's API for nginx + lua-nginx-module (Debian's nginx with libnginx-mod-http-lua, or
+-- tinyloop.server: OpenAI's completions, chat, Responses and embeddings APIs, Anthropic's
+-- Messages API, Ollama's API and llama.cpp's server's for nginx + lua-nginx-module (Debian's nginx with libnginx-mod-http-lua, or
 -- OpenResty; 0.10.22 or later for server_rewrite_by_lua). Any nginx.conf can use it:
 --
 --   init_by_lua_block        { require("tinyloop.server").configure{ model = "/path/to/model" } }
@@ -7,7 +7,7 @@
 --   location = /v1/completions { content_by_lua_block { require("tinyloop.server").completions() } }
 --   (and chat_completions, responses, stored_response, messages, count_tokens, embeddings,
 --   ollama_chat, ollama_generate, ollama_show, ollama_tags, ollama_ps, ollama_version,
---   ollama_embed, ollama_embeddings, root, models, model,
+--   ollama_embed, ollama_embeddings, llamacpp_completion, llamacpp_props, root, models, model,
 --   tokenize, detokenize, health, metrics; the hooks guard (server_rewrite: CORS preflights, the
 --   API key), cors_headers (header_filter) and log (log); see lua/tinyloop/server/nginx.conf and
 --   examples/)
@@ -27,6 +27,7 @@ local responses = require "tinyloop.server.responses"
 local anthropic = require "tinyloop.server.anthropic"
 local ollama = require "tinyloop.server.ollama"
 local llamacpp = require "tinyloop.server.llamacpp"
+local shapes = require "tinyloop.server.shapes"
 local tools = require "tinyloop.tools"
 local reasoning = require "tinyloop.reasoning"
 local tags = require "tinyloop.tags"
@@ -88,8 +89,8 @@ local embed_slots -- ngx.semaphore of conf.embed_jobs places: the embeddings req
 -- unique across workers and restarts
 local worker_tag
 local responses_store -- ngx.shared[conf.responses_store] (nil: responses are not stored)
-local urandom -- /dev/urandom, open: a stored response's id is 128 random bits (whoever knows
-              -- an id can read, continue and delete that conversation: none is guessable)
+-- (a stored response's id is 128 random bits, shapes.random_hex: whoever knows an id can read,
+-- continue and delete that conversation, so none is guessable)
 local model_types -- what /v1/models says of the weights and the KV cache (model:info(), once)
 local next_request = 0
 
@@ -179,12 +180,6 @@ end
 
 -- init_worker(): loads the model and starts this worker's engine (after nginx forks, so the
 -- engine's and the model's threads live in the worker).
--- n random bytes as hex (2n digits) from /dev/urandom; nil when it cannot be read.
-local function random_hex(n)
-    local bytes = urandom and urandom:read(n)
-    if not bytes or #bytes ~= n then return nil end
-    return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
-end
 
 function _M.init_worker()
     metrics.init(conf.shared_dict)
@@ -221,8 +216,7 @@ function _M.init_worker()
     score_addr = tonumber(ffi_cast("uintptr_t", C.tl_score_logprobs))
     embed_addr = tonumber(ffi_cast("uintptr_t", C.tl_embed))
     embed_slots = require("ngx.semaphore").new(conf.embed_jobs)
-    urandom = io.open("/dev/urandom", "rb")
-    local tag = random_hex(4)
+    local tag = shapes.random_hex(4)
     worker_tag = ngx.worker.pid() .. (tag or "")
     responses_store = conf.responses_store and ngx.shared[conf.responses_store] or nil
     if responses_store and not tag then
@@ -290,7 +284,6 @@ end
 local OLLAMA_PATHS = { ["/api/chat"] = true, ["/api/generate"] = true, ["/api/show"] = true, ["/api/tags"] = true,
                        ["/api/ps"] = true, ["/api/version"] = true, ["/api/embed"] = true, ["/api/embeddings"] = true }
 local function send_llamacpp_error(status, message, _, etype, headers)
-    if status == 503 then etype = "unavailable_error" end -- (llama.cpp's, while its model loads)
     return send_json(status, llamacpp.error_body(status, tostring(message), etype), headers)
 end
 local LLAMACPP_PATHS = { ["/completion"] = true, ["/completions"] = true, ["/props"] = true }
@@ -1183,6 +1176,14 @@ end
 -- Each token's text as a JSON string, made once per worker (a long prompt's token_strs
 -- would otherwise cost an FFI call and an encode per token on the event loop, every time).
 local token_json = {}
+local function token_json_of(id)
+    local json = token_json[id]
+    if not json then
+        json = encode((token_string(id, true)))
+        token_json[id] = json
+    end
+    return json
+end
 
 -- POST /tokenize (vLLM's): the ids of a prompt or a conversation, as the completions
 -- endpoints encode them: {"count", "max_model_len", "tokens", "token_strs"} (each token's
@@ -1195,27 +1196,13 @@ function _M.tokenize()
     if req.llama then -- llama.cpp's answer: the ids, or each id with its text
         if not req.with_pieces then return send_json(200, '{"tokens":[' .. concat(req.ids, ",") .. "]}") end
         local pieces = {}
-        for i, id in ipairs(req.ids) do
-            local json = token_json[id]
-            if not json then
-                json = encode((token_string(id, true)))
-                token_json[id] = json
-            end
-            pieces[i] = '{"id":' .. id .. ',"piece":' .. json .. "}"
-        end
+        for i, id in ipairs(req.ids) do pieces[i] = '{"id":' .. id .. ',"piece":' .. token_json_of(id) .. "}" end
         return send_json(200, '{"tokens":[' .. concat(pieces, ",") .. "]}")
     end
     local strs = "null"
     if req.token_strs then
         local list = {}
-        for i, id in ipairs(req.ids) do
-            local json = token_json[id]
-            if not json then
-                json = encode((token_string(id, true)))
-                token_json[id] = json
-            end
-            list[i] = json
-        end
+        for i, id in ipairs(req.ids) do list[i] = token_json_of(id) end
         strs = "[" .. concat(list, ",") .. "]"
     end
     return send_json(200, '{"count":' .. #req.ids .. ',"max_model_len":' .. model.max_seq_len .. ',"tokens":[' ..
@@ -1279,7 +1266,7 @@ local function serve(chat, body, view)
     end
     -- A thinking budget: the engine writes </think> for a block that holds that many tokens
     -- (the tags the replies are read by; the block open from the start where the prompt opened it)
-    if req.thinking_budget and not reasoning_on and view and view.BUDGET_ADVISORY then req.thinking_budget = nil end
+    if req.thinking_budget and not reasoning_on and view and view.DROPS_BUDGET_WITHOUT_REASONING then req.thinking_budget = nil end
     if req.thinking_budget then
         if not reasoning_on then
             return send_error(400, "thinking_budget needs a thinking model: this server does not read replies for " ..
@@ -1369,8 +1356,16 @@ local function serve(chat, body, view)
                 view = view, send_error = send_error }
     if view then -- (its stream's usage and stats come with the finish, which closes the response)
         r.public_id, r.include_usage = r.response_id:gsub("-", "_"), false
-        -- a stored response's id: 128 random bits, not a count (see urandom)
-        if view.store then r.public_id = "resp_" .. (random_hex(16) or r.public_id) end
+        -- a stored response's id: 128 random bits, not a count (without them, it is not stored)
+        if view.store then
+            local random = shapes.random_hex(16)
+            if random then
+                r.public_id = "resp_" .. random
+            else
+                view.store = false
+                for _, m in ipairs(view.echo) do if m[1] == "store" then m[2] = "false" end end
+            end
+        end
         if req.stream then view:start_stream(r.public_id, r.created, conf.model_id, req.prompt_tokens) end
     end
     -- (best_of ranks the candidates by their tokens' log-probabilities: asked for, if not shown)
@@ -1487,17 +1482,21 @@ local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, 
         return send(503, ("every embedding place is taken (%d a worker): retry later"):format(conf.embed_jobs), nil,
                     "overloaded_error", { ["Retry-After"] = "1" })
     end
-    local held = true
+    local held, gone = true, false
     local function give_back()
         if held then held = false; embed_slots:post(1) end
     end
-    ngx.on_abort(function() -- (nil where lua_check_client_abort is off: the request then runs to its end)
-        give_back()
-        metrics.incr("cancelled")
-        return ngx_exit(499)
-    end)
+    -- A client that leaves: its place is given back once the slice in the thread pool is done
+    -- (that work cannot be stopped; a place given back at once would let clients that post and
+    -- hang up run more than embed_jobs at a time). (nil where lua_check_client_abort is off.)
+    ngx.on_abort(function() gone = true end)
     local parts = {}
     for from = 1, #inputs, EMBED_SLICE do
+        if gone then
+            give_back()
+            metrics.incr("cancelled")
+            return ngx_exit(499)
+        end
         local slice = {}
         for i = from, math.min(from + EMBED_SLICE - 1, #inputs) do slice[#slice + 1] = inputs[i] end
         local ok, text, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "embed", embed_addr, last_error_addr,
@@ -1505,6 +1504,11 @@ local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, 
         if not ok or not text then
             give_back()
             return send(500, "embedding failed: " .. tostring(ok and err or text), nil, "server_error")
+        end
+        if gone then -- (the client left while the slice ran)
+            give_back()
+            metrics.incr("cancelled")
+            return ngx_exit(499)
         end
         parts[#parts + 1] = text
     end
@@ -1567,22 +1571,16 @@ local function ollama_embed(older)
     if not body then return end
     local req, err = ollama.embed_request(body, conf.model_id, older)
     if not req then return send_ollama_error(err.status, err.message) end
-    if req.dimensions ~= nil and req.dimensions ~= model.d_model then
-        return send_ollama_error(400, ("dimensions must be this model's %d (its embeddings cannot be shortened)"):format(model.d_model))
-    end
-    local most = request.max_embedding_inputs(model.d_model)
-    if #req.inputs > most then
-        return send_ollama_error(400, ("input has %d items: at most %d a request"):format(#req.inputs, most))
-    end
+    local ok
+    ok, err = request.check_dimensions(model, req.dimensions)
+    if not ok then return send_ollama_error(err.status, err.message) end
     local started, tokens, vectors = now(), 0, ""
     if #req.inputs > 0 then
         -- (a single text is named as sent: input, or /api/embeddings' prompt; a list's by index)
-        local field = older and "prompt" or "input"
         local lists
-        lists, err = request.input_ids(model, req.single and req.inputs[1] or req.inputs, field)
-        if lists then lists, err = request.fit_inputs(lists, model, field, nil, req.truncate) end
-        if not lists then return send_ollama_error(err.status, err.message) end
-        for _, ids in ipairs(lists) do tokens = tokens + #ids end
+        lists, tokens = request.embedding_inputs(model, req.single and req.inputs[1] or req.inputs, older and "prompt" or "input",
+                                                 nil, req.truncate)
+        if not lists then return send_ollama_error(tokens.status, tokens.message) end
         vectors = embed_text(lists, tokens, model.default_loops, "mean", req.normalize, "float", "ollama", send_ollama_error)
         if not vectors then return end
     end

@@ -167,9 +167,10 @@ function View:error(err)
     return { status = err.status, message = message, type = err.type, body = _M.error_body(err.status, message, err.type) }
 end
 
+-- (llama.cpp's types: 503 is "unavailable_error", whatever made it: a model loading, no place)
 function _M.error_body(status, message, etype)
-    return object({ { "error", object({ { "code", tostring(status) }, { "message", encode(message) },
-                                        { "type", encode(etype or (status >= 500 and "server_error" or "invalid_request_error")) } }) } })
+    etype = status == 503 and "unavailable_error" or etype or (status >= 500 and "server_error" or "invalid_request_error")
+    return object({ { "error", object({ { "code", tostring(status) }, { "message", encode(message) }, { "type", encode(etype) } }) } })
 end
 
 -- llama.cpp's stop_type and stopping_word of a finish: "limit" (n_predict or the context), "word"

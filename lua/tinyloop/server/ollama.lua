@@ -63,7 +63,6 @@ function _M.names_model(name, model_id)
     return name == model_id:lower() or name == model_id:lower() .. ":latest"
 end
 
-
 local function check_model(t, model_id)
     if t.model ~= nil and not _M.names_model(t.model, model_id) then
         return bad(("model %s not found (this server runs %s)"):format(shown(t.model), model_id .. ":latest"), "model", 404)

@@ -279,8 +279,6 @@ local function prompt_list(model, prompt, field)
     return list
 end
 
-_M.input_ids = prompt_list
-
 -- A field's [id, ...] (stop_token_ids, /detokenize's tokens) -> true when every one is a
 -- token id, or an error naming the field.
 local function check_token_ids(ids, vocab, P)
@@ -1211,15 +1209,15 @@ function _M.max_embedding_inputs(d)
     return math.max(1, math.min(2048, floor(4194304 / d)))
 end
 
--- The inputs' id lists, each fitted to the context: over it, an error naming the input, or,
--- with keep_last k (vLLM's truncate_prompt_tokens) its last k tokens, with keep_first (Ollama's
--- truncate) its first max_seq_len. -> list | nil, err.
 local function slice(ids, from, to) -- (unpack would overflow the C stack on a long input)
     local part = {}
     for i = from, to do part[#part + 1] = ids[i] end
     return part
 end
 
+-- The inputs' id lists, each fitted to the context: over it, an error naming the input, or,
+-- with keep_last k (vLLM's truncate_prompt_tokens) its last k tokens, with keep_first (Ollama's
+-- truncate) its first max_seq_len. -> list | nil, err.
 function _M.fit_inputs(list, model, field, keep_last, keep_first)
     local limit = model.max_seq_len
     for i, ids in ipairs(list) do
@@ -1244,22 +1242,13 @@ function _M.parse_embeddings(body, model, model_id)
     if not t then return nil, e end
     if t.input == nil then return bad("input is required", "input") end
     if type(t.input) == "table" and next(t.input) == nil then return bad("input must not be empty", "input") end
-    -- (counted before any is encoded: a body of a million one-letter texts is refused at once)
-    local most = _M.max_embedding_inputs(model.d_model)
-    if type(t.input) == "table" and type(t.input[1]) ~= "number" and #t.input > most then
-        return bad(("input has %d items: at most %d a request"):format(#t.input, most), "input")
-    end
-    local inputs
-    inputs, e = prompt_list(model, t.input, "input")
-    if not inputs then return nil, e end
     local encoding = t.encoding_format or "float"
     if encoding ~= "float" and encoding ~= "base64" then
         return bad('encoding_format must be "float" or "base64"', "encoding_format")
     end
-    local d = model.d_model
-    if t.dimensions ~= nil and t.dimensions ~= d then
-        return bad(("dimensions must be this model's %d (its embeddings cannot be shortened)"):format(d), "dimensions")
-    end
+    local ok
+    ok, e = _M.check_dimensions(model, t.dimensions)
+    if not ok then return nil, e end
     local keep = t.truncate_prompt_tokens
     if keep ~= nil then
         if keep == -1 then keep = model.max_seq_len end
@@ -1267,18 +1256,43 @@ function _M.parse_embeddings(body, model, model_id)
             return bad(("truncate_prompt_tokens must be -1 or in [1, %d]"):format(model.max_seq_len), "truncate_prompt_tokens")
         end
     end
-    inputs, e = _M.fit_inputs(inputs, model, "input", keep)
-    if not inputs then return nil, e end
+    local inputs, tokens = _M.embedding_inputs(model, t.input, "input", keep)
+    if not inputs then return nil, tokens end
     local pooling = t.pooling or "mean"
     if pooling ~= "mean" and pooling ~= "last" then return bad('pooling must be "mean" or "last"', "pooling") end
     local loops = t.loops
     if loops ~= nil and (loops < 1 or loops > model.max_loops) then
         return bad(("loops must be in [1, %d]"):format(model.max_loops), "loops")
     end
-    local tokens = 0
-    for _, ids in ipairs(inputs) do tokens = tokens + #ids end
     return { inputs = inputs, tokens = tokens, encoding = encoding, loops = loops or model.default_loops, pooling = pooling,
              normalize = t.normalize ~= false }
+end
+
+-- A request's dimensions (OpenAI's and Ollama's) -> true where it is the model's (or none):
+-- these embeddings cannot be shortened. | nil, err
+function _M.check_dimensions(model, dimensions)
+    if dimensions ~= nil and dimensions ~= model.d_model then
+        return bad(("dimensions must be this model's %d (its embeddings cannot be shortened)"):format(model.d_model), "dimensions")
+    end
+    return true
+end
+
+-- embedding_inputs(model, input, field, keep_last, keep_first) -> the id lists of an embeddings
+-- request's input (a text, ids, or a list of either: prompt_list's), counted before any is
+-- encoded (a body of a million one-letter texts is refused at once) and fitted to the context
+-- (fit_inputs), and their tokens in all | nil, err.
+function _M.embedding_inputs(model, input, field, keep_last, keep_first)
+    local most = _M.max_embedding_inputs(model.d_model)
+    if type(input) == "table" and type(input[1]) ~= "number" and #input > most then
+        return bad(("%s has %d items: at most %d a request"):format(field, #input, most), field)
+    end
+    local inputs, e = prompt_list(model, input, field)
+    if not inputs then return nil, e end
+    inputs, e = _M.fit_inputs(inputs, model, field, keep_last, keep_first)
+    if not inputs then return nil, e end
+    local tokens = 0
+    for _, ids in ipairs(inputs) do tokens = tokens + #ids end
+    return inputs, tokens
 end
 
 return _M

@@ -142,7 +142,7 @@ local function messages_of(input, instructions, earlier)
     if instructions then messages[1], from[1] = { role = "system", content = instructions }, false end
     -- a previous response's conversation (its instructions are not carried over: OpenAI's rule)
     for _, m in ipairs(earlier or {}) do messages[#messages + 1], from[#messages + 1] = m, "previous" end
-    local own = #messages -- (the messages before the input's)
+    local before_input = #messages
     if type(input) == "string" then
         messages[#messages + 1], from[#messages + 1] = { role = "user", content = input }, 0
         return messages, from, calls_from
@@ -221,7 +221,7 @@ local function messages_of(input, instructions, earlier)
                          "supported (this server runs function tools only)"):format(where, shown(kind))
         end
     end
-    if #messages == own then
+    if #messages == before_input then
         return nil, "input holds no message, function call or output (reasoning items alone are no conversation)"
     end
     return messages, from, calls_from

@@ -88,13 +88,26 @@ end
 -- An integer's JSON text (tostring writes 2^47 as 1.4073748835533e+14).
 function _M.integer(n) return ("%d"):format(n) end
 
+-- n random bytes from the kernel (/dev/urandom, opened once per process and kept); nil when it
+-- cannot be read.
+local urandom
+function _M.random_bytes(n)
+    urandom = urandom or io.open("/dev/urandom", "rb")
+    local bytes = urandom and urandom:read(n)
+    return bytes and #bytes == n and bytes or nil
+end
+
+-- n random bytes as hex (2n digits), or nil.
+function _M.random_hex(n)
+    local bytes = _M.random_bytes(n)
+    return bytes and (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end)) or nil
+end
+
 -- A seed from the kernel's entropy, for a request's "random" seed (Ollama's and llama.cpp's -1:
 -- the engine's default seed is fixed, the same tokens every time).
 function _M.random_seed()
-    local f = io.open("/dev/urandom", "rb")
-    local bytes = f and f:read(4)
-    if f then f:close() end
-    if not bytes or #bytes < 4 then return math.floor(os.time() * 1000 + os.clock() * 1e6) % 2147483648 end
+    local bytes = _M.random_bytes(4)
+    if not bytes then return math.floor(os.time() * 1000 + os.clock() * 1e6) % 2147483648 end
     local a, b, c, d = bytes:byte(1, 4)
     return ((a * 256 + b) * 256 + c) * 128 + d % 128
 end
@@ -131,6 +144,7 @@ _M.PASSED = {
     "early_exit_logit_margin", "early_exit_threshold", "early_exit_criterion", "early_exit_kl_threshold",
     "early_exit_entropy_threshold", "early_exit_gate_threshold", "grammar", "structured_outputs", "guided_json", "guided_choice",
     "guided_grammar", "guided_regex", "stop_token_ids", "include_stop_str_in_output", "chat_template_kwargs", "include_reasoning",
+    "thinking_budget",
 }
 
 -- read_fields(body, own, pass, refused) -> the request body's table (null fields left out),
