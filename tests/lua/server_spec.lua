@@ -2844,6 +2844,17 @@ describe("server with two workers", function()
         local r = cjson.decode(body)
         assert.same({ "thinking", reasoning_text }, { r.content[1].type, r.content[1].thinking })
         assert.same({ "text", answers[1] }, { r.content[2].type, r.content[2].text })
+        -- the Responses API passes it on; the reply it cut is stored and continued like any other
+        status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
+            instructions = " Be brief. ", input = "Who is Emma?", max_output_tokens = 16, ignore_eos = true, thinking_budget = 3,
+            chat_template_kwargs = { enable_thinking = true } })) .. " " .. base2 .. "/v1/responses")
+        assert.equal(200, status, body)
+        local resp = cjson.decode(body)
+        assert.same({ "reasoning", reasoning_text, "message", answers[1] },
+                    { resp.output[1].type, resp.output[1].content[1].text, resp.output[2].type, resp.output[2].content[1].text })
+        status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
+            input = "And Harriet?", previous_response_id = resp.id, max_output_tokens = 2 })) .. " " .. base2 .. "/v1/responses")
+        assert.equal(200, status, body)
         -- refusals: a budget below 1; on a server whose replies have no block (base: a plain template)
         status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
             messages = CHATML_MESSAGES, max_tokens = 4, thinking_budget = 0 })) .. " " .. base2 .. "/v1/chat/completions")
