@@ -27,7 +27,7 @@ command -v wrk >/dev/null 2>&1 || { echo "embed_bench: needs wrk (Debian: apt-ge
 vocab=$(grep -o '"vocab_size": *[0-9]*' "$model/config.json" | grep -o '[0-9]*$')
 
 echo "== engine alone: model:embed of $inputs inputs of $len ids, $threads threads"
-alone=$(luajit -e '
+alone=$(luajit - "$model" "$threads" "$vocab" "$inputs" "$len" <<'LUA'
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local tl = require "tinyloop"
 local m = assert(tl.load(arg[1], { threads = tonumber(arg[2]) }))
@@ -41,7 +41,9 @@ repeat
   for i = 1, inputs do m:embed(lists[i]) end
   rounds = rounds + 1
 until now() - t0 > 3
-print(("%.1f"):format(rounds * inputs * len / (now() - t0)))' "$model" "$threads" "$vocab" "$inputs" "$len")
+print(("%.1f"):format(rounds * inputs * len / (now() - t0)))
+LUA
+)
 echo "engine alone: $alone tokens/s"
 
 work=$(mktemp -d)
