@@ -346,7 +346,7 @@ function _M.metrics()
     if not only_get() then return end
     publish() -- this worker's figures are then exact; the others' at most publish_every old
     ngx.header["Content-Type"] = "text/plain; version=0.0.4"
-    ngx_print(metrics.render())
+    ngx_print(metrics.render(responses_store))
 end
 
 function _M.not_found()

@@ -93,7 +93,7 @@ local GAUGES = {
 }
 
 -- The Prometheus text: the dict's figures, which every worker adds to.
-function _M.render()
+function _M.render(responses_store)
     local out = {}
     local function add(...) out[#out + 1] = format(...) end
     add("# HELP tinyloop_requests_total HTTP requests by endpoint and status.\n# TYPE tinyloop_requests_total counter\n")
@@ -165,6 +165,14 @@ function _M.render()
     counter("tinyloop_engine_waiter_wakeups_total",
         "Wake-ups of handlers waiting in the thread pool (about one per token read; not one per waiter per step).",
         "waiter_wakeups")
+    -- the stored responses' dict (shared by the workers): its size and its bytes not yet used
+    -- (the least recently used responses go once it is full)
+    if responses_store and responses_store.capacity then
+        add("# HELP tinyloop_responses_store_bytes The stored responses' shared memory: capacity, and free (not yet used).\n")
+        add("# TYPE tinyloop_responses_store_bytes gauge\n")
+        add('tinyloop_responses_store_bytes{kind="capacity"} %d\n', responses_store:capacity())
+        add('tinyloop_responses_store_bytes{kind="free"} %d\n', responses_store:free_space())
+    end
     return concat(out)
 end
 
