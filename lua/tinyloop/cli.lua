@@ -84,7 +84,8 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --tool-choice C        with --tools: auto (default), required, none, or a function's
                              name (then the reply is that call, its arguments as the schema says)
       --embed                print PROMPT's embedding instead of generating: one JSON array
-                             of d_model numbers (model:embed: mean-pooled, unit length; at -L)
+                             of d_model numbers (model:embed: mean-pooled, unit length; at -L);
+                             PROMPT "-": each line of stdin's, one array a line (JSON Lines)
       --no-prompt            do not echo the prompt
       --no-stats             no stats line
   -h, --help                 this text
@@ -447,12 +448,22 @@ function _M.main(argv, default_model)
     local cfg = o.cfg
     -- ---- --embed: the prompt's embedding, one JSON array (float32's round trip, %.9g)
     if o.embed then
-        local ok, vector, eerr = pcall(model.embed, model, o.prompt, { loops = cfg.loops })
-        if not ok then io.stderr:write("tinyloop: ", tostring(vector), "\n") return 2 end
-        if not vector then io.stderr:write("tinyloop: ", tostring(eerr), "\n") return 1 end
-        local numbers = {}
-        for i, x in ipairs(vector) do numbers[i] = ("%.9g"):format(x) end
-        io.write("[", table.concat(numbers, ","), "]\n")
+        local function embed_line(text, where)
+            local ok, vector, eerr = pcall(model.embed, model, text, { loops = cfg.loops })
+            if not ok then io.stderr:write("tinyloop: ", where, tostring(vector), "\n") return 2 end
+            if not vector then io.stderr:write("tinyloop: ", where, tostring(eerr), "\n") return 1 end
+            local numbers = {}
+            for i, x in ipairs(vector) do numbers[i] = ("%.9g"):format(x) end
+            io.write("[", table.concat(numbers, ","), "]\n")
+            return 0
+        end
+        if o.prompt ~= "-" then return embed_line(o.prompt, "") end
+        local n = 0
+        for line in io.lines() do
+            n = n + 1
+            local status = embed_line((line:gsub("\r$", "")), ("stdin line %d: "):format(n))
+            if status ~= 0 then return status end
+        end
         return 0
     end
     -- ---- --chat: the prompt through the chat template; the reply ends at the template's turn
