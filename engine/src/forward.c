@@ -477,28 +477,29 @@ tl_status tl_forward_batch(const tl_model *m, tl_workspace *ws, tl_forward_part 
     return st;
 }
 
+/* begin + `loops` x loop: what the whole runs share before their end. */
+static tl_status begin_and_loop(tl_forward *f, const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
+                                const int32_t *tokens, const int32_t *positions, int n, const uint8_t *mask, int loops) {
+    tl_status st = check_loops(m, loops);
+    if (st == TL_OK) st = tl_forward_begin(f, m, cache, ws, tokens, positions, n, mask);
+    for (int l = 0; st == TL_OK && l < loops; l++) tl_forward_loop(f);
+    return st;
+}
+
 tl_status tl_forward_run(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
                          const int32_t *tokens, const int32_t *positions, int n,
                          const uint8_t *mask, int loops, int logits_from, float *logits) {
-    tl_status st = check_loops(m, loops);
-    if (st != TL_OK) return st;
     tl_forward f;
-    st = tl_forward_begin(&f, m, cache, ws, tokens, positions, n, mask);
-    if (st != TL_OK) return st;
-    for (int l = 0; l < loops; l++) tl_forward_loop(&f);
-    tl_forward_end(&f, logits_from, logits);
-    return TL_OK;
+    tl_status st = begin_and_loop(&f, m, cache, ws, tokens, positions, n, mask, loops);
+    if (st == TL_OK) tl_forward_end(&f, logits_from, logits);
+    return st;
 }
 
 tl_status tl_forward_run_hidden(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
                                 const int32_t *tokens, const int32_t *positions, int n, int loops,
                                 float *hidden) {
-    tl_status st = check_loops(m, loops);
-    if (st != TL_OK) return st;
     tl_forward f;
-    st = tl_forward_begin(&f, m, cache, ws, tokens, positions, n, NULL);
-    if (st != TL_OK) return st;
-    for (int l = 0; l < loops; l++) tl_forward_loop(&f);
-    tl_forward_end_hidden(&f, hidden);
-    return TL_OK;
+    tl_status st = begin_and_loop(&f, m, cache, ws, tokens, positions, n, NULL, loops);
+    if (st == TL_OK) tl_forward_end_hidden(&f, hidden);
+    return st;
 }

@@ -209,6 +209,7 @@ local function content_text(content, at)
     end
     return concat(texts, "\n")
 end
+_M.content_text = content_text
 
 -- An assistant message's tool_calls (OpenAI's: {"id", "type": "function", "function":
 -- {"name", "arguments": JSON text of an object}}) as templates read them (transformers'

@@ -22,6 +22,7 @@
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local shapes = require "tinyloop.server.shapes"
+local chat_content_text = require("tinyloop.chat").content_text
 
 local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
 local concat, gsub = table.concat, string.gsub
@@ -622,12 +623,10 @@ end
 
 -- ------------------------------------------------------------------ a stored response's input
 
--- The text of a chat message's content (a string, or text parts).
+-- The text of a stored chat message's content (a string, or text parts: the chat path's rule,
+-- tinyloop.chat's; the message was checked when it came in).
 local function content_text(content)
-    if type(content) == "string" then return content end
-    local texts = {}
-    for i, part in ipairs(type(content) == "table" and content or {}) do texts[i] = type(part) == "table" and part.text or "" end
-    return concat(texts)
+    return chat_content_text(content, "input") or ""
 end
 
 -- input_items(messages_json, id, order, limit, after) -> GET /v1/responses/{id}/input_items:
