@@ -223,6 +223,17 @@ void tl_embed_options_init(tl_embed_options *opts);
 tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl_embed_options *opts,
                    float *out);
 
+/* tl_embed of many inputs at once: input i is inputs[i][0..lengths[i]), and out receives
+   their embeddings in order, out [count][d_model] (TL_POOLING_NONE: every input's rows one
+   after another, [sum of lengths][d_model]). Short inputs share forward passes (each in
+   its own cache, as batched sessions do), so each weight read serves all their rows: far
+   faster than a tl_embed call each for queries and sentences. Each result is bit-identical
+   to tl_embed's for that input alone (batch invariance). Every input is checked before any
+   is computed (a bad one is named by its index); count 0 does nothing. Thread-safe on a
+   shared model. */
+tl_status tl_embed_batch(const tl_model *model, const int32_t *const *inputs, const int *lengths, int count,
+                         const tl_embed_options *opts, float *out);
+
 /* ---------------------------------------------------------------- generation (SPEC §3) */
 
 typedef enum tl_stop_reason {

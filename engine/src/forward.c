@@ -447,22 +447,32 @@ static tl_status check_loops(const tl_model *m, int loops) {
     return TL_OK;
 }
 
-tl_status tl_forward_batch(const tl_model *m, tl_workspace *ws, tl_forward_part *parts, int n_parts,
-                           const int32_t *tokens, const int32_t *positions, const bool *want_logits,
-                           float *logits) {
+/* A batched forward up to its end: every part's rows begun, looped to its depth and taken
+   through the coda (x [rows][d]); the caller then reads its outputs and commits. */
+static tl_status batch_to_coda(tl_forward *f, const tl_model *m, tl_workspace *ws, tl_forward_part *parts,
+                               int n_parts, const int32_t *tokens, const int32_t *positions) {
+    f->attention = NULL;
     if (n_parts < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: n_parts = %d, need >= 1", n_parts);
     for (int i = 1; i < n_parts; i++)
         if (parts[i].loops > parts[i - 1].loops)
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "forward: parts must be sorted deepest first");
     tl_status st = check_loops(m, parts[0].loops); /* the deepest part */
     if (st != TL_OK) return st;
+    f->attention = malloc((size_t)n_parts * sizeof *f->attention);
+    if (!f->attention) return tl_fail(TL_ERR_NO_MEMORY, "forward: out of memory for %d parts", n_parts);
+    st = start(f, m, ws, parts, n_parts, tokens, positions);
+    if (st != TL_OK) return st;
+    for (int l = 0; l < parts[0].loops; l++) tl_forward_loop(f);
+    coda(f);
+    return TL_OK;
+}
+
+tl_status tl_forward_batch(const tl_model *m, tl_workspace *ws, tl_forward_part *parts, int n_parts,
+                           const int32_t *tokens, const int32_t *positions, const bool *want_logits,
+                           float *logits) {
     tl_forward f;
-    f.attention = malloc((size_t)n_parts * sizeof *f.attention);
-    if (!f.attention) return tl_fail(TL_ERR_NO_MEMORY, "forward: out of memory for %d parts", n_parts);
-    st = start(&f, m, ws, parts, n_parts, tokens, positions);
+    tl_status st = batch_to_coda(&f, m, ws, parts, n_parts, tokens, positions);
     if (st == TL_OK) {
-        for (int l = 0; l < parts[0].loops; l++) tl_forward_loop(&f);
-        coda(&f);
         /* u [k][d] = the last row of each part that wants logits (u is free after the
            loop), so that one head call reads lm_head once for the whole batch. */
         const size_t d = (size_t)m->cfg.d_model;
@@ -471,6 +481,18 @@ tl_status tl_forward_batch(const tl_model *m, tl_workspace *ws, tl_forward_part 
             if (want_logits[i])
                 m->backend->copy(m, ws->u + (size_t)k++ * d, ws->x + (size_t)(parts[i].row + parts[i].n - 1) * d, d);
         if (k > 0) m->backend->head(m, ws->u, k, ws->h, logits);
+        tl_forward_commit(&f);
+    }
+    free(f.attention);
+    return st;
+}
+
+tl_status tl_forward_batch_hidden(const tl_model *m, tl_workspace *ws, tl_forward_part *parts, int n_parts,
+                                  const int32_t *tokens, const int32_t *positions, float *hidden) {
+    tl_forward f;
+    tl_status st = batch_to_coda(&f, m, ws, parts, n_parts, tokens, positions);
+    if (st == TL_OK) {
+        m->backend->hidden(m, ws->x, f.n, hidden);
         tl_forward_commit(&f);
     }
     free(f.attention);

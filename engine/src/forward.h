@@ -157,6 +157,12 @@ tl_status tl_forward_batch(const tl_model *m, tl_workspace *ws, tl_forward_part 
                            const int32_t *tokens, const int32_t *positions, const bool *want_logits,
                            float *logits);
 
+/* tl_forward_batch bringing back every row's head input instead of the last rows' logits:
+   hidden [sum n][d] (host) = final_norm of each row, in part order (backend.h: hidden).
+   Each row is bit-identical to tl_forward_run_hidden over its sequence alone. */
+tl_status tl_forward_batch_hidden(const tl_model *m, tl_workspace *ws, tl_forward_part *parts, int n_parts,
+                                  const int32_t *tokens, const int32_t *positions, float *hidden);
+
 /* begin + `loops` x loop + end. */
 tl_status tl_forward_run(const tl_model *m, tl_kv_cache *cache, tl_workspace *ws,
                          const int32_t *tokens, const int32_t *positions, int n,

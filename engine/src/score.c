@@ -147,23 +147,36 @@ static void unit_norm(float *v, int d) {
     for (int j = 0; j < d; j++) v[j] = (float)((double)v[j] * scale);
 }
 
-tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl_embed_options *opts, float *out) {
-    tl_clear_error();
-    if (!model || !tokens || !out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_embed: model, tokens and out must not be NULL");
-    tl_embed_options o;
-    tl_embed_options_init(&o);
-    if (opts) o = *opts;
-    if (o.pooling != TL_POOLING_MEAN && o.pooling != TL_POOLING_LAST && o.pooling != TL_POOLING_NONE)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_embed: pooling = %d is not TL_POOLING_MEAN, _LAST or _NONE", (int)o.pooling);
-    if (o.normalize != 0 && o.normalize != 1)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_embed: normalize = %d, want 0 or 1", o.normalize);
-    const tl_config *c = &model->cfg;
-    const int loops = o.loops == 0 ? c->default_loops : o.loops;
-    const int d = c->d_model;
-    if (o.pooling == TL_POOLING_NONE) { /* every row straight into out */
+/* opts (NULL: the defaults) checked into *o, loops 0 made the model's default_loops. */
+static tl_status embed_options_of(const char *what, const tl_model *model, const tl_embed_options *opts,
+                                  tl_embed_options *o) {
+    tl_embed_options_init(o);
+    if (opts) *o = *opts;
+    if (o->pooling != TL_POOLING_MEAN && o->pooling != TL_POOLING_LAST && o->pooling != TL_POOLING_NONE)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: pooling = %d is not TL_POOLING_MEAN, _LAST or _NONE", what,
+                       (int)o->pooling);
+    if (o->normalize != 0 && o->normalize != 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: normalize = %d, want 0 or 1", what, o->normalize);
+    if (o->loops == 0) o->loops = model->cfg.default_loops;
+    return TL_OK;
+}
+
+/* The end of a pooled embedding, whichever path computed its rows: mean pooling's running
+   sum divided by the count, then unit length if asked. */
+static void finish_pooled(const tl_embed_options *o, const double *sum, int n, int d, float *out) {
+    if (o->pooling == TL_POOLING_MEAN)
+        for (int j = 0; j < d; j++) out[j] = (float)(sum[j] / (double)n);
+    if (o->normalize) unit_norm(out, d);
+}
+
+/* One sequence of any length, chunk by chunk: out [d] ([n][d] unpooled). */
+static tl_status embed_one(const char *what, const tl_model *model, const int32_t *tokens, int n,
+                           const tl_embed_options *o, float *out) {
+    const int d = model->cfg.d_model;
+    if (o->pooling == TL_POOLING_NONE) { /* every row straight into out */
         const chunk_sink sink = {.hidden = out};
-        tl_status st = score_chunks("tl_embed", model, tokens, n, loops, &sink);
-        if (st == TL_OK && o.normalize)
+        tl_status st = score_chunks(what, model, tokens, n, o->loops, &sink);
+        if (st == TL_OK && o->normalize)
             for (int t = 0; t < n; t++) unit_norm(out + (size_t)t * (size_t)d, d);
         return st;
     }
@@ -171,16 +184,151 @@ tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl
     double *sum = calloc((size_t)d, sizeof *sum);
     tl_status st;
     if (!chunk || !sum) {
-        st = tl_fail(TL_ERR_NO_MEMORY, "tl_embed: out of memory");
+        st = tl_fail(TL_ERR_NO_MEMORY, "%s: out of memory", what);
     } else {
-        pool_rows p = {chunk, n, d, o.pooling, sum, out};
+        pool_rows p = {chunk, n, d, o->pooling, sum, out};
         const chunk_sink sink = {.hidden = chunk, .reuse = true, .done = pool_chunk, .ctx = &p};
-        st = score_chunks("tl_embed", model, tokens, n, loops, &sink);
-        if (st == TL_OK && o.pooling == TL_POOLING_MEAN)
-            for (int j = 0; j < d; j++) out[j] = (float)(sum[j] / (double)n);
-        if (st == TL_OK && o.normalize) unit_norm(out, d);
+        st = score_chunks(what, model, tokens, n, o->loops, &sink);
+        if (st == TL_OK) finish_pooled(o, sum, n, d, out);
     }
     free(chunk);
     free(sum);
+    return st;
+}
+
+tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl_embed_options *opts, float *out) {
+    tl_clear_error();
+    if (!model || !tokens || !out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_embed: model, tokens and out must not be NULL");
+    tl_embed_options o;
+    tl_status st = embed_options_of("tl_embed", model, opts, &o);
+    return st == TL_OK ? embed_one("tl_embed", model, tokens, n, &o, out) : st;
+}
+
+/* ---------------------------------------------------------------- many embeddings */
+
+/* The most rows one forward of tl_embed_batch carries: short inputs share forwards up to
+   it (each in its own cache, as the batched decode's sessions), so each weight read serves
+   all their rows; a longer input goes alone, chunk by chunk. */
+#define EMBED_BATCH_ROWS 128
+
+typedef struct embed_batch {
+    const tl_model *model;
+    const int32_t *const *inputs;
+    const int *lengths;
+    const tl_embed_options *o;
+    tl_workspace ws;
+    int32_t *tokens, *positions; /* [EMBED_BATCH_ROWS]: a group's rows */
+    float *hidden;               /* [EMBED_BATCH_ROWS][d] */
+    double *sum;                 /* [d] */
+    tl_forward_part parts[EMBED_BATCH_ROWS];
+    tl_kv_cache *caches[EMBED_BATCH_ROWS];
+} embed_batch;
+
+/* Inputs [first, first + count), `rows` tokens together, in one forward; each one's vector
+   (or rows) into out, the next free place of which is *out_at. */
+static tl_status embed_group(embed_batch *b, int first, int count, float *out, size_t *out_at) {
+    const tl_model *model = b->model;
+    const tl_embed_options *o = b->o;
+    const int d = model->cfg.d_model;
+    tl_status st = TL_OK;
+    int rows = 0;
+    for (int i = 0; i < count; i++) b->caches[i] = NULL;
+    for (int i = 0; i < count && st == TL_OK; i++) {
+        const int n = b->lengths[first + i];
+        st = tl_kv_cache_new_for(model, n, 0, n, &b->caches[i]);
+        if (st != TL_OK) break;
+        b->caches[i]->reserve_loops = o->loops; /* pages only for the depth embedded */
+        b->parts[i] = (tl_forward_part){.cache = b->caches[i], .n = n, .loops = o->loops};
+        memcpy(b->tokens + rows, b->inputs[first + i], (size_t)n * sizeof *b->tokens);
+        for (int t = 0; t < n; t++) b->positions[rows + t] = t;
+        rows += n;
+    }
+    if (st == TL_OK) st = tl_forward_batch_hidden(model, &b->ws, b->parts, count, b->tokens, b->positions, b->hidden);
+    for (int i = 0, row = 0; i < count && st == TL_OK; i++) {
+        const int n = b->lengths[first + i];
+        const float *own = b->hidden + (size_t)row * (size_t)d;
+        float *dst = out + *out_at;
+        if (o->pooling == TL_POOLING_NONE) { /* as embed_one: the rows, then each to unit length */
+            memcpy(dst, own, (size_t)n * (size_t)d * sizeof *dst);
+            if (o->normalize)
+                for (int t = 0; t < n; t++) unit_norm(dst + (size_t)t * (size_t)d, d);
+            *out_at += (size_t)n * (size_t)d;
+        } else { /* as embed_one over one chunk: pool_chunk, then finish_pooled */
+            memset(b->sum, 0, (size_t)d * sizeof *b->sum);
+            pool_rows p = {own, n, d, o->pooling, b->sum, dst};
+            pool_chunk(&p, 0, n);
+            finish_pooled(o, b->sum, n, d, dst);
+            *out_at += (size_t)d;
+        }
+        row += n;
+    }
+    for (int i = 0; i < count; i++) tl_kv_cache_free(b->caches[i]);
+    return st;
+}
+
+tl_status tl_embed_batch(const tl_model *model, const int32_t *const *inputs, const int *lengths, int count,
+                         const tl_embed_options *opts, float *out) {
+    static const char what[] = "tl_embed_batch";
+    tl_clear_error();
+    if (!model) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: model must not be NULL", what);
+    if (count < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: count = %d, want >= 0", what, count);
+    if (count == 0) return TL_OK;
+    if (!inputs || !lengths || !out)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: inputs, lengths and out must not be NULL", what);
+    tl_embed_options o;
+    tl_status st = embed_options_of(what, model, opts, &o);
+    if (st != TL_OK) return st;
+    const tl_config *c = &model->cfg;
+    if (o.loops < 1 || o.loops > c->max_loops)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: loops = %d is out of range [1, max_loops = %d]", what, o.loops,
+                       c->max_loops);
+    /* Every input checked before any is computed: a bad one is named, and nothing is half done. */
+    for (int i = 0; i < count; i++) {
+        if (!inputs[i]) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: input %d is NULL", what, i);
+        if (lengths[i] < 1 || lengths[i] > c->max_seq_len)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: input %d has %d tokens: want 1 .. max_seq_len = %d", what, i,
+                           lengths[i], c->max_seq_len);
+        for (int t = 0; t < lengths[i]; t++)
+            if (inputs[i][t] < 0 || inputs[i][t] >= c->vocab_size)
+                return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: input %d: token id %d at index %d is out of range [0, %d)",
+                               what, i, inputs[i][t], t, c->vocab_size);
+    }
+    embed_batch *b = calloc(1, sizeof *b);
+    if (b) {
+        b->tokens = malloc(EMBED_BATCH_ROWS * sizeof *b->tokens);
+        b->positions = malloc(EMBED_BATCH_ROWS * sizeof *b->positions);
+        b->hidden = malloc((size_t)EMBED_BATCH_ROWS * (size_t)c->d_model * sizeof *b->hidden);
+        b->sum = malloc((size_t)c->d_model * sizeof *b->sum);
+    }
+    if (!b || !b->tokens || !b->positions || !b->hidden || !b->sum) {
+        st = tl_fail(TL_ERR_NO_MEMORY, "%s: out of memory", what);
+    } else {
+        b->model = model;
+        b->inputs = inputs;
+        b->lengths = lengths;
+        b->o = &o;
+        size_t out_at = 0;
+        for (int i = 0; st == TL_OK && i < count;) {
+            if (lengths[i] > EMBED_BATCH_ROWS) { /* alone, chunk by chunk */
+                st = embed_one(what, model, inputs[i], lengths[i], &o, out + out_at);
+                out_at += (size_t)(o.pooling == TL_POOLING_NONE ? lengths[i] : 1) * (size_t)c->d_model;
+                i++;
+                continue;
+            }
+            int group = 0, rows = 0;
+            while (i + group < count && rows + lengths[i + group] <= EMBED_BATCH_ROWS) rows += lengths[i + group++];
+            st = embed_group(b, i, group, out, &out_at);
+            i += group;
+        }
+    }
+    if (b) {
+        tl_workspace_release(&b->ws);
+        free(b->tokens);
+        free(b->positions);
+        free(b->hidden);
+        free(b->sum);
+        free(b);
+    }
+    if (st == TL_OK) tl_clear_error();
     return st;
 }

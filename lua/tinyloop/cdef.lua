@@ -105,6 +105,8 @@ typedef struct tl_embed_options {
 void tl_embed_options_init(tl_embed_options *opts);
 tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl_embed_options *opts,
                    float *out);
+tl_status tl_embed_batch(const tl_model *model, const int32_t *const *inputs, const int *lengths, int count,
+                         const tl_embed_options *opts, float *out);
 typedef enum tl_stop_reason {
     TL_STOP_NONE = 0,
     TL_STOP_EOS = 1,

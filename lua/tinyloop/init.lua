@@ -1341,53 +1341,107 @@ end
 -- opts.pooling "mean" (default) or "last" gives one vector { d_model numbers }, "none" a
 -- vector per token; opts.normalize (default true) scales each to unit length; opts.loops
 -- (1..max_loops; left out: the model's default_loops) is the depth.
+-- model:embed_batch(inputs[, opts]) -> { embedding, ... } | nil, err: the same for a list of
+-- inputs (tl_embed_batch: short inputs share forward passes, each result that of
+-- model:embed for it alone; the engine's messages count inputs and token indices from 0).
 local POOLINGS = { mean = C.TL_POOLING_MEAN, last = C.TL_POOLING_LAST, none = C.TL_POOLING_NONE }
 local EMBED_OPTIONS = { loops = true, pooling = true, normalize = true }
 
-function Model:embed(input, opts)
-    model_ptr(self, "embed")
+-- opts checked into a tl_embed_options -> it, the pooling's name.
+local function embed_options(model, opts, what)
     opts = opts or {}
-    if type(opts) ~= "table" then raise("embed: opts must be a table") end
+    if type(opts) ~= "table" then raise(what .. ": opts must be a table") end
     for k in pairs(opts) do
-        if not EMBED_OPTIONS[k] then raise("embed: unknown option '" .. tostring(k) .. "'") end
+        if not EMBED_OPTIONS[k] then raise(what .. ": unknown option '" .. tostring(k) .. "'") end
     end
     local pooling = opts.pooling or "mean"
     if not POOLINGS[pooling] then
-        raise("embed: pooling must be \"mean\", \"last\" or \"none\", got " .. tostring(pooling))
+        raise(what .. ": pooling must be \"mean\", \"last\" or \"none\", got " .. tostring(pooling))
     end
     local normalize = opts.normalize
     if normalize == nil then normalize = true end
-    if type(normalize) ~= "boolean" then raise("embed: normalize must be a boolean") end
+    if type(normalize) ~= "boolean" then raise(what .. ": normalize must be a boolean") end
     local eo = ffi_new("tl_embed_options")
     C.tl_embed_options_init(eo)
     if opts.loops ~= nil then
-        eo.loops = check_int("embed: loops", opts.loops)
+        eo.loops = check_int(what .. ": loops", opts.loops)
         -- (C reads loops = 0 as "the default"; in Lua the default is spelled by leaving loops out)
         if opts.loops == 0 then
-            raise(("embed: loops = 0 must be in [1, max_loops = %d] (leave loops out for the model's default_loops = %d)")
-                :format(self.max_loops, self.default_loops))
+            raise(("%s: loops = 0 must be in [1, max_loops = %d] (leave loops out for the model's default_loops = %d)")
+                :format(what, model.max_loops, model.default_loops))
         end
     end
     eo.pooling, eo.normalize = POOLINGS[pooling], normalize and 1 or 0
-    if type(input) ~= "string" and type(input) ~= "table" then raise("embed: input must be a string or a table of token ids") end
-    local ids, err = prompt_ids(self, input)
+    return eo, pooling
+end
+
+-- One input's token ids as a C array -> it, its length; or nil, err (a text the tokenizer
+-- refused). `where` names the input in messages.
+local function embed_input(model, input, what, where)
+    if type(input) ~= "string" and type(input) ~= "table" then
+        raise(what .. ": " .. where .. "must be a string or a table of token ids")
+    end
+    local ids, err = prompt_ids(model, input)
     if not ids then return nil, err end
     local arr, n = id_array(ids)
-    if n < 1 or n > self.max_seq_len then -- (before a vector a token is allocated)
-        raise(("embed: the input has %d tokens: want 1 .. max_seq_len = %d"):format(n, self.max_seq_len))
+    if n < 1 or n > model.max_seq_len then -- (before a vector a token is allocated)
+        raise(("%s: %shas %d tokens: want 1 .. max_seq_len = %d"):format(what, where, n, model.max_seq_len))
     end
+    return arr, n
+end
+
+-- vectors rows of d floats from out, starting at row `first` -> { {d numbers}, ... }
+local function vectors_of(out, first, vectors, d)
+    local result = {}
+    for v = 0, vectors - 1 do
+        local vector, base = {}, (first + v) * d
+        for j = 0, d - 1 do vector[j + 1] = out[base + j] end
+        result[v + 1] = vector
+    end
+    return result
+end
+
+function Model:embed(input, opts)
+    model_ptr(self, "embed")
+    local eo, pooling = embed_options(self, opts, "embed")
+    local arr, n = embed_input(self, input, "embed", "the input ")
+    if not arr then return nil, n end
     local d = self.d_model
     local vectors = pooling == "none" and n or 1
     local out = ffi_new("float[?]", vectors * d)
     local st = C.tl_embed(self.ptr, arr, n, eo, out)
     if st ~= 0 then return engine_failure(st) end
-    local result = {}
-    for v = 0, vectors - 1 do
-        local vector = {}
-        for j = 0, d - 1 do vector[j + 1] = out[v * d + j] end
-        result[v + 1] = vector
-    end
+    local result = vectors_of(out, 0, vectors, d)
     return pooling == "none" and result or result[1]
+end
+
+function Model:embed_batch(inputs, opts)
+    model_ptr(self, "embed_batch")
+    local eo, pooling = embed_options(self, opts, "embed_batch")
+    if type(inputs) ~= "table" then raise("embed_batch: inputs must be a table of inputs") end
+    local count = #inputs
+    local arrays, pointers, lengths = {}, ffi_new("const int32_t *[?]", count + 1), ffi_new("int[?]", count + 1)
+    local rows = 0
+    for i = 1, count do
+        local arr, n = embed_input(self, inputs[i], "embed_batch", ("input %d "):format(i))
+        if not arr then return nil, ("embed_batch: input %d: %s"):format(i, n) end
+        arrays[i], pointers[i - 1], lengths[i - 1] = arr, arr, n -- (arrays keeps them alive)
+        rows = rows + n
+    end
+    local d = self.d_model
+    local out = ffi_new("float[?]", (pooling == "none" and rows or count) * d + 1)
+    local st = C.tl_embed_batch(self.ptr, pointers, lengths, count, eo, out)
+    if st ~= 0 then return engine_failure(st) end
+    local result, row = {}, 0
+    for i = 1, count do
+        if pooling == "none" then
+            result[i] = vectors_of(out, row, lengths[i - 1], d)
+            row = row + lengths[i - 1]
+        else
+            result[i] = vectors_of(out, i - 1, 1, d)[1]
+        end
+    end
+    return result
 end
 
 _M.C = C -- the raw library, for tools that need more than this module offers

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # embed_bench.sh: load benchmark of scripts/serve's POST /v1/embeddings (not a test). Loopback
-# only, bounded in time and connections. First the engine alone: tl_embed over the same inputs
-# in one process (model:embed, tokens/s). Then the server: C clients post requests of INPUTS
+# only, bounded in time and connections. First the engine alone over the same inputs in one
+# process, tokens/s: tl_embed an input at a time (model:embed) and tl_embed_batch a request's
+# inputs at once (model:embed_batch, what the server runs). Then the server: C clients post requests of INPUTS
 # token-id inputs of LEN ids back to back for D seconds (wrk with serve_load.lua's embed mode),
 # while a second wrk probes /health every 100 ms; it prints requests/s, inputs/s, tokens/s (the
 # usage's prompt tokens) against the engine alone, /health p50/p99, and non-2xx counts. The
@@ -26,7 +27,7 @@ command -v wrk >/dev/null 2>&1 || { TINYLOOP_SETUP_EXTRA="wrk" scripts/setup || 
 command -v wrk >/dev/null 2>&1 || { echo "embed_bench: needs wrk (Debian: apt-get install wrk)" >&2; exit 2; }
 vocab=$(grep -o '"vocab_size": *[0-9]*' "$model/config.json" | grep -o '[0-9]*$')
 
-echo "== engine alone: model:embed of $inputs inputs of $len ids, $threads threads"
+echo "== engine alone: $inputs inputs of $len ids, $threads threads (model:embed each, then model:embed_batch)"
 alone=$(luajit - "$model" "$threads" "$vocab" "$inputs" "$len" <<'LUA'
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 local tl = require "tinyloop"
@@ -36,15 +37,18 @@ local function now() local f = io.popen("date +%s.%N"); local t = tonumber(f:rea
 local lists = {}
 for i = 1, inputs do lists[i] = {} for k = 1, len do lists[i][k] = (i * 104729 + k * 31) % vocab end end
 m:embed(lists[1])
-local t0, rounds = now(), 0
-repeat
-  for i = 1, inputs do m:embed(lists[i]) end
-  rounds = rounds + 1
-until now() - t0 > 3
-print(("%.1f"):format(rounds * inputs * len / (now() - t0)))
+local function rate(run)
+  local t0, rounds = now(), 0
+  repeat run(); rounds = rounds + 1 until now() - t0 > 3
+  return rounds * inputs * len / (now() - t0)
+end
+local each = rate(function() for i = 1, inputs do m:embed(lists[i]) end end)
+local batch = rate(function() m:embed_batch(lists) end)
+io.stderr:write(("engine alone: model:embed one input at a time %.1f tokens/s, model:embed_batch %.1f (x%.2f)\n")
+  :format(each, batch, batch / each))
+print(("%.1f"):format(batch))
 LUA
 )
-echo "engine alone: $alone tokens/s"
 
 work=$(mktemp -d)
 serve_pid=""

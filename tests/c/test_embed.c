@@ -12,8 +12,13 @@
  *   pooling is the last row (memcmp); normalize scales each vector to unit length, in the
  *   same direction; loops 0 is the model's default depth (memcmp), and another depth gives
  *   other rows (where the model has a block to loop).
+ * - tl_embed_batch: every input's result is tl_embed's for it alone (memcmp), for each
+ *   pooling, normalised or not, at another depth: inputs of 1 token to the whole context,
+ *   enough of them to fill several shared forwards, and on the shipped model (context 256)
+ *   inputs longer than a shared forward holds, which go alone, chunk by chunk, between
+ *   short ones.
  * - Refusals: NULL arguments, n out of range, token ids out of range, loops, pooling and
- *   normalize out of range. */
+ *   normalize out of range; tl_embed_batch's naming the input at fault, count 0 a no-op. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -164,6 +169,60 @@ done:
     tl_model_free(m);
 }
 
+
+/* tl_embed_batch against tl_embed input by input, bit for bit. */
+#define BATCH_INPUTS 14
+static void check_batch(const char *root, const char *name) {
+    tl_model *m = load(root, name);
+    if (!m) return;
+    const tl_config *c = &m->cfg;
+    const int d = c->d_model, ctx = c->max_seq_len;
+    /* short and long inputs mixed; several shared forwards' worth of rows; where the
+       context allows, inputs over a shared forward (more than 128 rows) between them */
+    const int wanted[BATCH_INPUTS] = {3, 1, ctx, 7, ctx / 2, 200, 2, ctx - 1, 17, 1, 250, ctx, 5, 9};
+    int lengths[BATCH_INPUTS], total = 0;
+    int32_t *inputs[BATCH_INPUTS] = {0};
+    bool ok = true;
+    for (int i = 0; i < BATCH_INPUTS; i++) {
+        lengths[i] = wanted[i] < ctx ? wanted[i] : ctx;
+        total += lengths[i];
+        inputs[i] = malloc((size_t)lengths[i] * sizeof *inputs[i]);
+        ok = ok && inputs[i];
+        if (inputs[i]) fill_tokens(inputs[i], lengths[i], c->vocab_size, 100u + (uint32_t)i);
+    }
+    float *batch = malloc((size_t)total * (size_t)d * sizeof *batch), *alone = malloc((size_t)ctx * (size_t)d * sizeof *alone);
+    if (!ok || !batch || !alone) {
+        CHECK(0, "%s: out of memory", name);
+        goto done;
+    }
+    const tl_pooling poolings[] = {TL_POOLING_MEAN, TL_POOLING_LAST, TL_POOLING_NONE};
+    for (int v = 0; v < 3 * 2 + 1; v++) {
+        /* each pooling, normalised and not; then mean at another depth where there is one */
+        int loops = 0;
+        if (v == 6) {
+            if (c->n_block == 0 || c->max_loops < 2) continue;
+            loops = c->default_loops == 1 ? 2 : 1;
+        }
+        const tl_embed_options o = options(loops, poolings[v < 6 ? v / 2 : 0], v < 6 ? v % 2 : 0);
+        CHECK(tl_embed_batch(m, (const int32_t *const *)inputs, lengths, BATCH_INPUTS, &o, batch) == TL_OK && tl_last_error()[0] == '\0',
+              "%s: batch (pooling %d, normalize %d, loops %d): %s", name, (int)o.pooling, o.normalize, o.loops, tl_last_error());
+        size_t at = 0;
+        for (int i = 0; i < BATCH_INPUTS; i++) {
+            const size_t floats = (size_t)(o.pooling == TL_POOLING_NONE ? lengths[i] : 1) * (size_t)d;
+            CHECK(tl_embed(m, inputs[i], lengths[i], &o, alone) == TL_OK, "%s: alone: %s", name, tl_last_error());
+            CHECK(memcmp(batch + at, alone, floats * sizeof *alone) == 0,
+                  "%s: input %d (%d tokens; pooling %d, normalize %d, loops %d) differs from tl_embed's", name, i, lengths[i],
+                  (int)o.pooling, o.normalize, o.loops);
+            at += floats;
+        }
+    }
+done:
+    for (int i = 0; i < BATCH_INPUTS; i++) free(inputs[i]);
+    free(batch);
+    free(alone);
+    tl_model_free(m);
+}
+
 static void check_refusals(const char *root) {
     tl_model *m = load(root, "llama_like");
     if (!m) return;
@@ -199,6 +258,39 @@ static void check_refusals(const char *root) {
         tl_embed_options_init(&o);
         CHECK(tl_embed(m, tokens, 4, &o, out) == TL_OK && tl_last_error()[0] == '\0', "a good call after refusals: %s",
               tl_last_error());
+
+        /* tl_embed_batch: the input at fault is named, nothing is computed */
+        const int32_t *inputs[3] = {tokens, tokens, tokens};
+        int lengths[3] = {4, 2, 3};
+        CHECK_ERROR(tl_embed_batch(NULL, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "model must not be NULL");
+        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, -1, &o, out), TL_ERR_INVALID_ARGUMENT, "count = -1");
+        CHECK(tl_embed_batch(m, NULL, NULL, 0, &o, NULL) == TL_OK, "count 0 is a no-op: %s", tl_last_error());
+        CHECK_ERROR(tl_embed_batch(m, NULL, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+        CHECK_ERROR(tl_embed_batch(m, inputs, NULL, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, NULL), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+        inputs[1] = NULL;
+        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "input 1 is NULL");
+        inputs[1] = tokens;
+        lengths[2] = 0;
+        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "input 2 has 0 tokens");
+        lengths[2] = c->max_seq_len + 1;
+        inputs[2] = many;
+        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "input 2 has");
+        lengths[2] = 3;
+        many[1] = c->vocab_size;
+        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "input 2: token id");
+        many[1] = 0;
+        o.loops = c->max_loops + 1;
+        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "loops");
+        tl_embed_options_init(&o);
+        o.pooling = (tl_pooling)7;
+        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "tl_embed_batch: pooling = 7");
+        tl_embed_options_init(&o);
+        o.normalize = -1;
+        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "normalize = -1");
+        tl_embed_options_init(&o);
+        CHECK(tl_embed_batch(m, inputs, lengths, 3, &o, out) == TL_OK && tl_last_error()[0] == '\0',
+              "a good batch after refusals: %s", tl_last_error());
     }
     free(out);
     free(many);
@@ -216,6 +308,19 @@ int main(int argc, char **argv) {
     snprintf(hf, sizeof hf, "%.4000s/../hf", root);
     check_model(hf, "huginn_f32");
     check_model(hf, "ouro_bf16_tied");
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) check_batch(root, configs[i]);
+    check_batch(data, "textmodel");
+    check_batch(hf, "huginn_f32");
+    check_batch(hf, "ouro_bf16_tied");
+    if (argc > 2) { /* the shipped model: context 256, inputs longer than a shared forward */
+        char shipped[4200];
+        snprintf(shipped, sizeof shipped, "%.4000s", argv[2]);
+        char *slash = strrchr(shipped, '/');
+        if (slash) {
+            *slash = '\0';
+            check_batch(shipped, slash + 1);
+        }
+    }
     check_refusals(root);
     printf("%d passed, %d failed\n", checks_passed, checks_failed);
     return checks_failed;

@@ -65,7 +65,36 @@ describe("model:embed", function()
         local long = {}
         for i = 1, 129 do long[i] = 1 end
         H.error_contains(function() model:embed(long, { pooling = "none" }) end, "the input has 129 tokens")
-        H.error_contains(function() model:embed(42) end, "embed: input must be a string or a table of token ids")
+        H.error_contains(function() model:embed(42) end, "embed: the input must be a string or a table of token ids")
+    end)
+
+    it("embeds a list with embed_batch, each as model:embed does it alone", function()
+        -- texts and ids, 1 token to the whole context: 40 inputs fill several shared forwards
+        local inputs = { text, { 5 }, "Mr. Darcy", model:encode(text) }
+        for i = 5, 40 do
+            local ids = {}
+            for t = 1, (i * 37) % 128 + 1 do ids[t] = (i * 7 + t * 13) % 256 end
+            inputs[i] = ids
+        end
+        for _, opts in ipairs({ {}, { pooling = "last", normalize = false }, { loops = 1 } }) do
+            local vectors = model:embed_batch(inputs, opts)
+            assert.equal(#inputs, #vectors)
+            for i, input in ipairs(inputs) do assert.same(model:embed(input, opts), vectors[i], "input " .. i) end
+        end
+        local rows = model:embed_batch({ text, { 7, 8 } }, { pooling = "none" })
+        assert.same({ model:embed(text, { pooling = "none" }), model:embed({ 7, 8 }, { pooling = "none" }) }, rows)
+        assert.same({}, model:embed_batch({}))
+    end)
+
+    it("refuses a bad list, naming the input at fault", function()
+        H.error_contains(function() model:embed_batch("text") end, "embed_batch: inputs must be a table of inputs")
+        H.error_contains(function() model:embed_batch({ text, 42 }) end,
+            "embed_batch: input 2 must be a string or a table of token ids")
+        H.error_contains(function() model:embed_batch({ text, {} }) end, "embed_batch: input 2 has 0 tokens")
+        H.error_contains(function() model:embed_batch({ text, { 1, 2.5 } }) end, "token id 2.5 at index 2 must be an integer")
+        H.error_contains(function() model:embed_batch({ { 1 }, { 1, 320 } }) end, "input 1: token id 320 at index 1 is out of range")
+        H.error_contains(function() model:embed_batch({ text }, { pooling = "max" }) end, "embed_batch: pooling must be")
+        H.error_contains(function() model:embed_batch({ text }, { loops = 0 }) end, "embed_batch: loops = 0 must be in")
     end)
 
     it("declares tl_embed_options in the thread-pool module as the header does", function()

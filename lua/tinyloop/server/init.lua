@@ -81,7 +81,7 @@ local conf = {
 local model, engine, engine_addr, wait_addr, model_error, created_at
 local chat_prompts, chat_error -- tinyloop.chat for the model (or why it failed to load)
 local reasoning_on -- chat replies are read for reasoning (conf.reasoning_format)
--- the model, tl_score_logprobs, tl_embed and tl_last_error, for prompt scoring and
+-- the model, tl_score_logprobs, tl_embed_batch and tl_last_error, for prompt scoring and
 -- embeddings in the thread pool
 local model_addr, score_addr, embed_addr, last_error_addr
 local embed_slots -- ngx.semaphore of conf.embed_jobs places: the embeddings requests computed at once
@@ -214,7 +214,7 @@ function _M.init_worker()
     wait_addr = tonumber(ffi_cast("uintptr_t", C.tl_engine_wait)) -- see wait.lua
     model_addr = tonumber(ffi_cast("uintptr_t", m.ptr))
     score_addr = tonumber(ffi_cast("uintptr_t", C.tl_score_logprobs))
-    embed_addr = tonumber(ffi_cast("uintptr_t", C.tl_embed))
+    embed_addr = tonumber(ffi_cast("uintptr_t", C.tl_embed_batch))
     embed_slots = require("ngx.semaphore").new(conf.embed_jobs)
     local tag = shapes.random_hex(4)
     worker_tag = ngx.worker.pid() .. (tag or "")
@@ -1465,7 +1465,7 @@ end
 
 -- ------------------------------------------------------------------ embeddings
 
--- The inputs' embeddings (tl_embed, over `tokens` ids in all), the JSON text of their entries
+-- The inputs' embeddings (tl_embed_batch, over `tokens` ids in all), the JSON text of their entries
 -- joined by commas (`as`: "float" arrays or "base64" strings; `shape`: wait.embed's), computed
 -- and written in the thread pool: forward passes, and over half a million numbers' text for a
 -- full request, never on the event loop. A worker runs conf.embed_jobs requests at once (the

@@ -14,7 +14,7 @@ local cast, tonumber = ffi.cast, tonumber
 local _M = {}
 
 -- The function at address `addr` as the C type `ctype`: one cast per type, redone only if the
--- address changes (tl_engine_wait, tl_score_logprobs, tl_embed, tl_last_error).
+-- address changes (tl_engine_wait, tl_score_logprobs, tl_embed_batch, tl_last_error).
 local casts = {}
 local function function_at(addr, ctype)
     local c = casts[ctype]
@@ -53,7 +53,7 @@ local embed_options = ffi.typeof("struct { int loops; int pooling; int normalize
 _M.embed_options = embed_options
 local POOLING = { mean = 0, last = 1 } -- TL_POOLING_MEAN, TL_POOLING_LAST
 
--- Embeddings (POST /v1/embeddings, /api/embed, /api/embeddings): tl_embed runs forward
+-- Embeddings (POST /v1/embeddings, /api/embed, /api/embeddings): tl_embed_batch runs forward
 -- passes, so here and never on the event loop, and so does the writing of the vectors (a
 -- request of 2,048 inputs is over half a million numbers). inputs: id lists, a slice of the
 -- request's, the first of which is its input `first` (0-based); d: d_model; as "float" (a
@@ -62,18 +62,25 @@ local POOLING = { mean = 0, last = 1 } -- TL_POOLING_MEAN, TL_POOLING_LAST
 -- "embedding"}) or "ollama" (the bare vector). -> the slice's entries' JSON text, joined by
 -- commas | nil, the message.
 function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, pooling, normalize, as, shape, first)
-    local embed_fn = function_at(fn_addr, "int (*)(const void *, const int32_t *, int, const void *, float *)")
+    local embed_fn = function_at(fn_addr, "int (*)(const void *, const int32_t *const *, const int *, int, const void *, float *)")
     local error_fn = function_at(last_error_addr, LAST_ERROR)
     local opts = embed_options(loops, POOLING[pooling], normalize and 1 or 0)
-    local vector = ffi.new("float[?]", d)
-    local entries, numbers, format = {}, {}, string.format
+    -- the whole slice in one tl_embed_batch call: short inputs share forward passes
+    local count = #inputs
+    local arrays, pointers, lengths = {}, ffi.new("const int32_t *[?]", count), ffi.new("int[?]", count)
     for i, ids in ipairs(inputs) do
         local n = #ids
         local tokens = ffi.new("int32_t[?]", n)
         for k = 1, n do tokens[k - 1] = ids[k] end
-        if tonumber(embed_fn(cast("void *", model_addr), tokens, n, opts, vector)) ~= 0 then
-            return nil, ffi.string(error_fn()) -- (this thread's message)
-        end
+        arrays[i], pointers[i - 1], lengths[i - 1] = tokens, tokens, n -- (arrays keeps them alive)
+    end
+    local vectors = ffi.new("float[?]", count * d)
+    if tonumber(embed_fn(cast("void *", model_addr), pointers, lengths, count, opts, vectors)) ~= 0 then
+        return nil, ffi.string(error_fn()) -- (this thread's message)
+    end
+    local entries, numbers, format = {}, {}, string.format
+    for i = 1, count do
+        local vector = vectors + (i - 1) * d
         for j = 0, d - 1 do
             local x = vector[j]
             if x ~= x or x == math.huge or x == -math.huge then
