@@ -33,6 +33,9 @@ describe("llamacpp.to_completions", function()
         local count = 0
         for _ in pairs(distinct) do count = count + 1 end
         assert.is_true(count >= 5, "seeds drawn: " .. table.concat(seeds, ","))
+        -- n_probs: /v1/completions' logprobs (0: none); post_sampling_probs false is llama.cpp's default
+        assert.same({ 3, nil }, { completions_of('{"prompt": "a", "n_probs": 3, "post_sampling_probs": false}').logprobs,
+                                  completions_of('{"prompt": "a", "n_probs": 0}').logprobs })
         -- json_schema and grammar; logit_bias in both of llama.cpp's forms
         local _, text = completions_of('{"prompt": "a", "json_schema": {"type": "object", "properties": {"b": {"type": "integer"}}}}')
         assert.equal('{"type": "object", "properties": {"b": {"type": "integer"}}}',
@@ -71,7 +74,10 @@ describe("llamacpp.to_completions", function()
             { '{"prompt": "a", "n_predict": 1.5}', "n_predict", "n_predict must be an integer" },
             { '{"prompt": "a", "temperature": "hot"}', "temperature", "temperature must be a number" },
             { '{"prompt": "a", "mirostat": 2}', "mirostat", "mirostat is not supported here (only values that turn it off: 0)" },
-            { '{"prompt": "a", "n_probs": 3}', "n_probs", "/v1/completions' logprobs" },
+            { '{"prompt": "a", "n_probs": 21}', "n_probs", "n_probs must be an integer in 0 .. 20" },
+            { '{"prompt": "a", "n_probs": -1}', "n_probs", "n_probs must be an integer in 0 .. 20" },
+            { '{"prompt": "a", "n_probs": 1.5}', "n_probs", "n_probs must be an integer in 0 .. 20" },
+            { '{"prompt": "a", "n_probs": 2, "post_sampling_probs": true}', "post_sampling_probs", "only false is taken here" },
             { '{"prompt": "a", "typical_p": 0.5}', "typical_p", "typical_p is not supported" },
             { '{"prompt": "a", "top_n_sigma": 1.5}', "top_n_sigma", "<= 0" },
             { '{"prompt": "a", "logit_bias": [[1]]}', "logit_bias", "logit_bias[0]: a bias is a number, or false" },
@@ -106,6 +112,18 @@ describe("llamacpp view", function()
         answer.choices[1].finish_reason = "stop"
         assert.same({ "eos", "" }, { cjson.decode(view:response(cjson.encode(answer))).stop_type,
                                      cjson.decode(view:response(cjson.encode(answer))).stopping_word })
+        -- the choice's logprobs entries (ids, as the view asks) as completion_probabilities, in
+        -- llama.cpp's field order; none without them
+        assert.is_nil(cjson.decode(view:response(cjson.encode(answer))).completion_probabilities)
+        local with = cjson.decode(cjson.encode(answer))
+        with.choices[1].logprobs = { content = {
+            { id = 5, token = "Hi", logprob = -0.5, bytes = { 72, 105 }, top_logprobs = {
+                { id = 5, token = "Hi", logprob = -0.5, bytes = { 72, 105 } }, { id = 9, token = "Oh", logprob = -1.5, bytes = { 79, 104 } } } },
+            { id = 6, token = " there", logprob = -0.25, bytes = { 32, 116, 104, 101, 114, 101 }, top_logprobs = {} } } }
+        local text = view:response(cjson.encode(with))
+        assert.same(with.choices[1].logprobs.content, cjson.decode(text).completion_probabilities)
+        assert.truthy(text:find('"completion_probabilities":[{"id":5,"token":"Hi","bytes":[72,105],"logprob":-0.5,"top_logprobs":[{"id":5,', 1, true))
+        assert.truthy(text:find('"top_logprobs":[]}]', 1, true))
         -- tokens only where asked
         _, _, view = completions_of('{"prompt": "a"}')
         assert.same({}, cjson.decode(view:response(cjson.encode(answer))).tokens)

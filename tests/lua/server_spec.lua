@@ -2149,6 +2149,42 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         assert.same({ "word", word, free:sub(1, free:find(word, 1, true) - 1) }, { r.stop_type, r.stopping_word, r.content })
     end)
 
+    it("gives n_probs' completion_probabilities: /v1/completions' log-probabilities, by token id", function()
+        local req = { prompt = "It is a truth", n_predict = 12, temperature = 0.9, seed = 11, n_probs = 3, return_tokens = true }
+        local want = ok("/v1/completions", { prompt = "It is a truth", max_tokens = 12, temperature = 0.9, seed = 11, top_k = 40,
+                                             top_p = 0.95, min_p = 0.05, logprobs = 3 }).choices[1]
+        local r = ok("/completion", req)
+        local probs = r.completion_probabilities
+        assert.equal(12, #probs)
+        for i, p in ipairs(probs) do
+            -- the token chosen, its text and log-probability as /v1/completions gives them
+            assert.same({ r.tokens[i], want.logprobs.tokens[i] }, { p.id, p.token })
+            assert.is_true(math.abs(p.logprob - want.logprobs.token_logprobs[i]) < 1e-6, "token " .. i)
+            assert.equal(#p.token, #p.bytes)
+            assert.equal(3, #p.top_logprobs)
+            for j, alt in ipairs(p.top_logprobs) do
+                -- the alternatives: ids whose texts /v1/completions names, likeliest first
+                assert.is_number(alt.id)
+                assert.is_true(math.abs(alt.logprob - want.logprobs.top_logprobs[i][alt.token]) < 1e-6, "token " .. i)
+                if j > 1 then assert.is_true(alt.logprob <= p.top_logprobs[j - 1].logprob) end
+            end
+        end
+        -- streamed: each event carries its own tokens' entries, the same ones
+        req.stream = true
+        local status, body = post_to("/completion", req, "-N")
+        assert.equal(200, status, body)
+        local streamed = {}
+        for data in body:gmatch("data: ([^\n]+)\n\n") do
+            local event = cjson.decode(data)
+            assert.equal(#event.tokens, event.completion_probabilities and #event.completion_probabilities or 0)
+            for _, p in ipairs(event.completion_probabilities or {}) do streamed[#streamed + 1] = p end
+        end
+        assert.same(probs, streamed)
+        -- none asked, none given
+        req.stream, req.n_probs = false, 0
+        assert.is_nil(ok("/completion", req).completion_probabilities)
+    end)
+
     it("tokenizes llama.cpp's content, with pieces where asked, and detokenizes into content", function()
         local m = assert(tinyloop.load(MODEL))
         local text = "It is a truth universally acknowledged"

@@ -496,18 +496,20 @@ end
 
 -- The chat API's logprobs object: {"content": [{"token", "logprob", "bytes", "top_logprobs":
 -- [{"token", "logprob", "bytes"}, ...]}, ...]}, one entry per token of `ids` (bytes: the
--- token's raw bytes, which a token cutting a character needs to be put back together).
-local function token_entry(id, logprob)
+-- token's raw bytes, which a token cutting a character needs to be put back together). With
+-- `with_ids`, each entry and alternative also has its token's "id" first (what a view whose
+-- API names tokens by id reads: llama.cpp's completion_probabilities).
+local function token_entry(id, logprob, with_ids)
     local text, _, raw = token_string(id)
-    return '{"token":' .. encode(text) .. ',"logprob":' .. encode(json_logprob(logprob)) .. ',"bytes":[' ..
-        concat({ raw:byte(1, -1) }, ",") .. "]"
+    return (with_ids and ('{"id":' .. id .. ',"token":') or '{"token":') .. encode(text) .. ',"logprob":' ..
+        encode(json_logprob(logprob)) .. ',"bytes":[' .. concat({ raw:byte(1, -1) }, ",") .. "]"
 end
-local function chat_logprobs_json(ids, figures)
+local function chat_logprobs_json(ids, figures, with_ids)
     local entries = {}
     for i = 1, #ids do
         local alternatives = {}
-        for j, alt in ipairs(figures[i].top or {}) do alternatives[j] = token_entry(alt.id, alt.logprob) .. "}" end
-        entries[i] = token_entry(ids[i], figures[i].logprob) .. ',"top_logprobs":[' .. concat(alternatives, ",") .. "]}"
+        for j, alt in ipairs(figures[i].top or {}) do alternatives[j] = token_entry(alt.id, alt.logprob, with_ids) .. "}" end
+        entries[i] = token_entry(ids[i], figures[i].logprob, with_ids) .. ',"top_logprobs":[' .. concat(alternatives, ",") .. "]}"
     end
     return '{"content":[' .. concat(entries, ",") .. "]}"
 end
@@ -853,8 +855,11 @@ local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids,
         return '{"index":' .. st.index .. "," .. message .. ',"logprobs":' ..
             (figures and chat_logprobs_json(ids, figures) or "null") .. choice_tail(ids, finish_reason, stats, finish_reason and st.stop_reason)
     end
-    return '{"index":' .. st.index .. ',"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":' ..
-        (figures and logprobs_json(st, lp_ids or ids, figures, n_prompt) or "null") .. choice_tail(ids, finish_reason, stats, finish_reason and st.stop_reason)
+    -- (a view that reads tokens by id, llama.cpp's, gets the chat API's entries with ids)
+    local logprobs = not figures and "null" or st.logprob_entries and chat_logprobs_json(ids, figures, true)
+        or logprobs_json(st, lp_ids or ids, figures, n_prompt)
+    return '{"index":' .. st.index .. ',"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":' .. logprobs ..
+        choice_tail(ids, finish_reason, stats, finish_reason and st.stop_reason)
 end
 
 -- The response (or a chunk of a stream) around its choices' JSON, with `tail` (",usage..." or "").
@@ -1400,6 +1405,7 @@ local function serve(chat, body, view)
             prompt_ids = ids, prompt_figures = prompt_figures[p],
             offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
             chat = chat, streaming = req.stream, prompt = p, tools = req.tools,
+            logprob_entries = view and view.LOGPROB_ENTRIES,
             reasoning = read_reasoning and { inside = inside, reader = req.stream and reasoning.stream(inside),
                                              shown = req.include_reasoning } or nil,
         }

@@ -42,9 +42,9 @@ local OFF = {
     typical_p = { function(v) return v >= 1 end, ">= 1" }, tfs_z = { function(v) return v >= 1 end, ">= 1" },
     mirostat = { function(v) return v == 0 end, "0" }, dry_multiplier = { function(v) return v <= 0 end, "<= 0" },
     xtc_probability = { function(v) return v <= 0 end, "<= 0" }, top_n_sigma = { function(v) return v <= 0 end, "<= 0" },
-    n_probs = { function(v) return v == 0 end, "0; token probabilities: /v1/completions' logprobs" },
 }
 local UNSET_SEED = { [-1] = true, [4294967295] = true } -- (llama.cpp's "random", either way it is spelled)
+_M.MAX_PROBS = 20 -- n_probs' most: the engine's TL_MAX_TOP_LOGPROBS
 
 -- to_completions(body) -> the /v1/completions body that means the same, and its view; or nil,
 -- err (the field named).
@@ -89,6 +89,19 @@ function _M.to_completions(body)
         if v ~= nil and (type(v) ~= "number" or not off[1](v)) then
             return bad(("%s is not supported here (only values that turn it off: %s)"):format(name, off[2]), name)
         end
+    end
+    -- n_probs: each generated token's log-probability and the n_probs likeliest tokens there
+    -- (completion_probabilities), the model's own before sampling: llama.cpp's default
+    -- post_sampling_probs false (its true, the sampler's truncated distribution, is not kept)
+    if t.n_probs ~= nil then
+        if not KIND_OK.integer(t.n_probs) or t.n_probs < 0 or t.n_probs > _M.MAX_PROBS then
+            return bad(("n_probs must be an integer in 0 .. %d"):format(_M.MAX_PROBS), "n_probs")
+        end
+        if t.n_probs > 0 then members[#members + 1] = { "logprobs", shapes.integer(t.n_probs) } end
+    end
+    if t.post_sampling_probs ~= nil and t.post_sampling_probs ~= false then
+        return bad("post_sampling_probs: only false is taken here (the probabilities given are the model's, before " ..
+                   "sampling)", "post_sampling_probs")
     end
     local n_predict = t.n_predict
     if n_predict == nil then n_predict = t.max_tokens end -- (llama.cpp reads either)
@@ -156,7 +169,10 @@ end
 
 -- ------------------------------------------------------------------ the answer
 
-local View = { ID_PREFIX = "llamacpp", FRAME = "data", PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS } }
+-- (LOGPROB_ENTRIES: the completions path writes its logprobs as the chat API's entries, with
+-- token ids, which completion_probabilities is made of)
+local View = { ID_PREFIX = "llamacpp", FRAME = "data", PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS },
+               LOGPROB_ENTRIES = true }
 View.__index = View
 _M.View = View
 
@@ -198,12 +214,32 @@ local function timings(stats, usage)
                     { "predicted_per_second", rate(predicted_ms, predicted_n) } })
 end
 
--- One object of the answer: content (the whole text, or a stream's piece), its tokens, and with
--- the finish (`finish`: shapes' finish) llama.cpp's closing fields.
-function View:object(content, tokens, finish, model)
+-- llama.cpp's completion_probabilities of a choice's logprobs (the chat API's entries with
+-- ids: {"content": [...]}), its field order: [{"id", "token", "bytes", "logprob",
+-- "top_logprobs": [{"id", "token", "bytes", "logprob"}]}]; nil where the choice has none.
+local function probabilities(logprobs)
+    if type(logprobs) ~= "table" or type(logprobs.content) ~= "table" then return nil end
+    local function entry(e)
+        return '{"id":' .. shapes.integer(e.id) .. ',"token":' .. encode(e.token) .. ',"bytes":[' .. concat(e.bytes, ",") ..
+            '],"logprob":' .. encode(e.logprob)
+    end
+    local entries = {}
+    for i, e in ipairs(logprobs.content) do
+        local top = {}
+        for j, alt in ipairs(e.top_logprobs or {}) do top[j] = entry(alt) .. "}" end
+        entries[i] = entry(e) .. ',"top_logprobs":[' .. concat(top, ",") .. "]}"
+    end
+    return "[" .. concat(entries, ",") .. "]"
+end
+
+-- One object of the answer: content (the whole text, or a stream's piece), its tokens, its
+-- tokens' completion_probabilities (JSON, or nil), and with the finish (`finish`: shapes'
+-- finish) llama.cpp's closing fields.
+function View:object(content, tokens, finish, model, probs)
     local members = { { "index", "0" }, { "content", encode(content) },
                       { "tokens", (self.return_tokens or self.stream) and ("[" .. concat(tokens or {}, ",") .. "]") or "[]" },
                       { "id_slot", "0" }, { "stop", finish and "true" or "false" } }
+    if probs then members[#members + 1] = { "completion_probabilities", probs } end
     if not finish and self.stream then -- (each chunk of llama.cpp's stream carries the counts so far)
         members[#members + 1] = { "tokens_predicted", tostring(self.predicted or 0) }
         members[#members + 1] = { "tokens_evaluated", tostring(self.evaluated or 0) }
@@ -231,7 +267,8 @@ function View:response(answer_json, _)
     local answer = shapes.answer(answer_json)
     local choice = (cjson.decode(answer_json).choices or {})[1] or {}
     self.text = answer.text
-    return self:object(answer.text, type(choice.token_ids) == "table" and choice.token_ids or {}, answer.finish, answer.model)
+    return self:object(answer.text, type(choice.token_ids) == "table" and choice.token_ids or {}, answer.finish, answer.model,
+                       probabilities(choice.logprobs))
 end
 
 -- ------------------------------------------------------------------ the stream
@@ -260,7 +297,9 @@ function View:feed(payload)
         local tokens = type(choice.token_ids) == "table" and choice.token_ids or {}
         self.text = self.text .. text
         self.predicted = self.predicted + #tokens
-        if text ~= "" or #tokens > 0 then out[#out + 1] = { nil, self:object(text, tokens) } end
+        if text ~= "" or #tokens > 0 then
+            out[#out + 1] = { nil, self:object(text, tokens, nil, nil, probabilities(choice.logprobs)) }
+        end
         if choice.finish_reason and choice.finish_reason ~= json_null then
             self.finish = { finish_reason = choice.finish_reason, stop_reason = choice.stop_reason ~= json_null and choice.stop_reason or nil,
                             tinyloop = chunk.tinyloop and cjson.encode(chunk.tinyloop) or nil }
