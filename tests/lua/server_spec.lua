@@ -2707,6 +2707,58 @@ describe("server with two workers", function()
         end)
     end)
 
+    it("answers 503 with Retry-After to embeddings past the places, and gives the place back", function()
+        -- scripts/serve's config, one worker with one embeddings place and no wait for it
+        local pre = dir2 .. "/embed-places"
+        local p3 = free_port()
+        local conf = sh("cat " .. dir2 .. "/prefix/nginx.conf")
+            :gsub("embed_jobs = %d+,", "embed_jobs = 1, embed_wait_s = 0,")
+            :gsub("listen 127%.0%.0%.1:%d+;", "listen 127.0.0.1:" .. p3 .. ";")
+            :gsub("\npid [^;]+;", "\npid " .. pre .. "/nginx.pid;")
+            :gsub("worker_processes %d+;", "worker_processes 1;")
+        assert.truthy(conf:find("embed_jobs = 1, embed_wait_s = 0,", 1, true))
+        with_nginx("$(command -v openresty || command -v nginx || echo /usr/sbin/nginx)", pre, conf, p3, function(b3)
+            -- a long request holds the place (100 inputs of 200 ids: seconds of forward passes)...
+            local inputs = {}
+            for i = 1, 100 do
+                inputs[i] = {}
+                for t = 1, 200 do inputs[i][t] = (i * 31 + t * 7) % 256 end
+            end
+            local f = assert(io.open(pre .. "/long.json", "wb"))
+            f:write(cjson.encode({ input = inputs, encoding_format = "base64" }))
+            f:close()
+            os.execute(("curl -s -o %s/long.out -w '%%{http_code}' -H 'Content-Type: application/json' --data-binary @%s/long.json " ..
+                        "%s/v1/embeddings > %s/long.status &"):format(pre, pre, b3, pre))
+            -- ...so another is refused at once: 503, Retry-After, OpenAI's error shape, counted
+            -- (sent until the long one has taken the place: a short one before it is answered)
+            local status, body
+            for _ = 1, 200 do
+                status, body = curl("-i -H 'Content-Type: application/json' --data-binary " ..
+                                    quote(cjson.encode({ input = "Emma" })) .. " " .. b3 .. "/v1/embeddings")
+                if status ~= 200 or sh("cat " .. pre .. "/long.status 2>/dev/null") ~= "" then break end
+                os.execute("sleep 0.05")
+            end
+            assert.equal(503, status, body)
+            assert.equal("", sh("cat " .. pre .. "/long.status 2>/dev/null")) -- (refused while the long one ran)
+            assert.truthy(body:find("\r\n[Rr]etry%-[Aa]fter: 1\r\n"), body)
+            local e = cjson.decode(body:match("\r\n\r\n(.*)$")).error
+            assert.same({ "overloaded_error" }, { e.type })
+            assert.truthy(e.message:find("every embedding place is taken (1 a worker)", 1, true), e.message)
+            local _, text = curl(b3 .. "/metrics")
+            assert.equal(1, metric(text, "tinyloop_rejected_total"))
+            -- the long one ends well, and its place is free again
+            for _ = 1, 1200 do
+                if sh("cat " .. pre .. "/long.status 2>/dev/null") ~= "" then break end
+                os.execute("sleep 0.1")
+            end
+            assert.equal("200", sh("cat " .. pre .. "/long.status"))
+            assert.equal(100, #cjson.decode(sh("cat " .. pre .. "/long.out")).data)
+            status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({ input = "Emma" })) ..
+                                " " .. b3 .. "/v1/embeddings")
+            assert.equal(200, status, body)
+        end)
+    end)
+
     it("answers a thinking model's reasoning as reasoning_content, blocking and streamed alike", function()
         local m = assert(tinyloop.load(MODEL, { kv_type = "f16" }))
         -- -> reasoning, content, token ids (cjson.null where a field is absent)
