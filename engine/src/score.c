@@ -208,8 +208,12 @@ tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl
 
 /* The most rows one forward of tl_embed_batch carries: short inputs share forwards up to
    it (each in its own cache, as the batched decode's sessions), so each weight read serves
-   all their rows; a longer input goes alone, chunk by chunk. */
+   all their rows; a longer input goes alone, chunk by chunk. Each input's cache takes whole
+   pages (TL_KV_PAGE_ROWS rows, every slot at the depth), so a group is also held to twice
+   that many rows in pages: 128 one-token inputs would have taken 16 times their K/V. */
 #define EMBED_BATCH_ROWS 128
+#define EMBED_BATCH_PAGE_ROWS (2 * EMBED_BATCH_ROWS)
+static int page_rows(int n) { return (n + TL_KV_PAGE_ROWS - 1) / TL_KV_PAGE_ROWS * TL_KV_PAGE_ROWS; }
 
 typedef struct embed_batch {
     const tl_model *model;
@@ -315,8 +319,12 @@ tl_status tl_embed_batch(const tl_model *model, const int32_t *const *inputs, co
                 i++;
                 continue;
             }
-            int group = 0, rows = 0;
-            while (i + group < count && rows + lengths[i + group] <= EMBED_BATCH_ROWS) rows += lengths[i + group++];
+            int group = 0, rows = 0, paged = 0;
+            while (i + group < count && rows + lengths[i + group] <= EMBED_BATCH_ROWS &&
+                   paged + page_rows(lengths[i + group]) <= EMBED_BATCH_PAGE_ROWS) {
+                rows += lengths[i + group];
+                paged += page_rows(lengths[i + group++]);
+            }
             st = embed_group(b, i, group, out, &out_at);
             i += group;
         }

@@ -1343,7 +1343,7 @@ end
 -- (1..max_loops; left out: the model's default_loops) is the depth.
 -- model:embed_batch(inputs[, opts]) -> { embedding, ... } | nil, err: the same for a list of
 -- inputs (tl_embed_batch: short inputs share forward passes, each result that of
--- model:embed for it alone; the engine's messages count inputs and token indices from 0).
+-- model:embed for it alone; inputs are named from 1, token indices as model:embed names them).
 local POOLINGS = { mean = C.TL_POOLING_MEAN, last = C.TL_POOLING_LAST, none = C.TL_POOLING_NONE }
 local EMBED_OPTIONS = { loops = true, pooling = true, normalize = true }
 
@@ -1431,7 +1431,11 @@ function Model:embed_batch(inputs, opts)
     local d = self.d_model
     local out = ffi_new("float[?]", (pooling == "none" and rows or count) * d + 1)
     local st = C.tl_embed_batch(self.ptr, pointers, lengths, count, eo, out)
-    if st ~= 0 then return engine_failure(st) end
+    if st ~= 0 then -- (engine_failure's rule, the input named as the caller's list counts it, not from 0)
+        local msg = last_error():gsub("tl_embed_batch: input (%d+)", function(i) return "embed_batch: input " .. (i + 1) end)
+        if ARGUMENT_ERRORS[tonumber(st)] then raise(msg) end
+        return nil, msg
+    end
     local result, row = {}, 0
     for i = 1, count do
         if pooling == "none" then

@@ -204,6 +204,7 @@ static void check_batch(const char *root, const char *name) {
             loops = c->default_loops == 1 ? 2 : 1;
         }
         const tl_embed_options o = options(loops, poolings[v < 6 ? v / 2 : 0], v < 6 ? v % 2 : 0);
+        for (size_t f = 0; f < (size_t)total * (size_t)d; f++) batch[f] = NAN; /* (a place left unwritten fails) */
         CHECK(tl_embed_batch(m, (const int32_t *const *)inputs, lengths, BATCH_INPUTS, &o, batch) == TL_OK && tl_last_error()[0] == '\0',
               "%s: batch (pooling %d, normalize %d, loops %d): %s", name, (int)o.pooling, o.normalize, o.loops, tl_last_error());
         size_t at = 0;

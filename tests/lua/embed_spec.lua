@@ -92,7 +92,7 @@ describe("model:embed", function()
             "embed_batch: input 2 must be a string or a table of token ids")
         H.error_contains(function() model:embed_batch({ text, {} }) end, "embed_batch: input 2 has 0 tokens")
         H.error_contains(function() model:embed_batch({ text, { 1, 2.5 } }) end, "token id 2.5 at index 2 must be an integer")
-        H.error_contains(function() model:embed_batch({ { 1 }, { 1, 320 } }) end, "input 1: token id 320 at index 1 is out of range")
+        H.error_contains(function() model:embed_batch({ { 1 }, { 1, 320 } }) end, "embed_batch: input 2: token id 320 at index 1 is out of range")
         H.error_contains(function() model:embed_batch({ text }, { pooling = "max" }) end, "embed_batch: pooling must be")
         H.error_contains(function() model:embed_batch({ text }, { loops = 0 }) end, "embed_batch: loops = 0 must be in")
     end)
@@ -165,6 +165,76 @@ describe("request.parse_embeddings", function()
         local body, err = request.parse_embeddings("[1]", model, "textmodel")
         assert.is_nil(body)
         assert.equal(400, err.status)
+    end)
+end)
+
+describe("request.parse_rerank and request.parse_score", function()
+    local function rerank(t) return request.parse_rerank(type(t) == "string" and t or cjson.encode(t), model, "textmodel") end
+    local function score(t) return request.parse_score(type(t) == "string" and t or cjson.encode(t), model, "textmodel") end
+
+    it("reads a query and its documents (texts or Cohere's objects), with the embedding fields", function()
+        local r = assert(rerank({ model = "textmodel", query = "Emma", documents = { "It is", { text = "a truth" } }, top_n = 1,
+                                  return_documents = false, loops = 1, pooling = "last" }))
+        assert.same({ model:encode("Emma"), model:encode("It is"), model:encode("a truth") }, r.inputs)
+        assert.same({ "It is", "a truth" }, r.texts)
+        assert.equal(#r.inputs[1] + #r.inputs[2] + #r.inputs[3], r.tokens)
+        assert.same({ 1, false, 1, "last" }, { r.top_n, r.return_documents, r.loops, r.pooling })
+        -- defaults: every document, with its text, at the model's depth, mean-pooled; top_n past
+        -- the documents is all of them
+        r = assert(rerank({ query = "Emma", documents = { "a", "b" }, top_n = 5 }))
+        assert.same({ 2, true, model.default_loops, "mean" }, { r.top_n, r.return_documents, r.loops, r.pooling })
+        -- truncate_prompt_tokens keeps each text's last tokens
+        r = assert(rerank({ query = "It is a truth", documents = { "universally acknowledged" }, truncate_prompt_tokens = 1 }))
+        assert.same({ { H.slice(model:encode("It is a truth"), #model:encode("It is a truth")) }, 1 }, { { r.inputs[1] }, #r.inputs[2] })
+    end)
+
+    it("pairs text_1 with text_2 1:1, 1:N and N:N", function()
+        local r = assert(score({ text_1 = "a", text_2 = "b" }))
+        assert.same({ { 1, 2 } }, r.pairs)
+        r = assert(score({ text_1 = "a", text_2 = { "b", "c", "d" } }))
+        assert.same({ { 1, 2 }, { 1, 3 }, { 1, 4 } }, r.pairs)
+        assert.same({ model:encode("a"), model:encode("b"), model:encode("c"), model:encode("d") }, r.inputs)
+        r = assert(score({ text_1 = { "a" }, text_2 = { "b", "c" } })) -- (a list of one is 1:N)
+        assert.same({ { 1, 2 }, { 1, 3 } }, r.pairs)
+        r = assert(score({ text_1 = { "a", "b" }, text_2 = { "c", "d" }, loops = 2 }))
+        assert.same({ { { 1, 3 }, { 2, 4 } }, 2 }, { r.pairs, r.loops })
+    end)
+
+    it("refuses bad input, naming the field", function()
+        local long = {}
+        for i = 1, 129 do long[i] = "Emma" end
+        local many = {}
+        for i = 1, 2048 do many[i] = "a" end
+        H.refuses(function(body) return request.parse_rerank(body, model, "textmodel") end, {
+            { '{"documents": ["a"]}', "query", "query is required" },
+            { '{"query": "a"}', "documents", "documents is required" },
+            { '{"query": "a", "documents": []}', "documents", "documents must be a non-empty array" },
+            { '{"query": "a", "documents": {"x": "b"}}', "documents", "documents must be a non-empty array" },
+            { '{"query": "a", "documents": ["b", 5]}', "documents", 'documents[1] must be a text or {"text": ...}' },
+            { '{"query": "a", "documents": ["b", {"content": "c"}]}', "documents", "documents[1] must be a text" },
+            { '{"query": "a", "documents": ["b", ""]}', "documents", "documents[1] must not be empty" },
+            { '{"query": "", "documents": ["b"]}', "query", "query must not be empty" },
+            { '{"query": 5, "documents": ["b"]}', "query", "query must be a string" },
+            { '{"query": "a", "documents": ["b"], "top_n": 0}', "top_n", "top_n must be >= 1" },
+            { '{"query": "a", "documents": ["b"], "pooling": "max"}', "pooling", 'pooling must be "mean" or "last"' },
+            { '{"query": "a", "documents": ["b"], "loops": 9}', "loops", "loops must be in [1, 4]" },
+            { '{"query": "a", "documents": ["b"], "rank_fields": ["x"]}', "rank_fields", "unknown field 'rank_fields'" },
+            { '{"query": "a", "documents": ["b"], "model": "bge-reranker"}', "model", "not served here" },
+            { cjson.encode({ query = "a", documents = { table.concat(long, " ") } }), "documents", "over this model's context" },
+            { cjson.encode({ query = "a", documents = many }), "documents", "at most 2047 a request" },
+        })
+        H.refuses(function(body) return request.parse_score(body, model, "textmodel") end, {
+            { '{"text_2": "a"}', "text_1", "text_1 is required" },
+            { '{"text_1": "a"}', "text_2", "text_2 is required" },
+            { '{"text_1": 5, "text_2": "a"}', "text_1", "text_1 must be a text or a non-empty array of texts" },
+            { '{"text_1": "a", "text_2": []}', "text_2", "text_2 must be a text or a non-empty array of texts" },
+            { '{"text_1": "a", "text_2": ["b", 3]}', "text_2", "text_2[1] must be a text" },
+            { '{"text_1": ["a", "b"], "text_2": ["c"]}', "text_2", "want 1:1, 1:N or N:N" },
+            { '{"text_1": ["a", "b"], "text_2": "c"}', "text_2", "want 1:1, 1:N or N:N" },
+            { '{"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 0}', "truncate_prompt_tokens", "-1 or in [1, 128]" },
+            { cjson.encode({ text_1 = "a", text_2 = many }), "text_2", "2049 texts in all: at most 2048" },
+            { '{"text_1": "a", "text_2": "b", "encoding_format": "float"}', "encoding_format", "unknown field" },
+        })
     end)
 end)
 

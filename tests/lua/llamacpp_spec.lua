@@ -36,6 +36,10 @@ describe("llamacpp.to_completions", function()
         -- n_probs: /v1/completions' logprobs (0: none); post_sampling_probs false is llama.cpp's default
         assert.same({ 3, nil }, { completions_of('{"prompt": "a", "n_probs": 3, "post_sampling_probs": false}').logprobs,
                                   completions_of('{"prompt": "a", "n_probs": 0}').logprobs })
+        -- past the engine's 20 alternatives, 20 (llama.cpp takes any count); post_sampling_probs
+        -- without n_probs changes nothing
+        assert.same({ 20, nil }, { completions_of('{"prompt": "a", "n_probs": 100}').logprobs,
+                                   completions_of('{"prompt": "a", "post_sampling_probs": true}').logprobs })
         -- json_schema and grammar; logit_bias in both of llama.cpp's forms
         local _, text = completions_of('{"prompt": "a", "json_schema": {"type": "object", "properties": {"b": {"type": "integer"}}}}')
         assert.equal('{"type": "object", "properties": {"b": {"type": "integer"}}}',
@@ -74,9 +78,8 @@ describe("llamacpp.to_completions", function()
             { '{"prompt": "a", "n_predict": 1.5}', "n_predict", "n_predict must be an integer" },
             { '{"prompt": "a", "temperature": "hot"}', "temperature", "temperature must be a number" },
             { '{"prompt": "a", "mirostat": 2}', "mirostat", "mirostat is not supported here (only values that turn it off: 0)" },
-            { '{"prompt": "a", "n_probs": 21}', "n_probs", "n_probs must be an integer in 0 .. 20" },
-            { '{"prompt": "a", "n_probs": -1}', "n_probs", "n_probs must be an integer in 0 .. 20" },
-            { '{"prompt": "a", "n_probs": 1.5}', "n_probs", "n_probs must be an integer in 0 .. 20" },
+            { '{"prompt": "a", "n_probs": -1}', "n_probs", "n_probs must be an integer >= 0" },
+            { '{"prompt": "a", "n_probs": 1.5}', "n_probs", "n_probs must be an integer >= 0" },
             { '{"prompt": "a", "n_probs": 2, "post_sampling_probs": true}', "post_sampling_probs", "only false is taken here" },
             { '{"prompt": "a", "typical_p": 0.5}', "typical_p", "typical_p is not supported" },
             { '{"prompt": "a", "top_n_sigma": 1.5}', "top_n_sigma", "<= 0" },
@@ -124,6 +127,12 @@ describe("llamacpp view", function()
         assert.same(with.choices[1].logprobs.content, cjson.decode(text).completion_probabilities)
         assert.truthy(text:find('"completion_probabilities":[{"id":5,"token":"Hi","bytes":[72,105],"logprob":-0.5,"top_logprobs":[{"id":5,', 1, true))
         assert.truthy(text:find('"top_logprobs":[]}]', 1, true))
+        -- a token of probability 0 (null from the completions path): llama.cpp's lowest float
+        with.choices[1].logprobs.content[2].logprob = cjson.null
+        assert.equal(-3.4028234663852886e+38, cjson.decode(view:response(cjson.encode(with))).completion_probabilities[2].logprob)
+        -- no tokens, no field
+        with.choices[1].logprobs.content = {}
+        assert.is_nil(cjson.decode(view:response(cjson.encode(with))).completion_probabilities)
         -- tokens only where asked
         _, _, view = completions_of('{"prompt": "a"}')
         assert.same({}, cjson.decode(view:response(cjson.encode(answer))).tokens)

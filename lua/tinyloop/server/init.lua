@@ -855,8 +855,9 @@ local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids,
         return '{"index":' .. st.index .. "," .. message .. ',"logprobs":' ..
             (figures and chat_logprobs_json(ids, figures) or "null") .. choice_tail(ids, finish_reason, stats, finish_reason and st.stop_reason)
     end
-    -- (a view that reads tokens by id, llama.cpp's, gets the chat API's entries with ids)
-    local logprobs = not figures and "null" or st.logprob_entries and chat_logprobs_json(ids, figures, true)
+    -- (a view that reads tokens by id, llama.cpp's, gets the chat API's entries with ids: for
+    -- the generated tokens; an echoed prompt's, which no such view asks for, stay OpenAI's)
+    local logprobs = not figures and "null" or (st.logprob_entries and not lp_ids) and chat_logprobs_json(ids, figures, true)
         or logprobs_json(st, lp_ids or ids, figures, n_prompt)
     return '{"index":' .. st.index .. ',"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":' .. logprobs ..
         choice_tail(ids, finish_reason, stats, finish_reason and st.stop_reason)
@@ -1520,7 +1521,21 @@ local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, 
     end
     give_back()
     metrics.incr("tokens_embedded", tokens)
-    return concat(parts, ",")
+    return concat(parts, shape == "raw" and "" or ",")
+end
+
+-- The cosines of `pairs` ({i, j}: 1-based inputs) of the unit vectors in `raw` (embed_text's
+-- "raw": float32 bytes, d a vector), each a sum in double: a few thousand dot products,
+-- microseconds each, on the event loop.
+local function cosines(raw, d, pairs_)
+    local vectors = ffi_cast("const float *", raw)
+    local scores = {}
+    for k, pair in ipairs(pairs_) do
+        local a, b, dot = vectors + (pair[1] - 1) * d, vectors + (pair[2] - 1) * d, 0
+        for j = 0, d - 1 do dot = dot + a[j] * b[j] end
+        scores[k] = dot
+    end
+    return scores
 end
 
 -- POST /v1/embeddings (OpenAI's): {"object": "list", "data": [{"object": "embedding", "index",
@@ -1534,6 +1549,53 @@ function _M.embeddings()
     if not data then return end
     return send_json(200, '{"object":"list","data":[' .. data .. '],"model":' .. encode(conf.model_id) ..
         ',"usage":{"prompt_tokens":' .. req.tokens .. ',"total_tokens":' .. req.tokens .. "}}")
+end
+
+-- POST /v1/rerank (also /rerank, /v2/rerank: vLLM's, Jina's and Cohere's clients): the
+-- documents by the cosine of their embedding with the query's, best first, the top_n of
+-- them: {"id", "model", "usage": {"total_tokens"}, "results": [{"index", "relevance_score",
+-- "document": {"text"}}]}.
+function _M.rerank()
+    local body = post_body()
+    if not body then return end
+    local req, err = request.parse_rerank(body, model, conf.model_id)
+    if not req then return send_error(err.status, err.message, err.param, err.type) end
+    local raw = embed_text(req.inputs, req.tokens, req.loops, req.pooling, true, "float", "raw", send_error)
+    if not raw then return end
+    local pairs_ = {}
+    for i = 1, #req.texts do pairs_[i] = { 1, i + 1 } end
+    local scores, order = cosines(raw, model.d_model, pairs_), {}
+    for i = 1, #req.texts do order[i] = i end
+    table.sort(order, function(a, b) return scores[a] > scores[b] or (scores[a] == scores[b] and a < b) end)
+    local results = {}
+    for rank = 1, req.top_n do
+        local i = order[rank]
+        results[rank] = '{"index":' .. (i - 1) .. ',"relevance_score":' .. encode(scores[i]) ..
+            (req.return_documents and (',"document":{"text":' .. encode(req.texts[i]) .. "}") or "") .. "}"
+    end
+    next_request = next_request + 1
+    return send_json(200, '{"id":"rerank-' .. worker_tag .. "-" .. next_request .. '","model":' .. encode(conf.model_id) ..
+        ',"usage":{"total_tokens":' .. req.tokens .. '},"results":[' .. concat(results, ",") .. "]}")
+end
+
+-- POST /v1/score (also /score: vLLM's): text_1 against text_2 (1:1, 1:N or N:N), each pair's
+-- score the cosine of their embeddings: {"id", "object": "list", "created", "model", "data":
+-- [{"index", "object": "score", "score"}], "usage"}.
+function _M.score()
+    local body = post_body()
+    if not body then return end
+    local req, err = request.parse_score(body, model, conf.model_id)
+    if not req then return send_error(err.status, err.message, err.param, err.type) end
+    local raw = embed_text(req.inputs, req.tokens, req.loops, req.pooling, true, "float", "raw", send_error)
+    if not raw then return end
+    local data = {}
+    for k, score in ipairs(cosines(raw, model.d_model, req.pairs)) do
+        data[k] = '{"index":' .. (k - 1) .. ',"object":"score","score":' .. encode(score) .. "}"
+    end
+    next_request = next_request + 1
+    return send_json(200, '{"id":"score-' .. worker_tag .. "-" .. next_request .. '","object":"list","created":' .. ngx.time() ..
+        ',"model":' .. encode(conf.model_id) .. ',"data":[' .. concat(data, ",") .. '],"usage":{"prompt_tokens":' .. req.tokens ..
+        ',"total_tokens":' .. req.tokens .. "}}")
 end
 
 -- ------------------------------------------------------------------ llama.cpp's API

@@ -44,7 +44,7 @@ local OFF = {
     xtc_probability = { function(v) return v <= 0 end, "<= 0" }, top_n_sigma = { function(v) return v <= 0 end, "<= 0" },
 }
 local UNSET_SEED = { [-1] = true, [4294967295] = true } -- (llama.cpp's "random", either way it is spelled)
-_M.MAX_PROBS = 20 -- n_probs' most: the engine's TL_MAX_TOP_LOGPROBS
+_M.MAX_PROBS = 20 -- the most alternatives n_probs gives: the engine's TL_MAX_TOP_LOGPROBS
 
 -- to_completions(body) -> the /v1/completions body that means the same, and its view; or nil,
 -- err (the field named).
@@ -93,15 +93,14 @@ function _M.to_completions(body)
     -- n_probs: each generated token's log-probability and the n_probs likeliest tokens there
     -- (completion_probabilities), the model's own before sampling: llama.cpp's default
     -- post_sampling_probs false (its true, the sampler's truncated distribution, is not kept)
+    -- (llama.cpp takes any count: past MAX_PROBS, the MAX_PROBS likeliest are given)
     if t.n_probs ~= nil then
-        if not KIND_OK.integer(t.n_probs) or t.n_probs < 0 or t.n_probs > _M.MAX_PROBS then
-            return bad(("n_probs must be an integer in 0 .. %d"):format(_M.MAX_PROBS), "n_probs")
-        end
-        if t.n_probs > 0 then members[#members + 1] = { "logprobs", shapes.integer(t.n_probs) } end
+        if not KIND_OK.integer(t.n_probs) or t.n_probs < 0 then return bad("n_probs must be an integer >= 0", "n_probs") end
+        if t.n_probs > 0 then members[#members + 1] = { "logprobs", shapes.integer(math.min(t.n_probs, _M.MAX_PROBS)) } end
     end
-    if t.post_sampling_probs ~= nil and t.post_sampling_probs ~= false then
-        return bad("post_sampling_probs: only false is taken here (the probabilities given are the model's, before " ..
-                   "sampling)", "post_sampling_probs")
+    if t.post_sampling_probs ~= nil and t.post_sampling_probs ~= false and (t.n_probs or 0) > 0 then
+        return bad("post_sampling_probs: only false is taken here with n_probs (the probabilities given are the model's, " ..
+                   "before sampling)", "post_sampling_probs")
     end
     local n_predict = t.n_predict
     if n_predict == nil then n_predict = t.max_tokens end -- (llama.cpp reads either)
@@ -217,11 +216,14 @@ end
 -- llama.cpp's completion_probabilities of a choice's logprobs (the chat API's entries with
 -- ids: {"content": [...]}), its field order: [{"id", "token", "bytes", "logprob",
 -- "top_logprobs": [{"id", "token", "bytes", "logprob"}]}]; nil where the choice has none.
+-- (a token of probability 0: llama.cpp's logprob is the lowest float, not -infinity, which the
+-- completions path writes as null)
+local LOWEST_FLOAT = "-3.4028234663852886e+38"
 local function probabilities(logprobs)
-    if type(logprobs) ~= "table" or type(logprobs.content) ~= "table" then return nil end
+    if type(logprobs) ~= "table" or type(logprobs.content) ~= "table" or #logprobs.content == 0 then return nil end
     local function entry(e)
         return '{"id":' .. shapes.integer(e.id) .. ',"token":' .. encode(e.token) .. ',"bytes":[' .. concat(e.bytes, ",") ..
-            '],"logprob":' .. encode(e.logprob)
+            '],"logprob":' .. (type(e.logprob) == "number" and encode(e.logprob) or LOWEST_FLOAT)
     end
     local entries = {}
     for i, e in ipairs(logprobs.content) do

@@ -1234,6 +1234,26 @@ function _M.fit_inputs(list, model, field, keep_last, keep_first)
     return list
 end
 
+-- The embedding fields every embeddings-based request shares: vLLM's truncate_prompt_tokens
+-- (-1: the context) and TinyLoop's loops and pooling -> { keep (nil: none), loops (left out:
+-- the model's default), pooling } | nil, err.
+local function embedding_options(t, model)
+    local keep = t.truncate_prompt_tokens
+    if keep ~= nil then
+        if keep == -1 then keep = model.max_seq_len end
+        if keep < 1 or keep > model.max_seq_len then
+            return bad(("truncate_prompt_tokens must be -1 or in [1, %d]"):format(model.max_seq_len), "truncate_prompt_tokens")
+        end
+    end
+    local pooling = t.pooling or "mean"
+    if pooling ~= "mean" and pooling ~= "last" then return bad('pooling must be "mean" or "last"', "pooling") end
+    local loops = t.loops
+    if loops ~= nil and (loops < 1 or loops > model.max_loops) then
+        return bad(("loops must be in [1, %d]"):format(model.max_loops), "loops")
+    end
+    return { keep = keep, loops = loops or model.default_loops, pooling = pooling }
+end
+
 -- parse_embeddings(body, model, model_id) -> { inputs (id lists), tokens (their total),
 -- encoding ("float" | "base64"), loops, pooling, normalize } | nil, err: a POST
 -- /v1/embeddings body (OpenAI's, with vLLM's truncate_prompt_tokens).
@@ -1249,23 +1269,124 @@ function _M.parse_embeddings(body, model, model_id)
     local ok
     ok, e = _M.check_dimensions(model, t.dimensions)
     if not ok then return nil, e end
-    local keep = t.truncate_prompt_tokens
-    if keep ~= nil then
-        if keep == -1 then keep = model.max_seq_len end
-        if keep < 1 or keep > model.max_seq_len then
-            return bad(("truncate_prompt_tokens must be -1 or in [1, %d]"):format(model.max_seq_len), "truncate_prompt_tokens")
-        end
-    end
-    local inputs, tokens = _M.embedding_inputs(model, t.input, "input", keep)
+    local o
+    o, e = embedding_options(t, model)
+    if not o then return nil, e end
+    local inputs, tokens = _M.embedding_inputs(model, t.input, "input", o.keep)
     if not inputs then return nil, tokens end
-    local pooling = t.pooling or "mean"
-    if pooling ~= "mean" and pooling ~= "last" then return bad('pooling must be "mean" or "last"', "pooling") end
-    local loops = t.loops
-    if loops ~= nil and (loops < 1 or loops > model.max_loops) then
-        return bad(("loops must be in [1, %d]"):format(model.max_loops), "loops")
-    end
-    return { inputs = inputs, tokens = tokens, encoding = encoding, loops = loops or model.default_loops, pooling = pooling,
+    return { inputs = inputs, tokens = tokens, encoding = encoding, loops = o.loops, pooling = o.pooling,
              normalize = t.normalize ~= false }
+end
+
+-- ------------------------------------------------------------------ rerank and score
+
+-- The similarity endpoints read the model as an embedding model does (vLLM's rule for one):
+-- a pair's score is the cosine of their embeddings.
+local RERANK_FIELDS = { -- POST /v1/rerank (vLLM's, Jina's and Cohere's shape)
+    model = { "string", false },
+    query = { "string", false },
+    documents = { "array", false },        -- texts, or {"text": ...} objects (Cohere's)
+    top_n = { "integer", false },          -- the best n (default: every document)
+    return_documents = { "boolean", false }, -- each result's {"text"} (default true)
+    truncate_prompt_tokens = { "integer", false },
+    loops = { "integer", false },
+    pooling = { "string", false },
+}
+local SCORE_FIELDS = { -- POST /v1/score (vLLM's): text_1 against text_2, 1:1, 1:N or N:N
+    model = { "string", false },
+    text_1 = { "any", false },
+    text_2 = { "any", false },
+    truncate_prompt_tokens = { "integer", false },
+    loops = { "integer", false },
+    pooling = { "string", false },
+}
+
+-- A field's texts: a text, or an array of them -> the list, whether it was a single text |
+-- nil, err.
+local function texts_of(v, field)
+    if type(v) == "string" then return { v }, true end
+    local n = type(v) == "table" and #v or 0
+    for k in pairs(type(v) == "table" and v or {}) do
+        if not is_integer(k) or k < 1 or k > n then n = 0 break end
+    end
+    if n == 0 then return bad(field .. " must be a text or a non-empty array of texts", field) end
+    for i, item in ipairs(v) do
+        if type(item) ~= "string" then return bad(("%s[%d] must be a text"):format(field, i - 1), field) end
+    end
+    return v, false
+end
+
+-- parse_rerank(body, model, model_id) -> { inputs (the query's ids, then each document's),
+-- tokens, texts (the documents'), top_n, return_documents, loops, pooling } | nil, err.
+function _M.parse_rerank(body, model, model_id)
+    local t, e = endpoint_body(body, RERANK_FIELDS, model_id)
+    if not t then return nil, e end
+    if t.query == nil then return bad("query is required", "query") end
+    if t.documents == nil then return bad("documents is required", "documents") end
+    if #t.documents == 0 then return bad("documents must be a non-empty array", "documents") end
+    for k in pairs(t.documents) do
+        if not is_integer(k) or k < 1 or k > #t.documents then return bad("documents must be a non-empty array", "documents") end
+    end
+    local most = _M.max_embedding_inputs(model.d_model) - 1
+    if #t.documents > most then
+        return bad(("documents has %d items: at most %d a request"):format(#t.documents, most), "documents")
+    end
+    local texts = {}
+    for i, doc in ipairs(t.documents) do
+        if type(doc) == "table" and type(doc.text) == "string" then doc = doc.text end
+        if type(doc) ~= "string" then
+            return bad(('documents[%d] must be a text or {"text": ...}'):format(i - 1), "documents")
+        end
+        texts[i] = doc
+    end
+    if t.top_n ~= nil and t.top_n < 1 then return bad("top_n must be >= 1", "top_n") end
+    local o
+    o, e = embedding_options(t, model)
+    if not o then return nil, e end
+    local query, query_tokens = _M.embedding_inputs(model, t.query, "query", o.keep)
+    if not query then return nil, query_tokens end
+    local docs, doc_tokens = _M.embedding_inputs(model, texts, "documents", o.keep)
+    if not docs then return nil, doc_tokens end
+    local inputs = { query[1] }
+    for i, ids in ipairs(docs) do inputs[i + 1] = ids end
+    return { inputs = inputs, tokens = query_tokens + doc_tokens, texts = texts, top_n = math.min(t.top_n or #texts, #texts),
+             return_documents = t.return_documents ~= false, loops = o.loops, pooling = o.pooling }
+end
+
+-- parse_score(body, model, model_id) -> { inputs (text_1's ids, then text_2's), tokens, pairs
+-- ({i, j}: inputs i and j, 1-based, one a score in order) , loops, pooling } | nil, err.
+function _M.parse_score(body, model, model_id)
+    local t, e = endpoint_body(body, SCORE_FIELDS, model_id)
+    if not t then return nil, e end
+    for _, field in ipairs({ "text_1", "text_2" }) do
+        if t[field] == nil then return bad(field .. " is required", field) end
+    end
+    local first, second
+    first, e = texts_of(t.text_1, "text_1")
+    if not first then return nil, e end
+    second, e = texts_of(t.text_2, "text_2")
+    if not second then return nil, e end
+    if #first > 1 and #first ~= #second then
+        return bad(("text_1 has %d texts and text_2 %d: want 1:1, 1:N or N:N"):format(#first, #second), "text_2")
+    end
+    local most = _M.max_embedding_inputs(model.d_model)
+    if #first + #second > most then
+        return bad(("text_1 and text_2 have %d texts in all: at most %d a request"):format(#first + #second, most), "text_2")
+    end
+    local o
+    o, e = embedding_options(t, model)
+    if not o then return nil, e end
+    local a, a_tokens = _M.embedding_inputs(model, first, "text_1", o.keep)
+    if not a then return nil, a_tokens end
+    local b, b_tokens = _M.embedding_inputs(model, second, "text_2", o.keep)
+    if not b then return nil, b_tokens end
+    local inputs, pairs_ = {}, {}
+    for i, ids in ipairs(a) do inputs[i] = ids end
+    for j, ids in ipairs(b) do
+        inputs[#a + j] = ids
+        pairs_[j] = { #a == 1 and 1 or j, #a + j }
+    end
+    return { inputs = inputs, tokens = a_tokens + b_tokens, pairs = pairs_, loops = o.loops, pooling = o.pooling }
 end
 
 -- A request's dimensions (OpenAI's and Ollama's) -> true where it is the model's (or none):

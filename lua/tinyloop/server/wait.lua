@@ -59,8 +59,9 @@ local POOLING = { mean = 0, last = 1 } -- TL_POOLING_MEAN, TL_POOLING_LAST
 -- request's, the first of which is its input `first` (0-based); d: d_model; as "float" (a
 -- vector is a JSON array) or "base64" (its float32 bytes, little-endian as this machine's,
 -- base64, a JSON string); shape "openai" (each vector in {"object": "embedding", "index",
--- "embedding"}) or "ollama" (the bare vector). -> the slice's entries' JSON text, joined by
--- commas | nil, the message.
+-- "embedding"}) or "ollama" (the bare vector), or "raw": the vectors' float32 bytes, one after
+-- another (the similarity endpoints' scores). -> the slice's entries' JSON text, joined by
+-- commas (raw: the bytes) | nil, the message.
 function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, pooling, normalize, as, shape, first)
     local embed_fn = function_at(fn_addr, "int (*)(const void *, const int32_t *const *, const int *, int, const void *, float *)")
     local error_fn = function_at(last_error_addr, LAST_ERROR)
@@ -76,17 +77,21 @@ function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, poolin
     end
     local vectors = ffi.new("float[?]", count * d)
     if tonumber(embed_fn(cast("void *", model_addr), pointers, lengths, count, opts, vectors)) ~= 0 then
-        return nil, ffi.string(error_fn()) -- (this thread's message)
+        -- (this thread's message, naming the input as the request counts it, not the slice)
+        return nil, (ffi.string(error_fn()):gsub("input (%d+)", function(i) return "input " .. (first + i) end, 1))
     end
+    for i = 0, count * d - 1 do
+        local x = vectors[i]
+        if x ~= x or x == math.huge or x == -math.huge then
+            return nil, ("the model gave a non-finite embedding (input %d)"):format(first + math.floor(i / d))
+        end
+    end
+    if shape == "raw" then return ffi.string(vectors, count * d * 4) end -- (the float32 bytes, for the scores)
     local entries, numbers, format = {}, {}, string.format
     for i = 1, count do
         local vector = vectors + (i - 1) * d
-        for j = 0, d - 1 do
-            local x = vector[j]
-            if x ~= x or x == math.huge or x == -math.huge then
-                return nil, ("the model gave a non-finite embedding (input %d)"):format(first + i - 1)
-            end
-            if as == "float" then numbers[j + 1] = format("%.9g", x) end -- (float32's round trip)
+        if as == "float" then
+            for j = 0, d - 1 do numbers[j + 1] = format("%.9g", vector[j]) end -- (float32's round trip)
         end
         local text = as == "base64" and ('"' .. ngx.encode_base64(ffi.string(vector, d * 4)) .. '"')
             or ("[" .. table.concat(numbers, ",", 1, d) .. "]")
