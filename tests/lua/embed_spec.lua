@@ -183,6 +183,15 @@ describe("request.parse_rerank and request.parse_score", function()
         -- the documents is all of them
         r = assert(rerank({ query = "Emma", documents = { "a", "b" }, top_n = 5 }))
         assert.same({ 2, true, model.default_loops, "mean" }, { r.top_n, r.return_documents, r.loops, r.pooling })
+        -- top_n 0 is every document (vLLM's default); what Cohere's SDK sends (nulls, the
+        -- chunking fields at their defaults) is taken; max_tokens_per_doc keeps each
+        -- document's first k tokens (the query whole)
+        assert.equal(2, assert(rerank({ query = "Emma", documents = { "a", "b" }, top_n = 0 })).top_n)
+        r = assert(rerank('{"model": "textmodel", "query": "Emma", "documents": ["It is a truth"], "top_n": null, ' ..
+                          '"max_tokens_per_doc": null, "rank_fields": ["text"], "return_documents": null, "max_chunks_per_doc": 1}'))
+        assert.same({ model:encode("Emma"), model:encode("It is a truth") }, r.inputs)
+        r = assert(rerank({ query = "It is a truth", documents = { "It is a truth" }, max_tokens_per_doc = 2 }))
+        assert.same({ model:encode("It is a truth"), H.slice(model:encode("It is a truth"), 1, 2) }, r.inputs)
         -- truncate_prompt_tokens keeps each text's last tokens
         r = assert(rerank({ query = "It is a truth", documents = { "universally acknowledged" }, truncate_prompt_tokens = 1 }))
         assert.same({ { H.slice(model:encode("It is a truth"), #model:encode("It is a truth")) }, 1 }, { { r.inputs[1] }, #r.inputs[2] })
@@ -215,10 +224,12 @@ describe("request.parse_rerank and request.parse_score", function()
             { '{"query": "a", "documents": ["b", ""]}', "documents", "documents[1] must not be empty" },
             { '{"query": "", "documents": ["b"]}', "query", "query must not be empty" },
             { '{"query": 5, "documents": ["b"]}', "query", "query must be a string" },
-            { '{"query": "a", "documents": ["b"], "top_n": 0}', "top_n", "top_n must be >= 1" },
+            { '{"query": "a", "documents": ["b"], "max_tokens_per_doc": 0}', "max_tokens_per_doc", "max_tokens_per_doc must be >= 1" },
+            { '{"query": "a", "documents": ["b"], "max_chunks_per_doc": 2}', "max_chunks_per_doc", "not supported (only 1, or null)" },
             { '{"query": "a", "documents": ["b"], "pooling": "max"}', "pooling", 'pooling must be "mean" or "last"' },
             { '{"query": "a", "documents": ["b"], "loops": 9}', "loops", "loops must be in [1, 4]" },
-            { '{"query": "a", "documents": ["b"], "rank_fields": ["x"]}', "rank_fields", "unknown field 'rank_fields'" },
+            { '{"query": "a", "documents": ["b"], "rank_fields": ["x"]}', "rank_fields", 'not supported (only ["text"], or null)' },
+            { '{"query": "a", "documents": ["b"], "rerank": true}', "rerank", "unknown field 'rerank'" },
             { '{"query": "a", "documents": ["b"], "model": "bge-reranker"}', "model", "not served here" },
             { cjson.encode({ query = "a", documents = { table.concat(long, " ") } }), "documents", "over this model's context" },
             { cjson.encode({ query = "a", documents = many }), "documents", "at most 2047 a request" },

@@ -53,6 +53,37 @@ describe("llamacpp.to_completions", function()
         assert.same({ "root ::= \"x\"", nil }, { t.grammar, t.response_format })
     end)
 
+    it("tokenizes what llama.cpp tokenizes itself: texts mixed into a prompt's ids, logit_bias by text", function()
+        local model = H.model()
+        local function tokenize(text) return model:encode(text) end
+        local function of(body)
+            local text, err = llamacpp.to_completions(body, tokenize)
+            assert(text, err and err.message)
+            return cjson.decode(text)
+        end
+        -- a prompt of ids and texts: each text's ids in its place, an empty text none
+        local want = { 5, 6 }
+        for _, id in ipairs(model:encode("It is")) do want[#want + 1] = id end
+        want[#want + 1] = 7
+        for _, id in ipairs(model:encode(" a truth")) do want[#want + 1] = id end
+        assert.same(want, of('{"prompt": [5, 6, "It is", 7, "", " a truth"]}').prompt)
+        -- a logit_bias text: its bias on each of its tokens (added where one comes twice, as
+        -- llama.cpp's sampler adds its entries), in either form
+        local ids = model:encode("Emma")
+        local bias = {}
+        for _, id in ipairs(ids) do bias[tostring(id)] = (bias[tostring(id)] or 0) - 2 end
+        assert.same(bias, of('{"prompt": "a", "logit_bias": [["Emma", -2]]}').logit_bias)
+        assert.same(bias, of('{"prompt": "a", "logit_bias": {"Emma": -2}}').logit_bias)
+        bias[tostring(ids[1])] = bias[tostring(ids[1])] + 1
+        assert.same(bias, of(('{"prompt": "a", "logit_bias": [["Emma", -2], [%d, 1]]}'):format(ids[1])).logit_bias)
+        -- without a tokenizer, both are refused, named
+        H.refuses(function(body) return llamacpp.to_completions(body) end, {
+            { '{"prompt": [1, "a"]}', "prompt", "texts mixed with token ids need the model's tokenizer" },
+            { '{"prompt": "a", "logit_bias": [["Hello", -1]]}', "logit_bias", "logit_bias[0]: a text needs the model's tokenizer" },
+            { '{"prompt": "a", "logit_bias": {"Hello": -1}}', "logit_bias", 'logit_bias["Hello"]: a text needs the model' },
+        })
+    end)
+
     it("takes what SillyTavern sends llama.cpp by default", function()
         -- (its text-completion request for llama.cpp, at its neutral settings)
         local t = completions_of(cjson.encode({
@@ -72,8 +103,8 @@ describe("llamacpp.to_completions", function()
         H.refuses(function(body) return llamacpp.to_completions(body) end, {
             { "{}", "prompt", "prompt is required" },
             { '{"prompt": 5}', "prompt", "prompt must be a text or an array of token ids" },
-            { '{"prompt": ["a", "b"]}', "prompt", "batches of prompts, are not taken" },
-            { '{"prompt": [1, "a", 3]}', "prompt", "prompt[1]: a prompt is a text or an array of token ids" },
+            { '{"prompt": ["a", "b"]}', "prompt", "an array of texts is a batch of prompts, which is not taken here" },
+            { '{"prompt": [1, {"a": 1}, 3]}', "prompt", "prompt[1]: a prompt is a text, token ids, or token ids and texts mixed" },
             { '{"prompt": []}', "prompt", "prompt must be a text or an array of token ids" },
             { '{"prompt": "a", "n_predict": 1.5}', "n_predict", "n_predict must be an integer" },
             { '{"prompt": "a", "temperature": "hot"}', "temperature", "temperature must be a number" },
@@ -84,8 +115,7 @@ describe("llamacpp.to_completions", function()
             { '{"prompt": "a", "typical_p": 0.5}', "typical_p", "typical_p is not supported" },
             { '{"prompt": "a", "top_n_sigma": 1.5}', "top_n_sigma", "<= 0" },
             { '{"prompt": "a", "logit_bias": [[1]]}', "logit_bias", "logit_bias[0]: a bias is a number, or false" },
-            { '{"prompt": "a", "logit_bias": [["Hello", -1]]}', "logit_bias", "texts are not taken here" },
-            { '{"prompt": "a", "logit_bias": {"Hello": -1}}', "logit_bias", "texts are not taken here" },
+            { '{"prompt": "a", "logit_bias": [[true, -1]]}', "logit_bias", "logit_bias[0]: a token id, or a text" },
             { '{"prompt": "a", "stop": "x"}', "stop", "stop must be an array of texts" },
             { '{"prompt": "a", "stop": ["x", 5]}', "stop", "stop[1] must be a text" },
         })
@@ -167,3 +197,20 @@ describe("llamacpp view", function()
         assert.same({ code = 400, message = e.message, type = "invalid_request_error" }, cjson.decode(e.body).error)
     end)
 end)
+
+describe("llamacpp.embedding_request", function()
+    it("reads content (or input) and embd_normalize, 2 by default", function()
+        assert.same({ input = "It is", field = "content", norm = 2 }, llamacpp.embedding_request('{"content": "It is", "n_ctx": 5}'))
+        assert.same({ input = { "a", { 1, 2 } }, field = "input", norm = -1 },
+                    llamacpp.embedding_request('{"input": ["a", [1, 2]], "content": "b", "embd_normalize": -1}'))
+        assert.equal(3, llamacpp.embedding_request('{"content": "a", "embd_normalize": 3}').norm)
+        H.refuses(function(body) return llamacpp.embedding_request(body) end, {
+            { "{}", "content", "content is required" },
+            { '{"content": null}', "content", "content is required" },
+            { '{"content": "a", "embd_normalize": -2}', "embd_normalize", "embd_normalize must be an integer >= -1" },
+            { '{"content": "a", "embd_normalize": 1.5}', "embd_normalize", "embd_normalize must be an integer >= -1" },
+            { "[1]", nil, "the request body must be a JSON object" },
+        })
+    end)
+end)
+

@@ -2149,6 +2149,56 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         assert.same({ "word", word, free:sub(1, free:find(word, 1, true) - 1) }, { r.stop_type, r.stopping_word, r.content })
     end)
 
+    it("tokenizes texts mixed into a prompt's ids, and logit_bias by text, as llama.cpp does", function()
+        local m = assert(tinyloop.load(MODEL))
+        local ids = { 17 }
+        for _, id in ipairs(m:encode("It is a truth")) do ids[#ids + 1] = id end
+        local want = ok("/v1/completions", { prompt = ids, max_tokens = 8, temperature = 0 }).choices[1].text
+        assert.equal(want, ok("/completion", { prompt = { 17, "It is a truth" }, n_predict = 8, temperature = 0 }).content)
+        -- a text's tokens banned: the greedy continuation avoids them
+        local first = ok("/completion", { prompt = "It is a truth", n_predict = 1, temperature = 0, return_tokens = true }).tokens[1]
+        local banned = ok("/completion", { prompt = "It is a truth", n_predict = 1, temperature = 0, return_tokens = true,
+                                           logit_bias = { { m:decode({ first }), false } } })
+        assert.are_not.equal(first, banned.tokens[1])
+    end)
+
+    it("answers llama.cpp's own /embedding: [{index, embedding: [[...]]}], scaled by embd_normalize", function()
+        local m = assert(tinyloop.load(MODEL))
+        local text = "It is a truth universally acknowledged"
+        local ffi = require "ffi"
+        local function as_floats(v)
+            local out = {}
+            for i, x in ipairs(v) do out[i] = ffi.new("float[1]", x)[0] end
+            return out
+        end
+        local r = ok("/embedding", { content = text })
+        assert.same({ 1, 0, 1 }, { #r, r[1].index, #r[1].embedding })
+        assert.same(m:embed(text), as_floats(r[1].embedding[1])) -- (euclidean: model:embed's unit vector)
+        r = ok("/embeddings", { content = { text, { 5, 6, 7 } }, embd_normalize = -1 })
+        assert.same({ 0, 1 }, { r[1].index, r[2].index })
+        local raw = m:embed(text, { normalize = false })
+        assert.same(raw, as_floats(r[1].embedding[1]))
+        assert.same(m:embed({ 5, 6, 7 }, { normalize = false }), as_floats(r[2].embedding[1]))
+        -- taxicab and max-absolute: the raw vector scaled (sums in double, as llama.cpp's)
+        local taxicab, largest = 0, 0
+        for _, x in ipairs(raw) do taxicab, largest = taxicab + math.abs(x), math.max(largest, math.abs(x)) end
+        local one = ok("/embedding", { content = text, embd_normalize = 1 })[1].embedding[1]
+        local zero = ok("/embedding", { content = text, embd_normalize = 0 })[1].embedding[1]
+        for j = 1, #raw do
+            assert.is_true(math.abs(one[j] - raw[j] / taxicab) < 1e-6, "taxicab " .. j)
+            assert.is_true(math.abs(zero[j] - raw[j] * 32760 / largest) < 1e-2, "max-absolute " .. j)
+        end
+        -- errors in llama.cpp's shape
+        local status, body = post_to("/embedding", { content = ("Emma "):rep(300) })
+        assert.equal(400, status, body)
+        local e = cjson.decode(body).error
+        assert.same({ 400, "invalid_request_error" }, { e.code, e.type })
+        assert.truthy(e.message:find("over this model's context of 256", 1, true), e.message)
+        status, body = post_to("/embedding", { text = "a" })
+        assert.equal(400, status, body)
+        assert.truthy(cjson.decode(body).error.message:find("content is required", 1, true), body)
+    end)
+
     it("gives n_probs' completion_probabilities: /v1/completions' log-probabilities, by token id", function()
         local req = { prompt = "It is a truth", n_predict = 12, temperature = 0.9, seed = 11, n_probs = 3, return_tokens = true }
         local want = ok("/v1/completions", { prompt = "It is a truth", max_tokens = 12, temperature = 0.9, seed = 11, top_k = 40,
@@ -2216,7 +2266,7 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
             assert.truthy(e.message:find(needle, 1, true), e.message)
         end
         refused({ n_predict = 3 }, "prompt is required")
-        refused({ prompt = { "a", "b" } }, "batches of prompts, are not taken")
+        refused({ prompt = { "a", "b" } }, "an array of texts is a batch of prompts, which is not taken here")
         refused({ prompt = "a", mirostat = 2 }, "mirostat is not supported")
         refused({ prompt = "a", n_predict = 4096 * 4, temperature = "x" }, "temperature must be a number")
         refused({ prompt = { 1, 99999 } }, "is not a token id")
@@ -2531,6 +2581,23 @@ describe("embeddings (OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embe
         local top = ok("/v2/rerank", { query = query, documents = docs, top_n = 1, return_documents = false }).results
         assert.same({ { index = r.results[1].index, relevance_score = r.results[1].relevance_score } }, top)
         assert.same(r.results, ok("/rerank", { query = query, documents = docs }).results)
+        -- past one slice of 16 inputs (the query and 24 documents, two of them the same text:
+        -- a tie, in index order)
+        local many = {}
+        for i = 1, 24 do many[i] = ("Chapter %d: %s"):format(i, docs[i % 3 + 1]) end
+        many[20] = many[7]
+        local all = ok("/v1/rerank", { query = query, documents = many }).results
+        assert.equal(24, #all)
+        local place = {}
+        for k, res in ipairs(all) do
+            near(cosine(query, many[res.index + 1]), res.relevance_score, "document " .. res.index)
+            if k > 1 then assert.is_true(res.relevance_score <= all[k - 1].relevance_score) end
+            place[res.index] = k
+        end
+        assert.equal(place[6] + 1, place[19]) -- (the same score: the earlier index first, next to it)
+        -- and score 1:N likewise
+        local scored = ok("/v1/score", { text_1 = query, text_2 = many }).data
+        for i, d in ipairs(scored) do near(cosine(query, many[i]), d.score, "text_2[" .. (i - 1) .. "]") end
     end)
 
     it("scores text_1 against text_2 by the cosine of their embeddings (vLLM's /v1/score)", function()

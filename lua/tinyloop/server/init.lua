@@ -286,7 +286,8 @@ local OLLAMA_PATHS = { ["/api/chat"] = true, ["/api/generate"] = true, ["/api/sh
 local function send_llamacpp_error(status, message, _, etype, headers)
     return send_json(status, llamacpp.error_body(status, tostring(message), etype), headers)
 end
-local LLAMACPP_PATHS = { ["/completion"] = true, ["/completions"] = true, ["/props"] = true }
+local LLAMACPP_PATHS = { ["/completion"] = true, ["/completions"] = true, ["/props"] = true, ["/embedding"] = true,
+                         ["/embeddings"] = true }
 local function send_uri_error(...)
     local path = (ngx.var.request_uri or ngx.var.uri or ""):match("^[^?]*")
     local send = path:find("^/v1/messages") and send_anthropic_error or OLLAMA_PATHS[path] and send_ollama_error or
@@ -351,7 +352,7 @@ end
 
 function _M.not_found()
     return send_uri_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /completion (or /completions), GET /props, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /v1/rerank (or /rerank, /v2/rerank), POST /v1/score (or /score), POST /completion (or /completions), POST /embedding (or /embeddings), GET /props, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
         "/metrics)", nil, "not_found_error")
 end
 
@@ -1480,7 +1481,7 @@ end
 -- a place up to conf.embed_wait_s, then 503. A client that leaves stops its request after the
 -- slice of EMBED_SLICE inputs in hand. -> text | nil (`send` has answered the error).
 local EMBED_SLICE = 16
-local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, send)
+local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, send, name_of, norm)
     if not conf.thread_pool then
         return send(500, "embeddings need nginx's thread pool (thread_pool and lua_worker_thread_vm_pool_size)", nil, "server_error")
     end
@@ -1507,10 +1508,14 @@ local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, 
         local slice = {}
         for i = from, math.min(from + EMBED_SLICE - 1, #inputs) do slice[#slice + 1] = inputs[i] end
         local ok, text, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "embed", embed_addr, last_error_addr,
-                                                model_addr, slice, model.d_model, loops, pooling, normalize, as, shape, from - 1)
+                                                model_addr, slice, model.d_model, loops, pooling, normalize, as, shape, from - 1,
+                                                norm or 2)
         if not ok or not text then
             give_back()
-            return send(500, "embedding failed: " .. tostring(ok and err or text), nil, "server_error")
+            local why = tostring(ok and err or text)
+            -- (wait.embed names inputs by their place in `inputs`, from 0: name_of says what the request called it)
+            if name_of then why = why:gsub("input (%d+)", function(i) return name_of(tonumber(i)) end, 1) end
+            return send(500, "embedding failed: " .. why, nil, "server_error")
         end
         if gone then -- (the client left while the slice ran)
             give_back()
@@ -1560,7 +1565,8 @@ function _M.rerank()
     if not body then return end
     local req, err = request.parse_rerank(body, model, conf.model_id)
     if not req then return send_error(err.status, err.message, err.param, err.type) end
-    local raw = embed_text(req.inputs, req.tokens, req.loops, req.pooling, true, "float", "raw", send_error)
+    local raw = embed_text(req.inputs, req.tokens, req.loops, req.pooling, true, "float", "raw", send_error,
+                           function(i) return i == 0 and "query" or ("documents[%d]"):format(i - 1) end)
     if not raw then return end
     local pairs_ = {}
     for i = 1, #req.texts do pairs_[i] = { 1, i + 1 } end
@@ -1571,7 +1577,7 @@ function _M.rerank()
     for rank = 1, req.top_n do
         local i = order[rank]
         results[rank] = '{"index":' .. (i - 1) .. ',"relevance_score":' .. encode(scores[i]) ..
-            (req.return_documents and (',"document":{"text":' .. encode(req.texts[i]) .. "}") or "") .. "}"
+            (req.return_documents and (',"document":{"text":' .. encode(request.valid_utf8(req.texts[i])) .. "}") or "") .. "}"
     end
     next_request = next_request + 1
     return send_json(200, '{"id":"rerank-' .. worker_tag .. "-" .. next_request .. '","model":' .. encode(conf.model_id) ..
@@ -1586,7 +1592,8 @@ function _M.score()
     if not body then return end
     local req, err = request.parse_score(body, model, conf.model_id)
     if not req then return send_error(err.status, err.message, err.param, err.type) end
-    local raw = embed_text(req.inputs, req.tokens, req.loops, req.pooling, true, "float", "raw", send_error)
+    local raw = embed_text(req.inputs, req.tokens, req.loops, req.pooling, true, "float", "raw", send_error,
+                           function(i) return i < req.first_count and ("text_1[%d]"):format(i) or ("text_2[%d]"):format(i - req.first_count) end)
     if not raw then return end
     local data = {}
     for k, score in ipairs(cosines(raw, model.d_model, req.pairs)) do
@@ -1595,19 +1602,37 @@ function _M.score()
     next_request = next_request + 1
     return send_json(200, '{"id":"score-' .. worker_tag .. "-" .. next_request .. '","object":"list","created":' .. ngx.time() ..
         ',"model":' .. encode(conf.model_id) .. ',"data":[' .. concat(data, ",") .. '],"usage":{"prompt_tokens":' .. req.tokens ..
-        ',"total_tokens":' .. req.tokens .. "}}")
+        ',"total_tokens":' .. req.tokens .. ',"completion_tokens":0}}')
 end
 
 -- ------------------------------------------------------------------ llama.cpp's API
+
+-- What llama.cpp tokenizes itself in a request (texts mixed into a prompt's ids, logit_bias by text).
+local function llamacpp_tokenize(text) return model:encode(text) end
 
 -- POST /completion (llama.cpp's server's): the /v1/completions request it means, answered in
 -- llama.cpp's shape, streamed as data events where asked (tinyloop.server.llamacpp).
 function _M.llamacpp_completion()
     local body = post_body()
     if not body then return end
-    local completions_body, view = llamacpp.to_completions(body)
+    local completions_body, view = llamacpp.to_completions(body, model and model.has_tokenizer and llamacpp_tokenize or nil)
     if not completions_body then return send_llamacpp_error(view.status, view.message, nil, view.type) end
     return serve(false, completions_body, view)
+end
+
+-- POST /embedding (or /embeddings: llama.cpp's own): [{"index", "embedding": [[...]]}], each the
+-- input's mean-pooled vector at the model's depth, scaled by embd_normalize.
+function _M.llamacpp_embedding()
+    local body = post_body()
+    if not body then return end
+    local req, err = llamacpp.embedding_request(body)
+    if not req then return send_llamacpp_error(err.status, err.message, nil, err.type) end
+    local inputs, tokens = request.embedding_inputs(model, req.input, req.field)
+    if not inputs then return send_llamacpp_error(tokens.status, tokens.message, nil, tokens.type) end
+    local entries = embed_text(inputs, tokens, model.default_loops, "mean", req.norm == 2, "float", "llamacpp",
+                               send_llamacpp_error, nil, req.norm)
+    if not entries then return end
+    return send_json(200, "[" .. entries .. "]")
 end
 
 -- GET /props: what llama.cpp's clients read of the server (the context, the slots, the defaults).

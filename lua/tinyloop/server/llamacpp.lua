@@ -16,6 +16,7 @@
 --   local body, view = llamacpp.to_completions(body_text)   -- nil, err: the field named
 --   answer = view:response(completions_json)                -- a blocking answer
 --   view:start_stream(id, created); events = view:feed(chunk_json)
+--   req = llamacpp.embedding_request(body_text)             -- POST /embedding
 local cjson = require "cjson.safe"
 local shapes = require "tinyloop.server.shapes"
 
@@ -46,9 +47,11 @@ local OFF = {
 local UNSET_SEED = { [-1] = true, [4294967295] = true } -- (llama.cpp's "random", either way it is spelled)
 _M.MAX_PROBS = 20 -- the most alternatives n_probs gives: the engine's TL_MAX_TOP_LOGPROBS
 
--- to_completions(body) -> the /v1/completions body that means the same, and its view; or nil,
--- err (the field named).
-function _M.to_completions(body)
+-- to_completions(body[, tokenize]) -> the /v1/completions body that means the same, and its
+-- view; or nil, err (the field named). tokenize(text) -> ids | nil, err: the model's tokenizer, for
+-- what llama.cpp tokenizes itself (a prompt mixing texts and ids, a logit_bias given by text);
+-- without it those are refused.
+function _M.to_completions(body, tokenize)
     if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
     local t, err = cjson.decode(body)
     if err then return bad("the request body is not valid JSON: " .. err, nil) end
@@ -62,16 +65,43 @@ function _M.to_completions(body)
     if prompt == nil then return bad("prompt is required", "prompt") end
     if type(prompt) == "table" then
         if not is_array(prompt) or #prompt == 0 then return bad("prompt must be a text or an array of token ids", "prompt") end
+        -- llama.cpp's forms: ids; ids and texts mixed (one prompt: each text tokenized on its
+        -- own, in place); texts alone (a batch of prompts: not taken here)
+        local texts, ids = 0, 0
         for i, v in ipairs(prompt) do
-            if type(v) ~= "number" then
-                return bad(("prompt[%d]: a prompt is a text or an array of token ids (arrays mixing texts and ids, and " ..
-                            "batches of prompts, are not taken)"):format(i - 1), "prompt")
+            if type(v) == "string" then
+                texts = texts + 1
+            elseif type(v) == "number" then
+                ids = ids + 1
+            else
+                return bad(("prompt[%d]: a prompt is a text, token ids, or token ids and texts mixed"):format(i - 1), "prompt")
             end
+        end
+        if ids == 0 then
+            return bad("prompt: an array of texts is a batch of prompts, which is not taken here: send one prompt a request",
+                       "prompt")
+        end
+        if texts == 0 then
+            members[#members + 1] = { "prompt", raw.prompt }
+        else
+            if not tokenize then return bad("prompt: texts mixed with token ids need the model's tokenizer", "prompt") end
+            local all = {}
+            for i, v in ipairs(prompt) do
+                if type(v) == "number" then
+                    all[#all + 1] = v
+                elseif v ~= "" then
+                    local piece, err = tokenize(v)
+                    if not piece then return bad(("prompt[%d]: %s"):format(i - 1, tostring(err)), "prompt") end
+                    for _, id in ipairs(piece) do all[#all + 1] = id end
+                end
+            end
+            members[#members + 1] = { "prompt", "[" .. concat(all, ",") .. "]" }
         end
     elseif type(prompt) ~= "string" then
         return bad("prompt must be a text or an array of token ids", "prompt")
+    else
+        members[#members + 1] = { "prompt", raw.prompt }
     end
-    members[#members + 1] = { "prompt", raw.prompt }
     if t.grammar == "" then t.grammar = nil end -- (front ends send "": no grammar, as llama.cpp reads it)
     if t.grammar ~= nil then t.json_schema = nil end -- (llama.cpp: a grammar, where given, is the constraint)
     for _, f in ipairs(PASSED) do
@@ -134,13 +164,22 @@ function _M.to_completions(body)
         -- llama.cpp's forms: [[id, bias], ...] or {"id": bias}; false is -100 (OpenAI's floor:
         -- all but never); an id given twice adds up, as llama.cpp adds them
         local sums, order = {}, {}
+        -- (a text, as llama.cpp reads one: the bias goes to each of its tokens)
         local function add(id, v, where)
-            if not KIND_OK.integer(id) then
-                return bad(("%s: a token id (texts are not taken here: give their ids, /tokenize)"):format(where), "logit_bias")
-            end
             if type(v) ~= "number" and v ~= false then return bad(where .. ": a bias is a number, or false", "logit_bias") end
-            if sums[id] == nil then order[#order + 1] = id end
-            sums[id] = (sums[id] or 0) + (v == false and -100 or v)
+            local ids = { id }
+            if type(id) == "string" then
+                if not tokenize then return bad(where .. ": a text needs the model's tokenizer: give token ids", "logit_bias") end
+                local err
+                ids, err = tokenize(id)
+                if not ids then return bad(("%s: %s"):format(where, tostring(err)), "logit_bias") end
+            elseif not KIND_OK.integer(id) then
+                return bad(where .. ": a token id, or a text", "logit_bias")
+            end
+            for _, one in ipairs(ids) do
+                if sums[one] == nil then order[#order + 1] = one end
+                sums[one] = (sums[one] or 0) + (v == false and -100 or v)
+            end
             return true
         end
         local lb = t.logit_bias
@@ -152,8 +191,9 @@ function _M.to_completions(body)
                 if not ok then return nil, e end
             end
         else
-            for key, v in pairs(lb) do
-                local ok, e = add(tonumber(key), v, ("logit_bias[%s]"):format(encode(key)))
+            for key, v in pairs(lb) do -- ("15": an id; any other key, a text)
+                local id = key:match("^%-?%d+$") and tonumber(key) or key
+                local ok, e = add(id, v, ("logit_bias[%s]"):format(encode(key)))
                 if not ok then return nil, e end
             end
         end
@@ -313,6 +353,28 @@ function View:feed(payload)
         out[#out + 1] = { nil, self:object("", {}, self.finish, self.model) }
     end
     return out
+end
+
+-- ------------------------------------------------------------------ /embedding
+
+-- embedding_request(body) -> { input (llama.cpp's content: a text, ids, or an array of
+-- either), norm (embd_normalize: -1 none, 0 the largest to 32760, 1 taxicab, 2 euclidean,
+-- p > 2 the p-norm) } | nil, err: POST /embedding (or /embeddings), llama.cpp's own shape,
+-- whose answer is [{"index", "embedding": [[...]]}] (the server's mean-pooled vector, one
+-- row: llama.cpp nests the rows of a sequence). As llama.cpp does, it reads input where given,
+-- else content, and ignores the fields it does not know.
+function _M.embedding_request(body)
+    if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
+    local t, err = cjson.decode(body)
+    if err then return bad("the request body is not valid JSON: " .. err, nil) end
+    if type(t) ~= "table" or body:match("^%s*%[") then return bad("the request body must be a JSON object", nil) end
+    local field = t.input ~= nil and t.input ~= json_null and "input" or "content"
+    local input = t[field]
+    if input == nil or input == json_null then return bad("content is required", "content") end
+    local norm = t.embd_normalize
+    if norm == nil or norm == json_null then norm = 2 end
+    if not KIND_OK.integer(norm) or norm < -1 then return bad("embd_normalize must be an integer >= -1", "embd_normalize") end
+    return { input = input, field = field, norm = norm }
 end
 
 -- ------------------------------------------------------------------ /props

@@ -1217,15 +1217,16 @@ end
 
 -- The inputs' id lists, each fitted to the context: over it, an error naming the input, or,
 -- with keep_last k (vLLM's truncate_prompt_tokens) its last k tokens, with keep_first (Ollama's
--- truncate) its first max_seq_len. -> list | nil, err.
+-- truncate: true) its first max_seq_len, (Cohere's max_tokens_per_doc: k) its first k or as
+-- many as the context holds. -> list | nil, err.
 function _M.fit_inputs(list, model, field, keep_last, keep_first)
     local limit = model.max_seq_len
     for i, ids in ipairs(list) do
         local n = #ids
         if keep_last and n > keep_last then
             list[i] = slice(ids, n - keep_last + 1, n)
-        elseif keep_first and n > limit then
-            list[i] = slice(ids, 1, limit)
+        elseif keep_first and n > (keep_first == true and limit or math.min(keep_first, limit)) then
+            list[i] = slice(ids, 1, keep_first == true and limit or math.min(keep_first, limit))
         elseif n > limit then
             local at = #list > 1 and ("%s[%d]"):format(field, i - 1) or field
             return bad(("%s has %d tokens, over this model's context of %d"):format(at, n, limit), field)
@@ -1286,11 +1287,17 @@ local RERANK_FIELDS = { -- POST /v1/rerank (vLLM's, Jina's and Cohere's shape)
     model = { "string", false },
     query = { "string", false },
     documents = { "array", false },        -- texts, or {"text": ...} objects (Cohere's)
-    top_n = { "integer", false },          -- the best n (default: every document)
+    top_n = { "integer", false },          -- the best n (default, or 0 as vLLM reads it: every document)
     return_documents = { "boolean", false }, -- each result's {"text"} (default true)
+    max_tokens_per_doc = { "integer", false }, -- Cohere's: each document's first k tokens
     truncate_prompt_tokens = { "integer", false },
     loops = { "integer", false },
     pooling = { "string", false },
+}
+-- Cohere's fields of the chunking this server does not do: their defaults only (its SDKs send null)
+local RERANK_NO_OPS = {
+    max_chunks_per_doc = { function(v) return v == 1 end, "1" },
+    rank_fields = { function(v) return type(v) == "table" and #v == 1 and v[1] == "text" end, '["text"]' },
 }
 local SCORE_FIELDS = { -- POST /v1/score (vLLM's): text_1 against text_2, 1:1, 1:N or N:N
     model = { "string", false },
@@ -1319,7 +1326,7 @@ end
 -- parse_rerank(body, model, model_id) -> { inputs (the query's ids, then each document's),
 -- tokens, texts (the documents'), top_n, return_documents, loops, pooling } | nil, err.
 function _M.parse_rerank(body, model, model_id)
-    local t, e = endpoint_body(body, RERANK_FIELDS, model_id)
+    local t, e = endpoint_body(body, RERANK_FIELDS, model_id, RERANK_NO_OPS)
     if not t then return nil, e end
     if t.query == nil then return bad("query is required", "query") end
     if t.documents == nil then return bad("documents is required", "documents") end
@@ -1339,22 +1346,26 @@ function _M.parse_rerank(body, model, model_id)
         end
         texts[i] = doc
     end
-    if t.top_n ~= nil and t.top_n < 1 then return bad("top_n must be >= 1", "top_n") end
+    if t.max_tokens_per_doc ~= nil and t.max_tokens_per_doc < 1 then
+        return bad("max_tokens_per_doc must be >= 1", "max_tokens_per_doc")
+    end
+    local top_n = (t.top_n or 0) > 0 and math.min(t.top_n, #texts) or #texts
     local o
     o, e = embedding_options(t, model)
     if not o then return nil, e end
     local query, query_tokens = _M.embedding_inputs(model, t.query, "query", o.keep)
     if not query then return nil, query_tokens end
-    local docs, doc_tokens = _M.embedding_inputs(model, texts, "documents", o.keep)
+    local docs, doc_tokens = _M.embedding_inputs(model, texts, "documents", o.keep, t.max_tokens_per_doc)
     if not docs then return nil, doc_tokens end
     local inputs = { query[1] }
     for i, ids in ipairs(docs) do inputs[i + 1] = ids end
-    return { inputs = inputs, tokens = query_tokens + doc_tokens, texts = texts, top_n = math.min(t.top_n or #texts, #texts),
+    return { inputs = inputs, tokens = query_tokens + doc_tokens, texts = texts, top_n = top_n,
              return_documents = t.return_documents ~= false, loops = o.loops, pooling = o.pooling }
 end
 
 -- parse_score(body, model, model_id) -> { inputs (text_1's ids, then text_2's), tokens, pairs
--- ({i, j}: inputs i and j, 1-based, one a score in order) , loops, pooling } | nil, err.
+-- ({i, j}: inputs i and j, 1-based, one a score in order), first_count (text_1's texts),
+-- loops, pooling } | nil, err.
 function _M.parse_score(body, model, model_id)
     local t, e = endpoint_body(body, SCORE_FIELDS, model_id)
     if not t then return nil, e end
@@ -1376,9 +1387,9 @@ function _M.parse_score(body, model, model_id)
     local o
     o, e = embedding_options(t, model)
     if not o then return nil, e end
-    local a, a_tokens = _M.embedding_inputs(model, first, "text_1", o.keep)
+    local a, a_tokens = _M.embedding_inputs(model, t.text_1, "text_1", o.keep) -- (a single text is named as sent)
     if not a then return nil, a_tokens end
-    local b, b_tokens = _M.embedding_inputs(model, second, "text_2", o.keep)
+    local b, b_tokens = _M.embedding_inputs(model, t.text_2, "text_2", o.keep)
     if not b then return nil, b_tokens end
     local inputs, pairs_ = {}, {}
     for i, ids in ipairs(a) do inputs[i] = ids end
@@ -1386,7 +1397,7 @@ function _M.parse_score(body, model, model_id)
         inputs[#a + j] = ids
         pairs_[j] = { #a == 1 and 1 or j, #a + j }
     end
-    return { inputs = inputs, tokens = a_tokens + b_tokens, pairs = pairs_, loops = o.loops, pooling = o.pooling }
+    return { inputs = inputs, tokens = a_tokens + b_tokens, pairs = pairs_, first_count = #a, loops = o.loops, pooling = o.pooling }
 end
 
 -- A request's dimensions (OpenAI's and Ollama's) -> true where it is the model's (or none):

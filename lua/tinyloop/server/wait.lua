@@ -59,10 +59,27 @@ local POOLING = { mean = 0, last = 1 } -- TL_POOLING_MEAN, TL_POOLING_LAST
 -- request's, the first of which is its input `first` (0-based); d: d_model; as "float" (a
 -- vector is a JSON array) or "base64" (its float32 bytes, little-endian as this machine's,
 -- base64, a JSON string); shape "openai" (each vector in {"object": "embedding", "index",
--- "embedding"}) or "ollama" (the bare vector), or "raw": the vectors' float32 bytes, one after
+-- "embedding"}), "ollama" (the bare vector), "llamacpp" ({"index", "embedding": [vector]},
+-- scaled by `norm`, below), or "raw": the vectors' float32 bytes, one after
 -- another (the similarity endpoints' scores). -> the slice's entries' JSON text, joined by
 -- commas (raw: the bytes) | nil, the message.
-function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, pooling, normalize, as, shape, first)
+-- (the llama.cpp shape: {"index", "embedding": [[...]]}, scaled by its embd_normalize `norm`
+-- where it is not the engine's unit length: 0 the largest magnitude to 32760, 1 taxicab,
+-- p > 2 the p-norm, each sum in double, as llama.cpp's common_embd_normalize; -1 and 2 are
+-- the engine's own, normalize false or true)
+local function llamacpp_scale(vector, d, norm)
+    if norm == -1 or norm == 2 then return end
+    local sum = 0
+    for j = 0, d - 1 do
+        local x = math.abs(vector[j])
+        if norm == 0 then sum = math.max(sum, x) elseif norm == 1 then sum = sum + x else sum = sum + x ^ norm end
+    end
+    if norm == 0 then sum = sum / 32760 elseif norm > 2 then sum = sum ^ (1 / norm) end
+    local scale = sum > 0 and 1 / sum or 0
+    for j = 0, d - 1 do vector[j] = vector[j] * scale end
+end
+
+function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, pooling, normalize, as, shape, first, norm)
     local embed_fn = function_at(fn_addr, "int (*)(const void *, const int32_t *const *, const int *, int, const void *, float *)")
     local error_fn = function_at(last_error_addr, LAST_ERROR)
     local opts = embed_options(loops, POOLING[pooling], normalize and 1 or 0)
@@ -87,6 +104,9 @@ function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, poolin
         end
     end
     if shape == "raw" then return ffi.string(vectors, count * d * 4) end -- (the float32 bytes, for the scores)
+    if shape == "llamacpp" then
+        for i = 0, count - 1 do llamacpp_scale(vectors + i * d, d, norm) end
+    end
     local entries, numbers, format = {}, {}, string.format
     for i = 1, count do
         local vector = vectors + (i - 1) * d
@@ -96,6 +116,7 @@ function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, poolin
         local text = as == "base64" and ('"' .. ngx.encode_base64(ffi.string(vector, d * 4)) .. '"')
             or ("[" .. table.concat(numbers, ",", 1, d) .. "]")
         entries[i] = shape == "openai" and ('{"object":"embedding","index":' .. (first + i - 1) .. ',"embedding":' .. text .. "}")
+            or shape == "llamacpp" and ('{"index":' .. (first + i - 1) .. ',"embedding":[' .. text .. "]}")
             or text
     end
     return table.concat(entries, ",")
