@@ -1,7 +1,8 @@
 #!/usr/bin/env luajit
 -- embeddings.lua: texts as vectors (model:embed: the rows the head reads, mean-pooled, unit
--- length), then which text each query is nearest to by cosine similarity (a dot product of
--- unit vectors), at the model's depth and at one loop.
+-- length; model:embed_batch for a list, short texts sharing forward passes), then which text
+-- each query is nearest to by cosine similarity (a dot product of unit vectors), at the
+-- model's depth and at one loop: what the server's /v1/rerank does with a query's documents.
 --   luajit examples/embeddings.lua [MODEL_DIR]
 local ex = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/common.lua")
 local model = ex.model
@@ -22,8 +23,7 @@ end
 
 for _, loops in ipairs({ model.default_loops, 1 }) do
     print(("loops %d (d_model %d):"):format(loops, model.d_model))
-    local vectors = {}
-    for i, text in ipairs(texts) do vectors[i] = assert(model:embed(text, { loops = loops })) end
+    local vectors = assert(model:embed_batch(texts, { loops = loops }))
     for _, query in ipairs(queries) do
         local q = assert(model:embed(query, { loops = loops }))
         local best, best_score = 1, -math.huge
