@@ -76,6 +76,14 @@ describe("llamacpp.to_completions", function()
         assert.same(bias, of('{"prompt": "a", "logit_bias": {"Emma": -2}}').logit_bias)
         bias[tostring(ids[1])] = bias[tostring(ids[1])] + 1
         assert.same(bias, of(('{"prompt": "a", "logit_bias": [["Emma", -2], [%d, 1]]}'):format(ids[1])).logit_bias)
+        -- a mixed prompt's bad id is named where it was sent
+        local text, err = llamacpp.to_completions(('{"prompt": ["It is a truth", %d]}'):format(model.vocab_size), tokenize,
+                                                  model.vocab_size)
+        assert.is_nil(text)
+        assert.same({ "prompt", ("prompt[1] = %d is not a token id: ids are in [0, %d)"):format(model.vocab_size, model.vocab_size) },
+                    { err.param, err.message })
+        -- keys as llama.cpp's strtol reads ids: " 5" and "+6" are ids 5 and 6
+        assert.same({ ["5"] = 1, ["6"] = 2 }, of('{"prompt": "a", "logit_bias": {" 5": 1, "+6": 2}}').logit_bias)
         -- without a tokenizer, both are refused, named
         H.refuses(function(body) return llamacpp.to_completions(body) end, {
             { '{"prompt": [1, "a"]}', "prompt", "texts mixed with token ids need the model's tokenizer" },
@@ -116,6 +124,8 @@ describe("llamacpp.to_completions", function()
             { '{"prompt": "a", "top_n_sigma": 1.5}', "top_n_sigma", "<= 0" },
             { '{"prompt": "a", "logit_bias": [[1]]}', "logit_bias", "logit_bias[0]: a bias is a number, or false" },
             { '{"prompt": "a", "logit_bias": [[true, -1]]}', "logit_bias", "logit_bias[0]: a token id, or a text" },
+            { '{"prompt": "a", "logit_bias": [[5, NaN]]}', "logit_bias", "logit_bias[0]: a bias is a number, or false" },
+            { '{"prompt": "a", "logit_bias": {"5": NaN}}', "logit_bias", 'logit_bias["5"]: a bias is a number, or false' },
             { '{"prompt": "a", "stop": "x"}', "stop", "stop must be an array of texts" },
             { '{"prompt": "a", "stop": ["x", 5]}', "stop", "stop[1] must be a text" },
         })

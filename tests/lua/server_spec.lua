@@ -2182,11 +2182,18 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         -- taxicab and max-absolute: the raw vector scaled (sums in double, as llama.cpp's)
         local taxicab, largest = 0, 0
         for _, x in ipairs(raw) do taxicab, largest = taxicab + math.abs(x), math.max(largest, math.abs(x)) end
+        local cubes = 0
+        for _, x in ipairs(raw) do cubes = cubes + math.abs(x) ^ 3 end
         local one = ok("/embedding", { content = text, embd_normalize = 1 })[1].embedding[1]
         local zero = ok("/embedding", { content = text, embd_normalize = 0 })[1].embedding[1]
+        local three = ok("/embedding", { content = text, embd_normalize = 3 })[1].embedding[1]
+        -- (a large p: the norm is the largest magnitude, not an overflow to a zero vector)
+        local big = ok("/embedding", { content = text, embd_normalize = 1000 })[1].embedding[1]
         for j = 1, #raw do
             assert.is_true(math.abs(one[j] - raw[j] / taxicab) < 1e-6, "taxicab " .. j)
             assert.is_true(math.abs(zero[j] - raw[j] * 32760 / largest) < 1e-2, "max-absolute " .. j)
+            assert.is_true(math.abs(three[j] - raw[j] / cubes ^ (1 / 3)) < 1e-6, "3-norm " .. j)
+            assert.is_true(math.abs(big[j] - raw[j] / largest) < 1e-2, "1000-norm " .. j)
         end
         -- errors in llama.cpp's shape
         local status, body = post_to("/embedding", { content = ("Emma "):rep(300) })

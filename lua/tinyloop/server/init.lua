@@ -1593,7 +1593,10 @@ function _M.score()
     local req, err = request.parse_score(body, model, conf.model_id)
     if not req then return send_error(err.status, err.message, err.param, err.type) end
     local raw = embed_text(req.inputs, req.tokens, req.loops, req.pooling, true, "float", "raw", send_error,
-                           function(i) return i < req.first_count and ("text_1[%d]"):format(i) or ("text_2[%d]"):format(i - req.first_count) end)
+                           function(i)
+                               if i < req.first_count then return req.single_1 and "text_1" or ("text_1[%d]"):format(i) end
+                               return req.single_2 and "text_2" or ("text_2[%d]"):format(i - req.first_count)
+                           end)
     if not raw then return end
     local data = {}
     for k, score in ipairs(cosines(raw, model.d_model, req.pairs)) do
@@ -1615,7 +1618,7 @@ local function llamacpp_tokenize(text) return model:encode(text) end
 function _M.llamacpp_completion()
     local body = post_body()
     if not body then return end
-    local completions_body, view = llamacpp.to_completions(body, model and model.has_tokenizer and llamacpp_tokenize or nil)
+    local completions_body, view = llamacpp.to_completions(body, model.has_tokenizer and llamacpp_tokenize or nil, model.vocab_size)
     if not completions_body then return send_llamacpp_error(view.status, view.message, nil, view.type) end
     return serve(false, completions_body, view)
 end

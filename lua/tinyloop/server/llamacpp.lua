@@ -50,8 +50,9 @@ _M.MAX_PROBS = 20 -- the most alternatives n_probs gives: the engine's TL_MAX_TO
 -- to_completions(body[, tokenize]) -> the /v1/completions body that means the same, and its
 -- view; or nil, err (the field named). tokenize(text) -> ids | nil, err: the model's tokenizer, for
 -- what llama.cpp tokenizes itself (a prompt mixing texts and ids, a logit_bias given by text);
--- without it those are refused.
-function _M.to_completions(body, tokenize)
+-- without it those are refused. vocab: the vocabulary's size, to name a mixed prompt's bad id
+-- where it was sent (the completions path names the expanded prompt's places).
+function _M.to_completions(body, tokenize, vocab)
     if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
     local t, err = cjson.decode(body)
     if err then return bad("the request body is not valid JSON: " .. err, nil) end
@@ -88,6 +89,10 @@ function _M.to_completions(body, tokenize)
             local all = {}
             for i, v in ipairs(prompt) do
                 if type(v) == "number" then
+                    if not KIND_OK.integer(v) or v < 0 or (vocab and v >= vocab) then
+                        return bad(("prompt[%d] = %s is not a token id%s"):format(i - 1, tostring(v),
+                                   vocab and (": ids are in [0, %d)"):format(vocab) or ""), "prompt")
+                    end
                     all[#all + 1] = v
                 elseif v ~= "" then
                     local piece, err = tokenize(v)
@@ -166,7 +171,9 @@ function _M.to_completions(body, tokenize)
         local sums, order = {}, {}
         -- (a text, as llama.cpp reads one: the bias goes to each of its tokens)
         local function add(id, v, where)
-            if type(v) ~= "number" and v ~= false then return bad(where .. ": a bias is a number, or false", "logit_bias") end
+            if (type(v) ~= "number" or v ~= v) and v ~= false then
+                return bad(where .. ": a bias is a number, or false", "logit_bias")
+            end
             local ids = { id }
             if type(id) == "string" then
                 if not tokenize then return bad(where .. ": a text needs the model's tokenizer: give token ids", "logit_bias") end
@@ -191,8 +198,9 @@ function _M.to_completions(body, tokenize)
                 if not ok then return nil, e end
             end
         else
-            for key, v in pairs(lb) do -- ("15": an id; any other key, a text)
-                local id = key:match("^%-?%d+$") and tonumber(key) or key
+            for key, v in pairs(lb) do -- ("15", " 15", "+15": an id, as llama.cpp's strtol reads one; any other key, a text)
+                local digits = key:match("^%s*([+-]?%d+)$")
+                local id = digits and tonumber(digits) or key
                 local ok, e = add(id, v, ("logit_bias[%s]"):format(encode(key)))
                 if not ok then return nil, e end
             end

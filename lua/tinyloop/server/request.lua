@@ -1365,7 +1365,7 @@ end
 
 -- parse_score(body, model, model_id) -> { inputs (text_1's ids, then text_2's), tokens, pairs
 -- ({i, j}: inputs i and j, 1-based, one a score in order), first_count (text_1's texts),
--- loops, pooling } | nil, err.
+-- single_1, single_2 (each sent as one text, not a list), loops, pooling } | nil, err.
 function _M.parse_score(body, model, model_id)
     local t, e = endpoint_body(body, SCORE_FIELDS, model_id)
     if not t then return nil, e end
@@ -1397,7 +1397,8 @@ function _M.parse_score(body, model, model_id)
         inputs[#a + j] = ids
         pairs_[j] = { #a == 1 and 1 or j, #a + j }
     end
-    return { inputs = inputs, tokens = a_tokens + b_tokens, pairs = pairs_, first_count = #a, loops = o.loops, pooling = o.pooling }
+    return { inputs = inputs, tokens = a_tokens + b_tokens, pairs = pairs_, first_count = #a, loops = o.loops, pooling = o.pooling,
+             single_1 = type(t.text_1) == "string", single_2 = type(t.text_2) == "string" }
 end
 
 -- A request's dimensions (OpenAI's and Ollama's) -> true where it is the model's (or none):

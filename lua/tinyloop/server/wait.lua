@@ -69,12 +69,15 @@ local POOLING = { mean = 0, last = 1 } -- TL_POOLING_MEAN, TL_POOLING_LAST
 -- the engine's own, normalize false or true)
 local function llamacpp_scale(vector, d, norm)
     if norm == -1 or norm == 2 then return end
-    local sum = 0
+    local largest, sum = 0, 0
+    for j = 0, d - 1 do largest = math.max(largest, math.abs(vector[j])) end
     for j = 0, d - 1 do
         local x = math.abs(vector[j])
-        if norm == 0 then sum = math.max(sum, x) elseif norm == 1 then sum = sum + x else sum = sum + x ^ norm end
+        -- (the p-norm as largest * (sum (x / largest)^p)^(1/p): x^p itself overflows or
+        -- underflows for a large p, where llama.cpp's vector comes out all zero)
+        if norm == 1 then sum = sum + x elseif norm > 2 then sum = sum + (x / largest) ^ norm end
     end
-    if norm == 0 then sum = sum / 32760 elseif norm > 2 then sum = sum ^ (1 / norm) end
+    if norm == 0 then sum = largest / 32760 elseif norm > 2 then sum = largest > 0 and largest * sum ^ (1 / norm) or 0 end
     local scale = sum > 0 and 1 / sum or 0
     for j = 0, d - 1 do vector[j] = vector[j] * scale end
 end
