@@ -2422,6 +2422,26 @@ describe("/tokenize and /detokenize (vLLM's)", function()
         assert.equal(with_tools.count, cjson.decode(body).usage.prompt_tokens)
     end)
 
+    it("renders a conversation for llama.cpp's /apply-template as the chat endpoint does", function()
+        local m = assert(tinyloop.load(MODEL))
+        -- what llama.cpp's clients send: a chat request, its other fields taken and unused
+        local r = ok("/apply-template", { model = "gpt-4o", messages = messages, temperature = 0.2, stream = true })
+        assert.equal("Be brief.\n\nUser: Who is Emma?\n\nAssistant:", r.prompt)
+        assert.same(ok("/tokenize", { messages = messages }).tokens, m:encode(r.prompt))
+        local closed = ok("/apply-template", { messages = messages, add_generation_prompt = false }).prompt
+        assert.equal(closed, r.prompt:sub(1, #closed))
+        assert.is_true(#closed < #r.prompt)
+        -- errors in llama.cpp's shape
+        for _, case in ipairs({ { {}, "messages is required" }, { { messages = "hi" }, "messages must be a" },
+                                { { messages = { { role = "wizard", content = "x" } } }, "role" } }) do
+            local status, body = post_to("/apply-template", case[1])
+            assert.equal(400, status, body)
+            local e = cjson.decode(body).error
+            assert.same({ 400, "invalid_request_error" }, { e.code, e.type })
+            assert.truthy(e.message:find(case[2], 1, true), e.message)
+        end
+    end)
+
     it("answers bad input with 4xx JSON errors naming the field", function()
         local function refused(path, t, status, param, needle)
             local got, body = post_to(path, t)

@@ -287,7 +287,7 @@ local function send_llamacpp_error(status, message, _, etype, headers)
     return send_json(status, llamacpp.error_body(status, tostring(message), etype), headers)
 end
 local LLAMACPP_PATHS = { ["/completion"] = true, ["/completions"] = true, ["/props"] = true, ["/embedding"] = true,
-                         ["/embeddings"] = true }
+                         ["/embeddings"] = true, ["/apply-template"] = true }
 local function send_uri_error(...)
     local path = (ngx.var.request_uri or ngx.var.uri or ""):match("^[^?]*")
     local send = path:find("^/v1/messages") and send_anthropic_error or OLLAMA_PATHS[path] and send_ollama_error or
@@ -352,7 +352,7 @@ end
 
 function _M.not_found()
     return send_uri_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /v1/rerank (or /rerank, /v2/rerank), POST /v1/score (or /score), POST /completion (or /completions), POST /embedding (or /embeddings), GET /props, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /v1/rerank (or /rerank, /v2/rerank), POST /v1/score (or /score), POST /completion (or /completions), POST /embedding (or /embeddings), POST /apply-template, GET /props, GET /v1/models, POST /tokenize, POST /detokenize, /health, " ..
         "/metrics)", nil, "not_found_error")
 end
 
@@ -1214,6 +1214,16 @@ function _M.tokenize()
     end
     return send_json(200, '{"count":' .. #req.ids .. ',"max_model_len":' .. model.max_seq_len .. ',"tokens":[' ..
         concat(req.ids, ",") .. '],"token_strs":' .. strs .. "}")
+end
+
+-- POST /apply-template (llama.cpp's): {"messages", ...} -> {"prompt": the conversation as the
+-- chat endpoint renders it with the model's template}.
+function _M.apply_template()
+    local body = post_body()
+    if not body then return end
+    local req, err = request.parse_apply_template(body, chat_prompts, chat_error)
+    if not req then return send_llamacpp_error(err.status, err.message, nil, err.type) end
+    return send_json(200, '{"prompt":' .. encode(request.valid_utf8(req.prompt)) .. "}")
 end
 
 -- POST /detokenize (vLLM's, and llama.cpp's): {"tokens": [...]} -> {"prompt": their text, "content": the same} (a token holding

@@ -1130,6 +1130,44 @@ local DETOKENIZE_FIELDS = { model = { "string", false }, tokens = { "array", fal
 -- the ids a POST /tokenize body's prompt or messages become on the completions endpoints
 -- (chat: as parse_chat's; nil when the chat template failed to load, chat_error saying why:
 -- a 500 for messages only).
+-- A request's conversation (messages, with tools, add_generation_prompt, continue_final_message
+-- and chat_template_kwargs) rendered as /v1/chat/completions renders it -> text | nil, err.
+local function conversation_text(t, body, chat, chat_error)
+    if not chat then return nil, _M.template_unloaded(chat_error) end
+    local shown, param
+    if t.tools ~= nil then
+        local spec
+        spec, shown, param = tools.prepare(t.tools, nil, nil, raw_member(body, { "tools" }))
+        if spec == nil then return bad(shown, param) end
+    end
+    return render_messages(t, body, chat, shown)
+end
+
+-- parse_apply_template(body, chat, chat_error) -> { prompt } | nil, err: POST
+-- /apply-template (llama.cpp's), a chat request's conversation rendered, not run. As llama.cpp
+-- reads it, the chat fields it does not use (model, sampling, stream, ...) are taken and change
+-- nothing.
+local APPLY_TEMPLATE_FIELDS = { "messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools" }
+function _M.parse_apply_template(body, chat, chat_error)
+    if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
+    local t, err = cjson.decode(body)
+    if err then return bad("the request body is not valid JSON: " .. err, nil) end
+    if type(t) ~= "table" or body:match("^%s*%[") then return bad("the request body must be a JSON object", nil) end
+    local used = {}
+    for _, k in ipairs(APPLY_TEMPLATE_FIELDS) do
+        local v = t[k]
+        if v ~= nil and v ~= json_null then
+            local kind = TOKENIZE_FIELDS[k][1]
+            if KIND_CHECK[kind] and not KIND_CHECK[kind](v) then return bad(("%s must be %s"):format(k, KIND_WORDS[kind]), k) end
+            used[k] = v
+        end
+    end
+    if used.messages == nil then return bad("messages is required", "messages") end
+    local text, e = conversation_text(used, body, chat, chat_error)
+    if not text then return nil, e end
+    return { prompt = text }
+end
+
 function _M.parse_tokenize(body, model, model_id, chat, chat_error)
     local t, e = endpoint_body(body, TOKENIZE_FIELDS, model_id, TOKENIZE_NO_OPS)
     if not t then return nil, e end
@@ -1152,14 +1190,7 @@ function _M.parse_tokenize(body, model, model_id, chat, chat_error)
     if not model.has_tokenizer then return bad("this model has no tokenizer: it reads token ids only", field) end
     local text = t.prompt
     if t.messages then
-        if not chat then return nil, _M.template_unloaded(chat_error) end
-        local shown, param
-        if t.tools ~= nil then
-            local spec
-            spec, shown, param = tools.prepare(t.tools, nil, nil, raw_member(body, { "tools" }))
-            if spec == nil then return bad(shown, param) end
-        end
-        text, e = render_messages(t, body, chat, shown)
+        text, e = conversation_text(t, body, chat, chat_error)
         if not text then return nil, e end
     else
         for _, k in ipairs({ "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools" }) do
