@@ -2422,6 +2422,16 @@ describe("/tokenize and /detokenize (vLLM's)", function()
         assert.equal(with_tools.count, cjson.decode(body).usage.prompt_tokens)
     end)
 
+    it("answers llama.cpp's names of OpenAI's endpoints without /v1: /models, /chat/completions", function()
+        local _, models = curl(base .. "/models")
+        local _, v1 = curl(base .. "/v1/models")
+        assert.same(cjson.decode(v1).data, cjson.decode(models).data)
+        local r = ok("/chat/completions", { messages = messages, max_tokens = 4, temperature = 0 })
+        local status, body = post_chat({ messages = messages, max_tokens = 4, temperature = 0 })
+        assert.equal(200, status, body)
+        assert.equal(cjson.decode(body).choices[1].message.content, r.choices[1].message.content)
+    end)
+
     it("renders a conversation for llama.cpp's /apply-template as the chat endpoint does", function()
         local m = assert(tinyloop.load(MODEL))
         -- what llama.cpp's clients send: a chat request, its other fields taken and unused

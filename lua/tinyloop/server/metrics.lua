@@ -71,7 +71,8 @@ local ENDPOINTS = { ["/v1/completions"] = true, ["/v1/chat/completions"] = true,
                     ["/metrics"] = true, ["/tokenize"] = true, ["/detokenize"] = true, ["/v1/embeddings"] = true,
                     ["/api/embed"] = true, ["/api/embeddings"] = true, ["/v1/rerank"] = true, ["/rerank"] = true, ["/v2/rerank"] = true,
                     ["/v1/score"] = true, ["/score"] = true, ["/completion"] = true, ["/completions"] = true, ["/props"] = true,
-                    ["/embedding"] = true, ["/embeddings"] = true, ["/apply-template"] = true }
+                    ["/embedding"] = true, ["/embeddings"] = true, ["/apply-template"] = true,
+                    ["/models"] = true, ["/chat/completions"] = true }
 function _M.log_request(uri, status)
     incr("req:" .. (ENDPOINTS[uri] and uri or "other") .. ":" .. tostring(status))
 end
