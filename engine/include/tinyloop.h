@@ -197,6 +197,12 @@ enum { TL_MAX_TOP_LOGPROBS = 20 }; /* the most alternatives a token's log-probab
 tl_status tl_score_logprobs(const tl_model *model, const int32_t *tokens, int n, int loops, int top,
                             float *logprobs, int32_t *top_ids, float *top_logprobs);
 
+/* A sequence of token ids (a batch's prompts and inputs, stop sequences, tags). */
+typedef struct tl_token_seq {
+    const int32_t *tokens;
+    int n;
+} tl_token_seq;
+
 /* ---------------------------------------------------------------- embeddings */
 
 /* How tl_embed turns a sequence's rows into its embedding. */
@@ -223,16 +229,16 @@ void tl_embed_options_init(tl_embed_options *opts);
 tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl_embed_options *opts,
                    float *out);
 
-/* tl_embed of many inputs at once: input i is inputs[i][0..lengths[i]), and out receives
-   their embeddings in order, out [count][d_model] (TL_POOLING_NONE: every input's rows one
-   after another, [sum of lengths][d_model]). Short inputs share forward passes (each in
-   its own cache, as batched sessions do), so each weight read serves all their rows: far
-   faster than a tl_embed call each for queries and sentences. Each result is bit-identical
-   to tl_embed's for that input alone (batch invariance). Every input is checked before any
-   is computed (a bad one is named by its index); count 0 does nothing. Thread-safe on a
-   shared model. */
-tl_status tl_embed_batch(const tl_model *model, const int32_t *const *inputs, const int *lengths, int count,
-                         const tl_embed_options *opts, float *out);
+/* tl_embed of many inputs at once: out receives inputs[0..n_inputs)'s embeddings in order,
+   out [n_inputs][d_model] (TL_POOLING_NONE: every input's rows one after another, [sum of
+   their n][d_model]). Short inputs share forward passes (each in its own cache, as batched
+   sessions do), so each weight read serves all their rows: faster than a tl_embed call
+   each for queries and sentences. Each result is bit-identical to tl_embed's for that input
+   alone (batch invariance). Every input is checked before any is computed (a bad one is
+   named by its index, from 0); n_inputs 0 does nothing. As with tl_embed, a device failure
+   (CUDA) leaves NaN in out: check before use. Thread-safe on a shared model. */
+tl_status tl_embed_batch(const tl_model *model, const tl_token_seq *inputs, int n_inputs, const tl_embed_options *opts,
+                         float *out);
 
 /* ---------------------------------------------------------------- generation (SPEC §3) */
 
@@ -247,11 +253,6 @@ typedef enum tl_stop_reason {
 
 /* "EOS", "STOP_SEQUENCE", "MAX_TOKENS", "CALLBACK_ABORT", "GRAMMAR_DEAD_END" ("NONE"). */
 const char *tl_stop_reason_name(tl_stop_reason reason);
-
-typedef struct tl_token_seq {
-    const int32_t *tokens;
-    int n;
-} tl_token_seq;
 
 /* Hook results: continue, stop after this token, or an error that aborts generation with
    TL_ERR_HOOK (distinct from a normal stop). Hooks return these codes; the stream callback of

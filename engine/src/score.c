@@ -217,8 +217,7 @@ static int page_rows(int n) { return (n + TL_KV_PAGE_ROWS - 1) / TL_KV_PAGE_ROWS
 
 typedef struct embed_batch {
     const tl_model *model;
-    const int32_t *const *inputs;
-    const int *lengths;
+    const tl_token_seq *inputs;
     const tl_embed_options *o;
     tl_workspace ws;
     int32_t *tokens, *positions; /* [EMBED_BATCH_ROWS]: a group's rows */
@@ -228,7 +227,7 @@ typedef struct embed_batch {
     tl_kv_cache *caches[EMBED_BATCH_ROWS];
 } embed_batch;
 
-/* Inputs [first, first + count), `rows` tokens together, in one forward; each one's vector
+/* Inputs [first, first + count) in one forward, each in its own cache; each one's vector
    (or rows) into out, the next free place of which is *out_at. */
 static tl_status embed_group(embed_batch *b, int first, int count, float *out, size_t *out_at) {
     const tl_model *model = b->model;
@@ -238,18 +237,18 @@ static tl_status embed_group(embed_batch *b, int first, int count, float *out, s
     int rows = 0;
     for (int i = 0; i < count; i++) b->caches[i] = NULL;
     for (int i = 0; i < count && st == TL_OK; i++) {
-        const int n = b->lengths[first + i];
+        const int n = b->inputs[first + i].n;
         st = tl_kv_cache_new_for(model, n, 0, n, &b->caches[i]);
         if (st != TL_OK) break;
         b->caches[i]->reserve_loops = o->loops; /* pages only for the depth embedded */
         b->parts[i] = (tl_forward_part){.cache = b->caches[i], .n = n, .loops = o->loops};
-        memcpy(b->tokens + rows, b->inputs[first + i], (size_t)n * sizeof *b->tokens);
+        memcpy(b->tokens + rows, b->inputs[first + i].tokens, (size_t)n * sizeof *b->tokens);
         for (int t = 0; t < n; t++) b->positions[rows + t] = t;
         rows += n;
     }
     if (st == TL_OK) st = tl_forward_batch_hidden(model, &b->ws, b->parts, count, b->tokens, b->positions, b->hidden);
     for (int i = 0, row = 0; i < count && st == TL_OK; i++) {
-        const int n = b->lengths[first + i];
+        const int n = b->inputs[first + i].n;
         const float *own = b->hidden + (size_t)row * (size_t)d;
         float *dst = out + *out_at;
         if (o->pooling == TL_POOLING_NONE) { /* as embed_one: the rows, then each to unit length */
@@ -270,15 +269,14 @@ static tl_status embed_group(embed_batch *b, int first, int count, float *out, s
     return st;
 }
 
-tl_status tl_embed_batch(const tl_model *model, const int32_t *const *inputs, const int *lengths, int count,
-                         const tl_embed_options *opts, float *out) {
+tl_status tl_embed_batch(const tl_model *model, const tl_token_seq *inputs, int n_inputs, const tl_embed_options *opts,
+                         float *out) {
     static const char what[] = "tl_embed_batch";
     tl_clear_error();
     if (!model) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: model must not be NULL", what);
-    if (count < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: count = %d, want >= 0", what, count);
-    if (count == 0) return TL_OK;
-    if (!inputs || !lengths || !out)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: inputs, lengths and out must not be NULL", what);
+    if (n_inputs < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: n_inputs = %d, want >= 0", what, n_inputs);
+    if (n_inputs == 0) return TL_OK;
+    if (!inputs || !out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: inputs and out must not be NULL", what);
     tl_embed_options o;
     tl_status st = embed_options_of(what, model, opts, &o);
     if (st != TL_OK) return st;
@@ -287,15 +285,15 @@ tl_status tl_embed_batch(const tl_model *model, const int32_t *const *inputs, co
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: loops = %d is out of range [1, max_loops = %d]", what, o.loops,
                        c->max_loops);
     /* Every input checked before any is computed: a bad one is named, and nothing is half done. */
-    for (int i = 0; i < count; i++) {
-        if (!inputs[i]) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: input %d is NULL", what, i);
-        if (lengths[i] < 1 || lengths[i] > c->max_seq_len)
+    for (int i = 0; i < n_inputs; i++) {
+        if (inputs[i].n < 1 || inputs[i].n > c->max_seq_len)
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: input %d has %d tokens: want 1 .. max_seq_len = %d", what, i,
-                           lengths[i], c->max_seq_len);
-        for (int t = 0; t < lengths[i]; t++)
-            if (inputs[i][t] < 0 || inputs[i][t] >= c->vocab_size)
+                           inputs[i].n, c->max_seq_len);
+        if (!inputs[i].tokens) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: input %d's tokens are NULL", what, i);
+        for (int t = 0; t < inputs[i].n; t++)
+            if (inputs[i].tokens[t] < 0 || inputs[i].tokens[t] >= c->vocab_size)
                 return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: input %d: token id %d at index %d is out of range [0, %d)",
-                               what, i, inputs[i][t], t, c->vocab_size);
+                               what, i, inputs[i].tokens[t], t, c->vocab_size);
     }
     embed_batch *b = calloc(1, sizeof *b);
     if (b) {
@@ -309,21 +307,20 @@ tl_status tl_embed_batch(const tl_model *model, const int32_t *const *inputs, co
     } else {
         b->model = model;
         b->inputs = inputs;
-        b->lengths = lengths;
         b->o = &o;
         size_t out_at = 0;
-        for (int i = 0; st == TL_OK && i < count;) {
-            if (lengths[i] > EMBED_BATCH_ROWS) { /* alone, chunk by chunk */
-                st = embed_one(what, model, inputs[i], lengths[i], &o, out + out_at);
-                out_at += (size_t)(o.pooling == TL_POOLING_NONE ? lengths[i] : 1) * (size_t)c->d_model;
+        for (int i = 0; st == TL_OK && i < n_inputs;) {
+            if (inputs[i].n > EMBED_BATCH_ROWS) { /* alone, chunk by chunk */
+                st = embed_one(what, model, inputs[i].tokens, inputs[i].n, &o, out + out_at);
+                out_at += (size_t)(o.pooling == TL_POOLING_NONE ? inputs[i].n : 1) * (size_t)c->d_model;
                 i++;
                 continue;
             }
             int group = 0, rows = 0, paged = 0;
-            while (i + group < count && rows + lengths[i + group] <= EMBED_BATCH_ROWS &&
-                   paged + page_rows(lengths[i + group]) <= EMBED_BATCH_PAGE_ROWS) {
-                rows += lengths[i + group];
-                paged += page_rows(lengths[i + group++]);
+            while (i + group < n_inputs && rows + inputs[i + group].n <= EMBED_BATCH_ROWS &&
+                   paged + page_rows(inputs[i + group].n) <= EMBED_BATCH_PAGE_ROWS) {
+                rows += inputs[i + group].n;
+                paged += page_rows(inputs[i + group++].n);
             }
             st = embed_group(b, i, group, out, &out_at);
             i += group;

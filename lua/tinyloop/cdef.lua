@@ -92,6 +92,10 @@ tl_status tl_score(const tl_model *model, const int32_t *tokens, int n, int loop
 enum { TL_MAX_TOP_LOGPROBS = 20 };
 tl_status tl_score_logprobs(const tl_model *model, const int32_t *tokens, int n, int loops, int top,
                             float *logprobs, int32_t *top_ids, float *top_logprobs);
+typedef struct tl_token_seq {
+    const int32_t *tokens;
+    int n;
+} tl_token_seq;
 typedef enum tl_pooling {
     TL_POOLING_MEAN = 0,
     TL_POOLING_LAST = 1,
@@ -105,8 +109,8 @@ typedef struct tl_embed_options {
 void tl_embed_options_init(tl_embed_options *opts);
 tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl_embed_options *opts,
                    float *out);
-tl_status tl_embed_batch(const tl_model *model, const int32_t *const *inputs, const int *lengths, int count,
-                         const tl_embed_options *opts, float *out);
+tl_status tl_embed_batch(const tl_model *model, const tl_token_seq *inputs, int n_inputs, const tl_embed_options *opts,
+                         float *out);
 typedef enum tl_stop_reason {
     TL_STOP_NONE = 0,
     TL_STOP_EOS = 1,
@@ -116,10 +120,6 @@ typedef enum tl_stop_reason {
     TL_STOP_GRAMMAR_DEAD_END = 5
 } tl_stop_reason;
 const char *tl_stop_reason_name(tl_stop_reason reason);
-typedef struct tl_token_seq {
-    const int32_t *tokens;
-    int n;
-} tl_token_seq;
 enum { TL_HOOK_CONTINUE = 0, TL_HOOK_STOP = 1, TL_HOOK_ERROR = -1 };
 typedef int (*tl_on_token_hook)(void *user, int32_t token, int position);
 typedef int (*tl_stop_rule_hook)(void *user, const int32_t *tokens, int n);

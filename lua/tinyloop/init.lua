@@ -1404,8 +1404,9 @@ end
 function Model:embed(input, opts)
     model_ptr(self, "embed")
     local eo, pooling = embed_options(self, opts, "embed")
-    local arr, n = embed_input(self, input, "embed", "the input ")
-    if not arr then return nil, n end
+    local arr, n_or_err = embed_input(self, input, "embed", "the input ")
+    if not arr then return nil, n_or_err end
+    local n = n_or_err
     local d = self.d_model
     local vectors = pooling == "none" and n or 1
     local out = ffi_new("float[?]", vectors * d)
@@ -1420,17 +1421,20 @@ function Model:embed_batch(inputs, opts)
     local eo, pooling = embed_options(self, opts, "embed_batch")
     if type(inputs) ~= "table" then raise("embed_batch: inputs must be a table of inputs") end
     local count = #inputs
-    local arrays, pointers, lengths = {}, ffi_new("const int32_t *[?]", count + 1), ffi_new("int[?]", count + 1)
+    for k in pairs(inputs) do
+        if type(k) ~= "number" or k < 1 or k > count or k ~= floor(k) then raise("embed_batch: inputs must be a list (1 .. n)") end
+    end
+    local arrays, seqs = {}, ffi_new("tl_token_seq[?]", count + 1)
     local rows = 0
     for i = 1, count do
-        local arr, n = embed_input(self, inputs[i], "embed_batch", ("input %d "):format(i))
-        if not arr then return nil, ("embed_batch: input %d: %s"):format(i, n) end
-        arrays[i], pointers[i - 1], lengths[i - 1] = arr, arr, n -- (arrays keeps them alive)
-        rows = rows + n
+        local arr, n_or_err = embed_input(self, inputs[i], "embed_batch", ("input %d "):format(i))
+        if not arr then return nil, ("embed_batch: input %d: %s"):format(i, n_or_err) end
+        arrays[i], seqs[i - 1].tokens, seqs[i - 1].n = arr, arr, n_or_err -- (arrays keeps them alive)
+        rows = rows + n_or_err
     end
     local d = self.d_model
     local out = ffi_new("float[?]", (pooling == "none" and rows or count) * d + 1)
-    local st = C.tl_embed_batch(self.ptr, pointers, lengths, count, eo, out)
+    local st = C.tl_embed_batch(self.ptr, seqs, count, eo, out)
     if st ~= 0 then -- (engine_failure's rule, the input named as the caller's list counts it, not from 0)
         local msg = last_error():gsub("tl_embed_batch: input (%d+)", function(i) return "embed_batch: input " .. (i + 1) end)
         if ARGUMENT_ERRORS[tonumber(st)] then raise(msg) end
@@ -1439,8 +1443,8 @@ function Model:embed_batch(inputs, opts)
     local result, row = {}, 0
     for i = 1, count do
         if pooling == "none" then
-            result[i] = vectors_of(out, row, lengths[i - 1], d)
-            row = row + lengths[i - 1]
+            result[i] = vectors_of(out, row, seqs[i - 1].n, d)
+            row = row + seqs[i - 1].n
         else
             result[i] = vectors_of(out, i - 1, 1, d)[1]
         end

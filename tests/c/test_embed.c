@@ -205,7 +205,9 @@ static void check_batch(const char *root, const char *name) {
         }
         const tl_embed_options o = options(loops, poolings[v < 6 ? v / 2 : 0], v < 6 ? v % 2 : 0);
         for (size_t f = 0; f < (size_t)total * (size_t)d; f++) batch[f] = NAN; /* (a place left unwritten fails) */
-        CHECK(tl_embed_batch(m, (const int32_t *const *)inputs, lengths, BATCH_INPUTS, &o, batch) == TL_OK && tl_last_error()[0] == '\0',
+        tl_token_seq seqs[BATCH_INPUTS];
+        for (int i = 0; i < BATCH_INPUTS; i++) seqs[i] = (tl_token_seq){inputs[i], lengths[i]};
+        CHECK(tl_embed_batch(m, seqs, BATCH_INPUTS, &o, batch) == TL_OK && tl_last_error()[0] == '\0',
               "%s: batch (pooling %d, normalize %d, loops %d): %s", name, (int)o.pooling, o.normalize, o.loops, tl_last_error());
         size_t at = 0;
         for (int i = 0; i < BATCH_INPUTS; i++) {
@@ -261,36 +263,33 @@ static void check_refusals(const char *root) {
               tl_last_error());
 
         /* tl_embed_batch: the input at fault is named, nothing is computed */
-        const int32_t *inputs[3] = {tokens, tokens, tokens};
-        int lengths[3] = {4, 2, 3};
-        CHECK_ERROR(tl_embed_batch(NULL, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "model must not be NULL");
-        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, -1, &o, out), TL_ERR_INVALID_ARGUMENT, "count = -1");
-        CHECK(tl_embed_batch(m, NULL, NULL, 0, &o, NULL) == TL_OK, "count 0 is a no-op: %s", tl_last_error());
-        CHECK_ERROR(tl_embed_batch(m, NULL, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
-        CHECK_ERROR(tl_embed_batch(m, inputs, NULL, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
-        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, NULL), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
-        inputs[1] = NULL;
-        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "input 1 is NULL");
-        inputs[1] = tokens;
-        lengths[2] = 0;
-        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "input 2 has 0 tokens");
-        lengths[2] = c->max_seq_len + 1;
-        inputs[2] = many;
-        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "input 2 has");
-        lengths[2] = 3;
+        tl_token_seq inputs[3] = {{tokens, 4}, {tokens, 2}, {tokens, 3}};
+        CHECK_ERROR(tl_embed_batch(NULL, inputs, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "model must not be NULL");
+        CHECK_ERROR(tl_embed_batch(m, inputs, -1, &o, out), TL_ERR_INVALID_ARGUMENT, "n_inputs = -1");
+        CHECK(tl_embed_batch(m, NULL, 0, &o, NULL) == TL_OK, "n_inputs 0 is a no-op: %s", tl_last_error());
+        CHECK_ERROR(tl_embed_batch(m, NULL, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+        CHECK_ERROR(tl_embed_batch(m, inputs, 3, &o, NULL), TL_ERR_INVALID_ARGUMENT, "must not be NULL");
+        inputs[1].tokens = NULL;
+        CHECK_ERROR(tl_embed_batch(m, inputs, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "input 1's tokens are NULL");
+        inputs[1].tokens = tokens;
+        inputs[2].n = 0;
+        CHECK_ERROR(tl_embed_batch(m, inputs, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "input 2 has 0 tokens");
+        inputs[2] = (tl_token_seq){many, c->max_seq_len + 1};
+        CHECK_ERROR(tl_embed_batch(m, inputs, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "input 2 has");
+        inputs[2].n = 3;
         many[1] = c->vocab_size;
-        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "input 2: token id");
+        CHECK_ERROR(tl_embed_batch(m, inputs, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "input 2: token id");
         many[1] = 0;
         o.loops = c->max_loops + 1;
-        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "loops");
+        CHECK_ERROR(tl_embed_batch(m, inputs, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "loops");
         tl_embed_options_init(&o);
         o.pooling = (tl_pooling)7;
-        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "tl_embed_batch: pooling = 7");
+        CHECK_ERROR(tl_embed_batch(m, inputs, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "tl_embed_batch: pooling = 7");
         tl_embed_options_init(&o);
         o.normalize = -1;
-        CHECK_ERROR(tl_embed_batch(m, inputs, lengths, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "normalize = -1");
+        CHECK_ERROR(tl_embed_batch(m, inputs, 3, &o, out), TL_ERR_INVALID_ARGUMENT, "normalize = -1");
         tl_embed_options_init(&o);
-        CHECK(tl_embed_batch(m, inputs, lengths, 3, &o, out) == TL_OK && tl_last_error()[0] == '\0',
+        CHECK(tl_embed_batch(m, inputs, 3, &o, out) == TL_OK && tl_last_error()[0] == '\0',
               "a good batch after refusals: %s", tl_last_error());
     }
     free(out);

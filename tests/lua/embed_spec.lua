@@ -97,11 +97,15 @@ describe("model:embed", function()
         H.error_contains(function() model:embed_batch({ text }, { loops = 0 }) end, "embed_batch: loops = 0 must be in")
     end)
 
-    it("declares tl_embed_options in the thread-pool module as the header does", function()
+    it("declares tl_embed_options and tl_token_seq in the thread-pool module as the header does", function()
         -- (wait.lua declares it without the binding's cdef, which a new thread VM would pay for)
         assert.equal(ffi.sizeof("tl_embed_options"), ffi.sizeof(wait.embed_options))
         for _, field in ipairs({ "loops", "pooling", "normalize" }) do
             assert.equal(ffi.offsetof("tl_embed_options", field), ffi.offsetof(wait.embed_options, field), field)
+        end
+        assert.equal(ffi.sizeof("tl_token_seq"), ffi.sizeof(wait.token_seq))
+        for _, field in ipairs({ "tokens", "n" }) do
+            assert.equal(ffi.offsetof("tl_token_seq", field), ffi.offsetof(wait.token_seq, field), field)
         end
     end)
 end)
@@ -190,6 +194,9 @@ describe("request.parse_rerank and request.parse_score", function()
         r = assert(rerank('{"model": "textmodel", "query": "Emma", "documents": ["It is a truth"], "top_n": null, ' ..
                           '"max_tokens_per_doc": null, "rank_fields": ["text"], "return_documents": null, "max_chunks_per_doc": 1}'))
         assert.same({ model:encode("Emma"), model:encode("It is a truth") }, r.inputs)
+        -- Cohere's v1 default max_chunks_per_doc (10): documents are not chunked, so any count is whole documents;
+        -- TEI's and llama.cpp's name "texts"
+        assert.same({ "a", "b" }, assert(rerank({ query = "Emma", texts = { "a", "b" }, max_chunks_per_doc = 10 })).texts)
         r = assert(rerank({ query = "It is a truth", documents = { "It is a truth" }, max_tokens_per_doc = 2 }))
         assert.same({ model:encode("It is a truth"), H.slice(model:encode("It is a truth"), 1, 2) }, r.inputs)
         -- truncate_prompt_tokens keeps each text's last tokens
@@ -225,7 +232,9 @@ describe("request.parse_rerank and request.parse_score", function()
             { '{"query": "", "documents": ["b"]}', "query", "query must not be empty" },
             { '{"query": 5, "documents": ["b"]}', "query", "query must be a string" },
             { '{"query": "a", "documents": ["b"], "max_tokens_per_doc": 0}', "max_tokens_per_doc", "max_tokens_per_doc must be >= 1" },
-            { '{"query": "a", "documents": ["b"], "max_chunks_per_doc": 2}', "max_chunks_per_doc", "not supported (only 1, or null)" },
+            { '{"query": "a", "documents": ["b"], "max_chunks_per_doc": 0}', "max_chunks_per_doc", "an integer >= 1: documents are not chunked" },
+            { '{"query": "a", "documents": ["b"], "max_tokens_per_doc": 2, "truncate_prompt_tokens": 2}', "max_tokens_per_doc", "send one" },
+            { '{"query": "a", "documents": ["b"], "texts": ["c"]}', "texts", "two names of one field" },
             { '{"query": "a", "documents": ["b"], "pooling": "max"}', "pooling", 'pooling must be "mean" or "last"' },
             { '{"query": "a", "documents": ["b"], "loops": 9}', "loops", "loops must be in [1, 4]" },
             { '{"query": "a", "documents": ["b"], "rank_fields": ["x"]}', "rank_fields", 'not supported (only ["text"], or null)' },

@@ -2618,6 +2618,7 @@ describe("embeddings (OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embe
         local top = ok("/v2/rerank", { query = query, documents = docs, top_n = 1, return_documents = false }).results
         assert.same({ { index = r.results[1].index, relevance_score = r.results[1].relevance_score } }, top)
         assert.same(r.results, ok("/rerank", { query = query, documents = docs }).results)
+        assert.same(r.results, ok("/reranking", { query = query, texts = docs }).results) -- (llama.cpp's path, TEI's name)
         -- past one slice of 16 inputs (the query and 24 documents, two of them the same text:
         -- a tie, in index order)
         local many = {}

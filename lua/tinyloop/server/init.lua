@@ -352,7 +352,7 @@ end
 
 function _M.not_found()
     return send_uri_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /v1/rerank (or /rerank, /v2/rerank), POST /v1/score (or /score), POST /completion (or /completions), POST /embedding (or /embeddings), POST /apply-template, GET /props, GET /v1/models (or /models), POST /chat/completions (llama.cpp's name of /v1/chat/completions), POST /tokenize, POST /detokenize, /health, " ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /v1/rerank (or /rerank, /v2/rerank, /reranking, /v1/reranking), POST /v1/score (or /score), POST /completion (or /completions), POST /embedding (or /embeddings), POST /apply-template, GET /props, GET /v1/models (or /models), GET /v1/models/{id}, POST /chat/completions (llama.cpp's name of /v1/chat/completions), POST /tokenize, POST /detokenize, /health, GET /, " ..
         "/metrics)", nil, "not_found_error")
 end
 
@@ -1484,12 +1484,14 @@ end
 -- ------------------------------------------------------------------ embeddings
 
 -- The inputs' embeddings (tl_embed_batch, over `tokens` ids in all), the JSON text of their entries
--- joined by commas (`as`: "float" arrays or "base64" strings; `shape`: wait.embed's), computed
--- and written in the thread pool: forward passes, and over half a million numbers' text for a
--- full request, never on the event loop. A worker runs conf.embed_jobs requests at once (the
--- thread pool's VMs are the generation waits'; the cores, the engine's): the others wait for
--- a place up to conf.embed_wait_s, then 503. A client that leaves stops its request after the
--- slice of EMBED_SLICE inputs in hand. -> text | nil (`send` has answered the error).
+-- joined by commas (`as`: "float" arrays or "base64" strings; `shape`: wait.embed's; "raw":
+-- the vectors' float32 bytes instead), computed and written in the thread pool: forward
+-- passes, and over half a million numbers' text for a full request, never on the event loop.
+-- A worker runs conf.embed_jobs requests at once (the thread pool's VMs are the generation
+-- waits'; the cores, the engine's): the others wait for a place up to conf.embed_wait_s, then
+-- 503. A client that leaves stops its request after the slice of EMBED_SLICE inputs in hand.
+-- name_of(i) (or nil) names input i (from 0) as the request did, in an engine error; norm:
+-- llama.cpp's embd_normalize (shape "llamacpp"). -> text | nil (`send` has answered the error).
 local EMBED_SLICE = 16
 local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, send, name_of, norm)
     if not conf.thread_pool then
@@ -1566,7 +1568,8 @@ function _M.embeddings()
         ',"usage":{"prompt_tokens":' .. req.tokens .. ',"total_tokens":' .. req.tokens .. "}}")
 end
 
--- POST /v1/rerank (also /rerank, /v2/rerank: vLLM's, Jina's and Cohere's clients): the
+-- POST /v1/rerank (also /rerank, /v2/rerank, /reranking, /v1/reranking: vLLM's, Jina's, Cohere's
+-- and llama.cpp's clients): the
 -- documents by the cosine of their embedding with the query's, best first, the top_n of
 -- them: {"id", "model", "usage": {"total_tokens"}, "results": [{"index", "relevance_score",
 -- "document": {"text"}}]}.
@@ -1643,7 +1646,9 @@ function _M.llamacpp_embedding()
     local inputs, tokens = request.embedding_inputs(model, req.input, req.field)
     if not inputs then return send_llamacpp_error(tokens.status, tokens.message, nil, tokens.type) end
     local entries = embed_text(inputs, tokens, model.default_loops, "mean", req.norm == 2, "float", "llamacpp",
-                               send_llamacpp_error, nil, req.norm)
+                               send_llamacpp_error,
+                               function(i) return type(req.input) == "string" and req.field or ("%s[%d]"):format(req.field, i) end,
+                               req.norm)
     if not entries then return end
     return send_json(200, "[" .. entries .. "]")
 end

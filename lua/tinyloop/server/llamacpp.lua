@@ -1,5 +1,6 @@
 -- tinyloop.server.llamacpp: llama.cpp's server API (POST /completion, GET /props) as a view of
--- the completions path, as tinyloop.server.ollama is of chat. Pure Lua (no ngx).
+-- the completions path, as tinyloop.server.ollama is of chat, and its /embedding's request.
+-- Pure Lua (no ngx).
 --
 -- The tools written against llama.cpp's own server (SillyTavern's and KoboldAI-style front
 -- ends, llama.cpp's legacy web UI, scripts that post to /completion) send a prompt with
@@ -13,7 +14,7 @@
 -- {"error": {"code", "message", "type"}}.
 --
 --   local llamacpp = require "tinyloop.server.llamacpp"
---   local body, view = llamacpp.to_completions(body_text)   -- nil, err: the field named
+--   local body, view = llamacpp.to_completions(body_text, tokenize, vocab) -- nil, err: the field named
 --   answer = view:response(completions_json)                -- a blocking answer
 --   view:start_stream(id, created); events = view:feed(chunk_json)
 --   req = llamacpp.embedding_request(body_text)             -- POST /embedding
@@ -24,6 +25,7 @@ local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
 local concat = table.concat
 local json_null = cjson.null
 local encode, bad, is_array, object, KIND_OK = shapes.encode, shapes.bad, shapes.is_array, shapes.object, shapes.KIND_OK
+local decode_object = require("tinyloop.server.request").decode_object
 
 local _M = {}
 
@@ -45,7 +47,7 @@ local OFF = {
     xtc_probability = { function(v) return v <= 0 end, "<= 0" }, top_n_sigma = { function(v) return v <= 0 end, "<= 0" },
 }
 local UNSET_SEED = { [-1] = true, [4294967295] = true } -- (llama.cpp's "random", either way it is spelled)
-_M.MAX_PROBS = 20 -- the most alternatives n_probs gives: the engine's TL_MAX_TOP_LOGPROBS
+_M.MAX_PROBS = tonumber(require("tinyloop").C.TL_MAX_TOP_LOGPROBS) -- the most alternatives n_probs gives
 
 -- to_completions(body[, tokenize]) -> the /v1/completions body that means the same, and its
 -- view; or nil, err (the field named). tokenize(text) -> ids | nil, err: the model's tokenizer, for
@@ -53,10 +55,8 @@ _M.MAX_PROBS = 20 -- the most alternatives n_probs gives: the engine's TL_MAX_TO
 -- without it those are refused. vocab: the vocabulary's size, to name a mixed prompt's bad id
 -- where it was sent (the completions path names the expanded prompt's places).
 function _M.to_completions(body, tokenize, vocab)
-    if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
-    local t, err = cjson.decode(body)
-    if err then return bad("the request body is not valid JSON: " .. err, nil) end
-    if type(t) ~= "table" or body:match("^%s*%[") then return bad("the request body must be a JSON object", nil) end
+    local t, err = decode_object(body)
+    if not t then return nil, err end
     local raw = shapes.raw_fields(body)
     for k, v in pairs(t) do
         if v == json_null then t[k] = nil end
@@ -372,10 +372,8 @@ end
 -- row: llama.cpp nests the rows of a sequence). As llama.cpp does, it reads input where given,
 -- else content, and ignores the fields it does not know.
 function _M.embedding_request(body)
-    if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
-    local t, err = cjson.decode(body)
-    if err then return bad("the request body is not valid JSON: " .. err, nil) end
-    if type(t) ~= "table" or body:match("^%s*%[") then return bad("the request body must be a JSON object", nil) end
+    local t, err = decode_object(body)
+    if not t then return nil, err end
     local field = t.input ~= nil and t.input ~= json_null and "input" or "content"
     local input = t[field]
     if input == nil or input == json_null then return bad("content is required", "content") end

@@ -69,7 +69,7 @@ end
 local ENDPOINTS = { ["/v1/completions"] = true, ["/v1/chat/completions"] = true, ["/v1/responses"] = true, ["/v1/messages"] = true, ["/v1/messages/count_tokens"] = true, ["/api/chat"] = true, ["/api/generate"] = true,
                     ["/api/show"] = true, ["/api/tags"] = true, ["/api/ps"] = true, ["/api/version"] = true, ["/"] = true, ["/v1/models"] = true, ["/health"] = true,
                     ["/metrics"] = true, ["/tokenize"] = true, ["/detokenize"] = true, ["/v1/embeddings"] = true,
-                    ["/api/embed"] = true, ["/api/embeddings"] = true, ["/v1/rerank"] = true, ["/rerank"] = true, ["/v2/rerank"] = true,
+                    ["/api/embed"] = true, ["/api/embeddings"] = true, ["/v1/rerank"] = true, ["/rerank"] = true, ["/v2/rerank"] = true, ["/reranking"] = true, ["/v1/reranking"] = true,
                     ["/v1/score"] = true, ["/score"] = true, ["/completion"] = true, ["/completions"] = true, ["/props"] = true,
                     ["/embedding"] = true, ["/embeddings"] = true, ["/apply-template"] = true,
                     ["/models"] = true, ["/chat/completions"] = true }
@@ -79,7 +79,7 @@ end
 
 local COUNTERS = {
     { "tokens_in", "tinyloop_prompt_tokens_total", "Prompt tokens of admitted requests." },
-    { "tokens_embedded", "tinyloop_embedded_tokens_total", "Input tokens of embeddings requests (/v1/embeddings, /api/embed, /api/embeddings, rerank, score)." },
+    { "tokens_embedded", "tinyloop_embedded_tokens_total", "Input tokens of embeddings requests (/v1/embeddings, /api/embed, /api/embeddings, /embedding, rerank, score)." },
     { "tokens_cached", "tinyloop_prompt_tokens_cached_total", "Prompt tokens whose K/V came from the prefix pool (not computed)." },
     { "tokens_out", "tinyloop_generated_tokens_total", "Tokens generated." },
     { "tool_calls", "tinyloop_tool_calls_total", "Tool calls answered (chat's tool_calls; Responses' function_call items; Anthropic's tool_use; Ollama's tool_calls)." },

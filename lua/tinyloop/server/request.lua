@@ -755,11 +755,18 @@ local DEFAULT_MAX_CHOICES = 16
 -- The body as a table, its fields checked against `fields` (kinds; unknown ones refused,
 -- `no_ops` accepted at their no-op values only, null meaning the default) -> t, cfg (the
 -- tinyloop config fields set directly) | nil, err.
-local function decode_fields(body, fields, no_ops)
+-- A request body that must be one JSON object -> the table | nil, err (every endpoint's rule).
+function _M.decode_object(body)
     if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
     local t, err = cjson.decode(body)
     if err then return bad("the request body is not valid JSON: " .. err, nil) end
     if type(t) ~= "table" or body:match("^%s*%[") then return bad("the request body must be a JSON object", nil) end
+    return t
+end
+
+local function decode_fields(body, fields, no_ops)
+    local t, err = _M.decode_object(body)
+    if not t then return nil, err end
     local cfg = {}
     for k, v in pairs(t) do
         local spec = fields[k]
@@ -1126,10 +1133,6 @@ local TOKENIZE_FIELDS = {
 local TOKENIZE_NO_OPS = { add_special_tokens = { function(v) return type(v) == "boolean" end, "true or false" } }
 local DETOKENIZE_FIELDS = { model = { "string", false }, tokens = { "array", false } }
 
--- parse_tokenize(body, model, model_id, chat, chat_error) -> { ids, token_strs } | nil, err:
--- the ids a POST /tokenize body's prompt or messages become on the completions endpoints
--- (chat: as parse_chat's; nil when the chat template failed to load, chat_error saying why:
--- a 500 for messages only).
 -- A request's conversation (messages, with tools, add_generation_prompt, continue_final_message
 -- and chat_template_kwargs) rendered as /v1/chat/completions renders it -> text | nil, err.
 local function conversation_text(t, body, chat, chat_error)
@@ -1149,10 +1152,8 @@ end
 -- nothing.
 local APPLY_TEMPLATE_FIELDS = { "messages", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools" }
 function _M.parse_apply_template(body, chat, chat_error)
-    if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
-    local t, err = cjson.decode(body)
-    if err then return bad("the request body is not valid JSON: " .. err, nil) end
-    if type(t) ~= "table" or body:match("^%s*%[") then return bad("the request body must be a JSON object", nil) end
+    local t, err = _M.decode_object(body)
+    if not t then return nil, err end
     local used = {}
     for _, k in ipairs(APPLY_TEMPLATE_FIELDS) do
         local v = t[k]
@@ -1168,6 +1169,10 @@ function _M.parse_apply_template(body, chat, chat_error)
     return { prompt = text }
 end
 
+-- parse_tokenize(body, model, model_id, chat, chat_error) -> { ids, token_strs } | nil, err:
+-- the ids a POST /tokenize body's prompt or messages become on the completions endpoints
+-- (chat: as parse_chat's; nil when the chat template failed to load, chat_error saying why:
+-- a 500 for messages only).
 function _M.parse_tokenize(body, model, model_id, chat, chat_error)
     local t, e = endpoint_body(body, TOKENIZE_FIELDS, model_id, TOKENIZE_NO_OPS)
     if not t then return nil, e end
@@ -1318,6 +1323,7 @@ local RERANK_FIELDS = { -- POST /v1/rerank (vLLM's, Jina's and Cohere's shape)
     model = { "string", false },
     query = { "string", false },
     documents = { "array", false },        -- texts, or {"text": ...} objects (Cohere's)
+    texts = { "array", false },            -- the same, by TEI's and llama.cpp's name
     top_n = { "integer", false },          -- the best n (default, or 0 as vLLM reads it: every document)
     return_documents = { "boolean", false }, -- each result's {"text"} (default true)
     max_tokens_per_doc = { "integer", false }, -- Cohere's: each document's first k tokens
@@ -1325,9 +1331,10 @@ local RERANK_FIELDS = { -- POST /v1/rerank (vLLM's, Jina's and Cohere's shape)
     loops = { "integer", false },
     pooling = { "string", false },
 }
--- Cohere's fields of the chunking this server does not do: their defaults only (its SDKs send null)
+-- Cohere's fields of the chunking this server does not do (its SDKs send null): any value that
+-- asks for no more than whole documents
 local RERANK_NO_OPS = {
-    max_chunks_per_doc = { function(v) return v == 1 end, "1" },
+    max_chunks_per_doc = { function(v) return is_integer(v) and v >= 1 end, "an integer >= 1: documents are not chunked" },
     rank_fields = { function(v) return type(v) == "table" and #v == 1 and v[1] == "text" end, '["text"]' },
 }
 local SCORE_FIELDS = { -- POST /v1/score (vLLM's): text_1 against text_2, 1:1, 1:N or N:N
@@ -1339,15 +1346,20 @@ local SCORE_FIELDS = { -- POST /v1/score (vLLM's): text_1 against text_2, 1:1, 1
     pooling = { "string", false },
 }
 
+-- v is a non-empty JSON array (a table keyed 1 .. #v, nothing else).
+local function is_list(v)
+    if type(v) ~= "table" or #v == 0 then return false end
+    for k in pairs(v) do
+        if not is_integer(k) or k < 1 or k > #v then return false end
+    end
+    return true
+end
+
 -- A field's texts: a text, or an array of them -> the list, whether it was a single text |
 -- nil, err.
 local function texts_of(v, field)
     if type(v) == "string" then return { v }, true end
-    local n = type(v) == "table" and #v or 0
-    for k in pairs(type(v) == "table" and v or {}) do
-        if not is_integer(k) or k < 1 or k > n then n = 0 break end
-    end
-    if n == 0 then return bad(field .. " must be a text or a non-empty array of texts", field) end
+    if not is_list(v) then return bad(field .. " must be a text or a non-empty array of texts", field) end
     for i, item in ipairs(v) do
         if type(item) ~= "string" then return bad(("%s[%d] must be a text"):format(field, i - 1), field) end
     end
@@ -1359,12 +1371,14 @@ end
 function _M.parse_rerank(body, model, model_id)
     local t, e = endpoint_body(body, RERANK_FIELDS, model_id, RERANK_NO_OPS)
     if not t then return nil, e end
+    if t.texts ~= nil then -- (Hugging Face TEI's and llama.cpp's name of the documents)
+        if t.documents ~= nil then return bad("documents and texts are two names of one field: send one", "texts") end
+        t.documents = t.texts
+    end
     if t.query == nil then return bad("query is required", "query") end
     if t.documents == nil then return bad("documents is required", "documents") end
-    if #t.documents == 0 then return bad("documents must be a non-empty array", "documents") end
-    for k in pairs(t.documents) do
-        if not is_integer(k) or k < 1 or k > #t.documents then return bad("documents must be a non-empty array", "documents") end
-    end
+    if not is_list(t.documents) then return bad("documents must be a non-empty array", "documents") end
+    if not model.has_tokenizer then return bad("this model has no tokenizer: rerank reads texts", "query") end
     local most = _M.max_embedding_inputs(model.d_model) - 1
     if #t.documents > most then
         return bad(("documents has %d items: at most %d a request"):format(#t.documents, most), "documents")
@@ -1379,6 +1393,10 @@ function _M.parse_rerank(body, model, model_id)
     end
     if t.max_tokens_per_doc ~= nil and t.max_tokens_per_doc < 1 then
         return bad("max_tokens_per_doc must be >= 1", "max_tokens_per_doc")
+    end
+    if t.max_tokens_per_doc ~= nil and t.truncate_prompt_tokens ~= nil then
+        return bad("max_tokens_per_doc keeps a document's first tokens, truncate_prompt_tokens its last: send one",
+                   "max_tokens_per_doc")
     end
     local top_n = (t.top_n or 0) > 0 and math.min(t.top_n, #texts) or #texts
     local o
@@ -1403,6 +1421,7 @@ function _M.parse_score(body, model, model_id)
     for _, field in ipairs({ "text_1", "text_2" }) do
         if t[field] == nil then return bad(field .. " is required", field) end
     end
+    if not model.has_tokenizer then return bad("this model has no tokenizer: score reads texts", "text_1") end
     local first, second
     first, e = texts_of(t.text_1, "text_1")
     if not first then return nil, e end
@@ -1413,6 +1432,7 @@ function _M.parse_score(body, model, model_id)
     end
     local most = _M.max_embedding_inputs(model.d_model)
     if #first + #second > most then
+        -- (text_2 is the longer list, or as long: text_1 has one text or as many)
         return bad(("text_1 and text_2 have %d texts in all: at most %d a request"):format(#first + #second, most), "text_2")
     end
     local o

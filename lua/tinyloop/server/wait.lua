@@ -51,18 +51,12 @@ end
 -- embed spec checks that it has the header's size and offsets.
 local embed_options = ffi.typeof("struct { int loops; int pooling; int normalize; }")
 _M.embed_options = embed_options
+-- tl_token_seq likewise (checked by the same spec)
+local token_seq = ffi.typeof("struct { const int32_t *tokens; int n; }")
+local token_seq_array = ffi.typeof("$[?]", token_seq)
+_M.token_seq = token_seq
 local POOLING = { mean = 0, last = 1 } -- TL_POOLING_MEAN, TL_POOLING_LAST
 
--- Embeddings (POST /v1/embeddings, /api/embed, /api/embeddings): tl_embed_batch runs forward
--- passes, so here and never on the event loop, and so does the writing of the vectors (a
--- request of 2,048 inputs is over half a million numbers). inputs: id lists, a slice of the
--- request's, the first of which is its input `first` (0-based); d: d_model; as "float" (a
--- vector is a JSON array) or "base64" (its float32 bytes, little-endian as this machine's,
--- base64, a JSON string); shape "openai" (each vector in {"object": "embedding", "index",
--- "embedding"}), "ollama" (the bare vector), "llamacpp" ({"index", "embedding": [vector]},
--- scaled by `norm`, below), or "raw": the vectors' float32 bytes, one after
--- another (the similarity endpoints' scores). -> the slice's entries' JSON text, joined by
--- commas (raw: the bytes) | nil, the message.
 -- (the llama.cpp shape: {"index", "embedding": [[...]]}, scaled by its embd_normalize `norm`
 -- where it is not the engine's unit length: 0 the largest magnitude to 32760, 1 taxicab,
 -- p > 2 the p-norm, each sum in double, as llama.cpp's common_embd_normalize; -1 and 2 are
@@ -77,26 +71,37 @@ local function llamacpp_scale(vector, d, norm)
         -- underflows for a large p, where llama.cpp's vector comes out all zero)
         if norm == 1 then sum = sum + x elseif norm > 2 then sum = sum + (x / largest) ^ norm end
     end
-    if norm == 0 then sum = largest / 32760 elseif norm > 2 then sum = largest > 0 and largest * sum ^ (1 / norm) or 0 end
-    local scale = sum > 0 and 1 / sum or 0
+    local divisor = norm == 0 and largest / 32760 or norm == 1 and sum or (largest > 0 and largest * sum ^ (1 / norm) or 0)
+    local scale = divisor > 0 and 1 / divisor or 0
     for j = 0, d - 1 do vector[j] = vector[j] * scale end
 end
 
+-- Embeddings (POST /v1/embeddings, /api/embed, /api/embeddings, /embedding; /v1/rerank and
+-- /v1/score's vectors): tl_embed_batch runs forward
+-- passes, so here and never on the event loop, and so does the writing of the vectors (a
+-- request of 2,048 inputs is over half a million numbers). inputs: id lists, a slice of the
+-- request's, the first of which is its input `first` (0-based); d: d_model; as "float" (a
+-- vector is a JSON array) or "base64" (its float32 bytes, little-endian as this machine's,
+-- base64, a JSON string); shape "openai" (each vector in {"object": "embedding", "index",
+-- "embedding"}), "ollama" (the bare vector), "llamacpp" ({"index", "embedding": [vector]},
+-- scaled by `norm`: llamacpp_scale above), or "raw": the vectors' float32 bytes, one after
+-- another (the similarity endpoints' scores). -> the slice's entries' JSON text, joined by
+-- commas (raw: the bytes) | nil, the message.
 function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, pooling, normalize, as, shape, first, norm)
-    local embed_fn = function_at(fn_addr, "int (*)(const void *, const int32_t *const *, const int *, int, const void *, float *)")
+    local embed_fn = function_at(fn_addr, "int (*)(const void *, const void *, int, const void *, float *)")
     local error_fn = function_at(last_error_addr, LAST_ERROR)
     local opts = embed_options(loops, POOLING[pooling], normalize and 1 or 0)
     -- the whole slice in one tl_embed_batch call: short inputs share forward passes
     local count = #inputs
-    local arrays, pointers, lengths = {}, ffi.new("const int32_t *[?]", count), ffi.new("int[?]", count)
+    local arrays, seqs = {}, token_seq_array(count)
     for i, ids in ipairs(inputs) do
         local n = #ids
         local tokens = ffi.new("int32_t[?]", n)
         for k = 1, n do tokens[k - 1] = ids[k] end
-        arrays[i], pointers[i - 1], lengths[i - 1] = tokens, tokens, n -- (arrays keeps them alive)
+        arrays[i], seqs[i - 1].tokens, seqs[i - 1].n = tokens, tokens, n -- (arrays keeps them alive)
     end
     local vectors = ffi.new("float[?]", count * d)
-    if tonumber(embed_fn(cast("void *", model_addr), pointers, lengths, count, opts, vectors)) ~= 0 then
+    if tonumber(embed_fn(cast("void *", model_addr), seqs, count, opts, vectors)) ~= 0 then
         -- (this thread's message, naming the input as the request counts it, not the slice)
         return nil, (ffi.string(error_fn()):gsub("input (%d+)", function(i) return "input " .. (first + i) end, 1))
     end
