@@ -1,6 +1,7 @@
 /* test_concurrency.c: four threads, each with its own sessions on one shared model, produce
- * exactly the tokens of sequential runs, and between them the embeddings (tl_embed) of
- * sequential calls, to the bit. Built also under ThreadSanitizer (scripts/test). */
+ * exactly the tokens of sequential runs, and between them the embeddings of sequential
+ * calls, to the bit (tl_embed, and in odd rounds tl_embed_batch of the prompt and its first
+ * two tokens, sharing a forward). Built also under ThreadSanitizer (scripts/test). */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -20,6 +21,7 @@ typedef struct {
     int32_t want[CAP], got[ROUNDS][CAP];
     int want_len, got_len[ROUNDS];
     float *embed_want, *embed_got[ROUNDS]; /* [d_model] each: the prompt's embedding */
+    float *batch_out;                      /* [2][d_model]: tl_embed_batch's two vectors */
     tl_status status;
 } job_t;
 
@@ -48,7 +50,14 @@ static void *worker(void *arg) {
             tl_session_free(s);
         }
         const tl_embed_options eo = embed_options(j->index);
-        j->status |= tl_embed(model, j->prompt, 4, &eo, j->embed_got[r]);
+        if (r % 2 == 0) {
+            j->status |= tl_embed(model, j->prompt, 4, &eo, j->embed_got[r]);
+        } else {
+            const tl_token_seq inputs[2] = {{j->prompt, 4}, {j->prompt, 2}};
+            const size_t d = (size_t)tl_model_info(model)->d_model;
+            j->status |= tl_embed_batch(model, inputs, 2, &eo, j->batch_out);
+            memcpy(j->embed_got[r], j->batch_out, d * sizeof(float));
+        }
     }
     return NULL;
 }
@@ -77,10 +86,11 @@ int main(int argc, char **argv) {
               "sequential %d: %s", i, tl_last_error());
         const size_t d = (size_t)tl_model_info(model)->d_model;
         j->embed_want = calloc(d, sizeof(float));
+        j->batch_out = calloc(2 * d, sizeof(float));
         for (int r = 0; r < ROUNDS; r++) j->embed_got[r] = calloc(d, sizeof(float));
         const tl_embed_options eo = embed_options(i);
-        CHECK(j->embed_want && tl_embed(model, j->prompt, 4, &eo, j->embed_want) == TL_OK, "sequential embed %d: %s", i,
-              tl_last_error());
+        CHECK(j->embed_want && j->batch_out && tl_embed(model, j->prompt, 4, &eo, j->embed_want) == TL_OK,
+              "sequential embed %d: %s", i, tl_last_error());
     }
     pthread_t threads[THREADS];
     for (int i = 0; i < THREADS; i++) pthread_create(&threads[i], NULL, worker, &jobs[i]);
@@ -98,6 +108,7 @@ int main(int argc, char **argv) {
             free(jobs[i].embed_got[r]);
         }
         free(jobs[i].embed_want);
+        free(jobs[i].batch_out);
     }
     tl_model_free(model);
     return check_summary();
