@@ -337,14 +337,19 @@ local function shown_length(model, id)
     return #(model:decode({ id }) or "")
 end
 
+-- Whether stdin is a terminal (a person typing), not a pipe or a file.
+local function stdin_is_terminal()
+    local ffi = require "ffi"
+    return pcall(ffi.cdef, "int isatty(int fd);") and pcall(function() return ffi.C.isatty end) and ffi.C.isatty(0) == 1
+end
+
 local function converse(model, chat, cfg, o)
     if not model:info().has_tokenizer then
         report("--interactive reads text: this model has no tokenizer")
         return 2
     end
     local ffi = require "ffi"
-    local prompt_marks = pcall(ffi.cdef, "int isatty(int fd);") and pcall(function() return ffi.C.isatty end) and
-                         ffi.C.isatty(0) == 1 -- "> " before each message, for a person typing
+    local prompt_marks = stdin_is_terminal() -- "> " before each message, for a person typing
     local max_seq = model:info().max_seq_len
     local want = cfg.max_tokens
     if not want then
@@ -448,23 +453,48 @@ function _M.main(argv, default_model)
     local cfg = o.cfg
     -- ---- --embed: the prompt's embedding, one JSON array (float32's round trip, %.9g)
     if o.embed then
+        local function print_vector(vector)
+            local numbers = {}
+            for i, x in ipairs(vector) do numbers[i] = ("%.9g"):format(x) end
+            io.write("[", table.concat(numbers, ","), "]\n")
+        end
         local function embed_line(text, where)
             local ok, vector, eerr = pcall(model.embed, model, text, { loops = cfg.loops })
             if not ok then io.stderr:write("tinyloop: ", where, tostring(vector), "\n") return 2 end
             if not vector then io.stderr:write("tinyloop: ", where, tostring(eerr), "\n") return 1 end
-            local numbers = {}
-            for i, x in ipairs(vector) do numbers[i] = ("%.9g"):format(x) end
-            io.write("[", table.concat(numbers, ","), "]\n")
+            print_vector(vector)
             return 0
         end
         if o.prompt ~= "-" then return embed_line(o.prompt, "") end
-        local n = 0
+        -- From a pipe or a file, EMBED_LINES lines at a time through model:embed_batch (short
+        -- lines share forward passes; the same vectors, bit for bit); a chunk with a bad line
+        -- goes again a line at a time, so the lines before it are printed and it is named.
+        -- From a terminal, a line at a time: each answer as soon as its line is typed.
+        local EMBED_LINES = stdin_is_terminal() and 1 or 32
+        local n, chunk, first = 0, {}, 1
+        local function flush()
+            if #chunk == 0 then return 0 end
+            local ok, vectors = pcall(model.embed_batch, model, chunk, { loops = cfg.loops })
+            if ok and vectors then
+                for _, vector in ipairs(vectors) do print_vector(vector) end
+            else
+                for i, text in ipairs(chunk) do
+                    local status = embed_line(text, ("stdin line %d: "):format(first + i - 1))
+                    if status ~= 0 then return status end
+                end
+            end
+            chunk, first = {}, n + 1
+            return 0
+        end
         for line in io.lines() do
             n = n + 1
-            local status = embed_line((line:gsub("\r$", "")), ("stdin line %d: "):format(n))
-            if status ~= 0 then return status end
+            chunk[#chunk + 1] = (line:gsub("\r$", ""))
+            if #chunk >= EMBED_LINES then
+                local status = flush()
+                if status ~= 0 then return status end
+            end
         end
-        return 0
+        return flush()
     end
     -- ---- --chat: the prompt through the chat template; the reply ends at the template's turn
     --      ends too (tinyloop.chat), and is all that is printed
