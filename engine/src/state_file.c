@@ -412,6 +412,10 @@ static tl_status read_config_fields(state_reader *r, read_config *rc) {
             const int32_t n = get_i32(r);
             if (n < 0 || n > TL_MAX_REASONING_TAG || !count_fits(r, n, sizeof(int32_t)))
                 return MALFORMED("a reasoning tag of %d ids (at most %d)", n, TL_MAX_REASONING_TAG);
+            /* (a session keeps its tags only with a budget: a written state has none without
+               one, and one read must write back as it was) */
+            if (n > 0 && c->reasoning_budget == 0)
+                return MALFORMED("a reasoning tag of %d ids with the budget off (reasoning_budget 0)", n);
             get(r, rc->reasoning_ids[t], (size_t)n * sizeof(int32_t));
             *(t ? &c->reasoning_end : &c->reasoning_start) = (tl_token_seq){n > 0 ? rc->reasoning_ids[t] : NULL, n};
         }

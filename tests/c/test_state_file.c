@@ -288,6 +288,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
         {172, 2, TL_ERR_INVALID_ARGUMENT, "reasoning_open = 2"},
         {176, 17, TL_ERR_FORMAT, "a reasoning tag of 17 ids"},
         {180, -1, TL_ERR_FORMAT, "a reasoning tag of -1 ids"},
+        {176, 1, TL_ERR_FORMAT, "a reasoning tag of 1 ids with the budget off"}, /* (found by fuzz_state) */
         {184, 0, TL_ERR_FORMAT, "prompt"},
         {188, 1 << 30, TL_ERR_FORMAT, "tokens"},
         {188, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
