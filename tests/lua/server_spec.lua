@@ -2691,13 +2691,15 @@ describe("server with two workers", function()
     -- Each worker has its own engine; /metrics, whichever worker answers, shows both.
     local port2, base2, dir2
     -- Runs fn(base URL) against a copy of this server's nginx config, one worker on its own
-    -- port under dir2/name, changed by edit(conf) -> conf (which must find what it changes).
-    local function with_one_worker_copy(name, edit, fn)
+    -- port under dir2/name, with `pattern` replaced by `replacement` (which must be found).
+    local function with_one_worker_copy(name, pattern, replacement, fn)
         local pre, p3 = dir2 .. "/" .. name, free_port()
-        local conf = edit(sh("cat " .. dir2 .. "/prefix/nginx.conf")
+        local conf = sh("cat " .. dir2 .. "/prefix/nginx.conf")
+            :gsub(pattern, replacement)
             :gsub("listen 127%.0%.0%.1:%d+;", "listen 127.0.0.1:" .. p3 .. ";")
             :gsub("\npid [^;]+;", "\npid " .. pre .. "/nginx.pid;")
-            :gsub("worker_processes %d+;", "worker_processes 1;"))
+            :gsub("worker_processes %d+;", "worker_processes 1;")
+        assert.truthy(conf:find(replacement, 1, true))
         with_nginx("$(command -v openresty || command -v nginx || echo /usr/sbin/nginx)", pre, conf, p3, function(b3) fn(b3, pre) end)
     end
     -- Chat here: the ChatML of --chat-template, and a turn that ends at a token the model
@@ -2852,12 +2854,7 @@ describe("server with two workers", function()
 
     it("keeps answering when the thread pool has no Lua VM to spare (it polls instead)", function()
         -- scripts/serve's config, with one thread-pool VM for three concurrent requests.
-        local function one_vm(conf)
-            conf = conf:gsub("lua_worker_thread_vm_pool_size %d+;", "lua_worker_thread_vm_pool_size 1;")
-            assert.truthy(conf:find("lua_worker_thread_vm_pool_size 1;", 1, true))
-            return conf
-        end
-        with_one_worker_copy("small", one_vm, function(b3, pre)
+        with_one_worker_copy("small", "lua_worker_thread_vm_pool_size %d+;", "lua_worker_thread_vm_pool_size 1;", function(b3, pre)
             local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 30, ignore_eos = true }))
             local cmd = {}
             for i = 1, 3 do
@@ -2873,12 +2870,7 @@ describe("server with two workers", function()
 
     it("answers 503 with Retry-After to embeddings past the places, and gives the place back", function()
         -- scripts/serve's config, one worker with one embeddings place and no wait for it
-        local function one_place(conf)
-            conf = conf:gsub("embed_jobs = %d+,", "embed_jobs = 1, embed_wait_s = 0,")
-            assert.truthy(conf:find("embed_jobs = 1, embed_wait_s = 0,", 1, true))
-            return conf
-        end
-        with_one_worker_copy("embed-places", one_place, function(b3, pre)
+        with_one_worker_copy("embed-places", "embed_jobs = %d+,", "embed_jobs = 1, embed_wait_s = 0,", function(b3, pre)
             -- a long request holds the place (100 inputs of 200 ids: seconds of forward passes)...
             local inputs = {}
             for i = 1, 100 do

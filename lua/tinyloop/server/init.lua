@@ -1541,13 +1541,16 @@ local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, 
     return concat(parts, shape == "raw" and "" or ",")
 end
 
--- The cosines of `pairs` ({i, j}: 1-based inputs) of the unit vectors in `raw` (embed_text's
--- "raw": float32 bytes, d a vector), each a sum in double: a few thousand dot products,
--- microseconds each, on the event loop.
-local function cosines(raw, d, pairs_)
-    local vectors = ffi_cast("const float *", raw)
-    local scores = {}
-    for k, pair in ipairs(pairs_) do
+-- A rerank or score request's (request.parse_rerank's, parse_score's) pair scores: each the
+-- cosine of two inputs' unit vectors (embed_text's "raw" float32 bytes), a sum in double: a
+-- few thousand dot products, microseconds each, on the event loop. -> scores | nil (`send`
+-- has answered the error).
+local function similarity(req, send)
+    local raw = embed_text(req.inputs, req.tokens, req.loops, req.pooling, true, "float", "raw", send,
+                           function(i) return req.names[i + 1] end)
+    if not raw then return nil end
+    local d, vectors, scores = model.d_model, ffi_cast("const float *", raw), {}
+    for k, pair in ipairs(req.pairs) do
         local a, b, dot = vectors + (pair[1] - 1) * d, vectors + (pair[2] - 1) * d, 0
         for j = 0, d - 1 do dot = dot + a[j] * b[j] end
         scores[k] = dot
@@ -1578,12 +1581,9 @@ function _M.rerank()
     if not body then return end
     local req, err = request.parse_rerank(body, model, conf.model_id)
     if not req then return send_error(err.status, err.message, err.param, err.type) end
-    local raw = embed_text(req.inputs, req.tokens, req.loops, req.pooling, true, "float", "raw", send_error,
-                           function(i) return i == 0 and "query" or ("documents[%d]"):format(i - 1) end)
-    if not raw then return end
-    local pairs_ = {}
-    for i = 1, #req.texts do pairs_[i] = { 1, i + 1 } end
-    local scores, order = cosines(raw, model.d_model, pairs_), {}
+    local scores = similarity(req, send_error)
+    if not scores then return end
+    local order = {}
     for i = 1, #req.texts do order[i] = i end
     table.sort(order, function(a, b) return scores[a] > scores[b] or (scores[a] == scores[b] and a < b) end)
     local results = {}
@@ -1605,14 +1605,10 @@ function _M.score()
     if not body then return end
     local req, err = request.parse_score(body, model, conf.model_id)
     if not req then return send_error(err.status, err.message, err.param, err.type) end
-    local raw = embed_text(req.inputs, req.tokens, req.loops, req.pooling, true, "float", "raw", send_error,
-                           function(i)
-                               if i < req.first_count then return req.single_1 and "text_1" or ("text_1[%d]"):format(i) end
-                               return req.single_2 and "text_2" or ("text_2[%d]"):format(i - req.first_count)
-                           end)
-    if not raw then return end
+    local scores = similarity(req, send_error)
+    if not scores then return end
     local data = {}
-    for k, score in ipairs(cosines(raw, model.d_model, req.pairs)) do
+    for k, score in ipairs(scores) do
         data[k] = '{"index":' .. (k - 1) .. ',"object":"score","score":' .. encode(score) .. "}"
     end
     next_request = next_request + 1

@@ -1367,7 +1367,8 @@ local function texts_of(v, field)
 end
 
 -- parse_rerank(body, model, model_id) -> { inputs (the query's ids, then each document's),
--- tokens, texts (the documents'), top_n, return_documents, loops, pooling } | nil, err.
+-- names (each input's field, as errors name it), pairs (the query with each document), tokens,
+-- texts (the documents'), top_n, return_documents, loops, pooling } | nil, err.
 function _M.parse_rerank(body, model, model_id)
     local t, e = endpoint_body(body, RERANK_FIELDS, model_id, RERANK_NO_OPS)
     if not t then return nil, e end
@@ -1406,15 +1407,17 @@ function _M.parse_rerank(body, model, model_id)
     if not query then return nil, query_tokens end
     local docs, doc_tokens = _M.embedding_inputs(model, texts, "documents", o.keep, t.max_tokens_per_doc)
     if not docs then return nil, doc_tokens end
-    local inputs = { query[1] }
-    for i, ids in ipairs(docs) do inputs[i + 1] = ids end
-    return { inputs = inputs, tokens = query_tokens + doc_tokens, texts = texts, top_n = top_n,
+    local inputs, names, pairs_ = { query[1] }, { "query" }, {}
+    for i, ids in ipairs(docs) do
+        inputs[i + 1], names[i + 1], pairs_[i] = ids, ("documents[%d]"):format(i - 1), { 1, i + 1 }
+    end
+    return { inputs = inputs, names = names, pairs = pairs_, tokens = query_tokens + doc_tokens, texts = texts, top_n = top_n,
              return_documents = t.return_documents ~= false, loops = o.loops, pooling = o.pooling }
 end
 
--- parse_score(body, model, model_id) -> { inputs (text_1's ids, then text_2's), tokens, pairs
--- ({i, j}: inputs i and j, 1-based, one a score in order), first_count (text_1's texts),
--- single_1, single_2 (each sent as one text, not a list), loops, pooling } | nil, err.
+-- parse_score(body, model, model_id) -> { inputs (text_1's ids, then text_2's), names (each
+-- input's field: text_1 where it is one text, else text_1[i]), tokens, pairs ({i, j}: inputs
+-- i and j, 1-based, one a score in order), loops, pooling } | nil, err.
 function _M.parse_score(body, model, model_id)
     local t, e = endpoint_body(body, SCORE_FIELDS, model_id)
     if not t then return nil, e end
@@ -1442,14 +1445,14 @@ function _M.parse_score(body, model, model_id)
     if not a then return nil, a_tokens end
     local b, b_tokens = _M.embedding_inputs(model, t.text_2, "text_2", o.keep)
     if not b then return nil, b_tokens end
-    local inputs, pairs_ = {}, {}
-    for i, ids in ipairs(a) do inputs[i] = ids end
+    local inputs, names, pairs_ = {}, {}, {}
+    local function name(field, i) return type(t[field]) == "string" and field or ("%s[%d]"):format(field, i - 1) end
+    for i, ids in ipairs(a) do inputs[i], names[i] = ids, name("text_1", i) end
     for j, ids in ipairs(b) do
-        inputs[#a + j] = ids
+        inputs[#a + j], names[#a + j] = ids, name("text_2", j)
         pairs_[j] = { #a == 1 and 1 or j, #a + j }
     end
-    return { inputs = inputs, tokens = a_tokens + b_tokens, pairs = pairs_, first_count = #a, loops = o.loops, pooling = o.pooling,
-             single_1 = type(t.text_1) == "string", single_2 = type(t.text_2) == "string" }
+    return { inputs = inputs, names = names, tokens = a_tokens + b_tokens, pairs = pairs_, loops = o.loops, pooling = o.pooling }
 end
 
 -- A request's dimensions (OpenAI's and Ollama's) -> true where it is the model's (or none):
