@@ -82,11 +82,21 @@ describe("llamacpp.to_completions", function()
         assert.is_nil(text)
         assert.same({ "prompt", ("prompt[1] = %d is not a token id: ids are in [0, %d)"):format(model.vocab_size, model.vocab_size) },
                     { err.param, err.message })
+        -- a batch of prompts (texts alone, or arrays): each its own id list, the view told their sizes
+        local mixed = { 5 }
+        for _, id in ipairs(model:encode("It is")) do mixed[#mixed + 1] = id end
+        local batch_text, batch_view = llamacpp.to_completions('{"prompt": ["It is", [5, "It is"], [7, 8]]}', tokenize, model.vocab_size)
+        assert.same({ model:encode("It is"), mixed, { 7, 8 } }, cjson.decode(batch_text).prompt)
+        assert.same({ #model:encode("It is"), #mixed, 2 }, batch_view.batch)
+        -- a batch of one is one prompt, answered as one (llama.cpp's single result)
+        batch_text, batch_view = llamacpp.to_completions('{"prompt": ["It is"]}', tokenize)
+        assert.same({ { model:encode("It is") }, nil }, { cjson.decode(batch_text).prompt, batch_view.batch })
         -- keys as llama.cpp's strtol reads ids: " 5" and "+6" are ids 5 and 6
         assert.same({ ["5"] = 1, ["6"] = 2 }, of('{"prompt": "a", "logit_bias": {" 5": 1, "+6": 2}}').logit_bias)
         -- without a tokenizer, both are refused, named
         H.refuses(function(body) return llamacpp.to_completions(body) end, {
-            { '{"prompt": [1, "a"]}', "prompt", "texts mixed with token ids need the model's tokenizer" },
+            { '{"prompt": [1, "a"]}', "prompt", "prompt: texts need the model's tokenizer: give token ids" },
+            { '{"prompt": ["a", "b"]}', "prompt", "prompt[0]: texts need the model's tokenizer" },
             { '{"prompt": "a", "logit_bias": [["Hello", -1]]}', "logit_bias", "logit_bias[0]: a text needs the model's tokenizer" },
             { '{"prompt": "a", "logit_bias": {"Hello": -1}}', "logit_bias", 'logit_bias["Hello"]: a text needs the model' },
         })
@@ -111,7 +121,10 @@ describe("llamacpp.to_completions", function()
         H.refuses(function(body) return llamacpp.to_completions(body) end, {
             { "{}", "prompt", "prompt is required" },
             { '{"prompt": 5}', "prompt", "prompt must be a text or an array of token ids" },
-            { '{"prompt": ["a", "b"]}', "prompt", "an array of texts is a batch of prompts, which is not taken here" },
+            { '{"prompt": [[1, 2], 3]}', "prompt", "a batch of prompts holds texts and arrays of token ids, not bare token ids" },
+            { '{"prompt": [[1, 2], []]}', "prompt", "prompt[1] must not be empty" },
+            { '{"prompt": [[1, 2], [3, [4]]]}', "prompt", "prompt[1][1]: a prompt's pieces are token ids and texts" },
+            { '{"prompt": [[1, 2], [3, -4]]}', "prompt", "prompt[1][1] = -4 is not a token id" },
             { '{"prompt": [1, {"a": 1}, 3]}', "prompt", "prompt[1]: a prompt is a text, token ids, or token ids and texts mixed" },
             { '{"prompt": []}', "prompt", "prompt must be a text or an array of token ids" },
             { '{"prompt": "a", "n_predict": 1.5}', "n_predict", "n_predict must be an integer" },
@@ -198,6 +211,41 @@ describe("llamacpp view", function()
         local e = view:feed('{"error":{"message":"engine failed","type":"server_error","param":null}}')
         assert.same({ code = 500, message = "engine failed", type = "server_error" }, cjson.decode(e[1][2]).error)
         assert.same({}, view:feed('{"choices":[{"index":0,"text":"a","finish_reason":null}]}'))
+    end)
+
+    it("answers a batch of prompts as llama.cpp's results, each with its index, counts and stats", function()
+        local _, _, view = completions_of('{"prompt": [[1, 2, 3], [4, 5]]}')
+        assert.same({ 3, 2 }, view.batch)
+        local batch_answer = { created = 1, model = "m", usage = { prompt_tokens = 5, completion_tokens = 3, total_tokens = 8 }, choices = {
+            { index = 0, text = "Hi", token_ids = { 5 }, finish_reason = "length", tinyloop = { prefill_ms = 2, decode_ms = 4 } },
+            { index = 1, text = "A\nB", token_ids = { 6, 7 }, finish_reason = "stop", stop_reason = "\n",
+              tinyloop = { prefill_ms = 1, decode_ms = 3, prompt_tokens_reused = 1 } } } }
+        local r = cjson.decode(view:response(cjson.encode(batch_answer)))
+        assert.equal(2, #r)
+        assert.same({ 0, "Hi", "limit", 1, 3, false, 3, 0 }, { r[1].index, r[1].content, r[1].stop_type, r[1].tokens_predicted,
+                    r[1].tokens_evaluated, r[1].has_new_line, r[1].timings.prompt_n, r[1].timings.cache_n })
+        assert.same({ 1, "A\nB", "word", "\n", 2, 2, true, 1, 1, 3 }, { r[2].index, r[2].content, r[2].stop_type, r[2].stopping_word,
+                    r[2].tokens_predicted, r[2].tokens_evaluated, r[2].has_new_line, r[2].timings.prompt_n, r[2].timings.cache_n,
+                    r[2].timings.predicted_ms })
+        assert.same({ 2, 1 }, { r[1].tinyloop.prefill_ms, r[2].tinyloop.prefill_ms })
+        -- streamed: the prompts' chunks interleave, each event with its index; each prompt ends
+        -- with its own stop: true event when its choice finishes
+        _, _, view = completions_of('{"prompt": [[1, 2, 3], [4, 5]], "stream": true}')
+        view:start_stream("x", 1, "m", 5)
+        local events = {}
+        local function feed(t) for _, e in ipairs(view:feed(cjson.encode(t))) do events[#events + 1] = cjson.decode(e[2]) end end
+        feed({ choices = { { index = 0, text = "Hi", token_ids = { 5 }, finish_reason = cjson.null } }, usage = cjson.null })
+        feed({ choices = { { index = 1, text = "A", token_ids = { 6 }, finish_reason = cjson.null } }, usage = cjson.null })
+        feed({ choices = { { index = 1, text = "\nB", token_ids = { 7 }, finish_reason = "stop", stop_reason = "\n" } },
+               tinyloop = { decode_ms = 3, prompt_tokens_reused = 1 }, usage = cjson.null })
+        feed({ choices = { { index = 0, text = "", token_ids = {}, finish_reason = "length" } }, tinyloop = { decode_ms = 4 },
+               usage = { prompt_tokens = 5, completion_tokens = 3, total_tokens = 8 } })
+        assert.same({}, view:feed("[DONE]"))
+        local seen = {}
+        for i, e in ipairs(events) do seen[i] = { e.index, e.content, e.stop, e.tokens_evaluated } end
+        assert.same({ { 0, "Hi", false, 3 }, { 1, "A", false, 2 }, { 1, "\nB", false, 2 }, { 1, "", true, 2 }, { 0, "", true, 3 } }, seen)
+        assert.same({ "word", 2, true, 1 }, { events[4].stop_type, events[4].tokens_predicted, events[4].has_new_line, events[4].timings.cache_n })
+        assert.same({ "limit", 1, false }, { events[5].stop_type, events[5].tokens_predicted, events[5].has_new_line })
     end)
 
     it("names llama.cpp's fields in the completions parser's errors", function()

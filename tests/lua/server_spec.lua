@@ -2162,6 +2162,33 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         assert.are_not.equal(first, banned.tokens[1])
     end)
 
+    it("completes a batch of prompts as llama.cpp does: an array of results, or events each with its index", function()
+        local prompts = { "It is a truth", { 17, "Emma" } } -- (this server takes 2 choices a request)
+        local singles = {}
+        for i, p in ipairs(prompts) do singles[i] = ok("/completion", { prompt = p, n_predict = 6, temperature = 0, return_tokens = true }) end
+        local r = ok("/completion", { prompt = prompts, n_predict = 6, temperature = 0, return_tokens = true })
+        assert.equal(#prompts, #r)
+        for i, one in ipairs(singles) do
+            assert.same({ i - 1, one.content, one.tokens, one.tokens_evaluated, one.stop_type },
+                        { r[i].index, r[i].content, r[i].tokens, r[i].tokens_evaluated, r[i].stop_type })
+            assert.equal(r[i].tokens_evaluated, r[i].timings.prompt_n + r[i].timings.cache_n)
+        end
+        -- streamed: each prompt's pieces join to its text, and its last event says stop
+        local status, body = post_to("/completion", { prompt = prompts, n_predict = 6, temperature = 0, stream = true }, "-N")
+        assert.equal(200, status, body)
+        local texts, stops = {}, {}
+        for data in body:gmatch("data: ([^\n]+)\n\n") do
+            local e = cjson.decode(data)
+            assert.is_nil(stops[e.index + 1], "an event after its prompt's end")
+            texts[e.index + 1] = (texts[e.index + 1] or "") .. e.content
+            if e.stop then stops[e.index + 1] = e end
+        end
+        for i, one in ipairs(singles) do
+            assert.equal(one.content, texts[i])
+            assert.same({ one.tokens_predicted, one.tokens_evaluated }, { stops[i].tokens_predicted, stops[i].tokens_evaluated })
+        end
+    end)
+
     it("answers llama.cpp's own /embedding: [{index, embedding: [[...]]}], scaled by embd_normalize", function()
         local m = assert(tinyloop.load(MODEL))
         local text = "It is a truth universally acknowledged"
@@ -2273,7 +2300,9 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
             assert.truthy(e.message:find(needle, 1, true), e.message)
         end
         refused({ n_predict = 3 }, "prompt is required")
-        refused({ prompt = { "a", "b" } }, "an array of texts is a batch of prompts, which is not taken here")
+        refused({ prompt = { { 1, 2 }, 3 } }, "a batch of prompts holds texts and arrays of token ids, not bare token ids")
+        refused({ prompt = { "It is", { 1, 99999 } } }, "prompt[1][1] = 99999 is not a token id")
+        refused({ prompt = { "a", "b", "c" } }, "3 prompts x n = 1 is 3 choices") -- (a batch: the request's limit on choices)
         refused({ prompt = "a", mirostat = 2 }, "mirostat is not supported")
         refused({ prompt = "a", n_predict = 4096 * 4, temperature = "x" }, "temperature must be a number")
         refused({ prompt = { 1, 99999 } }, "is not a token id")

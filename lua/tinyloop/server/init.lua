@@ -639,6 +639,7 @@ local function next_output(st, ready)
         prefill_ms = s.prefill_ms, first_token_ms = s.first_token_ms, decode_ms = s.decode_ms,
         drafted = s.drafted, accepted = s.accepted, acceptance_rate = s.acceptance_rate,
         mean_accepted = s.mean_accepted, verify_steps = s.verify_steps, probes = s.probes,
+        prompt_tokens_reused = s.prompt_tokens_reused, -- (of this choice's prompt, from the prefix pool)
     }
     return text, ids, true, figures
 end

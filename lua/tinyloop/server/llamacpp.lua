@@ -49,6 +49,30 @@ local OFF = {
 local UNSET_SEED = { [-1] = true, [4294967295] = true } -- (llama.cpp's "random", either way it is spelled)
 _M.MAX_PROBS = tonumber(require("tinyloop").C.TL_MAX_TOP_LOGPROBS) -- the most alternatives n_probs gives
 
+-- The ids of a prompt given as ids and texts mixed (`list`; `at` names it in messages): each
+-- text tokenized on its own, in place; nil, err where an id is out of range (vocab: the
+-- vocabulary's size) or a text cannot be tokenized (tokenize nil: the model has no tokenizer).
+local function mixed_ids(list, at, tokenize, vocab)
+    local all = {}
+    for i, v in ipairs(list) do
+        if type(v) == "number" then
+            if not KIND_OK.integer(v) or v < 0 or (vocab and v >= vocab) then
+                return bad(("%s[%d] = %s is not a token id%s"):format(at, i - 1, tostring(v),
+                           vocab and (": ids are in [0, %d)"):format(vocab) or ""), "prompt")
+            end
+            all[#all + 1] = v
+        elseif type(v) ~= "string" then
+            return bad(("%s[%d]: a prompt's pieces are token ids and texts"):format(at, i - 1), "prompt")
+        elseif v ~= "" then
+            if not tokenize then return bad(at .. ": texts need the model's tokenizer: give token ids", "prompt") end
+            local piece, err = tokenize(v)
+            if not piece then return bad(("%s[%d]: %s"):format(at, i - 1, tostring(err)), "prompt") end
+            for _, id in ipairs(piece) do all[#all + 1] = id end
+        end
+    end
+    return all
+end
+
 -- to_completions(body[, tokenize]) -> the /v1/completions body that means the same, and its
 -- view; or nil, err (the field named). tokenize(text) -> ids | nil, err: the model's tokenizer, for
 -- what llama.cpp tokenizes itself (a prompt mixing texts and ids, a logit_bias given by text);
@@ -64,43 +88,46 @@ function _M.to_completions(body, tokenize, vocab)
     local members = {}
     local prompt = t.prompt
     if prompt == nil then return bad("prompt is required", "prompt") end
+    local batch -- (a batch of prompts: each one's token count, for its tokens_evaluated)
     if type(prompt) == "table" then
         if not is_array(prompt) or #prompt == 0 then return bad("prompt must be a text or an array of token ids", "prompt") end
-        -- llama.cpp's forms: ids; ids and texts mixed (one prompt: each text tokenized on its
-        -- own, in place); texts alone (a batch of prompts: not taken here)
-        local texts, ids = 0, 0
+        -- llama.cpp's forms (its tokenize_input_prompts): ids, or ids and texts mixed, are one
+        -- prompt (each text tokenized on its own, in place); texts alone, or arrays, a batch of
+        -- prompts, each a text or such an array, each answered as its own completion
+        local texts, ids, arrays = 0, 0, 0
         for i, v in ipairs(prompt) do
-            if type(v) == "string" then
+            local kind = type(v)
+            if kind == "string" then
                 texts = texts + 1
-            elseif type(v) == "number" then
+            elseif kind == "number" then
                 ids = ids + 1
+            elseif kind == "table" and is_array(v) then
+                arrays = arrays + 1
             else
                 return bad(("prompt[%d]: a prompt is a text, token ids, or token ids and texts mixed"):format(i - 1), "prompt")
             end
         end
-        if ids == 0 then
-            return bad("prompt: an array of texts is a batch of prompts, which is not taken here: send one prompt a request",
-                       "prompt")
-        end
-        if texts == 0 then
+        if arrays == 0 and texts == 0 then
             members[#members + 1] = { "prompt", raw.prompt }
-        else
-            if not tokenize then return bad("prompt: texts mixed with token ids need the model's tokenizer", "prompt") end
-            local all = {}
-            for i, v in ipairs(prompt) do
-                if type(v) == "number" then
-                    if not KIND_OK.integer(v) or v < 0 or (vocab and v >= vocab) then
-                        return bad(("prompt[%d] = %s is not a token id%s"):format(i - 1, tostring(v),
-                                   vocab and (": ids are in [0, %d)"):format(vocab) or ""), "prompt")
-                    end
-                    all[#all + 1] = v
-                elseif v ~= "" then
-                    local piece, err = tokenize(v)
-                    if not piece then return bad(("prompt[%d]: %s"):format(i - 1, tostring(err)), "prompt") end
-                    for _, id in ipairs(piece) do all[#all + 1] = id end
-                end
-            end
+        elseif arrays == 0 and ids > 0 then
+            local all, err = mixed_ids(prompt, "prompt", tokenize, vocab)
+            if not all then return nil, err end
             members[#members + 1] = { "prompt", "[" .. concat(all, ",") .. "]" }
+        else
+            if ids > 0 then
+                return bad("prompt: a batch of prompts holds texts and arrays of token ids, not bare token ids", "prompt")
+            end
+            -- (how many a request may hold: the completions path's limit on choices, which names prompt)
+            local lists = {}
+            batch = {}
+            for i, v in ipairs(prompt) do
+                local at = ("prompt[%d]"):format(i - 1)
+                local list, err = mixed_ids(type(v) == "string" and { v } or v, at, tokenize, vocab)
+                if not list then return nil, err end
+                if #list == 0 then return bad(at .. " must not be empty", "prompt") end
+                lists[i], batch[i] = "[" .. concat(list, ",") .. "]", #list
+            end
+            members[#members + 1] = { "prompt", "[" .. concat(lists, ",") .. "]" }
         end
     elseif type(prompt) ~= "string" then
         return bad("prompt must be a text or an array of token ids", "prompt")
@@ -210,7 +237,7 @@ function _M.to_completions(body, tokenize, vocab)
         members[#members + 1] = { "logit_bias", "{" .. concat(inner, ",") .. "}" }
     end
     local view = setmetatable({ stream = t.stream == true, return_tokens = t.return_tokens == true,
-                                n_predict = n_predict }, _M.View)
+                                n_predict = n_predict, batch = batch and #batch > 1 and batch or nil }, _M.View)
     return object(members), view
 end
 
@@ -284,15 +311,16 @@ end
 
 -- One object of the answer: content (the whole text, or a stream's piece), its tokens, its
 -- tokens' completion_probabilities (JSON, or nil), and with the finish (`finish`: shapes'
--- finish) llama.cpp's closing fields.
-function View:object(content, tokens, finish, model, probs)
-    local members = { { "index", "0" }, { "content", encode(content) },
+-- finish) llama.cpp's closing fields. part: the prompt's own (its index in a batch, from 0;
+-- text, the whole completion's; predicted and evaluated, a stream's counts so far).
+function View:object(content, tokens, finish, model, probs, part)
+    local members = { { "index", tostring(part.index) }, { "content", encode(content) },
                       { "tokens", (self.return_tokens or self.stream) and ("[" .. concat(tokens or {}, ",") .. "]") or "[]" },
                       { "id_slot", "0" }, { "stop", finish and "true" or "false" } }
     if probs then members[#members + 1] = { "completion_probabilities", probs } end
     if not finish and self.stream then -- (each chunk of llama.cpp's stream carries the counts so far)
-        members[#members + 1] = { "tokens_predicted", tostring(self.predicted or 0) }
-        members[#members + 1] = { "tokens_evaluated", tostring(self.evaluated or 0) }
+        members[#members + 1] = { "tokens_predicted", tostring(part.predicted or 0) }
+        members[#members + 1] = { "tokens_evaluated", tostring(part.evaluated or 0) }
     end
     if finish then
         local usage = finish.usage or {}
@@ -301,7 +329,7 @@ function View:object(content, tokens, finish, model, probs)
         members[#members + 1] = { "model", encode(model or "") }
         members[#members + 1] = { "tokens_predicted", tostring(usage.completion_tokens or 0) }
         members[#members + 1] = { "tokens_evaluated", tostring(usage.prompt_tokens or 0) }
-        members[#members + 1] = { "has_new_line", tostring((self.text or content):find("\n", 1, true) ~= nil) }
+        members[#members + 1] = { "has_new_line", tostring((part.text or content):find("\n", 1, true) ~= nil) }
         members[#members + 1] = { "truncated", "false" }
         members[#members + 1] = { "stop_type", encode(stop_type) }
         members[#members + 1] = { "stopping_word", encode(word) }
@@ -312,25 +340,52 @@ function View:object(content, tokens, finish, model, probs)
     return object(members)
 end
 
--- response(completions_json) -> the blocking answer.
+-- A batch's finish of one choice (a completions choice with its own stats, as a request of
+-- several prompts writes them): shapes' finish, with the usage of that prompt alone.
+local function choice_finish(choice, prompt_tokens)
+    local stats = type(choice.tinyloop) == "table" and choice.tinyloop or {}
+    local stop = choice.stop_reason
+    return { finish_reason = choice.finish_reason, stop_reason = stop ~= json_null and stop or nil,
+             tinyloop = cjson.encode(stats),
+             usage = { prompt_tokens = prompt_tokens, completion_tokens = type(choice.token_ids) == "table" and #choice.token_ids or 0,
+                       prompt_tokens_details = { cached_tokens = tonumber(stats.prompt_tokens_reused) or 0 } } }
+end
+
+-- response(completions_json) -> the blocking answer: llama.cpp's object, or for a batch of
+-- prompts an array of them in the prompts' order (llama.cpp's "multiple results").
 function View:response(answer_json, _)
+    if self.batch then
+        local answer = cjson.decode(answer_json)
+        local objects = {}
+        for i, choice in ipairs(answer.choices) do
+            local text = type(choice.text) == "string" and choice.text or ""
+            objects[i] = self:object(text, type(choice.token_ids) == "table" and choice.token_ids or {},
+                                     choice_finish(choice, self.batch[choice.index + 1]), answer.model, probabilities(choice.logprobs),
+                                     { index = choice.index, text = text })
+        end
+        return "[" .. concat(objects, ",") .. "]"
+    end
     local answer = shapes.answer(answer_json)
     local choice = (cjson.decode(answer_json).choices or {})[1] or {}
-    self.text = answer.text
     return self:object(answer.text, type(choice.token_ids) == "table" and choice.token_ids or {}, answer.finish, answer.model,
-                       probabilities(choice.logprobs))
+                       probabilities(choice.logprobs), { index = 0, text = answer.text })
 end
 
 -- ------------------------------------------------------------------ the stream
 
+-- (each prompt of a batch is a part of its own: its text so far, its counts, its finish)
 function View:start_stream(_, created, model, prompt_tokens)
-    self.created, self.model, self.finished, self.text = created, model, false, ""
-    self.predicted, self.evaluated = 0, prompt_tokens or 0
+    self.created, self.model, self.finished, self.parts = created, model, false, {}
+    for i = 1, self.batch and #self.batch or 1 do
+        self.parts[i] = { index = i - 1, text = "", predicted = 0,
+                          evaluated = self.batch and self.batch[i] or prompt_tokens or 0 }
+    end
 end
 
 -- feed(payload) -> the events {nil, json} a completions stream's event makes: one per chunk with
--- text or tokens, and the finish's (stop: true, with the counts), which is the last: the chunk
--- of the finish carries the usage (no include_usage is asked for).
+-- text or tokens, and each prompt's finish (stop: true, with the counts), which is its last. A
+-- single prompt's finishing chunk carries the usage (no include_usage is asked for); a batch's
+-- prompt is counted from its own tokens and stats, and its end sent when its choice finishes.
 function View:feed(payload)
     local out = {}
     if self.finished or payload == "[DONE]" then return out end
@@ -342,23 +397,31 @@ function View:feed(payload)
         return out
     end
     local choice = type(chunk.choices) == "table" and chunk.choices[1] or nil
-    if choice then
+    local part = choice and self.parts[(tonumber(choice.index) or 0) + 1]
+    if part then
         local text = type(choice.text) == "string" and choice.text or ""
         local tokens = type(choice.token_ids) == "table" and choice.token_ids or {}
-        self.text = self.text .. text
-        self.predicted = self.predicted + #tokens
+        part.text = part.text .. text
+        part.predicted = part.predicted + #tokens
         if text ~= "" or #tokens > 0 then
-            out[#out + 1] = { nil, self:object(text, tokens, nil, nil, probabilities(choice.logprobs)) }
+            out[#out + 1] = { nil, self:object(text, tokens, nil, nil, probabilities(choice.logprobs), part) }
         end
         if choice.finish_reason and choice.finish_reason ~= json_null then
-            self.finish = { finish_reason = choice.finish_reason, stop_reason = choice.stop_reason ~= json_null and choice.stop_reason or nil,
+            part.finish = { finish_reason = choice.finish_reason, stop_reason = choice.stop_reason ~= json_null and choice.stop_reason or nil,
                             tinyloop = chunk.tinyloop and cjson.encode(chunk.tinyloop) or nil }
+            if self.batch then
+                local stats = type(chunk.tinyloop) == "table" and chunk.tinyloop or {}
+                part.finish.usage = { prompt_tokens = part.evaluated, completion_tokens = part.predicted,
+                                      prompt_tokens_details = { cached_tokens = tonumber(stats.prompt_tokens_reused) or 0 } }
+                out[#out + 1] = { nil, self:object("", {}, part.finish, self.model, nil, part) }
+            end
         end
     end
-    if self.finish and type(chunk.usage) == "table" then -- (the usage chunk: the end)
-        self.finish.usage = chunk.usage
+    local single = not self.batch and self.parts[1]
+    if single and single.finish and type(chunk.usage) == "table" then -- (the usage chunk: the end)
+        single.finish.usage = chunk.usage
         self.finished = true
-        out[#out + 1] = { nil, self:object("", {}, self.finish, self.model) }
+        out[#out + 1] = { nil, self:object("", {}, single.finish, self.model, nil, single) }
     end
     return out
 end
