@@ -262,12 +262,21 @@ describe("llamacpp.embedding_request", function()
         assert.same({ input = { "a", { 1, 2 } }, field = "input", norm = -1 },
                     llamacpp.embedding_request('{"input": ["a", [1, 2]], "content": "b", "embd_normalize": -1}'))
         assert.equal(3, llamacpp.embedding_request('{"content": "a", "embd_normalize": 3}').norm)
+        -- ids with texts mixed in (one input, or one of a list): ids, each text tokenized in place
+        local function tokenize(text) return { #text, 100 + #text } end
+        assert.same({ 5, 2, 102, 6 }, llamacpp.embedding_request('{"content": [5, "ab", 6]}', tokenize).input)
+        assert.same({ "a", { 1, 3, 103 }, { 7 } }, llamacpp.embedding_request('{"content": ["a", [1, "abc"], [7]]}', tokenize).input)
         H.refuses(function(body) return llamacpp.embedding_request(body) end, {
             { "{}", "content", "content is required" },
             { '{"content": null}', "content", "content is required" },
             { '{"content": "a", "embd_normalize": -2}', "embd_normalize", "embd_normalize must be an integer >= -1" },
             { '{"content": "a", "embd_normalize": 1.5}', "embd_normalize", "embd_normalize must be an integer >= -1" },
             { "[1]", nil, "the request body must be a JSON object" },
+            { '{"content": [5, "ab"]}', "content", "content: texts need the model's tokenizer" },
+            { '{"input": ["a", [1, "b"]]}', "input", "input[1]: texts need the model's tokenizer" },
+        })
+        H.refuses(function(body) return llamacpp.embedding_request(body, function() return { 1 } end, 10) end, {
+            { '{"content": [12, "ab"]}', "content", "content[0] = 12 is not a token id: ids are in [0, 10)" },
         })
     end)
 end)

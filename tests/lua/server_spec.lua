@@ -2206,6 +2206,12 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         local raw = m:embed(text, { normalize = false })
         assert.same(raw, as_floats(r[1].embedding[1]))
         assert.same(m:embed({ 5, 6, 7 }, { normalize = false }), as_floats(r[2].embedding[1]))
+        -- ids with a text mixed in: one input of ids, the text's tokenized in place (as its prompts)
+        local mixed = { 5 }
+        for _, id in ipairs(m:encode(text)) do mixed[#mixed + 1] = id end
+        assert.same(m:embed(mixed), as_floats(ok("/embedding", { content = { 5, text } })[1].embedding[1]))
+        r = ok("/embedding", { content = { { 5, text }, text } })
+        assert.same({ m:embed(mixed), m:embed(text) }, { as_floats(r[1].embedding[1]), as_floats(r[2].embedding[1]) })
         -- taxicab and max-absolute: the raw vector scaled (sums in double, as llama.cpp's)
         local taxicab, largest = 0, 0
         for _, x in ipairs(raw) do taxicab, largest = taxicab + math.abs(x), math.max(largest, math.abs(x)) end

@@ -1638,7 +1638,7 @@ end
 function _M.llamacpp_embedding()
     local body = post_body()
     if not body then return end
-    local req, err = llamacpp.embedding_request(body)
+    local req, err = llamacpp.embedding_request(body, model.has_tokenizer and llamacpp_tokenize or nil, model.vocab_size)
     if not req then return send_llamacpp_error(err.status, err.message, nil, err.type) end
     local inputs, tokens = request.embedding_inputs(model, req.input, req.field)
     if not inputs then return send_llamacpp_error(tokens.status, tokens.message, nil, tokens.type) end

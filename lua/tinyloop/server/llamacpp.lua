@@ -49,24 +49,26 @@ local OFF = {
 local UNSET_SEED = { [-1] = true, [4294967295] = true } -- (llama.cpp's "random", either way it is spelled)
 _M.MAX_PROBS = tonumber(require("tinyloop").C.TL_MAX_TOP_LOGPROBS) -- the most alternatives n_probs gives
 
--- The ids of a prompt given as ids and texts mixed (`list`; `at` names it in messages): each
--- text tokenized on its own, in place; nil, err where an id is out of range (vocab: the
--- vocabulary's size) or a text cannot be tokenized (tokenize nil: the model has no tokenizer).
-local function mixed_ids(list, at, tokenize, vocab)
+-- The ids of a prompt given as ids and texts mixed (`list`; `at` names it in messages, `field`
+-- is the request's field, default "prompt"): each text tokenized on its own, in place; nil, err
+-- where an id is out of range (vocab: the vocabulary's size) or a text cannot be tokenized
+-- (tokenize nil: the model has no tokenizer).
+local function mixed_ids(list, at, tokenize, vocab, field)
+    field = field or "prompt"
     local all = {}
     for i, v in ipairs(list) do
         if type(v) == "number" then
             if not KIND_OK.integer(v) or v < 0 or (vocab and v >= vocab) then
                 return bad(("%s[%d] = %s is not a token id%s"):format(at, i - 1, tostring(v),
-                           vocab and (": ids are in [0, %d)"):format(vocab) or ""), "prompt")
+                           vocab and (": ids are in [0, %d)"):format(vocab) or ""), field)
             end
             all[#all + 1] = v
         elseif type(v) ~= "string" then
-            return bad(("%s[%d]: a prompt's pieces are token ids and texts"):format(at, i - 1), "prompt")
+            return bad(("%s[%d]: a prompt's pieces are token ids and texts"):format(at, i - 1), field)
         elseif v ~= "" then
-            if not tokenize then return bad(at .. ": texts need the model's tokenizer: give token ids", "prompt") end
+            if not tokenize then return bad(at .. ": texts need the model's tokenizer: give token ids", field) end
             local piece, err = tokenize(v)
-            if not piece then return bad(("%s[%d]: %s"):format(at, i - 1, tostring(err)), "prompt") end
+            if not piece then return bad(("%s[%d]: %s"):format(at, i - 1, tostring(err)), field) end
             for _, id in ipairs(piece) do all[#all + 1] = id end
         end
     end
@@ -428,13 +430,14 @@ end
 
 -- ------------------------------------------------------------------ /embedding
 
--- embedding_request(body) -> { input (llama.cpp's content: a text, ids, or an array of
--- either), norm (embd_normalize: -1 none, 0 the largest to 32760, 1 taxicab, 2 euclidean,
--- p > 2 the p-norm) } | nil, err: POST /embedding (or /embeddings), llama.cpp's own shape,
--- whose answer is [{"index", "embedding": [[...]]}] (the server's mean-pooled vector, one
--- row: llama.cpp nests the rows of a sequence). As llama.cpp does, it reads input where given,
--- else content, and ignores the fields it does not know.
-function _M.embedding_request(body)
+-- embedding_request(body[, tokenize, vocab]) -> { input (llama.cpp's content: a text, ids, or
+-- an array of either; ids with texts mixed in, as its prompts, are read as ids, each text
+-- tokenized in place: tokenize and vocab as to_completions'), norm (embd_normalize: -1 none, 0
+-- the largest to 32760, 1 taxicab, 2 euclidean, p > 2 the p-norm) } | nil, err: POST /embedding
+-- (or /embeddings), llama.cpp's own shape, whose answer is [{"index", "embedding": [[...]]}]
+-- (the server's mean-pooled vector, one row: llama.cpp nests the rows of a sequence). As
+-- llama.cpp does, it reads input where given, else content, and ignores the fields it does not know.
+function _M.embedding_request(body, tokenize, vocab)
     local t, err = decode_object(body)
     if not t then return nil, err end
     local field = t.input ~= nil and t.input ~= json_null and "input" or "content"
@@ -443,6 +446,27 @@ function _M.embedding_request(body)
     local norm = t.embd_normalize
     if norm == nil or norm == json_null then norm = 2 end
     if not KIND_OK.integer(norm) or norm < -1 then return bad("embd_normalize must be an integer >= -1", "embd_normalize") end
+    -- (an array holding both ids and texts is one input; within a list of inputs, each such array)
+    local function has_mixed(list)
+        local texts, ids = false, false
+        for _, v in ipairs(list) do
+            if type(v) == "string" then texts = true elseif type(v) == "number" then ids = true end
+        end
+        return texts and ids
+    end
+    if type(input) == "table" and is_array(input) then
+        if has_mixed(input) then
+            input, err = mixed_ids(input, field, tokenize, vocab, field)
+            if not input then return nil, err end
+        else
+            for i, v in ipairs(input) do
+                if type(v) == "table" and is_array(v) and has_mixed(v) then
+                    input[i], err = mixed_ids(v, ("%s[%d]"):format(field, i - 1), tokenize, vocab, field)
+                    if not input[i] then return nil, err end
+                end
+            end
+        end
+    end
     return { input = input, field = field, norm = norm }
 end
 
