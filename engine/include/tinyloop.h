@@ -164,6 +164,12 @@ void tl_free(void *ptr);
 /* Byte-level BPE encoding of text[0..len) (any bytes; special tokens such as
    "<|endoftext|>" are recognised). *ids receives a tl_free-able array of *n_ids ids. */
 tl_status tl_encode(const tl_model *model, const char *text, size_t len, int32_t **ids, int *n_ids);
+/* tl_encode with flags (0: tl_encode). TL_ENCODE_SPECIAL_AS_TEXT encodes the texts of special
+   tokens ("<|endoftext|>", "<|im_start|>") as ordinary text, for text that must not inject
+   control tokens (Hugging Face's split_special_tokens, llama.cpp's parse_special false); added
+   tokens that are not special are still recognised. Other bits: TL_ERR_INVALID_ARGUMENT. */
+enum { TL_ENCODE_SPECIAL_AS_TEXT = 1 };
+tl_status tl_encode_ex(const tl_model *model, const char *text, size_t len, unsigned flags, int32_t **ids, int *n_ids);
 /* Concatenated bytes of the tokens (NUL-terminated; *len excludes the terminator). */
 tl_status tl_decode(const tl_model *model, const int32_t *ids, int n, char **text, size_t *len);
 /* The raw bytes of one token; valid as long as the model. */

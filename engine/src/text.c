@@ -23,19 +23,27 @@ static tl_status from_tlz(int code, const char *err) {
     return tl_fail(st, "%s", err);
 }
 
-tl_status tl_encode(const tl_model *m, const char *text, size_t len, int32_t **ids, int *n_ids) {
+tl_status tl_encode_ex(const tl_model *m, const char *text, size_t len, unsigned flags, int32_t **ids, int *n_ids) {
     tl_clear_error(); /* "" after success, the message after a failure */
     tl_status st = need_tokenizer(m, "tl_encode");
     if (st != TL_OK) return st;
     if ((!text && len) || !ids || !n_ids) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_encode: NULL argument");
+    if (flags & ~(unsigned)TL_ENCODE_SPECIAL_AS_TEXT)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_encode_ex: unknown flags 0x%x (TL_ENCODE_SPECIAL_AS_TEXT is 0x%x)",
+                       flags & ~(unsigned)TL_ENCODE_SPECIAL_AS_TEXT, (unsigned)TL_ENCODE_SPECIAL_AS_TEXT);
     char err[512];
     size_t n = 0;
     *ids = NULL;
-    int code = tlz_encode(m->tokenizer, text ? text : "", len, ids, &n, err, sizeof err);
+    const unsigned tlz_flags = (flags & TL_ENCODE_SPECIAL_AS_TEXT) ? TLZ_ENCODE_NO_SPECIAL : 0;
+    int code = tlz_encode_ex(m->tokenizer, text ? text : "", len, tlz_flags, ids, &n, err, sizeof err);
     if (code != 0) return from_tlz(code, err);
     if (n > (size_t)INT32_MAX) { free(*ids); *ids = NULL; return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_encode: text too long"); }
     *n_ids = (int)n;
     return TL_OK;
+}
+
+tl_status tl_encode(const tl_model *m, const char *text, size_t len, int32_t **ids, int *n_ids) {
+    return tl_encode_ex(m, text, len, 0, ids, n_ids);
 }
 
 tl_status tl_decode(const tl_model *m, const int32_t *ids, int n, char **text, size_t *len) {

@@ -860,10 +860,12 @@ static int encode_plain(enc_ctx *e, const char *s, size_t n)
     return rc;
 }
 
-static const added_token *match_added(const tlz_tokenizer *t, const char *s, size_t n)
+/* The longest added token at s (specials skipped where they are read as text). */
+static const added_token *match_added(const tlz_tokenizer *t, const char *s, size_t n, int skip_special)
 {
     for (size_t i = 0; i < t->n_added; i++) {
         const added_token *a = &t->added[i];
+        if (skip_special && (t->flags[a->id] & TOKF_SPECIAL)) continue;
         if (a->len <= n && memcmp(a->text, s, a->len) == 0) return a;
     }
     return NULL;
@@ -881,12 +883,12 @@ int tlz_encode_ex(const tlz_tokenizer *t, const char *text, size_t len, unsigned
     if (!(e.pre = tlz_pretok_scratch_new(t->pre)))
         return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory encoding");
 
-    int specials = t->n_added > 0 && !(flags & TLZ_ENCODE_NO_SPECIAL);
+    const int skip_special = (flags & TLZ_ENCODE_NO_SPECIAL) != 0;
     size_t start = 0;
-    for (size_t i = 0; i < len && !rc && specials; i++) {
+    for (size_t i = 0; i < len && !rc && t->n_added > 0; i++) {
         /* Leftmost-longest literal match, like HF's added-vocabulary split. */
         if (!t->added_first[(unsigned char)text[i]]) continue;
-        const added_token *a = match_added(t, text + i, len - i);
+        const added_token *a = match_added(t, text + i, len - i, skip_special);
         if (!a) continue;
         if (i > start) rc = encode_plain(&e, text + start, i - start);
         if (!rc) rc = emit(&e, a->id);

@@ -48,8 +48,9 @@ enum {
 
 /* Flags for tlz_encode_ex. */
 enum {
-    /* Treat added/special token text (e.g. "<|endoftext|>") as plain text.
-       Use it for untrusted input that must not be able to inject control tokens. */
+    /* Treat special token text (e.g. "<|endoftext|>") as plain text; added tokens that are
+       not special are still recognised (HF's split_special_tokens, llama.cpp's
+       parse_special false). For untrusted input that must not inject control tokens. */
     TLZ_ENCODE_NO_SPECIAL = 1u << 0
 };
 

@@ -79,6 +79,8 @@ void tl_model_get_memory(const tl_model *model, tl_model_memory *out);
 const char *tl_model_warnings(const tl_model *model);
 void tl_free(void *ptr);
 tl_status tl_encode(const tl_model *model, const char *text, size_t len, int32_t **ids, int *n_ids);
+enum { TL_ENCODE_SPECIAL_AS_TEXT = 1 };
+tl_status tl_encode_ex(const tl_model *model, const char *text, size_t len, unsigned flags, int32_t **ids, int *n_ids);
 tl_status tl_decode(const tl_model *model, const int32_t *ids, int n, char **text, size_t *len);
 tl_status tl_token_text(const tl_model *model, int32_t id, const char **bytes, size_t *len);
 int tl_token_is_special(const tl_model *model, int32_t id);

@@ -67,6 +67,26 @@ static void test_encode_decode(void) {
     CHECK(tl_token_text(model, 'a', &tok_bytes, &tok_len) == TL_OK && tok_len == 1 && tok_bytes[0] == 'a', "token text");
     CHECK_ERROR(tl_token_text(model, -3, &tok_bytes, &tok_len), TL_ERR_INVALID_ARGUMENT, "token id -3");
     CHECK_ERROR(tl_decode(model, (const int32_t[]){5, 4000}, 2, &back, &len), TL_ERR_INVALID_ARGUMENT, "4000");
+
+    /* A special token's text: its token by default; with TL_ENCODE_SPECIAL_AS_TEXT, ordinary
+       text (no control token in the ids, the same bytes back); unknown flags refused. */
+    const char *with_special = "Emma<|endoftext|>Jane";
+    const int32_t eos = tl_model_info(model)->eos_token_id;
+    int has_eos = 0;
+    CHECK(tl_encode_ex(model, with_special, strlen(with_special), 0, &ids, &n) == TL_OK, "%s", tl_last_error());
+    for (int i = 0; i < n; i++) has_eos += ids[i] == eos;
+    CHECK(has_eos == 1, "<|endoftext|> is its token by default (%d found)", has_eos);
+    tl_free(ids);
+    CHECK(tl_encode_ex(model, with_special, strlen(with_special), TL_ENCODE_SPECIAL_AS_TEXT, &ids, &n) == TL_OK, "%s",
+          tl_last_error());
+    has_eos = 0;
+    for (int i = 0; i < n; i++) has_eos += ids[i] == eos || tl_token_is_special(model, ids[i]);
+    CHECK(has_eos == 0 && n > 3, "TL_ENCODE_SPECIAL_AS_TEXT gave a special token (%d of %d)", has_eos, n);
+    CHECK(tl_decode(model, ids, n, &back, &len) == TL_OK && len == strlen(with_special) && memcmp(back, with_special, len) == 0,
+          "the special text read as text decodes to other bytes");
+    tl_free(back);
+    tl_free(ids);
+    CHECK_ERROR(tl_encode_ex(model, "a", 1, 6, &ids, &n), TL_ERR_INVALID_ARGUMENT, "unknown flags 0x6");
 }
 
 /* Generates with a forced script; returns every piece tl_session_text showed, joined,

@@ -375,9 +375,22 @@ static void test_tiny(const char *dir)
     free(txt);
     check(n_cases >= 15 && n_bad == 0, "tiny: hand-worked cases", "%d of %d cases wrong", n_bad, n_cases);
 
-    /* Bytes the vocab lacks cannot be encoded without an unk_token. */
+    /* NO_SPECIAL reads only the special token's text as text: the non-special added token
+       <|e|>a is still one token, and <|e|> alone is then bytes, which this vocab lacks. */
     int32_t *ids = NULL;
     size_t n = 0;
+    rc = tlz_encode_ex(tok, "<|e|>ab", 7, TLZ_ENCODE_NO_SPECIAL, &ids, &n, err, sizeof err);
+    check(rc == TLZ_OK && n == 2 && ids[0] == 11 && ids[1] == 1, "tiny: NO_SPECIAL keeps the non-special <|e|>a",
+          "rc=%d n=%zu %s", rc, n, err);
+    free(ids);
+    rc = tlz_encode(tok, "<|e|>b", 6, &ids, &n, err, sizeof err);
+    check(rc == TLZ_OK && n == 2 && ids[0] == 10 && ids[1] == 1, "tiny: <|e|>b is the special <|e|>, then b", "rc=%d", rc);
+    free(ids);
+    rc = tlz_encode_ex(tok, "<|e|>b", 6, TLZ_ENCODE_NO_SPECIAL, &ids, &n, err, sizeof err);
+    check(rc == TLZ_EENCODE && ids == NULL && strstr(err, "0x3c"), "tiny: NO_SPECIAL reads <|e|> as its bytes",
+          "rc=%d \"%s\"", rc, err);
+
+    /* Bytes the vocab lacks cannot be encoded without an unk_token. */
     rc = tlz_encode(tok, "abd", 3, &ids, &n, err, sizeof err);
     check(rc == TLZ_EENCODE && ids == NULL && strstr(err, "0x64"), "tiny: byte without token fails cleanly",
           "rc=%d \"%s\"", rc, err);

@@ -159,6 +159,17 @@ describe("model:encode / model:decode", function()
         assert.same({ H.EOS }, m:encode("<|endoftext|>"))
         assert.equal("<|endoftext|>", m:decode({ H.EOS }))
     end)
+
+    it("reads a special token's text as text with parse_special = false", function()
+        local text = "a<|endoftext|>b"
+        local plain = m:encode(text, { parse_special = false })
+        for _, id in ipairs(plain) do assert.are_not.equal(H.EOS, id) end
+        assert.equal(text, m:decode(plain))
+        assert.same(m:encode(text), m:encode(text, { parse_special = true }))
+        assert.has_error(function() m:encode(text, { parse_specials = false }) end, "encode: unknown option 'parse_specials' (parse_special)")
+        assert.has_error(function() m:encode(text, { parse_special = 0 }) end, "encode: parse_special must be a boolean")
+        assert.has_error(function() m:encode(text, false) end, "encode: options must be a table")
+    end)
 end)
 
 describe("model:generate", function()

@@ -55,7 +55,7 @@ describe("llamacpp.to_completions", function()
 
     it("tokenizes what llama.cpp tokenizes itself: texts mixed into a prompt's ids, logit_bias by text", function()
         local model = H.model()
-        local function tokenize(text) return model:encode(text) end
+        local function tokenize(text, plain) return model:encode(text, plain and { parse_special = false } or nil) end
         local function of(body)
             local text, err = llamacpp.to_completions(body, tokenize)
             assert(text, err and err.message)
@@ -91,6 +91,15 @@ describe("llamacpp.to_completions", function()
         -- a batch of one is one prompt, answered as one (llama.cpp's single result)
         batch_text, batch_view = llamacpp.to_completions('{"prompt": ["It is"]}', tokenize)
         assert.same({ { model:encode("It is") }, nil }, { cjson.decode(batch_text).prompt, batch_view.batch })
+        -- a logit_bias text's special tokens are read as text (llama.cpp's common_tokenize there);
+        -- a prompt's are parsed
+        local plain_bias = {}
+        for _, id in ipairs(model:encode("<|endoftext|>", { parse_special = false })) do
+            plain_bias[tostring(id)] = (plain_bias[tostring(id)] or 0) - 1
+        end
+        assert.is_nil(plain_bias[tostring(H.EOS)])
+        assert.same(plain_bias, of('{"prompt": "a", "logit_bias": [["<|endoftext|>", -1]]}').logit_bias)
+        assert.same({ 5, H.EOS }, of('{"prompt": [5, "<|endoftext|>"]}').prompt)
         -- keys as llama.cpp's strtol reads ids: " 5" and "+6" are ids 5 and 6
         assert.same({ ["5"] = 1, ["6"] = 2 }, of('{"prompt": "a", "logit_bias": {" 5": 1, "+6": 2}}').logit_bias)
         -- without a tokenizer, both are refused, named

@@ -2290,6 +2290,12 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
             joined[i] = p.piece
         end
         assert.equal(text, table.concat(joined))
+        -- parse_special (true by default): false reads a special token's text as text
+        local special = "Emma<|endoftext|>"
+        assert.same(m:encode(special), ok("/tokenize", { content = special }).tokens)
+        local plain = ok("/tokenize", { content = special, parse_special = false }).tokens
+        assert.same(m:encode(special, { parse_special = false }), plain)
+        assert.are_not.same(m:encode(special), plain)
         local d = ok("/detokenize", { tokens = r.tokens })
         assert.same({ text, text }, { d.content, d.prompt })
         local status, body = post_to("/tokenize", { content = "a", prompt = "b" })

@@ -1620,8 +1620,10 @@ end
 
 -- ------------------------------------------------------------------ llama.cpp's API
 
--- What llama.cpp tokenizes itself in a request (texts mixed into a prompt's ids, logit_bias by text).
-local function llamacpp_tokenize(text) return model:encode(text) end
+-- What llama.cpp tokenizes itself in a request (texts mixed into a prompt's ids, logit_bias by
+-- text); plain: a special token's text read as text (llama.cpp's parse_special false).
+local PLAIN_TEXT = { parse_special = false }
+local function llamacpp_tokenize(text, plain) return model:encode(text, plain and PLAIN_TEXT or nil) end
 
 -- POST /completion (llama.cpp's server's): the /v1/completions request it means, answered in
 -- llama.cpp's shape, streamed as data events where asked (tinyloop.server.llamacpp).

@@ -76,9 +76,10 @@ local function mixed_ids(list, at, tokenize, vocab, field)
 end
 
 -- to_completions(body[, tokenize]) -> the /v1/completions body that means the same, and its
--- view; or nil, err (the field named). tokenize(text) -> ids | nil, err: the model's tokenizer, for
--- what llama.cpp tokenizes itself (a prompt mixing texts and ids, a logit_bias given by text);
--- without it those are refused. vocab: the vocabulary's size, to name a mixed prompt's bad id
+-- view; or nil, err (the field named). tokenize(text, plain) -> ids | nil, err: the model's
+-- tokenizer, for what llama.cpp tokenizes itself (a prompt mixing texts and ids, each text's
+-- special tokens parsed; a logit_bias given by text, plain: its special tokens' texts read as
+-- text, as llama.cpp's common_tokenize does there); without it those are refused. vocab: the vocabulary's size, to name a mixed prompt's bad id
 -- where it was sent (the completions path names the expanded prompt's places).
 function _M.to_completions(body, tokenize, vocab)
     local t, err = decode_object(body)
@@ -207,7 +208,7 @@ function _M.to_completions(body, tokenize, vocab)
             if type(id) == "string" then
                 if not tokenize then return bad(where .. ": a text needs the model's tokenizer: give token ids", "logit_bias") end
                 local err
-                ids, err = tokenize(id)
+                ids, err = tokenize(id, true)
                 if not ids then return bad(("%s: %s"):format(where, tostring(err)), "logit_bias") end
             elseif not KIND_OK.integer(id) then
                 return bad(where .. ": a token id, or a text", "logit_bias")

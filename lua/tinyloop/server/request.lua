@@ -1126,7 +1126,7 @@ local TOKENIZE_FIELDS = {
     return_token_strs = { "boolean", false }, -- each token's text as well
     -- llama.cpp's form: content (a text) -> {"tokens": ids}, or with_pieces [{"id", "piece"}]
     content = { "string", false }, with_pieces = { "boolean", false }, add_special = { "boolean", false },
-    parse_special = { "boolean", false }, -- (taken: a special token's text is read as that token, as parse_special true says)
+    parse_special = { "boolean", false }, -- (true by default, as llama.cpp's: false reads a special token's text as text)
 }
 -- vLLM's add_special_tokens, which its clients send: TinyLoop adds no special tokens around a
 -- text (no tokenizer post-processor), on /v1/completions as here, so either value is the truth.
@@ -1181,7 +1181,7 @@ function _M.parse_tokenize(body, model, model_id, chat, chat_error)
             if t[k] ~= nil then return bad(k .. " is vLLM's form, content llama.cpp's: send one of them", k) end
         end
         if not model.has_tokenizer then return bad("this model has no tokenizer: it reads token ids only", "content") end
-        local ids, err = model:encode(t.content)
+        local ids, err = model:encode(t.content, t.parse_special == false and { parse_special = false } or nil)
         if not ids then return nil, { status = 500, message = "encoding failed: " .. tostring(err), type = "server_error" } end
         return { ids = ids, llama = true, with_pieces = t.with_pieces == true }
     end
