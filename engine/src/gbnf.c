@@ -23,6 +23,10 @@ typedef struct parser {
     gram_builder b;
     int rule;                /* rule being defined, for messages */
     int depth;
+    /* position()'s last answer: the parse moves forward, so each call scans on from here
+       (from the start each time, a grammar of thousands of rules took seconds) */
+    const char *pos_at;
+    int pos_line, pos_col;
     char *err;
     size_t errlen;
     tl_status st;
@@ -32,13 +36,22 @@ typedef struct parser {
    that nested groups can add their own alternatives meanwhile. */
 typedef struct seq { gram_item *items; int n, cap; } seq;
 
-static void position(const parser *ps, const char *at, int *line, int *col) {
+static void position(parser *ps, const char *at, int *line, int *col) {
+    const char *c = ps->src;
     *line = 1;
     *col = 1;
-    for (const char *c = ps->src; c < at && c < ps->end; c++) {
+    if (ps->pos_at && ps->pos_at <= at) {
+        c = ps->pos_at;
+        *line = ps->pos_line;
+        *col = ps->pos_col;
+    }
+    for (; c < at && c < ps->end; c++) {
         if (*c == '\n') { (*line)++; *col = 1; }
         else if (((unsigned char)*c & 0xC0) != 0x80) (*col)++;
     }
+    ps->pos_at = c;
+    ps->pos_line = *line;
+    ps->pos_col = *col;
 }
 
 static bool fail_at(parser *ps, const char *at, const char *fmt, const char *what) {
@@ -139,6 +152,10 @@ static bool commit_alt(parser *ps, int rule, const gram_item *items, int n) {
     return true;
 }
 
+static int hex_value(char h) {
+    return h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+}
+
 /* One code point of a literal or class, escapes decoded. */
 static bool parse_char(parser *ps, uint32_t *out, const char *context) {
     const char *start = ps->at;
@@ -154,11 +171,31 @@ static bool parse_char(parser *ps, uint32_t *out, const char *context) {
             for (int i = 0; i < digits; i++) {
                 if (ps->at >= ps->end) return fail_at(ps, start, "expected %s hex digits after the escape", digits == 2 ? "2" : digits == 4 ? "4" : "8");
                 char h = *ps->at++;
-                int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+                int d = hex_value(h);
                 if (d < 0) return fail_at(ps, ps->at - 1, "expected a hex digit in an escape in %s", context);
                 v = v * 16 + (uint32_t)d;
             }
             if (v > 0x10FFFF) return fail_at(ps, start, "escape beyond U+10FFFF in %s", context);
+            /* UTF-16 surrogates are no characters (no UTF-8 text holds one): a high one and a
+               low one written as JSON writes them are the one character they mean */
+            if (v >= 0xD800 && v <= 0xDBFF && ps->end - ps->at >= 6 && ps->at[0] == '\\' && ps->at[1] == 'u') {
+                uint32_t low = 0;
+                int i = 2;
+                for (; i < 6; i++) {
+                    const char h = ps->at[i];
+                    const int d = hex_value(h);
+                    if (d < 0) break;
+                    low = low * 16 + (uint32_t)d;
+                }
+                if (i == 6 && low >= 0xDC00 && low <= 0xDFFF) {
+                    ps->at += 6;
+                    *out = 0x10000 + ((v - 0xD800) << 10) + (low - 0xDC00);
+                    return true;
+                }
+            }
+            if (v >= 0xD800 && v <= 0xDFFF)
+                return fail_at(ps, start, "a UTF-16 surrogate is not a character (in %s): write the character, or "
+                               "\\U and its 8 hex digits", context);
             *out = v;
             return true;
         }
@@ -436,14 +473,14 @@ static bool parse_rule(parser *ps) {
         return fail_at(ps, ps->at, "expected '::=' after rule name '%s'", nm);
     }
     if (ps->b.defined_at[r] >= 0) {
-        int line = ps->b.defined_at[r] >> 20, col = ps->b.defined_at[r] & 0xFFFFF;
+        const int line = (int)(ps->b.defined_at[r] >> 20), col = (int)(ps->b.defined_at[r] & 0xFFFFF);
         char msg[160];
         snprintf(msg, sizeof msg, "rule '%.40s' is defined twice (first at line %d, column %d)", ps->b.names[r], line, col);
         return fail_at(ps, name, "%s", msg);
     }
     int line, col;
     position(ps, name, &line, &col);
-    ps->b.defined_at[r] = (line << 20) | (col & 0xFFFFF);
+    ps->b.defined_at[r] = ((int64_t)line << 20) | (col & 0xFFFFF);
     ps->rule = r;
     ps->at += 3;
     skip_space(ps, true);

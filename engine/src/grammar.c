@@ -11,10 +11,9 @@
 #define GRAM_MAX_NODES (1 << 23)
 #define GRAM_MAX_STATES (1 << 22)
 #define GRAM_MAX_EXPANSION (1 << 16) /* stacks one byte may produce: beyond, "too ambiguous" */
-/* Calls nested at a stack's top before a byte (expand's recursion): a deeper chain, such as
-   nested repeats of empty groups ((?:){5,720} in a repeat), fails as the expansion limit does
-   instead of overflowing the C stack. Real grammars nest a few dozen. */
-#define GRAM_MAX_CALL_DEPTH 1024
+/* The most (position, stack) items one expansion takes: a safety net (left recursion, which
+   would expand forever, is refused when the grammar is built). */
+#define GRAM_MAX_EXPANDED (1 << 22)
 
 bool gram_grow(void **p, int *cap, int need, size_t size) {
     if (need <= *cap) return true;
@@ -99,6 +98,7 @@ void gram_builder_free(gram_builder *b) {
     for (int i = 0; i < b->n_rules; i++) free(b->names[i]);
     free(b->names);
     free(b->defined_at);
+    free(b->by_name);
     free(b->used_line);
     free(b->used_col);
     free(b->alt_rule);
@@ -109,8 +109,40 @@ void gram_builder_free(gram_builder *b) {
     memset(b, 0, sizeof *b);
 }
 
+/* The rule names' table (a schema's grammar has thousands of rules: a linear search per
+   reference made building it quadratic). */
+static uint32_t name_hash(const char *name, size_t len) {
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < len; i++) h = (h ^ (uint8_t)name[i]) * 16777619u;
+    return h;
+}
+
+static int32_t *name_slot(const gram_builder *b, const char *name, size_t len) {
+    const uint32_t mask = (uint32_t)b->name_slots - 1;
+    for (uint32_t at = name_hash(name, len) & mask;; at = (at + 1) & mask) {
+        const int32_t r = b->by_name[at];
+        if (r < 0 || (strlen(b->names[r]) == len && memcmp(b->names[r], name, len) == 0)) return &b->by_name[at];
+    }
+}
+
+/* Room in the table for one more name; false out of memory. */
+static bool reserve_name(gram_builder *b) {
+    if (2 * (b->n_rules + 1) <= b->name_slots) return true;
+    const int slots = b->name_slots ? 2 * b->name_slots : 64;
+    int32_t *table = malloc((size_t)slots * sizeof *table);
+    if (!table) return false;
+    for (int i = 0; i < slots; i++) table[i] = -1;
+    int32_t *old = b->by_name;
+    b->by_name = table;
+    b->name_slots = slots;
+    for (int r = 0; r < b->n_rules; r++) *name_slot(b, b->names[r], strlen(b->names[r])) = r;
+    free(old);
+    return true;
+}
+
 static int add_rule(gram_builder *b, char *name) {
     if (!name) return -1;
+    if (!reserve_name(b)) { free(name); return -1; }
     const int n = b->n_rules + 1;
     int cap = b->cap_rules;
     if (!gram_grow((void **)&b->names, &cap, n, sizeof *b->names)) { free(name); return -1; }
@@ -122,6 +154,7 @@ static int add_rule(gram_builder *b, char *name) {
     if (!gram_grow((void **)&b->used_col, &cap, n, sizeof *b->used_col)) { free(name); return -1; }
     b->cap_rules = cap;
     b->names[b->n_rules] = name;
+    *name_slot(b, name, strlen(name)) = b->n_rules;
     b->defined_at[b->n_rules] = -1;
     b->used_line[b->n_rules] = 0;
     b->used_col[b->n_rules] = 0;
@@ -129,8 +162,10 @@ static int add_rule(gram_builder *b, char *name) {
 }
 
 int gram_builder_rule(gram_builder *b, const char *name, size_t len) {
-    for (int i = 0; i < b->n_rules; i++)
-        if (strlen(b->names[i]) == len && memcmp(b->names[i], name, len) == 0) return i;
+    if (b->name_slots > 0) {
+        const int32_t known = *name_slot(b, name, len);
+        if (known >= 0) return known;
+    }
     char *copy = malloc(len + 1);
     if (copy) {
         memcpy(copy, name, len);
@@ -575,39 +610,65 @@ static void next_closure(gram_runtime *rt) {
     rt->closure++;
 }
 
-/* Every stack that starts at `pos` with `parent` below, expanded until its top is a byte set
-   (or it is empty: the grammar may end here). Appends node ids to the scratch list. */
-static bool expand(gram_runtime *rt, int32_t pos, int32_t parent, int depth) {
-    const gram_program *p = rt->prog;
-    if (depth > GRAM_MAX_CALL_DEPTH) return false;
-    for (;;) {
-        const gram_elem e = p->elems[pos];
-        if (e.kind == GE_END) {
-            if (parent == 0) return push_scratch(rt, 0);
-            if (parent == rt->esc_node) return push_scratch(rt, parent); /* below a projection's cut */
-            pos = rt->nodes[parent].pos;
-            parent = rt->nodes[parent].parent;
-            continue;
-        }
-        if (e.kind == GE_BYTES) {
-            int32_t n = intern_node(rt, pos, parent);
-            return n >= 0 && push_scratch(rt, n);
-        }
-        /* A call: what follows it is pushed, unless the call is the alternative's last element
-           (a tail call pushes nothing, so repetition does not grow the stack). */
-        int32_t cont = parent;
-        if (p->elems[pos + 1].kind != GE_END && (cont = intern_node(rt, pos + 1, parent)) < 0) return false;
-        /* A call with the same stack below expands to the same stacks: once per closure.
-           That ends a cycle of tail calls (a repeated nullable item comes back to the same
-           call with the same stack below), and keeps ambiguous nullable alternatives
-           ((a?|b?){16}) from expanding every way they can be empty. */
-        const uint64_t key = ((uint64_t)(uint32_t)(e.arg + 1) << 32) | (uint32_t)cont;
-        if (gram_hash_get(&rt->called, key) == rt->closure) return true;
-        if (!gram_hash_put(&rt->called, key, rt->closure)) return false;
-        for (int a = p->rule_alts[e.arg]; a < p->rule_alts[e.arg + 1]; a++)
-            if (!expand(rt, p->alt_start[a], cont, depth + 1)) return false;
-        return true;
+static bool push_pending(gram_runtime *rt, int32_t pos, int32_t parent) {
+    if (rt->n_pending + 2 > rt->cap_pending) {
+        size_t cap = rt->cap_pending ? rt->cap_pending * 2 : 256;
+        int32_t *q = realloc(rt->pending, cap * sizeof *q);
+        if (!q) return false;
+        rt->pending = q;
+        rt->cap_pending = cap;
     }
+    rt->pending[rt->n_pending++] = pos;
+    rt->pending[rt->n_pending++] = parent;
+    return true;
+}
+
+/* Every stack that starts at `pos` with `parent` below, expanded until its top is a byte set
+   (or it is empty: the grammar may end here). Appends node ids to the scratch list. A work
+   list, not recursion: a run of a thousand nullable items ("a"?){1000} expands a thousand
+   calls deep. A byte set that holds no byte (an empty class, never()) is no stack: a token
+   that can only reach it leads nowhere, and the mask leaves it out. */
+static bool expand(gram_runtime *rt, int32_t pos0, int32_t parent0) {
+    const gram_program *p = rt->prog;
+    rt->n_pending = 0;
+    if (!push_pending(rt, pos0, parent0)) return false;
+    for (long taken = 0; rt->n_pending > 0; taken++) {
+        if (taken > GRAM_MAX_EXPANDED) return false;
+        int32_t parent = rt->pending[--rt->n_pending];
+        int32_t pos = rt->pending[--rt->n_pending];
+        for (;;) {
+            const gram_elem e = p->elems[pos];
+            if (e.kind == GE_END) {
+                if (parent == 0) { if (!push_scratch(rt, 0)) return false; break; }
+                if (parent == rt->esc_node) { if (!push_scratch(rt, parent)) return false; break; } /* below a projection's cut */
+                pos = rt->nodes[parent].pos;
+                parent = rt->nodes[parent].parent;
+                continue;
+            }
+            if (e.kind == GE_BYTES) {
+                const gram_byteset *set = &p->sets[e.arg];
+                if (!(set->bits[0] | set->bits[1] | set->bits[2] | set->bits[3])) break;
+                int32_t n = intern_node(rt, pos, parent);
+                if (n < 0 || !push_scratch(rt, n)) return false;
+                break;
+            }
+            /* A call: what follows it is pushed, unless the call is the alternative's last element
+               (a tail call pushes nothing, so repetition does not grow the stack). */
+            int32_t cont = parent;
+            if (p->elems[pos + 1].kind != GE_END && (cont = intern_node(rt, pos + 1, parent)) < 0) return false;
+            /* A call with the same stack below expands to the same stacks: once per closure.
+               That ends a cycle of tail calls (a repeated nullable item comes back to the same
+               call with the same stack below), and keeps ambiguous nullable alternatives
+               ((a?|b?){16}) from expanding every way they can be empty. */
+            const uint64_t key = ((uint64_t)(uint32_t)(e.arg + 1) << 32) | (uint32_t)cont;
+            if (gram_hash_get(&rt->called, key) == rt->closure) break;
+            if (!gram_hash_put(&rt->called, key, rt->closure)) return false;
+            for (int a = p->rule_alts[e.arg + 1] - 1; a >= p->rule_alts[e.arg]; a--)
+                if (!push_pending(rt, p->alt_start[a], cont)) return false;
+            break;
+        }
+    }
+    return true;
 }
 
 static int cmp_i32(const void *a, const void *b) {
@@ -699,7 +760,7 @@ tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
     bool ok = true;
     next_closure(rt);
     for (int a = prog->rule_alts[prog->root]; ok && a < prog->rule_alts[prog->root + 1]; a++)
-        ok = expand(rt, prog->alt_start[a], 0, 0);
+        ok = expand(rt, prog->alt_start[a], 0);
     rt->initial = ok ? intern_state(rt) : -1;
     if (rt->initial < 0) return tl_fail(TL_ERR_NO_MEMORY, "out of memory starting the grammar");
     return TL_OK;
@@ -719,6 +780,7 @@ void gram_runtime_destroy(gram_runtime *rt) {
     gram_hash_free(&rt->transitions);
     gram_hash_free(&rt->called);
     free(rt->scratch);
+    free(rt->pending);
     memset(rt, 0, sizeof *rt);
 }
 
@@ -735,7 +797,7 @@ int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
         if (n == 0 || n == rt->esc_node) continue; /* the empty stack accepts the end, not a byte */
         const gram_node node = rt->nodes[n];
         if (!gram_byteset_has(&p->sets[p->elems[node.pos].arg], byte)) continue;
-        if (!expand(rt, node.pos + 1, node.parent, 0)) return -1;
+        if (!expand(rt, node.pos + 1, node.parent)) return -1;
     }
     next = intern_state(rt);
     if (next < 0 || !gram_hash_put(&rt->transitions, key, next)) return -1;

@@ -78,9 +78,12 @@ typedef struct gram_item {
 typedef struct gram_builder {
     /* rules[r] is alternatives alts[rule_first[r] ...] chained through alt_next */
     char **names;
-    int32_t *defined_at;  /* [rule] "line:column" packed as line << 20 | column, -1 undefined */
+    int64_t *defined_at;  /* [rule] "line:column" packed as line << 20 | column, -1 undefined
+                             (64 bits: a grammar may have more lines than 2^11) */
     int32_t *used_line, *used_col; /* first use, for "undefined rule" messages */
     int n_rules, cap_rules;
+    int32_t *by_name;     /* [name_slots] open-addressed table of rule ids by name, -1 empty */
+    int name_slots;       /* a power of two, at least twice n_rules */
     /* alternatives: item lists */
     int32_t *alt_rule, *alt_first, *alt_len;
     int n_alts, cap_alts;
@@ -189,6 +192,8 @@ typedef struct gram_runtime {
     /* scratch */
     int32_t *scratch;
     size_t n_scratch, cap_scratch;
+    int32_t *pending;            /* expand's work list: (pos, parent) pairs */
+    size_t n_pending, cap_pending;
 } gram_runtime;
 
 #define GRAM_DEAD 0 /* the empty set of stacks: nothing can follow */
@@ -278,7 +283,9 @@ void tl_compiled_grammar_retain(const tl_compiled_grammar *g);
 #define GRAM_MAX_ENDS 16
 struct tl_grammar_matcher {
     tl_compiled_grammar *g;
-    int binding;                 /* index in g->bindings */
+    int binding;                 /* index in g->bindings (read under g->rt.lock: another thread's
+                                    new binding moves the array) */
+    const struct gram_vocab *vocab; /* that binding's vocabulary, which does not move */
     int32_t *states;             /* history: states[0] initial, states[n-1] current */
     int n, cap;
     /* special tokens that end generation as eos does (a chat template's turn end, a one-token

@@ -468,6 +468,7 @@ tl_status gram_matcher_new(const tl_compiled_grammar *cg, const struct tlz_token
     if (!mt) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     pthread_mutex_lock(&g->rt.lock);
     tl_status st = binding_for(g, tok, vocab_size, eos, &mt->binding);
+    if (st == TL_OK) mt->vocab = g->bindings[mt->binding].vocab;
     pthread_mutex_unlock(&g->rt.lock);
     mt->cap = 64;
     mt->states = malloc((size_t)mt->cap * sizeof *mt->states);
@@ -521,7 +522,7 @@ void tl_grammar_matcher_free(tl_grammar_matcher *mt) {
 int32_t gram_matcher_state(const tl_grammar_matcher *mt) { return mt->states[mt->n - 1]; }
 
 void gram_matcher_set_ends(tl_grammar_matcher *mt, const tl_token_seq *stops, int n_stops) {
-    const gram_vocab *v = mt->g->bindings[mt->binding].vocab;
+    const gram_vocab *v = mt->vocab;
     mt->n_ends = 0;
     for (int i = 0; i < n_stops && mt->n_ends < GRAM_MAX_ENDS; i++) {
         if (stops[i].n != 1) continue;
@@ -549,7 +550,7 @@ int gram_matcher_mask_state(tl_grammar_matcher *mt, int32_t state, uint8_t *allo
 int32_t gram_matcher_advance_state(tl_grammar_matcher *mt, int32_t state, int32_t token) {
     pthread_mutex_lock(&mt->g->rt.lock);
     int32_t next = is_end(mt, token) ? (state != GRAM_DEAD && gram_accepting(&mt->g->rt, state) ? state : GRAM_DEAD)
-                                     : gram_advance_token(&mt->g->rt, mt->g->bindings[mt->binding].vocab, state, token);
+                                     : gram_advance_token(&mt->g->rt, mt->vocab, state, token);
     pthread_mutex_unlock(&mt->g->rt.lock);
     return next;
 }
@@ -557,9 +558,9 @@ int32_t gram_matcher_advance_state(tl_grammar_matcher *mt, int32_t state, int32_
 tl_status tl_grammar_matcher_mask(tl_grammar_matcher *mt, uint8_t *allowed, int vocab_size, int *count) {
     tl_clear_error();
     if (!mt || !allowed || !count) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matcher_mask: NULL argument");
-    if (vocab_size != mt->g->bindings[mt->binding].vocab->vocab_size)
+    if (vocab_size != mt->vocab->vocab_size)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matcher_mask: vocab_size = %d, the matcher's is %d", vocab_size,
-                       mt->g->bindings[mt->binding].vocab->vocab_size);
+                       mt->vocab->vocab_size);
     int n = gram_matcher_mask_state(mt, gram_matcher_state(mt), allowed);
     if (n < 0) return tl_fail(TL_ERR_NO_MEMORY, "grammar mask: out of memory (grammar too ambiguous?)");
     *count = n;
@@ -602,7 +603,12 @@ tl_status tl_grammar_matcher_rollback(tl_grammar_matcher *mt, int n_tokens) {
 }
 
 int tl_grammar_matcher_is_accepting(const tl_grammar_matcher *mt) {
-    return mt && gram_accepting(&mt->g->rt, gram_matcher_state(mt));
+    if (!mt) return 0;
+    /* (under the lock: another thread's new state may be moving state_flags) */
+    pthread_mutex_lock(&mt->g->rt.lock);
+    const int accepting = gram_accepting(&mt->g->rt, gram_matcher_state(mt));
+    pthread_mutex_unlock(&mt->g->rt.lock);
+    return accepting;
 }
 
 /* ---------------------------------------------------------------- the session's tl_grammar */

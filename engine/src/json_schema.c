@@ -2,9 +2,13 @@
  *
  * Supported: type (one or a list, whose other keywords each apply to the values of their own
  * type, as JSON Schema says: {"type": ["string", "null"], "maxLength": 8}), properties, required, additionalProperties (false, true or
- * a schema, for keys that are none of the declared names; absent means false: generation
- * wants closed objects), enum, const, items,
- * prefixItems, minItems/maxItems, anyOf/oneOf, allOf of objects, string minLength/maxLength,
+ * a schema, for keys that are none of the declared names; absent means false where properties
+ * are declared: generation wants closed objects, as llama.cpp's converter; an object that
+ * declares none is any object), enum, const, items,
+ * prefixItems, minItems/maxItems, anyOf, oneOf (where no value can match two of its
+ * branches: their types differ, or their const/enum values, or a property required in both
+ * has a different const in each, a discriminator; a grammar cannot refuse a value for
+ * matching twice), allOf of objects, string minLength/maxLength,
  * pattern (a regular-expression subset), format date/time/date-time/uuid, integer
  * minimum/maximum/exclusiveMinimum/exclusiveMaximum (exact ranges), number minimum >= 0,
  * boolean, null, $ref to "#", "#/$defs/..." and "#/definitions/...". Annotations (title,
@@ -21,6 +25,9 @@
 #include "tokenizer.h"
 
 #define MAX_DEPTH 64
+/* The most GBNF a schema may become: each subschema's text is written once per place it is
+   used, so a small schema can grow exponentially ({"type": ["object", "object"]} nested) */
+#define MAX_GBNF_BYTES (8u << 20)
 
 typedef struct conv {
     const cJSON *root;
@@ -200,7 +207,18 @@ static int check_keywords(conv *c, const cJSON *s, const char *path, const char 
     return 0;
 }
 
+/* A value holds no number past a double (cJSON writes 1e400 as null: the literal would be
+   another value). (U+0000 is refused in the schema's text, gram_json_schema_to_gbnf.) */
+static int literal_checked(conv *c, const cJSON *v, const char *path) {
+    if (cJSON_IsNumber(v) && !isfinite(v->valuedouble))
+        return fail(c, path, "%s", "a number in 'const' or 'enum' is past a double's range");
+    for (const cJSON *k = cJSON_IsArray(v) || cJSON_IsObject(v) ? v->child : NULL; k; k = k->next)
+        if (literal_checked(c, k, path) < 0) return -1;
+    return 0;
+}
+
 static int json_literal_rule(conv *c, const cJSON *v, const char *path) {
+    if (literal_checked(c, v, path) < 0) return -1;
     char *text = cJSON_PrintUnformatted(v);
     if (!text) return fail(c, path, "out of memory");
     int r = new_rule(c);
@@ -435,6 +453,10 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     if (hi >= 0 && hi < lo) return fail(c, path, "maxItems < minItems");
     int n_prefix = prefix ? cJSON_GetArraySize(prefix) : 0;
     if (prefix && !cJSON_IsArray(prefix)) return fail(c, path, "'prefixItems' must be an array");
+    /* (the optional ones are written nested, one group in another: the grammar's nesting limit) */
+    if (n_prefix - lo > 150)
+        return fail(c, path, "%d of the prefixItems are optional: at most 150 are supported (minItems makes the first "
+                    "ones required)", n_prefix - lo);
     int *pre = calloc((size_t)n_prefix + 1, sizeof *pre);
     if (!pre) return fail(c, path, "out of memory");
     for (int i = 0; i < n_prefix; i++) {
@@ -514,7 +536,14 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
         const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
         if (props && !cJSON_IsObject(props)) return fail(c, path, "'properties' must be an object");
         if (req && !cJSON_IsArray(req)) return fail(c, path, "'required' must be an array");
-        return object_schema(c, props, req, cJSON_GetObjectItemCaseSensitive(s, "additionalProperties"), path, depth);
+        const cJSON *additional = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+        if (!props && !req && !additional) { /* no keys declared: any object (JSON Schema's, llama.cpp's reading) */
+            c->used_value = true;
+            const int any = new_rule(c);
+            strbuf_printf(&c->out, "r%d ::= object\n", any);
+            return any;
+        }
+        return object_schema(c, props, req, additional, path, depth);
     }
     if (strcmp(type, "array") == 0) return array_schema(c, s, path, depth);
     if (strcmp(type, "string") == 0) return string_schema(c, s, path);
@@ -522,13 +551,13 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
     if (strcmp(type, "integer") == 0) {
         const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum"), *mx = cJSON_GetObjectItemCaseSensitive(s, "maximum");
         const cJSON *xmn = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum"), *xmx = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum");
-        const double LIM = 1e17;
+        const double LIM = 9007199254740992.0; /* 2^53: past it a double holds no longer every integer */
         bool has_lo = mn || xmn, has_hi = mx || xmx;
         double lo = -LIM, hi = LIM;
-        if (mn) { if (!cJSON_IsNumber(mn) || fabs(mn->valuedouble) > LIM) return fail(c, path, "'minimum' must be a number within 1e17"); lo = ceil(mn->valuedouble); }
-        if (xmn) { if (!cJSON_IsNumber(xmn) || fabs(xmn->valuedouble) > LIM) return fail(c, path, "'exclusiveMinimum' must be a number within 1e17"); double v = floor(xmn->valuedouble) + 1; if (v > lo) lo = v; }
-        if (mx) { if (!cJSON_IsNumber(mx) || fabs(mx->valuedouble) > LIM) return fail(c, path, "'maximum' must be a number within 1e17"); hi = floor(mx->valuedouble); }
-        if (xmx) { if (!cJSON_IsNumber(xmx) || fabs(xmx->valuedouble) > LIM) return fail(c, path, "'exclusiveMaximum' must be a number within 1e17"); double v = ceil(xmx->valuedouble) - 1; if (v < hi) hi = v; }
+        if (mn) { if (!cJSON_IsNumber(mn) || fabs(mn->valuedouble) > LIM) return fail(c, path, "'minimum' must be a number within 2^53 (9007199254740992)"); lo = ceil(mn->valuedouble); }
+        if (xmn) { if (!cJSON_IsNumber(xmn) || fabs(xmn->valuedouble) > LIM) return fail(c, path, "'exclusiveMinimum' must be a number within 2^53 (9007199254740992)"); double v = floor(xmn->valuedouble) + 1; if (v > lo) lo = v; }
+        if (mx) { if (!cJSON_IsNumber(mx) || fabs(mx->valuedouble) > LIM) return fail(c, path, "'maximum' must be a number within 2^53 (9007199254740992)"); hi = floor(mx->valuedouble); }
+        if (xmx) { if (!cJSON_IsNumber(xmx) || fabs(xmx->valuedouble) > LIM) return fail(c, path, "'exclusiveMaximum' must be a number within 2^53 (9007199254740992)"); double v = ceil(xmx->valuedouble) - 1; if (v < hi) hi = v; }
         if (lo > hi) return fail(c, path, "minimum > maximum: no integer fits");
         r = new_rule(c);
         strbuf_printf(&c->out, "r%d ::= (", r);
@@ -574,7 +603,7 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
 static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
     cJSON *props = cJSON_CreateObject(), *req = cJSON_CreateArray();
     const cJSON *additional = NULL;
-    int r = -1;
+    int r = -1, branches_with_properties = 0;
     if (!props || !req) { r = fail(c, path, "out of memory"); goto done; }
     for (const cJSON *s = list->child; s; s = s->next) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
@@ -603,6 +632,14 @@ static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
             goto done;
         }
         if (a) additional = a;
+        if (p && p->child) branches_with_properties++;
+    }
+    /* a branch's additionalProperties is about the keys that branch does not declare: merged,
+       it would let in another branch's keys ({"b": 1} past {"properties": {"a"},
+       "additionalProperties": false} beside {"properties": {"b"}}), which allOf refuses */
+    if (additional && !cJSON_IsTrue(additional) && branches_with_properties > 1) {
+        r = fail(c, path, "%s", "allOf: additionalProperties with properties in more than one branch is not supported");
+        goto done;
     }
     r = object_schema(c, props, req, additional, path, depth);
 done:
@@ -631,9 +668,129 @@ static bool value_has_type(const cJSON *v, const cJSON *type) {
     return false;
 }
 
+/* ---------------------------------------------------------------- oneOf's branches */
+
+/* The JSON types a value can have, as bits (an integer-valued number apart from others). */
+enum { JT_NULL = 1, JT_BOOLEAN = 2, JT_OBJECT = 4, JT_ARRAY = 8, JT_STRING = 16, JT_INTEGER = 32, JT_FRACTION = 64,
+       JT_ANY = 127 };
+
+static unsigned type_bits(const char *name) {
+    if (!strcmp(name, "null")) return JT_NULL;
+    if (!strcmp(name, "boolean")) return JT_BOOLEAN;
+    if (!strcmp(name, "object")) return JT_OBJECT;
+    if (!strcmp(name, "array")) return JT_ARRAY;
+    if (!strcmp(name, "string")) return JT_STRING;
+    if (!strcmp(name, "integer")) return JT_INTEGER;
+    if (!strcmp(name, "number")) return JT_INTEGER | JT_FRACTION;
+    return JT_ANY;
+}
+
+static unsigned value_bits(const cJSON *v) {
+    if (cJSON_IsNull(v)) return JT_NULL;
+    if (cJSON_IsBool(v)) return JT_BOOLEAN;
+    if (cJSON_IsObject(v)) return JT_OBJECT;
+    if (cJSON_IsArray(v)) return JT_ARRAY;
+    if (cJSON_IsString(v)) return JT_STRING;
+    return v->valuedouble == floor(v->valuedouble) ? JT_INTEGER : JT_FRACTION;
+}
+
+/* The schema a $ref leads to (a few hops), or s itself. */
+static const cJSON *followed(const conv *c, const cJSON *s) {
+    for (int hop = 0; hop < 8 && cJSON_IsObject(s); hop++) {
+        const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
+        if (!cJSON_IsString(ref)) break;
+        const char *r = ref->valuestring;
+        const cJSON *target = !strcmp(r, "#") ? c->root
+            : !strncmp(r, "#/$defs/", 8) ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c->root, "$defs"), r + 8)
+            : !strncmp(r, "#/definitions/", 14)
+                ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c->root, "definitions"), r + 14) : NULL;
+        if (!target) break;
+        s = target;
+    }
+    return s;
+}
+
+/* The types a schema's values may have (JT_ANY where it cannot tell). */
+static unsigned schema_bits(const conv *c, const cJSON *s, int depth) {
+    s = followed(c, s);
+    if (!cJSON_IsObject(s) || depth > 8) return JT_ANY;
+    const cJSON *cst = cJSON_GetObjectItemCaseSensitive(s, "const"), *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if (cst) return value_bits(cst);
+    if (cJSON_IsArray(en)) {
+        unsigned bits = 0;
+        for (const cJSON *v = en->child; v; v = v->next) bits |= value_bits(v);
+        return bits;
+    }
+    if (cJSON_IsString(type)) return type_bits(type->valuestring);
+    if (cJSON_IsArray(type)) {
+        unsigned bits = 0;
+        for (const cJSON *t = type->child; t; t = t->next) bits |= cJSON_IsString(t) ? type_bits(t->valuestring) : JT_ANY;
+        return bits;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(s, "properties") || cJSON_GetObjectItemCaseSensitive(s, "allOf")) return JT_OBJECT;
+    if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems")) return JT_ARRAY;
+    const cJSON *any = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
+    if (!any) any = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
+    if (cJSON_IsArray(any)) {
+        unsigned bits = 0;
+        for (const cJSON *b = any->child; b; b = b->next) bits |= schema_bits(c, b, depth + 1);
+        return bits;
+    }
+    return JT_ANY;
+}
+
+/* The values a schema allows when it lists them (const, or enum), else NULL; *one holds a
+   const (which is no array of values). */
+static const cJSON *listed_values(const conv *c, const cJSON *s, const cJSON **one) {
+    s = followed(c, s);
+    *one = cJSON_IsObject(s) ? cJSON_GetObjectItemCaseSensitive(s, "const") : NULL;
+    if (*one) return *one;
+    const cJSON *en = cJSON_IsObject(s) ? cJSON_GetObjectItemCaseSensitive(s, "enum") : NULL;
+    return cJSON_IsArray(en) ? en : NULL;
+}
+
+/* Whether two listed value sets share a value. */
+static bool values_meet(const cJSON *a, const cJSON *a_one, const cJSON *b, const cJSON *b_one) {
+    for (const cJSON *x = a_one ? a_one : a->child; x; x = a_one ? NULL : x->next)
+        for (const cJSON *y = b_one ? b_one : b->child; y; y = b_one ? NULL : y->next)
+            if (cJSON_Compare(x, y, true)) return true;
+    return false;
+}
+
+static bool required_in(const cJSON *s, const char *name) {
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
+    for (const cJSON *r = cJSON_IsArray(req) ? req->child : NULL; r; r = r->next)
+        if (cJSON_IsString(r) && !strcmp(r->valuestring, name)) return true;
+    return false;
+}
+
+/* Whether no value can match both schemas: their types differ, their listed values differ,
+   or a property both require lists different values in each (a discriminator). */
+static bool disjoint(const conv *c, const cJSON *a, const cJSON *b) {
+    if (!(schema_bits(c, a, 0) & schema_bits(c, b, 0))) return true;
+    const cJSON *a_one, *b_one, *av = listed_values(c, a, &a_one), *bv = listed_values(c, b, &b_one);
+    if (av && bv) return !values_meet(av, a_one, bv, b_one);
+    a = followed(c, a);
+    b = followed(c, b);
+    const cJSON *ap = cJSON_IsObject(a) ? cJSON_GetObjectItemCaseSensitive(a, "properties") : NULL;
+    const cJSON *bp = cJSON_IsObject(b) ? cJSON_GetObjectItemCaseSensitive(b, "properties") : NULL;
+    for (const cJSON *p = cJSON_IsObject(ap) ? ap->child : NULL; p; p = p->next) {
+        const cJSON *q = cJSON_IsObject(bp) ? cJSON_GetObjectItemCaseSensitive(bp, p->string) : NULL;
+        if (!q || !required_in(a, p->string) || !required_in(b, p->string)) continue;
+        av = listed_values(c, p, &a_one);
+        bv = listed_values(c, q, &b_one);
+        if (av && bv && !values_meet(av, a_one, bv, b_one)) return true;
+    }
+    return false;
+}
+
 static int schema(conv *c, const cJSON *s, const char *path, int depth) {
     if (c->failed) return -1;
     if (depth > MAX_DEPTH) return fail(c, path, "schema nested too deeply (more than %d levels)", MAX_DEPTH);
+    if (c->out.n > MAX_GBNF_BYTES)
+        return fail(c, path, "the schema's grammar grows past %u MiB (a subschema is written once per place it is used)",
+                    MAX_GBNF_BYTES >> 20);
     if (cJSON_IsTrue(s) || (cJSON_IsObject(s) && !s->child)) {
         c->used_value = true;
         int r = new_rule(c);
@@ -687,6 +844,19 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
         if (check_keywords(c, s, path, KW) < 0) return -1;
         if (!cJSON_IsArray(list) || !list->child) return fail(c, path, "'%s' must be a non-empty array", combinator);
         if (combinator[1] == 'l') return all_of(c, list, path, depth);
+        /* oneOf refuses a value that matches two branches, which a grammar of alternatives
+           cannot: it is taken where no value can (anyOf's grammar is then oneOf's) */
+        if (combinator[0] == 'o') {
+            int i = 0;
+            for (const cJSON *x = list->child; x; x = x->next, i++) {
+                int j = i + 1;
+                for (const cJSON *y = x->next; y; y = y->next, j++)
+                    if (!disjoint(c, x, y))
+                        return fail(c, path, "oneOf: a value may match both branch %d and branch %d, which oneOf refuses and "
+                                             "a grammar cannot (give them different types or const values, a property both "
+                                             "require with a different const in each, or use anyOf)", i, j);
+            }
+        }
         strbuf alts = {0};
         int i = 0;
         for (const cJSON *v = list->child; v; v = v->next, i++) {
@@ -719,6 +889,9 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
         for (const cJSON *t = type->child; t; t = t->next) {
             if (!cJSON_IsString(t)) return fail(c, path, "'type' entries must be strings");
             if (!type_keywords(t->valuestring)) return fail(c, path, "unknown type '%s'", t->valuestring);
+            /* (JSON Schema wants them unique; each is written out in full) */
+            for (const cJSON *u = type->child; u != t; u = u->next)
+                if (strcmp(u->valuestring, t->valuestring) == 0) return fail(c, path, "'type' lists '%s' twice", t->valuestring);
         }
         for (const cJSON *k = s->child; k; k = k->next) {
             bool known = keyword_in(k->string, ANNOTATIONS);
@@ -751,6 +924,16 @@ tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, ch
         }
         i += (size_t)k;
     }
+    /* \u0000: cJSON keeps a string only to its first NUL, so a key or value holding one would
+       be matched as its part before it */
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (json[i] != '\\') continue;
+        if (json[i + 1] == 'u' && i + 5 < len && memcmp(json + i + 2, "0000", 4) == 0) {
+            snprintf(err, errlen, "a string holding U+0000 (\\u0000, byte %zu) is not supported", i);
+            return TL_ERR_INVALID_ARGUMENT;
+        }
+        i++; /* the escaped character */
+    }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, false);
     if (!root) {
@@ -768,7 +951,10 @@ tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, ch
         if (c.used_string || c.used_value) {
             strbuf_puts(&head, "string ::= \"\\\"\" char* \"\\\"\"");
             strbuf_printf(&head, "%s\n", WS(&c));
-            strbuf_puts(&head, "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n");
+            /* one character: a \u escape of a surrogate pair is one (minLength counts it once),
+               a lone surrogate none (no character: JSON text for UTF-8 output holds none) */
+            strbuf_puts(&head, "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" ([0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | "
+                               "[dD] [0-7] [0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} \"\\\\u\" [dD] [c-fC-F] [0-9a-fA-F]{2}))\n");
         }
         if (c.used_value) {
             strbuf_puts(&head, "value ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n");

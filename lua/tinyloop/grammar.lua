@@ -56,7 +56,14 @@ local function json_string(s)
     end) .. '"'
 end
 
-local function to_json(v, depth)
+-- The keywords whose value is an array: an empty Lua table under one is [] (an empty table is
+-- an object everywhere else: {"properties": {}}). The members of a map of names (properties,
+-- $defs) are schemas under a name, not keywords (in_names).
+local ARRAY_KEYWORDS = { required = true, enum = true, prefixItems = true, anyOf = true, oneOf = true, allOf = true,
+                         type = true, examples = true }
+local NAME_MAPS = { properties = true, ["$defs"] = true, definitions = true }
+
+local function to_json(v, depth, key, in_names)
     depth = depth or 0
     if depth > 100 then raise("tinyloop.grammar.json_schema: schema nested too deeply (a cycle?)") end
     local t = type(v)
@@ -68,6 +75,7 @@ local function to_json(v, depth)
         return ("%.17g"):format(v)
     end
     if t ~= "table" then raise("tinyloop.grammar.json_schema: cannot encode a " .. t) end
+    if next(v) == nil and not in_names and ARRAY_KEYWORDS[key] then return "[]" end
     local n = #v
     if n > 0 then
         local parts = {}
@@ -88,7 +96,8 @@ local function to_json(v, depth)
     end
     table.sort(keys)
     local parts = {}
-    for i, k in ipairs(keys) do parts[i] = json_string(k) .. ":" .. to_json(v[k], depth + 1) end
+    local names = not in_names and NAME_MAPS[key] or false
+    for i, k in ipairs(keys) do parts[i] = json_string(k) .. ":" .. to_json(v[k], depth + 1, k, names) end
     return "{" .. table.concat(parts, ",") .. "}"
 end
 M.to_json = to_json

@@ -22,6 +22,58 @@ describe("tinyloop.grammar", function()
         assert.matches("left%-recursive", select(2, G.gbnf('root ::= root "a"')))
         assert.matches("empty grammar", select(2, G.gbnf("")), 1, true)
     end)
+    it("reads long grammars and surrogate pairs, and leads no text into a dead end", function()
+        -- a rule defined past line 2047 (its packed line number overflowed into "undefined"),
+        -- and one defined twice there (which went unnoticed)
+        local pad = ("# padding\n"):rep(3000)
+        assert.is_true(assert(G.gbnf('root ::= x\n' .. pad .. 'x ::= "a"\n')):matches("a"))
+        local twice, err = G.gbnf('root ::= x\n' .. pad .. 'x ::= "a"\n' .. pad .. 'x ::= "b"\n')
+        assert.is_nil(twice)
+        assert.matches("line 6003, column 1: rule 'x' is defined twice (first at line 3002, column 1)", err, 1, true)
+        -- a surrogate pair written as JSON writes it is its one character; a lone one is refused
+        assert.is_true(assert(G.gbnf('root ::= "\\uD83D\\uDE00"')):matches("\u{1F600}"))
+        assert.matches("a UTF-16 surrogate is not a character", select(2, G.gbnf('root ::= "\\uDE00x"')), 1, true)
+        -- a class without characters is no way on: "a" then leads nowhere, so it is no prefix
+        local dead = assert(G.gbnf('root ::= "a" [^\\x00-\\U0010FFFF] | "b"'))
+        assert.same({ false, true }, { dead:matches_prefix("a"), dead:matches_prefix("b") })
+        -- a run of 1,500 nullable items (expanded 1,500 calls deep: a work list, no recursion)
+        local many = assert(G.gbnf('root ::= ("a"?){1500} "b"'))
+        assert.same({ true, false }, { many:matches(("a"):rep(700) .. "b"), many:matches(("a"):rep(1501) .. "b") })
+    end)
+    it("converts JSON Schema without loosening it: oneOf where disjoint, allOf's own keys, exact bounds", function()
+        -- oneOf: branches no value can match twice (types, const values, a discriminator) are
+        -- taken; overlapping ones refused (a grammar cannot refuse a value for matching both)
+        local g = assert(G.json_schema('{"oneOf":[{"type":"string"},{"type":"integer"}]}'))
+        assert.same({ true, true, false }, { g:matches('"a"'), g:matches("5"), g:matches("null") })
+        g = assert(G.json_schema('{"oneOf":[{"$ref":"#/$defs/cat"},{"$ref":"#/$defs/dog"}],"$defs":{' ..
+            '"cat":{"type":"object","properties":{"kind":{"const":"cat"},"lives":{"type":"integer"}},"required":["kind"]},' ..
+            '"dog":{"type":"object","properties":{"kind":{"enum":["dog","puppy"]}},"required":["kind"]}}}'))
+        assert.same({ true, true, false }, { g:matches('{"kind":"cat","lives":9}'), g:matches('{"kind":"puppy"}'),
+                                             g:matches('{"kind":"cow"}') })
+        assert.matches("oneOf: a value may match both branch 0 and branch 1",
+                       select(2, G.json_schema('{"oneOf":[{"type":"integer"},{"type":"number"}]}')), 1, true)
+        assert.matches("oneOf: a value may match both branch 1 and branch 2",
+                       select(2, G.json_schema('{"oneOf":[{"const":1},{"enum":[2,3]},{"enum":[3,4]}]}')), 1, true)
+        -- an object that declares no keys is any object; one that declares some stays closed
+        assert.is_true(assert(G.json_schema('{"type":"object"}')):matches('{"a":[1,{"b":null}]}'))
+        assert.is_false(assert(G.json_schema('{"type":"object","properties":{"a":{}}}')):matches('{"b":1}'))
+        -- a surrogate pair's escape is one character, a lone surrogate's none
+        g = assert(G.json_schema('{"type":"string","maxLength":1}'))
+        assert.same({ true, false }, { g:matches('"\\ud83d\\ude00"'), g:matches('"\\ud83d"') })
+        -- refused, named: what the grammar would loosen, or could not write
+        for _, case in ipairs({
+            { '{"allOf":[{"properties":{"a":{"type":"integer"}},"additionalProperties":false},{"properties":{"b":{}}}]}',
+              "allOf: additionalProperties with properties in more than one branch" },
+            { '{"type":"integer","maximum":99999999999999999}', "'maximum' must be a number within 2^53" },
+            { '{"const":"a\\u0000b"}', "a string holding U+0000" },
+            { '{"enum":[1e400]}', "a number in 'const' or 'enum' is past a double's range" },
+            { '{"type":["object","object"],"properties":{"a":{}}}', "'type' lists 'object' twice" },
+        }) do
+            assert.matches(case[2], select(2, G.json_schema(case[1])), 1, true)
+        end
+        -- an empty Lua table under an array keyword is [] (it was {}, refused as no array)
+        assert.is_true(assert(G.json_schema({ type = "object", properties = { a = { type = "integer" } }, required = {} })):matches("{}"))
+    end)
     it("raises for arguments of the wrong type", function()
         assert.has_error(function() G.gbnf(42) end)
         assert.has_error(function() G.json_schema(42) end)
