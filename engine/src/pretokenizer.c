@@ -37,7 +37,8 @@
  *
  * Known differences: PCRE2's Unicode tables are not Oniguruma's or Rust's (a code point
  * added in a newer Unicode version may be classed differently), and \s also matches U+180E
- * in PCRE2 10.42; ^ and $ follow PCRE2 (no multi-line), which no published regex relies on.
+ * in PCRE2 10.42. ^ and $ anchor at lines, as in Oniguruma's Ruby syntax (PCRE2_MULTILINE),
+ * \h is a hex digit as there (spelled out), and a class intersection is refused.
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 
@@ -96,6 +97,11 @@ typedef struct {
 
 struct tlz_pretok_scratch {
     pcre2_match_data *md;
+    /* a JIT stack larger than PCRE2's 32 KiB, made when a match runs out of that one: a
+       regex that repeats a group ((?:\p{L}|')+) needs it for a word of some thousands of
+       characters (a URL, base64), which Hugging Face's Oniguruma encodes */
+    pcre2_match_context *big_stack_context;
+    pcre2_jit_stack *big_stack;
     seglist segs[MAX_STEPS + 1]; /* one per depth: a step's pieces live while deeper ones run */
     char *prefixed;              /* " " + piece, for ByteLevel's add_prefix_space */
     size_t prefixed_cap;
@@ -122,6 +128,48 @@ static int compile(const char *pattern, uint32_t options, const char *where, pcr
        the same code, with the same results. */
     (void)pcre2_jit_compile(*out, PCRE2_JIT_COMPLETE);
 #endif
+    return TLZ_OK;
+}
+
+/* An Oniguruma (Ruby syntax) regex as PCRE2 reads the same: \h and \H (a hex digit, and
+   any other character: PCRE2's are horizontal space) spelled out; a class intersection
+   ([a-z&&[^aeiou]], which PCRE2 reads as the characters '&') refused. *out is malloc'd. */
+static int from_ruby_syntax(const char *pattern, const char *where, char **out, char *err, size_t errlen)
+{
+    const size_t n = strlen(pattern);
+    char *o = malloc(n * 12 + 1); /* (each \h grows to at most 12 bytes) */
+    if (!o) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory reading %s", where);
+    size_t k = 0;
+    int in_class = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char c = pattern[i];
+        if (c == '\\' && i + 1 < n) {
+            const char e = pattern[i + 1];
+            if (e == 'h' || e == 'H') {
+                if (e == 'H' && in_class) {
+                    free(o);
+                    return tlz_fail(err, errlen, TLZ_EFORMAT, "%s: \\H inside a character class is not supported", where);
+                }
+                const char *hex = in_class ? "0-9a-fA-F" : e == 'h' ? "[0-9a-fA-F]" : "[^0-9a-fA-F]";
+                memcpy(o + k, hex, strlen(hex));
+                k += strlen(hex);
+            } else {
+                o[k++] = c;
+                o[k++] = e;
+            }
+            i++;
+            continue;
+        }
+        if (c == '[') in_class++;
+        else if (c == ']' && in_class) in_class--;
+        else if (c == '&' && in_class && i + 1 < n && pattern[i + 1] == '&') {
+            free(o);
+            return tlz_fail(err, errlen, TLZ_EFORMAT, "%s: a class intersection (&&) is not supported", where);
+        }
+        o[k++] = c;
+    }
+    o[k] = 0;
+    *out = o;
     return TLZ_OK;
 }
 
@@ -172,9 +220,16 @@ static int parse_split(tlz_pretok *p, const cJSON *node, const char *where, char
     char at[530];
     if (snprintf(at, sizeof at, "%s.pattern", where) >= (int)sizeof at)
         return tlz_fail(err, errlen, TLZ_EFORMAT, "%s: pre_tokenizer nested too deep", where);
-    /* HF escapes a String pattern into a regex; PCRE2_LITERAL is that escape. */
-    rc = rx ? compile(rx->valuestring, PCRE2_UTF | PCRE2_UCP, at, &s.re, err, errlen)
-            : compile(lit->valuestring, PCRE2_UTF | PCRE2_LITERAL, at, &s.re, err, errlen);
+    /* HF escapes a String pattern into a regex; PCRE2_LITERAL is that escape. A Regex is
+       Oniguruma's Ruby syntax: ^ and $ anchor at lines (PCRE2_MULTILINE), \h is a hex digit. */
+    if (rx) {
+        char *pcre_pattern = NULL;
+        rc = from_ruby_syntax(rx->valuestring, at, &pcre_pattern, err, errlen);
+        if (!rc) rc = compile(pcre_pattern, PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, at, &s.re, err, errlen);
+        free(pcre_pattern);
+    } else {
+        rc = compile(lit->valuestring, PCRE2_UTF | PCRE2_LITERAL, at, &s.re, err, errlen);
+    }
     return rc ? rc : add_step(p, s, where, err, errlen);
 }
 
@@ -284,6 +339,8 @@ void tlz_pretok_scratch_free(tlz_pretok_scratch *s)
 {
     if (!s) return;
     pcre2_match_data_free(s->md);
+    pcre2_match_context_free(s->big_stack_context);
+    pcre2_jit_stack_free(s->big_stack);
     for (int i = 0; i <= MAX_STEPS; i++) free(s->segs[i].v);
     free(s->prefixed);
     free(s);
@@ -306,14 +363,26 @@ static int push(seglist *l, size_t a, size_t b, int match)
 
 /* Gaps and matches of re over s[0..n), in order, as the onig crate's find_iter yields them
    (see the top of the file for the empty-match rule). */
-static int find_segments(pcre2_code *re, pcre2_match_data *md, const char *s, size_t n, seglist *out,
+/* The most JIT stack a match may use: reserved as address space, used as needed. */
+#define BIG_JIT_STACK (64u << 20)
+
+static int find_segments(pcre2_code *re, tlz_pretok_scratch *scratch, const char *s, size_t n, seglist *out,
                          char *err, size_t errlen)
 {
+    pcre2_match_data *md = scratch->md;
     size_t last_end = 0, prev = 0, last_match_end = 0;
     int have_match = 0;
     out->n = 0;
     while (last_end <= n) {
-        int m = pcre2_match(re, (PCRE2_SPTR)s, n, last_end, PCRE2_NO_UTF_CHECK, md, NULL);
+        int m = pcre2_match(re, (PCRE2_SPTR)s, n, last_end, PCRE2_NO_UTF_CHECK, md, scratch->big_stack_context);
+        if (m == PCRE2_ERROR_JIT_STACKLIMIT && !scratch->big_stack_context) {
+            scratch->big_stack_context = pcre2_match_context_create(NULL);
+            scratch->big_stack = pcre2_jit_stack_create(32u << 10, BIG_JIT_STACK, NULL);
+            if (!scratch->big_stack_context || !scratch->big_stack)
+                return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory for the pre-tokenizer regex's stack");
+            pcre2_jit_stack_assign(scratch->big_stack_context, NULL, scratch->big_stack);
+            continue; /* the same match again, on the larger stack */
+        }
         if (m == PCRE2_ERROR_NOMATCH) break;
         if (m < 0) {
             PCRE2_UCHAR msg[160];
@@ -410,7 +479,7 @@ static int byte_level(const tlz_pretok *p, tlz_pretok_scratch *s, const step *st
     }
     if (!p->gpt2) return emit(ctx, (const unsigned char *)text, n);
     seglist *l = &s->segs[MAX_STEPS];
-    int rc = find_segments(p->gpt2, s->md, text, n, l, err, errlen);
+    int rc = find_segments(p->gpt2, s, text, n, l, err, errlen);
     for (size_t i = 0; i < l->n && !rc; i++) /* Isolated: every segment, empty ones dropped */
         if (l->v[i].b > l->v[i].a) rc = emit(ctx, (const unsigned char *)text + l->v[i].a, l->v[i].b - l->v[i].a);
     return rc;
@@ -424,7 +493,7 @@ static int run_step(const tlz_pretok *p, tlz_pretok_scratch *s, int k, const cha
     const step *st = &p->steps[k];
     if (st->byte_level) return byte_level(p, s, st, text, n, emit, ctx, err, errlen);
     seglist *l = &s->segs[k];
-    int rc = find_segments(st->re, s->md, text, n, l, err, errlen);
+    int rc = find_segments(st->re, s, text, n, l, err, errlen);
     if (rc) return rc;
     apply_behavior(l, st->how, st->invert);
     for (size_t i = 0; i < l->n && !rc; i++) {

@@ -39,6 +39,8 @@ typedef struct {
     char *text;     /* literal content, matched byte for byte */
     size_t len;
     int32_t id;
+    bool lstrip, rstrip; /* the match takes the whitespace before (after) it too, as HF's */
+    bool normalized;     /* matched in HF's second pass, in what the first left */
 } added_token;
 
 struct tlz_tokenizer {
@@ -58,6 +60,7 @@ struct tlz_tokenizer {
 
     int32_t byte_id[256];    /* token of each single byte, -1 if the vocab lacks it */
     int32_t unk_id;          /* -1 when the model has no unk_token */
+    bool fuse_unk;           /* model.fuse_unk: a run of bytes without a token is one unk_token */
 
     added_token *added;      /* sorted by decreasing length: first hit is longest */
     size_t n_added;
@@ -441,9 +444,18 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
         for (const cJSON *e = added_json->child; e; e = e->next) {
             int32_t id = (int32_t)cJSON_GetObjectItemCaseSensitive(e, "id")->valuedouble;
             const char *s = cJSON_GetObjectItemCaseSensitive(e, "content")->valuestring;
-            int special;
+            int special, lstrip, rstrip, single_word;
             if (!json_bool(e, "special", 0, &special))
                 return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"special\" of '%s' must be a boolean",
+                                tlz_quote(s, strlen(s), q1, sizeof q1));
+            if (!json_bool(e, "lstrip", 0, &lstrip) || !json_bool(e, "rstrip", 0, &rstrip) ||
+                !json_bool(e, "single_word", 0, &single_word))
+                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"lstrip\", \"rstrip\" and \"single_word\" of '%s' "
+                                "must be booleans", tlz_quote(s, strlen(s), q1, sizeof q1));
+            /* (HF matches such a token only between non-word characters; not implemented:
+               refused, not ignored, which would give other ids) */
+            if (single_word)
+                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"single_word\": true (of '%s') is not supported",
                                 tlz_quote(s, strlen(s), q1, sizeof q1));
             size_t len = strlen(s);
             added_token *a = &t->added[t->n_added++];
@@ -452,6 +464,13 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
             memcpy(a->text, s, len + 1);
             a->len = len;
             a->id = id;
+            a->lstrip = lstrip;
+            a->rstrip = rstrip;
+            int normalized;
+            if (!json_bool(e, "normalized", !special, &normalized))
+                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"normalized\" of '%s' must be a boolean",
+                                tlz_quote(s, strlen(s), q1, sizeof q1));
+            a->normalized = normalized;
             if (!buf_put(&t->raw, s, len, &t->raw_off[id]))
                 return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
             t->raw_len[id] = (uint32_t)len;
@@ -615,6 +634,12 @@ int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, c
         t->byte_id[b] = vocab_find(t, s, utf8_put(byte_to_cp[b], s));
     }
     t->unk_id = -1;
+    int fuse_unk;
+    if (!json_bool(model, "fuse_unk", 0, &fuse_unk)) {
+        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "model.fuse_unk must be a boolean");
+        goto done;
+    }
+    t->fuse_unk = fuse_unk;
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
     if (cJSON_IsString(unk)) {
         t->unk_id = tlz_token_id(t, unk->valuestring);
@@ -800,13 +825,23 @@ static int bpe_word(enc_ctx *e, const unsigned char *w, size_t n)
         e->next = d;
         e->sym_cap = c;
     }
+    /* the word's symbols: one a byte, except that with fuse_unk a run of bytes the vocab lacks
+       is one unk_token (HF's BPE fuses the unknown characters of a word) */
+    size_t n_sym = 0;
+    bool after_unk = false;
     for (size_t i = 0; i < n; i++) {
-        if ((rc = byte_token(e, w[i], &e->sym[i]))) return rc;
+        const bool unknown = e->t->byte_id[w[i]] < 0;
+        if (unknown && after_unk && e->t->fuse_unk) continue;
+        after_unk = unknown;
+        if ((rc = byte_token(e, w[i], &e->sym[n_sym]))) return rc;
+        n_sym++;
+    }
+    for (size_t i = 0; i < n_sym; i++) {
         e->prev[i] = (int32_t)i - 1;
-        e->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+        e->next[i] = i + 1 < n_sym ? (int32_t)i + 1 : -1;
     }
     e->heap_n = 0;
-    for (size_t i = 0; i + 1 < n; i++)
+    for (size_t i = 0; i + 1 < n_sym; i++)
         if ((rc = push_pair(e, (int32_t)i))) return rc;
     while (e->heap_n) {
         heap_item top = heap_pop(e);
@@ -860,15 +895,68 @@ static int encode_plain(enc_ctx *e, const char *s, size_t n)
     return rc;
 }
 
-/* The longest added token at s (specials skipped where they are read as text). */
-static const added_token *match_added(const tlz_tokenizer *t, const char *s, size_t n, int skip_special)
+/* The length of the whitespace character at s[0..n) (Unicode's White_Space, Rust's
+   char::is_whitespace, which HF's lstrip and rstrip trim), else 0. */
+static int whitespace_at(const unsigned char *s, size_t n)
+{
+    const int k = tlz_utf8_seq(s, n);
+    if (k <= 0) return 0;
+    const uint32_t c = utf8_get(s, k);
+    const bool ws = (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+                    (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+    return ws ? k : 0;
+}
+
+/* The length of the whitespace character that ends s[0..n), else 0. */
+static int whitespace_before(const unsigned char *s, size_t n)
+{
+    size_t back = 1;
+    while (back < 4 && back < n && (s[n - back] & 0xC0) == 0x80) back++;
+    const int k = whitespace_at(s + n - back, back);
+    return k == (int)back ? k : 0;
+}
+
+/* The longest added token at s of the pass (normalized ones in the second), specials skipped
+   where they are read as text. */
+static const added_token *match_added(const tlz_tokenizer *t, const char *s, size_t n, int skip_special, bool normalized)
 {
     for (size_t i = 0; i < t->n_added; i++) {
         const added_token *a = &t->added[i];
+        if (a->normalized != normalized) continue;
         if (skip_special && (t->flags[a->id] & TOKF_SPECIAL)) continue;
         if (a->len <= n && memcmp(a->text, s, a->len) == 0) return a;
     }
     return NULL;
+}
+
+/* text[0..len) split at its added tokens as HF's added vocabulary splits it: the tokens not
+   normalized first (leftmost-longest, like its literal match), then the normalized ones in
+   what is left (pass `normalized`), the rest encoded by the pre-tokenizer and BPE. */
+static int split_added(enc_ctx *e, const char *text, size_t len, int skip_special, bool normalized)
+{
+    const tlz_tokenizer *t = e->t;
+    int rc = TLZ_OK;
+    size_t start = 0;
+    for (size_t i = 0; i < len && !rc && t->n_added > 0; i++) {
+        if (!t->added_first[(unsigned char)text[i]]) continue;
+        const added_token *a = match_added(t, text + i, len - i, skip_special, normalized);
+        if (!a) continue;
+        size_t from = i, to = i + a->len; /* the text the token stands for */
+        int k;
+        if (a->lstrip)
+            while (from > start && (k = whitespace_before((const unsigned char *)text + start, from - start)) > 0) from -= (size_t)k;
+        if (a->rstrip)
+            while (to < len && (k = whitespace_at((const unsigned char *)text + to, len - to)) > 0) to += (size_t)k;
+        if (from > start)
+            rc = normalized ? encode_plain(e, text + start, from - start)
+                            : split_added(e, text + start, from - start, skip_special, true);
+        if (!rc) rc = emit(e, a->id);
+        start = to;
+        i = start - 1;
+    }
+    if (!rc && start < len)
+        rc = normalized ? encode_plain(e, text + start, len - start) : split_added(e, text + start, len - start, skip_special, true);
+    return rc;
 }
 
 int tlz_encode_ex(const tlz_tokenizer *t, const char *text, size_t len, unsigned flags,
@@ -883,19 +971,7 @@ int tlz_encode_ex(const tlz_tokenizer *t, const char *text, size_t len, unsigned
     if (!(e.pre = tlz_pretok_scratch_new(t->pre)))
         return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory encoding");
 
-    const int skip_special = (flags & TLZ_ENCODE_NO_SPECIAL) != 0;
-    size_t start = 0;
-    for (size_t i = 0; i < len && !rc && t->n_added > 0; i++) {
-        /* Leftmost-longest literal match, like HF's added-vocabulary split. */
-        if (!t->added_first[(unsigned char)text[i]]) continue;
-        const added_token *a = match_added(t, text + i, len - i, skip_special);
-        if (!a) continue;
-        if (i > start) rc = encode_plain(&e, text + start, i - start);
-        if (!rc) rc = emit(&e, a->id);
-        start = i + a->len;
-        i = start - 1;
-    }
-    if (!rc && start < len) rc = encode_plain(&e, text + start, len - start);
+    rc = split_added(&e, text, len, (flags & TLZ_ENCODE_NO_SPECIAL) != 0, false);
 
     free(e.sym);
     free(e.prev);

@@ -266,6 +266,42 @@ static void test_match_limit(void)
     tlz_tokenizer_free(tok);
 }
 
+/* A Split regex is Oniguruma's Ruby syntax, as Hugging Face reads it: \h is a hex digit, ^
+   anchors at every line, a class intersection is refused; and a repeated group matches a word
+   of thousands of characters (PCRE2's default JIT stack held some 2,000). The pieces show in
+   the ids: the merge a b -> ab happens only inside one. */
+static void expect_ids(const char *regex, const char *text, size_t len, const int32_t *want, size_t n_want)
+{
+    char json[1024], err[512] = "";
+    snprintf(json, sizeof json,
+             "{\"pre_tokenizer\": " SEQ("{\"type\": \"Split\", \"pattern\": {\"Regex\": \"%s\"}, \"behavior\": \"Isolated\"}, " BL)
+             ", \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2, \"\\u010a\": 3}, \"merges\": [\"a b\"]}}",
+             regex);
+    tlz_tokenizer *tok = NULL;
+    int rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    CHECK(rc == TLZ_OK, "load %s: %s", regex, err);
+    if (rc) return;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rc = tlz_encode(tok, text, len, &ids, &n, err, sizeof err);
+    CHECK(rc == TLZ_OK && n == n_want && (!want || memcmp(ids, want, n * sizeof *ids) == 0),
+          "regex %s: rc=%d n=%zu (want %zu) %s", regex, rc, n, n_want, err);
+    free(ids);
+    tlz_tokenizer_free(tok);
+}
+
+static void test_ruby_syntax(void)
+{
+    expect_ids("\\\\h", "ab", 2, (const int32_t[]){0, 1}, 2);        /* each hex digit its own piece */
+    expect_ids("\\\\H+", "ab", 2, (const int32_t[]){2}, 1);          /* no piece: one word */
+    expect_ids("^a", "ab\nab", 5, (const int32_t[]){0, 1, 3, 0, 1}, 5); /* ^ after the newline too */
+    expect_error(SEQ("{\"type\": \"Split\", \"pattern\": {\"Regex\": \"[a-z&&[^aeiou]]\"}, \"behavior\": \"Isolated\"}, " BL),
+                 "pre_tokenizer.pretokenizers[0].pattern: a class intersection (&&) is not supported");
+    static char word[20000];
+    memset(word, 'a', sizeof word);
+    expect_ids("(?:\\\\p{L}|')+", word, sizeof word, NULL, sizeof word);
+}
+
 /* ------------------------------------------------------------- model load */
 
 /* Huginn's tokenizer shape on the tiny Huginn checkpoint (vocab_size 96): bytes 'a'..'z', ' ',
@@ -334,6 +370,7 @@ int main(int argc, char **argv)
     test_reference_cases(argv[1]);
     test_errors();
     test_match_limit();
+    test_ruby_syntax();
     test_invalid_utf8(argv[1]);
     test_model_load(argv[1]);
     return check_summary();

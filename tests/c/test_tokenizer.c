@@ -424,6 +424,40 @@ static void test_tiny(const char *dir)
               NULL);
         tlz_tokenizer_free(tok);
     }
+    /* fuse_unk: a run of bytes without a token is one unk_token, as HF's BPE fuses them */
+    json = make_json((json_parts){.model = "\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"fuse_unk\":true,", .vocab = vocab,
+                                  .merges = "[[\"a\",\"b\"]]"});
+    rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    check(rc == TLZ_OK, "tiny+fuse_unk: load", "%s", err);
+    if (!rc) {
+        rc = tlz_encode(tok, "abzzzab", 7, &ids, &n, err, sizeof err);
+        check(rc == TLZ_OK && n == 3 && ids[0] == 2 && ids[1] == 5 && ids[2] == 2, "tiny+fuse_unk: zzz is one unk",
+              "rc=%d n=%zu", rc, n);
+        free(ids);
+        tlz_tokenizer_free(tok);
+    }
+    /* Added tokens' lstrip and rstrip take the whitespace beside them; HF's two passes match
+       the tokens not normalized first (<s> inside the normalized a<s is <s>); single_word is
+       refused, not ignored. */
+    json = make_json((json_parts){
+        .top = "\"added_tokens\":[{\"id\":4,\"content\":\"<s>\",\"special\":true,\"lstrip\":true,\"normalized\":false},"
+               "{\"id\":6,\"content\":\"</s>\",\"special\":true,\"rstrip\":true},"
+               "{\"id\":7,\"content\":\"a<s\",\"special\":false,\"normalized\":true}],",
+        .vocab = "{\"a\":0,\"b\":1,\"ab\":2,\"\\u0120\":3,\"<unk>\":5}", .merges = "[\"a b\"]"});
+    rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    check(rc == TLZ_OK, "tiny+strip: load", "%s", err);
+    if (!rc) {
+        const char *text = "ab \t<s>ab</s>  \xc2\xa0" "ab a<s>"; /* (U+00A0 is whitespace too) */
+        rc = tlz_encode(tok, text, strlen(text), &ids, &n, err, sizeof err);
+        static const int32_t want[] = {2, 4, 2, 6, 2, 3, 0, 4};
+        check(rc == TLZ_OK && n == 8 && memcmp(ids, want, sizeof want) == 0, "tiny+strip: lstrip, rstrip, two passes",
+              "rc=%d n=%zu %s", rc, n, err);
+        free(ids);
+        tlz_tokenizer_free(tok);
+    }
+    expect_load_error("load error: single_word", make_json((json_parts){
+        .top = "\"added_tokens\":[{\"id\":4,\"content\":\"ab\",\"special\":false,\"single_word\":true}],",
+        .vocab = vocab, .merges = "[]"}), "\"single_word\": true (of 'ab') is not supported");
     json = make_json((json_parts){
         .top = "\"added_tokens\":[{\"id\":4,\"content\":\"<s>\",\"special\":true}],",
         .pre = "{\"type\":\"ByteLevel\",\"add_prefix_space\":true}", .vocab = vocab, .merges = "[\"a b\"]"});
