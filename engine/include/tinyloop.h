@@ -514,7 +514,10 @@ tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *s
    alone. Returns TL_OK when the call itself is valid (non-NULL arrays, n >= 1, one model, no
    session twice, none finished or stepping); the per-session outcome is in statuses, and a
    failed session's message in tl_session_error (tl_last_error() is then empty: one thread's
-   message cannot tell several sessions' failures apart). */
+   message cannot tell several sessions' failures apart; except where the one forward pass
+   the plain sessions share failed, out of memory for a page or the workspace: every one of
+   them then failed with it, and tl_last_error() holds it). A hook may free any session of
+   the call: it is freed when the call ends. */
 tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
                                 tl_status *statuses);
 

@@ -673,24 +673,36 @@ tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tok
         free(was_prefill);
         return tl_fail(TL_ERR_NO_MEMORY, "tl_session_step_batch: out of memory");
     }
-    /* The sessions whose next forward is a plain one share ONE batched forward. */
+    /* The sessions whose next forward is a plain one share ONE batched forward. Every
+       session of the call is stepping until it ends: a hook's tl_session_free of any of them
+       (one stepped before it, or after) is done then, never while the call still reads it. */
     int n_group = 0;
+    bool *shares = malloc((size_t)n * sizeof *shares);
+    if (!shares) {
+        free(group);
+        free(was_prefill);
+        return tl_fail(TL_ERR_NO_MEMORY, "tl_session_step_batch: out of memory");
+    }
     for (int i = 0; i < n; i++) {
         tokens[i] = -1;
         stops[i] = TL_STOP_NONE;
         statuses[i] = TL_OK;
-        if (!shares_forward(sessions[i])) continue;
+        sessions[i]->stepping = true;
+        shares[i] = shares_forward(sessions[i]);
+        if (!shares[i]) continue;
         was_prefill[n_group] = !sessions[i]->prompt_done;
         group[n_group++] = sessions[i];
-        sessions[i]->stepping = true;
     }
     tl_status forward_status = n_group > 0 ? forward_together(group, n_group) : TL_OK;
     char forward_error[1024] = "";
     if (forward_status != TL_OK) snprintf(forward_error, sizeof forward_error, "%s", tl_last_error());
     for (int i = 0, g = 0; i < n; i++) {
         tl_session *s = sessions[i];
-        if (!shares_forward(s)) { /* its own step, in its own mode */
-            statuses[i] = tl_session_step(s, &tokens[i], &stops[i]);
+        if (!shares[i]) { /* its own step, in its own mode (tl_session_step's, already stepping) */
+            statuses[i] = s->finished ? tl_fail(TL_ERR_INVALID_ARGUMENT, "session has already finished (stop reason %s)",
+                                                tl_stop_reason_name(s->stats.stop_reason))
+                                      : step(s, &tokens[i], &stops[i]);
+            if (statuses[i] != TL_OK) keep_error(s, tl_last_error());
             continue;
         }
         s->chosen_row = NULL; /* (as step() does: a failed step leaves no token's row) */
@@ -700,12 +712,18 @@ tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tok
             keep_error(s, forward_error);
         } else {
             statuses[i] = finish_shared_step(s, was_prefill[g], &tokens[i], &stops[i]);
-            if (statuses[i] != TL_OK) keep_error(s, tl_last_error());
+            if (statuses[i] != TL_OK) {
+                s->finished = true; /* (as step() does: a session that fails is finished) */
+                keep_error(s, tl_last_error());
+            }
         }
         g++;
-        s->stepping = false;
-        if (s->free_requested) session_destroy(s);
     }
+    for (int i = 0; i < n; i++) {
+        sessions[i]->stepping = false;
+        if (sessions[i]->free_requested) session_destroy(sessions[i]);
+    }
+    free(shares);
     free(group);
     free(was_prefill);
     if (forward_status != TL_OK) tl_fail(forward_status, "%s", forward_error);

@@ -256,11 +256,58 @@ static void bad_calls(const char *golden) {
     tl_model_free(other);
 }
 
+/* A hook may free any session of the call, one that shares the batched forward or one that
+   steps on its own (a beam), before or after its own row: each is freed when the call ends
+   (a beam session after the hook's was read after its free: ASan's and valgrind's case). */
+static tl_session *to_free[2];
+static int free_others(void *user, int32_t token, int position) {
+    (void)user; (void)token; (void)position;
+    for (int i = 0; i < 2; i++)
+        if (to_free[i]) { tl_session_free(to_free[i]); to_free[i] = NULL; }
+    return TL_HOOK_CONTINUE;
+}
+
+static void hook_frees_others(const char *golden) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/deep_residual", golden);
+    tl_model *m = NULL;
+    tl_model_load(dir, NULL, &m);
+    if (!m) { CHECK(0, "load"); return; }
+    const int32_t prompt[3] = {1, 2, 3};
+    tl_generate_config plain, beam, hooked;
+    tl_generate_config_init(&plain);
+    plain.max_tokens = 4;
+    beam = plain;
+    beam.beam_size = 2;
+    hooked = plain;
+    hooked.on_token = free_others;
+    tl_session *before = NULL, *a = NULL, *beam_after = NULL;
+    tl_session_new(m, prompt, 3, &plain, &before);
+    tl_session_new(m, prompt, 3, &hooked, &a);
+    tl_session_new(m, prompt, 3, &beam, &beam_after);
+    if (!before || !a || !beam_after) { CHECK(0, "sessions: %s", tl_last_error()); return; }
+    to_free[0] = before;
+    to_free[1] = beam_after;
+    tl_session *set[3] = {before, a, beam_after};
+    int32_t tokens[3];
+    tl_stop_reason stops[3];
+    tl_status statuses[3];
+    CHECK(tl_session_step_batch(set, 3, tokens, stops, statuses) == TL_OK && statuses[0] == TL_OK && statuses[1] == TL_OK &&
+              statuses[2] == TL_OK && tokens[1] >= 0,
+          "a batch whose hook frees two of its sessions: %s", tl_last_error());
+    tl_session *alone[1] = {a}; /* the hook's session goes on */
+    CHECK(tl_session_step_batch(alone, 1, tokens, stops, statuses) == TL_OK && statuses[0] == TL_OK && tokens[0] >= 0,
+          "the hook's session after: %s", tl_session_error(a));
+    tl_session_free(a);
+    tl_model_free(m);
+}
+
 int main(int argc, char **argv) {
     const char *golden = argc > 1 ? argv[1] : "tests/data/golden";
     mixed_batches(golden);
     generate_batch_equals_one_by_one(golden);
     two_threads(golden);
     bad_calls(golden);
+    hook_frees_others(golden);
     return check_summary();
 }
