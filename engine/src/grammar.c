@@ -434,6 +434,16 @@ static tl_status check_left_recursion(gram_program *p, char *err, size_t errlen)
             st = TL_ERR_INVALID_ARGUMENT;
             break;
         }
+    /* A rule that never ends ("x ::= "c" x": every alternative calls a rule that does not
+       end) would let tokens into a path no text finishes; a user's rule is named before a
+       generated group's (named after its rule, "x(3)"). */
+    for (int pass = 0; pass < 2 && st == TL_OK; pass++)
+        for (int r = 0; r < R && st == TL_OK; r++) {
+            if (productive[r] || (pass == 0) == (strchr(p->rule_names[r], '(') != NULL)) continue;
+            snprintf(err, errlen, "rule '%s' never ends: each of its alternatives calls a rule that never ends "
+                     "(as x ::= \"c\" x does; x ::= \"c\" x | \"c\" ends)", p->rule_names[r]);
+            st = TL_ERR_INVALID_ARGUMENT;
+        }
     goto done;
 oom:
     snprintf(err, errlen, "out of memory");

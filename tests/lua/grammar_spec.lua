@@ -33,6 +33,10 @@ describe("tinyloop.grammar", function()
         -- a surrogate pair written as JSON writes it is its one character; a lone one is refused
         assert.is_true(assert(G.gbnf('root ::= "\\uD83D\\uDE00"')):matches("\u{1F600}"))
         assert.matches("a UTF-16 surrogate is not a character", select(2, G.gbnf('root ::= "\\uDE00x"')), 1, true)
+        -- a rule that never ends is refused (tokens would go where no text finishes); one
+        -- with an alternative that ends is taken
+        assert.matches("rule 'x' never ends", select(2, G.gbnf('root ::= "a" x | "b"\nx ::= "c" x')), 1, true)
+        assert.is_true(assert(G.gbnf('root ::= "a" x | "b"\nx ::= "c" x | "c"')):matches("acc"))
         -- a class without characters is no way on: "a" then leads nowhere, so it is no prefix
         local dead = assert(G.gbnf('root ::= "a" [^\\x00-\\U0010FFFF] | "b"'))
         assert.same({ false, true }, { dead:matches_prefix("a"), dead:matches_prefix("b") })
