@@ -307,7 +307,7 @@ static tl_dtype float_dtype(tl_st_dtype d) { return d == TL_ST_F32 ? TL_F32 : d 
    the other type's name), and weights a group scale cannot represent (a NaN or an
    infinity, or max|x| / 127 beyond f16's 65504: the scale would be infinite and the group
    NaN). */
-static tl_status check_quantisable(const char *in_dir, const char *out_dir, const tl_st_file *file) {
+static tl_status check_quantisable(const char *in_dir, const char *out_dir, const tl_st_file *file, tl_dtype want) {
     struct stat in_st, out_st;
     if (stat(in_dir, &in_st) == 0 && stat(out_dir, &out_st) == 0 && in_st.st_dev == out_st.st_dev &&
         in_st.st_ino == out_st.st_ino)
@@ -332,12 +332,16 @@ static tl_status check_quantisable(const char *in_dir, const char *out_dir, cons
         if (bad < count)
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: tensor %s has a non-finite value at [%lld, %lld]", t->name,
                            (long long)(bad / (size_t)t->shape[1]), (long long)(bad % (size_t)t->shape[1]));
+        /* the largest a group's f16 scale times its largest integer holds: 127 for q8, 8 for
+           q4 (past it a q4 group was written clipped) */
+        const int top = type_for(t, want) == TL_Q4 ? 8 : 127;
         for (size_t e = 0; e < count; e++)
-            if (fabsf(tl_weight_at_unaligned(t->data, dt, e)) > 65504.0f * 127.0f)
+            if (fabsf(tl_weight_at_unaligned(t->data, dt, e)) > 65504.0f * (float)top)
                 return tl_fail(TL_ERR_INVALID_ARGUMENT,
                                "quantize: tensor %s has %g at [%lld, %lld], too large for a group's f16 scale "
-                               "(|x| <= 65504 x 127)", t->name, (double)tl_weight_at_unaligned(t->data, dt, e),
-                               (long long)(e / (size_t)t->shape[1]), (long long)(e % (size_t)t->shape[1]));
+                               "(|x| <= 65504 x %d for %s)", t->name, (double)tl_weight_at_unaligned(t->data, dt, e),
+                               (long long)(e / (size_t)t->shape[1]), (long long)(e % (size_t)t->shape[1]), top,
+                               top == 8 ? "q4" : "q8");
     }
     return TL_OK;
 }
@@ -442,7 +446,7 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     snprintf(to, sizeof to, "%s/model.safetensors", out_dir);
     tl_st_file file;
     if ((st = tl_st_open(from, &file)) != TL_OK) return st;
-    if ((st = check_quantisable(in_dir, out_dir, &file)) != TL_OK) {
+    if ((st = check_quantisable(in_dir, out_dir, &file, want)) != TL_OK) {
         tl_st_close(&file);
         return st;
     }

@@ -453,6 +453,14 @@ static void refusals(const char *golden) {
         struct stat st;
         CHECK(stat(out, &st) != 0, "nothing written for a refused input: %s exists", out);
     }
+    /* q4's bound is its own: 65504 x 8 (1e6 fits q8's 65504 x 127, and q4 wrote it clipped) */
+    snprintf(dir, sizeof dir, "%s/poked-q4", quantised_root);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", src, dir);
+    CHECK(system(cmd) == 0 && poke_first(dir, "block.0.attn.q.weight", 1e6f, 0), "poke q4");
+    snprintf(out, sizeof out, "%s/poked-q4-q4", quantised_root);
+    CHECK_ERROR(tl_quantize_checkpoint(dir, out, TL_Q4), TL_ERR_INVALID_ARGUMENT, "(|x| <= 65504 x 8 for q4)");
+    snprintf(out, sizeof out, "%s/poked-q4-q8", quantised_root);
+    CHECK(tl_quantize_checkpoint(dir, out, TL_Q8) == TL_OK, "1e6 is a q8 weight: %s", tl_last_error());
 
     /* A run that fails while writing (here: a full disk, as a file size limit of 1 KiB with
        SIGXFSZ ignored, so that a write fails with EFBIG) leaves the earlier good file as it
@@ -484,12 +492,38 @@ static void refusals(const char *golden) {
     tl_model_free(m);
 }
 
+/* The activations' quantiser: a group with a NaN (or an inf) gives d = NaN, so the product
+   is NaN as with float weights (the NaN was quantised as -qmax: finite logits from a
+   diverged state); a group too small for qmax / max|x| (an overflow to inf, then an
+   undefined float-to-int conversion that flipped signs) is zero. */
+static void activation_groups(void) {
+    float x[3 * TL_QGROUP];
+    for (int i = 0; i < 3 * TL_QGROUP; i++) x[i] = 0.25f;
+    x[3] = NAN;
+    for (int i = 0; i < TL_QGROUP; i++) x[TL_QGROUP + i] = (i % 3 - 1) * 5e-36f; /* -, 0, + */
+    for (int bits = 8; bits <= 16; bits += 8) {
+        int16_t q16[3 * TL_QGROUP];
+        int8_t q8[3 * TL_QGROUP];
+        float d[3];
+        int32_t sum[3];
+        tl_cpu_quantize_rows(x, 1, 3 * TL_QGROUP, bits, bits == 16 ? (void *)q16 : (void *)q8, d, sum);
+        int nonzero = 0;
+        for (int i = 0; i < 2 * TL_QGROUP; i++) nonzero += bits == 16 ? q16[i] != 0 : q8[i] != 0;
+        CHECK(isnan(d[0]) && d[1] == 0.0f && sum[0] == 0 && sum[1] == 0 && nonzero == 0,
+              "%d-bit rows: a NaN group's d %g, a tiny group's d %g, sums %d %d, %d nonzero", bits, (double)d[0],
+              (double)d[1], sum[0], sum[1], nonzero);
+        const int qmax = bits == 16 ? 32767 : 127, last = bits == 16 ? q16[2 * TL_QGROUP] : q8[2 * TL_QGROUP];
+        CHECK(d[2] == 0.25f / (float)qmax && last == qmax, "%d-bit rows: an ordinary group", bits);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: test_quant GOLDEN_DIR SHIPPED_MODEL_DIR\n");
         return 2;
     }
     random_groups();
+    activation_groups();
     real_groups(argv[2]);
     weighted_groups(argv[2]);
     round_trip(argv[1], "gpt2_like");

@@ -1,5 +1,6 @@
 /* kernels_generic.c: portable C kernels and ISA dispatch. */
 #include <stdbool.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,13 +42,27 @@ void tl_cpu_quantize_rows(const float *x, int n, int k, int bits, void *q, float
         for (int g = 0; g < groups; g++) {
             const size_t at = (size_t)r * (size_t)k + (size_t)g * TL_QGROUP;
             float amax = 0.0f;
+            bool finite = true;
             for (int i = 0; i < TL_QGROUP; i++) {
-                /* fmaxf's result (a NaN is skipped), written as a compare: GCC calls libm
-                   for fmaxf (1.5% of a q4 run's time, in that call alone). */
+                /* a compare, not fmaxf: GCC calls libm for fmaxf (1.5% of a q4 run's time) */
                 const float a = fabsf(x[at + i]);
                 amax = a > amax ? a : amax;
+                finite &= a <= FLT_MAX; /* (false for inf and NaN) */
             }
-            const float id = amax > 0.0f ? (float)qmax / amax : 0.0f;
+            /* A group with an inf or a NaN gives d = NaN (the product is NaN, as with float
+               weights, not a finite value that hides a diverged state); one so small that
+               qmax / amax overflows (below ~1e-34) is zero (a negligible part, and no
+               float-to-int conversion of an infinity, which C leaves undefined). */
+            if (!finite || amax < 0x1p-100f) {
+                for (int i = 0; i < TL_QGROUP; i++) {
+                    if (bits == 16) ((int16_t *)q)[at + i] = 0;
+                    else ((int8_t *)q)[at + i] = 0;
+                }
+                d[(size_t)r * (size_t)groups + (size_t)g] = finite ? 0.0f : NAN;
+                sum[(size_t)r * (size_t)groups + (size_t)g] = 0;
+                continue;
+            }
+            const float id = (float)qmax / amax;
             int32_t s = 0;
             for (int i = 0; i < TL_QGROUP; i++) {
                 /* Round half to even by the 1.5 * 2^23 trick: plain IEEE adds, so the same
