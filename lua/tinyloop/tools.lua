@@ -319,16 +319,20 @@ end
 -- an object, then its </tool_call>, which the last block may lack (a stop string or the end of
 -- the generation cut it). Text between and after the blocks is not content (as vLLM's Hermes
 -- parser has it). A block that is not a call makes the whole text content and no call at all,
--- except that when the token limit cut the generation (cut true) and calls came before it, it
--- and what follows are dropped; and a forced choice (spec.forced) never has content, only the
--- calls that are whole.
+-- except that when the token limit cut the generation (cut true) and calls came before it, or
+-- it is the call the cut took the end of, it and what follows are dropped (the content is then
+-- the text before the first block, as a stream shows it); and a forced choice (spec.forced)
+-- never has content, only the calls that are whole.
 function _M.parse(text, spec, id_of, cut)
     local first = find(text, START, 1, true)
     local calls, at = {}, first
     while at do
         local call, after = block_call(text, at + #START, spec, cut)
         if not call then
-            if not (cut and #calls > 0) and not spec.forced then return text, nil end
+            -- (the block the cut took the end of: its JSON, or the text after its tag, runs out)
+            local open = find(text, "[^ \t\r\n]", at + #START)
+            local cut_here = cut and (not open or (byte(text, open) == 123 and not json_text.skip_value(text, open)))
+            if not (cut and #calls > 0) and not cut_here and not spec.forced then return text, nil end
             break
         end
         call.id = id_of(#calls + 1)
@@ -337,7 +341,7 @@ function _M.parse(text, spec, id_of, cut)
     end
     if #calls == 0 then calls = nil end
     if spec.forced then return nil, calls end
-    if not calls then return text, nil end
+    if not first then return text, nil end
     local content = sub(text, 1, blank_tail(text, first - 1) - 1)
     return content ~= "" and content or nil, calls
 end

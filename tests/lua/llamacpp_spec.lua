@@ -48,6 +48,12 @@ describe("llamacpp.to_completions", function()
         assert.same({ "root ::= \"x\"", { ["15"] = -1.5, ["16"] = -100 } }, { t.grammar, t.logit_bias }) -- (15 twice: added)
         t = completions_of('{"prompt": "a", "logit_bias": {"15": 1}}')
         assert.same({ ["15"] = 1 }, t.logit_bias)
+        -- repeat_last_n 0 turns the penalties off (llama.cpp's); any other window is taken (the
+        -- engine's penalties read the whole context, -1's reading)
+        t = completions_of('{"prompt": "a", "repeat_penalty": 1.1, "presence_penalty": 0.5, "repeat_last_n": 0}')
+        assert.same({ nil, nil }, { t.repetition_penalty, t.presence_penalty })
+        t = completions_of('{"prompt": "a", "repeat_penalty": 1.1, "presence_penalty": 0.5, "repeat_last_n": 64}')
+        assert.same({ 1.1, 0.5 }, { t.repetition_penalty, t.presence_penalty })
         -- a grammar, where given, is the constraint (json_schema then left out, as llama.cpp does)
         t = completions_of('{"prompt": "a", "grammar": "root ::= \\"x\\"", "json_schema": {"type": "object"}}')
         assert.same({ "root ::= \"x\"", nil }, { t.grammar, t.response_format })
@@ -144,11 +150,15 @@ describe("llamacpp.to_completions", function()
             { '{"prompt": "a", "n_probs": 2, "post_sampling_probs": true}', "post_sampling_probs", "only false is taken here" },
             { '{"prompt": "a", "typical_p": 0.5}', "typical_p", "typical_p is not supported" },
             { '{"prompt": "a", "top_n_sigma": 1.5}', "top_n_sigma", "<= 0" },
-            { '{"prompt": "a", "logit_bias": [[1]]}', "logit_bias", "logit_bias[0]: a bias is a number, or false" },
+            { '{"prompt": "a", "logit_bias": [[1]]}', "logit_bias", "logit_bias[0]: a bias is a finite number, or false" },
             { '{"prompt": "a", "logit_bias": [[true, -1]]}', "logit_bias", "logit_bias[0]: a token id, or a text" },
-            { '{"prompt": "a", "logit_bias": [[5, NaN]]}', "logit_bias", "logit_bias[0]: a bias is a number, or false" },
-            { '{"prompt": "a", "logit_bias": {"5": NaN}}', "logit_bias", 'logit_bias["5"]: a bias is a number, or false' },
+            { '{"prompt": "a", "logit_bias": [[5, 1e400], [5, -1e400]]}', "logit_bias", "logit_bias[0]: a bias is a finite number, or false" },
+            { '{"prompt": "a", "logit_bias": {"5": -1e400}}', "logit_bias", 'logit_bias["5"]: a bias is a finite number, or false' },
+            -- strict JSON: NaN, Infinity and hex numbers are no JSON (cjson's default takes them)
+            { '{"prompt": "a", "logit_bias": [[5, NaN]]}', nil, "the request body is not valid JSON" },
+            { '{"prompt": "a", "n_predict": 0x10}', nil, "the request body is not valid JSON" },
             { '{"prompt": "a", "stop": "x"}', "stop", "stop must be an array of texts" },
+            { '{"prompt": "a", "repeat_last_n": -2}', "repeat_last_n", "repeat_last_n must be an integer >= -1" },
             { '{"prompt": "a", "stop": ["x", 5]}', "stop", "stop[1] must be a text" },
         })
     end)
@@ -255,6 +265,23 @@ describe("llamacpp view", function()
         assert.same({ { 0, "Hi", false, 3 }, { 1, "A", false, 2 }, { 1, "\nB", false, 2 }, { 1, "", true, 2 }, { 0, "", true, 3 } }, seen)
         assert.same({ "word", 2, true, 1 }, { events[4].stop_type, events[4].tokens_predicted, events[4].has_new_line, events[4].timings.cache_n })
         assert.same({ "limit", 1, false }, { events[5].stop_type, events[5].tokens_predicted, events[5].has_new_line })
+    end)
+
+    it("leaves a batch without n_predict the rest of the context its longest prompt leaves", function()
+        local request = require "tinyloop.server.request"
+        local model = H.model()
+        local long = {}
+        for i = 1, 50 do long[i] = i end
+        for _, order in ipairs({ "[[1, 2, 3], %s]", "[%s, [1, 2, 3]]" }) do
+            local body = assert(llamacpp.to_completions(('{"prompt": ' .. order .. '}'):format(cjson.encode(long))))
+            local req = assert(request.parse(body, model, "m", 16, llamacpp.View.PARSE_OPTIONS))
+            assert.equal(model.max_seq_len - 50, req.cfg.max_tokens)
+        end
+        for i = 51, model.max_seq_len do long[i] = 1 end
+        local body = assert(llamacpp.to_completions(('{"prompt": [[1], %s]}'):format(cjson.encode(long))))
+        local req, err = request.parse(body, model, "m", 16, llamacpp.View.PARSE_OPTIONS)
+        assert.is_nil(req)
+        assert.matches(("the prompt[1] (%d tokens) fills the model's context"):format(model.max_seq_len), err.message, 1, true)
     end)
 
     it("names llama.cpp's fields in the completions parser's errors", function()

@@ -26,6 +26,12 @@ describe("ollama.chat_to_chat", function()
                        '"options": {"num_predict": -1}}')
         assert.same({ false, { type = "json_object" } }, { chat.stream, chat.response_format })
         assert.is_nil(chat.max_tokens) -- (-1: no limit: the rest of the context)
+        -- repeat_last_n 0 turns the penalties off, as Ollama's; a window is taken
+        chat = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"repeat_penalty": 1.3, ' ..
+                       '"frequency_penalty": 0.2, "repeat_last_n": 0}}')
+        assert.same({ nil, nil }, { chat.repetition_penalty, chat.frequency_penalty })
+        chat = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"repeat_penalty": 1.3, "repeat_last_n": 64}}')
+        assert.equal(1.3, chat.repetition_penalty)
     end)
 
     it("gives Ollama's tool calls ids, and each tool message the call it answers", function()

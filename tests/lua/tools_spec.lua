@@ -340,7 +340,10 @@ describe("tinyloop.tools.parse", function()
         assert.same({ broken, nil }, parsed(broken, true))
         -- the cut block's unfinished string may hold an end tag: it is cut all the same
         assert.same({ nil, whole }, parsed(NOW_CALL .. '\n<tool_call>{"name": "get_weather", "arguments": {"city": "a </tool_call> b', true))
-        assert.same({ "<tool_call>\n{", nil }, parsed("<tool_call>\n{", true))
+        -- the first call cut: left out, the text before it the content (as a stream shows it)
+        assert.same({ nil, nil }, parsed("<tool_call>\n{", true))
+        assert.same({ "Let me check.", nil }, parsed('Let me check.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Pa', true))
+        assert.same({ "Let me check.", nil }, parsed("Let me check.\n<tool_call>", true))
     end)
 
     it("gives a forced choice no content, only its whole calls", function()

@@ -21,6 +21,7 @@
 -- ngx.sleep backoff instead: slower to notice tokens, same correctness.
 local ffi = require "ffi"
 local cjson = require "cjson.safe"
+local json_text = require "tinyloop.json_text"
 local tinyloop = require "tinyloop"
 local request = require "tinyloop.server.request"
 local responses = require "tinyloop.server.responses"
@@ -1730,7 +1731,7 @@ end
 function _M.ollama_show()
     local body = post_body()
     if not body then return end
-    local t = cjson.decode(body)
+    local t = json_text.decode(body)
     local name = type(t) == "table" and (type(t.model) == "string" and t.model or t.name)
     if type(name) ~= "string" then return send_ollama_error(400, 'the body must be {"model": NAME}') end
     if not ollama.names_model(name, conf.model_id) then

@@ -139,9 +139,12 @@ function _M.to_completions(body, tokenize, vocab)
     end
     if t.grammar == "" then t.grammar = nil end -- (front ends send "": no grammar, as llama.cpp reads it)
     if t.grammar ~= nil then t.json_schema = nil end -- (llama.cpp: a grammar, where given, is the constraint)
+    local ok_window, window = shapes.penalty_window(t.repeat_last_n, "repeat_last_n", "repeat_last_n")
+    if not ok_window then return nil, window end
     for _, f in ipairs(PASSED) do
         local name, kind, as = f[1], f[2], f[3] or f[1]
         local v = t[name]
+        if window == "off" and shapes.PENALTIES[as] then v = nil end
         if v ~= nil then
             if not KIND_OK[kind](v) then return bad(("%s must be %s"):format(name, shapes.KIND_WORDS[kind]), name) end
             members[#members + 1] = { as, raw[name] }
@@ -201,8 +204,9 @@ function _M.to_completions(body, tokenize, vocab)
         local sums, order = {}, {}
         -- (a text, as llama.cpp reads one: the bias goes to each of its tokens)
         local function add(id, v, where)
-            if (type(v) ~= "number" or v ~= v) and v ~= false then
-                return bad(where .. ": a bias is a number, or false", "logit_bias")
+            -- (finite: +inf and -inf on one token would add up to NaN; 1e400 is JSON for inf)
+            if (type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge) and v ~= false then
+                return bad(where .. ": a bias is a finite number, or false", "logit_bias")
             end
             local ids = { id }
             if type(id) == "string" then

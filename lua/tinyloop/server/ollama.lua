@@ -82,8 +82,11 @@ local function common(t, raw, members)
     end
     local options = t.options or {}
     local raw_options = shapes.raw_fields(raw.options)
+    local ok_window, e_window = shapes.penalty_window(options.repeat_last_n ~= json_null and options.repeat_last_n or nil,
+                                                      "options.repeat_last_n", "options")
+    if not ok_window then return nil, e_window end
     for k, v in pairs(options) do
-        if v ~= json_null then
+        if v ~= json_null and not (e_window == "off" and shapes.PENALTIES[OPTIONS[k]]) then
             if NO_OP_OPTIONS[k] ~= nil then
                 if v ~= NO_OP_OPTIONS[k] then
                     return bad(("options.%s is not supported (only %s, which changes nothing)"):format(k, tostring(NO_OP_OPTIONS[k])), "options")

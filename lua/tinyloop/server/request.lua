@@ -758,7 +758,9 @@ local DEFAULT_MAX_CHOICES = 16
 -- A request body that must be one JSON object -> the table | nil, err (every endpoint's rule).
 function _M.decode_object(body)
     if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
-    local t, err = cjson.decode(body)
+    -- (strict JSON: cjson's default takes NaN, Infinity and hex numbers, which an answer that
+    -- echoes a field would then write back as no JSON at all)
+    local t, err = json_text.decode(body)
     if err then return bad("the request body is not valid JSON: " .. err, nil) end
     if type(t) ~= "table" or body:match("^%s*%[") then return bad("the request body must be a JSON object", nil) end
     return t
@@ -932,11 +934,16 @@ function _M.parse(body, model, model_id, max_choices, opts)
     if not ok then return nil, e end
     local max_tokens = cfg.max_tokens or (opts.room and math.huge) or DEFAULT_MAX_TOKENS
     if max_tokens < 0 then return bad(("max_tokens = %d must be >= 0"):format(max_tokens), "max_tokens") end
-    if opts.room then -- (one prompt here: the rest of its context, which it must leave)
-        if #prompts[1] >= model.max_seq_len then
-            return bad(("the prompt (%d tokens) fills the model's context of %d tokens"):format(#prompts[1], model.max_seq_len), "prompt")
+    if opts.room then -- (the rest of the context, which each prompt must leave: a batch's, its longest's)
+        local longest = 0
+        for i, ids in ipairs(prompts) do
+            if #ids >= model.max_seq_len then
+                return bad(("the %s (%d tokens) fills the model's context of %d tokens")
+                    :format(#prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids, model.max_seq_len), "prompt")
+            end
+            longest = math.max(longest, #ids)
         end
-        max_tokens = math.min(max_tokens, model.max_seq_len - #prompts[1])
+        max_tokens = math.min(max_tokens, model.max_seq_len - longest)
     end
     cfg.max_tokens = max_tokens
     local prompt_tokens, echo = 0, nil

@@ -154,7 +154,7 @@ _M.PASSED = {
 -- another kind.
 function _M.read_fields(body, own, pass, refused)
     if type(body) ~= "string" or body == "" then return _M.bad("the request body must be a JSON object", nil) end
-    local t, err = cjson.decode(body)
+    local t, err = json_text.decode(body) -- (strict JSON: request.decode_object's rule)
     if err then return _M.bad("the request body is not valid JSON: " .. err, nil) end
     if type(t) ~= "table" or body:match("^%s*%[") then return _M.bad("the request body must be a JSON object", nil) end
     local members, raw = {}, _M.raw_fields(body)
@@ -266,6 +266,19 @@ function _M.deltas(payload)
     end
     -- (the entries' texts only where there are some: reading them scans the chunk's text)
     return out, type(choice.logprobs) == "table" and _M.logprob_entries(payload) or {}
+end
+
+-- llama.cpp's and Ollama's repeat_last_n (value, its name for messages, the field to name):
+-- the last N tokens its three penalties read. 0 turns them off (-> true, "off": the request's
+-- repetition, presence and frequency penalties are then left out, PENALTIES naming them);
+-- -1 (the whole context) and any other window are taken (true): this engine's penalties read
+-- the whole context (repetition: the prompt and the output; presence and frequency: the
+-- output), which is -1's reading. nil, err for what is no window.
+_M.PENALTIES = { repetition_penalty = true, presence_penalty = true, frequency_penalty = true }
+function _M.penalty_window(v, name, param)
+    if v == nil then return true end
+    if not _M.KIND_OK.integer(v) or v < -1 then return _M.bad(name .. " must be an integer >= -1", param) end
+    return true, v == 0 and "off" or nil
 end
 
 return _M
