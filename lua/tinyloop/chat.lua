@@ -55,16 +55,23 @@ local function token_text(v)
 end
 
 -- tokenizer_config.json's "chat_template": a string, or Hugging Face's list of named
--- templates ({"name", "template"}), of which "default" is the chat one.
+-- templates ({"name", "template"}), of which "default" is the chat one and "tool_use" the one
+-- transformers renders a request with tools by -> the text, the tool_use text (or nil) | nil
+-- when there is none | nil, nil, err for a list without "default" (transformers refuses it).
 local function config_template(cfg)
     local t = cfg.chat_template
     if type(t) == "string" then return t end
     if type(t) == "table" then
+        local named = {}
         for _, entry in ipairs(t) do
-            if type(entry) == "table" and entry.name == "default" and type(entry.template) == "string" then
-                return entry.template
+            if type(entry) == "table" and type(entry.name) == "string" and type(entry.template) == "string" then
+                named[entry.name] = entry.template
             end
         end
+        if not named.default then
+            return nil, nil, "tokenizer_config.json's chat_template is a list of named templates without a 'default' one"
+        end
+        return named.default, named.tool_use
     end
     return nil
 end
@@ -105,19 +112,28 @@ function _M.load(dir, template_path)
             if source then origin = dir .. "/chat_template.jinja" end
         end
     end
+    local tool_source
     if not source then
-        source = config_template(cfg)
+        source, tool_source, err = config_template(cfg)
+        if err then return nil, err end
         if source then origin = dir .. "/tokenizer_config.json" end
     end
     if not source then source, origin = _M.PLAIN, "built-in plain" end
-    local template
+    local template, tool_template
     template, err = chat_template.compile(source)
     if not template then return nil, ("the chat template (%s) does not compile: %s"):format(origin, tostring(err)) end
+    if tool_source then
+        tool_template, err = chat_template.compile(tool_source)
+        if not tool_template then
+            return nil, ("the chat template 'tool_use' (%s) does not compile: %s"):format(origin, tostring(err))
+        end
+    end
     -- generation_config.json's eos_token_id: one id or a list of them (transformers' generate
     -- stops at any)
     local eos_ids = generation.eos_token_id
     if type(eos_ids) ~= "table" then eos_ids = { eos_ids } end
-    return setmetatable({ template = template, source = origin, template_text = source, bos_token = token_text(cfg.bos_token) or "",
+    return setmetatable({ template = template, tool_template = tool_template, source = origin, template_text = source,
+                          bos_token = token_text(cfg.bos_token) or "",
                           eos_token = token_text(cfg.eos_token) or "", generation_eos_ids = eos_ids }, Chat)
 end
 
@@ -305,7 +321,9 @@ function _M.check_messages(messages)
             elseif not message.tool_calls then
                 return nil, at .. ".content is required"
             else
-                message.content = json_null
+                -- (a reply of calls alone, as this server answers one: "" as vLLM passes it,
+                -- not None, which templates such as Qwen3's test with `in` and fail on)
+                message.content = ""
             end
         else
             local text, err = content_text(m.content, at)
@@ -392,11 +410,15 @@ function Chat:prompt(messages, add_generation_prompt, tools, continue_final_mess
         end
         context[name] = value
     end
-    context.messages, context.tools = checked, tools
+    -- (tools and documents are None where there are none, as transformers' apply_chat_template
+    -- passes them: "tools is not none" is then false, and "tools|tojson" writes null)
+    context.messages, context.tools = checked, tools == nil and cjson.null or tools
+    if context.documents == nil then context.documents = cjson.null end
     context.add_generation_prompt = not continue_final_message and add_generation_prompt ~= false
     context.bos_token, context.eos_token = self.bos_token, self.eos_token
     local text, kind
-    text, err, kind = self.template:render(context)
+    -- (a request with tools renders with the tool_use template where the checkpoint names one)
+    text, err, kind = (tools ~= nil and self.tool_template or self.template):render(context)
     if text and continue_final_message then
         text, err = continue_final(text, checked[#checked])
         if not text then return nil, err, "messages" end

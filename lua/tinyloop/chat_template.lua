@@ -67,7 +67,6 @@ end
 -- (a request's tools, a call's arguments) take a few.
 _M.MAX_NESTING = 64
 local decode_ordered = require("tinyloop.json_text").decode_ordered
-function _M.decode_json(text) return decode_ordered(text, _M.dict, _M.MAX_NESTING) end
 local EMPTY_ARRAY = cjson.empty_array -- a lightuserdata in some cjson builds: an empty list
 local MT_KIND = { [UNDEF] = "undefined", [FLOAT] = "number", [TUPLE] = "list", [NAMESPACE] = "namespace",
                   [CALLABLE] = "callable", [DICT] = "dict" }
@@ -131,6 +130,11 @@ end
 local function make_num(x, is_float)
     if is_float and x % 1 == 0 then return setmetatable({ x }, FLOAT) end
     return x
+end
+
+-- (decode_json's floats: 1.0 stays a float, as Python's json reads it)
+function _M.decode_json(text)
+    return decode_ordered(text, _M.dict, _M.MAX_NESTING, function(x) return make_num(x, true) end)
 end
 
 local function truthy(v)
@@ -1633,8 +1637,9 @@ FILTERS.indent = function(st, v, a, kw) -- jinja2's: lines after the first, blan
     local width = arg(a, kw, 1, "width", 4)
     local pad = type(width) == "string" and width or pad_of(int_arg(width, "width"))
     local first, blank = truthy(arg(a, kw, 2, "first", false)), truthy(arg(a, kw, 3, "blank", false))
+    -- (jinja2 appends a newline and splits lines: the text's own lines, a trailing empty one
+    -- kept where the text ends with a newline, which the join then writes back)
     local lines = split(gsub(to_str(v), "\r\n?", "\n"), "\n", -1)
-    if lines[#lines] == "" then lines[#lines] = nil end
     for i = 2, #lines do if blank or lines[i] ~= "" then lines[i] = pad .. lines[i] end end
     return built(st, (first and pad or "") .. concat(lines, "\n"))
 end

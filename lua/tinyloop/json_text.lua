@@ -131,16 +131,21 @@ end
 -- dict(table, keys) with its keys in the text's order (the last of duplicate keys' value, at
 -- the first one's place, as Python's json keeps it); or nil, err: not strict JSON, or objects
 -- and arrays nested deeper than max_depth (err then names the bound). One pass: each value is
--- read once, whatever its depth.
+-- read once, whatever its depth. float_of (optional): what a number written as a float
+-- (with a ".", an "e" or an "E": 1.0, 1e5) becomes, as Python's json keeps it a float where
+-- Lua's number cannot tell 1.0 from 1.
 local NESTED = {}
-function _M.decode_ordered(text, dict, max_depth)
+function _M.decode_ordered(text, dict, max_depth, float_of)
     local checked, err = strict.decode(text)
     if checked == nil then return nil, err end
     local function value_at(i, depth)
         local c = byte(text, i)
         if c ~= 123 and c ~= 91 then
             local after = c == 34 and skip_string(text, i) or scalar_end(text, i)
-            return strict.decode(sub(text, i, after - 1)), after
+            local scalar = sub(text, i, after - 1)
+            local v = strict.decode(scalar)
+            if float_of and type(v) == "number" and find(scalar, "[.eE]") then v = float_of(v) end
+            return v, after
         end
         if depth >= max_depth then error(NESTED, 0) end
         local object, out, keys = c == 123, {}, {}
