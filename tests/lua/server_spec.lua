@@ -3599,6 +3599,14 @@ describe("server request parsing", function()
         assert.is_nil(request.raw_member(body, { "a", "x" }))
         assert.equal("2", request.raw_member('{"k": 1, "\\u006b": 2}', { "k" })) -- the last duplicate, as cjson
     end)
+    it("reads a negative seed modulo 2^53 (OpenAI's and vLLM's APIs take any 64-bit integer)", function()
+        for seed, want in pairs({ [-1] = 2 ^ 53 - 1, [-5] = 2 ^ 53 - 5, [7] = 7 }) do
+            local r = assert(request.parse(('{"prompt": [1], "max_tokens": 2, "seed": %d}'):format(seed), fake, "m"))
+            assert.equal(want, r.cfg.sample_seed)
+        end
+        local _, e = request.parse('{"prompt": [1], "max_tokens": 2, "seed": 1.5}', fake, "m")
+        assert.equal("seed", e.param)
+    end)
     it("passes the early-exit criterion and its thresholds to the session config", function()
         local r = assert(request.parse('{"prompt": [1], "max_tokens": 2, "early_exit_patience": 1, "early_exit_criterion": "kl", ' ..
             '"early_exit_kl_threshold": 0.002, "early_exit_entropy_threshold": 0.01, "early_exit_gate_threshold": 0.5}',

@@ -786,6 +786,9 @@ local function decode_fields(body, fields, no_ops)
             local kind, cfg_name = spec[1], spec[2]
             local check = KIND_CHECK[kind]
             if check and not check(v) then return bad(("%s must be %s"):format(k, KIND_WORDS[kind]), k) end
+            -- (a negative seed, which OpenAI's and vLLM's APIs take as any 64-bit integer, is
+            -- read modulo 2^53, the engine's range: -1 is 2^53 - 1, the same run each time)
+            if cfg_name == "sample_seed" and v < 0 and v >= -2 ^ 63 then v = v % 2 ^ 53 end
             if cfg_name then cfg[cfg_name] = v end
         end
     end
