@@ -84,8 +84,8 @@ static void skip_space(parser *ps, bool newlines) {
     while (ps->at < ps->end) {
         char c = *ps->at;
         if (c == ' ' || c == '\t' || (newlines && (c == '\n' || c == '\r'))) ps->at++;
-        else if (c == '#') {
-            while (ps->at < ps->end && *ps->at != '\n') ps->at++;
+        else if (c == '#') { /* (to the line's end: a \n, or a lone \r, as llama.cpp reads it) */
+            while (ps->at < ps->end && *ps->at != '\n' && *ps->at != '\r') ps->at++;
         } else break;
     }
 }

@@ -33,6 +33,8 @@ describe("tinyloop.grammar", function()
         -- a surrogate pair written as JSON writes it is its one character; a lone one is refused
         assert.is_true(assert(G.gbnf('root ::= "\\uD83D\\uDE00"')):matches("\u{1F600}"))
         assert.matches("a UTF-16 surrogate is not a character", select(2, G.gbnf('root ::= "\\uDE00x"')), 1, true)
+        -- a comment ends at a lone \r too (llama.cpp's reading of old Mac line ends)
+        assert.is_true(assert(G.gbnf('root ::= "a" x # comment\rx ::= "b"')):matches("ab"))
         -- a rule that never ends is refused (tokens would go where no text finishes); one
         -- with an alternative that ends is taken
         assert.matches("rule 'x' never ends", select(2, G.gbnf('root ::= "a" x | "b"\nx ::= "c" x')), 1, true)
