@@ -453,10 +453,6 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     if (hi >= 0 && hi < lo) return fail(c, path, "maxItems < minItems");
     int n_prefix = prefix ? cJSON_GetArraySize(prefix) : 0;
     if (prefix && !cJSON_IsArray(prefix)) return fail(c, path, "'prefixItems' must be an array");
-    /* (the optional ones are written nested, one group in another: the grammar's nesting limit) */
-    if (n_prefix - lo > 150)
-        return fail(c, path, "%d of the prefixItems are optional: at most 150 are supported (minItems makes the first "
-                    "ones required)", n_prefix - lo);
     int *pre = calloc((size_t)n_prefix + 1, sizeof *pre);
     if (!pre) return fail(c, path, "out of memory");
     for (int i = 0; i < n_prefix; i++) {
@@ -480,30 +476,42 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
         free(pre);
         return fail(c, path, "minItems %d exceeds the %d prefixItems and no items may follow them", lo, n_prefix);
     }
-    /* elements: prefix ones first (all required up to lo, beyond optional), then items */
+    /* elements: prefix ones first (all required up to lo, beyond optional), then items,
+       which follow only the whole prefix. The optional prefix items are a chain of rules, each
+       "(this one, then the next rule)?" (nested in one rule, they met the GBNF parser's limit
+       on nested parentheses at 200). */
+    const char *comma = c->free_ws ? "\",\" ws " : "\",\" ";
+    const int used = n_prefix < hi || hi < 0 ? n_prefix : hi;
+    strbuf rest = {0}; /* the items after the prefix */
+    if (item >= 0 && (hi < 0 || used < hi)) {
+        int need = lo > used ? lo - used : 0;
+        for (int k = 0; k < need; k++) strbuf_printf(&rest, "%sr%d ", used + k ? comma : "", item);
+        int have = used + need;
+        if (hi < 0) {
+            if (have == 0) strbuf_printf(&rest, "(r%d (%sr%d)*)? ", item, comma, item);
+            else strbuf_printf(&rest, "(%sr%d)* ", comma, item);
+        } else if (hi > have) {
+            if (have == 0) strbuf_printf(&rest, "(r%d (%sr%d){0,%d})? ", item, comma, item, hi - 1);
+            else strbuf_printf(&rest, "(%sr%d){0,%d} ", comma, item, hi - have);
+        }
+    }
+    int tail = -1; /* the rule of what follows the required prefix items */
+    if (rest.p) {
+        tail = new_rule(c);
+        strbuf_printf(&c->out, "r%d ::= %s\n", tail, rest.p);
+    }
+    free(rest.p);
+    for (int i = used - 1; i >= lo; i--) {
+        const int link = new_rule(c);
+        if (tail >= 0) strbuf_printf(&c->out, "r%d ::= (%sr%d r%d)?\n", link, i ? comma : "", pre[i], tail);
+        else strbuf_printf(&c->out, "r%d ::= (%sr%d)?\n", link, i ? comma : "", pre[i]);
+        tail = link;
+    }
     int r = new_rule(c);
     strbuf b = {0};
     strbuf_printf(&b, "\"[\"%s ", WS(c));
-    const char *comma = c->free_ws ? "\",\" ws " : "\",\" ";
-    int closers = 0;
-    for (int i = 0; i < n_prefix && (hi < 0 || i < hi); i++) {
-        if (i >= lo) { strbuf_puts(&b, "("); closers++; }
-        strbuf_printf(&b, "%sr%d ", i ? comma : "", pre[i]);
-    }
-    int used = n_prefix < hi || hi < 0 ? n_prefix : hi;
-    if (item >= 0 && (hi < 0 || used < hi)) {
-        int need = lo > used ? lo - used : 0;
-        for (int k = 0; k < need; k++) strbuf_printf(&b, "%sr%d ", used + k ? comma : "", item);
-        int have = used + need;
-        if (hi < 0) {
-            if (have == 0) strbuf_printf(&b, "(r%d (%sr%d)*)? ", item, comma, item);
-            else strbuf_printf(&b, "(%sr%d)* ", comma, item);
-        } else if (hi > have) {
-            if (have == 0) strbuf_printf(&b, "(r%d (%sr%d){0,%d})? ", item, comma, item, hi - 1);
-            else strbuf_printf(&b, "(%sr%d){0,%d} ", comma, item, hi - have);
-        }
-    }
-    for (int k = 0; k < closers; k++) strbuf_puts(&b, ")? ");
+    for (int i = 0; i < used && i < lo; i++) strbuf_printf(&b, "%sr%d ", i ? comma : "", pre[i]);
+    if (tail >= 0) strbuf_printf(&b, "r%d ", tail);
     strbuf_printf(&b, "\"]\"%s", WS(c));
     strbuf_printf(&c->out, "r%d ::= %s\n", r, b.p ? b.p : "\"[]\"");
     free(b.p);

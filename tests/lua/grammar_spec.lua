@@ -77,6 +77,11 @@ describe("tinyloop.grammar", function()
         }) do
             assert.matches(case[2], select(2, G.json_schema(case[1])), 1, true)
         end
+        -- 250 optional prefixItems (a chain of rules: nested in one, they passed the parser's 200)
+        local items = {}
+        for i = 1, 250 do items[i] = '{"const":' .. i .. '}' end
+        g = assert(G.json_schema('{"type":"array","prefixItems":[' .. table.concat(items, ",") .. '],"items":false}'))
+        assert.same({ true, true, false }, { g:matches("[1,2,3]"), g:matches("[]"), g:matches("[1,3]") })
         -- an empty Lua table under an array keyword is [] (it was {}, refused as no array)
         assert.is_true(assert(G.json_schema({ type = "object", properties = { a = { type = "integer" } }, required = {} })):matches("{}"))
     end)
