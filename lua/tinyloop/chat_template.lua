@@ -1538,9 +1538,12 @@ FILTERS.int = function(_, v, a, kw)
     local s = strip(v):gsub("_", "")
     local sign, digits = s:match("^([-+]?)(%w+)$")
     if base == 16 or base == 0 then digits = digits and digits:gsub("^0[xX]", "") end
+    -- (LuaJIT's tonumber in base 10 reads "0x10" as 16: Python's int(s, 10) takes digits only)
+    if base == 10 and digits and not digits:find("^%d+$") then digits = nil end
     local n2 = digits and tonumber(digits, base == 0 and 16 or base)
     if n2 then return sign == "-" and -n2 or n2 end
-    n2 = tonumber(s)
+    -- (then int(float(value)), as jinja2: a decimal float's text only, not Lua's hex "0x10")
+    n2 = s:match("^[-+]?%d*%.?%d*[eE]?[-+]?%d*$") and s:find("%d") and tonumber(s)
     if n2 and n2 == n2 and n2 ~= huge and n2 ~= -huge then return n2 >= 0 and floor(n2) or -floor(-n2) end
     return default
 end
@@ -1710,7 +1713,11 @@ local function number(v, what)
 end
 TESTS.odd = function(v) return number(v, "odd's value") % 2 == 1 end
 TESTS.even = function(v) return number(v, "even's value") % 2 == 0 end
-TESTS.divisibleby = function(v, n) return number(v, "divisibleby's value") % number(n, "divisibleby's argument") == 0 end
+TESTS.divisibleby = function(v, n)
+    local divisor = number(n, "divisibleby's argument")
+    if divisor == 0 then fail("integer division or modulo by zero (divisibleby 0)") end -- (Python's ZeroDivisionError)
+    return number(v, "divisibleby's value") % divisor == 0
+end
 -- Python's str.islower/isupper: some cased letter, none of the other case
 TESTS.lower = function(v) local s = to_str(v) return lower(s) == s and find(s, "%l") ~= nil end
 TESTS.upper = function(v) local s = to_str(v) return upper(s) == s and find(s, "%u") ~= nil end

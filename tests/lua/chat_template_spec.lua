@@ -144,6 +144,15 @@ describe("the API", function()
     end)
 end)
 
+describe("int and divisibleby", function()
+    it("read as jinja2's: int of a hex text in base 10 is the default, divisibleby 0 an error", function()
+        renders("0 15 7 18", '{{ "0x10"|int }} {{ "1.5e1"|int }} {{ " 7 "|int }} {{ "12"|int(base=16) }}')
+        local ct = require "tinyloop.chat_template"
+        local _, err = assert(ct.compile("{{ 5 is divisibleby 0 }}")):render({})
+        assert.matches("divisibleby 0", err, 1, true)
+    end)
+end)
+
 describe("decode_json", function()
     it("keeps a number written as a float a float, as Python's json (a tool's 0.0, a call's 1.0)", function()
         local ct = require "tinyloop.chat_template"
