@@ -1369,11 +1369,27 @@ STR_METHODS.upper = function(s) return upper(s) end
 STR_METHODS.lower = function(s) return lower(s) end
 STR_METHODS.capitalize = function(s) return capitalize(s) end
 STR_METHODS.title = function(s) return (gsub(s, "%a+", capitalize)) end
+-- s[start:stop] in code points, as Python slices it (startswith's and endswith's start and end).
+local function str_between(s, start, stop)
+    if (start == nil or start == NONE) and (stop == nil or stop == NONE) then return s end
+    local items = chars(s)
+    local len = #items
+    local function clamp(i, default)
+        if i == nil or i == NONE then return default end
+        i = int_arg(i, "start/end")
+        if i < 0 then i = i + len end
+        return i < 0 and 0 or i > len and len or i
+    end
+    local from, to = clamp(start, 0), clamp(stop, len)
+    return from < to and concat(items, "", from + 1, to) or ""
+end
 STR_METHODS.startswith = function(s, a)
+    s = str_between(s, a[2], a[3])
     for _, prefix in ipairs(affixes(a[1])) do if sub(s, 1, #str_arg(prefix, "prefix")) == prefix then return true end end
     return false
 end
 STR_METHODS.endswith = function(s, a)
+    s = str_between(s, a[2], a[3])
     for _, suffix in ipairs(affixes(a[1])) do
         if suffix == "" or sub(s, -#str_arg(suffix, "suffix")) == suffix then return true end
     end

@@ -144,6 +144,13 @@ describe("the API", function()
     end)
 end)
 
+describe("startswith and endswith", function()
+    it("take Python's start and end, in code points", function()
+        renders("True False True True True", '{{ "abc".startswith("b", 1) }} {{ "abc".startswith("a", 1) }} ' ..
+                '{{ "abc".endswith("b", 0, 2) }} {{ "h\195\169llo".startswith("l", 2) }} {{ "abc".startswith("c", -1) }}')
+    end)
+end)
+
 describe("int and divisibleby", function()
     it("read as jinja2's: int of a hex text in base 10 is the default, divisibleby 0 an error", function()
         renders("0 15 7 18", '{{ "0x10"|int }} {{ "1.5e1"|int }} {{ " 7 "|int }} {{ "12"|int(base=16) }}')
