@@ -279,7 +279,8 @@ local JSON_ESCAPES = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = 
                        ["\b"] = "\\b", ["\f"] = "\\f" }
 local function json_quote(s, ascii)
     s = gsub(s, '[%z\1-\31"\\]', function(c) return JSON_ESCAPES[c] or fmt("\\u%04x", byte(c)) end)
-    if ascii then
+    if ascii then -- (Python's ensure_ascii escapes all but space..~: DEL too)
+        s = gsub(s, "\127", "\\u007f")
         s = gsub(s, "[\192-\247][\128-\191]*", function(c)
             local cp = utf8_decode(c)
             if cp < 0x10000 then return fmt("\\u%04x", cp) end
@@ -1563,8 +1564,18 @@ FILTERS.int = function(_, v, a, kw)
     if n2 and n2 == n2 and n2 ~= huge and n2 ~= -huge then return n2 >= 0 and floor(n2) or -floor(-n2) end
     return default
 end
+-- Python's float() of a text: decimal digits, or inf, infinity and nan in any case (LuaJIT's
+-- tonumber also reads hex, and not "nan").
+local function py_float(s)
+    s = strip(s)
+    local sign, word = lower(s):match("^([-+]?)(%a+)$")
+    if word == "nan" then return 0 / 0 end
+    if word == "inf" or word == "infinity" then return sign == "-" and -huge or huge end
+    if s:find("%d") and s:match("^[-+]?%d*%.?%d*[eE]?[-+]?%d*$") then return tonumber(s) end
+    return nil
+end
 FILTERS.float = function(_, v, a, kw)
-    local n = num(defined(v)) or (type(v) == "string" and tonumber(strip(v)))
+    local n = num(defined(v)) or (type(v) == "string" and py_float(v))
     if not n then return arg(a, kw, 1, "default", make_num(0, true)) end
     return make_num(n, true)
 end

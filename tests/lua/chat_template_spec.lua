@@ -154,6 +154,9 @@ end)
 describe("int and divisibleby", function()
     it("read as jinja2's: int of a hex text in base 10 is the default, divisibleby 0 an error", function()
         renders("0 15 7 18", '{{ "0x10"|int }} {{ "1.5e1"|int }} {{ " 7 "|int }} {{ "12"|int(base=16) }}')
+        renders('"a\\u007f\\u00e9" "a\127\195\169"', '{{ "a\127\195\169"|tojson(ensure_ascii=true) }} {{ "a\127\195\169"|tojson }}')
+        renders("nan -inf 0.0 2.5 3.0 1.5", '{{ "nan"|float }} {{ "-Inf"|float }} {{ "0x10"|float }} {{ " 2.5 "|float }} ' ..
+                '{{ "3"|float }} {{ "x"|float(1.5) }}')
         local ct = require "tinyloop.chat_template"
         local _, err = assert(ct.compile("{{ 5 is divisibleby 0 }}")):render({})
         assert.matches("divisibleby 0", err, 1, true)
