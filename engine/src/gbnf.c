@@ -152,10 +152,6 @@ static bool commit_alt(parser *ps, int rule, const gram_item *items, int n) {
     return true;
 }
 
-static int hex_value(char h) {
-    return h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
-}
-
 /* One code point of a literal or class, escapes decoded. */
 static bool parse_char(parser *ps, uint32_t *out, const char *context) {
     const char *start = ps->at;
@@ -171,7 +167,7 @@ static bool parse_char(parser *ps, uint32_t *out, const char *context) {
             for (int i = 0; i < digits; i++) {
                 if (ps->at >= ps->end) return fail_at(ps, start, "expected %s hex digits after the escape", digits == 2 ? "2" : digits == 4 ? "4" : "8");
                 char h = *ps->at++;
-                int d = hex_value(h);
+                int d = gram_hex_digit((unsigned char)h);
                 if (d < 0) return fail_at(ps, ps->at - 1, "expected a hex digit in an escape in %s", context);
                 v = v * 16 + (uint32_t)d;
             }
@@ -183,7 +179,7 @@ static bool parse_char(parser *ps, uint32_t *out, const char *context) {
                 int i = 2;
                 for (; i < 6; i++) {
                     const char h = ps->at[i];
-                    const int d = hex_value(h);
+                    const int d = gram_hex_digit((unsigned char)h);
                     if (d < 0) break;
                     low = low * 16 + (uint32_t)d;
                 }

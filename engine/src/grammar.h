@@ -29,6 +29,11 @@
 
 enum { GE_END = 0, GE_BYTES = 1, GE_REF = 2 };
 
+/* The value of a hex digit, or -1 (the GBNF and regex escapes' one reading). */
+static inline int gram_hex_digit(unsigned char h) {
+    return h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+}
+
 /* Grows *p to hold `need` items of `size` bytes (capacity *cap, doubled); false out of memory. */
 bool gram_grow(void **p, int *cap, int need, size_t size);
 

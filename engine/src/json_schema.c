@@ -229,13 +229,24 @@ static int json_literal_rule(conv *c, const cJSON *v, const char *path) {
     return r;
 }
 
+/* The schema a $ref names ("#", "#/$defs/NAME" or "#/definitions/NAME"), NULL where it
+   points nowhere; *supported false for any other form. */
+static const cJSON *ref_target(const conv *c, const char *ref, bool *supported) {
+    *supported = true;
+    if (strcmp(ref, "#") == 0) return c->root;
+    if (strncmp(ref, "#/$defs/", 8) == 0)
+        return cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c->root, "$defs"), ref + 8);
+    if (strncmp(ref, "#/definitions/", 14) == 0)
+        return cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c->root, "definitions"), ref + 14);
+    *supported = false;
+    return NULL;
+}
+
 static int ref_rule(conv *c, const char *ref, const char *path, int depth) {
-    const cJSON *target = NULL;
-    if (strcmp(ref, "#") == 0) target = c->root;
-    else if (strncmp(ref, "#/$defs/", 8) == 0) target = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c->root, "$defs"), ref + 8);
-    else if (strncmp(ref, "#/definitions/", 14) == 0)
-        target = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c->root, "definitions"), ref + 14);
-    else return fail(c, path, "$ref '%s' is not supported (only \"#\", \"#/$defs/NAME\" and \"#/definitions/NAME\")", ref);
+    bool supported;
+    const cJSON *target = ref_target(c, ref, &supported);
+    if (!supported)
+        return fail(c, path, "$ref '%s' is not supported (only \"#\", \"#/$defs/NAME\" and \"#/definitions/NAME\")", ref);
     if (!target) return fail(c, path, "$ref '%s' points nowhere", ref);
     for (int i = 0; i < c->n_refs; i++)
         if (c->ref_nodes[i] == target) return c->ref_rules[i];
@@ -707,11 +718,8 @@ static const cJSON *followed(const conv *c, const cJSON *s) {
     for (int hop = 0; hop < 8 && cJSON_IsObject(s); hop++) {
         const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
         if (!cJSON_IsString(ref)) break;
-        const char *r = ref->valuestring;
-        const cJSON *target = !strcmp(r, "#") ? c->root
-            : !strncmp(r, "#/$defs/", 8) ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c->root, "$defs"), r + 8)
-            : !strncmp(r, "#/definitions/", 14)
-                ? cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c->root, "definitions"), r + 14) : NULL;
+        bool supported;
+        const cJSON *target = ref_target(c, ref->valuestring, &supported);
         if (!target) break;
         s = target;
     }

@@ -51,10 +51,6 @@ static int char_len(const char *s) {
     return n ? tlz_utf8_seq((const unsigned char *)s, n) : -1;
 }
 
-static int hex_digit(unsigned char h) {
-    return h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
-}
-
 /* ECMA-262's white space and line terminators (\s). A JSON string holds no control
    character, so there \s above U+001F is what a negated class must exclude. */
 #define SPACE_CONTROLS "\\x09-\\x0D"
@@ -82,7 +78,7 @@ static int hex_escape(rx *r, const char *s, uint32_t *cp) {
     const int digits = s[1] == 'x' ? 2 : 4;
     uint32_t v = 0;
     for (int i = 0; i < digits; i++) {
-        const int d = hex_digit((unsigned char)s[2 + i]);
+        const int d = gram_hex_digit((unsigned char)s[2 + i]);
         if (d < 0) return fail(r, "'\\%c' needs %d hex digits", s[1], digits);
         v = v * 16 + (uint32_t)d;
     }

@@ -1547,6 +1547,16 @@ FILTERS.tojson = function(_, v, a, kw)
     end
     return json(v, o, 0)
 end
+-- Python's float() of a text: decimal digits, or inf, infinity and nan in any case (LuaJIT's
+-- tonumber also reads hex, and not "nan").
+local function py_float(s)
+    s = strip(s)
+    local sign, word = lower(s):match("^([-+]?)(%a+)$")
+    if word == "nan" then return 0 / 0 end
+    if word == "inf" or word == "infinity" then return sign == "-" and -huge or huge end
+    if s:find("%d") and s:match("^[-+]?%d*%.?%d*[eE]?[-+]?%d*$") then return tonumber(s) end
+    return nil
+end
 FILTERS.int = function(_, v, a, kw)
     local default, base = arg(a, kw, 1, "default", 0), int_arg(arg(a, kw, 2, "base", 10), "base")
     local n = num(defined(v))
@@ -1559,20 +1569,9 @@ FILTERS.int = function(_, v, a, kw)
     if base == 10 and digits and not digits:find("^%d+$") then digits = nil end
     local n2 = digits and tonumber(digits, base == 0 and 16 or base)
     if n2 then return sign == "-" and -n2 or n2 end
-    -- (then int(float(value)), as jinja2: a decimal float's text only, not Lua's hex "0x10")
-    n2 = s:match("^[-+]?%d*%.?%d*[eE]?[-+]?%d*$") and s:find("%d") and tonumber(s)
+    n2 = py_float(s) -- (then int(float(value)), as jinja2: a finite one)
     if n2 and n2 == n2 and n2 ~= huge and n2 ~= -huge then return n2 >= 0 and floor(n2) or -floor(-n2) end
     return default
-end
--- Python's float() of a text: decimal digits, or inf, infinity and nan in any case (LuaJIT's
--- tonumber also reads hex, and not "nan").
-local function py_float(s)
-    s = strip(s)
-    local sign, word = lower(s):match("^([-+]?)(%a+)$")
-    if word == "nan" then return 0 / 0 end
-    if word == "inf" or word == "infinity" then return sign == "-" and -huge or huge end
-    if s:find("%d") and s:match("^[-+]?%d*%.?%d*[eE]?[-+]?%d*$") then return tonumber(s) end
-    return nil
 end
 FILTERS.float = function(_, v, a, kw)
     local n = num(defined(v)) or (type(v) == "string" and py_float(v))

@@ -347,6 +347,13 @@ function View:object(content, tokens, finish, model, probs, part)
     return object(members)
 end
 
+-- The usage of one prompt of a batch, from its choice's counts and stats (the cached tokens
+-- are the prefix pool's, its stats' prompt_tokens_reused).
+local function prompt_usage(prompt_tokens, completion_tokens, stats)
+    return { prompt_tokens = prompt_tokens, completion_tokens = completion_tokens,
+             prompt_tokens_details = { cached_tokens = tonumber(stats.prompt_tokens_reused) or 0 } }
+end
+
 -- A batch's finish of one choice (a completions choice with its own stats, as a request of
 -- several prompts writes them): shapes' finish, with the usage of that prompt alone.
 local function choice_finish(choice, prompt_tokens)
@@ -354,8 +361,7 @@ local function choice_finish(choice, prompt_tokens)
     local stop = choice.stop_reason
     return { finish_reason = choice.finish_reason, stop_reason = stop ~= json_null and stop or nil,
              tinyloop = cjson.encode(stats),
-             usage = { prompt_tokens = prompt_tokens, completion_tokens = type(choice.token_ids) == "table" and #choice.token_ids or 0,
-                       prompt_tokens_details = { cached_tokens = tonumber(stats.prompt_tokens_reused) or 0 } } }
+             usage = prompt_usage(prompt_tokens, type(choice.token_ids) == "table" and #choice.token_ids or 0, stats) }
 end
 
 -- response(completions_json) -> the blocking answer: llama.cpp's object, or for a batch of
@@ -417,9 +423,8 @@ function View:feed(payload)
             part.finish = { finish_reason = choice.finish_reason, stop_reason = choice.stop_reason ~= json_null and choice.stop_reason or nil,
                             tinyloop = chunk.tinyloop and cjson.encode(chunk.tinyloop) or nil }
             if self.batch then
-                local stats = type(chunk.tinyloop) == "table" and chunk.tinyloop or {}
-                part.finish.usage = { prompt_tokens = part.evaluated, completion_tokens = part.predicted,
-                                      prompt_tokens_details = { cached_tokens = tonumber(stats.prompt_tokens_reused) or 0 } }
+                part.finish.usage = prompt_usage(part.evaluated, part.predicted,
+                                                 type(chunk.tinyloop) == "table" and chunk.tinyloop or {})
                 out[#out + 1] = { nil, self:object("", {}, part.finish, self.model, nil, part) }
             end
         end
