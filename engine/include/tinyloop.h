@@ -409,6 +409,11 @@ typedef struct tl_generate_config {
     float frequency_penalty;         /* 0.0; finite: subtracted once per time a token was
                                         generated so far: logit -= count * frequency +
                                         (count > 0) * presence */
+    int penalty_window;              /* 0 = the whole sequence; W > 0: the three penalties above
+                                        read only the last W tokens of the sequence (prompt and
+                                        output), llama.cpp's and Ollama's repeat_last_n: the
+                                        repetition penalty every token among them, presence
+                                        and frequency the generated ones among them */
     /* vLLM's and llama.cpp's sampling extensions. */
     float min_p;                     /* 0.0 (off); in [0, 1]: when sampling, after top_k and
                                         top_p (Hugging Face's and llama.cpp's order; vLLM's

@@ -72,11 +72,14 @@ static void ban_ends(const tl_generate_config *c, float *logits, int32_t eos) {
 void tl_adjust_logits(const tl_generate_config *c, float *logits, const int32_t *history, int n, int prompt_len,
                       int32_t eos, int32_t *tally) {
     for (int i = 0; i < c->n_logit_bias; i++) logits[c->logit_bias[i].token] += c->logit_bias[i].bias;
-    tl_repetition_penalty(logits, history, n, c->repetition_penalty, tally);
+    /* penalty_window: the last W tokens of the sequence, wherever the prompt ends */
+    const int window_start = c->penalty_window > 0 && n > c->penalty_window ? n - c->penalty_window : 0;
+    tl_repetition_penalty(logits, history + window_start, n - window_start, c->repetition_penalty, tally);
     if (c->presence_penalty != 0.0f || c->frequency_penalty != 0.0f) {
-        /* OpenAI's and vLLM's rule: the tokens generated so far, each counted */
-        for (int i = prompt_len; i < n; i++) tally[history[i]]++;
-        for (int i = prompt_len; i < n; i++) {
+        /* OpenAI's and vLLM's rule: the tokens generated so far (in the window), each counted */
+        const int generated_start = window_start > prompt_len ? window_start : prompt_len;
+        for (int i = generated_start; i < n; i++) tally[history[i]]++;
+        for (int i = generated_start; i < n; i++) {
             const int32_t t = history[i];
             if (!tally[t]) continue; /* already adjusted */
             logits[t] -= (float)tally[t] * c->frequency_penalty + c->presence_penalty;

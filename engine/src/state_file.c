@@ -11,8 +11,9 @@
  * resume must name the grammar again, whose matcher then accepts the emitted tokens anew
  * (fork.c).
  *
- * The layout, little-endian, no padding (version 4; version 3, still read, ends the config
- * at min_tokens, version 2 at the logit_bias entries, and version 1 at the stop strings):
+ * The layout, little-endian, no padding (version 5; version 4, still read, ends the config
+ * at the reasoning tags, version 3 at min_tokens, version 2 at the logit_bias entries, and
+ * version 1 at the stop strings):
  *     "TLSTATE\0"  u32 version  u64 model fingerprint (model.c)
  *     u32 kv_type  u32 vocab  u32 n_slots  u32 kv_dim
  *     config: i32 max_tokens loops top_k cache_window beam_size early_exit_patience
@@ -28,6 +29,7 @@
  *             f32 min_p  i32 min_tokens
  *             i32 reasoning_budget reasoning_open  i32 n, i32 ids[n] of reasoning_start, then
  *             of reasoning_end (the budget's state is replayed from the tokens)
+ *             i32 penalty_window
  *     i32 prompt_len  i32 n_tokens  i32 tokens[n_tokens]
  *     u64 rng[4]  u8 prompt_done  u8 compiled_grammar  u64 text_shown
  *     f64 prefill_ms first_token_ms decode_ms probe_ms loops_sum
@@ -54,9 +56,10 @@
 #include "session.h"
 
 static const char STATE_MAGIC[8] = "TLSTATE";
-#define STATE_VERSION 4u
+#define STATE_VERSION 5u
 #define STATE_OLDEST_READ 1u /* a version 1 state has no logit_bias nor presence/frequency penalties,
-                                version 2 no min_p nor min_tokens, version 3 no thinking budget */
+                                version 2 no min_p nor min_tokens, version 3 no thinking budget,
+                                version 4 no penalty_window */
 #define STATE_MAX_FILE_BYTES ((size_t)1 << 40)
 
 static bool host_is_little_endian(void) {
@@ -148,6 +151,7 @@ static void write_config(state_writer *w, const tl_generate_config *c) {
         put_i32(w, tag->n);
         put(w, tag->tokens, (size_t)tag->n * sizeof(int32_t));
     }
+    put_i32(w, c->penalty_window);
 }
 
 static void write_stats(state_writer *w, const tl_session *s) {
@@ -420,6 +424,7 @@ static tl_status read_config_fields(state_reader *r, read_config *rc) {
             *(t ? &c->reasoning_end : &c->reasoning_start) = (tl_token_seq){n > 0 ? rc->reasoning_ids[t] : NULL, n};
         }
     }
+    if (r->version >= 5) c->penalty_window = get_i32(r); /* validated by tl_session_create */
     return r->short_read ? MALFORMED("the bytes end inside the config") : TL_OK;
 }
 

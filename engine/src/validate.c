@@ -144,6 +144,9 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "presence_penalty = %g must be finite", (double)c->presence_penalty);
     if (!isfinite(c->frequency_penalty))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "frequency_penalty = %g must be finite", (double)c->frequency_penalty);
+    if (c->penalty_window < 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "penalty_window = %d must be >= 0 (0 = the whole sequence)",
+                       c->penalty_window);
     if ((st = validate_logit_bias(c, mc->vocab_size)) != TL_OK) return st;
     if (!(c->min_p >= 0.0f && c->min_p <= 1.0f))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "min_p = %g must be in [0, 1] (0 = off)", (double)c->min_p);

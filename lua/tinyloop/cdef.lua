@@ -209,6 +209,7 @@ typedef struct tl_generate_config {
     int n_logit_bias;
     float presence_penalty;
     float frequency_penalty;
+    int penalty_window;
     float min_p;
     int min_tokens;
     int reasoning_budget;

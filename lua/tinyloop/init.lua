@@ -231,8 +231,8 @@ local NUMBER_FIELDS = {
     early_exit_patience = "int", early_exit_min_L = "int", early_exit_peek_every = "int",
     early_exit_logit_margin = "float", early_exit_threshold = "float", sample_seed = "seed",
     early_exit_kl_threshold = "float", early_exit_entropy_threshold = "float", early_exit_gate_threshold = "float",
-    presence_penalty = "float", frequency_penalty = "float", min_p = "float", min_tokens = "int",
-    reasoning_budget = "int",
+    presence_penalty = "float", frequency_penalty = "float", penalty_window = "int", min_p = "float",
+    min_tokens = "int", reasoning_budget = "int",
 }
 local SPEC_FIELDS = { max_tokens = "int", draft_loops = "int", verify_loops = "int", draft_ahead = "int",
                       temperature = "float", seed = "seed" }

@@ -348,6 +348,97 @@ static void test_logit_adjustments(void) {
     for (int i = 2; i < n_beam; i++) CHECK(other[i] != eos, "beam token %d is the banned eos", i);
 }
 
+/* penalty_window (tinyloop.h): the three penalties read the last W tokens of the sequence,
+   wherever the prompt ends; 0, or a window longer than the sequence, reads all of it. */
+static void test_penalty_window(void) {
+    /* One row: history = prompt {0, 3} + generated {3, 5, 5, 1}, repetition 2, presence 0.5,
+       frequency 0.25, under windows of 3, 5 and 0 / 6 / 100. */
+    const float logits[8] = {2.0f, -1.0f, 0.5f, 4.0f, -3.0f, 1.0f, 6.0f, 0.25f};
+    const int32_t history[6] = {0, 3, 3, 5, 5, 1};
+    const float rep = 2.0f, pres = 0.5f, freq = 0.25f;
+    const struct { int window; float want[8]; } cases[] = {
+        /* the last 3: {5, 5, 1}, all generated: 0 and 3 are left alone */
+        {3, {2.0f, -1.0f * rep - (freq + pres), 0.5f, 4.0f, -3.0f, 1.0f / rep - (2 * freq + pres), 6.0f, 0.25f}},
+        /* the last 5: {3 (the prompt's), 3, 5, 5, 1}: 3 repeated, counted once as generated */
+        {5, {2.0f, -1.0f * rep - (freq + pres), 0.5f, 4.0f / rep - (freq + pres), -3.0f, 1.0f / rep - (2 * freq + pres),
+             6.0f, 0.25f}},
+    };
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    CHECK(cfg.penalty_window == 0, "the default window is the whole sequence");
+    cfg.repetition_penalty = rep;
+    cfg.presence_penalty = pres;
+    cfg.frequency_penalty = freq;
+    int32_t tally[8] = {0};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        float row[8];
+        memcpy(row, logits, sizeof row);
+        cfg.penalty_window = cases[c].window;
+        tl_adjust_logits(&cfg, row, history, 6, 2, eos, tally);
+        for (int i = 0; i < 8; i++)
+            CHECK(row[i] == cases[c].want[i], "window %d: logit %d is %g, want %g", cases[c].window, i, (double)row[i],
+                  (double)cases[c].want[i]);
+    }
+    float whole[8], row[8];
+    memcpy(whole, logits, sizeof whole);
+    cfg.penalty_window = 0;
+    tl_adjust_logits(&cfg, whole, history, 6, 2, eos, tally);
+    CHECK(whole[0] == 1.0f, "the whole sequence's window penalises the prompt's 0");
+    for (int window = 6; window <= 100; window += 94) {
+        memcpy(row, logits, sizeof row);
+        cfg.penalty_window = window;
+        tl_adjust_logits(&cfg, row, history, 6, 2, eos, tally);
+        CHECK(memcmp(row, whole, sizeof row) == 0, "a window of %d over 6 tokens reads them all", window);
+    }
+    const int32_t zero[8] = {0};
+    CHECK(memcmp(tally, zero, sizeof zero) == 0, "tally left dirty");
+
+    /* In generation: the hook gives token 5 logit 3, token 6 logit 2; the prompt {5, 9}
+       ends in 9, so a window of 1 leaves 5 alone and a window of 2 penalises it. */
+    int32_t prompt[2] = {5, 9}, out[CAP];
+    init_cfg(&cfg);
+    cfg.logits_processor = two_favourites;
+    cfg.max_tokens = 1;
+    cfg.repetition_penalty = 2.0f;
+    cfg.penalty_window = 1;
+    gen(model, prompt, 2, &cfg, out, NULL);
+    CHECK(out[2] == 5, "window 1 ({9}): token 5 is not penalised and wins, got %d", out[2]);
+    cfg.penalty_window = 2;
+    gen(model, prompt, 2, &cfg, out, NULL);
+    CHECK(out[2] == 6, "window 2 ({5, 9}): penalised token 5 loses to 6, got %d", out[2]);
+    cfg.penalty_window = -1;
+    tl_session *refused = NULL;
+    CHECK(tl_session_new(model, prompt, 2, &cfg, &refused) == TL_ERR_INVALID_ARGUMENT && !refused &&
+              strstr(tl_last_error(), "penalty_window = -1 must be >= 0"),
+          "a negative window is refused: %s", tl_last_error());
+
+    /* The model's own logits: a short window changes the output, a window longer than the
+       sequence does not, and chain speculation with a window is bit-identical to plain
+       decoding (its drafts and verifier rows read the same windows). */
+    init_cfg(&cfg);
+    cfg.max_tokens = 24;
+    cfg.loops = 4;
+    cfg.repetition_penalty = 3.0f;
+    cfg.frequency_penalty = 0.8f;
+    int32_t whole_out[CAP], windowed_out[CAP], other[CAP];
+    const int n_whole = gen(model, prompt, 2, &cfg, whole_out, NULL);
+    cfg.penalty_window = 2 + 24;
+    const int n_long = gen(model, prompt, 2, &cfg, other, NULL);
+    CHECK(n_long == n_whole && memcmp(other, whole_out, (size_t)n_whole * sizeof(int32_t)) == 0,
+          "a window as long as the sequence reads it all");
+    cfg.penalty_window = 3;
+    const int n_windowed = gen(model, prompt, 2, &cfg, windowed_out, NULL);
+    CHECK(n_windowed != n_whole || memcmp(windowed_out, whole_out, (size_t)n_whole * sizeof(int32_t)) != 0,
+          "a window of 3 changed nothing (test too weak)");
+    tl_generate_config spec = cfg;
+    spec.speculative = TL_SPECULATIVE_CHAIN;
+    spec.draft_loops = 2;
+    spec.draft_ahead = 3;
+    const int n_spec = gen(model, prompt, 2, &spec, other, NULL);
+    CHECK(n_spec == n_windowed && memcmp(other, windowed_out, (size_t)n_windowed * sizeof(int32_t)) == 0,
+          "chain speculation with a penalty window differs from plain decoding");
+}
+
 /* min_p (tinyloop.h): after top-k and top-p, the candidates at least min_p times as likely
    as the first, renormalised; on one row by hand, then in generation. */
 static void test_min_p(void) {
@@ -794,6 +885,7 @@ int main(int argc, char **argv) {
     test_distribution_chi_square();
     test_repetition_penalty();
     test_logit_adjustments();
+    test_penalty_window();
     test_min_p();
     test_min_tokens();
     test_stop_reasons();

@@ -229,6 +229,35 @@ describe("model:generate", function()
         assert.same(want, (m:generate(prompt, cfg)))
     end)
 
+    it("takes penalty_window (llama.cpp's repeat_last_n): the penalty over the last N tokens only", function()
+        local prompt = m:encode("The cat sat on the mat")
+        -- the same rule written here as a logits processor: HF's penalty, once per distinct
+        -- token among the last `window` of the whole sequence (the prompt's included)
+        local function windowed_penalty(penalty, window)
+            return function(logits, _, tokens)
+                local seen = {}
+                for i = math.max(1, #tokens - window + 1), #tokens do
+                    local t = tokens[i]
+                    if not seen[t] then
+                        seen[t] = true
+                        logits[t] = logits[t] < 0 and logits[t] * penalty or logits[t] / penalty
+                    end
+                end
+            end
+        end
+        local whole = m:generate(prompt, { max_tokens = 24, repetition_penalty = 4 })
+        local outs = {}
+        for _, window in ipairs({ 1, 3, 8 }) do
+            local out = m:generate(prompt, { max_tokens = 24, repetition_penalty = 4, penalty_window = window })
+            assert.same(m:generate(prompt, { max_tokens = 24, logits_processor = windowed_penalty(4, window) }), out)
+            outs[#outs + 1] = table.concat(out, ",")
+        end
+        assert.are_not.equal(outs[1], outs[3]) -- (the windows make a difference: the test's strength)
+        assert.are_not.equal(table.concat(whole, ","), outs[2])
+        -- a window as long as the sequence is the whole sequence (errors_spec: a negative one)
+        assert.same(whole, (m:generate(prompt, { max_tokens = 24, repetition_penalty = 4, penalty_window = #prompt + 24 })))
+    end)
+
     it("takes min_p and min_tokens (vLLM's)", function()
         local prompt = m:encode("The cat")
         local greedy = m:generate(prompt, { max_tokens = 12, ignore_eos = true })

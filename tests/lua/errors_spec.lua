@@ -86,6 +86,8 @@ describe("engine validation", function()
         raises({ "the bias of token id 3 = inf must be finite" }, gen({ logit_bias = { [3] = math.huge } }))
         raises({ "presence_penalty = ", "nan must be finite" }, gen({ presence_penalty = 0 / 0 }))
         raises({ "frequency_penalty", "must be a number" }, gen({ frequency_penalty = "high" }))
+        raises({ "penalty_window = -1 must be >= 0 (0 = the whole sequence)" }, gen({ penalty_window = -1 }))
+        raises({ "penalty_window", "integer" }, gen({ penalty_window = 2.5 }))
     end)
 
     it("min_p and min_tokens", function()

@@ -328,6 +328,17 @@ describe("server", function()
         assert.same({ unpack(want, 4) }, choice.token_ids)
         for i = 1, 5 do assert.are_not.equal(first, choice.token_ids[i]) end
         assert.equal("stop", choice.finish_reason)
+        -- penalty_window (llama.cpp's repeat_last_n, here and on /completion): a session's tokens
+        local windowed = { unpack(m:generate({ 10, 20, 30 }, { max_tokens = 12, ignore_eos = true, repetition_penalty = 5,
+                                                               penalty_window = 3 }), 4) }
+        assert.are_not.same({ unpack(m:generate({ 10, 20, 30 }, { max_tokens = 12, ignore_eos = true,
+                                                                  repetition_penalty = 5 }), 4) }, windowed)
+        assert.same(windowed, single({ prompt = { 10, 20, 30 }, max_tokens = 12, ignore_eos = true, temperature = 0,
+                                       repetition_penalty = 5, penalty_window = 3 }).token_ids)
+        local status, body = post_to("/completion", { prompt = { 10, 20, 30 }, n_predict = 12, ignore_eos = true, temperature = 0,
+                                                      repeat_penalty = 5, repeat_last_n = 3, return_tokens = true })
+        assert.equal(200, status, body)
+        assert.same(windowed, cjson.decode(body).tokens)
         -- top_k -1 (vLLM's "every token"): a session sampling over the whole vocabulary
         local all = { unpack(m:generate({ 10, 20, 30 }, { max_tokens = 12, ignore_eos = true, temperature = 1,
                                                           top_k = m:info().vocab_size, sample_seed = 9 }), 4) }
@@ -669,6 +680,9 @@ describe("server", function()
         expect_error(400, "min_p", '{"prompt": "hi", "min_p": "low"}')
         e = expect_error(400, "min_tokens", '{"prompt": "hi", "max_tokens": 4, "min_tokens": 5}')
         assert.truthy(e.message:find("min_tokens = 5 must be in [0, max_tokens = 4]", 1, true), e.message)
+        e = expect_error(400, "penalty_window", '{"prompt": "hi", "penalty_window": -2}')
+        assert.truthy(e.message:find("penalty_window = -2 must be >= 0", 1, true), e.message)
+        expect_error(400, "penalty_window", '{"prompt": "hi", "penalty_window": 1.5}')
         expect_error(400, "speculative", '{"prompt": "hi", "speculative": "sideways"}')
         expect_error(404, "model", '{"prompt": "hi", "model": "gpt-4"}')
         -- several choices: n and batches of prompts, at most max_active (2 here) a request

@@ -141,6 +141,7 @@ function _M.to_completions(body, tokenize, vocab)
     if t.grammar ~= nil then t.json_schema = nil end -- (llama.cpp: a grammar, where given, is the constraint)
     local ok_window, window = shapes.penalty_window(t.repeat_last_n, "repeat_last_n", "repeat_last_n")
     if not ok_window then return nil, window end
+    if window ~= "off" then members[#members + 1] = { "penalty_window", window } end
     for _, f in ipairs(PASSED) do
         local name, kind, as = f[1], f[2], f[3] or f[1]
         local v = t[name]
@@ -486,6 +487,7 @@ end
 function _M.props(info)
     local params = {}
     for _, k in ipairs({ "temperature", "top_k", "top_p", "min_p" }) do params[#params + 1] = { k, tostring(_M.DEFAULTS[k]) } end
+    params[#params + 1] = { "repeat_last_n", tostring(shapes.REPEAT_LAST_N_DEFAULT) }
     params[#params + 1] = { "n_predict", "-1" }
     params[#params + 1] = { "seed", "-1" }
     return object({

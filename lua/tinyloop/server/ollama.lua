@@ -85,6 +85,7 @@ local function common(t, raw, members)
     local ok_window, e_window = shapes.penalty_window(options.repeat_last_n ~= json_null and options.repeat_last_n or nil,
                                                       "options.repeat_last_n", "options")
     if not ok_window then return nil, e_window end
+    if e_window ~= "off" then members[#members + 1] = { "penalty_window", e_window } end
     for k, v in pairs(options) do
         if v ~= json_null and not (e_window == "off" and shapes.PENALTIES[OPTIONS[k]]) then
             if NO_OP_OPTIONS[k] ~= nil then

@@ -46,6 +46,7 @@ local FIELDS = {
     min_p = { "number", "min_p" },           -- vLLM's and llama.cpp's, in [0, 1]
     min_tokens = { "integer", "min_tokens" }, -- vLLM's, in [0, max_tokens]
     repetition_penalty = { "number", "repetition_penalty" },
+    penalty_window = { "integer", "penalty_window" }, -- the last N tokens the penalties read; 0: all
     ignore_eos = { "boolean", "ignore_eos" },
     cache_window = { "integer", "cache_window" },
     speculative = { "string", "speculative" },

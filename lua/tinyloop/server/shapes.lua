@@ -139,7 +139,7 @@ _M.KIND_OK = {
 -- by the chat parser: TinyLoop's and vLLM's extensions and the sampling fields all share.
 _M.PASSED = {
     "model", "temperature", "top_p", "stream", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "loops", "top_k",
-    "min_p", "min_tokens", "repetition_penalty", "ignore_eos", "cache_window", "speculative", "draft_loops", "draft_ahead",
+    "min_p", "min_tokens", "repetition_penalty", "penalty_window", "ignore_eos", "cache_window", "speculative", "draft_loops", "draft_ahead",
     "K_branches", "max_nodes", "beam_size", "length_penalty", "early_exit_patience", "early_exit_min_L", "early_exit_peek_every",
     "early_exit_logit_margin", "early_exit_threshold", "early_exit_criterion", "early_exit_kl_threshold",
     "early_exit_entropy_threshold", "early_exit_gate_threshold", "grammar", "structured_outputs", "guided_json", "guided_choice",
@@ -269,16 +269,19 @@ function _M.deltas(payload)
 end
 
 -- llama.cpp's and Ollama's repeat_last_n (value, its name for messages, the field to name):
--- the last N tokens its three penalties read. 0 turns them off (-> true, "off": the request's
--- repetition, presence and frequency penalties are then left out, PENALTIES naming them);
--- -1 (the whole context) and any other window are taken (true): this engine's penalties read
--- the whole context (repetition: the prompt and the output; presence and frequency: the
--- output), which is -1's reading. nil, err for what is no window.
+-- the last N tokens its three penalties read, the engine's penalty_window. -> true, the
+-- window's text for the chat request: left out, both servers' default of 64; -1, the whole
+-- context ("0"); N > 0, N. 0 turns the penalties off (-> true, "off": the request's
+-- repetition, presence and frequency penalties are then left out, PENALTIES naming them).
+-- nil, err for what is no window. (Within the window, presence and frequency count the
+-- generated tokens only, OpenAI's rule, where llama.cpp counts the prompt's as well.)
 _M.PENALTIES = { repetition_penalty = true, presence_penalty = true, frequency_penalty = true }
+_M.REPEAT_LAST_N_DEFAULT = 64
 function _M.penalty_window(v, name, param)
-    if v == nil then return true end
+    if v == nil then return true, tostring(_M.REPEAT_LAST_N_DEFAULT) end
     if not _M.KIND_OK.integer(v) or v < -1 then return _M.bad(name .. " must be an integer >= -1", param) end
-    return true, v == 0 and "off" or nil
+    if v == 0 then return true, "off" end
+    return true, v == -1 and "0" or _M.integer(v)
 end
 
 return _M
