@@ -41,7 +41,21 @@ typedef struct {
     int32_t id;
     bool lstrip, rstrip; /* the match takes the whitespace before (after) it too, as HF's */
     bool normalized;     /* matched in HF's second pass, in what the first left */
+    int32_t same_text;   /* the next added token of the same text (t->added's order), or -1 */
 } added_token;
+
+/* The added tokens' texts as a byte trie, so that matching at a position walks the text once
+   instead of comparing every added token (a checkpoint may have thousands, most of them
+   starting with the same "<|"). Node 0 is the root; a node's child by a byte is found in an
+   open-addressing table keyed (node, byte); a node's `token` is the first added token (in
+   t->added's order) whose text ends there, the others of that text chained by same_text. */
+typedef struct {
+    uint64_t *keys;      /* (node << 8 | byte) + 1; 0 = empty */
+    int32_t *child;      /* the child node of each key */
+    uint32_t mask;       /* table size - 1 (a power of two) */
+    int32_t *token;      /* [n_nodes] index into t->added, or -1 */
+    int32_t n_nodes;
+} added_trie;
 
 struct tlz_tokenizer {
     int32_t n_ids;
@@ -62,9 +76,10 @@ struct tlz_tokenizer {
     int32_t unk_id;          /* -1 when the model has no unk_token */
     bool fuse_unk;           /* model.fuse_unk: a run of bytes without a token is one unk_token */
 
-    added_token *added;      /* sorted by decreasing length: first hit is longest */
+    added_token *added;      /* sorted by decreasing length, then id */
     size_t n_added;
     uint8_t added_first[256];/* 1 if some added token starts with this byte */
+    added_trie trie;         /* the added tokens' texts */
 
     tlz_pretok *pre;         /* the pre_tokenizer pipeline (pretokenizer.c) */
 };
@@ -355,6 +370,60 @@ static int added_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* The child of trie node `node` by byte `b`, or -1. */
+static int32_t trie_child(const added_trie *tr, int32_t node, unsigned char b)
+{
+    const uint64_t key = ((uint64_t)node << 8 | b) + 1;
+    for (uint32_t i = (uint32_t)hash_pair(key) & tr->mask; tr->keys[i]; i = (i + 1) & tr->mask)
+        if (tr->keys[i] == key) return tr->child[i];
+    return -1;
+}
+
+/* t->trie from t->added (sorted: a text's tokens are chained in that order). 0 out of memory. */
+static int build_added_trie(tlz_tokenizer *t)
+{
+    added_trie *tr = &t->trie;
+    size_t bytes = 0;
+    for (size_t i = 0; i < t->n_added; i++) bytes += t->added[i].len;
+    if (bytes > (size_t)INT32_MAX / 4) return 0;
+    uint32_t cap = 16;
+    while (cap < 2 * (bytes + 1)) cap *= 2;
+    tr->keys = calloc(cap, sizeof *tr->keys);
+    tr->child = malloc(cap * sizeof *tr->child);
+    tr->token = malloc((bytes + 1) * sizeof *tr->token);
+    if (!tr->keys || !tr->child || !tr->token) return 0;
+    tr->mask = cap - 1;
+    tr->token[0] = -1;
+    tr->n_nodes = 1;
+    for (size_t i = 0; i < t->n_added; i++) {
+        added_token *a = &t->added[i];
+        a->same_text = -1;
+        int32_t node = 0;
+        for (size_t k = 0; k < a->len; k++) {
+            const unsigned char b = (unsigned char)a->text[k];
+            int32_t next = trie_child(tr, node, b);
+            if (next < 0) { /* a new node: the table has room for every byte of every text */
+                next = tr->n_nodes++;
+                tr->token[next] = -1;
+                const uint64_t key = ((uint64_t)node << 8 | b) + 1;
+                uint32_t j = (uint32_t)hash_pair(key) & tr->mask;
+                while (tr->keys[j]) j = (j + 1) & tr->mask;
+                tr->keys[j] = key;
+                tr->child[j] = next;
+            }
+            node = next;
+        }
+        if (tr->token[node] < 0) {
+            tr->token[node] = (int32_t)i;
+        } else {
+            int32_t last = tr->token[node];
+            while (t->added[last].same_text >= 0) last = t->added[last].same_text;
+            t->added[last].same_text = (int32_t)i;
+        }
+    }
+    return 1;
+}
+
 static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_json,
                       const int16_t cp_to_byte[BYTE_CP_LIMIT], char *err, size_t errlen)
 {
@@ -478,6 +547,7 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
             t->added_first[(unsigned char)s[0]] = 1;
         }
         qsort(t->added, t->n_added, sizeof *t->added, added_cmp);
+        if (!build_added_trie(t)) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
     }
     return TLZ_OK;
 }
@@ -673,6 +743,9 @@ void tlz_tokenizer_free(tlz_tokenizer *t)
     free(t->merge_slots);
     for (size_t i = 0; i < t->n_added; i++) free(t->added[i].text);
     free(t->added);
+    free(t->trie.keys);
+    free(t->trie.child);
+    free(t->trie.token);
     tlz_pretok_free(t->pre);
     free(t);
 }
@@ -685,8 +758,11 @@ int32_t tlz_token_id(const tlz_tokenizer *t, const char *s)
 {
     if (!t || !s) return -1;
     size_t n = strlen(s);
-    for (size_t i = 0; i < t->n_added; i++)
-        if (t->added[i].len == n && memcmp(t->added[i].text, s, n) == 0) return t->added[i].id;
+    if (t->n_added > 0) {
+        int32_t node = 0;
+        for (size_t k = 0; k < n && node >= 0; k++) node = trie_child(&t->trie, node, (unsigned char)s[k]);
+        if (node > 0 && t->trie.token[node] >= 0) return t->added[t->trie.token[node]].id;
+    }
     return vocab_find(t, s, n);
 }
 
@@ -920,13 +996,16 @@ static int whitespace_before(const unsigned char *s, size_t n)
    where they are read as text. */
 static const added_token *match_added(const tlz_tokenizer *t, const char *s, size_t n, int skip_special, bool normalized)
 {
-    for (size_t i = 0; i < t->n_added; i++) {
-        const added_token *a = &t->added[i];
-        if (a->normalized != normalized) continue;
-        if (skip_special && (t->flags[a->id] & TOKF_SPECIAL)) continue;
-        if (a->len <= n && memcmp(a->text, s, a->len) == 0) return a;
-    }
-    return NULL;
+    const added_token *longest = NULL;
+    int32_t node = 0;
+    for (size_t k = 0; k < n && (node = trie_child(&t->trie, node, (unsigned char)s[k])) >= 0; k++)
+        for (int32_t i = t->trie.token[node]; i >= 0; i = t->added[i].same_text) {
+            const added_token *a = &t->added[i];
+            if (a->normalized != normalized || (skip_special && (t->flags[a->id] & TOKF_SPECIAL))) continue;
+            longest = a; /* the first of its text that this pass takes; a longer one may follow */
+            break;
+        }
+    return longest;
 }
 
 /* text[0..len) split at its added tokens as HF's added vocabulary splits it: the tokens not

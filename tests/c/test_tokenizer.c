@@ -491,6 +491,103 @@ static void test_tiny(const char *dir)
     }
 }
 
+/* ------------------------------------------------------------------ many added tokens */
+
+/* Added-token matching against a brute-force reading of HF's rule, over 400 random tokens that
+   share their first bytes (as "<|reserved_N|>" do): the tokens not normalized first, each
+   leftmost-longest, then the normalized ones in the stretches left, the rest byte by byte
+   (the vocabulary is the four letters alone, no merges); specials skipped when asked. */
+#define MANY_ADDED 400
+static const char MANY_ALPHABET[] = "ab<|";
+typedef struct { char text[8]; size_t len; int32_t id; int special, normalized; } many_token;
+
+/* The reference: text[0..len) in the pass of `normalized` tokens, ids appended to out. */
+static void many_reference(const many_token *toks, const char *text, size_t len, int skip_special, int normalized,
+                           int32_t *out, size_t *n_out)
+{
+    size_t start = 0;
+    for (size_t i = 0; i < len;) {
+        const many_token *best = NULL;
+        for (int k = 0; k < MANY_ADDED; k++) {
+            const many_token *m = &toks[k];
+            if (m->normalized != normalized || (skip_special && m->special) || m->len > len - i) continue;
+            if (memcmp(m->text, text + i, m->len) == 0 && (!best || m->len > best->len)) best = m;
+        }
+        if (!best) { i++; continue; }
+        if (normalized) {
+            for (size_t c = start; c < i; c++) out[(*n_out)++] = (int32_t)(strchr(MANY_ALPHABET, text[c]) - MANY_ALPHABET);
+        } else {
+            many_reference(toks, text + start, i - start, skip_special, 1, out, n_out);
+        }
+        out[(*n_out)++] = best->id;
+        i += best->len;
+        start = i;
+    }
+    if (normalized) {
+        for (size_t c = start; c < len; c++) out[(*n_out)++] = (int32_t)(strchr(MANY_ALPHABET, text[c]) - MANY_ALPHABET);
+    } else {
+        many_reference(toks, text + start, len - start, skip_special, 1, out, n_out);
+    }
+}
+
+static void test_added_tokens_many(void)
+{
+    static many_token toks[MANY_ADDED];
+    size_t cap = 64 + MANY_ADDED * 96, used = 0;
+    char *json = malloc(cap);
+    used += (size_t)snprintf(json + used, cap - used, "{\"added_tokens\": [");
+    for (int k = 0; k < MANY_ADDED; k++) {
+        many_token *m = &toks[k];
+        for (;;) { /* a new text of 2..7 bytes, half of them starting "<|" */
+            m->len = 2 + rnd_below(6);
+            for (size_t c = 0; c < m->len; c++) m->text[c] = MANY_ALPHABET[rnd_below(4)];
+            if (rnd_below(2)) memcpy(m->text, "<|", 2);
+            m->text[m->len] = '\0';
+            int taken = 0;
+            for (int j = 0; j < k && !taken; j++) taken = strcmp(toks[j].text, m->text) == 0;
+            if (!taken) break;
+        }
+        m->id = 10 + k;
+        m->special = (int)rnd_below(2);
+        m->normalized = (int)rnd_below(2);
+        used += (size_t)snprintf(json + used, cap - used, "%s{\"id\": %d, \"content\": \"%s\", \"special\": %s, \"normalized\": %s}",
+                                 k ? ", " : "", m->id, m->text, m->special ? "true" : "false",
+                                 m->normalized ? "true" : "false");
+    }
+    snprintf(json + used, cap - used, "], \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}, "
+             "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"<\": 2, \"|\": 3}, \"merges\": []}}");
+    tlz_tokenizer *tok = NULL;
+    char err[256] = "";
+    int rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    free(json);
+    check(rc == TLZ_OK, "many added: load", "%s", err);
+    if (rc) return;
+    int id_ok = 1;
+    for (int k = 0; k < MANY_ADDED; k++) id_ok = id_ok && tlz_token_id(tok, toks[k].text) == toks[k].id;
+    check(id_ok, "many added: tlz_token_id finds each text's id", NULL);
+    check(tlz_token_id(tok, "<") == 2 && tlz_token_id(tok, "<|<|<|<|") == -1, "many added: tlz_token_id of others", NULL);
+    int mismatches = 0;
+    for (int round = 0; round < 400; round++) {
+        char text[64];
+        const size_t len = rnd_below(sizeof text);
+        for (size_t c = 0; c < len; c++) text[c] = MANY_ALPHABET[rnd_below(4)];
+        const int skip_special = round & 1;
+        int32_t want[64];
+        size_t n_want = 0, n = 0;
+        many_reference(toks, text, len, skip_special, 0, want, &n_want);
+        int32_t *ids = NULL;
+        rc = tlz_encode_ex(tok, text, len, skip_special ? TLZ_ENCODE_NO_SPECIAL : 0, &ids, &n, err, sizeof err);
+        if (rc || n != n_want || (n && memcmp(ids, want, n * sizeof *ids) != 0)) {
+            if (!mismatches++)
+                check(0, "many added: encode equals the reference", "'%.*s' (skip_special %d): %zu ids, want %zu", (int)len,
+                      text, skip_special, n, n_want);
+        }
+        free(ids);
+    }
+    check(mismatches == 0, "many added: 400 random texts encode as the reference splits them", "%d differ", mismatches);
+    tlz_tokenizer_free(tok);
+}
+
 /* ------------------------------------------------------------------ GPT-2 */
 
 static int32_t *read_ids(const char *path, size_t *n)
@@ -722,6 +819,7 @@ int main(int argc, char **argv)
     }
     test_load_errors(argv[1]);
     test_tiny(argv[1]);
+    test_added_tokens_many();
     test_gpt2(argv[1]);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
