@@ -57,15 +57,18 @@ int main(int argc, char **argv) {
     snprintf(sample_path, sizeof sample_path, "%s/tests/data/tokenizer/sample.txt", src);
     long added = 3000;
     double mb = 1.0;
-    for (int i = 2; i + 1 < argc; i += 2) {
+    for (int i = 2; i < argc; i += 2) {
+        const char *value = i + 1 < argc ? argv[i + 1] : "";
         char *end = NULL;
-        if (!strcmp(argv[i], "--added")) added = strtol(argv[i + 1], &end, 10);
-        else if (!strcmp(argv[i], "--mb")) mb = strtod(argv[i + 1], &end);
-        else if (!strcmp(argv[i], "--tokenizer")) snprintf(path, sizeof path, "%s", argv[i + 1]), end = argv[i + 1] + 1;
-        if (!end || *end != '\0' || added < 0 || added > 1000000 || !(mb > 0 && mb <= 1024)) {
-            fprintf(stderr, "%s: bad option %s %s (--added 0..1000000, --mb in (0, 1024])\n", argv[0], argv[i], argv[i + 1]);
+        if (!strcmp(argv[i], "--added")) added = strtol(value, &end, 10);
+        else if (!strcmp(argv[i], "--mb")) mb = strtod(value, &end);
+        else if (!strcmp(argv[i], "--tokenizer") && *value) end = (char *)value + strlen(value);
+        if (!end || end == value || *end != '\0' || added < 0 || added > 1000000 || !(mb > 0 && mb <= 1024)) {
+            fprintf(stderr, "%s: bad option %s %s (--added 0..1000000, --mb in (0, 1024], --tokenizer PATH)\n", argv[0],
+                    argv[i], value);
             return 2;
         }
+        if (!strcmp(argv[i], "--tokenizer")) snprintf(path, sizeof path, "%s", value);
     }
 
     /* the tokenizer, with `added` reserved tokens appended after its last id */

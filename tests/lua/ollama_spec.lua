@@ -36,6 +36,11 @@ describe("ollama.chat_to_chat", function()
         chat = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"repeat_last_n": -1}}')
         assert.equal(0, chat.penalty_window)
         assert.equal(64, chat_of('{"messages": [{"role": "user", "content": "Hi"}]}').penalty_window)
+        -- TinyLoop's own field at the top level stands (not the default after it); both refused;
+        -- a window past any sequence is the whole sequence
+        assert.equal(8, chat_of('{"messages": [{"role": "user", "content": "Hi"}], "penalty_window": 8}').penalty_window)
+        assert.equal(0, chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"repeat_last_n": 1099511627776}}')
+                            .penalty_window)
     end)
 
     it("gives Ollama's tool calls ids, and each tool message the call it answers", function()
@@ -68,6 +73,8 @@ describe("ollama.chat_to_chat", function()
             { '{"messages": [{"role": "user", "content": "x"}], "format": "xml"}', "format", "format must be" },
             { '{"messages": [{"role": "user", "content": "x"}], "think": "max"}', "think", "think must be" },
             { '{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n", "unknown field 'n'" },
+            { '{"messages": [{"role": "user", "content": "x"}], "penalty_window": 4, "options": {"repeat_last_n": 0}}', "options",
+              "give options.repeat_last_n or penalty_window, not both" },
         }
         require("helpers").refuses(function(body) return ollama.chat_to_chat(body, ID) end, cases)
     end)

@@ -82,10 +82,14 @@ local function common(t, raw, members)
     end
     local options = t.options or {}
     local raw_options = shapes.raw_fields(raw.options)
-    local ok_window, e_window = shapes.penalty_window(options.repeat_last_n ~= json_null and options.repeat_last_n or nil,
-                                                      "options.repeat_last_n", "options")
+    local repeat_last_n = options.repeat_last_n ~= json_null and options.repeat_last_n or nil
+    local ok_window, e_window = shapes.penalty_window(repeat_last_n, "options.repeat_last_n", "options")
     if not ok_window then return nil, e_window end
-    if e_window ~= "off" then members[#members + 1] = { "penalty_window", e_window } end
+    -- TinyLoop's own penalty_window, sent at the top level, is the client's word over the default
+    if repeat_last_n ~= nil and t.penalty_window ~= nil then
+        return bad("give options.repeat_last_n or penalty_window, not both", "options")
+    end
+    if e_window ~= "off" and t.penalty_window == nil then members[#members + 1] = { "penalty_window", e_window } end
     for k, v in pairs(options) do
         if v ~= json_null and not (e_window == "off" and shapes.PENALTIES[OPTIONS[k]]) then
             if NO_OP_OPTIONS[k] ~= nil then

@@ -281,7 +281,8 @@ function _M.penalty_window(v, name, param)
     if v == nil then return true, tostring(_M.REPEAT_LAST_N_DEFAULT) end
     if not _M.KIND_OK.integer(v) or v < -1 then return _M.bad(name .. " must be an integer >= -1", param) end
     if v == 0 then return true, "off" end
-    return true, v == -1 and "0" or _M.integer(v)
+    -- (-1, or a window longer than any sequence: the whole sequence, the engine's 0)
+    return true, (v == -1 or v > 2147483647) and "0" or _M.integer(v)
 end
 
 return _M
