@@ -414,6 +414,8 @@ typedef struct tl_generate_config {
                                         output), llama.cpp's and Ollama's repeat_last_n: the
                                         repetition penalty every token among them, presence
                                         and frequency the generated ones among them */
+    int penalties_count_prompt;      /* 0; 1: presence and frequency count the prompt's tokens
+                                        (in the window) as well, llama.cpp's rule */
     /* vLLM's and llama.cpp's sampling extensions. */
     float min_p;                     /* 0.0 (off); in [0, 1]: when sampling, after top_k and
                                         top_p (Hugging Face's and llama.cpp's order; vLLM's

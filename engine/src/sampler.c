@@ -76,8 +76,10 @@ void tl_adjust_logits(const tl_generate_config *c, float *logits, const int32_t 
     const int window_start = c->penalty_window > 0 && n > c->penalty_window ? n - c->penalty_window : 0;
     tl_repetition_penalty(logits, history + window_start, n - window_start, c->repetition_penalty, tally);
     if (c->presence_penalty != 0.0f || c->frequency_penalty != 0.0f) {
-        /* OpenAI's and vLLM's rule: the tokens generated so far (in the window), each counted */
-        const int generated_start = window_start > prompt_len ? window_start : prompt_len;
+        /* OpenAI's and vLLM's rule: the tokens generated so far (in the window), each counted;
+           llama.cpp's (penalties_count_prompt) the prompt's as well */
+        const int generated_start =
+            c->penalties_count_prompt || window_start > prompt_len ? window_start : prompt_len;
         for (int i = generated_start; i < n; i++) tally[history[i]]++;
         for (int i = generated_start; i < n; i++) {
             const int32_t t = history[i];

@@ -22,8 +22,8 @@ void tl_repetition_penalty(float *logits, const int32_t *ids, int n, float penal
 /* A config's adjustments of one step's logits, in the order tinyloop.h documents:
    logit_bias, the repetition penalty over history[0..n), then the presence and frequency
    penalties over its generated part history[prompt_len..n) (logit -= count * frequency +
-   presence, once per distinct token), both over the last penalty_window tokens only when
-   it is set, and last min_tokens' ban of the ends (eos, the
+   presence, once per distinct token; over all of history with penalties_count_prompt),
+   both over the last penalty_window tokens only when it is set, and last min_tokens' ban of the ends (eos, the
    model's eos_token_id, and the one-token stop sequences) while fewer than min_tokens of
    history are generated (sampler.c says how). `tally` as above. Every decoder adjusts its
    rows through this one function. */

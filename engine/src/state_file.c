@@ -29,7 +29,7 @@
  *             f32 min_p  i32 min_tokens
  *             i32 reasoning_budget reasoning_open  i32 n, i32 ids[n] of reasoning_start, then
  *             of reasoning_end (the budget's state is replayed from the tokens)
- *             i32 penalty_window
+ *             i32 penalty_window penalties_count_prompt
  *     i32 prompt_len  i32 n_tokens  i32 tokens[n_tokens]
  *     u64 rng[4]  u8 prompt_done  u8 compiled_grammar  u64 text_shown
  *     f64 prefill_ms first_token_ms decode_ms probe_ms loops_sum
@@ -59,7 +59,7 @@ static const char STATE_MAGIC[8] = "TLSTATE";
 #define STATE_VERSION 5u
 #define STATE_OLDEST_READ 1u /* a version 1 state has no logit_bias nor presence/frequency penalties,
                                 version 2 no min_p nor min_tokens, version 3 no thinking budget,
-                                version 4 no penalty_window */
+                                version 4 no penalty_window nor penalties_count_prompt */
 #define STATE_MAX_FILE_BYTES ((size_t)1 << 40)
 
 static bool host_is_little_endian(void) {
@@ -152,6 +152,7 @@ static void write_config(state_writer *w, const tl_generate_config *c) {
         put(w, tag->tokens, (size_t)tag->n * sizeof(int32_t));
     }
     put_i32(w, c->penalty_window);
+    put_i32(w, c->penalties_count_prompt);
 }
 
 static void write_stats(state_writer *w, const tl_session *s) {
@@ -424,7 +425,10 @@ static tl_status read_config_fields(state_reader *r, read_config *rc) {
             *(t ? &c->reasoning_end : &c->reasoning_start) = (tl_token_seq){n > 0 ? rc->reasoning_ids[t] : NULL, n};
         }
     }
-    if (r->version >= 5) c->penalty_window = get_i32(r); /* validated by tl_session_create */
+    if (r->version >= 5) { /* validated by tl_session_create */
+        c->penalty_window = get_i32(r);
+        c->penalties_count_prompt = get_i32(r);
+    }
     return r->short_read ? MALFORMED("the bytes end inside the config") : TL_OK;
 }
 

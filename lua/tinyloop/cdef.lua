@@ -210,6 +210,7 @@ typedef struct tl_generate_config {
     float presence_penalty;
     float frequency_penalty;
     int penalty_window;
+    int penalties_count_prompt;
     float min_p;
     int min_tokens;
     int reasoning_budget;

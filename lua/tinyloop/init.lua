@@ -248,8 +248,9 @@ local function set_number(c, field, v, kind)
     c[field] = v
 end
 
+local BOOLEAN_FIELDS = { "ignore_eos", "penalties_count_prompt" }
 local OTHER_FIELDS = {
-    stop_sequences = true, stop_strings = true, ignore_eos = true, logit_bias = true,
+    stop_sequences = true, stop_strings = true, ignore_eos = true, penalties_count_prompt = true, logit_bias = true,
     on_token = true, stop_when = true, logits_processor = true, grammar = true,
     speculative = true, verify_loops = true, early_exit_criterion = true, depth_policy = true,
     reasoning_start = true, reasoning_end = true, reasoning_open = true,
@@ -323,10 +324,12 @@ local function make_config(model, cfg)
         end
         c.early_exit_criterion = EXIT_CRITERIA[criterion]
     end
-    local ignore_eos = cfg.ignore_eos
-    if ignore_eos ~= nil then
-        if type(ignore_eos) ~= "boolean" then raise("config field 'ignore_eos' must be a boolean") end
-        c.ignore_eos = ignore_eos and 1 or 0
+    for _, field in ipairs(BOOLEAN_FIELDS) do -- (C ints, 0 or 1)
+        local v = cfg[field]
+        if v ~= nil then
+            if type(v) ~= "boolean" then raise(("config field '%s' must be a boolean"):format(field)) end
+            c[field] = v and 1 or 0
+        end
     end
     local seqs = cfg.stop_sequences
     if seqs ~= nil then

@@ -390,6 +390,21 @@ static void test_penalty_window(void) {
         tl_adjust_logits(&cfg, row, history, 6, 2, eos, tally);
         CHECK(memcmp(row, whole, sizeof row) == 0, "a window of %d over 6 tokens reads them all", window);
     }
+    /* penalties_count_prompt (llama.cpp's rule): presence and frequency count the prompt's
+       tokens in the window too: under a window of 5 the prompt's 3 is counted with the
+       generated one; over the whole sequence the prompt's 0 as well */
+    cfg.penalties_count_prompt = 1;
+    cfg.penalty_window = 5;
+    memcpy(row, logits, sizeof row);
+    tl_adjust_logits(&cfg, row, history, 6, 2, eos, tally);
+    CHECK(row[3] == 4.0f / rep - (2 * freq + pres) && row[0] == 2.0f && row[5] == 1.0f / rep - (2 * freq + pres),
+          "window 5, the prompt counted: %g %g %g", (double)row[3], (double)row[0], (double)row[5]);
+    cfg.penalty_window = 0;
+    memcpy(row, logits, sizeof row);
+    tl_adjust_logits(&cfg, row, history, 6, 2, eos, tally);
+    CHECK(row[0] == 2.0f / rep - (freq + pres) && row[3] == 4.0f / rep - (2 * freq + pres),
+          "the whole sequence, the prompt counted: %g %g", (double)row[0], (double)row[3]);
+    cfg.penalties_count_prompt = 0;
     const int32_t zero[8] = {0};
     CHECK(memcmp(tally, zero, sizeof zero) == 0, "tally left dirty");
 
@@ -411,6 +426,20 @@ static void test_penalty_window(void) {
     CHECK(tl_session_new(model, prompt, 2, &cfg, &refused) == TL_ERR_INVALID_ARGUMENT && !refused &&
               strstr(tl_last_error(), "penalty_window = -1 must be >= 0"),
           "a negative window is refused: %s", tl_last_error());
+    cfg.penalty_window = 0;
+    cfg.penalties_count_prompt = 2;
+    CHECK(tl_session_new(model, prompt, 2, &cfg, &refused) == TL_ERR_INVALID_ARGUMENT && !refused &&
+              strstr(tl_last_error(), "penalties_count_prompt = 2 must be 0 or 1"),
+          "penalties_count_prompt 2 is refused: %s", tl_last_error());
+    /* presence with the prompt counted: the prompt's 5 is penalised from the first step */
+    cfg.penalties_count_prompt = 1;
+    cfg.repetition_penalty = 1.0f;
+    cfg.presence_penalty = 1.5f;
+    gen(model, prompt, 2, &cfg, out, NULL);
+    CHECK(out[2] == 6, "presence counting the prompt's 5 (3 - 1.5 < 2): got %d", out[2]);
+    cfg.penalties_count_prompt = 0;
+    gen(model, prompt, 2, &cfg, out, NULL);
+    CHECK(out[2] == 5, "presence over the generated tokens only leaves the prompt's 5: got %d", out[2]);
 
     /* The model's own logits: a short window changes the output, a window longer than the
        sequence does not, and chain speculation with a window is bit-identical to plain

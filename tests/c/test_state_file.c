@@ -250,11 +250,11 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "version 6");
 
     /* Older layouts are still read, and resume as this one does: version 4 (before
-       penalty_window: this one's bytes without its 4, at 184), version 3 (also before the
-       thinking budget: without 20 at 168), version 2 (also before min_p and min_tokens:
-       without 28 at 160) and version 1 (also before logit_bias and the presence and frequency
-       penalties: without 40 bytes at 148). */
-    const struct { uint8_t version; size_t at, cut; } older[] = {{4, 184, 4}, {3, 168, 20}, {2, 160, 28}, {1, 148, 40}};
+       penalty_window and penalties_count_prompt: this one's bytes without their 8, at 184),
+       version 3 (also before the thinking budget: without 24 at 168), version 2 (also before
+       min_p and min_tokens: without 32 at 160) and version 1 (also before logit_bias and the
+       presence and frequency penalties: without 44 bytes at 148). */
+    const struct { uint8_t version; size_t at, cut; } older[] = {{4, 184, 8}, {3, 168, 24}, {2, 160, 32}, {1, 148, 44}};
     for (size_t i = 0; i < sizeof older / sizeof *older; i++) {
         const size_t at = older[i].at, cut = older[i].cut;
         uint8_t *old_bytes = malloc(len - cut);
@@ -279,8 +279,8 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
        header, the config's 15 ints at 36 and 9 floats at 96, the seed at 132, no stop rules
        (140, 144), the presence and frequency penalties at 148 and 152, no logit_bias (156),
        min_p at 160 and min_tokens at 164, the thinking budget at 168 (its budget, open, and
-       two empty tags' counts at 176 and 180), penalty_window at 184, prompt_len at 188,
-       n_tokens at 192, the tokens from 196. */
+       two empty tags' counts at 176 and 180), penalty_window at 184, penalties_count_prompt at
+       188, prompt_len at 192, n_tokens at 196, the tokens from 200. */
     struct { size_t at; int32_t value; tl_status status; const char *needle; } fields[] = {
         {36 + 16, 4, TL_ERR_FORMAT, "beam search or speculative"},         /* beam_size */
         {36 + 4, 999, TL_ERR_INVALID_ARGUMENT, "loops"},                     /* loops: tl_session_new's check */
@@ -296,14 +296,15 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
         {180, -1, TL_ERR_FORMAT, "a reasoning tag of -1 ids"},
         {176, 1, TL_ERR_FORMAT, "a reasoning tag of 1 ids with the budget off"}, /* (found by fuzz_state) */
         {184, -1, TL_ERR_INVALID_ARGUMENT, "penalty_window = -1"},
-        {188, 0, TL_ERR_FORMAT, "prompt"},
-        {192, 1 << 30, TL_ERR_FORMAT, "tokens"},
-        {192, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
+        {188, 2, TL_ERR_INVALID_ARGUMENT, "penalties_count_prompt = 2"},
+        {192, 0, TL_ERR_FORMAT, "prompt"},
+        {196, 1 << 30, TL_ERR_FORMAT, "tokens"},
+        {196, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
         {36, 5, TL_ERR_FORMAT, "reached max_tokens = 5"}, /* 5 emitted: it had finished */
-        {196 + 4 * 9 + 32, 2, TL_ERR_FORMAT, "prompt_done is 2"}, /* after the tokens and the RNG */
-        {196 + 4 * 9 + 32, 1 | 2 << 8, TL_ERR_FORMAT, "compiled_grammar is 2"}, /* the next byte */
-        {196 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
-        {196, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
+        {200 + 4 * 9 + 32, 2, TL_ERR_FORMAT, "prompt_done is 2"}, /* after the tokens and the RNG */
+        {200 + 4 * 9 + 32, 1 | 2 << 8, TL_ERR_FORMAT, "compiled_grammar is 2"}, /* the next byte */
+        {200 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
+        {200, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
     };
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
         memcpy(copy, bytes, len);
@@ -314,7 +315,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     }
     /* The cache part: length and the first entry's index and depth (after the fixed-size
        part: tokens, rng, prompt_done, text_shown, 5 f64, 2 + 65 i32). */
-    const size_t cache_at = 196 + 4 * 9 + 32 + 2 + 8 + 40 + 4 * 67;
+    const size_t cache_at = 200 + 4 * 9 + 32 + 2 + 8 + 40 + 4 * 67;
     struct { size_t at; int32_t value; const char *needle; } cache_fields[] = {
         {cache_at, 3, "the cache holds 3 entries"},
         {cache_at + 4, 99, "cache entries for a length"},
@@ -341,7 +342,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     memcpy(copy, bytes, len);
     const int32_t no = 0, eos = m->cfg.eos_token_id;
     memcpy(copy + 36 + 4 * 9, &no, 4);
-    memcpy(copy + 196 + 4 * 4, &eos, 4);
+    memcpy(copy + 200 + 4 * 4, &eos, 4);
     fix_checksum(copy, len);
     CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "the session had finished");
     /* An unchanged copy with its checksum recomputed still reads: the cases above failed on

@@ -22,7 +22,7 @@ local seeds = {
               early_exit_criterion = "latent_diff", early_exit_threshold = 0.5 } },
     { name = "logit_adjustments", steps = 3,
       cfg = { max_tokens = 10, temperature = 0.7, sample_seed = 2, presence_penalty = 0.5, frequency_penalty = 0.3,
-              repetition_penalty = 1.3, penalty_window = 4, logit_bias = { [7] = -5, [70] = 2.5 } } },
+              repetition_penalty = 1.3, penalty_window = 4, penalties_count_prompt = true, logit_bias = { [7] = -5, [70] = 2.5 } } },
     { name = "min_p_min_tokens", steps = 3,
       cfg = { max_tokens = 10, temperature = 0.9, sample_seed = 4, min_p = 0.05, min_tokens = 6,
               stop_sequences = { { 7 } } } },
@@ -51,9 +51,9 @@ end
 -- recomputes it).
 write("zz_max_tokens_reached", first:sub(1, 36) .. string.char(3, 0, 0, 0) .. first:sub(41))
 -- The greedy state in the layouts of versions 1 and 2 (still read): the version, and without
--- the bytes those did not have after its empty stop rules: 40 in version 1 (the presence
--- and frequency penalties, logit_bias, min_p and min_tokens, the thinking budget and
--- penalty_window), 28 in version 2 (from min_p on) (their checksums stale as well: the
--- fuzzer recomputes them). test_state_file reads the same cuts.
-write("zz_version1_greedy", first:sub(1, 8) .. string.char(1) .. first:sub(10, 148) .. first:sub(189))
-write("zz_version2_greedy", first:sub(1, 8) .. string.char(2) .. first:sub(10, 160) .. first:sub(189))
+-- the bytes those did not have after its empty stop rules: 44 in version 1 (the presence
+-- and frequency penalties, logit_bias, min_p and min_tokens, the thinking budget,
+-- penalty_window and penalties_count_prompt), 32 in version 2 (from min_p on) (their
+-- checksums stale as well: the fuzzer recomputes them). test_state_file reads the same cuts.
+write("zz_version1_greedy", first:sub(1, 8) .. string.char(1) .. first:sub(10, 148) .. first:sub(193))
+write("zz_version2_greedy", first:sub(1, 8) .. string.char(2) .. first:sub(10, 160) .. first:sub(193))

@@ -88,6 +88,7 @@ describe("engine validation", function()
         raises({ "frequency_penalty", "must be a number" }, gen({ frequency_penalty = "high" }))
         raises({ "penalty_window = -1 must be >= 0 (0 = the whole sequence)" }, gen({ penalty_window = -1 }))
         raises({ "penalty_window", "integer" }, gen({ penalty_window = 2.5 }))
+        raises({ "config field 'penalties_count_prompt' must be a boolean" }, gen({ penalties_count_prompt = 1 }))
     end)
 
     it("min_p and min_tokens", function()

@@ -329,14 +329,19 @@ describe("server", function()
         for i = 1, 5 do assert.are_not.equal(first, choice.token_ids[i]) end
         assert.equal("stop", choice.finish_reason)
         -- penalty_window (llama.cpp's repeat_last_n, here and on /completion): a session's tokens
+        -- (llama.cpp's presence and frequency count the prompt's tokens too: penalties_count_prompt)
         local windowed = { unpack(m:generate({ 10, 20, 30 }, { max_tokens = 12, ignore_eos = true, repetition_penalty = 5,
-                                                               penalty_window = 3 }), 4) }
-        assert.are_not.same({ unpack(m:generate({ 10, 20, 30 }, { max_tokens = 12, ignore_eos = true,
-                                                                  repetition_penalty = 5 }), 4) }, windowed)
+                                                               presence_penalty = 2, penalty_window = 3,
+                                                               penalties_count_prompt = true }), 4) }
+        assert.are_not.same({ unpack(m:generate({ 10, 20, 30 }, { max_tokens = 12, ignore_eos = true, repetition_penalty = 5,
+                                                                  presence_penalty = 2, penalties_count_prompt = true }), 4) },
+                            windowed)
         assert.same(windowed, single({ prompt = { 10, 20, 30 }, max_tokens = 12, ignore_eos = true, temperature = 0,
-                                       repetition_penalty = 5, penalty_window = 3 }).token_ids)
+                                       repetition_penalty = 5, presence_penalty = 2, penalty_window = 3,
+                                       penalties_count_prompt = true }).token_ids)
         local status, body = post_to("/completion", { prompt = { 10, 20, 30 }, n_predict = 12, ignore_eos = true, temperature = 0,
-                                                      repeat_penalty = 5, repeat_last_n = 3, return_tokens = true })
+                                                      repeat_penalty = 5, presence_penalty = 2, repeat_last_n = 3,
+                                                      return_tokens = true })
         assert.equal(200, status, body)
         assert.same(windowed, cjson.decode(body).tokens)
         -- top_k -1 (vLLM's "every token"): a session sampling over the whole vocabulary

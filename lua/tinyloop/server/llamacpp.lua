@@ -141,7 +141,10 @@ function _M.to_completions(body, tokenize, vocab)
     if t.grammar ~= nil then t.json_schema = nil end -- (llama.cpp: a grammar, where given, is the constraint)
     local ok_window, window = shapes.penalty_window(t.repeat_last_n, "repeat_last_n", "repeat_last_n")
     if not ok_window then return nil, window end
-    if window ~= "off" then members[#members + 1] = { "penalty_window", window } end
+    if window ~= "off" then
+        members[#members + 1] = { "penalty_window", window }
+        members[#members + 1] = { "penalties_count_prompt", "true" } -- (llama.cpp's sampler is fed the prompt)
+    end
     for _, f in ipairs(PASSED) do
         local name, kind, as = f[1], f[2], f[3] or f[1]
         local v = t[name]

@@ -90,6 +90,9 @@ local function common(t, raw, members)
         return bad("give options.repeat_last_n or penalty_window, not both", "options")
     end
     if e_window ~= "off" and t.penalty_window == nil then members[#members + 1] = { "penalty_window", e_window } end
+    if e_window ~= "off" and t.penalties_count_prompt == nil then -- (its llama.cpp runner feeds the prompt to the sampler)
+        members[#members + 1] = { "penalties_count_prompt", "true" }
+    end
     for k, v in pairs(options) do
         if v ~= json_null and not (e_window == "off" and shapes.PENALTIES[OPTIONS[k]]) then
             if NO_OP_OPTIONS[k] ~= nil then

@@ -47,6 +47,7 @@ local FIELDS = {
     min_tokens = { "integer", "min_tokens" }, -- vLLM's, in [0, max_tokens]
     repetition_penalty = { "number", "repetition_penalty" },
     penalty_window = { "integer", "penalty_window" }, -- the last N tokens the penalties read; 0: all
+    penalties_count_prompt = { "boolean", "penalties_count_prompt" }, -- presence/frequency: the prompt's too
     ignore_eos = { "boolean", "ignore_eos" },
     cache_window = { "integer", "cache_window" },
     speculative = { "string", "speculative" },

@@ -139,7 +139,7 @@ _M.KIND_OK = {
 -- by the chat parser: TinyLoop's and vLLM's extensions and the sampling fields all share.
 _M.PASSED = {
     "model", "temperature", "top_p", "stream", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "loops", "top_k",
-    "min_p", "min_tokens", "repetition_penalty", "penalty_window", "ignore_eos", "cache_window", "speculative", "draft_loops", "draft_ahead",
+    "min_p", "min_tokens", "repetition_penalty", "penalty_window", "penalties_count_prompt", "ignore_eos", "cache_window", "speculative", "draft_loops", "draft_ahead",
     "K_branches", "max_nodes", "beam_size", "length_penalty", "early_exit_patience", "early_exit_min_L", "early_exit_peek_every",
     "early_exit_logit_margin", "early_exit_threshold", "early_exit_criterion", "early_exit_kl_threshold",
     "early_exit_entropy_threshold", "early_exit_gate_threshold", "grammar", "structured_outputs", "guided_json", "guided_choice",
@@ -274,7 +274,8 @@ end
 -- context ("0"); N > 0, N. 0 turns the penalties off (-> true, "off": the request's
 -- repetition, presence and frequency penalties are then left out, PENALTIES naming them).
 -- nil, err for what is no window. (Within the window, presence and frequency count the
--- generated tokens only, OpenAI's rule, where llama.cpp counts the prompt's as well.)
+-- prompt's tokens as well in both, llama.cpp's sampler being fed the prompt: callers ask
+-- for penalties_count_prompt.)
 _M.PENALTIES = { repetition_penalty = true, presence_penalty = true, frequency_penalty = true }
 _M.REPEAT_LAST_N_DEFAULT = 64
 function _M.penalty_window(v, name, param)
