@@ -37,6 +37,7 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --presence-penalty P   OpenAI's: subtract P from each generated token's logit (default 0)
       --frequency-penalty F  OpenAI's: subtract F per time a token was generated (default 0)
       --penalty-window N     the three penalties read the last N tokens only (default 0: all)
+      --penalties-count-prompt  presence and frequency count the prompt's tokens too (llama.cpp's)
       --logit-bias ID=BIAS   add BIAS to token ID's logit (repeatable; -100 bans, 100 forces)
       --stop TEXT            stop when TEXT appears (repeatable)
       --grammar FILE         constrain the output to a GBNF grammar (llama.cpp dialect)
@@ -104,6 +105,7 @@ local OPTIONS = {
     ["--presence-penalty"] = { "presence_penalty", "number" },
     ["--frequency-penalty"] = { "frequency_penalty", "number" },
     ["--penalty-window"] = { "penalty_window", "int" },
+    ["--penalties-count-prompt"] = { "penalties_count_prompt", "flag" },
     ["--min-p"] = { "min_p", "number" },
     ["--thinking-budget"] = { "reasoning_budget", "int" },
     ["--min-tokens"] = { "min_tokens", "int" },
