@@ -68,12 +68,17 @@ static tl_status read_float(const cJSON *root, const char *name, double lo, doub
     describe(item, shown, sizeof shown);
     if (!cJSON_IsNumber(item) || !isfinite(item->valuedouble))
         return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" must be a number, got %s", name, shown);
-    double v = item->valuedouble;
+    return tl_config_float_in_range(name, shown, item->valuedouble, lo, hi, lo_open, out);
+}
+
+tl_status tl_config_float_in_range(const char *name, const char *shown, double v, double lo, double hi, bool lo_open,
+                                   float *out) {
     if ((lo_open ? v <= lo : v < lo) || v > hi)
         return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" = %s is out of range %s%g, %g]",
                        name, shown, lo_open ? "(" : "[", lo, hi);
     /* Stored as a float: 1e-60 passes the (0, ...) check as a double but becomes 0.0f
-       (found by fuzz_config: a norm_eps of 0 divides by zero on an all-zero row). */
+       (found by fuzz_config: a norm_eps of 0 divides by zero on an all-zero row; a RoPE
+       base of 0 makes every logit NaN). */
     if (lo_open && !((float)v > (float)lo))
         return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" = %s rounds to %g as a float, outside (%g, %g]",
                        name, shown, (double)(float)v, lo, hi);
@@ -314,9 +319,8 @@ static tl_status check_duplicates(const cJSON *node) {
     return st;
 }
 
-tl_status tl_config_parse(const char *json_text, tl_config *out) {
-    memset(out, 0, sizeof *out);
-    tl_config_defaults(out);
+tl_status tl_config_json_read(const char *json_text, cJSON **out) {
+    *out = NULL;
     /* cJSON skips a byte order mark; JSON (RFC 8259) forbids one, and a tool that wrote it
        may have mangled more. */
     if ((unsigned char)json_text[0] == 0xEF && (unsigned char)json_text[1] == 0xBB &&
@@ -337,6 +341,19 @@ tl_status tl_config_parse(const char *json_text, tl_config *out) {
     else if (!cJSON_IsObject(root))
         st = tl_fail(TL_ERR_FORMAT, "config.json: top level must be a JSON object");
     if (st == TL_OK) st = check_duplicates(root);
+    if (st != TL_OK) {
+        cJSON_Delete(root);
+        return st;
+    }
+    *out = root;
+    return TL_OK;
+}
+
+tl_status tl_config_parse(const char *json_text, tl_config *out) {
+    memset(out, 0, sizeof *out);
+    tl_config_defaults(out);
+    cJSON *root = NULL;
+    tl_status st = tl_config_json_read(json_text, &root);
     if (st == TL_OK) {
         field_log log = {.n = 0};
         reading = &log;

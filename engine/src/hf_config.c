@@ -39,10 +39,7 @@ tl_status tl_hf_float(const cJSON *root, const char *name, double lo, double hi,
     shown(item, buf, sizeof buf);
     if (!cJSON_IsNumber(item) || !isfinite(item->valuedouble))
         return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" must be a number, got %s", name, buf);
-    if (item->valuedouble <= lo || item->valuedouble > hi)
-        return tl_fail(TL_ERR_FORMAT, "config.json: field \"%s\" = %s is out of range (%g, %g]", name, buf, lo, hi);
-    *out = (float)item->valuedouble;
-    return TL_OK;
+    return tl_config_float_in_range(name, buf, item->valuedouble, lo, hi, true, out);
 }
 
 tl_status tl_hf_bool(const cJSON *root, const char *name, bool *out) {

@@ -75,7 +75,7 @@ static tl_status ouro_config(const cJSON *root, tl_config *c) {
     c->n_kv_heads = c->n_heads;
     TRY(tl_hf_int(root, "num_key_value_heads", false, 1, 1 << 20, &c->n_kv_heads));
     TRY(tl_hf_int(root, "head_dim", false, 1, 1 << 20, &head_dim));
-    if (head_dim > 0 && head_dim * c->n_heads != c->d_model)
+    if (head_dim > 0 && (int64_t)head_dim * c->n_heads != c->d_model) /* (both up to 2^20) */
         return tl_fail(TL_ERR_UNSUPPORTED, "config.json: head_dim = %d with num_attention_heads = %d does not "
                        "span hidden_size = %d (not supported)", head_dim, c->n_heads, c->d_model);
     c->max_seq_len = 32768;

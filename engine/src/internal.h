@@ -128,6 +128,14 @@ typedef struct tl_config {
 
 /* Parses and validates config.json text; the message names the field and value. */
 tl_status tl_config_parse(const char *json_text, tl_config *out);
+/* config.json's text as JSON, by the rules every config reader shares: no byte order mark,
+   one object, nothing after it, no key given twice at any depth. *out to cJSON_Delete. */
+struct cJSON;
+tl_status tl_config_json_read(const char *json_text, struct cJSON **out);
+/* A float field's value v (shown as `shown`) in [lo, hi], or (lo, hi] when lo_open, also as
+   the float it is stored as (a value that rounds to lo is out); the family readers' too. */
+tl_status tl_config_float_in_range(const char *name, const char *shown, double v, double lo, double hi, bool lo_open,
+                                   float *out);
 /* max_loops when a config does not say: 4 x default_loops, at most 4096 (SPEC §1). */
 int tl_config_default_max_loops(int default_loops);
 /* The defaults of every optional field, on a zeroed config (shared by the family loaders). */

@@ -507,8 +507,9 @@ static tl_status read_config(tl_model *m, const char *dir, const tl_family **fam
     /* The parser reads up to the first NUL: what follows one would be ignored unseen. */
     if (strlen(text) != text_len)
         st = tl_fail(TL_ERR_FORMAT, "config.json: contains a NUL byte at offset %zu", strlen(text));
-    cJSON *root = st == TL_OK ? cJSON_Parse(text) : NULL;
-    if (st == TL_OK) st = root && cJSON_IsObject(root) ? detect_family(root, family) : TL_OK;
+    cJSON *root = NULL;
+    if (st == TL_OK) st = tl_config_json_read(text, &root); /* (its rules hold for every family) */
+    if (st == TL_OK) st = detect_family(root, family);
     if (st == TL_OK)
         st = *family ? (*family)->parse_config(root, &m->cfg) : tl_config_parse(text, &m->cfg);
     cJSON_Delete(root);

@@ -49,10 +49,18 @@ static int by_offset(const void *a, const void *b) {
     return x->data < y->data ? -1 : x->data > y->data ? 1 : 0;
 }
 
+/* qsort's comparison of tensor indices by name (tensors_by_name: the file being sorted; a
+   file is parsed on one thread, and qsort has no context argument in C11). */
+static _Thread_local const tl_st_tensor *tensors_by_name;
+static int by_name(const void *a, const void *b) {
+    return strcmp(tensors_by_name[*(const int32_t *)a].name, tensors_by_name[*(const int32_t *)b].name);
+}
+
 void tl_st_close(tl_st_file *file) {
     if (!file) return;
     for (int i = 0; i < file->n_tensors; i++) free(file->tensors[i].name);
     free(file->tensors);
+    free(file->by_name);
     if (file->map && !file->borrowed) munmap(file->map, file->map_len);
     memset(file, 0, sizeof *file);
 }
@@ -120,10 +128,18 @@ static tl_status parse_header(const char *path, tl_st_file *f) {
     const uint8_t *data = bytes + 8 + header_len;
     size_t data_len = f->map_len - 8 - (size_t)header_len;
 
-    cJSON *root = cJSON_ParseWithLength((const char *)bytes + 8, (size_t)header_len);
+    const char *header = (const char *)bytes + 8, *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(header, (size_t)header_len, &end, false);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return tl_fail(TL_ERR_FORMAT, "%s: header is not a valid JSON object", path);
+    }
+    /* the format pads the header with spaces; anything else after the object is not ours to skip */
+    while (end && end < header + header_len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    if (end && end < header + header_len) {
+        cJSON_Delete(root);
+        return tl_fail(TL_ERR_FORMAT, "%s: unexpected bytes after the header's JSON object, at header offset %td", path,
+                       end - header);
     }
     int count = 0;
     for (const cJSON *e = root->child; e; e = e->next) count++;
@@ -138,13 +154,27 @@ static tl_status parse_header(const char *path, tl_st_file *f) {
     cJSON_Delete(root);
     if (st != TL_OK) return st;
 
+    /* Names are found by binary search (a checkpoint may hold tens of thousands of tensors),
+       and each is given once: a second one of a name would never be read. */
+    if (!(f->by_name = malloc(((size_t)f->n_tensors + 1) * sizeof *f->by_name)))
+        return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    for (int i = 0; i < f->n_tensors; i++) f->by_name[i] = i;
+    tensors_by_name = f->tensors;
+    qsort(f->by_name, (size_t)f->n_tensors, sizeof *f->by_name, by_name);
+    for (int i = 1; i < f->n_tensors; i++)
+        if (strcmp(f->tensors[f->by_name[i - 1]].name, f->tensors[f->by_name[i]].name) == 0)
+            return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" is given twice", path, f->tensors[f->by_name[i]].name);
+
     /* Buffers must not overlap (the format also requires them to tile the data region;
-       we only refuse overlaps, which is what could make two tensors alias). */
+       we only refuse overlaps, which is what could make two tensors alias). An empty tensor
+       holds no byte to share. */
     tl_st_tensor *sorted = malloc(((size_t)f->n_tensors + 1) * sizeof *sorted);
     if (!sorted) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    memcpy(sorted, f->tensors, (size_t)f->n_tensors * sizeof *sorted);
-    qsort(sorted, (size_t)f->n_tensors, sizeof *sorted, by_offset);
-    for (int i = 1; i < f->n_tensors && st == TL_OK; i++)
+    int n_sorted = 0;
+    for (int i = 0; i < f->n_tensors; i++)
+        if (f->tensors[i].nbytes > 0) sorted[n_sorted++] = f->tensors[i];
+    qsort(sorted, (size_t)n_sorted, sizeof *sorted, by_offset);
+    for (int i = 1; i < n_sorted && st == TL_OK; i++)
         if (sorted[i - 1].data + sorted[i - 1].nbytes > sorted[i].data)
             st = tl_fail(TL_ERR_FORMAT, "%s: tensors \"%s\" and \"%s\" overlap", path,
                          sorted[i - 1].name, sorted[i].name);
@@ -191,7 +221,12 @@ tl_status tl_st_open_memory(const char *name, const void *bytes, size_t len, tl_
 }
 
 tl_st_tensor *tl_st_find(tl_st_file *file, const char *name) {
-    for (int i = 0; i < file->n_tensors; i++)
-        if (strcmp(file->tensors[i].name, name) == 0) return &file->tensors[i];
+    int lo = 0, hi = file->n_tensors - 1;
+    while (lo <= hi) {
+        const int mid = lo + (hi - lo) / 2, cmp = strcmp(file->tensors[file->by_name[mid]].name, name);
+        if (cmp == 0) return &file->tensors[file->by_name[mid]];
+        if (cmp < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
     return NULL;
 }

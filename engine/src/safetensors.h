@@ -24,8 +24,9 @@ typedef struct tl_st_tensor {
 typedef struct tl_st_file {
     void *map;
     size_t map_len;
-    tl_st_tensor *tensors;
+    tl_st_tensor *tensors;   /* in the header's order (the fingerprint reads them so) */
     int n_tensors;
+    int32_t *by_name;        /* [n_tensors] indices into tensors, sorted by name (tl_st_find) */
     bool borrowed;       /* map belongs to the caller (tl_st_open_memory): not unmapped */
 } tl_st_file;
 

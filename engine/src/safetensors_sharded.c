@@ -58,13 +58,10 @@ static tl_status add_file(tl_st_set *set, const char *path) {
 
 static tl_status read_index(const char *path, cJSON **out) {
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return tl_fail(TL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    char *text = malloc((size_t)MAX_INDEX_BYTES + 1);
-    size_t len = text ? fread(text, 1, (size_t)MAX_INDEX_BYTES + 1, fp) : 0;
-    fclose(fp);
-    if (!text) return tl_fail(TL_ERR_NO_MEMORY, "out of memory reading %s", path);
-    if (len > (size_t)MAX_INDEX_BYTES) { free(text); return tl_fail(TL_ERR_FORMAT, "%s: larger than 64 MiB", path); }
+    char *text = NULL;
+    size_t len = 0;
+    tl_status st = tl_read_regular(path, (size_t)MAX_INDEX_BYTES, &text, &len); /* (a FIFO is refused, not waited on) */
+    if (st != TL_OK) return st;
     *out = cJSON_ParseWithLength(text, len);
     free(text);
     if (!*out || !cJSON_IsObject(*out)) {
@@ -101,27 +98,57 @@ static tl_status open_shards(const char *dir, const char *index_path, const cJSO
     return TL_OK;
 }
 
-/* Every tensor where the index says, and nothing the index does not list. */
+static int by_key(const void *a, const void *b) {
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* The map's entry for tensor `name`, by binary search over its entries sorted by key. */
+static const cJSON *map_entry(const cJSON **sorted, int n, const char *name) {
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        const int mid = lo + (hi - lo) / 2, cmp = strcmp(sorted[mid]->string, name);
+        if (cmp == 0) return sorted[mid];
+        if (cmp < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return NULL;
+}
+
+/* Every tensor where the index says, and nothing the index does not list; a tensor the map
+   names twice is refused. Lookups are binary searches on both sides: a checkpoint of tens of
+   thousands of tensors loads in O(n log n), not O(n^2). */
 static tl_status check_against_index(const char *index_path, const cJSON *map, tl_st_set *set) {
+    int n_entries = 0;
+    for (const cJSON *e = map->child; e; e = e->next) n_entries++;
+    const cJSON **sorted = malloc(((size_t)n_entries + 1) * sizeof *sorted);
+    if (!sorted) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    int k = 0;
+    for (const cJSON *e = map->child; e; e = e->next) sorted[k++] = e;
+    qsort(sorted, (size_t)n_entries, sizeof *sorted, by_key);
+    tl_status st = TL_OK;
+    for (int i = 1; i < n_entries && st == TL_OK; i++)
+        if (strcmp(sorted[i - 1]->string, sorted[i]->string) == 0)
+            st = tl_fail(TL_ERR_FORMAT, "%s: weight_map names tensor \"%s\" twice", index_path, sorted[i]->string);
     const char *dir_end;
-    for (const cJSON *e = map->child; e; e = e->next) {
+    for (const cJSON *e = map->child; e && st == TL_OK; e = e->next) {
         const char *found_in = NULL;
         if (!tl_st_set_find(set, e->string, &found_in) ||
             strcmp((dir_end = strrchr(found_in, '/')) ? dir_end + 1 : found_in, e->valuestring) != 0)
-            return tl_fail(TL_ERR_FORMAT, "%s: names tensor \"%s\" in shard \"%s\", which does not hold it",
-                           index_path, e->string, e->valuestring);
+            st = tl_fail(TL_ERR_FORMAT, "%s: names tensor \"%s\" in shard \"%s\", which does not hold it",
+                         index_path, e->string, e->valuestring);
     }
-    for (int i = 0; i < set->n_files; i++)
-        for (int t = 0; t < set->files[i].n_tensors; t++) {
+    for (int i = 0; i < set->n_files && st == TL_OK; i++)
+        for (int t = 0; t < set->files[i].n_tensors && st == TL_OK; t++) {
             const char *name = set->files[i].tensors[t].name;
-            const cJSON *entry = cJSON_GetObjectItemCaseSensitive(map, name);
+            const cJSON *entry = map_entry(sorted, n_entries, name);
             const char *base = strrchr(set->paths[i], '/');
             base = base ? base + 1 : set->paths[i];
             if (!entry || strcmp(entry->valuestring, base) != 0)
-                return tl_fail(TL_ERR_FORMAT, "%s: holds tensor \"%s\", which %s does not map to this shard",
-                               set->paths[i], name, index_path);
+                st = tl_fail(TL_ERR_FORMAT, "%s: holds tensor \"%s\", which %s does not map to this shard",
+                             set->paths[i], name, index_path);
         }
-    return TL_OK;
+    free(sorted);
+    return st;
 }
 
 tl_status tl_st_set_open(const char *dir, tl_st_set *out) {
@@ -130,7 +157,7 @@ tl_status tl_st_set_open(const char *dir, tl_st_set *out) {
     struct stat sb;
     snprintf(path, sizeof path, "%s/%s", dir, INDEX_NAME);
     tl_status st;
-    if (stat(path, &sb) != 0) {
+    if (lstat(path, &sb) != 0) { /* (any entry of the index's name is the index: a dangling link fails) */
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         if (!(out->described_as = strdup(path))) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
         st = add_file(out, path);

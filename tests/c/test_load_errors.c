@@ -75,6 +75,9 @@ static tl_status load_with_field(const char *key, const char *value) {
     return st;
 }
 
+/* Text load_with_header writes after the header's JSON (NULL: none), before the padding. */
+static const char *header_tail;
+
 /* model.safetensors with its header rewritten by `edit` (data region unchanged). */
 static tl_status load_with_header(void (*edit)(cJSON *header)) {
     char path[4200];
@@ -85,7 +88,10 @@ static tl_status load_with_header(void (*edit)(cJSON *header)) {
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | file[i];
     cJSON *header = cJSON_ParseWithLength((char *)file + 8, hlen);
     edit(header);
-    char *text = cJSON_PrintUnformatted(header);
+    char *json = cJSON_PrintUnformatted(header);
+    char *text = malloc(strlen(json) + (header_tail ? strlen(header_tail) : 0) + 1);
+    sprintf(text, "%s%s", json, header_tail ? header_tail : "");
+    cJSON_free(json);
     size_t tlen = strlen(text), padded = (tlen + 7) & ~(size_t)7;
     size_t out_len = 8 + padded + (len - 8 - hlen);
     unsigned char *out = malloc(out_len);
@@ -456,6 +462,109 @@ static void nonfinite_weights(void) {
 }
 
 /* Finding 13: fractional data_offsets are shown as they are, not rounded. */
+/* A second entry of a name the header already has (cJSON keeps both). */
+static void name_twice(cJSON *h) {
+    cJSON_AddItemToObject(h, "final_norm.weight", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(h, "final_norm.weight"), 1));
+}
+/* An empty tensor where another tensor's bytes begin: it shares no byte with it. */
+static void empty_at_start(cJSON *h) {
+    cJSON_AddItemToObject(h, "mystery.weight", cJSON_Parse("{\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [0, 0]}"));
+}
+static void unchanged(cJSON *h) { (void)h; }
+
+/* The header's own rules (review): a name given twice, text after the JSON object, and an
+   empty tensor, which overlaps nothing. */
+static void header_rules(void) {
+    CHECK_ERROR(load_with_header(name_twice), TL_ERR_FORMAT, "tensor \"final_norm.weight\" is given twice");
+    header_tail = " GARBAGE {\"x\": 1}";
+    CHECK_ERROR(load_with_header(unchanged), TL_ERR_FORMAT, "unexpected bytes after the header's JSON object");
+    header_tail = "  \n";
+    CHECK(load_with_header(unchanged) == TL_OK, "blanks after the header's JSON load: %s", tl_last_error());
+    header_tail = NULL;
+    CHECK_ERROR(load_with_header(empty_at_start), TL_ERR_FORMAT, "mystery.weight");
+    CHECK(!strstr(tl_last_error(), "overlap"), "an empty tensor overlaps nothing: %s", tl_last_error());
+}
+
+/* A published family's config.json (Ouro's) by the same rules as ours (review): a float that
+   rounds to 0 (a RoPE base of 0 made every logit NaN), a key given twice, and head_dim times
+   the heads past an int (signed overflow). */
+static void family_config_rules(void) {
+    char golden[sizeof source];
+    snprintf(golden, sizeof golden, "%s", source);
+    if (strlen(golden) + 20 >= sizeof source) return; /* (a source path that long leaves no room) */
+    memcpy(source + strlen(golden), "/../../hf/ouro_f32", 19);
+    reset();
+    CHECK(load_work() == TL_OK, "the Ouro copy loads: %s", tl_last_error());
+    CHECK_ERROR(load_with_field("rope_theta", "1e-60"), TL_ERR_FORMAT, "\"rope_theta\" = 1e-60 rounds to 0 as a float");
+    CHECK_ERROR(load_with_field("rms_norm_eps", "1e-60"), TL_ERR_FORMAT, "\"rms_norm_eps\" = 1e-60 rounds to 0");
+    CHECK_ERROR(load_with_field("head_dim", "131074"), TL_ERR_UNSUPPORTED, "head_dim = 131074");
+    char path[4200];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/config.json", source);
+    char *text = slurp(path, &len);
+    char *twice = malloc(len + 64);
+    const char *brace = strchr(text, '{');
+    snprintf(twice, len + 64, "{\"rope_theta\": 500000.0, %s", brace + 1);
+    spit_text("config.json", twice);
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "duplicate key \"rope_theta\"");
+    free(twice);
+    free(text);
+    snprintf(source, sizeof source, "%s", golden);
+    reset();
+}
+
+/* A sharded checkpoint's index (review): a tensor named twice in weight_map is refused, and
+   an index that is a FIFO is refused, not waited on. */
+static void index_rules(void) {
+    char sharded[sizeof source + 64], path[4200];
+    snprintf(sharded, sizeof sharded, "%s/../../hf/ouro_f32_sharded", source);
+    const char *names[] = {"config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                           "model.safetensors.index.json"};
+    path_in_work(path, sizeof path, "model.safetensors");
+    unlink(path);
+    for (int i = 0; i < 4; i++) {
+        char from[4400];
+        size_t len = 0;
+        snprintf(from, sizeof from, "%s/%s", sharded, names[i]);
+        char *data = slurp(from, &len);
+        spit(names[i], data, len);
+        free(data);
+    }
+    CHECK(load_work() == TL_OK, "the sharded copy loads: %s", tl_last_error());
+    char from[4400];
+    size_t len = 0;
+    snprintf(from, sizeof from, "%s/model.safetensors.index.json", sharded);
+    char *index = slurp(from, &len);
+    char *twice = malloc(len + 128);
+    const char *map = strstr(index, "\"weight_map\": {");
+    CHECK(map != NULL, "the index has a weight_map");
+    if (map) {
+        const size_t head = (size_t)(map - index) + strlen("\"weight_map\": {");
+        snprintf(twice, len + 128, "%.*s\"model.norm.weight\": \"model-00001-of-00002.safetensors\", %s", (int)head, index,
+                 index + head);
+        spit_text("model.safetensors.index.json", twice);
+        CHECK_ERROR(load_work(), TL_ERR_FORMAT, "weight_map names tensor \"model.norm.weight\" twice");
+    }
+    free(twice);
+    free(index);
+    alarm(20);
+    path_in_work(path, sizeof path, "model.safetensors.index.json");
+    unlink(path);
+    CHECK(mkfifo(path, 0600) == 0, "mkfifo");
+    CHECK_ERROR(load_work(), TL_ERR_IO, "is a FIFO, not a regular file");
+    unlink(path);
+    char other[4200];
+    path_in_work(other, sizeof other, "missing.json");
+    CHECK(symlink(other, path) == 0, "symlink");
+    CHECK_ERROR(load_work(), TL_ERR_IO, "is a dangling symbolic link");
+    alarm(0);
+    for (int i = 0; i < 4; i++) {
+        path_in_work(path, sizeof path, names[i]);
+        unlink(path);
+    }
+    reset();
+}
+
 static void fractional_offsets(cJSON *h) {
     cJSON *t = cJSON_GetObjectItemCaseSensitive(h, "final_norm.weight");
     cJSON_ReplaceItemInObjectCaseSensitive(t, "data_offsets", cJSON_Parse("[1.5, 4]"));
@@ -483,6 +592,9 @@ int main(int argc, char **argv) {
     special_files();
     nonfinite_weights();
     offsets_messages();
+    header_rules();
+    family_config_rules();
+    index_rules();
     char path[512];
     snprintf(path, sizeof path, "%s/config.json", work); unlink(path);
     snprintf(path, sizeof path, "%s/model.safetensors", work); unlink(path);
