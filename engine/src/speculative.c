@@ -415,7 +415,9 @@ static tl_status choose_verified(tl_session *s, spec_state *sp, int32_t *token) 
     /* Rejected: draw from the normalised residual max(0, p - q). */
     total = 0.0;
     for (int i = 0; i < vocab; i++) total += (sp->p[i] = sp->p[i] > q[i] ? sp->p[i] - q[i] : 0.0);
-    *token = tl_draw(sp->p, vocab, total, &s->rng);
+    /* (no residual means p <= q everywhere, both summing to 1: p = q up to rounding, where
+       the draft is accepted with probability 1; it is taken, not a dead end) */
+    *token = total > 0.0 ? tl_draw(sp->p, vocab, total, &s->rng) : d;
     return TL_OK;
 }
 

@@ -212,13 +212,15 @@ static tl_status validate_speculative(const tl_model *m, const tl_generate_confi
     if (c->draft_ahead < 1 || c->draft_ahead > TL_MAX_DRAFT_AHEAD)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "draft_ahead = %d is out of range [1, %d]", c->draft_ahead,
                        TL_MAX_DRAFT_AHEAD);
+    /* The tree's fields are checked in chain mode too: a value out of range is a mistake
+       whichever mode reads it (a sweep's config goes from one mode to the other). */
+    if (c->K_branches < 1 || c->K_branches > TL_MAX_K_BRANCHES)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "K_branches = %d is out of range [1, %d]", c->K_branches,
+                       TL_MAX_K_BRANCHES);
+    if (c->max_nodes < 2 || c->max_nodes > TL_MAX_TREE_NODES)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_nodes = %d is out of range [2, %d]", c->max_nodes,
+                       TL_MAX_TREE_NODES);
     if (c->speculative == TL_SPECULATIVE_TREE) {
-        if (c->K_branches < 1 || c->K_branches > TL_MAX_K_BRANCHES)
-            return tl_fail(TL_ERR_INVALID_ARGUMENT, "K_branches = %d is out of range [1, %d]", c->K_branches,
-                           TL_MAX_K_BRANCHES);
-        if (c->max_nodes < 2 || c->max_nodes > TL_MAX_TREE_NODES)
-            return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_nodes = %d is out of range [2, %d]", c->max_nodes,
-                           TL_MAX_TREE_NODES);
         if (c->temperature > 0.01f)
             return tl_fail(TL_ERR_UNSUPPORTED,
                            "temperature = %g: tree speculative sampling is not implemented (use greedy, or the chain)",

@@ -244,6 +244,18 @@ static void validation(const char *root) {
     TBAD(tc.max_nodes = 1, TL_ERR_INVALID_ARGUMENT, "max_nodes = 1");
     TBAD(tc.spec.temperature = 0.7f, TL_ERR_UNSUPPORTED, "tree speculative sampling");
     TBAD(tc.spec.draft_loops = 9, TL_ERR_INVALID_ARGUMENT, "draft_loops = 9");
+    /* the tree's fields out of range are refused in chain mode as well (review: ignored) */
+    tl_generate_config chain;
+    tl_generate_config_init(&chain);
+    chain.max_tokens = 4;
+    chain.speculative = TL_SPECULATIVE_CHAIN;
+    chain.max_nodes = 1;
+    tl_session *refused = NULL;
+    CHECK_ERROR(tl_session_new(m, prompt, 2, &chain, &refused), TL_ERR_INVALID_ARGUMENT, "max_nodes = 1 is out of range");
+    chain.max_nodes = 64;
+    chain.K_branches = 9;
+    CHECK_ERROR(tl_session_new(m, prompt, 2, &chain, &refused), TL_ERR_INVALID_ARGUMENT, "K_branches = 9 is out of range");
+    CHECK(refused == NULL, "a refused session is NULL");
     CHECK_ERROR(tl_generate_tree_speculative(m, prompt, 2, NULL, out, CAP, &n, NULL), TL_ERR_INVALID_ARGUMENT, "NULL");
     /* max_tokens = 0: the prompt back. */
     tl_speculative_config_init(&sc);
