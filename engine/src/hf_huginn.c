@@ -83,9 +83,16 @@ static tl_status huginn_config(const cJSON *root, tl_config *c) {
     TRY(tl_hf_bool(root, "qk_bias", &c->qk_bias));
     bool adapter_bias = false;
     TRY(tl_hf_bool(root, "bias", &adapter_bias));
-    c->tie_embeddings = true;
-    TRY(tl_hf_bool(root, "tie_word_embeddings", &c->tie_embeddings));
-    TRY(tl_hf_bool(root, "tie_embeddings", &c->tie_embeddings));
+    /* (both names are seen in the wild; two that disagree are a mistake either way) */
+    bool tie_word = true, tie = true;
+    TRY(tl_hf_bool(root, "tie_word_embeddings", &tie_word));
+    TRY(tl_hf_bool(root, "tie_embeddings", &tie));
+    const cJSON *tie_word_item = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    const cJSON *tie_item = cJSON_GetObjectItemCaseSensitive(root, "tie_embeddings");
+    if (cJSON_IsBool(tie_word_item) && cJSON_IsBool(tie_item) && tie_word != tie)
+        return tl_fail(TL_ERR_FORMAT, "config.json: tie_word_embeddings = %s and tie_embeddings = %s disagree",
+                       tie_word ? "true" : "false", tie ? "true" : "false");
+    c->tie_embeddings = cJSON_IsBool(tie_item) ? tie : tie_word;
     TRY(tl_hf_string(root, "injection_type", &injection));
     if (injection && strcmp(injection, "linear") != 0)
         return tl_fail(TL_ERR_UNSUPPORTED, "config.json: Huginn injection_type = \"%s\" is not supported "

@@ -509,6 +509,13 @@ static void family_config_rules(void) {
     CHECK_ERROR(load_work(), TL_ERR_FORMAT, "duplicate key \"rope_theta\"");
     free(twice);
     free(text);
+    /* Huginn's two names for a tied head must agree when both are given */
+    memcpy(source + strlen(golden), "/../../hf/huginn_f32", 21);
+    reset();
+    CHECK(load_work() == TL_OK, "the Huginn copy loads: %s", tl_last_error());
+    CHECK_ERROR(load_with_field("tie_word_embeddings", "false"), TL_ERR_FORMAT,
+                "tie_word_embeddings = false and tie_embeddings = true disagree");
+    CHECK_ERROR(load_with_field("rope_base", "1e-60"), TL_ERR_FORMAT, "\"rope_base\" = 1e-60 rounds to 0");
     snprintf(source, sizeof source, "%s", golden);
     reset();
 }
