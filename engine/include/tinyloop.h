@@ -810,6 +810,14 @@ tl_status tl_grammar_compile_gbnf(const char *text, size_t len, tl_compiled_gram
 
 typedef struct tl_json_schema_options {
     int free_whitespace; /* 0 (default): compact JSON; 1: whitespace allowed between tokens */
+    int loose;           /* 0 (default): a keyword outside the subset is an error; 1: keywords
+                            that only narrow a value are not enforced, so the grammar allows a
+                            superset of the schema: an unknown string format (any string),
+                            multipleOf, uniqueItems, min/maxProperties, contains, if/then/else,
+                            not, propertyNames, dependentRequired/Schemas, unevaluated*, and a
+                            number's maximum and exclusive bounds (a minimum >= 0 keeps it
+                            non-negative). For schemas given without OpenAI's strict: true (a
+                            tool's parameters), where refusing the request helps nobody */
 } tl_json_schema_options;
 
 /* schema: a JSON document (len bytes); opts may be NULL. */

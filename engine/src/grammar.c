@@ -918,7 +918,8 @@ tl_status tl_json_schema_to_gbnf(const char *schema, size_t len, const tl_json_s
     if (!schema) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_json_schema_to_gbnf: schema is NULL");
     char err[512] = "";
     size_t n = 0;
-    tl_status st = gram_json_schema_to_gbnf(schema, len, opts ? opts->free_whitespace : 0, gbnf, &n, err, sizeof err);
+    tl_status st = gram_json_schema_to_gbnf(schema, len, opts ? opts->free_whitespace : 0, opts ? opts->loose : 0, gbnf, &n, err,
+                                            sizeof err);
     if (st != TL_OK) return tl_fail(st, "JSON schema: %s", err);
     if (gbnf_len) *gbnf_len = n;
     return TL_OK;

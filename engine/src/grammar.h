@@ -127,7 +127,7 @@ int gram_regex_expr(const char *pattern, bool text, strbuf *out, char *err, size
 
 /* GBNF text of a JSON Schema (malloc'ed, NUL-terminated). free_ws: allow whitespace between
    tokens instead of the compact form. */
-tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, char **gbnf, size_t *gbnf_len,
+tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, int loose, char **gbnf, size_t *gbnf_len,
                                    char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- the matcher runtime */

@@ -34,6 +34,7 @@ typedef struct conv {
     strbuf out;
     int n_rules;
     bool free_ws;
+    bool loose;            /* tl_json_schema_options.loose: narrowing keywords not enforced */
     /* $ref targets already given a rule */
     const cJSON **ref_nodes;
     int *ref_rules;
@@ -137,6 +138,14 @@ static int utf8_char(const char *s) {
     return n ? tlz_utf8_seq((const unsigned char *)s, n) : -1;
 }
 
+/* A string format this converter writes a grammar for. */
+static bool known_format(const cJSON *format) {
+    static const char *const KNOWN[] = {"date", "time", "date-time", "uuid", NULL};
+    for (int i = 0; cJSON_IsString(format) && KNOWN[i]; i++)
+        if (strcmp(format->valuestring, KNOWN[i]) == 0) return true;
+    return false;
+}
+
 static int string_schema(conv *c, const cJSON *s, const char *path) {
     const cJSON *minl = cJSON_GetObjectItemCaseSensitive(s, "minLength");
     const cJSON *maxl = cJSON_GetObjectItemCaseSensitive(s, "maxLength");
@@ -145,7 +154,8 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
     strbuf body = {0};
     if (pattern) {
         if (!cJSON_IsString(pattern)) return fail(c, path, "'pattern' must be a string");
-        if (minl || maxl || format) return fail(c, path, "'pattern' combined with minLength/maxLength/format is not supported");
+        if ((minl || maxl || format) && !c->loose) /* (loose: the pattern alone, a superset) */
+            return fail(c, path, "'pattern' combined with minLength/maxLength/format is not supported");
         char err[256];
         strbuf_puts(&body, "\"\\\"\" ");
         if (gram_regex_expr(pattern->valuestring, false, &body, err, sizeof err) < 0) {
@@ -153,9 +163,9 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
             return fail(c, path, "pattern: %s", err);
         }
         strbuf_puts(&body, " \"\\\"\"");
-    } else if (format) {
+    } else if (format && !(c->loose && !known_format(format))) { /* (loose: an unknown format is any string) */
         if (!cJSON_IsString(format)) return fail(c, path, "'format' must be a string");
-        if (minl || maxl) return fail(c, path, "'format' combined with minLength/maxLength is not supported");
+        if ((minl || maxl) && !c->loose) return fail(c, path, "'format' combined with minLength/maxLength is not supported");
         const char *f = format->valuestring;
         const char *date = "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01])";
         const char *time = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
@@ -189,6 +199,15 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
 
 /* ---------------------------------------------------------------- schemas */
 
+/* Keywords that only narrow the values a schema allows: a loose conversion leaves them out
+   (the grammar then allows a superset). Widening ones (nullable, patternProperties beside
+   additionalProperties false) are not here: leaving them out would refuse valid values. */
+static const char *const NARROWING[] = {"multipleOf", "uniqueItems", "minProperties", "maxProperties", "contains",
+                                        "minContains", "maxContains", "if", "then", "else", "not", "propertyNames",
+                                        "dependentRequired", "dependentSchemas", "unevaluatedProperties",
+                                        "unevaluatedItems", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                                        "contentEncoding", "contentMediaType", "format", NULL};
+
 static const char *const ANNOTATIONS[] = {"title", "description", "examples", "default", "$schema", "$id",
                                           "$comment", "$defs", "definitions", "deprecated", "readOnly", "writeOnly", NULL};
 
@@ -202,6 +221,7 @@ static bool keyword_in(const char *k, const char *const *list) {
 static int check_keywords(conv *c, const cJSON *s, const char *path, const char *const *handled) {
     for (const cJSON *k = s->child; k; k = k->next) {
         if (keyword_in(k->string, ANNOTATIONS) || keyword_in(k->string, handled)) continue;
+        if (c->loose && keyword_in(k->string, NARROWING)) continue;
         return fail(c, path, "unsupported keyword '%s'", k->string);
     }
     return 0;
@@ -602,15 +622,19 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
            number): a number takes none but minimum 0, so the schema is refused rather than
            its number branch left unbounded. */
         static const char *const INTEGER_ONLY[] = {"maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
-        for (int k = 0; listed && INTEGER_ONLY[k]; k++)
+        for (int k = 0; listed && !c->loose && INTEGER_ONLY[k]; k++)
             if (cJSON_GetObjectItemCaseSensitive(s, INTEGER_ONLY[k]))
                 return fail(c, path, "'%s' on a number is not supported (use an integer for other bounds)", INTEGER_ONLY[k]);
         const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum");
-        if (mn && (!cJSON_IsNumber(mn) || mn->valuedouble != 0.0))
+        const cJSON *xmn = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum");
+        if (mn && (!cJSON_IsNumber(mn) || (mn->valuedouble != 0.0 && !c->loose)))
             return fail(c, path, "'minimum' on a number is supported only as 0 (use an integer for other bounds)");
+        /* non-negative: minimum 0; loosely, any bound >= 0 (the non-negative numbers hold its values) */
+        const bool non_negative = (mn && mn->valuedouble >= 0.0) ||
+                                  (c->loose && cJSON_IsNumber(xmn) && xmn->valuedouble >= 0.0);
         r = new_rule(c);
-        strbuf_printf(&c->out, "r%d ::= %s(\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?%s\n", r, mn ? "" : "\"-\"? ",
-                WS(c));
+        strbuf_printf(&c->out, "r%d ::= %s(\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?%s\n", r,
+                      non_negative ? "" : "\"-\"? ", WS(c));
         return r;
     }
     r = new_rule(c); /* boolean or null */
@@ -910,7 +934,7 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
                 if (strcmp(u->valuestring, t->valuestring) == 0) return fail(c, path, "'type' lists '%s' twice", t->valuestring);
         }
         for (const cJSON *k = s->child; k; k = k->next) {
-            bool known = keyword_in(k->string, ANNOTATIONS);
+            bool known = keyword_in(k->string, ANNOTATIONS) || (c->loose && keyword_in(k->string, NARROWING));
             for (const cJSON *t = type->child; t && !known; t = t->next) known = keyword_in(k->string, type_keywords(t->valuestring));
             if (!known) return fail(c, path, "unsupported keyword '%s'", k->string);
         }
@@ -928,7 +952,7 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
     return fail(c, path, "'type' must be a string or a non-empty array of strings");
 }
 
-tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, char **gbnf, size_t *gbnf_len, char *err,
+tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, int loose, char **gbnf, size_t *gbnf_len, char *err,
                                    size_t errlen) {
     *gbnf = NULL;
     /* GBNF literals are code points: names and values must be valid UTF-8 */
@@ -956,7 +980,7 @@ tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, ch
         snprintf(err, errlen, "not valid JSON (near byte %zu)", end && end >= json ? (size_t)(end - json) : (size_t)0);
         return TL_ERR_INVALID_ARGUMENT;
     }
-    conv c = {.root = root, .free_ws = free_ws != 0, .err = err, .errlen = errlen};
+    conv c = {.root = root, .free_ws = free_ws != 0, .loose = loose != 0, .err = err, .errlen = errlen};
     int top = schema(&c, root, "", 0);
     tl_status st = TL_OK;
     if (top < 0) st = TL_ERR_INVALID_ARGUMENT;

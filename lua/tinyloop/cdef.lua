@@ -365,6 +365,7 @@ typedef struct tl_compiled_grammar tl_compiled_grammar;
 tl_status tl_grammar_compile_gbnf(const char *text, size_t len, tl_compiled_grammar **out);
 typedef struct tl_json_schema_options {
     int free_whitespace;
+    int loose;
 } tl_json_schema_options;
 tl_status tl_grammar_compile_json_schema(const char *schema, size_t len, const tl_json_schema_options *opts,
                                          tl_compiled_grammar **out);

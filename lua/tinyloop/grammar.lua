@@ -102,7 +102,9 @@ local function to_json(v, depth, key, in_names)
 end
 M.to_json = to_json
 
--- schema: a Lua table or a JSON string; opts.whitespace = "free" allows blanks between tokens.
+-- schema: a Lua table or a JSON string; opts.whitespace = "free" allows blanks between tokens;
+-- opts.loose = true leaves out the keywords that only narrow a value and that the converter
+-- cannot enforce (tinyloop.h: tl_json_schema_options.loose), allowing a superset.
 function M.json_schema(schema, opts)
     local text
     if type(schema) == "string" then text = schema
@@ -115,6 +117,10 @@ function M.json_schema(schema, opts)
             raise("tinyloop.grammar.json_schema: opts.whitespace must be \"free\" or \"compact\"")
         end
         o.free_whitespace = opts.whitespace == "free" and 1 or 0
+    end
+    if opts and opts.loose ~= nil then
+        if type(opts.loose) ~= "boolean" then raise("tinyloop.grammar.json_schema: opts.loose must be a boolean") end
+        o.loose = opts.loose and 1 or 0
     end
     local out = ffi.new("tl_compiled_grammar *[1]")
     if C.tl_grammar_compile_json_schema(text, #text, o, out) ~= 0 then return nil, last_error() end

@@ -123,7 +123,7 @@ function _M.check(tools, tool_choice, parallel, tools_json)
         if parameters and fn.parameters.type ~= "object" then
             return nil, at .. '.function.parameters must be the JSON Schema of an object: {"type": "object", ...}', P
         end
-        functions[i] = { name = fn.name, parameters_json = parameters }
+        functions[i] = { name = fn.name, parameters_json = parameters, strict = fn.strict == true }
     end
     local spec = { functions = functions, declared = declared, parallel = parallel ~= false }
     if tool_choice == nil then tool_choice = "auto" end
@@ -218,7 +218,9 @@ function _M.grammar_text(spec, after_open)
     local alternatives, rules = {}, {}
     for k, fn in ipairs(spec.functions) do
         if spec.choice ~= "function" or fn.name == spec.name then
-            local g, err = grammar.json_schema(fn.parameters_json or NO_PARAMETERS, { whitespace = "free" })
+            -- (without strict: true, keywords the converter cannot enforce are left out, as
+            -- OpenAI's non-strict tools take any schema; strict ones must hold exactly)
+            local g, err = grammar.json_schema(fn.parameters_json or NO_PARAMETERS, { whitespace = "free", loose = not fn.strict })
             if not g then
                 return nil, ("the parameters of function '%s' do not compile as a JSON Schema: %s"):format(fn.name, tostring(err))
             end

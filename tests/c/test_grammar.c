@@ -356,7 +356,7 @@ static void test_json_schema(void) {
     expect(g, "pattern controls", yc, nc);
     tl_compiled_grammar_free(g);
     /* free whitespace */
-    tl_json_schema_options opts = {1};
+    tl_json_schema_options opts = {.free_whitespace = 1};
     g = NULL;
     const char *s6 = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}}}";
     CHECK(tl_grammar_compile_json_schema(s6, strlen(s6), &opts, &g) == TL_OK, "%s", tl_last_error());
@@ -364,6 +364,34 @@ static void test_json_schema(void) {
     static const char *n6[] = {"{ \"a\": [1 2] }", NULL};
     expect(g, "free whitespace", y6, n6);
     tl_compiled_grammar_free(g);
+    /* loose: keywords that only narrow are not enforced (a superset), for schemas given
+       without strict (Pydantic's HttpUrl, EmailStr, gt=); widening ones are still refused */
+    tl_json_schema_options loose = {.loose = 1};
+    const char *s7 = "{\"type\":\"object\",\"properties\":{\"u\":{\"type\":\"string\",\"format\":\"uri\",\"minLength\":1,"
+                     "\"maxLength\":2083},\"e\":{\"type\":\"string\",\"format\":\"email\"},\"x\":{\"type\":\"number\","
+                     "\"exclusiveMinimum\":0,\"multipleOf\":0.5},\"t\":{\"type\":\"array\",\"uniqueItems\":true,"
+                     "\"items\":{\"type\":\"integer\",\"format\":\"int32\"}},\"d\":{\"type\":\"string\",\"format\":\"date\"}},"
+                     "\"required\":[\"u\",\"e\",\"x\",\"t\",\"d\"],\"minProperties\":1}";
+    g = NULL;
+    CHECK(tl_grammar_compile_json_schema(s7, strlen(s7), NULL, &g) == TL_ERR_INVALID_ARGUMENT, "strict refuses format uri");
+    CHECK(tl_grammar_compile_json_schema(s7, strlen(s7), &loose, &g) == TL_OK, "loose: %s", tl_last_error());
+    static const char *y_loose[] = {"{\"u\":\"https://a.b\",\"e\":\"x@y.z\",\"x\":2.5,\"t\":[1,1],\"d\":\"2024-01-31\"}",
+                               "{\"u\":\"a\",\"e\":\"\",\"x\":0.1,\"t\":[],\"d\":\"2024-01-31\"}", NULL};
+    /* a negative number under a bound >= 0, a known format and the lengths are still held */
+    static const char *n_loose[] = {"{\"u\":\"a\",\"e\":\"b\",\"x\":-1,\"t\":[],\"d\":\"2024-01-31\"}",
+                               "{\"u\":\"a\",\"e\":\"b\",\"x\":1,\"t\":[],\"d\":\"yesterday\"}",
+                               "{\"u\":\"\",\"e\":\"b\",\"x\":1,\"t\":[],\"d\":\"2024-01-31\"}", NULL};
+    expect(g, "loose", y_loose, n_loose);
+    tl_compiled_grammar_free(g);
+    g = NULL;
+    const char *widening = "{\"type\":\"object\",\"patternProperties\":{\"^a\":{}},\"additionalProperties\":false}";
+    CHECK(tl_grammar_compile_json_schema(widening, strlen(widening), &loose, &g) == TL_ERR_INVALID_ARGUMENT &&
+              strstr(tl_last_error(), "unsupported keyword 'patternProperties'"),
+          "loose still refuses patternProperties: %s", tl_last_error());
+    const char *nullable = "{\"type\":\"string\",\"nullable\":true}";
+    CHECK(tl_grammar_compile_json_schema(nullable, strlen(nullable), &loose, &g) == TL_ERR_INVALID_ARGUMENT &&
+              strstr(tl_last_error(), "unsupported keyword 'nullable'"),
+          "loose still refuses nullable: %s", tl_last_error());
     /* unsupported keywords are errors that name them */
     static const struct { const char *s, *needle; } bad[] = {
         {"{\"type\":\"string\",\"contentEncoding\":\"base64\"}", "unsupported keyword 'contentEncoding'"},

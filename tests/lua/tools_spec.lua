@@ -275,6 +275,21 @@ describe("tinyloop.tools.grammar", function()
         -- a named choice compiles only its own function
         assert.truthy(tools.grammar(assert(check({ NOW, bad }, { type = "function", ["function"] = { name = "now" } }))))
     end)
+
+    it("takes keywords it cannot enforce in tools without strict (Pydantic's HttpUrl, gt=), and holds strict ones", function()
+        local function fetch(strict)
+            return { type = "function", ["function"] = { name = "fetch", strict = strict, parameters = { type = "object",
+                properties = { url = { type = "string", format = "uri", minLength = 1, maxLength = 2083 },
+                               timeout = { type = "number", exclusiveMinimum = 0 } }, required = { "url" } } } }
+        end
+        local g = assert(tools.grammar(assert(check({ fetch(nil) }, "required"))))
+        assert.is_true(g:matches(call("fetch", '{"url": "https://example.org", "timeout": 2.5}')))
+        assert.is_false(g:matches(call("fetch", '{"url": "https://example.org", "timeout": -1}'))) -- (a bound >= 0 holds)
+        assert.is_false(g:matches(call("fetch", '{"url": ""}'))) -- (the lengths hold)
+        local none, err = tools.grammar(assert(check({ fetch(true) }, "required")))
+        assert.is_nil(none)
+        assert.truthy(err:find("the parameters of function 'fetch' do not compile", 1, true) and err:find("/properties/url", 1, true), err)
+    end)
 end)
 
 describe("tinyloop.tools.parse", function()

@@ -397,14 +397,15 @@ end
 
 -- A JSON Schema given as an object (its text read from the body at `path`) or as JSON text;
 -- free: blanks allowed between its tokens (vLLM's default, asked for here with
--- disable_any_whitespace false), else none (this server's default).
-local function schema_grammar(value, body, path, P, what, free)
+-- disable_any_whitespace false), else none (this server's default); loose: the keywords the
+-- converter cannot enforce left out (OpenAI's strict: false), else refused.
+local function schema_grammar(value, body, path, P, what, free, loose)
     what = what or P
     local text = type(value) == "string" and value or raw_member(body, path)
     if not text:match("^%s*{") then return bad(what .. " must be a JSON Schema object", P) end
     local whitespace = free and "free" or "compact"
-    local g, err = compiled("schema:" .. whitespace .. ":" .. text, function(source)
-        return grammar.json_schema(source, { whitespace = whitespace })
+    local g, err = compiled("schema:" .. whitespace .. (loose and ":loose:" or ":") .. text, function(source)
+        return grammar.json_schema(source, { whitespace = whitespace, loose = loose == true })
     end, text)
     if not g then return bad(what .. " does not compile: " .. tostring(err), P) end
     return g, P
@@ -723,7 +724,8 @@ local function response_format_grammar(rf, body)
     if not text or text:sub(1, 1) ~= "{" then
         return bad("response_format.json_schema.schema must be a JSON Schema object", P)
     end
-    return schema_grammar(text, body, nil, P, "response_format.json_schema.schema")
+    -- (OpenAI's strict defaults to false: what cannot be enforced is then left out, not refused)
+    return schema_grammar(text, body, nil, P, "response_format.json_schema.schema", false, js.strict ~= true)
 end
 
 -- The grammar a request asks for (one of CONSTRAINTS): grammar | false (none), the field it
