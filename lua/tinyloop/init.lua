@@ -90,8 +90,11 @@ end
 
 -- ------------------------------------------------------------------ hook registry
 
--- One context per session with hooks, keyed by an integer passed to C as `void *user`.
-local registry, next_key = {}, 0
+-- One context per session with hooks, keyed by an integer passed to C as `void *user`. Weak
+-- values: a hook that refers to its own session (s:stats() in stop_when) makes a cycle
+-- registry -> ctx -> hook -> session -> ctx, which a strong table would keep forever. While C
+-- can call back, the session (stepping) or call_blocking's frame holds the ctx.
+local registry, next_key = setmetatable({}, { __mode = "v" }), 0
 
 local function context_of(user)
     return registry[tonumber(ffi_cast("intptr_t", user))]
@@ -338,7 +341,7 @@ local function make_config(model, cfg)
         for i, seq in ipairs(seqs) do
             if type(seq) ~= "table" then raise("stop_sequences[" .. i .. "] must be a table of token ids") end
             local ids = ffi_new("int32_t[?]", #seq + 1)
-            for j, id in ipairs(seq) do ids[j - 1] = check_int("stop_sequences[" .. i .. "][" .. j .. "]", id) end
+            for j = 1, #seq do ids[j - 1] = check_int("stop_sequences[" .. i .. "][" .. j .. "]", seq[j]) end -- (a hole: an error, not id 0)
             arr[i - 1].tokens, arr[i - 1].n = ids, #seq
             keep[#keep + 1] = ids
         end
@@ -368,7 +371,7 @@ local function make_config(model, cfg)
                 raise(("config field '%s' must be a text or a table of token ids"):format(field))
             end
             local ids = ffi_new("int32_t[?]", #tag + 1)
-            for j, id in ipairs(tag) do ids[j - 1] = check_int(field .. "[" .. j .. "]", id) end
+            for j = 1, #tag do ids[j - 1] = check_int(field .. "[" .. j .. "]", tag[j]) end
             c[field].tokens, c[field].n = ids, #tag
             keep[#keep + 1] = ids
         end
@@ -432,7 +435,8 @@ local function make_config(model, cfg)
     if has_lua_hooks(cfg) or g then
         next_key = next_key + 1
         ctx = {
-            key = next_key, model = model.ptr, has_tokenizer = model.has_tokenizer,
+            -- (the C model through the handle: model:close() leaves it alive for its sessions)
+            key = next_key, model = model.handle.raw, has_tokenizer = model.has_tokenizer,
             on_token = cfg.on_token, stop_when = cfg.stop_when, logits_processor = cfg.logits_processor,
             depth_policy = cfg.depth_policy, signals = {},
             grammar = g, compiled_grammar = compiled_grammar, tokens = {}, pieces = {}, prompt_len = 0,
@@ -451,7 +455,7 @@ local function make_config(model, cfg)
             keep[#keep + 1] = grammar
         end
     end
-    return c, keep, ctx
+    return c, keep, ctx, compiled_grammar
 end
 
 -- ------------------------------------------------------------------ prompts
@@ -561,6 +565,7 @@ function Session:step()
             local err = ctx.err
             ctx.err = nil
             self:close()
+            self.error = "a hook raised: " .. tostring(err) -- (what a later step names)
             error(err, 0)
         end
         local err = last_error() -- before the close, whose calls clear it
@@ -846,9 +851,12 @@ local session_out = ffi_new("tl_session *[1]")
 
 -- model:session(prompt, cfg) -> a session stepped with session:step(), or nil, err.
 -- A Session object owning the C session `ptr` (freed by close or the garbage collector).
-local function wrap_session(model, ptr, ctx, keep)
+-- compiled_grammar: the session's compiled grammar (a fork or resume that gives hooks of its
+-- own continues it; the C session holds its own reference).
+local function wrap_session(model, ptr, ctx, keep, compiled_grammar)
     local self_session = setmetatable({
         model = model, ctx = ctx, keep = keep, has_tokenizer = model.has_tokenizer, done = false,
+        compiled_grammar = compiled_grammar,
         step_token = ffi_new("int32_t[1]"), step_stop = ffi_new("tl_stop_reason[1]"),
     }, Session)
     local key, handle = ctx and ctx.key, model.handle
@@ -864,7 +872,7 @@ end
 -- A session on prompt ids, or nil, the engine's status (the caller applies the error
 -- convention: model:session raises argument errors, generate_batch names the prompt).
 local function new_session(model, ids, cfg)
-    local c, keep, ctx = make_config(model, cfg)
+    local c, keep, ctx, compiled_grammar = make_config(model, cfg)
     local arr, n = id_array(ids)
     if ctx then
         registry[ctx.key] = ctx
@@ -875,7 +883,7 @@ local function new_session(model, ids, cfg)
         if ctx then registry[ctx.key] = nil end
         return nil, st
     end
-    return wrap_session(model, session_out[0], ctx, keep)
+    return wrap_session(model, session_out[0], ctx, keep, compiled_grammar)
 end
 
 function Model:session(prompt, cfg)
@@ -914,12 +922,20 @@ function Model:stream(prompt, cfg)
     model_ptr(self, "stream")
     local s, err = self:session(prompt, cfg)
     if not s then return nil, err end
+    -- The call after the last pair closes the session: its KV memory goes at once, not at a
+    -- later collection (s:tokens() and s:stats() still answer).
     local function iterate()
-        if s.done then return nil end
+        if s.done then
+            s:close()
+            return nil
+        end
         local id, text, reason = s:step()
         if id == nil then return nil, text end
         if reason then s.final_stats = s:stats() end
-        if id < 0 and text == "" then return nil end
+        if id < 0 and text == "" then
+            s:close()
+            return nil
+        end
         return id, text
     end
     return iterate, s
@@ -996,6 +1012,11 @@ function Model:generate_batch(prompts, cfg)
         all_ids[i] = ids
     end
     if cfg ~= nil and type(cfg) == "table" and (has_lua_hooks(cfg) or cfg.grammar) then
+        if n_prompts > 1 and cfg.grammar ~= nil and not grammar_mod.is_compiled(cfg.grammar) then
+            -- (one Lua grammar object holds one sequence's state: prompts would interleave on it)
+            raise("generate_batch: a Lua grammar holds one sequence's state and cannot serve several prompts: "
+                  .. "use a compiled grammar (tinyloop.grammar), or one generate per prompt")
+        end
         if n_prompts == 0 then make_config(self, cfg) return {}, {} end
         return batch_with_hooks(self, all_ids, cfg)
     end
@@ -1030,9 +1051,10 @@ end
 local HOOK_FIELDS = { grammar = true }
 for _, hook in ipairs(LUA_HOOKS) do HOOK_FIELDS[hook] = true end
 
--- The hook context and C hook fields of a branch of `session`: its own hooks, the parent's
--- where `hooks` does not replace them, and its own token/text mirrors (a copy of the
--- parent's). Returns the C config (or nil: keep the parent's, there are none), keep, ctx.
+-- The hook context and C hook fields of a branch of `session` (a session or a saved state):
+-- its own hooks, the parent's where `hooks` does not replace them, and its own token/text
+-- mirrors (a copy of the parent's). Returns the C config (or nil: keep the parent's, there
+-- are none), keep, ctx, and the branch's compiled grammar.
 local function branch_hooks(session, hooks, what)
     if hooks ~= nil and type(hooks) ~= "table" then raise(what .. ": hooks must be a table") end
     hooks = hooks or {}
@@ -1044,20 +1066,21 @@ local function branch_hooks(session, hooks, what)
     for k in pairs(HOOK_FIELDS) do
         local v = hooks[k]
         if v == nil then v = parent[k] end
-        -- the parent's compiled grammar: the C side continues it from the parent's state
-        if k == "grammar" and v == nil then v = parent.compiled_grammar end
+        -- the parent's compiled grammar: the C side continues it from the parent's state (a
+        -- session with no Lua hooks has no ctx: the session or state holds it)
+        if k == "grammar" and v == nil then v = parent.compiled_grammar or session.compiled_grammar end
         cfg[k] = v
     end
     if hooks.grammar == nil and parent.grammar then -- a Lua grammar's state cannot be copied
         raise(what .. ": the session has a Lua grammar, whose state cannot be copied: pass one for the branch ({ grammar = ... })")
     end
-    if not (has_lua_hooks(cfg) or cfg.grammar) then return nil, {}, nil end
-    local c, keep, ctx = make_config(session.model, cfg)
-    if not ctx then return c, keep, nil end -- a compiled grammar alone: no Lua hooks to mirror for
+    if not (has_lua_hooks(cfg) or cfg.grammar) then return nil, {}, nil, nil end
+    local c, keep, ctx, compiled_grammar = make_config(session.model, cfg)
+    if not ctx then return c, keep, nil, compiled_grammar end -- a compiled grammar alone: no Lua hooks to mirror for
     for i, t in ipairs(parent.tokens or {}) do ctx.tokens[i] = t end
     for i, p in ipairs(parent.pieces or {}) do ctx.pieces[i] = p end
     ctx.prompt_len = parent.prompt_len or 0
-    return c, keep, ctx
+    return c, keep, ctx, compiled_grammar
 end
 
 local branch_out = ffi_new("tl_session *[1]")
@@ -1069,14 +1092,14 @@ local branch_out = ffi_new("tl_session *[1]")
 function Session:fork(hooks)
     if self.ptr == nil then raise("session:fork(): the session is closed") end
     if self.ctx and self.ctx.in_hook then raise("session:fork() from inside one of its own hooks") end
-    local c, keep, ctx = branch_hooks(self, hooks, "session:fork()")
+    local c, keep, ctx, compiled_grammar = branch_hooks(self, hooks, "session:fork()")
     if ctx then registry[ctx.key] = ctx end
     local st = C.tl_session_fork(self.ptr, c, branch_out)
     if st ~= 0 then
         if ctx then registry[ctx.key] = nil end
         return engine_failure(st)
     end
-    return wrap_session(self.model, branch_out[0], ctx, keep)
+    return wrap_session(self.model, branch_out[0], ctx, keep, c and compiled_grammar or self.compiled_grammar)
 end
 
 -- A saved state: { ptr, ctx (the hooks and token/text mirrors it continues with), model }.
@@ -1129,7 +1152,9 @@ function Session:save()
     if self.ptr == nil then raise("session:save(): the session is closed") end
     local st = C.tl_session_save(self.ptr, state_out)
     if st ~= 0 then return engine_failure(st) end
-    return wrap_state(self.model, state_out[0], snapshot_ctx(self.ctx))
+    local state = wrap_state(self.model, state_out[0], snapshot_ctx(self.ctx))
+    state.compiled_grammar = self.compiled_grammar
+    return state
 end
 
 -- state:bytes() -> string | nil, err: the state as bytes (tl_session_state_to_bytes: tokens,
@@ -1166,7 +1191,7 @@ end
 local function read_back_state(model)
     local state = wrap_state(model, state_out[0], nil)
     local tokens, prompt_len = state:tokens()
-    local ctx = { model = model.ptr, has_tokenizer = model.has_tokenizer, tokens = tokens, pieces = {},
+    local ctx = { model = model.handle.raw, has_tokenizer = model.has_tokenizer, tokens = tokens, pieces = {},
                   prompt_len = prompt_len, bytes = ffi_new("const char *[1]"), len = ffi_new("size_t[1]") }
     for i = prompt_len + 1, #tokens do
         local text = token_text(ctx, tokens[i])
@@ -1199,14 +1224,14 @@ function Model:resume(state, hooks)
     model_ptr(self, "resume")
     if getmetatable(state) ~= State then raise("model:resume(): state must come from session:save() or model:read_state()") end
     state_ptr(state, "model:resume()")
-    local c, keep, ctx = branch_hooks(state, hooks, "model:resume()")
+    local c, keep, ctx, compiled_grammar = branch_hooks(state, hooks, "model:resume()")
     if ctx then registry[ctx.key] = ctx end
     local st = C.tl_session_resume(self.ptr, state.ptr, c, branch_out)
     if st ~= 0 then
         if ctx then registry[ctx.key] = nil end
         return engine_failure(st)
     end
-    return wrap_session(self, branch_out[0], ctx, keep)
+    return wrap_session(self, branch_out[0], ctx, keep, c and compiled_grammar or state.compiled_grammar)
 end
 
 -- model:set_prefix_pool(bytes): opts the model into a pool of computed prompt prefixes of at

@@ -87,6 +87,8 @@ describe("engine validation", function()
         raises({ "presence_penalty = ", "nan must be finite" }, gen({ presence_penalty = 0 / 0 }))
         raises({ "frequency_penalty", "must be a number" }, gen({ frequency_penalty = "high" }))
         raises({ "penalty_window = -1 must be >= 0 (0 = the whole sequence)" }, gen({ penalty_window = -1 }))
+        -- (LuaJIT's # of this constructor is 4: a hole is an error, not token 0)
+        raises({ "stop_sequences[1][2] must be a number" }, gen({ stop_sequences = { { 7, nil, nil, 9 } } }))
         raises({ "penalty_window", "integer" }, gen({ penalty_window = 2.5 }))
         raises({ "config field 'penalties_count_prompt' must be a boolean" }, gen({ penalties_count_prompt = 1 }))
     end)
@@ -245,6 +247,13 @@ describe("a Lua error in a hook", function()
         end
     end)
 
+    it("a Lua grammar is refused for a batch of several prompts (its state is one sequence's)", function()
+        local g = { allowed = function() return 0 end, advance = function() end }
+        assert.has_error(function() m:generate_batch({ "a", "b" }, { grammar = g }) end,
+                         "generate_batch: a Lua grammar holds one sequence's state and cannot serve several prompts: "
+                         .. "use a compiled grammar (tinyloop.grammar), or one generate per prompt")
+    end)
+
     it("a grammar returning a negative count is an engine error naming the hook", function()
         local cfg = { max_tokens = 8, grammar = { allowed = function() return -1 end, advance = function() end } }
         raises({ "grammar allowed", "-1" }, gen(cfg))
@@ -255,6 +264,6 @@ describe("a Lua error in a hook", function()
         assert.is_nil(s.ptr)
         -- and named in a batch, where the thread's last error holds no session's message
         raises({ "generate_batch: prompt 0: grammar allowed hook returned error -1" },
-               function() return m:generate_batch({ "Hello", "World" }, cfg) end)
+               function() return m:generate_batch({ "Hello" }, cfg) end)
     end)
 end)

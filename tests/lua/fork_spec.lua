@@ -22,6 +22,37 @@ describe("forks and saved states", function()
         assert.same(whole, finish(parent))
     end)
 
+    it("keeps a compiled grammar in a branch that adds hooks of its own (fork and resume)", function()
+        local tinyloop = require "tinyloop"
+        local g = assert(tinyloop.grammar.gbnf('root ::= "a"+'))
+        local s = assert(m:session(prompt, { max_tokens = 12, grammar = g }))
+        s:step()
+        s:step()
+        local function text_after(branch)
+            return m:decode(H.slice(finish(branch), #m:encode(prompt) + 1))
+        end
+        local state = assert(s:save())
+        for _, branch in ipairs({ assert(s:fork()), assert(s:fork({ on_token = function() end })),
+                                  assert(m:resume(state, { stop_when = function() return false end })) }) do
+            local text = text_after(branch)
+            assert.is_true(g:matches(text), text)
+        end
+    end)
+
+    it("gives a branch of a session whose model was closed its text (the C model lives on for it)", function()
+        local tinyloop = require "tinyloop"
+        local own = assert(tinyloop.load(H.TEXTMODEL))
+        local s = assert(own:session(prompt, { max_tokens = 6, on_token = function() end }))
+        s:step()
+        own:close()
+        local texts = {}
+        local child = assert(s:fork({ on_token = function(_, _, text) texts[#texts + 1] = text end }))
+        child:step()
+        child:step()
+        assert.equal(2, #texts)
+        assert.is_true(#table.concat(texts) > 0, "the fork's on_token got its texts")
+    end)
+
     it("gives a branch its own hooks, and its own text", function()
         local parent = assert(m:session(prompt, { max_tokens = 12, ignore_eos = true }))
         for _ = 1, 3 do parent:step() end

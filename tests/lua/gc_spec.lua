@@ -89,6 +89,28 @@ describe("sessions", function()
         local heap1 = collectgarbage("count")
         assert.is_true(heap1 - heap0 < 256, ("Lua heap %.0f -> %.0f KiB"):format(heap0, heap1))
     end)
+
+    it("are collected when a hook refers to its own session (a cycle through the hook registry)", function()
+        H.full_gc()
+        local refs0 = m.handle.refs
+        for _ = 1, 50 do
+            local s
+            s = m:session({ 1, 2 }, { max_tokens = 4, stop_when = function() return s:stats().tokens_emitted > 99 end })
+            s:step()
+        end
+        H.full_gc()
+        assert.equal(refs0, m.handle.refs) -- (each live session holds a reference on the model)
+    end)
+
+    it("that a stream ran to its end are closed at once (their KV memory does not wait for the collector)", function()
+        local iterate, s = m:stream({ 1, 2 }, { max_tokens = 4, ignore_eos = true })
+        local n = 0
+        for _ in iterate do n = n + 1 end
+        assert.equal(4, n)
+        assert.is_nil(s.ptr)
+        assert.equal(6, #s:tokens())
+        assert.equal(4, s:stats().tokens_emitted)
+    end)
 end)
 
 describe("hook calls", function()

@@ -724,8 +724,9 @@ describe("server", function()
         e = expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": ' ..
             '{"schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}}')
         assert.truthy(e.message:find("strin", 1, true), e.message)
+        -- (strict: what the converter cannot enforce is refused; without it, left out)
         e = expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": ' ..
-            '{"schema": {"type": "string", "uniqueItems": true}}}}')
+            '{"strict": true, "schema": {"type": "string", "uniqueItems": true}}}}')
         assert.truthy(e.message:find("uniqueItems", 1, true), e.message)
         -- size limit (4096 here), declared and chunked
         local big = '{"prompt": "' .. ("a"):rep(5000) .. '"}'
@@ -1846,7 +1847,8 @@ describe("responses (OpenAI's Responses API)", function()
                                                 { type = "function_call_output", call_id = "c", output = { { type = "input_text" } } } } },
                 "input", "input[1].output[0].text")
         -- a schema the grammar compiler refuses: its field is text
-        refused({ input = "hi", text = { format = { type = "json_schema", name = "x", schema = { type = "object", minProperties = "a" } } } },
+        refused({ input = "hi", text = { format = { type = "json_schema", name = "x", strict = true,
+                                                    schema = { type = "object", minProperties = "a" } } } },
                 "text", "text.format")
         -- nothing to fetch under an id never answered
         local status, body = curl(base .. "/v1/responses/resp_1")
