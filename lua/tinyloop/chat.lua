@@ -203,7 +203,8 @@ _M.decode_ordered = chat_template.decode_json
 _M.MAX_NESTING = chat_template.MAX_NESTING
 
 -- A message's content: a string, or OpenAI's array of content parts, of which only text
--- parts ({"type": "text", "text": ...}) are readable here; they are joined with "\n" (as
+-- parts ({"type": "text", "text": ...}, and an assistant's {"type": "refusal", "refusal": ...})
+-- are readable here; they are joined with "\n" (as
 -- vLLM does).
 local function content_text(content, at)
     if type(content) == "string" then return content end
@@ -214,14 +215,19 @@ local function content_text(content, at)
     for i, part in ipairs(content) do
         local where = ("%s.content[%d]"):format(at, i - 1)
         if type(part) ~= "table" then return nil, where .. " must be an object {\"type\": \"text\", \"text\": ...}" end
-        if part.type ~= "text" then
+        -- (an assistant's refusal part, as OpenAI's SDKs send a reply back, is its text)
+        local field = part.type == "refusal" and "refusal" or "text"
+        if part.type ~= "text" and part.type ~= "refusal" then
             return nil, ("%s.type = %s: only \"text\" parts are supported (this model reads text)"):format(where, shown(part.type))
         end
-        if type(part.text) ~= "string" then return nil, where .. ".text must be a string" end
+        if type(part[field]) ~= "string" then return nil, ("%s.%s must be a string"):format(where, field) end
         for k in pairs(part) do
-            if k ~= "type" and k ~= "text" then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
+            -- (cache_control: Anthropic-style clients mark parts to cache; the prefix pool needs no marks)
+            if k ~= "type" and k ~= field and k ~= "cache_control" then
+                return nil, ("unknown field '%s' in %s"):format(tostring(k), where)
+            end
         end
-        texts[i] = part.text
+        texts[i] = part[field]
     end
     return concat(texts, "\n")
 end

@@ -398,6 +398,11 @@ describe("tinyloop.chat", function()
         refused({ { role = "user", content = "x", name = 5 } }, "messages[0].name must be a string")
         assert.same({ { role = "system", content = "a\nb", name = "n" } },
                     chat.check_messages({ { role = "developer", content = { { type = "text", text = "a" }, { type = "text", text = "b" } }, name = "n" } }))
+        -- an assistant's refusal part (as OpenAI's SDKs send a reply back) is its text; cache_control marks are taken
+        assert.same({ { role = "user", content = "q" }, { role = "assistant", content = "no\nsorry" } },
+                    chat.check_messages({ { role = "user", content = { { type = "text", text = "q", cache_control = { type = "ephemeral" } } } },
+                                          { role = "assistant", content = { { type = "refusal", refusal = "no" }, { type = "text", text = "sorry" } } } }))
+        refused({ { role = "assistant", content = { { type = "refusal", text = "no" } } } }, "messages[0].content[0].refusal must be a string")
         -- tools: an assistant's calls, a tool's answer
         local call = { id = "c1", type = "function", ["function"] = { name = "f", arguments = '{"a": 1}' } }
         refused({ { role = "tool", content = "x" } }, "messages[0].tool_call_id is required in a tool message (the id of the call it answers)")

@@ -283,7 +283,7 @@ describe("llamacpp view", function()
         local body = assert(llamacpp.to_completions(('{"prompt": [[1], %s]}'):format(cjson.encode(long))))
         local req, err = request.parse(body, model, "m", 16, llamacpp.View.PARSE_OPTIONS)
         assert.is_nil(req)
-        assert.matches(("the prompt[1] (%d tokens) fills the model's context"):format(model.max_seq_len), err.message, 1, true)
+        assert.matches(("the prompt[1] (%d tokens) fills it"):format(model.max_seq_len), err.message, 1, true)
     end)
 
     it("names llama.cpp's fields in the completions parser's errors", function()

@@ -314,6 +314,22 @@ describe("server", function()
         assert.are_not.same(generated(plain), choice.token_ids)
     end)
 
+    it("samples with a random seed where the request gives none (a regenerate differs), the given one where it does", function()
+        local function sampled(extra)
+            local t = { prompt = "It is a truth", max_tokens = 24, temperature = 1.5, top_k = -1, ignore_eos = true }
+            for k, v in pairs(extra or {}) do t[k] = v end
+            local status, body = post_json(t)
+            assert.equal(200, status, body)
+            return cjson.decode(body).choices[1].text
+        end
+        -- (24 tokens drawn over the whole vocabulary at temperature 1.5: two equal draws would
+        -- take odds far below one in a million)
+        assert.are_not.equal(sampled(), sampled())
+        assert.equal(sampled({ seed = 5 }), sampled({ seed = 5 }))
+        -- greedy keeps the fixed seed (its tokens are the same either way)
+        assert.equal(sampled({ temperature = 0 }), sampled({ temperature = 0 }))
+    end)
+
     it("takes min_p and min_tokens (vLLM's): the tokens of a session with them", function()
         local m = assert(tinyloop.load(MODEL))
         local eos = m:info().eos_token_id
@@ -1473,16 +1489,25 @@ describe("chat completions", function()
         refused({ messages = messages, top_logprobs = 2 }, "top_logprobs", "needs logprobs: true")
         refused({ messages = messages, logprobs = true, top_logprobs = 21 }, "top_logprobs", "top_logprobs = 21 must be in [0, 20]")
         refused({ messages = messages, max_tokens = 2, max_completion_tokens = 2 }, "max_completion_tokens", "one setting")
-        refused({ messages = messages, max_completion_tokens = 1000 }, "max_completion_tokens", "exceed the model's context of 256")
+        refused({ messages = messages, max_completion_tokens = 1000 }, "max_completion_tokens", "This model's maximum context length is 256 tokens. However, you requested")
+        -- OpenAI's code where there is one (clients' context-window fallbacks read it), else null
+        local _, too_long = post_chat({ messages = messages, max_completion_tokens = 1000 })
+        assert.equal("context_length_exceeded", cjson.decode(too_long).error.code)
+        local _, unknown = post_chat({ messages = messages, echo = true })
+        assert.equal(cjson.null, cjson.decode(unknown).error.code)
         refused({ messages = messages, echo = true }, "echo", "unknown field 'echo'")
         refused({ messages = messages, prompt = "hi" }, "prompt", "unknown field 'prompt'")
+        -- more stop strings than OpenAI's 4 (vLLM and llama.cpp set no limit): up to 64
+        refused({ messages = messages, stop = (function() local s = {} for i = 1, 65 do s[i] = "s" .. i end return s end)() },
+                "stop", "stop has 65 strings: at most 64")
+        refused({ messages = messages, reasoning_effort = "max" }, "reasoning_effort", "reasoning_effort must be")
         refused({ messages = messages, temperature = -1 }, "temperature")
         -- a message quoting the client's bytes stays valid UTF-8 (JSON clients refuse others)
         local status, body = post_chat('{"messages": [{"role": "\xff", "content": "x"}]}')
         assert.equal(400, status)
         assert.truthy(body:find('got \\"\239\191\189\\"', 1, true), body)
         local long = ("word "):rep(300)
-        refused({ messages = { { role = "user", content = long } } }, "messages", "fill the model's context of 256")
+        refused({ messages = { { role = "user", content = long } } }, "messages", "This model's maximum context length is 256 tokens. However, the messages")
         -- OpenAI clients' defaults are no-ops: accepted
         status, body = post_chat('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "tools": [], ' ..
             '"tool_choice": "none", "parallel_tool_calls": true, "store": false, "service_tier": "auto", "user": "u", ' ..
@@ -2353,7 +2378,7 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         refused({ prompt = "a", mirostat = 2 }, "mirostat is not supported")
         refused({ prompt = "a", n_predict = 4096 * 4, temperature = "x" }, "temperature must be a number")
         refused({ prompt = { 1, 99999 } }, "is not a token id")
-        refused({ prompt = ("Emma "):rep(300) }, "fills the model's context")
+        refused({ prompt = ("Emma "):rep(300) }, "tokens) fills it")
         -- /completions is llama.cpp's other name of it
         local status, body = post_to("/completions", { prompt = "It is", n_predict = 2, temperature = 0 })
         assert.equal(200, status, body)
@@ -2399,7 +2424,7 @@ describe("the other APIs' edges", function()
         assert.same({ "tool_calls", cjson.null }, { choice.finish_reason, choice.stop_reason })
     end)
 
-    it("takes up to 64 stop strings on Anthropic's and Ollama's APIs (OpenAI's 4 on its own)", function()
+    it("takes up to 64 stop strings on every API (more than OpenAI's 4, as vLLM and llama.cpp)", function()
         local stops = {}
         for k = 1, 64 do stops[k] = "zz" .. k end
         local status, body = post_to("/v1/messages", { messages = asked, max_tokens = 2, stop_sequences = stops })
@@ -2410,8 +2435,8 @@ describe("the other APIs' edges", function()
         status, body = post_to("/v1/messages", { messages = asked, max_tokens = 2, stop_sequences = stops })
         assert.equal(400, status, body)
         assert.truthy(cjson.decode(body).error.message:find("stop_sequences has 65 strings: at most 64", 1, true), body)
-        status = post_chat({ messages = asked, max_tokens = 2, stop = { "a", "b", "c", "d", "e" } })
-        assert.equal(400, status)
+        status, body = post_chat({ messages = asked, max_tokens = 2, stop = { "a", "b", "c", "d", "e" } })
+        assert.equal(200, status, body)
     end)
 
     it("counts a conversation that fills the context, and caps Ollama's num_predict at the context", function()
@@ -3828,6 +3853,17 @@ describe("server request parsing", function()
         _, e = request.parse_chat('{"messages": [{"role": "user", "content": "hi"}]}', m, "m", 16, broken)
         assert.same({ 500, "server_error" }, { e.status, e.type })
         assert.truthy(e.message:find("cannot render: chat template: line 1: No filter named 'wordwrap'", 1, true), e.message)
+        -- OpenAI's reasoning_effort is the template variable (gpt-oss's templates read it), unless
+        -- chat_template_kwargs sets it
+        local effort = assert(require("tinyloop.chat").load("tests/data/textmodel"))
+        effort.template = assert(require("tinyloop.chat_template").compile("[{{ reasoning_effort }}]"))
+        local function effort_text(fields)
+            fields.messages = { { role = "user", content = "hi" } }
+            return m:decode(assert(request.parse_chat(cjson.encode(fields), m, "m", 16, effort)).ids)
+        end
+        assert.equal("[low]", effort_text({ reasoning_effort = "low" }))
+        assert.equal("[high]", effort_text({ reasoning_effort = "low", chat_template_kwargs = { reasoning_effort = "high" } }))
+        assert.equal("[]", effort_text({}))
         -- no turn ends: no stop sequences
         c.turn_ends = {}
         assert.is_nil(assert(parse({})).cfg.stop_sequences)

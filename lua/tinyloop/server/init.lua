@@ -262,12 +262,13 @@ local function send_json(status, body, headers)
     return ngx_exit(status)
 end
 
--- The one error shape: {"error": {"message", "type", "param"}} (param: the field, or null).
+-- The one error shape: {"error": {"message", "type", "param", "code"}} (param: the field, code:
+-- OpenAI's machine-readable code, each null where there is none, as OpenAI sends them).
 local function send_error(status, message, param, etype, headers, code)
     -- (a message may quote the client's bytes, which need not be UTF-8: JSON clients refuse them)
     return send_json(status, '{"error":{"message":' .. encode(request.valid_utf8(tostring(message))) .. ',"type":' ..
         encode(etype or (status >= 500 and "server_error" or "invalid_request_error")) ..
-        ',"param":' .. (param and encode(param) or "null") .. (code and (',"code":' .. encode(code)) or "") .. "}}", headers)
+        ',"param":' .. (param and encode(param) or "null") .. ',"code":' .. (code and encode(code) or "null") .. "}}", headers)
 end
 _M.send_error = send_error
 
@@ -1201,7 +1202,7 @@ function _M.tokenize()
     local body = post_body()
     if not body then return end
     local req, err = request.parse_tokenize(body, model, conf.model_id, chat_prompts, chat_error)
-    if not req then return send_error(err.status, err.message, err.param, err.type) end
+    if not req then return send_error(err.status, err.message, err.param, err.type, nil, err.code) end
     if req.llama then -- llama.cpp's answer: the ids, or each id with its text
         if not req.with_pieces then return send_json(200, '{"tokens":[' .. concat(req.ids, ",") .. "]}") end
         local pieces = {}
@@ -1234,7 +1235,7 @@ function _M.detokenize()
     local body = post_body()
     if not body then return end
     local req, err = request.parse_detokenize(body, model, conf.model_id)
-    if not req then return send_error(err.status, err.message, err.param, err.type) end
+    if not req then return send_error(err.status, err.message, err.param, err.type, nil, err.code) end
     -- (and as "content": llama.cpp's name of it)
     local text = encode(request.valid_utf8(req.text))
     return send_json(200, '{"prompt":' .. text .. ',"content":' .. text .. "}")
@@ -1247,13 +1248,13 @@ end
 local function serve(chat, body, view)
     local parse_opts = view and view.PARSE_OPTIONS
     -- an error answer: the other API's field names, and shape, for its request
-    local function send_error(status, message, param, etype, headers)
+    local function send_error(status, message, param, etype, headers, code)
         if view then
             local e = view:error({ status = status, message = message, param = param, type = etype })
             if e.body then return send_json(status, e.body, headers) end
             message, param = e.message, e.param
         end
-        return _M.send_error(status, message, param, etype, headers)
+        return _M.send_error(status, message, param, etype, headers, code)
     end
     if chat and not chat_prompts then
         local e = request.template_unloaded(chat_error)
@@ -1265,7 +1266,7 @@ local function serve(chat, body, view)
     else
         req, err = request.parse(body, model, conf.model_id, conf.max_active, parse_opts)
     end
-    if not req then return send_error(err.status, err.message, err.param, err.type) end
+    if not req then return send_error(err.status, err.message, err.param, err.type, nil, err.code) end
     -- A thinking model under a grammar (structured outputs, a tool choice): its reasoning runs
     -- free and the grammar writes the answer after </think>, as vLLM does with a reasoning
     -- parser; where the prompt does not open the block, the model may write one first (unless
@@ -1566,7 +1567,7 @@ function _M.embeddings()
     local body = post_body()
     if not body then return end
     local req, err = request.parse_embeddings(body, model, conf.model_id)
-    if not req then return send_error(err.status, err.message, err.param, err.type) end
+    if not req then return send_error(err.status, err.message, err.param, err.type, nil, err.code) end
     local data = embed_text(req.inputs, req.tokens, req.loops, req.pooling, req.normalize, req.encoding, "openai", send_error)
     if not data then return end
     return send_json(200, '{"object":"list","data":[' .. data .. '],"model":' .. encode(conf.model_id) ..
@@ -1582,7 +1583,7 @@ function _M.rerank()
     local body = post_body()
     if not body then return end
     local req, err = request.parse_rerank(body, model, conf.model_id)
-    if not req then return send_error(err.status, err.message, err.param, err.type) end
+    if not req then return send_error(err.status, err.message, err.param, err.type, nil, err.code) end
     local scores = similarity(req, send_error)
     if not scores then return end
     local order = {}
@@ -1606,7 +1607,7 @@ function _M.score()
     local body = post_body()
     if not body then return end
     local req, err = request.parse_score(body, model, conf.model_id)
-    if not req then return send_error(err.status, err.message, err.param, err.type) end
+    if not req then return send_error(err.status, err.message, err.param, err.type, nil, err.code) end
     local scores = similarity(req, send_error)
     if not scores then return end
     local data = {}

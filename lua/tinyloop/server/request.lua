@@ -98,17 +98,29 @@ CHAT_FIELDS.add_generation_prompt = { "boolean", false }  -- vLLM's: the assista
 CHAT_FIELDS.continue_final_message = { "boolean", false } -- vLLM's: the reply continues the final message
 CHAT_FIELDS.chat_template_kwargs = { "object", false }    -- vLLM's: more variables for the template
 CHAT_FIELDS.include_reasoning = { "boolean", false }      -- vLLM's: false leaves a thinking model's reasoning out
+CHAT_FIELDS.reasoning_effort = { "string", false }        -- OpenAI's: a template variable (gpt-oss's templates read it)
 CHAT_FIELDS.thinking_budget = { "integer", false }        -- TinyLoop's: a thinking model's reasoning block holds at
                                                           -- most this many tokens (then </think> is written for it)
 _M.CHAT_FIELDS = CHAT_FIELDS
 
 local DEFAULT_MAX_TOKENS = 16 -- OpenAI's default for completions
 local MAX_LOGPROBS = tonumber(require("tinyloop").C.TL_MAX_TOP_LOGPROBS) -- the engine's most alternatives
-local MAX_STOPS = 4          -- OpenAI's limit
+-- Stop strings a request may give: OpenAI's limit is 4, but vLLM and llama.cpp set none, and
+-- clients (Continue's autocompletion) send more; Anthropic and Ollama set none either. One
+-- limit for every front end (shapes.MAX_STOPS).
+local MAX_STOPS = 64
+_M.MAX_STOPS = MAX_STOPS
 
--- An error answer: HTTP status, message, param (the request field, or nil).
-local function bad(message, param, status)
-    return nil, { status = status or 400, message = message, param = param, type = "invalid_request_error" }
+-- An error answer: HTTP status, message, param (the request field, or nil), code (OpenAI's
+-- machine-readable one, or nil).
+local function bad(message, param, status, code)
+    return nil, { status = status or 400, message = message, param = param, type = "invalid_request_error", code = code }
+end
+-- A request that does not fit the context: OpenAI's code and the opening of its message, which
+-- clients (LiteLLM's context-window fallbacks) look for.
+local function too_long(max_seq_len, detail, param)
+    return bad(("This model's maximum context length is %d tokens. However, %s"):format(max_seq_len, detail), param, 400,
+               "context_length_exceeded")
 end
 _M.bad = bad
 
@@ -141,7 +153,13 @@ local OPENAI_NO_OPS = {
 }
 -- The chat API's, likewise: storing the output at OpenAI, its service tier.
 local CHAT_NO_OPS = {
-    store = { function(v) return v == false end, "false" },
+    -- (nothing is stored here: true is taken as clients' SDK defaults send it, and changes nothing)
+    store = { function(v) return type(v) == "boolean" end, "true or false" },
+    -- OpenAI's cache routing key, abuse-tracking id and GPT-5's answer length: nothing to route,
+    -- track or shorten here
+    prompt_cache_key = { function(v) return type(v) == "string" end, "a string" },
+    safety_identifier = { function(v) return type(v) == "string" end, "a string" },
+    verbosity = { function(v) return v == "low" or v == "medium" or v == "high" end, '"low", "medium" or "high"' },
     metadata = { function(v) return type(v) == "table" end, "an object (kept only where stored)" },
     service_tier = { function(v) return v == "auto" or v == "default" end, '"auto" or "default"' },
     guided_decoding_backend = OPENAI_NO_OPS.guided_decoding_backend,
@@ -221,13 +239,13 @@ local function prompt_ids(model, prompt, at, field)
     end
     if type(prompt) ~= "table" then return bad(at .. " must be a string or an array of token ids", field) end
     local n = #prompt
-    if n == 0 then return bad(at .. " must not be empty", field) end
-    local vocab = model.vocab_size
-    for k in pairs(prompt) do
+    for k in pairs(prompt) do -- (an object is no array, before it reads as an empty one)
         if not is_integer(k) or k < 1 or k > n then
             return bad(at .. " must be a string or an array of token ids", field)
         end
     end
+    if n == 0 then return bad(at .. " must not be empty", field) end
+    local vocab = model.vocab_size
     for i = 1, n do
         local id = prompt[i]
         if not is_integer(id) then
@@ -830,6 +848,13 @@ local function shared_fields(t, body, model, model_id, cfg, max_stops)
     local ok, e = check_model(t, model_id)
     if not ok then return nil, e end
     if t.n ~= nil and t.n < 1 then return bad(("n = %d must be >= 1"):format(t.n), "n") end
+    -- No seed: a random one when the request samples, as OpenAI and vLLM sample (the engine's
+    -- default seed is fixed: every "regenerate" would give the same reply, and n choices the
+    -- same n). A greedy request keeps the fixed seed: its tokens are the same either way, and
+    -- a looped model that starts from a seeded random state keeps sharing the prefix pool.
+    if cfg.sample_seed == nil and (cfg.temperature or 0) > 0.01 then
+        cfg.sample_seed = require("tinyloop.server.shapes").random_seed()
+    end
     for _, k in ipairs({ "presence_penalty", "frequency_penalty" }) do
         if t[k] ~= nil and not (t[k] >= -MAX_PENALTY and t[k] <= MAX_PENALTY) then
             return bad(("%s = %s must be in [-%d, %d]"):format(k, tostring(t[k]), MAX_PENALTY, MAX_PENALTY), k)
@@ -945,8 +970,8 @@ function _M.parse(body, model, model_id, max_choices, opts)
         local longest = 0
         for i, ids in ipairs(prompts) do
             if #ids >= model.max_seq_len then
-                return bad(("the %s (%d tokens) fills the model's context of %d tokens")
-                    :format(#prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids, model.max_seq_len), "prompt")
+                return too_long(model.max_seq_len, ("the %s (%d tokens) fills it"):format(
+                    #prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids), "prompt")
             end
             longest = math.max(longest, #ids)
         end
@@ -956,8 +981,8 @@ function _M.parse(body, model, model_id, max_choices, opts)
     local prompt_tokens, echo = 0, nil
     for i, ids in ipairs(prompts) do
         if #ids + max_tokens > model.max_seq_len then
-            return bad(("the %s (%d tokens) plus max_tokens (%d) exceeds the model's context of %d tokens")
-                :format(#prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids, max_tokens, model.max_seq_len), "max_tokens")
+            return too_long(model.max_seq_len, ("you requested %d tokens: the %s (%d tokens) plus max_tokens (%d)"):format(
+                #ids + max_tokens, #prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids, max_tokens), "max_tokens")
         end
         prompt_tokens = prompt_tokens + #ids
     end
@@ -1028,6 +1053,9 @@ local function tools_fields(t, body, cfg, shared)
     return spec, shown
 end
 
+local REASONING_EFFORTS = { none = true, minimal = true, low = true, medium = true, high = true, xhigh = true }
+_M.REASONING_EFFORTS = REASONING_EFFORTS
+
 -- The prompt text of a body's messages (chat: tinyloop.chat; template_tools: the tools the
 -- template shows), with vLLM's add_generation_prompt (default true), continue_final_message
 -- (the reply continues the final message: a begun answer) and chat_template_kwargs (more
@@ -1037,11 +1065,22 @@ local function render_messages(t, body, chat, template_tools)
         return bad("continue_final_message continues the final message: it opens no new turn, so add_generation_prompt " ..
                    "must be false (or left out)", "add_generation_prompt")
     end
-    local variables
+    local variables, raw
+    local P = "chat_template_kwargs"
     if t.chat_template_kwargs ~= nil then
-        local P = "chat_template_kwargs"
-        local raw = raw_member(body, { P })
+        raw = raw_member(body, { P })
         if raw:sub(1, 1) ~= "{" then return bad(P .. " must be an object of template variables", P) end
+    end
+    -- OpenAI's reasoning_effort is the template variable of that name (as the Responses API's
+    -- reasoning.effort), unless chat_template_kwargs sets it
+    if t.reasoning_effort ~= nil and not (raw and t.chat_template_kwargs.reasoning_effort ~= nil) then
+        if not REASONING_EFFORTS[t.reasoning_effort] then
+            return bad('reasoning_effort must be "none", "minimal", "low", "medium", "high" or "xhigh"', "reasoning_effort")
+        end
+        local inner = raw and raw:match("^%s*{%s*(.-)%s*}%s*$") or ""
+        raw = '{"reasoning_effort":' .. cjson.encode(t.reasoning_effort) .. (inner ~= "" and ("," .. inner) or "") .. "}"
+    end
+    if raw then
         local derr
         variables, derr = decode_ordered(raw)
         if not variables then return bad(P .. ": " .. tostring(derr), P) end
@@ -1095,14 +1134,13 @@ function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
     local max_tokens = t.max_completion_tokens or cfg.max_tokens
     if max_tokens and max_tokens < 0 then return bad(("%s = %d must be >= 0"):format(field, max_tokens), field) end
     if #ids >= model.max_seq_len then
-        return bad(("the messages (%d tokens with the chat template) fill the model's context of %d tokens")
-            :format(#ids, model.max_seq_len), "messages")
+        return too_long(model.max_seq_len, ("the messages (%d tokens with the chat template) fill it"):format(#ids), "messages")
     end
     max_tokens = max_tokens or model.max_seq_len - #ids
     if opts.room then max_tokens = math.min(max_tokens, model.max_seq_len - #ids) end
     if #ids + max_tokens > model.max_seq_len then
-        return bad(("the messages (%d tokens with the chat template) plus %s (%d) exceed the model's context of %d tokens")
-            :format(#ids, field, max_tokens, model.max_seq_len), field)
+        return too_long(model.max_seq_len, ("you requested %d tokens: the messages (%d tokens with the chat template) plus %s (%d)")
+            :format(#ids + max_tokens, #ids, field, max_tokens), field)
     end
     cfg.max_tokens = max_tokens
     if t.thinking_budget ~= nil and (t.thinking_budget < 1 or t.thinking_budget > 2147483647) then

@@ -64,7 +64,7 @@ local INCLUDE = {
     ["message.input_image.image_url"] = true, ["computer_call_output.output.image_url"] = true,
     ["code_interpreter_call.outputs"] = true,
 }
-local EFFORTS = { none = true, minimal = true, low = true, medium = true, high = true, xhigh = true }
+local EFFORTS = shapes.REASONING_EFFORTS
 
 -- A content part of an input message -> chat's text part, or nil, err.
 local TEXT_PARTS = { input_text = true, output_text = true, text = true }

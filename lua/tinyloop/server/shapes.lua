@@ -112,8 +112,10 @@ function _M.random_seed()
     return ((a * 256 + b) * 256 + c) * 128 + d % 128
 end
 
--- Anthropic and Ollama set no limit on stop strings (OpenAI's 4 is the chat endpoint's): this one.
-_M.MAX_STOPS = 64
+-- The most stop strings a request may give (request.lua's, which every front end takes).
+_M.MAX_STOPS = require("tinyloop.server.request").MAX_STOPS
+-- OpenAI's reasoning efforts (the Responses API's reasoning.effort, the chat's reasoning_effort).
+_M.REASONING_EFFORTS = require("tinyloop.server.request").REASONING_EFFORTS
 
 -- A final assistant message (no calls) is a prefill: the reply continues it (Anthropic's rule,
 -- and Ollama's templates leave it open) -> the chat body's member saying so, added.
