@@ -1360,6 +1360,10 @@ function Model:score_logprobs(ids, loops, top)
     if not ids then return nil, err end
     loops = loops == nil and self.default_loops or check_int("score_logprobs: loops", loops)
     top = check_int("score_logprobs: top", top or 0)
+    -- (the engine's own check, before the buffers it would size: a wild top would fail in ffi.new)
+    if top < 0 or top > C.TL_MAX_TOP_LOGPROBS then
+        raise(("tl_score_logprobs: top = %d must be in [0, %d]"):format(top, tonumber(C.TL_MAX_TOP_LOGPROBS)))
+    end
     local arr, n = id_array(ids)
     local rows = n > 1 and n - 1 or 1
     local lp = ffi_new("float[?]", rows)

@@ -625,6 +625,8 @@ describe("session:logprobs", function()
         local plain = m:score_logprobs(seq)
         assert.same(scored, plain)
         assert.has_error(function() m:score_logprobs(seq, nil, 21) end, "tl_score_logprobs: top = 21 must be in [0, 20]")
+        -- (checked before the buffers are sized: a wild top is the same message, not an ffi error)
+        assert.has_error(function() m:score_logprobs(seq, nil, 300000000) end, "tl_score_logprobs: top = 300000000 must be in [0, 20]")
         assert.has_error(function() m:score_logprobs(seq, 0) end)
     end)
 
