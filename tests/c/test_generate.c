@@ -189,6 +189,19 @@ static void test_distribution_chi_square(void) {
     tl_distribution_free(&d);
 }
 
+/* Whether chain speculation (draft_loops 2, draft_ahead 3) under config c decodes `want`
+   (n tokens, prompt included), as SPEC promises of every greedy config. */
+static bool chain_decodes_the_same(const tl_generate_config *c, const int32_t *prompt, int n_prompt, const int32_t *want,
+                                   int n) {
+    tl_generate_config spec = *c;
+    spec.speculative = TL_SPECULATIVE_CHAIN;
+    spec.draft_loops = 2;
+    spec.draft_ahead = 3;
+    int32_t out[CAP];
+    const int n_spec = gen(model, prompt, n_prompt, &spec, out, NULL);
+    return n_spec == n && memcmp(out, want, (size_t)n * sizeof(int32_t)) == 0;
+}
+
 static void test_repetition_penalty(void) {
     float logits[6] = {2.0f, -1.0f, 0.5f, 4.0f, -3.0f, 1.0f};
     const int32_t ids[5] = {0, 1, 0, 4, 1};
@@ -308,12 +321,7 @@ static void test_logit_adjustments(void) {
     const int n_base = gen(model, prompt, 2, &base, other, NULL);
     CHECK(n_plain != n_base || memcmp(plain, other, (size_t)n_plain * sizeof(int32_t)) != 0,
           "the adjustments changed nothing (test too weak)");
-    tl_generate_config spec = cfg;
-    spec.speculative = TL_SPECULATIVE_CHAIN;
-    spec.draft_loops = 2;
-    spec.draft_ahead = 3;
-    const int n_spec = gen(model, prompt, 2, &spec, other, NULL);
-    CHECK(n_spec == n_plain && memcmp(plain, other, (size_t)n_plain * sizeof(int32_t)) == 0,
+    CHECK(chain_decodes_the_same(&cfg, prompt, 2, plain, n_plain),
           "chain speculation with the adjustments differs from plain decoding");
     for (int i = 2; i < n_plain; i++) CHECK(plain[i] != eos, "token %d is the banned eos", i);
     /* saved after 10 tokens (through bytes: the state file's layout), resumed to the end */
@@ -459,12 +467,7 @@ static void test_penalty_window(void) {
     const int n_windowed = gen(model, prompt, 2, &cfg, windowed_out, NULL);
     CHECK(n_windowed != n_whole || memcmp(windowed_out, whole_out, (size_t)n_whole * sizeof(int32_t)) != 0,
           "a window of 3 changed nothing (test too weak)");
-    tl_generate_config spec = cfg;
-    spec.speculative = TL_SPECULATIVE_CHAIN;
-    spec.draft_loops = 2;
-    spec.draft_ahead = 3;
-    const int n_spec = gen(model, prompt, 2, &spec, other, NULL);
-    CHECK(n_spec == n_windowed && memcmp(other, windowed_out, (size_t)n_windowed * sizeof(int32_t)) == 0,
+    CHECK(chain_decodes_the_same(&cfg, prompt, 2, windowed_out, n_windowed),
           "chain speculation with a penalty window differs from plain decoding");
 }
 

@@ -37,16 +37,21 @@ static void spit(const char *name, const void *data, size_t len) {
 }
 
 /* Restores the scratch directory to the pristine source checkpoint. */
-static void reset(void) {
-    const char *files[] = {"config.json", "model.safetensors"};
-    for (int i = 0; i < 2; i++) {
-        char path[4200];
+/* Copies files[0..n) of directory `from` into the work directory. */
+static void copy_into_work(const char *from, const char *const *files, int n) {
+    for (int i = 0; i < n; i++) {
+        char path[4400];
         size_t len = 0;
-        snprintf(path, sizeof path, "%s/%s", source, files[i]);
+        snprintf(path, sizeof path, "%s/%s", from, files[i]);
         char *data = slurp(path, &len);
         spit(files[i], data, len);
         free(data);
     }
+}
+
+static void reset(void) {
+    const char *const files[] = {"config.json", "model.safetensors"};
+    copy_into_work(source, files, 2);
 }
 
 static tl_status load_work(void) {
@@ -525,18 +530,11 @@ static void family_config_rules(void) {
 static void index_rules(void) {
     char sharded[sizeof source + 64], path[4200];
     snprintf(sharded, sizeof sharded, "%s/../../hf/ouro_f32_sharded", source);
-    const char *names[] = {"config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-                           "model.safetensors.index.json"};
+    const char *const names[] = {"config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                 "model.safetensors.index.json"};
     path_in_work(path, sizeof path, "model.safetensors");
     unlink(path);
-    for (int i = 0; i < 4; i++) {
-        char from[4400];
-        size_t len = 0;
-        snprintf(from, sizeof from, "%s/%s", sharded, names[i]);
-        char *data = slurp(from, &len);
-        spit(names[i], data, len);
-        free(data);
-    }
+    copy_into_work(sharded, names, 4);
     CHECK(load_work() == TL_OK, "the sharded copy loads: %s", tl_last_error());
     char from[4400];
     size_t len = 0;
