@@ -490,6 +490,25 @@ static void header_rules(void) {
     CHECK(!strstr(tl_last_error(), "overlap"), "an empty tensor overlaps nothing: %s", tl_last_error());
 }
 
+/* Writes file `name` of directory `from` into the work directory with `insertion` right after
+   the first `after` in it; false when there is no `after`. */
+static bool spit_with_inserted(const char *from, const char *name, const char *after, const char *insertion) {
+    char path[4400];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/%s", from, name);
+    char *text = slurp(path, &len);
+    const char *at = strstr(text, after);
+    if (at) {
+        const size_t head = (size_t)(at - text) + strlen(after), size = len + strlen(insertion) + 1;
+        char *out = malloc(size);
+        snprintf(out, size, "%.*s%s%s", (int)head, text, insertion, text + head);
+        spit_text(name, out);
+        free(out);
+    }
+    free(text);
+    return at != NULL;
+}
+
 /* A published family's config.json (Ouro's) by the same rules as ours (review): a float that
    rounds to 0 (a RoPE base of 0 made every logit NaN), a key given twice, and head_dim times
    the heads past an int (signed overflow). */
@@ -503,17 +522,8 @@ static void family_config_rules(void) {
     CHECK_ERROR(load_with_field("rope_theta", "1e-60"), TL_ERR_FORMAT, "\"rope_theta\" = 1e-60 rounds to 0 as a float");
     CHECK_ERROR(load_with_field("rms_norm_eps", "1e-60"), TL_ERR_FORMAT, "\"rms_norm_eps\" = 1e-60 rounds to 0");
     CHECK_ERROR(load_with_field("head_dim", "131074"), TL_ERR_UNSUPPORTED, "head_dim = 131074");
-    char path[4200];
-    size_t len = 0;
-    snprintf(path, sizeof path, "%s/config.json", source);
-    char *text = slurp(path, &len);
-    char *twice = malloc(len + 64);
-    const char *brace = strchr(text, '{');
-    snprintf(twice, len + 64, "{\"rope_theta\": 500000.0, %s", brace + 1);
-    spit_text("config.json", twice);
+    CHECK(spit_with_inserted(source, "config.json", "{", "\"rope_theta\": 500000.0, "), "config.json has an object");
     CHECK_ERROR(load_work(), TL_ERR_FORMAT, "duplicate key \"rope_theta\"");
-    free(twice);
-    free(text);
     /* Huginn's two names for a tied head must agree when both are given */
     memcpy(source + strlen(golden), "/../../hf/huginn_f32", 21);
     reset();
@@ -536,22 +546,11 @@ static void index_rules(void) {
     unlink(path);
     copy_into_work(sharded, names, 4);
     CHECK(load_work() == TL_OK, "the sharded copy loads: %s", tl_last_error());
-    char from[4400];
-    size_t len = 0;
-    snprintf(from, sizeof from, "%s/model.safetensors.index.json", sharded);
-    char *index = slurp(from, &len);
-    char *twice = malloc(len + 128);
-    const char *map = strstr(index, "\"weight_map\": {");
-    CHECK(map != NULL, "the index has a weight_map");
-    if (map) {
-        const size_t head = (size_t)(map - index) + strlen("\"weight_map\": {");
-        snprintf(twice, len + 128, "%.*s\"model.norm.weight\": \"model-00001-of-00002.safetensors\", %s", (int)head, index,
-                 index + head);
-        spit_text("model.safetensors.index.json", twice);
+    if (spit_with_inserted(sharded, "model.safetensors.index.json", "\"weight_map\": {",
+                           "\"model.norm.weight\": \"model-00001-of-00002.safetensors\", "))
         CHECK_ERROR(load_work(), TL_ERR_FORMAT, "weight_map names tensor \"model.norm.weight\" twice");
-    }
-    free(twice);
-    free(index);
+    else
+        CHECK(false, "the index has a weight_map");
     alarm(20);
     path_in_work(path, sizeof path, "model.safetensors.index.json");
     unlink(path);
