@@ -292,6 +292,9 @@ static tl_status beam_next(tl_session *s, int32_t *token) {
     s->last_depth = s->loops;
     while (b->n_live > 0) {
         if (b->n_live + b->n_ended > 0 && settled_length(b) > emitted) break;
+        /* A step may search many levels before a token settles: a serving engine's cancel
+           ends it between them, not when the search does (the request is dropped anyway). */
+        if (atomic_load(&s->stop_requested)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "beam search: cancelled");
         if ((st = search_step(s, b)) != TL_OK) return st;
     }
     if (b->n_live + b->n_ended == 0) { /* every continuation was banned */

@@ -106,7 +106,10 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     s->stop_strs = NULL;
     s->stop_lens = NULL;
     s->mode_state = NULL;
-    s->stepping = s->free_requested = false;
+    s->stepping = false;
+    atomic_store(&s->free_requested, false); /* (the child is nobody's engine's: *src copied its flags) */
+    atomic_store(&s->engine_claimed, false);
+    atomic_store(&s->stop_requested, false);
     s->stream_fn = NULL;
     s->stream_user = NULL;
     s->grammar_matcher = NULL;

@@ -126,8 +126,11 @@ static void free_buffer(buffer *b) {
     free(b->top_logprobs);
 }
 
+/* A request whose session was tl_session_free'd while the engine held it ends so. */
+#define FREED_WHILE_HELD "the session was freed (tl_session_free) while the engine held it: its request ends here"
+
 static void free_request(request *r) {
-    tl_session_free(r->session);
+    tl_session_release_claimed(r->session);
     free_buffer(&r->pending);
     free_buffer(&r->given);
     free(r);
@@ -196,7 +199,7 @@ static bool append(buffer *b, const char *text, size_t len, int32_t token, const
 static void finish(tl_engine *e, request *r, tl_stop_reason stop, tl_status status, const char *error) {
     if (error) snprintf(r->error, sizeof r->error, "%s", error);
     r->stats = *tl_session_stats(r->session);
-    tl_session_free(r->session); /* its KV cache goes now, not when the caller reads */
+    tl_session_release_claimed(r->session); /* its KV cache goes now, not when the caller reads */
     r->session = NULL;
     r->state = TL_ENGINE_FINISHED;
     r->stop_reason = stop;
@@ -257,6 +260,11 @@ static void *engine_main(void *arg) {
                 r->state = TL_ENGINE_RUNNING;
                 e->c.queued--;
                 e->c.active++;
+                if (atomic_load(&r->session->free_requested)) { /* freed while it waited (a hook of another) */
+                    wake(r);
+                    finish(e, r, TL_STOP_NONE, TL_ERR_INVALID_ARGUMENT, FREED_WHILE_HELD);
+                    continue;
+                }
                 run[n_run++] = r;
             }
         }
@@ -296,6 +304,10 @@ static void *engine_main(void *arg) {
                 continue; /* dropped at the top of the loop; its waiters were woken by the cancel */
             }
             wake(r); /* a token, a finish or a failure: something to read in every case */
+            if (atomic_load(&r->session->free_requested)) { /* freed by a hook during the step */
+                finish(e, r, TL_STOP_NONE, TL_ERR_INVALID_ARGUMENT, FREED_WHILE_HELD);
+                continue;
+            }
             if (statuses[i] != TL_OK) {
                 finish(e, r, TL_STOP_NONE, statuses[i], st != TL_OK ? batch_error : tl_session_error(r->session));
                 continue;
@@ -427,6 +439,8 @@ tl_status tl_engine_submit_with(tl_engine *e, tl_session *session, const tl_engi
     const char *refusal = tl_session_batch_refusal(session, e->model);
     for (int i = 0; !refusal && i < e->n_reqs; i++)
         if (e->reqs[i]->session == session) refusal = "already submitted";
+    /* (held by this engine or another one: two engine threads would step and free it) */
+    if (!refusal && !tl_session_claim(session)) refusal = "already submitted to an engine";
     if (refusal) {
         pthread_mutex_unlock(&e->mu);
         free(r);
@@ -438,6 +452,7 @@ tl_status tl_engine_submit_with(tl_engine *e, tl_session *session, const tl_engi
         int cap = e->cap_reqs ? 2 * e->cap_reqs : 16;
         request **reqs = realloc(e->reqs, (size_t)cap * sizeof *reqs);
         if (!reqs) {
+            atomic_store(&session->engine_claimed, false);
             pthread_mutex_unlock(&e->mu);
             free(r);
             return tl_fail(TL_ERR_NO_MEMORY, "tl_engine_submit: out of memory");
@@ -445,6 +460,7 @@ tl_status tl_engine_submit_with(tl_engine *e, tl_session *session, const tl_engi
         e->reqs = reqs, e->cap_reqs = cap;
     }
     if (full) {
+        atomic_store(&session->engine_claimed, false); /* (refused: still the caller's) */
         e->c.rejected++;
         pthread_mutex_unlock(&e->mu);
         free(r);
@@ -533,7 +549,8 @@ tl_status tl_engine_read(tl_engine *e, uint64_t id, tl_engine_update *u) {
     }
     u->stop_reason = r->stop_reason;
     u->status = r->status;
-    u->error = r->error;
+    /* (r->error is written by finish, under mu, until the request finishes: read it only then) */
+    u->error = r->state == TL_ENGINE_FINISHED ? r->error : "";
     if (r->state == TL_ENGINE_FINISHED) u->stats = r->stats;
     pthread_mutex_unlock(&e->mu);
     return TL_OK;
@@ -551,8 +568,10 @@ void tl_engine_cancel(tl_engine *e, uint64_t id) {
             e->c.cancelled++;
             remove_request(e, r);
         } else {
-            /* Running: the engine thread may be stepping it; it drops it between steps. */
+            /* Running: the engine thread may be stepping it; it drops it between steps, and a
+               step that searches within itself (beam search) leaves early. */
             r->cancelled = true;
+            atomic_store(&r->session->stop_requested, true);
             e->c.cancelled++;
             pthread_cond_signal(&e->work);
             wake(r); /* (removed requests woke theirs in remove_request) */

@@ -47,12 +47,25 @@ static void session_destroy(tl_session *s) {
 
 void tl_session_free(tl_session *s) {
     if (!s) return;
-    /* From one of the session's own hooks: the running step still uses it. */
-    if (s->stepping) {
-        s->free_requested = true;
+    /* From one of the session's own hooks: the running step still uses it. A serving
+       engine's session (a hook's free of it, or another thread's) is the engine's to free:
+       it ends the request instead (scheduler.c), never leaves it a dangling pointer. */
+    if (s->stepping || atomic_load(&s->engine_claimed)) {
+        atomic_store(&s->free_requested, true);
         return;
     }
     session_destroy(s);
+}
+
+bool tl_session_claim(tl_session *s) {
+    bool unclaimed = false;
+    return atomic_compare_exchange_strong(&s->engine_claimed, &unclaimed, true);
+}
+
+void tl_session_release_claimed(tl_session *s) {
+    if (!s) return;
+    atomic_store(&s->engine_claimed, false);
+    tl_session_free(s); /* (not stepping: the engine frees between steps) */
 }
 
 tl_status tl_session_new(const tl_model *m, const int32_t *prompt, int prompt_len,
@@ -554,7 +567,7 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     tl_status st = step(s, token, stop);
     s->stepping = false;
     if (st != TL_OK) keep_error(s, tl_last_error());
-    if (s->free_requested) session_destroy(s);
+    if (s->free_requested && !atomic_load(&s->engine_claimed)) session_destroy(s);
     if (st == TL_OK) tl_clear_error(); /* a hook's failed call is not this step's error */
     return st;
 }
@@ -721,7 +734,8 @@ tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tok
     }
     for (int i = 0; i < n; i++) {
         sessions[i]->stepping = false;
-        if (sessions[i]->free_requested) session_destroy(sessions[i]);
+        /* (a serving engine's session stays: the engine ends its request and frees it) */
+        if (sessions[i]->free_requested && !atomic_load(&sessions[i]->engine_claimed)) session_destroy(sessions[i]);
     }
     free(shares);
     free(group);

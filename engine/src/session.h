@@ -77,7 +77,13 @@ struct tl_session {
                                     offered to the prefix pool, where other sessions would read
                                     them (forks keep it) */
     bool stepping;               /* inside tl_session_step: hooks may not step or free */
-    bool free_requested;         /* tl_session_free from a hook: done when the step returns */
+    atomic_bool free_requested;  /* tl_session_free from a hook (done when the step returns),
+                                    or of a session a serving engine holds (done by the engine,
+                                    which ends its request) */
+    atomic_bool engine_claimed;  /* submitted to a serving engine (scheduler.c): the engine
+                                    alone frees it; a second submit is refused */
+    atomic_bool stop_requested;  /* the engine's cancel: a mode that searches inside one step
+                                    (beam search) leaves it early */
     char error[512];             /* the message of the step that failed (tl_session_error), or "" */
 
     /* ---- grammar (grammar_mask.c): a compiled grammar runs as this session's own matcher,
@@ -156,6 +162,11 @@ tl_status tl_session_hook_failed(tl_session *s, const char *hook, int code);
 /* Why tl_session_step_batch would refuse s in a batch of model m ("on another model",
    "finished", "stepping"), or NULL: the one rule, also the serving engine's at submit. */
 const char *tl_session_batch_refusal(const tl_session *s, const tl_model *m);
+/* A serving engine's hold on a session (scheduler.c): tl_session_claim takes it (false: some
+   engine holds it already); while held, tl_session_free only asks the engine to end it
+   (free_requested). tl_session_release_claimed gives it up and frees the session. */
+bool tl_session_claim(tl_session *s);
+void tl_session_release_claimed(tl_session *s);
 /* Gives the session grammar g (copied; a compiled grammar gets the session's own matcher,
    at its start). */
 tl_status tl_session_set_grammar(tl_session *s, const tl_grammar *g);

@@ -105,6 +105,26 @@ static int fail_hook(void *user, float *logits, int vocab_size, const int32_t *t
     return n >= 4 + 2 ? TL_HOOK_ERROR : TL_HOOK_CONTINUE;
 }
 
+/* An on_token hook that frees its own session (held by the engine) at its second token. */
+static int free_self_hook(void *user, int32_t token, int position) {
+    (void)token, (void)position;
+    static int seen;
+    if (++seen == 2) tl_session_free(*(tl_session **)user);
+    return TL_HOOK_CONTINUE;
+}
+/* A logits hook of a beam session that keeps its hypotheses apart (no token settles) and
+   cancels its own engine request at its 5th call, counting the calls after that. */
+static uint64_t beam_request;
+static int beam_calls, beam_calls_after_cancel;
+static int beam_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
+    (void)user;
+    for (int i = 0; i < vocab_size; i++) logits[i] = -10.0f;
+    for (int k = 0; k < 4; k++) logits[(tokens[n - 1] + 7 * k + 1) % vocab_size] = 1.0f; /* four equal ways on */
+    if (++beam_calls == 5) tl_engine_cancel(engine, beam_request);
+    else if (beam_calls > 5) beam_calls_after_cancel++;
+    return TL_HOOK_CONTINUE;
+}
+
 static void set_gate(bool open) {
     pthread_mutex_lock(&gate_mu);
     gate_open = open;
@@ -392,6 +412,70 @@ int main(int argc, char **argv) {
         tl_engine_stop(stopped);
         tl_engine_free(stopped);
         tl_engine_stop(NULL);
+    }
+
+    /* A session the engine holds is the engine's to free (review: a hook's tl_session_free of
+       it was a use-after-free and a double free): the request ends with that said. */
+    {
+        tl_generate_config fc;
+        tl_generate_config_init(&fc);
+        fc.max_tokens = 12;
+        fc.ignore_eos = 1;
+        static tl_session *self_ref;
+        fc.on_token = free_self_hook;
+        fc.on_token_user = &self_ref;
+        self_ref = new_session(jobs[0].prompt, &fc);
+        uint64_t freed_id = 0;
+        CHECK(tl_engine_submit(engine, self_ref, &freed_id) == TL_OK && freed_id > 0, "%s", tl_last_error());
+        tl_engine_update fu;
+        const int n_freed = read_to_end(engine, freed_id, &fu);
+        CHECK(fu.state == TL_ENGINE_FINISHED && fu.status == TL_ERR_INVALID_ARGUMENT &&
+                  strstr(fu.error, "freed (tl_session_free) while the engine held it"),
+              "a session freed by its hook ends its request: state %d status %d '%s'", (int)fu.state, (int)fu.status,
+              fu.error);
+        CHECK(n_freed <= 2, "no token after the free's step: %d", n_freed);
+        tl_engine_cancel(engine, freed_id);
+        /* one session, two engines: the second is refused (both would step and free it) */
+        tl_engine *other = NULL;
+        tl_engine_options oo;
+        tl_engine_options_init(&oo);
+        CHECK(tl_engine_new(model, &oo, &other) == TL_OK, "%s", tl_last_error());
+        set_gate(false);
+        tl_generate_config gated = lc; /* (held in its first step until the gate opens) */
+        gated.max_tokens = 4;
+        tl_session *shared = new_session(jobs[0].prompt, &gated);
+        uint64_t first_id = 0, second_id = 0;
+        CHECK(tl_engine_submit(engine, shared, &first_id) == TL_OK && first_id > 0, "%s", tl_last_error());
+        /* (refused as held by an engine, or as stepping when the first engine is already in its step) */
+        CHECK(tl_engine_submit(other, shared, &second_id) == TL_ERR_INVALID_ARGUMENT && second_id == 0 &&
+                  (strstr(tl_last_error(), "already submitted to an engine") || strstr(tl_last_error(), "is stepping")),
+              "a session on two engines is refused: %s", tl_last_error());
+        set_gate(true);
+        tl_engine_update su;
+        read_to_end(engine, first_id, &su);
+        tl_engine_cancel(engine, first_id);
+        tl_engine_free(other);
+        /* a beam request's step searches until a token settles: a cancel ends it between
+           search steps (review: it ran the whole search first) */
+        tl_generate_config bc;
+        tl_generate_config_init(&bc);
+        bc.max_tokens = 40;
+        bc.beam_size = 4;
+        bc.ignore_eos = 1;
+        bc.logits_processor = beam_hook;
+        tl_session *beam = new_session(jobs[0].prompt, &bc);
+        CHECK(tl_engine_submit(engine, beam, &beam_request) == TL_OK && beam_request > 0, "%s", tl_last_error());
+        for (int spins = 0; spins < 2000 && beam_calls < 5; spins++) tl_engine_wait(engine, beam_request, 5);
+        tl_engine_counters bcnt;
+        for (int spins = 0; spins < 2000; spins++) { /* until the engine dropped it */
+            counters(&bcnt);
+            if (bcnt.active == 0) break;
+            struct timespec nap = {0, 1000000};
+            nanosleep(&nap, NULL);
+        }
+        CHECK(beam_calls >= 5 && beam_calls_after_cancel <= 4,
+              "a cancelled beam search stops within one search step: %d calls after the cancel (of %d)",
+              beam_calls_after_cancel, beam_calls);
     }
 
     /* Freeing with requests still running (and one never read) is clean. */

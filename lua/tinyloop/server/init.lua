@@ -1428,8 +1428,15 @@ local function serve(chat, body, view)
         metrics.incr("tokens_in", #ids)
     end
     made = {} -- (every one is the engine's now, released through r)
-    if req.stream then return run_stream(r) end
-    return run_blocking(r)
+    -- A Lua error past this point (a bug reading an answer back) must not leave the engine's
+    -- requests running with nobody to read them, holding their places until they end and
+    -- their entries forever: they are released, and the client gets a 500 if nothing was sent.
+    local ok, err = xpcall(req.stream and run_stream or run_blocking, debug.traceback, r)
+    if ok then return end
+    release_all(r, false)
+    ngx.log(ngx.ERR, "tinyloop: ", tostring(err))
+    if ngx.headers_sent then return ngx_exit(ngx.ERROR) end
+    return r.send_error(500, "internal error reading the answer back (the server's log says where)", nil, "server_error")
 end
 
 function _M.completions()
