@@ -506,7 +506,9 @@ typedef struct tl_session tl_session;
 tl_status tl_session_new(const tl_model *model, const int32_t *prompt, int prompt_len,
                          const tl_generate_config *cfg, tl_session **out);
 /* NULL is a no-op. Called from one of the session's own hooks (while tl_session_step runs),
-   the free is deferred until that step returns. */
+   the free is deferred until that step returns. Of a session a serving engine holds
+   (tl_engine_submit), it asks the engine to end the request (its status then says the
+   session was freed) and the engine frees the session. */
 void tl_session_free(tl_session *session);
 
 /* Emits one token: *token receives it (or -1 when the session stopped without emitting,
@@ -720,8 +722,10 @@ void tl_engine_stop(tl_engine *engine);
    the engine. On TL_OK with *id > 0 the engine owns the session. When active and queued
    sessions are at their limits it returns TL_OK with *id = 0 and the caller keeps the
    session (a server answers 503 and the caller frees it). A session of another model, a
-   finished or stepping one, or one already submitted is refused (TL_ERR_INVALID_ARGUMENT,
-   the caller keeps it): stepped in a batch it would fail every running request. */
+   finished or stepping one, or one already submitted (to this engine or another) is refused
+   (TL_ERR_INVALID_ARGUMENT, the caller keeps it): stepped in a batch it would fail every
+   running request. A cancel (tl_engine_cancel) ends a running request before its next step;
+   a beam search, whose one step may search many levels, stops between them. */
 tl_status tl_engine_submit(tl_engine *engine, tl_session *session, uint64_t *id);
 
 /* What a request asks of the engine beyond its tokens. */
