@@ -1048,6 +1048,13 @@ end
 
 -- ------------------------------------------------------------------ forks, saved states, prefix pool
 
+-- tinyloop.policy's rules keep state per sequence (keyed by its tokens table): a branch's new
+-- table continues the parent's (only where the module is in use).
+local function branch_policies(from, to)
+    local policy = package.loaded["tinyloop.policy"]
+    if policy and from then policy.branch(from, to) end
+end
+
 local HOOK_FIELDS = { grammar = true }
 for _, hook in ipairs(LUA_HOOKS) do HOOK_FIELDS[hook] = true end
 
@@ -1080,6 +1087,7 @@ local function branch_hooks(session, hooks, what)
     for i, t in ipairs(parent.tokens or {}) do ctx.tokens[i] = t end
     for i, p in ipairs(parent.pieces or {}) do ctx.pieces[i] = p end
     ctx.prompt_len = parent.prompt_len or 0
+    branch_policies(parent.tokens, ctx.tokens)
     return c, keep, ctx, compiled_grammar
 end
 
@@ -1142,6 +1150,7 @@ local function snapshot_ctx(ctx)
     local snap = setmetatable({ tokens = {}, pieces = {}, prompt_len = ctx.prompt_len }, { __index = ctx })
     for i, t in ipairs(ctx.tokens or {}) do snap.tokens[i] = t end
     for i, p in ipairs(ctx.pieces or {}) do snap.pieces[i] = p end
+    branch_policies(ctx.tokens, snap.tokens)
     return snap
 end
 

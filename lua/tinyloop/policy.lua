@@ -46,9 +46,22 @@ local function check_ids(fn, ids)
 end
 
 -- A rule's state per sequence, keyed by the sequence's `tokens` table (see the top), weakly:
--- a finished session's entry goes with its table.
+-- a finished session's entry goes with its table. Every such table is known (weakly), so that
+-- a branch of a sequence continues its rules' state (_M.branch).
+local every_state = setmetatable({}, { __mode = "k" })
 local function per_sequence()
-    return setmetatable({}, { __mode = "k" })
+    local states = setmetatable({}, { __mode = "k" })
+    every_state[states] = true
+    return states
+end
+
+-- branch(from, to): every rule's state of sequence `from` (its tokens table) given to `to`,
+-- a fork's or a resumed state's table, which continues it: a fork of a session 3 tokens into
+-- min_tokens(4) may end after 1 more, not 4. (The states are numbers.) Called by tinyloop.
+function _M.branch(from, to)
+    for states in pairs(every_state) do
+        if states[from] ~= nil then states[to] = states[from] end
+    end
 end
 
 -- Raises unless every value of the vararg list is a function.

@@ -33,6 +33,18 @@ describe("tinyloop.policy.min_tokens", function()
         local beam = assert(m:generate(prompts[2], { max_tokens = 12, beam_size = 3, logits_processor = eos_after(3) }))
         assert.equal(#prompts[2] + 4, #beam)
     end)
+
+    it("goes on counting in a fork and a resumed state (a branch is the same sequence, not a new prompt)", function()
+        local s = assert(m:session({ 5, 6, 7 }, { max_tokens = 12, logits_processor = eos_after(5) }))
+        for _ = 1, 3 do s:step() end -- 3 of the 5 tokens before EOS may come
+        local state = assert(s:save())
+        for _, branch in ipairs({ assert(s:fork()), assert(m:resume(state)) }) do
+            repeat local _, _, reason = branch:step() until reason
+            local ids = branch:tokens()
+            assert.equal(3 + 5 + 1, #ids) -- (it restarted at the branch: 3 + 3 + 5 + 1)
+            assert.equal(H.EOS, ids[#ids])
+        end
+    end)
 end)
 
 describe("tinyloop.policy.max_wall_time", function()
