@@ -436,11 +436,11 @@ tl_status tl_engine_submit_with(tl_engine *e, tl_session *session, const tl_engi
     }
     /* What tl_session_step_batch would refuse fails here, for this request alone: in a
        batch it would fail the call, and with it every running request. */
-    const char *refusal = tl_session_batch_refusal(session, e->model);
-    for (int i = 0; !refusal && i < e->n_reqs; i++)
-        if (e->reqs[i]->session == session) refusal = "already submitted";
-    /* (held by this engine or another one: two engine threads would step and free it) */
-    if (!refusal && !tl_session_claim(session)) refusal = "already submitted to an engine";
+    /* The claim first: a session some engine holds (this one or another, whose thread may be
+       stepping it) is refused without reading anything else of it. */
+    const char *refusal = tl_session_claim(session) ? NULL : "already submitted to an engine";
+    if (!refusal && (refusal = tl_session_batch_refusal(session, e->model)) != NULL)
+        atomic_store(&session->engine_claimed, false); /* (refused: still the caller's) */
     if (refusal) {
         pthread_mutex_unlock(&e->mu);
         free(r);

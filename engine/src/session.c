@@ -50,7 +50,7 @@ void tl_session_free(tl_session *s) {
     /* From one of the session's own hooks: the running step still uses it. A serving
        engine's session (a hook's free of it, or another thread's) is the engine's to free:
        it ends the request instead (scheduler.c), never leaves it a dangling pointer. */
-    if (s->stepping || atomic_load(&s->engine_claimed)) {
+    if (atomic_load(&s->engine_claimed) || s->stepping) { /* (the claim first: an engine's thread writes stepping) */
         atomic_store(&s->free_requested, true);
         return;
     }
