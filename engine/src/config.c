@@ -349,17 +349,24 @@ tl_status tl_config_json_read(const char *json_text, cJSON **out) {
     return TL_OK;
 }
 
-tl_status tl_config_parse(const char *json_text, tl_config *out) {
+tl_status tl_config_from_json(const cJSON *root, tl_config *out) {
     memset(out, 0, sizeof *out);
     tl_config_defaults(out);
+    field_log log = {.n = 0};
+    reading = &log;
+    tl_status st = parse_fields(root, out);
+    reading = NULL;
+    if (st == TL_OK) collect_warnings(root, &log, out);
+    return st;
+}
+
+tl_status tl_config_parse(const char *json_text, tl_config *out) {
     cJSON *root = NULL;
     tl_status st = tl_config_json_read(json_text, &root);
-    if (st == TL_OK) {
-        field_log log = {.n = 0};
-        reading = &log;
-        st = parse_fields(root, out);
-        reading = NULL;
-        if (st == TL_OK) collect_warnings(root, &log, out);
+    if (st == TL_OK) st = tl_config_from_json(root, out);
+    else {
+        memset(out, 0, sizeof *out);
+        tl_config_defaults(out);
     }
     cJSON_Delete(root);
     return st;

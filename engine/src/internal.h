@@ -132,6 +132,8 @@ tl_status tl_config_parse(const char *json_text, tl_config *out);
    one object, nothing after it, no key given twice at any depth. *out to cJSON_Delete. */
 struct cJSON;
 tl_status tl_config_json_read(const char *json_text, struct cJSON **out);
+/* tl_config_parse's second half: the fields of a config.json already read. */
+tl_status tl_config_from_json(const struct cJSON *root, tl_config *out);
 /* A float field's value v (shown as `shown`) in [lo, hi], or (lo, hi] when lo_open, also as
    the float it is stored as (a value that rounds to lo is out); the family readers' too. */
 tl_status tl_config_float_in_range(const char *name, const char *shown, double v, double lo, double hi, bool lo_open,

@@ -217,11 +217,15 @@ static bool keyword_in(const char *k, const char *const *list) {
     return false;
 }
 
-/* Every keyword of s must be handled by its type or be an annotation. */
+/* A keyword any schema may carry: an annotation, or (loose) one that only narrows. */
+static bool keyword_taken_anywhere(const conv *c, const char *k) {
+    return keyword_in(k, ANNOTATIONS) || (c->loose && keyword_in(k, NARROWING));
+}
+
+/* Every keyword of s must be handled by its type or be taken anywhere. */
 static int check_keywords(conv *c, const cJSON *s, const char *path, const char *const *handled) {
     for (const cJSON *k = s->child; k; k = k->next) {
-        if (keyword_in(k->string, ANNOTATIONS) || keyword_in(k->string, handled)) continue;
-        if (c->loose && keyword_in(k->string, NARROWING)) continue;
+        if (keyword_taken_anywhere(c, k->string) || keyword_in(k->string, handled)) continue;
         return fail(c, path, "unsupported keyword '%s'", k->string);
     }
     return 0;
@@ -934,7 +938,7 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
                 if (strcmp(u->valuestring, t->valuestring) == 0) return fail(c, path, "'type' lists '%s' twice", t->valuestring);
         }
         for (const cJSON *k = s->child; k; k = k->next) {
-            bool known = keyword_in(k->string, ANNOTATIONS) || (c->loose && keyword_in(k->string, NARROWING));
+            bool known = keyword_taken_anywhere(c, k->string);
             for (const cJSON *t = type->child; t && !known; t = t->next) known = keyword_in(k->string, type_keywords(t->valuestring));
             if (!known) return fail(c, path, "unsupported keyword '%s'", k->string);
         }

@@ -511,7 +511,7 @@ static tl_status read_config(tl_model *m, const char *dir, const tl_family **fam
     if (st == TL_OK) st = tl_config_json_read(text, &root); /* (its rules hold for every family) */
     if (st == TL_OK) st = detect_family(root, family);
     if (st == TL_OK)
-        st = *family ? (*family)->parse_config(root, &m->cfg) : tl_config_parse(text, &m->cfg);
+        st = *family ? (*family)->parse_config(root, &m->cfg) : tl_config_from_json(root, &m->cfg);
     cJSON_Delete(root);
     free(text);
     if (st != TL_OK) {

@@ -49,11 +49,9 @@ static int by_offset(const void *a, const void *b) {
     return x->data < y->data ? -1 : x->data > y->data ? 1 : 0;
 }
 
-/* qsort's comparison of tensor indices by name (tensors_by_name: the file being sorted; a
-   file is parsed on one thread, and qsort has no context argument in C11). */
-static _Thread_local const tl_st_tensor *tensors_by_name;
+/* Tensor pointers by their tensors' names (qsort's and bsearch's comparison). */
 static int by_name(const void *a, const void *b) {
-    return strcmp(tensors_by_name[*(const int32_t *)a].name, tensors_by_name[*(const int32_t *)b].name);
+    return strcmp((*(const tl_st_tensor *const *)a)->name, (*(const tl_st_tensor *const *)b)->name);
 }
 
 void tl_st_close(tl_st_file *file) {
@@ -158,12 +156,11 @@ static tl_status parse_header(const char *path, tl_st_file *f) {
        and each is given once: a second one of a name would never be read. */
     if (!(f->by_name = malloc(((size_t)f->n_tensors + 1) * sizeof *f->by_name)))
         return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    for (int i = 0; i < f->n_tensors; i++) f->by_name[i] = i;
-    tensors_by_name = f->tensors;
+    for (int i = 0; i < f->n_tensors; i++) f->by_name[i] = &f->tensors[i];
     qsort(f->by_name, (size_t)f->n_tensors, sizeof *f->by_name, by_name);
     for (int i = 1; i < f->n_tensors; i++)
-        if (strcmp(f->tensors[f->by_name[i - 1]].name, f->tensors[f->by_name[i]].name) == 0)
-            return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" is given twice", path, f->tensors[f->by_name[i]].name);
+        if (by_name(&f->by_name[i - 1], &f->by_name[i]) == 0)
+            return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" is given twice", path, f->by_name[i]->name);
 
     /* Buffers must not overlap (the format also requires them to tile the data region;
        we only refuse overlaps, which is what could make two tensors alias). An empty tensor
@@ -221,12 +218,8 @@ tl_status tl_st_open_memory(const char *name, const void *bytes, size_t len, tl_
 }
 
 tl_st_tensor *tl_st_find(tl_st_file *file, const char *name) {
-    int lo = 0, hi = file->n_tensors - 1;
-    while (lo <= hi) {
-        const int mid = lo + (hi - lo) / 2, cmp = strcmp(file->tensors[file->by_name[mid]].name, name);
-        if (cmp == 0) return &file->tensors[file->by_name[mid]];
-        if (cmp < 0) lo = mid + 1;
-        else hi = mid - 1;
-    }
-    return NULL;
+    if (file->n_tensors == 0) return NULL;
+    const tl_st_tensor key = {.name = (char *)name}, *key_ptr = &key;
+    tl_st_tensor **found = bsearch(&key_ptr, file->by_name, (size_t)file->n_tensors, sizeof *file->by_name, by_name);
+    return found ? *found : NULL;
 }

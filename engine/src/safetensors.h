@@ -26,7 +26,7 @@ typedef struct tl_st_file {
     size_t map_len;
     tl_st_tensor *tensors;   /* in the header's order (the fingerprint reads them so) */
     int n_tensors;
-    int32_t *by_name;        /* [n_tensors] indices into tensors, sorted by name (tl_st_find) */
+    tl_st_tensor **by_name;  /* [n_tensors] the tensors sorted by name (tl_st_find) */
     bool borrowed;       /* map belongs to the caller (tl_st_open_memory): not unmapped */
 } tl_st_file;
 

@@ -98,20 +98,16 @@ static tl_status open_shards(const char *dir, const char *index_path, const cJSO
     return TL_OK;
 }
 
+/* Map entries by their keys (qsort's and bsearch's comparison). */
 static int by_key(const void *a, const void *b) {
     return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
 }
 
-/* The map's entry for tensor `name`, by binary search over its entries sorted by key. */
+/* The map's entry for tensor `name` among its n entries sorted by key. */
 static const cJSON *map_entry(const cJSON **sorted, int n, const char *name) {
-    int lo = 0, hi = n - 1;
-    while (lo <= hi) {
-        const int mid = lo + (hi - lo) / 2, cmp = strcmp(sorted[mid]->string, name);
-        if (cmp == 0) return sorted[mid];
-        if (cmp < 0) lo = mid + 1;
-        else hi = mid - 1;
-    }
-    return NULL;
+    const cJSON key = {.string = (char *)name}, *key_ptr = &key;
+    const cJSON **found = n > 0 ? bsearch(&key_ptr, sorted, (size_t)n, sizeof *sorted, by_key) : NULL;
+    return found ? *found : NULL;
 }
 
 /* Every tensor where the index says, and nothing the index does not list; a tensor the map

@@ -434,37 +434,33 @@ tl_status tl_engine_submit_with(tl_engine *e, tl_session *session, const tl_engi
         free(r);
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: the engine is stopping");
     }
-    /* What tl_session_step_batch would refuse fails here, for this request alone: in a
-       batch it would fail the call, and with it every running request. */
-    /* The claim first: a session some engine holds (this one or another, whose thread may be
-       stepping it) is refused without reading anything else of it. */
-    const char *refusal = tl_session_claim(session) ? NULL : "already submitted to an engine";
-    if (!refusal && (refusal = tl_session_batch_refusal(session, e->model)) != NULL)
-        atomic_store(&session->engine_claimed, false); /* (refused: still the caller's) */
-    if (refusal) {
-        pthread_mutex_unlock(&e->mu);
-        free(r);
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: the session is %s", refusal);
-    }
     /* Full means no free place to run now and no room to wait. */
-    bool full = e->c.active + e->c.queued >= e->opts.max_active + e->opts.max_queued;
-    if (!full && e->n_reqs == e->cap_reqs) {
+    const bool full = e->c.active + e->c.queued >= e->opts.max_active + e->opts.max_queued;
+    if (!full && e->n_reqs == e->cap_reqs) { /* (room first: nothing of the session is taken yet) */
         int cap = e->cap_reqs ? 2 * e->cap_reqs : 16;
         request **reqs = realloc(e->reqs, (size_t)cap * sizeof *reqs);
         if (!reqs) {
-            atomic_store(&session->engine_claimed, false);
             pthread_mutex_unlock(&e->mu);
             free(r);
             return tl_fail(TL_ERR_NO_MEMORY, "tl_engine_submit: out of memory");
         }
         e->reqs = reqs, e->cap_reqs = cap;
     }
-    if (full) {
-        atomic_store(&session->engine_claimed, false); /* (refused: still the caller's) */
-        e->c.rejected++;
+    /* What tl_session_step_batch would refuse fails here, for this request alone: in a
+       batch it would fail the call, and with it every running request. The claim first: a
+       session some engine holds (this one or another, whose thread may be stepping it) is
+       refused without reading anything else of it. A refused or rejected session stays the
+       caller's. */
+    const char *refusal = tl_session_claim(session) ? NULL : "already submitted to an engine";
+    if (!refusal) {
+        refusal = tl_session_batch_refusal(session, e->model);
+        if (refusal || full) tl_session_unclaim(session);
+    }
+    if (refusal || full) {
+        if (!refusal) e->c.rejected++;
         pthread_mutex_unlock(&e->mu);
         free(r);
-        return TL_OK;
+        return refusal ? tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: the session is %s", refusal) : TL_OK;
     }
     r->id = e->next_id++;
     r->session = session;

@@ -62,9 +62,11 @@ bool tl_session_claim(tl_session *s) {
     return atomic_compare_exchange_strong(&s->engine_claimed, &unclaimed, true);
 }
 
+void tl_session_unclaim(tl_session *s) { atomic_store(&s->engine_claimed, false); }
+
 void tl_session_release_claimed(tl_session *s) {
     if (!s) return;
-    atomic_store(&s->engine_claimed, false);
+    tl_session_unclaim(s);
     tl_session_free(s); /* (not stepping: the engine frees between steps) */
 }
 

@@ -164,8 +164,10 @@ tl_status tl_session_hook_failed(tl_session *s, const char *hook, int code);
 const char *tl_session_batch_refusal(const tl_session *s, const tl_model *m);
 /* A serving engine's hold on a session (scheduler.c): tl_session_claim takes it (false: some
    engine holds it already); while held, tl_session_free only asks the engine to end it
-   (free_requested). tl_session_release_claimed gives it up and frees the session. */
+   (free_requested). tl_session_unclaim gives it up (a submit that refuses it after all),
+   tl_session_release_claimed gives it up and frees the session. */
 bool tl_session_claim(tl_session *s);
+void tl_session_unclaim(tl_session *s);
 void tl_session_release_claimed(tl_session *s);
 /* Gives the session grammar g (copied; a compiled grammar gets the session's own matcher,
    at its start). */

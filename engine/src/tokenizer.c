@@ -370,13 +370,21 @@ static int added_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* The table slot of trie node `node`'s child by byte `b`: its own, or the empty one where it
+   would go (the table is never full). */
+static uint32_t trie_slot(const added_trie *tr, int32_t node, unsigned char b)
+{
+    const uint64_t key = ((uint64_t)node << 8 | b) + 1;
+    uint32_t i = (uint32_t)hash_pair(key) & tr->mask;
+    while (tr->keys[i] && tr->keys[i] != key) i = (i + 1) & tr->mask;
+    return i;
+}
+
 /* The child of trie node `node` by byte `b`, or -1. */
 static int32_t trie_child(const added_trie *tr, int32_t node, unsigned char b)
 {
-    const uint64_t key = ((uint64_t)node << 8 | b) + 1;
-    for (uint32_t i = (uint32_t)hash_pair(key) & tr->mask; tr->keys[i]; i = (i + 1) & tr->mask)
-        if (tr->keys[i] == key) return tr->child[i];
-    return -1;
+    const uint32_t i = trie_slot(tr, node, b);
+    return tr->keys[i] ? tr->child[i] : -1;
 }
 
 /* t->trie from t->added (sorted: a text's tokens are chained in that order). 0 out of memory. */
@@ -401,17 +409,13 @@ static int build_added_trie(tlz_tokenizer *t)
         int32_t node = 0;
         for (size_t k = 0; k < a->len; k++) {
             const unsigned char b = (unsigned char)a->text[k];
-            int32_t next = trie_child(tr, node, b);
-            if (next < 0) { /* a new node: the table has room for every byte of every text */
-                next = tr->n_nodes++;
-                tr->token[next] = -1;
-                const uint64_t key = ((uint64_t)node << 8 | b) + 1;
-                uint32_t j = (uint32_t)hash_pair(key) & tr->mask;
-                while (tr->keys[j]) j = (j + 1) & tr->mask;
-                tr->keys[j] = key;
-                tr->child[j] = next;
+            const uint32_t slot = trie_slot(tr, node, b);
+            if (!tr->keys[slot]) { /* a new node: the table has room for every byte of every text */
+                tr->keys[slot] = ((uint64_t)node << 8 | b) + 1;
+                tr->child[slot] = tr->n_nodes;
+                tr->token[tr->n_nodes++] = -1;
             }
-            node = next;
+            node = tr->child[slot];
         }
         if (tr->token[node] < 0) {
             tr->token[node] = (int32_t)i;

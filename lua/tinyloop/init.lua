@@ -1107,7 +1107,7 @@ function Session:fork(hooks)
         if ctx then registry[ctx.key] = nil end
         return engine_failure(st)
     end
-    return wrap_session(self.model, branch_out[0], ctx, keep, c and compiled_grammar or self.compiled_grammar)
+    return wrap_session(self.model, branch_out[0], ctx, keep, compiled_grammar)
 end
 
 -- A saved state: { ptr, ctx (the hooks and token/text mirrors it continues with), model }.
@@ -1240,7 +1240,7 @@ function Model:resume(state, hooks)
         if ctx then registry[ctx.key] = nil end
         return engine_failure(st)
     end
-    return wrap_session(self, branch_out[0], ctx, keep, c and compiled_grammar or state.compiled_grammar)
+    return wrap_session(self, branch_out[0], ctx, keep, compiled_grammar)
 end
 
 -- model:set_prefix_pool(bytes): opts the model into a pool of computed prompt prefixes of at

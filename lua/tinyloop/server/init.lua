@@ -271,6 +271,11 @@ local function send_error(status, message, param, etype, headers, code)
         ',"param":' .. (param and encode(param) or "null") .. ',"code":' .. (code and encode(code) or "null") .. "}}", headers)
 end
 _M.send_error = send_error
+-- A request parser's error ({status, message, param, type, code}) sent by `send` (send_error,
+-- or a handler's own that shapes it for another API).
+local function send_request_error(err, send)
+    return (send or send_error)(err.status, err.message, err.param, err.type, nil, err.code)
+end
 
 -- An error in Anthropic's shape ({"type": "error", "error": {"type", "message"}}), in Ollama's
 -- ({"error": "message"}), or in the shape of the API the request's URI is (its clients read
@@ -1202,7 +1207,7 @@ function _M.tokenize()
     local body = post_body()
     if not body then return end
     local req, err = request.parse_tokenize(body, model, conf.model_id, chat_prompts, chat_error)
-    if not req then return send_error(err.status, err.message, err.param, err.type, nil, err.code) end
+    if not req then return send_request_error(err) end
     if req.llama then -- llama.cpp's answer: the ids, or each id with its text
         if not req.with_pieces then return send_json(200, '{"tokens":[' .. concat(req.ids, ",") .. "]}") end
         local pieces = {}
@@ -1235,7 +1240,7 @@ function _M.detokenize()
     local body = post_body()
     if not body then return end
     local req, err = request.parse_detokenize(body, model, conf.model_id)
-    if not req then return send_error(err.status, err.message, err.param, err.type, nil, err.code) end
+    if not req then return send_request_error(err) end
     -- (and as "content": llama.cpp's name of it)
     local text = encode(request.valid_utf8(req.text))
     return send_json(200, '{"prompt":' .. text .. ',"content":' .. text .. "}")
@@ -1266,7 +1271,7 @@ local function serve(chat, body, view)
     else
         req, err = request.parse(body, model, conf.model_id, conf.max_active, parse_opts)
     end
-    if not req then return send_error(err.status, err.message, err.param, err.type, nil, err.code) end
+    if not req then return send_request_error(err, send_error) end
     -- A thinking model under a grammar (structured outputs, a tool choice): its reasoning runs
     -- free and the grammar writes the answer after </think>, as vLLM does with a reasoning
     -- parser; where the prompt does not open the block, the model may write one first (unless
@@ -1434,7 +1439,7 @@ local function serve(chat, body, view)
     local ok, err = xpcall(req.stream and run_stream or run_blocking, debug.traceback, r)
     if ok then return end
     release_all(r, false)
-    ngx.log(ngx.ERR, "tinyloop: ", tostring(err))
+    ngx_log(ngx.ERR, "tinyloop: ", tostring(err))
     if ngx.headers_sent then return ngx_exit(ngx.ERROR) end
     return r.send_error(500, "internal error reading the answer back (the server's log says where)", nil, "server_error")
 end
@@ -1574,7 +1579,7 @@ function _M.embeddings()
     local body = post_body()
     if not body then return end
     local req, err = request.parse_embeddings(body, model, conf.model_id)
-    if not req then return send_error(err.status, err.message, err.param, err.type, nil, err.code) end
+    if not req then return send_request_error(err) end
     local data = embed_text(req.inputs, req.tokens, req.loops, req.pooling, req.normalize, req.encoding, "openai", send_error)
     if not data then return end
     return send_json(200, '{"object":"list","data":[' .. data .. '],"model":' .. encode(conf.model_id) ..
@@ -1590,7 +1595,7 @@ function _M.rerank()
     local body = post_body()
     if not body then return end
     local req, err = request.parse_rerank(body, model, conf.model_id)
-    if not req then return send_error(err.status, err.message, err.param, err.type, nil, err.code) end
+    if not req then return send_request_error(err) end
     local scores = similarity(req, send_error)
     if not scores then return end
     local order = {}
@@ -1614,7 +1619,7 @@ function _M.score()
     local body = post_body()
     if not body then return end
     local req, err = request.parse_score(body, model, conf.model_id)
-    if not req then return send_error(err.status, err.message, err.param, err.type, nil, err.code) end
+    if not req then return send_request_error(err) end
     local scores = similarity(req, send_error)
     if not scores then return end
     local data = {}
