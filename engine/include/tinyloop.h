@@ -530,6 +530,22 @@ tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *s
 tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
                                 tl_status *statuses);
 
+/* Chunked prefill: how much of the sessions' prompts one tl_session_step_batch_with forwards. */
+typedef struct tl_step_batch_options {
+    int prompt_rows; /* 0: no limit (tl_session_step_batch). Otherwise the most rows of prompts
+                        not yet in their caches this call forwards, shared out in the call's
+                        order; the running sessions' rows always go in. A session whose prompt
+                        the limit cuts emits nothing this call: token -1, stop TL_STOP_NONE,
+                        status TL_OK (the only step that gives -1 without a stop); a later
+                        call forwards the rest and emits its first token. Sessions stepped on
+                        their own (speculative, beam, early exit) prefill their whole prompt in
+                        their first step, as ever. Tokens stay bit-identical to stepping alone. */
+} tl_step_batch_options;
+void tl_step_batch_options_init(tl_step_batch_options *opts);
+/* tl_session_step_batch with options (NULL: the defaults); prompt_rows < 0 is refused. */
+tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const tl_step_batch_options *opts,
+                                     int32_t *tokens, tl_stop_reason *stops, tl_status *statuses);
+
 /* The message of the session's step that failed (tl_session_step's, or its row's in
    tl_session_step_batch), "" while none did; valid until the session is freed. NULL gives "". */
 const char *tl_session_error(const tl_session *session);
@@ -702,6 +718,13 @@ typedef struct tl_engine tl_engine;
 typedef struct tl_engine_options {
     int max_active;  /* 8; sessions stepped together at most (>= 1) */
     int max_queued;  /* 32; submitted sessions waiting for a place (>= 0) */
+    int step_rows;   /* 64; rows one iteration forwards at most: one per running request, and
+                        what they leave for prompts not yet in their caches (chunked prefill,
+                        tl_step_batch_options.prompt_rows). A long prompt is prefilled over
+                        several iterations, the running requests emitting a token in each, so
+                        it delays their next token (and a cancel) by one chunk, not by its whole
+                        prefill; 64 makes an iteration one forward pass. 0: no limit; otherwise
+                        more than max_active. */
 } tl_engine_options;
 
 void tl_engine_options_init(tl_engine_options *opts);
@@ -789,6 +812,8 @@ typedef struct tl_engine_counters {
                                     the caller dropped first; rejected: submit when full */
     uint64_t iterations, rows;   /* batched steps, and the session-steps they carried */
     uint64_t steps_after_cancel; /* steps sessions made after their cancel (the one in flight) */
+    uint64_t partial_prefills;   /* session-steps that forwarded part of a prompt and emitted nothing
+                                    (step_rows cut it) */
     uint64_t waiter_wakeups;     /* times a sleeping tl_engine_wait woke (its request's output, finish
                                     or cancel, the engine's stop, its timeout): not once per step */
 } tl_engine_counters;

@@ -101,6 +101,7 @@ void tl_engine_options_init(tl_engine_options *opts) {
     if (!opts) return;
     opts->max_active = 8;
     opts->max_queued = 32;
+    opts->step_rows = TL_FORWARD_CHUNK;
 }
 
 static request *find(tl_engine *e, uint64_t id) {
@@ -239,6 +240,8 @@ static void *engine_main(void *arg) {
     size_t *piece_lens = e->piece_lens;
     token_logprobs *logprobs = e->logprobs;
     int n_run = 0;
+    tl_step_batch_options step_opts;
+    tl_step_batch_options_init(&step_opts);
 
     pthread_mutex_lock(&e->mu);
     while (!e->stop) {
@@ -276,9 +279,13 @@ static void *engine_main(void *arg) {
         }
         for (int i = 0; i < n_run; i++) sessions[i] = run[i]->session;
         pthread_mutex_unlock(&e->mu);
+        /* Chunked prefill: prompts get what the running requests' rows leave of step_rows (at
+           least one row: step_rows > max_active), so that an iteration is one forward pass of
+           TL_FORWARD_CHUNK rows with the defaults, not a full one and a nearly empty one. */
+        step_opts.prompt_rows = e->opts.step_rows > 0 ? e->opts.step_rows - n_run : 0;
 
         /* The forward pass, without the lock. Only this thread touches these sessions. */
-        tl_status st = tl_session_step_batch(sessions, n_run, tokens, stops, statuses);
+        tl_status st = tl_session_step_batch_with(sessions, n_run, &step_opts, tokens, stops, statuses);
         /* A refused call fails every row with its message (submit admits only sessions the
            call takes, so this is out of memory at most); a failed session has its own. */
         char batch_error[256] = "";
@@ -303,11 +310,16 @@ static void *engine_main(void *arg) {
                 e->c.steps_after_cancel++;
                 continue; /* dropped at the top of the loop; its waiters were woken by the cancel */
             }
-            wake(r); /* a token, a finish or a failure: something to read in every case */
             if (atomic_load(&r->session->free_requested)) { /* freed by a hook during the step */
+                wake(r);
                 finish(e, r, TL_STOP_NONE, TL_ERR_INVALID_ARGUMENT, FREED_WHILE_HELD);
                 continue;
             }
+            if (statuses[i] == TL_OK && tokens[i] < 0 && stops[i] == TL_STOP_NONE) {
+                e->c.partial_prefills++; /* step_rows cut its prompt: nothing to read yet */
+                continue;
+            }
+            wake(r); /* a token, a finish or a failure: something to read in every case */
             if (statuses[i] != TL_OK) {
                 finish(e, r, TL_STOP_NONE, statuses[i], st != TL_OK ? batch_error : tl_session_error(r->session));
                 continue;
@@ -340,6 +352,11 @@ tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_active = %d must be in [1, 4096]", o.max_active);
     if (o.max_queued < 0 || o.max_queued > 1 << 20)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_queued = %d must be in [0, 1048576]", o.max_queued);
+    if (o.step_rows < 0 || (o.step_rows > 0 && o.step_rows <= o.max_active))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "step_rows = %d must be 0 (no limit) or more than max_active = %d (every running request "
+                       "takes a row, and prompts need at least one)",
+                       o.step_rows, o.max_active);
     tl_engine *e = calloc(1, sizeof *e);
     if (!e) return tl_fail(TL_ERR_NO_MEMORY, "tl_engine_new: out of memory");
     e->model = model;

@@ -599,10 +599,13 @@ static int by_depth(const void *a, const void *b) {
     return x->order - y->order; /* never equal: a total order, so qsort is deterministic */
 }
 
-/* Forwards every pending row of the sessions (prompt chunks of new ones, the last token of
+/* Forwards the pending rows of the sessions (prompt chunks of new ones, the last token of
    running ones) in passes of at most TL_FORWARD_CHUNK rows, each session's cache its own,
-   leaving each session's next-token logits in s->logits. */
-static tl_status forward_together(tl_session **group, int n) {
+   leaving the next-token logits in s->logits of each session whose rows are all in its cache
+   afterwards. prompt_rows > 0 caps the rows of prompts not yet done, shared out in the
+   group's order (a running session's row always goes in): a prompt the cap cuts keeps the
+   rest for a later call, and gets no logits. */
+static tl_status forward_together(tl_session **group, int n, int prompt_rows) {
     const tl_model *m = group[0]->m;
     const int vocab = m->cfg.vocab_size;
     tl_status st = TL_OK;
@@ -611,19 +614,29 @@ static tl_status forward_together(tl_session **group, int n) {
     bool *want = malloc((size_t)n * sizeof *want);
     int32_t *tokens = malloc(TL_FORWARD_CHUNK * sizeof *tokens), *positions = malloc(TL_FORWARD_CHUNK * sizeof *positions);
     float *logits = malloc((size_t)n * (size_t)vocab * sizeof *logits);
-    if (!entries || !parts || !want || !tokens || !positions || !logits)
+    int *target = malloc((size_t)n * sizeof *target); /* the cache length each session ends this call at */
+    if (!entries || !parts || !want || !tokens || !positions || !logits || !target)
         st = tl_fail(TL_ERR_NO_MEMORY, "tl_session_step_batch: out of memory for %d sessions", n);
+    for (int i = 0, prompt_left = prompt_rows; st == TL_OK && i < n; i++) {
+        const tl_session *s = group[i];
+        int take = s->n_tokens - s->cache->length;
+        if (prompt_rows > 0 && !s->prompt_done) {
+            if (take > prompt_left) take = prompt_left;
+            prompt_left -= take;
+        }
+        target[i] = s->cache->length + take;
+    }
     for (;;) {
         if (st != TL_OK) break;
-        /* Fill one pass in the call's order: each session takes what fits of its pending rows. */
+        /* Fill one pass in the call's order: each session takes what fits of its rows left. */
         int k = 0, rows = 0;
         for (int i = 0; i < n && rows < TL_FORWARD_CHUNK; i++) {
             tl_session *s = group[i];
-            const int pending = s->n_tokens - s->cache->length;
-            if (pending <= 0) continue;
-            int take = pending < s->chunk ? pending : s->chunk;
+            const int left = target[i] - s->cache->length;
+            if (left <= 0) continue;
+            int take = left < s->chunk ? left : s->chunk;
             if (take > TL_FORWARD_CHUNK - rows) take = TL_FORWARD_CHUNK - rows;
-            entries[k++] = (batch_entry){s, i, take, take == pending};
+            entries[k++] = (batch_entry){s, i, take, s->cache->length + take == s->n_tokens};
             rows += take;
         }
         if (k == 0) break;
@@ -650,6 +663,7 @@ static tl_status forward_together(tl_session **group, int n) {
     free(tokens);
     free(positions);
     free(logits);
+    free(target);
     return st;
 }
 
@@ -666,12 +680,28 @@ static tl_status finish_shared_step(tl_session *s, bool was_prefill, int32_t *to
     return TL_OK;
 }
 
+void tl_step_batch_options_init(tl_step_batch_options *opts) {
+    if (!opts) return;
+    opts->prompt_rows = 0;
+}
+
 tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
                                 tl_status *statuses) {
+    return tl_session_step_batch_with(sessions, n, NULL, tokens, stops, statuses);
+}
+
+tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const tl_step_batch_options *opts,
+                                     int32_t *tokens, tl_stop_reason *stops, tl_status *statuses) {
     tl_clear_error();
     if (!sessions || !tokens || !stops || !statuses)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: NULL argument");
     if (n < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: n = %d, need >= 1", n);
+    tl_step_batch_options o;
+    tl_step_batch_options_init(&o);
+    if (opts) o = *opts;
+    if (o.prompt_rows < 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: prompt_rows = %d, need >= 0 (0: no limit)",
+                       o.prompt_rows);
     for (int i = 0; i < n; i++) {
         const tl_session *s = sessions[i];
         if (!s) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: sessions[%d] is NULL", i);
@@ -708,7 +738,7 @@ tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tok
         was_prefill[n_group] = !sessions[i]->prompt_done;
         group[n_group++] = sessions[i];
     }
-    tl_status forward_status = n_group > 0 ? forward_together(group, n_group) : TL_OK;
+    tl_status forward_status = n_group > 0 ? forward_together(group, n_group, o.prompt_rows) : TL_OK;
     char forward_error[1024] = "";
     if (forward_status != TL_OK) snprintf(forward_error, sizeof forward_error, "%s", tl_last_error());
     for (int i = 0, g = 0; i < n; i++) {
@@ -725,6 +755,8 @@ tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tok
             s->finished = true;
             statuses[i] = forward_status;
             keep_error(s, forward_error);
+        } else if (s->cache->length < s->n_tokens) {
+            /* prompt_rows cut its prompt: the rest goes in a later call, which emits its first token */
         } else {
             statuses[i] = finish_shared_step(s, was_prefill[g], &tokens[i], &stops[i]);
             if (statuses[i] != TL_OK) {

@@ -251,6 +251,12 @@ void tl_session_free(tl_session *session);
 tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *stop);
 tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
                                 tl_status *statuses);
+typedef struct tl_step_batch_options {
+    int prompt_rows;
+} tl_step_batch_options;
+void tl_step_batch_options_init(tl_step_batch_options *opts);
+tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const tl_step_batch_options *opts,
+                                     int32_t *tokens, tl_stop_reason *stops, tl_status *statuses);
 const char *tl_session_error(const tl_session *session);
 tl_status tl_session_logprobs(tl_session *session, int top, float *logprob, int32_t *top_ids, float *top_logprobs);
 tl_status tl_session_fork(const tl_session *parent, const tl_generate_config *hooks, tl_session **child);
@@ -317,6 +323,7 @@ typedef struct tl_engine tl_engine;
 typedef struct tl_engine_options {
     int max_active;
     int max_queued;
+    int step_rows;
 } tl_engine_options;
 void tl_engine_options_init(tl_engine_options *opts);
 tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl_engine **out);
@@ -358,6 +365,7 @@ typedef struct tl_engine_counters {
     uint64_t submitted, finished, cancelled, failed, rejected;
     uint64_t iterations, rows;
     uint64_t steps_after_cancel;
+    uint64_t partial_prefills;
     uint64_t waiter_wakeups;
 } tl_engine_counters;
 void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);

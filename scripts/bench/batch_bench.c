@@ -11,10 +11,15 @@
  * first ones of staggered lengths, i/N of T, so that sessions end and join one at a time). This
  * is what the HTTP server's engine thread runs under scripts/bench/serve_bench.sh, without the
  * HTTP: the joining prompts' rows share the passes with the decode rows, and every row samples.
+ * --step-rows LIST runs the mix once per value, in turn, as the serving engine runs with that
+ * step_rows: a step forwards one row per session, and what they leave of the value for prompts
+ * (tl_step_batch_options.prompt_rows; 0: a joining prompt is prefilled whole in its first
+ * step). It prints the step times' p50, p99 and maximum beside the rate: a running session
+ * waits one step for each of its tokens, so a long step is a stall of every stream.
  *
  *   tinyloop-bench --preset gpt2-small --dtype f16 --keep      (prints the checkpoint's path)
  *   tinyloop-batch-bench --model DIR [--threads N] [--steps N] [--prefix 512] [--sessions 1,2,4,8,16]
- *                        [--mix P,T] [--rounds N]
+ *                        [--mix P,T [--step-rows 0,64]] [--rounds N]
  *
  * On a shared VM one session's rate drifts by a quarter within minutes, and a ratio to one
  * session is only as good as that baseline: --rounds N measures every count N times in turn
@@ -115,12 +120,24 @@ static tl_session *mix_session(const tl_model *m, int prompt_len, int max_tokens
     return s;
 }
 
+/* The timed steps of one mix run: their wall times, sorted after the run (ms). */
+typedef struct step_times {
+    double *ms;
+    int n;
+} step_times;
+
 /* Tokens/s of n sessions stepped together under the serving mix (see the top), counting the
-   steps' time only: T untimed steps first reach the steady state of joins, and a replacement
-   is created between steps, off the clock (the server creates it on another thread).
+   steps' time only: untimed steps first reach the steady state of joins, and a replacement
+   is created between steps, off the clock (the server creates it on another thread). Prompts
+   are cut to prompt_rows rows a step (0: whole); only emitted tokens count.
    *cpu_share: the process's CPU time over those steps' wall time (2.0 = two cores busy; less
    when other processes took the cores: the figure is then theirs to explain). */
-static double mix_rate(const tl_model *m, int n, int steps, int prompt_len, int max_tokens, double *cpu_share) {
+static double mix_rate(const tl_model *m, int n, int steps, int prompt_len, int max_tokens, int prompt_rows,
+                       double *cpu_share, step_times *times) {
+    tl_step_batch_options opts;
+    tl_step_batch_options_init(&opts);
+    opts.prompt_rows = prompt_rows;
+    times->n = 0;
     tl_session *sessions[64];
     int32_t tokens[64];
     tl_stop_reason stops[64];
@@ -132,20 +149,39 @@ static double mix_rate(const tl_model *m, int n, int steps, int prompt_len, int 
     }
     double ms = 0.0, cpu = 0.0;
     long rows = 0;
-    for (int s = 0; s < max_tokens + steps; s++) {
+    /* Untimed until every first session has been replaced (the steady state: with chunked
+       prefill the first prompts queue behind each other for many steps) and T steps passed. */
+    int replaced = 0, warm_steps = 0;
+    for (int s = 0; s < steps;) {
+        const bool timed = replaced >= n && warm_steps >= max_tokens;
         const double t0 = now_ms(), c0 = cpu_ms();
-        if (tl_session_step_batch(sessions, n, tokens, stops, statuses) != TL_OK) die("step");
-        if (s >= max_tokens) ms += now_ms() - t0, cpu += cpu_ms() - c0, rows += n;
+        if (tl_session_step_batch_with(sessions, n, &opts, tokens, stops, statuses) != TL_OK) die("step");
+        const double step_ms = now_ms() - t0;
+        if (!timed) warm_steps++;
+        else {
+            s++;
+            ms += step_ms, cpu += cpu_ms() - c0;
+            times->ms[times->n++] = step_ms;
+            for (int i = 0; i < n; i++) rows += tokens[i] >= 0;
+        }
         for (int i = 0; i < n; i++) {
             if (statuses[i] != TL_OK) die("mix step");
             if (stops[i] == TL_STOP_NONE) continue;
             tl_session_free(sessions[i]);
             sessions[i] = mix_session(m, prompt_len, max_tokens, ++seed);
+            replaced++;
         }
     }
     for (int i = 0; i < n; i++) tl_session_free(sessions[i]);
     *cpu_share = cpu / ms;
+    qsort(times->ms, (size_t)times->n, sizeof *times->ms, compare_doubles);
     return (double)rows * 1000.0 / ms;
+}
+
+/* The q-quantile of sorted times (nearest rank). */
+static double quantile(const step_times *t, double q) {
+    int k = (int)(q * t->n + 0.999999) - 1;
+    return t->ms[k < 0 ? 0 : k >= t->n ? t->n - 1 : k];
 }
 
 /* Time to first token (ms) of a prompt `len` tokens long. */
@@ -200,7 +236,7 @@ static void state_file_figure(const tl_model *m, const int32_t *prompt, int len,
 }
 
 int main(int argc, char **argv) {
-    const char *dir = NULL, *counts = "1,2,4,8,16";
+    const char *dir = NULL, *counts = "1,2,4,8,16", *step_rows = "0";
     int threads = 0, steps = 32, prefix = 512, mix_prompt = 0, mix_tokens = 0, context = 0; /* 0: 16, or 1 on a short model */
     int rounds = 1;
     tl_backend_kind backend = TL_BACKEND_CPU;
@@ -219,6 +255,9 @@ int main(int argc, char **argv) {
                    "  --sessions LIST  concurrent sessions to measure (default 1,2,4,8,16)\n"
                    "  --mix P,T        also the serving mix: P-token prompts, T tokens each at temperature 0.8,\n"
                    "                   a finished session replaced at once (serve_bench's load without HTTP)\n"
+                   "  --step-rows L    the mix once per value of the list: rows a step forwards at most, one per\n"
+                   "                   session and the rest for prompts (the engine's chunked prefill; default 0:\n"
+                   "                   prompts whole), with the step times' p50/p99/max\n"
                    "  --backend B      cpu (default) or cuda\n"
                    "  --kv-type T      the KV cache's type, f32 or f16 (default: f32, or TINYLOOP_KV_TYPE)\n"
                    "  --rounds N       measure the decode rates N times in turn (1 to 15, default 1) and print\n"
@@ -232,6 +271,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--context")) context = atoi(v);
         else if (!strcmp(a, "--prefix")) prefix = atoi(v);
         else if (!strcmp(a, "--sessions")) counts = v;
+        else if (!strcmp(a, "--step-rows")) step_rows = v;
         else if (!strcmp(a, "--rounds")) {
             rounds = atoi(v);
             if (rounds < 1 || rounds > MAX_ROUNDS) {
@@ -324,22 +364,46 @@ int main(int argc, char **argv) {
     fflush(stdout);
 
     if (mix_prompt > 0) {
+        int rows_list[16], n_rows = 0;
+        char rows_text[256];
+        snprintf(rows_text, sizeof rows_text, "%s", step_rows);
+        for (char *tok = strtok(rows_text, ","); tok && n_rows < 16; tok = strtok(NULL, ",")) {
+            rows_list[n_rows] = atoi(tok);
+            if (rows_list[n_rows] < 0) { fprintf(stderr, "tinyloop-batch-bench: --step-rows wants values >= 0\n"); return 2; }
+            n_rows++;
+        }
+        if (n_rows == 0) rows_list[n_rows++] = 0;
         printf("\nserving mix: prompts of %d tokens, %d tokens each at temperature 0.8, a finished session replaced at once\n"
-               "     sessions   aggregate tok/s   vs one session   CPU %%   tok per CPU-s\n", mix_prompt, mix_tokens);
+               "     sessions     step rows   aggregate tok/s   vs one session   step p50 / p99 / max ms   CPU %%   tok per CPU-s\n",
+               mix_prompt, mix_tokens);
         const int mix_steps = 2 * mix_tokens > steps ? 2 * mix_tokens : steps;
+        step_times times = {malloc((size_t)mix_steps * sizeof(double)), 0};
+        if (!times.ms) die("out of memory");
         double share;
-        const double mix_one = mix_rate(m, 1, mix_steps, mix_prompt, mix_tokens, &share);
-        if (atoi(counts) != 1)
-            printf("mix %8d   %15.1f   %13.2fx   %5.0f   %13.1f   (the baseline)\n", 1, mix_one, 1.0, 100 * share,
-                   mix_one / share);
+        /* The baseline: one session at the list's first value. */
+        const int base_rows = rows_list[0] > 1 ? rows_list[0] - 1 : 0;
+        const double mix_one = mix_rate(m, 1, mix_steps, mix_prompt, mix_tokens, base_rows, &share, &times);
+        printf("mix %8d   %11d   %15.1f   %13.2fx   %7.1f / %7.1f / %7.1f   %5.0f   %13.1f   (the baseline)\n", 1,
+               rows_list[0], mix_one, 1.0, quantile(&times, 0.5), quantile(&times, 0.99), times.ms[times.n - 1],
+               100 * share, mix_one / share);
         snprintf(list, sizeof list, "%s", counts);
         for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
             const int n = atoi(tok);
             if (n < 1 || n > 64) continue;
-            const double rate = n == 1 && tok == list ? mix_one : mix_rate(m, n, mix_steps, mix_prompt, mix_tokens, &share);
-            printf("mix %8d   %15.1f   %13.2fx   %5.0f   %13.1f\n", n, rate, rate / mix_one, 100 * share, rate / share);
-            fflush(stdout);
+            for (int r = 0; r < n_rows; r++) { /* in turn, so that drift falls on every value alike */
+                if (rows_list[r] > 0 && rows_list[r] <= n) {
+                    printf("mix %8d   %11d   (the engine needs more step rows than sessions)\n", n, rows_list[r]);
+                    continue;
+                }
+                const int prompt_rows = rows_list[r] > 0 ? rows_list[r] - n : 0;
+                const double rate = mix_rate(m, n, mix_steps, mix_prompt, mix_tokens, prompt_rows, &share, &times);
+                printf("mix %8d   %11d   %15.1f   %13.2fx   %7.1f / %7.1f / %7.1f   %5.0f   %13.1f\n", n, rows_list[r],
+                       rate, rate / mix_one, quantile(&times, 0.5), quantile(&times, 0.99), times.ms[times.n - 1],
+                       100 * share, rate / share);
+                fflush(stdout);
+            }
         }
+        free(times.ms);
     }
 
     if (prefix + 2 <= info->max_seq_len) {

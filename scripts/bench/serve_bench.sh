@@ -64,19 +64,21 @@ ref_line="" ref_ratio="" mix_line="" mix_ratio="" mix_eff_one="" mix_eff_many=""
 if [ "$engine_ref" = 1 ]; then
   cmake --build build -j2 --target tinyloop-batch-bench >/dev/null 2>&1 || true
   if [ -x build/scripts/bench/tinyloop-batch-bench ]; then
+    # the server's step_rows (scripts/serve's default: the multiple of 64 above --max-active)
+    step_rows=$(( 64 * ((clients + 64) / 64) ))
     ref=$(build/scripts/bench/tinyloop-batch-bench --model "$model" --threads "$threads" --steps 32 --prefix 16 \
-          --sessions "1,$clients" --mix "$prompt_len,$max_tokens" 2>&1 || true)
+          --sessions "1,$clients" --mix "$prompt_len,$max_tokens" --step-rows "$step_rows" 2>&1 || true)
     one=$(printf '%s\n' "$ref" | awk '$1 == 1 && $3 ~ /x$/ { print $2 }')
     many=$(printf '%s\n' "$ref" | awk -v n="$clients" '$1 == n && $3 ~ /x$/ { print $2 }')
     if [ -n "$one" ] && [ -n "$many" ]; then
       ref_ratio=$(awk -v a="$many" -v b="$one" 'BEGIN { printf "%.2f", a / b }')
       ref_line="engine alone (tinyloop-batch-bench, decode only, no HTTP): 1 session $one tok/s, $clients sessions $many tok/s: x$ref_ratio"
     fi
-    # "mix N tok/s ratio CPU% tok-per-CPU-s"
-    one=$(printf '%s\n' "$ref" | awk '$1 == "mix" && $2 == 1 { print $3 }')
-    many=$(printf '%s\n' "$ref" | awk -v n="$clients" '$1 == "mix" && $2 == n { print $3 }')
-    mix_eff_one=$(printf '%s\n' "$ref" | awk '$1 == "mix" && $2 == 1 { print $6 }')
-    mix_eff_many=$(printf '%s\n' "$ref" | awk -v n="$clients" '$1 == "mix" && $2 == n { print $6 }')
+    # "mix N step-rows tok/s ratio p50 / p99 / max CPU% tok-per-CPU-s", the baseline (1) first
+    one=$(printf '%s\n' "$ref" | awk '$1 == "mix" && $2 == 1 { print $4; exit }')
+    many=$(printf '%s\n' "$ref" | awk -v n="$clients" '$1 == "mix" && $2 == n { v = $4 } END { print v }')
+    mix_eff_one=$(printf '%s\n' "$ref" | awk '$1 == "mix" && $2 == 1 { print $12; exit }')
+    mix_eff_many=$(printf '%s\n' "$ref" | awk -v n="$clients" '$1 == "mix" && $2 == n { v = $12 } END { print v }')
     if [ -n "$one" ] && [ -n "$many" ]; then
       mix_ratio=$(awk -v a="$many" -v b="$one" 'BEGIN { printf "%.2f", a / b }')
       mix_line="engine alone, the load's mix ($prompt_len-token prompts, $max_tokens tokens at temperature 0.8, no HTTP): 1 session $one tok/s, $clients sessions $many tok/s: x$mix_ratio"

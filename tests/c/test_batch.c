@@ -69,8 +69,14 @@ static void run_alone(const tl_model *m, job *j) {
     j->alone_stop = st.stop_reason;
 }
 
-/* Steps the jobs together: each joins at its step, leaves when it stops. */
-static void run_together(const tl_model *m, job *jobs, int n_jobs, int *batched_steps) {
+/* Steps the jobs together: each joins at its step, leaves when it stops. prompt_rows > 0
+   prefills in chunks (tl_step_batch_options): a step that forwarded part of a prompt emits
+   nothing, and only before the session's first token. */
+static int partial_steps;
+static void run_together(const tl_model *m, job *jobs, int n_jobs, int prompt_rows, int *batched_steps) {
+    tl_step_batch_options opts;
+    tl_step_batch_options_init(&opts);
+    opts.prompt_rows = prompt_rows;
     tl_session *live[N_SESSIONS];
     int live_job[N_SESSIONS], n_live = 0, joined = 0;
     int32_t tokens[N_SESSIONS];
@@ -87,11 +93,19 @@ static void run_together(const tl_model *m, job *jobs, int n_jobs, int *batched_
                 live_job[n_live++] = i;
             }
         if (n_live == 0) continue;
-        CHECK(tl_session_step_batch(live, n_live, tokens, stops, statuses) == TL_OK, "step_batch: %s", tl_last_error());
+        CHECK(tl_session_step_batch_with(live, n_live, &opts, tokens, stops, statuses) == TL_OK, "step_batch: %s",
+              tl_last_error());
         (*batched_steps)++;
         for (int k = 0; k < n_live; k++) {
             job *j = &jobs[live_job[k]];
             CHECK(statuses[k] == TL_OK, "job %d step: %s", live_job[k], tl_status_name(statuses[k]));
+            if (tokens[k] < 0 && stops[k] == TL_STOP_NONE) {
+                int n;
+                tl_session_tokens(j->session, &n);
+                CHECK(prompt_rows > 0 && n == j->n_prompt, "job %d emitted nothing after %d of its tokens (prompt %d, rows %d)",
+                      live_job[k], n - j->n_prompt, j->n_prompt, prompt_rows);
+                partial_steps++;
+            }
             if (stops[k] == TL_STOP_NONE && statuses[k] == TL_OK) continue;
             int n;
             const int32_t *got = tl_session_tokens(j->session, &n);
@@ -124,7 +138,8 @@ static void mixed_batches(const char *golden) {
         tl_model *m = NULL;
         if (tl_model_load(dir, NULL, &m) != TL_OK) { CHECK(0, "load %s: %s", names[mi], tl_last_error()); continue; }
         const struct tl_model_info *info = tl_model_info(m);
-        for (int round = 0; round < 3; round++) {
+        /* Rounds 3 and 4 prefill in chunks of 3 and 7 prompt rows a step. */
+        for (int round = 0; round < 5; round++) {
             job jobs[N_SESSIONS];
             memset(jobs, 0, sizeof jobs);
             for (int i = 0; i < N_SESSIONS; i++) {
@@ -133,12 +148,92 @@ static void mixed_batches(const char *golden) {
                     jobs[i].cfg.max_tokens = info->max_seq_len - jobs[i].n_prompt;
                 run_alone(m, &jobs[i]);
             }
-            run_together(m, jobs, N_SESSIONS, &batched_steps);
+            run_together(m, jobs, N_SESSIONS, round == 3 ? 3 : round == 4 ? 7 : 0, &batched_steps);
             jobs_run += N_SESSIONS;
         }
         tl_model_free(m);
     }
-    printf("  %d sessions compared with stepping alone over %d batched steps\n", jobs_run, batched_steps);
+    printf("  %d sessions compared with stepping alone over %d batched steps (%d of them chunks of a prompt)\n",
+           jobs_run, batched_steps, partial_steps);
+    CHECK(partial_steps > 0, "chunked prefill cut some prompts");
+}
+
+/* The chunked prefill's rule (tinyloop.h, tl_step_batch_options): prompt rows are shared out
+   in the call's order, the running sessions' rows always go in, and a prompt's first token
+   comes in the call that forwards its last row. Checked against a count of the rule itself,
+   call by call, over prompts longer than many chunks; then against stepping alone. */
+static void chunked_prefill_rule(const char *golden) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/../textmodel", golden);
+    tl_model *m = NULL;
+    if (tl_model_load(dir, NULL, &m) != TL_OK) { CHECK(0, "load"); return; }
+    const struct tl_model_info *info = tl_model_info(m);
+    enum { N = 5, ROWS = 5, MAX_TOKENS = 12 };
+    const int lens[N] = {3, 2 * info->max_seq_len / 5, 1, info->max_seq_len / 4, 7};
+    int32_t prompts[N][CAP], alone[N][CAP];
+    int n_alone[N];
+    tl_session *sessions[N];
+    tl_generate_config cfg[N];
+    for (int i = 0; i < N; i++) {
+        for (int k = 0; k < lens[i]; k++) prompts[i][k] = (int32_t)(next_u32() % (uint32_t)info->vocab_size);
+        tl_generate_config_init(&cfg[i]);
+        cfg[i].max_tokens = MAX_TOKENS;
+        cfg[i].ignore_eos = 1;
+        if (i % 2) { cfg[i].temperature = 0.9f; cfg[i].sample_seed = 40 + (uint64_t)i; }
+        tl_generate_stats st;
+        CHECK(tl_generate(m, prompts[i], lens[i], &cfg[i], alone[i], CAP, &n_alone[i], &st) == TL_OK, "%s", tl_last_error());
+        CHECK(tl_session_new(m, prompts[i], lens[i], &cfg[i], &sessions[i]) == TL_OK, "%s", tl_last_error());
+    }
+    tl_step_batch_options opts;
+    tl_step_batch_options_init(&opts);
+    CHECK(opts.prompt_rows == 0, "default: no limit (%d)", opts.prompt_rows);
+    int32_t tokens[N], token;
+    tl_stop_reason stops[N], stop;
+    tl_status statuses[N];
+    opts.prompt_rows = -1;
+    CHECK_ERROR(tl_session_step_batch_with(sessions, N, &opts, tokens, stops, statuses), TL_ERR_INVALID_ARGUMENT,
+                "prompt_rows = -1");
+    opts.prompt_rows = ROWS;
+    /* The last session: one call cuts its prompt, then tl_session_step alone forwards the rest. */
+    tl_session **last = &sessions[N - 1];
+    CHECK(tl_session_step_batch_with(last, 1, &opts, tokens, stops, statuses) == TL_OK && tokens[0] == -1 &&
+              stops[0] == TL_STOP_NONE && statuses[0] == TL_OK,
+          "a cut prompt emits nothing: token %d, stop %s", tokens[0], tl_stop_reason_name(stops[0]));
+    CHECK(tl_session_step(*last, &token, &stop) == TL_OK && token >= 0, "a step alone after a cut: %s", tl_last_error());
+    int left[N], emitted[N] = {0}, calls = 0, mismatches = 0;
+    for (int i = 0; i < N; i++) left[i] = lens[i];
+    left[N - 1] = 0, emitted[N - 1] = 1;
+    for (; calls < 200; calls++) {
+        tl_session *live[N];
+        int index[N], n_live = 0;
+        bool expect_token[N];
+        for (int i = 0, budget = ROWS; i < N; i++) {
+            if (emitted[i] == MAX_TOKENS) continue;
+            /* What the rule says this call does: */
+            const int take = left[i] > budget ? budget : left[i];
+            budget -= take;
+            left[i] -= take;
+            expect_token[n_live] = left[i] == 0;
+            index[n_live] = i;
+            live[n_live++] = sessions[i];
+        }
+        if (n_live == 0) break;
+        CHECK(tl_session_step_batch_with(live, n_live, &opts, tokens, stops, statuses) == TL_OK, "%s", tl_last_error());
+        for (int k = 0; k < n_live; k++) {
+            mismatches += (tokens[k] >= 0) != expect_token[k] || statuses[k] != TL_OK;
+            if (tokens[k] >= 0) emitted[index[k]]++;
+        }
+    }
+    CHECK(mismatches == 0, "%d session-steps broke the rule over %d calls", mismatches, calls);
+    CHECK(calls > (lens[0] + lens[1] + lens[2] + lens[3]) / ROWS, "the long prompts took %d calls", calls);
+    for (int i = 0; i < N; i++) {
+        int n;
+        const int32_t *got = tl_session_tokens(sessions[i], &n);
+        CHECK(n == n_alone[i] && memcmp(got, alone[i], (size_t)n * sizeof *got) == 0, "prompt %d (%d tokens): %d vs alone %d",
+              i, lens[i], n, n_alone[i]);
+        tl_session_free(sessions[i]);
+    }
+    tl_model_free(m);
 }
 
 /* tl_generate_batch: more prompts than live places, all bit-identical to tl_generate. */
@@ -187,12 +282,13 @@ static void generate_batch_equals_one_by_one(const char *golden) {
 typedef struct thread_job {
     const tl_model *m;
     job jobs[6];
+    int prompt_rows; /* one thread prefills in chunks */
     int batched_steps;
 } thread_job;
 
 static void *thread_main(void *arg) {
     thread_job *t = arg;
-    run_together(t->m, t->jobs, 6, &t->batched_steps);
+    run_together(t->m, t->jobs, 6, t->prompt_rows, &t->batched_steps);
     return NULL;
 }
 
@@ -206,6 +302,7 @@ static void two_threads(const char *golden) {
     for (int k = 0; k < 2; k++) {
         memset(&t[k], 0, sizeof t[k]);
         t[k].m = m;
+        t[k].prompt_rows = k == 1 ? 4 : 0;
         for (int i = 0; i < 6; i++) {
             make_job(&t[k].jobs[i], 6 * k + i, info->vocab_size, info->max_loops, info->max_seq_len);
             if (t[k].jobs[i].n_prompt + t[k].jobs[i].cfg.max_tokens > info->max_seq_len)
@@ -306,6 +403,7 @@ int main(int argc, char **argv) {
     const char *golden = argc > 1 ? argv[1] : "tests/data/golden";
     mixed_batches(golden);
     generate_batch_equals_one_by_one(golden);
+    chunked_prefill_rule(golden);
     two_threads(golden);
     bad_calls(golden);
     hook_frees_others(golden);

@@ -142,9 +142,15 @@ int main(int argc, char **argv) {
 
     tl_engine_options eo;
     tl_engine_options_init(&eo);
-    CHECK(eo.max_active == 8 && eo.max_queued == 32, "defaults %d %d", eo.max_active, eo.max_queued);
+    CHECK(eo.max_active == 8 && eo.max_queued == 32 && eo.step_rows == 64, "defaults %d %d %d", eo.max_active,
+          eo.max_queued, eo.step_rows);
     eo.max_active = 0;
     CHECK_ERROR(tl_engine_new(model, &eo, &engine), TL_ERR_INVALID_ARGUMENT, "max_active = 0");
+    eo.max_active = 4, eo.step_rows = -1;
+    CHECK_ERROR(tl_engine_new(model, &eo, &engine), TL_ERR_INVALID_ARGUMENT, "step_rows = -1");
+    eo.step_rows = 4; /* no row left for prompts */
+    CHECK_ERROR(tl_engine_new(model, &eo, &engine), TL_ERR_INVALID_ARGUMENT, "more than max_active = 4");
+    eo.step_rows = 64;
     eo.max_active = 4, eo.max_queued = 2;
     CHECK(tl_engine_new(model, &eo, &engine) == TL_OK, "%s", tl_last_error());
 
@@ -474,6 +480,54 @@ int main(int argc, char **argv) {
         CHECK(beam_calls >= 5 && beam_calls_after_cancel <= 4,
               "a cancelled beam search stops within one search step: %d calls after the cancel (of %d)",
               beam_calls_after_cancel, beam_calls);
+    }
+
+    /* Chunked prefill: with step_rows = 9 and three requests, long prompts are forwarded at
+       most 8 rows an iteration (6 once all three run) while a short request goes on
+       emitting; every request's tokens are tl_generate's. */
+    {
+        tl_engine_options o1;
+        tl_engine_options_init(&o1);
+        o1.max_active = 3, o1.step_rows = 9;
+        tl_engine *chunked = NULL;
+        CHECK(tl_engine_new(model, &o1, &chunked) == TL_OK, "%s", tl_last_error());
+        enum { LONG = 3 };
+        const int lens[LONG] = {60, 4, 45};
+        static int32_t prompts[LONG][64];
+        tl_generate_config gc[LONG];
+        uint64_t req[LONG];
+        for (int i = 0; i < LONG; i++) {
+            for (int k = 0; k < lens[i]; k++) prompts[i][k] = (int32_t)((i * 131 + k * 17) % 300);
+            tl_generate_config_init(&gc[i]);
+            gc[i].max_tokens = 30;
+            gc[i].ignore_eos = 1;
+            if (i == 2) { gc[i].temperature = 0.9f; gc[i].sample_seed = 5; }
+            tl_session *session = NULL;
+            CHECK(tl_session_new(model, prompts[i], lens[i], &gc[i], &session) == TL_OK, "%s", tl_last_error());
+            CHECK(tl_engine_submit(chunked, session, &req[i]) == TL_OK && req[i] > 0, "%s", tl_last_error());
+        }
+        for (int i = 0; i < LONG; i++) {
+            int32_t got[CAP], want[CAP];
+            int n_got = 0, n_want = 0;
+            tl_engine_update last;
+            memset(&last, 0, sizeof last);
+            while (tl_engine_wait(chunked, req[i], 1000) >= 0 && tl_engine_read(chunked, req[i], &last) == TL_OK) {
+                for (int k = 0; k < last.n_tokens && n_got < CAP; k++) got[n_got++] = last.tokens[k];
+                if (last.state == TL_ENGINE_FINISHED) break;
+            }
+            tl_engine_cancel(chunked, req[i]);
+            tl_generate_stats ws;
+            CHECK(tl_generate(model, prompts[i], lens[i], &gc[i], want, CAP, &n_want, &ws) == TL_OK, "%s", tl_last_error());
+            CHECK(last.state == TL_ENGINE_FINISHED && last.status == TL_OK && n_got == n_want - lens[i] &&
+                      !memcmp(got, want + lens[i], (size_t)n_got * sizeof *got),
+                  "prompt of %d tokens, prefilled in chunks: %d tokens, alone %d", lens[i], n_got,
+                  n_want - lens[i]);
+        }
+        tl_engine_counters cc;
+        tl_engine_get_counters(chunked, &cc);
+        /* the 60-token prompt alone needs 8 iterations or more, 7 of them without a token */
+        CHECK(cc.partial_prefills >= 7, "partial prefills %llu", (unsigned long long)cc.partial_prefills);
+        tl_engine_free(chunked);
     }
 
     /* Freeing with requests still running (and one never read) is clean. */

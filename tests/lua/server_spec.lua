@@ -73,8 +73,9 @@ setup(function()
     port = free_port()
     base = "http://127.0.0.1:" .. port
     dir = sh("mktemp -d"):gsub("%s+$", "")
-    -- Small limits so the tests can reach them: 2 running + 1 queued, 4 KiB bodies.
-    os.execute(("scripts/serve --port %d --model %s --threads 1 --max-active 2 --max-queued 1 --max-body 4096 --prefix %s/prefix > %s/serve.log 2>&1 & echo $! > %s/pid")
+    -- Small limits so the tests can reach them: 2 running + 1 queued, 4 KiB bodies, 16 rows an
+    -- engine iteration.
+    os.execute(("scripts/serve --port %d --model %s --threads 1 --max-active 2 --max-queued 1 --max-body 4096 --step-rows 16 --prefix %s/prefix > %s/serve.log 2>&1 & echo $! > %s/pid")
         :format(port, MODEL, dir, dir, dir))
     for _ = 1, 300 do
         if curl(base .. "/health") == 200 then return end
@@ -312,6 +313,22 @@ describe("server", function()
         assert.same(generated(want), choice.token_ids)
         for _, id in ipairs(choice.token_ids) do assert.are_not.equal(banned, id) end
         assert.are_not.same(generated(plain), choice.token_ids)
+    end)
+
+    it("prefills a long prompt in chunks (--step-rows 16): the metrics count them, the tokens are a session's", function()
+        local m = assert(tinyloop.load(MODEL))
+        local prompt = {}
+        for i = 1, 200 do prompt[i] = (i * 7919 + 13) % m:info().vocab_size end
+        local want = m:generate(prompt, { max_tokens = 12, ignore_eos = true })
+        local name = 'tinyloop_engine_partial_prefills_total{worker="0"}'
+        local before = metric(metrics(), name)
+        local choice = single({ prompt = prompt, max_tokens = 12, ignore_eos = true })
+        assert.same({ unpack(want, 201, 212) }, choice.token_ids)
+        -- 200 rows, 15 an iteration (16 less the request's own row): 13 iterations forward a
+        -- chunk without a token, the 14th ends the prompt and emits (14 rows, and 14 chunks,
+        -- if another request ran beside it)
+        local chunks = metric(metrics(), name) - before
+        assert.is_true(chunks == 13 or chunks == 14, chunks)
     end)
 
     it("samples with a random seed where the request gives none (a regenerate differs), the given one where it does", function()
@@ -3366,6 +3383,8 @@ describe("scripts/serve options", function()
         for args, want in pairs({ ["--port"] = "--port needs a value", ["--max-active 08"] = "got '08'",
                                   ["--workers 0"] = "--workers must be at least 1", ["--max-active 0"] = "--max-active must be at least 1",
                                   ["--embed-jobs 0"] = "--embed-jobs must be at least 1", ["--embed-jobs x"] = "got 'x'",
+                                  ["--step-rows -1"] = "--step-rows must be a non-negative integer, got '-1'",
+                                  ["--max-active 8 --step-rows 8"] = "--step-rows must be 0 or more than --max-active (8), got 8",
                                   ["--reasoning-format think"] = "--reasoning-format must be auto, deepseek or none, got 'think'" }) do
             out = sh("TMPDIR=" .. dir .. " scripts/serve " .. args .. " 2>&1; echo \"exit $?\"")
             assert.truthy(out:find(want, 1, true), out)

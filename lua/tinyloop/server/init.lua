@@ -53,6 +53,10 @@ local conf = {
     kv_type = "f32",          -- the KV cache's type: "f32" or "f16" (half the memory a session)
     max_active = 8,           -- sessions stepped together per worker
     max_queued = 32,          -- admitted sessions waiting for a place; beyond: 503
+    step_rows = false,        -- rows an engine iteration forwards at most: one per running session,
+                              -- the rest for prompts (chunked prefill: a long prompt delays the
+                              -- running streams' next token by one chunk, not by its whole
+                              -- prefill); 0 = no limit; false: the multiple of 64 above max_active
     thread_pool = "tinyloop", -- nginx thread_pool the handlers wait in; false = poll
     shared_dict = "tinyloop_metrics",
     wait_ms = 1000,           -- one wait in the pool at most (then the handler loops)
@@ -201,6 +205,13 @@ function _M.init_worker()
     local o = ffi_new("tl_engine_options")
     C.tl_engine_options_init(o)
     o.max_active, o.max_queued = conf.max_active, conf.max_queued
+    local step_rows = conf.step_rows or 64 * math.ceil((conf.max_active + 1) / 64)
+    if type(step_rows) ~= "number" or step_rows ~= math.floor(step_rows) or step_rows < 0 or step_rows > 2 ^ 30 then
+        model_error = "step_rows must be an integer >= 0, got " .. tostring(step_rows)
+        ngx_log(ngx.ERR, "tinyloop: ", model_error)
+        return
+    end
+    o.step_rows = step_rows
     local out = ffi_new("tl_engine *[1]")
     if C.tl_engine_new(m.ptr, o, out) ~= 0 then
         model_error = "cannot start the engine: " .. ffi_string(C.tl_last_error())

@@ -17,7 +17,8 @@ local HISTOGRAMS = {
 -- under "engine:<worker id>:<field>" by that worker (publish_engine, on a short timer and
 -- before it answers /metrics), so that whichever worker answers shows every worker's engine.
 local ENGINE_FIELDS = { "active", "queued", "submitted", "finished", "cancelled", "failed", "rejected",
-                        "iterations", "rows", "steps_after_cancel", "waiter_wakeups" }
+                        "iterations", "rows", "steps_after_cancel", "waiter_wakeups",
+                        "partial_prefills" }
 
 -- mem: the worker's model:memory() (its KV pages in use and kept, its weights).
 local MEMORY_FIELDS = { "kv_bytes", "kv_spare_bytes", "weight_bytes" }
@@ -165,6 +166,9 @@ function _M.render(responses_store)
     counter("tinyloop_engine_batch_rows_total",
         "Session-steps carried by batched steps (divide by iterations for the mean batch).", "rows")
     counter("tinyloop_engine_iterations_total", "Batched steps of each worker's engine.", "iterations")
+    counter("tinyloop_engine_partial_prefills_total",
+        "Session-steps that forwarded one chunk of a long prompt (step_rows) and emitted nothing.",
+        "partial_prefills")
     counter("tinyloop_engine_waiter_wakeups_total",
         "Wake-ups of handlers waiting in the thread pool (about one per token read; not one per waiter per step).",
         "waiter_wakeups")
