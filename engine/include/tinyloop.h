@@ -537,9 +537,9 @@ typedef struct tl_step_batch_options {
                         order; the running sessions' rows always go in. A session whose prompt
                         the limit cuts emits nothing this call: token -1, stop TL_STOP_NONE,
                         status TL_OK (the only step that gives -1 without a stop); a later
-                        call forwards the rest and emits its first token. Sessions stepped on
-                        their own (speculative, beam, early exit) prefill their whole prompt in
-                        their first step, as ever. Tokens stay bit-identical to stepping alone. */
+                        call forwards the rest and emits its first token. Speculative and
+                        beam sessions, stepped on their own, prefill their whole prompt in their
+                        first step (an early exit's prompt shares the pass and its chunks). Tokens stay bit-identical to stepping alone. */
 } tl_step_batch_options;
 void tl_step_batch_options_init(tl_step_batch_options *opts);
 /* tl_session_step_batch with options (NULL: the defaults); prompt_rows < 0 is refused. */

@@ -579,9 +579,10 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
 /* Whether a session's next step is one plain forward that can share a batched forward.
    Speculative and beam steps have forwards of their own shapes (drafts, trees, beams), and
    early exit decides each token's depth between loops: those sessions are stepped on their
-   own inside the batch call. */
+   own inside the batch call, except an early exit's prompt, which is a plain prefill at full
+   depth (plain_next) and so shares the pass, and its chunks. */
 static bool shares_forward(const tl_session *s) {
-    return s->decoder == &tl_plain_decoder && !tl_early_exit_on(&s->cfg) && s->cfg.max_tokens > 0;
+    return s->decoder == &tl_plain_decoder && s->cfg.max_tokens > 0 && (!tl_early_exit_on(&s->cfg) || !s->prompt_done);
 }
 
 /* One session's share of a batched pass. */

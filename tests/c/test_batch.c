@@ -180,6 +180,11 @@ static void chunked_prefill_rule(const char *golden) {
         cfg[i].max_tokens = MAX_TOKENS;
         cfg[i].ignore_eos = 1;
         if (i % 2) { cfg[i].temperature = 0.9f; cfg[i].sample_seed = 40 + (uint64_t)i; }
+        if (i == 3) { /* early exit: its prompt, a plain prefill, shares the pass and its chunks */
+            cfg[i].loops = info->max_loops;
+            cfg[i].early_exit_patience = 1;
+            cfg[i].early_exit_min_L = 1;
+        }
         tl_generate_stats st;
         CHECK(tl_generate(m, prompts[i], lens[i], &cfg[i], alone[i], CAP, &n_alone[i], &st) == TL_OK, "%s", tl_last_error());
         CHECK(tl_session_new(m, prompts[i], lens[i], &cfg[i], &sessions[i]) == TL_OK, "%s", tl_last_error());
