@@ -1962,8 +1962,15 @@ describe("messages (Anthropic's Messages API)", function()
         assert.same({ "message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
                       "message_stop" }, kinds)
         local start = events[1].message
-        assert.same({ {}, cjson.null, whole.usage.input_tokens + whole.usage.cache_read_input_tokens },
-                    { start.content, start.stop_reason, start.usage.input_tokens })
+        -- message_start counts the prompt as the end does: the prefix pool's share (this request
+        -- resends the blocking one's prompt, so the pool serves part of it) as cache_read
+        local delta = events[#events - 1]
+        assert.same({ {}, cjson.null }, { start.content, start.stop_reason })
+        assert.equal(whole.usage.input_tokens + whole.usage.cache_read_input_tokens,
+                     start.usage.input_tokens + start.usage.cache_read_input_tokens)
+        assert.is_true(start.usage.cache_read_input_tokens > 0)
+        assert.same({ delta.usage.input_tokens, delta.usage.cache_read_input_tokens },
+                    { start.usage.input_tokens, start.usage.cache_read_input_tokens })
         local text = {}
         for _, e in ipairs(events) do
             if e.type == "content_block_delta" then
@@ -1972,7 +1979,6 @@ describe("messages (Anthropic's Messages API)", function()
             end
         end
         assert.equal(whole.content[1].text, table.concat(text))
-        local delta = events[#events - 1]
         assert.same({ whole.stop_reason, whole.usage.output_tokens }, { delta.delta.stop_reason, delta.usage.output_tokens })
     end)
 

@@ -14,7 +14,7 @@
 --   local anthropic = require "tinyloop.server.anthropic"
 --   local chat_body, view = anthropic.to_chat(body)  -- nil, err; view:error(err).body: the answer
 --   body = view:response(chat_json, id)              -- a blocking answer
---   view:start_stream(id, created, model, prompt_tokens); local events = view:feed(chunk_json)
+--   view:start_stream(id, created, model, prompt_tokens, cached_tokens); local events = view:feed(chunk_json)
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local shapes = require "tinyloop.server.shapes"
@@ -399,8 +399,9 @@ end
 
 -- ------------------------------------------------------------------ the stream
 
-function View:start_stream(id, _, model, prompt_tokens)
-    self.id, self.model, self.prompt_tokens = id, model, prompt_tokens
+-- cached_tokens: of prompt_tokens, those the prefix pool serves (known once the session is made)
+function View:start_stream(id, _, model, prompt_tokens, cached_tokens)
+    self.id, self.model, self.prompt_tokens, self.cached_tokens = id, model, prompt_tokens, cached_tokens or 0
     self.started, self.finished, self.open, self.blocks = false, false, nil, 0
 end
 
@@ -441,8 +442,8 @@ function View:feed(payload)
     if not self.started then
         self.started = true
         add(out, "message_start", { { "message", message_json(self.id, self.model, {}, "null", "null", object({
-            { "input_tokens", tostring(self.prompt_tokens) }, { "cache_creation_input_tokens", "0" },
-            { "cache_read_input_tokens", "0" }, { "output_tokens", "0" } }), nil) } })
+            { "input_tokens", tostring(self.prompt_tokens - self.cached_tokens) }, { "cache_creation_input_tokens", "0" },
+            { "cache_read_input_tokens", tostring(self.cached_tokens) }, { "output_tokens", "0" } }), nil) } })
     end
     for _, d in ipairs(deltas) do
         if d.kind == "reasoning" then

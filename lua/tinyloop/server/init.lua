@@ -1354,7 +1354,9 @@ local function serve(chat, body, view)
                 if param == "grammar" and req.grammar_field then param = req.grammar_field end
                 return send_error(400, msg, param)
             end
-            made[#made + 1] = { ptr = session:detach(), prompt = p }
+            -- (the prefix pool's share of its prompt is known from here: the cache is made)
+            made[#made + 1] = { ptr = session:detach(), prompt = p, cached = 0 }
+            made[#made].cached = C.tl_session_stats(made[#made].ptr).prompt_tokens_reused
         end
     end
 
@@ -1402,7 +1404,11 @@ local function serve(chat, body, view)
                 for _, m in ipairs(view.echo) do if m[1] == "store" then m[2] = "false" end end
             end
         end
-        if req.stream then view:start_stream(r.public_id, r.created, conf.model_id, req.prompt_tokens) end
+        if req.stream then
+            local cached = 0 -- (the views serve one prompt: its tokens cached as usage counts them)
+            for _, choice in ipairs(made) do cached = math.max(cached, choice.cached) end
+            view:start_stream(r.public_id, r.created, conf.model_id, req.prompt_tokens, cached)
+        end
     end
     -- (best_of ranks the candidates by their tokens' log-probabilities: asked for, if not shown)
     local ranked = req.best_of > req.n
