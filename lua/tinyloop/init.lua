@@ -998,6 +998,82 @@ local function batch_with_hooks(model, all_ids, cfg)
 end
 jit.off(batch_with_hooks)
 
+-- model:step_batch(sessions[, opts]) -> results: advances every session of the list (this
+-- model's, each once) by one step, all in ONE batched forward (tl_session_step_batch_with), as
+-- session:step() would one by one; each session's tokens are bit-identical to stepping it
+-- alone. results[i] is sessions[i]'s step: { id = token, text = its new text, reason = the
+-- stop reason, or false while it goes on }, or { error = message } where its step failed (the session is then
+-- done and closed, as after step()'s nil, err). opts.prompt_rows (default 0: no limit) caps
+-- the rows of prompts the call forwards, shared out in the list's order beside every running
+-- session's row (chunked prefill): a session whose prompt it cut gets { id = -1, text = "" }
+-- and emits its first token in a later call. Raised: a closed or finished session, one given
+-- twice, another model's, a bad option; and a hook's error, once every session's result is
+-- settled (the hook's session is closed, the others go on). An empty list gives {}.
+local STEP_BATCH_OPTIONS = { prompt_rows = true }
+function Model:step_batch(sessions, opts)
+    model_ptr(self, "step_batch")
+    if type(sessions) ~= "table" then raise("model:step_batch(): sessions must be a list of sessions") end
+    local n, count = #sessions, 0
+    for _ in pairs(sessions) do count = count + 1 end
+    if count ~= n then raise("model:step_batch(): sessions must be a list (1..n, no holes)") end
+    if opts ~= nil and type(opts) ~= "table" then raise("model:step_batch(): opts must be a table") end
+    local so = ffi_new("tl_step_batch_options")
+    C.tl_step_batch_options_init(so)
+    for k, v in pairs(opts or {}) do
+        if not STEP_BATCH_OPTIONS[k] then raise("model:step_batch(): unknown option '" .. tostring(k) .. "' (prompt_rows)") end
+        if k == "prompt_rows" then
+            so.prompt_rows = check_int("model:step_batch(): prompt_rows", v)
+            if v < 0 then raise("model:step_batch(): prompt_rows = " .. v .. " must be >= 0 (0: no limit)") end
+        end
+    end
+    if n == 0 then return {} end
+    local ptrs = ffi_new("tl_session *[?]", n)
+    for i = 1, n do
+        local s = sessions[i]
+        if getmetatable(s) ~= Session then raise(("model:step_batch(): sessions[%d] is not a session"):format(i)) end
+        if s.model ~= self then raise(("model:step_batch(): sessions[%d] is another model's"):format(i)) end
+        if s.done then
+            raise(("model:step_batch(): sessions[%d] has already finished (%s)"):format(i, tostring(s.stop_reason or s.error)))
+        end
+        if s.ptr == nil then raise(("model:step_batch(): sessions[%d] is closed"):format(i)) end
+        ptrs[i - 1] = s.ptr
+    end
+    local tokens, stops = ffi_new("int32_t[?]", n), ffi_new("tl_stop_reason[?]", n)
+    local statuses = ffi_new("tl_status[?]", n)
+    -- (the C call names sessions from 0, and refuses a session given twice or stepping)
+    local st = C.tl_session_step_batch_with(ptrs, n, so, tokens, stops, statuses)
+    if st ~= 0 then return engine_failure(st) end
+    local results, hook_error = {}, nil
+    for i = 1, n do
+        local s, status = sessions[i], statuses[i - 1]
+        if status ~= 0 then
+            local ctx = s.ctx
+            local err = ffi_string(C.tl_session_error(s.ptr))
+            if status == C.TL_ERR_HOOK and ctx and ctx.err then
+                hook_error = hook_error or { ctx.err }
+                err = "a hook raised: " .. tostring(ctx.err) -- (what a later step names, as step()'s)
+                ctx.err = nil
+            end
+            s.done = true
+            s:close()
+            s.error = err
+            results[i] = { error = err }
+        else
+            local id, reason = tokens[i - 1], stop_name(stops[i - 1])
+            local text = ""
+            if s.has_tokenizer then
+                C.tl_session_text(s.ptr, text_ptr, text_len)
+                text = ffi_string(text_ptr[0], text_len[0])
+            end
+            if reason then s.done, s.stop_reason = true, reason end
+            results[i] = { id = id, text = text, reason = reason }
+        end
+    end
+    if hook_error then error(hook_error[1], 0) end
+    return results
+end
+jit.off(Model.step_batch)
+
 -- model:generate_batch({prompt, ...}, cfg) -> {ids_1, ...}, {stats_1, ...} | nil, err.
 -- Continuous batching: the prompts decode together, every step one batched forward over
 -- all of them (tl_generate_batch; with hooks, tl_session_step_batch over one session per

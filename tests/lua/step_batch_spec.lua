@@ -1,0 +1,169 @@
+-- step_batch_spec.lua: model:step_batch(sessions[, opts]), many sessions advanced one step
+-- each in one batched forward (tl_session_step_batch_with). Every session's ids and text must
+-- be what model:generate gives it alone: mixed configs, Lua hooks, sessions leaving as they
+-- stop, prompts cut into chunks (prompt_rows); bad calls raise; a hook's error is raised once
+-- every session's result is settled, and the others go on.
+local H = require "helpers"
+
+local m = H.model()
+local vocab = m:info().vocab_size
+
+-- A prompt of n ids, the same for the same seed.
+local function prompt_of(n, seed)
+    local p = {}
+    for i = 1, n do p[i] = (i * 37 + seed * 101) % (vocab - 1) end
+    return p
+end
+
+-- Steps the sessions together until each has stopped -> per session: its emitted ids, its
+-- text, its stop reason, and the number of calls in which it emitted nothing.
+local function run_together(sessions, opts)
+    local live, index, out = {}, {}, {}
+    for i, s in ipairs(sessions) do
+        live[i], index[i] = s, i
+        out[i] = { ids = {}, text = {}, waits = 0 }
+    end
+    local calls = 0
+    while #live > 0 do
+        calls = calls + 1
+        assert(calls < 1000, "no end")
+        local results = m:step_batch(live, opts)
+        assert.equal(#live, #results)
+        local next_live, next_index = {}, {}
+        for k, r in ipairs(results) do
+            local o = out[index[k]]
+            assert.is_nil(r.error)
+            if r.id >= 0 then o.ids[#o.ids + 1] = r.id else o.waits = o.waits + 1 end
+            o.text[#o.text + 1] = r.text
+            if r.reason then
+                o.reason = r.reason
+            else
+                next_live[#next_live + 1], next_index[#next_index + 1] = live[k], index[k]
+            end
+        end
+        live, index = next_live, next_index
+    end
+    for _, o in ipairs(out) do o.text = table.concat(o.text) end
+    return out, calls
+end
+
+-- The configs of the mix: greedy and seeded sampling, depths, a stop string, a window, a
+-- Lua logits processor, on_token, early exit.
+local function mix()
+    local cfgs = {
+        { max_tokens = 20, ignore_eos = true },
+        { max_tokens = 15, temperature = 0.9, sample_seed = 7, ignore_eos = true },
+        { max_tokens = 25, loops = 1, ignore_eos = true, cache_window = 8 },
+        { max_tokens = 30, temperature = 0.7, top_k = 20, sample_seed = 3 },
+        { max_tokens = 12, ignore_eos = true, logits_processor = H.forcer({ 5, 6, 7 }, 9) },
+        { max_tokens = 18, loops = 4, early_exit_patience = 1, early_exit_min_L = 1, ignore_eos = true },
+    }
+    local seen = {}
+    cfgs[6].on_token = function(token) seen[#seen + 1] = token end
+    return cfgs, seen
+end
+
+describe("model:step_batch", function()
+    it("gives every session the ids and text of generate alone, as sessions leave", function()
+        local cfgs, seen = mix()
+        local lens = { 3, 9, 1, 14, 9, 6 }
+        local sessions = {}
+        for i, cfg in ipairs(cfgs) do sessions[i] = m:session(prompt_of(lens[i], i), cfg) end
+        local out = run_together(sessions)
+        for i, cfg in ipairs(cfgs) do
+            local alone, stats = m:generate(prompt_of(lens[i], i), cfg)
+            assert.same(H.slice(alone, lens[i] + 1), out[i].ids, "session " .. i)
+            assert.equal(stats.stop_reason, out[i].reason)
+            assert.equal(m:decode(out[i].ids), out[i].text)
+            assert.equal(0, out[i].waits)
+        end
+        assert.equal(36, #seen) -- on_token saw both runs of session 6 (18 tokens each)
+    end)
+
+    it("cuts prompts into chunks of prompt_rows, shared in the list's order, with the same tokens", function()
+        local lens = { 40, 2, 25, 60 }
+        local cfgs = {
+            { max_tokens = 10, ignore_eos = true },
+            { max_tokens = 30, temperature = 0.8, sample_seed = 1, ignore_eos = true },
+            { max_tokens = 10, loops = 4, early_exit_patience = 1, early_exit_min_L = 1, ignore_eos = true },
+            { max_tokens = 10, temperature = 1.0, sample_seed = 9, ignore_eos = true },
+        }
+        local sessions = {}
+        for i, cfg in ipairs(cfgs) do sessions[i] = m:session(prompt_of(lens[i], 10 + i), cfg) end
+        local out, calls = run_together(sessions, { prompt_rows = 8 })
+        -- The rule, counted: each call, 8 rows go to the prompts still pending in the list's
+        -- order; a session emits once its prompt is all in, and leaves after max_tokens.
+        local left, emitted, waits, live = {}, {}, {}, {}
+        for i = 1, #lens do left[i], emitted[i], waits[i], live[i] = lens[i], 0, 0, i end
+        local counted = 0
+        while #live > 0 do
+            counted = counted + 1
+            local budget, still = 8, {}
+            for _, i in ipairs(live) do
+                local take = math.min(left[i], budget)
+                budget, left[i] = budget - take, left[i] - take
+                if left[i] == 0 then emitted[i] = emitted[i] + 1 else waits[i] = waits[i] + 1 end
+                if emitted[i] < cfgs[i].max_tokens then still[#still + 1] = i end
+            end
+            live = still
+        end
+        assert.equal(counted, calls)
+        for i = 1, #lens do assert.equal(waits[i], out[i].waits, "session " .. i) end
+        assert.is_true(waits[4] >= 15) -- (127 prompt rows, 8 a call)
+        for i, cfg in ipairs(cfgs) do
+            local alone = m:generate(prompt_of(lens[i], 10 + i), cfg)
+            assert.same(H.slice(alone, lens[i] + 1), out[i].ids, "session " .. i)
+        end
+    end)
+
+    it("raises a hook's error once the call is settled; that session is closed, the others go on", function()
+        local calls = 0
+        local bad = m:session(prompt_of(4, 1), { max_tokens = 10, ignore_eos = true, logits_processor = function()
+            calls = calls + 1
+            if calls == 3 then error("boom at three") end
+        end })
+        local good_cfg = { max_tokens = 10, temperature = 0.9, sample_seed = 2, ignore_eos = true }
+        local good = m:session(prompt_of(5, 2), good_cfg)
+        local ids = {}
+        for _ = 1, 2 do
+            local r = m:step_batch({ bad, good })
+            ids[#ids + 1] = r[2].id
+        end
+        H.error_contains(function() m:step_batch({ bad, good }) end, "boom at three")
+        H.error_contains(function() bad:step() end, "a hook raised: ")
+        -- good's third token was emitted in the call that raised: read it back from its tokens
+        local so_far = good:tokens()
+        assert.equal(5 + 3, #so_far)
+        ids[3] = so_far[8]
+        while true do
+            local r = m:step_batch({ good })
+            ids[#ids + 1] = r[1].id
+            if r[1].reason then break end
+        end
+        assert.same(H.slice(m:generate(prompt_of(5, 2), good_cfg), 6), ids)
+    end)
+
+    it("refuses what it cannot step, with a message naming the session", function()
+        local a = m:session(prompt_of(3, 1), { max_tokens = 1 })
+        local b = m:session(prompt_of(3, 2), { max_tokens = 5 })
+        local other = H.model("llama_like")
+        local foreign = other:session({ 1, 2 }, { max_tokens = 2 })
+        H.error_contains(function() m:step_batch("a") end, "sessions must be a list of sessions")
+        H.error_contains(function() m:step_batch({ a, nil, b }) end, "no holes")
+        H.error_contains(function() m:step_batch({ a, b }, 5) end, "opts must be a table")
+        H.error_contains(function() m:step_batch({ a, b }, { rows = 4 }) end, "unknown option 'rows'")
+        H.error_contains(function() m:step_batch({ a, b }, { prompt_rows = -1 }) end, "prompt_rows = -1 must be >= 0")
+        H.error_contains(function() m:step_batch({ a, b }, { prompt_rows = 1.5 }) end, "must be an integer")
+        H.error_contains(function() m:step_batch({ a, {} }) end, "sessions[2] is not a session")
+        H.error_contains(function() m:step_batch({ a, foreign }) end, "sessions[2] is another model's")
+        H.error_contains(function() m:step_batch({ a, b, a }) end, "sessions[2] is sessions[0] again")
+        assert.same({}, m:step_batch({}))
+        local r = m:step_batch({ a, b })
+        assert.equal("MAX_TOKENS", r[1].reason)
+        assert.is_false(r[2].reason)
+        H.error_contains(function() m:step_batch({ b, a }) end, "sessions[2] has already finished (MAX_TOKENS)")
+        b:close()
+        H.error_contains(function() m:step_batch({ b }) end, "sessions[1] is closed")
+        foreign:close()
+    end)
+end)
