@@ -718,16 +718,21 @@ typedef struct tl_engine tl_engine;
 typedef struct tl_engine_options {
     int max_active;  /* 8; sessions stepped together at most (>= 1) */
     int max_queued;  /* 32; submitted sessions waiting for a place (>= 0) */
-    int step_rows;   /* 64; rows one iteration forwards at most: one per running request, and
-                        what they leave for prompts not yet in their caches (chunked prefill,
-                        tl_step_batch_options.prompt_rows). A long prompt is prefilled over
-                        several iterations, the running requests emitting a token in each, so
-                        it delays their next token (and a cancel) by one chunk, not by its whole
-                        prefill; 64 makes an iteration one forward pass. 0: no limit; otherwise
-                        more than max_active. */
+    int step_rows;   /* -1 (auto); rows one iteration forwards at most: one per running request,
+                        and what they leave for prompts not yet in their caches (chunked
+                        prefill, tl_step_batch_options.prompt_rows). A long prompt is prefilled
+                        over several iterations, the running requests emitting a token in each,
+                        so it delays their next token (and a cancel) by one chunk, not by its
+                        whole prefill. -1: tl_engine_auto_step_rows(max_active); 0: no limit;
+                        otherwise more than max_active. Speculative and beam requests prefill
+                        their whole prompt in their own step (and count as running here). */
 } tl_engine_options;
 
 void tl_engine_options_init(tl_engine_options *opts);
+/* The step_rows that -1 stands for: the smallest multiple of 64 (one forward pass each) that
+   leaves prompts at least 32 rows when all max_active places run: 64 for max_active <= 32,
+   128 up to 96, and so on. */
+int tl_engine_auto_step_rows(int max_active);
 
 /* Starts the engine thread. The model must outlive the engine. */
 tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl_engine **out);
@@ -810,7 +815,8 @@ typedef struct tl_engine_counters {
     uint64_t submitted, finished, cancelled, failed, rejected; /* finished: every request that ended
                                     on the engine thread, its `failed` ones included; cancelled: those
                                     the caller dropped first; rejected: submit when full */
-    uint64_t iterations, rows;   /* batched steps, and the session-steps they carried */
+    uint64_t iterations, rows;   /* batched steps, and the session-steps they carried (a prompt chunk
+                                    that emitted nothing counts in partial_prefills instead) */
     uint64_t steps_after_cancel; /* steps sessions made after their cancel (the one in flight) */
     uint64_t partial_prefills;   /* session-steps that forwarded part of a prompt and emitted nothing
                                     (step_rows cut it) */

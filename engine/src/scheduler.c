@@ -101,7 +101,16 @@ void tl_engine_options_init(tl_engine_options *opts) {
     if (!opts) return;
     opts->max_active = 8;
     opts->max_queued = 32;
-    opts->step_rows = TL_FORWARD_CHUNK;
+    opts->step_rows = -1; /* auto: tl_engine_step_rows */
+}
+
+/* step_rows = -1: whole forward passes of TL_FORWARD_CHUNK rows with at least 32 of them left
+   for prompts when every place runs (64 for max_active up to 32, then 128 up to 96, ...): a
+   smaller share would make a new prompt's first token wait about prompt_len / share
+   iterations, one row an iteration at the edge. */
+int tl_engine_auto_step_rows(int max_active) {
+    if (max_active < 1 || max_active > 4096) return TL_FORWARD_CHUNK;
+    return TL_FORWARD_CHUNK * ((max_active + 32 + TL_FORWARD_CHUNK - 1) / TL_FORWARD_CHUNK);
 }
 
 static request *find(tl_engine *e, uint64_t id) {
@@ -303,7 +312,7 @@ static void *engine_main(void *arg) {
 
         pthread_mutex_lock(&e->mu);
         e->c.iterations++;
-        e->c.rows += (uint64_t)n_run;
+        e->c.rows += (uint64_t)n_run; /* (less the prompt chunks, below) */
         for (int i = 0; i < n_run; i++) {
             request *r = run[i];
             if (r->cancelled) {
@@ -317,6 +326,7 @@ static void *engine_main(void *arg) {
             }
             if (statuses[i] == TL_OK && tokens[i] < 0 && stops[i] == TL_STOP_NONE) {
                 e->c.partial_prefills++; /* step_rows cut its prompt: nothing to read yet */
+                e->c.rows--;
                 continue;
             }
             wake(r); /* a token, a finish or a failure: something to read in every case */
@@ -352,10 +362,11 @@ tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_active = %d must be in [1, 4096]", o.max_active);
     if (o.max_queued < 0 || o.max_queued > 1 << 20)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_queued = %d must be in [0, 1048576]", o.max_queued);
+    if (o.step_rows == -1) o.step_rows = tl_engine_auto_step_rows(o.max_active);
     if (o.step_rows < 0 || (o.step_rows > 0 && o.step_rows <= o.max_active))
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
-                       "step_rows = %d must be 0 (no limit) or more than max_active = %d (every running request "
-                       "takes a row, and prompts need at least one)",
+                       "step_rows = %d must be -1 (auto), 0 (no limit) or more than max_active = %d (every "
+                       "running request takes a row, and prompts need at least one)",
                        o.step_rows, o.max_active);
     tl_engine *e = calloc(1, sizeof *e);
     if (!e) return tl_fail(TL_ERR_NO_MEMORY, "tl_engine_new: out of memory");

@@ -701,7 +701,7 @@ tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const t
     tl_step_batch_options_init(&o);
     if (opts) o = *opts;
     if (o.prompt_rows < 0)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: prompt_rows = %d, need >= 0 (0: no limit)",
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch_with: prompt_rows = %d, need >= 0 (0: no limit)",
                        o.prompt_rows);
     for (int i = 0; i < n; i++) {
         const tl_session *s = sessions[i];

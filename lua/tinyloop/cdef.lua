@@ -326,6 +326,7 @@ typedef struct tl_engine_options {
     int step_rows;
 } tl_engine_options;
 void tl_engine_options_init(tl_engine_options *opts);
+int tl_engine_auto_step_rows(int max_active);
 tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl_engine **out);
 void tl_engine_free(tl_engine *engine);
 void tl_engine_stop(tl_engine *engine);

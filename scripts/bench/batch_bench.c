@@ -369,7 +369,10 @@ int main(int argc, char **argv) {
         snprintf(rows_text, sizeof rows_text, "%s", step_rows);
         for (char *tok = strtok(rows_text, ","); tok && n_rows < 16; tok = strtok(NULL, ",")) {
             rows_list[n_rows] = atoi(tok);
-            if (rows_list[n_rows] < 0) { fprintf(stderr, "tinyloop-batch-bench: --step-rows wants values >= 0\n"); return 2; }
+            if (rows_list[n_rows] < 0 || rows_list[n_rows] == 1) { /* (1 leaves one session no prompt row) */
+                fprintf(stderr, "tinyloop-batch-bench: --step-rows wants 0 or values >= 2, got %s\n", tok);
+                return 2;
+            }
             n_rows++;
         }
         if (n_rows == 0) rows_list[n_rows++] = 0;
@@ -381,7 +384,7 @@ int main(int argc, char **argv) {
         if (!times.ms) die("out of memory");
         double share;
         /* The baseline: one session at the list's first value. */
-        const int base_rows = rows_list[0] > 1 ? rows_list[0] - 1 : 0;
+        const int base_rows = rows_list[0] > 0 ? rows_list[0] - 1 : 0;
         const double mix_one = mix_rate(m, 1, mix_steps, mix_prompt, mix_tokens, base_rows, &share, &times);
         printf("mix %8d   %11d   %15.1f   %13.2fx   %7.1f / %7.1f / %7.1f   %5.0f   %13.1f   (the baseline)\n", 1,
                rows_list[0], mix_one, 1.0, quantile(&times, 0.5), quantile(&times, 0.99), times.ms[times.n - 1],

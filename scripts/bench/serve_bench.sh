@@ -64,8 +64,9 @@ ref_line="" ref_ratio="" mix_line="" mix_ratio="" mix_eff_one="" mix_eff_many=""
 if [ "$engine_ref" = 1 ]; then
   cmake --build build -j2 --target tinyloop-batch-bench >/dev/null 2>&1 || true
   if [ -x build/scripts/bench/tinyloop-batch-bench ]; then
-    # the server's step_rows (scripts/serve's default: the multiple of 64 above --max-active)
-    step_rows=$(( 64 * ((clients + 64) / 64) ))
+    # the server's step_rows (scripts/serve's default, tl_engine_auto_step_rows: whole passes of
+    # 64 rows that leave prompts 32 or more)
+    step_rows=$(( 64 * ((clients + 32 + 63) / 64) ))
     ref=$(build/scripts/bench/tinyloop-batch-bench --model "$model" --threads "$threads" --steps 32 --prefix 16 \
           --sessions "1,$clients" --mix "$prompt_len,$max_tokens" --step-rows "$step_rows" 2>&1 || true)
     one=$(printf '%s\n' "$ref" | awk '$1 == 1 && $3 ~ /x$/ { print $2 }')

@@ -142,15 +142,30 @@ int main(int argc, char **argv) {
 
     tl_engine_options eo;
     tl_engine_options_init(&eo);
-    CHECK(eo.max_active == 8 && eo.max_queued == 32 && eo.step_rows == 64, "defaults %d %d %d", eo.max_active,
+    CHECK(eo.max_active == 8 && eo.max_queued == 32 && eo.step_rows == -1, "defaults %d %d %d", eo.max_active,
           eo.max_queued, eo.step_rows);
+    /* auto: whole passes of 64 rows with 32 or more left for prompts when every place runs */
+    CHECK(tl_engine_auto_step_rows(8) == 64 && tl_engine_auto_step_rows(32) == 64 && tl_engine_auto_step_rows(33) == 128 &&
+              tl_engine_auto_step_rows(63) == 128 && tl_engine_auto_step_rows(97) == 192,
+          "auto step rows %d %d %d", tl_engine_auto_step_rows(8), tl_engine_auto_step_rows(33), tl_engine_auto_step_rows(97));
+    for (int active = 1; active <= 4096; active++) {
+        const int rows = tl_engine_auto_step_rows(active);
+        if (rows % 64 || rows - active < 32 || rows - active >= 96) { CHECK(0, "max_active %d: auto %d", active, rows); break; }
+    }
     eo.max_active = 0;
     CHECK_ERROR(tl_engine_new(model, &eo, &engine), TL_ERR_INVALID_ARGUMENT, "max_active = 0");
-    eo.max_active = 4, eo.step_rows = -1;
-    CHECK_ERROR(tl_engine_new(model, &eo, &engine), TL_ERR_INVALID_ARGUMENT, "step_rows = -1");
+    eo.max_active = 4, eo.step_rows = -2;
+    CHECK_ERROR(tl_engine_new(model, &eo, &engine), TL_ERR_INVALID_ARGUMENT, "step_rows = -2 must be -1 (auto)");
     eo.step_rows = 4; /* no row left for prompts */
     CHECK_ERROR(tl_engine_new(model, &eo, &engine), TL_ERR_INVALID_ARGUMENT, "more than max_active = 4");
-    eo.step_rows = 64;
+    eo.step_rows = -1;
+    {   /* the default (auto) takes any max_active: 100 places get 128 rows */
+        tl_engine_options big = eo;
+        big.max_active = 100;
+        tl_engine *e100 = NULL;
+        CHECK(tl_engine_new(model, &big, &e100) == TL_OK, "max_active 100 with auto step rows: %s", tl_last_error());
+        tl_engine_free(e100);
+    }
     eo.max_active = 4, eo.max_queued = 2;
     CHECK(tl_engine_new(model, &eo, &engine) == TL_OK, "%s", tl_last_error());
 
@@ -527,6 +542,8 @@ int main(int argc, char **argv) {
         tl_engine_get_counters(chunked, &cc);
         /* the 60-token prompt alone needs 8 iterations or more, 7 of them without a token */
         CHECK(cc.partial_prefills >= 7, "partial prefills %llu", (unsigned long long)cc.partial_prefills);
+        /* rows: the session-steps that emitted, 30 tokens each (a chunk is not one) */
+        CHECK(cc.rows == 3 * 30, "rows %llu", (unsigned long long)cc.rows);
         tl_engine_free(chunked);
     }
 

@@ -56,7 +56,8 @@ local conf = {
     step_rows = false,        -- rows an engine iteration forwards at most: one per running session,
                               -- the rest for prompts (chunked prefill: a long prompt delays the
                               -- running streams' next token by one chunk, not by its whole
-                              -- prefill); 0 = no limit; false: the multiple of 64 above max_active
+                              -- prefill); 0 = no limit; false: tl_engine_auto_step_rows (64 for
+                              -- max_active up to 32: whole passes, 32 rows or more for prompts)
     thread_pool = "tinyloop", -- nginx thread_pool the handlers wait in; false = poll
     shared_dict = "tinyloop_metrics",
     wait_ms = 1000,           -- one wait in the pool at most (then the handler loops)
@@ -205,9 +206,9 @@ function _M.init_worker()
     local o = ffi_new("tl_engine_options")
     C.tl_engine_options_init(o)
     o.max_active, o.max_queued = conf.max_active, conf.max_queued
-    local step_rows = conf.step_rows or 64 * math.ceil((conf.max_active + 1) / 64)
-    if type(step_rows) ~= "number" or step_rows ~= math.floor(step_rows) or step_rows < 0 or step_rows > 2 ^ 30 then
-        model_error = "step_rows must be an integer >= 0, got " .. tostring(step_rows)
+    local step_rows = conf.step_rows or -1 -- (-1: the engine's own choice)
+    if type(step_rows) ~= "number" or step_rows ~= math.floor(step_rows) or step_rows < -1 or step_rows > 2 ^ 30 then
+        model_error = "step_rows must be false or an integer >= 0, got " .. tostring(step_rows)
         ngx_log(ngx.ERR, "tinyloop: ", model_error)
         return
     end
