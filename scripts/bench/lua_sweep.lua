@@ -1,0 +1,89 @@
+#!/usr/bin/env luajit
+-- lua_sweep.lua: a Lua parameter sweep, stepped one session at a time against all together.
+-- N sessions of one prompt, each its own config (temperatures 0.5.. and seeds, every other
+-- session with a Lua logits_processor that edits nothing), decode T tokens each:
+--   one by one   session:step() for each session in turn (each step reads every weight)
+--   step_batch   model:step_batch(live) (one batched forward a step for all of them)
+-- and prints the aggregate decode tokens/s of each (median of --repeat runs, alternated) and
+-- their ratio. The tokens of both are checked equal.
+--   luajit scripts/bench/lua_sweep.lua [--model DIR] [--sessions 8] [--tokens 32] [--repeat 3] [--threads 2]
+local root = (arg[0]:match("^(.*)/scripts/bench/[^/]*$")) or "."
+package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
+local ffi = require "ffi"
+local tinyloop = require "tinyloop"
+ffi.cdef [[
+struct lua_sweep_timespec { long tv_sec; long tv_nsec; };
+int clock_gettime(int clock, struct lua_sweep_timespec *ts);
+]]
+local ts = ffi.new("struct lua_sweep_timespec")
+local function now() -- CLOCK_MONOTONIC (1 on Linux), ms: wall time, where os.clock counts CPU
+    ffi.C.clock_gettime(1, ts)
+    return tonumber(ts.tv_sec) * 1e3 + tonumber(ts.tv_nsec) * 1e-6
+end
+
+local opt = { model = root .. "/models/tinyloop-austen", sessions = 8, tokens = 32, ["repeat"] = 3, threads = 2 }
+for i = 1, #arg, 2 do
+    local k = arg[i]:gsub("^%-%-", "")
+    if opt[k] == nil or arg[i + 1] == nil then
+        io.stderr:write("lua_sweep: unknown option or missing value: ", tostring(arg[i]), "\n")
+        os.exit(2)
+    end
+    opt[k] = k == "model" and arg[i + 1] or tonumber(arg[i + 1])
+end
+local model = assert(tinyloop.load(opt.model, { threads = opt.threads }))
+local info = model:info()
+local prompt = {}
+for i = 1, 16 do prompt[i] = (i * 7919) % (info.vocab_size - 1) end
+
+local function sessions()
+    local list = {}
+    for i = 1, opt.sessions do
+        local cfg = { max_tokens = opt.tokens, ignore_eos = true, temperature = 0.5 + 0.1 * i, sample_seed = i }
+        if i % 2 == 0 then cfg.logits_processor = function() end end
+        list[i] = model:session(prompt, cfg)
+    end
+    -- the prompts first, off the clock: the sweep's decode is what is measured
+    for _, r in ipairs(model:step_batch(list)) do assert(r.id >= 0) end
+    return list
+end
+
+local function one_by_one()
+    local list = sessions()
+    local t0, n = now(), 0
+    for _ = 2, opt.tokens do
+        for _, s in ipairs(list) do
+            s:step()
+            n = n + 1
+        end
+    end
+    local ms = now() - t0
+    local out = {}
+    for i, s in ipairs(list) do out[i] = table.concat(s:tokens(), ",") s:close() end
+    return n * 1000 / ms, out
+end
+
+local function together()
+    local list = sessions()
+    local t0, n = now(), 0
+    for _ = 2, opt.tokens do
+        n = n + #model:step_batch(list)
+    end
+    local ms = now() - t0
+    local out = {}
+    for i, s in ipairs(list) do out[i] = table.concat(s:tokens(), ",") s:close() end
+    return n * 1000 / ms, out
+end
+
+local function median(t) table.sort(t) return t[math.floor((#t + 1) / 2)] end
+local alone, batched = {}, {}
+for r = 1, opt["repeat"] do
+    local a, out_a = one_by_one()
+    local b, out_b = together()
+    for i = 1, #out_a do assert(out_a[i] == out_b[i], "session " .. i .. ": the tokens differ") end
+    alone[r], batched[r] = a, b
+end
+local a, b = median(alone), median(batched)
+print(("model %s (%s, %.1f MB of weights), %d threads; %d sessions of %d tokens, each its own temperature and seed"):format(
+    opt.model, info.weight_dtype, (info.weight_bytes or 0) / 1e6, opt.threads, opt.sessions, opt.tokens))
+print(("one by one (session:step)   %8.1f tok/s"):format(a))
+print(("together (model:step_batch) %8.1f tok/s   x%.2f   (the same tokens)"):format(b, b / a))
