@@ -538,8 +538,9 @@ typedef struct tl_step_batch_options {
                         the limit cuts emits nothing this call: token -1, stop TL_STOP_NONE,
                         status TL_OK (the only step that gives -1 without a stop); a later
                         call forwards the rest and emits its first token. Speculative and
-                        beam sessions, stepped on their own, prefill their whole prompt in their
-                        first step (an early exit's prompt shares the pass and its chunks). Tokens stay bit-identical to stepping alone. */
+                        beam sessions' prompts share the pass and its chunks as well, but for
+                        the last token, which their own first step forwards with its drafts or
+                        beams. Tokens stay bit-identical to stepping alone. */
 } tl_step_batch_options;
 void tl_step_batch_options_init(tl_step_batch_options *opts);
 /* tl_session_step_batch with options (NULL: the defaults); prompt_rows < 0 is refused. */
@@ -724,8 +725,7 @@ typedef struct tl_engine_options {
                         over several iterations, the running requests emitting a token in each,
                         so it delays their next token (and a cancel) by one chunk, not by its
                         whole prefill. -1: tl_engine_auto_step_rows(max_active); 0: no limit;
-                        otherwise more than max_active. Speculative and beam requests prefill
-                        their whole prompt in their own step (and count as running here). */
+                        otherwise more than max_active. */
 } tl_engine_options;
 
 void tl_engine_options_init(tl_engine_options *opts);

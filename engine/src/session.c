@@ -585,6 +585,19 @@ static bool shares_forward(const tl_session *s) {
     return s->decoder == &tl_plain_decoder && s->cfg.max_tokens > 0 && (!tl_early_exit_on(&s->cfg) || !s->prompt_done);
 }
 
+/* The cache length a session's rows in the shared pass bring it to: every token for one that
+   shares its forward; for a speculative or beam session whose prompt is not in yet, the
+   prompt but its last token, which its decoder prefills first (plain rows at full depth,
+   tl_session_prefill) before a forward of its own shape (the last token is the root of its
+   drafts or beams), so that its prompt shares the pass and its chunks too; else -1. */
+static int shared_goal(const tl_session *s) {
+    if (shares_forward(s)) return s->n_tokens;
+    if (s->decoder != &tl_plain_decoder && s->cfg.max_tokens > 0 && !s->prompt_done &&
+        s->cache->length < s->prompt_len - 1)
+        return s->prompt_len - 1;
+    return -1;
+}
+
 /* One session's share of a batched pass. */
 typedef struct batch_entry {
     tl_session *session;
@@ -600,13 +613,14 @@ static int by_depth(const void *a, const void *b) {
     return x->order - y->order; /* never equal: a total order, so qsort is deterministic */
 }
 
-/* Forwards the pending rows of the sessions (prompt chunks of new ones, the last token of
-   running ones) in passes of at most TL_FORWARD_CHUNK rows, each session's cache its own,
-   leaving the next-token logits in s->logits of each session whose rows are all in its cache
-   afterwards. prompt_rows > 0 caps the rows of prompts not yet done, shared out in the
-   group's order (a running session's row always goes in): a prompt the cap cuts keeps the
-   rest for a later call, and gets no logits. */
-static tl_status forward_together(tl_session **group, int n, int prompt_rows) {
+/* Forwards the pending rows of the sessions up to their goals (shared_goal: prompt chunks of
+   new ones, the last token of running ones) in passes of at most TL_FORWARD_CHUNK rows, each
+   session's cache its own, leaving the next-token logits in s->logits of each session whose
+   goal is its every token and whose rows are all in its cache afterwards. prompt_rows > 0
+   caps the rows of prompts not yet done, shared out in the group's order (a running
+   session's row always goes in): a prompt the cap cuts keeps the rest for a later call, and
+   gets no logits. */
+static tl_status forward_together(tl_session **group, const int *goals, int n, int prompt_rows) {
     const tl_model *m = group[0]->m;
     const int vocab = m->cfg.vocab_size;
     tl_status st = TL_OK;
@@ -620,7 +634,7 @@ static tl_status forward_together(tl_session **group, int n, int prompt_rows) {
         st = tl_fail(TL_ERR_NO_MEMORY, "tl_session_step_batch: out of memory for %d sessions", n);
     for (int i = 0, prompt_left = prompt_rows; st == TL_OK && i < n; i++) {
         const tl_session *s = group[i];
-        int take = s->n_tokens - s->cache->length;
+        int take = goals[i] - s->cache->length;
         if (prompt_rows > 0 && !s->prompt_done) {
             if (take > prompt_left) take = prompt_left;
             prompt_left -= take;
@@ -637,7 +651,7 @@ static tl_status forward_together(tl_session **group, int n, int prompt_rows) {
             if (left <= 0) continue;
             int take = left < s->chunk ? left : s->chunk;
             if (take > TL_FORWARD_CHUNK - rows) take = TL_FORWARD_CHUNK - rows;
-            entries[k++] = (batch_entry){s, i, take, s->cache->length + take == s->n_tokens};
+            entries[k++] = (batch_entry){s, i, take, s->cache->length + take == goals[i] && goals[i] == s->n_tokens};
             rows += take;
         }
         if (k == 0) break;
@@ -724,9 +738,12 @@ tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const t
        (one stepped before it, or after) is done then, never while the call still reads it. */
     int n_group = 0;
     bool *shares = malloc((size_t)n * sizeof *shares);
-    if (!shares) {
+    int *goals = malloc((size_t)n * sizeof *goals); /* [n_group]: shared_goal of each */
+    if (!shares || !goals) {
         free(group);
         free(was_prefill);
+        free(shares);
+        free(goals);
         return tl_fail(TL_ERR_NO_MEMORY, "tl_session_step_batch: out of memory");
     }
     for (int i = 0; i < n; i++) {
@@ -734,12 +751,14 @@ tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const t
         stops[i] = TL_STOP_NONE;
         statuses[i] = TL_OK;
         sessions[i]->stepping = true;
-        shares[i] = shares_forward(sessions[i]);
+        const int goal = shared_goal(sessions[i]);
+        shares[i] = goal >= 0;
         if (!shares[i]) continue;
         was_prefill[n_group] = !sessions[i]->prompt_done;
+        goals[n_group] = goal;
         group[n_group++] = sessions[i];
     }
-    tl_status forward_status = n_group > 0 ? forward_together(group, n_group, o.prompt_rows) : TL_OK;
+    tl_status forward_status = n_group > 0 ? forward_together(group, goals, n_group, o.prompt_rows) : TL_OK;
     char forward_error[1024] = "";
     if (forward_status != TL_OK) snprintf(forward_error, sizeof forward_error, "%s", tl_last_error());
     for (int i = 0, g = 0; i < n; i++) {
@@ -756,8 +775,11 @@ tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const t
             s->finished = true;
             statuses[i] = forward_status;
             keep_error(s, forward_error);
-        } else if (s->cache->length < s->n_tokens) {
+        } else if (s->cache->length < goals[g]) {
             /* prompt_rows cut its prompt: the rest goes in a later call, which emits its first token */
+        } else if (goals[g] < s->n_tokens) { /* a speculative or beam prompt is in: its own step */
+            statuses[i] = step(s, &tokens[i], &stops[i]);
+            if (statuses[i] != TL_OK) keep_error(s, tl_last_error());
         } else {
             statuses[i] = finish_shared_step(s, was_prefill[g], &tokens[i], &stops[i]);
             if (statuses[i] != TL_OK) {
@@ -773,6 +795,7 @@ tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const t
         if (sessions[i]->free_requested && !atomic_load(&sessions[i]->engine_claimed)) session_destroy(sessions[i]);
     }
     free(shares);
+    free(goals);
     free(group);
     free(was_prefill);
     if (forward_status != TL_OK) tl_fail(forward_status, "%s", forward_error);
