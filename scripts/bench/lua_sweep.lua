@@ -47,31 +47,27 @@ local function sessions()
     return list
 end
 
-local function one_by_one()
+-- Decodes the sweep's tokens with advance(list) (one step of every session; returns the
+-- tokens it made) -> tokens/s, each session's sequence.
+local function run(advance)
     local list = sessions()
     local t0, n = now(), 0
-    for _ = 2, opt.tokens do
-        for _, s in ipairs(list) do
-            s:step()
-            n = n + 1
-        end
-    end
+    for _ = 2, opt.tokens do n = n + advance(list) end
     local ms = now() - t0
     local out = {}
     for i, s in ipairs(list) do out[i] = table.concat(s:tokens(), ",") s:close() end
     return n * 1000 / ms, out
 end
 
+local function one_by_one()
+    return run(function(list)
+        for _, s in ipairs(list) do s:step() end
+        return #list
+    end)
+end
+
 local function together()
-    local list = sessions()
-    local t0, n = now(), 0
-    for _ = 2, opt.tokens do
-        n = n + #model:step_batch(list)
-    end
-    local ms = now() - t0
-    local out = {}
-    for i, s in ipairs(list) do out[i] = table.concat(s:tokens(), ",") s:close() end
-    return n * 1000 / ms, out
+    return run(function(list) return #model:step_batch(list) end)
 end
 
 local function median(t) table.sort(t) return t[math.floor((#t + 1) / 2)] end
