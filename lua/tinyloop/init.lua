@@ -552,6 +552,7 @@ end
 -- Compiled traces must not call C functions that call back into Lua ("bad callback"
 -- panic): this wrapper always runs in the interpreter.
 function Session:step()
+    if self.in_batch then raise("session:step(): the session is in a model:step_batch call (from a hook of another session of it)") end
     if self.ptr == nil and not self.done then raise("session:step(): the session is closed") end
     if self.done then raise("session has already finished (" .. tostring(self.stop_reason or self.error) .. ")") end
     local step_token, step_stop = self.step_token, self.step_stop
@@ -637,6 +638,7 @@ end
 -- Frees the C session now (the garbage collector would do it later). Refused from inside one
 -- of the session's own hooks: the step that runs the hook still uses the session.
 function Session:close()
+    if self.in_batch then raise("session:close(): the session is in a model:step_batch call (from a hook of another session of it)") end
     if self.ctx and self.ctx.in_hook then
         raise("session:close() from inside one of its own hooks: close it after the step returns")
     end
@@ -657,6 +659,7 @@ end
 -- its hold on the C model, as C code holds none: like an engine's, the model must stay open
 -- until the detached session is freed (refused on a closed model, which it alone kept alive).
 function Session:detach()
+    if self.in_batch then raise("session:detach(): the session is in a model:step_batch call (from a hook of another session of it)") end
     if self.ctx then raise("session:detach(): a session with Lua hooks cannot leave its Lua state") end
     if self.ptr == nil or self.done then raise("session:detach(): the session has finished or is closed") end
     if self.model.ptr == nil then raise("session:detach(): the model is closed; a detached session needs it open") end
@@ -1040,8 +1043,13 @@ function Model:step_batch(sessions, opts)
     end
     local tokens, stops = ffi_new("int32_t[?]", n), ffi_new("tl_stop_reason[?]", n)
     local statuses = ffi_new("tl_status[?]", n)
+    -- While C steps them, a hook of one may not close, detach, step or fork another (their
+    -- pointers are in the call): those raise in the hook instead.
+    sessions = { unpack(sessions, 1, n) }
+    for i = 1, n do sessions[i].in_batch = true end
     -- (the C call names sessions from 0, and refuses a session given twice or stepping)
     local st = C.tl_session_step_batch_with(ptrs, n, so, tokens, stops, statuses)
+    for i = 1, n do sessions[i].in_batch = nil end
     if st ~= 0 then return engine_failure(st) end
     local results, hook_error = {}, nil
     for i = 1, n do
@@ -1174,6 +1182,7 @@ local branch_out = ffi_new("tl_session *[1]")
 -- (copy on write). hooks (optional): { on_token, stop_when, logits_processor, depth_policy, grammar }
 -- replacing the parent's for the child. Plain sessions only.
 function Session:fork(hooks)
+    if self.in_batch then raise("session:fork(): the session is in a model:step_batch call (from a hook of another session of it)") end
     if self.ptr == nil then raise("session:fork(): the session is closed") end
     if self.ctx and self.ctx.in_hook then raise("session:fork() from inside one of its own hooks") end
     local c, keep, ctx, compiled_grammar = branch_hooks(self, hooks, "session:fork()")
