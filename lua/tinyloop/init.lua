@@ -1051,7 +1051,14 @@ function Model:step_batch(sessions, opts)
     local st = C.tl_session_step_batch_with(ptrs, n, so, tokens, stops, statuses)
     for i = 1, n do sessions[i].in_batch = nil end
     if st ~= 0 then return engine_failure(st) end
-    local results, hook_error = {}, nil
+    local results, hook_error, argument_error = {}, nil, nil
+    -- A hook's error is raised after the loop: the others' text then stays unread, so that
+    -- their next step (or session:step) shows it, not lost with these results.
+    local raising = false
+    for i = 1, n do
+        local ctx = sessions[i].ctx
+        if statuses[i - 1] == C.TL_ERR_HOOK and ctx and ctx.err then raising = true end
+    end
     for i = 1, n do
         local s, status = sessions[i], statuses[i - 1]
         if status ~= 0 then
@@ -1062,6 +1069,7 @@ function Model:step_batch(sessions, opts)
                 err = "a hook raised: " .. tostring(ctx.err) -- (what a later step names, as step()'s)
                 ctx.err = nil
             end
+            if not hook_error and ARGUMENT_ERRORS[tonumber(status)] then argument_error = argument_error or err end
             s.done = true
             s:close()
             s.error = err
@@ -1069,8 +1077,7 @@ function Model:step_batch(sessions, opts)
         else
             local id, reason = tokens[i - 1], stop_name(stops[i - 1])
             local text = ""
-            if s.has_tokenizer then
-                C.tl_session_text(s.ptr, text_ptr, text_len)
+            if s.has_tokenizer and not raising and C.tl_session_text(s.ptr, text_ptr, text_len) == 0 then
                 text = ffi_string(text_ptr[0], text_len[0])
             end
             if reason then s.done, s.stop_reason = true, reason end
@@ -1078,6 +1085,7 @@ function Model:step_batch(sessions, opts)
         end
     end
     if hook_error then error(hook_error[1], 0) end
+    if argument_error then raise(argument_error) end -- (the convention: after the others' results settle)
     return results
 end
 jit.off(Model.step_batch)
