@@ -101,7 +101,7 @@ void tl_engine_options_init(tl_engine_options *opts) {
     if (!opts) return;
     opts->max_active = 8;
     opts->max_queued = 32;
-    opts->step_rows = -1; /* auto: tl_engine_step_rows */
+    opts->step_rows = -1; /* auto: tl_engine_auto_step_rows */
 }
 
 /* step_rows = -1: whole forward passes of TL_FORWARD_CHUNK rows with at least 32 of them left

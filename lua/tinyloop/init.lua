@@ -540,6 +540,23 @@ Session.__index = Session
 
 local text_ptr = ffi_new("const char *[1]")
 local text_len = ffi_new("size_t[1]")
+
+-- The session's text that became safe to show since the last read (tl_session_text), "" for
+-- a model without a tokenizer.
+local function new_text(s)
+    if s.has_tokenizer and C.tl_session_text(s.ptr, text_ptr, text_len) == 0 then
+        return ffi_string(text_ptr[0], text_len[0])
+    end
+    return ""
+end
+
+-- While model:step_batch steps a list in C, a hook of one session may not close, detach, step
+-- or fork another of it (their pointers are in the call).
+local function not_in_batch(s, method)
+    if s.in_batch then
+        raise("session:" .. method .. "(): the session is in a model:step_batch call (from a hook of another session of it)")
+    end
+end
 local n_out = ffi_new("int[1]")
 
 local function release(self)
@@ -552,7 +569,7 @@ end
 -- Compiled traces must not call C functions that call back into Lua ("bad callback"
 -- panic): this wrapper always runs in the interpreter.
 function Session:step()
-    if self.in_batch then raise("session:step(): the session is in a model:step_batch call (from a hook of another session of it)") end
+    not_in_batch(self, "step")
     if self.ptr == nil and not self.done then raise("session:step(): the session is closed") end
     if self.done then raise("session has already finished (" .. tostring(self.stop_reason or self.error) .. ")") end
     local step_token, step_stop = self.step_token, self.step_stop
@@ -576,11 +593,7 @@ function Session:step()
         return nil, err
     end
     local id, reason = step_token[0], stop_name(step_stop[0])
-    local text = ""
-    if self.has_tokenizer then
-        C.tl_session_text(self.ptr, text_ptr, text_len)
-        text = ffi_string(text_ptr[0], text_len[0])
-    end
+    local text = new_text(self)
     if reason then
         self.done, self.stop_reason = true, reason
     end
@@ -638,7 +651,7 @@ end
 -- Frees the C session now (the garbage collector would do it later). Refused from inside one
 -- of the session's own hooks: the step that runs the hook still uses the session.
 function Session:close()
-    if self.in_batch then raise("session:close(): the session is in a model:step_batch call (from a hook of another session of it)") end
+    not_in_batch(self, "close")
     if self.ctx and self.ctx.in_hook then
         raise("session:close() from inside one of its own hooks: close it after the step returns")
     end
@@ -659,7 +672,7 @@ end
 -- its hold on the C model, as C code holds none: like an engine's, the model must stay open
 -- until the detached session is freed (refused on a closed model, which it alone kept alive).
 function Session:detach()
-    if self.in_batch then raise("session:detach(): the session is in a model:step_batch call (from a hook of another session of it)") end
+    not_in_batch(self, "detach")
     if self.ctx then raise("session:detach(): a session with Lua hooks cannot leave its Lua state") end
     if self.ptr == nil or self.done then raise("session:detach(): the session has finished or is closed") end
     if self.model.ptr == nil then raise("session:detach(): the model is closed; a detached session needs it open") end
@@ -1043,8 +1056,7 @@ function Model:step_batch(sessions, opts)
     end
     local tokens, stops = ffi_new("int32_t[?]", n), ffi_new("tl_stop_reason[?]", n)
     local statuses = ffi_new("tl_status[?]", n)
-    -- While C steps them, a hook of one may not close, detach, step or fork another (their
-    -- pointers are in the call): those raise in the hook instead.
+    -- (not_in_batch: while C steps them; the list is copied so that a hook cannot change it)
     sessions = { unpack(sessions, 1, n) }
     for i = 1, n do sessions[i].in_batch = true end
     -- (the C call names sessions from 0, and refuses a session given twice or stepping)
@@ -1076,10 +1088,7 @@ function Model:step_batch(sessions, opts)
             results[i] = { error = err }
         else
             local id, reason = tokens[i - 1], stop_name(stops[i - 1])
-            local text = ""
-            if s.has_tokenizer and not raising and C.tl_session_text(s.ptr, text_ptr, text_len) == 0 then
-                text = ffi_string(text_ptr[0], text_len[0])
-            end
+            local text = raising and "" or new_text(s)
             if reason then s.done, s.stop_reason = true, reason end
             results[i] = { id = id, text = text, reason = reason }
         end
@@ -1190,7 +1199,7 @@ local branch_out = ffi_new("tl_session *[1]")
 -- (copy on write). hooks (optional): { on_token, stop_when, logits_processor, depth_policy, grammar }
 -- replacing the parent's for the child. Plain sessions only.
 function Session:fork(hooks)
-    if self.in_batch then raise("session:fork(): the session is in a model:step_batch call (from a hook of another session of it)") end
+    not_in_batch(self, "fork")
     if self.ptr == nil then raise("session:fork(): the session is closed") end
     if self.ctx and self.ctx.in_hook then raise("session:fork() from inside one of its own hooks") end
     local c, keep, ctx, compiled_grammar = branch_hooks(self, hooks, "session:fork()")

@@ -208,7 +208,7 @@ function _M.init_worker()
     o.max_active, o.max_queued = conf.max_active, conf.max_queued
     local step_rows = conf.step_rows or -1 -- (-1: the engine's own choice)
     if type(step_rows) ~= "number" or step_rows ~= math.floor(step_rows) or step_rows < -1 or step_rows > 2 ^ 30 then
-        model_error = "step_rows must be false or an integer >= 0, got " .. tostring(step_rows)
+        model_error = "step_rows must be false (auto), -1 (auto) or an integer >= 0, got " .. tostring(step_rows)
         ngx_log(ngx.ERR, "tinyloop: ", model_error)
         return
     end
