@@ -211,7 +211,7 @@ static tl_status search_step(tl_session *s, beam_state *b) {
         if (st != TL_OK) return st;
         if (s->grammar_matcher) { /* this hypothesis's own grammar state (none allowed: dropped) */
             const int n_allowed = gram_matcher_mask_state(s->grammar_matcher, b->live[i].gstate, s->allowed);
-            if (n_allowed < 0) return tl_fail(TL_ERR_NO_MEMORY, "grammar: out of memory (grammar too ambiguous?)");
+            if (n_allowed < 0) return gram_failure("grammar mask");
             for (int t = 0; t < V; t++)
                 if (!s->allowed[t]) s->work[t] = -INFINITY;
         }
@@ -233,7 +233,7 @@ static tl_status search_step(tl_session *s, beam_state *b) {
         h->logp = cd->score;
         if (s->grammar_matcher) { /* the mask allowed the token: the state cannot die here */
             h->gstate = gram_matcher_advance_state(s->grammar_matcher, h->gstate, cd->token);
-            if (h->gstate < 0) return tl_fail(TL_ERR_NO_MEMORY, "grammar: out of memory (grammar too ambiguous?)");
+            if (h->gstate < 0) return gram_failure("grammar");
         }
         const int n_hist = history_of(s, b, h);
         const bool ended = (cd->token == s->m->cfg.eos_token_id && !cfg->ignore_eos) ||

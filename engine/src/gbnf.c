@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "grammar.h"
+#include "tokenizer.h"
 
 #define MAX_REPEAT 10000
 #define MAX_NESTING 200
@@ -210,16 +211,12 @@ static bool parse_char(parser *ps, uint32_t *out, const char *context) {
         }
         }
     }
-    int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : -1;
-    if (len < 0 || ps->at + len > ps->end) return fail_at(ps, start, "invalid UTF-8 in %s", context);
-    uint32_t v = len == 1 ? c : c & (0xFF >> (len + 1));
-    for (int i = 1; i < len; i++) {
-        unsigned char k = (unsigned char)ps->at[i];
-        if ((k & 0xC0) != 0x80) return fail_at(ps, start, "invalid UTF-8 in %s", context);
-        v = (v << 6) | (k & 0x3F);
-    }
+    /* raw text: one strict UTF-8 sequence (the tokenizer's one reading: an overlong form, a
+       surrogate or a code point past U+10FFFF is refused, as the escapes refuse them) */
+    const int len = tlz_utf8_seq((const unsigned char *)ps->at, (size_t)(ps->end - ps->at));
+    if (len <= 0) return fail_at(ps, start, "invalid UTF-8 in %s", context);
+    *out = tlz_utf8_value((const unsigned char *)ps->at, len);
     ps->at += len;
-    *out = v;
     return true;
 }
 

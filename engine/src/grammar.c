@@ -324,6 +324,111 @@ void gram_program_free(gram_program *p) {
     free(p);
 }
 
+/* Which rules derive a string of what passes: with bytes_pass, some text (productive); without,
+   the empty string (nullable). A work list: an alternative waits at the first call that has not
+   passed yet, and moves on when that rule is found; each element is passed once. (A loop to a
+   fixpoint took one pass over the grammar per rule of a chain r1 ::= r2, r2 ::= r3...:
+   quadratic, 21 s for a 1.4 MB grammar.) */
+typedef struct derive_walk {
+    const gram_program *p;
+    bool bytes_pass;
+    bool *done;
+    int32_t *alt_rule, *cursor, *wait_head, *wait_next, *queue;
+    int n_queue;
+} derive_walk;
+
+static void derive_step(derive_walk *w, int a) {
+    const gram_elem *el = w->p->elems;
+    int pos = w->cursor[a];
+    while ((el[pos].kind == GE_BYTES && w->bytes_pass) || (el[pos].kind == GE_REF && w->done[el[pos].arg])) pos++;
+    w->cursor[a] = pos;
+    if (el[pos].kind == GE_END) {
+        const int r = w->alt_rule[a];
+        if (!w->done[r]) {
+            w->done[r] = true;
+            w->queue[w->n_queue++] = r;
+        }
+    } else if (el[pos].kind == GE_REF) { /* wait for the callee */
+        w->wait_next[a] = w->wait_head[el[pos].arg];
+        w->wait_head[el[pos].arg] = a;
+    } /* a byte, not passing: this alternative never derives the empty string */
+}
+
+static bool derive_rules(const gram_program *p, bool bytes_pass, bool *done) {
+    const int R = p->n_rules, A = p->n_alts;
+    derive_walk w = {.p = p, .bytes_pass = bytes_pass, .done = done};
+    w.alt_rule = malloc(((size_t)A + 1) * sizeof *w.alt_rule);
+    w.cursor = malloc(((size_t)A + 1) * sizeof *w.cursor);
+    w.wait_next = malloc(((size_t)A + 1) * sizeof *w.wait_next);
+    w.wait_head = malloc(((size_t)R + 1) * sizeof *w.wait_head);
+    w.queue = malloc(((size_t)R + 1) * sizeof *w.queue);
+    const bool ok = w.alt_rule && w.cursor && w.wait_next && w.wait_head && w.queue;
+    if (ok) {
+        memset(done, 0, (size_t)R);
+        for (int r = 0; r < R; r++) {
+            w.wait_head[r] = -1;
+            for (int a = p->rule_alts[r]; a < p->rule_alts[r + 1]; a++) w.alt_rule[a] = r;
+        }
+        for (int a = 0; a < A; a++) {
+            w.cursor[a] = p->alt_start[a];
+            derive_step(&w, a);
+        }
+        for (int head = 0; head < w.n_queue; head++) {
+            const int r = w.queue[head];
+            int a = w.wait_head[r];
+            w.wait_head[r] = -1;
+            while (a >= 0) {
+                const int next = w.wait_next[a];
+                derive_step(&w, a); /* its call of r passes now */
+                a = next;
+            }
+        }
+    }
+    free(w.alt_rule);
+    free(w.cursor);
+    free(w.wait_next);
+    free(w.wait_head);
+    free(w.queue);
+    return ok;
+}
+
+/* Whether rule `star` is x*: star ::= x star | "" (what x* and x+ write). */
+static bool is_star_of(const gram_program *p, int star, int x) {
+    const int a = p->rule_alts[star];
+    if (p->rule_alts[star + 1] - a != 2) return false;
+    const gram_elem *loop = &p->elems[p->alt_start[a]], *empty = &p->elems[p->alt_start[a + 1]];
+    return loop[0].kind == GE_REF && loop[0].arg == x && loop[1].kind == GE_REF && loop[1].arg == star &&
+           loop[2].kind == GE_END && empty[0].kind == GE_END;
+}
+
+/* x x* is x* when x may be empty (x+ writes x x*): its first turn is just the star's first.
+   Kept, the two readings of every x were two stacks, and x nested k deep ((("a"?)+)+ ...) was
+   2^k stacks: a 66-byte grammar failed to compile at k = 16. */
+static void drop_nullable_plus_heads(gram_program *p, const bool *nullable) {
+    enum { DROPPED = 3 };
+    bool any = false;
+    for (int pos = 0; pos + 1 < p->n_elems; pos++) {
+        const gram_elem *e = &p->elems[pos];
+        if (e->kind == GE_REF && e[1].kind == GE_REF && nullable[e->arg] && is_star_of(p, e[1].arg, e->arg) &&
+            pos != p->alt_start[p->rule_alts[e[1].arg]] /* not the star's own x star */) {
+            p->elems[pos].kind = DROPPED;
+            any = true;
+        }
+    }
+    if (!any) return;
+    int w = 0; /* alternatives lie in order, so the compacted copy never overtakes its source */
+    for (int a = 0; a < p->n_alts; a++) {
+        int pos = p->alt_start[a];
+        p->alt_start[a] = w;
+        for (;; pos++) {
+            if (p->elems[pos].kind == DROPPED) continue;
+            p->elems[w++] = p->elems[pos];
+            if (p->elems[pos].kind == GE_END) break;
+        }
+    }
+    p->n_elems = w;
+}
+
 /* Left recursion: a rule that can reach itself without consuming a byte.
    Edges r -> callee for each call on an alternative's left edge (after nullable calls only),
    marked "tail" when the call is its alternative's last element. A cycle through a call that
@@ -333,7 +438,7 @@ void gram_program_free(gram_program *p) {
    components (Tarjan's, iterative). */
 static tl_status check_left_recursion(gram_program *p, char *err, size_t errlen) {
     const int R = p->n_rules;
-    bool *nullable = calloc((size_t)R, 1);
+    bool *nullable = calloc((size_t)R + 1, 1);
     int32_t *edge_first = calloc((size_t)R + 1, sizeof *edge_first);
     int32_t *edges = NULL;
     uint8_t *edge_tail = NULL;
@@ -343,16 +448,8 @@ static tl_status check_left_recursion(gram_program *p, char *err, size_t errlen)
     int n_edges = 0, cap_edges = 0, cap_tail = 0;
     tl_status st = TL_OK;
     if (!nullable || !edge_first || !order || !low || !comp || !tstack || !dfs || !cursor) goto oom;
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (int r = 0; r < R; r++) {
-            for (int a = p->rule_alts[r]; a < p->rule_alts[r + 1] && !nullable[r]; a++) {
-                int pos = p->alt_start[a];
-                while (p->elems[pos].kind == GE_REF && nullable[p->elems[pos].arg]) pos++;
-                if (p->elems[pos].kind == GE_END) nullable[r] = changed = true;
-            }
-        }
-    }
+    if (!derive_rules(p, false, nullable)) goto oom;
+    drop_nullable_plus_heads(p, nullable);
     for (int r = 0; r < R; r++) {
         edge_first[r] = n_edges;
         for (int a = p->rule_alts[r]; a < p->rule_alts[r + 1]; a++)
@@ -369,16 +466,7 @@ static tl_status check_left_recursion(gram_program *p, char *err, size_t errlen)
     /* productive: derives some text (an alternative of bytes and productive calls); a cycle
        of tail calls among rules that are not ("r ::= r") only recurs: an error too */
     bool *productive = nullable; /* (nullable is no longer needed: reused) */
-    memset(productive, 0, (size_t)R);
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (int r = 0; r < R; r++)
-            for (int a = p->rule_alts[r]; a < p->rule_alts[r + 1] && !productive[r]; a++) {
-                int pos = p->alt_start[a];
-                while (p->elems[pos].kind == GE_BYTES || (p->elems[pos].kind == GE_REF && productive[p->elems[pos].arg])) pos++;
-                if (p->elems[pos].kind == GE_END) productive[r] = changed = true;
-            }
-    }
+    if (!derive_rules(p, true, productive)) goto oom;
     /* Tarjan: order[r] = visit number (-1 unvisited), low[r] = lowest reachable on the stack */
     for (int r = 0; r < R; r++) order[r] = comp[r] = -1;
     int visited = 0, n_tstack = 0, n_comps = 0;
@@ -585,13 +673,35 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
 
 /* ---------------------------------------------------------------- the runtime */
 
+/* Why the calling thread's last runtime call returned -1, when a limit (not memory) stopped it:
+   the calls return -1 either way, and gram_failure words the error. Per thread, as each call
+   runs on its caller's thread (under the grammar's lock). */
+enum { FAILED_MEMORY, FAILED_AMBIGUOUS, FAILED_FULL };
+static _Thread_local int last_failure;
+
+tl_status gram_failure(const char *what) {
+    const int why = last_failure;
+    last_failure = FAILED_MEMORY;
+    if (why == FAILED_AMBIGUOUS)
+        return tl_fail(TL_ERR_UNSUPPORTED,
+                       "%s: the grammar is too ambiguous here: one byte leads to more than %d parses (alternatives "
+                       "that begin alike, nested: a recursive anyOf whose branches share their first property, say; "
+                       "give them distinct beginnings)", what, GRAM_MAX_EXPANSION);
+    if (why == FAILED_FULL)
+        return tl_fail(TL_ERR_NO_MEMORY, "%s: the grammar's tables are full (%d stacks or %d states)", what, GRAM_MAX_NODES,
+                       GRAM_MAX_STATES);
+    return tl_fail(TL_ERR_NO_MEMORY, "%s: out of memory", what);
+}
+
 static int32_t intern_node(gram_runtime *rt, int32_t pos, int32_t parent) {
     const uint64_t key = ((uint64_t)(uint32_t)(pos + 1) << 32) | (uint32_t)parent;
     int32_t id = gram_hash_get(&rt->node_ids, key);
     if (id >= 0) return id;
-    if (rt->n_nodes >= GRAM_MAX_NODES ||
-        !gram_grow((void **)&rt->nodes, &rt->cap_nodes, rt->n_nodes + 1, sizeof *rt->nodes))
+    if (rt->n_nodes >= GRAM_MAX_NODES) {
+        last_failure = FAILED_FULL;
         return -1;
+    }
+    if (!gram_grow((void **)&rt->nodes, &rt->cap_nodes, rt->n_nodes + 1, sizeof *rt->nodes)) return -1;
     id = rt->n_nodes++;
     rt->nodes[id] = (gram_node){pos, parent};
     if (!gram_hash_put(&rt->node_ids, key, id)) return -1;
@@ -599,7 +709,10 @@ static int32_t intern_node(gram_runtime *rt, int32_t pos, int32_t parent) {
 }
 
 static bool push_scratch(gram_runtime *rt, int32_t v) {
-    if (rt->n_scratch >= GRAM_MAX_EXPANSION) return false;
+    if (rt->n_scratch >= GRAM_MAX_EXPANSION) {
+        last_failure = FAILED_AMBIGUOUS;
+        return false;
+    }
     if (rt->n_scratch == rt->cap_scratch) {
         size_t cap = rt->cap_scratch ? rt->cap_scratch * 2 : 256;
         int32_t *q = realloc(rt->scratch, cap * sizeof *q);
@@ -643,7 +756,10 @@ static bool expand(gram_runtime *rt, int32_t pos0, int32_t parent0) {
     rt->n_pending = 0;
     if (!push_pending(rt, pos0, parent0)) return false;
     for (long taken = 0; rt->n_pending > 0; taken++) {
-        if (taken > GRAM_MAX_EXPANDED) return false;
+        if (taken > GRAM_MAX_EXPANDED) {
+            last_failure = FAILED_AMBIGUOUS;
+            return false;
+        }
         int32_t parent = rt->pending[--rt->n_pending];
         int32_t pos = rt->pending[--rt->n_pending];
         for (;;) {
@@ -708,7 +824,10 @@ static int32_t intern_state(gram_runtime *rt) {
             if ((size_t)len == n && (n == 0 || memcmp(rt->state_members + first, m, n * sizeof *m) == 0)) return s;
         }
     }
-    if (rt->n_states >= GRAM_MAX_STATES) return -1;
+    if (rt->n_states >= GRAM_MAX_STATES) {
+        last_failure = FAILED_FULL;
+        return -1;
+    }
     if (rt->n_states + 2 > rt->cap_states) {
         int cap = rt->cap_states ? rt->cap_states * 2 : 256;
         int64_t *f = realloc(rt->state_first, ((size_t)cap + 1) * sizeof *f);
@@ -758,8 +877,6 @@ static int32_t intern_state(gram_runtime *rt) {
 tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
     memset(rt, 0, sizeof *rt);
     rt->prog = prog;
-    if (pthread_mutex_init(&rt->lock, NULL) != 0) return tl_fail(TL_ERR_INTERNAL, "cannot create a mutex");
-    rt->state_first = NULL;
     /* node 0: the empty stack; state 0: the dead state (no stacks) */
     if (!gram_grow((void **)&rt->nodes, &rt->cap_nodes, 1, sizeof *rt->nodes)) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     rt->nodes[rt->n_nodes++] = (gram_node){-1, -1};
@@ -777,7 +894,6 @@ tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
 }
 
 void gram_runtime_destroy(gram_runtime *rt) {
-    pthread_mutex_destroy(&rt->lock);
     free(rt->nodes);
     gram_hash_free(&rt->node_ids);
     free(rt->state_members);
@@ -792,6 +908,16 @@ void gram_runtime_destroy(gram_runtime *rt) {
     free(rt->scratch);
     free(rt->pending);
     memset(rt, 0, sizeof *rt);
+}
+
+size_t gram_runtime_bytes(const gram_runtime *rt) {
+    const size_t per_state = sizeof *rt->state_first + sizeof *rt->state_flags + sizeof *rt->state_loop +
+                             sizeof *rt->state_takes + sizeof *rt->state_proj;
+    const size_t per_slot = sizeof(uint64_t) + sizeof(int32_t); /* a hash table's key and value */
+    return (size_t)rt->cap_nodes * sizeof *rt->nodes + rt->cap_members * sizeof *rt->state_members +
+           (size_t)rt->cap_states * per_state +
+           (rt->node_ids.cap + rt->state_ids.cap + rt->transitions.cap + rt->called.cap) * per_slot +
+           (rt->cap_scratch + rt->cap_pending) * sizeof(int32_t);
 }
 
 int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
@@ -879,6 +1005,43 @@ int32_t gram_project(gram_runtime *rt, int32_t state) {
 
 /* ---------------------------------------------------------------- public: compiling */
 
+static void tables_free(gram_tables *t) {
+    if (!t) return;
+    for (int i = 0; i < t->n_bindings; i++) gram_binding_destroy(&t->bindings[i]);
+    free(t->bindings);
+    gram_runtime_destroy(&t->rt);
+    free(t);
+}
+
+static tl_status tables_new(const gram_program *prog, gram_tables **out) {
+    gram_tables *t = calloc(1, sizeof *t);
+    if (!t) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    tl_status st = gram_runtime_init(&t->rt, prog);
+    if (st != TL_OK) {
+        tables_free(t);
+        return st;
+    }
+    *out = t;
+    return TL_OK;
+}
+
+gram_tables *gram_current_tables(tl_compiled_grammar *g) {
+    gram_tables *old = g->tables, *fresh = NULL;
+    if (gram_runtime_bytes(&old->rt) <= g->table_budget) return old;
+    if (tables_new(g->prog, &fresh) != TL_OK) {
+        tl_clear_error(); /* the full tables serve on, up to their interning limits */
+        return old;
+    }
+    g->tables = fresh;
+    g->generations++;
+    if (old->users == 0) tables_free(old); /* else its last matcher frees it (gram_tables_leave) */
+    return fresh;
+}
+
+void gram_tables_leave(tl_compiled_grammar *g, gram_tables *t) {
+    if (--t->users == 0 && t != g->tables) tables_free(t);
+}
+
 tl_status gram_wrap_program(gram_program *prog, tl_compiled_grammar **out) {
     tl_compiled_grammar *g = calloc(1, sizeof *g);
     if (!g) {
@@ -887,9 +1050,15 @@ tl_status gram_wrap_program(gram_program *prog, tl_compiled_grammar **out) {
     }
     atomic_init(&g->refs, 1);
     g->prog = prog;
-    tl_status st = gram_runtime_init(&g->rt, prog);
+    g->table_budget = GRAM_TABLE_BYTES;
+    if (pthread_mutex_init(&g->lock, NULL) != 0) {
+        gram_program_free(prog);
+        free(g);
+        return tl_fail(TL_ERR_INTERNAL, "cannot create a mutex");
+    }
+    tl_status st = tables_new(prog, &g->tables);
     if (st != TL_OK) {
-        gram_runtime_destroy(&g->rt);
+        pthread_mutex_destroy(&g->lock);
         gram_program_free(prog);
         free(g);
         return st;
@@ -997,9 +1166,10 @@ void tl_compiled_grammar_retain(const tl_compiled_grammar *g) {
 
 void tl_compiled_grammar_free(tl_compiled_grammar *g) {
     if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
-    for (int i = 0; i < g->n_bindings; i++) gram_binding_destroy(&g->bindings[i]);
-    free(g->bindings);
-    gram_runtime_destroy(&g->rt);
+    tables_free(g->tables); /* older generations went with their last matcher, which held a ref */
+    for (int i = 0; i < g->n_vocabs; i++) gram_vocab_free(g->vocabs[i]);
+    free(g->vocabs);
+    pthread_mutex_destroy(&g->lock);
     gram_program_free(g->prog);
     free(g);
 }
@@ -1008,11 +1178,12 @@ tl_status tl_grammar_matches(const tl_compiled_grammar *cg, const char *text, si
     tl_clear_error();
     if (!cg || !match || (!text && len)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matches: NULL argument");
     tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
-    pthread_mutex_lock(&g->rt.lock);
-    int32_t s = gram_advance_bytes(&g->rt, g->rt.initial, text, len);
-    *match = s > 0 && gram_accepting(&g->rt, s);
-    pthread_mutex_unlock(&g->rt.lock);
-    if (s < 0) return tl_fail(TL_ERR_NO_MEMORY, "tl_grammar_matches: out of memory (grammar too ambiguous?)");
+    pthread_mutex_lock(&g->lock);
+    gram_runtime *rt = &gram_current_tables(g)->rt;
+    int32_t s = gram_advance_bytes(rt, rt->initial, text, len);
+    *match = s > 0 && gram_accepting(rt, s);
+    pthread_mutex_unlock(&g->lock);
+    if (s < 0) return gram_failure("tl_grammar_matches");
     return TL_OK;
 }
 
@@ -1020,10 +1191,11 @@ tl_status tl_grammar_matches_prefix(const tl_compiled_grammar *cg, const char *t
     tl_clear_error();
     if (!cg || !match || (!text && len)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matches_prefix: NULL argument");
     tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
-    pthread_mutex_lock(&g->rt.lock);
-    const int32_t s = gram_advance_bytes(&g->rt, g->rt.initial, text, len);
-    pthread_mutex_unlock(&g->rt.lock);
-    if (s < 0) return tl_fail(TL_ERR_NO_MEMORY, "tl_grammar_matches_prefix: out of memory (grammar too ambiguous?)");
+    pthread_mutex_lock(&g->lock);
+    gram_runtime *rt = &gram_current_tables(g)->rt;
+    const int32_t s = gram_advance_bytes(rt, rt->initial, text, len);
+    pthread_mutex_unlock(&g->lock);
+    if (s < 0) return gram_failure("tl_grammar_matches_prefix");
     *match = s != GRAM_DEAD;
     return TL_OK;
 }

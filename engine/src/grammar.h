@@ -169,11 +169,10 @@ typedef struct gram_mask_entry {
 
 struct gram_vocab;
 
-/* Interned stacks and states of one program. Shared by every matcher of one compiled grammar
-   (so masks cached by one generation serve the next); a mutex guards it. */
+/* Interned stacks and states of one program. Shared by the matchers of one compiled grammar
+   (so masks cached by one generation serve the next), under the grammar's lock. */
 typedef struct gram_runtime {
     const gram_program *prog;
-    pthread_mutex_t lock;
     gram_node *nodes;
     int n_nodes, cap_nodes;
     gram_hash node_ids;          /* (pos, parent) -> node */
@@ -205,8 +204,14 @@ typedef struct gram_runtime {
 
 tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog);
 void gram_runtime_destroy(gram_runtime *rt);
+/* The error of a runtime call that returned -1 (the calling thread's last one): a limit it
+   met (a grammar too ambiguous for one byte, tables full), else out of memory. `what` names
+   the call for the message. */
+tl_status gram_failure(const char *what);
+/* The memory the runtime's tables hold. */
+size_t gram_runtime_bytes(const gram_runtime *rt);
 /* The state after `byte` (GRAM_DEAD when the byte is not allowed); -1 out of memory.
-   Callers hold rt->lock when the runtime is shared. */
+   Callers hold the grammar's lock when the runtime is shared. */
 int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte);
 int32_t gram_advance_bytes(gram_runtime *rt, int32_t state, const void *bytes, size_t len);
 static inline bool gram_accepting(const gram_runtime *rt, int32_t state) { return rt->state_flags[state] & 1; }
@@ -252,9 +257,9 @@ struct tlz_tokenizer;
 tl_status gram_vocab_build(const struct tlz_tokenizer *tok, int vocab_size, int eos, gram_vocab **out);
 void gram_vocab_free(gram_vocab *v);
 
-/* A vocabulary a compiled grammar is used with, and the masks computed against it. */
+/* The masks computed against one vocabulary a compiled grammar is used with. */
 typedef struct gram_binding {
-    gram_vocab *vocab;
+    const gram_vocab *vocab;     /* the grammar's (g->vocabs), not owned */
     gram_mask_entry *masks;
     int n_masks, cap_masks;
     gram_hash mask_ids;          /* state + 1 -> index in masks */
@@ -262,14 +267,39 @@ typedef struct gram_binding {
     size_t mask_budget;          /* at most that much (MASK_CACHE_BYTES; tests set less), then start over */
 } gram_binding;
 
+/* One generation of a compiled grammar's tables: the stacks and states interned so far, and
+   the masks cached for them. A state is an index into these tables, so a matcher keeps the
+   generation it started on; the grammar starts a new one when they outgrow its budget. */
+typedef struct gram_tables {
+    gram_runtime rt;
+    gram_binding *bindings;      /* [n_bindings] masks for the grammar's vocabs[i] */
+    int n_bindings;
+    int users;                   /* matchers on these tables */
+} gram_tables;
+
+/* The tables' budget: past it, the next matcher (or tl_grammar_matches) starts a new
+   generation. Without it, a grammar shared by a server's requests kept every stack any document
+   ever met, until the interning limits refused every request ("out of memory") for good. */
+#define GRAM_TABLE_BYTES ((size_t)128 << 20)
+
 /* The compiled grammar of the public API. */
 struct tl_compiled_grammar {
     atomic_int refs;
     gram_program *prog;
-    gram_runtime rt;             /* shared by every matcher, under rt.lock */
-    gram_binding *bindings;      /* one per vocabulary, under rt.lock */
-    int n_bindings;
+    pthread_mutex_t lock;        /* guards everything below, and every generation's tables */
+    gram_tables *tables;         /* the current generation: new matchers start on it; an older
+                                    one lives until its last matcher is freed */
+    gram_vocab **vocabs;         /* [n_vocabs] every vocabulary the grammar was used with */
+    int n_vocabs;
+    size_t table_budget;         /* GRAM_TABLE_BYTES; tests set less */
+    int64_t generations;         /* how many times the tables started over */
 };
+
+/* The current tables, a new generation first when they are over budget (callers hold g->lock;
+   out of memory for a new one, the full tables go on). */
+gram_tables *gram_current_tables(tl_compiled_grammar *g);
+/* A matcher leaves its tables (under g->lock): the last user of an old generation frees it. */
+void gram_tables_leave(tl_compiled_grammar *g, gram_tables *t);
 
 /* Writes allowed[0..vocab) for `state` (1 = allowed) and returns the count; < 0 out of memory.
    Callers hold the runtime's lock. */
@@ -288,9 +318,10 @@ void tl_compiled_grammar_retain(const tl_compiled_grammar *g);
 #define GRAM_MAX_ENDS 16
 struct tl_grammar_matcher {
     tl_compiled_grammar *g;
-    int binding;                 /* index in g->bindings (read under g->rt.lock: another thread's
-                                    new binding moves the array) */
-    const struct gram_vocab *vocab; /* that binding's vocabulary, which does not move */
+    gram_tables *tables;         /* the generation its states belong to (one of its users) */
+    int binding;                 /* index in tables->bindings and g->vocabs (read under g->lock:
+                                    another thread's new binding moves the array) */
+    const struct gram_vocab *vocab; /* that vocabulary, which does not move */
     int32_t *states;             /* history: states[0] initial, states[n-1] current */
     int n, cap;
     /* special tokens that end generation as eos does (a chat template's turn end, a one-token

@@ -221,7 +221,6 @@ void gram_binding_destroy(gram_binding *b) {
     forget_masks(b);
     free(b->masks);
     gram_hash_free(&b->mask_ids);
-    gram_vocab_free(b->vocab);
     memset(b, 0, sizeof *b);
 }
 
@@ -437,27 +436,39 @@ int32_t gram_advance_token(gram_runtime *rt, const gram_vocab *v, int32_t state,
 
 /* ---------------------------------------------------------------- matchers */
 
-static tl_status binding_for(tl_compiled_grammar *g, const struct tlz_tokenizer *tok, int vocab_size, int eos,
-                             int *index) {
+/* The index of the tokenizer's vocabulary in g->vocabs, built on first use (callers hold g->lock). */
+static tl_status vocab_for(tl_compiled_grammar *g, const struct tlz_tokenizer *tok, int vocab_size, int eos, int *index) {
     const uint64_t fp = fingerprint(tok, vocab_size, eos);
-    for (int i = 0; i < g->n_bindings; i++)
-        if (g->bindings[i].vocab->fingerprint == fp && g->bindings[i].vocab->vocab_size == vocab_size) {
+    for (int i = 0; i < g->n_vocabs; i++)
+        if (g->vocabs[i]->fingerprint == fp && g->vocabs[i]->vocab_size == vocab_size) {
             *index = i;
             return TL_OK;
         }
     gram_vocab *v;
     tl_status st = gram_vocab_build(tok, vocab_size, eos, &v);
     if (st != TL_OK) return st;
-    gram_binding *q = realloc(g->bindings, ((size_t)g->n_bindings + 1) * sizeof *q);
+    gram_vocab **q = realloc(g->vocabs, ((size_t)g->n_vocabs + 1) * sizeof *q);
     if (!q) {
         gram_vocab_free(v);
         return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     }
-    g->bindings = q;
-    memset(&g->bindings[g->n_bindings], 0, sizeof *g->bindings);
-    g->bindings[g->n_bindings].vocab = v;
-    g->bindings[g->n_bindings].mask_budget = MASK_CACHE_BYTES;
-    *index = g->n_bindings++;
+    g->vocabs = q;
+    g->vocabs[g->n_vocabs] = v;
+    *index = g->n_vocabs++;
+    return TL_OK;
+}
+
+/* The tables' mask cache for g->vocabs[index] exists (callers hold g->lock). */
+static tl_status bind(tl_compiled_grammar *g, gram_tables *t, int index) {
+    if (index < t->n_bindings) return TL_OK;
+    gram_binding *q = realloc(t->bindings, ((size_t)index + 1) * sizeof *q);
+    if (!q) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    t->bindings = q;
+    for (; t->n_bindings <= index; t->n_bindings++) {
+        memset(&q[t->n_bindings], 0, sizeof *q);
+        q[t->n_bindings].vocab = g->vocabs[t->n_bindings];
+        q[t->n_bindings].mask_budget = MASK_CACHE_BYTES;
+    }
     return TL_OK;
 }
 
@@ -466,13 +477,21 @@ tl_status gram_matcher_new(const tl_compiled_grammar *cg, const struct tlz_token
     tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
     tl_grammar_matcher *mt = calloc(1, sizeof *mt);
     if (!mt) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    pthread_mutex_lock(&g->rt.lock);
-    tl_status st = binding_for(g, tok, vocab_size, eos, &mt->binding);
-    if (st == TL_OK) mt->vocab = g->bindings[mt->binding].vocab;
-    pthread_mutex_unlock(&g->rt.lock);
     mt->cap = 64;
     mt->states = malloc((size_t)mt->cap * sizeof *mt->states);
-    if (st == TL_OK && !mt->states) st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    tl_status st = mt->states ? TL_OK : tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    pthread_mutex_lock(&g->lock);
+    gram_tables *t = gram_current_tables(g);
+    if (st == TL_OK) st = vocab_for(g, tok, vocab_size, eos, &mt->binding);
+    if (st == TL_OK) st = bind(g, t, mt->binding);
+    if (st == TL_OK) {
+        t->users++;
+        mt->tables = t;
+        mt->vocab = g->vocabs[mt->binding];
+        mt->states[0] = t->rt.initial;
+        mt->n = 1;
+    }
+    pthread_mutex_unlock(&g->lock);
     if (st != TL_OK) {
         free(mt->states);
         free(mt);
@@ -480,8 +499,6 @@ tl_status gram_matcher_new(const tl_compiled_grammar *cg, const struct tlz_token
     }
     tl_compiled_grammar_retain(g);
     mt->g = g;
-    mt->states[0] = g->rt.initial;
-    mt->n = 1;
     *out = mt;
     return TL_OK;
 }
@@ -498,6 +515,9 @@ tl_status gram_matcher_clone(const tl_grammar_matcher *src, tl_grammar_matcher *
     *mt = *src;
     mt->states = states;
     tl_compiled_grammar_retain(mt->g);
+    pthread_mutex_lock(&mt->g->lock);
+    mt->tables->users++; /* the copy's states are the source's: the same generation */
+    pthread_mutex_unlock(&mt->g->lock);
     *out = mt;
     return TL_OK;
 }
@@ -514,6 +534,9 @@ tl_status tl_grammar_matcher_new(const tl_compiled_grammar *g, const tl_model *m
 
 void tl_grammar_matcher_free(tl_grammar_matcher *mt) {
     if (!mt) return;
+    pthread_mutex_lock(&mt->g->lock);
+    gram_tables_leave(mt->g, mt->tables);
+    pthread_mutex_unlock(&mt->g->lock);
     tl_compiled_grammar_free(mt->g);
     free(mt->states);
     free(mt);
@@ -538,20 +561,22 @@ static bool is_end(const tl_grammar_matcher *mt, int32_t token) {
 }
 
 int gram_matcher_mask_state(tl_grammar_matcher *mt, int32_t state, uint8_t *allowed) {
-    pthread_mutex_lock(&mt->g->rt.lock);
-    int n = gram_mask(&mt->g->rt, &mt->g->bindings[mt->binding], state, allowed);
-    if (n >= 0 && mt->n_ends && state != GRAM_DEAD && gram_accepting(&mt->g->rt, state))
+    pthread_mutex_lock(&mt->g->lock);
+    gram_runtime *rt = &mt->tables->rt;
+    int n = gram_mask(rt, &mt->tables->bindings[mt->binding], state, allowed);
+    if (n >= 0 && mt->n_ends && state != GRAM_DEAD && gram_accepting(rt, state))
         for (int i = 0; i < mt->n_ends; i++)
             if (!allowed[mt->ends[i]]) { allowed[mt->ends[i]] = 1; n++; }
-    pthread_mutex_unlock(&mt->g->rt.lock);
+    pthread_mutex_unlock(&mt->g->lock);
     return n;
 }
 
 int32_t gram_matcher_advance_state(tl_grammar_matcher *mt, int32_t state, int32_t token) {
-    pthread_mutex_lock(&mt->g->rt.lock);
-    int32_t next = is_end(mt, token) ? (state != GRAM_DEAD && gram_accepting(&mt->g->rt, state) ? state : GRAM_DEAD)
-                                     : gram_advance_token(&mt->g->rt, mt->vocab, state, token);
-    pthread_mutex_unlock(&mt->g->rt.lock);
+    pthread_mutex_lock(&mt->g->lock);
+    gram_runtime *rt = &mt->tables->rt;
+    int32_t next = is_end(mt, token) ? (state != GRAM_DEAD && gram_accepting(rt, state) ? state : GRAM_DEAD)
+                                     : gram_advance_token(rt, mt->vocab, state, token);
+    pthread_mutex_unlock(&mt->g->lock);
     return next;
 }
 
@@ -562,7 +587,7 @@ tl_status tl_grammar_matcher_mask(tl_grammar_matcher *mt, uint8_t *allowed, int 
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matcher_mask: vocab_size = %d, the matcher's is %d", vocab_size,
                        mt->vocab->vocab_size);
     int n = gram_matcher_mask_state(mt, gram_matcher_state(mt), allowed);
-    if (n < 0) return tl_fail(TL_ERR_NO_MEMORY, "grammar mask: out of memory (grammar too ambiguous?)");
+    if (n < 0) return gram_failure("grammar mask");
     *count = n;
     return TL_OK;
 }
@@ -571,7 +596,7 @@ tl_status tl_grammar_matcher_accepts(tl_grammar_matcher *mt, int32_t token, int 
     tl_clear_error();
     if (!mt || !ok) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matcher_accepts: NULL argument");
     int32_t next = gram_matcher_advance_state(mt, gram_matcher_state(mt), token);
-    if (next < 0) return tl_fail(TL_ERR_NO_MEMORY, "grammar: out of memory (grammar too ambiguous?)");
+    if (next < 0) return gram_failure("grammar");
     *ok = next != GRAM_DEAD;
     return TL_OK;
 }
@@ -580,7 +605,7 @@ tl_status tl_grammar_matcher_accept(tl_grammar_matcher *mt, int32_t token) {
     tl_clear_error();
     if (!mt) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matcher_accept: matcher is NULL");
     int32_t next = gram_matcher_advance_state(mt, gram_matcher_state(mt), token);
-    if (next < 0) return tl_fail(TL_ERR_NO_MEMORY, "grammar: out of memory (grammar too ambiguous?)");
+    if (next < 0) return gram_failure("grammar");
     if (next == GRAM_DEAD) return tl_fail(TL_ERR_INVALID_ARGUMENT, "token %d is not allowed by the grammar here", (int)token);
     if (mt->n == mt->cap) {
         int32_t *q = realloc(mt->states, (size_t)mt->cap * 2 * sizeof *q);
@@ -605,9 +630,9 @@ tl_status tl_grammar_matcher_rollback(tl_grammar_matcher *mt, int n_tokens) {
 int tl_grammar_matcher_is_accepting(const tl_grammar_matcher *mt) {
     if (!mt) return 0;
     /* (under the lock: another thread's new state may be moving state_flags) */
-    pthread_mutex_lock(&mt->g->rt.lock);
-    const int accepting = gram_accepting(&mt->g->rt, gram_matcher_state(mt));
-    pthread_mutex_unlock(&mt->g->rt.lock);
+    pthread_mutex_lock(&mt->g->lock);
+    const int accepting = gram_accepting(&mt->tables->rt, gram_matcher_state(mt));
+    pthread_mutex_unlock(&mt->g->lock);
     return accepting;
 }
 

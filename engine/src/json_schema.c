@@ -43,6 +43,9 @@ typedef struct conv {
     size_t errlen;
     bool failed;
     bool used_value, used_string;
+    /* schema_bits' answers by schema node: computed once each (without it, anyOf branches that
+       $ref the same definitions were walked once per path, exponential in the nesting) */
+    gram_hash type_bits_of;
 } conv;
 
 static int fail(conv *c, const char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -651,6 +654,7 @@ static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
     cJSON *props = cJSON_CreateObject(), *req = cJSON_CreateArray();
     const cJSON *additional = NULL;
     int r = -1, branches_with_properties = 0;
+    bool additional_branch_has_properties = false;
     if (!props || !req) { r = fail(c, path, "out of memory"); goto done; }
     for (const cJSON *s = list->child; s; s = s->next) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
@@ -678,14 +682,19 @@ static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
             r = fail(c, path, "%s", "allOf: additionalProperties in more than one branch is not supported");
             goto done;
         }
-        if (a) additional = a;
+        if (a) {
+            additional = a;
+            additional_branch_has_properties = p && p->child;
+        }
         if (p && p->child) branches_with_properties++;
     }
     /* a branch's additionalProperties is about the keys that branch does not declare: merged,
        it would let in another branch's keys ({"b": 1} past {"properties": {"a"},
-       "additionalProperties": false} beside {"properties": {"b"}}), which allOf refuses */
-    if (additional && !cJSON_IsTrue(additional) && branches_with_properties > 1) {
-        r = fail(c, path, "%s", "allOf: additionalProperties with properties in more than one branch is not supported");
+       "additionalProperties": false} beside {"properties": {"b"}}; {"a": 1} past
+       {"additionalProperties": false} beside {"properties": {"a"}}), which allOf refuses. It
+       is exact only when its own branch declares every property of the merge. */
+    if (additional && !cJSON_IsTrue(additional) && branches_with_properties > (additional_branch_has_properties ? 1 : 0)) {
+        r = fail(c, path, "%s", "allOf: additionalProperties (other than true) is supported only in the branch that declares every property");
         goto done;
     }
     r = object_schema(c, props, req, additional, path, depth);
@@ -754,34 +763,47 @@ static const cJSON *followed(const conv *c, const cJSON *s) {
     return s;
 }
 
-/* The types a schema's values may have (JT_ANY where it cannot tell). */
-static unsigned schema_bits(const conv *c, const cJSON *s, int depth) {
+/* The types of the values a schema lets through (JT_ANY where it cannot tell): with `written`,
+   of those its grammar writes; without, of those the schema itself matches. They differ where
+   the grammar narrows: "properties" or "items" without a "type" constrain objects or arrays only
+   and let any other value through, but the grammar writes an object or an array. */
+static unsigned schema_bits(conv *c, const cJSON *s, bool written, int depth) {
     s = followed(c, s);
-    if (!cJSON_IsObject(s) || depth > 8) return JT_ANY;
+    if (!cJSON_IsObject(s) || depth > MAX_DEPTH) return JT_ANY;
+    /* once per node (without it, anyOf branches that $ref the same definitions were walked once
+       per path, exponential in the nesting); a node met again while its answer is pending (a
+       cycle of $refs) is JT_ANY, which only makes oneOf refuse more */
+    enum { PENDING = 1 << 30 };
+    const uint64_t key = (uint64_t)(uintptr_t)s | (written ? 1u : 0u); /* nodes are aligned: bit 0 is free */
+    int32_t known = gram_hash_get(&c->type_bits_of, key);
+    if (known >= 0) return known == PENDING ? JT_ANY : (unsigned)known;
+    if (!gram_hash_put(&c->type_bits_of, key, PENDING)) return JT_ANY; /* out of memory: refusing is safe */
+    unsigned bits = JT_ANY;
     const cJSON *cst = cJSON_GetObjectItemCaseSensitive(s, "const"), *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
-    if (cst) return value_bits(cst);
-    if (cJSON_IsArray(en)) {
-        unsigned bits = 0;
-        for (const cJSON *v = en->child; v; v = v->next) bits |= value_bits(v);
-        return bits;
-    }
-    if (cJSON_IsString(type)) return type_bits(type->valuestring);
-    if (cJSON_IsArray(type)) {
-        unsigned bits = 0;
-        for (const cJSON *t = type->child; t; t = t->next) bits |= cJSON_IsString(t) ? type_bits(t->valuestring) : JT_ANY;
-        return bits;
-    }
-    if (cJSON_GetObjectItemCaseSensitive(s, "properties") || cJSON_GetObjectItemCaseSensitive(s, "allOf")) return JT_OBJECT;
-    if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems")) return JT_ARRAY;
+    const cJSON *all = cJSON_GetObjectItemCaseSensitive(s, "allOf");
     const cJSON *any = cJSON_GetObjectItemCaseSensitive(s, "anyOf");
     if (!any) any = cJSON_GetObjectItemCaseSensitive(s, "oneOf");
-    if (cJSON_IsArray(any)) {
-        unsigned bits = 0;
-        for (const cJSON *b = any->child; b; b = b->next) bits |= schema_bits(c, b, depth + 1);
-        return bits;
-    }
-    return JT_ANY;
+    if (cst) bits = value_bits(cst);
+    else if (cJSON_IsArray(en)) {
+        bits = 0;
+        for (const cJSON *v = en->child; v; v = v->next) bits |= value_bits(v);
+    } else if (cJSON_IsString(type)) bits = type_bits(type->valuestring);
+    else if (cJSON_IsArray(type)) {
+        bits = 0;
+        for (const cJSON *t = type->child; t; t = t->next) bits |= cJSON_IsString(t) ? type_bits(t->valuestring) : JT_ANY;
+    } else if (cJSON_IsArray(any)) {
+        bits = 0;
+        for (const cJSON *b = any->child; b; b = b->next) bits |= schema_bits(c, b, written, depth + 1);
+    } else if (cJSON_IsArray(all)) {
+        if (written) bits = JT_OBJECT; /* all_of writes one merged object */
+        else /* a value matches every branch */
+            for (const cJSON *b = all->child; b; b = b->next) bits &= schema_bits(c, b, false, depth + 1);
+    } else if (written && cJSON_GetObjectItemCaseSensitive(s, "properties")) bits = JT_OBJECT;
+    else if (written && (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems")))
+        bits = JT_ARRAY;
+    gram_hash_put(&c->type_bits_of, key, (int32_t)bits); /* failing, the node stays PENDING: JT_ANY */
+    return bits;
 }
 
 /* The values a schema allows when it lists them (const, or enum), else NULL; *one holds a
@@ -809,12 +831,17 @@ static bool required_in(const cJSON *s, const char *name) {
     return false;
 }
 
-/* Whether no value can match both schemas: their types differ, their listed values differ,
-   or a property both require lists different values in each (a discriminator). */
-static bool disjoint(const conv *c, const cJSON *a, const cJSON *b) {
-    if (!(schema_bits(c, a, 0) & schema_bits(c, b, 0))) return true;
+/* Whether no value that one schema's grammar writes matches the other schema (so oneOf's grammar
+   of alternatives refuses nothing oneOf accepts, and lets through nothing it refuses): their
+   types differ, their listed values differ, or, among objects, a property both require lists
+   different values in each (a discriminator). */
+static bool disjoint(conv *c, const cJSON *a, const cJSON *b) {
+    const unsigned shared = (schema_bits(c, a, true, 0) & schema_bits(c, b, false, 0)) |
+                            (schema_bits(c, a, false, 0) & schema_bits(c, b, true, 0));
+    if (!shared) return true;
     const cJSON *a_one, *b_one, *av = listed_values(c, a, &a_one), *bv = listed_values(c, b, &b_one);
     if (av && bv) return !values_meet(av, a_one, bv, b_one);
+    if (shared != JT_OBJECT) return false; /* "required" says nothing of other values */
     a = followed(c, a);
     b = followed(c, b);
     const cJSON *ap = cJSON_IsObject(a) ? cJSON_GetObjectItemCaseSensitive(a, "properties") : NULL;
@@ -1019,6 +1046,7 @@ tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, in
     free(c.out.p);
     free(c.ref_nodes);
     free(c.ref_rules);
+    gram_hash_free(&c.type_bits_of);
     cJSON_Delete(root);
     return st;
 }

@@ -270,11 +270,15 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
             const int32_t next = top >= 0 ? gram_matcher_advance_state(s->grammar_matcher,
                                                                         gram_matcher_state(s->grammar_matcher), top)
                                           : GRAM_DEAD;
-            if (next < 0) return tl_fail(TL_ERR_NO_MEMORY, "grammar: out of memory (grammar too ambiguous?)");
+            if (next < 0) return gram_failure("grammar");
             if (next != GRAM_DEAD) return TL_OK;
         }
         memset(s->allowed, 0, (size_t)vocab);
         int n_allowed = c->grammar->allowed(c->grammar->user, s->allowed, vocab);
+        if (n_allowed < 0 && s->grammar_matcher) { /* a compiled grammar's own error */
+            s->finished = true;
+            return gram_failure("grammar mask");
+        }
         if (n_allowed < 0) return tl_session_hook_failed(s, "grammar allowed", n_allowed);
         int32_t only = -1;
         for (int i = 0; i < vocab; i++) {

@@ -286,7 +286,7 @@ static tl_status draft(tl_session *s, spec_state *sp, int levels) {
         for (int i = 0; i < rows; i++) {
             const int node = level_start + i;
             const float *row = penalised_draft_row(s, sp, sp->draft_logits + (size_t)i * (size_t)vocab, node);
-            if (!row) return tl_fail(TL_ERR_NO_MEMORY, "grammar: out of memory masking a draft");
+            if (!row) return gram_failure("grammar mask of a draft");
             n_cand += propose(s, sp, row, node, level, node == greedy_node, sp->candidates + n_cand);
         }
         candidate *cand = sp->candidates;
@@ -314,7 +314,7 @@ static tl_status draft(tl_session *s, spec_state *sp, int levels) {
             if (s->grammar_matcher) {
                 sp->grammar_state[x] = gram_matcher_advance_state(s->grammar_matcher, sp->grammar_state[cand[c].parent],
                                                                   cand[c].token);
-                if (sp->grammar_state[x] < 0) return tl_fail(TL_ERR_NO_MEMORY, "grammar: out of memory");
+                if (sp->grammar_state[x] < 0) return gram_failure("grammar");
             }
         }
         level_end = t->n;

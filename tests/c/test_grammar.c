@@ -98,6 +98,14 @@ static void test_parse_errors(void) {
         {"root ::= \"a\" @", "unexpected '@'"},
         {"root ::= \"a\" b ::= \"c\"", "must start on its own line"},
         {"root ::= \"\\U00110000\"", "beyond U+10FFFF"},
+        /* raw text is strict UTF-8, as the escapes are: an overlong NUL, a code point past
+           U+10FFFF, a surrogate, a lone continuation byte, a sequence cut short */
+        {"root ::= \"a\xc0\x80\"", "line 1, column 12: invalid UTF-8 in a string literal"},
+        {"root ::= [a-\xf7\xbf\xbf\xbf]", "invalid UTF-8"},
+        {"root ::= [a-\xf4\x90\x80\x80]", "invalid UTF-8"},
+        {"root ::= \"\xed\xa0\x80\"", "invalid UTF-8"},
+        {"root ::= \"\x80\"", "invalid UTF-8"},
+        {"root ::= \"\xe2\x82", "invalid UTF-8"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         tl_compiled_grammar *g = (tl_compiled_grammar *)1;
@@ -230,6 +238,28 @@ static tl_compiled_grammar *schema(const char *json) {
     tl_status st = tl_grammar_compile_json_schema(json, strlen(json), NULL, &g);
     CHECK(st == TL_OK, "schema %s: %s", json, tl_last_error());
     return g;
+}
+
+/* anyOf branches that begin alike (the same first property), under recursion: each level
+   doubles the parses a byte leads to, and past the matcher's limit the error says so (it said
+   "out of memory"), as a clear refusal of this grammar, not of the machine. */
+static void test_too_ambiguous(void) {
+    tl_compiled_grammar *g = schema("{\"$defs\":{\"n\":{\"anyOf\":[{\"type\":\"null\"},"
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/n\"}},\"required\":[\"a\"]},"
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/n\"},\"b\":{\"type\":\"integer\"}},"
+        "\"required\":[\"a\",\"b\"]}]}},\"$ref\":\"#/$defs/n\"}");
+    if (!g) return;
+    char doc[256] = "";
+    for (int depth = 0; depth < 4; depth++) strcat(doc, "{\"a\":");
+    strcat(doc, "null}}}}");
+    CHECK(matches(g, doc) == 1, "4 levels: %s", doc);
+    doc[0] = 0;
+    for (int depth = 0; depth < 20; depth++) strcat(doc, "{\"a\":");
+    int match = -1;
+    CHECK_ERROR(tl_grammar_matches(g, doc, strlen(doc), &match), TL_ERR_UNSUPPORTED,
+                "tl_grammar_matches: the grammar is too ambiguous here: one byte leads to more than 65536 parses");
+    CHECK(matches(g, "null") == 1, "the grammar serves on after the refusal");
+    tl_compiled_grammar_free(g);
 }
 
 static void test_json_schema(void) {
@@ -1050,6 +1080,68 @@ static void test_masks_nested(tl_model *m) {
     }
 }
 
+/* A grammar shared by many generations (a server caches compiled grammars by their text) keeps
+   its interned tables under a budget: past it, the next matcher, or tl_grammar_matches, starts
+   a new generation, and a matcher still on the old one goes on there until it is freed. Before,
+   every stack any document met was kept, and after some 12,000 documents 40 deep every request
+   failed with "out of memory" for good. */
+static void nested_path(char *b, size_t cap, int depth) { /* a random path of arrays and objects */
+    size_t n = strlen(b);
+    if (n + 16 > cap) return;
+    if (depth == 0) { snprintf(b + n, cap - n, "1"); return; }
+    const bool array = doc_rand(2);
+    snprintf(b + n, cap - n, "%s", array ? "[" : "{\"k\":");
+    nested_path(b, cap, depth - 1);
+    n = strlen(b);
+    snprintf(b + n, cap - n, "%s", array ? "]" : "}");
+}
+
+static void test_table_generations(tl_model *m) {
+    tl_compiled_grammar *g = schema("{\"type\":\"object\"}");
+    if (!g) return;
+    g->table_budget = (size_t)1 << 20;
+    /* a matcher that starts before the tables are renewed, halfway through its document */
+    const char *doc = "{\"name\":[\"Elizabeth\",{\"age\":20}],\"tags\":[]}"; /* compact: the schema's form */
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    CHECK(tl_encode(m, doc, strlen(doc), &ids, &n_ids) == TL_OK && n_ids > 4, "%s", tl_last_error());
+    tl_grammar_matcher *early = NULL;
+    CHECK(tl_grammar_matcher_new(g, m, &early) == TL_OK, "%s", tl_last_error());
+    if (!early || !ids) { tl_free(ids); tl_grammar_matcher_free(early); tl_compiled_grammar_free(g); return; }
+    for (int i = 0; i < n_ids / 2; i++) CHECK(tl_grammar_matcher_accept(early, ids[i]) == TL_OK, "%s", tl_last_error());
+    gram_tables *first = early->tables;
+    int matched = 0;
+    size_t most = 0;
+    for (int d = 0; d < 3000; d++) {
+        char text[1024] = "{\"k\":";
+        nested_path(text, sizeof text - 2, 40);
+        strcat(text, "}");
+        matched += matches(g, text) == 1;
+        const size_t bytes = gram_runtime_bytes(&g->tables->rt);
+        if (bytes > most) most = bytes;
+    }
+    CHECK(matched == 3000, "%d of 3000 nested documents matched", matched);
+    CHECK(g->generations >= 2 && g->tables != first, "the tables started over %lld times", (long long)g->generations);
+    /* a table doubles past the budget; the rest of one document adds little */
+    CHECK(most <= 4 * g->table_budget, "the tables grew to %zu bytes on a budget of %zu", most, g->table_budget);
+    /* the early matcher goes on in its own generation: the rest of its document, then the end */
+    for (int i = n_ids / 2; i < n_ids; i++) CHECK(tl_grammar_matcher_accept(early, ids[i]) == TL_OK, "%s", tl_last_error());
+    CHECK(tl_grammar_matcher_is_accepting(early) && early->tables == first, "the early matcher lost its tables");
+    /* a new matcher starts on the current generation; a clone stays with its source's */
+    tl_grammar_matcher *late = NULL, *twin = NULL;
+    CHECK(tl_grammar_matcher_new(g, m, &late) == TL_OK && late->tables == g->tables, "%s", tl_last_error());
+    CHECK(gram_matcher_clone(early, &twin) == TL_OK && twin->tables == first && first->users == 2, "clone's tables");
+    tl_grammar_matcher_free(early); /* the old generation stays for the twin... */
+    const int32_t state = gram_matcher_state(twin);
+    CHECK(first->users == 1 && tl_grammar_matcher_is_accepting(twin) && state > 0, "the twin lost its tables");
+    tl_grammar_matcher_free(twin); /* ...and goes with it (ASan: no leak, no use after free) */
+    for (int i = 0; late && i < n_ids; i++) CHECK(tl_grammar_matcher_accept(late, ids[i]) == TL_OK, "%s", tl_last_error());
+    CHECK(late && tl_grammar_matcher_is_accepting(late), "the late matcher refused the document");
+    tl_grammar_matcher_free(late);
+    tl_free(ids);
+    tl_compiled_grammar_free(g);
+}
+
 /* GPT-2's vocabulary: 50257 tokens, not a multiple of 64, so a cached bitset ends in a partial
    word, and its string tokens make projections' deltas large (some over the size of a bitset,
    which are then cached as one). At every state of nested documents, the mask, cold and then
@@ -1062,7 +1154,7 @@ static void test_masks_gpt2(tlz_tokenizer *tok, size_t budget) {
     const int vocab = tlz_vocab_size(tok);
     tl_grammar_matcher *mt = NULL;
     CHECK(gram_matcher_new(g, tok, vocab, tlz_token_id(tok, "<|endoftext|>"), &mt) == TL_OK, "%s", tl_last_error());
-    if (mt && budget) mt->g->bindings[mt->binding].mask_budget = budget;
+    if (mt && budget) mt->tables->bindings[mt->binding].mask_budget = budget;
     doc_rng = 0x9E3779B97F4A7C15ULL; /* the same documents for every budget */
     uint8_t *mask = malloc((size_t)vocab), *ref = malloc((size_t)vocab);
     int states = 0, mismatches = 0;
@@ -1077,7 +1169,7 @@ static void test_masks_gpt2(tlz_tokenizer *tok, size_t budget) {
             for (size_t i = 0; i <= n; i++) {
                 const int32_t state = gram_matcher_state(mt);
                 const int count = gram_matcher_mask_state(mt, state, mask);
-                const int want = gram_mask_full(&mt->g->rt, &mt->g->bindings[mt->binding], state, ref);
+                const int want = gram_mask_full(&mt->tables->rt, &mt->tables->bindings[mt->binding], state, ref);
                 states++;
                 if (count != want || memcmp(mask, ref, (size_t)vocab) != 0) mismatches++;
                 if (i < n && tl_grammar_matcher_accept(mt, ids[i]) != TL_OK) {
@@ -1104,6 +1196,7 @@ int main(int argc, char **argv) {
     test_llama_grammars();
     test_shipped_grammars();
     test_json_schema();
+    test_too_ambiguous();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tests/data/textmodel", root_dir);
     tl_model *small = NULL;
@@ -1120,6 +1213,7 @@ int main(int argc, char **argv) {
         test_masks(m, "lua/tinyloop/grammars/json.gbnf", "{\"name\": \"Elizabeth Bennet\", \"age\": 20, \"tags\": [\"wit\"]}");
         test_masks(m, "tests/data/grammars/llama.cpp/c.gbnf", "int main(){return 0;}");
         test_masks_nested(m);
+        test_table_generations(m);
         test_generation(m);
         test_after(m);
         test_tags(m);

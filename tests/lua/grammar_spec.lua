@@ -69,7 +69,20 @@ describe("tinyloop.grammar", function()
         -- refused, named: what the grammar would loosen, or could not write
         for _, case in ipairs({
             { '{"allOf":[{"properties":{"a":{"type":"integer"}},"additionalProperties":false},{"properties":{"b":{}}}]}',
-              "allOf: additionalProperties with properties in more than one branch" },
+              "allOf: additionalProperties (other than true) is supported only in the branch that declares every property" },
+            -- the closing branch declares nothing: {"a":1} matched the merge, and allOf refuses it
+            { '{"allOf":[{"type":"object","additionalProperties":false},{"type":"object","properties":{"a":{"type":"integer"}}}]}',
+              "allOf: additionalProperties (other than true) is supported only in the branch that declares every property" },
+            { '{"allOf":[{"type":"object","additionalProperties":{"type":"string"}},{"type":"object","properties":{"a":{"type":"integer"}}}]}',
+              "allOf: additionalProperties (other than true) is supported only in the branch that declares every property" },
+            -- "properties" without "type" matches every string too, so a string matches both branches
+            { '{"oneOf":[{"properties":{"a":{"type":"integer"}}},{"type":"string"}]}',
+              "oneOf: a value may match both branch 0 and branch 1" },
+            -- a discriminator tells objects apart, not the strings both types let through
+            { '{"oneOf":[{"type":["object","string"],"properties":{"k":{"const":"a"}},"required":["k"]},' ..
+              '{"type":["object","string"],"properties":{"k":{"const":"b"}},"required":["k"]}]}',
+              "oneOf: a value may match both branch 0 and branch 1" },
+            { '{"oneOf":[{"allOf":[{"properties":{"a":{}}}]},{"type":"null"}]}', "oneOf: a value may match both branch 0 and branch 1" },
             { '{"type":"integer","maximum":99999999999999999}', "'maximum' must be a number within 2^53" },
             { '{"const":"a\\u0000b"}', "a string holding U+0000" },
             { '{"enum":[1e400]}', "a number in 'const' or 'enum' is past a double's range" },
@@ -77,6 +90,27 @@ describe("tinyloop.grammar", function()
         }) do
             assert.matches(case[2], select(2, G.json_schema(case[1])), 1, true)
         end
+        -- the branch with additionalProperties declares every key: exact, taken
+        g = assert(G.json_schema('{"allOf":[{"type":"object","properties":{"a":{}},"additionalProperties":false},' ..
+                                 '{"type":"object","required":["a"]}]}'))
+        assert.same({ true, false, false }, { g:matches('{"a":1}'), g:matches('{"b":1}'), g:matches('{}') })
+        -- untyped branches whose grammars write objects only, told apart by a discriminator: the
+        -- grammar lets through no value both match (only objects, and their "k" differs)
+        g = assert(G.json_schema('{"oneOf":[{"properties":{"k":{"const":"a"}},"required":["k"]},' ..
+                                 '{"properties":{"k":{"const":"b"}},"required":["k"]}]}'))
+        assert.same({ true, true, false }, { g:matches('{"k":"a"}'), g:matches('{"k":"b"}'), g:matches('"s"') })
+        -- a oneOf branch through 8 levels of anyOf, each of 12 $refs to the next level: each
+        -- definition's types are found once (walked once per path, this took longer than a CI run)
+        local defs = {}
+        for level = 0, 7 do
+            local refs = {}
+            for b = 1, 12 do refs[b] = '{"$ref":"#/$defs/d' .. (level + 1) .. '"}' end
+            defs[#defs + 1] = '"d' .. level .. '":{"anyOf":[' .. table.concat(refs, ",") .. ']}'
+        end
+        defs[#defs + 1] = '"d8":{"type":"string"}'
+        g = assert(G.json_schema('{"$defs":{' .. table.concat(defs, ",") ..
+                                 '},"oneOf":[{"$ref":"#/$defs/d0"},{"type":"integer"}]}'))
+        assert.same({ true, true, false }, { g:matches('"s"'), g:matches("7"), g:matches("null") })
         -- 250 optional prefixItems (a chain of rules: nested in one, they passed the parser's 200)
         local items = {}
         for i = 1, 250 do items[i] = '{"const":' .. i .. '}' end
