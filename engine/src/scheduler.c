@@ -315,6 +315,11 @@ static void *engine_main(void *arg) {
         e->c.rows += (uint64_t)n_run; /* (less the prompt chunks, below) */
         for (int i = 0; i < n_run; i++) {
             request *r = run[i];
+            const bool cut = statuses[i] == TL_OK && tokens[i] < 0 && stops[i] == TL_STOP_NONE;
+            if (cut) { /* step_rows cut its prompt: a chunk, not a step (also when cancelled since) */
+                e->c.partial_prefills++;
+                e->c.rows--;
+            }
             if (r->cancelled) {
                 e->c.steps_after_cancel++;
                 continue; /* dropped at the top of the loop; its waiters were woken by the cancel */
@@ -324,11 +329,7 @@ static void *engine_main(void *arg) {
                 finish(e, r, TL_STOP_NONE, TL_ERR_INVALID_ARGUMENT, FREED_WHILE_HELD);
                 continue;
             }
-            if (statuses[i] == TL_OK && tokens[i] < 0 && stops[i] == TL_STOP_NONE) {
-                e->c.partial_prefills++; /* step_rows cut its prompt: nothing to read yet */
-                e->c.rows--;
-                continue;
-            }
+            if (cut) continue; /* nothing to read yet */
             wake(r); /* a token, a finish or a failure: something to read in every case */
             if (statuses[i] != TL_OK) {
                 finish(e, r, TL_STOP_NONE, statuses[i], st != TL_OK ? batch_error : tl_session_error(r->session));

@@ -1043,10 +1043,13 @@ function Model:step_batch(sessions, opts)
         end
     end
     if n == 0 then return {} end
-    local ptrs = ffi_new("tl_session *[?]", n)
+    local ptrs, seen = ffi_new("tl_session *[?]", n), {}
     for i = 1, n do
         local s = sessions[i]
         if getmetatable(s) ~= Session then raise(("model:step_batch(): sessions[%d] is not a session"):format(i)) end
+        -- (here, not C's check: C numbers the list from 0)
+        if seen[s] then raise(("model:step_batch(): sessions[%d] is sessions[%d] again"):format(i, seen[s])) end
+        seen[s] = i
         if s.model ~= self then raise(("model:step_batch(): sessions[%d] is another model's"):format(i)) end
         if s.done then
             raise(("model:step_batch(): sessions[%d] has already finished (%s)"):format(i, tostring(s.stop_reason or s.error)))
@@ -1059,7 +1062,7 @@ function Model:step_batch(sessions, opts)
     -- (not_in_batch: while C steps them; the list is copied so that a hook cannot change it)
     sessions = { unpack(sessions, 1, n) }
     for i = 1, n do sessions[i].in_batch = true end
-    -- (the C call names sessions from 0, and refuses a session given twice or stepping)
+    -- (the C call refuses a session that is stepping already)
     local st = C.tl_session_step_batch_with(ptrs, n, so, tokens, stops, statuses)
     for i = 1, n do sessions[i].in_batch = nil end
     if st ~= 0 then return engine_failure(st) end

@@ -79,11 +79,12 @@ static int read_to_end(tl_engine *e, uint64_t id, tl_engine_update *last) {
     return n_tokens;
 }
 
-static tl_session *new_session(const int32_t *prompt, const tl_generate_config *cfg) {
+static tl_session *new_session_n(const int32_t *prompt, int n, const tl_generate_config *cfg) {
     tl_session *s = NULL;
-    if (tl_session_new(model, prompt, 4, cfg, &s) != TL_OK) printf("session: %s\n", tl_last_error());
+    if (tl_session_new(model, prompt, n, cfg, &s) != TL_OK) printf("session: %s\n", tl_last_error());
     return s;
 }
+static tl_session *new_session(const int32_t *prompt, const tl_generate_config *cfg) { return new_session_n(prompt, 4, cfg); }
 
 static void counters(tl_engine_counters *c) { tl_engine_get_counters(engine, c); }
 
@@ -98,6 +99,31 @@ static int gate_hook(void *user, float *logits, int vocab_size, const int32_t *t
     pthread_mutex_unlock(&gate_mu);
     return TL_HOOK_CONTINUE;
 }
+/* A logits hook whose k-th call holds its step until the test has released k calls (the first
+   HOLD_CALLS of them; the rest pass). */
+enum { HOLD_CALLS = 2 };
+static int hold_calls, hold_released;
+static int hold_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
+    (void)user, (void)logits, (void)vocab_size, (void)tokens, (void)n;
+    pthread_mutex_lock(&gate_mu);
+    const int call = ++hold_calls;
+    pthread_cond_broadcast(&gate_cv);
+    while (call <= HOLD_CALLS && hold_released < call) pthread_cond_wait(&gate_cv, &gate_mu);
+    pthread_mutex_unlock(&gate_mu);
+    return TL_HOOK_CONTINUE;
+}
+static void hold_wait_calls(int calls) { /* until the hook has been called that often */
+    pthread_mutex_lock(&gate_mu);
+    while (hold_calls < calls) pthread_cond_wait(&gate_cv, &gate_mu);
+    pthread_mutex_unlock(&gate_mu);
+}
+static void hold_release(int calls) {
+    pthread_mutex_lock(&gate_mu);
+    hold_released = calls;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+}
+
 /* A logits hook that fails at a session's third token (its history is the prompt, then each
    emitted token). */
 static int fail_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
@@ -544,6 +570,50 @@ int main(int argc, char **argv) {
         CHECK(cc.partial_prefills >= 7, "partial prefills %llu", (unsigned long long)cc.partial_prefills);
         /* rows: the session-steps that emitted, 30 tokens each (a chunk is not one) */
         CHECK(cc.rows == 3 * 30, "rows %llu", (unsigned long long)cc.rows);
+        tl_engine_free(chunked);
+    }
+
+    /* A prompt chunk in flight when its request is cancelled is a chunk still, not a row (rows
+       counted the cancelled request's last chunk). A held request steps alone, then beside a
+       long prompt prefilled 2 rows an iteration, and the long one is cancelled while that
+       second step is held. rows is then the held request's tokens, one per step. */
+    {
+        tl_engine_options o2;
+        tl_engine_options_init(&o2);
+        o2.max_active = 2, o2.step_rows = 4;
+        tl_engine *chunked = NULL;
+        CHECK(tl_engine_new(model, &o2, &chunked) == TL_OK, "%s", tl_last_error());
+        static int32_t long_prompt[100];
+        for (int k = 0; k < 100; k++) long_prompt[k] = (int32_t)((k * 29 + 3) % 300);
+        tl_generate_config plain, held;
+        tl_generate_config_init(&plain);
+        plain.max_tokens = 4;
+        held = plain;
+        held.max_tokens = 8;
+        held.ignore_eos = 1;
+        held.logits_processor = hold_hook;
+        uint64_t long_id = 0, held_id = 0;
+        const int32_t one[1] = {7};
+        CHECK(tl_engine_submit(chunked, new_session_n(one, 1, &held), &held_id) == TL_OK, "%s", tl_last_error());
+        hold_wait_calls(1); /* its first step, alone */
+        CHECK(tl_engine_submit(chunked, new_session_n(long_prompt, 100, &plain), &long_id) == TL_OK, "%s", tl_last_error());
+        hold_release(1);
+        hold_wait_calls(2); /* its second step, the long prompt's first chunk beside it */
+        tl_engine_cancel(chunked, long_id);
+        hold_release(HOLD_CALLS);
+        tl_engine_update last;
+        memset(&last, 0, sizeof last);
+        int emitted = 0;
+        while (tl_engine_wait(chunked, held_id, 1000) >= 0 && tl_engine_read(chunked, held_id, &last) == TL_OK) {
+            emitted += last.n_tokens;
+            if (last.state == TL_ENGINE_FINISHED) break;
+        }
+        tl_engine_counters cc;
+        tl_engine_get_counters(chunked, &cc);
+        CHECK(emitted == 8 && cc.rows == 8 && cc.partial_prefills == 1 && cc.steps_after_cancel == 1 && cc.cancelled == 1,
+              "emitted %d, rows %llu, partial prefills %llu, steps after cancel %llu, cancelled %llu", emitted,
+              (unsigned long long)cc.rows, (unsigned long long)cc.partial_prefills,
+              (unsigned long long)cc.steps_after_cancel, (unsigned long long)cc.cancelled);
         tl_engine_free(chunked);
     }
 
