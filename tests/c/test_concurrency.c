@@ -1,11 +1,15 @@
 /* test_concurrency.c: four threads, each with its own sessions on one shared model, produce
  * exactly the tokens of sequential runs, and between them the embeddings of sequential
  * calls, to the bit (tl_embed, and in odd rounds tl_embed_batch of the prompt and its first
- * two tokens, sharing a forward). Built also under ThreadSanitizer (scripts/test). */
+ * two tokens, sharing a forward). Then four threads share one compiled grammar whose tables
+ * start new generations under them. Built also under ThreadSanitizer (scripts/test). */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
+#include "grammar.h"
 #include "tinyloop.h"
 
 #define THREADS 4
@@ -62,6 +66,84 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* ---------------------------------------------------------------- one grammar, four threads
+   Each thread starts matchers on one shared compiled grammar (a server's cached one), walks a
+   document's tokens, clones some halfway, and matches nested texts, on tables kept small, so
+   that new generations start while other threads' matchers are still on old ones. */
+enum { GRAMMAR_ROUNDS = 60 };
+static tl_model *text_model;
+static tl_compiled_grammar *shared_grammar;
+static int32_t *doc_ids;
+static int n_doc_ids;
+
+typedef struct {
+    int index, accepted, matched;
+    tl_status status;
+} grammar_job;
+
+static void *grammar_worker(void *arg) {
+    grammar_job *j = arg;
+    uint64_t rng = 0x9E3779B97F4A7C15ULL * (uint64_t)(j->index + 1);
+    for (int r = 0; r < GRAMMAR_ROUNDS && j->status == TL_OK; r++) {
+        tl_grammar_matcher *mt = NULL, *twin = NULL;
+        if ((j->status = tl_grammar_matcher_new(shared_grammar, text_model, &mt)) != TL_OK) break;
+        for (int i = 0; i < n_doc_ids && j->status == TL_OK; i++) {
+            j->status = tl_grammar_matcher_accept(mt, doc_ids[i]);
+            if (i == n_doc_ids / 2 && r % 3 == 0 && j->status == TL_OK) j->status = gram_matcher_clone(mt, &twin);
+        }
+        j->accepted += j->status == TL_OK && tl_grammar_matcher_is_accepting(mt);
+        tl_grammar_matcher_free(mt); /* the twin, halfway, outlives it on its generation */
+        for (int i = n_doc_ids / 2 + 1; twin && i < n_doc_ids && j->status == TL_OK; i++)
+            j->status = tl_grammar_matcher_accept(twin, doc_ids[i]);
+        if (twin) j->accepted += j->status == TL_OK && tl_grammar_matcher_is_accepting(twin);
+        tl_grammar_matcher_free(twin);
+        char text[512] = "{\"k\":"; /* a random path 30 deep: new stacks for the tables */
+        for (int d = 0; d < 30; d++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            strcat(text, rng & 1 ? "[" : "{\"k\":");
+        }
+        strcat(text, "1");
+        for (size_t i = strlen(text); i-- > 0;) /* each opened value closed, innermost first */
+            if (text[i] == '[' || text[i] == '{') strcat(text, text[i] == '[' ? "]" : "}");
+        int match = 0;
+        if (j->status == TL_OK) j->status = tl_grammar_matches(shared_grammar, text, strlen(text), &match);
+        j->matched += match;
+    }
+    return NULL;
+}
+
+static void test_shared_grammar(const char *data_dir) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/../textmodel", data_dir);
+    tl_load_options o;
+    tl_load_options_init(&o);
+    o.n_threads = 1;
+    if (tl_model_load(dir, &o, &text_model) != TL_OK) { CHECK(0, "load %s: %s", dir, tl_last_error()); return; }
+    const char *schema = "{\"type\":\"object\"}";
+    CHECK(tl_grammar_compile_json_schema(schema, strlen(schema), NULL, &shared_grammar) == TL_OK, "%s", tl_last_error());
+    const char *doc = "{\"a\":[1,{\"b\":[true,null]}],\"c\":\"x\"}";
+    CHECK(tl_encode(text_model, doc, strlen(doc), &doc_ids, &n_doc_ids) == TL_OK, "%s", tl_last_error());
+    if (shared_grammar && doc_ids) {
+        shared_grammar->table_budget = 64 << 10;
+        grammar_job jobs[THREADS];
+        pthread_t threads[THREADS];
+        for (int i = 0; i < THREADS; i++) {
+            jobs[i] = (grammar_job){.index = i};
+            pthread_create(&threads[i], NULL, grammar_worker, &jobs[i]);
+        }
+        for (int i = 0; i < THREADS; i++) pthread_join(threads[i], NULL);
+        for (int i = 0; i < THREADS; i++)
+            CHECK(jobs[i].status == TL_OK && jobs[i].accepted == GRAMMAR_ROUNDS + (GRAMMAR_ROUNDS + 2) / 3 &&
+                      jobs[i].matched == GRAMMAR_ROUNDS,
+                  "grammar thread %d: %s, %d accepted, %d matched", i, jobs[i].status == TL_OK ? "ok" : tl_last_error(),
+                  jobs[i].accepted, jobs[i].matched);
+        CHECK(shared_grammar->generations >= 2, "the tables started over %lld times", (long long)shared_grammar->generations);
+    }
+    tl_free(doc_ids);
+    tl_compiled_grammar_free(shared_grammar);
+    tl_model_free(text_model);
+}
+
 int main(int argc, char **argv) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/f16_concat_residual_gqa", argc > 1 ? argv[1] : "tests/data/golden");
@@ -111,5 +193,6 @@ int main(int argc, char **argv) {
         free(jobs[i].batch_out);
     }
     tl_model_free(model);
+    test_shared_grammar(argc > 1 ? argv[1] : "tests/data/golden");
     return check_summary();
 }
