@@ -5,10 +5,12 @@
  *   alternates:= sequence ('|' sequence)*    newlines may follow '::=', '|' and '('
  *   sequence  := (element postfix?)*
  *   element   := '"' literal '"' | '[' '^'? class ']' | '.' | name | '(' alternates ')'
+ *              | '!'? '<' ('[' id ']' | text) '>'     a token reference (one whole token)
  *   postfix   := '*' | '+' | '?' | '{' m '}' | '{' m ',' '}' | '{' m ',' n '}'
  *   comments  := '#' to the end of the line
  * Groups and repetitions become generated rules; repetition is right-recursive with the
  * recursive call in tail position (the matcher pushes nothing for it). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,6 +285,57 @@ static bool parse_class(parser *ps, gram_item *it) {
 
 static bool parse_alternates(parser *ps, int rule);
 
+/* A token reference (llama.cpp's): <[id]>, or <text> for the token whose text is exactly that,
+   brackets included (<think>, <|im_end|>), either negated by a leading '!' (any one token but
+   that one). It matches one whole token by id, special tokens included; <text> is looked up in
+   each vocabulary the grammar is used with. */
+static bool parse_token_ref(parser *ps, gram_item *it) {
+    const char *start = ps->at;
+    gram_token_ref ref = {.id = -1};
+    if (*ps->at == '!') {
+        ref.negated = true;
+        ps->at++;
+    }
+    if (ps->at >= ps->end || *ps->at != '<')
+        return fail_at(ps, start, "%s", "expected '<' after '!' (a token reference: !<[id]> or !<text>)");
+    const char *open = ps->at++;
+    if (ps->at < ps->end && *ps->at == '[') {
+        const char *digits = ++ps->at;
+        long id = 0;
+        while (ps->at < ps->end && *ps->at >= '0' && *ps->at <= '9') {
+            id = id * 10 + (*ps->at++ - '0');
+            if (id > INT32_MAX) return fail_at(ps, digits, "%s", "token id past 2^31 - 1 in '<[id]>'");
+        }
+        if (ps->at == digits) return fail_at(ps, digits, "%s", "expected a token id in '<[id]>'");
+        if (ps->end - ps->at < 2 || ps->at[0] != ']' || ps->at[1] != '>')
+            return fail_at(ps, ps->at, "%s", "expected ']>' to close '<[id]>'");
+        ps->at += 2;
+        ref.id = (int32_t)id;
+    } else {
+        while (ps->at < ps->end && *ps->at != '>' && *ps->at != '\n') {
+            const int len = tlz_utf8_seq((const unsigned char *)ps->at, (size_t)(ps->end - ps->at));
+            if (len <= 0) return fail_at(ps, ps->at, "%s", "invalid UTF-8 in a token reference");
+            ps->at += len;
+        }
+        if (ps->at >= ps->end || *ps->at != '>')
+            return fail_at(ps, open, "%s", "unterminated token reference: expected '>' (<[id]> or <text>)");
+        ps->at++;
+        const size_t len = (size_t)(ps->at - open);
+        if (len == 2) return fail_at(ps, open, "%s", "an empty token reference '<>'");
+        if (!(ref.text = malloc(len + 1))) return oom(ps);
+        memcpy(ref.text, open, len);
+        ref.text[len] = 0;
+    }
+    gram_builder *b = &ps->b;
+    if (!gram_grow((void **)&b->tokens, &b->cap_tokens, b->n_tokens + 1, sizeof *b->tokens)) {
+        free(ref.text);
+        return oom(ps);
+    }
+    b->tokens[b->n_tokens] = ref;
+    *it = (gram_item){GE_TOKEN, b->n_tokens++, 0};
+    return true;
+}
+
 /* x* x+ x? x{m} x{m,} x{m,n}: replaces the last item of s. */
 static bool apply_repeat(parser *ps, seq *s, int min, int max /* -1: unbounded */) {
     const gram_item x = s->items[--s->n];
@@ -377,6 +430,9 @@ static bool parse_sequence(parser *ps, seq *s) {
         } else if (c == '[') {
             gram_item it;
             if (!parse_class(ps, &it) || !seq_push(ps, s, it)) return false;
+        } else if (c == '<' || c == '!') {
+            gram_item it;
+            if (!parse_token_ref(ps, &it) || !seq_push(ps, s, it)) return false;
         } else if (c == '.') {
             ps->at++;
             gram_range any = {0, 0x10FFFF};
@@ -409,7 +465,7 @@ static bool parse_sequence(parser *ps, seq *s) {
         } else {
             char what[8] = {c, 0};
             if ((unsigned char)c < 0x20 || (unsigned char)c >= 0x7F) snprintf(what, sizeof what, "\\x%02X", (unsigned char)c);
-            return fail_at(ps, start, "unexpected '%s': expected a literal, a class, a rule name, '(' or '.'", what);
+            return fail_at(ps, start, "unexpected '%s': expected a literal, a class, a token reference, a rule name, '(' or '.'", what);
         }
         /* Postfixes bind to the element just parsed, after spaces too ("x *"), and a second
            one to everything the first made ("a"+? is ("a"+)?, "a"{2}* is ("aa")*), as in

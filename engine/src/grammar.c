@@ -106,6 +106,8 @@ void gram_builder_free(gram_builder *b) {
     free(b->alt_len);
     free(b->items);
     free(b->ranges);
+    for (int i = 0; i < b->n_tokens; i++) free(b->tokens[i].text);
+    free(b->tokens);
     memset(b, 0, sizeof *b);
 }
 
@@ -315,6 +317,8 @@ static bool emit_class(prog_writer *w, const gram_range *ranges, int n_ranges, b
 
 void gram_program_free(gram_program *p) {
     if (!p) return;
+    for (int i = 0; i < p->n_tokens; i++) free(p->tokens[i].text);
+    free(p->tokens);
     for (int i = 0; p->rule_names && i < p->n_rules; i++) free(p->rule_names[i]);
     free(p->rule_names);
     free(p->elems);
@@ -340,7 +344,9 @@ typedef struct derive_walk {
 static void derive_step(derive_walk *w, int a) {
     const gram_elem *el = w->p->elems;
     int pos = w->cursor[a];
-    while ((el[pos].kind == GE_BYTES && w->bytes_pass) || (el[pos].kind == GE_REF && w->done[el[pos].arg])) pos++;
+    while (((el[pos].kind == GE_BYTES || el[pos].kind == GE_TOKEN) && w->bytes_pass) ||
+           (el[pos].kind == GE_REF && w->done[el[pos].arg]))
+        pos++;
     w->cursor[a] = pos;
     if (el[pos].kind == GE_END) {
         const int r = w->alt_rule[a];
@@ -351,7 +357,7 @@ static void derive_step(derive_walk *w, int a) {
     } else if (el[pos].kind == GE_REF) { /* wait for the callee */
         w->wait_next[a] = w->wait_head[el[pos].arg];
         w->wait_head[el[pos].arg] = a;
-    } /* a byte, not passing: this alternative never derives the empty string */
+    } /* a byte or a token, not passing: this alternative never derives the empty string */
 }
 
 static bool derive_rules(const gram_program *p, bool bytes_pass, bool *done) {
@@ -401,19 +407,22 @@ static bool is_star_of(const gram_program *p, int star, int x) {
            loop[2].kind == GE_END && empty[0].kind == GE_END;
 }
 
-/* x x* is x* when x may be empty (x+ writes x x*): its first turn is just the star's first.
+/* x x* is x* when x may be empty (x+ writes x x*, x{3,} x x x*): its first turns are the star's.
    Kept, the two readings of every x were two stacks, and x nested k deep ((("a"?)+)+ ...) was
    2^k stacks: a 66-byte grammar failed to compile at k = 16. */
 static void drop_nullable_plus_heads(gram_program *p, const bool *nullable) {
-    enum { DROPPED = 3 };
+    enum { DROPPED = 255 }; /* no element kind */
     bool any = false;
-    for (int pos = 0; pos + 1 < p->n_elems; pos++) {
-        const gram_elem *e = &p->elems[pos];
-        if (e->kind == GE_REF && e[1].kind == GE_REF && nullable[e->arg] && is_star_of(p, e[1].arg, e->arg) &&
-            pos != p->alt_start[p->rule_alts[e[1].arg]] /* not the star's own x star */) {
+    /* backwards, each x against the next element kept, so that x x x* ({3,}) is x* too */
+    for (int pos = p->n_elems - 1, next = -1; pos >= 0; pos--) {
+        const gram_elem *e = &p->elems[pos], *after = next >= 0 ? &p->elems[next] : NULL;
+        if (e->kind == GE_REF && after && after->kind == GE_REF && nullable[e->arg] && is_star_of(p, after->arg, e->arg) &&
+            pos != p->alt_start[p->rule_alts[after->arg]] /* not the star's own x star */) {
             p->elems[pos].kind = DROPPED;
             any = true;
+            continue;
         }
+        next = pos; /* (an alternative's GE_END too: nothing pairs across alternatives) */
     }
     if (!any) return;
     int w = 0; /* alternatives lie in order, so the compacted copy never overtakes its source */
@@ -594,8 +603,9 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
             if (!begin_alt(&w)) { oom = true; break; }
             for (int j = 0; j < b->alt_len[a]; j++) {
                 const gram_item *it = &b->items[b->alt_first[a] + j];
-                bool ok = it->kind == GE_REF ? emit(&w, GE_REF, it->arg)
-                                             : emit_class(&w, b->ranges ? b->ranges + it->arg : NULL, it->n_ranges, &oom);
+                bool ok = it->kind == GE_REF || it->kind == GE_TOKEN
+                              ? emit(&w, (uint8_t)it->kind, it->arg)
+                              : emit_class(&w, b->ranges ? b->ranges + it->arg : NULL, it->n_ranges, &oom);
                 if (!ok) { too_big = !oom; break; }
             }
             if (!oom && !too_big && !emit(&w, GE_END, 0)) too_big = true;
@@ -633,6 +643,18 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
             int id = add_set(&w, &none);
             if (id < 0 || !begin_alt(&w)) oom = true;
             else if (!emit(&w, GE_BYTES, id) || !emit(&w, GE_END, 0)) too_big = true;
+        }
+    }
+    if (!oom && p && b->n_tokens) { /* the token references, copied */
+        p->tokens = calloc((size_t)b->n_tokens, sizeof *p->tokens);
+        if (!p->tokens) oom = true;
+        for (int i = 0; !oom && i < b->n_tokens; i++) {
+            p->tokens[i] = b->tokens[i];
+            p->tokens[i].text = NULL;
+            p->n_tokens = i + 1;
+            const size_t len = b->tokens[i].text ? strlen(b->tokens[i].text) + 1 : 0;
+            if (len && !(p->tokens[i].text = malloc(len))) oom = true;
+            else if (len) memcpy(p->tokens[i].text, b->tokens[i].text, len);
         }
     }
     if (!oom && p) {
@@ -684,9 +706,10 @@ tl_status gram_failure(const char *what) {
     last_failure = FAILED_MEMORY;
     if (why == FAILED_AMBIGUOUS)
         return tl_fail(TL_ERR_UNSUPPORTED,
-                       "%s: the grammar is too ambiguous here: one byte leads to more than %d parses (alternatives "
-                       "that begin alike, nested: a recursive anyOf whose branches share their first property, say; "
-                       "give them distinct beginnings)", what, GRAM_MAX_EXPANSION);
+                       "%s: the grammar is too ambiguous here: more than %d parses at one point of the text "
+                       "(alternatives that begin alike, nested: a recursive anyOf whose branches share their first "
+                       "property, or repetitions of what may be empty, say; give them distinct beginnings)",
+                       what, GRAM_MAX_EXPANSION);
     if (why == FAILED_FULL)
         return tl_fail(TL_ERR_NO_MEMORY, "%s: the grammar's tables are full (%d stacks or %d states)", what, GRAM_MAX_NODES,
                        GRAM_MAX_STATES);
@@ -771,9 +794,9 @@ static bool expand(gram_runtime *rt, int32_t pos0, int32_t parent0) {
                 parent = rt->nodes[parent].parent;
                 continue;
             }
-            if (e.kind == GE_BYTES) {
-                const gram_byteset *set = &p->sets[e.arg];
-                if (!(set->bits[0] | set->bits[1] | set->bits[2] | set->bits[3])) break;
+            if (e.kind == GE_BYTES || e.kind == GE_TOKEN) {
+                const gram_byteset *set = e.kind == GE_BYTES ? &p->sets[e.arg] : NULL;
+                if (set && !(set->bits[0] | set->bits[1] | set->bits[2] | set->bits[3])) break;
                 int32_t n = intern_node(rt, pos, parent);
                 if (n < 0 || !push_scratch(rt, n)) return false;
                 break;
@@ -862,8 +885,11 @@ static int32_t intern_state(gram_runtime *rt) {
     rt->state_first[s + 1] = (int64_t)rt->n_members;
     rt->state_flags[s] = (n > 0 && m[0] == 0) ? 1 : 0;
     rt->state_proj[s] = -1;
-    for (size_t i = 0; i < n && rt->esc_node > 0; i++)
-        if (m[i] == rt->esc_node) rt->state_flags[s] |= 4;
+    for (size_t i = 0; i < n; i++) {
+        if (m[i] == rt->esc_node && rt->esc_node > 0) rt->state_flags[s] |= 4;
+        else if (m[i] > 0 && rt->nodes[m[i]].pos >= 0 && rt->prog->elems[rt->nodes[m[i]].pos].kind == GE_TOKEN)
+            rt->state_flags[s] |= 16; /* a stack waits for a token reference */
+    }
     /* a collision-free insert: probe to an empty slot */
     if (!gram_hash_reserve(t)) return -1;
     size_t j = mix64(h) & (t->cap - 1);
@@ -875,6 +901,7 @@ static int32_t intern_state(gram_runtime *rt) {
 }
 
 tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
+    last_failure = FAILED_MEMORY;
     memset(rt, 0, sizeof *rt);
     rt->prog = prog;
     /* node 0: the empty stack; state 0: the dead state (no stacks) */
@@ -889,7 +916,7 @@ tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
     for (int a = prog->rule_alts[prog->root]; ok && a < prog->rule_alts[prog->root + 1]; a++)
         ok = expand(rt, prog->alt_start[a], 0);
     rt->initial = ok ? intern_state(rt) : -1;
-    if (rt->initial < 0) return tl_fail(TL_ERR_NO_MEMORY, "out of memory starting the grammar");
+    if (rt->initial < 0) return gram_failure("grammar");
     return TL_OK;
 }
 
@@ -925,6 +952,7 @@ int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
     const uint64_t key = (uint64_t)state * 256u + byte + 1u;
     int32_t next = gram_hash_get(&rt->transitions, key);
     if (next >= 0) return next;
+    last_failure = FAILED_MEMORY; /* (the reason is always this call's) */
     const gram_program *p = rt->prog;
     rt->n_scratch = 0;
     next_closure(rt);
@@ -932,12 +960,62 @@ int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
         const int32_t n = rt->state_members[i];
         if (n == 0 || n == rt->esc_node) continue; /* the empty stack accepts the end, not a byte */
         const gram_node node = rt->nodes[n];
+        if (p->elems[node.pos].kind != GE_BYTES) continue; /* a token reference takes no byte */
         if (!gram_byteset_has(&p->sets[p->elems[node.pos].arg], byte)) continue;
         if (!expand(rt, node.pos + 1, node.parent)) return -1;
     }
     next = intern_state(rt);
     if (next < 0 || !gram_hash_put(&rt->transitions, key, next)) return -1;
     return next;
+}
+
+/* Whether token reference `ref` (resolved to `id` in the vocabulary; -1: not in it) takes
+   token `token` (never the end of sequence, which ends the text instead). */
+static bool ref_takes(const gram_token_ref *ref, int32_t id, int32_t token, int32_t eos) {
+    if (token == eos) return false;
+    return ref->negated ? token != id : (id >= 0 && token == id);
+}
+
+int32_t gram_advance_refs(gram_runtime *rt, int32_t state, int32_t by_bytes, int32_t token, const int32_t *ref_ids,
+                          int32_t eos) {
+    if (state == GRAM_DEAD || !gram_has_refs(rt, state)) return by_bytes;
+    last_failure = FAILED_MEMORY;
+    const gram_program *p = rt->prog;
+    rt->n_scratch = 0;
+    next_closure(rt);
+    for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
+        const int32_t n = rt->state_members[i];
+        if (n == 0 || n == rt->esc_node) continue;
+        const gram_elem e = p->elems[rt->nodes[n].pos];
+        if (e.kind != GE_TOKEN || !ref_takes(&p->tokens[e.arg], ref_ids[e.arg], token, eos)) continue;
+        if (!expand(rt, rt->nodes[n].pos + 1, rt->nodes[n].parent)) return -1;
+    }
+    if (rt->n_scratch == 0) return by_bytes;
+    /* and the stacks the token's bytes led to: one state of both */
+    for (int64_t i = by_bytes > 0 ? rt->state_first[by_bytes] : 0; by_bytes > 0 && i < rt->state_first[by_bytes + 1]; i++)
+        if (!push_scratch(rt, rt->state_members[i])) return -1;
+    return intern_state(rt);
+}
+
+int gram_mask_refs(const gram_runtime *rt, int32_t state, const int32_t *ref_ids, int vocab_size, int32_t eos,
+                   uint8_t *allowed, int count) {
+    if (state == GRAM_DEAD || !gram_has_refs(rt, state)) return count;
+    const gram_program *p = rt->prog;
+    for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
+        const int32_t n = rt->state_members[i];
+        if (n == 0 || n == rt->esc_node) continue;
+        const gram_elem e = p->elems[rt->nodes[n].pos];
+        if (e.kind != GE_TOKEN) continue;
+        const gram_token_ref *ref = &p->tokens[e.arg];
+        const int32_t id = ref_ids[e.arg];
+        if (!ref->negated) {
+            if (id >= 0 && id < vocab_size && id != eos && !allowed[id]) { allowed[id] = 1; count++; }
+            continue;
+        }
+        for (int32_t t = 0; t < vocab_size; t++) /* every token but that one */
+            if (t != id && t != eos && !allowed[t]) { allowed[t] = 1; count++; }
+    }
+    return count;
 }
 
 int32_t gram_advance_bytes(gram_runtime *rt, int32_t state, const void *bytes, size_t len) {
@@ -952,7 +1030,7 @@ const gram_byteset *gram_first_bytes(gram_runtime *rt, int32_t state) {
         const gram_program *p = rt->prog;
         for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
             const int32_t n = rt->state_members[i];
-            if (n == 0 || n == rt->esc_node) continue;
+            if (n == 0 || n == rt->esc_node || p->elems[rt->nodes[n].pos].kind != GE_BYTES) continue;
             const gram_byteset *s = &p->sets[p->elems[rt->nodes[n].pos].arg];
             for (int k = 0; k < 4; k++) takes.bits[k] |= s->bits[k];
         }
@@ -981,6 +1059,7 @@ const gram_byteset *gram_loop_bytes(gram_runtime *rt, int32_t state) {
 
 int32_t gram_project(gram_runtime *rt, int32_t state) {
     if (rt->state_proj[state] >= 0) return rt->state_proj[state];
+    last_failure = FAILED_MEMORY;
     int32_t frames[GRAM_PROJECT_DEPTH];
     bool cut = false;
     rt->n_scratch = 0;
@@ -1167,8 +1246,12 @@ void tl_compiled_grammar_retain(const tl_compiled_grammar *g) {
 void tl_compiled_grammar_free(tl_compiled_grammar *g) {
     if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
     tables_free(g->tables); /* older generations went with their last matcher, which held a ref */
-    for (int i = 0; i < g->n_vocabs; i++) gram_vocab_free(g->vocabs[i]);
+    for (int i = 0; i < g->n_vocabs; i++) {
+        gram_vocab_free(g->vocabs[i]);
+        free(g->ref_ids[i]);
+    }
     free(g->vocabs);
+    free(g->ref_ids);
     pthread_mutex_destroy(&g->lock);
     gram_program_free(g->prog);
     free(g);

@@ -27,7 +27,7 @@
 #include "internal.h"
 #include "strbuf.h"
 
-enum { GE_END = 0, GE_BYTES = 1, GE_REF = 2 };
+enum { GE_END = 0, GE_BYTES = 1, GE_REF = 2, GE_TOKEN = 3 };
 
 /* The value of a hex digit, or -1 (the GBNF and regex escapes' one reading). */
 static inline int gram_hex_digit(unsigned char h) {
@@ -47,6 +47,17 @@ typedef struct gram_elem {
 
 typedef struct gram_byteset { uint64_t bits[4]; } gram_byteset;
 
+/* A token reference (llama.cpp's GBNF <[id]>, <text>, and their negations !<...>): one whole
+   token of the vocabulary, that one (or, negated, any other but the end of sequence), matched
+   by id and not by its bytes, so a special token that has none (a chat template's turn end, a
+   thinking model's </think>) can be matched. <text> names the token whose text is exactly that
+   (the brackets included), resolved against each vocabulary the grammar is used with. */
+typedef struct gram_token_ref {
+    int32_t id;           /* <[id]>; -1 for <text> */
+    char *text;           /* <text>'s whole text, brackets included; NULL for <[id]> */
+    bool negated;         /* !<...> */
+} gram_token_ref;
+
 static inline bool gram_byteset_has(const gram_byteset *s, unsigned b) {
     return (s->bits[b >> 6] >> (b & 63)) & 1u;
 }
@@ -61,6 +72,8 @@ typedef struct gram_program {
     int n_sets;
     int root;
     char **rule_names;    /* [n_rules] for messages; generated rules are named after their parent */
+    gram_token_ref *tokens; /* [n_tokens] what GE_TOKEN elements name (their arg) */
+    int n_tokens;
 } gram_program;
 
 void gram_program_free(gram_program *p);
@@ -75,8 +88,9 @@ tl_status gram_wrap_program(gram_program *prog, struct tl_compiled_grammar **out
 typedef struct gram_range { uint32_t lo, hi; } gram_range;
 
 typedef struct gram_item {
-    int kind;             /* GE_BYTES: code point set; GE_REF: rule */
-    int32_t arg;          /* GE_BYTES: index into the builder's ranges pool; GE_REF: rule */
+    int kind;             /* GE_BYTES: code point set; GE_REF: rule; GE_TOKEN: a token reference */
+    int32_t arg;          /* GE_BYTES: index into the builder's ranges pool; GE_REF: rule;
+                             GE_TOKEN: index into the builder's tokens */
     int32_t n_ranges;
 } gram_item;
 
@@ -96,6 +110,8 @@ typedef struct gram_builder {
     int n_items, cap_items;
     gram_range *ranges;
     int n_ranges, cap_ranges;
+    gram_token_ref *tokens;
+    int n_tokens, cap_tokens;
 } gram_builder;
 
 void gram_builder_free(gram_builder *b);
@@ -169,8 +185,9 @@ typedef struct gram_mask_entry {
 
 struct gram_vocab;
 
-/* Interned stacks and states of one program. Shared by the matchers of one compiled grammar
-   (so masks cached by one generation serve the next), under the grammar's lock. */
+/* Interned stacks and states of one program. Shared by the matchers on one generation of a
+   compiled grammar's tables (so masks cached for one generation's states serve the next
+   generation that meets them), under the grammar's lock. */
 typedef struct gram_runtime {
     const gram_program *prog;
     gram_node *nodes;
@@ -214,6 +231,18 @@ size_t gram_runtime_bytes(const gram_runtime *rt);
    Callers hold the grammar's lock when the runtime is shared. */
 int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte);
 int32_t gram_advance_bytes(gram_runtime *rt, int32_t state, const void *bytes, size_t len);
+/* Token references: whether a stack of the state waits for one (then the state's next after a
+   whole token is more than its bytes' path). */
+static inline bool gram_has_refs(const gram_runtime *rt, int32_t state) { return rt->state_flags[state] & 16; }
+/* The state after `token` given `by_bytes`, the state its bytes lead to (GRAM_DEAD for a token
+   without bytes): that, with the stacks whose token reference takes the token (ref_ids: the
+   program's references resolved in the vocabulary, -1 where absent). -1 out of memory. */
+int32_t gram_advance_refs(gram_runtime *rt, int32_t state, int32_t by_bytes, int32_t token, const int32_t *ref_ids,
+                          int32_t eos);
+/* Adds to allowed[0..vocab_size) the tokens the state's token references take (never eos),
+   returning count plus those newly allowed. */
+int gram_mask_refs(const gram_runtime *rt, int32_t state, const int32_t *ref_ids, int vocab_size, int32_t eos,
+                   uint8_t *allowed, int count);
 static inline bool gram_accepting(const gram_runtime *rt, int32_t state) { return rt->state_flags[state] & 1; }
 /* Bytes some stack of the state can take (the others lead to GRAM_DEAD; computed once). */
 const gram_byteset *gram_first_bytes(gram_runtime *rt, int32_t state);
@@ -290,6 +319,8 @@ struct tl_compiled_grammar {
     gram_tables *tables;         /* the current generation: new matchers start on it; an older
                                     one lives until its last matcher is freed */
     gram_vocab **vocabs;         /* [n_vocabs] every vocabulary the grammar was used with */
+    int32_t **ref_ids;           /* [n_vocabs][prog->n_tokens] the token references resolved in
+                                    each (NULL when the program has none) */
     int n_vocabs;
     size_t table_budget;         /* GRAM_TABLE_BYTES; tests set less */
     int64_t generations;         /* how many times the tables started over */
@@ -307,8 +338,9 @@ int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed
 /* The same mask by a walk of the state itself: no cache, no projection (the tests' reference). */
 int gram_mask_full(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed);
 /* State after a whole token (GRAM_DEAD if it is not allowed; end of sequence keeps an
-   accepting state); -1 out of memory. Callers hold the runtime's lock. */
-int32_t gram_advance_token(gram_runtime *rt, const gram_vocab *v, int32_t state, int32_t token);
+   accepting state): its bytes, and the token references that take it (ref_ids: resolved in
+   v; NULL when the program has none); -1 out of memory. Callers hold the grammar's lock. */
+int32_t gram_advance_token(gram_runtime *rt, const gram_vocab *v, const int32_t *ref_ids, int32_t state, int32_t token);
 void gram_binding_destroy(gram_binding *b);
 
 void tl_compiled_grammar_retain(const tl_compiled_grammar *g);
@@ -322,6 +354,7 @@ struct tl_grammar_matcher {
     int binding;                 /* index in tables->bindings and g->vocabs (read under g->lock:
                                     another thread's new binding moves the array) */
     const struct gram_vocab *vocab; /* that vocabulary, which does not move */
+    const int32_t *ref_ids;      /* the token references resolved in it (NULL: none) */
     int32_t *states;             /* history: states[0] initial, states[n-1] current */
     int n, cap;
     /* special tokens that end generation as eos does (a chat template's turn end, a one-token

@@ -427,14 +427,40 @@ int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed
     return count;
 }
 
-int32_t gram_advance_token(gram_runtime *rt, const gram_vocab *v, int32_t state, int32_t token) {
+int32_t gram_advance_token(gram_runtime *rt, const gram_vocab *v, const int32_t *ref_ids, int32_t state, int32_t token) {
     if (token < 0 || token >= v->vocab_size || state == GRAM_DEAD) return GRAM_DEAD;
     if (token == v->eos) return gram_accepting(rt, state) ? state : GRAM_DEAD;
-    if (!v->bytes[token]) return GRAM_DEAD;
-    return gram_advance_bytes(rt, state, v->bytes[token], v->lens[token]);
+    const int32_t by_bytes = v->bytes[token] ? gram_advance_bytes(rt, state, v->bytes[token], v->lens[token]) : GRAM_DEAD;
+    if (by_bytes < 0 || !ref_ids) return by_bytes;
+    return gram_advance_refs(rt, state, by_bytes, token, ref_ids, v->eos);
 }
 
 /* ---------------------------------------------------------------- matchers */
+
+/* The program's token references in a vocabulary: <[id]> must be one of its ids, <text> the
+   text of one of its tokens (NULL *out when the program has none). */
+static tl_status resolve_refs(const gram_program *p, const struct tlz_tokenizer *tok, int vocab_size, int32_t **out) {
+    *out = NULL;
+    if (p->n_tokens == 0) return TL_OK;
+    int32_t *ids = malloc((size_t)p->n_tokens * sizeof *ids);
+    if (!ids) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    for (int i = 0; i < p->n_tokens; i++) {
+        const gram_token_ref *ref = &p->tokens[i];
+        ids[i] = ref->text ? tlz_token_id(tok, ref->text) : ref->id;
+        if (ref->text && (ids[i] < 0 || ids[i] >= vocab_size)) {
+            free(ids);
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar: %s%s is not a token of the model's vocabulary (write <[id]>, "
+                           "or the text of one token)", ref->negated ? "!" : "", ref->text);
+        }
+        if (!ref->text && ref->id >= vocab_size) {
+            free(ids);
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar: %s<[%d]> is past the model's vocabulary (%d tokens)",
+                           ref->negated ? "!" : "", (int)ref->id, vocab_size);
+        }
+    }
+    *out = ids;
+    return TL_OK;
+}
 
 /* The index of the tokenizer's vocabulary in g->vocabs, built on first use (callers hold g->lock). */
 static tl_status vocab_for(tl_compiled_grammar *g, const struct tlz_tokenizer *tok, int vocab_size, int eos, int *index) {
@@ -444,16 +470,26 @@ static tl_status vocab_for(tl_compiled_grammar *g, const struct tlz_tokenizer *t
             *index = i;
             return TL_OK;
         }
-    gram_vocab *v;
-    tl_status st = gram_vocab_build(tok, vocab_size, eos, &v);
+    int32_t *ref_ids;
+    tl_status st = resolve_refs(g->prog, tok, vocab_size, &ref_ids);
     if (st != TL_OK) return st;
+    gram_vocab *v;
+    st = gram_vocab_build(tok, vocab_size, eos, &v);
+    if (st != TL_OK) {
+        free(ref_ids);
+        return st;
+    }
     gram_vocab **q = realloc(g->vocabs, ((size_t)g->n_vocabs + 1) * sizeof *q);
-    if (!q) {
+    if (q) g->vocabs = q;
+    int32_t **r = q ? realloc(g->ref_ids, ((size_t)g->n_vocabs + 1) * sizeof *r) : NULL;
+    if (r) g->ref_ids = r;
+    if (!q || !r) {
         gram_vocab_free(v);
+        free(ref_ids);
         return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     }
-    g->vocabs = q;
     g->vocabs[g->n_vocabs] = v;
+    g->ref_ids[g->n_vocabs] = ref_ids;
     *index = g->n_vocabs++;
     return TL_OK;
 }
@@ -488,6 +524,7 @@ tl_status gram_matcher_new(const tl_compiled_grammar *cg, const struct tlz_token
         t->users++;
         mt->tables = t;
         mt->vocab = g->vocabs[mt->binding];
+        mt->ref_ids = g->ref_ids[mt->binding];
         mt->states[0] = t->rt.initial;
         mt->n = 1;
     }
@@ -564,6 +601,7 @@ int gram_matcher_mask_state(tl_grammar_matcher *mt, int32_t state, uint8_t *allo
     pthread_mutex_lock(&mt->g->lock);
     gram_runtime *rt = &mt->tables->rt;
     int n = gram_mask(rt, &mt->tables->bindings[mt->binding], state, allowed);
+    if (n >= 0 && mt->ref_ids) n = gram_mask_refs(rt, state, mt->ref_ids, mt->vocab->vocab_size, mt->vocab->eos, allowed, n);
     if (n >= 0 && mt->n_ends && state != GRAM_DEAD && gram_accepting(rt, state))
         for (int i = 0; i < mt->n_ends; i++)
             if (!allowed[mt->ends[i]]) { allowed[mt->ends[i]] = 1; n++; }
@@ -575,7 +613,7 @@ int32_t gram_matcher_advance_state(tl_grammar_matcher *mt, int32_t state, int32_
     pthread_mutex_lock(&mt->g->lock);
     gram_runtime *rt = &mt->tables->rt;
     int32_t next = is_end(mt, token) ? (state != GRAM_DEAD && gram_accepting(rt, state) ? state : GRAM_DEAD)
-                                     : gram_advance_token(rt, mt->vocab, state, token);
+                                     : gram_advance_token(rt, mt->vocab, mt->ref_ids, state, token);
     pthread_mutex_unlock(&mt->g->lock);
     return next;
 }

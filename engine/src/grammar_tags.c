@@ -44,7 +44,7 @@ typedef struct tag_in {
 
 typedef struct writer {
     gram_program *p;
-    int cap_elems, cap_alts, cap_sets, cap_rule_alts;
+    int cap_elems, cap_alts, cap_sets, cap_rule_alts, cap_tokens;
     bool oom;
     bool big;           /* past GRAM_MAX_ELEMS: stopped writing (an error, not an allocation) */
     int32_t single[256]; /* the set of each single byte, once written (-1: not yet) */
@@ -74,6 +74,19 @@ static int32_t add_set(writer *w, const gram_byteset *set) {
     return w->p->n_sets++;
 }
 
+/* A content grammar's token reference, copied (its text too). */
+static void add_token(writer *w, const gram_token_ref *ref) {
+    gram_program *p = w->p;
+    if (w->oom || !gram_grow((void **)&p->tokens, &w->cap_tokens, p->n_tokens + 1, sizeof *p->tokens)) { w->oom = true; return; }
+    gram_token_ref copy = *ref;
+    if (ref->text) {
+        const size_t len = strlen(ref->text) + 1;
+        if (!(copy.text = malloc(len))) { w->oom = true; return; }
+        memcpy(copy.text, ref->text, len);
+    }
+    p->tokens[p->n_tokens++] = copy;
+}
+
 static int32_t byte_set(writer *w, unsigned char b) {
     if (w->single[b] >= 0) return w->single[b];
     gram_byteset set = {{0}};
@@ -100,15 +113,19 @@ static void impossible_alt(writer *w) {
 /* A program's rules appended as they are (their alternatives, elements and sets renumbered):
    its rule r becomes rule first + r. */
 static void append_program(writer *w, const gram_program *g, int first) {
-    const int set0 = w->p->n_sets;
+    const int set0 = w->p->n_sets, token0 = w->p->n_tokens;
     for (int s = 0; s < g->n_sets; s++) add_set(w, &g->sets[s]);
+    for (int t = 0; t < g->n_tokens && !w->oom; t++) add_token(w, &g->tokens[t]);
     for (int r = 0; r < g->n_rules && !w->oom; r++) {
         begin_rule(w, first + r);
         for (int a = g->rule_alts[r]; a < g->rule_alts[r + 1]; a++) {
             begin_alt(w);
             for (int pos = g->alt_start[a];; pos++) {
                 const gram_elem e = g->elems[pos];
-                emit(w, e.kind, e.kind == GE_BYTES ? e.arg + set0 : e.kind == GE_REF ? e.arg + first : 0);
+                emit(w, e.kind, e.kind == GE_BYTES   ? e.arg + set0
+                                : e.kind == GE_REF   ? e.arg + first
+                                : e.kind == GE_TOKEN ? e.arg + token0
+                                                     : 0);
                 if (e.kind == GE_END) break;
             }
         }

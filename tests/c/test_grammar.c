@@ -106,6 +106,15 @@ static void test_parse_errors(void) {
         {"root ::= \"\xed\xa0\x80\"", "invalid UTF-8"},
         {"root ::= \"\x80\"", "invalid UTF-8"},
         {"root ::= \"\xe2\x82", "invalid UTF-8"},
+        /* token references */
+        {"root ::= <[x]>", "line 1, column 12: expected a token id in '<[id]>'"},
+        {"root ::= <[5]", "expected ']>' to close '<[id]>'"},
+        {"root ::= <[99999999999]>", "token id past 2^31 - 1"},
+        {"root ::= <think", "line 1, column 10: unterminated token reference: expected '>'"},
+        {"root ::= <think\n>", "unterminated token reference"},
+        {"root ::= <>", "an empty token reference '<>'"},
+        {"root ::= !\"a\"", "expected '<' after '!'"},
+        {"root ::= <\xff>", "invalid UTF-8 in a token reference"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         tl_compiled_grammar *g = (tl_compiled_grammar *)1;
@@ -257,8 +266,27 @@ static void test_too_ambiguous(void) {
     for (int depth = 0; depth < 20; depth++) strcat(doc, "{\"a\":");
     int match = -1;
     CHECK_ERROR(tl_grammar_matches(g, doc, strlen(doc), &match), TL_ERR_UNSUPPORTED,
-                "tl_grammar_matches: the grammar is too ambiguous here: one byte leads to more than 65536 parses");
+                "tl_grammar_matches: the grammar is too ambiguous here: more than 65536 parses at one point");
     CHECK(matches(g, "null") == 1, "the grammar serves on after the refusal");
+    tl_compiled_grammar_free(g);
+    /* repetitions of what may be empty, 16 deep: x{2,} is x* then (x x x* with x nullable), and
+       x{1,3}, which stays ambiguous, is refused by name when the grammar starts (it said "out of
+       memory", and a later real out of memory on the thread said "too ambiguous") */
+    for (int bounded = 0; bounded < 2; bounded++) {
+        char text[512] = "root ::= ";
+        for (int depth = 0; depth < 16; depth++) strcat(text, "(");
+        strcat(text, "\"a\"?");
+        for (int depth = 0; depth < 16; depth++) strcat(text, bounded ? "){1,3}" : "){2,}");
+        strcat(text, " \"b\"");
+        if (!bounded) {
+            g = compile(text);
+            CHECK(g && matches(g, "aab") == 1 && matches(g, "b") == 1 && matches(g, "ba") == 0, "%s", text);
+            tl_compiled_grammar_free(g);
+        } else CHECK_ERROR(tl_grammar_compile_gbnf(text, strlen(text), &g), TL_ERR_UNSUPPORTED,
+                           "grammar: the grammar is too ambiguous here");
+    }
+    g = compile("root ::= [a-z]+");
+    CHECK(g && matches(g, "abc") == 1, "a grammar after the refusal");
     tl_compiled_grammar_free(g);
 }
 
@@ -1142,6 +1170,112 @@ static void test_table_generations(tl_model *m) {
     tl_compiled_grammar_free(g);
 }
 
+/* ---------------------------------------------------------------- token references
+   llama.cpp's <[id]>, <text> and !<...>: one whole token by id, special tokens included, on a
+   small vocabulary with two special tokens of a thinking model. Each state's mask is checked
+   against advancing the state by every token. */
+static const char TOKENS_JSON[] =
+    "{\"added_tokens\": [{\"id\": 6, \"content\": \"<think>\", \"special\": true},"
+    " {\"id\": 7, \"content\": \"</think>\", \"special\": true}, {\"id\": 8, \"content\": \"<|end|>\", \"special\": true}],"
+    " \"pre_tokenizer\": {\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true},"
+    " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\":0,\"b\":1,\"ab\":2,\"\\u0120\":3,\"<\":4,\">\":5,"
+    " \"<think>\":6,\"</think>\":7,\"<|end|>\":8}, \"merges\": [\"a b\"]}}";
+enum { REF_VOCAB = 9, REF_EOS = 8 };
+
+/* The mask at the matcher's state, and that it allows exactly the tokens that advance it. */
+static int ref_mask(tl_grammar_matcher *mt, uint8_t *allowed) {
+    const int n = gram_matcher_mask_state(mt, gram_matcher_state(mt), allowed);
+    for (int t = 0; t < REF_VOCAB; t++) {
+        const int32_t next = gram_matcher_advance_state(mt, gram_matcher_state(mt), t);
+        CHECK(next >= 0 && allowed[t] == (next != GRAM_DEAD), "token %d: mask %d, advance %d", t, allowed[t], (int)next);
+    }
+    return n;
+}
+
+static tl_grammar_matcher *ref_matcher(const tlz_tokenizer *tok, const char *gbnf, tl_compiled_grammar **g) {
+    *g = compile(gbnf);
+    tl_grammar_matcher *mt = NULL;
+    if (*g) CHECK(gram_matcher_new(*g, tok, REF_VOCAB, REF_EOS, &mt) == TL_OK, "%s: %s", gbnf, tl_last_error());
+    return mt;
+}
+
+static void test_token_refs(void) {
+    tlz_tokenizer *tok = NULL;
+    char err[256] = "";
+    CHECK(tlz_tokenizer_load_json(TOKENS_JSON, strlen(TOKENS_JSON), &tok, err, sizeof err) == TLZ_OK, "%s", err);
+    if (!tok) return;
+    uint8_t allowed[REF_VOCAB];
+    /* <think> by its text, </think> by its id: only they, where they stand */
+    tl_compiled_grammar *g;
+    tl_grammar_matcher *mt = ref_matcher(tok, "root ::= <think> \"ab\"* <[7]> \"a\"", &g);
+    if (mt) {
+        CHECK(ref_mask(mt, allowed) == 1 && allowed[6], "first only <think>");
+        CHECK(tl_grammar_matcher_accept(mt, 6) == TL_OK, "%s", tl_last_error());
+        CHECK(ref_mask(mt, allowed) == 3 && allowed[0] && allowed[2] && allowed[7], "then \"a\" (a prefix of ab), ab, </think>");
+        static const int32_t rest[] = {2, 0, 1, 7, 0};
+        for (int i = 0; i < 5; i++) CHECK(tl_grammar_matcher_accept(mt, rest[i]) == TL_OK, "token %d: %s", rest[i], tl_last_error());
+        CHECK(tl_grammar_matcher_is_accepting(mt) && ref_mask(mt, allowed) == 1 && allowed[REF_EOS], "the end");
+        CHECK_ERROR(tl_grammar_matcher_rollback(mt, 2) == TL_OK ? tl_grammar_matcher_accept(mt, 6) : TL_ERR_INTERNAL,
+                    TL_ERR_INVALID_ARGUMENT, "token 6 is not allowed by the grammar here");
+        /* the text of a token reference is no text: matching text never passes one */
+        CHECK(matches(g, "<think>ab</think>a") == 0, "text passed a token reference");
+    }
+    tl_grammar_matcher_free(mt);
+    tl_compiled_grammar_free(g);
+    /* !</think>: any one token but that (and the end), special or not, until </think> */
+    mt = ref_matcher(tok, "root ::= <think> (!</think>)* </think>", &g);
+    if (mt) {
+        CHECK(tl_grammar_matcher_accept(mt, 6) == TL_OK, "%s", tl_last_error());
+        CHECK(ref_mask(mt, allowed) == REF_VOCAB - 1 && !allowed[REF_EOS], "inside: every token but the end");
+        static const int32_t inside[] = {0, 6, 3, 2, 5, 7};
+        for (int i = 0; i < 6; i++) {
+            CHECK(tl_grammar_matcher_accept(mt, inside[i]) == TL_OK, "token %d: %s", inside[i], tl_last_error());
+            ref_mask(mt, allowed);
+        }
+        CHECK(tl_grammar_matcher_is_accepting(mt), "</think> ends it");
+    }
+    tl_grammar_matcher_free(mt);
+    tl_compiled_grammar_free(g);
+    /* nested deeper than a projection's cut, a token reference and bytes at every level */
+    mt = ref_matcher(tok, "root ::= x\nx ::= <think> x </think> | \"a\" x \"b\" | \"ab\"", &g);
+    static const int32_t deep[] = {6, 0, 6, 6, 0, 0, 6, 2, 7, 1, 1, 7, 7, 1, 7};
+    for (int i = 0; mt && i < 15; i++) {
+        ref_mask(mt, allowed);
+        CHECK(allowed[deep[i]] && tl_grammar_matcher_accept(mt, deep[i]) == TL_OK, "token %d of the nested text", i);
+    }
+    CHECK(mt && tl_grammar_matcher_is_accepting(mt), "nested text accepted");
+    tl_grammar_matcher_free(mt);
+    tl_compiled_grammar_free(g);
+    /* a reference inside a grammar that opens after a trigger (its references copied) */
+    tl_compiled_grammar *content = compile("root ::= <[6]> \"b\"");
+    tl_compiled_grammar *after = NULL;
+    CHECK(content && tl_grammar_compile_after(content, "ab", 2, 0, &after) == TL_OK, "%s", tl_last_error());
+    if (after && gram_matcher_new(after, tok, REF_VOCAB, REF_EOS, &mt) == TL_OK) {
+        static const int32_t text[] = {0, 3, 2, 6, 1};
+        for (int i = 0; i < 5; i++) {
+            ref_mask(mt, allowed);
+            CHECK(tl_grammar_matcher_accept(mt, text[i]) == TL_OK, "after, token %d: %s", text[i], tl_last_error());
+        }
+        CHECK(tl_grammar_matcher_is_accepting(mt), "after: accepted");
+        tl_grammar_matcher_free(mt);
+    } else CHECK(0, "after: %s", tl_last_error());
+    tl_compiled_grammar_free(after);
+    tl_compiled_grammar_free(content);
+    /* references the vocabulary does not have: refused when a matcher binds it */
+    static const struct { const char *gbnf, *needle; } missing[] = {
+        {"root ::= <nope>", "grammar: <nope> is not a token of the model's vocabulary"},
+        {"root ::= \"a\" !<[9]>", "grammar: !<[9]> is past the model's vocabulary (9 tokens)"},
+    };
+    for (int i = 0; i < 2; i++) {
+        g = compile(missing[i].gbnf);
+        mt = NULL;
+        if (g) CHECK_ERROR(gram_matcher_new(g, tok, REF_VOCAB, REF_EOS, &mt), TL_ERR_INVALID_ARGUMENT, missing[i].needle);
+        CHECK(mt == NULL, "no matcher");
+        tl_compiled_grammar_free(g);
+    }
+    tlz_tokenizer_free(tok);
+}
+
 /* GPT-2's vocabulary: 50257 tokens, not a multiple of 64, so a cached bitset ends in a partial
    word, and its string tokens make projections' deltas large (some over the size of a bitset,
    which are then cached as one). At every state of nested documents, the mask, cold and then
@@ -1197,6 +1331,7 @@ int main(int argc, char **argv) {
     test_shipped_grammars();
     test_json_schema();
     test_too_ambiguous();
+    test_token_refs();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tests/data/textmodel", root_dir);
     tl_model *small = NULL;

@@ -4,7 +4,42 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "grammar.h"
 #include "tinyloop.h"
+#include "tokenizer.h"
+
+/* A nine-token vocabulary with a thinking model's special tokens, for the token-level walk. */
+static const char TOKENS_JSON[] =
+    "{\"added_tokens\": [{\"id\": 6, \"content\": \"<think>\", \"special\": true},"
+    " {\"id\": 7, \"content\": \"</think>\", \"special\": true}, {\"id\": 8, \"content\": \"<|end|>\", \"special\": true}],"
+    " \"pre_tokenizer\": {\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true},"
+    " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\":0,\"b\":1,\"ab\":2,\"\\u0120\":3,\"<\":4,\">\":5,"
+    " \"<think>\":6,\"</think>\":7,\"<|end|>\":8}, \"merges\": [\"a b\"]}}";
+enum { VOCAB = 9, EOS = 8 };
+
+/* Token by token (the text's bytes read as ids): at each state the mask allows exactly the
+   tokens that advance it, token references and their negations included; then an allowed one
+   is taken. */
+static void walk_tokens(const tl_compiled_grammar *g, const uint8_t *ids, size_t n) {
+    static tlz_tokenizer *tok;
+    char err[128];
+    if (!tok && tlz_tokenizer_load_json(TOKENS_JSON, sizeof TOKENS_JSON - 1, &tok, err, sizeof err) != TLZ_OK) __builtin_trap();
+    tl_grammar_matcher *mt = NULL;
+    if (gram_matcher_new(g, tok, VOCAB, EOS, &mt) != TL_OK) return; /* (a name the vocabulary lacks) */
+    uint8_t allowed[VOCAB];
+    for (size_t i = 0; i < n && i < 64; i++) {
+        const int32_t state = gram_matcher_state(mt);
+        if (gram_matcher_mask_state(mt, state, allowed) < 0) break;
+        for (int t = 0; t < VOCAB; t++) {
+            const int32_t next = gram_matcher_advance_state(mt, state, t);
+            if (next >= 0 && allowed[t] != (next != GRAM_DEAD)) __builtin_trap();
+        }
+        int pick = ids[i] % VOCAB;
+        for (int k = 0; k < VOCAB && !allowed[pick]; k++) pick = (pick + 1) % VOCAB;
+        if (!allowed[pick] || pick == EOS || tl_grammar_matcher_accept(mt, pick) != TL_OK) break;
+    }
+    tl_grammar_matcher_free(mt);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* the first NUL (if any) splits grammar text from a text to match */
@@ -27,6 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         tl_grammar_matches(g, (const char *)nul + 1, tlen < MATCH_MAX ? tlen : MATCH_MAX, &match);
     }
     tl_grammar_matches(g, (const char *)data, glen < MATCH_MAX ? glen : MATCH_MAX, &match);
+    if (nul) walk_tokens(g, nul + 1, size - glen - 1);
     /* the grammar as the content of grammars built from others (after, tags, after_block):
        its program copied and renumbered; matched on a text that opens it (one input in four:
        the three compiles cost more than the parse, and the parser is this target's first job) */

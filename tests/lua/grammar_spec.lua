@@ -274,11 +274,9 @@ describe("cfg.grammar with a compiled grammar", function()
             assert.truthy(out:match("^%(?%d%d%d%)? ?%d%d%d%-%d%d%d%d$"), out)
         end
     end)
-    it("lets a special token that ends the text (a chat turn's end) end it wherever the grammar may end", function()
-        -- the shipped model with "." marked special (no grammar writes a special token), and a
-        -- one-token stop sequence of it, as a chat template's turn end is: under a grammar
-        -- whose text is free until a trigger that never comes, the same tokens as without
-        -- one, each ending at the stop (the grammar banned it, and every reply ran on)
+    -- The shipped model with "." marked special (a token no grammar writes as text), as a chat
+    -- template's turn end or a thinking model's </think> is.
+    local function special_dot_model()
         local cjson = require "cjson"
         local dir = os.tmpname()
         os.remove(dir)
@@ -295,6 +293,43 @@ describe("cfg.grammar with a compiled grammar", function()
         f:close()
         local m = assert(tinyloop.load(dir, { threads = 1 }))
         os.execute("rm -rf " .. dir)
+        return m, dot
+    end
+    it("matches whole tokens by id, special ones too (llama.cpp's <[id]> and !<[id]>), in every decoder", function()
+        local m, dot = special_dot_model()
+        local eos = m:info().eos_token_id
+        -- words, then the special "." (no text can write it), then the end
+        local sentence = assert(G.gbnf(('root ::= [a-zA-Z ,]+ <[%d]>'):format(dot[1])))
+        -- three tokens that are anything but "." (special or not), then "."
+        local three = assert(G.gbnf(('root ::= (!<[%d]>){3} <[%d]>'):format(dot[1], dot[1])))
+        for seed = 1, 4 do
+            local ids, stats = m:generate(P, { grammar = sentence, max_tokens = 80, temperature = 1, sample_seed = seed })
+            assert.equal("EOS", stats.stop_reason)
+            assert.same({ dot[1], eos }, { ids[#ids - 1], ids[#ids] })
+            local words = m:decode({ unpack(ids, #P + 1, #ids - 2) })
+            assert.truthy(words:match("^[a-zA-Z ,]+$"), words)
+            ids, stats = m:generate(P, { grammar = three, max_tokens = 20, temperature = 1.5, sample_seed = seed })
+            assert.same({ 5, "EOS", dot[1] }, { #ids - #P, stats.stop_reason, ids[#ids - 1] })
+            for i = #P + 1, #P + 3 do assert.are_not.equal(dot[1], ids[i]) end
+        end
+        -- greedy: plain and speculative decoding agree under it; beam search ends with "." too
+        local base = m:generate(P, { grammar = sentence, max_tokens = 80 })
+        for _, cfg in ipairs({ { speculative = "chain", draft_loops = 2 }, { speculative = "tree", draft_loops = 2 } }) do
+            cfg.grammar, cfg.max_tokens = sentence, 80
+            assert.same(base, (m:generate(P, cfg)))
+        end
+        local beam = m:generate(P, { grammar = sentence, max_tokens = 80, beam_size = 2 })
+        assert.same({ dot[1], eos }, { beam[#beam - 1], beam[#beam] })
+        -- a name the vocabulary lacks is refused when a generation binds the grammar
+        H.error_contains(function() m:generate(P, { grammar = assert(G.gbnf("root ::= <think>")), max_tokens = 4 }) end,
+                         "grammar: <think> is not a token of the model's vocabulary")
+    end)
+    it("lets a special token that ends the text (a chat turn's end) end it wherever the grammar may end", function()
+        -- the shipped model with "." marked special (no grammar writes a special token), and a
+        -- one-token stop sequence of it, as a chat template's turn end is: under a grammar
+        -- whose text is free until a trigger that never comes, the same tokens as without
+        -- one, each ending at the stop (the grammar banned it, and every reply ran on)
+        local m, dot = special_dot_model()
         local g = assert(G.after("<tool_call>", assert(G.gbnf('root ::= "x"')), 0))
         local stopped = 0
         for seed = 1, 6 do
