@@ -306,6 +306,21 @@ function M.class(spec)
     return expr("[" .. spec:gsub("%]", "\\]"):gsub("\n", "\\n") .. "]")
 end
 function M.any() return expr(".") end
+-- One whole token (GBNF's <[id]> or <text>): by id, or by its whole text, brackets included
+-- ("<think>"), looked up in the model's vocabulary when a generation binds the grammar;
+-- not_token: any one token but that one (and the end of text).
+local function token_ref(x, who)
+    if type(x) == "number" then
+        if x < 0 or x ~= math.floor(x) or x > 2147483647 then raise("tinyloop.grammar." .. who .. ": a token id must be an integer >= 0") end
+        return ("<[%d]>"):format(x)
+    end
+    if type(x) ~= "string" or not x:match("^<[^>\n]+>$") then
+        raise("tinyloop.grammar." .. who .. ": expected a token id or a token's text in brackets, such as \"<think>\"")
+    end
+    return x
+end
+function M.token(x) return expr(token_ref(x, "token")) end
+function M.not_token(x) return expr("!" .. token_ref(x, "not_token")) end
 function M.ref(name)
     if type(name) ~= "string" or not name:match("^[%w_-]+$") then raise("tinyloop.grammar.ref: expected a rule name") end
     return expr(name)

@@ -227,6 +227,13 @@ describe("tinyloop.grammar", function()
         assert.is_true(g:matches("(1]"))
         assert.is_false(g:matches("(1234)"))
         assert.is_true(assert(G.build(G.plus(G.lit("ab")))):matches("abab"))
+        -- token references: their GBNF, and the refusals
+        assert.equal("root ::= (<think> (!<[7]>){0,} <[7]>)\n",
+                     assert(G.build(G.seq(G.token("<think>"), G.star(G.not_token(7)), G.token(7)))):gbnf())
+        assert.has_error(function() G.token(-1) end, "tinyloop.grammar.token: a token id must be an integer >= 0")
+        assert.has_error(function() G.not_token("think") end,
+                         'tinyloop.grammar.not_token: expected a token id or a token\'s text in brackets, such as "<think>"')
+        assert.has_error(function() G.token("<a>b>") end)
     end)
     it("ships grammars", function()
         for _, name in ipairs({ "json", "json_array_of_strings", "arithmetic", "list", "yes_no" }) do
@@ -300,8 +307,8 @@ describe("cfg.grammar with a compiled grammar", function()
         local eos = m:info().eos_token_id
         -- words, then the special "." (no text can write it), then the end
         local sentence = assert(G.gbnf(('root ::= [a-zA-Z ,]+ <[%d]>'):format(dot[1])))
-        -- three tokens that are anything but "." (special or not), then "."
-        local three = assert(G.gbnf(('root ::= (!<[%d]>){3} <[%d]>'):format(dot[1], dot[1])))
+        -- three tokens that are anything but "." (special or not), then "." (built from combinators)
+        local three = assert(G.build(G.seq(G.rep(G.not_token(dot[1]), 3, 3), G.token(dot[1]))))
         for seed = 1, 4 do
             local ids, stats = m:generate(P, { grammar = sentence, max_tokens = 80, temperature = 1, sample_seed = seed })
             assert.equal("EOS", stats.stop_reason)
