@@ -612,8 +612,11 @@ int gram_matcher_mask_state(tl_grammar_matcher *mt, int32_t state, uint8_t *allo
 int32_t gram_matcher_advance_state(tl_grammar_matcher *mt, int32_t state, int32_t token) {
     pthread_mutex_lock(&mt->g->lock);
     gram_runtime *rt = &mt->tables->rt;
-    int32_t next = is_end(mt, token) ? (state != GRAM_DEAD && gram_accepting(rt, state) ? state : GRAM_DEAD)
-                                     : gram_advance_token(rt, mt->vocab, mt->ref_ids, state, token);
+    /* an end token ends the text where it may end; elsewhere it is a token like any other (a
+       token reference may take it: the mask allows it there too) */
+    const int32_t next = is_end(mt, token) && state != GRAM_DEAD && gram_accepting(rt, state)
+                             ? state
+                             : gram_advance_token(rt, mt->vocab, mt->ref_ids, state, token);
     pthread_mutex_unlock(&mt->g->lock);
     return next;
 }

@@ -1236,6 +1236,24 @@ static void test_token_refs(void) {
     }
     tl_grammar_matcher_free(mt);
     tl_compiled_grammar_free(g);
+    /* a special token that also ends the text (a one-token stop sequence): the end where the
+       grammar may end, and elsewhere a token like any other, which a reference takes */
+    mt = ref_matcher(tok, "root ::= <think> \"a\" </think> \"b\"", &g);
+    if (mt) {
+        const int32_t end_id = 7;
+        const tl_token_seq stop = {&end_id, 1};
+        gram_matcher_set_ends(mt, &stop, 1);
+        static const int32_t text[] = {6, 0, 7, 1};
+        for (int i = 0; i < 4; i++) {
+            ref_mask(mt, allowed);
+            CHECK(allowed[text[i]] == 1 && (text[i] != 7 || allowed[7]), "token %d allowed", text[i]);
+            CHECK(tl_grammar_matcher_accept(mt, text[i]) == TL_OK, "token %d: %s", text[i], tl_last_error());
+        }
+        CHECK(tl_grammar_matcher_is_accepting(mt) && ref_mask(mt, allowed) == 2 && allowed[7] && allowed[REF_EOS],
+              "at the end: </think> ends the text as eos does");
+    }
+    tl_grammar_matcher_free(mt);
+    tl_compiled_grammar_free(g);
     /* nested deeper than a projection's cut, a token reference and bytes at every level */
     mt = ref_matcher(tok, "root ::= x\nx ::= <think> x </think> | \"a\" x \"b\" | \"ab\"", &g);
     static const int32_t deep[] = {6, 0, 6, 6, 0, 0, 6, 2, 7, 1, 1, 7, 7, 1, 7};
