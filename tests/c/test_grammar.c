@@ -1174,12 +1174,8 @@ static void test_table_generations(tl_model *m) {
    llama.cpp's <[id]>, <text> and !<...>: one whole token by id, special tokens included, on a
    small vocabulary with two special tokens of a thinking model. Each state's mask is checked
    against advancing the state by every token. */
-static const char TOKENS_JSON[] =
-    "{\"added_tokens\": [{\"id\": 6, \"content\": \"<think>\", \"special\": true},"
-    " {\"id\": 7, \"content\": \"</think>\", \"special\": true}, {\"id\": 8, \"content\": \"<|end|>\", \"special\": true}],"
-    " \"pre_tokenizer\": {\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true},"
-    " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\":0,\"b\":1,\"ab\":2,\"\\u0120\":3,\"<\":4,\">\":5,"
-    " \"<think>\":6,\"</think>\":7,\"<|end|>\":8}, \"merges\": [\"a b\"]}}";
+/* (tests/data/tokenizer/thinking9.json: a, b, ab, " ", <, >, then <think> 6, </think> 7 and
+   <|end|> 8, special) */
 enum { REF_VOCAB = 9, REF_EOS = 8 };
 
 /* The mask at the matcher's state, and that it allows exactly the tokens that advance it. */
@@ -1201,8 +1197,9 @@ static tl_grammar_matcher *ref_matcher(const tlz_tokenizer *tok, const char *gbn
 
 static void test_token_refs(void) {
     tlz_tokenizer *tok = NULL;
-    char err[256] = "";
-    CHECK(tlz_tokenizer_load_json(TOKENS_JSON, strlen(TOKENS_JSON), &tok, err, sizeof err) == TLZ_OK, "%s", err);
+    char err[256] = "", path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/tokenizer/thinking9.json", root_dir);
+    CHECK(tlz_tokenizer_load(path, &tok, err, sizeof err) == TLZ_OK, "%s", err);
     if (!tok) return;
     uint8_t allowed[REF_VOCAB];
     /* <think> by its text, </think> by its id: only they, where they stand */

@@ -8,13 +8,12 @@
 #include "tinyloop.h"
 #include "tokenizer.h"
 
-/* A nine-token vocabulary with a thinking model's special tokens, for the token-level walk. */
-static const char TOKENS_JSON[] =
-    "{\"added_tokens\": [{\"id\": 6, \"content\": \"<think>\", \"special\": true},"
-    " {\"id\": 7, \"content\": \"</think>\", \"special\": true}, {\"id\": 8, \"content\": \"<|end|>\", \"special\": true}],"
-    " \"pre_tokenizer\": {\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true},"
-    " \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\":0,\"b\":1,\"ab\":2,\"\\u0120\":3,\"<\":4,\">\":5,"
-    " \"<think>\":6,\"</think>\":7,\"<|end|>\":8}, \"merges\": [\"a b\"]}}";
+#ifndef TL_FUZZ_DATA
+#define TL_FUZZ_DATA "tests/data"
+#endif
+
+/* A nine-token vocabulary with a thinking model's special tokens (<think> 6, </think> 7,
+   <|end|> 8 the end), for the token-level walk. */
 enum { VOCAB = 9, EOS = 8 };
 
 /* Token by token (the text's bytes read as ids): at each state the mask allows exactly the
@@ -23,7 +22,7 @@ enum { VOCAB = 9, EOS = 8 };
 static void walk_tokens(const tl_compiled_grammar *g, const uint8_t *ids, size_t n) {
     static tlz_tokenizer *tok;
     char err[128];
-    if (!tok && tlz_tokenizer_load_json(TOKENS_JSON, sizeof TOKENS_JSON - 1, &tok, err, sizeof err) != TLZ_OK) __builtin_trap();
+    if (!tok && tlz_tokenizer_load(TL_FUZZ_DATA "/tokenizer/thinking9.json", &tok, err, sizeof err) != TLZ_OK) __builtin_trap();
     tl_grammar_matcher *mt = NULL;
     if (gram_matcher_new(g, tok, VOCAB, EOS, &mt) != TL_OK) return; /* (a name the vocabulary lacks) */
     uint8_t allowed[VOCAB];
