@@ -969,15 +969,22 @@ int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
     return next;
 }
 
-/* Whether token reference `ref` (resolved to `id` in the vocabulary; -1: not in it) takes
-   token `token` (never the end of sequence, which ends the text instead). */
-static bool ref_takes(const gram_token_ref *ref, int32_t id, int32_t token, int32_t eos) {
-    if (token == eos) return false;
-    return ref->negated ? token != id : (id >= 0 && token == id);
+static bool is_end_token(const gram_token_set *refs, int32_t token) {
+    if (token == refs->eos) return true;
+    for (int i = 0; i < refs->n_ends; i++)
+        if (refs->ends[i] == token) return true;
+    return false;
 }
 
-int32_t gram_advance_refs(gram_runtime *rt, int32_t state, int32_t by_bytes, int32_t token, const int32_t *ref_ids,
-                          int32_t eos) {
+/* Whether token reference `ref` (resolved to `id` in the vocabulary) takes token `token`: a
+   negated one any token but that one and the ends (eos, a turn's end: they end the text, as in
+   llama.cpp no reference takes them by negation); a named one that token, never eos. */
+static bool ref_takes(const gram_token_ref *ref, int32_t id, int32_t token, const gram_token_set *refs) {
+    if (token == refs->eos) return false;
+    return ref->negated ? token != id && !is_end_token(refs, token) : token == id;
+}
+
+int32_t gram_advance_refs(gram_runtime *rt, int32_t state, int32_t by_bytes, int32_t token, const gram_token_set *refs) {
     if (state == GRAM_DEAD || !gram_has_refs(rt, state)) return by_bytes;
     last_failure = FAILED_MEMORY;
     const gram_program *p = rt->prog;
@@ -987,7 +994,7 @@ int32_t gram_advance_refs(gram_runtime *rt, int32_t state, int32_t by_bytes, int
         const int32_t n = rt->state_members[i];
         if (n == 0 || n == rt->esc_node) continue;
         const gram_elem e = p->elems[rt->nodes[n].pos];
-        if (e.kind != GE_TOKEN || !ref_takes(&p->tokens[e.arg], ref_ids[e.arg], token, eos)) continue;
+        if (e.kind != GE_TOKEN || !ref_takes(&p->tokens[e.arg], refs->ids[e.arg], token, refs)) continue;
         if (!expand(rt, rt->nodes[n].pos + 1, rt->nodes[n].parent)) return -1;
     }
     if (rt->n_scratch == 0) return by_bytes;
@@ -997,24 +1004,33 @@ int32_t gram_advance_refs(gram_runtime *rt, int32_t state, int32_t by_bytes, int
     return intern_state(rt);
 }
 
-int gram_mask_refs(const gram_runtime *rt, int32_t state, const int32_t *ref_ids, int vocab_size, int32_t eos,
-                   uint8_t *allowed, int count) {
+int gram_mask_refs(const gram_runtime *rt, int32_t state, const gram_token_set *refs, int vocab_size, uint8_t *allowed,
+                   int count) {
     if (state == GRAM_DEAD || !gram_has_refs(rt, state)) return count;
     const gram_program *p = rt->prog;
+    /* named ones one by one; the negated ones in one pass over the vocabulary, however many
+       stacks wait on one (one per stack made a mask cost stacks x vocabulary) */
+    int32_t negated = -1; /* the one token negated references leave out; -1 none left out */
+    bool any_negated = false;
     for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
         const int32_t n = rt->state_members[i];
         if (n == 0 || n == rt->esc_node) continue;
         const gram_elem e = p->elems[rt->nodes[n].pos];
         if (e.kind != GE_TOKEN) continue;
-        const gram_token_ref *ref = &p->tokens[e.arg];
-        const int32_t id = ref_ids[e.arg];
-        if (!ref->negated) {
-            if (id >= 0 && id < vocab_size && id != eos && !allowed[id]) { allowed[id] = 1; count++; }
-            continue;
+        const int32_t id = refs->ids[e.arg];
+        if (p->tokens[e.arg].negated) {
+            negated = !any_negated || negated == id ? id : -1; /* two different ones: together, every token */
+            any_negated = true;
+        } else if (id >= 0 && id < vocab_size && ref_takes(&p->tokens[e.arg], id, id, refs) && !allowed[id]) {
+            allowed[id] = 1;
+            count++;
         }
-        for (int32_t t = 0; t < vocab_size; t++) /* every token but that one */
-            if (t != id && t != eos && !allowed[t]) { allowed[t] = 1; count++; }
     }
+    for (int32_t t = 0; any_negated && t < vocab_size; t++)
+        if (t != negated && !allowed[t] && !is_end_token(refs, t)) {
+            allowed[t] = 1;
+            count++;
+        }
     return count;
 }
 

@@ -234,15 +234,23 @@ int32_t gram_advance_bytes(gram_runtime *rt, int32_t state, const void *bytes, s
 /* Token references: whether a stack of the state waits for one (then the state's next after a
    whole token is more than its bytes' path). */
 static inline bool gram_has_refs(const gram_runtime *rt, int32_t state) { return rt->state_flags[state] & 16; }
+/* What token references are read against: the program's references resolved in a vocabulary,
+   and the tokens that end the text there (eos, and a matcher's ends), which no negated
+   reference takes. */
+typedef struct gram_token_set {
+    const int32_t *ids;          /* [prog->n_tokens] */
+    int32_t eos;
+    const int32_t *ends;
+    int n_ends;
+} gram_token_set;
 /* The state after `token` given `by_bytes`, the state its bytes lead to (GRAM_DEAD for a token
-   without bytes): that, with the stacks whose token reference takes the token (ref_ids: the
-   program's references resolved in the vocabulary, -1 where absent). -1 out of memory. */
-int32_t gram_advance_refs(gram_runtime *rt, int32_t state, int32_t by_bytes, int32_t token, const int32_t *ref_ids,
-                          int32_t eos);
-/* Adds to allowed[0..vocab_size) the tokens the state's token references take (never eos),
-   returning count plus those newly allowed. */
-int gram_mask_refs(const gram_runtime *rt, int32_t state, const int32_t *ref_ids, int vocab_size, int32_t eos,
-                   uint8_t *allowed, int count);
+   without bytes): that, with the stacks whose token reference takes the token. -1 out of
+   memory. */
+int32_t gram_advance_refs(gram_runtime *rt, int32_t state, int32_t by_bytes, int32_t token, const gram_token_set *refs);
+/* Adds to allowed[0..vocab_size) the tokens the state's token references take, returning count
+   plus those newly allowed. */
+int gram_mask_refs(const gram_runtime *rt, int32_t state, const gram_token_set *refs, int vocab_size, uint8_t *allowed,
+                   int count);
 static inline bool gram_accepting(const gram_runtime *rt, int32_t state) { return rt->state_flags[state] & 1; }
 /* Bytes some stack of the state can take (the others lead to GRAM_DEAD; computed once). */
 const gram_byteset *gram_first_bytes(gram_runtime *rt, int32_t state);
@@ -338,9 +346,9 @@ int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed
 /* The same mask by a walk of the state itself: no cache, no projection (the tests' reference). */
 int gram_mask_full(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed);
 /* State after a whole token (GRAM_DEAD if it is not allowed; end of sequence keeps an
-   accepting state): its bytes, and the token references that take it (ref_ids: resolved in
-   v; NULL when the program has none); -1 out of memory. Callers hold the grammar's lock. */
-int32_t gram_advance_token(gram_runtime *rt, const gram_vocab *v, const int32_t *ref_ids, int32_t state, int32_t token);
+   accepting state): its bytes, and the token references that take it (refs: read against v;
+   NULL when the program has none); -1 out of memory. Callers hold the grammar's lock. */
+int32_t gram_advance_token(gram_runtime *rt, const gram_vocab *v, const gram_token_set *refs, int32_t state, int32_t token);
 void gram_binding_destroy(gram_binding *b);
 
 void tl_compiled_grammar_retain(const tl_compiled_grammar *g);

@@ -17,6 +17,7 @@
  *   - a child byte no stack can take is skipped with a bit test, not a transition lookup.
  * The session asks for a full mask only when it must: greedy decoding first checks its argmax
  * against the grammar (a walk of one token's bytes) and masks only when it is rejected. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,8 +57,11 @@ static uint64_t fingerprint(const struct tlz_tokenizer *tok, int vocab_size, int
     for (int32_t id = 0; id < vocab_size; id++) {
         const char *b;
         size_t len;
-        if (tlz_is_special(tok, id) || tlz_token_bytes(tok, id, &b, &len) != 0) len = 0, b = "";
-        h = (h ^ (len + 0x9e37u)) * 1099511628211ULL;
+        /* a special token's text too, marked apart: it names the token for <text> references
+           (vocabularies that differ in them resolve a grammar's references apart) */
+        const bool special = tlz_is_special(tok, id);
+        if (tlz_token_bytes(tok, id, &b, &len) != 0) len = 0, b = "";
+        h = (h ^ (len + (special ? 0x7f4au : 0x9e37u))) * 1099511628211ULL;
         for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)b[i]) * 1099511628211ULL;
     }
     return h;
@@ -427,19 +431,27 @@ int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed
     return count;
 }
 
-int32_t gram_advance_token(gram_runtime *rt, const gram_vocab *v, const int32_t *ref_ids, int32_t state, int32_t token) {
+int32_t gram_advance_token(gram_runtime *rt, const gram_vocab *v, const gram_token_set *refs, int32_t state, int32_t token) {
     if (token < 0 || token >= v->vocab_size || state == GRAM_DEAD) return GRAM_DEAD;
     if (token == v->eos) return gram_accepting(rt, state) ? state : GRAM_DEAD;
     const int32_t by_bytes = v->bytes[token] ? gram_advance_bytes(rt, state, v->bytes[token], v->lens[token]) : GRAM_DEAD;
-    if (by_bytes < 0 || !ref_ids) return by_bytes;
-    return gram_advance_refs(rt, state, by_bytes, token, ref_ids, v->eos);
+    if (by_bytes < 0 || !refs) return by_bytes;
+    return gram_advance_refs(rt, state, by_bytes, token, refs);
+}
+
+/* The matcher's token references, read against its vocabulary and ends (NULL: none). */
+static const gram_token_set *matcher_refs(const tl_grammar_matcher *mt, gram_token_set *out) {
+    if (!mt->ref_ids) return NULL;
+    *out = (gram_token_set){mt->ref_ids, mt->vocab->eos, mt->ends, mt->n_ends};
+    return out;
 }
 
 /* ---------------------------------------------------------------- matchers */
 
 /* The program's token references in a vocabulary: <[id]> must be one of its ids, <text> the
    text of one of its tokens (NULL *out when the program has none). */
-static tl_status resolve_refs(const gram_program *p, const struct tlz_tokenizer *tok, int vocab_size, int32_t **out) {
+static tl_status resolve_refs(const gram_program *p, const struct tlz_tokenizer *tok, int vocab_size, int eos,
+                              int32_t **out) {
     *out = NULL;
     if (p->n_tokens == 0) return TL_OK;
     int32_t *ids = malloc((size_t)p->n_tokens * sizeof *ids);
@@ -447,6 +459,14 @@ static tl_status resolve_refs(const gram_program *p, const struct tlz_tokenizer 
     for (int i = 0; i < p->n_tokens; i++) {
         const gram_token_ref *ref = &p->tokens[i];
         ids[i] = ref->text ? tlz_token_id(tok, ref->text) : ref->id;
+        if (!ref->negated && ids[i] == eos && eos >= 0) {
+            char name[32];
+            snprintf(name, sizeof name, "<[%d]>", (int)eos);
+            const tl_status st = tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar: %s is the end of text, which no reference takes "
+                                         "(the text ends where the grammar may end)", ref->text ? ref->text : name);
+            free(ids);
+            return st;
+        }
         if (ref->text && (ids[i] < 0 || ids[i] >= vocab_size)) {
             free(ids);
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar: %s%s is not a token of the model's vocabulary (write <[id]>, "
@@ -471,7 +491,7 @@ static tl_status vocab_for(tl_compiled_grammar *g, const struct tlz_tokenizer *t
             return TL_OK;
         }
     int32_t *ref_ids;
-    tl_status st = resolve_refs(g->prog, tok, vocab_size, &ref_ids);
+    tl_status st = resolve_refs(g->prog, tok, vocab_size, eos, &ref_ids);
     if (st != TL_OK) return st;
     gram_vocab *v;
     st = gram_vocab_build(tok, vocab_size, eos, &v);
@@ -601,7 +621,8 @@ int gram_matcher_mask_state(tl_grammar_matcher *mt, int32_t state, uint8_t *allo
     pthread_mutex_lock(&mt->g->lock);
     gram_runtime *rt = &mt->tables->rt;
     int n = gram_mask(rt, &mt->tables->bindings[mt->binding], state, allowed);
-    if (n >= 0 && mt->ref_ids) n = gram_mask_refs(rt, state, mt->ref_ids, mt->vocab->vocab_size, mt->vocab->eos, allowed, n);
+    gram_token_set refs;
+    if (n >= 0 && matcher_refs(mt, &refs)) n = gram_mask_refs(rt, state, &refs, mt->vocab->vocab_size, allowed, n);
     if (n >= 0 && mt->n_ends && state != GRAM_DEAD && gram_accepting(rt, state))
         for (int i = 0; i < mt->n_ends; i++)
             if (!allowed[mt->ends[i]]) { allowed[mt->ends[i]] = 1; n++; }
@@ -614,9 +635,10 @@ int32_t gram_matcher_advance_state(tl_grammar_matcher *mt, int32_t state, int32_
     gram_runtime *rt = &mt->tables->rt;
     /* an end token ends the text where it may end; elsewhere it is a token like any other (a
        token reference may take it: the mask allows it there too) */
+    gram_token_set refs;
     const int32_t next = is_end(mt, token) && state != GRAM_DEAD && gram_accepting(rt, state)
                              ? state
-                             : gram_advance_token(rt, mt->vocab, mt->ref_ids, state, token);
+                             : gram_advance_token(rt, mt->vocab, matcher_refs(mt, &refs), state, token);
     pthread_mutex_unlock(&mt->g->lock);
     return next;
 }

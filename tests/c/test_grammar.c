@@ -1276,12 +1276,50 @@ static void test_token_refs(void) {
     } else CHECK(0, "after: %s", tl_last_error());
     tl_compiled_grammar_free(after);
     tl_compiled_grammar_free(content);
-    /* references the vocabulary does not have: refused when a matcher binds it */
+    /* negated references never take the tokens that end the text (eos, a matcher's ends), as
+       in llama.cpp: inside, an end token is refused until the grammar may end */
+    mt = ref_matcher(tok, "root ::= \"a\" (!<[1]>)* \"b\"", &g);
+    if (mt) {
+        const int32_t end_id = 6;
+        const tl_token_seq stop = {&end_id, 1};
+        gram_matcher_set_ends(mt, &stop, 1);
+        static const int32_t text[] = {0, 7, 3, 0, 1};
+        for (int i = 0; i < 5; i++) {
+            CHECK(ref_mask(mt, allowed) >= 1 && (i == 0 || (!allowed[6] && !allowed[REF_EOS])), "token %d: ends refused", i);
+            CHECK(tl_grammar_matcher_accept(mt, text[i]) == TL_OK, "token %d: %s", text[i], tl_last_error());
+        }
+        CHECK(tl_grammar_matcher_is_accepting(mt) && ref_mask(mt, allowed) == 2 && allowed[6] && allowed[REF_EOS],
+              "at the end, the ends");
+    }
+    tl_grammar_matcher_free(mt);
+    tl_compiled_grammar_free(g);
+    /* a vocabulary that differs only in a special token's text resolves the references apart
+       (it shared the first one's: <think> read as the other's token 6, and a name it lacks passed) */
+    size_t json_len = 0;
+    char *renamed = slurp("tests/data/tokenizer/thinking9.json", &json_len);
+    for (char *at = renamed ? strstr(renamed, "<think>") : NULL; at; at = strstr(at, "<think>")) memcpy(at, "<thonk>", 7);
+    tlz_tokenizer *other = NULL;
+    CHECK(renamed && tlz_tokenizer_load_json(renamed, json_len, &other, err, sizeof err) == TLZ_OK, "%s", err);
+    g = compile("root ::= <think> \"a\"");
+    tl_grammar_matcher *first = NULL;
+    mt = NULL;
+    CHECK(g && gram_matcher_new(g, tok, REF_VOCAB, REF_EOS, &first) == TL_OK, "%s", tl_last_error());
+    if (g && other) CHECK_ERROR(gram_matcher_new(g, other, REF_VOCAB, REF_EOS, &mt), TL_ERR_INVALID_ARGUMENT,
+                                "<think> is not a token of the model's vocabulary");
+    tl_grammar_matcher_free(first);
+    tl_grammar_matcher_free(mt);
+    tl_compiled_grammar_free(g);
+    tlz_tokenizer_free(other);
+    free(renamed);
+    /* references the vocabulary does not have: refused when a matcher binds it; and the end of
+       text named, which no reference takes (the grammar ends where it may end) */
     static const struct { const char *gbnf, *needle; } missing[] = {
         {"root ::= <nope>", "grammar: <nope> is not a token of the model's vocabulary"},
         {"root ::= \"a\" !<[9]>", "grammar: !<[9]> is past the model's vocabulary (9 tokens)"},
+        {"root ::= \"a\" <|end|>", "grammar: <|end|> is the end of text, which no reference takes"},
+        {"root ::= \"a\" <[8]>", "grammar: <[8]> is the end of text"},
     };
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 4; i++) {
         g = compile(missing[i].gbnf);
         mt = NULL;
         if (g) CHECK_ERROR(gram_matcher_new(g, tok, REF_VOCAB, REF_EOS, &mt), TL_ERR_INVALID_ARGUMENT, missing[i].needle);
