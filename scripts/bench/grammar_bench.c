@@ -9,7 +9,10 @@
  * slow path: sampling, or a greedy argmax the grammar rejected), starting from an empty mask
  * cache, as maskbench does. It also times the argmax-first check greedy decoding uses, and
  * prints median, p99 and max. Then constrained vs unconstrained tokens/s on the model, and
- * free text under grammars built around others (after, tags, a regular expression). */
+ * free text under grammars built around others (after, tags, a regular expression). Last, the
+ * hard cases: compile and match times of grammars that were exponential, quadratic or
+ * unbounded before (oneOf through $ref'd anyOf, rule chains, nested repetitions of what may be
+ * empty, a shared grammar's tables, many negated token references). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,6 +261,122 @@ static double tokens_per_s(tl_model *m, const tl_compiled_grammar *g, float temp
     return ms > 0 ? total / (ms / 1000.0) : 0;
 }
 
+/* ---- hard cases: grammars whose compile or match time was exponential, quadratic or
+   unbounded before stop 44, each timed once */
+static tl_compiled_grammar *timed_gbnf(const char *text, double *ms) {
+    tl_compiled_grammar *g = NULL;
+    const double t0 = now_us();
+    if (tl_grammar_compile_gbnf(text, strlen(text), &g) != TL_OK) fprintf(stderr, "  (%s)\n", tl_last_error());
+    *ms = (now_us() - t0) / 1e3;
+    return g;
+}
+
+static void hard_cases(const tlz_tokenizer *gpt2) {
+    printf("\nhard cases (exponential, quadratic or unbounded before stop 44):\n");
+    buf b = {0};
+    /* oneOf's branch types through 8 levels of anyOf, each of 12 $refs to the next */
+    add(&b, "{\"$defs\":{");
+    char piece[64];
+    for (int level = 0; level < 8; level++) {
+        snprintf(piece, sizeof piece, "\"d%d\":{\"anyOf\":[", level);
+        add(&b, piece);
+        for (int k = 0; k < 12; k++) {
+            snprintf(piece, sizeof piece, "%s{\"$ref\":\"#/$defs/d%d\"}", k ? "," : "", level + 1);
+            add(&b, piece);
+        }
+        add(&b, "]},");
+    }
+    add(&b, "\"d8\":{\"type\":\"string\"}},\"oneOf\":[{\"$ref\":\"#/$defs/d0\"},{\"type\":\"integer\"}]}");
+    tl_compiled_grammar *g = NULL;
+    double t0 = now_us();
+    const tl_status st = tl_grammar_compile_json_schema(b.p, b.n, NULL, &g);
+    printf("  oneOf through 8 levels of 12-way anyOf ($ref), %zu-byte schema: %s in %.1f ms\n", b.n,
+           st == TL_OK ? "compiled" : "failed", (now_us() - t0) / 1e3);
+    tl_compiled_grammar_free(g);
+    /* a chain of 80,000 rules, each nullable only through the next */
+    b.n = 0;
+    add(&b, "root ::= r1\n");
+    for (int k = 1; k < 80000; k++) {
+        snprintf(piece, sizeof piece, "r%d ::= r%d\n", k, k + 1);
+        add(&b, piece);
+    }
+    add(&b, "r80000 ::= \"b\" | \"\"\n");
+    double ms;
+    g = timed_gbnf(b.p, &ms);
+    printf("  a chain of 80,000 rules (%zu bytes): %s in %.1f ms\n", b.n, g ? "compiled" : "failed", ms);
+    tl_compiled_grammar_free(g);
+    /* ("x"?)+ nested 24 deep */
+    b.n = 0;
+    add(&b, "root ::= ");
+    for (int k = 0; k < 24; k++) add(&b, "(");
+    add(&b, "\"x\"?");
+    for (int k = 0; k < 24; k++) add(&b, ")+");
+    add(&b, " \"y\"\n");
+    g = timed_gbnf(b.p, &ms);
+    int match = 0;
+    t0 = now_us();
+    if (g) tl_grammar_matches(g, "xxxy", 4, &match);
+    printf("  (\"x\"?)+ nested 24 deep: %s in %.2f ms, \"xxxy\" %s in %.2f ms\n", g ? "compiled" : "failed", ms,
+           match ? "matched" : "not matched", (now_us() - t0) / 1e3);
+    tl_compiled_grammar_free(g);
+    /* one compiled grammar shared by 10,000 documents, each a new 40-deep path (a server's
+       cached grammar), its tables on an 8 MiB budget */
+    const char *object = "{\"type\":\"object\"}";
+    tl_grammar_compile_json_schema(object, strlen(object), NULL, &g);
+    if (g) {
+        g->table_budget = (size_t)8 << 20;
+        int matched = 0;
+        size_t peak = 0;
+        t0 = now_us();
+        for (int d = 0; d < 10000; d++) {
+            b.n = 0;
+            add(&b, "{\"k\":");
+            char closers[64];
+            for (int depth = 0; depth < 40; depth++) {
+                const bool array = rnd(2);
+                add(&b, array ? "[" : "{\"k\":");
+                closers[39 - depth] = array ? ']' : '}';
+            }
+            add(&b, "1");
+            closers[40] = '}';
+            closers[41] = 0;
+            add(&b, closers);
+            if (tl_grammar_matches(g, b.p, b.n, &match) == TL_OK) matched += match;
+            const size_t bytes = gram_runtime_bytes(&g->tables->rt);
+            if (bytes > peak) peak = bytes;
+        }
+        printf("  one grammar, 10,000 new 40-deep documents: %d matched in %.1f s, %lld table generations, "
+               "tables at most %.1f MiB (budget 8)\n", matched, (now_us() - t0) / 1e6, (long long)g->generations,
+               (double)peak / (1 << 20));
+        tl_compiled_grammar_free(g);
+    }
+    /* 16,000 negated token references waiting at once, GPT-2's vocabulary */
+    b.n = 0;
+    add(&b, "root ::= (x)*\nx ::= ");
+    for (int k = 0; k < 16000; k++) {
+        snprintf(piece, sizeof piece, "%s!<[%d]>", k ? " | " : "", k % 7);
+        add(&b, piece);
+    }
+    add(&b, "\n");
+    g = timed_gbnf(b.p, &ms);
+    tl_grammar_matcher *mt = NULL;
+    if (g && gram_matcher_new(g, gpt2, tlz_vocab_size(gpt2), tlz_token_id(gpt2, "<|endoftext|>"), &mt) == TL_OK) {
+        uint8_t *allowed = malloc((size_t)tlz_vocab_size(gpt2));
+        t0 = now_us();
+        int count = 0;
+        for (int k = 0; k < 5 && allowed; k++) {
+            count = gram_matcher_mask_state(mt, gram_matcher_state(mt), allowed);
+            tl_grammar_matcher_accept(mt, 100 + k);
+        }
+        printf("  16,000 negated token references, %zu bytes: a mask of %d tokens in %.2f ms\n", b.n, count,
+               (now_us() - t0) / 1e3 / 5);
+        free(allowed);
+        tl_grammar_matcher_free(mt);
+    }
+    tl_compiled_grammar_free(g);
+    free(b.p);
+}
+
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : ".";
     char path[1024];
@@ -320,6 +439,13 @@ int main(int argc, char **argv) {
         tl_compiled_grammar_free(body);
         tl_compiled_grammar_free(g);
         tl_model_free(m);
+    }
+    snprintf(path, sizeof path, "%s/%s", root, vocabs[0][1]);
+    tlz_tokenizer *gpt2;
+    char err[256];
+    if (tlz_tokenizer_load(path, &gpt2, err, sizeof err) == 0) {
+        hard_cases(gpt2);
+        tlz_tokenizer_free(gpt2);
     }
     free(json_gbnf);
     return 0;
