@@ -407,11 +407,102 @@ static bool is_star_of(const gram_program *p, int star, int x) {
            loop[2].kind == GE_END && empty[0].kind == GE_END;
 }
 
+enum { DROPPED = 255 }; /* an element marked for removal (no element kind) */
+
+/* Removes the elements marked DROPPED: alternatives lie in order, so the compacted copy never
+   overtakes its source. */
+static void compact(gram_program *p) {
+    int w = 0;
+    for (int a = 0; a < p->n_alts; a++) {
+        int pos = p->alt_start[a];
+        p->alt_start[a] = w;
+        for (;; pos++) {
+            if (p->elems[pos].kind == DROPPED) continue;
+            p->elems[w++] = p->elems[pos];
+            if (p->elems[pos].kind == GE_END) break;
+        }
+    }
+    p->n_elems = w;
+}
+
+/* A call of a rule that matches only the empty string ((""){5,720}, a regular expression's
+   (?:){5,720}) matches nothing: it is dropped. Kept, each was a chain of calls that every
+   expansion walked again: ((?:){5,720}|[^"]?){5,720} walked 720 x 720 calls per byte, 2 s for
+   56 bytes. A rule is empty-only when each of its alternatives calls only empty-only rules: a
+   least fixpoint by a work list (a cycle of such rules stays, which costs speed, not
+   correctness). False out of memory (nothing dropped). */
+static bool drop_empty_only_calls(gram_program *p) {
+    const int R = p->n_rules, A = p->n_alts;
+    int32_t *alt_rule = malloc(((size_t)A + 1) * sizeof *alt_rule), *alt_waiting = malloc(((size_t)A + 1) * sizeof *alt_waiting);
+    int32_t *rule_waiting = malloc(((size_t)R + 1) * sizeof *rule_waiting), *queue = malloc(((size_t)R + 1) * sizeof *queue);
+    int32_t *calls_first = calloc((size_t)R + 2, sizeof *calls_first); /* rule r's calls: calls_alt[calls_first[r]..] */
+    int32_t *calls_alt = NULL;
+    bool *empty_only = calloc((size_t)R + 1, sizeof *empty_only), ok = false;
+    if (!alt_rule || !alt_waiting || !rule_waiting || !queue || !calls_first || !empty_only) goto done;
+    int n_calls = 0;
+    for (int r = 0; r < R; r++) {
+        rule_waiting[r] = p->rule_alts[r + 1] - p->rule_alts[r];
+        for (int a = p->rule_alts[r]; a < p->rule_alts[r + 1]; a++) {
+            alt_rule[a] = r;
+            alt_waiting[a] = 0;
+            for (int pos = p->alt_start[a]; p->elems[pos].kind != GE_END; pos++) {
+                if (p->elems[pos].kind != GE_REF) alt_waiting[a] = INT32_MIN; /* a byte or a token: never empty */
+                else {
+                    alt_waiting[a]++;
+                    calls_first[p->elems[pos].arg + 1]++;
+                    n_calls++;
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) calls_first[r + 1] += calls_first[r];
+    if (!(calls_alt = malloc(((size_t)n_calls + 1) * sizeof *calls_alt))) goto done;
+    int32_t *fill = queue; /* (the queue is not in use yet: it holds the fill positions) */
+    for (int r = 0; r < R; r++) fill[r] = calls_first[r];
+    for (int a = 0; a < A; a++)
+        for (int pos = p->alt_start[a]; p->elems[pos].kind != GE_END; pos++)
+            if (p->elems[pos].kind == GE_REF) calls_alt[fill[p->elems[pos].arg]++] = a;
+    int n_queue = 0;
+    for (int a = 0; a < A; a++)
+        if (alt_waiting[a] == 0) rule_waiting[alt_rule[a]]--;
+    for (int r = 0; r < R; r++)
+        if (rule_waiting[r] == 0 && p->rule_alts[r + 1] > p->rule_alts[r]) {
+            empty_only[r] = true;
+            queue[n_queue++] = r;
+        }
+    for (int head = 0; head < n_queue; head++) {
+        const int r = queue[head];
+        for (int k = calls_first[r]; k < calls_first[r + 1]; k++) {
+            const int a = calls_alt[k];
+            if (alt_waiting[a] > 0 && --alt_waiting[a] == 0 && --rule_waiting[alt_rule[a]] == 0 && !empty_only[alt_rule[a]]) {
+                empty_only[alt_rule[a]] = true;
+                queue[n_queue++] = alt_rule[a];
+            }
+        }
+    }
+    bool any = false;
+    for (int pos = 0; pos < p->n_elems; pos++)
+        if (p->elems[pos].kind == GE_REF && empty_only[p->elems[pos].arg]) {
+            p->elems[pos].kind = DROPPED;
+            any = true;
+        }
+    if (any) compact(p);
+    ok = true;
+done:
+    free(alt_rule);
+    free(alt_waiting);
+    free(rule_waiting);
+    free(queue);
+    free(calls_first);
+    free(calls_alt);
+    free(empty_only);
+    return ok;
+}
+
 /* x x* is x* when x may be empty (x+ writes x x*, x{3,} x x x*): its first turns are the star's.
    Kept, the two readings of every x were two stacks, and x nested k deep ((("a"?)+)+ ...) was
    2^k stacks: a 66-byte grammar failed to compile at k = 16. */
 static void drop_nullable_plus_heads(gram_program *p, const bool *nullable) {
-    enum { DROPPED = 255 }; /* no element kind */
     bool any = false;
     /* backwards, each x against the next element kept, so that x x x* ({3,}) is x* too */
     for (int pos = p->n_elems - 1, next = -1; pos >= 0; pos--) {
@@ -424,18 +515,7 @@ static void drop_nullable_plus_heads(gram_program *p, const bool *nullable) {
         }
         next = pos; /* (an alternative's GE_END too: nothing pairs across alternatives) */
     }
-    if (!any) return;
-    int w = 0; /* alternatives lie in order, so the compacted copy never overtakes its source */
-    for (int a = 0; a < p->n_alts; a++) {
-        int pos = p->alt_start[a];
-        p->alt_start[a] = w;
-        for (;; pos++) {
-            if (p->elems[pos].kind == DROPPED) continue;
-            p->elems[w++] = p->elems[pos];
-            if (p->elems[pos].kind == GE_END) break;
-        }
-    }
-    p->n_elems = w;
+    if (any) compact(p);
 }
 
 /* Left recursion: a rule that can reach itself without consuming a byte.
@@ -457,7 +537,7 @@ static tl_status check_left_recursion(gram_program *p, char *err, size_t errlen)
     int n_edges = 0, cap_edges = 0, cap_tail = 0;
     tl_status st = TL_OK;
     if (!nullable || !edge_first || !order || !low || !comp || !tstack || !dfs || !cursor) goto oom;
-    if (!derive_rules(p, false, nullable)) goto oom;
+    if (!drop_empty_only_calls(p) || !derive_rules(p, false, nullable)) goto oom;
     drop_nullable_plus_heads(p, nullable);
     for (int r = 0; r < R; r++) {
         edge_first[r] = n_edges;

@@ -175,6 +175,14 @@ static void test_dialect(void) {
     static const char *n8[] = {"", "ab", "ca", "d", "ded", NULL};
     expect(g, "nullable repeat", y8, n8);
     tl_compiled_grammar_free(g);
+    /* calls of rules that match only the empty string are dropped (a chain of 720 of them
+       was walked again at every call: a regular expression's ((?:){5,720}|x?){5,720} took 2 s
+       for 56 bytes); what the grammar matches is the same, the empty-only root and star too */
+    g = compile("root ::= ((\"\"){5,720} | [^\"]?){5,720} \"!\" | e* \"?\" e\ne ::= (\"\" (\"\"){2})?");
+    static const char *y9[] = {"!", "abc!", "?", "a b c d e f g h!", NULL};
+    static const char *n9[] = {"", "a\"!", "a?", "\"!", "??", NULL};
+    expect(g, "empty-only calls", y9, n9);
+    tl_compiled_grammar_free(g);
     g = compile("root ::= \"ab\" * [x-z] + ( \"c\" ) ?\t{1,2}");
     static const char *y7[] = {"x", "ababyz", "abxc", "xcc", NULL};
     static const char *n7[] = {"", "ab", "xccc", NULL};
@@ -1127,7 +1135,7 @@ static void nested_path(char *b, size_t cap, int depth) { /* a random path of ar
 static void test_table_generations(tl_model *m) {
     tl_compiled_grammar *g = schema("{\"type\":\"object\"}");
     if (!g) return;
-    g->table_budget = (size_t)1 << 20;
+    g->table_budget = (size_t)256 << 10;
     /* a matcher that starts before the tables are renewed, halfway through its document */
     const char *doc = "{\"name\":[\"Elizabeth\",{\"age\":20}],\"tags\":[]}"; /* compact: the schema's form */
     int32_t *ids = NULL;
@@ -1140,7 +1148,7 @@ static void test_table_generations(tl_model *m) {
     gram_tables *first = early->tables;
     int matched = 0;
     size_t most = 0;
-    for (int d = 0; d < 3000; d++) {
+    for (int d = 0; d < 600; d++) {
         char text[1024] = "{\"k\":";
         nested_path(text, sizeof text - 2, 40);
         strcat(text, "}");
@@ -1148,7 +1156,7 @@ static void test_table_generations(tl_model *m) {
         const size_t bytes = gram_runtime_bytes(&g->tables->rt);
         if (bytes > most) most = bytes;
     }
-    CHECK(matched == 3000, "%d of 3000 nested documents matched", matched);
+    CHECK(matched == 600, "%d of 600 nested documents matched", matched);
     CHECK(g->generations >= 2 && g->tables != first, "the tables started over %lld times", (long long)g->generations);
     /* a table doubles past the budget; the rest of one document adds little */
     CHECK(most <= 4 * g->table_budget, "the tables grew to %zu bytes on a budget of %zu", most, g->table_budget);
