@@ -319,6 +319,15 @@ static void hard_cases(const tlz_tokenizer *gpt2) {
     printf("  (\"x\"?)+ nested 24 deep: %s in %.2f ms, \"xxxy\" %s in %.2f ms\n", g ? "compiled" : "failed", ms,
            match ? "matched" : "not matched", (now_us() - t0) / 1e3);
     tl_compiled_grammar_free(g);
+    /* a regular expression repeating a group that holds a chain of empty matches */
+    const char *pattern = "((?:){5,720}|[^\"]?){5,720}";
+    const char *text = "It is a truth universally acknowledged, that a single man";
+    t0 = now_us();
+    if (tl_grammar_compile_regex(pattern, strlen(pattern), &g) == TL_OK) {
+        tl_grammar_matches(g, text, strlen(text), &match);
+        printf("  regex %s: compiled and matched %zu bytes in %.1f ms\n", pattern, strlen(text), (now_us() - t0) / 1e3);
+        tl_compiled_grammar_free(g);
+    }
     /* one compiled grammar shared by 10,000 documents, each a new 40-deep path (a server's
        cached grammar), its tables on an 8 MiB budget */
     const char *object = "{\"type\":\"object\"}";
