@@ -322,9 +322,7 @@ static bool parse_token_ref(parser *ps, gram_item *it) {
         ps->at++;
         const size_t len = (size_t)(ps->at - open);
         if (len == 2) return fail_at(ps, open, "%s", "an empty token reference '<>'");
-        if (!(ref.text = malloc(len + 1))) return oom(ps);
-        memcpy(ref.text, open, len);
-        ref.text[len] = 0;
+        if (!(ref.text = gram_copy_text(open, len))) return oom(ps);
     }
     gram_builder *b = &ps->b;
     if (!gram_grow((void **)&b->tokens, &b->cap_tokens, b->n_tokens + 1, sizeof *b->tokens)) {

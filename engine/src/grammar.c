@@ -27,6 +27,14 @@ bool gram_grow(void **p, int *cap, int need, size_t size) {
     return true;
 }
 
+char *gram_copy_text(const char *s, size_t len) {
+    char *copy = malloc(len + 1);
+    if (!copy) return NULL;
+    memcpy(copy, s, len);
+    copy[len] = 0;
+    return copy;
+}
+
 /* ---------------------------------------------------------------- hash tables */
 
 static uint64_t mix64(uint64_t x) {
@@ -729,12 +737,11 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
         p->tokens = calloc((size_t)b->n_tokens, sizeof *p->tokens);
         if (!p->tokens) oom = true;
         for (int i = 0; !oom && i < b->n_tokens; i++) {
+            const char *text = b->tokens[i].text;
             p->tokens[i] = b->tokens[i];
-            p->tokens[i].text = NULL;
+            p->tokens[i].text = text ? gram_copy_text(text, strlen(text)) : NULL;
             p->n_tokens = i + 1;
-            const size_t len = b->tokens[i].text ? strlen(b->tokens[i].text) + 1 : 0;
-            if (len && !(p->tokens[i].text = malloc(len))) oom = true;
-            else if (len) memcpy(p->tokens[i].text, b->tokens[i].text, len);
+            oom = text && !p->tokens[i].text;
         }
     }
     if (!oom && p) {
@@ -794,6 +801,14 @@ tl_status gram_failure(const char *what) {
         return tl_fail(TL_ERR_NO_MEMORY, "%s: the grammar's tables are full (%d stacks or %d states)", what, GRAM_MAX_NODES,
                        GRAM_MAX_STATES);
     return tl_fail(TL_ERR_NO_MEMORY, "%s: out of memory", what);
+}
+
+/* The token reference stack node n waits on, or NULL (a byte set, the empty stack, the
+   projection's stand-in). */
+static const gram_elem *ref_top(const gram_runtime *rt, int32_t n) {
+    if (n <= 0 || rt->nodes[n].pos < 0) return NULL;
+    const gram_elem *e = &rt->prog->elems[rt->nodes[n].pos];
+    return e->kind == GE_TOKEN ? e : NULL;
 }
 
 static int32_t intern_node(gram_runtime *rt, int32_t pos, int32_t parent) {
@@ -967,8 +982,7 @@ static int32_t intern_state(gram_runtime *rt) {
     rt->state_proj[s] = -1;
     for (size_t i = 0; i < n; i++) {
         if (m[i] == rt->esc_node && rt->esc_node > 0) rt->state_flags[s] |= 4;
-        else if (m[i] > 0 && rt->nodes[m[i]].pos >= 0 && rt->prog->elems[rt->nodes[m[i]].pos].kind == GE_TOKEN)
-            rt->state_flags[s] |= 16; /* a stack waits for a token reference */
+        else if (ref_top(rt, m[i])) rt->state_flags[s] |= 16; /* a stack waits for a token reference */
     }
     /* a collision-free insert: probe to an empty slot */
     if (!gram_hash_reserve(t)) return -1;
@@ -1072,15 +1086,15 @@ int32_t gram_advance_refs(gram_runtime *rt, int32_t state, int32_t by_bytes, int
     next_closure(rt);
     for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
         const int32_t n = rt->state_members[i];
-        if (n == 0 || n == rt->esc_node) continue;
-        const gram_elem e = p->elems[rt->nodes[n].pos];
-        if (e.kind != GE_TOKEN || !ref_takes(&p->tokens[e.arg], refs->ids[e.arg], token, refs)) continue;
+        const gram_elem *e = ref_top(rt, n);
+        if (!e || !ref_takes(&p->tokens[e->arg], refs->ids[e->arg], token, refs)) continue;
         if (!expand(rt, rt->nodes[n].pos + 1, rt->nodes[n].parent)) return -1;
     }
     if (rt->n_scratch == 0) return by_bytes;
     /* and the stacks the token's bytes led to: one state of both */
-    for (int64_t i = by_bytes > 0 ? rt->state_first[by_bytes] : 0; by_bytes > 0 && i < rt->state_first[by_bytes + 1]; i++)
-        if (!push_scratch(rt, rt->state_members[i])) return -1;
+    if (by_bytes > 0)
+        for (int64_t i = rt->state_first[by_bytes]; i < rt->state_first[by_bytes + 1]; i++)
+            if (!push_scratch(rt, rt->state_members[i])) return -1;
     return intern_state(rt);
 }
 
@@ -1093,15 +1107,13 @@ int gram_mask_refs(const gram_runtime *rt, int32_t state, const gram_token_set *
     int32_t negated = -1; /* the one token negated references leave out; -1 none left out */
     bool any_negated = false;
     for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
-        const int32_t n = rt->state_members[i];
-        if (n == 0 || n == rt->esc_node) continue;
-        const gram_elem e = p->elems[rt->nodes[n].pos];
-        if (e.kind != GE_TOKEN) continue;
-        const int32_t id = refs->ids[e.arg];
-        if (p->tokens[e.arg].negated) {
+        const gram_elem *e = ref_top(rt, rt->state_members[i]);
+        if (!e) continue;
+        const int32_t id = refs->ids[e->arg];
+        if (p->tokens[e->arg].negated) {
             negated = !any_negated || negated == id ? id : -1; /* two different ones: together, every token */
             any_negated = true;
-        } else if (id >= 0 && id < vocab_size && ref_takes(&p->tokens[e.arg], id, id, refs) && !allowed[id]) {
+        } else if (id >= 0 && id < vocab_size && id != refs->eos && !allowed[id]) { /* (ref_takes of a named one) */
             allowed[id] = 1;
             count++;
         }

@@ -36,6 +36,8 @@ static inline int gram_hex_digit(unsigned char h) {
 
 /* Grows *p to hold `need` items of `size` bytes (capacity *cap, doubled); false out of memory. */
 bool gram_grow(void **p, int *cap, int need, size_t size);
+/* A malloc'ed, NUL-terminated copy of s[0..len) (a token reference's text); NULL out of memory. */
+char *gram_copy_text(const char *s, size_t len);
 
 /* The most elements a program may have: a hostile grammar's error, not an abort. */
 #define GRAM_MAX_ELEMS (1 << 22)

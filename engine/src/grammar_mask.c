@@ -456,27 +456,25 @@ static tl_status resolve_refs(const gram_program *p, const struct tlz_tokenizer 
     if (p->n_tokens == 0) return TL_OK;
     int32_t *ids = malloc((size_t)p->n_tokens * sizeof *ids);
     if (!ids) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    for (int i = 0; i < p->n_tokens; i++) {
+    tl_status st = TL_OK;
+    for (int i = 0; i < p->n_tokens && st == TL_OK; i++) {
         const gram_token_ref *ref = &p->tokens[i];
+        char name[32]; /* the reference as written */
+        snprintf(name, sizeof name, "<[%d]>", (int)ref->id);
         ids[i] = ref->text ? tlz_token_id(tok, ref->text) : ref->id;
-        if (!ref->negated && ids[i] == eos && eos >= 0) {
-            char name[32];
-            snprintf(name, sizeof name, "<[%d]>", (int)eos);
-            const tl_status st = tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar: %s is the end of text, which no reference takes "
-                                         "(the text ends where the grammar may end)", ref->text ? ref->text : name);
-            free(ids);
-            return st;
-        }
-        if (ref->text && (ids[i] < 0 || ids[i] >= vocab_size)) {
-            free(ids);
-            return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar: %s%s is not a token of the model's vocabulary (write <[id]>, "
-                           "or the text of one token)", ref->negated ? "!" : "", ref->text);
-        }
-        if (!ref->text && ref->id >= vocab_size) {
-            free(ids);
-            return tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar: %s<[%d]> is past the model's vocabulary (%d tokens)",
-                           ref->negated ? "!" : "", (int)ref->id, vocab_size);
-        }
+        if (ref->text && (ids[i] < 0 || ids[i] >= vocab_size))
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar: %s%s is not a token of the model's vocabulary (write <[id]>, "
+                         "or the text of one token)", ref->negated ? "!" : "", ref->text);
+        else if (ids[i] >= vocab_size)
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar: %s%s is past the model's vocabulary (%d tokens)",
+                         ref->negated ? "!" : "", name, vocab_size);
+        else if (!ref->negated && eos >= 0 && ids[i] == eos)
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar: %s is the end of text, which no reference takes (the text ends "
+                         "where the grammar may end)", ref->text ? ref->text : name);
+    }
+    if (st != TL_OK) {
+        free(ids);
+        return st;
     }
     *out = ids;
     return TL_OK;

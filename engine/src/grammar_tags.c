@@ -79,11 +79,7 @@ static void add_token(writer *w, const gram_token_ref *ref) {
     gram_program *p = w->p;
     if (w->oom || !gram_grow((void **)&p->tokens, &w->cap_tokens, p->n_tokens + 1, sizeof *p->tokens)) { w->oom = true; return; }
     gram_token_ref copy = *ref;
-    if (ref->text) {
-        const size_t len = strlen(ref->text) + 1;
-        if (!(copy.text = malloc(len))) { w->oom = true; return; }
-        memcpy(copy.text, ref->text, len);
-    }
+    if (ref->text && !(copy.text = gram_copy_text(ref->text, strlen(ref->text)))) { w->oom = true; return; }
     p->tokens[p->n_tokens++] = copy;
 }
 

@@ -250,19 +250,15 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
     if (s->reasoning_forced >= 0) { /* the thinking budget is spent: reasoning_end's next id */
         s->forced_token = c->reasoning_end.tokens[s->reasoning_forced];
         /* a compiled grammar must take it (a callback grammar's advance is told, and may fail) */
-        const int32_t next = s->grammar_matcher ? gram_matcher_advance_state(s->grammar_matcher,
-                                                                             gram_matcher_state(s->grammar_matcher),
-                                                                             s->forced_token)
-                                                : 0;
-        if (next < 0) {
-            s->finished = true;
-            return gram_failure("grammar");
-        }
-        if (s->grammar_matcher && next == GRAM_DEAD) {
-            s->finished = true;
-            return tl_fail(TL_ERR_UNSUPPORTED, "the thinking budget is spent, and the grammar does not allow reasoning_end's "
-                           "id %d there (a grammar must let the reasoning block end: tl_grammar_compile_after_block)",
-                           s->forced_token);
+        if (s->grammar_matcher) {
+            const int32_t next =
+                gram_matcher_advance_state(s->grammar_matcher, gram_matcher_state(s->grammar_matcher), s->forced_token);
+            if (next < 0 || next == GRAM_DEAD) s->finished = true;
+            if (next < 0) return gram_failure("grammar");
+            if (next == GRAM_DEAD)
+                return tl_fail(TL_ERR_UNSUPPORTED, "the thinking budget is spent, and the grammar does not allow "
+                               "reasoning_end's id %d there (a grammar must let the reasoning block end: "
+                               "tl_grammar_compile_after_block)", s->forced_token);
         }
         return TL_OK;
     }
