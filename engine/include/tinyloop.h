@@ -916,6 +916,26 @@ tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, siz
 tl_status tl_grammar_matches_prefix(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
 /* Size of the compiled form (rules, elements), for diagnostics. */
 tl_status tl_grammar_rule_count(const tl_compiled_grammar *g, int *rules, int *elements);
+/* What a compiled grammar holds in memory now. Its tables (the stacks and states documents have
+   met) and cached masks grow with use; past a budget (128 MiB of tables, 64 MiB of masks per
+   vocabulary) the next matcher starts a new generation, and an old one is freed with its last
+   matcher. A cache of grammars (a server's) bounds their sum with this. */
+typedef struct tl_grammar_memory {
+    size_t program_bytes;    /* the compiled rules */
+    size_t table_bytes;      /* interned stacks, states and transitions, every live generation */
+    size_t mask_bytes;       /* cached masks, every live generation and vocabulary */
+    size_t vocab_bytes;      /* the vocabulary tries it is bound to: shared by every grammar used
+                                with the same tokenizer, so not its own */
+    size_t own_bytes;        /* program + tables + masks: what freeing the grammar (and its
+                                matchers) gives back */
+    int generations;         /* live generations of tables (1, more while old matchers run) */
+    int64_t restarts;        /* how many times the tables started a new generation */
+} tl_grammar_memory;
+tl_status tl_grammar_memory_usage(const tl_compiled_grammar *g, tl_grammar_memory *out);
+/* Gives back the memory of g's tables and cached masks now (a cache dropping g while requests
+   may still hold it): new matchers start on fresh tables; running ones keep theirs until they are
+   freed. g stays valid, and its languages do not change. */
+tl_status tl_grammar_trim(const tl_compiled_grammar *g);
 /* Fills *grammar to constrain a generation config with g. */
 void tl_grammar_use(tl_grammar *grammar, const tl_compiled_grammar *g);
 

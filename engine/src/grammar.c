@@ -1212,21 +1212,78 @@ static tl_status tables_new(const gram_program *prog, gram_tables **out) {
     return TL_OK;
 }
 
-gram_tables *gram_current_tables(tl_compiled_grammar *g) {
+/* A new generation: the current one is freed, or goes with its last matcher (under g->lock). */
+static tl_status tables_restart(tl_compiled_grammar *g) {
     gram_tables *old = g->tables, *fresh = NULL;
-    if (gram_runtime_bytes(&old->rt) <= g->table_budget) return old;
-    if (tables_new(g->prog, &fresh) != TL_OK) {
-        tl_clear_error(); /* the full tables serve on, up to their interning limits */
-        return old;
-    }
+    tl_status st = tables_new(g->prog, &fresh);
+    if (st != TL_OK) return st;
     g->tables = fresh;
     g->generations++;
-    if (old->users == 0) tables_free(old); /* else its last matcher frees it (gram_tables_leave) */
-    return fresh;
+    if (old->users == 0) {
+        tables_free(old);
+    } else { /* its last matcher frees it (gram_tables_leave) */
+        old->next = g->old_tables;
+        g->old_tables = old;
+    }
+    return TL_OK;
+}
+
+gram_tables *gram_current_tables(tl_compiled_grammar *g) {
+    if (gram_runtime_bytes(&g->tables->rt) > g->table_budget && tables_restart(g) != TL_OK)
+        tl_clear_error(); /* the full tables serve on, up to their interning limits */
+    return g->tables;
+}
+
+tl_status tl_grammar_trim(const tl_compiled_grammar *cg) {
+    tl_clear_error();
+    if (!cg) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_trim: grammar is NULL");
+    tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
+    pthread_mutex_lock(&g->lock);
+    const tl_status st = tables_restart(g);
+    pthread_mutex_unlock(&g->lock);
+    return st;
 }
 
 void gram_tables_leave(tl_compiled_grammar *g, gram_tables *t) {
-    if (--t->users == 0 && t != g->tables) tables_free(t);
+    if (--t->users > 0 || t == g->tables) return;
+    gram_tables **at = &g->old_tables;
+    while (*at != t) at = &(*at)->next;
+    *at = t->next;
+    tables_free(t);
+}
+
+static size_t program_bytes(const gram_program *p) {
+    size_t n = sizeof *p + (size_t)p->n_elems * sizeof *p->elems + (size_t)p->n_alts * sizeof *p->alt_start +
+               ((size_t)p->n_rules + 1) * sizeof *p->rule_alts + (size_t)p->n_sets * sizeof *p->sets +
+               (size_t)p->n_rules * sizeof *p->rule_names + (size_t)p->n_tokens * sizeof *p->tokens;
+    for (int i = 0; p->rule_names && i < p->n_rules; i++) n += p->rule_names[i] ? strlen(p->rule_names[i]) + 1 : 0;
+    for (int i = 0; i < p->n_tokens; i++) n += p->tokens[i].text ? strlen(p->tokens[i].text) + 1 : 0;
+    return n;
+}
+
+static void add_tables(tl_grammar_memory *m, const gram_tables *t) {
+    m->table_bytes += gram_runtime_bytes(&t->rt);
+    for (int i = 0; i < t->n_bindings; i++) m->mask_bytes += t->bindings[i].mask_bytes;
+    m->generations++;
+}
+
+tl_status tl_grammar_memory_usage(const tl_compiled_grammar *cg, tl_grammar_memory *out) {
+    tl_clear_error();
+    if (!cg || !out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_memory_usage: NULL argument");
+    tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
+    tl_grammar_memory m = {0};
+    m.program_bytes = program_bytes(g->prog);
+    pthread_mutex_lock(&g->lock);
+    add_tables(&m, g->tables);
+    for (const gram_tables *t = g->old_tables; t; t = t->next) add_tables(&m, t);
+    for (int i = 0; i < g->n_vocabs; i++) m.vocab_bytes += g->vocabs[i]->memory;
+    m.program_bytes += (size_t)g->n_vocabs * (sizeof *g->vocabs + sizeof *g->ref_ids + /* resolved references */
+                                              (size_t)g->prog->n_tokens * sizeof(int32_t));
+    m.restarts = g->generations;
+    pthread_mutex_unlock(&g->lock);
+    m.own_bytes = m.program_bytes + m.table_bytes + m.mask_bytes;
+    *out = m;
+    return TL_OK;
 }
 
 tl_status gram_wrap_program(gram_program *prog, tl_compiled_grammar **out) {
@@ -1355,7 +1412,7 @@ void tl_compiled_grammar_free(tl_compiled_grammar *g) {
     if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
     tables_free(g->tables); /* older generations went with their last matcher, which held a ref */
     for (int i = 0; i < g->n_vocabs; i++) {
-        gram_vocab_free(g->vocabs[i]);
+        gram_vocab_release(g->vocabs[i]);
         free(g->ref_ids[i]);
     }
     free(g->vocabs);

@@ -288,13 +288,22 @@ typedef struct gram_vocab {
     int32_t *order;              /* [n_ordered] token ids */
     int n_ordered;
     gram_byteset *sub_bytes;     /* [n_nodes] bytes on the edges below node i */
-    const char **bytes;          /* [vocab] token bytes; NULL: never allowed (special, empty) */
+    const char **bytes;          /* [vocab] token bytes, into `text`; NULL: never allowed (special, empty) */
     uint32_t *lens;
+    char *text;                  /* every allowed token's bytes, owned: a grammar outlives the model
+                                    (and tokenizer) it was first used with */
+    size_t memory;               /* bytes all of the above hold */
+    int refs;                    /* compiled grammars holding it (under the registry's lock) */
+    struct gram_vocab *next;     /* the registry's list */
 } gram_vocab;
 
+/* Vocabularies are shared by every compiled grammar in the process, found by fingerprint: a
+   GPT-2 trie holds about 10 MB, which each of a server's cached grammars built again before.
+   acquire finds or builds the tokenizer's (fp: its fingerprint), release drops a reference and
+   frees it with the last. */
 struct tlz_tokenizer;
-tl_status gram_vocab_build(const struct tlz_tokenizer *tok, int vocab_size, int eos, gram_vocab **out);
-void gram_vocab_free(gram_vocab *v);
+tl_status gram_vocab_acquire(const struct tlz_tokenizer *tok, int vocab_size, int eos, uint64_t fp, gram_vocab **out);
+void gram_vocab_release(gram_vocab *v);
 
 /* The masks computed against one vocabulary a compiled grammar is used with. */
 typedef struct gram_binding {
@@ -314,6 +323,7 @@ typedef struct gram_tables {
     gram_binding *bindings;      /* [n_bindings] masks for the grammar's vocabs[i] */
     int n_bindings;
     int users;                   /* matchers on these tables */
+    struct gram_tables *next;    /* an old generation: the grammar's list of them */
 } gram_tables;
 
 /* The tables' budget: past it, the next matcher (or tl_grammar_matches) starts a new
@@ -328,6 +338,7 @@ struct tl_compiled_grammar {
     pthread_mutex_t lock;        /* guards everything below, and every generation's tables */
     gram_tables *tables;         /* the current generation: new matchers start on it; an older
                                     one lives until its last matcher is freed */
+    gram_tables *old_tables;     /* those older ones (listed for tl_grammar_memory_usage) */
     gram_vocab **vocabs;         /* [n_vocabs] every vocabulary the grammar was used with */
     int32_t **ref_ids;           /* [n_vocabs][prog->n_tokens] the token references resolved in
                                     each (NULL when the program has none) */

@@ -29,8 +29,9 @@
 
 /* ---------------------------------------------------------------- the vocabulary trie */
 
-void gram_vocab_free(gram_vocab *v) {
+static void vocab_free(gram_vocab *v) {
     if (!v) return;
+    free(v->text);
     free(v->node_byte);
     free(v->sub_end);
     free(v->tok_first);
@@ -67,7 +68,7 @@ static uint64_t fingerprint(const struct tlz_tokenizer *tok, int vocab_size, int
     return h;
 }
 
-tl_status gram_vocab_build(const struct tlz_tokenizer *tok, int vocab_size, int eos, gram_vocab **out) {
+static tl_status vocab_build(const struct tlz_tokenizer *tok, int vocab_size, int eos, uint64_t fp, gram_vocab **out) {
     *out = NULL;
     gram_vocab *v = calloc(1, sizeof *v);
     tok_ref *refs = malloc(((size_t)vocab_size + 1) * sizeof *refs);
@@ -78,19 +79,31 @@ tl_status gram_vocab_build(const struct tlz_tokenizer *tok, int vocab_size, int 
     v->bytes = calloc((size_t)vocab_size + 1, sizeof *v->bytes);
     v->lens = calloc((size_t)vocab_size + 1, sizeof *v->lens);
     if (!v->bytes || !v->lens) goto oom;
-    int n = 0;
+    /* special tokens are control, not text; empty tokens would never advance the grammar */
+#define ALLOWED_TOKEN(id, b, len) \
+    (!tlz_is_special(tok, id) && tlz_token_bytes(tok, id, &(b), &(len)) == 0 && (len) > 0 && (len) <= 65535)
     size_t total = 0;
     for (int32_t id = 0; id < vocab_size; id++) {
         const char *b;
         size_t len;
-        /* special tokens are control, not text; empty tokens would never advance the grammar */
-        if (tlz_is_special(tok, id) || tlz_token_bytes(tok, id, &b, &len) != 0 || len == 0 || len > 65535) continue;
-        v->bytes[id] = b;
-        v->lens[id] = (uint32_t)len;
-        refs[n++] = (tok_ref){b, (uint32_t)len, id};
-        total += len;
+        if (ALLOWED_TOKEN(id, b, len)) total += len;
     }
-    v->fingerprint = fingerprint(tok, vocab_size, eos);
+    v->text = malloc(total + 1);
+    if (!v->text) goto oom;
+    int n = 0;
+    size_t at = 0;
+    for (int32_t id = 0; id < vocab_size; id++) {
+        const char *b;
+        size_t len;
+        if (!ALLOWED_TOKEN(id, b, len)) continue;
+        memcpy(v->text + at, b, len);
+        v->bytes[id] = v->text + at;
+        v->lens[id] = (uint32_t)len;
+        refs[n++] = (tok_ref){v->text + at, (uint32_t)len, id};
+        at += len;
+    }
+#undef ALLOWED_TOKEN
+    v->fingerprint = fp;
     qsort(refs, (size_t)n, sizeof *refs, by_bytes);
     const size_t max_nodes = total + 1;
     v->node_byte = malloc(max_nodes);
@@ -133,13 +146,51 @@ tl_status gram_vocab_build(const struct tlz_tokenizer *tok, int vocab_size, int 
         }
     free(refs);
     free(path);
+    v->memory = sizeof *v + total + 1 + ((size_t)vocab_size + 1) * (sizeof *v->bytes + sizeof *v->lens) +
+                (total + 1) * (sizeof *v->node_byte + sizeof *v->sub_end) +
+                ((size_t)n_nodes + 1) * sizeof *v->tok_first + ((size_t)n + 1) * sizeof *v->order +
+                (size_t)n_nodes * sizeof *v->sub_bytes;
     *out = v;
     return TL_OK;
 oom:
     free(refs);
     free(path);
-    gram_vocab_free(v);
+    vocab_free(v);
     return tl_fail(TL_ERR_NO_MEMORY, "out of memory building the vocabulary trie");
+}
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER; /* innermost: taken under a grammar's lock */
+static gram_vocab *registry;
+
+tl_status gram_vocab_acquire(const struct tlz_tokenizer *tok, int vocab_size, int eos, uint64_t fp, gram_vocab **out) {
+    tl_status st = TL_OK;
+    pthread_mutex_lock(&registry_lock);
+    gram_vocab *v = registry;
+    while (v && !(v->fingerprint == fp && v->vocab_size == vocab_size)) v = v->next;
+    if (!v) { /* (built under the lock: a second thread on the same tokenizer waits for this one) */
+        st = vocab_build(tok, vocab_size, eos, fp, &v);
+        if (st == TL_OK) {
+            v->next = registry;
+            registry = v;
+        }
+    }
+    if (st == TL_OK) v->refs++;
+    pthread_mutex_unlock(&registry_lock);
+    *out = st == TL_OK ? v : NULL;
+    return st;
+}
+
+void gram_vocab_release(gram_vocab *v) {
+    if (!v) return;
+    pthread_mutex_lock(&registry_lock);
+    const bool last = --v->refs == 0;
+    if (last) {
+        gram_vocab **at = &registry;
+        while (*at != v) at = &(*at)->next;
+        *at = v->next;
+    }
+    pthread_mutex_unlock(&registry_lock);
+    if (last) vocab_free(v);
 }
 
 /* ---------------------------------------------------------------- masks */
@@ -492,7 +543,7 @@ static tl_status vocab_for(tl_compiled_grammar *g, const struct tlz_tokenizer *t
     tl_status st = resolve_refs(g->prog, tok, vocab_size, eos, &ref_ids);
     if (st != TL_OK) return st;
     gram_vocab *v;
-    st = gram_vocab_build(tok, vocab_size, eos, &v);
+    st = gram_vocab_acquire(tok, vocab_size, eos, fp, &v);
     if (st != TL_OK) {
         free(ref_ids);
         return st;
@@ -502,7 +553,7 @@ static tl_status vocab_for(tl_compiled_grammar *g, const struct tlz_tokenizer *t
     int32_t **r = q ? realloc(g->ref_ids, ((size_t)g->n_vocabs + 1) * sizeof *r) : NULL;
     if (r) g->ref_ids = r;
     if (!q || !r) {
-        gram_vocab_free(v);
+        gram_vocab_release(v);
         free(ref_ids);
         return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     }

@@ -402,6 +402,17 @@ void tl_compiled_grammar_free(tl_compiled_grammar *g);
 tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
 tl_status tl_grammar_matches_prefix(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
 tl_status tl_grammar_rule_count(const tl_compiled_grammar *g, int *rules, int *elements);
+typedef struct tl_grammar_memory {
+    size_t program_bytes;
+    size_t table_bytes;
+    size_t mask_bytes;
+    size_t vocab_bytes;
+    size_t own_bytes;
+    int generations;
+    int64_t restarts;
+} tl_grammar_memory;
+tl_status tl_grammar_memory_usage(const tl_compiled_grammar *g, tl_grammar_memory *out);
+tl_status tl_grammar_trim(const tl_compiled_grammar *g);
 void tl_grammar_use(tl_grammar *grammar, const tl_compiled_grammar *g);
 typedef struct tl_grammar_matcher tl_grammar_matcher;
 tl_status tl_grammar_matcher_new(const tl_compiled_grammar *g, const tl_model *model, tl_grammar_matcher **out);

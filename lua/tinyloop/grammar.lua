@@ -273,6 +273,25 @@ function Grammar:matches_prefix(text)
     return m[0] == 1
 end
 
+-- What the grammar holds in memory now (tinyloop.h's tl_grammar_memory_usage): program_bytes,
+-- table_bytes, mask_bytes, vocab_bytes (tries shared by every grammar on a tokenizer),
+-- own_bytes (program + tables + masks), generations (live) and restarts.
+local usage_out = ffi.new("tl_grammar_memory[1]")
+function Grammar:memory()
+    if C.tl_grammar_memory_usage(self.ptr, usage_out) ~= 0 then return nil, last_error() end
+    local u = usage_out[0]
+    return { program_bytes = tonumber(u.program_bytes), table_bytes = tonumber(u.table_bytes),
+             mask_bytes = tonumber(u.mask_bytes), vocab_bytes = tonumber(u.vocab_bytes), own_bytes = tonumber(u.own_bytes),
+             generations = u.generations, restarts = tonumber(u.restarts) }
+end
+
+-- Gives back the memory of the grammar's tables and cached masks now (tl_grammar_trim): for a
+-- cache that drops a grammar sessions may still use. true, or nil, err.
+function Grammar:trim()
+    if C.tl_grammar_trim(self.ptr) ~= 0 then return nil, last_error() end
+    return true
+end
+
 -- The GBNF text the grammar was compiled from (a schema's or a pattern's generated grammar);
 -- nil for one built from other grammars (after, tags).
 function Grammar:gbnf() return self.source end

@@ -1167,14 +1167,96 @@ static void test_table_generations(tl_model *m) {
     tl_grammar_matcher *late = NULL, *twin = NULL;
     CHECK(tl_grammar_matcher_new(g, m, &late) == TL_OK && late->tables == g->tables, "%s", tl_last_error());
     CHECK(gram_matcher_clone(early, &twin) == TL_OK && twin->tables == first && first->users == 2, "clone's tables");
+    tl_grammar_memory usage;
+    CHECK(tl_grammar_memory_usage(g, &usage) == TL_OK && usage.generations == 2 && usage.restarts == g->generations &&
+              usage.table_bytes >= gram_runtime_bytes(&g->tables->rt) + gram_runtime_bytes(&first->rt),
+          "memory usage with an old generation: %d generations, %zu table bytes", usage.generations, usage.table_bytes);
     tl_grammar_matcher_free(early); /* the old generation stays for the twin... */
     const int32_t state = gram_matcher_state(twin);
     CHECK(first->users == 1 && tl_grammar_matcher_is_accepting(twin) && state > 0, "the twin lost its tables");
     tl_grammar_matcher_free(twin); /* ...and goes with it (ASan: no leak, no use after free) */
+    CHECK(tl_grammar_memory_usage(g, &usage) == TL_OK && usage.generations == 1 &&
+              usage.table_bytes == gram_runtime_bytes(&g->tables->rt),
+          "memory usage after the old generation went: %d generations", usage.generations);
     for (int i = 0; late && i < n_ids; i++) CHECK(tl_grammar_matcher_accept(late, ids[i]) == TL_OK, "%s", tl_last_error());
     CHECK(late && tl_grammar_matcher_is_accepting(late), "the late matcher refused the document");
     tl_grammar_matcher_free(late);
     tl_free(ids);
+    tl_compiled_grammar_free(g);
+}
+
+/* A grammar outlives the model it was first used with: its vocabulary trie owns the token bytes
+   (it pointed into the freed tokenizer, read again by a reloaded model of the same tokenizer).
+   Tries are shared by the grammars used with one tokenizer; memory usage counts what a grammar
+   holds. */
+static void test_outlives_model(const char *dir) {
+    tl_compiled_grammar *g = compile("root ::= [a-z ]+ \".\"\n"), *other = compile("root ::= \"x\"+\n");
+    tl_grammar_memory fresh, used, other_usage;
+    CHECK(g && tl_grammar_memory_usage(g, &fresh) == TL_OK && fresh.program_bytes > 0 && fresh.vocab_bytes == 0 &&
+              fresh.generations == 1 && fresh.restarts == 0 &&
+              fresh.own_bytes == fresh.program_bytes + fresh.table_bytes + fresh.mask_bytes,
+          "a fresh grammar's memory usage");
+    CHECK(tl_grammar_memory_usage(NULL, &fresh) == TL_ERR_INVALID_ARGUMENT && tl_grammar_memory_usage(g, NULL) == TL_ERR_INVALID_ARGUMENT,
+          "memory usage of NULL");
+    uint8_t *first = NULL, *again = NULL;
+    int vocab = 0;
+    for (int round = 0; round < 2 && g && other; round++) {
+        tl_model *m = NULL;
+        if (tl_model_load(dir, NULL, &m) != TL_OK) { CHECK(0, "load %s: %s", dir, tl_last_error()); break; }
+        vocab = tl_model_info(m)->vocab_size;
+        uint8_t *allowed = calloc((size_t)vocab, 1);
+        tl_grammar_matcher *mt = NULL, *other_mt = NULL;
+        CHECK(tl_grammar_matcher_new(g, m, &mt) == TL_OK && tl_grammar_matcher_new(other, m, &other_mt) == TL_OK, "%s",
+              tl_last_error());
+        int32_t *ids = NULL;
+        int n_ids = 0, count = 0;
+        CHECK(tl_encode(m, "it is a truth", 13, &ids, &n_ids) == TL_OK, "%s", tl_last_error());
+        for (int i = 0; mt && i < n_ids; i++) CHECK(tl_grammar_matcher_accept(mt, ids[i]) == TL_OK, "%s", tl_last_error());
+        CHECK(mt && tl_grammar_matcher_mask(mt, allowed, vocab, &count) == TL_OK && count > 0, "%s", tl_last_error());
+        if (round == 0) {
+            first = allowed;
+            CHECK(mt && other_mt && mt->vocab == other_mt->vocab, "two grammars on one tokenizer built two tries");
+            CHECK(tl_grammar_memory_usage(g, &used) == TL_OK && tl_grammar_memory_usage(other, &other_usage) == TL_OK,
+                  "%s", tl_last_error());
+            CHECK(used.vocab_bytes > (size_t)vocab && used.vocab_bytes == other_usage.vocab_bytes &&
+                      used.table_bytes > fresh.table_bytes && used.mask_bytes > 0 &&
+                      used.own_bytes == used.program_bytes + used.table_bytes + used.mask_bytes,
+                  "memory usage after use: vocab %zu (other %zu), tables %zu (fresh %zu), masks %zu", used.vocab_bytes,
+                  other_usage.vocab_bytes, used.table_bytes, fresh.table_bytes, used.mask_bytes);
+        } else {
+            again = allowed;
+        }
+        if (round == 0) { /* trimmed, g keeps the running matcher's generation until it goes */
+            uint8_t *after_trim = calloc((size_t)vocab, 1);
+            tl_grammar_memory trimmed;
+            CHECK(tl_grammar_trim(g) == TL_OK && tl_grammar_memory_usage(g, &trimmed) == TL_OK && trimmed.generations == 2 &&
+                      trimmed.restarts == used.restarts + 1,
+                  "trimmed with a matcher running: %d generations", trimmed.generations);
+            CHECK(after_trim && tl_grammar_matcher_mask(mt, after_trim, vocab, &count) == TL_OK &&
+                      memcmp(after_trim, allowed, (size_t)vocab) == 0,
+                  "the running matcher's mask changed with the trim");
+            free(after_trim);
+            tl_grammar_matcher_free(mt);
+            mt = NULL;
+            CHECK(tl_grammar_memory_usage(g, &trimmed) == TL_OK && trimmed.generations == 1 && trimmed.mask_bytes == 0 &&
+                      trimmed.table_bytes == fresh.table_bytes,
+                  "after the trim and the matcher: %d generations, %zu mask bytes, %zu table bytes (fresh %zu)",
+                  trimmed.generations, trimmed.mask_bytes, trimmed.table_bytes, fresh.table_bytes);
+            CHECK(tl_grammar_trim(NULL) == TL_ERR_INVALID_ARGUMENT, "trim of NULL");
+        }
+        tl_free(ids);
+        tl_grammar_matcher_free(mt);
+        tl_grammar_matcher_free(other_mt);
+        if (round == 0) { /* the other grammar goes first; the trie stays with g */
+            tl_compiled_grammar_free(other);
+            other = compile("root ::= \"x\"+\n");
+        }
+        tl_model_free(m);
+    }
+    CHECK(first && again && memcmp(first, again, (size_t)vocab) == 0, "the mask after the model was reloaded differs");
+    free(first);
+    free(again);
+    tl_compiled_grammar_free(other);
     tl_compiled_grammar_free(g);
 }
 
@@ -1415,6 +1497,7 @@ int main(int argc, char **argv) {
         test_tags(m);
         tl_model_free(m);
     } else CHECK(0, "load %s: %s", dir, tl_last_error());
+    test_outlives_model(dir);
     snprintf(dir, sizeof dir, "%s/tests/data/gpt2/tokenizer.json", root_dir);
     tlz_tokenizer *gpt2 = NULL;
     char err[256] = "";

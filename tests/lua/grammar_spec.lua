@@ -175,6 +175,22 @@ describe("tinyloop.grammar", function()
         assert.is_false(g:matches_prefix("x"))
         assert.has_error(function() g:matches_prefix(5) end, "grammar:matches_prefix: text must be a string")
     end)
+    it("reports the memory it holds (grammar:memory)", function()
+        local g = assert(G.gbnf('root ::= "{" [a-z]* "}"'))
+        local fresh = assert(g:memory())
+        assert.is_true(fresh.program_bytes > 0 and fresh.table_bytes > 0)
+        assert.same({ 0, 0, 1, 0 }, { fresh.mask_bytes, fresh.vocab_bytes, fresh.generations, fresh.restarts })
+        assert.equal(fresh.program_bytes + fresh.table_bytes + fresh.mask_bytes, fresh.own_bytes)
+        -- matching documents interns their states: the tables grow
+        for i = 1, 50 do assert.is_true(g:matches("{" .. ("abcdefghij"):sub(1, i % 10) .. "}")) end
+        assert.is_true(g:memory().table_bytes >= fresh.table_bytes)
+        -- trimmed, it holds what a fresh one does, and matches as before
+        assert.is_true(g:trim())
+        local trimmed = g:memory()
+        assert.same({ fresh.table_bytes, 1, 1 }, { trimmed.table_bytes, trimmed.generations, trimmed.restarts })
+        assert.is_true(g:matches("{abc}"))
+        assert.is_false(g:matches("{abc"))
+    end)
     it("opens grammars from free text at triggers (grammar.tags)", function()
         local digit = assert(G.gbnf('root ::= "{" [0-9] "}"'))
         local g = assert(G.tags({ { begin = "<f=a>", content = digit, ["end"] = "</f>" },
@@ -262,6 +278,10 @@ describe("cfg.grammar with a compiled grammar", function()
         local s = austen:session(P, { grammar = yes, max_tokens = 8 })
         local id = s:step()
         assert.is_number(id)
+        -- used with the model, a grammar holds masks and a vocabulary trie shared by grammars
+        local used, other = assert(json:memory()), assert(yes:memory())
+        assert.is_true(used.mask_bytes > 0 and used.vocab_bytes > 0, "masks " .. used.mask_bytes)
+        assert.equal(used.vocab_bytes, other.vocab_bytes)
     end)
     it("makes greedy chain and tree speculative decoding equal plain decoding", function()
         local cfg = { grammar = json, max_tokens = 60, loops = 4 }

@@ -56,7 +56,8 @@ local function with_nginx(bin, pre, conf, port, fn)
     local base = "http://127.0.0.1:" .. port
     local up = false
     for _ = 1, 300 do
-        if curl(base .. "/health") == 200 then up = true break end
+        local status = curl(base .. "/health")
+        if status == 200 or status == 503 then up = true break end -- (503: a worker that refused its config)
         os.execute("sleep 0.1")
     end
     local ok, err = pcall(function()
@@ -3051,6 +3052,40 @@ describe("server with two workers", function()
         end)
     end)
 
+    it("keeps its compiled grammars within grammar_cache_mb, the least recently used going first", function()
+        -- scripts/serve's config, one worker whose cache may hold no memory: it keeps only the
+        -- grammar in hand, and each new one evicts the one before
+        with_one_worker_copy("grammar-cache", "grammar_cache_mb = %d+,", "grammar_cache_mb = 0,", function(b3)
+            local function complete(word)
+                local status, body = curl("-H 'Content-Type: application/json' --data-binary " ..
+                                          quote(cjson.encode({ prompt = "It is", max_tokens = 3, grammar = ('root ::= "%s"+'):format(word:rep(3)) })) ..
+                                          " " .. b3 .. "/v1/completions")
+                assert.equal(200, status, body)
+                assert.equal(word:rep(3), cjson.decode(body).choices[1].text:sub(1, 3 * #word))
+            end
+            local function cache()
+                local _, text = curl(b3 .. "/metrics")
+                return { metric(text, 'tinyloop_grammar_cache_grammars{worker="0"}'), metric(text, 'tinyloop_grammar_cache_evictions_total{worker="0"}') },
+                       metric(text, 'tinyloop_grammar_cache_bytes{worker="0"}')
+            end
+            complete("a")
+            local counts, bytes = cache()
+            assert.same({ 1, 0 }, counts)
+            assert.is_true(bytes > 0, tostring(bytes)) -- (its tables and the masks its tokens needed)
+            complete("b")
+            complete("c")
+            assert.same({ 1, 2 }, (cache()))
+            complete("a") -- evicted, so compiled again: the same answer
+            assert.same({ 1, 3 }, (cache()))
+        end)
+        -- a budget that is not a number of MB: the worker says so, and serves nothing
+        with_one_worker_copy("grammar-cache-bad", "grammar_cache_mb = %d+,", 'grammar_cache_mb = "lots",', function(b3)
+            local status, body = curl(b3 .. "/health")
+            assert.equal(503, status, body)
+            assert.truthy(body:find("grammar_cache_mb must be a number >= 0, got lots", 1, true), body)
+        end)
+    end)
+
     it("answers a thinking model's reasoning as reasoning_content, blocking and streamed alike", function()
         local m = assert(tinyloop.load(MODEL, { kv_type = "f16" }))
         -- -> reasoning, content, token ids (cjson.null where a field is absent)
@@ -3393,6 +3428,7 @@ describe("scripts/serve options", function()
                                   ["--workers 0"] = "--workers must be at least 1", ["--max-active 0"] = "--max-active must be at least 1",
                                   ["--embed-jobs 0"] = "--embed-jobs must be at least 1", ["--embed-jobs x"] = "got 'x'",
                                   ["--step-rows -1"] = "--step-rows must be a non-negative integer, got '-1'",
+                                  ["--grammar-cache-mb 1.5"] = "--grammar-cache-mb must be a non-negative integer, got '1.5'",
                                   ["--max-active 8 --step-rows 8"] = "--step-rows must be 0 or more than --max-active (8), got 8",
                                   ["--reasoning-format think"] = "--reasoning-format must be auto, deepseek or none, got 'think'" }) do
             out = sh("TMPDIR=" .. dir .. " scripts/serve " .. args .. " 2>&1; echo \"exit $?\"")

@@ -66,6 +66,8 @@ local conf = {
     engine_nice = 5,          -- compute threads this much nicer than the event loop (0: as is)
     prefix_pool_mb = 128,     -- per worker: K/V of recent prompts, reused by requests that start
                               -- with one (chat turns resend the conversation); 0 = none
+    grammar_cache_mb = 256,   -- per worker: memory the cached compiled grammars (grammar, JSON
+                              -- Schema, regex, choice) may hold; the least recently used go first
     chat_template = nil,      -- a Jinja file for /v1/chat/completions; default: the model's own
                               -- (tinyloop.chat.load), else a plain built-in one
     reasoning_format = "auto", -- a thinking model's <think> block as reasoning_content (tinyloop.
@@ -150,7 +152,9 @@ local counters = ffi_new("tl_engine_counters")
 local function publish()
     if not engine then return end
     C.tl_engine_get_counters(engine, counters)
-    metrics.publish_engine(ngx.worker.id(), counters, model:memory())
+    local mem = model:memory()
+    mem.grammar_cache_grammars, mem.grammar_cache_bytes, mem.grammar_cache_evictions = request.grammar_cache_stats()
+    metrics.publish_engine(ngx.worker.id(), counters, mem)
 end
 
 -- The worker's threads (ids), from /proc (Linux); {} elsewhere.
@@ -203,6 +207,12 @@ function _M.init_worker()
         return
     end
     if conf.prefix_pool_mb > 0 then m:set_prefix_pool(math.floor(conf.prefix_pool_mb * 1048576)) end
+    if type(conf.grammar_cache_mb) ~= "number" or not (conf.grammar_cache_mb >= 0) then
+        model_error = "grammar_cache_mb must be a number >= 0, got " .. tostring(conf.grammar_cache_mb)
+        ngx_log(ngx.ERR, "tinyloop: ", model_error)
+        return
+    end
+    request.set_grammar_cache_budget(conf.grammar_cache_mb * 1048576)
     local o = ffi_new("tl_engine_options")
     C.tl_engine_options_init(o)
     o.max_active, o.max_queued = conf.max_active, conf.max_queued

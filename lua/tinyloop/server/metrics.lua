@@ -20,8 +20,10 @@ local ENGINE_FIELDS = { "active", "queued", "submitted", "finished", "cancelled"
                         "iterations", "rows", "steps_after_cancel", "waiter_wakeups",
                         "partial_prefills" }
 
--- mem: the worker's model:memory() (its KV pages in use and kept, its weights).
-local MEMORY_FIELDS = { "kv_bytes", "kv_spare_bytes", "weight_bytes" }
+-- mem: the worker's model:memory() (its KV pages in use and kept, its weights) and its grammar
+-- cache (request.grammar_cache_stats).
+local MEMORY_FIELDS = { "kv_bytes", "kv_spare_bytes", "weight_bytes", "grammar_cache_grammars", "grammar_cache_bytes",
+                        "grammar_cache_evictions" }
 function _M.publish_engine(worker, c, mem)
     local prefix = "engine:" .. worker .. ":"
     for i = 1, #ENGINE_FIELDS do
@@ -157,6 +159,14 @@ function _M.render(responses_store)
             add('tinyloop_engine_memory_bytes{worker="%s",kind="kv_spare"} %d\n', w, get(w, "kv_spare_bytes"))
             add('tinyloop_engine_memory_bytes{worker="%s",kind="weights"} %d\n', w, get(w, "weight_bytes"))
         end)
+    series("tinyloop_grammar_cache_grammars", "gauge", "Compiled grammars each worker keeps for requests that send them again.",
+        function(w) add('tinyloop_grammar_cache_grammars{worker="%s"} %d\n', w, get(w, "grammar_cache_grammars")) end)
+    series("tinyloop_grammar_cache_bytes", "gauge",
+        "Memory the cached grammars of each worker hold: tables and masks, which grow with use (grammar_cache_mb bounds it).",
+        function(w) add('tinyloop_grammar_cache_bytes{worker="%s"} %d\n', w, get(w, "grammar_cache_bytes")) end)
+    series("tinyloop_grammar_cache_evictions_total", "counter",
+        "Grammars each worker dropped from its cache (the least recently used, past 64 grammars or grammar_cache_mb).",
+        function(w) add('tinyloop_grammar_cache_evictions_total{worker="%s"} %d\n', w, get(w, "grammar_cache_evictions")) end)
     -- A series with one engine counter per worker.
     local function counter(name, help, field)
         series(name, "counter", help, function(w) add('%s{worker="%s"} %d\n', name, w, get(w, field)) end)

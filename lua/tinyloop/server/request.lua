@@ -356,19 +356,77 @@ end
 
 -- Compiled grammars by source, so that the clients that send the same grammar or schema
 -- again (the usual case) do not pay its compilation on the event loop each time. Grammars
--- are immutable and shared safely by any number of sessions. Bounded: emptied when full.
+-- are immutable and shared safely by any number of sessions.
+-- Bounded twice: at most CACHE_MAX grammars, and at most grammar_cache_bytes of memory held by
+-- them. A grammar's tables and cached masks grow with the documents it meets (up to about
+-- 200 MB each: tinyloop.h's tl_grammar_memory), so 64 busy grammars could hold gigabytes. The
+-- least recently used go first, never the one in hand; a grammar that goes is trimmed (its
+-- tables and masks freed at once: sessions still using it keep their own generation), since
+-- the Lua collector does not see that memory and may keep the object for long.
 local CACHE_MAX = 64
-local cache, cached = {}, 0
-local function compiled(key, compile, source)
-    local g = cache[key]
-    if g then return g end
-    local err
-    g, err = compile(source)
-    if not g then return nil, err end
-    if cached >= CACHE_MAX then cache, cached = {}, 0 end
-    cache[key], cached = g, cached + 1
-    return g
+local cache_budget = 256 * 1048576
+local cache, cached = {}, 0 -- source key -> { grammar, used = the lookup count when last used }
+local lookups, evictions, cache_bytes = 0, 0, 0
+local after_cache = setmetatable({}, { __mode = "k" }) -- (after_reasoning's, below: held with their grammar)
+
+-- What g and its variants around a reasoning block hold (not the vocabulary tries, which every
+-- grammar on the model shares).
+local function held_bytes(g)
+    local usage = g:memory()
+    local bytes = usage and usage.own_bytes or 0
+    for _, wrapped in pairs(after_cache[g] or {}) do
+        usage = wrapped:memory()
+        bytes = bytes + (usage and usage.own_bytes or 0)
+    end
+    return bytes
 end
+
+local function evict(key)
+    local g = cache[key].grammar
+    cache[key], cached, evictions = nil, cached - 1, evictions + 1
+    g:trim()
+    for _, wrapped in pairs(after_cache[g] or {}) do wrapped:trim() end
+    after_cache[g] = nil
+end
+
+-- Evicts the least recently used grammars until the cache is within both bounds (keep stays).
+local function bound(keep)
+    local entries, total = {}, 0
+    for key, entry in pairs(cache) do
+        entry.bytes = held_bytes(entry.grammar)
+        total = total + entry.bytes
+        if key ~= keep then entries[#entries + 1] = key end
+    end
+    if cached > CACHE_MAX or total > cache_budget then
+        table.sort(entries, function(a, b) return cache[a].used < cache[b].used end)
+        for _, key in ipairs(entries) do
+            if cached <= CACHE_MAX and total <= cache_budget then break end
+            total = total - cache[key].bytes
+            evict(key)
+        end
+    end
+    cache_bytes = total
+end
+
+local function compiled(key, compile, source)
+    lookups = lookups + 1
+    local entry = cache[key]
+    if not entry then
+        local g, err = compile(source)
+        if not g then return nil, err end
+        entry = { grammar = g }
+        cache[key], cached = entry, cached + 1
+    end
+    entry.used = lookups
+    bound(key)
+    return entry.grammar
+end
+
+-- The server's configure{ grammar_cache_mb }.
+function _M.set_grammar_cache_budget(bytes) cache_budget = bytes end
+-- For /metrics: the cached grammars, the bytes they held at the last lookup, and how many were
+-- evicted so far.
+function _M.grammar_cache_stats() return cached, cache_bytes, evictions end
 
 local SCHEMA_KEYS = { schema = "object", name = "string", description = "string", strict = "boolean" }
 
@@ -388,8 +446,7 @@ local function gbnf_grammar(text, P, what)
 end
 
 -- A thinking model's grammar around g (tinyloop.reasoning.grammar: opened, own), cached per
--- grammar object (which may leave the cache above first).
-local after_cache = setmetatable({}, { __mode = "k" })
+-- grammar object (after_cache, above: counted with g and trimmed with it).
 function _M.after_reasoning(g, opened, own)
     local variants = after_cache[g]
     if not variants then
