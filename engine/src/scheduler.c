@@ -5,7 +5,9 @@
  * Locking: `mu` guards every field of the engine and of its requests except the running
  * sessions themselves, which only the engine thread touches (it steps them without the
  * lock, so a slow forward pass never blocks a reader). A request's buffers are written by
- * the engine thread and swapped out by readers, both under `mu`.
+ * the engine thread and swapped out by readers, both under `mu`. Sessions that end, and
+ * cancelled requests, are unlinked under `mu` but freed after it is released (freeing a
+ * session's pages and matcher took 0.1-0.5 ms, during which every read and wait stalled).
  * Requests are found by id (a linear scan: there are at most max_active + max_queued plus
  * a few finished-but-unread ones), so a waiter never holds a request pointer while it
  * sleeps, and cancel can free a finished request at once.
@@ -16,7 +18,7 @@
  * stops. Why not one broadcast per step: it woke every waiting thread on every step, the
  * waiters of queued requests included (with max_queued = 32, dozens of threads per token
  * that find nothing and sleep again, each a context switch on the cores the step needs).
- * A waiter's node is touched only under `mu`; a request that goes away (remove_request)
+ * A waiter's node is touched only under `mu`; a request that goes away (unlink_request)
  * signals and unlinks its waiters first, so no node outlives its wait. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -95,6 +97,10 @@ struct tl_engine {
     const char **pieces;         /* each session's new text (tl_session_text) */
     size_t *piece_lens;
     token_logprobs *logprobs;    /* each session's token's, where its request asked */
+    tl_session **retired_sessions; /* [2 * max_active] ended, to free once mu is released */
+    int n_retired_sessions;
+    request **retired_requests;  /* [max_active] cancelled while running, likewise */
+    int n_retired_requests;
 };
 
 void tl_engine_options_init(tl_engine_options *opts) {
@@ -140,15 +146,17 @@ static void free_buffer(buffer *b) {
 #define FREED_WHILE_HELD "the session was freed (tl_session_free) while the engine held it: its request ends here"
 
 static void free_request(request *r) {
+    if (!r) return;
     tl_session_release_claimed(r->session);
     free_buffer(&r->pending);
     free_buffer(&r->given);
     free(r);
 }
 
-/* Unlinks and frees r (under mu; r's session is no longer stepping). Its waiters wake, find
-   the id gone and return -1; their nodes are theirs again. */
-static void remove_request(tl_engine *e, request *r) {
+/* Unlinks r (under mu; r's session is no longer stepping): the caller frees it (free_request)
+   once mu is released. Its waiters wake, find the id gone and return -1; their nodes are
+   theirs again. */
+static void unlink_request(tl_engine *e, request *r) {
     wake(r);
     r->waiters = NULL;
     for (int i = 0; i < e->n_reqs; i++) {
@@ -158,7 +166,6 @@ static void remove_request(tl_engine *e, request *r) {
             break;
         }
     }
-    free_request(r);
 }
 
 /* Appends a step's text and token (-1: none) to b; `lp` (NULL: the request asked for none)
@@ -209,7 +216,9 @@ static bool append(buffer *b, const char *text, size_t len, int32_t token, const
 static void finish(tl_engine *e, request *r, tl_stop_reason stop, tl_status status, const char *error) {
     if (error) snprintf(r->error, sizeof r->error, "%s", error);
     r->stats = *tl_session_stats(r->session);
-    tl_session_release_claimed(r->session); /* its KV cache goes now, not when the caller reads */
+    /* its KV cache goes now, not when the caller reads: after mu is released (free_retired) */
+    if (e->n_retired_sessions < 2 * e->opts.max_active) e->retired_sessions[e->n_retired_sessions++] = r->session;
+    else tl_session_release_claimed(r->session); /* (more freed-while-queued ones than places: now) */
     r->session = NULL;
     r->state = TL_ENGINE_FINISHED;
     r->stop_reason = stop;
@@ -221,7 +230,15 @@ static void finish(tl_engine *e, request *r, tl_stop_reason stop, tl_status stat
 
 static void free_engine_arrays(tl_engine *e) {
     free(e->run), free(e->sessions), free(e->tokens), free(e->stops), free(e->statuses), free(e->pieces);
-    free(e->piece_lens), free(e->logprobs);
+    free(e->piece_lens), free(e->logprobs), free(e->retired_sessions), free(e->retired_requests);
+}
+
+/* The engine thread, without mu: frees the sessions that ended and the requests cancelled
+   since it last held it (finish, and the top of its loop). */
+static void free_retired(tl_engine *e) {
+    for (int i = 0; i < e->n_retired_sessions; i++) tl_session_release_claimed(e->retired_sessions[i]);
+    for (int i = 0; i < e->n_retired_requests; i++) free_request(e->retired_requests[i]);
+    e->n_retired_sessions = e->n_retired_requests = 0;
 }
 
 static bool alloc_engine_arrays(tl_engine *e) {
@@ -234,7 +251,10 @@ static bool alloc_engine_arrays(tl_engine *e) {
     e->pieces = calloc(cap, sizeof *e->pieces);
     e->piece_lens = calloc(cap, sizeof *e->piece_lens);
     e->logprobs = calloc(cap, sizeof *e->logprobs);
-    return e->run && e->sessions && e->tokens && e->stops && e->statuses && e->pieces && e->piece_lens && e->logprobs;
+    e->retired_sessions = calloc(2 * cap, sizeof *e->retired_sessions);
+    e->retired_requests = calloc(cap, sizeof *e->retired_requests);
+    return e->run && e->sessions && e->tokens && e->stops && e->statuses && e->pieces && e->piece_lens && e->logprobs &&
+           e->retired_sessions && e->retired_requests;
 }
 
 static void *engine_main(void *arg) {
@@ -260,7 +280,8 @@ static void *engine_main(void *arg) {
             request *r = run[i];
             if (r->cancelled) {
                 e->c.active--;
-                remove_request(e, r);
+                unlink_request(e, r);
+                e->retired_requests[e->n_retired_requests++] = r; /* (at most one per place) */
             } else if (r->state == TL_ENGINE_RUNNING) {
                 run[kept++] = r;
             } /* else finished: it left the batch, the request waits for its reader */
@@ -283,11 +304,18 @@ static void *engine_main(void *arg) {
         /* (Admission wakes nobody: a wait returns for output, a finish or a cancel, and the
            handler learns "running" from its first read.) */
         if (n_run == 0) {
+            if (e->n_retired_sessions + e->n_retired_requests > 0) { /* freed first: the wait may be long */
+                pthread_mutex_unlock(&e->mu);
+                free_retired(e);
+                pthread_mutex_lock(&e->mu);
+                continue;
+            }
             pthread_cond_wait(&e->work, &e->mu);
             continue;
         }
         for (int i = 0; i < n_run; i++) sessions[i] = run[i]->session;
         pthread_mutex_unlock(&e->mu);
+        free_retired(e);
         /* Chunked prefill: prompts get what the running requests' rows leave of step_rows (at
            least one row: step_rows > max_active), so that an iteration is one forward pass of
            TL_FORWARD_CHUNK rows with the defaults, not a full one and a nearly empty one. */
@@ -349,6 +377,7 @@ static void *engine_main(void *arg) {
     }
     /* Stopping: the running sessions are freed with their requests by tl_engine_free. */
     pthread_mutex_unlock(&e->mu);
+    free_retired(e);
     return NULL;
 }
 
@@ -530,7 +559,7 @@ int tl_engine_wait(tl_engine *e, uint64_t id, int timeout_ms) {
         r->waiters = &self;
         int rc = pthread_cond_timedwait(&self.cond, &e->mu, &deadline);
         e->c.waiter_wakeups++;
-        r = find(e, id); /* gone: remove_request unlinked every node already */
+        r = find(e, id); /* gone: unlink_request unlinked every node already */
         for (waiter **p = r ? &r->waiters : NULL; p && *p; p = &(*p)->next)
             if (*p == &self) { *p = self.next; break; }
         if (rc == ETIMEDOUT) {
@@ -584,14 +613,16 @@ tl_status tl_engine_read(tl_engine *e, uint64_t id, tl_engine_update *u) {
 void tl_engine_cancel(tl_engine *e, uint64_t id) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
-    request *r = find(e, id);
+    request *r = find(e, id), *gone = NULL;
     if (r && !r->cancelled) {
         if (r->state == TL_ENGINE_FINISHED) {
-            remove_request(e, r);
+            unlink_request(e, r);
+            gone = r;
         } else if (r->state == TL_ENGINE_QUEUED) {
             e->c.queued--;
             e->c.cancelled++;
-            remove_request(e, r);
+            unlink_request(e, r);
+            gone = r;
         } else {
             /* Running: the engine thread may be stepping it; it drops it between steps, and a
                step that searches within itself (beam search) leaves early. */
@@ -599,10 +630,11 @@ void tl_engine_cancel(tl_engine *e, uint64_t id) {
             atomic_store(&r->session->stop_requested, true);
             e->c.cancelled++;
             pthread_cond_signal(&e->work);
-            wake(r); /* (removed requests woke theirs in remove_request) */
+            wake(r); /* (removed requests woke theirs in unlink_request) */
         }
     }
     pthread_mutex_unlock(&e->mu);
+    free_request(gone); /* (a queued one's session too: the engine never held it) */
 }
 
 void tl_engine_get_counters(tl_engine *e, tl_engine_counters *c) {
