@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -82,7 +83,10 @@ struct tlz_tokenizer {
     added_trie trie;         /* the added tokens' texts */
 
     tlz_pretok *pre;         /* the pre_tokenizer pipeline (pretokenizer.c) */
+    uint64_t serial;         /* tlz_serial */
 };
+
+uint64_t tlz_serial(const tlz_tokenizer *tok) { return tok ? tok->serial : 0; }
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -649,6 +653,8 @@ int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, c
     cJSON *root = NULL;
     tlz_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the tokenizer");
+    static atomic_uint_fast64_t serials;
+    t->serial = atomic_fetch_add(&serials, 1) + 1;
     int rc;
     const char *end = NULL;
     root = cJSON_ParseWithLengthOpts(json, len, &end, 0);

@@ -69,6 +69,9 @@ int32_t tlz_vocab_size(const tlz_tokenizer *tok);
    "<|endoftext|>"), then model vocab entries in their byte-level spelling
    ("Ġthe"). -1 if absent. */
 int32_t tlz_token_id(const tlz_tokenizer *tok, const char *str);
+/* A number this loaded tokenizer alone has in the process (never reused after it is freed):
+   a key for what is derived from its contents once, as grammars' vocabulary fingerprints. */
+uint64_t tlz_serial(const tlz_tokenizer *tok);
 /* 1 if id is an added token marked "special": true, else 0. */
 int tlz_is_special(const tlz_tokenizer *tok, int32_t id);
 /* Raw bytes of one token (byte-level alphabet decoded), not NUL-terminated;

@@ -1399,7 +1399,31 @@ static void test_token_refs(void) {
     tl_grammar_matcher_free(first);
     tl_grammar_matcher_free(mt);
     tl_compiled_grammar_free(g);
+    /* a tokenizer loaded after another was freed (often at its address) is not taken for it:
+       vocabulary fingerprints are remembered by tlz_serial, which is never reused */
+    const uint64_t renamed_serial = tlz_serial(other);
     tlz_tokenizer_free(other);
+    g = compile("root ::= <thonk> \"a\"");
+    for (int round = 0; round < 2 && g; round++) {
+        other = NULL;
+        CHECK(tlz_tokenizer_load_json(renamed, json_len, &other, err, sizeof err) == TLZ_OK, "%s", err);
+        CHECK(other && tlz_serial(other) != renamed_serial && tlz_serial(other) != tlz_serial(tok), "a serial was reused");
+        mt = NULL;
+        CHECK(other && gram_matcher_new(g, other, REF_VOCAB, REF_EOS, &mt) == TL_OK, "%s", tl_last_error());
+        tl_grammar_matcher_free(mt);
+        tlz_tokenizer_free(other);
+        size_t plain_len = 0; /* the unrenamed vocabulary, likely where the renamed one was */
+        char *plain = slurp("tests/data/tokenizer/thinking9.json", &plain_len);
+        other = NULL;
+        CHECK(plain && tlz_tokenizer_load_json(plain, plain_len, &other, err, sizeof err) == TLZ_OK, "%s", err);
+        mt = NULL;
+        if (other) CHECK_ERROR(gram_matcher_new(g, other, REF_VOCAB, REF_EOS, &mt), TL_ERR_INVALID_ARGUMENT,
+                               "<thonk> is not a token of the model's vocabulary");
+        tl_grammar_matcher_free(mt);
+        tlz_tokenizer_free(other);
+        free(plain);
+    }
+    tl_compiled_grammar_free(g);
     free(renamed);
     /* references the vocabulary does not have: refused when a matcher binds it; and the end of
        text named, which no reference takes (the grammar ends where it may end) */
