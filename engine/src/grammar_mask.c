@@ -168,26 +168,27 @@ static gram_vocab *registry;
 enum { FINGERPRINT_MEMO = 8 };
 static struct { uint64_t serial, fingerprint; int vocab_size, eos; } fingerprint_memo[FINGERPRINT_MEMO];
 static int fingerprint_next;
+static pthread_mutex_t memo_lock = PTHREAD_MUTEX_INITIALIZER; /* (not the registry's: that one is held while a trie builds) */
 
 static uint64_t vocab_fingerprint(const struct tlz_tokenizer *tok, int vocab_size, int eos) {
     const uint64_t serial = tlz_serial(tok);
-    pthread_mutex_lock(&registry_lock);
+    pthread_mutex_lock(&memo_lock);
     for (int i = 0; i < FINGERPRINT_MEMO; i++)
         if (fingerprint_memo[i].serial == serial && fingerprint_memo[i].vocab_size == vocab_size &&
             fingerprint_memo[i].eos == eos) {
             const uint64_t fp = fingerprint_memo[i].fingerprint;
-            pthread_mutex_unlock(&registry_lock);
+            pthread_mutex_unlock(&memo_lock);
             return fp;
         }
-    pthread_mutex_unlock(&registry_lock);
+    pthread_mutex_unlock(&memo_lock);
     const uint64_t fp = fingerprint(tok, vocab_size, eos); /* (outside the lock: threads on other tokenizers go on) */
-    pthread_mutex_lock(&registry_lock);
+    pthread_mutex_lock(&memo_lock);
     fingerprint_memo[fingerprint_next].serial = serial;
     fingerprint_memo[fingerprint_next].fingerprint = fp;
     fingerprint_memo[fingerprint_next].vocab_size = vocab_size;
     fingerprint_memo[fingerprint_next].eos = eos;
     fingerprint_next = (fingerprint_next + 1) % FINGERPRINT_MEMO;
-    pthread_mutex_unlock(&registry_lock);
+    pthread_mutex_unlock(&memo_lock);
     return fp;
 }
 
