@@ -242,11 +242,17 @@ local SPEC_FIELDS = { max_tokens = "int", draft_loops = "int", verify_loops = "i
 local TREE_FIELDS = { K_branches = "int", max_nodes = "int" }
 
 local function set_number(c, field, v, kind)
+    -- a seed past 2^53 (a Lua number's exact integers) as a 64-bit integer: 0xFFFFFFFFFFFFFFFFULL
+    if kind == "seed" and type(v) == "cdata" and (ffi.istype("uint64_t", v) or ffi.istype("int64_t", v)) then
+        if v < 0 then raise(("config field '%s' = %s must not be negative"):format(field, tostring(v))) end
+        c[field] = v
+        return
+    end
     if type(v) ~= "number" then raise("config field '" .. field .. "' must be a number") end
     if kind == "int" then
         check_int("config field '" .. field .. "'", v)
     elseif kind == "seed" and (v ~= floor(v) or v < 0 or v > SEED_MAX) then
-        raise(("config field '%s' = %s must be an integer in [0, 2^53]"):format(field, tostring(v)))
+        raise(("config field '%s' = %s must be an integer in [0, 2^53] (past it: a uint64_t, 0x...ULL)"):format(field, tostring(v)))
     end
     c[field] = v
 end

@@ -28,7 +28,7 @@ describe("numbers are never converted silently (finding 10)", function()
         raises("config field 'draft_ahead' = 2.5", gen({ speculative = "chain", loops = 4, draft_loops = 1, draft_ahead = 2.5 }))
     end)
 
-    it("sample_seed is an integer in [0, 2^53]: -1, -2, NaN and 2^64 are errors, not one seed", function()
+    it("sample_seed is an integer in [0, 2^53] or a uint64_t: -1, -2, NaN and 2^64 are errors, not one seed", function()
         for _, bad in ipairs({ -1, -2, 0 / 0, 2 ^ 64, 1.5 }) do
             raises("config field 'sample_seed' = " .. tostring(bad) .. " must be an integer in [0, 2^53]",
                    gen({ sample_seed = bad, temperature = 1 }))
@@ -37,6 +37,16 @@ describe("numbers are never converted silently (finding 10)", function()
             return m:generate_speculative({ 1, 2 }, { seed = -1, verify_loops = 4, draft_loops = 1 })
         end)
         assert.is_table(gen({ sample_seed = 2 ^ 53, temperature = 1, max_tokens = 2 })())
+        -- past 2^53: a 64-bit integer (cdata), the same seed as the number where both exist
+        local function sampled(seed)
+            return m:generate({ 1, 2 }, { sample_seed = seed, temperature = 1.5, max_tokens = 30, ignore_eos = true })
+        end
+        assert.same(sampled(5), sampled(5ULL))
+        assert.same(sampled(2 ^ 53), sampled(2ULL ^ 53))
+        assert.same(sampled(0xFFFFFFFFFFFFFFFFULL), sampled(0xFFFFFFFFFFFFFFFFULL))
+        assert.are_not.same(sampled(0xFFFFFFFFFFFFFFFFULL), sampled(0xFFFFFFFFFFFFFFFEULL))
+        raises("config field 'sample_seed' = -1LL must not be negative", gen({ sample_seed = -1LL, temperature = 1 }))
+        raises("config field 'sample_seed' must be a number", gen({ sample_seed = require("ffi").new("int[1]"), temperature = 1 }))
     end)
 
     it("prompt and decode ids must be integers, named by index", function()
