@@ -180,7 +180,8 @@ int tl_token_is_special(const tl_model *model, int32_t id);
 
 /* Streaming detokenizer: never returns a broken UTF-8 sequence (bytes of an unfinished
    code point wait for the next token); flush returns what is left. Pieces stay valid
-   until the next call on the same detokenizer. */
+   until the next call on the same detokenizer. The model must outlive it (it reads the
+   model's token texts). */
 typedef struct tl_detokenizer tl_detokenizer;
 tl_status tl_detokenizer_new(const tl_model *model, tl_detokenizer **out);
 tl_status tl_detokenizer_push(tl_detokenizer *d, int32_t id, const char **piece, size_t *len);
@@ -496,7 +497,9 @@ typedef struct tl_session tl_session;
 
 /* Validates the config against the model and copies everything it needs (the prompt,
    stop sequences, stop strings and the tl_grammar struct may be freed afterwards; what hook
-   and grammar user pointers point to must outlive the session).
+   and grammar user pointers point to must outlive the session). The model must outlive the
+   session, its forks and its saved states (they read its weights, and give their KV pages
+   back to it). A compiled grammar need not: the session holds its own reference.
    The prompt's forward pass runs on the first step. The config's mode (plain, beam_size >= 2,
    speculative) decides how tokens are found; every mode emits one token per step:
      - speculative modes draft and verify when their verified run is used up, then emit the
@@ -506,9 +509,11 @@ typedef struct tl_session tl_session;
 tl_status tl_session_new(const tl_model *model, const int32_t *prompt, int prompt_len,
                          const tl_generate_config *cfg, tl_session **out);
 /* NULL is a no-op. Called from one of the session's own hooks (while tl_session_step runs),
-   the free is deferred until that step returns. Of a session a serving engine holds
-   (tl_engine_submit), it asks the engine to end the request (its status then says the
-   session was freed) and the engine frees the session. */
+   the free is deferred until that step returns. Never call it on a session handed to a
+   serving engine (tl_engine_submit with *id > 0): the engine frees it when the request ends,
+   which may be at any moment, so the pointer may already be freed; end the request with
+   tl_engine_cancel. (A free that does reach a session while the engine holds it, a hook of
+   another session's, ends the request with a status saying so, and the engine frees it.) */
 void tl_session_free(tl_session *session);
 
 /* Emits one token: *token receives it (or -1 when the session stopped without emitting,
@@ -580,7 +585,7 @@ tl_status tl_session_fork(const tl_session *parent, const tl_generate_config *ho
 
 /* A saved state (in memory): what tl_session_fork would copy, kept after the session is
    freed; resumed any number of times on the model that saved it (another model, even one
-   loaded from the same directory, is refused). */
+   loaded from the same directory, is refused). Freed before that model is. */
 typedef struct tl_session_state tl_session_state;
 tl_status tl_session_save(const tl_session *session, tl_session_state **out);
 tl_status tl_session_resume(const tl_model *model, const tl_session_state *state,
@@ -749,7 +754,9 @@ void tl_engine_stop(tl_engine *engine);
 /* Hands a fresh session (not stepped, no hooks: hooks would run on the engine thread) to
    the engine. On TL_OK with *id > 0 the engine owns the session. When active and queued
    sessions are at their limits it returns TL_OK with *id = 0 and the caller keeps the
-   session (a server answers 503 and the caller frees it). A session of another model, a
+   session (a server answers 503 and the caller frees it). Owned by the engine, the session
+   is freed by it when the request ends: do not use or free the pointer after a successful
+   submit (tl_engine_cancel ends a request early). A session of another model, a
    finished or stepping one, or one already submitted (to this engine or another) is refused
    (TL_ERR_INVALID_ARGUMENT, the caller keeps it): stepped in a batch it would fail every
    running request. A cancel (tl_engine_cancel) ends a running request before its next step;

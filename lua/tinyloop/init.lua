@@ -705,16 +705,21 @@ end
 -- Runs a blocking C decoder, cfunc(model, prompt, n, cfg, out, capacity, out_len, stats)
 -- (tl_generate and the speculative decoders share that shape); returns prompt +
 -- continuation as a table, or nil, err. Hooks run inside the C call, so this function is
--- kept out of compiled traces (jit.off below).
+-- kept out of compiled traces (jit.off below). The call holds the C model as a session does:
+-- a hook may close the Model (its last other user) while the call still reads the weights.
 local blocking_len = ffi_new("int[1]")
-local function call_blocking(ids, ctx, capacity, cfunc, model_ptr, arr, cfg, stats)
+local function call_blocking(ids, ctx, capacity, cfunc, model, arr, cfg, stats)
     local n = #ids
     if ctx then
         registry[ctx.key] = ctx
         begin_sequence(ctx, ids)
     end
     local out = ffi_new("int32_t[?]", capacity + 1)
-    local ok, err = blocking_result(cfunc(model_ptr, arr, n, cfg, out, capacity, blocking_len, stats), ctx)
+    local handle = model.handle
+    handle.refs = handle.refs + 1
+    local status = cfunc(model.ptr, arr, n, cfg, out, capacity, blocking_len, stats)
+    model_release(handle)
+    local ok, err = blocking_result(status, ctx)
     if not ok then return nil, err end
     local t = {}
     for i = 1, blocking_len[0] do t[i] = out[i - 1] end
@@ -1410,7 +1415,7 @@ local function run_speculative(model, prompt, cfg, tree)
     local st = ffi_new("tl_speculative_stats")
     local cfunc = tree and C.tl_generate_tree_speculative or C.tl_generate_speculative
     local t
-    t, err = call_blocking(ids, ctx, capacity, cfunc, model.ptr, arr, sc, st)
+    t, err = call_blocking(ids, ctx, capacity, cfunc, model, arr, sc, st)
     local _ = keep
     if not t then return nil, err end
     return t, spec_stats(st)

@@ -122,6 +122,24 @@ describe("Model:close (finding 12)", function()
         end
     end)
 
+    it("keeps the C model alive through a speculative call whose hook closes the Model", function()
+        -- (the blocking speculative decoders run on the model with no session holding it: the
+        -- close freed the weights under the call; ASan and valgrind saw it, and it crashed)
+        for _, method in ipairs({ "generate_speculative", "generate_tree_speculative" }) do
+            local g = assert(tinyloop.load(H.TEXTMODEL, { threads = 1 }))
+            local cfg = { max_tokens = 8, draft_loops = 1, verify_loops = 2, ignore_eos = true }
+            local want = assert(g[method](g, { 1, 2, 3 }, cfg))
+            local closes = 0
+            cfg.on_token = function()
+                if closes == 0 then g:close() end
+                closes = closes + 1
+            end
+            assert.same(want, assert(g[method](g, { 1, 2, 3 }, cfg)))
+            assert.equal(8, closes)
+            raises("model:" .. method .. "(): the model is closed", function() return g[method](g, { 1 }) end)
+        end
+    end)
+
     it("keeps the C model alive for sessions still open (no use after free)", function()
         local g = assert(tinyloop.load(H.TEXTMODEL, { threads = 1 }))
         local want = g:generate("It is", { max_tokens = 6, ignore_eos = true })
