@@ -915,6 +915,10 @@ typedef struct tl_grammar_tags_options {
 tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const char *const *triggers, int n_triggers,
                                   const tl_grammar_tags_options *opts, tl_compiled_grammar **out); /* opts may be NULL */
 void tl_compiled_grammar_free(tl_compiled_grammar *g); /* NULL is a no-op */
+/* Adds a reference: a grammar is freed by the tl_compiled_grammar_free that drops its last
+   (the compiler's is one; each session and matcher holds its own). For handing a grammar
+   from one owner to another, as from a thread that compiled it (thread-safe). */
+void tl_compiled_grammar_retain(const tl_compiled_grammar *g);
 /* *match = 1 when the whole text is a sentence of the grammar. */
 tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
 /* *match = 1 when the grammar has not rejected the text: every byte of it was allowed (a partial
@@ -938,6 +942,8 @@ typedef struct tl_grammar_memory {
     int generations;         /* live generations of tables (1, more while old matchers run) */
     int64_t restarts;        /* how many times the tables started a new generation */
 } tl_grammar_memory;
+/* It never waits for a grammar in use (another thread computing a mask under it): it then
+   answers the figures it found last. */
 tl_status tl_grammar_memory_usage(const tl_compiled_grammar *g, tl_grammar_memory *out);
 /* Gives back the memory of g's tables and cached masks now (a cache dropping g while requests
    may still hold it): new matchers start on fresh tables; running ones keep theirs until they are

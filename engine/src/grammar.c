@@ -1272,16 +1272,28 @@ tl_status tl_grammar_memory_usage(const tl_compiled_grammar *cg, tl_grammar_memo
     if (!cg || !out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_memory_usage: NULL argument");
     tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
     tl_grammar_memory m = {0};
+    if (pthread_mutex_trylock(&g->lock) != 0) { /* in use (a mask being computed): the last figures */
+        pthread_mutex_lock(&g->usage_lock);
+        m = g->last_usage;
+        pthread_mutex_unlock(&g->usage_lock);
+        if (m.generations > 0) {
+            *out = m;
+            return TL_OK;
+        }
+        pthread_mutex_lock(&g->lock); /* (none yet: this once, wait) */
+    }
     m.program_bytes = program_bytes(g->prog);
-    pthread_mutex_lock(&g->lock);
     add_tables(&m, g->tables);
     for (const gram_tables *t = g->old_tables; t; t = t->next) add_tables(&m, t);
     for (int i = 0; i < g->n_vocabs; i++) m.vocab_bytes += g->vocabs[i]->memory;
     m.program_bytes += (size_t)g->n_vocabs * (sizeof *g->vocabs + sizeof *g->ref_ids + /* resolved references */
                                               (size_t)g->prog->n_tokens * sizeof(int32_t));
     m.restarts = g->generations;
-    pthread_mutex_unlock(&g->lock);
     m.own_bytes = m.program_bytes + m.table_bytes + m.mask_bytes;
+    pthread_mutex_lock(&g->usage_lock);
+    g->last_usage = m;
+    pthread_mutex_unlock(&g->usage_lock);
+    pthread_mutex_unlock(&g->lock);
     *out = m;
     return TL_OK;
 }
@@ -1300,8 +1312,15 @@ tl_status gram_wrap_program(gram_program *prog, tl_compiled_grammar **out) {
         free(g);
         return tl_fail(TL_ERR_INTERNAL, "cannot create a mutex");
     }
+    if (pthread_mutex_init(&g->usage_lock, NULL) != 0) {
+        pthread_mutex_destroy(&g->lock);
+        gram_program_free(prog);
+        free(g);
+        return tl_fail(TL_ERR_INTERNAL, "cannot create a mutex");
+    }
     tl_status st = tables_new(prog, &g->tables);
     if (st != TL_OK) {
+        pthread_mutex_destroy(&g->usage_lock);
         pthread_mutex_destroy(&g->lock);
         gram_program_free(prog);
         free(g);
@@ -1417,6 +1436,7 @@ void tl_compiled_grammar_free(tl_compiled_grammar *g) {
     }
     free(g->vocabs);
     free(g->ref_ids);
+    pthread_mutex_destroy(&g->usage_lock);
     pthread_mutex_destroy(&g->lock);
     gram_program_free(g->prog);
     free(g);

@@ -345,6 +345,10 @@ struct tl_compiled_grammar {
     int n_vocabs;
     size_t table_budget;         /* GRAM_TABLE_BYTES; tests set less */
     int64_t generations;         /* how many times the tables started over */
+    /* what tl_grammar_memory_usage found last, answered while another thread holds `lock`
+       (a cache that asks every grammar must not wait behind a mask being computed) */
+    pthread_mutex_t usage_lock;  /* guards last_usage only; taken under `lock` or alone */
+    tl_grammar_memory last_usage;
 };
 
 /* The current tables, a new generation first when they are over budget (callers hold g->lock;
@@ -364,7 +368,6 @@ int gram_mask_full(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *al
 int32_t gram_advance_token(gram_runtime *rt, const gram_vocab *v, const gram_token_set *refs, int32_t state, int32_t token);
 void gram_binding_destroy(gram_binding *b);
 
-void tl_compiled_grammar_retain(const tl_compiled_grammar *g);
 
 /* ---------------------------------------------------------------- matchers (per generation) */
 

@@ -82,6 +82,8 @@ struct tl_engine {
     bool stop;
     bool joined;               /* tl_engine_stop joined the thread (the stopping caller's) */
     int waiters;               /* tl_engine_wait calls inside; free waits for 0 */
+    int cancels_freeing;       /* tl_engine_cancel calls freeing a request after mu; stop waits
+                                  for 0 (the session gives its pages back to the model) */
     request **reqs;            /* every live request, in submit order */
     int n_reqs, cap_reqs;
     uint64_t next_id;
@@ -438,7 +440,7 @@ void tl_engine_stop(tl_engine *e) {
         e->joined = true;
     }
     pthread_mutex_lock(&e->mu);
-    while (e->waiters > 0) { /* they see `stop` and leave */
+    while (e->waiters > 0 || e->cancels_freeing > 0) { /* they see `stop` and leave; a cancel ends its free */
         wake_all(e);
         pthread_mutex_unlock(&e->mu);
         sched_yield();
@@ -633,8 +635,13 @@ void tl_engine_cancel(tl_engine *e, uint64_t id) {
             wake(r); /* (removed requests woke theirs in unlink_request) */
         }
     }
+    if (gone) e->cancels_freeing++;
     pthread_mutex_unlock(&e->mu);
+    if (!gone) return;
     free_request(gone); /* (a queued one's session too: the engine never held it) */
+    pthread_mutex_lock(&e->mu);
+    e->cancels_freeing--;
+    pthread_mutex_unlock(&e->mu);
 }
 
 void tl_engine_get_counters(tl_engine *e, tl_engine_counters *c) {

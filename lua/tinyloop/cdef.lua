@@ -399,6 +399,7 @@ typedef struct tl_grammar_tags_options {
 tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const char *const *triggers, int n_triggers,
                                   const tl_grammar_tags_options *opts, tl_compiled_grammar **out);
 void tl_compiled_grammar_free(tl_compiled_grammar *g);
+void tl_compiled_grammar_retain(const tl_compiled_grammar *g);
 tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
 tl_status tl_grammar_matches_prefix(const tl_compiled_grammar *g, const char *text, size_t len, int *match);
 tl_status tl_grammar_rule_count(const tl_compiled_grammar *g, int *rules, int *elements);

@@ -37,6 +37,15 @@ local function wrap(out, source)
     return g
 end
 
+-- A grammar compiled elsewhere in this process (a thread of nginx's pool: tinyloop.server.wait),
+-- given by its address: takes a reference of its own (tl_compiled_grammar_retain), so the
+-- compiler may drop its own. `source`: its GBNF text, where known.
+function M.adopt(address, source)
+    local ptr = ffi.cast("tl_compiled_grammar *", address)
+    C.tl_compiled_grammar_retain(ptr)
+    return setmetatable({ ptr = ffi.gc(ptr, C.tl_compiled_grammar_free), source = source }, Grammar)
+end
+
 -- true when v is a grammar compiled by this module (init.lua wires it into configs).
 function M.is_compiled(v) return getmetatable(v) == Grammar end
 

@@ -1223,6 +1223,17 @@ static void test_outlives_model(const char *dir) {
                       used.own_bytes == used.program_bytes + used.table_bytes + used.mask_bytes,
                   "memory usage after use: vocab %zu (other %zu), tables %zu (fresh %zu), masks %zu", used.vocab_bytes,
                   other_usage.vocab_bytes, used.table_bytes, fresh.table_bytes, used.mask_bytes);
+            /* while the grammar is in use (its lock held, as by a mask being computed), the
+               figures found last, at once */
+            tl_grammar_memory busy;
+            pthread_mutex_lock(&g->lock);
+            const tl_status busy_st = tl_grammar_memory_usage(g, &busy);
+            pthread_mutex_unlock(&g->lock);
+            CHECK(busy_st == TL_OK && busy.own_bytes == used.own_bytes && busy.table_bytes == used.table_bytes &&
+                      busy.mask_bytes == used.mask_bytes && busy.generations == used.generations,
+                  "memory usage while in use: %d, own %zu (%zu), tables %zu (%zu), masks %zu (%zu), generations %d (%d)",
+                  busy_st, busy.own_bytes, used.own_bytes, busy.table_bytes, used.table_bytes, busy.mask_bytes,
+                  used.mask_bytes, busy.generations, used.generations);
         } else {
             again = allowed;
         }

@@ -191,6 +191,38 @@ describe("tinyloop.grammar", function()
         assert.is_true(g:matches("{abc}"))
         assert.is_false(g:matches("{abc"))
     end)
+    it("compiles in a thread of nginx's pool (tinyloop.server.wait.compile), and the handler adopts the grammar", function()
+        local ffi = require "ffi"
+        local wait = require "tinyloop.server.wait"
+        local C = tinyloop.C
+        -- (declared there without the binding's cdef, which a new thread VM would pay for)
+        assert.equal(ffi.sizeof("tl_json_schema_options"), ffi.sizeof(wait.schema_options))
+        for _, field in ipairs({ "free_whitespace", "loose" }) do
+            assert.equal(ffi.offsetof("tl_json_schema_options", field), ffi.offsetof(wait.schema_options, field), field)
+        end
+        local fns = {}
+        for kind, fn in pairs({ gbnf = C.tl_grammar_compile_gbnf, regex = C.tl_grammar_compile_regex,
+                                json_schema = C.tl_grammar_compile_json_schema, free = C.tl_compiled_grammar_free,
+                                last_error = C.tl_last_error }) do
+            fns[kind] = tonumber(ffi.cast("uintptr_t", fn))
+        end
+        local schema = '{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}'
+        local g = G.adopt(assert(wait.compile(fns, "json_schema", schema, false, false)))
+        assert.is_true(g:matches('{"a":12}'))
+        assert.is_false(g:matches('{"a": 12}')) -- (compact)
+        local free = G.adopt(assert(wait.compile(fns, "json_schema", schema, true, false)))
+        assert.is_true(free:matches('{"a": 12}'))
+        -- compiled and never adopted (the client left): freed by the next compile (ASan: no leak)
+        assert.is_number(wait.compile(fns, "gbnf", 'root ::= "x"'))
+        local re = G.adopt(assert(wait.compile(fns, "regex", "[0-9]{2}")))
+        assert.same({ true, false }, { re:matches("42"), re:matches("4") })
+        -- the adopted ones live on after the compiles that followed them
+        assert.is_true(g:matches('{"a":1}'))
+        local none, err = wait.compile(fns, "gbnf", "root ::= (")
+        assert.is_nil(none)
+        assert.matches("expected", err)
+        assert.same({ nil, "no grammar kind 'lua'" }, { wait.compile(fns, "lua", "x") })
+    end)
     it("opens grammars from free text at triggers (grammar.tags)", function()
         local digit = assert(G.gbnf('root ::= "{" [0-9] "}"'))
         local g = assert(G.tags({ { begin = "<f=a>", content = digit, ["end"] = "</f>" },

@@ -250,6 +250,21 @@ function _M.init_worker()
         ngx_log(ngx.WARN, "tinyloop: lua_shared_dict ", conf.responses_store, " is not declared: responses are not stored")
     end
     last_error_addr = tonumber(ffi_cast("uintptr_t", C.tl_last_error))
+    if conf.thread_pool then -- grammars from text compile there, not on the event loop
+        local fns = {}
+        for kind, fn in pairs({ gbnf = C.tl_grammar_compile_gbnf, regex = C.tl_grammar_compile_regex,
+                                json_schema = C.tl_grammar_compile_json_schema, free = C.tl_compiled_grammar_free,
+                                last_error = C.tl_last_error }) do
+            fns[kind] = tonumber(ffi_cast("uintptr_t", fn))
+        end
+        request.set_text_compiler(function(kind, text, free_whitespace, loose)
+            local ok, address, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "compile", fns, kind, text,
+                                                       free_whitespace == true, loose == true)
+            if not ok then return nil, "the thread pool: " .. tostring(address) end
+            if not address then return nil, err end
+            return tinyloop.grammar.adopt(address) -- (at once: see wait.compile)
+        end)
+    end
     created_at = ngx.time()
     if chat_prompts then
         chat_prompts.turn_ends = chat_prompts:turn_end_ids(m)

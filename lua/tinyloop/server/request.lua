@@ -375,8 +375,10 @@ local function held_bytes(g)
     local usage = g:memory()
     local bytes = usage and usage.own_bytes or 0
     for _, wrapped in pairs(after_cache[g] or {}) do
-        usage = wrapped:memory()
-        bytes = bytes + (usage and usage.own_bytes or 0)
+        if not rawequal(wrapped, g) then -- (a grammar that writes the block itself is its own variant)
+            usage = wrapped:memory()
+            bytes = bytes + (usage and usage.own_bytes or 0)
+        end
     end
     return bytes
 end
@@ -385,7 +387,9 @@ local function evict(key)
     local g = cache[key].grammar
     cache[key], cached, evictions = nil, cached - 1, evictions + 1
     g:trim()
-    for _, wrapped in pairs(after_cache[g] or {}) do wrapped:trim() end
+    for _, wrapped in pairs(after_cache[g] or {}) do
+        if not rawequal(wrapped, g) then wrapped:trim() end
+    end
     after_cache[g] = nil
 end
 
@@ -408,14 +412,17 @@ local function bound(keep)
     cache_bytes = total
 end
 
-local function compiled(key, compile, source)
+local function compiled(key, compile, argument)
     lookups = lookups + 1
     local entry = cache[key]
     if not entry then
-        local g, err = compile(source)
+        local g, err = compile(argument)
         if not g then return nil, err end
-        entry = { grammar = g }
-        cache[key], cached = entry, cached + 1
+        entry = cache[key] -- (another request's, compiled while this one waited in the thread pool)
+        if not entry then
+            entry = { grammar = g }
+            cache[key], cached = entry, cached + 1
+        end
     end
     entry.used = lookups
     bound(key)
@@ -427,6 +434,19 @@ function _M.set_grammar_cache_budget(bytes) cache_budget = bytes end
 -- For /metrics: the cached grammars, the bytes they held at the last lookup, and how many were
 -- evicted so far.
 function _M.grammar_cache_stats() return cached, cache_bytes, evictions end
+
+-- How the text of a grammar, a regular expression or a JSON Schema becomes a grammar: here by
+-- default; the server sets a compiler that runs in nginx's thread pool (a schema of a few
+-- thousand properties took 100 ms, a stall of every connection of the worker on the event
+-- loop). compiler(kind, text, free_whitespace, loose) -> grammar | nil, err; kind "gbnf",
+-- "regex" or "json_schema".
+local function compile_here(kind, text, free_whitespace, loose)
+    if kind == "gbnf" then return grammar.gbnf(text) end
+    if kind == "regex" then return grammar.regex(text) end
+    return grammar.json_schema(text, { whitespace = free_whitespace and "free" or "compact", loose = loose == true })
+end
+local compile_text = compile_here
+function _M.set_text_compiler(compiler) compile_text = compiler or compile_here end
 
 local SCHEMA_KEYS = { schema = "object", name = "string", description = "string", strict = "boolean" }
 
@@ -440,7 +460,7 @@ local MAX_CHOICES = 4096
 local function gbnf_grammar(text, P, what)
     what = what or P
     if text == "" then return bad(what .. " must not be empty", P) end
-    local g, err = compiled("gbnf:" .. text, grammar.gbnf, text)
+    local g, err = compiled("gbnf:" .. text, function() return compile_text("gbnf", text) end)
     if not g then return bad(what .. " does not compile: " .. tostring(err), P) end
     return g, P
 end
@@ -465,7 +485,7 @@ end
 local function regex_grammar(pattern, P, what)
     what = what or P
     if valid_utf8(pattern) ~= pattern then return bad(what .. " is not valid UTF-8", P) end
-    local g, err = compiled("regex:" .. pattern, grammar.regex, pattern)
+    local g, err = compiled("regex:" .. pattern, function() return compile_text("regex", pattern) end)
     if not g then return bad(what .. " does not compile: " .. tostring(err), P) end
     return g, P
 end
@@ -479,9 +499,9 @@ local function schema_grammar(value, body, path, P, what, free, loose)
     local text = type(value) == "string" and value or raw_member(body, path)
     if not text:match("^%s*{") then return bad(what .. " must be a JSON Schema object", P) end
     local whitespace = free and "free" or "compact"
-    local g, err = compiled("schema:" .. whitespace .. (loose and ":loose:" or ":") .. text, function(source)
-        return grammar.json_schema(source, { whitespace = whitespace, loose = loose == true })
-    end, text)
+    local g, err = compiled("schema:" .. whitespace .. (loose and ":loose:" or ":") .. text, function()
+        return compile_text("json_schema", text, free, loose)
+    end)
     if not g then return bad(what .. " does not compile: " .. tostring(err), P) end
     return g, P
 end
@@ -501,7 +521,7 @@ local function choice_grammar(choices, body, path, P, what)
     local g, err = compiled("choice:" .. raw, function()
         local literals = {}
         for i, s in ipairs(choices) do literals[i] = grammar.lit(s).text end
-        return grammar.gbnf("root ::= " .. table.concat(literals, " | ") .. "\n")
+        return compile_text("gbnf", "root ::= " .. table.concat(literals, " | ") .. "\n")
     end)
     if not g then return bad(what .. " does not compile: " .. tostring(err), P) end
     return g, P

@@ -14,7 +14,8 @@ local cast, tonumber = ffi.cast, tonumber
 local _M = {}
 
 -- The function at address `addr` as the C type `ctype`: one cast per type, redone only if the
--- address changes (tl_engine_wait, tl_score_logprobs, tl_embed_batch, tl_last_error).
+-- address changes (tl_engine_wait, tl_score_logprobs, tl_embed_batch, tl_last_error, the
+-- grammar compilers).
 local casts = {}
 local function function_at(addr, ctype)
     local c = casts[ctype]
@@ -128,6 +129,42 @@ function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, poolin
             or text
     end
     return table.concat(entries, ",")
+end
+
+-- tl_json_schema_options likewise (checked by the grammar spec)
+local schema_options = ffi.typeof("struct { int free_whitespace; int loose; }")
+_M.schema_options = schema_options
+local COMPILE_TEXT = "int (*)(const char *, size_t, void **)"
+local COMPILE_SCHEMA = "int (*)(const char *, size_t, const void *, void **)"
+local FREE_GRAMMAR = "void (*)(void *)"
+
+-- The grammars this VM compiled, each holding the compiler's reference until this VM's next
+-- compile: the handler takes its own (tl_compiled_grammar_retain) as soon as it resumes,
+-- before the event loop runs anything else (so before any later task in this VM); a handler
+-- whose client left meanwhile never does, and the grammar goes here instead of leaking.
+local held = {}
+
+-- A grammar from text (GBNF, a regular expression or a JSON Schema): compiling a large one
+-- takes tens to hundreds of milliseconds, so here and never on the event loop. fns: the
+-- addresses of tl_grammar_compile_gbnf (gbnf), _regex (regex), _json_schema (json_schema),
+-- tl_compiled_grammar_free (free) and tl_last_error (last_error); kind: which to call;
+-- free_whitespace, loose: a schema's options. -> the grammar's address | nil, the message.
+function _M.compile(fns, kind, text, free_whitespace, loose)
+    local free_fn = function_at(fns.free, FREE_GRAMMAR)
+    for i = 1, #held do free_fn(held[i]) end
+    held = {}
+    local out = ffi.new("void *[1]")
+    local status
+    if kind == "json_schema" then
+        status = function_at(fns.json_schema, COMPILE_SCHEMA)(text, #text, schema_options(free_whitespace and 1 or 0, loose and 1 or 0), out)
+    elseif kind == "gbnf" or kind == "regex" then
+        status = function_at(fns[kind], COMPILE_TEXT)(text, #text, out)
+    else
+        return nil, "no grammar kind '" .. tostring(kind) .. "'"
+    end
+    if tonumber(status) ~= 0 then return nil, ffi.string(function_at(fns.last_error, LAST_ERROR)()) end
+    held[1] = out[0]
+    return tonumber(cast("uintptr_t", out[0]))
 end
 
 -- -> 1 output to read, 0 timeout, -1 the request is gone (cancelled) or the engine stopped.

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# grammar_compile_bench.sh: what compiling request grammars costs the other connections of a
+# server (not a test). Loopback only. Starts scripts/serve on the shipped model, sends N
+# requests one after another, each with a JSON Schema of P properties that no earlier request
+# sent (so each compiles: the cache cannot answer), and probes /health every 10 ms meanwhile.
+# Prints the requests' times and /health's p50, p99 and maximum latency. Grammars from text
+# compile in nginx's thread pool; where they compiled on the event loop, /health waited for
+# each compile.
+#   scripts/bench/grammar_compile_bench.sh [--requests 12] [--properties 3000] [--port N]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+requests=12 properties=3000 port=$((30000 + RANDOM % 20000))
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --requests) requests=$2; shift 2 ;; --properties) properties=$2; shift 2 ;; --port) port=$2; shift 2 ;;
+    *) echo "grammar_compile_bench: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+for v in requests properties port; do
+  [[ ${!v} =~ ^[1-9][0-9]{0,6}$ ]] || { echo "grammar_compile_bench: --$v must be a positive integer, got '${!v}'" >&2; exit 2; }
+done
+dir=$(mktemp -d)
+chmod a+rx "$dir"
+server=""
+cleanup() {
+  [ -n "$server" ] && kill -TERM "$server" 2>/dev/null && wait "$server" 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+# the bodies: request k's schema has properties p<k>_1 .. p<k>_P
+luajit - "$dir" "$requests" "$properties" <<'LUA'
+local dir, n, p = arg[1], tonumber(arg[2]), tonumber(arg[3])
+for k = 1, n do
+  local props = {}
+  for i = 1, p do props[i] = ("\"p%d_%d\": {\"type\": \"string\", \"maxLength\": 20}"):format(k, i) end
+  local f = assert(io.open(("%s/body%d.json"):format(dir, k), "w"))
+  f:write("{\"prompt\": \"It is\", \"max_tokens\": 1, \"response_format\": {\"type\": \"json_schema\", \"json_schema\": " ..
+          "{\"name\": \"x\", \"schema\": {\"type\": \"object\", \"properties\": {" .. table.concat(props, ", ") .. "}}}}}")
+  f:close()
+end
+LUA
+scripts/serve --port "$port" --threads 1 --prefix "$dir/prefix" > "$dir/serve.log" 2>&1 &
+server=$!
+for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$port/health" && break; sleep 0.1; done
+curl -s -o /dev/null "http://127.0.0.1:$port/health" || { cat "$dir/serve.log" >&2; exit 1; }
+echo "grammar_compile_bench: $requests requests, each a new JSON Schema of $properties properties ($(wc -c < "$dir/body1.json") bytes)"
+(
+  for k in $(seq 1 "$requests"); do
+    curl -s -o /dev/null -w "%{http_code} %{time_total}\n" -H 'Content-Type: application/json' \
+      --data-binary @"$dir/body$k.json" "http://127.0.0.1:$port/v1/completions"
+  done
+) > "$dir/requests.log" &
+load=$!
+: > "$dir/health.log"
+while kill -0 "$load" 2>/dev/null; do
+  curl -s -o /dev/null -w "%{time_total}\n" "http://127.0.0.1:$port/health" >> "$dir/health.log"
+  sleep 0.01
+done
+wait "$load"
+awk '{ n++; if ($1 != "200") bad++; t += $2 } END { printf "requests: %d, %d not 200, mean %.1f ms each\n", n, bad, 1000 * t / n }' "$dir/requests.log"
+sort -n "$dir/health.log" | awk '{ a[NR] = $1 } END {
+  printf "/health while they compiled: %d probes, p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+         NR, 1000 * a[int(NR * 0.5) + 1], 1000 * a[int(NR * 0.99) + 1], 1000 * a[NR] }'
