@@ -223,6 +223,29 @@ describe("tinyloop.grammar", function()
         assert.matches("expected", err)
         assert.same({ nil, "no grammar kind 'lua'" }, { wait.compile(fns, "lua", "x") })
     end)
+    it("counts the server cache's grammars once each, a grammar that is its own reasoning variant too", function()
+        -- (request.lua without nginx: a permissive grammar already writes a <think> block, so
+        -- its variant after the reasoning is itself; it was counted twice)
+        local cjson = require "cjson"
+        local request = require "tinyloop.server.request"
+        local function parse(gbnf)
+            local req, err = request.parse(cjson.encode({ prompt = "x", max_tokens = 4, grammar = gbnf }), austen, "m", 8, {})
+            assert(req, type(err) == "table" and err.message or tostring(err))
+            return req.cfg.grammar
+        end
+        local any = parse('root ::= [^\\x00]*\n')
+        assert.equal(any, request.after_reasoning(any, false, true))
+        local other = parse('root ::= "b"\n') -- (a lookup: the cache counts its bytes anew)
+        local grammars, bytes = request.grammar_cache_stats()
+        assert.same({ 2, any:memory().own_bytes + other:memory().own_bytes }, { grammars, bytes })
+        -- evicted (a budget of nothing keeps only the grammar in hand), each is trimmed once
+        request.set_grammar_cache_budget(0)
+        parse('root ::= "c"\n')
+        local grammars = request.grammar_cache_stats()
+        assert.equal(1, grammars)
+        assert.equal(1, any:memory().restarts)
+        request.set_grammar_cache_budget(256 * 1048576)
+    end)
     it("opens grammars from free text at triggers (grammar.tags)", function()
         local digit = assert(G.gbnf('root ::= "{" [0-9] "}"'))
         local g = assert(G.tags({ { begin = "<f=a>", content = digit, ["end"] = "</f>" },
