@@ -446,6 +446,15 @@ describe("tinyloop.json_text", function()
         assert.is_nil(json_text.member(doc, { "s", 1 }))
         assert.is_nil(json_text.member(doc, { "zz" }))
         assert.equal("2", json_text.member('{"k": 1, "k": 2}', { "k" })) -- the last duplicate, as cjson
+        -- look-ups alternating between texts, the same containers at the same places in each:
+        -- each text's own members (member remembers the last text's containers)
+        local other = ' {"a": [2, {"b": [7]}, "y"], "s": "r"} '
+        for _ = 1, 2 do
+            assert.equal("[7]", json_text.member(other, { "a", 2, "b" }))
+            assert.equal("{}", json_text.member(doc, { "a", 2, "b" }))
+            assert.equal('"r"', json_text.member(other, { "s" }))
+            assert.equal('"q\\"}"', json_text.member(doc, { "s" }))
+        end
     end)
 
     it("scans text that is not JSON without raising: nil where a value does not end", function()
