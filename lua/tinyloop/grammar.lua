@@ -114,23 +114,40 @@ M.to_json = to_json
 -- schema: a Lua table or a JSON string; opts.whitespace = "free" allows blanks between tokens;
 -- opts.loose = true leaves out the keywords that only narrow a value and that the converter
 -- cannot enforce (tinyloop.h: tl_json_schema_options.loose), allowing a superset.
-function M.json_schema(schema, opts)
+-- A schema's JSON text and its tl_json_schema_options, checked (who: the function, for messages).
+local function schema_args(schema, opts, who)
     local text
     if type(schema) == "string" then text = schema
     elseif type(schema) == "table" then text = to_json(schema)
-    else raise("tinyloop.grammar.json_schema: schema must be a table or a JSON string") end
-    if opts ~= nil and type(opts) ~= "table" then raise("tinyloop.grammar.json_schema: opts must be a table") end
+    else raise("tinyloop.grammar." .. who .. ": schema must be a table or a JSON string") end
+    if opts ~= nil and type(opts) ~= "table" then raise("tinyloop.grammar." .. who .. ": opts must be a table") end
     local o = ffi.new("tl_json_schema_options")
     if opts and opts.whitespace ~= nil then
         if opts.whitespace ~= "free" and opts.whitespace ~= "compact" then
-            raise("tinyloop.grammar.json_schema: opts.whitespace must be \"free\" or \"compact\"")
+            raise("tinyloop.grammar." .. who .. ": opts.whitespace must be \"free\" or \"compact\"")
         end
         o.free_whitespace = opts.whitespace == "free" and 1 or 0
     end
     if opts and opts.loose ~= nil then
-        if type(opts.loose) ~= "boolean" then raise("tinyloop.grammar.json_schema: opts.loose must be a boolean") end
+        if type(opts.loose) ~= "boolean" then raise("tinyloop.grammar." .. who .. ": opts.loose must be a boolean") end
         o.loose = opts.loose and 1 or 0
     end
+    return text, o
+end
+
+-- json_schema_gbnf(schema, opts) -> the GBNF text json_schema compiles (tl_json_schema_to_gbnf),
+-- without compiling it: for a grammar built around it (tinyloop.tools), or nil, err.
+function M.json_schema_gbnf(schema, opts)
+    local text, o = schema_args(schema, opts, "json_schema_gbnf")
+    local gb, n = ffi.new("char *[1]"), ffi.new("size_t[1]")
+    if C.tl_json_schema_to_gbnf(text, #text, o, gb, n) ~= 0 then return nil, last_error() end
+    local source = ffi.string(gb[0], n[0])
+    C.tl_free(gb[0])
+    return source
+end
+
+function M.json_schema(schema, opts)
+    local text, o = schema_args(schema, opts, "json_schema")
     local out = ffi.new("tl_compiled_grammar *[1]")
     if C.tl_grammar_compile_json_schema(text, #text, o, out) ~= 0 then return nil, last_error() end
     local gb, n = ffi.new("char *[1]"), ffi.new("size_t[1]")

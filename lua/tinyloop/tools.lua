@@ -220,8 +220,10 @@ function _M.grammar_text(spec, after_open)
         if spec.choice ~= "function" or fn.name == spec.name then
             -- (without strict: true, keywords the converter cannot enforce are left out, as
             -- OpenAI's non-strict tools take any schema; strict ones must hold exactly)
-            local g, err = grammar.json_schema(fn.parameters_json or NO_PARAMETERS, { whitespace = "free", loose = not fn.strict })
-            if not g then
+            -- (the GBNF text only: the grammar around the calls compiles it, once)
+            local parameters, err = grammar.json_schema_gbnf(fn.parameters_json or NO_PARAMETERS,
+                                                            { whitespace = "free", loose = not fn.strict })
+            if not parameters then
                 return nil, ("the parameters of function '%s' do not compile as a JSON Schema: %s"):format(fn.name, tostring(err))
             end
             local prefix = "f" .. k .. "-"
@@ -232,7 +234,7 @@ function _M.grammar_text(spec, after_open)
             -- text the next turn renders (the prefix pool serves it), and it cannot pad a call
             -- with blanks up to max_tokens. The generated grammar puts its blanks after "," and
             -- ":" and between tokens (rule ws): those become ", ", ": " and nothing.
-            local text = g:gbnf():gsub('"," ws', '", "'):gsub('":" ws', '": "')
+            local text = parameters:gsub('"," ws', '", "'):gsub('":" ws', '": "')
             text = text:gsub("\nws ::= [^\n]*", "", 1):gsub("^ws ::= [^\n]*\n", "", 1)
             rules[#rules + 1] = prefix_rules(text, prefix, { ws = false }) ..
                 ('%scall ::= "{\\"name\\": \\"%s\\", \\"arguments\\": " %sroot "}"\n'):format(prefix, fn.name, prefix)
@@ -246,24 +248,25 @@ function _M.grammar_text(spec, after_open)
         'call ::= "' .. START .. '\\n" ' .. body .. "\n" .. concat(rules, "\n")
 end
 
--- grammar(spec) -> the compiled grammar_text, or nil, err.
-function _M.grammar(spec)
+-- grammar(spec[, compile]) -> the compiled grammar_text, or nil, err. compile(kind, text): how
+-- GBNF text becomes a grammar (a server's runs in its thread pool); grammar.gbnf by default.
+local function compile_here(_, text) return require("tinyloop").grammar.gbnf(text) end
+function _M.grammar(spec, compile)
     local text, err = _M.grammar_text(spec)
     if not text then return nil, err end
-    return require("tinyloop").grammar.gbnf(text)
+    return (compile or compile_here)("gbnf", text)
 end
 
--- lazy_grammar(spec) -> a grammar for tool_choice "auto" (llama.cpp's lazy grammar): the reply
--- is free text until the model opens a call, and the calls from there on are whole and valid
--- (each function's parameters), then the reply ends; or nil, err. (A thinking model's block
--- around it: tinyloop.reasoning.grammar.)
-function _M.lazy_grammar(spec)
+-- lazy_grammar(spec[, compile]) -> a grammar for tool_choice "auto" (llama.cpp's lazy grammar):
+-- the reply is free text until the model opens a call, and the calls from there on are whole
+-- and valid (each function's parameters), then the reply ends; or nil, err. (A thinking
+-- model's block around it: tinyloop.reasoning.grammar.)
+function _M.lazy_grammar(spec, compile)
     local text, err = _M.grammar_text(spec, true)
     if not text then return nil, err end
-    local grammar = require("tinyloop").grammar
-    local calls, gerr = grammar.gbnf(text)
+    local calls, gerr = (compile or compile_here)("gbnf", text)
     if not calls then return nil, gerr end
-    return grammar.after(START, calls, 0) -- (the call's shape to the byte: "<tool_call>\n{")
+    return require("tinyloop").grammar.after(START, calls, 0) -- (the call's shape to the byte: "<tool_call>\n{")
 end
 
 -- ------------------------------------------------------------------ reading calls back

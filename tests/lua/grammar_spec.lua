@@ -175,6 +175,17 @@ describe("tinyloop.grammar", function()
         assert.is_false(g:matches_prefix("x"))
         assert.has_error(function() g:matches_prefix(5) end, "grammar:matches_prefix: text must be a string")
     end)
+    it("gives a JSON Schema's GBNF text without compiling it (json_schema_gbnf)", function()
+        local schema = { type = "object", properties = { a = { type = "integer" } }, required = { "a" } }
+        for _, opts in ipairs({ {}, { whitespace = "free" }, { loose = true } }) do
+            assert.equal(assert(G.json_schema(schema, opts)):gbnf(), assert(G.json_schema_gbnf(schema, opts)))
+        end
+        local none, err = G.json_schema_gbnf('{"type": "strung"}')
+        assert.is_nil(none)
+        assert.matches("strung", err)
+        assert.has_error(function() G.json_schema_gbnf(5) end, "tinyloop.grammar.json_schema_gbnf: schema must be a table or a JSON string")
+        assert.has_error(function() G.json_schema_gbnf("{}", { whitespace = "some" }) end)
+    end)
     it("reports the memory it holds (grammar:memory)", function()
         local g = assert(G.gbnf('root ::= "{" [a-z]* "}"'))
         local fresh = assert(g:memory())

@@ -1110,7 +1110,7 @@ local function tools_fields(t, body, cfg, shared)
         -- a stop string would cut the calls' markup or JSON, which the grammar guarantees whole
         if t.stop ~= nil then return bad(("tool_choice %s writes tool calls only: not with stop strings"):format(which), "stop") end
         local key = ("tools:%s:%s:%s"):format(spec.name or spec.choice, tostring(spec.parallel), tools_json)
-        local g, gerr = compiled(key, tools.grammar, spec)
+        local g, gerr = compiled(key, function() return tools.grammar(spec, compile_text) end)
         if not g then return bad(gerr, "tools") end
         cfg.grammar, shared.grammar_field = g, "tools"
     else -- "auto": free text, and a call the model opens is made whole and valid
@@ -1121,7 +1121,7 @@ local function tools_fields(t, body, cfg, shared)
         end
         if not cfg.grammar then -- (a request's own grammar constrains the reply instead)
             local key = ("tools-auto:%s:%s"):format(tostring(spec.parallel), tools_json)
-            local g, gerr = compiled(key, function() return tools.lazy_grammar(spec) end)
+            local g, gerr = compiled(key, function() return tools.lazy_grammar(spec, compile_text) end)
             if not g then return bad(gerr, "tools") end
             cfg.grammar, shared.grammar_field = g, "tools"
             spec.lazy = true -- (its calls, whole by the grammar, can be streamed as they come)
