@@ -580,19 +580,19 @@ local function content_grammar(c, text, path, at, compact, tag_end)
         at_schema[#at_schema + 1] = "json_schema"
         local schema = not err and json_text.member(text, at_schema)
         if err or not schema or not schema:match("^%s*{") then return nil, err or at .. ".json_schema must be a JSON Schema object" end
-        local g, serr = grammar.json_schema(schema, { whitespace = compact and "compact" or "free" })
+        local g, serr = compile_text("json_schema", schema, not compact)
         if not g then return nil, at .. ".json_schema does not compile: " .. tostring(serr) end
         return g
     elseif kind == "regex" then
         err = only("pattern")
         if err or type(c.pattern) ~= "string" or valid_utf8(c.pattern) ~= c.pattern then return nil, err or at .. ".pattern must be a string" end
-        local g, rerr = grammar.regex(c.pattern)
+        local g, rerr = compile_text("regex", c.pattern)
         if not g then return nil, at .. ".pattern does not compile: " .. tostring(rerr) end
         return g
     elseif kind == "grammar" then
         err = only("grammar")
         if err or type(c.grammar) ~= "string" or c.grammar == "" then return nil, err or at .. ".grammar must be GBNF text" end
-        local g, gerr = grammar.gbnf(c.grammar)
+        local g, gerr = compile_text("gbnf", c.grammar)
         if not g then return nil, at .. ".grammar does not compile: " .. tostring(gerr) end
         return g
     elseif kind == "const_string" then
@@ -600,7 +600,7 @@ local function content_grammar(c, text, path, at, compact, tag_end)
         if err or type(c.value) ~= "string" or c.value == "" or valid_utf8(c.value) ~= c.value or c.value:find("\0", 1, true) then
             return nil, err or at .. ".value must be a non-empty string"
         end
-        return grammar.gbnf("root ::= " .. grammar.lit(c.value).text .. "\n")
+        return compile_text("gbnf", "root ::= " .. grammar.lit(c.value).text .. "\n")
     elseif kind == "any_text" then
         err = only()
         if err then return nil, err end
@@ -708,7 +708,7 @@ local function structural_tag_grammar(v, text, P, what, compact)
             if (st.begin .. st["end"]):find("\0", 1, true) then return nil, at .. ": begin and end must not hold a NUL character" end
             local schema = json_text.member(text, { "structures", i, "schema" })
             if not schema or schema:sub(1, 1) ~= "{" then return nil, at .. ".schema must be a JSON Schema object" end
-            local content, serr = grammar.json_schema(schema, { whitespace = whitespace })
+            local content, serr = compile_text("json_schema", schema, whitespace == "free")
             if not content then return nil, at .. ".schema does not compile: " .. tostring(serr) end
             tags[i] = { begin = st.begin, content = content, ["end"] = st["end"] }
         end
