@@ -451,6 +451,11 @@ typedef struct tl_generate_config {
     tl_token_seq reasoning_start;    /* 1..TL_MAX_REASONING_TAG ids (0 ids: only with reasoning_open) */
     tl_token_seq reasoning_end;      /* 1..TL_MAX_REASONING_TAG ids; also what the budget forces */
     int reasoning_open;              /* 0; 1: the block is open before the first token */
+    /* vLLM's skip_special_tokens = false: special tokens' texts ("<|im_end|>", a "<tool_call>"
+       a tokenizer marks special) are part of the generated text (tl_session_text, stop
+       strings), except the token that ends generation (the end of sequence, a one-token stop
+       sequence's), whose text vLLM drops too. The tokens themselves are emitted either way. */
+    int keep_special_text;           /* 0 (special tokens are control, not text); 1 */
 } tl_generate_config;
 
 enum { TL_MAX_REASONING_TAG = 16 }; /* the most ids of reasoning_start and reasoning_end */

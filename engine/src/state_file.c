@@ -11,9 +11,9 @@
  * resume must name the grammar again, whose matcher then accepts the emitted tokens anew
  * (fork.c).
  *
- * The layout, little-endian, no padding (version 5; version 4, still read, ends the config
- * at the reasoning tags, version 3 at min_tokens, version 2 at the logit_bias entries, and
- * version 1 at the stop strings):
+ * The layout, little-endian, no padding (version 6; version 5, still read, ends the config
+ * at penalties_count_prompt, version 4 at the reasoning tags, version 3 at min_tokens,
+ * version 2 at the logit_bias entries, and version 1 at the stop strings):
  *     "TLSTATE\0"  u32 version  u64 model fingerprint (model.c)
  *     u32 kv_type  u32 vocab  u32 n_slots  u32 kv_dim
  *     config: i32 max_tokens loops top_k cache_window beam_size early_exit_patience
@@ -30,6 +30,7 @@
  *             i32 reasoning_budget reasoning_open  i32 n, i32 ids[n] of reasoning_start, then
  *             of reasoning_end (the budget's state is replayed from the tokens)
  *             i32 penalty_window penalties_count_prompt
+ *             i32 keep_special_text
  *     i32 prompt_len  i32 n_tokens  i32 tokens[n_tokens]
  *     u64 rng[4]  u8 prompt_done  u8 compiled_grammar  u64 text_shown
  *     f64 prefill_ms first_token_ms decode_ms probe_ms loops_sum
@@ -56,10 +57,11 @@
 #include "session.h"
 
 static const char STATE_MAGIC[8] = "TLSTATE";
-#define STATE_VERSION 5u
+#define STATE_VERSION 6u
 #define STATE_OLDEST_READ 1u /* a version 1 state has no logit_bias nor presence/frequency penalties,
                                 version 2 no min_p nor min_tokens, version 3 no thinking budget,
-                                version 4 no penalty_window nor penalties_count_prompt */
+                                version 4 no penalty_window nor penalties_count_prompt,
+                                version 5 no keep_special_text */
 #define STATE_MAX_FILE_BYTES ((size_t)1 << 40)
 
 static bool host_is_little_endian(void) {
@@ -153,6 +155,7 @@ static void write_config(state_writer *w, const tl_generate_config *c) {
     }
     put_i32(w, c->penalty_window);
     put_i32(w, c->penalties_count_prompt);
+    put_i32(w, c->keep_special_text);
 }
 
 static void write_stats(state_writer *w, const tl_session *s) {
@@ -429,6 +432,7 @@ static tl_status read_config_fields(state_reader *r, read_config *rc) {
         c->penalty_window = get_i32(r);
         c->penalties_count_prompt = get_i32(r);
     }
+    if (r->version >= 6) c->keep_special_text = get_i32(r); /* validated by tl_session_create */
     return r->short_read ? MALFORMED("the bytes end inside the config") : TL_OK;
 }
 

@@ -217,6 +217,7 @@ typedef struct tl_generate_config {
     tl_token_seq reasoning_start;
     tl_token_seq reasoning_end;
     int reasoning_open;
+    int keep_special_text;
 } tl_generate_config;
 enum { TL_MAX_REASONING_TAG = 16 };
 void tl_generate_config_init(tl_generate_config *cfg);

@@ -1,6 +1,7 @@
 /* test_text.c: the text API (encode, decode, streaming detokenizer) and stop strings in
  * the generation state machine, on a small checkpoint with its own byte-level BPE. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "tinyloop.h"
@@ -191,6 +192,58 @@ static void test_stop_strings(void) {
     CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, buf, CAP, &len2, NULL), TL_ERR_INVALID_ARGUMENT, "n_stop_strings = 3");
 }
 
+/* keep_special_text (vLLM's skip_special_tokens = false): <|endoftext|> (319, special) forced
+   as the 3rd token. Where it does not end generation (ignore_eos) its text is in the
+   generated text, and stop strings see it; the token that ends generation keeps none. */
+static void test_keep_special_text(void) {
+    const int32_t eos = 319, prompt[2] = {72, 105};
+    int32_t script[6], out[CAP];
+    const char *words = "ab";
+    for (int i = 0; i < 6; i++) script[i] = i == 2 ? eos : (int32_t)words[i % 2];
+    script_t sc = {script, 6, 2};
+    for (int keep = 0; keep <= 1; keep++) {
+        for (int mode = 0; mode < 4; mode++) { /* ignore_eos; eos ends; a one-token stop sequence; a stop string */
+            tl_generate_config cfg;
+            tl_generate_config_init(&cfg);
+            cfg.max_tokens = 6;
+            cfg.logits_processor = force;
+            cfg.logits_processor_user = &sc;
+            cfg.keep_special_text = keep;
+            cfg.ignore_eos = mode != 1;
+            const tl_token_seq stop_eos = {&eos, 1};
+            if (mode == 2) cfg.stop_sequences = &stop_eos, cfg.n_stop_sequences = 1;
+            const char *stop_text[] = {"<|endoftext|>"};
+            if (mode == 3) cfg.stop_strings = stop_text, cfg.n_stop_strings = 1;
+            tl_session *s = NULL;
+            CHECK(tl_session_new(model, prompt, 2, &cfg, &s) == TL_OK, "%s", tl_last_error());
+            tl_stop_reason stop = TL_STOP_NONE;
+            int n = 0;
+            while (s && stop == TL_STOP_NONE && n < CAP) {
+                int32_t tok;
+                if (tl_session_step(s, &tok, &stop) != TL_OK) { CHECK(0, "step: %s", tl_last_error()); break; }
+                if (tok >= 0) out[n++] = tok;
+            }
+            const char *text = "";
+            size_t len = 0;
+            if (s) tl_session_text(s, &text, &len);
+            const bool ends = mode != 0 && (mode != 3 || keep); /* (a stop string sees the text only where it is kept) */
+            CHECK(n == (ends ? 3 : 6) && out[2] == eos, "keep %d mode %d: %d tokens", keep, mode, n);
+            const char *want = !ends ? (keep ? "ab<|endoftext|>bab" : "abbab") : mode == 3 ? "ab<|endoftext|>" : "ab";
+            CHECK(len == strlen(want) && memcmp(text, want, len) == 0, "keep %d mode %d: text \"%.*s\", want \"%s\"", keep,
+                  mode, (int)len, text, want);
+            CHECK(stop == (!ends ? TL_STOP_MAX_TOKENS : mode == 1 ? TL_STOP_EOS : TL_STOP_SEQUENCE), "keep %d mode %d: %s", keep,
+                  mode, tl_stop_reason_name(stop));
+            tl_session_free(s);
+        }
+    }
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.keep_special_text = 2;
+    int32_t buf[CAP];
+    int n;
+    CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, buf, CAP, &n, NULL), TL_ERR_INVALID_ARGUMENT, "keep_special_text = 2 must be 0 or 1");
+}
+
 static void test_no_tokenizer(const char *golden) {
     tl_model *bare = NULL;
     CHECK(tl_model_load(golden, NULL, &bare) == TL_OK, "load %s", golden);
@@ -229,6 +282,7 @@ int main(int argc, char **argv) {
     CHECK(tl_model_info(model)->has_tokenizer == 1, "has_tokenizer");
     test_encode_decode();
     test_stop_strings();
+    test_keep_special_text();
     test_no_tokenizer(golden);
     tl_model_free(model);
     return check_summary();

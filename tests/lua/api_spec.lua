@@ -391,6 +391,20 @@ describe("model:stream", function()
         return ids, table.concat(pieces)
     end
 
+    it("yields special tokens' text with keep_special_text, never the one that ends generation", function()
+        -- (H.model(): the small test model, whose <|endoftext|> is 319, special)
+        local cfg = { max_tokens = 3, logit_bias = { [319] = 100 }, ignore_eos = true }
+        local ids, text = collect(m:stream("Hello", cfg))
+        assert.same({ { 319, 319, 319 }, "" }, { ids, text })
+        cfg.keep_special_text = true
+        ids, text = collect(m:stream("Hello", cfg))
+        assert.same({ { 319, 319, 319 }, ("<|endoftext|>"):rep(3) }, { ids, text })
+        cfg.ignore_eos = false
+        assert.same({ { 319 }, "" }, { collect(m:stream("Hello", cfg)) })
+        H.error_contains(function() m:generate("Hello", { keep_special_text = 1 }) end,
+                         "config field 'keep_special_text' must be a boolean")
+    end)
+
     it("yields the continuation's tokens, whose text pieces concatenate to its decoding", function()
         for seed = 1, 4 do
             local cfg = { max_tokens = 30, temperature = 1.0, sample_seed = seed }

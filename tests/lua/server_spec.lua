@@ -683,6 +683,25 @@ describe("server", function()
         end
     end)
 
+    it("puts special tokens' text in the output with vLLM's skip_special_tokens: false", function()
+        -- <|endoftext|> (4095, special) made certain, and not the end (ignore_eos): its text is
+        -- shown only when asked; where it ends the generation, it is never shown
+        local function text(extra)
+            local req = { prompt = "It is", max_tokens = 3, logit_bias = { ["4095"] = 100 }, ignore_eos = true }
+            for k, v in pairs(extra) do req[k] = v end
+            local status, body = post_json(req)
+            assert.equal(200, status, body)
+            return cjson.decode(body).choices[1].text
+        end
+        assert.equal("", text({}))
+        assert.equal("", text({ skip_special_tokens = true }))
+        assert.equal(("<|endoftext|>"):rep(3), text({ skip_special_tokens = false }))
+        assert.equal("", text({ skip_special_tokens = false, ignore_eos = false }))
+        local status, body = post_json({ prompt = "It is", skip_special_tokens = 0 })
+        assert.equal(400, status, body)
+        assert.equal("skip_special_tokens", cjson.decode(body).error.param)
+    end)
+
     local function expect_error(status, param, body_or_args, raw)
         local got, body
         if raw then got, body = curl(body_or_args) else got, body = post(body_or_args) end

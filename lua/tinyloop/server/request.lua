@@ -78,6 +78,7 @@ local FIELDS = {
     guided_regex = { "string", false },
     stop_token_ids = { "array", false }, -- vLLM's: token ids that end the generation (kept in it)
     include_stop_str_in_output = { "boolean", false }, -- vLLM's: the stop string stays in the text
+    skip_special_tokens = { "boolean", false }, -- vLLM's: false puts special tokens' text in the output
 }
 _M.FIELDS = FIELDS
 
@@ -979,6 +980,9 @@ local function shared_fields(t, body, model, model_id, cfg, max_stops)
         stop_names = stop_names or {}
         stop_names[stop] = true
     end
+    -- (vLLM's default, true, is the engine's: special tokens are control, not text; the token
+    -- that ends generation keeps no text either way)
+    if t.skip_special_tokens == false then cfg.keep_special_text = true end
     local stop_ids
     if t.stop_token_ids ~= nil then
         local ok, e = check_token_ids(t.stop_token_ids, model.vocab_size, "stop_token_ids")
