@@ -3071,6 +3071,20 @@ describe("server with two workers", function()
         end)
     end)
 
+    it("encodes a long prompt in the thread pool: the same ids as the model's tokenizer", function()
+        -- (from 16 KB on: too long for this model's context, so the refusal counts its tokens)
+        local m = assert(tinyloop.load(MODEL))
+        for _, text in ipairs({ ("It is a truth universally acknowledged. "):rep(500), ("\u{e9}t\u{e9} "):rep(4000) }) do
+            assert.is_true(#text >= 16384)
+            local n = #m:encode(text)
+            local status, body = curl("-H 'Content-Type: application/json' --data-binary " ..
+                                      quote(cjson.encode({ prompt = text, max_tokens = 4 })) .. " " .. base2 .. "/v1/completions")
+            assert.equal(400, status, body)
+            assert.truthy(body:find(("the prompt (%d tokens) plus max_tokens (4)"):format(n), 1, true), body)
+        end
+        m:close()
+    end)
+
     it("keeps its compiled grammars within grammar_cache_mb, the least recently used going first", function()
         -- scripts/serve's config, one worker whose cache may hold no memory: it keeps only the
         -- grammar in hand, and each new one evicts the one before

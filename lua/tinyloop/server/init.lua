@@ -87,6 +87,8 @@ local conf = {
 }
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
+-- prompts from this long on are encoded in the thread pool (about 1 ms of tl_encode)
+local ENCODE_IN_POOL_BYTES = 16384
 local chat_prompts, chat_error -- tinyloop.chat for the model (or why it failed to load)
 local reasoning_on -- chat replies are read for reasoning (conf.reasoning_format)
 -- the model, tl_score_logprobs, tl_embed_batch and tl_last_error, for prompt scoring and
@@ -257,6 +259,21 @@ function _M.init_worker()
                                 last_error = C.tl_last_error }) do
             fns[kind] = tonumber(ffi_cast("uintptr_t", fn))
         end
+        -- and long prompts encode there (a short one costs less than the hop: inline)
+        local encode_fns = { encode = tonumber(ffi_cast("uintptr_t", C.tl_encode)), free = tonumber(ffi_cast("uintptr_t", C.tl_free)),
+                             last_error = fns.last_error }
+        request.set_encoder(function(m, text)
+            if #text < ENCODE_IN_POOL_BYTES then return m:encode(text) end
+            local ok, bytes, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "encode", encode_fns, model_addr, text)
+            if not ok then return nil, "the thread pool: " .. tostring(bytes) end
+            if not bytes then return nil, err end
+            local n = #bytes / 4
+            local arr = ffi_new("int32_t[?]", n) -- (a copy: a pointer into the string would not keep it alive)
+            ffi.copy(arr, bytes, #bytes)
+            local ids = {}
+            for i = 1, n do ids[i] = arr[i - 1] end
+            return ids
+        end)
         request.set_text_compiler(function(kind, text, free_whitespace, loose)
             local ok, address, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "compile", fns, kind, text,
                                                        free_whitespace == true, loose == true)

@@ -224,6 +224,13 @@ local function valid_utf8(s)
 end
 _M.valid_utf8 = valid_utf8
 
+-- How a prompt's text becomes token ids: model:encode here by default; the server sets an
+-- encoder that runs long texts in nginx's thread pool (set_encoder). encoder(model, text) ->
+-- ids | nil, err.
+local function encode_here(model, text) return model:encode(text) end
+local encode_text = encode_here
+function _M.set_encoder(encoder) encode_text = encoder or encode_here end
+
 -- Token ids of one prompt: a string (encoded with the model's tokenizer) or an array of ids;
 -- `at` names it in messages ("prompt", or "prompt[1]" in a batch), `field` (default
 -- "prompt") is the request field it is.
@@ -234,7 +241,7 @@ local function prompt_ids(model, prompt, at, field)
         if not model.has_tokenizer then
             return bad(("this model has no tokenizer: send %s as an array of token ids"):format(field), field)
         end
-        local ids, err = model:encode(prompt)
+        local ids, err = encode_text(model, prompt)
         if not ids then return nil, { status = 500, message = "encoding the prompt failed: " .. tostring(err), type = "server_error" } end
         return ids
     end
@@ -1205,7 +1212,7 @@ function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
     text, err = render_messages(t, body, chat, template_tools)
     if not text then return nil, err end
     if text == "" then return bad("the chat template rendered these messages as an empty prompt", "messages") end
-    local ids, e = model:encode(text)
+    local ids, e = encode_text(model, text)
     if not ids then return nil, { status = 500, message = "encoding the prompt failed: " .. tostring(e), type = "server_error" } end
     if opts.counting then return { prompt_tokens = #ids } end
     local ok
