@@ -248,13 +248,36 @@ function _M.grammar_text(spec, after_open)
         'call ::= "' .. START .. '\\n" ' .. body .. "\n" .. concat(rules, "\n")
 end
 
--- grammar(spec[, compile]) -> the compiled grammar_text, or nil, err. compile(kind, text): how
--- GBNF text becomes a grammar (a server's runs in its thread pool); grammar.gbnf by default.
-local function compile_here(_, text) return require("tinyloop").grammar.gbnf(text) end
+-- grammar(spec[, compile]) -> the compiled grammar_text, or nil, err. compile(kind, text,
+-- free_whitespace, loose): how GBNF text ("gbnf") or a JSON Schema ("json_schema") becomes a
+-- grammar (a server's runs in its thread pool); the grammar module's by default.
+local function compile_here(kind, text, free_whitespace, loose)
+    local grammar = require("tinyloop").grammar
+    if kind == "gbnf" then return grammar.gbnf(text) end
+    return grammar.json_schema(text, { whitespace = free_whitespace and "free" or "compact", loose = loose == true })
+end
+
+-- The grammar around the calls compiled (compile: as above); where it does not, the message
+-- names the function whose parameters failed (a $ref cycle, say, shows only once the GBNF of
+-- the schema compiles: its rules are prefixed "f<k>-"), as that schema compiled alone says.
+local function compile_calls(spec, text, compile)
+    compile = compile or compile_here
+    local g, err = compile("gbnf", text)
+    if g then return g end
+    local fn = spec.functions[tonumber(tostring(err):match("'f(%d+)%-") or "")]
+    if fn then
+        local _, serr = compile("json_schema", fn.parameters_json or NO_PARAMETERS, true, not fn.strict)
+        if serr then
+            return nil, ("the parameters of function '%s' do not compile as a JSON Schema: %s"):format(fn.name, tostring(serr))
+        end
+    end
+    return nil, err
+end
+
 function _M.grammar(spec, compile)
     local text, err = _M.grammar_text(spec)
     if not text then return nil, err end
-    return (compile or compile_here)("gbnf", text)
+    return compile_calls(spec, text, compile)
 end
 
 -- lazy_grammar(spec[, compile]) -> a grammar for tool_choice "auto" (llama.cpp's lazy grammar):
@@ -264,7 +287,7 @@ end
 function _M.lazy_grammar(spec, compile)
     local text, err = _M.grammar_text(spec, true)
     if not text then return nil, err end
-    local calls, gerr = (compile or compile_here)("gbnf", text)
+    local calls, gerr = compile_calls(spec, text, compile)
     if not calls then return nil, gerr end
     return require("tinyloop").grammar.after(START, calls, 0) -- (the call's shape to the byte: "<tool_call>\n{")
 end

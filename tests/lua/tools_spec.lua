@@ -274,6 +274,16 @@ describe("tinyloop.tools.grammar", function()
         assert.truthy(err:find("the parameters of function 'bad' do not compile as a JSON Schema: ", 1, true), err)
         -- a named choice compiles only its own function
         assert.truthy(tools.grammar(assert(check({ NOW, bad }, { type = "function", ["function"] = { name = "now" } }))))
+        -- an error found only once the schema's GBNF compiles (a $ref cycle), named the same,
+        -- forced or auto
+        local cycle = { type = "function", ["function"] = { name = "loop", parameters = { type = "object",
+            properties = { a = { ["$ref"] = "#/$defs/x" } }, ["$defs"] = { x = { ["$ref"] = "#/$defs/x" } } } } }
+        for _, make in ipairs({ tools.grammar, tools.lazy_grammar }) do
+            g, err = make(assert(check({ NOW, cycle }, "required")))
+            assert.is_nil(g)
+            assert.truthy(err:find("the parameters of function 'loop' do not compile as a JSON Schema: JSON schema: a $ref cycle", 1,
+                                   true), err)
+        end
     end)
 
     it("takes keywords it cannot enforce in tools without strict (Pydantic's HttpUrl, gt=), and holds strict ones", function()

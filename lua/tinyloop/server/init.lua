@@ -86,6 +86,18 @@ local conf = {
                               -- localhost:3000"); nil: none (browsers then refuse cross-origin calls)
 }
 
+-- No thread or Lua VM in the pool ("no available Lua vm" past lua_worker_thread_vm_pool_size,
+-- a full queue, a missing pool): a configuration too small for the load costs latency (a wait
+-- polls; a compile or an encode runs on the event loop), never the request. Logged once a minute.
+local pool_warned_at = {} -- (by what is done instead)
+local function pool_unavailable(err, instead)
+    if ngx.now() - (pool_warned_at[instead] or -math.huge) > 60 then
+        pool_warned_at[instead] = ngx.now()
+        ngx.log(ngx.WARN, "tinyloop: thread pool: ", tostring(err), "; ", instead,
+                " instead (size thread_pool and lua_worker_thread_vm_pool_size to max_active + max_queued)")
+    end
+end
+
 local model, engine, engine_addr, wait_addr, model_error, created_at
 -- prompts from this long on are encoded in the thread pool (about 1 ms of tl_encode)
 local ENCODE_IN_POOL_BYTES = 16384
@@ -265,7 +277,10 @@ function _M.init_worker()
         request.set_encoder(function(m, text)
             if #text < ENCODE_IN_POOL_BYTES then return m:encode(text) end
             local ok, bytes, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "encode", encode_fns, model_addr, text)
-            if not ok then return nil, "the thread pool: " .. tostring(bytes) end
+            if not ok then
+                pool_unavailable(bytes, "encoding on the event loop")
+                return m:encode(text)
+            end
             if not bytes then return nil, err end
             local n = #bytes / 4
             local arr = ffi_new("int32_t[?]", n) -- (a copy: a pointer into the string would not keep it alive)
@@ -277,7 +292,10 @@ function _M.init_worker()
         request.set_text_compiler(function(kind, text, free_whitespace, loose)
             local ok, address, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "compile", fns, kind, text,
                                                        free_whitespace == true, loose == true)
-            if not ok then return nil, "the thread pool: " .. tostring(address) end
+            if not ok then
+                pool_unavailable(address, "compiling on the event loop")
+                return request.compile_here(kind, text, free_whitespace, loose)
+            end
             if not address then return nil, err end
             return tinyloop.grammar.adopt(address) -- (at once: see wait.compile)
         end)
@@ -592,22 +610,13 @@ local function now()
     return ngx_now()
 end
 
-local pool_warned_at = -math.huge
-
 -- Blocks the request's coroutine (never the worker) until the engine has output.
 -- -> 1 (output), -1 (gone).
 local function wait(st)
     if conf.thread_pool then
         local ok, r = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "wait", wait_addr, engine_addr, st.id, conf.wait_ms)
         if ok then return r end
-        -- No thread or Lua VM to wait in ("no available Lua vm" past
-        -- lua_worker_thread_vm_pool_size, a full queue, a missing pool): a configuration too
-        -- small for the load costs polling latency, never the request. Logged once a minute.
-        if ngx_now() - pool_warned_at > 60 then
-            pool_warned_at = ngx_now()
-            ngx_log(ngx.WARN, "tinyloop: thread pool '", tostring(conf.thread_pool), "': ", tostring(r),
-                    "; polling instead (size thread_pool and lua_worker_thread_vm_pool_size to max_active + max_queued)")
-        end
+        pool_unavailable(r, "polling")
     end
     local delay = 0.001
     while true do
