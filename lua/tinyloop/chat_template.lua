@@ -179,13 +179,32 @@ local function utf8_decode(c) -- code point of one UTF-8 character
 end
 
 local WHITESPACE = " \t\n\r\f\v"
+-- The bytes of a strip's chars as a set (byte -> true), the last few kept: chat templates strip
+-- every message with the same one or two.
+local strip_sets, strip_sets_n = {}, 0
+local function byte_set(chars_)
+    local set = strip_sets[chars_]
+    if set then return set end
+    set = {}
+    for i = 1, #chars_ do set[byte(chars_, i)] = true end
+    if strip_sets_n >= 16 then strip_sets, strip_sets_n = {}, 0 end
+    strip_sets[chars_], strip_sets_n = set, strip_sets_n + 1
+    return set
+end
 local function strip(s, chars_, left, right) -- Python's str.strip family (ASCII whitespace)
-    -- (a NUL would end the class: %z is Lua 5.1's pattern for it)
-    local set = "[" .. gsub(gsub(chars_ or WHITESPACE, "[%]%%%^%-]", "%%%0"), "%z", "%%z") .. "]"
     if chars_ == "" then return s end
-    if left ~= false then s = gsub(s, "^" .. set .. "+", "") end
-    if right ~= false then s = gsub(s, set .. "+$", "") end
-    return s
+    -- byte scans from each end: the pattern "[set]+$" was tried at every position of the text
+    -- (most of a long chat's rendering)
+    local set = byte_set(chars_ or WHITESPACE)
+    local from, to = 1, #s
+    if left ~= false then
+        while from <= to and set[byte(s, from)] do from = from + 1 end
+    end
+    if right ~= false then
+        while to >= from and set[byte(s, to)] do to = to - 1 end
+    end
+    if from == 1 and to == #s then return s end
+    return sub(s, from, to)
 end
 
 -- ------------------------------------------------------------------ printing (Python str/repr)

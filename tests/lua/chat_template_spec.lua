@@ -109,6 +109,12 @@ describe("the API", function()
     it("strips a NUL as any other character (it used to end the pattern's class)", function()
         renders("abc", "{{ s.strip(z) }}", { s = "\0abc\0", z = "\0" })
         renders("abc\0", "{{ s.lstrip(z) }}", { s = "\0abc\0", z = "\0" })
+        -- pattern characters are characters; a text made only of them strips to nothing;
+        -- the sets of several calls do not mix
+        renders("b|^]%ab||]%ab%]^", "{{ s.strip(z) }}|{{ s.rstrip(z) }}|{{ '%%'.strip('%') }}|{{ s.lstrip('^') }}",
+                { s = "^]%ab%]^", z = "^]%a" })
+        renders("x|  x", "{{ '  x  '.strip() }}|{{ '  x  '.rstrip() }}")
+        renders("", "{{ '   '.strip() }}{{ ''.strip() }}")
     end)
 
     it("returns nil, err for arguments of the wrong type instead of raising", function()
