@@ -459,6 +459,11 @@ describe("tinyloop.json_text", function()
         -- look-ups alternating between texts, the same containers at the same places in each:
         -- each text's own members (member remembers the last text's containers)
         local other = ' {"a": [2, {"b": [7]}, "y"], "s": "r"} '
+        -- (unclosed containers, a stray bracket inside a string, a close with nothing open)
+        assert.is_nil(json_text.member('{"a": [1, {"b": 2}', { "a", 2, "b" }))
+        assert.equal('{"b": "]"}', json_text.member('{"a": [1, {"b": "]"}], "c": 3}', { "a", 2 }))
+        assert.equal("3", json_text.member('{"a": [1, {"b": "]"}], "c": 3}', { "c" }))
+        assert.equal("[1]", json_text.member(']{"a": [1]}', { "a" }) or json_text.member('{"a": [1]}]', { "a" }))
         for _ = 1, 2 do
             assert.equal("[7]", json_text.member(other, { "a", 2, "b" }))
             assert.equal("{}", json_text.member(doc, { "a", 2, "b" }))
