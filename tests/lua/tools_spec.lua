@@ -472,6 +472,45 @@ describe("tinyloop.json_text", function()
         end
     end)
 
+    it("finds members as a walk by entries() does, on random bracket soup (member remembers container ends)", function()
+        -- the reference: each step through json_text.entries (skip_value's walk, no memo)
+        local function walked(t, path)
+            local from = t:find("[^ \t\r\n]") or #t + 1
+            if #path == 0 then return t:sub(from, (json_text.skip_value(t, from) or #t + 1) - 1) end
+            local found
+            for _, step in ipairs(path) do
+                local c, list = t:byte(from), nil
+                if type(step) == "number" then
+                    if c ~= 91 then return nil end
+                    found = json_text.entries(t, from)[step]
+                else
+                    if c ~= 123 then return nil end
+                    found = nil
+                    for _, m in ipairs(json_text.entries(t, from)) do
+                        if m.key == step then found = m end
+                    end
+                end
+                if not found then return nil end
+                from = found.from
+            end
+            return t:sub(found.from, found.to)
+        end
+        local atoms = { '"a"', '"]"', '"{"', "1", "null", "[", "]", "{", "}", ",", ":", '"k"', " ", '"x\\"]"' }
+        local state = 12345 -- (a fixed sequence: the same texts every run)
+        local function pick(n)
+            state = (state * 1103515245 + 12345) % 2147483648
+            return state % n + 1
+        end
+        for _ = 1, 3000 do
+            local parts = {}
+            for i = 1, pick(14) do parts[i] = atoms[pick(#atoms)] end
+            local t = table.concat(parts)
+            for _, path in ipairs({ {}, { "k" }, { 1 }, { 2 }, { "k", 1 }, { 1, 1 }, { "a" }, { 1, "k" } }) do
+                assert.equal(walked(t, path), json_text.member(t, path), t)
+            end
+        end
+    end)
+
     it("scans text that is not JSON without raising: nil where a value does not end", function()
         assert.equal(9, json_text.skip_value('{"a": 1} x', 1)) -- the index after the value
         assert.is_nil(json_text.skip_value('{"a": "b', 1))
