@@ -456,6 +456,13 @@ typedef struct tl_generate_config {
        strings), except the token that ends generation (the end of sequence, a one-token stop
        sequence's), whose text vLLM drops too. The tokens themselves are emitted either way. */
     int keep_special_text;           /* 0 (special tokens are control, not text); 1 */
+    /* A model whose loop starts from a random state (Huginn's) draws it from sample_seed, and
+       the prompt's K/V depend on it: the prefix pool shares a prefix only between sessions of
+       the same seed. With fixed_state_seed = 1 the state is drawn as with sample_seed 0
+       whatever sample_seed is (sampling still follows sample_seed), so sessions that sample
+       under different seeds share it (a server's unseeded requests, each with a random seed).
+       Other models ignore it. */
+    int fixed_state_seed;            /* 0; 1 */
 } tl_generate_config;
 
 enum { TL_MAX_REASONING_TAG = 16 }; /* the most ids of reasoning_start and reasoning_end */

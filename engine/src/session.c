@@ -117,10 +117,10 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
     tl_rng_seed(&s->rng, cfg->sample_seed);
     /* A model that starts the loop from a random state (Huginn) draws it per token from a
        seed of the generation config, so that a seed reproduces a generation: never 0,
-       which means a zero state. */
+       which means a zero state. fixed_state_seed: sample_seed 0's, whatever the sampling's. */
     if (m->cfg.state_init == TL_STATE_TRUNCATED_NORMAL) {
         tl_rng seeded;
-        tl_rng_seed(&seeded, cfg->sample_seed ^ 0x5354415445ull); /* "STATE" */
+        tl_rng_seed(&seeded, (cfg->fixed_state_seed ? 0 : cfg->sample_seed) ^ 0x5354415445ull); /* "STATE" */
         s->ws.state_seed = tl_rng_next(&seeded) | 1u;
     }
 

@@ -30,7 +30,7 @@
  *             i32 reasoning_budget reasoning_open  i32 n, i32 ids[n] of reasoning_start, then
  *             of reasoning_end (the budget's state is replayed from the tokens)
  *             i32 penalty_window penalties_count_prompt
- *             i32 keep_special_text
+ *             i32 keep_special_text fixed_state_seed
  *     i32 prompt_len  i32 n_tokens  i32 tokens[n_tokens]
  *     u64 rng[4]  u8 prompt_done  u8 compiled_grammar  u64 text_shown
  *     f64 prefill_ms first_token_ms decode_ms probe_ms loops_sum
@@ -61,7 +61,7 @@ static const char STATE_MAGIC[8] = "TLSTATE";
 #define STATE_OLDEST_READ 1u /* a version 1 state has no logit_bias nor presence/frequency penalties,
                                 version 2 no min_p nor min_tokens, version 3 no thinking budget,
                                 version 4 no penalty_window nor penalties_count_prompt,
-                                version 5 no keep_special_text */
+                                version 5 no keep_special_text nor fixed_state_seed */
 #define STATE_MAX_FILE_BYTES ((size_t)1 << 40)
 
 static bool host_is_little_endian(void) {
@@ -156,6 +156,7 @@ static void write_config(state_writer *w, const tl_generate_config *c) {
     put_i32(w, c->penalty_window);
     put_i32(w, c->penalties_count_prompt);
     put_i32(w, c->keep_special_text);
+    put_i32(w, c->fixed_state_seed);
 }
 
 static void write_stats(state_writer *w, const tl_session *s) {
@@ -432,7 +433,10 @@ static tl_status read_config_fields(state_reader *r, read_config *rc) {
         c->penalty_window = get_i32(r);
         c->penalties_count_prompt = get_i32(r);
     }
-    if (r->version >= 6) c->keep_special_text = get_i32(r); /* validated by tl_session_create */
+    if (r->version >= 6) { /* validated by tl_session_create */
+        c->keep_special_text = get_i32(r);
+        c->fixed_state_seed = get_i32(r);
+    }
     return r->short_read ? MALFORMED("the bytes end inside the config") : TL_OK;
 }
 

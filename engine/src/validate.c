@@ -151,6 +151,8 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "penalties_count_prompt = %d must be 0 or 1", c->penalties_count_prompt);
     if (c->keep_special_text != 0 && c->keep_special_text != 1)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "keep_special_text = %d must be 0 or 1", c->keep_special_text);
+    if (c->fixed_state_seed != 0 && c->fixed_state_seed != 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "fixed_state_seed = %d must be 0 or 1", c->fixed_state_seed);
     if ((st = validate_logit_bias(c, mc->vocab_size)) != TL_OK) return st;
     if (!(c->min_p >= 0.0f && c->min_p <= 1.0f))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "min_p = %g must be in [0, 1] (0 = off)", (double)c->min_p);

@@ -507,6 +507,30 @@ static void prefix_pool_seeded(const char *huginn_dir) {
         CHECK(sg.prompt_tokens_reused == (round == 2 ? 11 : 0), "round %d reused %d prompt tokens", round,
               sg.prompt_tokens_reused);
     }
+    /* fixed_state_seed: the state sample_seed 0 draws, whatever the sampling's seed. Sampled
+       sessions of seeds 3, 4 and 5 then share the prompt's pages (each its own tokens, those
+       of a cold start); greedy, seed 9 and fixed gives seed 0's tokens. */
+    cfg.fixed_state_seed = 1;
+    cfg.temperature = 0.9f;
+    for (int round = 0; round < 3; round++) {
+        cfg.sample_seed = (uint64_t)(3 + round);
+        CHECK(tl_generate(pooled, prompt, 12, &cfg, got, CAP, &n_got, &sg) == TL_OK, "%s", tl_last_error());
+        CHECK(tl_generate(cold, prompt, 12, &cfg, want, CAP, &n_want, &sw) == TL_OK, "%s", tl_last_error());
+        CHECK(n_got == n_want && !memcmp(got, want, (size_t)n_want * sizeof *want),
+              "fixed state, seed %llu: the pooled output differs from a cold start", (unsigned long long)cfg.sample_seed);
+        CHECK(sg.prompt_tokens_reused == (round > 0 ? 11 : 0), "fixed state, round %d reused %d prompt tokens", round,
+              sg.prompt_tokens_reused);
+    }
+    cfg.temperature = 0.0f;
+    cfg.sample_seed = 9;
+    CHECK(tl_generate(cold, prompt, 12, &cfg, got, CAP, &n_got, &sg) == TL_OK, "%s", tl_last_error());
+    cfg.fixed_state_seed = 0;
+    cfg.sample_seed = 0;
+    CHECK(tl_generate(cold, prompt, 12, &cfg, want, CAP, &n_want, &sw) == TL_OK, "%s", tl_last_error());
+    CHECK(n_got == n_want && !memcmp(got, want, (size_t)n_want * sizeof *want), "fixed state, greedy: not seed 0's tokens");
+    cfg.fixed_state_seed = 2;
+    CHECK_ERROR(tl_generate(cold, prompt, 12, &cfg, got, CAP, &n_got, &sg), TL_ERR_INVALID_ARGUMENT,
+                "fixed_state_seed = 2 must be 0 or 1");
     tl_model_free(pooled);
     tl_model_free(cold);
 }

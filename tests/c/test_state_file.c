@@ -250,13 +250,13 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "version 7");
 
     /* Older layouts are still read, and resume as this one does: version 5 (before
-       keep_special_text: this one's bytes without its 4, at 192), version 4 (also before
-       penalty_window and penalties_count_prompt: without 12 at 184), version 3 (also before
-       the thinking budget: without 28 at 168), version 2 (also before min_p and min_tokens:
-       without 36 at 160) and version 1 (also before logit_bias and the presence and
-       frequency penalties: without 48 bytes at 148). */
+       keep_special_text and fixed_state_seed: this one's bytes without their 8, at 192),
+       version 4 (also before penalty_window and penalties_count_prompt: without 16 at 184),
+       version 3 (also before the thinking budget: without 32 at 168), version 2 (also before
+       min_p and min_tokens: without 40 at 160) and version 1 (also before logit_bias and the
+       presence and frequency penalties: without 52 bytes at 148). */
     const struct { uint8_t version; size_t at, cut; } older[] = {
-        {5, 192, 4}, {4, 184, 12}, {3, 168, 28}, {2, 160, 36}, {1, 148, 48}};
+        {5, 192, 8}, {4, 184, 16}, {3, 168, 32}, {2, 160, 40}, {1, 148, 52}};
     for (size_t i = 0; i < sizeof older / sizeof *older; i++) {
         const size_t at = older[i].at, cut = older[i].cut;
         uint8_t *old_bytes = malloc(len - cut);
@@ -282,7 +282,8 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
        (140, 144), the presence and frequency penalties at 148 and 152, no logit_bias (156),
        min_p at 160 and min_tokens at 164, the thinking budget at 168 (its budget, open, and
        two empty tags' counts at 176 and 180), penalty_window at 184, penalties_count_prompt at
-       188, keep_special_text at 192, prompt_len at 196, n_tokens at 200, the tokens from 204. */
+       188, keep_special_text at 192, fixed_state_seed at 196, prompt_len at 200, n_tokens at
+       204, the tokens from 208. */
     struct { size_t at; int32_t value; tl_status status; const char *needle; } fields[] = {
         {36 + 16, 4, TL_ERR_FORMAT, "beam search or speculative"},         /* beam_size */
         {36 + 4, 999, TL_ERR_INVALID_ARGUMENT, "loops"},                     /* loops: tl_session_new's check */
@@ -300,14 +301,15 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
         {184, -1, TL_ERR_INVALID_ARGUMENT, "penalty_window = -1"},
         {188, 2, TL_ERR_INVALID_ARGUMENT, "penalties_count_prompt = 2"},
         {192, 2, TL_ERR_INVALID_ARGUMENT, "keep_special_text = 2"},
-        {196, 0, TL_ERR_FORMAT, "prompt"},
-        {200, 1 << 30, TL_ERR_FORMAT, "tokens"},
-        {200, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
+        {196, 2, TL_ERR_INVALID_ARGUMENT, "fixed_state_seed = 2"},
+        {200, 0, TL_ERR_FORMAT, "prompt"},
+        {204, 1 << 30, TL_ERR_FORMAT, "tokens"},
+        {204, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
         {36, 5, TL_ERR_FORMAT, "reached max_tokens = 5"}, /* 5 emitted: it had finished */
-        {204 + 4 * 9 + 32, 2, TL_ERR_FORMAT, "prompt_done is 2"}, /* after the tokens and the RNG */
-        {204 + 4 * 9 + 32, 1 | 2 << 8, TL_ERR_FORMAT, "compiled_grammar is 2"}, /* the next byte */
-        {204 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
-        {204, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
+        {208 + 4 * 9 + 32, 2, TL_ERR_FORMAT, "prompt_done is 2"}, /* after the tokens and the RNG */
+        {208 + 4 * 9 + 32, 1 | 2 << 8, TL_ERR_FORMAT, "compiled_grammar is 2"}, /* the next byte */
+        {208 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
+        {208, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
     };
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
         memcpy(copy, bytes, len);
@@ -318,7 +320,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     }
     /* The cache part: length and the first entry's index and depth (after the fixed-size
        part: tokens, rng, prompt_done, text_shown, 5 f64, 2 + 65 i32). */
-    const size_t cache_at = 204 + 4 * 9 + 32 + 2 + 8 + 40 + 4 * 67;
+    const size_t cache_at = 208 + 4 * 9 + 32 + 2 + 8 + 40 + 4 * 67;
     struct { size_t at; int32_t value; const char *needle; } cache_fields[] = {
         {cache_at, 3, "the cache holds 3 entries"},
         {cache_at + 4, 99, "cache entries for a length"},
@@ -345,7 +347,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     memcpy(copy, bytes, len);
     const int32_t no = 0, eos = m->cfg.eos_token_id;
     memcpy(copy + 36 + 4 * 9, &no, 4);
-    memcpy(copy + 204 + 4 * 4, &eos, 4);
+    memcpy(copy + 208 + 4 * 4, &eos, 4);
     fix_checksum(copy, len);
     CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "the session had finished");
     /* An unchanged copy with its checksum recomputed still reads: the cases above failed on

@@ -23,7 +23,7 @@ local seeds = {
     { name = "logit_adjustments", steps = 3,
       cfg = { max_tokens = 10, temperature = 0.7, sample_seed = 2, presence_penalty = 0.5, frequency_penalty = 0.3,
               repetition_penalty = 1.3, penalty_window = 4, penalties_count_prompt = true, logit_bias = { [7] = -5, [70] = 2.5 },
-              keep_special_text = true } },
+              keep_special_text = true, fixed_state_seed = true } },
     { name = "min_p_min_tokens", steps = 3,
       cfg = { max_tokens = 10, temperature = 0.9, sample_seed = 4, min_p = 0.05, min_tokens = 6,
               stop_sequences = { { 7 } } } },
@@ -52,11 +52,11 @@ end
 -- recomputes it).
 write("zz_max_tokens_reached", first:sub(1, 36) .. string.char(3, 0, 0, 0) .. first:sub(41))
 -- The greedy state in the layouts of versions 1, 2 and 5 (still read): the version, and
--- without the bytes those did not have after its empty stop rules: 48 in version 1 (the
+-- without the bytes those did not have after its empty stop rules: 52 in version 1 (the
 -- presence and frequency penalties, logit_bias, min_p and min_tokens, the thinking budget,
--- penalty_window, penalties_count_prompt and keep_special_text), 36 in version 2 (from min_p
--- on), 4 in version 5 (keep_special_text) (their checksums stale as well: the fuzzer
--- recomputes them). test_state_file reads the same cuts.
-write("zz_version1_greedy", first:sub(1, 8) .. string.char(1) .. first:sub(10, 148) .. first:sub(197))
-write("zz_version2_greedy", first:sub(1, 8) .. string.char(2) .. first:sub(10, 160) .. first:sub(197))
-write("zz_version5_greedy", first:sub(1, 8) .. string.char(5) .. first:sub(10, 192) .. first:sub(197))
+-- penalty_window, penalties_count_prompt, keep_special_text and fixed_state_seed), 40 in
+-- version 2 (from min_p on), 8 in version 5 (the last two) (their checksums stale as well:
+-- the fuzzer recomputes them). test_state_file reads the same cuts.
+write("zz_version1_greedy", first:sub(1, 8) .. string.char(1) .. first:sub(10, 148) .. first:sub(201))
+write("zz_version2_greedy", first:sub(1, 8) .. string.char(2) .. first:sub(10, 160) .. first:sub(201))
+write("zz_version5_greedy", first:sub(1, 8) .. string.char(5) .. first:sub(10, 192) .. first:sub(201))

@@ -91,6 +91,7 @@ describe("engine validation", function()
         raises({ "stop_sequences[1][2] must be a number" }, gen({ stop_sequences = { { 7, nil, nil, 9 } } }))
         raises({ "penalty_window", "integer" }, gen({ penalty_window = 2.5 }))
         raises({ "config field 'penalties_count_prompt' must be a boolean" }, gen({ penalties_count_prompt = 1 }))
+        raises({ "config field 'fixed_state_seed' must be a boolean" }, gen({ fixed_state_seed = "yes" }))
     end)
 
     it("min_p and min_tokens", function()

@@ -936,10 +936,12 @@ local function shared_fields(t, body, model, model_id, cfg, max_stops)
     if t.n ~= nil and t.n < 1 then return bad(("n = %d must be >= 1"):format(t.n), "n") end
     -- No seed: a random one when the request samples, as OpenAI and vLLM sample (the engine's
     -- default seed is fixed: every "regenerate" would give the same reply, and n choices the
-    -- same n). A greedy request keeps the fixed seed: its tokens are the same either way, and
-    -- a looped model that starts from a seeded random state keeps sharing the prefix pool.
+    -- same n). A greedy request keeps the fixed seed: its tokens are the same either way. A
+    -- looped model that starts from a seeded random state (Huginn) draws it as seed 0 does
+    -- for every request without a seed (fixed_state_seed), so that they share the prefix pool.
     if cfg.sample_seed == nil and (cfg.temperature or 0) > 0.01 then
         cfg.sample_seed = require("tinyloop.server.shapes").random_seed()
+        cfg.fixed_state_seed = true
     end
     for _, k in ipairs({ "presence_penalty", "frequency_penalty" }) do
         if t[k] ~= nil and not (t[k] >= -MAX_PENALTY and t[k] <= MAX_PENALTY) then
