@@ -5,20 +5,23 @@
 # sent (so each compiles: the cache cannot answer), and probes /health every 10 ms meanwhile.
 # Prints the requests' times and /health's p50, p99 and maximum latency. Grammars from text
 # compile in nginx's thread pool; where they compiled on the event loop, /health waited for
-# each compile.
-#   scripts/bench/grammar_compile_bench.sh [--requests 12] [--properties 3000] [--port N]
+# each compile. With --prompt-kb K the requests are instead prompts of K KB (encoded in the
+# pool from 16 KB on; refused afterwards as longer than the shipped model's context).
+#   scripts/bench/grammar_compile_bench.sh [--requests 12] [--properties 3000] [--prompt-kb K] [--port N]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-requests=12 properties=3000 port=$((30000 + RANDOM % 20000))
+requests=12 properties=3000 prompt_kb=0 port=$((30000 + RANDOM % 20000))
 while [ $# -gt 0 ]; do
   case "$1" in
     --requests) requests=$2; shift 2 ;; --properties) properties=$2; shift 2 ;; --port) port=$2; shift 2 ;;
+    --prompt-kb) prompt_kb=$2; shift 2 ;;
     *) echo "grammar_compile_bench: unknown option $1" >&2; exit 2 ;;
   esac
 done
 for v in requests properties port; do
   [[ ${!v} =~ ^[1-9][0-9]{0,6}$ ]] || { echo "grammar_compile_bench: --$v must be a positive integer, got '${!v}'" >&2; exit 2; }
 done
+[[ $prompt_kb =~ ^(0|[1-9][0-9]{0,4})$ ]] || { echo "grammar_compile_bench: --prompt-kb must be a non-negative integer, got '$prompt_kb'" >&2; exit 2; }
 dir=$(mktemp -d)
 chmod a+rx "$dir"
 server=""
@@ -28,22 +31,31 @@ cleanup() {
 }
 trap cleanup EXIT
 # the bodies: request k's schema has properties p<k>_1 .. p<k>_P
-luajit - "$dir" "$requests" "$properties" <<'LUA'
-local dir, n, p = arg[1], tonumber(arg[2]), tonumber(arg[3])
+luajit - "$dir" "$requests" "$properties" "$prompt_kb" <<'LUA'
+local dir, n, p, kb = arg[1], tonumber(arg[2]), tonumber(arg[3]), tonumber(arg[4])
+local sentence = "It is a truth universally acknowledged. "
 for k = 1, n do
-  local props = {}
-  for i = 1, p do props[i] = ("\"p%d_%d\": {\"type\": \"string\", \"maxLength\": 20}"):format(k, i) end
   local f = assert(io.open(("%s/body%d.json"):format(dir, k), "w"))
-  f:write("{\"prompt\": \"It is\", \"max_tokens\": 1, \"response_format\": {\"type\": \"json_schema\", \"json_schema\": " ..
-          "{\"name\": \"x\", \"schema\": {\"type\": \"object\", \"properties\": {" .. table.concat(props, ", ") .. "}}}}}")
+  if kb > 0 then
+    f:write("{\"prompt\": \"" .. k .. " " .. sentence:rep(math.ceil(kb * 1024 / #sentence)) .. "\", \"max_tokens\": 1}")
+  else
+    local props = {}
+    for i = 1, p do props[i] = ("\"p%d_%d\": {\"type\": \"string\", \"maxLength\": 20}"):format(k, i) end
+    f:write("{\"prompt\": \"It is\", \"max_tokens\": 1, \"response_format\": {\"type\": \"json_schema\", \"json_schema\": " ..
+            "{\"name\": \"x\", \"schema\": {\"type\": \"object\", \"properties\": {" .. table.concat(props, ", ") .. "}}}}}")
+  end
   f:close()
 end
 LUA
-scripts/serve --port "$port" --threads 1 --prefix "$dir/prefix" > "$dir/serve.log" 2>&1 &
+scripts/serve --port "$port" --threads 1 --max-body $(( 1048576 + 2048 * prompt_kb )) --prefix "$dir/prefix" > "$dir/serve.log" 2>&1 &
 server=$!
 for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$port/health" && break; sleep 0.1; done
 curl -s -o /dev/null "http://127.0.0.1:$port/health" || { cat "$dir/serve.log" >&2; exit 1; }
-echo "grammar_compile_bench: $requests requests, each a new JSON Schema of $properties properties ($(wc -c < "$dir/body1.json") bytes)"
+if [ "$prompt_kb" -gt 0 ]; then
+  echo "grammar_compile_bench: $requests requests, each a prompt of $prompt_kb KB ($(wc -c < "$dir/body1.json") bytes)"
+else
+  echo "grammar_compile_bench: $requests requests, each a new JSON Schema of $properties properties ($(wc -c < "$dir/body1.json") bytes)"
+fi
 (
   for k in $(seq 1 "$requests"); do
     curl -s -o /dev/null -w "%{http_code} %{time_total}\n" -H 'Content-Type: application/json' \
@@ -57,7 +69,8 @@ while kill -0 "$load" 2>/dev/null; do
   sleep 0.01
 done
 wait "$load"
-awk '{ n++; if ($1 != "200") bad++; t += $2 } END { printf "requests: %d, %d not 200, mean %.1f ms each\n", n, bad, 1000 * t / n }' "$dir/requests.log"
+awk -v want="$([ "$prompt_kb" -gt 0 ] && echo 400 || echo 200)" '{ n++; if ($1 != want) bad++; t += $2 }
+  END { printf "requests: %d, %d not %s, mean %.1f ms each\n", n, bad, want, 1000 * t / n }' "$dir/requests.log"
 sort -n "$dir/health.log" | awk '{ a[NR] = $1 } END {
-  printf "/health while they compiled: %d probes, p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+  printf "/health meanwhile: %d probes, p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
          NR, 1000 * a[int(NR * 0.5) + 1], 1000 * a[int(NR * 0.99) + 1], 1000 * a[NR] }'
