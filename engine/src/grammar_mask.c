@@ -68,6 +68,12 @@ static uint64_t fingerprint(const struct tlz_tokenizer *tok, int vocab_size, int
     return h;
 }
 
+/* Whether token id can ever be allowed, and its bytes: special tokens are control, not text;
+   empty tokens would never advance the grammar. */
+static bool allowed_bytes(const struct tlz_tokenizer *tok, int32_t id, const char **bytes, size_t *len) {
+    return !tlz_is_special(tok, id) && tlz_token_bytes(tok, id, bytes, len) == 0 && *len > 0 && *len <= 65535;
+}
+
 static tl_status vocab_build(const struct tlz_tokenizer *tok, int vocab_size, int eos, uint64_t fp, gram_vocab **out) {
     *out = NULL;
     gram_vocab *v = calloc(1, sizeof *v);
@@ -79,14 +85,11 @@ static tl_status vocab_build(const struct tlz_tokenizer *tok, int vocab_size, in
     v->bytes = calloc((size_t)vocab_size + 1, sizeof *v->bytes);
     v->lens = calloc((size_t)vocab_size + 1, sizeof *v->lens);
     if (!v->bytes || !v->lens) goto oom;
-    /* special tokens are control, not text; empty tokens would never advance the grammar */
-#define ALLOWED_TOKEN(id, b, len) \
-    (!tlz_is_special(tok, id) && tlz_token_bytes(tok, id, &(b), &(len)) == 0 && (len) > 0 && (len) <= 65535)
-    size_t total = 0;
+    size_t total = 0; /* (two passes: the owned copy is one block of this size) */
     for (int32_t id = 0; id < vocab_size; id++) {
         const char *b;
         size_t len;
-        if (ALLOWED_TOKEN(id, b, len)) total += len;
+        if (allowed_bytes(tok, id, &b, &len)) total += len;
     }
     v->text = malloc(total + 1);
     if (!v->text) goto oom;
@@ -95,14 +98,13 @@ static tl_status vocab_build(const struct tlz_tokenizer *tok, int vocab_size, in
     for (int32_t id = 0; id < vocab_size; id++) {
         const char *b;
         size_t len;
-        if (!ALLOWED_TOKEN(id, b, len)) continue;
+        if (!allowed_bytes(tok, id, &b, &len)) continue;
         memcpy(v->text + at, b, len);
         v->bytes[id] = v->text + at;
         v->lens[id] = (uint32_t)len;
         refs[n++] = (tok_ref){v->text + at, (uint32_t)len, id};
         at += len;
     }
-#undef ALLOWED_TOKEN
     v->fingerprint = fp;
     qsort(refs, (size_t)n, sizeof *refs, by_bytes);
     const size_t max_nodes = total + 1;

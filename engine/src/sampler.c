@@ -63,10 +63,18 @@ bool tl_adjusts_logits(const tl_generate_config *c, int n, int prompt_len) {
 static void ban_end(float *logits, int32_t token) {
     if (logits[token] > -INFINITY) logits[token] = -FLT_MAX;
 }
+/* The ends (sampler.h): banned here by one loop over them, tested by tl_is_end below. */
 static void ban_ends(const tl_generate_config *c, float *logits, int32_t eos) {
     if (!c->ignore_eos) ban_end(logits, eos);
     for (int i = 0; i < c->n_stop_sequences; i++)
         if (c->stop_sequences[i].n == 1) ban_end(logits, c->stop_sequences[i].tokens[0]);
+}
+
+bool tl_is_end(const tl_generate_config *c, int32_t eos, int32_t token) {
+    if (token == eos && !c->ignore_eos) return true;
+    for (int i = 0; i < c->n_stop_sequences; i++)
+        if (c->stop_sequences[i].n == 1 && c->stop_sequences[i].tokens[0] == token) return true;
+    return false;
 }
 
 void tl_adjust_logits(const tl_generate_config *c, float *logits, const int32_t *history, int n, int prompt_len,

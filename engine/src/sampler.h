@@ -29,6 +29,10 @@ void tl_repetition_penalty(float *logits, const int32_t *ids, int n, float penal
    rows through this one function. */
 void tl_adjust_logits(const tl_generate_config *c, float *logits, const int32_t *history, int n, int prompt_len,
                       int32_t eos, int32_t *tally);
+/* Whether token is one of the ends: eos (unless ignore_eos) or a one-token stop sequence's
+   token, each of which ends generation whenever it is emitted (min_tokens bans them before;
+   keep_special_text shows no text of them). */
+bool tl_is_end(const tl_generate_config *c, int32_t eos, int32_t token);
 /* Whether min_tokens still holds back the ends of a step whose history has n tokens (its
    longer stop sequences and its stop strings are then not matched either). */
 static inline bool tl_min_tokens_pending(const tl_generate_config *c, int n, int prompt_len) {

@@ -419,15 +419,6 @@ static tl_status finish(tl_session *s, tl_stop_reason reason, tl_stop_reason *st
     return TL_OK;
 }
 
-/* Whether tok, emitted, ends generation by itself: the end of sequence, or a one-token stop
-   sequence's token (which ends whenever it comes, as eos: sampler.h). */
-static bool ends_by_itself(const tl_generate_config *c, const tl_model *m, int32_t tok) {
-    if (tok == m->cfg.eos_token_id && !c->ignore_eos) return true;
-    for (int i = 0; i < c->n_stop_sequences; i++)
-        if (c->stop_sequences[i].n == 1 && c->stop_sequences[i].tokens[0] == tok) return true;
-    return false;
-}
-
 /* Appends the token's bytes to the generated text; true when a stop string now ends
    inside them (a match may start in earlier tokens' text). */
 tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched) {
@@ -435,7 +426,7 @@ tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched) {
     /* Special tokens (end of text...) are control, not text: shown only where the config
        keeps their text, and never the one that ends generation. */
     if (!s->m->tokenizer) return TL_OK;
-    if (tlz_is_special(s->m->tokenizer, tok) && (!s->cfg.keep_special_text || ends_by_itself(&s->cfg, s->m, tok)))
+    if (tlz_is_special(s->m->tokenizer, tok) && (!s->cfg.keep_special_text || tl_is_end(&s->cfg, s->m->cfg.eos_token_id, tok)))
         return TL_OK;
     const char *bytes;
     size_t len;

@@ -135,14 +135,22 @@ local function schema_args(schema, opts, who)
     return text, o
 end
 
+-- The GBNF text a tl_json_schema_to_gbnf or tl_regex_to_gbnf call wrote into gbnf_text and
+-- gbnf_len (status: its return), taken and freed; nil where it failed.
+local gbnf_text, gbnf_len = ffi.new("char *[1]"), ffi.new("size_t[1]")
+local function taken_gbnf(status)
+    if status ~= 0 then return nil end
+    local source = ffi.string(gbnf_text[0], gbnf_len[0])
+    C.tl_free(gbnf_text[0])
+    return source
+end
+
 -- json_schema_gbnf(schema, opts) -> the GBNF text json_schema compiles (tl_json_schema_to_gbnf),
 -- without compiling it: for a grammar built around it (tinyloop.tools), or nil, err.
 function M.json_schema_gbnf(schema, opts)
     local text, o = schema_args(schema, opts, "json_schema_gbnf")
-    local gb, n = ffi.new("char *[1]"), ffi.new("size_t[1]")
-    if C.tl_json_schema_to_gbnf(text, #text, o, gb, n) ~= 0 then return nil, last_error() end
-    local source = ffi.string(gb[0], n[0])
-    C.tl_free(gb[0])
+    local source = taken_gbnf(C.tl_json_schema_to_gbnf(text, #text, o, gbnf_text, gbnf_len))
+    if not source then return nil, last_error() end
     return source
 end
 
@@ -150,13 +158,7 @@ function M.json_schema(schema, opts)
     local text, o = schema_args(schema, opts, "json_schema")
     local out = ffi.new("tl_compiled_grammar *[1]")
     if C.tl_grammar_compile_json_schema(text, #text, o, out) ~= 0 then return nil, last_error() end
-    local gb, n = ffi.new("char *[1]"), ffi.new("size_t[1]")
-    local source
-    if C.tl_json_schema_to_gbnf(text, #text, o, gb, n) == 0 then
-        source = ffi.string(gb[0], n[0])
-        C.tl_free(gb[0])
-    end
-    return wrap(out, source)
+    return wrap(out, taken_gbnf(C.tl_json_schema_to_gbnf(text, #text, o, gbnf_text, gbnf_len)))
 end
 
 -- regex(pattern) -> a grammar whose sentences are the texts the regular expression matches
@@ -165,13 +167,20 @@ function M.regex(pattern)
     if type(pattern) ~= "string" then raise("tinyloop.grammar.regex: pattern must be a string") end
     local out = ffi.new("tl_compiled_grammar *[1]")
     if C.tl_grammar_compile_regex(pattern, #pattern, out) ~= 0 then return nil, last_error() end
-    local gb, n = ffi.new("char *[1]"), ffi.new("size_t[1]")
-    local source
-    if C.tl_regex_to_gbnf(pattern, #pattern, gb, n) == 0 then
-        source = ffi.string(gb[0], n[0])
-        C.tl_free(gb[0])
+    return wrap(out, taken_gbnf(C.tl_regex_to_gbnf(pattern, #pattern, gbnf_text, gbnf_len)))
+end
+
+-- from_text(kind, text, free_whitespace, loose) -> the grammar of GBNF text ("gbnf"), a regular
+-- expression ("regex") or a JSON Schema's text ("json_schema", with its whitespace and loose
+-- options as booleans), or nil, err: one entry for callers that choose the kind at run time
+-- (the server's compiles, which tinyloop.server.wait.compile also does in nginx's pool).
+function M.from_text(kind, text, free_whitespace, loose)
+    if kind == "gbnf" then return M.gbnf(text) end
+    if kind == "regex" then return M.regex(text) end
+    if kind == "json_schema" then
+        return M.json_schema(text, { whitespace = free_whitespace and "free" or "compact", loose = loose == true })
     end
-    return wrap(out, source)
+    raise("tinyloop.grammar.from_text: kind must be \"gbnf\", \"regex\" or \"json_schema\"")
 end
 
 -- (C reads these strings up to a NUL: one inside would silently cut them)

@@ -205,6 +205,10 @@ _M.MAX_CALLS = 16 -- calls a forced choice may make in one reply (parallel_tool_
 -- A function without parameters takes {} (OpenAI's rule).
 local NO_PARAMETERS = '{"type":"object","properties":{},"additionalProperties":false}'
 
+local function parameters_error(fn, err)
+    return ("the parameters of function '%s' do not compile as a JSON Schema: %s"):format(fn.name, tostring(err))
+end
+
 -- grammar_text(spec) -> GBNF text that accepts the calls a forced choice may make, in the
 -- Hermes format: one call of the named function, or of any declared function (required); with
 -- parallel_tool_calls, up to MAX_CALLS of them, one a line (a model that loops on calls then
@@ -224,7 +228,7 @@ function _M.grammar_text(spec, after_open)
             local parameters, err = grammar.json_schema_gbnf(fn.parameters_json or NO_PARAMETERS,
                                                             { whitespace = "free", loose = not fn.strict })
             if not parameters then
-                return nil, ("the parameters of function '%s' do not compile as a JSON Schema: %s"):format(fn.name, tostring(err))
+                return nil, parameters_error(fn, err)
             end
             local prefix = "f" .. k .. "-"
             alternatives[#alternatives + 1] = prefix .. "call"
@@ -248,32 +252,26 @@ function _M.grammar_text(spec, after_open)
         'call ::= "' .. START .. '\\n" ' .. body .. "\n" .. concat(rules, "\n")
 end
 
--- grammar(spec[, compile]) -> the compiled grammar_text, or nil, err. compile(kind, text,
--- free_whitespace, loose): how GBNF text ("gbnf") or a JSON Schema ("json_schema") becomes a
--- grammar (a server's runs in its thread pool); the grammar module's by default.
-local function compile_here(kind, text, free_whitespace, loose)
-    local grammar = require("tinyloop").grammar
-    if kind == "gbnf" then return grammar.gbnf(text) end
-    return grammar.json_schema(text, { whitespace = free_whitespace and "free" or "compact", loose = loose == true })
-end
-
--- The grammar around the calls compiled (compile: as above); where it does not, the message
+-- The grammar around the calls compiled (compile: as grammar's, below); where it does not, the message
 -- names the function whose parameters failed (a $ref cycle, say, shows only once the GBNF of
 -- the schema compiles: its rules are prefixed "f<k>-"), as that schema compiled alone says.
 local function compile_calls(spec, text, compile)
-    compile = compile or compile_here
+    compile = compile or require("tinyloop").grammar.from_text
     local g, err = compile("gbnf", text)
     if g then return g end
     local fn = spec.functions[tonumber(tostring(err):match("'f(%d+)%-") or "")]
     if fn then
         local _, serr = compile("json_schema", fn.parameters_json or NO_PARAMETERS, true, not fn.strict)
         if serr then
-            return nil, ("the parameters of function '%s' do not compile as a JSON Schema: %s"):format(fn.name, tostring(serr))
+            return nil, parameters_error(fn, serr)
         end
     end
     return nil, err
 end
 
+-- grammar(spec[, compile]) -> the compiled grammar_text, or nil, err. compile(kind, text,
+-- free_whitespace, loose): how GBNF text ("gbnf") or a JSON Schema ("json_schema") becomes a
+-- grammar (a server's runs in its thread pool); tinyloop.grammar.from_text by default.
 function _M.grammar(spec, compile)
     local text, err = _M.grammar_text(spec)
     if not text then return nil, err end

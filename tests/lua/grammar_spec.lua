@@ -175,6 +175,16 @@ describe("tinyloop.grammar", function()
         assert.is_false(g:matches_prefix("x"))
         assert.has_error(function() g:matches_prefix(5) end, "grammar:matches_prefix: text must be a string")
     end)
+    it("compiles a kind chosen at run time (from_text)", function()
+        assert.is_true(assert(G.from_text("gbnf", 'root ::= "a"+')):matches("aa"))
+        assert.is_true(assert(G.from_text("regex", "[0-9]{2}")):matches("42"))
+        local schema = '{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}'
+        assert.same({ true, false }, { assert(G.from_text("json_schema", schema, true)):matches('{"a": 1}'),
+                                       assert(G.from_text("json_schema", schema)):matches('{"a": 1}') })
+        assert.is_nil((G.from_text("gbnf", "root ::= (")))
+        assert.has_error(function() G.from_text("lua", "x") end,
+                         'tinyloop.grammar.from_text: kind must be "gbnf", "regex" or "json_schema"')
+    end)
     it("gives a JSON Schema's GBNF text without compiling it (json_schema_gbnf)", function()
         local schema = { type = "object", properties = { a = { type = "integer" } }, required = { "a" } }
         for _, opts in ipairs({ {}, { whitespace = "free" }, { loose = true } }) do

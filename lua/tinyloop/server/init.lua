@@ -294,7 +294,7 @@ function _M.init_worker()
                                                        free_whitespace == true, loose == true)
             if not ok then
                 pool_unavailable(address, "compiling on the event loop")
-                return request.compile_here(kind, text, free_whitespace, loose)
+                return tinyloop.grammar.from_text(kind, text, free_whitespace, loose)
             end
             if not address then return nil, err end
             return tinyloop.grammar.adopt(address) -- (at once: see wait.compile)

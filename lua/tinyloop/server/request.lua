@@ -420,11 +420,11 @@ local function bound(keep)
     cache_bytes = total
 end
 
-local function compiled(key, compile, argument)
+local function compiled(key, compile)
     lookups = lookups + 1
     local entry = cache[key]
     if not entry then
-        local g, err = compile(argument)
+        local g, err = compile()
         if not g then return nil, err end
         entry = cache[key] -- (another request's, compiled while this one waited in the thread pool)
         if not entry then
@@ -444,18 +444,11 @@ function _M.set_grammar_cache_budget(bytes) cache_budget = bytes end
 function _M.grammar_cache_stats() return cached, cache_bytes, evictions end
 
 -- How the text of a grammar, a regular expression or a JSON Schema becomes a grammar: here by
--- default; the server sets a compiler that runs in nginx's thread pool (a schema of a few
--- thousand properties took 100 ms, a stall of every connection of the worker on the event
--- loop). compiler(kind, text, free_whitespace, loose) -> grammar | nil, err; kind "gbnf",
--- "regex" or "json_schema".
-local function compile_here(kind, text, free_whitespace, loose)
-    if kind == "gbnf" then return grammar.gbnf(text) end
-    if kind == "regex" then return grammar.regex(text) end
-    return grammar.json_schema(text, { whitespace = free_whitespace and "free" or "compact", loose = loose == true })
-end
-local compile_text = compile_here
-function _M.set_text_compiler(compiler) compile_text = compiler or compile_here end
-_M.compile_here = compile_here -- (the server's compiler falls back to it where the pool has no room)
+-- default (grammar.from_text); the server sets a compiler that runs in nginx's thread pool (a
+-- schema of a few thousand properties took 100 ms, a stall of every connection of the worker
+-- on the event loop). compiler(kind, text, free_whitespace, loose) -> grammar | nil, err.
+local compile_text = grammar.from_text
+function _M.set_text_compiler(compiler) compile_text = compiler or grammar.from_text end
 
 local SCHEMA_KEYS = { schema = "object", name = "string", description = "string", strict = "boolean" }
 

@@ -136,7 +136,7 @@ local schema_options = ffi.typeof("struct { int free_whitespace; int loose; }")
 _M.schema_options = schema_options
 local COMPILE_TEXT = "int (*)(const char *, size_t, void **)"
 local COMPILE_SCHEMA = "int (*)(const char *, size_t, const void *, void **)"
-local FREE_GRAMMAR = "void (*)(void *)"
+local FREE = "void (*)(void *)" -- (tl_compiled_grammar_free, tl_free)
 
 -- The grammars this VM compiled, each holding the compiler's reference until this VM's next
 -- compile: the handler takes its own (tl_compiled_grammar_retain) as soon as it resumes,
@@ -150,7 +150,7 @@ local held = {}
 -- tl_compiled_grammar_free (free) and tl_last_error (last_error); kind: which to call;
 -- free_whitespace, loose: a schema's options. -> the grammar's address | nil, the message.
 function _M.compile(fns, kind, text, free_whitespace, loose)
-    local free_fn = function_at(fns.free, FREE_GRAMMAR)
+    local free_fn = function_at(fns.free, FREE)
     for i = 1, #held do free_fn(held[i]) end
     held = {}
     local out = ffi.new("void *[1]")
@@ -177,7 +177,7 @@ function _M.encode(fns, model_addr, text)
         cast("void *", model_addr), text, #text, ids, n)
     if tonumber(status) ~= 0 then return nil, ffi.string(function_at(fns.last_error, LAST_ERROR)()) end
     local bytes = ffi.string(ids[0], n[0] * 4)
-    function_at(fns.free, "void (*)(void *)")(ids[0])
+    function_at(fns.free, FREE)(ids[0])
     return bytes
 end
 
