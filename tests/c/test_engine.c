@@ -5,6 +5,7 @@
  * ThreadSanitizer (scripts/test). */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <time.h>
@@ -141,13 +142,15 @@ static int free_self_hook(void *user, int32_t token, int position) {
 /* A logits hook of a beam session that keeps its hypotheses apart (no token settles) and
    cancels its own engine request at its 5th call, counting the calls after that. */
 static uint64_t beam_request;
-static int beam_calls, beam_calls_after_cancel;
+static atomic_int beam_calls; /* (the main thread polls it while the engine's hook counts) */
+static int beam_calls_after_cancel;
 static int beam_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
     (void)user;
     for (int i = 0; i < vocab_size; i++) logits[i] = -10.0f;
     for (int k = 0; k < 4; k++) logits[(tokens[n - 1] + 7 * k + 1) % vocab_size] = 1.0f; /* four equal ways on */
-    if (++beam_calls == 5) tl_engine_cancel(engine, beam_request);
-    else if (beam_calls > 5) beam_calls_after_cancel++;
+    const int calls = atomic_fetch_add(&beam_calls, 1) + 1;
+    if (calls == 5) tl_engine_cancel(engine, beam_request);
+    else if (calls > 5) beam_calls_after_cancel++;
     return TL_HOOK_CONTINUE;
 }
 
@@ -510,7 +513,7 @@ int main(int argc, char **argv) {
         bc.logits_processor = beam_hook;
         tl_session *beam = new_session(jobs[0].prompt, &bc);
         CHECK(tl_engine_submit(engine, beam, &beam_request) == TL_OK && beam_request > 0, "%s", tl_last_error());
-        for (int spins = 0; spins < 2000 && beam_calls < 5; spins++) tl_engine_wait(engine, beam_request, 5);
+        for (int spins = 0; spins < 2000 && atomic_load(&beam_calls) < 5; spins++) tl_engine_wait(engine, beam_request, 5);
         tl_engine_counters bcnt;
         for (int spins = 0; spins < 2000; spins++) { /* until the engine dropped it */
             counters(&bcnt);
