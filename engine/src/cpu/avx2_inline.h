@@ -70,10 +70,20 @@ DEFINE_AXPYS_FROM(axpys_from_f16, uint16_t, load8_f16, widen1_f16)
 /* Software prefetch distance for streaming a single row: the hardware prefetcher alone
    leaves single-row streaming ~15% short of the machine's read bandwidth. */
 #define PREFETCH_AHEAD 2048
+/* Every software prefetch of weights goes to L2 (prefetcht1), not L1: a line prefetched
+   into L1 holds one of L1's few miss buffers until memory answers, so with several
+   streams in flight the prefetches stalled the loads behind them. Measured from memory on
+   a 32 MiB-L3 AMD EPYC (tinyloop-kernel-bench --k 768 --cols 3072 --mb 1024, three rounds
+   alternated, GB/s T0 -> T1): one row q8 13-16 -> 19-22 (one thread), 22-24 -> 28-40 (two);
+   q4 17-20 -> 19-22, 19-23 -> 29-30; f16 21-23 -> 21-24, 22-27 -> 30-40; 8 rows q4 8 -> 10-11,
+   13-15 -> 17-21; f16 8 rows unchanged. TL_PF_HINT overrides it for such comparisons. */
+#ifndef TL_PF_HINT
+#define TL_PF_HINT _MM_HINT_T1
+#endif
 
 /* A single row's prefetch of the q block PREFETCH_AHEAD bytes on (its panel is one stream). */
 static inline void prefetch_qblock(const uint8_t *blk, size_t bytes) {
-    for (size_t p = 0; p < bytes; p += 64) _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p, _MM_HINT_T0);
+    for (size_t p = 0; p < bytes; p += 64) _mm_prefetch((const char *)blk + PREFETCH_AHEAD + p, TL_PF_HINT);
 }
 
 /* A multi-row tile's prefetch of the next panels (`bytes` from `ahead`), spread evenly over
@@ -85,7 +95,7 @@ static inline size_t prefetch_per_step(size_t bytes, size_t steps) { return step
 static inline const char *prefetch_spread(const char *fetched, const char *ahead, size_t bytes, size_t per_step,
                                           size_t step) {
     const char *to = ahead + (step * per_step < bytes ? step * per_step : bytes);
-    for (; fetched < to; fetched += 64) _mm_prefetch(fetched, _MM_HINT_T0);
+    for (; fetched < to; fetched += 64) _mm_prefetch(fetched, TL_PF_HINT);
     return fetched;
 }
 

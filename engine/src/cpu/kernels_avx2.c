@@ -62,8 +62,8 @@ static inline float finish(__m256 a0, __m256 a1, __m256 a2, __m256 a3, const flo
                 int i = 0;                                                                \
                 for (; i < k32; i += 32) {                                                \
                     const char *ahead = wbytes + (b + (size_t)i) * ELEM(DT) + PREFETCH_AHEAD; \
-                    _mm_prefetch(ahead, _MM_HINT_T0);                                     \
-                    if (ELEM(DT) == 4) _mm_prefetch(ahead + 64, _MM_HINT_T0);             \
+                    _mm_prefetch(ahead, TL_PF_HINT);                                     \
+                    if (ELEM(DT) == 4) _mm_prefetch(ahead + 64, TL_PF_HINT);             \
                     a0 = _mm256_fmadd_ps(LOAD(w, b + (size_t)i), _mm256_loadu_ps(xa + i), a0); \
                     a1 = _mm256_fmadd_ps(LOAD(w, b + (size_t)i + 8), _mm256_loadu_ps(xa + i + 8), a1); \
                     a2 = _mm256_fmadd_ps(LOAD(w, b + (size_t)i + 16), _mm256_loadu_ps(xa + i + 16), a2); \
@@ -169,7 +169,7 @@ static inline int avx2_tile_rows(int left) { return left >= 6 ? 6 : left == 5 ||
         for (int j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_ps();                  \
         for (int i = 0; i < k4; i += 4) {                                                 \
             for (unsigned p_ = 0; p_ < ELEM(DT); p_++) /* 4 k x 16 lanes = ELEM lines */  \
-                _mm_prefetch(wbytes + (panel + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \
+                _mm_prefetch(wbytes + (panel + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, TL_PF_HINT); \
             for (int j = 0; j < 4; j++) {                                                 \
                 const size_t at = panel + (size_t)(i + j) * TL_PANEL;                     \
                 const __m256 xv = _mm256_broadcast_ss(xr + i + j);                        \
@@ -253,7 +253,7 @@ static inline __m256 fold_group(__m256 acc, __m256 scales, float d, __m256i isum
             __m256i dp[R][P][4];                                                          \
             for (int p = 0; p < P; p++) {                                                 \
                 blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
-                if (R == 1 || P > 1) _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 512, _MM_HINT_T0); \
+                if (R == 1 || P > 1) _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 512, TL_PF_HINT); \
                 for (int r = 0; r < R; r++)                                               \
                     dp[r][p][0] = dp[r][p][1] = dp[r][p][2] = dp[r][p][3] = _mm256_setzero_si256(); \
             }                                                                             \
@@ -265,7 +265,7 @@ static inline __m256 fold_group(__m256 acc, __m256 scales, float d, __m256i isum
                     xb[r] = _mm256_set1_epi64x(xv);                                       \
                 }                                                                         \
                 for (int p = 0; p < P; p++) {                                             \
-                    if (R == 1 || P > 1) _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 64 * j, _MM_HINT_T0); \
+                    if (R == 1 || P > 1) _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 64 * j, TL_PF_HINT); \
                     for (int c = 0; c < 4; c++) {                                         \
                         const __m256i wq = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk[p] + 64 * j + 16 * c))); \
                         for (int r = 0; r < R; r++) dp[r][p][c] = _mm256_add_epi32(dp[r][p][c], _mm256_madd_epi16(wq, xb[r])); \

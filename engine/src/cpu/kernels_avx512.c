@@ -106,10 +106,10 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
         for (int i = 0; i < k4; i += 4) {                                                 \
             if (R == 1)                                                                   \
                 for (unsigned p_ = 0; p_ < ELEM(DT); p_++)                                \
-                    _mm_prefetch(wbytes + (panel + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \
+                    _mm_prefetch(wbytes + (panel + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, TL_PF_HINT); \
             else if (ahead)                                                               \
                 for (unsigned p_ = 0; p_ < ELEM(DT); p_++)                                \
-                    _mm_prefetch(ahead + (size_t)i * TL_PANEL * ELEM(DT) + 64 * p_, _MM_HINT_T0); \
+                    _mm_prefetch(ahead + (size_t)i * TL_PANEL * ELEM(DT) + 64 * p_, TL_PF_HINT); \
             for (int j = 0; j < 4; j++) {                                                 \
                 const __m512 wv = L16(w, panel + (size_t)(i + j) * TL_PANEL);             \
                 for (int r = 0; r < R; r++)                                               \
@@ -248,7 +248,7 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
         for (int i = 0; i < k4; i += 4) {                                                 \
             for (int p = 0; p < P; p++)                                                   \
                 for (unsigned p_ = 0; p_ < ELEM(DT); p_++)                                \
-                    _mm_prefetch(wbytes + (panel + p * stride + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, _MM_HINT_T0); \
+                    _mm_prefetch(wbytes + (panel + p * stride + (size_t)i * TL_PANEL) * ELEM(DT) + PREFETCH_AHEAD + 64 * p_, TL_PF_HINT); \
             for (int j = 0; j < 4; j++) {                                                 \
                 __m512 wv[P];                                                             \
                 for (int p = 0; p < P; p++) wv[p] = L16(w, panel + p * stride + (size_t)(i + j) * TL_PANEL); \

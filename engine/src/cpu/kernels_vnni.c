@@ -196,7 +196,7 @@ static void q4_pairs(const tl_qrows *x, int n, int k, const void *w, const float
             __m512i lo[R][P][2], hi[R][P][2]; /* lanes 0-7, 8-15; per chain */            \
             for (int p = 0; p < P; p++) {                                                 \
                 blk[p] = panel + (size_t)p * stride + (size_t)g * bb;                     \
-                if (R == 1 || P > 1) _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 512, _MM_HINT_T0); \
+                if (R == 1 || P > 1) _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 512, TL_PF_HINT); \
                 for (int r = 0; r < R; r++) lo[r][p][0] = lo[r][p][1] = hi[r][p][0] = hi[r][p][1] = _mm512_setzero_si512(); \
             }                                                                             \
             for (int j = 0; j < 8; j++) {                                                 \
@@ -208,7 +208,7 @@ static void q4_pairs(const tl_qrows *x, int n, int k, const void *w, const float
                     xb[r] = _mm512_set1_epi64(xv);                                        \
                 }                                                                         \
                 for (int p = 0; p < P; p++) {                                             \
-                    if (R == 1 || P > 1) _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 64 * j, _MM_HINT_T0); \
+                    if (R == 1 || P > 1) _mm_prefetch((const char *)blk[p] + PREFETCH_AHEAD + 64 * j, TL_PF_HINT); \
                     const __m512i wl = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk[p] + 64 * j))); \
                     const __m512i wh = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk[p] + 64 * j + 32))); \
                     for (int r = 0; r < R; r++) {                                         \
