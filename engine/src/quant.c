@@ -287,8 +287,12 @@ static bool quantisable(const tl_st_tensor *t) {
 
 /* q4 keeps the embedding and the head at q8: they are a small share of the bytes a token
    reads at depth (the head is read once, the block loops times), and the head's error goes
-   straight into the logits (as llama.cpp keeps its output matrix above 4 bits). */
-static tl_dtype type_for(const tl_st_tensor *t, tl_dtype type) {
+   straight into the logits (as llama.cpp keeps its output matrix above 4 bits). `pure`
+   (llama.cpp's --pure) quantises them to `type` too: on a shallow model the head is a large
+   share (GPT-2-small: 39 M of its 124 M weights), which a user trading accuracy for speed
+   wants at 4 bits as well. */
+static tl_dtype type_for(const tl_st_tensor *t, tl_dtype type, bool pure) {
+    if (pure) return type;
     /* ours, then Hugging Face's: Ouro's (Llama's) and Huginn's embeddings */
     static const char *const kept[] = {"tok_embed.weight", "lm_head.weight", "model.embed_tokens.weight",
                                        "transformer.wte.weight"};
@@ -307,7 +311,8 @@ static tl_dtype float_dtype(tl_st_dtype d) { return d == TL_ST_F32 ? TL_F32 : d 
    the other type's name), and weights a group scale cannot represent (a NaN or an
    infinity, or max|x| / 127 beyond f16's 65504: the scale would be infinite and the group
    NaN). */
-static tl_status check_quantisable(const char *in_dir, const char *out_dir, const tl_st_file *file, tl_dtype want) {
+static tl_status check_quantisable(const char *in_dir, const char *out_dir, const tl_st_file *file, tl_dtype want,
+                                   bool pure) {
     struct stat in_st, out_st;
     if (stat(in_dir, &in_st) == 0 && stat(out_dir, &out_st) == 0 && in_st.st_dev == out_st.st_dev &&
         in_st.st_ino == out_st.st_ino)
@@ -334,7 +339,7 @@ static tl_status check_quantisable(const char *in_dir, const char *out_dir, cons
                            (long long)(bad / (size_t)t->shape[1]), (long long)(bad % (size_t)t->shape[1]));
         /* the largest a group's f16 scale times its largest integer holds: 127 for q8, 8 for
            q4 (past it a q4 group was written clipped) */
-        const int top = type_for(t, want) == TL_Q4 ? 8 : 127;
+        const int top = type_for(t, want, pure) == TL_Q4 ? 8 : 127;
         for (size_t e = 0; e < count; e++)
             if (fabsf(tl_weight_at_unaligned(t->data, dt, e)) > 65504.0f * (float)top)
                 return tl_fail(TL_ERR_INVALID_ARGUMENT,
@@ -365,7 +370,8 @@ static void add_entry(cJSON *header, const char *name, const char *dtype, int64_
 
 /* The calibration must be of this checkpoint: each of its tensors exists here with its
    input width, and each matrix that becomes q4 has statistics (a calibration of another
-   model fails one or the other, by name or by shape). */
+   model fails one or the other, by name or by shape). The embedding and head, q4 only when
+   `pure`, need none: without statistics they are quantised unweighted. */
 static tl_status check_calibration(tl_st_file *file, const char *path, tl_dtype want, const tl_calibration *cal) {
     if (want != TL_Q4)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: calibration applies to q4 only (q8 keeps max|x| / 127)");
@@ -384,7 +390,7 @@ static tl_status check_calibration(tl_st_file *file, const char *path, tl_dtype 
     }
     for (int i = 0; i < file->n_tensors; i++) {
         const tl_st_tensor *t = &file->tensors[i];
-        if (quantisable(t) && type_for(t, want) == TL_Q4 && !tl_calibration_importance(cal, t->name, NULL))
+        if (quantisable(t) && type_for(t, want, false) == TL_Q4 && !tl_calibration_importance(cal, t->name, NULL))
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: the calibration (of %s) has no statistics for %s's \"%s\"",
                            tl_calibration_source(cal), path, t->name);
     }
@@ -392,7 +398,7 @@ static tl_status check_calibration(tl_st_file *file, const char *path, tl_dtype 
 }
 
 tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dtype want) {
-    return tl_quantize_checkpoint_calibrated(in_dir, out_dir, want, NULL, 0);
+    return tl_quantize_checkpoint_calibrated(in_dir, out_dir, want, NULL, 0, false);
 }
 
 /* One matrix's rows, quantised in tasks of QUANT_TASK_ROWS rows on the pool's threads: every
@@ -431,7 +437,7 @@ static void quantise_rows_task(void *ctx, int task, int thread) {
 }
 
 tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_dir, tl_dtype want,
-                                            const tl_calibration *cal, int threads) {
+                                            const tl_calibration *cal, int threads, bool pure) {
     if (want != TL_Q8 && want != TL_Q4) return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: type must be q8 or q4");
     if (threads < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: threads must be >= 0 (0: every core), got %d", threads);
     if (threads == 0) threads = tl_pool_cores();
@@ -446,7 +452,7 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     snprintf(to, sizeof to, "%s/model.safetensors", out_dir);
     tl_st_file file;
     if ((st = tl_st_open(from, &file)) != TL_OK) return st;
-    if ((st = check_quantisable(in_dir, out_dir, &file, want)) != TL_OK) {
+    if ((st = check_quantisable(in_dir, out_dir, &file, want, pure)) != TL_OK) {
         tl_st_close(&file);
         return st;
     }
@@ -486,7 +492,7 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
             continue;
         }
         const int64_t rows = t->shape[0], cols = t->shape[1];
-        const tl_dtype type = type_for(t, want);
+        const tl_dtype type = type_for(t, want, pure);
         char scale_name[512];
         snprintf(scale_name, sizeof scale_name, "%s_scale", t->name);
         add_entry(header, t->name, type == TL_Q8 ? "I8" : "U8", rows, type == TL_Q8 ? cols : cols / 2, 0, NULL,
@@ -532,7 +538,7 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
             continue;
         }
         const int64_t rows = t->shape[0], cols = t->shape[1];
-        const tl_dtype type = type_for(t, want);
+        const tl_dtype type = type_for(t, want, pure);
         const size_t qbytes = (size_t)(type == TL_Q8 ? cols : cols / 2);
         const size_t groups = (size_t)cols / TL_QGROUP;
         free(rows_f32); free(q); free(scales); free(u);

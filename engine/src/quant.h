@@ -31,9 +31,11 @@ tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dty
    checkpoint (tensor names and input widths; otherwise TL_ERR_INVALID_ARGUMENT, nothing
    written). The file format is the same. Rows are quantised on `threads` threads (0: one per
    core; at most 256; tl_quantize_checkpoint uses 0): each row on its own, so the bytes are
-   the same at any count. */
+   the same at any count. `pure` quantises the embedding and the head to `type` too (q4
+   keeps them at q8 otherwise; llama.cpp's --pure); with a calibration, those of them it has
+   no statistics for are quantised unweighted. */
 struct tl_calibration;
 tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_dir, tl_dtype type,
-                                            const struct tl_calibration *cal, int threads);
+                                            const struct tl_calibration *cal, int threads, bool pure);
 
 #endif

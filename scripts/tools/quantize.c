@@ -1,5 +1,5 @@
 /* quantize.c: tinyloop-quantize, the tool behind scripts/quantize (SPEC §8).
- *   tinyloop-quantize --type q8|q4 [--calibrate TEXT [--gptq] [--calibrate-tokens N]] IN_DIR OUT_DIR
+ *   tinyloop-quantize --type q8|q4 [--pure] [--calibrate TEXT [--gptq] [--calibrate-tokens N]] IN_DIR OUT_DIR
  * Converts an f32/f16/bf16 checkpoint to q8 or q4 (layout: README "Quantised weights"),
  * then loads the result once to check that the engine accepts it. With --calibrate, q4 is
  * activation-aware: IN_DIR runs over TEXT first (calibrate.c) and the importance of each
@@ -14,12 +14,14 @@
 #include "tinyloop.h"
 
 static int usage(FILE *fp, int code) {
-    fputs("usage: scripts/quantize --type q8|q4 [--calibrate TEXT [--gptq] [--calibrate-tokens N]]\n"
+    fputs("usage: scripts/quantize --type q8|q4 [--pure] [--calibrate TEXT [--gptq] [--calibrate-tokens N]]\n"
           "                        [--threads N] IN_DIR OUT_DIR\n"
           "  Writes OUT_DIR: IN_DIR's config.json and tokenizer.json, and model.safetensors with\n"
           "  every matrix quantised in groups of 32 inputs with one f16 scale per group\n"
           "  (q8: int8, 8.5 bits a weight; q4: 4-bit, 4.5 bits a weight; q4 keeps the\n"
           "  embedding and the head at q8).\n"
+          "  --pure            q4: the embedding and the head at q4 too (llama.cpp's --pure):\n"
+          "                    fewer bytes a token, larger logit error\n"
           "  --calibrate TEXT  q4 only: run IN_DIR over TEXT (a training text, never the text\n"
           "                    you evaluate on) and weight each group's error by its inputs'\n"
           "                    mean x^2 (activation-aware quantisation); same file format\n"
@@ -33,12 +35,13 @@ static int usage(FILE *fp, int code) {
 int main(int argc, char **argv) {
     const char *type = NULL, *dirs[2] = {NULL, NULL}, *calib_text = NULL;
     int n_dirs = 0, calib_tokens = 16384, threads = 0;
-    bool gptq = false;
+    bool gptq = false, pure = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout, 0);
         if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
         else if (!strcmp(argv[i], "--calibrate") && i + 1 < argc) calib_text = argv[++i];
         else if (!strcmp(argv[i], "--gptq")) gptq = true;
+        else if (!strcmp(argv[i], "--pure")) pure = true;
         else if ((!strcmp(argv[i], "--calibrate-tokens") || !strcmp(argv[i], "--threads")) && i + 1 < argc) {
             char *end;
             const long v = strtol(argv[i + 1], &end, 10);
@@ -79,7 +82,7 @@ int main(int argc, char **argv) {
         printf("calibration: %ld tokens of %s through %s%s\n", tl_calibration_tokens(cal), calib_text, dirs[0],
                gptq ? " (with Gram matrices for GPTQ)" : "");
     }
-    const tl_status qst = tl_quantize_checkpoint_calibrated(dirs[0], dirs[1], dt, cal, threads);
+    const tl_status qst = tl_quantize_checkpoint_calibrated(dirs[0], dirs[1], dt, cal, threads, pure);
     tl_calibration_free(cal);
     if (qst != TL_OK) {
         fprintf(stderr, "quantize: %s\n", tl_last_error());

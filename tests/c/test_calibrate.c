@@ -208,8 +208,8 @@ int main(int argc, char **argv) {
 
     /* ---- quantisation */
     CHECK(tl_quantize_checkpoint(model, plain, TL_Q4) == TL_OK, "q4: %s", tl_last_error());
-    CHECK(tl_quantize_checkpoint_calibrated(model, out, TL_Q4, cal, 1) == TL_OK, "q4 calibrated: %s", tl_last_error());
-    CHECK(tl_quantize_checkpoint_calibrated(model, gptq_dir, TL_Q4, cal_g, 1) == TL_OK, "q4 gptq: %s", tl_last_error());
+    CHECK(tl_quantize_checkpoint_calibrated(model, out, TL_Q4, cal, 1, false) == TL_OK, "q4 calibrated: %s", tl_last_error());
+    CHECK(tl_quantize_checkpoint_calibrated(model, gptq_dir, TL_Q4, cal_g, 1, false) == TL_OK, "q4 gptq: %s", tl_last_error());
     const char *const dirs[] = {out, gptq_dir};
     for (int i = 0; i < 2; i++) {
         tl_model *m = NULL;
@@ -231,18 +231,27 @@ int main(int argc, char **argv) {
         snprintf(q8_three, sizeof q8_three, "%s/q8-three", tmp);
         char q4_one[4096];
         snprintf(q4_one, sizeof q4_one, "%s/q4-one", tmp);
-        CHECK(tl_quantize_checkpoint_calibrated(model, q4_one, TL_Q4, NULL, 1) == TL_OK && same_weights(plain, q4_one),
+        CHECK(tl_quantize_checkpoint_calibrated(model, q4_one, TL_Q4, NULL, 1, false) == TL_OK && same_weights(plain, q4_one),
               "q4 on one thread differs from one per core");
-        CHECK(tl_quantize_checkpoint_calibrated(model, again, TL_Q4, NULL, 3) == TL_OK && same_weights(q4_one, again),
+        CHECK(tl_quantize_checkpoint_calibrated(model, again, TL_Q4, NULL, 3, false) == TL_OK && same_weights(q4_one, again),
               "q4 on 3 threads differs from one thread");
-        CHECK(tl_quantize_checkpoint_calibrated(model, again, TL_Q4, cal, 3) == TL_OK && same_weights(out, again),
+        CHECK(tl_quantize_checkpoint_calibrated(model, again, TL_Q4, cal, 3, false) == TL_OK && same_weights(out, again),
               "calibrated q4 on 3 threads differs from one thread");
-        CHECK(tl_quantize_checkpoint_calibrated(model, again, TL_Q4, cal_g, 3) == TL_OK && same_weights(gptq_dir, again),
+        CHECK(tl_quantize_checkpoint_calibrated(model, again, TL_Q4, cal_g, 3, false) == TL_OK && same_weights(gptq_dir, again),
               "GPTQ q4 on 3 threads differs from one thread");
-        CHECK(tl_quantize_checkpoint_calibrated(model, q8_one, TL_Q8, NULL, 1) == TL_OK &&
-                  tl_quantize_checkpoint_calibrated(model, q8_three, TL_Q8, NULL, 3) == TL_OK && same_weights(q8_one, q8_three),
+        CHECK(tl_quantize_checkpoint_calibrated(model, q8_one, TL_Q8, NULL, 1, false) == TL_OK &&
+                  tl_quantize_checkpoint_calibrated(model, q8_three, TL_Q8, NULL, 3, false) == TL_OK && same_weights(q8_one, q8_three),
               "q8 on 3 threads differs from one thread");
         CHECK(!same_weights(plain, out), "the calibrated q4 is the plain one: the comparison cannot tell");
+        /* --pure with a calibration: the embedding, which has no statistics (it is looked
+           up, not multiplied), is quantised unweighted instead of refusing the run */
+        char pure[4096];
+        snprintf(pure, sizeof pure, "%s/q4-pure", tmp);
+        tl_model *m = NULL;
+        CHECK(tl_quantize_checkpoint_calibrated(model, pure, TL_Q4, cal_g, 1, true) == TL_OK &&
+                  tl_model_load(pure, NULL, &m) == TL_OK && m->w.tok_embed.dtype == TL_Q4,
+              "pure q4 with a calibration: %s", tl_last_error());
+        tl_model_free(m);
     }
 
     int improved = 0, gptq_better = 0;
@@ -280,11 +289,11 @@ int main(int argc, char **argv) {
     CHECK(bad == NULL, "a failed calibration returned one");
     char wrong[4096];
     snprintf(wrong, sizeof wrong, "%s/q4-wrong", tmp);
-    CHECK_ERROR(tl_quantize_checkpoint_calibrated(other, wrong, TL_Q4, cal, 0), TL_ERR_INVALID_ARGUMENT, "is not for");
+    CHECK_ERROR(tl_quantize_checkpoint_calibrated(other, wrong, TL_Q4, cal, 0, false), TL_ERR_INVALID_ARGUMENT, "is not for");
     CHECK(!exists(wrong), "%s written for a calibration of another model", wrong);
-    CHECK_ERROR(tl_quantize_checkpoint_calibrated(model, wrong, TL_Q8, cal, 0), TL_ERR_INVALID_ARGUMENT, "q4 only");
+    CHECK_ERROR(tl_quantize_checkpoint_calibrated(model, wrong, TL_Q8, cal, 0, false), TL_ERR_INVALID_ARGUMENT, "q4 only");
     CHECK(!exists(wrong), "%s written for q8 with a calibration", wrong);
-    CHECK_ERROR(tl_quantize_checkpoint_calibrated(model, wrong, TL_Q4, NULL, -1), TL_ERR_INVALID_ARGUMENT, "threads must be >= 0");
+    CHECK_ERROR(tl_quantize_checkpoint_calibrated(model, wrong, TL_Q4, NULL, -1, false), TL_ERR_INVALID_ARGUMENT, "threads must be >= 0");
     CHECK(!exists(wrong), "%s written for -1 threads", wrong);
 
     tl_calibration_free(cal);

@@ -16,6 +16,7 @@
 #include <math.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -314,7 +315,7 @@ static void threads_alike(const char *model_dir) {
     for (int i = 0; i < 2; i++) {
         snprintf(dirs[i], sizeof dirs[i], "%s/q8-threads-%d", quantised_root, threads[i]);
         snprintf(paths[i], sizeof paths[i], "%s/model.safetensors", dirs[i]);
-        CHECK(tl_quantize_checkpoint_calibrated(model_dir, dirs[i], TL_Q8, NULL, threads[i]) == TL_OK, "q8 on %d threads: %s",
+        CHECK(tl_quantize_checkpoint_calibrated(model_dir, dirs[i], TL_Q8, NULL, threads[i], false) == TL_OK, "q8 on %d threads: %s",
               threads[i], tl_last_error());
     }
     long bytes;
@@ -373,6 +374,70 @@ static void fused_split(const char *hf_dir) {
     if (tl_st_open(path, &f) != TL_OK) { CHECK(0, "%s: %s", path, tl_last_error()); return; }
     const tl_st_tensor *wte = tl_st_find(&f, "transformer.wte.weight");
     CHECK(wte && wte->dtype == TL_ST_I8, "Huginn's wte in a q4 checkpoint: %s", wte ? tl_st_dtype_name(wte->dtype) : "missing");
+    tl_st_close(&f);
+}
+
+/* `pure` q4 (scripts/quantize --pure): the embedding and the tied head are q4 like every
+   other matrix (plain q4 keeps them at q8, checked here too), each row exactly
+   tl_quantize_row_q4's; the model loads, reports q4, and decodes, reading 4.5 bits for the
+   head's weights where plain q4 reads 8.5. */
+static void pure_q4(const char *golden) {
+    char src[1024], plain[1100], pure[1100], path[1200];
+    snprintf(src, sizeof src, "%s/gpt2_like", golden);
+    snprintf(plain, sizeof plain, "%s/plain-q4", quantised_root);
+    snprintf(pure, sizeof pure, "%s/pure-q4", quantised_root);
+    CHECK(tl_quantize_checkpoint_calibrated(src, plain, TL_Q4, NULL, 0, false) == TL_OK, "plain q4: %s", tl_last_error());
+    CHECK(tl_quantize_checkpoint_calibrated(src, pure, TL_Q4, NULL, 0, true) == TL_OK, "pure q4: %s", tl_last_error());
+    const char *dirs[2] = {plain, pure};
+    const tl_st_dtype want[2] = {TL_ST_I8, TL_ST_U8};
+    long bytes[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dirs[i]);
+        tl_st_file f;
+        if (tl_st_open(path, &f) != TL_OK) { CHECK(0, "%s: %s", path, tl_last_error()); return; }
+        const tl_st_tensor *e = tl_st_find(&f, "tok_embed.weight"), *q = tl_st_find(&f, "block.0.attn.q.weight");
+        CHECK(e && e->dtype == want[i], "%s: tok_embed.weight is %s", dirs[i], e ? tl_st_dtype_name(e->dtype) : "missing");
+        CHECK(q && q->dtype == TL_ST_U8, "%s: block.0.attn.q.weight is %s", dirs[i], q ? tl_st_dtype_name(q->dtype) : "missing");
+        tl_st_close(&f);
+        struct stat st;
+        bytes[i] = stat(path, &st) == 0 ? (long)st.st_size : 0;
+    }
+    CHECK(bytes[1] > 0 && bytes[1] < bytes[0], "pure q4 is smaller than plain q4 (%ld, %ld bytes)", bytes[1], bytes[0]);
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    tl_st_file f;
+    if (tl_st_open(path, &f) != TL_OK) { CHECK(0, "%s: %s", path, tl_last_error()); return; }
+    tl_model *m = NULL;
+    CHECK(tl_model_load(pure, NULL, &m) == TL_OK, "%s: load: %s", pure, tl_last_error());
+    const tl_st_tensor *ts = tl_st_find(&f, "tok_embed.weight");
+    if (m && ts) {
+        CHECK(!strcmp(tl_model_info(m)->weight_dtype, "q4"), "pure: weight_dtype %s", tl_model_info(m)->weight_dtype);
+        const tl_matrix *mat = &m->w.tok_embed;
+        CHECK(mat->dtype == TL_Q4 && m->w.lm_head.dtype == TL_Q4, "pure: the embedding and the head are q4");
+        const int cols = mat->cols;
+        float *x = malloc((size_t)cols * sizeof *x), *got = malloc((size_t)cols * sizeof *got);
+        uint8_t *q = malloc((size_t)cols / 2);
+        uint16_t *sc = malloc((size_t)cols / G * sizeof *sc);
+        const tl_dtype from = ts->dtype == TL_ST_F32 ? TL_F32 : ts->dtype == TL_ST_F16 ? TL_F16 : TL_BF16;
+        int mismatches = 0;
+        for (int r = 0; r < mat->rows; r++) {
+            tl_convert_to_f32(ts->data + (size_t)r * (size_t)cols * tl_st_dtype_size(ts->dtype), from, (size_t)cols, x);
+            tl_quantize_row_q4(x, cols, q, sc);
+            tl_matrix_row_f32(mat, r, got);
+            for (int c = 0; c < cols; c++)
+                mismatches += got[c] != tl_f16_to_f32(sc[c / G]) * (float)(((q[c / 2] >> (c % 2 ? 4 : 0)) & 15) - 8);
+        }
+        CHECK(mismatches == 0, "pure: %d of the embedding's elements are not tl_quantize_row_q4's", mismatches);
+        free(x); free(got); free(q); free(sc);
+        int32_t prompt[3] = {1, 2, 3}, out[11];
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.max_tokens = 8;
+        cfg.ignore_eos = true;
+        int n_out = 0;
+        CHECK(tl_generate(m, prompt, 3, &cfg, out, 11, &n_out, NULL) == TL_OK && n_out == 11, "pure: decodes 8 tokens: %s",
+              tl_last_error());
+    }
+    tl_model_free(m);
     tl_st_close(&f);
 }
 
@@ -530,6 +595,7 @@ int main(int argc, char **argv) {
     round_trip(argv[1], "llama_like");
     threads_alike(argv[2]); /* after round_trip: quantised_root exists */
     refusals(argv[1]);      /* after round_trip: its q4 copy is an input already quantised */
+    pure_q4(argv[1]);
     char hf[1024];
     snprintf(hf, sizeof hf, "%s/../hf/huginn_f32", argv[1]);
     fused_split(hf);
