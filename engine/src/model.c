@@ -412,7 +412,7 @@ static tl_status upload_weights(tl_model *m, bool keep_mapped) {
 /* ---------------------------------------------------------------- info */
 
 /* The dtype reported as weight_dtype: the layers' (a q4 checkpoint keeps its embedding and
-   head at q8), or the embedding's for a model without layers. */
+   head at q8 unless quantised --pure), or the embedding's for a model without layers. */
 static tl_dtype layers_dtype(const tl_model *m) {
     const tl_config *c = &m->cfg;
     const tl_layer *L = c->n_block ? m->w.block : c->n_prelude ? m->w.prelude : c->n_coda ? m->w.coda : NULL;

@@ -243,8 +243,9 @@ int main(int argc, char **argv) {
                   tl_quantize_checkpoint_calibrated(model, q8_three, TL_Q8, NULL, 3, false) == TL_OK && same_weights(q8_one, q8_three),
               "q8 on 3 threads differs from one thread");
         CHECK(!same_weights(plain, out), "the calibrated q4 is the plain one: the comparison cannot tell");
-        /* --pure with a calibration: the embedding, which has no statistics (it is looked
-           up, not multiplied), is quantised unweighted instead of refusing the run */
+        /* --pure with a calibration: the embedding (tied: also the head), for which the
+           calibration records no statistics, is quantised unweighted instead of refusing the
+           run, and every layer matrix is the calibrated run's, byte for byte */
         char pure[4096];
         snprintf(pure, sizeof pure, "%s/q4-pure", tmp);
         tl_model *m = NULL;
@@ -252,6 +253,24 @@ int main(int argc, char **argv) {
                   tl_model_load(pure, NULL, &m) == TL_OK && m->w.tok_embed.dtype == TL_Q4,
               "pure q4 with a calibration: %s", tl_last_error());
         tl_model_free(m);
+        char pure_file[4200], gptq_file[4200];
+        snprintf(pure_file, sizeof pure_file, "%s/model.safetensors", pure);
+        snprintf(gptq_file, sizeof gptq_file, "%s/model.safetensors", gptq_dir);
+        tl_st_file mine, theirs;
+        if (tl_st_open(pure_file, &mine) == TL_OK) {
+            if (tl_st_open(gptq_file, &theirs) == TL_OK) {
+                int same = 0, layers = 0;
+                for (int i = 0; i < mine.n_tensors; i++) {
+                    const tl_st_tensor *t = &mine.tensors[i], *u = tl_st_find(&theirs, t->name);
+                    if (!strncmp(t->name, "tok_embed.", 10)) continue;
+                    layers++;
+                    same += u && u->dtype == t->dtype && u->nbytes == t->nbytes && !memcmp(u->data, t->data, t->nbytes);
+                }
+                CHECK(layers > 0 && same == layers, "pure: %d of %d other tensors are the calibrated run's", same, layers);
+                tl_st_close(&theirs);
+            }
+            tl_st_close(&mine);
+        }
     }
 
     int improved = 0, gptq_better = 0;

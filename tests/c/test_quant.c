@@ -526,6 +526,15 @@ static void refusals(const char *golden) {
     CHECK_ERROR(tl_quantize_checkpoint(dir, out, TL_Q4), TL_ERR_INVALID_ARGUMENT, "(|x| <= 65504 x 8 for q4)");
     snprintf(out, sizeof out, "%s/poked-q4-q8", quantised_root);
     CHECK(tl_quantize_checkpoint(dir, out, TL_Q8) == TL_OK, "1e6 is a q8 weight: %s", tl_last_error());
+    /* the embedding is q8 in plain q4 (1e6 fits), q4 under --pure (refused by q4's bound) */
+    snprintf(dir, sizeof dir, "%s/poked-embed", quantised_root);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", src, dir);
+    CHECK(system(cmd) == 0 && poke_first(dir, "tok_embed.weight", 1e6f, 0), "poke the embedding");
+    snprintf(out, sizeof out, "%s/poked-embed-q4", quantised_root);
+    CHECK(tl_quantize_checkpoint(dir, out, TL_Q4) == TL_OK, "1e6 in the embedding is q8 in plain q4: %s", tl_last_error());
+    snprintf(out, sizeof out, "%s/poked-embed-pure", quantised_root);
+    CHECK_ERROR(tl_quantize_checkpoint_calibrated(dir, out, TL_Q4, NULL, 0, true), TL_ERR_INVALID_ARGUMENT,
+                "tok_embed.weight has 1e+06");
 
     /* A run that fails while writing (here: a full disk, as a file size limit of 1 KiB with
        SIGXFSZ ignored, so that a write fails with EFBIG) leaves the earlier good file as it

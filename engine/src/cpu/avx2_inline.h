@@ -67,8 +67,9 @@ DEFINE_AXPYS_FROM(axpys_from, float, load8_f32, widen1_f32)
 DEFINE_AXPYS_FROM(axpys_from_f16, uint16_t, load8_f16, widen1_f16)
 
 #define ELEM(dt) ((dt) == TL_F32 ? 4u : 2u)
-/* Software prefetch distance for streaming one to three rows (a stream a panel): the
-   hardware prefetcher alone leaves single-row streaming ~15% short of the machine's read
+/* Software prefetch distance of a panel streamed on its own (a single row; the groups of
+   panels that one to three rows read side by side, a stream each): the hardware
+   prefetcher alone leaves single-row streaming ~15% short of the machine's read
    bandwidth. 1024 rather than 2048 since the prefetches go to L2 (below): medians of four
    alternated rounds from memory, 32 MiB-L3 EPYC, GB/s 2048 -> 1024: one thread, one row
    f16 22.5 -> 24.9, q8 21.4 -> 24.4, q4 20.6 -> 23.6, two rows f16 20.9 -> 23.1; two threads
