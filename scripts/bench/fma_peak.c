@@ -1,0 +1,134 @@
+/* fma_peak.c: tinyloop-fma-peak, the cores' multiply-add rate, a yardstick for the kernels'
+ * GFLOP/s (tinyloop-kernel-bench, tinyloop-bench's prefill): 12 independent chains of
+ * vfmadd231ps per thread, 512-bit where the CPU has AVX-512, else 256-bit (FMA3), run on 1
+ * to N threads at once.
+ *   build/scripts/bench/tinyloop-fma-peak [--threads 1,2] [--millions 200]
+ * The loop is inline assembly because a compiler folds chains whose values it can prove
+ * equal: a C version with 12 accumulators started alike compiled to one chain, and its
+ * "peak" was 12 x one chain's latency-bound rate (stop 45's note reported that figure). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__)
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* 12 chains, each one FMA per iteration; operands zero (no denormals, no overflow). */
+__attribute__((target("avx512f"))) static void chains512(long iterations) {
+    __asm__ volatile("vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
+                     "vmovaps %%zmm0, %%zmm1\n\t vmovaps %%zmm0, %%zmm2\n\t vmovaps %%zmm0, %%zmm3\n\t"
+                     "vmovaps %%zmm0, %%zmm4\n\t vmovaps %%zmm0, %%zmm5\n\t vmovaps %%zmm0, %%zmm6\n\t"
+                     "vmovaps %%zmm0, %%zmm7\n\t vmovaps %%zmm0, %%zmm8\n\t vmovaps %%zmm0, %%zmm9\n\t"
+                     "vmovaps %%zmm0, %%zmm10\n\t vmovaps %%zmm0, %%zmm11\n\t"
+                     "vmovaps %%zmm0, %%zmm12\n\t vmovaps %%zmm0, %%zmm13\n\t"
+                     "1:\n\t"
+                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm0\n\t vfmadd231ps %%zmm12, %%zmm13, %%zmm1\n\t"
+                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm2\n\t vfmadd231ps %%zmm12, %%zmm13, %%zmm3\n\t"
+                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm4\n\t vfmadd231ps %%zmm12, %%zmm13, %%zmm5\n\t"
+                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm6\n\t vfmadd231ps %%zmm12, %%zmm13, %%zmm7\n\t"
+                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm8\n\t vfmadd231ps %%zmm12, %%zmm13, %%zmm9\n\t"
+                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm10\n\t vfmadd231ps %%zmm12, %%zmm13, %%zmm11\n\t"
+                     "dec %0\n\t jnz 1b\n\t vzeroupper"
+                     : "+r"(iterations)
+                     :
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+                       "xmm11", "xmm12", "xmm13", "cc");
+}
+
+__attribute__((target("avx2,fma"))) static void chains256(long iterations) {
+    __asm__ volatile("vxorps %%ymm0, %%ymm0, %%ymm0\n\t"
+                     "vmovaps %%ymm0, %%ymm1\n\t vmovaps %%ymm0, %%ymm2\n\t vmovaps %%ymm0, %%ymm3\n\t"
+                     "vmovaps %%ymm0, %%ymm4\n\t vmovaps %%ymm0, %%ymm5\n\t vmovaps %%ymm0, %%ymm6\n\t"
+                     "vmovaps %%ymm0, %%ymm7\n\t vmovaps %%ymm0, %%ymm8\n\t vmovaps %%ymm0, %%ymm9\n\t"
+                     "vmovaps %%ymm0, %%ymm10\n\t vmovaps %%ymm0, %%ymm11\n\t"
+                     "vmovaps %%ymm0, %%ymm12\n\t vmovaps %%ymm0, %%ymm13\n\t"
+                     "1:\n\t"
+                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm0\n\t vfmadd231ps %%ymm12, %%ymm13, %%ymm1\n\t"
+                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm2\n\t vfmadd231ps %%ymm12, %%ymm13, %%ymm3\n\t"
+                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm4\n\t vfmadd231ps %%ymm12, %%ymm13, %%ymm5\n\t"
+                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm6\n\t vfmadd231ps %%ymm12, %%ymm13, %%ymm7\n\t"
+                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm8\n\t vfmadd231ps %%ymm12, %%ymm13, %%ymm9\n\t"
+                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm10\n\t vfmadd231ps %%ymm12, %%ymm13, %%ymm11\n\t"
+                     "dec %0\n\t jnz 1b\n\t vzeroupper"
+                     : "+r"(iterations)
+                     :
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+                       "xmm11", "xmm12", "xmm13", "cc");
+}
+
+typedef struct { long iterations; int wide; } job;
+
+static void *run(void *arg) {
+    const job *j = arg;
+    if (j->wide) chains512(j->iterations);
+    else chains256(j->iterations);
+    return NULL;
+}
+
+static int usage(FILE *fp, int code) {
+    fputs("usage: tinyloop-fma-peak [--threads LIST] [--millions N]\n"
+          "  --threads LIST  comma-separated thread counts (default 1,2)\n"
+          "  --millions N    iterations per thread, in millions, each 12 FMAs (default 200)\n", fp);
+    return code;
+}
+
+int main(int argc, char **argv) {
+    const char *list = "1,2";
+    long millions = 200;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout, 0);
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) list = argv[++i];
+        else if (!strcmp(argv[i], "--millions") && i + 1 < argc) {
+            char *end;
+            millions = strtol(argv[++i], &end, 10);
+            if (*end || millions < 1 || millions > 100000) {
+                fprintf(stderr, "tinyloop-fma-peak: --millions needs a number in [1, 100000], got \"%s\"\n", argv[i]);
+                return 2;
+            }
+        } else return usage(stderr, 2);
+    }
+    __builtin_cpu_init();
+    const int wide = __builtin_cpu_supports("avx512f");
+    if (!wide && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
+        fprintf(stderr, "tinyloop-fma-peak: this CPU has neither AVX-512 nor AVX2 with FMA\n");
+        return 1;
+    }
+    const int lanes = wide ? 16 : 8;
+    printf("%d-bit FMA, 12 independent chains a thread, %ld M iterations each\n", wide ? 512 : 256, millions);
+    for (const char *p = list; *p;) {
+        char *end;
+        const long threads = strtol(p, &end, 10);
+        if (end == p || threads < 1 || threads > 256 || (*end && *end != ',')) {
+            fprintf(stderr, "tinyloop-fma-peak: --threads: a comma-separated list of counts in [1, 256], got \"%s\"\n", list);
+            return 2;
+        }
+        p = *end ? end + 1 : end;
+        pthread_t tid[256];
+        job j = {millions * 1000000L, wide};
+        int started = 0;
+        const double t0 = now();
+        for (; started < threads; started++)
+            if (pthread_create(&tid[started], NULL, run, &j) != 0) break;
+        for (int i = 0; i < started; i++) pthread_join(tid[i], NULL);
+        const double seconds = now() - t0;
+        if (started < threads) {
+            fprintf(stderr, "tinyloop-fma-peak: could start only %d of %ld threads\n", started, threads);
+            return 1;
+        }
+        printf("threads %3ld | %8.1f GFLOP/s\n", threads, (double)threads * (double)j.iterations * 12.0 * lanes * 2.0 / seconds / 1e9);
+    }
+    return 0;
+}
+#else
+int main(void) {
+    fprintf(stderr, "tinyloop-fma-peak: x86-64 only\n");
+    return 1;
+}
+#endif
