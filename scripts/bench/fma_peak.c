@@ -20,48 +20,26 @@ static double now(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* 12 chains, each one FMA per iteration; operands zero (no denormals, no overflow). */
-__attribute__((target("avx512f"))) static void chains512(long iterations) {
-    __asm__ volatile("vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
-                     "vmovaps %%zmm0, %%zmm1\n\t vmovaps %%zmm0, %%zmm2\n\t vmovaps %%zmm0, %%zmm3\n\t"
-                     "vmovaps %%zmm0, %%zmm4\n\t vmovaps %%zmm0, %%zmm5\n\t vmovaps %%zmm0, %%zmm6\n\t"
-                     "vmovaps %%zmm0, %%zmm7\n\t vmovaps %%zmm0, %%zmm8\n\t vmovaps %%zmm0, %%zmm9\n\t"
-                     "vmovaps %%zmm0, %%zmm10\n\t vmovaps %%zmm0, %%zmm11\n\t"
-                     "vmovaps %%zmm0, %%zmm12\n\t vmovaps %%zmm0, %%zmm13\n\t"
-                     "1:\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm0\n\t vfmadd231ps %%zmm12, %%zmm13, %%zmm1\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm2\n\t vfmadd231ps %%zmm12, %%zmm13, %%zmm3\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm4\n\t vfmadd231ps %%zmm12, %%zmm13, %%zmm5\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm6\n\t vfmadd231ps %%zmm12, %%zmm13, %%zmm7\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm8\n\t vfmadd231ps %%zmm12, %%zmm13, %%zmm9\n\t"
-                     "vfmadd231ps %%zmm12, %%zmm13, %%zmm10\n\t vfmadd231ps %%zmm12, %%zmm13, %%zmm11\n\t"
-                     "dec %0\n\t jnz 1b\n\t vzeroupper"
-                     : "+r"(iterations)
-                     :
-                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-                       "xmm11", "xmm12", "xmm13", "cc");
-}
+/* 12 chains, each one FMA per iteration, on registers REG0..REG11 of width R ("zmm" or
+   "ymm"); operands zero (no denormals, no overflow). The VEX vxorps of xmm0 zeroes the
+   whole register at either width. */
+#define FMA(R, n) "vfmadd231ps %%" R "12, %%" R "13, %%" R #n "\n\t"
+#define CHAINS(R, iterations)                                                                                   \
+    __asm__ volatile("vxorps %%xmm0, %%xmm0, %%xmm0\n\t"                                                      \
+                     "vmovaps %%" R "0, %%" R "1\n\t vmovaps %%" R "0, %%" R "2\n\t vmovaps %%" R "0, %%" R "3\n\t" \
+                     "vmovaps %%" R "0, %%" R "4\n\t vmovaps %%" R "0, %%" R "5\n\t vmovaps %%" R "0, %%" R "6\n\t" \
+                     "vmovaps %%" R "0, %%" R "7\n\t vmovaps %%" R "0, %%" R "8\n\t vmovaps %%" R "0, %%" R "9\n\t" \
+                     "vmovaps %%" R "0, %%" R "10\n\t vmovaps %%" R "0, %%" R "11\n\t"                             \
+                     "vmovaps %%" R "0, %%" R "12\n\t vmovaps %%" R "0, %%" R "13\n\t"                             \
+                     "1:\n\t" FMA(R, 0) FMA(R, 1) FMA(R, 2) FMA(R, 3) FMA(R, 4) FMA(R, 5) FMA(R, 6) FMA(R, 7)    \
+                         FMA(R, 8) FMA(R, 9) FMA(R, 10) FMA(R, 11) "dec %0\n\t jnz 1b\n\t vzeroupper"            \
+                     : "+r"(iterations)                                                                         \
+                     :                                                                                          \
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",  \
+                       "xmm11", "xmm12", "xmm13", "cc")
 
-__attribute__((target("avx2,fma"))) static void chains256(long iterations) {
-    __asm__ volatile("vxorps %%ymm0, %%ymm0, %%ymm0\n\t"
-                     "vmovaps %%ymm0, %%ymm1\n\t vmovaps %%ymm0, %%ymm2\n\t vmovaps %%ymm0, %%ymm3\n\t"
-                     "vmovaps %%ymm0, %%ymm4\n\t vmovaps %%ymm0, %%ymm5\n\t vmovaps %%ymm0, %%ymm6\n\t"
-                     "vmovaps %%ymm0, %%ymm7\n\t vmovaps %%ymm0, %%ymm8\n\t vmovaps %%ymm0, %%ymm9\n\t"
-                     "vmovaps %%ymm0, %%ymm10\n\t vmovaps %%ymm0, %%ymm11\n\t"
-                     "vmovaps %%ymm0, %%ymm12\n\t vmovaps %%ymm0, %%ymm13\n\t"
-                     "1:\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm0\n\t vfmadd231ps %%ymm12, %%ymm13, %%ymm1\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm2\n\t vfmadd231ps %%ymm12, %%ymm13, %%ymm3\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm4\n\t vfmadd231ps %%ymm12, %%ymm13, %%ymm5\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm6\n\t vfmadd231ps %%ymm12, %%ymm13, %%ymm7\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm8\n\t vfmadd231ps %%ymm12, %%ymm13, %%ymm9\n\t"
-                     "vfmadd231ps %%ymm12, %%ymm13, %%ymm10\n\t vfmadd231ps %%ymm12, %%ymm13, %%ymm11\n\t"
-                     "dec %0\n\t jnz 1b\n\t vzeroupper"
-                     : "+r"(iterations)
-                     :
-                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-                       "xmm11", "xmm12", "xmm13", "cc");
-}
+__attribute__((target("avx512f"))) static void chains512(long iterations) { CHAINS("zmm", iterations); }
+__attribute__((target("avx2,fma"))) static void chains256(long iterations) { CHAINS("ymm", iterations); }
 
 typedef struct { long iterations; int wide; } job;
 

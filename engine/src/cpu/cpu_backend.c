@@ -626,11 +626,12 @@ static void walk_entries(attention_group *g, bool values, int from, int to, int 
     const size_t slice_from = (size_t)(g->h0 / g->group) * (size_t)g->hd * elem;
     const size_t slice_to = (size_t)((g->h1 - 1) / g->group + 1) * (size_t)g->hd * elem;
     key_walk w = walk_start(a->cache, from);
-    int cur = 0, n = w.j < to ? gather_visible(a, seen_by, min_pos, g->first, to, values, &w, blocks[0], offsets[0]) : 0;
+    int cur = 0, n = gather_visible(a, seen_by, min_pos, g->first, to, values, &w, blocks[0], offsets[0]);
     while (n > 0) {
         const void **rows = blocks[cur];
         const int *at = offsets[cur];
-        const int n_next = w.j < to ? gather_visible(a, seen_by, min_pos, g->first, to, values, &w, blocks[!cur], offsets[!cur]) : 0;
+        /* (0 once the walk is past `to`) */
+        const int n_next = gather_visible(a, seen_by, min_pos, g->first, to, values, &w, blocks[!cur], offsets[!cur]);
         for (int b = 0; b < n_next; b++) {
             /* every line the slice touches: from the line its first byte is on */
             const uintptr_t first = ((uintptr_t)blocks[!cur][b] + slice_from) & ~(uintptr_t)63;

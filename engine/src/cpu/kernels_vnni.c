@@ -172,6 +172,14 @@ static void q4_pairs(const tl_qrows *x, int n, int k, const void *w, const float
 }
 
 
+/* q8 tiles of several rows compute longer per byte, and prefetch further: 4096 bytes
+   ahead against PREFETCH_AHEAD, medians of three alternated rounds from memory, GB/s, one
+   thread: 3 rows 18.1 -> 24.1, 4 rows 12.4 -> 14.9, 8 rows 7.7 -> 10.1; two threads 3 rows
+   21.1 -> 25.2, 8 rows 14.8 -> 17.7. */
+#ifndef Q8_AHEAD
+#define Q8_AHEAD(R) ((R) == 1 ? PREFETCH_AHEAD : 4096)
+#endif
+
 /* q8 tiles (qtile_fn, as q4's above): 16-bit activations (kernels.h) with vpdpwssd (int16
    pairs into int32). Each half of a sub-block (32 bytes: 8 lanes x 4 inputs, unsigned q +
    128) is widened to int16, so int32 slot s holds lane s/2's inputs 2(s%2) and 2(s%2)+1: one
@@ -182,13 +190,6 @@ static void q4_pairs(const tl_qrows *x, int n, int k, const void *w, const float
    lines ahead are prefetched one a sub-block, not all at the group's start (from memory,
    one thread, 1 row x 4 panels: 28.6-29.8 -> 29.8-33.9 GB/s); q4's 4.5 lines measured
    slower spread. */
-/* q8 tiles of several rows compute longer per byte, and prefetch further: 4096 bytes
-   ahead against PREFETCH_AHEAD, medians of three alternated rounds from memory, GB/s, one
-   thread: 3 rows 18.1 -> 24.1, 4 rows 12.4 -> 14.9, 8 rows 7.7 -> 10.1; two threads 3 rows
-   21.1 -> 25.2, 8 rows 14.8 -> 17.7. */
-#ifndef Q8_AHEAD
-#define Q8_AHEAD(R) ((R) == 1 ? PREFETCH_AHEAD : 4096)
-#endif
 #define DEFINE_VNNI_Q8_TILE(NAME, R, P)                                                   \
     static inline void NAME(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out) { \
         const int groups = k / TL_QGROUP, chains = R * P == 1 ? 2 : 1;                   \
