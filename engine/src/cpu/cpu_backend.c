@@ -602,6 +602,15 @@ static void attend_block(attention_group *g, bool values, int h, const float *co
     }
 }
 
+/* Prefetches into L2 every line that bytes [from, to) of rows[b] touch, for b in [b0, b1):
+   from the line the first byte is on. */
+static inline void prefetch_rows(const void *const *rows, int b0, int b1, size_t from, size_t to) {
+    for (int b = b0; b < b1; b++) {
+        const uintptr_t first = ((uintptr_t)rows[b] + from) & ~(uintptr_t)63;
+        for (uintptr_t line = first; line < (uintptr_t)rows[b] + to; line += 64) __builtin_prefetch((const void *)line, 0, 2);
+    }
+}
+
 /* One walk over the entries [from, to) that row `seen_by` sees (every row of [r0, r1)
    sees them too), for rows [r0, r1) and the group's heads, one attend_block per block of
    visible entries and head: each block of K or V rows is gathered once and used for every
@@ -610,14 +619,22 @@ static void walk_entries(attention_group *g, bool values, int from, int to, int 
                          int r0, int r1) {
     const tl_attention_args *a = g->a;
     const bool half = a->cache->model->kv_type == TL_KV_F16;
-    /* Two blocks' rows and offsets: the next block is gathered, and its rows' bytes for the
-       group's heads prefetched into L2, before the current one is computed, so that its K or
-       V rows (a few cache lines each, in rows of pages) are on their way while the current
-       block's dots or axpys run. Addresses only: the order of the keys, and so every
+    /* Two blocks' rows and offsets: the next block is gathered before the current one is
+       computed, and its rows' bytes for the group's heads prefetched into L2 while the
+       current one's dots or axpys run, so that its K or V rows (a few cache lines each, in
+       rows of pages) are on their way. Addresses only: the order of the keys, and so every
        result, is the same. GPT-2-small, 512-token prompts, 64 tokens decoded, three rounds
        alternated (tinyloop-bench, tok/s, one thread): f16 64-72 -> 71-79, q4 --pure 126-139
        -> 140-154; 8 sessions at 384 tokens of context (tinyloop-batch-bench, two threads)
-       256-273 -> 267-293. */
+       256-273 -> 267-293.
+       The prefetches are spread over the heads' computations, a share before each, not
+       issued all at once (a block is 32 rows of up to 16 lines: hundreds of prefetches in a
+       burst stall on the few outstanding misses a core may have, with nothing to overlap).
+       Alternated rounds, tinyloop-bench decode tok/s at 1 / 2 threads on the 32 MiB-L3 Zen 4
+       EPYC: the shipped model after a 220-token prompt 575-671 -> 689-782 / 1148-1307 ->
+       1106-1454 (the noise of that VM); GPT-2-small q4 --pure after 512, 127-169 -> 140-208
+       / 188-246 -> 204-279; 8 GPT-2 f16 sessions at 384 tokens of context (tinyloop-batch-bench,
+       two threads) 272-274 -> 297-305. */
     const void *blocks[2][ATTENTION_BLOCK];
     int offsets[2][ATTENTION_BLOCK]; /* the block's entries, as offsets from g->first */
     const float *head_rows[ATTENTION_BLOCK];
@@ -632,18 +649,15 @@ static void walk_entries(attention_group *g, bool values, int from, int to, int 
         const int *at = offsets[cur];
         /* (0 once the walk is past `to`) */
         const int n_next = gather_visible(a, seen_by, min_pos, g->first, to, values, &w, blocks[!cur], offsets[!cur]);
-        for (int b = 0; b < n_next; b++) {
-            /* every line the slice touches: from the line its first byte is on */
-            const uintptr_t first = ((uintptr_t)blocks[!cur][b] + slice_from) & ~(uintptr_t)63;
-            for (uintptr_t line = first; line < (uintptr_t)blocks[!cur][b] + slice_to; line += 64)
-                __builtin_prefetch((const void *)line, 0, 2);
-        }
+        const int heads = g->h1 - g->h0;
         for (int h = g->h0; h < g->h1; h++) {
             const size_t in_row = (size_t)(h / g->group) * (size_t)g->hd;
             if (half)
                 for (int b = 0; b < n; b++) head_halves[b] = (const uint16_t *)rows[b] + in_row;
             else
                 for (int b = 0; b < n; b++) head_rows[b] = (const float *)rows[b] + in_row;
+            const int share = h - g->h0; /* this head's share of the next block's rows */
+            prefetch_rows(blocks[!cur], n_next * share / heads, n_next * (share + 1) / heads, slice_from, slice_to);
             attend_block(g, values, h, head_rows, half ? head_halves : NULL, n, at, r0, r1);
         }
         cur = !cur;
