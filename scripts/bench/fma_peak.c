@@ -1,7 +1,8 @@
 /* fma_peak.c: tinyloop-fma-peak, the cores' multiply-add rate, a yardstick for the kernels'
  * GFLOP/s (tinyloop-kernel-bench, tinyloop-bench's prefill): 12 independent chains of
  * vfmadd231ps per thread, 512-bit where the CPU has AVX-512, else 256-bit (FMA3), run on 1
- * to N threads at once.
+ * to N threads at once; and the same chains with each multiplicand converted from f16 first,
+ * the bound of a one-row f16 matmul from cache where conversions and FMAs share ports.
  *   build/scripts/bench/tinyloop-fma-peak [--threads 1,2] [--millions 200]
  * The loop is inline assembly because a compiler folds chains whose values it can prove
  * equal: a C version with 12 accumulators started alike compiled to one chain, and its
@@ -38,16 +39,60 @@ static double now(void) {
                      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",  \
                        "xmm11", "xmm12", "xmm13", "cc")
 
+/* The same 12 chains with each FMA's multiplicand converted from f16 first (vcvtph2ps from
+   memory, as a one-row f16 matmul converts every weight it multiplies: one conversion per
+   FMA). Where the conversion shares the FMA's ports (Zen 4) this rate, not the FMA's, bounds
+   a single row of f16 weights read from cache. `halves` holds 16 zero halves. */
+#define CONVERTED_FMA(R, n) "vcvtph2ps (%1), %%" R "14\n\t vfmadd231ps %%" R "14, %%" R "13, %%" R #n "\n\t"
+#define CONVERTED_CHAINS(R, iterations, halves)                                                                 \
+    __asm__ volatile("vxorps %%xmm0, %%xmm0, %%xmm0\n\t"                                                      \
+                     "vmovaps %%" R "0, %%" R "1\n\t vmovaps %%" R "0, %%" R "2\n\t vmovaps %%" R "0, %%" R "3\n\t" \
+                     "vmovaps %%" R "0, %%" R "4\n\t vmovaps %%" R "0, %%" R "5\n\t vmovaps %%" R "0, %%" R "6\n\t" \
+                     "vmovaps %%" R "0, %%" R "7\n\t vmovaps %%" R "0, %%" R "8\n\t vmovaps %%" R "0, %%" R "9\n\t" \
+                     "vmovaps %%" R "0, %%" R "10\n\t vmovaps %%" R "0, %%" R "11\n\t"                             \
+                     "vmovaps %%" R "0, %%" R "13\n\t"                                                              \
+                     "1:\n\t" CONVERTED_FMA(R, 0) CONVERTED_FMA(R, 1) CONVERTED_FMA(R, 2) CONVERTED_FMA(R, 3)        \
+                         CONVERTED_FMA(R, 4) CONVERTED_FMA(R, 5) CONVERTED_FMA(R, 6) CONVERTED_FMA(R, 7)            \
+                             CONVERTED_FMA(R, 8) CONVERTED_FMA(R, 9) CONVERTED_FMA(R, 10) CONVERTED_FMA(R, 11)      \
+                                 "dec %0\n\t jnz 1b\n\t vzeroupper"                                                \
+                     : "+r"(iterations)                                                                         \
+                     : "r"(halves)                                                                              \
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",  \
+                       "xmm11", "xmm13", "xmm14", "cc", "memory")
+
+static const unsigned short zero_halves[16] __attribute__((aligned(64)));
+
 __attribute__((target("avx512f"))) static void chains512(long iterations) { CHAINS("zmm", iterations); }
 __attribute__((target("avx2,fma"))) static void chains256(long iterations) { CHAINS("ymm", iterations); }
+__attribute__((target("avx512f"))) static void converted512(long iterations) { CONVERTED_CHAINS("zmm", iterations, zero_halves); }
+__attribute__((target("avx2,fma,f16c"))) static void converted256(long iterations) { CONVERTED_CHAINS("ymm", iterations, zero_halves); }
 
-typedef struct { long iterations; int wide; } job;
+typedef struct { long iterations; int wide, converted; } job;
 
 static void *run(void *arg) {
     const job *j = arg;
-    if (j->wide) chains512(j->iterations);
+    if (j->converted) {
+        if (j->wide) converted512(j->iterations);
+        else converted256(j->iterations);
+    } else if (j->wide) chains512(j->iterations);
     else chains256(j->iterations);
     return NULL;
+}
+
+/* GFLOP/s of `threads` threads running job j at once; 0 when a thread would not start. */
+static double measure(long threads, job j) {
+    pthread_t tid[256];
+    int started = 0;
+    const double t0 = now();
+    for (; started < threads; started++)
+        if (pthread_create(&tid[started], NULL, run, &j) != 0) break;
+    for (int i = 0; i < started; i++) pthread_join(tid[i], NULL);
+    const double seconds = now() - t0;
+    if (started < threads) {
+        fprintf(stderr, "tinyloop-fma-peak: could start only %d of %ld threads\n", started, threads);
+        return 0.0;
+    }
+    return (double)threads * (double)j.iterations * 12.0 * (j.wide ? 16 : 8) * 2.0 / seconds / 1e9;
 }
 
 static int usage(FILE *fp, int code) {
@@ -78,8 +123,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tinyloop-fma-peak: this CPU has neither AVX-512 nor AVX2 with FMA\n");
         return 1;
     }
-    const int lanes = wide ? 16 : 8;
-    printf("%d-bit FMA, 12 independent chains a thread, %ld M iterations each\n", wide ? 512 : 256, millions);
+    if (!__builtin_cpu_supports("f16c")) {
+        fprintf(stderr, "tinyloop-fma-peak: this CPU lacks F16C (the f16 conversions)\n");
+        return 1;
+    }
+    printf("%d-bit FMA, 12 independent chains a thread, %ld M iterations each; the second column converts\n"
+           "each FMA's multiplicand from f16 first (vcvtph2ps), as a one-row f16 matmul does every weight\n",
+           wide ? 512 : 256, millions);
+    printf("%12s| %19s | %19s\n", "", "FMA peak", "fed by conversions");
     for (const char *p = list; *p;) {
         char *end;
         const long threads = strtol(p, &end, 10);
@@ -88,19 +139,10 @@ int main(int argc, char **argv) {
             return 2;
         }
         p = *end ? end + 1 : end;
-        pthread_t tid[256];
-        job j = {millions * 1000000L, wide};
-        int started = 0;
-        const double t0 = now();
-        for (; started < threads; started++)
-            if (pthread_create(&tid[started], NULL, run, &j) != 0) break;
-        for (int i = 0; i < started; i++) pthread_join(tid[i], NULL);
-        const double seconds = now() - t0;
-        if (started < threads) {
-            fprintf(stderr, "tinyloop-fma-peak: could start only %d of %ld threads\n", started, threads);
-            return 1;
-        }
-        printf("threads %3ld | %8.1f GFLOP/s\n", threads, (double)threads * (double)j.iterations * 12.0 * lanes * 2.0 / seconds / 1e9);
+        const double peak = measure(threads, (job){millions * 1000000L, wide, 0});
+        const double converted = peak > 0 ? measure(threads, (job){millions * 1000000L, wide, 1}) : 0;
+        if (peak <= 0 || converted <= 0) return 1;
+        printf("threads %3ld | %11.1f GFLOP/s | %11.1f GFLOP/s\n", threads, peak, converted);
     }
     return 0;
 }
