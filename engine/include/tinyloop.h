@@ -499,7 +499,9 @@ typedef struct tl_generate_stats {
     int prompt_tokens_reused; /* prompt tokens whose K/V came from the prefix pool */
 } tl_generate_stats;
 
-/* tokens_emitted / decode seconds, and prompt tokens / prefill seconds (0 when undefined). */
+/* The tokens after the first (tokens_emitted - 1: the first comes from the prefill's
+   logits) / decode seconds, and prompt tokens / prefill seconds (0 when undefined: fewer
+   than two tokens, no prefill). */
 double tl_stats_decode_tokens_per_s(const tl_generate_stats *stats);
 double tl_stats_prefill_tokens_per_s(const tl_generate_stats *stats);
 

@@ -3,8 +3,12 @@
 
 #include "stats.h"
 
+/* The first token comes from the prefill's logits: decode_ms (from the end of the prefill to
+   the last token) holds the forward passes of the tokens after it, so those are what it
+   rates (llama.cpp's "eval" rate counts the same n - 1). Counting all n, one token read as
+   a rate of hundreds of thousands a second. */
 double tl_stats_decode_tokens_per_s(const tl_generate_stats *s) {
-    return s && s->decode_ms > 0 ? s->tokens_emitted * 1000.0 / s->decode_ms : 0.0;
+    return s && s->decode_ms > 0 && s->tokens_emitted > 1 ? (s->tokens_emitted - 1) * 1000.0 / s->decode_ms : 0.0;
 }
 
 double tl_stats_prefill_tokens_per_s(const tl_generate_stats *s) {

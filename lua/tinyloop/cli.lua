@@ -266,10 +266,12 @@ end
 -- The one stats line of a generation, on stderr.
 local function stats_line(s, model)
     io.stderr:write(string.format(
-        "[prefill %d tokens%s %.1f ms (%.1f tok/s) | first token %.1f ms | %d tokens %.1f tok/s | stop %s | loops %.2f%s%s | %d threads]\n",
+        "[prefill %d tokens%s %.1f ms (%.1f tok/s) | first token %.1f ms | %d tokens%s | stop %s | loops %.2f%s%s | %d threads]\n",
         s.prompt_tokens, s.prompt_tokens_reused > 0 and string.format(" (%d reused)", s.prompt_tokens_reused) or "",
         s.prefill_ms, s.prefill_tokens_per_s, s.first_token_ms, s.tokens_emitted,
-        s.decode_tokens_per_s, s.stop_reason or "?", s.loops_used,
+        -- (the rate of the tokens after the first, which the prefill gave: none for one token)
+        s.decode_tokens_per_s > 0 and string.format(" %.1f tok/s", s.decode_tokens_per_s) or "",
+        s.stop_reason or "?", s.loops_used,
         s.probes > 0 and string.format(" (%d probes, %.1f ms)", s.probes, s.probe_ms) or "",
         s.verify_steps > 0 and string.format(" | accepted %d of %d drafted, %.2f per verification",
                                              s.accepted, s.drafted, s.mean_accepted) or "",

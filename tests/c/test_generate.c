@@ -782,6 +782,14 @@ static void test_step_batch_stats(void) {
           bst.prefill_ms, bst.first_token_ms, bst.decode_ms);
     CHECK(bst.loops_used == tl_model_info(model)->default_loops, "loops_used %g", bst.loops_used);
     CHECK(tl_stats_decode_tokens_per_s(&bst) > 0 && tl_stats_prefill_tokens_per_s(&bst) > 0, "rates");
+    /* the decode rate counts the tokens after the first (which the prefill's logits gave) */
+    CHECK(fabs(tl_stats_decode_tokens_per_s(&bst) - (bst.tokens_emitted - 1) * 1000.0 / bst.decode_ms) < 1e-9,
+          "decode rate %g over %d tokens in %g ms", tl_stats_decode_tokens_per_s(&bst), bst.tokens_emitted, bst.decode_ms);
+    {
+        tl_generate_stats one = bst;
+        one.tokens_emitted = 1;
+        CHECK(tl_stats_decode_tokens_per_s(&one) == 0.0, "one token has no decode rate: %g", tl_stats_decode_tokens_per_s(&one));
+    }
 
     /* Batch: flat concatenation + lengths, each prompt with a fresh cache. */
     tl_token_seq prompts[3] = {{p1, 3}, {p2, 5}, {p3, 1}};
