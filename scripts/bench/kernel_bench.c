@@ -20,6 +20,9 @@
 #define _GNU_SOURCE
 #include <stdbool.h>
 #include <stdint.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,7 +153,9 @@ static int usage(const char *why) {
                     "                             [--dtype f16,q8,q4] [--isa LIST] [--threads 1] [--repeat 15]\n"
                     "  --isa LIST   of generic, avx2, avx512, avx512-vnni (default: those this CPU runs,\n"
                     "               generic left out)\n"
-                    "  --dtype LIST of f32, f16, bf16, q8, q4 (q8/q4 need k a multiple of 32)\n");
+                    "  --dtype LIST of f32, f16, bf16, q8, q4 (q8/q4 need k a multiple of 32)\n"
+                    "  --f16-halves auto|0|1  AVX-512's single row of f16 weights converted 8 lanes at a\n"
+                    "               time (1) or 16 (0); auto: the CPU's choice (halves on AMD family 19h)\n");
     return 2;
 }
 
@@ -171,6 +176,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--repeat")) repeat = atoi(v);
         else if (!strcmp(a, "--dtype")) dtypes = v;
         else if (!strcmp(a, "--isa")) isas = v;
+        else if (!strcmp(a, "--f16-halves")) {
+            if (strcmp(v, "auto") && strcmp(v, "0") && strcmp(v, "1")) return usage("--f16-halves must be auto, 0 or 1");
+#if defined(__x86_64__)
+            tl_cpu_set_f16_halves(!strcmp(v, "auto") ? -1 : atoi(v));
+#endif
+        }
         else if (!strcmp(a, "--rows")) {
             if ((n_rows = parse_list(v, rows)) <= 0) return usage("--rows: a comma-separated list of 1..4096");
         } else return usage("unknown option");
@@ -191,8 +202,12 @@ int main(int argc, char **argv) {
     bool runs[4] = {true, false, false, false};
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    runs[1] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    runs[2] = runs[1] && __builtin_cpu_supports("avx512f");
+    /* F16C through cpuid (leaf 1, ecx bit 29): clang before 16 has no "f16c" for
+       __builtin_cpu_supports (kernels_generic.c) */
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
+    runs[1] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+    runs[2] = runs[1] && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
     runs[3] = runs[2] && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 #endif
     for (size_t f = 0; f < sizeof known / sizeof known[0]; f++) {

@@ -406,7 +406,7 @@ int main(int argc, char **argv) {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
     const bool vnni = avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 #else
     const bool avx2 = false, avx512 = false, vnni = false;
@@ -420,7 +420,19 @@ int main(int argc, char **argv) {
         if (avx2) families[n_families++] = &tl_kernels_avx2;
         if (avx512) families[n_families++] = &tl_kernels_avx512;
 #endif
+#if defined(__x86_64__)
+        /* AVX-512's single row of f16 weights both ways, in halves and whole (the CPU picks
+           one: tl_cpu_set_f16_halves); each the generic kernel's bits */
+        if (avx512)
+            for (int halves = 0; halves <= 1; halves++) {
+                tl_cpu_set_f16_halves(halves);
+                compared += check_packed_rows(families, n_families);
+            }
+        else compared += check_packed_rows(families, n_families);
+        tl_cpu_set_f16_halves(-1);
+#else
         compared += check_packed_rows(families, n_families);
+#endif
         compared += check_attention_blocks(families, n_families);
         compared += check_f16_rows(families, n_families);
         compared += check_narrow(families, n_families);

@@ -127,6 +127,11 @@ void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_d
                             const float *bias, int o0, int o1, float *y, int ldy);
 void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy);
+/* The AVX-512 kernels' single row of f16 weights: 1 converts and multiplies 8 lanes at a time
+   (two halves of each 16-lane panel), 0 all 16 at once, -1 the CPU's choice (halves on AMD
+   family 19h, Zen 4, where 512-bit conversions run at half the rate). The same bits either
+   way; for tests and benchmarks. */
+void tl_cpu_set_f16_halves(int mode);
 #endif
 
 /* out[i] = W[row][i] as f32, for i < cols (row-major or packed; q8/q4: scale * q). */

@@ -8,6 +8,10 @@
  * the same 256-bit halves in the same order. What changes is only how many rows share each
  * weight load: 8 here instead of 2. */
 #if defined(__x86_64__)
+#include <cpuid.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "avx2_inline.h"
 
 static inline __m256 high_half(__m512 z) {
@@ -270,6 +274,83 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
                                                                            _mm512_add_ps(acc[r][p][2], acc[r][p][3]))); \
     }
 
+/* One row of f16 weights over P panels at once, converted and multiplied 8 lanes at a time
+   (vcvtph2ps ymm, ymm FMAs: the 16-lane panel as two halves). On Zen 4 a 512-bit conversion
+   takes the FMA ports and halves their rate, where 256-bit ones run beside them
+   (tinyloop-fma-peak, one thread: 116 GFLOP/s FMA peak, 56 fed by 512-bit conversions, 116 by
+   256-bit ones), and a single row converts every weight it multiplies: there it runs faster
+   in halves, from cache (the shipped model's weights sit in the L3; from memory the
+   bandwidth bounds both alike). Each lane's four chains and final tree are
+   DEFINE_PACKED_ROWS_PANELS's (lanes are independent), so the bits are the same; the
+   prefetches too. Uses ymm16-31 (AVX512VL): P = 3 holds 24 accumulators. Measured on the
+   32 MiB-L3 Zen 4 (tinyloop-kernel-bench --f16-halves 0|1, alternated): one thread, k 256,
+   cols 3072 from 6 MB of copies, 53 -> 61-69 GFLOP/s; two threads on the shipped model's
+   shapes (k 256, cols 256 / 768 / 2048, k 1024 cols 256) from 8 MB, 82-102 -> 102-131; P = 2
+   ran at 54-69, P = 1 at 46-62. */
+#define DEFINE_HALVES_ROW_PANELS(NAME, P)                                                 \
+    static inline void NAME(const float *x, int k, const void *w, size_t panel, size_t stride, float *out) { \
+        const int k4 = k & ~3;                                                            \
+        const uint16_t *halves = (const uint16_t *)w;                                     \
+        __m256 acc[P][2][4];                                                              \
+        for (int p = 0; p < P; p++)                                                       \
+            for (int j = 0; j < 4; j++) acc[p][0][j] = acc[p][1][j] = _mm256_setzero_ps(); \
+        for (int i = 0; i < k4; i += 4) {                                                 \
+            for (int p = 0; p < P; p++)                                                   \
+                for (unsigned p_ = 0; p_ < 2; p_++)                                       \
+                    _mm_prefetch((const char *)(halves + panel + p * stride + (size_t)i * TL_PANEL) + PREFETCH_AHEAD + 64 * p_, TL_PF_HINT); \
+            for (int j = 0; j < 4; j++) {                                                 \
+                const __m256 xb = _mm256_set1_ps(x[i + j]);                               \
+                for (int p = 0; p < P; p++) {                                             \
+                    const uint16_t *at = halves + panel + p * stride + (size_t)(i + j) * TL_PANEL; \
+                    acc[p][0][j] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)at)), xb, acc[p][0][j]); \
+                    acc[p][1][j] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(at + 8))), xb, acc[p][1][j]); \
+                }                                                                         \
+            }                                                                             \
+        }                                                                                 \
+        for (int i = k4; i < k; i++) {                                                    \
+            const __m256 xb = _mm256_set1_ps(x[i]);                                       \
+            for (int p = 0; p < P; p++)                                                   \
+                for (int h = 0; h < 2; h++) {                                             \
+                    const uint16_t *at = halves + panel + p * stride + (size_t)i * TL_PANEL + 8 * h; \
+                    acc[p][h][0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)at)), xb, acc[p][h][0]); \
+                }                                                                         \
+        }                                                                                 \
+        for (int p = 0; p < P; p++)                                                       \
+            for (int h = 0; h < 2; h++)                                                   \
+                _mm256_storeu_ps(out + p * TL_PANEL + 8 * h, _mm256_add_ps(_mm256_add_ps(acc[p][h][0], acc[p][h][1]), \
+                                                                         _mm256_add_ps(acc[p][h][2], acc[p][h][3]))); \
+    }
+DEFINE_HALVES_ROW_PANELS(f16_halves_row3, 3)
+DEFINE_HALVES_ROW_PANELS(f16_halves_row2, 2)
+DEFINE_HALVES_ROW_PANELS(f16_halves_row1, 1)
+
+/* Whether a single row of f16 weights runs in halves (DEFINE_HALVES_ROW_PANELS): on AMD
+   family 19h, whose AVX-512 parts (Zen 4) convert 512 bits at a time at half the rate of
+   two 256-bit conversions; elsewhere 512 bits at once, as measured on Xeons. The results
+   are the same bits either way; tl_cpu_set_f16_halves overrides (tests, benchmarks). */
+static int f16_halves = -1; /* -1: not decided yet */
+
+static bool amd_family_19h(void) {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool amd = ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u; /* "AuthenticAMD" */
+    if (!amd || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+    const unsigned base = (eax >> 8) & 0xfu, extended = (eax >> 20) & 0xffu;
+    return (base == 0xfu ? base + extended : base) == 0x19u;
+}
+
+static inline bool use_f16_halves(void) {
+    int mode = __atomic_load_n(&f16_halves, __ATOMIC_RELAXED);
+    if (mode < 0) { /* TINYLOOP_F16_HALVES=0|1 in the environment overrides (A/B runs) */
+        const char *forced = getenv("TINYLOOP_F16_HALVES");
+        mode = forced && (!strcmp(forced, "0") || !strcmp(forced, "1")) ? forced[0] == '1' : amd_family_19h();
+        __atomic_store_n(&f16_halves, mode, __ATOMIC_RELAXED);
+    }
+    return mode == 1;
+}
+
+void tl_cpu_set_f16_halves(int mode) { __atomic_store_n(&f16_halves, mode < 0 ? -1 : mode != 0, __ATOMIC_RELAXED); }
+
 /* One-panel row tiles: 12 (JW 2), then the narrow 6, 4, 3, 2, 1. Measured on GPT-2-shaped
    f16 panels, a 12-row tile beats two 6-row ones by ~5% from cache; 16-row (JW 1) and
    8-row tiles did not pay once the weights stream from memory. */
@@ -327,7 +408,15 @@ static inline int pair_tile_rows(int left) {
         /* One to three rows: groups of panels (DEFINE_PACKED_ROWS_PANELS); the last few  \
            panels alone (below). */                                                      \
         switch (n) {                                                                      \
-        case 1: FEW_ROWS_PANELS(NAME##_1x4, 1, 4); break;                                 \
+        case 1:                                                                           \
+            if ((DT) == TL_F16 && use_f16_halves()) {                                     \
+                /* three panels at once, then the one or two left (a thread's share of a \
+                   small matrix, 8 panels of d = 256 at two threads, would leave 2) */   \
+                FEW_ROWS_PANELS(f16_halves_row3, 1, 3);                                   \
+                FEW_ROWS_PANELS(f16_halves_row2, 1, 2);                                   \
+                FEW_ROWS_PANELS(f16_halves_row1, 1, 1);                                   \
+            } else FEW_ROWS_PANELS(NAME##_1x4, 1, 4);                                     \
+            break;                                                                        \
         case 2: FEW_ROWS_PANELS(NAME##_2x3, 2, 3); break;                                 \
         case 3: FEW_ROWS_PANELS(NAME##_3x2, 3, 2); break;                                 \
         default: break;                                                                   \

@@ -262,7 +262,9 @@ const tl_kernels *tl_cpu_kernels(void) {
     const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
     if (!generic_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) {
         k = &tl_kernels_avx2;
-        if (!avx2_only && __builtin_cpu_supports("avx512f")) {
+        /* (the AVX-512 kernels use 256-bit EVEX forms too: every AVX-512 CPU since Skylake-SP
+           has VL) */
+        if (!avx2_only && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
             k = &tl_kernels_avx512;
             if (!avx512_only && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
                 k = &tl_kernels_avx512_vnni;
