@@ -4,6 +4,7 @@
  *
  *   tinyloop-kernel-bench [--k 768] [--cols 3072] [--mb 0] [--rows 1,2,4,6,8,12,16]
  *                         [--dtype f16,q8,q4] [--isa LIST] [--threads 1] [--repeat 15]
+ *                         [--f16-halves auto|0|1]
  *
  * One row streams its weights (decode); several rows share every weight load in register
  * tiles (prefill, speculative verification, batched decode), so their figure is compute's.
@@ -151,6 +152,7 @@ static int usage(const char *why) {
     if (why) fprintf(stderr, "tinyloop-kernel-bench: %s\n", why);
     fprintf(stderr, "usage: tinyloop-kernel-bench [--k 768] [--cols 3072] [--mb 0] [--rows 1,2,4,6,8,12,16]\n"
                     "                             [--dtype f16,q8,q4] [--isa LIST] [--threads 1] [--repeat 15]\n"
+                    "                             [--f16-halves auto|0|1]\n"
                     "  --isa LIST   of generic, avx2, avx512, avx512-vnni (default: those this CPU runs,\n"
                     "               generic left out)\n"
                     "  --dtype LIST of f32, f16, bf16, q8, q4 (q8/q4 need k a multiple of 32)\n"

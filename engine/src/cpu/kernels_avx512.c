@@ -1,5 +1,5 @@
 /* kernels_avx512.c: AVX-512 matmul for several rows at once (prefill, speculative
- * verification, beam steps). Compiled with -mavx512f -mfma -mf16c; chosen at run time.
+ * verification, beam steps). Compiled with -mavx512f -mavx512vl -mfma -mf16c; chosen at run time.
  *
  * It is bit-identical to the AVX2 kernel, which stays in charge of single rows: a 512-bit
  * register holds two of the canonical 8-lane accumulators side by side (zA = [a0 | a1],
@@ -279,8 +279,9 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
    takes the FMA ports and halves their rate, where 256-bit ones run beside them
    (tinyloop-fma-peak, one thread: 116 GFLOP/s FMA peak, 56 fed by 512-bit conversions, 116 by
    256-bit ones), and a single row converts every weight it multiplies: there it runs faster
-   in halves, from cache (the shipped model's weights sit in the L3; from memory the
-   bandwidth bounds both alike). Each lane's four chains and final tree are
+   in halves, from cache (the shipped model's weights sit in the L3; from memory, 1 GiB of
+   copies, they ran alike within the noise: one thread 24-29 GB/s whole, 26-27 in halves,
+   two threads 26-30 and 30-38). Each lane's four chains and final tree are
    DEFINE_PACKED_ROWS_PANELS's (lanes are independent), so the bits are the same; the
    prefetches too. Uses ymm16-31 (AVX512VL): P = 3 holds 24 accumulators. Measured on the
    32 MiB-L3 Zen 4 (tinyloop-kernel-bench --f16-halves 0|1, alternated): one thread, k 256,
@@ -343,8 +344,11 @@ static inline bool use_f16_halves(void) {
     int mode = __atomic_load_n(&f16_halves, __ATOMIC_RELAXED);
     if (mode < 0) { /* TINYLOOP_F16_HALVES=0|1 in the environment overrides (A/B runs) */
         const char *forced = getenv("TINYLOOP_F16_HALVES");
+        int undecided = -1;
         mode = forced && (!strcmp(forced, "0") || !strcmp(forced, "1")) ? forced[0] == '1' : amd_family_19h();
-        __atomic_store_n(&f16_halves, mode, __ATOMIC_RELAXED);
+        /* (only while undecided: a tl_cpu_set_f16_halves meanwhile stands) */
+        if (!__atomic_compare_exchange_n(&f16_halves, &undecided, mode, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            mode = undecided;
     }
     return mode == 1;
 }
