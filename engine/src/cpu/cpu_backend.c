@@ -628,8 +628,9 @@ static void walk_entries(attention_group *g, bool values, int from, int to, int 
        -> 140-154; 8 sessions at 384 tokens of context (tinyloop-batch-bench, two threads)
        256-273 -> 267-293.
        The prefetches are spread over the heads' computations, a share before each, not
-       issued all at once (a block is 32 rows of up to 16 lines: hundreds of prefetches in a
-       burst stall on the few outstanding misses a core may have, with nothing to overlap).
+       issued all at once (a block is 32 rows of the group's heads, 16 lines a row for four f32
+       heads of 64: hundreds of prefetches in a burst stall on the few outstanding misses a
+       core may have, with nothing to overlap).
        Alternated rounds, tinyloop-bench decode tok/s at 1 / 2 threads on the 32 MiB-L3 Zen 4
        EPYC: the shipped model after a 220-token prompt 575-671 -> 689-782 / 1148-1307 ->
        1106-1454 (the noise of that VM); GPT-2-small q4 --pure after 512, 127-169 -> 140-208
