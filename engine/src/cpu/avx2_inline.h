@@ -66,6 +66,12 @@ static inline float widen1_f16(uint16_t x) { return tl_f16_to_f32(x); }
 DEFINE_AXPYS_FROM(axpys_from, float, load8_f32, widen1_f32)
 DEFINE_AXPYS_FROM(axpys_from_f16, uint16_t, load8_f16, widen1_f16)
 
+/* The fixed tree that ends every dot product's four partial sums (kernels.h):
+   (p0 + p1) + (p2 + p3), eight lanes at once. */
+static inline __m256 tree4(__m256 p0, __m256 p1, __m256 p2, __m256 p3) {
+    return _mm256_add_ps(_mm256_add_ps(p0, p1), _mm256_add_ps(p2, p3));
+}
+
 #define ELEM(dt) ((dt) == TL_F32 ? 4u : 2u)
 /* Software prefetch distance of a panel streamed on its own (a single row; the groups of
    panels that one to three rows read side by side, a stream each): the hardware

@@ -13,7 +13,7 @@
    then the scalar tail from k8 to k. */
 static inline float finish(__m256 a0, __m256 a1, __m256 a2, __m256 a3, const float *xr,
                            const void *w, tl_dtype dt, size_t wbase, int k8, int k) {
-    float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    float s = hsum(tree4(a0, a1, a2, a3));
     for (int i = k8; i < k; i++) s += xr[i] * tl_weight_at(w, dt, wbase + (size_t)i);
     return s;
 }
@@ -149,8 +149,7 @@ static void matmul_avx2(const float *x, int n, int k, const void *w, tl_dtype dt
         }                                                                                 \
         for (int r = 0; r < R; r++)                                                       \
             for (int h = 0; h < 2; h++)                                                   \
-                _mm256_storeu_ps(out + r * TL_PANEL + 8 * h, _mm256_add_ps(_mm256_add_ps(partial[r][h][0], partial[r][h][1]), \
-                                                                           _mm256_add_ps(partial[r][h][2], partial[r][h][3]))); \
+                _mm256_storeu_ps(out + r * TL_PANEL + 8 * h, tree4(partial[r][h][0], partial[r][h][1], partial[r][h][2], partial[r][h][3])); \
     }
 
 /* Row tiles: 6 (JW 1), 4 (JW 1), 3 (JW 2), 1 (all eight sums at once); 5 rows as 4 + 1. Two
@@ -183,8 +182,8 @@ static inline int avx2_tile_rows(int left) { return left >= 6 ? 6 : left == 5 ||
             lo[0] = _mm256_fmadd_ps(LOAD(w, at), xv, lo[0]);                              \
             hi[0] = _mm256_fmadd_ps(LOAD(w, at + 8), xv, hi[0]);                          \
         }                                                                                 \
-        _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(lo[0], lo[1]), _mm256_add_ps(lo[2], lo[3]))); \
-        _mm256_storeu_ps(out + 8, _mm256_add_ps(_mm256_add_ps(hi[0], hi[1]), _mm256_add_ps(hi[2], hi[3]))); \
+        _mm256_storeu_ps(out, tree4(lo[0], lo[1], lo[2], lo[3]));                        \
+        _mm256_storeu_ps(out + 8, tree4(hi[0], hi[1], hi[2], hi[3]));                    \
     }                                                                                     \
     static void NAME(const float *x, int n, int k, const void *w, const float *bias, int o0, \
                      int o1, float *y, int ldy) {                                         \

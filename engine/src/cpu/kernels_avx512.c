@@ -33,7 +33,7 @@ static inline __m512 l16_bf16(const void *w, size_t i) {
         __m256 a0 = _mm512_castps512_ps256(zA), a1 = high_half(zA);                       \
         __m256 a2 = _mm512_castps512_ps256(zB), a3 = high_half(zB);                       \
         for (int i = k32; i < k8; i += 8) a0 = _mm256_fmadd_ps(L8(w, b + (size_t)i), _mm256_loadu_ps((xr) + i), a0); \
-        float s_ = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));     \
+        float s_ = hsum(tree4(a0, a1, a2, a3));                                           \
         for (int i = k8; i < k; i++) s_ += (xr)[i] * tl_weight_at(w, DT, b + (size_t)i);  \
         *out_ = s_;                                                                       \
     } while (0)
@@ -318,8 +318,7 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
         }                                                                                 \
         for (int p = 0; p < P; p++)                                                       \
             for (int h = 0; h < 2; h++)                                                   \
-                _mm256_storeu_ps(out + p * TL_PANEL + 8 * h, _mm256_add_ps(_mm256_add_ps(acc[p][h][0], acc[p][h][1]), \
-                                                                         _mm256_add_ps(acc[p][h][2], acc[p][h][3]))); \
+                _mm256_storeu_ps(out + p * TL_PANEL + 8 * h, tree4(acc[p][h][0], acc[p][h][1], acc[p][h][2], acc[p][h][3])); \
     }
 DEFINE_HALVES_ROW_PANELS(f16_halves_row3, 3)
 DEFINE_HALVES_ROW_PANELS(f16_halves_row2, 2)
