@@ -1172,8 +1172,15 @@ int main(int argc, char **argv) {
             char opts[512];
             describe_options(c, opts, sizeof opts);
             printf("options    %s\n", opts + 2);
-            printf("size       %.1f M params, %.1f MB of weights; CPU kernels %s\n",
-                   info0.n_params / 1e6, info0.weight_bytes / MB, tl_cpu_kernels()->isa);
+            const tl_kernels *kernels = tl_cpu_kernels();
+#if defined(__x86_64__)
+            /* (the AVX-512 kernels' one f16 row: TINYLOOP_F16_HALVES) */
+            const bool halves = (kernels == &tl_kernels_avx512 || kernels == &tl_kernels_avx512_vnni) && tl_cpu_f16_halves();
+#else
+            const bool halves = false;
+#endif
+            printf("size       %.1f M params, %.1f MB of weights; CPU kernels %s%s\n", info0.n_params / 1e6,
+                   info0.weight_bytes / MB, kernels->isa, halves ? " (one f16 row in 256-bit halves)" : "");
             printf("run        loops %d (max %d), prompt %d tokens in chunks of %d, decode %d tokens, "
                    "median of %d runs after 1 warm-up\n",
                    loops, c->max_loops, o.prompt_len, o.chunk, o.decode, o.repeat);

@@ -132,6 +132,9 @@ void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_d
    family 19h, Zen 4, where 512-bit conversions run at half the rate). The same bits either
    way; for tests and benchmarks. */
 void tl_cpu_set_f16_halves(int mode);
+/* Whether a single row of f16 weights runs in halves now (the choice above, made if it was
+   not yet): benchmarks print it beside the kernels' name. */
+bool tl_cpu_f16_halves(void);
 #endif
 
 /* out[i] = W[row][i] as f32, for i < cols (row-major or packed; q8/q4: scale * q). */

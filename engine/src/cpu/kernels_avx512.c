@@ -352,6 +352,8 @@ static inline bool use_f16_halves(void) {
     return mode == 1;
 }
 
+bool tl_cpu_f16_halves(void) { return use_f16_halves(); }
+
 void tl_cpu_set_f16_halves(int mode) { __atomic_store_n(&f16_halves, mode < 0 ? -1 : mode != 0, __ATOMIC_RELAXED); }
 
 /* One-panel row tiles: 12 (JW 2), then the narrow 6, 4, 3, 2, 1. Measured on GPT-2-shaped
