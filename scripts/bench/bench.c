@@ -1175,7 +1175,7 @@ int main(int argc, char **argv) {
             const tl_kernels *kernels = tl_cpu_kernels();
 #if defined(__x86_64__)
             /* (the AVX-512 kernels' one f16 row: TINYLOOP_F16_HALVES) */
-            const bool halves = (kernels == &tl_kernels_avx512 || kernels == &tl_kernels_avx512_vnni) && tl_cpu_f16_halves();
+            const bool halves = tl_cpu_f16_halves(kernels);
 #else
             const bool halves = false;
 #endif

@@ -21,9 +21,6 @@
 #define _GNU_SOURCE
 #include <stdbool.h>
 #include <stdint.h>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,17 +198,6 @@ int main(int argc, char **argv) {
                                  &tl_kernels_avx2, &tl_kernels_avx512, &tl_kernels_avx512_vnni
 #endif
     };
-    bool runs[4] = {true, false, false, false};
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    /* F16C through cpuid (leaf 1, ecx bit 29): clang before 16 has no "f16c" for
-       __builtin_cpu_supports (kernels_generic.c) */
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
-    runs[1] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    runs[2] = runs[1] && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
-    runs[3] = runs[2] && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
-#endif
     for (size_t f = 0; f < sizeof known / sizeof known[0]; f++) {
         bool wanted = isas ? false : f > 0;
         if (isas) {
@@ -220,7 +206,7 @@ int main(int argc, char **argv) {
                 if ((p == isas || p[-1] == ',') && (p[len] == ',' || p[len] == 0)) wanted = true;
         }
         if (!wanted) continue;
-        if (!runs[f]) {
+        if (!tl_cpu_can_run(known[f])) {
             fprintf(stderr, "tinyloop-kernel-bench: this CPU cannot run %s\n", known[f]->isa);
             return 1;
         }

@@ -2,9 +2,6 @@
  * generic (fmaf), AVX2 and AVX-512 compute the same canonical sums; with mapped row-major
  * weights, AVX2 and AVX-512 do. So a result never depends on the machine's vector width. */
 #include <stdlib.h>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 
 #include "check.h"
 #include "quantised.h"
@@ -399,15 +396,11 @@ int main(int argc, char **argv) {
     const char *names[] = {"gpt2_like", "f16_concat_residual_gqa", "bf16_tied_rope_residual", "concat_residual_mqa",
                            "llama_like"};
 #if defined(__x86_64__)
-    __builtin_cpu_init();
-    /* F16C through cpuid (leaf 1, ecx bit 29), as kernels_generic.c: clang before 16 has no
-       "f16c" for __builtin_cpu_supports, and this test should build with clang too (clang
-       is where implicit FMA contraction would break the cross-ISA identity it checks). */
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
-    const bool vnni = avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+    /* (this test builds with clang too: clang is where implicit FMA contraction would break
+       the cross-ISA identity it checks) */
+    const bool avx2 = tl_cpu_can_run(&tl_kernels_avx2);
+    const bool avx512 = tl_cpu_can_run(&tl_kernels_avx512);
+    const bool vnni = tl_cpu_can_run(&tl_kernels_avx512_vnni);
 #else
     const bool avx2 = false, avx512 = false, vnni = false;
 #endif

@@ -115,6 +115,10 @@ typedef struct tl_kernels {
    path: avx2 and avx512 must agree bit for bit). */
 const tl_kernels *tl_cpu_kernels(void);
 
+/* Whether this CPU runs kernel family k (the rule tl_cpu_kernels chooses by; tests and
+   benchmarks ask it before running a family). */
+bool tl_cpu_can_run(const tl_kernels *k);
+
 /* Tests only: switch every later computation to these kernels. */
 void tl_cpu_use_kernels(const tl_kernels *k);
 
@@ -132,9 +136,9 @@ void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_d
    family 19h, Zen 4, where 512-bit conversions run at half the rate). The same bits either
    way; for tests and benchmarks. */
 void tl_cpu_set_f16_halves(int mode);
-/* Whether a single row of f16 weights runs in halves now (the choice above, made if it was
-   not yet): benchmarks print it beside the kernels' name. */
-bool tl_cpu_f16_halves(void);
+/* Whether family k runs a single row of f16 weights in halves now (the AVX-512 ones, by the
+   choice above, made if it was not yet): benchmarks print it beside the kernels' name. */
+bool tl_cpu_f16_halves(const tl_kernels *k);
 #endif
 
 /* out[i] = W[row][i] as f32, for i < cols (row-major or packed; q8/q4: scale * q). */

@@ -303,8 +303,8 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
                 const __m256 xb = _mm256_set1_ps(x[i + j]);                               \
                 for (int p = 0; p < P; p++) {                                             \
                     const uint16_t *at = halves + panel + p * stride + (size_t)(i + j) * TL_PANEL; \
-                    acc[p][0][j] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)at)), xb, acc[p][0][j]); \
-                    acc[p][1][j] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(at + 8))), xb, acc[p][1][j]); \
+                    acc[p][0][j] = _mm256_fmadd_ps(load8_f16(at), xb, acc[p][0][j]); \
+                    acc[p][1][j] = _mm256_fmadd_ps(load8_f16(at + 8), xb, acc[p][1][j]); \
                 }                                                                         \
             }                                                                             \
         }                                                                                 \
@@ -313,7 +313,7 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
             for (int p = 0; p < P; p++)                                                   \
                 for (int h = 0; h < 2; h++) {                                             \
                     const uint16_t *at = halves + panel + p * stride + (size_t)i * TL_PANEL + 8 * h; \
-                    acc[p][h][0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)at)), xb, acc[p][h][0]); \
+                    acc[p][h][0] = _mm256_fmadd_ps(load8_f16(at), xb, acc[p][h][0]); \
                 }                                                                         \
         }                                                                                 \
         for (int p = 0; p < P; p++)                                                       \
@@ -352,7 +352,9 @@ static inline bool use_f16_halves(void) {
     return mode == 1;
 }
 
-bool tl_cpu_f16_halves(void) { return use_f16_halves(); }
+bool tl_cpu_f16_halves(const tl_kernels *k) {
+    return (k == &tl_kernels_avx512 || k == &tl_kernels_avx512_vnni) && use_f16_halves();
+}
 
 void tl_cpu_set_f16_halves(int mode) { __atomic_store_n(&f16_halves, mode < 0 ? -1 : mode != 0, __ATOMIC_RELAXED); }
 

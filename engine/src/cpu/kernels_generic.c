@@ -244,6 +244,26 @@ const tl_kernels tl_kernels_generic = {"generic", matmul_generic, matmul_packed_
 
 static const tl_kernels *chosen;
 
+bool tl_cpu_can_run(const tl_kernels *k) {
+    if (k == &tl_kernels_generic) return true;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    /* F16C through cpuid (leaf 1, ecx bit 29): clang before 16 has no "f16c" for
+       __builtin_cpu_supports, and the fuzzers and the identity tests build with clang. */
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+    /* (the AVX-512 kernels use 256-bit EVEX forms too: every AVX-512 CPU since Skylake-SP
+       has VL) */
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+    if (k == &tl_kernels_avx2) return avx2;
+    if (k == &tl_kernels_avx512) return avx512;
+    if (k == &tl_kernels_avx512_vnni)
+        return avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+#endif
+    return false;
+}
+
 void tl_cpu_use_kernels(const tl_kernels *k) { __atomic_store_n(&chosen, k, __ATOMIC_RELEASE); }
 
 const tl_kernels *tl_cpu_kernels(void) {
@@ -252,22 +272,14 @@ const tl_kernels *tl_cpu_kernels(void) {
     k = &tl_kernels_generic;
 #if defined(__x86_64__)
     const char *force = getenv("TINYLOOP_ISA");
-    __builtin_cpu_init();
     const bool generic_only = force && strcmp(force, "generic") == 0;
     const bool avx2_only = force && strcmp(force, "avx2") == 0;
     const bool avx512_only = force && strcmp(force, "avx512") == 0;
-    /* F16C through cpuid (leaf 1, ecx bit 29): clang before 16 has no "f16c" for
-       __builtin_cpu_supports, and the fuzzers build with clang. */
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
-    if (!generic_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) {
+    if (!generic_only && tl_cpu_can_run(&tl_kernels_avx2)) {
         k = &tl_kernels_avx2;
-        /* (the AVX-512 kernels use 256-bit EVEX forms too: every AVX-512 CPU since Skylake-SP
-           has VL) */
-        if (!avx2_only && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
+        if (!avx2_only && tl_cpu_can_run(&tl_kernels_avx512)) {
             k = &tl_kernels_avx512;
-            if (!avx512_only && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
-                k = &tl_kernels_avx512_vnni;
+            if (!avx512_only && tl_cpu_can_run(&tl_kernels_avx512_vnni)) k = &tl_kernels_avx512_vnni;
         }
     }
 #endif
