@@ -297,7 +297,11 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "tinyloop-batch-bench: unknown option %s (see --help)\n", a); return 2; }
         i++;
     }
-    if (!dir || steps < 1 || prefix < 1) { fprintf(stderr, "tinyloop-batch-bench: need --model DIR (see --help)\n"); return 2; }
+    if (!dir) { fprintf(stderr, "tinyloop-batch-bench: need --model DIR (see --help)\n"); return 2; }
+    if (steps < 1 || prefix < 1) {
+        fprintf(stderr, "tinyloop-batch-bench: --steps and --prefix want 1 or more, got %d and %d\n", steps, prefix);
+        return 2;
+    }
     o.n_threads = threads;
     o.backend = backend;
     tl_model *m;
