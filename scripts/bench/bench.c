@@ -1174,13 +1174,18 @@ int main(int argc, char **argv) {
             printf("options    %s\n", opts + 2);
             const tl_kernels *kernels = tl_cpu_kernels();
 #if defined(__x86_64__)
-            /* (the AVX-512 kernels' one f16 row: TINYLOOP_F16_HALVES) */
+            /* (the AVX-512 kernels' choices: TINYLOOP_F16_HALVES, TINYLOOP_PAIR_TILES) */
             const bool halves = tl_cpu_f16_halves(kernels);
+            const bool one_panel = tl_cpu_one_panel_rows(kernels);
 #else
-            const bool halves = false;
+            const bool halves = false, one_panel = false;
 #endif
+            const char *choices = halves && one_panel ? " (one f16 row in 256-bit halves; several 16-bit rows in one-panel tiles)"
+                                  : halves            ? " (one f16 row in 256-bit halves)"
+                                  : one_panel         ? " (several 16-bit rows in one-panel tiles)"
+                                                      : "";
             printf("size       %.1f M params, %.1f MB of weights; CPU kernels %s%s\n", info0.n_params / 1e6,
-                   info0.weight_bytes / MB, kernels->isa, halves ? " (one f16 row in 256-bit halves)" : "");
+                   info0.weight_bytes / MB, kernels->isa, choices);
             printf("run        loops %d (max %d), prompt %d tokens in chunks of %d, decode %d tokens, "
                    "median of %d runs after 1 warm-up\n",
                    loops, c->max_loops, o.prompt_len, o.chunk, o.decode, o.repeat);

@@ -4,7 +4,7 @@
  *
  *   tinyloop-kernel-bench [--k 768] [--cols 3072] [--mb 0] [--rows 1,2,4,6,8,12,16]
  *                         [--dtype f16,q8,q4] [--isa LIST] [--threads 1] [--repeat 15]
- *                         [--f16-halves auto|0|1]
+ *                         [--f16-halves auto|0|1] [--pair-tiles auto|0|1]
  *
  * One row streams its weights (decode); several rows share every weight load in register
  * tiles (prefill, speculative verification, batched decode), so their figure is compute's.
@@ -88,7 +88,7 @@ static double timed_call(bench_job *job) {
     /* Float rows arranged for the family's multi-row tiles once per call, as the engine
        does once per product (cpu_backend.c), and timed with it. */
     job->arranged = !tl_dtype_quantised(job->dtype) && job->kern->arrange_rows &&
-                            job->kern->arrange_rows(job->x, job->rows, job->k, 0, job->k, job->tiles)
+                            job->kern->arrange_rows(job->x, job->rows, job->k, job->dtype, 0, job->k, job->tiles)
                         ? job->tiles
                         : NULL;
     tl_pool_run(job->pool, job->threads, part_task, job);
@@ -149,12 +149,15 @@ static int usage(const char *why) {
     if (why) fprintf(stderr, "tinyloop-kernel-bench: %s\n", why);
     fprintf(stderr, "usage: tinyloop-kernel-bench [--k 768] [--cols 3072] [--mb 0] [--rows 1,2,4,6,8,12,16]\n"
                     "                             [--dtype f16,q8,q4] [--isa LIST] [--threads 1] [--repeat 15]\n"
-                    "                             [--f16-halves auto|0|1]\n"
+                    "                             [--f16-halves auto|0|1] [--pair-tiles auto|0|1]\n"
                     "  --isa LIST   of generic, avx2, avx512, avx512-vnni (default: those this CPU runs,\n"
                     "               generic left out)\n"
                     "  --dtype LIST of f32, f16, bf16, q8, q4 (q8/q4 need k a multiple of 32)\n"
                     "  --f16-halves auto|0|1  AVX-512's single row of f16 weights converted 8 lanes at a\n"
-                    "               time (1) or 16 (0); auto: the CPU's choice (halves on AMD family 19h)\n");
+                    "               time (1) or 16 (0); auto: the CPU's choice (halves on AMD family 19h)\n"
+                    "  --pair-tiles auto|0|1  AVX-512's 6 rows and more of f16/bf16 weights in two-panel\n"
+                    "               tiles (1) or one-panel tiles of 4 to 6 rows (0); auto: the CPU's choice\n"
+                    "               (one-panel on AMD family 19h)\n");
     return 2;
 }
 
@@ -179,6 +182,12 @@ int main(int argc, char **argv) {
             if (strcmp(v, "auto") && strcmp(v, "0") && strcmp(v, "1")) return usage("--f16-halves must be auto, 0 or 1");
 #if defined(__x86_64__)
             tl_cpu_set_f16_halves(!strcmp(v, "auto") ? -1 : atoi(v));
+#endif
+        }
+        else if (!strcmp(a, "--pair-tiles")) {
+            if (strcmp(v, "auto") && strcmp(v, "0") && strcmp(v, "1")) return usage("--pair-tiles must be auto, 0 or 1");
+#if defined(__x86_64__)
+            tl_cpu_set_pair_tiles(!strcmp(v, "auto") ? -1 : atoi(v));
 #endif
         }
         else if (!strcmp(a, "--rows")) {

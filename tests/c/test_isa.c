@@ -72,8 +72,9 @@ static bool wrote_outside(const float *y, int rows, int cols, int n, int o0, int
     return false;
 }
 
-/* Every row count from 1 to 40 (so every tile size and mix of tiles: one-panel 12, 6, 4, 3,
-   2, 1; two-panel 12, 8, 6, 4 with 1-3 rows left), k with and without a leftover (k mod 4;
+/* Every row count from 1 to 40 (so every tile size and mix of tiles: one-panel 12, 6, 5, 4,
+   3, 2, 1; two-panel 12, 8, 6, 4 with 1-3 rows left; AVX-512 runs it with and without the
+   two-panel tiles for 16-bit weights), k with and without a leftover (k mod 4;
    k = 3: the leftover alone), column ranges of 1 to 3 panels from the first or the second
    (one panel, a pair of whole panels, a pair whose second is partial, a pair and an odd
    last panel, each last panel whole or partial) and, for one to three rows, of up to 11
@@ -126,15 +127,15 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
                             /* with the rows as they are, then (where the family arranges
                                them: arrange_rows) arranged once for its multi-row tiles: the
                                generic kernel's bits, and nothing written outside */
-                            const bool will = families[f]->arrange_rows && families[f]->arrange_rows(x, n, k, 0, k, NULL);
+                            const bool will = families[f]->arrange_rows && families[f]->arrange_rows(x, n, k, dt, 0, k, NULL);
                             memset(tiles, 0, (size_t)MAX_N * (size_t)k * sizeof(float));
-                            const bool did = families[f]->arrange_rows && families[f]->arrange_rows(x, n, k, 0, k, tiles);
+                            const bool did = families[f]->arrange_rows && families[f]->arrange_rows(x, n, k, dt, 0, k, tiles);
                             CHECK(will == did, "%s: arrange_rows(NULL) answers %d for %d rows, arranging %d", families[f]->isa,
                                   will, n, did);
                             if (did) { /* arranged in three pieces of inputs, as a first phase's tasks do: the same */
                                 memset(pieces, 0, (size_t)MAX_N * (size_t)k * sizeof(float));
                                 for (int piece = 0; piece < 3; piece++)
-                                    families[f]->arrange_rows(x, n, k, piece * k / 3, (piece + 1) * k / 3, pieces);
+                                    families[f]->arrange_rows(x, n, k, dt, piece * k / 3, (piece + 1) * k / 3, pieces);
                                 CHECK(memcmp(pieces, tiles, (size_t)MAX_N * (size_t)k * sizeof(float)) == 0,
                                       "%s: %d rows of k=%d arranged in pieces differ from arranged whole", families[f]->isa, n, k);
                             }
@@ -414,15 +415,19 @@ int main(int argc, char **argv) {
         if (avx512) families[n_families++] = &tl_kernels_avx512;
 #endif
 #if defined(__x86_64__)
-        /* AVX-512's single row of f16 weights both ways, in halves and whole (the CPU picks
-           one: tl_cpu_set_f16_halves); each the generic kernel's bits */
+        /* AVX-512's CPU-dependent tiles both ways, each the generic kernel's bits: a single
+           row of f16 weights in halves and whole (tl_cpu_set_f16_halves), several rows of
+           16-bit weights in one-panel and two-panel tiles (tl_cpu_set_pair_tiles). The two
+           choices touch different rows (one; four and more), so two runs take all four. */
         if (avx512)
             for (int halves = 0; halves <= 1; halves++) {
                 tl_cpu_set_f16_halves(halves);
+                tl_cpu_set_pair_tiles(!halves);
                 compared += check_packed_rows(families, n_families);
             }
         else compared += check_packed_rows(families, n_families);
         tl_cpu_set_f16_halves(-1);
+        tl_cpu_set_pair_tiles(-1);
 #else
         compared += check_packed_rows(families, n_families);
 #endif

@@ -133,6 +133,7 @@ typedef struct {
     const float *tiles; /* x arranged for the kernels' multi-row tiles (arrange_group_input), or NULL */
     float *arrange_out; /* where each task also arranges its columns of outs[0]'s output, the
                            input of a second phase (arranged_output), or NULL */
+    tl_dtype arrange_dt; /* the second phase's weights' type, with arrange_out */
     const tl_qrows *xq; /* x quantised, for q8/q4 weights */
     const tl_matmul_out *outs;
     int count;
@@ -183,7 +184,7 @@ static void product_task(const matmul_job *j, int i, int o0, int o1) {
         if (out->gelu) tl_cpu_gelu(y, (size_t)(o1 - o0));
         if (swiglu) tl_cpu_swiglu(y, out[1].y + (size_t)r * width + (size_t)o0, (size_t)(o1 - o0));
     }
-    if (j->arrange_out && i == 0) j->kern->arrange_rows(out->y, j->n, (int)width, o0, o1, j->arrange_out);
+    if (j->arrange_out && i == 0) j->kern->arrange_rows(out->y, j->n, (int)width, j->arrange_dt, o0, o1, j->arrange_out);
 }
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
@@ -276,16 +277,20 @@ static bool quantise_group_input(const float *x, int n, const tl_matmul_out *out
    float matrix and the kernels take such rows: a heap buffer for the caller to free (a
    batch of 16 rows of 3072 inputs is 192 KiB). NULL where they read x as it is, or out of
    memory: the same results either way. */
-static bool arranges(const tl_kernels *kern, int n, const tl_matmul_out *outs, int count) {
-    bool packed_float = false;
-    for (int i = 0; i < count; i++) packed_float = packed_float || (outs[i].w->packed && !tl_dtype_quantised(outs[i].w->dtype));
-    return kern->arrange_rows && packed_float && kern->arrange_rows(NULL, n, outs[0].w->cols, 0, 0, NULL);
+static bool arranges(const tl_kernels *kern, int n, const tl_matmul_out *outs, int count, tl_dtype *dt) {
+    for (int i = 0; kern->arrange_rows && i < count; i++)
+        if (outs[i].w->packed && kern->arrange_rows(NULL, n, outs[i].w->cols, outs[i].w->dtype, 0, 0, NULL)) {
+            *dt = outs[i].w->dtype;
+            return true;
+        }
+    return false;
 }
 static float *arrange_group_input(const tl_kernels *kern, const float *x, int n, const tl_matmul_out *outs, int count) {
-    if (!arranges(kern, n, outs, count)) return NULL;
+    tl_dtype dt;
+    if (!arranges(kern, n, outs, count, &dt)) return NULL;
     const int k = outs[0].w->cols;
     float *tiles = malloc((size_t)n * (size_t)k * sizeof(float));
-    if (tiles) kern->arrange_rows(x, n, k, 0, k, tiles);
+    if (tiles) kern->arrange_rows(x, n, k, dt, 0, k, tiles);
     return tiles;
 }
 
@@ -297,8 +302,8 @@ static float *arrange_group_input(const tl_kernels *kern, const float *x, int n,
    arranged, the products took 39% of the run where they had taken 41%, +1-2% aggregate
    tokens/s at 8 and 16 sessions (alternated runs, within the VM's drift). NULL where they
    read x as it is, or out of memory: the same results either way. */
-static float *arranged_output(const tl_kernels *kern, int n, const tl_matmul_out *second) {
-    if (!arranges(kern, n, second, 1)) return NULL;
+static float *arranged_output(const tl_kernels *kern, int n, const tl_matmul_out *second, tl_dtype *dt) {
+    if (!arranges(kern, n, second, 1, dt)) return NULL;
     return malloc((size_t)n * (size_t)second->w->cols * sizeof(float));
 }
 
@@ -449,7 +454,7 @@ static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_m
     /* The first phase's input arranged up front; the second's by the first's tasks. */
     float *tiles = arrange_group_input(job.first.kern, x, n, first, count);
     job.first.tiles = tiles;
-    float *second_tiles = arranged_output(job.first.kern, n, second);
+    float *second_tiles = arranged_output(job.first.kern, n, second, &job.first.arrange_dt);
     job.first.arrange_out = second_tiles;
     job.second.tiles = second_tiles;
     /* Both phases cut by the shares: the threads' times teach the pool (the decode MLP is
@@ -825,6 +830,7 @@ typedef struct {
     int score_heads;               /* heads per attention_rows call */
     const float *att;              /* [n][n_heads * head_dim]: the heads' outputs */
     float *att_tiles;              /* att arranged by the tasks, each its heads (arranged_output), or NULL */
+    tl_dtype att_dt;               /* the output projection's weights' type, with att_tiles */
     matmul_job out;                /* the output projection of att: the second phase */
 } qkv_attention_job;
 
@@ -860,7 +866,7 @@ static void qkv_attention_task(void *ctx, int task, int thread) {
     for (int i = 0; i < j->n_args; i++) /* chunk i is forward row i, its only row */
         for (int h = h0; h < h1; h += j->score_heads)
             attention_rows(j->m, j->mm.kern, &j->args[i], 0, 1, h, h + j->score_heads < h1 ? h + j->score_heads : h1, thread);
-    if (j->att_tiles) j->mm.kern->arrange_rows(j->att, n, c->n_heads * hd, h0 * hd, h1 * hd, j->att_tiles);
+    if (j->att_tiles) j->mm.kern->arrange_rows(j->att, n, c->n_heads * hd, j->att_dt, h0 * hd, h1 * hd, j->att_tiles);
 }
 
 /* The KV heads of `threads` tasks (kv_heads >= threads) into first[0..threads]: by `share`,
@@ -939,7 +945,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     if (phased) {
         out_tasks = matmul_job_init(&job.out, att, n, o, 1, threads, share);
         job.out.xq = &none;
-        job.att_tiles = arranged_output(job.mm.kern, n, o);
+        job.att_tiles = arranged_output(job.mm.kern, n, o, &job.att_dt);
         job.out.tiles = job.att_tiles;
     }
     /* Both phases cut for their threads: each thread takes its own task (the heads only

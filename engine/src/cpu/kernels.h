@@ -87,16 +87,17 @@ typedef struct tl_kernels {
     void (*dots)(const float *q, const float *const *keys, int n, int k, float *scores);
     void (*axpys)(float *y, const float *a, const float *const *x, int n, int k);
     /* Optional (NULL in families without): x [n][k] rearranged once for several calls of
-       matmul_packed_arranged (a job's tasks), into `tiles` of n * k floats, in the order the
-       family's multi-row tiles read it; false (nothing written) where they would not read
-       it (too few or too many rows); with tiles NULL it only answers that. Then
+       matmul_packed_arranged (a job's tasks) over weights of type dt, into `tiles` of n * k
+       floats, in the order the family's multi-row tiles read it; false (nothing written)
+       where they would not read it (too few or too many rows, or no such tiles for dt on
+       this CPU); with tiles NULL it only answers that. Then
        matmul_packed_arranged(x, tiles, ...) is matmul_packed(x, ...) with the same results,
        bit for bit, reading the tiles' rows from `tiles` (NULL: exactly matmul_packed).
        Rearranging per call would cost the tiles' gain back on a task of a few dozen panels.
        Only inputs [i0, i1) of each row are read and their places in `tiles` written (0, k:
        the whole rows): a product whose input is another's output arranges it piece by
        piece, each task of the first product its own columns (cpu_backend.c). */
-    bool (*arrange_rows)(const float *x, int n, int k, int i0, int i1, float *tiles);
+    bool (*arrange_rows)(const float *x, int n, int k, tl_dtype dt, int i0, int i1, float *tiles);
     void (*matmul_packed_arranged)(const float *x, const float *tiles, int n, int k, const void *w, tl_dtype dt,
                                    const float *bias, int o0, int o1, float *y, int ldy);
     /* dots and axpys over keys / rows stored as f16 (an f16 KV cache): each element is widened
@@ -139,6 +140,13 @@ void tl_cpu_set_f16_halves(int mode);
 /* Whether family k runs a single row of f16 weights in halves now (the AVX-512 ones, by the
    choice above, made if it was not yet): benchmarks print it beside the kernels' name. */
 bool tl_cpu_f16_halves(const tl_kernels *k);
+/* The AVX-512 kernels' several rows of 16-bit (f16, bf16) weights: 1 in two-panel tiles
+   (6 rows and more), 0 in one-panel tiles of 4 to 6 rows, -1 the CPU's choice (one-panel on
+   AMD family 19h). The same bits either way; for tests and benchmarks. */
+void tl_cpu_set_pair_tiles(int mode);
+/* Whether family k runs several rows of 16-bit weights in one-panel tiles now (an AVX-512
+   family without the two-panel ones, by the choice above): benchmarks print it. */
+bool tl_cpu_one_panel_rows(const tl_kernels *k);
 #endif
 
 /* out[i] = W[row][i] as f32, for i < cols (row-major or packed; q8/q4: scale * q). */

@@ -95,10 +95,11 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
    counts that are not multiples of 6 use tiles of 4, 3, 2 or 1 rows. `ahead` (or NULL) is
    the next panel: the first tile over a panel prefetches it at the pace it computes, since
    the hardware prefetcher alone left 6-row tiles at half speed on weights streamed from
-   memory (a 77 MB head: 5.6 ms -> 3.0 ms for 6 rows, one thread). Only chunks of 4 and 5
-   rows use it now: 1 to 3 rows run groups of panels with a stream each (and these tiles
-   only for the last panels of a range), 6 rows and more two-panel tiles that prefetch, and
-   the one-panel tiles take their odd last panel alone, with no panel after it. */
+   memory (a 77 MB head: 5.6 ms -> 3.0 ms for 6 rows, one thread). With the two-panel tiles
+   only chunks of 4 and 5 rows use it: 1 to 3 rows run groups of panels with a stream each
+   (and these tiles only for the last panels of a range), 6 rows and more two-panel tiles
+   that prefetch, and the one-panel tiles take their odd last panel alone, with no panel
+   after it. Without them (use_pair_tiles), every chunk of 4 rows and more runs these. */
 #define DEFINE_PACKED_ROWS(NAME, L16, DT, R)                                              \
     static inline void NAME(const float *x, int k, const void *w, size_t panel, const char *ahead, float *out) { \
         const int k4 = k & ~3;                                                            \
@@ -324,11 +325,29 @@ DEFINE_HALVES_ROW_PANELS(f16_halves_row3, 3)
 DEFINE_HALVES_ROW_PANELS(f16_halves_row2, 2)
 DEFINE_HALVES_ROW_PANELS(f16_halves_row1, 1)
 
-/* Whether a single row of f16 weights runs in halves (DEFINE_HALVES_ROW_PANELS): on AMD
-   family 19h, whose AVX-512 parts (Zen 4) convert 512 bits at a time at half the rate of
-   two 256-bit conversions; elsewhere 512 bits at once, as measured on Xeons. The results
-   are the same bits either way; tl_cpu_set_f16_halves overrides (tests, benchmarks). */
-static int f16_halves = -1; /* -1: not decided yet */
+/* Two choices of tile that the CPU decides (the results are the same bits either way):
+   - f16_halves: a single row of f16 weights in halves (DEFINE_HALVES_ROW_PANELS), on AMD
+     family 19h, whose AVX-512 parts (Zen 4) convert 512 bits at a time at half the rate of
+     two 256-bit conversions; elsewhere 512 bits at once, as measured on Xeons.
+   - pair_tiles: several rows of 16-bit (f16, bf16) weights in two-panel tiles
+     (DEFINE_PACKED_PAIR) everywhere but AMD family 19h, where the one-panel tiles of 4 to 6
+     rows run nearer the FMA peak: there the pairs' passes over k (JW < 4), not the loads,
+     are the limit. Measured on the 32 MiB-L3 Zen 4 (tinyloop-kernel-bench, alternated),
+     f16, k 768, cols 3072: one thread from the L3, 8 / 12 / 16 / 128 rows 97 / 100 / 97 /
+     97 -> 111 / 111 / 111 / 111 GFLOP/s (FMA peak 116); two threads from memory (1 GiB of
+     copies) 158-167 / 163-184 / 163-181 / 188-191 -> 187-209 / 206-207 / 204-210 / 216-218;
+     k 3072, cols 768: 8 rows 134-159 -> 175-176, 128 rows 186-187 -> 222; bf16 alike. f32
+     weights (twice the bytes) keep the pairs: from memory at 8 and 16 rows they ran 8-40%
+     faster in pairs.
+   Each is decided once, on first use; TINYLOOP_F16_HALVES / TINYLOOP_PAIR_TILES = 0 | 1 in
+   the environment override (A/B runs), tl_cpu_set_f16_halves / tl_cpu_set_pair_tiles too
+   (tests, benchmarks). */
+typedef struct cpu_choice {
+    int mode; /* -1: not decided yet, else 0 or 1 */
+    const char *env;
+} cpu_choice;
+static cpu_choice f16_halves = {-1, "TINYLOOP_F16_HALVES"};
+static cpu_choice pair_tiles = {-1, "TINYLOOP_PAIR_TILES"};
 
 static bool amd_family_19h(void) {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -339,30 +358,38 @@ static bool amd_family_19h(void) {
     return (base == 0xfu ? base + extended : base) == 0x19u;
 }
 
-static inline bool use_f16_halves(void) {
-    int mode = __atomic_load_n(&f16_halves, __ATOMIC_RELAXED);
-    if (mode < 0) { /* TINYLOOP_F16_HALVES=0|1 in the environment overrides (A/B runs) */
-        const char *forced = getenv("TINYLOOP_F16_HALVES");
+static inline bool chosen(cpu_choice *choice, bool on_amd_family_19h) {
+    int mode = __atomic_load_n(&choice->mode, __ATOMIC_RELAXED);
+    if (mode < 0) {
+        const char *forced = getenv(choice->env);
         int undecided = -1;
-        mode = forced && (!strcmp(forced, "0") || !strcmp(forced, "1")) ? forced[0] == '1' : amd_family_19h();
-        /* (only while undecided: a tl_cpu_set_f16_halves meanwhile stands) */
-        if (!__atomic_compare_exchange_n(&f16_halves, &undecided, mode, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        mode = forced && (!strcmp(forced, "0") || !strcmp(forced, "1")) ? forced[0] == '1'
+                                                                         : amd_family_19h() == on_amd_family_19h;
+        /* (only while undecided: a tl_cpu_set_* meanwhile stands) */
+        if (!__atomic_compare_exchange_n(&choice->mode, &undecided, mode, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
             mode = undecided;
     }
     return mode == 1;
 }
+static inline bool use_f16_halves(void) { return chosen(&f16_halves, true); }
+static inline bool use_pair_tiles(void) { return chosen(&pair_tiles, false); }
 
-bool tl_cpu_f16_halves(const tl_kernels *k) {
-    return (k == &tl_kernels_avx512 || k == &tl_kernels_avx512_vnni) && use_f16_halves();
-}
+static bool avx512_family(const tl_kernels *k) { return k == &tl_kernels_avx512 || k == &tl_kernels_avx512_vnni; }
+bool tl_cpu_f16_halves(const tl_kernels *k) { return avx512_family(k) && use_f16_halves(); }
+bool tl_cpu_one_panel_rows(const tl_kernels *k) { return avx512_family(k) && !use_pair_tiles(); }
 
-void tl_cpu_set_f16_halves(int mode) { __atomic_store_n(&f16_halves, mode < 0 ? -1 : mode != 0, __ATOMIC_RELAXED); }
+void tl_cpu_set_f16_halves(int mode) { __atomic_store_n(&f16_halves.mode, mode < 0 ? -1 : mode != 0, __ATOMIC_RELAXED); }
+void tl_cpu_set_pair_tiles(int mode) { __atomic_store_n(&pair_tiles.mode, mode < 0 ? -1 : mode != 0, __ATOMIC_RELAXED); }
 
-/* One-panel row tiles: 12 (JW 2), then the narrow 6, 4, 3, 2, 1. Measured on GPT-2-shaped
-   f16 panels, a 12-row tile beats two 6-row ones by ~5% from cache; 16-row (JW 1) and
-   8-row tiles did not pay once the weights stream from memory. */
-static inline int packed_tile_rows(int left) {
-    return left >= 12 ? 12 : left >= 6 ? 6 : left >= 4 ? 4 : left;
+/* One-panel row tiles. Beside the two-panel tiles (`pairs`, which take 6 rows and more but
+   for a range's odd last panel): 12 (JW 2), then the narrow 6, 5, 4, 3, 2, 1. Measured on
+   GPT-2-shaped f16 panels, a 12-row tile beats two 6-row ones by ~5% from cache; 16-row
+   (JW 1) and 8-row tiles did not pay once the weights stream from memory. Without the
+   pairs (16-bit weights on AMD family 19h: use_pair_tiles), all the rows: tiles of 4, the
+   last 5 or 6 whole (a tile of 1 runs four FMA chains, a fifth of the rate), then 3, 2, 1. */
+static inline int packed_tile_rows(int left, bool pairs) {
+    if (pairs) return left >= 12 ? 12 : left >= 5 ? (left >= 6 ? 6 : 5) : left;
+    return left == 5 || left == 6 ? left : left >= 4 ? 4 : left;
 }
 /* Two-panel row tiles: 12, 8, 6, 4 (16 as 8 + 8, and 9 to 11 as 6 + the rest: 8 + 1 measured
    6% slower), for chunks of 6 rows or more; fewer than 4 rows left take the one-panel
@@ -403,6 +430,7 @@ static inline int pair_tile_rows(int left) {
     DEFINE_PACKED_ROWS_PANELS(NAME##_3x2, L16, DT, 3, 2)                                  \
     DEFINE_PACKED_WIDE(NAME##_r12, L16, DT, 12, 2)                                        \
     DEFINE_PACKED_ROWS(NAME##_r6, L16, DT, 6)                                             \
+    DEFINE_PACKED_ROWS(NAME##_r5, L16, DT, 5)                                             \
     DEFINE_PACKED_ROWS(NAME##_r4, L16, DT, 4)                                             \
     DEFINE_PACKED_ROWS(NAME##_r3, L16, DT, 3)                                             \
     DEFINE_PACKED_ROWS(NAME##_r2, L16, DT, 2)                                             \
@@ -429,8 +457,9 @@ static inline int pair_tile_rows(int left) {
         default: break;                                                                   \
         }                                                                                 \
         /* Six rows or more: pairs of panels (the second may be the matrix's partial last \
-           one), then an odd last panel alone. */                                         \
-        for (; n >= 6 && o + TL_PANEL < o1; o += 2 * TL_PANEL) {                          \
+           one), then an odd last panel alone; or (!pairs) every panel alone. */          \
+        const bool pairs = (DT) == TL_F32 || use_pair_tiles();                            \
+        for (; pairs && n >= 6 && o + TL_PANEL < o1; o += 2 * TL_PANEL) {                 \
             const size_t panel = (size_t)(o / TL_PANEL) * (size_t)k * TL_PANEL;           \
             const int lanes1 = o1 - o - TL_PANEL < TL_PANEL ? o1 - o - TL_PANEL : TL_PANEL; \
             const int next = o + 2 * TL_PANEL < o1 ? (o1 - o - 2 * TL_PANEL + TL_PANEL - 1) / TL_PANEL : 0; \
@@ -466,7 +495,7 @@ static inline int pair_tile_rows(int left) {
             const size_t panel = (size_t)(o / TL_PANEL) * (size_t)k * TL_PANEL;           \
             const int lanes = o1 - o < TL_PANEL ? o1 - o : TL_PANEL;                      \
             for (int r = 0; r < n;) {                                                     \
-                const int rows = packed_tile_rows(n - r);                                 \
+                const int rows = packed_tile_rows(n - r, pairs);                                 \
                 const float *xr = x + (size_t)r * (size_t)k;                              \
                 /* The first tile of a panel streams the next one in (single rows      \
                    prefetch within their own stream instead). */                          \
@@ -475,6 +504,7 @@ static inline int pair_tile_rows(int left) {
                 switch (rows) {                                                           \
                 case 12: NAME##_r12(xr, k, w, panel, out); break;                         \
                 case 6: NAME##_r6(xr, k, w, panel, ahead, out); break;                    \
+                case 5: NAME##_r5(xr, k, w, panel, ahead, out); break;                    \
                 case 4: NAME##_r4(xr, k, w, panel, ahead, out); break;                    \
                 case 3: NAME##_r3(xr, k, w, panel, ahead, out); break;                    \
                 case 2: NAME##_r2(xr, k, w, panel, ahead, out); break;                    \
@@ -510,8 +540,8 @@ static void matmul_packed_avx512(const float *x, int n, int k, const void *w, tl
    past ARRANGE_MAX_ROWS: prefill chunks read x row-major as before (128 rows arranged per
    product measured even, within the noise, and cost a buffer of 128 x k floats). */
 #define ARRANGE_MAX_ROWS 16
-static bool arrange_rows_avx512(const float *x, int n, int k, int i0, int i1, float *tiles) {
-    if (n < 6 || n > ARRANGE_MAX_ROWS) return false;
+static bool arrange_rows_avx512(const float *x, int n, int k, tl_dtype dt, int i0, int i1, float *tiles) {
+    if (n < 6 || n > ARRANGE_MAX_ROWS || tl_dtype_quantised(dt) || !(dt == TL_F32 || use_pair_tiles())) return false;
     if (!tiles) return true; /* the question only */
     for (int r = 0, rows; r < n && (rows = pair_tile_rows(n - r)) > 0; r += rows) {
         float *group = tiles + (size_t)r * (size_t)k;
