@@ -16,7 +16,8 @@
  * call made two-thread figures of small matrices measure thread creation). For q8/q4,
  * GFLOP/s counts the integer multiply-adds as a float product would (2 per weight and
  * row). Float rows are arranged once per call for families that arrange them
- * (tl_kernels.arrange_rows: AVX-512, 6 to 16 rows), inside the timing, as the engine does
+ * (tl_kernels.arrange_rows: AVX-512's two-panel tiles, 6 to 16 rows; not for 16-bit weights
+ * in one-panel tiles), inside the timing, as the engine does
  * once per product. A tool, not a test: speed figures drift with the machine. */
 #define _GNU_SOURCE
 #include <stdbool.h>
@@ -156,7 +157,8 @@ static int usage(const char *why) {
                     "  --f16-halves auto|0|1  AVX-512's single row of f16 weights converted 8 lanes at a\n"
                     "               time (1) or 16 (0); auto: the CPU's choice (halves on AMD family 19h)\n"
                     "  --pair-tiles auto|0|1  AVX-512's 6 rows and more of f16/bf16 weights in two-panel\n"
-                    "               tiles (1) or one-panel tiles of 4 to 6 rows (0); auto: the CPU's choice\n"
+                    "               tiles (1) or one-panel tiles of 4 rows (0; the last 5 or 6 whole); auto:\n"
+                    "               the CPU's choice\n"
                     "               (one-panel on AMD family 19h)\n");
     return 2;
 }

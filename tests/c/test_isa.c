@@ -72,8 +72,8 @@ static bool wrote_outside(const float *y, int rows, int cols, int n, int o0, int
     return false;
 }
 
-/* Every row count from 1 to 40 (so every tile size and mix of tiles: one-panel 12, 6, 5, 4,
-   3, 2, 1; two-panel 12, 8, 6, 4 with 1-3 rows left; AVX-512 runs it with and without the
+/* Every row count from 1 to 40 (so every tile size and mix of tiles: one-panel 12, 6, 4, 3,
+   2, 1, and without the pairs 6, 5, 4, 3, 2, 1; two-panel 12, 8, 6, 4 with 1-3 rows left; AVX-512 runs it with and without the
    two-panel tiles for 16-bit weights), k with and without a leftover (k mod 4;
    k = 3: the leftover alone), column ranges of 1 to 3 panels from the first or the second
    (one panel, a pair of whole panels, a pair whose second is partial, a pair and an odd
@@ -418,7 +418,7 @@ int main(int argc, char **argv) {
         /* AVX-512's CPU-dependent tiles both ways, each the generic kernel's bits: a single
            row of f16 weights in halves and whole (tl_cpu_set_f16_halves), several rows of
            16-bit weights in one-panel and two-panel tiles (tl_cpu_set_pair_tiles). The two
-           choices touch different rows (one; four and more), so two runs take all four. */
+           choices touch different rows (one; six and more), so two runs take all four. */
         if (avx512)
             for (int halves = 0; halves <= 1; halves++) {
                 tl_cpu_set_f16_halves(halves);

@@ -91,8 +91,8 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
     }
 
 /* One zmm = one panel's 16 output lanes; four partial accumulators (k mod 4) per input row;
-   up to 6 input rows share every weight load (24 accumulators + 4 weights of 32 zmm); row
-   counts that are not multiples of 6 use tiles of 4, 3, 2 or 1 rows. `ahead` (or NULL) is
+   up to 6 input rows share every weight load (24 accumulators + 4 weights of 32 zmm); the
+   rows left use tiles of 5, 4, 3, 2 or 1 rows (packed_tile_rows). `ahead` (or NULL) is
    the next panel: the first tile over a panel prefetches it at the pace it computes, since
    the hardware prefetcher alone left 6-row tiles at half speed on weights streamed from
    memory (a 77 MB head: 5.6 ms -> 3.0 ms for 6 rows, one thread). With the two-panel tiles
@@ -382,13 +382,14 @@ void tl_cpu_set_f16_halves(int mode) { __atomic_store_n(&f16_halves.mode, mode <
 void tl_cpu_set_pair_tiles(int mode) { __atomic_store_n(&pair_tiles.mode, mode < 0 ? -1 : mode != 0, __ATOMIC_RELAXED); }
 
 /* One-panel row tiles. Beside the two-panel tiles (`pairs`, which take 6 rows and more but
-   for a range's odd last panel): 12 (JW 2), then the narrow 6, 5, 4, 3, 2, 1. Measured on
+   for a range's odd last panel): 12 (JW 2), then the narrow 6, 4, 3, 2, 1. Measured on
    GPT-2-shaped f16 panels, a 12-row tile beats two 6-row ones by ~5% from cache; 16-row
    (JW 1) and 8-row tiles did not pay once the weights stream from memory. Without the
    pairs (16-bit weights on AMD family 19h: use_pair_tiles), all the rows: tiles of 4, the
-   last 5 or 6 whole (a tile of 1 runs four FMA chains, a fifth of the rate), then 3, 2, 1. */
+   last 5 or 6 whole (a tile of 1 runs four FMA chains, a fifth of the rate: 5 rows as 4 + 1
+   ran at 94 GFLOP/s from the L3 where the 5-row tile runs at 107-111), else 3, 2 or 1. */
 static inline int packed_tile_rows(int left, bool pairs) {
-    if (pairs) return left >= 12 ? 12 : left >= 5 ? (left >= 6 ? 6 : 5) : left;
+    if (pairs) return left >= 12 ? 12 : left >= 6 ? 6 : left >= 4 ? 4 : left;
     return left == 5 || left == 6 ? left : left >= 4 ? 4 : left;
 }
 /* Two-panel row tiles: 12, 8, 6, 4 (16 as 8 + 8, and 9 to 11 as 6 + the rest: 8 + 1 measured
@@ -495,7 +496,7 @@ static inline int pair_tile_rows(int left) {
             const size_t panel = (size_t)(o / TL_PANEL) * (size_t)k * TL_PANEL;           \
             const int lanes = o1 - o < TL_PANEL ? o1 - o : TL_PANEL;                      \
             for (int r = 0; r < n;) {                                                     \
-                const int rows = packed_tile_rows(n - r, pairs);                                 \
+                const int rows = packed_tile_rows(n - r, pairs);                          \
                 const float *xr = x + (size_t)r * (size_t)k;                              \
                 /* The first tile of a panel streams the next one in (single rows      \
                    prefetch within their own stream instead). */                          \
