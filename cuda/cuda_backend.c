@@ -418,8 +418,11 @@ static void cuda_kv_move(tl_kv_cache *c, int from, int to) {
     row_copies rc;
     if (!row_copies_new(m, c->n_slots, &rc, "kv move (host memory)")) return;
     for (int slot = 0; slot < c->n_slots; slot++) {
-        const float *k_from = tl_kv_k(c, slot, from), *v_from = tl_kv_v(c, slot, from); /* f32 KV */
-        if (k_from) row_copies_add(&rc, c, slot, to, k_from, v_from); /* else a slot never reached */
+        void *k_to, *v_to;
+        if (!tl_kv_k(c, slot, from) || !host.kv_writable(c, slot, to, &k_to, &v_to)) continue; /* a slot never reached */
+        /* The source looked up once the destination is writable (cpu_kv_move); row_copies_add
+           then finds the destination's page private. f32 KV. */
+        row_copies_add(&rc, c, slot, to, tl_kv_k(c, slot, from), tl_kv_v(c, slot, from));
     }
     row_copies_run(m, &rc, c->kv_dim);
 }

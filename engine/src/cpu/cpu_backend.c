@@ -107,11 +107,12 @@ static void cpu_kv_write(const tl_model *m, tl_kv_cache *c, int slot, int base, 
 
 static void cpu_kv_move(tl_kv_cache *c, int from, int to) {
     for (int slot = 0; slot < c->n_slots; slot++) {
-        const void *k_from = tl_kv_k(c, slot, from), *v_from = tl_kv_v(c, slot, from);
         void *k_to, *v_to;
-        if (!k_from || !tl_kv_writable(c, slot, to, &k_to, &v_to)) continue; /* a slot never reached */
-        memcpy(k_to, k_from, c->row_bytes);
-        memcpy(v_to, v_from, c->row_bytes);
+        if (!tl_kv_k(c, slot, from) || !tl_kv_writable(c, slot, to, &k_to, &v_to)) continue; /* a slot never reached */
+        /* The source looked up after the destination was made writable: where both rows sit
+           in one shared page, that copied the page and let go of the shared one. */
+        memcpy(k_to, tl_kv_k(c, slot, from), c->row_bytes);
+        memcpy(v_to, tl_kv_v(c, slot, from), c->row_bytes);
     }
 }
 
