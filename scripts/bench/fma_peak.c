@@ -15,8 +15,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu/kernels.h"
+
 #if defined(__x86_64__)
-#include <cpuid.h>
 
 static double now(void) {
     struct timespec t;
@@ -120,17 +121,11 @@ int main(int argc, char **argv) {
             }
         } else return usage(stderr, 2);
     }
-    __builtin_cpu_init();
-    const int wide = __builtin_cpu_supports("avx512f");
-    if (!wide && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
-        fprintf(stderr, "tinyloop-fma-peak: this CPU has neither AVX-512 nor AVX2 with FMA\n");
-        return 1;
-    }
-    /* F16C through cpuid (leaf 1, ecx bit 29): clang before 16 has no "f16c" for
-       __builtin_cpu_supports (kernels_generic.c) */
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (!(__get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)))) {
-        fprintf(stderr, "tinyloop-fma-peak: this CPU lacks F16C (the f16 conversions)\n");
+    /* The kernels' own rule (the AVX2 family: AVX2, FMA and F16C, whose conversions the
+       second column needs; the AVX-512 family on top of it) */
+    const int wide = tl_cpu_can_run(&tl_kernels_avx512);
+    if (!wide && !tl_cpu_can_run(&tl_kernels_avx2)) {
+        fprintf(stderr, "tinyloop-fma-peak: this CPU runs neither the AVX-512 nor the AVX2 kernels (AVX2, FMA, F16C)\n");
         return 1;
     }
     printf("%d-bit FMA, 12 independent chains a thread, %ld M iterations each; then the same chains with\n"

@@ -158,8 +158,7 @@ static int usage(const char *why) {
                     "               time (1) or 16 (0); auto: the CPU's choice (halves on AMD family 19h)\n"
                     "  --pair-tiles auto|0|1  AVX-512's 6 rows and more of f16/bf16 weights in two-panel\n"
                     "               tiles (1) or one-panel tiles of 4 rows (0; the last 5 or 6 whole); auto:\n"
-                    "               the CPU's choice\n"
-                    "               (one-panel on AMD family 19h)\n");
+                    "               the CPU's choice (one-panel on AMD family 19h)\n");
     return 2;
 }
 
@@ -180,16 +179,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--repeat")) repeat = atoi(v);
         else if (!strcmp(a, "--dtype")) dtypes = v;
         else if (!strcmp(a, "--isa")) isas = v;
-        else if (!strcmp(a, "--f16-halves")) {
-            if (strcmp(v, "auto") && strcmp(v, "0") && strcmp(v, "1")) return usage("--f16-halves must be auto, 0 or 1");
+        else if (!strcmp(a, "--f16-halves") || !strcmp(a, "--pair-tiles")) {
+            if (strcmp(v, "auto") && strcmp(v, "0") && strcmp(v, "1"))
+                return usage(!strcmp(a, "--f16-halves") ? "--f16-halves must be auto, 0 or 1" : "--pair-tiles must be auto, 0 or 1");
 #if defined(__x86_64__)
-            tl_cpu_set_f16_halves(!strcmp(v, "auto") ? -1 : atoi(v));
-#endif
-        }
-        else if (!strcmp(a, "--pair-tiles")) {
-            if (strcmp(v, "auto") && strcmp(v, "0") && strcmp(v, "1")) return usage("--pair-tiles must be auto, 0 or 1");
-#if defined(__x86_64__)
-            tl_cpu_set_pair_tiles(!strcmp(v, "auto") ? -1 : atoi(v));
+            (!strcmp(a, "--f16-halves") ? tl_cpu_set_f16_halves : tl_cpu_set_pair_tiles)(!strcmp(v, "auto") ? -1 : atoi(v));
 #endif
         }
         else if (!strcmp(a, "--rows")) {

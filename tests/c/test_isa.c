@@ -73,8 +73,9 @@ static bool wrote_outside(const float *y, int rows, int cols, int n, int o0, int
 }
 
 /* Every row count from 1 to 40 (so every tile size and mix of tiles: one-panel 12, 6, 4, 3,
-   2, 1, and without the pairs 6, 5, 4, 3, 2, 1; two-panel 12, 8, 6, 4 with 1-3 rows left; AVX-512 runs it with and without the
-   two-panel tiles for 16-bit weights), k with and without a leftover (k mod 4;
+   2, 1, and without the pairs 6, 5, 4, 3, 2, 1; two-panel 12, 8, 6, 4 with 1-3 rows left;
+   AVX-512 runs it with and without the two-panel tiles for 16-bit weights), k with and
+   without a leftover (k mod 4;
    k = 3: the leftover alone), column ranges of 1 to 3 panels from the first or the second
    (one panel, a pair of whole panels, a pair whose second is partial, a pair and an odd
    last panel, each last panel whole or partial) and, for one to three rows, of up to 11
@@ -413,8 +414,6 @@ int main(int argc, char **argv) {
 #if defined(__x86_64__)
         if (avx2) families[n_families++] = &tl_kernels_avx2;
         if (avx512) families[n_families++] = &tl_kernels_avx512;
-#endif
-#if defined(__x86_64__)
         /* AVX-512's CPU-dependent tiles both ways, each the generic kernel's bits: a single
            row of f16 weights in halves and whole (tl_cpu_set_f16_halves), several rows of
            16-bit weights in one-panel and two-panel tiles (tl_cpu_set_pair_tiles). The two

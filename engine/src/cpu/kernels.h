@@ -142,8 +142,8 @@ void tl_cpu_set_f16_halves(int mode);
 bool tl_cpu_f16_halves(const tl_kernels *k);
 /* The AVX-512 kernels' several rows of 16-bit (f16, bf16) weights: 1 in two-panel tiles
    (6 rows and more), 0 in one-panel tiles (4 rows each, the last 5 or 6 whole, or 3, 2, 1
-   left), -1 the CPU's choice (one-panel on
-   AMD family 19h). The same bits either way; for tests and benchmarks. */
+   left), -1 the CPU's choice (one-panel on AMD family 19h). The same bits either way; for
+   tests and benchmarks. */
 void tl_cpu_set_pair_tiles(int mode);
 /* Whether family k runs several rows of 16-bit weights in one-panel tiles now (an AVX-512
    family without the two-panel ones, by the choice above): benchmarks print it. */

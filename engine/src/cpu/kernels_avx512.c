@@ -330,8 +330,8 @@ DEFINE_HALVES_ROW_PANELS(f16_halves_row1, 1)
      family 19h, whose AVX-512 parts (Zen 4) convert 512 bits at a time at half the rate of
      two 256-bit conversions; elsewhere 512 bits at once, as measured on Xeons.
    - pair_tiles: several rows of 16-bit (f16, bf16) weights in two-panel tiles
-     (DEFINE_PACKED_PAIR) everywhere but AMD family 19h, where the one-panel tiles of 4 to 6
-     rows run nearer the FMA peak: there the pairs' passes over k (JW < 4), not the loads,
+     (DEFINE_PACKED_PAIR) everywhere but AMD family 19h, where the one-panel tiles
+     (packed_tile_rows) run nearer the FMA peak: there the pairs' passes over k (JW < 4), not the loads,
      are the limit. Measured on the 32 MiB-L3 Zen 4 (tinyloop-kernel-bench, alternated),
      f16, k 768, cols 3072: one thread from the L3, 8 / 12 / 16 / 128 rows 97 / 100 / 97 /
      97 -> 111 / 111 / 111 / 111 GFLOP/s (FMA peak 116); two threads from memory (1 GiB of
@@ -373,6 +373,9 @@ static inline bool chosen(cpu_choice *choice, bool on_amd_family_19h) {
 }
 static inline bool use_f16_halves(void) { return chosen(&f16_halves, true); }
 static inline bool use_pair_tiles(void) { return chosen(&pair_tiles, false); }
+/* Whether products over weights of type dt run the two-panel tiles (f32 always), and so
+   read rows arranged for them (arrange_rows_avx512). */
+static inline bool pair_tiles_for(tl_dtype dt) { return dt == TL_F32 || use_pair_tiles(); }
 
 static bool avx512_family(const tl_kernels *k) { return k == &tl_kernels_avx512 || k == &tl_kernels_avx512_vnni; }
 bool tl_cpu_f16_halves(const tl_kernels *k) { return avx512_family(k) && use_f16_halves(); }
@@ -459,7 +462,7 @@ static inline int pair_tile_rows(int left) {
         }                                                                                 \
         /* Six rows or more: pairs of panels (the second may be the matrix's partial last \
            one), then an odd last panel alone; or (!pairs) every panel alone. */          \
-        const bool pairs = (DT) == TL_F32 || use_pair_tiles();                            \
+        const bool pairs = pair_tiles_for(DT);                                            \
         for (; pairs && n >= 6 && o + TL_PANEL < o1; o += 2 * TL_PANEL) {                 \
             const size_t panel = (size_t)(o / TL_PANEL) * (size_t)k * TL_PANEL;           \
             const int lanes1 = o1 - o - TL_PANEL < TL_PANEL ? o1 - o - TL_PANEL : TL_PANEL; \
@@ -542,7 +545,7 @@ static void matmul_packed_avx512(const float *x, int n, int k, const void *w, tl
    product measured even, within the noise, and cost a buffer of 128 x k floats). */
 #define ARRANGE_MAX_ROWS 16
 static bool arrange_rows_avx512(const float *x, int n, int k, tl_dtype dt, int i0, int i1, float *tiles) {
-    if (n < 6 || n > ARRANGE_MAX_ROWS || tl_dtype_quantised(dt) || !(dt == TL_F32 || use_pair_tiles())) return false;
+    if (n < 6 || n > ARRANGE_MAX_ROWS || tl_dtype_quantised(dt) || !pair_tiles_for(dt)) return false;
     if (!tiles) return true; /* the question only */
     for (int r = 0, rows; r < n && (rows = pair_tile_rows(n - r)) > 0; r += rows) {
         float *group = tiles + (size_t)r * (size_t)k;
