@@ -1,6 +1,8 @@
 /* test_isa.c: the kernel families agree bit for bit. With packed weights (the default)
  * generic (fmaf), AVX2 and AVX-512 compute the same canonical sums; with mapped row-major
  * weights, AVX2 and AVX-512 do. So a result never depends on the machine's vector width. */
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 
 #include "check.h"
@@ -393,6 +395,70 @@ static int check_narrow(const tl_kernels *const *families, int n_families) {
     return compared;
 }
 
+/* Activations quantised for q8/q4 products (tl_kernels.quantize_rows): each family writes
+   the generic loop's q, d and group sums bit for bit, at 8 and 16 bits, over random groups
+   and edge groups: all zero, all below the zero cut (2^-100) and just above it, halves
+   that round to even (2.5 at max|x| = 127 or 32767), signed zeros, subnormals beside normal
+   values, FLT_MAX, an infinity and a NaN (the group's d NaN, its q and sum zero). Rows of
+   1 to 3 groups and a block of many, so that tails and offsets count. */
+static int check_quantize(const tl_kernels *const *families, int n_families) {
+    enum { GROUPS = 4096, K = GROUPS * TL_QGROUP };
+    float *x = malloc(K * sizeof *x);
+    uint32_t state = 777u;
+    for (int i = 0; i < K; i++) {
+        state = state * 1664525u + 1013904223u;
+        x[i] = ((float)(state >> 8) / 16777216.0f - 0.5f) * (float)(1 + (i / TL_QGROUP) % 7);
+    }
+    const float edge_values[][4] = {{0.0f, -0.0f, 0.0f, 0.0f},        {1e-35f, -1e-36f, 0.0f, 1e-40f},
+                                    {0x1p-100f, 1e-35f, -1e-38f, 0.0f}, {127.0f, 2.5f, -2.5f, 3.5f},
+                                    {32767.0f, 2.5f, -1.5f, 0.5f},      {1.0f, 1e-40f, -1e-39f, -0.0f},
+                                    {FLT_MAX, -FLT_MAX, 1.0f, -1e30f},  {1.0f, INFINITY, -2.0f, 0.5f},
+                                    {1.0f, -INFINITY, 0.0f, 0.0f},      {NAN, 1.0f, 2.0f, -3.0f}};
+    const int n_edges = (int)(sizeof edge_values / sizeof edge_values[0]);
+    for (int e = 0; e < n_edges; e++) /* the first groups: each edge set, repeated along the group */
+        for (int i = 0; i < TL_QGROUP; i++) x[e * TL_QGROUP + i] = edge_values[e][i % 4] * (i < 4 || i % 3 ? 1.0f : -1.0f);
+    int16_t *want_q = malloc(K * sizeof *want_q), *got_q = malloc((K + TL_QGROUP) * sizeof *got_q);
+    float *want_d = malloc(GROUPS * sizeof *want_d), *got_d = malloc((GROUPS + 1) * sizeof *got_d);
+    int32_t *want_sum = malloc(GROUPS * sizeof *want_sum), *got_sum = malloc((GROUPS + 1) * sizeof *got_sum);
+    int compared = 0;
+    for (int bits = 8; bits <= 16; bits += 8) {
+        const size_t qbytes = bits / 8;
+        for (int shape = 0; shape < 4; shape++) {
+            /* n rows of k: 1 x 32, 3 x 64, 2 x 96, then 32 x (K / 32) */
+            const int n = shape == 3 ? 32 : shape == 1 ? 3 : shape == 2 ? 2 : 1;
+            const int k = shape == 3 ? K / 32 : TL_QGROUP * (shape + 1);
+            const int groups = n * k / TL_QGROUP;
+            tl_kernels_generic.quantize_rows(x, n, k, bits, want_q, want_d, want_sum);
+            CHECK(bits == 16 || groups <= 3 || ((int8_t *)want_q)[3 * TL_QGROUP + 1] == 2, "generic: 2.5 at max 127 gives %d, not 2",
+                  ((int8_t *)want_q)[3 * TL_QGROUP + 1]);
+            for (int f = 0; f < n_families; f++) {
+                memset(got_q, 0x5a, (size_t)(n * k + TL_QGROUP) * qbytes);
+                got_d[groups] = 42.0f;
+                got_sum[groups] = 42;
+                families[f]->quantize_rows(x, n, k, bits, got_q, got_d, got_sum);
+                bool inside = true;
+                for (size_t b = (size_t)n * (size_t)k * qbytes; b < (size_t)(n * k + TL_QGROUP) * qbytes; b++)
+                    inside = inside && ((uint8_t *)got_q)[b] == 0x5a;
+                CHECK(memcmp(want_q, got_q, (size_t)n * (size_t)k * qbytes) == 0 &&
+                          memcmp(want_d, got_d, (size_t)groups * sizeof(float)) == 0 &&
+                          memcmp(want_sum, got_sum, (size_t)groups * sizeof(int32_t)) == 0,
+                      "%s: quantize_rows (%d bits, %d x %d) differs from generic", families[f]->isa, bits, n, k);
+                CHECK(inside && got_d[groups] == 42.0f && got_sum[groups] == 42,
+                      "%s: quantize_rows (%d bits, %d x %d) wrote past its rows", families[f]->isa, bits, n, k);
+                compared++;
+            }
+        }
+    }
+    free(x);
+    free(want_q);
+    free(got_q);
+    free(want_d);
+    free(got_d);
+    free(want_sum);
+    free(got_sum);
+    return compared;
+}
+
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : "tests/data/golden";
     const char *names[] = {"gpt2_like", "f16_concat_residual_gqa", "bf16_tied_rope_residual", "concat_residual_mqa",
@@ -437,6 +503,7 @@ int main(int argc, char **argv) {
         if (vnni) families[n_families++] = &tl_kernels_avx512_vnni;
 #endif
         compared += check_quantised_rows(families, n_families);
+        compared += check_quantize(families, n_families);
     }
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[4096];

@@ -33,6 +33,26 @@ void tl_cpu_embed(const tl_model *m, const int32_t *tokens, const int32_t *posit
 
 /* ---------------------------------------------------------------- norms */
 
+/* Sum over a row of (x[i] - shift)^power (power 1 or 2) in double: eight interleaved
+   partial sums (element i into sum i mod 8) added in a fixed tree, then the last d mod 8 in
+   order. One chain of d dependent adds made a norm of the shipped model (d 256) cost 0.5 us,
+   a norm of GPT-2 (d 768) 1.4 us, serial work while the pool's other threads wait. */
+static double row_sum(const float *xr, int d, int power, double shift) {
+    double part[8] = {0};
+    const int d8 = d & ~7;
+    for (int i = 0; i < d8; i += 8)
+        for (int l = 0; l < 8; l++) {
+            const double v = (double)xr[i + l] - shift;
+            part[l] += power == 2 ? v * v : v;
+        }
+    double total = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+    for (int i = d8; i < d; i++) {
+        const double v = (double)xr[i] - shift;
+        total += power == 2 ? v * v : v;
+    }
+    return total;
+}
+
 /* y = norm(x) row by row; y may alias x. Statistics in double: cheap, and closer to the
    float64 reference. */
 void tl_cpu_norm(const tl_model *m, const float *x, int n, const float *w, const float *b,
@@ -42,12 +62,8 @@ void tl_cpu_norm(const tl_model *m, const float *x, int n, const float *w, const
     for (int r = 0; r < n; r++) {
         const float *xr = x + (size_t)r * (size_t)d;
         float *yr = y + (size_t)r * (size_t)d;
-        double mean = 0.0, var = 0.0;
-        if (c->norm == TL_NORM_LAYERNORM) {
-            for (int i = 0; i < d; i++) mean += xr[i];
-            mean /= d;
-        }
-        for (int i = 0; i < d; i++) var += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+        const double mean = c->norm == TL_NORM_LAYERNORM ? row_sum(xr, d, 1, 0.0) / d : 0.0;
+        const double var = row_sum(xr, d, 2, mean);
         const float inv = (float)(1.0 / sqrt(var / d + (double)c->norm_eps));
         const float mf = (float)mean;
         for (int i = 0; i < d; i++) yr[i] = (xr[i] - mf) * inv * w[i] + (b ? b[i] : 0.0f);

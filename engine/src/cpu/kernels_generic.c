@@ -36,7 +36,7 @@ static inline uint16_t read_u16(const uint8_t *p) {
     return h;
 }
 
-void tl_cpu_quantize_rows(const float *x, int n, int k, int bits, void *q, float *d, int32_t *sum) {
+static void quantize_rows_generic(const float *x, int n, int k, int bits, void *q, float *d, int32_t *sum) {
     const int groups = k / TL_QGROUP, qmax = bits == 16 ? 32767 : 127;
     for (int r = 0; r < n; r++)
         for (int g = 0; g < groups; g++) {
@@ -240,7 +240,8 @@ static void narrow_f16_generic(const float *src, int n, uint16_t *dst) {
 const tl_kernels tl_kernels_generic = {"generic", matmul_generic, matmul_packed_generic,
                                        qmatmul_packed_generic, dots_generic, axpys_generic,
                                        NULL, NULL, /* rows as they are */
-                                       dots_f16_generic, axpys_f16_generic, narrow_f16_generic};
+                                       dots_f16_generic, axpys_f16_generic, narrow_f16_generic,
+                                       quantize_rows_generic};
 
 static const tl_kernels *chosen;
 
@@ -285,4 +286,8 @@ const tl_kernels *tl_cpu_kernels(void) {
 #endif
     __atomic_store_n(&chosen, k, __ATOMIC_RELEASE);
     return k;
+}
+
+void tl_cpu_quantize_rows(const float *x, int n, int k, int bits, void *q, float *d, int32_t *sum) {
+    tl_cpu_kernels()->quantize_rows(x, n, k, bits, q, d, sum);
 }
