@@ -118,6 +118,54 @@ static void cpu_kv_move(tl_kv_cache *c, int from, int to) {
 
 /* ---------------------------------------------------------------- matmul */
 
+/* Quantised activations need, a row, k + 8 k / TL_QGROUP bytes at 8 bits (q4 weights) and
+   2 k + 8 k / TL_QGROUP at 16 (q8): decode's fit on the stack (a single row up to k = 16384
+   at 16 bits); larger chunks take a heap buffer for the call (per call, since two sessions
+   may run forwards on one model at the same time). */
+enum { Q_STACK_BYTES = 36864 };
+
+static size_t quantised_bytes(int n, int k, int bits) {
+    const size_t vals = (size_t)n * (size_t)k;
+    return vals / TL_QGROUP * (sizeof(float) + sizeof(int32_t)) + vals * (size_t)(bits / 8);
+}
+
+/* Room for n rows of k inputs quantised to `bits` (tl_cpu_quantize_rows' q, d and sum). */
+typedef struct {
+    int n, k, bits;
+    void *q;      /* [n][k] int8_t (bits 8) or int16_t (bits 16) */
+    float *d;     /* [n][k / TL_QGROUP] */
+    int32_t *sum; /* [n][k / TL_QGROUP] */
+} quantised_rows;
+
+/* The room in mem (quantised_bytes(n, k, bits)), and out's fields of that width pointing at it. */
+static quantised_rows quantised_room(int n, int k, int bits, void *mem, tl_qrows *out) {
+    const size_t groups = (size_t)n * (size_t)k / TL_QGROUP;
+    float *d = mem;
+    int32_t *sum = (int32_t *)(d + groups);
+    void *q = sum + groups;
+    if (bits == 16) { out->q16 = q; out->d16 = d; out->sum16 = sum; }
+    else { out->q = q; out->d = d; out->sum = sum; }
+    return (quantised_rows){n, k, bits, q, d, sum};
+}
+
+/* x quantised to `bits` in mem (quantised_bytes(n, k, bits)), into out's fields of that width. */
+static void quantise_input(const float *x, int n, int k, int bits, void *mem, tl_qrows *out) {
+    const quantised_rows room = quantised_room(n, k, bits, mem, out);
+    tl_cpu_quantize_rows(x, n, k, bits, room.q, room.d, room.sum);
+}
+
+/* Inputs [i0, i1) (whole groups) of each row of x [room.n][room.k] into the room, where
+   quantising the whole rows would put them: a product's input quantised piece by piece by
+   the tasks that computed it. */
+static void quantise_columns(const quantised_rows *room, const float *x, int i0, int i1) {
+    const size_t groups = (size_t)room->k / TL_QGROUP, width = (size_t)(room->bits / 8);
+    for (size_t r = 0; r < (size_t)room->n; r++) {
+        const size_t at = r * (size_t)room->k + (size_t)i0, group = r * groups + (size_t)i0 / TL_QGROUP;
+        tl_cpu_quantize_rows(x + at, 1, i1 - i0, room->bits, (uint8_t *)room->q + at * width, room->d + group,
+                             room->sum + group);
+    }
+}
+
 /* A group's products (tl_backend.matmul_group) are the tasks of one parallel region:
    product i owns tasks [first_task[i], first_task[i + 1]), each a run of whole panels. A
    SwiGLU gate's tasks also compute the same columns of the up projection after it, which
@@ -135,6 +183,12 @@ typedef struct {
     float *arrange_out; /* where each task also arranges its columns of outs[0]'s output, the
                            input of a second phase (arranged_output), or NULL */
     tl_dtype arrange_dt; /* the second phase's weights' type, with arrange_out */
+    const quantised_rows *quantise_out; /* where each task also quantises its columns of outs[0]'s
+                                           output for a second phase of q8/q4 weights
+                                           (quantised_output), or NULL */
+    int cut_panels; /* outs[0]'s tasks start on a multiple of this many panels: 1, or a
+                       group's (TL_QGROUP / TL_PANEL) with quantise_out, so that each task
+                       quantises whole groups */
     const tl_qrows *xq; /* x quantised, for q8/q4 weights */
     const tl_matmul_out *outs;
     int count;
@@ -186,6 +240,7 @@ static void product_task(const matmul_job *j, int i, int o0, int o1) {
         if (swiglu) tl_cpu_swiglu(y, out[1].y + (size_t)r * width + (size_t)o0, (size_t)(o1 - o0));
     }
     if (j->arrange_out && i == 0) j->kern->arrange_rows(out->y, j->n, (int)width, j->arrange_dt, o0, o1, j->arrange_out);
+    if (j->quantise_out && i == 0) quantise_columns(j->quantise_out, out->y, o0, o1);
 }
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
@@ -204,6 +259,10 @@ static void span_task(const matmul_job *j, int task) {
         int p0 = unit0 > base ? ceil_div(unit0 - base, weight) : 0;
         int p1 = ceil_div(unit1 - base, weight);
         if (p1 > panels) p1 = panels;
+        if (i == 0 && j->cut_panels > 1) { /* the same rounding of each cut for both its tasks */
+            p0 = p0 < panels ? p0 / j->cut_panels * j->cut_panels : p0;
+            p1 = p1 < panels ? p1 / j->cut_panels * j->cut_panels : p1;
+        }
         if (p0 < p1) product_task(j, i, p0 * TL_PANEL, p1 * TL_PANEL < rows ? p1 * TL_PANEL : rows);
         base += panels * weight;
     }
@@ -221,28 +280,6 @@ static void matmul_task(void *ctx, int task, int thread) {
     const int width = j->outs[i].w->rows;
     const int o0 = (task - j->first_task[i]) * j->cols_per_task[i];
     product_task(j, i, o0, o0 + j->cols_per_task[i] < width ? o0 + j->cols_per_task[i] : width);
-}
-
-/* Quantised activations need, a row, k + 8 k / TL_QGROUP bytes at 8 bits (q4 weights) and
-   2 k + 8 k / TL_QGROUP at 16 (q8): decode's fit on the stack (a single row up to k = 16384
-   at 16 bits); larger chunks take a heap buffer for the call (per call, since two sessions
-   may run forwards on one model at the same time). */
-enum { Q_STACK_BYTES = 36864 };
-
-static size_t quantised_bytes(int n, int k, int bits) {
-    const size_t vals = (size_t)n * (size_t)k;
-    return vals / TL_QGROUP * (sizeof(float) + sizeof(int32_t)) + vals * (size_t)(bits / 8);
-}
-
-/* x quantised to `bits` in mem (quantised_bytes(n, k, bits)), into out's fields of that width. */
-static void quantise_input(const float *x, int n, int k, int bits, void *mem, tl_qrows *out) {
-    const size_t groups = (size_t)n * (size_t)k / TL_QGROUP;
-    float *d = mem;
-    int32_t *sum = (int32_t *)(d + groups);
-    void *q = sum + groups;
-    tl_cpu_quantize_rows(x, n, k, bits, q, d, sum);
-    if (bits == 16) { out->q16 = q; out->d16 = d; out->sum16 = sum; }
-    else { out->q = q; out->d = d; out->sum = sum; }
 }
 
 /* The group's input x [n][k] quantised for its q8/q4 products into *qrows: q4 multiplies
@@ -314,12 +351,12 @@ static float *arranged_output(const tl_kernels *kern, int n, const tl_matmul_out
 
 /* Columns per task for one product of `macs` multiply-adds: a few tasks per thread
    balance uneven cores on large products; a small one takes one task per thread; tasks
-   hold whole panels of a packed matrix; tiny products stay one task. */
-static int columns_per_task(const tl_matrix *w, long macs, int threads) {
-    const int tasks = threads * (macs < SMALL_MACS ? 1 : 4);
+   hold whole runs of `cut` panels of a packed matrix; tiny products stay one task. */
+static int columns_per_task(const tl_matrix *w, long macs, int threads, int cut) {
+    const int tasks = threads * (macs < SMALL_MACS ? 1 : 4), unit = cut * TL_PANEL;
     int per = (w->rows + tasks - 1) / tasks;
-    per = (per + TL_PANEL - 1) / TL_PANEL * TL_PANEL;
-    if (per < TL_PANEL) per = TL_PANEL;
+    per = (per + unit - 1) / unit * unit;
+    if (per < unit) per = unit;
     if (macs < 32768) per = w->rows;
     return per;
 }
@@ -331,16 +368,18 @@ static inline int share_cut(float cumulative, int units) { return (int)(cumulati
 /* The group's split into tasks (count <= GROUP_MAX); returns the number of tasks. The
    quantised input (job->xq) is the caller's to set. `share` (or NULL: equal parts) is the
    pool's (tl_pool_shares): a small group spanned one task per thread is then cut by it
-   (job->balanced). */
+   (job->balanced). `quantise_out` (or NULL) is matmul_job's: outs[0]'s tasks then start
+   on whole groups. */
 static int matmul_job_init(matmul_job *job, const float *x, int n, const tl_matmul_out *outs, int count,
-                           int threads, const float *share) {
-    *job = (matmul_job){.x = x, .outs = outs, .count = count, .n = n, .kern = tl_cpu_kernels()};
+                           int threads, const float *share, const quantised_rows *quantise_out) {
+    *job = (matmul_job){.x = x, .outs = outs, .count = count, .n = n, .kern = tl_cpu_kernels(),
+                        .quantise_out = quantise_out, .cut_panels = quantise_out ? TL_QGROUP / TL_PANEL : 1};
     long group_macs = 0;
     for (int i = 0; i < count; i++) {
         const tl_matrix *w = outs[i].w;
         const bool pair = swiglu_pair(outs, i, count), paired = i > 0 && swiglu_pair(outs, i - 1, count);
         const long macs = (long)w->rows * w->cols * n * (pair ? 2 : 1);
-        job->cols_per_task[i] = columns_per_task(w, macs, threads);
+        job->cols_per_task[i] = columns_per_task(w, macs, threads, i == 0 ? job->cut_panels : 1);
         const int tasks = paired ? 0 : (w->rows + job->cols_per_task[i] - 1) / job->cols_per_task[i];
         job->first_task[i + 1] = job->first_task[i] + tasks;
         job->unit_weight[i] = paired ? 0 : pair ? 2 : 1;
@@ -390,7 +429,8 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
     tl_pool *pool = tl_cpu_pool(m);
     float shares[TL_POOL_SHARE_THREADS];
     matmul_job job;
-    const int n_tasks = matmul_job_init(&job, x, n, outs, count, tl_pool_threads(pool), tl_pool_shares(pool, shares));
+    const int n_tasks =
+        matmul_job_init(&job, x, n, outs, count, tl_pool_threads(pool), tl_pool_shares(pool, shares), NULL);
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
     void *heap = NULL;
     tl_qrows qrows = {0};
@@ -417,11 +457,26 @@ void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
 
 /* A product whose input is another's output as the second phase of the same job
    (tl_pool_run_phased): the MLP's down projection after gate/up, the attention's output
-   projection after the heads. Float weights only: q8/q4 inputs are quantised whole rows,
-   which do not exist until the first phase is over. */
-static bool phase_capable(const tl_matmul_out *outs, int count) {
-    for (int i = 0; i < count; i++)
-        if (tl_dtype_quantised(outs[i].w->dtype)) return false;
+   projection after the heads. The first phase's tasks prepare the second's input as they
+   compute it, each its own columns: arranged for float weights' tiles (arranged_output),
+   quantised for q8/q4 weights (quantised_output). */
+
+/* Where a first phase's tasks quantise the input of a second phase's q8/q4 product
+   `second` (matmul_job.quantise_out), each its own columns as it computes them: the
+   second phase then reads whole quantised rows with no region of its own and no
+   quantisation on the calling thread between the phases (separately, the q4 GPT-2 decode
+   spent 17% of the worker's time waiting at two threads). The room goes to `stack`
+   (Q_STACK_BYTES) or to a heap buffer returned in *heap for the caller to free. False
+   where `second` is float or out of memory: the phases then go apart. */
+static bool quantised_output(int n, const tl_matmul_out *second, uint8_t *stack, void **heap, tl_qrows *view,
+                             quantised_rows *room) {
+    *heap = NULL;
+    const tl_dtype dt = second->w->dtype;
+    if (!tl_dtype_quantised(dt)) return false;
+    const int k = second->w->cols, bits = dt == TL_Q8 ? 16 : 8; /* (quantise_group_input's widths) */
+    const size_t bytes = quantised_bytes(n, k, bits);
+    if (bytes > Q_STACK_BYTES && !(*heap = malloc(bytes))) return false;
+    *room = quantised_room(n, k, bits, *heap ? *heap : stack, view);
     return true;
 }
 
@@ -438,7 +493,15 @@ static void matmul_then_task(void *ctx, int task, int thread) {
 
 static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_matmul_out *first, int count,
                             const tl_matmul_out *second) {
-    if (count > GROUP_MAX || !phase_capable(first, count) || !phase_capable(second, 1)) {
+    _Alignas(64) uint8_t stack[Q_STACK_BYTES], second_stack[Q_STACK_BYTES];
+    void *heap = NULL, *second_heap = NULL;
+    tl_qrows first_q = {0}, second_q = {0};
+    quantised_rows second_room;
+    const bool quantised_second = tl_dtype_quantised(second->w->dtype);
+    if (count > GROUP_MAX ||
+        (quantised_second && !quantised_output(n, second, second_stack, &second_heap, &second_q, &second_room)) ||
+        !quantise_group_input(x, n, first, count, stack, &heap, &first_q)) {
+        free(second_heap); /* (too many products, or out of memory: the separate ones say so, NaN) */
         tl_cpu_matmul_group(m, x, n, first, count);
         tl_cpu_matmul_group(m, first[0].y, n, second, 1);
         return;
@@ -448,10 +511,10 @@ static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_m
     float shares[TL_POOL_SHARE_THREADS];
     const float *share = tl_pool_shares(pool, shares);
     matmul_then_job job;
-    tl_qrows none = {0};
-    job.first_tasks = matmul_job_init(&job.first, x, n, first, count, threads, share);
-    const int second_tasks = matmul_job_init(&job.second, first[0].y, n, second, 1, threads, share);
-    job.first.xq = job.second.xq = &none;
+    job.first_tasks = matmul_job_init(&job.first, x, n, first, count, threads, share, quantised_second ? &second_room : NULL);
+    const int second_tasks = matmul_job_init(&job.second, first[0].y, n, second, 1, threads, share, NULL);
+    job.first.xq = &first_q;
+    job.second.xq = &second_q;
     /* The first phase's input arranged up front; the second's by the first's tasks. */
     float *tiles = arrange_group_input(job.first.kern, x, n, first, count);
     job.first.tiles = tiles;
@@ -469,6 +532,8 @@ static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_m
     }
     free(tiles);
     free(second_tiles);
+    free(heap);
+    free(second_heap);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -832,6 +897,7 @@ typedef struct {
     const float *att;              /* [n][n_heads * head_dim]: the heads' outputs */
     float *att_tiles;              /* att arranged by the tasks, each its heads (arranged_output), or NULL */
     tl_dtype att_dt;               /* the output projection's weights' type, with att_tiles */
+    const quantised_rows *att_quantised; /* att quantised by the tasks, each its heads (quantised_output), or NULL */
     matmul_job out;                /* the output projection of att: the second phase */
 } qkv_attention_job;
 
@@ -868,6 +934,7 @@ static void qkv_attention_task(void *ctx, int task, int thread) {
         for (int h = h0; h < h1; h += j->score_heads)
             attention_rows(j->m, j->mm.kern, &j->args[i], 0, 1, h, h + j->score_heads < h1 ? h + j->score_heads : h1, thread);
     if (j->att_tiles) j->mm.kern->arrange_rows(j->att, n, c->n_heads * hd, j->att_dt, h0 * hd, h1 * hd, j->att_tiles);
+    if (j->att_quantised) quantise_columns(j->att_quantised, j->att, h0 * hd, h1 * hd);
 }
 
 /* The KV heads of `threads` tasks (kv_heads >= threads) into first[0..threads]: by `share`,
@@ -939,13 +1006,25 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     for (int i = 0; i < n_args; i++)
         if (!tl_kv_writable(args[i].cache, write_slot, args[i].base, &k_dst[i], &v_dst[i]))
             k_dst[i] = v_dst[i] = NULL; /* out of memory: the cache is marked, the row dropped */
-    /* The output projection as the second phase; q8/q4 after the job (phase_capable). */
-    const bool phased = o && phase_capable(o, 1);
-    tl_qrows none = {0};
+    /* The output projection as the second phase; for q8/q4 weights where every task's
+       heads are whole groups of att, which the tasks quantise (quantised_output), else
+       after the job. */
+    _Alignas(64) uint8_t att_stack[Q_STACK_BYTES];
+    void *att_heap = NULL;
+    tl_qrows att_q = {0};
+    quantised_rows att_room;
+    bool phased = o != NULL;
+    if (phased && tl_dtype_quantised(o->w->dtype)) {
+        const int q_columns_per_kv_head = c->n_heads / c->n_kv_heads * c->head_dim;
+        for (int task = 1; task < threads && phased; task++)
+            phased = kv_group_start(&job, task) * q_columns_per_kv_head % TL_QGROUP == 0;
+        phased = phased && quantised_output(n, o, att_stack, &att_heap, &att_q, &att_room);
+        job.att_quantised = phased ? &att_room : NULL;
+    }
     int out_tasks = 0;
     if (phased) {
-        out_tasks = matmul_job_init(&job.out, att, n, o, 1, threads, share);
-        job.out.xq = &none;
+        out_tasks = matmul_job_init(&job.out, att, n, o, 1, threads, share, NULL);
+        job.out.xq = &att_q;
         job.att_tiles = arranged_output(job.mm.kern, n, o, &job.att_dt);
         job.out.tiles = job.att_tiles;
     }
@@ -958,6 +1037,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     free(tiles);
     free(job.att_tiles);
     free(heap);
+    free(att_heap);
     if (o && !phased) tl_cpu_matmul_group(m, att, n, o, 1);
     return true;
 }
