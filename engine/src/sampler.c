@@ -2,6 +2,7 @@
  * and temperature / top-k / top-p / min-p sampling. */
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -99,15 +100,24 @@ void tl_adjust_logits(const tl_generate_config *c, float *logits, const int32_t 
     if (tl_min_tokens_pending(c, n, prompt_len)) ban_ends(c, logits, eos);
 }
 
+/* The lowest id of the largest logit (NaN never compares; -1 when none is above -inf), in
+   two passes: the largest value in eight interleaved running maxima (a loop without a
+   branch or an exit, which the compiler vectorises), then the first id holding it. One pass
+   keeping the id took 42 us over GPT-2's 50257 logits (a compare and a branch on one
+   dependent chain), on the calling thread between forward passes, eight times a step in a
+   batch of eight greedy sessions; two take about 8. */
 int32_t tl_argmax(const float *logits, int vocab) {
-    int32_t best = -1;
+    float part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    const int vocab8 = vocab & ~7;
+    for (int i = 0; i < vocab8; i += 8)
+        for (int l = 0; l < 8; l++) part[l] = logits[i + l] > part[l] ? logits[i + l] : part[l];
     float best_value = -INFINITY;
-    for (int i = 0; i < vocab; i++)
-        if (logits[i] > best_value) { /* strict: the lowest id wins ties; NaN never compares */
-            best_value = logits[i];
-            best = i;
-        }
-    return best;
+    for (int l = 0; l < 8; l++) best_value = part[l] > best_value ? part[l] : best_value;
+    for (int i = vocab8; i < vocab; i++) best_value = logits[i] > best_value ? logits[i] : best_value;
+    if (!(best_value > -INFINITY)) return -1;
+    for (int i = 0; i < vocab; i++) /* (-0 and +0 are equal: the lowest id of either, as one pass) */
+        if (logits[i] == best_value) return i;
+    return -1;
 }
 
 /* ---------------------------------------------------------------- top-k */
@@ -158,6 +168,54 @@ int tl_top_k(const float *logits, int vocab, int k, int32_t *ids, float *values)
         sift_down(values, ids, end, 0);
     }
     return n;
+}
+
+/* Radix sort keys: ascending key = descending logit, -0 as +0 (they tie, as in below()). */
+static inline uint32_t descending_key(float v) {
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    if (u == 0x80000000u) u = 0;
+    return ~(u & 0x80000000u ? ~u : u | 0x80000000u);
+}
+
+#define RADIX_BITS 11
+#define RADIX_BUCKETS (1 << RADIX_BITS)
+
+int tl_top_k_radix(const float *logits, int vocab, int k, int32_t *ids, float *values, uint64_t *scratch) {
+    if (k < 1) return 0;
+    /* Items key << 32 | id in id order: a stable sort on the keys then leaves ties in id
+       order. Three passes of 11 bits, their counts taken in one read of the logits. */
+    uint64_t *from = scratch, *to = scratch + vocab;
+    uint32_t count[3][RADIX_BUCKETS] = {{0}}; /* (24 KiB) */
+    int n = 0;
+    for (int i = 0; i < vocab; i++) {
+        const float v = logits[i];
+        if (!(v > -INFINITY)) continue; /* -inf and NaN are banned tokens */
+        const uint32_t key = descending_key(v);
+        for (int pass = 0; pass < 3; pass++) count[pass][(key >> (RADIX_BITS * pass)) & (RADIX_BUCKETS - 1)]++;
+        from[n++] = (uint64_t)key << 32 | (uint32_t)i;
+    }
+    for (int pass = 0; pass < 3 && n > 0; pass++) {
+        const int shift = 32 + RADIX_BITS * pass;
+        uint32_t *bucket = count[pass];
+        if (bucket[(from[0] >> shift) & (RADIX_BUCKETS - 1)] == (uint32_t)n) continue; /* one bucket: nothing moves */
+        uint32_t start = 0;
+        for (int b = 0; b < RADIX_BUCKETS; b++) {
+            const uint32_t here = bucket[b];
+            bucket[b] = start;
+            start += here;
+        }
+        for (int j = 0; j < n; j++) to[bucket[(from[j] >> shift) & (RADIX_BUCKETS - 1)]++] = from[j];
+        uint64_t *sorted = to;
+        to = from;
+        from = sorted;
+    }
+    if (k > n) k = n;
+    for (int j = 0; j < k; j++) {
+        ids[j] = (int32_t)(uint32_t)from[j];
+        values[j] = logits[ids[j]];
+    }
+    return k;
 }
 
 /* ---------------------------------------------------------------- log-softmax */
@@ -234,16 +292,24 @@ tl_status tl_distribution_init(tl_distribution *d, int vocab) {
 }
 
 void tl_distribution_free(tl_distribution *d) {
+    free(d->scratch);
     free(d->ids);
     free(d->probs);
     free(d->values);
     memset(d, 0, sizeof *d);
 }
 
+/* From this k on, tl_top_k_radix ranks faster than tl_top_k's heap (GPT-2's 50257 logits:
+   k 500 125 us against 298, k 1000 481 against 295). */
+#define RADIX_TOP_K 768
+
 bool tl_distribution_build(tl_distribution *d, const float *logits, float temperature, int top_k,
                            float top_p, float min_p) {
-    const int vocab = d->vocab;
-    int n = tl_top_k(logits, vocab, top_k < 1 || top_k > vocab ? vocab : top_k, d->ids, d->values);
+    const int vocab = d->vocab, k = top_k < 1 || top_k > vocab ? vocab : top_k;
+    /* the radix sort's scratch on first use (without it, out of memory, the heap ranks) */
+    if (k >= RADIX_TOP_K && !d->scratch) d->scratch = malloc(2 * (size_t)vocab * sizeof *d->scratch);
+    int n = k >= RADIX_TOP_K && d->scratch ? tl_top_k_radix(logits, vocab, k, d->ids, d->values, d->scratch)
+                                           : tl_top_k(logits, vocab, k, d->ids, d->values);
     d->n = n;
     if (n == 0) return false;
     double sum = 0.0;

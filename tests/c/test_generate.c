@@ -1,7 +1,9 @@
 /* test_generate.c: the generation state machine (SPEC §3): sampling knobs, stop reasons,
  * hooks, stream/batch/step equivalence, cache window, stats and validation. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "sampler.h"
@@ -108,6 +110,96 @@ static void test_greedy_matches_score(void) {
     for (int i = 4; i < len; i++)
         CHECK(out[i] == tl_argmax(logits + (size_t)(i - 1) * (size_t)vocab, vocab), "loops 7 token %d", i);
     free(logits);
+}
+
+/* tl_argmax against the plain one-pass rule (the first id whose logit beats every earlier
+   one; NaN never compares), over lengths 0-40 (the eight-lane loop and its tail) and a
+   GPT-2-sized row, with ties, NaNs, infinities, all -inf rows and signed zeros. */
+static int32_t argmax_one_pass(const float *logits, int n) {
+    int32_t best = -1;
+    float best_value = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (logits[i] > best_value) best_value = logits[i], best = i;
+    return best;
+}
+
+static void test_argmax(void) {
+    enum { BIG = 50257 };
+    float *row = malloc(BIG * sizeof *row);
+    const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f, -1.0f, 3.5f};
+    uint32_t state = 99u;
+    int wrong = 0, trials = 0;
+    for (int trial = 0; trial < 4000; trial++) {
+        const int n = trial < 3900 ? trial % 41 : BIG;
+        for (int i = 0; i < n; i++) {
+            state = state * 1664525u + 1013904223u;
+            const unsigned pick = state >> 24;
+            /* mostly few distinct values (ties), some specials, some all -inf rows */
+            row[i] = trial % 7 == 0 ? -INFINITY : pick < 40 ? specials[pick % 8] : (float)(pick % 5);
+        }
+        wrong += tl_argmax(row, n) != argmax_one_pass(row, n);
+        trials++;
+    }
+    for (int i = 0; i < BIG; i++) row[i] = NAN;
+    wrong += tl_argmax(row, BIG) != -1;
+    row[BIG - 1] = -0.0f;
+    row[BIG - 2] = 0.0f;
+    wrong += tl_argmax(row, BIG) != BIG - 2;
+    CHECK(wrong == 0, "tl_argmax differs from the one-pass rule in %d of %d rows", wrong, trials + 2);
+    free(row);
+}
+
+/* tl_top_k_radix gives tl_top_k's ids and values, bit for bit: rows of few distinct values
+   (long runs of ties), specials (NaN, +-inf, +-0, subnormals), all banned, and k from 1 past
+   the allowed count; and a distribution over every one of GPT-2's 50257 tokens (top_k 0,
+   which ranks by radix) is the heap's ranking with its probabilities. */
+static void test_top_k_radix(void) {
+    enum { BIG = 50257 };
+    float *row = malloc(BIG * sizeof *row), *want_values = malloc(BIG * sizeof(float)), *got_values = malloc(BIG * sizeof(float));
+    int32_t *want_ids = malloc(BIG * sizeof(int32_t)), *got_ids = malloc(BIG * sizeof(int32_t));
+    uint64_t *scratch = malloc(2 * (size_t)BIG * sizeof *scratch);
+    const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-42f, -1e-42f, FLT_MAX, -FLT_MAX, 2.0f};
+    uint32_t state = 5u;
+    int wrong = 0, rows = 0;
+    for (int trial = 0; trial < 60; trial++) {
+        const int n = trial < 50 ? 1 + trial * 37 : BIG;
+        for (int i = 0; i < n; i++) {
+            state = state * 1664525u + 1013904223u;
+            const unsigned pick = state >> 22;
+            row[i] = trial % 9 == 4 ? NAN : pick < 60 ? specials[pick % 10] : trial % 2 ? (float)(pick % 9) - 4.0f
+                                                                                   : (float)pick * 0.37f - 150.0f;
+        }
+        const int ks[] = {1, 7, 768, n / 2 + 1, n, n + 5};
+        for (int c = 0; c < 6; c++) {
+            const int want = tl_top_k(row, n, ks[c], want_ids, want_values);
+            const int got = tl_top_k_radix(row, n, ks[c], got_ids, got_values, scratch);
+            wrong += got != want || memcmp(want_ids, got_ids, (size_t)want * sizeof(int32_t)) != 0 ||
+                     memcmp(want_values, got_values, (size_t)want * sizeof(float)) != 0;
+            rows++;
+        }
+    }
+    CHECK(wrong == 0, "tl_top_k_radix differs from tl_top_k in %d of %d rankings", wrong, rows);
+    /* the distribution of every token: the heap's ranking, softmax at temperature 0.8 */
+    for (int i = 0; i < BIG; i++) row[i] = (float)((i * 7919) % 1000) * 0.01f - (i % 13 == 0 ? INFINITY : 0.0f);
+    tl_distribution dist;
+    CHECK(tl_distribution_init(&dist, BIG) == TL_OK, "distribution of %d tokens", BIG);
+    CHECK(tl_distribution_build(&dist, row, 0.8f, 0, 1.0f, 0.0f), "build over every token");
+    const int want = tl_top_k(row, BIG, BIG, want_ids, want_values);
+    bool same = dist.n == want && dist.scratch != NULL && memcmp(dist.ids, want_ids, (size_t)want * sizeof(int32_t)) == 0;
+    double *probs = malloc((size_t)want * sizeof *probs), sum = 0.0; /* (the build's softmax, spelled out) */
+    const double inv_t = 1.0 / (double)0.8f;
+    for (int i = 0; i < want; i++) sum += (probs[i] = exp(((double)want_values[i] - (double)want_values[0]) * inv_t));
+    for (int i = 0; i < want; i++) probs[i] /= sum;
+    same = same && memcmp(dist.probs, probs, (size_t)want * sizeof *probs) == 0;
+    CHECK(same, "every-token distribution: %d candidates (heap %d), not the heap's ranking and probabilities", dist.n, want);
+    free(probs);
+    tl_distribution_free(&dist);
+    free(row);
+    free(want_values);
+    free(got_values);
+    free(want_ids);
+    free(got_ids);
+    free(scratch);
 }
 
 static void test_sampling_knobs(void) {
@@ -926,6 +1018,8 @@ int main(int argc, char **argv) {
     vocab = tl_model_info(model)->vocab_size;
     eos = tl_model_info(model)->eos_token_id;
     test_greedy_matches_score();
+    test_argmax();
+    test_top_k_radix();
     test_sampling_knobs();
     test_distribution_chi_square();
     test_repetition_penalty();
