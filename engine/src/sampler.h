@@ -59,7 +59,8 @@ int32_t tl_argmax(const float *logits, int vocab);
 
 /* The k best of logits[0..vocab), best first (ties: lower id first); banned tokens are never
    chosen. ids[k] and values[k] receive them (values is also the heap's scratch); returns how
-   many there are (< k when fewer tokens are allowed). O(vocab log k). */
+   many there are (< k when fewer tokens are allowed). O(vocab log k); a small k over a large
+   vocabulary visits only the blocks of logits that may hold the k best. */
 int tl_top_k(const float *logits, int vocab, int k, int32_t *ids, float *values);
 /* tl_top_k's result, the same ids and values, by a stable radix sort of every allowed token:
    O(vocab) whatever k, in scratch[2 * vocab]. The heap's sift-downs made k = vocab (every

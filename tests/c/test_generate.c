@@ -168,9 +168,11 @@ static void test_top_k_radix(void) {
             const unsigned pick = state >> 22;
             row[i] = trial % 9 == 4 ? NAN : pick < 60 ? specials[pick % 10] : trial % 2 ? (float)(pick % 9) - 4.0f
                                                                                    : (float)pick * 0.37f - 150.0f;
+            if (trial == 55 && pick > 3) row[i] = -INFINITY; /* fewer allowed blocks than k */
         }
-        const int ks[] = {1, 7, 768, n / 2 + 1, n, n + 5};
-        for (int c = 0; c < 6; c++) {
+        /* (k up to 128 over 8192 logits or more: tl_top_k's pruned blocks) */
+        const int ks[] = {1, 7, 50, 128, 768, n / 2 + 1, n, n + 5};
+        for (int c = 0; c < 8; c++) {
             const int want = tl_top_k(row, n, ks[c], want_ids, want_values);
             const int got = tl_top_k_radix(row, n, ks[c], got_ids, got_values, scratch);
             wrong += got != want || memcmp(want_ids, got_ids, (size_t)want * sizeof(int32_t)) != 0 ||
