@@ -63,8 +63,9 @@ int32_t tl_argmax(const float *logits, int vocab);
    vocabulary visits only the blocks of logits that may hold the k best. */
 int tl_top_k(const float *logits, int vocab, int k, int32_t *ids, float *values);
 /* tl_top_k's result, the same ids and values, by a stable radix sort of every allowed token:
-   O(vocab) whatever k, in scratch[2 * vocab]. The heap's sift-downs made k = vocab (every
-   token: top_k 0 or -1 in the server) cost 7.8 ms over GPT-2's 50257 logits. */
+   O(vocab) whatever k, in scratch[tl_top_k_radix_scratch(vocab)]. The heap's sift-downs made
+   k = vocab (every token: top_k 0 or -1 in the server) cost 7.8 ms over GPT-2's 50257 logits. */
+size_t tl_top_k_radix_scratch(int vocab);
 int tl_top_k_radix(const float *logits, int vocab, int k, int32_t *ids, float *values, uint64_t *scratch);
 
 /* out[i] = log softmax(logits)[i] in double (-inf for banned tokens; with +inf logits,
@@ -93,7 +94,7 @@ typedef struct tl_distribution {
     int32_t *ids;   /* [vocab] */
     double *probs;  /* [vocab] */
     float *values;  /* [vocab] the candidates' logits (top-k scratch) */
-    uint64_t *scratch; /* [2 * vocab] tl_top_k_radix's, made on first use (a large top_k), or NULL */
+    uint64_t *scratch; /* tl_top_k_radix's (tl_top_k_radix_scratch), made on first use (a large top_k), or NULL */
 } tl_distribution;
 
 tl_status tl_distribution_init(tl_distribution *d, int vocab);

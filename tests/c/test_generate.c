@@ -157,7 +157,7 @@ static void test_top_k_radix(void) {
     enum { BIG = 50257 };
     float *row = malloc(BIG * sizeof *row), *want_values = malloc(BIG * sizeof(float)), *got_values = malloc(BIG * sizeof(float));
     int32_t *want_ids = malloc(BIG * sizeof(int32_t)), *got_ids = malloc(BIG * sizeof(int32_t));
-    uint64_t *scratch = malloc(2 * (size_t)BIG * sizeof *scratch);
+    uint64_t *scratch = malloc(tl_top_k_radix_scratch(BIG) * sizeof *scratch);
     const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-42f, -1e-42f, FLT_MAX, -FLT_MAX, 2.0f};
     uint32_t state = 5u;
     int wrong = 0, rows = 0;

@@ -449,7 +449,20 @@ static void check_fused(const char *root, const char *name) {
                   threads[t]);
             run_chunks(m, tokens, LONG_TOKENS, sevens, loops, 0, got);
             CHECK(memcmp(want, got, bytes) == 0, "%s: chunks of 7, %d threads of skewed shares", name, threads[t]);
+            tl_pool_set_shares(tl_cpu_pool(m), NULL);
         }
+        /* The separate operations only, through a copy of the backend without the fused
+           attention and the phased products (forward.c then calls matmul_group, matmul,
+           rope, kv_write and attention): what the fused and phased jobs must give. */
+        tl_backend separate = *m->backend;
+        separate.qkv_attention = NULL;
+        separate.matmul_then = NULL;
+        const tl_backend *own = m->backend;
+        m->backend = &separate;
+        run_chunks(m, tokens, LONG_TOKENS, single, loops, 0, got);
+        CHECK(memcmp(want, got, bytes) == 0, "%s: one token at a time, separate operations only, %d threads", name,
+              threads[t]);
+        m->backend = own;
         tl_model_free(m);
     }
     free(want);
@@ -462,8 +475,9 @@ static void check_fused(const char *root, const char *name) {
    panels over 2 threads. A copy of f16_concat_residual_gqa with 4 query heads of 16 lanes
    over `kv_heads` KV heads (2: its own, k and v get 16 more rows each; 4: 48 more, so that
    skewed shares split the heads 3 + 1; the rows are the layer's q's) has both; check_fused
-   then runs it fused at 1 and 2 threads, separately at 4. */
-static void check_fused_gqa(const char *root, int kv_heads) {
+   then runs it fused at 1 and 2 threads, separately at 4. `quantise` TL_Q8 or TL_Q4 runs a
+   quantised copy of it (TL_F32: as it is). */
+static void check_fused_gqa(const char *root, int kv_heads, tl_dtype quantise) {
     char dir[64], path[4300];
     const bool made = copy_with_max_seq_len(root, "f16_concat_residual_gqa", LONG_TOKENS, dir);
     CHECK(made, "a copy for the fused GQA check");
@@ -516,9 +530,13 @@ static void check_fused_gqa(const char *root, int kv_heads) {
     tl_st_close(&st);
     CHECK(ok, "the GQA copy's config and weights");
     const int failed = checks_failed;
-    if (ok) check_fused("/tmp", dir + strlen("/tmp/"));
-    CHECK(checks_failed == failed, "the failures above: the copy of f16_concat_residual_gqa with 4 query heads over %d",
-          kv_heads);
+    /* (q8/q4: the copy quantised; at 2 threads over 2 KV heads each task's query heads are
+       32 columns of att, one q8/q4 group, which the tasks quantise for the output projection) */
+    const char *copy_root = quantise == TL_F32 ? "/tmp" : ok ? quantised_copy("/tmp", dir + strlen("/tmp/"), quantise) : NULL;
+    CHECK(!ok || copy_root, "quantise the GQA copy");
+    if (ok && copy_root) check_fused(copy_root, dir + strlen("/tmp/"));
+    CHECK(checks_failed == failed, "the failures above: the copy of f16_concat_residual_gqa with 4 query heads over %d (%s)",
+          kv_heads, quantise == TL_Q8 ? "q8" : quantise == TL_Q4 ? "q4" : "as it is");
     remove_copy(dir);
 }
 
@@ -671,8 +689,10 @@ int main(int argc, char **argv) {
     const char *fused[] = {"deep_residual", "nblock0_none", "llama_like", "concat_residual_mqa",
                            "bf16_tied_rope_residual"};
     for (size_t i = 0; i < sizeof fused / sizeof fused[0]; i++) check_fused(root, fused[i]);
-    check_fused_gqa(root, 2);
-    check_fused_gqa(root, 4);
+    check_fused_gqa(root, 2, TL_F32);
+    check_fused_gqa(root, 4, TL_F32);
+    check_fused_gqa(root, 2, TL_Q8);
+    check_fused_gqa(root, 2, TL_Q4);
     for (int t = 0; t < 2; t++) {
         const char *qroot = quantised_copy(root, "deep_residual", t ? TL_Q4 : TL_Q8);
         CHECK(qroot != NULL, "deep_residual: quantise");

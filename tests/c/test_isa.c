@@ -399,7 +399,8 @@ static int check_narrow(const tl_kernels *const *families, int n_families) {
    the generic loop's q, d and group sums bit for bit, at 8 and 16 bits, over random groups
    and edge groups: all zero, all below the zero cut (2^-100) and just above it, halves
    that round to even (2.5 at max|x| = 127 or 32767), signed zeros, subnormals beside normal
-   values, FLT_MAX, an infinity and a NaN (the group's d NaN, its q and sum zero). Rows of
+   values, FLT_MAX, an infinity and a NaN (the group's d NaN, its q and sum zero), and one
+   odd lane (NaN, an infinity, the largest value) in an otherwise random group. Rows of
    1 to 3 groups and a block of many, so that tails and offsets count. */
 static int check_quantize(const tl_kernels *const *families, int n_families) {
     enum { GROUPS = 4096, K = GROUPS * TL_QGROUP };
@@ -417,6 +418,10 @@ static int check_quantize(const tl_kernels *const *families, int n_families) {
     const int n_edges = (int)(sizeof edge_values / sizeof edge_values[0]);
     for (int e = 0; e < n_edges; e++) /* the first groups: each edge set, repeated along the group */
         for (int i = 0; i < TL_QGROUP; i++) x[e * TL_QGROUP + i] = edge_values[e][i % 4] * (i < 4 || i % 3 ? 1.0f : -1.0f);
+    /* then random groups with one odd lane, in either vector of a group: a NaN or an
+       infinity (the group's "finite" of every vector counts), the largest value */
+    const struct { int lane; float value; } odd[] = {{31, NAN}, {12, INFINITY}, {31, -INFINITY}, {0, NAN}, {17, 1e30f}, {8, -7.0f}};
+    for (int o = 0; o < (int)(sizeof odd / sizeof odd[0]); o++) x[(n_edges + o) * TL_QGROUP + odd[o].lane] = odd[o].value;
     int16_t *want_q = malloc(K * sizeof *want_q), *got_q = malloc((K + TL_QGROUP) * sizeof *got_q);
     float *want_d = malloc(GROUPS * sizeof *want_d), *got_d = malloc((GROUPS + 1) * sizeof *got_d);
     int32_t *want_sum = malloc(GROUPS * sizeof *want_sum), *got_sum = malloc((GROUPS + 1) * sizeof *got_sum);

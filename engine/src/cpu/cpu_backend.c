@@ -121,8 +121,29 @@ static void cpu_kv_move(tl_kv_cache *c, int from, int to) {
 /* Quantised activations need, a row, k + 8 k / TL_QGROUP bytes at 8 bits (q4 weights) and
    2 k + 8 k / TL_QGROUP at 16 (q8): decode's fit on the stack (a single row up to k = 16384
    at 16 bits); larger chunks take a heap buffer for the call (per call, since two sessions
-   may run forwards on one model at the same time). */
+   may run forwards on one model at the same time). A call's one stack buffer serves all
+   the rows it quantises (a job's input and its second phase's), front to back, so that its
+   frame stays one buffer deep (the engine thread of a scheduler runs on a default stack). */
 enum { Q_STACK_BYTES = 36864 };
+
+typedef struct {
+    uint8_t *at;
+    size_t left;
+} stack_room;
+
+/* `bytes` of the room (from a 64-byte boundary on), or NULL where they do not fit. */
+static void *stack_take(stack_room *room, size_t bytes) {
+    bytes = (bytes + 63) / 64 * 64;
+    if (bytes > room->left) return NULL;
+    void *at = room->at;
+    room->at += bytes;
+    room->left -= bytes;
+    return at;
+}
+
+/* The width q8/q4 weights multiply their activations at (kernels.h): q4 8-bit rows, q8
+   16-bit ones. */
+static inline int activation_bits(tl_dtype weights) { return weights == TL_Q8 ? 16 : 8; }
 
 static size_t quantised_bytes(int n, int k, int bits) {
     const size_t vals = (size_t)n * (size_t)k;
@@ -154,9 +175,10 @@ static void quantise_input(const float *x, int n, int k, int bits, void *mem, tl
     tl_cpu_quantize_rows(x, n, k, bits, room.q, room.d, room.sum);
 }
 
-/* Inputs [i0, i1) (whole groups) of each row of x [room.n][room.k] into the room, where
-   quantising the whole rows would put them: a product's input quantised piece by piece by
-   the tasks that computed it. */
+/* Inputs [i0, i1) of each row of x [room.n][room.k] into the room, where quantising the
+   whole rows would put them: a product's input quantised piece by piece by the tasks that
+   computed it. i0 and i1 are on whole groups (the tasks' cuts: cut_panels, the head-cut
+   check; a q8/q4 input width is a multiple of TL_QGROUP, checked at load). */
 static void quantise_columns(const quantised_rows *room, const float *x, int i0, int i1) {
     const size_t groups = (size_t)room->k / TL_QGROUP, width = (size_t)(room->bits / 8);
     for (size_t r = 0; r < (size_t)room->n; r++) {
@@ -246,8 +268,9 @@ static void product_task(const matmul_job *j, int i, int o0, int o1) {
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 /* Spanning task `task`: units [task U / T, (task + 1) U / T) of the group's panels in
-   order; a product's panels are those whose units start in that range, so the tasks
-   cover each panel exactly once. */
+   order; a product's panels are those whose units start in that range (product 0's cuts
+   rounded down to whole cut_panels, the same rounding for the tasks on both sides of a
+   cut), so the tasks cover each panel exactly once. */
 static void span_task(const matmul_job *j, int task) {
     const int unit0 = j->balanced ? j->span_first[task] : (int)((long)task * j->span_units / j->span_tasks);
     const int unit1 = j->balanced ? j->span_first[task + 1] : (int)((long)(task + 1) * j->span_units / j->span_tasks);
@@ -284,11 +307,11 @@ static void matmul_task(void *ctx, int task, int thread) {
 
 /* The group's input x [n][k] quantised for its q8/q4 products into *qrows: q4 multiplies
    8-bit rows, q8 16-bit ones (kernels.h), and the products of a group share x, so it is
-   quantised once per width. The rows go to `stack` (Q_STACK_BYTES) or to a heap buffer
-   returned in *heap for the caller to free. False when out of memory: the outputs are
-   then NaN, nothing sensible being left to compute with. */
-static bool quantise_group_input(const float *x, int n, const tl_matmul_out *outs, int count,
-                                 uint8_t *stack, void **heap, tl_qrows *qrows) {
+   quantised once per width. The rows go to the stack room or to a heap buffer returned in
+   *heap for the caller to free. False when out of memory: the outputs are then NaN,
+   nothing sensible being left to compute with. */
+static bool quantise_group_input(const float *x, int n, const tl_matmul_out *outs, int count, stack_room *room,
+                                 void **heap, tl_qrows *qrows) {
     bool any_q4 = false, any_q8 = false;
     for (int i = 0; i < count; i++) {
         any_q4 = any_q4 || outs[i].w->dtype == TL_Q4;
@@ -297,14 +320,15 @@ static bool quantise_group_input(const float *x, int n, const tl_matmul_out *out
     *heap = NULL;
     if (!any_q4 && !any_q8) return true;
     const int k = outs[0].w->cols;
-    const size_t bytes8 = any_q4 ? quantised_bytes(n, k, 8) : 0, bytes16 = any_q8 ? quantised_bytes(n, k, 16) : 0;
+    const size_t bytes8 = any_q4 ? quantised_bytes(n, k, activation_bits(TL_Q4)) : 0,
+                 bytes16 = any_q8 ? quantised_bytes(n, k, activation_bits(TL_Q8)) : 0;
     /* The 16-bit rows first: both parts stay aligned for their elements. */
-    if (bytes16 + bytes8 > Q_STACK_BYTES && !(*heap = malloc(bytes16 + bytes8))) {
+    uint8_t *mem = stack_take(room, bytes16 + bytes8);
+    if (!mem && !(mem = *heap = malloc(bytes16 + bytes8))) {
         for (int i = 0; i < count; i++)
             for (size_t e = 0; e < (size_t)n * (size_t)outs[i].w->rows; e++) outs[i].y[e] = NAN;
         return false;
     }
-    uint8_t *mem = *heap ? *heap : stack;
     if (any_q8) quantise_input(x, n, k, 16, mem, qrows);
     if (any_q4) quantise_input(x, n, k, 8, mem + bytes16, qrows);
     return true;
@@ -407,7 +431,9 @@ static int matmul_job_init(matmul_job *job, const float *x, int n, const tl_matm
 
 /* Each thread's fraction of a balanced job's multiply-adds (tl_pool_run_balanced's `work`):
    its units of `first` and of `second` (or NULL), a unit weighing its product's inner
-   dimension (a gate's unit already counts its up projection). */
+   dimension (a gate's unit already counts its up projection). The cuts as the shares made
+   them: rounded to whole groups (cut_panels), a task's work is a panel off at most, which
+   the shares' median over a window of jobs absorbs. */
 static void balanced_work(const matmul_job *first, const matmul_job *second, float *work) {
     const int threads = first->span_tasks;
     const double k1 = first->outs[0].w->cols, k2 = second ? second->outs[0].w->cols : 0.0;
@@ -432,9 +458,10 @@ void tl_cpu_matmul_group(const tl_model *m, const float *x, int n, const tl_matm
     const int n_tasks =
         matmul_job_init(&job, x, n, outs, count, tl_pool_threads(pool), tl_pool_shares(pool, shares), NULL);
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
+    stack_room room = {stack, sizeof stack};
     void *heap = NULL;
     tl_qrows qrows = {0};
-    if (!quantise_group_input(x, n, outs, count, stack, &heap, &qrows)) return;
+    if (!quantise_group_input(x, n, outs, count, &room, &heap, &qrows)) return;
     job.xq = &qrows;
     float *tiles = arrange_group_input(job.kern, x, n, outs, count);
     job.tiles = tiles;
@@ -466,17 +493,18 @@ void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
    second phase then reads whole quantised rows with no region of its own and no
    quantisation on the calling thread between the phases (separately, the q4 GPT-2 decode
    spent 17% of the worker's time waiting at two threads). The room goes to `stack`
-   (Q_STACK_BYTES) or to a heap buffer returned in *heap for the caller to free. False
-   where `second` is float or out of memory: the phases then go apart. */
-static bool quantised_output(int n, const tl_matmul_out *second, uint8_t *stack, void **heap, tl_qrows *view,
+   room or to a heap buffer returned in *heap for the caller to free. False where `second`
+   is float or out of memory: the phases then go apart. */
+static bool quantised_output(int n, const tl_matmul_out *second, stack_room *stack, void **heap, tl_qrows *view,
                              quantised_rows *room) {
     *heap = NULL;
     const tl_dtype dt = second->w->dtype;
     if (!tl_dtype_quantised(dt)) return false;
-    const int k = second->w->cols, bits = dt == TL_Q8 ? 16 : 8; /* (quantise_group_input's widths) */
+    const int k = second->w->cols, bits = activation_bits(dt);
     const size_t bytes = quantised_bytes(n, k, bits);
-    if (bytes > Q_STACK_BYTES && !(*heap = malloc(bytes))) return false;
-    *room = quantised_room(n, k, bits, *heap ? *heap : stack, view);
+    void *mem = stack_take(stack, bytes);
+    if (!mem && !(mem = *heap = malloc(bytes))) return false;
+    *room = quantised_room(n, k, bits, mem, view);
     return true;
 }
 
@@ -491,20 +519,21 @@ static void matmul_then_task(void *ctx, int task, int thread) {
     else matmul_task(&job->second, task - job->first_tasks, thread);
 }
 
-static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_matmul_out *first, int count,
-                            const tl_matmul_out *second) {
-    _Alignas(64) uint8_t stack[Q_STACK_BYTES], second_stack[Q_STACK_BYTES];
+/* cpu_matmul_then's job; false (nothing computed) when out of memory for its quantised
+   rows. Its own frame, so that the separate products' do not stack on its buffer. */
+static __attribute__((noinline)) bool matmul_then_phased(const tl_model *m, const float *x, int n,
+                                                         const tl_matmul_out *first, int count,
+                                                         const tl_matmul_out *second) {
+    _Alignas(64) uint8_t stack[Q_STACK_BYTES];
+    stack_room room = {stack, sizeof stack};
     void *heap = NULL, *second_heap = NULL;
     tl_qrows first_q = {0}, second_q = {0};
     quantised_rows second_room;
     const bool quantised_second = tl_dtype_quantised(second->w->dtype);
-    if (count > GROUP_MAX ||
-        (quantised_second && !quantised_output(n, second, second_stack, &second_heap, &second_q, &second_room)) ||
-        !quantise_group_input(x, n, first, count, stack, &heap, &first_q)) {
-        free(second_heap); /* (too many products, or out of memory: the separate ones say so, NaN) */
-        tl_cpu_matmul_group(m, x, n, first, count);
-        tl_cpu_matmul_group(m, first[0].y, n, second, 1);
-        return;
+    if (quantised_second && !quantised_output(n, second, &room, &second_heap, &second_q, &second_room)) return false;
+    if (!quantise_group_input(x, n, first, count, &room, &heap, &first_q)) {
+        free(second_heap);
+        return false;
     }
     tl_pool *pool = tl_cpu_pool(m);
     const int threads = tl_pool_threads(pool);
@@ -534,6 +563,16 @@ static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_m
     free(second_tiles);
     free(heap);
     free(second_heap);
+    return true;
+}
+
+static void cpu_matmul_then(const tl_model *m, const float *x, int n, const tl_matmul_out *first, int count,
+                            const tl_matmul_out *second) {
+    if (count > GROUP_MAX || !matmul_then_phased(m, x, n, first, count, second)) {
+        /* (too many products, or out of memory: the separate ones say so, NaN) */
+        tl_cpu_matmul_group(m, x, n, first, count);
+        tl_cpu_matmul_group(m, first[0].y, n, second, 1);
+    }
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -980,6 +1019,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
        of a packed matrix (its q columns then do too: they start at group times its first k
        column). */
     _Alignas(64) uint8_t stack[Q_STACK_BYTES];
+    stack_room room = {stack, sizeof stack};
     void *heap = NULL;
     tl_qrows qrows = {0};
     void *k_dst[FUSED_MAX_ROWS], *v_dst[FUSED_MAX_ROWS];
@@ -997,7 +1037,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
         for (int task = 1; task < threads; task++)
             if (equal_kv_start(task, c->n_kv_heads, threads) * c->head_dim % TL_PANEL != 0) return false;
     }
-    if (!quantise_group_input(h, n, qkv, 3, stack, &heap, &qrows))
+    if (!quantise_group_input(h, n, qkv, 3, &room, &heap, &qrows))
         return false; /* out of memory: the separate operations meet it too, and say so (NaN) */
     float *tiles = arrange_group_input(job.mm.kern, h, n, qkv, 3);
     job.mm.tiles = tiles;
@@ -1009,7 +1049,6 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
     /* The output projection as the second phase; for q8/q4 weights where every task's
        heads are whole groups of att, which the tasks quantise (quantised_output), else
        after the job. */
-    _Alignas(64) uint8_t att_stack[Q_STACK_BYTES];
     void *att_heap = NULL;
     tl_qrows att_q = {0};
     quantised_rows att_room;
@@ -1018,7 +1057,7 @@ static bool cpu_qkv_attention(const tl_model *m, const float *h, int n, const tl
         const int q_columns_per_kv_head = c->n_heads / c->n_kv_heads * c->head_dim;
         for (int task = 1; task < threads && phased; task++)
             phased = kv_group_start(&job, task) * q_columns_per_kv_head % TL_QGROUP == 0;
-        phased = phased && quantised_output(n, o, att_stack, &att_heap, &att_q, &att_room);
+        phased = phased && quantised_output(n, o, &room, &att_heap, &att_q, &att_room);
         job.att_quantised = phased ? &att_room : NULL;
     }
     int out_tasks = 0;

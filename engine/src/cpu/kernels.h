@@ -26,8 +26,8 @@ typedef struct tl_qrows {
 
 /* Quantises each row on its own (so a row's result cannot depend on the others) to `bits`
    8 (q: int8_t) or 16 (q: int16_t): per group, qmax = 2^(bits-1) - 1, d = max|x| / qmax and
-   q = round_to_even(x * (qmax / max|x|)) (0 for an all-zero group). One implementation for
-   every rule, whichever family (tl_kernels.quantize_rows) runs it. */
+   q = round_to_even(x * (qmax / max|x|)) (0 for an all-zero group). One rule: every family's
+   tl_kernels.quantize_rows gives its bits (the generic loop in kernels_generic.c spells it out). */
 void tl_cpu_quantize_rows(const float *x, int n, int k, int bits, void *q, float *d, int32_t *sum);
 
 /* The packed q8/q4 layout (TL_PANEL-row panels, like the float one): panel p, group g is one
@@ -132,7 +132,6 @@ extern const tl_kernels tl_kernels_avx512; /* bit-identical to avx2, faster on s
 extern const tl_kernels tl_kernels_avx512_vnni; /* avx512 with VNNI q8/q4 dot products */
 void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy);
-void tl_quantize_rows_avx2(const float *x, int n, int k, int bits, void *q, float *d, int32_t *sum);
 void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy);
 /* The AVX-512 kernels' single row of f16 weights: 1 converts and multiplies 8 lanes at a time

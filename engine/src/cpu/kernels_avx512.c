@@ -604,11 +604,9 @@ static void axpys_f16_avx512(float *y, const float *a, const uint16_t *const *x,
 
 /* ---------------------------------------------------------------- q8 / q4 */
 
-/* q8 and q4 are integer dot products (kernels.h): AVX-512 without VNNI and BW runs the AVX2
-   kernels, with them kernels_vnni.c's (integer sums are exact, so every ISA agrees). */
 /* tl_cpu_quantize_rows (kernels.h) a group (two 16-lane vectors) at a time: the same
-   operations as tl_quantize_rows_avx2 in half the instructions (each exact or the same
-   IEEE operation; the group sums exact integers). */
+   operations as kernels_avx2.c's quantize_rows_avx2 in half the instructions (each exact
+   or the same IEEE operation; the group sums exact integers). */
 static void quantize_rows_avx512(const float *x, int n, int k, int bits, void *q, float *d, int32_t *sum) {
     const int groups = k / TL_QGROUP, qmax = bits == 16 ? 32767 : 127;
     const __m512 largest = _mm512_set1_ps(FLT_MAX), magic = _mm512_set1_ps(0x1.8p23f);
@@ -644,6 +642,8 @@ static void quantize_rows_avx512(const float *x, int n, int k, int bits, void *q
     }
 }
 
+/* q8 and q4 are integer dot products (kernels.h): AVX-512 without VNNI and BW runs the AVX2
+   kernels, with them kernels_vnni.c's (integer sums are exact, so every ISA agrees). */
 const tl_kernels tl_kernels_avx512 = {"avx512", matmul_avx512, matmul_packed_avx512, tl_qmatmul_packed_avx2,
                                       dots_avx512, axpys_avx512, arrange_rows_avx512, matmul_packed_arranged_avx512,
                                       dots_f16_avx512, axpys_f16_avx512, narrow_f16_avx512,
