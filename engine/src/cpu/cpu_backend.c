@@ -492,9 +492,9 @@ void tl_cpu_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w,
    `second` (matmul_job.quantise_out), each its own columns as it computes them: the
    second phase then reads whole quantised rows with no region of its own and no
    quantisation on the calling thread between the phases (separately, the q4 GPT-2 decode
-   spent 17% of the worker's time waiting at two threads). The room goes to `stack`
-   room or to a heap buffer returned in *heap for the caller to free. False where `second`
-   is float or out of memory: the phases then go apart. */
+   spent 17% of the worker's time waiting at two threads). The rows go to the stack room
+   or to a heap buffer returned in *heap for the caller to free. False where `second` is
+   float or out of memory: the phases then go apart. */
 static bool quantised_output(int n, const tl_matmul_out *second, stack_room *stack, void **heap, tl_qrows *view,
                              quantised_rows *room) {
     *heap = NULL;
@@ -520,7 +520,8 @@ static void matmul_then_task(void *ctx, int task, int thread) {
 }
 
 /* cpu_matmul_then's job; false (nothing computed) when out of memory for its quantised
-   rows. Its own frame, so that the separate products' do not stack on its buffer. */
+   rows. A frame of its own, so that the separate products' frames do not stack on its
+   buffer. */
 static __attribute__((noinline)) bool matmul_then_phased(const tl_model *m, const float *x, int n,
                                                          const tl_matmul_out *first, int count,
                                                          const tl_matmul_out *second) {
