@@ -131,13 +131,15 @@ typedef struct {
     size_t left;
 } stack_room;
 
-/* `bytes` of the room (from a 64-byte boundary on), or NULL where they do not fit. */
-static void *stack_take(stack_room *room, size_t bytes) {
-    bytes = (bytes + 63) / 64 * 64;
-    if (bytes > room->left) return NULL;
+/* `bytes` of the room (from a 64-byte boundary on), or where they do not fit a heap buffer
+   returned in *heap too, for the caller to free; NULL when out of memory. */
+static void *take_memory(stack_room *room, size_t bytes, void **heap) {
+    const size_t whole = (bytes + 63) / 64 * 64;
+    *heap = NULL;
+    if (whole > room->left) return *heap = malloc(bytes);
     void *at = room->at;
-    room->at += bytes;
-    room->left -= bytes;
+    room->at += whole;
+    room->left -= whole;
     return at;
 }
 
@@ -323,8 +325,8 @@ static bool quantise_group_input(const float *x, int n, const tl_matmul_out *out
     const size_t bytes8 = any_q4 ? quantised_bytes(n, k, activation_bits(TL_Q4)) : 0,
                  bytes16 = any_q8 ? quantised_bytes(n, k, activation_bits(TL_Q8)) : 0;
     /* The 16-bit rows first: both parts stay aligned for their elements. */
-    uint8_t *mem = stack_take(room, bytes16 + bytes8);
-    if (!mem && !(mem = *heap = malloc(bytes16 + bytes8))) {
+    uint8_t *mem = take_memory(room, bytes16 + bytes8, heap);
+    if (!mem) {
         for (int i = 0; i < count; i++)
             for (size_t e = 0; e < (size_t)n * (size_t)outs[i].w->rows; e++) outs[i].y[e] = NAN;
         return false;
@@ -502,8 +504,8 @@ static bool quantised_output(int n, const tl_matmul_out *second, stack_room *sta
     if (!tl_dtype_quantised(dt)) return false;
     const int k = second->w->cols, bits = activation_bits(dt);
     const size_t bytes = quantised_bytes(n, k, bits);
-    void *mem = stack_take(stack, bytes);
-    if (!mem && !(mem = *heap = malloc(bytes))) return false;
+    void *mem = take_memory(stack, bytes, heap);
+    if (!mem) return false;
     *room = quantised_room(n, k, bits, mem, view);
     return true;
 }

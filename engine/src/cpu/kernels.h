@@ -132,6 +132,7 @@ extern const tl_kernels tl_kernels_avx512; /* bit-identical to avx2, faster on s
 extern const tl_kernels tl_kernels_avx512_vnni; /* avx512 with VNNI q8/q4 dot products */
 void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy);
+void tl_quantize_rows_avx2(const float *x, int n, int k, int bits, void *q, float *d, int32_t *sum);
 void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy);
 /* The AVX-512 kernels' single row of f16 weights: 1 converts and multiplies 8 lanes at a time
