@@ -149,35 +149,41 @@ static inline void qmatmul_panels(const tl_qrows *x, int n, int k, const void *w
     }
 }
 
-/* The packed q8/q4 product of n rows over [o0, o1): the whole panels as P (at most 4) equal
-   parts read side by side, a tile taking panel g of every part at once, so that each of its
-   P prefetch streams walks a contiguous part (FEW_ROWS_PANELS' way for float weights: one
-   stream read memory at the rate of one panel at a time, about 20-23 GB/s here where the
-   memory gives 40). The rows go in groups of 3 (2 + 2 for the last 4), by_rows[R - 1]
-   taking a group of R rows over the same P panels, which the later groups then read from
-   cache; the fewer than P panels left go through the one-panel `tiles`. The range's last
-   panel, possibly partial, is the last part's last when it falls in one. */
+/* The packed q8/q4 product of n rows over [o0, o1): its panels as at most P parts of
+   `part` panels each (the last may be shorter) read side by side, a tile taking panel g of
+   every part at once, so that each of its prefetch streams walks a contiguous part
+   (FEW_ROWS_PANELS' way for float weights: one stream read memory at the rate of one panel
+   at a time, about 20-23 GB/s here where the memory gives 40). A short last part leaves
+   its stream past its end: the tiles then take one panel fewer. Every panel is read in a
+   stream: P equal parts and the few panels left one at a time read a task's share of a
+   small matrix badly (at two threads GPT-2's MLP down projection is cut in tasks of 6
+   panels, a third of which went one at a time: 7.6% of a q4 token's bytes at about 10% of
+   its product time). by_width[W - 1][R - 1] is the tile of R rows (1 to 3) over W panels
+   (1 to P, at most 4); the rows go in groups of 3 (2 + 2 for the last 4), which the later
+   groups read from cache. The range's last panel, possibly partial, is the last part's
+   last. */
 static inline void qmatmul_rows_parts(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt, const float *bias,
-                                      int o0, int o1, float *y, int ldy, const qtile_fn by_rows[3], int P,
-                                      const qtile_fn tiles[3]) {
+                                      int o0, int o1, float *y, int ldy, const qtile_fn by_width[4][3], int P) {
     const size_t panel_bytes = tl_panel_bytes(dt, k);
     float out[3 * 4 * TL_PANEL]; /* R <= 3, P <= 4 */
-    const int part = (o1 - o0 + TL_PANEL - 1) / TL_PANEL / P;
+    const int count = (o1 - o0 + TL_PANEL - 1) / TL_PANEL;
+    if (count < 1) return;
+    const int part = (count + P - 1) / P, parts = (count + part - 1) / part;
+    const int last = count - (parts - 1) * part; /* the last part's panels, 1 to part */
     for (int g = 0; g < part; g++) {
+        const int width = g < last ? parts : parts - 1;
         const uint8_t *panel = (const uint8_t *)w + (size_t)(o0 / TL_PANEL + g) * panel_bytes;
         for (int r = 0; r < n;) {
             const int left = n - r, rows = left == 4 ? 2 : left >= 3 ? 3 : left;
-            by_rows[rows - 1](x, r, k, panel, (size_t)part * panel_bytes, out);
-            for (int p = 0; p < P; p++) {
+            by_width[width - 1][rows - 1](x, r, k, panel, (size_t)part * panel_bytes, out);
+            for (int p = 0; p < width; p++) {
                 const int col = o0 + (p * part + g) * TL_PANEL;
-                store_tile(out, rows, P, p, o1 - col < TL_PANEL ? o1 - col : TL_PANEL, bias, col,
+                store_tile(out, rows, width, p, o1 - col < TL_PANEL ? o1 - col : TL_PANEL, bias, col,
                            y + (size_t)r * (size_t)ldy, ldy);
             }
             r += rows;
         }
     }
-    const int o = o0 + P * part * TL_PANEL;
-    if (o < o1) qmatmul_panels(x, n, k, w, dt, bias, o, o1, y, ldy, tiles);
 }
 
 #endif

@@ -355,22 +355,24 @@ DEFINE_Q8_TILE(q8_r1, 1, 1)
 DEFINE_Q8_TILE(q8_1x2, 1, 2)
 DEFINE_Q8_TILE(q8_2x2, 2, 2)
 DEFINE_Q8_TILE(q8_3x2, 3, 2)
+DEFINE_Q8_TILE(q8_3x1, 3, 1)
 DEFINE_Q4_TILE(q4_r2, 2, 1)
 DEFINE_Q4_TILE(q4_r1, 1, 1)
 DEFINE_Q4_TILE(q4_1x2, 1, 2)
 DEFINE_Q4_TILE(q4_2x2, 2, 2)
 DEFINE_Q4_TILE(q4_3x2, 3, 2)
+DEFINE_Q4_TILE(q4_3x1, 3, 1)
 
 void tl_qmatmul_packed_avx2(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {
-    static const qtile_fn q8_tiles[3] = {NULL, q8_r2, q8_r1}, q4_tiles[3] = {NULL, q4_r2, q4_r1};
     /* Every row count reads 2 panels as parts side by side, rows in groups of up to 3 over
        them (qmatmul_rows_parts; 2 or 3 rows spill some of the 16 registers, and still beat
        the one-panel tiles, which streamed one panel at a time: from memory, k 2048, one
        thread, q8 2 rows 49-67 -> 64-81 GFLOP/s, 8 rows 57-80 -> 83-84, q4 3 rows 87-90 ->
-       121-165, 8 rows 109-118 -> 124-168); the one-panel tiles take the panels left over. */
-    static const qtile_fn q8_parts[3] = {q8_1x2, q8_2x2, q8_3x2}, q4_parts[3] = {q4_1x2, q4_2x2, q4_3x2};
-    qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_parts : q4_parts, 2, dt == TL_Q8 ? q8_tiles : q4_tiles);
+       121-165, 8 rows 109-118 -> 124-168); the one-panel tiles where the last part ends. */
+    static const qtile_fn q8_by_width[4][3] = {{q8_r1, q8_r2, q8_3x1}, {q8_1x2, q8_2x2, q8_3x2}};
+    static const qtile_fn q4_by_width[4][3] = {{q4_r1, q4_r2, q4_3x1}, {q4_1x2, q4_2x2, q4_3x2}};
+    qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_by_width : q4_by_width, 2);
 }
 
 /* dots: eight keys at a time, so eight independent FMA chains hide the FMA latency, and

@@ -84,6 +84,10 @@ DEFINE_VNNI_Q4_TILE(q4_r1, 1, 1)
 DEFINE_VNNI_Q4_TILE(q4_1x4, 1, 4)
 DEFINE_VNNI_Q4_TILE(q4_2x3, 2, 3)
 DEFINE_VNNI_Q4_TILE(q4_3x2, 3, 2)
+DEFINE_VNNI_Q4_TILE(q4_1x3, 1, 3)
+DEFINE_VNNI_Q4_TILE(q4_1x2, 1, 2)
+DEFINE_VNNI_Q4_TILE(q4_2x2, 2, 2)
+DEFINE_VNNI_Q4_TILE(q4_3x1, 3, 1)
 
 /* Two panels of q4 at once for R rows (batched decode, verification, prefill): each
    broadcast of 4 activation bytes feeds two vpdpbusd, where the one-panel tile feeds one;
@@ -240,7 +244,6 @@ static void q4_pairs(const tl_qrows *x, int n, int k, const void *w, const float
             for (int p = 0; p < P; p++) _mm512_storeu_ps(out + (r * P + p) * TL_PANEL, acc[r][p]); \
     }
 
-DEFINE_VNNI_Q8_TILE(q8_r4, 4, 1)
 DEFINE_VNNI_Q8_TILE(q8_r2, 2, 1)
 DEFINE_VNNI_Q8_TILE(q8_r1, 1, 1)
 DEFINE_VNNI_Q8_TILE(q8_1x4, 1, 4)
@@ -248,24 +251,25 @@ DEFINE_VNNI_Q8_TILE(q8_2x3, 2, 3)
 DEFINE_VNNI_Q8_TILE(q8_3x2, 3, 2)
 DEFINE_VNNI_Q8_TILE(q8_1x2, 1, 2)
 DEFINE_VNNI_Q8_TILE(q8_2x2, 2, 2)
+DEFINE_VNNI_Q8_TILE(q8_1x3, 1, 3)
+DEFINE_VNNI_Q8_TILE(q8_3x1, 3, 1)
 
 void tl_qmatmul_packed_vnni(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt,
                             const float *bias, int o0, int o1, float *y, int ldy) {
-    static const qtile_fn q8_tiles[3] = {q8_r4, q8_r2, q8_r1}, q4_tiles[3] = {q4_r4, q4_r2, q4_r1};
+    static const qtile_fn q4_tiles[3] = {q4_r4, q4_r2, q4_r1};
     /* Panels as parts side by side: one to three rows (decode, 2-3 sessions or beams) in
        one tile, 4, 3 or 2 panels wide; q8 batches of 4 rows or more in groups of 3 rows
        over 2 panels (from memory, k 2048, one thread: 4 rows 107-110 -> 137-155 GFLOP/s,
        8 rows 146-152 -> 198-214, 16 rows 193-201 -> 213-230). q4 batches of 4 or more keep
        the adjacent pairs (q4_pairs): its 3 x 2 parts measured no better at 4, 8 and 16.
-       The tables, by row count (1, 2, 3, 4 or more): the tile for each group size of
-       qmatmul_rows_parts (3 rows or fewer are one group) and the panels they read. */
-    static const qtile_fn q8_parts[4][3] = {{q8_1x4}, {NULL, q8_2x3}, {NULL, NULL, q8_3x2}, {q8_1x2, q8_2x2, q8_3x2}};
-    static const qtile_fn q4_parts[4][3] = {{q4_1x4}, {NULL, q4_2x3}, {NULL, NULL, q4_3x2}, {NULL}};
-    static const int panels[4] = {4, 3, 2, 2};
+       The widest part count by row count (1, 2, 3, 4 or more), and the tiles by width and
+       row group (qmatmul_rows_parts: 3 rows or fewer are one group). */
+    static const qtile_fn q8_by_width[4][3] = {{q8_r1, q8_r2, q8_3x1}, {q8_1x2, q8_2x2, q8_3x2}, {q8_1x3, q8_2x3}, {q8_1x4}};
+    static const qtile_fn q4_by_width[4][3] = {{q4_r1, q4_r2, q4_3x1}, {q4_1x2, q4_2x2, q4_3x2}, {q4_1x3, q4_2x3}, {q4_1x4}};
+    static const int widest[4] = {4, 3, 2, 2};
     if (n < 1) return;
-    const int shape = n < 4 ? n - 1 : 3;
     if (dt == TL_Q4 && n >= 4) q4_pairs(x, n, k, w, bias, o0, o1, y, ldy, q4_tiles);
-    else qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, (dt == TL_Q8 ? q8_parts : q4_parts)[shape], panels[shape],
-                            dt == TL_Q8 ? q8_tiles : q4_tiles);
+    else qmatmul_rows_parts(x, n, k, w, dt, bias, o0, o1, y, ldy, dt == TL_Q8 ? q8_by_width : q4_by_width,
+                            widest[n < 4 ? n - 1 : 3]);
 }
 #endif
