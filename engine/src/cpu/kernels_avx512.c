@@ -226,6 +226,7 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
 
 /* One to three rows (decode, batches of 2-3 sessions, 2-3 beams) over P panels at once:
    1 x 4, 2 x 3, 3 x 2 (4 accumulators per row and panel: 16, 24, 24 of the 32 registers),
+   and a panel or more narrower where a range's short last part has ended (FEW_ROWS_PANELS),
    each panel prefetched in its own stream. A one-panel tile has four FMA chains per row,
    which at the FMA latency allow one FMA a cycle, and one stream, which leaves too few
    lines in flight to read memory at its rate. Each (row, panel)'s chains are the one-panel
@@ -402,22 +403,32 @@ static inline int pair_tile_rows(int left) {
     return left == 8 || left == 16 ? 8 : left >= 12 ? 12 : left >= 6 ? 6 : left >= 4 ? 4 : 0;
 }
 
-/* The few-row loop of a packed product: the whole panels of [o, o1) as P equal parts read
-   side by side, TILE (R rows x P panels) taking panel g of every part at once, so that each
-   of its P prefetch streams walks a contiguous part; then o moves past them (the fewer
-   than P panels left go to the one-panel tiles). The range's last panel, possibly partial,
-   is the last part's last when it falls in one. */
-#define FEW_ROWS_PANELS(TILE, R, P)                                                       \
+/* A few-row tile (DEFINE_PACKED_ROWS_PANELS, DEFINE_HALVES_ROW_PANELS): R rows over W panels,
+   the first at `panel` and the next `stride` on, in weights, into out[R][W][TL_PANEL]. */
+typedef void (*few_rows_tile)(const float *x, int k, const void *w, size_t panel, size_t stride, float *out);
+
+/* The few-row loop of a packed product: the panels of [o, o1) as at most P parts of `part_`
+   panels each (the last may be shorter) read side by side, BY_WIDTH[W - 1] (R rows x W
+   panels) taking panel g of every part at once, so that each of its prefetch streams walks
+   a contiguous part; a short last part's stream ends first, and the tiles take one panel
+   fewer. Every panel is read in a stream (P equal parts left up to P - 1 panels to
+   one-panel tiles, which read them at a fraction of the rate: qmatmul_rows_parts). The
+   range's last panel, possibly partial, is the last part's last. */
+#define FEW_ROWS_PANELS(BY_WIDTH, R, P)                                                   \
     do {                                                                                  \
-        const int part_ = (o1 - o + TL_PANEL - 1) / TL_PANEL / (P);                       \
+        const int count_ = (o1 - o + TL_PANEL - 1) / TL_PANEL;                            \
+        const int part_ = (count_ + (P) - 1) / (P), parts_ = part_ ? (count_ + part_ - 1) / part_ : 0; \
+        const int last_ = count_ - (parts_ - 1) * part_; /* the last part's panels */     \
         for (int g_ = 0; g_ < part_; g_++) {                                              \
-            TILE(x, k, w, (size_t)(o / TL_PANEL + g_) * (size_t)k * TL_PANEL, (size_t)part_ * (size_t)k * TL_PANEL, out); \
-            for (int p_ = 0; p_ < (P); p_++) {                                            \
+            const int width_ = g_ < last_ ? parts_ : parts_ - 1;                          \
+            (BY_WIDTH)[width_ - 1](x, k, w, (size_t)(o / TL_PANEL + g_) * (size_t)k * TL_PANEL, \
+                                   (size_t)part_ * (size_t)k * TL_PANEL, out);            \
+            for (int p_ = 0; p_ < width_; p_++) {                                         \
                 const int col_ = o + (p_ * part_ + g_) * TL_PANEL;                        \
-                store_tile(out, R, P, p_, o1 - col_ < TL_PANEL ? o1 - col_ : TL_PANEL, bias, col_, y, ldy); \
+                store_tile(out, R, width_, p_, o1 - col_ < TL_PANEL ? o1 - col_ : TL_PANEL, bias, col_, y, ldy); \
             }                                                                             \
         }                                                                                 \
-        o += (P) * part_ * TL_PANEL;                                                      \
+        o = o1;                                                                           \
     } while (0)
 
 #define DEFINE_PACKED(NAME, L16, DT)                                                      \
@@ -430,8 +441,14 @@ static inline int pair_tile_rows(int left) {
     DEFINE_PACKED_PAIR(NAME##_t6, L16, DT, 6, 2, 1)                                       \
     DEFINE_PACKED_PAIR(NAME##_t4, L16, DT, 4, 2, 1)                                       \
     DEFINE_PACKED_ROWS_PANELS(NAME##_1x4, L16, DT, 1, 4)                                  \
+    DEFINE_PACKED_ROWS_PANELS(NAME##_1x3, L16, DT, 1, 3)                                  \
+    DEFINE_PACKED_ROWS_PANELS(NAME##_1x2, L16, DT, 1, 2)                                  \
+    DEFINE_PACKED_ROWS_PANELS(NAME##_1x1, L16, DT, 1, 1)                                  \
     DEFINE_PACKED_ROWS_PANELS(NAME##_2x3, L16, DT, 2, 3)                                  \
+    DEFINE_PACKED_ROWS_PANELS(NAME##_2x2, L16, DT, 2, 2)                                  \
+    DEFINE_PACKED_ROWS_PANELS(NAME##_2x1, L16, DT, 2, 1)                                  \
     DEFINE_PACKED_ROWS_PANELS(NAME##_3x2, L16, DT, 3, 2)                                  \
+    DEFINE_PACKED_ROWS_PANELS(NAME##_3x1, L16, DT, 3, 1)                                  \
     DEFINE_PACKED_WIDE(NAME##_r12, L16, DT, 12, 2)                                        \
     DEFINE_PACKED_ROWS(NAME##_r6, L16, DT, 6)                                             \
     DEFINE_PACKED_ROWS(NAME##_r5, L16, DT, 5)                                             \
@@ -444,20 +461,20 @@ static inline int pair_tile_rows(int left) {
         float out[12 * 2 * TL_PANEL];                                                     \
         const size_t panel_bytes = tl_panel_bytes(DT, k);                                 \
         int o = o0;                                                                       \
-        /* One to three rows: groups of panels (DEFINE_PACKED_ROWS_PANELS); the last few  \
-           panels alone (below). */                                                      \
+        /* One to three rows: parts of panels side by side (FEW_ROWS_PANELS), the tiles  \
+           by width: f16 in halves three wide (DEFINE_HALVES_ROW_PANELS), else 4, 3 and 2 \
+           wide by rows (DEFINE_PACKED_ROWS_PANELS). */                                  \
+        static const few_rows_tile halves[3] = {f16_halves_row1, f16_halves_row2, f16_halves_row3}; \
+        static const few_rows_tile row1[4] = {NAME##_1x1, NAME##_1x2, NAME##_1x3, NAME##_1x4}; \
+        static const few_rows_tile rows2[3] = {NAME##_2x1, NAME##_2x2, NAME##_2x3};       \
+        static const few_rows_tile rows3[2] = {NAME##_3x1, NAME##_3x2};                   \
         switch (n) {                                                                      \
         case 1:                                                                           \
-            if ((DT) == TL_F16 && use_f16_halves()) {                                     \
-                /* three panels at once, then the one or two left (a thread's share of a \
-                   small matrix, 8 panels of d = 256 at two threads, would leave 2) */   \
-                FEW_ROWS_PANELS(f16_halves_row3, 1, 3);                                   \
-                FEW_ROWS_PANELS(f16_halves_row2, 1, 2);                                   \
-                FEW_ROWS_PANELS(f16_halves_row1, 1, 1);                                   \
-            } else FEW_ROWS_PANELS(NAME##_1x4, 1, 4);                                     \
+            if ((DT) == TL_F16 && use_f16_halves()) FEW_ROWS_PANELS(halves, 1, 3);        \
+            else FEW_ROWS_PANELS(row1, 1, 4);                                             \
             break;                                                                        \
-        case 2: FEW_ROWS_PANELS(NAME##_2x3, 2, 3); break;                                 \
-        case 3: FEW_ROWS_PANELS(NAME##_3x2, 3, 2); break;                                 \
+        case 2: FEW_ROWS_PANELS(rows2, 2, 3); break;                                      \
+        case 3: FEW_ROWS_PANELS(rows3, 3, 2); break;                                      \
         default: break;                                                                   \
         }                                                                                 \
         /* Six rows or more: pairs of panels (the second may be the matrix's partial last \
