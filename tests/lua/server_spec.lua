@@ -667,19 +667,22 @@ describe("server", function()
         end
         -- no stop string: none named (the token limit, the model's end)
         assert.equal(cjson.null, cjson.decode(body).choices[1].stop_reason)
-        -- vLLM's include_stop_str_in_output: the stop string stays (the text the engine made)
-        for _, stream in ipairs({ false, true }) do
-            local status, b = post(cjson.encode({ prompt = "It is a truth", max_tokens = 40, seed = 1, stop = stop, stream = stream,
-                                                  include_stop_str_in_output = true }), "-N")
-            assert.equal(200, status, b)
-            local text = {}
-            if stream then
-                for _, c in ipairs(sse_chunks(b)) do text[#text + 1] = c.choices[1].text end
-            else
-                text[1] = cjson.decode(b).choices[1].text
-                assert.equal(stop, cjson.decode(b).choices[1].stop_reason)
+        -- vLLM's include_stop_str_in_output: the text up to the stop string's end, also where
+        -- that falls inside a token (two letters of the three: the rest of the token goes)
+        for _, kept in ipairs({ stop, stop:sub(1, 2) }) do
+            for _, stream in ipairs({ false, true }) do
+                local status, b = post(cjson.encode({ prompt = "It is a truth", max_tokens = 40, seed = 1, stop = kept, stream = stream,
+                                                      include_stop_str_in_output = true }), "-N")
+                assert.equal(200, status, b)
+                local text = {}
+                if stream then
+                    for _, c in ipairs(sse_chunks(b)) do text[#text + 1] = c.choices[1].text end
+                else
+                    text[1] = cjson.decode(b).choices[1].text
+                    assert.equal(kept, cjson.decode(b).choices[1].stop_reason)
+                end
+                assert.equal(free:sub(1, free:find(kept, 1, true) + #kept - 1), table.concat(text))
             end
-            assert.equal(free:sub(1, free:find(stop, 1, true) + #stop - 1), table.concat(text))
         end
     end)
 
@@ -801,6 +804,32 @@ describe("server", function()
         -- still serving
         local status = post_json({ prompt = "hi", max_tokens = 2 })
         assert.equal(200, status)
+    end)
+
+    -- A request's strings are taken as bytes; an answer that quotes them must still be UTF-8
+    -- (JSON clients refuse others): every answer and event is written as valid UTF-8.
+    it("answers valid UTF-8 where it quotes a request's bytes that are not (a field name, a stop string, instructions)", function()
+        local function valid(body) return request.valid_utf8(body) == body end
+        local status, body = post('{"prompt": "a", "max_tokens": 2, "\xff": 1}')
+        assert.equal(400, status)
+        assert.truthy(valid(body), body)
+        assert.equal("\239\191\189", cjson.decode(body).error.param)
+        -- a stop string that ends inside a character: the stop_reason, blocking and streamed
+        local req = { prompt = "a", max_tokens = 8, grammar = 'root ::= "x\xc3\xa9y"', stop = "\xc3" }
+        status, body = post(cjson.encode(req))
+        assert.equal(200, status, body)
+        assert.truthy(valid(body), body)
+        assert.same({ "x", "\239\191\189" }, { cjson.decode(body).choices[1].text, cjson.decode(body).choices[1].stop_reason })
+        req.stream = true
+        local streamed = sh("curl -sN -m 30 -d " .. quote(cjson.encode(req)) .. " " .. base .. "/v1/completions")
+        assert.truthy(valid(streamed), streamed)
+        assert.truthy(streamed:find('"stop_reason":"\239\191\189"', 1, true), streamed)
+        status, body = post_to("/v1/responses", '{"input": "a", "max_output_tokens": 2, "instructions": "be \xfe brief", ' ..
+                                                '"metadata": {"k": "\xc3"}, "user": "\xe2\x82"}')
+        assert.equal(200, status, body)
+        assert.truthy(valid(body), body)
+        local answer = cjson.decode(body)
+        assert.same({ "be \239\191\189 brief", "\239\191\189" }, { answer.instructions, answer.metadata.k })
     end)
 
     it("constrains a completion with a GBNF grammar, streamed or not", function()
@@ -1120,6 +1149,63 @@ describe("server", function()
         for i = 1, 200 do long[i] = (i * 37) % 4000 end
         abandoned({ prompt = { long, long }, max_tokens = 50, loops = 16, ignore_eos = true }, 0.3)
         abandoned({ prompt = { long, long }, max_tokens = 5, loops = 16, echo = true, logprobs = 1 }, 0.1)
+        assert.equal(200, (post_json({ prompt = "hi", max_tokens = 2 })))
+    end)
+
+    -- A client whose body and end of stream come in one segment (it closes as soon as it has
+    -- sent; corked here, so that the FIN rides on the body's segment every time): nginx reads
+    -- both before the handler runs (lua_need_request_body) and never reports the hang-up, and
+    -- such blocking requests ran to their end (client_left in the server).
+    local ffi = require "ffi"
+    pcall(ffi.cdef, [[
+        typedef struct { uint16_t family; uint16_t port; uint32_t addr; uint8_t zero[8]; } spec_sockaddr_in;
+        int socket(int, int, int);
+        int connect(int, const void *, unsigned int);
+        long write(int, const void *, size_t);
+        int setsockopt(int, int, int, const void *, unsigned int);
+        int close(int);
+    ]])
+    local function send_and_close(head, body)
+        local fd = ffi.C.socket(2, 1, 0) -- AF_INET, SOCK_STREAM
+        assert(fd >= 0)
+        local addr = ffi.new("spec_sockaddr_in", { family = 2, port = math.floor(port / 256) + (port % 256) * 256,
+                                                   addr = 0x0100007f }) -- 127.0.0.1, port in network order
+        assert(ffi.C.connect(fd, addr, ffi.sizeof(addr)) == 0)
+        assert(ffi.C.write(fd, head, #head) == #head)
+        os.execute("sleep 0.2") -- (nginx has the headers and waits for the body)
+        assert(ffi.C.setsockopt(fd, 6, 3, ffi.new("int[1]", 1), 4) == 0) -- IPPROTO_TCP, TCP_CORK
+        assert(ffi.C.write(fd, body, #body) == #body)
+        ffi.C.close(fd) -- (the FIN joins the corked body's segment)
+    end
+    it("drops a blocking request whose client closed right after sending it, and an embeddings one", function()
+        local function gone(m, path) return metric(m, 'tinyloop_requests_total{endpoint="' .. path .. '",status="499"}') or 0 end
+        -- Sends the request `times` times, one after the other's 499 (max-active 2 here).
+        local function fire(path, body, times)
+            local head = ("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n")
+                :format(path, #body)
+            for _ = 1, times do
+                local before = gone(metrics(), path)
+                send_and_close(head, body)
+                for _ = 1, 100 do
+                    if gone(metrics(), path) > before then break end
+                    os.execute("sleep 0.05")
+                end
+            end
+        end
+        local before = metrics()
+        fire("/v1/completions", cjson.encode({ prompt = "It is a truth", max_tokens = 200, loops = 16, ignore_eos = true, n = 2 }), 6)
+        os.execute("sleep 0.3") -- (a request that went on would have finished by now)
+        local m = metrics()
+        assert.equal(gone(before, "/v1/completions") + 6, gone(m, "/v1/completions"))
+        assert.equal(metric(before, "tinyloop_completed_total"), metric(m, "tinyloop_completed_total"))
+        assert.equal(0, metric(m, "tinyloop_sessions_active"))
+        assert.equal(0, metric(m, "tinyloop_sessions_queued"))
+        local texts = {}
+        for i = 1, 48 do texts[i] = ("It is a truth universally acknowledged, number %d."):format(i) end
+        fire("/v1/embeddings", cjson.encode({ input = texts }), 3)
+        m = metrics()
+        assert.equal(gone(before, "/v1/embeddings") + 3, gone(m, "/v1/embeddings"))
+        assert.equal(metric(before, "tinyloop_embedded_tokens_total"), metric(m, "tinyloop_embedded_tokens_total"))
         assert.equal(200, (post_json({ prompt = "hi", max_tokens = 2 })))
     end)
 end)
@@ -2067,6 +2153,8 @@ describe("messages (Anthropic's Messages API)", function()
         refused("{nope", "not valid JSON")
         refused({ messages = asked, max_tokens = 5, temperature = "hot" }, "temperature must be a number")
         refused({ messages = asked, max_tokens = 100000 }, "max_tokens (100000)")
+        refused({ messages = asked, max_tokens = 0 }, "max_tokens must be at least 1")
+        refused({ messages = asked, max_tokens = 5, temperature = 1.5 }, "temperature must be between 0 and 1")
         refused({ messages = { { role = "user", content = { { type = "document" } } } }, max_tokens = 5 }, 'messages[0].content[0].type')
         refused({ model = "claude-9", messages = asked, max_tokens = 5 }, "claude-9", 404)
         local status, body = curl(base .. "/v1/messages")
@@ -3779,13 +3867,16 @@ describe("server request parsing", function()
         assert.is_nil(request.raw_member(body, { "a", "x" }))
         assert.equal("2", request.raw_member('{"k": 1, "\\u006b": 2}', { "k" })) -- the last duplicate, as cjson
     end)
-    it("reads a negative seed modulo 2^53 (OpenAI's and vLLM's APIs take any 64-bit integer)", function()
-        for seed, want in pairs({ [-1] = 2 ^ 53 - 1, [-5] = 2 ^ 53 - 5, [7] = 7 }) do
-            local r = assert(request.parse(('{"prompt": [1], "max_tokens": 2, "seed": %d}'):format(seed), fake, "m"))
-            assert.equal(want, r.cfg.sample_seed)
+    it("reads a seed modulo 2^53 (OpenAI's and vLLM's APIs take any 64-bit integer)", function()
+        for seed, want in pairs({ ["-1"] = 2 ^ 53 - 1, ["-5"] = 2 ^ 53 - 5, ["7"] = 7, ["9007199254740993"] = 0,
+                                  ["-9223372036854775808"] = 0, ["9223372036854775807"] = 0, ["18446744073709549568"] = 2 ^ 53 - 2048 }) do
+            local r = assert(request.parse(('{"prompt": [1], "max_tokens": 2, "seed": %s}'):format(seed), fake, "m"))
+            assert.equal(want, r.cfg.sample_seed, seed)
         end
-        local _, e = request.parse('{"prompt": [1], "max_tokens": 2, "seed": 1.5}', fake, "m")
-        assert.equal("seed", e.param)
+        for _, seed in ipairs({ "1.5", "18446744073709551616", "-9223372036854777856", "1e30", '"7"' }) do
+            local _, e = request.parse(('{"prompt": [1], "max_tokens": 2, "seed": %s}'):format(seed), fake, "m")
+            assert.same({ "seed", "seed must be an integer" }, { e.param, e.message }, seed)
+        end
     end)
     it("passes the early-exit criterion and its thresholds to the session config", function()
         local r = assert(request.parse('{"prompt": [1], "max_tokens": 2, "early_exit_patience": 1, "early_exit_criterion": "kl", ' ..
@@ -3992,12 +4083,23 @@ describe("server request parsing", function()
         assert.same({ "messages", "chat needs a tokenizer, which this model lacks: use /v1/completions with token ids" },
                     { e.param, e.message })
     end)
-    it("renders text as valid UTF-8 (a generation may end inside a character)", function()
+    it("renders text as valid UTF-8 (a generation may end inside a character), one U+FFFD a cut character", function()
         local fix = request.valid_utf8
+        local R = "\239\191\189"
         assert.equal("abc é€😀", fix("abc é€😀"))
-        assert.equal("é\239\191\189\239\191\189", fix("é\226\130")) -- "€" cut after two bytes
-        assert.equal("\239\191\189a\239\191\189", fix("\128a\255"))
-        assert.equal("\239\191\189\239\191\189", fix("\237\160")) -- a surrogate's lead is no character
+        -- each maximal ill-formed part is one U+FFFD (Unicode's practice; Python's decoder agrees on all of these)
+        for bytes, want in pairs({
+            ["é\226\130"] = "é" .. R,               -- "€" cut after two bytes
+            ["\240\159"] = R, ["\240\159\152"] = R, -- "😀" cut after two and three
+            ["\240\159a"] = R .. "a",
+            ["\226\130\226\130\172"] = R .. "€",    -- a cut "€", then a whole one
+            ["\128a\255"] = R .. "a" .. R,            -- stray bytes
+            ["\237\160"] = R .. R, ["\237\160\128"] = R:rep(3), -- a surrogate's lead is no character
+            ["\244\144\128\128"] = R:rep(4),         -- past U+10FFFF
+            ["\192\175"] = R:rep(2),                   -- an overlong "/"
+        }) do
+            assert.equal(want, fix(bytes), bytes)
+        end
     end)
     it("needs token ids without a tokenizer", function()
         local r, e = request.parse('{"prompt": "hi"}', fake, "m")

@@ -246,6 +246,11 @@ function _M.to_chat(body, counting)
         return bad("unknown field 'max_tokens' (count_tokens generates nothing)", "max_tokens")
     end
     if t.max_tokens == nil and not counting then return bad("max_tokens is required", "max_tokens") end
+    -- (Anthropic's ranges, narrower than the chat completions': at least one token; temperature 0 to 1)
+    if not counting and t.max_tokens < 1 then return bad("max_tokens must be at least 1", "max_tokens") end
+    if type(t.temperature) == "number" and not (t.temperature >= 0 and t.temperature <= 1) then
+        return bad("temperature must be between 0 and 1", "temperature")
+    end
     local messages, from = messages_of(t.messages, t.system, raw.messages)
     if not messages then return bad(from, from:match("^system") and "system" or "messages") end
     members[#members + 1] = { "messages", encode(messages) }

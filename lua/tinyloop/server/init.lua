@@ -43,6 +43,7 @@ local encode = cjson.encode
 local tostring, tonumber, type, pcall, pairs, ipairs, concat = tostring, tonumber, type, pcall, pairs, ipairs, table.concat
 local run_worker_thread = ngx.run_worker_thread
 local alternatives_of = tinyloop.alternatives_of
+local valid_utf8 = request.valid_utf8
 
 local _M = { _VERSION = tinyloop._VERSION }
 
@@ -96,6 +97,40 @@ local function pool_unavailable(err, instead)
         ngx.log(ngx.WARN, "tinyloop: thread pool: ", tostring(err), "; ", instead,
                 " instead (size thread_pool and lua_worker_thread_vm_pool_size to max_active + max_queued)")
     end
+end
+
+-- A hang-up nginx never reports: a client that closes (or shuts its sending side) right after
+-- its request sends its end of stream with the body, which nginx reads before the handler runs
+-- (lua_need_request_body); the read event that carried it is spent on the body, and
+-- lua_check_client_abort waits for another that never comes (a blocking request then ran to
+-- its end, holding its places; in 5 of 10 tries here). So each handler, once its on_abort is
+-- set (a later hang-up is an event of its own), peeks at the connection: true when it is at
+-- its end. The socket is the request's connection's (ngx_http_request_t opens with its
+-- signature and connection, ngx_connection_t with data, read, write and fd, as since nginx
+-- 0.x), read only when its peer is the client's own port; false where anything differs.
+local get_request = select(2, pcall(function() return require("resty.core.base").get_request end))
+local libc_probe = pcall(ffi.cdef, [[
+typedef struct { uint32_t signature; void *connection; } tl_ngx_request_head;
+typedef struct { void *data; void *read; void *write; int fd; } tl_ngx_connection_head;
+]]) and pcall(ffi.cdef, "long recv(int, void *, size_t, int); int getpeername(int, void *, unsigned int *);")
+local MSG_PEEK, MSG_DONTWAIT, AF_UNIX, AF_INET, AF_INET6 = 0x2, 0x40, 1, 2, 10
+local peer, peer_len, peek_byte = ffi_new("uint8_t[128]"), ffi_new("unsigned int[1]"), ffi_new("uint8_t[1]")
+local function client_left()
+    if not libc_probe or type(get_request) ~= "function" then return false end
+    local r = get_request()
+    if r == nil then return false end
+    local connection = ffi_cast("tl_ngx_request_head *", r).connection
+    if connection == nil then return false end
+    local fd = ffi_cast("tl_ngx_connection_head *", connection).fd
+    peer_len[0] = 128
+    if fd < 0 or ffi.C.getpeername(fd, peer, peer_len) ~= 0 then return false end
+    local family = ffi_cast("uint16_t *", peer)[0]
+    if family == AF_INET or family == AF_INET6 then
+        if peer[2] * 256 + peer[3] ~= tonumber(ngx.var.remote_port) then return false end
+    elseif family ~= AF_UNIX or ngx.var.remote_addr ~= "unix:" then
+        return false
+    end
+    return tonumber(ffi.C.recv(fd, peek_byte, 1, MSG_PEEK + MSG_DONTWAIT)) == 0
 end
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
@@ -326,19 +361,23 @@ end
 
 -- ------------------------------------------------------------------ answers
 
+-- Every JSON answer, and every streamed event (sse), is written as valid UTF-8: a byte
+-- sequence cut short, or a stray byte, becomes U+FFFD (request.valid_utf8). JSON text is
+-- UTF-8 and clients refuse others, but a request's strings need not be (they are taken as
+-- bytes), and an answer may quote them: a field name in an error, a stop string as the
+-- stop_reason, a Responses request's instructions and metadata.
 local function send_json(status, body, headers)
     ngx.status = status
     ngx.header["Content-Type"] = "application/json"
     for k, v in pairs(headers or {}) do ngx.header[k] = v end
-    ngx_say(type(body) == "string" and body or encode(body))
+    ngx_say(valid_utf8(type(body) == "string" and body or encode(body)))
     return ngx_exit(status)
 end
 
 -- The one error shape: {"error": {"message", "type", "param", "code"}} (param: the field, code:
 -- OpenAI's machine-readable code, each null where there is none, as OpenAI sends them).
 local function send_error(status, message, param, etype, headers, code)
-    -- (a message may quote the client's bytes, which need not be UTF-8: JSON clients refuse them)
-    return send_json(status, '{"error":{"message":' .. encode(request.valid_utf8(tostring(message))) .. ',"type":' ..
+    return send_json(status, '{"error":{"message":' .. encode(tostring(message)) .. ',"type":' ..
         encode(etype or (status >= 500 and "server_error" or "invalid_request_error")) ..
         ',"param":' .. (param and encode(param) or "null") .. ',"code":' .. (code and encode(code) or "null") .. "}}", headers)
 end
@@ -727,9 +766,10 @@ local function cut_at_stop(text, stops, last_id)
 end
 
 -- A choice's finishing read (`text`, whose last token is last_id): the text without the stop
--- string that ended it (kept with include_stop_str_in_output), and st.stop_reason, vLLM's:
--- that stop string, or the request's stop token id that ended it (nil: the model's end, the
--- token limit, the chat template's turn end).
+-- string that ended it (with include_stop_str_in_output, vLLM's, up to its end: the rest of
+-- the token that completed it goes), and st.stop_reason, vLLM's: that stop string, or the
+-- request's stop token id that ended it (nil: the model's end, the token limit, the chat
+-- template's turn end).
 local function finish_read(st, text, last_id)
     if not st.stopped_by_sequence then return text end
     if last_id and st.stop_ids and st.stop_ids[last_id] then
@@ -739,8 +779,10 @@ local function finish_read(st, text, last_id)
     local stops = st.stops or st.stop_strings -- (cut at: the engine's; named: the client's own)
     if not stops then return text end
     local cut, stop = cut_at_stop(text, stops, last_id)
-    if stop and st.stop_names and st.stop_names[stop] then st.stop_reason = stop end
-    return st.stops and cut or text
+    local named = stop and st.stop_names and st.stop_names[stop]
+    if named then st.stop_reason = stop end
+    if st.stops then return cut end
+    return named and (cut .. stop) or text
 end
 
 
@@ -1110,12 +1152,13 @@ local function sse(r, payload)
         for i, e in ipairs(events) do
             -- (Ollama's stream: one JSON object a line; the others: server-sent events with a type)
             -- (llama.cpp's: server-sent data events without a type)
-            text[i] = r.view.FRAME == "ndjson" and (e[2] .. "\n") or r.view.FRAME == "data" and ("data: " .. e[2] .. "\n\n") or
-                      ("event: " .. e[1] .. "\ndata: " .. e[2] .. "\n\n")
+            local data = valid_utf8(e[2])
+            text[i] = r.view.FRAME == "ndjson" and (data .. "\n") or r.view.FRAME == "data" and ("data: " .. data .. "\n\n") or
+                      ("event: " .. e[1] .. "\ndata: " .. data .. "\n\n")
         end
         ok, err = ngx_print(text)
     else
-        ok, err = ngx_print("data: ", payload, "\n\n")
+        ok, err = ngx_print("data: ", valid_utf8(payload), "\n\n")
     end
     if ok then ok, err = ngx_flush(true) end
     -- HTTP/1.0 with lua_http10_buffering on (another nginx.conf than ours): the response is
@@ -1294,7 +1337,7 @@ function _M.apply_template()
     if not body then return end
     local req, err = request.parse_apply_template(body, chat_prompts, chat_error)
     if not req then return send_llamacpp_error(err.status, err.message, nil, err.type) end
-    return send_json(200, '{"prompt":' .. encode(request.valid_utf8(req.prompt)) .. "}")
+    return send_json(200, '{"prompt":' .. encode(req.prompt) .. "}")
 end
 
 -- POST /detokenize (vLLM's, and llama.cpp's): {"tokens": [...]} -> {"prompt": their text, "content": the same} (a token holding
@@ -1305,7 +1348,7 @@ function _M.detokenize()
     local req, err = request.parse_detokenize(body, model, conf.model_id)
     if not req then return send_request_error(err) end
     -- (and as "content": llama.cpp's name of it)
-    local text = encode(request.valid_utf8(req.text))
+    local text = encode(req.text)
     return send_json(200, '{"prompt":' .. text .. ',"content":' .. text .. "}")
 end
 
@@ -1388,6 +1431,7 @@ local function serve(chat, body, view)
         end
         return ngx_exit(499)
     end)
+    if client_left() then return ngx_exit(499) end -- (before any session is made)
     for p, ids in ipairs(req.prompts) do
         for sample = 0, req.best_of - 1 do
             local cfg = req.cfg
@@ -1594,6 +1638,7 @@ local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, 
     -- (that work cannot be stopped; a place given back at once would let clients that post and
     -- hang up run more than embed_jobs at a time). (nil where lua_check_client_abort is off.)
     ngx.on_abort(function() gone = true end)
+    gone = client_left()
     local parts = {}
     for from = 1, #inputs, EMBED_SLICE do
         if gone then
@@ -1674,7 +1719,7 @@ function _M.rerank()
     for rank = 1, req.top_n do
         local i = order[rank]
         results[rank] = '{"index":' .. (i - 1) .. ',"relevance_score":' .. encode(scores[i]) ..
-            (req.return_documents and (',"document":{"text":' .. encode(request.valid_utf8(req.texts[i])) .. "}") or "") .. "}"
+            (req.return_documents and (',"document":{"text":' .. encode(req.texts[i]) .. "}") or "") .. "}"
     end
     next_request = next_request + 1
     return send_json(200, '{"id":"rerank-' .. worker_tag .. "-" .. next_request .. '","model":' .. encode(conf.model_id) ..

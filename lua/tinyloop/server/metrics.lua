@@ -81,12 +81,12 @@ function _M.log_request(uri, status)
 end
 
 local COUNTERS = {
-    { "tokens_in", "tinyloop_prompt_tokens_total", "Prompt tokens of admitted requests." },
+    { "tokens_in", "tinyloop_prompt_tokens_total", "Prompt tokens of admitted generations (one a choice: n choices of a prompt count it n times, as each prefills it or takes it from the prefix pool)." },
     { "tokens_embedded", "tinyloop_embedded_tokens_total", "Input tokens of embeddings requests (/v1/embeddings, /api/embed, /api/embeddings, /embedding, rerank, score)." },
     { "tokens_cached", "tinyloop_prompt_tokens_cached_total", "Prompt tokens whose K/V came from the prefix pool (not computed)." },
     { "tokens_out", "tinyloop_generated_tokens_total", "Tokens generated." },
     { "tool_calls", "tinyloop_tool_calls_total", "Tool calls answered (chat's tool_calls; Responses' function_call items; Anthropic's tool_use; Ollama's tool_calls)." },
-    { "cancelled", "tinyloop_cancelled_total", "Requests whose client left before their answer ended (a generation stopped within one step; embeddings within a slice of 16 inputs)." },
+    { "cancelled", "tinyloop_cancelled_total", "Generations (one a choice: a request of n choices counts n) and embeddings requests whose client left before their answer ended (a generation stopped within one step; embeddings within a slice of 16 inputs)." },
     { "rejected", "tinyloop_rejected_total", "Requests answered 503 because every session place (or embeddings place) was taken." },
     { "completed", "tinyloop_completed_total", "Generations that ran to their end." },
     { "drafted", "tinyloop_speculative_drafted_total", "Draft tokens (chain) or tree nodes proposed by speculative requests." },

@@ -187,10 +187,12 @@ local function param_of(message)
 end
 _M.param_of = param_of
 
--- Text as valid UTF-8: a byte that does not begin a complete, well-formed sequence becomes
--- U+FFFD, as OpenAI's API renders a cut character. The engine's stream never splits a
--- character, but the end of a generation (max_tokens, EOS) can fall inside one, and its
--- bytes went into the JSON raw: invalid UTF-8 that JSON clients refuse to parse.
+-- Text as valid UTF-8: each maximal part of an ill-formed sequence (a lead byte and the
+-- continuation bytes it may take, cut short; or one stray byte) becomes one U+FFFD, Unicode's
+-- recommended practice, which Python's and the WHATWG decoders follow (OpenAI's API renders a
+-- cut character so). The engine's stream never splits a character, but the end of a
+-- generation (max_tokens, EOS) can fall inside one, and its bytes went into the JSON raw:
+-- invalid UTF-8 that JSON clients refuse to parse.
 local byte = string.byte
 local function valid_utf8(s)
     if not s:find("[\128-\255]") then return s end
@@ -199,23 +201,28 @@ local function valid_utf8(s)
         local c = byte(s, i)
         local len = c < 0x80 and 1 or c >= 0xC2 and c <= 0xDF and 2 or c >= 0xE0 and c <= 0xEF and 3
             or c >= 0xF0 and c <= 0xF4 and 4 or 0
-        local ok = len > 0 and i + len - 1 <= n
-        if ok and len > 1 then -- the second byte's range excludes overlongs, surrogates, > U+10FFFF
+        -- the bytes of the sequence that are well-formed so far (the second byte's range
+        -- excludes overlongs, surrogates, > U+10FFFF)
+        local good = len > 0 and 1 or 0
+        if len > 1 then
             local lo = (c == 0xE0 and 0xA0) or (c == 0xF0 and 0x90) or 0x80
             local hi = (c == 0xED and 0x9F) or (c == 0xF4 and 0x8F) or 0xBF
-            local second = byte(s, i + 1)
-            ok = second >= lo and second <= hi
-            for k = 2, len - 1 do
-                local b = byte(s, i + k)
-                ok = ok and b >= 0x80 and b <= 0xBF
+            local b = byte(s, i + 1)
+            if b and b >= lo and b <= hi then
+                good = 2
+                while good < len do
+                    b = byte(s, i + good)
+                    if not b or b < 0x80 or b > 0xBF then break end
+                    good = good + 1
+                end
             end
         end
-        if ok then
+        if len > 0 and good == len then
             i = i + len
         else
             parts[#parts + 1] = s:sub(from, i - 1)
             parts[#parts + 1] = "\239\191\189"
-            i = i + 1
+            i = i + (good > 0 and good or 1)
             from = i
         end
     end
@@ -885,11 +892,14 @@ local function decode_fields(body, fields, no_ops)
             t[k] = nil -- null means "the default", as in OpenAI's API
         else
             local kind, cfg_name = spec[1], spec[2]
+            -- (a seed, which OpenAI's and vLLM's APIs take as any 64-bit integer, is read modulo
+            -- 2^53, the engine's range: -1 is 2^53 - 1, the same run each time; one past 2^53
+            -- arrives as the nearest double, the same one each time)
+            if cfg_name == "sample_seed" and type(v) == "number" and v == floor(v) and v >= -2 ^ 63 and v < 2 ^ 64 then
+                v = v % 2 ^ 53
+            end
             local check = KIND_CHECK[kind]
             if check and not check(v) then return bad(("%s must be %s"):format(k, KIND_WORDS[kind]), k) end
-            -- (a negative seed, which OpenAI's and vLLM's APIs take as any 64-bit integer, is
-            -- read modulo 2^53, the engine's range: -1 is 2^53 - 1, the same run each time)
-            if cfg_name == "sample_seed" and v < 0 and v >= -2 ^ 63 then v = v % 2 ^ 53 end
             if cfg_name then cfg[cfg_name] = v end
         end
     end
