@@ -615,9 +615,10 @@ void tl_session_state_free(tl_session_state *state); /* NULL is a no-op */
    Written: the config's numbers and stop rules, tokens, sampler position, stats and every
    KV cache entry; not written: hooks (pass them to tl_session_resume) and the time spent
    saved (decode_ms continues where it stopped). A session under a compiled grammar is
-   marked so, without the matcher's position: its resume must name the grammar again
-   (hooks->grammar), whose matcher then accepts the emitted tokens anew (another grammar,
-   or none: TL_ERR_INVALID_ARGUMENT). A model on another backend than the CPU is refused
+   marked so, with a fingerprint of the grammar's rules but not the matcher's position: its
+   resume must name the grammar again (hooks->grammar; compiled anew is the same), whose
+   matcher then accepts the emitted tokens anew (another grammar, or none:
+   TL_ERR_INVALID_ARGUMENT). A model on another backend than the CPU is refused
    (TL_ERR_UNSUPPORTED). A resumed state continues bit-identically to the session it was
    saved from. */
 tl_status tl_session_state_to_bytes(const tl_session_state *state, void **bytes, size_t *len);

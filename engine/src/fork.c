@@ -49,6 +49,9 @@ static tl_status replay_grammar(tl_session *s) {
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
                        "the state was generated under a compiled grammar, whose position a state file does not "
                        "hold: pass that grammar to resume (hooks.grammar)");
+    if (s->grammar_fingerprint && s->grammar_fingerprint != s->grammar_matcher->g->fingerprint)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "the grammar passed to resume is not the one the state was generated under (its rules differ)");
     for (int i = s->prompt_len; i < s->n_tokens; i++)
         if (tl_grammar_matcher_accept(s->grammar_matcher, s->tokens[i]) != TL_OK)
             return tl_fail(TL_ERR_INVALID_ARGUMENT,

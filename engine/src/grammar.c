@@ -1298,6 +1298,30 @@ tl_status tl_grammar_memory_usage(const tl_compiled_grammar *cg, tl_grammar_memo
     return TL_OK;
 }
 
+/* What the program matches, hashed: its element, alternative and rule arrays, byte sets and
+   token references, field by field (no struct padding), in a fixed order. Two compilations
+   of one grammar hash alike; rule names, which only messages read, are left out. */
+static uint64_t program_fingerprint(const gram_program *p) {
+    tl_hasher h;
+    tl_hash_init(&h);
+    const int32_t counts[6] = {p->n_elems, p->n_alts, p->n_rules, p->n_sets, p->n_tokens, p->root};
+    tl_hash_add(&h, counts, sizeof counts);
+    for (int i = 0; i < p->n_elems; i++) {
+        const int32_t elem[2] = {p->elems[i].kind, p->elems[i].arg};
+        tl_hash_add(&h, elem, sizeof elem);
+    }
+    tl_hash_add(&h, p->alt_start, (size_t)p->n_alts * sizeof *p->alt_start);
+    tl_hash_add(&h, p->rule_alts, ((size_t)p->n_rules + 1) * sizeof *p->rule_alts);
+    for (int i = 0; i < p->n_sets; i++) tl_hash_add(&h, p->sets[i].bits, sizeof p->sets[i].bits);
+    for (int i = 0; i < p->n_tokens; i++) {
+        const gram_token_ref *t = &p->tokens[i];
+        const int32_t ref[3] = {t->id, t->negated, t->text ? (int32_t)strlen(t->text) : -1};
+        tl_hash_add(&h, ref, sizeof ref);
+        if (t->text) tl_hash_add(&h, t->text, strlen(t->text));
+    }
+    return tl_hash_final(&h);
+}
+
 tl_status gram_wrap_program(gram_program *prog, tl_compiled_grammar **out) {
     tl_compiled_grammar *g = calloc(1, sizeof *g);
     if (!g) {
@@ -1306,6 +1330,7 @@ tl_status gram_wrap_program(gram_program *prog, tl_compiled_grammar **out) {
     }
     atomic_init(&g->refs, 1);
     g->prog = prog;
+    g->fingerprint = program_fingerprint(prog);
     g->table_budget = GRAM_TABLE_BYTES;
     if (pthread_mutex_init(&g->lock, NULL) != 0) {
         gram_program_free(prog);

@@ -335,6 +335,8 @@ typedef struct gram_tables {
 struct tl_compiled_grammar {
     atomic_int refs;
     gram_program *prog;
+    uint64_t fingerprint;        /* a hash of prog's rules (not their names): a state file records
+                                    the grammar it was generated under by it (state_file.c) */
     pthread_mutex_t lock;        /* guards everything below, and every generation's tables */
     gram_tables *tables;         /* the current generation: new matchers start on it; an older
                                     one lives until its last matcher is freed */

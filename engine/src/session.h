@@ -93,6 +93,8 @@ struct tl_session {
     bool grammar_replay;         /* a state read from a file, generated under a compiled
                                     grammar whose position the file does not hold: a resume
                                     names the grammar and replays the emitted tokens (fork.c) */
+    uint64_t grammar_fingerprint; /* with grammar_replay: that grammar's fingerprint (grammar.h),
+                                    which the named one must have; 0 in a file before version 7 */
 
     /* ---- the thinking budget (cfg.reasoning_budget): whether a block is open, the tokens it
        holds, and how many of reasoning_end's ids the budget has forced (-1: not forcing).

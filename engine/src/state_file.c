@@ -11,8 +11,8 @@
  * resume must name the grammar again, whose matcher then accepts the emitted tokens anew
  * (fork.c).
  *
- * The layout, little-endian, no padding (version 6; version 5, still read, ends the config
- * at penalties_count_prompt, version 4 at the reasoning tags, version 3 at min_tokens,
+ * The layout, little-endian, no padding (version 7; version 6, still read, has no grammar
+ * fingerprint, version 5 ends the config at penalties_count_prompt, version 4 at the reasoning tags, version 3 at min_tokens,
  * version 2 at the logit_bias entries, and version 1 at the stop strings):
  *     "TLSTATE\0"  u32 version  u64 model fingerprint (model.c)
  *     u32 kv_type  u32 vocab  u32 n_slots  u32 kv_dim
@@ -32,7 +32,8 @@
  *             i32 penalty_window penalties_count_prompt
  *             i32 keep_special_text fixed_state_seed
  *     i32 prompt_len  i32 n_tokens  i32 tokens[n_tokens]
- *     u64 rng[4]  u8 prompt_done  u8 compiled_grammar  u64 text_shown
+ *     u64 rng[4]  u8 prompt_done  u8 compiled_grammar  u64 grammar fingerprint (grammar.h;
+ *             0: none)  u64 text_shown
  *     f64 prefill_ms first_token_ms decode_ms probe_ms loops_sum
  *     i32 probes prompt_tokens_reused  i32 depth_histogram[65]
  *     i32 cache length  i32 n_entries, each: i32 logical index, i32 depth, then for every
@@ -53,15 +54,18 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "grammar.h"
 #include "kv_cache.h"
 #include "session.h"
 
 static const char STATE_MAGIC[8] = "TLSTATE";
-#define STATE_VERSION 6u
+#define STATE_VERSION 7u
 #define STATE_OLDEST_READ 1u /* a version 1 state has no logit_bias nor presence/frequency penalties,
                                 version 2 no min_p nor min_tokens, version 3 no thinking budget,
                                 version 4 no penalty_window nor penalties_count_prompt,
-                                version 5 no keep_special_text nor fixed_state_seed */
+                                version 5 no keep_special_text nor fixed_state_seed,
+                                version 6 no grammar fingerprint (any grammar that takes the
+                                tokens resumes it) */
 #define STATE_MAX_FILE_BYTES ((size_t)1 << 40)
 
 static bool host_is_little_endian(void) {
@@ -219,6 +223,7 @@ static tl_status write_state(state_writer *w, const tl_session *s) {
     const uint8_t prompt_done = s->prompt_done, compiled_grammar = s->grammar_matcher || s->grammar_replay;
     put(w, &prompt_done, 1);
     put(w, &compiled_grammar, 1);
+    put_u64(w, s->grammar_matcher ? s->grammar_matcher->g->fingerprint : s->grammar_replay ? s->grammar_fingerprint : 0);
     put_u64(w, s->text_shown);
     write_stats(w, s);
     tl_status st = write_cache(w, s);
@@ -582,13 +587,16 @@ static tl_status read_session(state_reader *r, const tl_model *m, tl_session **o
         uint8_t prompt_done = 0, compiled_grammar = 0;
         get(r, &prompt_done, 1);
         get(r, &compiled_grammar, 1);
+        const uint64_t grammar_fingerprint = r->version >= 7 ? get_u64(r) : 0;
         const uint64_t text_shown = get_u64(r);
         if (r->short_read) st = MALFORMED("the bytes end before the stats");
         else if (prompt_done > 1) st = MALFORMED("prompt_done is %u", prompt_done);
         else if (compiled_grammar > 1) st = MALFORMED("compiled_grammar is %u", compiled_grammar);
+        else if (!compiled_grammar && grammar_fingerprint) st = MALFORMED("a grammar fingerprint without a grammar");
         else if (!prompt_done && n_tokens != prompt_len) st = MALFORMED("tokens were emitted before the prompt was forwarded");
         s->prompt_done = prompt_done;
         s->grammar_replay = compiled_grammar;
+        s->grammar_fingerprint = compiled_grammar ? grammar_fingerprint : 0;
         if (st == TL_OK) st = rebuild_emitted(s);
         if (st == TL_OK && text_shown > s->text_len)
             st = MALFORMED("%llu bytes of text shown, of %zu", (unsigned long long)text_shown, s->text_len);
@@ -619,8 +627,11 @@ tl_status tl_session_state_from_bytes(const tl_model *model, const void *bytes, 
         return tl_fail(TL_ERR_UNSUPPORTED, "a state is read into the CPU backend only (this model runs on %s)",
                        model->backend->name);
     const size_t header = sizeof STATE_MAGIC + 4 + 8 + 4 * 4, trailer = 8;
-    if (len < header + trailer || memcmp(bytes, STATE_MAGIC, sizeof STATE_MAGIC) != 0)
+    if (len < sizeof STATE_MAGIC || memcmp(bytes, STATE_MAGIC, sizeof STATE_MAGIC) != 0)
         return tl_fail(TL_ERR_FORMAT, "state: not a TinyLoop state (%zu bytes, no TLSTATE header)", len);
+    if (len < header + trailer)
+        return tl_fail(TL_ERR_FORMAT, "state: %zu bytes, fewer than a state's header and checksum (%zu): truncated", len,
+                       header + trailer);
     state_reader r = {(const uint8_t *)bytes + sizeof STATE_MAGIC, len - sizeof STATE_MAGIC - trailer, false, 0};
     const uint32_t version = get_u32(&r);
     if (version < STATE_OLDEST_READ || version > STATE_VERSION)

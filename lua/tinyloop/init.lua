@@ -685,7 +685,8 @@ function Session:detach()
     if self.model.ptr == nil then raise("session:detach(): the model is closed; a detached session needs it open") end
     local p = self.ptr
     ffi_gc(p, nil)
-    self.ptr, self.done = nil, true
+    -- (a step or a batch names why it has finished)
+    self.ptr, self.done, self.error = nil, true, "detached by session:detach(): its C session is the caller's"
     model_release(self.model.handle)
     return p
 end
@@ -1174,6 +1175,24 @@ end
 local HOOK_FIELDS = { grammar = true }
 for _, hook in ipairs(LUA_HOOKS) do HOOK_FIELDS[hook] = true end
 
+-- A saved state: { ptr, ctx (the hooks and token/text mirrors it continues with), model }.
+local State = {}
+State.__index = State
+
+-- The token/text mirrors of a sequence (tokens: prompt + emitted, prompt_len of them the
+-- prompt's) that has had no Lua hooks: what on_token would have recorded had they run since
+-- the prompt (stop_when's text is the session's text, without special tokens' text).
+local function mirrors_of(model, tokens, prompt_len)
+    local ctx = { model = model.handle.raw, has_tokenizer = model.has_tokenizer, bytes = ffi_new("const char *[1]"),
+                  len = ffi_new("size_t[1]") }
+    local pieces = {}
+    for i = prompt_len + 1, #tokens do
+        local text = token_text(ctx, tokens[i])
+        if text and C.tl_token_is_special(model.ptr, tokens[i]) == 0 then pieces[#pieces + 1] = text end
+    end
+    return { tokens = tokens, pieces = pieces, prompt_len = prompt_len }
+end
+
 -- The hook context and C hook fields of a branch of `session` (a session or a saved state):
 -- its own hooks, the parent's where `hooks` does not replace them, and its own token/text
 -- mirrors (a copy of the parent's). Returns the C config (or nil: keep the parent's, there
@@ -1200,6 +1219,14 @@ local function branch_hooks(session, hooks, what)
     if not (has_lua_hooks(cfg) or cfg.grammar) then return nil, {}, nil, nil end
     local c, keep, ctx, compiled_grammar = make_config(session.model, cfg)
     if not ctx then return c, keep, nil, compiled_grammar end -- a compiled grammar alone: no Lua hooks to mirror for
+    -- (a parent without Lua hooks kept no mirrors: the branch's hooks still see the whole text)
+    if not session.ctx then
+        if getmetatable(session) == State then
+            parent = mirrors_of(session.model, session:tokens())
+        else
+            parent = mirrors_of(session.model, session:tokens(), C.tl_session_stats(session.ptr).prompt_tokens)
+        end
+    end
     for i, t in ipairs(parent.tokens or {}) do ctx.tokens[i] = t end
     for i, p in ipairs(parent.pieces or {}) do ctx.pieces[i] = p end
     ctx.prompt_len = parent.prompt_len or 0
@@ -1227,9 +1254,6 @@ function Session:fork(hooks)
     return wrap_session(self.model, branch_out[0], ctx, keep, compiled_grammar)
 end
 
--- A saved state: { ptr, ctx (the hooks and token/text mirrors it continues with), model }.
-local State = {}
-State.__index = State
 
 local state_out = ffi_new("tl_session_state *[1]")
 
@@ -1313,17 +1337,10 @@ function State:tokens()
 end
 
 -- The state in state_out[0], read back from bytes, with the token/text mirrors it continues
--- with (what on_token would have recorded had the hooks run since the prompt).
+-- with (mirrors_of).
 local function read_back_state(model)
     local state = wrap_state(model, state_out[0], nil)
-    local tokens, prompt_len = state:tokens()
-    local ctx = { model = model.handle.raw, has_tokenizer = model.has_tokenizer, tokens = tokens, pieces = {},
-                  prompt_len = prompt_len, bytes = ffi_new("const char *[1]"), len = ffi_new("size_t[1]") }
-    for i = prompt_len + 1, #tokens do
-        local text = token_text(ctx, tokens[i])
-        if text and C.tl_token_is_special(model.ptr, tokens[i]) == 0 then ctx.pieces[#ctx.pieces + 1] = text end
-    end
-    state.ctx = { tokens = ctx.tokens, pieces = ctx.pieces, prompt_len = prompt_len }
+    state.ctx = mirrors_of(model, state:tokens())
     return state
 end
 

@@ -191,6 +191,11 @@ static bool copy_with_other_weight(const char *dir, const char *out) {
     return fclose(f) == 0 && ok;
 }
 
+/* Where refusals' state (4 prompt tokens, 5 emitted, no grammar) holds the grammar
+   fingerprint: after the 208 bytes up to its tokens, the 9 tokens, the RNG, prompt_done and
+   compiled_grammar. */
+#define GRAMMAR_FINGERPRINT_AT (208 + 4 * 9 + 32 + 2)
+
 static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, const char *other_dir) {
     const int32_t prompt[4] = {5, 6, 7, 8};
     tl_generate_config cfg;
@@ -243,25 +248,28 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     const size_t cuts[] = {len - 1, len - 8, len / 2, 45};
     for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++)
         CHECK_ERROR(tl_session_state_from_bytes(m, bytes, cuts[i], &out), TL_ERR_FORMAT, "checksum mismatch");
-    CHECK_ERROR(tl_session_state_from_bytes(m, bytes, 20, &out), TL_ERR_FORMAT, "not a TinyLoop state");
+    CHECK_ERROR(tl_session_state_from_bytes(m, bytes, 20, &out), TL_ERR_FORMAT, "20 bytes, fewer than a state's header");
+    CHECK_ERROR(tl_session_state_from_bytes(m, bytes, 5, &out), TL_ERR_FORMAT, "not a TinyLoop state");
     CHECK_ERROR(tl_session_state_from_bytes(m, "{\"not\": \"a state\"}", 18, &out), TL_ERR_FORMAT, "not a TinyLoop state");
     memcpy(copy, bytes, len);
-    copy[8] = 7; /* version 7: a later build's */
-    CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "version 7");
+    copy[8] = 8; /* version 8: a later build's */
+    CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "version 8");
 
-    /* Older layouts are still read, and resume as this one does: version 5 (before
-       keep_special_text and fixed_state_seed: this one's bytes without their 8, at 192),
+    /* Older layouts are still read, and resume as this one does: version 6 (before the
+       grammar fingerprint: this one's bytes without its 8, at GRAMMAR_FINGERPRINT_AT, 0 here),
+       version 5 (also before keep_special_text and fixed_state_seed: without their 8, at 192),
        version 4 (also before penalty_window and penalties_count_prompt: without 16 at 184),
        version 3 (also before the thinking budget: without 32 at 168), version 2 (also before
        min_p and min_tokens: without 40 at 160) and version 1 (also before logit_bias and the
        presence and frequency penalties: without 52 bytes at 148). */
     const struct { uint8_t version; size_t at, cut; } older[] = {
-        {5, 192, 8}, {4, 184, 16}, {3, 168, 32}, {2, 160, 40}, {1, 148, 52}};
+        {6, 0, 0}, {5, 192, 8}, {4, 184, 16}, {3, 168, 32}, {2, 160, 40}, {1, 148, 52}};
     for (size_t i = 0; i < sizeof older / sizeof *older; i++) {
-        const size_t at = older[i].at, cut = older[i].cut;
+        const size_t at = older[i].at, cut = older[i].cut + 8, fp = GRAMMAR_FINGERPRINT_AT;
         uint8_t *old_bytes = malloc(len - cut);
-        memcpy(old_bytes, bytes, at);
-        memcpy(old_bytes + at, (const uint8_t *)bytes + at + cut, len - at - cut);
+        memcpy(old_bytes, bytes, at);                                         /* up to the config's cut */
+        memcpy(old_bytes + at, (const uint8_t *)bytes + at + older[i].cut, fp - at - older[i].cut); /* to the fingerprint */
+        memcpy(old_bytes + fp - older[i].cut, (const uint8_t *)bytes + fp + 8, len - fp - 8);        /* after it */
         old_bytes[8] = older[i].version;
         fix_checksum(old_bytes, len - cut);
         tl_session_state *old = NULL;
@@ -271,7 +279,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
         size_t again_len = 0;
         CHECK(old && tl_session_state_to_bytes(old, &again, &again_len) == TL_OK && again_len == len &&
                   memcmp(again, bytes, len) == 0,
-              "a version %d state reads as the same state (rewritten as version 6: the same bytes)", older[i].version);
+              "a version %d state reads as the same state (rewritten as version 7: the same bytes)", older[i].version);
         tl_free(again);
         tl_session_state_free(old);
         free(old_bytes);
@@ -308,6 +316,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
         {36, 5, TL_ERR_FORMAT, "reached max_tokens = 5"}, /* 5 emitted: it had finished */
         {208 + 4 * 9 + 32, 2, TL_ERR_FORMAT, "prompt_done is 2"}, /* after the tokens and the RNG */
         {208 + 4 * 9 + 32, 1 | 2 << 8, TL_ERR_FORMAT, "compiled_grammar is 2"}, /* the next byte */
+        {GRAMMAR_FINGERPRINT_AT, 1, TL_ERR_FORMAT, "a grammar fingerprint without a grammar"},
         {208 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
         {208, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
     };
@@ -319,8 +328,9 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
         CHECK(out == NULL, "field at %zu: a refused state is NULL", fields[i].at);
     }
     /* The cache part: length and the first entry's index and depth (after the fixed-size
-       part: tokens, rng, prompt_done, text_shown, 5 f64, 2 + 65 i32). */
-    const size_t cache_at = 208 + 4 * 9 + 32 + 2 + 8 + 40 + 4 * 67;
+       part: tokens, rng, prompt_done, compiled_grammar, the grammar fingerprint, text_shown,
+       5 f64, 2 + 65 i32). */
+    const size_t cache_at = GRAMMAR_FINGERPRINT_AT + 8 + 8 + 40 + 4 * 67;
     struct { size_t at; int32_t value; const char *needle; } cache_fields[] = {
         {cache_at, 3, "the cache holds 3 entries"},
         {cache_at + 4, 99, "cache entries for a length"},
@@ -457,8 +467,52 @@ static void compiled_grammar_states(const tl_model *m) {
     CHECK_ERROR(tl_session_resume(m, state, NULL, &resumed), TL_ERR_INVALID_ARGUMENT, "pass that grammar to resume");
     CHECK_ERROR(tl_session_resume(m, state, &hooks, &resumed), TL_ERR_INVALID_ARGUMENT, "pass that grammar to resume");
     hooks.grammar = &with_digits;
-    CHECK_ERROR(tl_session_resume(m, state, &hooks, &resumed), TL_ERR_INVALID_ARGUMENT, "is not allowed by the grammar");
+    CHECK_ERROR(tl_session_resume(m, state, &hooks, &resumed), TL_ERR_INVALID_ARGUMENT, "not the one the state was generated under");
     CHECK(resumed == NULL, "a refused resume gives no session");
+    /* another grammar that takes every token emitted so far (letters, spaces and commas) is
+       still another grammar: refused by the fingerprint the file holds, where it resumed and
+       then wrote commas */
+    tl_compiled_grammar *wider = NULL;
+    const char *wider_gbnf = "root ::= [a-z ,]+";
+    CHECK(tl_grammar_compile_gbnf(wider_gbnf, strlen(wider_gbnf), &wider) == TL_OK, "%s", tl_last_error());
+    tl_grammar with_wider;
+    tl_grammar_use(&with_wider, wider);
+    hooks.grammar = &with_wider;
+    CHECK_ERROR(tl_session_resume(m, state, &hooks, &resumed), TL_ERR_INVALID_ARGUMENT, "not the one the state was generated under");
+    /* a version 6 file holds no fingerprint: a grammar is checked by the tokens it takes */
+    {
+        uint8_t *v6 = malloc(len - 8);
+        const size_t fp = GRAMMAR_FINGERPRINT_AT; /* (the same prompt and number of tokens) */
+        memcpy(v6, bytes, fp);
+        memcpy(v6 + fp, (const uint8_t *)bytes + fp + 8, len - fp - 8);
+        v6[8] = 6;
+        fix_checksum(v6, len - 8);
+        tl_session_state *old = NULL;
+        CHECK(tl_session_state_from_bytes(m, v6, len - 8, &old) == TL_OK, "version 6: %s", tl_last_error());
+        hooks.grammar = &with_digits;
+        CHECK_ERROR(tl_session_resume(m, old, &hooks, &resumed), TL_ERR_INVALID_ARGUMENT, "is not allowed by the grammar");
+        hooks.grammar = &with_letters;
+        CHECK(tl_session_resume(m, old, &hooks, &resumed) == TL_OK, "version 6 resumed: %s", tl_last_error());
+        if (resumed) run(resumed, 1000);
+        CHECK(resumed && same_run(resumed, whole), "a version 6 state resumed under its grammar, the run differs");
+        tl_session_free(resumed);
+        resumed = NULL;
+        tl_session_state_free(old);
+        free(v6);
+    }
+    /* the same grammar compiled anew has the same fingerprint: resumed */
+    tl_compiled_grammar *letters_again = NULL;
+    CHECK(tl_grammar_compile_gbnf(letters_gbnf, strlen(letters_gbnf), &letters_again) == TL_OK, "%s", tl_last_error());
+    tl_grammar with_letters_again;
+    tl_grammar_use(&with_letters_again, letters_again);
+    hooks.grammar = &with_letters_again;
+    CHECK(tl_session_resume(m, state, &hooks, &resumed) == TL_OK, "the grammar compiled anew: %s", tl_last_error());
+    if (resumed) run(resumed, 1000);
+    CHECK(resumed && same_run(resumed, whole), "resumed under its grammar compiled anew, the run differs");
+    tl_session_free(resumed);
+    resumed = NULL;
+    tl_compiled_grammar_free(letters_again);
+    tl_compiled_grammar_free(wider);
     hooks.grammar = &with_letters;
     for (int twice = 0; twice < 2; twice++) {
         CHECK(tl_session_resume(m, state, &hooks, &resumed) == TL_OK, "resume: %s", tl_last_error());

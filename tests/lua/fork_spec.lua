@@ -53,6 +53,23 @@ describe("forks and saved states", function()
         assert.is_true(#table.concat(texts) > 0, "the fork's on_token got its texts")
     end)
 
+    -- A session without Lua hooks keeps no token/text mirrors: a branch's stop_when saw only the
+    -- text generated since the fork (a fork, an in-memory resume) and ran on past the rule.
+    it("shows a branch of a session without Lua hooks the whole text (fork, resume in memory and from bytes)", function()
+        local rule = function(_, text) return #text >= 6 end
+        local cfg = { max_tokens = 20, ignore_eos = true }
+        local whole = finish(assert(m:session(prompt, { max_tokens = 20, ignore_eos = true, stop_when = rule })))
+        local parent = assert(m:session(prompt, cfg))
+        parent:step()
+        parent:step()
+        local state = assert(parent:save())
+        assert.is_true(#m:decode(H.slice(parent:tokens(), #m:encode(prompt) + 1)) < 6, "the rule has not fired at the fork")
+        for _, branch in ipairs({ assert(parent:fork({ stop_when = rule })), assert(m:resume(state, { stop_when = rule })),
+                                  assert(m:resume(assert(m:state_from_bytes(assert(state:bytes()))), { stop_when = rule })) }) do
+            assert.same(whole, finish(branch))
+        end
+    end)
+
     it("gives a branch its own hooks, and its own text", function()
         local parent = assert(m:session(prompt, { max_tokens = 12, ignore_eos = true }))
         for _ = 1, 3 do parent:step() end
@@ -169,7 +186,12 @@ describe("forks and saved states", function()
         local state = assert(m:state_from_bytes(assert(assert(s:save()):bytes())))
         H.error_contains(function() m:resume(state) end, "pass that grammar to resume")
         local digits = assert(H.tinyloop.grammar.gbnf("root ::= [0-9]+"))
-        H.error_contains(function() m:resume(state, { grammar = digits }) end, "is not allowed by the grammar")
+        H.error_contains(function() m:resume(state, { grammar = digits }) end, "not the one the state was generated under")
+        -- (one that takes every token so far, and more, is another grammar all the same)
+        local wider = assert(H.tinyloop.grammar.gbnf("root ::= [a-z ,.]+"))
+        H.error_contains(function() m:resume(state, { grammar = wider }) end, "not the one the state was generated under")
+        local letters_again = assert(H.tinyloop.grammar.gbnf("root ::= [a-z ]+"))
+        assert.same(whole, finish(assert(m:resume(state, { grammar = letters_again }))))
         assert.same(whole, finish(assert(m:resume(state, { grammar = letters }))))
     end)
 
