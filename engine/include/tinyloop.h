@@ -593,7 +593,8 @@ tl_status tl_session_logprobs(tl_session *session, int top, float *logprob, int3
    takes the hook fields of *hooks (on_token, stop_rule, logits_processor, depth_policy, their user
    pointers, grammar) and nothing else from it. A compiled grammar is per session: the child
    gets its own copy of the parent's, at the parent's state (also when *hooks names that same
-   compiled grammar); another compiled grammar starts from its start. Plain decoding only: a speculative or beam
+   compiled grammar, or the same rules compiled anew); another compiled grammar starts from
+   its start. Plain decoding only: a speculative or beam
    session, a finished one and one that is stepping are refused. */
 tl_status tl_session_fork(const tl_session *parent, const tl_generate_config *hooks, tl_session **child);
 

@@ -25,9 +25,21 @@ static tl_status check_clonable(const tl_session *s, const char *what) {
     return TL_OK;
 }
 
+/* The branch's new matcher takes the emitted tokens again, to the source's position. */
+static tl_status accept_emitted(tl_session *s) {
+    for (int i = s->prompt_len; i < s->n_tokens; i++)
+        if (tl_grammar_matcher_accept(s->grammar_matcher, s->tokens[i]) != TL_OK)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                           "the state's token %d (id %d) is not allowed by the grammar passed to resume: not the "
+                           "grammar it was generated under", i, s->tokens[i]);
+    return TL_OK;
+}
+
 /* The grammar of a clone: the source's compiled grammar continues from the source's state
-   (a copy of its matcher; also when the branch's hooks name that same compiled grammar),
-   another compiled grammar starts from its start state, a callback grammar is the caller's. */
+   (a copy of its matcher; also when the branch's hooks name that same compiled grammar, or
+   the same rules compiled anew, whose matcher takes the emitted tokens again: a caller that
+   compiles per request branches as a state file resumes), another compiled grammar starts
+   from its start state, a callback grammar is the caller's. */
 static tl_status clone_grammar(tl_session *s, const tl_session *src, const tl_generate_config *hooks) {
     const tl_grammar *g = hooks ? hooks->grammar : src->cfg.grammar ? &src->grammar : NULL;
     s->cfg.grammar = g ? &s->grammar : NULL;
@@ -37,12 +49,17 @@ static tl_status clone_grammar(tl_session *s, const tl_session *src, const tl_ge
         if (st == TL_OK) gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
         return st;
     }
-    return tl_session_set_grammar(s, g);
+    tl_status st = tl_session_set_grammar(s, g);
+    if (st == TL_OK && src->grammar_matcher && s->grammar_matcher &&
+        s->grammar_matcher->g->fingerprint == src->grammar_matcher->g->fingerprint)
+        st = accept_emitted(s);
+    return st;
 }
 
 /* A state read from a file that was generated under a compiled grammar holds the tokens,
    not the matcher's position (state_file.c): the branch's compiled grammar, which its hooks
-   must name, gets there by accepting the emitted tokens again. */
+   must name (its rules: the fingerprint the file holds, from layout version 7), gets there by
+   accepting the emitted tokens again. */
 static tl_status replay_grammar(tl_session *s) {
     s->grammar_replay = false;
     if (!s->grammar_matcher)
@@ -52,12 +69,7 @@ static tl_status replay_grammar(tl_session *s) {
     if (s->grammar_fingerprint && s->grammar_fingerprint != s->grammar_matcher->g->fingerprint)
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
                        "the grammar passed to resume is not the one the state was generated under (its rules differ)");
-    for (int i = s->prompt_len; i < s->n_tokens; i++)
-        if (tl_grammar_matcher_accept(s->grammar_matcher, s->tokens[i]) != TL_OK)
-            return tl_fail(TL_ERR_INVALID_ARGUMENT,
-                           "the state's token %d (id %d) is not allowed by the grammar passed to resume: not the "
-                           "grammar it was generated under", i, s->tokens[i]);
-    return TL_OK;
+    return accept_emitted(s);
 }
 
 /* The hook fields of *hooks (or the source's when NULL); the grammar is clone_grammar's. */

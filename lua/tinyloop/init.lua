@@ -120,6 +120,14 @@ local function token_text(ctx, id)
     return ffi_string(ctx.bytes[0], ctx.len[0])
 end
 
+-- A generated token's piece of the text stop_when sees (ctx.pieces), or nil: special tokens
+-- are control, not text, as in the session's text (tl_session_text), whose keep_special_text
+-- the mirrors do not follow.
+local function text_piece(ctx, id, text)
+    if text and C.tl_token_is_special(ctx.model, id) == 0 then return text end
+    return nil
+end
+
 local function fail(ctx, err)
     ctx.err = err
     return C.TL_HOOK_ERROR
@@ -149,10 +157,7 @@ local on_token_cb = ffi_cast("tl_on_token_hook", function(user, token, position)
     local t = ctx.tokens
     if #t == position then t[position + 1] = token end
     local text = token_text(ctx, token)
-    -- stop_when's text is the session's text (tl_session_text), without special tokens' text
-    if text and position >= ctx.prompt_len and C.tl_token_is_special(ctx.model, token) == 0 then
-        ctx.pieces[#ctx.pieces + 1] = text
-    end
+    if position >= ctx.prompt_len then ctx.pieces[#ctx.pieces + 1] = text_piece(ctx, token, text) end
     if not ctx.on_token then return C.TL_HOOK_CONTINUE end
     local ok, r = call_hook(ctx, ctx.on_token, token, position, text)
     if not ok then return fail(ctx, r) end
@@ -570,6 +575,12 @@ local function release(self)
     if self.ctx then registry[self.ctx.key] = nil end
 end
 
+-- Why a finished session is: its stop reason, its error, or its detaching (session:detach).
+local function finished_why(s)
+    if s.detached then return "detached by session:detach(): its C session is the caller's" end
+    return tostring(s.stop_reason or s.error)
+end
+
 -- session:step() -> id (or -1), the text that became safe to show ("" without a
 -- tokenizer), and the stop reason once generation ends (false before); nil, err on a
 -- runtime failure (the session is then finished).
@@ -578,7 +589,7 @@ end
 function Session:step()
     not_in_batch(self, "step")
     if self.ptr == nil and not self.done then raise("session:step(): the session is closed") end
-    if self.done then raise("session has already finished (" .. tostring(self.stop_reason or self.error) .. ")") end
+    if self.done then raise("session has already finished (" .. finished_why(self) .. ")") end
     local step_token, step_stop = self.step_token, self.step_stop
     local st = C.tl_session_step(self.ptr, step_token, step_stop)
     if st ~= 0 then
@@ -685,8 +696,7 @@ function Session:detach()
     if self.model.ptr == nil then raise("session:detach(): the model is closed; a detached session needs it open") end
     local p = self.ptr
     ffi_gc(p, nil)
-    -- (a step or a batch names why it has finished)
-    self.ptr, self.done, self.error = nil, true, "detached by session:detach(): its C session is the caller's"
+    self.ptr, self.done, self.detached = nil, true, true
     model_release(self.model.handle)
     return p
 end
@@ -1065,7 +1075,7 @@ function Model:step_batch(sessions, opts)
         seen[s] = i
         if s.model ~= self then raise(("model:step_batch(): sessions[%d] is another model's"):format(i)) end
         if s.done then
-            raise(("model:step_batch(): sessions[%d] has already finished (%s)"):format(i, tostring(s.stop_reason or s.error)))
+            raise(("model:step_batch(): sessions[%d] has already finished (%s)"):format(i, finished_why(s)))
         end
         if s.ptr == nil then raise(("model:step_batch(): sessions[%d] is closed"):format(i)) end
         ptrs[i - 1] = s.ptr
@@ -1181,15 +1191,12 @@ State.__index = State
 
 -- The token/text mirrors of a sequence (tokens: prompt + emitted, prompt_len of them the
 -- prompt's) that has had no Lua hooks: what on_token would have recorded had they run since
--- the prompt (stop_when's text is the session's text, without special tokens' text).
+-- the prompt (text_piece).
 local function mirrors_of(model, tokens, prompt_len)
     local ctx = { model = model.handle.raw, has_tokenizer = model.has_tokenizer, bytes = ffi_new("const char *[1]"),
                   len = ffi_new("size_t[1]") }
     local pieces = {}
-    for i = prompt_len + 1, #tokens do
-        local text = token_text(ctx, tokens[i])
-        if text and C.tl_token_is_special(model.ptr, tokens[i]) == 0 then pieces[#pieces + 1] = text end
-    end
+    for i = prompt_len + 1, #tokens do pieces[#pieces + 1] = text_piece(ctx, tokens[i], token_text(ctx, tokens[i])) end
     return { tokens = tokens, pieces = pieces, prompt_len = prompt_len }
 end
 

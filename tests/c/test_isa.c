@@ -81,8 +81,9 @@ static bool wrote_outside(const float *y, int rows, int cols, int n, int o0, int
    k = 3: the leftover alone), column ranges of 1 to 3 panels from the first or the second
    (one panel, a pair of whole panels, a pair whose second is partial, a pair and an odd
    last panel, each last panel whole or partial) and, for one to three rows, of up to 11
-   panels (AVX-512 reads the panels of 1, 2 and 3 rows as 4, 3 and 2 parts side by side: one
-   to three panels a part and the panels left, each last one whole or partial), each weight
+   panels (AVX-512 reads the panels of 1, 2 and 3 rows as up to 4, 3 and 2 parts side by
+   side, the last part shorter where they do not divide: one to three panels a part, each
+   last one whole or partial), each weight
    dtype, with and without a
    bias: each kernel family's packed matmul equals the generic one bit for bit, and so does
    a row computed on its own (a row's result never depends on the tile it landed in), and
@@ -177,10 +178,11 @@ static int check_packed_rows(const tl_kernels *const *families, int n_families) 
     return compared;
 }
 
-/* q8/q4 kernels on their own, every row count from 1 to 9 (VNNI's tiles of 4, 2, 1, its q4
-   two-panel tiles of 4 and 2 with a last row alone, AVX2's of 2, 1), column ranges of 1 to 9
-   panels from the first or the second, whole or partial (a single row's panels read as four
-   parts side by side, 1 or 2 panels a part, the rest alone), with and without a bias: each
+/* q8/q4 kernels on their own, every row count from 1 to 9 (tiles of 1 to 3 rows over 1 to
+   4 panels, VNNI's q4 two-panel tiles of 4 and 2 with a last row alone and one-panel tiles
+   of 4, 2 and 1 rows for an odd last panel), column ranges of 1 to 9 panels from the first
+   or the second, whole or partial (a single row's panels read as up to four parts side by
+   side, 1 to 3 panels a part, the last part shorter), with and without a bias: each
    family equals the generic kernel bit for bit, so does a row alone, and nothing outside
    the rows and columns asked for is written. The weights span their whole range (q8 bytes 1..255, i.e.
    q = -127..127; every nibble) and the activations include an all-zero group and groups

@@ -482,7 +482,10 @@ static void compiled_grammar_states(const tl_model *m) {
     /* a version 6 file holds no fingerprint: a grammar is checked by the tokens it takes */
     {
         uint8_t *v6 = malloc(len - 8);
-        const size_t fp = GRAMMAR_FINGERPRINT_AT; /* (the same prompt and number of tokens) */
+        int32_t n_tokens = 0; /* (at 204, after the same config as refusals': no stop rules) */
+        memcpy(&n_tokens, (const uint8_t *)bytes + 204, 4);
+        const size_t fp = 208 + 4 * (size_t)n_tokens + 32 + 2;
+        CHECK(n_tokens == 9, "the state under a grammar holds %d tokens (4 + 5)", n_tokens);
         memcpy(v6, bytes, fp);
         memcpy(v6 + fp, (const uint8_t *)bytes + fp + 8, len - fp - 8);
         v6[8] = 6;

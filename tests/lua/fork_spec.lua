@@ -109,6 +109,20 @@ describe("forks and saved states", function()
         assert.truthy(digits:matches(text), text)
     end)
 
+    -- The same rules compiled anew (a caller that compiles per request): a branch continues at
+    -- the parent's position, as a state file's resume does (it started the grammar over, where
+    -- "Mr" was due again).
+    it("continues a branch at the parent's grammar position when its hooks name the same grammar compiled anew", function()
+        local text = 'root ::= "Mr" [a-z ]+ "."'
+        local cfg = { max_tokens = 16, temperature = 0.8, sample_seed = 3, grammar = assert(H.tinyloop.grammar.gbnf(text)) }
+        local whole = finish(assert(m:session(prompt, cfg)))
+        local parent = assert(m:session(prompt, cfg))
+        for _ = 1, 4 do parent:step() end
+        local state = assert(parent:save())
+        assert.same(whole, finish(assert(parent:fork({ grammar = assert(H.tinyloop.grammar.gbnf(text)) }))))
+        assert.same(whole, finish(assert(m:resume(state, { grammar = assert(H.tinyloop.grammar.gbnf(text)) }))))
+    end)
+
     it("saves a state that outlives its session and resumes it, on its model only", function()
         local cfg = { max_tokens = 20, ignore_eos = true }
         local whole = finish(assert(m:session(prompt, cfg)))

@@ -809,7 +809,27 @@ describe("server", function()
     -- A request's strings are taken as bytes; an answer that quotes them must still be UTF-8
     -- (JSON clients refuse others): every answer and event is written as valid UTF-8.
     it("answers valid UTF-8 where it quotes a request's bytes that are not (a field name, a stop string, instructions)", function()
-        local function valid(body) return request.valid_utf8(body) == body end
+        -- (its own check, not the server's rule: each lead byte followed by the continuation
+        -- bytes it takes, the second in its range; no other byte above 0x7F)
+        local function valid(body)
+            local i, n = 1, #body
+            while i <= n do
+                local c = body:byte(i)
+                local len = c < 0x80 and 1 or (c >= 0xC2 and c <= 0xDF) and 2 or (c >= 0xE0 and c <= 0xEF) and 3
+                    or (c >= 0xF0 and c <= 0xF4) and 4 or nil
+                if not len or i + len - 1 > n then return false end
+                for k = 1, len - 1 do
+                    local b = body:byte(i + k)
+                    local lo = k == 1 and ((c == 0xE0 and 0xA0) or (c == 0xF0 and 0x90)) or 0x80
+                    local hi = k == 1 and ((c == 0xED and 0x9F) or (c == 0xF4 and 0x8F)) or 0xBF
+                    if b < lo or b > hi then return false end
+                end
+                i = i + len
+            end
+            return true
+        end
+        assert.is_false(valid("a\255b"))
+        assert.is_false(valid("\226\130"))
         local status, body = post('{"prompt": "a", "max_tokens": 2, "\xff": 1}')
         assert.equal(400, status)
         assert.truthy(valid(body), body)
@@ -3869,11 +3889,12 @@ describe("server request parsing", function()
     end)
     it("reads a seed modulo 2^53 (OpenAI's and vLLM's APIs take any 64-bit integer)", function()
         for seed, want in pairs({ ["-1"] = 2 ^ 53 - 1, ["-5"] = 2 ^ 53 - 5, ["7"] = 7, ["9007199254740993"] = 0,
-                                  ["-9223372036854775808"] = 0, ["9223372036854775807"] = 0, ["18446744073709549568"] = 2 ^ 53 - 2048 }) do
+                                  ["-9223372036854775808"] = 0, ["9223372036854775807"] = 0, ["18446744073709549568"] = 2 ^ 53 - 2048,
+                                  ["18446744073709551615"] = 0 }) do
             local r = assert(request.parse(('{"prompt": [1], "max_tokens": 2, "seed": %s}'):format(seed), fake, "m"))
             assert.equal(want, r.cfg.sample_seed, seed)
         end
-        for _, seed in ipairs({ "1.5", "18446744073709551616", "-9223372036854777856", "1e30", '"7"' }) do
+        for _, seed in ipairs({ "1.5", "18446744073709555712", "-9223372036854777856", "1e30", '"7"' }) do
             local _, e = request.parse(('{"prompt": [1], "max_tokens": 2, "seed": %s}'):format(seed), fake, "m")
             assert.same({ "seed", "seed must be an integer" }, { e.param, e.message }, seed)
         end

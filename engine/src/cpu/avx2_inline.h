@@ -130,9 +130,10 @@ static inline void store_tile(const float *out, int rows, int per_row, int p, in
    result does not depend on the tile it lands in (kernels.h). */
 typedef void (*qtile_fn)(const tl_qrows *x, int row0, int k, const uint8_t *panel, size_t stride, float *out);
 
-/* The packed q8/q4 product over panels [o0, o1) (tl_kernels.qmatmul_packed): each panel's rows
-   in tiles of 4, 2 and 1 rows (tiles[0..2]; tiles[0] NULL where an ISA has no 4-row tile),
-   then + bias into y. A row's result is its tile's, whichever tile it lands in (kernels.h). */
+/* The packed q8/q4 product over panels [o0, o1), one panel at a time (VNNI's q4 pairs' odd
+   last panel): each panel's rows in tiles of 4, 2 and 1 rows (tiles[0..2]; tiles[0] NULL: no
+   4-row tile), then + bias into y. A row's result is its tile's, whichever tile it lands in
+   (kernels.h). */
 static inline void qmatmul_panels(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt, const float *bias,
                                   int o0, int o1, float *y, int ldy, const qtile_fn tiles[3]) {
     const size_t panel_bytes = tl_panel_bytes(dt, k);
@@ -149,35 +150,51 @@ static inline void qmatmul_panels(const tl_qrows *x, int n, int k, const void *w
     }
 }
 
-/* The packed q8/q4 product of n rows over [o0, o1): its panels as at most P parts of
-   `part` panels each (the last may be shorter) read side by side, a tile taking panel g of
-   every part at once, so that each of its prefetch streams walks a contiguous part
-   (FEW_ROWS_PANELS' way for float weights: one stream read memory at the rate of one panel
-   at a time, about 20-23 GB/s here where the memory gives 40). A short last part leaves
-   its stream past its end: the tiles then take one panel fewer. Every panel is read in a
-   stream: P equal parts and the few panels left one at a time read a task's share of a
-   small matrix badly (at two threads GPT-2's MLP down projection is cut in tasks of 6
-   panels, a third of which went one at a time: 7.6% of a q4 token's bytes at about 10% of
-   its product time). by_width[W - 1][R - 1] is the tile of R rows (1 to 3) over W panels
-   (1 to P, at most 4); the rows go in groups of 3 (2 + 2 for the last 4), which the later
-   groups read from cache. The range's last panel, possibly partial, is the last part's
-   last. */
+/* How a few-row product lays a range's `count` panels out as at most P parts read side by
+   side (qmatmul_rows_parts, FEW_ROWS_PANELS), each walked by its own prefetch stream: parts
+   of `part` panels (the last may be shorter: `last` panels), so that every panel is read in a
+   stream. P equal parts left up to P - 1 panels over, read one at a time at a fraction of the
+   rate: at two threads GPT-2's MLP down projection is cut in tasks of 6 panels, a third of
+   which went so (q4: 7.6% of a token's bytes at about 10% of its product time). At step g
+   the tile reads panel g of every part, `parts` wide, or one panel fewer once g reaches the
+   last part's end (stream_width). */
+typedef struct stream_parts {
+    int part;  /* panels a part: the distance between the streams, in panels */
+    int parts; /* 1 to P */
+    int last;  /* the last part's panels, 1 to part */
+} stream_parts;
+
+static inline stream_parts stream_parts_of(int count, int P) {
+    stream_parts sp = {0, 0, 0};
+    if (count < 1) return sp;
+    sp.part = (count + P - 1) / P;
+    sp.parts = (count + sp.part - 1) / sp.part;
+    sp.last = count - (sp.parts - 1) * sp.part;
+    return sp;
+}
+
+static inline int stream_width(const stream_parts *sp, int g) { return g < sp->last ? sp->parts : sp->parts - 1; }
+
+/* The first column of part p's panel g, in a range from column o0. */
+static inline int stream_col(const stream_parts *sp, int o0, int p, int g) { return o0 + (p * sp->part + g) * TL_PANEL; }
+
+/* The packed q8/q4 product of n rows over [o0, o1): its panels as stream parts
+   (stream_parts_of), by_width[W - 1][R - 1] the tile of R rows (1 to 3) over W panels (1 to
+   P, at most 4). The rows go in groups of 3 (2 + 2 for the last 4), which the later groups
+   read from cache. The range's last panel, possibly partial, is the last part's last. */
 static inline void qmatmul_rows_parts(const tl_qrows *x, int n, int k, const void *w, tl_dtype dt, const float *bias,
                                       int o0, int o1, float *y, int ldy, const qtile_fn by_width[4][3], int P) {
     const size_t panel_bytes = tl_panel_bytes(dt, k);
     float out[3 * 4 * TL_PANEL]; /* R <= 3, P <= 4 */
-    const int count = (o1 - o0 + TL_PANEL - 1) / TL_PANEL;
-    if (count < 1) return;
-    const int part = (count + P - 1) / P, parts = (count + part - 1) / part;
-    const int last = count - (parts - 1) * part; /* the last part's panels, 1 to part */
-    for (int g = 0; g < part; g++) {
-        const int width = g < last ? parts : parts - 1;
+    const stream_parts sp = stream_parts_of((o1 - o0 + TL_PANEL - 1) / TL_PANEL, P);
+    for (int g = 0; g < sp.part; g++) {
+        const int width = stream_width(&sp, g);
         const uint8_t *panel = (const uint8_t *)w + (size_t)(o0 / TL_PANEL + g) * panel_bytes;
         for (int r = 0; r < n;) {
             const int left = n - r, rows = left == 4 ? 2 : left >= 3 ? 3 : left;
-            by_width[width - 1][rows - 1](x, r, k, panel, (size_t)part * panel_bytes, out);
+            by_width[width - 1][rows - 1](x, r, k, panel, (size_t)sp.part * panel_bytes, out);
             for (int p = 0; p < width; p++) {
-                const int col = o0 + (p * part + g) * TL_PANEL;
+                const int col = stream_col(&sp, o0, p, g);
                 store_tile(out, rows, width, p, o1 - col < TL_PANEL ? o1 - col : TL_PANEL, bias, col,
                            y + (size_t)r * (size_t)ldy, ldy);
             }

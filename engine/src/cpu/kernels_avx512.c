@@ -97,7 +97,7 @@ DEFINE_MATMUL(matmul_bf16, l16_bf16, load_bf16, TL_BF16)
    the hardware prefetcher alone left 6-row tiles at half speed on weights streamed from
    memory (a 77 MB head: 5.6 ms -> 3.0 ms for 6 rows, one thread). With the two-panel tiles
    only chunks of 4 and 5 rows use it: 1 to 3 rows run groups of panels with a stream each
-   (and these tiles only for the last panels of a range), 6 rows and more two-panel tiles
+   (DEFINE_PACKED_ROWS_PANELS, one panel wide included), 6 rows and more two-panel tiles
    that prefetch, and the one-panel tiles take their odd last panel alone, with no panel
    after it. Without them (use_pair_tiles), every chunk of 4 rows and more runs these. */
 #define DEFINE_PACKED_ROWS(NAME, L16, DT, R)                                              \
@@ -407,24 +407,18 @@ static inline int pair_tile_rows(int left) {
    the first at `panel` and the next `stride` on, in weights, into out[R][W][TL_PANEL]. */
 typedef void (*few_rows_tile)(const float *x, int k, const void *w, size_t panel, size_t stride, float *out);
 
-/* The few-row loop of a packed product: the panels of [o, o1) as at most P parts of `part_`
-   panels each (the last may be shorter) read side by side, BY_WIDTH[W - 1] (R rows x W
-   panels) taking panel g of every part at once, so that each of its prefetch streams walks
-   a contiguous part; a short last part's stream ends first, and the tiles take one panel
-   fewer. Every panel is read in a stream (P equal parts left up to P - 1 panels to
-   one-panel tiles, which read them at a fraction of the rate: qmatmul_rows_parts). The
-   range's last panel, possibly partial, is the last part's last. */
+/* The few-row loop of a packed product: the panels of [o, o1) as stream parts
+   (stream_parts_of), BY_WIDTH[W - 1] the tile of R rows over W panels (1 to P). The range's
+   last panel, possibly partial, is the last part's last. */
 #define FEW_ROWS_PANELS(BY_WIDTH, R, P)                                                   \
     do {                                                                                  \
-        const int count_ = (o1 - o + TL_PANEL - 1) / TL_PANEL;                            \
-        const int part_ = (count_ + (P) - 1) / (P), parts_ = part_ ? (count_ + part_ - 1) / part_ : 0; \
-        const int last_ = count_ - (parts_ - 1) * part_; /* the last part's panels */     \
-        for (int g_ = 0; g_ < part_; g_++) {                                              \
-            const int width_ = g_ < last_ ? parts_ : parts_ - 1;                          \
+        const stream_parts sp_ = stream_parts_of((o1 - o + TL_PANEL - 1) / TL_PANEL, (P)); \
+        for (int g_ = 0; g_ < sp_.part; g_++) {                                           \
+            const int width_ = stream_width(&sp_, g_);                                    \
             (BY_WIDTH)[width_ - 1](x, k, w, (size_t)(o / TL_PANEL + g_) * (size_t)k * TL_PANEL, \
-                                   (size_t)part_ * (size_t)k * TL_PANEL, out);            \
+                                   (size_t)sp_.part * (size_t)k * TL_PANEL, out);         \
             for (int p_ = 0; p_ < width_; p_++) {                                         \
-                const int col_ = o + (p_ * part_ + g_) * TL_PANEL;                        \
+                const int col_ = stream_col(&sp_, o, p_, g_);                             \
                 store_tile(out, R, width_, p_, o1 - col_ < TL_PANEL ? o1 - col_ : TL_PANEL, bias, col_, y, ldy); \
             }                                                                             \
         }                                                                                 \

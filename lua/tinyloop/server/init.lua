@@ -106,21 +106,29 @@ end
 -- its end, holding its places; in 5 of 10 tries here). So each handler, once its on_abort is
 -- set (a later hang-up is an event of its own), peeks at the connection: true when it is at
 -- its end. The socket is the request's connection's (ngx_http_request_t opens with its
--- signature and connection, ngx_connection_t with data, read, write and fd, as since nginx
--- 0.x), read only when its peer is the client's own port; false where anything differs.
+-- signature, "HTTP", and connection, ngx_connection_t with data, read, write and fd, as since
+-- nginx 0.x), read only when its peer is the client's own port; false where anything differs.
 local get_request = select(2, pcall(function() return require("resty.core.base").get_request end))
-local libc_probe = pcall(ffi.cdef, [[
+local function declared(name) return pcall(ffi.typeof, name) end
+if not declared("tl_ngx_request_head") then -- (once a VM: a second load of this module finds them)
+    pcall(ffi.cdef, [[
 typedef struct { uint32_t signature; void *connection; } tl_ngx_request_head;
 typedef struct { void *data; void *read; void *write; int fd; } tl_ngx_connection_head;
-]]) and pcall(ffi.cdef, "long recv(int, void *, size_t, int); int getpeername(int, void *, unsigned int *);")
+]])
+end
+pcall(ffi.cdef, "long recv(int, void *, size_t, int);") -- (another module may have declared them)
+pcall(ffi.cdef, "int getpeername(int, void *, unsigned int *);")
+local libc_probe = declared("tl_ngx_request_head") and pcall(function() return ffi.C.recv and ffi.C.getpeername end)
+local NGX_HTTP_MODULE = 0x50545448 -- the request's signature
 local MSG_PEEK, MSG_DONTWAIT, AF_UNIX, AF_INET, AF_INET6 = 0x2, 0x40, 1, 2, 10
 local peer, peer_len, peek_byte = ffi_new("uint8_t[128]"), ffi_new("unsigned int[1]"), ffi_new("uint8_t[1]")
 local function client_left()
     if not libc_probe or type(get_request) ~= "function" then return false end
     local r = get_request()
     if r == nil then return false end
-    local connection = ffi_cast("tl_ngx_request_head *", r).connection
-    if connection == nil then return false end
+    local head = ffi_cast("tl_ngx_request_head *", r)
+    if head.signature ~= NGX_HTTP_MODULE or head.connection == nil then return false end
+    local connection = head.connection
     local fd = ffi_cast("tl_ngx_connection_head *", connection).fd
     peer_len[0] = 128
     if fd < 0 or ffi.C.getpeername(fd, peer, peer_len) ~= 0 then return false end
@@ -1422,7 +1430,7 @@ local function serve(chat, body, view)
     -- A client that leaves (lua_check_client_abort on) cancels at once, even while this
     -- request's coroutine waits in the thread pool: for the prompt's scoring (its sessions,
     -- not yet submitted, are freed) or for output (every choice is released).
-    ngx.on_abort(function()
+    local watching = ngx.on_abort(function() -- (nil where lua_check_client_abort is off)
         if r then
             release_all(r, true)
         else
@@ -1431,7 +1439,7 @@ local function serve(chat, body, view)
         end
         return ngx_exit(499)
     end)
-    if client_left() then return ngx_exit(499) end -- (before any session is made)
+    if watching and client_left() then return ngx_exit(499) end -- (before any session is made)
     for p, ids in ipairs(req.prompts) do
         for sample = 0, req.best_of - 1 do
             local cfg = req.cfg
@@ -1637,8 +1645,7 @@ local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, 
     -- A client that leaves: its place is given back once the slice in the thread pool is done
     -- (that work cannot be stopped; a place given back at once would let clients that post and
     -- hang up run more than embed_jobs at a time). (nil where lua_check_client_abort is off.)
-    ngx.on_abort(function() gone = true end)
-    gone = client_left()
+    if ngx.on_abort(function() gone = true end) then gone = client_left() end
     local parts = {}
     for from = 1, #inputs, EMBED_SLICE do
         if gone then
