@@ -18,7 +18,6 @@
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local shapes = require "tinyloop.server.shapes"
-local valid_utf8 = require("tinyloop.server.request").valid_utf8
 
 local type, pairs, ipairs, tostring = type, pairs, ipairs, tostring
 local concat, gsub = table.concat, string.gsub
@@ -353,11 +352,11 @@ function View:error(err)
     return { status = err.status, message = message, type = err.type, body = _M.error_body(err.status, message) }
 end
 
--- (a message may quote the client's bytes, which need not be UTF-8: JSON clients refuse them)
+-- (a message may quote the client's bytes: the server writes every answer as valid UTF-8)
 function _M.error_body(status, message)
     return object({ { "type", '"error"' }, { "error", object({
         { "type", encode(ERROR_TYPES[status] or (status >= 500 and "api_error" or "invalid_request_error")) },
-        { "message", encode(valid_utf8(message)) } }) } })
+        { "message", encode(message) } }) } })
 end
 
 -- ------------------------------------------------------------------ the answer

@@ -805,7 +805,7 @@ end
 local function call_entry_json(index, id, name, arguments)
     return "{" .. (index and ('"index":' .. index .. ",") or "") ..
         (id and ('"id":' .. encode(id) .. ',"type":"function",') or "") .. '"function":{' ..
-        (name and ('"name":' .. encode(name) .. ",") or "") .. '"arguments":' .. encode(request.valid_utf8(arguments)) .. "}}"
+        (name and ('"name":' .. encode(name) .. ",") or "") .. '"arguments":' .. encode(arguments) .. "}}"
 end
 
 -- A chat choice's tool calls (tinyloop.tools.parse) as a tool_calls list's JSON text, from
@@ -955,12 +955,12 @@ end
 -- thinking model's reasoning (tinyloop.reasoning) is its reasoning_content (nil: none).
 local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids, n_prompt, calls, reasoning_text)
     if st.chat then
-        local content = text and encode(request.valid_utf8(text)) or "null"
+        local content = text and encode(text) or "null"
         -- a thinking model's reasoning, under both names clients read: reasoning_content
         -- (DeepSeek's, llama.cpp's, older vLLM's) and reasoning (vLLM's now)
         local thought = ""
         if reasoning_text and st.reasoning and st.reasoning.shown and (not st.streaming or reasoning_text ~= "") then
-            local json = encode(request.valid_utf8(reasoning_text))
+            local json = encode(reasoning_text)
             thought = ',"reasoning_content":' .. json .. ',"reasoning":' .. json
         end
         local tool_calls = calls and (',"tool_calls":' .. calls) or ""
@@ -981,7 +981,7 @@ local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids,
     -- the generated tokens; an echoed prompt's, which no such view asks for, stay OpenAI's)
     local logprobs = not figures and "null" or (st.logprob_entries and not lp_ids) and chat_logprobs_json(ids, figures, true)
         or logprobs_json(st, lp_ids or ids, figures, n_prompt)
-    return '{"index":' .. st.index .. ',"text":' .. encode(request.valid_utf8(text)) .. ',"logprobs":' .. logprobs ..
+    return '{"index":' .. st.index .. ',"text":' .. encode(text) .. ',"logprobs":' .. logprobs ..
         choice_tail(ids, finish_reason, stats, finish_reason and st.stop_reason)
 end
 

@@ -12,7 +12,6 @@
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local shapes = require "tinyloop.server.shapes"
-local valid_utf8 = require("tinyloop.server.request").valid_utf8
 
 local type, pairs, ipairs, tostring = type, pairs, ipairs, tostring
 local concat, floor = table.concat, math.floor
@@ -335,7 +334,7 @@ function View:error(err)
 end
 
 function _M.error_body(message)
-    return '{"error":' .. encode(valid_utf8(message)) .. "}"
+    return '{"error":' .. encode(message) .. "}"
 end
 
 -- ------------------------------------------------------------------ the answer
