@@ -432,6 +432,17 @@ static void checksum_pieces(void) {
     }
 }
 
+/* Resumes `state` with `hooks` and runs it to its end: true when it ran as `whole` did. */
+static bool resumes_as(const tl_model *m, const tl_session_state *state, const tl_generate_config *hooks,
+                       const tl_session *whole) {
+    tl_session *resumed = NULL;
+    if (tl_session_resume(m, state, hooks, &resumed) != TL_OK) return false;
+    run(resumed, 1000);
+    const bool same = same_run(resumed, whole);
+    tl_session_free(resumed);
+    return same;
+}
+
 /* A session under a compiled grammar: its file marks it so (the matcher's position is not
    written), and a resume must name the grammar again, whose matcher then accepts the emitted
    tokens anew: the continuation equals the uninterrupted run's. Without the grammar, or with
@@ -495,11 +506,7 @@ static void compiled_grammar_states(const tl_model *m) {
         hooks.grammar = &with_digits;
         CHECK_ERROR(tl_session_resume(m, old, &hooks, &resumed), TL_ERR_INVALID_ARGUMENT, "is not allowed by the grammar");
         hooks.grammar = &with_letters;
-        CHECK(tl_session_resume(m, old, &hooks, &resumed) == TL_OK, "version 6 resumed: %s", tl_last_error());
-        if (resumed) run(resumed, 1000);
-        CHECK(resumed && same_run(resumed, whole), "a version 6 state resumed under its grammar, the run differs");
-        tl_session_free(resumed);
-        resumed = NULL;
+        CHECK(resumes_as(m, old, &hooks, whole), "a version 6 state resumed under its grammar: %s", tl_last_error());
         tl_session_state_free(old);
         free(v6);
     }
@@ -509,11 +516,7 @@ static void compiled_grammar_states(const tl_model *m) {
     tl_grammar with_letters_again;
     tl_grammar_use(&with_letters_again, letters_again);
     hooks.grammar = &with_letters_again;
-    CHECK(tl_session_resume(m, state, &hooks, &resumed) == TL_OK, "the grammar compiled anew: %s", tl_last_error());
-    if (resumed) run(resumed, 1000);
-    CHECK(resumed && same_run(resumed, whole), "resumed under its grammar compiled anew, the run differs");
-    tl_session_free(resumed);
-    resumed = NULL;
+    CHECK(resumes_as(m, state, &hooks, whole), "resumed under its grammar compiled anew: %s", tl_last_error());
     tl_compiled_grammar_free(letters_again);
     tl_compiled_grammar_free(wider);
     hooks.grammar = &with_letters;
