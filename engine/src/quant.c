@@ -259,6 +259,9 @@ static void gptq_row_q4(float *w, const double *u, const float *imp, int cols, u
 
 /* ---------------------------------------------------------------- checkpoint conversion */
 
+/* Copies `from` to `to`, written beside it and renamed over it (as the weights): a link at
+   `to` is replaced, never written through (one to the input's own file emptied it), and a
+   failed copy leaves no half file. */
 static tl_status copy_file(const char *from, const char *to, bool optional) {
     FILE *in = fopen(from, "rb");
     if (!in && optional && errno == ENOENT) { /* none to copy: nor may an older one stay */
@@ -266,8 +269,18 @@ static tl_status copy_file(const char *from, const char *to, bool optional) {
         return TL_OK;
     }
     if (!in) return tl_fail(TL_ERR_IO, "%s: %s", from, strerror(errno));
-    FILE *out = fopen(to, "wb");
-    if (!out) { fclose(in); return tl_fail(TL_ERR_IO, "%s: %s", to, strerror(errno)); }
+    char *partial = NULL;
+    const int fd = tl_create_beside(to, &partial);
+    FILE *out = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!out) {
+        const tl_status st = partial ? tl_fail(TL_ERR_IO, "%s: cannot create a file beside it: %s", to, strerror(errno))
+                                     : tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+        if (fd >= 0) close(fd);
+        if (partial) unlink(partial);
+        free(partial);
+        fclose(in);
+        return st;
+    }
     char buf[1 << 16];
     size_t got;
     bool ok = true;
@@ -275,7 +288,27 @@ static tl_status copy_file(const char *from, const char *to, bool optional) {
     ok &= !ferror(in);
     fclose(in);
     ok &= fclose(out) == 0;
-    return ok ? TL_OK : tl_fail(TL_ERR_IO, "copying %s to %s failed", from, to);
+    ok = ok && rename(partial, to) == 0;
+    if (!ok) unlink(partial);
+    free(partial);
+    return ok ? TL_OK : tl_fail(TL_ERR_IO, "copying %s to %s failed: %s", from, to, strerror(errno));
+}
+
+/* The files a checkpoint folder carries beside its weights, copied as they are: config.json
+   (required), the tokenizer, and a Hugging Face folder's chat template, tokenizer config
+   and generation config (a quantised Ouro or Huginn chats as the original). */
+static const char *const SIDE_FILES[] = {"config.json", "tokenizer.json", "chat_template.jinja", "tokenizer_config.json",
+                                         "generation_config.json"};
+
+static tl_status copy_side_files(const char *in_dir, const char *out_dir) {
+    char from[4096], to[4096];
+    for (size_t i = 0; i < sizeof SIDE_FILES / sizeof *SIDE_FILES; i++) {
+        snprintf(from, sizeof from, "%s/%s", in_dir, SIDE_FILES[i]);
+        snprintf(to, sizeof to, "%s/%s", out_dir, SIDE_FILES[i]);
+        const tl_status st = copy_file(from, to, i > 0);
+        if (st != TL_OK) return st;
+    }
+    return TL_OK;
 }
 
 static bool quantisable(const tl_st_tensor *t) {
@@ -304,7 +337,7 @@ static tl_dtype type_for(const tl_st_tensor *t, tl_dtype type, bool pure) {
 static tl_dtype float_dtype(tl_st_dtype d) { return d == TL_ST_F32 ? TL_F32 : d == TL_ST_F16 ? TL_F16 : TL_BF16; }
 
 /* What would make the output wrong or destroy the input, refused before anything is
-   written: OUT_DIR being IN_DIR (the copies truncated the sources, and the new weights
+   written: IN_DIR without a config.json, OUT_DIR being IN_DIR (the copies truncated the sources, and the new weights
    the mapped file being read: a SIGBUS and an emptied checkpoint), a sharded checkpoint
    left in OUT_DIR (its index, which the loader reads first, would name the old shards), an
    input already quantised (its integer tensors were passed through as they were, under
@@ -319,6 +352,10 @@ static tl_status check_quantisable(const char *in_dir, const char *out_dir, cons
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: OUT_DIR %s is IN_DIR: write the quantised checkpoint to another directory",
                        out_dir);
     char index[4096];
+    snprintf(index, sizeof index, "%s/config.json", in_dir); /* (copied last: its absence found first) */
+    if (access(index, R_OK) != 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: %s/config.json: %s (IN_DIR must be a checkpoint folder)", in_dir,
+                       strerror(errno));
     snprintf(index, sizeof index, "%s/model.safetensors.index.json", out_dir);
     if (access(index, F_OK) == 0)
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
@@ -444,7 +481,7 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     if (threads > QUANT_MAX_THREADS) threads = QUANT_MAX_THREADS;
     if (cal && want != TL_Q4)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: calibration applies to q4 only (q8 keeps max|x| / 127)");
-    char from[4096], to[4096], cfrom[4096], cto[4096];
+    char from[4096], to[4096];
     tl_status st;
     /* The weights are opened (and a calibration checked against them) before anything is
        written, so that a mismatch leaves no half-made directory. */
@@ -464,12 +501,6 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
         st = tl_fail(TL_ERR_IO, "%s: %s", out_dir, strerror(errno));
         tl_st_close(&file);
         return st;
-    }
-    static const char *const copied[] = {"config.json", "tokenizer.json"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(cfrom, sizeof cfrom, "%s/%s", in_dir, copied[i]);
-        snprintf(cto, sizeof cto, "%s/%s", out_dir, copied[i]);
-        if ((st = copy_file(cfrom, cto, i > 0)) != TL_OK) { tl_st_close(&file); return st; }
     }
 
     /* The header first (offsets follow from the shapes), then the data in the same order. */
@@ -571,8 +602,11 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     tl_st_close(&file);
     if (st == TL_OK && !ok) st = tl_fail(TL_ERR_IO, "%s: writing failed (disk full, or out of memory)", partial);
     if (st == TL_OK && rename(partial, to) != 0) st = tl_fail(TL_ERR_IO, "%s: %s", to, strerror(errno));
-    if (st == TL_OK) tl_sync_directory_of(to);
-    else unlink(partial); /* gptq_factor's message, or the write's */
+    if (st != TL_OK) unlink(partial); /* gptq_factor's message, or the write's */
     free(partial);
+    /* The side files once the weights are in place: an interrupted run leaves the earlier
+       checkpoint's config beside its own weights, not a new config beside old weights. */
+    if (st == TL_OK) st = copy_side_files(in_dir, out_dir);
+    if (st == TL_OK) tl_sync_directory_of(to);
     return st;
 }

@@ -481,7 +481,7 @@ static bool poke_first(const char *dir, const char *name, float value, int bits)
    instead), weights with a NaN, and weights too large for a group's f16 scale; the loader
    refuses a non-finite scale like a non-finite weight. */
 static void refusals(const char *golden) {
-    char src[1024], dir[1024], cmd[4096], out[1024], path[1100];
+    char src[1024], dir[1024], cmd[16384], out[1024], path[1100];
     snprintf(src, sizeof src, "%s/gpt2_like", golden);
     snprintf(dir, sizeof dir, "%s/same", quantised_root);
     snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", src, dir);
@@ -557,6 +557,43 @@ static void refusals(const char *golden) {
     free(before), free(after);
     snprintf(cmd, sizeof cmd, "ls '%s' | grep -q tmp", out);
     CHECK(system(cmd) != 0, "the partial file is removed");
+
+    /* An OUT_DIR whose files link to the input's: the copies replace the links (they wrote
+       through them, emptying the input's config.json); a folder without config.json is
+       refused before OUT_DIR is made; a Hugging Face folder's chat template, tokenizer and
+       generation configs go along (a quantised chat model chatted with the built-in
+       template). */
+    snprintf(dir, sizeof dir, "%s/linked-src", quantised_root);
+    snprintf(out, sizeof out, "%s/linked-out", quantised_root);
+    snprintf(cmd, sizeof cmd,
+             "cp -r '%s' '%s' && mkdir -p '%s' && ln -s '%s/config.json' '%s/config.json' && "
+             "ln '%s/model.safetensors' '%s/model.safetensors' && "
+             "printf '{{ messages }}' > '%s/chat_template.jinja' && printf '{}' > '%s/tokenizer_config.json'",
+             src, dir, out, dir, out, dir, out, dir, dir);
+    CHECK(system(cmd) == 0, "linked");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    before = slurp(path, &before_len);
+    CHECK(tl_quantize_checkpoint(dir, out, TL_Q8) == TL_OK, "linked: %s", tl_last_error());
+    after = slurp(path, &after_len);
+    CHECK(before && after && before_len > 0 && before_len == after_len && !memcmp(before, after, (size_t)before_len),
+          "the input's config.json is untouched (%ld -> %ld bytes)", before_len, after_len);
+    free(before), free(after);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    tl_st_file kept_input;
+    CHECK(tl_st_open(path, &kept_input) == TL_OK && kept_input.tensors[0].dtype != TL_ST_I8,
+          "the input's weights are its own (a hard link at OUT_DIR was written through): %s", tl_last_error());
+    tl_st_close(&kept_input);
+    snprintf(cmd, sizeof cmd, "test ! -L '%s/config.json' && cmp -s '%s/chat_template.jinja' '%s/chat_template.jinja' && "
+             "cmp -s '%s/tokenizer_config.json' '%s/tokenizer_config.json' && test ! -e '%s/generation_config.json'",
+             out, dir, out, dir, out, out);
+    CHECK(system(cmd) == 0, "OUT_DIR has its own config.json and the chat template and tokenizer config");
+    snprintf(dir, sizeof dir, "%s/no-config", quantised_root);
+    snprintf(out, sizeof out, "%s/no-config-q8", quantised_root);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && rm '%s/config.json'", src, dir, dir);
+    CHECK(system(cmd) == 0, "no config");
+    CHECK_ERROR(tl_quantize_checkpoint(dir, out, TL_Q8), TL_ERR_INVALID_ARGUMENT, "IN_DIR must be a checkpoint folder");
+    struct stat no_out;
+    CHECK(stat(out, &no_out) != 0, "nothing written for a folder without config.json: %s exists", out);
 
     snprintf(dir, sizeof dir, "%s/inf-scale", quantised_root);
     snprintf(cmd, sizeof cmd, "cp -r '%s/q4/gpt2_like' '%s'", quantised_root, dir);
