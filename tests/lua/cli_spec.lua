@@ -1,0 +1,36 @@
+-- cli_spec: scripts/run (the README's main command, in bash) and the CLI (lua/tinyloop/cli.lua)
+-- agree on which options take no value: scripts/run decides from its own list whether the
+-- user gave a prompt, and took the prompt after an option it did not know for that option's
+-- value (--penalties-count-prompt "Hello there" ran the demo prompt, then failed).
+local H = require "helpers"
+local cli = require "tinyloop.cli"
+
+describe("scripts/run's options without a value", function()
+    local MODEL = H.ROOT .. "/models/tinyloop-austen"
+    local run = assert(io.open(H.ROOT .. "/scripts/run")):read("*a")
+    local listed = {}
+    for option in assert(run:match("\n%s*(%-%-ignore%-eos[^)]*)%)"), "scripts/run's list"):gmatch("[^|%s]+") do
+        listed[option] = true
+    end
+    -- the CLI's view: an option followed by a word takes no value when the word is the prompt
+    local function takes_no_value(option)
+        local o = cli.parse({ option, "Hello there" }, MODEL)
+        return o ~= nil and o.prompt == "Hello there"
+    end
+
+    it("lists only options the CLI takes without a value", function()
+        for option in pairs(listed) do assert.is_true(takes_no_value(option), option) end
+    end)
+
+    it("lists every option of the CLI's --help that takes no value (but --help, --interactive and --prompt: scripts/run's own cases)", function()
+        local help = H.sh("cd " .. H.ROOT .. " && luajit scripts/tinyloop --help 2>&1")
+        local seen = 0
+        for option in help:gmatch("%-%-[%w][%w%-]*") do
+            if option ~= "--help" and option ~= "--interactive" and option ~= "--prompt" and takes_no_value(option) then
+                seen = seen + 1
+                assert.is_true(listed[option] == true, option .. " takes no value but scripts/run does not list it")
+            end
+        end
+        assert.is_true(seen >= 4, "options without a value found in --help: " .. seen)
+    end)
+end)
