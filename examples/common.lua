@@ -1,6 +1,11 @@
 -- common.lua: shared setup of the examples: the module path and the model to use
 -- (first argument, else the shipped model).
-local root = (arg[0]:match("^(.*)/examples/[^/]*$")) or "."
+-- (the repository from the example's real path: run from examples/, or through a link, too)
+local ffi = require "ffi"
+pcall(ffi.cdef, "char *realpath(const char *path, char *resolved);")
+local resolved = ffi.new("char[4096]")
+local script = ffi.C.realpath(arg[0], resolved) ~= nil and ffi.string(resolved) or arg[0]
+local root = (script:match("^(.*)/examples/[^/]*$")) or "."
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
 local tinyloop = require "tinyloop"
 local dir = arg[1] or (root .. "/models/tinyloop-austen")

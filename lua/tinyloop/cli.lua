@@ -15,6 +15,19 @@ local read_tools -- (below)
 
 local _M = {}
 
+-- Ctrl-C: LuaJIT raises "interrupted!" in whatever Lua runs (a hook's caller wraps it in its
+-- own message); the pcalls below pass it on, and main ends quietly with 130.
+local function interrupted(err) return type(err) == "string" and err:find("interrupted!", 1, true) ~= nil end
+
+-- Writes to stdout, flushed: a failure (a full disk, a reader gone with SIGPIPE ignored)
+-- raises, so that generation stops and the run exits 1 (it went on and exited 0).
+local OUTPUT_FAILED = "writing the output failed: "
+local function show(...)
+    local ok, err = io.stdout:write(...)
+    if ok then ok, err = io.stdout:flush() end
+    if not ok then error(OUTPUT_FAILED .. tostring(err), 0) end
+end
+
 local USAGE = [[
 usage: tinyloop [options] [--] PROMPT
        tinyloop --interactive [options] [--] [FIRST MESSAGE]
@@ -142,7 +155,7 @@ function _M.parse(argv, default_model)
         local a, v = argv[i], argv[i + 1]
         local spec = OPTIONS[a]
         if a == "-h" or a == "--help" then
-            io.stdout:write(USAGE:format(default_model))
+            show(USAGE:format(default_model))
             return nil, 0
         elseif spec then
             if spec[2] == "flag" then
@@ -263,6 +276,7 @@ local function report(message)
     io.stderr:write("tinyloop: ", raised_message(message), "\n")
 end
 
+
 -- The one stats line of a generation, on stderr.
 local function stats_line(s, model)
     io.stderr:write(string.format(
@@ -295,17 +309,17 @@ local function stream_reply(model, prompt, cfg, opts)
     if not iterate then return nil, session, 1 end
     local parts = {}
     local ok, err = pcall(function()
-        if opts and opts.echo then io.stdout:write(opts.echo) io.stdout:flush() end
+        if opts and opts.echo then show(opts.echo) end
         for _, text in iterate, session do
             parts[#parts + 1] = text
-            if not (opts and opts.held) then io.stdout:write(text) io.stdout:flush() end
+            if not (opts and opts.held) then show(text) end
         end
         if session.error then error(session.error, 0) end
+        if not (opts and opts.held) then show("\n") end
     end)
-    if not ok then return nil, err, 1 end
-    if not (opts and opts.held) then
-        io.stdout:write("\n")
-        io.stdout:flush()
+    if not ok then
+        if interrupted(err) then error(err, 0) end
+        return nil, err, 1
     end
     local tokens = session:tokens()
     return table.concat(parts), session.final_stats or session:stats(), tokens[#tokens]
@@ -447,7 +461,31 @@ local function apply_policy(path, cfg, model)
     return nil, "policy " .. path .. " must return a table or a function"
 end
 
+-- The command line -> its exit status: 0, 1 (a failure), 2 (bad usage), 130 (Ctrl-C).
 function _M.main(argv, default_model)
+    local ok, status = xpcall(_M.run, function(err)
+        -- (a bug's traceback is kept; an interrupt or a failed write is said plainly)
+        local plain = interrupted(err) or type(err) == "string" and err:sub(1, #OUTPUT_FAILED) == OUTPUT_FAILED
+        return plain and err or debug.traceback(err, 2)
+    end, argv, default_model)
+    if not ok then
+        if interrupted(status) then
+            io.stderr:write("\n")
+            return 130
+        end
+        io.stderr:write("tinyloop: ", tostring(status), "\n")
+        return 1
+    end
+    -- what io.write buffered (the embeddings, tool calls, a conversation) fails at the flush
+    local flushed, err = io.stdout:flush()
+    if status == 0 and not flushed then
+        io.stderr:write("tinyloop: ", OUTPUT_FAILED, tostring(err), "\n")
+        return 1
+    end
+    return status
+end
+
+function _M.run(argv, default_model)
     local o, status = _M.parse(argv, default_model)
     if not o then return status end
     local model, err = tinyloop.load(o.model, { threads = o.threads, backend = o.backend, kv_type = o.kv_type })
@@ -462,10 +500,11 @@ function _M.main(argv, default_model)
         local function print_vector(vector)
             local numbers = {}
             for i, x in ipairs(vector) do numbers[i] = ("%.9g"):format(x) end
-            io.write("[", table.concat(numbers, ","), "]\n")
+            show("[", table.concat(numbers, ","), "]\n")
         end
         local function embed_line(text, where)
             local ok, vector, eerr = pcall(model.embed, model, text, { loops = cfg.loops })
+            if not ok and interrupted(vector) then error(vector, 0) end
             if not ok then io.stderr:write("tinyloop: ", where, tostring(vector), "\n") return 2 end
             if not vector then io.stderr:write("tinyloop: ", where, tostring(eerr), "\n") return 1 end
             print_vector(vector)
@@ -481,6 +520,7 @@ function _M.main(argv, default_model)
         local function flush()
             if #chunk == 0 then return 0 end
             local ok, vectors = pcall(model.embed_batch, model, chunk, { loops = cfg.loops })
+            if not ok and interrupted(vectors) then error(vectors, 0) end
             if ok and vectors then
                 for _, vector in ipairs(vectors) do print_vector(vector) end
             else
@@ -589,15 +629,14 @@ function _M.main(argv, default_model)
         if thinking then
             local _, after_block = reasoning.split(reply, reasoning.opens(o.prompt))
             answer = after_block or ""
-            io.stdout:write(reply:sub(1, #reply - #answer))
+            show(reply:sub(1, #reply - #answer))
         end
         local content, calls = tools.parse(answer, o.tools, function(k) return "call_" .. k end,
                                            result.stop_reason == "MAX_TOKENS")
-        if content then io.stdout:write(content, "\n") end
+        if content then show(content, "\n") end
         for _, call in ipairs(calls or {}) do
-            io.stdout:write('{"name": ', cjson.encode(call.name), ', "arguments": ', call.arguments, "}\n")
+            show('{"name": ', cjson.encode(call.name), ', "arguments": ', call.arguments, "}\n")
         end
-        io.stdout:flush()
     end
     if o.stats then stats_line(result, model) end
     return 0
