@@ -34,3 +34,31 @@ describe("scripts/run's options without a value", function()
         assert.is_true(seen >= 4, "options without a value found in --help: " .. seen)
     end)
 end)
+
+describe("scripts/tinyloop", function()
+    -- (exit status and stderr of a shell command)
+    local function run(cmd)
+        local out = H.sh("cd " .. H.ROOT .. " && { " .. cmd .. "; } 2>&1; echo \"rc=$?\"")
+        return tonumber(out:match("rc=(%d+)%s*$")), out
+    end
+
+    it("exits 1 saying so when its output cannot be written (it went on and exited 0)", function()
+        for _, args in ipairs({ "-n 20 --ignore-eos 'It is'", "--embed 'It is'", "--help" }) do
+            local status, out = run("luajit scripts/tinyloop " .. args .. " > /dev/full")
+            assert.equal(1, status, args .. ": " .. out)
+            assert.truthy(out:find("tinyloop: writing the output failed: No space left on device", 1, true), out)
+            assert.is_nil(out:find("traceback", 1, true), out)
+        end
+    end)
+
+    it("finds its modules from its real path: run from scripts/, or through a link", function()
+        local link = os.tmpname()
+        os.remove(link)
+        assert.equal(0, (run("ln -s " .. H.ROOT .. "/scripts/tinyloop " .. link)))
+        for _, cmd in ipairs({ "cd scripts && luajit ./tinyloop -n 2 It", link .. " -n 2 It", "cd examples && luajit stream.lua" }) do
+            local status, out = run(cmd)
+            assert.equal(0, status, cmd .. ": " .. out)
+        end
+        os.remove(link)
+    end)
+end)
