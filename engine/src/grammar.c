@@ -1418,7 +1418,7 @@ tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t 
     strbuf text = {0};
     strbuf_puts(&text, "root ::= ");
     char err[256] = "";
-    const int rc = gram_regex_expr(copy, true, &text, err, sizeof err);
+    const int rc = gram_regex_expr(copy, true, NULL, &text, err, sizeof err);
     strbuf_puts(&text, "\n");
     free(copy);
     if (rc < 0) { free(text.p); return tl_fail(TL_ERR_INVALID_ARGUMENT, "regular expression: %s", err); }

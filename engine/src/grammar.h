@@ -138,8 +138,10 @@ void gram_gbnf_class_cp(strbuf *b, uint32_t cp);
 
 /* Appends to out a parenthesised GBNF expression for the NUL-terminated pattern. text: it
    matches a whole text; false: the characters of a JSON string as JSON writes them (a
-   schema's "pattern"). Returns 0, or -1 with err saying what is wrong. */
-int gram_regex_expr(const char *pattern, bool text, strbuf *out, char *err, size_t errlen);
+   schema's "pattern"). pad (or NULL: the pattern matches whole): a GBNF expression for any
+   characters, written where a top-level alternative has no '^' or '$' (a searched pattern,
+   JSON Schema's). Returns 0, or -1 with err saying what is wrong. */
+int gram_regex_expr(const char *pattern, bool text, const char *pad, strbuf *out, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- JSON Schema (json_schema.c) */
 

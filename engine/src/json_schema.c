@@ -161,7 +161,8 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
             return fail(c, path, "'pattern' combined with minLength/maxLength/format is not supported");
         char err[256];
         strbuf_puts(&body, "\"\\\"\" ");
-        if (gram_regex_expr(pattern->valuestring, false, &body, err, sizeof err) < 0) {
+        c->used_string = true; /* (char: any characters around a pattern without its anchors) */
+        if (gram_regex_expr(pattern->valuestring, false, "char*", &body, err, sizeof err) < 0) {
             free(body.p);
             return fail(c, path, "pattern: %s", err);
         }
@@ -170,7 +171,14 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
         if (!cJSON_IsString(format)) return fail(c, path, "'format' must be a string");
         if ((minl || maxl) && !c->loose) return fail(c, path, "'format' combined with minLength/maxLength is not supported");
         const char *f = format->valuestring;
-        const char *date = "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01])";
+        /* a day that exists (RFC 3339's full-date, as a validator's date.fromisoformat reads
+           it): 31 days in months 1 3 5 7 8 10 12, 30 in 4 6 9 11, 28 in February, and
+           February 29 in leap years (divisible by 4, and by 400 where by 100) */
+        const char *date = "([0-9]{4} \"-\" ((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | "
+                           "(\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | "
+                           "\"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8])) | "
+                           "([0-9] [0-9] (\"0\" [48] | [2468] [048] | [13579] [26]) | ([02468] [048] | [13579] [26]) \"00\") "
+                           "\"-02-29\")";
         const char *time = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
                            "(\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
         if (strcmp(f, "date") == 0) strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", date);

@@ -9,8 +9,10 @@
  * (...) and (?:...), alternation, * + ? {m} {m,} {m,n} (greedy; up to 1000), \xHH, \uHHHH
  * and \n \r \t \f \v \0 outside classes too (in a JSON string, a control as JSON escapes it).
  * ^ and $ are accepted at the start and the
- * end of the pattern (or of a top-level alternative), where they mean what they mean anyway:
- * the whole text matches. Anything else (lookaround, backreferences, \b, lazy
+ * end of the pattern (or of a top-level alternative). A whole text matches the pattern whole,
+ * anchors or not; a schema's pattern is searched for, as JSON Schema says (ECMA-262's test):
+ * an alternative without '^' may follow any characters, one without '$' be followed by any
+ * (it read "abc" as exactly "abc", refusing "xabcx"). Anything else (lookaround, backreferences, \b, lazy
  * or possessive quantifiers, named groups, anchors inside it) is an error naming it: a pattern is never
  * silently loosened. The matcher decides by bytes, so the expression is exact, not a
  * sampled approximation: every text it lets through matches the pattern. */
@@ -28,6 +30,7 @@
 typedef struct rx {
     strbuf *out;
     bool text; /* a whole text; false: a JSON string's characters */
+    const char *pad; /* a GBNF expression for any characters (NULL: the pattern matches whole) */
     char *err;
     size_t errlen;
     bool failed;
@@ -315,13 +318,15 @@ static int regex_atom(rx *r, const char **p, int depth) {
 
 static bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
-/* A sequence. Anchors mean what they mean anyway where they stand at the start ('^') or the
-   end ('$') of the pattern or of one of its top-level alternatives: the whole text matches.
-   Elsewhere ("a^b", "(^a)*") they would cut the language: refused, never dropped. */
+/* A sequence. Anchors stand at the start ('^') or the end ('$') of the pattern or of one of
+   its top-level alternatives; without them a searched pattern (r->pad) is padded there with
+   any characters. Elsewhere ("a^b", "(^a)*") they would cut the language: refused, never
+   dropped. */
 static int regex_seq(rx *r, const char **p, int depth) {
     if (depth > MAX_DEPTH) return fail(r, "nested too deeply");
     strbuf *o = r->out;
-    bool empty = true;
+    bool empty = true, anchored_end = false;
+    if (depth == 0 && r->pad && **p != '^') strbuf_printf(o, "%s ", r->pad);
     while (**p && **p != '|' && **p != ')') {
         if (**p == '^') {
             if (depth > 0 || !empty) return fail(r, "'^' is supported only at the start of the pattern or of a top-level alternative");
@@ -332,6 +337,7 @@ static int regex_seq(rx *r, const char **p, int depth) {
             if (depth > 0 || ((*p)[1] && (*p)[1] != '|'))
                 return fail(r, "'$' is supported only at the end of the pattern or of a top-level alternative");
             (*p)++;
+            anchored_end = true;
             continue;
         }
         if (regex_atom(r, p, depth) < 0) return -1;
@@ -361,6 +367,7 @@ static int regex_seq(rx *r, const char **p, int depth) {
     }
     /* an empty alternative ("a|", "()") matches the empty text: GBNF needs it spelled */
     if (empty) strbuf_puts(o, "\"\" ");
+    if (depth == 0 && r->pad && !anchored_end) strbuf_printf(o, "%s ", r->pad);
     return 0;
 }
 
@@ -373,8 +380,8 @@ static int regex_alt(rx *r, const char **p, int depth) {
     }
 }
 
-int gram_regex_expr(const char *pattern, bool text, strbuf *out, char *err, size_t errlen) {
-    rx r = {.out = out, .text = text, .err = err, .errlen = errlen};
+int gram_regex_expr(const char *pattern, bool text, const char *pad, strbuf *out, char *err, size_t errlen) {
+    rx r = {.out = out, .text = text, .pad = pad, .err = err, .errlen = errlen};
     const char *p = pattern;
     strbuf_puts(out, "(");
     if (regex_alt(&r, &p, 0) < 0) return -1;

@@ -331,6 +331,28 @@ static void test_json_schema(void) {
     static const char *n5[] = {"\"2024-13-01\"", "\"ab-1\"", "\"AB-\"", "{\"a\":1,\"b\":\"x\"}", "{\"b\":\"xy\"}", NULL};
     expect(g, "anyOf/allOf/format/pattern", y5, n5);
     tl_compiled_grammar_free(g);
+    /* A pattern is searched for (JSON Schema: ECMA-262's test): an alternative without '^' may
+       follow any characters, one without '$' be followed by any (it read "abc" as exactly
+       "abc"); anchored ones are matched whole, escapes around them included. */
+    g = schema("{\"type\":\"string\",\"pattern\":\"abc\"}");
+    static const char *y_search[] = {"\"abc\"", "\"xabcx\"", "\"\\nabc\\\"\"", "\"ab abc\"", NULL};
+    static const char *n_search[] = {"\"ab\"", "\"acb\"", "\"\"", NULL};
+    expect(g, "pattern searched", y_search, n_search);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"pattern\":\"^a|b$\"}");
+    static const char *y_ends[] = {"\"a\"", "\"ax\"", "\"xb\"", "\"b\"", "\"a b\"", NULL};
+    static const char *n_ends[] = {"\"xa\"", "\"bx\"", "\"x\"", NULL};
+    expect(g, "pattern anchored at one end", y_ends, n_ends);
+    tl_compiled_grammar_free(g);
+    /* format date: days that exist (a validator's date.fromisoformat refuses the others; the
+       grammar allowed 31 in every month), February 29 in leap years only */
+    g = schema("{\"type\":\"string\",\"format\":\"date\"}");
+    static const char *y_date[] = {"\"2023-01-31\"", "\"2023-04-30\"", "\"2023-02-28\"", "\"2024-02-29\"", "\"2000-02-29\"",
+                                   "\"0000-02-29\"", "\"1996-02-29\"", "\"2023-12-31\"", "\"1999-11-30\"", NULL};
+    static const char *n_date[] = {"\"2023-02-30\"", "\"2023-04-31\"", "\"2023-02-29\"", "\"1900-02-29\"", "\"2100-02-29\"",
+                                   "\"2023-06-31\"", "\"2023-09-31\"", "\"2023-11-31\"", "\"2023-00-10\"", "\"2023-01-00\"", NULL};
+    expect(g, "format date", y_date, n_date);
+    tl_compiled_grammar_free(g);
     /* Pattern classes are translated member by member (never copied as text): ']' and '#'
        stay inside the class, '"' and '\' inside a class become the JSON escapes, "[]"
        matches nothing and "[^]" any character. */
