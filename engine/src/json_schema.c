@@ -149,6 +149,12 @@ static bool known_format(const cJSON *format) {
     return false;
 }
 
+/* A count keyword (minLength, maxItems...): a whole number in [0, max] (2.7 items was read as
+   2, a narrower schema than the one given). */
+static bool is_count(const cJSON *v, double max) {
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= max && v->valuedouble == floor(v->valuedouble);
+}
+
 static int string_schema(conv *c, const cJSON *s, const char *path) {
     const cJSON *minl = cJSON_GetObjectItemCaseSensitive(s, "minLength");
     const cJSON *maxl = cJSON_GetObjectItemCaseSensitive(s, "maxLength");
@@ -190,10 +196,8 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
     } else {
         c->used_string = true;
         int lo = 0, hi = -1;
-        if (minl && (!cJSON_IsNumber(minl) || minl->valuedouble < 0 || minl->valuedouble > 10000))
-            return fail(c, path, "'minLength' must be an integer in [0, 10000]");
-        if (maxl && (!cJSON_IsNumber(maxl) || maxl->valuedouble < 0 || maxl->valuedouble > 10000))
-            return fail(c, path, "'maxLength' must be an integer in [0, 10000]");
+        if (minl && !is_count(minl, 10000)) return fail(c, path, "'minLength' must be an integer in [0, 10000]");
+        if (maxl && !is_count(maxl, 10000)) return fail(c, path, "'maxLength' must be an integer in [0, 10000]");
         if (minl) lo = minl->valueint;
         if (maxl) hi = maxl->valueint;
         if (hi >= 0 && hi < lo) return fail(c, path, "maxLength < minLength");
@@ -491,10 +495,8 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     const cJSON *prefix = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
     const cJSON *mini = cJSON_GetObjectItemCaseSensitive(s, "minItems");
     const cJSON *maxi = cJSON_GetObjectItemCaseSensitive(s, "maxItems");
-    if (mini && (!cJSON_IsNumber(mini) || mini->valuedouble < 0 || mini->valuedouble > 1000))
-        return fail(c, path, "'minItems' must be an integer in [0, 1000]");
-    if (maxi && (!cJSON_IsNumber(maxi) || maxi->valuedouble < 0 || maxi->valuedouble > 1000))
-        return fail(c, path, "'maxItems' must be an integer in [0, 1000]");
+    if (mini && !is_count(mini, 1000)) return fail(c, path, "'minItems' must be an integer in [0, 1000]");
+    if (maxi && !is_count(maxi, 1000)) return fail(c, path, "'maxItems' must be an integer in [0, 1000]");
     int lo = mini ? mini->valueint : 0, hi = maxi ? maxi->valueint : -1;
     if (hi >= 0 && hi < lo) return fail(c, path, "maxItems < minItems");
     int n_prefix = prefix ? cJSON_GetArraySize(prefix) : 0;

@@ -119,8 +119,9 @@ static int class_member(rx *r, const char **q, bool negated, uint32_t *cp, const
         const int control = r->text ? control_escape(s) : -1;
         if (control >= 0) { *cp = (uint32_t)control; *q += 2; return 0; }
         if (r->text && e == '0') return fail(r, "'\\0' before a digit (an octal escape) is not supported");
-        if (!e || (e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
-            return fail(r, "escape '\\%c' inside a class is not supported", e ? e : '?');
+        if (!e) return fail(r, "the pattern ends in a '\\' that escapes nothing");
+        if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
+            return fail(r, "escape '\\%c' inside a class is not supported", e);
         if (e >= 0x80 || e < 0x20) return fail(r, "escaping a control or non-ASCII character is not supported");
         *cp = e;
         *q += 2;
@@ -295,8 +296,9 @@ static int regex_atom(rx *r, const char **p, int depth) {
             *p = s + n;
             return 0;
         }
-        if (!e || (e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
-            return fail(r, "escape '\\%c' is not supported", e ? e : '?');
+        if (!e) return fail(r, "the pattern ends in a '\\' that escapes nothing");
+        if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
+            return fail(r, "escape '\\%c' is not supported", e);
         /* An escaped byte is copied as one literal: only ASCII punctuation is a whole
            character (a UTF-8 lead byte would leave the literal half a character). */
         if (e >= 0x80 || e < 0x20) return fail(r, "escaping a control or non-ASCII character is not supported");

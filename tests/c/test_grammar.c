@@ -521,6 +521,11 @@ static void test_json_schema(void) {
         {"{\"type\":[\"integer\",\"number\"],\"maximum\":5}", "'maximum' on a number is not supported"},
         {"{\"type\":[\"integer\",\"number\"],\"minimum\":0,\"exclusiveMinimum\":0}", "'exclusiveMinimum' on a number"},
         {"{\"type\":[\"number\",\"integer\"],\"minimum\":0,\"exclusiveMaximum\":10}", "'exclusiveMaximum' on a number"},
+        /* a count that is no whole number (2.7 was read as 2: a narrower schema) */
+        {"{\"type\":\"array\",\"minItems\":2.7}", "'minItems' must be an integer"},
+        {"{\"type\":\"array\",\"maxItems\":1.5}", "'maxItems' must be an integer"},
+        {"{\"type\":\"string\",\"minLength\":2.5}", "'minLength' must be an integer"},
+        {"{\"type\":\"string\",\"maxLength\":0.5}", "'maxLength' must be an integer"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         tl_compiled_grammar *x = NULL;

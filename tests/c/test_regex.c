@@ -103,6 +103,8 @@ static void test_tables(void) {
 static void test_errors(void) {
     static const struct { const char *pattern, *needle; } bad[] = {
         {"(?=a)b", "lookaround"},
+        {"ab\\", "ends in a '\\' that escapes nothing"}, /* (it said "escape '\?'") */
+        {"[ab\\", "ends in a '\\' that escapes nothing"},
         {"(?<name>a)", "lookaround and named groups"},
         {"a\\1", "escape '\\1' is not supported"},
         {"\\bword", "escape '\\b' is not supported"},
