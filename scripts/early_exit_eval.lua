@@ -23,14 +23,30 @@ local opt = options.parse(arg, {
     { "repeat", 3, "timed runs of each row, alternating with full-depth runs: the speedup is the median over\n"
         .. "the median of the full-depth runs around it (machines drift over minutes)" },
 })
-local model = assert(tinyloop.load(opt.model, { threads = opt.threads }))
+-- A refusal in one line (bad usage: status 2; a failure: 1), not a Lua traceback.
+local function die(message, status)
+    io.stderr:write("early_exit_eval.lua: ", message, "\n")
+    os.exit(status or 2)
+end
+for _, name in ipairs({ "prompts", "prompt_tokens", "tokens", "repeat" }) do
+    local v = opt[name]
+    if v < 1 or v ~= math.floor(v) then die(("--%s must be a whole number >= 1, got %s"):format(name:gsub("_", "-"), v)) end
+end
+local model, load_err = tinyloop.load(opt.model, { threads = opt.threads })
+if not model then die(load_err, 1) end
+if not model.has_tokenizer then die(opt.model .. " has no tokenizer: the held-out text cannot be encoded") end
 local info = model:info()
+if opt.prompt_tokens + opt.tokens > info.max_seq_len then
+    die(("--prompt-tokens %d + --tokens %d exceed the context (%d)"):format(opt.prompt_tokens, opt.tokens, info.max_seq_len))
+end
 local L = info.default_loops
 local n_prompts, plen, n_tokens = opt.prompts, opt.prompt_tokens, opt.tokens
 
-local f = assert(io.open(opt.text, "rb"), "no held-out text at " .. opt.text .. " (scripts/train/corpus.py makes it)")
-local ids = model:encode(f:read("*a"))
-f:close()
+local f = io.open(opt.text, "rb")
+local text = f and f:read("*a")
+if f then f:close() end
+if type(text) ~= "string" then die("no held-out text at " .. opt.text .. " (scripts/train/corpus.py makes it)") end
+local ids = model:encode(text)
 local prompts = {}
 local stride = math.floor((#ids - plen) / n_prompts)
 if stride < 0 then

@@ -12,11 +12,24 @@ local tinyloop = require "tinyloop"
 local now = require("tinyloop.policy").now
 local options = require "tinyloop.script_options"
 
-local function list(s)
+-- A refusal in one line (bad usage: status 2; a failure: 1), not a Lua traceback.
+local function die(message, status)
+    io.stderr:write("sweep.lua: ", message, "\n")
+    os.exit(status or 2)
+end
+
+local function list(s, name)
     local t = {}
-    for x in tostring(s):gmatch("[^,]+") do t[#t + 1] = assert(tonumber(x), "bad list " .. s) end
+    for x in tostring(s):gmatch("[^,]+") do
+        local v = tonumber(x)
+        if not v or v < 1 or v ~= math.floor(v) then die(("--%s: '%s' is not a list of whole numbers >= 1"):format(name, s)) end
+        t[#t + 1] = v
+    end
     return t
 end
+
+-- A path as one shell word.
+local function quoted(path) return "'" .. path:gsub("'", "'\\''") .. "'" end
 
 local opt = options.parse(arg, {
     name = "sweep.lua",
@@ -36,7 +49,16 @@ local opt = options.parse(arg, {
     { "out", "build/sweep", "output directory (sweep.csv, sweep.dat, sweep.gp, sweep.png)", metavar = "DIR" },
 })
 
-local model = assert(tinyloop.load(opt.model, { threads = opt.threads }))
+for _, name in ipairs({ "repeats", "max_tokens", "max_nodes" }) do
+    local v = opt[name]
+    if v < 1 or v ~= math.floor(v) then die(("--%s must be a whole number >= 1, got %s"):format(name:gsub("_", "-"), v)) end
+end
+-- the output directory first: a run that cannot write its table fails before the timings
+if os.execute("mkdir -p " .. quoted(opt.out)) ~= 0 then die("cannot create the output directory " .. opt.out, 1) end
+local csv, csv_err = io.open(opt.out .. "/sweep.csv", "w")
+if not csv then die(csv_err, 1) end
+local model, load_err = tinyloop.load(opt.model, { threads = opt.threads })
+if not model then die(load_err, 1) end
 local info = model:info()
 local verify = opt.verify_loops or info.default_loops
 local max_tokens = opt.max_tokens
@@ -44,6 +66,9 @@ local repeats = opt.repeats
 
 local prompts = {}
 if opt.prompts then
+    local f, err = io.open(opt.prompts, "rb")
+    if not f then die(err) end
+    f:close()
     for line in io.lines(opt.prompts) do
         if line:match("%S") then prompts[#prompts + 1] = line end
     end
@@ -62,7 +87,7 @@ end
 if opt.n_prompts > 0 then
     for k = #prompts, opt.n_prompts + 1, -1 do prompts[k] = nil end
 end
-if #prompts == 0 then io.stderr:write("sweep: no prompts\n") os.exit(2) end
+if #prompts == 0 then die("no prompts") end
 local encoded = {}
 for k, p in ipairs(prompts) do encoded[k] = model:encode(p) end
 
@@ -70,7 +95,12 @@ for k, p in ipairs(prompts) do encoded[k] = model:encode(p) end
 local function pass(fn, cfg)
     local outs, stats = {}, {}
     local t0 = now()
-    for k, ids in ipairs(encoded) do outs[k], stats[k] = fn(model, ids, cfg) end
+    for k, ids in ipairs(encoded) do
+        local ok, out, st = pcall(fn, model, ids, cfg) -- (what the engine refuses: a depth, a length)
+        if not ok then die(require("tinyloop.raise").message(out)) end
+        if not out then die(st, 1) end
+        outs[k], stats[k] = out, st
+    end
     return now() - t0, outs, stats
 end
 
@@ -81,17 +111,17 @@ local function median(t)
 end
 
 local settings = { { mode = "plain" } }
-for _, d in ipairs(list(opt.draft_loops)) do
+for _, d in ipairs(list(opt.draft_loops, "draft-loops")) do
     if d < verify then
-        for _, a in ipairs(list(opt.draft_ahead)) do
+        for _, a in ipairs(list(opt.draft_ahead, "draft-ahead")) do
             settings[#settings + 1] = { mode = "chain", draft_loops = d, draft_ahead = a, K = 1 }
-            for _, K in ipairs(list(opt.K)) do
+            for _, K in ipairs(list(opt.K, "K")) do
                 settings[#settings + 1] = { mode = "tree", draft_loops = d, draft_ahead = a, K = K }
             end
         end
     end
 end
-
+if #settings == 1 then die(("no --draft-loops below --verify-loops %d: nothing to compare"):format(verify)) end
 
 -- Interleave the repeats (plain, then every setting, repeats times) so that slow drifts of
 -- the machine hit every setting alike.
@@ -132,9 +162,7 @@ for r = 1, repeats do
     end
 end
 
-os.execute("mkdir -p '" .. opt.out .. "'")
 local base = median(times[settings[1]])
-local csv = assert(io.open(opt.out .. "/sweep.csv", "w"))
 csv:write("mode,draft_loops,draft_ahead,K,median_s,speedup,acceptance,mean_accepted,exact\n")
 csv:write(("plain,,,,%.4f,1.000,,,true\n"):format(base))
 local best = {}
@@ -206,7 +234,7 @@ unset multiplot
     table.concat(plot_chain, ", "):gsub("COL", "2"), table.concat(plot_tree, ", "):gsub("COL", "2"),
     table.concat(plot_chain, ", "):gsub("COL", "3"), table.concat(plot_tree, ", "):gsub("COL", "3")))
 gp:close()
-if os.execute("gnuplot '" .. opt.out .. "/sweep.gp' 2>/dev/null") == 0 then
+if os.execute("gnuplot " .. quoted(opt.out .. "/sweep.gp") .. " 2>/dev/null") == 0 then
     print("chart: " .. opt.out .. "/sweep.png; table: " .. opt.out .. "/sweep.csv")
 else
     print("gnuplot not available (apt-get install gnuplot-nox): table in " .. opt.out .. "/sweep.csv")
