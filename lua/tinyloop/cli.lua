@@ -631,11 +631,18 @@ function _M.run(argv, default_model)
             answer = after_block or ""
             show(reply:sub(1, #reply - #answer))
         end
-        local content, calls = tools.parse(answer, o.tools, function(k) return "call_" .. k end,
-                                           result.stop_reason == "MAX_TOKENS")
+        local cut = result.stop_reason == "MAX_TOKENS"
+        local content, calls = tools.parse(answer, o.tools, function(k) return "call_" .. k end, cut)
         if content then show(content, "\n") end
         for _, call in ipairs(calls or {}) do
             show('{"name": ', cjson.encode(call.name), ', "arguments": ', call.arguments, "}\n")
+        end
+        -- a forced call the token limit cut before it was whole: nothing to show, and a failure
+        -- (it printed nothing and exited 0)
+        if o.tools.forced and #(calls or {}) == 0 and cut then
+            if o.stats then stats_line(result, model) end
+            report(("the tool call was cut off after %d tokens, before it was whole: raise -n"):format(result.tokens_emitted))
+            return 1
         end
     end
     if o.stats then stats_line(result, model) end

@@ -51,6 +51,18 @@ describe("scripts/tinyloop", function()
         end
     end)
 
+    it("fails saying so where -n cut a forced tool call before it was whole (it printed nothing, exit 0)", function()
+        local tools = os.tmpname()
+        local f = assert(io.open(tools, "wb"))
+        f:write('[{"type":"function","function":{"name":"weather","parameters":{"type":"object",' ..
+                '"properties":{"city":{"type":"string"}},"required":["city"]}}}]')
+        f:close()
+        local status, out = run("luajit scripts/tinyloop --chat --tools " .. tools .. " --tool-choice required -n 8 --no-stats 'Weather in Paris?'")
+        os.remove(tools)
+        assert.equal(1, status, out)
+        assert.truthy(out:find("tinyloop: the tool call was cut off after 8 tokens, before it was whole: raise -n", 1, true), out)
+    end)
+
     it("finds its modules from its real path: run from scripts/, or through a link", function()
         local link = os.tmpname()
         os.remove(link)
