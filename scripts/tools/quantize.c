@@ -46,8 +46,10 @@ int main(int argc, char **argv) {
             char *end;
             const long v = strtol(argv[i + 1], &end, 10);
             const bool tokens = !strcmp(argv[i], "--calibrate-tokens");
-            if (*end || end == argv[i + 1] || v < (tokens ? 1 : 0) || v > (1L << 30)) {
-                fprintf(stderr, "quantize: %s needs a number%s, got \"%s\"\n", argv[i], tokens ? " >= 1" : "", argv[i + 1]);
+            /* (threads: the load that checks the result takes at most 1024) */
+            if (*end || end == argv[i + 1] || v < (tokens ? 1 : 0) || v > (tokens ? (1L << 30) : 1024)) {
+                fprintf(stderr, "quantize: %s needs a number%s, got \"%s\"\n", argv[i], tokens ? " >= 1" : " in [0, 1024]",
+                        argv[i + 1]);
                 return 2;
             }
             if (tokens) calib_tokens = (int)v; else threads = (int)v;
@@ -69,6 +71,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(type, "q4")) dt = TL_Q4;
     else { fprintf(stderr, "quantize: --type must be q8 or q4, got \"%s\"\n", type); return 2; }
     if (gptq && !calib_text) { fprintf(stderr, "quantize: --gptq needs --calibrate TEXT\n"); return 2; }
+    if (pure && dt != TL_Q4) { fprintf(stderr, "quantize: --pure applies to q4 only (q8 quantises every matrix alike)\n"); return 2; }
     if (calib_text && dt != TL_Q4) {
         fprintf(stderr, "quantize: --calibrate applies to q4 only (q8 keeps max|x| / 127)\n");
         return 2;
@@ -84,8 +87,9 @@ int main(int argc, char **argv) {
     }
     const tl_status qst = tl_quantize_checkpoint_calibrated(dirs[0], dirs[1], dt, cal, threads, pure);
     tl_calibration_free(cal);
-    if (qst != TL_OK) {
-        fprintf(stderr, "quantize: %s\n", tl_last_error());
+    if (qst != TL_OK) { /* (the library's messages name the step already: "quantize: ...") */
+        const char *why = tl_last_error();
+        fprintf(stderr, "%s%s\n", strncmp(why, "quantize: ", 10) ? "quantize: " : "", why);
         return 1;
     }
     tl_load_options o;
