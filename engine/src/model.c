@@ -125,9 +125,13 @@ static tl_status bind_quantised(tl_binder *b, const char *name, tl_st_tensor *t,
     if (cols % TL_QGROUP != 0)
         return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" is quantised but its %d columns are not a multiple of %d",
                        path, name, cols, TL_QGROUP);
-    if (t->ndim != 2 || t->shape[0] != total_rows || t->shape[1] != (q8 ? cols : cols / 2))
-        return tl_fail(TL_ERR_FORMAT, "%s: %s tensor \"%s\" must have shape [%d, %d] (config.json: [%d, %d])",
-                       path, q8 ? "q8 (I8)" : "q4 (U8)", name, total_rows, q8 ? cols : cols / 2, total_rows, cols);
+    if (t->ndim != 2 || t->shape[0] != total_rows || t->shape[1] != (q8 ? cols : cols / 2)) {
+        char shape[96] = "";
+        for (int i = 0, at = 0; i < t->ndim && at < (int)sizeof shape - 24; i++)
+            at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        return tl_fail(TL_ERR_FORMAT, "%s: %s tensor \"%s\" has shape [%s]; it must be [%d, %d] (config.json: [%d, %d])",
+                       path, q8 ? "q8 (I8)" : "q4 (U8)", name, shape, total_rows, q8 ? cols : cols / 2, total_rows, cols);
+    }
     char scale_name[300];
     snprintf(scale_name, sizeof scale_name, "%s_scale", name);
     const char *scale_path = NULL;

@@ -595,6 +595,15 @@ static void refusals(const char *golden) {
     struct stat no_out;
     CHECK(stat(out, &no_out) != 0, "nothing written for a folder without config.json: %s exists", out);
 
+    /* a quantised tensor of another shape than config.json's says what shape it has */
+    snprintf(dir, sizeof dir, "%s/other-vocab", quantised_root);
+    snprintf(cmd, sizeof cmd, "cp -r '%s/q4/gpt2_like' '%s' && sed -i 's/\"vocab_size\": 96/\"vocab_size\": 128/' '%s/config.json'",
+             quantised_root, dir, dir);
+    CHECK(system(cmd) == 0, "other vocab");
+    tl_model *other = NULL;
+    CHECK_ERROR(tl_model_load(dir, NULL, &other), TL_ERR_FORMAT, "tensor \"tok_embed.weight\" has shape [96, 32]; it must be [128, 32]");
+    tl_model_free(other);
+
     snprintf(dir, sizeof dir, "%s/inf-scale", quantised_root);
     snprintf(cmd, sizeof cmd, "cp -r '%s/q4/gpt2_like' '%s'", quantised_root, dir);
     CHECK(system(cmd) == 0 && poke_first(dir, "block.0.attn.q.weight_scale", 0.0f, 0x7c00), "poke a scale");
