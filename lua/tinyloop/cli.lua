@@ -249,6 +249,22 @@ function _M.parse(argv, default_model)
     if o.tool_choice and not o.tools_file then return nil, usage_error("--tool-choice goes with --tools") end
     if o.embed and o.chat then return nil, usage_error("--embed reads PROMPT as text: not with --chat or -i") end
     if #o.stops > 0 then o.cfg.stop_strings = o.stops end
+    if o.embed then -- (an embedding generates nothing: what shapes generation was ignored)
+        local given, named = {}, {}
+        for option, spec in pairs(OPTIONS) do -- (a field by its long option's name)
+            if option:sub(1, 2) == "--" then named[spec[1]] = option end
+        end
+        named.stop_strings = "--stop"
+        for field in pairs(o.cfg) do if field ~= "loops" then given[#given + 1] = named[field] or field end end
+        for _, c in ipairs({ { o.grammar_file, "--grammar" }, { o.schema_file, "--json-schema" }, { o.regex, "--regex" },
+                             { o.policy, "--policy" } }) do
+            if c[1] then given[#given + 1] = c[2] end
+        end
+        if #given > 0 then
+            table.sort(given)
+            return nil, usage_error("--embed generates nothing: " .. table.concat(given, ", ") .. " would be ignored")
+        end
+    end
     return o
 end
 

@@ -63,6 +63,13 @@ describe("scripts/tinyloop", function()
         assert.truthy(out:find("tinyloop: the tool call was cut off after 8 tokens, before it was whole: raise -n", 1, true), out)
     end)
 
+    it("refuses generation options with --embed, naming them (they were ignored)", function()
+        local status, out = run("luajit scripts/tinyloop --embed -n 5 -t 0.5 --stop x --grammar /nonexistent hi")
+        assert.equal(2, status, out)
+        assert.truthy(out:find("--embed generates nothing: --grammar, --max-tokens, --stop, --temperature would be ignored", 1, true), out)
+        assert.equal(0, (run("luajit scripts/tinyloop --embed -L 4 hi > /dev/null")))
+    end)
+
     it("finds its modules from its real path: run from scripts/, or through a link", function()
         local link = os.tmpname()
         os.remove(link)
