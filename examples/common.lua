@@ -1,6 +1,7 @@
 -- common.lua: shared setup of the examples: the module path and the model to use
 -- (first argument, else the shipped model).
--- (the repository from the example's real path: run from examples/, or through a link, too)
+-- (the repository from the example's real path, wherever it is run from; the example finds
+-- this file beside itself)
 local ffi = require "ffi"
 pcall(ffi.cdef, "char *realpath(const char *path, char *resolved);")
 local resolved = ffi.new("char[4096]")

@@ -53,10 +53,6 @@ for _, name in ipairs({ "repeats", "max_tokens", "max_nodes" }) do
     local v = opt[name]
     if v < 1 or v ~= math.floor(v) then die(("--%s must be a whole number >= 1, got %s"):format(name:gsub("_", "-"), v)) end
 end
--- the output directory first: a run that cannot write its table fails before the timings
-if os.execute("mkdir -p " .. quoted(opt.out)) ~= 0 then die("cannot create the output directory " .. opt.out, 1) end
-local csv, csv_err = io.open(opt.out .. "/sweep.csv", "w")
-if not csv then die(csv_err, 1) end
 local model, load_err = tinyloop.load(opt.model, { threads = opt.threads })
 if not model then die(load_err, 1) end
 local info = model:info()
@@ -68,7 +64,9 @@ local prompts = {}
 if opt.prompts then
     local f, err = io.open(opt.prompts, "rb")
     if not f then die(err) end
+    local _, read_err = f:read(0) -- (a directory opens, then fails to read)
     f:close()
+    if read_err then die(opt.prompts .. ": " .. read_err) end
     for line in io.lines(opt.prompts) do
         if line:match("%S") then prompts[#prompts + 1] = line end
     end
@@ -122,6 +120,14 @@ for _, d in ipairs(list(opt.draft_loops, "draft-loops")) do
     end
 end
 if #settings == 1 then die(("no --draft-loops below --verify-loops %d: nothing to compare"):format(verify)) end
+
+-- The output directory once every value is checked, before the timings: a run that cannot
+-- write its table fails first, and a refused one leaves an earlier table as it was.
+-- (os.execute: 0 in Lua 5.1's manner, true where LuaJIT takes 5.2's)
+local made = os.execute("mkdir -p " .. quoted(opt.out))
+if made ~= 0 and made ~= true then die("cannot create the output directory " .. opt.out, 1) end
+local csv, csv_err = io.open(opt.out .. "/sweep.csv", "w")
+if not csv then die(csv_err, 1) end
 
 -- Interleave the repeats (plain, then every setting, repeats times) so that slow drifts of
 -- the machine hit every setting alike.
@@ -234,7 +240,8 @@ unset multiplot
     table.concat(plot_chain, ", "):gsub("COL", "2"), table.concat(plot_tree, ", "):gsub("COL", "2"),
     table.concat(plot_chain, ", "):gsub("COL", "3"), table.concat(plot_tree, ", "):gsub("COL", "3")))
 gp:close()
-if os.execute("gnuplot " .. quoted(opt.out .. "/sweep.gp") .. " 2>/dev/null") == 0 then
+local plotted = os.execute("gnuplot " .. quoted(opt.out .. "/sweep.gp") .. " 2>/dev/null")
+if plotted == 0 or plotted == true then
     print("chart: " .. opt.out .. "/sweep.png; table: " .. opt.out .. "/sweep.csv")
 else
     print("gnuplot not available (apt-get install gnuplot-nox): table in " .. opt.out .. "/sweep.csv")

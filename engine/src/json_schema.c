@@ -177,9 +177,9 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
         if (!cJSON_IsString(format)) return fail(c, path, "'format' must be a string");
         if ((minl || maxl) && !c->loose) return fail(c, path, "'format' combined with minLength/maxLength is not supported");
         const char *f = format->valuestring;
-        /* a day that exists (RFC 3339's full-date, as a validator's date.fromisoformat reads
-           it): 31 days in months 1 3 5 7 8 10 12, 30 in 4 6 9 11, 28 in February, and
-           February 29 in leap years (divisible by 4, and by 400 where by 100) */
+        /* a day that exists (RFC 3339's full-date, years 0000 to 9999 of the proleptic
+           Gregorian calendar): 31 days in months 1 3 5 7 8 10 12, 30 in 4 6 9 11, 28 in
+           February, and February 29 in leap years (divisible by 4, and by 400 where by 100) */
         const char *date = "([0-9]{4} \"-\" ((\"0\" [13578] | \"1\" [02]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | "
                            "(\"0\" [469] | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | "
                            "\"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8])) | "

@@ -283,15 +283,17 @@ static tl_status copy_file(const char *from, const char *to, bool optional) {
     }
     char buf[1 << 16];
     size_t got;
-    bool ok = true;
-    while ((got = fread(buf, 1, sizeof buf, in)) > 0) ok &= fwrite(buf, 1, got, out) == got;
-    ok &= !ferror(in);
+    int failure = 0; /* the first failure's errno (later calls would change it) */
+    while ((got = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, got, out) != got && !failure) failure = errno ? errno : EIO;
+    if (ferror(in) && !failure) failure = errno ? errno : EIO;
     fclose(in);
-    ok &= fclose(out) == 0;
-    ok = ok && rename(partial, to) == 0;
-    if (!ok) unlink(partial);
+    if ((fflush(out) != 0 || fsync(fileno(out)) != 0) && !failure) failure = errno; /* (synced: the weights' way) */
+    if (fclose(out) != 0 && !failure) failure = errno;
+    if (!failure && rename(partial, to) != 0) failure = errno;
+    if (failure) unlink(partial);
     free(partial);
-    return ok ? TL_OK : tl_fail(TL_ERR_IO, "copying %s to %s failed: %s", from, to, strerror(errno));
+    return failure ? tl_fail(TL_ERR_IO, "copying %s to %s failed: %s", from, to, strerror(failure)) : TL_OK;
 }
 
 /* The files a checkpoint folder carries beside its weights, copied as they are: config.json
@@ -604,9 +606,13 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     if (st == TL_OK && rename(partial, to) != 0) st = tl_fail(TL_ERR_IO, "%s: %s", to, strerror(errno));
     if (st != TL_OK) unlink(partial); /* gptq_factor's message, or the write's */
     free(partial);
-    /* The side files once the weights are in place: an interrupted run leaves the earlier
-       checkpoint's config beside its own weights, not a new config beside old weights. */
-    if (st == TL_OK) st = copy_side_files(in_dir, out_dir);
-    if (st == TL_OK) tl_sync_directory_of(to);
+    /* The side files once the weights are in place: nothing is written before the weights
+       are whole, so a run that fails while quantising (or is stopped then) changes nothing;
+       one stopped between the renames leaves new weights beside the earlier config, which the
+       load's shape checks refuse rather than misread, and a run again mends. */
+    if (st == TL_OK) {
+        st = copy_side_files(in_dir, out_dir);
+        tl_sync_directory_of(to);
+    }
     return st;
 }

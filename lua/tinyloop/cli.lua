@@ -254,7 +254,7 @@ function _M.parse(argv, default_model)
         for option, spec in pairs(OPTIONS) do -- (a field by its long option's name)
             if option:sub(1, 2) == "--" then named[spec[1]] = option end
         end
-        named.stop_strings = "--stop"
+        named.stop_strings, named.logit_bias = "--stop", "--logit-bias"
         for field in pairs(o.cfg) do if field ~= "loops" then given[#given + 1] = named[field] or field end end
         for _, c in ipairs({ { o.grammar_file, "--grammar" }, { o.schema_file, "--json-schema" }, { o.regex, "--regex" },
                              { o.policy, "--policy" } }) do
@@ -321,6 +321,7 @@ local CONVERSE_POOL_BYTES = 64 * 1024 * 1024 -- the prefix pool that keeps the c
 -- of the reply (a caller that reads it first: tool calls).
 local function stream_reply(model, prompt, cfg, opts)
     local made, iterate, session = pcall(model.stream, model, prompt, cfg)
+    if not made and interrupted(iterate) then error(iterate, 0) end
     if not made then return nil, iterate, 2 end
     if not iterate then return nil, session, 1 end
     local parts = {}
@@ -465,9 +466,11 @@ local function apply_policy(path, cfg, model)
     local chunk, err = loadfile(path)
     if not chunk then return nil, "cannot load policy " .. path .. ": " .. err end
     local ok, p = pcall(chunk)
+    if not ok and interrupted(p) then error(p, 0) end
     if not ok then return nil, "policy " .. path .. " failed: " .. tostring(p) end
     if type(p) == "function" then
         local ok2, r = pcall(p, cfg, model)
+        if not ok2 and interrupted(r) then error(r, 0) end
         if not ok2 then return nil, "policy " .. path .. " failed: " .. tostring(r) end
         return r or cfg
     elseif type(p) == "table" then

@@ -432,15 +432,16 @@ static void checksum_pieces(void) {
     }
 }
 
-/* Resumes `state` with `hooks` and runs it to its end: true when it ran as `whole` did. */
-static bool resumes_as(const tl_model *m, const tl_session_state *state, const tl_generate_config *hooks,
-                       const tl_session *whole) {
+/* Resumes `state` with `hooks` and runs it to its end: NULL when it ran as `whole` did, else
+   what went wrong. */
+static const char *resumes_as(const tl_model *m, const tl_session_state *state, const tl_generate_config *hooks,
+                              const tl_session *whole) {
     tl_session *resumed = NULL;
-    if (tl_session_resume(m, state, hooks, &resumed) != TL_OK) return false;
+    if (tl_session_resume(m, state, hooks, &resumed) != TL_OK) return tl_last_error();
     run(resumed, 1000);
     const bool same = same_run(resumed, whole);
     tl_session_free(resumed);
-    return same;
+    return same ? NULL : "the resumed run differs";
 }
 
 /* A session under a compiled grammar: its file marks it so (the matcher's position is not
@@ -506,7 +507,8 @@ static void compiled_grammar_states(const tl_model *m) {
         hooks.grammar = &with_digits;
         CHECK_ERROR(tl_session_resume(m, old, &hooks, &resumed), TL_ERR_INVALID_ARGUMENT, "is not allowed by the grammar");
         hooks.grammar = &with_letters;
-        CHECK(resumes_as(m, old, &hooks, whole), "a version 6 state resumed under its grammar: %s", tl_last_error());
+        const char *why = resumes_as(m, old, &hooks, whole);
+        CHECK(!why, "a version 6 state resumed under its grammar: %s", why);
         tl_session_state_free(old);
         free(v6);
     }
@@ -516,7 +518,8 @@ static void compiled_grammar_states(const tl_model *m) {
     tl_grammar with_letters_again;
     tl_grammar_use(&with_letters_again, letters_again);
     hooks.grammar = &with_letters_again;
-    CHECK(resumes_as(m, state, &hooks, whole), "resumed under its grammar compiled anew: %s", tl_last_error());
+    const char *why_anew = resumes_as(m, state, &hooks, whole);
+    CHECK(!why_anew, "resumed under its grammar compiled anew: %s", why_anew);
     tl_compiled_grammar_free(letters_again);
     tl_compiled_grammar_free(wider);
     hooks.grammar = &with_letters;

@@ -342,7 +342,7 @@ describe("tinyloop.chat", function()
         -- a thinking template that opens the block: the reasoning runs free and the calls come
         -- after </think> (the grammar wrote them inside the block, where they were lost): the
         -- reply of a session under reasoning.grammar(calls, opened), printed as it came (this
-        -- model never closes a block)
+        -- model never closes a block: -n ends it before the required call, a failure said so)
         write(dir .. "/think.jinja", "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}" ..
               "{% if add_generation_prompt %}assistant: <think>\n{% endif %}")
         out = run("-n 24 --chat-template " .. dir .. "/think.jinja --tools " .. dir .. "/tools.json --tool-choice required 'Weather?'")
@@ -355,7 +355,7 @@ describe("tinyloop.chat", function()
         local ids = m:generate(think_prompt, think_cfg)
         local prompt_ids = m:encode(think_prompt)
         local want = m:decode({ unpack(ids, #prompt_ids + 1) })
-        assert.equal(want .. "exit 0\n", out)
+        assert.equal(want .. "tinyloop: the tool call was cut off after 24 tokens, before it was whole: raise -n\nexit 1\n", out)
         assert.is_nil(want:find("^%s*<tool_call>"), want)
         -- refusals: usage (2), a file that cannot be read (1)
         for args, message in pairs({
