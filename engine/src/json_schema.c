@@ -607,13 +607,15 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
     if (strcmp(type, "integer") == 0) {
         const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum"), *mx = cJSON_GetObjectItemCaseSensitive(s, "maximum");
         const cJSON *xmn = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum"), *xmx = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum");
-        const double LIM = 9007199254740992.0; /* 2^53: past it a double holds no longer every integer */
+        /* 2^53: from it on a double holds no longer every integer (9007199254740993 reads as
+           ...992: a bound that moved by one, refused rather than taken) */
+        const double LIM = 9007199254740992.0;
         bool has_lo = mn || xmn, has_hi = mx || xmx;
         double lo = -LIM, hi = LIM;
-        if (mn) { if (!cJSON_IsNumber(mn) || fabs(mn->valuedouble) > LIM) return fail(c, path, "'minimum' must be a number within 2^53 (9007199254740992)"); lo = ceil(mn->valuedouble); }
-        if (xmn) { if (!cJSON_IsNumber(xmn) || fabs(xmn->valuedouble) > LIM) return fail(c, path, "'exclusiveMinimum' must be a number within 2^53 (9007199254740992)"); double v = floor(xmn->valuedouble) + 1; if (v > lo) lo = v; }
-        if (mx) { if (!cJSON_IsNumber(mx) || fabs(mx->valuedouble) > LIM) return fail(c, path, "'maximum' must be a number within 2^53 (9007199254740992)"); hi = floor(mx->valuedouble); }
-        if (xmx) { if (!cJSON_IsNumber(xmx) || fabs(xmx->valuedouble) > LIM) return fail(c, path, "'exclusiveMaximum' must be a number within 2^53 (9007199254740992)"); double v = ceil(xmx->valuedouble) - 1; if (v < hi) hi = v; }
+        if (mn) { if (!cJSON_IsNumber(mn) || fabs(mn->valuedouble) >= LIM) return fail(c, path, "'minimum' must be a number below 2^53 (9007199254740992) in magnitude"); lo = ceil(mn->valuedouble); }
+        if (xmn) { if (!cJSON_IsNumber(xmn) || fabs(xmn->valuedouble) >= LIM) return fail(c, path, "'exclusiveMinimum' must be a number below 2^53 (9007199254740992) in magnitude"); double v = floor(xmn->valuedouble) + 1; if (v > lo) lo = v; }
+        if (mx) { if (!cJSON_IsNumber(mx) || fabs(mx->valuedouble) >= LIM) return fail(c, path, "'maximum' must be a number below 2^53 (9007199254740992) in magnitude"); hi = floor(mx->valuedouble); }
+        if (xmx) { if (!cJSON_IsNumber(xmx) || fabs(xmx->valuedouble) >= LIM) return fail(c, path, "'exclusiveMaximum' must be a number below 2^53 (9007199254740992) in magnitude"); double v = ceil(xmx->valuedouble) - 1; if (v < hi) hi = v; }
         if (lo > hi) return fail(c, path, "minimum > maximum: no integer fits");
         r = new_rule(c);
         strbuf_printf(&c->out, "r%d ::= (", r);
@@ -806,7 +808,8 @@ static unsigned schema_bits(conv *c, const cJSON *s, bool written, int depth) {
         bits = 0;
         for (const cJSON *b = any->child; b; b = b->next) bits |= schema_bits(c, b, written, depth + 1);
     } else if (cJSON_IsArray(all)) {
-        if (written) bits = JT_OBJECT; /* all_of writes one merged object */
+        if (written && all->child && !all->child->next) bits = schema_bits(c, all->child, written, depth + 1); /* (its branch) */
+        else if (written) bits = JT_OBJECT; /* all_of writes one merged object */
         else /* a value matches every branch */
             for (const cJSON *b = all->child; b; b = b->next) bits &= schema_bits(c, b, false, depth + 1);
     } else if (written && cJSON_GetObjectItemCaseSensitive(s, "properties")) bits = JT_OBJECT;
@@ -924,6 +927,13 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
         const char *const KW[] = {combinator, NULL};
         if (check_keywords(c, s, path, KW) < 0) return -1;
         if (!cJSON_IsArray(list) || !list->child) return fail(c, path, "'%s' must be a non-empty array", combinator);
+        /* a one-branch allOf is its branch (pydantic v1's and FastAPI's way to annotate a $ref:
+           {"allOf": [{"$ref": ...}], "description": ...}), of any type */
+        if (combinator[1] == 'l' && !list->child->next) {
+            char sub[512];
+            snprintf(sub, sizeof sub, "%.400s/allOf/0", path);
+            return schema(c, list->child, sub, depth + 1);
+        }
         if (combinator[1] == 'l') return all_of(c, list, path, depth);
         /* oneOf refuses a value that matches two branches, which a grammar of alternatives
            cannot: it is taken where no value can (anyOf's grammar is then oneOf's) */

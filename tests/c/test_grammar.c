@@ -344,6 +344,14 @@ static void test_json_schema(void) {
     static const char *n_ends[] = {"\"xa\"", "\"bx\"", "\"x\"", NULL};
     expect(g, "pattern anchored at one end", y_ends, n_ends);
     tl_compiled_grammar_free(g);
+    /* a one-branch allOf is its branch, of any type (pydantic v1 annotating a $ref; it was
+       refused as "allOf is supported for object schemas only") */
+    g = schema("{\"definitions\":{\"Color\":{\"enum\":[\"red\",\"blue\"]}},\"type\":\"object\",\"properties\":{\"c\":"
+               "{\"allOf\":[{\"$ref\":\"#/definitions/Color\"}],\"description\":\"a color\"}},\"required\":[\"c\"]}");
+    static const char *y_one[] = {"{\"c\":\"red\"}", "{\"c\":\"blue\"}", NULL};
+    static const char *n_one[] = {"{\"c\":\"green\"}", "{\"c\":1}", "{}", NULL};
+    expect(g, "one-branch allOf", y_one, n_one);
+    tl_compiled_grammar_free(g);
     /* format date: days that exist (a validator's date.fromisoformat refuses the others; the
        grammar allowed 31 in every month), February 29 in leap years only */
     g = schema("{\"type\":\"string\",\"format\":\"date\"}");

@@ -83,7 +83,10 @@ describe("tinyloop.grammar", function()
               '{"type":["object","string"],"properties":{"k":{"const":"b"}},"required":["k"]}]}',
               "oneOf: a value may match both branch 0 and branch 1" },
             { '{"oneOf":[{"allOf":[{"properties":{"a":{}}}]},{"type":"null"}]}', "oneOf: a value may match both branch 0 and branch 1" },
-            { '{"type":"integer","maximum":99999999999999999}', "'maximum' must be a number within 2^53" },
+            { '{"type":"integer","maximum":99999999999999999}', "'maximum' must be a number below 2^53" },
+            -- (2^53 + 1 reads as 2^53: a bound one off, refused)
+            { '{"type":"integer","minimum":9007199254740993}', "'minimum' must be a number below 2^53" },
+            { '{"type":"integer","exclusiveMaximum":-9007199254740992}', "'exclusiveMaximum' must be a number below 2^53" },
             { '{"const":"a\\u0000b"}', "a string holding U+0000" },
             { '{"enum":[1e400]}', "a number in 'const' or 'enum' is past a double's range" },
             { '{"type":["object","object"],"properties":{"a":{}}}', "'type' lists 'object' twice" },
