@@ -259,6 +259,23 @@ static void gptq_row_q4(float *w, const double *u, const float *imp, int cols, u
 
 /* ---------------------------------------------------------------- checkpoint conversion */
 
+/* A file to write whole over `to` (tl_create_beside), opened beside it into *out; its name in
+   *partial, for the caller to rename over `to` (or unlink) and free. On failure nothing is
+   left (*out and *partial NULL). */
+static tl_status open_beside(const char *to, FILE **out, char **partial) {
+    *partial = NULL;
+    const int fd = tl_create_beside(to, partial);
+    *out = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (*out) return TL_OK;
+    const tl_status st = *partial ? tl_fail(TL_ERR_IO, "%s: cannot create a file beside it: %s", to, strerror(errno))
+                                  : tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    if (fd >= 0) close(fd);
+    if (*partial) unlink(*partial);
+    free(*partial);
+    *partial = NULL;
+    return st;
+}
+
 /* Copies `from` to `to`, written beside it and renamed over it (as the weights): a link at
    `to` is replaced, never written through (one to the input's own file emptied it), and a
    failed copy leaves no half file. */
@@ -269,17 +286,12 @@ static tl_status copy_file(const char *from, const char *to, bool optional) {
         return TL_OK;
     }
     if (!in) return tl_fail(TL_ERR_IO, "%s: %s", from, strerror(errno));
-    char *partial = NULL;
-    const int fd = tl_create_beside(to, &partial);
-    FILE *out = fd >= 0 ? fdopen(fd, "wb") : NULL;
-    if (!out) {
-        const tl_status st = partial ? tl_fail(TL_ERR_IO, "%s: cannot create a file beside it: %s", to, strerror(errno))
-                                     : tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-        if (fd >= 0) close(fd);
-        if (partial) unlink(partial);
-        free(partial);
+    char *partial;
+    FILE *out;
+    const tl_status opened = open_beside(to, &out, &partial);
+    if (opened != TL_OK) {
         fclose(in);
-        return st;
+        return opened;
     }
     char buf[1 << 16];
     size_t got;
@@ -539,14 +551,9 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
        fails (gptq_factor, a full disk) or is interrupted leaves an earlier good file as it
        was, not a truncated one. */
     char *partial = NULL;
-    const int fd = text ? tl_create_beside(to, &partial) : -1;
-    FILE *out = fd >= 0 ? fdopen(fd, "wb") : NULL;
-    if (!out) {
-        st = !text || !partial ? tl_fail(TL_ERR_NO_MEMORY, "quantize: out of memory")
-                               : tl_fail(TL_ERR_IO, "%s: cannot create a file beside it: %s", to, strerror(errno));
-        if (fd >= 0) close(fd);
-        if (partial) unlink(partial);
-        free(partial);
+    FILE *out = NULL;
+    st = text ? open_beside(to, &out, &partial) : tl_fail(TL_ERR_NO_MEMORY, "quantize: out of memory");
+    if (st != TL_OK) {
         free(text);
         tl_st_close(&file);
         return st;

@@ -16,8 +16,13 @@ local read_tools -- (below)
 local _M = {}
 
 -- Ctrl-C: LuaJIT raises "interrupted!" in whatever Lua runs (a hook's caller wraps it in its
--- own message); the pcalls below pass it on, and main ends quietly with 130.
+-- own message); `attempt`, the pcall below, passes it on, and main ends quietly with 130.
 local function interrupted(err) return type(err) == "string" and err:find("interrupted!", 1, true) ~= nil end
+local function attempt(fn, ...)
+    local results = { pcall(fn, ...) }
+    if not results[1] and interrupted(results[2]) then error(results[2], 0) end
+    return unpack(results, 1, table.maxn(results))
+end
 
 -- Writes to stdout, flushed: a failure (a full disk, a reader gone with SIGPIPE ignored)
 -- raises, so that generation stops and the run exits 1 (it went on and exited 0).
@@ -142,6 +147,12 @@ local OPTIONS = {
     ["--early-exit-gate"] = { "early_exit_gate_threshold", "number" },
 }
 
+-- A config field's long option (messages name what the user typed)
+local OPTION_OF = { stop_strings = "--stop", logit_bias = "--logit-bias" }
+for option, spec in pairs(OPTIONS) do
+    if option:sub(1, 2) == "--" then OPTION_OF[spec[1]] = option end
+end
+
 local function usage_error(msg)
     io.stderr:write("tinyloop: ", msg, " (see --help)\n")
     return 2
@@ -250,12 +261,8 @@ function _M.parse(argv, default_model)
     if o.embed and o.chat then return nil, usage_error("--embed reads PROMPT as text: not with --chat or -i") end
     if #o.stops > 0 then o.cfg.stop_strings = o.stops end
     if o.embed then -- (an embedding generates nothing: what shapes generation was ignored)
-        local given, named = {}, {}
-        for option, spec in pairs(OPTIONS) do -- (a field by its long option's name)
-            if option:sub(1, 2) == "--" then named[spec[1]] = option end
-        end
-        named.stop_strings, named.logit_bias = "--stop", "--logit-bias"
-        for field in pairs(o.cfg) do if field ~= "loops" then given[#given + 1] = named[field] or field end end
+        local given = {}
+        for field in pairs(o.cfg) do if field ~= "loops" then given[#given + 1] = OPTION_OF[field] or field end end
         for _, c in ipairs({ { o.grammar_file, "--grammar" }, { o.schema_file, "--json-schema" }, { o.regex, "--regex" },
                              { o.policy, "--policy" } }) do
             if c[1] then given[#given + 1] = c[2] end
@@ -292,7 +299,6 @@ local function report(message)
     io.stderr:write("tinyloop: ", raised_message(message), "\n")
 end
 
-
 -- The one stats line of a generation, on stderr.
 local function stats_line(s, model)
     io.stderr:write(string.format(
@@ -320,12 +326,11 @@ local CONVERSE_POOL_BYTES = 64 * 1024 * 1024 -- the prefix pool that keeps the c
 -- opts.echo: text written once the session is made (the prompt); opts.held: nothing written
 -- of the reply (a caller that reads it first: tool calls).
 local function stream_reply(model, prompt, cfg, opts)
-    local made, iterate, session = pcall(model.stream, model, prompt, cfg)
-    if not made and interrupted(iterate) then error(iterate, 0) end
+    local made, iterate, session = attempt(model.stream, model, prompt, cfg)
     if not made then return nil, iterate, 2 end
     if not iterate then return nil, session, 1 end
     local parts = {}
-    local ok, err = pcall(function()
+    local ok, err = attempt(function()
         if opts and opts.echo then show(opts.echo) end
         for _, text in iterate, session do
             parts[#parts + 1] = text
@@ -334,10 +339,7 @@ local function stream_reply(model, prompt, cfg, opts)
         if session.error then error(session.error, 0) end
         if not (opts and opts.held) then show("\n") end
     end)
-    if not ok then
-        if interrupted(err) then error(err, 0) end
-        return nil, err, 1
-    end
+    if not ok then return nil, err, 1 end
     local tokens = session:tokens()
     return table.concat(parts), session.final_stats or session:stats(), tokens[#tokens]
 end
@@ -465,12 +467,10 @@ end
 local function apply_policy(path, cfg, model)
     local chunk, err = loadfile(path)
     if not chunk then return nil, "cannot load policy " .. path .. ": " .. err end
-    local ok, p = pcall(chunk)
-    if not ok and interrupted(p) then error(p, 0) end
+    local ok, p = attempt(chunk)
     if not ok then return nil, "policy " .. path .. " failed: " .. tostring(p) end
     if type(p) == "function" then
-        local ok2, r = pcall(p, cfg, model)
-        if not ok2 and interrupted(r) then error(r, 0) end
+        local ok2, r = attempt(p, cfg, model)
         if not ok2 then return nil, "policy " .. path .. " failed: " .. tostring(r) end
         return r or cfg
     elseif type(p) == "table" then
@@ -522,8 +522,7 @@ function _M.run(argv, default_model)
             show("[", table.concat(numbers, ","), "]\n")
         end
         local function embed_line(text, where)
-            local ok, vector, eerr = pcall(model.embed, model, text, { loops = cfg.loops })
-            if not ok and interrupted(vector) then error(vector, 0) end
+            local ok, vector, eerr = attempt(model.embed, model, text, { loops = cfg.loops })
             if not ok then io.stderr:write("tinyloop: ", where, tostring(vector), "\n") return 2 end
             if not vector then io.stderr:write("tinyloop: ", where, tostring(eerr), "\n") return 1 end
             print_vector(vector)
@@ -538,8 +537,7 @@ function _M.run(argv, default_model)
         local n, chunk, first = 0, {}, 1
         local function flush()
             if #chunk == 0 then return 0 end
-            local ok, vectors = pcall(model.embed_batch, model, chunk, { loops = cfg.loops })
-            if not ok and interrupted(vectors) then error(vectors, 0) end
+            local ok, vectors = attempt(model.embed_batch, model, chunk, { loops = cfg.loops })
             if ok and vectors then
                 for _, vector in ipairs(vectors) do print_vector(vector) end
             else

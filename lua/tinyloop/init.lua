@@ -1261,7 +1261,6 @@ function Session:fork(hooks)
     return wrap_session(self.model, branch_out[0], ctx, keep, compiled_grammar)
 end
 
-
 local state_out = ffi_new("tl_session_state *[1]")
 
 -- A state keeps the C model alive like a session does (model_release): its KV pages are the
