@@ -11,10 +11,13 @@
  * matching twice), allOf of objects, string minLength/maxLength,
  * pattern (a regular-expression subset), format date/time/date-time/uuid, integer
  * minimum/maximum/exclusiveMinimum/exclusiveMaximum (exact ranges), number minimum >= 0,
- * boolean, null, $ref to "#", "#/$defs/..." and "#/definitions/...". Annotations (title,
+ * boolean, null, $ref to "#" or a JSON Pointer into the schema ("#/$defs/NAME", escapes
+ * decoded). Annotations (title,
  * description, examples, default, $schema, $id, $comment) are ignored. Anything else is an
  * error naming the keyword: a schema is never silently loosened. */
 #include <cjson/cJSON.h>
+#include <ctype.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -237,11 +240,27 @@ static bool keyword_taken_anywhere(const conv *c, const char *k) {
     return keyword_in(k, ANNOTATIONS) || (c->loose && keyword_in(k, NARROWING));
 }
 
-/* Every keyword of s must be handled by its type or be taken anywhere. */
+static const char *const *type_keywords(const char *type);
+
+/* Every keyword of s must be handled by its type or be taken anywhere. A type's keyword where
+   it is not read (beside a $ref, without a "type", under another type or a combinator) is
+   named as such: "unsupported" alone sent users looking for a keyword that is supported. */
 static int check_keywords(conv *c, const cJSON *s, const char *path, const char *const *handled) {
+    static const char *const TYPES[] = {"object", "array", "string", "integer", "number", NULL};
     for (const cJSON *k = s->child; k; k = k->next) {
         if (keyword_taken_anywhere(c, k->string) || keyword_in(k->string, handled)) continue;
-        return fail(c, path, "unsupported keyword '%s'", k->string);
+        if (keyword_in("$ref", handled))
+            return fail(c, path, "keyword '%s' beside '$ref' is not supported (a $ref takes only annotations such as "
+                                 "'description')", k->string);
+        strbuf types = {0};
+        for (int i = 0; TYPES[i]; i++)
+            if (strcmp(k->string, "type") != 0 && keyword_in(k->string, type_keywords(TYPES[i])))
+                strbuf_printf(&types, "%s\"%s\"", types.p ? " or " : "", TYPES[i]);
+        int r = types.p ? fail(c, path, "keyword '%s' is not supported here: it is read only in a schema of \"type\" %s "
+                                        "(without const, enum, anyOf, oneOf or allOf)", k->string, types.p)
+                        : fail(c, path, "unsupported keyword '%s'", k->string);
+        free(types.p);
+        return r;
     }
     return 0;
 }
@@ -268,24 +287,74 @@ static int json_literal_rule(conv *c, const cJSON *v, const char *path) {
     return r;
 }
 
-/* The schema a $ref names ("#", "#/$defs/NAME" or "#/definitions/NAME"), NULL where it
-   points nowhere; *supported false for any other form. */
+/* One reference token of a JSON Pointer in a URI fragment (RFC 6901 sections 4 and 6): its
+   %XX escapes decoded first, then ~1 as '/' and ~0 as '~' ("#/$defs/a~1b" names the
+   definition "a/b"). Writes at most cap - 1 bytes and a NUL; false for a malformed escape, a
+   NUL byte or a token past cap. */
+static bool pointer_token(const char *from, size_t len, char *out, size_t cap) {
+    char uri[1024];
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        int byte = (unsigned char)from[i];
+        if (byte == '%') {
+            if (i + 2 >= len || !isxdigit((unsigned char)from[i + 1]) || !isxdigit((unsigned char)from[i + 2])) return false;
+            char hex[3] = {from[i + 1], from[i + 2], 0};
+            byte = (int)strtol(hex, NULL, 16);
+            i += 2;
+        }
+        if (byte == 0 || n + 1 >= sizeof uri) return false;
+        uri[n++] = (char)byte;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = uri[i];
+        if (ch == '~') {
+            if (i + 1 >= n || (uri[i + 1] != '0' && uri[i + 1] != '1')) return false;
+            ch = uri[++i] == '1' ? '/' : '~';
+        }
+        if (o + 1 >= cap) return false;
+        out[o++] = ch;
+    }
+    out[o] = 0;
+    return true;
+}
+
+/* The schema a $ref names: "#" (the root) or a JSON Pointer into this document ("#/$defs/NAME",
+   "#/definitions/NAME", "#/properties/a/items"...), NULL where it points nowhere; *supported
+   false for any other form (another document, an $id, a malformed pointer). */
 static const cJSON *ref_target(const conv *c, const char *ref, bool *supported) {
     *supported = true;
-    if (strcmp(ref, "#") == 0) return c->root;
-    if (strncmp(ref, "#/$defs/", 8) == 0)
-        return cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c->root, "$defs"), ref + 8);
-    if (strncmp(ref, "#/definitions/", 14) == 0)
-        return cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c->root, "definitions"), ref + 14);
-    *supported = false;
-    return NULL;
+    if (ref[0] != '#' || (ref[1] != 0 && ref[1] != '/')) {
+        *supported = false;
+        return NULL;
+    }
+    const cJSON *node = c->root;
+    for (const char *p = ref + 1; *p; ) { /* (every token is read: a malformed one is refused wherever it is) */
+        const char *start = p + 1, *end = strchr(start, '/');
+        if (!end) end = start + strlen(start);
+        char name[1024];
+        if (!pointer_token(start, (size_t)(end - start), name, sizeof name)) {
+            *supported = false;
+            return NULL;
+        }
+        if (cJSON_IsArray(node)) { /* an index: digits without a leading zero (NULL: pointed nowhere already) */
+            char *stop;
+            long index = strtol(name, &stop, 10);
+            bool digits = name[0] >= '0' && name[0] <= '9' && *stop == 0 && (name[0] != '0' || name[1] == 0);
+            node = digits && index < INT_MAX ? cJSON_GetArrayItem(node, (int)index) : NULL;
+        } else {
+            node = cJSON_IsObject(node) ? cJSON_GetObjectItemCaseSensitive(node, name) : NULL;
+        }
+        p = end;
+    }
+    return node;
 }
 
 static int ref_rule(conv *c, const char *ref, const char *path, int depth) {
     bool supported;
     const cJSON *target = ref_target(c, ref, &supported);
     if (!supported)
-        return fail(c, path, "$ref '%s' is not supported (only \"#\", \"#/$defs/NAME\" and \"#/definitions/NAME\")", ref);
+        return fail(c, path, "$ref '%s' is not supported (only references into this schema: \"#\" or a JSON Pointer such as \"#/$defs/NAME\")", ref);
     if (!target) return fail(c, path, "$ref '%s' points nowhere", ref);
     for (int i = 0; i < c->n_refs; i++)
         if (c->ref_nodes[i] == target) return c->ref_rules[i];

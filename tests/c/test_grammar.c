@@ -352,6 +352,20 @@ static void test_json_schema(void) {
     static const char *n_one[] = {"{\"c\":\"green\"}", "{\"c\":1}", "{}", NULL};
     expect(g, "one-branch allOf", y_one, n_one);
     tl_compiled_grammar_free(g);
+    /* $ref is a JSON Pointer into the schema, escapes decoded (RFC 6901: %XX, then ~1 '/' and
+       ~0 '~'): "a/b" and "c~d" were looked up as "a~1b" and "c~0d" and pointed nowhere; and it
+       may point anywhere in the document, an array's item included */
+    g = schema("{\"$defs\":{\"a/b\":{\"type\":\"integer\"},\"c~d\":{\"type\":\"boolean\"},\"e f\":{\"const\":\"x\"}},"
+               "\"type\":\"object\",\"properties\":{\"p\":{\"$ref\":\"#/$defs/a~1b\"},\"q\":{\"$ref\":\"#/$defs/c~0d\"},"
+               "\"r\":{\"$ref\":\"#/$defs/e%20f\"},\"s\":{\"$ref\":\"#/properties/t/prefixItems/1\"},"
+               "\"t\":{\"type\":\"array\",\"prefixItems\":[{\"type\":\"null\"},{\"enum\":[7,8]}],\"items\":false}},"
+               "\"required\":[\"p\",\"q\",\"r\",\"s\"],\"additionalProperties\":false}");
+    static const char *y_pointer[] = {"{\"p\":1,\"q\":true,\"r\":\"x\",\"s\":7}",
+                                      "{\"p\":-2,\"q\":false,\"r\":\"x\",\"s\":8,\"t\":[null,7]}", NULL};
+    static const char *n_pointer[] = {"{\"p\":true,\"q\":true,\"r\":\"x\",\"s\":7}", "{\"p\":1,\"q\":1,\"r\":\"x\",\"s\":7}",
+                                      "{\"p\":1,\"q\":true,\"r\":\"y\",\"s\":7}", "{\"p\":1,\"q\":true,\"r\":\"x\",\"s\":null}", NULL};
+    expect(g, "$ref JSON Pointers", y_pointer, n_pointer);
+    tl_compiled_grammar_free(g);
     /* format date: days that exist (a validator's date.fromisoformat refuses the others; the
        grammar allowed 31 in every month), February 29 in leap years only */
     g = schema("{\"type\":\"string\",\"format\":\"date\"}");
@@ -492,7 +506,16 @@ static void test_json_schema(void) {
     static const struct { const char *s, *needle; } bad[] = {
         {"{\"type\":\"string\",\"contentEncoding\":\"base64\"}", "unsupported keyword 'contentEncoding'"},
         {"{\"type\":\"object\",\"patternProperties\":{}}", "unsupported keyword 'patternProperties'"},
-        {"{\"type\":\"number\",\"maximum\":3}", "unsupported keyword 'maximum'"},
+        /* a type's keyword where it is not read says so ("unsupported" sent users looking for
+           a keyword that is supported) */
+        {"{\"type\":\"number\",\"maximum\":3}", "keyword 'maximum' is not supported here: it is read only in a schema of \"type\" \"integer\""},
+        {"{\"minimum\":1}", "keyword 'minimum' is not supported here: it is read only in a schema of \"type\" \"integer\" or \"number\""},
+        {"{\"$defs\":{\"s\":{\"type\":\"string\"}},\"$ref\":\"#/$defs/s\",\"maxLength\":3}", "keyword 'maxLength' beside '$ref' is not supported"},
+        {"{\"$ref\":\"#/$defs/a~2\"}", "$ref '#/$defs/a~2' is not supported"},
+        {"{\"$ref\":\"#/$defs/a%zz\"}", "$ref '#/$defs/a%zz' is not supported"},
+        {"{\"$ref\":\"#/$defs/a%00\"}", "is not supported"},
+        {"{\"$ref\":\"#x\"}", "$ref '#x' is not supported"},
+        {"{\"$defs\":{\"l\":[{}]},\"$ref\":\"#/$defs/l/01\"}", "points nowhere"},
         {"{\"type\":\"string\",\"format\":\"email\"}", "format 'email' is not supported"},
         {"{\"type\":\"wat\"}", "unknown type 'wat'"},
         {"{\"$ref\":\"http://x\"}", "$ref 'http://x' is not supported"},
