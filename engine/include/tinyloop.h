@@ -500,8 +500,9 @@ typedef struct tl_generate_stats {
 } tl_generate_stats;
 
 /* The tokens after the first (tokens_emitted - 1: the first comes from the prefill's
-   logits) / decode seconds, and prompt tokens / prefill seconds (0 when undefined: fewer
-   than two tokens, no prefill). */
+   logits) / decode seconds, and the prompt tokens the prefill computed (prompt_tokens -
+   prompt_tokens_reused) / prefill seconds (0 when undefined: fewer than two tokens, nothing
+   computed). */
 double tl_stats_decode_tokens_per_s(const tl_generate_stats *stats);
 double tl_stats_prefill_tokens_per_s(const tl_generate_stats *stats);
 

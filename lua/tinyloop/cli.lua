@@ -260,6 +260,17 @@ function _M.parse(argv, default_model)
     if o.tool_choice and not o.tools_file then return nil, usage_error("--tool-choice goes with --tools") end
     if o.embed and o.chat then return nil, usage_error("--embed reads PROMPT as text: not with --chat or -i") end
     if #o.stops > 0 then o.cfg.stop_strings = o.stops end
+    -- the early-exit knobs tune --early-exit (or a policy's depth rule): alone they did nothing
+    if not o.embed and not o.policy and (o.cfg.early_exit_patience or 0) <= 0 then
+        local knobs = {}
+        for field in pairs(o.cfg) do
+            if field:match("^early_exit_") and field ~= "early_exit_patience" then knobs[#knobs + 1] = OPTION_OF[field] end
+        end
+        if #knobs > 0 then
+            table.sort(knobs)
+            return nil, usage_error(table.concat(knobs, ", ") .. " tune early exit, which is off: give --early-exit PATIENCE")
+        end
+    end
     if o.embed then -- (an embedding generates nothing: what shapes generation was ignored)
         local given = {}
         for field in pairs(o.cfg) do if field ~= "loops" then given[#given + 1] = OPTION_OF[field] or field end end
@@ -596,7 +607,8 @@ function _M.run(argv, default_model)
             f:close()
             if not text then io.stderr:write("tinyloop: ", g[1], ": ", tostring(rerr), "\n") return 1 end
             local compiled, gerr = g[2](text)
-            if not compiled then io.stderr:write("tinyloop: ", g[1], ": ", gerr, "\n") return 1 end
+            -- (what the file says is refused: bad usage, as a refused --regex or --tools file)
+            if not compiled then io.stderr:write("tinyloop: ", g[1], ": ", gerr, "\n") return 2 end
             cfg.grammar = compiled
         end
     end

@@ -876,6 +876,16 @@ static void test_step_batch_stats(void) {
           bst.prefill_ms, bst.first_token_ms, bst.decode_ms);
     CHECK(bst.loops_used == tl_model_info(model)->default_loops, "loops_used %g", bst.loops_used);
     CHECK(tl_stats_decode_tokens_per_s(&bst) > 0 && tl_stats_prefill_tokens_per_s(&bst) > 0, "rates");
+    /* the prefill rate counts the prompt tokens it computed, not those the prefix pool gave */
+    {
+        tl_generate_stats reused = bst;
+        reused.prompt_tokens = 100, reused.prompt_tokens_reused = 60, reused.prefill_ms = 10;
+        CHECK(fabs(tl_stats_prefill_tokens_per_s(&reused) - 4000.0) < 1e-9, "prefill rate with 60 of 100 reused: %g",
+              tl_stats_prefill_tokens_per_s(&reused));
+        reused.prompt_tokens_reused = 100;
+        CHECK(tl_stats_prefill_tokens_per_s(&reused) == 0, "prefill rate with every token reused: %g",
+              tl_stats_prefill_tokens_per_s(&reused));
+    }
     /* the decode rate counts the tokens after the first (which the prefill's logits gave) */
     CHECK(fabs(tl_stats_decode_tokens_per_s(&bst) - (bst.tokens_emitted - 1) * 1000.0 / bst.decode_ms) < 1e-9,
           "decode rate %g over %d tokens in %g ms", tl_stats_decode_tokens_per_s(&bst), bst.tokens_emitted, bst.decode_ms);
