@@ -174,8 +174,9 @@ tl_status tl_encode_ex(const tl_model *model, const char *text, size_t len, unsi
 tl_status tl_decode(const tl_model *model, const int32_t *ids, int n, char **text, size_t *len);
 /* The raw bytes of one token; valid as long as the model. */
 tl_status tl_token_text(const tl_model *model, int32_t id, const char **bytes, size_t *len);
-/* 1 for a special token (end of text...: control, never part of tl_session_text's text), else 0
-   (also without a tokenizer, and for ids out of range). */
+/* 1 for a special token (end of text...: control, not text unless a config's
+   keep_special_text keeps it: tl_token_in_text), else 0 (also without a tokenizer, and for
+   ids out of range). */
 int tl_token_is_special(const tl_model *model, int32_t id);
 
 /* Streaming detokenizer: never returns a broken UTF-8 sequence (bytes of an unfinished
@@ -649,6 +650,15 @@ const tl_generate_stats *tl_session_stats(const tl_session *session);
    back until a later step (or the end) settles them. Special tokens (such as the
    end-of-text token) contribute no text. Needs a tokenizer. */
 tl_status tl_session_text(tl_session *session, const char **piece, size_t *len);
+/* 1 when the token's text is part of a session's text under config (tl_session_text, the
+   text stop strings match): a token that is not special; a special one where
+   config->keep_special_text keeps it, unless it ends generation (the end of text, unless
+   ignore_eos; a one-token stop sequence). Else 0, also without a tokenizer and for ids out
+   of range. config NULL: the defaults (tl_generate_config_init). */
+int tl_token_in_text(const tl_model *model, const tl_generate_config *config, int32_t id);
+/* The session's config as tl_session_new, fork or resume set it (the hooks included, its
+   arrays the session's own copies); valid as long as the session. */
+const tl_generate_config *tl_session_config(const tl_session *session);
 
 /* ---- blocking calls (SPEC §3): output = prompt + continuation, written to out, which must
    hold prompt_len + max_tokens tokens; *out_len receives the length. stats may be NULL. */

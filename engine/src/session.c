@@ -419,15 +419,23 @@ static tl_status finish(tl_session *s, tl_stop_reason reason, tl_stop_reason *st
     return TL_OK;
 }
 
+int tl_token_in_text(const tl_model *m, const tl_generate_config *c, int32_t tok) {
+    if (!m || !m->tokenizer || tok < 0 || tok >= m->cfg.vocab_size) return 0;
+    if (!tlz_is_special(m->tokenizer, tok)) return 1;
+    return c && c->keep_special_text && !tl_is_end(c, m->cfg.eos_token_id, tok);
+}
+
+const tl_generate_config *tl_session_config(const tl_session *s) {
+    return s ? &s->cfg : NULL;
+}
+
 /* Appends the token's bytes to the generated text; true when a stop string now ends
    inside them (a match may start in earlier tokens' text). */
 tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched) {
     *matched = false;
     /* Special tokens (end of text...) are control, not text: shown only where the config
        keeps their text, and never the one that ends generation. */
-    if (!s->m->tokenizer) return TL_OK;
-    if (tlz_is_special(s->m->tokenizer, tok) && (!s->cfg.keep_special_text || tl_is_end(&s->cfg, s->m->cfg.eos_token_id, tok)))
-        return TL_OK;
+    if (!tl_token_in_text(s->m, &s->cfg, tok)) return TL_OK;
     const char *bytes;
     size_t len;
     if (tlz_token_bytes(s->m->tokenizer, tok, &bytes, &len) != 0) len = 0; /* id without text */

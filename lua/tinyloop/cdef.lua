@@ -277,6 +277,8 @@ tl_status tl_model_set_prefix_pool(tl_model *model, int64_t budget_bytes);
 const int32_t *tl_session_tokens(const tl_session *session, int *n);
 const tl_generate_stats *tl_session_stats(const tl_session *session);
 tl_status tl_session_text(tl_session *session, const char **piece, size_t *len);
+int tl_token_in_text(const tl_model *model, const tl_generate_config *config, int32_t id);
+const tl_generate_config *tl_session_config(const tl_session *session);
 tl_status tl_generate(const tl_model *model, const int32_t *prompt, int prompt_len,
                       const tl_generate_config *cfg, int32_t *out, int out_capacity,
                       int *out_len, tl_generate_stats *stats);

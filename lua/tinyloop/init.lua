@@ -120,11 +120,11 @@ local function token_text(ctx, id)
     return ffi_string(ctx.bytes[0], ctx.len[0])
 end
 
--- A generated token's piece of the text stop_when sees (ctx.pieces), or nil: special tokens
--- are control, not text, as in the session's text (tl_session_text), whose keep_special_text
--- the mirrors do not follow.
+-- A generated token's piece of the text stop_when sees (ctx.pieces), or nil: the engine's
+-- rule for the session's text (tl_token_in_text under ctx.config: special tokens are control,
+-- not text, unless keep_special_text keeps those that do not end generation).
 local function text_piece(ctx, id, text)
-    if text and C.tl_token_is_special(ctx.model, id) == 0 then return text end
+    if text and C.tl_token_in_text(ctx.model, ctx.config, id) ~= 0 then return text end
     return nil
 end
 
@@ -453,6 +453,7 @@ local function make_config(model, cfg)
             depth_policy = cfg.depth_policy, signals = {},
             grammar = g, compiled_grammar = compiled_grammar, tokens = {}, pieces = {}, prompt_len = 0,
             bytes = ffi_new("const char *[1]"), len = ffi_new("size_t[1]"),
+            config = c, -- (what text_piece reads; a branch's is its session's: adopt_branch)
         }
         local user = ffi_cast("void *", ctx.key)
         -- on_token runs whenever a context exists: it keeps the token/text mirrors.
@@ -1189,15 +1190,16 @@ for _, hook in ipairs(LUA_HOOKS) do HOOK_FIELDS[hook] = true end
 local State = {}
 State.__index = State
 
--- The token/text mirrors of a sequence (tokens: prompt + emitted, prompt_len of them the
--- prompt's) that has had no Lua hooks: what on_token would have recorded had they run since
--- the prompt (text_piece).
-local function mirrors_of(model, tokens, prompt_len)
-    local ctx = { model = model.handle.raw, has_tokenizer = model.has_tokenizer, bytes = ffi_new("const char *[1]"),
-                  len = ffi_new("size_t[1]") }
-    local pieces = {}
-    for i = prompt_len + 1, #tokens do pieces[#pieces + 1] = text_piece(ctx, tokens[i], token_text(ctx, tokens[i])) end
-    return { tokens = tokens, pieces = pieces, prompt_len = prompt_len }
+-- A branch's text mirror (ctx.pieces), made once the branch session `ptr` exists: the text
+-- of its tokens past the prompt as that session shows it (tl_session_config: fork and resume
+-- keep the parent's keep_special_text and ends, which the branch's own Lua config, hooks
+-- alone, does not hold).
+local function adopt_branch(ctx, ptr)
+    if not ctx then return end
+    ctx.config = C.tl_session_config(ptr)
+    local tokens, pieces = ctx.tokens, ctx.pieces
+    for i = #pieces, 1, -1 do pieces[i] = nil end
+    for i = ctx.prompt_len + 1, #tokens do pieces[#pieces + 1] = text_piece(ctx, tokens[i], token_text(ctx, tokens[i])) end
 end
 
 -- The hook context and C hook fields of a branch of `session` (a session or a saved state):
@@ -1226,16 +1228,14 @@ local function branch_hooks(session, hooks, what)
     if not (has_lua_hooks(cfg) or cfg.grammar) then return nil, {}, nil, nil end
     local c, keep, ctx, compiled_grammar = make_config(session.model, cfg)
     if not ctx then return c, keep, nil, compiled_grammar end -- a compiled grammar alone: no Lua hooks to mirror for
-    -- (a parent without Lua hooks kept no mirrors: the branch's hooks still see the whole text)
+    -- (a parent without Lua hooks kept no mirrors: the branch's hooks still see the whole
+    -- sequence, and adopt_branch its whole text)
     if not session.ctx then
-        if getmetatable(session) == State then
-            parent = mirrors_of(session.model, session:tokens())
-        else
-            parent = mirrors_of(session.model, session:tokens(), C.tl_session_stats(session.ptr).prompt_tokens)
-        end
+        local tokens, prompt_len = session:tokens()
+        if getmetatable(session) ~= State then prompt_len = C.tl_session_stats(session.ptr).prompt_tokens end
+        parent = { tokens = tokens, prompt_len = prompt_len }
     end
     for i, t in ipairs(parent.tokens or {}) do ctx.tokens[i] = t end
-    for i, p in ipairs(parent.pieces or {}) do ctx.pieces[i] = p end
     ctx.prompt_len = parent.prompt_len or 0
     branch_policies(parent.tokens, ctx.tokens)
     return c, keep, ctx, compiled_grammar
@@ -1258,6 +1258,7 @@ function Session:fork(hooks)
         if ctx then registry[ctx.key] = nil end
         return engine_failure(st)
     end
+    adopt_branch(ctx, branch_out[0])
     return wrap_session(self.model, branch_out[0], ctx, keep, compiled_grammar)
 end
 
@@ -1289,14 +1290,13 @@ function State:close()
     end
 end
 
--- A session's hook context as of a save: its token and text mirrors copied (the session
--- goes on appending to its own, and a resume must see the text of the save, not of later
--- steps), its hooks shared.
+-- A session's hook context as of a save: its token mirror copied (the session goes on
+-- appending to its own, and a resume must see the sequence of the save, not of later steps;
+-- its text is made again from it, adopt_branch), its hooks shared.
 local function snapshot_ctx(ctx)
     if not ctx then return nil end
-    local snap = setmetatable({ tokens = {}, pieces = {}, prompt_len = ctx.prompt_len }, { __index = ctx })
+    local snap = setmetatable({ tokens = {}, prompt_len = ctx.prompt_len }, { __index = ctx })
     for i, t in ipairs(ctx.tokens or {}) do snap.tokens[i] = t end
-    for i, p in ipairs(ctx.pieces or {}) do snap.pieces[i] = p end
     branch_policies(ctx.tokens, snap.tokens)
     return snap
 end
@@ -1342,12 +1342,10 @@ function State:tokens()
     return t, prompt_len[0]
 end
 
--- The state in state_out[0], read back from bytes, with the token/text mirrors it continues
--- with (mirrors_of).
+-- The state in state_out[0], read back from bytes (without Lua hooks: a branch of it makes
+-- its mirrors from its tokens, branch_hooks).
 local function read_back_state(model)
-    local state = wrap_state(model, state_out[0], nil)
-    state.ctx = mirrors_of(model, state:tokens())
-    return state
+    return wrap_state(model, state_out[0], nil)
 end
 
 -- model:state_from_bytes(s) -> state | nil, err: a state written by state:bytes() on this
@@ -1380,6 +1378,7 @@ function Model:resume(state, hooks)
         if ctx then registry[ctx.key] = nil end
         return engine_failure(st)
     end
+    adopt_branch(ctx, branch_out[0])
     return wrap_session(self, branch_out[0], ctx, keep, compiled_grammar)
 end
 

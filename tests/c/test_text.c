@@ -233,9 +233,21 @@ static void test_keep_special_text(void) {
                   mode, (int)len, text, want);
             CHECK(stop == (!ends ? TL_STOP_MAX_TOKENS : mode == 1 ? TL_STOP_EOS : TL_STOP_SEQUENCE), "keep %d mode %d: %s", keep,
                   mode, tl_stop_reason_name(stop));
+            /* the rule the text followed, as the bindings' mirrors ask it: the session's own
+               config (tl_session_config) says whether <|endoftext|> is text */
+            const tl_generate_config *own = tl_session_config(s);
+            const int eos_in_text = keep && (mode == 0 || mode == 3);
+            CHECK(own && own->keep_special_text == keep && own->ignore_eos == cfg.ignore_eos, "keep %d mode %d: config", keep, mode);
+            CHECK(tl_token_in_text(model, own, eos) == eos_in_text && tl_token_in_text(model, own, 'a') == 1,
+                  "keep %d mode %d: tl_token_in_text %d, want %d", keep, mode, tl_token_in_text(model, own, eos), eos_in_text);
             tl_session_free(s);
         }
     }
+    /* no config: the defaults; ids out of range have no text */
+    CHECK(tl_token_in_text(model, NULL, eos) == 0 && tl_token_in_text(model, NULL, 'a') == 1, "tl_token_in_text defaults");
+    CHECK(tl_token_in_text(model, NULL, -1) == 0 && tl_token_in_text(model, NULL, tl_model_info(model)->vocab_size) == 0 &&
+              tl_token_in_text(NULL, NULL, 'a') == 0 && tl_session_config(NULL) == NULL,
+          "tl_token_in_text out of range");
     tl_generate_config cfg;
     tl_generate_config_init(&cfg);
     cfg.keep_special_text = 2;

@@ -70,6 +70,34 @@ describe("forks and saved states", function()
         end
     end)
 
+    it("shows stop_when the text the session shows: special tokens' under keep_special_text, in branches too", function()
+        -- (the small model's <|endoftext|> is 319, special; ignore_eos: it does not end generation)
+        local eot = "<|endoftext|>"
+        local seen = {}
+        local function rule(_, text) seen[#seen + 1] = text return false end
+        local cfg = { max_tokens = 4, logit_bias = { [319] = 100 }, ignore_eos = true, keep_special_text = true }
+        local cfg_hooked = { stop_when = rule }
+        for k, v in pairs(cfg) do cfg_hooked[k] = v end
+        finish(assert(m:session(prompt, cfg_hooked)))
+        assert.same({ eot, eot:rep(2), eot:rep(3), eot:rep(4) }, seen) -- (it saw "" each time)
+        -- a branch of a session without Lua hooks: the text before the fork as the session showed it
+        local parent = assert(m:session(prompt, cfg))
+        parent:step()
+        parent:step()
+        local state = assert(parent:save())
+        for _, branch in ipairs({ assert(parent:fork({ stop_when = rule })), assert(m:resume(state, { stop_when = rule })),
+                                  assert(m:resume(assert(m:state_from_bytes(assert(state:bytes()))), { stop_when = rule })) }) do
+            seen = {}
+            finish(branch)
+            assert.same({ eot:rep(3), eot:rep(4) }, seen)
+        end
+        -- without keep_special_text the text has none of it
+        seen = {}
+        cfg_hooked.keep_special_text = nil
+        finish(assert(m:session(prompt, cfg_hooked)))
+        assert.same({ "", "", "", "" }, seen)
+    end)
+
     it("gives a branch its own hooks, and its own text", function()
         local parent = assert(m:session(prompt, { max_tokens = 12, ignore_eos = true }))
         for _ = 1, 3 do parent:step() end

@@ -700,7 +700,15 @@ describe("server", function()
         assert.equal("", text({ skip_special_tokens = true }))
         assert.equal(("<|endoftext|>"):rep(3), text({ skip_special_tokens = false }))
         assert.equal("", text({ skip_special_tokens = false, ignore_eos = false }))
-        local status, body = post_json({ prompt = "It is", skip_special_tokens = 0 })
+        -- logprobs' text_offset counts the kept text (each offset was 0: a special token was
+        -- taken as shown nowhere)
+        local status, body = post_json({ prompt = "It is", max_tokens = 3, logit_bias = { ["4095"] = 100 }, ignore_eos = true,
+                                         skip_special_tokens = false, logprobs = 0 })
+        assert.equal(200, status, body)
+        local lp = cjson.decode(body).choices[1].logprobs
+        local eot = #"<|endoftext|>"
+        assert.same({ 0, eot, 2 * eot }, lp.text_offset)
+        status, body = post_json({ prompt = "It is", skip_special_tokens = 0 })
         assert.equal(400, status, body)
         assert.equal("skip_special_tokens", cjson.decode(body).error.param)
     end)

@@ -579,12 +579,25 @@ local request_options = ffi_new("tl_engine_request_options")
 local token_bytes, token_len = ffi_new("const char *[1]"), ffi_new("size_t[1]")
 
 -- A token's text for logprobs: its bytes as valid UTF-8 (a token may hold part of a
--- character), and its length in the choice's text: a generated special token is not shown
--- there, an echoed prompt's is (in_prompt).
-local function token_string(id, in_prompt)
+-- character), and its length in the choice's text: an echoed prompt's is shown there
+-- (in_prompt), a generated one as the engine shows it under the choice's text_config
+-- (tl_token_in_text; nil: the defaults, where a special token is not shown).
+local function token_string(id, in_prompt, text_config)
     if C.tl_token_text(model.ptr, id, token_bytes, token_len) ~= 0 then return "", 0, "" end
     local bytes = ffi_string(token_bytes[0], token_len[0])
-    return request.valid_utf8(bytes), (in_prompt or C.tl_token_is_special(model.ptr, id) == 0) and #bytes or 0, bytes
+    return request.valid_utf8(bytes), (in_prompt or C.tl_token_in_text(model.ptr, text_config, id) ~= 0) and #bytes or 0, bytes
+end
+
+-- The config fields that decide which special tokens a choice's text shows (skip_special_tokens
+-- false keeps those that do not end generation), or nil for the defaults. (A one-token stop
+-- sequence, which ends generation, is left out: it is the last token, and its length moves
+-- no later offset.)
+local function text_config_of(cfg)
+    if not cfg.keep_special_text then return nil end
+    local c = ffi_new("tl_generate_config")
+    C.tl_generate_config_init(c)
+    c.keep_special_text, c.ignore_eos = 1, cfg.ignore_eos and 1 or 0
+    return c
 end
 
 -- A log-probability for JSON: -inf (a token the model rules out) has no JSON number: null.
@@ -599,7 +612,7 @@ end
 local function logprobs_json(st, ids, figures, n_prompt)
     local tokens, token_logprobs, tops, offsets = {}, {}, {}, {}
     for i = 1, #ids do
-        local text, shown = token_string(ids[i], i <= (n_prompt or 0))
+        local text, shown = token_string(ids[i], i <= (n_prompt or 0), st.text_config)
         local figure = figures[i]
         tokens[i], offsets[i] = text, st.offset
         token_logprobs[i] = figure.logprob and json_logprob(figure.logprob) or cjson.null
@@ -764,11 +777,12 @@ end
 -- OpenAI leaves the stop string out of the text (tags.cut_at_stop). The engine shows a match
 -- only once it is complete (it holds back any suffix that may still grow into one), so the
 -- match lies in the text of the finishing read, and ends in what its last token, `last_id`,
--- shows (nothing, for a special token: a stop token then ended it, not a string).
-local function cut_at_stop(text, stops, last_id)
+-- shows under the choice's text_config (nothing, for a special token the text leaves out: a
+-- stop token then ended it, not a string).
+local function cut_at_stop(text, stops, last_id, text_config)
     local shown = #text -- (no token in the read, or one without text: the whole of its text)
     if last_id and C.tl_token_text(model.ptr, last_id, token_bytes, token_len) == 0 then
-        shown = select(2, token_string(last_id))
+        shown = select(2, token_string(last_id, false, text_config))
     end
     return tags.cut_at_stop(text, stops, shown)
 end
@@ -786,7 +800,7 @@ local function finish_read(st, text, last_id)
     end
     local stops = st.stops or st.stop_strings -- (cut at: the engine's; named: the client's own)
     if not stops then return text end
-    local cut, stop = cut_at_stop(text, stops, last_id)
+    local cut, stop = cut_at_stop(text, stops, last_id, st.text_config)
     local named = stop and st.stop_names and st.stop_names[stop]
     if named then st.stop_reason = stop end
     if st.stops then return cut end
@@ -1545,6 +1559,7 @@ local function serve(chat, body, view)
             stop_strings = req.stop_strings, stop_names = req.stop_names, stop_ids = req.stop_ids,
             prompt_ids = ids, prompt_figures = prompt_figures[p],
             offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
+            text_config = text_config_of(req.cfg),
             chat = chat, streaming = req.stream, prompt = p, tools = req.tools,
             logprob_entries = view and view.LOGPROB_ENTRIES,
             reasoning = read_reasoning and { inside = inside, reader = req.stream and reasoning.stream(inside),
