@@ -131,8 +131,9 @@ struct tl_model_info {
     int n_threads;            /* worker threads actually used */
     const char *backend;      /* "cpu" | "cuda" */
     const char *kv_type;      /* "f32" | "f16" (tl_load_options.kv_type) */
-    int64_t n_params;         /* parameters in the checkpoint */
-    int64_t weight_bytes;     /* bytes of weights held in memory */
+    int64_t n_params;         /* parameters of the model (a stored tensor it does not read, such
+                                 as a tied checkpoint's lm_head, is not counted) */
+    int64_t weight_bytes;     /* bytes of weights held in memory (the same tensors') */
     int exit_gate;            /* 1 when the model has a per-loop exit gate (Ouro) */
     float exit_gate_threshold; /* its default cumulative-probability threshold (config.json
                                   early_exit_threshold; 1 = never exit early) */
@@ -162,7 +163,10 @@ const char *tl_model_warnings(const tl_model *model);
 void tl_free(void *ptr);
 
 /* Byte-level BPE encoding of text[0..len) (any bytes; special tokens such as
-   "<|endoftext|>" are recognised). *ids receives a tl_free-able array of *n_ids ids. */
+   "<|endoftext|>" are recognised). *ids receives a tl_free-able array of *n_ids ids. The ids
+   are the text's alone: no special token is added (Hugging Face's add_special_tokens=False;
+   tokenizer.json's post_processor, a template that may put a BOS first, is not applied: a
+   prompt that wants one writes it, as chat templates do). */
 tl_status tl_encode(const tl_model *model, const char *text, size_t len, int32_t **ids, int *n_ids);
 /* tl_encode with flags (0: tl_encode). TL_ENCODE_SPECIAL_AS_TEXT encodes the texts of special
    tokens ("<|endoftext|>", "<|im_start|>") as ordinary text, for text that must not inject

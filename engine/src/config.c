@@ -297,55 +297,66 @@ static int by_key(const void *a, const void *b) {
 }
 
 /* JSON leaves duplicate keys undefined and cJSON keeps the first: "d_model" given twice is a
-   mistake whichever one was meant, at any depth. Sorting keeps it O(n log n). */
-static tl_status check_duplicates(const cJSON *node) {
-    tl_status st = TL_OK;
-    int n = 0;
+   mistake whichever one was meant, at any depth. Sorting keeps it O(n log n). 0, or -1 with
+   why filled. */
+static int check_duplicates(const cJSON *node, char *why, size_t why_len) {
+    int rc = 0, n = 0;
     for (const cJSON *e = node->child; e; e = e->next) n++;
     if (cJSON_IsObject(node) && n > 1) {
         const cJSON **keys = malloc((size_t)n * sizeof *keys);
-        if (!keys) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+        if (!keys) return snprintf(why, why_len, "out of memory"), -1;
         int k = 0;
         for (const cJSON *e = node->child; e; e = e->next) keys[k++] = e;
         qsort(keys, (size_t)n, sizeof *keys, by_key);
-        for (int i = 1; i < n && st == TL_OK; i++)
-            if (strcmp(keys[i - 1]->string, keys[i]->string) == 0)
-                st = tl_fail(TL_ERR_FORMAT, "config.json: duplicate key \"%.60s\"%s%.60s%s", keys[i]->string,
-                             node->string ? " in \"" : "", node->string ? node->string : "",
-                             node->string ? "\"" : "");
+        for (int i = 1; i < n && rc == 0; i++)
+            if (strcmp(keys[i - 1]->string, keys[i]->string) == 0) {
+                snprintf(why, why_len, "duplicate key \"%.60s\"%s%.60s%s", keys[i]->string, node->string ? " in \"" : "",
+                         node->string ? node->string : "", node->string ? "\"" : "");
+                rc = -1;
+            }
         free(keys);
     }
-    for (const cJSON *e = node->child; e && st == TL_OK; e = e->next) st = check_duplicates(e);
-    return st;
+    for (const cJSON *e = node->child; e && rc == 0; e = e->next) rc = check_duplicates(e, why, why_len);
+    return rc;
 }
 
-tl_status tl_config_json_read(const char *json_text, cJSON **out) {
+int tl_json_read_strict(const char *text, size_t len, cJSON **out, char *why, size_t why_len) {
     *out = NULL;
     /* cJSON skips a byte order mark; JSON (RFC 8259) forbids one, and a tool that wrote it
        may have mangled more. */
-    if ((unsigned char)json_text[0] == 0xEF && (unsigned char)json_text[1] == 0xBB &&
-        (unsigned char)json_text[2] == 0xBF)
-        return tl_fail(TL_ERR_FORMAT, "config.json: starts with a UTF-8 byte order mark, which JSON does not allow");
+    if (len >= 3 && (unsigned char)text[0] == 0xEF && (unsigned char)text[1] == 0xBB && (unsigned char)text[2] == 0xBF)
+        return snprintf(why, why_len, "starts with a UTF-8 byte order mark, which JSON does not allow"), -1;
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithOpts(json_text, &end, false);
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
     if (!root) {
-        const char *where = cJSON_GetErrorPtr();
-        char snippet[32] = "";
-        if (where) snprintf(snippet, sizeof snippet, "%.20s", where);
-        return tl_fail(TL_ERR_FORMAT, "config.json: invalid JSON near \"%s\"", snippet);
+        size_t pos = end && end >= text && end <= text + len ? (size_t)(end - text) : 0, line = 1, column = 1;
+        for (size_t i = 0; i < pos; i++) {
+            if (text[i] == '\n') line++, column = 1;
+            else column++;
+        }
+        return snprintf(why, why_len, "not valid JSON (error near line %zu, column %zu)", line, column), -1;
     }
-    while (end && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
-    tl_status st = TL_OK;
-    if (end && *end)
-        st = tl_fail(TL_ERR_FORMAT, "config.json: unexpected text after the JSON value: \"%.20s\"", end);
+    const char *stop = text + len;
+    while (end && end < stop && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    int rc = 0;
+    if (end && end < stop && *end) /* (a NUL ends a C string's text) */
+        rc = -1, snprintf(why, why_len, "unexpected text after the JSON value: \"%.20s\"", end);
     else if (!cJSON_IsObject(root))
-        st = tl_fail(TL_ERR_FORMAT, "config.json: top level must be a JSON object");
-    if (st == TL_OK) st = check_duplicates(root);
-    if (st != TL_OK) {
+        rc = -1, snprintf(why, why_len, "the top level must be a JSON object");
+    else
+        rc = check_duplicates(root, why, why_len);
+    if (rc != 0) {
         cJSON_Delete(root);
-        return st;
+        return -1;
     }
     *out = root;
+    return 0;
+}
+
+tl_status tl_config_json_read(const char *json_text, cJSON **out) {
+    char why[200];
+    if (tl_json_read_strict(json_text, strlen(json_text), out, why, sizeof why) != 0)
+        return tl_fail(TL_ERR_FORMAT, "config.json: %s", why);
     return TL_OK;
 }
 

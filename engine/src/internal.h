@@ -128,9 +128,13 @@ typedef struct tl_config {
 
 /* Parses and validates config.json text; the message names the field and value. */
 tl_status tl_config_parse(const char *json_text, tl_config *out);
-/* config.json's text as JSON, by the rules every config reader shares: no byte order mark,
-   one object, nothing after it, no key given twice at any depth. *out to cJSON_Delete. */
+/* A JSON file's text (len bytes) by the rules every file the loader reads shares (config.json,
+   tokenizer.json, a sharded checkpoint's index): no byte order mark, one object, nothing
+   after it but white space, no key given twice at any depth. 0 and *out (to cJSON_Delete),
+   or -1 with why saying what is wrong (the caller names the file). */
 struct cJSON;
+int tl_json_read_strict(const char *text, size_t len, struct cJSON **out, char *why, size_t why_len);
+/* config.json's text (NUL-terminated) read so, failing with TL_ERR_FORMAT "config.json: ...". */
 tl_status tl_config_json_read(const char *json_text, struct cJSON **out);
 /* tl_config_parse's second half: the fields of a config.json already read. */
 tl_status tl_config_from_json(const struct cJSON *root, tl_config *out);

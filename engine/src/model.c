@@ -214,7 +214,7 @@ tl_status tl_bind_vector(tl_binder *b, const char *name, int len, const float **
 
 bool tl_bind_ignore(tl_binder *b, const char *name) {
     tl_st_tensor *t = tl_st_set_find(b->files, name, NULL);
-    if (t) t->claimed = true;
+    if (t) t->claimed = t->ignored = true;
     return t != NULL;
 }
 
@@ -449,7 +449,8 @@ static void fill_info(tl_model *m, const tl_st_set *files) {
     for (int f = 0; f < files->n_files; f++) {
         const tl_st_file *file = &files->files[f];
         for (int t = 0; t < file->n_tensors; t++) {
-            if (!file->tensors[t].claimed) continue;
+            /* (a tied checkpoint's stored lm_head, a RoPE table: read by nothing, counted by nothing) */
+            if (!file->tensors[t].claimed || file->tensors[t].ignored) continue;
             int64_t numel = 1;
             for (int k = 0; k < file->tensors[t].ndim; k++) numel *= file->tensors[t].shape[k];
             /* Parameters, not storage: a q4 byte holds two, a scale tensor holds none. */

@@ -19,6 +19,7 @@ typedef struct tl_st_tensor {
     const uint8_t *data; /* inside the mapping; not necessarily aligned */
     size_t nbytes;
     bool claimed;        /* set by the loader to find tensors nobody asked for */
+    bool ignored;        /* claimed only to be passed over (tl_bind_ignore): not in the model */
 } tl_st_tensor;
 
 typedef struct tl_st_file {

@@ -62,14 +62,10 @@ static tl_status read_index(const char *path, cJSON **out) {
     size_t len = 0;
     tl_status st = tl_read_regular(path, (size_t)MAX_INDEX_BYTES, &text, &len); /* (a FIFO is refused, not waited on) */
     if (st != TL_OK) return st;
-    *out = cJSON_ParseWithLength(text, len);
+    char why[200];
+    const int rc = tl_json_read_strict(text, len, out, why, sizeof why);
     free(text);
-    if (!*out || !cJSON_IsObject(*out)) {
-        cJSON_Delete(*out);
-        *out = NULL;
-        return tl_fail(TL_ERR_FORMAT, "%s: not a valid JSON object", path);
-    }
-    return TL_OK;
+    return rc == 0 ? TL_OK : tl_fail(TL_ERR_FORMAT, "%s: %s", path, why);
 }
 
 /* The shard file names the index uses, each once, checked to be plain .safetensors names
@@ -110,9 +106,11 @@ static const cJSON *map_entry(const cJSON **sorted, int n, const char *name) {
     return found ? *found : NULL;
 }
 
-/* Every tensor where the index says, and nothing the index does not list; a tensor the map
-   names twice is refused. Lookups are binary searches on both sides: a checkpoint of tens of
-   thousands of tensors loads in O(n log n), not O(n^2). */
+/* Every tensor where the index says, and nothing the index does not list (a tensor the map
+   names twice was refused as a duplicate key, read_index). Each shard's tensors are checked
+   first, so that a tensor two shards hold is named as such, not as missing from the one the
+   map names. Lookups are binary searches on both sides: a checkpoint of tens of thousands of
+   tensors loads in O(n log n), not O(n^2). */
 static tl_status check_against_index(const char *index_path, const cJSON *map, tl_st_set *set) {
     int n_entries = 0;
     for (const cJSON *e = map->child; e; e = e->next) n_entries++;
@@ -122,9 +120,18 @@ static tl_status check_against_index(const char *index_path, const cJSON *map, t
     for (const cJSON *e = map->child; e; e = e->next) sorted[k++] = e;
     qsort(sorted, (size_t)n_entries, sizeof *sorted, by_key);
     tl_status st = TL_OK;
-    for (int i = 1; i < n_entries && st == TL_OK; i++)
-        if (strcmp(sorted[i - 1]->string, sorted[i]->string) == 0)
-            st = tl_fail(TL_ERR_FORMAT, "%s: weight_map names tensor \"%s\" twice", index_path, sorted[i]->string);
+    for (int i = 0; i < set->n_files && st == TL_OK; i++)
+        for (int t = 0; t < set->files[i].n_tensors && st == TL_OK; t++) {
+            const char *name = set->files[i].tensors[t].name;
+            const cJSON *entry = map_entry(sorted, n_entries, name);
+            const char *base = strrchr(set->paths[i], '/');
+            base = base ? base + 1 : set->paths[i];
+            if (!entry)
+                st = tl_fail(TL_ERR_FORMAT, "%s: holds tensor \"%s\", which %s does not list", set->paths[i], name, index_path);
+            else if (strcmp(entry->valuestring, base) != 0)
+                st = tl_fail(TL_ERR_FORMAT, "%s: holds tensor \"%s\", which %s maps to shard \"%s\"", set->paths[i], name,
+                             index_path, entry->valuestring);
+        }
     const char *dir_end;
     for (const cJSON *e = map->child; e && st == TL_OK; e = e->next) {
         const char *found_in = NULL;
@@ -133,16 +140,6 @@ static tl_status check_against_index(const char *index_path, const cJSON *map, t
             st = tl_fail(TL_ERR_FORMAT, "%s: names tensor \"%s\" in shard \"%s\", which does not hold it",
                          index_path, e->string, e->valuestring);
     }
-    for (int i = 0; i < set->n_files && st == TL_OK; i++)
-        for (int t = 0; t < set->files[i].n_tensors && st == TL_OK; t++) {
-            const char *name = set->files[i].tensors[t].name;
-            const cJSON *entry = map_entry(sorted, n_entries, name);
-            const char *base = strrchr(set->paths[i], '/');
-            base = base ? base + 1 : set->paths[i];
-            if (!entry || strcmp(entry->valuestring, base) != 0)
-                st = tl_fail(TL_ERR_FORMAT, "%s: holds tensor \"%s\", which %s does not map to this shard",
-                             set->paths[i], name, index_path);
-        }
     free(sorted);
     return st;
 }

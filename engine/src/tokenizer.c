@@ -23,7 +23,7 @@
    allocate gigabytes; real vocabularies stay far below this (~260k). */
 #define TLZ_MAX_ID (1 << 24)
 
-enum { TOKF_USED = 1, TOKF_SPECIAL = 2, TOKF_VOCAB = 4 };
+enum { TOKF_USED = 1, TOKF_SPECIAL = 2, TOKF_VOCAB = 4, TOKF_ADDED = 8 };
 
 typedef struct {
     uint64_t key;   /* (left id << 32) | right id */
@@ -308,6 +308,14 @@ static int check_model_options(const cJSON *model, char *err, size_t errlen)
         return tlz_fail(err, errlen, TLZ_EFORMAT, "model.byte_fallback is not supported (byte-level BPE only)");
     if (!json_bool(model, "ignore_merges", 0, &on) || on)
         return tlz_fail(err, errlen, TLZ_EFORMAT, "model.ignore_merges is not supported");
+    /* (HF skips each merge with this probability: other ids at random) */
+    const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
+    if (dropout && !cJSON_IsNull(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0))
+        return tlz_fail(err, errlen, TLZ_EFORMAT, "model.dropout is not supported (BPE dropout skips merges at random): "
+                        "it must be null or 0");
+    const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
+    if (unk && !cJSON_IsNull(unk) && !cJSON_IsString(unk))
+        return tlz_fail(err, errlen, TLZ_EFORMAT, "model.unk_token must be a string or null");
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (size_t i = 0; i < 2; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, affixes[i]);
@@ -315,6 +323,28 @@ static int check_model_options(const cJSON *model, char *err, size_t errlen)
             return tlz_fail(err, errlen, TLZ_EFORMAT, "model.%s is not supported (must be empty or null)", affixes[i]);
     }
     return TLZ_OK;
+}
+
+/* The decoder turns ids back into text: byte-level BPE's is ByteLevel (what tlz_decode does);
+   another (WordPiece's "##" joins, Metaspace, Strip...) would give other text. null is taken
+   as ByteLevel. */
+static int check_decoder(const cJSON *root, char *err, size_t errlen)
+{
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+    if (!d || cJSON_IsNull(d)) return TLZ_OK;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(d, "type");
+    const char *name = cJSON_IsString(type) ? type->valuestring : "?";
+    if (strcmp(name, "ByteLevel") == 0) return TLZ_OK;
+    if (strcmp(name, "Sequence") == 0) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(d, "decoders");
+        bool byte_level = cJSON_IsArray(list);
+        for (const cJSON *e = byte_level ? list->child : NULL; e && byte_level; e = e->next) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "type");
+            byte_level = cJSON_IsString(t) && strcmp(t->valuestring, "ByteLevel") == 0;
+        }
+        if (byte_level) return TLZ_OK;
+    }
+    return tlz_fail(err, errlen, TLZ_EFORMAT, "decoder '%s' is not supported (only ByteLevel, or null)", name);
 }
 
 static int check_normalizer(const cJSON *root, char *err, size_t errlen)
@@ -458,7 +488,7 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
             if (!json_id(cJSON_GetObjectItemCaseSensitive(e, "id"), &id))
                 return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"id\" must be an integer in [0, %d)", i, TLZ_MAX_ID);
             if (!cJSON_IsString(content) || content->valuestring[0] == '\0')
-                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"content\" must be a non-empty string", i);
+                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"content\" must be a non-empty string (its first byte not NUL)", i);
             if (id > max_id) max_id = id;
         }
     }
@@ -487,10 +517,6 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
             return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab: id %d is used by both '%s' and '%s'", (int)id,
                             tlz_quote(t->str.p + t->str_off[id], t->str_len[id], q1, sizeof q1),
                             tlz_quote(e->string, len, q2, sizeof q2));
-        }
-        if (vocab_find(t, e->string, len) >= 0) {
-            free(tmp);
-            return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab: duplicate entry '%s'", tlz_quote(e->string, len, q1, sizeof q1));
         }
         if (len > tmp_cap) {
             char *nt = realloc(tmp, len * 2);
@@ -535,6 +561,21 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
                 return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"single_word\": true (of '%s') is not supported",
                                 tlz_quote(s, strlen(s), q1, sizeof q1));
             size_t len = strlen(s);
+            /* One id, one token: an added token names a vocabulary entry only as itself (GPT-2's
+               <|endoftext|> is both). HF gives an added token its content's id, whatever the
+               file says; a file whose ids disagree with that would decode a vocabulary id as
+               the added text (or two added texts as one id): refused, not guessed. */
+            const int32_t in_vocab = vocab_find(t, s, len);
+            if (in_vocab >= 0 && in_vocab != id)
+                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: '%s' has id %d, but the vocabulary has it as id %d",
+                                tlz_quote(s, len, q1, sizeof q1), (int)id, (int)in_vocab);
+            if ((t->flags[id] & TOKF_VOCAB) && in_vocab != id)
+                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: '%s' has id %d, which is the vocabulary's '%s'",
+                                tlz_quote(s, len, q1, sizeof q1), (int)id,
+                                tlz_quote(t->str.p + t->str_off[id], t->str_len[id], q2, sizeof q2));
+            if (t->flags[id] & TOKF_ADDED)
+                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: '%s' has id %d, which another added token has",
+                                tlz_quote(s, len, q1, sizeof q1), (int)id);
             added_token *a = &t->added[t->n_added++];
             a->text = malloc(len + 1);
             if (!a->text) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
@@ -551,7 +592,7 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
             if (!buf_put(&t->raw, s, len, &t->raw_off[id]))
                 return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
             t->raw_len[id] = (uint32_t)len;
-            t->flags[id] |= TOKF_USED | (special ? TOKF_SPECIAL : 0);
+            t->flags[id] |= TOKF_USED | TOKF_ADDED | (special ? TOKF_SPECIAL : 0);
             t->added_first[(unsigned char)s[0]] = 1;
         }
         qsort(t->added, t->n_added, sizeof *t->added, added_cmp);
@@ -656,18 +697,9 @@ int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, c
     static atomic_uint_fast64_t serials;
     t->serial = atomic_fetch_add(&serials, 1) + 1;
     int rc;
-    const char *end = NULL;
-    root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
-    if (!root) {
-        size_t pos = end && end >= json && end <= json + len ? (size_t)(end - json) : 0, line = 1, col = 1;
-        for (size_t i = 0; i < pos; i++) {
-            if (json[i] == '\n') { line++; col = 1; } else col++;
-        }
-        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "tokenizer.json is not valid JSON (error near line %zu, column %zu)", line, col);
-        goto done;
-    }
-    if (!cJSON_IsObject(root)) {
-        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "tokenizer.json: the top level must be an object");
+    char why[200];
+    if (tl_json_read_strict(json, len, &root, why, sizeof why) != 0) {
+        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "tokenizer.json: %s", why);
         goto done;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
@@ -699,6 +731,7 @@ int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, c
         goto done;
     }
     if ((rc = check_model_options(model, err, errlen)) || (rc = check_normalizer(root, err, errlen)) ||
+        (rc = check_decoder(root, err, errlen)) ||
         (rc = tlz_pretok_parse(root, &t->pre, err, errlen)))
         goto done;
 

@@ -130,6 +130,11 @@ static void check_sharded_identical(const char *single, const char *sharded) {
     tl_model *ma = load(a, 2), *mb = load(b, 2);
     CHECK(ma && mb && golden_read(a, &g), "%s / %s: load", single, sharded);
     if (!ma || !mb) { tl_model_free(ma); tl_model_free(mb); return; }
+    /* the same model, whatever else the files store (huginn's sharded copy keeps a tied
+       lm_head, which was counted: 44064 parameters against 40992) */
+    const struct tl_model_info *ia = tl_model_info(ma), *ib = tl_model_info(mb);
+    CHECK(ia->n_params == ib->n_params && ia->weight_bytes == ib->weight_bytes, "%s vs %s: %lld / %lld parameters, %lld / %lld bytes",
+          single, sharded, (long long)ia->n_params, (long long)ib->n_params, (long long)ia->weight_bytes, (long long)ib->weight_bytes);
     const size_t bytes = 32 * (size_t)tl_model_info(ma)->vocab_size * sizeof(float);
     float *la = malloc(bytes), *lb = malloc(bytes);
     for (int i = 0; i < g.n_seq; i++) {
@@ -374,6 +379,29 @@ static void check_errors(void) {
     fresh_copy("huginn_f32_sharded");
     edit_json("model.safetensors.index.json", "weight_map/transformer.ln_f.weight", NULL);
     CHECK_ERROR(load_work(), TL_ERR_FORMAT, "holds tensor \"transformer.ln_f.weight\", which");
+    /* a tensor two shards hold is named as such (it was "names tensor ... in shard 1, which
+       does not hold it", of the shard that does) */
+    fresh_copy("huginn_f32_sharded");
+    {   /* shard 2 becomes a copy of shard 1 */
+        char src[4200], shard1[4200], shard2[4200];
+        snprintf(src, sizeof src, "%s/huginn_f32_sharded", root);
+        snprintf(shard1, sizeof shard1, "%s/model-00001-of-00003.safetensors", work);
+        snprintf(shard2, sizeof shard2, "%s/model-00002-of-00003.safetensors", work);
+        CHECK(rename(shard1, shard2) == 0, "rename");
+        copy_file(src, work, "model-00001-of-00003.safetensors");
+    }
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "model-00002-of-00003.safetensors: holds tensor");
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "maps to shard \"model-00001-of-00003.safetensors\"");
+    /* the index's JSON by config.json's rules: nothing after it */
+    fresh_copy("huginn_f32_sharded");
+    {
+        char index[4200];
+        snprintf(index, sizeof index, "%s/model.safetensors.index.json", work);
+        FILE *f = fopen(index, "ab");
+        CHECK(f && fputs(" garbage", f) >= 0, "append");
+        if (f) fclose(f);
+    }
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "model.safetensors.index.json: unexpected text after the JSON value: \"garbage\"");
     fresh_copy("huginn_f32_sharded");
     edit_json("model.safetensors.index.json", "weight_map/transformer.ln_f.weight", "\"../escape.safetensors\"");
     CHECK_ERROR(load_work(), TL_ERR_FORMAT, "not a .safetensors file in the checkpoint directory");

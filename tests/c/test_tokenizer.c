@@ -276,7 +276,7 @@ static void test_load_errors(const char *dir)
                       make_json((json_parts){.vocab = "{\"a\":0,\"b\":0}", .merges = "[]"}),
                       "id 0 is used by both 'a' and 'b'");
     expect_load_error("load error: vocab duplicate string",
-                      make_json((json_parts){.vocab = "{\"a\":0,\"a\":1}", .merges = "[]"}), "duplicate entry 'a'");
+                      make_json((json_parts){.vocab = "{\"a\":0,\"a\":1}", .merges = "[]"}), "duplicate key \"a\" in \"vocab\"");
     expect_load_error("load error: added token without content",
                       make_json((json_parts){.top = "\"added_tokens\": [{\"id\": 5}],", .merges = "[]"}),
                       "added_tokens[0]: \"content\"");
@@ -284,6 +284,52 @@ static void test_load_errors(const char *dir)
                       make_json((json_parts){.top = "\"added_tokens\": [{\"id\": \"x\", \"content\": \"<s>\"}],",
                                              .merges = "[]"}),
                       "added_tokens[0]: \"id\"");
+    /* one id, one token (a clash decoded a vocabulary id as the added text, or two added
+       texts as one id) */
+    expect_load_error("load error: added token's text is another vocabulary id",
+                      make_json((json_parts){.top = "\"added_tokens\": [{\"id\": 5, \"content\": \"ab\"}],", .merges = "[]"}),
+                      "added_tokens: 'ab' has id 5, but the vocabulary has it as id 2");
+    expect_load_error("load error: added token on a vocabulary id",
+                      make_json((json_parts){.top = "\"added_tokens\": [{\"id\": 1, \"content\": \"<s>\"}],", .merges = "[]"}),
+                      "added_tokens: '<s>' has id 1, which is the vocabulary's 'b'");
+    expect_load_error("load error: two added tokens on one id",
+                      make_json((json_parts){.top = "\"added_tokens\": [{\"id\": 7, \"content\": \"<s>\"}, "
+                                                    "{\"id\": 7, \"content\": \"</s>\"}],", .merges = "[]"}),
+                      "added_tokens: '</s>' has id 7, which another added token has");
+    expect_load_error("load error: added token content starting with NUL",
+                      make_json((json_parts){.top = "\"added_tokens\": [{\"id\": 7, \"content\": \"\\u0000x\"}],", .merges = "[]"}),
+                      "its first byte not NUL");
+    /* what would change the ids or the text, refused rather than ignored */
+    expect_load_error("load error: BPE dropout",
+                      make_json((json_parts){.model = "\"type\":\"BPE\", \"dropout\": 0.5,", .merges = "[]"}),
+                      "model.dropout is not supported");
+    expect_load_error("load error: unk_token not a string",
+                      make_json((json_parts){.model = "\"type\":\"BPE\", \"unk_token\": 5,", .merges = "[]"}),
+                      "model.unk_token must be a string or null");
+    expect_load_error("load error: another decoder",
+                      make_json((json_parts){.top = "\"decoder\": {\"type\": \"WordPiece\", \"prefix\": \"##\"},", .merges = "[]"}),
+                      "decoder 'WordPiece' is not supported");
+    expect_load_error("load error: a decoder sequence with another decoder",
+                      make_json((json_parts){.top = "\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteLevel\"}, "
+                                                    "{\"type\": \"Strip\"}]},", .merges = "[]"}),
+                      "decoder 'Sequence' is not supported");
+    expect_load_error("load error: a key given twice",
+                      make_json((json_parts){.top = "\"decoder\": null, \"decoder\": null,", .merges = "[]"}),
+                      "tokenizer.json: duplicate key \"decoder\"");
+    {
+        char trailing[4200];
+        snprintf(trailing, sizeof trailing, "%s xx", make_json((json_parts){.merges = "[]"}));
+        expect_load_error("load error: text after the JSON", trailing, "unexpected text after the JSON value: \"xx\"");
+    }
+    {   /* ...and what changes nothing loads: an added token that is its own vocabulary entry
+           (GPT-2's <|endoftext|>), dropout null, a ByteLevel decoder in a sequence */
+        const char *fine = make_json((json_parts){.top = "\"added_tokens\": [{\"id\": 2, \"content\": \"ab\"}], "
+                                                         "\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteLevel\"}]},",
+                                                  .model = "\"type\":\"BPE\", \"dropout\": null, \"unk_token\": null,", .merges = "[]"});
+        tlz_tokenizer *loaded = NULL;
+        check(tlz_tokenizer_load_json(fine, strlen(fine), &loaded, err, sizeof err) == TLZ_OK, "load: what changes nothing", "%s", err);
+        tlz_tokenizer_free(loaded);
+    }
     expect_load_error("load error: unsupported pre_tokenizer",
                       make_json((json_parts){.pre = "{\"type\": \"Metaspace\"}", .merges = "[]"}),
                       "pre_tokenizer 'Metaspace' is not supported");
