@@ -684,7 +684,9 @@ tl_status tl_generate_stream(const tl_model *model, const int32_t *prompt, int p
 
 /* Each prompt decoded with a fresh cache, in any mode of the config; out receives the concatenation of every prompt +
    its continuation (capacity: sum of prompt lengths + n_prompts * max_tokens), out_lens[i]
-   the length of sequence i, *out_len the total. stats, when not NULL, has n_prompts items. */
+   the length of sequence i, *out_len the total. stats, when not NULL, has n_prompts items.
+   Every sequence calls the config's hooks with their one user pointer; a callback grammar
+   (one sequence's state) is refused for more than one prompt: compile it (tl_grammar_use). */
 tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, int n_prompts,
                             const tl_generate_config *cfg, int32_t *out, int out_capacity,
                             int *out_lens, int *out_len, tl_generate_stats *stats);

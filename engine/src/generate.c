@@ -69,6 +69,13 @@ tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, 
     tl_generate_config defaults;
     tl_generate_config_init(&defaults);
     if (!cfg) cfg = &defaults;
+    /* Every session calls the one config's hooks; a callback grammar's user pointer holds one
+       sequence's state, which the prompts' advances would interleave on (a compiled grammar
+       gives each session its own matcher). */
+    if (n_prompts > 1 && cfg->grammar && !cfg->grammar->compiled)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "generate_batch: a callback grammar holds one sequence's state and cannot serve %d prompts: use a "
+                       "compiled grammar (tl_grammar_use), or one tl_generate per prompt", n_prompts);
     /* Validate every prompt before decoding any, so a bad one costs no work. */
     long long need = 0;
     for (int i = 0; i < n_prompts; i++) {

@@ -579,7 +579,8 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     *stop = TL_STOP_NONE;
     if (s->stepping)
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
-                       "tl_session_step: the session is already stepping (called from one of its own hooks)");
+                       "tl_session_step: the session is already stepping (called from a hook of its own step, or of a "
+                       "batched step it is in)");
     if (s->finished)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "session has already finished (stop reason %s)",
                        tl_stop_reason_name(s->stats.stop_reason));

@@ -1388,6 +1388,8 @@ end
 function Model:set_prefix_pool(bytes)
     model_ptr(self, "set_prefix_pool")
     if type(bytes) ~= "number" or bytes ~= floor(bytes) then raise("set_prefix_pool: bytes must be an integer") end
+    -- (the FFI wraps a number past int64 to a negative one, refused as one the user never gave)
+    if bytes >= 2 ^ 63 or bytes < -2 ^ 63 then raise(("set_prefix_pool: bytes = %.17g is past a 64-bit integer"):format(bytes)) end
     local st = C.tl_model_set_prefix_pool(self.ptr, bytes)
     if st ~= 0 then return engine_failure(st) end
     return true

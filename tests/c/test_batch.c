@@ -244,6 +244,19 @@ static void chunked_prefill_rule(const char *golden) {
     tl_model_free(m);
 }
 
+/* A callback grammar that allows every token and counts its advances. */
+static int advances;
+static int allow_all(void *user, uint8_t *allowed, int vocab_size) {
+    (void)user;
+    memset(allowed, 1, (size_t)vocab_size);
+    return vocab_size;
+}
+static int count_advance(void *user, int32_t token) {
+    (void)user, (void)token;
+    advances++;
+    return 0;
+}
+
 /* tl_generate_batch: more prompts than live places, all bit-identical to tl_generate. */
 static void generate_batch_equals_one_by_one(const char *golden) {
     char dir[4096];
@@ -282,6 +295,19 @@ static void generate_batch_equals_one_by_one(const char *golden) {
         CHECK(same == N && at == total, "%s: %d of %d prompts equal one-by-one decoding", sampled ? "sampled" : "greedy",
               same, N);
     }
+    /* a callback grammar holds one sequence's state: refused for several prompts (the prompts'
+       advances interleaved on it, ending each early, and the call said TL_OK); one is fine */
+    tl_grammar grammar = {.user = NULL, .allowed = allow_all, .advance = count_advance};
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 3;
+    cfg.grammar = &grammar;
+    static int32_t out[N * 24];
+    int lens[N], total = 0;
+    CHECK_ERROR(tl_generate_batch(m, prompts, 2, &cfg, out, N * 24, lens, &total, NULL), TL_ERR_INVALID_ARGUMENT,
+                "generate_batch: a callback grammar holds one sequence's state and cannot serve 2 prompts");
+    CHECK(tl_generate_batch(m, prompts, 1, &cfg, out, N * 24, lens, &total, NULL) == TL_OK && advances == total - prompts[0].n,
+          "one prompt under a callback grammar: %s, %d advances", tl_last_error(), advances);
     tl_model_free(m);
 }
 
