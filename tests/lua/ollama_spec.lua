@@ -5,8 +5,9 @@ local ollama = require "tinyloop.server.ollama"
 local json_text = require "tinyloop.json_text"
 
 local ID = "tinyloop-austen"
+-- (as a model whose template has a thinking block: think is taken)
 local function chat_of(body, generate)
-    local chat_body, view, chat = (generate and ollama.generate_to_chat or ollama.chat_to_chat)(body, ID)
+    local chat_body, view, chat = (generate and ollama.generate_to_chat or ollama.chat_to_chat)(body, ID, true)
     assert(chat_body, view and view.message)
     return chat_body ~= "" and cjson.decode(chat_body) or {}, chat_body, view, chat
 end
@@ -76,7 +77,17 @@ describe("ollama.chat_to_chat", function()
             { '{"messages": [{"role": "user", "content": "x"}], "penalty_window": 4, "options": {"repeat_last_n": 0}}', "options",
               "give options.repeat_last_n or penalty_window, not both" },
         }
-        require("helpers").refuses(function(body) return ollama.chat_to_chat(body, ID) end, cases)
+        require("helpers").refuses(function(body) return ollama.chat_to_chat(body, ID, true) end, cases)
+        -- a model without a thinking block is asked to think: Ollama's 400 (it went unheard)
+        local without = {
+            { '{"messages": [{"role": "user", "content": "x"}], "think": true}', "think", '"tinyloop-austen" does not support thinking' },
+            { '{"model": "TinyLoop-Austen", "messages": [{"role": "user", "content": "x"}], "think": "low"}', "think",
+              '"TinyLoop-Austen" does not support thinking' },
+        }
+        require("helpers").refuses(function(body) return ollama.chat_to_chat(body, ID, false) end, without)
+        assert.truthy(ollama.chat_to_chat('{"messages": [{"role": "user", "content": "x"}], "think": false}', ID, false))
+        assert.truthy(ollama.generate_to_chat('{"prompt": "x", "think": false}', ID, false))
+        assert.is_nil(ollama.generate_to_chat('{"prompt": "x", "think": true}', ID, false))
     end)
 end)
 
@@ -211,7 +222,7 @@ describe("ollama requests at random", function()
             local base = BASES[seed % #BASES + 1]
             local body = H.mutated(base, seed, words)
             local convert = base.prompt and ollama.generate_to_chat or ollama.chat_to_chat
-            local ok, chat_body, view = pcall(convert, body, ID)
+            local ok, chat_body, view = pcall(convert, body, ID, seed % 2 == 0)
             assert(ok, body .. " raised " .. tostring(chat_body))
             if chat_body then
                 if chat_body ~= "" then assert(cjson.decode(chat_body), body) end

@@ -231,6 +231,22 @@ describe("responses view of a chat stream", function()
                          usage = chunk.usage }
         local blocking = cjson.decode(view:response(cjson.encode(answer), "resp_1_6")).output[2].content[1].logprobs
         assert.same(streamed, blocking)
+        -- the same reply read in pieces: the reasoning, the tag's tokens in chunks with neither
+        -- text nor reasoning, then the text (the tag's tokens were given to the text)
+        local parts = { { { reasoning_content = "Hm" }, { entry("Hm"), entry("<") } },
+                        { {}, { entry("/th") } }, { {}, { entry("ink>") } },
+                        { { content = "Hi" }, { entry("Hi") } }, { { content = "," }, { entry(",") } } }
+        _, _, view = chat_of('{"input": "x", "stream": true, "include": ["message.output_text.logprobs"]}')
+        view:start_stream("resp_1_7", 100, "m")
+        for i, part in ipairs(parts) do
+            local piece = { choices = { { index = 0, delta = part[1], logprobs = { content = part[2] },
+                                          finish_reason = i == #parts and "stop" or nil } } }
+            if i == #parts then piece.usage = chunk.usage end
+            events = view:feed(cjson.encode(piece))
+        end
+        streamed = cjson.decode(events[#events][2]).response.output[2].content[1].logprobs
+        assert.same({ "Hi", "," }, { streamed[1].token, streamed[2] and streamed[2].token })
+        assert.equal(2, #streamed)
     end)
 
     it("ends a call whose arguments are whole as completed, one the token limit cut as incomplete", function()

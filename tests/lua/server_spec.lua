@@ -1772,6 +1772,8 @@ describe("responses (OpenAI's Responses API)", function()
         assert.equal(whole.choices[1].finish_reason == "length" and "incomplete" or "completed", r.status)
         assert.equal(whole.choices[1].message.content, r.output[1].content[1].text)
         assert.equal(whole.usage.prompt_tokens, r.usage.input_tokens)
+        -- left out, the temperature decoded with is echoed: 0, greedy (OpenAI's 1 was echoed)
+        assert.same({ 0, 1 }, { r.temperature, r.top_p })
     end)
 
     it("streams semantic events whose deltas are the blocking answer's text, and ends with the response", function()
@@ -2512,6 +2514,17 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
             joined[i] = p.piece
         end
         assert.equal(text, table.concat(joined))
+        -- a piece that is part of a character is its bytes, as llama.cpp gives it (it was "\u{FFFD}")
+        local accented = "é"
+        local bytes = {}
+        for _, p in ipairs(ok("/tokenize", { content = accented, with_pieces = true }).tokens) do
+            if type(p.piece) == "table" then
+                for _, b in ipairs(p.piece) do bytes[#bytes + 1] = string.char(b) end
+            else
+                bytes[#bytes + 1] = p.piece
+            end
+        end
+        assert.equal(accented, table.concat(bytes))
         -- parse_special (true by default): false reads a special token's text as text
         local special = "Emma<|endoftext|>"
         assert.same(m:encode(special), ok("/tokenize", { content = special }).tokens)

@@ -1328,6 +1328,19 @@ local function token_json_of(id)
     return json
 end
 
+-- llama.cpp's piece of a token: its text, or its bytes (numbers) where they are not valid
+-- UTF-8, part of a character (U+FFFD in its place lost them); made once per worker too.
+local piece_json = {}
+local function piece_json_of(id)
+    local json = piece_json[id]
+    if not json then
+        local text, _, raw = token_string(id, true)
+        json = text == raw and token_json_of(id) or "[" .. concat({ raw:byte(1, -1) }, ",") .. "]"
+        piece_json[id] = json
+    end
+    return json
+end
+
 -- POST /tokenize (vLLM's): the ids of a prompt or a conversation, as the completions
 -- endpoints encode them: {"count", "max_model_len", "tokens", "token_strs"} (each token's
 -- text, as logprobs show it, with return_token_strs; else null).
@@ -1339,7 +1352,7 @@ function _M.tokenize()
     if req.llama then -- llama.cpp's answer: the ids, or each id with its text
         if not req.with_pieces then return send_json(200, '{"tokens":[' .. concat(req.ids, ",") .. "]}") end
         local pieces = {}
-        for i, id in ipairs(req.ids) do pieces[i] = '{"id":' .. id .. ',"piece":' .. token_json_of(id) .. "}" end
+        for i, id in ipairs(req.ids) do pieces[i] = '{"id":' .. id .. ',"piece":' .. piece_json_of(id) .. "}" end
         return send_json(200, '{"tokens":[' .. concat(pieces, ",") .. "]}")
     end
     local strs = "null"
@@ -1816,7 +1829,7 @@ end
 local function ollama_serve(to_chat)
     local body = post_body()
     if not body then return end
-    local chat_body, view, chat = to_chat(body, conf.model_id)
+    local chat_body, view, chat = to_chat(body, conf.model_id, reasoning_on)
     if not chat_body then return send_ollama_error(view.status, view.message) end
     if view.load then return send_json(200, view:load_answer(ngx.now())) end
     return serve(chat ~= false, chat_body, view)

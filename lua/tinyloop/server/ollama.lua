@@ -70,7 +70,8 @@ local function check_model(t, model_id)
 end
 
 -- options, format, think, stream -> members of the chat body (appended), or nil, err.
-local function common(t, raw, members)
+-- `thinks`: the model's template has a thinking block; model_id names it.
+local function common(t, raw, members, thinks, model_id)
     -- Ollama streams unless told not to
     members[#members + 1] = { "stream", t.stream == false and "false" or "true" }
     -- logprobs (Ollama's, as the chat request's: each token's, with top_logprobs alternatives)
@@ -128,6 +129,8 @@ local function common(t, raw, members)
         if think ~= true and think ~= false and think ~= "low" and think ~= "medium" and think ~= "high" then
             return bad('think must be true, false, "low", "medium" or "high"', "think")
         end
+        -- (Ollama's answer to asking a model without a thinking block to think; it went unheard)
+        if think ~= false and not thinks then return bad(("%s does not support thinking"):format(encode(t.model or model_id)), "think") end
         shapes.add_template_variable(members, t, "enable_thinking", tostring(think ~= false))
         if type(think) == "string" then shapes.add_template_variable(members, t, "reasoning_effort", encode(think)) end
     end
@@ -227,8 +230,9 @@ local View = { ID_PREFIX = "ollama", CONTENT_TYPE = "application/x-ndjson", FRAM
                PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS } }
 View.__index = View
 
--- chat_to_chat(body, model_id) -> an /api/chat request's chat body, and its view; or nil, err.
-function _M.chat_to_chat(body, model_id)
+-- chat_to_chat(body, model_id, thinks) -> an /api/chat request's chat body, and its view; or
+-- nil, err. thinks: the model's template has a thinking block.
+function _M.chat_to_chat(body, model_id, thinks)
     local t, members, raw = shapes.read_fields(body, CHAT_OWN, PASS, REFUSED)
     if not t then return nil, members end
     local ok, err = check_model(t, model_id)
@@ -244,15 +248,15 @@ function _M.chat_to_chat(body, model_id)
     members[#members + 1] = { "messages", encode(messages) }
     shapes.continue_prefill(members, messages)
     if t.tools and #t.tools > 0 then members[#members + 1] = { "tools", raw.tools } end
-    ok, err = common(t, raw, members)
+    ok, err = common(t, raw, members, thinks, model_id)
     if not ok then return nil, err end
     return object(members), view
 end
 
--- generate_to_chat(body, model_id) -> an /api/generate request's body for the chat path (or,
+-- generate_to_chat(body, model_id, thinks) -> an /api/generate request's body for the chat path (or,
 -- with raw: true, the completions path: `chat` false), its view and `chat`; or nil, err.
 -- An empty prompt loads the model in Ollama: here it is answered at once (view.load).
-function _M.generate_to_chat(body, model_id)
+function _M.generate_to_chat(body, model_id, thinks)
     local t, members, raw = shapes.read_fields(body, GENERATE_OWN, PASS, REFUSED)
     if not t then return nil, members end
     local ok, err = check_model(t, model_id)
@@ -268,7 +272,7 @@ function _M.generate_to_chat(body, model_id)
         return bad("context (a past reply's tokens) is not kept: send the conversation to /api/chat", "context")
     end
     local view = setmetatable({ kind = "generate", stream = t.stream ~= false, model_name = t.model or model_id, logprobs = t.logprobs }, View)
-    ok, err = common(t, raw, members)
+    ok, err = common(t, raw, members, thinks, model_id)
     if not ok then return nil, err end
     if t.prompt == nil or t.prompt == "" then
         view.load = true -- (Ollama's way to load a model: it is loaded)

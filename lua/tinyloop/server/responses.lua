@@ -429,7 +429,9 @@ function _M.to_chat(body, lookup)
             { "previous_response_id", t.previous_response_id and encode(t.previous_response_id) or "null" },
             { "reasoning", object({ { "effort", effort and encode(effort) or "null" }, { "summary", "null" } }) },
             { "store", store and "true" or "false" },
-            { "temperature", t.temperature and raw.temperature or "1" },
+            -- (the value decoded with: left out, the engine's 0, greedy; OpenAI's 1 samples, and
+            -- echoing it described a decoding the request did not get)
+            { "temperature", t.temperature and raw.temperature or "0" },
             { "text", object({ { "format", format_text and raw_member(body, { "text", "format" }) or '{"type":"text"}' } }) },
             { "tool_choice", t.tool_choice and raw.tool_choice or '"auto"' },
             { "tools", t.tools and raw.tools or "[]" },
@@ -799,7 +801,9 @@ function View:feed(payload)
     end
     -- the logprobs of the message's tokens: a chunk's that carries reasoning or a call's pieces
     -- too keeps only its text's tokens (found by their bytes, as a blocking answer's are); the
-    -- tokens of a chunk with no text are held for the next
+    -- tokens of a chunk with no text are held for the next, and once the reply has had
+    -- reasoning or calls, only those of the held and new tokens that the text's bytes meet go
+    -- to it (a </think> read in chunks of its own was given to the text)
     if self.logprobs then
         local other, text, thought = false, {}, {}
         for _, d in ipairs(deltas) do
@@ -808,9 +812,11 @@ function View:feed(payload)
             if d.kind == "reasoning" then thought[#thought + 1] = d.text end
         end
         if other then
+            self.had_other = true
             self.pending_logprobs = #text > 0 and text_entries(entries, concat(text), #concat(thought)) or {}
         else
             for _, e in ipairs(entries) do self.pending_logprobs[#self.pending_logprobs + 1] = e end
+            if self.had_other and #text > 0 then self.pending_logprobs = text_entries(self.pending_logprobs, concat(text), 0) end
         end
     end
     for _, d in ipairs(deltas) do
