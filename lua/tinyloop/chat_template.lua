@@ -179,29 +179,56 @@ local function utf8_decode(c) -- code point of one UTF-8 character
 end
 
 local WHITESPACE = " \t\n\r\f\v"
--- The bytes of a strip's chars as a set (byte -> true), the last few kept: chat templates strip
--- every message with the same one or two.
+-- The characters of a strip's chars as a set, the last few kept: chat templates strip every
+-- message with the same one or two. ASCII chars: a set of bytes (byte -> true); others: of
+-- characters (text -> true), .utf8 set: a byte set would strip the lead byte that "«" and
+-- "»" share, leaving half a character.
 local strip_sets, strip_sets_n = {}, 0
-local function byte_set(chars_)
+local function char_set(chars_)
     local set = strip_sets[chars_]
     if set then return set end
     set = {}
-    for i = 1, #chars_ do set[byte(chars_, i)] = true end
+    if find(chars_, "[\128-\255]") then
+        set.utf8 = true
+        for c in chars_:gmatch(UTF8_CHAR) do set[c] = true end
+    else
+        for i = 1, #chars_ do set[byte(chars_, i)] = true end
+    end
     if strip_sets_n >= 16 then strip_sets, strip_sets_n = {}, 0 end
     strip_sets[chars_], strip_sets_n = set, strip_sets_n + 1
     return set
 end
 local function strip(s, chars_, left, right) -- Python's str.strip family (ASCII whitespace)
+    if chars_ == NONE then chars_ = nil end
+    if chars_ ~= nil and type(chars_) ~= "string" then fail(fmt("strip arg must be None or str, not %s", py_type(chars_))) end
     if chars_ == "" then return s end
-    -- byte scans from each end: the pattern "[set]+$" was tried at every position of the text
+    -- scans from each end: the pattern "[set]+$" was tried at every position of the text
     -- (most of a long chat's rendering)
-    local set = byte_set(chars_ or WHITESPACE)
+    local set = char_set(chars_ or WHITESPACE)
     local from, to = 1, #s
-    if left ~= false then
-        while from <= to and set[byte(s, from)] do from = from + 1 end
-    end
-    if right ~= false then
-        while to >= from and set[byte(s, to)] do to = to - 1 end
+    if set.utf8 then -- whole characters: a lead byte and its continuation bytes
+        if left ~= false then
+            while from <= to do
+                local c = s:match("^" .. UTF8_CHAR, from)
+                if not (c and set[c]) then break end
+                from = from + #c
+            end
+        end
+        if right ~= false then
+            while to >= from do
+                local start = to
+                while start > from and byte(s, start) >= 0x80 and byte(s, start) < 0xC0 do start = start - 1 end
+                if not set[sub(s, start, to)] then break end
+                to = start - 1
+            end
+        end
+    else
+        if left ~= false then
+            while from <= to and set[byte(s, from)] do from = from + 1 end
+        end
+        if right ~= false then
+            while to >= from and set[byte(s, to)] do to = to - 1 end
+        end
     end
     if from == 1 and to == #s then return s end
     return sub(s, from, to)
@@ -499,7 +526,8 @@ function P:is_name(v) local t = self.tokens[self.i]; return t.type == "name" and
 local function describe(t)
     if t.type == "eof" then return "end of template" end
     if t.type == "block_end" or t.type == "var_end" then return "end of tag" end
-    return "'" .. tostring(t.value) .. "'"
+    -- (a number token is boxed: its table's address was shown)
+    return "'" .. (type(t.value) == "table" and repr(t.value) or tostring(t.value)) .. "'"
 end
 function P:fail(msg, t) compile_error((t or self:peek()).line, msg) end
 function P:expect(type_, value)
@@ -937,7 +965,8 @@ local function py_eq(a, b, depth)
     depth = (depth or 0) + 1
     if depth > 100 then fail("values nested too deeply to compare") end
     if ka == "list" then
-        if #a ~= #b then return false end
+        -- (a tuple is never equal to a list, whatever they hold: Python's rule)
+        if #a ~= #b or (getmetatable(a) == TUPLE) ~= (getmetatable(b) == TUPLE) then return false end
         for i = 1, #a do if not py_eq(a[i], b[i], depth) then return false end end
         return true
     elseif ka == "dict" then
@@ -1113,7 +1142,7 @@ EVAL.filter = function(e, scope, st)
 end
 local function run_test(name, v, args)
     local t = TESTS[name]
-    if not t then fail(fmt("No test named '%s'.", tostring(name))) end
+    if not t then fail(fmt("No test named %s.", repr(name))) end
     return t(v, args[1], args)
 end
 EVAL.test = function(e, scope, st)
@@ -1254,6 +1283,15 @@ local function cycle(loop, args)
     if #args == 0 then fail("no items for cycling given") end
     return args[(loop.index0 % #args) + 1]
 end
+-- loop.changed(*values): true at the first call and whenever the values differ from the last
+-- call's (state: one per for loop, as jinja2's loop context keeps it)
+local function changed(state, args)
+    local now = setmetatable({}, TUPLE)
+    for i = 1, #args do now[i] = args[i] end
+    if state.last and py_eq(state.last, now) then return false end
+    state.last = now
+    return true
+end
 
 EXEC["for"] = function(s, scope, st)
     st.line = s.line
@@ -1274,6 +1312,7 @@ EXEC["for"] = function(s, scope, st)
         if s.else_body then return exec_body(s.else_body, scope, st) end
         return
     end
+    local changed_state = {}
     for i = 1, n do
         tick(st)
         local inner = setmetatable({}, iteration_mt)
@@ -1281,7 +1320,7 @@ EXEC["for"] = function(s, scope, st)
         local loop = setmetatable({ index = i, index0 = i - 1, first = i == 1, last = i == n, length = n,
                                     revindex = n - i + 1, revindex0 = n - i, depth = 1, depth0 = 0,
                                     previtem = items[i - 1], nextitem = items[i + 1] }, DICT)
-        loop.cycle = callable(cycle, loop)
+        loop.cycle, loop.changed = callable(cycle, loop), callable(changed, changed_state)
         inner.loop = loop
         if exec_body(s.body, inner, st) == "break" then break end
         st.line = s.line
@@ -1332,6 +1371,8 @@ end
 
 local function split(s, sep, maxsplit)
     local out = {}
+    if sep == NONE then sep = nil end
+    if sep ~= nil and type(sep) ~= "string" then fail(fmt("must be str or None, not %s", py_type(sep))) end
     if sep == nil then -- runs of whitespace, none empty
         local pos = 1
         while true do
@@ -1390,8 +1431,9 @@ STR_METHODS.lower = function(s) return lower(s) end
 STR_METHODS.capitalize = function(s) return capitalize(s) end
 STR_METHODS.title = function(s) return (gsub(s, "%a+", capitalize)) end
 -- s[start:stop] in code points, as Python slices it (startswith's and endswith's start and end).
+-- s[start:stop] in characters (Python's start/end arguments), and how many come before it.
 local function str_between(s, start, stop)
-    if (start == nil or start == NONE) and (stop == nil or stop == NONE) then return s end
+    if (start == nil or start == NONE) and (stop == nil or stop == NONE) then return s, 0 end
     local items = chars(s)
     local len = #items
     local function clamp(i, default)
@@ -1401,7 +1443,7 @@ local function str_between(s, start, stop)
         return i < 0 and 0 or i > len and len or i
     end
     local from, to = clamp(start, 0), clamp(stop, len)
-    return from < to and concat(items, "", from + 1, to) or ""
+    return from < to and concat(items, "", from + 1, to) or "", from
 end
 STR_METHODS.startswith = function(s, a)
     s = str_between(s, a[2], a[3])
@@ -1419,11 +1461,14 @@ STR_METHODS.replace = function(s, a, kw, st)
     return replace(st, s, str_arg(a[1], "old"), str_arg(a[2], "new"), arg(a, kw, 3, "count") and int_arg(a[3], "count"))
 end
 STR_METHODS.find = function(s, a)
-    local at = find(s, str_arg(a[1], "sub"), 1, true)
-    return at and str_len(sub(s, 1, at - 1)) or -1
+    local needle, before = str_arg(a[1], "sub"), 0
+    s, before = str_between(s, a[2], a[3])
+    local at = find(s, needle, 1, true)
+    return at and before + str_len(sub(s, 1, at - 1)) or -1
 end
 STR_METHODS.count = function(s, a)
     local needle = str_arg(a[1], "sub")
+    s = str_between(s, a[2], a[3])
     if needle == "" then return str_len(s) + 1 end
     local n, pos = 0, 1
     while true do
@@ -1473,7 +1518,22 @@ end
 local function dict_like(mt)
     return callable(function(_, a, kw)
         local d, order = setmetatable({}, mt), {}
-        if kind(a[1]) == "dict" then copy_into(d, a[1], order) end
+        if kind(a[1]) == "dict" then
+            copy_into(d, a[1], order)
+        elseif kind(a[1]) == "list" then -- Python's dict of (key, value) pairs
+            for i, pair in ipairs(a[1]) do
+                if kind(pair) ~= "list" and kind(pair) ~= "string" or #iterable(pair) ~= 2 then
+                    fail(fmt("dictionary update sequence element #%d has length %d; 2 is required", i - 1,
+                             kind(pair) == "list" and #pair or kind(pair) == "string" and str_len(pair) or 0))
+                end
+                local key, value = unpack(iterable(pair))
+                key = num(key) or key
+                if d[key] == nil then order[#order + 1] = key end
+                d[key] = value
+            end
+        elseif a[1] ~= nil then
+            fail(fmt("'%s' object is not iterable", py_type(a[1])))
+        end
         copy_into(d, kw, order)
         ORDER[d] = order
         return d
@@ -1583,10 +1643,20 @@ FILTERS.int = function(_, v, a, kw)
     if type(v) ~= "string" then return default end
     local s = strip(v):gsub("_", "")
     local sign, digits = s:match("^([-+]?)(%w+)$")
-    if base == 16 or base == 0 then digits = digits and digits:gsub("^0[xX]", "") end
+    -- Python's int(s, base): a 0x/0o/0b prefix where it names the base; base 0 reads the base
+    -- from it (none: decimal, without a leading zero); a base out of [2, 36] raises, which the
+    -- filter catches, as any ValueError, and tries float
+    local prefixed = digits and ({ ["0x"] = 16, ["0o"] = 8, ["0b"] = 2 })[lower(sub(digits, 1, 2))]
+    if base == 0 and digits then
+        if prefixed then base = prefixed
+        elseif digits:find("^0+$") or not digits:find("^0") then base = 10
+        else digits = nil end
+    end
+    if base < 2 or base > 36 then digits = nil end
+    if digits and prefixed == base then digits = sub(digits, 3) end
     -- (LuaJIT's tonumber in base 10 reads "0x10" as 16: Python's int(s, 10) takes digits only)
     if base == 10 and digits and not digits:find("^%d+$") then digits = nil end
-    local n2 = digits and tonumber(digits, base == 0 and 16 or base)
+    local n2 = digits and digits ~= "" and tonumber(digits, base)
     if n2 then return sign == "-" and -n2 or n2 end
     n2 = py_float(s) -- (then int(float(value)), as jinja2: a finite one)
     if n2 and n2 == n2 and n2 ~= huge and n2 ~= -huge then return n2 >= 0 and floor(n2) or -floor(-n2) end
@@ -1718,7 +1788,7 @@ FILTERS.map = function(st, v, a, kw)
             out[i] = x
         else
             local f = FILTERS[a[1]]
-            if not f then fail(fmt("No filter named '%s'.", tostring(a[1]))) end
+            if not f then fail(fmt("No filter named %s.", repr(a[1]))) end
             out[i] = f(st, item, { select(2, unpack(a)) }, kw)
         end
     end

@@ -658,7 +658,9 @@ function _M.run(argv, default_model)
         if thinking then
             local _, after_block = reasoning.split(reply, reasoning.opens(o.prompt))
             answer = after_block or ""
-            show(reply:sub(1, #reply - #answer))
+            local block = reply:sub(1, #reply - #answer)
+            show(block)
+            if answer == "" and block ~= "" and block:sub(-1) ~= "\n" then show("\n") end -- (the line ends here)
         end
         local cut = result.stop_reason == "MAX_TOKENS"
         local content, calls = tools.parse(answer, o.tools, function(k) return "call_" .. k end, cut)
@@ -666,11 +668,13 @@ function _M.run(argv, default_model)
         for _, call in ipairs(calls or {}) do
             show('{"name": ', cjson.encode(call.name), ', "arguments": ', call.arguments, "}\n")
         end
-        -- a forced call the token limit cut before it was whole: nothing to show, and a failure
+        -- a forced call that did not come (the token limit cut it before it was whole; the model
+        -- ended inside a thinking block, which comes before it): nothing to show, and a failure
         -- (it printed nothing and exited 0)
-        if o.tools.forced and #(calls or {}) == 0 and cut then
+        if o.tools.forced and #(calls or {}) == 0 then
             if o.stats then stats_line(result, model) end
-            report(("the tool call was cut off after %d tokens, before it was whole: raise -n"):format(result.tokens_emitted))
+            report(cut and ("the tool call was cut off after %d tokens, before it was whole: raise -n"):format(result.tokens_emitted)
+                       or ("the reply ended (%s) before its tool call"):format(result.stop_reason or "?"))
             return 1
         end
     end

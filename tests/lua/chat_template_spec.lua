@@ -155,11 +155,30 @@ describe("startswith and endswith", function()
         renders("True False True True True", '{{ "abc".startswith("b", 1) }} {{ "abc".startswith("a", 1) }} ' ..
                 '{{ "abc".endswith("b", 0, 2) }} {{ "h\195\169llo".startswith("l", 2) }} {{ "abc".startswith("c", -1) }}')
     end)
+    it("as find and count do (they were ignored: 'abcb'.find('b', 2) was 1)", function()
+        renders("3 -1 2 3 2 3", '{{ "abcb".find("b", 2) }} {{ "abcb".find("b", 2, 3) }} {{ "aaa".count("a", 1) }} ' ..
+                '{{ "h\195\169llo".find("l", 3) }} {{ "h\195\169llo".find("l", -3) }} {{ "abc".count("", 1) }}')
+    end)
+end)
+
+describe("strip", function()
+    it("strips whole characters of a non-ASCII chars (it stripped bytes: half of a '\194\187' was left)", function()
+        renders("\194\171x|\195\169a|a|b\194\187", '{{ "\194\171x\194\187".strip("\194\187") }}|{{ "\195\169a".lstrip("\195\168") }}|' ..
+                '{{ "\226\134\146a\226\134\146"|trim("\226\134\146") }}|{{ "ab\194\187 "|trim(" a") }}')
+        fails("strip arg must be None or str, not int", "{{ 'a'|trim(1) }}")
+        renders("a", "{{ ' a '.strip(none) }}")
+    end)
 end)
 
 describe("int and divisibleby", function()
     it("read as jinja2's: int of a hex text in base 10 is the default, divisibleby 0 an error", function()
         renders("0 15 7 18", '{{ "0x10"|int }} {{ "1.5e1"|int }} {{ " 7 "|int }} {{ "12"|int(base=16) }}')
+        -- base 0 reads the base from the prefix, as Python's int(s, 0) (it read base 16: '10' was 16);
+        -- a prefix that names the base is taken; what int refuses ("010" in base 0, a base out of
+        -- [2, 36]) falls back to float, as jinja2's
+        renders("10 5 15 16 10 0 31 1 7", '{{ "10"|int(base=0) }} {{ "0b101"|int(base=0) }} {{ "0o17"|int(base=0) }} ' ..
+                '{{ "0x10"|int(base=0) }} {{ "010"|int(base=0) }} {{ "0"|int(base=0) }} {{ "0x1f"|int(base=16) }} ' ..
+                '{{ "1"|int(base=1) }} {{ "7"|int(0, 37) }}')
         renders('"a\\u007f\\u00e9" "a\127\195\169"', '{{ "a\127\195\169"|tojson(ensure_ascii=true) }} {{ "a\127\195\169"|tojson }}')
         renders("nan -inf 0.0 2.5 3.0 1.5", '{{ "nan"|float }} {{ "-Inf"|float }} {{ "0x10"|float }} {{ " 2.5 "|float }} ' ..
                 '{{ "3"|float }} {{ "x"|float(1.5) }}')
@@ -238,6 +257,21 @@ describe("scoping", function()
         renders("[1B][12][3B][B]|T",
             "{% set top = 'T' %}{% macro m(a, b='B') %}{% set leak = 1 %}[{{ a }}{{ b }}]{% endmacro %}"
             .. "{{ m(1) }}{{ m(1, 2) }}{{ m(a=3) }}{{ m() }}|{{ top }}{{ leak }}")
+    end)
+end)
+
+describe("from a hunt", function()
+    it("compares a tuple unequal to a list, builds a dict of pairs, has loop.changed", function()
+        renders("False True False", "{{ (1, 2) == [1, 2] }} {{ (1, 2) == (1, 2) }} {{ [1, 2] != [1, 2] }}")
+        renders("{'a': 1, 'b': 2} {'x': 1}", "{{ dict([('a', 1), ['b', 2]]) }} {{ dict(x=1) }}")
+        fails("dictionary update sequence element #0 has length 3; 2 is required", "{{ dict([(1, 2, 3)]) }}")
+        renders("TrueFalseTrueTrue|True", "{% for i in [1, 1, 2, 1] %}{{ loop.changed(i) }}{% endfor %}|" ..
+                "{% for i in [1] %}{{ loop.changed(i) }}{% endfor %}")
+    end)
+    it("names the template's mistakes, not Lua's", function()
+        fails("expected '}}', got '1.0'", "{{ x 1.0 }}")
+        fails("must be str or None, not bool", "{{ 'a'.split(true) }}")
+        fails("No filter named None.", "{{ ['a'] | map(none) | list }}")
     end)
 end)
 

@@ -63,6 +63,24 @@ describe("scripts/tinyloop", function()
         assert.truthy(out:find("tinyloop: the tool call was cut off after 8 tokens, before it was whole: raise -n", 1, true), out)
     end)
 
+    it("fails saying so where a forced tool call never came: the reply ended in its thinking block (exit 0, no call)", function()
+        local tools, template = os.tmpname(), os.tmpname()
+        local f = assert(io.open(tools, "wb"))
+        f:write('[{"type":"function","function":{"name":"weather","parameters":{"type":"object",' ..
+                '"properties":{"city":{"type":"string"}},"required":["city"]}}}]')
+        f:close()
+        f = assert(io.open(template, "wb")) -- (a template that opens the block: the model may end in it)
+        f:write("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" ..
+                "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+        f:close()
+        local status, out = run("luajit scripts/tinyloop --chat --chat-template " .. template .. " --tools " .. tools ..
+                                " --tool-choice required -n 120 -t 1 -s 2 --no-stats 'Weather in Paris?'")
+        os.remove(tools)
+        os.remove(template)
+        assert.equal(1, status, out)
+        assert.truthy(out:find("\ntinyloop: the reply ended (EOS) before its tool call", 1, true), out)
+    end)
+
     it("refuses generation options with --embed, naming them (they were ignored)", function()
         local status, out = run("luajit scripts/tinyloop --embed -n 5 -t 0.5 --stop x --grammar /nonexistent hi")
         assert.equal(2, status, out)
