@@ -27,7 +27,12 @@ local messages = { { role = "user", content = "Who is Emma?" } }
 -- Generates a reply to the messages under cfg: its text (the stream's pieces, joined).
 local function reply(cfg)
     local prompt = model:encode(assert(chat:prompt(messages, true, shown)))
-    cfg.max_tokens = math.min(cfg.max_tokens, model.max_seq_len - #prompt)
+    local room = model.max_seq_len - #prompt
+    if room < 1 then -- (a model of a small context: the tools alone may fill it)
+        print(("[the prompt's %d tokens fill the model's context of %d]"):format(#prompt, model.max_seq_len))
+        os.exit(0)
+    end
+    cfg.max_tokens = math.min(cfg.max_tokens, room)
     chats.add_stop_ids(cfg, chat:turn_end_ids(model))
     local text = {}
     local iterate, session = model:stream(prompt, cfg)

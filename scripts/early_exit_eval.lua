@@ -32,7 +32,9 @@ for _, name in ipairs({ "prompts", "prompt_tokens", "tokens", "repeat" }) do
     local v = opt[name]
     if v < 1 or v ~= math.floor(v) then die(("--%s must be a whole number >= 1, got %s"):format(name:gsub("_", "-"), v)) end
 end
-local model, load_err = tinyloop.load(opt.model, { threads = opt.threads })
+-- (a value load refuses, --threads -1, is raised: bad usage, said in one line)
+local loaded, model, load_err = pcall(tinyloop.load, opt.model, { threads = opt.threads })
+if not loaded then die(require("tinyloop.raise").message(model)) end
 if not model then die(load_err, 1) end
 if not model.has_tokenizer then die(opt.model .. " has no tokenizer: the held-out text cannot be encoded") end
 local info = model:info()

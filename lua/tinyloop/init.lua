@@ -69,9 +69,20 @@ local ARGUMENT_ERRORS = {
     [tonumber(C.TL_ERR_HOOK)] = true, -- a hook broke its contract (e.g. a negative count)
 }
 
+-- The engine counts a list's places from 0 (C's arrays); the lists a Lua caller gave count
+-- from 1: the places an engine message names in them are shown as Lua's (stop_strings[1]
+-- named the second string).
+local INDEXED = { "stop_sequences%[", "stop_strings%[", "sessions%[", "at index ", "generate_batch: prompt ", "embed_batch: input " }
+local function lua_indices(msg)
+    for _, place in ipairs(INDEXED) do
+        msg = msg:gsub("(" .. place .. ")(%d+)", function(before, i) return before .. (tonumber(i) + 1) end)
+    end
+    return msg
+end
+
 -- For a failed engine call: raises an argument error, or returns nil, err.
 local function engine_failure(status)
-    local msg = last_error()
+    local msg = lua_indices(last_error())
     if ARGUMENT_ERRORS[tonumber(status)] then raise(msg) end
     return nil, msg
 end
@@ -86,6 +97,19 @@ local function check_int(what, v)
         raise(("%s = %s must be an integer in [%d, %d]"):format(what, tostring(v), INT_MIN, INT_MAX))
     end
     return v
+end
+
+-- #t of a list, raising "<what> must be a list (1..n, no holes)" where t has a hole or other
+-- keys: # of a table with a hole may end at any of them, and the entries past it were
+-- silently left out ({ "zz", nil, "--" } lost its stop string "--").
+local function list_length(t, what)
+    local n, count = #t, 0
+    for k in pairs(t) do
+        if type(k) ~= "number" or k < 1 or k > n or k ~= floor(k) then count = -1 break end
+        count = count + 1
+    end
+    if count ~= n then raise(what .. " must be a list (1..n, no holes)") end
+    return n
 end
 
 -- ------------------------------------------------------------------ hook registry
@@ -145,9 +169,15 @@ end
 
 -- Runs a user hook under xpcall, marking its session as inside a hook meanwhile: the session
 -- may then not be closed or stepped (the step that runs the hook still uses it).
+-- A hook's error with its traceback; error() and error(false) raise a falsy value, which read
+-- as no error at all: the engine's "hook returned error -1" was raised instead.
+local function hook_traceback(e)
+    if not e then e = ("a hook raised an error whose value is %s"):format(tostring(e)) end
+    return traceback(e, 2)
+end
 local function call_hook(ctx, fn, ...)
     ctx.in_hook = true
-    local ok, r = xpcall(fn, traceback, ...)
+    local ok, r = xpcall(fn, hook_traceback, ...)
     ctx.in_hook = false
     return ok, r
 end
@@ -167,7 +197,7 @@ end)
 local stop_rule_cb = ffi_cast("tl_stop_rule_hook", function(user, tokens, n)
     local ctx = context_of(user)
     local t = sync_tokens(ctx, tokens, n)
-    local ok, r = call_hook(ctx, ctx.stop_when, t, concat(ctx.pieces))
+    local ok, r = call_hook(ctx, ctx.stop_when, t, concat(ctx.pieces), ctx.prompt_len)
     if not ok then return fail(ctx, r) end
     return r and C.TL_HOOK_STOP or C.TL_HOOK_CONTINUE
 end)
@@ -349,11 +379,12 @@ local function make_config(model, cfg)
     local seqs = cfg.stop_sequences
     if seqs ~= nil then
         if type(seqs) ~= "table" then raise("config field 'stop_sequences' must be a table of id tables") end
-        local arr = ffi_new("tl_token_seq[?]", #seqs + 1)
+        local arr = ffi_new("tl_token_seq[?]", list_length(seqs, "config field 'stop_sequences'") + 1)
         for i, seq in ipairs(seqs) do
             if type(seq) ~= "table" then raise("stop_sequences[" .. i .. "] must be a table of token ids") end
-            local ids = ffi_new("int32_t[?]", #seq + 1)
-            for j = 1, #seq do ids[j - 1] = check_int("stop_sequences[" .. i .. "][" .. j .. "]", seq[j]) end -- (a hole: an error, not id 0)
+            local ids = ffi_new("int32_t[?]", list_length(seq, "stop_sequences[" .. i .. "]") + 1)
+            if #seq == 0 then raise("stop_sequences[" .. i .. "] is empty") end
+            for j = 1, #seq do ids[j - 1] = check_int("stop_sequences[" .. i .. "][" .. j .. "]", seq[j]) end
             arr[i - 1].tokens, arr[i - 1].n = ids, #seq
             keep[#keep + 1] = ids
         end
@@ -410,9 +441,10 @@ local function make_config(model, cfg)
     local strs = cfg.stop_strings
     if strs ~= nil then
         if type(strs) ~= "table" then raise("config field 'stop_strings' must be a table of strings") end
-        local arr = ffi_new("const char *[?]", #strs + 1)
+        local arr = ffi_new("const char *[?]", list_length(strs, "config field 'stop_strings'") + 1)
         for i, s in ipairs(strs) do
             if type(s) ~= "string" then raise("stop_strings[" .. i .. "] must be a string") end
+            if s == "" then raise("stop_strings[" .. i .. "] is empty") end -- (the engine's check counts from 0)
             -- The engine's stop strings are C strings: one would end at its first NUL.
             local nul = s:find("\0", 1, true)
             if nul then
@@ -993,7 +1025,7 @@ local function batch_with_hooks(model, all_ids, cfg)
     for i = 1, n do -- every prompt is validated before any is decoded
         local s, st = new_session(model, all_ids[i], cfg)
         if not s then
-            local msg = ("generate_batch: prompt %d: %s"):format(i - 1, last_error())
+            local msg = ("generate_batch: prompt %d: %s"):format(i, lua_indices(last_error()))
             close_all()
             if ARGUMENT_ERRORS[tonumber(st)] then raise(msg) end
             return nil, msg
@@ -1019,7 +1051,7 @@ local function batch_with_hooks(model, all_ids, cfg)
             local status = statuses[j]
             if status ~= 0 then
                 local ctx = s.ctx
-                local err = ("generate_batch: prompt %d: %s"):format(map[j] - 1, ffi_string(C.tl_session_error(s.ptr)))
+                local err = ("generate_batch: prompt %d: %s"):format(map[j], lua_indices(ffi_string(C.tl_session_error(s.ptr))))
                 close_all()
                 if status == C.TL_ERR_HOOK and ctx and ctx.err then error(ctx.err, 0) end
                 if ARGUMENT_ERRORS[tonumber(status)] then raise(err) end
@@ -1053,9 +1085,7 @@ local STEP_BATCH_OPTIONS = { prompt_rows = true }
 function Model:step_batch(sessions, opts)
     model_ptr(self, "step_batch")
     if type(sessions) ~= "table" then raise("model:step_batch(): sessions must be a list of sessions") end
-    local n, count = #sessions, 0
-    for _ in pairs(sessions) do count = count + 1 end
-    if count ~= n then raise("model:step_batch(): sessions must be a list (1..n, no holes)") end
+    local n = list_length(sessions, "model:step_batch(): sessions")
     if opts ~= nil and type(opts) ~= "table" then raise("model:step_batch(): opts must be a table") end
     local so = ffi_new("tl_step_batch_options")
     C.tl_step_batch_options_init(so)
@@ -1477,6 +1507,7 @@ function Scores:logit(i, t)
 end
 
 function Scores:argmax(i)
+    check_int("scores:argmax: position", i)
     if i < 1 or i > self.n then raise("scores:argmax(" .. tostring(i) .. ") out of range") end
     local row, v = self.data + (i - 1) * self.vocab_size, self.vocab_size
     local best, best_value = 0, row[0]
@@ -1613,10 +1644,7 @@ function Model:embed_batch(inputs, opts)
     model_ptr(self, "embed_batch")
     local eo, pooling = embed_options(self, opts, "embed_batch")
     if type(inputs) ~= "table" then raise("embed_batch: inputs must be a table of inputs") end
-    local count = #inputs
-    for k in pairs(inputs) do
-        if type(k) ~= "number" or k < 1 or k > count or k ~= floor(k) then raise("embed_batch: inputs must be a list (1 .. n)") end
-    end
+    local count = list_length(inputs, "embed_batch: inputs")
     local arrays, seqs = {}, ffi_new("tl_token_seq[?]", count + 1)
     local rows = 0
     for i = 1, count do
@@ -1628,8 +1656,8 @@ function Model:embed_batch(inputs, opts)
     local d = self.d_model
     local out = ffi_new("float[?]", (pooling == "none" and rows or count) * d + 1)
     local st = C.tl_embed_batch(self.ptr, seqs, count, eo, out)
-    if st ~= 0 then -- (engine_failure's rule, the input named as the caller's list counts it, not from 0)
-        local msg = last_error():gsub("tl_embed_batch: input (%d+)", function(i) return "embed_batch: input " .. (i + 1) end)
+    if st ~= 0 then -- (engine_failure's rule, the function named as the caller called it)
+        local msg = lua_indices(last_error()):gsub("^tl_embed_batch: ", "embed_batch: ")
         if ARGUMENT_ERRORS[tonumber(st)] then raise(msg) end
         return nil, msg
     end

@@ -7,8 +7,9 @@
 --       logits_processor = policy.chain(policy.no_repeat_ngram(3), policy.ban_tokens({ 13 })),
 --   })
 --
--- Stop rules are functions (tokens, text) -> true to stop, where `tokens` is the whole
--- sequence so far (prompt + output, 1-based) and `text` the generated text so far.
+-- Stop rules are functions (tokens, text, prompt_len) -> true to stop, where `tokens` is the
+-- whole sequence so far (prompt + output, 1-based), `text` the generated text so far and
+-- prompt_len how many of the tokens are the prompt's.
 -- Logits processors are functions (logits, vocab_size, tokens) that edit `logits`, a
 -- 0-based float array, in place. The rules that keep state (max_wall_time, min_tokens) keep
 -- it per sequence: one rule may serve every prompt of generate_batch and every beam, since
@@ -143,13 +144,14 @@ function _M.repetition(opts)
     end
     local times, max_period = opts.times or 3, opts.max_period or 8
     local periods = opts.period and { opts.period } or nil
-    return function(tokens)
+    return function(tokens, _, prompt_len)
         local n = #tokens
+        local out = n - (prompt_len or 0) -- (the output's tokens: the prompt's never count)
         local from, to = 1, max_period
         if periods then from, to = periods[1], periods[1] end
         for p = from, to do
             local span = p * times
-            if n >= span then
+            if out >= span then
                 local repeated = true
                 for i = n - span + 1, n - p do
                     if tokens[i] ~= tokens[i + p] then repeated = false break end
@@ -165,9 +167,9 @@ end
 function _M.any(...)
     check_functions("any", "rule", ...)
     local rules = { ... }
-    return function(tokens, text)
+    return function(tokens, text, prompt_len)
         for i = 1, #rules do
-            if rules[i](tokens, text) then return true end
+            if rules[i](tokens, text, prompt_len) then return true end
         end
         return false
     end
@@ -236,7 +238,8 @@ end
 --   cfg.logits_processor = policy.min_tokens(20, model:info().eos_token_id)
 function _M.min_tokens(min_new, eos_id)
     if not is_int(min_new) or min_new < 0 then arg_error("min_tokens: min_new must be an integer >= 0") end
-    if not is_int(eos_id) then arg_error("min_tokens: eos_id must be a token id") end
+    -- (a negative id was taken, and logits[-1] written below the engine's buffer)
+    if not is_int(eos_id) or eos_id < 0 then arg_error("min_tokens: eos_id must be a token id (an integer >= 0)") end
     local prompt_len = per_sequence()
     return function(logits, vocab, tokens)
         local n = #tokens

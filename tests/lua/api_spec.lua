@@ -525,7 +525,8 @@ describe("model:generate_batch", function()
         local ok, err = pcall(m.generate_batch, m, { { 1, 2 }, { 3 }, { 4, 400 } },
                               { max_tokens = 4, on_token = function() calls = calls + 1 end })
         assert.is_false(ok)
-        assert.truthy(tostring(err):find("generate_batch: prompt 2", 1, true), tostring(err)) -- the engine's 0-based index
+        -- (the third prompt, its second token: the engine's 0-based places shown as Lua counts)
+        assert.truthy(tostring(err):find("generate_batch: prompt 3: prompt token id 400 at index 2", 1, true), tostring(err))
         assert.truthy(tostring(err):find("400", 1, true), tostring(err))
         assert.equal(0, calls)
     end)
@@ -690,6 +691,10 @@ describe("model:score", function()
             end
             assert.equal(best_t, sc:argmax(i))
         end
+        -- a position that is no integer is named (a Lua error from inside the bindings; 1.5 was taken)
+        H.error_contains(function() sc:argmax() end, "scores:argmax: position must be a number")
+        H.error_contains(function() sc:argmax("2") end, "scores:argmax: position must be a number")
+        H.error_contains(function() sc:argmax(1.5) end, "scores:argmax: position = 1.5 must be an integer")
         -- a string is encoded; the default depth is default_loops
         local s2 = m:score("The cat sat")
         for t = 0, 319, 17 do assert.equal(sc:logit(sc.n, t), s2:logit(sc.n, t)) end

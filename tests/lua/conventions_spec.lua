@@ -130,6 +130,8 @@ describe("tinyloop.policy constructors", function()
         { "no_repeat_ngram", function() return policy.no_repeat_ngram(0) end },
         { "min_new", function() return policy.min_tokens(-1, 3) end },
         { "eos_id", function() return policy.min_tokens(1, nil) end },
+        -- (-1 was taken, and logits[-1] written below the engine's buffer: a heap abort)
+        { "min_tokens: eos_id must be a token id (an integer >= 0)", function() return policy.min_tokens(5, -1) end },
         { "processor 1 is a table", function() return policy.chain({}) end },
         { "vocab_size", function() return policy.mask(0) end },
         { "mask:ban", function() return policy.mask(4):ban({ 1.5 }) end },

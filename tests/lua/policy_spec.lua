@@ -47,6 +47,22 @@ describe("tinyloop.policy.min_tokens", function()
     end)
 end)
 
+describe("tinyloop.policy.repetition", function()
+    it("counts the output's tokens, not the prompt's (a repeated prompt stopped it at once)", function()
+        local no = m:encode(" no")[1]
+        local prompt = { no, no, no }
+        local cfg = { max_tokens = 6, ignore_eos = true, logit_bias = { [no] = 100 }, stop_when = policy.repetition({ times = 3 }) }
+        -- the output is the prompt's first token again and again: period 1, three times, at the third
+        local out, stats = assert(m:generate(prompt, cfg))
+        assert.same({ "CALLBACK_ABORT", 3 }, { stats.stop_reason, stats.tokens_emitted })
+        assert.equal(#prompt + 3, #out)
+        -- any() passes the prompt's length on
+        cfg.stop_when = policy.any(function() return false end, policy.repetition({ times = 3 }))
+        stats = select(2, assert(m:generate(prompt, cfg)))
+        assert.same({ "CALLBACK_ABORT", 3 }, { stats.stop_reason, stats.tokens_emitted })
+    end)
+end)
+
 describe("tinyloop.policy.max_wall_time", function()
     it("times each sequence from its own first token, batched too", function()
         -- 20 ms a call of each sequence: 0.1 s is a handful of steps, where the rule that
