@@ -3715,6 +3715,52 @@ describe("scripts/serve options", function()
         assert.truthy(out:find("app.example is not an origin", 1, true) and out:find("exit 1", 1, true), out)
     end)
 
+    it("finishes the generations a reload (SIGHUP) or a graceful quit (SIGQUIT) finds running", function()
+        -- (a request parked in the thread pool held no timer: the exiting worker left at once,
+        -- every reply empty, "[alert] open socket ... left in connection", the gauges stuck)
+        for _, signal in ipairs({ "HUP", "QUIT" }) do
+            local p = free_port()
+            local pre = dir .. "/signalled"
+            os.execute("rm -rf " .. pre)
+            os.execute(("scripts/serve --port %d --threads 1 --max-active 2 --max-queued 2 --prefix-pool-mb 0 --prefix %s " ..
+                        "> %s.log 2>&1 & echo $! > %s.pid"):format(p, pre, pre, pre))
+            local url = "http://127.0.0.1:" .. p
+            local ok, err = pcall(function()
+                local up = false
+                for _ = 1, 300 do
+                    if curl(url .. "/health") == 200 then up = true break end
+                    os.execute("sleep 0.1")
+                end
+                assert.is_true(up, sh("cat " .. pre .. ".log"))
+                -- (a beam search of 32: most of a second each, still running at the signal)
+                local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 16, ignore_eos = true, loops = 16,
+                                                 beam_size = 32 }))
+                local cmd = {}
+                for i = 1, 3 do -- (two running, one queued)
+                    cmd[i] = ("curl -s -m 60 -o %s.out%d -w '%%{http_code}\n' -d %s %s/v1/completions &"):format(pre, i, req, url)
+                end
+                local codes = sh("(" .. table.concat(cmd, " ") .. " sleep 0.4; kill -" .. signal .. " $(cat " .. pre ..
+                                 "/nginx.pid); wait) 2>&1")
+                assert.equal("200\n200\n200\n", codes, signal)
+                for i = 1, 3 do
+                    local body = cjson.decode(H.read(pre .. ".out" .. i))
+                    assert.equal(16, body.usage.completion_tokens, signal)
+                end
+                local log = sh("cat " .. pre .. ".log")
+                assert.is_nil(log:find("open socket", 1, true), log)
+                assert.is_nil(log:find("[alert]", 1, true), log)
+                if signal == "HUP" then -- the new worker serves, the gauges at 0
+                    local metrics = select(2, curl(url .. "/metrics"))
+                    assert.truthy(metrics:find("\ntinyloop_sessions_active 0\n", 1, true), metrics)
+                    assert.truthy(metrics:find("\ntinyloop_sessions_queued 0\n", 1, true), metrics)
+                end
+            end)
+            os.execute("kill -TERM $(cat " .. pre .. ".pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
+                ".pid) 2>/dev/null || break; sleep 0.1; done")
+            assert(ok, err)
+        end
+    end)
+
     it("refuses, as root, a checkpoint that nginx's workers (nobody) cannot read", function()
         if sh("id -u"):gsub("%s+$", "") ~= "0" then return end -- workers then run as the caller
         local dir = sh("mktemp -d"):gsub("%s+$", "") -- 0700: root only

@@ -41,7 +41,16 @@ local ngx_say, ngx_print, ngx_flush, ngx_exit, ngx_now, ngx_update_time, ngx_log
 local ffi_string, ffi_new, ffi_cast = ffi.string, ffi.new, ffi.cast
 local encode = cjson.encode
 local tostring, tonumber, type, pcall, pairs, ipairs, concat = tostring, tonumber, type, pcall, pairs, ipairs, table.concat
-local run_worker_thread = ngx.run_worker_thread
+local ngx_run_worker_thread = ngx.run_worker_thread
+-- ngx.run_worker_thread, counting this worker's calls in the pool (hold_exit waits for them)
+local in_pool = 0
+local run_worker_thread = ngx_run_worker_thread and function(...)
+    in_pool = in_pool + 1
+    local ok, a, b, c, d = pcall(ngx_run_worker_thread, ...)
+    in_pool = in_pool - 1
+    if not ok then error(a, 0) end
+    return a, b, c, d
+end
 local alternatives_of = tinyloop.alternatives_of
 local valid_utf8 = request.valid_utf8
 
@@ -214,6 +223,28 @@ local function publish()
     metrics.publish_engine(ngx.worker.id(), counters, mem)
 end
 
+-- nginx ends an exiting worker (a reload, SIGQUIT) as soon as no timer is left, and a request
+-- parked in the thread pool holds none: every running generation was cut off, its socket left
+-- open ("[alert] open socket #N left in connection"), and the gauges kept it. This loop's sleep
+-- is such a timer (ngx.sleep's is not cancelable; ngx.timer's are): the worker goes once its
+-- generations (the engine's sessions) and its pool calls are done.
+local HOLD_POLL_S = 0.05
+local function hold_exit(premature)
+    if premature then return end
+    while true do
+        local exiting = ngx.worker.exiting()
+        if exiting then
+            local busy = in_pool > 0
+            if engine and not busy then
+                C.tl_engine_get_counters(engine, counters)
+                busy = counters.active + counters.queued > 0
+            end
+            if not busy then return end
+        end
+        ngx.sleep(exiting and HOLD_POLL_S or 1)
+    end
+end
+
 -- The worker's threads (ids), from /proc (Linux); {} elsewhere.
 local function thread_ids()
     local ids = {}
@@ -352,6 +383,8 @@ function _M.init_worker()
     publish()
     local ok, err = ngx.timer.every(conf.publish_every, publish)
     if not ok then ngx_log(ngx.ERR, "tinyloop: no metrics timer (other workers' /metrics miss this engine): ", err) end
+    ok, err = ngx.timer.at(0, hold_exit)
+    if not ok then ngx_log(ngx.ERR, "tinyloop: no exit timer (a reload will cut running generations off): ", err) end
 end
 
 -- exit_worker(): stops the engine (its sessions are freed) before the model goes. Stopped,
