@@ -3761,6 +3761,35 @@ describe("scripts/serve options", function()
         end
     end)
 
+    it("scores echoed prompts in the places of --embed-jobs: past the pool's Lua VMs they wait, not fail", function()
+        -- (scored before the engine's limit was checked, they ran unbounded: 16 at once on a pool
+        -- of 10 VMs, 6 answered 500 "no available Lua vm")
+        local p = free_port()
+        local pre = dir .. "/scoring"
+        os.execute("rm -rf " .. pre)
+        os.execute(("scripts/serve --port %d --threads 1 --max-active 1 --max-queued 0 --embed-jobs 1 --prefix-pool-mb 0 " ..
+                    "--prefix %s > %s.log 2>&1 & echo $! > %s.pid"):format(p, pre, pre, pre))
+        local url = "http://127.0.0.1:" .. p
+        local ok, err = pcall(function()
+            local up = false
+            for _ = 1, 300 do
+                if curl(url .. "/health") == 200 then up = true break end
+                os.execute("sleep 0.1")
+            end
+            assert.is_true(up, sh("cat " .. pre .. ".log"))
+            local ids = {}
+            for i = 1, 200 do ids[i] = 40 + i end
+            local req = quote(cjson.encode({ prompt = ids, max_tokens = 0, echo = true, logprobs = 5, loops = 16 }))
+            local cmd = {}
+            for i = 1, 16 do cmd[i] = ("curl -s -m 60 -o /dev/null -w '%%{http_code}\n' -d %s %s/v1/completions &"):format(req, url) end
+            local codes = sh("(" .. table.concat(cmd, " ") .. " wait) 2>&1")
+            assert.equal(("200\n"):rep(16), codes)
+        end)
+        os.execute("kill -TERM $(cat " .. pre .. ".pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
+            ".pid) 2>/dev/null || break; sleep 0.1; done")
+        assert(ok, err)
+    end)
+
     it("refuses, as root, a checkpoint that nginx's workers (nobody) cannot read", function()
         if sh("id -u"):gsub("%s+$", "") ~= "0" then return end -- workers then run as the caller
         local dir = sh("mktemp -d"):gsub("%s+$", "") -- 0700: root only

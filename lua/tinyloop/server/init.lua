@@ -85,7 +85,7 @@ local conf = {
                               -- or "auto" (where the chat template speaks of <think> or </think>)
     api_key = nil,            -- requests but /health's and /metrics' must carry it (Authorization:
                               -- Bearer KEY, or Anthropic's x-api-key: KEY); nil: none needed
-    embed_jobs = 2,           -- embeddings requests a worker computes at once (each in the thread
+    embed_jobs = 2,           -- embeddings requests (and prompt scorings) a worker computes at once (each in the thread
                               -- pool; the others wait for a place, up to embed_wait_s, then 503)
     embed_wait_s = 30,
     responses_store = "tinyloop_responses", -- the lua_shared_dict that keeps /v1/responses' stored
@@ -1490,6 +1490,7 @@ local function serve(chat, body, view)
     -- A client that leaves (lua_check_client_abort on) cancels at once, even while this
     -- request's coroutine waits in the thread pool: for the prompt's scoring (its sessions,
     -- not yet submitted, are freed) or for output (every choice is released).
+    local scoring = false -- (holds one of embed_slots' places: step 2)
     local watching = ngx.on_abort(function() -- (nil where lua_check_client_abort is off)
         if r then
             release_all(r, true)
@@ -1497,6 +1498,7 @@ local function serve(chat, body, view)
             for _ = 1, #made do metrics.incr("cancelled") end
             free_made(1)
         end
+        if scoring then scoring = false; embed_slots:post(1) end
         return ngx_exit(499)
     end)
     if watching and client_left() then return ngx_exit(499) end -- (before any session is made)
@@ -1525,7 +1527,9 @@ local function serve(chat, body, view)
     end
 
     -- 2. echo with logprobs: the prompts' own figures, scored in the thread pool (forward
-    --    passes, never on the event loop).
+    --    passes, never on the event loop), in one of the places embeddings take (conf.embed_jobs
+    --    a worker): run before the engine's limit is checked, the scorings were unbounded, and
+    --    past the pool's Lua VMs each one failed with a 500.
     local prompt_figures = {}
     if req.echo and req.logprobs then
         if not conf.thread_pool then
@@ -1533,12 +1537,20 @@ local function serve(chat, body, view)
             return send_error(500, "echo with logprobs needs nginx's thread pool (thread_pool and lua_worker_thread_vm_pool_size)",
                               "logprobs", "server_error")
         end
+        if not embed_slots:wait(conf.embed_wait_s) then
+            free_made(1)
+            metrics.incr("rejected")
+            return send_error(503, ("every place that scores prompts is taken (%d a worker): retry later"):format(conf.embed_jobs),
+                              nil, "overloaded_error", { ["Retry-After"] = "1" })
+        end
+        scoring = true
         local loops, top = req.cfg.loops or model.default_loops, req.logprobs
         for p, ids in ipairs(req.prompts) do
             local ok, lps, top_ids, top_lps = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "score", score_addr,
                                                                 last_error_addr, model_addr, ids, loops, top)
             if not ok or not lps then
                 free_made(1)
+                if scoring then scoring = false; embed_slots:post(1) end
                 return send_error(500, "scoring the prompt failed: " .. tostring(ok and top_ids or lps), nil, "server_error")
             end
             local figures = { {} } -- the first token has nothing before it
@@ -1547,6 +1559,7 @@ local function serve(chat, body, view)
             end
             prompt_figures[p] = figures
         end
+        if scoring then scoring = false; embed_slots:post(1) end
     end
 
     -- 3. To the engine, all or none.
