@@ -432,6 +432,10 @@ void tl_engine_stop(tl_engine *e) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
     e->stop = true;
+    /* a step that searches within itself (beam search) leaves early, as at a cancel: the
+       join below waited for a whole search (a second and more of a wide beam) */
+    for (int i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->session) atomic_store(&e->reqs[i]->session->stop_requested, true);
     pthread_cond_broadcast(&e->work);
     wake_all(e);
     pthread_mutex_unlock(&e->mu);

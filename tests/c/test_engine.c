@@ -144,10 +144,34 @@ static int free_self_hook(void *user, int32_t token, int position) {
 static uint64_t beam_request;
 static atomic_int beam_calls; /* (the main thread polls it while the engine's hook counts) */
 static int beam_calls_after_cancel;
-static int beam_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
-    (void)user;
+static void beam_apart(float *logits, int vocab_size, const int32_t *tokens, int n) {
     for (int i = 0; i < vocab_size; i++) logits[i] = -10.0f;
     for (int k = 0; k < 4; k++) logits[(tokens[n - 1] + 7 * k + 1) % vocab_size] = 1.0f; /* four equal ways on */
+}
+/* Four hypotheses that never meet: four ways on from the prompt, then one way on from each
+   (its last token + 1), so that no token settles until max_tokens; counting calls. Its 5th
+   call holds until the engine is stopping (tl_engine_wait answers -1 once tl_engine_stop has
+   begun). */
+static atomic_int stopped_beam_calls;
+static int stopped_beam_prompt = -1;
+static tl_engine *stopping_engine;
+static uint64_t stopping_request;
+static int stopped_beam_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
+    (void)user;
+    if (stopped_beam_prompt < 0) stopped_beam_prompt = n;
+    if (n == stopped_beam_prompt) {
+        beam_apart(logits, vocab_size, tokens, n);
+    } else {
+        for (int i = 0; i < vocab_size; i++) logits[i] = -10.0f;
+        logits[(tokens[n - 1] + 1) % vocab_size] = 1.0f;
+    }
+    if (atomic_fetch_add(&stopped_beam_calls, 1) + 1 == 5)
+        while (tl_engine_wait(stopping_engine, stopping_request, 1) != -1) {}
+    return TL_HOOK_CONTINUE;
+}
+static int beam_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
+    (void)user;
+    beam_apart(logits, vocab_size, tokens, n);
     const int calls = atomic_fetch_add(&beam_calls, 1) + 1;
     if (calls == 5) tl_engine_cancel(engine, beam_request);
     else if (calls > 5) beam_calls_after_cancel++;
@@ -462,6 +486,31 @@ int main(int argc, char **argv) {
         tl_engine_stop(stopped);
         tl_engine_free(stopped);
         tl_engine_stop(NULL);
+    }
+
+    /* Stopping with a beam search running: it leaves between search steps, as at a cancel
+       (review: the stop waited for the whole search, a second and more of a wide beam). */
+    {
+        tl_engine *stopped = NULL;
+        CHECK(tl_engine_new(model, NULL, &stopped) == TL_OK, "%s", tl_last_error());
+        tl_generate_config bc;
+        tl_generate_config_init(&bc);
+        bc.max_tokens = 60;
+        bc.beam_size = 4;
+        bc.ignore_eos = 1;
+        bc.logits_processor = stopped_beam_hook;
+        stopping_engine = stopped;
+        CHECK(tl_engine_submit(stopped, new_session(jobs[0].prompt, &bc), &stopping_request) == TL_OK, "%s", tl_last_error());
+        for (int spins = 0; spins < 4000 && atomic_load(&stopped_beam_calls) < 5; spins++) {
+            struct timespec nap = {0, 1000000};
+            nanosleep(&nap, NULL);
+        }
+        const int at_stop = atomic_load(&stopped_beam_calls);
+        tl_engine_stop(stopped); /* (the held hook goes on once it has begun) */
+        const int after = atomic_load(&stopped_beam_calls) - at_stop;
+        CHECK(at_stop == 5 && after <= 4, "a stopped beam search leaves within one search step: %d calls after the stop (of %d)",
+              after, at_stop + after);
+        tl_engine_free(stopped);
     }
 
     /* A session the engine holds is the engine's to free (review: a hook's tl_session_free of
