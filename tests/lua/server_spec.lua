@@ -1091,6 +1091,30 @@ describe("server", function()
                 assert.equal(100, body.usage.completion_tokens)
             end
         end
+        -- a request of n choices gets n places or none: 2 held, 1 free, n = 2 is refused whole
+        -- (its first choice was submitted, counted as admitted, then cancelled)
+        local function metric(text, name) return tonumber(text:match("\n" .. name:gsub("[%[%]{}\"=]", "%%%0") .. " (%d+)")) end
+        local slow = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 16, ignore_eos = true, loops = 16, beam_size = 32 }))
+        local job = ("(curl -s -m 60 -o /dev/null -d %s %s/v1/completions & curl -s -m 60 -o /dev/null -d %s %s/v1/completions & " ..
+                     "wait) > /dev/null 2>&1 &"):format(slow, base, slow, base)
+        os.execute(job)
+        for _ = 1, 200 do
+            local m = select(2, curl(base .. "/metrics"))
+            if metric(m, 'tinyloop_engine_sessions{worker="0",state="active"}') == 2 then break end
+            os.execute("sleep 0.02")
+        end
+        local before = select(2, curl(base .. "/metrics"))
+        local status, body = post_json({ prompt = "It is", max_tokens = 2, n = 2 })
+        assert.equal(503, status, body)
+        assert.truthy(cjson.decode(body).error.message:find("the request's 2 choices need 2 session places, and 1 of 3 are free", 1, true), body)
+        local after = select(2, curl(base .. "/metrics"))
+        for _, name in ipairs({ "tinyloop_prompt_tokens_total", 'tinyloop_engine_requests_total{worker="0",outcome="cancelled"}' }) do
+            assert.equal(metric(before, name), metric(after, name), name)
+        end
+        for _ = 1, 600 do -- (the two beams end)
+            if metric(select(2, curl(base .. "/metrics")), 'tinyloop_engine_sessions{worker="0",state="active"}') == 0 then break end
+            os.execute("sleep 0.05")
+        end
         -- two at once, both complete with what each would get alone
         local a = cjson.encode({ prompt = "It is", max_tokens = 30, seed = 11, temperature = 0.7 })
         local b = cjson.encode({ prompt = "She said", max_tokens = 30, seed = 12, temperature = 0.7 })

@@ -1590,6 +1590,21 @@ local function serve(chat, body, view)
     -- (best_of ranks the candidates by their tokens' log-probabilities: asked for, if not shown)
     local ranked = req.best_of > req.n
     request_options.logprobs = req.logprobs or (ranked and 0) or -1
+    -- Every choice gets a place, or none is asked for: a request whose choices did not all fit
+    -- was submitted in part, its first choices counted as admitted (tokens in) and then as
+    -- cancelled. (Only this event loop submits to this engine: the places free now can only
+    -- grow before the submits below.)
+    C.tl_engine_get_counters(engine, counters)
+    local free = counters.max_active + counters.max_queued - counters.active - counters.queued
+    local needed = #made
+    if free < needed then
+        free_made(1)
+        metrics.incr("rejected")
+        local why = needed == 1 and ("every session place is taken (%d running, %d queued)"):format(conf.max_active, conf.max_queued)
+                    or ("the request's %d choices need %d session places, and %d of %d are free"):format(needed, needed, math.max(free, 0),
+                                                                                                      conf.max_active + conf.max_queued)
+        return send_error(503, why .. ": retry later", nil, "overloaded_error", { ["Retry-After"] = "1" })
+    end
     for k, choice in ipairs(made) do
         local p, ids = choice.prompt, req.prompts[choice.prompt]
         if C.tl_engine_submit_with(engine, choice.ptr, request_options, id_out) ~= 0 then
