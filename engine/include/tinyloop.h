@@ -323,7 +323,8 @@ typedef int (*tl_depth_policy_hook)(void *user, const tl_loop_signals *signals);
 
 /* A grammar drives a mask of allowed tokens. `allowed` fills allowed[vocab_size] with 1 for
    each permitted next token and returns how many (0 ends generation with
-   TL_STOP_GRAMMAR_DEAD_END; < 0 is an error); `advance` is told the chosen token.
+   TL_STOP_GRAMMAR_DEAD_END; < 0 is an error; a count that is not the mask's is an error too,
+   TL_ERR_HOOK); `advance` is told the chosen token.
    Or set `compiled` (tl_grammar_use) to a grammar compiled by TinyLoop (GBNF or JSON Schema,
    see the end of this header); the callbacks are then unused: every session gets its own
    matcher, which also enables speculative decoding and fast greedy masks. */
@@ -950,7 +951,7 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
 void tl_compiled_grammar_free(tl_compiled_grammar *g); /* NULL is a no-op */
 /* Adds a reference: a grammar is freed by the tl_compiled_grammar_free that drops its last
    (the compiler's is one; each session and matcher holds its own). For handing a grammar
-   from one owner to another, as from a thread that compiled it (thread-safe). */
+   from one owner to another, as from a thread that compiled it (thread-safe). NULL is a no-op. */
 void tl_compiled_grammar_retain(const tl_compiled_grammar *g);
 /* *match = 1 when the whole text is a sentence of the grammar. */
 tl_status tl_grammar_matches(const tl_compiled_grammar *g, const char *text, size_t len, int *match);

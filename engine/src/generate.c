@@ -87,7 +87,8 @@ tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, 
         }
         need += (long long)prompts[i].n + cfg->max_tokens;
     }
-    if (!out || need > out_capacity)
+    if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "generate_batch: out must not be NULL");
+    if (need > out_capacity)
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
                        "generate_batch: out_capacity = %d is too small: prompts + max_tokens each = %lld",
                        out_capacity, need);

@@ -1372,7 +1372,10 @@ tl_status tl_json_schema_to_gbnf(const char *schema, size_t len, const tl_json_s
     tl_clear_error();
     if (!gbnf) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_json_schema_to_gbnf: gbnf must not be NULL");
     *gbnf = NULL;
-    if (!schema) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_json_schema_to_gbnf: schema is NULL");
+    if (!schema) return tl_fail(TL_ERR_INVALID_ARGUMENT, "JSON schema: the schema's text is NULL");
+    if (opts && ((opts->free_whitespace != 0 && opts->free_whitespace != 1) || (opts->loose != 0 && opts->loose != 1)))
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "JSON schema options: free_whitespace = %d and loose = %d must each be 0 or 1",
+                       opts->free_whitespace, opts->loose);
     char err[512] = "";
     size_t n = 0;
     tl_status st = gram_json_schema_to_gbnf(schema, len, opts ? opts->free_whitespace : 0, opts ? opts->loose : 0, gbnf, &n, err,
@@ -1409,7 +1412,7 @@ tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t 
     tl_clear_error();
     if (!gbnf) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_regex_to_gbnf: gbnf must not be NULL");
     *gbnf = NULL;
-    if (!pattern) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_regex_to_gbnf: pattern is NULL");
+    if (!pattern) return tl_fail(TL_ERR_INVALID_ARGUMENT, "regular expression: the pattern is NULL");
     if (memchr(pattern, 0, len)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "regular expression: a NUL byte in the pattern (write \\0)");
     char *copy = malloc(len + 1);
     if (!copy) return tl_fail(TL_ERR_NO_MEMORY, "tl_regex_to_gbnf: out of memory");
@@ -1449,6 +1452,7 @@ tl_status tl_grammar_compile_regex(const char *pattern, size_t len, tl_compiled_
 }
 
 void tl_compiled_grammar_retain(const tl_compiled_grammar *g) {
+    if (!g) return; /* (as tl_compiled_grammar_free(NULL): it crashed) */
     atomic_fetch_add(&((tl_compiled_grammar *)g)->refs, 1);
 }
 

@@ -380,6 +380,8 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
     if (!triggers || n_triggers < 1 || n_triggers > MAX_TRIGGERS)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: 1 to %d triggers", MAX_TRIGGERS);
     const int max_blanks = opts ? opts->max_blanks : 0;
+    if (opts && opts->at_least_one != 0 && opts->at_least_one != 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: at_least_one = %d must be 0 or 1", opts->at_least_one);
     if (max_blanks < 0 || max_blanks > MAX_BLANKS)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: max_blanks = %d is out of range [0, %d]", max_blanks,
                        MAX_BLANKS);
@@ -396,6 +398,11 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
     for (int t = 0; t < n_tags && st == TL_OK; t++) {
         if (!tags[t].begin || !tags[t].content || !tags[t].end) {
             st = tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: tags[%d] needs begin, content and end", t);
+            break;
+        }
+        if (tags[t].ends_text != 0 && tags[t].ends_text != 1) {
+            st = tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: tags[%d].ends_text = %d must be 0 or 1", t,
+                         tags[t].ends_text);
             break;
         }
         in[t] = (tag_in){{(const unsigned char *)tags[t].begin, (int)strlen(tags[t].begin)},

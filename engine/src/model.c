@@ -603,6 +603,8 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
 
     if (opts->backend != TL_BACKEND_AUTO && opts->backend != TL_BACKEND_CPU && opts->backend != TL_BACKEND_CUDA)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: unknown backend %d", (int)opts->backend);
+    if (opts->mmap_weights != 0 && opts->mmap_weights != 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: mmap_weights = %d must be 0 or 1", opts->mmap_weights);
     if (opts->n_threads < 0 || opts->n_threads > 1024)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: n_threads = %d is out of range [0, 1024]",
                        opts->n_threads);

@@ -385,8 +385,8 @@ static void *engine_main(void *arg) {
 
 tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl_engine **out) {
     tl_clear_error();
-    if (!model || !out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_new: NULL argument");
-    *out = NULL;
+    if (out) *out = NULL;
+    if (!model || !out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_new: model and out must not be NULL");
     tl_engine_options o;
     tl_engine_options_init(&o);
     if (opts) o = *opts;
@@ -478,7 +478,7 @@ tl_status tl_engine_submit(tl_engine *e, tl_session *session, uint64_t *id) {
 
 tl_status tl_engine_submit_with(tl_engine *e, tl_session *session, const tl_engine_request_options *opts, uint64_t *id) {
     tl_clear_error();
-    if (!e || !session || !id) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: NULL argument");
+    if (!e || !session || !id) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: engine, session and id must not be NULL");
     *id = 0;
     tl_engine_request_options o;
     tl_engine_request_options_init(&o);

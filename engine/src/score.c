@@ -83,7 +83,8 @@ static tl_status reduce_chunk(void *ctx, int start, int len) {
     for (int i = 0; i < len && start + i + 1 < r->n; i++) {
         const size_t at = (size_t)(start + i);
         tl_row_logprobs(r->chunk + (size_t)i * (size_t)r->vocab, r->vocab, r->tokens[start + i + 1], r->top, r->scratch,
-                        &r->logprobs[at], r->top_ids + at * (size_t)r->top, r->top_logprobs + at * (size_t)r->top);
+                        &r->logprobs[at], r->top ? r->top_ids + at * (size_t)r->top : NULL,
+                        r->top ? r->top_logprobs + at * (size_t)r->top : NULL); /* (top 0: they may be NULL) */
     }
     return TL_OK;
 }

@@ -284,12 +284,21 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
         }
         if (n_allowed < 0) return tl_session_hook_failed(s, "grammar allowed", n_allowed);
         int32_t only = -1;
+        int in_mask = 0;
         for (int i = 0; i < vocab; i++) {
             if (!s->allowed[i]) s->work[i] = -INFINITY;
-            else only = i;
+            else only = i, in_mask++;
+        }
+        /* the count is the mask's (tinyloop.h): a callback whose count disagrees broke its
+           contract (a count of 0 over a mask of tokens went on sampling them, a count of 1
+           over several forced the last) */
+        if (n_allowed != in_mask && !s->grammar_matcher) {
+            s->finished = true;
+            return tl_fail(TL_ERR_HOOK, "grammar allowed hook returned %d for a mask of %d allowed tokens (the count must be "
+                                        "the mask's)", n_allowed, in_mask);
         }
         /* one allowed token: no need to sample (unless a hook banned it: then nothing is left) */
-        if (n_allowed == 1 && only >= 0 && s->work[only] > -INFINITY) s->forced_token = only;
+        if (in_mask == 1 && s->work[only] > -INFINITY) s->forced_token = only;
     }
     return TL_OK;
 }

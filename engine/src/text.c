@@ -25,9 +25,12 @@ static tl_status from_tlz(int code, const char *err) {
 
 tl_status tl_encode_ex(const tl_model *m, const char *text, size_t len, unsigned flags, int32_t **ids, int *n_ids) {
     tl_clear_error(); /* "" after success, the message after a failure */
+    if (ids) *ids = NULL; /* (every failure leaves no array behind, as the other calls' *out) */
+    if (n_ids) *n_ids = 0;
     tl_status st = need_tokenizer(m, "tl_encode");
     if (st != TL_OK) return st;
-    if ((!text && len) || !ids || !n_ids) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_encode: NULL argument");
+    if ((!text && len) || !ids || !n_ids)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_encode: ids, n_ids and text (where len > 0) must not be NULL");
     if (flags & ~(unsigned)TL_ENCODE_SPECIAL_AS_TEXT)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_encode_ex: unknown flags 0x%x (TL_ENCODE_SPECIAL_AS_TEXT is 0x%x)",
                        flags & ~(unsigned)TL_ENCODE_SPECIAL_AS_TEXT, (unsigned)TL_ENCODE_SPECIAL_AS_TEXT);
@@ -50,7 +53,8 @@ tl_status tl_decode(const tl_model *m, const int32_t *ids, int n, char **text, s
     tl_clear_error(); /* "" after success, the message after a failure */
     tl_status st = need_tokenizer(m, "tl_decode");
     if (st != TL_OK) return st;
-    if ((!ids && n) || n < 0 || !text) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_decode: bad arguments");
+    if ((!ids && n) || n < 0 || !text)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_decode: text and ids (where n > 0) must not be NULL, n = %d >= 0", n);
     char err[512];
     size_t got = 0;
     int code = tlz_decode(m->tokenizer, ids, (size_t)n, text, &got, err, sizeof err);
@@ -79,6 +83,7 @@ struct tl_detokenizer {
 
 tl_status tl_detokenizer_new(const tl_model *m, tl_detokenizer **out) {
     tl_clear_error(); /* "" after success, the message after a failure */
+    if (out) *out = NULL;
     tl_status st = need_tokenizer(m, "tl_detokenizer_new");
     if (st != TL_OK) return st;
     if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_detokenizer_new: out must not be NULL");

@@ -97,7 +97,7 @@ static tl_status validate_exit_criterion(const tl_model *m, const tl_generate_co
         return st;
     if (!(c->early_exit_gate_threshold >= 0.0f && c->early_exit_gate_threshold <= 1.0f))
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
-                       "early_exit_gate_threshold = %g must be in (0, 1] (0 = the model's early_exit_threshold)",
+                       "early_exit_gate_threshold = %.9g must be in (0, 1] (0 = the model's early_exit_threshold)",
                        (double)c->early_exit_gate_threshold);
     /* The margin is a variant of the hidden-state test: with another criterion it would be
        silently ignored. */
@@ -136,7 +136,7 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "top_k = %d must be >= 1 when sampling (temperature = %g)",
                        c->top_k, (double)c->temperature);
     if (!(c->top_p > 0.0f && c->top_p <= 1.0f))
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "top_p = %g must be in (0, 1]", (double)c->top_p);
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "top_p = %.9g must be in (0, 1]", (double)c->top_p); /* (%g showed 1.0000001 as 1) */
     if (!(c->repetition_penalty > 0.0f) || !isfinite(c->repetition_penalty))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "repetition_penalty = %g must be a finite number > 0",
                        (double)c->repetition_penalty);
@@ -153,6 +153,8 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "keep_special_text = %d must be 0 or 1", c->keep_special_text);
     if (c->fixed_state_seed != 0 && c->fixed_state_seed != 1)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "fixed_state_seed = %d must be 0 or 1", c->fixed_state_seed);
+    if (c->ignore_eos != 0 && c->ignore_eos != 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "ignore_eos = %d must be 0 or 1", c->ignore_eos);
     if ((st = validate_logit_bias(c, mc->vocab_size)) != TL_OK) return st;
     if (!(c->min_p >= 0.0f && c->min_p <= 1.0f))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "min_p = %g must be in [0, 1] (0 = off)", (double)c->min_p);
@@ -165,8 +167,8 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_sequences = %d without stop_sequences", c->n_stop_sequences);
     for (int i = 0; i < c->n_stop_sequences; i++) {
         const tl_token_seq *s = &c->stop_sequences[i];
-        if (s->n < 1 || !s->tokens)
-            return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_sequences[%d] is empty (n = %d)", i, s->n);
+        if (s->n < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_sequences[%d] is empty (n = %d)", i, s->n);
+        if (!s->tokens) return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_sequences[%d].tokens is NULL (n = %d)", i, s->n);
         for (int j = 0; j < s->n; j++)
             if (s->tokens[j] < 0 || s->tokens[j] >= mc->vocab_size)
                 return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_sequences[%d] token id %d is out of range [0, %d)",
@@ -258,9 +260,11 @@ static tl_status validate_reasoning(const tl_model *m, const tl_generate_config 
     for (int t = 0; t < 2; t++) {
         const tl_token_seq *tag = tags[t];
         const int least = t == 0 && c->reasoning_open ? 0 : 1;
-        if (tag->n < least || tag->n > TL_MAX_REASONING_TAG || (tag->n > 0 && !tag->tokens))
+        if (tag->n < least || tag->n > TL_MAX_REASONING_TAG)
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s has %d ids: a thinking budget needs %d to %d", names[t], tag->n, least,
                            TL_MAX_REASONING_TAG);
+        if (tag->n > 0 && !tag->tokens)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s.tokens is NULL (n = %d)", names[t], tag->n);
         for (int j = 0; j < tag->n; j++)
             if (tag->tokens[j] < 0 || tag->tokens[j] >= m->cfg.vocab_size)
                 return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s token id %d is out of range [0, %d)", names[t], tag->tokens[j],

@@ -251,6 +251,12 @@ static int allow_all(void *user, uint8_t *allowed, int vocab_size) {
     memset(allowed, 1, (size_t)vocab_size);
     return vocab_size;
 }
+/* Allows tokens 5 and 6 and returns *user as the count (the count must be the mask's). */
+static int allow_two_say(void *user, uint8_t *allowed, int vocab_size) {
+    (void)vocab_size;
+    allowed[5] = allowed[6] = 1;
+    return *(const int *)user;
+}
 static int count_advance(void *user, int32_t token) {
     (void)user, (void)token;
     advances++;
@@ -308,6 +314,21 @@ static void generate_batch_equals_one_by_one(const char *golden) {
                 "generate_batch: a callback grammar holds one sequence's state and cannot serve 2 prompts");
     CHECK(tl_generate_batch(m, prompts, 1, &cfg, out, N * 24, lens, &total, NULL) == TL_OK && advances == total - prompts[0].n,
           "one prompt under a callback grammar: %s, %d advances", tl_last_error(), advances);
+    /* the count is the mask's: 0 over two tokens went on sampling them, 1 forced the last */
+    for (int said = 0; said <= 3; said++) {
+        tl_grammar two = {.user = &said, .allowed = allow_two_say, .advance = count_advance};
+        cfg.grammar = &two;
+        int32_t one[16];
+        int n = 0;
+        if (said == 2) {
+            CHECK(tl_generate(m, prompts[0].tokens, prompts[0].n, &cfg, one, 16, &n, NULL) == TL_OK &&
+                      (one[prompts[0].n] == 5 || one[prompts[0].n] == 6), "a count that is the mask's: %s", tl_last_error());
+        } else {
+            char want[120];
+            snprintf(want, sizeof want, "grammar allowed hook returned %d for a mask of 2 allowed tokens", said);
+            CHECK_ERROR(tl_generate(m, prompts[0].tokens, prompts[0].n, &cfg, one, 16, &n, NULL), TL_ERR_HOOK, want);
+        }
+    }
     tl_model_free(m);
 }
 

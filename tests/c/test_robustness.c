@@ -190,6 +190,66 @@ static void batch_messages(void) {
                 "prompts must not be NULL");
 }
 
+/* The C API hunt (stop 51): NULL where a no-op is the rule, a message naming the argument or
+   value at fault, every 0/1 field checked, and no output left behind by a failure. */
+static void api_edges(const char *dir) {
+    tl_compiled_grammar_retain(NULL); /* (as tl_compiled_grammar_free(NULL): it crashed) */
+    /* top 0 with NULL arrays is accepted: no pointer arithmetic on them (UBSan) */
+    const int32_t ids[4] = {72, 105, 33, 10};
+    float logprobs[3];
+    CHECK(tl_score_logprobs(model, ids, 4, 2, 0, logprobs, NULL, NULL) == TL_OK, "%s", tl_last_error());
+    tl_generate_config c;
+    tl_generate_config_init(&c);
+    const tl_token_seq prompt = {ids, 2};
+    int lens[1], len;
+    CHECK_ERROR(tl_generate_batch(model, &prompt, 1, &c, NULL, 100, lens, &len, NULL), TL_ERR_INVALID_ARGUMENT,
+                "generate_batch: out must not be NULL");
+    tl_compiled_grammar *g = (tl_compiled_grammar *)1;
+    CHECK_ERROR(tl_grammar_compile_json_schema(NULL, 3, NULL, &g), TL_ERR_INVALID_ARGUMENT, "JSON schema: the schema's text is NULL");
+    CHECK_ERROR(tl_grammar_compile_regex(NULL, 3, &g), TL_ERR_INVALID_ARGUMENT, "regular expression: the pattern is NULL");
+    const tl_json_schema_options odd = {5, 7};
+    CHECK_ERROR(tl_grammar_compile_json_schema("{}", 2, &odd, &g), TL_ERR_INVALID_ARGUMENT,
+                "free_whitespace = 5 and loose = 7 must each be 0 or 1");
+    int32_t out[8];
+    c.top_p = 1.0000001f; /* (%g showed it as 1: "top_p = 1 must be in (0, 1]") */
+    CHECK_ERROR(tl_generate(model, ids, 2, &c, out, 8, &len, NULL), TL_ERR_INVALID_ARGUMENT, "top_p = 1.00000012 must be in (0, 1]");
+    tl_generate_config_init(&c);
+    c.ignore_eos = 2;
+    CHECK_ERROR(tl_generate(model, ids, 2, &c, out, 8, &len, NULL), TL_ERR_INVALID_ARGUMENT, "ignore_eos = 2 must be 0 or 1");
+    tl_generate_config_init(&c);
+    const tl_token_seq no_tokens = {NULL, 1};
+    c.stop_sequences = &no_tokens, c.n_stop_sequences = 1;
+    CHECK_ERROR(tl_generate(model, ids, 2, &c, out, 8, &len, NULL), TL_ERR_INVALID_ARGUMENT, "stop_sequences[0].tokens is NULL (n = 1)");
+    tl_generate_config_init(&c);
+    const int32_t open_tag[1] = {5};
+    c.reasoning_budget = 2, c.reasoning_start = (tl_token_seq){open_tag, 1}, c.reasoning_end = no_tokens;
+    CHECK_ERROR(tl_generate(model, ids, 2, &c, out, 8, &len, NULL), TL_ERR_INVALID_ARGUMENT, "reasoning_end.tokens is NULL (n = 1)");
+    /* tags: ends_text and at_least_one are 0 or 1 */
+    tl_compiled_grammar *content = NULL;
+    CHECK(tl_grammar_compile_gbnf("root ::= \"x\"", 12, &content) == TL_OK, "%s", tl_last_error());
+    const char *trigger[1] = {"<t>"};
+    tl_grammar_tag tag = {"<t>", content, "</t>", 2};
+    CHECK_ERROR(tl_grammar_compile_tags(&tag, 1, trigger, 1, NULL, &g), TL_ERR_INVALID_ARGUMENT, "tags[0].ends_text = 2 must be 0 or 1");
+    tag.ends_text = 0;
+    const tl_grammar_tags_options tags_odd = {0, 3};
+    CHECK_ERROR(tl_grammar_compile_tags(&tag, 1, trigger, 1, &tags_odd, &g), TL_ERR_INVALID_ARGUMENT, "at_least_one = 3 must be 0 or 1");
+    tl_compiled_grammar_free(content);
+    /* load options: mmap_weights is 0 or 1 */
+    tl_load_options o;
+    tl_load_options_init(&o);
+    o.mmap_weights = 2;
+    tl_model *m2 = (tl_model *)1;
+    CHECK_ERROR(tl_model_load(dir, &o, &m2), TL_ERR_INVALID_ARGUMENT, "load options: mmap_weights = 2 must be 0 or 1");
+    /* a failure leaves no output behind (*out was left as it was) */
+    tl_engine *e = (tl_engine *)1;
+    CHECK(tl_engine_new(NULL, NULL, &e) == TL_ERR_INVALID_ARGUMENT && e == NULL, "tl_engine_new: %s", tl_last_error());
+    tl_detokenizer *d = (tl_detokenizer *)1;
+    CHECK(tl_detokenizer_new(NULL, &d) != TL_OK && d == NULL, "tl_detokenizer_new: %s", tl_last_error());
+    int32_t *enc = (int32_t *)1;
+    int n_enc = 9;
+    CHECK(tl_encode(NULL, "x", 1, &enc, &n_enc) != TL_OK && enc == NULL && n_enc == 0, "tl_encode: %s", tl_last_error());
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "tests/data/textmodel";
     tl_load_options o;
@@ -204,6 +264,7 @@ int main(int argc, char **argv) {
     overflow_before_validation();
     beam_stream_stop();
     batch_messages();
+    api_edges(dir);
     tl_model_free(model);
     return check_summary();
 }
