@@ -3612,6 +3612,28 @@ describe("examples/openresty", function()
 end)
 
 describe("scripts/serve options", function()
+    -- Runs fn(url, pre) against `scripts/serve <args>` on a free port (files under dir/<name>),
+    -- stopping the server whatever fn does.
+    local function with_serve(name, args, fn)
+        local p = free_port()
+        local pre = dir .. "/" .. name
+        os.execute("rm -rf " .. pre)
+        os.execute(("scripts/serve --port %d %s --prefix %s > %s.log 2>&1 & echo $! > %s.pid"):format(p, args, pre, pre, pre))
+        local url = "http://127.0.0.1:" .. p
+        local ok, err = pcall(function()
+            local up = false
+            for _ = 1, 300 do
+                if curl(url .. "/health") == 200 then up = true break end
+                os.execute("sleep 0.1")
+            end
+            assert.is_true(up, sh("cat " .. pre .. ".log"))
+            fn(url, pre)
+        end)
+        os.execute("kill -TERM $(cat " .. pre .. ".pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
+            ".pid) 2>/dev/null || break; sleep 0.1; done")
+        assert(ok, err)
+    end
+
     it("refuses a chat template it cannot read or compile", function()
         local out = sh("scripts/serve --chat-template /nonexistent/t.jinja --port 1 2>&1; echo \"exit $?\"")
         assert.truthy(out:find("--chat-template /nonexistent/t.jinja: no readable file there", 1, true), out)
@@ -3649,19 +3671,8 @@ describe("scripts/serve options", function()
     end)
 
     it("asks for the API key of --api-key (or $TINYLOOP_API_KEY), which it keeps out of its config; answers --cors-origin's pages", function()
-        local p = free_port()
-        local pre = dir .. "/keyed"
-        os.execute(("scripts/serve --port %d --threads 1 --max-active 1 --prefix-pool-mb 0 --responses-store-mb 0 --api-key 'k3y!' " ..
-                    "--cors-origin 'http://app.example,http://localhost:3000' --prefix %s " ..
-                    "> %s.log 2>&1 & echo $! > %s.pid"):format(p, pre, pre, pre))
-        local url = "http://127.0.0.1:" .. p
-        local ok, err = pcall(function()
-            local up = false
-            for _ = 1, 300 do
-                if curl(url .. "/health") == 200 then up = true break end
-                os.execute("sleep 0.1")
-            end
-            assert.is_true(up, sh("cat " .. pre .. ".log"))
+        with_serve("keyed", "--threads 1 --max-active 1 --prefix-pool-mb 0 --responses-store-mb 0 --api-key 'k3y!' " ..
+                            "--cors-origin 'http://app.example,http://localhost:3000'", function(url, pre)
             assert.equal("", sh("grep -l 'k3y!' " .. pre .. "/nginx.conf || true"))
             for _ = 1, 50 do -- (the banner follows the first /health that answers)
                 if sh("cat " .. pre .. ".log"):find("requests need the API key", 1, true) then break end
@@ -3726,9 +3737,6 @@ describe("scripts/serve options", function()
                          "-H 'Access-Control-Request-Method: POST' " .. url .. "/v1/models"):lower()
             assert.truthy(headers:find("^http/1.1 401"), headers)
         end)
-        os.execute("kill -TERM $(cat " .. pre .. ".pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
-            ".pid) 2>/dev/null || break; sleep 0.1; done")
-        assert(ok, err)
         local out = sh("scripts/serve --api-key 'a b' --port 1 2>&1; echo \"exit $?\"")
         assert.truthy(out:find("--api-key must be printable ASCII without blanks", 1, true) and out:find("exit 2", 1, true), out)
         out = sh("scripts/serve --api-key '' --port 1 2>&1; echo \"exit $?\"") -- (an unset $KEY must not serve without one)
@@ -3743,19 +3751,7 @@ describe("scripts/serve options", function()
         -- (a request parked in the thread pool held no timer: the exiting worker left at once,
         -- every reply empty, "[alert] open socket ... left in connection", the gauges stuck)
         for _, signal in ipairs({ "HUP", "QUIT" }) do
-            local p = free_port()
-            local pre = dir .. "/signalled"
-            os.execute("rm -rf " .. pre)
-            os.execute(("scripts/serve --port %d --threads 1 --max-active 2 --max-queued 2 --prefix-pool-mb 0 --prefix %s " ..
-                        "> %s.log 2>&1 & echo $! > %s.pid"):format(p, pre, pre, pre))
-            local url = "http://127.0.0.1:" .. p
-            local ok, err = pcall(function()
-                local up = false
-                for _ = 1, 300 do
-                    if curl(url .. "/health") == 200 then up = true break end
-                    os.execute("sleep 0.1")
-                end
-                assert.is_true(up, sh("cat " .. pre .. ".log"))
+            with_serve("signalled", "--threads 1 --max-active 2 --max-queued 2 --prefix-pool-mb 0", function(url, pre)
                 -- (a beam search of 32: most of a second each, still running at the signal)
                 local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 16, ignore_eos = true, loops = 16,
                                                  beam_size = 32 }))
@@ -3779,28 +3775,13 @@ describe("scripts/serve options", function()
                     assert.truthy(metrics:find("\ntinyloop_sessions_queued 0\n", 1, true), metrics)
                 end
             end)
-            os.execute("kill -TERM $(cat " .. pre .. ".pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
-                ".pid) 2>/dev/null || break; sleep 0.1; done")
-            assert(ok, err)
         end
     end)
 
     it("scores echoed prompts in the places of --embed-jobs: past the pool's Lua VMs they wait, not fail", function()
         -- (scored before the engine's limit was checked, they ran unbounded: 16 at once on a pool
         -- of 10 VMs, 6 answered 500 "no available Lua vm")
-        local p = free_port()
-        local pre = dir .. "/scoring"
-        os.execute("rm -rf " .. pre)
-        os.execute(("scripts/serve --port %d --threads 1 --max-active 1 --max-queued 0 --embed-jobs 1 --prefix-pool-mb 0 " ..
-                    "--prefix %s > %s.log 2>&1 & echo $! > %s.pid"):format(p, pre, pre, pre))
-        local url = "http://127.0.0.1:" .. p
-        local ok, err = pcall(function()
-            local up = false
-            for _ = 1, 300 do
-                if curl(url .. "/health") == 200 then up = true break end
-                os.execute("sleep 0.1")
-            end
-            assert.is_true(up, sh("cat " .. pre .. ".log"))
+        with_serve("scoring", "--threads 1 --max-active 1 --max-queued 0 --embed-jobs 1 --prefix-pool-mb 0", function(url)
             local ids = {}
             for i = 1, 200 do ids[i] = 40 + i end
             local req = quote(cjson.encode({ prompt = ids, max_tokens = 0, echo = true, logprobs = 5, loops = 16 }))
@@ -3809,9 +3790,6 @@ describe("scripts/serve options", function()
             local codes = sh("(" .. table.concat(cmd, " ") .. " wait) 2>&1")
             assert.equal(("200\n"):rep(16), codes)
         end)
-        os.execute("kill -TERM $(cat " .. pre .. ".pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
-            ".pid) 2>/dev/null || break; sleep 0.1; done")
-        assert(ok, err)
     end)
 
     it("refuses, as root, a checkpoint that nginx's workers (nobody) cannot read", function()
