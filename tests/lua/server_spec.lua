@@ -1169,8 +1169,10 @@ describe("server", function()
         assert.equal(0, metric(m, "tinyloop_sessions_queued"))
         assert.equal(0, metric(m, 'tinyloop_engine_sessions{worker="0",state="active"}'))
         assert.truthy(metric(m, 'tinyloop_engine_steps_after_cancel_total{worker="0"}') - after0 <= 1)
-        -- it did stop early: far fewer than 250 tokens were generated for it
-        assert.truthy(metric(m, "tinyloop_generated_tokens_total") == metric(before, "tinyloop_generated_tokens_total"))
+        -- it did stop early: far fewer than 250 tokens were generated for it, and those it had
+        -- generated count (they counted nowhere: a choice was counted only when it finished)
+        local generated = metric(m, "tinyloop_generated_tokens_total") - metric(before, "tinyloop_generated_tokens_total")
+        assert.truthy(generated >= 1 and generated < 50, generated)
         assert.equal(200, (post_json({ prompt = "hi", max_tokens = 2 })))
     end)
 

@@ -695,6 +695,8 @@ local function release(st, cancelled)
     C.tl_engine_cancel(engine, st.id)
     if st.phase == "queued" then metrics.incr("queued", -1) elseif st.phase == "running" then metrics.incr("active", -1) end
     if cancelled and st.phase ~= "finished" then metrics.incr("cancelled") end
+    -- (the tokens a choice that did not finish had generated: counted nowhere else)
+    if st.phase ~= "finished" and st.n_tokens > 0 then metrics.incr("tokens_out", st.n_tokens) end
     st.phase = "released"
 end
 
