@@ -499,6 +499,12 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     tl_status st;
     /* The weights are opened (and a calibration checked against them) before anything is
        written, so that a mismatch leaves no half-made directory. */
+    snprintf(from, sizeof from, "%s/model.safetensors.index.json", in_dir);
+    struct stat index_st;
+    if (lstat(from, &index_st) == 0) /* (it said "model.safetensors: cannot open") */
+        return tl_fail(TL_ERR_UNSUPPORTED, "quantize: %s holds a sharded checkpoint (model.safetensors.index.json): a sharded "
+                                           "input is not supported yet (join its shards into one model.safetensors first)",
+                       in_dir);
     snprintf(from, sizeof from, "%s/model.safetensors", in_dir);
     snprintf(to, sizeof to, "%s/model.safetensors", out_dir);
     tl_st_file file;

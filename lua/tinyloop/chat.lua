@@ -20,7 +20,8 @@ local _M = {}
 -- For checkpoints without a template: each message on a "Role: content" paragraph (a system
 -- message as it is), then "Assistant:" to continue. Plain text, which a base model trained
 -- on prose continues as a reply. An assistant message that begins with white space (as a
--- reply generated after "Assistant:" does) follows the colon as it is, so the next turn's
+-- reply generated after "Assistant:" does: a blank, a newline, a tab, a return) follows the colon as
+-- it is (a tab got a blank before it, and the reply's tokens changed), so the next turn's
 -- prompt holds the reply's own tokens, which the prefix pool then serves. Tools (a request's
 -- `tools`) come first, one JSON line each, with the Hermes call format (tinyloop.tools), in
 -- which an assistant's calls are written back (after its content, one a line, as a forced
@@ -29,7 +30,7 @@ _M.PLAIN = "{% if tools %}{{ 'Tools (to call one, write <tool_call>{\"name\": ..
     .. "{% for tool in tools %}{{ tool | tojson + '\\n' }}{% endfor %}{{ '\\n' }}{% endif %}"
     .. "{% for message in messages %}{% if message.role == 'system' %}{{ message.content + '\\n\\n' }}"
     .. "{% elif message.role == 'assistant' %}{{ 'Assistant:' }}{% if message.content %}"
-    .. "{{ message.content if message.content[:1] in [' ', '\\n'] else ' ' + message.content }}{% endif %}"
+    .. "{{ message.content if message.content[:1] in [' ', '\\n', '\\t', '\\r'] else ' ' + message.content }}{% endif %}"
     .. "{% for call in message.tool_calls or [] %}{% if message.content or not loop.first %}{{ '\\n' }}{% endif %}"
     .. "{{ '<tool_call>\\n{\"name\": \"' + call.function.name"
     .. " + '\", \"arguments\": ' + call.function.arguments | tojson + '}\\n</tool_call>' }}{% endfor %}{{ '\\n\\n' }}"

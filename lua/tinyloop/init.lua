@@ -69,20 +69,21 @@ local ARGUMENT_ERRORS = {
     [tonumber(C.TL_ERR_HOOK)] = true, -- a hook broke its contract (e.g. a negative count)
 }
 
--- The engine counts a list's places from 0 (C's arrays); the lists a Lua caller gave count
--- from 1: the places an engine message names in them are shown as Lua's (stop_strings[1]
--- named the second string).
+-- An engine message as a Lua caller reads it. The engine counts a list's places from 0 (C's
+-- arrays); the lists a Lua caller gave count from 1: the places it names in them are shown as
+-- Lua's (stop_strings[1] named the second string). And C's loops = 0 is the default, which in
+-- Lua is spelt by leaving loops out (loops = 0 is refused: make_config).
 local INDEXED = { "stop_sequences%[", "stop_strings%[", "sessions%[", "at index ", "generate_batch: prompt ", "embed_batch: input " }
-local function lua_indices(msg)
+local function lua_wording(msg)
     for _, place in ipairs(INDEXED) do
         msg = msg:gsub("(" .. place .. ")(%d+)", function(before, i) return before .. (tonumber(i) + 1) end)
     end
-    return msg
+    return (msg:gsub(" %(0 = default%)", " (leave loops out for the model's default)"))
 end
 
 -- For a failed engine call: raises an argument error, or returns nil, err.
 local function engine_failure(status)
-    local msg = lua_indices(last_error())
+    local msg = lua_wording(last_error())
     if ARGUMENT_ERRORS[tonumber(status)] then raise(msg) end
     return nil, msg
 end
@@ -1025,7 +1026,7 @@ local function batch_with_hooks(model, all_ids, cfg)
     for i = 1, n do -- every prompt is validated before any is decoded
         local s, st = new_session(model, all_ids[i], cfg)
         if not s then
-            local msg = ("generate_batch: prompt %d: %s"):format(i, lua_indices(last_error()))
+            local msg = ("generate_batch: prompt %d: %s"):format(i, lua_wording(last_error()))
             close_all()
             if ARGUMENT_ERRORS[tonumber(st)] then raise(msg) end
             return nil, msg
@@ -1051,7 +1052,7 @@ local function batch_with_hooks(model, all_ids, cfg)
             local status = statuses[j]
             if status ~= 0 then
                 local ctx = s.ctx
-                local err = ("generate_batch: prompt %d: %s"):format(map[j], lua_indices(ffi_string(C.tl_session_error(s.ptr))))
+                local err = ("generate_batch: prompt %d: %s"):format(map[j], lua_wording(ffi_string(C.tl_session_error(s.ptr))))
                 close_all()
                 if status == C.TL_ERR_HOOK and ctx and ctx.err then error(ctx.err, 0) end
                 if ARGUMENT_ERRORS[tonumber(status)] then raise(err) end
@@ -1657,7 +1658,7 @@ function Model:embed_batch(inputs, opts)
     local out = ffi_new("float[?]", (pooling == "none" and rows or count) * d + 1)
     local st = C.tl_embed_batch(self.ptr, seqs, count, eo, out)
     if st ~= 0 then -- (engine_failure's rule, the function named as the caller called it)
-        local msg = lua_indices(last_error()):gsub("^tl_embed_batch: ", "embed_batch: ")
+        local msg = lua_wording(last_error()):gsub("^tl_embed_batch: ", "embed_batch: ")
         if ARGUMENT_ERRORS[tonumber(st)] then raise(msg) end
         return nil, msg
     end

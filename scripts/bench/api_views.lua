@@ -14,10 +14,17 @@ local responses = require "tinyloop.server.responses"
 local anthropic = require "tinyloop.server.anthropic"
 local ollama = require "tinyloop.server.ollama"
 
+local USAGE = "usage: luajit scripts/bench/api_views.lua [--model DIR] [--tokens 200] [--repeat 5]\n"
 local opt = { model = root .. "/models/tinyloop-austen", tokens = 200, repeat_ = 5 }
 for i = 1, #arg, 2 do
+    if arg[i] == "-h" or arg[i] == "--help" then io.write(USAGE) os.exit(0) end
     local k = arg[i]:gsub("^%-%-", ""):gsub("%-", "_")
-    opt[k == "repeat" and "repeat_" or k] = arg[i + 1]
+    k = k == "repeat" and "repeat_" or k
+    if opt[k] == nil or arg[i + 1] == nil then -- (an unknown option was taken and ignored)
+        io.stderr:write("api_views: unknown option or missing value: ", tostring(arg[i]), "\n", USAGE)
+        os.exit(2)
+    end
+    opt[k] = arg[i + 1]
 end
 local model = assert(tinyloop.load(opt.model))
 local n_tokens, repeats = tonumber(opt.tokens), tonumber(opt.repeat_)

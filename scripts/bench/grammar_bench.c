@@ -387,6 +387,15 @@ static void hard_cases(const tlz_tokenizer *gpt2) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+        printf("usage: tinyloop-grammar-bench [SOURCE_DIR]  (the repository root, default .: its grammars, GPT-2's\n"
+               "       tokenizer and the shipped model are read from there; the figures go to stdout)\n");
+        return 0;
+    }
+    if (argc > 2 || (argc > 1 && argv[1][0] == '-')) {
+        fprintf(stderr, "tinyloop-grammar-bench: unexpected argument %s (see --help)\n", argv[argc > 2 ? 2 : 1]);
+        return 2;
+    }
     const char *root = argc > 1 ? argv[1] : ".";
     char path[1024];
     snprintf(path, sizeof path, "%s/lua/tinyloop/grammars/json.gbnf", root);

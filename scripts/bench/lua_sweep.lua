@@ -22,10 +22,12 @@ local function now() -- CLOCK_MONOTONIC (1 on Linux), ms: wall time, where os.cl
 end
 
 local opt = { model = root .. "/models/tinyloop-austen", sessions = 8, tokens = 32, ["repeat"] = 3, threads = 2 }
+local USAGE = "usage: luajit scripts/bench/lua_sweep.lua [--model DIR] [--sessions 8] [--tokens 32] [--repeat 3] [--threads 2]\n"
 for i = 1, #arg, 2 do
+    if arg[i] == "-h" or arg[i] == "--help" then io.write(USAGE) os.exit(0) end
     local k = arg[i]:gsub("^%-%-", "")
     if opt[k] == nil or arg[i + 1] == nil then
-        io.stderr:write("lua_sweep: unknown option or missing value: ", tostring(arg[i]), "\n")
+        io.stderr:write("lua_sweep: unknown option or missing value: ", tostring(arg[i]), "\n", USAGE)
         os.exit(2)
     end
     opt[k] = k == "model" and arg[i + 1] or tonumber(arg[i + 1])

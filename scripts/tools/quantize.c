@@ -16,7 +16,8 @@
 static int usage(FILE *fp, int code) {
     fputs("usage: scripts/quantize --type q8|q4 [--pure] [--calibrate TEXT [--gptq] [--calibrate-tokens N]]\n"
           "                        [--threads N] IN_DIR OUT_DIR\n"
-          "  Writes OUT_DIR: IN_DIR's config.json and tokenizer.json, and model.safetensors with\n"
+          "  Writes OUT_DIR: IN_DIR's config.json, tokenizer.json and (a Hugging Face folder's)\n"
+          "  chat_template.jinja, tokenizer_config.json and generation_config.json, and model.safetensors with\n"
           "  every matrix quantised in groups of 32 inputs with one f16 scale per group\n"
           "  (q8: int8, 8.5 bits a weight; q4: 4-bit, 4.5 bits a weight; q4 keeps the\n"
           "  embedding and the head at q8).\n"

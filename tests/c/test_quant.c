@@ -506,6 +506,12 @@ static void refusals(const char *golden) {
     snprintf(cmd, sizeof cmd, "mkdir -p '%s' && : > '%s/model.safetensors.index.json'", out, out);
     CHECK(system(cmd) == 0, "sharded");
     CHECK_ERROR(tl_quantize_checkpoint(src, out, TL_Q8), TL_ERR_INVALID_ARGUMENT, "holds a sharded checkpoint");
+    /* ...and as IN_DIR, said as such (it was "model.safetensors: cannot open") */
+    snprintf(dir, sizeof dir, "%s/sharded-in", quantised_root);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s/config.json' '%s/' && : > '%s/model.safetensors.index.json'", dir, src, dir, dir);
+    CHECK(system(cmd) == 0, "sharded input");
+    snprintf(out, sizeof out, "%s/from-sharded", quantised_root);
+    CHECK_ERROR(tl_quantize_checkpoint(dir, out, TL_Q8), TL_ERR_UNSUPPORTED, "a sharded input is not supported yet");
 
     const float values[2] = {NAN, 1e7f};
     const char *const want[2] = {"non-finite value at [0, 0]", "too large for a group's f16 scale"};

@@ -166,6 +166,17 @@ describe("tinyloop.chat", function()
         assert.equal(H.read(H.ROOT .. "/tests/data/chat_templates/builtin_plain.jinja"), chat.PLAIN)
     end)
 
+    it("writes a reply that begins with white space after the colon as it is: a tab too (a blank was put before it)", function()
+        local tpl = assert(require("tinyloop.chat_template").compile(chat.PLAIN))
+        local messages = { { role = "user", content = "q" } }
+        for _, reply in ipairs({ " a", "\na", "\t\ta", "\ra" }) do
+            messages[2] = { role = "assistant", content = reply }
+            assert.equal("User: q\n\nAssistant:" .. reply .. "\n\n", assert(tpl:render({ messages = messages })))
+        end
+        messages[2] = { role = "assistant", content = "a" }
+        assert.equal("User: q\n\nAssistant: a\n\n", assert(tpl:render({ messages = messages })))
+    end)
+
     it("says why a template cannot be loaded or used", function()
         local c, err = chat.load(dir, dir .. "/missing.jinja")
         assert.is_nil(c)

@@ -67,6 +67,8 @@ describe("engine validation", function()
 
     it("loops out of range", function()
         raises({ "loops = 5", "max_loops = 4" }, gen({ loops = 5 }))
+        -- (C's "(0 = default)" said as Lua spells the default: loops = 0 is refused here)
+        raises({ "loops = 5 is out of range [1, max_loops = 4] (leave loops out for the model's default)" }, gen({ loops = 5 }))
         raises({ "loops = -1" }, gen({ loops = -1 }))
     end)
 
