@@ -172,9 +172,11 @@ tl_status tl_calibrate(const tl_model *m, const int32_t *ids, int n, int max_tok
     if (st != TL_OK) { tl_calibration_free(cal); return st; }
 
     /* Windows spread evenly over the text, so that a capped calibration still sees all of it
-       (the training text is the books one after another). */
+       (the training text is the books one after another); enough of them to cover a text
+       within the budget whole, the last ending at its end (n / window left the rest of a
+       text between whole windows unseen: 254 of 510 tokens). */
     const int cap = c->max_seq_len < 256 ? c->max_seq_len : 256, window = n < cap ? n : cap;
-    int n_win = n / window;
+    int n_win = (int)(((long)n + window - 1) / window);
     const long want = ((long)max_tokens + window - 1) / window;
     if (n_win > want) n_win = (int)want;
     if (n_win < 1) n_win = 1;

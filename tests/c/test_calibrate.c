@@ -126,6 +126,18 @@ static void check_prelude_importance(const char *model_dir, const char *text_pat
     const int d = m->cfg.d_model;
     /* The calibration's window: the whole text when it is shorter than max_seq_len. */
     CHECK(n <= m->cfg.max_seq_len && tl_calibration_tokens(cal) == n, "calibration ran %ld tokens, the text has %d", tl_calibration_tokens(cal), n);
+    /* A text between one window and two is covered whole: two windows, the second ending at its
+       end (one was run: the rest unseen) */
+    {
+        const int window = m->cfg.max_seq_len < 256 ? m->cfg.max_seq_len : 256, longer = window + window / 2;
+        int32_t *many = malloc((size_t)longer * sizeof *many);
+        for (int i = 0; i < longer; i++) many[i] = ids[i % n];
+        tl_calibration *two = NULL;
+        CHECK(tl_calibrate(m, many, longer, 1 << 20, false, &two) == TL_OK && tl_calibration_tokens(two) == 2L * window,
+              "a text of %d tokens (windows of %d): %ld calibrated", longer, window, two ? tl_calibration_tokens(two) : -1L);
+        tl_calibration_free(two);
+        free(many);
+    }
     double *sum = calloc((size_t)d, sizeof *sum);
     float *row = malloc((size_t)d * sizeof *row);
     for (int t = 0; t < n; t++) {
