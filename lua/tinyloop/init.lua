@@ -347,6 +347,15 @@ local function make_config(model, cfg)
             if cfg[k] ~= nil then raise("config field '" .. k .. "' needs speculative = \"chain\" or \"tree\"") end
         end
     end
+    -- fields a mode alone reads (given to another, they did nothing)
+    if mode == "chain" then
+        for k in pairs(TREE_FIELDS) do
+            if cfg[k] ~= nil then raise("config field '" .. k .. "' needs speculative = \"tree\" (the chain has no branches)") end
+        end
+    end
+    if cfg.length_penalty ~= nil and (tonumber(cfg.beam_size) or 1) < 2 then
+        raise("config field 'length_penalty' needs beam_size >= 2 (it ranks the beams)")
+    end
     if cfg.verify_loops ~= nil then
         if mode == nil then raise("config field 'verify_loops' needs speculative = \"chain\" or \"tree\"") end
         if cfg.loops ~= nil and cfg.loops ~= cfg.verify_loops then
