@@ -11,6 +11,12 @@
 #define GRAM_MAX_NODES (1 << 23)
 #define GRAM_MAX_STATES (1 << 22)
 #define GRAM_MAX_EXPANSION (1 << 16) /* stacks one byte may produce: beyond, "too ambiguous" */
+/* Stacks one token's mask may read in transitions not met before: a grammar that keeps tens of
+   thousands of alternatives alive, each a step on every byte of the vocabulary's trie, took
+   seconds a token on the engine thread (and every session batched with it waited). The
+   largest mask of test_grammar and tinyloop-grammar-bench (the shipped JSON grammar, a large
+   JSON Schema's, GPT-2's vocabulary) reads 27,488: this is 76 times that, some 50 ms. */
+#define GRAM_MAX_MASK_WORK ((int64_t)1 << 21)
 /* The most (position, stack) items one expansion takes: a safety net (left recursion, which
    would expand forever, is refused when the grammar is built). */
 #define GRAM_MAX_EXPANDED (1 << 22)
@@ -785,7 +791,7 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
 /* Why the calling thread's last runtime call returned -1, when a limit (not memory) stopped it:
    the calls return -1 either way, and gram_failure words the error. Per thread, as each call
    runs on its caller's thread (under the grammar's lock). */
-enum { FAILED_MEMORY, FAILED_AMBIGUOUS, FAILED_FULL };
+enum { FAILED_MEMORY, FAILED_AMBIGUOUS, FAILED_FULL, FAILED_COSTLY };
 static _Thread_local int last_failure;
 
 tl_status gram_failure(const char *what) {
@@ -797,6 +803,11 @@ tl_status gram_failure(const char *what) {
                        "(alternatives that begin alike, nested: a recursive anyOf whose branches share their first "
                        "property, or repetitions of what may be empty, say; give them distinct beginnings)",
                        what, GRAM_MAX_EXPANSION);
+    if (why == FAILED_COSTLY)
+        return tl_fail(TL_ERR_UNSUPPORTED,
+                       "%s: the grammar is too costly to follow: one token's choices took more than %lld parse steps "
+                       "(very many alternatives alive at once, that begin alike; give them distinct beginnings)",
+                       what, (long long)GRAM_MAX_MASK_WORK);
     if (why == FAILED_FULL)
         return tl_fail(TL_ERR_NO_MEMORY, "%s: the grammar's tables are full (%d stacks or %d states)", what, GRAM_MAX_NODES,
                        GRAM_MAX_STATES);
@@ -1031,6 +1042,8 @@ void gram_runtime_destroy(gram_runtime *rt) {
     memset(rt, 0, sizeof *rt);
 }
 
+int64_t gram_mask_work_budget(void) { return GRAM_MAX_MASK_WORK; }
+
 size_t gram_runtime_bytes(const gram_runtime *rt) {
     const size_t per_state = sizeof *rt->state_first + sizeof *rt->state_flags + sizeof *rt->state_loop +
                              sizeof *rt->state_takes + sizeof *rt->state_proj;
@@ -1047,6 +1060,10 @@ int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
     int32_t next = gram_hash_get(&rt->transitions, key);
     if (next >= 0) return next;
     last_failure = FAILED_MEMORY; /* (the reason is always this call's) */
+    if (rt->work_budget > 0 && (rt->work += rt->state_first[state + 1] - rt->state_first[state]) > rt->work_budget) {
+        last_failure = FAILED_COSTLY;
+        return -1;
+    }
     const gram_program *p = rt->prog;
     rt->n_scratch = 0;
     next_closure(rt);

@@ -219,6 +219,9 @@ typedef struct gram_runtime {
     size_t n_scratch, cap_scratch;
     int32_t *pending;            /* expand's work list: (pos, parent) pairs */
     size_t n_pending, cap_pending;
+    /* The work of the mask being computed (gram_mask): stacks read by transitions not met
+       before, refused past work_budget (0: no budget, outside a mask). */
+    int64_t work, work_budget;
 } gram_runtime;
 
 #define GRAM_DEAD 0 /* the empty set of stacks: nothing can follow */
@@ -229,6 +232,8 @@ void gram_runtime_destroy(gram_runtime *rt);
    met (a grammar too ambiguous for one byte, tables full), else out of memory. `what` names
    the call for the message. */
 tl_status gram_failure(const char *what);
+/* GRAM_MAX_MASK_WORK: gram_mask's budget. */
+int64_t gram_mask_work_budget(void);
 /* The memory the runtime's tables hold. */
 size_t gram_runtime_bytes(const gram_runtime *rt);
 /* The state after `byte` (GRAM_DEAD when the byte is not allowed); -1 out of memory.

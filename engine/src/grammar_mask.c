@@ -482,7 +482,7 @@ int gram_mask_full(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *al
     return count;
 }
 
-int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed) {
+static int mask_of(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed) {
     const gram_vocab *v = b->vocab;
     int32_t at = cached_mask(b, state);
     if (at >= 0) return load_mask(b, &b->masks[at], allowed);
@@ -511,6 +511,15 @@ int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed
     if (pm.n_esc == 0) return pm.count;
     const int count = resolve(rt, v, &pm, state, allowed);
     if (count >= 0) remember_mask(b, state, allowed, count, NULL, at);
+    return count;
+}
+
+/* Within a budget of work (grammar.c, GRAM_MAX_MASK_WORK): past it, -1 and the grammar is
+   "too costly to follow". */
+int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed) {
+    rt->work = 0, rt->work_budget = gram_mask_work_budget();
+    const int count = mask_of(rt, b, state, allowed);
+    rt->work_budget = 0;
     return count;
 }
 

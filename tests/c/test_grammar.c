@@ -760,6 +760,37 @@ static char *greedy_modes_agree(tl_model *m, const tl_compiled_grammar *g, const
     return continuation_text(m, plain, plain_len, plain_prompt);
 }
 
+/* A grammar that keeps thousands of alternatives alive, each a step on every byte of the
+   vocabulary's trie: a mask took a second and more (the hunt's 30,000 took 1.4 s a token, on
+   the engine thread). Refused past the mask's budget of work, by name; a grammar of as many
+   alternatives that begin apart (an enum's shape) stays cheap and generates. */
+static void test_too_costly(tl_model *m) {
+    for (int apart = 0; apart < 2; apart++) {
+        strbuf text = {0};
+        strbuf_puts(&text, "root ::= ");
+        for (int i = 0; i < 3000; i++) strbuf_printf(&text, "%s%s\"%d\"", i ? " | " : "", apart ? "" : "c ", i);
+        strbuf_puts(&text, "\nc ::= [a-z ,.]{0,200}\n");
+        tl_compiled_grammar *g = NULL;
+        CHECK(tl_grammar_compile_gbnf(text.p, text.n, &g) == TL_OK, "%s", tl_last_error());
+        free(text.p);
+        if (!g) continue;
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        tl_grammar grammar;
+        tl_grammar_use(&grammar, g);
+        cfg.grammar = &grammar, cfg.max_tokens = 4, cfg.temperature = 1.0f, cfg.sample_seed = 1;
+        const int32_t prompt[2] = {72, 105};
+        int32_t out[16];
+        int len;
+        if (apart)
+            CHECK(tl_generate(m, prompt, 2, &cfg, out, 16, &len, NULL) == TL_OK, "alternatives that begin apart: %s", tl_last_error());
+        else
+            CHECK_ERROR(tl_generate(m, prompt, 2, &cfg, out, 16, &len, NULL), TL_ERR_UNSUPPORTED,
+                        "grammar mask: the grammar is too costly to follow: one token's choices took more than");
+        tl_compiled_grammar_free(g);
+    }
+}
+
 static void test_generation(tl_model *m) {
     tl_compiled_grammar *g = load_grammar("tests/data/grammars/json_bounded.gbnf");
     if (!g) return;
@@ -1586,6 +1617,7 @@ int main(int argc, char **argv) {
         test_masks_nested(m);
         test_table_generations(m);
         test_generation(m);
+        test_too_costly(m);
         test_after(m);
         test_tags(m);
         tl_model_free(m);
