@@ -121,10 +121,15 @@ static bool add_ranges(parser *ps, const gram_range *r, int n, gram_item *it) {
     return true;
 }
 
+/* The parser's limits: the program's elements (GRAM_MAX_ELEMS, where it stopped at four times
+   that), and rules, some 200 bytes each: 800 "a"{0,10000} held 8 million of them, 1.3 GB, before
+   the program refused them. A repetition checks what it will add before it adds it. */
+#define GBNF_MAX_RULES (1 << 20)
+
 /* Commits an alternative of `rule`. */
 static bool commit_alt(parser *ps, int rule, const gram_item *items, int n) {
     gram_builder *b = &ps->b;
-    if (b->n_items + n > (1 << 24)) return fail_at(ps, ps->at, "%s", "grammar too large");
+    if (b->n_items + n > GRAM_MAX_ELEMS) return fail_at(ps, ps->at, "%s", "grammar too large");
     if (b->n_items + n > b->cap_items) {
         int cap = b->cap_items ? b->cap_items : 64;
         while (cap < b->n_items + n) cap *= 2;
@@ -338,6 +343,9 @@ static bool parse_token_ref(parser *ps, gram_item *it) {
 static bool apply_repeat(parser *ps, seq *s, int min, int max /* -1: unbounded */) {
     const gram_item x = s->items[--s->n];
     gram_builder *b = &ps->b;
+    const long more = max > min ? max - min : 1; /* the rules it adds (two items and an empty alternative each) */
+    if ((long)b->n_rules + more > GBNF_MAX_RULES || (long)b->n_items + (long)min + 2 * more > GRAM_MAX_ELEMS)
+        return fail_at(ps, ps->at, "%s", "grammar too large (over 2^20 rules or 2^22 elements once its repetitions are expanded)");
     if (max == 0) { /* x{0}: an empty rule stands in, so that a following postfix has an element */
         int empty = gram_builder_fresh_rule(b, ps->rule);
         if (empty < 0) return oom(ps);

@@ -158,7 +158,10 @@ function M.json_schema(schema, opts)
     local text, o = schema_args(schema, opts, "json_schema")
     local out = ffi.new("tl_compiled_grammar *[1]")
     if C.tl_grammar_compile_json_schema(text, #text, o, out) ~= 0 then return nil, last_error() end
-    return wrap(out, taken_gbnf(C.tl_json_schema_to_gbnf(text, #text, o, gbnf_text, gbnf_len)))
+    -- (its GBNF text made when asked for, g:gbnf(): a large schema was converted twice a compile)
+    local g = wrap(out, nil)
+    g.make_source = function() return taken_gbnf(C.tl_json_schema_to_gbnf(text, #text, o, gbnf_text, gbnf_len)) end
+    return g
 end
 
 -- regex(pattern) -> a grammar whose sentences are the texts the regular expression matches
@@ -167,7 +170,9 @@ function M.regex(pattern)
     if type(pattern) ~= "string" then raise("tinyloop.grammar.regex: pattern must be a string") end
     local out = ffi.new("tl_compiled_grammar *[1]")
     if C.tl_grammar_compile_regex(pattern, #pattern, out) ~= 0 then return nil, last_error() end
-    return wrap(out, taken_gbnf(C.tl_regex_to_gbnf(pattern, #pattern, gbnf_text, gbnf_len)))
+    local g = wrap(out, nil) -- (its GBNF text made when asked for, as a schema's)
+    g.make_source = function() return taken_gbnf(C.tl_regex_to_gbnf(pattern, #pattern, gbnf_text, gbnf_len)) end
+    return g
 end
 
 -- from_text(kind, text, free_whitespace, loose) -> the grammar of GBNF text ("gbnf"), a regular
@@ -329,7 +334,10 @@ end
 
 -- The GBNF text the grammar was compiled from (a schema's or a pattern's generated grammar);
 -- nil for one built from other grammars (after, tags).
-function Grammar:gbnf() return self.source end
+function Grammar:gbnf()
+    if self.source == nil and self.make_source then self.source, self.make_source = self.make_source(), nil end
+    return self.source
+end
 Grammar.__tostring = function(self) return "tinyloop.grammar: " .. tostring(self.ptr) end
 
 -- ------------------------------------------------------------------ combinators

@@ -760,6 +760,60 @@ static char *greedy_modes_agree(tl_model *m, const tl_compiled_grammar *g, const
     return continuation_text(m, plain, plain_len, plain_prompt);
 }
 
+/* Sizes a hostile schema or grammar reaches within a server's body (the hunt's 1 MB): refused
+   or converted without a quadratic walk or a gigabyte on the way. */
+static void test_large_inputs(void) {
+    /* oneOf's pairwise check has a budget: 3,000 branches are 4.5 million pairs (20,000 took
+       21 s); 2,000 are within it */
+    for (int branches = 2000; branches <= 3000; branches += 1000) {
+        strbuf s = {0};
+        strbuf_puts(&s, "{\"oneOf\":[");
+        for (int i = 0; i < branches; i++) strbuf_printf(&s, "%s{\"const\":%d}", i ? "," : "", i);
+        strbuf_puts(&s, "]}");
+        tl_compiled_grammar *g = NULL;
+        if (branches == 2000) {
+            CHECK(tl_grammar_compile_json_schema(s.p, s.n, NULL, &g) == TL_OK && matches(g, "1999") == 1 && matches(g, "2000") == 0,
+                  "oneOf of 2000 consts: %s", tl_last_error());
+        } else {
+            CHECK_ERROR(tl_grammar_compile_json_schema(s.p, s.n, NULL, &g), TL_ERR_INVALID_ARGUMENT,
+                        "oneOf: too many branches or values to check that no value matches two branches");
+        }
+        tl_compiled_grammar_free(g);
+        free(s.p);
+    }
+    /* 20,000 properties, every other one required (each required name was compared with every
+       property: 50,000 took 24 s); a document of the required ones matches, one without the last fails */
+    {
+        enum { N = 20000 };
+        strbuf s = {0}, doc = {0}, missing = {0};
+        strbuf_puts(&s, "{\"type\":\"object\",\"properties\":{");
+        for (int i = 0; i < N; i++) strbuf_printf(&s, "%s\"p%d\":{\"type\":\"integer\"}", i ? "," : "", i);
+        strbuf_puts(&s, "},\"required\":[");
+        for (int i = N - 2; i >= 0; i -= 2) strbuf_printf(&s, "%s\"p%d\"", i == N - 2 ? "" : ",", i);
+        strbuf_puts(&s, "]}");
+        strbuf_puts(&doc, "{");
+        for (int i = 0; i < N; i += 2) strbuf_printf(&doc, "%s\"p%d\":%d", i ? "," : "", i, i);
+        strbuf_put(&missing, doc.p, (size_t)(strrchr(doc.p, ',') - doc.p));
+        strbuf_puts(&doc, "}");
+        strbuf_puts(&missing, "}");
+        tl_compiled_grammar *g = NULL;
+        CHECK(tl_grammar_compile_json_schema(s.p, s.n, NULL, &g) == TL_OK && matches(g, doc.p) == 1 && matches(g, missing.p) == 0,
+              "20,000 properties: %s", tl_last_error());
+        tl_compiled_grammar_free(g);
+        free(s.p), free(doc.p), free(missing.p);
+    }
+    /* repetitions checked before they are expanded: 200 x {0,10000} would be 2 million rules
+       (800 of them held 1.3 GB before the refusal) */
+    {
+        strbuf s = {0};
+        strbuf_puts(&s, "root ::= ");
+        for (int i = 0; i < 200; i++) strbuf_puts(&s, "\"a\"{0,10000} ");
+        tl_compiled_grammar *g = NULL;
+        CHECK_ERROR(tl_grammar_compile_gbnf(s.p, s.n, &g), TL_ERR_INVALID_ARGUMENT, "grammar too large (over 2^20 rules");
+        free(s.p);
+    }
+}
+
 /* A grammar that keeps thousands of alternatives alive, each a step on every byte of the
    vocabulary's trie: a mask took a second and more (the hunt's 30,000 took 1.4 s a token, on
    the engine thread). Refused past the mask's budget of work, by name; a grammar of as many
@@ -1598,6 +1652,7 @@ int main(int argc, char **argv) {
     test_shipped_grammars();
     test_json_schema();
     test_too_ambiguous();
+    test_large_inputs();
     test_token_refs();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tests/data/textmodel", root_dir);
