@@ -135,7 +135,8 @@ struct tl_model_info {
                                  as a tied checkpoint's lm_head, is not counted) */
     int64_t weight_bytes;     /* bytes of weights held in memory (the same tensors') */
     int exit_gate;            /* 1 when the model has a per-loop exit gate (Ouro) */
-    float exit_gate_threshold; /* its default cumulative-probability threshold (config.json
+    float exit_gate_threshold; /* its default cumulative-probability threshold (config.json's
+                                  exit_gate_threshold, a Hugging Face Ouro folder's
                                   early_exit_threshold; 1 = never exit early) */
 };
 
@@ -375,7 +376,7 @@ typedef struct tl_generate_config {
     tl_exit_criterion early_exit_criterion; /* TL_EXIT_HIDDEN_STATE; what "stable" means */
     float early_exit_kl_threshold;      /* 1e-3 (Huginn's default); TL_EXIT_KL */
     float early_exit_entropy_threshold; /* 1e-3 (Huginn's default); TL_EXIT_ENTROPY_DIFF */
-    float early_exit_gate_threshold;    /* 0 = the model's (config.json early_exit_threshold);
+    float early_exit_gate_threshold;    /* 0 = the model's (tl_model_info's exit_gate_threshold);
                                            else in (0, 1]; TL_EXIT_GATE. Ouro's own rule is
                                            patience 1, min_L 1, peek_every 1 */
     uint64_t sample_seed;            /* 0; same seed + config + model = same tokens */

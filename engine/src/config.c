@@ -298,13 +298,13 @@ static int by_key(const void *a, const void *b) {
 
 /* JSON leaves duplicate keys undefined and cJSON keeps the first: "d_model" given twice is a
    mistake whichever one was meant, at any depth. Sorting keeps it O(n log n). 0, or -1 with
-   why filled. */
+   why filled (-2: out of memory). */
 static int check_duplicates(const cJSON *node, char *why, size_t why_len) {
     int rc = 0, n = 0;
     for (const cJSON *e = node->child; e; e = e->next) n++;
     if (cJSON_IsObject(node) && n > 1) {
         const cJSON **keys = malloc((size_t)n * sizeof *keys);
-        if (!keys) return snprintf(why, why_len, "out of memory"), -1;
+        if (!keys) return snprintf(why, why_len, "out of memory"), -2;
         int k = 0;
         for (const cJSON *e = node->child; e; e = e->next) keys[k++] = e;
         qsort(keys, (size_t)n, sizeof *keys, by_key);
@@ -339,15 +339,18 @@ int tl_json_read_strict(const char *text, size_t len, cJSON **out, char *why, si
     const char *stop = text + len;
     while (end && end < stop && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
     int rc = 0;
-    if (end && end < stop && *end) /* (a NUL ends a C string's text) */
-        rc = -1, snprintf(why, why_len, "unexpected text after the JSON value: \"%.20s\"", end);
+    if (end && end < stop) { /* (any byte, a NUL too: the text is len bytes) */
+        const int shown = stop - end < 20 ? (int)(stop - end) : 20;
+        if (*end == '\0') rc = -1, snprintf(why, why_len, "unexpected text after the JSON value: a NUL byte");
+        else rc = -1, snprintf(why, why_len, "unexpected text after the JSON value: \"%.*s\"", shown, end);
+    }
     else if (!cJSON_IsObject(root))
         rc = -1, snprintf(why, why_len, "the top level must be a JSON object");
     else
         rc = check_duplicates(root, why, why_len);
     if (rc != 0) {
         cJSON_Delete(root);
-        return -1;
+        return rc;
     }
     *out = root;
     return 0;
@@ -355,9 +358,8 @@ int tl_json_read_strict(const char *text, size_t len, cJSON **out, char *why, si
 
 tl_status tl_config_json_read(const char *json_text, cJSON **out) {
     char why[200];
-    if (tl_json_read_strict(json_text, strlen(json_text), out, why, sizeof why) != 0)
-        return tl_fail(TL_ERR_FORMAT, "config.json: %s", why);
-    return TL_OK;
+    const int rc = tl_json_read_strict(json_text, strlen(json_text), out, why, sizeof why);
+    return rc == 0 ? TL_OK : tl_fail(rc == -2 ? TL_ERR_NO_MEMORY : TL_ERR_FORMAT, "config.json: %s", why);
 }
 
 tl_status tl_config_from_json(const cJSON *root, tl_config *out) {

@@ -344,7 +344,8 @@ static bool apply_repeat(parser *ps, seq *s, int min, int max /* -1: unbounded *
     const gram_item x = s->items[--s->n];
     gram_builder *b = &ps->b;
     const long more = max > min ? max - min : 1; /* the rules it adds (two items and an empty alternative each) */
-    if ((long)b->n_rules + more > GBNF_MAX_RULES || (long)b->n_items + (long)min + 2 * more > GRAM_MAX_ELEMS)
+    /* (the sequence's items so far count too: they are committed with its alternative) */
+    if ((long)b->n_rules + more > GBNF_MAX_RULES || (long)b->n_items + s->n + (long)min + 2 * more > GRAM_MAX_ELEMS)
         return fail_at(ps, ps->at, "%s", "grammar too large (over 2^20 rules or 2^22 elements once its repetitions are expanded)");
     if (max == 0) { /* x{0}: an empty rule stands in, so that a following postfix has an element */
         int empty = gram_builder_fresh_rule(b, ps->rule);
@@ -489,7 +490,7 @@ static bool parse_sequence(parser *ps, seq *s) {
             if (!parse_postfix(ps, s)) return false;
             skip_space(ps, nested);
         }
-        if (s->n > 0 && (unsigned)(ps->b.n_items + s->n) > (1u << 24)) return fail_at(ps, start, "%s", "grammar too large");
+        if (s->n > 0 && (long)ps->b.n_items + s->n > GRAM_MAX_ELEMS) return fail_at(ps, start, "%s", "grammar too large");
     }
 }
 

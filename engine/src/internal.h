@@ -131,7 +131,7 @@ tl_status tl_config_parse(const char *json_text, tl_config *out);
 /* A JSON file's text (len bytes) by the rules every file the loader reads shares (config.json,
    tokenizer.json, a sharded checkpoint's index): no byte order mark, one object, nothing
    after it but white space, no key given twice at any depth. 0 and *out (to cJSON_Delete),
-   or -1 with why saying what is wrong (the caller names the file). */
+   or -1 with why saying what is wrong (the caller names the file), -2 out of memory. */
 struct cJSON;
 int tl_json_read_strict(const char *text, size_t len, struct cJSON **out, char *why, size_t why_len);
 /* config.json's text (NUL-terminated) read so, failing with TL_ERR_FORMAT "config.json: ...". */

@@ -499,8 +499,9 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
             goto done;
         }
         /* every property of that name (a key given twice: both required, as before) */
-        for (const named *k = hit; k >= sorted && strcmp(k->name, key.name) == 0; k--) req[k->index] = true;
-        for (const named *k = hit + 1; k < sorted + n && strcmp(k->name, key.name) == 0; k++) req[k->index] = true;
+        const int at = (int)(hit - sorted);
+        for (int k = at; k >= 0 && strcmp(sorted[k].name, key.name) == 0; k--) req[sorted[k].index] = true;
+        for (int k = at + 1; k < n && strcmp(sorted[k].name, key.name) == 0; k++) req[sorted[k].index] = true;
     }
     /* extra key-value pairs after the declared ones */
     int extra = -1;

@@ -65,7 +65,7 @@ static tl_status read_index(const char *path, cJSON **out) {
     char why[200];
     const int rc = tl_json_read_strict(text, len, out, why, sizeof why);
     free(text);
-    return rc == 0 ? TL_OK : tl_fail(TL_ERR_FORMAT, "%s: %s", path, why);
+    return rc == 0 ? TL_OK : tl_fail(rc == -2 ? TL_ERR_NO_MEMORY : TL_ERR_FORMAT, "%s: %s", path, why);
 }
 
 /* The shard file names the index uses, each once, checked to be plain .safetensors names

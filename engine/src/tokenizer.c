@@ -698,8 +698,9 @@ int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, c
     t->serial = atomic_fetch_add(&serials, 1) + 1;
     int rc;
     char why[200];
-    if (tl_json_read_strict(json, len, &root, why, sizeof why) != 0) {
-        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "tokenizer.json: %s", why);
+    const int read = tl_json_read_strict(json, len, &root, why, sizeof why);
+    if (read != 0) {
+        rc = tlz_fail(err, errlen, read == -2 ? TLZ_ENOMEM : TLZ_EFORMAT, "tokenizer.json: %s", why);
         goto done;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");

@@ -97,7 +97,7 @@ static tl_status validate_exit_criterion(const tl_model *m, const tl_generate_co
         return st;
     if (!(c->early_exit_gate_threshold >= 0.0f && c->early_exit_gate_threshold <= 1.0f))
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
-                       "early_exit_gate_threshold = %.9g must be in (0, 1] (0 = the model's early_exit_threshold)",
+                       "early_exit_gate_threshold = %.9g must be in (0, 1] (0 = the model's exit_gate_threshold)",
                        (double)c->early_exit_gate_threshold);
     /* The margin is a variant of the hidden-state test: with another criterion it would be
        silently ignored. */

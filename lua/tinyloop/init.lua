@@ -393,7 +393,6 @@ local function make_config(model, cfg)
         for i, seq in ipairs(seqs) do
             if type(seq) ~= "table" then raise("stop_sequences[" .. i .. "] must be a table of token ids") end
             local ids = ffi_new("int32_t[?]", list_length(seq, "stop_sequences[" .. i .. "]") + 1)
-            if #seq == 0 then raise("stop_sequences[" .. i .. "] is empty") end
             for j = 1, #seq do ids[j - 1] = check_int("stop_sequences[" .. i .. "][" .. j .. "]", seq[j]) end
             arr[i - 1].tokens, arr[i - 1].n = ids, #seq
             keep[#keep + 1] = ids
@@ -454,7 +453,6 @@ local function make_config(model, cfg)
         local arr = ffi_new("const char *[?]", list_length(strs, "config field 'stop_strings'") + 1)
         for i, s in ipairs(strs) do
             if type(s) ~= "string" then raise("stop_strings[" .. i .. "] must be a string") end
-            if s == "" then raise("stop_strings[" .. i .. "] is empty") end -- (the engine's check counts from 0)
             -- The engine's stop strings are C strings: one would end at its first NUL.
             local nul = s:find("\0", 1, true)
             if nul then

@@ -320,6 +320,14 @@ static void test_load_errors(const char *dir)
         char trailing[4200];
         snprintf(trailing, sizeof trailing, "%s xx", make_json((json_parts){.merges = "[]"}));
         expect_load_error("load error: text after the JSON", trailing, "unexpected text after the JSON value: \"xx\"");
+        /* a NUL and more after it, within the length given (the NUL ended the check) */
+        const size_t at = strlen(trailing) - 3;
+        memcpy(trailing + at, "\0xx", 3);
+        tlz_tokenizer *nul = (tlz_tokenizer *)1;
+        char nul_err[256] = "";
+        const int nul_rc = tlz_tokenizer_load_json(trailing, at + 3, &nul, nul_err, sizeof nul_err);
+        check(nul_rc != TLZ_OK && nul == NULL && strstr(nul_err, "unexpected text after the JSON value: a NUL byte"),
+              "load error: a NUL after the JSON", "rc=%d \"%s\"", nul_rc, nul_err);
     }
     {   /* ...and what changes nothing loads: an added token that is its own vocabulary entry
            (GPT-2's <|endoftext|>), dropout null, a ByteLevel decoder in a sequence */

@@ -1094,7 +1094,7 @@ describe("server", function()
         -- a request of n choices gets n places or none: 2 held, 1 free, n = 2 is refused whole
         -- (its first choice was submitted, counted as admitted, then cancelled)
         local function metric(text, name) return tonumber(text:match("\n" .. name:gsub("[%[%]{}\"=]", "%%%0") .. " (%d+)")) end
-        local slow = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 16, ignore_eos = true, loops = 16, beam_size = 32 }))
+        local slow = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 32, ignore_eos = true, loops = 16, beam_size = 32 }))
         local job = ("(curl -s -m 60 -o /dev/null -d %s %s/v1/completions & curl -s -m 60 -o /dev/null -d %s %s/v1/completions & " ..
                      "wait) > /dev/null 2>&1 &"):format(slow, base, slow, base)
         os.execute(job)
@@ -3749,25 +3749,52 @@ describe("scripts/serve options", function()
         assert.truthy(out:find("app.example is not an origin", 1, true) and out:find("exit 1", 1, true), out)
     end)
 
-    it("finishes the generations a reload (SIGHUP) or a graceful quit (SIGQUIT) finds running", function()
+    it("finishes the generations a reload (SIGHUP) or a graceful quit (SIGQUIT) finds running, then lets the worker go", function()
         -- (a request parked in the thread pool held no timer: the exiting worker left at once,
-        -- every reply empty, "[alert] open socket ... left in connection", the gauges stuck)
+        -- every reply empty, "[alert] open socket ... left in connection", the gauges stuck; and
+        -- a worker whose client had left mid-stream must still go: a count of pool calls that
+        -- such a request never brought down held it forever)
         for _, signal in ipairs({ "HUP", "QUIT" }) do
             with_serve("signalled", "--threads 1 --max-active 2 --max-queued 2 --prefix-pool-mb 0", function(url, pre)
-                -- (a beam search of 32: most of a second each, still running at the signal)
+                local master = sh("cat " .. pre .. "/nginx.pid"):gsub("%s+$", "")
+                local workers = sh("pgrep -P " .. master):gsub("%s+$", "")
+                -- a client that leaves mid-stream (reads the first event, hangs up)
+                local stream = quote(cjson.encode({ prompt = "It is", max_tokens = 200, loops = 16, ignore_eos = true, stream = true }))
+                assert.truthy(sh("curl -sN -m 30 -d " .. stream .. " " .. url .. "/v1/completions | head -n 1"):match("^data: {"))
+                -- (a beam search of 32: most of a second each; two running, one queued at the signal)
                 local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 16, ignore_eos = true, loops = 16,
                                                  beam_size = 32 }))
                 local cmd = {}
-                for i = 1, 3 do -- (two running, one queued)
+                for i = 1, 3 do
                     cmd[i] = ("curl -s -m 60 -o %s.out%d -w '%%{http_code}\n' -d %s %s/v1/completions &"):format(pre, i, req, url)
                 end
-                local codes = sh("(" .. table.concat(cmd, " ") .. " sleep 0.4; kill -" .. signal .. " $(cat " .. pre ..
-                                 "/nginx.pid); wait) 2>&1")
+                os.execute("(" .. table.concat(cmd, " ") .. " wait) > " .. pre .. ".codes 2>&1 &")
+                local running = false
+                for _ = 1, 200 do
+                    local m = select(2, curl(url .. "/metrics")) or ""
+                    if m:find('tinyloop_engine_sessions{worker="0",state="active"} 2', 1, true) then running = true break end
+                    os.execute("sleep 0.02")
+                end
+                assert.is_true(running, "two beams running before the signal")
+                os.execute("kill -" .. signal .. " " .. master)
+                local codes = ""
+                for _ = 1, 600 do
+                    codes = sh("cat " .. pre .. ".codes")
+                    if select(2, codes:gsub("\n", "")) >= 3 then break end
+                    os.execute("sleep 0.05")
+                end
                 assert.equal("200\n200\n200\n", codes, signal)
                 for i = 1, 3 do
                     local body = cjson.decode(H.read(pre .. ".out" .. i))
                     assert.equal(16, body.usage.completion_tokens, signal)
                 end
+                -- the old worker goes once its generations are done
+                local gone = false
+                for _ = 1, 200 do
+                    if sh("kill -0 " .. workers .. " 2>&1 || echo gone"):find("gone", 1, true) then gone = true break end
+                    os.execute("sleep 0.05")
+                end
+                assert.is_true(gone, signal .. ": the old worker " .. workers .. " is still there")
                 local log = sh("cat " .. pre .. ".log")
                 assert.is_nil(log:find("open socket", 1, true), log)
                 assert.is_nil(log:find("[alert]", 1, true), log)

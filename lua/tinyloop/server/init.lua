@@ -41,16 +41,7 @@ local ngx_say, ngx_print, ngx_flush, ngx_exit, ngx_now, ngx_update_time, ngx_log
 local ffi_string, ffi_new, ffi_cast = ffi.string, ffi.new, ffi.cast
 local encode = cjson.encode
 local tostring, tonumber, type, pcall, pairs, ipairs, concat = tostring, tonumber, type, pcall, pairs, ipairs, table.concat
-local ngx_run_worker_thread = ngx.run_worker_thread
--- ngx.run_worker_thread, counting this worker's calls in the pool (hold_exit waits for them)
-local in_pool = 0
-local run_worker_thread = ngx_run_worker_thread and function(...)
-    in_pool = in_pool + 1
-    local ok, a, b, c, d = pcall(ngx_run_worker_thread, ...)
-    in_pool = in_pool - 1
-    if not ok then error(a, 0) end
-    return a, b, c, d
-end
+local run_worker_thread = ngx.run_worker_thread
 local alternatives_of = tinyloop.alternatives_of
 local valid_utf8 = request.valid_utf8
 
@@ -226,15 +217,18 @@ end
 -- nginx ends an exiting worker (a reload, SIGQUIT) as soon as no timer is left, and a request
 -- parked in the thread pool holds none: every running generation was cut off, its socket left
 -- open ("[alert] open socket #N left in connection"), and the gauges kept it. This loop's sleep
--- is such a timer (ngx.sleep's is not cancelable; ngx.timer's are): the worker goes once its
--- generations (the engine's sessions) and its pool calls are done.
+-- is such a timer (ngx.sleep's is not cancelable; ngx.timer's are): the worker goes once the
+-- engine holds no session and no embedding or prompt scoring holds a place (embed_slots).
+-- (Counted so, not per pool call: a request whose client left is ended in the pool without
+-- its coroutine coming back, and a count of calls would never come down again. The short pool
+-- calls of parsing, an encode or a grammar compile, are not waited for.)
 local HOLD_POLL_S = 0.05
 local function hold_exit(premature)
     if premature then return end
     while true do
         local exiting = ngx.worker.exiting()
         if exiting then
-            local busy = in_pool > 0
+            local busy = embed_slots and embed_slots:count() < conf.embed_jobs
             if engine and not busy then
                 C.tl_engine_get_counters(engine, counters)
                 busy = counters.active + counters.queued > 0
@@ -695,7 +689,8 @@ local function release(st, cancelled)
     C.tl_engine_cancel(engine, st.id)
     if st.phase == "queued" then metrics.incr("queued", -1) elseif st.phase == "running" then metrics.incr("active", -1) end
     if cancelled and st.phase ~= "finished" then metrics.incr("cancelled") end
-    -- (the tokens a choice that did not finish had generated: counted nowhere else)
+    -- (the tokens a choice that did not finish had generated: counted nowhere else; a failed
+    -- one's were counted as it failed, next_output)
     if st.phase ~= "finished" and st.n_tokens > 0 then metrics.incr("tokens_out", st.n_tokens) end
     st.phase = "released"
 end
@@ -779,6 +774,7 @@ local function next_output(st, ready)
     st.phase = "finished"
     metrics.incr("active", -1)
     if u.status ~= 0 then
+        if st.n_tokens > 0 then metrics.incr("tokens_out", st.n_tokens) end -- (what it generated before it failed)
         return nil, "generation failed: " .. ffi_string(u.error)
     end
     local s = u.stats
@@ -1492,16 +1488,23 @@ local function serve(chat, body, view)
     -- A client that leaves (lua_check_client_abort on) cancels at once, even while this
     -- request's coroutine waits in the thread pool: for the prompt's scoring (its sessions,
     -- not yet submitted, are freed) or for output (every choice is released).
-    local scoring = false -- (holds one of embed_slots' places: step 2)
-    local watching = ngx.on_abort(function() -- (nil where lua_check_client_abort is off)
+    -- While step 2 scores in the pool it holds one of embed_slots' places, which is given back
+    -- only once the scoring in hand is done (that work cannot be stopped; a place given back at
+    -- once let clients that post and hang up run unbounded scorings): a client that leaves then
+    -- is only noted, and step 2 ends the request.
+    local scoring, left_while_scoring = false, false
+    local function leave()
         if r then
             release_all(r, true)
         else
             for _ = 1, #made do metrics.incr("cancelled") end
             free_made(1)
         end
-        if scoring then scoring = false; embed_slots:post(1) end
         return ngx_exit(499)
+    end
+    local watching = ngx.on_abort(function() -- (nil where lua_check_client_abort is off)
+        if scoring then left_while_scoring = true return end
+        return leave()
     end)
     if watching and client_left() then return ngx_exit(499) end -- (before any session is made)
     for p, ids in ipairs(req.prompts) do
@@ -1550,9 +1553,11 @@ local function serve(chat, body, view)
         for p, ids in ipairs(req.prompts) do
             local ok, lps, top_ids, top_lps = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "score", score_addr,
                                                                 last_error_addr, model_addr, ids, loops, top)
-            if not ok or not lps then
+            if left_while_scoring or not ok or not lps then
+                scoring = false
+                embed_slots:post(1)
+                if left_while_scoring then return leave() end
                 free_made(1)
-                if scoring then scoring = false; embed_slots:post(1) end
                 return send_error(500, "scoring the prompt failed: " .. tostring(ok and top_ids or lps), nil, "server_error")
             end
             local figures = { {} } -- the first token has nothing before it
@@ -1561,7 +1566,8 @@ local function serve(chat, body, view)
             end
             prompt_figures[p] = figures
         end
-        if scoring then scoring = false; embed_slots:post(1) end
+        scoring = false
+        embed_slots:post(1)
     end
 
     -- 3. To the engine, all or none.

@@ -1006,6 +1006,9 @@ local function shared_fields(t, body, model, model_id, cfg, max_stops)
     -- (vLLM's default, true, is the engine's: special tokens are control, not text; the token
     -- that ends generation keeps no text either way)
     if t.skip_special_tokens == false then cfg.keep_special_text = true end
+    -- vLLM's clients send length_penalty with any request (it ranks beams only): taken, and
+    -- dropped without a beam, where the Lua config refuses it (it would do nothing)
+    if (cfg.beam_size or 0) < 2 then cfg.length_penalty = nil end
     local stop_ids
     if t.stop_token_ids ~= nil then
         local ok, e = check_token_ids(t.stop_token_ids, model.vocab_size, "stop_token_ids")
