@@ -1600,8 +1600,9 @@ local function serve(chat, body, view)
     request_options.logprobs = req.logprobs or (ranked and 0) or -1
     -- Every choice gets a place, or none is asked for: a request whose choices did not all fit
     -- was submitted in part, its first choices counted as admitted (tokens in) and then as
-    -- cancelled. (Only this event loop submits to this engine: the places free now can only
-    -- grow before the submits below.)
+    -- cancelled. The free places are counted as the engine's submit counts them (scheduler.c:
+    -- held sessions against max_active + max_queued); only this event loop submits to this
+    -- engine, so they can only grow before the submits below.
     C.tl_engine_get_counters(engine, counters)
     local free = counters.max_active + counters.max_queued - counters.active - counters.queued
     local needed = #made
