@@ -1486,12 +1486,12 @@ local function serve(chat, body, view)
         made = {}
     end
     -- A client that leaves (lua_check_client_abort on) cancels at once, even while this
-    -- request's coroutine waits in the thread pool: for the prompt's scoring (its sessions,
-    -- not yet submitted, are freed) or for output (every choice is released).
-    -- While step 2 scores in the pool it holds one of embed_slots' places, which is given back
-    -- only once the scoring in hand is done (that work cannot be stopped; a place given back at
-    -- once let clients that post and hang up run unbounded scorings): a client that leaves then
-    -- is only noted, and step 2 ends the request.
+    -- request's coroutine waits in the thread pool for output (every choice is released; the
+    -- sessions not yet submitted are freed). But while step 2 scores the prompt in the pool it
+    -- holds one of embed_slots' places, which is given back only once the scoring in hand is
+    -- done (that work cannot be stopped; a place given back at once let clients that post and
+    -- hang up run unbounded scorings): a client that leaves then is only noted, and step 2
+    -- ends the request.
     local scoring, left_while_scoring = false, false
     local function leave()
         if r then
