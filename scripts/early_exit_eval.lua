@@ -23,19 +23,9 @@ local opt = options.parse(arg, {
     { "repeat", 3, "timed runs of each row, alternating with full-depth runs: the speedup is the median over\n"
         .. "the median of the full-depth runs around it (machines drift over minutes)" },
 })
--- A refusal in one line (bad usage: status 2; a failure: 1), not a Lua traceback.
-local function die(message, status)
-    io.stderr:write("early_exit_eval.lua: ", message, "\n")
-    os.exit(status or 2)
-end
-for _, name in ipairs({ "prompts", "prompt_tokens", "tokens", "repeat" }) do
-    local v = opt[name]
-    if v < 1 or v ~= math.floor(v) then die(("--%s must be a whole number >= 1, got %s"):format(name:gsub("_", "-"), v)) end
-end
--- (a value load refuses, --threads -1, is raised: bad usage, said in one line)
-local loaded, model, load_err = pcall(tinyloop.load, opt.model, { threads = opt.threads })
-if not loaded then die(require("tinyloop.raise").message(model)) end
-if not model then die(load_err, 1) end
+local die = options.die("early_exit_eval.lua")
+options.counts(opt, { "prompts", "prompt_tokens", "tokens", "repeat" }, die)
+local model = options.load_model(tinyloop, opt, die)
 if not model.has_tokenizer then die(opt.model .. " has no tokenizer: the held-out text cannot be encoded") end
 local info = model:info()
 if opt.prompt_tokens + opt.tokens > info.max_seq_len then

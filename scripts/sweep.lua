@@ -12,11 +12,7 @@ local tinyloop = require "tinyloop"
 local now = require("tinyloop.policy").now
 local options = require "tinyloop.script_options"
 
--- A refusal in one line (bad usage: status 2; a failure: 1), not a Lua traceback.
-local function die(message, status)
-    io.stderr:write("sweep.lua: ", message, "\n")
-    os.exit(status or 2)
-end
+local die = options.die("sweep.lua")
 
 local function list(s, name)
     local t = {}
@@ -49,14 +45,8 @@ local opt = options.parse(arg, {
     { "out", "build/sweep", "output directory (sweep.csv, sweep.dat, sweep.gp, sweep.png)", metavar = "DIR" },
 })
 
-for _, name in ipairs({ "repeats", "max_tokens", "max_nodes" }) do
-    local v = opt[name]
-    if v < 1 or v ~= math.floor(v) then die(("--%s must be a whole number >= 1, got %s"):format(name:gsub("_", "-"), v)) end
-end
--- (a value load refuses, --threads -1, is raised: bad usage, said in one line)
-local loaded, model, load_err = pcall(tinyloop.load, opt.model, { threads = opt.threads })
-if not loaded then die(require("tinyloop.raise").message(model)) end
-if not model then die(load_err, 1) end
+options.counts(opt, { "repeats", "max_tokens", "max_nodes" }, die)
+local model = options.load_model(tinyloop, opt, die)
 local info = model:info()
 local verify = opt.verify_loops or info.default_loops
 local max_tokens = opt.max_tokens

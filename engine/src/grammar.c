@@ -11,12 +11,6 @@
 #define GRAM_MAX_NODES (1 << 23)
 #define GRAM_MAX_STATES (1 << 22)
 #define GRAM_MAX_EXPANSION (1 << 16) /* stacks one byte may produce: beyond, "too ambiguous" */
-/* Stacks one token's mask may read in transitions not met before: a grammar that keeps tens of
-   thousands of alternatives alive, each a step on every byte of the vocabulary's trie, took
-   seconds a token on the engine thread (and every session batched with it waited). The
-   largest mask of test_grammar and tinyloop-grammar-bench (the shipped JSON grammar, a large
-   JSON Schema's, GPT-2's vocabulary) reads 27,488: this is 76 times that, some 50 ms. */
-#define GRAM_MAX_MASK_WORK ((int64_t)1 << 21)
 /* The most (position, stack) items one expansion takes: a safety net (left recursion, which
    would expand forever, is refused when the grammar is built). */
 #define GRAM_MAX_EXPANDED (1 << 22)
@@ -1041,8 +1035,6 @@ void gram_runtime_destroy(gram_runtime *rt) {
     free(rt->pending);
     memset(rt, 0, sizeof *rt);
 }
-
-int64_t gram_mask_work_budget(void) { return GRAM_MAX_MASK_WORK; }
 
 size_t gram_runtime_bytes(const gram_runtime *rt) {
     const size_t per_state = sizeof *rt->state_first + sizeof *rt->state_flags + sizeof *rt->state_loop +

@@ -41,6 +41,12 @@ char *gram_copy_text(const char *s, size_t len);
 
 /* The most elements a program may have: a hostile grammar's error, not an abort. */
 #define GRAM_MAX_ELEMS (1 << 22)
+/* Stacks one token's mask may read in transitions not met before: a grammar that keeps tens of
+   thousands of alternatives alive, each a step on every byte of the vocabulary's trie, took
+   seconds a token on the engine thread (and every session batched with it waited). The
+   largest mask of test_grammar and tinyloop-grammar-bench (the shipped JSON grammar, a large
+   JSON Schema's, GPT-2's vocabulary) reads 27,488: this is 76 times that, some 50 ms. */
+#define GRAM_MAX_MASK_WORK ((int64_t)1 << 21)
 
 typedef struct gram_elem {
     uint8_t kind;
@@ -232,8 +238,6 @@ void gram_runtime_destroy(gram_runtime *rt);
    met (a grammar too ambiguous for one byte, tables full), else out of memory. `what` names
    the call for the message. */
 tl_status gram_failure(const char *what);
-/* GRAM_MAX_MASK_WORK: gram_mask's budget. */
-int64_t gram_mask_work_budget(void);
 /* The memory the runtime's tables hold. */
 size_t gram_runtime_bytes(const gram_runtime *rt);
 /* The state after `byte` (GRAM_DEAD when the byte is not allowed); -1 out of memory.

@@ -514,10 +514,10 @@ static int mask_of(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *al
     return count;
 }
 
-/* Within a budget of work (grammar.c, GRAM_MAX_MASK_WORK): past it, -1 and the grammar is
+/* Within a budget of work (GRAM_MAX_MASK_WORK): past it, -1 and the grammar is
    "too costly to follow". */
 int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed) {
-    rt->work = 0, rt->work_budget = gram_mask_work_budget();
+    rt->work = 0, rt->work_budget = GRAM_MAX_MASK_WORK;
     const int count = mask_of(rt, b, state, allowed);
     rt->work_budget = 0;
     return count;

@@ -370,8 +370,7 @@ static tl_status check_quantisable(const char *in_dir, const char *out_dir, cons
     if (access(index, R_OK) != 0)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: %s/config.json: %s (IN_DIR must be a checkpoint folder)", in_dir,
                        strerror(errno));
-    snprintf(index, sizeof index, "%s/model.safetensors.index.json", out_dir);
-    if (access(index, F_OK) == 0)
+    if (tl_st_is_sharded(out_dir))
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
                        "quantize: %s holds a sharded checkpoint (model.safetensors.index.json), which the loader "
                        "would read instead of the quantised file: use another directory", out_dir);
@@ -499,9 +498,7 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     tl_status st;
     /* The weights are opened (and a calibration checked against them) before anything is
        written, so that a mismatch leaves no half-made directory. */
-    snprintf(from, sizeof from, "%s/model.safetensors.index.json", in_dir);
-    struct stat index_st;
-    if (lstat(from, &index_st) == 0) /* (it said "model.safetensors: cannot open") */
+    if (tl_st_is_sharded(in_dir)) /* (it said "model.safetensors: cannot open") */
         return tl_fail(TL_ERR_UNSUPPORTED, "quantize: %s holds a sharded checkpoint (model.safetensors.index.json): a sharded "
                                            "input is not supported yet (join its shards into one model.safetensors first)",
                        in_dir);

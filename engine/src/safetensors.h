@@ -54,6 +54,9 @@ typedef struct tl_st_set {
 /* Opens dir/model.safetensors.index.json and its shards when the index exists, else
    dir/model.safetensors. Errors name the index or shard file and the tensor. */
 tl_status tl_st_set_open(const char *dir, tl_st_set *out);
+/* Whether dir holds a sharded checkpoint: any entry of the index's name, which the loader
+   reads instead of model.safetensors (a dangling link too: opening it then fails). */
+bool tl_st_is_sharded(const char *dir);
 /* The tensor and the path of the file holding it, or NULL. */
 tl_st_tensor *tl_st_set_find(tl_st_set *set, const char *name, const char **path);
 void tl_st_set_close(tl_st_set *set);

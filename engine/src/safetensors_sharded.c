@@ -144,17 +144,23 @@ static tl_status check_against_index(const char *index_path, const cJSON *map, t
     return st;
 }
 
-tl_status tl_st_set_open(const char *dir, tl_st_set *out) {
-    memset(out, 0, sizeof *out);
+bool tl_st_is_sharded(const char *dir) {
     char path[4096];
     struct stat sb;
     snprintf(path, sizeof path, "%s/%s", dir, INDEX_NAME);
+    return lstat(path, &sb) == 0;
+}
+
+tl_status tl_st_set_open(const char *dir, tl_st_set *out) {
+    memset(out, 0, sizeof *out);
+    char path[4096];
     tl_status st;
-    if (lstat(path, &sb) != 0) { /* (any entry of the index's name is the index: a dangling link fails) */
+    if (!tl_st_is_sharded(dir)) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         if (!(out->described_as = strdup(path))) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
         st = add_file(out, path);
     } else {
+        snprintf(path, sizeof path, "%s/%s", dir, INDEX_NAME);
         if (!(out->described_as = strdup(path))) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
         cJSON *index = NULL;
         st = read_index(path, &index);

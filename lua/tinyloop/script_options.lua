@@ -58,6 +58,32 @@ function _M.parse(argv, spec)
     return opt
 end
 
+-- die(name) -> die(message[, status]): a refusal in one line, "<name>: message" on stderr,
+-- not a Lua traceback; exit status 2 (bad usage) unless told (1: a failure).
+function _M.die(name)
+    return function(message, status)
+        io.stderr:write(name, ": ", message, "\n")
+        os.exit(status or 2)
+    end
+end
+
+-- Refuses (die) each option of `names` (underscored) that is not a whole number >= 1.
+function _M.counts(opt, names, die)
+    for _, name in ipairs(names) do
+        local v = opt[name]
+        if v < 1 or v ~= math.floor(v) then die(("--%s must be a whole number >= 1, got %s"):format(name:gsub("_", "-"), v)) end
+    end
+end
+
+-- The model of --model on --threads threads, or die: a value the load refuses (raised:
+-- --threads -1) is bad usage, a load that fails (nil, err) a failure.
+function _M.load_model(tinyloop, opt, die)
+    local loaded, model, load_err = pcall(tinyloop.load, opt.model, { threads = opt.threads })
+    if not loaded then die(require("tinyloop.raise").message(model)) end
+    if not model then die(load_err, 1) end
+    return model
+end
+
 -- Returns progress(label): writes "[index/total] label (elapsed s)" to stderr, one line per
 -- call, so that a long run shows where it is (and a log stays readable).
 function _M.progress(total, now)
