@@ -192,11 +192,14 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
                            "\"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8])) | "
                            "([0-9] [0-9] (\"0\" [48] | [2468] [048] | [13579] [26]) | ([02468] [048] | [13579] [26]) \"00\") "
                            "\"-02-29\")";
-        const char *time = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
-                           "(\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
+        /* RFC 3339's full-time: a second of 60 is a leap second (its ABNF: 00-60, which
+           second may be one is a table of leap seconds, not a grammar's), and 'T' and 'Z'
+           may be written in lower case */
+        const char *time = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" ([0-5] [0-9] | \"60\") (\".\" [0-9]{1,6})? "
+                           "([Zz] | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
         if (strcmp(f, "date") == 0) strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", date);
         else if (strcmp(f, "time") == 0) strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", time);
-        else if (strcmp(f, "date-time") == 0) strbuf_printf(&body, "\"\\\"\" %s \"T\" %s \"\\\"\"", date, time);
+        else if (strcmp(f, "date-time") == 0) strbuf_printf(&body, "\"\\\"\" %s [Tt] %s \"\\\"\"", date, time);
         else if (strcmp(f, "uuid") == 0)
             strbuf_puts(&body, "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12} \"\\\"\"");
         else return fail(c, path, "format '%s' is not supported (date, time, date-time, uuid)", f);

@@ -375,6 +375,20 @@ static void test_json_schema(void) {
                                    "\"2023-06-31\"", "\"2023-09-31\"", "\"2023-11-31\"", "\"2023-00-10\"", "\"2023-01-00\"", NULL};
     expect(g, "format date", y_date, n_date);
     tl_compiled_grammar_free(g);
+    /* format date-time and time: RFC 3339's leap second (:60) and lower-case 't' and 'z'
+       (both were refused) */
+    g = schema("{\"type\":\"string\",\"format\":\"date-time\"}");
+    static const char *y_datetime[] = {"\"2016-12-31T23:59:60Z\"", "\"2023-01-31t10:00:00z\"", "\"2023-01-31T10:00:00.5+05:30\"",
+                                       NULL};
+    static const char *n_datetime[] = {"\"2023-01-31 10:00:00Z\"", "\"2023-01-31T10:00:61Z\"", "\"2023-01-31T24:00:00Z\"",
+                                       "\"2023-01-31T10:00:00\"", "\"2023-01-31T10:00:00x\"", NULL};
+    expect(g, "format date-time", y_datetime, n_datetime);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"format\":\"time\"}");
+    static const char *y_time[] = {"\"23:59:60z\"", "\"00:00:00-01:00\"", NULL};
+    static const char *n_time[] = {"\"23:60:00Z\"", "\"23:59:70Z\"", "\"t23:59:59Z\"", NULL};
+    expect(g, "format time", y_time, n_time);
+    tl_compiled_grammar_free(g);
     /* Pattern classes are translated member by member (never copied as text): ']' and '#'
        stay inside the class, '"' and '\' inside a class become the JSON escapes, "[]"
        matches nothing and "[^]" any character. */
