@@ -5,7 +5,7 @@
  *   - a whole generated text (tl_grammar_compile_regex: vLLM's `regex` structured output).
  *
  * Syntax: ECMA-262's, as JSON Schema says. Literals (UTF-8), '.', classes [...] and [^...]
- * with ranges, \d \w \s \D \W \S, \xHH and \uHHHH in classes, escaped punctuation, groups
+ * with ranges, \d \w \s \D \W \S (in classes too: [\s\S] is any character), \xHH and \uHHHH in classes, escaped punctuation, groups
  * (...) and (?:...), alternation, * + ? {m} {m,} {m,n} (greedy; up to 1000), \xHH, \uHHHH
  * and \n \r \t \f \v \0 outside classes too (in a JSON string, a control as JSON escapes it).
  * ^ and $ are accepted at the start and the
@@ -54,10 +54,18 @@ static int char_len(const char *s) {
     return n ? tlz_utf8_seq((const unsigned char *)s, n) : -1;
 }
 
-/* ECMA-262's white space and line terminators (\s). A JSON string holds no control
-   character, so there \s above U+001F is what a negated class must exclude. */
-#define SPACE_CONTROLS "\\x09-\\x0D"
-#define SPACE_ABOVE_CONTROLS " \\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000\\uFEFF"
+/* The escapes' sets, as sorted code point ranges: \d, \w, and \s (ECMA-262's white space
+   and line terminators); \D \W \S are their complements. One table each, for classes and
+   outside them alike. */
+typedef struct cp_range {
+    uint32_t lo, hi;
+} cp_range;
+static const cp_range DIGIT_SET[] = {{'0', '9'}};
+static const cp_range WORD_SET[] = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
+static const cp_range SPACE_SET[] = {{0x09, 0x0D}, {0x20, 0x20},     {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
+                                     {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
+static const cp_range JSON_SPACE_SET[] = {{' ', ' '}};
+#define MAX_CODE_POINT 0x10FFFFu
 
 /* What a JSON string's character class must leave out: '"' and '\' (written escaped, as
    the alternatives the caller adds) and the controls (never in a JSON string). */
@@ -90,26 +98,32 @@ static int hex_escape(rx *r, const char *s, uint32_t *cp) {
     return 2 + digits;
 }
 
-/* One member of a class at *q: a code point (*set NULL), or the GBNF ranges of \d \w \s
-   (*set). Escapes follow ECMA-262: \xHH, \uHHHH and escaped punctuation are characters (and
-   in text mode \n \r \t \f \v \0); any other escape is refused. In a JSON string \s is the
-   space alone in a plain class (a narrower class generates only valid strings) and all of
-   ECMA-262's white space in a negated one (excluding less would let through what the
-   pattern forbids). */
-static int class_member(rx *r, const char **q, bool negated, uint32_t *cp, const char **set) {
+/* The set an escape at s names (\d \w \s \D \W \S; *complement for the capitals), or
+   NULL. In a JSON string \s is the space alone in a plain class (a narrower class generates
+   only valid strings) and all of ECMA-262's white space in a negated one (excluding less
+   would let through what the pattern forbids); \S, excluding all of it, is exact either way. */
+static const cp_range *escape_set(const rx *r, const char *s, bool negated, int *n_ranges, bool *complement) {
+    if (s[0] != '\\') return NULL;
+    const char e = s[1];
+    *complement = e == 'D' || e == 'W' || e == 'S';
+#define SET(table) (*n_ranges = (int)(sizeof table / sizeof table[0]), table)
+    switch (e) {
+    case 'd': case 'D': return SET(DIGIT_SET);
+    case 'w': case 'W': return SET(WORD_SET);
+    case 's': return !r->text && !negated ? SET(JSON_SPACE_SET) : SET(SPACE_SET);
+    case 'S': return SET(SPACE_SET);
+    default: return NULL;
+    }
+#undef SET
+}
+
+/* One member of a class at *q that is a code point. Escapes follow ECMA-262: \xHH, \uHHHH
+   and escaped punctuation are characters (and in text mode \n \r \t \f \v \0); any other
+   escape is refused. */
+static int class_member(rx *r, const char **q, uint32_t *cp) {
     const char *s = *q;
-    *set = NULL;
     if (*s == '\\') {
         const unsigned char e = (unsigned char)s[1];
-        if (e == 'd' || e == 'w' || e == 's') {
-            *set = e == 'd'     ? "0-9"
-                 : e == 'w'     ? "a-zA-Z0-9_"
-                 : r->text      ? SPACE_CONTROLS SPACE_ABOVE_CONTROLS
-                 : negated      ? SPACE_ABOVE_CONTROLS
-                                : " ";
-            *q += 2;
-            return 0;
-        }
         if (e == 'x' || e == 'u') {
             const int n = hex_escape(r, s, cp);
             if (n < 0) return -1;
@@ -151,6 +165,23 @@ static void class_range(rx *r, strbuf *o, uint32_t lo, uint32_t hi, bool negated
     if (hi != lo) { strbuf_puts(o, "-"); gram_gbnf_class_cp(o, hi); }
 }
 
+/* A set's ranges (or those of its complement) in a class. A plain class of a JSON string
+   holds no control character: a complement's ranges start above them there. */
+static void class_set(rx *r, strbuf *o, const cp_range *set, int n_ranges, bool complement, bool negated, bool *quote,
+                      bool *backslash) {
+    const uint32_t lowest = !r->text && !negated ? 0x20 : 0;
+    if (!complement) {
+        for (int i = 0; i < n_ranges; i++) class_range(r, o, set[i].lo, set[i].hi, negated, quote, backslash);
+        return;
+    }
+    uint32_t next = lowest;
+    for (int i = 0; i < n_ranges; i++) {
+        if (set[i].lo > next) class_range(r, o, next, set[i].lo - 1, negated, quote, backslash);
+        if (set[i].hi + 1 > next) next = set[i].hi + 1;
+    }
+    if (next <= MAX_CODE_POINT) class_range(r, o, next, MAX_CODE_POINT, negated, quote, backslash);
+}
+
 /* A class [...] / [^...] (ECMA-262: "[]" matches nothing, "[^]" any character) translated
    member by member into a GBNF class, never copied as text: the pattern's bytes cannot end
    up outside the class. In a JSON string a control is refused in a plain class and a
@@ -165,22 +196,29 @@ static int regex_class(rx *r, const char **p) {
     bool quote = false, backslash = false;
     while (*s != ']') {
         if (!*s) { free(cls.p); return fail(r, "unterminated '['"); }
-        const char *from = s, *set;
-        uint32_t lo = 0, hi;
-        if (class_member(r, &s, negated, &lo, &set) < 0) { free(cls.p); return -1; }
+        const char *from = s;
+        int n_ranges;
+        bool complement;
+        const cp_range *set = escape_set(r, s, negated, &n_ranges, &complement);
         if (set) {
+            s += 2;
             if (s[0] == '-' && s[1] && s[1] != ']') {
                 free(cls.p);
                 return fail(r, "a class range cannot start with '%.2s'", from);
             }
-            strbuf_puts(&cls, set);
+            class_set(r, &cls, set, n_ranges, complement, negated, &quote, &backslash);
             continue;
         }
+        uint32_t lo = 0, hi;
+        if (class_member(r, &s, &lo) < 0) { free(cls.p); return -1; }
         hi = lo;
         if (s[0] == '-' && s[1] && s[1] != ']') {
             s++;
-            if (class_member(r, &s, negated, &hi, &set) < 0) { free(cls.p); return -1; }
-            if (set) { free(cls.p); return fail(r, "a class range cannot end with '%.2s'", s - 2); }
+            if (escape_set(r, s, negated, &n_ranges, &complement)) {
+                free(cls.p);
+                return fail(r, "a class range cannot end with '%.2s'", s);
+            }
+            if (class_member(r, &s, &hi) < 0) { free(cls.p); return -1; }
             if (hi < lo) { free(cls.p); return fail(r, "reversed range '%.*s' in a class", (int)(s - from), from); }
         }
         if (!r->text && !negated && lo < 0x20) { free(cls.p); return fail(r, "control characters in a class are not supported"); }
@@ -266,17 +304,14 @@ static int regex_atom(rx *r, const char **p, int depth) {
     }
     if (*s == '\\') {
         const unsigned char e = (unsigned char)s[1];
-        const char *cls = NULL;
-        switch (e) {
-        case 'd': cls = "[0-9]"; break;
-        case 'w': cls = "[a-zA-Z0-9_]"; break;
-        case 's': cls = r->text ? "[" SPACE_CONTROLS SPACE_ABOVE_CONTROLS "]" : "[ ]"; break;
-        case 'D': cls = r->text ? "[^0-9]" : "[^0-9" JSON_EXCLUDED "]"; break;
-        case 'W': cls = r->text ? "[^a-zA-Z0-9_]" : "[^a-zA-Z0-9_" JSON_EXCLUDED "]"; break;
-        case 'S': cls = r->text ? "[^" SPACE_CONTROLS SPACE_ABOVE_CONTROLS "]" : "[^" SPACE_ABOVE_CONTROLS JSON_EXCLUDED "]"; break;
-        default: break;
+        /* \d \w \s \D \W \S: the class of that one member */
+        if (e && strchr("dwsDWS", e)) {
+            const char as_class[] = {'[', '\\', (char)e, ']', 0};
+            const char *q = as_class;
+            if (regex_class(r, &q) < 0) return -1;
+            *p = s + 2;
+            return 0;
         }
-        if (cls) { strbuf_puts(o, cls); *p = s + 2; return 0; }
         const int control = control_escape(s);
         if (control >= 0) {
             if (r->text) literal_cp(o, (uint32_t)control);

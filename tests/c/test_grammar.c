@@ -409,6 +409,19 @@ static void test_json_schema(void) {
     static const char *n10[] = {"\" a\"", "\"\xc2\xa0" "a\"", "\"\xe3\x80\x80" "a\"", "\"a\xe2\x80\xa8\"", NULL};
     expect(g, "ECMA white space", y10, n10);
     tl_compiled_grammar_free(g);
+    /* \S \D \W in a class (refused): "[\s\S]" is any character a JSON string holds, '"' and
+       '\' written escaped; a negated class of them excludes exactly the set (a plain class's \s is the space alone,
+       as outside one) */
+    g = schema("{\"type\":\"string\",\"pattern\":\"^[\\\\s\\\\S]{2}$\"}");
+    static const char *y_any[] = {"\"a \"", "\"\\\"\\\\\"", "\"\xc3\xa9\xe2\x82\xac\"", "\"\\\"1\"", NULL};
+    static const char *n_any[] = {"\"a\"", "\"abc\"", "\"a\\\"", NULL};
+    expect(g, "[\\s\\S] in a JSON string", y_any, n_any);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"pattern\":\"^[^\\\\S\\\\d]$\"}");
+    static const char *y_nots[] = {"\" \"", "\"\xc2\xa0\"", NULL};
+    static const char *n_nots[] = {"\"a\"", "\"1\"", "\"\\\"\"", NULL};
+    expect(g, "[^\\S\\d] in a JSON string", y_nots, n_nots);
+    tl_compiled_grammar_free(g);
     /* enum next to type: the values of that type only (1 was let through) */
     g = schema("{\"type\":\"string\",\"enum\":[\"a\",1,\"b\"]}");
     static const char *y9[] = {"\"a\"", "\"b\"", NULL};

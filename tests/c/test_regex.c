@@ -63,6 +63,12 @@ static void test_tables(void) {
     { static const char *y[] = {"-", "x", "_", NULL}, *n[] = {"1", NULL}; expect("\\D", y, n); }
     { static const char *y[] = {"-", "x", NULL}, *n[] = {"1", "_", NULL}; expect("[^\\d_]", y, n); }
     { static const char *y[] = {"\t", "\n", NULL}, *n[] = {"n", "t", "\\", NULL}; expect("[\\n\\t]", y, n); }
+    /* \D \W \S in a class are their complements ("[\s\S]", any character, was refused) */
+    { static const char *y[] = {"a\n\"\xf0\x9f\x98\x80 \x01", "", NULL}, *n[] = {NULL}; expect("[\\s\\S]*", y, n); }
+    { static const char *y[] = {"a", "-", "\xe2\x82\xac", "1", "\n", NULL}, *n[] = {"", "a1", NULL}; expect("[\\D\\d]", y, n); }
+    { static const char *y[] = {"a", "_", "7", NULL}, *n[] = {"-", " ", NULL}; expect("[^\\W]", y, n); }
+    { static const char *y[] = {" ", "\t", "\xe3\x80\x80", "-", NULL}, *n[] = {"x", "\xc3\xa9", NULL}; expect("[^\\S]|-", y, n); }
+    { static const char *y[] = {"1", "x", NULL}, *n[] = {" ", "\xc2\xa0", "\n", NULL}; expect("[\\S]", y, n); }
     /* quotes and backslashes are plain characters here (a JSON string writes them escaped) */
     { static const char *y[] = {"\"q\\\"", NULL}, *n[] = {"\"q\\\\\"", "q", NULL}; expect("\"q\\\\\"", y, n); }
     { static const char *y[] = {"\"", "\\", NULL}, *n[] = {"\\\"", NULL}; expect("[\"\\\\]", y, n); }
@@ -117,6 +123,8 @@ static void test_errors(void) {
         {"[a", "unterminated '['"},
         {"[z-a]", "reversed range 'z-a'"},
         {"[\\d-z]", "a class range cannot start with '\\d'"},
+        {"[\\S-z]", "a class range cannot start with '\\S'"},
+        {"[a-\\W]", "a class range cannot end with '\\W'"},
         {"a{2", "bad quantifier"},
         {"a{1001}", "bad quantifier"},
         {"a{3,2}", "bad quantifier"},
