@@ -293,7 +293,7 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
            contract (a count of 0 over a mask of tokens went on sampling them, a count of 1
            over several forced the last) */
         if (n_allowed != in_mask && !s->grammar_matcher) {
-            s->finished = true;
+            tl_session_hook_failed(s, "grammar allowed", n_allowed); /* (finishes the session; the message says more) */
             return tl_fail(TL_ERR_HOOK, "grammar allowed hook returned %d for a mask of %d allowed tokens (the count must be "
                                         "the mask's)", n_allowed, in_mask);
         }
