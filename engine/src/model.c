@@ -589,6 +589,33 @@ static tl_status choose_backend(tl_backend_kind kind, const tl_backend **backend
     return TL_OK; /* AUTO without a device: the CPU, silently */
 }
 
+/* The environment's settings (README): a value that none of their readers takes is refused at
+   load, never read silently as the default (TINYLOOP_ISA=avx-512 ran the AVX-512 kernels with
+   VNNI, not capped). An empty value is no setting. */
+static tl_status check_environment(void) {
+    static const struct {
+        const char *name, *values[4];
+    } SETTINGS[] = {
+        {"TINYLOOP_BACKEND", {"cpu", "cuda"}},        {"TINYLOOP_ISA", {"generic", "avx2", "avx512"}},
+        {"TINYLOOP_KV_TYPE", {"f32", "f16"}},         {"TINYLOOP_F16_HALVES", {"0", "1"}},
+        {"TINYLOOP_PAIR_TILES", {"0", "1"}},
+    };
+    for (size_t i = 0; i < sizeof SETTINGS / sizeof SETTINGS[0]; i++) {
+        const char *value = getenv(SETTINGS[i].name);
+        if (!value || !*value) continue;
+        bool known = false;
+        char listed[64] = "";
+        for (int k = 0; SETTINGS[i].values[k]; k++) {
+            known = known || strcmp(value, SETTINGS[i].values[k]) == 0;
+            snprintf(listed + strlen(listed), sizeof listed - strlen(listed), "%s%s", k ? ", " : "", SETTINGS[i].values[k]);
+        }
+        if (!known)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "environment: %s=%.64s is not one of %s (unset it for the default)",
+                           SETTINGS[i].name, value, listed);
+    }
+    return TL_OK;
+}
+
 static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *opts) {
     tl_status st;
     struct stat sb;
@@ -601,6 +628,7 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
     const tl_family *family = NULL;
     if ((st = read_config(m, dir, &family)) != TL_OK) return st;
 
+    if ((st = check_environment()) != TL_OK) return st;
     if (opts->backend != TL_BACKEND_AUTO && opts->backend != TL_BACKEND_CPU && opts->backend != TL_BACKEND_CUDA)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: unknown backend %d", (int)opts->backend);
     if (opts->mmap_weights != 0 && opts->mmap_weights != 1)

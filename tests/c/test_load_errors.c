@@ -254,6 +254,27 @@ static void api_errors(void) {
     else CHECK(strstr(tl_last_error(), "backend CUDA") != NULL, "CUDA refusal: %s", tl_last_error());
     m = NULL;
     tl_model_free(NULL);
+    /* a setting of the environment that nothing reads is refused (it was the default,
+       silently); an empty one is no setting */
+    static const char *const bogus[][2] = {{"TINYLOOP_ISA", "avx-512"}, {"TINYLOOP_BACKEND", "gpu"},
+                                           {"TINYLOOP_KV_TYPE", "F16"}, {"TINYLOOP_F16_HALVES", "yes"},
+                                           {"TINYLOOP_PAIR_TILES", "2"}};
+    for (size_t i = 0; i < sizeof bogus / sizeof bogus[0]; i++) {
+        const char *was = getenv(bogus[i][0]);
+        char *saved = was ? strdup(was) : NULL;
+        setenv(bogus[i][0], bogus[i][1], 1);
+        char expected[96];
+        snprintf(expected, sizeof expected, "environment: %s=%s is not one of", bogus[i][0], bogus[i][1]);
+        CHECK_ERROR(tl_model_load(work, NULL, &m), TL_ERR_INVALID_ARGUMENT, expected);
+        CHECK(m == NULL, "no model after a refused environment");
+        setenv(bogus[i][0], "", 1);
+        CHECK(tl_model_load(work, NULL, &m) == TL_OK, "%s empty: %s", bogus[i][0], tl_last_error());
+        tl_model_free(m);
+        m = NULL;
+        if (saved) setenv(bogus[i][0], saved, 1);
+        else unsetenv(bogus[i][0]);
+        free(saved);
+    }
 
     CHECK(tl_model_load(work, NULL, &m) == TL_OK, "load: %s", tl_last_error());
     const struct tl_model_info *info = tl_model_info(m);
