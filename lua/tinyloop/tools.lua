@@ -345,10 +345,11 @@ end
 -- an object, then its </tool_call>, which the last block may lack (a stop string or the end of
 -- the generation cut it). Text between and after the blocks is not content (as vLLM's Hermes
 -- parser has it). A block that is not a call makes the whole text content and no call at all,
--- except that when the token limit cut the generation (cut true) and calls came before it, or
--- it is the call the cut took the end of, it and what follows are dropped (the content is then
--- the text before the first block, as a stream shows it); and a forced choice (spec.forced)
--- never has content, only the calls that are whole.
+-- except that when the generation was cut (cut true: the token limit, or a stop string the
+-- request gave, ended it) and calls came before it, or it is the call the cut took the end of,
+-- it and what follows are dropped (the content is then the text before the first block, as a
+-- stream shows it); and a forced choice (spec.forced) never has content, only the calls that
+-- are whole.
 function _M.parse(text, spec, id_of, cut)
     local first = find(text, START, 1, true)
     local calls, at = {}, first

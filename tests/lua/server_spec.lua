@@ -1537,6 +1537,51 @@ describe("chat completions", function()
         assert.same({ unknown, {}, "stop" }, { text, streamed_calls, finish })
     end)
 
+    it("leaves out a call the token limit or a stop string cuts, streamed as blocking (auto)", function()
+        -- (biases spell <tool_call> one token a piece, the penalty moving greedy on to the next,
+        -- so that the model writes it on its own and auto's lazy grammar takes over: "Yes<tool_call>")
+        local lazy = { messages = { { role = "user", content = "Hi?" } }, tools = { { type = "function", ["function"] = { name = "v" } } },
+                       temperature = 0, logit_bias = { ["1386"] = 100, ["60"] = 88, ["116"] = 76, ["1151"] = 64, ["95"] = 52,
+                                                       ["99"] = 40, ["385"] = 28, ["62"] = 16 },
+                       repetition_penalty = 50, penalty_window = 9, max_tokens = 100 }
+        local function both(req)
+            req.stream = nil
+            local status, body = post_chat(req)
+            assert.equal(200, status, body)
+            local choice = cjson.decode(body).choices[1]
+            req.stream = true
+            local text, calls, _, finish = streamed(select(2, post_chat(req, "-N")))
+            return choice, text, calls, finish
+        end
+        local choice = both(lazy)
+        assert.equal("Yes", choice.message.content) -- (the trick holds: a call of v follows)
+        assert.equal("v", choice.message.tool_calls[1]["function"].name)
+        -- the token limit cuts after the tag, before the name: the stream showed the tag's text
+        lazy.max_tokens = 12
+        local text, calls, finish
+        choice, text, calls, finish = both(lazy)
+        assert.same({ "Yes", nil, "length" }, { choice.message.content, choice.message.tool_calls, choice.finish_reason })
+        assert.same({ "Yes", {}, "length" }, { text, calls, finish })
+        -- a stop string inside the call: its end cuts the call as the token limit does (the
+        -- blocking answer made the whole text content; the stream, whose call's name went out
+        -- already, sends that call cut, as under the token limit)
+        lazy.max_tokens, lazy.stop = 100, { '"arguments"' }
+        choice, text, calls, finish = both(lazy)
+        assert.same({ "Yes", nil, "stop" }, { choice.message.content, choice.message.tool_calls, choice.finish_reason })
+        assert.same({ "Yes", "stop" }, { text, finish })
+        -- where the calls are held to the end (a request's own grammar writes them), alike
+        local written = 'Ok.\n<tool_call>\n{"name": "now", "arguments": {"tz": "UTC"}}\n</tool_call>'
+        local held = { messages = ask, tools = { NOW }, grammar = "root ::= " .. cjson.encode(written):gsub("\\/", "/"),
+                       stop = { '"tz"' } }
+        choice, text, calls, finish = both(held)
+        assert.same({ "Ok.", nil, "stop" }, { choice.message.content, choice.message.tool_calls, choice.finish_reason })
+        assert.same({ "Ok.", {}, "stop" }, { text, calls, finish })
+        -- (the model's own end inside a call is no cut: the text is content, as before)
+        held.stop, held.grammar = nil, "root ::= " .. cjson.encode(written:sub(1, -25)):gsub("\\/", "/")
+        choice, text = both(held)
+        assert.same({ written:sub(1, -25), written:sub(1, -25) }, { choice.message.content, text })
+    end)
+
     it("streams the calls of several choices side by side, with their logprobs and the usage", function()
         local req = { messages = ask, tools = { WEATHER }, tool_choice = "required", n = 2, temperature = 0.9, seed = 4,
                       logprobs = true, stream = true, stream_options = { include_usage = true } }

@@ -894,7 +894,9 @@ end
 -- is "tool_calls" (OpenAI's), unless the token limit cut the generation: "length" says that
 -- a call may be missing (the whole ones before the cut are kept).
 local function read_calls(r, st, text)
-    local cut = st.finish_reason == "length"
+    -- (cut: the token limit, or the request's own stop string or token, ended the text where
+    -- it did, the model did not: a call it cut is left out, as the stream leaves it)
+    local cut = st.finish_reason == "length" or st.stop_reason ~= nil
     local content, calls = tools.parse(text, st.tools, function(k) return call_id(r, st, k) end, cut)
     if calls then
         if not cut then st.finish_reason = "tool_calls" end
@@ -956,15 +958,15 @@ local function tool_stream(r, st, text, ids, figures, finished)
         end
     end
     if finished then
-        local calls
-        if tool.calls_text then
-            local _
-            _, calls = read_calls(r, st, concat(tool.calls_text))
-        end
-        -- no call after all: all of it is content (a forced choice's never is, nor a call whose
-        -- pieces went out already: under auto's lazy grammar, one max_tokens cut arrives cut,
-        -- as a forced one does)
-        if not calls and not st.tools.forced and not (tool.reader and tool.reader.call > 0) then
+        -- the calls part read as a blocking answer reads it: content (all of it, where the
+        -- block is no call; none, where the end of the generation cut the call) and calls
+        local calls_content, calls
+        if tool.calls_text then calls_content, calls = read_calls(r, st, concat(tool.calls_text)) end
+        -- no call after all: what parse makes content is content (a forced choice's never is,
+        -- nor a call whose pieces went out already: under auto's lazy grammar, one the end of
+        -- the generation cuts arrives cut, as a forced one does)
+        if not calls and not st.tools.forced and not (tool.reader and tool.reader.call > 0) and
+            (calls_content or not tool.calls_text) then
             show = show .. concat(tool.blanks) .. tool.prefix .. concat(tool.calls_text or {})
         end
         -- the calls read back whole, where they did not go out piece by piece (and, should a
