@@ -221,7 +221,7 @@ function _M.parse(argv, default_model)
                 o.kv_type = v
             else
                 o.threads = tonumber(v)
-                if not o.threads or o.threads < 1 or o.threads > 4096 or o.threads ~= math.floor(o.threads) then
+                if not o.threads or o.threads < 1 or o.threads > 1024 or o.threads ~= math.floor(o.threads) then
                     return nil, usage_error("bad value for --threads: " .. v)
                 end
             end
@@ -393,6 +393,21 @@ local function stdin_is_terminal()
     return pcall(ffi.cdef, "int isatty(int fd);") and pcall(function() return ffi.C.isatty end) and ffi.C.isatty(0) == 1
 end
 
+-- A line of stdin (without its end; a Windows line end dropped too) | nil at its end | nil,
+-- err where it cannot be read. Ctrl-C while waiting for it ends the program at once (130, as a
+-- shell's commands end): LuaJIT's own handler only marks the interrupt, and the read resumed,
+-- so that ^C waited for Enter. The default action stands for the read's time only.
+local SIGINT = 2
+local function read_line()
+    local ffi = require "ffi"
+    pcall(ffi.cdef, "typedef void (*tl_cli_sighandler)(int); tl_cli_sighandler signal(int signum, tl_cli_sighandler handler);")
+    local previous = ffi.C.signal(SIGINT, nil) -- (NULL: SIG_DFL)
+    local line, err = io.stdin:read("*l")
+    ffi.C.signal(SIGINT, previous)
+    if not line then return nil, err end
+    return (line:gsub("\r$", ""))
+end
+
 local function converse(model, chat, cfg, o)
     if not model:info().has_tokenizer then
         report("--interactive reads text: this model has no tokenizer")
@@ -427,8 +442,12 @@ local function converse(model, chat, cfg, o)
         pending = nil
         if not line then
             if prompt_marks then io.stderr:write("> ") io.stderr:flush() end
-            line = io.read("*l")
-            if line then line = line:gsub("\r$", "") end -- (a Windows line end)
+            local err
+            line, err = read_line()
+            if not line and err then
+                report("reading standard input: " .. tostring(err))
+                return 1
+            end
         end
         if not line or line == "/exit" or line == "/quit" then
             if not line and prompt_marks then io.stderr:write("\n") end
@@ -560,9 +579,15 @@ function _M.run(argv, default_model)
             chunk, first = {}, n + 1
             return 0
         end
-        for line in io.lines() do
+        while true do
+            local line, err = read_line()
+            if not line then
+                if not err then break end
+                report("reading standard input: " .. tostring(err))
+                return 1
+            end
             n = n + 1
-            chunk[#chunk + 1] = (line:gsub("\r$", ""))
+            chunk[#chunk + 1] = line
             if #chunk >= EMBED_LINES then
                 local status = flush()
                 if status ~= 0 then return status end
@@ -654,17 +679,20 @@ function _M.run(argv, default_model)
     end
     if o.tools then
         -- a thinking model's block is written as it is, and only the answer after it read for calls
-        local answer = reply
+        local answer, line_ended = reply, false
         if thinking then
             local _, after_block = reasoning.split(reply, reasoning.opens(o.prompt))
             answer = after_block or ""
             local block = reply:sub(1, #reply - #answer)
             show(block)
-            if answer == "" and block ~= "" and block:sub(-1) ~= "\n" then show("\n") end -- (the line ends here)
+            if answer == "" and block ~= "" then -- (the line ends here)
+                if block:sub(-1) ~= "\n" then show("\n") end
+                line_ended = true
+            end
         end
         local cut = result.stop_reason == "MAX_TOKENS"
         local content, calls = tools.parse(answer, o.tools, function(k) return "call_" .. k end, cut)
-        if content then show(content, "\n") end
+        if content and not (content == "" and line_ended) then show(content, "\n") end
         for _, call in ipairs(calls or {}) do
             show('{"name": ', cjson.encode(call.name), ', "arguments": ', call.arguments, "}\n")
         end

@@ -106,4 +106,49 @@ describe("scripts/tinyloop", function()
         end
         os.remove(link)
     end)
+
+    it("ends at once on Ctrl-C while -i waits for a line (the read resumed: ^C waited for Enter)", function()
+        -- (stdin a FIFO held open by the shell, so that the read waits; SIGINT as Ctrl-C sends it)
+        local fifo = os.tmpname()
+        os.remove(fifo)
+        local status, out = run("mkfifo " .. fifo .. " && exec 3<>" .. fifo .. " && " ..
+                                "{ luajit scripts/tinyloop -i -n 2 <&3 & pid=$!; sleep 2; kill -INT $pid; " ..
+                                "for k in 1 2 3 4 5 6 7 8 9 10; do kill -0 $pid 2>/dev/null || break; sleep 0.2; done; " ..
+                                "kill -0 $pid 2>/dev/null && { echo still waiting; kill -KILL $pid; }; wait $pid; }")
+        os.remove(fifo)
+        assert.is_nil(out:find("still waiting", 1, true), out)
+        assert.equal(130, status, out)
+    end)
+
+    it("fails saying so where stdin cannot be read (-i ended as at its end, exit 0; --embed - raised a traceback)", function()
+        for _, args in ipairs({ "-i -n 2", "--embed -" }) do
+            local status, out = run("luajit scripts/tinyloop " .. args .. " < /tmp")
+            assert.equal(1, status, args .. ": " .. out)
+            assert.truthy(out:find("tinyloop: reading standard input: Is a directory", 1, true), out)
+            assert.is_nil(out:find("traceback", 1, true), out)
+        end
+    end)
+
+    it("refuses --threads past the engine's limit as bad usage (exit 2, it was 1)", function()
+        local status, out = run("luajit scripts/tinyloop --threads 1025 -n 1 x")
+        assert.equal(2, status, out)
+        assert.truthy(out:find("bad value for --threads: 1025", 1, true), out)
+    end)
+
+    it("ends the reply's line once where --tools reads no answer after a thinking block (a blank line followed)", function()
+        local tools, template = os.tmpname(), os.tmpname()
+        local f = assert(io.open(tools, "wb"))
+        f:write('[{"type":"function","function":{"name":"weather"}}]')
+        f:close()
+        f = assert(io.open(template, "wb")) -- (a template that opens the block, which -n cuts)
+        f:write("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" ..
+                "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+        f:close()
+        local out = H.sh("cd " .. H.ROOT .. " && luajit scripts/tinyloop --chat --chat-template " .. template .. " --tools " ..
+                         tools .. " -n 6 --no-stats Hi")
+        os.remove(tools)
+        os.remove(template)
+        assert.truthy(out:find("\n$"), out)
+        assert.is_nil(out:find("\n\n$"), out)
+    end)
 end)
