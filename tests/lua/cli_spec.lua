@@ -22,6 +22,14 @@ describe("scripts/run's options without a value", function()
         for option in pairs(listed) do assert.is_true(takes_no_value(option), option) end
     end)
 
+    it("adds no demo setting that the CLI would refuse: none with --embed, no sampling with --speculative tree", function()
+        -- (scripts/run builds what is missing first: here, nothing)
+        for _, args in ipairs({ "--embed hello", "--speculative tree -n 4 'It is'" }) do
+            local out = H.sh("cd " .. H.ROOT .. " && scripts/run " .. args .. " 2>&1; echo \"rc=$?\"")
+            assert.truthy(out:find("rc=0\n?$"), args .. ": " .. out)
+        end
+    end)
+
     it("lists every option of the CLI's --help that takes no value (but --help, --interactive and --prompt: scripts/run's own cases)", function()
         local help = H.sh("cd " .. H.ROOT .. " && luajit scripts/tinyloop --help 2>&1")
         local seen = 0
