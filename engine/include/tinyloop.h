@@ -123,7 +123,7 @@ struct tl_model_info {
     const char *norm;         /* "layernorm" | "rmsnorm" */
     const char *mlp;          /* "gelu" | "swiglu" */
     const char *pos_encoding; /* "learned" | "rope" */
-    const char *weight_dtype; /* "f32" | "f16" | "bf16" (of the matrices, as stored) */
+    const char *weight_dtype; /* "f32" | "f16" | "bf16" | "q8" | "q4" (of the layers' matrices, as stored) */
     int state_norm;           /* booleans as 0/1 */
     int bias;
     int tie_embeddings;

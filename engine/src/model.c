@@ -416,11 +416,17 @@ static tl_status upload_weights(tl_model *m, bool keep_mapped) {
 /* ---------------------------------------------------------------- info */
 
 /* The dtype reported as weight_dtype: the layers' (a q4 checkpoint keeps its embedding and
-   head at q8 unless quantised --pure), or the embedding's for a model without layers. */
+   head at q8 unless quantised --pure), their quantised one where some of their matrices are
+   kept as they were (a width that does not split into groups), or the embedding's for a
+   model without layers. */
 static tl_dtype layers_dtype(const tl_model *m) {
     const tl_config *c = &m->cfg;
     const tl_layer *L = c->n_block ? m->w.block : c->n_prelude ? m->w.prelude : c->n_coda ? m->w.coda : NULL;
-    return L ? L->up.dtype : m->w.tok_embed.dtype;
+    if (!L) return m->w.tok_embed.dtype;
+    const tl_matrix *matrices[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+    for (size_t i = 0; i < sizeof matrices / sizeof matrices[0]; i++)
+        if (matrices[i]->data && tl_dtype_quantised(matrices[i]->dtype)) return matrices[i]->dtype;
+    return L->up.dtype;
 }
 
 static void fill_info(tl_model *m, const tl_st_set *files) {

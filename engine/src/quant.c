@@ -325,11 +325,37 @@ static tl_status copy_side_files(const char *in_dir, const char *out_dir) {
     return TL_OK;
 }
 
-static bool quantisable(const tl_st_tensor *t) {
+static bool is_float(const tl_st_tensor *t) {
+    return t->dtype == TL_ST_F32 || t->dtype == TL_ST_F16 || t->dtype == TL_ST_BF16;
+}
+
+/* A matrix the forward pass multiplies by (a 2-D "*.weight"; pos_embed is added, not
+   multiplied). */
+static bool is_matrix(const tl_st_tensor *t) {
     const size_t len = strlen(t->name);
     return t->ndim == 2 && len > 7 && strcmp(t->name + len - 7, ".weight") == 0 &&
-           strcmp(t->name, "pos_embed.weight") != 0 && t->shape[1] % TL_QGROUP == 0 && t->shape[1] > 0 &&
-           (t->dtype == TL_ST_F32 || t->dtype == TL_ST_F16 || t->dtype == TL_ST_BF16);
+           strcmp(t->name, "pos_embed.weight") != 0 && is_float(t);
+}
+
+/* A matrix whose rows split into whole groups (the others are kept as they are). */
+static bool quantisable(const tl_st_tensor *t) { return is_matrix(t) && t->shape[1] % TL_QGROUP == 0 && t->shape[1] > 0; }
+
+int tl_quantize_kept(const char *in_dir, char *first, size_t len, int64_t *width) {
+    char from[4096];
+    snprintf(from, sizeof from, "%s/model.safetensors", in_dir);
+    tl_st_file file;
+    if (tl_st_open(from, &file) != TL_OK) return -1;
+    int kept = 0;
+    for (int i = 0; i < file.n_tensors; i++) {
+        const tl_st_tensor *t = &file.tensors[i];
+        if (!is_matrix(t) || quantisable(t)) continue;
+        if (kept++ == 0) {
+            snprintf(first, len, "%s", t->name);
+            *width = t->shape[1];
+        }
+    }
+    tl_st_close(&file);
+    return kept;
 }
 
 /* q4 keeps the embedding and the head at q8: they are a small share of the bytes a token
@@ -355,9 +381,9 @@ static tl_dtype float_dtype(tl_st_dtype d) { return d == TL_ST_F32 ? TL_F32 : d 
    the mapped file being read: a SIGBUS and an emptied checkpoint), a sharded checkpoint
    left in OUT_DIR (its index, which the loader reads first, would name the old shards), an
    input already quantised (its integer tensors were passed through as they were, under
-   the other type's name), and weights a group scale cannot represent (a NaN or an
-   infinity, or max|x| / 127 beyond f16's 65504: the scale would be infinite and the group
-   NaN). */
+   the other type's name), weights a group scale cannot represent (a NaN or an infinity,
+   in any tensor, or max|x| / 127 beyond f16's 65504: the scale would be infinite and the
+   group NaN), and a checkpoint without a matrix to quantise. */
 static tl_status check_quantisable(const char *in_dir, const char *out_dir, const tl_st_file *file, tl_dtype want,
                                    bool pure) {
     struct stat in_st, out_st;
@@ -374,19 +400,26 @@ static tl_status check_quantisable(const char *in_dir, const char *out_dir, cons
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
                        "quantize: %s holds a sharded checkpoint (model.safetensors.index.json), which the loader "
                        "would read instead of the quantised file: use another directory", out_dir);
+    int n_quantisable = 0;
     for (int i = 0; i < file->n_tensors; i++) {
         const tl_st_tensor *t = &file->tensors[i];
         if (t->dtype == TL_ST_I8 || t->dtype == TL_ST_U8)
             return tl_fail(TL_ERR_INVALID_ARGUMENT,
                            "quantize: %s is already quantised (tensor %s is %s): quantise its f32/f16/bf16 original",
                            in_dir, t->name, tl_st_dtype_name(t->dtype));
-        if (!quantisable(t)) continue;
-        const size_t count = (size_t)(t->shape[0] * t->shape[1]);
+        /* every float tensor, those copied as they are too (the written checkpoint would not
+           load: an earlier good one was replaced by then) */
+        if (!is_float(t)) continue;
         const tl_dtype dt = float_dtype(t->dtype);
+        const size_t count = t->nbytes / tl_st_dtype_size(t->dtype);
         const size_t bad = tl_first_nonfinite(t->data, dt, count);
-        if (bad < count)
+        if (bad < count && t->ndim == 2)
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: tensor %s has a non-finite value at [%lld, %lld]", t->name,
                            (long long)(bad / (size_t)t->shape[1]), (long long)(bad % (size_t)t->shape[1]));
+        if (bad < count)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "quantize: tensor %s has a non-finite value at [%zu]", t->name, bad);
+        if (!quantisable(t)) continue;
+        n_quantisable++;
         /* the largest a group's f16 scale times its largest integer holds: 127 for q8, 8 for
            q4 (past it a q4 group was written clipped) */
         const int top = type_for(t, want, pure) == TL_Q4 ? 8 : 127;
@@ -398,6 +431,11 @@ static tl_status check_quantisable(const char *in_dir, const char *out_dir, cons
                                (long long)(e / (size_t)t->shape[1]), (long long)(e % (size_t)t->shape[1]), top,
                                top == 8 ? "q4" : "q8");
     }
+    /* (a file labelled q8 or q4 without a quantised matrix in it was written) */
+    if (n_quantisable == 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "quantize: no matrix of %s has an input width that is a multiple of %d (the quantisation's group): "
+                       "nothing to quantise", in_dir, TL_QGROUP);
     return TL_OK;
 }
 

@@ -21,8 +21,9 @@ void tl_quantize_row_q4_weighted(const float *x, const float *imp, int cols, uin
 /* Writes out_dir (created if needed) as a copy of the checkpoint in_dir with every matrix
    quantised to `type` (TL_Q8 or TL_Q4): each 2-D "*.weight" tensor whose input dimension
    is a multiple of TL_QGROUP becomes an I8 (q8) or U8 (q4) tensor of the same name plus an
-   F16 "<name>_scale" tensor (q4 keeps tok_embed / lm_head at q8); pos_embed.weight and
-   vectors are copied as they are.
+   F16 "<name>_scale" tensor (q4 keeps tok_embed / lm_head at q8); pos_embed.weight, vectors
+   and matrices of other widths are copied as they are (tl_quantize_kept counts them; none to
+   quantise is refused).
    config.json and tokenizer.json (when present) are copied. */
 tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dtype type);
 /* The same, activation-aware (q4 only) when cal is not NULL (calibrate.h): each q4 matrix's
@@ -34,6 +35,10 @@ tl_status tl_quantize_checkpoint(const char *in_dir, const char *out_dir, tl_dty
    the same at any count. `pure` quantises the embedding and the head to `type` too (q4
    keeps them at q8 otherwise; llama.cpp's --pure); with a calibration, those of them it has
    no statistics for are quantised unweighted. */
+/* How many matrices of in_dir's checkpoint the quantisation keeps as they are (their input
+   width is not a multiple of TL_QGROUP), the first one's name in first [len] and its width in
+   *width; -1 where the weights cannot be read. */
+int tl_quantize_kept(const char *in_dir, char *first, size_t len, int64_t *width);
 struct tl_calibration;
 tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_dir, tl_dtype type,
                                             const struct tl_calibration *cal, int threads, bool pure);

@@ -59,6 +59,17 @@ int main(int argc, char **argv) {
     tl_model *ref = load(ref_dir, threads), *qm = load(q_dir, threads);
     const struct tl_model_info *info = tl_model_info(ref);
     const int vocab = info->vocab_size, loops = info->default_loops;
+    /* two checkpoints of one model: the same vocabulary, context and depth (a larger
+       vocabulary wrote past the logits' buffer) */
+    const struct tl_model_info *q_info = tl_model_info(qm);
+    if (q_info->vocab_size != vocab || q_info->max_seq_len != info->max_seq_len || q_info->max_loops != info->max_loops) {
+        fprintf(stderr, "tinyloop-quant-eval: %s and %s are not one model (vocabulary %d and %d, context %d and %d, "
+                        "max_loops %d and %d)\n", ref_dir, q_dir, vocab, q_info->vocab_size, info->max_seq_len,
+                q_info->max_seq_len, info->max_loops, q_info->max_loops);
+        tl_model_free(ref);
+        tl_model_free(qm);
+        return 2;
+    }
     if (window > info->max_seq_len) window = info->max_seq_len;
 
     int32_t *ids = NULL;

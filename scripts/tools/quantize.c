@@ -18,7 +18,8 @@ static int usage(FILE *fp, int code) {
           "                        [--threads N] IN_DIR OUT_DIR\n"
           "  Writes OUT_DIR: IN_DIR's config.json, tokenizer.json and (a Hugging Face folder's)\n"
           "  chat_template.jinja, tokenizer_config.json and generation_config.json, and model.safetensors with\n"
-          "  every matrix quantised in groups of 32 inputs with one f16 scale per group\n"
+          "  every matrix quantised in groups of 32 inputs with one f16 scale per group (a\n"
+          "  matrix of another width kept as it was, and said)\n"
           "  (q8: int8, 8.5 bits a weight; q4: 4-bit, 4.5 bits a weight; q4 keeps the\n"
           "  embedding and the head at q8).\n"
           "  --pure            q4: the embedding and the head at q4 too (llama.cpp's --pure):\n"
@@ -105,5 +106,13 @@ int main(int argc, char **argv) {
     printf("%s: %s, %.2f M parameters, %.1f MB of tensors\n", dirs[1], info->weight_dtype, info->n_params / 1e6,
            info->weight_bytes / 1e6);
     tl_model_free(m);
+    /* (said, not silent: a matrix that stays f16 costs its bytes on every token) */
+    char first[256] = "";
+    int64_t width = 0;
+    const int kept = tl_quantize_kept(dirs[0], first, sizeof first, &width);
+    if (kept > 0)
+        fprintf(stderr, "quantize: %d matri%s kept as %s (%s, %lld wide%s): an input width that is not a multiple of %d "
+                        "does not split into groups\n", kept, kept == 1 ? "x" : "ces", kept == 1 ? "it was" : "they were",
+                first, (long long)width, kept > 1 ? ", and others" : "", TL_QGROUP);
     return 0;
 }

@@ -524,6 +524,36 @@ static void refusals(const char *golden) {
         struct stat st;
         CHECK(stat(out, &st) != 0, "nothing written for a refused input: %s exists", out);
     }
+    /* a NaN in a tensor copied as it is (a norm) is refused before writing too (the written
+       checkpoint did not load, and an earlier good one had been replaced by then) */
+    snprintf(dir, sizeof dir, "%s/poked-norm", quantised_root);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", src, dir);
+    CHECK(system(cmd) == 0 && poke_first(dir, "block.0.mlp_norm.weight", NAN, 0), "poke the norm");
+    snprintf(out, sizeof out, "%s/poked-norm-q8", quantised_root);
+    CHECK_ERROR(tl_quantize_checkpoint(dir, out, TL_Q8), TL_ERR_INVALID_ARGUMENT,
+                "tensor block.0.mlp_norm.weight has a non-finite value at [0]");
+    struct stat nothing;
+    CHECK(stat(out, &nothing) != 0, "nothing written for a NaN in a norm: %s exists", out);
+    /* matrices whose width does not split into groups are kept as they are, which
+       tl_quantize_kept counts (the tool says so), and weight_dtype is the layers' quantised
+       one (it said f32); a checkpoint with no matrix to quantise is refused (it was written,
+       labelled q4, with not one quantised tensor) */
+    snprintf(dir, sizeof dir, "%s/defaults_extra_field", golden); /* d_model 24, d_ff 64 */
+    snprintf(out, sizeof out, "%s/narrow-q8", quantised_root);
+    CHECK(tl_quantize_checkpoint(dir, out, TL_Q8) == TL_OK, "narrow: %s", tl_last_error());
+    tl_model *narrow = NULL;
+    CHECK(tl_model_load(out, NULL, &narrow) == TL_OK, "narrow q8 loads: %s", tl_last_error());
+    if (narrow) CHECK(!strcmp(tl_model_info(narrow)->weight_dtype, "q8"), "narrow: %s", tl_model_info(narrow)->weight_dtype);
+    tl_model_free(narrow);
+    char first[256] = "";
+    int64_t width = 0;
+    const int kept = tl_quantize_kept(dir, first, sizeof first, &width);
+    CHECK(kept >= 6 && width == 24 && first[0], "kept %d, the first %s of width %lld", kept, first, (long long)width);
+    snprintf(dir, sizeof dir, "%s/nblock0_add_residual", golden); /* d_model 16, d_ff 48 */
+    snprintf(out, sizeof out, "%s/none-q4", quantised_root);
+    CHECK_ERROR(tl_quantize_checkpoint(dir, out, TL_Q4), TL_ERR_INVALID_ARGUMENT, "nothing to quantise");
+    CHECK(stat(out, &nothing) != 0, "nothing written without a matrix to quantise: %s exists", out);
+    CHECK(tl_quantize_kept("/nonexistent", first, sizeof first, &width) == -1, "kept of nothing");
     /* q4's bound is its own: 65504 x 8 (1e6 fits q8's 65504 x 127, and q4 wrote it clipped) */
     snprintf(dir, sizeof dir, "%s/poked-q4", quantised_root);
     snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", src, dir);
