@@ -1453,6 +1453,8 @@ local function run_speculative(model, prompt, cfg, tree)
     for k, v in pairs(cfg) do
         if not SPEC_FIELDS[k] and not (tree and TREE_FIELDS[k]) then
             if k == "loops" then raise("config field 'loops': use verify_loops for speculative decoding") end
+            -- (it said the field "needs speculative = chain or tree", of a chain call)
+            if TREE_FIELDS[k] then raise("config field '" .. k .. "' is tree speculation's: use generate_tree_speculative") end
             base[k] = v
         end
     end

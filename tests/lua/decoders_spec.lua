@@ -38,7 +38,7 @@ describe("speculative decoding", function()
                          "draft_loops = 8 must be in [1, verify_loops = 8)")
         assert.has_error(function() m:generate_tree_speculative(prompt, { temperature = 0.5 }) end)
         assert.has_error(function() m:generate_speculative(prompt, { K_branches = 2 }) end,
-                         "config field 'K_branches' needs speculative = \"chain\" or \"tree\"")
+                         "config field 'K_branches' is tree speculation's: use generate_tree_speculative")
     end)
 end)
 
