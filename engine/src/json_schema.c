@@ -51,7 +51,18 @@ typedef struct conv {
     /* oneOf's pairwise check: branch pairs and value comparisons made (each pair of 20,000
        branches, or of two enums' values, took seconds to minutes: MAX_ONEOF_CHECKS) */
     int64_t oneof_checks;
+    /* schema nodes made during the conversion (allOf's merges, undeclared required
+       properties): kept until its end, as the tables above are keyed by node (a node freed
+       earlier could leave its address, and its answer, to another) */
+    cJSON *made;
 } conv;
+
+/* Keeps a made node until the conversion ends; false (node freed) when out of memory. */
+static bool keep_made(conv *c, cJSON *node) {
+    if (!c->made && !(c->made = cJSON_CreateArray())) { cJSON_Delete(node); return false; }
+    cJSON_AddItemToArray(c->made, node);
+    return true;
+}
 
 #define MAX_ONEOF_CHECKS ((int64_t)1 << 22)
 
@@ -494,17 +505,47 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
     /* each required name found by a binary search over the sorted names (comparing every
        name with every required one cost 50,000 properties 24 s) */
     qsort(sorted, (size_t)n, sizeof *sorted, by_name);
+    cJSON *declared = NULL; /* properties and the required names they lack, once any is found */
     for (const cJSON *r = required ? required->child : NULL; r; r = r->next) {
         const named key = {cJSON_IsString(r) ? r->valuestring : NULL, 0};
-        const named *hit = key.name ? bsearch(&key, sorted, (size_t)n, sizeof *sorted, by_name) : NULL;
-        if (!hit) {
-            fail(c, path, "required property '%s' is not in 'properties'", key.name ? key.name : "?");
+        if (!key.name) {
+            fail(c, path, "'required' must list property names (strings)");
+            cJSON_Delete(declared);
             goto done;
+        }
+        const named *hit = bsearch(&key, sorted, (size_t)n, sizeof *sorted, by_name);
+        if (!hit) {
+            /* a required name 'properties' lacks is an additional property that must be
+               there (JSON Schema's reading; it was refused): declared here with the schema
+               additionalProperties gives it, or any value */
+            if (additional && cJSON_IsFalse(additional)) {
+                fail(c, path, "required property '%s' is not in 'properties', and additionalProperties is false: "
+                              "no object matches", key.name);
+                cJSON_Delete(declared);
+                goto done;
+            }
+            if (!declared) {
+                declared = cJSON_CreateObject();
+                for (const cJSON *p = props ? props->child : NULL; declared && p; p = p->next)
+                    if (!cJSON_AddItemReferenceToObject(declared, p->string, (cJSON *)p)) cJSON_Delete(declared), declared = NULL;
+                if (!declared) { fail(c, path, "out of memory"); goto done; }
+            }
+            if (cJSON_GetObjectItemCaseSensitive(declared, key.name)) continue; /* (a name required twice) */
+            const bool ok = additional && cJSON_IsObject(additional)
+                                ? cJSON_AddItemReferenceToObject(declared, key.name, (cJSON *)additional)
+                                : cJSON_AddObjectToObject(declared, key.name) != NULL;
+            if (!ok) { cJSON_Delete(declared); fail(c, path, "out of memory"); goto done; }
+            continue;
         }
         /* every property of that name (a key given twice: both required, as before) */
         const int at = (int)(hit - sorted);
         for (int k = at; k >= 0 && strcmp(sorted[k].name, key.name) == 0; k--) req[sorted[k].index] = true;
         for (int k = at + 1; k < n && strcmp(sorted[k].name, key.name) == 0; k++) req[sorted[k].index] = true;
+    }
+    if (declared) { /* again, with every required name declared */
+        if (!keep_made(c, declared)) { fail(c, path, "out of memory"); goto done; }
+        result = object_schema(c, declared, required, additional, path, depth);
+        goto done;
     }
     /* extra key-value pairs after the declared ones */
     int extra = -1;
@@ -793,8 +834,8 @@ static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
     }
     r = object_schema(c, props, req, additional, path, depth);
 done:
-    cJSON_Delete(props);
-    cJSON_Delete(req);
+    if (props && !keep_made(c, props) && r >= 0) r = fail(c, path, "out of memory");
+    if (req && !keep_made(c, req) && r >= 0) r = fail(c, path, "out of memory");
     return r;
 }
 
@@ -1155,6 +1196,7 @@ tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, in
     free(c.out.p);
     gram_hash_free(&c.ref_rules);
     gram_hash_free(&c.type_bits_of);
+    cJSON_Delete(c.made);
     cJSON_Delete(root);
     return st;
 }

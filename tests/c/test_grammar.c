@@ -440,6 +440,20 @@ static void test_json_schema(void) {
                                 "{\"\\u0061b\":1}", "{\"a\\u0062\":1}", "{\"\xc3\xa9\":true,\"\xc3\xa9\":2}", NULL};
     expect(g, "additional property names", y11, n11);
     tl_compiled_grammar_free(g);
+    /* a required name that 'properties' lacks: an additional property that must be there, of
+       additionalProperties' schema or any value (it was refused, a valid schema that tools
+       without parameters' descriptions send) */
+    g = schema("{\"type\":\"object\",\"required\":[\"y\",\"y\"]}");
+    static const char *y_req[] = {"{\"y\":1}", "{\"y\":{\"s\":[2]}}", NULL};
+    static const char *n_req[] = {"{}", "{\"x\":1}", "{\"y\":1,\"y\":2}", NULL};
+    expect(g, "required, undeclared", y_req, n_req);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"b\",\"a\"],"
+               "\"additionalProperties\":{\"type\":\"string\"}}");
+    static const char *y_req2[] = {"{\"a\":1,\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\",\"c\":\"d\"}", NULL};
+    static const char *n_req2[] = {"{\"a\":1}", "{\"a\":1,\"b\":2}", "{\"a\":1,\"b\":\"x\",\"b\":\"y\"}", "{\"b\":\"x\"}", NULL};
+    expect(g, "required, of additionalProperties' schema", y_req2, n_req2);
+    tl_compiled_grammar_free(g);
     /* additionalProperties: true beside names that share prefixes, one of them empty */
     g = schema("{\"type\":\"object\",\"properties\":{\"\":{\"type\":\"null\"},\"k\":{\"type\":\"null\"},\"kk\":{\"type\":\"null\"}},"
                "\"additionalProperties\":true}");
@@ -547,7 +561,9 @@ static void test_json_schema(void) {
         {"{\"type\":\"wat\"}", "unknown type 'wat'"},
         {"{\"$ref\":\"http://x\"}", "$ref 'http://x' is not supported"},
         {"{\"$ref\":\"#/$defs/missing\"}", "points nowhere"},
-        {"{\"type\":\"object\",\"required\":[\"z\"]}", "required property 'z' is not in 'properties'"},
+        {"{\"type\":\"object\",\"required\":[\"z\"],\"additionalProperties\":false}",
+         "required property 'z' is not in 'properties', and additionalProperties is false: no object matches"},
+        {"{\"type\":\"object\",\"required\":[1]}", "'required' must list property names (strings)"},
         {"{\"type\":", "not valid JSON"},
         {"{\"not\":{}}", "unsupported keyword 'not'"},
         /* schemas that match nothing, or whose branches would need intersecting (each once
