@@ -2258,6 +2258,13 @@ describe("messages (Anthropic's Messages API)", function()
         refused({ messages = asked, max_tokens = 5, temperature = 1.5 }, "temperature must be between 0 and 1")
         refused({ messages = { { role = "user", content = { { type = "document" } } } }, max_tokens = 5 }, 'messages[0].content[0].type')
         refused({ model = "claude-9", messages = asked, max_tokens = 5 }, "claude-9", 404)
+        -- in Anthropic's words: stop_sequences is an array only, the fault an empty string (it
+        -- said the field "must not be empty"), and a prefill is no continue_final_message
+        refused({ messages = asked, max_tokens = 5, stop_sequences = { 1 } }, "stop_sequences must be an array of strings")
+        refused({ messages = asked, max_tokens = 5, stop_sequences = { "" } }, 'stop_sequences must not hold an empty string ("")')
+        refused({ messages = { asked[1], { role = "assistant", content = "Emma" } }, max_tokens = 5,
+                  tools = { { name = "f", input_schema = { type = "object" } } }, tool_choice = { type = "any" } },
+                "not after a prefill (messages ending in an assistant's)")
         local status, body = curl(base .. "/v1/messages")
         assert.equal(405, status)
         assert.equal("error", cjson.decode(body).type)

@@ -348,7 +348,13 @@ function View:error(err)
         return from and ("messages[" .. from .. "]") or nil
     end)
     message = gsub(message, "tool_calls%[", "tool_use[")
-    if err.param == "stop" then message = gsub(gsub(message, "^stop strings", "stop_sequences"), "^stop([%s:=])", "stop_sequences%1") end
+    if err.param == "stop" then
+        message = gsub(gsub(message, "^stop strings", "stop_sequences"), "^stop([%s:=])", "stop_sequences%1")
+        message = gsub(message, "a string or an array of strings", "an array of strings") -- (Anthropic's takes no string)
+    end
+    -- (a final assistant message is Anthropic's prefill: chat's continue_final_message, which
+    -- its clients never send)
+    message = gsub(message, "not with continue_final_message", "not after a prefill (messages ending in an assistant's)")
     return { status = err.status, message = message, type = err.type, body = _M.error_body(err.status, message) }
 end
 

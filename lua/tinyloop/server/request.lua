@@ -348,7 +348,7 @@ local function stop_strings(stop, max_stops)
         if not is_integer(k) or k < 1 or k > #stop or type(s) ~= "string" then
             return bad("stop must be a string or an array of strings", "stop")
         end
-        if s == "" then return bad("stop strings must not be empty", "stop") end
+        if s == "" then return bad('stop must not hold an empty string ("")', "stop") end
     end
     return stop
 end
