@@ -158,6 +158,14 @@ local function usage_error(msg)
     return 2
 end
 
+-- The options, besides OPTIONS' own, that take a value.
+local VALUE_OPTIONS = {}
+for _, option in ipairs({ "-m", "--model", "-p", "--prompt", "--stop", "--policy", "--threads", "--grammar", "--json-schema",
+                          "--regex", "--backend", "--kv-type", "--system", "--chat-template", "--tools", "--tool-choice",
+                          "--logit-bias" }) do
+    VALUE_OPTIONS[option] = true
+end
+
 -- Parses argv; returns the options table or nil, exit status.
 function _M.parse(argv, default_model)
     local o = { model = default_model, cfg = {}, stops = {}, echo = true, stats = true }
@@ -165,6 +173,9 @@ function _M.parse(argv, default_model)
     while i <= #argv do
         local a, v = argv[i], argv[i + 1]
         local spec = OPTIONS[a]
+        if v == nil and ((spec and spec[2] ~= "flag") or VALUE_OPTIONS[a]) then
+            return nil, usage_error("option " .. a .. " needs a value")
+        end
         if a == "-h" or a == "--help" then
             show(USAGE:format(default_model))
             return nil, 0
@@ -172,11 +183,9 @@ function _M.parse(argv, default_model)
             if spec[2] == "flag" then
                 o.cfg[spec[1]] = true
             elseif spec[2] == "string" then
-                if v == nil then return nil, usage_error("option " .. a .. " needs a value") end
                 o.cfg[spec[1]] = v
                 i = i + 1
             else
-                if v == nil then return nil, usage_error("option " .. a .. " needs a value") end
                 local x = tonumber(v)
                 if not x or (spec[2] == "int" and x ~= math.floor(x)) then
                     return nil, usage_error("bad value for " .. a .. ": " .. v)
@@ -193,11 +202,7 @@ function _M.parse(argv, default_model)
             o.cfg.logit_bias = o.cfg.logit_bias or {}
             o.cfg.logit_bias[tonumber(id)] = tonumber(bias)
             i = i + 1
-        elseif a == "-m" or a == "--model" or a == "-p" or a == "--prompt" or a == "--stop"
-            or a == "--policy" or a == "--threads" or a == "--grammar" or a == "--json-schema" or a == "--regex"
-            or a == "--backend" or a == "--kv-type" or a == "--system" or a == "--chat-template"
-            or a == "--tools" or a == "--tool-choice" then
-            if v == nil then return nil, usage_error("option " .. a .. " needs a value") end
+        elseif VALUE_OPTIONS[a] then
             if a == "-m" or a == "--model" then o.model = v
             elseif a == "-p" or a == "--prompt" then o.prompt = v
             elseif a == "--stop" then o.stops[#o.stops + 1] = v

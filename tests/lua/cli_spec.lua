@@ -137,6 +137,14 @@ describe("scripts/tinyloop", function()
         end
     end)
 
+    it("says an option's value is missing, --logit-bias's too (it said \"bad value: nil\")", function()
+        for _, option in ipairs({ "--logit-bias", "-n", "--stop", "--threads" }) do
+            local status, out = run("luajit scripts/tinyloop " .. option)
+            assert.equal(2, status, out)
+            assert.truthy(out:find("tinyloop: option " .. option .. " needs a value", 1, true), out)
+        end
+    end)
+
     it("refuses --threads past the engine's limit as bad usage (exit 2, it was 1)", function()
         local status, out = run("luajit scripts/tinyloop --threads 1025 -n 1 x")
         assert.equal(2, status, out)
