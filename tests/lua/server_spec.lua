@@ -3705,8 +3705,11 @@ describe("scripts/serve options", function()
     end)
     it("refuses a KV type it does not know before starting nginx", function()
         local out = sh("scripts/serve --kv-type f8 --port 1 2>&1; echo \"exit $?\"")
-        assert.truthy(out:find("--kv-type must be f32 or f16, got 'f8'", 1, true), out)
+        assert.truthy(out:find("--kv-type (or TINYLOOP_KV_TYPE) must be f32 or f16, got 'f8'", 1, true), out)
         assert.truthy(out:find("exit 2", 1, true), out)
+        -- the environment's default is the library's (the server took f32 whatever it said)
+        out = sh("TINYLOOP_KV_TYPE=f4 scripts/serve --port 1 2>&1; echo \"exit $?\"")
+        assert.truthy(out:find("got 'f4'", 1, true) and out:find("exit 2", 1, true), out)
         -- a value left out (it was bash's "unbound variable"), a leading zero (bash's "value too
         -- great for base" after the temp dir was made), no worker or no running place
         for args, want in pairs({ ["--port"] = "--port needs a value", ["--max-active 08"] = "got '08'",
