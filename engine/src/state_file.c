@@ -59,6 +59,7 @@
 #include "session.h"
 
 static const char STATE_MAGIC[8] = "TLSTATE";
+#define STATE_START_BYTES (sizeof STATE_MAGIC + 4) /* the magic and the version */
 #define STATE_VERSION 7u
 #define STATE_OLDEST_READ 1u /* a version 1 state has no logit_bias nor presence/frequency penalties,
                                 version 2 no min_p nor min_tokens, version 3 no thinking budget,
@@ -615,6 +616,21 @@ static tl_status read_session(state_reader *r, const tl_model *m, tl_session **o
     return TL_OK;
 }
 
+/* A state's magic and version, from its first `have` bytes (len: the whole state's), so that
+   a file is refused before it is read whole (a file of 1 GB that is no state took 1 GB and 4.5 s
+   to refuse). */
+static tl_status check_start(const void *bytes, size_t have, size_t len) {
+    if (have < sizeof STATE_MAGIC || memcmp(bytes, STATE_MAGIC, sizeof STATE_MAGIC) != 0)
+        return tl_fail(TL_ERR_FORMAT, "state: not a TinyLoop state (%zu bytes, no TLSTATE header)", len);
+    if (have < STATE_START_BYTES) return TL_OK; /* (truncated: the caller says so) */
+    uint32_t version;
+    memcpy(&version, (const uint8_t *)bytes + sizeof STATE_MAGIC, sizeof version);
+    if (version < STATE_OLDEST_READ || version > STATE_VERSION)
+        return tl_fail(TL_ERR_FORMAT, "state: version %u; this build reads versions %u to %u", version,
+                       STATE_OLDEST_READ, STATE_VERSION);
+    return TL_OK;
+}
+
 tl_status tl_session_state_from_bytes(const tl_model *model, const void *bytes, size_t len, tl_session_state **out) {
     tl_clear_error();
     if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_state_from_bytes: out must not be NULL");
@@ -627,17 +643,13 @@ tl_status tl_session_state_from_bytes(const tl_model *model, const void *bytes, 
         return tl_fail(TL_ERR_UNSUPPORTED, "a state is read into the CPU backend only (this model runs on %s)",
                        model->backend->name);
     const size_t header = sizeof STATE_MAGIC + 4 + 8 + 4 * 4, trailer = 8;
-    if (len < sizeof STATE_MAGIC || memcmp(bytes, STATE_MAGIC, sizeof STATE_MAGIC) != 0)
-        return tl_fail(TL_ERR_FORMAT, "state: not a TinyLoop state (%zu bytes, no TLSTATE header)", len);
+    tl_status st = check_start(bytes, len, len);
+    if (st != TL_OK) return st;
     if (len < header + trailer)
         return tl_fail(TL_ERR_FORMAT, "state: %zu bytes, fewer than a state's header and checksum (%zu): truncated", len,
                        header + trailer);
     state_reader r = {(const uint8_t *)bytes + sizeof STATE_MAGIC, len - sizeof STATE_MAGIC - trailer, false, 0};
-    const uint32_t version = get_u32(&r);
-    if (version < STATE_OLDEST_READ || version > STATE_VERSION)
-        return tl_fail(TL_ERR_FORMAT, "state: version %u; this build reads versions %u to %u", version,
-                       STATE_OLDEST_READ, STATE_VERSION);
-    r.version = version;
+    r.version = get_u32(&r); /* (in range: check_start) */
     tl_hasher hash;
     tl_hash_init(&hash);
     tl_hash_add(&hash, bytes, len - trailer);
@@ -661,7 +673,7 @@ tl_status tl_session_state_from_bytes(const tl_model *model, const void *bytes, 
     }
     tl_session_state *state = calloc(1, sizeof *state);
     if (!state) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    tl_status st = read_session(&r, model, &state->frozen);
+    st = read_session(&r, model, &state->frozen);
     if (st != TL_OK) {
         free(state);
         return st;
@@ -683,21 +695,28 @@ tl_status tl_session_state_read(const tl_model *model, const char *path, tl_sess
     size_t len;
     tl_status st = tl_open_regular(path, STATE_MAX_FILE_BYTES, &fd, &len);
     if (st != TL_OK) return st;
-    void *region;
-    size_t region_len;
-    uint8_t *bytes = tl_map_huge(len ? len : 1, &region, &region_len);
-    if (!bytes) {
-        close(fd);
-        return tl_fail(TL_ERR_NO_MEMORY, "%s: out of memory for %zu bytes", path, len);
+    /* the start first: a file that is no state is refused before memory is taken for it */
+    uint8_t start_bytes[STATE_START_BYTES];
+    const size_t start = len < sizeof start_bytes ? len : sizeof start_bytes;
+    st = tl_read_exact(fd, path, start_bytes, start);
+    if (st == TL_OK) st = check_start(start_bytes, start, len);
+    void *region = NULL;
+    size_t region_len = 0;
+    uint8_t *bytes = NULL;
+    if (st == TL_OK && !(bytes = tl_map_huge(len ? len : 1, &region, &region_len)))
+        st = tl_fail(TL_ERR_NO_MEMORY, "out of memory for %zu bytes", len);
+    if (st == TL_OK) {
+        memcpy(bytes, start_bytes, start);
+        st = tl_read_exact(fd, path, bytes + start, len - start);
     }
-    st = tl_read_exact(fd, path, bytes, len);
     close(fd);
-    if (st == TL_OK && (st = tl_session_state_from_bytes(model, bytes, len, out)) != TL_OK) {
-        char message[512]; /* name the file in the message */
+    if (st == TL_OK) st = tl_session_state_from_bytes(model, bytes, len, out);
+    if (st != TL_OK && strncmp(tl_last_error(), path, strlen(path)) != 0) { /* name the file in the message */
+        char message[512];
         snprintf(message, sizeof message, "%s", tl_last_error());
         st = tl_fail(st, "%s: %s", path, message);
     }
-    munmap(region, region_len);
+    if (region) munmap(region, region_len);
     return st;
 }
 

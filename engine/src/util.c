@@ -197,13 +197,18 @@ tl_status tl_read_regular(const char *path, size_t max_bytes, char **out, size_t
 /* A new file beside `path` (a state file, a quantised checkpoint), created like any file (mode 0666 less the umask;
    mkstemp would make it 0600). Its name is unique in this process by a counter and across
    processes by the pid; O_EXCL refuses a leftover of an earlier crash, and the next name is
-   tried. NULL name: out of memory; fd -1: errno says why. */
+   tried. The name is hidden and holds at most 64 bytes of path's own (".NAME.tmp-PID-N": path's
+   whole name and the suffix passed the file system's 255 bytes for names of 240 and more).
+   NULL name: out of memory; fd -1: errno says why. */
 int tl_create_beside(const char *path, char **temp) {
     static atomic_uint counter;
-    const size_t n = strlen(path) + 48;
+    const char *slash = strrchr(path, '/');
+    const int dir_len = slash ? (int)(slash - path) + 1 : 0; /* with its '/' */
+    const size_t n = (size_t)dir_len + 64 + 48;
     if (!(*temp = malloc(n))) return -1;
     for (int attempt = 0; attempt < 100; attempt++) {
-        snprintf(*temp, n, "%s.tmp-%ld-%u", path, (long)getpid(), atomic_fetch_add(&counter, 1));
+        snprintf(*temp, n, "%.*s.%.64s.tmp-%ld-%u", dir_len, path, path + dir_len, (long)getpid(),
+                 atomic_fetch_add(&counter, 1));
         const int fd = open(*temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd >= 0 || errno != EEXIST) return fd;
     }

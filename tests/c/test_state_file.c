@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -236,6 +237,29 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     CHECK(stat(mode_path, &sb) == 0 && (sb.st_mode & 0777) == 0640 && sb.st_size == (off_t)len,
           "mode %o, %lld bytes (want 0640, %zu)", (unsigned)(sb.st_mode & 0777), (long long)sb.st_size, len);
     unlink(mode_path);
+    /* a name of 240 bytes and more, which the file system takes (the temporary name beside it,
+       the whole name and a suffix, passed its 255: "File name too long") */
+    char long_path[800];
+    snprintf(long_path, sizeof long_path, "%s/%0240d.tls", tmp_dir, 0);
+    CHECK(tl_session_state_write(state, long_path) == TL_OK, "a 244-byte name: %s", tl_last_error());
+    tl_session_state *long_read = NULL;
+    CHECK(tl_session_state_read(m, long_path, &long_read) == TL_OK, "read it back: %s", tl_last_error());
+    tl_session_state_free(long_read);
+    unlink(long_path);
+    /* a large file that is no state is refused from its first bytes (read whole first: 1 GB
+       of memory and 4.5 s for one of 1 GB) */
+    char big_path[512];
+    snprintf(big_path, sizeof big_path, "%s/big.tls", tmp_dir);
+    FILE *big = fopen(big_path, "wb");
+    CHECK(big && ftruncate(fileno(big), (off_t)1 << 30) == 0, "a sparse file of 1 GB");
+    if (big) fclose(big);
+    struct rusage before_usage, after_usage;
+    getrusage(RUSAGE_SELF, &before_usage);
+    CHECK_ERROR(tl_session_state_read(m, big_path, &out), TL_ERR_FORMAT, "no TLSTATE header");
+    getrusage(RUSAGE_SELF, &after_usage);
+    CHECK(after_usage.ru_maxrss - before_usage.ru_maxrss < 64 * 1024, "the refusal took %ld KB",
+          after_usage.ru_maxrss - before_usage.ru_maxrss);
+    unlink(big_path);
 
     /* Damage: any flipped byte, any truncation; and not a state at all. */
     uint8_t *copy = malloc(len);
