@@ -33,3 +33,18 @@ describe("request.parse", function()
         assert.truthy(model:session("It is", cfg_of({ prompt = "It is", length_penalty = 1.0, max_tokens = 2 })))
     end)
 end)
+
+describe("request.decode_object", function()
+    it("takes strict JSON only, what clients' parsers take (lua-cjson took these, and answers echoed them)", function()
+        for _, body in ipairs({ '{"a": 1.}', '{"a": -.5}', '{"a": 01}', '{"a": 1e}', '{"a": 1.5.2}', '{"a": NaN}',
+                                '{"a": "x\ty"}', '{"a": "x\1y"}', '{"a": "x\ny"}', '{"a": 1}\0 not json {{{' }) do
+            local t, err = request.decode_object(body)
+            assert.is_nil(t, body)
+            assert.truthy(err.message:find("the request body is not valid JSON: ", 1, true), err.message)
+        end
+        local t = assert(request.decode_object('{\t"a" :\n[1, -0, 0.5, 2E+3, "1.", "\\t\\u0001"]\r\n}'))
+        assert.same({ 1, 0, 0.5, 2000, "1.", "\t\1" }, t.a)
+        local _, err = request.decode_object('{"a": 12.}')
+        assert.truthy(err.message:find("'12.' at character 7 is no JSON number", 1, true), err.message)
+    end)
+end)

@@ -343,6 +343,8 @@ describe("tinyloop.tools.parse", function()
             '<tool_call>\n[{"name": "now", "arguments": {}}]\n</tool_call>',
             '<tool_call>{"name": "now", "arguments": {"a": nan}}</tool_call>',          -- not JSON a client takes
             '<tool_call>{"name": "now", "arguments": {"a": 0x1F}}</tool_call>',
+            '<tool_call>{"name": "now", "arguments": {"a": 1.}}</tool_call>',            -- (lua-cjson took these)
+            '<tool_call>{"name": "now", "arguments": {"a": "x	y"}}</tool_call>',
             '<tool_call>{"name": "now", "arguments": {"a": "unterminated}}</tool_call>',
             NOW_CALL .. "\n<tool_call>\nnope",                                            -- a broken call after one
             NOW_CALL .. '\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_',

@@ -795,7 +795,7 @@ local function structured_grammar(so, body)
     end
     if which == "structural_tag" then -- (vLLM's is the JSON text of the object; an object is taken too)
         local text = type(v) == "string" and v or raw_member(body, { P, "structural_tag" })
-        local decoded = type(v) == "string" and cjson.decode(v) or v
+        local decoded = type(v) == "string" and json_text.decode(v) or v -- (strict, as a body is read)
         -- (blanks between the schemas' tokens unless disable_any_whitespace, vLLM's default)
         return structural_tag_grammar(decoded, text, P, what, so.disable_any_whitespace == true)
     end
