@@ -48,3 +48,13 @@ describe("request.decode_object", function()
         assert.truthy(err.message:find("'12.' at character 7 is no JSON number", 1, true), err.message)
     end)
 end)
+
+describe("request.parse's stop", function()
+    it("refuses a NUL in a stop string in the request's words (the Lua config's stop_strings[1] was named)", function()
+        for _, stop in ipairs({ "a\0b", { "x", "\0" } }) do
+            local req, err = request.parse(cjson.encode({ prompt = "It is", stop = stop }), model, "tinyloop-austen", 8, {})
+            assert.is_nil(req)
+            assert.same({ "stop must not hold a NUL character (\\u0000)", "stop" }, { err.message, err.param })
+        end
+    end)
+end)

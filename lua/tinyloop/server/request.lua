@@ -349,6 +349,9 @@ local function stop_strings(stop, max_stops)
             return bad("stop must be a string or an array of strings", "stop")
         end
         if s == "" then return bad('stop must not hold an empty string ("")', "stop") end
+        -- (the engine's stop strings are C strings: said here in the request's words, where
+        -- the Lua config named its own field, 1-based)
+        if s:find("%z") then return bad("stop must not hold a NUL character (\\u0000)", "stop") end
     end
     return stop
 end
