@@ -107,6 +107,7 @@ describe("responses.to_chat", function()
             { '{"input": "x", "text": {"size": 1}}', "text", "unknown field 'size' in text" },
             { '{"input": "x", "tool_choice": {"type": "function"}}', "tool_choice", '"name"' },
             { '{"input": "x", "top_logprobs": -1}', "top_logprobs", "top_logprobs = -1" },
+            { '{"input": "x", "top_logprobs": 21}', "top_logprobs", "top_logprobs = 21 must be in [0, 20]" }, -- (without include too)
             { '{"input": "x", "reasoning": {"depth": 1}}', "reasoning", "unknown field 'depth' in reasoning" },
             { '{"input": "x", "service_tier": "flex"}', "service_tier", "service_tier" },
             { '{"input": "x", "stream_options": {"include_usage": true}}', "stream_options", "include_obfuscation" },

@@ -23,6 +23,7 @@ local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local shapes = require "tinyloop.server.shapes"
 local chat_content_text = require("tinyloop.chat").content_text
+local MAX_LOGPROBS = tonumber(require("tinyloop").C.TL_MAX_TOP_LOGPROBS) -- the engine's most alternatives
 
 local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
 local concat, gsub = table.concat, string.gsub
@@ -400,8 +401,10 @@ function _M.to_chat(body, lookup)
         if v == "message.output_text.logprobs" then logprobs = true end
     end
     -- (top_logprobs says how many alternatives; include asks for the logprobs: OpenAI's rule)
-    if t.top_logprobs ~= nil and t.top_logprobs < 0 then
-        return bad(("top_logprobs = %d must be >= 0"):format(t.top_logprobs), "top_logprobs")
+    -- (checked whether or not include asks: it is echoed back either way; the chat request checks
+    -- the same range, the engine's)
+    if t.top_logprobs ~= nil and (t.top_logprobs < 0 or t.top_logprobs > MAX_LOGPROBS) then
+        return bad(("top_logprobs = %d must be in [0, %d]"):format(t.top_logprobs, MAX_LOGPROBS), "top_logprobs")
     end
     if logprobs then
         members[#members + 1] = { "logprobs", "true" }
