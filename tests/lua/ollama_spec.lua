@@ -74,6 +74,9 @@ describe("ollama.chat_to_chat", function()
             { '{"messages": [{"role": "user", "content": "x"}], "format": "xml"}', "format", "format must be" },
             { '{"messages": [{"role": "user", "content": "x"}], "think": "max"}', "think", "think must be" },
             { '{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n", "unknown field 'n'" },
+            -- an empty object is no empty array, and the reverse (they decode alike: it loaded the model)
+            { '{"messages": {}}', "messages", "messages must be an array" },
+            { '{"messages": [{"role": "user", "content": "x"}], "options": []}', "options", "options must be an object" },
             { '{"messages": [{"role": "user", "content": "x"}], "penalty_window": 4, "options": {"repeat_last_n": 0}}', "options",
               "give options.repeat_last_n or penalty_window, not both" },
         }

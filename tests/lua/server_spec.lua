@@ -2106,13 +2106,14 @@ describe("responses (OpenAI's Responses API)", function()
         local status, body = curl(base .. "/v1/responses/resp_1")
         assert.equal(404, status)
         assert.truthy(cjson.decode(body).error.message:find("Response with id 'resp_1' not found", 1, true), body)
-        -- OpenAI clients' defaults are accepted
-        status, body = post_responses({ input = "hi", max_output_tokens = 1, store = true, truncation = "disabled", service_tier = "auto",
-                                        include = {}, tools = {}, tool_choice = "auto", reasoning = { effort = "low", summary = "auto" },
-                                        max_tool_calls = 4, prompt_cache_retention = "24h",
+        -- OpenAI clients' defaults are accepted (the empty lists written as the clients write
+        -- them: cjson would write {}, an object, which is refused where an array is due)
+        status, body = post_responses((cjson.encode({ input = "hi", max_output_tokens = 1, store = true, truncation = "disabled",
+                                        service_tier = "auto", include = "[]", tools = "[]", tool_choice = "auto",
+                                        reasoning = { effort = "low", summary = "auto" }, max_tool_calls = 4, prompt_cache_retention = "24h",
                                         text = { format = { type = "text" }, verbosity = "medium" }, user = "u",
                                         safety_identifier = "s", prompt_cache_key = "k", top_p = 1, parallel_tool_calls = true,
-                                        stream_options = cjson.null, previous_response_id = cjson.null })
+                                        stream_options = cjson.null, previous_response_id = cjson.null }):gsub('"%[%]"', "[]")))
         assert.equal(200, status, body)
         assert.same({ effort = "low", summary = cjson.null }, cjson.decode(body).reasoning)
     end)
@@ -2343,7 +2344,7 @@ describe("Ollama's API", function()
         -- an empty prompt, or chat, loads the model (Ollama's way): it is loaded
         status, body = post_to("/api/generate", { model = "tinyloop-austen" })
         assert.same({ 200, "load", true }, { status, cjson.decode(body).done_reason, cjson.decode(body).done })
-        status, body = post_to("/api/chat", { model = "tinyloop-austen", messages = {} })
+        status, body = post_to("/api/chat", '{"model": "tinyloop-austen", "messages": []}')
         assert.same({ 200, "load", "" }, { status, cjson.decode(body).done_reason, cjson.decode(body).message.content })
         -- raw with no num_predict, or one past the context: the rest of the context (Ollama's caps)
         status, body = post_to("/api/generate", { prompt = "It is a truth", raw = true, stream = false, ignore_eos = true,

@@ -166,7 +166,11 @@ function _M.read_fields(body, own, pass, refused)
         elseif refused[k] then
             return _M.bad(refused[k], k)
         elseif own[k] then
-            if not _M.KIND_OK[own[k]](v) then return _M.bad(("%s must be %s"):format(k, _M.KIND_WORDS[own[k]]), k) end
+            -- (an empty object and an empty array decode alike: their text tells them apart)
+            local opens = own[k] == "array" and "[" or own[k] == "object" and "{"
+            if not _M.KIND_OK[own[k]](v) or (opens and raw[k]:match("^%s*(.)") ~= opens) then
+                return _M.bad(("%s must be %s"):format(k, _M.KIND_WORDS[own[k]]), k)
+            end
         elseif pass[k] then
             members[#members + 1] = { k, raw[k] }
         else
