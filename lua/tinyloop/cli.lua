@@ -195,9 +195,9 @@ function _M.parse(argv, default_model)
             end
         elseif a == "--logit-bias" then
             -- ID=BIAS, repeatable: OpenAI's logit_bias one entry at a time
-            local id, bias = (v or ""):match("^(%d+)=([^=]+)$")
+            local id, bias = v:match("^(%d+)=([^=]+)$")
             if not id or not tonumber(bias) then
-                return nil, usage_error("bad value for --logit-bias: " .. tostring(v) .. " (want ID=BIAS, e.g. 198=-100)")
+                return nil, usage_error("bad value for --logit-bias: " .. v .. " (want ID=BIAS, e.g. 198=-100)")
             end
             o.cfg.logit_bias = o.cfg.logit_bias or {}
             o.cfg.logit_bias[tonumber(id)] = tonumber(bias)
@@ -311,8 +311,19 @@ read_tools = function(path, choice)
     return spec or nil, shown
 end
 
+-- A message in the words of the command line: the config fields the engine and the bindings
+-- name ("field = value", "config field 'field'") are the options the user typed
+-- (reasoning_budget is --thinking-budget, sample_seed --seed). Only those forms: a field's
+-- name in a path, in prose or inside an option's own name stays as it is.
+local function cli_wording(message)
+    message = message:gsub("config field '([%w_]+)'", function(field) return OPTION_OF[field] end)
+    return (message:gsub("%f[%w_%-]([%a_][%w_]*) = ", function(field)
+        return OPTION_OF[field] and (OPTION_OF[field] .. " = ")
+    end))
+end
+
 local function report(message)
-    io.stderr:write("tinyloop: ", raised_message(message), "\n")
+    io.stderr:write("tinyloop: ", cli_wording(raised_message(message)), "\n")
 end
 
 -- The one stats line of a generation, on stderr.

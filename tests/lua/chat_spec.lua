@@ -316,7 +316,7 @@ describe("tinyloop.chat", function()
         -- usage: tools, and a reply as long as the context; a config the engine refuses ends the
         -- run as a one-shot reply's does; a model without a tokenizer
         out = run("-i --min-p 5", "Who is Emma?\nAnd?\n")
-        assert.equal("tinyloop: min_p = 5 must be in [0, 1] (0 = off)\nexit 2\n", out)
+        assert.equal("tinyloop: --min-p = 5 must be in [0, 1] (0 = off)\nexit 2\n", out)
         os.execute("mkdir " .. dir .. "/ids_only && cp models/tinyloop-austen/config.json models/tinyloop-austen/model.safetensors " ..
                    dir .. "/ids_only/")
         out = run("-i -m " .. dir .. "/ids_only", "Who is Emma?\n")

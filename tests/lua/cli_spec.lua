@@ -145,6 +145,18 @@ describe("scripts/tinyloop", function()
         end
     end)
 
+    it("names the options typed in the engine's refusals, not its config fields (reasoning_budget, sample_seed)", function()
+        for args, want in pairs({ ["--thinking-budget -1"] = "tinyloop: --thinking-budget = -1 must be >= 0",
+                                  ["-s -5"] = "tinyloop: --seed = -5 must be an integer",
+                                  ["-L 99"] = "tinyloop: --loops = 99 is out of range",
+                                  -- (an option's own name, which holds a field's, is kept whole: --draft---loops)
+                                  ["--speculative chain --draft-loops 9"] = "tinyloop: --draft-loops = 9 must be in [1, verify_loops = 8)" }) do
+            local status, out = run("luajit scripts/tinyloop -n 2 " .. args .. " x")
+            assert.equal(2, status, out)
+            assert.truthy(out:find(want, 1, true), out)
+        end
+    end)
+
     it("refuses --threads past the engine's limit as bad usage (exit 2, it was 1)", function()
         local status, out = run("luajit scripts/tinyloop --threads 1025 -n 1 x")
         assert.equal(2, status, out)
