@@ -183,6 +183,11 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_patience = %d must be >= 0", c->early_exit_patience);
     if (c->early_exit_min_L < 1)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_min_L = %d must be >= 1", c->early_exit_min_L);
+    /* with early exit on, past max_loops no depth reaches it (taken, early exit silently never
+       ran); past this run's loops alone it stays valid, the default 2 with loops = 1 included */
+    if (tl_early_exit_on(c) && c->early_exit_min_L > mc->max_loops)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_min_L = %d is past max_loops = %d: no loop would be checked",
+                       c->early_exit_min_L, mc->max_loops);
     if (c->early_exit_peek_every < 1)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_peek_every = %d must be >= 1", c->early_exit_peek_every);
     if ((st = validate_exit_criterion(m, c)) != TL_OK) return st;

@@ -991,6 +991,9 @@ static void test_validation(void) {
     BAD(cfg.length_penalty = INFINITY, "length_penalty = inf");
     BAD(cfg.early_exit_patience = -1, "early_exit_patience = -1");
     BAD(cfg.early_exit_min_L = 0, "early_exit_min_L = 0");
+    /* with early exit on, past max_loops no loop is checked (taken, early exit never ran) */
+    BAD((cfg.early_exit_patience = 1, cfg.early_exit_min_L = tl_model_info(model)->max_loops + 1),
+        "no loop would be checked");
     BAD(cfg.early_exit_peek_every = 0, "early_exit_peek_every = 0");
     BAD(cfg.early_exit_logit_margin = -1.0f, "early_exit_logit_margin = -1");
     static tl_grammar half = {.allowed = grammar_allowed};
