@@ -518,6 +518,9 @@ local function apply_policy(path, cfg, model)
     if type(p) == "function" then
         local ok2, r = attempt(p, cfg, model)
         if not ok2 then return nil, "policy " .. path .. " failed: " .. tostring(r) end
+        if r ~= nil and type(r) ~= "table" then -- (it said "config must be a table", naming no file)
+            return nil, "policy " .. path .. ": its function returned a " .. type(r) .. ", not a config table (or nothing)"
+        end
         return r or cfg
     elseif type(p) == "table" then
         for k, v in pairs(p) do cfg[k] = v end

@@ -157,6 +157,17 @@ describe("scripts/tinyloop", function()
         end
     end)
 
+    it("names the policy file whose function returned no config table (it said \"config must be a table\")", function()
+        local policy = os.tmpname()
+        local f = assert(io.open(policy, "wb"))
+        f:write("return function(cfg) return 5 end")
+        f:close()
+        local status, out = run("luajit scripts/tinyloop -n 2 --policy " .. policy .. " x")
+        os.remove(policy)
+        assert.equal(1, status, out)
+        assert.truthy(out:find("tinyloop: policy " .. policy .. ": its function returned a number, not a config table", 1, true), out)
+    end)
+
     it("refuses --threads past the engine's limit as bad usage (exit 2, it was 1)", function()
         local status, out = run("luajit scripts/tinyloop --threads 1025 -n 1 x")
         assert.equal(2, status, out)
