@@ -33,7 +33,7 @@ do
         end
     end
     if not C then
-        error("tinyloop: cannot load libtinyloop (build it, or set TINYLOOP_LIB): " .. table.concat(errors, "; "))
+        error("tinyloop: cannot load libtinyloop (build it, or set TINYLOOP_LIB): " .. table.concat(errors, "; "), 0)
     end
 end
 

@@ -168,6 +168,17 @@ describe("scripts/tinyloop", function()
         assert.truthy(out:find("tinyloop: policy " .. policy .. ": its function returned a number, not a config table", 1, true), out)
     end)
 
+    it("says in a line that the library cannot be loaded (it printed a traceback)", function()
+        local dir = os.tmpname()
+        os.remove(dir)
+        local status, out = run("mkdir -p " .. dir .. "/scripts && cp -r lua " .. dir .. "/ && cp scripts/tinyloop " .. dir ..
+                                "/scripts/ && TINYLOOP_LIB=/nonexistent.so luajit " .. dir .. "/scripts/tinyloop -n 2 x")
+        H.sh("rm -rf " .. dir)
+        assert.equal(1, status, out)
+        assert.truthy(out:find("^tinyloop: cannot load libtinyloop %(build it, or set TINYLOOP_LIB%)"), out)
+        assert.is_nil(out:find("traceback", 1, true), out)
+    end)
+
     it("refuses --threads past the engine's limit as bad usage (exit 2, it was 1)", function()
         local status, out = run("luajit scripts/tinyloop --threads 1025 -n 1 x")
         assert.equal(2, status, out)
