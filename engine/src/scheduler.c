@@ -341,6 +341,9 @@ static void *engine_main(void *arg) {
         }
 
         pthread_mutex_lock(&e->mu);
+        /* stopped during the step: nothing more is recorded (the counters stay as they were at
+           the stop; a beam search's step, failed by the stop, counted as failed and finished) */
+        if (e->stop) break;
         e->c.iterations++;
         e->c.rows += (uint64_t)n_run; /* (less the prompt chunks, below) */
         for (int i = 0; i < n_run; i++) {

@@ -510,6 +510,12 @@ int main(int argc, char **argv) {
         const int after = atomic_load(&stopped_beam_calls) - at_stop;
         CHECK(at_stop == 5 && after <= 4, "a stopped beam search leaves within one search step: %d calls after the stop (of %d)",
               after, at_stop + after);
+        /* ...and its step, failed by the stop, is no failure nor a finish (it counted both) */
+        tl_engine_counters stop_counts;
+        tl_engine_get_counters(stopped, &stop_counts);
+        CHECK(stop_counts.failed == 0 && stop_counts.finished == 0 && stop_counts.active == 1,
+              "a stopped beam search: failed %llu, finished %llu, active %d", (unsigned long long)stop_counts.failed,
+              (unsigned long long)stop_counts.finished, stop_counts.active);
         tl_engine_free(stopped);
     }
 
