@@ -1089,6 +1089,16 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
                         return fail(c, path, "oneOf: too many branches or values to check that no value matches two "
                                              "branches (more than %lld checks); use anyOf, or one enum",
                                              (long long)MAX_ONEOF_CHECKS);
+                    if (!apart) {
+                        /* a branch's own fault first (a $ref pointing nowhere was "a value may
+                           match both branches") */
+                        int k = 0;
+                        for (const cJSON *v = list->child; v; v = v->next, k++) {
+                            char sub[512];
+                            snprintf(sub, sizeof sub, "%.400s/oneOf/%d", path, k);
+                            if (schema(c, v, sub, depth + 1) < 0) return -1;
+                        }
+                    }
                     if (!apart)
                         return fail(c, path, "oneOf: a value may match both branch %d and branch %d, which oneOf refuses and "
                                              "a grammar cannot (give them different types or const values, a property both "

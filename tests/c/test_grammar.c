@@ -561,6 +561,8 @@ static void test_json_schema(void) {
         {"{\"type\":\"wat\"}", "unknown type 'wat'"},
         {"{\"$ref\":\"http://x\"}", "$ref 'http://x' is not supported"},
         {"{\"$ref\":\"#/$defs/missing\"}", "points nowhere"},
+        /* a branch's own fault, not the overlap its unknown type looked like */
+        {"{\"oneOf\":[{\"type\":\"string\"},{\"$ref\":\"#/nope\"}]}", "at /oneOf/1: $ref '#/nope' points nowhere"},
         {"{\"type\":\"object\",\"required\":[\"z\"],\"additionalProperties\":false}",
          "required property 'z' is not in 'properties', and additionalProperties is false: no object matches"},
         {"{\"type\":\"object\",\"required\":[1]}", "'required' must list property names (strings)"},
