@@ -495,46 +495,28 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
     if (!value || !req || !prop || !sorted) { free(value); free(req); free(prop); free(sorted); return fail(c, path, "out of memory"); }
     int result = -1; /* (every way out frees the arrays: done) */
     int i = 0;
-    for (const cJSON *p = props ? props->child : NULL; p; p = p->next, i++) {
-        prop[i] = p, sorted[i] = (named){p->string, i};
-        char sub[512];
-        snprintf(sub, sizeof sub, "%.300s/properties/%.100s", path, p->string);
-        value[i] = schema(c, p, sub, depth + 1);
-        if (value[i] < 0) goto done;
-    }
+    for (const cJSON *p = props ? props->child : NULL; p; p = p->next, i++) prop[i] = p, sorted[i] = (named){p->string, i};
     /* each required name found by a binary search over the sorted names (comparing every
        name with every required one cost 50,000 properties 24 s) */
     qsort(sorted, (size_t)n, sizeof *sorted, by_name);
-    cJSON *declared = NULL; /* properties and the required names they lack, once any is found */
+    /* required names 'properties' lacks, each an additional property that must be there
+       (JSON Schema's reading; they were refused): declared below with the schema
+       additionalProperties gives them, or any value */
+    int n_missing = 0;
     for (const cJSON *r = required ? required->child : NULL; r; r = r->next) {
         const named key = {cJSON_IsString(r) ? r->valuestring : NULL, 0};
         if (!key.name) {
             fail(c, path, "'required' must list property names (strings)");
-            cJSON_Delete(declared);
             goto done;
         }
         const named *hit = bsearch(&key, sorted, (size_t)n, sizeof *sorted, by_name);
         if (!hit) {
-            /* a required name 'properties' lacks is an additional property that must be
-               there (JSON Schema's reading; it was refused): declared here with the schema
-               additionalProperties gives it, or any value */
             if (additional && cJSON_IsFalse(additional)) {
                 fail(c, path, "required property '%s' is not in 'properties', and additionalProperties is false: "
                               "no object matches", key.name);
-                cJSON_Delete(declared);
                 goto done;
             }
-            if (!declared) {
-                declared = cJSON_CreateObject();
-                for (const cJSON *p = props ? props->child : NULL; declared && p; p = p->next)
-                    if (!cJSON_AddItemReferenceToObject(declared, p->string, (cJSON *)p)) cJSON_Delete(declared), declared = NULL;
-                if (!declared) { fail(c, path, "out of memory"); goto done; }
-            }
-            if (cJSON_GetObjectItemCaseSensitive(declared, key.name)) continue; /* (a name required twice) */
-            const bool ok = additional && cJSON_IsObject(additional)
-                                ? cJSON_AddItemReferenceToObject(declared, key.name, (cJSON *)additional)
-                                : cJSON_AddObjectToObject(declared, key.name) != NULL;
-            if (!ok) { cJSON_Delete(declared); fail(c, path, "out of memory"); goto done; }
+            n_missing++;
             continue;
         }
         /* every property of that name (a key given twice: both required, as before) */
@@ -542,10 +524,42 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
         for (int k = at; k >= 0 && strcmp(sorted[k].name, key.name) == 0; k--) req[sorted[k].index] = true;
         for (int k = at + 1; k < n && strcmp(sorted[k].name, key.name) == 0; k++) req[sorted[k].index] = true;
     }
-    if (declared) { /* again, with every required name declared */
-        if (!keep_made(c, declared)) { fail(c, path, "out of memory"); goto done; }
-        result = object_schema(c, declared, required, additional, path, depth);
+    if (n_missing) { /* again, with them declared (each once: sorted, a name required twice is beside itself) */
+        named *missing = calloc((size_t)n_missing, sizeof *missing);
+        cJSON *declared = missing ? cJSON_CreateObject() : NULL;
+        bool ok = declared != NULL;
+        int m = 0;
+        for (const cJSON *r = required->child; ok && r; r = r->next) {
+            const named key = {r->valuestring, 0};
+            if (!bsearch(&key, sorted, (size_t)n, sizeof *sorted, by_name)) missing[m++] = key;
+        }
+        qsort(missing, (size_t)m, sizeof *missing, by_name);
+        for (const cJSON *p = props ? props->child : NULL; ok && p; p = p->next)
+            ok = cJSON_AddItemReferenceToObject(declared, p->string, (cJSON *)p);
+        for (int k = 0; ok && k < m; k++) {
+            if (k && strcmp(missing[k - 1].name, missing[k].name) == 0) continue;
+            ok = additional && cJSON_IsObject(additional)
+                     ? cJSON_AddItemReferenceToObject(declared, missing[k].name, (cJSON *)additional)
+                     : cJSON_AddObjectToObject(declared, missing[k].name) != NULL;
+        }
+        free(missing);
+        if (!ok) {
+            cJSON_Delete(declared);
+            fail(c, path, "out of memory");
+        } else if (!keep_made(c, declared)) {
+            fail(c, path, "out of memory");
+        } else {
+            result = object_schema(c, declared, required, additional, path, depth);
+        }
         goto done;
+    }
+    /* (compiled once the required names are all declared: with some missing, the object is
+       compiled again with them) */
+    for (i = 0; i < n; i++) {
+        char sub[512];
+        snprintf(sub, sizeof sub, "%.300s/properties/%.100s", path, prop[i]->string);
+        value[i] = schema(c, prop[i], sub, depth + 1);
+        if (value[i] < 0) goto done;
     }
     /* extra key-value pairs after the declared ones */
     int extra = -1;

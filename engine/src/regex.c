@@ -5,10 +5,10 @@
  *   - a whole generated text (tl_grammar_compile_regex: vLLM's `regex` structured output).
  *
  * Syntax: ECMA-262's, as JSON Schema says. Literals (UTF-8), '.', classes [...] and [^...]
- * with ranges, \d \w \s \D \W \S (in classes too: [\s\S] is any character), \xHH and \uHHHH in classes, escaped punctuation, groups
- * (...) and (?:...), alternation, * + ? {m} {m,} {m,n} (greedy; up to 1000), \xHH, \uHHHH
- * and \n \r \t \f \v \0 outside classes too (in a JSON string, a control as JSON escapes it).
- * ^ and $ are accepted at the start and the
+ * with ranges, \d \w \s \D \W \S (in classes too: [\s\S] is any character), \xHH and
+ * \uHHHH in classes, escaped punctuation, groups (...) and (?:...), alternation, * + ? {m}
+ * {m,} {m,n} (greedy; up to 1000), \xHH, \uHHHH and \n \r \t \f \v \0 outside classes too
+ * (in a JSON string, a control as JSON escapes it). ^ and $ are accepted at the start and the
  * end of the pattern (or of a top-level alternative). A whole text matches the pattern whole,
  * anchors or not; a schema's pattern is searched for, as JSON Schema says (ECMA-262's test):
  * an alternative without '^' may follow any characters, one without '$' be followed by any
