@@ -36,7 +36,11 @@ static tl_status token_id(const cJSON *root, const char *name, int vocab, int *o
    implement: refused by name rather than silently ignored. */
 static tl_status refuse_unsupported(const cJSON *root) {
     const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-    if (scaling && !cJSON_IsNull(scaling))
+    /* {"rope_type": "default"} (or the older "type") is plain RoPE, as transformers reads it */
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(scaling, "rope_type");
+    if (!kind) kind = cJSON_GetObjectItemCaseSensitive(scaling, "type");
+    const bool plain = cJSON_IsObject(scaling) && cJSON_IsString(kind) && strcmp(kind->valuestring, "default") == 0;
+    if (scaling && !cJSON_IsNull(scaling) && !plain)
         return tl_fail(TL_ERR_UNSUPPORTED, "config.json: rope_scaling is not supported (only plain RoPE)");
     bool sliding = false;
     tl_status st = tl_hf_bool(root, "use_sliding_window", &sliding);

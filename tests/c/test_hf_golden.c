@@ -427,6 +427,11 @@ static void check_errors(void) {
     CHECK(load_work() == TL_OK, "the copy loads: %s", tl_last_error());
     edit_json("config.json", "rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}");
     CHECK_ERROR(load_work(), TL_ERR_UNSUPPORTED, "rope_scaling is not supported");
+    /* the default type is plain RoPE, as transformers reads it (it was refused), in either spelling */
+    edit_json("config.json", "rope_scaling", "{\"rope_type\": \"default\"}");
+    CHECK(load_work() == TL_OK, "rope_scaling default: %s", tl_last_error());
+    edit_json("config.json", "rope_scaling", "{\"type\": \"default\"}");
+    CHECK(load_work() == TL_OK, "rope_scaling type default: %s", tl_last_error());
     fresh_copy("ouro_f32");
     edit_json("config.json", "use_sliding_window", "true");
     CHECK_ERROR(load_work(), TL_ERR_UNSUPPORTED, "use_sliding_window = true");
