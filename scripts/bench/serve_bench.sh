@@ -30,6 +30,10 @@ cd "$(dirname "$0")/../.."
 engine_ref=1 model="" clients=8 duration=60 baseline=15 threads=2 max_tokens=64 prompt_len=16 workers=1 engine_nice=5 port=$((30000 + RANDOM % 20000))
 while [ $# -gt 0 ]; do
   case "$1" in
+    --no-engine-ref) ;;
+    *) [ $# -ge 2 ] || { echo "serve_bench: $1 needs a value" >&2; exit 2; } ;;
+  esac
+  case "$1" in
     --model) model=$2; shift 2 ;; --clients) clients=$2; shift 2 ;; --duration) duration=$2; shift 2 ;;
     --baseline) baseline=$2; shift 2 ;; --threads) threads=$2; shift 2 ;; --max-tokens) max_tokens=$2; shift 2 ;;
     --prompt-len) prompt_len=$2; shift 2 ;;
@@ -38,7 +42,16 @@ while [ $# -gt 0 ]; do
     *) echo "serve_bench: unknown option $1" >&2; exit 2 ;;
   esac
 done
+for pair in "clients=$clients" "duration=$duration" "baseline=$baseline" "threads=$threads" "max-tokens=$max_tokens" \
+            "prompt-len=$prompt_len" "workers=$workers" "port=$port"; do
+  case "${pair#*=}" in
+    '' | *[!0-9]* | 0*) echo "serve_bench: --${pair%%=*} must be a whole number from 1, got '${pair#*=}'" >&2; exit 2 ;;
+  esac
+done
 [ "$clients" -le 64 ] && [ "$duration" -le 600 ] || { echo "serve_bench: at most 64 clients and 600 s" >&2; exit 2; }
+# (the RSS figure compares the 10th second with a later one, and the load's figures are over
+# its own duration: a load under 20 s was measured over the 10 s the first sample waits)
+[ "$duration" -ge 20 ] || { echo "serve_bench: --duration must be at least 20 s (the worker's RSS is sampled at the 10th)" >&2; exit 2; }
 # wrk (the load) and nginx (the server): scripts/setup installs what is missing; without wrk
 # every load phase would fail with "command not found" and leave no figures.
 if ! command -v wrk >/dev/null 2>&1; then
