@@ -24,7 +24,8 @@ local opt = options.parse(arg, {
         .. "the median of the full-depth runs around it (machines drift over minutes)" },
 })
 local die = options.die("early_exit_eval.lua")
-options.counts(opt, { "prompts", "prompt_tokens", "tokens", "repeat" }, die)
+options.counts(opt, { "prompts", "prompt_tokens", "repeat" }, die)
+options.counts(opt, { "tokens" }, die, 2) -- (the first comes from the prefill: one token decodes none, and rated 0)
 local model = options.load_model(tinyloop, opt, die)
 if not model.has_tokenizer then die(opt.model .. " has no tokenizer: the held-out text cannot be encoded") end
 local info = model:info()

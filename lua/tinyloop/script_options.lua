@@ -1,5 +1,6 @@
 -- tinyloop.script_options: "--name value" options of the measurement scripts
--- (scripts/sweep.lua, scripts/early_exit_eval.lua), and the progress lines they print.
+-- (scripts/sweep.lua, scripts/early_exit_eval.lua, scripts/bench/*.lua), and the progress
+-- lines they print.
 -- The usage text is generated from the option table, so it lists every option with its
 -- default.
 --
@@ -15,7 +16,7 @@
 local _M = {}
 
 local function usage(spec)
-    local lines = { ("usage: luajit scripts/%s [options]"):format(spec.name), spec.summary, "" }
+    local lines = { ("usage: luajit %s [options]"):format(spec.path or ("scripts/" .. spec.name)), spec.summary, "" }
     for _, o in ipairs(spec) do
         local metavar = o.metavar or ((o.number or type(o[2]) == "number") and "N" or "X")
         lines[#lines + 1] = ("  --%-18s %s (default %s)"):format(o[1] .. " " .. metavar, o[3],
@@ -67,11 +68,15 @@ function _M.die(name)
     end
 end
 
--- Refuses (die) each option of `names` (underscored) that is not a whole number >= 1.
-function _M.counts(opt, names, die)
+-- Refuses (die) each option of `names` (underscored) that is not a whole number >= least
+-- (1 unless given; infinity, which LuaJIT reads from "inf" or "1e400", is none: a run never ended).
+function _M.counts(opt, names, die, least)
+    least = least or 1
     for _, name in ipairs(names) do
         local v = opt[name]
-        if v < 1 or v ~= math.floor(v) then die(("--%s must be a whole number >= 1, got %s"):format(name:gsub("_", "-"), v)) end
+        if not (v >= least) or v ~= math.floor(v) or v == math.huge then
+            die(("--%s must be a whole number >= %d, got %s"):format(name:gsub("_", "-"), least, v))
+        end
     end
 end
 

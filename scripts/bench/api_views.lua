@@ -14,20 +14,20 @@ local responses = require "tinyloop.server.responses"
 local anthropic = require "tinyloop.server.anthropic"
 local ollama = require "tinyloop.server.ollama"
 
-local USAGE = "usage: luajit scripts/bench/api_views.lua [--model DIR] [--tokens 200] [--repeat 5]\n"
-local opt = { model = root .. "/models/tinyloop-austen", tokens = 200, repeat_ = 5 }
-for i = 1, #arg, 2 do
-    if arg[i] == "-h" or arg[i] == "--help" then io.write(USAGE) os.exit(0) end
-    local k = arg[i]:gsub("^%-%-", ""):gsub("%-", "_")
-    k = k == "repeat" and "repeat_" or k
-    if opt[k] == nil or arg[i + 1] == nil then -- (an unknown option was taken and ignored)
-        io.stderr:write("api_views: unknown option or missing value: ", tostring(arg[i]), "\n", USAGE)
-        os.exit(2)
-    end
-    opt[k] = arg[i + 1]
-end
-local model = assert(tinyloop.load(opt.model))
-local n_tokens, repeats = tonumber(opt.tokens), tonumber(opt.repeat_)
+local options = require "tinyloop.script_options"
+local opt = options.parse(arg, {
+    name = "api_views.lua", path = "scripts/bench/api_views.lua",
+    summary = "What serving the Responses, Anthropic and Ollama APIs over the chat path costs the event loop,\n"
+        .. "a chunk, next to the model's own time a token.",
+    { "model", root .. "/models/tinyloop-austen", "checkpoint directory", metavar = "DIR" },
+    { "tokens", 200, "tokens of the reply (the first comes from the prefill: at least 2)" },
+    { "repeat", 5, "runs (the median is printed)" },
+})
+local die = options.die("api_views.lua")
+options.counts(opt, { "repeat" }, die)
+options.counts(opt, { "tokens" }, die, 2)
+local model = options.load_model(tinyloop, opt, die)
+local n_tokens, repeats = opt.tokens, opt["repeat"]
 local prompt = model:encode("It is a truth universally acknowledged, that a single man in possession")
 local function median(t) table.sort(t) return t[math.floor((#t + 1) / 2)] end
 

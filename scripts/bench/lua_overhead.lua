@@ -12,13 +12,20 @@ local ffi = require "ffi"
 local tinyloop = require "tinyloop"
 local C = tinyloop.C
 
-local opt = { model = root .. "/models/tinyloop-austen", tokens = 200, repeat_ = 5 }
-for i = 1, #arg, 2 do
-    local k = arg[i]:gsub("^%-%-", ""):gsub("%-", "_")
-    opt[k == "repeat" and "repeat_" or k] = arg[i + 1]
-end
-local model = assert(tinyloop.load(opt.model))
-local n_tokens, repeats = tonumber(opt.tokens), tonumber(opt.repeat_)
+local options = require "tinyloop.script_options"
+local opt = options.parse(arg, {
+    name = "lua_overhead.lua", path = "scripts/bench/lua_overhead.lua",
+    summary = "What the Lua path costs: decode tokens/s of tl_generate, model:stream and model:generate with\n"
+        .. "three no-op hooks, on one model, prompt and config.",
+    { "model", root .. "/models/tinyloop-austen", "checkpoint directory", metavar = "DIR" },
+    { "tokens", 200, "greedy tokens a run (the first comes from the prefill: at least 2)" },
+    { "repeat", 5, "runs of each path (the median is printed)" },
+})
+local die = options.die("lua_overhead.lua")
+options.counts(opt, { "repeat" }, die)
+options.counts(opt, { "tokens" }, die, 2)
+local model = options.load_model(tinyloop, opt, die)
+local n_tokens, repeats = opt.tokens, opt["repeat"]
 local prompt = model:encode("It is a truth universally acknowledged, that a single man in possession")
 local function median(t) table.sort(t) return t[math.floor((#t + 1) / 2)] end
 
@@ -31,7 +38,7 @@ local function c_loop()
     local out = ffi.new("int32_t[?]", #prompt + n_tokens)
     local len, st = ffi.new("int[1]"), ffi.new("tl_generate_stats")
     assert(C.tl_generate(model.ptr, arr, #prompt, cfg, out, #prompt + n_tokens, len, st) == 0, ffi.string(C.tl_last_error()))
-    return st.tokens_emitted / (st.decode_ms / 1000)
+    return C.tl_stats_decode_tokens_per_s(st) -- (the engine's rule: the prefill's token is not decoded)
 end
 
 local function lua_stream()

@@ -21,18 +21,24 @@ local function now() -- CLOCK_MONOTONIC (1 on Linux), ms: wall time, where os.cl
     return tonumber(ts.tv_sec) * 1e3 + tonumber(ts.tv_nsec) * 1e-6
 end
 
-local opt = { model = root .. "/models/tinyloop-austen", sessions = 8, tokens = 32, ["repeat"] = 3, threads = 2 }
-local USAGE = "usage: luajit scripts/bench/lua_sweep.lua [--model DIR] [--sessions 8] [--tokens 32] [--repeat 3] [--threads 2]\n"
-for i = 1, #arg, 2 do
-    if arg[i] == "-h" or arg[i] == "--help" then io.write(USAGE) os.exit(0) end
-    local k = arg[i]:gsub("^%-%-", "")
-    if opt[k] == nil or arg[i + 1] == nil then
-        io.stderr:write("lua_sweep: unknown option or missing value: ", tostring(arg[i]), "\n", USAGE)
-        os.exit(2)
-    end
-    opt[k] = k == "model" and arg[i + 1] or tonumber(arg[i + 1])
+local options = require "tinyloop.script_options"
+local opt = options.parse(arg, {
+    name = "lua_sweep.lua", path = "scripts/bench/lua_sweep.lua",
+    summary = "A Lua parameter sweep, stepped one session at a time against all together (model:step_batch):\n"
+        .. "aggregate decode tokens/s of each and their ratio.",
+    { "model", root .. "/models/tinyloop-austen", "checkpoint directory", metavar = "DIR" },
+    { "sessions", 8, "sessions, each its own temperature and seed" },
+    { "tokens", 32, "tokens each (the first comes from the prefill, off the clock: at least 2)" },
+    { "repeat", 3, "runs of each way, alternated (the median is printed)" },
+    { "threads", 2, "CPU threads" },
+})
+local die = options.die("lua_sweep.lua")
+options.counts(opt, { "sessions", "repeat", "threads" }, die)
+options.counts(opt, { "tokens" }, die, 2)
+local model = options.load_model(tinyloop, opt, die)
+if 16 + opt.tokens > model:info().max_seq_len then -- (the prompt below: 16 ids)
+    die(("16 prompt tokens and --tokens %d exceed the model's context of %d"):format(opt.tokens, model:info().max_seq_len))
 end
-local model = assert(tinyloop.load(opt.model, { threads = opt.threads }))
 local info = model:info()
 local prompt = {}
 for i = 1, 16 do prompt[i] = (i * 7919) % (info.vocab_size - 1) end
