@@ -28,6 +28,7 @@
  *
  * Prompts are random token ids (seeded): the weights may be random too. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -235,9 +236,35 @@ static void state_file_figure(const tl_model *m, const int32_t *prompt, int len,
     tl_session_free(s);
 }
 
+/* A whole number in [lo, hi], all of `text` (atoi took "abc" as 0 and "2x" as 2). */
+static bool whole(const char *text, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    const long v = strtol(text, &end, 10);
+    if (end == text || *end || errno || v < lo || v > hi) return false;
+    *out = (int)v;
+    return true;
+}
+
+/* A comma-separated list of such numbers, at most `max` of them, none empty. */
+static bool whole_list(const char *text, long lo, long hi, int *out, int max, int *n) {
+    char copy[256];
+    if (snprintf(copy, sizeof copy, "%s", text) >= (int)sizeof copy) return false;
+    *n = 0;
+    for (char *at = copy;;) {
+        char *comma = strchr(at, ',');
+        if (comma) *comma = '\0';
+        if (*n == max || !whole(at, lo, hi, &out[*n])) return false;
+        (*n)++;
+        if (!comma) return true;
+        at = comma + 1;
+    }
+}
+
 int main(int argc, char **argv) {
     const char *dir = NULL, *counts = "1,2,4,8,16", *step_rows = "0";
     int threads = 0, steps = 32, prefix = 512, mix_prompt = 0, mix_tokens = 0, context = 0; /* 0: 16, or 1 on a short model */
+    bool prefix_given = false, prefix_capped = false;
     int rounds = 1;
     tl_backend_kind backend = TL_BACKEND_CPU;
     tl_load_options o; /* --kv-type sets its kv_type over the default (TINYLOOP_KV_TYPE) */
@@ -265,11 +292,22 @@ int main(int argc, char **argv) {
             return 0;
         }
         if (!v) { fprintf(stderr, "tinyloop-batch-bench: %s needs a value (see --help)\n", a); return 2; }
-        if (!strcmp(a, "--model")) dir = v;
-        else if (!strcmp(a, "--threads")) threads = atoi(v);
-        else if (!strcmp(a, "--steps")) steps = atoi(v);
-        else if (!strcmp(a, "--context")) context = atoi(v);
-        else if (!strcmp(a, "--prefix")) prefix = atoi(v);
+        /* the whole-number options: their place and range */
+        static const struct { const char *name; long lo, hi; } NUMBERS[] = {
+            {"--threads", 0, 1024}, {"--steps", 1, 1 << 20}, {"--context", 1, 1 << 24}, {"--prefix", 1, 1 << 24}};
+        int *const places[] = {&threads, &steps, &context, &prefix};
+        int number = -1;
+        for (int k = 0; k < 4; k++)
+            if (!strcmp(a, NUMBERS[k].name)) number = k;
+        if (number >= 0) {
+            if (!whole(v, NUMBERS[number].lo, NUMBERS[number].hi, places[number])) {
+                fprintf(stderr, "tinyloop-batch-bench: %s wants a whole number from %ld to %ld, got %s\n", a,
+                        NUMBERS[number].lo, NUMBERS[number].hi, v);
+                return 2;
+            }
+            prefix_given = prefix_given || !strcmp(a, "--prefix");
+        }
+        else if (!strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--sessions")) counts = v;
         else if (!strcmp(a, "--step-rows")) step_rows = v;
         else if (!strcmp(a, "--rounds")) {
@@ -279,8 +317,13 @@ int main(int argc, char **argv) {
                 return 2;
             }
         }
-        else if (!strcmp(a, "--backend") && (!strcmp(v, "cpu") || !strcmp(v, "cuda")))
+        else if (!strcmp(a, "--backend")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                fprintf(stderr, "tinyloop-batch-bench: --backend wants cpu or cuda, got %s\n", v);
+                return 2;
+            }
             backend = !strcmp(v, "cpu") ? TL_BACKEND_CPU : TL_BACKEND_CUDA;
+        }
         else if (!strcmp(a, "--kv-type")) {
             if (strcmp(v, "f32") && strcmp(v, "f16")) {
                 fprintf(stderr, "tinyloop-batch-bench: --kv-type wants f32 or f16, got %s\n", v);
@@ -297,11 +340,24 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "tinyloop-batch-bench: unknown option %s (see --help)\n", a); return 2; }
         i++;
     }
-    if (!dir) { fprintf(stderr, "tinyloop-batch-bench: need --model DIR (see --help)\n"); return 2; }
-    if (steps < 1 || prefix < 1) {
-        fprintf(stderr, "tinyloop-batch-bench: --steps and --prefix want 1 or more, got %d and %d\n", steps, prefix);
+    /* the lists, before anything is measured (a bad value was dropped, or refused after the
+       decode measurements) */
+    int session_list[MAX_COUNTS], n_session_list, rows_list[16], n_rows;
+    if (!whole_list(counts, 1, 64, session_list, MAX_COUNTS, &n_session_list)) {
+        fprintf(stderr, "tinyloop-batch-bench: --sessions wants up to %d counts of 1 to 64, comma-separated, got %s\n",
+                MAX_COUNTS, counts);
         return 2;
     }
+    if (!whole_list(step_rows, 0, 1 << 20, rows_list, 16, &n_rows)) {
+        fprintf(stderr, "tinyloop-batch-bench: --step-rows wants up to 16 values, comma-separated, got %s\n", step_rows);
+        return 2;
+    }
+    for (int r = 0; r < n_rows; r++)
+        if (rows_list[r] == 1) { /* (1 leaves one session no prompt row) */
+            fprintf(stderr, "tinyloop-batch-bench: --step-rows wants 0 or values >= 2, got 1\n");
+            return 2;
+        }
+    if (!dir) { fprintf(stderr, "tinyloop-batch-bench: need --model DIR (see --help)\n"); return 2; }
     o.n_threads = threads;
     o.backend = backend;
     tl_model *m;
@@ -313,8 +369,20 @@ int main(int argc, char **argv) {
         tl_model_free(m);
         return 2;
     }
+    /* the prefix, a new question token after it and the two tokens state_file_figure steps */
+    if (prefix + 3 > info->max_seq_len && prefix_given) {
+        fprintf(stderr, "tinyloop-batch-bench: --prefix %d and 3 tokens after it exceed the model's context of %d\n", prefix,
+                info->max_seq_len);
+        tl_model_free(m);
+        return 2;
+    }
+    if (prefix + 3 > info->max_seq_len) { /* (the default, on a short model: the line was left out) */
+        prefix = info->max_seq_len - 3;
+        prefix_capped = true;
+    }
     printf("model      %s (%lld params, %s, %.1f MB of weights), %d threads, %s KV\n", dir, (long long)info->n_params,
            info->weight_dtype, info->weight_bytes / 1e6, info->n_threads, info->kv_type);
+    if (prefix_capped) printf("(--prefix: the default 512 and 3 tokens after it exceed the model's context: %d here)\n", prefix);
 
     /* The ratios are to one session measured in this run, first (a ratio to the list's
        first entry would read 8x for 8 sessions whatever they did). */
@@ -326,15 +394,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int prompt_len = context;
-    char list[256];
-    snprintf(list, sizeof list, "%s", counts);
     /* The counts to measure after the baseline of one session (a leading 1 is the baseline). */
     int session_counts[MAX_COUNTS], n_counts = 0;
-    for (char *tok = strtok(list, ","); tok && n_counts < MAX_COUNTS; tok = strtok(NULL, ",")) {
-        const int n = atoi(tok);
-        if (n >= 1 && n <= 64 && !(n == 1 && n_counts == 0 && tok == list)) session_counts[n_counts++] = n;
-    }
-    const bool baseline_listed = atoi(counts) == 1;
+    for (int k = 0; k < n_session_list; k++)
+        if (!(k == 0 && session_list[k] == 1)) session_counts[n_counts++] = session_list[k];
+    const bool baseline_listed = session_list[0] == 1;
     double one_rates[MAX_ROUNDS], rates[MAX_COUNTS][MAX_ROUNDS], ratios[MAX_COUNTS][MAX_ROUNDS];
     fflush(stdout);
     for (int round = 0; round < rounds; round++) {
@@ -368,18 +432,6 @@ int main(int argc, char **argv) {
     fflush(stdout);
 
     if (mix_prompt > 0) {
-        int rows_list[16], n_rows = 0;
-        char rows_text[256];
-        snprintf(rows_text, sizeof rows_text, "%s", step_rows);
-        for (char *tok = strtok(rows_text, ","); tok && n_rows < 16; tok = strtok(NULL, ",")) {
-            rows_list[n_rows] = atoi(tok);
-            if (rows_list[n_rows] < 0 || rows_list[n_rows] == 1) { /* (1 leaves one session no prompt row) */
-                fprintf(stderr, "tinyloop-batch-bench: --step-rows wants 0 or values >= 2, got %s\n", tok);
-                return 2;
-            }
-            n_rows++;
-        }
-        if (n_rows == 0) rows_list[n_rows++] = 0;
         printf("\nserving mix: prompts of %d tokens, %d tokens each at temperature 0.8, a finished session replaced at once\n"
                "     sessions     step rows   aggregate tok/s   vs one session   step p50 / p99 / max ms   CPU %%   tok per CPU-s\n",
                mix_prompt, mix_tokens);
@@ -393,10 +445,8 @@ int main(int argc, char **argv) {
         printf("mix %8d   %11d   %15.1f   %13.2fx   %7.1f / %7.1f / %7.1f   %5.0f   %13.1f   (the baseline)\n", 1,
                rows_list[0], mix_one, 1.0, quantile(&times, 0.5), quantile(&times, 0.99), times.ms[times.n - 1],
                100 * share, mix_one / share);
-        snprintf(list, sizeof list, "%s", counts);
-        for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
-            const int n = atoi(tok);
-            if (n < 1 || n > 64) continue;
+        for (int k = 0; k < n_session_list; k++) {
+            const int n = session_list[k];
             for (int r = 0; r < n_rows; r++) { /* in turn, so that drift falls on every value alike */
                 if (rows_list[r] > 0 && rows_list[r] <= n) {
                     printf("mix %8d   %11d   (the engine needs more step rows than sessions)\n", n, rows_list[r]);
@@ -413,7 +463,7 @@ int main(int argc, char **argv) {
         free(times.ms);
     }
 
-    if (prefix + 2 <= info->max_seq_len) {
+    {
         int32_t *prompt = malloc((size_t)(prefix + 1) * sizeof *prompt);
         for (int k = 0; k <= prefix; k++) prompt[k] = random_token(info->vocab_size);
         int reused;
