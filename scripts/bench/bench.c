@@ -1077,8 +1077,10 @@ int main(int argc, char **argv) {
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
 
+    /* opened now, so that a path it cannot write fails before the run, but emptied only when
+       the results are written (opened to write, a run refused afterwards left it empty) */
     FILE *csv = NULL;
-    if (o.csv && !(csv = fopen(o.csv, "w"))) die(1, "--csv: cannot open %s: %s", o.csv, strerror(errno));
+    if (o.csv && !(csv = fopen(o.csv, "a"))) die(1, "--csv: cannot open %s: %s", o.csv, strerror(errno));
 
     /* ---- the checkpoint */
     const char *model_dir = o.model_dir;
@@ -1161,7 +1163,9 @@ int main(int argc, char **argv) {
             for (int i = 0; i < 7; i++) layer_shapes[i] = *l0[i];
             int instances = c->n_prelude + c->n_block * loops + c->n_coda;
             mean_ctx = o.prompt_len + (o.decode + 1) / 2.0;
-            kv_bytes = instances * mean_ctx * 2.0 * c->n_kv_heads * c->head_dim * sizeof(float);
+            /* (the cache's own element: TINYLOOP_KV_TYPE=f16 halves it; it read f32 always) */
+            const bool kv_f16 = !strcmp(info0.kv_type, "f16");
+            kv_bytes = instances * mean_ctx * 2.0 * c->n_kv_heads * c->head_dim * (kv_f16 ? 2.0 : 4.0);
             printf("model      %s (%s%s)\n", label, o.model_dir ? "" : "random, ", info0.weight_dtype);
             if (!o.model_dir) printf("checkpoint %s%s\n", model_dir, o.keep ? " (kept)" : " (removed at exit)");
             printf("shape      vocab %d, d_model %d, heads %d/%d, d_ff %d, layers %d + %d x loops + %d, "
@@ -1193,8 +1197,8 @@ int main(int argc, char **argv) {
                    "norm/bias vectors %.3f + embedding rows %.3f\n",
                    bb.total / MB, bb.layers / MB, bb.inject / MB, bb.lm_head / MB, bb.vectors / MB,
                    bb.embed_rows / MB);
-            printf("kv reads   %.2f MB/token at mean context %.0f (f32 K+V, not counted in bytes/tok)\n",
-                   kv_bytes / MB, mean_ctx);
+            printf("kv reads   %.2f MB/token at mean context %.0f (%s K+V, not counted in bytes/tok)\n",
+                   kv_bytes / MB, mean_ctx, kv_f16 ? "f16" : "f32");
             printf("L3         %.1f MiB (%s)\n", l3 / MIB, l3_source);
             printf("stream     %.0f MiB buffer (%.1f x L3), best of %d passes, %s\n",
                    stream_bytes / MIB, l3 > 0.0 ? stream_bytes / l3 : 0.0, 2 * o.stream_passes,
@@ -1308,12 +1312,18 @@ int main(int argc, char **argv) {
     }
 
     if (csv) {
+        if (fflush(csv) != 0 || ftruncate(fileno(csv), 0) != 0) die(1, "--csv: cannot write %s: %s", o.csv, strerror(errno));
         fprintf(csv, "model,dtype,loops,prompt_len,decode,threads,prefill_tok_s,decode_tok_s,"
                      "weight_bytes_per_token,decode_gb_s,stream_gb_s,decode_pct_of_stream,"
                      "prefill_gflop_s,sgemm_gflop_s,prefill_pct_of_sgemm,l3_bytes\n");
         for (int i = 0; i < o.n_threads; i++) {
             const result_row *r = &rows[i];
-            fprintf(csv, "\"%s\",%s,%d,%d,%d,%d,%.3f,%.3f,%.0f,%.4f,%.4f,%.2f,%.3f,%.3f,%.2f,%.0f\n", label,
+            fputc('"', csv); /* the label quoted, its quotes doubled (RFC 4180) */
+            for (const char *ch = label; *ch; ch++) {
+                if (*ch == '"') fputc('"', csv);
+                fputc(*ch, csv);
+            }
+            fprintf(csv, "\",%s,%d,%d,%d,%d,%.3f,%.3f,%.0f,%.4f,%.4f,%.2f,%.3f,%.3f,%.2f,%.0f\n",
                     info0.weight_dtype, loops, o.prompt_len, o.decode, r->threads, r->prefill_tps,
                     r->decode_tps, r->bytes_per_token, r->decode_gbs, r->stream_gbs, r->pct,
                     r->prefill_gflops, r->sgemm_gflops, r->sgemm_pct, l3);
