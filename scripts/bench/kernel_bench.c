@@ -20,6 +20,7 @@
  * in one-panel tiles), inside the timing, as the engine does
  * once per product. A tool, not a test: speed figures drift with the machine. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -107,10 +108,22 @@ static int parse_list(const char *s, int *out) {
     int n = 0;
     for (char *end; *s && n < MAX_LIST; s = *end ? end + 1 : end) {
         long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > 4096) return -1;
+        /* a number, then a comma or the end ("1.5" read as rows 1 and 5, "1x4" as 1 and 4) */
+        if (end == s || v < 1 || v > 4096 || (*end && *end != ',') || (*end == ',' && !end[1])) return -1;
         out[n++] = (int)v;
     }
     return n;
+}
+
+/* A whole number or (real) a number, all of `text` (atoi and atof read "abc" as 0, "2x" as 2,
+   and atof "nan" as NaN, which passed the range checks). */
+static bool number_arg(const char *text, bool real, double *out) {
+    char *end;
+    errno = 0;
+    const double v = real ? strtod(text, &end) : (double)strtol(text, &end, 10);
+    if (end == text || *end || errno || v != v) return false;
+    *out = v;
+    return true;
 }
 
 static uint32_t rng_state = 12345u;
@@ -172,11 +185,18 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--help")) return usage(NULL), 0;
         if (!v) return usage("every option takes a value");
         i++;
-        if (!strcmp(a, "--k")) k = atoi(v);
-        else if (!strcmp(a, "--cols")) cols = atoi(v);
-        else if (!strcmp(a, "--mb")) mb = atof(v);
-        else if (!strcmp(a, "--threads")) threads = atoi(v);
-        else if (!strcmp(a, "--repeat")) repeat = atoi(v);
+        double x = 0;
+        const bool numeric = !strcmp(a, "--k") || !strcmp(a, "--cols") || !strcmp(a, "--mb") || !strcmp(a, "--threads") ||
+                             !strcmp(a, "--repeat");
+        if (numeric && (!number_arg(v, !strcmp(a, "--mb"), &x) || x < -1e9 || x > 1e9)) {
+            fprintf(stderr, "tinyloop-kernel-bench: %s wants a number, got %s\n", a, v);
+            return 2;
+        }
+        if (!strcmp(a, "--k")) k = (int)x;
+        else if (!strcmp(a, "--cols")) cols = (int)x;
+        else if (!strcmp(a, "--mb")) mb = x;
+        else if (!strcmp(a, "--threads")) threads = (int)x;
+        else if (!strcmp(a, "--repeat")) repeat = (int)x;
         else if (!strcmp(a, "--dtype")) dtypes = v;
         else if (!strcmp(a, "--isa")) isas = v;
         else if (!strcmp(a, "--f16-halves") || !strcmp(a, "--pair-tiles")) {
@@ -219,7 +239,9 @@ int main(int argc, char **argv) {
     }
     if (n_families == 0) return usage("--isa names none of generic, avx2, avx512, avx512-vnni");
 
-    /* Every dtype named is known, and q8/q4 get whole groups, before anything runs. */
+    /* Every dtype named is known, and q8/q4 get whole groups, before anything runs (none, an
+       empty --dtype, printed an empty table) */
+    if (!*dtypes) return fprintf(stderr, "tinyloop-kernel-bench: --dtype names no type\n"), 2;
     for (const char *d = dtypes; *d;) {
         const size_t len = strcspn(d, ",");
         const bool quantised = (len == 2 && (!strncmp(d, "q8", 2) || !strncmp(d, "q4", 2)));
