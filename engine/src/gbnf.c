@@ -49,8 +49,10 @@ static void position(parser *ps, const char *at, int *line, int *col) {
         *col = ps->pos_col;
     }
     for (; c < at && c < ps->end; c++) {
-        if (*c == '\n') { (*line)++; *col = 1; }
-        else if (((unsigned char)*c & 0xC0) != 0x80) (*col)++;
+        /* a line ends at "\n", "\r\n" or a lone "\r", as the parser reads it (the position
+           counted "\n" only: a file of lone CRs was all line 1) */
+        if (*c == '\n' || (*c == '\r' && (c + 1 >= ps->end || c[1] != '\n'))) { (*line)++; *col = 1; }
+        else if (*c != '\r' && ((unsigned char)*c & 0xC0) != 0x80) (*col)++;
     }
     ps->pos_at = c;
     ps->pos_line = *line;
@@ -392,19 +394,20 @@ static bool parse_postfix(parser *ps, seq *s) {
     if (c == '*') { ps->at++; return apply_repeat(ps, s, 0, -1); }
     if (c == '+') { ps->at++; return apply_repeat(ps, s, 1, -1); }
     if (c == '?') { ps->at++; return apply_repeat(ps, s, 0, 1); }
-    /* '{' */
+    /* '{': inside parentheses, line ends may stand between its parts (llama.cpp's) */
+    const bool nested = ps->depth > 0;
     ps->at++;
-    skip_space(ps, false);
+    skip_space(ps, nested);
     int min, max;
     if (!parse_int(ps, &min)) return false;
-    skip_space(ps, false);
+    skip_space(ps, nested);
     max = min;
     if (ps->at < ps->end && *ps->at == ',') {
         ps->at++;
-        skip_space(ps, false);
+        skip_space(ps, nested);
         if (ps->at < ps->end && *ps->at == '}') max = -1;
         else if (!parse_int(ps, &max)) return false;
-        skip_space(ps, false);
+        skip_space(ps, nested);
     }
     if (ps->at >= ps->end || *ps->at != '}') return fail_at(ps, ps->at, "%s", "expected '}' to close '{m,n}'");
     ps->at++;
@@ -424,9 +427,8 @@ static bool parse_sequence(parser *ps, seq *s) {
         const int element = s->n; /* the element's first item: a postfix applies to all of them */
         if (c == '"') {
             ps->at++;
-            for (;;) {
-                if (ps->at >= ps->end || *ps->at == '\n')
-                    return fail_at(ps, start, "%s", "unterminated string literal: expected '\"'");
+            for (;;) { /* (a line end inside is a character of it, as llama.cpp reads it) */
+                if (ps->at >= ps->end) return fail_at(ps, start, "%s", "unterminated string literal: expected '\"'");
                 if (*ps->at == '"') { ps->at++; break; }
                 uint32_t cp;
                 if (!parse_char(ps, &cp, "a string literal")) return false;

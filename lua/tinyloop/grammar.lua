@@ -365,7 +365,14 @@ function M.lit(s)
 end
 function M.class(spec)
     if type(spec) ~= "string" or spec == "" then raise("tinyloop.grammar.class: expected a non-empty class such as \"a-z\"") end
-    return expr("[" .. spec:gsub("%]", "\\]"):gsub("\n", "\\n") .. "]")
+    -- (a bare ']' or newline becomes its escape; an escape already written is kept whole:
+    -- "a\\]" became "[a\\\\]]", a backslash and a stray ']')
+    local out = spec:gsub("\\?.", function(piece)
+        if piece == "]" then return "\\]" end
+        if piece == "\n" then return "\\n" end
+        return piece
+    end)
+    return expr("[" .. out .. "]")
 end
 function M.any() return expr(".") end
 -- One whole token (GBNF's <[id]> or <text>): by id, or by its whole text, brackets included

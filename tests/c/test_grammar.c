@@ -83,6 +83,9 @@ static void test_parse_errors(void) {
         {"root ::= a \"x\"\na ::= (\"y\"?)* a \"z\" | \"w\"", "is left-recursive"},
         {"root ::= [a-", "line 1, column 10: unterminated character class: expected ']' (in rule 'root')"},
         {"root ::= ok\nok ::= \"abc", "line 2, column 8: unterminated string literal"},
+        /* a lone CR ends a line in the positions too, as in the parser (all was line 1) */
+        {"root ::= \"a\"\rx ::= \"\\q\"", "line 2, column 8: unknown escape '\\q'"},
+        {"root ::= \"a\"\r\nx ::= \"\\q\"", "line 2, column 8: unknown escape '\\q'"},
         {"root ::= ok\nok ::= \"abc", "(in rule 'ok')"},
         {"root = \"a\"", "line 1, column 6: expected '::=' after rule name 'root'"},
         {"root ::= \"a\" )", "unexpected ')'"},
@@ -187,6 +190,13 @@ static void test_dialect(void) {
     static const char *y7[] = {"x", "ababyz", "abxc", "xcc", NULL};
     static const char *n7[] = {"", "ab", "xccc", NULL};
     expect(g, "spaces", y7, n7);
+    tl_compiled_grammar_free(g);
+    /* as llama.cpp reads them (both were refused): a line end inside a string literal is a
+       character of it, and inside parentheses line ends may stand within '{m,n}' */
+    g = compile("root ::= \"a\nb\" (\"c\"{\n1,\n2\n})");
+    static const char *y_lines[] = {"a\nbc", "a\nbcc", NULL};
+    static const char *n_lines[] = {"abc", "a\nb", "a\nbccc", NULL};
+    expect(g, "line ends", y_lines, n_lines);
     tl_compiled_grammar_free(g);
 }
 

@@ -322,6 +322,11 @@ describe("tinyloop.grammar", function()
         assert.is_true(g:matches("(1]"))
         assert.is_false(g:matches("(1234)"))
         assert.is_true(assert(G.build(G.plus(G.lit("ab")))):matches("abab"))
+        -- a class spec in GBNF syntax: an escape already written is kept ("a\\]" was made
+        -- "[a\\\\]]"), a bare ']' is escaped
+        local cls = assert(G.build(G.class("a\\]")))
+        assert.same({ true, true, false }, { cls:matches("]"), cls:matches("a"), cls:matches("\\") })
+        assert.is_true(assert(G.build(G.class("x]"))):matches("]"))
         -- token references: their GBNF, and the refusals
         assert.equal("root ::= (<think> (!<[7]>){0,} <[7]>)\n",
                      assert(G.build(G.seq(G.token("<think>"), G.star(G.not_token(7)), G.token(7)))):gbnf())
