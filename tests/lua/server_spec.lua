@@ -3863,6 +3863,65 @@ describe("scripts/serve options", function()
         end
     end)
 
+    it("stops on the terminal's hang-up, refuses a busy port and a model that cannot load at once, and takes odd prefixes and IPv6", function()
+        -- a closed terminal (SIGHUP to the process group): the script and nginx go, with the
+        -- temp prefix (nginx took the HUP as a reload and ran on, an orphan); a second serve
+        -- on that port is refused (it said it served, then exited 0)
+        local p = free_port()
+        local pre = dir .. "/hangup"
+        os.execute(("TMPDIR=%s setsid scripts/serve --port %d --threads 1 --prefix-pool-mb 0 > %s.log 2>&1 & echo $! > %s.pid")
+                   :format(dir, p, pre, pre))
+        local up = false
+        for _ = 1, 300 do
+            if curl("http://127.0.0.1:" .. p .. "/health") == 200 then up = true break end
+            os.execute("sleep 0.1")
+        end
+        assert.is_true(up, sh("cat " .. pre .. ".log"))
+        local busy = sh(("scripts/serve --port %d 2>&1; echo \"exit $?\""):format(p))
+        assert.truthy(busy:find("127.0.0.1:" .. p .. " is in use", 1, true) and busy:find("exit 2", 1, true), busy)
+        local pid = sh("cat " .. pre .. ".pid"):gsub("%s+$", "")
+        os.execute("kill -HUP -" .. pid) -- (dash's kill takes no "--")
+        local gone = false
+        for _ = 1, 50 do
+            if sh("pgrep -g " .. pid .. " | wc -l"):match("^0") then gone = true break end
+            os.execute("sleep 0.1")
+        end
+        assert.is_true(gone, sh("pgrep -a -g " .. pid .. "; cat " .. pre .. ".log"))
+        assert.equal("", sh("ls " .. dir .. " | grep tinyloop-serve || true"))
+        -- a model the workers cannot load: said at once, exit 1 (it waited a minute, said it
+        -- served, and exited 0 later)
+        local bad = sh("mktemp -d"):gsub("%s+$", "") -- (open to nginx's workers, who run as nobody under root)
+        os.execute("chmod 755 " .. bad .. " && echo '{\"nonsense\": 1}' > " .. bad .. "/config.json && : > " .. bad .. "/model.safetensors")
+        local t0 = os.time()
+        local out = sh(("TMPDIR=%s scripts/serve --port %d --model %s 2>&1; echo \"exit $?\""):format(dir, free_port(), bad))
+        assert.truthy(out:find("serve: the server cannot serve: ", 1, true) and out:find("exit 1", 1, true), out)
+        assert.is_nil(out:find("TinyLoop serving", 1, true), out)
+        assert.is_true(os.time() - t0 < 30, out)
+        os.execute("rm -rf " .. bad)
+        -- a relative --prefix, one with a space, and an IPv6 host unbracketed (nginx read
+        -- "relpfx/relpfx/nginx.conf", refused the space in its "pid" line, and took ::1:PORT for
+        -- no address)
+        p = free_port()
+        pre = dir .. "/ipv6"
+        os.execute(("cd %s && mkdir -p 'a b' && setsid %s/scripts/serve --port %d --host ::1 --threads 1 --prefix-pool-mb 0 " ..
+                    "--prefix 'a b/rel' > %s.log 2>&1 & echo $! > %s.pid"):format(dir, H.ROOT, p, pre, pre))
+        up = false
+        for _ = 1, 300 do
+            if curl("http://[::1]:" .. p .. "/health") == 200 then up = true break end
+            os.execute("sleep 0.1")
+        end
+        os.execute("kill -TERM $(cat " .. pre .. ".pid)")
+        assert.is_true(up, sh("cat " .. pre .. ".log"))
+        -- values that broke the config or its substitution: refused, nothing left behind
+        for args, want in pairs({ ["--log-level 'warn|x'"] = "--log-level must be", ["--host '127.0.0.1|x'"] = "--host must be",
+                                  ["--threads 2000"] = "--threads must be at most 1024", ["--model '" .. dir .. "/q\"m'"] = "must not contain a quote" }) do
+            os.execute("mkdir -p '" .. dir .. "/q\"m' && cp models/tinyloop-austen/config.json '" .. dir .. "/q\"m/'")
+            out = sh("TMPDIR=" .. dir .. " scripts/serve --port 1 " .. args .. " 2>&1; echo \"exit $?\"")
+            assert.truthy(out:find(want, 1, true) and out:find("exit 2", 1, true), out)
+        end
+        assert.equal("", sh("ls " .. dir .. " | grep tinyloop-serve || true"))
+    end)
+
     it("scores echoed prompts in the places of --embed-jobs: past the pool's Lua VMs they wait, not fail", function()
         -- (scored before the engine's limit was checked, they ran unbounded: 16 at once on a pool
         -- of 10 VMs, 6 answered 500 "no available Lua vm")
@@ -3880,11 +3939,19 @@ describe("scripts/serve options", function()
     it("refuses, as root, a checkpoint that nginx's workers (nobody) cannot read", function()
         if sh("id -u"):gsub("%s+$", "") ~= "0" then return end -- workers then run as the caller
         local dir = sh("mktemp -d"):gsub("%s+$", "") -- 0700: root only
-        os.execute("cp " .. MODEL .. "/config.json " .. dir .. "/")
+        os.execute("cp " .. MODEL .. "/config.json " .. MODEL .. "/tokenizer.json " .. dir .. "/")
+        -- the directory closed (chmod -R of the files, which the message suggested, did not open it)
         local out = sh("scripts/serve --model " .. dir .. " --port 1 2>&1; echo \"exit $?\"")
-        os.execute("rm -rf " .. dir)
-        assert.truthy(out:find("cannot read " .. dir .. "/config.json", 1, true), out)
+        assert.truthy(out:find("cannot enter " .. dir .. ": a directory on its path is closed", 1, true), out)
         assert.truthy(out:find("exit 2", 1, true), out)
+        -- a file closed: config.json, and the tokenizer's too (it failed at the first request)
+        os.execute("chmod 755 " .. dir .. " && chmod 600 " .. dir .. "/config.json")
+        out = sh("scripts/serve --model " .. dir .. " --port 1 2>&1; echo \"exit $?\"")
+        assert.truthy(out:find("cannot read " .. dir .. "/config.json", 1, true) and out:find("exit 2", 1, true), out)
+        os.execute("chmod 644 " .. dir .. "/config.json && chmod 600 " .. dir .. "/tokenizer.json")
+        out = sh("scripts/serve --model " .. dir .. " --port 1 2>&1; echo \"exit $?\"")
+        os.execute("rm -rf " .. dir)
+        assert.truthy(out:find("cannot read " .. dir .. "/tokenizer.json", 1, true) and out:find("exit 2", 1, true), out)
     end)
 end)
 
