@@ -3716,6 +3716,7 @@ describe("scripts/serve options", function()
         for args, want in pairs({ ["--port"] = "--port needs a value", ["--max-active 08"] = "got '08'",
                                   ["--workers 0"] = "--workers must be at least 1", ["--max-active 0"] = "--max-active must be at least 1",
                                   ["--embed-jobs 0"] = "--embed-jobs must be at least 1", ["--embed-jobs x"] = "got 'x'",
+                                  ["--max-body 0"] = "--max-body must be at least 1",
                                   ["--step-rows -1"] = "--step-rows must be a non-negative integer, got '-1'",
                                   ["--grammar-cache-mb 1.5"] = "--grammar-cache-mb must be a non-negative integer, got '1.5'",
                                   ["--max-active 8 --step-rows 8"] = "--step-rows must be 0 or more than --max-active (8), got 8",
