@@ -1576,6 +1576,11 @@ describe("chat completions", function()
         choice, text, calls, finish = both(held)
         assert.same({ "Ok.", nil, "stop" }, { choice.message.content, choice.message.tool_calls, choice.finish_reason })
         assert.same({ "Ok.", {}, "stop" }, { text, calls, finish })
+        -- a stop string after the call's JSON (its end tag): the call is whole, "tool_calls"
+        held.stop = { "</tool_call>" }
+        choice, text, calls, finish = both(held)
+        assert.same({ "Ok.", 1, "tool_calls" }, { choice.message.content, #choice.message.tool_calls, choice.finish_reason })
+        assert.same({ "Ok.", 1, "tool_calls" }, { text, #calls, finish })
         -- (the model's own end inside a call is no cut: the text is content, as before)
         held.stop, held.grammar = nil, "root ::= " .. cjson.encode(written:sub(1, -25)):gsub("\\/", "/")
         choice, text = both(held)

@@ -899,7 +899,9 @@ local function read_calls(r, st, text)
     local cut = st.finish_reason == "length" or st.stop_reason ~= nil
     local content, calls = tools.parse(text, st.tools, function(k) return call_id(r, st, k) end, cut)
     if calls then
-        if not cut then st.finish_reason = "tool_calls" end
+        -- (whole calls answer "tool_calls", though a stop string of the request's ended the text:
+        -- agents loop on it; the token limit's "length" says one may be missing)
+        if st.finish_reason ~= "length" then st.finish_reason = "tool_calls" end
         metrics.incr("tool_calls", #calls)
     end
     return content, calls
