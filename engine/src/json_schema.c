@@ -557,7 +557,11 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
        compiled again with them) */
     for (i = 0; i < n; i++) {
         char sub[512];
-        snprintf(sub, sizeof sub, "%.300s/properties/%.100s", path, prop[i]->string);
+        /* (an undeclared required name's schema is additionalProperties': a fault is named there) */
+        const bool additional_schema = (prop[i]->type & cJSON_IsReference) && additional && prop[i]->child &&
+                                       prop[i]->child == additional->child;
+        if (additional_schema) snprintf(sub, sizeof sub, "%.400s/additionalProperties", path);
+        else snprintf(sub, sizeof sub, "%.300s/properties/%.100s", path, prop[i]->string);
         value[i] = schema(c, prop[i], sub, depth + 1);
         if (value[i] < 0) goto done;
     }
@@ -735,6 +739,11 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
             const int any = new_rule(c);
             strbuf_printf(&c->out, "r%d ::= object\n", any);
             return any;
+        }
+        if (!props && !additional) { /* required names alone: any object that has them (it took no other key) */
+            cJSON *any = cJSON_CreateTrue();
+            if (!any || !keep_made(c, any)) return fail(c, path, "out of memory");
+            additional = any;
         }
         return object_schema(c, props, req, additional, path, depth);
     }

@@ -452,9 +452,10 @@ static void test_json_schema(void) {
     tl_compiled_grammar_free(g);
     /* a required name that 'properties' lacks: an additional property that must be there, of
        additionalProperties' schema or any value (it was refused, a valid schema that tools
-       without parameters' descriptions send) */
+       without parameters' descriptions send); without 'properties' the object stays open, as
+       an object that declares no keys is any object */
     g = schema("{\"type\":\"object\",\"required\":[\"y\",\"y\"]}");
-    static const char *y_req[] = {"{\"y\":1}", "{\"y\":{\"s\":[2]}}", NULL};
+    static const char *y_req[] = {"{\"y\":1}", "{\"y\":{\"s\":[2]}}", "{\"y\":1,\"x\":\"z\"}", NULL};
     static const char *n_req[] = {"{}", "{\"x\":1}", "{\"y\":1,\"y\":2}", NULL};
     expect(g, "required, undeclared", y_req, n_req);
     tl_compiled_grammar_free(g);
@@ -576,6 +577,10 @@ static void test_json_schema(void) {
         {"{\"type\":\"object\",\"required\":[\"z\"],\"additionalProperties\":false}",
          "required property 'z' is not in 'properties', and additionalProperties is false: no object matches"},
         {"{\"type\":\"object\",\"required\":[1]}", "'required' must list property names (strings)"},
+        /* a fault of additionalProperties' schema, which an undeclared required name takes, is
+           named there */
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"],\"additionalProperties\":{\"type\":\"bogus\"}}",
+         "at /additionalProperties: unknown type 'bogus'"},
         {"{\"type\":", "not valid JSON"},
         {"{\"not\":{}}", "unsupported keyword 'not'"},
         /* schemas that match nothing, or whose branches would need intersecting (each once
