@@ -377,12 +377,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (prefix + 3 > info->max_seq_len) { /* (the default, on a short model: the line was left out) */
-        prefix = info->max_seq_len - 3;
+        prefix = info->max_seq_len - 3; /* (< 1 on a model of 3 positions or fewer: no prefix figure) */
         prefix_capped = true;
     }
     printf("model      %s (%lld params, %s, %.1f MB of weights), %d threads, %s KV\n", dir, (long long)info->n_params,
            info->weight_dtype, info->weight_bytes / 1e6, info->n_threads, info->kv_type);
-    if (prefix_capped) printf("(--prefix: the default 512 and 3 tokens after it exceed the model's context: %d here)\n", prefix);
+    if (prefix_capped && prefix >= 1)
+        printf("(--prefix: the default 512 and 3 tokens after it exceed the model's context: %d here)\n", prefix);
 
     /* The ratios are to one session measured in this run, first (a ratio to the list's
        first entry would read 8x for 8 sessions whatever they did). */
@@ -463,8 +464,9 @@ int main(int argc, char **argv) {
         free(times.ms);
     }
 
-    {
+    if (prefix >= 1) {
         int32_t *prompt = malloc((size_t)(prefix + 1) * sizeof *prompt);
+        if (!prompt) die("out of memory");
         for (int k = 0; k <= prefix; k++) prompt[k] = random_token(info->vocab_size);
         int reused;
         const double cold = first_token_ms(m, prompt, prefix + 1, &reused);

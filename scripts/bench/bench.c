@@ -1077,10 +1077,13 @@ int main(int argc, char **argv) {
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
 
-    /* opened now, so that a path it cannot write fails before the run, but emptied only when
-       the results are written (opened to write, a run refused afterwards left it empty) */
-    FILE *csv = NULL;
-    if (o.csv && !(csv = fopen(o.csv, "a"))) die(1, "--csv: cannot open %s: %s", o.csv, strerror(errno));
+    /* a path it cannot write fails before the run, but the file is written (emptied) only with
+       the results (opened to write here, a run refused afterwards left it empty) */
+    if (o.csv) {
+        FILE *probe = fopen(o.csv, "a");
+        if (!probe) die(1, "--csv: cannot open %s: %s", o.csv, strerror(errno));
+        fclose(probe);
+    }
 
     /* ---- the checkpoint */
     const char *model_dir = o.model_dir;
@@ -1311,8 +1314,14 @@ int main(int argc, char **argv) {
         printf("\n");
     }
 
-    if (csv) {
-        if (fflush(csv) != 0 || ftruncate(fileno(csv), 0) != 0) die(1, "--csv: cannot write %s: %s", o.csv, strerror(errno));
+    if (o.csv) {
+        /* --csv /dev/stdout into a file: after the table, not over it */
+        struct stat csv_stat, out_stat;
+        fflush(stdout);
+        const bool is_stdout = stat(o.csv, &csv_stat) == 0 && fstat(1, &out_stat) == 0 && csv_stat.st_dev == out_stat.st_dev &&
+                               csv_stat.st_ino == out_stat.st_ino;
+        FILE *csv = fopen(o.csv, is_stdout ? "a" : "w");
+        if (!csv) die(1, "--csv: cannot open %s: %s", o.csv, strerror(errno));
         fprintf(csv, "model,dtype,loops,prompt_len,decode,threads,prefill_tok_s,decode_tok_s,"
                      "weight_bytes_per_token,decode_gb_s,stream_gb_s,decode_pct_of_stream,"
                      "prefill_gflop_s,sgemm_gflop_s,prefill_pct_of_sgemm,l3_bytes\n");
