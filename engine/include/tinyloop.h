@@ -73,6 +73,8 @@ typedef enum tl_kv_type {
     TL_KV_F16 = 1
 } tl_kv_type;
 
+enum { TL_MAX_THREADS = 1024 }; /* the most CPU worker threads a model takes (n_threads) */
+
 typedef struct tl_load_options {
     int n_threads;           /* CPU worker threads; 0 = one per core this process may use
                                 (its affinity mask, capped by its cgroup CPU quota) */

@@ -639,9 +639,9 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: unknown backend %d", (int)opts->backend);
     if (opts->mmap_weights != 0 && opts->mmap_weights != 1)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: mmap_weights = %d must be 0 or 1", opts->mmap_weights);
-    if (opts->n_threads < 0 || opts->n_threads > 1024)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: n_threads = %d is out of range [0, 1024]",
-                       opts->n_threads);
+    if (opts->n_threads < 0 || opts->n_threads > TL_MAX_THREADS)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: n_threads = %d is out of range [0, %d]", opts->n_threads,
+                       TL_MAX_THREADS);
     if (opts->kv_type != TL_KV_F32 && opts->kv_type != TL_KV_F16)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "load options: unknown kv_type %d (f32 = 0, f16 = 1)",
                        (int)opts->kv_type);

@@ -24,6 +24,7 @@ typedef enum tl_kv_type {
     TL_KV_F32 = 0,
     TL_KV_F16 = 1
 } tl_kv_type;
+enum { TL_MAX_THREADS = 1024 };
 typedef struct tl_load_options {
     int n_threads;
     tl_backend_kind backend;

@@ -226,7 +226,7 @@ function _M.parse(argv, default_model)
                 o.kv_type = v
             else
                 o.threads = tonumber(v)
-                if not o.threads or o.threads < 1 or o.threads > 1024 or o.threads ~= math.floor(o.threads) then
+                if not o.threads or o.threads < 1 or o.threads > tinyloop.C.TL_MAX_THREADS or o.threads ~= math.floor(o.threads) then
                     return nil, usage_error("bad value for --threads: " .. v)
                 end
             end

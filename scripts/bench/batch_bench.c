@@ -294,7 +294,7 @@ int main(int argc, char **argv) {
         if (!v) { fprintf(stderr, "tinyloop-batch-bench: %s needs a value (see --help)\n", a); return 2; }
         /* the whole-number options: their place and range */
         static const struct { const char *name; long lo, hi; } NUMBERS[] = {
-            {"--threads", 0, 1024}, {"--steps", 1, 1 << 20}, {"--context", 1, 1 << 24}, {"--prefix", 1, 1 << 24}};
+            {"--threads", 0, TL_MAX_THREADS}, {"--steps", 1, 1 << 20}, {"--context", 1, 1 << 24}, {"--prefix", 1, 1 << 24}};
         int *const places[] = {&threads, &steps, &context, &prefix};
         int number = -1;
         for (int k = 0; k < 4; k++)
