@@ -368,7 +368,8 @@ typedef struct tl_generate_config {
     float length_penalty;            /* 1.0 */
     int early_exit_patience;         /* 0 = off; > 0: a decode token exits once the criterion
                                         held at this many checked loops in a row */
-    int early_exit_min_L;            /* 2; the first loop checked (and probed) */
+    int early_exit_min_L;            /* 2; the first loop checked (and probed); at most max_loops
+                                        while early exit is on */
     int early_exit_peek_every;       /* 1; then every this many loops, below `loops` */
     float early_exit_logit_margin;   /* 0.0; > 0: a probe is stable when top1 - top2 logit >= it */
     float early_exit_threshold;      /* 0.03: hidden-state mode: a probe is stable when the

@@ -642,7 +642,7 @@ tl_status tl_session_state_from_bytes(const tl_model *model, const void *bytes, 
     if (model->backend != &tl_cpu_backend)
         return tl_fail(TL_ERR_UNSUPPORTED, "a state is read into the CPU backend only (this model runs on %s)",
                        model->backend->name);
-    const size_t header = sizeof STATE_MAGIC + 4 + 8 + 4 * 4, trailer = 8;
+    const size_t header = STATE_START_BYTES + 8 + 4 * 4, trailer = 8; /* + fingerprint, KV type and shapes */
     tl_status st = check_start(bytes, len, len);
     if (st != TL_OK) return st;
     if (len < header + trailer)

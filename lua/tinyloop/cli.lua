@@ -3,8 +3,9 @@
 -- --interactive, holds a conversation read from stdin.
 --   scripts/tinyloop [options] [--] PROMPT
 --   scripts/tinyloop --interactive [options] [--] [FIRST MESSAGE]
--- Exit status: 0 on success, 1 when generation fails, 2 for bad usage (a value the engine
--- refuses included).
+-- Exit status: 0 on success, 1 when generation fails (or stdin cannot be read), 2 for bad
+-- usage (a value the engine refuses included), 130 on Ctrl-C (at once, also while -i or
+-- --embed - waits for a line).
 local tinyloop = require "tinyloop"
 local tools = require "tinyloop.tools"
 local json_text = require "tinyloop.json_text"
@@ -109,6 +110,8 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --no-prompt            do not echo the prompt
       --no-stats             no stats line
   -h, --help                 this text
+Exit status: 0, 1 when generation fails (or stdin cannot be read), 2 for bad usage, 130 on
+Ctrl-C (at once, also while -i or --embed - waits for a line).
 ]]
 
 -- option -> { config field, kind } ; kinds: int, number, flag

@@ -3,7 +3,8 @@
 # time and connections. Streams token-id prompts from N clients for D seconds after a
 # single-client baseline, probes /health meanwhile, and prints requests/s, aggregate
 # tokens/s against the single client's, p50/p99 time to first token, p50/p99 /health latency,
-# 5xx counts, the workers' RSS at the 10th and the 60th second, a disconnect check, and a
+# 5xx counts, the workers' RSS at the 10th and the 60th second (or the end of a shorter load:
+# --duration 20 to 600), a disconnect check, and a
 # verdict line per criterion of issue 13's "Done when". Per phase it also prints where the CPU
 # went (the workers' compute threads, event loops and other threads; wrk) and the engine's
 # rows per compute-CPU-second, a figure that other processes on the machine change little.
