@@ -2978,7 +2978,21 @@ describe("embeddings (OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embe
         local top = ok("/v2/rerank", { query = query, documents = docs, top_n = 1, return_documents = false }).results
         assert.same({ { index = r.results[1].index, relevance_score = r.results[1].relevance_score } }, top)
         assert.same(r.results, ok("/rerank", { query = query, documents = docs }).results)
-        assert.same(r.results, ok("/reranking", { query = query, texts = docs }).results) -- (llama.cpp's path, TEI's name)
+        -- TEI's fields and answer where texts is sent, as llama.cpp gives it: [{"index", "score"[, "text"]}]
+        -- (its fields were 400s, and the answer Jina's object)
+        local tei = ok("/reranking", { query = query, texts = docs, return_text = true, raw_scores = false, truncate = true,
+                                       truncation_direction = "Right" })
+        assert.equal(3, #tei)
+        for k, res in ipairs(tei) do
+            assert.same({ r.results[k].index, r.results[k].relevance_score, docs[res.index + 1] }, { res.index, res.score, res.text })
+        end
+        assert.is_nil(ok("/rerank", { query = query, texts = docs })[1].text)
+        -- a text against itself scores 1 at most (float32 rounding gave 1.0000000008)
+        local self_score = ok("/v1/score", { text_1 = docs[1], text_2 = { docs[1] } }).data[1].score
+        assert.is_true(self_score <= 1 and self_score > 0.99999, tostring(self_score))
+        local status, body = post_to("/v1/rerank", { query = query, documents = docs, return_text = true })
+        assert.equal(400, status, body)
+        assert.truthy(body:find("return_text is TEI's: it goes with texts", 1, true), body)
         -- past one slice of 16 inputs (the query and 24 documents, two of them the same text:
         -- a tie, in index order)
         local many = {}

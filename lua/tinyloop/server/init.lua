@@ -1791,7 +1791,8 @@ local function similarity(req, send)
     for k, pair in ipairs(req.pairs) do
         local a, b, dot = vectors + (pair[1] - 1) * d, vectors + (pair[2] - 1) * d, 0
         for j = 0, d - 1 do dot = dot + a[j] * b[j] end
-        scores[k] = dot
+        -- (unit vectors to within float32's rounding: a text with itself gave 1.0000000008)
+        scores[k] = math.max(-1, math.min(1, dot))
     end
     return scores
 end
@@ -1825,6 +1826,14 @@ function _M.rerank()
     for i = 1, #req.texts do order[i] = i end
     table.sort(order, function(a, b) return scores[a] > scores[b] or (scores[a] == scores[b] and a < b) end)
     local results = {}
+    if req.tei then -- TEI's answer, as llama.cpp gives it where texts was sent: [{"index", "score"[, "text"]}]
+        for rank = 1, req.top_n do
+            local i = order[rank]
+            results[rank] = '{"index":' .. (i - 1) .. ',"score":' .. encode(scores[i]) ..
+                (req.return_text and (',"text":' .. encode(req.texts[i])) or "") .. "}"
+        end
+        return send_json(200, "[" .. concat(results, ",") .. "]")
+    end
     for rank = 1, req.top_n do
         local i = order[rank]
         results[rank] = '{"index":' .. (i - 1) .. ',"relevance_score":' .. encode(scores[i]) ..

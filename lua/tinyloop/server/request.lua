@@ -1492,6 +1492,13 @@ local RERANK_FIELDS = { -- POST /v1/rerank (vLLM's, Jina's and Cohere's shape)
     truncate_prompt_tokens = { "integer", false },
     loops = { "integer", false },
     pooling = { "string", false },
+    -- TEI's (its answer's shape goes with `texts`, as llama.cpp reads it): each result's text,
+    -- a score before its sigmoid (a cosine has none: the same either way), and truncation of
+    -- what is past the context, at its end (Right) or its start (Left)
+    return_text = { "boolean", false },
+    raw_scores = { "boolean", false },
+    truncate = { "boolean", false },
+    truncation_direction = { "string", false },
 }
 -- Cohere's fields of the chunking this server does not do (its SDKs send null): any value that
 -- asks for no more than whole documents
@@ -1534,9 +1541,23 @@ end
 function _M.parse_rerank(body, model, model_id)
     local t, e = endpoint_body(body, RERANK_FIELDS, model_id, RERANK_NO_OPS)
     if not t then return nil, e end
-    if t.texts ~= nil then -- (Hugging Face TEI's and llama.cpp's name of the documents)
+    local tei = t.texts ~= nil -- (Hugging Face TEI's and llama.cpp's name of the documents, and TEI's answer)
+    if tei then
         if t.documents ~= nil then return bad("documents and texts are two names of one field: send one", "texts") end
         t.documents = t.texts
+    end
+    for _, k in ipairs({ "return_text", "raw_scores", "truncate", "truncation_direction" }) do
+        if t[k] ~= nil and not tei then return bad(k .. " is TEI's: it goes with texts (not documents)", k) end
+    end
+    if t.truncation_direction ~= nil and t.truncation_direction ~= "Right" and t.truncation_direction ~= "Left" then
+        return bad('truncation_direction must be "Right" or "Left"', "truncation_direction")
+    end
+    if t.truncate then -- (TEI: a text past the context is cut, not refused; Left keeps its end)
+        if t.truncate_prompt_tokens ~= nil or t.max_tokens_per_doc ~= nil then
+            return bad("truncate is TEI's truncation: not with truncate_prompt_tokens or max_tokens_per_doc", "truncate")
+        end
+        if t.truncation_direction == "Left" then t.truncate_prompt_tokens = -1
+        else t.max_tokens_per_doc = model.max_seq_len end
     end
     if t.query == nil then return bad("query is required", "query") end
     if t.documents == nil then return bad("documents is required", "documents") end
@@ -1574,7 +1595,8 @@ function _M.parse_rerank(body, model, model_id)
         inputs[i + 1], names[i + 1], pairs_[i] = ids, ("documents[%d]"):format(i - 1), { 1, i + 1 }
     end
     return { inputs = inputs, names = names, pairs = pairs_, tokens = query_tokens + doc_tokens, texts = texts, top_n = top_n,
-             return_documents = t.return_documents ~= false, loops = o.loops, pooling = o.pooling }
+             return_documents = t.return_documents ~= false, loops = o.loops, pooling = o.pooling,
+             tei = tei, return_text = t.return_text == true }
 end
 
 -- parse_score(body, model, model_id) -> { inputs (text_1's ids, then text_2's), names (each
