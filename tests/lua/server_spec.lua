@@ -477,12 +477,19 @@ describe("server", function()
             assert.equal(choice.token_ids[i], id)
             local want, alternatives = s:logprobs(3)
             assert.near(want, lp.token_logprobs[i], 1e-6)
-            local n = 0
+            local n, among = 0, false
             for _, alt in ipairs(alternatives) do
                 n = n + 1
                 assert.near(alt.logprob, lp.top_logprobs[i][m:decode({ alt.id })], 1e-6)
+                among = among or alt.id == id
             end
             assert.equal(3, n)
+            -- the token itself too, where the alternatives leave it out (OpenAI's "up to logprobs
+            -- + 1 elements"; it was missing)
+            assert.near(want, lp.top_logprobs[i][lp.tokens[i]], 1e-6)
+            local keys = 0
+            for _ in pairs(lp.top_logprobs[i]) do keys = keys + 1 end
+            assert.equal(among and 3 or 4, keys)
             assert.equal(offset, lp.text_offset[i])
             offset = offset + #lp.tokens[i]
         end
@@ -767,6 +774,9 @@ describe("server", function()
         expect_error(400, "stream_options", '{"prompt": "hi", "stream": true, "stream_options": {"include_usage": 1}}')
         expect_error(400, "stream_options", '{"prompt": "hi", "stream": true, "stream_options": {"usage": true}}')
         assert.equal(200, (post('{"prompt": "hi", "max_tokens": 1, "stream_options": {"include_usage": null}}')))
+        -- OpenAI's include_obfuscation (no padding is added here: either value; it was a 400)
+        assert.equal(200, (post('{"prompt": "hi", "max_tokens": 1, "stream": true, "stream_options": {"include_obfuscation": false}}')))
+        expect_error(400, "stream_options", '{"prompt": "hi", "stream": true, "stream_options": {"include_obfuscation": 1}}')
         expect_error(400, "echo", '{"prompt": "hi", "echo": "yes"}')
         -- grammars: the parser's or schema compiler's message, naming the field
         e = expect_error(400, "grammar", '{"prompt": "hi", "grammar": "root ::= \\"unterminated"}')

@@ -650,6 +650,12 @@ local function logprobs_json(st, ids, figures, n_prompt)
                 local key = token_string(alt.id)
                 if top[key] == nil then top[key] = json_logprob(alt.logprob) end -- two tokens of one text: the likelier
             end
+            -- the token itself too, where the alternatives leave it out: OpenAI's rule ("up to
+            -- logprobs + 1 elements"), vLLM's; it was missing (logprobs 0 gave {})
+            if figure.logprob then
+                local key = token_string(ids[i])
+                if top[key] == nil then top[key] = json_logprob(figure.logprob) end
+            end
             tops[i] = next(top) == nil and "{}" or encode(top)
         else
             tops[i] = "null"

@@ -977,11 +977,13 @@ local function shared_fields(t, body, model, model_id, cfg, max_stops)
     local include_usage = false
     if t.stream_options ~= nil then
         for k, v in pairs(t.stream_options) do
-            if k ~= "include_usage" then
+            -- (include_obfuscation, OpenAI's padding of each chunk against length side channels:
+            -- none is added here, so either value is taken, as the Responses endpoint takes it)
+            if k ~= "include_usage" and k ~= "include_obfuscation" then
                 return bad(("unknown field '%s' in stream_options"):format(tostring(k)), "stream_options")
             end
             if type(v) ~= "boolean" and v ~= json_null then
-                return bad("stream_options.include_usage must be a boolean", "stream_options")
+                return bad(("stream_options.%s must be a boolean"):format(tostring(k)), "stream_options")
             end
         end
         include_usage = t.stream_options.include_usage == true
