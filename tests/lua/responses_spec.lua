@@ -252,6 +252,30 @@ describe("responses view of a chat stream", function()
         streamed = cjson.decode(events[#events][2]).response.output[2].content[1].logprobs
         assert.same({ "Hi", "," }, { streamed[1].token, streamed[2] and streamed[2].token })
         assert.equal(2, #streamed)
+        -- a text the tag also writes (">"): found after </think>, blocking and streamed (the
+        -- tag's ">" was given to it, and its own last token left out); the tokens held at the end
+        -- with no text after them (an end of text) are not the message's
+        local function lp_entry(token, logprob) local e = entry(token) e.logprob = logprob return e end
+        local gt = { lp_entry("Hm", -1), lp_entry("<", -2), lp_entry("/th", -3), lp_entry("ink>", -4), lp_entry(">", -5),
+                     lp_entry(">", -6), lp_entry("<|endoftext|>", -7) }
+        _, _, view = chat_of('{"input": "x", "include": ["message.output_text.logprobs"]}')
+        answer = { created = 1, model = "m", choices = { { index = 0, finish_reason = "stop", logprobs = { content = gt },
+                   message = { role = "assistant", content = ">>", reasoning_content = "Hm" } } }, usage = chunk.usage }
+        blocking = cjson.decode(view:response(cjson.encode(answer), "resp_1_8")).output[2].content[1].logprobs
+        assert.same({ -5, -6 }, { blocking[1].logprob, blocking[2] and blocking[2].logprob })
+        assert.equal(2, #blocking)
+        parts = { { { reasoning_content = "Hm" }, { gt[1], gt[2] } }, { {}, { gt[3], gt[4] } },
+                  { { content = ">" }, { gt[5] } }, { { content = ">" }, { gt[6] } }, { {}, { gt[7] } } }
+        _, _, view = chat_of('{"input": "x", "stream": true, "include": ["message.output_text.logprobs"]}')
+        view:start_stream("resp_1_9", 100, "m")
+        for i, part in ipairs(parts) do
+            local piece = { choices = { { index = 0, delta = part[1], logprobs = { content = part[2] },
+                                          finish_reason = i == #parts and "stop" or nil } } }
+            if i == #parts then piece.usage = chunk.usage end
+            events = view:feed(cjson.encode(piece))
+        end
+        streamed = cjson.decode(events[#events][2]).response.output[2].content[1].logprobs
+        assert.same(blocking, streamed)
     end)
 
     it("ends a call whose arguments are whole as completed, one the token limit cut as incomplete", function()

@@ -23,6 +23,7 @@ local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local shapes = require "tinyloop.server.shapes"
 local chat_content_text = require("tinyloop.chat").content_text
+local REASONING_END = require("tinyloop.reasoning").END
 local MAX_LOGPROBS = tonumber(require("tinyloop").C.TL_MAX_TOP_LOGPROBS) -- the engine's most alternatives
 
 local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
@@ -557,7 +558,9 @@ end
 
 -- The logprobs entries of the tokens that wrote `text` (a message's content), of a reply that
 -- also holds reasoning (`after` bytes of it come first) or calls: the tokens whose bytes meet
--- the content's place in the reply's bytes. (All of them where it cannot be found.)
+-- the content's place in the reply's bytes, searched for after the reasoning's </think> where
+-- the bytes hold it (the text may be written in the reasoning or the tag too: ">" was found in
+-- "</think>"). (All of them where it cannot be found.)
 local function text_entries(entries, text, after)
     local pieces, starts, at = {}, {}, 0
     for i, e in ipairs(entries) do
@@ -568,7 +571,10 @@ local function text_entries(entries, text, after)
         pieces[i], starts[i] = concat(piece), at
         at = at + #pieces[i]
     end
-    local from = concat(pieces):find(text, after + 1, true)
+    local joined = concat(pieces)
+    local _, tag_end = joined:find(REASONING_END, 1, true)
+    if tag_end and tag_end > after then after = tag_end end
+    local from = joined:find(text, after + 1, true)
     if not from or text == "" then return text == "" and {} or entries end
     local out, last = {}, from - 1 + #text
     for i, e in ipairs(entries) do
@@ -820,7 +826,9 @@ function View:feed(payload)
         end
         if other then
             self.had_other = true
-            self.pending_logprobs = #text > 0 and text_entries(entries, concat(text), #concat(thought)) or {}
+            -- (without text, its tokens are held too: the last may begin </think>, which the
+            -- search for the text must see whole; they were dropped, and ">" then found in "think>")
+            self.pending_logprobs = #text > 0 and text_entries(entries, concat(text), #concat(thought)) or entries
         else
             for _, e in ipairs(entries) do self.pending_logprobs[#self.pending_logprobs + 1] = e end
             if self.had_other and #text > 0 then self.pending_logprobs = text_entries(self.pending_logprobs, concat(text), 0) end
@@ -853,7 +861,10 @@ function View:feed(payload)
             local status = status_of(d.finish_reason)
             -- a reply with no text and no call still has its (empty) message, as a blocking answer does
             if self.calls == 0 and not self.message_seen then self:open_item(out, "message", "msg_" .. item_key(self.id)) end
-            if self.open and self.open.kind == "message" then
+            -- the held tokens no text came after (an end of text): the message's where the reply
+            -- is the message alone, as a blocking answer's; after reasoning or calls they write
+            -- none of its text (a </think> held to the end was given to it)
+            if self.open and self.open.kind == "message" and not self.had_other then
                 for _, e in ipairs(self.pending_logprobs) do self.open.logprobs[#self.open.logprobs + 1] = e end
             end
             -- a call whose arguments are whole is complete, whatever came after it; one the
