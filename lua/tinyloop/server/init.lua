@@ -491,7 +491,7 @@ function _M.model()
     local id = ngx.unescape_uri(ngx.var.uri:sub(#"/v1/models/" + 1))
     if id ~= conf.model_id then
         return send_error(404, ("no model '%s' here (this server runs '%s')"):format(id, conf.model_id), "model",
-                          "not_found_error")
+                          "not_found_error", nil, "model_not_found")
     end
     return send_json(200, model_json())
 end

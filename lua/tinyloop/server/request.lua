@@ -922,7 +922,9 @@ end
 -- The body's model, if it names one, is the one served here -> true | nil, err.
 local function check_model(t, model_id)
     if t.model ~= nil and t.model ~= model_id then
-        return bad(("model '%s' is not served here (GET /v1/models lists '%s')"):format(t.model, model_id), "model", 404)
+        local _, e = bad(("model '%s' is not served here (GET /v1/models lists '%s')"):format(t.model, model_id), "model", 404)
+        e.code = "model_not_found" -- (OpenAI's code, which clients read)
+        return nil, e
     end
     return true
 end
