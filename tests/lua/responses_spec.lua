@@ -276,6 +276,33 @@ describe("responses view of a chat stream", function()
         end
         streamed = cjson.decode(events[#events][2]).response.output[2].content[1].logprobs
         assert.same(blocking, streamed)
+        -- no reasoning (a template not read for it): a "</think>" in the text is text, not a
+        -- place to search from (every token, the call's too, was given to the message)
+        local plain = { lp_entry("<think>", -1), lp_entry("x", -2), lp_entry("</think>", -3), lp_entry("Hi", -4),
+                        lp_entry("<tool_call>", -5), lp_entry('{"name": "f", "arguments": {}}', -6), lp_entry("</tool_call>", -7) }
+        _, _, view = chat_of('{"input": "x", "include": ["message.output_text.logprobs"]}')
+        answer = { created = 1, model = "m", choices = { { index = 0, finish_reason = "tool_calls", logprobs = { content = plain },
+                   message = { role = "assistant", content = "<think>x</think>Hi",
+                               tool_calls = { { id = "call_1", type = "function", ["function"] = { name = "f", arguments = "{}" } } } } } },
+                   usage = chunk.usage }
+        blocking = cjson.decode(view:response(cjson.encode(answer), "resp_1_10")).output[1].content[1].logprobs
+        assert.same({ -1, -2, -3, -4 }, { blocking[1].logprob, blocking[2].logprob, blocking[3].logprob, blocking[4].logprob })
+        assert.equal(4, #blocking)
+        -- streamed text after a call's pieces: the call's tokens are not held for it
+        _, _, view = chat_of('{"input": "x", "stream": true, "include": ["message.output_text.logprobs"]}')
+        view:start_stream("resp_1_11", 100, "m")
+        view:feed(cjson.encode({ choices = { { index = 0, delta = { tool_calls = { { index = 0, id = "call_1", type = "function",
+            ["function"] = { name = "f", arguments = "{}" } } } }, logprobs = { content = { lp_entry('"arguments": {}}', -3) } } } } }))
+        events = view:feed(cjson.encode({ choices = { { index = 0, delta = { content = "a" }, finish_reason = "stop",
+                                                         logprobs = { content = { lp_entry("a", -5) } } } }, usage = chunk.usage }))
+        local final, messages = cjson.decode(events[#events][2]).response, 0
+        for _, item in ipairs(final.output) do
+            if item.type == "message" then
+                messages = messages + 1
+                assert.same({ -5 }, { item.content[1].logprobs[1].logprob })
+            end
+        end
+        assert.equal(1, messages)
     end)
 
     it("ends a call whose arguments are whole as completed, one the token limit cut as incomplete", function()

@@ -3000,6 +3000,10 @@ describe("embeddings (OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embe
             assert.same({ r.results[k].index, r.results[k].relevance_score, docs[res.index + 1] }, { res.index, res.score, res.text })
         end
         assert.is_nil(ok("/rerank", { query = query, texts = docs })[1].text)
+        -- TEI's truncate (Right): a query past the context is cut to its first tokens too
+        local long = ("Emma Woodhouse, handsome, clever and rich. "):rep(40)
+        assert.equal(3, #ok("/rerank", { query = long, texts = docs, truncate = true }))
+        assert.equal(400, (post_to("/rerank", { query = long, texts = docs })))
         -- a text against itself scores 1 at most (float32 rounding gave 1.0000000008)
         local self_score = ok("/v1/score", { text_1 = docs[1], text_2 = { docs[1] } }).data[1].score
         assert.is_true(self_score <= 1 and self_score > 0.99999, tostring(self_score))

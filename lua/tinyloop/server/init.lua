@@ -1820,7 +1820,7 @@ end
 -- and llama.cpp's clients): the
 -- documents by the cosine of their embedding with the query's, best first, the top_n of
 -- them: {"id", "model", "usage": {"total_tokens"}, "results": [{"index", "relevance_score",
--- "document": {"text"}}]}.
+-- "document": {"text"}}]}; sent `texts`, TEI's bare array [{"index", "score"[, "text"]}].
 function _M.rerank()
     local body = post_body()
     if not body then return end

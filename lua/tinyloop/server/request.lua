@@ -921,10 +921,9 @@ end
 
 -- The body's model, if it names one, is the one served here -> true | nil, err.
 local function check_model(t, model_id)
-    if t.model ~= nil and t.model ~= model_id then
-        local _, e = bad(("model '%s' is not served here (GET /v1/models lists '%s')"):format(t.model, model_id), "model", 404)
-        e.code = "model_not_found" -- (OpenAI's code, which clients read)
-        return nil, e
+    if t.model ~= nil and t.model ~= model_id then -- (OpenAI's code, which clients read)
+        return bad(("model '%s' is not served here (GET /v1/models lists '%s')"):format(t.model, model_id), "model", 404,
+                   "model_not_found")
     end
     return true
 end
@@ -1541,7 +1540,8 @@ end
 
 -- parse_rerank(body, model, model_id) -> { inputs (the query's ids, then each document's),
 -- names (each input's field, as errors name it), pairs (the query with each document), tokens,
--- texts (the documents'), top_n, return_documents, loops, pooling } | nil, err.
+-- texts (the documents'), top_n, return_documents, loops, pooling, tei (texts was sent: TEI's
+-- answer), return_text } | nil, err.
 function _M.parse_rerank(body, model, model_id)
     local t, e = endpoint_body(body, RERANK_FIELDS, model_id, RERANK_NO_OPS)
     if not t then return nil, e end
@@ -1590,7 +1590,9 @@ function _M.parse_rerank(body, model, model_id)
     local o
     o, e = embedding_options(t, model)
     if not o then return nil, e end
-    local query, query_tokens = _M.embedding_inputs(model, t.query, "query", o.keep)
+    -- (TEI's truncate, Right: the query's first tokens too, as the documents')
+    local query, query_tokens = _M.embedding_inputs(model, t.query, "query", o.keep,
+                                                    t.truncate and t.truncation_direction ~= "Left" and model.max_seq_len or nil)
     if not query then return nil, query_tokens end
     local docs, doc_tokens = _M.embedding_inputs(model, texts, "documents", o.keep, t.max_tokens_per_doc)
     if not docs then return nil, doc_tokens end

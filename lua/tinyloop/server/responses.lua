@@ -558,10 +558,10 @@ end
 
 -- The logprobs entries of the tokens that wrote `text` (a message's content), of a reply that
 -- also holds reasoning (`after` bytes of it come first) or calls: the tokens whose bytes meet
--- the content's place in the reply's bytes, searched for after the reasoning's </think> where
--- the bytes hold it (the text may be written in the reasoning or the tag too: ">" was found in
--- "</think>"). (All of them where it cannot be found.)
-local function text_entries(entries, text, after)
+-- the content's place in the reply's bytes, searched for, where the reply `reasoned`, after
+-- the reasoning's </think> when the bytes hold it (the text may be written in the reasoning or
+-- the tag too: ">" was found in "</think>"). (All of them where it cannot be found.)
+local function text_entries(entries, text, after, reasoned)
     local pieces, starts, at = {}, {}, 0
     for i, e in ipairs(entries) do
         local bytes = json_text.member(e, { "bytes" })
@@ -572,7 +572,8 @@ local function text_entries(entries, text, after)
         at = at + #pieces[i]
     end
     local joined = concat(pieces)
-    local _, tag_end = joined:find(REASONING_END, 1, true)
+    local _, tag_end
+    if reasoned then _, tag_end = joined:find(REASONING_END, 1, true) end
     if tag_end and tag_end > after then after = tag_end end
     local from = joined:find(text, after + 1, true)
     if not from or text == "" then return text == "" and {} or entries end
@@ -594,7 +595,7 @@ function View:response(chat_json, id)
     if thought then items[#items + 1] = function(s) return reasoning_item("rs_" .. item_key(id), thought, s) end end
     if answer.text ~= "" or #answer.calls == 0 then
         local entries = answer.logprobs
-        if thought or #answer.calls > 0 then entries = text_entries(entries, answer.text, thought and #thought or 0) end
+        if thought or #answer.calls > 0 then entries = text_entries(entries, answer.text, thought and #thought or 0, thought ~= nil) end
         local lp = self.logprobs and logprob_list(entries) or nil
         items[#items + 1] = function(s) return message_item("msg_" .. item_key(id), text_part_json(answer.text, lp), s) end
     end
@@ -826,12 +827,17 @@ function View:feed(payload)
         end
         if other then
             self.had_other = true
-            -- (without text, its tokens are held too: the last may begin </think>, which the
-            -- search for the text must see whole; they were dropped, and ">" then found in "think>")
-            self.pending_logprobs = #text > 0 and text_entries(entries, concat(text), #concat(thought)) or entries
+            -- (reasoning without text: its tokens are held too, as the last may begin </think>,
+            -- which the search for the text must see whole; they were dropped, and ">" then found
+            -- in "think>". A call's are not: text after it is no content of the message.)
+            if #thought > 0 then self.reasoned = true end
+            self.pending_logprobs = #text > 0 and text_entries(entries, concat(text), #concat(thought), self.reasoned) or
+                                    (#thought > 0 and entries or {})
         else
             for _, e in ipairs(entries) do self.pending_logprobs[#self.pending_logprobs + 1] = e end
-            if self.had_other and #text > 0 then self.pending_logprobs = text_entries(self.pending_logprobs, concat(text), 0) end
+            if self.had_other and #text > 0 then
+                self.pending_logprobs = text_entries(self.pending_logprobs, concat(text), 0, self.reasoned)
+            end
         end
     end
     for _, d in ipairs(deltas) do
