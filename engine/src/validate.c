@@ -147,14 +147,13 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
     if (c->penalty_window < 0)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "penalty_window = %d must be >= 0 (0 = the whole sequence)",
                        c->penalty_window);
-    if (c->penalties_count_prompt != 0 && c->penalties_count_prompt != 1)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "penalties_count_prompt = %d must be 0 or 1", c->penalties_count_prompt);
-    if (c->keep_special_text != 0 && c->keep_special_text != 1)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "keep_special_text = %d must be 0 or 1", c->keep_special_text);
-    if (c->fixed_state_seed != 0 && c->fixed_state_seed != 1)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "fixed_state_seed = %d must be 0 or 1", c->fixed_state_seed);
-    if (c->ignore_eos != 0 && c->ignore_eos != 1)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "ignore_eos = %d must be 0 or 1", c->ignore_eos);
+    /* the 0/1 fields (another value was taken as true, or as false, by whichever reader) */
+    const struct { const char *name; int value; } flags[] = {
+        {"penalties_count_prompt", c->penalties_count_prompt}, {"keep_special_text", c->keep_special_text},
+        {"fixed_state_seed", c->fixed_state_seed}, {"ignore_eos", c->ignore_eos}};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (flags[i].value != 0 && flags[i].value != 1)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s = %d must be 0 or 1", flags[i].name, flags[i].value);
     if ((st = validate_logit_bias(c, mc->vocab_size)) != TL_OK) return st;
     if (!(c->min_p >= 0.0f && c->min_p <= 1.0f))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "min_p = %g must be in [0, 1] (0 = off)", (double)c->min_p);

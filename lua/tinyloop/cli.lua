@@ -3,9 +3,7 @@
 -- --interactive, holds a conversation read from stdin.
 --   scripts/tinyloop [options] [--] PROMPT
 --   scripts/tinyloop --interactive [options] [--] [FIRST MESSAGE]
--- Exit status: 0 on success, 1 when generation fails (or stdin cannot be read), 2 for bad
--- usage (a value the engine refuses included), 130 on Ctrl-C (at once, also while -i or
--- --embed - waits for a line).
+-- Exit status: USAGE's last lines say it (a value the engine refuses is bad usage, 2).
 local tinyloop = require "tinyloop"
 local tools = require "tinyloop.tools"
 local json_text = require "tinyloop.json_text"
@@ -417,12 +415,16 @@ end
 -- shell's commands end): LuaJIT's own handler only marks the interrupt, and the read resumed,
 -- so that ^C waited for Enter. The default action stands for the read's time only.
 local SIGINT = 2
+local signal_of_c -- (declared once, at the first read)
 local function read_line()
-    local ffi = require "ffi"
-    pcall(ffi.cdef, "typedef void (*tl_cli_sighandler)(int); tl_cli_sighandler signal(int signum, tl_cli_sighandler handler);")
-    local previous = ffi.C.signal(SIGINT, nil) -- (NULL: SIG_DFL)
+    if not signal_of_c then
+        local ffi = require "ffi"
+        pcall(ffi.cdef, "typedef void (*tl_cli_sighandler)(int); tl_cli_sighandler signal(int signum, tl_cli_sighandler handler);")
+        signal_of_c = ffi.C.signal
+    end
+    local previous = signal_of_c(SIGINT, nil) -- (NULL: SIG_DFL)
     local line, err = io.stdin:read("*l")
-    ffi.C.signal(SIGINT, previous)
+    signal_of_c(SIGINT, previous)
     if not line then return nil, err end
     return (line:gsub("\r$", ""))
 end

@@ -31,8 +31,11 @@ local function fail(spec, msg)
     os.exit(2)
 end
 
--- Returns the options table (every option present, defaults filled in).
+-- Returns the options table (every option present, defaults filled in). spec.name is the
+-- script's name in messages; spec.path (scripts/bench/x.lua) gives it where the script is
+-- not under scripts/ itself.
 function _M.parse(argv, spec)
+    spec.name = spec.name or spec.path:match("[^/]+$")
     local by_name, opt = {}, {}
     for _, o in ipairs(spec) do
         by_name[o[1]] = o

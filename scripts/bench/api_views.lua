@@ -16,7 +16,7 @@ local ollama = require "tinyloop.server.ollama"
 
 local options = require "tinyloop.script_options"
 local opt = options.parse(arg, {
-    name = "api_views.lua", path = "scripts/bench/api_views.lua",
+    path = "scripts/bench/api_views.lua",
     summary = "What serving the Responses, Anthropic and Ollama APIs over the chat path costs the event loop,\n"
         .. "a chunk, next to the model's own time a token.",
     { "model", root .. "/models/tinyloop-austen", "checkpoint directory", metavar = "DIR" },

@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_args.h"
 #include "tinyloop.h"
 
 #define MAX_ROUNDS 15
@@ -236,25 +237,15 @@ static void state_file_figure(const tl_model *m, const int32_t *prompt, int len,
     tl_session_free(s);
 }
 
-/* A whole number in [lo, hi], all of `text` (atoi took "abc" as 0 and "2x" as 2). */
-static bool whole(const char *text, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    const long v = strtol(text, &end, 10);
-    if (end == text || *end || errno || v < lo || v > hi) return false;
-    *out = (int)v;
-    return true;
-}
-
-/* A comma-separated list of such numbers, at most `max` of them, none empty. */
-static bool whole_list(const char *text, long lo, long hi, int *out, int max, int *n) {
+/* A comma-separated list of whole numbers in [lo, hi], at most `max` of them, none empty. */
+static bool whole_list(const char *text, int lo, int hi, int *out, int max, int *n) {
     char copy[256];
     if (snprintf(copy, sizeof copy, "%s", text) >= (int)sizeof copy) return false;
     *n = 0;
     for (char *at = copy;;) {
         char *comma = strchr(at, ',');
         if (comma) *comma = '\0';
-        if (*n == max || !whole(at, lo, hi, &out[*n])) return false;
+        if (*n == max || !bench_int(at, lo, hi, &out[*n])) return false;
         (*n)++;
         if (!comma) return true;
         at = comma + 1;
@@ -300,7 +291,7 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 4; k++)
             if (!strcmp(a, NUMBERS[k].name)) number = k;
         if (number >= 0) {
-            if (!whole(v, NUMBERS[number].lo, NUMBERS[number].hi, places[number])) {
+            if (!bench_int(v, (int)NUMBERS[number].lo, (int)NUMBERS[number].hi, places[number])) {
                 fprintf(stderr, "tinyloop-batch-bench: %s wants a whole number from %ld to %ld, got %s\n", a,
                         NUMBERS[number].lo, NUMBERS[number].hi, v);
                 return 2;

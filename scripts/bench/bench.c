@@ -43,6 +43,7 @@
 #include <immintrin.h>
 #endif
 
+#include "bench_args.h"
 #include "cpu/kernels.h"
 #include "forward.h"
 #include "kv_cache.h"
@@ -287,11 +288,8 @@ static void usage(FILE *fp) {
 }
 
 static long parse_long(const char *flag, const char *s, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end != '\0' || v < lo || v > hi)
-        die(2, "%s: expected an integer in [%ld, %ld], got \"%s\"", flag, lo, hi, s);
+    long v;
+    if (!bench_long(s, lo, hi, &v)) die(2, "%s: expected an integer in [%ld, %ld], got \"%s\"", flag, lo, hi, s);
     return v;
 }
 
@@ -303,7 +301,7 @@ static void parse_threads(options *o, const char *s) {
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (o->n_threads == MAX_THREAD_COUNTS) die(2, "--threads: at most %d entries", MAX_THREAD_COUNTS);
-        o->threads[o->n_threads++] = (int)parse_long("--threads", tok, 1, 1024);
+        o->threads[o->n_threads++] = (int)parse_long("--threads", tok, 1, TL_MAX_THREADS);
     }
     if (o->n_threads == 0) die(2, "--threads: bad list \"%s\"", s);
 }

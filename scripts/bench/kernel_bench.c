@@ -20,7 +20,6 @@
  * in one-panel tiles), inside the timing, as the engine does
  * once per product. A tool, not a test: speed figures drift with the machine. */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_args.h"
 #include "cpu/kernels.h"
 #include "pool.h"
 #include "dtype.h"
@@ -115,17 +115,6 @@ static int parse_list(const char *s, int *out) {
     return n;
 }
 
-/* A whole number or (real) a number, all of `text` (atoi and atof read "abc" as 0, "2x" as 2,
-   and atof "nan" as NaN, which passed the range checks). */
-static bool number_arg(const char *text, bool real, double *out) {
-    char *end;
-    errno = 0;
-    const double v = real ? strtod(text, &end) : (double)strtol(text, &end, 10);
-    if (end == text || *end || errno || v != v) return false;
-    *out = v;
-    return true;
-}
-
 static uint32_t rng_state = 12345u;
 static uint32_t next_random(void) {
     rng_state = rng_state * 1664525u + 1013904223u;
@@ -185,19 +174,17 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--help")) return usage(NULL), 0;
         if (!v) return usage("every option takes a value");
         i++;
-        double x = 0;
-        const bool numeric = !strcmp(a, "--k") || !strcmp(a, "--cols") || !strcmp(a, "--mb") || !strcmp(a, "--threads") ||
-                             !strcmp(a, "--repeat");
-        if (numeric && (!number_arg(v, !strcmp(a, "--mb"), &x) || x < -1e9 || x > 1e9)) {
+        /* numbers read whole here; their ranges are checked below, with their messages */
+        int *const whole = !strcmp(a, "--k") ? &k : !strcmp(a, "--cols") ? &cols : !strcmp(a, "--threads") ? &threads
+                         : !strcmp(a, "--repeat") ? &repeat : NULL;
+        const bool number_ok = whole ? bench_int(v, -1000000000, 1000000000, whole)
+                             : !strcmp(a, "--mb") ? bench_number(v, -1e9, 1e9, &mb) : true;
+        if (!number_ok) {
             fprintf(stderr, "tinyloop-kernel-bench: %s wants a number, got %s\n", a, v);
             return 2;
         }
-        if (!strcmp(a, "--k")) k = (int)x;
-        else if (!strcmp(a, "--cols")) cols = (int)x;
-        else if (!strcmp(a, "--mb")) mb = x;
-        else if (!strcmp(a, "--threads")) threads = (int)x;
-        else if (!strcmp(a, "--repeat")) repeat = (int)x;
-        else if (!strcmp(a, "--dtype")) dtypes = v;
+        if (whole || !strcmp(a, "--mb")) continue;
+        if (!strcmp(a, "--dtype")) dtypes = v;
         else if (!strcmp(a, "--isa")) isas = v;
         else if (!strcmp(a, "--f16-halves") || !strcmp(a, "--pair-tiles")) {
             if (strcmp(v, "auto") && strcmp(v, "0") && strcmp(v, "1"))

@@ -14,7 +14,7 @@ local C = tinyloop.C
 
 local options = require "tinyloop.script_options"
 local opt = options.parse(arg, {
-    name = "lua_overhead.lua", path = "scripts/bench/lua_overhead.lua",
+    path = "scripts/bench/lua_overhead.lua",
     summary = "What the Lua path costs: decode tokens/s of tl_generate, model:stream and model:generate with\n"
         .. "three no-op hooks, on one model, prompt and config.",
     { "model", root .. "/models/tinyloop-austen", "checkpoint directory", metavar = "DIR" },

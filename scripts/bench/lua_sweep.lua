@@ -23,7 +23,7 @@ end
 
 local options = require "tinyloop.script_options"
 local opt = options.parse(arg, {
-    name = "lua_sweep.lua", path = "scripts/bench/lua_sweep.lua",
+    path = "scripts/bench/lua_sweep.lua",
     summary = "A Lua parameter sweep, stepped one session at a time against all together (model:step_batch):\n"
         .. "aggregate decode tokens/s of each and their ratio.",
     { "model", root .. "/models/tinyloop-austen", "checkpoint directory", metavar = "DIR" },

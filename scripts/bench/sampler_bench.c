@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_args.h"
 #include "sampler.h"
 
 static double now_us(void) {
@@ -103,14 +104,6 @@ static void usage(FILE *to) {
                 "and a peaked one (normal(0, 2), 20 tokens lifted by 8 to 12).\n");
 }
 
-static int parse_int(const char *text, int lo, int hi, int *out) {
-    char *end;
-    const long v = strtol(text, &end, 10);
-    if (end == text || *end || v < lo || v > hi) return 0;
-    *out = (int)v;
-    return 1;
-}
-
 int main(int argc, char **argv) {
     int vocab = 50257, repeat = 200, seed = 1;
     for (int i = 1; i < argc; i++) {
@@ -120,9 +113,9 @@ int main(int argc, char **argv) {
             return 0;
         }
         const char *value = i + 1 < argc ? argv[++i] : "";
-        const int ok = !strcmp(opt, "--vocab")    ? parse_int(value, 2, 1 << 22, &vocab)
-                       : !strcmp(opt, "--repeat") ? parse_int(value, 1, 100000, &repeat)
-                       : !strcmp(opt, "--seed")   ? parse_int(value, 0, 1 << 30, &seed)
+        const int ok = !strcmp(opt, "--vocab")    ? bench_int(value, 2, 1 << 22, &vocab)
+                       : !strcmp(opt, "--repeat") ? bench_int(value, 1, 100000, &repeat)
+                       : !strcmp(opt, "--seed")   ? bench_int(value, 0, 1 << 30, &seed)
                                                   : -1;
         if (ok == -1) {
             fprintf(stderr, "tinyloop-sampler-bench: unknown option %s\n", opt);

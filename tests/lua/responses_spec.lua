@@ -241,15 +241,21 @@ describe("responses view of a chat stream", function()
         local parts = { { { reasoning_content = "Hm" }, { entry("Hm"), entry("<") } },
                         { {}, { entry("/th") } }, { {}, { entry("ink>") } },
                         { { content = "Hi" }, { entry("Hi") } }, { { content = "," }, { entry(",") } } }
-        _, _, view = chat_of('{"input": "x", "stream": true, "include": ["message.output_text.logprobs"]}')
-        view:start_stream("resp_1_7", 100, "m")
-        for i, part in ipairs(parts) do
-            local piece = { choices = { { index = 0, delta = part[1], logprobs = { content = part[2] },
-                                          finish_reason = i == #parts and "stop" or nil } } }
-            if i == #parts then piece.usage = chunk.usage end
-            events = view:feed(cjson.encode(piece))
+        -- A reply streamed in parts ({delta, logprobs entries} each, the last finishing) -> the
+        -- message's logprobs in the final response event.
+        local function streamed_logprobs(parts, id)
+            local _, _, stream_view = chat_of('{"input": "x", "stream": true, "include": ["message.output_text.logprobs"]}')
+            stream_view:start_stream(id, 100, "m")
+            local fed
+            for i, part in ipairs(parts) do
+                local piece = { choices = { { index = 0, delta = part[1], logprobs = { content = part[2] },
+                                              finish_reason = i == #parts and "stop" or nil } } }
+                if i == #parts then piece.usage = chunk.usage end
+                fed = stream_view:feed(cjson.encode(piece))
+            end
+            return cjson.decode(fed[#fed][2]).response.output[2].content[1].logprobs
         end
-        streamed = cjson.decode(events[#events][2]).response.output[2].content[1].logprobs
+        streamed = streamed_logprobs(parts, "resp_1_7")
         assert.same({ "Hi", "," }, { streamed[1].token, streamed[2] and streamed[2].token })
         assert.equal(2, #streamed)
         -- a text the tag also writes (">"): found after </think>, blocking and streamed (the
@@ -266,15 +272,7 @@ describe("responses view of a chat stream", function()
         assert.equal(2, #blocking)
         parts = { { { reasoning_content = "Hm" }, { gt[1], gt[2] } }, { {}, { gt[3], gt[4] } },
                   { { content = ">" }, { gt[5] } }, { { content = ">" }, { gt[6] } }, { {}, { gt[7] } } }
-        _, _, view = chat_of('{"input": "x", "stream": true, "include": ["message.output_text.logprobs"]}')
-        view:start_stream("resp_1_9", 100, "m")
-        for i, part in ipairs(parts) do
-            local piece = { choices = { { index = 0, delta = part[1], logprobs = { content = part[2] },
-                                          finish_reason = i == #parts and "stop" or nil } } }
-            if i == #parts then piece.usage = chunk.usage end
-            events = view:feed(cjson.encode(piece))
-        end
-        streamed = cjson.decode(events[#events][2]).response.output[2].content[1].logprobs
+        streamed = streamed_logprobs(parts, "resp_1_9")
         assert.same(blocking, streamed)
         -- no reasoning (a template not read for it): a "</think>" in the text is text, not a
         -- place to search from (every token, the call's too, was given to the message)

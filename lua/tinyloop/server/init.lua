@@ -1831,20 +1831,18 @@ function _M.rerank()
     local order = {}
     for i = 1, #req.texts do order[i] = i end
     table.sort(order, function(a, b) return scores[a] > scores[b] or (scores[a] == scores[b] and a < b) end)
+    -- each result in its API's shape: TEI's where texts was sent (as llama.cpp gives it), else
+    -- vLLM's, Jina's and Cohere's
     local results = {}
-    if req.tei then -- TEI's answer, as llama.cpp gives it where texts was sent: [{"index", "score"[, "text"]}]
-        for rank = 1, req.top_n do
-            local i = order[rank]
-            results[rank] = '{"index":' .. (i - 1) .. ',"score":' .. encode(scores[i]) ..
-                (req.return_text and (',"text":' .. encode(req.texts[i])) or "") .. "}"
-        end
-        return send_json(200, "[" .. concat(results, ",") .. "]")
-    end
     for rank = 1, req.top_n do
         local i = order[rank]
-        results[rank] = '{"index":' .. (i - 1) .. ',"relevance_score":' .. encode(scores[i]) ..
-            (req.return_documents and (',"document":{"text":' .. encode(req.texts[i]) .. "}") or "") .. "}"
+        local score, text = encode(scores[i]), req.texts[i]
+        results[rank] = req.tei and
+            ('{"index":' .. (i - 1) .. ',"score":' .. score .. (req.return_text and (',"text":' .. encode(text)) or "") .. "}") or
+            ('{"index":' .. (i - 1) .. ',"relevance_score":' .. score ..
+             (req.return_documents and (',"document":{"text":' .. encode(text) .. "}") or "") .. "}")
     end
+    if req.tei then return send_json(200, "[" .. concat(results, ",") .. "]") end
     next_request = next_request + 1
     return send_json(200, '{"id":"rerank-' .. worker_tag .. "-" .. next_request .. '","model":' .. encode(conf.model_id) ..
         ',"usage":{"total_tokens":' .. req.tokens .. '},"results":[' .. concat(results, ",") .. "]}")

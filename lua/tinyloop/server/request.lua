@@ -1556,12 +1556,13 @@ function _M.parse_rerank(body, model, model_id)
     if t.truncation_direction ~= nil and t.truncation_direction ~= "Right" and t.truncation_direction ~= "Left" then
         return bad('truncation_direction must be "Right" or "Left"', "truncation_direction")
     end
+    local query_first -- (the query's first tokens kept: TEI's truncate, Right, as the documents')
     if t.truncate then -- (TEI: a text past the context is cut, not refused; Left keeps its end)
         if t.truncate_prompt_tokens ~= nil or t.max_tokens_per_doc ~= nil then
             return bad("truncate is TEI's truncation: not with truncate_prompt_tokens or max_tokens_per_doc", "truncate")
         end
         if t.truncation_direction == "Left" then t.truncate_prompt_tokens = -1
-        else t.max_tokens_per_doc = model.max_seq_len end
+        else t.max_tokens_per_doc, query_first = model.max_seq_len, model.max_seq_len end
     end
     if t.query == nil then return bad("query is required", "query") end
     if t.documents == nil then return bad("documents is required", "documents") end
@@ -1590,9 +1591,7 @@ function _M.parse_rerank(body, model, model_id)
     local o
     o, e = embedding_options(t, model)
     if not o then return nil, e end
-    -- (TEI's truncate, Right: the query's first tokens too, as the documents')
-    local query, query_tokens = _M.embedding_inputs(model, t.query, "query", o.keep,
-                                                    t.truncate and t.truncation_direction ~= "Left" and model.max_seq_len or nil)
+    local query, query_tokens = _M.embedding_inputs(model, t.query, "query", o.keep, query_first)
     if not query then return nil, query_tokens end
     local docs, doc_tokens = _M.embedding_inputs(model, texts, "documents", o.keep, t.max_tokens_per_doc)
     if not docs then return nil, doc_tokens end

@@ -1,0 +1,38 @@
+/* bench_args.h: a benchmark's numbers from its command line, read whole and checked against
+   their range: atoi read "abc" as 0 and "2x" as 2, atof let "nan" through a range check (every
+   comparison with NaN is false). One rule for the tools of scripts/bench. */
+#ifndef TL_BENCH_ARGS_H
+#define TL_BENCH_ARGS_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+/* A whole number in [lo, hi], all of `text`. */
+static inline bool bench_long(const char *text, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    const long v = strtol(text, &end, 10);
+    if (end == text || *end || errno || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static inline bool bench_int(const char *text, int lo, int hi, int *out) {
+    long v;
+    if (!bench_long(text, lo, hi, &v)) return false;
+    *out = (int)v;
+    return true;
+}
+
+/* A number in [lo, hi] (NaN is in no range), all of `text`. */
+static inline bool bench_number(const char *text, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    const double v = strtod(text, &end);
+    if (end == text || *end || errno || !(v >= lo && v <= hi)) return false;
+    *out = v;
+    return true;
+}
+
+#endif
