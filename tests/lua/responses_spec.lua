@@ -118,10 +118,6 @@ describe("responses.to_chat", function()
               '"mode": "auto", "tools": [{"type": "function", "name": "g"}]}}', "tool_choice", "not among tools" },
             { '{"input": "x", "prompt": {"id": "p"}}', "prompt", "prompt templates" },
             { '{"input": "x", "n": 2}', "n", "unknown field 'n'" },
-            -- the json_schema format's name is required, an identifier's characters (OpenAI's rule)
-            { '{"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}', "text", "text.format.name" },
-            { '{"input": "x", "text": {"format": {"type": "json_schema", "name": "a b", "schema": {}}}}', "text", "text.format.name" },
-            { '{"input": "x", "text": {"format": {"type": "json_schema", "name": "", "schema": {}}}}', "text", "text.format.name" },
         }
         require("helpers").refuses(responses.to_chat, cases)
     end)

@@ -801,12 +801,20 @@ describe("server", function()
         expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}')
         expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": []}}}')
         expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": {}, "bogus": 1}}}')
+        -- (a name is required, OpenAI's and vLLM's rule; Responses' text.format.name is the same)
+        e = expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}')
+        assert.truthy(e.message:find("json_schema.name", 1, true), e.message)
+        for _, name in ipairs({ '""', '"a b"', '"' .. ("n"):rep(65) .. '"', "null" }) do
+            e = expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": ' ..
+                '{"name": ' .. name .. ', "schema": {}}}}')
+            assert.truthy(e.message:find("json_schema.name", 1, true), e.message)
+        end
         e = expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": ' ..
-            '{"schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}}')
+            '{"name": "n", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}}}')
         assert.truthy(e.message:find("strin", 1, true), e.message)
         -- (strict: what the converter cannot enforce is refused; without it, left out)
         e = expect_error(400, "response_format", '{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": ' ..
-            '{"strict": true, "schema": {"type": "string", "uniqueItems": true}}}}')
+            '{"name": "n", "strict": true, "schema": {"type": "string", "uniqueItems": true}}}}')
         assert.truthy(e.message:find("uniqueItems", 1, true), e.message)
         -- size limit (4096 here), declared and chunked
         local big = '{"prompt": "' .. ("a"):rep(5000) .. '"}'
@@ -2120,6 +2128,12 @@ describe("responses (OpenAI's Responses API)", function()
         refused({ input = "hi", text = { format = { type = "json_schema", name = "x", strict = true,
                                                     schema = { type = "object", minProperties = "a" } } } },
                 "text", "text.format")
+        -- the json_schema format's name is required, an identifier's characters (OpenAI's rule,
+        -- chat's response_format.json_schema.name's)
+        for _, name in ipairs({ cjson.null, "a b", "" }) do
+            refused({ input = "hi", text = { format = { type = "json_schema", name = name, schema = { type = "object" } } } },
+                    "text", "text.format.name must be the schema's name")
+        end
         -- nothing to fetch under an id never answered
         local status, body = curl(base .. "/v1/responses/resp_1")
         assert.equal(404, status)

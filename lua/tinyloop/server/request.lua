@@ -841,6 +841,11 @@ local function response_format_grammar(rf, body)
     if not text or text:sub(1, 1) ~= "{" then
         return bad("response_format.json_schema.schema must be a JSON Schema object", P)
     end
+    -- (OpenAI's rule, and vLLM's: a name is required, its characters those of an identifier)
+    local name = js.name
+    if type(name) ~= "string" or not name:match("^[%w_%-]+$") or #name > 64 then
+        return bad("response_format.json_schema.name must be the schema's name: 1 to 64 of a-z, A-Z, 0-9, '_' and '-'", P)
+    end
     -- (OpenAI's strict defaults to false: what cannot be enforced is then left out, not refused)
     return schema_grammar(text, body, nil, P, "response_format.json_schema.schema", false, js.strict ~= true)
 end

@@ -311,10 +311,7 @@ local function chat_format(text, body)
         return '{"type":"' .. f.type .. '"}'
     end
     if f.type ~= "json_schema" then return nil, 'text.format.type must be "text", "json_object" or "json_schema"' end
-    -- (OpenAI's rule: a name is required, its characters those of an identifier)
-    if type(f.name) ~= "string" or not f.name:match("^[%w_%-]+$") or #f.name > 64 then
-        return nil, "text.format.name must be the schema's name: 1 to 64 of a-z, A-Z, 0-9, '_' and '-'"
-    end
+    -- (the name's rule is chat's, response_format.json_schema.name's)
     local members = {}
     for _, k in ipairs({ "name", "description", "schema", "strict" }) do
         if f[k] ~= nil then members[#members + 1] = { k, raw_member(body, { "text", "format", k }) } end
