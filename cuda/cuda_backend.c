@@ -72,12 +72,35 @@ static tlk_matrix kernel_matrix(const tl_matrix *w) {
     return (tlk_matrix){w->data, w->scale, dtype, w->rows, w->cols};
 }
 
+/* A failure handled where it happens (an allocation refused, then reported as out of
+   memory) must leave this thread's last error clear: the kernel launchers read it
+   (launched() in kernels.cu), and a stale one would mark the model failed for good at its
+   next launch (note()). Sticky errors, a lost device, stay whatever is cleared. */
+static void forget_error(void) { (void)cudaGetLastError(); }
+
+/* cudaMalloc, after giving back what the device's default pool keeps (cuda_open makes it
+   keep what upload_async and the head free): memory held there cannot serve a cudaMalloc,
+   so a refusal trims the pool, once its queued frees are done, and tries again. */
+static cudaError_t device_malloc(void **p, size_t bytes) {
+    cudaError_t err = cudaMalloc(p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+        forget_error();
+        int device;
+        cudaMemPool_t pool;
+        if (cudaGetDevice(&device) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess &&
+            cudaDeviceSynchronize() == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess)
+            err = cudaMalloc(p, bytes);
+    }
+    if (err != cudaSuccess) forget_error();
+    return err;
+}
+
 /* Whether the copies queued before `copied` was recorded are done. A query answered "not
    ready" is no failure: it is cleared from this thread's last error, which the kernel
    launchers read (launched() in kernels.cu) and would otherwise report as one. */
 static bool staging_done(cudaEvent_t copied) {
     const cudaError_t st = cudaEventQuery(copied);
-    if (st == cudaErrorNotReady) (void)cudaGetLastError();
+    if (st == cudaErrorNotReady) forget_error();
     return st == cudaSuccess;
 }
 
@@ -100,6 +123,8 @@ static staging_block *staging_take(cuda_context *ctx, size_t bytes) {
         if (cudaEventCreateWithFlags(&b->copied, cudaEventDisableTiming) == cudaSuccess) {
             at = ctx->n_staging++;
             fresh = true;
+        } else {
+            forget_error(); /* the older blocks, or a synchronous copy, serve */
         }
     }
     staging_block *found = at >= 0 ? &ctx->staging[at] : NULL;
@@ -122,6 +147,7 @@ static staging_block *staging_take(cuda_context *ctx, size_t bytes) {
         if (ok) found->size = size;
     }
     if (!ok) {
+        forget_error(); /* the caller copies synchronously */
         pthread_mutex_lock(&ctx->staging_lock);
         found->busy = false;
         pthread_mutex_unlock(&ctx->staging_lock);
@@ -176,9 +202,10 @@ static tl_status cuda_open(const tl_model *m, int n_threads, void **out) {
     pthread_mutex_init(&ctx->staging_lock, NULL);
     int err = (int)cudaGetDevice(&ctx->device);
     const size_t half = (size_t)(c->head_dim / 2) + 1;
-    if (!err) err = (int)cudaMalloc((void **)&ctx->inv_freq, half * sizeof(double));
+    if (!err) err = (int)device_malloc((void **)&ctx->inv_freq, half * sizeof(double));
     if (!err) err = (int)cudaMemcpy(ctx->inv_freq, m->rope_inv_freq, half * sizeof(double), cudaMemcpyHostToDevice);
     if (err) {
+        forget_error();
         if (ctx->inv_freq) cudaFree(ctx->inv_freq);
         pthread_mutex_destroy(&ctx->failure_lock);
         pthread_mutex_destroy(&ctx->staging_lock);
@@ -192,9 +219,9 @@ static tl_status cuda_open(const tl_model *m, int n_threads, void **out) {
     cudaMemPool_t pool;
     if (cudaDeviceGetDefaultMemPool(&pool, ctx->device) == cudaSuccess) {
         uint64_t keep = UINT64_MAX;
-        if (cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess) (void)cudaGetLastError();
+        if (cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess) forget_error();
     } else {
-        (void)cudaGetLastError();
+        forget_error();
     }
     *out = ctx;
     return TL_OK;
@@ -205,6 +232,11 @@ static void cuda_close(void *opaque) {
     if (!ctx) return;
     cudaDeviceSynchronize(); /* nothing queued may still read what is freed */
     for (int i = 0; i < ctx->n_weights; i++) cudaFree(ctx->weights[i]);
+    /* What the default pool kept for this model goes back to the device (another model's
+       pool memory is mapped again when it next asks) */
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, ctx->device) != cudaSuccess || cudaMemPoolTrimTo(pool, 0) != cudaSuccess)
+        forget_error();
     free(ctx->weights);
     cudaFree(ctx->inv_freq);
     for (int i = 0; i < ctx->n_staging; i++) {
@@ -224,8 +256,9 @@ static int cuda_threads(const void *ctx) {
 static void *cuda_alloc(void *opaque, size_t bytes) {
     (void)opaque;
     void *p = NULL;
-    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) return NULL;
+    if (device_malloc(&p, bytes ? bytes : 1) != cudaSuccess) return NULL;
     if (cudaMemset(p, 0, bytes) != cudaSuccess) {
+        forget_error();
         cudaFree(p);
         return NULL;
     }
@@ -254,9 +287,10 @@ static tl_status keep_weight(cuda_context *ctx, void *p) {
 
 static tl_status device_copy(cuda_context *ctx, const void *src, size_t bytes, void **out) {
     void *p = NULL;
-    cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+    cudaError_t err = device_malloc(&p, bytes ? bytes : 1);
     if (err == cudaSuccess && bytes) err = cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice);
     if (err != cudaSuccess) {
+        forget_error();
         if (p) cudaFree(p);
         return host.fail(err == cudaErrorMemoryAllocation ? TL_ERR_NO_MEMORY : TL_ERR_UNSUPPORTED,
                          "backend CUDA: copying %zu bytes of weights to the device: %s", bytes, cudaGetErrorString(err));

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h> /* access */
 
 #include "backend_plugin.h"
 
@@ -16,11 +17,23 @@ static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static const tl_backend *cuda_backend;
 static char cuda_why[768];
 
-static void *open_plugin(char *tried, size_t tried_len) {
+/* dlopen of one candidate. A file that is there but does not load (a CUDA runtime missing,
+   a plugin of another ABI) is the cause worth telling: the first such error is kept in
+   `tried`, which the later candidates' "no such file" must not overwrite. */
+static void *open_candidate(const char *path, char *opened, size_t opened_len, char *tried, size_t tried_len) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (h) snprintf(opened, opened_len, "%s", path);
+    else if (!tried[0] && access(path, F_OK) == 0) snprintf(tried, tried_len, "%s: %s", path, dlerror());
+    return h;
+}
+
+/* The plugin's handle, the file it came from in `opened`; or NULL with why in `tried`. */
+static void *open_plugin(char *opened, size_t opened_len, char *tried, size_t tried_len) {
     const char *env = getenv("TINYLOOP_CUDA_PLUGIN");
     if (env && *env) {
         void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
-        if (!h) snprintf(tried, tried_len, "TINYLOOP_CUDA_PLUGIN=%s: %s", env, dlerror());
+        if (h) snprintf(opened, opened_len, "%s", env);
+        else snprintf(tried, tried_len, "TINYLOOP_CUDA_PLUGIN=%s: %s", env, dlerror());
         return h;
     }
     char path[4200];
@@ -29,23 +42,24 @@ static void *open_plugin(char *tried, size_t tried_len) {
         const char *slash = strrchr(self.dli_fname, '/');
         if (slash) {
             snprintf(path, sizeof path, "%.*s/%s", (int)(slash - self.dli_fname), self.dli_fname, TL_CUDA_PLUGIN_FILE);
-            void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            void *h = open_candidate(path, opened, opened_len, tried, tried_len);
             if (h) return h;
         }
     }
 #ifdef TL_PLUGIN_BUILD_DIR
     snprintf(path, sizeof path, "%s/%s", TL_PLUGIN_BUILD_DIR, TL_CUDA_PLUGIN_FILE);
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void *h = open_candidate(path, opened, opened_len, tried, tried_len);
     if (h) return h;
 #endif
     void *found = dlopen(TL_CUDA_PLUGIN_FILE, RTLD_NOW | RTLD_LOCAL);
-    if (!found) snprintf(tried, tried_len, "%s", dlerror());
+    if (found) snprintf(opened, opened_len, "%s", TL_CUDA_PLUGIN_FILE);
+    else if (!tried[0]) snprintf(tried, tried_len, "%s", dlerror());
     return found;
 }
 
 static void load_cuda(void) {
-    char tried[512] = "";
-    void *h = open_plugin(tried, sizeof tried);
+    char tried[512] = "", opened[4200] = "";
+    void *h = open_plugin(opened, sizeof opened, tried, sizeof tried);
     if (!h) {
         snprintf(cuda_why, sizeof cuda_why,
                  "the CUDA plugin %s could not be loaded (built when CMake finds nvcc, "
@@ -55,7 +69,7 @@ static void load_cuda(void) {
     tl_backend_plugin_entry entry;
     *(void **)&entry = dlsym(h, TL_CUDA_PLUGIN_ENTRY);
     if (!entry) {
-        snprintf(cuda_why, sizeof cuda_why, "%s has no entry point %s", TL_CUDA_PLUGIN_FILE, TL_CUDA_PLUGIN_ENTRY);
+        snprintf(cuda_why, sizeof cuda_why, "%.600s has no entry point %s", opened, TL_CUDA_PLUGIN_ENTRY);
         return;
     }
     const tl_backend_host host = {TL_BACKEND_PLUGIN_ABI, sizeof(tl_model), sizeof(tl_config), sizeof(tl_kv_cache),

@@ -3,6 +3,8 @@
  * Usage: test_cuda DATA_DIR [expect]
  *   expect "no-plugin": TINYLOOP_CUDA_PLUGIN points nowhere; backend CUDA must fail with
  *                       TL_ERR_UNSUPPORTED naming the plugin, AUTO must fall back to the CPU.
+ *   expect "no-entry":  TINYLOOP_CUDA_PLUGIN points at a library that is no plugin; the
+ *                       message names that file (not the default plugin name), AUTO the CPU.
  *   otherwise:          with no device (CI), backend CUDA fails with TL_ERR_UNSUPPORTED naming
  *                       the cause and AUTO gives the CPU; with a device (scripts/gpu-check):
  *     - logits parity with the CPU backend on every golden config and the text model
@@ -43,6 +45,11 @@ static void check_refusal(const char *dir, const char *expect) {
     CHECK(strncmp(msg, "backend CUDA: ", 14) == 0, "message: %s", msg);
     if (!strcmp(expect, "no-plugin"))
         CHECK(strstr(msg, "libtinyloop-cuda.so could not be loaded") != NULL, "message: %s", msg);
+    else if (!strcmp(expect, "no-entry")) {
+        char want[4300];
+        snprintf(want, sizeof want, "%s has no entry point", getenv("TINYLOOP_CUDA_PLUGIN"));
+        CHECK(strstr(msg, want) != NULL, "message: %s", msg);
+    }
     else
         CHECK(strstr(msg, "no CUDA device") != NULL || strstr(msg, "could not be loaded") != NULL, "message: %s", msg);
     if (m) tl_model_free(m);
@@ -187,10 +194,10 @@ int main(int argc, char **argv) {
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/textmodel", data);
     tl_model *probe = NULL;
-    if (!strcmp(expect, "no-plugin") || load(dir, TL_BACKEND_CUDA, &probe) != TL_OK) {
+    if (expect[0] || load(dir, TL_BACKEND_CUDA, &probe) != TL_OK) {
         check_refusal(dir, expect);
         printf("test_cuda: no CUDA device here (%s): checked the refusal and the CPU fallback\n",
-               !strcmp(expect, "no-plugin") ? "no plugin" : "plugin present");
+               expect[0] ? expect : "plugin present");
         return check_summary();
     }
     CHECK(strcmp(tl_model_info(probe)->backend, "cuda") == 0, "backend %s", tl_model_info(probe)->backend);
