@@ -122,6 +122,10 @@ describe("anthropic.to_chat: what Anthropic's clients send", function()
         chat = chat_of([[{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content":
             [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}]])
         assert.is_nil(chat.continue_final_message)
+        -- an empty final assistant message (Anthropic allows it) is no prefill: it is left out
+        chat = chat_of([[{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]}]])
+        assert.same({ { role = "user", content = "Hi" } }, chat.messages)
+        assert.is_nil(chat.continue_final_message)
     end)
 
     it("leaves Claude Code's billing line out of the system prompt, and an empty one out", function()

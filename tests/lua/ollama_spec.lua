@@ -27,6 +27,11 @@ describe("ollama.chat_to_chat", function()
                        '"options": {"num_predict": -1}}')
         assert.same({ false, { type = "json_object" } }, { chat.stream, chat.response_format })
         assert.is_nil(chat.max_tokens) -- (-1: no limit: the rest of the context)
+        -- 0 too, as Ollama's runner, which stops at num_predict only where it is above 0
+        assert.is_nil(chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 0}}').max_tokens)
+        -- format {} is the empty JSON Schema (any JSON), as Ollama compiles it, not an array
+        local _, format_text = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "format": {}}')
+        assert.equal("{}", json_text.member(format_text, { "response_format", "json_schema", "schema" }))
         -- repeat_last_n 0 turns the penalties off, as Ollama's; a window is taken
         chat = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"repeat_penalty": 1.3, ' ..
                        '"frequency_penalty": 0.2, "repeat_last_n": 0}}')
@@ -125,6 +130,12 @@ describe("ollama: what Ollama's clients send", function()
         assert.same({ "load", "", true }, { answer.done_reason, answer.message.content, answer.done })
         local chat = chat_of('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "She is"}]}')
         assert.is_true(chat.continue_final_message)
+        -- one with no text (empty or blanks) is no prefill, as Ollama's open empty turn is none:
+        -- it is left out, and the reply is an ordinary one
+        for _, blank in ipairs({ '""', '" \\n"' }) do
+            chat = chat_of('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ' .. blank .. '}]}')
+            assert.same({ { { role = "user", content = "q" } }, nil }, { chat.messages, chat.continue_final_message })
+        end
     end)
 
     it("answers each tool message in work linear in the conversation", function()

@@ -2425,7 +2425,10 @@ describe("Ollama's API", function()
                                 { "/api/chat", { model = "llama3", messages = messages }, 404, "not found" },
                                 { "/api/chat", { messages = messages, options = { mirostat = 1 } }, 400, "options.mirostat" },
                                 { "/api/chat", { messages = messages, options = { num_predict = 1.5 } }, 400, "options.num_predict" },
-                                { "/api/generate", { prompt = "x", images = { "aGk=" } }, 400, "text only" } }) do
+                                { "/api/generate", { prompt = "x", images = { "aGk=" } }, 400, "text only" },
+                                -- Ollama's routes not served answer in its shape (its clients read e.error as text)
+                                { "/api/pull", { model = "llama3" }, 404, "/api/pull" },
+                                { "/api/blobs/sha256:00", {}, 404, "/api/blobs/" } }) do
             status, body = post_to(case[1], case[2])
             assert.equal(case[3], status, body)
             local e = cjson.decode(body).error

@@ -252,9 +252,9 @@ function _M.to_chat(body, counting)
     end
     local messages, from = messages_of(t.messages, t.system, raw.messages)
     if not messages then return bad(from, from:match("^system") and "system" or "messages") end
+    shapes.continue_prefill(members, messages)
     members[#members + 1] = { "messages", encode(messages) }
     members[#members + 1] = { "max_tokens", shapes.integer(t.max_tokens or 0) }
-    shapes.continue_prefill(members, messages)
     if t.stop_sequences then members[#members + 1] = { "stop", raw.stop_sequences } end
     if t.service_tier ~= nil and t.service_tier ~= "auto" and t.service_tier ~= "standard_only" then
         return bad('service_tier must be "auto" or "standard_only"', "service_tier")

@@ -433,9 +433,15 @@ local function send_ollama_error(status, message, _, _, headers)
     return send_json(status, ollama.error_body(tostring(message)), headers)
 end
 -- (the path the client asked for: nginx's error_page redirect rewrites $uri; Ollama's are its
--- exact paths, so that another app's /api/... keeps OpenAI's shape)
+-- exact paths, so that another app's /api/... keeps OpenAI's shape: those served here and
+-- those of Ollama's API not served, which its clients call and whose 404 they read)
 local OLLAMA_PATHS = { ["/api/chat"] = true, ["/api/generate"] = true, ["/api/show"] = true, ["/api/tags"] = true,
-                       ["/api/ps"] = true, ["/api/version"] = true, ["/api/embed"] = true, ["/api/embeddings"] = true }
+                       ["/api/ps"] = true, ["/api/version"] = true, ["/api/embed"] = true, ["/api/embeddings"] = true,
+                       ["/api/pull"] = true, ["/api/push"] = true, ["/api/create"] = true, ["/api/copy"] = true,
+                       ["/api/delete"] = true, ["/api/me"] = true, ["/api/signin"] = true, ["/api/signout"] = true }
+local function ollama_path(path)
+    return OLLAMA_PATHS[path] or path:find("^/api/blobs/") ~= nil
+end
 local function send_llamacpp_error(status, message, _, etype, headers)
     return send_json(status, llamacpp.error_body(status, tostring(message), etype), headers)
 end
@@ -443,7 +449,7 @@ local LLAMACPP_PATHS = { ["/completion"] = true, ["/completions"] = true, ["/pro
                          ["/embeddings"] = true, ["/apply-template"] = true }
 local function send_uri_error(...)
     local path = (ngx.var.request_uri or ngx.var.uri or ""):match("^[^?]*")
-    local send = path:find("^/v1/messages") and send_anthropic_error or OLLAMA_PATHS[path] and send_ollama_error or
+    local send = path:find("^/v1/messages") and send_anthropic_error or ollama_path(path) and send_ollama_error or
                  LLAMACPP_PATHS[path] and send_llamacpp_error or send_error
     return send(...)
 end

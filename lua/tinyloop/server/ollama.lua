@@ -109,15 +109,16 @@ local function common(t, raw, members, thinks, model_id)
     local predict = options.num_predict
     if predict ~= nil and predict ~= json_null then
         if not shapes.KIND_OK.integer(predict) then return bad("options.num_predict must be an integer", "options") end
-        -- (-1: no limit, -2: fill the context: both the rest of the context here)
-        if predict >= 0 then members[#members + 1] = { "max_tokens", shapes.integer(predict) } end
+        -- (0 and -1: no limit, -2: fill the context: all the rest of the context here; Ollama's
+        -- runner stops at num_predict only where it is above 0)
+        if predict > 0 then members[#members + 1] = { "max_tokens", shapes.integer(predict) } end
     end
     if options.stop ~= nil and options.stop ~= json_null then members[#members + 1] = { "stop", raw_options.stop } end
     local format = t.format
     if format ~= nil and format ~= "" then
         if format == "json" then
             members[#members + 1] = { "response_format", '{"type":"json_object"}' }
-        elseif type(format) == "table" and not is_array(format) then
+        elseif type(format) == "table" and raw.format:sub(1, 1) == "{" then -- (`{}` too: any JSON)
             members[#members + 1] = { "response_format", '{"type":"json_schema","json_schema":{"name":"format","schema":' ..
                                                          raw.format .. "}}" }
         else
@@ -245,8 +246,8 @@ function _M.chat_to_chat(body, model_id, thinks)
     local messages
     messages, err = chat_messages(t.messages, raw.messages)
     if not messages then return bad(err, "messages") end
-    members[#members + 1] = { "messages", encode(messages) }
     shapes.continue_prefill(members, messages)
+    members[#members + 1] = { "messages", encode(messages) }
     if t.tools and #t.tools > 0 then members[#members + 1] = { "tools", raw.tools } end
     ok, err = common(t, raw, members, thinks, model_id)
     if not ok then return nil, err end

@@ -118,10 +118,19 @@ _M.MAX_STOPS = require("tinyloop.server.request").MAX_STOPS
 _M.REASONING_EFFORTS = require("tinyloop.server.request").REASONING_EFFORTS
 
 -- A final assistant message (no calls) is a prefill: the reply continues it (Anthropic's rule,
--- and Ollama's templates leave it open) -> the chat body's member saying so, added.
+-- and Ollama's templates leave it open) -> the chat body's member saying so, added. One
+-- with no text to continue (empty, or blanks only) is left out of `messages` and the reply
+-- is an ordinary one: Anthropic allows an empty final assistant message, and Ollama's
+-- template leaves the empty turn open, where the reply then starts. (Before `messages` is
+-- encoded.)
 function _M.continue_prefill(members, messages)
     local last = messages[#messages]
-    if last and last.role == "assistant" and not last.tool_calls then members[#members + 1] = { "continue_final_message", "true" } end
+    if not (last and last.role == "assistant" and not last.tool_calls) then return end
+    if type(last.content) == "string" and not last.content:find("%S") then
+        messages[#messages] = nil
+        return
+    end
+    members[#members + 1] = { "continue_final_message", "true" }
 end
 
 -- JSON kinds of a request's top-level fields, checked before anything reads them.
