@@ -780,17 +780,23 @@ int tl_engine_auto_step_rows(int max_active);
 /* Starts the engine thread. The model must outlive the engine. */
 tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl_engine **out);
 /* Stops the thread, frees every session and request, and returns once no tl_engine_wait
-   is inside the engine any more (they return -1). NULL is a no-op. */
+   is inside the engine any more (they return -1). NULL is a no-op. From a hook of a
+   session the engine steps (on its thread) it only stops the engine, as tl_engine_stop does
+   there: the owner's tl_engine_free still frees it. */
 void tl_engine_free(tl_engine *engine);
 /* What tl_engine_free does, without freeing the engine itself: afterwards every call on it
    is answered (wait -1, read and submit refused, cancel a no-op, the counters as they were),
    so that a thread that was about to wait when the owner stopped the engine (a server's
    handler when its worker exits) finds "gone" rather than freed memory. Called again, or
-   followed by tl_engine_free, it does nothing more. Not from two threads at once. */
+   followed by tl_engine_free, it does nothing more. Not from two threads at once. From a
+   hook of a session the engine steps, it asks the stop and returns at once: the engine
+   records nothing of that step, and its requests are freed by the owner's later stop or
+   free (the thread cannot wait for itself, nor free the sessions it is stepping). */
 void tl_engine_stop(tl_engine *engine);
 
-/* Hands a fresh session (not stepped, no hooks: hooks would run on the engine thread) to
-   the engine. On TL_OK with *id > 0 the engine owns the session. When active and queued
+/* Hands a fresh session (not stepped) to the engine; its hooks, if any, run on the engine
+   thread, so they must be safe to run there (a Lua hook is not: LuaJIT's state is the
+   caller's thread's). On TL_OK with *id > 0 the engine owns the session. When active and queued
    sessions are at their limits it returns TL_OK with *id = 0 and the caller keeps the
    session (a server answers 503 and the caller frees it). Owned by the engine, the session
    is freed by it when the request ends: do not use or free the pointer after a successful

@@ -431,6 +431,9 @@ tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl
     return TL_OK;
 }
 
+/* Whether the caller is the engine's own thread: a hook of a session it steps. */
+static bool on_engine_thread(const tl_engine *e) { return !e->joined && pthread_equal(pthread_self(), e->thread); }
+
 void tl_engine_stop(tl_engine *e) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
@@ -442,6 +445,10 @@ void tl_engine_stop(tl_engine *e) {
     pthread_cond_broadcast(&e->work);
     wake_all(e);
     pthread_mutex_unlock(&e->mu);
+    /* From a hook, on the engine thread: the stop is asked, and the thread leaves once its
+       step returns. It cannot join itself, and the requests it is stepping must outlive the
+       step: the owner's stop or free joins and frees them. */
+    if (on_engine_thread(e)) return;
     if (!e->joined) {
         pthread_join(e->thread, NULL);
         e->joined = true;
@@ -462,6 +469,10 @@ void tl_engine_stop(tl_engine *e) {
 
 void tl_engine_free(tl_engine *e) {
     if (!e) return;
+    if (on_engine_thread(e)) { /* from a hook: a stop only (tl_engine_stop's), the owner frees */
+        tl_engine_stop(e);
+        return;
+    }
     tl_engine_stop(e);
     free(e->reqs);
     pthread_condattr_destroy(&e->wait_attr);

@@ -139,6 +139,18 @@ static int free_self_hook(void *user, int32_t token, int position) {
     if (++seen == 2) tl_session_free(*(tl_session **)user);
     return TL_HOOK_CONTINUE;
 }
+/* An on_token hook that stops (or frees: user's `freeing`) the engine holding its session,
+   at the session's second token: on the engine thread, which cannot join itself. */
+static tl_engine *hooked_engine;
+static int stop_engine_hook(void *user, int32_t token, int position) {
+    (void)token, (void)position;
+    static int seen;
+    if (++seen % 2 == 0) {
+        if (*(const bool *)user) tl_engine_free(hooked_engine);
+        else tl_engine_stop(hooked_engine);
+    }
+    return TL_HOOK_CONTINUE;
+}
 /* A logits hook of a beam session that keeps its hypotheses apart (no token settles) and
    cancels its own engine request at its 5th call, counting the calls after that. */
 static uint64_t beam_request;
@@ -673,6 +685,40 @@ int main(int argc, char **argv) {
               (unsigned long long)cc.rows, (unsigned long long)cc.partial_prefills,
               (unsigned long long)cc.steps_after_cancel, (unsigned long long)cc.cancelled);
         tl_engine_free(chunked);
+    }
+
+    /* A hook that stops or frees its own engine (on the engine thread): the stop is asked and
+       the step ends; the requests it was stepping outlive it (they were freed under it, and
+       read after), and the owner's free joins the thread and frees them. */
+    for (int freeing = 0; freeing < 2; freeing++) {
+        static bool hook_frees;
+        hook_frees = freeing;
+        CHECK(tl_engine_new(model, NULL, &hooked_engine) == TL_OK, "%s", tl_last_error());
+        tl_generate_config sc;
+        tl_generate_config_init(&sc);
+        sc.max_tokens = 12;
+        sc.ignore_eos = 1;
+        sc.on_token = stop_engine_hook;
+        sc.on_token_user = &hook_frees;
+        tl_generate_config pc = sc; /* (a plain request beside it, held by the engine too) */
+        pc.on_token = NULL;
+        uint64_t stopping_id = 0, beside_id = 0;
+        CHECK(tl_engine_submit(hooked_engine, new_session(jobs[0].prompt, &pc), &beside_id) == TL_OK && beside_id > 0, "%s",
+              tl_last_error());
+        CHECK(tl_engine_submit(hooked_engine, new_session(jobs[1].prompt, &sc), &stopping_id) == TL_OK && stopping_id > 0,
+              "%s", tl_last_error());
+        int waits = 0;
+        while (tl_engine_wait(hooked_engine, stopping_id, 1000) >= 0 && waits++ < 100) {
+            tl_engine_update hu;
+            if (tl_engine_read(hooked_engine, stopping_id, &hu) != TL_OK || hu.state == TL_ENGINE_FINISHED) break;
+        }
+        CHECK(tl_engine_wait(hooked_engine, stopping_id, 0) == -1, "the hook's %s stopped the engine",
+              freeing ? "free" : "stop");
+        uint64_t late = 0;
+        tl_session *refused = new_session(jobs[0].prompt, &pc);
+        CHECK_ERROR(tl_engine_submit(hooked_engine, refused, &late), TL_ERR_INVALID_ARGUMENT, "the engine is stopping");
+        tl_session_free(refused);
+        tl_engine_free(hooked_engine);
     }
 
     /* Freeing with requests still running (and one never read) is clean. */
