@@ -2485,6 +2485,21 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         local word = free:match("^.-(%a%a)")
         r = ok("/completion", { prompt = "It is a truth", n_predict = 20, temperature = 0, stop = { word } })
         assert.same({ "word", word, free:sub(1, free:find(word, 1, true) - 1) }, { r.stop_type, r.stopping_word, r.content })
+        -- a temperature below 0 is greedy (llama.cpp's rule), not refused
+        assert.equal(free, ok("/completion", { prompt = "It is a truth", n_predict = 20, temperature = -1 }).content)
+        -- truncated: the context filled before the end (llama.cpp's meaning), not a n_predict reached
+        assert.is_false(ok("/completion", { prompt = { 1, 2, 3 }, n_predict = 4, ignore_eos = true }).truncated)
+        r = ok("/completion", { prompt = { 1, 2, 3 }, n_predict = -1, ignore_eos = true, temperature = 0 })
+        assert.same({ true, "limit", 253 }, { r.truncated, r.stop_type, r.tokens_predicted })
+        -- a prompt over the context: llama.cpp's own error, its type and counts, which its
+        -- clients read to shorten the prompt
+        local long = {}
+        for i = 1, 300 do long[i] = 5 + i % 50 end
+        local status, body = post_to("/completion", { prompt = long, n_predict = 4 })
+        assert.equal(400, status, body)
+        local e = cjson.decode(body).error
+        assert.same({ "exceed_context_size_error", 300, 256, 400 }, { e.type, e.n_prompt_tokens, e.n_ctx, e.code })
+        assert.equal("request (300 tokens) exceeds the available context size (256 tokens), try increasing it", e.message)
     end)
 
     it("tokenizes texts mixed into a prompt's ids, and logit_bias by text, as llama.cpp does", function()
@@ -2653,11 +2668,11 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
     end)
 
     it("answers bad input in llama.cpp's error shape, and a wrong method", function()
-        local function refused(t, needle)
+        local function refused(t, needle, etype)
             local status, body = post_to("/completion", t)
             assert.equal(400, status, body)
             local e = cjson.decode(body).error
-            assert.same({ 400, "invalid_request_error" }, { e.code, e.type })
+            assert.same({ 400, etype or "invalid_request_error" }, { e.code, e.type })
             assert.truthy(e.message:find(needle, 1, true), e.message)
         end
         refused({ n_predict = 3 }, "prompt is required")
@@ -2667,7 +2682,7 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         refused({ prompt = "a", mirostat = 2 }, "mirostat is not supported")
         refused({ prompt = "a", n_predict = 4096 * 4, temperature = "x" }, "temperature must be a number")
         refused({ prompt = { 1, 99999 } }, "is not a token id")
-        refused({ prompt = ("Emma "):rep(300) }, "tokens) fills it")
+        refused({ prompt = ("Emma "):rep(300) }, "tokens) exceeds the available context size (256 tokens)", "exceed_context_size_error")
         -- /completions is llama.cpp's other name of it
         local status, body = post_to("/completions", { prompt = "It is", n_predict = 2, temperature = 0 })
         assert.equal(200, status, body)

@@ -417,10 +417,11 @@ local function send_error(status, message, param, etype, headers, code)
         ',"param":' .. (param and encode(param) or "null") .. ',"code":' .. (code and encode(code) or "null") .. "}}", headers)
 end
 _M.send_error = send_error
--- A request parser's error ({status, message, param, type, code}) sent by `send` (send_error,
--- or a handler's own that shapes it for another API).
+-- A request parser's error ({status, message, param, type, code, ...}) sent by `send`
+-- (send_error, or a handler's own that shapes it for another API, which may read the whole
+-- error, its last argument).
 local function send_request_error(err, send)
-    return (send or send_error)(err.status, err.message, err.param, err.type, nil, err.code)
+    return (send or send_error)(err.status, err.message, err.param, err.type, nil, err.code, err)
 end
 
 -- An error in Anthropic's shape ({"type": "error", "error": {"type", "message"}}), in Ollama's
@@ -1441,9 +1442,9 @@ end
 local function serve(chat, body, view)
     local parse_opts = view and view.PARSE_OPTIONS
     -- an error answer: the other API's field names, and shape, for its request
-    local function send_error(status, message, param, etype, headers, code)
+    local function send_error(status, message, param, etype, headers, code, err)
         if view then
-            local e = view:error({ status = status, message = message, param = param, type = etype })
+            local e = view:error(err or { status = status, message = message, param = param, type = etype })
             if e.body then return send_json(status, e.body, headers) end
             message, param = e.message, e.param
         end
@@ -1886,7 +1887,8 @@ local function llamacpp_tokenize(text, plain) return model:encode(text, plain an
 function _M.llamacpp_completion()
     local body = post_body()
     if not body then return end
-    local completions_body, view = llamacpp.to_completions(body, model.has_tokenizer and llamacpp_tokenize or nil, model.vocab_size)
+    local completions_body, view = llamacpp.to_completions(body, model.has_tokenizer and llamacpp_tokenize or nil, model.vocab_size,
+                                                           model.max_seq_len)
     if not completions_body then return send_llamacpp_error(view.status, view.message, nil, view.type) end
     return serve(false, completions_body, view)
 end

@@ -75,13 +75,14 @@ local function mixed_ids(list, at, tokenize, vocab, field)
     return all
 end
 
--- to_completions(body[, tokenize]) -> the /v1/completions body that means the same, and its
+-- to_completions(body[, tokenize, vocab, n_ctx]) -> the /v1/completions body that means the same, and its
 -- view; or nil, err (the field named). tokenize(text, plain) -> ids | nil, err: the model's
 -- tokenizer, for what llama.cpp tokenizes itself (a prompt mixing texts and ids, each text's
 -- special tokens parsed; a logit_bias given by text, plain: its special tokens' texts read as
 -- text, as llama.cpp's common_tokenize does there); without it those are refused. vocab: the vocabulary's size, to name a mixed prompt's bad id
--- where it was sent (the completions path names the expanded prompt's places).
-function _M.to_completions(body, tokenize, vocab)
+-- where it was sent (the completions path names the expanded prompt's places). n_ctx: the
+-- context's tokens, which an answer's `truncated` reads.
+function _M.to_completions(body, tokenize, vocab, n_ctx)
     local t, err = decode_object(body)
     if not t then return nil, err end
     local raw = shapes.raw_fields(body)
@@ -151,7 +152,8 @@ function _M.to_completions(body, tokenize, vocab)
         if window == "off" and shapes.PENALTIES[as] then v = nil end
         if v ~= nil then
             if not KIND_OK[kind](v) then return bad(("%s must be %s"):format(name, shapes.KIND_WORDS[kind]), name) end
-            members[#members + 1] = { as, raw[name] }
+            -- (a temperature below 0 samples greedily in llama.cpp, its probabilities still given)
+            members[#members + 1] = { as, (name == "temperature" and v < 0) and "0" or raw[name] }
         elseif _M.DEFAULTS[name] then
             members[#members + 1] = { as, tostring(_M.DEFAULTS[name]) }
         end
@@ -248,7 +250,7 @@ function _M.to_completions(body, tokenize, vocab)
         members[#members + 1] = { "logit_bias", "{" .. concat(inner, ",") .. "}" }
     end
     local view = setmetatable({ stream = t.stream == true, return_tokens = t.return_tokens == true,
-                                n_predict = n_predict, batch = batch and #batch > 1 and batch or nil }, _M.View)
+                                n_predict = n_predict, batch = batch and #batch > 1 and batch or nil, n_ctx = n_ctx }, _M.View)
     return object(members), view
 end
 
@@ -263,15 +265,27 @@ _M.View = View
 
 -- The completions request's names -> llama.cpp's, in an error's message; the error body.
 local RENAMES = { { "max_tokens", "n_predict" }, { "repetition_penalty", "repeat_penalty" }, { "response_format", "json_schema" } }
+-- (a prompt over the context: llama.cpp's own error, its type and fields, which its clients
+-- look for to shorten the prompt and retry)
 function View:error(err)
+    if err.code == "context_length_exceeded" and err.n_prompt_tokens then
+        local message = ("request (%d tokens) exceeds the available context size (%d tokens), try increasing it")
+            :format(err.n_prompt_tokens, err.n_ctx)
+        return { status = 400, message = message, type = "exceed_context_size_error",
+                 body = _M.error_body(400, message, "exceed_context_size_error",
+                                      { { "n_prompt_tokens", tostring(err.n_prompt_tokens) }, { "n_ctx", tostring(err.n_ctx) } }) }
+    end
     local message = shapes.rename_fields(err.message or "", RENAMES)
     return { status = err.status, message = message, type = err.type, body = _M.error_body(err.status, message, err.type) }
 end
 
--- (llama.cpp's types: 503 is "unavailable_error", whatever made it: a model loading, no place)
-function _M.error_body(status, message, etype)
+-- (llama.cpp's types: 503 is "unavailable_error", whatever made it: a model loading, no place;
+-- extra: more members of the error, as {name, JSON text})
+function _M.error_body(status, message, etype, extra)
     etype = status == 503 and "unavailable_error" or etype or (status >= 500 and "server_error" or "invalid_request_error")
-    return object({ { "error", object({ { "code", tostring(status) }, { "message", encode(message) }, { "type", encode(etype) } }) } })
+    local members = { { "code", tostring(status) }, { "message", encode(message) }, { "type", encode(etype) } }
+    for _, member in ipairs(extra or {}) do members[#members + 1] = member end
+    return object({ { "error", object(members) } })
 end
 
 -- llama.cpp's stop_type and stopping_word of a finish: "limit" (n_predict or the context), "word"
@@ -341,7 +355,9 @@ function View:object(content, tokens, finish, model, probs, part)
         members[#members + 1] = { "tokens_predicted", tostring(usage.completion_tokens or 0) }
         members[#members + 1] = { "tokens_evaluated", tostring(usage.prompt_tokens or 0) }
         members[#members + 1] = { "has_new_line", tostring((part.text or content):find("\n", 1, true) ~= nil) }
-        members[#members + 1] = { "truncated", "false" }
+        -- (llama.cpp's: the context ran out, prompt and completion filling it, before the end)
+        local filled = self.n_ctx and (usage.prompt_tokens or 0) + (usage.completion_tokens or 0) >= self.n_ctx
+        members[#members + 1] = { "truncated", tostring(stop_type == "limit" and filled == true) }
         members[#members + 1] = { "stop_type", encode(stop_type) }
         members[#members + 1] = { "stopping_word", encode(word) }
         members[#members + 1] = { "tokens_cached", tostring((usage.prompt_tokens or 0) + (usage.completion_tokens or 0)) }

@@ -118,10 +118,13 @@ local function bad(message, param, status, code)
     return nil, { status = status or 400, message = message, param = param, type = "invalid_request_error", code = code }
 end
 -- A request that does not fit the context: OpenAI's code and the opening of its message, which
--- clients (LiteLLM's context-window fallbacks) look for.
-local function too_long(max_seq_len, detail, param)
-    return bad(("This model's maximum context length is %d tokens. However, %s"):format(max_seq_len, detail), param, 400,
-               "context_length_exceeded")
+-- clients (LiteLLM's context-window fallbacks) look for; with the prompt's tokens and the
+-- context's (n_prompt_tokens, n_ctx: llama.cpp's fields, which its view writes).
+local function too_long(max_seq_len, detail, param, prompt_tokens)
+    local _, err = bad(("This model's maximum context length is %d tokens. However, %s"):format(max_seq_len, detail), param, 400,
+                       "context_length_exceeded")
+    err.n_prompt_tokens, err.n_ctx = prompt_tokens, max_seq_len
+    return nil, err
 end
 _M.bad = bad
 
@@ -1089,7 +1092,7 @@ function _M.parse(body, model, model_id, max_choices, opts)
         for i, ids in ipairs(prompts) do
             if #ids >= model.max_seq_len then
                 return too_long(model.max_seq_len, ("the %s (%d tokens) fills it"):format(
-                    #prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids), "prompt")
+                    #prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids), "prompt", #ids)
             end
             longest = math.max(longest, #ids)
         end
@@ -1100,7 +1103,7 @@ function _M.parse(body, model, model_id, max_choices, opts)
     for i, ids in ipairs(prompts) do
         if #ids + max_tokens > model.max_seq_len then
             return too_long(model.max_seq_len, ("you requested %d tokens: the %s (%d tokens) plus max_tokens (%d)"):format(
-                #ids + max_tokens, #prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids, max_tokens), "max_tokens")
+                #ids + max_tokens, #prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids, max_tokens), "max_tokens", #ids)
         end
         prompt_tokens = prompt_tokens + #ids
     end
@@ -1252,13 +1255,13 @@ function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
     local max_tokens = t.max_completion_tokens or cfg.max_tokens
     if max_tokens and max_tokens < 0 then return bad(("%s = %d must be >= 0"):format(field, max_tokens), field) end
     if #ids >= model.max_seq_len then
-        return too_long(model.max_seq_len, ("the messages (%d tokens with the chat template) fill it"):format(#ids), "messages")
+        return too_long(model.max_seq_len, ("the messages (%d tokens with the chat template) fill it"):format(#ids), "messages", #ids)
     end
     max_tokens = max_tokens or model.max_seq_len - #ids
     if opts.room then max_tokens = math.min(max_tokens, model.max_seq_len - #ids) end
     if #ids + max_tokens > model.max_seq_len then
         return too_long(model.max_seq_len, ("you requested %d tokens: the messages (%d tokens with the chat template) plus %s (%d)")
-            :format(#ids + max_tokens, #ids, field, max_tokens), field)
+            :format(#ids + max_tokens, #ids, field, max_tokens), field, #ids)
     end
     cfg.max_tokens = max_tokens
     if t.thinking_budget ~= nil and (t.thinking_budget < 1 or t.thinking_budget > 2147483647) then
