@@ -266,7 +266,8 @@ typedef enum tl_stop_reason {
     TL_STOP_GRAMMAR_DEAD_END = 5  /* no token was allowed (grammar, or every logit -inf) */
 } tl_stop_reason;
 
-/* "EOS", "STOP_SEQUENCE", "MAX_TOKENS", "CALLBACK_ABORT", "GRAMMAR_DEAD_END" ("NONE"). */
+/* "EOS", "STOP_SEQUENCE", "MAX_TOKENS", "CALLBACK_ABORT", "GRAMMAR_DEAD_END" ("NONE";
+   "UNKNOWN" for a value that is no reason). */
 const char *tl_stop_reason_name(tl_stop_reason reason);
 
 /* Hook results: continue, stop after this token, or an error that aborts generation with

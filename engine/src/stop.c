@@ -21,6 +21,7 @@ const char *tl_stop_reason_name(tl_stop_reason reason) {
     case TL_STOP_MAX_TOKENS: return "MAX_TOKENS";
     case TL_STOP_CALLBACK_ABORT: return "CALLBACK_ABORT";
     case TL_STOP_GRAMMAR_DEAD_END: return "GRAMMAR_DEAD_END";
-    default: return "NONE";
+    case TL_STOP_NONE: return "NONE";
+    default: return "UNKNOWN"; /* no reason's value: not to be read as one (tl_status_name's rule) */
     }
 }

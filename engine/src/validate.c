@@ -52,7 +52,8 @@ void tl_tree_speculative_config_init(tl_tree_speculative_config *cfg) {
 
 /* Each entry's token in range, at most once, and its bias finite. */
 static tl_status validate_logit_bias(const tl_generate_config *c, int vocab) {
-    if (c->n_logit_bias < 0 || (c->n_logit_bias > 0 && !c->logit_bias))
+    if (c->n_logit_bias < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_logit_bias = %d must be >= 0", c->n_logit_bias);
+    if (c->n_logit_bias > 0 && !c->logit_bias)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_logit_bias = %d without logit_bias", c->n_logit_bias);
     if (c->n_logit_bias == 0) return TL_OK;
     uint8_t *listed = calloc((size_t)vocab, 1);
@@ -162,7 +163,9 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
                        c->max_tokens);
     if (c->cache_window < 0)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "cache_window = %d must be >= 0 (0 = unbounded)", c->cache_window);
-    if (c->n_stop_sequences < 0 || (c->n_stop_sequences > 0 && !c->stop_sequences))
+    if (c->n_stop_sequences < 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_sequences = %d must be >= 0", c->n_stop_sequences);
+    if (c->n_stop_sequences > 0 && !c->stop_sequences)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_sequences = %d without stop_sequences", c->n_stop_sequences);
     for (int i = 0; i < c->n_stop_sequences; i++) {
         const tl_token_seq *s = &c->stop_sequences[i];
@@ -190,11 +193,13 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
     if (c->early_exit_peek_every < 1)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "early_exit_peek_every = %d must be >= 1", c->early_exit_peek_every);
     if ((st = validate_exit_criterion(m, c)) != TL_OK) return st;
-    if (c->n_stop_strings < 0 || (c->n_stop_strings > 0 && !c->stop_strings))
+    if (c->n_stop_strings < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_strings = %d must be >= 0", c->n_stop_strings);
+    if (c->n_stop_strings > 0 && !c->stop_strings)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_strings = %d without stop_strings", c->n_stop_strings);
-    for (int i = 0; i < c->n_stop_strings; i++)
-        if (!c->stop_strings[i] || !c->stop_strings[i][0])
-            return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings[%d] is empty", i);
+    for (int i = 0; i < c->n_stop_strings; i++) {
+        if (!c->stop_strings[i]) return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings[%d] is NULL", i);
+        if (!c->stop_strings[i][0]) return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings[%d] is empty", i);
+    }
     if (c->n_stop_strings > 0 && !m->tokenizer)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_strings need a tokenizer, and this model has no tokenizer.json");
     return c->grammar ? tl_validate_grammar(m, c->grammar) : TL_OK;

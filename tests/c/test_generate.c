@@ -973,7 +973,7 @@ static void test_validation(void) {
     BAD(cfg.min_tokens = -1, "min_tokens = -1 must be in [0, max_tokens = 12]");
     BAD(cfg.min_tokens = 13, "min_tokens = 13 must be in [0, max_tokens = 12]");
     BAD(cfg.n_logit_bias = 1, "n_logit_bias = 1 without logit_bias");
-    BAD(cfg.n_logit_bias = -1, "n_logit_bias = -1 without logit_bias");
+    BAD(cfg.n_logit_bias = -1, "n_logit_bias = -1 must be >= 0");
     static const tl_logit_bias twice[2] = {{7, 1.0f}, {7, 2.0f}}, outside[1] = {{-1, 1.0f}};
     static tl_logit_bias not_finite[2] = {{3, 1.0f}, {4, 0.0f}};
     not_finite[1].bias = NAN;

@@ -190,6 +190,29 @@ static void test_stop_strings(void) {
     cfg.n_stop_strings = 3;
     cfg.stop_strings = NULL;
     CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, buf, CAP, &len2, NULL), TL_ERR_INVALID_ARGUMENT, "n_stop_strings = 3");
+    /* each fault its own words: a NULL string is no empty one, a negative count no missing array */
+    const char *null_one[] = {NULL};
+    cfg.stop_strings = null_one;
+    cfg.n_stop_strings = 1;
+    CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, buf, CAP, &len2, NULL), TL_ERR_INVALID_ARGUMENT, "stop_strings[0] is NULL");
+    cfg.n_stop_strings = -1;
+    CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, buf, CAP, &len2, NULL), TL_ERR_INVALID_ARGUMENT,
+                "n_stop_strings = -1 must be >= 0");
+    cfg.n_stop_strings = 0;
+    tl_token_seq one_seq = {prompt, 1};
+    cfg.stop_sequences = &one_seq;
+    cfg.n_stop_sequences = -2;
+    CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, buf, CAP, &len2, NULL), TL_ERR_INVALID_ARGUMENT,
+                "n_stop_sequences = -2 must be >= 0");
+    cfg.n_stop_sequences = 0;
+    tl_logit_bias bias = {1, 0.5f};
+    cfg.logit_bias = &bias;
+    cfg.n_logit_bias = -1;
+    CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, buf, CAP, &len2, NULL), TL_ERR_INVALID_ARGUMENT,
+                "n_logit_bias = -1 must be >= 0");
+    /* a value that is no stop reason is not named as one */
+    CHECK(strcmp(tl_stop_reason_name((tl_stop_reason)99), "UNKNOWN") == 0 && strcmp(tl_stop_reason_name(TL_STOP_NONE), "NONE") == 0,
+          "stop reason names: %s, %s", tl_stop_reason_name((tl_stop_reason)99), tl_stop_reason_name(TL_STOP_NONE));
 }
 
 /* keep_special_text (vLLM's skip_special_tokens = false): <|endoftext|> (319, special) forced
