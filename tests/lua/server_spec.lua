@@ -1408,6 +1408,12 @@ describe("chat completions", function()
         local r = cjson.decode(body)
         assert.same({ 0, 1 }, { r.choices[1].index, r.choices[2].index })
         assert.equal(8, r.usage.completion_tokens)
+        -- the choices' seeds go on modulo 2^53, as the seed is read: seed -1's second choice is
+        -- seed 0's
+        local function ids(t) return cjson.decode(select(2, post_chat(t))).choices end
+        local wrapped = ids({ messages = messages, max_tokens = 6, n = 2, temperature = 1, seed = -1, ignore_eos = true })
+        local zero = ids({ messages = messages, max_tokens = 6, temperature = 1, seed = 0, ignore_eos = true })
+        assert.same(zero[1].token_ids, wrapped[2].token_ids)
         status, body = post_chat({ messages = messages, max_tokens = 8, grammar = 'root ::= "Yes" | "No"' })
         assert.equal(200, status, body)
         local content = cjson.decode(body).choices[1].message.content

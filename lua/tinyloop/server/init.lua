@@ -1530,7 +1530,9 @@ local function serve(chat, body, view)
             if req.best_of > 1 then -- the choices of a prompt are samples: seeds seed, seed + 1, ...
                 cfg = {}
                 for k, v in pairs(req.cfg) do cfg[k] = v end
-                cfg.sample_seed = (req.cfg.sample_seed or 0) + sample
+                -- (in the engine's range, as the request's seed was read: -1, 2^53 - 1, then 0, 1, ...;
+                -- past 2^53 two choices' seeds were one double, or refused)
+                cfg.sample_seed = ((req.cfg.sample_seed or 0) + sample) % 2 ^ 53
             end
             local ok, session, serr = pcall(model.session, model, ids, cfg)
             if not ok or not session then
