@@ -206,7 +206,7 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
         /* RFC 3339's full-time: a second of 60 is a leap second (its ABNF: 00-60, which
            second may be one is a table of leap seconds, not a grammar's), and 'T' and 'Z'
            may be written in lower case */
-        const char *time = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" ([0-5] [0-9] | \"60\") (\".\" [0-9]{1,6})? "
+        const char *time = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" ([0-5] [0-9] | \"60\") (\".\" [0-9]+)? "
                            "([Zz] | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
         if (strcmp(f, "date") == 0) strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", date);
         else if (strcmp(f, "time") == 0) strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", time);
@@ -293,15 +293,67 @@ static int literal_checked(conv *c, const cJSON *v, const char *path) {
     return 0;
 }
 
+/* A number as the shortest text that reads back as exactly that double: cJSON's own printing
+   takes 15 digits wherever they read back within its epsilon, so 0.30000000000000004 became
+   0.3 (another value) and 2^53 - 1 became 9.00719925474099e+15. */
+static void exact_number(strbuf *out, double d) {
+    char text[40];
+    if (d == floor(d) && fabs(d) < 1e17) {
+        snprintf(text, sizeof text, "%.0f", d);
+    } else {
+        for (int digits = 15; digits <= 17; digits++) {
+            snprintf(text, sizeof text, "%.*g", digits, d);
+            if (strtod(text, NULL) == d) break;
+        }
+    }
+    if (strcmp(text, "-0") == 0) snprintf(text, sizeof text, "0"); /* (-0 == 0: one value, its usual spelling) */
+    strbuf_puts(out, text);
+}
+
+/* A literal value as compact JSON text (cJSON's spelling of strings, exact numbers); false
+   when out of memory. */
+static bool literal_text(strbuf *out, const cJSON *v) {
+    if (cJSON_IsNumber(v)) {
+        exact_number(out, v->valuedouble);
+        return true;
+    }
+    if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
+        const bool object = cJSON_IsObject(v);
+        strbuf_puts(out, object ? "{" : "[");
+        for (const cJSON *k = v->child; k; k = k->next) {
+            if (k != v->child) strbuf_puts(out, ",");
+            if (object) {
+                cJSON *name = cJSON_CreateString(k->string);
+                char *text = name ? cJSON_PrintUnformatted(name) : NULL;
+                cJSON_Delete(name);
+                if (!text) return false;
+                strbuf_printf(out, "%s:", text);
+                free(text);
+            }
+            if (!literal_text(out, k)) return false;
+        }
+        strbuf_puts(out, object ? "}" : "]");
+        return true;
+    }
+    char *text = cJSON_PrintUnformatted(v); /* a string, true, false or null */
+    if (!text) return false;
+    strbuf_puts(out, text);
+    free(text);
+    return true;
+}
+
 static int json_literal_rule(conv *c, const cJSON *v, const char *path) {
     if (literal_checked(c, v, path) < 0) return -1;
-    char *text = cJSON_PrintUnformatted(v);
-    if (!text) return fail(c, path, "out of memory");
+    strbuf text = {0};
+    if (!literal_text(&text, v) || text.oom) {
+        free(text.p);
+        return fail(c, path, "out of memory");
+    }
     int r = new_rule(c);
     strbuf_printf(&c->out, "r%d ::= ", r);
-    gram_gbnf_literal(&c->out, text);
+    gram_gbnf_literal(&c->out, text.p ? text.p : "");
     strbuf_printf(&c->out, "%s\n", WS(c));
-    free(text);
+    free(text.p);
     return r;
 }
 
@@ -590,7 +642,7 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
         const int key = n ? extra_key_rule(c, props, path) : 0;
         if (key < 0) goto done;
         extra = new_rule(c);
-        if (key) strbuf_printf(&c->out, "r%d ::= r%d \":\"%s r%d\n", extra, key, WS(c), v);
+        if (key) strbuf_printf(&c->out, "r%d ::= r%d%s \":\"%s r%d\n", extra, key, WS(c), WS(c), v);
         else strbuf_printf(&c->out, "r%d ::= string \":\"%s r%d\n", extra, WS(c), v);
     }
     /* rest(i, first): the properties from i on, `first` when nothing was written yet. Rules
@@ -614,8 +666,13 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
             strbuf key = {0};
             strbuf_puts(&key, "\"");
             for (const unsigned char *k = (const unsigned char *)p->string; *k; k++) {
+                /* (the spelling JSON writers use, cJSON's, JSON.stringify's, Python's: the short
+                   escapes where JSON has one, else \u00xx in lower case) */
+                static const char SHORT[] = "\bb\ff\nn\rr\tt";
+                const char *short_escape = *k && *k < 0x20 ? strchr(SHORT, *k) : NULL;
                 if (*k == '"' || *k == '\\') { char e[3] = {'\\', (char)*k, 0}; strbuf_puts(&key, e); }
-                else if (*k < 0x20) strbuf_printf(&key, "\\u%04X", *k);
+                else if (short_escape) { char e[3] = {'\\', short_escape[1], 0}; strbuf_puts(&key, e); }
+                else if (*k < 0x20) strbuf_printf(&key, "\\u%04x", *k);
                 else strbuf_put(&key, (const char *)k, 1);
             }
             strbuf_puts(&key, "\"");
@@ -624,7 +681,7 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
             if (*sep) strbuf_printf(&kv, "%s%s ", sep, c->free_ws ? "ws" : "");
             gram_gbnf_literal(&kv, key.p ? key.p : "");
             free(key.p);
-            strbuf_printf(&kv, " \":\"%s r%d r%d", WS(c), value[i], next_after);
+            strbuf_printf(&kv, "%s \":\"%s r%d r%d", WS(c), WS(c), value[i], next_after); /* (blanks either side of ':') */
             if (req[i]) strbuf_puts(&c->out, kv.p ? kv.p : "");
             else strbuf_printf(&c->out, "(%s) | r%d", kv.p ? kv.p : "", base + 1 + 2 * (i + 1) + first);
             free(kv.p);
@@ -1000,12 +1057,35 @@ static const cJSON *listed_values(const conv *c, const cJSON *s, const cJSON **o
     return cJSON_IsArray(en) ? en : NULL;
 }
 
+/* Whether two JSON values are one value (JSON Schema's equality): numbers exactly (cJSON_Compare
+   takes numbers within an epsilon as equal, 0.1 and 0.1 + 2^-56 among them), objects as sets
+   of members. */
+static bool same_value(const cJSON *x, const cJSON *y) {
+    if (cJSON_IsNumber(x) || cJSON_IsNumber(y)) return cJSON_IsNumber(x) && cJSON_IsNumber(y) && x->valuedouble == y->valuedouble;
+    if (cJSON_IsArray(x) && cJSON_IsArray(y)) {
+        const cJSON *a = x->child, *b = y->child;
+        for (; a && b; a = a->next, b = b->next)
+            if (!same_value(a, b)) return false;
+        return !a && !b;
+    }
+    if (cJSON_IsObject(x) && cJSON_IsObject(y)) {
+        int nx = 0, ny = 0;
+        for (const cJSON *a = x->child; a; a = a->next, nx++) {
+            const cJSON *b = cJSON_GetObjectItemCaseSensitive(y, a->string);
+            if (!b || !same_value(a, b)) return false;
+        }
+        for (const cJSON *b = y->child; b; b = b->next) ny++;
+        return nx == ny;
+    }
+    return cJSON_Compare(x, y, true); /* strings, true, false, null */
+}
+
 /* Whether two listed value sets share a value (true, said to meet, past oneOf's budget of
    checks: the caller refuses the schema). */
 static bool values_meet(conv *c, const cJSON *a, const cJSON *a_one, const cJSON *b, const cJSON *b_one) {
     for (const cJSON *x = a_one ? a_one : a->child; x; x = a_one ? NULL : x->next)
         for (const cJSON *y = b_one ? b_one : b->child; y; y = b_one ? NULL : y->next)
-            if (++c->oneof_checks > MAX_ONEOF_CHECKS || cJSON_Compare(x, y, true)) return true;
+            if (++c->oneof_checks > MAX_ONEOF_CHECKS || same_value(x, y)) return true;
     return false;
 }
 
@@ -1054,6 +1134,11 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
         return r;
     }
     if (cJSON_IsFalse(s)) return fail(c, path, "schema 'false' matches nothing");
+    /* An $id below the root starts a schema resource with its own base, against which its
+       $refs ("#" its own root) resolve: read from the document's root instead, they would
+       name other schemas, silently. */
+    if (s != c->root && cJSON_IsObject(s) && cJSON_GetObjectItemCaseSensitive(s, "$id"))
+        return fail(c, path, "'$id' below the root (an embedded schema resource, the base of its own $refs) is not supported");
     if (!cJSON_IsObject(s)) return fail(c, path, "a schema must be an object or a boolean");
     const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
     if (ref) {

@@ -117,9 +117,8 @@ static const cp_range *escape_set(const rx *r, const char *s, bool negated, int 
 #undef SET
 }
 
-/* One member of a class at *q that is a code point. Escapes follow ECMA-262: \xHH, \uHHHH
-   and escaped punctuation are characters (and in text mode \n \r \t \f \v \0); any other
-   escape is refused. */
+/* One member of a class at *q that is a code point. Escapes follow ECMA-262: \xHH, \uHHHH,
+   \n \r \t \f \v \0 and escaped punctuation are characters; any other escape is refused. */
 static int class_member(rx *r, const char **q, uint32_t *cp) {
     const char *s = *q;
     if (*s == '\\') {
@@ -130,9 +129,11 @@ static int class_member(rx *r, const char **q, uint32_t *cp) {
             *q += n;
             return 0;
         }
-        const int control = r->text ? control_escape(s) : -1;
+        /* (in a JSON string too: a control character there is what \xHH names, which the
+           class then treats as such, [^\n] the common case) */
+        const int control = control_escape(s);
         if (control >= 0) { *cp = (uint32_t)control; *q += 2; return 0; }
-        if (r->text && e == '0') return fail(r, "'\\0' before a digit (an octal escape) is not supported");
+        if (e == '0') return fail(r, "'\\0' before a digit (an octal escape) is not supported");
         if (!e) return fail(r, "the pattern ends in a '\\' that escapes nothing");
         if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
             return fail(r, "escape '\\%c' inside a class is not supported", e);

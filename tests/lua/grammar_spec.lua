@@ -122,6 +122,34 @@ describe("tinyloop.grammar", function()
         -- an empty Lua table under an array keyword is [] (it was {}, refused as no array)
         assert.is_true(assert(G.json_schema({ type = "object", properties = { a = { type = "integer" } }, required = {} })):matches("{}"))
     end)
+    it("holds a schema's literals and names as JSON writers spell them (checked against Python's jsonschema)", function()
+        -- const and enum numbers exact: cJSON's 15 digits made 0.30000000000000004 the 0.3 it is not
+        local g = assert(G.json_schema('{"enum": [0.30000000000000004, 9007199254740991, 1.0000000000000002, -0.0]}'))
+        assert.same({ true, true, true, true, false, false, false },
+                    { g:matches("0.30000000000000004"), g:matches("9007199254740991"), g:matches("1.0000000000000002"),
+                      g:matches("0"), g:matches("0.3"), g:matches("9.00719925474099e+15"), g:matches("1") })
+        -- and values one ulp apart are two values (oneOf's branches do not meet)
+        g = assert(G.json_schema('{"oneOf": [{"const": 0.1}, {"const": 0.10000000000000002}]}'))
+        assert.same({ true, true }, { g:matches("0.1"), g:matches("0.10000000000000002") })
+        -- a declared name's control characters as the short escapes where JSON has them
+        g = assert(G.json_schema('{"type": "object", "properties": {"a\\tb": {"type": "integer"}, "c\\u0001": {}}, ' ..
+                                 '"required": ["a\\tb"]}'))
+        assert.same({ true, true }, { g:matches('{"a\\tb":1}'), g:matches('{"a\\tb":1,"c\\u0001":2}') })
+        -- free blanks on both sides of ':', declared and extra keys alike
+        g = assert(G.json_schema('{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": true}',
+                                 { whitespace = "free" }))
+        assert.is_true(g:matches('{ "a" : 1 , "b" : 2 }'))
+        -- a pattern's \n in a class (a JSON string's control characters are what \x0a names)
+        g = assert(G.json_schema('{"type": "string", "pattern": "^[^\\\\n]*$"}'))
+        assert.same({ true, false }, { g:matches('"a b"'), g:matches('"a\\nb"') })
+        -- RFC 3339's fraction of a second has any number of digits
+        assert.is_true(assert(G.json_schema('{"type": "string", "format": "date-time"}')):matches('"2020-01-01T12:00:00.123456789+01:00"'))
+        -- an $id below the root would be the base of its own $refs: refused, not read from the root
+        local _, err = G.json_schema('{"$defs": {"node": {"$id": "https://e.com/node", "properties": {"next": {"$ref": "#"}}}}, ' ..
+                                     '"items": {"$ref": "#/$defs/node"}}')
+        assert.truthy(err and err:find("'$id' below the root", 1, true), err)
+        assert.is_true(assert(G.json_schema('{"$id": "https://e.com/root", "type": "integer"}')):matches("1"))
+    end)
     it("raises for arguments of the wrong type", function()
         assert.has_error(function() G.gbnf(42) end)
         assert.has_error(function() G.json_schema(42) end)
