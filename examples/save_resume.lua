@@ -1,8 +1,8 @@
 #!/usr/bin/env luajit
 -- save_resume.lua: a generation saved to a file and continued later, by another load of the
 -- same checkpoint (as another process would): the continuation is exactly the one the
--- uninterrupted session produces. Then two branches of the same saved state, each with its
--- own logits processor (hooks are not saved: a resume takes new ones).
+-- uninterrupted session produces. Then a branch of the same saved state with a logits
+-- processor of its own (hooks are not saved: a resume takes new ones).
 --   luajit examples/save_resume.lua [MODEL_DIR]
 local ex = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/common.lua")
 local model = ex.model
@@ -37,7 +37,7 @@ for i = 1, #whole do same = same and resumed[i] == whole[i] end
 print("resumed:  " .. later:decode(resumed))
 print("identical to the uninterrupted session: " .. tostring(same))
 
--- Branches of the saved state, each with its own logits processor.
+-- A branch of the saved state, with its own logits processor.
 local ids = state:tokens()
 local next_id = resumed[#ids + 1]
 local branch = finish(assert(later:resume(state, {

@@ -264,7 +264,7 @@ static double tokens_per_s(tl_model *m, const tl_compiled_grammar *g, float temp
 }
 
 /* ---- hard cases: grammars whose compile or match time was exponential, quadratic or
-   unbounded before stop 44, each timed once */
+   unbounded in earlier versions, each timed once */
 static tl_compiled_grammar *timed_gbnf(const char *text, double *ms) {
     tl_compiled_grammar *g = NULL;
     const double t0 = now_us();
@@ -274,7 +274,7 @@ static tl_compiled_grammar *timed_gbnf(const char *text, double *ms) {
 }
 
 static void hard_cases(const tlz_tokenizer *gpt2) {
-    printf("\nhard cases (exponential, quadratic or unbounded before stop 44):\n");
+    printf("\nhard cases (exponential, quadratic or unbounded in earlier versions):\n");
     buf b = {0};
     /* oneOf's branch types through 8 levels of anyOf, each of 12 $refs to the next */
     add(&b, "{\"$defs\":{");

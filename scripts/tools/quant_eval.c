@@ -7,11 +7,13 @@
  * such as tinyloop-bench --keep writes). Prints top-1 agreement (argmax of the quantised
  * model = argmax of the reference), perplexity of both on the text's next tokens (text mode),
  * and the logit error: RMS and max |difference|, relative to the RMS of the reference logits. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_args.h"
 #include "tinyloop.h"
 
 static void die(const char *what) {
@@ -43,19 +45,26 @@ static double nll(const float *x, int n, int target) {
     return log(s) + mx - (double)x[target];
 }
 
+static int usage(const char *bad) {
+    if (bad) fprintf(stderr, "tinyloop-quant-eval: %s needs a whole number in its range (--window >= 2, --max-tokens >= 1, "
+                             "--threads in [0, %d])\n", bad, TL_MAX_THREADS);
+    fprintf(stderr, "usage: tinyloop-quant-eval REF_DIR QUANT_DIR [--text FILE] [--window N] [--max-tokens N] [--threads N]\n");
+    return 2;
+}
+
 int main(int argc, char **argv) {
     const char *ref_dir = NULL, *q_dir = NULL, *text_path = NULL;
     int window = 256, max_tokens = 1 << 30, threads = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--text") && i + 1 < argc) text_path = argv[++i];
-        else if (!strcmp(argv[i], "--window") && i + 1 < argc) window = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--max-tokens") && i + 1 < argc) max_tokens = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--window") && i + 1 < argc) { if (!bench_int(argv[++i], 2, 1 << 20, &window)) return usage("--window"); }
+        else if (!strcmp(argv[i], "--max-tokens") && i + 1 < argc) { if (!bench_int(argv[++i], 1, INT_MAX, &max_tokens)) return usage("--max-tokens"); }
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) { if (!bench_int(argv[++i], 0, TL_MAX_THREADS, &threads)) return usage("--threads"); }
         else if (!ref_dir) ref_dir = argv[i];
         else if (!q_dir) q_dir = argv[i];
-        else { fprintf(stderr, "usage: tinyloop-quant-eval REF_DIR QUANT_DIR [--text FILE] [--window N] [--max-tokens N] [--threads N]\n"); return 2; }
+        else return usage(NULL);
     }
-    if (!ref_dir || !q_dir || window < 2) { fprintf(stderr, "usage: tinyloop-quant-eval REF_DIR QUANT_DIR [--text FILE] [--window N]\n"); return 2; }
+    if (!ref_dir || !q_dir) return usage(NULL);
     tl_model *ref = load(ref_dir, threads), *qm = load(q_dir, threads);
     const struct tl_model_info *info = tl_model_info(ref);
     const int vocab = info->vocab_size, loops = info->default_loops;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_args.h"
 #include "calibrate.h"
 #include "quant.h"
 #include "tinyloop.h"
@@ -45,13 +46,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--gptq")) gptq = true;
         else if (!strcmp(argv[i], "--pure")) pure = true;
         else if ((!strcmp(argv[i], "--calibrate-tokens") || !strcmp(argv[i], "--threads")) && i + 1 < argc) {
-            char *end;
-            const long v = strtol(argv[i + 1], &end, 10);
+            long v;
             const bool tokens = !strcmp(argv[i], "--calibrate-tokens");
-            /* (threads: the load that checks the result takes at most 1024) */
-            if (*end || end == argv[i + 1] || v < (tokens ? 1 : 0) || v > (tokens ? (1L << 30) : 1024)) {
-                fprintf(stderr, "quantize: %s needs a number%s, got \"%s\"\n", argv[i], tokens ? " >= 1" : " in [0, 1024]",
-                        argv[i + 1]);
+            /* (threads: the load that checks the result takes at most TL_MAX_THREADS) */
+            if (!bench_long(argv[i + 1], tokens ? 1 : 0, tokens ? (1L << 30) : TL_MAX_THREADS, &v)) {
+                if (tokens) fprintf(stderr, "quantize: %s needs a number >= 1, got \"%s\"\n", argv[i], argv[i + 1]);
+                else fprintf(stderr, "quantize: %s needs a number in [0, %d], got \"%s\"\n", argv[i], TL_MAX_THREADS, argv[i + 1]);
                 return 2;
             }
             if (tokens) calib_tokens = (int)v; else threads = (int)v;

@@ -134,7 +134,8 @@ void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count) {
    the CPU has them (GELU is the epilogue of every GPT-2 up-projection, SwiGLU of every
    gate/up pair, the softmax weights attention's): plain IEEE operations without contraction
    (-ffp-contract=off), so every clone gives the same bits. GCC only: clang 14 leaves the
-   cloned symbol undefined at link time (the fuzz builds). */
+   cloned symbol undefined at link time (the fuzz builds). The clones are static, behind the
+   entry points: GCC exports the dispatcher of an extern clone whatever its visibility. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define CLONED_PER_ISA __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
@@ -142,19 +143,22 @@ void tl_cpu_add(const tl_model *m, float *y, const float *x, size_t count) {
 #endif
 
 CLONED_PER_ISA
-void tl_cpu_gelu(float *x, size_t count) {
+static void gelu_loop(float *x, size_t count) {
     for (size_t i = 0; i < count; i++) x[i] = tl_gelu_tanh(x[i]);
 }
+void tl_cpu_gelu(float *x, size_t count) { gelu_loop(x, count); }
 
 CLONED_PER_ISA
-void tl_cpu_swiglu(float *gate, const float *up, size_t count) {
+static void swiglu_loop(float *gate, const float *up, size_t count) {
     for (size_t i = 0; i < count; i++) gate[i] = tl_swiglu(gate[i], up[i]);
 }
+void tl_cpu_swiglu(float *gate, const float *up, size_t count) { swiglu_loop(gate, up, count); }
 
 CLONED_PER_ISA
-void tl_cpu_softmax_weights(float *v, int n, float max) {
+static void softmax_weights_loop(float *v, int n, float max) {
     for (int i = 0; i < n; i++) v[i] = tl_exp_softmax(v[i] - max);
 }
+void tl_cpu_softmax_weights(float *v, int n, float max) { softmax_weights_loop(v, n, max); }
 
 void tl_cpu_copy(const tl_model *m, float *dst, const float *src, size_t count) {
     (void)m;
