@@ -1194,6 +1194,13 @@ describe("server", function()
         -- generated count (they counted nowhere: a choice was counted only when it finished)
         local generated = metric(m, "tinyloop_generated_tokens_total") - metric(before, "tinyloop_generated_tokens_total")
         assert.truthy(generated >= 1 and generated < 50, generated)
+        -- and no depth of theirs was reported: the mean depth is over the tokens with one (it
+        -- fell by a cancel's tokens, counted at depth 0)
+        assert.equal(metric(before, "tinyloop_loops_used_count"), metric(m, "tinyloop_loops_used_count"))
+        assert.equal(metric(before, "tinyloop_loops_used_mean"), metric(m, "tinyloop_loops_used_mean"))
+        if metric(m, "tinyloop_loops_used_count") > 0 then
+            assert.near(metric(m, "tinyloop_loops_used_sum") / metric(m, "tinyloop_loops_used_count"), metric(m, "tinyloop_loops_used_mean"), 1e-4)
+        end
         assert.equal(200, (post_json({ prompt = "hi", max_tokens = 2 })))
     end)
 
@@ -3376,6 +3383,41 @@ describe("server with two workers", function()
         end)
     end)
 
+    it("counts an embeddings client that leaves while it waits for a place as cancelled", function()
+        with_one_worker_copy("embed-wait", "embed_jobs = %d+,", "embed_jobs = 1, embed_wait_s = 20,", function(b3, pre)
+            local inputs = {}
+            for i = 1, 100 do
+                inputs[i] = {}
+                for t = 1, 200 do inputs[i][t] = (i * 31 + t * 7) % 256 end
+            end
+            local f = assert(io.open(pre .. "/long.json", "wb"))
+            f:write(cjson.encode({ input = inputs }))
+            f:close()
+            os.execute(("curl -s -o /dev/null -w '%%{http_code}' -H 'Content-Type: application/json' --data-binary @%s/long.json " ..
+                        "%s/v1/embeddings > %s/long.status &"):format(pre, b3, pre))
+            os.execute("sleep 0.3") -- (the long one takes the place)
+            -- this one waits for the place, and its client leaves before it comes
+            curl("-m 0.5 -H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({ input = "Emma" })) .. " " ..
+                 b3 .. "/v1/embeddings")
+            local text
+            for _ = 1, 100 do
+                text = select(2, curl(b3 .. "/metrics"))
+                if metric(text, 'tinyloop_requests_total{endpoint="/v1/embeddings",status="499"}') then break end
+                os.execute("sleep 0.05")
+            end
+            assert.equal(1, metric(text, 'tinyloop_requests_total{endpoint="/v1/embeddings",status="499"}'), text)
+            assert.equal(1, metric(text, "tinyloop_cancelled_total"), text)
+            for _ = 1, 1200 do
+                if sh("cat " .. pre .. "/long.status 2>/dev/null") ~= "" then break end
+                os.execute("sleep 0.1")
+            end
+            assert.equal("200", sh("cat " .. pre .. "/long.status"))
+            -- it took no place: the next one is answered at once
+            assert.equal(200, (curl("-m 10 -H 'Content-Type: application/json' --data-binary " ..
+                                    quote(cjson.encode({ input = "Emma" })) .. " " .. b3 .. "/v1/embeddings")))
+        end)
+    end)
+
     it("encodes a long prompt in the thread pool: the same ids as the model's tokenizer", function()
         -- (from 16 KB on: too long for this model's context, so the refusal counts its tokens)
         local m = assert(tinyloop.load(MODEL))
@@ -3712,6 +3754,34 @@ describe("server with two workers", function()
             final.response.output[1].id, final.response.output[2].id, nil
         final.response.tinyloop = nil
         assert.same(r, final.response)
+    end)
+
+    -- (last here: it kills the workers, which the master starts again)
+    it("counts no session of a worker that died (its gauge goes with it)", function()
+        local function gauges()
+            local m = select(2, curl(base2 .. "/metrics")) or ""
+            return metric(m, "tinyloop_sessions_active") or -1, metric(m, "tinyloop_sessions_queued") or -1
+        end
+        local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 250, loops = 16, ignore_eos = true, stream = true }))
+        os.execute(("curl -sN -m 30 -d %s %s/v1/completions > /dev/null 2>&1 &"):format(req, base2))
+        local active = 0
+        for _ = 1, 100 do
+            active = gauges()
+            if active == 1 then break end
+            os.execute("sleep 0.05")
+        end
+        assert.equal(1, active)
+        local master = tonumber(sh("cat " .. dir2 .. "/prefix/nginx.pid"))
+        os.execute(("pkill -KILL -P %d -f 'nginx: worker'"):format(master))
+        -- the master starts new workers; the dead one's session is counted nowhere
+        local queued
+        for _ = 1, 300 do
+            active, queued = gauges()
+            if active == 0 and queued == 0 then break end
+            os.execute("sleep 0.1")
+        end
+        assert.same({ 0, 0 }, { active, queued })
+        assert.equal(200, (curl("-d " .. quote(cjson.encode({ prompt = "hi", max_tokens = 2 })) .. " " .. base2 .. "/v1/completions")))
     end)
 end)
 

@@ -700,7 +700,7 @@ local function release(st, cancelled)
     if st.released then return end
     st.released = true
     C.tl_engine_cancel(engine, st.id)
-    if st.phase == "queued" then metrics.incr("queued", -1) elseif st.phase == "running" then metrics.incr("active", -1) end
+    if st.phase == "queued" then metrics.gauge("queued", -1) elseif st.phase == "running" then metrics.gauge("active", -1) end
     if cancelled and st.phase ~= "finished" then metrics.incr("cancelled") end
     -- (the tokens a choice that did not finish had generated: counted nowhere else; a failed
     -- one's were counted as it failed, next_output)
@@ -732,8 +732,8 @@ end
 
 local function started_running(st)
     st.phase = "running"
-    metrics.incr("queued", -1)
-    metrics.incr("active", 1)
+    metrics.gauge("queued", -1)
+    metrics.gauge("active", 1)
 end
 
 -- The next output of the request: text, token ids (a table), finished (boolean); or nil, err
@@ -785,7 +785,7 @@ local function next_output(st, ready)
     end
     if u.state ~= FINISHED then return text, ids, false, figures end
     st.phase = "finished"
-    metrics.incr("active", -1)
+    metrics.gauge("active", -1)
     if u.status ~= 0 then
         if st.n_tokens > 0 then metrics.incr("tokens_out", st.n_tokens) end -- (what it generated before it failed)
         return nil, "generation failed: " .. ffi_string(u.error)
@@ -797,6 +797,7 @@ local function next_output(st, ready)
     metrics.incr("completed")
     metrics.incr("tokens_out", s.tokens_emitted)
     metrics.incr("loops_sum", s.loops_used * s.tokens_emitted)
+    metrics.incr("loops_count", s.tokens_emitted)
     if s.drafted > 0 then
         metrics.incr("drafted", s.drafted)
         metrics.incr("accepted", s.accepted)
@@ -1667,7 +1668,7 @@ local function serve(chat, body, view)
             reasoning = read_reasoning and { inside = inside, reader = req.stream and reasoning.stream(inside),
                                              shown = req.include_reasoning } or nil,
         }
-        metrics.incr("queued", 1)
+        metrics.gauge("queued", 1)
         metrics.incr("tokens_in", #ids)
     end
     made = {} -- (every one is the engine's now, released through r)
@@ -1750,19 +1751,35 @@ local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, 
     if not conf.thread_pool then
         return send(500, "embeddings need nginx's thread pool (thread_pool and lua_worker_thread_vm_pool_size)", nil, "server_error")
     end
-    if not embed_slots:wait(conf.embed_wait_s) then
+    -- A client that leaves: while it waits for a place, the request ends there (cancelled:
+    -- counted); holding one, its place is given back once the slice in the thread pool is done
+    -- (that work cannot be stopped; a place given back at once would let clients that post and
+    -- hang up run more than embed_jobs at a time). (on_abort is nil where lua_check_client_abort
+    -- is off; registered before the wait, or nginx ended a waiting request uncounted.)
+    local held, gone, waiting = false, false, true
+    if ngx.on_abort(function()
+        gone = true
+        if waiting then
+            metrics.incr("cancelled")
+            return ngx_exit(499)
+        end
+    end) then
+        gone = client_left()
+    end
+    if gone or not embed_slots:wait(conf.embed_wait_s) then
+        waiting = false
+        if gone then
+            metrics.incr("cancelled")
+            return ngx_exit(499)
+        end
         metrics.incr("rejected")
         return send(503, ("every embedding place is taken (%d a worker): retry later"):format(conf.embed_jobs), nil,
                     "overloaded_error", { ["Retry-After"] = "1" })
     end
-    local held, gone = true, false
+    waiting, held = false, true
     local function give_back()
         if held then held = false; embed_slots:post(1) end
     end
-    -- A client that leaves: its place is given back once the slice in the thread pool is done
-    -- (that work cannot be stopped; a place given back at once would let clients that post and
-    -- hang up run more than embed_jobs at a time). (nil where lua_check_client_abort is off.)
-    if ngx.on_abort(function() gone = true end) then gone = client_left() end
     local parts = {}
     for from = 1, #inputs, EMBED_SLICE do
         if gone then

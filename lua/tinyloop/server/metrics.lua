@@ -91,12 +91,40 @@ local COUNTERS = {
     { "completed", "tinyloop_completed_total", "Generations that ran to their end." },
     { "drafted", "tinyloop_speculative_drafted_total", "Draft tokens (chain) or tree nodes proposed by speculative requests." },
     { "accepted", "tinyloop_speculative_accepted_total", "Draft tokens accepted by the verifier." },
-    { "loops_sum", "tinyloop_loops_used_sum", "Sum over generated tokens of the loop depth that produced them." },
+    { "loops_sum", "tinyloop_loops_used_sum", "Sum over the tokens of generations that ran to their end of the loop depth that produced them (a cancelled or failed generation reports no depth)." },
+    { "loops_count", "tinyloop_loops_used_count", "Tokens the loop-depth sum covers (those of generations that ran to their end)." },
 }
+-- Gauges each worker process keeps under its own key ("<name>:<pid>"), summed when rendered
+-- over the processes still alive: a worker that died (its sessions with it) or an old one
+-- gone after a reload leaves nothing behind, where one shared figure stayed up for good.
 local GAUGES = {
     { "active", "tinyloop_sessions_active", "Sessions the engines are stepping now." },
     { "queued", "tinyloop_sessions_queued", "Admitted sessions waiting for a place in a batch." },
 }
+
+local ffi = require "ffi"
+pcall(ffi.cdef, "int kill(int pid, int sig);")
+local function alive(pid)
+    -- (signal 0 checks only; EPERM, another user's process, is alive too: errno 1)
+    return ffi.C.kill(pid, 0) == 0 or ffi.errno() == 1
+end
+
+function _M.gauge(name, n)
+    local ok, err = dict:incr(name .. ":" .. ngx.worker.pid(), n, 0)
+    if not ok then ngx.log(ngx.WARN, "tinyloop metrics: ", err) end
+end
+
+-- A gauge's value: its live processes' figures (the dead ones' keys dropped).
+local function gauge_value(name, keys)
+    local sum = 0
+    for _, k in ipairs(keys) do
+        local gname, pid = k:match("^(%a+):(%d+)$")
+        if gname == name then
+            if alive(tonumber(pid)) then sum = sum + (dict:get(k) or 0) else dict:delete(k) end
+        end
+    end
+    return sum
+end
 
 -- The Prometheus text: the dict's figures, which every worker adds to.
 function _M.render(responses_store)
@@ -113,15 +141,16 @@ function _M.render(responses_store)
         add("# HELP %s %s\n# TYPE %s counter\n%s %.17g\n", c[2], c[3], c[2], c[2], dict:get(c[1]) or 0)
     end
     for _, g in ipairs(GAUGES) do
-        add("# HELP %s %s\n# TYPE %s gauge\n%s %d\n", g[2], g[3], g[2], g[2], dict:get(g[1]) or 0)
+        add("# HELP %s %s\n# TYPE %s gauge\n%s %d\n", g[2], g[3], g[2], g[2], gauge_value(g[1], keys))
     end
-    local drafted, tokens = dict:get("drafted") or 0, dict:get("tokens_out") or 0
+    local drafted = dict:get("drafted") or 0
     add("# HELP tinyloop_speculative_acceptance_ratio Accepted over drafted, all speculative requests so far.\n")
     add("# TYPE tinyloop_speculative_acceptance_ratio gauge\ntinyloop_speculative_acceptance_ratio %.6g\n",
         drafted > 0 and (dict:get("accepted") or 0) / drafted or 0)
-    add("# HELP tinyloop_loops_used_mean Mean loop depth per generated token, all requests so far.\n")
+    local depth_tokens = dict:get("loops_count") or 0
+    add("# HELP tinyloop_loops_used_mean Mean loop depth per generated token, all generations that ran to their end so far.\n")
     add("# TYPE tinyloop_loops_used_mean gauge\ntinyloop_loops_used_mean %.6g\n",
-        tokens > 0 and (dict:get("loops_sum") or 0) / tokens or 0)
+        depth_tokens > 0 and (dict:get("loops_sum") or 0) / depth_tokens or 0)
     for h, spec in pairs(HISTOGRAMS) do
         add("# HELP %s %s\n# TYPE %s histogram\n", spec.name, spec.help, spec.name)
         local cum = 0
