@@ -391,7 +391,7 @@ describe("responses: stored responses (previous_response_id)", function()
         end
         local body, err = responses.to_chat('{"input": "x", "previous_response_id": "resp_1_1"}')
         assert.is_nil(body)
-        assert.same({ 400, "previous_response_id" }, { err.status, err.param })
+        assert.same({ 400, "previous_response_id", "previous_response_not_found" }, { err.status, err.param, err.code })
         assert.truthy(err.message:find("not stored by this server", 1, true), err.message)
         body, err = responses.to_chat('{"input": "x", "previous_response_id": "resp_9_9"}', lookup)
         assert.is_nil(body)

@@ -333,9 +333,11 @@ function _M.to_chat(body, lookup)
     if t.input == nil then return bad("input is required", "input") end
     local earlier
     if t.previous_response_id ~= nil then
-        if not lookup then
-            return bad("responses are not stored by this server (no store configured): send the whole conversation in input",
-                       "previous_response_id")
+        if not lookup then -- (the code too: clients that read it send the whole conversation instead)
+            local _, e = bad("responses are not stored by this server (no store configured): send the whole conversation in input",
+                             "previous_response_id")
+            e.code = "previous_response_not_found"
+            return nil, e
         end
         earlier = lookup(t.previous_response_id)
         if not earlier then -- (OpenAI's answer and code, which clients read to send the whole conversation instead)
