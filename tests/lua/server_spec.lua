@@ -3327,22 +3327,28 @@ describe("server with two workers", function()
         end)
     end)
 
+    -- A long embeddings request (100 inputs of 200 ids: seconds of forward passes) to server
+    -- b3, in the background: its answer in pre/long.out, its status in pre/long.status.
+    local function long_embeddings(b3, pre)
+        local inputs = {}
+        for i = 1, 100 do
+            inputs[i] = {}
+            for t = 1, 200 do inputs[i][t] = (i * 31 + t * 7) % 256 end
+        end
+        local f = assert(io.open(pre .. "/long.json", "wb"))
+        f:write(cjson.encode({ input = inputs, encoding_format = "base64" }))
+        f:close()
+        return function()
+            os.execute(("curl -s -o %s/long.out -w '%%{http_code}' -H 'Content-Type: application/json' --data-binary @%s/long.json " ..
+                        "%s/v1/embeddings > %s/long.status &"):format(pre, pre, b3, pre))
+        end
+    end
+
     it("answers 503 with Retry-After to embeddings past the places, and gives the place back", function()
         -- scripts/serve's config, one worker with one embeddings place and no wait for it
         with_one_worker_copy("embed-places", "embed_jobs = %d+,", "embed_jobs = 1, embed_wait_s = 0,", function(b3, pre)
-            -- a long request holds the place (100 inputs of 200 ids: seconds of forward passes)...
-            local inputs = {}
-            for i = 1, 100 do
-                inputs[i] = {}
-                for t = 1, 200 do inputs[i][t] = (i * 31 + t * 7) % 256 end
-            end
-            local f = assert(io.open(pre .. "/long.json", "wb"))
-            f:write(cjson.encode({ input = inputs, encoding_format = "base64" }))
-            f:close()
-            local function start_long()
-                os.execute(("curl -s -o %s/long.out -w '%%{http_code}' -H 'Content-Type: application/json' --data-binary @%s/long.json " ..
-                            "%s/v1/embeddings > %s/long.status &"):format(pre, pre, b3, pre))
-            end
+            -- a long request holds the place...
+            local start_long = long_embeddings(b3, pre)
             start_long()
             -- ...so another is refused at once: 503, Retry-After, OpenAI's error shape, counted
             -- (sent until the long one has taken the place: a short one before it is answered;
@@ -3385,16 +3391,7 @@ describe("server with two workers", function()
 
     it("counts an embeddings client that leaves while it waits for a place as cancelled", function()
         with_one_worker_copy("embed-wait", "embed_jobs = %d+,", "embed_jobs = 1, embed_wait_s = 20,", function(b3, pre)
-            local inputs = {}
-            for i = 1, 100 do
-                inputs[i] = {}
-                for t = 1, 200 do inputs[i][t] = (i * 31 + t * 7) % 256 end
-            end
-            local f = assert(io.open(pre .. "/long.json", "wb"))
-            f:write(cjson.encode({ input = inputs }))
-            f:close()
-            os.execute(("curl -s -o /dev/null -w '%%{http_code}' -H 'Content-Type: application/json' --data-binary @%s/long.json " ..
-                        "%s/v1/embeddings > %s/long.status &"):format(pre, b3, pre))
+            long_embeddings(b3, pre)()
             os.execute("sleep 0.3") -- (the long one takes the place)
             -- this one waits for the place, and its client leaves before it comes
             curl("-m 0.5 -H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({ input = "Emma" })) .. " " ..
