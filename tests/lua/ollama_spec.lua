@@ -64,6 +64,14 @@ describe("ollama.chat_to_chat", function()
         assert.same({ calls[2].id, "noon" }, { m[3].tool_call_id, m[3].content })
         assert.same({ calls[1].id, "sun" }, { m[4].tool_call_id, m[4].content })
         assert.equal("weather", chat.tools[1]["function"].name)
+        -- "required": null and "properties": null (Go's nil slice and map, as clients built on
+        -- Ollama's api package send them) are absent, as Ollama reads them; the rest as sent
+        local _, text = chat_of([[{"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function", "function":
+            {"name": "a", "parameters": {"type": "object", "required": null, "properties": {"z": {}, "b": {"type": "string"}}}}},
+            {"type": "function", "function": {"name": "b", "parameters": {"type": "object", "properties": null}}}]}]])
+        assert.equal('{"type":"object","properties":{"z": {}, "b": {"type": "string"}}}',
+                     json_text.member(text, { "tools", 1, "function", "parameters" }))
+        assert.equal('{"type":"object"}', json_text.member(text, { "tools", 2, "function", "parameters" }))
     end)
 
     it("refuses bad input, naming the field", function()

@@ -233,6 +233,37 @@ View.__index = View
 
 -- chat_to_chat(body, model_id, thinks) -> an /api/chat request's chat body, and its view; or
 -- nil, err. thinks: the model's template has a thinking block.
+-- The tools as the chat request takes them: their text as sent, less "required": null and
+-- "properties": null in a function's parameters, which Go clients built on Ollama's own api
+-- package write for a nil slice or map (Ollama reads null as absent; a JSON Schema has no
+-- null there). The members are cut out of the text, the rest kept as written.
+local function tools_text(tools, raw_tools)
+    local text = raw_tools
+    for i = #tools, 1, -1 do -- (from the last: a cut moves nothing before it)
+        local p = type(tools[i]) == "table" and type(tools[i]["function"]) == "table" and tools[i]["function"].parameters
+        if type(p) == "table" and (p.required == json_null or p.properties == json_null) then
+            -- where the parameters' text is: down the path tools[i].function.parameters
+            local from, to = json_text.skip_ws(text, 1), nil
+            for _, step in ipairs({ i, "function", "parameters" }) do
+                local found
+                for k, e in ipairs(json_text.entries(text, from)) do
+                    if (type(step) == "number" and k == step) or e.key == step then found = e end
+                end
+                from, to = found.from, found.to
+            end
+            local kept = {}
+            for _, e in ipairs(json_text.entries(text, from)) do
+                local value = text:sub(e.from, e.to)
+                if not ((e.key == "required" or e.key == "properties") and value == "null") then
+                    kept[#kept + 1] = encode(e.key) .. ":" .. value
+                end
+            end
+            text = text:sub(1, from - 1) .. "{" .. concat(kept, ",") .. "}" .. text:sub(to + 1)
+        end
+    end
+    return text
+end
+
 function _M.chat_to_chat(body, model_id, thinks)
     local t, members, raw = shapes.read_fields(body, CHAT_OWN, PASS, REFUSED)
     if not t then return nil, members end
@@ -248,7 +279,7 @@ function _M.chat_to_chat(body, model_id, thinks)
     if not messages then return bad(err, "messages") end
     shapes.continue_prefill(members, messages)
     members[#members + 1] = { "messages", encode(messages) }
-    if t.tools and #t.tools > 0 then members[#members + 1] = { "tools", raw.tools } end
+    if t.tools and #t.tools > 0 then members[#members + 1] = { "tools", tools_text(t.tools, raw.tools) } end
     ok, err = common(t, raw, members, thinks, model_id)
     if not ok then return nil, err end
     return object(members), view
