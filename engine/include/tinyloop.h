@@ -316,7 +316,8 @@ typedef struct tl_loop_signals {
     double kl;               /* KL(previous probe || this probe); NaN without both */
     double entropy_change;   /* |entropy - previous probe's entropy|; NaN without both */
     int criterion_exit;      /* 1 when early_exit_criterion (with its patience) says exit here;
-                                always 0 when early_exit_patience is 0 */
+                                0 on a loop it does not check (min_L, peek_every), and always
+                                0 when early_exit_patience is 0 */
 } tl_loop_signals;
 
 /* Called after each loop of a decode token but the last: TL_HOOK_STOP exits at this depth,

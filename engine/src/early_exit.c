@@ -144,7 +144,9 @@ tl_status tl_session_forward_adaptive(tl_session *s, int start) {
         } else if (check && criterion_on) {
             stable = criterion_met(c, &sig, &prev, margin, gate_threshold) ? stable + 1 : 0;
         }
-        sig.criterion_exit = criterion_on && stable >= c->early_exit_patience;
+        /* (its verdict on a loop it checked: on the loops between, a hook that went past its
+           advice saw the last checked loop's verdict as this loop's) */
+        sig.criterion_exit = criterion_on && check && stable >= c->early_exit_patience;
         bool exit = sig.criterion_exit;
         if (c->depth_policy) {
             const int r = c->depth_policy(c->depth_policy_user, &sig);

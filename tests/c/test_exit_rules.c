@@ -369,6 +369,16 @@ static int policy(void *user, const tl_loop_signals *sig) {
     return sig->loop == p->exit_at ? TL_HOOK_STOP : TL_HOOK_CONTINUE;
 }
 
+/* A hook that goes on past the criterion's advice, counting the loops it was given as
+   exits: said[0] on loops the schedule (min_L, peek_every) checks, said[1] on the others. */
+typedef struct { int min_L, peek_every, said[2]; } advice_count;
+static int past_advice(void *user, const tl_loop_signals *sig) {
+    advice_count *a = user;
+    const bool checked = sig->loop >= a->min_L && (sig->loop - a->min_L) % a->peek_every == 0;
+    if (sig->criterion_exit) a->said[checked ? 0 : 1]++;
+    return TL_HOOK_CONTINUE;
+}
+
 static int follow_advice(void *user, const tl_loop_signals *sig) {
     (void)user;
     return sig->criterion_exit ? TL_HOOK_STOP : TL_HOOK_CONTINUE;
@@ -423,6 +433,17 @@ static void test_depth_policy(void) {
               memcmp(oa, ob, (size_t)na_ * sizeof *oa) == 0 &&
               memcmp(sa.depth_histogram, sb.depth_histogram, sizeof sa.depth_histogram) == 0 && sa.loops_used < L,
           "following criterion_exit differs from the criterion (loops_used %g / %g)", sa.loops_used, sb.loops_used);
+    /* The advice is given on the loops the criterion checks only: past a checked loop that
+       said exit, the loops the schedule skips (peek_every 3) are not said to be exits. */
+    tl_generate_config past = advised;
+    past.early_exit_peek_every = 3; /* (checks at loops 2 and 5; L - 1 loops a token) */
+    past.early_exit_criterion = TL_EXIT_LATENT_DIFF; /* (met on every checked loop: threshold 1e9) */
+    advice_count exits_said = {past.early_exit_min_L, past.early_exit_peek_every, {0, 0}};
+    past.depth_policy = past_advice;
+    past.depth_policy_user = &exits_said;
+    CHECK(tl_generate(m, prompt, PROMPT, &past, ob, PROMPT + 8, &nb_, NULL) == TL_OK, "past the advice: %s", tl_last_error());
+    CHECK(exits_said.said[0] > 0 && exits_said.said[1] == 0, "criterion_exit on checked loops %d, on unchecked ones %d",
+          exits_said.said[0], exits_said.said[1]);
     /* An error from the hook aborts with TL_ERR_HOOK naming it; the next call works. */
     p = (policy_state){-1, 0, 0, 0, 0};
     CHECK_ERROR(tl_generate(m, prompt, PROMPT, &cfg, out, PROMPT + 8, &n, NULL), TL_ERR_HOOK, "depth_policy");
