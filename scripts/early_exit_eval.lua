@@ -86,12 +86,7 @@ for _, mrg in ipairs({ 0.5, 1, 2, 4 }) do
 end
 local progress = options.progress(#grid + 1, now)
 
-local function median(values)
-    local sorted = { unpack(values) }
-    table.sort(sorted)
-    local n = #sorted
-    return n % 2 == 1 and sorted[(n + 1) / 2] or (sorted[n / 2] + sorted[n / 2 + 1]) / 2
-end
+local median = options.median
 
 local full, full_loops, full_tps = run({})
 progress("full depth")

@@ -94,11 +94,7 @@ local function pass(fn, cfg)
     return now() - t0, outs, stats
 end
 
-local function median(t)
-    table.sort(t)
-    local n = #t
-    return n % 2 == 1 and t[(n + 1) / 2] or (t[n / 2] + t[n / 2 + 1]) / 2
-end
+local median = options.median
 
 local settings = { { mode = "plain" } }
 for _, d in ipairs(list(opt.draft_loops, "draft-loops")) do

@@ -100,18 +100,8 @@ local function check_int(what, v)
     return v
 end
 
--- #t of a list, raising "<what> must be a list (1..n, no holes)" where t has a hole or other
--- keys: # of a table with a hole may end at any of them, and the entries past it were
--- silently left out ({ "zz", nil, "--" } lost its stop string "--").
-local function list_length(t, what)
-    local n, count = #t, 0
-    for k in pairs(t) do
-        if type(k) ~= "number" or k < 1 or k > n or k ~= floor(k) then count = -1 break end
-        count = count + 1
-    end
-    if count ~= n then raise(what .. " must be a list (1..n, no holes)") end
-    return n
-end
+-- #t of a list, raising where it has holes (tinyloop.raise.list_length's rule)
+local function list_length(t, what) return require("tinyloop.raise").list_length(t, what, raise) end
 
 -- ------------------------------------------------------------------ hook registry
 

@@ -29,10 +29,13 @@ local _M = {}
 local NEG_INF = -math.huge
 local type, floor = type, math.floor
 
-local raise = require("tinyloop.raise").from(debug.getinfo(1, "S").source)
+local raises = require "tinyloop.raise"
+local raise = raises.from(debug.getinfo(1, "S").source)
 local function arg_error(msg)
     raise("tinyloop.policy." .. msg)
 end
+-- #t of a list argument, raising where it has holes ({ 1, nil, 44 } was read as { 1 })
+local function list_length(fn, t, what) return raises.list_length(t, "tinyloop.policy." .. fn .. ": " .. what, raise) end
 
 local function is_int(v)
     return type(v) == "number" and v == floor(v) and v > -2 ^ 53 and v < 2 ^ 53
@@ -41,7 +44,7 @@ end
 -- Raises unless ids is a table of integer token ids.
 local function check_ids(fn, ids)
     if type(ids) ~= "table" then arg_error(fn .. ": ids must be a table of token ids") end
-    for i = 1, #ids do
+    for i = 1, list_length(fn, ids, "ids") do
         if not is_int(ids[i]) then arg_error(fn .. ": ids[" .. i .. "] = " .. tostring(ids[i]) .. " is not an integer") end
     end
 end
@@ -82,11 +85,14 @@ end
 --   cfg.stop_when = policy.stop_strings({ "\n\n", "THE END" })
 function _M.stop_strings(strings)
     if type(strings) ~= "table" or #strings == 0 then arg_error("stop_strings: strings must be a non-empty table of strings") end
-    for i = 1, #strings do
+    local copy = {} -- (the caller's table may change later: the rule keeps what was checked)
+    for i = 1, list_length("stop_strings", strings, "strings") do
         if type(strings[i]) ~= "string" or strings[i] == "" then
             arg_error("stop_strings: strings[" .. i .. "] must be a non-empty string")
         end
+        copy[i] = strings[i]
     end
+    strings = copy
     return function(_, text)
         for i = 1, #strings do
             if text:find(strings[i], 1, true) then return true end
@@ -99,16 +105,20 @@ end
 --   cfg.stop_when = policy.pattern("[%.!?]%s*$")      -- end of a sentence
 function _M.pattern(lua_pattern)
     if type(lua_pattern) ~= "string" then arg_error("pattern: lua_pattern must be a string") end
+    local ok, err = pcall(string.find, "", lua_pattern) -- (a malformed one fails here, not at a token)
+    if not ok then arg_error("pattern: " .. tostring(err):gsub("^[^\n]-:%d+: ", "")) end
     return function(_, text) return text:find(lua_pattern) ~= nil end
 end
 
+-- (declared under a name of its own: a script that declares clock_gettime with its own
+-- timespec type would otherwise clash with this declaration, whichever came first)
 ffi.cdef [[
 typedef struct { long tv_sec; long tv_nsec; } tl_policy_timespec;
-int clock_gettime(int clock_id, tl_policy_timespec *tp);
+int tl_policy_clock_gettime(int clock_id, tl_policy_timespec *tp) __asm__("clock_gettime");
 ]]
 local now_ts = ffi.new("tl_policy_timespec")
 local function now_s()
-    ffi.C.clock_gettime(1 --[[ CLOCK_MONOTONIC ]], now_ts)
+    ffi.C.tl_policy_clock_gettime(1 --[[ CLOCK_MONOTONIC ]], now_ts)
     return tonumber(now_ts.tv_sec) + tonumber(now_ts.tv_nsec) * 1e-9
 end
 
@@ -147,7 +157,8 @@ function _M.repetition(opts)
     return function(tokens, _, prompt_len)
         local n = #tokens
         local out = n - (prompt_len or 0) -- (the output's tokens: the prompt's never count)
-        local from, to = 1, max_period
+        -- (no period longer than the output's share: max_period 1e8 ran 1e8 periods a token)
+        local from, to = 1, math.min(max_period, floor(out / times))
         if periods then from, to = periods[1], periods[1] end
         for p = from, to do
             local span = p * times
@@ -198,7 +209,7 @@ function _M.logit_bias(bias)
     local ids, values = {}, {}
     for id, v in pairs(bias) do
         if not is_int(id) then arg_error("logit_bias: key " .. tostring(id) .. " is not a token id") end
-        if type(v) ~= "number" then arg_error("logit_bias: bias[" .. id .. "] must be a number") end
+        if type(v) ~= "number" or v ~= v then arg_error("logit_bias: bias[" .. id .. "] must be a number (not NaN)") end
         ids[#ids + 1], values[#values + 1] = id, v
     end
     return function(logits, vocab)
@@ -284,7 +295,7 @@ function Mask:allow_only(ids)
     check_ids("mask:allow_only", ids)
     local bias, v = self.bias, self.vocab_size
     for i = 0, v - 1 do bias[i] = NEG_INF end
-    for i = 1, #ids do
+    for i = 1, #ids do -- (checked: no holes)
         local id = ids[i]
         if id >= 0 and id < v then bias[id] = 0 end
     end

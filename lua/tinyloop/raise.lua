@@ -6,6 +6,7 @@
 local getinfo, error = debug.getinfo, error
 
 local _M = {}
+local own = getinfo(1, "S").source -- (this module's helpers, list_length, raise for others)
 
 -- Returns raise(msg) for the module whose chunk source is `source`.
 function _M.from(source)
@@ -13,11 +14,25 @@ function _M.from(source)
         local level = 2
         while true do
             local info = getinfo(level, "S")
-            if not info or info.source ~= source then break end
+            if not info or (info.source ~= source and info.source ~= own) then break end
             level = level + 1
         end
         error(msg, level)
     end
+end
+
+-- list_length(t, what, raise) -> #t of a list, raising (with the module's `raise`) "<what>
+-- must be a list (1..n, no holes)" where t has a hole or other keys: # of a table with a
+-- hole may end at any of them, and the entries past it were silently left out
+-- ({ "zz", nil, "--" } lost its stop string "--").
+function _M.list_length(t, what, raise)
+    local n, count = #t, 0
+    for k in pairs(t) do
+        if type(k) ~= "number" or k < 1 or k > n or k ~= math.floor(k) then count = -1 break end
+        count = count + 1
+    end
+    if count ~= n then raise(what .. " must be a list (1..n, no holes)") end
+    return n
 end
 
 -- message(err) -> a raised error's text without the position error() put before it

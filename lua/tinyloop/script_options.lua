@@ -1,6 +1,6 @@
 -- tinyloop.script_options: "--name value" options of the measurement scripts
--- (scripts/sweep.lua, scripts/early_exit_eval.lua, scripts/bench/*.lua), and the progress
--- lines they print.
+-- (scripts/sweep.lua, scripts/early_exit_eval.lua, scripts/bench/*.lua), the progress
+-- lines they print and the medians they report.
 -- The usage text is generated from the option table, so it lists every option with its
 -- default.
 --
@@ -101,6 +101,15 @@ function _M.progress(total, now)
         io.stderr:write(("[%d/%d] %s (%.1f s elapsed)\n"):format(index, total, label, now() - start))
         io.stderr:flush()
     end
+end
+
+-- The median of a list of numbers (the mean of the two middle ones for an even count), the
+-- list left as it was.
+function _M.median(values)
+    local sorted = { unpack(values) }
+    table.sort(sorted)
+    local n = #sorted
+    return n % 2 == 1 and sorted[(n + 1) / 2] or (sorted[n / 2] + sorted[n / 2 + 1]) / 2
 end
 
 return _M

@@ -29,7 +29,7 @@ options.counts(opt, { "tokens" }, die, 2)
 local model = options.load_model(tinyloop, opt, die)
 local n_tokens, repeats = opt.tokens, opt["repeat"]
 local prompt = model:encode("It is a truth universally acknowledged, that a single man in possession")
-local function median(t) table.sort(t) return t[math.floor((#t + 1) / 2)] end
+local median = options.median
 
 -- The model's wall time per token (its decode_ms), and the reply's chunks as the chat stream
 -- writes them.

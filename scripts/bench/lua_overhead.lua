@@ -27,7 +27,7 @@ options.counts(opt, { "tokens" }, die, 2)
 local model = options.load_model(tinyloop, opt, die)
 local n_tokens, repeats = opt.tokens, opt["repeat"]
 local prompt = model:encode("It is a truth universally acknowledged, that a single man in possession")
-local function median(t) table.sort(t) return t[math.floor((#t + 1) / 2)] end
+local median = options.median
 
 local function c_loop()
     local cfg = ffi.new("tl_generate_config")

@@ -78,7 +78,7 @@ local function together()
     return run(function(list) return #model:step_batch(list) end)
 end
 
-local function median(t) table.sort(t) return t[math.floor((#t + 1) / 2)] end
+local median = options.median
 local alone, batched = {}, {}
 for r = 1, opt["repeat"] do
     local a, out_a = one_by_one()

@@ -136,6 +136,13 @@ describe("tinyloop.policy constructors", function()
         { "vocab_size", function() return policy.mask(0) end },
         { "mask:ban", function() return policy.mask(4):ban({ 1.5 }) end },
         { "mask:allow_only", function() return policy.mask(4):allow_only(3) end },
+        -- a malformed pattern at the constructor, not at a token; lists with holes (read as
+        -- far as the first: 44 was not banned), a NaN bias (the config field refuses it)
+        { "pattern: malformed pattern (missing ']')", function() return policy.pattern("[") end },
+        { "ban_tokens: ids must be a list (1..n, no holes)", function() return policy.ban_tokens({ 1, nil, 44 }) end },
+        { "stop_strings: strings must be a list (1..n, no holes)", function() return policy.stop_strings({ "zz", nil, "," }) end },
+        { "mask:allow_only: ids must be a list (1..n, no holes)", function() return policy.mask(64):allow_only({ 4, nil, 3 }) end },
+        { "bias[3] must be a number (not NaN)", function() return policy.logit_bias({ [3] = 0 / 0 }) end },
     }
     for _, case in ipairs(cases) do
         it("raise at the caller's line for bad arguments (" .. case[1] .. ")", function()

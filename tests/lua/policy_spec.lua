@@ -79,3 +79,47 @@ describe("tinyloop.policy.max_wall_time", function()
         assert.equal(2, #outs)
     end)
 end)
+
+describe("tinyloop.policy's other rules", function()
+    it("repetition: no period longer than the output's share is tried (max_period 2^40 was a hang)", function()
+        local rule = policy.repetition({ max_period = 2 ^ 40 })
+        local tokens = {}
+        for i = 1, 60 do tokens[i] = i % 4 end
+        assert.is_true(rule(tokens, "", 0))
+        tokens[60] = 99
+        assert.is_false(rule(tokens, "", 0))
+    end)
+
+    it("stop_strings keeps the strings it checked (a later edit of the caller's table changes nothing)", function()
+        local strings = { "zz" }
+        local rule = policy.stop_strings(strings)
+        strings[1] = "a"
+        assert.is_false(rule({}, "a b c"))
+        assert.is_true(rule({}, "a zz"))
+    end)
+
+    it("times with a clock of its own declaration (a script's clock_gettime of its own types clashed)", function()
+        -- (in a child: the script declares clock_gettime before the module loads, as
+        -- scripts/bench/lua_sweep.lua does; the module's then failed at its first call)
+        local ok, out = H.run_child([[
+            local ffi = require "ffi"
+            ffi.cdef "typedef struct { long s; long ns; } script_ts; int clock_gettime(int, script_ts *);"
+            local policy = require "tinyloop.policy"
+            local t0 = policy.now()
+            local ts = ffi.new("script_ts")
+            assert(ffi.C.clock_gettime(1, ts) == 0 and t0 > 0 and policy.now() >= t0)
+            print("clock ok")
+        ]])
+        assert.is_true(ok and out:find("clock ok", 1, true) ~= nil, out)
+    end)
+end)
+
+describe("tinyloop.script_options.median (the measurement scripts' one median)", function()
+    it("takes the middle, the mean of the two middle ones for an even count, and leaves the list as it was", function()
+        local median = require("tinyloop.script_options").median
+        local values = { 4, 1, 3, 2 }
+        assert.equal(2.5, median(values)) -- (lua_sweep and two other scripts took the lower one, 2)
+        assert.same({ 4, 1, 3, 2 }, values)
+        assert.equal(3, median({ 5, 3, 1 }))
+    end)
+end)
