@@ -319,6 +319,8 @@ function Mask:apply(logits, vocab)
 end
 
 -- Writes the mask as a grammar-style allowed[] array (1 = allowed) and returns the count.
+-- Ids past the mask's vocab_size are allowed, as apply leaves them (they were left unwritten:
+-- whatever the buffer held).
 function Mask:fill_allowed(allowed, vocab)
     local bias, count = self.bias, 0
     local n = vocab < self.vocab_size and vocab or self.vocab_size
@@ -327,7 +329,8 @@ function Mask:fill_allowed(allowed, vocab)
         allowed[i] = ok
         count = count + ok
     end
-    return count
+    for i = n, vocab - 1 do allowed[i] = 1 end
+    return count + (vocab - n)
 end
 
 return _M

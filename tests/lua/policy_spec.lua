@@ -90,6 +90,17 @@ describe("tinyloop.policy's other rules", function()
         assert.is_false(rule(tokens, "", 0))
     end)
 
+    it("mask: fill_allowed allows what apply leaves allowed, ids past the mask's size too", function()
+        local mask = policy.mask(100):ban({ 44 })
+        local allowed = ffi.new("int32_t[200]")
+        ffi.fill(allowed, ffi.sizeof(allowed), 0)
+        assert.equal(199, mask:fill_allowed(allowed, 200))
+        assert.same({ 1, 0, 1, 1 }, { allowed[43], allowed[44], allowed[99], allowed[150] })
+        local logits = ffi.new("float[200]")
+        mask:apply(logits, 200)
+        assert.same({ 0, -math.huge, 0 }, { logits[43], logits[44], logits[150] })
+    end)
+
     it("stop_strings keeps the strings it checked (a later edit of the caller's table changes nothing)", function()
         local strings = { "zz" }
         local rule = policy.stop_strings(strings)
