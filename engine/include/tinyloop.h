@@ -664,8 +664,10 @@ tl_status tl_session_text(tl_session *session, const char **piece, size_t *len);
 /* 1 when the token's text is part of a session's text under config (tl_session_text, the
    text stop strings match): a token that is not special; a special one where
    config->keep_special_text keeps it, unless it ends generation (the end of text, unless
-   ignore_eos; a one-token stop sequence). Else 0, also without a tokenizer and for ids out
-   of range. config NULL: the defaults (tl_generate_config_init). */
+   ignore_eos; a one-token stop sequence). Else 0, also without a tokenizer, for ids out
+   of range, and for a special token under a config whose keep_special_text or
+   stop_sequences tl_session_new would refuse. config NULL: the defaults
+   (tl_generate_config_init). */
 int tl_token_in_text(const tl_model *model, const tl_generate_config *config, int32_t id);
 /* The session's config as tl_session_new, fork or resume set it (the hooks included, its
    arrays the session's own copies); valid as long as the session. */

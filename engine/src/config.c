@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 
 #include "internal.h"
+#include "tokenizer.h" /* tlz_quote */
 
 /* Upper bounds that keep sizes far from integer overflow while allowing any real model. */
 #define MAX_DIM (1 << 20)
@@ -281,12 +282,12 @@ static void collect_warnings(const cJSON *root, const field_log *log, tl_config 
         }
         if (known) continue;
         size_t used = strlen(c->warnings);
-        char line[200];
+        char line[200], name[72]; /* (the name escaped: a control byte in it broke the one line) */
+        tlz_quote(e->string, strlen(e->string), name, sizeof name);
         if (closest)
-            snprintf(line, sizeof line, "config.json: unknown field \"%.60s\" ignored (did you mean \"%s\"?)\n",
-                     e->string, closest);
+            snprintf(line, sizeof line, "config.json: unknown field \"%s\" ignored (did you mean \"%s\"?)\n", name, closest);
         else
-            snprintf(line, sizeof line, "config.json: unknown field \"%.60s\" ignored\n", e->string);
+            snprintf(line, sizeof line, "config.json: unknown field \"%s\" ignored\n", name);
         if (used + strlen(line) < sizeof c->warnings) memcpy(c->warnings + used, line, strlen(line) + 1);
         else if (used + 4 < sizeof c->warnings) memcpy(c->warnings + used, "...", 4);
     }
@@ -310,8 +311,11 @@ static int check_duplicates(const cJSON *node, char *why, size_t why_len) {
         qsort(keys, (size_t)n, sizeof *keys, by_key);
         for (int i = 1; i < n && rc == 0; i++)
             if (strcmp(keys[i - 1]->string, keys[i]->string) == 0) {
-                snprintf(why, why_len, "duplicate key \"%.60s\"%s%.60s%s", keys[i]->string, node->string ? " in \"" : "",
-                         node->string ? node->string : "", node->string ? "\"" : "");
+                char key[72], in[72];
+                tlz_quote(keys[i]->string, strlen(keys[i]->string), key, sizeof key);
+                if (node->string) tlz_quote(node->string, strlen(node->string), in, sizeof in);
+                snprintf(why, why_len, "duplicate key \"%s\"%s%s%s", key, node->string ? " in \"" : "", node->string ? in : "",
+                         node->string ? "\"" : "");
                 rc = -1;
             }
         free(keys);
@@ -320,7 +324,7 @@ static int check_duplicates(const cJSON *node, char *why, size_t why_len) {
     return rc;
 }
 
-int tl_json_read_strict(const char *text, size_t len, cJSON **out, char *why, size_t why_len) {
+int tl_json_read_value_strict(const char *text, size_t len, cJSON **out, char *why, size_t why_len) {
     *out = NULL;
     /* cJSON skips a byte order mark; JSON (RFC 8259) forbids one, and a tool that wrote it
        may have mangled more. */
@@ -344,8 +348,6 @@ int tl_json_read_strict(const char *text, size_t len, cJSON **out, char *why, si
         if (*end == '\0') rc = -1, snprintf(why, why_len, "unexpected text after the JSON value: a NUL byte");
         else rc = -1, snprintf(why, why_len, "unexpected text after the JSON value: \"%.*s\"", shown, end);
     }
-    else if (!cJSON_IsObject(root))
-        rc = -1, snprintf(why, why_len, "the top level must be a JSON object");
     else
         rc = check_duplicates(root, why, why_len);
     if (rc != 0) {
@@ -354,6 +356,16 @@ int tl_json_read_strict(const char *text, size_t len, cJSON **out, char *why, si
     }
     *out = root;
     return 0;
+}
+
+int tl_json_read_strict(const char *text, size_t len, cJSON **out, char *why, size_t why_len) {
+    const int rc = tl_json_read_value_strict(text, len, out, why, why_len);
+    if (rc == 0 && !cJSON_IsObject(*out)) {
+        cJSON_Delete(*out);
+        *out = NULL;
+        return snprintf(why, why_len, "the top level must be a JSON object"), -1;
+    }
+    return rc;
 }
 
 tl_status tl_config_json_read(const char *json_text, cJSON **out) {

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "grammar.h"
+#include "internal.h"
 #include "tokenizer.h"
 
 #define MAX_DEPTH 64
@@ -1294,11 +1295,15 @@ tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, in
         }
         i++; /* the escaped character */
     }
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, false);
-    if (!root) {
-        snprintf(err, errlen, "not valid JSON (near byte %zu)", end && end >= json ? (size_t)(end - json) : (size_t)0);
-        return TL_ERR_INVALID_ARGUMENT;
+    /* (the loader's JSON rules: one value, nothing after it but blanks, no byte order mark, no
+       key twice: text after the schema was dropped, and of a key given twice cJSON kept the
+       first where Python's and JavaScript's parsers keep the last) */
+    cJSON *root = NULL;
+    char why[200];
+    const int read = tl_json_read_value_strict(json, len, &root, why, sizeof why);
+    if (read != 0) {
+        snprintf(err, errlen, "%s", why);
+        return read == -2 ? TL_ERR_NO_MEMORY : TL_ERR_INVALID_ARGUMENT;
     }
     conv c = {.root = root, .free_ws = free_ws != 0, .loose = loose != 0, .err = err, .errlen = errlen};
     int top = schema(&c, root, "", 0);

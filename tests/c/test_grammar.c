@@ -619,10 +619,26 @@ static void test_json_schema(void) {
         {"{\"type\":\"array\",\"maxItems\":1.5}", "'maxItems' must be an integer"},
         {"{\"type\":\"string\",\"minLength\":2.5}", "'minLength' must be an integer"},
         {"{\"type\":\"string\",\"maxLength\":0.5}", "'maxLength' must be an integer"},
+        /* one JSON document, by the loader's rules: a second value after it was dropped, a
+           key given twice kept its first value (Python's and JavaScript's parsers the last) */
+        {"{\"type\":\"string\"} {\"type\":\"integer\"}", "unexpected text after the JSON value"},
+        {"true false", "unexpected text after the JSON value"},
+        {"\xEF\xBB\xBF{\"type\":\"string\"}", "byte order mark"},
+        {"{\"type\":\"string\",\"type\":\"integer\"}", "duplicate key \"type\""},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         tl_compiled_grammar *x = NULL;
         CHECK_ERROR(tl_grammar_compile_json_schema(bad[i].s, strlen(bad[i].s), NULL, &x), TL_ERR_INVALID_ARGUMENT, bad[i].needle);
+        tl_compiled_grammar_free(x);
+    }
+    /* a NUL inside the length is text after the value too; blanks after it are fine */
+    {
+        static const char nul_after[] = "{\"type\":\"string\"}\0";
+        tl_compiled_grammar *x = NULL;
+        CHECK_ERROR(tl_grammar_compile_json_schema(nul_after, sizeof nul_after - 1, NULL, &x), TL_ERR_INVALID_ARGUMENT, "a NUL byte");
+        tl_compiled_grammar_free(x);
+        x = NULL;
+        CHECK(tl_grammar_compile_json_schema("{\"type\":\"string\"}\n ", 19, NULL, &x) == TL_OK, "%s", tl_last_error());
         tl_compiled_grammar_free(x);
     }
     /* a declared name over 1024 characters beside additionalProperties (its key rule is a

@@ -277,6 +277,17 @@ static void test_keep_special_text(void) {
     int32_t buf[CAP];
     int n;
     CHECK_ERROR(tl_generate(model, prompt, 2, &cfg, buf, CAP, &n, NULL), TL_ERR_INVALID_ARGUMENT, "keep_special_text = 2 must be 0 or 1");
+    /* a config tl_session_new refuses is no keeper of special text here either (a stop
+       sequence without its tokens was read through NULL) */
+    CHECK(tl_token_in_text(model, &cfg, eos) == 0, "keep_special_text = 2 keeps nothing");
+    cfg.keep_special_text = 1;
+    cfg.ignore_eos = 1;
+    CHECK(tl_token_in_text(model, &cfg, eos) == 1, "kept with ignore_eos");
+    cfg.n_stop_sequences = 1;
+    CHECK(tl_token_in_text(model, &cfg, eos) == 0, "n_stop_sequences 1 without stop_sequences");
+    tl_token_seq hollow = {NULL, 1};
+    cfg.stop_sequences = &hollow;
+    CHECK(tl_token_in_text(model, &cfg, eos) == 0, "a stop sequence without tokens");
 }
 
 static void test_no_tokenizer(const char *golden) {
