@@ -177,7 +177,8 @@ tl_status tl_encode(const tl_model *model, const char *text, size_t len, int32_t
    tokens that are not special are still recognised. Other bits: TL_ERR_INVALID_ARGUMENT. */
 enum { TL_ENCODE_SPECIAL_AS_TEXT = 1 };
 tl_status tl_encode_ex(const tl_model *model, const char *text, size_t len, unsigned flags, int32_t **ids, int *n_ids);
-/* Concatenated bytes of the tokens (NUL-terminated; *len excludes the terminator). */
+/* Concatenated bytes of the tokens (NUL-terminated; *len excludes the terminator; free with
+   tl_free). A failure leaves *text NULL. */
 tl_status tl_decode(const tl_model *model, const int32_t *ids, int n, char **text, size_t *len);
 /* The raw bytes of one token; valid as long as the model. */
 tl_status tl_token_text(const tl_model *model, int32_t id, const char **bytes, size_t *len);
@@ -193,6 +194,7 @@ int tl_token_is_special(const tl_model *model, int32_t id);
 typedef struct tl_detokenizer tl_detokenizer;
 tl_status tl_detokenizer_new(const tl_model *model, tl_detokenizer **out);
 tl_status tl_detokenizer_push(tl_detokenizer *d, int32_t id, const char **piece, size_t *len);
+/* The bytes held back at the end (d NULL: an empty piece). */
 void tl_detokenizer_flush(tl_detokenizer *d, const char **piece, size_t *len);
 void tl_detokenizer_free(tl_detokenizer *d);
 

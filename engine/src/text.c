@@ -51,10 +51,12 @@ tl_status tl_encode(const tl_model *m, const char *text, size_t len, int32_t **i
 
 tl_status tl_decode(const tl_model *m, const int32_t *ids, int n, char **text, size_t *len) {
     tl_clear_error(); /* "" after success, the message after a failure */
+    if (text) *text = NULL; /* (a failure leaves no text behind, as tl_encode_ex leaves no ids) */
     tl_status st = need_tokenizer(m, "tl_decode");
     if (st != TL_OK) return st;
-    if ((!ids && n) || n < 0 || !text)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_decode: text and ids (where n > 0) must not be NULL, n = %d >= 0", n);
+    if (!text) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_decode: text must not be NULL");
+    if (n < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_decode: n = %d must be >= 0", n);
+    if (!ids && n) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_decode: ids must not be NULL where n = %d > 0", n);
     char err[512];
     size_t got = 0;
     int code = tlz_decode(m->tokenizer, ids, (size_t)n, text, &got, err, sizeof err);
@@ -108,7 +110,11 @@ tl_status tl_detokenizer_push(tl_detokenizer *d, int32_t id, const char **piece,
 }
 
 void tl_detokenizer_flush(tl_detokenizer *d, const char **piece, size_t *len) {
-    if (!d) { if (len) *len = 0; return; }
+    if (!d) {
+        if (piece) *piece = "";
+        if (len) *len = 0;
+        return;
+    }
     tlz_stream_flush(d->stream, piece, len);
 }
 

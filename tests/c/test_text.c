@@ -68,6 +68,16 @@ static void test_encode_decode(void) {
     CHECK(tl_token_text(model, 'a', &tok_bytes, &tok_len) == TL_OK && tok_len == 1 && tok_bytes[0] == 'a', "token text");
     CHECK_ERROR(tl_token_text(model, -3, &tok_bytes, &tok_len), TL_ERR_INVALID_ARGUMENT, "token id -3");
     CHECK_ERROR(tl_decode(model, (const int32_t[]){5, 4000}, 2, &back, &len), TL_ERR_INVALID_ARGUMENT, "4000");
+    /* each fault named alone, and no text left behind by a failure */
+    back = (char *)"stale";
+    CHECK_ERROR(tl_decode(model, (const int32_t[]){5}, -1, &back, &len), TL_ERR_INVALID_ARGUMENT, "n = -1 must be >= 0");
+    CHECK(back == NULL, "a failed tl_decode leaves *text NULL");
+    CHECK_ERROR(tl_decode(model, NULL, 2, &back, &len), TL_ERR_INVALID_ARGUMENT, "ids must not be NULL where n = 2 > 0");
+    CHECK_ERROR(tl_decode(model, NULL, 0, NULL, &len), TL_ERR_INVALID_ARGUMENT, "text must not be NULL");
+    const char *flushed = "stale";
+    size_t flushed_len = 9;
+    tl_detokenizer_flush(NULL, &flushed, &flushed_len);
+    CHECK(flushed && flushed[0] == 0 && flushed_len == 0, "flushing no detokenizer gives an empty piece");
 
     /* A special token's text: its token by default; with TL_ENCODE_SPECIAL_AS_TEXT, ordinary
        text (no control token in the ids, the same bytes back); unknown flags refused. */
