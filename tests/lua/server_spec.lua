@@ -3426,6 +3426,16 @@ describe("server with two workers", function()
             assert.equal(400, status, body)
             assert.truthy(body:find(("the prompt (%d tokens) plus max_tokens (4)"):format(n), 1, true), body)
         end
+        -- /tokenize's long texts too (they were encoded on the event loop whatever their size),
+        -- llama.cpp's parse_special false kept on the way, and vLLM's prompt
+        local special = ("Emma <|endoftext|> "):rep(1000)
+        for _, case in ipairs({ { { content = special, parse_special = false }, m:encode(special, { parse_special = false }) },
+                                { { prompt = special }, m:encode(special) } }) do
+            local status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode(case[1])) .. " " ..
+                                      base2 .. "/tokenize")
+            assert.equal(200, status, body)
+            assert.same(case[2], cjson.decode(body).tokens)
+        end
         m:close()
     end)
 
@@ -4359,6 +4369,18 @@ describe("server request parsing", function()
         assert(request.parse_tokenize('{"prompt": "It", "add_special_tokens": true}', padded, "m"))
         r, e = request.parse_tokenize('{"prompt": "It", "add_special_tokens": 1}', padded, "m")
         assert.same({ 400, "add_special_tokens" }, { e.status, e.param })
+        -- the tokenize endpoints' texts go through the server's encoder (the thread pool's for
+        -- long ones: they were encoded on the event loop), with llama.cpp's parse_special
+        local seen = {}
+        request.set_encoder(function(m, text, opts)
+            seen[#seen + 1] = { text, opts and opts.parse_special }
+            return m:encode(text, opts)
+        end)
+        assert(request.parse_tokenize('{"prompt": "It is"}', whole, "m"))
+        assert(request.parse_tokenize('{"content": "a b", "parse_special": false}', whole, "m"))
+        assert.same(whole:encode("x y"), request.encode_text(whole, "x y", { parse_special = false })) -- (llama.cpp's texts)
+        request.set_encoder(nil)
+        assert.same({ { "It is" }, { "a b", false }, { "x y", false } }, seen)
     end)
 
     it("takes top_k 0 or -1 as every token (vLLM's convention), other values as they are", function()

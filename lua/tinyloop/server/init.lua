@@ -340,14 +340,16 @@ function _M.init_worker()
             fns[kind] = tonumber(ffi_cast("uintptr_t", fn))
         end
         -- and long prompts encode there (a short one costs less than the hop: inline)
-        local encode_fns = { encode = tonumber(ffi_cast("uintptr_t", C.tl_encode)), free = tonumber(ffi_cast("uintptr_t", C.tl_free)),
+        local encode_fns = { encode = tonumber(ffi_cast("uintptr_t", C.tl_encode_ex)), free = tonumber(ffi_cast("uintptr_t", C.tl_free)),
                              last_error = fns.last_error }
-        request.set_encoder(function(m, text)
-            if #text < ENCODE_IN_POOL_BYTES then return m:encode(text) end
-            local ok, bytes, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "encode", encode_fns, model_addr, text)
+        request.set_encoder(function(m, text, opts)
+            if #text < ENCODE_IN_POOL_BYTES then return m:encode(text, opts) end
+            local flags = opts and opts.parse_special == false and tonumber(C.TL_ENCODE_SPECIAL_AS_TEXT) or 0
+            local ok, bytes, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "encode", encode_fns, model_addr, text,
+                                                     flags)
             if not ok then
                 pool_unavailable(bytes, "encoding on the event loop")
-                return m:encode(text)
+                return m:encode(text, opts)
             end
             if not bytes then return nil, err end
             local n = #bytes / 4
@@ -1899,7 +1901,7 @@ end
 -- What llama.cpp tokenizes itself in a request (texts mixed into a prompt's ids, logit_bias by
 -- text); plain: a special token's text read as text (llama.cpp's parse_special false).
 local PLAIN_TEXT = { parse_special = false }
-local function llamacpp_tokenize(text, plain) return model:encode(text, plain and PLAIN_TEXT or nil) end
+local function llamacpp_tokenize(text, plain) return request.encode_text(model, text, plain and PLAIN_TEXT or nil) end
 
 -- POST /completion (llama.cpp's server's): the /v1/completions request it means, answered in
 -- llama.cpp's shape, streamed as data events where asked (tinyloop.server.llamacpp).

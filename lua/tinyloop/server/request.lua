@@ -245,11 +245,13 @@ end
 _M.valid_utf8 = valid_utf8
 
 -- How a prompt's text becomes token ids: model:encode here by default; the server sets an
--- encoder that runs long texts in nginx's thread pool (set_encoder). encoder(model, text) ->
--- ids | nil, err.
-local function encode_here(model, text) return model:encode(text) end
+-- encoder that runs long texts in nginx's thread pool (set_encoder). encoder(model, text[,
+-- opts]) -> ids | nil, err (opts: model:encode's, parse_special). _M.encode_text: the one in
+-- use, for the server's other texts to encode (llama.cpp's mixed prompts and biases).
+local function encode_here(model, text, opts) return model:encode(text, opts) end
 local encode_text = encode_here
 function _M.set_encoder(encoder) encode_text = encoder or encode_here end
+function _M.encode_text(model, text, opts) return encode_text(model, text, opts) end
 
 -- Token ids of one prompt: a string (encoded with the model's tokenizer) or an array of ids;
 -- `at` names it in messages ("prompt", or "prompt[1]" in a batch), `field` (default
@@ -1354,7 +1356,7 @@ function _M.parse_tokenize(body, model, model_id, chat, chat_error)
             if t[k] ~= nil then return bad(k .. " is vLLM's form, content llama.cpp's: send one of them", k) end
         end
         if not model.has_tokenizer then return bad("this model has no tokenizer: it reads token ids only", "content") end
-        local ids, err = model:encode(t.content, t.parse_special == false and { parse_special = false } or nil)
+        local ids, err = encode_text(model, t.content, t.parse_special == false and { parse_special = false } or nil)
         if not ids then return nil, { status = 500, message = "encoding failed: " .. tostring(err), type = "server_error" } end
         return { ids = ids, llama = true, with_pieces = t.with_pieces == true }
     end
@@ -1375,7 +1377,7 @@ function _M.parse_tokenize(body, model, model_id, chat, chat_error)
             if t[k] ~= nil then return bad(k .. " goes with messages, not with prompt", k) end
         end
     end
-    local ids, err = model:encode(text)
+    local ids, err = encode_text(model, text)
     if not ids then return nil, { status = 500, message = "encoding failed: " .. tostring(err), type = "server_error" } end
     return { ids = ids, token_strs = t.return_token_strs == true }
 end

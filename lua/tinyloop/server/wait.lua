@@ -171,10 +171,10 @@ end
 -- loop 60 ms, even one then refused as longer than the context). fns: the addresses of
 -- tl_encode (encode), tl_free (free) and tl_last_error (last_error). -> the ids as int32
 -- bytes (one string crosses back, not a table of numbers) | nil, the message.
-function _M.encode(fns, model_addr, text)
+function _M.encode(fns, model_addr, text, flags)
     local ids, n = ffi.new("int32_t *[1]"), ffi.new("int[1]")
-    local status = function_at(fns.encode, "int (*)(const void *, const char *, size_t, int32_t **, int *)")(
-        cast("void *", model_addr), text, #text, ids, n)
+    local status = function_at(fns.encode, "int (*)(const void *, const char *, size_t, unsigned, int32_t **, int *)")(
+        cast("void *", model_addr), text, #text, flags or 0, ids, n)
     if tonumber(status) ~= 0 then return nil, ffi.string(function_at(fns.last_error, LAST_ERROR)()) end
     local bytes = ffi.string(ids[0], n[0] * 4)
     function_at(fns.free, FREE)(ids[0])
