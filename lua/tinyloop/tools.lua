@@ -216,17 +216,18 @@ end
 -- Each function's parameters compile on their own (so "$ref": "#/$defs/..." and "#" mean
 -- what they mean in the schema as sent), and the call's JSON around them is written here:
 -- {"name": "<name>", "arguments": <parameters>}. after_open: the text from after the first
--- call's opening tag (lazy_grammar's).
-function _M.grammar_text(spec, after_open)
-    local grammar = require("tinyloop").grammar -- (here: check and parse need no engine)
+-- call's opening tag (lazy_grammar's). to_gbnf(schema_json, opts) -> GBNF text | nil, err:
+-- how a schema becomes GBNF (tinyloop.grammar.json_schema_gbnf by default; a server's
+-- thread pool passes its own, the library's function by address).
+function _M.grammar_text(spec, after_open, to_gbnf)
+    to_gbnf = to_gbnf or require("tinyloop").grammar.json_schema_gbnf -- (here: check and parse need no engine)
     local alternatives, rules = {}, {}
     for k, fn in ipairs(spec.functions) do
         if spec.choice ~= "function" or fn.name == spec.name then
             -- (without strict: true, keywords the converter cannot enforce are left out, as
             -- OpenAI's non-strict tools take any schema; strict ones must hold exactly)
             -- (the GBNF text only: the grammar around the calls compiles it, once)
-            local parameters, err = grammar.json_schema_gbnf(fn.parameters_json or NO_PARAMETERS,
-                                                            { whitespace = "free", loose = not fn.strict })
+            local parameters, err = to_gbnf(fn.parameters_json or NO_PARAMETERS, { whitespace = "free", loose = not fn.strict })
             if not parameters then
                 return nil, parameters_error(fn, err)
             end
@@ -269,11 +270,13 @@ local function compile_calls(spec, text, compile)
     return nil, err
 end
 
--- grammar(spec[, compile]) -> the compiled grammar_text, or nil, err. compile(kind, text,
--- free_whitespace, loose): how GBNF text ("gbnf") or a JSON Schema ("json_schema") becomes a
--- grammar (a server's runs in its thread pool); tinyloop.grammar.from_text by default.
-function _M.grammar(spec, compile)
-    local text, err = _M.grammar_text(spec)
+-- grammar(spec[, compile, text_of]) -> the compiled grammar_text, or nil, err. compile(kind,
+-- text, free_whitespace, loose): how GBNF text ("gbnf") or a JSON Schema ("json_schema")
+-- becomes a grammar (a server's runs in its thread pool); tinyloop.grammar.from_text by
+-- default. text_of(spec, after_open) -> grammar_text's answer, built elsewhere (a server's
+-- thread pool); grammar_text here by default.
+function _M.grammar(spec, compile, text_of)
+    local text, err = (text_of or _M.grammar_text)(spec)
     if not text then return nil, err end
     return compile_calls(spec, text, compile)
 end
@@ -282,8 +285,8 @@ end
 -- the reply is free text until the model opens a call, and the calls from there on are whole
 -- and valid (each function's parameters), then the reply ends; or nil, err. (A thinking
 -- model's block around it: tinyloop.reasoning.grammar.)
-function _M.lazy_grammar(spec, compile)
-    local text, err = _M.grammar_text(spec, true)
+function _M.lazy_grammar(spec, compile, text_of)
+    local text, err = (text_of or _M.grammar_text)(spec, true)
     if not text then return nil, err end
     local calls, gerr = compile_calls(spec, text, compile)
     if not calls then return nil, gerr end

@@ -4460,6 +4460,35 @@ describe("server request parsing", function()
         _, e = request.parse('{"prompt": [1], "max_tokens": 2, "echo": true}', fake, "m")
         assert.same({ "echo", "echo needs a tokenizer, which this model lacks" }, { e.param, e.message })
     end)
+    it("builds a tool choice's grammar where the server says, once the request fits, and never to count", function()
+        local m = assert(tinyloop.load(MODEL))
+        local c = assert(require("tinyloop.chat").load(MODEL))
+        local tools_list = { { type = "function", ["function"] = { name = "lookup", parameters = { type = "object",
+            properties = { who = { type = "string" } } } } } }
+        local built = {}
+        request.set_tools_text(function(spec, after_open)
+            built[#built + 1] = { spec.choice, after_open == true }
+            return require("tinyloop.tools").grammar_text(spec, after_open)
+        end)
+        local function parse(fields, opts)
+            fields.messages = fields.messages or { { role = "user", content = "hi" } }
+            fields.tools = tools_list
+            return request.parse_chat(cjson.encode(fields), m, "m", 16, c, opts)
+        end
+        -- counted only (Anthropic's count_tokens), or refused for its length: no grammar built
+        assert(parse({ tool_choice = "required", max_tokens = 2 }, { counting = true }))
+        local _, e = parse({ tool_choice = "required", max_tokens = 100000 })
+        assert.equal("max_tokens", e.param)
+        assert.same({}, built)
+        -- one that runs: built through the server's builder (its thread pool's), for the forced
+        -- choice and the lazy one alike
+        local r = assert(parse({ tool_choice = "required", max_tokens = 2, seed = 1 }))
+        assert.equal("tools", r.grammar_field)
+        assert(parse({ tool_choice = "auto", max_tokens = 2, seed = 2 }))
+        request.set_tools_text(nil)
+        assert.same({ { "required", false }, { "auto", true } }, built)
+    end)
+
     it("parses chat requests: the template's prompt, its turn ends as stop sequences, chat's defaults", function()
         local m = assert(tinyloop.load("tests/data/textmodel"))
         local c = assert(require("tinyloop.chat").load("tests/data/textmodel")) -- no template: the plain one

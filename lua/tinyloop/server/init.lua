@@ -359,6 +359,25 @@ function _M.init_worker()
             for i = 1, n do ids[i] = arr[i - 1] end
             return ids
         end)
+        -- and the tool choices' grammar text is built there (the schemas' GBNF)
+        local tools_fns = { schema_gbnf = tonumber(ffi_cast("uintptr_t", C.tl_json_schema_to_gbnf)),
+                            free = encode_fns.free, last_error = fns.last_error }
+        request.set_tools_text(function(spec, after_open)
+            -- (what the text reads of the spec, as plain data: the thread pool copies tables of
+            -- strings, numbers and booleans only)
+            local functions = {}
+            for i, fn in ipairs(spec.functions) do
+                functions[i] = { name = fn.name, parameters_json = fn.parameters_json, strict = fn.strict == true }
+            end
+            local plain = { choice = spec.choice, name = spec.name, parallel = spec.parallel == true, functions = functions }
+            local ok, text, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "tools_text", tools_fns, plain,
+                                                    after_open == true)
+            if not ok then
+                pool_unavailable(text, "building tool grammars on the event loop")
+                return tools.grammar_text(spec, after_open)
+            end
+            return text, err
+        end)
         request.set_text_compiler(function(kind, text, free_whitespace, loose)
             local ok, address, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "compile", fns, kind, text,
                                                        free_whitespace == true, loose == true)
@@ -614,14 +633,47 @@ local id_out = ffi_new("uint64_t[1]")
 local request_options = ffi_new("tl_engine_request_options")
 local token_bytes, token_len = ffi_new("const char *[1]"), ffi_new("size_t[1]")
 
--- A token's text for logprobs: its bytes as valid UTF-8 (a token may hold part of a
--- character), and its length in the choice's text: an echoed prompt's is shown there
--- (in_prompt), a generated one as the engine shows it under the choice's text_config
--- (tl_token_in_text; nil: the defaults, where a special token is not shown).
+-- Each token's text (its bytes as valid UTF-8: a token may hold part of a character) and raw
+-- bytes, and their JSON (text_json: a JSON string; bytes_json: an array of numbers), made once
+-- per worker: a blocking answer of n choices with top_logprobs 20 wrote ~40,000 entries, each
+-- an FFI call, a copy, a UTF-8 check and two encodes, 0.1-0.3 s on the event loop.
+local token_texts, token_raws, token_jsons, token_bytes_jsons = {}, {}, {}, {}
+local function token_text_of(id)
+    local text = token_texts[id]
+    if not text then
+        local raw = ""
+        if C.tl_token_text(model.ptr, id, token_bytes, token_len) == 0 then raw = ffi_string(token_bytes[0], token_len[0]) end
+        text = request.valid_utf8(raw)
+        token_texts[id], token_raws[id] = text, raw
+    end
+    return text, token_raws[id]
+end
+local function token_json_of(id)
+    local json = token_jsons[id]
+    if not json then
+        json = encode((token_text_of(id)))
+        token_jsons[id] = json
+    end
+    return json
+end
+local function token_bytes_json_of(id)
+    local json = token_bytes_jsons[id]
+    if not json then
+        local _, raw = token_text_of(id)
+        json = "[" .. concat({ raw:byte(1, -1) }, ",") .. "]"
+        token_bytes_jsons[id] = json
+    end
+    return json
+end
+
+-- A token's text for logprobs (token_text_of's), and its length in the choice's text: an
+-- echoed prompt's is shown there (in_prompt), a generated one as the engine shows it under
+-- the choice's text_config (tl_token_in_text; nil: the defaults, where a special token is not
+-- shown), and its raw bytes.
 local function token_string(id, in_prompt, text_config)
-    if C.tl_token_text(model.ptr, id, token_bytes, token_len) ~= 0 then return "", 0, "" end
-    local bytes = ffi_string(token_bytes[0], token_len[0])
-    return request.valid_utf8(bytes), (in_prompt or C.tl_token_in_text(model.ptr, text_config, id) ~= 0) and #bytes or 0, bytes
+    local text, raw = token_text_of(id)
+    if raw == "" then return text, 0, raw end
+    return text, (in_prompt or C.tl_token_in_text(model.ptr, text_config, id) ~= 0) and #raw or 0, raw
 end
 
 -- The config fields that decide which special tokens a choice's text shows (skip_special_tokens
@@ -656,13 +708,13 @@ local function logprobs_json(st, ids, figures, n_prompt)
         if figure.top then
             local top = {}
             for _, alt in ipairs(figure.top) do
-                local key = token_string(alt.id)
+                local key = token_text_of(alt.id)
                 if top[key] == nil then top[key] = json_logprob(alt.logprob) end -- two tokens of one text: the likelier
             end
             -- the token itself too, where the alternatives leave it out: OpenAI's rule ("up to
             -- logprobs + 1 elements"), vLLM's; it was missing (logprobs 0 gave {})
             if figure.logprob then
-                local key = token_string(ids[i])
+                local key = token_text_of(ids[i])
                 if top[key] == nil then top[key] = json_logprob(figure.logprob) end
             end
             tops[i] = next(top) == nil and "{}" or encode(top)
@@ -682,9 +734,8 @@ end
 -- `with_ids`, each entry and alternative also has its token's "id" first (what a view whose
 -- API names tokens by id reads: llama.cpp's completion_probabilities).
 local function token_entry(id, logprob, with_ids)
-    local text, _, raw = token_string(id)
-    return (with_ids and ('{"id":' .. id .. ',"token":') or '{"token":') .. encode(text) .. ',"logprob":' ..
-        encode(json_logprob(logprob)) .. ',"bytes":[' .. concat({ raw:byte(1, -1) }, ",") .. "]"
+    return (with_ids and ('{"id":' .. id .. ',"token":') or '{"token":') .. token_json_of(id) .. ',"logprob":' ..
+        encode(json_logprob(logprob)) .. ',"bytes":' .. token_bytes_json_of(id)
 end
 local function chat_logprobs_json(ids, figures, with_ids)
     local entries = {}
@@ -1367,29 +1418,11 @@ local function post_body()
     return body or ""
 end
 
--- Each token's text as a JSON string, made once per worker (a long prompt's token_strs
--- would otherwise cost an FFI call and an encode per token on the event loop, every time).
-local token_json = {}
-local function token_json_of(id)
-    local json = token_json[id]
-    if not json then
-        json = encode((token_string(id, true)))
-        token_json[id] = json
-    end
-    return json
-end
-
 -- llama.cpp's piece of a token: its text, or its bytes (numbers) where they are not valid
 -- UTF-8, part of a character (U+FFFD in its place lost them); made once per worker too.
-local piece_json = {}
 local function piece_json_of(id)
-    local json = piece_json[id]
-    if not json then
-        local text, _, raw = token_string(id, true)
-        json = text == raw and token_json_of(id) or "[" .. concat({ raw:byte(1, -1) }, ",") .. "]"
-        piece_json[id] = json
-    end
-    return json
+    local text, raw = token_text_of(id)
+    return text == raw and token_json_of(id) or token_bytes_json_of(id)
 end
 
 -- POST /tokenize (vLLM's): the ids of a prompt or a conversation, as the completions

@@ -1147,6 +1147,7 @@ local function tools_fields(t, body, cfg, shared)
     local spec, shown, param = tools.prepare(t.tools, t.tool_choice, t.parallel_tool_calls, tools_json)
     if spec == nil then return bad(shown, param) end
     if not spec then return false, shown end
+    spec.json = tools_json -- (its grammar's cache key: tools_grammar)
     if spec.forced then
         local which = forced_choice(spec)
         if cfg.grammar then
@@ -1155,25 +1156,35 @@ local function tools_fields(t, body, cfg, shared)
         end
         -- a stop string would cut the calls' markup or JSON, which the grammar guarantees whole
         if t.stop ~= nil then return bad(("tool_choice %s writes tool calls only: not with stop strings"):format(which), "stop") end
-        local key = ("tools:%s:%s:%s"):format(spec.name or spec.choice, tostring(spec.parallel), tools_json)
-        local g, gerr = compiled(key, function() return tools.grammar(spec, compile_text) end)
-        if not g then return bad(gerr, "tools") end
-        cfg.grammar, shared.grammar_field = g, "tools"
     else -- "auto": free text, and a call the model opens is made whole and valid
         if not spec.parallel then
             local stops = cfg.stop_strings or {}
             stops[#stops + 1] = tools.END
             cfg.stop_strings = stops
         end
-        if not cfg.grammar then -- (a request's own grammar constrains the reply instead)
-            local key = ("tools-auto:%s:%s"):format(tostring(spec.parallel), tools_json)
-            local g, gerr = compiled(key, function() return tools.lazy_grammar(spec, compile_text) end)
-            if not g then return bad(gerr, "tools") end
-            cfg.grammar, shared.grammar_field = g, "tools"
-            spec.lazy = true -- (its calls, whole by the grammar, can be streamed as they come)
-        end
+        -- (a request's own grammar constrains the reply instead; else the lazy grammar: its
+        -- calls, whole by the grammar, can be streamed as they come)
+        spec.lazy = not cfg.grammar
     end
     return spec, shown
+end
+
+-- The grammar of tools_fields' spec, compiled, into cfg.grammar (shared.grammar_field
+-- "tools"); true, or nil, err. Once the request is known to fit (a refused one built and
+-- cached a large schema's grammar for nothing), never for a request only counted. The GBNF
+-- text is built where the server says (set_tools_text: its thread pool; the schemas' GBNF
+-- and the rules' renaming are seconds of work for a large one), and compiled there too.
+local tools_text = nil -- (nil: tools.grammar_text here)
+function _M.set_tools_text(builder) tools_text = builder end
+local function tools_grammar(spec, cfg, shared)
+    if not spec.forced and not spec.lazy then return true end
+    local key = spec.forced and ("tools:%s:%s:%s"):format(spec.name or spec.choice, tostring(spec.parallel), spec.json)
+        or ("tools-auto:%s:%s"):format(tostring(spec.parallel), spec.json)
+    local build = spec.forced and tools.grammar or tools.lazy_grammar
+    local g, gerr = compiled(key, function() return build(spec, compile_text, tools_text) end)
+    if not g then return bad(gerr, "tools") end
+    cfg.grammar, shared.grammar_field = g, "tools"
+    return true
 end
 
 local REASONING_EFFORTS = { none = true, minimal = true, low = true, medium = true, high = true, xhigh = true }
@@ -1266,6 +1277,10 @@ function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
             :format(#ids + max_tokens, #ids, field, max_tokens), field, #ids)
     end
     cfg.max_tokens = max_tokens
+    if tool_spec then
+        ok, e = tools_grammar(tool_spec, cfg, shared)
+        if not ok then return nil, e end
+    end
     if t.thinking_budget ~= nil and (t.thinking_budget < 1 or t.thinking_budget > 2147483647) then
         return bad(("thinking_budget = %.0f must be in [1, 2147483647] (leave it out for no budget)"):format(t.thinking_budget),
                    "thinking_budget")

@@ -167,6 +167,25 @@ function _M.compile(fns, kind, text, free_whitespace, loose)
     return tonumber(cast("uintptr_t", out[0]))
 end
 
+-- The GBNF text of a tool choice's calls (tinyloop.tools.grammar_text, of `spec`: its choice,
+-- name, parallel and functions' name, parameters_json and strict), each function's schema
+-- converted by tl_json_schema_to_gbnf (fns.schema_gbnf; fns.free, fns.last_error): a large
+-- schema's GBNF and the renaming of its rules are seconds of work, here and never on the
+-- event loop. (tinyloop.tools is required here, in the pool's thread: it needs no library.)
+-- -> the text | nil, the message.
+function _M.tools_text(fns, spec, after_open)
+    local to_gbnf = function(schema, opts)
+        local out, len = ffi.new("char *[1]"), ffi.new("size_t[1]")
+        local status = function_at(fns.schema_gbnf, "int (*)(const char *, size_t, const void *, char **, size_t *)")(
+            schema, #schema, schema_options(opts.whitespace == "free" and 1 or 0, opts.loose and 1 or 0), out, len)
+        if tonumber(status) ~= 0 then return nil, ffi.string(function_at(fns.last_error, LAST_ERROR)()) end
+        local text = ffi.string(out[0], len[0])
+        function_at(fns.free, FREE)(out[0])
+        return text
+    end
+    return require("tinyloop.tools").grammar_text(spec, after_open, to_gbnf)
+end
+
 -- A long text's token ids (tl_encode: about 60 us a KB here, so a 1 MB prompt held the event
 -- loop 60 ms, even one then refused as longer than the context). fns: the addresses of
 -- tl_encode (encode), tl_free (free) and tl_last_error (last_error). -> the ids as int32
