@@ -354,7 +354,8 @@ end
 -- The first and last bytes of s that are not blank (ASCII white space, as the renderer's trim
 -- and Lua's %s), or nil: byte loops, where a pattern's backtracking was quadratic in a run
 -- of blanks.
-local function is_blank(b) return b == 32 or (b >= 9 and b <= 13) end
+-- (Python's str.strip's ASCII blanks, transformers' rule: \x1c-\x1f too)
+local function is_blank(b) return b == 32 or (b >= 9 and b <= 13) or (b >= 28 and b <= 31) end
 local function unblank(s)
     local first, last = 1, #s
     while first <= last and is_blank(s:byte(first)) do first = first + 1 end

@@ -178,7 +178,9 @@ local function utf8_decode(c) -- code point of one UTF-8 character
     return cp
 end
 
-local WHITESPACE = " \t\n\r\f\v"
+-- (Python's ASCII white space: \x1c-\x1f, the separators, are blanks to str.strip and split too)
+local WHITESPACE = " \t\n\r\f\v\28\29\30\31"
+local BLANKS, NON_BLANKS = "^[ \t\n\r\f\v\28-\31]*", "[^ \t\n\r\f\v\28-\31]+" -- (patterns of them)
 -- The characters of a strip's chars as a set, the last few kept: chat templates strip every
 -- message with the same one or two. ASCII chars: a set of bytes (byte -> true); others: of
 -- characters (text -> true), .utf8 set: a byte set would strip the lead byte that "«" and
@@ -409,7 +411,7 @@ local function lex(src)
     local tokens, line, pos, len = {}, 1, 1, #src
     local line_starting = true -- whether the last tag ended a line (lstrip_blocks applies at 1)
     local function push(type_, value) tokens[#tokens + 1] = { type = type_, value = value, line = line } end
-    local function skip_ws() local ws = src:match("^%s*", pos); line = line + count_newlines(ws); pos = pos + #ws end
+    local function skip_ws() local ws = src:match(BLANKS, pos); line = line + count_newlines(ws); pos = pos + #ws end
     -- the end of a block-like tag: "+%}" keeps the newline after it, "-%}" eats all whitespace
     -- after it, "%}" eats one newline (trim_blocks)
     local function block_end(at)
@@ -1264,7 +1266,8 @@ EXEC.set = function(s, scope, st)
 end
 EXEC.setblock = function(s, scope, st)
     st.line = s.line
-    assign(s.target, capture(s.body, scope, st), scope)
+    -- (its body a scope of its own, as jinja2's: a set inside it stays there)
+    assign(s.target, capture(s.body, setmetatable({}, { __index = scope }), st), scope)
 end
 EXEC.block = function(s, scope, st) -- {% generation %}: transformers' call block, a scope of its own
     return exec_body(s.body, setmetatable({}, { __index = scope }), st)
@@ -1308,10 +1311,9 @@ EXEC["for"] = function(s, scope, st)
         items = kept
     end
     local n = #items
-    if n == 0 then
-        if s.else_body then return exec_body(s.else_body, scope, st) end
-        return
-    end
+    -- jinja2's else: run where no iteration reached the end of the body (none at all, or each
+    -- left by break or continue), in a scope of its own (a set there stays there)
+    local reached_end = false
     local changed_state = {}
     for i = 1, n do
         tick(st)
@@ -1322,9 +1324,12 @@ EXEC["for"] = function(s, scope, st)
                                     previtem = items[i - 1], nextitem = items[i + 1] }, DICT)
         loop.cycle, loop.changed = callable(cycle, loop), callable(changed, changed_state)
         inner.loop = loop
-        if exec_body(s.body, inner, st) == "break" then break end
+        local left = exec_body(s.body, inner, st)
+        if left == "break" then break end
+        if left == nil then reached_end = true end
         st.line = s.line
     end
+    if not reached_end and s.else_body then return exec_body(s.else_body, setmetatable({}, { __index = scope }), st) end
 end
 
 local function call_macro(m, args, kwargs, st)
@@ -1332,7 +1337,9 @@ local function call_macro(m, args, kwargs, st)
     if #args > #node.params then
         fail(fmt("macro '%s' takes not more than %d argument(s)", node.name, #node.params))
     end
-    local scope = setmetatable({}, { __index = m.scope })
+    -- (varargs and kwargs: what jinja2 gives a macro called without extra arguments, () and
+    -- {}; extra ones are refused above and below: *args/**kwargs are not supported)
+    local scope = setmetatable({ varargs = setmetatable({}, TUPLE), kwargs = _M.dict({}) }, { __index = m.scope })
     for i, param in ipairs(node.params) do
         local v = args[i]
         if v == nil then v = kwargs[param]; kwargs[param] = nil end
@@ -1376,7 +1383,7 @@ local function split(s, sep, maxsplit)
     if sep == nil then -- runs of whitespace, none empty
         local pos = 1
         while true do
-            local a, b = find(s, "%S+", pos)
+            local a, b = find(s, NON_BLANKS, pos)
             if not a then break end
             if maxsplit >= 0 and #out == maxsplit then out[#out + 1] = sub(s, a); break end
             out[#out + 1] = sub(s, a, b)

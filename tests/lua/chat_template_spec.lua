@@ -257,6 +257,27 @@ describe("scoping", function()
         renders("[1B][12][3B][B]|T",
             "{% set top = 'T' %}{% macro m(a, b='B') %}{% set leak = 1 %}[{{ a }}{{ b }}]{% endmacro %}"
             .. "{{ m(1) }}{{ m(1, 2) }}{{ m(a=3) }}{{ m() }}|{{ top }}{{ leak }}")
+        -- varargs and kwargs: jinja2's () and {} of a macro called without extra arguments
+        renders("()|{}", "{% macro f() %}{{ varargs }}|{{ kwargs }}{% endmacro %}{{ f() }}")
+    end)
+
+    -- (each checked against jinja2 3.1: these leaked, or skipped the else)
+    it("a for loop's else and a block set are scopes of their own", function()
+        renders("[B]", "{% for i in [] %}{% else %}{% set b = 'x' %}{% endfor %}[{{ b }}]", { b = "B" })
+        renders("[]", "{% set blk %}{% set i = 'z' %}{% endset %}[{{ i }}]")
+    end)
+
+    it("a for loop's else runs where no iteration reached the end of the body (break and continue too)", function()
+        renders("E", "{% for x in [1, 2] %}{% if x == 1 %}{% break %}{% endif %}{% else %}E{% endfor %}")
+        renders("E", "{% for x in [1, 2] %}{% continue %}{% else %}E{% endfor %}")
+        renders("1", "{% for x in [1, 2] %}{% if x == 2 %}{% break %}{% endif %}{{ x }}{% else %}E{% endfor %}")
+        renders("12", "{% for x in [1, 2] %}{{ x }}{% else %}E{% endfor %}")
+    end)
+end)
+
+describe("Python's ASCII white space", function()
+    it("counts \\x1c-\\x1f as blanks in strip and split, as str does", function()
+        renders("1 ['a', 'b']", "{{ 'x\28'.strip()|length }} {{ 'a\31b'.split() }}")
     end)
 end)
 
