@@ -134,6 +134,7 @@ describe("tinyloop.chat", function()
                          "chat:prompt: continue_final_message continues the final message: it opens no new turn (add_generation_prompt)")
         assert.has_error(function() c:prompt(begun, true, nil, nil, "x") end, "chat:prompt: variables must be a table of template variables")
         refused("the final message has no text to continue", final("  "), false, nil, true)
+        refused("the final message has no text to continue", final(" \31\28"), false, nil, true) -- (Python's blanks too)
         local call = { { id = "c1", type = "function", ["function"] = { name = "f", arguments = '{"city": "Paris"}' } } }
         refused("the final message has tool calls, which cannot be continued",
                 { { role = "user", content = "Hi" }, { role = "assistant", content = cjson.null, tool_calls = call } },
