@@ -7,7 +7,7 @@
 #include <cjson/cJSON.h>
 
 #include "internal.h"
-#include "tokenizer.h" /* tlz_quote */
+#include "tokenizer.h" /* tlz_quote_in */
 
 /* Upper bounds that keep sizes far from integer overflow while allowing any real model. */
 #define MAX_DIM (1 << 20)
@@ -283,7 +283,7 @@ static void collect_warnings(const cJSON *root, const field_log *log, tl_config 
         if (known) continue;
         size_t used = strlen(c->warnings);
         char line[200], name[72]; /* (the name escaped: a control byte in it broke the one line) */
-        tlz_quote(e->string, strlen(e->string), name, sizeof name);
+        tlz_quote_in(e->string, strlen(e->string), '"', name, sizeof name);
         if (closest)
             snprintf(line, sizeof line, "config.json: unknown field \"%s\" ignored (did you mean \"%s\"?)\n", name, closest);
         else
@@ -312,8 +312,8 @@ static int check_duplicates(const cJSON *node, char *why, size_t why_len) {
         for (int i = 1; i < n && rc == 0; i++)
             if (strcmp(keys[i - 1]->string, keys[i]->string) == 0) {
                 char key[72], in[72];
-                tlz_quote(keys[i]->string, strlen(keys[i]->string), key, sizeof key);
-                if (node->string) tlz_quote(node->string, strlen(node->string), in, sizeof in);
+                tlz_quote_in(keys[i]->string, strlen(keys[i]->string), '"', key, sizeof key);
+                if (node->string) tlz_quote_in(node->string, strlen(node->string), '"', in, sizeof in);
                 snprintf(why, why_len, "duplicate key \"%s\"%s%s%s", key, node->string ? " in \"" : "", node->string ? in : "",
                          node->string ? "\"" : "");
                 rc = -1;

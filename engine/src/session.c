@@ -428,21 +428,14 @@ static tl_status finish(tl_session *s, tl_stop_reason reason, tl_stop_reason *st
     return TL_OK;
 }
 
-/* Whether the fields tl_token_in_text reads are ones tl_session_new would take: the caller's
-   config is not validated here (no status to say so), and a stop sequence without its
-   tokens was read through NULL. */
-static bool text_fields_valid(const tl_generate_config *c) {
-    if (c->keep_special_text != 0 && c->keep_special_text != 1) return false;
-    if (c->n_stop_sequences < 0 || (c->n_stop_sequences > 0 && !c->stop_sequences)) return false;
-    for (int i = 0; i < c->n_stop_sequences; i++)
-        if (c->stop_sequences[i].n < 1 || !c->stop_sequences[i].tokens) return false;
-    return true;
-}
-
 int tl_token_in_text(const tl_model *m, const tl_generate_config *c, int32_t tok) {
     if (!m || !m->tokenizer || tok < 0 || tok >= m->cfg.vocab_size) return 0;
     if (!tlz_is_special(m->tokenizer, tok)) return 1;
-    return c && text_fields_valid(c) && c->keep_special_text && !tl_is_end(c, m->cfg.eos_token_id, tok);
+    /* (the caller's config is not validated here, no status to say so: one tl_session_new
+       refuses is read as keeping nothing; a stop sequence without its tokens was read through
+       NULL) */
+    return c && tl_text_fields_valid(c, m->cfg.vocab_size) && c->keep_special_text &&
+           !tl_is_end(c, m->cfg.eos_token_id, tok);
 }
 
 const tl_generate_config *tl_session_config(const tl_session *s) {

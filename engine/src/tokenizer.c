@@ -102,13 +102,14 @@ int tlz_fail(char *err, size_t errlen, int code, const char *fmt, ...)
 }
 
 /* Token strings go into messages; escape them so that a control byte or a
-   huge token cannot garble the log line. */
-const char *tlz_quote(const char *s, size_t n, char *buf, size_t cap)
+   huge token cannot garble the log line, nor the quote character the message
+   puts around them end the quoted text early. */
+const char *tlz_quote_in(const char *s, size_t n, char quote, char *buf, size_t cap)
 {
     size_t o = 0;
     for (size_t i = 0; i < n && o + 8 < cap; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c < 0x20 || c == 0x7f || c == '\'' || c == '\\')
+        if (c < 0x20 || c == 0x7f || c == (unsigned char)quote || c == '\\')
             o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
         else
             buf[o++] = (char)c;
@@ -120,6 +121,11 @@ const char *tlz_quote(const char *s, size_t n, char *buf, size_t cap)
     }
     buf[o] = '\0';
     return buf;
+}
+
+const char *tlz_quote(const char *s, size_t n, char *buf, size_t cap)
+{
+    return tlz_quote_in(s, n, '\'', buf, cap);
 }
 
 int tlz_utf8_seq(const unsigned char *p, size_t n)

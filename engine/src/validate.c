@@ -50,6 +50,30 @@ void tl_tree_speculative_config_init(tl_tree_speculative_config *cfg) {
 
 /* ---------------------------------------------------------------- field rules */
 
+static bool is_flag(int v) { return v == 0 || v == 1; }
+
+/* The stop sequences' rules; report: say the fault (tl_fail), else only answer. */
+#define FAULT(...) (report ? tl_fail(TL_ERR_INVALID_ARGUMENT, __VA_ARGS__) : TL_ERR_INVALID_ARGUMENT)
+static tl_status check_stop_sequences(const tl_generate_config *c, int vocab, bool report) {
+    if (c->n_stop_sequences < 0) return FAULT("n_stop_sequences = %d must be >= 0", c->n_stop_sequences);
+    if (c->n_stop_sequences > 0 && !c->stop_sequences)
+        return FAULT("n_stop_sequences = %d without stop_sequences", c->n_stop_sequences);
+    for (int i = 0; i < c->n_stop_sequences; i++) {
+        const tl_token_seq *s = &c->stop_sequences[i];
+        if (s->n < 1) return FAULT("stop_sequences[%d] is empty (n = %d)", i, s->n);
+        if (!s->tokens) return FAULT("stop_sequences[%d].tokens is NULL (n = %d)", i, s->n);
+        for (int j = 0; j < s->n; j++)
+            if (s->tokens[j] < 0 || s->tokens[j] >= vocab)
+                return FAULT("stop_sequences[%d] token id %d is out of range [0, %d)", i, s->tokens[j], vocab);
+    }
+    return TL_OK;
+}
+#undef FAULT
+
+bool tl_text_fields_valid(const tl_generate_config *c, int vocab) {
+    return is_flag(c->keep_special_text) && is_flag(c->ignore_eos) && check_stop_sequences(c, vocab, false) == TL_OK;
+}
+
 /* Each entry's token in range, at most once, and its bias finite. */
 static tl_status validate_logit_bias(const tl_generate_config *c, int vocab) {
     if (c->n_logit_bias < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_logit_bias = %d must be >= 0", c->n_logit_bias);
@@ -153,7 +177,7 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
         {"penalties_count_prompt", c->penalties_count_prompt}, {"keep_special_text", c->keep_special_text},
         {"fixed_state_seed", c->fixed_state_seed}, {"ignore_eos", c->ignore_eos}};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
-        if (flags[i].value != 0 && flags[i].value != 1)
+        if (!is_flag(flags[i].value))
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s = %d must be 0 or 1", flags[i].name, flags[i].value);
     if ((st = validate_logit_bias(c, mc->vocab_size)) != TL_OK) return st;
     if (!(c->min_p >= 0.0f && c->min_p <= 1.0f))
@@ -163,19 +187,7 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
                        c->max_tokens);
     if (c->cache_window < 0)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "cache_window = %d must be >= 0 (0 = unbounded)", c->cache_window);
-    if (c->n_stop_sequences < 0)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_sequences = %d must be >= 0", c->n_stop_sequences);
-    if (c->n_stop_sequences > 0 && !c->stop_sequences)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "n_stop_sequences = %d without stop_sequences", c->n_stop_sequences);
-    for (int i = 0; i < c->n_stop_sequences; i++) {
-        const tl_token_seq *s = &c->stop_sequences[i];
-        if (s->n < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_sequences[%d] is empty (n = %d)", i, s->n);
-        if (!s->tokens) return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_sequences[%d].tokens is NULL (n = %d)", i, s->n);
-        for (int j = 0; j < s->n; j++)
-            if (s->tokens[j] < 0 || s->tokens[j] >= mc->vocab_size)
-                return tl_fail(TL_ERR_INVALID_ARGUMENT, "stop_sequences[%d] token id %d is out of range [0, %d)",
-                               i, s->tokens[j], mc->vocab_size);
-    }
+    if ((st = check_stop_sequences(c, mc->vocab_size, true)) != TL_OK) return st;
     if (c->beam_size < 0) return tl_fail(TL_ERR_INVALID_ARGUMENT, "beam_size = %d must be >= 0", c->beam_size);
     if (c->beam_size > TL_MAX_BEAM_SIZE)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "beam_size = %d is above %d", c->beam_size, TL_MAX_BEAM_SIZE);

@@ -21,6 +21,10 @@ static inline bool tl_early_exit_on(const tl_generate_config *c) {
 tl_status tl_generate_validate(const tl_model *m, const int32_t *prompt, int prompt_len,
                                const tl_generate_config *cfg);
 
+/* Whether the fields tl_token_in_text reads (keep_special_text, ignore_eos, the stop
+   sequences) are ones tl_generate_validate takes; no message. */
+bool tl_text_fields_valid(const tl_generate_config *c, int vocab);
+
 /* The rules of a grammar on model m (a config's, or a branch's new one: fork.c). */
 tl_status tl_validate_grammar(const tl_model *m, const tl_grammar *g);
 

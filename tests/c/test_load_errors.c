@@ -375,7 +375,7 @@ static void config_strictness(void) {
     free(text);
     cJSON_AddItemToObject(root, "rope_theeta", cJSON_CreateNumber(500000));
     cJSON_AddItemToObject(root, "architectures", cJSON_Parse("[\"LoopLM\"]"));
-    cJSON_AddItemToObject(root, "x\n\x1b[31m", cJSON_CreateNumber(1)); /* (a name that would break the line) */
+    cJSON_AddItemToObject(root, "x\n\x1b[31m\"", cJSON_CreateNumber(1)); /* (a name that would break the line) */
     char *out = cJSON_Print(root);
     spit_text("config.json", out);
     cJSON_free(out);
@@ -387,7 +387,7 @@ static void config_strictness(void) {
           "misspelling reported: \"%s\"", w);
     CHECK(strstr(w, "config.json: unknown field \"architectures\" ignored\n") != NULL, "metadata reported: \"%s\"", w);
     /* one line each: a name's control bytes escaped */
-    CHECK(strstr(w, "config.json: unknown field \"x\\x0a\\x1b[31m\" ignored\n") != NULL && !strchr(w, '\x1b'),
+    CHECK(strstr(w, "config.json: unknown field \"x\\x0a\\x1b[31m\\x22\" ignored\n") != NULL && !strchr(w, '\x1b'),
           "control bytes in a name: \"%s\"", w);
     tl_model_free(m);
     reset();

@@ -298,6 +298,10 @@ static void test_keep_special_text(void) {
     tl_token_seq hollow = {NULL, 1};
     cfg.stop_sequences = &hollow;
     CHECK(tl_token_in_text(model, &cfg, eos) == 0, "a stop sequence without tokens");
+    const int32_t below[1] = {-5};
+    tl_token_seq out_of_range = {below, 1};
+    cfg.stop_sequences = &out_of_range;
+    CHECK(tl_token_in_text(model, &cfg, eos) == 0, "a stop sequence of an id out of range");
 }
 
 static void test_no_tokenizer(const char *golden) {
