@@ -284,8 +284,8 @@ static int check_keywords(conv *c, const cJSON *s, const char *path, const char 
     return 0;
 }
 
-/* A value holds no number past a double (cJSON writes 1e400 as null: the literal would be
-   another value). (U+0000 is refused in the schema's text, gram_json_schema_to_gbnf.) */
+/* A value holds no number past a double (cJSON reads 1e400 as infinity, which no JSON number
+   writes: the literal would be another value). (U+0000 is refused in the schema's text, gram_json_schema_to_gbnf.) */
 static int literal_checked(conv *c, const cJSON *v, const char *path) {
     if (cJSON_IsNumber(v) && !isfinite(v->valuedouble))
         return fail(c, path, "%s", "a number in 'const' or 'enum' is past a double's range");
@@ -311,8 +311,20 @@ static void exact_number(strbuf *out, double d) {
     strbuf_puts(out, text);
 }
 
-/* A literal value as compact JSON text (cJSON's spelling of strings, exact numbers); false
-   when out of memory. */
+/* A string as JSON text, as JSON writers spell it (cJSON's, JSON.stringify's, Python's: the
+   short escapes where JSON has one, else \u00xx in lower case); false when out of memory. */
+static bool json_string(strbuf *out, const char *s) {
+    cJSON *item = cJSON_CreateString(s);
+    char *text = item ? cJSON_PrintUnformatted(item) : NULL;
+    cJSON_Delete(item);
+    if (!text) return false;
+    strbuf_puts(out, text);
+    free(text);
+    return true;
+}
+
+/* A literal value as compact JSON text (json_string's strings, exact numbers); false when out
+   of memory. */
 static bool literal_text(strbuf *out, const cJSON *v) {
     if (cJSON_IsNumber(v)) {
         exact_number(out, v->valuedouble);
@@ -324,12 +336,8 @@ static bool literal_text(strbuf *out, const cJSON *v) {
         for (const cJSON *k = v->child; k; k = k->next) {
             if (k != v->child) strbuf_puts(out, ",");
             if (object) {
-                cJSON *name = cJSON_CreateString(k->string);
-                char *text = name ? cJSON_PrintUnformatted(name) : NULL;
-                cJSON_Delete(name);
-                if (!text) return false;
-                strbuf_printf(out, "%s:", text);
-                free(text);
+                if (!json_string(out, k->string)) return false;
+                strbuf_puts(out, ":");
             }
             if (!literal_text(out, k)) return false;
         }
@@ -665,18 +673,7 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
             const cJSON *p = prop[i];
             /* the key as JSON text: "name" with JSON escapes */
             strbuf key = {0};
-            strbuf_puts(&key, "\"");
-            for (const unsigned char *k = (const unsigned char *)p->string; *k; k++) {
-                /* (the spelling JSON writers use, cJSON's, JSON.stringify's, Python's: the short
-                   escapes where JSON has one, else \u00xx in lower case) */
-                static const char SHORT[] = "\bb\ff\nn\rr\tt";
-                const char *short_escape = *k && *k < 0x20 ? strchr(SHORT, *k) : NULL;
-                if (*k == '"' || *k == '\\') { char e[3] = {'\\', (char)*k, 0}; strbuf_puts(&key, e); }
-                else if (short_escape) { char e[3] = {'\\', short_escape[1], 0}; strbuf_puts(&key, e); }
-                else if (*k < 0x20) strbuf_printf(&key, "\\u%04x", *k);
-                else strbuf_put(&key, (const char *)k, 1);
-            }
-            strbuf_puts(&key, "\"");
+            if (!json_string(&key, p->string) || key.oom) c->out.oom = true; /* (reported once the conversion ends) */
             const int next_after = base + 1 + 2 * (i + 1);
             strbuf kv = {0};
             if (*sep) strbuf_printf(&kv, "%s%s ", sep, c->free_ws ? "ws" : "");

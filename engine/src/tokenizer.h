@@ -123,8 +123,8 @@ size_t tlz_utf8_unfinished_tail(const unsigned char *p, size_t n);
 /* The module's one error rule (tokenizer.c, pretokenizer.c): writes the message to
    err[0..errlen) when err is not NULL and returns code. */
 int tlz_fail(char *err, size_t errlen, int code, const char *fmt, ...);
-/* s[0..n) for a message: control bytes, quotes and backslashes escaped as \xNN, cut with
-   "..." to fit cap. Returns buf. */
+/* s[0..n) for a message: control bytes, ' and backslashes escaped as \xNN, cut with "..."
+   to fit cap. Returns buf. */
 const char *tlz_quote(const char *s, size_t n, char *buf, size_t cap);
 /* tlz_quote for text a message puts between `quote` characters (tlz_quote's: '). */
 const char *tlz_quote_in(const char *s, size_t n, char quote, char *buf, size_t cap);

@@ -351,10 +351,9 @@ local function last_find(text, needle)
     return found and #text - found - #needle + 2 or nil
 end
 
--- The first and last bytes of s that are not blank (ASCII white space, as the renderer's trim
--- and Lua's %s), or nil: byte loops, where a pattern's backtracking was quadratic in a run
--- of blanks.
--- (Python's str.strip's ASCII blanks, transformers' rule: \x1c-\x1f too)
+-- The first and last bytes of s that are not blank (Python's str.strip's ASCII white space,
+-- transformers' rule, as the renderer's strip: \x1c-\x1f too), or nil: byte loops, where a
+-- pattern's backtracking was quadratic in a run of blanks.
 local function is_blank(b) return b == 32 or (b >= 9 and b <= 13) or (b >= 28 and b <= 31) end
 local function unblank(s)
     local first, last = 1, #s
@@ -363,6 +362,8 @@ local function unblank(s)
     if first > last then return nil end
     return first, last
 end
+-- Whether a message's text has nothing to continue (the rule continue_final_message reads).
+function _M.blank(s) return unblank(s) == nil end
 
 -- The rendered conversation cut right after the final message's content, so that the model
 -- continues that message (transformers' continue_final_message, its rule to the letter: the

@@ -886,17 +886,21 @@ local dec_len = ffi_new("size_t[1]")
 -- model:encode(text[, opts]) -> ids | nil, err. opts.parse_special (default true): false reads
 -- special tokens' texts ("<|endoftext|>") as ordinary text, for text that must not inject
 -- control tokens (tl_encode_ex's TL_ENCODE_SPECIAL_AS_TEXT).
+-- tinyloop.encode_flags(opts) -> tl_encode_ex's flags of model:encode's options (checked, raising
+-- as model:encode does): what a thread pool's tl_encode_ex call is handed as well.
+function _M.encode_flags(opts)
+    if opts == nil then return 0 end
+    if type(opts) ~= "table" then raise("encode: options must be a table") end
+    for k, v in pairs(opts) do
+        if k ~= "parse_special" then raise(("encode: unknown option '%s' (parse_special)"):format(tostring(k))) end
+        if type(v) ~= "boolean" then raise("encode: parse_special must be a boolean") end
+    end
+    return opts.parse_special == false and tonumber(C.TL_ENCODE_SPECIAL_AS_TEXT) or 0
+end
+
 function Model:encode(text, opts)
     if type(text) ~= "string" then raise("encode: text must be a string") end
-    local flags = 0
-    if opts ~= nil then
-        if type(opts) ~= "table" then raise("encode: options must be a table") end
-        for k, v in pairs(opts) do
-            if k ~= "parse_special" then raise(("encode: unknown option '%s' (parse_special)"):format(tostring(k))) end
-            if type(v) ~= "boolean" then raise("encode: parse_special must be a boolean") end
-        end
-        if opts.parse_special == false then flags = C.TL_ENCODE_SPECIAL_AS_TEXT end
-    end
+    local flags = _M.encode_flags(opts)
     local st = C.tl_encode_ex(model_ptr(self, "encode"), text, #text, flags, enc_ids, enc_n)
     if st ~= 0 then return engine_failure(st) end
     local ids, n, t = enc_ids[0], enc_n[0], {}

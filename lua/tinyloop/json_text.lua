@@ -210,11 +210,11 @@ local function entries_of(s, i)
     return list
 end
 
--- member(s, path) -> the text of s's value at `path` (object keys, and array indexes from 1),
--- or nil. As cjson does, the last of duplicate keys wins.
-function _M.member(s, path)
+-- span(s, path) -> where s's value at `path` is (object keys, and array indexes from 1): its
+-- first and last index, or nil. As cjson does, the last of duplicate keys wins.
+local function span(s, path)
     local from = skip_ws(s, 1)
-    if #path == 0 then return sub(s, from, (skip_value(s, from) or #s + 1) - 1) end
+    if #path == 0 then return from, (skip_value(s, from) or #s + 1) - 1 end
     local to
     for _, step in ipairs(path) do
         local c, found = byte(s, from), nil
@@ -230,7 +230,14 @@ function _M.member(s, path)
         if not found then return nil end
         from, to = found.from, found.to
     end
-    return sub(s, from, to)
+    return from, to
+end
+_M.span = span
+
+-- member(s, path) -> the text of s's value at `path` (span's), or nil.
+function _M.member(s, path)
+    local from, to = span(s, path)
+    return from and sub(s, from, to) or nil
 end
 
 -- decode_ordered(text, dict, max_depth) -> the value of the JSON text, each object made by

@@ -101,12 +101,69 @@ function _M.stop_strings(strings)
     end
 end
 
+-- What is malformed in a Lua pattern, or nil: the faults string.find raises only when a
+-- match reaches them ("a%" passed a check against "" and failed at the first "a" written).
+-- Lua 5.1's syntax: % escapes, [sets] (a ] first is one of its characters), %b with two
+-- characters, %f before a set, %1-%9 of closed captures, ( and ) balanced.
+local function pattern_fault(p)
+    local i, n, open, closed = 1, #p, 0, {}
+    local captures = 0
+    while i <= n do
+        local c = p:sub(i, i)
+        if c == "%" then
+            local x = p:sub(i + 1, i + 1)
+            if x == "" then return "ends with '%'" end
+            if x == "b" then
+                if i + 3 > n then return "missing arguments to '%b'" end
+                i = i + 4
+            elseif x == "f" then
+                if p:sub(i + 2, i + 2) ~= "[" then return "missing '[' after '%f'" end
+                i = i + 2 -- (its set is read next)
+            elseif x:match("%d") then
+                local k = tonumber(x)
+                if k == 0 or not closed[k] then return "invalid capture index %" .. x end
+                i = i + 2
+            else
+                i = i + 2
+            end
+        elseif c == "[" then
+            local j = i + 1
+            if p:sub(j, j) == "^" then j = j + 1 end
+            if p:sub(j, j) == "]" then j = j + 1 end -- (a ] first is a character of the set)
+            while true do
+                local d = p:sub(j, j)
+                if d == "" then return "missing ']'" end
+                if d == "]" then break end
+                j = j + (d == "%" and 2 or 1)
+            end
+            i = j + 1
+        elseif c == "(" then
+            captures = captures + 1
+            if captures > 32 then return "too many captures" end
+            open = open + 1
+            closed[captures] = false
+            i = i + 1
+        elseif c == ")" then
+            if open == 0 then return "invalid pattern capture" end
+            open = open - 1
+            for k = captures, 1, -1 do -- (the innermost capture still open closes)
+                if closed[k] == false then closed[k] = true break end
+            end
+            i = i + 1
+        else
+            i = i + 1
+        end
+    end
+    if open > 0 then return "unfinished capture" end
+    return nil
+end
+
 -- Stops when the generated text matches a Lua pattern (anchor with $ to test the end).
 --   cfg.stop_when = policy.pattern("[%.!?]%s*$")      -- end of a sentence
 function _M.pattern(lua_pattern)
     if type(lua_pattern) ~= "string" then arg_error("pattern: lua_pattern must be a string") end
-    local ok, err = pcall(string.find, "", lua_pattern) -- (a malformed one fails here, not at a token)
-    if not ok then arg_error("pattern: " .. tostring(err):gsub("^[^\n]-:%d+: ", "")) end
+    local err = pattern_fault(lua_pattern) -- (here, not at the first token that reaches the fault)
+    if err then arg_error("pattern: malformed pattern (" .. err .. ")") end
     return function(_, text) return text:find(lua_pattern) ~= nil end
 end
 

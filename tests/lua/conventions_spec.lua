@@ -139,6 +139,11 @@ describe("tinyloop.policy constructors", function()
         -- a malformed pattern at the constructor, not at a token; lists with holes (read as
         -- far as the first: 44 was not banned), a NaN bias (the config field refuses it)
         { "pattern: malformed pattern (missing ']')", function() return policy.pattern("[") end },
+        -- (faults past a first character: a check against "" passed them, a token reached them)
+        { "pattern: malformed pattern (ends with '%')", function() return policy.pattern("a%") end },
+        { "pattern: malformed pattern (unfinished capture)", function() return policy.pattern("x(") end },
+        { "pattern: malformed pattern (missing arguments to '%b')", function() return policy.pattern("x%b") end },
+        { "pattern: malformed pattern (invalid capture index %1)", function() return policy.pattern("x(%1)") end },
         { "ban_tokens: ids must be a list (1..n, no holes)", function() return policy.ban_tokens({ 1, nil, 44 }) end },
         { "stop_strings: strings must be a list (1..n, no holes)", function() return policy.stop_strings({ "zz", nil, "," }) end },
         { "mask:allow_only: ids must be a list (1..n, no holes)", function() return policy.mask(64):allow_only({ 4, nil, 3 }) end },

@@ -140,7 +140,7 @@ describe("ollama: what Ollama's clients send", function()
         assert.is_true(chat.continue_final_message)
         -- one with no text (empty or blanks) is no prefill, as Ollama's open empty turn is none:
         -- it is left out, and the reply is an ordinary one
-        for _, blank in ipairs({ '""', '" \\n"' }) do
+        for _, blank in ipairs({ '""', '" \\n"', '"\\u001c"' }) do -- (Python's blanks, as chat's rule)
             chat = chat_of('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ' .. blank .. '}]}')
             assert.same({ { { role = "user", content = "q" } }, nil }, { chat.messages, chat.continue_final_message })
         end

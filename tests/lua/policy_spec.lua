@@ -101,6 +101,13 @@ describe("tinyloop.policy's other rules", function()
         assert.same({ 0, -math.huge, 0 }, { logits[43], logits[44], logits[150] })
     end)
 
+    it("pattern takes every well-formed Lua pattern (its check is no stricter than string.find)", function()
+        for _, p in ipairs({ "[%.!?]%s*$", "%f[%w]x", "[]]", "[^]a]", "[%]]", "^(a(b)c)%2%1", "%bxy", "()a", "%%" }) do
+            local rule = policy.pattern(p)
+            assert.equal(("x%]a(b)c bxy"):find(p) ~= nil, rule({}, "x%]a(b)c bxy"), p)
+        end
+    end)
+
     it("stop_strings keeps the strings it checked (a later edit of the caller's table changes nothing)", function()
         local strings = { "zz" }
         local rule = policy.stop_strings(strings)

@@ -4463,8 +4463,9 @@ describe("server request parsing", function()
     it("builds a tool choice's grammar where the server says, once the request fits, and never to count", function()
         local m = assert(tinyloop.load(MODEL))
         local c = assert(require("tinyloop.chat").load(MODEL))
-        local tools_list = { { type = "function", ["function"] = { name = "lookup", parameters = { type = "object",
-            properties = { who = { type = "string" } } } } } }
+        -- (a tool of its own: the grammar cache, this process's, holds no earlier one of it)
+        local tools_list = { { type = "function", ["function"] = { name = "lookup_built_here", parameters = { type = "object",
+            properties = { who_built = { type = "string" } } } } } }
         local built = {}
         request.set_tools_text(function(spec, after_open)
             built[#built + 1] = { spec.choice, after_open == true }

@@ -344,7 +344,7 @@ function _M.init_worker()
                              last_error = fns.last_error }
         request.set_encoder(function(m, text, opts)
             if #text < ENCODE_IN_POOL_BYTES then return m:encode(text, opts) end
-            local flags = opts and opts.parse_special == false and tonumber(C.TL_ENCODE_SPECIAL_AS_TEXT) or 0
+            local flags = tinyloop.encode_flags(opts)
             local ok, bytes, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "encode", encode_fns, model_addr, text,
                                                      flags)
             if not ok then
@@ -1568,7 +1568,7 @@ local function serve(chat, body, view)
                 for k, v in pairs(req.cfg) do cfg[k] = v end
                 -- (in the engine's range, as the request's seed was read: -1, 2^53 - 1, then 0, 1, ...;
                 -- past 2^53 two choices' seeds were one double, or refused)
-                cfg.sample_seed = ((req.cfg.sample_seed or 0) + sample) % 2 ^ 53
+                cfg.sample_seed = request.seed_in_range((req.cfg.sample_seed or 0) + sample)
             end
             local ok, session, serr = pcall(model.session, model, ids, cfg)
             if not ok or not session then

@@ -242,15 +242,7 @@ local function tools_text(tools, raw_tools)
     for i = #tools, 1, -1 do -- (from the last: a cut moves nothing before it)
         local p = type(tools[i]) == "table" and type(tools[i]["function"]) == "table" and tools[i]["function"].parameters
         if type(p) == "table" and (p.required == json_null or p.properties == json_null) then
-            -- where the parameters' text is: down the path tools[i].function.parameters
-            local from, to = json_text.skip_ws(text, 1), nil
-            for _, step in ipairs({ i, "function", "parameters" }) do
-                local found
-                for k, e in ipairs(json_text.entries(text, from)) do
-                    if (type(step) == "number" and k == step) or e.key == step then found = e end
-                end
-                from, to = found.from, found.to
-            end
+            local from, to = json_text.span(text, { i, "function", "parameters" })
             local kept = {}
             for _, e in ipairs(json_text.entries(text, from)) do
                 local value = text:sub(e.from, e.to)

@@ -128,6 +128,10 @@ local function too_long(max_seq_len, detail, param, prompt_tokens)
 end
 _M.bad = bad
 
+-- An integer seed in the engine's range, [0, 2^53): read modulo 2^53 (-1 is 2^53 - 1), the
+-- one rule for a request's seed and its choices' seed + 1, seed + 2, ...
+function _M.seed_in_range(v) return v % 2 ^ 53 end
+
 local function is_integer(v)
     return type(v) == "number" and v == floor(v) and v > -2 ^ 53 and v < 2 ^ 53
 end
@@ -919,7 +923,7 @@ local function decode_fields(body, fields, no_ops)
             -- 2^53, the engine's range: -1 is 2^53 - 1, the same run each time; one past 2^53
             -- arrives as the nearest double, the same one each time: 2^64 - 1 as 2^64)
             if cfg_name == "sample_seed" and type(v) == "number" and v == floor(v) and v >= -2 ^ 63 and v <= 2 ^ 64 then
-                v = v % 2 ^ 53
+                v = _M.seed_in_range(v)
             end
             local check = KIND_CHECK[kind]
             if check and not check(v) then return bad(("%s must be %s"):format(k, KIND_WORDS[kind]), k) end

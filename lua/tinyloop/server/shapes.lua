@@ -126,7 +126,7 @@ _M.REASONING_EFFORTS = require("tinyloop.server.request").REASONING_EFFORTS
 function _M.continue_prefill(members, messages)
     local last = messages[#messages]
     if not (last and last.role == "assistant" and not last.tool_calls) then return end
-    if type(last.content) == "string" and not last.content:find("%S") then
+    if type(last.content) == "string" and require("tinyloop.chat").blank(last.content) then
         messages[#messages] = nil
         return
     end

@@ -186,10 +186,11 @@ function _M.tools_text(fns, spec, after_open)
     return require("tinyloop.tools").grammar_text(spec, after_open, to_gbnf)
 end
 
--- A long text's token ids (tl_encode: about 60 us a KB here, so a 1 MB prompt held the event
--- loop 60 ms, even one then refused as longer than the context). fns: the addresses of
--- tl_encode (encode), tl_free (free) and tl_last_error (last_error). -> the ids as int32
--- bytes (one string crosses back, not a table of numbers) | nil, the message.
+-- A long text's token ids (tl_encode_ex: about 60 us a KB here, so a 1 MB prompt held the
+-- event loop 60 ms, even one then refused as longer than the context). fns: the addresses of
+-- tl_encode_ex (encode), tl_free (free) and tl_last_error (last_error); flags: tl_encode_ex's
+-- (tinyloop.encode_flags of model:encode's options). -> the ids as int32 bytes (one string
+-- crosses back, not a table of numbers) | nil, the message.
 function _M.encode(fns, model_addr, text, flags)
     local ids, n = ffi.new("int32_t *[1]"), ffi.new("int[1]")
     local status = function_at(fns.encode, "int (*)(const void *, const char *, size_t, unsigned, int32_t **, int *)")(
