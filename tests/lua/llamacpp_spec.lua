@@ -21,6 +21,13 @@ describe("llamacpp.to_completions", function()
         -- n_predict -1 (or none): no max_tokens (the view's parser then leaves the rest of the context)
         t = completions_of('{"prompt": [1, 2, 3], "n_predict": -1, "temperature": 0}')
         assert.same({ { 1, 2, 3 }, nil, 0 }, { t.prompt, t.max_tokens, t.temperature })
+        -- TinyLoop's own fields ride at the top level, as on the other endpoints (they were
+        -- dropped as unknown); llama.cpp's own and chat's are not passed twice
+        t = completions_of('{"prompt": "a", "loops": 2, "speculative": "chain", "draft_loops": 1, "early_exit_patience": 1, ' ..
+                           '"beam_size": 3, "cache_window": 64, "stop_token_ids": [5], "repetition_penalty": 9, "thinking_budget": 3}')
+        assert.same({ 2, "chain", 1, 1, 3, 64, { 5 } }, { t.loops, t.speculative, t.draft_loops, t.early_exit_patience, t.beam_size,
+                                                          t.cache_window, t.stop_token_ids })
+        assert.same({ nil, nil }, { t.repetition_penalty, t.thinking_budget })
         -- max_tokens, where n_predict is left out (llama.cpp reads either)
         assert.equal(7, completions_of('{"prompt": "a", "max_tokens": 7}').max_tokens)
         -- no seed, -1 or 2^32 - 1: one drawn for each request (llama.cpp's default is random)

@@ -2693,6 +2693,7 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         refused({ prompt = { "It is", { 1, 99999 } } }, "prompt[1][1] = 99999 is not a token id")
         refused({ prompt = { "a", "b", "c" } }, "3 prompts x n = 1 is 3 choices") -- (a batch: the request's limit on choices)
         refused({ prompt = "a", mirostat = 2 }, "mirostat is not supported")
+        refused({ prompt = "a", loops = 999 }, "loops = 999") -- (TinyLoop's own fields are read, not ignored)
         refused({ prompt = "a", n_predict = 4096 * 4, temperature = "x" }, "temperature must be a number")
         refused({ prompt = { 1, 99999 } }, "is not a token id")
         refused({ prompt = ("Emma "):rep(300) }, "tokens) exceeds the available context size (256 tokens)", "exceed_context_size_error")

@@ -47,6 +47,14 @@ local OFF = {
     xtc_probability = { function(v) return v <= 0 end, "<= 0" }, top_n_sigma = { function(v) return v <= 0 end, "<= 0" },
 }
 local UNSET_SEED = { [-1] = true, [4294967295] = true } -- (llama.cpp's "random", either way it is spelled)
+-- The chat request's fields (shapes.PASSED) that are not llama.cpp's: TinyLoop's own (loops,
+-- speculative, early_exit_*, beam_size, cache_window, ...) and vLLM's, which ride at the top
+-- level as on the other endpoints (they were ignored as unknown: loops 999 answered 200). Left
+-- out: those llama.cpp names itself (read above, some under its own names), and chat's.
+local NOT_PASSED = { model = true, temperature = true, top_p = true, stream = true, seed = true, presence_penalty = true,
+                     frequency_penalty = true, logit_bias = true, top_k = true, min_p = true, repetition_penalty = true,
+                     ignore_eos = true, grammar = true, penalty_window = true, penalties_count_prompt = true,
+                     chat_template_kwargs = true, include_reasoning = true, thinking_budget = true }
 _M.MAX_PROBS = tonumber(require("tinyloop").C.TL_MAX_TOP_LOGPROBS) -- the most alternatives n_probs gives
 
 -- The ids of a prompt given as ids and texts mixed (`list`; `at` names it in messages, `field`
@@ -157,6 +165,9 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
         elseif _M.DEFAULTS[name] then
             members[#members + 1] = { as, tostring(_M.DEFAULTS[name]) }
         end
+    end
+    for _, name in ipairs(shapes.PASSED) do
+        if not NOT_PASSED[name] and t[name] ~= nil then members[#members + 1] = { name, raw[name] } end
     end
     for name, off in pairs(OFF) do
         local v = t[name]
