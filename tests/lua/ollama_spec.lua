@@ -27,6 +27,10 @@ describe("ollama.chat_to_chat", function()
                        '"options": {"num_predict": -1}}')
         assert.same({ false, { type = "json_object" } }, { chat.stream, chat.response_format })
         assert.is_nil(chat.max_tokens) -- (-1: no limit: the rest of the context)
+        -- an error about the top_logprobs that logprobs asked for names logprobs, which was sent
+        local _, _, lp_view = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "logprobs": true}')
+        assert.equal("logprobs is not kept by beam search: not with beam_size",
+                     lp_view:error({ status = 400, message = "top_logprobs is not kept by beam search: not with beam_size" }).message)
         -- 0 too, as Ollama's runner, which stops at num_predict only where it is above 0
         assert.is_nil(chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 0}}').max_tokens)
         -- format {} is the empty JSON Schema (any JSON), as Ollama compiles it, not an array

@@ -3675,6 +3675,19 @@ describe("server with two workers", function()
             messages = CHATML_MESSAGES, max_tokens = 4, thinking_budget = 2 ^ 40 })) .. " " .. base2 .. "/v1/chat/completions")
         assert.equal(400, status, body)
         assert.equal("thinking_budget", cjson.decode(body).error.param)
+        -- with a beam search: the engine's refusal names the request's field, in its words (it
+        -- said reasoning_budget, param null), on Anthropic's path its own
+        status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
+            messages = CHATML_MESSAGES, max_tokens = 4, thinking_budget = 3, beam_size = 2 })) .. " " .. base2 .. "/v1/chat/completions")
+        assert.equal(400, status, body)
+        local e = cjson.decode(body).error
+        assert.same({ "thinking_budget", true }, { e.param, e.message:find("thinking_budget = 3", 1, true) ~= nil })
+        status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
+            messages = { { role = "user", content = "Who is Emma?" } }, max_tokens = 4, thinking = { type = "enabled", budget_tokens = 3 },
+            beam_size = 2 })) .. " " ..
+            base2 .. "/v1/messages")
+        assert.equal(400, status, body)
+        assert.truthy(cjson.decode(body).error.message:find("thinking.budget_tokens = 3", 1, true), body)
         -- a request's own grammar that writes the block: the budget could force </think> where it may not go
         status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
             messages = CHATML_MESSAGES, max_tokens = 12, thinking_budget = 2,

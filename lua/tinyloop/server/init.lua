@@ -1578,6 +1578,11 @@ local function serve(chat, body, view)
                 local param = request.param_of(msg)
                 -- the engine says "grammar" whichever field the request used
                 if param == "grammar" and req.grammar_field then param = req.grammar_field end
+                -- and reasoning_budget for the chat request's thinking_budget (which another API's
+                -- view renames again: Anthropic's thinking.budget_tokens)
+                if msg:find("reasoning_budget", 1, true) then
+                    msg, param = msg:gsub("reasoning_budget", "thinking_budget"), "thinking_budget"
+                end
                 return send_error(400, msg, param)
             end
             -- (the prefix pool's share of its prompt is known from here: the cache is made)

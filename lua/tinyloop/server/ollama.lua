@@ -261,7 +261,8 @@ function _M.chat_to_chat(body, model_id, thinks)
     if not t then return nil, members end
     local ok, err = check_model(t, model_id)
     if not ok then return nil, err end
-    local view = setmetatable({ kind = "chat", stream = t.stream ~= false, model_name = t.model or model_id, logprobs = t.logprobs }, View)
+    local view = setmetatable({ kind = "chat", stream = t.stream ~= false, model_name = t.model or model_id, logprobs = t.logprobs,
+                                top_logprobs = t.top_logprobs }, View)
     if t.messages == nil or #t.messages == 0 then -- (Ollama's way to load a model: it is loaded)
         view.load = true
         return "", view, true
@@ -295,7 +296,8 @@ function _M.generate_to_chat(body, model_id, thinks)
     if t.context ~= nil and #t.context > 0 then
         return bad("context (a past reply's tokens) is not kept: send the conversation to /api/chat", "context")
     end
-    local view = setmetatable({ kind = "generate", stream = t.stream ~= false, model_name = t.model or model_id, logprobs = t.logprobs }, View)
+    local view = setmetatable({ kind = "generate", stream = t.stream ~= false, model_name = t.model or model_id, logprobs = t.logprobs,
+                                top_logprobs = t.top_logprobs }, View)
     ok, err = common(t, raw, members, thinks, model_id)
     if not ok then return nil, err end
     if t.prompt == nil or t.prompt == "" then
@@ -358,6 +360,9 @@ local RENAMES = { { "max_completion_tokens", "options.num_predict" }, { "max_tok
 function View:error(err)
     local message = shapes.rename_fields(err.message or "", RENAMES)
     if err.param == "stop" then message = message:gsub("^stop", "options.stop") end
+    -- (logprobs asks for top_logprobs 0 in the chat request: a client that sent no top_logprobs
+    -- is told of its logprobs)
+    if self and self.logprobs and self.top_logprobs == nil then message = shapes.rename_fields(message, { { "top_logprobs", "logprobs" } }) end
     return { status = err.status, message = message, type = err.type, body = _M.error_body(message) }
 end
 

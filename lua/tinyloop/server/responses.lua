@@ -455,7 +455,7 @@ end
 -- The chat request's names -> the Responses request's, in an error's message and param.
 local RENAMES = {
     { "response_format.json_schema", "text.format" }, { "response_format", "text.format" },
-    { "max_completion_tokens", "max_output_tokens" },
+    { "max_completion_tokens", "max_output_tokens" }, { "max_tokens", "max_output_tokens" }, -- (the engine's word too)
 }
 -- (a tool's fields sit in the tool itself here: tools[i].function.parameters is tools[i].parameters)
 function View:error(err)
