@@ -140,6 +140,13 @@ describe("ollama: what Ollama's clients send", function()
         assert.same({ "", true }, { body, view.load })
         local answer = cjson.decode(view:load_answer(0))
         assert.same({ "load", "", true }, { answer.done_reason, answer.message.content, answer.done })
+        -- keep_alive 0 (ollama stop's) is the unload, as Ollama answers it
+        for _, keep in ipairs({ "0", '"0"', '"0s"' }) do
+            local _, _, stop_view = chat_of('{"model": "tinyloop-austen", "messages": [], "keep_alive": ' .. keep .. '}')
+            assert.equal("unload", cjson.decode(stop_view:load_answer(0)).done_reason, keep)
+        end
+        local _, _, five = chat_of('{"model": "tinyloop-austen", "messages": [], "keep_alive": "5m"}')
+        assert.equal("load", cjson.decode(five:load_answer(0)).done_reason)
         local chat = chat_of('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "She is"}]}')
         assert.is_true(chat.continue_final_message)
         -- one with no text (empty or blanks) is no prefill, as Ollama's open empty turn is none:

@@ -2048,7 +2048,8 @@ function _M.ollama_show()
     local body = post_body()
     if not body then return end
     local t = json_text.decode(body)
-    local name = type(t) == "table" and (type(t.model) == "string" and t.model or t.name)
+    -- (an empty model is none: Go clients send "model": "" beside the older "name")
+    local name = type(t) == "table" and ((type(t.model) == "string" and t.model ~= "") and t.model or t.name)
     if type(name) ~= "string" then return send_ollama_error(400, 'the body must be {"model": NAME}') end
     if not ollama.names_model(name, conf.model_id) then
         return send_ollama_error(404, ("model %s not found (this server runs %s:latest)"):format(encode(name), conf.model_id))

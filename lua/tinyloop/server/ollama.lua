@@ -62,6 +62,11 @@ function _M.names_model(name, model_id)
     return name == model_id:lower() or name == model_id:lower() .. ":latest"
 end
 
+-- Whether keep_alive asks the model to go now (Ollama's 0: a number, or a duration of 0).
+local function unloads(keep_alive)
+    return keep_alive == 0 or (type(keep_alive) == "string" and keep_alive:match("^0+%.?0*[smh]?$") ~= nil)
+end
+
 local function check_model(t, model_id)
     if t.model ~= nil and not _M.names_model(t.model, model_id) then
         return bad(("model %s not found (this server runs %s)"):format(shown(t.model), model_id .. ":latest"), "model", 404)
@@ -264,7 +269,7 @@ function _M.chat_to_chat(body, model_id, thinks)
     local view = setmetatable({ kind = "chat", stream = t.stream ~= false, model_name = t.model or model_id, logprobs = t.logprobs,
                                 top_logprobs = t.top_logprobs }, View)
     if t.messages == nil or #t.messages == 0 then -- (Ollama's way to load a model: it is loaded)
-        view.load = true
+        view.load, view.unload = true, unloads(t.keep_alive)
         return "", view, true
     end
     local messages
@@ -301,7 +306,7 @@ function _M.generate_to_chat(body, model_id, thinks)
     ok, err = common(t, raw, members, thinks, model_id)
     if not ok then return nil, err end
     if t.prompt == nil or t.prompt == "" then
-        view.load = true -- (Ollama's way to load a model: it is loaded)
+        view.load, view.unload = true, unloads(t.keep_alive) -- (Ollama's way to load a model: it is loaded)
         return "", view, true
     end
     if t.raw then
@@ -421,12 +426,14 @@ function View:object(text, thought, calls, final, from, to, lp)
     return object(members)
 end
 
--- The answer to an empty /api/generate prompt (Ollama's model load).
+-- The answer to an empty /api/generate prompt (Ollama's model load), or with keep_alive 0 its
+-- unload (what `ollama stop` sends): done_reason says which, as Ollama's; the model stays,
+-- this server holding its one model for its life.
 function View:load_answer(created)
     self.created = created
     local reply = self.kind == "chat" and { "message", '{"role":"assistant","content":""}' } or { "response", '""' }
     return object({ { "model", encode(self.model_name) }, { "created_at", encode(iso_time(created)) }, reply,
-                    { "done_reason", '"load"' }, { "done", "true" } })
+                    { "done_reason", self.unload and '"unload"' or '"load"' }, { "done", "true" } })
 end
 
 -- response(json, id) -> a blocking answer (one object) of a chat or completions answer.
