@@ -667,7 +667,7 @@ tl_status tl_session_text(tl_session *session, const char **piece, size_t *len);
    text stop strings match): a token that is not special; a special one where
    config->keep_special_text keeps it, unless it ends generation (the end of text, unless
    ignore_eos; a one-token stop sequence). Else 0, also without a tokenizer, for ids out
-   of range, and for a special token under a config whose keep_special_text or
+   of range, and for a special token under a config whose keep_special_text, ignore_eos or
    stop_sequences tl_session_new would refuse. config NULL: the defaults
    (tl_generate_config_init). */
 int tl_token_in_text(const tl_model *model, const tl_generate_config *config, int32_t id);

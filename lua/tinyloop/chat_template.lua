@@ -180,7 +180,10 @@ end
 
 -- (Python's ASCII white space: \x1c-\x1f, the separators, are blanks to str.strip and split too)
 local WHITESPACE = " \t\n\r\f\v\28\29\30\31"
-local BLANKS, NON_BLANKS = "^[ \t\n\r\f\v\28-\31]*", "[^ \t\n\r\f\v\28-\31]+" -- (patterns of them)
+-- (patterns of them: a run at the start, a run of others, one; every pattern here that reads
+-- white space reads these, never Lua's %s)
+local B = " \t\n\r\f\v\28-\31"
+local BLANKS, NON_BLANKS = "^[" .. B .. "]*", "[^" .. B .. "]+"
 -- The characters of a strip's chars as a set, the last few kept: chat templates strip every
 -- message with the same one or two. ASCII chars: a set of bytes (byte -> true); others: of
 -- characters (text -> true), .utf8 set: a byte set would strip the lead byte that "«" and
@@ -427,7 +430,7 @@ local function lex(src)
         if sign == "-" then shown = strip(text, nil, false, true)
         elseif sign ~= "+" and is_block then
             local lpos = (text:match(".*\n()") or 1)
-            if (lpos > 1 or line_starting) and find(text, "^%s+$", lpos) then shown = sub(text, 1, lpos - 1) end
+            if (lpos > 1 or line_starting) and find(text, "^[" .. B .. "]+$", lpos) then shown = sub(text, 1, lpos - 1) end
         end
         if shown ~= "" then push("text", shown) end
         line = line + count_newlines(text)
@@ -437,14 +440,14 @@ local function lex(src)
         if not s then push("text", sub(src, pos)); break end
         local tag = sub(src, s + 1, s + 1)
         local sign = src:match("^[-+]", s + 2)
-        local raw_end = tag == "%" and src:match("^{%%[-+]?%s*raw%s*%-?%%}()", s)
+        local raw_end = tag == "%" and src:match("^{%%[-+]?[" .. B .. "]*raw[" .. B .. "]*%-?%%}()", s)
         text_before(sub(src, pos, s - 1), sign, tag ~= "{")
         if raw_end then
             line = line + count_newlines(sub(src, s, raw_end - 1))
             pos = raw_end
             if sub(src, raw_end - 3, raw_end - 3) == "-" then skip_ws() end
             line_starting = byte(src, pos - 1) == 10
-            local a, b, esign = find(src, "{%%([-+]?)%s*endraw%s*", pos)
+            local a, b, esign = find(src, "{%%([-+]?)[" .. B .. "]*endraw[" .. B .. "]*", pos)
             if not a or not (find(src, "^[-+]?%%}", b + 1)) then compile_error(line, "missing end of raw directive") end
             text_before(sub(src, pos, a - 1), esign, true)
             line = line + count_newlines(sub(src, a, b))
@@ -1588,7 +1591,7 @@ FILTERS.trim = str_filter(function(s, a, kw) return strip(s, arg(a, kw, 1, "char
 FILTERS.upper, FILTERS.lower = str_filter(upper), str_filter(lower)
 FILTERS.capitalize = str_filter(capitalize)
 FILTERS.title = str_filter(function(s) -- jinja2's: words begin after whitespace, - ( { [ <
-    return (gsub(s, "([^%s%-%(%[{<]*)", function(w) return upper(sub(w, 1, 1)) .. lower(sub(w, 2)) end))
+    return (gsub(s, "([^" .. B .. "%-%(%[{<]*)", function(w) return upper(sub(w, 1, 1)) .. lower(sub(w, 2)) end))
 end)
 FILTERS.string = function(_, v) return to_str(v) end
 FILTERS.safe = function(_, v) return v end

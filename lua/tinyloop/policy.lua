@@ -106,6 +106,9 @@ end
 -- Lua 5.1's syntax: % escapes, [sets] (a ] first is one of its characters), %b with two
 -- characters, %f before a set, %1-%9 of closed captures, ( and ) balanced.
 local function pattern_fault(p)
+    p = p:match("^[^%z]*") -- (a NUL ends the pattern, for the matcher as here)
+    -- (LuaJIT searches a pattern without ^$*+?.([%- as plain text: a lone ")" is no fault there)
+    if not p:find("[%^%$%*%+%?%.%(%[%%%-]") then return nil end
     local i, n, open, closed = 1, #p, 0, {}
     local captures = 0
     while i <= n do

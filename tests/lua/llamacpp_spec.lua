@@ -28,6 +28,12 @@ describe("llamacpp.to_completions", function()
         assert.same({ 2, "chain", 1, 1, 3, 64, { 5 } }, { t.loops, t.speculative, t.draft_loops, t.early_exit_patience, t.beam_size,
                                                           t.cache_window, t.stop_token_ids })
         assert.same({ nil, nil }, { t.repetition_penalty, t.thinking_budget })
+        -- min_tokens at most n_predict (front ends send it for every backend; llama.cpp ignored it)
+        assert.equal(3, completions_of('{"prompt": "a", "n_predict": 3, "min_tokens": 5}').min_tokens)
+        assert.equal(2, completions_of('{"prompt": "a", "n_predict": 3, "min_tokens": 2}').min_tokens)
+        -- an error about the logprobs n_probs asks for names n_probs
+        local _, _, view = completions_of('{"prompt": "a", "n_probs": 2}')
+        assert.truthy(view:error({ status = 400, message = "logprobs is not kept by beam search" }).message:find("^n_probs"))
         -- max_tokens, where n_predict is left out (llama.cpp reads either)
         assert.equal(7, completions_of('{"prompt": "a", "max_tokens": 7}').max_tokens)
         -- no seed, -1 or 2^32 - 1: one drawn for each request (llama.cpp's default is random)

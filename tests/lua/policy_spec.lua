@@ -102,10 +102,18 @@ describe("tinyloop.policy's other rules", function()
     end)
 
     it("pattern takes every well-formed Lua pattern (its check is no stricter than string.find)", function()
-        for _, p in ipairs({ "[%.!?]%s*$", "%f[%w]x", "[]]", "[^]a]", "[%]]", "^(a(b)c)%2%1", "%bxy", "()a", "%%" }) do
+        -- (")" alone is plain text to LuaJIT, which searches a pattern without ^$*+?.([%- as such)
+        for _, p in ipairs({ "[%.!?]%s*$", "%f[%w]x", "[]]", "[^]a]", "[%]]", "^(a(b)c)%2%1", "%bxy", "()a", "%%", ")", "a)",
+                             "x)]" }) do
             local rule = policy.pattern(p)
             assert.equal(("x%]a(b)c bxy"):find(p) ~= nil, rule({}, "x%]a(b)c bxy"), p)
         end
+    end)
+
+    it("pattern reads a pattern up to a NUL, as the matcher does", function()
+        assert.has_error(function() policy.pattern("(\0)") end, "tinyloop.policy.pattern: malformed pattern (unfinished capture)")
+        assert.has_error(function() policy.pattern("[\0]") end, "tinyloop.policy.pattern: malformed pattern (missing ']')")
+        assert.is_true(policy.pattern("\0(")({}, "abc")) -- (an empty pattern: "\0(" matches everywhere, never raises)
     end)
 
     it("stop_strings keeps the strings it checked (a later edit of the caller's table changes nothing)", function()

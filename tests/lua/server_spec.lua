@@ -4312,6 +4312,10 @@ describe("server request parsing", function()
             local r = assert(request.parse(('{"prompt": [1], "max_tokens": 2, "seed": %s}'):format(seed), fake, "m"))
             assert.equal(want, r.cfg.sample_seed, seed)
         end
+        -- a choice's seed + k wraps without passing 2^53 (where (2^53 - 1) + 2 rounded to 2^53:
+        -- choices 1 and 2 of seed -1 had one seed)
+        assert.same({ 2 ^ 53 - 1, 0, 1, 2 }, { request.seed_in_range(-1, 0), request.seed_in_range(-1, 1),
+                                               request.seed_in_range(-1, 2), request.seed_in_range(-1, 3) })
         for _, seed in ipairs({ "1.5", "18446744073709555712", "-9223372036854777856", "1e30", '"7"' }) do
             local _, e = request.parse(('{"prompt": [1], "max_tokens": 2, "seed": %s}'):format(seed), fake, "m")
             assert.same({ "seed", "seed must be an integer" }, { e.param, e.message }, seed)

@@ -1568,7 +1568,7 @@ local function serve(chat, body, view)
                 for k, v in pairs(req.cfg) do cfg[k] = v end
                 -- (in the engine's range, as the request's seed was read: -1, 2^53 - 1, then 0, 1, ...;
                 -- past 2^53 two choices' seeds were one double, or refused)
-                cfg.sample_seed = request.seed_in_range((req.cfg.sample_seed or 0) + sample)
+                cfg.sample_seed = request.seed_in_range(req.cfg.sample_seed or 0, sample)
             end
             local ok, session, serr = pcall(model.session, model, ids, cfg)
             if not ok or not session then

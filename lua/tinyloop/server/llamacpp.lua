@@ -193,6 +193,13 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
         if not KIND_OK.integer(n_predict) then return bad("n_predict must be an integer", "n_predict") end
         -- (-1: no limit, -2: fill the context: the rest of the context either way)
         if n_predict >= 0 then members[#members + 1] = { "max_tokens", shapes.integer(n_predict) } end
+        -- (a min_tokens past n_predict, which front ends that send it for every backend may
+        -- send, is n_predict: llama.cpp clients had it ignored)
+        for _, m in ipairs(members) do
+            if m[1] == "min_tokens" and n_predict >= 0 and KIND_OK.integer(t.min_tokens) and t.min_tokens > n_predict then
+                m[2] = shapes.integer(n_predict)
+            end
+        end
     end
     local seed = t.seed
     if seed ~= nil and not KIND_OK.integer(seed) then return bad("seed must be an integer", "seed") end
@@ -275,7 +282,8 @@ View.__index = View
 _M.View = View
 
 -- The completions request's names -> llama.cpp's, in an error's message; the error body.
-local RENAMES = { { "max_tokens", "n_predict" }, { "repetition_penalty", "repeat_penalty" }, { "response_format", "json_schema" } }
+local RENAMES = { { "max_tokens", "n_predict" }, { "repetition_penalty", "repeat_penalty" }, { "response_format", "json_schema" },
+                  { "logprobs", "n_probs" } }
 -- (a prompt over the context: llama.cpp's own error, its type and fields, which its clients
 -- look for to shorten the prompt and retry)
 function View:error(err)

@@ -129,8 +129,14 @@ end
 _M.bad = bad
 
 -- An integer seed in the engine's range, [0, 2^53): read modulo 2^53 (-1 is 2^53 - 1), the
--- one rule for a request's seed and its choices' seed + 1, seed + 2, ...
-function _M.seed_in_range(v) return v % 2 ^ 53 end
+-- one rule for a request's seed and its choices' seed + 1, seed + 2, ... (plus: added
+-- without passing 2^53, where two integers are one double: (2^53 - 1) + 2 was 2^53 + 1,
+-- rounded to 2^53, and so 0, choice 1's seed as well).
+function _M.seed_in_range(v, plus)
+    v = v % 2 ^ 53
+    plus = plus or 0
+    return v >= 2 ^ 53 - plus and v - 2 ^ 53 + plus or v + plus
+end
 
 local function is_integer(v)
     return type(v) == "number" and v == floor(v) and v > -2 ^ 53 and v < 2 ^ 53

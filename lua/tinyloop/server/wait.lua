@@ -1,7 +1,9 @@
 -- tinyloop.server.wait: runs in nginx's thread pool (ngx.run_worker_thread), never on the
--- event loop: it blocks in tl_engine_wait until the request has output. Only numbers cross
--- between the two Lua states: the engine and tl_engine_wait itself travel as addresses
--- (same process, same library).
+-- event loop: it blocks in tl_engine_wait until the request has output, and does the other
+-- work too long for the event loop (grammars, long encodes, embeddings, tool grammars'
+-- text). Plain values cross between the two Lua states (numbers, strings, tables of them):
+-- the engine, the model and the library's functions travel as addresses (same process,
+-- same library).
 --
 -- Why no require("tinyloop") here: lua-nginx-module creates each thread-pool Lua VM, and
 -- runs this module's require, on the event loop. The full binding (its ffi.cdef of the
