@@ -3833,7 +3833,37 @@ describe("examples/openresty", function()
     end)
 end)
 
+describe("README's Serving section", function()
+    it("names every metric /metrics renders", function()
+        local readme = assert(io.open("README.md")):read("*a")
+        local source = assert(io.open("lua/tinyloop/server/metrics.lua")):read("*a")
+        local named = 0
+        for name in source:gmatch("tinyloop_[%a_]+") do
+            assert.truthy(readme:find(name, 1, true), name .. " is not in the README")
+            named = named + 1
+        end
+        assert.is_true(named >= 25, named)
+    end)
+end)
+
 describe("scripts/serve options", function()
+    it("are the README's: every option --help lists is in its usage line, with the same default", function()
+        local help = sh("scripts/serve --help 2>&1")
+        local readme = assert(io.open("README.md")):read("*a")
+        local usage = assert(readme:match("\n`(scripts/serve %[%-%-port[^`]*)`"))
+        local listed = 0
+        for option, rest in help:gmatch("\n  (%-%-[%w%-]+)([^\n]*)") do
+            listed = listed + 1
+            assert.truthy(usage:find("[" .. option, 1, true), option .. " is not in the README's usage line")
+            -- (a plain number default, where --help gives one, is the usage line's too)
+            local default = rest:match("%(default (%d+)%)$")
+            if default and option ~= "--threads" then
+                assert.truthy(usage:find("[" .. option .. " " .. default .. "]", 1, true), option .. " " .. default)
+            end
+        end
+        assert.is_true(listed >= 20, listed)
+    end)
+
     -- Runs fn(url, pre) against `scripts/serve <args>` on a free port (files under dir/<name>),
     -- stopping the server whatever fn does.
     local function with_serve(name, args, fn)

@@ -95,7 +95,7 @@ local function pool_unavailable(err, instead)
     if ngx.now() - (pool_warned_at[instead] or -math.huge) > 60 then
         pool_warned_at[instead] = ngx.now()
         ngx.log(ngx.WARN, "tinyloop: thread pool: ", tostring(err), "; ", instead,
-                " instead (size thread_pool and lua_worker_thread_vm_pool_size to max_active + max_queued)")
+                " instead (size thread_pool and lua_worker_thread_vm_pool_size to max_active + max_queued + embed_jobs)")
     end
 end
 
