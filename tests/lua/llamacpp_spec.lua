@@ -191,6 +191,16 @@ describe("llamacpp view", function()
                     { r.content, r.tokens, r.stop, r.stop_type, r.stopping_word, r.tokens_predicted, r.tokens_evaluated, r.model })
         assert.same({ 3, 0, 2, 2, 4, 1000 }, { r.timings.prompt_n, r.timings.cache_n, r.timings.predicted_n, r.timings.prompt_ms,
                                               r.timings.predicted_ms, r.timings.prompt_per_second * 2 / 3 })
+        -- llama.cpp's generation_settings (its names, the request's values and its defaults) and
+        -- the prompt of a text prompt
+        assert.same({ -1, 0.8, 40, 0.95, 0.05, 64, {}, "a" }, { r.generation_settings.n_predict, r.generation_settings.temperature,
+            r.generation_settings.top_k, r.generation_settings.top_p, r.generation_settings.min_p, r.generation_settings.repeat_last_n,
+            r.generation_settings.stop, r.prompt })
+        local _, _, set = completions_of('{"prompt": [1, 2], "n_predict": 4, "repeat_penalty": 1.2, "n_probs": 3, "seed": 7, "stop": ["x"]}')
+        local g = cjson.decode(set:response(cjson.encode(answer)))
+        assert.same({ 4, 1.2, 3, 7, { "x" } }, { g.generation_settings.n_predict, g.generation_settings.repeat_penalty,
+                                              g.generation_settings.n_probs, g.generation_settings.seed, g.generation_settings.stop })
+        assert.is_nil(g.prompt) -- (ids: no text of the prompt was sent)
         -- a prompt the prefix pool served in part: prompt_n counts what the prefill computed
         local cached = cjson.decode(cjson.encode(answer))
         cached.usage.prompt_tokens_details = { cached_tokens = 2 }

@@ -83,6 +83,24 @@ local function mixed_ids(list, at, tokenize, vocab, field)
     return all
 end
 
+-- llama.cpp's generation_settings of a request (its final object's: the settings the
+-- completion ran with, by llama.cpp's names), from the completions body's members: {name,
+-- JSON text}s. n_predict: as sent (-1 where left out: the rest of the context).
+local SETTING_NAMES = { temperature = "temperature", top_k = "top_k", top_p = "top_p", min_p = "min_p", seed = "seed",
+                        repetition_penalty = "repeat_penalty", presence_penalty = "presence_penalty",
+                        frequency_penalty = "frequency_penalty", penalty_window = "repeat_last_n", logprobs = "n_probs",
+                        ignore_eos = "ignore_eos", stop = "stop", stream = "stream" }
+local function generation_settings(members, n_predict)
+    local settings = { { "n_predict", shapes.integer(n_predict or -1) } }
+    local seen = {}
+    for _, m in ipairs(members) do
+        local name = SETTING_NAMES[m[1]]
+        if name and not seen[name] then settings[#settings + 1], seen[name] = { name, m[2] }, true end
+    end
+    if not seen.stop then settings[#settings + 1] = { "stop", "[]" } end
+    return settings
+end
+
 -- to_completions(body[, tokenize, vocab, n_ctx]) -> the /v1/completions body that means the same, and its
 -- view; or nil, err (the field named). tokenize(text, plain) -> ids | nil, err: the model's
 -- tokenizer, for what llama.cpp tokenizes itself (a prompt mixing texts and ids, each text's
@@ -268,7 +286,9 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
         members[#members + 1] = { "logit_bias", "{" .. concat(inner, ",") .. "}" }
     end
     local view = setmetatable({ stream = t.stream == true, return_tokens = t.return_tokens == true,
-                                n_predict = n_predict, batch = batch and #batch > 1 and batch or nil, n_ctx = n_ctx }, _M.View)
+                                n_predict = n_predict, batch = batch and #batch > 1 and batch or nil, n_ctx = n_ctx,
+                                settings = generation_settings(members, n_predict),
+                                prompt_text = type(prompt) == "string" and prompt or nil }, _M.View)
     return object(members), view
 end
 
@@ -381,6 +401,9 @@ function View:object(content, tokens, finish, model, probs, part)
         members[#members + 1] = { "stopping_word", encode(word) }
         members[#members + 1] = { "tokens_cached", tostring((usage.prompt_tokens or 0) + (usage.completion_tokens or 0)) }
         members[#members + 1] = { "timings", timings(stats, usage) }
+        -- (llama.cpp's final object: the settings it ran with, and the prompt where it was a text)
+        if self.settings then members[#members + 1] = { "generation_settings", object(self.settings) } end
+        if self.prompt_text and not self.batch then members[#members + 1] = { "prompt", encode(self.prompt_text) } end
         members[#members + 1] = { "tinyloop", finish.tinyloop }
     end
     return object(members)
