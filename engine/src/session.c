@@ -428,14 +428,20 @@ static tl_status finish(tl_session *s, tl_stop_reason reason, tl_stop_reason *st
     return TL_OK;
 }
 
+/* tl_token_in_text under a config known valid (a session's: checked when it was made; this
+   is its per-token path). */
+static bool token_in_text(const tl_model *m, const tl_generate_config *c, int32_t tok) {
+    if (!m->tokenizer || tok < 0 || tok >= m->cfg.vocab_size) return false;
+    if (!tlz_is_special(m->tokenizer, tok)) return true;
+    return c && c->keep_special_text && !tl_is_end(c, m->cfg.eos_token_id, tok);
+}
+
 int tl_token_in_text(const tl_model *m, const tl_generate_config *c, int32_t tok) {
-    if (!m || !m->tokenizer || tok < 0 || tok >= m->cfg.vocab_size) return 0;
-    if (!tlz_is_special(m->tokenizer, tok)) return 1;
-    /* (the caller's config is not validated here, no status to say so: one tl_session_new
-       refuses is read as keeping nothing; a stop sequence without its tokens was read through
-       NULL) */
-    return c && tl_text_fields_valid(c, m->cfg.vocab_size) && c->keep_special_text &&
-           !tl_is_end(c, m->cfg.eos_token_id, tok);
+    if (!m) return 0;
+    /* (the caller's config is not validated elsewhere, and there is no status to say so: one
+       tl_session_new refuses is read as keeping nothing; a stop sequence without its tokens
+       was read through NULL) */
+    return token_in_text(m, c && tl_text_fields_valid(c, m->cfg.vocab_size) ? c : NULL, tok);
 }
 
 const tl_generate_config *tl_session_config(const tl_session *s) {
@@ -448,7 +454,7 @@ tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched) {
     *matched = false;
     /* Special tokens (end of text...) are control, not text: shown only where the config
        keeps their text, and never the one that ends generation. */
-    if (!tl_token_in_text(s->m, &s->cfg, tok)) return TL_OK;
+    if (!token_in_text(s->m, &s->cfg, tok)) return TL_OK;
     const char *bytes;
     size_t len;
     if (tlz_token_bytes(s->m->tokenizer, tok, &bytes, &len) != 0) len = 0; /* id without text */

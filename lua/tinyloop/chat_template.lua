@@ -178,11 +178,11 @@ local function utf8_decode(c) -- code point of one UTF-8 character
     return cp
 end
 
--- (Python's ASCII white space: \x1c-\x1f, the separators, are blanks to str.strip and split too)
+-- (Python's ASCII white space: \x1c-\x1f, the separators, are blanks to str.strip and split
+-- too. B: the same characters inside a pattern's [class]; every pattern here that reads white
+-- space reads them, never Lua's %s)
 local WHITESPACE = " \t\n\r\f\v\28\29\30\31"
--- (patterns of them: a run at the start, a run of others, one; every pattern here that reads
--- white space reads these, never Lua's %s)
-local B = " \t\n\r\f\v\28-\31"
+local B = WHITESPACE
 local BLANKS, NON_BLANKS = "^[" .. B .. "]*", "[^" .. B .. "]+"
 -- The characters of a strip's chars as a set, the last few kept: chat templates strip every
 -- message with the same one or two. ASCII chars: a set of bytes (byte -> true); others: of

@@ -101,7 +101,8 @@ local function check_int(what, v)
 end
 
 -- #t of a list, raising where it has holes (tinyloop.raise.list_length's rule)
-local function list_length(t, what) return require("tinyloop.raise").list_length(t, what, raise) end
+local list_length_of = require("tinyloop.raise").list_length
+local function list_length(t, what) return list_length_of(t, what, raise) end
 
 -- ------------------------------------------------------------------ hook registry
 

@@ -1574,15 +1574,9 @@ local function serve(chat, body, view)
             if not ok or not session then
                 free_made(1)
                 if ok then return send_error(500, "cannot create the session: " .. tostring(serr), nil, "server_error") end
-                local msg = raised_message(session)
-                local param = request.param_of(msg)
+                local msg, param = request.engine_message(raised_message(session))
                 -- the engine says "grammar" whichever field the request used
                 if param == "grammar" and req.grammar_field then param = req.grammar_field end
-                -- and reasoning_budget for the chat request's thinking_budget (which another API's
-                -- view renames again: Anthropic's thinking.budget_tokens)
-                if msg:find("reasoning_budget", 1, true) then
-                    msg, param = msg:gsub("reasoning_budget", "thinking_budget"), "thinking_budget"
-                end
                 return send_error(400, msg, param)
             end
             -- (the prefix pool's share of its prompt is known from here: the cache is made)
@@ -1797,36 +1791,31 @@ local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, 
     -- hang up run more than embed_jobs at a time). (on_abort is nil where lua_check_client_abort
     -- is off; registered before the wait, or nginx ended a waiting request uncounted.)
     local held, gone, waiting = false, false, true
+    local function give_back()
+        if held then held = false; embed_slots:post(1) end
+    end
+    local function leave() -- (the client left: its place back, counted, the request ended)
+        give_back()
+        metrics.incr("cancelled")
+        return ngx_exit(499)
+    end
     if ngx.on_abort(function()
         gone = true
-        if waiting then
-            metrics.incr("cancelled")
-            return ngx_exit(499)
-        end
+        if waiting then return leave() end
     end) then
         gone = client_left()
     end
-    if gone or not embed_slots:wait(conf.embed_wait_s) then
+    if gone then return leave() end
+    if not embed_slots:wait(conf.embed_wait_s) then
         waiting = false
-        if gone then
-            metrics.incr("cancelled")
-            return ngx_exit(499)
-        end
         metrics.incr("rejected")
         return send(503, ("every embedding place is taken (%d a worker): retry later"):format(conf.embed_jobs), nil,
                     "overloaded_error", { ["Retry-After"] = "1" })
     end
     waiting, held = false, true
-    local function give_back()
-        if held then held = false; embed_slots:post(1) end
-    end
     local parts = {}
     for from = 1, #inputs, EMBED_SLICE do
-        if gone then
-            give_back()
-            metrics.incr("cancelled")
-            return ngx_exit(499)
-        end
+        if gone then return leave() end
         local slice = {}
         for i = from, math.min(from + EMBED_SLICE - 1, #inputs) do slice[#slice + 1] = inputs[i] end
         local ok, text, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "embed", embed_addr, last_error_addr,
@@ -1839,11 +1828,7 @@ local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, 
             if name_of then why = why:gsub("input (%d+)", function(i) return name_of(tonumber(i)) end, 1) end
             return send(500, "embedding failed: " .. why, nil, "server_error")
         end
-        if gone then -- (the client left while the slice ran)
-            give_back()
-            metrics.incr("cancelled")
-            return ngx_exit(499)
-        end
+        if gone then return leave() end -- (the client left while the slice ran)
         parts[#parts + 1] = text
     end
     give_back()

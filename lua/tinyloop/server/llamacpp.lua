@@ -184,9 +184,6 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
             members[#members + 1] = { as, tostring(_M.DEFAULTS[name]) }
         end
     end
-    for _, name in ipairs(shapes.PASSED) do
-        if not NOT_PASSED[name] and t[name] ~= nil then members[#members + 1] = { name, raw[name] } end
-    end
     for name, off in pairs(OFF) do
         local v = t[name]
         if v ~= nil and (type(v) ~= "number" or not off[1](v)) then
@@ -211,12 +208,14 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
         if not KIND_OK.integer(n_predict) then return bad("n_predict must be an integer", "n_predict") end
         -- (-1: no limit, -2: fill the context: the rest of the context either way)
         if n_predict >= 0 then members[#members + 1] = { "max_tokens", shapes.integer(n_predict) } end
-        -- (a min_tokens past n_predict, which front ends that send it for every backend may
-        -- send, is n_predict: llama.cpp clients had it ignored)
-        for _, m in ipairs(members) do
-            if m[1] == "min_tokens" and n_predict >= 0 and KIND_OK.integer(t.min_tokens) and t.min_tokens > n_predict then
-                m[2] = shapes.integer(n_predict)
-            end
+    end
+    for _, name in ipairs(shapes.PASSED) do
+        local v = t[name]
+        if not NOT_PASSED[name] and v ~= nil then
+            -- (a min_tokens past n_predict, which front ends that send it for every backend may
+            -- send, is n_predict: llama.cpp clients had it ignored)
+            local past = name == "min_tokens" and n_predict and n_predict >= 0 and KIND_OK.integer(v) and v > n_predict
+            members[#members + 1] = { name, past and shapes.integer(n_predict) or raw[name] }
         end
     end
     local seed = t.seed

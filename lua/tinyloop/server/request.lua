@@ -200,6 +200,18 @@ local function param_of(message)
 end
 _M.param_of = param_of
 
+-- The engine's refusal of a request's config in the request's words -> message, param: the
+-- config fields a request names otherwise (the engine's reasoning_budget is the chat
+-- request's thinking_budget, which another API's view renames again: Anthropic's
+-- thinking.budget_tokens), else the message as it is and the field param_of finds.
+local ENGINE_WORDS = { { "reasoning_budget", "thinking_budget" } }
+function _M.engine_message(message)
+    for _, w in ipairs(ENGINE_WORDS) do
+        if message:find(w[1], 1, true) then return (message:gsub(w[1], w[2])), w[2] end
+    end
+    return message, param_of(message)
+end
+
 -- The index (from 0) of the first byte of p[0, n) from `at` on that is not ASCII, or n:
 -- eight bytes a step (every answer passes valid_utf8 on the event loop, most of them ASCII:
 -- a Lua pattern's find took 12 ms over 1.2 MB, this 0.2).
