@@ -23,13 +23,15 @@
 --   * key order: Lua tables have none, so a caller's dict iterates (for, items(), tojson,
 --     printing) in sorted key order, not insertion order, unless chat_template.dict(t, keys)
 --     gave it one; the template's own dicts ({...}, dict(), namespace()) keep theirs;
---   * case mapping (upper, lower, title, capitalize) and whitespace (strip, split, trim,
---     indent, the "-" of whitespace control) know ASCII only;
+--   * case mapping (upper, lower, title, capitalize, swapcase, casefold), character classes
+--     (isalpha, isdigit, isupper, ...) and whitespace (strip, split, splitlines, trim, indent,
+--     the "-" of whitespace control) know ASCII only;
 --   * filters that return generators in Python (map, select, selectattr, unique, ...) return
 --     lists, which print as lists; a few things Python refuses pass here (indent or trim of a
 --     non-string, list + tuple).
 -- Not supported (an error names them): the include, extends, import, block, call, filter and
--- with tags, recursive loops, *args/**kwargs, str % formatting, list methods (count, index),
+-- with tags, recursive loops, *args/**kwargs, str % formatting and str.format, the methods
+-- STR_METHODS, DICT_METHODS and LIST_METHODS lack (expandtabs, translate, dict.copy, ...),
 -- filters and tests that FILTERS and TESTS lack (format, batch, wordcount, escape, ...).
 -- Bounds (module fields, read at each render): MAX_OUTPUT bytes of output, MAX_WORK bytes of
 -- text written or built in all (captured macro output, concatenations), MAX_DEPTH nested macro
@@ -906,7 +908,7 @@ STATEMENTS["break"], STATEMENTS["continue"] = loop_control("break"), loop_contro
 -- item else the attribute; missing ones are undefined. The immutable sandbox refuses methods
 -- that mutate (list.append, dict.update, ...): using one is an error.
 
-local FILTERS, TESTS, STR_METHODS, DICT_METHODS = {}, {}, {}, {}
+local FILTERS, TESTS, STR_METHODS, DICT_METHODS, LIST_METHODS = {}, {}, {}, {}, {}
 local UNSAFE = { list = { append = 1, extend = 1, insert = 1, remove = 1, pop = 1, sort = 1, reverse = 1, clear = 1 },
                  dict = { pop = 1, popitem = 1, setdefault = 1, update = 1, clear = 1 } }
 
@@ -925,6 +927,7 @@ local function getattr(obj, name)
     if k == "undefined" then defined(obj) end
     if k == "string" and STR_METHODS[name] then return callable(STR_METHODS[name], obj) end
     if k == "dict" and DICT_METHODS[name] then return callable(DICT_METHODS[name], obj) end
+    if k == "list" and LIST_METHODS[name] then return callable(LIST_METHODS[name], obj) end
     if UNSAFE[k] and UNSAFE[k][name] then
         return undefined(fmt("access to attribute '%s' of '%s' object is unsafe.", name, k), true)
     end
@@ -1361,7 +1364,8 @@ end
 EXEC.macro = function(s, scope) scope[s.name] = callable(call_macro, { node = s, scope = scope }) end
 
 -- ------------------------------------------------------------------ methods and globals
--- Python's str and dict methods that templates call; each is fn(self, args, kwargs, st).
+-- Python's str, dict and list methods that templates call (those the immutable sandbox lets
+-- through); each is fn(self, args, kwargs, st).
 
 local function arg(args, kwargs, i, name, default) -- positional i, else keyword name, else default
     local v = args[i]
@@ -1487,6 +1491,160 @@ STR_METHODS.count = function(s, a)
         n, pos = n + 1, b + 1
     end
 end
+-- where needle occurs in s, left to right, overlapping ones too (rsplit, rpartition and rfind
+-- take the last ones that do not overlap, as Python scans from the right)
+local function occurrences(s, needle)
+    local at, pos = {}, 1
+    while true do
+        local a = find(s, needle, pos, true)
+        if not a then return at end
+        at[#at + 1], pos = a, a + 1
+    end
+end
+local function last_occurrence(s, needle)
+    local at = occurrences(s, needle)
+    return at[#at]
+end
+local function separator(sep)
+    if type(sep) ~= "string" then fail(fmt("must be str, not %s", py_type(sep))) end
+    if sep == "" then fail("empty separator") end
+    return sep
+end
+local function rsplit(s, sep, maxsplit)
+    local out = {}
+    if sep == NONE then sep = nil end
+    if sep ~= nil and type(sep) ~= "string" then fail(fmt("must be str or None, not %s", py_type(sep))) end
+    if sep == nil then -- runs of whitespace from the right; the rest keeps its leading blanks
+        local blank = char_set(WHITESPACE)
+        local to = #s
+        while maxsplit < 0 or #out < maxsplit do
+            while to >= 1 and blank[byte(s, to)] do to = to - 1 end
+            if to < 1 then break end
+            local start = to
+            while start > 1 and not blank[byte(s, start - 1)] do start = start - 1 end
+            table.insert(out, 1, sub(s, start, to))
+            to = start - 1
+        end
+        while to >= 1 and blank[byte(s, to)] do to = to - 1 end
+        if to >= 1 then table.insert(out, 1, sub(s, 1, to)) end
+        return out
+    end
+    separator(sep)
+    local at, taken, stop = occurrences(s, sep), 0, #s
+    for i = #at, 1, -1 do
+        if maxsplit >= 0 and taken == maxsplit then break end
+        if at[i] + #sep - 1 <= stop then
+            table.insert(out, 1, sub(s, at[i] + #sep, stop))
+            stop, taken = at[i] - 1, taken + 1
+        end
+    end
+    table.insert(out, 1, sub(s, 1, stop))
+    return out
+end
+-- Python's line boundaries: \n, \r, \r\n, \v, \f, \x1c-\x1e, U+0085, U+2028, U+2029
+local LINE_BREAKS = { ["\n"] = 1, ["\r"] = 1, ["\v"] = 1, ["\f"] = 1, ["\28"] = 1, ["\29"] = 1, ["\30"] = 1,
+                      ["\194\133"] = 1, ["\226\128\168"] = 1, ["\226\128\169"] = 1 }
+local function splitlines(s, keepends)
+    local out, line_start, pos = {}, 1, 1
+    while pos <= #s do
+        local c = s:match("^" .. UTF8_CHAR, pos) or sub(s, pos, pos)
+        local next_pos = pos + #c
+        if LINE_BREAKS[c] then
+            if c == "\r" and sub(s, next_pos, next_pos) == "\n" then next_pos = next_pos + 1 end
+            out[#out + 1] = sub(s, line_start, keepends and next_pos - 1 or pos - 1)
+            line_start = next_pos
+        end
+        pos = next_pos
+    end
+    if line_start <= #s then out[#out + 1] = sub(s, line_start) end
+    return out
+end
+local function tuple(...) return setmetatable({ ... }, TUPLE) end
+-- s padded to width characters with fill: Python's ljust, rjust and center (its split of an
+-- odd margin: the extra character goes left when the width is odd)
+local function pad(s, a, kw, where)
+    local width = int_arg(arg(a, kw, 1, "width"), "width")
+    local fill = arg(a, kw, 2, "fillchar", " ")
+    if type(fill) ~= "string" or str_len(fill) ~= 1 then
+        fail("The fill character must be exactly one character long")
+    end
+    local margin = width - str_len(s)
+    if margin <= 0 then return s end
+    local left = where == "left" and 0 or where == "right" and margin or floor(margin / 2) + (margin % 2 == 1 and width % 2 == 1 and 1 or 0)
+    return rep(fill, left) .. s .. rep(fill, margin - left)
+end
+-- str.isX: ASCII classes (as case mapping); false for the empty string
+local function all_of(class)
+    return function(s) return s ~= "" and not find(s, "[^" .. class .. "]") end
+end
+
+STR_METHODS.rsplit = function(s, a, kw) return rsplit(s, arg(a, kw, 1, "sep"), int_arg(arg(a, kw, 2, "maxsplit", -1), "maxsplit")) end
+STR_METHODS.splitlines = function(s, a, kw) return splitlines(s, truthy(arg(a, kw, 1, "keepends", false))) end
+STR_METHODS.partition = function(s, a)
+    local sep = separator(a[1])
+    local at = find(s, sep, 1, true)
+    if not at then return tuple(s, "", "") end
+    return tuple(sub(s, 1, at - 1), sep, sub(s, at + #sep))
+end
+STR_METHODS.rpartition = function(s, a)
+    local sep = separator(a[1])
+    local at = last_occurrence(s, sep)
+    if not at then return tuple("", "", s) end
+    return tuple(sub(s, 1, at - 1), sep, sub(s, at + #sep))
+end
+STR_METHODS.rfind = function(s, a)
+    local needle, before = str_arg(a[1], "sub"), 0
+    s, before = str_between(s, a[2], a[3])
+    if needle == "" then return before + str_len(s) end
+    local at = last_occurrence(s, needle)
+    return at and before + str_len(sub(s, 1, at - 1)) or -1
+end
+STR_METHODS.index = function(s, a)
+    local at = STR_METHODS.find(s, a)
+    if at < 0 then fail("substring not found") end
+    return at
+end
+STR_METHODS.rindex = function(s, a)
+    local at = STR_METHODS.rfind(s, a)
+    if at < 0 then fail("substring not found") end
+    return at
+end
+STR_METHODS.removeprefix = function(s, a)
+    local prefix = str_arg(a[1], "prefix")
+    return sub(s, 1, #prefix) == prefix and sub(s, #prefix + 1) or s
+end
+STR_METHODS.removesuffix = function(s, a)
+    local suffix = str_arg(a[1], "suffix")
+    return suffix ~= "" and sub(s, -#suffix) == suffix and sub(s, 1, #s - #suffix) or s
+end
+STR_METHODS.isdigit, STR_METHODS.isdecimal, STR_METHODS.isnumeric = all_of("0-9"), all_of("0-9"), all_of("0-9")
+STR_METHODS.isalpha, STR_METHODS.isalnum = all_of("A-Za-z"), all_of("A-Za-z0-9")
+STR_METHODS.isspace = all_of(B)
+STR_METHODS.isupper = function(s) return find(s, "%u") ~= nil and not find(s, "%l") end
+STR_METHODS.islower = function(s) return find(s, "%l") ~= nil and not find(s, "%u") end
+STR_METHODS.istitle = function(s) -- upper case only after an uncased character, lower only after a cased one
+    local cased, previous_cased = false, false
+    for i = 1, #s do
+        local c = sub(s, i, i)
+        local is_upper, is_lower = find(c, "%u") ~= nil, find(c, "%l") ~= nil
+        if is_upper and previous_cased or is_lower and not previous_cased then return false end
+        previous_cased = is_upper or is_lower
+        cased = cased or previous_cased
+    end
+    return cased
+end
+STR_METHODS.swapcase = function(s) return (gsub(s, "%a", function(c) return find(c, "%u") and lower(c) or upper(c) end)) end
+STR_METHODS.casefold = function(s) return lower(s) end
+STR_METHODS.ljust = function(s, a, kw) return pad(s, a, kw, "left") end
+STR_METHODS.rjust = function(s, a, kw) return pad(s, a, kw, "right") end
+STR_METHODS.center = function(s, a, kw) return pad(s, a, kw, "center") end
+STR_METHODS.zfill = function(s, a)
+    local width = int_arg(a[1], "width")
+    local margin = width - str_len(s)
+    if margin <= 0 then return s end
+    local sign = s:match("^[+-]") or ""
+    return sign .. rep("0", margin) .. sub(s, #sign + 1)
+end
 STR_METHODS.join = function(sep, a, _, st)
     local parts = {}
     for i, item in ipairs(iterable(a[1])) do
@@ -1512,6 +1670,23 @@ DICT_METHODS.get = function(d, a)
     local v = d[num(a[1]) or a[1]]
     if v == nil then return a[2] == nil and NONE or a[2] end
     return norm(v)
+end
+
+LIST_METHODS.count = function(list, a)
+    local n = 0
+    for i = 1, #list do if py_eq(list[i], a[1]) then n = n + 1 end end
+    return n
+end
+LIST_METHODS.index = function(list, a)
+    local len = #list
+    local function bound(i, default) -- Python's start/stop: negative from the end, clamped
+        if i == nil or i == NONE then return default end
+        i = int_arg(i, "slice index")
+        if i < 0 then i = math.max(i + len, 0) end
+        return math.min(i, len)
+    end
+    for i = bound(a[2], 0) + 1, bound(a[3], len) do if py_eq(list[i], a[1]) then return i - 1 end end
+    fail(repr(a[1]) .. " is not in list")
 end
 
 local GLOBALS = {}

@@ -258,6 +258,19 @@ INLINE = [
     "{{ missing|tojson }}",
     "{{ n() }}",
     "{{ 1|length }}",
+    "{{ ' a b  c '.rsplit() }}|{{ ' a b  c '.rsplit(none, 1) }}|{{ 'a,b,,c'.rsplit(',', 2) }}|{{ 'aaa'.rsplit('aa') }}|{{ 'aaa'.split('aa') }}|{{ '  '.rsplit(none, 1) }}|{{ 'a b'.rsplit(maxsplit=0) }}|{{ 'x'.rsplit('x') }}",
+    "{{ 'x\\r\\ny\\rz\\n\\nw\\x0b\\x1cq\\u2028r\\n'.splitlines() }}|{{ 'x\\r\\ny\\n'.splitlines(true) }}|{{ ''.splitlines() }}|{{ '\\n'.splitlines() }}|{{ 'a\\n'.splitlines(keepends=true) }}",
+    "{{ 'a=b=c'.partition('=') }}|{{ 'a=b=c'.rpartition('=') }}|{{ 'abc'.partition('x') }}|{{ 'abc'.rpartition('x') }}|{{ 'aaa'.rpartition('aa') }}|{{ 'é=ü'.partition('=')[2] }}",
+    "{{ 'abcb'.rfind('b') }}|{{ 'abcb'.rfind('b', 0, 3) }}|{{ 'abc'.rfind('') }}|{{ 'héllo'.rfind('l') }}|{{ 'abcb'.index('b') }}|{{ 'abcb'.rindex('b') }}|{{ 'aaa'.rfind('aa') }}|{{ 'abc'.rfind('z') }}",
+    "{{ 'x.py'.removesuffix('.py') }}|{{ 'x.py'.removesuffix('') }}|{{ 'prefix-x'.removeprefix('prefix-') }}|{{ 'x'.removeprefix('y') }}|{{ 'aB1'.swapcase() }}|{{ 'ABC'.casefold() }}",
+    "{{ '12'.isdigit() }}|{{ ''.isdigit() }}|{{ '1a'.isdigit() }}|{{ 'ab'.isalpha() }}|{{ 'a1'.isalnum() }}|{{ ' \\t\\n'.isspace() }}|{{ ''.isspace() }}|{{ 'AB1'.isupper() }}|{{ '1'.isupper() }}|{{ 'ab1'.islower() }}|{{ 'Hello World'.istitle() }}|{{ 'HeLlo'.istitle() }}|{{ '12'.isdecimal() }}|{{ '12'.isnumeric() }}",
+    "[{{ 'ab'.center(7, '*') }}]|[{{ 'ab'.center(6, '*') }}]|[{{ 'abc'.center(6) }}]|[{{ 'abc'.center(8) }}]|[{{ 'ab'.ljust(4, '.') }}]|[{{ 'ab'.rjust(4) }}]|[{{ 'abc'.ljust(2) }}]|[{{ '-42'.zfill(6) }}]|[{{ '42'.zfill(5) }}]|[{{ '+4'.zfill(4) }}]|[{{ 'é'.center(3, 'ü') }}]",
+    "{{ [1, 2, 1, '1'].count(1) }}|{{ [[1], [1]].count([1]) }}|{{ ['a', 'b', 'a'].index('a') }}|{{ ['a', 'b', 'a'].index('a', 1) }}|{{ [1, 2, 3].index(3, -1) }}|{{ (1, 2).index(2) }}",
+    "{{ 'abc'.index('z') }}",
+    "{{ ['a'].index('b') }}",
+    "{{ 'a'.partition('') }}",
+    "{{ 'a'.center(3, 'ab') }}",
+    "{{ 'a'.rsplit('') }}",
 ]
 
 
