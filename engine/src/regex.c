@@ -183,10 +183,21 @@ static void class_set(rx *r, strbuf *o, const cp_range *set, int n_ranges, bool 
     if (next <= MAX_CODE_POINT) class_range(r, o, next, MAX_CODE_POINT, negated, quote, backslash);
 }
 
+/* A control character inside a JSON string, as JSON writes it: its short escape (\b \t \n \f
+   \r) or \u00XX (JSON's other spellings of the same character are not generated). */
+static void json_control(strbuf *o, uint32_t cp) {
+    static const char SHORT[] = {['\b'] = 'b', ['\t'] = 't', ['\n'] = 'n', ['\f'] = 'f', ['\r'] = 'r'};
+    char escaped[8];
+    if (cp < sizeof SHORT && SHORT[cp]) snprintf(escaped, sizeof escaped, "\\%c", SHORT[cp]);
+    else snprintf(escaped, sizeof escaped, "\\u%04X", (unsigned)cp);
+    gram_gbnf_literal(o, escaped);
+}
+
 /* A class [...] / [^...] (ECMA-262: "[]" matches nothing, "[^]" any character) translated
    member by member into a GBNF class, never copied as text: the pattern's bytes cannot end
-   up outside the class. In a JSON string a control is refused in a plain class and a
-   negated class excludes '"', '\' and the controls, as '.' does. */
+   up outside the class. In a JSON string a plain class's '"', '\' and controls are
+   alternatives beside it, written as JSON escapes them, and a negated class excludes
+   '"', '\' and the controls, as '.' does. */
 static int regex_class(rx *r, const char **p) {
     const char *s = *p + 1;
     const bool negated = *s == '^';
@@ -195,6 +206,7 @@ static int regex_class(rx *r, const char **p) {
     strbuf_puts(&cls, negated ? "[^" : "[");
     const size_t empty_len = cls.n;
     bool quote = false, backslash = false;
+    uint32_t controls = 0; /* bit c: the control character c, in a plain class of a JSON string */
     while (*s != ']') {
         if (!*s) { free(cls.p); return fail(r, "unterminated '['"); }
         const char *from = s;
@@ -222,7 +234,12 @@ static int regex_class(rx *r, const char **p) {
             if (class_member(r, &s, &hi) < 0) { free(cls.p); return -1; }
             if (hi < lo) { free(cls.p); return fail(r, "reversed range '%.*s' in a class", (int)(s - from), from); }
         }
-        if (!r->text && !negated && lo < 0x20) { free(cls.p); return fail(r, "control characters in a class are not supported"); }
+        /* a control in a JSON string is written escaped: an alternative of its own, as '"' */
+        if (!r->text && !negated && lo < 0x20) {
+            for (uint32_t cp = lo; cp <= hi && cp < 0x20; cp++) controls |= 1u << cp;
+            if (hi < 0x20) continue;
+            lo = 0x20;
+        }
         class_range(r, &cls, lo, hi, negated, &quote, &backslash);
     }
     if (cls.oom) { free(cls.p); r->out->oom = true; *p = s + 1; return 0; }
@@ -236,12 +253,18 @@ static int regex_class(rx *r, const char **p) {
     if (negated || has_ranges) alts[n_alts++] = cls.p;
     if (quote) alts[n_alts++] = "\"\\\\\\\"\"";
     if (backslash) alts[n_alts++] = "\"\\\\\\\\\"";
+    const int n_controls = __builtin_popcount(controls);
     strbuf *o = r->out;
-    if (n_alts == 0) strbuf_puts(o, "[^\\x00-\\U0010FFFF]"); /* "[]": nothing */
-    else if (n_alts == 1) strbuf_puts(o, alts[0]);
+    if (n_alts + n_controls == 0) strbuf_puts(o, "[^\\x00-\\U0010FFFF]"); /* "[]": nothing */
+    else if (n_alts == 1 && n_controls == 0) strbuf_puts(o, alts[0]);
     else {
         strbuf_puts(o, "(");
         for (int i = 0; i < n_alts; i++) { if (i) strbuf_puts(o, " | "); strbuf_puts(o, alts[i]); }
+        for (uint32_t cp = 0, written = (uint32_t)n_alts; cp < 0x20; cp++)
+            if (controls >> cp & 1) {
+                if (written++) strbuf_puts(o, " | ");
+                json_control(o, cp);
+            }
         strbuf_puts(o, ")");
     }
     free(cls.p);
@@ -269,16 +292,6 @@ static void literal_cp(strbuf *o, uint32_t cp) {
     /* U+0000 is the one code point a NUL-terminated literal cannot hold: a class can */
     if (cp == 0) strbuf_puts(o, "[\\x00]");
     else gram_gbnf_literal(o, utf8);
-}
-
-/* A control character inside a JSON string, as JSON writes it: its short escape (\b \t \n \f
-   \r) or \u00XX (JSON's other spellings of the same character are not generated). */
-static void json_control(strbuf *o, uint32_t cp) {
-    static const char SHORT[] = {['\b'] = 'b', ['\t'] = 't', ['\n'] = 'n', ['\f'] = 'f', ['\r'] = 'r'};
-    char escaped[8];
-    if (cp < sizeof SHORT && SHORT[cp]) snprintf(escaped, sizeof escaped, "\\%c", SHORT[cp]);
-    else snprintf(escaped, sizeof escaped, "\\u%04X", (unsigned)cp);
-    gram_gbnf_literal(o, escaped);
 }
 
 static int regex_atom(rx *r, const char **p, int depth) {
