@@ -46,6 +46,12 @@ describe("llamacpp.to_completions", function()
         local count = 0
         for _ in pairs(distinct) do count = count + 1 end
         assert.is_true(count >= 5, "seeds drawn: " .. table.concat(seeds, ","))
+        -- any other integer as /v1/completions reads it, modulo 2^53 (2^53 and past were refused)
+        assert.same({ 0, 4, 2 ^ 53 - 2 }, { completions_of('{"prompt": "a", "seed": 9007199254740992}').seed,
+                                           completions_of('{"prompt": "a", "seed": 9007199254740996}').seed,
+                                           completions_of('{"prompt": "a", "seed": -2}').seed })
+        local refused, err = llamacpp.to_completions('{"prompt": "a", "seed": 1.5}')
+        assert.same({ nil, "seed must be an integer", "seed" }, { refused, err and err.message, err and err.param })
         -- n_probs: /v1/completions' logprobs (0: none); post_sampling_probs false is llama.cpp's default
         assert.same({ 3, nil }, { completions_of('{"prompt": "a", "n_probs": 3, "post_sampling_probs": false}').logprobs,
                                   completions_of('{"prompt": "a", "n_probs": 0}').logprobs })

@@ -273,6 +273,28 @@ describe("responses view of a chat stream", function()
                   { { content = ">" }, { gt[5] } }, { { content = ">" }, { gt[6] } }, { {}, { gt[7] } } }
         streamed = streamed_logprobs(parts, "resp_1_9")
         assert.same(blocking, streamed)
+        -- the deltas carry every logprob the message has: an end of text's too, in a delta of
+        -- no text (the deltas had one fewer than the final message)
+        _, _, view = chat_of('{"input": "x", "stream": true, "include": ["message.output_text.logprobs"]}')
+        view:start_stream("resp_1_12", 100, "m")
+        local gathered, done = {}, nil
+        local function gather(fed)
+            for _, e in ipairs(fed) do
+                local event = cjson.decode(e[2])
+                if e[1] == "response.output_text.delta" then
+                    for _, lp in ipairs(event.logprobs) do gathered[#gathered + 1] = lp.logprob end
+                elseif e[1] == "response.output_text.done" then
+                    done = event.logprobs
+                end
+            end
+        end
+        gather(view:feed(cjson.encode({ choices = { { index = 0, delta = { content = "Hi" },
+                                                      logprobs = { content = { lp_entry("Hi", -1) } } } } })))
+        gather(view:feed(cjson.encode({ choices = { { index = 0, delta = {}, finish_reason = "stop",
+                                                      logprobs = { content = { lp_entry("<|endoftext|>", -2) } } } },
+                                        usage = chunk.usage })))
+        assert.same({ -1, -2 }, gathered)
+        assert.same({ -1, -2 }, { done[1].logprob, done[2] and done[2].logprob })
         -- no reasoning (a template not read for it): a "</think>" in the text is text, not a
         -- place to search from (every token, the call's too, was given to the message)
         local plain = { lp_entry("<think>", -1), lp_entry("x", -2), lp_entry("</think>", -3), lp_entry("Hi", -4),

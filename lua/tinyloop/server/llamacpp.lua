@@ -25,7 +25,8 @@ local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
 local concat = table.concat
 local json_null = cjson.null
 local encode, bad, is_array, object, KIND_OK = shapes.encode, shapes.bad, shapes.is_array, shapes.object, shapes.KIND_OK
-local decode_object = require("tinyloop.server.request").decode_object
+local request = require "tinyloop.server.request"
+local decode_object = request.decode_object
 
 local _M = {}
 
@@ -219,9 +220,15 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
         end
     end
     local seed = t.seed
-    if seed ~= nil and not KIND_OK.integer(seed) then return bad("seed must be an integer", "seed") end
-    -- (llama.cpp's default is a random seed: left out, -1 or 2^32 - 1, one drawn for the request)
-    members[#members + 1] = { "seed", shapes.integer((seed == nil or UNSET_SEED[seed]) and shapes.random_seed() or seed) }
+    -- (llama.cpp's default is a random seed: left out, -1 or 2^32 - 1, one drawn for the request;
+    -- any other integer is read as the completions API reads it: 2^53 and past were refused)
+    if seed == nil or UNSET_SEED[seed] then
+        seed = shapes.random_seed()
+    else
+        seed = request.request_seed(seed)
+        if not seed then return bad("seed must be an integer", "seed") end
+    end
+    members[#members + 1] = { "seed", shapes.integer(seed) }
     if t.stop ~= nil then
         if not KIND_OK.array(t.stop) and not (type(t.stop) == "table" and next(t.stop) == nil) then
             return bad("stop must be an array of texts", "stop")

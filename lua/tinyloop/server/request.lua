@@ -138,6 +138,14 @@ function _M.seed_in_range(v, plus)
     return v >= 2 ^ 53 - plus and v - 2 ^ 53 + plus or v + plus
 end
 
+-- A request's seed, which OpenAI's and vLLM's APIs take as any 64-bit integer, in the engine's
+-- range (seed_in_range); nil where v is no such integer. One past 2^53 arrives as the nearest
+-- double, the same one each time: 2^64 - 1 as 2^64.
+function _M.request_seed(v)
+    if type(v) == "number" and v == floor(v) and v >= -2 ^ 63 and v <= 2 ^ 64 then return _M.seed_in_range(v) end
+    return nil
+end
+
 local function is_integer(v)
     return type(v) == "number" and v == floor(v) and v > -2 ^ 53 and v < 2 ^ 53
 end
@@ -937,12 +945,8 @@ local function decode_fields(body, fields, no_ops)
             t[k] = nil -- null means "the default", as in OpenAI's API
         else
             local kind, cfg_name = spec[1], spec[2]
-            -- (a seed, which OpenAI's and vLLM's APIs take as any 64-bit integer, is read modulo
-            -- 2^53, the engine's range: -1 is 2^53 - 1, the same run each time; one past 2^53
-            -- arrives as the nearest double, the same one each time: 2^64 - 1 as 2^64)
-            if cfg_name == "sample_seed" and type(v) == "number" and v == floor(v) and v >= -2 ^ 63 and v <= 2 ^ 64 then
-                v = _M.seed_in_range(v)
-            end
+            -- (a seed is read modulo 2^53, the engine's range: -1 is 2^53 - 1, the same run each time)
+            if cfg_name == "sample_seed" then v = _M.request_seed(v) or v end
             local check = KIND_CHECK[kind]
             if check and not check(v) then return bad(("%s must be %s"):format(k, KIND_WORDS[kind]), k) end
             if cfg_name then cfg[cfg_name] = v end

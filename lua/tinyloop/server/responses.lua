@@ -869,8 +869,15 @@ function View:feed(payload)
             -- the held tokens no text came after (an end of text): the message's where the reply
             -- is the message alone, as a blocking answer's; after reasoning or calls they write
             -- none of its text (a </think> held to the end was given to it)
-            if self.open and self.open.kind == "message" and not self.had_other then
-                for _, e in ipairs(self.pending_logprobs) do self.open.logprobs[#self.open.logprobs + 1] = e end
+            -- (and a delta of no text carries them: a client that gathers the deltas' logprobs
+            -- had one short, an end of text's or a token whose text a stop string cut)
+            if self.open and self.open.kind == "message" and not self.had_other and #self.pending_logprobs > 0 then
+                local lp = self.pending_logprobs
+                for _, e in ipairs(lp) do self.open.logprobs[#self.open.logprobs + 1] = e end
+                self.pending_logprobs = {}
+                local id_m, index_m = where(self.open)
+                self:event(out, "response.output_text.delta", { id_m, index_m, { "content_index", "0" }, { "delta", '""' },
+                                                                { "logprobs", logprob_list(lp) } })
             end
             -- a call whose arguments are whole is complete, whatever came after it; one the
             -- token limit cut stays incomplete (its pieces went out; a blocking answer leaves it out)
