@@ -152,6 +152,7 @@ describe("request.parse_embeddings", function()
             { '{"input": [[1], [-1]]}', "input", "input[1][0] = -1 is not a token id" },
             { cjson.encode({ input = long }), "input", "input has 129 tokens, over this model's context of 128" },
             { cjson.encode({ input = { "a", long } }), "input", "input[1] has 129 tokens" },
+            { cjson.encode({ input = { long } }), "input", "input[0] has 129 tokens" },
             { cjson.encode({ input = many }), "input", "at most 2048 a request" },
             { '{"input": "a", "encoding_format": "hex"}', "encoding_format", 'must be "float" or "base64"' },
             { '{"input": "a", "dimensions": 16}', "dimensions", "this model's 32" },
@@ -240,8 +241,15 @@ describe("request.parse_rerank and request.parse_score", function()
             { '{"query": "a", "documents": ["b"], "rank_fields": ["x"]}', "rank_fields", 'not supported (only ["text"], or null)' },
             { '{"query": "a", "documents": ["b"], "rerank": true}', "rerank", "unknown field 'rerank'" },
             { '{"query": "a", "documents": ["b"], "model": "bge-reranker"}', "model", "not served here" },
-            { cjson.encode({ query = "a", documents = { table.concat(long, " ") } }), "documents", "over this model's context" },
+            -- (one document alone is named by its index too, as any other rule names it)
+            { cjson.encode({ query = "a", documents = { table.concat(long, " ") } }), "documents",
+              "documents[0] has " },
             { cjson.encode({ query = "a", documents = many }), "documents", "at most 2047 a request" },
+            -- TEI's and llama.cpp's texts: named as the client sent them (they were "documents")
+            { '{"query": "a", "texts": []}', "texts", "texts must be a non-empty array" },
+            { '{"query": "a", "texts": ["b", 5]}', "texts", 'texts[1] must be a text or {"text": ...}' },
+            { '{"query": "a", "texts": ["b", ""]}', "texts", "texts[1] must not be empty" },
+            { cjson.encode({ query = "a", texts = { "b", table.concat(long, " ") } }), "texts", "texts[1] has " },
         })
         H.refuses(function(body) return request.parse_score(body, model, "textmodel") end, {
             { '{"text_2": "a"}', "text_1", "text_1 is required" },

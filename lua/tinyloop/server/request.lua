@@ -1470,8 +1470,9 @@ end
 -- The inputs' id lists, each fitted to the context: over it, an error naming the input, or,
 -- with keep_last k (vLLM's truncate_prompt_tokens) its last k tokens, with keep_first (Ollama's
 -- truncate: true) its first max_seq_len, (Cohere's max_tokens_per_doc: k) its first k or as
--- many as the context holds. -> list | nil, err.
-function _M.fit_inputs(list, model, field, keep_last, keep_first)
+-- many as the context holds; listed: the inputs came as an array of them, each named field[i]
+-- in an error, even one alone. -> list | nil, err.
+function _M.fit_inputs(list, model, field, keep_last, keep_first, listed)
     local limit = model.max_seq_len
     for i, ids in ipairs(list) do
         local n = #ids
@@ -1480,7 +1481,7 @@ function _M.fit_inputs(list, model, field, keep_last, keep_first)
         elseif keep_first and n > (keep_first == true and limit or math.min(keep_first, limit)) then
             list[i] = slice(ids, 1, keep_first == true and limit or math.min(keep_first, limit))
         elseif n > limit then
-            local at = #list > 1 and ("%s[%d]"):format(field, i - 1) or field
+            local at = listed and ("%s[%d]"):format(field, i - 1) or field
             return bad(("%s has %d tokens, over this model's context of %d"):format(at, n, limit), field)
         end
     end
@@ -1616,18 +1617,20 @@ function _M.parse_rerank(body, model, model_id)
         else t.max_tokens_per_doc, query_first = model.max_seq_len, model.max_seq_len end
     end
     if t.query == nil then return bad("query is required", "query") end
-    if t.documents == nil then return bad("documents is required", "documents") end
-    if not is_list(t.documents) then return bad("documents must be a non-empty array", "documents") end
+    -- (the field as the client named it: TEI's texts, else documents)
+    local docs_field = tei and "texts" or "documents"
+    if t.documents == nil then return bad(docs_field .. " is required", docs_field) end
+    if not is_list(t.documents) then return bad(docs_field .. " must be a non-empty array", docs_field) end
     if not model.has_tokenizer then return bad("this model has no tokenizer: rerank reads texts", "query") end
     local most = _M.max_embedding_inputs(model.d_model) - 1
     if #t.documents > most then
-        return bad(("documents has %d items: at most %d a request"):format(#t.documents, most), "documents")
+        return bad(("%s has %d items: at most %d a request"):format(docs_field, #t.documents, most), docs_field)
     end
     local texts = {}
     for i, doc in ipairs(t.documents) do
         if type(doc) == "table" and type(doc.text) == "string" then doc = doc.text end
         if type(doc) ~= "string" then
-            return bad(('documents[%d] must be a text or {"text": ...}'):format(i - 1), "documents")
+            return bad(('%s[%d] must be a text or {"text": ...}'):format(docs_field, i - 1), docs_field)
         end
         texts[i] = doc
     end
@@ -1644,11 +1647,11 @@ function _M.parse_rerank(body, model, model_id)
     if not o then return nil, e end
     local query, query_tokens = _M.embedding_inputs(model, t.query, "query", o.keep, query_first)
     if not query then return nil, query_tokens end
-    local docs, doc_tokens = _M.embedding_inputs(model, texts, "documents", o.keep, t.max_tokens_per_doc)
+    local docs, doc_tokens = _M.embedding_inputs(model, texts, docs_field, o.keep, t.max_tokens_per_doc)
     if not docs then return nil, doc_tokens end
     local inputs, names, pairs_ = { query[1] }, { "query" }, {}
     for i, ids in ipairs(docs) do
-        inputs[i + 1], names[i + 1], pairs_[i] = ids, ("documents[%d]"):format(i - 1), { 1, i + 1 }
+        inputs[i + 1], names[i + 1], pairs_[i] = ids, ("%s[%d]"):format(docs_field, i - 1), { 1, i + 1 }
     end
     return { inputs = inputs, names = names, pairs = pairs_, tokens = query_tokens + doc_tokens, texts = texts, top_n = top_n,
              return_documents = t.return_documents ~= false, loops = o.loops, pooling = o.pooling,
@@ -1710,12 +1713,13 @@ end
 -- (fit_inputs), and their tokens in all | nil, err.
 function _M.embedding_inputs(model, input, field, keep_last, keep_first)
     local most = _M.max_embedding_inputs(model.d_model)
-    if type(input) == "table" and type(input[1]) ~= "number" and #input > most then
+    local listed = type(input) == "table" and type(input[1]) ~= "number" -- (texts or id lists, not one id list)
+    if listed and #input > most then
         return bad(("%s has %d items: at most %d a request"):format(field, #input, most), field)
     end
     local inputs, e = prompt_list(model, input, field)
     if not inputs then return nil, e end
-    inputs, e = _M.fit_inputs(inputs, model, field, keep_last, keep_first)
+    inputs, e = _M.fit_inputs(inputs, model, field, keep_last, keep_first, listed)
     if not inputs then return nil, e end
     local tokens = 0
     for _, ids in ipairs(inputs) do tokens = tokens + #ids end
