@@ -107,6 +107,20 @@ describe("anthropic.to_chat", function()
             { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "mcp_servers": []}', "mcp_servers", "MCP" },
             { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "n": 2}', "n", "unknown field 'n'" },
             { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "metadata": {"tag": 1}}', "metadata", "unknown field 'tag'" },
+            -- Anthropic's own refusals, which were taken (a JSON null schema, a stray name, an
+            -- empty text but the final assistant's, a prefill the template cut the blanks of)
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f", "input_schema": null}]}',
+              "tools", "tools[0].input_schema is required" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f", "input_schema": []}]}',
+              "tools", "tools[0].input_schema must be a JSON Schema object" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "auto", "name": "f"}}',
+              "tool_choice", 'tool_choice.name goes with {"type": "tool"} only' },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": ""}]}', "messages",
+              "messages[0].content[0].text must not be empty" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}, ' ..
+              '{"role": "user", "content": "y"}]}', "messages", "messages[1].content[0].text must not be empty" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "Sure "}]}',
+              "messages", "final assistant content cannot end with trailing whitespace" },
         }
         require("helpers").refuses(anthropic.to_chat, cases)
     end)

@@ -124,6 +124,10 @@ local function messages_of(messages, system, raw)
                 ok, err = check_keys(block, TEXT_KEYS, at)
                 if not ok then return nil, err end
                 if type(block.text) ~= "string" then return nil, at .. ".text must be a string" end
+                -- (Anthropic's rule: only the final assistant message, a prefill, may be empty)
+                if block.text == "" and not (message and i == #messages) then
+                    return nil, at .. ".text must not be empty (text content blocks must be non-empty)"
+                end
                 add_text(message or turn("user", i - 1), block.text)
             elseif kind == "tool_use" and message then
                 ok, err = check_keys(block, TOOL_USE_KEYS, at)
@@ -185,8 +189,11 @@ local function chat_tools(tools, raw)
         end
         local ok, err = check_keys(tool, TOOL_KEYS, where)
         if not ok then return nil, err end
-        if tool.input_schema == nil then return nil, where .. ".input_schema is required (the tool's JSON Schema)" end
+        if tool.input_schema == nil or tool.input_schema == json_null then
+            return nil, where .. ".input_schema is required (the tool's JSON Schema)"
+        end
         local fields = shapes.raw_fields(raw_tools[i])
+        if fields.input_schema:sub(1, 1) ~= "{" then return nil, where .. ".input_schema must be a JSON Schema object" end
         out[i] = '{"type":"function","function":' .. object({
             { "name", fields.name }, { "description", tool.description ~= nil and fields.description or nil },
             { "parameters", fields.input_schema }, { "strict", tool.strict ~= nil and fields.strict or nil },
@@ -203,6 +210,9 @@ local function chat_tool_choice(choice)
     if choice.disable_parallel_tool_use ~= nil then
         if type(choice.disable_parallel_tool_use) ~= "boolean" then return nil, "tool_choice.disable_parallel_tool_use must be a boolean" end
         parallel = not choice.disable_parallel_tool_use
+    end
+    if choice.name ~= nil and choice.type ~= "tool" then
+        return nil, 'tool_choice.name goes with {"type": "tool"} only'
     end
     if choice.type == "auto" then return '"auto"', parallel end
     if choice.type == "any" then return '"required"', parallel end
@@ -252,6 +262,12 @@ function _M.to_chat(body, counting)
     end
     local messages, from = messages_of(t.messages, t.system, raw.messages)
     if not messages then return bad(from, from:match("^system") and "system" or "messages") end
+    -- (Anthropic's rule: the template's cut would drop the blanks silently, and the reply
+    -- continue another text than the one sent)
+    local last = messages[#messages]
+    if last and last.role == "assistant" and type(last.content) == "string" and last.content:find("%s$") then
+        return bad("messages: final assistant content cannot end with trailing whitespace", "messages")
+    end
     shapes.continue_prefill(members, messages)
     members[#members + 1] = { "messages", encode(messages) }
     members[#members + 1] = { "max_tokens", shapes.integer(t.max_tokens or 0) }

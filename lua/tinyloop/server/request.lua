@@ -1181,7 +1181,10 @@ local function tools_fields(t, body, cfg, shared)
                        shared.grammar_field)
         end
         -- a stop string would cut the calls' markup or JSON, which the grammar guarantees whole
-        if t.stop ~= nil then return bad(("tool_choice %s writes tool calls only: not with stop strings"):format(which), "stop") end
+        -- (an empty list cuts nothing: clients send [] for none)
+        if cfg.stop_strings and #cfg.stop_strings > 0 then
+            return bad(("tool_choice %s writes tool calls only: not with stop strings"):format(which), "stop")
+        end
     else -- "auto": free text, and a call the model opens is made whole and valid
         if not spec.parallel then
             local stops = cfg.stop_strings or {}
