@@ -73,7 +73,7 @@ local ARGUMENT_ERRORS = {
 -- arrays); the lists a Lua caller gave count from 1: the places it names in them are shown as
 -- Lua's (stop_strings[1] named the second string). And C's loops = 0 is the default, which in
 -- Lua is spelt by leaving loops out (loops = 0 is refused: make_config).
-local INDEXED = { "stop_sequences%[", "stop_strings%[", "sessions%[", "at index ", "generate_batch: prompt ", "embed_batch: input " }
+local INDEXED = { "stop_sequences%[", "stop_strings%[", "sessions%[", "at index ", "at position ", "generate_batch: prompt ", "embed_batch: input " }
 local function lua_wording(msg)
     for _, place in ipairs(INDEXED) do
         msg = msg:gsub("(" .. place .. ")(%d+)", function(before, i) return before .. (tonumber(i) + 1) end)
@@ -98,6 +98,15 @@ local function check_int(what, v)
         raise(("%s = %s must be an integer in [%d, %d]"):format(what, tostring(v), INT_MIN, INT_MAX))
     end
     return v
+end
+
+-- Raises unless path is a file path C can read whole: a string, not empty, without a NUL (C
+-- reads it up to the first: "a\0b" named the file "a", and the call succeeded there).
+local function check_path(path, what)
+    if type(path) ~= "string" then raise(what .. " must be a string") end
+    if path == "" then raise(what .. " must not be empty") end
+    if path:find("\0", 1, true) then raise(what .. " contains a NUL byte") end
+    return path
 end
 
 -- #t of a list, raising where it has holes (tinyloop.raise.list_length's rule)
@@ -413,9 +422,10 @@ local function make_config(model, cfg)
             elseif type(tag) ~= "table" then
                 raise(("config field '%s' must be a text or a table of token ids"):format(field))
             end
-            local ids = ffi_new("int32_t[?]", #tag + 1)
-            for j = 1, #tag do ids[j - 1] = check_int(field .. "[" .. j .. "]", tag[j]) end
-            c[field].tokens, c[field].n = ids, #tag
+            local n_tag = list_length(tag, "config field '" .. field .. "'")
+            local ids = ffi_new("int32_t[?]", n_tag + 1)
+            for j = 1, n_tag do ids[j - 1] = check_int(field .. "[" .. j .. "]", tag[j]) end
+            c[field].tokens, c[field].n = ids, n_tag
             keep[#keep + 1] = ids
         end
         local open = cfg.reasoning_open
@@ -529,9 +539,10 @@ local function output_capacity(model, prompt_tokens, sequences, max_tokens)
 end
 
 -- Token ids as an int32 array; each must be an integer (the FFI would truncate 1.5 to 1 and
--- wrap 1e10), named by its 1-based index; the engine checks the vocabulary range.
+-- wrap 1e10), named by its 1-based index; the engine checks the vocabulary range. A list with
+-- a hole is refused (# may end at it: {72, nil, 547} was read as {72}).
 local function id_array(ids)
-    local n = #ids
+    local n = list_length(ids, "token ids")
     local arr = ffi_new("int32_t[?]", n + 1)
     for i = 1, n do
         local id = ids[i]
@@ -594,6 +605,16 @@ local function new_text(s)
     return ""
 end
 
+-- A step's result that model:step_batch held for the session when another's hook raised
+-- (its token was emitted, its text read): the session's next step returns it, and ends the
+-- session where it was its last.
+local function take_held(s)
+    local held = s.held
+    s.held = nil
+    if held.reason then s.done, s.stop_reason = true, held.reason end
+    return held
+end
+
 -- While model:step_batch steps a list in C, a hook of one session may not close, detach, step
 -- or fork another of it (their pointers are in the call).
 local function not_in_batch(s, method)
@@ -622,6 +643,10 @@ function Session:step()
     not_in_batch(self, "step")
     if self.ptr == nil and not self.done then raise("session:step(): the session is closed") end
     if self.done then raise("session has already finished (" .. finished_why(self) .. ")") end
+    if self.held then
+        local held = take_held(self)
+        return held.id, held.text, held.reason
+    end
     local step_token, step_stop = self.step_token, self.step_stop
     local st = C.tl_session_step(self.ptr, step_token, step_stop)
     if st ~= 0 then
@@ -792,15 +817,15 @@ local KV_TYPES = { f32 = C.TL_KV_F32, f16 = C.TL_KV_F16 }
 -- ("f32" or "f16": half the KV memory, CPU only). Bad arguments raise; a checkpoint that
 -- cannot be loaded, or a backend this machine lacks, gives nil, err.
 function _M.load(dir, opts)
-    if type(dir) ~= "string" then raise("tinyloop.load: model directory must be a string") end
+    check_path(dir, "tinyloop.load: model directory")
     local o = ffi_new("tl_load_options")
     C.tl_load_options_init(o)
     if opts ~= nil then
         if type(opts) ~= "table" then raise("tinyloop.load: options must be a table") end
         for k, v in pairs(opts) do
             if k == "threads" then
-                if check_int("load option 'threads'", v) < 0 then
-                    raise("load option 'threads' = " .. v .. " must be >= 0 (0 = all cores)")
+                if check_int("load option 'threads'", v) < 0 or v > C.TL_MAX_THREADS then
+                    raise(("load option 'threads' = %d must be in [0, %d] (0 = all cores)"):format(v, C.TL_MAX_THREADS))
                 end
                 o.n_threads = v
             elseif k == "mmap_weights" then
@@ -1100,7 +1125,7 @@ function Model:step_batch(sessions, opts)
         end
     end
     if n == 0 then return {} end
-    local ptrs, seen = ffi_new("tl_session *[?]", n), {}
+    local seen = {}
     for i = 1, n do
         local s = sessions[i]
         if getmetatable(s) ~= Session then raise(("model:step_batch(): sessions[%d] is not a session"):format(i)) end
@@ -1112,27 +1137,37 @@ function Model:step_batch(sessions, opts)
             raise(("model:step_batch(): sessions[%d] has already finished (%s)"):format(i, finished_why(s)))
         end
         if s.ptr == nil then raise(("model:step_batch(): sessions[%d] is closed"):format(i)) end
-        ptrs[i - 1] = s.ptr
     end
-    local tokens, stops = ffi_new("int32_t[?]", n), ffi_new("tl_stop_reason[?]", n)
-    local statuses = ffi_new("tl_status[?]", n)
+    local results = {}
+    -- (a session a hook's error left a step's result to: that result, and no step of its own)
+    local stepping = {}
+    for i = 1, n do
+        if sessions[i].held then results[i] = take_held(sessions[i]) else stepping[#stepping + 1] = sessions[i] end
+    end
+    local n_stepping = #stepping
+    if n_stepping == 0 then return results end
+    local ptrs = ffi_new("tl_session *[?]", n_stepping)
+    for k = 1, n_stepping do ptrs[k - 1] = stepping[k].ptr end
+    local tokens, stops = ffi_new("int32_t[?]", n_stepping), ffi_new("tl_stop_reason[?]", n_stepping)
+    local statuses = ffi_new("tl_status[?]", n_stepping)
     -- (not_in_batch: while C steps them; the list is copied so that a hook cannot change it)
     sessions = { unpack(sessions, 1, n) }
     for i = 1, n do sessions[i].in_batch = true end
     -- (the C call refuses a session that is stepping already)
-    local st = C.tl_session_step_batch_with(ptrs, n, so, tokens, stops, statuses)
+    local st = C.tl_session_step_batch_with(ptrs, n_stepping, so, tokens, stops, statuses)
     for i = 1, n do sessions[i].in_batch = nil end
     if st ~= 0 then return engine_failure(st) end
-    local results, hook_error, argument_error = {}, nil, nil
-    -- A hook's error is raised after the loop: the others' text then stays unread, so that
-    -- their next step (or session:step) shows it, not lost with these results.
+    local hook_error, argument_error = nil, nil
+    -- A hook's error is raised after the loop: the others' results are then held, each
+    -- session's next step (or session:step) returning its own, not lost with these.
     local raising = false
-    for i = 1, n do
-        local ctx = sessions[i].ctx
-        if statuses[i - 1] == C.TL_ERR_HOOK and ctx and ctx.err then raising = true end
+    for k = 1, n_stepping do
+        local ctx = stepping[k].ctx
+        if statuses[k - 1] == C.TL_ERR_HOOK and ctx and ctx.err then raising = true end
     end
-    for i = 1, n do
-        local s, status = sessions[i], statuses[i - 1]
+    for k = 1, n_stepping do
+        local s, status = stepping[k], statuses[k - 1]
+        local i = seen[s]
         if status ~= 0 then
             local ctx = s.ctx
             local err = ffi_string(C.tl_session_error(s.ptr))
@@ -1147,10 +1182,13 @@ function Model:step_batch(sessions, opts)
             s.error = err
             results[i] = { error = err }
         else
-            local id, reason = tokens[i - 1], stop_name(stops[i - 1])
-            local text = raising and "" or new_text(s)
-            if reason then s.done, s.stop_reason = true, reason end
-            results[i] = { id = id, text = text, reason = reason }
+            local result = { id = tokens[k - 1], text = new_text(s), reason = stop_name(stops[k - 1]) }
+            if raising then
+                s.held = result
+            else
+                if result.reason then s.done, s.stop_reason = true, result.reason end
+                results[i] = result
+            end
         end
     end
     if hook_error then error(hook_error[1], 0) end
@@ -1166,7 +1204,7 @@ jit.off(Model.step_batch)
 function Model:generate_batch(prompts, cfg)
     model_ptr(self, "generate_batch")
     if type(prompts) ~= "table" then raise("generate_batch: prompts must be a table") end
-    local n_prompts, all_ids = #prompts, {}
+    local n_prompts, all_ids = list_length(prompts, "generate_batch: prompts"), {}
     for i = 1, n_prompts do
         local ids, err = prompt_ids(self, prompts[i])
         if not ids then return nil, err end
@@ -1360,7 +1398,7 @@ end
 -- state:write(path) -> true | nil, err: the same into a file (written beside it, then
 -- renamed over it).
 function State:write(path)
-    if type(path) ~= "string" then raise("state:write(path): path must be a string") end
+    check_path(path, "state:write(path): path")
     local st = C.tl_session_state_write(state_ptr(self, "state:write()"), path)
     if st ~= 0 then return nil, last_error() end
     return true
@@ -1394,7 +1432,7 @@ end
 -- model:read_state(path) -> state | nil, err: the same from a file written by state:write().
 function Model:read_state(path)
     model_ptr(self, "read_state")
-    if type(path) ~= "string" then raise("model:read_state(path): path must be a string") end
+    check_path(path, "model:read_state(path): path")
     local st = C.tl_session_state_read(self.ptr, path, state_out)
     if st ~= 0 then return nil, last_error() end
     return read_back_state(self)
@@ -1529,6 +1567,11 @@ function Model:score(ids, loops)
     if not ids then return nil, err end
     loops = loops == nil and self.default_loops or check_int("score: loops", loops)
     local arr, n = id_array(ids)
+    -- (the engine's own bound, before the n x vocab_size floats it would size: 100,000 ids
+    -- took 1.6 GB before the engine refused them)
+    if n > self.max_seq_len then
+        raise(("tl_score: n = %d is out of range [1, max_seq_len = %d]"):format(n, self.max_seq_len))
+    end
     local data = ffi_new("float[?]", n * self.vocab_size + 1)
     local st = C.tl_score(self.ptr, arr, n, loops, data)
     if st ~= 0 then return engine_failure(st) end

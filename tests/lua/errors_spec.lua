@@ -168,6 +168,31 @@ describe("prompt errors", function()
         raises({ "prompt_len" }, gen({}, {}))
         raises({ "prompt_len" }, gen({}, ""))
         raises({ "token ids must be numbers", "index 2" }, gen({}, { 1, "2" }))
+        -- a list with a hole (# may end at it: { 1, nil, 3 } was generated from as { 1 })
+        raises({ "token ids must be a list (1..n, no holes)" }, gen({}, { 1, nil, 3 }))
+        raises({ "token ids must be a list (1..n, no holes)" }, function() return m:decode({ 1, nil, 3 }) end)
+        raises({ "generate_batch: prompts must be a list (1..n, no holes)" },
+               function() return m:generate_batch({ { 1 }, nil, { 2 } }, { max_tokens = 1 }) end)
+        raises({ "config field 'reasoning_start' must be a list (1..n, no holes)" },
+               function() return m:session({ 1, 2 }, { reasoning_budget = 5, reasoning_start = { 1, nil, 3 } }) end)
+    end)
+
+    it("refuses a file path C would read otherwise, and load options out of range", function()
+        local tinyloop = require "tinyloop"
+        local dir = H.ROOT .. "/models/tinyloop-austen"
+        -- (C reads a path up to its first NUL: "a\0b" named the file "a", and the call succeeded)
+        raises({ "tinyloop.load: model directory contains a NUL byte" }, function() return tinyloop.load(dir .. "\0x") end)
+        raises({ "tinyloop.load: model directory must not be empty" }, function() return tinyloop.load("") end)
+        raises({ "load option 'threads' = 1000000 must be in [0, 1024]" }, function() return tinyloop.load(dir, { threads = 1e6 }) end)
+        local s = m:session({ 1, 2 }, { max_tokens = 1 })
+        local state = s:save()
+        local path = os.tmpname()
+        raises({ "state:write(path): path contains a NUL byte" }, function() return state:write(path .. "\0b") end)
+        raises({ "state:write(path): path must not be empty" }, function() return state:write("") end)
+        assert.is_true(state:write(path))
+        raises({ "model:read_state(path): path contains a NUL byte" }, function() return m:read_state(path .. "\0junk") end)
+        assert.truthy(m:read_state(path))
+        os.remove(path)
     end)
 
     it("generate_batch rejects a non-table batch and bad items", function()
@@ -178,12 +203,19 @@ describe("prompt errors", function()
     it("encode and decode check their arguments", function()
         raises({ "text must be a string" }, function() return m:encode(5) end)
         raises({ "ids must be a table" }, function() return m:decode("abc") end)
+        -- a place in the caller's list counts from 1, as every other message does (it said 2)
+        raises({ "cannot decode token id 99999 at position 3" }, function() return m:decode({ 1, 2, 99999 }) end)
     end)
 
     it("score checks its loops and ids", function()
         raises({ "loops = 9" }, function() return m:score({ 1, 2 }, 9) end)
         raises({ "loops = 0" }, function() return m:score({ 1, 2 }, 0) end)
         raises({ "out of range" }, function() return m:score({ 1, 999 }, 1) end)
+        -- past the context: refused before the n x vocab_size floats are sized (300,000 ids
+        -- failed inside ffi.new with "size of C type is unknown or too large")
+        local many = {}
+        for i = 1, math.floor(2 ^ 31 / (4 * m:info().vocab_size)) + 1 do many[i] = 1 end
+        raises({ ("tl_score: n = %d is out of range [1, max_seq_len = "):format(#many) }, function() return m:score(many) end)
     end)
 end)
 

@@ -131,16 +131,28 @@ describe("model:step_batch", function()
         end
         H.error_contains(function() m:step_batch({ bad, good }) end, "boom at three")
         H.error_contains(function() bad:step() end, "a hook raised: ")
-        -- good's third token was emitted in the call that raised: read it back from its tokens
-        local so_far = good:tokens()
-        assert.equal(5 + 3, #so_far)
-        ids[3] = so_far[8]
+        -- good's third token was emitted in the call that raised: its next step returns it
+        -- (with its text), stepping nothing (its id was lost, and its text came with the fourth)
+        assert.equal(5 + 3, #good:tokens())
         while true do
             local r = m:step_batch({ good })
             ids[#ids + 1] = r[1].id
+            if #ids == 3 then assert.equal(5 + 3, #good:tokens()) end
             if r[1].reason then break end
         end
         assert.same(H.slice(m:generate(prompt_of(5, 2), good_cfg), 6), ids)
+        -- one whose last step was in the call that raised: that step's result ends it
+        calls = 0
+        bad = m:session(prompt_of(4, 1), { max_tokens = 10, ignore_eos = true, logits_processor = function()
+            calls = calls + 1
+            if calls == 1 then error("boom at one") end
+        end })
+        local last = m:session(prompt_of(5, 2), { max_tokens = 1, ignore_eos = true })
+        H.error_contains(function() m:step_batch({ bad, last }) end, "boom at one")
+        local id, text, reason = last:step()
+        assert.same({ last:tokens()[6], "MAX_TOKENS" }, { id, reason })
+        assert.equal(m:decode({ id }), text)
+        H.error_contains(function() last:step() end, "session has already finished")
     end)
 
     it("refuses what it cannot step, with a message naming the session", function()
