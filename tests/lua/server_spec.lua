@@ -1872,7 +1872,7 @@ describe("responses (OpenAI's Responses API)", function()
                       output_tokens_details = r.usage.output_tokens_details })
         assert.equal("number", type(r.usage.input_tokens_details.cached_tokens))
         -- the request's settings, echoed (OpenAI's defaults where left out: it is stored)
-        assert.same({ "Be brief.", 12, 0.8, { k = "v" }, true, "auto", {}, { format = { type = "text" } }, true },
+        assert.same({ "Be brief.", 12, 0.8, { k = "v" }, true, "auto", {}, { format = { type = "text" }, verbosity = "medium" }, true },
                     { r.instructions, r.max_output_tokens, r.temperature, r.metadata, r.store, r.tool_choice, r.tools, r.text,
                       r.parallel_tool_calls })
         assert.equal(chat.tinyloop.loops_used, r.tinyloop.loops_used)
@@ -2052,6 +2052,9 @@ describe("responses (OpenAI's Responses API)", function()
         assert.equal(400, gone_status, gone) -- (OpenAI's answer, and the code its clients read)
         assert.same({ "previous_response_id", "previous_response_not_found" },
                     { cjson.decode(gone).error.param, cjson.decode(gone).error.code })
+        -- no response has the id "" (it was read as a chain of none: found)
+        local blank_status, blank = post_responses({ input = "x", previous_response_id = "", max_output_tokens = 1 })
+        assert.same({ 400, "previous_response_not_found" }, { blank_status, cjson.decode(blank).error.code })
         -- each response keeps its own turn: the chains through the first are gone with it
         assert.equal(400, (post_responses({ input = "x", previous_response_id = second.id, max_output_tokens = 1 })))
         -- store: false keeps nothing
@@ -2164,7 +2167,9 @@ describe("responses (OpenAI's Responses API)", function()
                                         safety_identifier = "s", prompt_cache_key = "k", top_p = 1, parallel_tool_calls = true,
                                         stream_options = cjson.null, previous_response_id = cjson.null }):gsub('"%[%]"', "[]")))
         assert.equal(200, status, body)
-        assert.same({ effort = "low", summary = cjson.null }, cjson.decode(body).reasoning)
+        assert.same({ effort = "low", summary = "auto" }, cjson.decode(body).reasoning)
+        assert.same({ 4, "s", "k" }, { cjson.decode(body).max_tool_calls, cjson.decode(body).safety_identifier,
+                                       cjson.decode(body).prompt_cache_key })
     end)
 end)
 
@@ -3889,6 +3894,39 @@ describe("scripts/serve options", function()
             ".pid) 2>/dev/null || break; sleep 0.1; done")
         assert(ok, err)
     end
+
+    it("keeps a stored response that needs many others dropped, and drops none for one the store cannot hold", function()
+        with_serve("small-store", "--threads 1 --max-active 1 --prefix-pool-mb 0 --responses-store-mb 1 --max-body 4000000",
+                   function(url, pre)
+            local function respond(metadata_bytes, input)
+                local path = pre .. ".body"
+                local f = assert(io.open(path, "wb"))
+                f:write(cjson.encode({ input = input, max_output_tokens = 1, metadata = { k = ("x"):rep(metadata_bytes) } }))
+                f:close()
+                local status, body = curl("-d @" .. path .. " " .. url .. "/v1/responses")
+                assert.equal(200, status, body)
+                return cjson.decode(body)
+            end
+            local small = {}
+            for i = 1, 80 do small[i] = respond(8000, "s" .. i).id end
+            local function stored_count()
+                local n = 0
+                for _, id in ipairs(small) do if curl(url .. "/v1/responses/" .. id) == 200 then n = n + 1 end end
+                return n
+            end
+            local before = stored_count()
+            assert.is_true(before > 40, before)
+            -- more than the store holds: not kept, and nothing dropped for it (all of it was)
+            local huge = respond(1100000, "huge")
+            assert.is_false(huge.store)
+            assert.equal(before, stored_count())
+            -- a large one: kept, however many of the least recently used it takes (set dropped
+            -- 30, then failed: the answer said store false and the 30 were gone for nothing)
+            local large = respond(400000, "large")
+            assert.is_true(large.store)
+            assert.equal(200, (curl(url .. "/v1/responses/" .. large.id)))
+        end)
+    end)
 
     it("refuses a chat template it cannot read or compile", function()
         local out = sh("scripts/serve --chat-template /nonexistent/t.jinja --port 1 2>&1; echo \"exit $?\"")

@@ -1170,12 +1170,13 @@ end
 local MAX_CHAIN = 100000 -- (a cycle cannot be stored, ids being new; this only bounds a walk)
 local function stored_conversation(id)
     local parts = {}
-    while id ~= "" and #parts < MAX_CHAIN do
+    if id == "" then return nil end -- (no response has it: the end of a chain is its previous id)
+    repeat
         local previous, messages = stored(id)
         if not previous then return nil end
         parts[#parts + 1] = messages
         id = previous
-    end
+    until id == "" or #parts >= MAX_CHAIN
     local conversation = {}
     for i = #parts, 1, -1 do
         local messages = cjson.decode(parts[i])
@@ -1189,12 +1190,27 @@ end
 -- its end goes out (a client may send the next turn as soon as it reads it). -> false when it
 -- could not be kept (the dict is full of entries it cannot drop: the answer then says
 -- store: false), else true.
+local MAX_STORE_TRIES = 10000 -- (30 dropped a try: a store of 300,000 responses emptied)
 local function keep_response(r)
     if r.kept or not r.view.record or not responses_store then return true end -- (another API's view keeps nothing)
     local messages, response, previous = r.view:record()
     if not messages then return true end
     r.kept = true
-    local ok, err = responses_store:set("resp:" .. r.public_id, (previous or "") .. "\0" .. messages .. "\0" .. response)
+    local key, value = "resp:" .. r.public_id, (previous or "") .. "\0" .. messages .. "\0" .. response
+    local ok, err
+    if #key + #value > responses_store:capacity() then
+        -- (one the whole store cannot hold: set would drop the least recently used, then fail)
+        ok, err = false, "larger than the store (--responses-store-mb)"
+    else
+        -- (set drops at most 30 of the least recently used a try, then says "no memory": a
+        -- large response dropped them and was not kept; each try drops more, until it fits)
+        ok, err = responses_store:set(key, value)
+        local tries = 1
+        while not ok and err == "no memory" and tries < MAX_STORE_TRIES do
+            ok, err = responses_store:set(key, value)
+            tries = tries + 1
+        end
+    end
     if not ok then ngx_log(ngx.WARN, "tinyloop: response ", r.public_id, " is not stored: ", err) end
     return ok and true or false
 end

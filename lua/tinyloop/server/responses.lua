@@ -37,6 +37,9 @@ local _M = {}
 
 -- ------------------------------------------------------------------ the request
 
+-- A field the answer echoes: its value as sent (a string), else the default's JSON text.
+local function echoed(v, default) return type(v) == "string" and encode(v) or default end
+
 -- The Responses fields read here, by JSON kind. Chat's fields of the same meaning and name
 -- (temperature, top_p, user, seed, stop and TinyLoop's and vLLM's extensions: PASSED) go
 -- to the chat request as sent, checked there.
@@ -410,7 +413,7 @@ function _M.to_chat(body, lookup)
         members[#members + 1] = { "logprobs", "true" }
         members[#members + 1] = { "top_logprobs", shapes.integer(t.top_logprobs or 0) }
     end
-    local effort
+    local effort, summary
     if t.reasoning then
         for k, v in pairs(t.reasoning) do
             if k == "effort" then
@@ -418,7 +421,10 @@ function _M.to_chat(body, lookup)
                     return bad('reasoning.effort must be "none", "minimal", "low", "medium", "high" or "xhigh"', "reasoning")
                 end
                 effort = v ~= json_null and v or nil
-            elseif k ~= "summary" and k ~= "generate_summary" then
+            elseif k == "summary" or k == "generate_summary" then
+                if v ~= json_null and type(v) ~= "string" then return bad(("reasoning.%s must be a string"):format(k), "reasoning") end
+                summary = v ~= json_null and v or summary
+            else
                 return bad(("unknown field '%s' in reasoning"):format(tostring(k)), "reasoning")
             end
         end
@@ -434,12 +440,13 @@ function _M.to_chat(body, lookup)
             { "max_output_tokens", t.max_output_tokens and shapes.integer(t.max_output_tokens) or "null" },
             { "parallel_tool_calls", t.parallel_tool_calls == false and "false" or "true" },
             { "previous_response_id", t.previous_response_id and encode(t.previous_response_id) or "null" },
-            { "reasoning", object({ { "effort", effort and encode(effort) or "null" }, { "summary", "null" } }) },
+            { "reasoning", object({ { "effort", effort and encode(effort) or "null" }, { "summary", echoed(summary, "null") } }) },
             { "store", store and "true" or "false" },
             -- (the value decoded with: left out, the engine's 0, greedy; OpenAI's 1 samples, and
             -- echoing it described a decoding the request did not get)
             { "temperature", t.temperature and raw.temperature or "0" },
-            { "text", object({ { "format", format_text and raw_member(body, { "text", "format" }) or '{"type":"text"}' } }) },
+            { "text", object({ { "format", format_text and raw_member(body, { "text", "format" }) or '{"type":"text"}' },
+                               { "verbosity", echoed(t.text and t.text.verbosity, '"medium"') } }) },
             { "tool_choice", t.tool_choice and raw.tool_choice or '"auto"' },
             { "tools", t.tools and raw.tools or "[]" },
             { "top_logprobs", shapes.integer(t.top_logprobs or 0) },
@@ -447,6 +454,10 @@ function _M.to_chat(body, lookup)
             { "truncation", '"disabled"' },
             { "user", t.user and encode(t.user) or "null" },
             { "metadata", t.metadata and raw.metadata or "{}" },
+            -- (the fields that change nothing here, as sent: a client reads back its own)
+            { "max_tool_calls", t.max_tool_calls and shapes.integer(t.max_tool_calls) or "null" },
+            { "prompt_cache_key", echoed(t.prompt_cache_key, "null") },
+            { "safety_identifier", echoed(t.safety_identifier, "null") },
         },
     }, View)
     return object(members), view
