@@ -1488,10 +1488,18 @@ local function run_speculative(model, prompt, cfg, tree)
             if k == "loops" then raise("config field 'loops': use verify_loops for speculative decoding") end
             -- (it said the field "needs speculative = chain or tree", of a chain call)
             if TREE_FIELDS[k] then raise("config field '" .. k .. "' is tree speculation's: use generate_tree_speculative") end
+            -- (the call is the mode: a speculative = "tree" given to the chain ran the chain)
+            if k == "speculative" and v ~= (tree and "tree" or "chain") then
+                raise(("config field 'speculative' = %s: %s runs the %s"):format(tostring(v),
+                    tree and "generate_tree_speculative" or "generate_speculative", tree and "tree" or "chain"))
+            end
             base[k] = v
         end
     end
-    if base.sample_seed ~= nil and cfg.seed == nil then cfg = setmetatable({ seed = base.sample_seed }, { __index = cfg }) end
+    base.speculative = nil
+    -- (the chat's and the session's name of the seed: one setting, sample_seed was dropped for seed)
+    if base.sample_seed ~= nil and cfg.seed ~= nil then raise("config fields 'seed' and 'sample_seed' are one setting: give one") end
+    if base.sample_seed ~= nil then cfg = setmetatable({ seed = base.sample_seed }, { __index = cfg }) end
     base.sample_seed = nil
     local c, keep, ctx = make_config(model, base)
     local sc = tree and ffi_new("tl_tree_speculative_config") or ffi_new("tl_speculative_config")

@@ -49,6 +49,17 @@ describe("config values that C cannot represent", function()
     it("seeds must be integers in [0, 2^53]", function()
         raised({ "'sample_seed' = -1" }, function() m:generate({ 1 }, { sample_seed = -1 }) end)
         raised({ "'seed' = 0.5" }, function() m:generate_speculative({ 1 }, { seed = 0.5 }) end)
+        -- two names of one seed: one was dropped for the other
+        raised({ "'seed' and 'sample_seed' are one setting" },
+               function() m:generate_speculative({ 1 }, { seed = 1, sample_seed = 2 }) end)
+    end)
+
+    it("a speculative call is its mode: a speculative field naming the other is refused (it ran the call's)", function()
+        raised({ "'speculative' = tree: generate_speculative runs the chain" },
+               function() m:generate_speculative({ 1 }, { speculative = "tree" }) end)
+        raised({ "'speculative' = chain: generate_tree_speculative runs the tree" },
+               function() m:generate_tree_speculative({ 1 }, { speculative = "chain" }) end)
+        assert.truthy(m:generate_speculative({ 1 }, { speculative = "chain", max_tokens = 2, draft_loops = 1, verify_loops = 2 }))
     end)
 
     it("ignore_eos must be a boolean (0 would be true in Lua)", function()
