@@ -109,6 +109,14 @@ local function check_path(path, what)
     return path
 end
 
+-- Raises unless obj is an object of class (a close called with another object, or with a
+-- dot: State.close(session) removed the session's finalizer, then failed: a leak).
+local function of_class(obj, class, what)
+    if type(obj) ~= "table" or getmetatable(obj) ~= class then
+        raise(what .. " needs its own object (obj:close(), with a colon), not " .. type(obj))
+    end
+end
+
 -- #t of a list, raising where it has holes (tinyloop.raise.list_length's rule)
 local list_length_of = require("tinyloop.raise").list_length
 local function list_length(t, what) return list_length_of(t, what, raise) end
@@ -726,6 +734,7 @@ end
 -- Frees the C session now (the garbage collector would do it later). Refused from inside one
 -- of the session's own hooks: the step that runs the hook still uses the session.
 function Session:close()
+    of_class(self, Session, "session:close()")
     not_in_batch(self, "close")
     if self.ctx and self.ctx.in_hook then
         raise("session:close() from inside one of its own hooks: close it after the step returns")
@@ -870,6 +879,7 @@ end
 -- program that loads many models should close them. Idempotent. Sessions still open keep the
 -- C model alive until they are closed or collected; every other method raises afterwards.
 function Model:close()
+    of_class(self, Model, "model:close()")
     if self.ptr == nil then return end
     ffi_gc(self.ptr, nil)
     self.ptr = nil
@@ -1353,6 +1363,7 @@ end
 
 -- state:close(): frees the state's memory (its KV pages) now, not at the next collection.
 function State:close()
+    of_class(self, State, "state:close()")
     if self.ptr ~= nil then
         ffi_gc(self.ptr, nil)
         C.tl_session_state_free(self.ptr)
