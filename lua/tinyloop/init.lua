@@ -90,6 +90,7 @@ end
 
 local INT_MIN, INT_MAX = -2 ^ 31, 2 ^ 31 - 1
 local SEED_MAX = 2 ^ 53 -- every integer up to here is exact in a Lua number
+local FLT_MAX = 3.4028234663852886e38
 
 -- Raises unless v is an integer of a C int.
 local function check_int(what, v)
@@ -297,6 +298,9 @@ local function set_number(c, field, v, kind)
         check_int("config field '" .. field .. "'", v)
     elseif kind == "seed" and (v ~= floor(v) or v < 0 or v > SEED_MAX) then
         raise(("config field '%s' = %s must be an integer in [0, 2^53] (past it: a uint64_t, 0x...ULL)"):format(field, tostring(v)))
+    elseif kind == "float" and v ~= math.huge and v ~= -math.huge and (v > FLT_MAX or v < -FLT_MAX) then
+        -- (a C float holds it as inf: the engine's message then named a value not given)
+        raise(("config field '%s' = %s is past a C float's range"):format(field, tostring(v)))
     end
     c[field] = v
 end
