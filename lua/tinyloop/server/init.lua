@@ -1430,7 +1430,16 @@ local function post_body()
     if declared and declared > conf.max_body then return send_uri_error(413, too_large) end
     ngx.req.read_body()
     local body = ngx.req.get_body_data()
-    if not body and ngx.req.get_body_file() then return send_uri_error(413, too_large) end -- spilled to disk: over the buffer
+    local spilled = not body and ngx.req.get_body_file()
+    if spilled then
+        -- (a chunked body: nginx counts the body, not the framing, against client_max_body_size,
+        -- but may spill one of legal size to a file, the framing filling the buffer: it was
+        -- refused as too large)
+        local f = io.open(spilled, "rb")
+        body = f and f:read(conf.max_body + 1)
+        if f then f:close() end
+        if not body or #body > conf.max_body then return send_uri_error(413, too_large) end
+    end
     return body or ""
 end
 
