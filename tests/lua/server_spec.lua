@@ -828,7 +828,12 @@ describe("server", function()
         expect_error(404, nil, base .. "/v1/audio/transcriptions", true)
         -- nginx's own errors in the same JSON shape (its HTML pages before)
         expect_error(414, nil, "-d '{}' '" .. base .. "/v1/completions?" .. ("a"):rep(9000) .. "'", true)
-        expect_error(400, nil, "-H 'X-Big: " .. ("b"):rep(20000) .. "' " .. base .. "/health", true)
+        e = expect_error(400, nil, "-H 'X-Big: " .. ("b"):rep(20000) .. "' " .. base .. "/health", true)
+        assert.equal("the request headers are too large", e.message) -- (nginx answers its 494 as a 400)
+        -- and those nginx answers itself (its HTML pages before)
+        e = expect_error(405, nil, "-X TRACE " .. base .. "/health", true)
+        assert.equal("method not allowed", e.message)
+        expect_error(501, nil, "-H 'Transfer-Encoding: gzip' -d x " .. base .. "/v1/completions", true)
         expect_error(404, nil, base .. "/.tinyloop-error", true)
         -- still serving
         local status = post_json({ prompt = "hi", max_tokens = 2 })
@@ -4053,6 +4058,19 @@ describe("scripts/serve options", function()
             assert.truthy(cjson.decode(body).error.message:find("not stored by this server", 1, true), body)
             headers = sh("curl -s -D - -o /dev/null -H 'Origin: http://app.example' " .. url .. "/v1/models"):lower()
             assert.truthy(headers:find("^http/1.1 401") and headers:find("access-control-allow-origin: http://app.example", 1, true), headers)
+            -- an answer to no origin, or to another, depends on the Origin too: a cache in front
+            -- keys on it (only the allowed origins' answers said so)
+            for _, origin in ipairs({ "", "-H 'Origin: http://evil.example' " }) do
+                headers = sh("curl -s -D - -o /dev/null -H 'Authorization: Bearer k3y!' " .. origin .. url .. "/v1/models"):lower()
+                assert.truthy(headers:find("^http/1.1 200") and headers:find("\nvary: origin", 1, false), headers)
+                assert.falsy(headers:find("access-control-allow-origin", 1, true), headers)
+            end
+            -- nginx's own errors answer as themselves with a key set (the 494's place asked for
+            -- the key: a 401), and a model id is decoded once (%252D is "%2D", no model here)
+            status, body = curl("-H 'X-Big: " .. ("b"):rep(20000) .. "' " .. url .. "/health")
+            assert.same({ 400, "the request headers are too large" }, { status, cjson.decode(body).error.message })
+            assert.equal(404, (curl("-H 'Authorization: Bearer k3y!' " .. url .. "/v1/models/tinyloop%252Dausten")))
+            assert.equal(200, (curl("-H 'Authorization: Bearer k3y!' " .. url .. "/v1/models/tinyloop%2Dausten")))
             headers = sh("curl -s -N -D - -o /dev/null -H 'Origin: http://app.example' -H 'Authorization: Bearer k3y!' " ..
                          "-d '{\"prompt\": \"hi\", \"max_tokens\": 2, \"stream\": true}' " .. url .. "/v1/completions"):lower()
             assert.truthy(headers:find("text/event-stream", 1, true) and headers:find("access-control-allow-origin: http://app.example", 1, true), headers)

@@ -516,7 +516,7 @@ end
 -- GET /v1/models/{id} (the OpenAI SDKs' models.retrieve): the model, or 404 naming it.
 function _M.model()
     if not only_get() or not ready() then return end
-    local id = ngx.unescape_uri(ngx.var.uri:sub(#"/v1/models/" + 1))
+    local id = ngx.var.uri:sub(#"/v1/models/" + 1) -- (decoded by nginx: %252D was decoded twice, to "-")
     if id ~= conf.model_id then
         return send_error(404, ("no model '%s' here (this server runs '%s')"):format(id, conf.model_id), "model",
                           "not_found_error", nil, "model_not_found")
@@ -559,16 +559,20 @@ local function preflight()
     ngx.header["Access-Control-Allow-Headers"] = ngx.var.http_access_control_request_headers or
         "Authorization, Content-Type, x-api-key, anthropic-version"
     ngx.header["Access-Control-Max-Age"] = "86400"
+    ngx.header["Vary"] = "Origin, Access-Control-Request-Headers" -- (it echoes them)
     return ngx_exit(204)
 end
 
 -- header_filter_by_lua: every answer to an allowed origin says so (errors and streams too: a
 -- page can read why it was refused).
 function _M.cors_headers()
+    local allowed = conf.cors_allowed
+    if not allowed then return end
+    -- (where origins are listed, every answer depends on the request's Origin, an allowed one's
+    -- or not: a cache in front keys on it, Fetch's rule; only allowed ones had it)
+    if not allowed["*"] and not ngx.header["Vary"] then ngx.header["Vary"] = "Origin" end
     local origin = cors_origin()
-    if not origin then return end
-    ngx.header["Access-Control-Allow-Origin"] = origin
-    if origin ~= "*" then ngx.header["Vary"] = "Origin" end
+    if origin then ngx.header["Access-Control-Allow-Origin"] = origin end
 end
 
 -- server_rewrite_by_lua: a browser's preflight, then the API key (authorize).
@@ -583,7 +587,8 @@ end
 function _M.authorize()
     local key = conf.api_key
     local uri = ngx.var.uri
-    if not key or uri == "/health" or uri == "/metrics" or uri == "/.tinyloop-error" then return end
+    -- (nginx's own errors: the internal locations its error_page goes to, /.tinyloop-error*)
+    if not key or uri == "/health" or uri == "/metrics" or uri:find("^/%.tinyloop%-error") then return end
     -- (every byte compared: the time says nothing of where a wrong key differs)
     local function matches(given)
         if type(given) ~= "string" or #given ~= #key then return false end
@@ -609,14 +614,16 @@ end
 -- nginx's own errors (error_page ... @nginx_error, the status kept): the JSON error shape
 -- instead of nginx's HTML page, which OpenAI clients cannot parse.
 local NGINX_ERRORS = {
-    [400] = "bad request (malformed HTTP)", [404] = "not found", [408] = "the request timed out",
-    [414] = "the request URI is too long",
-    [494] = "the request headers are too large", [500] = "internal server error", [502] = "bad gateway",
-    [504] = "gateway timeout",
+    [400] = "bad request (malformed HTTP)", [404] = "not found", [405] = "method not allowed", [408] = "the request timed out",
+    [411] = "a body needs its length (Content-Length) or chunked framing", [414] = "the request URI is too long",
+    [494] = "the request headers are too large", [500] = "internal server error",
+    [501] = "not implemented (a transfer encoding other than chunked)", [502] = "bad gateway", [504] = "gateway timeout",
+    [505] = "HTTP version not supported (HTTP/1.x here)",
 }
-function _M.nginx_error()
+-- (error: which one, where the status cannot say: nginx answers its 494 as a 400)
+function _M.nginx_error(error)
     local status = ngx.status
-    return send_uri_error(status, NGINX_ERRORS[status] or ("HTTP error " .. status), nil)
+    return send_uri_error(status, NGINX_ERRORS[error or status] or ("HTTP error " .. status), nil)
 end
 
 -- log_by_lua: every request, including nginx's own errors, counted by endpoint and status.
