@@ -961,6 +961,8 @@ typedef struct tl_grammar_tag {
 typedef struct tl_grammar_tags_options {
     int max_blanks;   /* 0 (default) to 16: blanks allowed between a begin and its content */
     int at_least_one; /* 1: the text holds a tag (it may not end before one) */
+    int tag_first;    /* 1: the text begins with a tag, no free text before it (xgrammar's
+                         at_least_one); a tag is there then, whatever at_least_one says */
 } tl_grammar_tags_options;
 tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const char *const *triggers, int n_triggers,
                                   const tl_grammar_tags_options *opts, tl_compiled_grammar **out); /* opts may be NULL */

@@ -205,8 +205,11 @@ static bool automaton_build(automaton *a, const bytes *triggers, int n) {
 
 static bool starts_with(bytes s, bytes prefix) { return s.n >= prefix.n && memcmp(s.p, prefix.p, (size_t)prefix.n) == 0; }
 
+/* at_least_one: the text may not end before a tag; tag_first: it begins with one (no free
+   text before it: xgrammar's at_least_one), a rule of its own, the root, choosing a tag by its
+   whole begin. */
 static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *triggers, int n_triggers, int max_blanks,
-                              bool at_least_one, gram_program **out, char *err, size_t errlen) {
+                              bool at_least_one, bool tag_first, gram_program **out, char *err, size_t errlen) {
     *out = NULL;
     automaton a;
     if (!automaton_build(&a, triggers, n_triggers)) {
@@ -215,7 +218,7 @@ static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *trigg
     }
     /* rule numbers: the content programs, then free (one or two copies), enter (per state),
        open (per trigger), blank (per tag) */
-    const int S = a.n_states, copies = at_least_one ? 2 : 1;
+    const int S = a.n_states, copies = at_least_one && !tag_first ? 2 : 1;
     int *content_first = malloc((size_t)n_tags * sizeof *content_first);
     /* reached: the states free text can be in (from the root through states that complete
        nothing) or step into; grouping: each next state's bytes, per state */
@@ -231,8 +234,8 @@ static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *trigg
         n_rules += tags[t].content->n_rules;
     }
     const int free_first = n_rules, enter_first = free_first + copies * S, open_first = enter_first + S;
-    const int blank_first = open_first + n_triggers;
-    n_rules = blank_first + n_tags * (max_blanks + 1);
+    const int blank_first = open_first + n_triggers, first_tag = blank_first + n_tags * (max_blanks + 1);
+    n_rules = first_tag + (tag_first ? 1 : 0);
     /* free_after: the free text after a tag (the copy that may end); the start: before any */
     const int free_after = free_first + (copies - 1) * S;
     if (!w.oom) {
@@ -332,11 +335,20 @@ static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *trigg
             if (!tags[t].ends_text) emit(&w, GE_REF, free_after);
             emit(&w, GE_END, 0);
         }
+    if (tag_first && !w.oom) { /* first_tag: one tag's whole begin, then its blanks and content */
+        begin_rule(&w, first_tag);
+        for (int t = 0; t < n_tags; t++) {
+            begin_alt(&w);
+            for (int i = 0; i < tags[t].begin.n; i++) emit(&w, GE_BYTES, byte_set(&w, tags[t].begin.p[i]));
+            emit(&w, GE_REF, blank_first + t * (max_blanks + 1));
+            emit(&w, GE_END, 0);
+        }
+    }
     begin_rule(&w, n_rules); /* (the end of the last rule's alternatives) */
     gram_program *p = w.p;
     if (!w.oom) {
         p->n_rules = n_rules;
-        p->root = free_first;
+        p->root = tag_first ? first_tag : free_first;
         p->rule_names = calloc((size_t)n_rules + 1, sizeof *p->rule_names);
         if (!p->rule_names) w.oom = true;
         for (int t = 0, r = 0; t < n_tags && !w.oom; t++)
@@ -382,6 +394,8 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
     const int max_blanks = opts ? opts->max_blanks : 0;
     if (opts && opts->at_least_one != 0 && opts->at_least_one != 1)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: at_least_one = %d must be 0 or 1", opts->at_least_one);
+    if (opts && opts->tag_first != 0 && opts->tag_first != 1)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: tag_first = %d must be 0 or 1", opts->tag_first);
     if (max_blanks < 0 || max_blanks > MAX_BLANKS)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: max_blanks = %d is out of range [0, %d]", max_blanks,
                        MAX_BLANKS);
@@ -419,7 +433,8 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
     gram_program *prog = NULL;
     char err[128] = "";
     if (st == TL_OK) {
-        st = program_tags(in, n_tags, trig, n_triggers, max_blanks, opts && opts->at_least_one, &prog, err, sizeof err);
+        st = program_tags(in, n_tags, trig, n_triggers, max_blanks, opts && opts->at_least_one, opts && opts->tag_first, &prog,
+                          err, sizeof err);
         if (st != TL_OK) st = tl_fail(st, "tl_grammar_compile_tags: %s", err);
     }
     free(in);
@@ -436,7 +451,7 @@ static tl_status after_program(const tl_compiled_grammar *g, const char *trigger
     const bytes trig = {(const unsigned char *)trigger, (int)len};
     const tag_in tag = {trig, {(const unsigned char *)"", 0}, g->prog, true};
     char err[128] = "";
-    const tl_status st = program_tags(&tag, 1, &trig, 1, max_blanks, false, out, err, sizeof err);
+    const tl_status st = program_tags(&tag, 1, &trig, 1, max_blanks, false, false, out, err, sizeof err);
     return st == TL_OK ? TL_OK : tl_fail(st, "%s: %s", who, err);
 }
 

@@ -400,6 +400,7 @@ typedef struct tl_grammar_tag {
 typedef struct tl_grammar_tags_options {
     int max_blanks;
     int at_least_one;
+    int tag_first;
 } tl_grammar_tags_options;
 tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const char *const *triggers, int n_triggers,
                                   const tl_grammar_tags_options *opts, tl_compiled_grammar **out);

@@ -227,7 +227,8 @@ end
 -- tags, vLLM's structural_tag): the text is free until a trigger appears; from there it is a
 -- tag whose begin starts with that trigger ({begin = s, content = compiled grammar, ["end"] =
 -- s, ends_text = boolean}), then free text again (or the end, ends_text). opts: max_blanks
--- (blanks between a begin and its content, default 0), at_least_one. nil, err when C refuses.
+-- (blanks between a begin and its content, default 0), at_least_one (a tag is there), tag_first
+-- (the text begins with one: no free text before it). nil, err when C refuses.
 function M.tags(tags, triggers, opts)
     if type(tags) ~= "table" or #tags == 0 then raise("tinyloop.grammar.tags: tags must be a non-empty list") end
     if type(triggers) ~= "table" or #triggers == 0 then raise("tinyloop.grammar.tags: triggers must be a non-empty list of strings") end
@@ -253,7 +254,7 @@ function M.tags(tags, triggers, opts)
     local o = ffi.new("tl_grammar_tags_options")
     if opts then
         check_blanks(opts.max_blanks, "tinyloop.grammar.tags")
-        o.max_blanks, o.at_least_one = opts.max_blanks or 0, opts.at_least_one and 1 or 0
+        o.max_blanks, o.at_least_one, o.tag_first = opts.max_blanks or 0, opts.at_least_one and 1 or 0, opts.tag_first and 1 or 0
     end
     local out = ffi.new("tl_compiled_grammar *[1]")
     -- (the strings above are anchored by `tags` and `triggers` until the call returns)

@@ -1182,7 +1182,7 @@ static void test_after(tl_model *m) {
 /* tl_grammar_compile_tags: free text, tags opened by triggers, free text again. */
 static tl_compiled_grammar *tags_grammar(const tl_grammar_tag *tags, int n_tags, const char *const *triggers, int n_triggers,
                                          int at_least_one, int max_blanks) {
-    tl_grammar_tags_options opts = {max_blanks, at_least_one};
+    tl_grammar_tags_options opts = {max_blanks, at_least_one, 0};
     tl_compiled_grammar *g = NULL;
     CHECK(tl_grammar_compile_tags(tags, n_tags, triggers, n_triggers, &opts, &g) == TL_OK, "%s", tl_last_error());
     return g;
@@ -1197,6 +1197,22 @@ static void test_tags(tl_model *m) {
     static const char *n1[] = {"<f=c>", "<f=a>{x}</f>", "<f=a>{1}", "<f=a>{1}</f", "<f=a> {1}</f>", "<f=", NULL};
     expect(g, "tags", y1, n1);
     tl_compiled_grammar_free(g);
+    /* tag_first: the text begins with a tag, free text (and more tags) after it */
+    {
+        tl_grammar_tags_options first = {0, 0, 1};
+        CHECK(tl_grammar_compile_tags(fa, 2, trig, 1, &first, &g) == TL_OK, "%s", tl_last_error());
+        static const char *yf[] = {"<f=a>{1}</f>", "<f=b>x</f> bye <f=a>{2}</f>", "<f=a>{1}</f>tail", NULL};
+        static const char *nf[] = {"", "hello", "hi <f=a>{1}</f>", " <f=a>{1}</f>", "<f=a>{1}", "<f=c>", NULL};
+        expect(g, "tags, tag first", yf, nf);
+        tl_compiled_grammar_free(g);
+        /* each tag ending the text: that one tag and nothing else (xgrammar's at_least_one with stop_after_first) */
+        const tl_grammar_tag only[] = {{"<f=a>", digit, "</f>", 1}, {"<f=b>", x, "</f>", 1}};
+        CHECK(tl_grammar_compile_tags(only, 2, trig, 1, &first, &g) == TL_OK, "%s", tl_last_error());
+        static const char *yo[] = {"<f=a>{1}</f>", "<f=b>xx</f>", NULL};
+        static const char *no[] = {"", "a<f=a>{1}</f>", "<f=a>{1}</f> ", "<f=a>{1}</f><f=b>x</f>", NULL};
+        expect(g, "tags, one tag first and only", yo, no);
+        tl_compiled_grammar_free(g);
+    }
     /* at least one tag; a tag that ends the text; blanks after a begin */
     g = tags_grammar(fa, 2, trig, 1, 1, 0);
     static const char *y2[] = {"<f=b>x</f>", "so <f=a>{3}</f> and", NULL};
@@ -1275,7 +1291,7 @@ static void test_tags(tl_model *m) {
     tl_compiled_grammar_free(g);
     free(long_text);
     free(wide_text);
-    tl_grammar_tags_options too_many = {17, 0};
+    tl_grammar_tags_options too_many = {17, 0, 0};
     CHECK(tl_grammar_compile_tags(fa, 2, trig, 1, &too_many, &bad) == TL_ERR_INVALID_ARGUMENT, "max_blanks 17");
     CHECK(bad == NULL, "nothing compiled");
     tl_compiled_grammar_free(digit);

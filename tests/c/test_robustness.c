@@ -231,8 +231,10 @@ static void api_edges(const char *dir) {
     tl_grammar_tag tag = {"<t>", content, "</t>", 2};
     CHECK_ERROR(tl_grammar_compile_tags(&tag, 1, trigger, 1, NULL, &g), TL_ERR_INVALID_ARGUMENT, "tags[0].ends_text = 2 must be 0 or 1");
     tag.ends_text = 0;
-    const tl_grammar_tags_options tags_odd = {0, 3};
+    const tl_grammar_tags_options tags_odd = {0, 3, 0};
     CHECK_ERROR(tl_grammar_compile_tags(&tag, 1, trigger, 1, &tags_odd, &g), TL_ERR_INVALID_ARGUMENT, "at_least_one = 3 must be 0 or 1");
+    const tl_grammar_tags_options first_odd = {0, 0, 2};
+    CHECK_ERROR(tl_grammar_compile_tags(&tag, 1, trigger, 1, &first_odd, &g), TL_ERR_INVALID_ARGUMENT, "tag_first = 2 must be 0 or 1");
     tl_compiled_grammar_free(content);
     /* load options: mmap_weights is 0 or 1 */
     tl_load_options o;

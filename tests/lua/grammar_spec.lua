@@ -298,6 +298,27 @@ describe("tinyloop.grammar", function()
         assert.equal(1, any:memory().restarts)
         request.set_grammar_cache_budget(256 * 1048576)
     end)
+    it("reads xgrammar's triggered tags as xgrammar does: at_least_one begins with a tag, any_text ends at its end", function()
+        local request = require "tinyloop.server.request"
+        local function parse(format)
+            local body = '{"prompt": "x", "max_tokens": 4, "response_format": {"type": "structural_tag", "format": ' .. format .. '}}'
+            local req, err = request.parse(body, austen, "m", 8, {})
+            assert(req, type(err) == "table" and err.message or tostring(err))
+            return req.cfg.grammar
+        end
+        -- (text before the first tag was let through: at_least_one read as "a tag somewhere")
+        local g = parse('{"type": "triggered_tags", "triggers": [" the"], "tags": [{"type": "tag", "begin": " the[", ' ..
+                        '"content": {"type": "regex", "pattern": "[0-9]{2}"}, "end": "]"}], "at_least_one": true, ' ..
+                        '"stop_after_first": true}')
+        assert.same({ true, false, false }, { g:matches(" the[13]"), g:matches(", and that is not the[13]"), g:matches(" the[13] x") })
+        -- any text up to the first place the end appears ("eeee" went through for an end "ee")
+        g = parse('{"type": "triggered_tags", "triggers": ["e"], "tags": [{"type": "tag", "begin": "e", ' ..
+                  '"content": {"type": "any_text"}, "end": "ee"}], "stop_after_first": true}')
+        assert.same({ true, true, false, false }, { g:matches("eee"), g:matches("x exee"), g:matches("eeee"), g:matches("exeex") })
+        g = parse('{"type": "triggered_tags", "triggers": ["<a"], "tags": [{"type": "tag", "begin": "<a>", ' ..
+                  '"content": {"type": "any_text"}, "end": "```"}], "stop_after_first": true}')
+        assert.same({ true, true, false }, { g:matches("<a>x```"), g:matches("hi <a>```"), g:matches("<a>x````") })
+    end)
     it("opens grammars from free text at triggers (grammar.tags)", function()
         local digit = assert(G.gbnf('root ::= "{" [0-9] "}"'))
         local g = assert(G.tags({ { begin = "<f=a>", content = digit, ["end"] = "</f>" },
@@ -308,6 +329,10 @@ describe("tinyloop.grammar", function()
         local one = assert(G.tags({ { begin = "<f=a>", content = digit } }, { "<f=" }, { at_least_one = true, max_blanks = 1 }))
         assert.is_false(one:matches("no tag"))
         assert.is_true(one:matches("<f=a> {3}"))
+        -- tag_first: no text before the first tag
+        local first = assert(G.tags({ { begin = "<f=a>", content = digit, ["end"] = "</f>" } }, { "<f=" }, { tag_first = true }))
+        assert.same({ true, true, false, false }, { first:matches("<f=a>{1}</f>"), first:matches("<f=a>{1}</f> then <f=a>{2}</f>"),
+                                                    first:matches("hi <f=a>{1}</f>"), first:matches("") })
         -- a NUL inside would be cut by C: refused, as C's refusals are, with nil, err
         local bad, err = G.tags({ { begin = "<f\0=a>", content = digit } }, { "<f" })
         assert.is_nil(bad)

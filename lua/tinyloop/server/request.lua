@@ -664,7 +664,12 @@ local function content_grammar(c, text, path, at, compact, tag_end)
         if tag_end == nil then return false end -- (the whole output: no constraint)
         -- inside a tag: any text up to its end (it may not hold the end)
         if tag_end == "" then return nil, at .. ": any_text needs the tag's end (it runs up to it)" end
-        return grammar.tags({ { begin = tag_end, content = assert(grammar.never()) } }, { tag_end })
+        -- up to the first place the end appears, the end included (true: the tag's end is read
+        -- here): text free of the end, then the end, let through "eee" for an end "ee" (a
+        -- text ending in part of the end, the end after it)
+        local empty = assert(compile_text("gbnf", 'root ::= ""\n'))
+        return grammar.tags({ { begin = tag_end, content = empty, ends_text = true } }, { tag_end }, { at_least_one = true }),
+            nil, true
     end
     return nil, ("%s.type %s is not supported here (%s, or triggered_tags at the top)"):format(at, cjson.encode(kind) or "?", CONTENT_KINDS)
 end
@@ -706,12 +711,15 @@ local function format_grammar(f, text, compact)
             (tag.begin .. tag["end"]):find("\0", 1, true) then
             return nil, tag_at .. ": begin must be a non-empty string, begin and end valid UTF-8 without NUL"
         end
-        local content, err = content_grammar(tag.content, text, { "format", "tags", i, "content" }, tag_at .. ".content",
-                                             compact, tag["end"])
+        local content, err, reads_end = content_grammar(tag.content, text, { "format", "tags", i, "content" },
+                                                        tag_at .. ".content", compact, tag["end"])
         if not content then return nil, err or tag_at .. ".content: any_text needs an end" end
-        out[i] = { begin = tag.begin, content = content, ["end"] = tag["end"], ends_text = f.stop_after_first == true }
+        out[i] = { begin = tag.begin, content = content, ["end"] = reads_end and "" or tag["end"],
+                   ends_text = f.stop_after_first == true }
     end
-    local tagged, terr = grammar.tags(out, triggers, { at_least_one = f.at_least_one == true })
+    -- (xgrammar's at_least_one: the output begins with a tag, no text before it; the text
+    -- before it was let through)
+    local tagged, terr = grammar.tags(out, triggers, { tag_first = f.at_least_one == true })
     if not tagged then return nil, json_indexes(terr, "format.tags", "format.triggers") end
     return tagged
 end
