@@ -3875,6 +3875,62 @@ describe("examples/openresty", function()
             assert.equal("authentication_error", cjson.decode(body).error.type)
         end)
     end)
+
+    it("serves the handlers under a prefix of the app's: stored responses, a model, each API's error shape", function()
+        local module = io.open("/usr/lib/nginx/modules/ngx_http_lua_module.so")
+        if not module then return pending("the example loads Debian's nginx Lua module, which is not here") end
+        module:close()
+        local p = free_port()
+        local root = sh("pwd"):gsub("%s+$", "")
+        local function handler(name, body)
+            return ("content_by_lua_block { require(\"tinyloop.server\").%s() }"):format(name) ..
+                (body and " lua_need_request_body on;" or "")
+        end
+        local mounted = table.concat({
+            "location = /llm/v1/responses { " .. handler("responses", true) .. " }",
+            "location /llm/v1/responses/ { " .. handler("stored_response") .. " }",
+            "location /llm/v1/models/ { " .. handler("model") .. " }",
+            "location = /llm/api/chat { " .. handler("ollama_chat", true) .. " }",
+            "location = /llm/v1/messages { " .. handler("messages", true) .. " }",
+            "location / {" }, "\n        ")
+        local conf = H.read("examples/openresty/nginx.conf"):gsub("/path/to/tinyloop", root)
+            :gsub("listen 127%.0%.0%.1:%d+;", "listen 127.0.0.1:" .. p .. ";")
+            :gsub("lua_shared_dict tinyloop_metrics 1m;", "%0 lua_shared_dict tinyloop_responses 1m;")
+            :gsub("location / {", function() return mounted end)
+        with_nginx("$(command -v nginx || echo /usr/sbin/nginx)", dir .. "/prefixed", conf, p, function(b)
+            -- (the id was read from a fixed place: 404 for a stored response, and for the model)
+            local status, body = curl("--data-binary '{\"input\": \"Hi\", \"max_output_tokens\": 2}' " .. b .. "/llm/v1/responses")
+            assert.equal(200, status, body)
+            local id = cjson.decode(body).id
+            assert.equal(200, (curl(b .. "/llm/v1/responses/" .. id)))
+            assert.equal(200, (curl(b .. "/llm/v1/responses/" .. id .. "/input_items")))
+            assert.equal(200, (curl(b .. "/llm/v1/models/tinyloop-austen")))
+            -- each API's errors in its own shape (they were OpenAI's under a prefix)
+            status, body = curl(b .. "/llm/api/chat")
+            assert.equal(405, status)
+            assert.equal("string", type(cjson.decode(body).error), body) -- (Ollama's: {"error": "..."})
+            status, body = curl(b .. "/llm/v1/messages")
+            assert.equal(405, status)
+            assert.equal("error", cjson.decode(body).type, body) -- (Anthropic's: {"type": "error", "error": {...}})
+        end)
+    end)
+
+    it("refuses at its start a configuration its workers cannot run (they answered 'the model is loading' for good)", function()
+        local root = sh("pwd"):gsub("%s+$", "")
+        local conf = H.read("examples/openresty/nginx.conf"):gsub("/path/to/tinyloop", root)
+            :gsub("listen 127%.0%.0%.1:%d+;", "listen 127.0.0.1:" .. free_port() .. ";")
+        local pre = dir .. "/misconfigured"
+        os.execute("mkdir -p " .. pre .. "/logs")
+        local function start_says(text) -- (in the foreground: it exits at once, or is stopped after 10 s)
+            local f = assert(io.open(pre .. "/nginx.conf", "wb")); f:write(text); f:close()
+            return sh("timeout 10 $(command -v nginx || echo /usr/sbin/nginx) -p " .. pre .. " -c " .. pre ..
+                      "/nginx.conf -e stderr 2>&1; echo exit $?")
+        end
+        local out = start_says((conf:gsub("lua_shared_dict tinyloop_metrics 1m;", "")))
+        assert.truthy(out:find("lua_shared_dict tinyloop_metrics is not declared", 1, true), out)
+        out = start_says((conf:gsub("threads = 2", "threads = 2, max_active = '8'")))
+        assert.truthy(out:find("max_active must be an integer, got 8", 1, true), out)
+    end)
 end)
 
 describe("README's Serving section", function()

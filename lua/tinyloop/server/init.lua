@@ -186,6 +186,22 @@ function _M.configure(opts)
     if not request.is_integer(conf.embed_jobs) or conf.embed_jobs < 1 then
         error("tinyloop.server: embed_jobs must be an integer >= 1, got " .. tostring(conf.embed_jobs))
     end
+    -- (here, in the master: a wrong kind failed in each worker's start, which then answered
+    -- "the model is loading" for good; the engine and the loader check the ranges)
+    for _, name in ipairs({ "threads", "max_active", "max_queued", "max_body", "engine_nice" }) do
+        if not request.is_integer(conf[name]) then
+            error(("tinyloop.server: %s must be an integer, got %s"):format(name, tostring(conf[name])))
+        end
+    end
+    for _, name in ipairs({ "wait_ms", "publish_every" }) do
+        if type(conf[name]) ~= "number" or not (conf[name] > 0) then
+            error(("tinyloop.server: %s must be a number > 0, got %s"):format(name, tostring(conf[name])))
+        end
+    end
+    if type(conf.shared_dict) ~= "string" or not ngx.shared[conf.shared_dict] then
+        error(("tinyloop.server: lua_shared_dict %s is not declared (the metrics are kept there): add " ..
+               "`lua_shared_dict %s 1m;` to the http block"):format(tostring(conf.shared_dict), tostring(conf.shared_dict)))
+    end
     if type(conf.embed_wait_s) ~= "number" or not (conf.embed_wait_s >= 0) then
         error("tinyloop.server: embed_wait_s must be a number >= 0, got " .. tostring(conf.embed_wait_s))
     end
@@ -273,7 +289,18 @@ end
 -- init_worker(): loads the model and starts this worker's engine (after nginx forks, so the
 -- engine's and the model's threads live in the worker).
 
+local start_worker
+-- (a failure the checks did not foresee: the answers say it, as a model that fails to load;
+-- raised, it left the worker answering "the model is loading" for good)
 function _M.init_worker()
+    local ok, err = pcall(start_worker)
+    if not ok then
+        engine = nil
+        model_error = "the server cannot start: " .. raised_message(err)
+        ngx_log(ngx.ERR, "tinyloop: ", model_error)
+    end
+end
+function start_worker()
     metrics.init(conf.shared_dict)
     if not run_worker_thread then conf.thread_pool = false end
     local before = thread_ids()
@@ -462,17 +489,22 @@ local OLLAMA_PATHS = { ["/api/chat"] = true, ["/api/generate"] = true, ["/api/sh
                        ["/api/pull"] = true, ["/api/push"] = true, ["/api/create"] = true, ["/api/copy"] = true,
                        ["/api/delete"] = true, ["/api/me"] = true, ["/api/signin"] = true, ["/api/signout"] = true }
 local function ollama_path(path)
-    return OLLAMA_PATHS[path] or path:find("^/api/blobs/") ~= nil
+    return OLLAMA_PATHS[path:match("/api/[^/]+$") or ""] or path:find("/api/blobs/", 1, true) ~= nil
 end
 local function send_llamacpp_error(status, message, _, etype, headers)
     return send_json(status, llamacpp.error_body(status, tostring(message), etype), headers)
 end
 local LLAMACPP_PATHS = { ["/completion"] = true, ["/completions"] = true, ["/props"] = true, ["/embedding"] = true,
                          ["/embeddings"] = true, ["/apply-template"] = true }
+-- The API a path is, read from its end (an app may mount the handlers under a prefix of its
+-- own: /llm/api/chat is Ollama's): Anthropic's /v1/messages..., Ollama's /api/NAME, llama.cpp's
+-- /NAME but /v1/NAME (/v1/completions is OpenAI's).
 local function send_uri_error(...)
     local path = (ngx.var.request_uri or ngx.var.uri or ""):match("^[^?]*")
-    local send = path:find("^/v1/messages") and send_anthropic_error or ollama_path(path) and send_ollama_error or
-                 LLAMACPP_PATHS[path] and send_llamacpp_error or send_error
+    local before, last = path:match("^(.-)(/[^/]*)$")
+    local send = (path:find("/v1/messages$") or path:find("/v1/messages/", 1, true)) and send_anthropic_error or
+                 ollama_path(path) and send_ollama_error or
+                 (last and LLAMACPP_PATHS[last] and not before:find("/v1$")) and send_llamacpp_error or send_error
     return send(...)
 end
 
@@ -516,7 +548,9 @@ end
 -- GET /v1/models/{id} (the OpenAI SDKs' models.retrieve): the model, or 404 naming it.
 function _M.model()
     if not only_get() or not ready() then return end
-    local id = ngx.var.uri:sub(#"/v1/models/" + 1) -- (decoded by nginx: %252D was decoded twice, to "-")
+    -- (the path's last part, decoded by nginx: %252D was decoded twice, to "-"; and a handler
+    -- mounted under a prefix had it cut at the wrong place)
+    local id = ngx.var.uri:match("/models/([^/]*)$") or ""
     if id ~= conf.model_id then
         return send_error(404, ("no model '%s' here (this server runs '%s')"):format(id, conf.model_id), "model",
                           "not_found_error", nil, "model_not_found")
@@ -2084,8 +2118,9 @@ end
 -- /v1/responses/{id}: a stored response, GET (retrieve) or DELETE, and GET .../input_items; the
 -- rest under /v1/responses/ (a response's cancel, input_tokens, compact) is not served.
 function _M.stored_response()
-    local method, id = ngx.req.get_method(), ngx.var.uri:match("^/v1/responses/(resp_[^/]+)$")
-    local listed = ngx.var.uri:match("^/v1/responses/(resp_[^/]+)/input_items$")
+    -- (read from the path's end: an app may mount the handler under a prefix of its own)
+    local method, id = ngx.req.get_method(), ngx.var.uri:match("/responses/(resp_[^/]+)$")
+    local listed = ngx.var.uri:match("/responses/(resp_[^/]+)/input_items$")
     if listed then -- the input it was made from, as Responses items (OpenAI's list and its paging)
         if not only_get() or not ready() then return end
         local _, messages = stored(listed)
