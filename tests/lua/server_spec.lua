@@ -4019,6 +4019,18 @@ describe("scripts/serve options", function()
         end)
     end)
 
+    it("warns where every machine may reach it without an API key", function()
+        with_serve("open", "--host 0.0.0.0 --threads 1 --max-active 1 --prefix-pool-mb 0", function(_, pre)
+            local log = ""
+            for _ = 1, 50 do -- (the banner and the warning follow the first /health that answers)
+                log = sh("cat " .. pre .. ".log")
+                if log:find("serve: warning", 1, true) then break end
+                os.execute("sleep 0.1")
+            end
+            assert.truthy(log:find("serve: warning: 0.0.0.0 is reachable from other machines and no --api-key is set", 1, true), log)
+        end)
+    end)
+
     it("refuses a chat template it cannot read or compile", function()
         local out = sh("scripts/serve --chat-template /nonexistent/t.jinja --port 1 2>&1; echo \"exit $?\"")
         assert.truthy(out:find("--chat-template /nonexistent/t.jinja: no readable file there", 1, true), out)
