@@ -260,7 +260,10 @@ function M.tags(tags, triggers, opts)
     -- (the strings above are anchored by `tags` and `triggers` until the call returns)
     if C.tl_grammar_compile_tags(c_tags, #tags, c_triggers, #triggers, o, out) ~= 0 then
         -- C counts the lists from 0, Lua from 1: its messages name tags[i] and triggers[i] as here
-        return nil, (last_error():gsub("(%a+)%[(%d+)%]", function(list, i) return list .. "[" .. (tonumber(i) + 1) .. "]" end))
+        -- (the place named first, after the function's name: a begin quoted after it may hold
+        -- "[5]" of its own, which was renumbered too)
+        return nil, (last_error():gsub("^(tl_grammar_compile_tags: %a+)%[(%d+)%]",
+                                       function(list, i) return list .. "[" .. (tonumber(i) + 1) .. "]" end))
     end
     return wrap(out, nil)
 end

@@ -601,7 +601,7 @@ local MAX_STRUCTURES = 256
 -- JSON's indexes (from 0).
 local function json_indexes(err, tags_name, triggers_name)
     return (tostring(err):gsub("^tl_grammar_compile_tags: ", ""):gsub("^tinyloop.grammar.tags: ", "")
-        :gsub("(%a+)%[(%d+)%]", function(list, i)
+        :gsub("^(%a+)%[(%d+)%]", function(list, i) -- (the place named first: a quoted begin may hold "[5]")
             return (list == "tags" and tags_name or list == "triggers" and triggers_name or list) .. "[" .. (tonumber(i) - 1) .. "]"
         end))
 end
