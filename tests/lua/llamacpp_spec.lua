@@ -233,6 +233,12 @@ describe("llamacpp view", function()
         -- a token of probability 0 (null from the completions path): llama.cpp's lowest float
         with.choices[1].logprobs.content[2].logprob = cjson.null
         assert.equal(-3.4028234663852886e+38, cjson.decode(view:response(cjson.encode(with))).completion_probabilities[2].logprob)
+        -- a stop word's own tokens are left out, as llama.cpp leaves them out (the text "Hi",
+        -- the word " there" cut from it)
+        local stopped = cjson.decode(cjson.encode(with))
+        stopped.choices[1].text, stopped.choices[1].stop_reason = "Hi", " there"
+        local probs = cjson.decode(view:response(cjson.encode(stopped))).completion_probabilities
+        assert.same({ 1, 5 }, { #probs, probs[1].id })
         -- no tokens, no field
         with.choices[1].logprobs.content = {}
         assert.is_nil(cjson.decode(view:response(cjson.encode(with))).completion_probabilities)

@@ -363,15 +363,28 @@ end
 -- "top_logprobs": [{"id", "token", "bytes", "logprob"}]}]; nil where the choice has none.
 -- (a token of probability 0: llama.cpp's logprob is the lowest float, not -infinity, which the
 -- completions path writes as null)
+-- finish: the choice's (shapes' finish); where a stop word ended it, the tokens that wrote
+-- none of the text, only the word, are left out, as llama.cpp leaves them out (they were kept).
 local LOWEST_FLOAT = "-3.4028234663852886e+38"
-local function probabilities(logprobs)
+local function probabilities(logprobs, text, finish)
     if type(logprobs) ~= "table" or type(logprobs.content) ~= "table" or #logprobs.content == 0 then return nil end
+    local content = logprobs.content
+    if finish and stop_of(finish) == "word" and type(text) == "string" then
+        local kept, at = {}, 0 -- (at: the bytes the entries before this one wrote)
+        for i, e in ipairs(content) do
+            if at >= #text then break end
+            kept[i] = e
+            at = at + (type(e.bytes) == "table" and #e.bytes or #tostring(e.token or ""))
+        end
+        if #kept == 0 then return nil end
+        content = kept
+    end
     local function entry(e)
         return '{"id":' .. shapes.integer(e.id) .. ',"token":' .. encode(e.token) .. ',"bytes":[' .. concat(e.bytes, ",") ..
             '],"logprob":' .. (type(e.logprob) == "number" and encode(e.logprob) or LOWEST_FLOAT)
     end
     local entries = {}
-    for i, e in ipairs(logprobs.content) do
+    for i, e in ipairs(content) do
         local top = {}
         for j, alt in ipairs(e.top_logprobs or {}) do top[j] = entry(alt) .. "}" end
         entries[i] = entry(e) .. ',"top_logprobs":[' .. concat(top, ",") .. "]}"
@@ -440,16 +453,16 @@ function View:response(answer_json, _)
         local objects = {}
         for i, choice in ipairs(answer.choices) do
             local text = type(choice.text) == "string" and choice.text or ""
-            objects[i] = self:object(text, type(choice.token_ids) == "table" and choice.token_ids or {},
-                                     choice_finish(choice, self.batch[choice.index + 1]), answer.model, probabilities(choice.logprobs),
-                                     { index = choice.index, text = text })
+            local finish = choice_finish(choice, self.batch[choice.index + 1])
+            objects[i] = self:object(text, type(choice.token_ids) == "table" and choice.token_ids or {}, finish, answer.model,
+                                     probabilities(choice.logprobs, text, finish), { index = choice.index, text = text })
         end
         return "[" .. concat(objects, ",") .. "]"
     end
     local answer = shapes.answer(answer_json)
     local choice = (cjson.decode(answer_json).choices or {})[1] or {}
     return self:object(answer.text, type(choice.token_ids) == "table" and choice.token_ids or {}, answer.finish, answer.model,
-                       probabilities(choice.logprobs), { index = 0, text = answer.text })
+                       probabilities(choice.logprobs, answer.text, answer.finish), { index = 0, text = answer.text })
 end
 
 -- ------------------------------------------------------------------ the stream
