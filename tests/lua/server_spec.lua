@@ -2906,6 +2906,12 @@ describe("/tokenize and /detokenize (vLLM's)", function()
         local closed = ok("/apply-template", { messages = messages, add_generation_prompt = false }).prompt
         assert.equal(closed, r.prompt:sub(1, #closed))
         assert.is_true(#closed < #r.prompt)
+        -- a final assistant message is a begun reply, continued (llama.cpp's prefill), unless the
+        -- request says how the conversation ends
+        local begun = { messages[1], messages[2], { role = "assistant", content = "Emma is" } }
+        assert.equal(r.prompt .. " Emma is", ok("/apply-template", { messages = begun }).prompt)
+        local finished = ok("/apply-template", { messages = begun, add_generation_prompt = true }).prompt
+        assert.truthy(finished:find("Emma is\n\nAssistant:$"), finished)
         -- errors in llama.cpp's shape
         for _, case in ipairs({ { {}, "messages is required" }, { { messages = "hi" }, "messages must be a" },
                                 { { messages = { { role = "wizard", content = "x" } } }, "role" } }) do

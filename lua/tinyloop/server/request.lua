@@ -1391,6 +1391,13 @@ function _M.parse_apply_template(body, chat, chat_error)
         end
     end
     if used.messages == nil then return bad("messages is required", "messages") end
+    -- (llama.cpp's prefill: a final assistant message is a begun reply, continued, unless the
+    -- request says how to end the conversation; it was closed as a finished turn)
+    if used.add_generation_prompt == nil and used.continue_final_message == nil and type(used.messages) == "table" then
+        local prefill = {}
+        require("tinyloop.server.shapes").continue_prefill(prefill, used.messages)
+        if #prefill > 0 then used.continue_final_message, used.add_generation_prompt = true, false end
+    end
     local text, e = conversation_text(used, body, chat, chat_error)
     if not text then return nil, e end
     return { prompt = text }
