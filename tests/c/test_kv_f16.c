@@ -4,8 +4,10 @@
  * not f32's bits (the rows really are rounded); a widened row equals the rounded value on
  * every ISA (test_isa checks the kernels) and the suite reruns its bit-identity tests with
  * TINYLOOP_KV_TYPE=f16 (tests/CMakeLists.txt). Bad options are refused with clear errors. */
-#define _POSIX_C_SOURCE 200809L /* setenv */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
 #include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -170,6 +172,77 @@ static void bad_options(const char *dir) {
     unsetenv("TINYLOOP_KV_TYPE");
 }
 
+/* A checkpoint whose V rows overflow f16 (its coda's V weights times 1e6: ~1e5 a value, which
+   f32 holds and f16 does not): generation through an f16 cache fails with an error naming the
+   cause. (The NaN rows compared with nothing, no token was above -inf, and the step read as a
+   grammar's dead end: a cut text with a normal stop.) */
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *p = malloc(*len);
+    if (p && fread(p, 1, *len, f) != *len) { free(p); p = NULL; }
+    fclose(f);
+    return p;
+}
+static bool write_file(const char *path, const char *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return false;
+    const bool ok = fwrite(data, 1, len, f) == len;
+    return fclose(f) == 0 && ok;
+}
+static void overflow_names_its_cause(const char *golden_dir) {
+    char path[4200], work[] = "/tmp/tinyloop-kvf16-XXXXXX"; /* (golden_dir: at most 4096) */
+    CHECK(mkdtemp(work) != NULL, "mkdtemp");
+    size_t len = 0, config_len = 0;
+    snprintf(path, sizeof path, "%s/config.json", golden_dir);
+    char *config = read_file(path, &config_len);
+    snprintf(path, sizeof path, "%s/model.safetensors", golden_dir);
+    char *file = read_file(path, &len);
+    CHECK(config && file && len > 8, "read %s", golden_dir);
+    if (!config || !file) return;
+    uint64_t header_len;
+    memcpy(&header_len, file, 8);
+    /* the tensor's data offsets, from its header entry (F32: these checkpoints' dtype) */
+    const char *entry = strstr(file + 8, "\"coda.0.attn.v.weight\"");
+    const char *offsets = entry ? strstr(entry, "\"data_offsets\":[") : NULL;
+    long begin = 0, end = 0;
+    CHECK(offsets && sscanf(offsets, "\"data_offsets\":[%ld,%ld]", &begin, &end) == 2, "coda.0.attn.v.weight's offsets");
+    for (long at = begin; at + 4 <= end; at += 4) {
+        float v;
+        memcpy(&v, file + 8 + header_len + at, 4);
+        v *= 1e6f;
+        memcpy(file + 8 + header_len + at, &v, 4);
+    }
+    snprintf(path, sizeof path, "%s/config.json", work);
+    CHECK(write_file(path, config, config_len), "write config");
+    snprintf(path, sizeof path, "%s/model.safetensors", work);
+    CHECK(write_file(path, file, len), "write weights");
+    free(config);
+    free(file);
+    const int32_t prompt[] = {2, 3, 4, 5};
+    int32_t out[32];
+    int n_out = 0;
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 8;
+    cfg.ignore_eos = 1;
+    tl_model *exact = load(work, TL_KV_F32), *half = load(work, TL_KV_F16);
+    CHECK(exact && half, "load the overflowing copy");
+    if (exact && half) {
+        CHECK(tl_generate(exact, prompt, 4, &cfg, out, 32, &n_out, NULL) == TL_OK, "f32 KV holds it: %s",
+              tl_last_error());
+        CHECK_ERROR(tl_generate(half, prompt, 4, &cfg, out, 32, &n_out, NULL), TL_ERR_FORMAT,
+                    "non-finite logits (NaN) at token 1: its activations overflow (an f16 KV cache holds at most 65504");
+    }
+    tl_model_free(exact);
+    tl_model_free(half);
+    snprintf(path, sizeof path, "rm -rf %s", work);
+    CHECK(system(path) == 0, "clean up");
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         printf("usage: test_kv_f16 SHIPPED_MODEL_DIR GOLDEN_DIR\n");
@@ -183,5 +256,7 @@ int main(int argc, char **argv) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/add_residual_statenorm_rms_gqa2", argv[2]);
     close_to_f32(dir, NULL);
+    snprintf(dir, sizeof dir, "%s/deep_residual", argv[2]);
+    overflow_names_its_cause(dir);
     return check_summary();
 }
