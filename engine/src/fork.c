@@ -200,10 +200,19 @@ tl_status tl_session_resume(const tl_model *model, const tl_session_state *state
     if (!out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_resume: out must not be NULL");
     *out = NULL;
     if (!model || !state) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_resume: model and state must not be NULL");
-    if (state->frozen->m != model)
+    if (state->frozen->m != model) {
+        const tl_model *saver = state->frozen->m;
+        /* (another load of the same directory read as "another model (X), not this one (X)") */
+        if (saver->dir && model->dir && strcmp(saver->dir, model->dir) == 0)
+            return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                           "tl_session_resume: the state was saved by another load of %s (its KV cache is %s, this "
+                           "one's %s): a state in memory resumes in the model that saved it; write it "
+                           "(tl_session_state_write) and read it into this one", model->dir,
+                           tl_kv_type_name(saver->kv_type), tl_kv_type_name(model->kv_type));
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
                        "tl_session_resume: the state was saved by another model (%s), not this one (%s): its "
-                       "KV cache belongs to that model's weights", state->frozen->m->dir, model->dir);
+                       "KV cache belongs to that model's weights", saver->dir, model->dir);
+    }
     return clone(state->frozen, hooks, out);
 }
 

@@ -140,7 +140,9 @@ static void saved_states(const tl_model *m, const char *dir) {
     CHECK(a && b && same_tokens(a, whole) && same_tokens(b, whole), "resumed states continue as the whole run");
     tl_model *other = load(dir); /* the same directory, another model: its cache is not ours */
     tl_session *wrong = (tl_session *)1;
-    CHECK_ERROR(tl_session_resume(other, state, NULL, &wrong), TL_ERR_INVALID_ARGUMENT, "saved by another model");
+    /* (it said "another model (X), not this one (X)": the one directory twice) */
+    CHECK_ERROR(tl_session_resume(other, state, NULL, &wrong), TL_ERR_INVALID_ARGUMENT,
+                "saved by another load of");
     CHECK(wrong == NULL, "out is NULL on error");
     tl_model_free(other);
     tl_session_free(whole);

@@ -161,7 +161,7 @@ describe("forks and saved states", function()
         assert.same(whole, finish(assert(m:resume(state))))
         assert.same(whole, finish(assert(m:resume(state))))
         local other = assert(H.tinyloop.load(H.TEXTMODEL, { threads = 1 }))
-        H.error_contains(function() other:resume(state) end, "the state was saved by another model")
+        H.error_contains(function() other:resume(state) end, "the state was saved by another load of")
     end)
 
     it("resumes with the text of the save, whatever its session emitted after it", function()
