@@ -487,8 +487,10 @@ void tl_generate_config_init(tl_generate_config *cfg);
 #define TL_HISTOGRAM_DEPTHS 65
 
 typedef struct tl_generate_stats {
-    double prefill_ms;       /* the prompt's forward pass */
-    double first_token_ms;   /* from the start of the call to the first emitted token */
+    double prefill_ms;       /* the prompt's forward pass, from its first row (a session's wait
+                                before it, in an engine's queue or for its first step, is not it) */
+    double first_token_ms;   /* from the start of the call (a session: its creation) to the first
+                                emitted token */
     double decode_ms;        /* from the end of the prefill to the last emitted token */
     int prompt_tokens;
     int tokens_emitted;      /* new tokens, prompt excluded */

@@ -219,11 +219,18 @@ static void offer_rows(const tl_session *s, int n) {
 static void prompt_done(tl_session *s) {
     s->prompt_done = true;
     s->t_prefill_end = tl_now_ms();
-    s->stats.prefill_ms = s->t_prefill_end - s->t_start;
+    s->stats.prefill_ms = s->t_prefill_end - (s->t_prefill_start > 0 ? s->t_prefill_start : s->t_start);
     offer_rows(s, s->prompt_len);
 }
 
+/* The prefill's clock starts at its first row: a session that waited (in an engine's queue,
+   or for its caller's first step) had the wait counted as its prefill. */
+static void prefill_begins(tl_session *s) {
+    if (s->t_prefill_start <= 0) s->t_prefill_start = tl_now_ms();
+}
+
 tl_status tl_session_prefill(tl_session *s, int n, float *last_logits) {
+    prefill_begins(s);
     const int start = s->cache->length;
     tl_status st = tl_forward_sequence(s->m, s->cache, &s->ws, s->tokens + start, s->positions + start, n - start,
                                        s->chunk, s->loops, last_logits);
@@ -693,6 +700,7 @@ static tl_status forward_together(tl_session **group, const int *goals, int n, i
             if (take > prompt_left) take = prompt_left;
             prompt_left -= take;
         }
+        if (!s->prompt_done && take > 0) prefill_begins(group[i]);
         target[i] = s->cache->length + take;
     }
     for (;;) {

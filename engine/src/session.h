@@ -68,7 +68,7 @@ struct tl_session {
     size_t max_stop_len;
 
     tl_generate_stats stats;
-    double t_start, t_prefill_end, loops_sum;
+    double t_start, t_prefill_start, t_prefill_end, loops_sum; /* (t_prefill_start: 0 until its first row) */
     int last_depth;              /* loop depth of the forward that produced the chosen row */
     bool finished;
     bool prompt_done;            /* the prompt's rows are in the cache (prefill is over) */

@@ -190,6 +190,14 @@ describe("model:generate", function()
             assert.is_true(stats[k] >= 0, k)
         end
         assert.is_true(stats.first_token_ms >= stats.prefill_ms)
+        -- the prefill's clock starts at its first row: a session that waited before its first
+        -- step (as one waits in an engine's queue) had the wait counted as its prefill
+        local s = m:session(prompt, { max_tokens = 1 })
+        os.execute("sleep 0.5")
+        s:step()
+        local waited = s:stats()
+        assert.is_true(waited.first_token_ms >= 500, waited.first_token_ms)
+        assert.is_true(waited.prefill_ms < 250, waited.prefill_ms) -- (a 2-token prompt: about a millisecond)
         -- a string prompt is encoded with the model's tokenizer
         assert.same(out, (m:generate("The cat", { max_tokens = 10 })))
     end)
