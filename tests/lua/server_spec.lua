@@ -1315,6 +1315,9 @@ describe("server", function()
         local m = metrics()
         assert.equal(gone(before, "/v1/completions") + 6, gone(m, "/v1/completions"))
         assert.equal(metric(before, "tinyloop_completed_total"), metric(m, "tinyloop_completed_total"))
+        -- each counted as cancelled, its 2 choices, wherever the leaving was seen (before its
+        -- sessions were made it went uncounted)
+        assert.equal((metric(before, "tinyloop_cancelled_total") or 0) + 12, metric(m, "tinyloop_cancelled_total"))
         assert.equal(0, metric(m, "tinyloop_sessions_active"))
         assert.equal(0, metric(m, "tinyloop_sessions_queued"))
         local texts = {}

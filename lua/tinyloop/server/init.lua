@@ -1625,7 +1625,13 @@ local function serve(chat, body, view)
         if scoring then left_while_scoring = true return end
         return leave()
     end)
-    if watching and client_left() then return ngx_exit(499) end -- (before any session is made)
+    -- (before any session is made: a client that left while the request was read, its grammar
+    -- compiled or its prompt encoded; counted as its sessions would be, one a choice, as the
+    -- embeddings' leavers are: it ended uncounted)
+    if watching and client_left() then
+        metrics.incr("cancelled", #req.prompts * req.best_of)
+        return ngx_exit(499)
+    end
     for p, ids in ipairs(req.prompts) do
         for sample = 0, req.best_of - 1 do
             local cfg = req.cfg
