@@ -527,9 +527,10 @@ end
 -- ------------------------------------------------------------------ prompts
 
 -- ids of a prompt (a string is encoded), or nil, err when encoding fails at run time.
-local function prompt_ids(model, prompt)
+-- (what: the prompt's name in a message, "prompt" by default; generate_batch names its place)
+local function prompt_ids(model, prompt, what)
     if type(prompt) == "string" then return model:encode(prompt) end
-    if type(prompt) ~= "table" then raise("prompt must be a string or a table of token ids") end
+    if type(prompt) ~= "table" then raise((what or "prompt") .. " must be a string or a table of token ids") end
     return prompt
 end
 
@@ -553,14 +554,15 @@ end
 -- Token ids as an int32 array; each must be an integer (the FFI would truncate 1.5 to 1 and
 -- wrap 1e10), named by its 1-based index; the engine checks the vocabulary range. A list with
 -- a hole is refused (# may end at it: {72, nil, 547} was read as {72}).
-local function id_array(ids)
-    local n = list_length(ids, "token ids")
+local function id_array(ids, where)
+    where = where or "" -- (generate_batch's "prompt i: ", as the engine names a prompt)
+    local n = list_length(ids, where .. "token ids")
     local arr = ffi_new("int32_t[?]", n + 1)
     for i = 1, n do
         local id = ids[i]
-        if type(id) ~= "number" then raise("token ids must be numbers (index " .. i .. ")") end
+        if type(id) ~= "number" then raise(where .. "token ids must be numbers (index " .. i .. ")") end
         if id ~= floor(id) or id < INT_MIN or id > INT_MAX then
-            raise(("token id %s at index %d must be an integer"):format(tostring(id), i))
+            raise(("%stoken id %s at index %d must be an integer"):format(where, tostring(id), i))
         end
         arr[i - 1] = id
     end
@@ -1220,8 +1222,8 @@ function Model:generate_batch(prompts, cfg)
     if type(prompts) ~= "table" then raise("generate_batch: prompts must be a table") end
     local n_prompts, all_ids = list_length(prompts, "generate_batch: prompts"), {}
     for i = 1, n_prompts do
-        local ids, err = prompt_ids(self, prompts[i])
-        if not ids then return nil, err end
+        local ids, err = prompt_ids(self, prompts[i], "generate_batch: prompt " .. i)
+        if not ids then return nil, ("generate_batch: prompt %d: %s"):format(i, tostring(err)) end
         all_ids[i] = ids
     end
     if cfg ~= nil and type(cfg) == "table" and (has_lua_hooks(cfg) or cfg.grammar) then
@@ -1238,7 +1240,7 @@ function Model:generate_batch(prompts, cfg)
     local seqs = ffi_new("tl_token_seq[?]", n_prompts)
     local prompt_tokens = 0
     for i = 1, n_prompts do
-        local arr, n = id_array(all_ids[i])
+        local arr, n = id_array(all_ids[i], "generate_batch: prompt " .. i .. ": ")
         keep[#keep + 1] = arr
         seqs[i - 1].tokens, seqs[i - 1].n = arr, n
         prompt_tokens = prompt_tokens + n

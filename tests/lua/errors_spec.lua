@@ -210,7 +210,10 @@ describe("prompt errors", function()
 
     it("generate_batch rejects a non-table batch and bad items", function()
         raises({ "prompts must be a table" }, function() return m:generate_batch("hi") end)
-        raises({ "prompt must be" }, function() return m:generate_batch({ { 1 }, 5 }) end)
+        -- (each named by its place: a bad one said only "prompt must be ...")
+        raises({ "generate_batch: prompt 2 must be a string or a table of token ids" }, function() return m:generate_batch({ { 1 }, 5 }) end)
+        raises({ "generate_batch: prompt 2: token id 1.5 at index 2 must be an integer" },
+               function() return m:generate_batch({ { 1 }, { 1, 1.5 } }, { max_tokens = 1 }) end)
     end)
 
     it("encode and decode check their arguments", function()
