@@ -450,7 +450,8 @@ local function make_config(model, cfg)
         if type(bias) ~= "table" then raise("config field 'logit_bias' must be a table of token id = bias") end
         local ids = {}
         for id, b in pairs(bias) do
-            check_int(("logit_bias key %s"):format(tostring(id)), id)
+            -- (a string key shown as one: ["5"] read as "key 5 must be a number")
+            check_int(("logit_bias key %s"):format(type(id) == "string" and ("%q"):format(id) or tostring(id)), id)
             if type(b) ~= "number" then raise(("logit_bias[%d] must be a number"):format(id)) end
             ids[#ids + 1] = id
         end

@@ -85,7 +85,7 @@ describe("engine validation", function()
 
     it("logit_bias, presence_penalty and frequency_penalty", function()
         raises({ "logit_bias", "token id = bias" }, gen({ logit_bias = 5 }))
-        raises({ "logit_bias key 7 must be a number" }, gen({ logit_bias = { ["7"] = 1 } }))
+        raises({ 'logit_bias key "7" must be a number' }, gen({ logit_bias = { ["7"] = 1 } })) -- (a string, shown as one)
         raises({ "logit_bias key 1.5 = 1.5", "integer" }, gen({ logit_bias = { [1.5] = 1 } }))
         raises({ "logit_bias[7] must be a number" }, gen({ logit_bias = { [7] = "up" } }))
         raises({ "token id 320 is out of range" }, gen({ logit_bias = { [320] = 1 } }))
