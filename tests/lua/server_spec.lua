@@ -161,6 +161,9 @@ describe("server", function()
         assert.equal("built-in plain", m.data[1].tinyloop.chat_template)
         assert.equal("hermes", m.data[1].tinyloop.tool_call_format)
         assert.equal(cjson.null, m.data[1].tinyloop.reasoning_format) -- (its plain template has no <think>)
+        -- created: when the checkpoint was made, its config.json's time (each worker's start was
+        -- its own value, a new one at each restart)
+        assert.equal(tonumber(sh("stat -c %Y " .. MODEL .. "/config.json")), m.data[1].created)
         -- one model by id (the OpenAI SDKs' models.retrieve), the same object
         status, body = curl(base .. "/v1/models/tinyloop-austen")
         assert.equal(200, status)
@@ -833,7 +836,16 @@ describe("server", function()
         -- and those nginx answers itself (its HTML pages before)
         e = expect_error(405, nil, "-X TRACE " .. base .. "/health", true)
         assert.equal("method not allowed", e.message)
+        local counted = function() return metric(metrics(), 'tinyloop_requests_total{endpoint="/v1/completions",status="501"}') or 0 end
+        local before_501 = counted()
         expect_error(501, nil, "-H 'Transfer-Encoding: gzip' -d x " .. base .. "/v1/completions", true)
+        -- (counted as the path asked for: nginx's own errors were "other")
+        assert.equal(before_501 + 1, counted())
+        -- a chat body over the limit: OpenAI's shape (it was llama.cpp's: the path ends in /completions)
+        local chat_big = dir .. "/chat_big.json"
+        local hb = assert(io.open(chat_big, "wb")); hb:write(cjson.encode({ messages = { { role = "user", content = ("a"):rep(5000) } } })); hb:close()
+        e = expect_error(413, nil, "--data-binary @" .. chat_big .. " " .. base .. "/v1/chat/completions", true)
+        assert.equal(cjson.null, e.code)
         expect_error(404, nil, base .. "/.tinyloop-error", true)
         -- still serving
         local status = post_json({ prompt = "hi", max_tokens = 2 })
@@ -4025,6 +4037,30 @@ describe("scripts/serve options", function()
             local large = respond(400000, "large")
             assert.is_true(large.store)
             assert.equal(200, (curl(url .. "/v1/responses/" .. large.id)))
+        end)
+    end)
+
+    it("leaves out of /metrics a worker a reload ended without a successor", function()
+        with_serve("shrunk", "--workers 2 --threads 1 --max-active 1 --prefix-pool-mb 0", function(url, pre)
+            local function shows_worker_1()
+                return (select(2, curl(url .. "/metrics")) or ""):find('worker="1"', 1, true) ~= nil
+            end
+            local shown = false
+            for _ = 1, 100 do -- (each worker publishes on a timer)
+                if shows_worker_1() then shown = true break end
+                os.execute("sleep 0.05")
+            end
+            assert.is_true(shown, "worker 1 published")
+            -- a reload to one worker (its figures stayed for good: its memory counted as held)
+            os.execute("sed -i 's/^worker_processes 2;/worker_processes 1;/' " .. pre .. "/nginx.conf")
+            os.execute("kill -HUP " .. sh("cat " .. pre .. "/nginx.pid"):gsub("%s+$", ""))
+            local gone = false
+            for _ = 1, 200 do
+                if not shows_worker_1() then gone = true break end
+                os.execute("sleep 0.05")
+            end
+            assert.is_true(gone, "worker 1's series left out once it has gone")
+            assert.truthy((select(2, curl(url .. "/metrics"))):find('tinyloop_engine_sessions{worker="0",state="active"}', 1, true))
         end)
     end)
 

@@ -289,6 +289,17 @@ end
 -- init_worker(): loads the model and starts this worker's engine (after nginx forks, so the
 -- engine's and the model's threads live in the worker).
 
+-- When the checkpoint was made: its config.json's modification time (OpenAI's created, Ollama's
+-- modified_at; each worker's start gave two values a server, new ones at each restart), or nil.
+local function checkpoint_time()
+    local quoted = "'" .. conf.model:gsub("'", "'\\''") .. "/config.json'"
+    local p = io.popen("stat -c %Y " .. quoted .. " 2>/dev/null")
+    if not p then return nil end
+    local seconds = tonumber((p:read("*a") or ""):match("^%d+"))
+    p:close()
+    return seconds
+end
+
 local start_worker
 -- (a failure the checks did not foresee: the answers say it, as a model that fails to load;
 -- raised, it left the worker answering "the model is loading" for good)
@@ -416,7 +427,7 @@ function start_worker()
             return tinyloop.grammar.adopt(address) -- (at once: see wait.compile)
         end)
     end
-    created_at = ngx.time()
+    created_at = checkpoint_time() or ngx.time()
     if chat_prompts then
         chat_prompts.turn_ends = chat_prompts:turn_end_ids(m)
     else
@@ -496,15 +507,17 @@ local function send_llamacpp_error(status, message, _, etype, headers)
 end
 local LLAMACPP_PATHS = { ["/completion"] = true, ["/completions"] = true, ["/props"] = true, ["/embedding"] = true,
                          ["/embeddings"] = true, ["/apply-template"] = true }
+-- (names OpenAI's paths end in too: llama.cpp's only where they are the whole path)
+local OPENAI_TOO = { ["/completions"] = true, ["/embeddings"] = true }
 -- The API a path is, read from its end (an app may mount the handlers under a prefix of its
 -- own: /llm/api/chat is Ollama's): Anthropic's /v1/messages..., Ollama's /api/NAME, llama.cpp's
--- /NAME but /v1/NAME (/v1/completions is OpenAI's).
+-- /NAME (/completions and /embeddings at the root only: /v1/chat/completions is OpenAI's).
 local function send_uri_error(...)
     local path = (ngx.var.request_uri or ngx.var.uri or ""):match("^[^?]*")
     local before, last = path:match("^(.-)(/[^/]*)$")
+    local llamacpp = last and LLAMACPP_PATHS[last] and (before == "" or not OPENAI_TOO[last] and not before:find("/v1", 1, true))
     local send = (path:find("/v1/messages$") or path:find("/v1/messages/", 1, true)) and send_anthropic_error or
-                 ollama_path(path) and send_ollama_error or
-                 (last and LLAMACPP_PATHS[last] and not before:find("/v1$")) and send_llamacpp_error or send_error
+                 ollama_path(path) and send_ollama_error or llamacpp and send_llamacpp_error or send_error
     return send(...)
 end
 
@@ -662,7 +675,10 @@ end
 
 -- log_by_lua: every request, including nginx's own errors, counted by endpoint and status.
 function _M.log()
-    metrics.log_request(ngx.var.uri, ngx.status)
+    -- (the path the client asked for: nginx's own errors go to /.tinyloop-error, and were
+    -- counted as "other", a 501 or a malformed body of /v1/completions)
+    local path = (ngx.var.request_uri or ""):match("^[^?]*")
+    metrics.log_request(path ~= "" and path or ngx.var.uri, ngx.status)
 end
 
 -- ------------------------------------------------------------------ a request's life

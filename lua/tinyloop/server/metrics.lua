@@ -26,6 +26,7 @@ local MEMORY_FIELDS = { "kv_bytes", "kv_spare_bytes", "weight_bytes", "grammar_c
                         "grammar_cache_evictions" }
 function _M.publish_engine(worker, c, mem)
     local prefix = "engine:" .. worker .. ":"
+    dict:set(prefix .. "pid", ngx.worker.pid()) -- (whose figures these are: render shows live ones)
     for i = 1, #ENGINE_FIELDS do
         local f = ENGINE_FIELDS[i]
         dict:set(prefix .. f, c and tonumber(c[f]) or 0)
@@ -39,6 +40,9 @@ end
 -- A stopping worker: its sessions are gone (its totals stay until a new worker of the same
 -- id overwrites them, which Prometheus reads as a counter reset).
 function _M.engine_stopped(worker)
+    -- (a reload's new worker of this id may have published already: its figures stay)
+    local owner = dict:get("engine:" .. worker .. ":pid")
+    if owner and owner ~= ngx.worker.pid() then return end
     dict:set("engine:" .. worker .. ":active", 0)
     dict:set("engine:" .. worker .. ":queued", 0)
     dict:set("engine:" .. worker .. ":kv_bytes", 0)
@@ -161,10 +165,16 @@ function _M.render(responses_store)
         add("%s_sum %.6f\n%s_count %d\n", spec.name, dict:get(h .. ":sum") or 0, spec.name, dict:get(h .. ":count") or 0)
     end
     -- Every worker's engine, as it last published its counters (see publish_engine).
+    -- (a worker whose process is gone and no new one of its id took over, as after a reload
+    -- to fewer workers, is left out: its memory read as held for good)
     local workers, seen = {}, {}
     for _, k in ipairs(keys) do
         local w = k:match("^engine:(%d+):")
-        if w and not seen[w] then seen[w] = true; workers[#workers + 1] = w end
+        if w and not seen[w] then
+            seen[w] = true
+            local pid = dict:get("engine:" .. w .. ":pid")
+            if not pid or alive(pid) then workers[#workers + 1] = w end
+        end
     end
     sort(workers, function(a, b) return tonumber(a) < tonumber(b) end)
     local function get(w, f) return dict:get("engine:" .. w .. ":" .. f) or 0 end
