@@ -40,7 +40,8 @@ typedef enum tl_status {
     TL_OK = 0,
     TL_ERR_INVALID_ARGUMENT = 1, /* a parameter is out of range or inconsistent */
     TL_ERR_IO = 2,               /* a file is missing or unreadable */
-    TL_ERR_FORMAT = 3,           /* a file is malformed or inconsistent with the config */
+    TL_ERR_FORMAT = 3,           /* a file is malformed or inconsistent with the config; or a
+                                    step's logits turned NaN (the model's numbers overflowed) */
     TL_ERR_NO_MEMORY = 4,        /* an allocation failed */
     TL_ERR_UNSUPPORTED = 5,      /* valid request this build or backend cannot serve */
     TL_ERR_HOOK = 6,             /* a user hook returned an error code */

@@ -253,10 +253,9 @@ static int regex_class(rx *r, const char **p) {
     if (negated || has_ranges) alts[n_alts++] = cls.p;
     if (quote) alts[n_alts++] = "\"\\\\\\\"\"";
     if (backslash) alts[n_alts++] = "\"\\\\\\\\\"";
-    const int n_controls = __builtin_popcount(controls);
     strbuf *o = r->out;
-    if (n_alts + n_controls == 0) strbuf_puts(o, "[^\\x00-\\U0010FFFF]"); /* "[]": nothing */
-    else if (n_alts == 1 && n_controls == 0) strbuf_puts(o, alts[0]);
+    if (n_alts == 0 && controls == 0) strbuf_puts(o, "[^\\x00-\\U0010FFFF]"); /* "[]": nothing */
+    else if (n_alts == 1 && controls == 0) strbuf_puts(o, alts[0]);
     else {
         strbuf_puts(o, "(");
         for (int i = 0; i < n_alts; i++) { if (i) strbuf_puts(o, " | "); strbuf_puts(o, alts[i]); }

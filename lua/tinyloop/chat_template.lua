@@ -24,8 +24,8 @@
 --     printing) in sorted key order, not insertion order, unless chat_template.dict(t, keys)
 --     gave it one; the template's own dicts ({...}, dict(), namespace()) keep theirs;
 --   * case mapping (upper, lower, title, capitalize, swapcase, casefold), character classes
---     (isalpha, isdigit, isupper, ...) and whitespace (strip, split, splitlines, trim, indent,
---     the "-" of whitespace control) know ASCII only;
+--     (isalpha, isdigit, isupper, ...) and whitespace (strip, split, trim, indent, the "-" of
+--     whitespace control) know ASCII only (splitlines knows U+0085, U+2028 and U+2029 too);
 --   * filters that return generators in Python (map, select, selectattr, unique, ...) return
 --     lists, which print as lists; a few things Python refuses pass here (indent or trim of a
 --     non-string, list + tuple).
@@ -1510,6 +1510,12 @@ local function separator(sep)
     if sep == "" then fail("empty separator") end
     return sep
 end
+-- (built from the end, appended: an insert at the front of each piece was quadratic)
+local function reversed(list)
+    local n = #list
+    for i = 1, math.floor(n / 2) do list[i], list[n + 1 - i] = list[n + 1 - i], list[i] end
+    return list
+end
 local function rsplit(s, sep, maxsplit)
     local out = {}
     if sep == NONE then sep = nil end
@@ -1522,24 +1528,24 @@ local function rsplit(s, sep, maxsplit)
             if to < 1 then break end
             local start = to
             while start > 1 and not blank[byte(s, start - 1)] do start = start - 1 end
-            table.insert(out, 1, sub(s, start, to))
+            out[#out + 1] = sub(s, start, to)
             to = start - 1
         end
         while to >= 1 and blank[byte(s, to)] do to = to - 1 end
-        if to >= 1 then table.insert(out, 1, sub(s, 1, to)) end
-        return out
+        if to >= 1 then out[#out + 1] = sub(s, 1, to) end
+        return reversed(out)
     end
     separator(sep)
     local at, taken, stop = occurrences(s, sep), 0, #s
     for i = #at, 1, -1 do
         if maxsplit >= 0 and taken == maxsplit then break end
         if at[i] + #sep - 1 <= stop then
-            table.insert(out, 1, sub(s, at[i] + #sep, stop))
+            out[#out + 1] = sub(s, at[i] + #sep, stop)
             stop, taken = at[i] - 1, taken + 1
         end
     end
-    table.insert(out, 1, sub(s, 1, stop))
-    return out
+    out[#out + 1] = sub(s, 1, stop)
+    return reversed(out)
 end
 -- Python's line boundaries: \n, \r, \r\n, \v, \f, \x1c-\x1e, U+0085, U+2028, U+2029
 local LINE_BREAKS = { ["\n"] = 1, ["\r"] = 1, ["\v"] = 1, ["\f"] = 1, ["\28"] = 1, ["\29"] = 1, ["\30"] = 1,

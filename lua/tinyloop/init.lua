@@ -90,7 +90,9 @@ end
 
 local INT_MIN, INT_MAX = -2 ^ 31, 2 ^ 31 - 1
 local SEED_MAX = 2 ^ 53 -- every integer up to here is exact in a Lua number
-local FLT_MAX = 3.4028234663852886e38
+-- (a double rounds to a C float's largest value up to half an ulp past it: 3.4028235e38, as
+-- it is often printed, is FLT_MAX; from here on it is inf)
+local FLOAT_OVERFLOW = 3.4028235677973366e38
 
 -- Raises unless v is an integer of a C int.
 local function check_int(what, v)
@@ -298,7 +300,7 @@ local function set_number(c, field, v, kind)
         check_int("config field '" .. field .. "'", v)
     elseif kind == "seed" and (v ~= floor(v) or v < 0 or v > SEED_MAX) then
         raise(("config field '%s' = %s must be an integer in [0, 2^53] (past it: a uint64_t, 0x...ULL)"):format(field, tostring(v)))
-    elseif kind == "float" and v ~= math.huge and v ~= -math.huge and (v > FLT_MAX or v < -FLT_MAX) then
+    elseif kind == "float" and v ~= math.huge and v ~= -math.huge and (v >= FLOAT_OVERFLOW or v <= -FLOAT_OVERFLOW) then
         -- (a C float holds it as inf: the engine's message then named a value not given)
         raise(("config field '%s' = %s is past a C float's range"):format(field, tostring(v)))
     end
@@ -550,6 +552,14 @@ local function output_capacity(model, prompt_tokens, sequences, max_tokens)
             :format(sequences, capacity, INT_MAX))
     end
     return capacity
+end
+
+-- Raises unless n tokens fit the model's context, 1 .. max_seq_len (the calls that read one
+-- sequence whole and size their buffers by it: score, embed). where: the call and the input.
+local function check_in_context(model, n, where)
+    if n < 1 or n > model.max_seq_len then
+        raise(("%shas %d tokens: want 1 .. max_seq_len = %d"):format(where, n, model.max_seq_len))
+    end
 end
 
 -- Token ids as an int32 array; each must be an integer (the FFI would truncate 1.5 to 1 and
@@ -1156,13 +1166,22 @@ function Model:step_batch(sessions, opts)
         if s.ptr == nil then raise(("model:step_batch(): sessions[%d] is closed"):format(i)) end
     end
     local results = {}
-    -- (a session a hook's error left a step's result to: that result, and no step of its own)
+    -- (a session a raising call left a step's result to: that result, and no step of its own;
+    -- taken once this call is sure to return, else it stays held)
     local stepping = {}
     for i = 1, n do
-        if sessions[i].held then results[i] = take_held(sessions[i]) else stepping[#stepping + 1] = sessions[i] end
+        if not sessions[i].held then stepping[#stepping + 1] = sessions[i] end
     end
     local n_stepping = #stepping
-    if n_stepping == 0 then return results end
+    local function take_all_held()
+        for i = 1, n do
+            if sessions[i].held then results[i] = take_held(sessions[i]) end
+        end
+    end
+    if n_stepping == 0 then
+        take_all_held()
+        return results
+    end
     local ptrs = ffi_new("tl_session *[?]", n_stepping)
     for k = 1, n_stepping do ptrs[k - 1] = stepping[k].ptr end
     local tokens, stops = ffi_new("int32_t[?]", n_stepping), ffi_new("tl_stop_reason[?]", n_stepping)
@@ -1175,12 +1194,12 @@ function Model:step_batch(sessions, opts)
     for i = 1, n do sessions[i].in_batch = nil end
     if st ~= 0 then return engine_failure(st) end
     local hook_error, argument_error = nil, nil
-    -- A hook's error is raised after the loop: the others' results are then held, each
-    -- session's next step (or session:step) returning its own, not lost with these.
+    -- A hook's error (or an argument error) is raised after the loop: the others' results are
+    -- then held, each session's next step (or session:step) returning its own, not lost with
+    -- these (TL_ERR_HOOK is one of ARGUMENT_ERRORS).
     local raising = false
     for k = 1, n_stepping do
-        local ctx = stepping[k].ctx
-        if statuses[k - 1] == C.TL_ERR_HOOK and ctx and ctx.err then raising = true end
+        if ARGUMENT_ERRORS[tonumber(statuses[k - 1])] then raising = true end
     end
     for k = 1, n_stepping do
         local s, status = stepping[k], statuses[k - 1]
@@ -1210,6 +1229,7 @@ function Model:step_batch(sessions, opts)
     end
     if hook_error then error(hook_error[1], 0) end
     if argument_error then raise(argument_error) end -- (the convention: after the others' results settle)
+    take_all_held()
     return results
 end
 jit.off(Model.step_batch)
@@ -1593,11 +1613,9 @@ function Model:score(ids, loops)
     if not ids then return nil, err end
     loops = loops == nil and self.default_loops or check_int("score: loops", loops)
     local arr, n = id_array(ids)
-    -- (the engine's own bound, before the n x vocab_size floats it would size: 100,000 ids
-    -- took 1.6 GB before the engine refused them)
-    if n > self.max_seq_len then
-        raise(("tl_score: n = %d is out of range [1, max_seq_len = %d]"):format(n, self.max_seq_len))
-    end
+    -- (before the n x vocab_size floats it would size: 100,000 ids took 1.6 GB before the
+    -- engine refused them)
+    check_in_context(self, n, "score: the sequence ")
     local data = ffi_new("float[?]", n * self.vocab_size + 1)
     local st = C.tl_score(self.ptr, arr, n, loops, data)
     if st ~= 0 then return engine_failure(st) end
@@ -1682,9 +1700,7 @@ local function embed_input(model, input, what, where)
     local ids, err = prompt_ids(model, input)
     if not ids then return nil, err end
     local arr, n = id_array(ids)
-    if n < 1 or n > model.max_seq_len then -- (before a vector a token is allocated)
-        raise(("%s: %shas %d tokens: want 1 .. max_seq_len = %d"):format(what, where, n, model.max_seq_len))
-    end
+    check_in_context(model, n, what .. ": " .. where) -- (before a vector a token is allocated)
     return arr, n
 end
 

@@ -182,8 +182,9 @@ static char *read_file(const char *path, size_t *len) {
     fseek(f, 0, SEEK_END);
     *len = (size_t)ftell(f);
     fseek(f, 0, SEEK_SET);
-    char *p = malloc(*len);
+    char *p = malloc(*len + 1);
     if (p && fread(p, 1, *len, f) != *len) { free(p); p = NULL; }
+    if (p) p[*len] = '\0'; /* (the header is searched as text) */
     fclose(f);
     return p;
 }
@@ -209,7 +210,11 @@ static void overflow_names_its_cause(const char *golden_dir) {
     const char *entry = strstr(file + 8, "\"coda.0.attn.v.weight\"");
     const char *offsets = entry ? strstr(entry, "\"data_offsets\":[") : NULL;
     long begin = 0, end = 0;
-    CHECK(offsets && sscanf(offsets, "\"data_offsets\":[%ld,%ld]", &begin, &end) == 2, "coda.0.attn.v.weight's offsets");
+    static const char f32[] = "\"dtype\":\"F32\"";
+    const char *dtype = entry ? strstr(entry, "\"dtype\":") : NULL;
+    CHECK(dtype && strncmp(dtype, f32, sizeof f32 - 1) == 0, "coda.0.attn.v.weight is F32 (the scaling below reads floats)");
+    CHECK(offsets && sscanf(offsets, "\"data_offsets\":[%ld,%ld]", &begin, &end) == 2 && end > begin,
+          "coda.0.attn.v.weight's offsets");
     for (long at = begin; at + 4 <= end; at += 4) {
         float v;
         memcpy(&v, file + 8 + header_len + at, 4);

@@ -116,9 +116,11 @@ describe("anthropic.to_chat", function()
             { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "auto", "name": "f"}}',
               "tool_choice", 'tool_choice.name goes with {"type": "tool"} only' },
             { '{' .. ok .. '"messages": [{"role": "user", "content": ""}]}', "messages",
+              "messages[0].content must not be empty" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}', "messages",
               "messages[0].content[0].text must not be empty" },
             { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}, ' ..
-              '{"role": "user", "content": "y"}]}', "messages", "messages[1].content[0].text must not be empty" },
+              '{"role": "user", "content": "y"}]}', "messages", "messages[1].content must not be empty" },
             { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "Sure "}]}',
               "messages", "final assistant content cannot end with trailing whitespace" },
         }

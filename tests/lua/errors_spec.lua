@@ -231,7 +231,7 @@ describe("prompt errors", function()
         -- failed inside ffi.new with "size of C type is unknown or too large")
         local many = {}
         for i = 1, math.floor(2 ^ 31 / (4 * m:info().vocab_size)) + 1 do many[i] = 1 end
-        raises({ ("tl_score: n = %d is out of range [1, max_seq_len = "):format(#many) }, function() return m:score(many) end)
+        raises({ ("score: the sequence has %d tokens: want 1 .. max_seq_len = "):format(#many) }, function() return m:score(many) end)
     end)
 end)
 

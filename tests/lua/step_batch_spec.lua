@@ -132,7 +132,10 @@ describe("model:step_batch", function()
         H.error_contains(function() m:step_batch({ bad, good }) end, "boom at three")
         H.error_contains(function() bad:step() end, "a hook raised: ")
         -- good's third token was emitted in the call that raised: its next step returns it
-        -- (with its text), stepping nothing (its id was lost, and its text came with the fourth)
+        -- (with its text), stepping nothing (its id was lost, and its text came with the fourth);
+        -- a second call that raises keeps it held (it was taken before the call, and lost)
+        local again = m:session(prompt_of(3, 7), { max_tokens = 4, logits_processor = function() error("boom again") end })
+        H.error_contains(function() m:step_batch({ again, good }) end, "boom again")
         assert.equal(5 + 3, #good:tokens())
         while true do
             local r = m:step_batch({ good })

@@ -126,7 +126,9 @@ local function messages_of(messages, system, raw)
                 if type(block.text) ~= "string" then return nil, at .. ".text must be a string" end
                 -- (Anthropic's rule: only the final assistant message, a prefill, may be empty)
                 if block.text == "" and not (message and i == #messages) then
-                    return nil, at .. ".text must not be empty (text content blocks must be non-empty)"
+                    -- (a string content is named as sent, not as the block it is read into)
+                    return nil, (type(m.content) == "string" and where .. ".content" or at .. ".text") ..
+                        " must not be empty (text content blocks must be non-empty)"
                 end
                 add_text(message or turn("user", i - 1), block.text)
             elseif kind == "tool_use" and message then

@@ -198,10 +198,16 @@ function _M.configure(opts)
             error(("tinyloop.server: %s must be a number > 0, got %s"):format(name, tostring(conf[name])))
         end
     end
-    if type(conf.shared_dict) ~= "string" or not ngx.shared[conf.shared_dict] then
-        error(("tinyloop.server: lua_shared_dict %s is not declared (the metrics are kept there): add " ..
-               "`lua_shared_dict %s 1m;` to the http block"):format(tostring(conf.shared_dict), tostring(conf.shared_dict)))
+    for _, name in ipairs({ "prefix_pool_mb", "grammar_cache_mb" }) do
+        if type(conf[name]) ~= "number" or not (conf[name] >= 0) then
+            error(("tinyloop.server: %s must be a number >= 0, got %s"):format(name, tostring(conf[name])))
+        end
     end
+    local step_rows = conf.step_rows
+    if step_rows and (type(step_rows) ~= "number" or step_rows ~= math.floor(step_rows) or step_rows < -1 or step_rows > 2 ^ 30) then
+        error("tinyloop.server: step_rows must be false (auto), -1 (auto) or an integer >= 0, got " .. tostring(step_rows))
+    end
+    metrics.init(conf.shared_dict) -- (the dict must be declared: checked here, in the master)
     if type(conf.embed_wait_s) ~= "number" or not (conf.embed_wait_s >= 0) then
         error("tinyloop.server: embed_wait_s must be a number >= 0, got " .. tostring(conf.embed_wait_s))
     end
@@ -306,6 +312,7 @@ local start_worker
 function _M.init_worker()
     local ok, err = pcall(start_worker)
     if not ok then
+        if engine then C.tl_engine_stop(engine) end -- (started before the failure: its threads stopped)
         engine = nil
         model_error = "the server cannot start: " .. raised_message(err)
         ngx_log(ngx.ERR, "tinyloop: ", model_error)
@@ -321,28 +328,12 @@ function start_worker()
         ngx_log(ngx.ERR, "tinyloop: ", model_error)
         return
     end
-    if type(conf.prefix_pool_mb) ~= "number" or conf.prefix_pool_mb < 0 then
-        model_error = "prefix_pool_mb must be a number >= 0, got " .. tostring(conf.prefix_pool_mb)
-        ngx_log(ngx.ERR, "tinyloop: ", model_error)
-        return
-    end
     if conf.prefix_pool_mb > 0 then m:set_prefix_pool(math.floor(conf.prefix_pool_mb * 1048576)) end
-    if type(conf.grammar_cache_mb) ~= "number" or not (conf.grammar_cache_mb >= 0) then
-        model_error = "grammar_cache_mb must be a number >= 0, got " .. tostring(conf.grammar_cache_mb)
-        ngx_log(ngx.ERR, "tinyloop: ", model_error)
-        return
-    end
     request.set_grammar_cache_budget(conf.grammar_cache_mb * 1048576)
     local o = ffi_new("tl_engine_options")
     C.tl_engine_options_init(o)
     o.max_active, o.max_queued = conf.max_active, conf.max_queued
-    local step_rows = conf.step_rows or -1 -- (-1: the engine's own choice)
-    if type(step_rows) ~= "number" or step_rows ~= math.floor(step_rows) or step_rows < -1 or step_rows > 2 ^ 30 then
-        model_error = "step_rows must be false (auto), -1 (auto) or an integer >= 0, got " .. tostring(step_rows)
-        ngx_log(ngx.ERR, "tinyloop: ", model_error)
-        return
-    end
-    o.step_rows = step_rows
+    o.step_rows = conf.step_rows or -1 -- (-1: the engine's own choice)
     local out = ffi_new("tl_engine *[1]")
     if C.tl_engine_new(m.ptr, o, out) ~= 0 then
         model_error = "cannot start the engine: " .. ffi_string(C.tl_last_error())
@@ -561,10 +552,12 @@ end
 -- GET /v1/models/{id} (the OpenAI SDKs' models.retrieve): the model, or 404 naming it.
 function _M.model()
     if not only_get() or not ready() then return end
-    -- (the path's last part, decoded by nginx: %252D was decoded twice, to "-"; and a handler
-    -- mounted under a prefix had it cut at the wrong place)
-    local id = ngx.var.uri:match("/models/([^/]*)$") or ""
-    if id ~= conf.model_id then
+    -- (the path decoded by nginx: %252D was decoded twice, to "-"; read from its end, the
+    -- served id may hold "/" of its own, "org/name", and a handler under a prefix had it cut
+    -- at the wrong place)
+    local uri, served = ngx.var.uri, "/models/" .. conf.model_id
+    if uri:sub(-#served) ~= served then
+        local id = uri:match("/models/(.*)$") or ""
         return send_error(404, ("no model '%s' here (this server runs '%s')"):format(id, conf.model_id), "model",
                           "not_found_error", nil, "model_not_found")
     end
@@ -617,7 +610,15 @@ function _M.cors_headers()
     if not allowed then return end
     -- (where origins are listed, every answer depends on the request's Origin, an allowed one's
     -- or not: a cache in front keys on it, Fetch's rule; only allowed ones had it)
-    if not allowed["*"] and not ngx.header["Vary"] then ngx.header["Vary"] = "Origin" end
+    if not allowed["*"] then
+        local vary = ngx.header["Vary"]
+        if type(vary) == "table" then vary = table.concat(vary, ", ") end
+        if not vary then
+            ngx.header["Vary"] = "Origin"
+        elseif not vary:lower():find("origin", 1, true) then
+            ngx.header["Vary"] = vary .. ", Origin" -- (an app's own Vary kept, Origin added)
+        end
+    end
     local origin = cors_origin()
     if origin then ngx.header["Access-Control-Allow-Origin"] = origin end
 end
@@ -667,18 +668,20 @@ local NGINX_ERRORS = {
     [501] = "not implemented (a transfer encoding other than chunked)", [502] = "bad gateway", [504] = "gateway timeout",
     [505] = "HTTP version not supported (HTTP/1.x here)",
 }
--- (error: which one, where the status cannot say: nginx answers its 494 as a 400)
-function _M.nginx_error(error)
+-- (which: the error, where the status cannot say: nginx answers its 494 as a 400)
+function _M.nginx_error(which)
     local status = ngx.status
-    return send_uri_error(status, NGINX_ERRORS[error or status] or ("HTTP error " .. status), nil)
+    return send_uri_error(status, NGINX_ERRORS[which or status] or ("HTTP error " .. status), nil)
 end
 
 -- log_by_lua: every request, including nginx's own errors, counted by endpoint and status.
 function _M.log()
-    -- (the path the client asked for: nginx's own errors go to /.tinyloop-error, and were
-    -- counted as "other", a 501 or a malformed body of /v1/completions)
-    local path = (ngx.var.request_uri or ""):match("^[^?]*")
-    metrics.log_request(path ~= "" and path or ngx.var.uri, ngx.status)
+    -- (nginx's own errors go to /.tinyloop-error*: counted under the path the client asked for,
+    -- they were "other", a 501 or a malformed body of /v1/completions; else nginx's normalised
+    -- uri, //v1/completions as /v1/completions)
+    local uri = ngx.var.uri
+    if uri:find("^/%.tinyloop%-error") then uri = (ngx.var.request_uri or ""):match("^[^?]*") end
+    metrics.log_request(uri, ngx.status)
 end
 
 -- ------------------------------------------------------------------ a request's life
@@ -1255,8 +1258,10 @@ local function keep_response(r)
     r.kept = true
     local key, value = "resp:" .. r.public_id, (previous or "") .. "\0" .. messages .. "\0" .. response
     local ok, err
-    if #key + #value > responses_store:capacity() then
-        -- (one the whole store cannot hold: set would drop the least recently used, then fail)
+    -- (one the whole store cannot hold: set would drop the least recently used, then fail; the
+    -- zone's own pages and a value's slab rounding take room too, hence an eighth kept back)
+    local capacity = responses_store.capacity and responses_store:capacity()
+    if capacity and #key + #value > capacity - capacity / 8 then
         ok, err = false, "larger than the store (--responses-store-mb)"
     else
         -- (set drops at most 30 of the least recently used a try, then says "no memory": a

@@ -38,7 +38,8 @@ function _M.publish_engine(worker, c, mem)
 end
 
 -- A stopping worker: its sessions are gone (its totals stay until a new worker of the same
--- id overwrites them, which Prometheus reads as a counter reset).
+-- id overwrites them, which Prometheus reads as a counter reset; with none, render leaves
+-- its series out once its process has gone).
 function _M.engine_stopped(worker)
     -- (a reload's new worker of this id may have published already: its figures stay)
     local owner = dict:get("engine:" .. worker .. ":pid")
@@ -49,8 +50,11 @@ function _M.engine_stopped(worker)
 end
 
 function _M.init(dict_name)
-    dict = ngx.shared[dict_name]
-    if not dict then error("tinyloop.server: lua_shared_dict " .. dict_name .. " is not declared") end
+    dict = type(dict_name) == "string" and ngx.shared[dict_name] or nil
+    if not dict then
+        error(("tinyloop.server: lua_shared_dict %s is not declared (the metrics are kept there): add " ..
+               "`lua_shared_dict %s 1m;` to the http block"):format(tostring(dict_name), tostring(dict_name)))
+    end
 end
 
 local function incr(key, n)
