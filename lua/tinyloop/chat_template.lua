@@ -1383,10 +1383,16 @@ local function int_arg(v, what)
     return n
 end
 
+-- split's and rsplit's separator: a string, or nil for runs of whitespace (None)
+local function separator_or_blanks(sep)
+    if sep == NONE then return nil end
+    if sep ~= nil and type(sep) ~= "string" then fail(fmt("must be str or None, not %s", py_type(sep))) end
+    return sep
+end
+
 local function split(s, sep, maxsplit)
     local out = {}
-    if sep == NONE then sep = nil end
-    if sep ~= nil and type(sep) ~= "string" then fail(fmt("must be str or None, not %s", py_type(sep))) end
+    sep = separator_or_blanks(sep)
     if sep == nil then -- runs of whitespace, none empty
         local pos = 1
         while true do
@@ -1518,8 +1524,7 @@ local function reversed(list)
 end
 local function rsplit(s, sep, maxsplit)
     local out = {}
-    if sep == NONE then sep = nil end
-    if sep ~= nil and type(sep) ~= "string" then fail(fmt("must be str or None, not %s", py_type(sep))) end
+    sep = separator_or_blanks(sep)
     if sep == nil then -- runs of whitespace from the right; the rest keeps its leading blanks
         local blank = char_set(WHITESPACE)
         local to = #s

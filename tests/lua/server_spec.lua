@@ -3885,14 +3885,22 @@ describe("server with two workers", function()
 end)
 
 describe("examples/openresty", function()
-    it("mounts the handlers in an app's own nginx.conf: completions and chat behind its API key", function()
+    -- The example's nginx.conf with this checkout's paths, listening on port p; nil where
+    -- Debian's nginx Lua module, which it loads, is not here.
+    local NO_MODULE = "the example loads Debian's nginx Lua module, which is not here"
+    local function example_conf(p)
         local module = io.open("/usr/lib/nginx/modules/ngx_http_lua_module.so")
-        if not module then return pending("the example loads Debian's nginx Lua module, which is not here") end
+        if not module then return nil end
         module:close()
-        local p = free_port()
         local root = sh("pwd"):gsub("%s+$", "")
-        local conf = H.read("examples/openresty/nginx.conf"):gsub("/path/to/tinyloop", root)
-            :gsub("listen 127%.0%.0%.1:%d+;", "listen 127.0.0.1:" .. p .. ";")
+        return (H.read("examples/openresty/nginx.conf"):gsub("/path/to/tinyloop", root)
+            :gsub("listen 127%.0%.0%.1:%d+;", "listen 127.0.0.1:" .. p .. ";"))
+    end
+
+    it("mounts the handlers in an app's own nginx.conf: completions and chat behind its API key", function()
+        local p = free_port()
+        local conf = example_conf(p)
+        if not conf then return pending(NO_MODULE) end
         with_nginx("$(command -v nginx || echo /usr/sbin/nginx)", dir .. "/openresty", conf, p, function(b)
             local key = " -H 'Authorization: Bearer secret'"
             local status, body = curl(key .. " --data-binary " .. quote(cjson.encode({ messages = { { role = "user", content = "Who is Emma?" } },
@@ -3909,11 +3917,9 @@ describe("examples/openresty", function()
     end)
 
     it("serves the handlers under a prefix of the app's: stored responses, a model, each API's error shape", function()
-        local module = io.open("/usr/lib/nginx/modules/ngx_http_lua_module.so")
-        if not module then return pending("the example loads Debian's nginx Lua module, which is not here") end
-        module:close()
         local p = free_port()
-        local root = sh("pwd"):gsub("%s+$", "")
+        local conf = example_conf(p)
+        if not conf then return pending(NO_MODULE) end
         local function handler(name, body)
             return ("content_by_lua_block { require(\"tinyloop.server\").%s() }"):format(name) ..
                 (body and " lua_need_request_body on;" or "")
@@ -3925,9 +3931,7 @@ describe("examples/openresty", function()
             "location = /llm/api/chat { " .. handler("ollama_chat", true) .. " }",
             "location = /llm/v1/messages { " .. handler("messages", true) .. " }",
             "location / {" }, "\n        ")
-        local conf = H.read("examples/openresty/nginx.conf"):gsub("/path/to/tinyloop", root)
-            :gsub("listen 127%.0%.0%.1:%d+;", "listen 127.0.0.1:" .. p .. ";")
-            :gsub("lua_shared_dict tinyloop_metrics 1m;", "%0 lua_shared_dict tinyloop_responses 1m;")
+        conf = conf:gsub("lua_shared_dict tinyloop_metrics 1m;", "%0 lua_shared_dict tinyloop_responses 1m;")
             :gsub("location / {", function() return mounted end)
             :gsub("threads = 2 }", 'threads = 2, model_id = "org/austen" }') -- (an id with a "/" of its own)
         with_nginx("$(command -v nginx || echo /usr/sbin/nginx)", dir .. "/prefixed", conf, p, function(b)
@@ -3950,9 +3954,8 @@ describe("examples/openresty", function()
     end)
 
     it("refuses at its start a configuration its workers cannot run (they answered 'the model is loading' for good)", function()
-        local root = sh("pwd"):gsub("%s+$", "")
-        local conf = H.read("examples/openresty/nginx.conf"):gsub("/path/to/tinyloop", root)
-            :gsub("listen 127%.0%.0%.1:%d+;", "listen 127.0.0.1:" .. free_port() .. ";")
+        local conf = example_conf(free_port())
+        if not conf then return pending(NO_MODULE) end
         local pre = dir .. "/misconfigured"
         os.execute("mkdir -p " .. pre .. "/logs")
         local function start_says(text) -- (in the foreground: it exits at once, or is stopped after 10 s)
