@@ -132,8 +132,11 @@ static int compile(const char *pattern, uint32_t options, const char *where, pcr
 }
 
 /* An Oniguruma (Ruby syntax) regex as PCRE2 reads the same: \h and \H (a hex digit, and
-   any other character: PCRE2's are horizontal space) spelled out; a class intersection
-   ([a-z&&[^aeiou]], which PCRE2 reads as the characters '&') refused. *out is malloc'd. */
+   any other character: PCRE2's are horizontal space) spelled out; an inline flag m (Ruby's
+   dot-matches-newline) as PCRE2's s; {,n} (Ruby's {0,n}, PCRE2's literal text) as {0,n}; a
+   class intersection ([a-z&&[^aeiou]], which PCRE2 reads as the characters '&') and a class
+   nested in a class ([a[bc]], Ruby's union, PCRE2's '[' then a literal ']') refused. *out
+   is malloc'd. */
 static int from_ruby_syntax(const char *pattern, const char *where, char **out, char *err, size_t errlen)
 {
     const size_t n = strlen(pattern);
@@ -159,6 +162,26 @@ static int from_ruby_syntax(const char *pattern, const char *where, char **out, 
             }
             i++;
             continue;
+        }
+        if (c == '[' && in_class && !(i + 1 < n && pattern[i + 1] == ':')) { /* ([[:alpha:]] is PCRE2's too) */
+            free(o);
+            return tlz_fail(err, errlen, TLZ_EFORMAT, "%s: a character class nested in a class is not supported", where);
+        }
+        if (!in_class && c == '(' && i + 2 < n && pattern[i + 1] == '?' && strchr("imx-", pattern[i + 2])) {
+            o[k++] = '(';
+            o[k++] = '?';
+            for (i += 2; i < n && strchr("imx-", pattern[i]); i++) o[k++] = pattern[i] == 'm' ? 's' : pattern[i];
+            i--; /* (the ':' or ')' after the flags is copied as any character) */
+            continue;
+        }
+        if (!in_class && c == '{' && i + 1 < n && pattern[i + 1] == ',') {
+            size_t d = i + 2;
+            while (d < n && pattern[d] >= '0' && pattern[d] <= '9') d++;
+            if (d > i + 2 && d < n && pattern[d] == '}') { /* {,n}: Ruby's {0,n} */
+                o[k++] = '{';
+                o[k++] = '0';
+                continue;
+            }
         }
         if (c == '[') in_class++;
         else if (c == ']' && in_class) in_class--;

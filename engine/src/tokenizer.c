@@ -343,7 +343,9 @@ static int check_decoder(const cJSON *root, char *err, size_t errlen)
     if (strcmp(name, "ByteLevel") == 0) return TLZ_OK;
     if (strcmp(name, "Sequence") == 0) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(d, "decoders");
-        bool byte_level = cJSON_IsArray(list);
+        /* (ByteLevel ones only, one at least: an empty list maps no bytes in HF, and was read
+           as ByteLevel) */
+        bool byte_level = cJSON_IsArray(list) && list->child;
         for (const cJSON *e = byte_level ? list->child : NULL; e && byte_level; e = e->next) {
             const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "type");
             byte_level = cJSON_IsString(t) && strcmp(t->valuestring, "ByteLevel") == 0;
@@ -692,6 +694,18 @@ static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t 
     return TLZ_OK;
 }
 
+/* Where the JSON text escapes U+0000 in a string (\u0000), or -1. cJSON's strings end at a
+   NUL: a token "<tok\u0000>" was read as "<tok", another token, silently. */
+static long nul_escape_at(const char *json, size_t len)
+{
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (json[i] != '\\') continue;
+        if (json[i + 1] == 'u' && i + 5 < len && memcmp(json + i + 2, "0000", 4) == 0) return (long)i;
+        i++; /* the escaped character (an escaped backslash escapes nothing after it) */
+    }
+    return -1;
+}
+
 int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, char *err, size_t errlen)
 {
     if (out) *out = NULL;
@@ -704,6 +718,12 @@ int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, c
     t->serial = atomic_fetch_add(&serials, 1) + 1;
     int rc;
     char why[200];
+    const long nul = nul_escape_at(json, len);
+    if (nul >= 0) {
+        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "tokenizer.json: a string holds U+0000 (\\u0000 at byte %ld), which no "
+                      "token may (C strings end at it)", nul);
+        goto done;
+    }
     const int read = tl_json_read_strict(json, len, &root, why, sizeof why);
     if (read != 0) {
         rc = tlz_fail(err, errlen, read == -2 ? TLZ_ENOMEM : TLZ_EFORMAT, "tokenizer.json: %s", why);
@@ -1042,16 +1062,18 @@ static int whitespace_before(const unsigned char *s, size_t n)
     return k == (int)back ? k : 0;
 }
 
-/* The longest added token at s of the pass (normalized ones in the second), specials skipped
-   where they are read as text. */
-static const added_token *match_added(const tlz_tokenizer *t, const char *s, size_t n, int skip_special, bool normalized)
+/* The longest added token at s of the pass (normalized ones in the second), specials
+   included: where specials are read as text, the caller leaves a special's span as text, as
+   HF's split_special_tokens does (it matches over all added tokens, then drops a special
+   match; a shorter token inside its span was taken: "<a>" of "<a>b"). */
+static const added_token *match_added(const tlz_tokenizer *t, const char *s, size_t n, bool normalized)
 {
     const added_token *longest = NULL;
     int32_t node = 0;
     for (size_t k = 0; k < n && (node = trie_child(&t->trie, node, (unsigned char)s[k])) >= 0; k++)
         for (int32_t i = t->trie.token[node]; i >= 0; i = t->added[i].same_text) {
             const added_token *a = &t->added[i];
-            if (a->normalized != normalized || (skip_special && (t->flags[a->id] & TOKF_SPECIAL))) continue;
+            if (a->normalized != normalized) continue;
             longest = a; /* the first of its text that this pass takes; a longer one may follow */
             break;
         }
@@ -1068,8 +1090,12 @@ static int split_added(enc_ctx *e, const char *text, size_t len, int skip_specia
     size_t start = 0;
     for (size_t i = 0; i < len && !rc && t->n_added > 0; i++) {
         if (!t->added_first[(unsigned char)text[i]]) continue;
-        const added_token *a = match_added(t, text + i, len - i, skip_special, normalized);
+        const added_token *a = match_added(t, text + i, len - i, normalized);
         if (!a) continue;
+        if (skip_special && (t->flags[a->id] & TOKF_SPECIAL)) { /* its span stays text, not searched again */
+            i += a->len - 1;
+            continue;
+        }
         size_t from = i, to = i + a->len; /* the text the token stands for */
         int k;
         if (a->lstrip)

@@ -297,6 +297,14 @@ static void test_ruby_syntax(void)
     expect_ids("^a", "ab\nab", 5, (const int32_t[]){0, 1, 3, 0, 1}, 5); /* ^ after the newline too */
     expect_error(SEQ("{\"type\": \"Split\", \"pattern\": {\"Regex\": \"[a-z&&[^aeiou]]\"}, \"behavior\": \"Isolated\"}, " BL),
                  "pre_tokenizer.pretokenizers[0].pattern: a class intersection (&&) is not supported");
+    /* Ruby's inline m is dot-matches-newline (PCRE2's s: "b\na" one piece, no merge across),
+       {,n} is {0,n} ("ba" a piece), a class nested in a class is refused (PCRE2 read each
+       otherwise: different pieces, silently) */
+    expect_ids("(?m:b.a)", "ab\nab", 5, (const int32_t[]){0, 1, 3, 0, 1}, 5);
+    expect_ids("ba{,1}", "aba", 3, (const int32_t[]){0, 1, 0}, 3);
+    expect_ids("[[:alpha:]]+", "ab", 2, (const int32_t[]){2}, 1); /* (a POSIX class is no nested class) */
+    expect_error(SEQ("{\"type\": \"Split\", \"pattern\": {\"Regex\": \"[a[b]]+\"}, \"behavior\": \"Isolated\"}, " BL),
+                 "pre_tokenizer.pretokenizers[0].pattern: a character class nested in a class is not supported");
     static char word[20000];
     memset(word, 'a', sizeof word);
     expect_ids("(?:\\\\p{L}|')+", word, sizeof word, NULL, sizeof word);

@@ -298,7 +298,22 @@ static void test_load_errors(const char *dir)
                       "added_tokens: '</s>' has id 7, which another added token has");
     expect_load_error("load error: added token content starting with NUL",
                       make_json((json_parts){.top = "\"added_tokens\": [{\"id\": 7, \"content\": \"\\u0000x\"}],", .merges = "[]"}),
-                      "its first byte not NUL");
+                      "a string holds U+0000");
+    /* anywhere in a string: cJSON's strings end at it ("<tok\u0000>" was read as "<tok", another
+       token), in an added token, a vocabulary key or a merge; an escaped backslash before
+       "u0000" is text */
+    expect_load_error("load error: added token content holding NUL",
+                      make_json((json_parts){.top = "\"added_tokens\": [{\"id\": 7, \"content\": \"<tok\\u0000>\"}],", .merges = "[]"}),
+                      "a string holds U+0000");
+    expect_load_error("load error: a merge holding NUL", make_json((json_parts){.merges = "[\"a b\\u0000\"]"}),
+                      "a string holds U+0000");
+    {
+        tlz_tokenizer *escaped = NULL;
+        const char *text = make_json((json_parts){.vocab = "{\"a\":0,\"b\":1,\"ab\":2,\"\\u0120\":3,\"\\\\u0000\":4}", .merges = "[]"});
+        check(tlz_tokenizer_load_json(text, strlen(text), &escaped, err, sizeof err) == TLZ_OK,
+              "load: an escaped backslash before u0000 is text", "%s", err);
+        tlz_tokenizer_free(escaped);
+    }
     /* what would change the ids or the text, refused rather than ignored */
     expect_load_error("load error: BPE dropout",
                       make_json((json_parts){.model = "\"type\":\"BPE\", \"dropout\": 0.5,", .merges = "[]"}),
@@ -312,6 +327,9 @@ static void test_load_errors(const char *dir)
     expect_load_error("load error: a decoder sequence with another decoder",
                       make_json((json_parts){.top = "\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteLevel\"}, "
                                                     "{\"type\": \"Strip\"}]},", .merges = "[]"}),
+                      "decoder 'Sequence' is not supported");
+    expect_load_error("load error: an empty decoder sequence (HF maps no bytes: it was read as ByteLevel)",
+                      make_json((json_parts){.top = "\"decoder\": {\"type\": \"Sequence\", \"decoders\": []},", .merges = "[]"}),
                       "decoder 'Sequence' is not supported");
     expect_load_error("load error: a key given twice",
                       make_json((json_parts){.top = "\"decoder\": null, \"decoder\": null,", .merges = "[]"}),
@@ -550,7 +568,8 @@ static void test_tiny(const char *dir)
 /* Added-token matching against a brute-force reading of HF's rule, over 400 random tokens that
    share their first bytes (as "<|reserved_N|>" do): the tokens not normalized first, each
    leftmost-longest, then the normalized ones in the stretches left, the rest byte by byte
-   (the vocabulary is the four letters alone, no merges); specials skipped when asked. */
+   (the vocabulary is the four letters alone, no merges); where specials are read as text, a
+   special match's span stays text. */
 #define MANY_ADDED 400
 static const char MANY_ALPHABET[] = "ab<|";
 typedef struct { char text[8]; size_t len; int32_t id; int special, normalized; } many_token;
@@ -564,10 +583,13 @@ static void many_reference(const many_token *toks, const char *text, size_t len,
         const many_token *best = NULL;
         for (int k = 0; k < MANY_ADDED; k++) {
             const many_token *m = &toks[k];
-            if (m->normalized != normalized || (skip_special && m->special) || m->len > len - i) continue;
+            if (m->normalized != normalized || m->len > len - i) continue;
             if (memcmp(m->text, text + i, m->len) == 0 && (!best || m->len > best->len)) best = m;
         }
         if (!best) { i++; continue; }
+        /* (HF's split_special_tokens: the longest match over all, a special one then dropped,
+           its span text not searched again in this pass) */
+        if (skip_special && best->special) { i += best->len; continue; }
         if (normalized) {
             for (size_t c = start; c < i; c++) out[(*n_out)++] = (int32_t)(strchr(MANY_ALPHABET, text[c]) - MANY_ALPHABET);
         } else {
