@@ -119,6 +119,10 @@ end
 pcall(ffi.cdef, "long recv(int, void *, size_t, int);") -- (another module may have declared them)
 pcall(ffi.cdef, "int getpeername(int, void *, unsigned int *);")
 local libc_probe = declared("tl_ngx_request_head") and pcall(function() return ffi.C.recv and ffi.C.getpeername end)
+local tcp_info_ok = pcall(ffi.cdef, "int getsockopt(int, int, int, void *, unsigned int *);") or
+    pcall(function() return ffi.C.getsockopt end) -- (another module may have declared it)
+local IPPROTO_TCP, TCP_INFO, TCP_CLOSE, TCP_CLOSE_WAIT = 6, 11, 7, 8 -- (Linux's)
+local tcp_info, tcp_info_len = ffi_new("uint8_t[256]"), ffi_new("unsigned int[1]")
 local NGX_HTTP_MODULE = 0x50545448 -- the request's signature
 local MSG_PEEK, MSG_DONTWAIT, AF_UNIX, AF_INET, AF_INET6 = 0x2, 0x40, 1, 2, 10
 local peer, peer_len, peek_byte = ffi_new("uint8_t[128]"), ffi_new("unsigned int[1]"), ffi_new("uint8_t[1]")
@@ -138,7 +142,18 @@ local function client_left()
     elseif family ~= AF_UNIX or ngx.var.remote_addr ~= "unix:" then
         return false
     end
-    return tonumber(ffi.C.recv(fd, peek_byte, 1, MSG_PEEK + MSG_DONTWAIT)) == 0
+    if tonumber(ffi.C.recv(fd, peek_byte, 1, MSG_PEEK + MSG_DONTWAIT)) == 0 then return true end
+    -- (bytes after the request, a stray CRLF or a pipelined request, stand before the end of
+    -- stream, which the peek then never sees: the kernel's TCP state says the peer closed;
+    -- such a blocking request ran to its end)
+    if family ~= AF_UNIX and tcp_info_ok then
+        tcp_info_len[0] = 256
+        if ffi.C.getsockopt(fd, IPPROTO_TCP, TCP_INFO, tcp_info, tcp_info_len) == 0 then
+            local state = tcp_info[0] -- (struct tcp_info opens with tcpi_state)
+            return state == TCP_CLOSE_WAIT or state == TCP_CLOSE
+        end
+    end
+    return false
 end
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
@@ -679,7 +694,7 @@ function _M.log()
     -- (nginx's own errors go to /.tinyloop-error*: counted under the path the client asked for,
     -- they were "other", a 501 or a malformed body of /v1/completions; else nginx's normalised
     -- uri, //v1/completions as /v1/completions)
-    local uri = ngx.var.uri
+    local uri = ngx.var.uri or "" -- (none where the request line never came whole: a reset)
     if uri:find("^/%.tinyloop%-error") then uri = (ngx.var.request_uri or ""):match("^[^?]*") end
     metrics.log_request(uri, ngx.status)
 end
@@ -1296,6 +1311,12 @@ local function run_blocking(r)
                 release_all(r, ids == "gone")
                 if ids == "gone" then return ngx_exit(499) end
                 return r.send_error(500, ids, nil, "server_error")
+            end
+            -- (nginx reports no hang-up where bytes came after the request, a stray CRLF or a
+            -- pipelined request: asked at each output, the request stops within a token)
+            if client_left() then
+                release_all(r, true)
+                return ngx_exit(499)
             end
             texts[#texts + 1] = text
             for i = 1, #ids do
