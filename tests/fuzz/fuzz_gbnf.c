@@ -72,7 +72,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tl_compiled_grammar *after = NULL, *tags = NULL, *block = NULL;
     const tl_grammar_tag tag[] = {{"<t>", g, "</t>", 0}, {"<t:", g, "", 1}};
     const char *const triggers[] = {"<t", "t:"};
-    tl_grammar_tags_options opts = {(int)((size >> 3) % 3), (int)((size >> 2) & 1)}; /* (size % 4 == 0 here) */
+    /* (size % 4 == 0 here; tag_first too, its own root rule) */
+    tl_grammar_tags_options opts = {(int)((size >> 3) % 3), (int)((size >> 2) & 1), (int)((size >> 5) & 1)};
     if (tl_grammar_compile_after(g, "</t>", 4, (int)((size >> 2) % 5), &after) != TL_OK && tl_last_error()[0] == 0) __builtin_trap();
     if (tl_grammar_compile_tags(tag, 2, triggers, 2, &opts, &tags) != TL_OK && tl_last_error()[0] == 0) __builtin_trap();
     if (tl_grammar_compile_after_block(g, "<t>", "</t>", 2, &block) != TL_OK && tl_last_error()[0] == 0) __builtin_trap();
