@@ -548,7 +548,7 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
 /* A step that chose no token from a row holding NaN: the model's numbers overflowed (a NaN
    never compares, so no token was above -inf, which read as a grammar's dead end: a normal
    stop of a cut text). An error, naming the likely cause. */
-static tl_status check_row_finite(tl_session *s, const float *row) {
+tl_status tl_session_check_row_finite(tl_session *s, const float *row) {
     if (!row) return TL_OK;
     const int vocab = s->m->cfg.vocab_size;
     int at = 0;
@@ -569,7 +569,7 @@ static tl_status step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
         s->finished = true;
         return st;
     }
-    if (tok < 0 && (st = check_row_finite(s, s->chosen_row)) != TL_OK) return st;
+    if (tok < 0 && (st = tl_session_check_row_finite(s, s->chosen_row)) != TL_OK) return st;
     /* before the emission's hooks, which may ask (tl_session_logprobs from on_token) */
     if (tok < 0) s->chosen_row = NULL;
     if ((st = tl_session_emit(s, tok, stop)) != TL_OK) return st;
@@ -751,7 +751,7 @@ static tl_status finish_shared_step(tl_session *s, bool was_prefill, int32_t *to
     tl_status st = tl_session_prepare_logits(s, s->logits);
     if (st != TL_OK) return st;
     const int32_t tok = tl_session_choose(s);
-    if (tok < 0 && (st = check_row_finite(s, s->logits)) != TL_OK) return st;
+    if (tok < 0 && (st = tl_session_check_row_finite(s, s->logits)) != TL_OK) return st;
     s->chosen_row = tok >= 0 ? s->logits : NULL;
     if ((st = tl_session_emit(s, tok, stop)) != TL_OK) return st;
     if (tok >= 0) *token = tok;
