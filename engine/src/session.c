@@ -569,9 +569,10 @@ static tl_status step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
         s->finished = true;
         return st;
     }
-    if (tok < 0 && (st = tl_session_check_row_finite(s, s->chosen_row)) != TL_OK) return st;
-    /* before the emission's hooks, which may ask (tl_session_logprobs from on_token) */
-    if (tok < 0) s->chosen_row = NULL;
+    if (tok < 0) {
+        if ((st = tl_session_check_row_finite(s, s->chosen_row)) != TL_OK) return st;
+        s->chosen_row = NULL; /* before the emission's hooks, which may ask (tl_session_logprobs from on_token) */
+    }
     if ((st = tl_session_emit(s, tok, stop)) != TL_OK) return st;
     if (tok >= 0) *token = tok;
     return TL_OK;

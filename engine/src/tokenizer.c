@@ -496,7 +496,7 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
             if (!json_id(cJSON_GetObjectItemCaseSensitive(e, "id"), &id))
                 return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"id\" must be an integer in [0, %d)", i, TLZ_MAX_ID);
             if (!cJSON_IsString(content) || content->valuestring[0] == '\0')
-                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"content\" must be a non-empty string (its first byte not NUL)", i);
+                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"content\" must be a non-empty string", i);
             if (id > max_id) max_id = id;
         }
     }

@@ -1628,7 +1628,8 @@ STR_METHODS.removesuffix = function(s, a)
     local suffix = str_arg(a[1], "suffix")
     return suffix ~= "" and sub(s, -#suffix) == suffix and sub(s, 1, #s - #suffix) or s
 end
-STR_METHODS.isdigit, STR_METHODS.isdecimal, STR_METHODS.isnumeric = all_of("0-9"), all_of("0-9"), all_of("0-9")
+STR_METHODS.isdigit = all_of("0-9")
+STR_METHODS.isdecimal, STR_METHODS.isnumeric = STR_METHODS.isdigit, STR_METHODS.isdigit -- (one set in ASCII)
 STR_METHODS.isalpha, STR_METHODS.isalnum = all_of("A-Za-z"), all_of("A-Za-z0-9")
 STR_METHODS.isspace = all_of(B)
 STR_METHODS.isupper = function(s) return find(s, "%u") ~= nil and not find(s, "%l") end

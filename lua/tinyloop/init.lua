@@ -1194,13 +1194,8 @@ function Model:step_batch(sessions, opts)
     for i = 1, n do sessions[i].in_batch = nil end
     if st ~= 0 then return engine_failure(st) end
     local hook_error, argument_error = nil, nil
-    -- A hook's error (or an argument error) is raised after the loop: the others' results are
-    -- then held, each session's next step (or session:step) returning its own, not lost with
-    -- these (TL_ERR_HOOK is one of ARGUMENT_ERRORS).
-    local raising = false
-    for k = 1, n_stepping do
-        if ARGUMENT_ERRORS[tonumber(statuses[k - 1])] then raising = true end
-    end
+    -- A hook's error (or an argument error) is raised after the loop: the others' results stay
+    -- held, each session's next step (or session:step) returning its own, not lost with these.
     for k = 1, n_stepping do
         local s, status = stepping[k], statuses[k - 1]
         local i = seen[s]
@@ -1217,14 +1212,8 @@ function Model:step_batch(sessions, opts)
             s:close()
             s.error = err
             results[i] = { error = err }
-        else
-            local result = { id = tokens[k - 1], text = new_text(s), reason = stop_name(stops[k - 1]) }
-            if raising then
-                s.held = result
-            else
-                if result.reason then s.done, s.stop_reason = true, result.reason end
-                results[i] = result
-            end
+        else -- (held, and taken below unless this call raises: one rule for a result, take_held's)
+            s.held = { id = tokens[k - 1], text = new_text(s), reason = stop_name(stops[k - 1]) }
         end
     end
     if hook_error then error(hook_error[1], 0) end
@@ -1527,14 +1516,16 @@ local function run_speculative(model, prompt, cfg, tree)
             -- (it said the field "needs speculative = chain or tree", of a chain call)
             if TREE_FIELDS[k] then raise("config field '" .. k .. "' is tree speculation's: use generate_tree_speculative") end
             -- (the call is the mode: a speculative = "tree" given to the chain ran the chain)
-            if k == "speculative" and v ~= (tree and "tree" or "chain") then
-                raise(("config field 'speculative' = %s: %s runs the %s"):format(tostring(v),
-                    tree and "generate_tree_speculative" or "generate_speculative", tree and "tree" or "chain"))
+            if k == "speculative" then
+                if v ~= (tree and "tree" or "chain") then
+                    raise(("config field 'speculative' = %s: %s runs the %s"):format(tostring(v),
+                        tree and "generate_tree_speculative" or "generate_speculative", tree and "tree" or "chain"))
+                end
+            else
+                base[k] = v
             end
-            base[k] = v
         end
     end
-    base.speculative = nil
     -- (the chat's and the session's name of the seed: one setting, sample_seed was dropped for seed)
     if base.sample_seed ~= nil and cfg.seed ~= nil then raise("config fields 'seed' and 'sample_seed' are one setting: give one") end
     if base.sample_seed ~= nil then cfg = setmetatable({ seed = base.sample_seed }, { __index = cfg }) end

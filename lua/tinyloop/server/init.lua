@@ -219,7 +219,7 @@ function _M.configure(opts)
         end
     end
     local step_rows = conf.step_rows
-    if step_rows and (type(step_rows) ~= "number" or step_rows ~= math.floor(step_rows) or step_rows < -1 or step_rows > 2 ^ 30) then
+    if step_rows and (not request.is_integer(step_rows) or step_rows < -1 or step_rows > 2 ^ 30) then
         error("tinyloop.server: step_rows must be false (auto), -1 (auto) or an integer >= 0, got " .. tostring(step_rows))
     end
     metrics.init(conf.shared_dict) -- (the dict must be declared: checked here, in the master)

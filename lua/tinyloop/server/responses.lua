@@ -795,6 +795,18 @@ function View:open_item(out, kind, id, call_id, name)
     return item
 end
 
+-- A text delta of the message item: its text (maybe none) and the held tokens' logprobs,
+-- given to the item as they go out.
+function View:text_delta(out, item, text)
+    item.text[#item.text + 1] = text
+    local lp = self.pending_logprobs
+    for _, e in ipairs(lp) do item.logprobs[#item.logprobs + 1] = e end
+    self.pending_logprobs = {}
+    local id_m, index_m = where(item)
+    self:event(out, "response.output_text.delta", { id_m, index_m, { "content_index", "0" }, { "delta", encode(text) },
+                                                    { "logprobs", logprob_list(lp) } })
+end
+
 -- feed(payload) -> the events {type, json} that a chat stream's event (a chunk's JSON text, an
 -- error's, or "[DONE]") makes. The first makes response.created and response.in_progress; the
 -- chunk with the finish closes every item and makes response.completed (or .incomplete, with
@@ -859,13 +871,7 @@ function View:feed(payload)
             self:event(out, "response.reasoning_text.delta", { id_m, index_m, { "content_index", "0" }, { "delta", encode(d.text) } })
         elseif d.kind == "text" then
             if not item or item.kind ~= "message" then item = self:open_item(out, "message", "msg_" .. item_key(self.id)) end
-            item.text[#item.text + 1] = d.text
-            local lp = self.pending_logprobs
-            for _, e in ipairs(lp) do item.logprobs[#item.logprobs + 1] = e end
-            self.pending_logprobs = {}
-            local id_m, index_m = where(item)
-            self:event(out, "response.output_text.delta", { id_m, index_m, { "content_index", "0" }, { "delta", encode(d.text) },
-                                                            { "logprobs", logprob_list(lp) } })
+            self:text_delta(out, item, d.text)
         elseif d.kind == "call" then
             self.calls = self.calls + 1
             self:open_item(out, "function_call", ("fc_%s_%d"):format(item_key(self.id), self.calls), d.id, d.name)
@@ -883,12 +889,7 @@ function View:feed(payload)
             -- (and a delta of no text carries them: a client that gathers the deltas' logprobs
             -- had one short, an end of text's or a token whose text a stop string cut)
             if self.open and self.open.kind == "message" and not self.had_other and #self.pending_logprobs > 0 then
-                local lp = self.pending_logprobs
-                for _, e in ipairs(lp) do self.open.logprobs[#self.open.logprobs + 1] = e end
-                self.pending_logprobs = {}
-                local id_m, index_m = where(self.open)
-                self:event(out, "response.output_text.delta", { id_m, index_m, { "content_index", "0" }, { "delta", '""' },
-                                                                { "logprobs", logprob_list(lp) } })
+                self:text_delta(out, self.open, "")
             end
             -- a call whose arguments are whole is complete, whatever came after it; one the
             -- token limit cut stays incomplete (its pieces went out; a blocking answer leaves it out)
