@@ -218,6 +218,10 @@ static void state_file_figure(const tl_model *m, const int32_t *prompt, int len,
     const char *tmp = getenv("TMPDIR");
     char path[4096];
     snprintf(path, sizeof path, "%s/tinyloop-batch-bench-%ld.state", tmp && *tmp ? tmp : "/tmp", (long)getpid());
+    if (strcmp(tl_model_info(m)->backend, "cpu") != 0) { /* (tl_session_state_write: CPU states only) */
+        printf("state file: not measured on the %s backend (state files hold CPU states only)\n", tl_model_info(m)->backend);
+        return;
+    }
     if (tl_session_new(m, prompt, len, &cfg, &s) != TL_OK || tl_session_step(s, &token, &stop) != TL_OK) die("session");
     const double t0 = now_ms();
     if (tl_session_save(s, &state) != TL_OK || tl_session_state_write(state, path) != TL_OK) die("state write");

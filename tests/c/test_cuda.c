@@ -5,6 +5,8 @@
  *                       TL_ERR_UNSUPPORTED naming the plugin, AUTO must fall back to the CPU.
  *   expect "no-entry":  TINYLOOP_CUDA_PLUGIN points at a library that is no plugin; the
  *                       message names that file (not the default plugin name), AUTO the CPU.
+ *   expect "device":    a GPU must be used (scripts/gpu-check): a load that fails is a failure,
+ *                       not the refusal checked here on machines without one.
  *   otherwise:          with no device (CI), backend CUDA fails with TL_ERR_UNSUPPORTED naming
  *                       the cause and AUTO gives the CPU; with a device (scripts/gpu-check):
  *     - logits parity with the CPU backend on every golden config and the text model
@@ -78,16 +80,20 @@ static void check_parity(const char *dir) {
     const size_t count = (size_t)n * (size_t)info->vocab_size, rows = (size_t)n * (size_t)info->d_model;
     const size_t room = count > rows ? count : rows;
     float *a = malloc(room * sizeof(float)), *b = malloc(room * sizeof(float));
-    if (a && b && tl_score(cpu, tokens, n, 0, a) == TL_OK && tl_score(gpu, tokens, n, 0, b) == TL_OK) {
+    /* at the model's default depth and at its deepest (every loop update and state norm) */
+    const int depths[2] = {info->default_loops, info->max_loops};
+    for (int d = 0; d < 2 && a && b; d++) {
+        if (tl_score(cpu, tokens, n, depths[d], a) != TL_OK || tl_score(gpu, tokens, n, depths[d], b) != TL_OK) {
+            CHECK(0, "%s: score at %d loops: %s", dir, depths[d], tl_last_error());
+            continue;
+        }
         double max_abs = 0.0, max_diff = 0.0;
         for (size_t i = 0; i < count; i++) {
             if (fabs(a[i]) > max_abs) max_abs = fabs(a[i]);
             if (fabs((double)a[i] - b[i]) > max_diff) max_diff = fabs((double)a[i] - b[i]);
         }
-        CHECK(max_diff <= 1e-3 * (max_abs > 1.0 ? max_abs : 1.0), "%s: GPU vs CPU logits differ by %g (max |logit| %g)",
-              dir, max_diff, max_abs);
-    } else {
-        CHECK(0, "%s: score: %s", dir, tl_last_error());
+        CHECK(max_diff <= 1e-3 * (max_abs > 1.0 ? max_abs : 1.0),
+              "%s: GPU vs CPU logits at %d loops differ by %g (max |logit| %g)", dir, depths[d], max_diff, max_abs);
     }
     /* the rows the head reads (tl_embed: the backend's hidden op), every token's */
     tl_embed_options eo;
@@ -155,7 +161,9 @@ static void check_exact_decoding(const char *dir) {
            chooses each continuation token where decoding did */
         const int total = plain_lens[p];
         float *logits = malloc((size_t)total * (size_t)info->vocab_size * sizeof(float));
-        if (logits && tl_score(m, plain[p], total, 0, logits) == TL_OK) {
+        const bool scored = logits && tl_score(m, plain[p], total, info->default_loops, logits) == TL_OK;
+        CHECK(scored, "prefill: score: %s", tl_last_error());
+        if (scored) {
             for (int t = prompt_lens[p]; t < total; t++) {
                 const float *row = logits + (size_t)(t - 1) * (size_t)info->vocab_size;
                 int best = 0;
@@ -194,7 +202,13 @@ int main(int argc, char **argv) {
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/textmodel", data);
     tl_model *probe = NULL;
+    const bool need_device = !strcmp(expect, "device");
+    if (need_device) expect = "";
     if (expect[0] || load(dir, TL_BACKEND_CUDA, &probe) != TL_OK) {
+        if (need_device) {
+            CHECK(0, "no CUDA backend where one is needed: %s", tl_last_error());
+            return check_summary();
+        }
         check_refusal(dir, expect);
         printf("test_cuda: no CUDA device here (%s): checked the refusal and the CPU fallback\n",
                expect[0] ? expect : "plugin present");
