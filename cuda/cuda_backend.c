@@ -364,7 +364,7 @@ static void cuda_norm(const tl_model *m, const float *x, int n, const float *w, 
 
 static void matmul_one(const tl_model *m, const float *x, int n, const tl_matrix *w, const float *bias, bool gelu,
                        float *y) {
-    note(m, tlk_launch_matmul(x, n, kernel_matrix(w), bias, gelu, y, w->rows), "matmul");
+    note(m, tlk_launch_matmul(x, n, kernel_matrix(w), bias, gelu, y), "matmul");
 }
 
 static void cuda_matmul(const tl_model *m, const float *x, int n, const tl_matrix *w, const float *bias, float *y) {
@@ -372,7 +372,22 @@ static void cuda_matmul(const tl_model *m, const float *x, int n, const tl_matri
 }
 
 static void cuda_matmul_group(const tl_model *m, const float *x, int n, const tl_matmul_out *outs, int count) {
-    for (int i = 0; i < count; i++) matmul_one(m, x, n, outs[i].w, outs[i].bias, outs[i].gelu, outs[i].y);
+    enum { MOST = 8 };
+    if (count > MOST) {
+        for (int i = 0; i < count; i++) matmul_one(m, x, n, outs[i].w, outs[i].bias, outs[i].gelu, outs[i].y);
+    } else {
+        tlk_matrix w[MOST];
+        const float *bias[MOST];
+        float *y[MOST];
+        int gelu[MOST];
+        for (int i = 0; i < count; i++) {
+            w[i] = kernel_matrix(outs[i].w);
+            bias[i] = outs[i].bias;
+            y[i] = outs[i].y;
+            gelu[i] = outs[i].gelu;
+        }
+        note(m, tlk_launch_matmul_group(x, n, w, bias, gelu, y, count), "matmul");
+    }
     /* SwiGLU: the gate (outs[i]) becomes silu(gate) * up (outs[i + 1]), once both are made. */
     for (int i = 0; i + 1 < count; i++)
         if (outs[i].swiglu)

@@ -8,6 +8,9 @@
 #define TLK_WARP 32
 #define TLK_CHUNK 8      /* consecutive elements a lane reads at once (16 bytes of f16) */
 #define TLK_MAX_HEAD 256 /* head_dim a warp holds in registers: 8 elements a lane */
+#define TLK_KEY_TILE 32  /* attention: consecutive entries a warp scores at once, a key a lane */
+#define TLK_ATT_WARPS 8  /* attention: warps on one (row, head), each every 8th tile */
+#define TLK_NORM_THREADS 256 /* norms: threads on one row */
 
 /* Weight dtypes as the kernels see them (tl_dtype is mapped in cuda_backend.c). q8 and q4 are
    the checkpoint's row-major layout (SPEC §8): int8 values, or two 4-bit values a byte (low

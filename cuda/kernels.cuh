@@ -12,10 +12,13 @@
  *   dot products: lane l accumulates the elements i with (i / 8) % 32 == l, in increasing
  *                 order, with fmaf from 0; then the xor butterfly over offsets 16, 8, 4, 2, 1
  *                 (every lane ends with the same sum: IEEE addition is commutative);
- *   norms:        the same lanes (i % 32 == l) in double, the same butterfly;
- *   attention:    keys in logical order, an online softmax per key (every lane holds the
- *                 same score, maximum and sum), each lane owning head elements
- *                 d = l, l + 32, ...
+ *   norms:        a block of TLK_NORM_THREADS threads a row, thread t summing the
+ *                 elements i = t (mod TLK_NORM_THREADS) in double, the butterfly in each
+ *                 warp, the warps' sums added in warp order;
+ *   attention:    a row's visible keys as a list, tiles of 32 of them, every
+ *                 TLK_ATT_WARPS-th tile to one warp, a lane a key; an online softmax per
+ *                 tile, each lane owning head elements d = l, l + 32, ...; the warps
+ *                 merged in warp order (the attention section below)
  * The CPU backend computes the same functions in other orders: the two agree within the
  * parity tolerance, each agrees with itself bit for bit. */
 #ifndef TL_CUDA_KERNELS_CUH
@@ -30,6 +33,16 @@
 #include "../engine/src/math_shared.h"
 
 #include "kernel_types.h"
+
+/* Loop unrolling where nvcc compiles for the device (the host compilers take no such pragma). */
+#ifdef __CUDA_ARCH__
+#define TLK_UNROLL _Pragma("unroll")
+#define TLK_UNROLL_BY(n) _Pragma(TLK_STRINGIFY(unroll n))
+#define TLK_STRINGIFY(x) #x
+#else
+#define TLK_UNROLL
+#define TLK_UNROLL_BY(n)
+#endif
 
 /* ---------------------------------------------------------------- conversions */
 
@@ -114,40 +127,57 @@ TL_SHARED float tlk_matmul_finish(float sum, const float *bias, int o, int gelu)
 
 /* ---------------------------------------------------------------- norms */
 
-/* Lane sums of a row for the norm statistics: pass 0 sums x (layernorm's mean), pass 1
-   sums (x - mean)^2; in double, elements i = lane (mod 32) in increasing order. */
-TL_SHARED double tlk_norm_lane(const float *x, int d, int lane, int pass, double mean) {
+/* A row's norm statistics over TLK_NORM_THREADS threads: thread t sums the elements
+   i = t (mod TLK_NORM_THREADS) in increasing order, in double (pass 0: x, layernorm's mean;
+   pass 1: (x - mean)^2); each warp's 32 sums go through the butterfly, and the warps' totals
+   are added in warp order (tlk_norm_total). */
+TL_SHARED double tlk_norm_part(const float *x, int d, int thread, int pass, double mean) {
     double acc = 0.0;
-    for (int i = lane; i < d; i += TLK_WARP) {
+    for (int i = thread; i < d; i += TLK_NORM_THREADS) {
         if (pass == 0) acc += x[i];
         else acc += ((double)x[i] - mean) * ((double)x[i] - mean);
     }
     return acc;
 }
 
-/* y = (x - mean) * inv * w (+ b) for the lane's elements, the CPU's expression. */
-TL_SHARED void tlk_norm_apply(const float *x, float *y, int d, int lane, double mean, double var_sum, float eps,
+TL_SHARED double tlk_norm_total(const double warp_sums[TLK_NORM_THREADS / TLK_WARP]) {
+    double total = 0.0;
+    for (int w = 0; w < TLK_NORM_THREADS / TLK_WARP; w++) total += warp_sums[w];
+    return total;
+}
+
+/* y = (x - mean) * inv * w (+ b) for the thread's elements, the CPU's expression. */
+TL_SHARED void tlk_norm_apply(const float *x, float *y, int d, int thread, double mean, double var_sum, float eps,
                               const float *w, const float *b) {
     const float inv = (float)(1.0 / sqrt(var_sum / d + (double)eps));
     const float mf = (float)mean;
-    for (int i = lane; i < d; i += TLK_WARP) y[i] = (x[i] - mf) * inv * w[i] + (b ? b[i] : 0.0f);
+    for (int i = thread; i < d; i += TLK_NORM_THREADS) y[i] = (x[i] - mf) * inv * w[i] + (b ? b[i] : 0.0f);
 }
 
 /* ---------------------------------------------------------------- positions */
 
-/* RoPE on pair `pair` of every head of one row (the CPU's rotation; angles in double). */
-TL_SHARED void tlk_rope_pair(float *row, int heads, int head_dim, int pair, int interleaved, int32_t position,
-                             double inv_freq) {
+/* RoPE's angle for a position and a pair's frequency (in double, the CPU's). */
+TL_SHARED void tlk_rope_angle(int32_t position, double inv_freq, float *cs, float *sn) {
     const double angle = (double)position * inv_freq;
-    const float cs = (float)cos(angle), sn = (float)sin(angle);
+    *cs = (float)cos(angle);
+    *sn = (float)sin(angle);
+}
+
+/* Pair `pair` of one head (head_dim elements at v) turned by the angle (the CPU's rotation). */
+TL_SHARED void tlk_rope_turn(float *v, int head_dim, int pair, int interleaved, float cs, float sn) {
     const int half = head_dim / 2;
     const int first = interleaved ? 2 * pair : pair, second = interleaved ? 2 * pair + 1 : pair + half;
-    for (int h = 0; h < heads; h++) {
-        float *v = row + (size_t)h * (size_t)head_dim;
-        const float a = v[first], b = v[second];
-        v[first] = a * cs - b * sn;
-        v[second] = b * cs + a * sn;
-    }
+    const float a = v[first], b = v[second];
+    v[first] = a * cs - b * sn;
+    v[second] = b * cs + a * sn;
+}
+
+/* RoPE on pair `pair` of every head of one row. */
+TL_SHARED void tlk_rope_pair(float *row, int heads, int head_dim, int pair, int interleaved, int32_t position,
+                             double inv_freq) {
+    float cs, sn;
+    tlk_rope_angle(position, inv_freq, &cs, &sn);
+    for (int h = 0; h < heads; h++) tlk_rope_turn(row + (size_t)h * (size_t)head_dim, head_dim, pair, interleaved, cs, sn);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -162,30 +192,79 @@ TL_SHARED int tlk_visible(const tlk_attention *a, int i, int j) {
     return a->mask[(size_t)i * (size_t)a->mask_width + (size_t)(j - a->mask_start)] != 0;
 }
 
-/* Lane partial of q . k over the head (elements d = lane (mod 32), increasing). */
-TL_SHARED float tlk_score_lane(const float *q, const float *k, int head_dim, int lane) {
+/* Attention works on a row's visible keys as a list: the entries it sees (tlk_visible), in
+   logical order, whatever lies between them. Rank r of that list goes to tile r / 32 and lane
+   r % 32, and tile t to warp t % TLK_ATT_WARPS of the TLK_ATT_WARPS on the (row, head); each
+   warp folds its tiles in increasing order into an online softmax, and the warps' partials
+   are merged in warp order (tlk_attention_merge). So a row's result depends on its visible
+   keys alone: the same in a decode step, a prefill chunk, a tree whose siblings sit between
+   its keys, a compacted cache and a ring that dropped what its window hides. */
+
+/* Lane's key, entry j (visible to the row): its scaled score q . k, head elements in
+   increasing order, fmaf from 0. */
+TL_SHARED float tlk_key_score(const tlk_attention *a, const float *q, size_t in_row, int j, float scale) {
+    const float *k = a->k[j - a->first] + in_row;
     float acc = 0.0f;
-    for (int d = lane; d < head_dim; d += TLK_WARP) acc = fmaf(q[d], k[d], acc);
-    return acc;
+    TLK_UNROLL_BY(8)
+    for (int d = 0; d < a->head_dim; d++) acc = fmaf(q[d], k[d], acc);
+    return acc * scale;
 }
 
-/* The online softmax's running maximum and sum, the same on every lane. */
+/* The online softmax's running maximum and sum, the same on every lane of a warp. */
 typedef struct tlk_softmax { float max, sum; } tlk_softmax;
 
-/* Folds score s in: returns the factor the lanes' accumulated output is rescaled by, and in
-   *weight the new key's weight. */
-TL_SHARED float tlk_softmax_step(tlk_softmax *st, float s, float *weight) {
-    const float new_max = s > st->max ? s : st->max;
-    const float rescale = expf(st->max - new_max); /* 0 for the first key (max = -inf) */
-    *weight = expf(s - new_max);
-    st->sum = st->sum * rescale + *weight;
+/* A key's weight against the new maximum: 0 for a key not seen (-inf). */
+TL_SHARED float tlk_key_weight(float score, float new_max) {
+    return score == -INFINITY ? 0.0f : expf(score - new_max);
+}
+
+/* Folds a tile in: st and new_max from before, tile_sum the warp's sum of the tile's
+   weights. Returns the factor the lanes' accumulated output is rescaled by (0 for the first
+   tile a warp sees: max = -inf). */
+TL_SHARED float tlk_softmax_fold(tlk_softmax *st, float new_max, float tile_sum) {
+    const float rescale = expf(st->max - new_max);
+    st->sum = st->sum * rescale + tile_sum;
     st->max = new_max;
     return rescale;
 }
 
-/* out[j] for the lane's head elements d = lane + 32 j: out = out * rescale + weight * v. */
-TL_SHARED void tlk_attend_lane(float *out_lane, const float *v, int head_dim, int lane, float rescale, float weight) {
-    for (int d = lane, j = 0; d < head_dim; d += TLK_WARP, j++) out_lane[j] = out_lane[j] * rescale + weight * v[d];
+/* The lane's head elements d = lane + 32 jj (jj < SLOTS, the launch's ceil(head_dim / 32): a
+   count known when compiling, so out_lane stays in registers): out = out * rescale + sum over
+   the tile's keys (entries keys[], -1 past the list's end) in order of weight[key] *
+   v[key][d] (fmaf); keys of weight 0 are skipped (the same on every lane). */
+template <int SLOTS>
+TL_SHARED void tlk_attend_tile_lane(float out_lane[SLOTS], const tlk_attention *a, size_t in_row,
+                                    const int keys[TLK_KEY_TILE], const float weights[TLK_KEY_TILE], int lane,
+                                    float rescale) {
+    const int hd = a->head_dim;
+    TLK_UNROLL
+    for (int jj = 0; jj < SLOTS; jj++) out_lane[jj] *= rescale;
+    TLK_UNROLL
+    for (int key = 0; key < TLK_KEY_TILE; key++) {
+        if (keys[key] < 0 || weights[key] == 0.0f) continue;
+        const float *v = a->v[keys[key] - a->first] + in_row;
+        TLK_UNROLL
+        for (int jj = 0; jj < SLOTS; jj++) {
+            const int d = lane + TLK_WARP * jj;
+            if (d < hd) out_lane[jj] = fmaf(weights[key], v[d], out_lane[jj]);
+        }
+    }
+}
+
+/* Element d of the (row, head)'s output from the warps' partials, merged in warp order
+   (every thread computes the same denominator). 0 where no key is seen. */
+TL_SHARED float tlk_attention_merge(const float max[TLK_ATT_WARPS], const float sum[TLK_ATT_WARPS],
+                                    const float out_d[TLK_ATT_WARPS]) {
+    float top = -INFINITY;
+    for (int w = 0; w < TLK_ATT_WARPS; w++) top = max[w] > top ? max[w] : top;
+    if (top == -INFINITY) return 0.0f;
+    float num = 0.0f, den = 0.0f;
+    for (int w = 0; w < TLK_ATT_WARPS; w++) {
+        const float f = expf(max[w] - top); /* 0 for a warp that saw no key */
+        num = fmaf(out_d[w], f, num);
+        den = fmaf(sum[w], f, den);
+    }
+    return num / den;
 }
 
 #endif

@@ -15,9 +15,13 @@
 extern "C" {
 #endif
 
-/* y[r * ldy + o] = x[r] . W[o] (+ bias[o]) (then GELU when gelu), r < n, o < w.rows
+/* y[r * w.rows + o] = x[r] . W[o] (+ bias[o]) (then GELU when gelu), r < n, o < w.rows
    (x rows are w.cols wide). */
-int tlk_launch_matmul(const float *x, int n, tlk_matrix w, const float *bias, int gelu, float *y, int ldy);
+int tlk_launch_matmul(const float *x, int n, tlk_matrix w, const float *bias, int gelu, float *y);
+/* count products of the same x, y[g] = x w[g]^T (+ bias[g], GELU where gelu[g]), each [n][w[g].rows]:
+   one launch where the matrices are read alike, bit for bit the products made one by one. */
+int tlk_launch_matmul_group(const float *x, int n, const tlk_matrix *w, const float *const *bias, const int *gelu,
+                            float *const *y, int count);
 /* y[n][d] = norm(x) * w (+ b); layernorm subtracts the mean, rmsnorm not. y may alias x. */
 int tlk_launch_norm(const float *x, int n, int d, int layernorm, float eps, const float *w, const float *b,
                     float *y);

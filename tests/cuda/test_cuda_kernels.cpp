@@ -160,22 +160,28 @@ static void test_matmul() {
 
 // ------------------------------------------------------------------ norms
 
+// The k_norm kernel, emulated: TLK_NORM_THREADS thread sums, the butterfly in each warp,
+// the warps' totals in warp order.
+static double norm_block_total(const float *xr, int d, int pass, double mean) {
+    double warp_sums[TLK_NORM_THREADS / TLK_WARP];
+    for (int w = 0; w < TLK_NORM_THREADS / TLK_WARP; w++) {
+        double lanes[TLK_WARP];
+        for (int lane = 0; lane < TLK_WARP; lane++) lanes[lane] = tlk_norm_part(xr, d, w * TLK_WARP + lane, pass, mean);
+        tlk_warp_sum_host(lanes);
+        warp_sums[w] = lanes[0];
+    }
+    return tlk_norm_total(warp_sums);
+}
+
 static void norm_emulated(const float *x, int n, int d, int layernorm, float eps, const float *w, const float *b,
                           float *y) {
     for (int r = 0; r < n; r++) {
         const float *xr = x + (size_t)r * d;
-        double lanes[TLK_WARP];
-        double mean = 0.0;
-        if (layernorm) {
-            for (int lane = 0; lane < TLK_WARP; lane++) lanes[lane] = tlk_norm_lane(xr, d, lane, 0, 0.0);
-            tlk_warp_sum_host(lanes);
-            mean = lanes[0] / d;
-        }
-        for (int lane = 0; lane < TLK_WARP; lane++) lanes[lane] = tlk_norm_lane(xr, d, lane, 1, mean);
-        tlk_warp_sum_host(lanes);
+        const double mean = layernorm ? norm_block_total(xr, d, 0, 0.0) / d : 0.0;
+        const double var_sum = norm_block_total(xr, d, 1, mean);
         std::vector<float> row(xr, xr + d); // y may alias x: the kernel reads before writing
-        for (int lane = 0; lane < TLK_WARP; lane++)
-            tlk_norm_apply(row.data(), y + (size_t)r * d, d, lane, mean, lanes[0], eps, w, b);
+        for (int t = 0; t < TLK_NORM_THREADS; t++)
+            tlk_norm_apply(row.data(), y + (size_t)r * d, d, t, mean, var_sum, eps, w, b);
     }
 }
 
@@ -240,7 +246,8 @@ static void test_rope() {
 
 // ------------------------------------------------------------------ attention
 
-// The k_attention kernel, emulated: one warp per (row, head).
+// The k_attention kernel, emulated: per (row, head) the row's visible keys as a list, rank r
+// in tile r / 32 at lane r % 32, tile t on warp t % TLK_ATT_WARPS; then the merge.
 static void attention_emulated(const tlk_attention *a, float *out_all) {
     for (int task = 0; task < a->n * a->n_heads; task++) {
         const int i = task / a->n_heads, h = task % a->n_heads, hd = a->head_dim;
@@ -248,30 +255,50 @@ static void attention_emulated(const tlk_attention *a, float *out_all) {
         const size_t qd = (size_t)a->n_heads * hd, in_row = (size_t)kv_head * hd;
         const float *q = a->q + i * qd + (size_t)h * hd;
         const float scale = 1.0f / std::sqrt((float)hd);
-        float out[TLK_WARP][TLK_MAX_HEAD / TLK_WARP] = {};
-        tlk_softmax st = {-INFINITY, 0.0f};
-        for (int j = a->first; j < a->last; j++) {
-            if (!tlk_visible(a, i, j)) continue;
-            const int e = j - a->first;
-            float lanes[TLK_WARP];
-            for (int lane = 0; lane < TLK_WARP; lane++) lanes[lane] = tlk_score_lane(q, a->k[e] + in_row, hd, lane);
-            tlk_warp_sum_host(lanes);
-            const float s = lanes[0] * scale;
-            float weight;
-            const float rescale = tlk_softmax_step(&st, s, &weight);
-            for (int lane = 0; lane < TLK_WARP; lane++) tlk_attend_lane(out[lane], a->v[e] + in_row, hd, lane, rescale, weight);
+        std::vector<int> seen;
+        for (int j = a->first; j < a->last; j++)
+            if (tlk_visible(a, i, j)) seen.push_back(j);
+        const int tiles = ((int)seen.size() + TLK_KEY_TILE - 1) / TLK_KEY_TILE;
+        float part_max[TLK_ATT_WARPS], part_sum[TLK_ATT_WARPS];
+        static float part_out[TLK_ATT_WARPS][TLK_MAX_HEAD];
+        for (int warp = 0; warp < TLK_ATT_WARPS; warp++) {
+            float out[TLK_WARP][TLK_MAX_HEAD / TLK_WARP] = {};
+            tlk_softmax st = {-INFINITY, 0.0f};
+            for (int tile = warp; tile < tiles; tile += TLK_ATT_WARPS) {
+                int keys[TLK_KEY_TILE];
+                float scores[TLK_WARP], tile_max = -INFINITY;
+                for (int lane = 0; lane < TLK_WARP; lane++) {
+                    const size_t rank = (size_t)tile * TLK_KEY_TILE + lane;
+                    keys[lane] = rank < seen.size() ? seen[rank] : -1;
+                    scores[lane] = keys[lane] >= 0 ? tlk_key_score(a, q, in_row, keys[lane], scale) : -INFINITY;
+                    tile_max = scores[lane] > tile_max ? scores[lane] : tile_max;
+                }
+                if (tile_max == -INFINITY) continue;
+                const float new_max = tile_max > st.max ? tile_max : st.max;
+                float weights[TLK_KEY_TILE], lanes[TLK_WARP];
+                for (int lane = 0; lane < TLK_WARP; lane++) lanes[lane] = weights[lane] = tlk_key_weight(scores[lane], new_max);
+                tlk_warp_sum_host(lanes);
+                const float rescale = tlk_softmax_fold(&st, new_max, lanes[0]);
+                for (int lane = 0; lane < TLK_WARP; lane++) tlk_attend_tile_lane<TLK_MAX_HEAD / TLK_WARP>(out[lane], a, in_row, keys, weights, lane, rescale);
+            }
+            part_max[warp] = st.max;
+            part_sum[warp] = st.sum;
+            for (int lane = 0; lane < TLK_WARP; lane++)
+                for (int d = lane, jj = 0; d < hd; d += TLK_WARP, jj++) part_out[warp][d] = out[lane][jj];
         }
-        const float inv = st.sum > 0.0f ? 1.0f / st.sum : 0.0f;
-        for (int lane = 0; lane < TLK_WARP; lane++)
-            for (int d = lane, jj = 0; d < hd; d += TLK_WARP, jj++) out_all[i * qd + (size_t)h * hd + d] = out[lane][jj] * inv;
+        for (int d = 0; d < hd; d++) {
+            float column[TLK_ATT_WARPS];
+            for (int w = 0; w < TLK_ATT_WARPS; w++) column[w] = part_out[w][d];
+            out_all[i * qd + (size_t)h * hd + d] = tlk_attention_merge(part_max, part_sum, column);
+        }
     }
 }
 
 // One shape: `heads` query heads over `kv_heads` (GQA, MQA at 1, MHA at heads), head_dim
 // hd (up to TLK_MAX_HEAD: every lane's 8 output registers), entries [first, 23) held (first
 // > 0: a ring whose oldest rows were overwritten).
-static void test_attention_shape(int heads, int kv_heads, int hd, int first) {
-    const int entries = 23, base = 17, n = 6;
+static void test_attention_shape(int heads, int kv_heads, int hd, int first, int entries = 23) {
+    const int base = entries - 6, n = 6;
     const int qd = heads * hd, kvd = kv_heads * hd;
     std::vector<float> keys((size_t)entries * kvd), values((size_t)entries * kvd), q((size_t)n * qd);
     for (auto &v : keys) v = uniform(-2, 2);
@@ -327,6 +354,38 @@ static void test_attention_shape(int heads, int kv_heads, int hd, int first) {
         std::vector<float> one(qd);
         attention_emulated(&alone, one.data());
         CHECK(!memcmp(one.data(), out.data() + 4 * (size_t)qd, qd * 4), "attention hd %d variant %d: row 4 alone differs", hd, variant);
+        {
+            // Row 4's visible keys laid out one after another (a tree's path compacted, a
+            // sequential run), causal: the same list, so the same bits.
+            std::vector<const float *> ck, cv;
+            std::vector<int32_t> cpos;
+            for (int j = first; j < entries; j++)
+                if (tlk_visible(&a, 4, j)) {
+                    ck.push_back(kp[j - first]);
+                    cv.push_back(vp[j - first]);
+                    cpos.push_back((int32_t)ck.size() - 1);
+                }
+            const int m = (int)ck.size();
+            int32_t at = m - 1;
+            tlk_attention compact = {q.data() + 4 * (size_t)qd, nullptr, 1, heads, kv_heads, hd, 0, m, m - 1, 0,
+                                     ck.data(), cv.data(), cpos.data(), &at, nullptr, 0, 0};
+            attention_emulated(&compact, one.data());
+            CHECK(!memcmp(one.data(), out.data() + 4 * (size_t)qd, qd * 4), "attention hd %d variant %d: row 4's keys compacted differ", hd, variant);
+        }
+        if (variant == 1) {
+            // A ring that has dropped what the window hides: held from the first entry row 4
+            // sees (its tiles, so its bits, are those of the longer cache).
+            const int from = positions[4] - 9 + 1;
+            if (from > first) {
+                tlk_attention ring = alone;
+                ring.first = from;
+                ring.k = kp.data() + (from - first);
+                ring.v = vp.data() + (from - first);
+                ring.entry_pos = entry_pos.data() + (from - first);
+                attention_emulated(&ring, one.data());
+                CHECK(!memcmp(one.data(), out.data() + 4 * (size_t)qd, qd * 4), "attention hd %d: ring from %d differs", hd, from);
+            }
+        }
     }
 }
 
@@ -335,6 +394,9 @@ static void test_attention() {
     test_attention_shape(3, 1, TLK_MAX_HEAD, 0);
     test_attention_shape(2, 2, 64, 5);
     test_attention_shape(8, 2, 16, 5);
+    // Many tiles over every warp, a ring's first entry inside a tile
+    test_attention_shape(4, 2, 64, 40, 300);
+    test_attention_shape(2, 1, 32, 0, TLK_KEY_TILE * TLK_ATT_WARPS * 2 + 5);
 }
 
 // ------------------------------------------------------------------ the random state
