@@ -45,11 +45,7 @@ __device__ __forceinline__ void dot_lane_half8(const float *x, size_t ldx, int r
             const uint16_t h = (uint16_t)(words[i / 2] >> (16 * (i % 2))); /* little-endian: element c + i */
             wv[i] = BF16 ? tlk_bf16(h) : __half2float(__ushort_as_half(h)); /* both exact */
         }
-        for (int r = 0; r < R; r++) {
-            if (r >= rows) break;
-            const float *xr = x + (size_t)r * ldx + c;
-            for (int i = 0; i < TLK_CHUNK; i++) acc[r] = fmaf(wv[i], xr[i], acc[r]);
-        }
+        tlk_dot_chunk<R>(wv, TLK_CHUNK, x, ldx, c, rows, acc);
     }
 }
 
@@ -216,7 +212,7 @@ extern "C" int tlk_launch_embed(const int32_t *tokens, const int32_t *positions,
 
 /* ---------------------------------------------------------------- attention */
 
-/* Warp `warp`'s tile: lane's key entry `key` (-1: none), folded into the warp's softmax. */
+/* This warp's tile: the lane's key, entry `key` (-1: none), folded into the warp's softmax. */
 template <int SLOTS>
 __device__ __forceinline__ void attend_tile(const tlk_attention *a, const float *q_row, size_t in_row, int key,
                                             float scale, int lane, tlk_softmax *st, float *out) {

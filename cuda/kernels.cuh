@@ -91,6 +91,16 @@ TL_SHARED float tlk_weight(const tlk_matrix *w, size_t row, int col) {
 /* Lane `lane`'s partial sums of R rows against weight row o: acc[r] = fmaf chain over the
    lane's elements (kernels.cuh header), x rows ldx floats apart, `rows` <= R of them live.
    The weights are read once for all rows; each row's arithmetic is that of a lone row. */
+/* One chunk of `len` weights (columns c..c + len - 1) into the rows' sums, in order. */
+template <int R>
+TL_SHARED void tlk_dot_chunk(const float *wv, int len, const float *x, size_t ldx, int c, int rows, float acc[R]) {
+    for (int r = 0; r < R; r++) {
+        if (r >= rows) break;
+        const float *xr = x + (size_t)r * ldx + c;
+        for (int i = 0; i < len; i++) acc[r] = fmaf(wv[i], xr[i], acc[r]);
+    }
+}
+
 template <int R>
 TL_SHARED void tlk_dot_lane(const float *x, size_t ldx, int rows, const tlk_matrix *w, int o, int lane,
                             float acc[R]) {
@@ -100,11 +110,7 @@ TL_SHARED void tlk_dot_lane(const float *x, size_t ldx, int rows, const tlk_matr
         const int len = k - c < TLK_CHUNK ? k - c : TLK_CHUNK;
         float wv[TLK_CHUNK];
         for (int i = 0; i < len; i++) wv[i] = tlk_weight(w, (size_t)o, c + i);
-        for (int r = 0; r < R; r++) {
-            if (r >= rows) break;
-            const float *xr = x + (size_t)r * ldx + c;
-            for (int i = 0; i < len; i++) acc[r] = fmaf(wv[i], xr[i], acc[r]);
-        }
+        tlk_dot_chunk<R>(wv, len, x, ldx, c, rows, acc);
     }
 }
 
