@@ -49,6 +49,8 @@ static tl_status refuse_unsupported(const cJSON *root) {
         return tl_fail(TL_ERR_UNSUPPORTED, "config.json: use_sliding_window = true is not supported "
                        "(sliding-window layers)");
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
+    if (types && !cJSON_IsNull(types) && !cJSON_IsArray(types))
+        return tl_fail(TL_ERR_FORMAT, "config.json: field \"layer_types\" must be a list of strings");
     int i = 0;
     for (const cJSON *t = cJSON_IsArray(types) ? types->child : NULL; t; t = t->next, i++)
         if (!cJSON_IsString(t) || strcmp(t->valuestring, "full_attention") != 0)

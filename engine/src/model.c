@@ -477,21 +477,30 @@ static void fill_info(tl_model *m, const tl_st_set *files) {
 
 /* ---------------------------------------------------------------- load */
 
-/* The family of a config.json: a published family named by model_type or architectures[0],
-   or NULL for our own format (no model_type, or one beside our own fields: extra metadata).
-   An unknown model_type without our fields is an error naming it. */
+/* The family of a config.json: a published family named by model_type (which decides, as in
+   transformers' AutoConfig) or else by architectures[0], or NULL for our own format (no
+   model_type, or one beside our own fields: extra metadata). The two naming different
+   families is an error naming both; an unknown model_type without our fields is one naming it. */
 static tl_status detect_family(const cJSON *root, const tl_family **out) {
     static const tl_family *const families[] = {&tl_family_huginn, &tl_family_ouro};
+    enum { N_FAMILIES = sizeof families / sizeof families[0] };
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *arch = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+    const tl_family *by_type = NULL, *by_arch = NULL;
+    for (size_t i = 0; i < N_FAMILIES; i++) {
+        if (cJSON_IsString(type) && strcmp(type->valuestring, families[i]->model_type) == 0) by_type = families[i];
+        if (cJSON_IsString(arch) && strcmp(arch->valuestring, families[i]->architecture) == 0) by_arch = families[i];
+    }
     *out = NULL;
-    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
-        if ((cJSON_IsString(type) && strcmp(type->valuestring, families[i]->model_type) == 0) ||
-            (cJSON_IsString(arch) && strcmp(arch->valuestring, families[i]->architecture) == 0)) {
-            *out = families[i];
-            return TL_OK;
-        }
+    if (by_type && by_arch && by_type != by_arch)
+        return tl_fail(TL_ERR_FORMAT, "config.json: model_type \"%s\" and architectures[0] \"%s\" name different "
+                       "families (%s's architecture is \"%s\")", type->valuestring, arch->valuestring,
+                       by_type->model_type, by_type->architecture);
+    if (by_type || by_arch) {
+        *out = by_type ? by_type : by_arch;
+        return TL_OK;
+    }
     if (type && !cJSON_GetObjectItemCaseSensitive(root, "d_model")) {
         char *shown = cJSON_PrintUnformatted(type);
         tl_status st = tl_fail(TL_ERR_UNSUPPORTED,

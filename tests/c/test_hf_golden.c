@@ -410,6 +410,18 @@ static void check_errors(void) {
     edit_json("config.json", "model_type", "\"mamba\"");
     edit_json("config.json", "architectures", "[\"MambaForCausalLM\"]");
     CHECK_ERROR(load_work(), TL_ERR_UNSUPPORTED, "unknown model_type \"mamba\"");
+    /* model_type decides, and one naming another family than architectures[0] is refused */
+    fresh_copy("ouro_f32");
+    edit_json("config.json", "architectures", "[\"RavenForCausalLM\"]");
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "model_type \"ouro\" and architectures[0] \"RavenForCausalLM\" name different families");
+    fresh_copy("huginn_f32");
+    edit_json("config.json", "architectures", "[\"OuroForCausalLM\"]");
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "architectures[0] \"OuroForCausalLM\" name different families");
+    edit_json("config.json", "architectures", "[\"SomethingElse\"]");
+    CHECK(load_work() == TL_OK, "model_type names the family, an unknown architecture aside: %s", tl_last_error());
+    edit_json("config.json", "model_type", NULL);
+    edit_json("config.json", "architectures", "[\"RavenForCausalLM\"]");
+    CHECK(load_work() == TL_OK, "architectures[0] alone names the family: %s", tl_last_error());
     fresh_copy("huginn_f32");
     edit_json("config.json", "num_key_value_heads", "2");
     CHECK_ERROR(load_work(), TL_ERR_UNSUPPORTED, "grouped-query attention");
@@ -438,6 +450,12 @@ static void check_errors(void) {
     fresh_copy("ouro_f32");
     edit_json("config.json", "layer_types", "[\"full_attention\", \"sliding_attention\"]");
     CHECK_ERROR(load_work(), TL_ERR_UNSUPPORTED, "layer_types[1]");
+    edit_json("config.json", "layer_types", "\"sliding_attention\"");
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "field \"layer_types\" must be a list of strings");
+    edit_json("config.json", "layer_types", "{\"0\": \"sliding_attention\"}");
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "field \"layer_types\" must be a list of strings");
+    edit_json("config.json", "layer_types", "null");
+    CHECK(load_work() == TL_OK, "layer_types null: %s", tl_last_error());
     fresh_copy("ouro_f32");
     edit_json("config.json", "num_hidden_layers", "3");
     CHECK_ERROR(load_work(), TL_ERR_FORMAT, "missing tensor \"model.layers.2.input_layernorm.weight\"");
