@@ -388,8 +388,8 @@ local function fit(model, chat, system, history, want)
         if not ids then return nil, encode_err, 1 end
         if #ids + want <= max_seq or first == #history then
             if #ids >= max_seq then
-                return nil, ("the message makes a prompt of %d tokens with the chat template: over the model's context of %d")
-                    :format(#ids, max_seq), 2
+                return nil, ("the message makes a prompt of %d tokens with the chat template: %s the model's context of %d")
+                    :format(#ids, #ids > max_seq and "over" or "all of", max_seq), 2
             end
             return { ids = ids, text = text, left_out = first - 1 }
         end

@@ -28,9 +28,8 @@ describe("llamacpp.to_completions", function()
         assert.same({ 2, "chain", 1, 1, 3, 64, { 5 } }, { t.loops, t.speculative, t.draft_loops, t.early_exit_patience, t.beam_size,
                                                           t.cache_window, t.stop_token_ids })
         assert.same({ nil, nil }, { t.repetition_penalty, t.thinking_budget })
-        -- min_tokens at most n_predict (front ends send it for every backend; llama.cpp ignored it)
-        assert.equal(3, completions_of('{"prompt": "a", "n_predict": 3, "min_tokens": 5}').min_tokens)
-        assert.equal(2, completions_of('{"prompt": "a", "n_predict": 3, "min_tokens": 2}').min_tokens)
+        -- min_tokens as sent (the parser caps it: below)
+        assert.equal(5, completions_of('{"prompt": "a", "n_predict": 3, "min_tokens": 5}').min_tokens)
         -- an error about the logprobs n_probs asks for names n_probs
         local _, _, view = completions_of('{"prompt": "a", "n_probs": 2}')
         assert.truthy(view:error({ status = 400, message = "logprobs is not kept by beam search" }).message:find("^n_probs"))
@@ -319,6 +318,25 @@ describe("llamacpp view", function()
         local req, err = request.parse(body, model, "m", 16, llamacpp.View.PARSE_OPTIONS)
         assert.is_nil(req)
         assert.matches(("the prompt[1] (%d tokens) fills it"):format(model.max_seq_len), err.message, 1, true)
+    end)
+
+    it("caps min_tokens at n_predict and at the rest of the context (front ends send it for every backend)", function()
+        local request = require "tinyloop.server.request"
+        local model = H.model()
+        local function min_tokens_of(body)
+            local req, err = request.parse(assert(llamacpp.to_completions(body)), model, "m", 16, llamacpp.View.PARSE_OPTIONS)
+            assert(req, err and err.message)
+            return req.cfg.min_tokens, req.cfg.max_tokens
+        end
+        assert.same({ 3, 3 }, { min_tokens_of('{"prompt": [1], "n_predict": 3, "min_tokens": 5}') })
+        assert.same({ 2, 3 }, { min_tokens_of('{"prompt": [1], "n_predict": 3, "min_tokens": 2}') })
+        local ids = {}
+        for i = 1, model.max_seq_len - 6 do ids[i] = 1 end
+        local prompt = cjson.encode(ids)
+        -- 6 tokens of context left: whatever n_predict asks, or none
+        for _, extra in ipairs({ ', "n_predict": 7', ', "n_predict": -1', "", ', "n_predict": 50' }) do
+            assert.same({ 6, 6 }, { min_tokens_of('{"prompt": ' .. prompt .. ', "min_tokens": 10' .. extra .. '}') })
+        end
     end)
 
     it("names llama.cpp's fields in the completions parser's errors", function()

@@ -31,6 +31,11 @@ describe("ollama.chat_to_chat", function()
         local _, _, lp_view = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "logprobs": true}')
         assert.equal("logprobs is not kept by beam search: not with beam_size",
                      lp_view:error({ status = 400, message = "top_logprobs is not kept by beam search: not with beam_size" }).message)
+        -- /api/generate's prompt is the chat request's messages: its errors name the prompt
+        local _, _, gen_view = chat_of('{"prompt": "Hi"}', true)
+        assert.equal("the text made of the prompt and the chat template (9 tokens) fills it",
+                     gen_view:error({ status = 400, message = "the text made of the messages and the chat template (9 tokens) fills it" }).message)
+        assert.equal("messages[0] is bad", lp_view:error({ status = 400, message = "messages[0] is bad" }).message)
         -- 0 too, as Ollama's runner, which stops at num_predict only where it is above 0
         assert.is_nil(chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 0}}').max_tokens)
         -- format {} is the empty JSON Schema (any JSON), as Ollama compiles it, not an array

@@ -1861,7 +1861,7 @@ describe("chat completions", function()
         assert.equal(400, status)
         assert.truthy(body:find('got \\"\239\191\189\\"', 1, true), body)
         local long = ("word "):rep(300)
-        refused({ messages = { { role = "user", content = long } } }, "messages", "This model's maximum context length is 256 tokens. However, the messages")
+        refused({ messages = { { role = "user", content = long } } }, "messages", "This model's maximum context length is 256 tokens. However, the text made of the messages and the chat template (")
         -- OpenAI clients' defaults are no-ops: accepted
         status, body = post_chat('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "tools": [], ' ..
             '"tool_choice": "none", "parallel_tool_calls": true, "store": false, "service_tier": "auto", "user": "u", ' ..
@@ -4819,6 +4819,18 @@ describe("server request parsing", function()
         assert.equal(4, assert(parse({ max_completion_tokens = 4 })).cfg.max_tokens)
         local _, e = parse({ max_completion_tokens = -1 })
         assert.same({ "max_completion_tokens", "max_completion_tokens = -1 must be >= 0" }, { e.param, e.message })
+        -- min_tokens past the rest of the context, max_tokens left out: said so (the engine's
+        -- message named a max_tokens never sent); with max_tokens sent, the engine's check
+        local rest = m.max_seq_len - #r.ids
+        _, e = parse({ min_tokens = rest + 1 })
+        assert.same({ "min_tokens", ("min_tokens = %d is more than the %d tokens the context leaves after the prompt " ..
+                                     "(max_tokens left out)"):format(rest + 1, rest) }, { e.param, e.message })
+        assert.equal(rest, assert(parse({ min_tokens = rest })).cfg.min_tokens)
+        assert.equal(5, assert(parse({ min_tokens = 5, max_tokens = 3 })).cfg.min_tokens)
+        -- a prompt that fills the context, named by the text the messages make
+        _, e = parse({ messages = { { role = "user", content = ("hi "):rep(m.max_seq_len) } } })
+        assert.equal("messages", e.param)
+        assert.truthy(e.message:find("the text made of the messages and the chat template (", 1, true), e.message)
         -- logprobs is a boolean; top_logprobs the alternatives
         assert.equal(3, assert(parse({ logprobs = true, top_logprobs = 3 })).logprobs)
         assert.equal(0, assert(parse({ logprobs = true })).logprobs)

@@ -210,14 +210,9 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
         -- (-1: no limit, -2: fill the context: the rest of the context either way)
         if n_predict >= 0 then members[#members + 1] = { "max_tokens", shapes.integer(n_predict) } end
     end
+    -- (a min_tokens past n_predict or the rest of the context is that cap: request.parse, room)
     for _, name in ipairs(shapes.PASSED) do
-        local v = t[name]
-        if not NOT_PASSED[name] and v ~= nil then
-            -- (a min_tokens past n_predict, which front ends that send it for every backend may
-            -- send, is n_predict: llama.cpp clients had it ignored)
-            local past = name == "min_tokens" and n_predict and n_predict >= 0 and KIND_OK.integer(v) and v > n_predict
-            members[#members + 1] = { name, past and shapes.integer(n_predict) or raw[name] }
-        end
+        if not NOT_PASSED[name] and t[name] ~= nil then members[#members + 1] = { name, raw[name] } end
     end
     local seed = t.seed
     -- (llama.cpp's default is a random seed: left out, -1 or 2^32 - 1, one drawn for the request;

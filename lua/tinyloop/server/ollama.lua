@@ -368,6 +368,8 @@ function View:error(err)
     -- (logprobs asks for top_logprobs 0 in the chat request: a client that sent no top_logprobs
     -- is told of its logprobs)
     if self and self.logprobs and self.top_logprobs == nil then message = shapes.rename_fields(message, { { "top_logprobs", "logprobs" } }) end
+    -- (/api/generate's prompt goes through the chat request as its messages)
+    if self and self.kind == "generate" then message = message:gsub("%f[%w_]messages%f[^%w_]", "prompt") end
     return { status = err.status, message = message, type = err.type, body = _M.error_body(message) }
 end
 

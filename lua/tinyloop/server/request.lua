@@ -1081,6 +1081,22 @@ local function check_choices(n_prompts, n, best, max_choices)
                n_prompts > 1 and "prompt" or best > n and "best_of" or "n")
 end
 
+-- min_tokens against the tokens a request may make (after the context's cap): with `room`
+-- (llama.cpp's and Ollama's, where the limit is a cap), a min_tokens past it is the cap, as
+-- front ends send it to every backend; elsewhere past a max_tokens the client left out (the
+-- rest of the context), an error saying so (the engine's would name a max_tokens never sent).
+local function fit_min_tokens(cfg, max_tokens, sent, opts, field)
+    local least = cfg.min_tokens
+    if type(least) ~= "number" or least <= max_tokens then return true end
+    if opts.room then
+        cfg.min_tokens = max_tokens
+        return true
+    end
+    if sent then return true end -- (the engine's check names both, as sent)
+    return bad(("min_tokens = %d is more than the %d tokens the context leaves after the prompt (%s left out)")
+        :format(least, max_tokens, field), "min_tokens")
+end
+
 local function check_logprobs(k, field, cfg)
     if k < 0 or k > MAX_LOGPROBS then
         return bad(("%s = %d must be in [0, %d]"):format(field, k, MAX_LOGPROBS), field)
@@ -1135,6 +1151,8 @@ function _M.parse(body, model, model_id, max_choices, opts)
         max_tokens = math.min(max_tokens, model.max_seq_len - longest)
     end
     cfg.max_tokens = max_tokens
+    ok, e = fit_min_tokens(cfg, max_tokens, true, opts, "max_tokens") -- (left out: 16, OpenAI's default, as sent)
+    if not ok then return nil, e end
     local prompt_tokens, echo = 0, nil
     for i, ids in ipairs(prompts) do
         if #ids + max_tokens > model.max_seq_len then
@@ -1304,16 +1322,22 @@ function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
     local field = t.max_completion_tokens ~= nil and "max_completion_tokens" or "max_tokens"
     local max_tokens = t.max_completion_tokens or cfg.max_tokens
     if max_tokens and max_tokens < 0 then return bad(("%s = %d must be >= 0"):format(field, max_tokens), field) end
+    -- ("the text made of the messages": read as well where another API's names replace
+    -- "messages", Responses' input, Ollama's prompt)
     if #ids >= model.max_seq_len then
-        return too_long(model.max_seq_len, ("the messages (%d tokens with the chat template) fill it"):format(#ids), "messages", #ids)
+        return too_long(model.max_seq_len, ("the text made of the messages and the chat template (%d tokens) fills it"):format(#ids),
+                        "messages", #ids)
     end
+    local sent = max_tokens ~= nil
     max_tokens = max_tokens or model.max_seq_len - #ids
     if opts.room then max_tokens = math.min(max_tokens, model.max_seq_len - #ids) end
     if #ids + max_tokens > model.max_seq_len then
-        return too_long(model.max_seq_len, ("you requested %d tokens: the messages (%d tokens with the chat template) plus %s (%d)")
+        return too_long(model.max_seq_len, ("you requested %d tokens: the text made of the messages and the chat template (%d tokens) plus %s (%d)")
             :format(#ids + max_tokens, #ids, field, max_tokens), field, #ids)
     end
     cfg.max_tokens = max_tokens
+    ok, e = fit_min_tokens(cfg, max_tokens, sent, opts, field)
+    if not ok then return nil, e end
     if tool_spec then
         ok, e = tools_grammar(tool_spec, cfg, shared)
         if not ok then return nil, e end
