@@ -305,6 +305,17 @@ describe("server", function()
         status = post_json({ prompt = "It is", max_tokens = 3, n = 2, temperature = 1.0 })
         assert.equal(200, status)
         assert.equal(before + 1, metric(metrics(), ttft))
+        -- and the time per output token every token after the first once, also those that came
+        -- with the first (a speculative run's: they went uncounted), streamed and not
+        local tpot = "tinyloop_time_per_output_token_seconds_count"
+        for _, stream in ipairs({ false, true }) do
+            local m0 = metrics()
+            status = post_json({ prompt = "It is a truth", max_tokens = 40, ignore_eos = true, temperature = 0,
+                                 speculative = "chain", stream = stream })
+            assert.equal(200, status)
+            local m1 = metrics()
+            assert.same({ 1, 39 }, { metric(m1, ttft) - metric(m0, ttft), metric(m1, tpot) - metric(m0, tpot) })
+        end
     end)
 
     it("takes presence_penalty, frequency_penalty and logit_bias: the tokens of a session with them", function()
@@ -1328,6 +1339,38 @@ describe("server", function()
         os.execute("sleep 0.3")
         assert.equal(before, log_errors())
         assert.equal(200, (curl(base .. "/health")))
+    end)
+
+    it("drops a blocking request whose client reset the connection right after sending it", function()
+        -- (a reset leaves no peer: getpeername failed, the handler took the client for there,
+        -- and the generation ran to its end; SO_LINGER 0, a killed process, a proxy's reset)
+        pcall(ffi.cdef, "typedef struct { int onoff; int seconds; } spec_linger;")
+        local function gone(m) return metric(m, 'tinyloop_requests_total{endpoint="/v1/completions",status="499"}') or 0 end
+        local workers = sh("pgrep -P " .. tonumber(sh("cat " .. dir .. "/prefix/nginx.pid"))):gsub("%s+", " ")
+        local body = cjson.encode({ prompt = "It is a truth", max_tokens = 200, loops = 16, ignore_eos = true })
+        local request = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s")
+            :format(#body, body)
+        local before = metrics()
+        -- the worker held still while the request and the reset arrive: it finds both at once
+        os.execute("kill -STOP " .. workers)
+        local fd = ffi.C.socket(2, 1, 0)
+        local addr = ffi.new("spec_sockaddr_in", { family = 2, port = math.floor(port / 256) + (port % 256) * 256, addr = 0x0100007f })
+        local sent = ffi.C.connect(fd, addr, ffi.sizeof(addr)) == 0 and ffi.C.write(fd, request, #request) == #request
+        os.execute("sleep 0.1")
+        assert(ffi.C.setsockopt(fd, 1, 13, ffi.new("spec_linger", { 1, 0 }), 8) == 0) -- SOL_SOCKET, SO_LINGER: a reset
+        ffi.C.close(fd)
+        os.execute("sleep 0.1")
+        os.execute("kill -CONT " .. workers)
+        assert.is_true(sent)
+        local m
+        for _ = 1, 100 do
+            m = metrics()
+            if gone(m) > gone(before) or metric(m, "tinyloop_completed_total") > metric(before, "tinyloop_completed_total") then break end
+            os.execute("sleep 0.05")
+        end
+        assert.equal(gone(before) + 1, gone(m))
+        assert.equal(metric(before, "tinyloop_completed_total"), metric(m, "tinyloop_completed_total"))
+        assert.equal((metric(before, "tinyloop_cancelled_total") or 0) + 1, metric(m, "tinyloop_cancelled_total"))
     end)
 
     it("drops a blocking request whose client closed right after sending it, and an embeddings one", function()

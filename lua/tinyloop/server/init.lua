@@ -118,14 +118,36 @@ typedef struct { void *data; void *read; void *write; int fd; } tl_ngx_connectio
 end
 pcall(ffi.cdef, "long recv(int, void *, size_t, int);") -- (another module may have declared them)
 pcall(ffi.cdef, "int getpeername(int, void *, unsigned int *);")
-local libc_probe = declared("tl_ngx_request_head") and pcall(function() return ffi.C.recv and ffi.C.getpeername end)
+pcall(ffi.cdef, "int getsockname(int, void *, unsigned int *);")
+local libc_probe = declared("tl_ngx_request_head") and
+    pcall(function() return ffi.C.recv and ffi.C.getpeername and ffi.C.getsockname end)
 local tcp_info_ok = pcall(ffi.cdef, "int getsockopt(int, int, int, void *, unsigned int *);") or
     pcall(function() return ffi.C.getsockopt end) -- (another module may have declared it)
 local IPPROTO_TCP, TCP_INFO, TCP_CLOSE, TCP_CLOSE_WAIT = 6, 11, 7, 8 -- (Linux's)
 local tcp_info, tcp_info_len = ffi_new("uint8_t[256]"), ffi_new("unsigned int[1]")
 local NGX_HTTP_MODULE = 0x50545448 -- the request's signature
-local MSG_PEEK, MSG_DONTWAIT, AF_UNIX, AF_INET, AF_INET6 = 0x2, 0x40, 1, 2, 10
+local MSG_PEEK, MSG_DONTWAIT, AF_UNIX, AF_INET, AF_INET6, ENOTCONN = 0x2, 0x40, 1, 2, 10, 107
 local peer, peer_len, peek_byte = ffi_new("uint8_t[128]"), ffi_new("unsigned int[1]"), ffi_new("uint8_t[1]")
+local function tcp_state(fd)
+    if not tcp_info_ok then return nil end
+    tcp_info_len[0] = 256
+    if ffi.C.getsockopt(fd, IPPROTO_TCP, TCP_INFO, tcp_info, tcp_info_len) ~= 0 then return nil end
+    return tcp_info[0] -- (struct tcp_info opens with tcpi_state)
+end
+-- A connection its client reset (SO_LINGER 0, a killed process, a proxy) has no peer left:
+-- getpeername fails with ENOTCONN (such a blocking request ran to its end). The socket is
+-- still taken for the request's only where its own port is the server's, and left only
+-- where the kernel has closed it.
+local function reset_left(fd)
+    if ffi.errno() ~= ENOTCONN then return false end
+    peer_len[0] = 128
+    if ffi.C.getsockname(fd, peer, peer_len) ~= 0 then return false end
+    local family = ffi_cast("uint16_t *", peer)[0]
+    if (family ~= AF_INET and family ~= AF_INET6) or peer[2] * 256 + peer[3] ~= tonumber(ngx.var.server_port) then
+        return false
+    end
+    return tcp_state(fd) == TCP_CLOSE
+end
 local function client_left()
     if not libc_probe or type(get_request) ~= "function" then return false end
     local r = get_request()
@@ -134,8 +156,9 @@ local function client_left()
     if head.signature ~= NGX_HTTP_MODULE or head.connection == nil then return false end
     local connection = head.connection
     local fd = ffi_cast("tl_ngx_connection_head *", connection).fd
+    if fd < 0 then return false end
     peer_len[0] = 128
-    if fd < 0 or ffi.C.getpeername(fd, peer, peer_len) ~= 0 then return false end
+    if ffi.C.getpeername(fd, peer, peer_len) ~= 0 then return reset_left(fd) end
     local family = ffi_cast("uint16_t *", peer)[0]
     if family == AF_INET or family == AF_INET6 then
         if peer[2] * 256 + peer[3] ~= tonumber(ngx.var.remote_port) then return false end
@@ -146,14 +169,9 @@ local function client_left()
     -- (bytes after the request, a stray CRLF or a pipelined request, stand before the end of
     -- stream, which the peek then never sees: the kernel's TCP state says the peer closed;
     -- such a blocking request ran to its end)
-    if family ~= AF_UNIX and tcp_info_ok then
-        tcp_info_len[0] = 256
-        if ffi.C.getsockopt(fd, IPPROTO_TCP, TCP_INFO, tcp_info, tcp_info_len) == 0 then
-            local state = tcp_info[0] -- (struct tcp_info opens with tcpi_state)
-            return state == TCP_CLOSE_WAIT or state == TCP_CLOSE
-        end
-    end
-    return false
+    if family == AF_UNIX then return false end
+    local state = tcp_state(fd)
+    return state == TCP_CLOSE_WAIT or state == TCP_CLOSE
 end
 
 local model, engine, engine_addr, wait_addr, model_error, created_at
@@ -900,12 +918,19 @@ local function next_output(st, ready)
         -- later choice's tokens may wait in the engine until its turn (a blocking answer reads
         -- the choices in order), so its per-token time comes from its stats below, and the
         -- request's first token is the first choice's.
+        -- Each read's gap is spread over its tokens; the tokens that came with the first
+        -- (a speculative run, a chunk) share the next read's, so that the observations are the
+        -- tokens after the first and their sum the time from the first to the last: the mean is
+        -- (last - first) / (tokens - 1), the usual time per output token.
         if st.index == 0 then
             local t = now()
             if not st.last_token_at then
                 metrics.observe("ttft", t - ngx.req.start_time())
+                st.gapless = n - 1
             else
-                metrics.observe("tpot", (t - st.last_token_at) / n, n)
+                local shared = n + st.gapless
+                metrics.observe("tpot", (t - st.last_token_at) / shared, shared)
+                st.gapless = 0
             end
             st.last_token_at = t
         end
@@ -919,6 +944,10 @@ local function next_output(st, ready)
         return nil, "generation failed: " .. ffi_string(u.error)
     end
     local s = u.stats
+    if st.index == 0 and (st.gapless or 0) > 0 then -- (every token in the first read: no time after it)
+        metrics.observe("tpot", 0, st.gapless)
+        st.gapless = 0
+    end
     if st.index > 0 and s.tokens_emitted > 1 then
         metrics.observe("tpot", s.decode_ms / 1000 / (s.tokens_emitted - 1), s.tokens_emitted - 1)
     end
