@@ -10,5 +10,9 @@ local root = (script:match("^(.*)/examples/[^/]*$")) or "."
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
 local tinyloop = require "tinyloop"
 local dir = arg[1] or (root .. "/models/tinyloop-austen")
-local model = assert(tinyloop.load(dir))
+local model, err = tinyloop.load(dir)
+if not model then -- (a plain message, not assert's traceback)
+    io.stderr:write(arg[0], ": ", err, "\n")
+    os.exit(1)
+end
 return { tinyloop = tinyloop, model = model, dir = dir, policy = require "tinyloop.policy" }

@@ -149,7 +149,7 @@ local OPTIONS = {
 }
 
 -- A config field's long option (messages name what the user typed)
-local OPTION_OF = { stop_strings = "--stop", logit_bias = "--logit-bias" }
+local OPTION_OF = { stop_strings = "--stop", logit_bias = "--logit-bias", verify_loops = "--loops" }
 for option, spec in pairs(OPTIONS) do
     if option:sub(1, 2) == "--" then OPTION_OF[spec[1]] = option end
 end
@@ -191,13 +191,19 @@ function _M.parse(argv, default_model)
                 if not x or (spec[2] == "int" and x ~= math.floor(x)) then
                     return nil, usage_error("bad value for " .. a .. ": " .. v)
                 end
+                -- (a whole number past 2^53 is read rounded: 2^53 + 1 was taken as 2^53)
+                local digits = spec[2] == "int" and v:match("^[+-]?0*(%d+)$")
+                if digits and #digits >= 16 and (math.abs(x) > 2 ^ 53 or ("%.0f"):format(math.abs(x)) ~= digits) then
+                    return nil, usage_error(("bad value for %s: %s (past 2^53 = 9007199254740992, the largest read exactly)")
+                        :format(a, v))
+                end
                 o.cfg[spec[1]] = x
                 i = i + 1
             end
         elseif a == "--logit-bias" then
             -- ID=BIAS, repeatable: OpenAI's logit_bias one entry at a time
             local id, bias = v:match("^(%d+)=([^=]+)$")
-            if not id or not tonumber(bias) then
+            if not id or not tonumber(bias) or #id:gsub("^0+", "") > 9 then -- (no vocabulary has 10^9 tokens)
                 return nil, usage_error("bad value for --logit-bias: " .. v .. " (want ID=BIAS, e.g. 198=-100)")
             end
             o.cfg.logit_bias = o.cfg.logit_bias or {}
@@ -318,6 +324,10 @@ end
 -- name in a path, in prose or inside an option's own name stays as it is.
 local function cli_wording(message)
     message = message:gsub("config field '([%w_]+)'", function(field) return OPTION_OF[field] end)
+    -- (a list's item: stop_strings[1] is the first --stop)
+    message = message:gsub("%f[%w_]([%a_][%w_]*)%[(%d+)%]", function(field, k)
+        return OPTION_OF[field] and ("%s #%s"):format(OPTION_OF[field], k)
+    end)
     return (message:gsub("%f[%w_%-]([%a_][%w_]*) = ", function(field)
         return OPTION_OF[field] and (OPTION_OF[field] .. " = ")
     end))
@@ -561,7 +571,11 @@ end
 function _M.run(argv, default_model)
     local o, status = _M.parse(argv, default_model)
     if not o then return status end
-    local model, err = tinyloop.load(o.model, { threads = o.threads, backend = o.backend, kv_type = o.kv_type })
+    local ok, model, err = attempt(tinyloop.load, o.model, { threads = o.threads, backend = o.backend, kv_type = o.kv_type })
+    if not ok then -- (a bad argument: an empty path, one with a NUL)
+        report(model)
+        return 2
+    end
     if not model then
         io.stderr:write("tinyloop: ", err, "\n")
         return 1
@@ -575,10 +589,16 @@ function _M.run(argv, default_model)
             for i, x in ipairs(vector) do numbers[i] = ("%.9g"):format(x) end
             show("[", table.concat(numbers, ","), "]\n")
         end
+        -- (the depth is the option's, not a line's: checked before any line is read)
+        local max_loops = model:info().max_loops
+        if cfg.loops and (cfg.loops < 1 or cfg.loops > max_loops) then
+            report(("loops = %d must be in [1, max_loops = %d]"):format(cfg.loops, max_loops))
+            return 2
+        end
         local function embed_line(text, where)
             local ok, vector, eerr = attempt(model.embed, model, text, { loops = cfg.loops })
-            if not ok then io.stderr:write("tinyloop: ", where, tostring(vector), "\n") return 2 end
-            if not vector then io.stderr:write("tinyloop: ", where, tostring(eerr), "\n") return 1 end
+            if not ok then io.stderr:write("tinyloop: ", where, cli_wording(raised_message(vector)), "\n") return 2 end
+            if not vector then io.stderr:write("tinyloop: ", where, cli_wording(tostring(eerr)), "\n") return 1 end
             print_vector(vector)
             return 0
         end

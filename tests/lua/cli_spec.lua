@@ -28,6 +28,9 @@ describe("scripts/run's options without a value", function()
             local out = H.sh("cd " .. H.ROOT .. " && scripts/run " .. args .. " 2>&1; echo \"rc=$?\"")
             assert.truthy(out:find("rc=0\n?$"), args .. ": " .. out)
         end
+        -- a lone - is the prompt (stdin), not an option: no demo prompt added after it
+        local out = H.sh("cd " .. H.ROOT .. " && echo Hello | scripts/run --embed - 2>&1; echo \"rc=$?\"")
+        assert.truthy(out:find("^%[[^\n]*%]\nrc=0\n?$"), out)
     end)
 
     it("lists every option of the CLI's --help that takes no value (but --help, --interactive and --prompt: scripts/run's own cases)", function()
@@ -150,7 +153,9 @@ describe("scripts/tinyloop", function()
                                   ["-s -5"] = "tinyloop: --seed = -5 must be an integer",
                                   ["-L 99"] = "tinyloop: --loops = 99 is out of range",
                                   -- (an option's own name, which holds a field's, is kept whole: --draft---loops)
-                                  ["--speculative chain --draft-loops 9"] = "tinyloop: --draft-loops = 9 must be in [1, verify_loops = 8)" }) do
+                                  ["--speculative chain --draft-loops 9"] = "tinyloop: --draft-loops = 9 must be in [1, --loops = 8)",
+                                  -- (a list's item: the first --stop, not stop_strings[1])
+                                  ["--stop ''"] = "tinyloop: --stop #1 is empty" }) do
             local status, out = run("luajit scripts/tinyloop -n 2 " .. args .. " x")
             assert.equal(2, status, out)
             assert.truthy(out:find(want, 1, true), out)
@@ -177,6 +182,28 @@ describe("scripts/tinyloop", function()
         assert.equal(1, status, out)
         assert.truthy(out:find("^tinyloop: cannot load libtinyloop %(build it, or set TINYLOOP_LIB%)"), out)
         assert.is_nil(out:find("traceback", 1, true), out)
+    end)
+
+    it("refuses, as bad usage in a line, what it read wrong or raised on (an empty -m, a seed past 2^53, --embed's -L)", function()
+        for args, want in pairs({
+            -- (tinyloop.load raises on an empty path: a traceback, exit 1)
+            ['-m "" -n 1 x'] = "tinyloop: tinyloop.load: model directory must not be empty",
+            -- (read as a double first: 2^53 + 1 was taken as 2^53)
+            ["-s 9007199254740993 -n 1 x"] = "bad value for -s: 9007199254740993 (past 2^53",
+            ["-s 9007199254740994 -n 1 x"] = "bad value for -s: 9007199254740994 (past 2^53",
+            ["--logit-bias 99999999999999999999=5 -n 1 x"] = "bad value for --logit-bias: 99999999999999999999=5",
+            -- (the depth is the option's: it named the input line, and the field)
+            ["--embed -L -3 x"] = "tinyloop: --loops = -3 must be in [1, max_loops = 16]",
+        }) do
+            local status, out = run("luajit scripts/tinyloop " .. args)
+            assert.equal(2, status, args .. ": " .. out)
+            assert.truthy(out:find(want, 1, true), out)
+            assert.falsy(out:find("traceback", 1, true), out)
+        end
+        local status, out = run("printf 'a\\n' | luajit scripts/tinyloop --embed -L 0 -")
+        assert.equal(2, status, out)
+        assert.truthy(out:find("^tinyloop: %-%-loops = 0 must be in %[1, max_loops = 16%]\nrc=2"), out) -- (no line named)
+        assert.equal(0, (run("luajit scripts/tinyloop -s 9007199254740992 -n 1 --no-stats x > /dev/null")))
     end)
 
     it("refuses --threads past the engine's limit as bad usage (exit 2, it was 1)", function()
