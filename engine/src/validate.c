@@ -157,7 +157,7 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
                        c->loops, mc->max_loops);
     if (!(c->temperature >= 0.0f) || !isfinite(c->temperature))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "temperature = %g must be a finite number >= 0", (double)c->temperature);
-    if (c->temperature > 0.01f && c->top_k < 1)
+    if (c->temperature > 0.01f && c->top_k < 1 && c->beam_size < 2) /* (beam search samples nothing: SPEC §3) */
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "top_k = %d must be >= 1 when sampling (temperature = %g)",
                        c->top_k, (double)c->temperature);
     if (!(c->top_p > 0.0f && c->top_p <= 1.0f))

@@ -367,7 +367,8 @@ local function make_config(model, cfg)
             if cfg[k] ~= nil then raise("config field '" .. k .. "' needs speculative = \"tree\" (the chain has no branches)") end
         end
     end
-    if cfg.length_penalty ~= nil and (tonumber(cfg.beam_size) or 1) < 2 then
+    -- (1, the original's default, does nothing either way: its GenerateConfig at its defaults is taken)
+    if cfg.length_penalty ~= nil and cfg.length_penalty ~= 1 and (tonumber(cfg.beam_size) or 1) < 2 then
         raise("config field 'length_penalty' needs beam_size >= 2 (it ranks the beams)")
     end
     if cfg.verify_loops ~= nil then

@@ -962,6 +962,17 @@ static void test_validation(void) {
     BAD(cfg.temperature = -0.5f, "temperature = -0.5 must be");
     BAD(cfg.temperature = NAN, "temperature = nan");
     BAD((cfg.temperature = 0.7f, cfg.top_k = 0), "top_k = 0 must be >= 1 when sampling");
+    {   /* beam search ignores the sampling knobs (SPEC §3): a top_k it never reads is no error */
+        tl_generate_config beam = cfg, plain = cfg;
+        beam.beam_size = plain.beam_size = 2;
+        beam.temperature = 0.7f;
+        beam.top_k = 0;
+        int32_t a[CAP], b[CAP];
+        int na = 0, nb = 0;
+        CHECK(tl_generate(model, prompt, 3, &beam, a, CAP, &na, NULL) == TL_OK, "beam with top_k 0: %s", tl_last_error());
+        CHECK(tl_generate(model, prompt, 3, &plain, b, CAP, &nb, NULL) == TL_OK && na == nb &&
+                  memcmp(a, b, (size_t)na * sizeof *a) == 0, "beam with sampling knobs differs");
+    }
     BAD(cfg.top_p = 0.0f, "top_p = 0 must be in (0, 1]");
     BAD(cfg.top_p = 1.5f, "top_p = 1.5");
     BAD(cfg.repetition_penalty = 0.0f, "repetition_penalty = 0");

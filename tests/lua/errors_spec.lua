@@ -63,6 +63,7 @@ describe("engine validation", function()
     it("top_k < 1 when sampling", function()
         raises({ "top_k" }, gen({ top_k = 0, temperature = 0.8 }))
         assert.is_table(gen({ top_k = 0, temperature = 0, max_tokens = 2 })()) -- ignored when greedy
+        assert.is_table(gen({ top_k = 0, temperature = 0.8, beam_size = 2, max_tokens = 2 })()) -- and by beam search
     end)
 
     it("loops out of range", function()
@@ -71,6 +72,8 @@ describe("engine validation", function()
         raises({ "config field 'K_branches' needs speculative = \"tree\"" }, gen({ speculative = "chain", K_branches = 3 }))
         raises({ "config field 'max_nodes' needs speculative = \"tree\"" }, gen({ speculative = "chain", max_nodes = 8 }))
         raises({ "config field 'length_penalty' needs beam_size >= 2" }, gen({ length_penalty = 2 }))
+        -- the original's GenerateConfig at its defaults (length_penalty 1.0, beam_size 0) is taken
+        assert.is_table(gen({ length_penalty = 1.0, beam_size = 0, max_tokens = 2 })())
         -- (C's "(0 = default)" said as Lua spells the default: loops = 0 is refused here)
         raises({ "loops = 5 is out of range [1, max_loops = 4] (leave loops out for the model's default)" }, gen({ loops = 5 }))
         raises({ "loops = -1" }, gen({ loops = -1 }))
