@@ -4101,6 +4101,42 @@ describe("scripts/serve options", function()
         assert(ok, err)
     end
 
+    it("serves from one of two servers started on one port at once; the other says it could not (both said they served)", function()
+        local p = free_port()
+        local pres = { dir .. "/twin-a", dir .. "/twin-b" }
+        for _, pre in ipairs(pres) do
+            os.execute("rm -rf " .. pre)
+            os.execute(("scripts/serve --port %d --threads 1 --max-active 1 --prefix-pool-mb 0 --responses-store-mb 0 --prefix %s > %s.log 2>&1 & echo $! > %s.pid")
+                :format(p, pre, pre, pre))
+        end
+        local function alive(pre) return sh("kill -0 $(cat " .. pre .. ".pid) 2>/dev/null && echo yes || echo no"):find("yes") ~= nil end
+        local gone, kept
+        for _ = 1, 300 do -- (the loser's nginx retries the bind for 2.5 s)
+            for i, pre in ipairs(pres) do
+                if not alive(pre) then gone, kept = pre, pres[3 - i] end
+            end
+            if gone then break end
+            os.execute("sleep 0.1")
+        end
+        local ok, err = pcall(function()
+            assert.truthy(gone, "neither exited: " .. sh("cat " .. pres[1] .. ".log " .. pres[2] .. ".log"))
+            local lost = sh("cat " .. gone .. ".log")
+            assert.is_nil(lost:find("TinyLoop serving", 1, true), lost)
+            assert.truthy(lost:find("serve: nginx exited at its start", 1, true), lost)
+            for _ = 1, 100 do
+                if sh("cat " .. kept .. ".log"):find("TinyLoop serving", 1, true) then break end
+                os.execute("sleep 0.1")
+            end
+            assert.truthy(sh("cat " .. kept .. ".log"):find("TinyLoop serving", 1, true), sh("cat " .. kept .. ".log"))
+            assert.equal(200, (curl("http://127.0.0.1:" .. p .. "/health")))
+        end)
+        for _, pre in ipairs(pres) do
+            os.execute("kill -TERM $(cat " .. pre .. ".pid) 2>/dev/null; for i in $(seq 50); do kill -0 $(cat " .. pre ..
+                ".pid) 2>/dev/null || break; sleep 0.1; done")
+        end
+        assert(ok, err)
+    end)
+
     it("keeps a stored response that needs many others dropped, and drops none for one the store cannot hold", function()
         with_serve("small-store", "--threads 1 --max-active 1 --prefix-pool-mb 0 --responses-store-mb 1 --max-body 4000000",
                    function(url, pre)
@@ -4201,7 +4237,14 @@ describe("scripts/serve options", function()
                                   ["--step-rows -1"] = "--step-rows must be a non-negative integer, got '-1'",
                                   ["--grammar-cache-mb 1.5"] = "--grammar-cache-mb must be a non-negative integer, got '1.5'",
                                   ["--max-active 8 --step-rows 8"] = "--step-rows must be 0 or more than --max-active (8), got 8",
-                                  ["--reasoning-format think"] = "--reasoning-format must be auto, deepseek or none, got 'think'" }) do
+                                  ["--reasoning-format think"] = "--reasoning-format must be auto, deepseek or none, got 'think'",
+                                  -- (it said "--bogus needs a value")
+                                  ["--bogus"] = "unknown option --bogus", ["--port=08"] = "got '08'",
+                                  -- (a thread pool past what a worker can make: nginx went on with no worker, and
+                                  -- serve waited for good)
+                                  ["--max-queued 5000"] = "each worker's thread pool would need 5018 threads (at most 4096)",
+                                  -- (mkdir's own message, exit 1)
+                                  ["--prefix /dev/null"] = "--prefix /dev/null: cannot make a writable directory there" }) do
             out = sh("TMPDIR=" .. dir .. " scripts/serve " .. args .. " 2>&1; echo \"exit $?\"")
             assert.truthy(out:find(want, 1, true), out)
             assert.truthy(out:find("exit 2", 1, true), out)
