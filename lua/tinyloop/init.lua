@@ -194,8 +194,18 @@ local function call_hook(ctx, fn, ...)
     return ok, r
 end
 
-local on_token_cb = ffi_cast("tl_on_token_hook", function(user, token, position)
-    local ctx = context_of(user)
+-- A C hook's Lua function, given its session's context: none (a session closed while a step
+-- of a batch it was in still ran; refused since, but no Lua error may cross the engine's C
+-- frames) ends the step with a hook error.
+local function with_context(fn)
+    return function(user, ...)
+        local ctx = context_of(user)
+        if not ctx then return C.TL_HOOK_ERROR end
+        return fn(ctx, ...)
+    end
+end
+
+local on_token_cb = ffi_cast("tl_on_token_hook", with_context(function(ctx, token, position)
     local t = ctx.tokens
     if #t == position then t[position + 1] = token end
     local text = token_text(ctx, token)
@@ -204,22 +214,20 @@ local on_token_cb = ffi_cast("tl_on_token_hook", function(user, token, position)
     local ok, r = call_hook(ctx, ctx.on_token, token, position, text)
     if not ok then return fail(ctx, r) end
     return r == false and C.TL_HOOK_STOP or C.TL_HOOK_CONTINUE
-end)
+end))
 
-local stop_rule_cb = ffi_cast("tl_stop_rule_hook", function(user, tokens, n)
-    local ctx = context_of(user)
+local stop_rule_cb = ffi_cast("tl_stop_rule_hook", with_context(function(ctx, tokens, n)
     local t = sync_tokens(ctx, tokens, n)
     local ok, r = call_hook(ctx, ctx.stop_when, t, concat(ctx.pieces), ctx.prompt_len)
     if not ok then return fail(ctx, r) end
     return r and C.TL_HOOK_STOP or C.TL_HOOK_CONTINUE
-end)
+end))
 
-local logits_cb = ffi_cast("tl_logits_hook", function(user, logits, vocab, tokens, n)
-    local ctx = context_of(user)
+local logits_cb = ffi_cast("tl_logits_hook", with_context(function(ctx, logits, vocab, tokens, n)
     local ok, r = call_hook(ctx, ctx.logits_processor, logits, vocab, sync_tokens(ctx, tokens, n))
     if not ok then return fail(ctx, r) end
     return C.TL_HOOK_CONTINUE
-end)
+end))
 
 -- A C double that is NaN ("no such signal here") reaches Lua as nil.
 local function signal(x)
@@ -230,8 +238,7 @@ end
 -- depth_policy(loop, signals) -> exit?: signals is one table per session, refilled each call
 -- (copy what you keep). gate / exit_probability exist with an exit gate (Ouro); argmax,
 -- entropy, kl and entropy_change after a probe (kl and entropy_change from the second).
-local depth_policy_cb = ffi_cast("tl_depth_policy_hook", function(user, sig)
-    local ctx = context_of(user)
+local depth_policy_cb = ffi_cast("tl_depth_policy_hook", with_context(function(ctx, sig)
     local t = ctx.signals
     t.loop, t.loops, t.position = sig.loop, sig.loops, sig.position
     t.state_change = sig.state_change
@@ -243,10 +250,9 @@ local depth_policy_cb = ffi_cast("tl_depth_policy_hook", function(user, sig)
     local ok, r = call_hook(ctx, ctx.depth_policy, sig.loop, t)
     if not ok then return fail(ctx, r) end
     return r and C.TL_HOOK_STOP or C.TL_HOOK_CONTINUE
-end)
+end))
 
-local grammar_allowed_cb = ffi_cast("int (*)(void *, uint8_t *, int)", function(user, mask, vocab)
-    local ctx = context_of(user)
+local grammar_allowed_cb = ffi_cast("int (*)(void *, uint8_t *, int)", with_context(function(ctx, mask, vocab)
     local g = ctx.grammar
     local ok, r = call_hook(ctx, g.allowed, g, mask, vocab)
     if not ok then return fail(ctx, r) end
@@ -260,15 +266,14 @@ local grammar_allowed_cb = ffi_cast("int (*)(void *, uint8_t *, int)", function(
             :format(tostring(r), vocab))
     end
     return r
-end)
+end))
 
-local grammar_advance_cb = ffi_cast("int (*)(void *, int32_t)", function(user, token)
-    local ctx = context_of(user)
+local grammar_advance_cb = ffi_cast("int (*)(void *, int32_t)", with_context(function(ctx, token)
     local g = ctx.grammar
     local ok, r = call_hook(ctx, g.advance, g, token)
     if not ok then return fail(ctx, r) end
     return 0
-end)
+end))
 
 -- ------------------------------------------------------------------ configs
 
@@ -774,6 +779,7 @@ end
 -- its hold on the C model, as C code holds none: like an engine's, the model must stay open
 -- until the detached session is freed (refused on a closed model, which it alone kept alive).
 function Session:detach()
+    of_class(self, Session, "session:detach()") -- (a state given it was detached: leaked, its model's count taken)
     not_in_batch(self, "detach")
     if self.ctx then raise("session:detach(): a session with Lua hooks cannot leave its Lua state") end
     if self.ptr == nil or self.done then raise("session:detach(): the session has finished or is closed") end
@@ -1165,6 +1171,9 @@ function Model:step_batch(sessions, opts)
             raise(("model:step_batch(): sessions[%d] has already finished (%s)"):format(i, finished_why(s)))
         end
         if s.ptr == nil then raise(("model:step_batch(): sessions[%d] is closed"):format(i)) end
+        -- (a hook's own step_batch of a session the outer call steps: it set, then cleared, the
+        -- outer call's marks, and the session could be closed mid-step)
+        if s.in_batch then raise(("model:step_batch(): sessions[%d] is in a model:step_batch call already"):format(i)) end
     end
     local results = {}
     -- (a session a raising call left a step's result to: that result, and no step of its own;
@@ -1630,6 +1639,7 @@ function Model:score_logprobs(ids, loops, top)
         raise(("tl_score_logprobs: top = %d must be in [0, %d]"):format(top, tonumber(C.TL_MAX_TOP_LOGPROBS)))
     end
     local arr, n = id_array(ids)
+    check_in_context(self, n, "score_logprobs: the sequence ") -- (before the rows * top it would size: 3.4 GB for 2e7 ids)
     local rows = n > 1 and n - 1 or 1
     local lp = ffi_new("float[?]", rows)
     local top_ids = ffi_new("int32_t[?]", rows * math.max(top, 1))

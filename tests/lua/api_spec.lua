@@ -651,6 +651,11 @@ describe("session:logprobs", function()
         assert.has_error(function() m:score_logprobs(seq, nil, 21) end, "tl_score_logprobs: top = 21 must be in [0, 20]")
         -- (checked before the buffers are sized: a wild top is the same message, not an ffi error)
         assert.has_error(function() m:score_logprobs(seq, nil, 300000000) end, "tl_score_logprobs: top = 300000000 must be in [0, 20]")
+        -- a sequence past the context, refused before the rows it would size (2e7 ids took 3.4 GB first)
+        local long = {}
+        for k = 1, m:info().max_seq_len + 1 do long[k] = 1 end
+        assert.has_error(function() m:score_logprobs(long, nil, 20) end,
+                         ("score_logprobs: the sequence has %d tokens: want 1 .. max_seq_len = %d"):format(#long, #long - 1))
         assert.has_error(function() m:score_logprobs(seq, 0) end)
     end)
 

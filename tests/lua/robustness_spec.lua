@@ -206,6 +206,18 @@ describe("Model:close (finding 12)", function()
         local kept = assert(g:session("It is", { max_tokens = 4 }))
         g:close() -- the session alone keeps the model alive: detaching it would leave it to C
         raises("session:detach(): the model is closed", function() return kept:detach() end)
+        -- another object is refused (a saved state was "detached": leaked, the model's count taken)
+        local h = assert(tinyloop.load(H.TEXTMODEL, { threads = 1 }))
+        local live = assert(h:session("It is", { max_tokens = 4 }))
+        live:step()
+        local state = live:save()
+        local held = h.handle.refs
+        raises("session:detach() needs its own object", function() return getmetatable(live).detach(state) end)
+        assert.equal(held, h.handle.refs)
+        assert.is_table({ h:resume(state) })
+        state:close()
+        live:close()
+        h:close()
         kept:close()
         assert.is_nil(g.handle.raw) -- the last reference gone: the model is freed
     end)

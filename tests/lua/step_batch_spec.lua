@@ -181,4 +181,29 @@ describe("model:step_batch", function()
         H.error_contains(function() m:step_batch({ b }) end, "sessions[1] is closed")
         foreign:close()
     end)
+
+    it("refuses, from a hook, a step_batch of a session the outer call steps: no session closed mid-step", function()
+        -- (the inner call set, then cleared, the outer call's marks: B could be closed while its
+        -- step ran, and B's next hook raised inside the engine's C frames, A stuck for good)
+        local b, inner, closed
+        local a = m:session("It is", { max_tokens = 5, on_token = function()
+            if b.ptr ~= nil and inner == nil then
+                inner = { pcall(m.step_batch, m, { b }) }
+                closed = { pcall(b.close, b) }
+            end
+        end })
+        b = m:session("Once", { max_tokens = 5, on_token = function() end })
+        local results = m:step_batch({ a, b })
+        assert.is_false(inner[1])
+        assert.truthy(tostring(inner[2]):find("sessions[1] is in a model:step_batch call already", 1, true), tostring(inner[2]))
+        assert.is_false(closed[1])
+        assert.truthy(tostring(closed[2]):find("in a model:step_batch call", 1, true), tostring(closed[2]))
+        assert.same({ "number", "number" }, { type(results[1].id), type(results[2].id) })
+        -- both go on
+        local again = m:step_batch({ a, b })
+        assert.equal(2, #again)
+        a:close()
+        b:close()
+    end)
 end)
+
