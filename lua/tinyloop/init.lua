@@ -836,6 +836,7 @@ Model.__index = Model
 
 -- The model's C pointer, or a raised error naming the method once the model is closed.
 local function model_ptr(model, method)
+    of_class(model, Model, "model:" .. method .. "()") -- (a session said "attempt to call method 'session'")
     local ptr = model.ptr
     if ptr == nil then raise("model:" .. method .. "(): the model is closed") end
     return ptr
