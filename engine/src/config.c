@@ -1,5 +1,6 @@
 /* config.c: config.json -> tl_config, with every field validated (SPEC §1). */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -324,6 +325,46 @@ static int check_duplicates(const cJSON *node, char *why, size_t why_len) {
     return rc;
 }
 
+/* The line and column (from 1) of byte pos of text. */
+static void line_column(const char *text, size_t pos, size_t *line, size_t *column) {
+    *line = 1, *column = 1;
+    for (size_t i = 0; i < pos; i++) {
+        if (text[i] == '\n') ++*line, *column = 1;
+        else ++*column;
+    }
+}
+
+/* What cJSON lets through and JSON (RFC 8259) does not, as Python's json and Hugging Face's
+   serde read it: ill-formed UTF-8 (a tokenizer.json token with a stray byte loaded, encoded
+   and decoded its bytes), and control characters other than tab, line feed and carriage
+   return between tokens, or any unescaped one inside a string (cJSON skips every byte up to
+   a space as a blank and keeps raw ones in strings). 0 or -1 with *why. */
+static int check_json_bytes(const char *text, size_t len, char *why, size_t why_len) {
+    bool in_string = false;
+    for (size_t i = 0; i < len;) {
+        const unsigned char c = (unsigned char)text[i];
+        if (c >= 0x80) {
+            const int k = tlz_utf8_seq((const unsigned char *)text + i, len - i);
+            if (k <= 0) return snprintf(why, why_len, "not valid UTF-8 (byte %zu)", i), -1;
+            i += (size_t)k;
+            continue;
+        }
+        if (c < 0x20 && (in_string || (c != '\t' && c != '\n' && c != '\r'))) {
+            size_t line, column;
+            line_column(text, i, &line, &column);
+            char what[32];
+            if (c) snprintf(what, sizeof what, "a control character (0x%02X)", c);
+            else snprintf(what, sizeof what, "a NUL byte");
+            return snprintf(why, why_len, "%s %s at line %zu, column %zu", what,
+                            in_string ? "unescaped in a string" : "outside a string", line, column), -1;
+        }
+        if (in_string && c == '\\') i++; /* (the escaped character, a quote too) */
+        else if (c == '"') in_string = !in_string;
+        i++;
+    }
+    return 0;
+}
+
 int tl_json_read_value_strict(const char *text, size_t len, cJSON **out, char *why, size_t why_len) {
     *out = NULL;
     /* cJSON skips a byte order mark; JSON (RFC 8259) forbids one, and a tool that wrote it
@@ -333,11 +374,8 @@ int tl_json_read_value_strict(const char *text, size_t len, cJSON **out, char *w
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
     if (!root) {
-        size_t pos = end && end >= text && end <= text + len ? (size_t)(end - text) : 0, line = 1, column = 1;
-        for (size_t i = 0; i < pos; i++) {
-            if (text[i] == '\n') line++, column = 1;
-            else column++;
-        }
+        size_t pos = end && end >= text && end <= text + len ? (size_t)(end - text) : 0, line, column;
+        line_column(text, pos, &line, &column);
         return snprintf(why, why_len, "not valid JSON (error near line %zu, column %zu)", line, column), -1;
     }
     const char *stop = text + len;
@@ -348,7 +386,7 @@ int tl_json_read_value_strict(const char *text, size_t len, cJSON **out, char *w
         if (*end == '\0') rc = -1, snprintf(why, why_len, "unexpected text after the JSON value: a NUL byte");
         else rc = -1, snprintf(why, why_len, "unexpected text after the JSON value: \"%.*s\"", shown, end);
     }
-    else
+    else if ((rc = check_json_bytes(text, len, why, why_len)) == 0) /* (nothing but blanks after the value) */
         rc = check_duplicates(root, why, why_len);
     if (rc != 0) {
         cJSON_Delete(root);

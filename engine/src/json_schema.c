@@ -1273,15 +1273,8 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
 tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, int loose, char **gbnf, size_t *gbnf_len, char *err,
                                    size_t errlen) {
     *gbnf = NULL;
-    /* GBNF literals are code points: names and values must be valid UTF-8 */
-    for (size_t i = 0; i < len;) {
-        int k = tlz_utf8_seq((const unsigned char *)json + i, len - i);
-        if (k <= 0) {
-            snprintf(err, errlen, "not valid UTF-8 (byte %zu)", i);
-            return TL_ERR_INVALID_ARGUMENT;
-        }
-        i += (size_t)k;
-    }
+    /* (GBNF literals are code points: names and values must be valid UTF-8, which the
+       loader's JSON rules below see to) */
     /* \u0000: cJSON keeps a string only to its first NUL, so a key or value holding one would
        be matched as its part before it */
     for (size_t i = 0; i + 1 < len; i++) {
@@ -1292,8 +1285,8 @@ tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, in
         }
         i++; /* the escaped character */
     }
-    /* (the loader's JSON rules: one value, nothing after it but blanks, no byte order mark, no
-       key twice: text after the schema was dropped, and of a key given twice cJSON kept the
+    /* (the loader's JSON rules: valid UTF-8, no raw control characters, one value, nothing
+       after it but blanks, no byte order mark, no key twice: text after the schema was dropped, and of a key given twice cJSON kept the
        first where Python's and JavaScript's parsers keep the last) */
     cJSON *root = NULL;
     char why[200];

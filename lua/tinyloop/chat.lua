@@ -8,6 +8,8 @@
 --   local text = chat:prompt({ { role = "user", content = "Hello" } })
 --   local ids = model:encode(text)
 local cjson = require "cjson.safe"
+local json_text = require "tinyloop.json_text"
+local first_invalid_utf8 = require("tinyloop.utf8").first_invalid
 local chat_template = require "tinyloop.chat_template"
 local valid_name = require("tinyloop.tools").valid_name
 local raise = require("tinyloop.raise").from(debug.getinfo(1, "S").source)
@@ -78,14 +80,24 @@ local function config_template(cfg)
 end
 
 -- A JSON object file of the checkpoint: the table, {} when the file is absent, or nil, err.
+-- Strict, as config.json and tokenizer.json are read (lua-cjson took a NUL and text after
+-- the object, raw control characters, ill-formed UTF-8).
 local function read_json(path)
     local text = read_file(path)
     if not text then return {} end
-    local decoded, err = cjson.decode(text)
+    local decoded, err = json_text.decode_file(text)
     if type(decoded) ~= "table" or not text:match("^%s*{") then
         return nil, path .. " is not a JSON object" .. (err and (": " .. err) or "")
     end
     return decoded
+end
+
+-- A template file's text, or nil, err: UTF-8, as jinja2 and transformers read one (UTF-16, or
+-- a stray byte, was rendered as it was: a prompt without the messages in it).
+local function template_text(source, origin)
+    local bad = source and first_invalid_utf8(source)
+    if bad then return nil, ("the chat template %s is not valid UTF-8 (byte %d)"):format(origin, bad - 1) end
+    return source
 end
 
 -- load(dir[, template_path]) -> chat | nil, err. The template is, in this order: the file
@@ -101,6 +113,9 @@ function _M.load(dir, template_path)
         source = read_file(template_path)
         if not source then return nil, "cannot read the chat template " .. template_path end
         origin = template_path
+        local err
+        source, err = template_text(source, origin)
+        if not source then return nil, err end
     end
     local cfg, generation, err = {}, {}, nil
     if type(dir) == "string" then
@@ -110,7 +125,11 @@ function _M.load(dir, template_path)
         if not generation then return nil, err end
         if not source then
             source = read_file(dir .. "/chat_template.jinja")
-            if source then origin = dir .. "/chat_template.jinja" end
+            if source then
+                origin = dir .. "/chat_template.jinja"
+                source, err = template_text(source, origin)
+                if not source then return nil, err end
+            end
         end
     end
     local tool_source

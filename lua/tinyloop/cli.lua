@@ -307,8 +307,10 @@ read_tools = function(path, choice)
     local text = f:read("*a")
     f:close()
     if not text then return nil, nil, path .. ": cannot read it", 1 end
-    local list = json_text.decode(text)
-    if type(list) ~= "table" then return nil, nil, path .. ": not JSON (OpenAI's tools array)", 2 end
+    local list, jerr = json_text.decode_file(text) -- (the reason was dropped: "not JSON" for a BOM, a tab, a \ud800)
+    if type(list) ~= "table" then
+        return nil, nil, path .. ": not OpenAI's tools array (a JSON array)" .. (jerr and (": " .. jerr) or ""), 2
+    end
     local tool_choice = choice
     if choice and choice ~= "auto" and choice ~= "required" and choice ~= "none" then
         tool_choice = { type = "function", ["function"] = { name = choice } }
@@ -424,6 +426,8 @@ end
 -- err where it cannot be read. Ctrl-C while waiting for it ends the program at once (130, as a
 -- shell's commands end): LuaJIT's own handler only marks the interrupt, and the read resumed,
 -- so that ^C waited for Enter. The default action stands for the read's time only.
+-- Read a byte at a time: LuaJIT's "*l" measures what fgets read with strlen, so a NUL cut its
+-- line there and the next line was joined on ("A\0B\nC" read as "AC").
 local SIGINT = 2
 local signal_of_c -- (declared once, at the first read)
 local function read_line()
@@ -433,10 +437,16 @@ local function read_line()
         signal_of_c = ffi.C.signal
     end
     local previous = signal_of_c(SIGINT, nil) -- (NULL: SIG_DFL)
-    local line, err = io.stdin:read("*l")
+    local bytes, byte, err = {}, nil, nil
+    while true do
+        byte, err = io.stdin:read(1)
+        if byte == nil or byte == "\n" then break end
+        bytes[#bytes + 1] = byte
+    end
     signal_of_c(SIGINT, previous)
-    if not line then return nil, err end
-    return (line:gsub("\r$", ""))
+    if err then return nil, err end
+    if byte == nil and #bytes == 0 then return nil end
+    return (table.concat(bytes):gsub("\r$", ""))
 end
 
 local function converse(model, chat, cfg, o)

@@ -98,6 +98,18 @@ function _M.decode(text)
     return strict.decode(text)
 end
 
+-- decode_file(text) -> the value | nil, err: a JSON file's text (RFC 8259, as Python's json
+-- and Hugging Face read one): strict JSON, valid UTF-8 (a stray byte went into a tool's
+-- description, the prompt, raw), no byte order mark (said as such, not "invalid token").
+-- (Request bodies are decode's: the server's own rules.)
+local first_invalid = require("tinyloop.utf8").first_invalid
+function _M.decode_file(text)
+    if text:sub(1, 3) == "\239\187\191" then return nil, "starts with a UTF-8 byte order mark, which JSON does not allow" end
+    local bad = first_invalid(text)
+    if bad then return nil, ("not valid UTF-8 (byte %d)"):format(bad - 1) end
+    return _M.decode(text)
+end
+
 -- The end of a number, true, false or null that starts at s[i]: the index after it.
 local function scalar_end(s, i) return find(s, "[,}%]%s]", i) or #s + 1 end
 

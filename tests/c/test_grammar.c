@@ -639,6 +639,17 @@ static void test_json_schema(void) {
         CHECK_ERROR(tl_grammar_compile_json_schema(bad[i].s, strlen(bad[i].s), NULL, &x), TL_ERR_INVALID_ARGUMENT, bad[i].needle);
         tl_compiled_grammar_free(x);
     }
+    /* a control character between tokens (cJSON skipped any byte up to a space), or raw in a string */
+    {
+        tl_compiled_grammar *x = NULL;
+        CHECK_ERROR(tl_grammar_compile_json_schema("{\"type\":\f\"string\"}", 18, NULL, &x), TL_ERR_INVALID_ARGUMENT,
+                    "a control character (0x0C) outside a string at line 1, column 9");
+        tl_compiled_grammar_free(x);
+        x = NULL;
+        CHECK_ERROR(tl_grammar_compile_json_schema("{\"const\":\"a\tb\"}", 15, NULL, &x), TL_ERR_INVALID_ARGUMENT,
+                    "a control character (0x09) unescaped in a string");
+        tl_compiled_grammar_free(x);
+    }
     /* a NUL inside the length is text after the value too; blanks after it are fine */
     {
         static const char nul_after[] = "{\"type\":\"string\"}\0";

@@ -331,6 +331,18 @@ static void test_load_errors(const char *dir)
     expect_load_error("load error: an empty decoder sequence (HF maps no bytes: it was read as ByteLevel)",
                       make_json((json_parts){.top = "\"decoder\": {\"type\": \"Sequence\", \"decoders\": []},", .merges = "[]"}),
                       "decoder 'Sequence' is not supported");
+    /* What JSON (and Hugging Face's serde) refuses and cJSON let through: a stray byte in a
+       token's text (it loaded, and encoded and decoded its bytes), a raw control character in
+       a string, one between values */
+    expect_load_error("load error: ill-formed UTF-8",
+                      make_json((json_parts){.top = "\"decoder\": {\"type\": \"By\xfftel\"},", .merges = "[]"}),
+                      "tokenizer.json: not valid UTF-8 (byte");
+    expect_load_error("load error: a raw tab in a string",
+                      make_json((json_parts){.top = "\"decoder\": {\"type\": \"Byte\tLevel\"},", .merges = "[]"}),
+                      "a control character (0x09) unescaped in a string at line 1");
+    expect_load_error("load error: a control character between values",
+                      make_json((json_parts){.top = "\"decoder\":\f null,", .merges = "[]"}),
+                      "a control character (0x0C) outside a string at line 1");
     expect_load_error("load error: a key given twice",
                       make_json((json_parts){.top = "\"decoder\": null, \"decoder\": null,", .merges = "[]"}),
                       "tokenizer.json: duplicate key \"decoder\"");

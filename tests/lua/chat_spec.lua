@@ -54,6 +54,27 @@ describe("tinyloop.chat", function()
         assert.equal("mine: Hi", c:prompt(user))
     end)
 
+    it("refuses a template file that is not UTF-8, and a tokenizer_config.json that is not strict JSON, naming them", function()
+        -- (UTF-16 was rendered as it was: a prompt without the messages in it)
+        write(dir .. "/u16.jinja", "\255\254{\0{\0 \0m\0}\0}\0")
+        local c, err = chat.load(dir, dir .. "/u16.jinja")
+        assert.is_nil(c)
+        assert.equal(("the chat template %s/u16.jinja is not valid UTF-8 (byte 0)"):format(dir), err)
+        write(dir .. "/chat_template.jinja", "sys\255tem {{ messages[0].content }}")
+        assert.equal(("the chat template %s/chat_template.jinja is not valid UTF-8 (byte 3)"):format(dir), select(2, chat.load(dir)))
+        os.remove(dir .. "/chat_template.jinja")
+        -- (lua-cjson took these: the NUL and what follows it, a raw tab, a stray byte)
+        for text, why in pairs({ ['{"eos_token": "</s>"}\0garbage'] = "an unescaped control character (byte 0)",
+                                 ['{"eos_token": "<\t/s>"}'] = "an unescaped control character (byte 9) in a string",
+                                 ['{"eos_token": "<\255/s>"}'] = "not valid UTF-8 (byte 16)",
+                                 ['\239\187\191{}'] = "starts with a UTF-8 byte order mark" }) do
+            write(dir .. "/tokenizer_config.json", text)
+            c, err = chat.load(dir)
+            assert.is_nil(c, text)
+            assert.truthy(err:find(dir .. "/tokenizer_config.json is not a JSON object: " .. why, 1, true), err)
+        end
+    end)
+
     it("falls back to the plain built-in template", function()
         local c = assert(chat.load(dir))
         assert.equal("built-in plain", c.source)

@@ -140,6 +140,33 @@ describe("scripts/tinyloop", function()
         end
     end)
 
+    it("reads a stdin line with a NUL in it whole (it was cut at the NUL and the next line joined on)", function()
+        local status, out = run("printf 'A\\000B\\nC\\nD' | luajit scripts/tinyloop --embed -")
+        assert.equal(0, status, out)
+        local lines = {}
+        for line in out:gmatch("[^\n]+") do lines[#lines + 1] = line end
+        assert.equal(4, #lines, out) -- three vectors and rc=0
+        local _, c = run("luajit scripts/tinyloop --embed C")
+        assert.equal(c:match("^[^\n]+"), lines[2])
+    end)
+
+    it("says why a --tools file is refused (a BOM, a tab in a string: \"not JSON\")", function()
+        local path = os.tmpname()
+        for text, why in pairs({ ["\239\187\191[]"] = "starts with a UTF-8 byte order mark",
+                                 ['[{"type": "function", "function": {"name": "f", "description": "a\tb"}}]'] =
+                                     "an unescaped control character (byte 9) in a string",
+                                 ['[{"type": "function", "function": {"name": "f", "description": "\255"}}]'] =
+                                     "not valid UTF-8 (byte 64)" }) do
+            local f = assert(io.open(path, "wb"))
+            f:write(text)
+            f:close()
+            local status, out = run("luajit scripts/tinyloop --chat --tools " .. path .. " x")
+            assert.equal(2, status, out)
+            assert.truthy(out:find(path .. ": not OpenAI's tools array (a JSON array): " .. why, 1, true), out)
+        end
+        os.remove(path)
+    end)
+
     it("says an option's value is missing, --logit-bias's too (it said \"bad value: nil\")", function()
         for _, option in ipairs({ "--logit-bias", "-n", "--stop", "--threads" }) do
             local status, out = run("luajit scripts/tinyloop " .. option)
