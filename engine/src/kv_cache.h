@@ -5,9 +5,11 @@
  * Entries are addressed by their logical index (0, 1, 2, ... in the order they were
  * appended); with a window the physical row is logical % capacity (a ring buffer).
  *
- * Pages. Each slot's rows live in pages of TL_KV_PAGE_ROWS rows, allocated when a forward
- * first writes them, so memory follows the depth actually used (a model allowing 4096 loops
- * run at 8 pays for 8), and reference-counted, so that a forked session, a prefix-pool entry
+ * Pages. Each slot's rows live in pages of TL_KV_PAGE_ROWS rows, reserved before a forward
+ * writes them for every slot up to the session's depth (reserve_loops), so memory follows
+ * the depth a session runs at (a model allowing 4096 loops run at 8 pays for 8; a token that
+ * exits early leaves its deeper rows unwritten in pages reserved all the same), and
+ * reference-counted, so that a forked session, a prefix-pool entry
  * or a saved state shares its parent's pages: a page is copied only when one of its sharers
  * writes into it (copy on write). The K/V pages are buffers of the model's backend
  * (backend.h); the page table and the row bookkeeping (pos, logical, depth, length) are host
@@ -82,6 +84,9 @@ tl_status tl_kv_cache_fork(const tl_kv_cache *src, tl_kv_cache **out);
 void tl_kv_cache_free(tl_kv_cache *cache);
 /* Bytes of K/V pages this cache references (shared ones included). */
 size_t tl_kv_cache_bytes(const tl_kv_cache *cache);
+/* Bytes of the distinct K/V pages n caches (of one model) reference: a page several share
+   counts once (the prefix pool's entries share their common prefix's pages). */
+size_t tl_kv_caches_distinct_bytes(tl_kv_cache *const *caches, int n);
 
 static inline int tl_kv_row(const tl_kv_cache *c, int logical) { return logical % c->capacity; }
 static inline tl_kv_page *tl_kv_page_of(const tl_kv_cache *c, int slot, int row) {

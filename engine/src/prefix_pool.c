@@ -70,17 +70,37 @@ static void entry_free(pool_entry *e) {
     free(e->tokens);
 }
 
-/* Under the lock: least recently used entries leave until `extra` more bytes fit the budget
-   (or none is left). */
-static void evict_to_fit(tl_prefix_pool *pool, size_t extra) {
-    while (pool->n_entries > 0 && pool->used + extra > pool->budget) {
+/* Under the lock: the bytes of the distinct pages the entries hold, with `extra` (an entry's
+   cache about to join, or NULL). Entries share pages (a system prompt's, by conversations
+   that start with it): each counted its own, and the pool evicted with its pages well under
+   the budget (two conversations of eight that fitted). */
+static size_t pool_bytes(const tl_prefix_pool *pool, tl_kv_cache *extra) {
+    const int n = pool->n_entries + (extra != NULL);
+    if (n == 0) return 0;
+    tl_kv_cache **caches = malloc((size_t)n * sizeof *caches);
+    if (!caches) { /* (out of memory: each entry counted whole, which evicts more) */
+        size_t bytes = extra ? tl_kv_cache_bytes(extra) : 0;
+        for (int i = 0; i < pool->n_entries; i++) bytes += pool->entries[i].bytes;
+        return bytes;
+    }
+    for (int i = 0; i < pool->n_entries; i++) caches[i] = pool->entries[i].cache;
+    if (extra) caches[n - 1] = extra;
+    const size_t bytes = tl_kv_caches_distinct_bytes(caches, n);
+    free(caches);
+    return bytes;
+}
+
+/* Under the lock: least recently used entries leave until the pool's pages, with `extra`'s,
+   fit the budget (or none is left); pool->used is then the pool's own. */
+static void evict_to_fit(tl_prefix_pool *pool, tl_kv_cache *extra) {
+    while (pool->n_entries > 0 && pool_bytes(pool, extra) > pool->budget) {
         int lru = 0;
         for (int i = 1; i < pool->n_entries; i++)
             if (pool->entries[i].last_used < pool->entries[lru].last_used) lru = i;
-        pool->used -= pool->entries[lru].bytes;
         entry_free(&pool->entries[lru]);
         pool->entries[lru] = pool->entries[--pool->n_entries];
     }
+    pool->used = pool_bytes(pool, NULL);
 }
 
 /* ---------------------------------------------------------------- the pool */
@@ -106,7 +126,7 @@ tl_status tl_model_set_prefix_pool(tl_model *m, int64_t budget_bytes) {
        next new entry kept them, and served them, for good when none came). */
     pthread_mutex_lock(&pool->lock);
     pool->budget = (size_t)budget_bytes;
-    evict_to_fit(pool, 0);
+    evict_to_fit(pool, NULL);
     pthread_mutex_unlock(&pool->lock);
     return TL_OK;
 }
@@ -174,14 +194,13 @@ void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, in
         for (int i = 0; i < pool->n_entries; i++) {
             pool_entry *old = &pool->entries[i];
             if (same_key(old, loops, state_seed) && old->n <= n && common_prefix(old->tokens, old->n, tokens, n) == old->n) {
-                pool->used -= old->bytes;
                 entry_free(old);
                 pool->entries[i--] = pool->entries[--pool->n_entries];
             }
         }
-        evict_to_fit(pool, e.bytes);
+        evict_to_fit(pool, e.cache);
         pool->entries[pool->n_entries++] = e;
-        pool->used += e.bytes;
+        pool->used = pool_bytes(pool, NULL);
     } else {
         entry_free(&e);
     }

@@ -304,6 +304,56 @@ static void prefix_pool(const char *dir) {
     tl_model_free(cold);
 }
 
+/* Conversations that open with one system prompt share its pages in the pool: the budget
+   counts them once (each entry counted its own, and a pool whose pages fitted eight such
+   conversations kept two). A budget of exactly the pages of eight keeps all eight. */
+static void run_conversations(tl_model *m, const int32_t *system, int n_system, int32_t *prompt, int n_own, int *reused) {
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 2;
+    cfg.ignore_eos = 1;
+    const int vocab = tl_model_info(m)->vocab_size;
+    for (int c = 0; c < 8; c++) {
+        memcpy(prompt, system, (size_t)n_system * sizeof *prompt);
+        for (int i = 0; i < n_own; i++) prompt[n_system + i] = (int32_t)((c * 977 + i * 31 + 5) % vocab);
+        int32_t out[CAP];
+        int n_out = 0;
+        tl_generate_stats st;
+        CHECK(tl_generate(m, prompt, n_system + n_own, &cfg, out, CAP, &n_out, &st) == TL_OK, "conversation %d: %s", c,
+              tl_last_error());
+        if (reused) reused[c] = st.prompt_tokens_reused;
+    }
+}
+
+static void prefix_pool_shared_pages(const char *dir) {
+    tl_model *sizing = load(dir), *pooled = load(dir);
+    if (!sizing || !pooled) { CHECK(0, "load"); tl_model_free(sizing); return; }
+    const int vocab = tl_model_info(pooled)->vocab_size;
+    enum { SYSTEM = 64, OWN = 16 };
+    int32_t system[SYSTEM], prompt[SYSTEM + OWN];
+    for (int i = 0; i < SYSTEM; i++) system[i] = (int32_t)((i * 211 + 3) % vocab);
+    /* the pages the eight conversations' entries hold, shared ones once */
+    CHECK(tl_model_set_prefix_pool(sizing, 64 << 20) == TL_OK, "pool: %s", tl_last_error());
+    run_conversations(sizing, system, SYSTEM, prompt, OWN, NULL);
+    tl_model_memory mem;
+    tl_model_get_memory(sizing, &mem);
+    const int64_t pages_of_eight = mem.kv_bytes;
+    CHECK(pages_of_eight > 0, "the pool holds pages");
+    /* a pool of exactly that: every conversation's own part is still there */
+    CHECK(tl_model_set_prefix_pool(pooled, pages_of_eight) == TL_OK, "pool: %s", tl_last_error());
+    run_conversations(pooled, system, SYSTEM, prompt, OWN, NULL);
+    int reused[8];
+    run_conversations(pooled, system, SYSTEM, prompt, OWN, reused);
+    for (int c = 0; c < 8; c++)
+        CHECK(reused[c] == SYSTEM + OWN - 1, "conversation %d again reused %d of its %d prompt tokens (want %d)", c, reused[c],
+              SYSTEM + OWN, SYSTEM + OWN - 1);
+    tl_model_get_memory(pooled, &mem);
+    CHECK(mem.kv_bytes <= pages_of_eight, "the pool holds %lld bytes, over its budget of %lld", (long long)mem.kv_bytes,
+          (long long)pages_of_eight);
+    tl_model_free(sizing);
+    tl_model_free(pooled);
+}
+
 /* A plain session that ends offers its generated rows too: a prompt that resends its text
    and more (a chat's next turn) reuses all of it, and decodes as a cold start does. Only rows
    at the session's full depth are offered, up to the first shallower one (an early exit's,
@@ -660,6 +710,7 @@ int main(int argc, char **argv) {
     bad_input(m);
     prefix_pool(dir);
     prefix_pool_first_calls(dir);
+    prefix_pool_shared_pages(dir);
     prefix_pool_keeps_generations(dir);
     char huginn[4096];
     snprintf(huginn, sizeof huginn, "%s/../hf/huginn_f32", dir);
