@@ -1274,9 +1274,8 @@ tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, in
                                    size_t errlen) {
     *gbnf = NULL;
     /* (GBNF literals are code points: names and values must be valid UTF-8, which the
-       loader's JSON rules below see to) */
-    /* \u0000: cJSON keeps a string only to its first NUL, so a key or value holding one would
-       be matched as its part before it */
+       loader's JSON rules below see to.) \u0000: cJSON keeps a string only to its first NUL,
+       so a key or value holding one would be matched as its part before it */
     for (size_t i = 0; i + 1 < len; i++) {
         if (json[i] != '\\') continue;
         if (json[i + 1] == 'u' && i + 5 < len && memcmp(json + i + 2, "0000", 4) == 0) {
@@ -1286,8 +1285,9 @@ tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, in
         i++; /* the escaped character */
     }
     /* (the loader's JSON rules: valid UTF-8, no raw control characters, one value, nothing
-       after it but blanks, no byte order mark, no key twice: text after the schema was dropped, and of a key given twice cJSON kept the
-       first where Python's and JavaScript's parsers keep the last) */
+       after it but blanks, no byte order mark, no key twice: text after the schema was
+       dropped, and of a key given twice cJSON kept the first where Python's and JavaScript's
+       parsers keep the last) */
     cJSON *root = NULL;
     char why[200];
     const int read = tl_json_read_value_strict(json, len, &root, why, sizeof why);

@@ -599,11 +599,14 @@ function _M.run(argv, default_model)
             for i, x in ipairs(vector) do numbers[i] = ("%.9g"):format(x) end
             show("[", table.concat(numbers, ","), "]\n")
         end
-        -- (the depth is the option's, not a line's: checked before any line is read)
-        local max_loops = model:info().max_loops
-        if cfg.loops and (cfg.loops < 1 or cfg.loops > max_loops) then
-            report(("loops = %d must be in [1, max_loops = %d]"):format(cfg.loops, max_loops))
-            return 2
+        -- (the depth is the option's, not a line's: the binding's check, on one token, before
+        -- any line is read)
+        if cfg.loops ~= nil then
+            local ok, raised = attempt(model.embed, model, { 0 }, { loops = cfg.loops })
+            if not ok then
+                report(raised)
+                return 2
+            end
         end
         local function embed_line(text, where)
             local ok, vector, eerr = attempt(model.embed, model, text, { loops = cfg.loops })

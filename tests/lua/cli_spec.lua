@@ -220,7 +220,7 @@ describe("scripts/tinyloop", function()
             ["-s 9007199254740994 -n 1 x"] = "bad value for -s: 9007199254740994 (past 2^53",
             ["--logit-bias 99999999999999999999=5 -n 1 x"] = "bad value for --logit-bias: 99999999999999999999=5",
             -- (the depth is the option's: it named the input line, and the field)
-            ["--embed -L -3 x"] = "tinyloop: --loops = -3 must be in [1, max_loops = 16]",
+            ["--embed -L -3 x"] = "--loops = -3 is out of range [1, max_loops = 16]",
         }) do
             local status, out = run("luajit scripts/tinyloop " .. args)
             assert.equal(2, status, args .. ": " .. out)
@@ -229,7 +229,7 @@ describe("scripts/tinyloop", function()
         end
         local status, out = run("printf 'a\\n' | luajit scripts/tinyloop --embed -L 0 -")
         assert.equal(2, status, out)
-        assert.truthy(out:find("^tinyloop: %-%-loops = 0 must be in %[1, max_loops = 16%]\nrc=2"), out) -- (no line named)
+        assert.truthy(out:find("^tinyloop: embed: %-%-loops = 0 must be in %[1, max_loops = 16%]"), out) -- (no line named)
         assert.equal(0, (run("luajit scripts/tinyloop -s 9007199254740992 -n 1 --no-stats x > /dev/null")))
     end)
 
