@@ -1322,6 +1322,22 @@ describe("server", function()
         assert.equal(413, status)
     end)
 
+    it("refuses a compressed body with a 415 saying so, in each API's shape (it was read as JSON)", function()
+        local f = dir .. "/body.gz"
+        sh("printf '%s' '{\"prompt\": \"It is\", \"max_tokens\": 2}' | gzip -c > " .. f)
+        for path, shape in pairs({ ["/v1/completions"] = "openai", ["/api/generate"] = "ollama", ["/v1/messages"] = "anthropic" }) do
+            local status, body = curl("-H 'Content-Type: application/json' -H 'Content-Encoding: gzip' --data-binary @" .. f ..
+                                      " " .. base .. path)
+            assert.equal(415, status, body)
+            local e = cjson.decode(body)
+            local message = shape == "ollama" and e.error or e.error.message
+            assert.equal("the request body's Content-Encoding gzip is not supported: send it uncompressed", message)
+        end
+        -- identity is no encoding
+        assert.equal(200, (curl("-H 'Content-Type: application/json' -H 'Content-Encoding: identity' " ..
+                                "-d '{\"prompt\": \"It is\", \"max_tokens\": 1}' " .. base .. "/v1/completions")))
+    end)
+
     it("counts a connection reset inside its request line without a log error", function()
         -- (no uri then: the log phase failed, "attempt to index local 'uri'", one error a reset)
         pcall(ffi.cdef, "typedef struct { int onoff; int seconds; } spec_linger;")

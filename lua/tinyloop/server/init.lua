@@ -1537,6 +1537,11 @@ local function post_body()
         return send_uri_error(405, "method " .. ngx.req.get_method() .. " is not allowed here: use POST", nil, nil, { Allow = "POST" })
     end
     if not ready() then return end
+    -- (a gzip body was read as JSON: "an unescaped control character (byte 31)", gzip's first)
+    local encoding = ngx.var.http_content_encoding
+    if encoding and encoding:lower() ~= "identity" then
+        return send_uri_error(415, ("the request body's Content-Encoding %s is not supported: send it uncompressed"):format(encoding))
+    end
     local declared = tonumber(ngx.var.http_content_length)
     local too_large = ("the request body is over the %d-byte limit"):format(conf.max_body)
     if declared and declared > conf.max_body then return send_uri_error(413, too_large) end
