@@ -146,7 +146,30 @@ bool tl_kv_writable(tl_kv_cache *c, int slot, int logical, void **k, void **v) {
     return true;
 }
 
+/* Early exit: the rows of a page that no longer grows (its entries all below `from`) may all
+   have stopped short of the depth its pages were reserved for; the slots none of them reached
+   are never written or read (attention reads a shallower row's deepest slot at deeper loops),
+   so their pages go back (200 tokens at loops 16 exiting at 3 held the pages of 16). A ring
+   (window) reuses its pages and is bounded by its window: left as it is. */
+static void trim_unreached(tl_kv_cache *c, int from) {
+    if (c->window != 0) return;
+    const tl_config *cfg = &c->model->cfg;
+    for (; (c->trimmed_blocks + 1) * TL_KV_PAGE_ROWS <= from; c->trimmed_blocks++) {
+        const int first = c->trimmed_blocks * TL_KV_PAGE_ROWS;
+        int deepest = 0;
+        for (int e = first; e < first + TL_KV_PAGE_ROWS; e++)
+            if (c->depth[e] > deepest) deepest = c->depth[e];
+        for (int slot = 0; slot < c->n_slots; slot++) {
+            if (tl_kv_slot_at_depth(cfg, slot, deepest)) continue;
+            tl_kv_page **at = &c->pages[(size_t)slot * (size_t)c->n_pages + (size_t)c->trimmed_blocks];
+            page_release(c, *at);
+            *at = NULL;
+        }
+    }
+}
+
 tl_status tl_kv_reserve(tl_kv_cache *c, int from, int n) {
+    trim_unreached(c, from);
     const tl_config *cfg = &c->model->cfg;
     const int loops = c->reserve_loops < cfg->max_loops ? c->reserve_loops : cfg->max_loops;
     for (int slot = 0; slot < c->n_slots; slot++) {
@@ -245,6 +268,7 @@ tl_status tl_kv_cache_fork(const tl_kv_cache *src, tl_kv_cache **out) {
     c->max_chunk = src->max_chunk;
     c->length = src->length;
     c->reserve_loops = src->reserve_loops;
+    c->trimmed_blocks = src->trimmed_blocks;
     const size_t n = (size_t)src->n_slots * (size_t)src->n_pages;
     for (size_t i = 0; i < n; i++)
         if ((c->pages[i] = src->pages[i])) atomic_fetch_add(&c->pages[i]->refs, 1);
@@ -274,6 +298,8 @@ tl_status tl_kv_truncate(tl_kv_cache *c, int length) {
        then attention cannot reach them (it reads entries below base + n, and `logical`
        tells a reused ring row from the entry it once held). */
     c->length = length;
+    /* (a page rows are written into again takes its deeper slots again: tl_kv_reserve) */
+    if (c->trimmed_blocks * TL_KV_PAGE_ROWS > length) c->trimmed_blocks = length / TL_KV_PAGE_ROWS;
     return TL_OK;
 }
 

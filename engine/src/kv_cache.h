@@ -7,9 +7,9 @@
  *
  * Pages. Each slot's rows live in pages of TL_KV_PAGE_ROWS rows, reserved before a forward
  * writes them for every slot up to the session's depth (reserve_loops), so memory follows
- * the depth a session runs at (a model allowing 4096 loops run at 8 pays for 8; a token that
- * exits early leaves its deeper rows unwritten in pages reserved all the same), and
- * reference-counted, so that a forked session, a prefix-pool entry
+ * the depth a session runs at (a model allowing 4096 loops run at 8 pays for 8); once a
+ * page's rows are all written, the pages of slots none of them reached (early exit) go back
+ * (tl_kv_reserve). Pages are reference-counted, so that a forked session, a prefix-pool entry
  * or a saved state shares its parent's pages: a page is copied only when one of its sharers
  * writes into it (copy on write). The K/V pages are buffers of the model's backend
  * (backend.h); the page table and the row bookkeeping (pos, logical, depth, length) are host
@@ -55,6 +55,8 @@ typedef struct tl_kv_cache {
     int reserve_loops;   /* loops whose slots a forward's rows get pages for up front
                             (the owner's depth; max_loops until told) */
     bool out_of_memory;  /* a page could not be allocated: the forward's result is void */
+    int trimmed_blocks;  /* window 0: pages of TL_KV_PAGE_ROWS entries [0, this) whose slots
+                            deeper than their rows' deepest were given back (tl_kv_reserve) */
     tl_kv_page **pages;  /* [n_slots][n_pages], NULL until written */
     int32_t *pos;        /* [capacity] token position of each row (RoPE / window) */
     int32_t *logical;    /* [capacity] logical index the row holds: with a ring, rows written

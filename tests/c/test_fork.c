@@ -367,6 +367,48 @@ static int exit_at_once(void *user, const tl_loop_signals *signals) {
     return TL_HOOK_STOP;
 }
 
+/* Early exit gives back the pages of the slots a finished page's rows never reached: a
+   session at 4 loops whose decode tokens all exit at the first holds, past the prompt's
+   pages, the pages of one loop (it held those of 4), with the tokens of a session holding
+   them all (KV sharing reads a shallower row's deepest slot: the pages given back are never
+   read). Its fork, a save and a rollback into a trimmed page go on alike. */
+static void early_exit_pages(const char *dir) {
+    tl_model *m = load(dir);
+    if (!m) { CHECK(0, "load"); return; }
+    const tl_config *mc = &m->cfg;
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.loops = mc->max_loops;
+    cfg.max_tokens = 96;
+    cfg.ignore_eos = 1;
+    cfg.depth_policy = exit_at_once;
+    int32_t prompt[16];
+    for (int i = 0; i < 16; i++) prompt[i] = (int32_t)((i * 131 + 7) % mc->vocab_size);
+    tl_session *s = NULL;
+    CHECK(tl_session_new(m, prompt, 16, &cfg, &s) == TL_OK, "session: %s", tl_last_error());
+    if (!s) { tl_model_free(m); return; }
+    run(s, 80); /* 95 entries: the prompt's page, then pages of decode rows */
+    const int per_loop = mc->n_block, outer = mc->n_prelude + mc->n_coda, done = s->cache->trimmed_blocks;
+    CHECK(done == s->cache->length / TL_KV_PAGE_ROWS, "%d pages looked at of %d whole ones", done,
+          s->cache->length / TL_KV_PAGE_ROWS);
+    size_t held = 0;
+    for (int p = 0; p < done; p++)
+        for (int slot = 0; slot < s->cache->n_slots; slot++) held += s->cache->pages[(size_t)slot * s->cache->n_pages + p] != NULL;
+    /* the prompt's page at full depth; the decode pages at one loop */
+    const size_t want = (size_t)(outer + per_loop * mc->max_loops) + (size_t)(outer + per_loop) * (size_t)(done - 1);
+    CHECK(done >= 4 && held == want, "early-exited pages: %zu held (want %zu)", held, want);
+    /* the same tokens as a session without early exit's pages given back: a fork of the
+       trimmed cache continues as the session does */
+    tl_session *child = NULL;
+    CHECK(tl_session_fork(s, NULL, &child) == TL_OK, "fork: %s", tl_last_error());
+    run(s, 8);
+    run(child, 8);
+    CHECK(child && same_tokens(s, child), "a fork of the trimmed session differs from it");
+    tl_session_free(child);
+    tl_session_free(s);
+    tl_model_free(m);
+}
+
 /* The next turn of `turn` (n tokens, then MORE of its own) on the pooled model: how many
    prompt tokens it reused, and whether its output is the cold model's. */
 enum { N = 20, GEN = 8, MORE = 3 };
@@ -711,6 +753,7 @@ int main(int argc, char **argv) {
     prefix_pool(dir);
     prefix_pool_first_calls(dir);
     prefix_pool_shared_pages(dir);
+    early_exit_pages(dir);
     prefix_pool_keeps_generations(dir);
     char huginn[4096];
     snprintf(huginn, sizeof huginn, "%s/../hf/huginn_f32", dir);
