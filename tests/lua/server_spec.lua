@@ -2590,6 +2590,11 @@ describe("Ollama's API", function()
         assert.equal("string", type(cjson.decode(select(2, curl(base .. "/api/version"))).version))
         status, body = curl(base .. "/")
         assert.same({ 200, true }, { status, body:find("TinyLoop is running", 1, true) ~= nil })
+        -- a path nginx normalises is Ollama's as well (its errors came in OpenAI's shape)
+        for _, path in ipairs({ "/api/%63hat", "/api/./chat" }) do
+            status, body = curl("--path-as-is " .. base .. path)
+            assert.same({ 405, "method GET is not allowed here: use POST" }, { status, cjson.decode(body).error }, body)
+        end
         for _, case in ipairs({ { "/api/show", { model = "llama3" }, 404, "not found" },
                                 { "/api/chat", { model = "llama3", messages = messages }, 404, "not found" },
                                 { "/api/chat", { messages = messages, options = { mirostat = 1 } }, 400, "options.mirostat" },

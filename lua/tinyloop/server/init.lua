@@ -537,7 +537,10 @@ local OPENAI_TOO = { ["/completions"] = true, ["/embeddings"] = true }
 -- own: /llm/api/chat is Ollama's): Anthropic's /v1/messages..., Ollama's /api/NAME, llama.cpp's
 -- /NAME (/completions and /embeddings at the root only: /v1/chat/completions is OpenAI's).
 local function send_uri_error(...)
-    local path = (ngx.var.request_uri or ngx.var.uri or ""):match("^[^?]*")
+    -- (nginx's normalised path: /api/%63hat and /api/./chat are /api/chat; nginx's own error
+    -- pages, served at /.tinyloop-error*, read the path the client sent)
+    local path = ngx.var.uri or ""
+    if path == "" or path:find("^/%.tinyloop%-error") then path = (ngx.var.request_uri or ""):match("^[^?]*") end
     local before, last = path:match("^(.-)(/[^/]*)$")
     local llamacpp = last and LLAMACPP_PATHS[last] and (before == "" or not OPENAI_TOO[last] and not before:find("/v1", 1, true))
     local send = (path:find("/v1/messages$") or path:find("/v1/messages/", 1, true)) and send_anthropic_error or
