@@ -16,7 +16,7 @@ typedef struct pool_entry {
 
 struct tl_prefix_pool {
     pthread_mutex_t lock;
-    size_t budget, used;
+    size_t budget;
     pool_entry *entries;
     int n_entries, cap_entries;
     uint64_t clock;
@@ -91,7 +91,7 @@ static size_t pool_bytes(const tl_prefix_pool *pool, tl_kv_cache *extra) {
 }
 
 /* Under the lock: least recently used entries leave until the pool's pages, with `extra`'s,
-   fit the budget (or none is left); pool->used is then the pool's own. */
+   fit the budget (or none is left). */
 static void evict_to_fit(tl_prefix_pool *pool, tl_kv_cache *extra) {
     while (pool->n_entries > 0 && pool_bytes(pool, extra) > pool->budget) {
         int lru = 0;
@@ -100,7 +100,6 @@ static void evict_to_fit(tl_prefix_pool *pool, tl_kv_cache *extra) {
         entry_free(&pool->entries[lru]);
         pool->entries[lru] = pool->entries[--pool->n_entries];
     }
-    pool->used = pool_bytes(pool, NULL);
 }
 
 /* ---------------------------------------------------------------- the pool */
@@ -200,7 +199,6 @@ void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, in
         }
         evict_to_fit(pool, e.cache);
         pool->entries[pool->n_entries++] = e;
-        pool->used = pool_bytes(pool, NULL);
     } else {
         entry_free(&e);
     }

@@ -113,9 +113,6 @@ function _M.load(dir, template_path)
         source = read_file(template_path)
         if not source then return nil, "cannot read the chat template " .. template_path end
         origin = template_path
-        local err
-        source, err = template_text(source, origin)
-        if not source then return nil, err end
     end
     local cfg, generation, err = {}, {}, nil
     if type(dir) == "string" then
@@ -125,12 +122,12 @@ function _M.load(dir, template_path)
         if not generation then return nil, err end
         if not source then
             source = read_file(dir .. "/chat_template.jinja")
-            if source then
-                origin = dir .. "/chat_template.jinja"
-                source, err = template_text(source, origin)
-                if not source then return nil, err end
-            end
+            if source then origin = dir .. "/chat_template.jinja" end
         end
+    end
+    if source then -- (a file's text: the path given, or chat_template.jinja)
+        source, err = template_text(source, origin)
+        if not source then return nil, err end
     end
     local tool_source
     if not source then
