@@ -215,10 +215,7 @@ static tl_status search_step(tl_session *s, beam_state *b) {
             for (int t = 0; t < V; t++)
                 if (!s->allowed[t]) s->work[t] = -INFINITY;
         }
-        if (!tl_log_softmax(s->work, V, b->logprobs)) { /* no continuation: banned, or a NaN row */
-            if ((st = tl_session_check_row_finite(s, b->logits + (size_t)i * (size_t)V)) != TL_OK) return st;
-            continue;
-        }
+        if (!tl_log_softmax(s->work, V, b->logprobs)) continue; /* no continuation: all banned (a NaN row failed above) */
         const int n = tl_top_k(s->work, V, 2 * B, b->top_ids, b->top_values);
         for (int pick = 0; pick < n; pick++)
             b->cands[n_cand++] = (candidate){b->live[i].logp + b->logprobs[b->top_ids[pick]], i, b->top_ids[pick]};

@@ -68,6 +68,12 @@ int tl_top_k(const float *logits, int vocab, int k, int32_t *ids, float *values)
 size_t tl_top_k_radix_scratch(int vocab);
 int tl_top_k_radix(const float *logits, int vocab, int k, int32_t *ids, float *values, uint64_t *scratch);
 
+/* TL_OK unless the model's logits `row` holds a NaN: its activations overflowed. A NaN never
+   compares: a choice or a log-softmax passes over it as if it were banned, going on with what
+   is left, or reads a wholly NaN row as every token banned. The error says where (`what` and
+   `index`: "token 3", "position 17") and, with an f16 KV cache, its limit (the likely cause). */
+tl_status tl_check_logits_finite(const float *row, int vocab, bool f16_kv, const char *what, int index);
+
 /* out[i] = log softmax(logits)[i] in double (-inf for banned tokens; with +inf logits,
    -log(count) for each of them). Returns false when every token is banned. */
 bool tl_log_softmax(const float *logits, int vocab, double *out);

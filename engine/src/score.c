@@ -69,6 +69,7 @@ tl_status tl_score(const tl_model *model, const int32_t *tokens, int n, int loop
 typedef struct logprob_reduce {
     const int32_t *tokens;
     int n, vocab, top;
+    bool f16_kv;
     const float *chunk;     /* the chunk's logits */
     double *scratch;        /* [vocab] */
     float *logprobs;
@@ -82,7 +83,10 @@ static tl_status reduce_chunk(void *ctx, int start, int len) {
     logprob_reduce *r = ctx;
     for (int i = 0; i < len && start + i + 1 < r->n; i++) {
         const size_t at = (size_t)(start + i);
-        tl_row_logprobs(r->chunk + (size_t)i * (size_t)r->vocab, r->vocab, r->tokens[start + i + 1], r->top, r->scratch,
+        const float *row = r->chunk + (size_t)i * (size_t)r->vocab;
+        const tl_status st = tl_check_logits_finite(row, r->vocab, r->f16_kv, "position", start + i);
+        if (st != TL_OK) return st;
+        tl_row_logprobs(row, r->vocab, r->tokens[start + i + 1], r->top, r->scratch,
                         &r->logprobs[at], r->top ? r->top_ids + at * (size_t)r->top : NULL,
                         r->top ? r->top_logprobs + at * (size_t)r->top : NULL); /* (top 0: they may be NULL) */
     }
@@ -102,7 +106,8 @@ tl_status tl_score_logprobs(const tl_model *model, const int32_t *tokens, int n,
     if (!chunk || !scratch) {
         st = tl_fail(TL_ERR_NO_MEMORY, "tl_score_logprobs: out of memory");
     } else {
-        logprob_reduce r = {tokens, n, vocab, top, chunk, scratch, logprobs, top_ids, top_logprobs};
+        logprob_reduce r = {tokens, n, vocab, top, model->kv_type == TL_KV_F16, chunk, scratch, logprobs, top_ids,
+                            top_logprobs};
         const chunk_sink sink = {.logits = chunk, .reuse = true, .done = reduce_chunk, .ctx = &r};
         st = score_chunks("tl_score_logprobs", model, tokens, n, loops, &sink);
     }

@@ -247,6 +247,12 @@ tl_status tl_session_hook_failed(tl_session *s, const char *hook, int code) {
 tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const int32_t *history, int n) {
     const tl_generate_config *c = &s->cfg;
     const int vocab = s->m->cfg.vocab_size;
+    /* (the model's row, before the hooks: a hook's own NaN is its choice, banned) */
+    tl_status st = tl_check_logits_finite(row, vocab, s->m->kv_type == TL_KV_F16, "token", s->n_tokens - s->prompt_len + 1);
+    if (st != TL_OK) {
+        s->finished = true;
+        return st;
+    }
     if (row != s->work) memcpy(s->work, row, (size_t)vocab * sizeof(float));
     if (c->logits_processor) {
         int r = c->logits_processor(c->logits_processor_user, s->work, vocab, history, n);
@@ -545,20 +551,6 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
 
 /* ---------------------------------------------------------------- the step */
 
-/* A step that chose no token from a row holding NaN: the model's numbers overflowed (a NaN
-   never compares, so no token was above -inf, which read as a grammar's dead end: a normal
-   stop of a cut text). An error, naming the likely cause. */
-tl_status tl_session_check_row_finite(tl_session *s, const float *row) {
-    if (!row) return TL_OK;
-    const int vocab = s->m->cfg.vocab_size;
-    int at = 0;
-    while (at < vocab && !isnan(row[at])) at++;
-    if (at == vocab) return TL_OK;
-    s->finished = true;
-    return tl_fail(TL_ERR_FORMAT, "the model gave non-finite logits (NaN) at token %d: its activations overflow%s",
-                   s->n_tokens - s->prompt_len + 1,
-                   s->m->kv_type == TL_KV_F16 ? " (an f16 KV cache holds at most 65504: load it with kv_type f32)" : "");
-}
 
 static tl_status step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     s->chosen_row = NULL; /* each decoder sets its own */
@@ -569,10 +561,7 @@ static tl_status step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
         s->finished = true;
         return st;
     }
-    if (tok < 0) {
-        if ((st = tl_session_check_row_finite(s, s->chosen_row)) != TL_OK) return st;
-        s->chosen_row = NULL; /* before the emission's hooks, which may ask (tl_session_logprobs from on_token) */
-    }
+    if (tok < 0) s->chosen_row = NULL; /* before the emission's hooks, which may ask (tl_session_logprobs from on_token) */
     if ((st = tl_session_emit(s, tok, stop)) != TL_OK) return st;
     if (tok >= 0) *token = tok;
     return TL_OK;
@@ -752,7 +741,6 @@ static tl_status finish_shared_step(tl_session *s, bool was_prefill, int32_t *to
     tl_status st = tl_session_prepare_logits(s, s->logits);
     if (st != TL_OK) return st;
     const int32_t tok = tl_session_choose(s);
-    if (tok < 0 && (st = tl_session_check_row_finite(s, s->logits)) != TL_OK) return st;
     s->chosen_row = tok >= 0 ? s->logits : NULL;
     if ((st = tl_session_emit(s, tok, stop)) != TL_OK) return st;
     if (tok >= 0) *token = tok;

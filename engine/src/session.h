@@ -135,12 +135,9 @@ tl_status tl_session_cache_new(tl_session *s, int headroom);
    from the pool), timing the prefill. */
 tl_status tl_session_prefill(tl_session *s, int n, float *last_logits);
 /* s->work = `row` after the logits hook, the repetition penalty and the grammar mask, for the
-   history `history[0..n)` (s->tokens for plain decoding; a beam's own history for beams). */
+   history `history[0..n)` (s->tokens for plain decoding; a beam's own history for beams). A
+   row holding a NaN (the model's activations overflowed) fails, the session finished. */
 tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const int32_t *history, int n);
-/* TL_OK unless the raw logits row (NULL: none) holds a NaN: then the session is finished and
-   the error names the overflow (a decoder that chose no token asks, rather than reading the
-   NaN row as a dead end). */
-tl_status tl_session_check_row_finite(tl_session *s, const float *row);
 /* Whether the session keeps the row each token was chosen from (s->chosen_row), for
    tl_session_logprobs: plain and speculative decoding; beam search does not. */
 static inline bool tl_session_keeps_rows(const tl_session *s) { return s->decoder != &tl_beam_decoder; }

@@ -310,6 +310,9 @@ local function set_number(c, field, v, kind)
         raise(("config field '%s' = %s is past a C float's range"):format(field, tostring(v)))
     end
     c[field] = v
+    if kind == "float" and v ~= 0 and c[field] == 0 then -- (and one below it reads as 0)
+        raise(("config field '%s' = %s is below a C float's smallest magnitude (1.4e-45)"):format(field, tostring(v)))
+    end
 end
 
 local BOOLEAN_FIELDS = { "ignore_eos", "penalties_count_prompt", "keep_special_text", "fixed_state_seed" }
@@ -1583,8 +1586,9 @@ function Model:generate_tree_speculative(prompt, cfg)
 end
 
 -- model:score(ids, loops) -> scores | nil, err, with scores:logit(i, t) (next-token logit
--- of id t after ids[1..i]), scores:argmax(i), scores.n, scores.vocab_size. loops defaults
--- to the model's default_loops.
+-- of id t after ids[1..i]), scores:argmax(i) (greedy's choice there: ties to the lower id;
+-- nil, err for a row holding NaN, the model's activations overflowed), scores.n,
+-- scores.vocab_size. loops defaults to the model's default_loops.
 local Scores = {}
 Scores.__index = Scores
 
@@ -1602,8 +1606,13 @@ function Scores:argmax(i)
     if i < 1 or i > self.n then raise("scores:argmax(" .. tostring(i) .. ") out of range") end
     local row, v = self.data + (i - 1) * self.vocab_size, self.vocab_size
     local best, best_value = 0, row[0]
-    for t = 1, v - 1 do
-        if row[t] > best_value then best, best_value = t, row[t] end
+    for t = 0, v - 1 do
+        local value = row[t]
+        -- (a NaN never compares: skipped, it read as a token, row[0]'s when it stood first)
+        if value ~= value then
+            return nil, ("scores:argmax(%d): the model gave non-finite logits (NaN) there: its activations overflow"):format(i)
+        end
+        if value > best_value then best, best_value = t, value end
     end
     return best
 end

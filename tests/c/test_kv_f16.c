@@ -3,7 +3,8 @@
  * error bounds, teacher-forced, one row a step as decode runs and in prompt chunks) but are
  * not f32's bits (the rows really are rounded); a widened row equals the rounded value on
  * every ISA (test_isa checks the kernels) and the suite reruns its bit-identity tests with
- * TINYLOOP_KV_TYPE=f16 (tests/CMakeLists.txt). Bad options are refused with clear errors. */
+ * TINYLOOP_KV_TYPE=f16 (tests/CMakeLists.txt). Bad options are refused with clear errors. A
+ * row of logits holding a NaN (an f16 cache's overflow, or any other) fails every decoder. */
 #define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
 #include <math.h>
 #include <stdbool.h>
@@ -172,10 +173,6 @@ static void bad_options(const char *dir) {
     unsetenv("TINYLOOP_KV_TYPE");
 }
 
-/* A checkpoint whose V rows overflow f16 (its coda's V weights times 1e6: ~1e5 a value, which
-   f32 holds and f16 does not): generation through an f16 cache fails with an error naming the
-   cause. (The NaN rows compared with nothing, no token was above -inf, and the step read as a
-   grammar's dead end: a cut text with a normal stop.) */
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -194,8 +191,11 @@ static bool write_file(const char *path, const char *data, size_t len) {
     const bool ok = fwrite(data, 1, len, f) == len;
     return fclose(f) == 0 && ok;
 }
-static void overflow_names_its_cause(const char *golden_dir) {
-    char path[4200], work[] = "/tmp/tinyloop-kvf16-XXXXXX"; /* (golden_dir: at most 4096) */
+
+/* A copy of the golden checkpoint in golden_dir, in work (a mkdtemp template, filled in), with
+   the F32 tensor `tensor`'s values[n] changed by `edit`. False (and checks failed) when not. */
+static bool copy_edited(const char *golden_dir, const char *tensor, void (*edit)(float *values, long n), char *work) {
+    char path[4200], name[256]; /* (golden_dir: at most 4096) */
     CHECK(mkdtemp(work) != NULL, "mkdtemp");
     size_t len = 0, config_len = 0;
     snprintf(path, sizeof path, "%s/config.json", golden_dir);
@@ -203,30 +203,54 @@ static void overflow_names_its_cause(const char *golden_dir) {
     snprintf(path, sizeof path, "%s/model.safetensors", golden_dir);
     char *file = read_file(path, &len);
     CHECK(config && file && len > 8, "read %s", golden_dir);
-    if (!config || !file) return;
-    uint64_t header_len;
-    memcpy(&header_len, file, 8);
-    /* the tensor's data offsets, from its header entry (F32: these checkpoints' dtype) */
-    const char *entry = strstr(file + 8, "\"coda.0.attn.v.weight\"");
-    const char *offsets = entry ? strstr(entry, "\"data_offsets\":[") : NULL;
-    long begin = 0, end = 0;
-    static const char f32[] = "\"dtype\":\"F32\"";
-    const char *dtype = entry ? strstr(entry, "\"dtype\":") : NULL;
-    CHECK(dtype && strncmp(dtype, f32, sizeof f32 - 1) == 0, "coda.0.attn.v.weight is F32 (the scaling below reads floats)");
-    CHECK(offsets && sscanf(offsets, "\"data_offsets\":[%ld,%ld]", &begin, &end) == 2 && end > begin,
-          "coda.0.attn.v.weight's offsets");
-    for (long at = begin; at + 4 <= end; at += 4) {
-        float v;
-        memcpy(&v, file + 8 + header_len + at, 4);
-        v *= 1e6f;
-        memcpy(file + 8 + header_len + at, &v, 4);
+    bool ok = config && file;
+    if (ok) {
+        uint64_t header_len;
+        memcpy(&header_len, file, 8);
+        /* the tensor's data offsets, from its header entry (F32: these checkpoints' dtype) */
+        snprintf(name, sizeof name, "\"%s\"", tensor);
+        const char *entry = strstr(file + 8, name);
+        const char *offsets = entry ? strstr(entry, "\"data_offsets\":[") : NULL;
+        long begin = 0, end = 0;
+        static const char f32[] = "\"dtype\":\"F32\"";
+        const char *dtype = entry ? strstr(entry, "\"dtype\":") : NULL;
+        ok = dtype && strncmp(dtype, f32, sizeof f32 - 1) == 0 && offsets &&
+             sscanf(offsets, "\"data_offsets\":[%ld,%ld]", &begin, &end) == 2 && end > begin;
+        CHECK(ok, "%s: an F32 tensor with its offsets (the edit reads floats)", tensor);
+        if (ok) {
+            const long n = (end - begin) / 4;
+            float *values = malloc((size_t)n * sizeof *values);
+            memcpy(values, file + 8 + header_len + begin, (size_t)n * sizeof *values);
+            edit(values, n);
+            memcpy(file + 8 + header_len + begin, values, (size_t)n * sizeof *values);
+            free(values);
+            snprintf(path, sizeof path, "%s/config.json", work);
+            ok = write_file(path, config, config_len);
+            snprintf(path, sizeof path, "%s/model.safetensors", work);
+            ok = ok && write_file(path, file, len);
+            CHECK(ok, "write the edited copy in %s", work);
+        }
     }
-    snprintf(path, sizeof path, "%s/config.json", work);
-    CHECK(write_file(path, config, config_len), "write config");
-    snprintf(path, sizeof path, "%s/model.safetensors", work);
-    CHECK(write_file(path, file, len), "write weights");
     free(config);
     free(file);
+    return ok;
+}
+static void remove_dir(const char *work) {
+    char command[200];
+    snprintf(command, sizeof command, "rm -rf %s", work);
+    CHECK(system(command) == 0, "clean up");
+}
+
+/* A checkpoint whose V rows overflow f16 (its coda's V weights times 1e6: ~1e5 a value, which
+   f32 holds and f16 does not): generation through an f16 cache fails with an error naming the
+   cause. (The NaN rows compared with nothing, no token was above -inf, and the step read as a
+   grammar's dead end: a cut text with a normal stop.) */
+static void times_a_million(float *values, long n) {
+    for (long i = 0; i < n; i++) values[i] *= 1e6f;
+}
+static void overflow_names_its_cause(const char *golden_dir) {
+    char work[] = "/tmp/tinyloop-kvf16-XXXXXX";
+    if (!copy_edited(golden_dir, "coda.0.attn.v.weight", times_a_million, work)) return;
     const int32_t prompt[] = {2, 3, 4, 5};
     int32_t out[32];
     int n_out = 0;
@@ -247,8 +271,69 @@ static void overflow_names_its_cause(const char *golden_dir) {
     }
     tl_model_free(exact);
     tl_model_free(half);
-    snprintf(path, sizeof path, "rm -rf %s", work);
-    CHECK(system(path) == 0, "clean up");
+    remove_dir(work);
+}
+
+/* Token 0's head row made of +-3e38 in turn: its logit is inf - inf somewhere, a NaN in a row
+   of finite ones. Every decoder fails there, as on a wholly NaN row: greedy passed over the
+   NaN (a NaN never compares) and went on with the other tokens, a log-probability read it as
+   banned (-inf, null in the server's JSON). */
+static void row_zero_huge(float *values, long n) {
+    (void)n;
+    for (int j = 0; j < 32; j++) values[j] = j % 2 ? -3e38f : 3e38f; /* (d_model 32) */
+}
+static void partly_nan_row_fails(const char *golden_dir) {
+    char work[] = "/tmp/tinyloop-nanrow-XXXXXX";
+    if (!copy_edited(golden_dir, "lm_head.weight", row_zero_huge, work)) return;
+    tl_model *m = load(work, TL_KV_F32);
+    CHECK(m != NULL, "load the edited copy");
+    if (m) {
+        /* the first position whose row holds a NaN at token 0 and finite logits elsewhere */
+        enum { N = 12, V = 64 };
+        const int32_t ids[N] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+        static float logits[N * V];
+        CHECK(tl_score(m, ids, N, 8, logits) == TL_OK, "score: %s", tl_last_error());
+        int at = -1;
+        for (int i = 0; i < N && at < 0; i++) {
+            bool others_finite = true;
+            for (int t = 1; t < V; t++) others_finite = others_finite && isfinite(logits[i * V + t]);
+            if (isnan(logits[i * V]) && others_finite) at = i;
+        }
+        CHECK(at >= 0, "some row has a NaN logit at token 0 and finite ones elsewhere");
+        if (at >= 0) {
+            char want[128];
+            snprintf(want, sizeof want, "non-finite logits (NaN) at position %d: its activations overflow", at);
+            float logprobs[N];
+            CHECK_ERROR(tl_score_logprobs(m, ids, N, 8, 0, logprobs, NULL, NULL), TL_ERR_FORMAT, want);
+            tl_generate_config cfg;
+            tl_generate_config_init(&cfg);
+            cfg.max_tokens = 4;
+            cfg.ignore_eos = 1;
+            int32_t out[64];
+            int n_out = 0;
+            const char *want_step = "non-finite logits (NaN) at token 1: its activations overflow";
+            CHECK_ERROR(tl_generate(m, ids, at + 1, &cfg, out, 64, &n_out, NULL), TL_ERR_FORMAT, want_step);
+            cfg.temperature = 0.8f;
+            cfg.sample_seed = 3;
+            CHECK_ERROR(tl_generate(m, ids, at + 1, &cfg, out, 64, &n_out, NULL), TL_ERR_FORMAT, want_step);
+            cfg.temperature = 0.0f;
+            cfg.beam_size = 2;
+            CHECK_ERROR(tl_generate(m, ids, at + 1, &cfg, out, 64, &n_out, NULL), TL_ERR_FORMAT, want_step);
+            cfg.beam_size = 0;
+            cfg.speculative = TL_SPECULATIVE_CHAIN;
+            cfg.draft_loops = 1;
+            CHECK_ERROR(tl_generate(m, ids, at + 1, &cfg, out, 64, &n_out, NULL), TL_ERR_FORMAT, want_step);
+            cfg.speculative = TL_SPECULATIVE_OFF;
+            /* batched: the prompt's own status says it */
+            const tl_token_seq prompts[2] = {{ids, at + 1}, {ids, at + 1}};
+            int lens[2];
+            CHECK(tl_generate_batch(m, prompts, 2, &cfg, out, 64, lens, &n_out, NULL) == TL_ERR_FORMAT &&
+                      strstr(tl_last_error(), "non-finite logits (NaN)"),
+                  "batch: %s", tl_last_error());
+        }
+    }
+    tl_model_free(m);
+    remove_dir(work);
 }
 
 int main(int argc, char **argv) {
@@ -266,5 +351,6 @@ int main(int argc, char **argv) {
     close_to_f32(dir, NULL);
     snprintf(dir, sizeof dir, "%s/deep_residual", argv[2]);
     overflow_names_its_cause(dir);
+    partly_nan_row_fails(dir);
     return check_summary();
 }

@@ -2,6 +2,7 @@
 -- (random weights, vocab 320, byte-level BPE tokenizer, eos 319, max_seq_len 128) and the
 -- token-id-only golden checkpoints.
 local H = require "helpers"
+local ffi = require "ffi"
 local tinyloop = H.tinyloop
 
 describe("tinyloop.load", function()
@@ -715,6 +716,50 @@ describe("model:score", function()
         -- a row depends only on its prefix
         local s3 = m:score(H.slice(ids, 1, 2), 2)
         for t = 0, 319, 13 do assert.equal(sc:logit(2, t), s3:logit(2, t)) end
+    end)
+
+    it("says where the model's logits turn NaN (an overflow): argmax, score_logprobs and generation", function()
+        -- deep_residual with token 0's head row +-3e38 in turn: inf - inf, a NaN at token 0 in
+        -- some rows of finite logits (argmax took row[0]'s NaN for the best: token 0)
+        local dir = os.tmpname()
+        os.remove(dir)
+        H.sh("cp -r " .. H.GOLDEN .. "/deep_residual " .. dir)
+        local bytes = H.read(dir .. "/model.safetensors")
+        local header_len = tonumber(ffi.cast("const uint64_t *", bytes)[0])
+        local begin = tonumber(bytes:match('"lm_head.weight":{[^}]-"data_offsets":%[(%d+),'))
+        local row = ffi.new("float[32]") -- (d_model 32, F32)
+        for j = 0, 31 do row[j] = j % 2 == 1 and -3e38 or 3e38 end
+        local at = 8 + header_len + begin
+        local f = assert(io.open(dir .. "/model.safetensors", "wb"))
+        f:write(bytes:sub(1, at), ffi.string(row, 128), bytes:sub(at + 129))
+        f:close()
+        local edited = assert(tinyloop.load(dir, { threads = 1 }))
+        H.sh("rm -rf " .. dir)
+        local ids = { 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 }
+        local sc = assert(edited:score(ids, 8))
+        local nan_rows, finite_rows = 0, 0
+        for i = 1, sc.n do
+            local logit0 = sc:logit(i, 0)
+            local best, err = sc:argmax(i)
+            if logit0 ~= logit0 then
+                nan_rows = nan_rows + 1
+                assert.is_nil(best)
+                assert.equal(("scores:argmax(%d): the model gave non-finite logits (NaN) there: its activations overflow"):format(i), err)
+                if nan_rows == 1 then
+                    local out, gen_err = edited:generate(H.slice(ids, 1, i), { max_tokens = 3 })
+                    assert.is_nil(out)
+                    assert.truthy(gen_err:find("non-finite logits (NaN) at token 1", 1, true), gen_err)
+                    local logprobs, lp_err = edited:score_logprobs(ids, 8)
+                    assert.is_nil(logprobs)
+                    assert.truthy(lp_err:find(("non-finite logits (NaN) at position %d:"):format(i), 1, true), lp_err) -- (from 1)
+                end
+            else
+                finite_rows = finite_rows + 1
+                assert.is_number(best)
+            end
+        end
+        assert.truthy(nan_rows > 0 and finite_rows > 0, nan_rows .. " rows with a NaN, " .. finite_rows .. " without")
+        edited:close()
     end)
 
     it("depends on the loop depth", function()
