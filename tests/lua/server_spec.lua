@@ -4122,6 +4122,35 @@ describe("scripts/serve options", function()
         assert(ok, err)
     end
 
+    it("stops nginx's workers when its master is killed (they kept the port and answered on their own)", function()
+        with_serve("orphans", "--workers 2 --threads 1 --max-active 1 --prefix-pool-mb 0 --responses-store-mb 0", function(url, pre)
+            for _ = 1, 50 do -- (serve's own wait for /health ends with its banner)
+                if sh("cat " .. pre .. ".log"):find("TinyLoop serving", 1, true) then break end
+                os.execute("sleep 0.1")
+            end
+            local master = sh("cat " .. pre .. "/nginx.pid"):match("%d+")
+            local workers = {}
+            for _ = 1, 50 do -- (both workers up)
+                workers = {}
+                for pid in sh("pgrep -P " .. master .. " || true"):gmatch("%d+") do workers[#workers + 1] = pid end
+                if #workers == 2 then break end
+                os.execute("sleep 0.1")
+            end
+            assert.equal(2, #workers)
+            os.execute("kill -KILL " .. master)
+            for _ = 1, 100 do
+                if sh("kill -0 $(cat " .. pre .. ".pid) 2>/dev/null && echo up || echo gone"):find("gone") then break end
+                os.execute("sleep 0.1")
+            end
+            local log = sh("cat " .. pre .. ".log")
+            assert.truthy(log:find("serve: nginx exited (status 137) (its workers, left running, stopped)", 1, true), log)
+            for _, pid in ipairs(workers) do
+                assert.truthy(sh("kill -0 " .. pid .. " 2>/dev/null && echo up || echo gone"):find("gone"), "worker " .. pid)
+            end
+            assert.equal(0, (curl("--max-time 2 " .. url .. "/health"))) -- (no answer: nothing listens)
+        end)
+    end)
+
     it("serves from one of two servers started on one port at once; the other says it could not (both said they served)", function()
         local p = free_port()
         local pres = { dir .. "/twin-a", dir .. "/twin-b" }
