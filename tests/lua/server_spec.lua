@@ -202,6 +202,19 @@ describe("server", function()
         assert.equal(3, cjson.decode(body).usage.prompt_tokens)
     end)
 
+    it("refuses a web page's request (its Origin) where --cors-origin lists none: no page spends or reads it", function()
+        -- (a page of any site may POST text/plain without a preflight; a DNS-rebinding page's
+        -- calls are same-origin to its browser: Origin alone tells a page from a program)
+        local body = cjson.encode({ prompt = "It is a truth", max_tokens = 2 })
+        local status, answer = post(body, "-H 'Origin: http://127.0.0.1:" .. port .. "' -H 'Content-Type: text/plain'")
+        assert.same({ 403, "permission_error" }, { status, cjson.decode(answer).error.type })
+        assert.truthy(cjson.decode(answer).error.message:find("origin http://127.0.0.1:" .. port .. " may not call this server", 1, true), answer)
+        status, answer = curl("-H 'Origin: http://evil.example' " .. base .. "/health")
+        assert.equal(403, status, answer)
+        status, answer = post(body) -- (a program: no Origin)
+        assert.equal(200, status, answer)
+    end)
+
     it("streams SSE chunks whose text equals the non-streamed text for the same seed", function()
         local req = { prompt = "It is a truth universally", max_tokens = 60, seed = 3, temperature = 0.9, loops = 12 }
         local _, body = post_json(req)
@@ -4358,11 +4371,11 @@ describe("scripts/serve options", function()
             assert.truthy(cjson.decode(body).error.message:find("not stored by this server", 1, true), body)
             headers = sh("curl -s -D - -o /dev/null -H 'Origin: http://app.example' " .. url .. "/v1/models"):lower()
             assert.truthy(headers:find("^http/1.1 401") and headers:find("access-control-allow-origin: http://app.example", 1, true), headers)
-            -- an answer to no origin, or to another, depends on the Origin too: a cache in front
-            -- keys on it (only the allowed origins' answers said so)
-            for _, origin in ipairs({ "", "-H 'Origin: http://evil.example' " }) do
+            -- an answer to no origin (a program), or to another (refused), depends on the Origin
+            -- too: a cache in front keys on it (only the allowed origins' answers said so)
+            for origin, want in pairs({ [""] = "^http/1.1 200", ["-H 'Origin: http://evil.example' "] = "^http/1.1 403" }) do
                 headers = sh("curl -s -D - -o /dev/null -H 'Authorization: Bearer k3y!' " .. origin .. url .. "/v1/models"):lower()
-                assert.truthy(headers:find("^http/1.1 200") and headers:find("\nvary: origin", 1, false), headers)
+                assert.truthy(headers:find(want) and headers:find("\nvary: origin", 1, false), headers)
                 assert.falsy(headers:find("access-control-allow-origin", 1, true), headers)
             end
             -- nginx's own errors answer as themselves with a key set (the 494's place asked for
@@ -4374,14 +4387,24 @@ describe("scripts/serve options", function()
             headers = sh("curl -s -N -D - -o /dev/null -H 'Origin: http://app.example' -H 'Authorization: Bearer k3y!' " ..
                          "-d '{\"prompt\": \"hi\", \"max_tokens\": 2, \"stream\": true}' " .. url .. "/v1/completions"):lower()
             assert.truthy(headers:find("text/event-stream", 1, true) and headers:find("access-control-allow-origin: http://app.example", 1, true), headers)
-            -- another origin: nothing allowed (the browser then keeps the answer from the page)
+            -- another origin, or a page's "null" one: refused, the key given or not, its
+            -- preflight too, in each API's shape, and nothing allowed (a browser keeps even the
+            -- refusal from the page)
             headers = sh("curl -s -D - -o /dev/null -H 'Origin: http://evil.example' -H 'Authorization: Bearer k3y!' " ..
                          url .. "/v1/models"):lower()
-            assert.truthy(headers:find("^http/1.1 200"), headers)
+            assert.truthy(headers:find("^http/1.1 403"), headers)
             assert.is_nil(headers:find("access-control", 1, true), headers)
             headers = sh("curl -s -D - -o /dev/null -X OPTIONS -H 'Origin: http://evil.example' " ..
                          "-H 'Access-Control-Request-Method: POST' " .. url .. "/v1/models"):lower()
-            assert.truthy(headers:find("^http/1.1 401"), headers)
+            assert.truthy(headers:find("^http/1.1 403"), headers)
+            status, body = curl("-H 'Origin: null' -d '{\"prompt\": \"hi\"}' " .. url .. "/v1/completions")
+            assert.same({ 403, "permission_error" }, { status, cjson.decode(body).error.type })
+            assert.truthy(cjson.decode(body).error.message:find("a web page of origin null may not call this server: list the origin in --cors-origin", 1, true), body)
+            status, body = curl("-H 'Origin: http://localhost:3001' -H 'x-api-key: k3y!' -d '{}' " .. url .. "/v1/messages")
+            assert.same({ 403, "error", "permission_error" }, { status, cjson.decode(body).type, cjson.decode(body).error.type })
+            status, body = curl("-H 'Origin: http://evil.example' " .. url .. "/api/tags") -- (Ollama's shape)
+            assert.equal(403, status)
+            assert.truthy(cjson.decode(body).error:find("origin http://evil.example may not", 1, true), body)
         end)
         local out = sh("scripts/serve --api-key 'a b' --port 1 2>&1; echo \"exit $?\"")
         assert.truthy(out:find("--api-key must be printable ASCII without blanks", 1, true) and out:find("exit 2", 1, true), out)

@@ -84,7 +84,7 @@ local conf = {
                               -- full; false, or a dict not declared: none are stored
     cors_origins = nil,       -- web pages of these origins may call the API from a browser: "*",
                               -- or origins separated by commas ("https://app.example,http://
-                              -- localhost:3000"); nil: none (browsers then refuse cross-origin calls)
+                              -- localhost:3000"); nil: none. guard() refuses the others' (403)
 }
 
 -- No thread or Lua VM in the pool ("no available Lua vm" past lua_worker_thread_vm_pool_size,
@@ -659,9 +659,25 @@ function _M.cors_headers()
     if origin then ngx.header["Access-Control-Allow-Origin"] = origin end
 end
 
--- server_rewrite_by_lua: a browser's preflight, then the API key (authorize).
+-- A web page's request from an origin conf.cors_origins does not list: refused, 403. A browser
+-- sends the page's Origin with every POST and every cross-origin call, and a page of any site
+-- the user opens may send a POST here without asking (text/plain needs no preflight): it would
+-- spend this server's compute unseen; and a DNS-rebinding page, whose requests are same-origin
+-- to its browser, could read the answers too. Programs (curl, the SDKs) send no Origin. Pages
+-- of this server's own origin are listed like any other (it serves none itself).
+local function refuse_unlisted_origin()
+    local origin = ngx.var.http_origin
+    if not origin or cors_origin() or ngx.var.uri:find("^/%.tinyloop%-error") then return end
+    if #origin > 200 then origin = origin:sub(1, 200) .. "..." end
+    return send_uri_error(403, ("a web page of origin %s may not call this server: list the origin in --cors-origin (cors_origins)")
+        :format(origin), nil, "permission_error")
+end
+
+-- server_rewrite_by_lua: a browser's preflight, a page of an unlisted origin, then the API key
+-- (authorize).
 function _M.guard()
     preflight()
+    refuse_unlisted_origin()
     return _M.authorize()
 end
 
