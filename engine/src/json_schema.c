@@ -80,6 +80,20 @@ static int fail(conv *c, const char *path, const char *fmt, ...) {
     return -1;
 }
 
+/* Out of memory: c->out's sticky flag, which the conversion's end reads before anything else
+   (a text lost to it may also have read as the schema's fault, or as a narrower grammar). */
+static int out_of_memory(conv *c, const char *path) {
+    c->out.oom = true;
+    return fail(c, path, "out of memory");
+}
+
+/* The end of a scratch text: freed, its out of memory made the conversion's. */
+static void drop(conv *c, strbuf *b) {
+    if (b->oom) c->out.oom = true;
+    free(b->p);
+    *b = (strbuf){0};
+}
+
 static const char *WS(const conv *c) { return c->free_ws ? " ws" : ""; }
 
 static int schema(conv *c, const cJSON *s, const char *path, int depth);
@@ -188,7 +202,7 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
         strbuf_puts(&body, "\"\\\"\" ");
         c->used_string = true; /* (char: any characters around a pattern without its anchors) */
         if (gram_regex_expr(pattern->valuestring, false, "char*", &body, err, sizeof err) < 0) {
-            free(body.p);
+            drop(c, &body);
             return fail(c, path, "pattern: %s", err);
         }
         strbuf_puts(&body, " \"\\\"\"");
@@ -227,10 +241,10 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
         else if (hi < 0) strbuf_printf(&body, "\"\\\"\" char{%d,} \"\\\"\"", lo);
         else strbuf_printf(&body, "\"\\\"\" char{%d,%d} \"\\\"\"", lo, hi);
     }
-    if (body.oom) { free(body.p); return fail(c, path, "out of memory"); }
+    if (body.oom) { drop(c, &body); return out_of_memory(c, path); }
     int r = new_rule(c);
     strbuf_printf(&c->out, "r%d ::= %s%s\n", r, body.p, WS(c));
-    free(body.p);
+    drop(c, &body);
     return r;
 }
 
@@ -278,7 +292,7 @@ static int check_keywords(conv *c, const cJSON *s, const char *path, const char 
         int r = types.p ? fail(c, path, "keyword '%s' is not supported here: it is read only in a schema of \"type\" %s "
                                         "(without const, enum, anyOf, oneOf or allOf)", k->string, types.p)
                         : fail(c, path, "unsupported keyword '%s'", k->string);
-        free(types.p);
+        drop(c, &types);
         return r;
     }
     return 0;
@@ -355,8 +369,8 @@ static int json_literal_rule(conv *c, const cJSON *v, const char *path) {
     if (literal_checked(c, v, path) < 0) return -1;
     strbuf text = {0};
     if (!literal_text(&text, v) || text.oom) {
-        free(text.p);
-        return fail(c, path, "out of memory");
+        drop(c, &text);
+        return out_of_memory(c, path);
     }
     int r = new_rule(c);
     strbuf_printf(&c->out, "r%d ::= ", r);
@@ -440,7 +454,7 @@ static int ref_rule(conv *c, const char *ref, const char *path, int depth) {
     if (known >= 0) return known;
     /* the rule name exists before its body, so recursive schemas refer to it */
     const int r = new_rule(c);
-    if (!gram_hash_put(&c->ref_rules, key, r)) return fail(c, path, "out of memory");
+    if (!gram_hash_put(&c->ref_rules, key, r)) return out_of_memory(c, path);
     char sub[256];
     snprintf(sub, sizeof sub, "%.200s", ref);
     int body = schema(c, target, sub, depth + 1);
@@ -485,7 +499,7 @@ static int key_rest_rule(conv *c, const name_cps *names, int lo, int hi, int dep
         for (size_t e = 0; e < sizeof escape_ok; e++) escape_ok[e] &= next != (unsigned char)ESCAPED[e];
         if (next < 0x20 || next == '"' || next == '\\') continue; /* written escaped in a name: never matched */
         const int child = key_rest_rule(c, names, i, j, depth + 1);
-        if (child < 0) { free(body.p); free(excluded.p); return -1; }
+        if (child < 0) { drop(c, &body); drop(c, &excluded); return -1; }
         strbuf_printf(&body, "%s[", any ? " | " : "");
         gram_gbnf_class_cp(&body, next);
         strbuf_printf(&body, "] r%d", child);
@@ -497,12 +511,12 @@ static int key_rest_rule(conv *c, const name_cps *names, int lo, int hi, int dep
     for (size_t e = 0; e < sizeof escape_ok; e++)
         if (escape_ok[e]) gram_gbnf_class_cp(&escapes, (unsigned char)ESCAPES[e]);
     if (escapes.p) strbuf_printf(&body, " | \"\\\\\" [%s]", escapes.p);
-    free(escapes.p);
+    drop(c, &escapes);
     strbuf_puts(&body, ") char* \"\\\"\"");
     const int r = new_rule(c);
     strbuf_printf(&c->out, "r%d ::= %s\n", r, body.p ? body.p : "");
-    free(body.p);
-    free(excluded.p);
+    drop(c, &body);
+    drop(c, &excluded);
     return r;
 }
 
@@ -512,12 +526,12 @@ static int extra_key_rule(conv *c, const cJSON *props, const char *path) {
     int n = 0;
     for (const cJSON *p = props ? props->child : NULL; p; p = p->next) n++;
     name_cps *names = calloc((size_t)n + 1, sizeof *names);
-    if (!names) return fail(c, path, "out of memory");
+    if (!names) return out_of_memory(c, path);
     int r = 0, i = 0;
     for (const cJSON *p = props ? props->child : NULL; p && r == 0; p = p->next, i++) {
         const size_t bytes = strlen(p->string);
         names[i].cp = malloc((bytes + 1) * sizeof *names[i].cp);
-        if (!names[i].cp) { r = fail(c, path, "out of memory"); break; }
+        if (!names[i].cp) { r = out_of_memory(c, path); break; }
         for (const unsigned char *s = (const unsigned char *)p->string; *s;) {
             const int len = utf8_char((const char *)s);
             if (len <= 0) { r = fail(c, path, "property name '%.100s' is not valid UTF-8", p->string); break; }
@@ -566,7 +580,7 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
     /* each required name found by a binary search over the sorted names (comparing every
        name with every required one cost 50,000 properties 24 s) */
     named *sorted = sorted_names(props, n);
-    if (!value || !req || !prop || !sorted) { free(value); free(req); free(prop); free(sorted); return fail(c, path, "out of memory"); }
+    if (!value || !req || !prop || !sorted) { free(value); free(req); free(prop); free(sorted); return out_of_memory(c, path); }
     int result = -1; /* (every way out frees the arrays: done) */
     int i = 0;
     for (const cJSON *p = props ? props->child : NULL; p; p = p->next, i++) prop[i] = p;
@@ -616,9 +630,9 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
         free(missing);
         if (!ok) {
             cJSON_Delete(declared);
-            fail(c, path, "out of memory");
+            out_of_memory(c, path);
         } else if (!keep_made(c, declared)) {
-            fail(c, path, "out of memory");
+            out_of_memory(c, path);
         } else {
             result = object_schema(c, declared, required, additional, path, depth);
         }
@@ -678,11 +692,11 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
             strbuf kv = {0};
             if (*sep) strbuf_printf(&kv, "%s%s ", sep, c->free_ws ? "ws" : "");
             gram_gbnf_literal(&kv, key.p ? key.p : "");
-            free(key.p);
+            drop(c, &key);
             strbuf_printf(&kv, "%s \":\"%s r%d r%d", WS(c), WS(c), value[i], next_after); /* (blanks either side of ':') */
             if (req[i]) strbuf_puts(&c->out, kv.p ? kv.p : "");
             else strbuf_printf(&c->out, "(%s) | r%d", kv.p ? kv.p : "", base + 1 + 2 * (i + 1) + first);
-            free(kv.p);
+            drop(c, &kv);
             strbuf_puts(&c->out, "\n");
         }
     }
@@ -708,7 +722,7 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     int n_prefix = prefix ? cJSON_GetArraySize(prefix) : 0;
     if (prefix && !cJSON_IsArray(prefix)) return fail(c, path, "'prefixItems' must be an array");
     int *pre = calloc((size_t)n_prefix + 1, sizeof *pre);
-    if (!pre) return fail(c, path, "out of memory");
+    if (!pre) return out_of_memory(c, path);
     for (int i = 0; i < n_prefix; i++) {
         char sub[512];
         snprintf(sub, sizeof sub, "%.400s/prefixItems/%d", path, i);
@@ -754,7 +768,7 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
         tail = new_rule(c);
         strbuf_printf(&c->out, "r%d ::= %s\n", tail, rest.p);
     }
-    free(rest.p);
+    drop(c, &rest);
     for (int i = used - 1; i >= lo; i--) {
         const int link = new_rule(c);
         if (tail >= 0) strbuf_printf(&c->out, "r%d ::= (%sr%d r%d)?\n", link, i ? comma : "", pre[i], tail);
@@ -768,7 +782,7 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     if (tail >= 0) strbuf_printf(&b, "r%d ", tail);
     strbuf_printf(&b, "\"]\"%s", WS(c));
     strbuf_printf(&c->out, "r%d ::= %s\n", r, b.p ? b.p : "\"[]\"");
-    free(b.p);
+    drop(c, &b);
     free(pre);
     return r;
 }
@@ -807,7 +821,7 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
         }
         if (!props && !additional) { /* required names alone: any object that has them (it took no other key) */
             cJSON *any = cJSON_CreateTrue();
-            if (!any || !keep_made(c, any)) return fail(c, path, "out of memory");
+            if (!any || !keep_made(c, any)) return out_of_memory(c, path);
             additional = any;
         }
         return object_schema(c, props, req, additional, path, depth);
@@ -877,7 +891,7 @@ static int once_each(conv *c, const cJSON *props, const char *path) {
     int n = 0;
     for (const cJSON *p = props->child; p; p = p->next) n++;
     named *sorted = sorted_names(props, n);
-    if (!sorted) return fail(c, path, "out of memory");
+    if (!sorted) return out_of_memory(c, path);
     int r = 0;
     for (int i = 1; i < n && r == 0; i++)
         if (strcmp(sorted[i - 1].name, sorted[i].name) == 0)
@@ -892,7 +906,7 @@ static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
     const cJSON *additional = NULL;
     int r = -1, branches_with_properties = 0;
     bool additional_branch_has_properties = false;
-    if (!props || !req) { r = fail(c, path, "out of memory"); goto done; }
+    if (!props || !req) { r = out_of_memory(c, path); goto done; }
     for (const cJSON *s = list->child; s; s = s->next) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(s, "properties");
@@ -907,7 +921,7 @@ static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
            a minimum, additionalProperties false, were silently dropped). */
         for (const cJSON *q = p ? p->child : NULL; q; q = q->next)
             if (!cJSON_AddItemReferenceToObject(props, q->string, (cJSON *)q)) {
-                r = fail(c, path, "out of memory");
+                r = out_of_memory(c, path);
                 goto done;
             }
         const cJSON *rq = cJSON_GetObjectItemCaseSensitive(s, "required");
@@ -937,8 +951,8 @@ static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
     }
     r = object_schema(c, props, req, additional, path, depth);
 done:
-    if (props && !keep_made(c, props) && r >= 0) r = fail(c, path, "out of memory");
-    if (req && !keep_made(c, req) && r >= 0) r = fail(c, path, "out of memory");
+    if (props && !keep_made(c, props) && r >= 0) r = out_of_memory(c, path);
+    if (req && !keep_made(c, req) && r >= 0) r = out_of_memory(c, path);
     return r;
 }
 
@@ -1165,13 +1179,14 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
         for (const cJSON *v = en->child; v; v = v->next) {
             if (!value_has_type(v, type)) continue;
             int r = json_literal_rule(c, v, path);
-            if (r < 0) { free(alts.p); return -1; }
+            if (r < 0) { drop(c, &alts); return -1; }
             strbuf_printf(&alts, "%sr%d", alts.p ? " | " : "", r);
         }
+        if (alts.oom) { drop(c, &alts); return out_of_memory(c, path); }
         if (!alts.p) return fail(c, path, "%s", "no 'enum' value is of the schema's 'type': the schema matches nothing");
         int r = new_rule(c);
         strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
-        free(alts.p);
+        drop(c, &alts);
         return r;
     }
     const char *combinator = cJSON_GetObjectItemCaseSensitive(s, "anyOf") ? "anyOf"
@@ -1215,18 +1230,18 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
             char sub[512];
             snprintf(sub, sizeof sub, "%.400s/%s/%d", path, combinator, i);
             int r = schema(c, v, sub, depth + 1);
-            if (r < 0) { free(alts.p); return -1; }
+            if (r < 0) { drop(c, &alts); return -1; }
             strbuf_printf(&alts, "%sr%d", i ? " | " : "", r);
         }
         if (clash_i >= 0) {
-            free(alts.p);
+            drop(c, &alts);
             return fail(c, path, "oneOf: a value may match both branch %d and branch %d, which oneOf refuses and "
                                  "a grammar cannot (give them different types or const values, a property both "
                                  "require with a different const in each, or use anyOf)", clash_i, clash_j);
         }
         int r = new_rule(c);
         strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
-        free(alts.p);
+        drop(c, &alts);
         return r;
     }
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
@@ -1259,12 +1274,12 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
         strbuf alts = {0};
         for (const cJSON *t = type->child; t; t = t->next) {
             int r = typed(c, s, t->valuestring, path, depth, true);
-            if (r < 0) { free(alts.p); return -1; }
+            if (r < 0) { drop(c, &alts); return -1; }
             strbuf_printf(&alts, "%sr%d", t == type->child ? "" : " | ", r);
         }
         int r = new_rule(c);
-        strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p);
-        free(alts.p);
+        strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
+        drop(c, &alts);
         return r;
     }
     return fail(c, path, "'type' must be a string or a non-empty array of strings");
@@ -1298,8 +1313,12 @@ tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, in
     conv c = {.root = root, .free_ws = free_ws != 0, .loose = loose != 0, .err = err, .errlen = errlen};
     int top = schema(&c, root, "", 0);
     tl_status st = TL_OK;
-    if (top < 0) st = TL_ERR_INVALID_ARGUMENT;
-    else {
+    if (c.out.oom) { /* (first: a lost text may have failed as the schema's fault) */
+        snprintf(err, errlen, "out of memory");
+        st = TL_ERR_NO_MEMORY;
+    } else if (top < 0) {
+        st = TL_ERR_INVALID_ARGUMENT;
+    } else {
         strbuf head = {0};
         strbuf_printf(&head, "root ::= %sr%d\n", c.free_ws ? "ws " : "", top);
         strbuf_puts(&head, c.free_ws ? "ws ::= ([ \\t\\n] [ \\t]{0,8})?\n" : "ws ::= \"\"\n");

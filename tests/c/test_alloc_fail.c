@@ -9,9 +9,11 @@
  * sampling, beam, chain and tree speculative, early exit) with tl_session_text; tokenizer
  * encode / decode / detokenizer; scoring; fork, save and resume; a saved state written to bytes
  * or a file, read back and resumed; the serving engine; grammars (regex, tags, after, after_block)
- * and a session under one. */
+ * and a session under one; a JSON Schema's GBNF (an absorbed failure gives the same text) and
+ * its compilation. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "../alloc/fail_alloc_control.h"
@@ -264,6 +266,39 @@ static tl_status grammars(void) {
     return st;
 }
 
+/* A JSON Schema with every scratch text of the conversion (optional properties, additional
+   ones, enum, anyOf, a type list, arrays, a pattern, a format): a run that absorbed a failure
+   must give the reference's GBNF to the byte (a scratch text lost to it was written out as a
+   narrower grammar, or failed as the schema's fault), then compile. */
+static const char k_schema[] =
+    "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\", \"minLength\": 1}, "
+    "\"n\": {\"type\": \"integer\"}, \"kind\": {\"enum\": [\"a\", \"b\", 3]}, "
+    "\"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}, \"minItems\": 1, \"maxItems\": 3}, "
+    "\"pair\": {\"type\": \"array\", \"prefixItems\": [{\"type\": \"number\"}, {\"type\": \"boolean\"}]}, "
+    "\"either\": {\"anyOf\": [{\"type\": \"string\", \"pattern\": \"^[a-z]+$\"}, {\"type\": \"null\"}]}, "
+    "\"opt\": {\"type\": [\"string\", \"null\"]}, \"when\": {\"type\": \"string\", \"format\": \"date\"}}, "
+    "\"required\": [\"name\", \"kind\"], \"additionalProperties\": {\"type\": \"integer\"}}";
+static char *schema_reference; /* the GBNF of the run without injection */
+static tl_status json_schema(void) {
+    char *gbnf = NULL;
+    size_t len = 0;
+    tl_status st = tl_json_schema_to_gbnf(k_schema, sizeof k_schema - 1, NULL, &gbnf, &len);
+    if (st == TL_OK) {
+        if (!schema_reference) {
+            schema_reference = malloc(len + 1);
+            if (schema_reference) memcpy(schema_reference, gbnf, len + 1);
+        } else {
+            CHECK(strcmp(gbnf, schema_reference) == 0, "an absorbed failure gave another grammar:\n%s\nwant:\n%s", gbnf,
+                  schema_reference);
+        }
+    }
+    tl_free(gbnf);
+    tl_compiled_grammar *g = NULL;
+    if (st == TL_OK) st = tl_grammar_compile_json_schema(k_schema, sizeof k_schema - 1, NULL, &g);
+    tl_compiled_grammar_free(g);
+    return st;
+}
+
 static void inject(const char *name, tl_status (*scenario)(void)) {
     tl_test_alloc_arm(0);
     tl_status st = scenario();
@@ -313,6 +348,8 @@ int main(int argc, char **argv) {
     inject("state file", state_file);
     inject("engine", engine_run);
     inject("grammars", grammars);
+    inject("json schema", json_schema);
+    free(schema_reference);
     tl_model_free(model);
     return check_summary();
 }
