@@ -861,8 +861,11 @@ function _M.load(dir, opts)
         if type(opts) ~= "table" then raise("tinyloop.load: options must be a table") end
         for k, v in pairs(opts) do
             if k == "threads" then
-                if check_int("load option 'threads'", v) < 0 or v > C.TL_MAX_THREADS then
-                    raise(("load option 'threads' = %d must be in [0, %d] (0 = all cores)"):format(v, C.TL_MAX_THREADS))
+                if type(v) ~= "number" then raise("load option 'threads' must be a number") end
+                -- (its own range in the message: a C int's, check_int's, read as if -5 were one)
+                if v ~= floor(v) or v < 0 or v > C.TL_MAX_THREADS then
+                    raise(("load option 'threads' = %s must be an integer in [0, %d] (0 = all cores)")
+                        :format(tostring(v), C.TL_MAX_THREADS))
                 end
                 o.n_threads = v
             elseif k == "mmap_weights" then

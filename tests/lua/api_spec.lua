@@ -83,9 +83,10 @@ describe("tinyloop.load", function()
             { { H.TEXTMODEL, "threads=1" }, "options must be a table" },
             { { H.TEXTMODEL, { thread = 1 } }, "unknown load option 'thread'" },
             { { H.TEXTMODEL, { threads = "two" } }, "'threads' must be a number" },
-            { { H.TEXTMODEL, { threads = 1.5 } }, "'threads' = 1.5 must be an integer" },
-            { { H.TEXTMODEL, { threads = -1 } }, "'threads' = -1 must be in [0, 1024]" },
-            { { H.TEXTMODEL, { threads = 1025 } }, "'threads' = 1025 must be in [0, 1024]" }, -- (it was nil, err)
+            { { H.TEXTMODEL, { threads = 1.5 } }, "'threads' = 1.5 must be an integer in [0, 1024]" }, -- (not an int's range)
+            { { H.TEXTMODEL, { threads = 2 ^ 31 } }, "'threads' = 2147483648 must be an integer in [0, 1024]" },
+            { { H.TEXTMODEL, { threads = -1 } }, "'threads' = -1 must be an integer in [0, 1024]" },
+            { { H.TEXTMODEL, { threads = 1025 } }, "'threads' = 1025 must be an integer in [0, 1024]" }, -- (it was nil, err)
             { { H.TEXTMODEL, { mmap_weights = 1 } }, "'mmap_weights' must be a boolean" },
             { { H.TEXTMODEL, { backend = "gpu" } }, "'backend' must be" },
             { { H.TEXTMODEL, { kv_type = "f8" } }, "'kv_type' must be \"f32\" or \"f16\"" },
