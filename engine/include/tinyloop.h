@@ -562,8 +562,10 @@ tl_status tl_session_step(tl_session *session, int32_t *token, tl_stop_reason *s
    failed session's message in tl_session_error (tl_last_error() is then empty: one thread's
    message cannot tell several sessions' failures apart; except where the one forward pass
    the plain sessions share failed, out of memory for a page or the workspace: every one of
-   them then failed with it, and tl_last_error() holds it). A hook may free any session of
-   the call: it is freed when the call ends. */
+   them then failed with it, and tl_last_error() holds it). The call's own bookkeeping (a
+   few arrays of n) failing to allocate returns TL_ERR_NO_MEMORY with no session stepped:
+   each may be stepped again. A hook may free any session of the call: it is freed when the
+   call ends. */
 tl_status tl_session_step_batch(tl_session *const *sessions, int n, int32_t *tokens, tl_stop_reason *stops,
                                 tl_status *statuses);
 
