@@ -211,7 +211,8 @@ enum { TL_MAX_TOP_LOGPROBS = 20 }; /* the most alternatives a token's log-probab
    tokens[0..i] (n - 1 values: tl_score's rows log-softmaxed), and for each of those rows
    the `top` (0..TL_MAX_TOP_LOGPROBS) most likely tokens in top_ids/top_logprobs
    [(n - 1) * top], ranked as tl_session_logprobs ranks them. Holds one chunk of logits at a
-   time, not n rows. Thread-safe on a shared model. */
+   time, not n rows. A row holding a NaN (the model's activations overflowed) is
+   TL_ERR_FORMAT, naming its position. Thread-safe on a shared model. */
 tl_status tl_score_logprobs(const tl_model *model, const int32_t *tokens, int n, int loops, int top,
                             float *logprobs, int32_t *top_ids, float *top_logprobs);
 
@@ -242,8 +243,9 @@ void tl_embed_options_init(tl_embed_options *opts);
 /* The embedding of tokens[0..n): the rows the head reads (final_norm of the coda's output,
    SPEC §1) at depth opts->loops, pooled into out [d_model] (out [n][d_model] with
    TL_POOLING_NONE). opts NULL: the defaults. Each row is the row tl_score's logits come
-   from, computed from a zero initial state; nothing is sampled or kept. As with tl_score, a
-   device failure (CUDA) leaves NaN in out: check before use. Thread-safe on a shared model. */
+   from, computed from a zero initial state; nothing is sampled or kept. A NaN or an infinity
+   in the result (the model's activations overflowed, or a device failed) is TL_ERR_FORMAT,
+   never a vector. Thread-safe on a shared model. */
 tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl_embed_options *opts,
                    float *out);
 
@@ -253,8 +255,8 @@ tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl
    sessions do), so each weight read serves all their rows: faster than a tl_embed call
    each for queries and sentences. Each result is bit-identical to tl_embed's for that input
    alone (batch invariance). Every input is checked before any is computed (a bad one is
-   named by its index, from 0); n_inputs 0 does nothing. As with tl_embed, a device failure
-   (CUDA) leaves NaN in out: check before use. Thread-safe on a shared model. */
+   named by its index, from 0); n_inputs 0 does nothing. As with tl_embed, a NaN or an
+   infinity in a result is TL_ERR_FORMAT, naming the input. Thread-safe on a shared model. */
 tl_status tl_embed_batch(const tl_model *model, const tl_token_seq *inputs, int n_inputs, const tl_embed_options *opts,
                          float *out);
 

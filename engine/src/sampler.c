@@ -261,12 +261,16 @@ int tl_top_k_radix(const float *logits, int vocab, int k, int32_t *ids, float *v
 
 /* ---------------------------------------------------------------- log-softmax */
 
+const char *tl_overflow_hint(bool f16_kv) {
+    return f16_kv ? " (an f16 KV cache holds at most 65504: load it with kv_type f32)" : "";
+}
+
 tl_status tl_check_logits_finite(const float *row, int vocab, bool f16_kv, const char *what, int index) {
     int at = 0;
     while (at < vocab && !isnan(row[at])) at++;
     if (at == vocab) return TL_OK;
     return tl_fail(TL_ERR_FORMAT, "the model gave non-finite logits (NaN) at %s %d: its activations overflow%s", what,
-                   index, f16_kv ? " (an f16 KV cache holds at most 65504: load it with kv_type f32)" : "");
+                   index, tl_overflow_hint(f16_kv));
 }
 
 bool tl_log_softmax(const float *logits, int vocab, double *out) {

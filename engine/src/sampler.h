@@ -73,6 +73,8 @@ int tl_top_k_radix(const float *logits, int vocab, int k, int32_t *ids, float *v
    is left, or reads a wholly NaN row as every token banned. The error says where (`what` and
    `index`: "token 3", "position 17") and, with an f16 KV cache, its limit (the likely cause). */
 tl_status tl_check_logits_finite(const float *row, int vocab, bool f16_kv, const char *what, int index);
+/* The likely cause an overflow's message names: an f16 KV cache's limit, or nothing. */
+const char *tl_overflow_hint(bool f16_kv);
 
 /* out[i] = log softmax(logits)[i] in double (-inf for banned tokens; with +inf logits,
    -log(count) for each of them). Returns false when every token is banned. */

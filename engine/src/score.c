@@ -2,6 +2,7 @@
  * of a sequence (SPEC §6), tl_score_logprobs, their log-probabilities chunk by chunk, and
  * tl_embed, the rows the head reads, pooled into an embedding. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -202,12 +203,27 @@ static tl_status embed_one(const char *what, const tl_model *model, const int32_
     return st;
 }
 
+/* TL_OK unless out[count], an embedding (or its rows), holds a NaN or an infinity: the
+   model's activations overflowed, or a device failed. A caller read it as a vector (JSON has
+   neither). `input`: its index in a batch, or -1. */
+static tl_status check_embedding(const char *what, const tl_model *model, const float *out, size_t count, int input) {
+    size_t at = 0;
+    while (at < count && isfinite(out[at])) at++;
+    if (at == count) return TL_OK;
+    char which[48] = "";
+    if (input >= 0) snprintf(which, sizeof which, " of input %d", input);
+    return tl_fail(TL_ERR_FORMAT, "%s: the embedding%s holds non-finite values (NaN or inf): the model's activations "
+                   "overflow%s", what, which, tl_overflow_hint(model->kv_type == TL_KV_F16));
+}
+
 tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl_embed_options *opts, float *out) {
     tl_clear_error();
     if (!model || !tokens || !out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_embed: model, tokens and out must not be NULL");
     tl_embed_options o;
     tl_status st = embed_options_of("tl_embed", model, opts, &o);
-    return st == TL_OK ? embed_one("tl_embed", model, tokens, n, &o, out) : st;
+    if (st == TL_OK) st = embed_one("tl_embed", model, tokens, n, &o, out);
+    const size_t count = (size_t)(o.pooling == TL_POOLING_NONE ? n : 1) * (size_t)model->cfg.d_model;
+    return st == TL_OK ? check_embedding("tl_embed", model, out, count, -1) : st;
 }
 
 /* ---------------------------------------------------------------- many embeddings */
@@ -316,10 +332,13 @@ tl_status tl_embed_batch(const tl_model *model, const tl_token_seq *inputs, int 
         b->o = &o;
         size_t out_at = 0;
         for (int i = 0; st == TL_OK && i < n_inputs;) {
+            const size_t begin = out_at; /* (inputs [i, next): their results, checked below) */
+            const int first = i;
             if (inputs[i].n > EMBED_BATCH_ROWS) { /* alone, chunk by chunk */
                 st = embed_one(what, model, inputs[i].tokens, inputs[i].n, &o, out + out_at);
                 out_at += (size_t)(o.pooling == TL_POOLING_NONE ? inputs[i].n : 1) * (size_t)c->d_model;
                 i++;
+                if (st == TL_OK) st = check_embedding(what, model, out + begin, out_at - begin, first);
                 continue;
             }
             int group = 0, rows = 0, paged = 0;
@@ -329,7 +348,12 @@ tl_status tl_embed_batch(const tl_model *model, const tl_token_seq *inputs, int 
                 paged += page_rows(inputs[i + group++].n);
             }
             st = embed_group(b, i, group, out, &out_at);
-            i += group;
+            for (size_t at = begin; st == TL_OK && i < first + group; i++) { /* each input's result */
+                const size_t len = (size_t)(o.pooling == TL_POOLING_NONE ? inputs[i].n : 1) * (size_t)c->d_model;
+                st = check_embedding(what, model, out + at, len, i);
+                at += len;
+            }
+            i = first + group;
         }
     }
     if (b) {

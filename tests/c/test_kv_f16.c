@@ -4,7 +4,8 @@
  * not f32's bits (the rows really are rounded); a widened row equals the rounded value on
  * every ISA (test_isa checks the kernels) and the suite reruns its bit-identity tests with
  * TINYLOOP_KV_TYPE=f16 (tests/CMakeLists.txt). Bad options are refused with clear errors. A
- * row of logits holding a NaN (an f16 cache's overflow, or any other) fails every decoder. */
+ * row of logits holding a NaN (an f16 cache's overflow, or any other) fails every decoder, and
+ * an embedding holding one is refused. */
 #define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
 #include <math.h>
 #include <stdbool.h>
@@ -336,6 +337,39 @@ static void partly_nan_row_fails(const char *golden_dir) {
     remove_dir(work);
 }
 
+/* The coda's MLP weights, up and down, times 1e30: its sums overflow to inf (and NaN), and
+   the embedding is refused, in tl_embed and per input in tl_embed_batch (it was returned as a
+   vector of NaN: JSON has none). */
+static void times_1e30(float *values, long n) {
+    for (long i = 0; i < n; i++) values[i] *= 1e30f;
+}
+static void embedding_overflow_fails(const char *golden_dir) {
+    char half_done[] = "/tmp/tinyloop-nanembed-XXXXXX", work[] = "/tmp/tinyloop-nanembed-XXXXXX";
+    const bool edited = copy_edited(golden_dir, "coda.0.mlp.up.weight", times_1e30, half_done) &&
+                        copy_edited(half_done, "coda.0.mlp.down.weight", times_1e30, work);
+    remove_dir(half_done);
+    if (!edited) return;
+    tl_model *m = load(work, TL_KV_F32);
+    CHECK(m != NULL, "load the edited copy");
+    if (m) {
+        const int32_t ids[3] = {5, 6, 7};
+        float out[3 * 32]; /* (d_model 32) */
+        tl_embed_options o;
+        tl_embed_options_init(&o);
+        CHECK_ERROR(tl_embed(m, ids, 3, &o, out), TL_ERR_FORMAT,
+                    "tl_embed: the embedding holds non-finite values (NaN or inf): the model's activations overflow");
+        o.pooling = TL_POOLING_NONE;
+        o.normalize = 0;
+        CHECK_ERROR(tl_embed(m, ids, 3, &o, out), TL_ERR_FORMAT, "non-finite values (NaN or inf)");
+        o.pooling = TL_POOLING_LAST;
+        const tl_token_seq inputs[2] = {{ids, 2}, {ids, 3}};
+        CHECK_ERROR(tl_embed_batch(m, inputs, 2, &o, out), TL_ERR_FORMAT,
+                    "tl_embed_batch: the embedding of input 0 holds non-finite values (NaN or inf)");
+    }
+    tl_model_free(m);
+    remove_dir(work);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         printf("usage: test_kv_f16 SHIPPED_MODEL_DIR GOLDEN_DIR\n");
@@ -352,5 +386,6 @@ int main(int argc, char **argv) {
     snprintf(dir, sizeof dir, "%s/deep_residual", argv[2]);
     overflow_names_its_cause(dir);
     partly_nan_row_fails(dir);
+    embedding_overflow_fails(dir);
     return check_summary();
 }
