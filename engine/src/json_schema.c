@@ -218,11 +218,14 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
                            "\"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8])) | "
                            "([0-9] [0-9] (\"0\" [48] | [2468] [048] | [13579] [26]) | ([02468] [048] | [13579] [26]) \"00\") "
                            "\"-02-29\")";
-        /* RFC 3339's full-time: a second of 60 is a leap second (its ABNF: 00-60, which
-           second may be one is a table of leap seconds, not a grammar's), and 'T' and 'Z'
-           may be written in lower case */
-        const char *time = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" ([0-5] [0-9] | \"60\") (\".\" [0-9]+)? "
-                           "([Zz] | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
+        /* RFC 3339's full-time, 'T' and 'Z' in either case. A second of 60, a leap second,
+           ends the day in UTC: 23:59:60 shifted by the offset (section 5.7; JSON Schema's
+           test suite refuses 22:59:60Z and 23:59:60+01:00, which 00-60 anywhere let
+           through). Only its UTC spellings (Z, +00:00, -00:00) are written: narrower, never
+           looser (the same second at another offset, 00:59:60+01:00, is refused). */
+        const char *time = "(([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]+)? "
+                           "([Zz] | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9]) | "
+                           "\"23:59:60\" (\".\" [0-9]+)? ([Zz] | [+-] \"00:00\"))";
         if (strcmp(f, "date") == 0) strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", date);
         else if (strcmp(f, "time") == 0) strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", time);
         else if (strcmp(f, "date-time") == 0) strbuf_printf(&body, "\"\\\"\" %s [Tt] %s \"\\\"\"", date, time);
@@ -298,11 +301,14 @@ static int check_keywords(conv *c, const cJSON *s, const char *path, const char 
     return 0;
 }
 
-/* A value holds no number past a double (cJSON reads 1e400 as infinity, which no JSON number
-   writes: the literal would be another value). (U+0000 is refused in the schema's text, gram_json_schema_to_gbnf.) */
+/* A value holds no number a double may not hold exactly (cJSON reads 1e400 as infinity, and
+   9007199254740993 as 9007199254740992: the literal would be another value), as the bounds
+   ('minimum', ...) are held below 2^53. (U+0000 is refused in the schema's text,
+   gram_json_schema_to_gbnf.) */
 static int literal_checked(conv *c, const cJSON *v, const char *path) {
-    if (cJSON_IsNumber(v) && !isfinite(v->valuedouble))
-        return fail(c, path, "%s", "a number in 'const' or 'enum' is past a double's range");
+    if (cJSON_IsNumber(v) && !(fabs(v->valuedouble) < 9007199254740992.0))
+        return fail(c, path, "%s", "a number in 'const' or 'enum' must be below 2^53 (9007199254740992) in magnitude "
+                                   "(past it a double may hold another value than the one written)");
     for (const cJSON *k = cJSON_IsArray(v) || cJSON_IsObject(v) ? v->child : NULL; k; k = k->next)
         if (literal_checked(c, k, path) < 0) return -1;
     return 0;

@@ -386,17 +386,21 @@ static void test_json_schema(void) {
     expect(g, "format date", y_date, n_date);
     tl_compiled_grammar_free(g);
     /* format date-time and time: RFC 3339's leap second (:60) and lower-case 't' and 'z'
-       (both were refused) */
+       (both were refused); the leap second ends a day in UTC, written in UTC only (a second
+       of 60 was taken at any time: JSON Schema's test suite refuses 22:59:60Z, 23:58:60Z and
+       23:59:60+01:00) */
     g = schema("{\"type\":\"string\",\"format\":\"date-time\"}");
-    static const char *y_datetime[] = {"\"2016-12-31T23:59:60Z\"", "\"2023-01-31t10:00:00z\"", "\"2023-01-31T10:00:00.5+05:30\"",
-                                       NULL};
+    static const char *y_datetime[] = {"\"2016-12-31T23:59:60Z\"", "\"2016-12-31T23:59:60.25-00:00\"",
+                                       "\"2023-01-31t10:00:00z\"", "\"2023-01-31T10:00:00.5+05:30\"", NULL};
     static const char *n_datetime[] = {"\"2023-01-31 10:00:00Z\"", "\"2023-01-31T10:00:61Z\"", "\"2023-01-31T24:00:00Z\"",
-                                       "\"2023-01-31T10:00:00\"", "\"2023-01-31T10:00:00x\"", NULL};
+                                       "\"2023-01-31T10:00:00\"", "\"2023-01-31T10:00:00x\"", "\"0000-01-11T00:11:60z\"",
+                                       NULL};
     expect(g, "format date-time", y_datetime, n_datetime);
     tl_compiled_grammar_free(g);
     g = schema("{\"type\":\"string\",\"format\":\"time\"}");
-    static const char *y_time[] = {"\"23:59:60z\"", "\"00:00:00-01:00\"", NULL};
-    static const char *n_time[] = {"\"23:60:00Z\"", "\"23:59:70Z\"", "\"t23:59:59Z\"", NULL};
+    static const char *y_time[] = {"\"23:59:60z\"", "\"23:59:60+00:00\"", "\"00:00:00-01:00\"", NULL};
+    static const char *n_time[] = {"\"23:60:00Z\"", "\"23:59:70Z\"", "\"t23:59:59Z\"", "\"22:59:60Z\"", "\"23:58:60Z\"",
+                                   "\"23:59:60+01:00\"", "\"23:59:60+00:30\"", "\"23:59:60-01:00\"", "\"00:44:60z\"", NULL};
     expect(g, "format time", y_time, n_time);
     tl_compiled_grammar_free(g);
     /* Pattern classes are translated member by member (never copied as text): ']' and '#'
