@@ -11,7 +11,7 @@
 #   scripts/bench/embed_bench.sh [--model DIR] [--clients 2] [--duration 20] [--inputs 16]
 #                                [--len 64] [--threads 2] [--embed-jobs 2] [--port N]
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$(readlink -f "$0")")/../.."
 model=models/tinyloop-austen clients=2 duration=20 inputs=16 len=64 threads=2 jobs=2 port=$((30000 + RANDOM % 20000))
 while [ $# -gt 0 ]; do
   case "$1" in

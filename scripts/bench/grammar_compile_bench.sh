@@ -9,7 +9,7 @@
 # pool from 16 KB on; refused afterwards as longer than the shipped model's context).
 #   scripts/bench/grammar_compile_bench.sh [--requests 12] [--properties 3000] [--prompt-kb K] [--port N]
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$(readlink -f "$0")")/../.."
 requests=12 properties=3000 prompt_kb=0 port=$((30000 + RANDOM % 20000))
 while [ $# -gt 0 ]; do
   case "$1" in

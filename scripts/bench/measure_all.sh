@@ -2,7 +2,7 @@
 # Every figure of the closing notes and the model card, in one run (about 15 minutes on a
 # quiet 2-core machine). Writes build/measure/*.txt (+ the sweep's CSV and chart).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$(readlink -f "$0")")/../.."
 out=build/measure
 mkdir -p "$out"
 bench=build/scripts/bench/tinyloop-bench

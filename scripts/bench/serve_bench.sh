@@ -27,7 +27,7 @@
 # joining request's prompt rows share the passes with the decode rows, and at N rows a row
 # costs far more of a step than at one. The verdict prints both ratios.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$(readlink -f "$0")")/../.."
 engine_ref=1 model="" clients=8 duration=60 baseline=15 threads=2 max_tokens=64 prompt_len=16 workers=1 engine_nice=5 port=$((30000 + RANDOM % 20000))
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -12,7 +12,7 @@
 # falls back to the reference BLAS, ~10x slower), plus r-base-core, r-cran-janeaustenr,
 # fortunes, fortunes-min (scripts/train/corpus.py installs those).
 set -eu
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$(readlink -f "$0")")/../.."
 
 OUT=models/tinyloop-austen
 THREADS=2

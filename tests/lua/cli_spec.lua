@@ -33,6 +33,19 @@ describe("scripts/run's options without a value", function()
         assert.truthy(out:find("^%[[^\n]*%]\nrc=0\n?$"), out)
     end)
 
+    it("reads the files its flags name from the caller's directory, run through a link too", function()
+        -- (it ran the CLI in the repository: --grammar g.gbnf was not found, or another file of
+        -- that name there was read; through a link, scripts/setup was not found)
+        local dir = os.tmpname()
+        os.remove(dir)
+        local q = function(path) return "'" .. path:gsub("'", "'\\''") .. "'" end
+        H.sh("mkdir -p " .. q(dir) .. " && printf 'root ::= \"yes\"\\n' > " .. q(dir .. "/g.gbnf") ..
+             " && ln -s " .. q(H.ROOT .. "/scripts/run") .. " " .. q(dir .. "/run"))
+        local out = H.sh("cd " .. q(dir) .. " && ./run --grammar g.gbnf -n 3 --no-stats Hi 2>&1; echo \"rc=$?\"")
+        H.sh("rm -rf " .. q(dir))
+        assert.equal("Hiyes\nrc=0\n", out)
+    end)
+
     it("lists every option of the CLI's --help that takes no value (but --help, --interactive and --prompt: scripts/run's own cases)", function()
         local help = H.sh("cd " .. H.ROOT .. " && luajit scripts/tinyloop --help 2>&1")
         local seen = 0
