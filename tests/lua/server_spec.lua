@@ -18,6 +18,44 @@ local function curl(args)
     local body, status = out:match("^(.*)\n(%d+)$")
     return tonumber(status), body
 end
+-- The answer to a raw HTTP request sent to 127.0.0.1:p, read until the server closes (curl
+-- cannot send chunks of a chosen size).
+local ffi = require "ffi"
+pcall(ffi.cdef, [[
+    typedef struct { uint16_t family; uint16_t port; uint32_t addr; uint8_t zero[8]; } spec_sockaddr_in;
+    int socket(int, int, int);
+    int connect(int, const void *, unsigned int);
+    long write(int, const void *, size_t);
+    long read(int, void *, size_t);
+    int setsockopt(int, int, int, const void *, unsigned int);
+    int close(int);
+]])
+local function raw_http(p, request)
+    local fd = ffi.C.socket(2, 1, 0) -- AF_INET, SOCK_STREAM
+    assert(fd >= 0)
+    local addr = ffi.new("spec_sockaddr_in", { family = 2, port = math.floor(p / 256) + (p % 256) * 256, addr = 0x0100007f })
+    assert(ffi.C.connect(fd, addr, ffi.sizeof(addr)) == 0)
+    assert(ffi.C.write(fd, request, #request) == #request)
+    local answer, buf = {}, ffi.new("char[4096]")
+    while true do
+        local n = tonumber(ffi.C.read(fd, buf, 4096))
+        if n <= 0 then break end
+        answer[#answer + 1] = ffi.string(buf, n)
+    end
+    ffi.C.close(fd)
+    return table.concat(answer)
+end
+-- A POST of body to path in chunks of `size` bytes (small ones fill nginx's buffer with their
+-- framing: it spills the body to a file).
+local function chunked_request(path, body, size)
+    local chunks = {}
+    for i = 1, #body, size do
+        local piece = body:sub(i, i + size - 1)
+        chunks[#chunks + 1] = ("%x\r\n%s\r\n"):format(#piece, piece)
+    end
+    return "POST " .. path .. " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" ..
+        "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" .. table.concat(chunks) .. "0\r\n\r\n"
+end
 local function post(body, extra)
     return curl((extra or "") .. " -H 'Content-Type: application/json' --data-binary " .. quote(body) .. " " .. base .. "/v1/completions")
 end
@@ -1284,15 +1322,6 @@ describe("server", function()
     -- sent; corked here, so that the FIN rides on the body's segment every time): nginx reads
     -- both before the handler runs (lua_need_request_body) and never reports the hang-up, and
     -- such blocking requests ran to their end (client_left in the server).
-    local ffi = require "ffi"
-    pcall(ffi.cdef, [[
-        typedef struct { uint16_t family; uint16_t port; uint32_t addr; uint8_t zero[8]; } spec_sockaddr_in;
-        int socket(int, int, int);
-        int connect(int, const void *, unsigned int);
-        long write(int, const void *, size_t);
-        int setsockopt(int, int, int, const void *, unsigned int);
-        int close(int);
-    ]])
     local function send_and_close(head, body)
         local fd = ffi.C.socket(2, 1, 0) -- AF_INET, SOCK_STREAM
         assert(fd >= 0)
@@ -1306,26 +1335,9 @@ describe("server", function()
         ffi.C.close(fd) -- (the FIN joins the corked body's segment)
     end
     it("takes a chunked body within --max-body, however small its chunks (they spilled it to a file: a 413)", function()
-        pcall(ffi.cdef, "long read(int, void *, size_t);")
         -- (--max-body 4096 here; 1-byte chunks put 18,000 bytes on the wire)
         local body = cjson.encode({ prompt = "It is", max_tokens = 1, user = ("u"):rep(3000) })
-        local chunks = {}
-        for i = 1, #body do chunks[i] = "1\r\n" .. body:sub(i, i) .. "\r\n" end
-        local request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" ..
-            "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" .. table.concat(chunks) .. "0\r\n\r\n"
-        local fd = ffi.C.socket(2, 1, 0)
-        assert(fd >= 0)
-        local addr = ffi.new("spec_sockaddr_in", { family = 2, port = math.floor(port / 256) + (port % 256) * 256, addr = 0x0100007f })
-        assert(ffi.C.connect(fd, addr, ffi.sizeof(addr)) == 0)
-        assert(ffi.C.write(fd, request, #request) == #request)
-        local answer, buf = {}, ffi.new("char[4096]")
-        while true do
-            local n = tonumber(ffi.C.read(fd, buf, 4096))
-            if n <= 0 then break end
-            answer[#answer + 1] = ffi.string(buf, n)
-        end
-        ffi.C.close(fd)
-        answer = table.concat(answer)
+        local answer = raw_http(port, chunked_request("/v1/completions", body, 1))
         assert.truthy(answer:find("^HTTP/1.1 200"), answer:sub(1, 300))
         -- one over the limit is still refused
         body = cjson.encode({ prompt = ("a"):rep(5000), max_tokens = 1 })
@@ -4115,11 +4127,13 @@ describe("scripts/serve options", function()
 
     -- Runs fn(url, pre) against `scripts/serve <args>` on a free port (files under dir/<name>),
     -- stopping the server whatever fn does.
-    local function with_serve(name, args, fn)
+    -- (before: shell words put before the command, a directory to run it in, an environment)
+    local function with_serve(name, args, fn, before)
         local p = free_port()
         local pre = dir .. "/" .. name
         os.execute("rm -rf " .. pre)
-        os.execute(("scripts/serve --port %d %s --prefix %s > %s.log 2>&1 & echo $! > %s.pid"):format(p, args, pre, pre, pre))
+        os.execute(("%s%s/scripts/serve --port %d %s --prefix %s > %s.log 2>&1 & echo $! > %s.pid")
+            :format(before or "", H.ROOT, p, args, pre, pre, pre))
         local url = "http://127.0.0.1:" .. p
         local ok, err = pcall(function()
             local up = false
@@ -4162,6 +4176,20 @@ describe("scripts/serve options", function()
             end
             assert.equal(0, (curl("--max-time 2 " .. url .. "/health"))) -- (no answer: nothing listens)
         end)
+    end)
+
+    it("keeps, as root, a spilled body where nginx's workers (nobody) can: TMPDIR relative, or closed to others", function()
+        if sh("id -u"):gsub("%s+$", "") ~= "0" then return end
+        -- (a relative TMPDIR's place was read from the prefix: nginx did not start; one closed
+        -- to nobody, /root/tmp, pam_tmpdir's: a body spilled to a file was a 500)
+        local body = cjson.encode({ prompt = "It is", max_tokens = 1, user = ("u"):rep(1200) })
+        os.execute("mkdir -p " .. dir .. "/cwd/reltmp " .. dir .. "/closed && chmod 700 " .. dir .. "/closed")
+        for name, before in pairs({ relative = "cd " .. dir .. "/cwd && TMPDIR=reltmp ", closed = "TMPDIR=" .. dir .. "/closed " }) do
+            with_serve("tmpdir-" .. name, "--threads 1 --max-active 1 --max-body 2000 --prefix-pool-mb 0", function(url)
+                local answer = raw_http(tonumber(url:match(":(%d+)$")), chunked_request("/v1/completions", body, 3))
+                assert.truthy(answer:find("^HTTP/1.1 200"), name .. ": " .. answer:sub(1, 300))
+            end, before)
+        end
     end)
 
     it("serves from one of two servers started on one port at once; the other says it could not (both said they served)", function()
@@ -4569,6 +4597,18 @@ describe("scripts/serve options", function()
         out = sh("scripts/serve --model " .. dir .. " --port 1 2>&1; echo \"exit $?\"")
         os.execute("rm -rf " .. dir)
         assert.truthy(out:find("cannot read " .. dir .. "/tokenizer.json", 1, true) and out:find("exit 2", 1, true), out)
+    end)
+
+    it("refuses, as root, a repository whose Lua nginx's workers (nobody) cannot read (a 500 at the first request needing it)", function()
+        if sh("id -u"):gsub("%s+$", "") ~= "0" then return end
+        local closed = sh("mktemp -d"):gsub("%s+$", "") -- 0700: root only
+        os.execute("mkdir -p " .. closed .. "/repo/build && cp -r lua scripts " .. closed .. "/repo/ && cp build/libtinyloop.so " ..
+                   closed .. "/repo/build/")
+        -- (bounded: without the check it served on port 1)
+        local out = sh("timeout 30 " .. closed .. "/repo/scripts/serve --model " .. H.ROOT .. "/" .. MODEL .. " --port 1 2>&1; echo \"exit $?\"")
+        os.execute("rm -rf " .. closed)
+        assert.truthy(out:find("nginx's workers run as nobody and cannot read " .. closed .. "/repo/lua", 1, true), out)
+        assert.truthy(out:find("exit 2", 1, true), out)
     end)
 end)
 
