@@ -25,11 +25,11 @@ describe("scripts/run's options without a value", function()
     it("adds no demo setting that the CLI would refuse: none with --embed, no sampling with --speculative tree", function()
         -- (scripts/run builds what is missing first: here, nothing)
         for _, args in ipairs({ "--embed hello", "--speculative tree -n 4 'It is'" }) do
-            local out = H.sh("cd " .. H.ROOT .. " && scripts/run " .. args .. " 2>&1; echo \"rc=$?\"")
+            local out = H.sh("cd " .. H.q(H.ROOT) .. " && scripts/run " .. args .. " 2>&1; echo \"rc=$?\"")
             assert.truthy(out:find("rc=0\n?$"), args .. ": " .. out)
         end
         -- a lone - is the prompt (stdin), not an option: no demo prompt added after it
-        local out = H.sh("cd " .. H.ROOT .. " && echo Hello | scripts/run --embed - 2>&1; echo \"rc=$?\"")
+        local out = H.sh("cd " .. H.q(H.ROOT) .. " && echo Hello | scripts/run --embed - 2>&1; echo \"rc=$?\"")
         assert.truthy(out:find("^%[[^\n]*%]\nrc=0\n?$"), out)
     end)
 
@@ -38,16 +38,15 @@ describe("scripts/run's options without a value", function()
         -- that name there was read; through a link, scripts/setup was not found)
         local dir = os.tmpname()
         os.remove(dir)
-        local q = function(path) return "'" .. path:gsub("'", "'\\''") .. "'" end
-        H.sh("mkdir -p " .. q(dir) .. " && printf 'root ::= \"yes\"\\n' > " .. q(dir .. "/g.gbnf") ..
-             " && ln -s " .. q(H.ROOT .. "/scripts/run") .. " " .. q(dir .. "/run"))
-        local out = H.sh("cd " .. q(dir) .. " && ./run --grammar g.gbnf -n 3 --no-stats Hi 2>&1; echo \"rc=$?\"")
-        H.sh("rm -rf " .. q(dir))
+        H.sh("mkdir -p " .. H.q(dir) .. " && printf 'root ::= \"yes\"\\n' > " .. H.q(dir .. "/g.gbnf") ..
+             " && ln -s " .. H.q(H.ROOT .. "/scripts/run") .. " " .. H.q(dir .. "/run"))
+        local out = H.sh("cd " .. H.q(dir) .. " && ./run --grammar g.gbnf -n 3 --no-stats Hi 2>&1; echo \"rc=$?\"")
+        H.sh("rm -rf " .. H.q(dir))
         assert.equal("Hiyes\nrc=0\n", out)
     end)
 
     it("lists every option of the CLI's --help that takes no value (but --help, --interactive and --prompt: scripts/run's own cases)", function()
-        local help = H.sh("cd " .. H.ROOT .. " && luajit scripts/tinyloop --help 2>&1")
+        local help = H.sh("cd " .. H.q(H.ROOT) .. " && luajit scripts/tinyloop --help 2>&1")
         local seen = 0
         for option in help:gmatch("%-%-[%w][%w%-]*") do
             if option ~= "--help" and option ~= "--interactive" and option ~= "--prompt" and takes_no_value(option) then
@@ -62,7 +61,7 @@ end)
 describe("scripts/tinyloop", function()
     -- (exit status and stderr of a shell command)
     local function run(cmd)
-        local out = H.sh("cd " .. H.ROOT .. " && { " .. cmd .. "; } 2>&1; echo \"rc=$?\"")
+        local out = H.sh("cd " .. H.q(H.ROOT) .. " && { " .. cmd .. "; } 2>&1; echo \"rc=$?\"")
         return tonumber(out:match("rc=(%d+)%s*$")), out
     end
 
@@ -261,7 +260,7 @@ describe("scripts/tinyloop", function()
         f:write("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" ..
                 "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
         f:close()
-        local out = H.sh("cd " .. H.ROOT .. " && luajit scripts/tinyloop --chat --chat-template " .. template .. " --tools " ..
+        local out = H.sh("cd " .. H.q(H.ROOT) .. " && luajit scripts/tinyloop --chat --chat-template " .. template .. " --tools " ..
                          tools .. " -n 6 --no-stats Hi")
         os.remove(tools)
         os.remove(template)

@@ -86,7 +86,7 @@ describe("runtime failures", function()
     it("return nil, err from every generating call #ulimit", function()
         local dir = os.tmpname()
         os.remove(dir)
-        assert(os.execute("mkdir -p " .. dir .. " && cp " .. H.TEXTMODEL .. "/* " .. dir) == 0)
+        assert(os.execute("mkdir -p " .. dir .. " && cp " .. H.q(H.TEXTMODEL) .. "/* " .. dir) == 0)
         local f = assert(io.open(dir .. "/config.json"))
         local config = f:read("*a"):gsub('"max_seq_len": 128', '"max_seq_len": 16777216')
         f:close()
@@ -177,7 +177,7 @@ end)
 
 describe("modules", function()
     it("assign no global (a local declared below its first use becomes one: a handler then finds nil)", function()
-        local files = H.sh("ls " .. H.ROOT .. "/lua/tinyloop/*.lua " .. H.ROOT .. "/lua/tinyloop/server/*.lua")
+        local files = H.sh("ls " .. H.q(H.ROOT) .. "/lua/tinyloop/*.lua " .. H.q(H.ROOT) .. "/lua/tinyloop/server/*.lua")
         local checked = 0
         for path in files:gmatch("[^\n]+") do
             local listing = H.sh("luajit -bl " .. path .. " 2>&1")

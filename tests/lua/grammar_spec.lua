@@ -454,7 +454,7 @@ describe("cfg.grammar with a compiled grammar", function()
         os.remove(dir)
         os.execute("mkdir -p " .. dir)
         local src = H.ROOT .. "/models/tinyloop-austen"
-        for _, f in ipairs({ "config.json", "model.safetensors" }) do os.execute(("ln -s %s/%s %s/%s"):format(src, f, dir, f)) end
+        for _, f in ipairs({ "config.json", "model.safetensors" }) do os.execute(("ln -s %s %s/%s"):format(H.q(src .. "/" .. f), dir, f)) end
         local dot = austen:encode(".")
         assert.equal(1, #dot)
         local tok = cjson.decode(assert(io.open(src .. "/tokenizer.json")):read("*a"))

@@ -31,6 +31,9 @@ function H.read(path)
     return s
 end
 
+-- A path (or any text) as one shell word: the repository's path may hold blanks or quotes.
+function H.q(text) return "'" .. text:gsub("'", "'\\''") .. "'" end
+
 -- A shell command's standard output.
 function H.sh(cmd)
     local p = assert(io.popen(cmd))

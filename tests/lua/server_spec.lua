@@ -4133,7 +4133,7 @@ describe("scripts/serve options", function()
         local pre = dir .. "/" .. name
         os.execute("rm -rf " .. pre)
         os.execute(("%s%s/scripts/serve --port %d %s --prefix %s > %s.log 2>&1 & echo $! > %s.pid")
-            :format(before or "", H.ROOT, p, args, pre, pre, pre))
+            :format(before or "", H.q(H.ROOT), p, args, pre, pre, pre))
         local url = "http://127.0.0.1:" .. p
         local ok, err = pcall(function()
             local up = false
@@ -4549,7 +4549,7 @@ describe("scripts/serve options", function()
         p = free_port()
         pre = dir .. "/ipv6"
         os.execute(("cd %s && mkdir -p 'a b' && setsid %s/scripts/serve --port %d --host ::1 --threads 1 --prefix-pool-mb 0 " ..
-                    "--prefix 'a b/rel' > %s.log 2>&1 & echo $! > %s.pid"):format(dir, H.ROOT, p, pre, pre))
+                    "--prefix 'a b/rel' > %s.log 2>&1 & echo $! > %s.pid"):format(dir, H.q(H.ROOT), p, pre, pre))
         up = false
         for _ = 1, 300 do
             if curl("http://[::1]:" .. p .. "/health") == 200 then up = true break end
@@ -4605,7 +4605,7 @@ describe("scripts/serve options", function()
         os.execute("mkdir -p " .. closed .. "/repo/build && cp -r lua scripts " .. closed .. "/repo/ && cp build/libtinyloop.so " ..
                    closed .. "/repo/build/")
         -- (bounded: without the check it served on port 1)
-        local out = sh("timeout 30 " .. closed .. "/repo/scripts/serve --model " .. H.ROOT .. "/" .. MODEL .. " --port 1 2>&1; echo \"exit $?\"")
+        local out = sh("timeout 30 " .. closed .. "/repo/scripts/serve --model " .. H.q(H.ROOT .. "/" .. MODEL) .. " --port 1 2>&1; echo \"exit $?\"")
         os.execute("rm -rf " .. closed)
         assert.truthy(out:find("nginx's workers run as nobody and cannot read " .. closed .. "/repo/lua", 1, true), out)
         assert.truthy(out:find("exit 2", 1, true), out)
