@@ -3,7 +3,13 @@
 -- criteria reports mean loops used per token, decode tokens/s, and the token-level agreement
 -- with full-depth greedy generation over the generated tokens.
 --   luajit scripts/early_exit_eval.lua [options]        (--help lists them with their defaults)
-local root = (arg[0]:match("^(.*)/scripts/[^/]*$")) or "."
+-- The repository from this script's real path (run from scripts/, or through a link, too:
+-- "luajit sweep.lua" in scripts/ found no module), as scripts/tinyloop finds it.
+local ffi = require "ffi"
+pcall(ffi.cdef, "char *realpath(const char *path, char *resolved);")
+local resolved = ffi.new("char[4096]")
+local script = ffi.C.realpath(arg[0], resolved) ~= nil and ffi.string(resolved) or arg[0]
+local root = (script:match("^(.*)/scripts/[^/]*$")) or "."
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
 local tinyloop = require "tinyloop"
 local options = require "tinyloop.script_options"

@@ -6,7 +6,13 @@
 -- median wall time of the setting, both measured in this run over the same prompts.
 --
 --   luajit scripts/sweep.lua [options]        (--help lists them with their defaults)
-local root = (arg[0]:match("^(.*)/scripts/[^/]*$")) or "."
+-- The repository from this script's real path (run from scripts/, or through a link, too:
+-- "luajit sweep.lua" in scripts/ found no module), as scripts/tinyloop finds it.
+local ffi = require "ffi"
+pcall(ffi.cdef, "char *realpath(const char *path, char *resolved);")
+local resolved = ffi.new("char[4096]")
+local script = ffi.C.realpath(arg[0], resolved) ~= nil and ffi.string(resolved) or arg[0]
+local root = (script:match("^(.*)/scripts/[^/]*$")) or "."
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
 local tinyloop = require "tinyloop"
 local now = require("tinyloop.policy").now
@@ -42,7 +48,7 @@ local opt = options.parse(arg, {
     { "verify-loops", nil, "verification depth", number = true, default_text = "the model's default_loops" },
     { "max-nodes", 32, "tree node budget" },
     { "threads", nil, "CPU threads", number = true, default_text = "all cores" },
-    { "out", "build/sweep", "output directory (sweep.csv, sweep.dat, sweep.gp, sweep.png)", metavar = "DIR" },
+    { "out", root .. "/build/sweep", "output directory (sweep.csv, sweep.dat, sweep.gp, sweep.png)", metavar = "DIR" },
 })
 
 options.counts(opt, { "repeats", "max_tokens", "max_nodes" }, die)
