@@ -115,12 +115,27 @@ M.to_json = to_json
 -- opts.loose = true leaves out the keywords that only narrow a value and that the converter
 -- cannot enforce (tinyloop.h: tl_json_schema_options.loose), allowing a superset.
 -- A schema's JSON text and its tl_json_schema_options, checked (who: the function, for messages).
+-- Raises on a key of `t` that `known` lacks (a misspelt option was ignored: {free_whitespace =
+-- true} gave compact JSON), naming the ones taken; `what` says where ("opts", "tags[2]").
+local function check_known(t, known, who, what)
+    for k in pairs(t) do
+        if not known[k] then
+            local names = {}
+            for name in pairs(known) do names[#names + 1] = name end
+            table.sort(names)
+            raise(("tinyloop.grammar.%s: unknown %s field '%s' (%s)"):format(who, what, tostring(k), table.concat(names, ", ")))
+        end
+    end
+end
+
+local SCHEMA_OPTIONS = { whitespace = true, loose = true }
 local function schema_args(schema, opts, who)
     local text
     if type(schema) == "string" then text = schema
     elseif type(schema) == "table" then text = to_json(schema)
     else raise("tinyloop.grammar." .. who .. ": schema must be a table or a JSON string") end
     if opts ~= nil and type(opts) ~= "table" then raise("tinyloop.grammar." .. who .. ": opts must be a table") end
+    if opts then check_known(opts, SCHEMA_OPTIONS, who, "opts") end
     local o = ffi.new("tl_json_schema_options")
     if opts and opts.whitespace ~= nil then
         if opts.whitespace ~= "free" and opts.whitespace ~= "compact" then
@@ -229,16 +244,20 @@ end
 -- s, ends_text = boolean}), then free text again (or the end, ends_text). opts: max_blanks
 -- (blanks between a begin and its content, default 0), at_least_one (a tag is there), tag_first
 -- (the text begins with one: no free text before it). nil, err when C refuses.
+local TAGS_OPTIONS = { max_blanks = true, at_least_one = true, tag_first = true }
+local TAG_FIELDS = { begin = true, content = true, ["end"] = true, ends_text = true }
 function M.tags(tags, triggers, opts)
     if type(tags) ~= "table" or #tags == 0 then raise("tinyloop.grammar.tags: tags must be a non-empty list") end
     if type(triggers) ~= "table" or #triggers == 0 then raise("tinyloop.grammar.tags: triggers must be a non-empty list of strings") end
     if opts ~= nil and type(opts) ~= "table" then raise("tinyloop.grammar.tags: opts must be a table") end
+    if opts then check_known(opts, TAGS_OPTIONS, "tags", "opts") end
     local c_tags = ffi.new("tl_grammar_tag[?]", #tags)
     for i, t in ipairs(tags) do
         if type(t) ~= "table" or type(t.begin) ~= "string" or not M.is_compiled(t.content) or
             (t["end"] ~= nil and type(t["end"]) ~= "string") then
             raise(("tinyloop.grammar.tags: tags[%d] must be {begin = string, content = compiled grammar, end = string}"):format(i))
         end
+        check_known(t, TAG_FIELDS, "tags", ("tags[%d]"):format(i))
         if has_nul(t.begin) or has_nul(t["end"] or "") then
             return nil, ("tinyloop.grammar.tags: tags[%d]'s begin or end holds a NUL byte"):format(i)
         end

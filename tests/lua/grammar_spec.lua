@@ -175,6 +175,17 @@ describe("tinyloop.grammar", function()
         assert.is_false(loose:matches("3"))
         assert.has_error(function() G.json_schema({ type = "string" }, { loose = 1 }) end,
                          "tinyloop.grammar.json_schema: opts.loose must be a boolean")
+        -- a misspelt option is named, not ignored ({free_whitespace = true} gave compact JSON),
+        -- in tags' options and entries too
+        assert.has_error(function() G.json_schema({ type = "string" }, { free_whitespace = true }) end,
+                         "tinyloop.grammar.json_schema: unknown opts field 'free_whitespace' (loose, whitespace)")
+        assert.has_error(function() G.json_schema_gbnf({ type = "string" }, { Loose = true }) end,
+                         "tinyloop.grammar.json_schema_gbnf: unknown opts field 'Loose' (loose, whitespace)")
+        local word = assert(G.regex("[a-z]+"))
+        assert.has_error(function() G.tags({ { begin = "<a>", content = word, ["end"] = "</a>" } }, { "<a>" }, { max_blank = 1 }) end,
+                         "tinyloop.grammar.tags: unknown opts field 'max_blank' (at_least_one, max_blanks, tag_first)")
+        assert.has_error(function() G.tags({ { begin = "<a>", content = word, stop = "</a>" } }, { "<a>" }) end,
+                         "tinyloop.grammar.tags: unknown tags[1] field 'stop' (begin, content, end, ends_text)")
     end)
     it("compiles regular expressions (vLLM's regex): the whole text matches, nil, err for what is refused", function()
         local g = assert(G.regex("(Emma|Harriet) [a-z]{2,8}\\.\\n?"))
