@@ -222,8 +222,9 @@ tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl
     tl_embed_options o;
     tl_status st = embed_options_of("tl_embed", model, opts, &o);
     if (st == TL_OK) st = embed_one("tl_embed", model, tokens, n, &o, out);
+    if (st != TL_OK) return st;
     const size_t count = (size_t)(o.pooling == TL_POOLING_NONE ? n : 1) * (size_t)model->cfg.d_model;
-    return st == TL_OK ? check_embedding("tl_embed", model, out, count, -1) : st;
+    return check_embedding("tl_embed", model, out, count, -1);
 }
 
 /* ---------------------------------------------------------------- many embeddings */

@@ -551,7 +551,6 @@ tl_status tl_session_emit(tl_session *s, int32_t tok, tl_stop_reason *stop) {
 
 /* ---------------------------------------------------------------- the step */
 
-
 static tl_status step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     s->chosen_row = NULL; /* each decoder sets its own */
     if (s->cfg.max_tokens == 0) return finish(s, TL_STOP_MAX_TOKENS, stop);
