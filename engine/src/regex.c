@@ -1,7 +1,7 @@
 /* regex.c: a regular-expression subset written as a GBNF expression (then compiled like any
  * grammar). Two users, one converter:
  *   - a JSON Schema's "pattern" (json_schema.c), matched against a JSON string's characters as
- *     JSON writes them: '"' and '\' only escaped, no control character;
+ *     JSON writes them: '"', '\' and the controls escaped (a control's short escape, or \u00XX);
  *   - a whole generated text (tl_grammar_compile_regex: vLLM's `regex` structured output).
  *
  * Syntax: ECMA-262's, as JSON Schema says. Literals (UTF-8), '.', classes [...] and [^...]
@@ -64,11 +64,10 @@ static const cp_range DIGIT_SET[] = {{'0', '9'}};
 static const cp_range WORD_SET[] = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
 static const cp_range SPACE_SET[] = {{0x09, 0x0D}, {0x20, 0x20},     {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
                                      {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
-static const cp_range JSON_SPACE_SET[] = {{' ', ' '}};
 #define MAX_CODE_POINT 0x10FFFFu
 
-/* What a JSON string's character class must leave out: '"' and '\' (written escaped, as
-   the alternatives the caller adds) and the controls (never in a JSON string). */
+/* What a JSON string's character class must leave out: '"', '\' and the controls (never
+   raw in a JSON string: written escaped, as the alternatives the caller adds). */
 #define JSON_EXCLUDED "\"\\\\\\x00-\\x1F"
 
 /* The control character of a text-mode escape (\n \r \t \f \v, \0 not before a digit), or -1. */
@@ -99,10 +98,9 @@ static int hex_escape(rx *r, const char *s, uint32_t *cp) {
 }
 
 /* The set an escape at s names (\d \w \s \D \W \S; *complement for the capitals), or
-   NULL. In a JSON string \s is the space alone in a plain class (a narrower class generates
-   only valid strings) and all of ECMA-262's white space in a negated one (excluding less
-   would let through what the pattern forbids); \S, excluding all of it, is exact either way. */
-static const cp_range *escape_set(const rx *r, const char *s, bool negated, int *n_ranges, bool *complement) {
+   NULL. (In a JSON string the controls of \s, \t and \n, are written as JSON escapes them:
+   class_range.) */
+static const cp_range *escape_set(const char *s, int *n_ranges, bool *complement) {
     if (s[0] != '\\') return NULL;
     const char e = s[1];
     *complement = e == 'D' || e == 'W' || e == 'S';
@@ -110,8 +108,7 @@ static const cp_range *escape_set(const rx *r, const char *s, bool negated, int 
     switch (e) {
     case 'd': case 'D': return SET(DIGIT_SET);
     case 'w': case 'W': return SET(WORD_SET);
-    case 's': return !r->text && !negated ? SET(JSON_SPACE_SET) : SET(SPACE_SET);
-    case 'S': return SET(SPACE_SET);
+    case 's': case 'S': return SET(SPACE_SET);
     default: return NULL;
     }
 #undef SET
@@ -149,55 +146,95 @@ static int class_member(rx *r, const char **q, uint32_t *cp) {
     return 0;
 }
 
-/* A range of a class, as GBNF. In a JSON string a plain class splits '"' and '\' out (they
-   become the alternatives \" and \\, flagged in *quote and *backslash). */
-static void class_range(rx *r, strbuf *o, uint32_t lo, uint32_t hi, bool negated, bool *quote, bool *backslash) {
-    if (!r->text && !negated) {
-        static const uint32_t special[2] = {'"', '\\'};
-        for (int k = 0; k < 2; k++)
-            if (lo <= special[k] && special[k] <= hi) {
-                *(k ? backslash : quote) = true;
-                if (lo < special[k]) class_range(r, o, lo, special[k] - 1, negated, quote, backslash);
-                if (special[k] < hi) class_range(r, o, special[k] + 1, hi, negated, quote, backslash);
-                return;
-            }
+/* The characters a JSON string writes escaped, which a class of its text holds as
+   alternatives beside the GBNF class: '"', '\\' and the controls (bit c: U+00c). */
+typedef struct json_specials {
+    bool quote, backslash;
+    uint32_t controls;
+} json_specials;
+
+/* A range of a class, as GBNF. In a JSON string the specials the range holds are flagged in
+   *specials (a plain class writes them as the JSON escapes beside it, a negated one as those
+   it does not exclude) and left out of a plain class. */
+static void class_range(rx *r, strbuf *o, uint32_t lo, uint32_t hi, bool negated, json_specials *specials) {
+    if (!r->text) {
+        for (uint32_t cp = lo; cp <= hi && cp < 0x20; cp++) specials->controls |= 1u << cp;
+        if (lo <= '"' && '"' <= hi) specials->quote = true;
+        if (lo <= '\\' && '\\' <= hi) specials->backslash = true;
+        if (!negated) { /* the rest: the class's own ranges */
+            if (lo < 0x20) lo = 0x20;
+            static const uint32_t split[2] = {'"', '\\'};
+            for (int k = 0; k < 2 && lo <= hi; k++)
+                if (lo <= split[k] && split[k] <= hi) {
+                    if (lo < split[k]) class_range(r, o, lo, split[k] - 1, negated, specials);
+                    lo = split[k] + 1;
+                }
+            if (lo > hi) return;
+        }
     }
     gram_gbnf_class_cp(o, lo);
     if (hi != lo) { strbuf_puts(o, "-"); gram_gbnf_class_cp(o, hi); }
 }
 
-/* A set's ranges (or those of its complement) in a class. A plain class of a JSON string
-   holds no control character: a complement's ranges start above them there. */
-static void class_set(rx *r, strbuf *o, const cp_range *set, int n_ranges, bool complement, bool negated, bool *quote,
-                      bool *backslash) {
-    const uint32_t lowest = !r->text && !negated ? 0x20 : 0;
+/* A set's ranges (or those of its complement) in a class. */
+static void class_set(rx *r, strbuf *o, const cp_range *set, int n_ranges, bool complement, bool negated,
+                      json_specials *specials) {
     if (!complement) {
-        for (int i = 0; i < n_ranges; i++) class_range(r, o, set[i].lo, set[i].hi, negated, quote, backslash);
+        for (int i = 0; i < n_ranges; i++) class_range(r, o, set[i].lo, set[i].hi, negated, specials);
         return;
     }
-    uint32_t next = lowest;
+    uint32_t next = 0;
     for (int i = 0; i < n_ranges; i++) {
-        if (set[i].lo > next) class_range(r, o, next, set[i].lo - 1, negated, quote, backslash);
+        if (set[i].lo > next) class_range(r, o, next, set[i].lo - 1, negated, specials);
         if (set[i].hi + 1 > next) next = set[i].hi + 1;
     }
-    if (next <= MAX_CODE_POINT) class_range(r, o, next, MAX_CODE_POINT, negated, quote, backslash);
+    if (next <= MAX_CODE_POINT) class_range(r, o, next, MAX_CODE_POINT, negated, specials);
 }
 
-/* A control character inside a JSON string, as JSON writes it: its short escape (\b \t \n \f
-   \r) or \u00XX (JSON's other spellings of the same character are not generated). */
-static void json_control(strbuf *o, uint32_t cp) {
+/* Controls (bit c: U+00c) inside a JSON string, as JSON writes them: alternatives, after
+   `written` others (" | " between them). Each as its short escape (\b \t \n \f \r) where JSON
+   has one, and each as \u00XX, hex digits in either case (JSON.stringify and Python write
+   lower case, some writers upper: the same character). Returns the count written. */
+static int json_controls(strbuf *o, uint32_t mask, int written) {
     static const char SHORT[] = {['\b'] = 'b', ['\t'] = 't', ['\n'] = 'n', ['\f'] = 'f', ['\r'] = 'r'};
-    char escaped[8];
-    if (cp < sizeof SHORT && SHORT[cp]) snprintf(escaped, sizeof escaped, "\\%c", SHORT[cp]);
-    else snprintf(escaped, sizeof escaped, "\\u%04X", (unsigned)cp);
-    gram_gbnf_literal(o, escaped);
+    for (uint32_t cp = 0; cp < sizeof SHORT; cp++)
+        if ((mask >> cp & 1) && SHORT[cp]) {
+            const char escaped[3] = {'\\', SHORT[cp], 0};
+            if (written++) strbuf_puts(o, " | ");
+            gram_gbnf_literal(o, escaped);
+        }
+    if (!mask) return written;
+    if (written++) strbuf_puts(o, " | ");
+    gram_gbnf_literal(o, "\\u00");
+    strbuf_puts(o, " (");
+    for (int high = 0, halves = 0; high < 2; high++) {
+        const uint32_t low = mask >> (16 * high) & 0xFFFFu;
+        if (!low) continue;
+        strbuf_printf(o, "%s\"%d\" [", halves++ ? " | " : "", high);
+        for (int d = 0; d < 16; d++)
+            if (low >> d & 1) {
+                if (d < 10) strbuf_printf(o, "%d", d);
+                else strbuf_printf(o, "%c%c", 'a' + d - 10, 'A' + d - 10);
+            }
+        strbuf_puts(o, "]");
+    }
+    strbuf_puts(o, ")");
+    return written;
+}
+
+/* One control inside a JSON string, as json_controls writes it, grouped. */
+static void json_control(strbuf *o, uint32_t cp) {
+    strbuf_puts(o, "(");
+    json_controls(o, 1u << cp, 0);
+    strbuf_puts(o, ")");
 }
 
 /* A class [...] / [^...] (ECMA-262: "[]" matches nothing, "[^]" any character) translated
    member by member into a GBNF class, never copied as text: the pattern's bytes cannot end
-   up outside the class. In a JSON string a plain class's '"', '\' and controls are
-   alternatives beside it, written as JSON escapes them, and a negated class excludes
-   '"', '\' and the controls, as '.' does. */
+   up outside the class. In a JSON string '"', '\' and the controls the class matches are
+   alternatives beside it, written as JSON escapes them: a plain class's members, a negated
+   one's non-members (its GBNF class excludes them all: [^a] matched no '"' and \s no tab,
+   valid strings refused). */
 static int regex_class(rx *r, const char **p) {
     const char *s = *p + 1;
     const bool negated = *s == '^';
@@ -205,21 +242,20 @@ static int regex_class(rx *r, const char **p) {
     strbuf cls = {0};
     strbuf_puts(&cls, negated ? "[^" : "[");
     const size_t empty_len = cls.n;
-    bool quote = false, backslash = false;
-    uint32_t controls = 0; /* bit c: the control character c, in a plain class of a JSON string */
+    json_specials specials = {0}; /* (a JSON string's: those the members hold) */
     while (*s != ']') {
         if (!*s) { free(cls.p); return fail(r, "unterminated '['"); }
         const char *from = s;
         int n_ranges;
         bool complement;
-        const cp_range *set = escape_set(r, s, negated, &n_ranges, &complement);
+        const cp_range *set = escape_set(s, &n_ranges, &complement);
         if (set) {
             s += 2;
             if (s[0] == '-' && s[1] && s[1] != ']') {
                 free(cls.p);
                 return fail(r, "a class range cannot start with '%.2s'", from);
             }
-            class_set(r, &cls, set, n_ranges, complement, negated, &quote, &backslash);
+            class_set(r, &cls, set, n_ranges, complement, negated, &specials);
             continue;
         }
         uint32_t lo = 0, hi;
@@ -227,20 +263,14 @@ static int regex_class(rx *r, const char **p) {
         hi = lo;
         if (s[0] == '-' && s[1] && s[1] != ']') {
             s++;
-            if (escape_set(r, s, negated, &n_ranges, &complement)) {
+            if (escape_set(s, &n_ranges, &complement)) {
                 free(cls.p);
                 return fail(r, "a class range cannot end with '%.2s'", s);
             }
             if (class_member(r, &s, &hi) < 0) { free(cls.p); return -1; }
             if (hi < lo) { free(cls.p); return fail(r, "reversed range '%.*s' in a class", (int)(s - from), from); }
         }
-        /* a control in a JSON string is written escaped: an alternative of its own, as '"' */
-        if (!r->text && !negated && lo < 0x20) {
-            for (uint32_t cp = lo; cp <= hi && cp < 0x20; cp++) controls |= 1u << cp;
-            if (hi < 0x20) continue;
-            lo = 0x20;
-        }
-        class_range(r, &cls, lo, hi, negated, &quote, &backslash);
+        class_range(r, &cls, lo, hi, negated, &specials);
     }
     if (cls.oom) { free(cls.p); r->out->oom = true; *p = s + 1; return 0; }
     const bool has_ranges = cls.n > empty_len;
@@ -248,6 +278,9 @@ static int regex_class(rx *r, const char **p) {
     strbuf_puts(&cls, "]");
     /* "[^]" in text mode: any character, which an empty negated GBNF class is not */
     if (negated && r->text && !has_ranges) { free(cls.p); strbuf_puts(r->out, "."); *p = s + 1; return 0; }
+    /* the specials it matches: a plain class's members, a negated one's others */
+    const bool quote = !r->text && negated != specials.quote, backslash = !r->text && negated != specials.backslash;
+    const uint32_t controls = r->text ? 0 : negated ? ~specials.controls : specials.controls;
     const char *alts[3];
     int n_alts = 0;
     if (negated || has_ranges) alts[n_alts++] = cls.p;
@@ -259,11 +292,7 @@ static int regex_class(rx *r, const char **p) {
     else {
         strbuf_puts(o, "(");
         for (int i = 0; i < n_alts; i++) { if (i) strbuf_puts(o, " | "); strbuf_puts(o, alts[i]); }
-        for (uint32_t cp = 0, written = (uint32_t)n_alts; cp < 0x20; cp++)
-            if (controls >> cp & 1) {
-                if (written++) strbuf_puts(o, " | ");
-                json_control(o, cp);
-            }
+        json_controls(o, controls, n_alts);
         strbuf_puts(o, ")");
     }
     free(cls.p);
@@ -311,7 +340,8 @@ static int regex_atom(rx *r, const char **p, int depth) {
     if (*s == '[') return regex_class(r, p);
     /* '.': any character but a line terminator (ECMA-262: \n \r U+2028 U+2029) */
     if (*s == '.') {
-        strbuf_puts(o, r->text ? "[^\\n\\r\\u2028\\u2029]" : "[^" JSON_EXCLUDED "\\u2028\\u2029]");
+        const char *as_class = "[^\\n\\r\\u2028\\u2029]"; /* (a JSON string's '"', '\' and other controls: escaped) */
+        if (regex_class(r, &as_class) < 0) return -1;
         *p = s + 1;
         return 0;
     }

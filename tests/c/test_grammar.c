@@ -405,10 +405,10 @@ static void test_json_schema(void) {
     tl_compiled_grammar_free(g);
     /* Pattern classes are translated member by member (never copied as text): ']' and '#'
        stay inside the class, '"' and '\' inside a class become the JSON escapes, "[]"
-       matches nothing and "[^]" any character. */
+       matches nothing and "[^]" any character ('\' too: it was left out). */
     g = schema("{\"type\":\"string\",\"pattern\":\"^[a\\\\]#][ -~]{2}[^]x$\"}");
-    static const char *y7[] = {"\"]ab~x\"", "\"#\\\"\\\\zx\"", "\"a \\\"zx\"", NULL};
-    static const char *n7[] = {"\"b  zx\"", "\"a\"b\"x\"", "\"a\\\\x\"", "\"#ab\"", "\"#\\\\\\\\\\\\x\"", NULL};
+    static const char *y7[] = {"\"]ab~x\"", "\"#\\\"\\\\zx\"", "\"a \\\"zx\"", "\"#\\\\\\\\\\\\x\"", NULL};
+    static const char *n7[] = {"\"b  zx\"", "\"a\"b\"x\"", "\"a\\\\x\"", "\"#ab\"", NULL};
     expect(g, "pattern classes", y7, n7);
     tl_compiled_grammar_free(g);
     g = schema("{\"type\":\"string\",\"pattern\":\"a[]|b\"}");
@@ -423,19 +423,41 @@ static void test_json_schema(void) {
     static const char *n10[] = {"\" a\"", "\"\xc2\xa0" "a\"", "\"\xe3\x80\x80" "a\"", "\"a\xe2\x80\xa8\"", NULL};
     expect(g, "ECMA white space", y10, n10);
     tl_compiled_grammar_free(g);
-    /* \S \D \W in a class (refused): "[\s\S]" is any character a JSON string holds, '"' and
-       '\' written escaped; a negated class of them excludes exactly the set (a plain class's \s is the space alone,
-       as outside one) */
+    /* \S \D \W in a class (refused): "[\s\S]" is any character a JSON string holds, '"', '\'
+       and the controls written escaped (\s's tab and line feed were left out); a negated class
+       of them excludes exactly the set */
     g = schema("{\"type\":\"string\",\"pattern\":\"^[\\\\s\\\\S]{2}$\"}");
-    static const char *y_any[] = {"\"a \"", "\"\\\"\\\\\"", "\"\xc3\xa9\xe2\x82\xac\"", "\"\\\"1\"", NULL};
+    static const char *y_any[] = {"\"a \"", "\"\\\"\\\\\"", "\"\xc3\xa9\xe2\x82\xac\"", "\"\\\"1\"", "\"\\t\\n\"",
+                                  "\"\\u0001\xe2\x80\xa8\"", NULL};
     static const char *n_any[] = {"\"a\"", "\"abc\"", "\"a\\\"", NULL};
     expect(g, "[\\s\\S] in a JSON string", y_any, n_any);
     tl_compiled_grammar_free(g);
     g = schema("{\"type\":\"string\",\"pattern\":\"^[^\\\\S\\\\d]$\"}");
-    static const char *y_nots[] = {"\" \"", "\"\xc2\xa0\"", NULL};
-    static const char *n_nots[] = {"\"a\"", "\"1\"", "\"\\\"\"", NULL};
+    static const char *y_nots[] = {"\" \"", "\"\xc2\xa0\"", "\"\\t\"", "\"\\r\"", NULL};
+    static const char *n_nots[] = {"\"a\"", "\"1\"", "\"\\\"\"", "\"\\u0001\"", NULL};
     expect(g, "[^\\S\\d] in a JSON string", y_nots, n_nots);
     tl_compiled_grammar_free(g);
+    /* what ECMA-262's '.', \s, \S and a negated class match in a JSON string, written as JSON
+       escapes it: '"', '\' and the controls ('.' refused them, [^a] refused '"', \s the tab: valid
+       strings the grammar could never write) */
+    static const char *const dot_pattern[][4] = {
+        /* pattern, matches, matches, does not match */
+        {"^.$", "\"\\\"\"", "\"\\u001f\"", "\"\\n\""},
+        {"^.$", "\"\\\\\"", "\"\\t\"", "\"\\u000D\""},
+        {"^\\\\s$", "\"\\t\"", "\"\\u000b\"", "\"\\u0001\""},
+        {"^\\\\S$", "\"\\u0001\"", "\"\\\\\"", "\"\\t\""},
+        {"^[^a]$", "\"\\\"\"", "\"\\n\"", "\"a\""},
+        {"^[^\\\\n]$", "\"\\\\\"", "\"\\b\"", "\"\\u000a\""},
+        {"^\\\\W$", "\"\\u0000\"", "\"\\\"\"", "\"_\""},
+    };
+    for (size_t i = 0; i < sizeof dot_pattern / sizeof dot_pattern[0]; i++) {
+        char text[128];
+        snprintf(text, sizeof text, "{\"type\":\"string\",\"pattern\":\"%s\"}", dot_pattern[i][0]);
+        g = schema(text);
+        const char *yes[] = {dot_pattern[i][1], dot_pattern[i][2], NULL}, *no[] = {dot_pattern[i][3], NULL};
+        expect(g, dot_pattern[i][0], yes, no);
+        tl_compiled_grammar_free(g);
+    }
     /* enum next to type: the values of that type only (1 was let through) */
     g = schema("{\"type\":\"string\",\"enum\":[\"a\",1,\"b\"]}");
     static const char *y9[] = {"\"a\"", "\"b\"", NULL};
@@ -515,17 +537,18 @@ static void test_json_schema(void) {
     static const char *nu[] = {"\"cafe A\\\"\"", "\"caf\xc3\xa9 A\"\"", NULL};
     expect(g, "pattern hex escapes", yu, nu);
     tl_compiled_grammar_free(g);
-    /* a control in a JSON string's pattern: the string holds it as JSON escapes it */
+    /* a control in a JSON string's pattern: the string holds it as JSON escapes it (its short
+       escape, or \u00XX in either case) */
     g = schema("{\"type\":\"string\",\"pattern\":\"a\\\\nb\\\\t\\\\x01\"}");
-    static const char *yc[] = {"\"a\\nb\\t\\u0001\"", NULL};
-    static const char *nc[] = {"\"anbt\"", "\"a\nb\t\x01\"", "\"a\\u000Ab\\t\\u0001\"", NULL};
+    static const char *yc[] = {"\"a\\nb\\t\\u0001\"", "\"a\\u000Ab\\u0009\\u0001\"", NULL};
+    static const char *nc[] = {"\"anbt\"", "\"a\nb\t\x01\"", "\"a\\u000Bb\\t\\u0001\"", NULL};
     expect(g, "pattern controls", yc, nc);
     tl_compiled_grammar_free(g);
     /* controls in a plain class too, each as JSON escapes it, beside the class's characters
        (they were refused: "[a-z\n]" is how a pattern allows several lines) */
     g = schema("{\"type\":\"string\",\"pattern\":\"^[a-b\\\\n\\\\x00-\\\\x02\\\"]+$\"}");
-    static const char *ycc[] = {"\"a\\nb\"", "\"\\n\\u0000\\u0001\\u0002\\\"\"", "\"ab\"", NULL};
-    static const char *ncc[] = {"\"a\nb\"", "\"a\\tb\"", "\"\\u0003\"", "\"a\\u000Ab\"", "\"c\"", NULL};
+    static const char *ycc[] = {"\"a\\nb\"", "\"\\n\\u0000\\u0001\\u0002\\\"\"", "\"ab\"", "\"a\\u000ab\"", NULL};
+    static const char *ncc[] = {"\"a\nb\"", "\"a\\tb\"", "\"\\u0003\"", "\"c\"", NULL};
     expect(g, "pattern class controls", ycc, ncc);
     tl_compiled_grammar_free(g);
     g = schema("{\"type\":\"string\",\"pattern\":\"^[\\\\t]$\"}"); /* a class of controls alone */
