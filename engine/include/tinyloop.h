@@ -140,7 +140,10 @@ struct tl_model_info {
     int exit_gate;            /* 1 when the model has a per-loop exit gate (Ouro) */
     float exit_gate_threshold; /* its default cumulative-probability threshold (config.json's
                                   exit_gate_threshold, a Hugging Face Ouro folder's
-                                  early_exit_threshold; 1 = never exit early) */
+                                  early_exit_threshold). 1 exits only where the cumulative
+                                  probability reaches 1 in double precision, as Ouro's own
+                                  code does: gates near 1 saturate it within a few loops (for
+                                  every loop, leave the gate criterion off) */
 };
 
 /* Never NULL for a loaded model; valid as long as the model is. */
