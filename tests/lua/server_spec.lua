@@ -1918,11 +1918,18 @@ describe("chat completions", function()
         refused({ messages = messages, tools = { { type = "function", ["function"] = { name = "f", parameters = deep } } } },
                 "tools", "tools: objects and arrays nested deeper than 64")
         refused({ messages = messages, tools = { NOW }, parallel_tool_calls = 1 }, "parallel_tool_calls", "must be a boolean")
-        refused({ messages = messages, tools = { NOW }, tool_choice = "required", stop = { "\n" } }, "stop",
-                'tool_choice "required" writes tool calls only: not with stop strings')
-        -- (an empty list cuts nothing: clients that send [] for none were refused)
-        local empty_stop_body = cjson.encode({ messages = messages, tools = { NOW }, tool_choice = "required", max_tokens = 1 })
-        local empty_stop, empty_stop_answer = post_chat((empty_stop_body:gsub("^{", '{"stop": [], ')))
+        -- stop strings do not apply to a forced call (it was refused; Anthropic takes them): the
+        -- call is whole, as without them (an empty list too: clients send [] for none)
+        local forced = { messages = messages, tools = { NOW }, tool_choice = "required", max_tokens = 40, seed = 3 }
+        local plain_status, plain_answer = post_chat(forced)
+        assert.equal(200, plain_status, plain_answer)
+        forced.stop = { "{", "\"" }
+        local stopped_status, stopped_answer = post_chat(forced)
+        assert.equal(200, stopped_status, stopped_answer)
+        assert.same(cjson.decode(plain_answer).choices[1].message.tool_calls[1]["function"],
+                    cjson.decode(stopped_answer).choices[1].message.tool_calls[1]["function"])
+        forced.stop = nil
+        local empty_stop, empty_stop_answer = post_chat((cjson.encode(forced):gsub("^{", '{"stop": [], ')))
         assert.equal(200, empty_stop, empty_stop_answer)
         refused({ messages = messages, top_logprobs = 2 }, "top_logprobs", "needs logprobs: true")
         refused({ messages = messages, logprobs = true, top_logprobs = 21 }, "top_logprobs", "top_logprobs = 21 must be in [0, 20]")
@@ -2433,6 +2440,15 @@ describe("messages (Anthropic's Messages API)", function()
         local use = r.content[1]
         assert.same({ "tool_use", "weather" }, { use.type, use.name })
         assert.truthy(use.input.city == "Paris" or use.input.city == "Rome", body)
+        -- stop_sequences beside a forced tool: taken, as Anthropic takes them (they were
+        -- refused), and not applied to the call
+        req.temperature = 0
+        local greedy = cjson.decode(select(2, post_messages(req)))
+        req.stop_sequences = { "\"", "Paris", "Rome" }
+        status, body = post_messages(req)
+        assert.equal(200, status, body)
+        assert.same(greedy.content[1].input, cjson.decode(body).content[1].input)
+        req.stop_sequences, req.temperature = nil, nil
         req.stream = true
         status, body = post_messages(req, "-N")
         assert.equal(200, status, body)

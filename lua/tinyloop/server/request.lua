@@ -1156,11 +1156,10 @@ local function tools_fields(t, body, cfg, shared)
             return bad(("tool_choice %s constrains the output to tool calls: not with %s"):format(which, shared.grammar_field),
                        shared.grammar_field)
         end
-        -- a stop string would cut the calls' markup or JSON, which the grammar guarantees whole
-        -- (an empty list cuts nothing: clients send [] for none)
-        if cfg.stop_strings and #cfg.stop_strings > 0 then
-            return bad(("tool_choice %s writes tool calls only: not with stop strings"):format(which), "stop")
-        end
+        -- Stop strings do not apply: the reply is tool calls only, whole by the grammar, which
+        -- a stop string would cut (Anthropic takes stop_sequences beside a forced tool, as
+        -- clients that send their stops with every request expect; they were refused).
+        cfg.stop_strings = nil
     else -- "auto": free text, and a call the model opens is made whole and valid
         if not spec.parallel then
             local stops = cfg.stop_strings or {}
