@@ -336,6 +336,29 @@ describe("responses view of a chat stream", function()
         assert.equal(1, messages)
     end)
 
+    it("ends a reasoning the token limit cut as the incomplete item, with no message after it, streamed or not", function()
+        -- (OpenAI's answer: it was "completed", and an empty message after it "incomplete")
+        local _, _, view = chat_of('{"input": "x", "stream": true}')
+        view:start_stream("resp_1_20", 100, "m")
+        view:feed('{"choices":[{"index":0,"delta":{"role":"assistant","reasoning_content":"Let me"},"finish_reason":null}]}')
+        local events = view:feed('{"choices":[{"index":0,"delta":{},"finish_reason":"length"}],"usage":' ..
+                                 '{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}')
+        local streamed = cjson.decode(events[#events][2]).response
+        assert.same({ "incomplete", 1, "reasoning", "incomplete" },
+                    { streamed.status, #streamed.output, streamed.output[1].type, streamed.output[1].status })
+        _, _, view = chat_of('{"input": "x"}')
+        local answer = { created = 1, model = "m", choices = { { index = 0, finish_reason = "length",
+                         message = { role = "assistant", content = "", reasoning_content = "Let me" } } },
+                         usage = { prompt_tokens = 3, completion_tokens = 2, total_tokens = 5 } }
+        local blocking = cjson.decode(view:response(cjson.encode(answer), "resp_1_21"))
+        assert.same({ "incomplete", 1, "reasoning", "incomplete" },
+                    { blocking.status, #blocking.output, blocking.output[1].type, blocking.output[1].status })
+        -- reasoning, then text the limit cut: the message is the incomplete one, as before
+        answer.choices[1].message.content = "Hi"
+        blocking = cjson.decode(view:response(cjson.encode(answer), "resp_1_22"))
+        assert.same({ 2, "completed", "incomplete" }, { #blocking.output, blocking.output[1].status, blocking.output[2].status })
+    end)
+
     it("ends a call whose arguments are whole as completed, one the token limit cut as incomplete", function()
         for _, case in ipairs({ { '{\\"a\\": 1}', "completed" }, { '{\\"a', "incomplete" } }) do
             local _, _, view = chat_of('{"input": "x", "stream": true}')

@@ -595,15 +595,19 @@ local function text_entries(entries, text, after, reasoned)
 end
 
 -- response(chat_json, id) -> the Responses answer's JSON text of a blocking chat answer (one
--- choice): a reasoning item (a thinking model's), a message (unless the reply is calls only),
--- a function_call item per call. A token limit's cut leaves the last item incomplete.
+-- choice): a reasoning item (a thinking model's), a message (unless the reply is calls only,
+-- or reasoning the token limit cut), a function_call item per call. A token limit's cut
+-- leaves the last item incomplete.
 function View:response(chat_json, id)
     local answer = shapes.answer(chat_json)
     local status = status_of(answer.finish.finish_reason)
     local items = {} -- { make(status) } in order
     local thought = answer.reasoning
     if thought then items[#items + 1] = function(s) return reasoning_item("rs_" .. item_key(id), thought, s) end end
-    if answer.text ~= "" or #answer.calls == 0 then
+    -- (a reasoning the limit cut is the last item, incomplete, as OpenAI answers it: an empty
+    -- message after it was the incomplete one)
+    local cut_in_reasoning = thought and status == "incomplete" and answer.text == ""
+    if answer.text ~= "" or (#answer.calls == 0 and not cut_in_reasoning) then
         local entries = answer.logprobs
         if thought or #answer.calls > 0 then entries = text_entries(entries, answer.text, thought and #thought or 0, thought ~= nil) end
         local lp = self.logprobs and logprob_list(entries) or nil
@@ -881,8 +885,12 @@ function View:feed(payload)
             self:event(out, "response.function_call_arguments.delta", { id_m, index_m, { "delta", encode(d.text) } })
         elseif d.kind == "finish" then
             local status = status_of(d.finish_reason)
-            -- a reply with no text and no call still has its (empty) message, as a blocking answer does
-            if self.calls == 0 and not self.message_seen then self:open_item(out, "message", "msg_" .. item_key(self.id)) end
+            -- a reply with no text and no call still has its (empty) message, as a blocking answer
+            -- does, but for a reasoning the token limit cut (itself the incomplete item)
+            local cut_in_reasoning = status == "incomplete" and self.open and self.open.kind == "reasoning"
+            if self.calls == 0 and not self.message_seen and not cut_in_reasoning then
+                self:open_item(out, "message", "msg_" .. item_key(self.id))
+            end
             -- the held tokens no text came after (an end of text): the message's where the reply
             -- is the message alone, as a blocking answer's; after reasoning or calls they write
             -- none of its text (a </think> held to the end was given to it)
