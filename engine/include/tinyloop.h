@@ -776,8 +776,8 @@ tl_status tl_generate_tree_speculative(const tl_model *model, const int32_t *pro
 typedef struct tl_engine tl_engine;
 
 typedef struct tl_engine_options {
-    int max_active;  /* 8; sessions stepped together at most (>= 1) */
-    int max_queued;  /* 32; submitted sessions waiting for a place (>= 0) */
+    int max_active;  /* 8; sessions stepped together at most, 1 .. 4096 */
+    int max_queued;  /* 32; submitted sessions waiting for a place, 0 .. 1048576 */
     int step_rows;   /* -1 (auto); rows one iteration forwards at most: one per running request,
                         and what they leave for prompts not yet in their caches (chunked
                         prefill, tl_step_batch_options.prompt_rows). A long prompt is prefilled
@@ -886,7 +886,8 @@ typedef struct tl_engine_counters {
                                     that emitted nothing counts in partial_prefills instead) */
     uint64_t steps_after_cancel; /* steps sessions made after their cancel (the one in flight) */
     uint64_t partial_prefills;   /* session-steps that forwarded part of a prompt and emitted nothing
-                                    (step_rows cut it) */
+                                    (step_rows cut it; a prompt that waited for the rows others took,
+                                    forwarding none, counts in neither) */
     uint64_t waiter_wakeups;     /* times a sleeping tl_engine_wait woke (its request's output, finish
                                     or cancel, the engine's stop, its timeout): not once per step */
 } tl_engine_counters;

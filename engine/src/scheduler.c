@@ -349,9 +349,10 @@ static void *engine_main(void *arg) {
         for (int i = 0; i < n_run; i++) {
             request *r = run[i];
             const bool cut = statuses[i] == TL_OK && tokens[i] < 0 && stops[i] == TL_STOP_NONE;
-            if (cut) { /* step_rows cut its prompt: a chunk, not a step (also when cancelled since) */
-                e->c.partial_prefills++;
+            if (cut) { /* step_rows cut its prompt: a chunk, not a step (also when cancelled since), */
                 e->c.rows--;
+                /* or nothing where the earlier prompts took every row (it counted as a chunk) */
+                if (r->session->batch_prompt_rows > 0) e->c.partial_prefills++;
             }
             if (r->cancelled) {
                 e->c.steps_after_cancel++;
@@ -599,9 +600,13 @@ tl_status tl_engine_read(tl_engine *e, uint64_t id, tl_engine_update *u) {
     if (!e || !u) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_read: NULL argument");
     memset(u, 0, sizeof *u);
     pthread_mutex_lock(&e->mu);
-    request *r = find(e, id);
+    /* (stopped: gone, as for tl_engine_wait; a stop from a hook left the requests in place
+       until the owner's stop or free, which read then found running for good) */
+    request *r = e->stop ? NULL : find(e, id);
     if (!r || r->cancelled) {
+        const bool stopped = e->stop;
         pthread_mutex_unlock(&e->mu);
+        if (stopped) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_read: the engine has stopped");
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_read: unknown request id %llu", (unsigned long long)id);
     }
     /* Swap, so the engine appends to the old buffer's memory while the reader uses this one. */
@@ -633,7 +638,7 @@ tl_status tl_engine_read(tl_engine *e, uint64_t id, tl_engine_update *u) {
 void tl_engine_cancel(tl_engine *e, uint64_t id) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
-    request *r = find(e, id), *gone = NULL;
+    request *r = e->stop ? NULL : find(e, id), *gone = NULL; /* (stopped: a no-op, the counters kept) */
     if (r && !r->cancelled) {
         if (r->state == TL_ENGINE_FINISHED) {
             unlink_request(e, r);

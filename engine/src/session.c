@@ -690,6 +690,7 @@ static tl_status forward_together(tl_session **group, const int *goals, int n, i
             prompt_left -= take;
         }
         if (!s->prompt_done && take > 0) prefill_begins(group[i]);
+        group[i]->batch_prompt_rows = s->prompt_done ? 0 : take;
         target[i] = s->cache->length + take;
     }
     for (;;) {

@@ -72,6 +72,8 @@ struct tl_session {
     int last_depth;              /* loop depth of the forward that produced the chosen row */
     bool finished;
     bool prompt_done;            /* the prompt's rows are in the cache (prefill is over) */
+    int batch_prompt_rows;       /* rows of its prompt the last batched step that shared it out
+                                    gave it (0: none; the serving engine counts a chunk by it) */
     bool rows_from_bytes;        /* some of its K/V rows came from a saved state's bytes
                                     (state_file.c), which only a checksum guards: none is ever
                                     offered to the prefix pool, where other sessions would read

@@ -485,7 +485,7 @@ int main(int argc, char **argv) {
         CHECK(w.result == -1 || w.result == 1, "the waiter returned: %d", w.result);
         CHECK(tl_engine_wait(stopped, running, 100) == -1, "a wait after the stop: gone");
         tl_engine_update su;
-        CHECK_ERROR(tl_engine_read(stopped, running, &su), TL_ERR_INVALID_ARGUMENT, "unknown request id");
+        CHECK_ERROR(tl_engine_read(stopped, running, &su), TL_ERR_INVALID_ARGUMENT, "the engine has stopped");
         uint64_t late = 9;
         tl_session *late_session = new_session(jobs[0].prompt, &held);
         CHECK_ERROR(tl_engine_submit(stopped, late_session, &late), TL_ERR_INVALID_ARGUMENT, "the engine is stopping");
@@ -642,6 +642,45 @@ int main(int argc, char **argv) {
         CHECK(cc.rows == 3 * 30, "rows %llu", (unsigned long long)cc.rows);
         tl_engine_free(chunked);
     }
+    {
+        /* A prompt that waits while an earlier one takes every row forwards nothing: no chunk
+           (it counted as one). step_rows 10 at 2 places: 8 prompt rows an iteration (9 for one
+           alone); two 40-token prompts of one token each are 5 chunks apiece, 4 of them
+           emitting nothing, or 5 where the second's first chunk is what the first's last left
+           (when the engine admits the second decides): 8 to 10. The second waits for the first
+           in 4 iterations or more, which counted too (12 or more). */
+        tl_engine_options narrow_opts;
+        tl_engine_options_init(&narrow_opts);
+        narrow_opts.max_active = 2;
+        narrow_opts.step_rows = 10;
+        tl_engine *narrow = NULL;
+        CHECK(tl_engine_new(model, &narrow_opts, &narrow) == TL_OK, "%s", tl_last_error());
+        int32_t prompt40[40];
+        for (int t = 0; t < 40; t++) prompt40[t] = 5 + t % 50;
+        tl_generate_config one;
+        tl_generate_config_init(&one);
+        one.max_tokens = 1;
+        one.ignore_eos = 1;
+        uint64_t two[2];
+        for (int i = 0; i < 2; i++) {
+            tl_session *session = NULL;
+            CHECK(tl_session_new(model, prompt40, 40, &one, &session) == TL_OK, "%s", tl_last_error());
+            CHECK(tl_engine_submit(narrow, session, &two[i]) == TL_OK && two[i] > 0, "%s", tl_last_error());
+        }
+        for (int i = 0; i < 2; i++) {
+            tl_engine_update nu;
+            memset(&nu, 0, sizeof nu);
+            while (tl_engine_wait(narrow, two[i], 1000) >= 0 && tl_engine_read(narrow, two[i], &nu) == TL_OK &&
+                   nu.state != TL_ENGINE_FINISHED) {}
+            CHECK(nu.state == TL_ENGINE_FINISHED, "request %d finished", i);
+        }
+        tl_engine_counters nc;
+        tl_engine_get_counters(narrow, &nc);
+        CHECK(nc.partial_prefills >= 8 && nc.partial_prefills <= 10 && nc.rows == 2,
+              "partial prefills %llu (want 8 to 10), rows %llu (want 2), iterations %llu",
+              (unsigned long long)nc.partial_prefills, (unsigned long long)nc.rows, (unsigned long long)nc.iterations);
+        tl_engine_free(narrow);
+    }
 
     /* A prompt chunk in flight when its request is cancelled is a chunk still, not a row (rows
        counted the cancelled request's last chunk). A held request steps alone, then beside a
@@ -714,6 +753,20 @@ int main(int argc, char **argv) {
         }
         CHECK(tl_engine_wait(hooked_engine, stopping_id, 0) == -1, "the hook's %s stopped the engine",
               freeing ? "free" : "stop");
+        /* read and cancel agree with wait: gone (read found them running for good, and a
+           cancel moved the counters of a stopped engine) */
+        tl_engine_update gone_update;
+        CHECK_ERROR(tl_engine_read(hooked_engine, beside_id, &gone_update), TL_ERR_INVALID_ARGUMENT, "the engine has stopped");
+        CHECK_ERROR(tl_engine_read(hooked_engine, stopping_id, &gone_update), TL_ERR_INVALID_ARGUMENT, "the engine has stopped");
+        tl_engine_counters before_cancel, after_cancel;
+        tl_engine_get_counters(hooked_engine, &before_cancel);
+        tl_engine_cancel(hooked_engine, beside_id);
+        tl_engine_cancel(hooked_engine, stopping_id);
+        tl_engine_get_counters(hooked_engine, &after_cancel);
+        CHECK(after_cancel.cancelled == before_cancel.cancelled && after_cancel.queued == before_cancel.queued &&
+                  after_cancel.active == before_cancel.active,
+              "a cancel after the stop is a no-op: cancelled %llu -> %llu", (unsigned long long)before_cancel.cancelled,
+              (unsigned long long)after_cancel.cancelled);
         uint64_t late = 0;
         tl_session *refused = new_session(jobs[0].prompt, &pc);
         CHECK_ERROR(tl_engine_submit(hooked_engine, refused, &late), TL_ERR_INVALID_ARGUMENT, "the engine is stopping");
