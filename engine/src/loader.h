@@ -27,11 +27,15 @@ tl_status tl_bind_vector(tl_binder *b, const char *name, int len, const float **
 tl_status tl_bind_vector_part(tl_binder *b, const char *name, const int64_t *shape, int ndim, int at,
                               int len, const float **out);
 /* Claims a tensor the model does not use (a buffer such as freqs_cis, the stored copy of a
-   tied head), so the loader does not reject it as unexpected. Returns whether it exists. */
+   tied head), and its "<name>_scale" where it was quantised, so the loader does not reject
+   them as unexpected. Returns whether it exists. */
 bool tl_bind_ignore(tl_binder *b, const char *name);
 /* The output head of a published family, stored as `name`: with tie_embeddings it is the
    token embedding, and a stored copy (some exports keep one) is claimed and ignored. */
 tl_status tl_bind_head(tl_binder *b, const char *name);
+/* Whether the checkpoint in dir ties its head to its token embedding (its config.json, read
+   as a load reads it, every family's): a stored "lm_head.weight" is then never read. */
+tl_status tl_checkpoint_ties_head(const char *dir, bool *tied);
 
 /* A published model family: recognised by config.json's model_type or architectures[0],
    with its own config names and tensor names. */

@@ -215,6 +215,12 @@ tl_status tl_bind_vector(tl_binder *b, const char *name, int len, const float **
 bool tl_bind_ignore(tl_binder *b, const char *name) {
     tl_st_tensor *t = tl_st_set_find(b->files, name, NULL);
     if (t) t->claimed = t->ignored = true;
+    /* and its scales, where it was quantised (a tied head that an earlier quantize wrote:
+       the load refused its "lm_head.weight_scale" as unexpected) */
+    char scale_name[512];
+    snprintf(scale_name, sizeof scale_name, "%s_scale", name);
+    tl_st_tensor *scale = t ? tl_st_set_find(b->files, scale_name, NULL) : NULL;
+    if (scale) scale->claimed = scale->ignored = true;
     return t != NULL;
 }
 
@@ -514,6 +520,18 @@ static tl_status detect_family(const cJSON *root, const tl_family **out) {
 }
 
 /* config.json -> m->cfg, through the family's reader when it is a published one. */
+static tl_status read_config(tl_model *m, const char *dir, const tl_family **family);
+
+tl_status tl_checkpoint_ties_head(const char *dir, bool *tied) {
+    tl_model *m = calloc(1, sizeof *m);
+    if (!m) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    const tl_family *family = NULL;
+    const tl_status st = read_config(m, dir, &family);
+    *tied = st == TL_OK && m->cfg.tie_embeddings;
+    free(m);
+    return st;
+}
+
 static tl_status read_config(tl_model *m, const char *dir, const tl_family **family) {
     char path[4096], *text = NULL;
     size_t text_len;

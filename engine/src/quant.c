@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "calibrate.h"
+#include "loader.h"
 #include "pool.h"
 #include "dtype.h"
 #include "quant.h"
@@ -374,6 +375,11 @@ static tl_dtype type_for(const tl_st_tensor *t, tl_dtype type, bool pure) {
     return type;
 }
 
+/* A tied checkpoint's stored copy of its head (some Hugging Face exports keep one), which no
+   load reads: left out of the output (it was quantised, and its scales then failed the load
+   as an unexpected tensor). */
+static bool unread_head(const tl_st_tensor *t, bool tied) { return tied && strcmp(t->name, "lm_head.weight") == 0; }
+
 static tl_dtype float_dtype(tl_st_dtype d) { return d == TL_ST_F32 ? TL_F32 : d == TL_ST_F16 ? TL_F16 : TL_BF16; }
 
 /* What would make the output wrong or destroy the input, refused before anything is
@@ -552,6 +558,11 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
         tl_st_close(&file);
         return st;
     }
+    bool tied = false;
+    if ((st = tl_checkpoint_ties_head(in_dir, &tied)) != TL_OK) {
+        tl_st_close(&file);
+        return st;
+    }
     if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
         st = tl_fail(TL_ERR_IO, "%s: %s", out_dir, strerror(errno));
         tl_st_close(&file);
@@ -573,6 +584,7 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     uint64_t offset = 0;
     for (int i = 0; i < file.n_tensors; i++) {
         const tl_st_tensor *t = &file.tensors[i];
+        if (unread_head(t, tied)) continue;
         if (!quantisable(t)) {
             add_entry(header, t->name, tl_st_dtype_name(t->dtype), 0, 0, t->ndim, t->shape, &offset, t->nbytes);
             continue;
@@ -614,6 +626,7 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     threads = pool ? tl_pool_threads(pool) : 1; /* the threads it could start; none: the caller's alone */
     for (int i = 0; ok && i < file.n_tensors; i++) {
         const tl_st_tensor *t = &file.tensors[i];
+        if (unread_head(t, tied)) continue;
         if (!quantisable(t)) {
             ok = fwrite(t->data, 1, t->nbytes, out) == t->nbytes;
             continue;

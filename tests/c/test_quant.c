@@ -324,6 +324,83 @@ static void threads_alike(const char *model_dir) {
           model_dir, differ, bytes);
 }
 
+/* A tied Hugging Face folder that stores its head's copy (ouro_bf16_tied), joined into one
+   file (the quantiser takes no shards): quantised, the copy no load reads is left out (it was
+   quantised, and the load refused its scales as an unexpected tensor, after the quantiser had
+   written its output); a head quantised so by an earlier version still loads (the loader
+   ignores a copy's scales with it). */
+static bool join_shards(const char *from_dir, const char *to_dir, const char *keep_scale_of) {
+    tl_st_set set;
+    if (tl_st_set_open(from_dir, &set) != TL_OK) { CHECK(0, "%s: %s", from_dir, tl_last_error()); return false; }
+    char path[1100];
+    snprintf(path, sizeof path, "mkdir -p %s && cp %s/config.json %s/", to_dir, from_dir, to_dir);
+    bool ok = system(path) == 0;
+    /* the header: every tensor in file order, offsets one after another (and, asked, a fake
+       "<name>_scale" of one byte, as an old quantisation's leftover) */
+    size_t cap = 1 << 16, n = 0;
+    char *header = malloc(cap);
+    uint64_t offset = 0;
+    n += (size_t)snprintf(header + n, cap - n, "{");
+    for (int f = 0; f < set.n_files; f++)
+        for (int i = 0; i < set.files[f].n_tensors; i++) {
+            const tl_st_tensor *t = &set.files[f].tensors[i];
+            n += (size_t)snprintf(header + n, cap - n, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", n > 1 ? "," : "", t->name,
+                                  tl_st_dtype_name(t->dtype));
+            for (int d = 0; d < t->ndim; d++) n += (size_t)snprintf(header + n, cap - n, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+            n += (size_t)snprintf(header + n, cap - n, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
+                                  (unsigned long long)(offset + t->nbytes));
+            offset += t->nbytes;
+        }
+    if (keep_scale_of)
+        n += (size_t)snprintf(header + n, cap - n, ",\"%s_scale\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[%llu,%llu]}",
+                              keep_scale_of, (unsigned long long)offset, (unsigned long long)(offset + 1));
+    n += (size_t)snprintf(header + n, cap - n, "}");
+    while (n % 8) header[n++] = ' ';
+    snprintf(path, sizeof path, "%s/model.safetensors", to_dir);
+    FILE *out = ok ? fopen(path, "wb") : NULL;
+    ok = out != NULL;
+    uint8_t len_le[8];
+    for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    if (ok) ok = fwrite(len_le, 1, 8, out) == 8 && fwrite(header, 1, n, out) == n;
+    for (int f = 0; ok && f < set.n_files; f++)
+        for (int i = 0; ok && i < set.files[f].n_tensors; i++)
+            ok = fwrite(set.files[f].tensors[i].data, 1, set.files[f].tensors[i].nbytes, out) == set.files[f].tensors[i].nbytes;
+    if (ok && keep_scale_of) ok = fputc(0, out) != EOF;
+    if (out) ok = fclose(out) == 0 && ok;
+    free(header);
+    tl_st_set_close(&set);
+    CHECK(ok, "join %s into %s", from_dir, to_dir);
+    return ok;
+}
+static void tied_head_copy(const char *hf_dir) {
+    char joined[1024], out[1100], stale[1024], path[1200];
+    snprintf(joined, sizeof joined, "%s/ouro-tied-joined", quantised_root);
+    snprintf(out, sizeof out, "%s/ouro-tied-q8", quantised_root);
+    if (!join_shards(hf_dir, joined, NULL)) return;
+    tl_model *m = NULL;
+    CHECK(tl_model_load(joined, NULL, &m) == TL_OK, "the joined folder loads: %s", tl_last_error());
+    tl_model_free(m);
+    for (int type = 0; type < 2; type++) {
+        CHECK(tl_quantize_checkpoint(joined, out, type ? TL_Q4 : TL_Q8) == TL_OK, "quantise %s: %s", joined, tl_last_error());
+        m = NULL;
+        CHECK(tl_model_load(out, NULL, &m) == TL_OK, "%s: load: %s", out, tl_last_error());
+        tl_model_free(m);
+        snprintf(path, sizeof path, "%s/model.safetensors", out);
+        tl_st_file f;
+        if (tl_st_open(path, &f) == TL_OK) {
+            CHECK(!tl_st_find(&f, "lm_head.weight") && !tl_st_find(&f, "lm_head.weight_scale"),
+                  "the tied head's copy is left out");
+            tl_st_close(&f);
+        }
+    }
+    /* an earlier quantisation's leftover scales of the copy: ignored with it */
+    snprintf(stale, sizeof stale, "%s/ouro-tied-stale", quantised_root);
+    if (!join_shards(hf_dir, stale, "lm_head.weight")) return;
+    m = NULL;
+    CHECK(tl_model_load(stale, NULL, &m) == TL_OK, "a copy's scales are ignored with it: %s", tl_last_error());
+    tl_model_free(m);
+}
+
 /* A Hugging Face Huginn folder quantised (its fused Wqkv and mlp.fc, split by rows at load,
    were refused once quantised, after the quantiser had written its output): it loads, and
    each split matrix's row r is what tl_quantize_row_q4 makes of the fused row it came from,
@@ -690,5 +767,7 @@ int main(int argc, char **argv) {
     char hf[1024];
     snprintf(hf, sizeof hf, "%s/../hf/huginn_f32", argv[1]);
     fused_split(hf);
+    snprintf(hf, sizeof hf, "%s/../hf/ouro_bf16_tied", argv[1]);
+    tied_head_copy(hf);
     return check_summary();
 }
