@@ -111,10 +111,6 @@ local function to_json(v, depth, key, in_names)
 end
 M.to_json = to_json
 
--- schema: a Lua table or a JSON string; opts.whitespace = "free" allows blanks between tokens;
--- opts.loose = true leaves out the keywords that only narrow a value and that the converter
--- cannot enforce (tinyloop.h: tl_json_schema_options.loose), allowing a superset.
--- A schema's JSON text and its tl_json_schema_options, checked (who: the function, for messages).
 -- Raises on a key of `t` that `known` lacks (a misspelt option was ignored: {free_whitespace =
 -- true} gave compact JSON), naming the ones taken; `what` says where ("opts", "tags[2]").
 local function check_known(t, known, who, what)
@@ -128,6 +124,10 @@ local function check_known(t, known, who, what)
     end
 end
 
+-- schema: a Lua table or a JSON string; opts.whitespace = "free" allows blanks between tokens;
+-- opts.loose = true leaves out the keywords that only narrow a value and that the converter
+-- cannot enforce (tinyloop.h: tl_json_schema_options.loose), allowing a superset.
+-- A schema's JSON text and its tl_json_schema_options, checked (who: the function, for messages).
 local SCHEMA_OPTIONS = { whitespace = true, loose = true }
 local function schema_args(schema, opts, who)
     local text
