@@ -133,7 +133,7 @@ static tl_status bind_quantised(tl_binder *b, const char *name, tl_st_tensor *t,
                        path, q8 ? "q8 (I8)" : "q4 (U8)", name, shape, total_rows, q8 ? cols : cols / 2, total_rows, cols);
     }
     char scale_name[300];
-    snprintf(scale_name, sizeof scale_name, "%s_scale", name);
+    snprintf(scale_name, sizeof scale_name, "%s" TL_ST_SCALE_SUFFIX, name);
     const char *scale_path = NULL;
     tl_st_tensor *s = tl_st_set_find(b->files, scale_name, &scale_path);
     if (!s) return tl_fail(TL_ERR_FORMAT, "%s: quantised tensor \"%s\" has no scale tensor \"%s\"", path, name, scale_name);
@@ -218,7 +218,7 @@ bool tl_bind_ignore(tl_binder *b, const char *name) {
     /* and its scales, where it was quantised (a tied head that an earlier quantize wrote:
        the load refused its "lm_head.weight_scale" as unexpected) */
     char scale_name[512];
-    snprintf(scale_name, sizeof scale_name, "%s_scale", name);
+    snprintf(scale_name, sizeof scale_name, "%s" TL_ST_SCALE_SUFFIX, name);
     tl_st_tensor *scale = t ? tl_st_set_find(b->files, scale_name, NULL) : NULL;
     if (scale) scale->claimed = scale->ignored = true;
     return t != NULL;
@@ -467,7 +467,8 @@ static void fill_info(tl_model *m, const tl_st_set *files) {
             for (int k = 0; k < file->tensors[t].ndim; k++) numel *= file->tensors[t].shape[k];
             /* Parameters, not storage: a q4 byte holds two, a scale tensor holds none. */
             const size_t len = strlen(file->tensors[t].name);
-            if (len > 6 && strcmp(file->tensors[t].name + len - 6, "_scale") == 0) numel = 0;
+            const size_t suffix = sizeof TL_ST_SCALE_SUFFIX - 1;
+            if (len > suffix && strcmp(file->tensors[t].name + len - suffix, TL_ST_SCALE_SUFFIX) == 0) numel = 0;
             if (file->tensors[t].dtype == TL_ST_U8) numel *= 2;
             i->n_params += numel;
             i->weight_bytes += (int64_t)file->tensors[t].nbytes;
@@ -519,29 +520,18 @@ static tl_status detect_family(const cJSON *root, const tl_family **out) {
     return TL_OK;
 }
 
-/* config.json -> m->cfg, through the family's reader when it is a published one. */
-static tl_status read_config(tl_model *m, const char *dir, const tl_family **family);
-
-tl_status tl_checkpoint_ties_head(const char *dir, bool *tied) {
-    tl_model *m = calloc(1, sizeof *m);
-    if (!m) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    const tl_family *family = NULL;
-    const tl_status st = read_config(m, dir, &family);
-    *tied = st == TL_OK && m->cfg.tie_embeddings;
-    free(m);
-    return st;
-}
-
-static tl_status read_config(tl_model *m, const char *dir, const tl_family **family) {
+/* config.json -> *cfg, through the family's reader when it is a published one; *config_hash:
+   the file's hash (a model's fingerprint starts from it). */
+static tl_status read_config(const char *dir, tl_config *cfg, uint64_t *config_hash, const tl_family **family) {
     char path[4096], *text = NULL;
     size_t text_len;
     snprintf(path, sizeof path, "%s/config.json", dir);
     tl_status st = tl_read_regular(path, TL_MAX_CONFIG_BYTES, &text, &text_len);
     if (st != TL_OK) return st;
-    tl_hasher config_hash;
-    tl_hash_init(&config_hash);
-    tl_hash_add(&config_hash, text, text_len);
-    m->fingerprint = tl_hash_final(&config_hash); /* the weights are added by fingerprint_weights */
+    tl_hasher hasher;
+    tl_hash_init(&hasher);
+    tl_hash_add(&hasher, text, text_len);
+    *config_hash = tl_hash_final(&hasher);
     /* The parser reads up to the first NUL: what follows one would be ignored unseen. */
     if (strlen(text) != text_len)
         st = tl_fail(TL_ERR_FORMAT, "config.json: contains a NUL byte at offset %zu", strlen(text));
@@ -549,7 +539,7 @@ static tl_status read_config(tl_model *m, const char *dir, const tl_family **fam
     if (st == TL_OK) st = tl_config_json_read(text, &root); /* (its rules hold for every family) */
     if (st == TL_OK) st = detect_family(root, family);
     if (st == TL_OK)
-        st = *family ? (*family)->parse_config(root, &m->cfg) : tl_config_from_json(root, &m->cfg);
+        st = *family ? (*family)->parse_config(root, cfg) : tl_config_from_json(root, cfg);
     cJSON_Delete(root);
     free(text);
     if (st != TL_OK) {
@@ -558,6 +548,15 @@ static tl_status read_config(tl_model *m, const char *dir, const tl_family **fam
         return tl_fail(st, "%s/%s", dir, msg);
     }
     return TL_OK;
+}
+
+tl_status tl_checkpoint_ties_head(const char *dir, bool *tied) {
+    tl_config cfg = {0};
+    uint64_t config_hash;
+    const tl_family *family = NULL;
+    const tl_status st = read_config(dir, &cfg, &config_hash, &family);
+    *tied = st == TL_OK && cfg.tie_embeddings;
+    return st;
 }
 
 /* The model's fingerprint (a state file names the model it was written by): config.json's
@@ -659,7 +658,8 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
     if (!(m->dir = strdup(dir))) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
 
     const tl_family *family = NULL;
-    if ((st = read_config(m, dir, &family)) != TL_OK) return st;
+    /* (the config's hash starts the fingerprint: fingerprint_weights adds the weights) */
+    if ((st = read_config(dir, &m->cfg, &m->fingerprint, &family)) != TL_OK) return st;
 
     if ((st = check_environment()) != TL_OK) return st;
     if (opts->backend != TL_BACKEND_AUTO && opts->backend != TL_BACKEND_CPU && opts->backend != TL_BACKEND_CUDA)

@@ -592,7 +592,7 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
         const int64_t rows = t->shape[0], cols = t->shape[1];
         const tl_dtype type = type_for(t, want, pure);
         char scale_name[512];
-        snprintf(scale_name, sizeof scale_name, "%s_scale", t->name);
+        snprintf(scale_name, sizeof scale_name, "%s" TL_ST_SCALE_SUFFIX, t->name);
         add_entry(header, t->name, type == TL_Q8 ? "I8" : "U8", rows, type == TL_Q8 ? cols : cols / 2, 0, NULL,
                   &offset, (uint64_t)(rows * (type == TL_Q8 ? cols : cols / 2)));
         add_entry(header, scale_name, "F16", rows, cols / TL_QGROUP, 0, NULL, &offset,

@@ -11,6 +11,10 @@ typedef enum {
 
 #define TL_ST_MAX_DIMS 8
 
+/* A quantised matrix NAME's scales are the tensor NAME TL_ST_SCALE_SUFFIX (SPEC §8): written by
+   the quantiser, bound (or ignored with it) by the loader. */
+#define TL_ST_SCALE_SUFFIX "_scale"
+
 typedef struct tl_st_tensor {
     char *name;
     tl_st_dtype dtype;

@@ -177,32 +177,6 @@ static void finish_pooled(const tl_embed_options *o, const double *sum, int n, i
 }
 
 /* One sequence of any length, chunk by chunk: out [d] ([n][d] unpooled). */
-static tl_status embed_one(const char *what, const tl_model *model, const int32_t *tokens, int n,
-                           const tl_embed_options *o, float *out) {
-    const int d = model->cfg.d_model;
-    if (o->pooling == TL_POOLING_NONE) { /* every row straight into out */
-        const chunk_sink sink = {.hidden = out};
-        tl_status st = score_chunks(what, model, tokens, n, o->loops, &sink);
-        if (st == TL_OK && o->normalize)
-            for (int t = 0; t < n; t++) unit_norm(out + (size_t)t * (size_t)d, d);
-        return st;
-    }
-    float *chunk = malloc((size_t)TL_FORWARD_CHUNK * (size_t)d * sizeof *chunk);
-    double *sum = calloc((size_t)d, sizeof *sum);
-    tl_status st;
-    if (!chunk || !sum) {
-        st = tl_fail(TL_ERR_NO_MEMORY, "%s: out of memory", what);
-    } else {
-        pool_rows p = {chunk, n, d, o->pooling, sum, out};
-        const chunk_sink sink = {.hidden = chunk, .reuse = true, .done = pool_chunk, .ctx = &p};
-        st = score_chunks(what, model, tokens, n, o->loops, &sink);
-        if (st == TL_OK) finish_pooled(o, sum, n, d, out);
-    }
-    free(chunk);
-    free(sum);
-    return st;
-}
-
 /* TL_OK unless out[count], an embedding (or its rows), holds a NaN or an infinity: the
    model's activations overflowed, or a device failed. A caller read it as a vector (JSON has
    neither). `input`: its index in a batch, or -1. */
@@ -216,15 +190,40 @@ static tl_status check_embedding(const char *what, const tl_model *model, const 
                    "overflow%s", what, which, tl_overflow_hint(model->kv_type == TL_KV_F16));
 }
 
+/* One input's embedding into out, checked (`input`: its index in a batch, or -1). */
+static tl_status embed_one(const char *what, const tl_model *model, const int32_t *tokens, int n,
+                           const tl_embed_options *o, int input, float *out) {
+    const int d = model->cfg.d_model;
+    if (o->pooling == TL_POOLING_NONE) { /* every row straight into out */
+        const chunk_sink sink = {.hidden = out};
+        tl_status st = score_chunks(what, model, tokens, n, o->loops, &sink);
+        if (st == TL_OK && o->normalize)
+            for (int t = 0; t < n; t++) unit_norm(out + (size_t)t * (size_t)d, d);
+        return st == TL_OK ? check_embedding(what, model, out, (size_t)n * (size_t)d, input) : st;
+    }
+    float *chunk = malloc((size_t)TL_FORWARD_CHUNK * (size_t)d * sizeof *chunk);
+    double *sum = calloc((size_t)d, sizeof *sum);
+    tl_status st;
+    if (!chunk || !sum) {
+        st = tl_fail(TL_ERR_NO_MEMORY, "%s: out of memory", what);
+    } else {
+        pool_rows p = {chunk, n, d, o->pooling, sum, out};
+        const chunk_sink sink = {.hidden = chunk, .reuse = true, .done = pool_chunk, .ctx = &p};
+        st = score_chunks(what, model, tokens, n, o->loops, &sink);
+        if (st == TL_OK) finish_pooled(o, sum, n, d, out);
+        if (st == TL_OK) st = check_embedding(what, model, out, (size_t)d, input);
+    }
+    free(chunk);
+    free(sum);
+    return st;
+}
+
 tl_status tl_embed(const tl_model *model, const int32_t *tokens, int n, const tl_embed_options *opts, float *out) {
     tl_clear_error();
     if (!model || !tokens || !out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_embed: model, tokens and out must not be NULL");
     tl_embed_options o;
     tl_status st = embed_options_of("tl_embed", model, opts, &o);
-    if (st == TL_OK) st = embed_one("tl_embed", model, tokens, n, &o, out);
-    if (st != TL_OK) return st;
-    const size_t count = (size_t)(o.pooling == TL_POOLING_NONE ? n : 1) * (size_t)model->cfg.d_model;
-    return check_embedding("tl_embed", model, out, count, -1);
+    return st == TL_OK ? embed_one("tl_embed", model, tokens, n, &o, -1, out) : st;
 }
 
 /* ---------------------------------------------------------------- many embeddings */
@@ -274,18 +273,19 @@ static tl_status embed_group(embed_batch *b, int first, int count, float *out, s
         const int n = b->inputs[first + i].n;
         const float *own = b->hidden + (size_t)row * (size_t)d;
         float *dst = out + *out_at;
+        const size_t len = (size_t)(o->pooling == TL_POOLING_NONE ? n : 1) * (size_t)d;
         if (o->pooling == TL_POOLING_NONE) { /* as embed_one: the rows, then each to unit length */
-            memcpy(dst, own, (size_t)n * (size_t)d * sizeof *dst);
+            memcpy(dst, own, len * sizeof *dst);
             if (o->normalize)
                 for (int t = 0; t < n; t++) unit_norm(dst + (size_t)t * (size_t)d, d);
-            *out_at += (size_t)n * (size_t)d;
         } else { /* as embed_one over one chunk: pool_chunk, then finish_pooled */
             memset(b->sum, 0, (size_t)d * sizeof *b->sum);
             pool_rows p = {own, n, d, o->pooling, b->sum, dst};
             pool_chunk(&p, 0, n);
             finish_pooled(o, b->sum, n, d, dst);
-            *out_at += (size_t)d;
         }
+        *out_at += len;
+        st = check_embedding("tl_embed_batch", model, dst, len, first + i); /* (as embed_one checks) */
         row += n;
     }
     for (int i = 0; i < count; i++) tl_kv_cache_free(b->caches[i]);
@@ -333,13 +333,10 @@ tl_status tl_embed_batch(const tl_model *model, const tl_token_seq *inputs, int 
         b->o = &o;
         size_t out_at = 0;
         for (int i = 0; st == TL_OK && i < n_inputs;) {
-            const size_t begin = out_at; /* (inputs [i, next): their results, checked below) */
-            const int first = i;
             if (inputs[i].n > EMBED_BATCH_ROWS) { /* alone, chunk by chunk */
-                st = embed_one(what, model, inputs[i].tokens, inputs[i].n, &o, out + out_at);
+                st = embed_one(what, model, inputs[i].tokens, inputs[i].n, &o, i, out + out_at);
                 out_at += (size_t)(o.pooling == TL_POOLING_NONE ? inputs[i].n : 1) * (size_t)c->d_model;
                 i++;
-                if (st == TL_OK) st = check_embedding(what, model, out + begin, out_at - begin, first);
                 continue;
             }
             int group = 0, rows = 0, paged = 0;
@@ -349,12 +346,7 @@ tl_status tl_embed_batch(const tl_model *model, const tl_token_seq *inputs, int 
                 paged += page_rows(inputs[i + group++].n);
             }
             st = embed_group(b, i, group, out, &out_at);
-            for (size_t at = begin; st == TL_OK && i < first + group; i++) { /* each input's result */
-                const size_t len = (size_t)(o.pooling == TL_POOLING_NONE ? inputs[i].n : 1) * (size_t)c->d_model;
-                st = check_embedding(what, model, out + at, len, i);
-                at += len;
-            }
-            i = first + group;
+            i += group;
         }
     }
     if (b) {
