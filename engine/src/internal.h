@@ -58,9 +58,10 @@ tl_status tl_read_regular(const char *path, size_t max_bytes, char **out, size_t
 /* Reads exactly `size` bytes of fd into buf (the file at path, named in the error). */
 tl_status tl_read_exact(int fd, const char *path, void *buf, size_t size);
 /* Writing a file whole or not at all: tl_create_beside opens a new file beside `path`
-   (its name in *temp, to free; NULL: out of memory; -1: errno), which the writer syncs and
-   renames over `path`, then tl_sync_directory_of(path) makes the rename durable. */
-int tl_create_beside(const char *path, char **temp);
+   (*fd, its name in *temp, to free; on failure the message names `path`, *fd is -1 and
+   *temp NULL), which the writer syncs and renames over `path`, then
+   tl_sync_directory_of(path) makes the rename durable. */
+tl_status tl_create_beside(const char *path, int *fd, char **temp);
 void tl_sync_directory_of(const char *path);
 #define TL_MAX_CONFIG_BYTES ((size_t)64 << 20)
 #define TL_MAX_TOKENIZER_BYTES ((size_t)256 << 20) /* the largest HF tokenizers are ~35 MB */

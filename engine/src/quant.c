@@ -264,17 +264,16 @@ static void gptq_row_q4(float *w, const double *u, const float *imp, int cols, u
    *partial, for the caller to rename over `to` (or unlink) and free. On failure nothing is
    left (*out and *partial NULL). */
 static tl_status open_beside(const char *to, FILE **out, char **partial) {
-    *partial = NULL;
-    const int fd = tl_create_beside(to, partial);
-    *out = fd >= 0 ? fdopen(fd, "wb") : NULL;
-    if (*out) return TL_OK;
-    const tl_status st = *partial ? tl_fail(TL_ERR_IO, "%s: cannot create a file beside it: %s", to, strerror(errno))
-                                  : tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    if (fd >= 0) close(fd);
-    if (*partial) unlink(*partial);
+    *out = NULL;
+    int fd;
+    const tl_status st = tl_create_beside(to, &fd, partial);
+    if (st != TL_OK) return st;
+    if ((*out = fdopen(fd, "wb"))) return TL_OK;
+    close(fd);
+    unlink(*partial);
     free(*partial);
     *partial = NULL;
-    return st;
+    return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
 }
 
 /* Copies `from` to `to`, written beside it and renamed over it (as the weights): a link at
@@ -614,9 +613,12 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     size_t hlen = strlen(text), padded = (hlen + 7) / 8 * 8;
     uint8_t len_le[8];
     for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    errno = 0;
     bool ok = fwrite(len_le, 1, 8, out) == 8 && fwrite(text, 1, hlen, out) == hlen;
     for (size_t i = hlen; i < padded; i++) ok &= fputc(' ', out) != EOF;
     free(text);
+    bool no_memory = false;
+    int failure = ok ? 0 : errno ? errno : EIO; /* the failed write's errno (taken at once: later calls change it) */
 
     float *rows_f32 = NULL;
     uint8_t *q = NULL;
@@ -629,6 +631,7 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
         if (unread_head(t, tied)) continue;
         if (!quantisable(t)) {
             ok = fwrite(t->data, 1, t->nbytes, out) == t->nbytes;
+            if (!ok) failure = errno ? errno : EIO;
             continue;
         }
         const int64_t rows = t->shape[0], cols = t->shape[1];
@@ -640,14 +643,14 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
         q = malloc((size_t)rows * qbytes);
         scales = malloc((size_t)rows * groups * sizeof *scales);
         u = NULL;
-        if (!rows_f32 || !q || !scales) { ok = false; break; }
+        if (!rows_f32 || !q || !scales) { ok = false, no_memory = true; break; }
         /* Calibrated q4: the importance weights each group's scale search; with a Gram
            matrix, GPTQ's error feedback runs over the row too. */
         const float *imp = cal && type == TL_Q4 ? tl_calibration_importance(cal, t->name, NULL) : NULL;
         const double *gram = cal && type == TL_Q4 ? tl_calibration_gram(cal, t->name) : NULL;
         if (gram) {
             u = malloc((size_t)cols * (size_t)cols * sizeof *u);
-            if (!u) { ok = false; break; }
+            if (!u) { ok = false, no_memory = true; break; }
             if ((st = gptq_factor(gram, (int)cols, u)) != TL_OK) break;
         }
         quantise_job job = {t, type, (int)cols, qbytes, groups, imp, u, rows_f32, q, scales};
@@ -657,13 +660,15 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
             for (int task = 0; task < tasks; task++) quantise_rows_task(&job, task, 0);
         ok = fwrite(q, 1, (size_t)rows * qbytes, out) == (size_t)rows * qbytes &&
              fwrite(scales, sizeof *scales, (size_t)rows * groups, out) == (size_t)rows * groups; /* little-endian host */
+        if (!ok) failure = errno ? errno : EIO;
     }
     tl_pool_free(pool);
     free(rows_f32); free(q); free(scales); free(u);
-    ok &= fflush(out) == 0 && fsync(fileno(out)) == 0;
-    ok &= fclose(out) == 0;
+    if (ok && (fflush(out) != 0 || fsync(fileno(out)) != 0)) ok = false, failure = errno;
+    if (fclose(out) != 0 && ok) ok = false, failure = errno;
     tl_st_close(&file);
-    if (st == TL_OK && !ok) st = tl_fail(TL_ERR_IO, "%s: writing failed (disk full, or out of memory)", partial);
+    if (st == TL_OK && no_memory) st = tl_fail(TL_ERR_NO_MEMORY, "quantize: out of memory");
+    else if (st == TL_OK && !ok) st = tl_fail(TL_ERR_IO, "%s: writing failed: %s", to, strerror(failure));
     if (st == TL_OK && rename(partial, to) != 0) st = tl_fail(TL_ERR_IO, "%s: %s", to, strerror(errno));
     if (st != TL_OK) unlink(partial); /* gptq_factor's message, or the write's */
     free(partial);

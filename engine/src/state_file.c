@@ -260,14 +260,9 @@ tl_status tl_session_state_write(const tl_session_state *state, const char *path
     if (!path || !*path) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_state_write: path must not be empty");
     tl_status st = check_writable(state, "tl_session_state_write");
     if (st != TL_OK) return st;
-    char *temp = NULL;
-    const int fd = tl_create_beside(path, &temp);
-    if (!temp) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    if (fd < 0) {
-        st = tl_fail(TL_ERR_IO, "state file %s: cannot create a file beside it: %s", path, strerror(errno));
-        free(temp);
-        return st;
-    }
+    char *temp;
+    int fd;
+    if ((st = tl_create_beside(path, &fd, &temp)) != TL_OK) return st;
     state_writer w = {.f = fdopen(fd, "wb")};
     if (!w.f) {
         close(fd);

@@ -122,6 +122,12 @@ uint64_t tl_hash_final(const tl_hasher *hs) {
 
 /* ---------------------------------------------------------------- checkpoint files */
 
+/* What a file that is not a regular one is, for the messages that refuse it. */
+static const char *file_kind(mode_t mode) {
+    return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISCHR(mode) || S_ISBLK(mode) ? "a device"
+         : S_ISSOCK(mode) ? "a socket" : "a special file";
+}
+
 tl_status tl_open_regular(const char *path, size_t max_bytes, int *fd, size_t *size) {
     *fd = -1;
     *size = 0;
@@ -142,10 +148,7 @@ tl_status tl_open_regular(const char *path, size_t max_bytes, int *fd, size_t *s
     }
     if (!S_ISREG(sb.st_mode)) {
         close(f);
-        return tl_fail(TL_ERR_IO, "%s: is %s, not a regular file", path,
-                       S_ISDIR(sb.st_mode) ? "a directory" : S_ISFIFO(sb.st_mode) ? "a FIFO"
-                       : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device"
-                       : S_ISSOCK(sb.st_mode) ? "a socket" : "a special file");
+        return tl_fail(TL_ERR_IO, "%s: is %s, not a regular file", path, file_kind(sb.st_mode));
     }
     if (sb.st_size < 0 || (unsigned long long)sb.st_size > max_bytes) {
         close(f);
@@ -199,20 +202,34 @@ tl_status tl_read_regular(const char *path, size_t max_bytes, char **out, size_t
    processes by the pid; O_EXCL refuses a leftover of an earlier crash, and the next name is
    tried. The name is hidden and holds at most 64 bytes of path's own (".NAME.tmp-PID-N": path's
    whole name and the suffix passed the file system's 255 bytes for names of 240 and more).
-   NULL name: out of memory; fd -1: errno says why. */
-int tl_create_beside(const char *path, char **temp) {
+   What is at `path` must be a regular file or a symbolic link (the rename replaces the link,
+   never writes through it), or nothing: renamed over a device or a FIFO, the file took its
+   place (as root, `/dev/full` became a regular file) and the writer reported success. */
+tl_status tl_create_beside(const char *path, int *fd, char **temp) {
     static atomic_uint counter;
+    *fd = -1;
+    *temp = NULL;
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISLNK(sb.st_mode))
+        return tl_fail(TL_ERR_IO, "%s: is %s, not a regular file: it is not replaced", path, file_kind(sb.st_mode));
     const char *slash = strrchr(path, '/');
     const int dir_len = slash ? (int)(slash - path) + 1 : 0; /* with its '/' */
     const size_t n = (size_t)dir_len + 64 + 48;
-    if (!(*temp = malloc(n))) return -1;
+    char *name = malloc(n);
+    if (!name) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     for (int attempt = 0; attempt < 100; attempt++) {
-        snprintf(*temp, n, "%.*s.%.64s.tmp-%ld-%u", dir_len, path, path + dir_len, (long)getpid(),
+        snprintf(name, n, "%.*s.%.64s.tmp-%ld-%u", dir_len, path, path + dir_len, (long)getpid(),
                  atomic_fetch_add(&counter, 1));
-        const int fd = open(*temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd >= 0 || errno != EEXIST) return fd;
+        *fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (*fd >= 0) {
+            *temp = name;
+            return TL_OK;
+        }
+        if (errno != EEXIST) break;
     }
-    return -1;
+    const int failure = errno;
+    free(name);
+    return tl_fail(TL_ERR_IO, "%s: cannot create a file beside it: %s", path, strerror(failure));
 }
 
 /* Makes a rename in path's directory durable (best effort: some file systems refuse to

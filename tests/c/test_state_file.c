@@ -226,6 +226,18 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     CHECK_ERROR(tl_session_state_write(state, "/nonexistent-dir/x/state.tls"), TL_ERR_IO, "/nonexistent-dir/x/state.tls");
     CHECK_ERROR(tl_session_state_read(m, "/nonexistent-dir/state.tls", &out), TL_ERR_IO, "/nonexistent-dir/state.tls");
     CHECK_ERROR(tl_session_state_read(m, tmp_dir, &out), TL_ERR_IO, tmp_dir); /* a directory */
+    /* What is at the path must be a file (or a link, replaced): renamed over a FIFO or a
+       device, the state took its place (as root, /dev/full became a regular file) and the
+       write said TL_OK. */
+    char fifo_path[512];
+    snprintf(fifo_path, sizeof fifo_path, "%s/fifo.tls", tmp_dir);
+    unlink(fifo_path);
+    CHECK(mkfifo(fifo_path, 0600) == 0, "mkfifo %s", fifo_path);
+    CHECK_ERROR(tl_session_state_write(state, fifo_path), TL_ERR_IO, "is a FIFO, not a regular file: it is not replaced");
+    struct stat fifo_sb;
+    CHECK(lstat(fifo_path, &fifo_sb) == 0 && S_ISFIFO(fifo_sb.st_mode), "the FIFO is still there");
+    unlink(fifo_path);
+    CHECK_ERROR(tl_session_state_write(state, tmp_dir), TL_ERR_IO, "is a directory, not a regular file");
     /* A state file is created like any other file: 0666 less the umask (and it replaces an
        older file of the same name whole). */
     char mode_path[512];
