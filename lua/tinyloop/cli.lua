@@ -31,6 +31,10 @@ local function show(...)
     if ok then ok, err = io.stdout:flush() end
     if not ok then error(OUTPUT_FAILED .. tostring(err), 0) end
 end
+-- Interpreted always: LuaJIT's compiled io.write and flush return the file whether or not
+-- the write failed, so once a loop of them ran hot (an --embed of 300 lines) a full disk or
+-- a reader gone went unseen and the run exited 0 with the output cut short.
+jit.off(show)
 
 local USAGE = [[
 usage: tinyloop [options] [--] PROMPT

@@ -74,6 +74,23 @@ describe("scripts/tinyloop", function()
         end
     end)
 
+    it("exits 1 where its output fails once the writes ran hot (--embed of 300 lines: the compiled writes did not say so)", function()
+        local input = os.tmpname()
+        local f = assert(io.open(input, "wb"))
+        f:write(string.rep("hello\n", 300))
+        f:close()
+        -- (the file-size limit fails a write part-way, as a disk that fills does; in 512-byte
+        -- blocks: about 100 lines of 3.4 kB are written first)
+        local status, out = run("(ulimit -f 700 && trap '' XFSZ && exec luajit scripts/tinyloop --embed - < " .. H.q(input) ..
+                                " > " .. H.q(input .. ".out") .. ")")
+        local lines = select(2, H.sh("cat " .. H.q(input .. ".out")):gsub("\n", "\n"))
+        os.remove(input)
+        os.remove(input .. ".out")
+        assert.is_true(lines > 60 and lines < 300, "lines written: " .. lines)
+        assert.equal(1, status, out)
+        assert.truthy(out:find("tinyloop: writing the output failed: File too large", 1, true), out)
+    end)
+
     it("fails saying so where -n cut a forced tool call before it was whole (it printed nothing, exit 0)", function()
         local tools = os.tmpname()
         local f = assert(io.open(tools, "wb"))
