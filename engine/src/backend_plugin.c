@@ -5,7 +5,9 @@
  * linker's own search (LD_LIBRARY_PATH, ld.so.conf). */
 #define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
+#include <inttypes.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,35 @@ static void *open_candidate(const char *path, char *opened, size_t opened_len, c
     return h;
 }
 
+/* The absolute name of the file the code at `address` was mapped from: the kernel's, from
+   /proc/self/maps, else dladdr's where that is absolute. dladdr gives the name the loader was
+   handed, argv[0] for a program linked with libtinyloop.a or a relative LD_LIBRARY_PATH's
+   entry for the library: read after a chdir, that named a directory of the caller's working
+   directory, and a libtinyloop-cuda.so planted there ran its code in the process. */
+static bool file_holding(const void *address, char *out, size_t out_len) {
+    const uintptr_t at = (uintptr_t)address;
+    FILE *maps = fopen("/proc/self/maps", "re");
+    if (maps) {
+        char line[4400];
+        bool found = false;
+        while (!found && fgets(line, sizeof line, maps)) {
+            uintptr_t low, high;
+            int name_at = 0;
+            if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %*s %*s %*s %*s %n", &low, &high, &name_at) != 2 || !name_at ||
+                at < low || at >= high)
+                continue;
+            line[strcspn(line, "\n")] = '\0';
+            found = line[name_at] == '/' && (size_t)snprintf(out, out_len, "%s", line + name_at) < out_len;
+            break; /* the one mapping holding it: a name or none */
+        }
+        fclose(maps);
+        if (found) return true;
+    }
+    Dl_info info;
+    return dladdr(address, &info) && info.dli_fname && info.dli_fname[0] == '/' &&
+           (size_t)snprintf(out, out_len, "%s", info.dli_fname) < out_len;
+}
+
 /* The plugin's handle, the file it came from in `opened`; or NULL with why in `tried`. */
 static void *open_plugin(char *opened, size_t opened_len, char *tried, size_t tried_len) {
     const char *env = getenv("TINYLOOP_CUDA_PLUGIN");
@@ -36,15 +67,12 @@ static void *open_plugin(char *opened, size_t opened_len, char *tried, size_t tr
         else snprintf(tried, tried_len, "TINYLOOP_CUDA_PLUGIN=%s: %s", env, dlerror());
         return h;
     }
-    char path[4200];
-    Dl_info self;
-    if (dladdr((void *)open_plugin, &self) && self.dli_fname) {
-        const char *slash = strrchr(self.dli_fname, '/');
-        if (slash) {
-            snprintf(path, sizeof path, "%.*s/%s", (int)(slash - self.dli_fname), self.dli_fname, TL_CUDA_PLUGIN_FILE);
-            void *h = open_candidate(path, opened, opened_len, tried, tried_len);
-            if (h) return h;
-        }
+    char path[4200], self[4096];
+    const char *slash;
+    if (file_holding((const void *)open_plugin, self, sizeof self) && (slash = strrchr(self, '/'))) {
+        snprintf(path, sizeof path, "%.*s/%s", (int)(slash - self), self, TL_CUDA_PLUGIN_FILE);
+        void *h = open_candidate(path, opened, opened_len, tried, tried_len);
+        if (h) return h;
     }
 #ifdef TL_PLUGIN_BUILD_DIR
     snprintf(path, sizeof path, "%s/%s", TL_PLUGIN_BUILD_DIR, TL_CUDA_PLUGIN_FILE);
