@@ -95,7 +95,8 @@ local function with_nginx(bin, pre, conf, port, fn)
     local up = false
     for _ = 1, 300 do
         local status = curl(base .. "/health")
-        if status == 200 or status == 503 then up = true break end -- (503: a worker that refused its config)
+        -- (503: a worker that refused its config; 500: one that cannot serve, lua_code_cache off)
+        if status == 200 or status == 503 or status == 500 then up = true break end
         os.execute("sleep 0.1")
     end
     local ok, err = pcall(function()
@@ -3510,6 +3511,30 @@ describe("server with two workers", function()
                 assert.equal(30, cjson.decode(sh("cat " .. pre .. "/r" .. i)).usage.completion_tokens)
             end
             assert.truthy(sh("cat " .. pre .. "/err.log"):find("no available Lua vm; polling instead", 1, true))
+        end)
+    end)
+
+    it("says lua_code_cache must be on where it is off (a 503 'the model is loading' for ever, Retry-After 1)", function()
+        with_one_worker_copy("no-code-cache", "lua_shared_dict tinyloop_metrics 1m;",
+                             "lua_shared_dict tinyloop_metrics 1m; lua_code_cache off;", function(b3)
+            for _, path in ipairs({ "/health", "/v1/completions" }) do
+                local status, body = curl("-i " .. (path == "/health" and "" or "-d '{\"prompt\": \"It\"}' ") .. b3 .. path)
+                assert.equal(500, status, body)
+                assert.truthy(body:find("needs lua_code_cache on", 1, true), body)
+                assert.is_nil(body:lower():find("retry-after", 1, true), body)
+            end
+        end)
+    end)
+
+    it("names no false figure in the 413 of a client_max_body_size set below max_body (it named max_body's)", function()
+        with_one_worker_copy("small-body", "client_max_body_size %d+;", "client_max_body_size 4k;", function(b3)
+            local body_text = cjson.encode({ prompt = ("a "):rep(5000), max_tokens = 1 })
+            local status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(body_text) .. " " ..
+                                      b3 .. "/v1/completions")
+            assert.equal(413, status, body)
+            assert.truthy(body:find(("the request body (%d bytes) is over this server's limit (nginx's client_max_body_size)")
+                                    :format(#body_text), 1, true), body)
+            assert.is_nil(body:find("1048576", 1, true), body)
         end)
     end)
 

@@ -190,6 +190,7 @@ local responses_store -- ngx.shared[conf.responses_store] (nil: responses are no
 -- (a stored response's id is 128 random bits, shapes.random_hex: whoever knows an id can read,
 -- continue and delete that conversation, so none is guessable)
 local model_types -- what /v1/models says of the weights and the KV cache (model:info(), once)
+local worker_initialised = false -- init_worker ran in this Lua VM (ready())
 local next_request = 0
 
 -- configure(opts) in init_by_lua: the fields of `conf` above.
@@ -343,6 +344,7 @@ local start_worker
 -- (a failure the checks did not foresee: the answers say it, as a model that fails to load;
 -- raised, it left the worker answering "the model is loading" for good)
 function _M.init_worker()
+    worker_initialised = true
     local ok, err = pcall(start_worker)
     if not ok then
         if engine then C.tl_engine_stop(engine) end -- (started before the failure: its threads stopped)
@@ -550,6 +552,14 @@ end
 
 local function ready()
     if engine then return true end
+    if not worker_initialised then
+        -- (init_worker never ran in this Lua VM: with lua_code_cache off nginx runs each
+        -- request in a fresh one, init_by_lua again but not init_worker; the 503 "loading"
+        -- said to retry for ever)
+        return send_uri_error(500, "the server is not configured in this request's Lua VM: TinyLoop's server needs " ..
+                              "lua_code_cache on (off, each request runs in a fresh Lua VM, without the model " ..
+                              "init_worker loaded)", nil, "server_error")
+    end
     send_uri_error(503, model_error or "the model is loading", nil, "server_error", { ["Retry-After"] = "1" })
 end
 
@@ -706,8 +716,15 @@ function _M.authorize()
                 { ["WWW-Authenticate"] = 'Bearer realm="tinyloop"' })
 end
 
--- (nginx's own 413, client_max_body_size's: in the shape of the API the URI is)
+-- (nginx's own 413, client_max_body_size's: in the shape of the API the URI is; a body its
+-- Content-Length declares within max_body met a client_max_body_size set lower, whose value
+-- Lua cannot read: max_body's figure would be false there)
 function _M.too_large()
+    local declared = tonumber(ngx.var.http_content_length)
+    if declared and declared <= conf.max_body then
+        return send_uri_error(413, ("the request body (%d bytes) is over this server's limit (nginx's " ..
+                                    "client_max_body_size)"):format(declared), nil)
+    end
     return send_uri_error(413, ("the request body is over the %d-byte limit"):format(conf.max_body), nil)
 end
 
