@@ -4385,6 +4385,17 @@ describe("scripts/serve options", function()
         assert.equal("", sh("ls " .. dir .. " | grep tinyloop-serve || true"))
     end)
 
+    it("says so where it cannot write nginx's config (a full disk: sed's message and exit 4 alone)", function()
+        local dir = sh("mktemp -d"):gsub("%s+$", "")
+        -- (the file-size limit fails the write part-way, as a full disk does; 4 blocks of 512 bytes)
+        local out = sh(("(ulimit -f 4 && trap '' XFSZ && TMPDIR=%s exec scripts/serve --port %d) 2>&1; echo \"exit $?\"")
+                       :format(dir, free_port()))
+        assert.truthy(out:find("serve: cannot write nginx's config " .. dir, 1, true), out)
+        assert.truthy(out:find("exit 2", 1, true), out)
+        assert.equal("", sh("ls -A " .. dir))
+        os.execute("rm -rf " .. dir)
+    end)
+
     it("asks for the API key of --api-key (or $TINYLOOP_API_KEY), which it keeps out of its config; answers --cors-origin's pages", function()
         with_serve("keyed", "--threads 1 --max-active 1 --prefix-pool-mb 0 --responses-store-mb 0 --api-key 'k3y!' " ..
                             "--cors-origin 'http://app.example,http://localhost:3000'", function(url, pre)
