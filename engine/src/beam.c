@@ -210,8 +210,8 @@ static tl_status search_step(tl_session *s, beam_state *b) {
         st = tl_session_prepare_logits_for(s, b->logits + (size_t)i * (size_t)V, b->history, n_hist);
         if (st != TL_OK) return st;
         if (s->grammar_matcher) { /* this hypothesis's own grammar state (none allowed: dropped) */
-            const int n_allowed = gram_matcher_mask_state(s->grammar_matcher, b->live[i].gstate, s->allowed);
-            if (n_allowed < 0) return gram_failure("grammar mask");
+            const int n_allowed = tl_gram_matcher_mask_state(s->grammar_matcher, b->live[i].gstate, s->allowed);
+            if (n_allowed < 0) return tl_gram_failure("grammar mask");
             for (int t = 0; t < V; t++)
                 if (!s->allowed[t]) s->work[t] = -INFINITY;
         }
@@ -232,8 +232,8 @@ static tl_status search_step(tl_session *s, beam_state *b) {
         h->tokens[h->len++] = cd->token;
         h->logp = cd->score;
         if (s->grammar_matcher) { /* the mask allowed the token: the state cannot die here */
-            h->gstate = gram_matcher_advance_state(s->grammar_matcher, h->gstate, cd->token);
-            if (h->gstate < 0) return gram_failure("grammar");
+            h->gstate = tl_gram_matcher_advance_state(s->grammar_matcher, h->gstate, cd->token);
+            if (h->gstate < 0) return tl_gram_failure("grammar");
         }
         const int n_hist = history_of(s, b, h);
         const bool ended = (cd->token == s->m->cfg.eos_token_id && !cfg->ignore_eos) ||
@@ -285,7 +285,7 @@ static tl_status beam_next(tl_session *s, int32_t *token) {
         b->n_live = 1;
         b->live[0].logp = 0.0;
         b->live[0].len = 0;
-        b->live[0].gstate = s->grammar_matcher ? gram_matcher_state(s->grammar_matcher) : 0;
+        b->live[0].gstate = s->grammar_matcher ? tl_gram_matcher_state(s->grammar_matcher) : 0;
         memcpy(b->history, s->tokens, (size_t)s->prompt_len * sizeof(int32_t));
     }
     const int emitted = s->n_tokens - s->prompt_len;

@@ -8,7 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "internal.h"
-#include "tokenizer.h" /* tlz_quote_in */
+#include "tokenizer.h" /* tl_tlz_quote_in */
 
 /* Upper bounds that keep sizes far from integer overflow while allowing any real model. */
 #define MAX_DIM (1 << 20)
@@ -284,7 +284,7 @@ static void collect_warnings(const cJSON *root, const field_log *log, tl_config 
         if (known) continue;
         size_t used = strlen(c->warnings);
         char line[200], name[72]; /* (the name escaped: a control byte in it broke the one line) */
-        tlz_quote_in(e->string, strlen(e->string), '"', name, sizeof name);
+        tl_tlz_quote_in(e->string, strlen(e->string), '"', name, sizeof name);
         if (closest)
             snprintf(line, sizeof line, "config.json: unknown field \"%s\" ignored (did you mean \"%s\"?)\n", name, closest);
         else
@@ -313,8 +313,8 @@ static int check_duplicates(const cJSON *node, char *why, size_t why_len) {
         for (int i = 1; i < n && rc == 0; i++)
             if (strcmp(keys[i - 1]->string, keys[i]->string) == 0) {
                 char key[72], in[72];
-                tlz_quote_in(keys[i]->string, strlen(keys[i]->string), '"', key, sizeof key);
-                if (node->string) tlz_quote_in(node->string, strlen(node->string), '"', in, sizeof in);
+                tl_tlz_quote_in(keys[i]->string, strlen(keys[i]->string), '"', key, sizeof key);
+                if (node->string) tl_tlz_quote_in(node->string, strlen(node->string), '"', in, sizeof in);
                 snprintf(why, why_len, "duplicate key \"%s\"%s%s%s", key, node->string ? " in \"" : "", node->string ? in : "",
                          node->string ? "\"" : "");
                 rc = -1;
@@ -344,7 +344,7 @@ static int check_json_bytes(const char *text, size_t len, char *why, size_t why_
     for (size_t i = 0; i < len;) {
         const unsigned char c = (unsigned char)text[i];
         if (c >= 0x80) {
-            const int k = tlz_utf8_seq((const unsigned char *)text + i, len - i);
+            const int k = tl_tlz_utf8_seq((const unsigned char *)text + i, len - i);
             if (k <= 0) return snprintf(why, why_len, "not valid UTF-8 (byte %zu)", i), -1;
             i += (size_t)k;
             continue;

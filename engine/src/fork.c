@@ -45,8 +45,8 @@ static tl_status clone_grammar(tl_session *s, const tl_session *src, const tl_ge
     s->cfg.grammar = g ? &s->grammar : NULL;
     if (!g) return TL_OK;
     if (src->grammar_matcher && (!hooks || g->compiled == src->grammar_matcher->g)) {
-        tl_status st = gram_matcher_clone(src->grammar_matcher, &s->grammar_matcher);
-        if (st == TL_OK) gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
+        tl_status st = tl_gram_matcher_clone(src->grammar_matcher, &s->grammar_matcher);
+        if (st == TL_OK) tl_gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
         return st;
     }
     tl_status st = tl_session_set_grammar(s, g);

@@ -23,7 +23,7 @@
 
 typedef struct parser {
     const char *src, *end, *at;
-    gram_builder b;
+    tl_gram_builder b;
     int rule;                /* rule being defined, for messages */
     int depth;
     /* position()'s last answer: the parse moves forward, so each call scans on from here
@@ -37,7 +37,7 @@ typedef struct parser {
 
 /* An alternative under construction: items are committed to the builder when it ends, so
    that nested groups can add their own alternatives meanwhile. */
-typedef struct seq { gram_item *items; int n, cap; } seq;
+typedef struct seq { tl_gram_item *items; int n, cap; } seq;
 
 static void position(parser *ps, const char *at, int *line, int *col) {
     const char *c = ps->src;
@@ -95,10 +95,10 @@ static void skip_space(parser *ps, bool newlines) {
     }
 }
 
-static bool seq_push(parser *ps, seq *s, gram_item it) {
+static bool seq_push(parser *ps, seq *s, tl_gram_item it) {
     if (s->n == s->cap) {
         int cap = s->cap ? s->cap * 2 : 8;
-        gram_item *q = realloc(s->items, (size_t)cap * sizeof *q);
+        tl_gram_item *q = realloc(s->items, (size_t)cap * sizeof *q);
         if (!q) return oom(ps);
         s->items = q;
         s->cap = cap;
@@ -107,18 +107,18 @@ static bool seq_push(parser *ps, seq *s, gram_item it) {
     return true;
 }
 
-static bool add_ranges(parser *ps, const gram_range *r, int n, gram_item *it) {
-    gram_builder *b = &ps->b;
+static bool add_ranges(parser *ps, const tl_gram_range *r, int n, tl_gram_item *it) {
+    tl_gram_builder *b = &ps->b;
     if (b->n_ranges + n > b->cap_ranges) {
         int cap = b->cap_ranges ? b->cap_ranges : 64;
         while (cap < b->n_ranges + n) cap *= 2;
-        gram_range *q = realloc(b->ranges, (size_t)cap * sizeof *q);
+        tl_gram_range *q = realloc(b->ranges, (size_t)cap * sizeof *q);
         if (!q) return oom(ps);
         b->ranges = q;
         b->cap_ranges = cap;
     }
     if (n) memcpy(b->ranges + b->n_ranges, r, (size_t)n * sizeof *r);
-    *it = (gram_item){GE_BYTES, b->n_ranges, n};
+    *it = (tl_gram_item){GE_BYTES, b->n_ranges, n};
     b->n_ranges += n;
     return true;
 }
@@ -129,13 +129,13 @@ static bool add_ranges(parser *ps, const gram_range *r, int n, gram_item *it) {
 #define GBNF_MAX_RULES (1 << 20)
 
 /* Commits an alternative of `rule`. */
-static bool commit_alt(parser *ps, int rule, const gram_item *items, int n) {
-    gram_builder *b = &ps->b;
+static bool commit_alt(parser *ps, int rule, const tl_gram_item *items, int n) {
+    tl_gram_builder *b = &ps->b;
     if (b->n_items + n > GRAM_MAX_ELEMS) return fail_at(ps, ps->at, "%s", "grammar too large");
     if (b->n_items + n > b->cap_items) {
         int cap = b->cap_items ? b->cap_items : 64;
         while (cap < b->n_items + n) cap *= 2;
-        gram_item *q = realloc(b->items, (size_t)cap * sizeof *q);
+        tl_gram_item *q = realloc(b->items, (size_t)cap * sizeof *q);
         if (!q) return oom(ps);
         b->items = q;
         b->cap_items = cap;
@@ -177,7 +177,7 @@ static bool parse_char(parser *ps, uint32_t *out, const char *context) {
             for (int i = 0; i < digits; i++) {
                 if (ps->at >= ps->end) return fail_at(ps, start, "expected %s hex digits after the escape", digits == 2 ? "2" : digits == 4 ? "4" : "8");
                 char h = *ps->at++;
-                int d = gram_hex_digit((unsigned char)h);
+                int d = tl_gram_hex_digit((unsigned char)h);
                 if (d < 0) return fail_at(ps, ps->at - 1, "expected a hex digit in an escape in %s", context);
                 v = v * 16 + (uint32_t)d;
             }
@@ -189,7 +189,7 @@ static bool parse_char(parser *ps, uint32_t *out, const char *context) {
                 int i = 2;
                 for (; i < 6; i++) {
                     const char h = ps->at[i];
-                    const int d = gram_hex_digit((unsigned char)h);
+                    const int d = tl_gram_hex_digit((unsigned char)h);
                     if (d < 0) break;
                     low = low * 16 + (uint32_t)d;
                 }
@@ -222,24 +222,24 @@ static bool parse_char(parser *ps, uint32_t *out, const char *context) {
     }
     /* raw text: one strict UTF-8 sequence (the tokenizer's one reading: an overlong form, a
        surrogate or a code point past U+10FFFF is refused, as the escapes refuse them) */
-    const int len = tlz_utf8_seq((const unsigned char *)ps->at, (size_t)(ps->end - ps->at));
+    const int len = tl_tlz_utf8_seq((const unsigned char *)ps->at, (size_t)(ps->end - ps->at));
     if (len <= 0) return fail_at(ps, start, "invalid UTF-8 in %s", context);
-    *out = tlz_utf8_value((const unsigned char *)ps->at, len);
+    *out = tl_tlz_utf8_value((const unsigned char *)ps->at, len);
     ps->at += len;
     return true;
 }
 
 static int cmp_range(const void *a, const void *b) {
-    const gram_range *x = a, *y = b;
+    const tl_gram_range *x = a, *y = b;
     return (x->lo > y->lo) - (x->lo < y->lo);
 }
 
 /* [abc], [a-z], [^...]: ranges sorted and merged; negation over U+0000..U+10FFFF. */
-static bool parse_class(parser *ps, gram_item *it) {
+static bool parse_class(parser *ps, tl_gram_item *it) {
     const char *open = ps->at++;
     bool negate = ps->at < ps->end && *ps->at == '^';
     if (negate) ps->at++;
-    gram_range *r = NULL;
+    tl_gram_range *r = NULL;
     int n = 0, cap = 0;
     bool ok = true;
     while (ok) {
@@ -255,11 +255,11 @@ static bool parse_class(parser *ps, gram_item *it) {
         }
         if (n == cap) {
             cap = cap ? cap * 2 : 8;
-            gram_range *q = realloc(r, (size_t)cap * sizeof *q);
+            tl_gram_range *q = realloc(r, (size_t)cap * sizeof *q);
             if (!q) { ok = oom(ps); break; }
             r = q;
         }
-        r[n++] = (gram_range){lo, hi};
+        r[n++] = (tl_gram_range){lo, hi};
     }
     if (ok) {
         if (n > 1) qsort(r, (size_t)n, sizeof *r, cmp_range);
@@ -271,15 +271,15 @@ static bool parse_class(parser *ps, gram_item *it) {
         }
         n = m;
         if (negate) {
-            gram_range *c = malloc(((size_t)n + 1) * sizeof *c);
+            tl_gram_range *c = malloc(((size_t)n + 1) * sizeof *c);
             if (!c) ok = oom(ps);
             int k = 0;
             uint32_t next = 0;
             for (int i = 0; ok && i < n; i++) {
-                if (r[i].lo > next) c[k++] = (gram_range){next, r[i].lo - 1};
+                if (r[i].lo > next) c[k++] = (tl_gram_range){next, r[i].lo - 1};
                 next = r[i].hi + 1;
             }
-            if (ok && next <= 0x10FFFF) c[k++] = (gram_range){next, 0x10FFFF};
+            if (ok && next <= 0x10FFFF) c[k++] = (tl_gram_range){next, 0x10FFFF};
             free(r);
             r = c;
             n = k;
@@ -296,9 +296,9 @@ static bool parse_alternates(parser *ps, int rule);
    brackets included (<think>, <|im_end|>), either negated by a leading '!' (any one token but
    that one). It matches one whole token by id, special tokens included; <text> is looked up in
    each vocabulary the grammar is used with. */
-static bool parse_token_ref(parser *ps, gram_item *it) {
+static bool parse_token_ref(parser *ps, tl_gram_item *it) {
     const char *start = ps->at;
-    gram_token_ref ref = {.id = -1};
+    tl_gram_token_ref ref = {.id = -1};
     if (*ps->at == '!') {
         ref.negated = true;
         ps->at++;
@@ -320,7 +320,7 @@ static bool parse_token_ref(parser *ps, gram_item *it) {
         ref.id = (int32_t)id;
     } else {
         while (ps->at < ps->end && *ps->at != '>' && *ps->at != '\n') {
-            const int len = tlz_utf8_seq((const unsigned char *)ps->at, (size_t)(ps->end - ps->at));
+            const int len = tl_tlz_utf8_seq((const unsigned char *)ps->at, (size_t)(ps->end - ps->at));
             if (len <= 0) return fail_at(ps, ps->at, "%s", "invalid UTF-8 in a token reference");
             ps->at += len;
         }
@@ -329,51 +329,51 @@ static bool parse_token_ref(parser *ps, gram_item *it) {
         ps->at++;
         const size_t len = (size_t)(ps->at - open);
         if (len == 2) return fail_at(ps, open, "%s", "an empty token reference '<>'");
-        if (!(ref.text = gram_copy_text(open, len))) return oom(ps);
+        if (!(ref.text = tl_gram_copy_text(open, len))) return oom(ps);
     }
-    gram_builder *b = &ps->b;
-    if (!gram_grow((void **)&b->tokens, &b->cap_tokens, b->n_tokens + 1, sizeof *b->tokens)) {
+    tl_gram_builder *b = &ps->b;
+    if (!tl_gram_grow((void **)&b->tokens, &b->cap_tokens, b->n_tokens + 1, sizeof *b->tokens)) {
         free(ref.text);
         return oom(ps);
     }
     b->tokens[b->n_tokens] = ref;
-    *it = (gram_item){GE_TOKEN, b->n_tokens++, 0};
+    *it = (tl_gram_item){GE_TOKEN, b->n_tokens++, 0};
     return true;
 }
 
 /* x* x+ x? x{m} x{m,} x{m,n}: replaces the last item of s. */
 static bool apply_repeat(parser *ps, seq *s, int min, int max /* -1: unbounded */) {
-    const gram_item x = s->items[--s->n];
-    gram_builder *b = &ps->b;
+    const tl_gram_item x = s->items[--s->n];
+    tl_gram_builder *b = &ps->b;
     const long more = max > min ? max - min : 1; /* the rules it adds (two items and an empty alternative each) */
     /* (the sequence's items so far count too: they are committed with its alternative) */
     if ((long)b->n_rules + more > GBNF_MAX_RULES || (long)b->n_items + s->n + (long)min + 2 * more > GRAM_MAX_ELEMS)
         return fail_at(ps, ps->at, "%s", "grammar too large (over 2^20 rules or 2^22 elements once its repetitions are expanded)");
     if (max == 0) { /* x{0}: an empty rule stands in, so that a following postfix has an element */
-        int empty = gram_builder_fresh_rule(b, ps->rule);
+        int empty = tl_gram_builder_fresh_rule(b, ps->rule);
         if (empty < 0) return oom(ps);
-        return commit_alt(ps, empty, NULL, 0) && seq_push(ps, s, (gram_item){GE_REF, empty, 0});
+        return commit_alt(ps, empty, NULL, 0) && seq_push(ps, s, (tl_gram_item){GE_REF, empty, 0});
     }
     for (int i = 0; i < min; i++)
         if (!seq_push(ps, s, x)) return false;
     if (max == min) return true;
     if (max < 0) { /* star ::= x star | ε */
-        int star = gram_builder_fresh_rule(b, ps->rule);
+        int star = tl_gram_builder_fresh_rule(b, ps->rule);
         if (star < 0) return oom(ps);
-        gram_item both[2] = {x, {GE_REF, star, 0}};
+        tl_gram_item both[2] = {x, {GE_REF, star, 0}};
         if (!commit_alt(ps, star, both, 2) || !commit_alt(ps, star, NULL, 0)) return false;
-        return seq_push(ps, s, (gram_item){GE_REF, star, 0});
+        return seq_push(ps, s, (tl_gram_item){GE_REF, star, 0});
     }
     /* up to (max - min) more: opt_k ::= x opt_(k+1) | ε, built from the innermost */
     int inner = -1;
     for (int k = 0; k < max - min; k++) {
-        int opt = gram_builder_fresh_rule(b, ps->rule);
+        int opt = tl_gram_builder_fresh_rule(b, ps->rule);
         if (opt < 0) return oom(ps);
-        gram_item both[2] = {x, {GE_REF, inner, 0}};
+        tl_gram_item both[2] = {x, {GE_REF, inner, 0}};
         if (!commit_alt(ps, opt, both, inner >= 0 ? 2 : 1) || !commit_alt(ps, opt, NULL, 0)) return false;
         inner = opt;
     }
-    return seq_push(ps, s, (gram_item){GE_REF, inner, 0});
+    return seq_push(ps, s, (tl_gram_item){GE_REF, inner, 0});
 }
 
 static bool parse_int(parser *ps, int *v) {
@@ -432,32 +432,32 @@ static bool parse_sequence(parser *ps, seq *s) {
                 if (*ps->at == '"') { ps->at++; break; }
                 uint32_t cp;
                 if (!parse_char(ps, &cp, "a string literal")) return false;
-                gram_range r = {cp, cp};
-                gram_item it;
+                tl_gram_range r = {cp, cp};
+                tl_gram_item it;
                 if (!add_ranges(ps, &r, 1, &it) || !seq_push(ps, s, it)) return false;
             }
         } else if (c == '[') {
-            gram_item it;
+            tl_gram_item it;
             if (!parse_class(ps, &it) || !seq_push(ps, s, it)) return false;
         } else if (c == '<' || c == '!') {
-            gram_item it;
+            tl_gram_item it;
             if (!parse_token_ref(ps, &it) || !seq_push(ps, s, it)) return false;
         } else if (c == '.') {
             ps->at++;
-            gram_range any = {0, 0x10FFFF};
-            gram_item it;
+            tl_gram_range any = {0, 0x10FFFF};
+            tl_gram_item it;
             if (!add_ranges(ps, &any, 1, &it) || !seq_push(ps, s, it)) return false;
         } else if (c == '(') {
             ps->at++;
             if (++ps->depth > MAX_NESTING) return fail_at(ps, start, "%s", "parentheses nested too deeply");
-            int group = gram_builder_fresh_rule(&ps->b, ps->rule);
+            int group = tl_gram_builder_fresh_rule(&ps->b, ps->rule);
             if (group < 0) return oom(ps);
             if (!parse_alternates(ps, group)) return false;
             skip_space(ps, true);
             if (ps->at >= ps->end || *ps->at != ')') return fail_at(ps, start, "%s", "expected ')' to close '('");
             ps->at++;
             ps->depth--;
-            if (!seq_push(ps, s, (gram_item){GE_REF, group, 0})) return false;
+            if (!seq_push(ps, s, (tl_gram_item){GE_REF, group, 0})) return false;
         } else if (is_name_char(c)) {
             const char *name = ps->at;
             while (ps->at < ps->end && is_name_char(*ps->at)) ps->at++;
@@ -467,10 +467,10 @@ static bool parse_sequence(parser *ps, seq *s) {
             if (ps->end - ps->at >= 3 && memcmp(ps->at, "::=", 3) == 0)
                 return fail_at(ps, name, "%s", "a rule definition must start on its own line (expected a newline before it)");
             ps->at = after;
-            int r = gram_builder_rule(&ps->b, name, (size_t)(after - name));
+            int r = tl_gram_builder_rule(&ps->b, name, (size_t)(after - name));
             if (r < 0) return oom(ps);
             if (ps->b.defined_at[r] < 0 && ps->b.used_line[r] == 0) position(ps, name, &ps->b.used_line[r], &ps->b.used_col[r]);
-            if (!seq_push(ps, s, (gram_item){GE_REF, r, 0})) return false;
+            if (!seq_push(ps, s, (tl_gram_item){GE_REF, r, 0})) return false;
         } else {
             char what[8] = {c, 0};
             if ((unsigned char)c < 0x20 || (unsigned char)c >= 0x7F) snprintf(what, sizeof what, "\\x%02X", (unsigned char)c);
@@ -483,11 +483,11 @@ static bool parse_sequence(parser *ps, seq *s) {
         skip_space(ps, nested);
         while (ps->at < ps->end && (*ps->at == '*' || *ps->at == '+' || *ps->at == '?' || *ps->at == '{')) {
             if (s->n - element != 1) {
-                int whole = gram_builder_fresh_rule(&ps->b, ps->rule);
+                int whole = tl_gram_builder_fresh_rule(&ps->b, ps->rule);
                 if (whole < 0) return oom(ps);
                 if (!commit_alt(ps, whole, s->n > element ? s->items + element : NULL, s->n - element)) return false;
                 s->n = element;
-                if (!seq_push(ps, s, (gram_item){GE_REF, whole, 0})) return false;
+                if (!seq_push(ps, s, (tl_gram_item){GE_REF, whole, 0})) return false;
             }
             if (!parse_postfix(ps, s)) return false;
             skip_space(ps, nested);
@@ -521,7 +521,7 @@ static bool parse_rule(parser *ps) {
     }
     while (ps->at < ps->end && is_name_char(*ps->at)) ps->at++;
     const size_t len = (size_t)(ps->at - name);
-    int r = gram_builder_rule(&ps->b, name, len);
+    int r = tl_gram_builder_rule(&ps->b, name, len);
     if (r < 0) return oom(ps);
     skip_space(ps, false);
     if (ps->end - ps->at < 3 || memcmp(ps->at, "::=", 3) != 0) {
@@ -551,13 +551,13 @@ static bool parse_rule(parser *ps) {
     return true;
 }
 
-tl_status gram_parse_gbnf(const char *text, size_t len, gram_program **out, char *err, size_t errlen) {
+tl_status tl_gram_parse_gbnf(const char *text, size_t len, tl_gram_program **out, char *err, size_t errlen) {
     parser ps = {.src = text, .end = text + len, .at = text, .rule = -1, .err = err, .errlen = errlen, .st = TL_OK};
     *out = NULL;
     for (size_t i = 0; i < len; i++)
         if (text[i] == 0) {
             fail_at(&ps, text + i, "%s", "NUL byte in the grammar text");
-            gram_builder_free(&ps.b);
+            tl_gram_builder_free(&ps.b);
             return ps.st;
         }
     for (;;) {
@@ -566,8 +566,8 @@ tl_status gram_parse_gbnf(const char *text, size_t len, gram_program **out, char
         if (!parse_rule(&ps)) break;
     }
     tl_status st = ps.st;
-    if (st == TL_OK) st = gram_build(&ps.b, out, err, errlen);
-    gram_builder_free(&ps.b);
+    if (st == TL_OK) st = tl_gram_build(&ps.b, out, err, errlen);
+    tl_gram_builder_free(&ps.b);
     return st;
 }
 
@@ -575,21 +575,21 @@ tl_status gram_parse_gbnf(const char *text, size_t len, gram_program **out, char
    For the converters that write GBNF (json_schema.c, regex.c): text that this parser reads
    back as exactly the characters meant. */
 
-void gram_gbnf_literal(strbuf *b, const char *s) {
-    strbuf_puts(b, "\"");
+void tl_gram_gbnf_literal(strbuf *b, const char *s) {
+    tl_strbuf_puts(b, "\"");
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') { const char e[3] = {'\\', (char)*p, 0}; strbuf_puts(b, e); }
-        else if (*p < 0x20) strbuf_printf(b, "\\x%02X", *p);
-        else strbuf_put(b, (const char *)p, 1);
+        if (*p == '"' || *p == '\\') { const char e[3] = {'\\', (char)*p, 0}; tl_strbuf_puts(b, e); }
+        else if (*p < 0x20) tl_strbuf_printf(b, "\\x%02X", *p);
+        else tl_strbuf_put(b, (const char *)p, 1);
     }
-    strbuf_puts(b, "\"");
+    tl_strbuf_puts(b, "\"");
 }
 
 /* Letters and digits as they are, everything else escaped, so that no character can close
    the class or start a comment ('#'). */
-void gram_gbnf_class_cp(strbuf *b, uint32_t v) {
+void tl_gram_gbnf_class_cp(strbuf *b, uint32_t v) {
     const char ch = (char)v;
-    if ((v >= '0' && v <= '9') || (v >= 'a' && v <= 'z') || (v >= 'A' && v <= 'Z')) strbuf_put(b, &ch, 1);
-    else if (v < 0x80) strbuf_printf(b, "\\x%02X", (unsigned)v);
-    else strbuf_printf(b, "\\U%08X", (unsigned)v);
+    if ((v >= '0' && v <= '9') || (v >= 'a' && v <= 'z') || (v >= 'A' && v <= 'Z')) tl_strbuf_put(b, &ch, 1);
+    else if (v < 0x80) tl_strbuf_printf(b, "\\x%02X", (unsigned)v);
+    else tl_strbuf_printf(b, "\\U%08X", (unsigned)v);
 }

@@ -15,7 +15,7 @@
    would expand forever, is refused when the grammar is built). */
 #define GRAM_MAX_EXPANDED (1 << 22)
 
-bool gram_grow(void **p, int *cap, int need, size_t size) {
+bool tl_gram_grow(void **p, int *cap, int need, size_t size) {
     if (need <= *cap) return true;
     if (need > INT32_MAX / 2) return false; /* (the doubling below would overflow) */
     int c = *cap ? *cap : 16;
@@ -27,7 +27,7 @@ bool gram_grow(void **p, int *cap, int need, size_t size) {
     return true;
 }
 
-char *gram_copy_text(const char *s, size_t len) {
+char *tl_gram_copy_text(const char *s, size_t len) {
     char *copy = malloc(len + 1);
     if (!copy) return NULL;
     memcpy(copy, s, len);
@@ -46,7 +46,7 @@ static uint64_t mix64(uint64_t x) {
     return x;
 }
 
-bool gram_hash_reserve(gram_hash *h) {
+bool tl_gram_hash_reserve(tl_gram_hash *h) {
     if ((h->n + 1) * 2 <= h->cap) return true;
     size_t cap = h->cap ? h->cap * 2 : 1024;
     uint64_t *keys = calloc(cap, sizeof *keys);
@@ -71,7 +71,7 @@ bool gram_hash_reserve(gram_hash *h) {
     return true;
 }
 
-int32_t gram_hash_get(const gram_hash *h, uint64_t key) {
+int32_t tl_gram_hash_get(const tl_gram_hash *h, uint64_t key) {
     if (!h->cap) return -1;
     for (size_t j = mix64(key) & (h->cap - 1);; j = (j + 1) & (h->cap - 1)) {
         if (h->keys[j] == key) return h->vals[j];
@@ -79,8 +79,8 @@ int32_t gram_hash_get(const gram_hash *h, uint64_t key) {
     }
 }
 
-bool gram_hash_put(gram_hash *h, uint64_t key, int32_t val) {
-    if (!gram_hash_reserve(h)) return false;
+bool tl_gram_hash_put(tl_gram_hash *h, uint64_t key, int32_t val) {
+    if (!tl_gram_hash_reserve(h)) return false;
     size_t j = mix64(key) & (h->cap - 1);
     while (h->keys[j] && h->keys[j] != key) j = (j + 1) & (h->cap - 1);
     if (!h->keys[j]) h->n++;
@@ -89,12 +89,12 @@ bool gram_hash_put(gram_hash *h, uint64_t key, int32_t val) {
     return true;
 }
 
-void gram_hash_clear(gram_hash *h) {
+void tl_gram_hash_clear(tl_gram_hash *h) {
     if (h->cap) memset(h->keys, 0, h->cap * sizeof *h->keys);
     h->n = 0;
 }
 
-void gram_hash_free(gram_hash *h) {
+void tl_gram_hash_free(tl_gram_hash *h) {
     free(h->keys);
     free(h->vals);
     memset(h, 0, sizeof *h);
@@ -102,7 +102,7 @@ void gram_hash_free(gram_hash *h) {
 
 /* ---------------------------------------------------------------- the builder */
 
-void gram_builder_free(gram_builder *b) {
+void tl_gram_builder_free(tl_gram_builder *b) {
     for (int i = 0; i < b->n_rules; i++) free(b->names[i]);
     free(b->names);
     free(b->defined_at);
@@ -127,7 +127,7 @@ static uint32_t name_hash(const char *name, size_t len) {
     return h;
 }
 
-static int32_t *name_slot(const gram_builder *b, const char *name, size_t len) {
+static int32_t *name_slot(const tl_gram_builder *b, const char *name, size_t len) {
     const uint32_t mask = (uint32_t)b->name_slots - 1;
     for (uint32_t at = name_hash(name, len) & mask;; at = (at + 1) & mask) {
         const int32_t r = b->by_name[at];
@@ -136,7 +136,7 @@ static int32_t *name_slot(const gram_builder *b, const char *name, size_t len) {
 }
 
 /* Room in the table for one more name; false out of memory. */
-static bool reserve_name(gram_builder *b) {
+static bool reserve_name(tl_gram_builder *b) {
     if (2 * (b->n_rules + 1) <= b->name_slots) return true;
     const int slots = b->name_slots ? 2 * b->name_slots : 64;
     int32_t *table = malloc((size_t)slots * sizeof *table);
@@ -150,18 +150,18 @@ static bool reserve_name(gram_builder *b) {
     return true;
 }
 
-static int add_rule(gram_builder *b, char *name) {
+static int add_rule(tl_gram_builder *b, char *name) {
     if (!name) return -1;
     if (!reserve_name(b)) { free(name); return -1; }
     const int n = b->n_rules + 1;
     int cap = b->cap_rules;
-    if (!gram_grow((void **)&b->names, &cap, n, sizeof *b->names)) { free(name); return -1; }
+    if (!tl_gram_grow((void **)&b->names, &cap, n, sizeof *b->names)) { free(name); return -1; }
     cap = b->cap_rules;
-    if (!gram_grow((void **)&b->defined_at, &cap, n, sizeof *b->defined_at)) { free(name); return -1; }
+    if (!tl_gram_grow((void **)&b->defined_at, &cap, n, sizeof *b->defined_at)) { free(name); return -1; }
     cap = b->cap_rules;
-    if (!gram_grow((void **)&b->used_line, &cap, n, sizeof *b->used_line)) { free(name); return -1; }
+    if (!tl_gram_grow((void **)&b->used_line, &cap, n, sizeof *b->used_line)) { free(name); return -1; }
     cap = b->cap_rules;
-    if (!gram_grow((void **)&b->used_col, &cap, n, sizeof *b->used_col)) { free(name); return -1; }
+    if (!tl_gram_grow((void **)&b->used_col, &cap, n, sizeof *b->used_col)) { free(name); return -1; }
     b->cap_rules = cap;
     b->names[b->n_rules] = name;
     *name_slot(b, name, strlen(name)) = b->n_rules;
@@ -171,7 +171,7 @@ static int add_rule(gram_builder *b, char *name) {
     return b->n_rules++;
 }
 
-int gram_builder_rule(gram_builder *b, const char *name, size_t len) {
+int tl_gram_builder_rule(tl_gram_builder *b, const char *name, size_t len) {
     if (b->name_slots > 0) {
         const int32_t known = *name_slot(b, name, len);
         if (known >= 0) return known;
@@ -184,7 +184,7 @@ int gram_builder_rule(gram_builder *b, const char *name, size_t len) {
     return add_rule(b, copy);
 }
 
-int gram_builder_fresh_rule(gram_builder *b, int parent) {
+int tl_gram_builder_fresh_rule(tl_gram_builder *b, int parent) {
     const char *base = parent >= 0 ? b->names[parent] : "rule";
     size_t len = strlen(base) + 16;
     char *name = malloc(len);
@@ -233,7 +233,7 @@ static bool utf8_split(uint32_t lo, uint32_t hi, byte_seq **out, int *n, int *ca
             }
         }
     }
-    if (!gram_grow((void **)out, cap, *n + 1, sizeof **out)) return false;
+    if (!tl_gram_grow((void **)out, cap, *n + 1, sizeof **out)) return false;
     byte_seq *s = &(*out)[(*n)++];
     uint8_t a[4], b[4];
     s->n = utf8_encode(lo, a);
@@ -245,9 +245,9 @@ static bool utf8_split(uint32_t lo, uint32_t hi, byte_seq **out, int *n, int *ca
 /* ---------------------------------------------------------------- compiling the builder */
 
 typedef struct prog_writer {
-    gram_program *p;
+    tl_gram_program *p;
     int cap_elems, cap_alts, cap_sets, cap_rules;
-    gram_hash set_ids;
+    tl_gram_hash set_ids;
     /* generated rules of multi-byte classes: their alternatives, laid out after the others */
     byte_seq **gen_seqs;
     int *gen_n;
@@ -256,46 +256,46 @@ typedef struct prog_writer {
     bool out_of_memory; /* an emit failed to grow (not the size limit) */
 } prog_writer;
 
-static int add_set(prog_writer *w, const gram_byteset *set) {
+static int add_set(prog_writer *w, const tl_gram_byteset *set) {
     uint64_t h = 1469598103934665603ULL;
     for (int i = 0; i < 4; i++) h = mix64(h ^ set->bits[i]);
     h |= 1;
-    int32_t at = gram_hash_get(&w->set_ids, h);
+    int32_t at = tl_gram_hash_get(&w->set_ids, h);
     if (at >= 0 && memcmp(&w->p->sets[at], set, sizeof *set) == 0) return at;
-    gram_program *p = w->p;
-    if (!gram_grow((void **)&p->sets, &w->cap_sets, p->n_sets + 1, sizeof *p->sets)) return -1;
+    tl_gram_program *p = w->p;
+    if (!tl_gram_grow((void **)&p->sets, &w->cap_sets, p->n_sets + 1, sizeof *p->sets)) return -1;
     p->sets[p->n_sets] = *set;
-    if (at < 0 && !gram_hash_put(&w->set_ids, h, p->n_sets)) return -1;
+    if (at < 0 && !tl_gram_hash_put(&w->set_ids, h, p->n_sets)) return -1;
     return p->n_sets++;
 }
 
 static bool emit(prog_writer *w, uint8_t kind, int32_t arg) {
-    gram_program *p = w->p;
+    tl_gram_program *p = w->p;
     if (p->n_elems >= GRAM_MAX_ELEMS) return false;
-    if (!gram_grow((void **)&p->elems, &w->cap_elems, p->n_elems + 1, sizeof *p->elems)) return !(w->out_of_memory = true);
-    p->elems[p->n_elems++] = (gram_elem){kind, arg};
+    if (!tl_gram_grow((void **)&p->elems, &w->cap_elems, p->n_elems + 1, sizeof *p->elems)) return !(w->out_of_memory = true);
+    p->elems[p->n_elems++] = (tl_gram_elem){kind, arg};
     return true;
 }
 
 static bool begin_alt(prog_writer *w) {
-    gram_program *p = w->p;
-    if (!gram_grow((void **)&p->alt_start, &w->cap_alts, p->n_alts + 1, sizeof *p->alt_start)) return false;
+    tl_gram_program *p = w->p;
+    if (!tl_gram_grow((void **)&p->alt_start, &w->cap_alts, p->n_alts + 1, sizeof *p->alt_start)) return false;
     p->alt_start[p->n_alts++] = p->n_elems;
     return true;
 }
 
-static void set_range(gram_byteset *s, unsigned lo, unsigned hi) {
+static void set_range(tl_gram_byteset *s, unsigned lo, unsigned hi) {
     for (unsigned b = lo; b <= hi; b++) s->bits[b >> 6] |= 1ull << (b & 63);
 }
 
 /* One class element: a byte set when every code point is ASCII, else a call of a generated
    rule whose alternatives are the UTF-8 byte sequences. */
-static bool emit_class(prog_writer *w, const gram_range *ranges, int n_ranges, bool *oom) {
+static bool emit_class(prog_writer *w, const tl_gram_range *ranges, int n_ranges, bool *oom) {
     bool ascii = true;
     for (int i = 0; i < n_ranges; i++)
         if (ranges[i].hi >= 0x80) ascii = false;
     if (ascii) {
-        gram_byteset set = {{0}};
+        tl_gram_byteset set = {{0}};
         for (int i = 0; i < n_ranges; i++) set_range(&set, ranges[i].lo, ranges[i].hi);
         int id = add_set(w, &set);
         if (id < 0) return !(*oom = true);
@@ -313,8 +313,8 @@ static bool emit_class(prog_writer *w, const gram_range *ranges, int n_ranges, b
         else ok = utf8_split(lo, hi, &seqs, &n, &cap);
         if (!ok) { free(seqs); return !(*oom = true); }
     }
-    if (!gram_grow((void **)&w->gen_seqs, &w->cap_gen, w->n_gen + 1, sizeof *w->gen_seqs) ||
-        !gram_grow((void **)&w->gen_n, &w->cap_gen_n, w->n_gen + 1, sizeof *w->gen_n)) {
+    if (!tl_gram_grow((void **)&w->gen_seqs, &w->cap_gen, w->n_gen + 1, sizeof *w->gen_seqs) ||
+        !tl_gram_grow((void **)&w->gen_n, &w->cap_gen_n, w->n_gen + 1, sizeof *w->gen_n)) {
         free(seqs);
         return !(*oom = true);
     }
@@ -323,7 +323,7 @@ static bool emit_class(prog_writer *w, const gram_range *ranges, int n_ranges, b
     return emit(w, GE_REF, w->first_gen + w->n_gen++);
 }
 
-void gram_program_free(gram_program *p) {
+void tl_gram_program_free(tl_gram_program *p) {
     if (!p) return;
     for (int i = 0; i < p->n_tokens; i++) free(p->tokens[i].text);
     free(p->tokens);
@@ -342,7 +342,7 @@ void gram_program_free(gram_program *p) {
    fixpoint took one pass over the grammar per rule of a chain r1 ::= r2, r2 ::= r3...:
    quadratic, 21 s for a 1.4 MB grammar.) */
 typedef struct derive_walk {
-    const gram_program *p;
+    const tl_gram_program *p;
     bool bytes_pass;
     bool *done;
     int32_t *alt_rule, *cursor, *wait_head, *wait_next, *queue;
@@ -350,7 +350,7 @@ typedef struct derive_walk {
 } derive_walk;
 
 static void derive_step(derive_walk *w, int a) {
-    const gram_elem *el = w->p->elems;
+    const tl_gram_elem *el = w->p->elems;
     int pos = w->cursor[a];
     while (((el[pos].kind == GE_BYTES || el[pos].kind == GE_TOKEN) && w->bytes_pass) ||
            (el[pos].kind == GE_REF && w->done[el[pos].arg]))
@@ -368,7 +368,7 @@ static void derive_step(derive_walk *w, int a) {
     } /* a byte or a token, not passing: this alternative never derives the empty string */
 }
 
-static bool derive_rules(const gram_program *p, bool bytes_pass, bool *done) {
+static bool derive_rules(const tl_gram_program *p, bool bytes_pass, bool *done) {
     const int R = p->n_rules, A = p->n_alts;
     derive_walk w = {.p = p, .bytes_pass = bytes_pass, .done = done};
     w.alt_rule = malloc(((size_t)A + 1) * sizeof *w.alt_rule);
@@ -407,10 +407,10 @@ static bool derive_rules(const gram_program *p, bool bytes_pass, bool *done) {
 }
 
 /* Whether rule `star` is x*: star ::= x star | "" (what x* and x+ write). */
-static bool is_star_of(const gram_program *p, int star, int x) {
+static bool is_star_of(const tl_gram_program *p, int star, int x) {
     const int a = p->rule_alts[star];
     if (p->rule_alts[star + 1] - a != 2) return false;
-    const gram_elem *loop = &p->elems[p->alt_start[a]], *empty = &p->elems[p->alt_start[a + 1]];
+    const tl_gram_elem *loop = &p->elems[p->alt_start[a]], *empty = &p->elems[p->alt_start[a + 1]];
     return loop[0].kind == GE_REF && loop[0].arg == x && loop[1].kind == GE_REF && loop[1].arg == star &&
            loop[2].kind == GE_END && empty[0].kind == GE_END;
 }
@@ -419,7 +419,7 @@ enum { DROPPED = 255 }; /* an element marked for removal (no element kind) */
 
 /* Removes the elements marked DROPPED: alternatives lie in order, so the compacted copy never
    overtakes its source. */
-static void compact(gram_program *p) {
+static void compact(tl_gram_program *p) {
     int w = 0;
     for (int a = 0; a < p->n_alts; a++) {
         int pos = p->alt_start[a];
@@ -439,7 +439,7 @@ static void compact(gram_program *p) {
    56 bytes. A rule is empty-only when each of its alternatives calls only empty-only rules: a
    least fixpoint by a work list (a cycle of such rules stays, which costs speed, not
    correctness). False out of memory (nothing dropped). */
-static bool drop_empty_only_calls(gram_program *p) {
+static bool drop_empty_only_calls(tl_gram_program *p) {
     const int R = p->n_rules, A = p->n_alts;
     int32_t *alt_rule = malloc(((size_t)A + 1) * sizeof *alt_rule), *alt_waiting = malloc(((size_t)A + 1) * sizeof *alt_waiting);
     int32_t *rule_waiting = malloc(((size_t)R + 1) * sizeof *rule_waiting), *queue = malloc(((size_t)R + 1) * sizeof *queue);
@@ -510,11 +510,11 @@ done:
 /* x x* is x* when x may be empty (x+ writes x x*, x{3,} x x x*): its first turns are the star's.
    Kept, the two readings of every x were two stacks, and x nested k deep ((("a"?)+)+ ...) was
    2^k stacks: a 66-byte grammar failed to compile at k = 16. */
-static void drop_nullable_plus_heads(gram_program *p, const bool *nullable) {
+static void drop_nullable_plus_heads(tl_gram_program *p, const bool *nullable) {
     bool any = false;
     /* backwards, each x against the next element kept, so that x x x* ({3,}) is x* too */
     for (int pos = p->n_elems - 1, next = -1; pos >= 0; pos--) {
-        const gram_elem *e = &p->elems[pos], *after = next >= 0 ? &p->elems[next] : NULL;
+        const tl_gram_elem *e = &p->elems[pos], *after = next >= 0 ? &p->elems[next] : NULL;
         if (e->kind == GE_REF && after && after->kind == GE_REF && nullable[e->arg] && is_star_of(p, after->arg, e->arg) &&
             pos != p->alt_start[p->rule_alts[after->arg]] /* not the star's own x star */) {
             p->elems[pos].kind = DROPPED;
@@ -533,7 +533,7 @@ static void drop_nullable_plus_heads(gram_program *p, const bool *nullable) {
    of tail calls only ("a"? repeated: r ::= x r | "" with x nullable) revisits the same stack,
    which the matcher recognises (expand: each call once per closure). Cycles are found as strongly connected
    components (Tarjan's, iterative). */
-static tl_status check_left_recursion(gram_program *p, char *err, size_t errlen) {
+static tl_status check_left_recursion(tl_gram_program *p, char *err, size_t errlen) {
     const int R = p->n_rules;
     bool *nullable = calloc((size_t)R + 1, 1);
     int32_t *edge_first = calloc((size_t)R + 1, sizeof *edge_first);
@@ -551,8 +551,8 @@ static tl_status check_left_recursion(gram_program *p, char *err, size_t errlen)
         edge_first[r] = n_edges;
         for (int a = p->rule_alts[r]; a < p->rule_alts[r + 1]; a++)
             for (int pos = p->alt_start[a]; p->elems[pos].kind == GE_REF; pos++) {
-                if (!gram_grow((void **)&edges, &cap_edges, n_edges + 1, sizeof *edges) ||
-                    !gram_grow((void **)&edge_tail, &cap_tail, n_edges + 1, sizeof *edge_tail))
+                if (!tl_gram_grow((void **)&edges, &cap_edges, n_edges + 1, sizeof *edges) ||
+                    !tl_gram_grow((void **)&edge_tail, &cap_tail, n_edges + 1, sizeof *edge_tail))
                     goto oom;
                 edge_tail[n_edges] = p->elems[pos + 1].kind == GE_END;
                 edges[n_edges++] = p->elems[pos].arg;
@@ -647,7 +647,7 @@ done:
     return st;
 }
 
-tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_t errlen) {
+tl_status tl_gram_build(const tl_gram_builder *b, tl_gram_program **out, char *err, size_t errlen) {
     *out = NULL;
     if (b->n_rules == 0) {
         snprintf(err, errlen, "empty grammar: no rules (a grammar needs at least 'root ::= ...')");
@@ -666,7 +666,7 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
         snprintf(err, errlen, "no rule named 'root' (the start rule)");
         return TL_ERR_INVALID_ARGUMENT;
     }
-    gram_program *p = calloc(1, sizeof *p);
+    tl_gram_program *p = calloc(1, sizeof *p);
     prog_writer w = {.p = p, .first_gen = b->n_rules};
     bool oom = !p;
     /* Alternatives of each rule, in rule order. */
@@ -684,13 +684,13 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
     int cap_ra = 0;
     bool too_big = false;
     for (int r = 0, k = 0; !oom && !too_big && r < b->n_rules; r++) {
-        if (!gram_grow((void **)&p->rule_alts, &cap_ra, r + 2, sizeof *p->rule_alts)) { oom = true; break; }
+        if (!tl_gram_grow((void **)&p->rule_alts, &cap_ra, r + 2, sizeof *p->rule_alts)) { oom = true; break; }
         p->rule_alts[r] = p->n_alts;
         for (int i = 0; i < rule_alt_count[r] && !oom && !too_big; i++, k++) {
             const int a = by_rule[k];
             if (!begin_alt(&w)) { oom = true; break; }
             for (int j = 0; j < b->alt_len[a]; j++) {
-                const gram_item *it = &b->items[b->alt_first[a] + j];
+                const tl_gram_item *it = &b->items[b->alt_first[a] + j];
                 bool ok = it->kind == GE_REF || it->kind == GE_TOKEN
                               ? emit(&w, (uint8_t)it->kind, it->arg)
                               : emit_class(&w, b->ranges ? b->ranges + it->arg : NULL, it->n_ranges, &oom);
@@ -702,16 +702,16 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
     /* The generated rules of multi-byte classes. */
     for (int g = 0; !oom && !too_big && g < w.n_gen; g++) {
         const int r = b->n_rules + g;
-        if (!gram_grow((void **)&p->rule_alts, &cap_ra, r + 2, sizeof *p->rule_alts)) { oom = true; break; }
+        if (!tl_gram_grow((void **)&p->rule_alts, &cap_ra, r + 2, sizeof *p->rule_alts)) { oom = true; break; }
         p->rule_alts[r] = p->n_alts;
-        gram_byteset single = {{0}};
+        tl_gram_byteset single = {{0}};
         bool any_single = false;
         for (int i = 0; i < w.gen_n[g]; i++) {
             const byte_seq *s = &w.gen_seqs[g][i];
             if (s->n == 1) { set_range(&single, s->lo[0], s->hi[0]); any_single = true; continue; }
             if (!begin_alt(&w)) { oom = true; break; }
             for (int j = 0; j < s->n && !oom; j++) {
-                gram_byteset set = {{0}};
+                tl_gram_byteset set = {{0}};
                 set_range(&set, s->lo[j], s->hi[j]);
                 int id = add_set(&w, &set);
                 if (id < 0) oom = true;
@@ -727,7 +727,7 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
         if (p->n_alts == p->rule_alts[r] && !oom && !too_big) {
             /* an empty class (e.g. only surrogates): a rule with no alternative matches nothing,
                which the matcher handles; keep one impossible alternative for uniformity */
-            gram_byteset none = {{0}};
+            tl_gram_byteset none = {{0}};
             int id = add_set(&w, &none);
             if (id < 0 || !begin_alt(&w)) oom = true;
             else if (!emit(&w, GE_BYTES, id) || !emit(&w, GE_END, 0)) too_big = true;
@@ -739,14 +739,14 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
         for (int i = 0; !oom && i < b->n_tokens; i++) {
             const char *text = b->tokens[i].text;
             p->tokens[i] = b->tokens[i];
-            p->tokens[i].text = text ? gram_copy_text(text, strlen(text)) : NULL;
+            p->tokens[i].text = text ? tl_gram_copy_text(text, strlen(text)) : NULL;
             p->n_tokens = i + 1;
             oom = text && !p->tokens[i].text;
         }
     }
     if (!oom && p) {
         p->n_rules = b->n_rules + w.n_gen;
-        if (!gram_grow((void **)&p->rule_alts, &cap_ra, p->n_rules + 1, sizeof *p->rule_alts)) oom = true;
+        if (!tl_gram_grow((void **)&p->rule_alts, &cap_ra, p->n_rules + 1, sizeof *p->rule_alts)) oom = true;
         else p->rule_alts[p->n_rules] = p->n_alts;
         p->root = root;
         p->rule_names = calloc((size_t)p->n_rules + 1, sizeof *p->rule_names);
@@ -761,19 +761,19 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
     for (int g = 0; g < w.n_gen; g++) free(w.gen_seqs[g]);
     free(w.gen_seqs);
     free(w.gen_n);
-    gram_hash_free(&w.set_ids);
+    tl_gram_hash_free(&w.set_ids);
     free(rule_alt_count);
     free(by_rule);
     oom = oom || w.out_of_memory; /* (a failed emit reads as "too big" above) */
     if (oom || too_big) {
-        gram_program_free(p);
+        tl_gram_program_free(p);
         snprintf(err, errlen, oom ? "out of memory compiling the grammar" : "grammar too large (more than %d elements)",
                  GRAM_MAX_ELEMS);
         return oom ? TL_ERR_NO_MEMORY : TL_ERR_INVALID_ARGUMENT;
     }
     tl_status st = check_left_recursion(p, err, errlen);
     if (st != TL_OK) {
-        gram_program_free(p);
+        tl_gram_program_free(p);
         return st;
     }
     *out = p;
@@ -783,12 +783,12 @@ tl_status gram_build(const gram_builder *b, gram_program **out, char *err, size_
 /* ---------------------------------------------------------------- the runtime */
 
 /* Why the calling thread's last runtime call returned -1, when a limit (not memory) stopped it:
-   the calls return -1 either way, and gram_failure words the error. Per thread, as each call
+   the calls return -1 either way, and tl_gram_failure words the error. Per thread, as each call
    runs on its caller's thread (under the grammar's lock). */
 enum { FAILED_MEMORY, FAILED_AMBIGUOUS, FAILED_FULL, FAILED_COSTLY };
 static _Thread_local int last_failure;
 
-tl_status gram_failure(const char *what) {
+tl_status tl_gram_failure(const char *what) {
     const int why = last_failure;
     last_failure = FAILED_MEMORY;
     if (why == FAILED_AMBIGUOUS)
@@ -810,28 +810,28 @@ tl_status gram_failure(const char *what) {
 
 /* The token reference stack node n waits on, or NULL (a byte set, the empty stack, the
    projection's stand-in). */
-static const gram_elem *ref_top(const gram_runtime *rt, int32_t n) {
+static const tl_gram_elem *ref_top(const tl_gram_runtime *rt, int32_t n) {
     if (n <= 0 || rt->nodes[n].pos < 0) return NULL;
-    const gram_elem *e = &rt->prog->elems[rt->nodes[n].pos];
+    const tl_gram_elem *e = &rt->prog->elems[rt->nodes[n].pos];
     return e->kind == GE_TOKEN ? e : NULL;
 }
 
-static int32_t intern_node(gram_runtime *rt, int32_t pos, int32_t parent) {
+static int32_t intern_node(tl_gram_runtime *rt, int32_t pos, int32_t parent) {
     const uint64_t key = ((uint64_t)(uint32_t)(pos + 1) << 32) | (uint32_t)parent;
-    int32_t id = gram_hash_get(&rt->node_ids, key);
+    int32_t id = tl_gram_hash_get(&rt->node_ids, key);
     if (id >= 0) return id;
     if (rt->n_nodes >= GRAM_MAX_NODES) {
         last_failure = FAILED_FULL;
         return -1;
     }
-    if (!gram_grow((void **)&rt->nodes, &rt->cap_nodes, rt->n_nodes + 1, sizeof *rt->nodes)) return -1;
+    if (!tl_gram_grow((void **)&rt->nodes, &rt->cap_nodes, rt->n_nodes + 1, sizeof *rt->nodes)) return -1;
     id = rt->n_nodes++;
-    rt->nodes[id] = (gram_node){pos, parent};
-    if (!gram_hash_put(&rt->node_ids, key, id)) return -1;
+    rt->nodes[id] = (tl_gram_node){pos, parent};
+    if (!tl_gram_hash_put(&rt->node_ids, key, id)) return -1;
     return id;
 }
 
-static bool push_scratch(gram_runtime *rt, int32_t v) {
+static bool push_scratch(tl_gram_runtime *rt, int32_t v) {
     if (rt->n_scratch >= GRAM_MAX_EXPANSION) {
         last_failure = FAILED_AMBIGUOUS;
         return false;
@@ -848,15 +848,15 @@ static bool push_scratch(gram_runtime *rt, int32_t v) {
 }
 
 /* A new closure number (rt->called's values): past INT32_MAX the table starts again. */
-static void next_closure(gram_runtime *rt) {
+static void next_closure(tl_gram_runtime *rt) {
     if (rt->closure == INT32_MAX) {
-        gram_hash_clear(&rt->called);
+        tl_gram_hash_clear(&rt->called);
         rt->closure = 0;
     }
     rt->closure++;
 }
 
-static bool push_pending(gram_runtime *rt, int32_t pos, int32_t parent) {
+static bool push_pending(tl_gram_runtime *rt, int32_t pos, int32_t parent) {
     if (rt->n_pending + 2 > rt->cap_pending) {
         size_t cap = rt->cap_pending ? rt->cap_pending * 2 : 256;
         int32_t *q = realloc(rt->pending, cap * sizeof *q);
@@ -874,8 +874,8 @@ static bool push_pending(gram_runtime *rt, int32_t pos, int32_t parent) {
    list, not recursion: a run of a thousand nullable items ("a"?){1000} expands a thousand
    calls deep. A byte set that holds no byte (an empty class, never()) is no stack: a token
    that can only reach it leads nowhere, and the mask leaves it out. */
-static bool expand(gram_runtime *rt, int32_t pos0, int32_t parent0) {
-    const gram_program *p = rt->prog;
+static bool expand(tl_gram_runtime *rt, int32_t pos0, int32_t parent0) {
+    const tl_gram_program *p = rt->prog;
     rt->n_pending = 0;
     if (!push_pending(rt, pos0, parent0)) return false;
     for (long taken = 0; rt->n_pending > 0; taken++) {
@@ -886,7 +886,7 @@ static bool expand(gram_runtime *rt, int32_t pos0, int32_t parent0) {
         int32_t parent = rt->pending[--rt->n_pending];
         int32_t pos = rt->pending[--rt->n_pending];
         for (;;) {
-            const gram_elem e = p->elems[pos];
+            const tl_gram_elem e = p->elems[pos];
             if (e.kind == GE_END) {
                 if (parent == 0) { if (!push_scratch(rt, 0)) return false; break; }
                 if (parent == rt->esc_node) { if (!push_scratch(rt, parent)) return false; break; } /* below a projection's cut */
@@ -895,7 +895,7 @@ static bool expand(gram_runtime *rt, int32_t pos0, int32_t parent0) {
                 continue;
             }
             if (e.kind == GE_BYTES || e.kind == GE_TOKEN) {
-                const gram_byteset *set = e.kind == GE_BYTES ? &p->sets[e.arg] : NULL;
+                const tl_gram_byteset *set = e.kind == GE_BYTES ? &p->sets[e.arg] : NULL;
                 if (set && !(set->bits[0] | set->bits[1] | set->bits[2] | set->bits[3])) break;
                 int32_t n = intern_node(rt, pos, parent);
                 if (n < 0 || !push_scratch(rt, n)) return false;
@@ -910,8 +910,8 @@ static bool expand(gram_runtime *rt, int32_t pos0, int32_t parent0) {
                call with the same stack below), and keeps ambiguous nullable alternatives
                ((a?|b?){16}) from expanding every way they can be empty. */
             const uint64_t key = ((uint64_t)(uint32_t)(e.arg + 1) << 32) | (uint32_t)cont;
-            if (gram_hash_get(&rt->called, key) == rt->closure) break;
-            if (!gram_hash_put(&rt->called, key, rt->closure)) return false;
+            if (tl_gram_hash_get(&rt->called, key) == rt->closure) break;
+            if (!tl_gram_hash_put(&rt->called, key, rt->closure)) return false;
             for (int a = p->rule_alts[e.arg + 1] - 1; a >= p->rule_alts[e.arg]; a--)
                 if (!push_pending(rt, p->alt_start[a], cont)) return false;
             break;
@@ -926,7 +926,7 @@ static int cmp_i32(const void *a, const void *b) {
 }
 
 /* The state whose stacks are the scratch list (sorted, deduplicated here). */
-static int32_t intern_state(gram_runtime *rt) {
+static int32_t intern_state(tl_gram_runtime *rt) {
     int32_t *m = rt->scratch;
     size_t n = rt->n_scratch;
     if (n > 1) qsort(m, n, sizeof *m, cmp_i32);
@@ -938,7 +938,7 @@ static int32_t intern_state(gram_runtime *rt) {
     for (size_t i = 0; i < n; i++) h = mix64(h ^ (uint64_t)(uint32_t)m[i]);
     h |= 1;
     /* probe the table: equal hashes are compared member by member */
-    gram_hash *t = &rt->state_ids;
+    tl_gram_hash *t = &rt->state_ids;
     if (t->cap) {
         for (size_t j = mix64(h) & (t->cap - 1); t->keys[j]; j = (j + 1) & (t->cap - 1)) {
             if (t->keys[j] != h) continue;
@@ -959,10 +959,10 @@ static int32_t intern_state(gram_runtime *rt) {
         uint8_t *fl = realloc(rt->state_flags, (size_t)cap);
         if (!fl) return -1;
         rt->state_flags = fl;
-        gram_byteset *lp = realloc(rt->state_loop, (size_t)cap * sizeof *lp);
+        tl_gram_byteset *lp = realloc(rt->state_loop, (size_t)cap * sizeof *lp);
         if (!lp) return -1;
         rt->state_loop = lp;
-        gram_byteset *tk = realloc(rt->state_takes, (size_t)cap * sizeof *tk);
+        tl_gram_byteset *tk = realloc(rt->state_takes, (size_t)cap * sizeof *tk);
         if (!tk) return -1;
         rt->state_takes = tk;
         int32_t *pj = realloc(rt->state_proj, (size_t)cap * sizeof *pj);
@@ -990,7 +990,7 @@ static int32_t intern_state(gram_runtime *rt) {
         else if (ref_top(rt, m[i])) rt->state_flags[s] |= 16; /* a stack waits for a token reference */
     }
     /* a collision-free insert: probe to an empty slot */
-    if (!gram_hash_reserve(t)) return -1;
+    if (!tl_gram_hash_reserve(t)) return -1;
     size_t j = mix64(h) & (t->cap - 1);
     while (t->keys[j]) j = (j + 1) & (t->cap - 1);
     t->keys[j] = h;
@@ -999,13 +999,13 @@ static int32_t intern_state(gram_runtime *rt) {
     return s;
 }
 
-tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
+tl_status tl_gram_runtime_init(tl_gram_runtime *rt, const tl_gram_program *prog) {
     last_failure = FAILED_MEMORY;
     memset(rt, 0, sizeof *rt);
     rt->prog = prog;
     /* node 0: the empty stack; state 0: the dead state (no stacks) */
-    if (!gram_grow((void **)&rt->nodes, &rt->cap_nodes, 1, sizeof *rt->nodes)) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    rt->nodes[rt->n_nodes++] = (gram_node){-1, -1};
+    if (!tl_gram_grow((void **)&rt->nodes, &rt->cap_nodes, 1, sizeof *rt->nodes)) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    rt->nodes[rt->n_nodes++] = (tl_gram_node){-1, -1};
     rt->n_scratch = 0;
     if (intern_state(rt) != GRAM_DEAD) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     /* never a member of a real state: expand stops at it instead of reading its pos */
@@ -1015,28 +1015,28 @@ tl_status gram_runtime_init(gram_runtime *rt, const gram_program *prog) {
     for (int a = prog->rule_alts[prog->root]; ok && a < prog->rule_alts[prog->root + 1]; a++)
         ok = expand(rt, prog->alt_start[a], 0);
     rt->initial = ok ? intern_state(rt) : -1;
-    if (rt->initial < 0) return gram_failure("grammar");
+    if (rt->initial < 0) return tl_gram_failure("grammar");
     return TL_OK;
 }
 
-void gram_runtime_destroy(gram_runtime *rt) {
+void tl_gram_runtime_destroy(tl_gram_runtime *rt) {
     free(rt->nodes);
-    gram_hash_free(&rt->node_ids);
+    tl_gram_hash_free(&rt->node_ids);
     free(rt->state_members);
     free(rt->state_first);
     free(rt->state_flags);
     free(rt->state_loop);
     free(rt->state_proj);
     free(rt->state_takes);
-    gram_hash_free(&rt->state_ids);
-    gram_hash_free(&rt->transitions);
-    gram_hash_free(&rt->called);
+    tl_gram_hash_free(&rt->state_ids);
+    tl_gram_hash_free(&rt->transitions);
+    tl_gram_hash_free(&rt->called);
     free(rt->scratch);
     free(rt->pending);
     memset(rt, 0, sizeof *rt);
 }
 
-size_t gram_runtime_bytes(const gram_runtime *rt) {
+size_t tl_gram_runtime_bytes(const tl_gram_runtime *rt) {
     const size_t per_state = sizeof *rt->state_first + sizeof *rt->state_flags + sizeof *rt->state_loop +
                              sizeof *rt->state_takes + sizeof *rt->state_proj;
     const size_t per_slot = sizeof(uint64_t) + sizeof(int32_t); /* a hash table's key and value */
@@ -1046,33 +1046,33 @@ size_t gram_runtime_bytes(const gram_runtime *rt) {
            (rt->cap_scratch + rt->cap_pending) * sizeof(int32_t);
 }
 
-int32_t gram_advance(gram_runtime *rt, int32_t state, unsigned byte) {
+int32_t tl_gram_advance(tl_gram_runtime *rt, int32_t state, unsigned byte) {
     if (state == GRAM_DEAD) return GRAM_DEAD;
     const uint64_t key = (uint64_t)state * 256u + byte + 1u;
-    int32_t next = gram_hash_get(&rt->transitions, key);
+    int32_t next = tl_gram_hash_get(&rt->transitions, key);
     if (next >= 0) return next;
     last_failure = FAILED_MEMORY; /* (the reason is always this call's) */
     if (rt->work_budget > 0 && (rt->work += rt->state_first[state + 1] - rt->state_first[state]) > rt->work_budget) {
         last_failure = FAILED_COSTLY;
         return -1;
     }
-    const gram_program *p = rt->prog;
+    const tl_gram_program *p = rt->prog;
     rt->n_scratch = 0;
     next_closure(rt);
     for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
         const int32_t n = rt->state_members[i];
         if (n == 0 || n == rt->esc_node) continue; /* the empty stack accepts the end, not a byte */
-        const gram_node node = rt->nodes[n];
+        const tl_gram_node node = rt->nodes[n];
         if (p->elems[node.pos].kind != GE_BYTES) continue; /* a token reference takes no byte */
-        if (!gram_byteset_has(&p->sets[p->elems[node.pos].arg], byte)) continue;
+        if (!tl_gram_byteset_has(&p->sets[p->elems[node.pos].arg], byte)) continue;
         if (!expand(rt, node.pos + 1, node.parent)) return -1;
     }
     next = intern_state(rt);
-    if (next < 0 || !gram_hash_put(&rt->transitions, key, next)) return -1;
+    if (next < 0 || !tl_gram_hash_put(&rt->transitions, key, next)) return -1;
     return next;
 }
 
-static bool is_end_token(const gram_token_set *refs, int32_t token) {
+static bool is_end_token(const tl_gram_token_set *refs, int32_t token) {
     if (token == refs->eos) return true;
     for (int i = 0; i < refs->n_ends; i++)
         if (refs->ends[i] == token) return true;
@@ -1082,20 +1082,20 @@ static bool is_end_token(const gram_token_set *refs, int32_t token) {
 /* Whether token reference `ref` (resolved to `id` in the vocabulary) takes token `token`: a
    negated one any token but that one and the ends (eos, a turn's end: they end the text, as in
    llama.cpp no reference takes them by negation); a named one that token, never eos. */
-static bool ref_takes(const gram_token_ref *ref, int32_t id, int32_t token, const gram_token_set *refs) {
+static bool ref_takes(const tl_gram_token_ref *ref, int32_t id, int32_t token, const tl_gram_token_set *refs) {
     if (token == refs->eos) return false;
     return ref->negated ? token != id && !is_end_token(refs, token) : token == id;
 }
 
-int32_t gram_advance_refs(gram_runtime *rt, int32_t state, int32_t by_bytes, int32_t token, const gram_token_set *refs) {
-    if (state == GRAM_DEAD || !gram_has_refs(rt, state)) return by_bytes;
+int32_t tl_gram_advance_refs(tl_gram_runtime *rt, int32_t state, int32_t by_bytes, int32_t token, const tl_gram_token_set *refs) {
+    if (state == GRAM_DEAD || !tl_gram_has_refs(rt, state)) return by_bytes;
     last_failure = FAILED_MEMORY;
-    const gram_program *p = rt->prog;
+    const tl_gram_program *p = rt->prog;
     rt->n_scratch = 0;
     next_closure(rt);
     for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
         const int32_t n = rt->state_members[i];
-        const gram_elem *e = ref_top(rt, n);
+        const tl_gram_elem *e = ref_top(rt, n);
         if (!e || !ref_takes(&p->tokens[e->arg], refs->ids[e->arg], token, refs)) continue;
         if (!expand(rt, rt->nodes[n].pos + 1, rt->nodes[n].parent)) return -1;
     }
@@ -1107,16 +1107,16 @@ int32_t gram_advance_refs(gram_runtime *rt, int32_t state, int32_t by_bytes, int
     return intern_state(rt);
 }
 
-int gram_mask_refs(const gram_runtime *rt, int32_t state, const gram_token_set *refs, int vocab_size, uint8_t *allowed,
+int tl_gram_mask_refs(const tl_gram_runtime *rt, int32_t state, const tl_gram_token_set *refs, int vocab_size, uint8_t *allowed,
                    int count) {
-    if (state == GRAM_DEAD || !gram_has_refs(rt, state)) return count;
-    const gram_program *p = rt->prog;
+    if (state == GRAM_DEAD || !tl_gram_has_refs(rt, state)) return count;
+    const tl_gram_program *p = rt->prog;
     /* named ones one by one; the negated ones in one pass over the vocabulary, however many
        stacks wait on one (one per stack made a mask cost stacks x vocabulary) */
     int32_t negated = -1; /* the one token negated references leave out; -1 none left out */
     bool any_negated = false;
     for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
-        const gram_elem *e = ref_top(rt, rt->state_members[i]);
+        const tl_gram_elem *e = ref_top(rt, rt->state_members[i]);
         if (!e) continue;
         const int32_t id = refs->ids[e->arg];
         if (p->tokens[e->arg].negated) {
@@ -1135,20 +1135,20 @@ int gram_mask_refs(const gram_runtime *rt, int32_t state, const gram_token_set *
     return count;
 }
 
-int32_t gram_advance_bytes(gram_runtime *rt, int32_t state, const void *bytes, size_t len) {
+int32_t tl_gram_advance_bytes(tl_gram_runtime *rt, int32_t state, const void *bytes, size_t len) {
     const unsigned char *b = bytes;
-    for (size_t i = 0; i < len && state > 0; i++) state = gram_advance(rt, state, b[i]);
+    for (size_t i = 0; i < len && state > 0; i++) state = tl_gram_advance(rt, state, b[i]);
     return state;
 }
 
-const gram_byteset *gram_first_bytes(gram_runtime *rt, int32_t state) {
+const tl_gram_byteset *tl_gram_first_bytes(tl_gram_runtime *rt, int32_t state) {
     if (!(rt->state_flags[state] & 8)) {
-        gram_byteset takes = {{0}};
-        const gram_program *p = rt->prog;
+        tl_gram_byteset takes = {{0}};
+        const tl_gram_program *p = rt->prog;
         for (int64_t i = rt->state_first[state]; i < rt->state_first[state + 1]; i++) {
             const int32_t n = rt->state_members[i];
             if (n == 0 || n == rt->esc_node || p->elems[rt->nodes[n].pos].kind != GE_BYTES) continue;
-            const gram_byteset *s = &p->sets[p->elems[rt->nodes[n].pos].arg];
+            const tl_gram_byteset *s = &p->sets[p->elems[rt->nodes[n].pos].arg];
             for (int k = 0; k < 4; k++) takes.bits[k] |= s->bits[k];
         }
         rt->state_takes[state] = takes;
@@ -1157,14 +1157,14 @@ const gram_byteset *gram_first_bytes(gram_runtime *rt, int32_t state) {
     return &rt->state_takes[state];
 }
 
-const gram_byteset *gram_loop_bytes(gram_runtime *rt, int32_t state) {
+const tl_gram_byteset *tl_gram_loop_bytes(tl_gram_runtime *rt, int32_t state) {
     if (!(rt->state_flags[state] & 2)) {
-        gram_byteset loop = {{0}};
+        tl_gram_byteset loop = {{0}};
         /* only bytes some stack can take may loop */
-        const gram_byteset possible = *gram_first_bytes(rt, state);
+        const tl_gram_byteset possible = *tl_gram_first_bytes(rt, state);
         for (unsigned b = 0; b < 256; b++) {
-            if (!gram_byteset_has(&possible, b)) continue;
-            int32_t next = gram_advance(rt, state, b);
+            if (!tl_gram_byteset_has(&possible, b)) continue;
+            int32_t next = tl_gram_advance(rt, state, b);
             if (next < 0) return NULL;
             if (next == state) loop.bits[b >> 6] |= 1ull << (b & 63);
         }
@@ -1174,7 +1174,7 @@ const gram_byteset *gram_loop_bytes(gram_runtime *rt, int32_t state) {
     return &rt->state_loop[state];
 }
 
-int32_t gram_project(gram_runtime *rt, int32_t state) {
+int32_t tl_gram_project(tl_gram_runtime *rt, int32_t state) {
     if (rt->state_proj[state] >= 0) return rt->state_proj[state];
     last_failure = FAILED_MEMORY;
     int32_t frames[GRAM_PROJECT_DEPTH];
@@ -1201,18 +1201,18 @@ int32_t gram_project(gram_runtime *rt, int32_t state) {
 
 /* ---------------------------------------------------------------- public: compiling */
 
-static void tables_free(gram_tables *t) {
+static void tables_free(tl_gram_tables *t) {
     if (!t) return;
-    for (int i = 0; i < t->n_bindings; i++) gram_binding_destroy(&t->bindings[i]);
+    for (int i = 0; i < t->n_bindings; i++) tl_gram_binding_destroy(&t->bindings[i]);
     free(t->bindings);
-    gram_runtime_destroy(&t->rt);
+    tl_gram_runtime_destroy(&t->rt);
     free(t);
 }
 
-static tl_status tables_new(const gram_program *prog, gram_tables **out) {
-    gram_tables *t = calloc(1, sizeof *t);
+static tl_status tables_new(const tl_gram_program *prog, tl_gram_tables **out) {
+    tl_gram_tables *t = calloc(1, sizeof *t);
     if (!t) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    tl_status st = gram_runtime_init(&t->rt, prog);
+    tl_status st = tl_gram_runtime_init(&t->rt, prog);
     if (st != TL_OK) {
         tables_free(t);
         return st;
@@ -1223,22 +1223,22 @@ static tl_status tables_new(const gram_program *prog, gram_tables **out) {
 
 /* A new generation: the current one is freed, or goes with its last matcher (under g->lock). */
 static tl_status tables_restart(tl_compiled_grammar *g) {
-    gram_tables *old = g->tables, *fresh = NULL;
+    tl_gram_tables *old = g->tables, *fresh = NULL;
     tl_status st = tables_new(g->prog, &fresh);
     if (st != TL_OK) return st;
     g->tables = fresh;
     g->generations++;
     if (old->users == 0) {
         tables_free(old);
-    } else { /* its last matcher frees it (gram_tables_leave) */
+    } else { /* its last matcher frees it (tl_gram_tables_leave) */
         old->next = g->old_tables;
         g->old_tables = old;
     }
     return TL_OK;
 }
 
-gram_tables *gram_current_tables(tl_compiled_grammar *g) {
-    if (gram_runtime_bytes(&g->tables->rt) > g->table_budget && tables_restart(g) != TL_OK)
+tl_gram_tables *tl_gram_current_tables(tl_compiled_grammar *g) {
+    if (tl_gram_runtime_bytes(&g->tables->rt) > g->table_budget && tables_restart(g) != TL_OK)
         tl_clear_error(); /* the full tables serve on, up to their interning limits */
     return g->tables;
 }
@@ -1253,15 +1253,15 @@ tl_status tl_grammar_trim(const tl_compiled_grammar *cg) {
     return st;
 }
 
-void gram_tables_leave(tl_compiled_grammar *g, gram_tables *t) {
+void tl_gram_tables_leave(tl_compiled_grammar *g, tl_gram_tables *t) {
     if (--t->users > 0 || t == g->tables) return;
-    gram_tables **at = &g->old_tables;
+    tl_gram_tables **at = &g->old_tables;
     while (*at != t) at = &(*at)->next;
     *at = t->next;
     tables_free(t);
 }
 
-static size_t program_bytes(const gram_program *p) {
+static size_t program_bytes(const tl_gram_program *p) {
     size_t n = sizeof *p + (size_t)p->n_elems * sizeof *p->elems + (size_t)p->n_alts * sizeof *p->alt_start +
                ((size_t)p->n_rules + 1) * sizeof *p->rule_alts + (size_t)p->n_sets * sizeof *p->sets +
                (size_t)p->n_rules * sizeof *p->rule_names + (size_t)p->n_tokens * sizeof *p->tokens;
@@ -1270,8 +1270,8 @@ static size_t program_bytes(const gram_program *p) {
     return n;
 }
 
-static void add_tables(tl_grammar_memory *m, const gram_tables *t) {
-    m->table_bytes += gram_runtime_bytes(&t->rt);
+static void add_tables(tl_grammar_memory *m, const tl_gram_tables *t) {
+    m->table_bytes += tl_gram_runtime_bytes(&t->rt);
     for (int i = 0; i < t->n_bindings; i++) m->mask_bytes += t->bindings[i].mask_bytes;
     m->generations++;
 }
@@ -1293,7 +1293,7 @@ tl_status tl_grammar_memory_usage(const tl_compiled_grammar *cg, tl_grammar_memo
     }
     m.program_bytes = program_bytes(g->prog);
     add_tables(&m, g->tables);
-    for (const gram_tables *t = g->old_tables; t; t = t->next) add_tables(&m, t);
+    for (const tl_gram_tables *t = g->old_tables; t; t = t->next) add_tables(&m, t);
     for (int i = 0; i < g->n_vocabs; i++) m.vocab_bytes += g->vocabs[i]->memory;
     m.program_bytes += (size_t)g->n_vocabs * (sizeof *g->vocabs + sizeof *g->ref_ids + /* resolved references */
                                               (size_t)g->prog->n_tokens * sizeof(int32_t));
@@ -1310,7 +1310,7 @@ tl_status tl_grammar_memory_usage(const tl_compiled_grammar *cg, tl_grammar_memo
 /* What the program matches, hashed: its element, alternative and rule arrays, byte sets and
    token references, field by field (no struct padding), in a fixed order. Two compilations
    of one grammar hash alike; rule names, which only messages read, are left out. */
-static uint64_t program_fingerprint(const gram_program *p) {
+static uint64_t program_fingerprint(const tl_gram_program *p) {
     tl_hasher h;
     tl_hash_init(&h);
     const int32_t counts[6] = {p->n_elems, p->n_alts, p->n_rules, p->n_sets, p->n_tokens, p->root};
@@ -1323,7 +1323,7 @@ static uint64_t program_fingerprint(const gram_program *p) {
     tl_hash_add(&h, p->rule_alts, ((size_t)p->n_rules + 1) * sizeof *p->rule_alts);
     for (int i = 0; i < p->n_sets; i++) tl_hash_add(&h, p->sets[i].bits, sizeof p->sets[i].bits);
     for (int i = 0; i < p->n_tokens; i++) {
-        const gram_token_ref *t = &p->tokens[i];
+        const tl_gram_token_ref *t = &p->tokens[i];
         const int32_t ref[3] = {t->id, t->negated, t->text ? (int32_t)strlen(t->text) : -1};
         tl_hash_add(&h, ref, sizeof ref);
         if (t->text) tl_hash_add(&h, t->text, strlen(t->text));
@@ -1331,10 +1331,10 @@ static uint64_t program_fingerprint(const gram_program *p) {
     return tl_hash_final(&h);
 }
 
-tl_status gram_wrap_program(gram_program *prog, tl_compiled_grammar **out) {
+tl_status tl_gram_wrap_program(tl_gram_program *prog, tl_compiled_grammar **out) {
     tl_compiled_grammar *g = calloc(1, sizeof *g);
     if (!g) {
-        gram_program_free(prog);
+        tl_gram_program_free(prog);
         return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     }
     atomic_init(&g->refs, 1);
@@ -1342,13 +1342,13 @@ tl_status gram_wrap_program(gram_program *prog, tl_compiled_grammar **out) {
     g->fingerprint = program_fingerprint(prog);
     g->table_budget = GRAM_TABLE_BYTES;
     if (pthread_mutex_init(&g->lock, NULL) != 0) {
-        gram_program_free(prog);
+        tl_gram_program_free(prog);
         free(g);
         return tl_fail(TL_ERR_INTERNAL, "cannot create a mutex");
     }
     if (pthread_mutex_init(&g->usage_lock, NULL) != 0) {
         pthread_mutex_destroy(&g->lock);
-        gram_program_free(prog);
+        tl_gram_program_free(prog);
         free(g);
         return tl_fail(TL_ERR_INTERNAL, "cannot create a mutex");
     }
@@ -1356,7 +1356,7 @@ tl_status gram_wrap_program(gram_program *prog, tl_compiled_grammar **out) {
     if (st != TL_OK) {
         pthread_mutex_destroy(&g->usage_lock);
         pthread_mutex_destroy(&g->lock);
-        gram_program_free(prog);
+        tl_gram_program_free(prog);
         free(g);
         return st;
     }
@@ -1370,10 +1370,10 @@ tl_status tl_grammar_compile_gbnf(const char *text, size_t len, tl_compiled_gram
     *out = NULL;
     if (!text && len) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_gbnf: text is NULL");
     char err[512] = "";
-    gram_program *prog;
-    tl_status st = gram_parse_gbnf(text ? text : "", len, &prog, err, sizeof err);
+    tl_gram_program *prog;
+    tl_status st = tl_gram_parse_gbnf(text ? text : "", len, &prog, err, sizeof err);
     if (st != TL_OK) return tl_fail(st, "grammar: %s", err);
-    return gram_wrap_program(prog, out);
+    return tl_gram_wrap_program(prog, out);
 }
 
 tl_status tl_json_schema_to_gbnf(const char *schema, size_t len, const tl_json_schema_options *opts, char **gbnf,
@@ -1387,7 +1387,7 @@ tl_status tl_json_schema_to_gbnf(const char *schema, size_t len, const tl_json_s
                        opts->free_whitespace, opts->loose);
     char err[512] = "";
     size_t n = 0;
-    tl_status st = gram_json_schema_to_gbnf(schema, len, opts ? opts->free_whitespace : 0, opts ? opts->loose : 0, gbnf, &n, err,
+    tl_status st = tl_gram_json_schema_to_gbnf(schema, len, opts ? opts->free_whitespace : 0, opts ? opts->loose : 0, gbnf, &n, err,
                                             sizeof err);
     if (st != TL_OK) return tl_fail(st, "JSON schema: %s", err);
     if (gbnf_len) *gbnf_len = n;
@@ -1404,8 +1404,8 @@ tl_status tl_grammar_compile_json_schema(const char *schema, size_t len, const t
     tl_status st = tl_json_schema_to_gbnf(schema, len, opts, &text, &n);
     if (st != TL_OK) return st;
     char err[512] = "";
-    gram_program *prog;
-    st = gram_parse_gbnf(text, n, &prog, err, sizeof err);
+    tl_gram_program *prog;
+    st = tl_gram_parse_gbnf(text, n, &prog, err, sizeof err);
     free(text);
     /* a $ref cycle that consumes nothing first ({"$ref": "#"}) is the schema's fault */
     if (st != TL_OK && strstr(err, "left-recursive"))
@@ -1414,7 +1414,7 @@ tl_status tl_grammar_compile_json_schema(const char *schema, size_t len, const t
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "JSON schema: too large once expanded (%s)", err);
     if (st == TL_ERR_NO_MEMORY) return tl_fail(st, "JSON schema: %s", err);
     if (st != TL_OK) return tl_fail(st, "JSON schema: the generated grammar is invalid (a TinyLoop bug): %s", err);
-    return gram_wrap_program(prog, out);
+    return tl_gram_wrap_program(prog, out);
 }
 
 tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t *gbnf_len) {
@@ -1428,10 +1428,10 @@ tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t 
     memcpy(copy, pattern, len);
     copy[len] = 0;
     strbuf text = {0};
-    strbuf_puts(&text, "root ::= ");
+    tl_strbuf_puts(&text, "root ::= ");
     char err[256] = "";
-    const int rc = gram_regex_expr(copy, true, NULL, &text, err, sizeof err);
-    strbuf_puts(&text, "\n");
+    const int rc = tl_gram_regex_expr(copy, true, NULL, &text, err, sizeof err);
+    tl_strbuf_puts(&text, "\n");
     free(copy);
     if (rc < 0) { free(text.p); return tl_fail(TL_ERR_INVALID_ARGUMENT, "regular expression: %s", err); }
     if (text.oom) { free(text.p); return tl_fail(TL_ERR_NO_MEMORY, "tl_regex_to_gbnf: out of memory"); }
@@ -1449,15 +1449,15 @@ tl_status tl_grammar_compile_regex(const char *pattern, size_t len, tl_compiled_
     tl_status st = tl_regex_to_gbnf(pattern, len, &text, &n);
     if (st != TL_OK) return st;
     char err[512] = "";
-    gram_program *prog;
-    st = gram_parse_gbnf(text, n, &prog, err, sizeof err);
+    tl_gram_program *prog;
+    st = tl_gram_parse_gbnf(text, n, &prog, err, sizeof err);
     free(text);
     /* repetitions that expand past the grammar's size are the pattern's size, not a bug */
     if (st != TL_OK && strstr(err, "grammar too large"))
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "regular expression: too large once its repetitions are expanded (%s)", err);
     if (st == TL_ERR_NO_MEMORY) return tl_fail(st, "regular expression: %s", err);
     if (st != TL_OK) return tl_fail(st, "regular expression: the generated grammar is invalid (a TinyLoop bug): %s", err);
-    return gram_wrap_program(prog, out);
+    return tl_gram_wrap_program(prog, out);
 }
 
 void tl_compiled_grammar_retain(const tl_compiled_grammar *g) {
@@ -1469,14 +1469,14 @@ void tl_compiled_grammar_free(tl_compiled_grammar *g) {
     if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
     tables_free(g->tables); /* older generations went with their last matcher, which held a ref */
     for (int i = 0; i < g->n_vocabs; i++) {
-        gram_vocab_release(g->vocabs[i]);
+        tl_gram_vocab_release(g->vocabs[i]);
         free(g->ref_ids[i]);
     }
     free(g->vocabs);
     free(g->ref_ids);
     pthread_mutex_destroy(&g->usage_lock);
     pthread_mutex_destroy(&g->lock);
-    gram_program_free(g->prog);
+    tl_gram_program_free(g->prog);
     free(g);
 }
 
@@ -1485,11 +1485,11 @@ tl_status tl_grammar_matches(const tl_compiled_grammar *cg, const char *text, si
     if (!cg || !match || (!text && len)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matches: NULL argument");
     tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
     pthread_mutex_lock(&g->lock);
-    gram_runtime *rt = &gram_current_tables(g)->rt;
-    int32_t s = gram_advance_bytes(rt, rt->initial, text, len);
-    *match = s > 0 && gram_accepting(rt, s);
+    tl_gram_runtime *rt = &tl_gram_current_tables(g)->rt;
+    int32_t s = tl_gram_advance_bytes(rt, rt->initial, text, len);
+    *match = s > 0 && tl_gram_accepting(rt, s);
     pthread_mutex_unlock(&g->lock);
-    if (s < 0) return gram_failure("tl_grammar_matches");
+    if (s < 0) return tl_gram_failure("tl_grammar_matches");
     return TL_OK;
 }
 
@@ -1498,10 +1498,10 @@ tl_status tl_grammar_matches_prefix(const tl_compiled_grammar *cg, const char *t
     if (!cg || !match || (!text && len)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matches_prefix: NULL argument");
     tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
     pthread_mutex_lock(&g->lock);
-    gram_runtime *rt = &gram_current_tables(g)->rt;
-    const int32_t s = gram_advance_bytes(rt, rt->initial, text, len);
+    tl_gram_runtime *rt = &tl_gram_current_tables(g)->rt;
+    const int32_t s = tl_gram_advance_bytes(rt, rt->initial, text, len);
     pthread_mutex_unlock(&g->lock);
-    if (s < 0) return gram_failure("tl_grammar_matches_prefix");
+    if (s < 0) return tl_gram_failure("tl_grammar_matches_prefix");
     *match = s != GRAM_DEAD;
     return TL_OK;
 }

@@ -29,7 +29,7 @@
 
 /* ---------------------------------------------------------------- the vocabulary trie */
 
-static void vocab_free(gram_vocab *v) {
+static void vocab_free(tl_gram_vocab *v) {
     if (!v) return;
     free(v->text);
     free(v->node_byte);
@@ -53,15 +53,15 @@ static int by_bytes(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
-static uint64_t fingerprint(const struct tlz_tokenizer *tok, int vocab_size, int eos) {
+static uint64_t fingerprint(const struct tl_tlz_tokenizer *tok, int vocab_size, int eos) {
     uint64_t h = 1469598103934665603ULL ^ (uint64_t)vocab_size ^ ((uint64_t)(uint32_t)eos << 32);
     for (int32_t id = 0; id < vocab_size; id++) {
         const char *b;
         size_t len;
         /* a special token's text too, marked apart: it names the token for <text> references
            (vocabularies that differ in them resolve a grammar's references apart) */
-        const bool special = tlz_is_special(tok, id);
-        if (tlz_token_bytes(tok, id, &b, &len) != 0) len = 0, b = "";
+        const bool special = tl_tlz_is_special(tok, id);
+        if (tl_tlz_token_bytes(tok, id, &b, &len) != 0) len = 0, b = "";
         h = (h ^ (len + (special ? 0x7f4au : 0x9e37u))) * 1099511628211ULL;
         for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)b[i]) * 1099511628211ULL;
     }
@@ -70,13 +70,13 @@ static uint64_t fingerprint(const struct tlz_tokenizer *tok, int vocab_size, int
 
 /* Whether token id can ever be allowed, and its bytes: special tokens are control, not text;
    empty tokens would never advance the grammar. */
-static bool allowed_bytes(const struct tlz_tokenizer *tok, int32_t id, const char **bytes, size_t *len) {
-    return !tlz_is_special(tok, id) && tlz_token_bytes(tok, id, bytes, len) == 0 && *len > 0 && *len <= 65535;
+static bool allowed_bytes(const struct tl_tlz_tokenizer *tok, int32_t id, const char **bytes, size_t *len) {
+    return !tl_tlz_is_special(tok, id) && tl_tlz_token_bytes(tok, id, bytes, len) == 0 && *len > 0 && *len <= 65535;
 }
 
-static tl_status vocab_build(const struct tlz_tokenizer *tok, int vocab_size, int eos, uint64_t fp, gram_vocab **out) {
+static tl_status vocab_build(const struct tl_tlz_tokenizer *tok, int vocab_size, int eos, uint64_t fp, tl_gram_vocab **out) {
     *out = NULL;
-    gram_vocab *v = calloc(1, sizeof *v);
+    tl_gram_vocab *v = calloc(1, sizeof *v);
     tok_ref *refs = malloc(((size_t)vocab_size + 1) * sizeof *refs);
     int32_t *path = malloc(65537 * sizeof *path);
     if (!v || !refs || !path) goto oom;
@@ -162,9 +162,9 @@ oom:
 }
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER; /* innermost: taken under a grammar's lock */
-static gram_vocab *registry;
+static tl_gram_vocab *registry;
 
-/* The fingerprints of the tokenizers met last, by serial (tlz_serial: never reused, so a
+/* The fingerprints of the tokenizers met last, by serial (tl_tlz_serial: never reused, so a
    tokenizer loaded where a freed one was is not mistaken for it). Hashing GPT-2's vocabulary
    took 0.7 ms, paid by every session under a grammar, on a server's event loop. */
 enum { FINGERPRINT_MEMO = 8 };
@@ -172,8 +172,8 @@ static struct { uint64_t serial, fingerprint; int vocab_size, eos; } fingerprint
 static int fingerprint_next;
 static pthread_mutex_t memo_lock = PTHREAD_MUTEX_INITIALIZER; /* (not the registry's: that one is held while a trie builds) */
 
-static uint64_t vocab_fingerprint(const struct tlz_tokenizer *tok, int vocab_size, int eos) {
-    const uint64_t serial = tlz_serial(tok);
+static uint64_t vocab_fingerprint(const struct tl_tlz_tokenizer *tok, int vocab_size, int eos) {
+    const uint64_t serial = tl_tlz_serial(tok);
     pthread_mutex_lock(&memo_lock);
     for (int i = 0; i < FINGERPRINT_MEMO; i++)
         if (fingerprint_memo[i].serial == serial && fingerprint_memo[i].vocab_size == vocab_size &&
@@ -194,10 +194,10 @@ static uint64_t vocab_fingerprint(const struct tlz_tokenizer *tok, int vocab_siz
     return fp;
 }
 
-tl_status gram_vocab_acquire(const struct tlz_tokenizer *tok, int vocab_size, int eos, uint64_t fp, gram_vocab **out) {
+tl_status tl_gram_vocab_acquire(const struct tl_tlz_tokenizer *tok, int vocab_size, int eos, uint64_t fp, tl_gram_vocab **out) {
     tl_status st = TL_OK;
     pthread_mutex_lock(&registry_lock);
-    gram_vocab *v = registry;
+    tl_gram_vocab *v = registry;
     while (v && !(v->fingerprint == fp && v->vocab_size == vocab_size)) v = v->next;
     if (!v) { /* (built under the lock: a second thread on the same tokenizer waits for this one) */
         st = vocab_build(tok, vocab_size, eos, fp, &v);
@@ -212,12 +212,12 @@ tl_status gram_vocab_acquire(const struct tlz_tokenizer *tok, int vocab_size, in
     return st;
 }
 
-void gram_vocab_release(gram_vocab *v) {
+void tl_gram_vocab_release(tl_gram_vocab *v) {
     if (!v) return;
     pthread_mutex_lock(&registry_lock);
     const bool last = --v->refs == 0;
     if (last) {
-        gram_vocab **at = &registry;
+        tl_gram_vocab **at = &registry;
         while (*at != v) at = &(*at)->next;
         *at = v->next;
     }
@@ -227,13 +227,13 @@ void gram_vocab_release(gram_vocab *v) {
 
 /* ---------------------------------------------------------------- masks */
 
-static bool subset(const gram_byteset *a, const gram_byteset *b) {
+static bool subset(const tl_gram_byteset *a, const tl_gram_byteset *b) {
     for (int k = 0; k < 4; k++)
         if (a->bits[k] & ~b->bits[k]) return false;
     return true;
 }
 
-/* Trie nodes where a projection's walk escaped (grammar.h, gram_project): the tokens below
+/* Trie nodes where a projection's walk escaped (grammar.h, tl_gram_project): the tokens below
    them depend on the frames the projection cut off, and are resolved per state. */
 typedef struct esc_list { int32_t *node; uint16_t *depth; int n, cap; bool oom; } esc_list;
 
@@ -254,17 +254,17 @@ static void esc_add(esc_list *e, int32_t node, int depth) {
 /* Allows the tokens of node's children subtrees reachable from `state`; returns the count
    added, or -1 out of memory. A child whose state is escaped (only a projection's walk meets
    one) is left out and listed in `esc`. */
-static int walk(gram_runtime *rt, const gram_vocab *v, int node, int depth, int32_t state, uint8_t *allowed, esc_list *esc) {
+static int walk(tl_gram_runtime *rt, const tl_gram_vocab *v, int node, int depth, int32_t state, uint8_t *allowed, esc_list *esc) {
     int count = 0;
     /* bytes no stack can take die without a transition lookup: a wide node (GPT-2's " " has
        thousands of children) costs a bit test per child, not a hash probe */
-    const gram_byteset takes = *gram_first_bytes(rt, state); /* a copy: advancing may move the array */
+    const tl_gram_byteset takes = *tl_gram_first_bytes(rt, state); /* a copy: advancing may move the array */
     for (int c = node + 1; c < v->sub_end[node]; c = v->sub_end[c]) {
-        if (!gram_byteset_has(&takes, v->node_byte[c])) continue;
-        const int32_t next = gram_advance(rt, state, v->node_byte[c]);
+        if (!tl_gram_byteset_has(&takes, v->node_byte[c])) continue;
+        const int32_t next = tl_gram_advance(rt, state, v->node_byte[c]);
         if (next < 0) return -1;
         if (next == GRAM_DEAD) continue;
-        if (gram_escaped(rt, next)) {
+        if (tl_gram_escaped(rt, next)) {
             esc_add(esc, c, depth + 1);
             if (esc->oom) return -1;
             continue;
@@ -274,7 +274,7 @@ static int walk(gram_runtime *rt, const gram_vocab *v, int node, int depth, int3
         count += here_end - v->tok_first[c];
         if (v->sub_end[c] == c + 1) continue; /* a leaf */
         if (below_end - here_end >= BULK_MIN_TOKENS) {
-            const gram_byteset *loop = gram_loop_bytes(rt, next);
+            const tl_gram_byteset *loop = tl_gram_loop_bytes(rt, next);
             if (!loop) return -1;
             if (subset(&v->sub_bytes[c], loop)) {
                 for (int32_t k = here_end; k < below_end; k++) allowed[v->order[k]] = 1;
@@ -291,9 +291,9 @@ static int walk(gram_runtime *rt, const gram_vocab *v, int node, int depth, int3
 
 /* ---------------------------------------------------------------- the mask cache */
 
-static void forget_masks(gram_binding *b) {
+static void forget_masks(tl_gram_binding *b) {
     for (int i = 0; i < b->n_masks; i++) {
-        gram_mask_entry *e = &b->masks[i];
+        tl_gram_mask_entry *e = &b->masks[i];
         free(e->bits);
         free(e->extra);
         free(e->esc);
@@ -301,21 +301,21 @@ static void forget_masks(gram_binding *b) {
     }
     b->n_masks = 0;
     b->mask_bytes = 0;
-    gram_hash_clear(&b->mask_ids);
+    tl_gram_hash_clear(&b->mask_ids);
 }
 
-void gram_binding_destroy(gram_binding *b) {
+void tl_gram_binding_destroy(tl_gram_binding *b) {
     forget_masks(b);
     free(b->masks);
-    gram_hash_free(&b->mask_ids);
+    tl_gram_hash_free(&b->mask_ids);
     memset(b, 0, sizeof *b);
 }
 
-static int32_t cached_mask(const gram_binding *b, int32_t state) {
-    return gram_hash_get(&b->mask_ids, (uint64_t)state + 1);
+static int32_t cached_mask(const tl_gram_binding *b, int32_t state) {
+    return tl_gram_hash_get(&b->mask_ids, (uint64_t)state + 1);
 }
 
-static size_t mask_words(const gram_vocab *v) { return ((size_t)v->vocab_size + 63) / 64; }
+static size_t mask_words(const tl_gram_vocab *v) { return ((size_t)v->vocab_size + 63) / 64; }
 
 /* allowed[0..n) (bytes 0 or 1) as a bitset. Eight bytes at a time: the multiply gathers the
    low bit of each byte into the top byte, byte i to bit 56 + i (no two partial products meet,
@@ -363,7 +363,7 @@ static void unpack_bits(const uint64_t *bits, int n, uint8_t *allowed) {
 }
 
 /* Writes a cached mask into allowed[0..vocab) and returns its count. */
-static int load_mask(const gram_binding *b, const gram_mask_entry *e, uint8_t *allowed) {
+static int load_mask(const tl_gram_binding *b, const tl_gram_mask_entry *e, uint8_t *allowed) {
     unpack_bits(e->base >= 0 ? b->masks[e->base].bits : e->bits, b->vocab->vocab_size, allowed);
     for (int32_t i = 0; i < e->n_extra; i++) allowed[e->extra[i]] = 1;
     return e->count;
@@ -372,9 +372,9 @@ static int load_mask(const gram_binding *b, const gram_mask_entry *e, uint8_t *a
 /* The tokens of `allowed` that the projection's entry `base` lacks, written to out (when not
    NULL); returns how many. The projection's walk stopped at its escape nodes, so they can
    only be below them: only those subtrees are scanned. */
-static int32_t extra_tokens(const gram_binding *b, int32_t base, const uint8_t *allowed, int32_t *out) {
-    const gram_vocab *v = b->vocab;
-    const gram_mask_entry *pm = &b->masks[base];
+static int32_t extra_tokens(const tl_gram_binding *b, int32_t base, const uint8_t *allowed, int32_t *out) {
+    const tl_gram_vocab *v = b->vocab;
+    const tl_gram_mask_entry *pm = &b->masks[base];
     int32_t n = 0;
     for (int32_t i = 0; i < pm->n_esc; i++) {
         const int32_t c = pm->esc[i];
@@ -392,30 +392,30 @@ static int32_t extra_tokens(const gram_binding *b, int32_t base, const uint8_t *
 /* Caches a mask (with a projection's escape list, taken over on success; on failure the
    caller keeps it). base >= 0: the state's projection's entry, and the mask is held as the
    tokens it adds to that one when such a list is smaller than a bitset. */
-static bool remember_mask(gram_binding *b, int32_t state, const uint8_t *allowed, int count, esc_list *esc, int32_t base) {
+static bool remember_mask(tl_gram_binding *b, int32_t state, const uint8_t *allowed, int count, esc_list *esc, int32_t base) {
     esc_list none = {0};
     if (!esc) esc = &none;
-    const gram_vocab *v = b->vocab;
+    const tl_gram_vocab *v = b->vocab;
     const size_t bits_bytes = mask_words(v) * sizeof(uint64_t);
     if (base >= 0 && !b->masks[base].bits) base = -1; /* a base is a whole mask, never a list on another */
     int32_t n_extra = base >= 0 ? extra_tokens(b, base, allowed, NULL) : 0;
     if (base >= 0 && (size_t)n_extra * sizeof(int32_t) >= bits_bytes) base = -1;
-    const size_t fixed = sizeof(gram_mask_entry) + (size_t)esc->n * (sizeof *esc->node + sizeof *esc->depth);
+    const size_t fixed = sizeof(tl_gram_mask_entry) + (size_t)esc->n * (sizeof *esc->node + sizeof *esc->depth);
     if (b->mask_bytes + fixed + (base >= 0 ? (size_t)n_extra * sizeof(int32_t) : bits_bytes) > b->mask_budget) {
         forget_masks(b); /* full: start over (the base goes too) */
         base = -1;
     }
     if (base < 0) n_extra = 0;
     const size_t held = fixed + (base >= 0 ? (size_t)n_extra * sizeof(int32_t) : bits_bytes);
-    if (!gram_hash_reserve(&b->mask_ids)) return false;
+    if (!tl_gram_hash_reserve(&b->mask_ids)) return false;
     if (b->n_masks == b->cap_masks) {
         int cap = b->cap_masks ? b->cap_masks * 2 : 64;
-        gram_mask_entry *q = realloc(b->masks, (size_t)cap * sizeof *q);
+        tl_gram_mask_entry *q = realloc(b->masks, (size_t)cap * sizeof *q);
         if (!q) return false;
         b->masks = q;
         b->cap_masks = cap;
     }
-    gram_mask_entry e = {.state = state, .count = count, .base = base, .esc = esc->node, .esc_depth = esc->depth, .n_esc = esc->n};
+    tl_gram_mask_entry e = {.state = state, .count = count, .base = base, .esc = esc->node, .esc_depth = esc->depth, .n_esc = esc->n};
     if (base >= 0) {
         if (n_extra && !(e.extra = malloc((size_t)n_extra * sizeof *e.extra))) return false;
         e.n_extra = extra_tokens(b, base, allowed, e.extra);
@@ -424,7 +424,7 @@ static bool remember_mask(gram_binding *b, int32_t state, const uint8_t *allowed
         pack_bits(allowed, v->vocab_size, e.bits);
     }
     b->masks[b->n_masks] = e;
-    if (!gram_hash_put(&b->mask_ids, (uint64_t)state + 1, b->n_masks)) { /* reserved: cannot fail */
+    if (!tl_gram_hash_put(&b->mask_ids, (uint64_t)state + 1, b->n_masks)) { /* reserved: cannot fail */
         free(e.bits);
         free(e.extra);
         return false;
@@ -434,19 +434,19 @@ static bool remember_mask(gram_binding *b, int32_t state, const uint8_t *allowed
     return true;
 }
 
-/* A state's mask is its projection's (grammar.h, gram_project) plus the tokens below the
+/* A state's mask is its projection's (grammar.h, tl_gram_project) plus the tokens below the
    trie nodes where the projection's walk escaped, resolved from the state itself: the
    projection is shared by every state with the same top frames, so a state never met before
    usually costs a copy and a few small subtree walks (the tokens that close brackets) instead
    of a walk of the whole vocabulary. Where the grammar may end, EOS too (the empty stack is
    never cut, so the state and its projection agree). */
-static int resolve(gram_runtime *rt, const gram_vocab *v, const gram_mask_entry *pm, int32_t state, uint8_t *allowed) {
+static int resolve(tl_gram_runtime *rt, const tl_gram_vocab *v, const tl_gram_mask_entry *pm, int32_t state, uint8_t *allowed) {
     int count = pm->count;
     for (int i = 0; i < pm->n_esc; i++) {
         const int32_t c = pm->esc[i];
         /* the bytes leading to c: the first pm->esc_depth[i] bytes of any token below it */
         const int32_t tok = v->order[v->tok_first[c]];
-        const int32_t at = gram_advance_bytes(rt, state, v->bytes[tok], pm->esc_depth[i]);
+        const int32_t at = tl_gram_advance_bytes(rt, state, v->bytes[tok], pm->esc_depth[i]);
         if (at < 0) return -1;
         if (at == GRAM_DEAD) continue;
         const int32_t here_end = v->tok_first[c + 1];
@@ -462,19 +462,19 @@ static int resolve(gram_runtime *rt, const gram_vocab *v, const gram_mask_entry 
     return count;
 }
 
-static int walk_mask(gram_runtime *rt, const gram_vocab *v, int32_t state, uint8_t *allowed, esc_list *esc) {
+static int walk_mask(tl_gram_runtime *rt, const tl_gram_vocab *v, int32_t state, uint8_t *allowed, esc_list *esc) {
     memset(allowed, 0, (size_t)v->vocab_size);
     if (state == GRAM_DEAD) return 0;
     int count = walk(rt, v, 0, 0, state, allowed, esc);
     if (count < 0) return -1;
-    if (v->eos >= 0 && gram_accepting(rt, state) && !allowed[v->eos]) {
+    if (v->eos >= 0 && tl_gram_accepting(rt, state) && !allowed[v->eos]) {
         allowed[v->eos] = 1;
         count++;
     }
     return count;
 }
 
-int gram_mask_full(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed) {
+int tl_gram_mask_full(tl_gram_runtime *rt, tl_gram_binding *b, int32_t state, uint8_t *allowed) {
     esc_list none = {0};
     int count = walk_mask(rt, b->vocab, state, allowed, &none); /* a real state never escapes */
     free(none.node);
@@ -482,14 +482,14 @@ int gram_mask_full(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *al
     return count;
 }
 
-static int mask_of(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed) {
-    const gram_vocab *v = b->vocab;
+static int mask_of(tl_gram_runtime *rt, tl_gram_binding *b, int32_t state, uint8_t *allowed) {
+    const tl_gram_vocab *v = b->vocab;
     int32_t at = cached_mask(b, state);
     if (at >= 0) return load_mask(b, &b->masks[at], allowed);
-    const int32_t proj = gram_project(rt, state);
+    const int32_t proj = tl_gram_project(rt, state);
     if (proj < 0) return -1;
     if (proj == state) { /* nothing cut: the state's own walk */
-        const int count = gram_mask_full(rt, b, state, allowed);
+        const int count = tl_gram_mask_full(rt, b, state, allowed);
         if (count >= 0) remember_mask(b, state, allowed, count, NULL, -1); /* a failed remember only costs speed */
         return count;
     }
@@ -499,7 +499,7 @@ static int mask_of(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *al
         if (count < 0) { free(esc.node); free(esc.depth); return -1; }
         if (!remember_mask(b, proj, allowed, count, &esc, -1)) {
             /* uncached: resolve from this one */
-            gram_mask_entry tmp = {.state = proj, .count = count, .base = -1, .esc = esc.node, .esc_depth = esc.depth, .n_esc = esc.n};
+            tl_gram_mask_entry tmp = {.state = proj, .count = count, .base = -1, .esc = esc.node, .esc_depth = esc.depth, .n_esc = esc.n};
             const int n = resolve(rt, v, &tmp, state, allowed);
             free(esc.node);
             free(esc.depth);
@@ -507,7 +507,7 @@ static int mask_of(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *al
         }
         at = b->n_masks - 1;
     } else load_mask(b, &b->masks[at], allowed);
-    const gram_mask_entry pm = b->masks[at]; /* a copy: remembering may move the array */
+    const tl_gram_mask_entry pm = b->masks[at]; /* a copy: remembering may move the array */
     if (pm.n_esc == 0) return pm.count;
     const int count = resolve(rt, v, &pm, state, allowed);
     if (count >= 0) remember_mask(b, state, allowed, count, NULL, at);
@@ -516,25 +516,25 @@ static int mask_of(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *al
 
 /* Within a budget of work (GRAM_MAX_MASK_WORK): past it, -1 and the grammar is
    "too costly to follow". */
-int gram_mask(gram_runtime *rt, gram_binding *b, int32_t state, uint8_t *allowed) {
+int tl_gram_mask(tl_gram_runtime *rt, tl_gram_binding *b, int32_t state, uint8_t *allowed) {
     rt->work = 0, rt->work_budget = GRAM_MAX_MASK_WORK;
     const int count = mask_of(rt, b, state, allowed);
     rt->work_budget = 0;
     return count;
 }
 
-int32_t gram_advance_token(gram_runtime *rt, const gram_vocab *v, const gram_token_set *refs, int32_t state, int32_t token) {
+int32_t tl_gram_advance_token(tl_gram_runtime *rt, const tl_gram_vocab *v, const tl_gram_token_set *refs, int32_t state, int32_t token) {
     if (token < 0 || token >= v->vocab_size || state == GRAM_DEAD) return GRAM_DEAD;
-    if (token == v->eos) return gram_accepting(rt, state) ? state : GRAM_DEAD;
-    const int32_t by_bytes = v->bytes[token] ? gram_advance_bytes(rt, state, v->bytes[token], v->lens[token]) : GRAM_DEAD;
+    if (token == v->eos) return tl_gram_accepting(rt, state) ? state : GRAM_DEAD;
+    const int32_t by_bytes = v->bytes[token] ? tl_gram_advance_bytes(rt, state, v->bytes[token], v->lens[token]) : GRAM_DEAD;
     if (by_bytes < 0 || !refs) return by_bytes;
-    return gram_advance_refs(rt, state, by_bytes, token, refs);
+    return tl_gram_advance_refs(rt, state, by_bytes, token, refs);
 }
 
 /* The matcher's token references, read against its vocabulary and ends (NULL: none). */
-static const gram_token_set *matcher_refs(const tl_grammar_matcher *mt, gram_token_set *out) {
+static const tl_gram_token_set *matcher_refs(const tl_grammar_matcher *mt, tl_gram_token_set *out) {
     if (!mt->ref_ids) return NULL;
-    *out = (gram_token_set){mt->ref_ids, mt->vocab->eos, mt->ends, mt->n_ends};
+    *out = (tl_gram_token_set){mt->ref_ids, mt->vocab->eos, mt->ends, mt->n_ends};
     return out;
 }
 
@@ -542,7 +542,7 @@ static const gram_token_set *matcher_refs(const tl_grammar_matcher *mt, gram_tok
 
 /* The program's token references in a vocabulary: <[id]> must be one of its ids, <text> the
    text of one of its tokens (NULL *out when the program has none). */
-static tl_status resolve_refs(const gram_program *p, const struct tlz_tokenizer *tok, int vocab_size, int eos,
+static tl_status resolve_refs(const tl_gram_program *p, const struct tl_tlz_tokenizer *tok, int vocab_size, int eos,
                               int32_t **out) {
     *out = NULL;
     if (p->n_tokens == 0) return TL_OK;
@@ -550,10 +550,10 @@ static tl_status resolve_refs(const gram_program *p, const struct tlz_tokenizer 
     if (!ids) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     tl_status st = TL_OK;
     for (int i = 0; i < p->n_tokens && st == TL_OK; i++) {
-        const gram_token_ref *ref = &p->tokens[i];
+        const tl_gram_token_ref *ref = &p->tokens[i];
         char name[32]; /* the reference as written */
         snprintf(name, sizeof name, "<[%d]>", (int)ref->id);
-        ids[i] = ref->text ? tlz_token_id(tok, ref->text) : ref->id;
+        ids[i] = ref->text ? tl_tlz_token_id(tok, ref->text) : ref->id;
         if (ref->text && (ids[i] < 0 || ids[i] >= vocab_size))
             st = tl_fail(TL_ERR_INVALID_ARGUMENT, "grammar: %s%s is not a token of the model's vocabulary (write <[id]>, "
                          "or the text of one token)", ref->negated ? "!" : "", ref->text);
@@ -573,7 +573,7 @@ static tl_status resolve_refs(const gram_program *p, const struct tlz_tokenizer 
 }
 
 /* The index of the tokenizer's vocabulary in g->vocabs, built on first use (callers hold g->lock). */
-static tl_status vocab_for(tl_compiled_grammar *g, const struct tlz_tokenizer *tok, int vocab_size, int eos, int *index) {
+static tl_status vocab_for(tl_compiled_grammar *g, const struct tl_tlz_tokenizer *tok, int vocab_size, int eos, int *index) {
     const uint64_t fp = vocab_fingerprint(tok, vocab_size, eos);
     for (int i = 0; i < g->n_vocabs; i++)
         if (g->vocabs[i]->fingerprint == fp && g->vocabs[i]->vocab_size == vocab_size) {
@@ -583,18 +583,18 @@ static tl_status vocab_for(tl_compiled_grammar *g, const struct tlz_tokenizer *t
     int32_t *ref_ids;
     tl_status st = resolve_refs(g->prog, tok, vocab_size, eos, &ref_ids);
     if (st != TL_OK) return st;
-    gram_vocab *v;
-    st = gram_vocab_acquire(tok, vocab_size, eos, fp, &v);
+    tl_gram_vocab *v;
+    st = tl_gram_vocab_acquire(tok, vocab_size, eos, fp, &v);
     if (st != TL_OK) {
         free(ref_ids);
         return st;
     }
-    gram_vocab **q = realloc(g->vocabs, ((size_t)g->n_vocabs + 1) * sizeof *q);
+    tl_gram_vocab **q = realloc(g->vocabs, ((size_t)g->n_vocabs + 1) * sizeof *q);
     if (q) g->vocabs = q;
     int32_t **r = q ? realloc(g->ref_ids, ((size_t)g->n_vocabs + 1) * sizeof *r) : NULL;
     if (r) g->ref_ids = r;
     if (!q || !r) {
-        gram_vocab_release(v);
+        tl_gram_vocab_release(v);
         free(ref_ids);
         return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     }
@@ -605,9 +605,9 @@ static tl_status vocab_for(tl_compiled_grammar *g, const struct tlz_tokenizer *t
 }
 
 /* The tables' mask cache for g->vocabs[index] exists (callers hold g->lock). */
-static tl_status bind(tl_compiled_grammar *g, gram_tables *t, int index) {
+static tl_status bind(tl_compiled_grammar *g, tl_gram_tables *t, int index) {
     if (index < t->n_bindings) return TL_OK;
-    gram_binding *q = realloc(t->bindings, ((size_t)index + 1) * sizeof *q);
+    tl_gram_binding *q = realloc(t->bindings, ((size_t)index + 1) * sizeof *q);
     if (!q) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     t->bindings = q;
     for (; t->n_bindings <= index; t->n_bindings++) {
@@ -618,7 +618,7 @@ static tl_status bind(tl_compiled_grammar *g, gram_tables *t, int index) {
     return TL_OK;
 }
 
-tl_status gram_matcher_new(const tl_compiled_grammar *cg, const struct tlz_tokenizer *tok, int vocab_size, int eos,
+tl_status tl_gram_matcher_new(const tl_compiled_grammar *cg, const struct tl_tlz_tokenizer *tok, int vocab_size, int eos,
                            tl_grammar_matcher **out) {
     tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
     tl_grammar_matcher *mt = calloc(1, sizeof *mt);
@@ -627,7 +627,7 @@ tl_status gram_matcher_new(const tl_compiled_grammar *cg, const struct tlz_token
     mt->states = malloc((size_t)mt->cap * sizeof *mt->states);
     tl_status st = mt->states ? TL_OK : tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     pthread_mutex_lock(&g->lock);
-    gram_tables *t = gram_current_tables(g);
+    tl_gram_tables *t = tl_gram_current_tables(g);
     if (st == TL_OK) st = vocab_for(g, tok, vocab_size, eos, &mt->binding);
     if (st == TL_OK) st = bind(g, t, mt->binding);
     if (st == TL_OK) {
@@ -650,7 +650,7 @@ tl_status gram_matcher_new(const tl_compiled_grammar *cg, const struct tlz_token
     return TL_OK;
 }
 
-tl_status gram_matcher_clone(const tl_grammar_matcher *src, tl_grammar_matcher **out) {
+tl_status tl_gram_matcher_clone(const tl_grammar_matcher *src, tl_grammar_matcher **out) {
     tl_grammar_matcher *mt = calloc(1, sizeof *mt);
     int32_t *states = malloc((size_t)src->cap * sizeof *states);
     if (!mt || !states) {
@@ -676,23 +676,23 @@ tl_status tl_grammar_matcher_new(const tl_compiled_grammar *g, const tl_model *m
     if (!g || !m) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matcher_new: grammar and model must not be NULL");
     if (!m->tokenizer)
         return tl_fail(TL_ERR_UNSUPPORTED, "a compiled grammar needs the model's tokenizer.json (token bytes)");
-    return gram_matcher_new(g, m->tokenizer, m->cfg.vocab_size, m->cfg.eos_token_id, out);
+    return tl_gram_matcher_new(g, m->tokenizer, m->cfg.vocab_size, m->cfg.eos_token_id, out);
 }
 
 void tl_grammar_matcher_free(tl_grammar_matcher *mt) {
     if (!mt) return;
     pthread_mutex_lock(&mt->g->lock);
-    gram_tables_leave(mt->g, mt->tables);
+    tl_gram_tables_leave(mt->g, mt->tables);
     pthread_mutex_unlock(&mt->g->lock);
     tl_compiled_grammar_free(mt->g);
     free(mt->states);
     free(mt);
 }
 
-int32_t gram_matcher_state(const tl_grammar_matcher *mt) { return mt->states[mt->n - 1]; }
+int32_t tl_gram_matcher_state(const tl_grammar_matcher *mt) { return mt->states[mt->n - 1]; }
 
-void gram_matcher_set_ends(tl_grammar_matcher *mt, const tl_token_seq *stops, int n_stops) {
-    const gram_vocab *v = mt->vocab;
+void tl_gram_matcher_set_ends(tl_grammar_matcher *mt, const tl_token_seq *stops, int n_stops) {
+    const tl_gram_vocab *v = mt->vocab;
     mt->n_ends = 0;
     for (int i = 0; i < n_stops && mt->n_ends < GRAM_MAX_ENDS; i++) {
         if (stops[i].n != 1) continue;
@@ -707,28 +707,28 @@ static bool is_end(const tl_grammar_matcher *mt, int32_t token) {
     return false;
 }
 
-int gram_matcher_mask_state(tl_grammar_matcher *mt, int32_t state, uint8_t *allowed) {
+int tl_gram_matcher_mask_state(tl_grammar_matcher *mt, int32_t state, uint8_t *allowed) {
     pthread_mutex_lock(&mt->g->lock);
-    gram_runtime *rt = &mt->tables->rt;
-    int n = gram_mask(rt, &mt->tables->bindings[mt->binding], state, allowed);
-    gram_token_set refs;
-    if (n >= 0 && matcher_refs(mt, &refs)) n = gram_mask_refs(rt, state, &refs, mt->vocab->vocab_size, allowed, n);
-    if (n >= 0 && mt->n_ends && state != GRAM_DEAD && gram_accepting(rt, state))
+    tl_gram_runtime *rt = &mt->tables->rt;
+    int n = tl_gram_mask(rt, &mt->tables->bindings[mt->binding], state, allowed);
+    tl_gram_token_set refs;
+    if (n >= 0 && matcher_refs(mt, &refs)) n = tl_gram_mask_refs(rt, state, &refs, mt->vocab->vocab_size, allowed, n);
+    if (n >= 0 && mt->n_ends && state != GRAM_DEAD && tl_gram_accepting(rt, state))
         for (int i = 0; i < mt->n_ends; i++)
             if (!allowed[mt->ends[i]]) { allowed[mt->ends[i]] = 1; n++; }
     pthread_mutex_unlock(&mt->g->lock);
     return n;
 }
 
-int32_t gram_matcher_advance_state(tl_grammar_matcher *mt, int32_t state, int32_t token) {
+int32_t tl_gram_matcher_advance_state(tl_grammar_matcher *mt, int32_t state, int32_t token) {
     pthread_mutex_lock(&mt->g->lock);
-    gram_runtime *rt = &mt->tables->rt;
+    tl_gram_runtime *rt = &mt->tables->rt;
     /* an end token ends the text where it may end; elsewhere it is a token like any other (a
        token reference may take it: the mask allows it there too) */
-    gram_token_set refs;
-    const int32_t next = is_end(mt, token) && state != GRAM_DEAD && gram_accepting(rt, state)
+    tl_gram_token_set refs;
+    const int32_t next = is_end(mt, token) && state != GRAM_DEAD && tl_gram_accepting(rt, state)
                              ? state
-                             : gram_advance_token(rt, mt->vocab, matcher_refs(mt, &refs), state, token);
+                             : tl_gram_advance_token(rt, mt->vocab, matcher_refs(mt, &refs), state, token);
     pthread_mutex_unlock(&mt->g->lock);
     return next;
 }
@@ -739,8 +739,8 @@ tl_status tl_grammar_matcher_mask(tl_grammar_matcher *mt, uint8_t *allowed, int 
     if (vocab_size != mt->vocab->vocab_size)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matcher_mask: vocab_size = %d, the matcher's is %d", vocab_size,
                        mt->vocab->vocab_size);
-    int n = gram_matcher_mask_state(mt, gram_matcher_state(mt), allowed);
-    if (n < 0) return gram_failure("grammar mask");
+    int n = tl_gram_matcher_mask_state(mt, tl_gram_matcher_state(mt), allowed);
+    if (n < 0) return tl_gram_failure("grammar mask");
     *count = n;
     return TL_OK;
 }
@@ -748,8 +748,8 @@ tl_status tl_grammar_matcher_mask(tl_grammar_matcher *mt, uint8_t *allowed, int 
 tl_status tl_grammar_matcher_accepts(tl_grammar_matcher *mt, int32_t token, int *ok) {
     tl_clear_error();
     if (!mt || !ok) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matcher_accepts: NULL argument");
-    int32_t next = gram_matcher_advance_state(mt, gram_matcher_state(mt), token);
-    if (next < 0) return gram_failure("grammar");
+    int32_t next = tl_gram_matcher_advance_state(mt, tl_gram_matcher_state(mt), token);
+    if (next < 0) return tl_gram_failure("grammar");
     *ok = next != GRAM_DEAD;
     return TL_OK;
 }
@@ -757,8 +757,8 @@ tl_status tl_grammar_matcher_accepts(tl_grammar_matcher *mt, int32_t token, int 
 tl_status tl_grammar_matcher_accept(tl_grammar_matcher *mt, int32_t token) {
     tl_clear_error();
     if (!mt) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matcher_accept: matcher is NULL");
-    int32_t next = gram_matcher_advance_state(mt, gram_matcher_state(mt), token);
-    if (next < 0) return gram_failure("grammar");
+    int32_t next = tl_gram_matcher_advance_state(mt, tl_gram_matcher_state(mt), token);
+    if (next < 0) return tl_gram_failure("grammar");
     if (next == GRAM_DEAD) return tl_fail(TL_ERR_INVALID_ARGUMENT, "token %d is not allowed by the grammar here", (int)token);
     if (mt->n == mt->cap) {
         int32_t *q = realloc(mt->states, (size_t)mt->cap * 2 * sizeof *q);
@@ -784,7 +784,7 @@ int tl_grammar_matcher_is_accepting(const tl_grammar_matcher *mt) {
     if (!mt) return 0;
     /* (under the lock: another thread's new state may be moving state_flags) */
     pthread_mutex_lock(&mt->g->lock);
-    const int accepting = gram_accepting(&mt->tables->rt, gram_matcher_state(mt));
+    const int accepting = tl_gram_accepting(&mt->tables->rt, tl_gram_matcher_state(mt));
     pthread_mutex_unlock(&mt->g->lock);
     return accepting;
 }
@@ -794,14 +794,14 @@ int tl_grammar_matcher_is_accepting(const tl_grammar_matcher *mt) {
 static int matcher_allowed(void *user, uint8_t *allowed, int vocab_size) {
     tl_grammar_matcher *mt = user;
     (void)vocab_size;
-    return gram_matcher_mask_state(mt, gram_matcher_state(mt), allowed);
+    return tl_gram_matcher_mask_state(mt, tl_gram_matcher_state(mt), allowed);
 }
 
 static int matcher_advance(void *user, int32_t token) {
     return tl_grammar_matcher_accept(user, token) == TL_OK ? 0 : -1;
 }
 
-void gram_matcher_as_grammar(tl_grammar_matcher *mt, tl_grammar *out) {
+void tl_gram_matcher_as_grammar(tl_grammar_matcher *mt, tl_grammar *out) {
     memset(out, 0, sizeof *out);
     out->user = mt;
     out->allowed = matcher_allowed;

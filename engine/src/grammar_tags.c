@@ -36,14 +36,14 @@ typedef struct bytes { const unsigned char *p; int n; } bytes;
 
 typedef struct tag_in {
     bytes begin, end;
-    const gram_program *content;
+    const tl_gram_program *content;
     bool ends_text;
 } tag_in;
 
 /* ---------------------------------------------------------------- the program writer */
 
 typedef struct writer {
-    gram_program *p;
+    tl_gram_program *p;
     int cap_elems, cap_alts, cap_sets, cap_rule_alts, cap_tokens;
     bool oom;
     bool big;           /* past GRAM_MAX_ELEMS: stopped writing (an error, not an allocation) */
@@ -52,54 +52,54 @@ typedef struct writer {
 
 static void emit(writer *w, uint8_t kind, int32_t arg) {
     if (!w->oom && w->p->n_elems >= GRAM_MAX_ELEMS) w->big = w->oom = true; /* (oom: every write stops) */
-    if (w->oom || !gram_grow((void **)&w->p->elems, &w->cap_elems, w->p->n_elems + 1, sizeof *w->p->elems)) { w->oom = true; return; }
-    w->p->elems[w->p->n_elems++] = (gram_elem){kind, arg};
+    if (w->oom || !tl_gram_grow((void **)&w->p->elems, &w->cap_elems, w->p->n_elems + 1, sizeof *w->p->elems)) { w->oom = true; return; }
+    w->p->elems[w->p->n_elems++] = (tl_gram_elem){kind, arg};
 }
 
 static void begin_alt(writer *w) {
-    if (w->oom || !gram_grow((void **)&w->p->alt_start, &w->cap_alts, w->p->n_alts + 1, sizeof *w->p->alt_start)) { w->oom = true; return; }
+    if (w->oom || !tl_gram_grow((void **)&w->p->alt_start, &w->cap_alts, w->p->n_alts + 1, sizeof *w->p->alt_start)) { w->oom = true; return; }
     w->p->alt_start[w->p->n_alts++] = w->p->n_elems;
 }
 
 /* Rules are written in order: rule r's alternatives follow begin_rule(w, r). */
 static void begin_rule(writer *w, int r) {
-    if (w->oom || !gram_grow((void **)&w->p->rule_alts, &w->cap_rule_alts, r + 2, sizeof *w->p->rule_alts)) { w->oom = true; return; }
+    if (w->oom || !tl_gram_grow((void **)&w->p->rule_alts, &w->cap_rule_alts, r + 2, sizeof *w->p->rule_alts)) { w->oom = true; return; }
     w->p->rule_alts[r] = w->p->n_alts;
 }
 
-static int32_t add_set(writer *w, const gram_byteset *set) {
+static int32_t add_set(writer *w, const tl_gram_byteset *set) {
     if (!w->oom && w->p->n_sets >= GRAM_MAX_ELEMS) w->big = w->oom = true;
-    if (w->oom || !gram_grow((void **)&w->p->sets, &w->cap_sets, w->p->n_sets + 1, sizeof *w->p->sets)) { w->oom = true; return 0; }
+    if (w->oom || !tl_gram_grow((void **)&w->p->sets, &w->cap_sets, w->p->n_sets + 1, sizeof *w->p->sets)) { w->oom = true; return 0; }
     w->p->sets[w->p->n_sets] = *set;
     return w->p->n_sets++;
 }
 
 /* A content grammar's token reference, copied (its text too). */
-static void add_token(writer *w, const gram_token_ref *ref) {
-    gram_program *p = w->p;
-    if (w->oom || !gram_grow((void **)&p->tokens, &w->cap_tokens, p->n_tokens + 1, sizeof *p->tokens)) { w->oom = true; return; }
-    gram_token_ref copy = *ref;
-    if (ref->text && !(copy.text = gram_copy_text(ref->text, strlen(ref->text)))) { w->oom = true; return; }
+static void add_token(writer *w, const tl_gram_token_ref *ref) {
+    tl_gram_program *p = w->p;
+    if (w->oom || !tl_gram_grow((void **)&p->tokens, &w->cap_tokens, p->n_tokens + 1, sizeof *p->tokens)) { w->oom = true; return; }
+    tl_gram_token_ref copy = *ref;
+    if (ref->text && !(copy.text = tl_gram_copy_text(ref->text, strlen(ref->text)))) { w->oom = true; return; }
     p->tokens[p->n_tokens++] = copy;
 }
 
 static int32_t byte_set(writer *w, unsigned char b) {
     if (w->single[b] >= 0) return w->single[b];
-    gram_byteset set = {{0}};
+    tl_gram_byteset set = {{0}};
     set.bits[b >> 6] |= 1ull << (b & 63);
     return w->single[b] = add_set(w, &set);
 }
 
 /* The set of the blanks allowed between a begin and its content: space, tab, newline, CR. */
 static int32_t add_blank_set(writer *w) {
-    gram_byteset blank = {{0}};
+    tl_gram_byteset blank = {{0}};
     for (const char *c = " \t\n\r"; *c; c++) blank.bits[(unsigned char)*c >> 6] |= 1ull << ((unsigned char)*c & 63);
     return add_set(w, &blank);
 }
 
 /* An alternative nothing matches (a rule that is never entered, a trigger no tag opens). */
 static void impossible_alt(writer *w) {
-    const gram_byteset none = {{0}};
+    const tl_gram_byteset none = {{0}};
     const int32_t id = add_set(w, &none);
     begin_alt(w);
     emit(w, GE_BYTES, id);
@@ -108,7 +108,7 @@ static void impossible_alt(writer *w) {
 
 /* A program's rules appended as they are (their alternatives, elements and sets renumbered):
    its rule r becomes rule first + r. */
-static void append_program(writer *w, const gram_program *g, int first) {
+static void append_program(writer *w, const tl_gram_program *g, int first) {
     const int set0 = w->p->n_sets, token0 = w->p->n_tokens;
     for (int s = 0; s < g->n_sets; s++) add_set(w, &g->sets[s]);
     for (int t = 0; t < g->n_tokens && !w->oom; t++) add_token(w, &g->tokens[t]);
@@ -117,7 +117,7 @@ static void append_program(writer *w, const gram_program *g, int first) {
         for (int a = g->rule_alts[r]; a < g->rule_alts[r + 1]; a++) {
             begin_alt(w);
             for (int pos = g->alt_start[a];; pos++) {
-                const gram_elem e = g->elems[pos];
+                const tl_gram_elem e = g->elems[pos];
                 emit(w, e.kind, e.kind == GE_BYTES   ? e.arg + set0
                                 : e.kind == GE_REF   ? e.arg + first
                                 : e.kind == GE_TOKEN ? e.arg + token0
@@ -209,7 +209,7 @@ static bool starts_with(bytes s, bytes prefix) { return s.n >= prefix.n && memcm
    text before it: xgrammar's at_least_one), a rule of its own, the root, choosing a tag by its
    whole begin. */
 static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *triggers, int n_triggers, int max_blanks,
-                              bool at_least_one, bool tag_first, gram_program **out, char *err, size_t errlen) {
+                              bool at_least_one, bool tag_first, tl_gram_program **out, char *err, size_t errlen) {
     *out = NULL;
     automaton a;
     if (!automaton_build(&a, triggers, n_triggers)) {
@@ -261,7 +261,7 @@ static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *trigg
                 continue;
             }
             /* one alternative per next state, its bytes in one set (grouped in one pass) */
-            gram_byteset groups[256];
+            tl_gram_byteset groups[256];
             int32_t targets[256];
             int n_groups = 0;
             for (int byte = 0; byte < 256; byte++) {
@@ -345,7 +345,7 @@ static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *trigg
         }
     }
     begin_rule(&w, n_rules); /* (the end of the last rule's alternatives) */
-    gram_program *p = w.p;
+    tl_gram_program *p = w.p;
     if (!w.oom) {
         p->n_rules = n_rules;
         p->root = tag_first ? first_tag : free_first;
@@ -371,7 +371,7 @@ static tl_status program_tags(const tag_in *tags, int n_tags, const bytes *trigg
     automaton_free(&a);
     if (w.oom) {
         const bool big = w.big;
-        gram_program_free(p);
+        tl_gram_program_free(p);
         if (big) snprintf(err, errlen, "too large (more than %d elements)", GRAM_MAX_ELEMS);
         else snprintf(err, errlen, "out of memory");
         return big ? TL_ERR_INVALID_ARGUMENT : TL_ERR_NO_MEMORY;
@@ -430,7 +430,7 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
         else if (in[t].begin.n > 4096 || in[t].end.n > 4096)
             st = tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_tags: tags[%d]'s begin or end is over 4096 bytes", t);
     }
-    gram_program *prog = NULL;
+    tl_gram_program *prog = NULL;
     char err[128] = "";
     if (st == TL_OK) {
         st = program_tags(in, n_tags, trig, n_triggers, max_blanks, opts && opts->at_least_one, opts && opts->tag_first, &prog,
@@ -438,14 +438,14 @@ tl_status tl_grammar_compile_tags(const tl_grammar_tag *tags, int n_tags, const 
         if (st != TL_OK) st = tl_fail(st, "tl_grammar_compile_tags: %s", err);
     }
     free(in);
-    return st == TL_OK ? gram_wrap_program(prog, out) : st;
+    return st == TL_OK ? tl_gram_wrap_program(prog, out) : st;
 }
 
 /* after(trigger, g): one tag, the trigger its begin, g its content, no end; the text ends with
    it. Its rules start with g's own (g's root keeps its number). `who` names the caller in
    messages. */
 static tl_status after_program(const tl_compiled_grammar *g, const char *trigger, size_t len, int max_blanks, const char *who,
-                               gram_program **out) {
+                               tl_gram_program **out) {
     if (max_blanks < 0 || max_blanks > MAX_BLANKS)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: max_blanks = %d is out of range [0, %d]", who, max_blanks, MAX_BLANKS);
     const bytes trig = {(const unsigned char *)trigger, (int)len};
@@ -463,9 +463,9 @@ tl_status tl_grammar_compile_after(const tl_compiled_grammar *g, const char *tri
     if (!g) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: grammar is NULL");
     if (!trigger || len == 0 || len > MAX_TRIGGER)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after: the trigger must be 1 to %d bytes", MAX_TRIGGER);
-    gram_program *prog;
+    tl_gram_program *prog;
     const tl_status st = after_program(g, trigger, len, max_blanks, "tl_grammar_compile_after", &prog);
-    return st == TL_OK ? gram_wrap_program(prog, out) : st;
+    return st == TL_OK ? tl_gram_wrap_program(prog, out) : st;
 }
 
 tl_status tl_grammar_compile_after_block(const tl_compiled_grammar *g, const char *open, const char *close, int max_blanks,
@@ -479,7 +479,7 @@ tl_status tl_grammar_compile_after_block(const tl_compiled_grammar *g, const cha
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after_block: open and close must be 1 to %d bytes",
                        MAX_TRIGGER);
     /* after(close, g), and in front a new root: "open after.root | g.root" */
-    gram_program *p;
+    tl_gram_program *p;
     const tl_status st = after_program(g, close, close_len, max_blanks, "tl_grammar_compile_after_block", &p);
     if (st != TL_OK) return st;
     writer w = {.p = p, .cap_elems = p->n_elems, .cap_alts = p->n_alts, .cap_sets = p->n_sets, .cap_rule_alts = p->n_rules + 1};
@@ -520,11 +520,11 @@ tl_status tl_grammar_compile_after_block(const tl_compiled_grammar *g, const cha
     }
     if (!names || named < n_new) {
         p->n_rules = root + named; /* (the names array holds that many entries) */
-        gram_program_free(p);
+        tl_gram_program_free(p);
         if (w.big) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_compile_after_block: too large (more than %d elements)", GRAM_MAX_ELEMS);
         return tl_fail(TL_ERR_NO_MEMORY, "tl_grammar_compile_after_block: out of memory");
     }
     p->n_rules = root + n_new;
     p->root = root;
-    return gram_wrap_program(p, out);
+    return tl_gram_wrap_program(p, out);
 }

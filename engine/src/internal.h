@@ -210,7 +210,7 @@ typedef struct tl_weights {
 } tl_weights;
 
 struct tl_backend;
-struct tlz_tokenizer;
+struct tl_tlz_tokenizer;
 
 struct tl_model {
     tl_config cfg;
@@ -224,7 +224,7 @@ struct tl_model {
     void **owned;                /* host allocations to free with the model */
     int n_owned, cap_owned;
     double *rope_inv_freq;       /* [head_dim/2] */
-    struct tlz_tokenizer *tokenizer; /* NULL without tokenizer.json */
+    struct tl_tlz_tokenizer *tokenizer; /* NULL without tokenizer.json */
     char *dir;
     _Atomic(struct tl_prefix_pool *) prefix_pool; /* opt-in (tl_model_set_prefix_pool), else NULL;
                                            the one mutable part of a model, behind its own lock

@@ -43,14 +43,14 @@ typedef struct conv {
     bool loose;            /* tl_json_schema_options.loose: narrowing keywords not enforced */
     /* $ref targets already given a rule: node -> rule (a list searched from the start cost
        20,000 $refs 1.4 s) */
-    gram_hash ref_rules;
+    tl_gram_hash ref_rules;
     char *err;
     size_t errlen;
     bool failed;
     bool used_value, used_string;
     /* schema_bits' answers by schema node: computed once each (without it, anyOf branches that
        $ref the same definitions were walked once per path, exponential in the nesting) */
-    gram_hash type_bits_of;
+    tl_gram_hash type_bits_of;
     /* oneOf's pairwise check: branch pairs and value comparisons made (each pair of 20,000
        branches, or of two enums' values, took seconds to minutes: MAX_ONEOF_CHECKS) */
     int64_t oneof_checks;
@@ -109,16 +109,16 @@ static void digits_range(strbuf *b, const char *lo, const char *hi) {
     size_t n = strlen(lo);
     if (n == 0) return;
     if (lo[0] == hi[0]) {
-        strbuf_printf(b, "\"%c\" ", lo[0]);
+        tl_strbuf_printf(b, "\"%c\" ", lo[0]);
         digits_range(b, lo + 1, hi + 1);
         return;
     }
     bool lo_min = true, hi_max = true;
     for (size_t i = 1; i < n; i++) { lo_min &= lo[i] == '0'; hi_max &= hi[i] == '9'; }
     if (lo_min && hi_max) {
-        strbuf_printf(b, "[%c-%c]", lo[0], hi[0]);
-        if (n > 1) strbuf_printf(b, " [0-9]{%zu}", n - 1);
-        strbuf_puts(b, " ");
+        tl_strbuf_printf(b, "[%c-%c]", lo[0], hi[0]);
+        if (n > 1) tl_strbuf_printf(b, " [0-9]{%zu}", n - 1);
+        tl_strbuf_puts(b, " ");
         return;
     }
     char nines[32], zeros[32];
@@ -126,23 +126,23 @@ static void digits_range(strbuf *b, const char *lo, const char *hi) {
     nines[n - 1] = 0;
     memset(zeros, '0', n - 1);
     zeros[n - 1] = 0;
-    strbuf_puts(b, "(");
-    strbuf_printf(b, "\"%c\" ", lo[0]);
+    tl_strbuf_puts(b, "(");
+    tl_strbuf_printf(b, "\"%c\" ", lo[0]);
     digits_range(b, lo + 1, nines);
     if (hi[0] - lo[0] > 1) {
-        strbuf_printf(b, "| [%c-%c]", lo[0] + 1, hi[0] - 1);
-        if (n > 1) strbuf_printf(b, " [0-9]{%zu}", n - 1);
-        strbuf_puts(b, " ");
+        tl_strbuf_printf(b, "| [%c-%c]", lo[0] + 1, hi[0] - 1);
+        if (n > 1) tl_strbuf_printf(b, " [0-9]{%zu}", n - 1);
+        tl_strbuf_puts(b, " ");
     }
-    strbuf_printf(b, "| \"%c\" ", hi[0]);
+    tl_strbuf_printf(b, "| \"%c\" ", hi[0]);
     digits_range(b, zeros, hi + 1);
-    strbuf_puts(b, ") ");
+    tl_strbuf_puts(b, ") ");
 }
 
 /* Non-negative integers in [lo, hi] (hi < 0: unbounded), no leading zeros. */
 static void natural_range(strbuf *b, long long lo, long long hi) {
     bool first = true;
-    strbuf_puts(b, "(");
+    tl_strbuf_puts(b, "(");
     for (int d = 1; d <= 19; d++) {
         long long dmin = d == 1 ? 0 : (long long)pow(10, d - 1), dmax = (long long)pow(10, d) - 1;
         if (d == 19) dmax = 999999999999999999LL;
@@ -151,20 +151,20 @@ static void natural_range(strbuf *b, long long lo, long long hi) {
             if (hi >= 0 && dmin > hi) break;
             continue;
         }
-        if (!first) strbuf_puts(b, "| ");
+        if (!first) tl_strbuf_puts(b, "| ");
         first = false;
         if (hi < 0 && a == dmin && d > 1) { /* every number of d or more digits */
-            strbuf_printf(b, "[1-9] [0-9]{%d,} ", d - 1);
+            tl_strbuf_printf(b, "[1-9] [0-9]{%d,} ", d - 1);
             break;
         }
         char sa[32], sz[32];
         snprintf(sa, sizeof sa, "%lld", a);
         snprintf(sz, sizeof sz, "%lld", z);
         digits_range(b, sa, sz);
-        if (hi < 0 && z == dmax) { strbuf_printf(b, "| [1-9] [0-9]{%d,} ", d); break; }
+        if (hi < 0 && z == dmax) { tl_strbuf_printf(b, "| [1-9] [0-9]{%d,} ", d); break; }
     }
-    if (first) strbuf_puts(b, "[^\\x00-\\U0010FFFF] "); /* empty range: nothing */
-    strbuf_puts(b, ")");
+    if (first) tl_strbuf_puts(b, "[^\\x00-\\U0010FFFF] "); /* empty range: nothing */
+    tl_strbuf_puts(b, ")");
 }
 
 /* ---------------------------------------------------------------- strings */
@@ -173,7 +173,7 @@ static void natural_range(strbuf *b, long long lo, long long hi) {
 static int utf8_char(const char *s) {
     size_t n = 0;
     while (n < 4 && s[n]) n++;
-    return n ? tlz_utf8_seq((const unsigned char *)s, n) : -1;
+    return n ? tl_tlz_utf8_seq((const unsigned char *)s, n) : -1;
 }
 
 /* A string format this converter writes a grammar for. */
@@ -201,13 +201,13 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
         if ((minl || maxl || format) && !c->loose) /* (loose: the pattern alone, a superset) */
             return fail(c, path, "'pattern' combined with minLength/maxLength/format is not supported");
         char err[256];
-        strbuf_puts(&body, "\"\\\"\" ");
+        tl_strbuf_puts(&body, "\"\\\"\" ");
         c->used_string = true; /* (char: any characters around a pattern without its anchors) */
-        if (gram_regex_expr(pattern->valuestring, false, "char*", &body, err, sizeof err) < 0) {
+        if (tl_gram_regex_expr(pattern->valuestring, false, "char*", &body, err, sizeof err) < 0) {
             drop(c, &body);
             return fail(c, path, "pattern: %s", err);
         }
-        strbuf_puts(&body, " \"\\\"\"");
+        tl_strbuf_puts(&body, " \"\\\"\"");
     } else if (format && !(c->loose && !known_format(format))) { /* (loose: an unknown format is any string) */
         if (!cJSON_IsString(format)) return fail(c, path, "'format' must be a string");
         if ((minl || maxl) && !c->loose) return fail(c, path, "'format' combined with minLength/maxLength is not supported");
@@ -228,11 +228,11 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
         const char *time = "(([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]+)? "
                            "([Zz] | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9]) | "
                            "\"23:59:60\" (\".\" [0-9]+)? ([Zz] | [+-] \"00:00\"))";
-        if (strcmp(f, "date") == 0) strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", date);
-        else if (strcmp(f, "time") == 0) strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", time);
-        else if (strcmp(f, "date-time") == 0) strbuf_printf(&body, "\"\\\"\" %s [Tt] %s \"\\\"\"", date, time);
+        if (strcmp(f, "date") == 0) tl_strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", date);
+        else if (strcmp(f, "time") == 0) tl_strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", time);
+        else if (strcmp(f, "date-time") == 0) tl_strbuf_printf(&body, "\"\\\"\" %s [Tt] %s \"\\\"\"", date, time);
         else if (strcmp(f, "uuid") == 0)
-            strbuf_puts(&body, "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12} \"\\\"\"");
+            tl_strbuf_puts(&body, "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12} \"\\\"\"");
         else return fail(c, path, "format '%s' is not supported (date, time, date-time, uuid)", f);
     } else {
         c->used_string = true;
@@ -242,13 +242,13 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
         if (minl) lo = minl->valueint;
         if (maxl) hi = maxl->valueint;
         if (hi >= 0 && hi < lo) return fail(c, path, "maxLength < minLength");
-        if (!minl && !maxl) strbuf_puts(&body, "string");
-        else if (hi < 0) strbuf_printf(&body, "\"\\\"\" char{%d,} \"\\\"\"", lo);
-        else strbuf_printf(&body, "\"\\\"\" char{%d,%d} \"\\\"\"", lo, hi);
+        if (!minl && !maxl) tl_strbuf_puts(&body, "string");
+        else if (hi < 0) tl_strbuf_printf(&body, "\"\\\"\" char{%d,} \"\\\"\"", lo);
+        else tl_strbuf_printf(&body, "\"\\\"\" char{%d,%d} \"\\\"\"", lo, hi);
     }
     if (body.oom) { drop(c, &body); return out_of_memory(c, path); }
     int r = new_rule(c);
-    strbuf_printf(&c->out, "r%d ::= %s%s\n", r, body.p, WS(c));
+    tl_strbuf_printf(&c->out, "r%d ::= %s%s\n", r, body.p, WS(c));
     drop(c, &body);
     return r;
 }
@@ -293,7 +293,7 @@ static int check_keywords(conv *c, const cJSON *s, const char *path, const char 
         strbuf types = {0};
         for (int i = 0; TYPES[i]; i++)
             if (strcmp(k->string, "type") != 0 && keyword_in(k->string, type_keywords(TYPES[i])))
-                strbuf_printf(&types, "%s\"%s\"", types.p ? " or " : "", TYPES[i]);
+                tl_strbuf_printf(&types, "%s\"%s\"", types.p ? " or " : "", TYPES[i]);
         int r = types.p ? fail(c, path, "keyword '%s' is not supported here: it is read only in a schema of \"type\" %s "
                                         "(without const, enum, anyOf, oneOf or allOf)", k->string, types.p)
                         : fail(c, path, "unsupported keyword '%s'", k->string);
@@ -306,7 +306,7 @@ static int check_keywords(conv *c, const cJSON *s, const char *path, const char 
 /* A value holds no number a double may not hold exactly (cJSON reads 1e400 as infinity, and
    9007199254740993 as 9007199254740992: the literal would be another value), as the bounds
    ('minimum', ...) are held below 2^53. (U+0000 is refused in the schema's text,
-   gram_json_schema_to_gbnf.) */
+   tl_gram_json_schema_to_gbnf.) */
 static int literal_checked(conv *c, const cJSON *v, const char *path) {
     if (cJSON_IsNumber(v) && !(fabs(v->valuedouble) < 9007199254740992.0))
         return fail(c, path, "%s", "a number in 'const' or 'enum' must be below 2^53 (9007199254740992) in magnitude "
@@ -341,7 +341,7 @@ static void exact_number(strbuf *out, double d) {
     uselocale(callers);
     freelocale(c_locale);
     if (strcmp(text, "-0") == 0) snprintf(text, sizeof text, "0"); /* (-0 == 0: one value, its usual spelling) */
-    strbuf_puts(out, text);
+    tl_strbuf_puts(out, text);
 }
 
 /* A string as JSON text, as JSON writers spell it (cJSON's, JSON.stringify's, Python's: the
@@ -351,7 +351,7 @@ static bool json_string(strbuf *out, const char *s) {
     char *text = item ? cJSON_PrintUnformatted(item) : NULL;
     cJSON_Delete(item);
     if (!text) return false;
-    strbuf_puts(out, text);
+    tl_strbuf_puts(out, text);
     free(text);
     return true;
 }
@@ -365,21 +365,21 @@ static bool literal_text(strbuf *out, const cJSON *v) {
     }
     if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
         const bool object = cJSON_IsObject(v);
-        strbuf_puts(out, object ? "{" : "[");
+        tl_strbuf_puts(out, object ? "{" : "[");
         for (const cJSON *k = v->child; k; k = k->next) {
-            if (k != v->child) strbuf_puts(out, ",");
+            if (k != v->child) tl_strbuf_puts(out, ",");
             if (object) {
                 if (!json_string(out, k->string)) return false;
-                strbuf_puts(out, ":");
+                tl_strbuf_puts(out, ":");
             }
             if (!literal_text(out, k)) return false;
         }
-        strbuf_puts(out, object ? "}" : "]");
+        tl_strbuf_puts(out, object ? "}" : "]");
         return true;
     }
     char *text = cJSON_PrintUnformatted(v); /* a string, true, false or null */
     if (!text) return false;
-    strbuf_puts(out, text);
+    tl_strbuf_puts(out, text);
     free(text);
     return true;
 }
@@ -392,9 +392,9 @@ static int json_literal_rule(conv *c, const cJSON *v, const char *path) {
         return out_of_memory(c, path);
     }
     int r = new_rule(c);
-    strbuf_printf(&c->out, "r%d ::= ", r);
-    gram_gbnf_literal(&c->out, text.p ? text.p : "");
-    strbuf_printf(&c->out, "%s\n", WS(c));
+    tl_strbuf_printf(&c->out, "r%d ::= ", r);
+    tl_gram_gbnf_literal(&c->out, text.p ? text.p : "");
+    tl_strbuf_printf(&c->out, "%s\n", WS(c));
     free(text.p);
     return r;
 }
@@ -469,16 +469,16 @@ static int ref_rule(conv *c, const char *ref, const char *path, int depth) {
         return fail(c, path, "$ref '%s' is not supported (only references into this schema: \"#\" or a JSON Pointer such as \"#/$defs/NAME\")", ref);
     if (!target) return fail(c, path, "$ref '%s' points nowhere", ref);
     const uint64_t key = (uint64_t)(uintptr_t)target;
-    const int32_t known = gram_hash_get(&c->ref_rules, key);
+    const int32_t known = tl_gram_hash_get(&c->ref_rules, key);
     if (known >= 0) return known;
     /* the rule name exists before its body, so recursive schemas refer to it */
     const int r = new_rule(c);
-    if (!gram_hash_put(&c->ref_rules, key, r)) return out_of_memory(c, path);
+    if (!tl_gram_hash_put(&c->ref_rules, key, r)) return out_of_memory(c, path);
     char sub[256];
     snprintf(sub, sizeof sub, "%.200s", ref);
     int body = schema(c, target, sub, depth + 1);
     if (body < 0) return -1;
-    strbuf_printf(&c->out, "r%d ::= r%d\n", r, body);
+    tl_strbuf_printf(&c->out, "r%d ::= r%d\n", r, body);
     return r;
 }
 
@@ -509,7 +509,7 @@ static int key_rest_rule(conv *c, const name_cps *names, int lo, int hi, int dep
     strbuf body = {0}, excluded = {0};
     bool ends_a_name = false, any = false;
     for (int i = lo; i < hi; i++) ends_a_name |= names[i].len == depth;
-    if (!ends_a_name) { strbuf_puts(&body, "\"\\\"\""); any = true; }
+    if (!ends_a_name) { tl_strbuf_puts(&body, "\"\\\"\""); any = true; }
     for (int i = lo, j; i < hi; i = j) {
         j = i + 1;
         if (names[i].len == depth) continue;
@@ -519,21 +519,21 @@ static int key_rest_rule(conv *c, const name_cps *names, int lo, int hi, int dep
         if (next < 0x20 || next == '"' || next == '\\') continue; /* written escaped in a name: never matched */
         const int child = key_rest_rule(c, names, i, j, depth + 1);
         if (child < 0) { drop(c, &body); drop(c, &excluded); return -1; }
-        strbuf_printf(&body, "%s[", any ? " | " : "");
-        gram_gbnf_class_cp(&body, next);
-        strbuf_printf(&body, "] r%d", child);
-        gram_gbnf_class_cp(&excluded, next);
+        tl_strbuf_printf(&body, "%s[", any ? " | " : "");
+        tl_gram_gbnf_class_cp(&body, next);
+        tl_strbuf_printf(&body, "] r%d", child);
+        tl_gram_gbnf_class_cp(&excluded, next);
         any = true;
     }
-    strbuf_printf(&body, "%s([^\"\\\\\\x00-\\x1F%s]", any ? " | " : "", excluded.p ? excluded.p : "");
+    tl_strbuf_printf(&body, "%s([^\"\\\\\\x00-\\x1F%s]", any ? " | " : "", excluded.p ? excluded.p : "");
     strbuf escapes = {0};
     for (size_t e = 0; e < sizeof escape_ok; e++)
-        if (escape_ok[e]) gram_gbnf_class_cp(&escapes, (unsigned char)ESCAPES[e]);
-    if (escapes.p) strbuf_printf(&body, " | \"\\\\\" [%s]", escapes.p);
+        if (escape_ok[e]) tl_gram_gbnf_class_cp(&escapes, (unsigned char)ESCAPES[e]);
+    if (escapes.p) tl_strbuf_printf(&body, " | \"\\\\\" [%s]", escapes.p);
     drop(c, &escapes);
-    strbuf_puts(&body, ") char* \"\\\"\"");
+    tl_strbuf_puts(&body, ") char* \"\\\"\"");
     const int r = new_rule(c);
-    strbuf_printf(&c->out, "r%d ::= %s\n", r, body.p ? body.p : "");
+    tl_strbuf_printf(&c->out, "r%d ::= %s\n", r, body.p ? body.p : "");
     drop(c, &body);
     drop(c, &excluded);
     return r;
@@ -554,7 +554,7 @@ static int extra_key_rule(conv *c, const cJSON *props, const char *path) {
         for (const unsigned char *s = (const unsigned char *)p->string; *s;) {
             const int len = utf8_char((const char *)s);
             if (len <= 0) { r = fail(c, path, "property name '%.100s' is not valid UTF-8", p->string); break; }
-            names[i].cp[names[i].len++] = tlz_utf8_value(s, len);
+            names[i].cp[names[i].len++] = tl_tlz_utf8_value(s, len);
             s += len;
         }
         if (r == 0 && names[i].len > MAX_NAME_CPS)
@@ -566,7 +566,7 @@ static int extra_key_rule(conv *c, const cJSON *props, const char *path) {
         if (rest < 0) r = -1;
         else {
             r = new_rule(c);
-            strbuf_printf(&c->out, "r%d ::= \"\\\"\" r%d\n", r, rest);
+            tl_strbuf_printf(&c->out, "r%d ::= \"\\\"\" r%d\n", r, rest);
         }
     }
     for (i = 0; i < n; i++) free(names[i].cp);
@@ -673,7 +673,7 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
     int extra = -1;
     if (additional && !cJSON_IsFalse(additional)) {
         int v;
-        if (cJSON_IsTrue(additional)) { c->used_value = true; v = new_rule(c); strbuf_printf(&c->out, "r%d ::= value\n", v); }
+        if (cJSON_IsTrue(additional)) { c->used_value = true; v = new_rule(c); tl_strbuf_printf(&c->out, "r%d ::= value\n", v); }
         else {
             char sub[512];
             snprintf(sub, sizeof sub, "%.400s/additionalProperties", path);
@@ -684,8 +684,8 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
         const int key = n ? extra_key_rule(c, props, path) : 0;
         if (key < 0) goto done;
         extra = new_rule(c);
-        if (key) strbuf_printf(&c->out, "r%d ::= r%d%s \":\"%s r%d\n", extra, key, WS(c), WS(c), v);
-        else strbuf_printf(&c->out, "r%d ::= string \":\"%s r%d\n", extra, WS(c), v);
+        if (key) tl_strbuf_printf(&c->out, "r%d ::= r%d%s \":\"%s r%d\n", extra, key, WS(c), WS(c), v);
+        else tl_strbuf_printf(&c->out, "r%d ::= string \":\"%s r%d\n", extra, WS(c), v);
     }
     /* rest(i, first): the properties from i on, `first` when nothing was written yet. Rules
        rest_i_first / rest_i_after, so optional properties cost linear size. */
@@ -694,13 +694,13 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
     for (i = n; i >= 0; i--) {
         for (int first = 0; first < 2; first++) {
             const int self = base + 1 + 2 * i + first;
-            strbuf_printf(&c->out, "r%d ::= ", self);
+            tl_strbuf_printf(&c->out, "r%d ::= ", self);
             const char *sep = first ? "" : "\",\" ";
             if (i == n) {
-                if (extra < 0) strbuf_puts(&c->out, "\"\"");
-                else if (first) strbuf_printf(&c->out, "(r%d (\",\"%s r%d)*)?", extra, WS(c), extra);
-                else strbuf_printf(&c->out, "(\",\"%s r%d)*", WS(c), extra);
-                strbuf_puts(&c->out, "\n");
+                if (extra < 0) tl_strbuf_puts(&c->out, "\"\"");
+                else if (first) tl_strbuf_printf(&c->out, "(r%d (\",\"%s r%d)*)?", extra, WS(c), extra);
+                else tl_strbuf_printf(&c->out, "(\",\"%s r%d)*", WS(c), extra);
+                tl_strbuf_puts(&c->out, "\n");
                 continue;
             }
             const cJSON *p = prop[i];
@@ -709,18 +709,18 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
             if (!json_string(&key, p->string) || key.oom) c->out.oom = true; /* (reported once the conversion ends) */
             const int next_after = base + 1 + 2 * (i + 1);
             strbuf kv = {0};
-            if (*sep) strbuf_printf(&kv, "%s%s ", sep, c->free_ws ? "ws" : "");
-            gram_gbnf_literal(&kv, key.p ? key.p : "");
+            if (*sep) tl_strbuf_printf(&kv, "%s%s ", sep, c->free_ws ? "ws" : "");
+            tl_gram_gbnf_literal(&kv, key.p ? key.p : "");
             drop(c, &key);
-            strbuf_printf(&kv, "%s \":\"%s r%d r%d", WS(c), WS(c), value[i], next_after); /* (blanks either side of ':') */
-            if (req[i]) strbuf_puts(&c->out, kv.p ? kv.p : "");
-            else strbuf_printf(&c->out, "(%s) | r%d", kv.p ? kv.p : "", base + 1 + 2 * (i + 1) + first);
+            tl_strbuf_printf(&kv, "%s \":\"%s r%d r%d", WS(c), WS(c), value[i], next_after); /* (blanks either side of ':') */
+            if (req[i]) tl_strbuf_puts(&c->out, kv.p ? kv.p : "");
+            else tl_strbuf_printf(&c->out, "(%s) | r%d", kv.p ? kv.p : "", base + 1 + 2 * (i + 1) + first);
             drop(c, &kv);
-            strbuf_puts(&c->out, "\n");
+            tl_strbuf_puts(&c->out, "\n");
         }
     }
     result = new_rule(c);
-    strbuf_printf(&c->out, "r%d ::= \"{\"%s r%d \"}\"%s\n", result, WS(c), base + 2, WS(c));
+    tl_strbuf_printf(&c->out, "r%d ::= \"{\"%s r%d \"}\"%s\n", result, WS(c), base + 2, WS(c));
 done:
     free(value);
     free(req);
@@ -756,7 +756,7 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     } else if (!prefix) {
         c->used_value = true;
         item = new_rule(c);
-        strbuf_printf(&c->out, "r%d ::= value\n", item);
+        tl_strbuf_printf(&c->out, "r%d ::= value\n", item);
     }
     /* (no prefixItems and items false: minItems > 0 matches nothing, and [] was let through) */
     if (lo > n_prefix && item < 0) {
@@ -772,35 +772,35 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     strbuf rest = {0}; /* the items after the prefix */
     if (item >= 0 && (hi < 0 || used < hi)) {
         int need = lo > used ? lo - used : 0;
-        for (int k = 0; k < need; k++) strbuf_printf(&rest, "%sr%d ", used + k ? comma : "", item);
+        for (int k = 0; k < need; k++) tl_strbuf_printf(&rest, "%sr%d ", used + k ? comma : "", item);
         int have = used + need;
         if (hi < 0) {
-            if (have == 0) strbuf_printf(&rest, "(r%d (%sr%d)*)? ", item, comma, item);
-            else strbuf_printf(&rest, "(%sr%d)* ", comma, item);
+            if (have == 0) tl_strbuf_printf(&rest, "(r%d (%sr%d)*)? ", item, comma, item);
+            else tl_strbuf_printf(&rest, "(%sr%d)* ", comma, item);
         } else if (hi > have) {
-            if (have == 0) strbuf_printf(&rest, "(r%d (%sr%d){0,%d})? ", item, comma, item, hi - 1);
-            else strbuf_printf(&rest, "(%sr%d){0,%d} ", comma, item, hi - have);
+            if (have == 0) tl_strbuf_printf(&rest, "(r%d (%sr%d){0,%d})? ", item, comma, item, hi - 1);
+            else tl_strbuf_printf(&rest, "(%sr%d){0,%d} ", comma, item, hi - have);
         }
     }
     int tail = -1; /* the rule of what follows the required prefix items */
     if (rest.p) {
         tail = new_rule(c);
-        strbuf_printf(&c->out, "r%d ::= %s\n", tail, rest.p);
+        tl_strbuf_printf(&c->out, "r%d ::= %s\n", tail, rest.p);
     }
     drop(c, &rest);
     for (int i = used - 1; i >= lo; i--) {
         const int link = new_rule(c);
-        if (tail >= 0) strbuf_printf(&c->out, "r%d ::= (%sr%d r%d)?\n", link, i ? comma : "", pre[i], tail);
-        else strbuf_printf(&c->out, "r%d ::= (%sr%d)?\n", link, i ? comma : "", pre[i]);
+        if (tail >= 0) tl_strbuf_printf(&c->out, "r%d ::= (%sr%d r%d)?\n", link, i ? comma : "", pre[i], tail);
+        else tl_strbuf_printf(&c->out, "r%d ::= (%sr%d)?\n", link, i ? comma : "", pre[i]);
         tail = link;
     }
     int r = new_rule(c);
     strbuf b = {0};
-    strbuf_printf(&b, "\"[\"%s ", WS(c));
-    for (int i = 0; i < used && i < lo; i++) strbuf_printf(&b, "%sr%d ", i ? comma : "", pre[i]);
-    if (tail >= 0) strbuf_printf(&b, "r%d ", tail);
-    strbuf_printf(&b, "\"]\"%s", WS(c));
-    strbuf_printf(&c->out, "r%d ::= %s\n", r, b.p ? b.p : "\"[]\"");
+    tl_strbuf_printf(&b, "\"[\"%s ", WS(c));
+    for (int i = 0; i < used && i < lo; i++) tl_strbuf_printf(&b, "%sr%d ", i ? comma : "", pre[i]);
+    if (tail >= 0) tl_strbuf_printf(&b, "r%d ", tail);
+    tl_strbuf_printf(&b, "\"]\"%s", WS(c));
+    tl_strbuf_printf(&c->out, "r%d ::= %s\n", r, b.p ? b.p : "\"[]\"");
     drop(c, &b);
     free(pre);
     return r;
@@ -835,7 +835,7 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
         if (!props && !req && !additional) { /* no keys declared: any object (JSON Schema's, llama.cpp's reading) */
             c->used_value = true;
             const int any = new_rule(c);
-            strbuf_printf(&c->out, "r%d ::= object\n", any);
+            tl_strbuf_printf(&c->out, "r%d ::= object\n", any);
             return any;
         }
         if (!props && !additional) { /* required names alone: any object that has them (it took no other key) */
@@ -862,22 +862,22 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
         if (xmx) { if (!cJSON_IsNumber(xmx) || fabs(xmx->valuedouble) >= LIM) return fail(c, path, "'exclusiveMaximum' must be a number below 2^53 (9007199254740992) in magnitude"); double v = ceil(xmx->valuedouble) - 1; if (v < hi) hi = v; }
         if (lo > hi) return fail(c, path, "minimum > maximum: no integer fits");
         r = new_rule(c);
-        strbuf_printf(&c->out, "r%d ::= (", r);
-        if (!has_lo && !has_hi) strbuf_puts(&c->out, "\"-\"? (\"0\" | [1-9] [0-9]*)");
+        tl_strbuf_printf(&c->out, "r%d ::= (", r);
+        if (!has_lo && !has_hi) tl_strbuf_puts(&c->out, "\"-\"? (\"0\" | [1-9] [0-9]*)");
         else {
             bool any = false;
             if (lo < 0) { /* negative part: -(|hi'|..|lo|) */
                 long long a = hi < 0 ? (long long)-hi : 1, z = has_lo ? (long long)-lo : -1;
-                strbuf_puts(&c->out, "\"-\" ");
+                tl_strbuf_puts(&c->out, "\"-\" ");
                 natural_range(&c->out, a, z);
                 any = true;
             }
             if (hi >= 0) {
-                if (any) strbuf_puts(&c->out, " | ");
+                if (any) tl_strbuf_puts(&c->out, " | ");
                 natural_range(&c->out, lo > 0 ? (long long)lo : 0, has_hi ? (long long)hi : -1);
             }
         }
-        strbuf_printf(&c->out, ")%s\n", WS(c));
+        tl_strbuf_printf(&c->out, ")%s\n", WS(c));
         return r;
     }
     if (strcmp(type, "number") == 0) {
@@ -896,12 +896,12 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
         const bool non_negative = (mn && mn->valuedouble >= 0.0) ||
                                   (c->loose && cJSON_IsNumber(xmn) && xmn->valuedouble >= 0.0);
         r = new_rule(c);
-        strbuf_printf(&c->out, "r%d ::= %s(\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?%s\n", r,
+        tl_strbuf_printf(&c->out, "r%d ::= %s(\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?%s\n", r,
                       non_negative ? "" : "\"-\"? ", WS(c));
         return r;
     }
     r = new_rule(c); /* boolean or null */
-    strbuf_printf(&c->out, "r%d ::= %s%s\n", r, type[0] == 'b' ? "(\"true\" | \"false\")" : "\"null\"", WS(c));
+    tl_strbuf_printf(&c->out, "r%d ::= %s%s\n", r, type[0] == 'b' ? "(\"true\" | \"false\")" : "\"null\"", WS(c));
     return r;
 }
 
@@ -1046,9 +1046,9 @@ static unsigned schema_bits(conv *c, const cJSON *s, bool written, int depth) {
        cycle of $refs) is JT_ANY, which only makes oneOf refuse more */
     enum { PENDING = 1 << 30 };
     const uint64_t key = (uint64_t)(uintptr_t)s | (written ? 1u : 0u); /* nodes are aligned: bit 0 is free */
-    int32_t known = gram_hash_get(&c->type_bits_of, key);
+    int32_t known = tl_gram_hash_get(&c->type_bits_of, key);
     if (known >= 0) return known == PENDING ? JT_ANY : (unsigned)known;
-    if (!gram_hash_put(&c->type_bits_of, key, PENDING)) return JT_ANY; /* out of memory: refusing is safe */
+    if (!tl_gram_hash_put(&c->type_bits_of, key, PENDING)) return JT_ANY; /* out of memory: refusing is safe */
     unsigned bits = JT_ANY;
     const cJSON *cst = cJSON_GetObjectItemCaseSensitive(s, "const"), *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
@@ -1074,7 +1074,7 @@ static unsigned schema_bits(conv *c, const cJSON *s, bool written, int depth) {
     } else if (written && cJSON_GetObjectItemCaseSensitive(s, "properties")) bits = JT_OBJECT;
     else if (written && (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems")))
         bits = JT_ARRAY;
-    gram_hash_put(&c->type_bits_of, key, (int32_t)bits); /* failing, the node stays PENDING: JT_ANY */
+    tl_gram_hash_put(&c->type_bits_of, key, (int32_t)bits); /* failing, the node stays PENDING: JT_ANY */
     return bits;
 }
 
@@ -1161,7 +1161,7 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
     if (cJSON_IsTrue(s) || (cJSON_IsObject(s) && !s->child)) {
         c->used_value = true;
         int r = new_rule(c);
-        strbuf_printf(&c->out, "r%d ::= value\n", r);
+        tl_strbuf_printf(&c->out, "r%d ::= value\n", r);
         return r;
     }
     if (cJSON_IsFalse(s)) return fail(c, path, "schema 'false' matches nothing");
@@ -1199,12 +1199,12 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
             if (!value_has_type(v, type)) continue;
             int r = json_literal_rule(c, v, path);
             if (r < 0) { drop(c, &alts); return -1; }
-            strbuf_printf(&alts, "%sr%d", alts.p ? " | " : "", r);
+            tl_strbuf_printf(&alts, "%sr%d", alts.p ? " | " : "", r);
         }
         if (alts.oom) { drop(c, &alts); return out_of_memory(c, path); }
         if (!alts.p) return fail(c, path, "%s", "no 'enum' value is of the schema's 'type': the schema matches nothing");
         int r = new_rule(c);
-        strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
+        tl_strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
         drop(c, &alts);
         return r;
     }
@@ -1250,7 +1250,7 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
             snprintf(sub, sizeof sub, "%.400s/%s/%d", path, combinator, i);
             int r = schema(c, v, sub, depth + 1);
             if (r < 0) { drop(c, &alts); return -1; }
-            strbuf_printf(&alts, "%sr%d", i ? " | " : "", r);
+            tl_strbuf_printf(&alts, "%sr%d", i ? " | " : "", r);
         }
         if (clash_i >= 0) {
             drop(c, &alts);
@@ -1259,7 +1259,7 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
                                  "require with a different const in each, or use anyOf)", clash_i, clash_j);
         }
         int r = new_rule(c);
-        strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
+        tl_strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
         drop(c, &alts);
         return r;
     }
@@ -1272,7 +1272,7 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
         if (check_keywords(c, s, path, NONE) < 0) return -1;
         c->used_value = true;
         int r = new_rule(c);
-        strbuf_printf(&c->out, "r%d ::= value\n", r);
+        tl_strbuf_printf(&c->out, "r%d ::= value\n", r);
         return r;
     }
     if (cJSON_IsString(type)) return typed(c, s, type->valuestring, path, depth, false);
@@ -1294,17 +1294,17 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
         for (const cJSON *t = type->child; t; t = t->next) {
             int r = typed(c, s, t->valuestring, path, depth, true);
             if (r < 0) { drop(c, &alts); return -1; }
-            strbuf_printf(&alts, "%sr%d", t == type->child ? "" : " | ", r);
+            tl_strbuf_printf(&alts, "%sr%d", t == type->child ? "" : " | ", r);
         }
         int r = new_rule(c);
-        strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
+        tl_strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
         drop(c, &alts);
         return r;
     }
     return fail(c, path, "'type' must be a string or a non-empty array of strings");
 }
 
-tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, int loose, char **gbnf, size_t *gbnf_len, char *err,
+tl_status tl_gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, int loose, char **gbnf, size_t *gbnf_len, char *err,
                                    size_t errlen) {
     *gbnf = NULL;
     /* (GBNF literals are code points: names and values must be valid UTF-8, which the
@@ -1339,23 +1339,23 @@ tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, in
         st = TL_ERR_INVALID_ARGUMENT;
     } else {
         strbuf head = {0};
-        strbuf_printf(&head, "root ::= %sr%d\n", c.free_ws ? "ws " : "", top);
-        strbuf_puts(&head, c.free_ws ? "ws ::= ([ \\t\\n] [ \\t]{0,8})?\n" : "ws ::= \"\"\n");
+        tl_strbuf_printf(&head, "root ::= %sr%d\n", c.free_ws ? "ws " : "", top);
+        tl_strbuf_puts(&head, c.free_ws ? "ws ::= ([ \\t\\n] [ \\t]{0,8})?\n" : "ws ::= \"\"\n");
         if (c.used_string || c.used_value) {
-            strbuf_puts(&head, "string ::= \"\\\"\" char* \"\\\"\"");
-            strbuf_printf(&head, "%s\n", WS(&c));
+            tl_strbuf_puts(&head, "string ::= \"\\\"\" char* \"\\\"\"");
+            tl_strbuf_printf(&head, "%s\n", WS(&c));
             /* one character: a \u escape of a surrogate pair is one (minLength counts it once),
                a lone surrogate none (no character: JSON text for UTF-8 output holds none) */
-            strbuf_puts(&head, "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" ([0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | "
+            tl_strbuf_puts(&head, "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" ([0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | "
                                "[dD] [0-7] [0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} \"\\\\u\" [dD] [c-fC-F] [0-9a-fA-F]{2}))\n");
         }
         if (c.used_value) {
-            strbuf_puts(&head, "value ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n");
-            strbuf_puts(&head, "object ::= \"{\" ws (string \":\" ws value (\",\" ws string \":\" ws value)*)? \"}\" ws\n");
-            strbuf_puts(&head, "array ::= \"[\" ws (value (\",\" ws value)*)? \"]\" ws\n");
-            strbuf_puts(&head, "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)? ws\n");
+            tl_strbuf_puts(&head, "value ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n");
+            tl_strbuf_puts(&head, "object ::= \"{\" ws (string \":\" ws value (\",\" ws string \":\" ws value)*)? \"}\" ws\n");
+            tl_strbuf_puts(&head, "array ::= \"[\" ws (value (\",\" ws value)*)? \"]\" ws\n");
+            tl_strbuf_puts(&head, "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)? ws\n");
         }
-        strbuf_put(&head, c.out.p ? c.out.p : "", c.out.n);
+        tl_strbuf_put(&head, c.out.p ? c.out.p : "", c.out.n);
         if (head.oom || c.out.oom) {
             free(head.p);
             snprintf(err, errlen, "out of memory");
@@ -1366,8 +1366,8 @@ tl_status gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws, in
         }
     }
     free(c.out.p);
-    gram_hash_free(&c.ref_rules);
-    gram_hash_free(&c.type_bits_of);
+    tl_gram_hash_free(&c.ref_rules);
+    tl_gram_hash_free(&c.type_bits_of);
     cJSON_Delete(c.made);
     cJSON_Delete(root);
     return st;

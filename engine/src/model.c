@@ -54,7 +54,7 @@ void tl_model_free(tl_model *m) {
     tl_prefix_pool_free(m->prefix_pool); /* its pages are backend buffers: before close */
     tl_kv_spares_free(m, m->kv_spares);  /* so are the kept ones, the pool's among them */
     if (m->backend) m->backend->close(m->backend_ctx); /* workers first: nothing runs after */
-    tlz_tokenizer_free(m->tokenizer);
+    tl_tlz_tokenizer_free(m->tokenizer);
     for (int i = 0; i < m->n_owned; i++) tl_free_aligned(m->owned[i]);
     free(m->owned);
     if (m->kept_files) tl_st_set_close(m->kept_files);
@@ -593,13 +593,13 @@ static void fingerprint_tokenizer(tl_model *m) {
     tl_hasher hs;
     tl_hash_init(&hs);
     tl_hash_add(&hs, &m->fingerprint, sizeof m->fingerprint);
-    const int n = m->tokenizer ? tlz_vocab_size(m->tokenizer) : 0;
+    const int n = m->tokenizer ? tl_tlz_vocab_size(m->tokenizer) : 0;
     tl_hash_add(&hs, &n, sizeof n);
     for (int32_t id = 0; id < n; id++) {
         const char *bytes = NULL;
         size_t len = 0;
-        if (tlz_token_bytes(m->tokenizer, id, &bytes, &len) != 0) len = (size_t)-1; /* an id without text */
-        const uint8_t special = (uint8_t)(tlz_is_special(m->tokenizer, id) != 0);
+        if (tl_tlz_token_bytes(m->tokenizer, id, &bytes, &len) != 0) len = (size_t)-1; /* an id without text */
+        const uint8_t special = (uint8_t)(tl_tlz_is_special(m->tokenizer, id) != 0);
         tl_hash_add(&hs, &len, sizeof len);
         if (len != (size_t)-1) tl_hash_add(&hs, bytes, len);
         tl_hash_add(&hs, &special, 1);
@@ -700,13 +700,13 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
     if (st == TL_OK && m->info.has_tokenizer) {
         char tok_path[4200], err[512];
         snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
-        const int code = tlz_tokenizer_load(tok_path, &m->tokenizer, err, sizeof err);
+        const int code = tl_tlz_tokenizer_load(tok_path, &m->tokenizer, err, sizeof err);
         if (code != 0)
             st = tl_fail(code == TLZ_ENOMEM ? TL_ERR_NO_MEMORY : code == TLZ_EIO ? TL_ERR_IO : TL_ERR_FORMAT,
                          "%s", err);
-        else if (tlz_vocab_size(m->tokenizer) > m->cfg.vocab_size)
+        else if (tl_tlz_vocab_size(m->tokenizer) > m->cfg.vocab_size)
             st = tl_fail(TL_ERR_FORMAT, "%s: the tokenizer has %d ids but config.json vocab_size is %d",
-                         tok_path, tlz_vocab_size(m->tokenizer), m->cfg.vocab_size);
+                         tok_path, tl_tlz_vocab_size(m->tokenizer), m->cfg.vocab_size);
     }
     if (st == TL_OK) fingerprint_tokenizer(m);
     if (st == TL_OK) st = upload_weights(m, opts->mmap_weights);

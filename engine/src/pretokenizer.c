@@ -77,7 +77,7 @@ typedef struct {
     int add_prefix_space;
 } step;
 
-struct tlz_pretok {
+struct tl_tlz_pretok {
     step steps[MAX_STEPS];
     int n_steps;
     int prefix_stretch;
@@ -95,7 +95,7 @@ typedef struct {
     size_t n, cap;
 } seglist;
 
-struct tlz_pretok_scratch {
+struct tl_tlz_pretok_scratch {
     pcre2_match_data *md;
     /* a JIT stack larger than PCRE2's 32 KiB, made when a match runs out of that one: a
        regex that repeats a group ((?:\p{L}|')+) needs it for a word of some thousands of
@@ -119,9 +119,9 @@ static int compile(const char *pattern, uint32_t options, const char *where, pcr
         PCRE2_UCHAR msg[160];
         char q[96];
         pcre2_get_error_message(code, msg, sizeof msg);
-        return tlz_fail(err, errlen, code == PCRE2_ERROR_HEAP_FAILED ? TLZ_ENOMEM : TLZ_EFORMAT,
+        return tl_tlz_fail(err, errlen, code == PCRE2_ERROR_HEAP_FAILED ? TLZ_ENOMEM : TLZ_EFORMAT,
                         "%s: cannot compile the regex '%s': %s (at offset %zu)", where,
-                        tlz_quote(pattern, strlen(pattern), q, sizeof q), (char *)msg, (size_t)off);
+                        tl_tlz_quote(pattern, strlen(pattern), q, sizeof q), (char *)msg, (size_t)off);
     }
 #ifndef TLZ_NO_JIT
     /* A failure only means no JIT on this platform; pcre2_match then runs the interpreter on
@@ -141,7 +141,7 @@ static int from_ruby_syntax(const char *pattern, const char *where, char **out, 
 {
     const size_t n = strlen(pattern);
     char *o = malloc(n * 12 + 1); /* (each \h grows to at most 12 bytes) */
-    if (!o) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory reading %s", where);
+    if (!o) return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory reading %s", where);
     size_t k = 0;
     int in_class = 0;
     for (size_t i = 0; i < n; i++) {
@@ -151,7 +151,7 @@ static int from_ruby_syntax(const char *pattern, const char *where, char **out, 
             if (e == 'h' || e == 'H') {
                 if (e == 'H' && in_class) {
                     free(o);
-                    return tlz_fail(err, errlen, TLZ_EFORMAT, "%s: \\H inside a character class is not supported", where);
+                    return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "%s: \\H inside a character class is not supported", where);
                 }
                 const char *hex = in_class ? "0-9a-fA-F" : e == 'h' ? "[0-9a-fA-F]" : "[^0-9a-fA-F]";
                 memcpy(o + k, hex, strlen(hex));
@@ -165,7 +165,7 @@ static int from_ruby_syntax(const char *pattern, const char *where, char **out, 
         }
         if (c == '[' && in_class && !(i + 1 < n && pattern[i + 1] == ':')) { /* ([[:alpha:]] is PCRE2's too) */
             free(o);
-            return tlz_fail(err, errlen, TLZ_EFORMAT, "%s: a character class nested in a class is not supported", where);
+            return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "%s: a character class nested in a class is not supported", where);
         }
         if (!in_class && c == '(' && i + 2 < n && pattern[i + 1] == '?' && strchr("imx-", pattern[i + 2])) {
             o[k++] = '(';
@@ -187,7 +187,7 @@ static int from_ruby_syntax(const char *pattern, const char *where, char **out, 
         else if (c == ']' && in_class) in_class--;
         else if (c == '&' && in_class && i + 1 < n && pattern[i + 1] == '&') {
             free(o);
-            return tlz_fail(err, errlen, TLZ_EFORMAT, "%s: a class intersection (&&) is not supported", where);
+            return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "%s: a class intersection (&&) is not supported", where);
         }
         o[k++] = c;
     }
@@ -201,48 +201,48 @@ static int get_bool(const cJSON *obj, const char *key, int dflt, int *out, const
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!v || cJSON_IsNull(v)) { *out = dflt; return TLZ_OK; }
-    if (!cJSON_IsBool(v)) return tlz_fail(err, errlen, TLZ_EFORMAT, "%s.%s must be a boolean", where, key);
+    if (!cJSON_IsBool(v)) return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "%s.%s must be a boolean", where, key);
     *out = cJSON_IsTrue(v) ? 1 : 0;
     return TLZ_OK;
 }
 
-static int add_step(tlz_pretok *p, step s, const char *where, char *err, size_t errlen)
+static int add_step(tl_tlz_pretok *p, step s, const char *where, char *err, size_t errlen)
 {
     if (p->n_steps == MAX_STEPS) {
         if (s.re) pcre2_code_free(s.re);
-        return tlz_fail(err, errlen, TLZ_EFORMAT, "%s: more than %d pre-tokenizer steps", where, MAX_STEPS);
+        return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "%s: more than %d pre-tokenizer steps", where, MAX_STEPS);
     }
     p->steps[p->n_steps++] = s;
     return TLZ_OK;
 }
 
-static int parse_split(tlz_pretok *p, const cJSON *node, const char *where, char *err, size_t errlen)
+static int parse_split(tl_tlz_pretok *p, const cJSON *node, const char *where, char *err, size_t errlen)
 {
     step s = {0};
     const cJSON *pat = cJSON_GetObjectItemCaseSensitive(node, "pattern");
     const cJSON *rx = cJSON_IsObject(pat) ? cJSON_GetObjectItemCaseSensitive(pat, "Regex") : NULL;
     const cJSON *lit = cJSON_IsObject(pat) ? cJSON_GetObjectItemCaseSensitive(pat, "String") : NULL;
     if (!cJSON_IsString(rx) == !cJSON_IsString(lit))
-        return tlz_fail(err, errlen, TLZ_EFORMAT,
+        return tl_tlz_fail(err, errlen, TLZ_EFORMAT,
                         "%s: Split needs \"pattern\": {\"Regex\": \"...\"} or {\"String\": \"...\"}", where);
     const cJSON *beh = cJSON_GetObjectItemCaseSensitive(node, "behavior");
     if (!cJSON_IsString(beh))
-        return tlz_fail(err, errlen, TLZ_EFORMAT, "%s.behavior is missing or not a string", where);
+        return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "%s.behavior is missing or not a string", where);
     int found = 0;
     for (int i = 0; i < 5 && !found; i++)
         if (strcmp(beh->valuestring, BEHAVIOR_NAMES[i]) == 0) s.how = (behavior)i, found = 1;
     if (!found) {
         char q[64];
-        return tlz_fail(err, errlen, TLZ_EFORMAT,
+        return tl_tlz_fail(err, errlen, TLZ_EFORMAT,
                         "%s.behavior '%s' is not supported (Removed, Isolated, MergedWithPrevious, "
                         "MergedWithNext or Contiguous)",
-                        where, tlz_quote(beh->valuestring, strlen(beh->valuestring), q, sizeof q));
+                        where, tl_tlz_quote(beh->valuestring, strlen(beh->valuestring), q, sizeof q));
     }
     int rc = get_bool(node, "invert", 0, &s.invert, where, err, errlen);
     if (rc) return rc;
     char at[530];
     if (snprintf(at, sizeof at, "%s.pattern", where) >= (int)sizeof at)
-        return tlz_fail(err, errlen, TLZ_EFORMAT, "%s: pre_tokenizer nested too deep", where);
+        return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "%s: pre_tokenizer nested too deep", where);
     /* HF escapes a String pattern into a regex; PCRE2_LITERAL is that escape. A Regex is
        Oniguruma's Ruby syntax: ^ and $ anchor at lines (PCRE2_MULTILINE), \h is a hex digit. */
     if (rx) {
@@ -256,26 +256,26 @@ static int parse_split(tlz_pretok *p, const cJSON *node, const char *where, char
     return rc ? rc : add_step(p, s, where, err, errlen);
 }
 
-static int parse_node(tlz_pretok *p, const cJSON *node, const char *where, int depth, char *err, size_t errlen)
+static int parse_node(tl_tlz_pretok *p, const cJSON *node, const char *where, int depth, char *err, size_t errlen)
 {
     const cJSON *type = cJSON_IsObject(node) ? cJSON_GetObjectItemCaseSensitive(node, "type") : NULL;
     if (!cJSON_IsString(type))
-        return tlz_fail(err, errlen, TLZ_EFORMAT, "%s is not an object with a string \"type\"", where);
+        return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "%s is not an object with a string \"type\"", where);
     const char *t = type->valuestring;
     if (p->n_steps > 0 && p->steps[p->n_steps - 1].byte_level)
-        return tlz_fail(err, errlen, TLZ_EFORMAT,
+        return tl_tlz_fail(err, errlen, TLZ_EFORMAT,
                         "%s ('%s') comes after the ByteLevel step, which must be the last one", where, t);
     if (strcmp(t, "Sequence") == 0) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(node, "pretokenizers");
         if (!cJSON_IsArray(list))
-            return tlz_fail(err, errlen, TLZ_EFORMAT, "%s.pretokenizers is missing or not an array", where);
+            return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "%s.pretokenizers is missing or not an array", where);
         if (depth >= MAX_NESTING)
-            return tlz_fail(err, errlen, TLZ_EFORMAT, "%s: Sequence nested more than %d deep", where, MAX_NESTING);
+            return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "%s: Sequence nested more than %d deep", where, MAX_NESTING);
         int i = 0;
         for (const cJSON *c = list->child; c; c = c->next, i++) {
             char sub[512]; /* MAX_NESTING levels of ".pretokenizers[N]" fit */
             if (snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", where, i) >= (int)sizeof sub)
-                return tlz_fail(err, errlen, TLZ_EFORMAT, "%s: pre_tokenizer nested too deep", where);
+                return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "%s: pre_tokenizer nested too deep", where);
             int rc = parse_node(p, c, sub, depth + 1, err, errlen);
             if (rc) return rc;
         }
@@ -300,27 +300,27 @@ static int parse_node(tlz_pretok *p, const cJSON *node, const char *where, int d
         return add_step(p, s, where, err, errlen);
     }
     char q[64];
-    return tlz_fail(err, errlen, TLZ_EFORMAT,
+    return tl_tlz_fail(err, errlen, TLZ_EFORMAT,
                     "%s '%s' is not supported (supported: Sequence, Split, Digits, ByteLevel)", where,
-                    tlz_quote(t, strlen(t), q, sizeof q));
+                    tl_tlz_quote(t, strlen(t), q, sizeof q));
 }
 
-int tlz_pretok_parse(const cJSON *root, tlz_pretok **out, char *err, size_t errlen)
+int tl_tlz_pretok_parse(const cJSON *root, tl_tlz_pretok **out, char *err, size_t errlen)
 {
     *out = NULL;
     const cJSON *node = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
     if (!node || cJSON_IsNull(node))
-        return tlz_fail(err, errlen, TLZ_EFORMAT,
+        return tl_tlz_fail(err, errlen, TLZ_EFORMAT,
                         "pre_tokenizer is missing (a byte-level BPE needs a ByteLevel pre-tokenizer)");
-    tlz_pretok *p = calloc(1, sizeof *p);
-    if (!p) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the pre-tokenizer");
+    tl_tlz_pretok *p = calloc(1, sizeof *p);
+    if (!p) return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the pre-tokenizer");
     int rc = parse_node(p, node, "pre_tokenizer", 0, err, errlen);
     /* Without ByteLevel, HF would run BPE on characters, not bytes: another model family. */
     if (!rc && (p->n_steps == 0 || !p->steps[p->n_steps - 1].byte_level))
-        rc = tlz_fail(err, errlen, TLZ_EFORMAT,
+        rc = tl_tlz_fail(err, errlen, TLZ_EFORMAT,
                       "pre_tokenizer has no ByteLevel step (only byte-level BPE is supported; it must be the last step)");
     if (rc) {
-        tlz_pretok_free(p);
+        tl_tlz_pretok_free(p);
         return rc;
     }
     p->prefix_stretch = p->n_steps == 1 && p->steps[0].add_prefix_space;
@@ -335,7 +335,7 @@ int tlz_pretok_parse(const cJSON *root, tlz_pretok **out, char *err, size_t errl
     return TLZ_OK;
 }
 
-void tlz_pretok_free(tlz_pretok *p)
+void tl_tlz_pretok_free(tl_tlz_pretok *p)
 {
     if (!p) return;
     for (int i = 0; i < p->n_steps; i++)
@@ -344,11 +344,11 @@ void tlz_pretok_free(tlz_pretok *p)
     free(p);
 }
 
-int tlz_pretok_prefix_stretch(const tlz_pretok *p) { return p->prefix_stretch; }
+int tl_tlz_pretok_prefix_stretch(const tl_tlz_pretok *p) { return p->prefix_stretch; }
 
-tlz_pretok_scratch *tlz_pretok_scratch_new(const tlz_pretok *p)
+tl_tlz_pretok_scratch *tl_tlz_pretok_scratch_new(const tl_tlz_pretok *p)
 {
-    tlz_pretok_scratch *s = calloc(1, sizeof *s);
+    tl_tlz_pretok_scratch *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->md = pcre2_match_data_create(p->max_pairs, NULL);
     if (!s->md) {
@@ -358,7 +358,7 @@ tlz_pretok_scratch *tlz_pretok_scratch_new(const tlz_pretok *p)
     return s;
 }
 
-void tlz_pretok_scratch_free(tlz_pretok_scratch *s)
+void tl_tlz_pretok_scratch_free(tl_tlz_pretok_scratch *s)
 {
     if (!s) return;
     pcre2_match_data_free(s->md);
@@ -389,7 +389,7 @@ static int push(seglist *l, size_t a, size_t b, int match)
 /* The most JIT stack a match may use: reserved as address space, used as needed. */
 #define BIG_JIT_STACK (64u << 20)
 
-static int find_segments(pcre2_code *re, tlz_pretok_scratch *scratch, const char *s, size_t n, seglist *out,
+static int find_segments(pcre2_code *re, tl_tlz_pretok_scratch *scratch, const char *s, size_t n, seglist *out,
                          char *err, size_t errlen)
 {
     pcre2_match_data *md = scratch->md;
@@ -402,7 +402,7 @@ static int find_segments(pcre2_code *re, tlz_pretok_scratch *scratch, const char
             scratch->big_stack_context = pcre2_match_context_create(NULL);
             scratch->big_stack = pcre2_jit_stack_create(32u << 10, BIG_JIT_STACK, NULL);
             if (!scratch->big_stack_context || !scratch->big_stack)
-                return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory for the pre-tokenizer regex's stack");
+                return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory for the pre-tokenizer regex's stack");
             pcre2_jit_stack_assign(scratch->big_stack_context, NULL, scratch->big_stack);
             continue; /* the same match again, on the larger stack */
         }
@@ -411,26 +411,26 @@ static int find_segments(pcre2_code *re, tlz_pretok_scratch *scratch, const char
             PCRE2_UCHAR msg[160];
             pcre2_get_error_message(m, msg, sizeof msg);
             /* The match and backtracking limits end a pathological regex here, as an error. */
-            return tlz_fail(err, errlen, m == PCRE2_ERROR_NOMEMORY ? TLZ_ENOMEM : TLZ_EENCODE,
+            return tl_tlz_fail(err, errlen, m == PCRE2_ERROR_NOMEMORY ? TLZ_ENOMEM : TLZ_EENCODE,
                             "pre-tokenizer regex failed: %s", (char *)msg);
         }
         const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t a = ov[0], b = ov[1];
         if (b < a || a < last_end) /* only \K inside a lookaround could do this; PCRE2 >= 10.38 refuses it */
-            return tlz_fail(err, errlen, TLZ_EENCODE, "pre-tokenizer regex reported a match that ends before it starts");
+            return tl_tlz_fail(err, errlen, TLZ_EENCODE, "pre-tokenizer regex reported a match that ends before it starts");
         if (a == b && have_match && last_end == last_match_end) {
             if (last_end >= n) break;
-            int k = tlz_utf8_seq((const unsigned char *)s + last_end, n - last_end);
+            int k = tl_tlz_utf8_seq((const unsigned char *)s + last_end, n - last_end);
             last_end += k > 0 ? (size_t)k : 1; /* valid UTF-8 by contract: k > 0 */
             continue;
         }
         last_end = last_match_end = b;
         have_match = 1;
         if ((prev != a && !push(out, prev, a, 0)) || !push(out, a, b, 1))
-            return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory encoding");
+            return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory encoding");
         prev = b;
     }
-    if (prev != n && !push(out, prev, n, 0)) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory encoding");
+    if (prev != n && !push(out, prev, n, 0)) return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory encoding");
     return TLZ_OK;
 }
 
@@ -481,17 +481,17 @@ static void apply_behavior(seglist *l, behavior how, int invert)
     l->n = o;
 }
 
-static int run_step(const tlz_pretok *p, tlz_pretok_scratch *s, int k, const char *text, size_t n,
-                    tlz_piece_fn emit, void *ctx, char *err, size_t errlen);
+static int run_step(const tl_tlz_pretok *p, tl_tlz_pretok_scratch *s, int k, const char *text, size_t n,
+                    tl_tlz_piece_fn emit, void *ctx, char *err, size_t errlen);
 
-static int byte_level(const tlz_pretok *p, tlz_pretok_scratch *s, const step *st, const char *text, size_t n,
-                      tlz_piece_fn emit, void *ctx, char *err, size_t errlen)
+static int byte_level(const tl_tlz_pretok *p, tl_tlz_pretok_scratch *s, const step *st, const char *text, size_t n,
+                      tl_tlz_piece_fn emit, void *ctx, char *err, size_t errlen)
 {
     if (st->add_prefix_space && !p->prefix_stretch && text[0] != ' ') {
         if (n + 1 > s->prefixed_cap) {
             size_t cap = 2 * (n + 1);
             char *b = realloc(s->prefixed, cap);
-            if (!b) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory encoding");
+            if (!b) return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory encoding");
             s->prefixed = b;
             s->prefixed_cap = cap;
         }
@@ -510,8 +510,8 @@ static int byte_level(const tlz_pretok *p, tlz_pretok_scratch *s, const step *st
 
 /* Depth first: step k splits its piece, then every sub-piece goes through steps k+1.. before
    the next one. Each step treats pieces independently, so this yields HF's order. */
-static int run_step(const tlz_pretok *p, tlz_pretok_scratch *s, int k, const char *text, size_t n,
-                    tlz_piece_fn emit, void *ctx, char *err, size_t errlen)
+static int run_step(const tl_tlz_pretok *p, tl_tlz_pretok_scratch *s, int k, const char *text, size_t n,
+                    tl_tlz_piece_fn emit, void *ctx, char *err, size_t errlen)
 {
     const step *st = &p->steps[k];
     if (st->byte_level) return byte_level(p, s, st, text, n, emit, ctx, err, errlen);
@@ -526,7 +526,7 @@ static int run_step(const tlz_pretok *p, tlz_pretok_scratch *s, int k, const cha
     return rc;
 }
 
-int tlz_pretok_run(const tlz_pretok *p, tlz_pretok_scratch *s, const char *text, size_t n, tlz_piece_fn emit,
+int tl_tlz_pretok_run(const tl_tlz_pretok *p, tl_tlz_pretok_scratch *s, const char *text, size_t n, tl_tlz_piece_fn emit,
                    void *ctx, char *err, size_t errlen)
 {
     if (n == 0) return TLZ_OK; /* HF drops empty pieces */

@@ -51,7 +51,7 @@ static int fail(rx *r, const char *fmt, ...) {
 static int char_len(const char *s) {
     size_t n = 0;
     while (n < 4 && s[n]) n++;
-    return n ? tlz_utf8_seq((const unsigned char *)s, n) : -1;
+    return n ? tl_tlz_utf8_seq((const unsigned char *)s, n) : -1;
 }
 
 /* The escapes' sets, as sorted code point ranges: \d, \w, and \s (ECMA-262's white space
@@ -88,7 +88,7 @@ static int hex_escape(rx *r, const char *s, uint32_t *cp) {
     const int digits = s[1] == 'x' ? 2 : 4;
     uint32_t v = 0;
     for (int i = 0; i < digits; i++) {
-        const int d = gram_hex_digit((unsigned char)s[2 + i]);
+        const int d = tl_gram_hex_digit((unsigned char)s[2 + i]);
         if (d < 0) return fail(r, "'\\%c' needs %d hex digits", s[1], digits);
         v = v * 16 + (uint32_t)d;
     }
@@ -141,7 +141,7 @@ static int class_member(rx *r, const char **q, uint32_t *cp) {
     }
     const int len = char_len(s);
     if (len <= 0) return fail(r, "invalid UTF-8 in a class");
-    *cp = tlz_utf8_value((const unsigned char *)s, len);
+    *cp = tl_tlz_utf8_value((const unsigned char *)s, len);
     *q += len;
     return 0;
 }
@@ -172,8 +172,8 @@ static void class_range(rx *r, strbuf *o, uint32_t lo, uint32_t hi, bool negated
             if (lo > hi) return;
         }
     }
-    gram_gbnf_class_cp(o, lo);
-    if (hi != lo) { strbuf_puts(o, "-"); gram_gbnf_class_cp(o, hi); }
+    tl_gram_gbnf_class_cp(o, lo);
+    if (hi != lo) { tl_strbuf_puts(o, "-"); tl_gram_gbnf_class_cp(o, hi); }
 }
 
 /* A set's ranges (or those of its complement) in a class. */
@@ -200,33 +200,33 @@ static int json_controls(strbuf *o, uint32_t mask, int written) {
     for (uint32_t cp = 0; cp < sizeof SHORT; cp++)
         if ((mask >> cp & 1) && SHORT[cp]) {
             const char escaped[3] = {'\\', SHORT[cp], 0};
-            if (written++) strbuf_puts(o, " | ");
-            gram_gbnf_literal(o, escaped);
+            if (written++) tl_strbuf_puts(o, " | ");
+            tl_gram_gbnf_literal(o, escaped);
         }
     if (!mask) return written;
-    if (written++) strbuf_puts(o, " | ");
-    gram_gbnf_literal(o, "\\u00");
-    strbuf_puts(o, " (");
+    if (written++) tl_strbuf_puts(o, " | ");
+    tl_gram_gbnf_literal(o, "\\u00");
+    tl_strbuf_puts(o, " (");
     for (int high = 0, halves = 0; high < 2; high++) {
         const uint32_t low = mask >> (16 * high) & 0xFFFFu;
         if (!low) continue;
-        strbuf_printf(o, "%s\"%d\" [", halves++ ? " | " : "", high);
+        tl_strbuf_printf(o, "%s\"%d\" [", halves++ ? " | " : "", high);
         for (int d = 0; d < 16; d++)
             if (low >> d & 1) {
-                if (d < 10) strbuf_printf(o, "%d", d);
-                else strbuf_printf(o, "%c%c", 'a' + d - 10, 'A' + d - 10);
+                if (d < 10) tl_strbuf_printf(o, "%d", d);
+                else tl_strbuf_printf(o, "%c%c", 'a' + d - 10, 'A' + d - 10);
             }
-        strbuf_puts(o, "]");
+        tl_strbuf_puts(o, "]");
     }
-    strbuf_puts(o, ")");
+    tl_strbuf_puts(o, ")");
     return written;
 }
 
 /* One control inside a JSON string, as json_controls writes it, grouped. */
 static void json_control(strbuf *o, uint32_t cp) {
-    strbuf_puts(o, "(");
+    tl_strbuf_puts(o, "(");
     json_controls(o, 1u << cp, 0);
-    strbuf_puts(o, ")");
+    tl_strbuf_puts(o, ")");
 }
 
 /* A class [...] / [^...] (ECMA-262: "[]" matches nothing, "[^]" any character) translated
@@ -240,7 +240,7 @@ static int regex_class(rx *r, const char **p) {
     const bool negated = *s == '^';
     if (negated) s++;
     strbuf cls = {0};
-    strbuf_puts(&cls, negated ? "[^" : "[");
+    tl_strbuf_puts(&cls, negated ? "[^" : "[");
     const size_t empty_len = cls.n;
     json_specials specials = {0}; /* (a JSON string's: those the members hold) */
     while (*s != ']') {
@@ -274,10 +274,10 @@ static int regex_class(rx *r, const char **p) {
     }
     if (cls.oom) { free(cls.p); r->out->oom = true; *p = s + 1; return 0; }
     const bool has_ranges = cls.n > empty_len;
-    if (negated && !r->text) strbuf_puts(&cls, JSON_EXCLUDED);
-    strbuf_puts(&cls, "]");
+    if (negated && !r->text) tl_strbuf_puts(&cls, JSON_EXCLUDED);
+    tl_strbuf_puts(&cls, "]");
     /* "[^]" in text mode: any character, which an empty negated GBNF class is not */
-    if (negated && r->text && !has_ranges) { free(cls.p); strbuf_puts(r->out, "."); *p = s + 1; return 0; }
+    if (negated && r->text && !has_ranges) { free(cls.p); tl_strbuf_puts(r->out, "."); *p = s + 1; return 0; }
     /* the specials it matches: a plain class's members, a negated one's others */
     const bool quote = !r->text && negated != specials.quote, backslash = !r->text && negated != specials.backslash;
     const uint32_t controls = r->text ? 0 : negated ? ~specials.controls : specials.controls;
@@ -287,13 +287,13 @@ static int regex_class(rx *r, const char **p) {
     if (quote) alts[n_alts++] = "\"\\\\\\\"\"";
     if (backslash) alts[n_alts++] = "\"\\\\\\\\\"";
     strbuf *o = r->out;
-    if (n_alts == 0 && controls == 0) strbuf_puts(o, "[^\\x00-\\U0010FFFF]"); /* "[]": nothing */
-    else if (n_alts == 1 && controls == 0) strbuf_puts(o, alts[0]);
+    if (n_alts == 0 && controls == 0) tl_strbuf_puts(o, "[^\\x00-\\U0010FFFF]"); /* "[]": nothing */
+    else if (n_alts == 1 && controls == 0) tl_strbuf_puts(o, alts[0]);
     else {
-        strbuf_puts(o, "(");
-        for (int i = 0; i < n_alts; i++) { if (i) strbuf_puts(o, " | "); strbuf_puts(o, alts[i]); }
+        tl_strbuf_puts(o, "(");
+        for (int i = 0; i < n_alts; i++) { if (i) tl_strbuf_puts(o, " | "); tl_strbuf_puts(o, alts[i]); }
         json_controls(o, controls, n_alts);
-        strbuf_puts(o, ")");
+        tl_strbuf_puts(o, ")");
     }
     free(cls.p);
     *p = s + 1;
@@ -318,8 +318,8 @@ static void literal_cp(strbuf *o, uint32_t cp) {
         utf8[3] = (char)(0x80 | (cp & 0x3F));
     }
     /* U+0000 is the one code point a NUL-terminated literal cannot hold: a class can */
-    if (cp == 0) strbuf_puts(o, "[\\x00]");
-    else gram_gbnf_literal(o, utf8);
+    if (cp == 0) tl_strbuf_puts(o, "[\\x00]");
+    else tl_gram_gbnf_literal(o, utf8);
 }
 
 static int regex_atom(rx *r, const char **p, int depth) {
@@ -329,12 +329,12 @@ static int regex_atom(rx *r, const char **p, int depth) {
         s++;
         if (s[0] == '?' && s[1] == ':') s += 2;
         else if (s[0] == '?') return fail(r, "lookaround and named groups are not supported");
-        strbuf_puts(o, "(");
+        tl_strbuf_puts(o, "(");
         *p = s;
         if (regex_alt(r, p, depth + 1) < 0) return -1;
         if (**p != ')') return fail(r, "expected ')'");
         (*p)++;
-        strbuf_puts(o, ")");
+        tl_strbuf_puts(o, ")");
         return 0;
     }
     if (*s == '[') return regex_class(r, p);
@@ -369,7 +369,7 @@ static int regex_atom(rx *r, const char **p, int depth) {
             if (n < 0) return -1;
             /* in a JSON string: controls, '"' and '\' as JSON writes them */
             if (!r->text && cp < 0x20) json_control(o, cp);
-            else if (!r->text && (cp == '"' || cp == '\\')) strbuf_puts(o, cp == '"' ? "\"\\\\\\\"\"" : "\"\\\\\\\\\"");
+            else if (!r->text && (cp == '"' || cp == '\\')) tl_strbuf_puts(o, cp == '"' ? "\"\\\\\\\"\"" : "\"\\\\\\\\\"");
             else literal_cp(o, cp);
             *p = s + n;
             return 0;
@@ -380,18 +380,18 @@ static int regex_atom(rx *r, const char **p, int depth) {
         /* An escaped byte is copied as one literal: only ASCII punctuation is a whole
            character (a UTF-8 lead byte would leave the literal half a character). */
         if (e >= 0x80 || e < 0x20) return fail(r, "escaping a control or non-ASCII character is not supported");
-        if (!r->text && (e == '"' || e == '\\')) strbuf_puts(o, e == '"' ? "\"\\\\\\\"\"" : "\"\\\\\\\\\"");
+        if (!r->text && (e == '"' || e == '\\')) tl_strbuf_puts(o, e == '"' ? "\"\\\\\\\"\"" : "\"\\\\\\\\\"");
         else literal_cp(o, e);
         *p = s + 2;
         return 0;
     }
     if (strchr("*+?{", *s)) return fail(r, "'%c' with nothing to repeat", *s);
     if (!r->text && (unsigned char)*s < 0x20) return fail(r, "control characters are not supported");
-    if (!r->text && *s == '"') { strbuf_puts(o, "\"\\\\\\\"\""); *p = s + 1; return 0; }
+    if (!r->text && *s == '"') { tl_strbuf_puts(o, "\"\\\\\\\"\""); *p = s + 1; return 0; }
     /* one UTF-8 character, as a literal (GBNF reads only valid UTF-8) */
     const int len = char_len(s);
     if (len <= 0) return fail(r, "invalid UTF-8");
-    literal_cp(o, tlz_utf8_value((const unsigned char *)s, len));
+    literal_cp(o, tl_tlz_utf8_value((const unsigned char *)s, len));
     *p = s + len;
     return 0;
 }
@@ -406,7 +406,7 @@ static int regex_seq(rx *r, const char **p, int depth) {
     if (depth > MAX_DEPTH) return fail(r, "nested too deeply");
     strbuf *o = r->out;
     bool empty = true, anchored_end = false;
-    if (depth == 0 && r->pad && **p != '^') strbuf_printf(o, "%s ", r->pad);
+    if (depth == 0 && r->pad && **p != '^') tl_strbuf_printf(o, "%s ", r->pad);
     while (**p && **p != '|' && **p != ')') {
         if (**p == '^') {
             if (depth > 0 || !empty) return fail(r, "'^' is supported only at the start of the pattern or of a top-level alternative");
@@ -423,7 +423,7 @@ static int regex_seq(rx *r, const char **p, int depth) {
         if (regex_atom(r, p, depth) < 0) return -1;
         empty = false;
         const char q = **p;
-        if (q == '*' || q == '+' || q == '?') { strbuf_put(o, *p, 1); (*p)++; }
+        if (q == '*' || q == '+' || q == '?') { tl_strbuf_put(o, *p, 1); (*p)++; }
         else if (q == '{') {
             /* {m}, {m,}, {m,n}, digits only ("{ 2}" and "{+2}" are not quantifiers): parsed,
                so that only valid GBNF comes out */
@@ -438,16 +438,16 @@ static int regex_seq(rx *r, const char **p, int depth) {
                 else ok = false;
             }
             if (!ok || *after != '}') return fail(r, "bad quantifier (expected {m}, {m,} or {m,n} up to %d)", MAX_REPEAT);
-            if (hi < 0) strbuf_printf(o, "{%ld,}", lo);
-            else strbuf_printf(o, "{%ld,%ld}", lo, hi);
+            if (hi < 0) tl_strbuf_printf(o, "{%ld,}", lo);
+            else tl_strbuf_printf(o, "{%ld,%ld}", lo, hi);
             *p = after + 1;
         }
         if (**p == '?' || **p == '+') return fail(r, "lazy or possessive quantifiers are not supported");
-        strbuf_puts(o, " ");
+        tl_strbuf_puts(o, " ");
     }
     /* an empty alternative ("a|", "()") matches the empty text: GBNF needs it spelled */
-    if (empty) strbuf_puts(o, "\"\" ");
-    if (depth == 0 && r->pad && !anchored_end) strbuf_printf(o, "%s ", r->pad);
+    if (empty) tl_strbuf_puts(o, "\"\" ");
+    if (depth == 0 && r->pad && !anchored_end) tl_strbuf_printf(o, "%s ", r->pad);
     return 0;
 }
 
@@ -455,17 +455,17 @@ static int regex_alt(rx *r, const char **p, int depth) {
     for (;;) {
         if (regex_seq(r, p, depth) < 0) return -1;
         if (**p != '|') return 0;
-        strbuf_puts(r->out, "| ");
+        tl_strbuf_puts(r->out, "| ");
         (*p)++;
     }
 }
 
-int gram_regex_expr(const char *pattern, bool text, const char *pad, strbuf *out, char *err, size_t errlen) {
+int tl_gram_regex_expr(const char *pattern, bool text, const char *pad, strbuf *out, char *err, size_t errlen) {
     rx r = {.out = out, .text = text, .pad = pad, .err = err, .errlen = errlen};
     const char *p = pattern;
-    strbuf_puts(out, "(");
+    tl_strbuf_puts(out, "(");
     if (regex_alt(&r, &p, 0) < 0) return -1;
     if (*p) return fail(&r, "unexpected ')'");
-    strbuf_puts(out, ")");
+    tl_strbuf_puts(out, ")");
     return 0;
 }

@@ -185,13 +185,13 @@ tl_status tl_session_set_grammar(tl_session *s, const tl_grammar *g) {
     s->cfg.grammar = &s->grammar;
     if (!g->compiled) return TL_OK;
     /* ---- grammar: a compiled grammar gets this session's own matcher */
-    tl_status st = gram_matcher_new(g->compiled, s->m->tokenizer, s->m->cfg.vocab_size, s->m->cfg.eos_token_id,
+    tl_status st = tl_gram_matcher_new(g->compiled, s->m->tokenizer, s->m->cfg.vocab_size, s->m->cfg.eos_token_id,
                                     &s->grammar_matcher);
     if (st != TL_OK) return st;
     /* a one-token stop sequence of a special token (a chat turn's end) ends the text where
        the grammar may end, as eos does: no grammar writes it */
-    gram_matcher_set_ends(s->grammar_matcher, s->cfg.stop_sequences, s->cfg.n_stop_sequences);
-    gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
+    tl_gram_matcher_set_ends(s->grammar_matcher, s->cfg.stop_sequences, s->cfg.n_stop_sequences);
+    tl_gram_matcher_as_grammar(s->grammar_matcher, &s->grammar);
     return st;
 }
 
@@ -265,9 +265,9 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
         /* a compiled grammar must take it (a callback grammar's advance is told, and may fail) */
         if (s->grammar_matcher) {
             const int32_t next =
-                gram_matcher_advance_state(s->grammar_matcher, gram_matcher_state(s->grammar_matcher), s->forced_token);
+                tl_gram_matcher_advance_state(s->grammar_matcher, tl_gram_matcher_state(s->grammar_matcher), s->forced_token);
             if (next < 0 || next == GRAM_DEAD) s->finished = true;
-            if (next < 0) return gram_failure("grammar");
+            if (next < 0) return tl_gram_failure("grammar");
             if (next == GRAM_DEAD)
                 return tl_fail(TL_ERR_UNSUPPORTED, "the thinking budget is spent, and the grammar does not allow "
                                "reasoning_end's id %d there (a grammar must let the reasoning block end: "
@@ -283,17 +283,17 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
         if (s->grammar_matcher && s->cfg.beam_size >= 2) return TL_OK;
         if (s->grammar_matcher && s->greedy) {
             const int32_t top = tl_argmax(s->work, vocab);
-            const int32_t next = top >= 0 ? gram_matcher_advance_state(s->grammar_matcher,
-                                                                        gram_matcher_state(s->grammar_matcher), top)
+            const int32_t next = top >= 0 ? tl_gram_matcher_advance_state(s->grammar_matcher,
+                                                                        tl_gram_matcher_state(s->grammar_matcher), top)
                                           : GRAM_DEAD;
-            if (next < 0) return gram_failure("grammar");
+            if (next < 0) return tl_gram_failure("grammar");
             if (next != GRAM_DEAD) return TL_OK;
         }
         memset(s->allowed, 0, (size_t)vocab);
         int n_allowed = c->grammar->allowed(c->grammar->user, s->allowed, vocab);
         if (n_allowed < 0 && s->grammar_matcher) { /* a compiled grammar's own error */
             s->finished = true;
-            return gram_failure("grammar mask");
+            return tl_gram_failure("grammar mask");
         }
         if (n_allowed < 0) return tl_session_hook_failed(s, "grammar allowed", n_allowed);
         int32_t only = -1;
@@ -336,8 +336,8 @@ static size_t tag_bytes(const tl_session *s, const tl_token_seq *tag, char *out)
     for (int i = 0; i < tag->n; i++) {
         const char *bytes;
         size_t n;
-        if (tlz_is_special(s->m->tokenizer, tag->tokens[i]) ||
-            tlz_token_bytes(s->m->tokenizer, tag->tokens[i], &bytes, &n) != 0 || len + n > 256)
+        if (tl_tlz_is_special(s->m->tokenizer, tag->tokens[i]) ||
+            tl_tlz_token_bytes(s->m->tokenizer, tag->tokens[i], &bytes, &n) != 0 || len + n > 256)
             return 0;
         memcpy(out + len, bytes, n);
         len += n;
@@ -445,7 +445,7 @@ static tl_status finish(tl_session *s, tl_stop_reason reason, tl_stop_reason *st
    is its per-token path). */
 static bool token_in_text(const tl_model *m, const tl_generate_config *c, int32_t tok) {
     if (!m->tokenizer || tok < 0 || tok >= m->cfg.vocab_size) return false;
-    if (!tlz_is_special(m->tokenizer, tok)) return true;
+    if (!tl_tlz_is_special(m->tokenizer, tok)) return true;
     return c && c->keep_special_text && !tl_is_end(c, m->cfg.eos_token_id, tok);
 }
 
@@ -470,7 +470,7 @@ tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched) {
     if (!token_in_text(s->m, &s->cfg, tok)) return TL_OK;
     const char *bytes;
     size_t len;
-    if (tlz_token_bytes(s->m->tokenizer, tok, &bytes, &len) != 0) len = 0; /* id without text */
+    if (tl_tlz_token_bytes(s->m->tokenizer, tok, &bytes, &len) != 0) len = 0; /* id without text */
     if (s->text_len + len + 1 > s->text_cap) {
         size_t cap = (s->text_len + len + 1) * 2;
         char *grown = realloc(s->text, cap);
@@ -860,7 +860,7 @@ tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const t
 /* Bytes at the end of the text to hold back: an unfinished UTF-8 sequence, or the longest
    suffix that is a proper prefix of a stop string. */
 static size_t held_back(const tl_session *s) {
-    size_t hold = tlz_utf8_unfinished_tail((const unsigned char *)s->text, s->text_len);
+    size_t hold = tl_tlz_utf8_unfinished_tail((const unsigned char *)s->text, s->text_len);
     for (int i = 0; i < s->cfg.n_stop_strings; i++) {
         size_t L = s->stop_lens[i];
         for (size_t k = L - 1 < s->text_len ? L - 1 : s->text_len; k > hold; k--)

@@ -165,11 +165,11 @@ static bool grammar_draft_row(tl_session *s, spec_state *sp, int node) {
     const int32_t state = sp->grammar_state[node];
     if (sp->K == 1 && !sp->sampling) {
         const int32_t top = tl_argmax(sp->draft_row, vocab);
-        const int32_t next = top >= 0 ? gram_matcher_advance_state(mt, state, top) : GRAM_DEAD;
+        const int32_t next = top >= 0 ? tl_gram_matcher_advance_state(mt, state, top) : GRAM_DEAD;
         if (next < 0) return false;
         if (next != GRAM_DEAD) return true;
     }
-    if (gram_matcher_mask_state(mt, state, s->allowed) < 0) return false;
+    if (tl_gram_matcher_mask_state(mt, state, s->allowed) < 0) return false;
     for (int i = 0; i < vocab; i++)
         if (!s->allowed[i]) sp->draft_row[i] = -INFINITY;
     return true;
@@ -273,7 +273,7 @@ static tl_status draft(tl_session *s, spec_state *sp, int levels) {
     t->parent[0] = -1;
     t->depth[0] = 0;
     t->logp[0] = 0.0;
-    if (s->grammar_matcher) sp->grammar_state[0] = gram_matcher_state(s->grammar_matcher);
+    if (s->grammar_matcher) sp->grammar_state[0] = tl_gram_matcher_state(s->grammar_matcher);
     if (tl_adjusts_logits(&s->cfg, n, s->prompt_len)) memcpy(sp->history, s->tokens, (size_t)n * sizeof(int32_t));
     const double t0 = tl_now_ms();
     for (int level = 0; level < levels && t->n < sp->max_nodes; level++) {
@@ -286,7 +286,7 @@ static tl_status draft(tl_session *s, spec_state *sp, int levels) {
         for (int i = 0; i < rows; i++) {
             const int node = level_start + i;
             const float *row = penalised_draft_row(s, sp, sp->draft_logits + (size_t)i * (size_t)vocab, node);
-            if (!row) return gram_failure("grammar mask of a draft");
+            if (!row) return tl_gram_failure("grammar mask of a draft");
             n_cand += propose(s, sp, row, node, level, node == greedy_node, sp->candidates + n_cand);
         }
         candidate *cand = sp->candidates;
@@ -312,9 +312,9 @@ static tl_status draft(tl_session *s, spec_state *sp, int levels) {
             t->depth[x] = level + 1;
             t->logp[x] = cand[c].logp;
             if (s->grammar_matcher) {
-                sp->grammar_state[x] = gram_matcher_advance_state(s->grammar_matcher, sp->grammar_state[cand[c].parent],
+                sp->grammar_state[x] = tl_gram_matcher_advance_state(s->grammar_matcher, sp->grammar_state[cand[c].parent],
                                                                   cand[c].token);
-                if (sp->grammar_state[x] < 0) return gram_failure("grammar");
+                if (sp->grammar_state[x] < 0) return tl_gram_failure("grammar");
             }
         }
         level_end = t->n;

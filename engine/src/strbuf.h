@@ -16,8 +16,8 @@ typedef struct strbuf {
     bool oom;
 } strbuf;
 
-void strbuf_put(strbuf *b, const char *s, size_t n);
-void strbuf_puts(strbuf *b, const char *s);
-void strbuf_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void tl_strbuf_put(strbuf *b, const char *s, size_t n);
+void tl_strbuf_puts(strbuf *b, const char *s);
+void tl_strbuf_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -37,8 +37,8 @@ tl_status tl_encode_ex(const tl_model *m, const char *text, size_t len, unsigned
     char err[512];
     size_t n = 0;
     *ids = NULL;
-    const unsigned tlz_flags = (flags & TL_ENCODE_SPECIAL_AS_TEXT) ? TLZ_ENCODE_NO_SPECIAL : 0;
-    int code = tlz_encode_ex(m->tokenizer, text ? text : "", len, tlz_flags, ids, &n, err, sizeof err);
+    const unsigned tl_tlz_flags = (flags & TL_ENCODE_SPECIAL_AS_TEXT) ? TLZ_ENCODE_NO_SPECIAL : 0;
+    int code = tl_tlz_encode_ex(m->tokenizer, text ? text : "", len, tl_tlz_flags, ids, &n, err, sizeof err);
     if (code != 0) return from_tlz(code, err);
     if (n > (size_t)INT32_MAX) { free(*ids); *ids = NULL; return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_encode: text too long"); }
     *n_ids = (int)n;
@@ -59,7 +59,7 @@ tl_status tl_decode(const tl_model *m, const int32_t *ids, int n, char **text, s
     if (!ids && n) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_decode: ids must not be NULL where n = %d > 0", n);
     char err[512];
     size_t got = 0;
-    int code = tlz_decode(m->tokenizer, ids, (size_t)n, text, &got, err, sizeof err);
+    int code = tl_tlz_decode(m->tokenizer, ids, (size_t)n, text, &got, err, sizeof err);
     if (code != 0) return from_tlz(code, err);
     if (len) *len = got;
     return TL_OK;
@@ -70,17 +70,17 @@ tl_status tl_token_text(const tl_model *m, int32_t id, const char **bytes, size_
     tl_status st = need_tokenizer(m, "tl_token_text");
     if (st != TL_OK) return st;
     if (!bytes || !len) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_token_text: NULL argument");
-    if (tlz_token_bytes(m->tokenizer, id, bytes, len) != 0)
+    if (tl_tlz_token_bytes(m->tokenizer, id, bytes, len) != 0)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_token_text: token id %d has no text", (int)id);
     return TL_OK;
 }
 
 int tl_token_is_special(const tl_model *m, int32_t id) {
-    return m && m->tokenizer && tlz_is_special(m->tokenizer, id) ? 1 : 0;
+    return m && m->tokenizer && tl_tlz_is_special(m->tokenizer, id) ? 1 : 0;
 }
 
 struct tl_detokenizer {
-    tlz_stream *stream;
+    tl_tlz_stream *stream;
 };
 
 tl_status tl_detokenizer_new(const tl_model *m, tl_detokenizer **out) {
@@ -92,7 +92,7 @@ tl_status tl_detokenizer_new(const tl_model *m, tl_detokenizer **out) {
     *out = calloc(1, sizeof **out);
     char err[512];
     if (!*out) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-    int code = tlz_stream_new(m->tokenizer, &(*out)->stream, err, sizeof err);
+    int code = tl_tlz_stream_new(m->tokenizer, &(*out)->stream, err, sizeof err);
     if (code != 0) {
         free(*out);
         *out = NULL;
@@ -105,7 +105,7 @@ tl_status tl_detokenizer_push(tl_detokenizer *d, int32_t id, const char **piece,
     tl_clear_error(); /* "" after success, the message after a failure */
     if (!d || !piece || !len) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_detokenizer_push: NULL argument");
     char err[512];
-    int code = tlz_stream_push(d->stream, id, piece, len, err, sizeof err);
+    int code = tl_tlz_stream_push(d->stream, id, piece, len, err, sizeof err);
     return code ? from_tlz(code, err) : TL_OK;
 }
 
@@ -115,11 +115,11 @@ void tl_detokenizer_flush(tl_detokenizer *d, const char **piece, size_t *len) {
         if (len) *len = 0;
         return;
     }
-    tlz_stream_flush(d->stream, piece, len);
+    tl_tlz_stream_flush(d->stream, piece, len);
 }
 
 void tl_detokenizer_free(tl_detokenizer *d) {
     if (!d) return;
-    tlz_stream_free(d->stream);
+    tl_tlz_stream_free(d->stream);
     free(d);
 }

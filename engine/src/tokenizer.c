@@ -58,7 +58,7 @@ typedef struct {
     int32_t n_nodes;
 } added_trie;
 
-struct tlz_tokenizer {
+struct tl_tlz_tokenizer {
     int32_t n_ids;
     uint8_t *flags;          /* TOKF_* per id */
     uint32_t *raw_off;       /* raw bytes of id i: raw + raw_off[i], raw_len[i] */
@@ -82,15 +82,15 @@ struct tlz_tokenizer {
     uint8_t added_first[256];/* 1 if some added token starts with this byte */
     added_trie trie;         /* the added tokens' texts */
 
-    tlz_pretok *pre;         /* the pre_tokenizer pipeline (pretokenizer.c) */
-    uint64_t serial;         /* tlz_serial */
+    tl_tlz_pretok *pre;         /* the pre_tokenizer pipeline (pretokenizer.c) */
+    uint64_t serial;         /* tl_tlz_serial */
 };
 
-uint64_t tlz_serial(const tlz_tokenizer *tok) { return tok ? tok->serial : 0; }
+uint64_t tl_tlz_serial(const tl_tlz_tokenizer *tok) { return tok ? tok->serial : 0; }
 
 /* ---------------------------------------------------------------- helpers */
 
-int tlz_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+int tl_tlz_fail(char *err, size_t errlen, int code, const char *fmt, ...)
 {
     if (err && errlen) {
         va_list ap;
@@ -104,7 +104,7 @@ int tlz_fail(char *err, size_t errlen, int code, const char *fmt, ...)
 /* Token strings go into messages; escape them so that a control byte or a
    huge token cannot garble the log line, nor the quote character the message
    puts around them end the quoted text early. */
-const char *tlz_quote_in(const char *s, size_t n, char quote, char *buf, size_t cap)
+const char *tl_tlz_quote_in(const char *s, size_t n, char quote, char *buf, size_t cap)
 {
     size_t o = 0;
     for (size_t i = 0; i < n && o + 8 < cap; i++) {
@@ -123,12 +123,12 @@ const char *tlz_quote_in(const char *s, size_t n, char quote, char *buf, size_t 
     return buf;
 }
 
-const char *tlz_quote(const char *s, size_t n, char *buf, size_t cap)
+const char *tl_tlz_quote(const char *s, size_t n, char *buf, size_t cap)
 {
-    return tlz_quote_in(s, n, '\'', buf, cap);
+    return tl_tlz_quote_in(s, n, '\'', buf, cap);
 }
 
-int tlz_utf8_seq(const unsigned char *p, size_t n)
+int tl_tlz_utf8_seq(const unsigned char *p, size_t n)
 {
     unsigned c = p[0];
     if (c < 0x80) return 1;
@@ -157,19 +157,19 @@ int tlz_utf8_seq(const unsigned char *p, size_t n)
     return len;
 }
 
-uint32_t tlz_utf8_value(const unsigned char *p, int len)
+uint32_t tl_tlz_utf8_value(const unsigned char *p, int len)
 {
     uint32_t v = len == 1 ? p[0] : p[0] & (0xFFu >> (len + 1));
     for (int i = 1; i < len; i++) v = (v << 6) | (p[i] & 0x3Fu);
     return v;
 }
 
-size_t tlz_utf8_unfinished_tail(const unsigned char *p, size_t n)
+size_t tl_tlz_utf8_unfinished_tail(const unsigned char *p, size_t n)
 {
     /* The last lead byte within reach decides: a sequence is at most 4 bytes long. */
     for (size_t back = 1; back <= 3 && back <= n; back++) {
         if ((p[n - back] & 0xC0) != 0x80)
-            return tlz_utf8_seq(p + n - back, back) == 0 ? back : 0;
+            return tl_tlz_utf8_seq(p + n - back, back) == 0 ? back : 0;
     }
     return 0;
 }
@@ -232,7 +232,7 @@ static uint32_t table_size(size_t n)
     return cap;
 }
 
-static int32_t vocab_find(const tlz_tokenizer *t, const char *s, size_t n)
+static int32_t vocab_find(const tl_tlz_tokenizer *t, const char *s, size_t n)
 {
     if (!t->vocab_slots) return -1;
     uint32_t i = (uint32_t)hash_bytes(s, n) & t->vocab_mask;
@@ -244,7 +244,7 @@ static int32_t vocab_find(const tlz_tokenizer *t, const char *s, size_t n)
     }
 }
 
-static const merge_slot *merge_find(const tlz_tokenizer *t, int32_t a, int32_t b)
+static const merge_slot *merge_find(const tl_tlz_tokenizer *t, int32_t a, int32_t b)
 {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
     uint32_t i = (uint32_t)hash_pair(key) & t->merge_mask;
@@ -264,19 +264,19 @@ static int read_file(const char *path, char **data, size_t *len, char *err, size
 {
     tl_status st = tl_read_regular(path, TL_MAX_TOKENIZER_BYTES, data, len);
     if (st == TL_OK) return TLZ_OK;
-    return tlz_fail(err, errlen, st == TL_ERR_NO_MEMORY ? TLZ_ENOMEM : st == TL_ERR_FORMAT ? TLZ_EFORMAT : TLZ_EIO,
+    return tl_tlz_fail(err, errlen, st == TL_ERR_NO_MEMORY ? TLZ_ENOMEM : st == TL_ERR_FORMAT ? TLZ_EFORMAT : TLZ_EIO,
                     "%s", tl_last_error());
 }
 
-int tlz_tokenizer_load(const char *path, tlz_tokenizer **out, char *err, size_t errlen)
+int tl_tlz_tokenizer_load(const char *path, tl_tlz_tokenizer **out, char *err, size_t errlen)
 {
     if (out) *out = NULL;
-    if (!path || !out) return tlz_fail(err, errlen, TLZ_EINVAL, "tlz_tokenizer_load: NULL argument");
+    if (!path || !out) return tl_tlz_fail(err, errlen, TLZ_EINVAL, "tl_tlz_tokenizer_load: NULL argument");
     char *data = NULL;
     size_t len = 0;
     int rc = read_file(path, &data, &len, err, errlen);
     if (rc) return rc;
-    rc = tlz_tokenizer_load_json(data, len, out, err, errlen);
+    rc = tl_tlz_tokenizer_load_json(data, len, out, err, errlen);
     free(data);
     if (rc && err && errlen) {
         /* Name the file: the caller often loads several. */
@@ -311,27 +311,27 @@ static int check_model_options(const cJSON *model, char *err, size_t errlen)
 {
     int on;
     if (!json_bool(model, "byte_fallback", 0, &on) || on)
-        return tlz_fail(err, errlen, TLZ_EFORMAT, "model.byte_fallback is not supported (byte-level BPE only)");
+        return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.byte_fallback is not supported (byte-level BPE only)");
     if (!json_bool(model, "ignore_merges", 0, &on) || on)
-        return tlz_fail(err, errlen, TLZ_EFORMAT, "model.ignore_merges is not supported");
+        return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.ignore_merges is not supported");
     /* (HF skips each merge with this probability: other ids at random) */
     const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (dropout && !cJSON_IsNull(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0))
-        return tlz_fail(err, errlen, TLZ_EFORMAT, "model.dropout is not supported (BPE dropout skips merges at random): "
+        return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.dropout is not supported (BPE dropout skips merges at random): "
                         "it must be null or 0");
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
     if (unk && !cJSON_IsNull(unk) && !cJSON_IsString(unk))
-        return tlz_fail(err, errlen, TLZ_EFORMAT, "model.unk_token must be a string or null");
+        return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.unk_token must be a string or null");
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (size_t i = 0; i < 2; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, affixes[i]);
         if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && v->valuestring[0] == '\0'))
-            return tlz_fail(err, errlen, TLZ_EFORMAT, "model.%s is not supported (must be empty or null)", affixes[i]);
+            return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.%s is not supported (must be empty or null)", affixes[i]);
     }
     return TLZ_OK;
 }
 
-/* The decoder turns ids back into text: byte-level BPE's is ByteLevel (what tlz_decode does);
+/* The decoder turns ids back into text: byte-level BPE's is ByteLevel (what tl_tlz_decode does);
    another (WordPiece's "##" joins, Metaspace, Strip...) would give other text. null is taken
    as ByteLevel. */
 static int check_decoder(const cJSON *root, char *err, size_t errlen)
@@ -352,7 +352,7 @@ static int check_decoder(const cJSON *root, char *err, size_t errlen)
         }
         if (byte_level) return TLZ_OK;
     }
-    return tlz_fail(err, errlen, TLZ_EFORMAT, "decoder '%s' is not supported (only ByteLevel, or null)", name);
+    return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "decoder '%s' is not supported (only ByteLevel, or null)", name);
 }
 
 static int check_normalizer(const cJSON *root, char *err, size_t errlen)
@@ -364,7 +364,7 @@ static int check_normalizer(const cJSON *root, char *err, size_t errlen)
     if (cJSON_IsString(type) && strcmp(type->valuestring, "Sequence") == 0 &&
         cJSON_IsArray(list) && cJSON_GetArraySize(list) == 0)
         return TLZ_OK; /* an empty sequence changes nothing */
-    return tlz_fail(err, errlen, TLZ_EFORMAT, "normalizer '%s' is not supported (only null)",
+    return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "normalizer '%s' is not supported (only null)",
                     cJSON_IsString(type) ? type->valuestring : "?");
 }
 
@@ -375,7 +375,7 @@ static size_t spelling_to_raw(const char *s, size_t n, const int16_t cp_to_byte[
 {
     size_t o = 0;
     for (size_t i = 0; i < n;) {
-        int k = tlz_utf8_seq((const unsigned char *)s + i, n - i);
+        int k = tl_tlz_utf8_seq((const unsigned char *)s + i, n - i);
         if (k <= 0) goto verbatim;
         uint32_t cp = utf8_get((const unsigned char *)s + i, k);
         if (cp >= BYTE_CP_LIMIT || cp_to_byte[cp] < 0) goto verbatim;
@@ -430,7 +430,7 @@ static int32_t trie_child(const added_trie *tr, int32_t node, unsigned char b)
 }
 
 /* t->trie from t->added (sorted: a text's tokens are chained in that order). 0 out of memory. */
-static int build_added_trie(tlz_tokenizer *t)
+static int build_added_trie(tl_tlz_tokenizer *t)
 {
     added_trie *tr = &t->trie;
     size_t bytes = 0;
@@ -470,7 +470,7 @@ static int build_added_trie(tlz_tokenizer *t)
     return 1;
 }
 
-static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_json,
+static int load_vocab(tl_tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_json,
                       const int16_t cp_to_byte[BYTE_CP_LIMIT], char *err, size_t errlen)
 {
     char q1[64], q2[64];
@@ -480,23 +480,23 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
     for (const cJSON *e = vocab->child; e; e = e->next) {
         int32_t id;
         if (!json_id(e, &id))
-            return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab entry '%s': id must be an integer in [0, %d)",
-                            tlz_quote(e->string, strlen(e->string), q1, sizeof q1), TLZ_MAX_ID);
+            return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab entry '%s': id must be an integer in [0, %d)",
+                            tl_tlz_quote(e->string, strlen(e->string), q1, sizeof q1), TLZ_MAX_ID);
         if (e->string[0] == '\0')
-            return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab has an empty token string (id %d)", (int)id);
+            return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab has an empty token string (id %d)", (int)id);
         if (id > max_id) max_id = id;
         n_vocab++;
     }
-    if (n_vocab == 0) return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab is empty");
+    if (n_vocab == 0) return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab is empty");
     if (added_json) {
         int i = 0;
         for (const cJSON *e = added_json->child; e; e = e->next, i++) {
             int32_t id;
             const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
             if (!json_id(cJSON_GetObjectItemCaseSensitive(e, "id"), &id))
-                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"id\" must be an integer in [0, %d)", i, TLZ_MAX_ID);
+                return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"id\" must be an integer in [0, %d)", i, TLZ_MAX_ID);
             if (!cJSON_IsString(content) || content->valuestring[0] == '\0')
-                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"content\" must be a non-empty string", i);
+                return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens[%d]: \"content\" must be a non-empty string", i);
             if (id > max_id) max_id = id;
         }
     }
@@ -512,7 +512,7 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
     char *tmp = NULL;
     size_t tmp_cap = 0;
     if (!t->flags || !t->raw_off || !t->raw_len || !t->str_off || !t->str_len || !t->vocab_slots)
-        return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab");
+        return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab");
     memset(t->vocab_slots, 0xff, vcap * sizeof *t->vocab_slots);
     t->vocab_mask = vcap - 1;
 
@@ -522,20 +522,20 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
         size_t len = strlen(e->string);
         if (t->flags[id] & TOKF_VOCAB) {
             free(tmp);
-            return tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab: id %d is used by both '%s' and '%s'", (int)id,
-                            tlz_quote(t->str.p + t->str_off[id], t->str_len[id], q1, sizeof q1),
-                            tlz_quote(e->string, len, q2, sizeof q2));
+            return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab: id %d is used by both '%s' and '%s'", (int)id,
+                            tl_tlz_quote(t->str.p + t->str_off[id], t->str_len[id], q1, sizeof q1),
+                            tl_tlz_quote(e->string, len, q2, sizeof q2));
         }
         if (len > tmp_cap) {
             char *nt = realloc(tmp, len * 2);
-            if (!nt) { free(tmp); return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab"); }
+            if (!nt) { free(tmp); return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab"); }
             tmp = nt;
             tmp_cap = len * 2;
         }
         size_t rlen = spelling_to_raw(e->string, len, cp_to_byte, tmp);
         if (!buf_put(&t->str, e->string, len, &t->str_off[id]) || !buf_put(&t->raw, tmp, rlen, &t->raw_off[id])) {
             free(tmp);
-            return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab");
+            return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the vocab");
         }
         t->str_len[id] = (uint32_t)len;
         t->raw_len[id] = (uint32_t)rlen;
@@ -551,23 +551,23 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
     if (added_json) {
         size_t na = (size_t)cJSON_GetArraySize(added_json);
         t->added = calloc(na ? na : 1, sizeof *t->added);
-        if (!t->added) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
+        if (!t->added) return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
         for (const cJSON *e = added_json->child; e; e = e->next) {
             int32_t id = (int32_t)cJSON_GetObjectItemCaseSensitive(e, "id")->valuedouble;
             const char *s = cJSON_GetObjectItemCaseSensitive(e, "content")->valuestring;
             int special, lstrip, rstrip, single_word;
             if (!json_bool(e, "special", 0, &special))
-                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"special\" of '%s' must be a boolean",
-                                tlz_quote(s, strlen(s), q1, sizeof q1));
+                return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"special\" of '%s' must be a boolean",
+                                tl_tlz_quote(s, strlen(s), q1, sizeof q1));
             if (!json_bool(e, "lstrip", 0, &lstrip) || !json_bool(e, "rstrip", 0, &rstrip) ||
                 !json_bool(e, "single_word", 0, &single_word))
-                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"lstrip\", \"rstrip\" and \"single_word\" of '%s' "
-                                "must be booleans", tlz_quote(s, strlen(s), q1, sizeof q1));
+                return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"lstrip\", \"rstrip\" and \"single_word\" of '%s' "
+                                "must be booleans", tl_tlz_quote(s, strlen(s), q1, sizeof q1));
             /* (HF matches such a token only between non-word characters; not implemented:
                refused, not ignored, which would give other ids) */
             if (single_word)
-                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"single_word\": true (of '%s') is not supported",
-                                tlz_quote(s, strlen(s), q1, sizeof q1));
+                return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"single_word\": true (of '%s') is not supported",
+                                tl_tlz_quote(s, strlen(s), q1, sizeof q1));
             size_t len = strlen(s);
             /* One id, one token: an added token names a vocabulary entry only as itself (GPT-2's
                <|endoftext|> is both). HF gives an added token its content's id, whatever the
@@ -575,18 +575,18 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
                the added text (or two added texts as one id): refused, not guessed. */
             const int32_t in_vocab = vocab_find(t, s, len);
             if (in_vocab >= 0 && in_vocab != id)
-                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: '%s' has id %d, but the vocabulary has it as id %d",
-                                tlz_quote(s, len, q1, sizeof q1), (int)id, (int)in_vocab);
+                return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: '%s' has id %d, but the vocabulary has it as id %d",
+                                tl_tlz_quote(s, len, q1, sizeof q1), (int)id, (int)in_vocab);
             if ((t->flags[id] & TOKF_VOCAB) && in_vocab != id)
-                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: '%s' has id %d, which is the vocabulary's '%s'",
-                                tlz_quote(s, len, q1, sizeof q1), (int)id,
-                                tlz_quote(t->str.p + t->str_off[id], t->str_len[id], q2, sizeof q2));
+                return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: '%s' has id %d, which is the vocabulary's '%s'",
+                                tl_tlz_quote(s, len, q1, sizeof q1), (int)id,
+                                tl_tlz_quote(t->str.p + t->str_off[id], t->str_len[id], q2, sizeof q2));
             if (t->flags[id] & TOKF_ADDED)
-                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: '%s' has id %d, which another added token has",
-                                tlz_quote(s, len, q1, sizeof q1), (int)id);
+                return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: '%s' has id %d, which another added token has",
+                                tl_tlz_quote(s, len, q1, sizeof q1), (int)id);
             added_token *a = &t->added[t->n_added++];
             a->text = malloc(len + 1);
-            if (!a->text) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
+            if (!a->text) return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
             memcpy(a->text, s, len + 1);
             a->len = len;
             a->id = id;
@@ -594,17 +594,17 @@ static int load_vocab(tlz_tokenizer *t, const cJSON *vocab, const cJSON *added_j
             a->rstrip = rstrip;
             int normalized;
             if (!json_bool(e, "normalized", !special, &normalized))
-                return tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"normalized\" of '%s' must be a boolean",
-                                tlz_quote(s, strlen(s), q1, sizeof q1));
+                return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens: \"normalized\" of '%s' must be a boolean",
+                                tl_tlz_quote(s, strlen(s), q1, sizeof q1));
             a->normalized = normalized;
             if (!buf_put(&t->raw, s, len, &t->raw_off[id]))
-                return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
+                return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
             t->raw_len[id] = (uint32_t)len;
             t->flags[id] |= TOKF_USED | TOKF_ADDED | (special ? TOKF_SPECIAL : 0);
             t->added_first[(unsigned char)s[0]] = 1;
         }
         qsort(t->added, t->n_added, sizeof *t->added, added_cmp);
-        if (!build_added_trie(t)) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
+        if (!build_added_trie(t)) return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading added_tokens");
     }
     return TLZ_OK;
 }
@@ -635,13 +635,13 @@ static int merge_parts(const cJSON *m, const char **a, size_t *na, const char **
     return 0;
 }
 
-static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t errlen)
+static int load_merges(tl_tlz_tokenizer *t, const cJSON *merges, char *err, size_t errlen)
 {
     char q1[64], q2[64];
     size_t count = (size_t)cJSON_GetArraySize(merges);
     uint32_t cap = table_size(count);
     t->merge_slots = malloc(cap * sizeof *t->merge_slots);
-    if (!t->merge_slots) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading merges");
+    if (!t->merge_slots) return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading merges");
     for (uint32_t i = 0; i < cap; i++) t->merge_slots[i].rank = -1;
     t->merge_mask = cap - 1;
 
@@ -653,9 +653,9 @@ static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t 
         size_t na, nb;
         if (!merge_parts(m, &a, &na, &b, &nb)) {
             char *txt = cJSON_PrintUnformatted(m);
-            tlz_fail(err, errlen, TLZ_EFORMAT,
+            tl_tlz_fail(err, errlen, TLZ_EFORMAT,
                      "model.merges[%d] is malformed: %s (expected \"left right\" or [\"left\", \"right\"])",
-                     (int)rank, txt ? tlz_quote(txt, strlen(txt), q1, sizeof q1) : "?");
+                     (int)rank, txt ? tl_tlz_quote(txt, strlen(txt), q1, sizeof q1) : "?");
             cJSON_free(txt);
             free(cat);
             return TLZ_EFORMAT;
@@ -663,12 +663,12 @@ static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t 
         int32_t ia = vocab_find(t, a, na), ib = vocab_find(t, b, nb);
         if (ia < 0 || ib < 0) {
             free(cat);
-            return tlz_fail(err, errlen, TLZ_EFORMAT, "model.merges[%d]: token '%s' is not in the vocab", (int)rank,
-                            ia < 0 ? tlz_quote(a, na, q1, sizeof q1) : tlz_quote(b, nb, q1, sizeof q1));
+            return tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.merges[%d]: token '%s' is not in the vocab", (int)rank,
+                            ia < 0 ? tl_tlz_quote(a, na, q1, sizeof q1) : tl_tlz_quote(b, nb, q1, sizeof q1));
         }
         if (na + nb > cat_cap) {
             char *nc = realloc(cat, 2 * (na + nb));
-            if (!nc) { free(cat); return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading merges"); }
+            if (!nc) { free(cat); return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading merges"); }
             cat = nc;
             cat_cap = 2 * (na + nb);
         }
@@ -676,8 +676,8 @@ static int load_merges(tlz_tokenizer *t, const cJSON *merges, char *err, size_t 
         memcpy(cat + na, b, nb);
         int32_t merged = vocab_find(t, cat, na + nb);
         if (merged < 0) {
-            tlz_fail(err, errlen, TLZ_EFORMAT, "model.merges[%d] ('%s' + '%s'): merged token is not in the vocab",
-                     (int)rank, tlz_quote(a, na, q1, sizeof q1), tlz_quote(b, nb, q2, sizeof q2));
+            tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.merges[%d] ('%s' + '%s'): merged token is not in the vocab",
+                     (int)rank, tl_tlz_quote(a, na, q1, sizeof q1), tl_tlz_quote(b, nb, q2, sizeof q2));
             free(cat);
             return TLZ_EFORMAT;
         }
@@ -706,38 +706,38 @@ static long nul_escape_at(const char *json, size_t len)
     return -1;
 }
 
-int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, char *err, size_t errlen)
+int tl_tlz_tokenizer_load_json(const char *json, size_t len, tl_tlz_tokenizer **out, char *err, size_t errlen)
 {
     if (out) *out = NULL;
-    if (!json || !out) return tlz_fail(err, errlen, TLZ_EINVAL, "tlz_tokenizer_load_json: NULL argument");
+    if (!json || !out) return tl_tlz_fail(err, errlen, TLZ_EINVAL, "tl_tlz_tokenizer_load_json: NULL argument");
 
     cJSON *root = NULL;
-    tlz_tokenizer *t = calloc(1, sizeof *t);
-    if (!t) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the tokenizer");
+    tl_tlz_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory loading the tokenizer");
     static atomic_uint_fast64_t serials;
     t->serial = atomic_fetch_add(&serials, 1) + 1;
     int rc;
     char why[200];
     const long nul = nul_escape_at(json, len);
     if (nul >= 0) {
-        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "tokenizer.json: a string holds U+0000 (\\u0000 at byte %ld), which no "
+        rc = tl_tlz_fail(err, errlen, TLZ_EFORMAT, "tokenizer.json: a string holds U+0000 (\\u0000 at byte %ld), which no "
                       "token may (C strings end at it)", nul);
         goto done;
     }
     const int read = tl_json_read_strict(json, len, &root, why, sizeof why);
     if (read != 0) {
-        rc = tlz_fail(err, errlen, read == -2 ? TLZ_ENOMEM : TLZ_EFORMAT, "tokenizer.json: %s", why);
+        rc = tl_tlz_fail(err, errlen, read == -2 ? TLZ_ENOMEM : TLZ_EFORMAT, "tokenizer.json: %s", why);
         goto done;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!cJSON_IsObject(model)) {
-        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "tokenizer.json has no \"model\" object");
+        rc = tl_tlz_fail(err, errlen, TLZ_EFORMAT, "tokenizer.json has no \"model\" object");
         goto done;
     }
     /* Old files omit "type"; HF then infers BPE from vocab + merges. */
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
     if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "BPE") == 0)) {
-        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "model type '%s' is not supported (only BPE)",
+        rc = tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model type '%s' is not supported (only BPE)",
                       cJSON_IsString(type) ? type->valuestring : "(not a string)");
         goto done;
     }
@@ -745,21 +745,21 @@ int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, c
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     if (!cJSON_IsObject(vocab)) {
-        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab is missing or not an object");
+        rc = tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.vocab is missing or not an object");
         goto done;
     }
     if (!cJSON_IsArray(merges)) {
-        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "model.merges is missing or not an array");
+        rc = tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.merges is missing or not an array");
         goto done;
     }
     if (added && cJSON_IsNull(added)) added = NULL;
     if (added && !cJSON_IsArray(added)) {
-        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens must be an array");
+        rc = tl_tlz_fail(err, errlen, TLZ_EFORMAT, "added_tokens must be an array");
         goto done;
     }
     if ((rc = check_model_options(model, err, errlen)) || (rc = check_normalizer(root, err, errlen)) ||
         (rc = check_decoder(root, err, errlen)) ||
-        (rc = tlz_pretok_parse(root, &t->pre, err, errlen)))
+        (rc = tl_tlz_pretok_parse(root, &t->pre, err, errlen)))
         goto done;
 
     uint32_t byte_to_cp[256];
@@ -776,17 +776,17 @@ int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, c
     t->unk_id = -1;
     int fuse_unk;
     if (!json_bool(model, "fuse_unk", 0, &fuse_unk)) {
-        rc = tlz_fail(err, errlen, TLZ_EFORMAT, "model.fuse_unk must be a boolean");
+        rc = tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.fuse_unk must be a boolean");
         goto done;
     }
     t->fuse_unk = fuse_unk;
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
     if (cJSON_IsString(unk)) {
-        t->unk_id = tlz_token_id(t, unk->valuestring);
+        t->unk_id = tl_tlz_token_id(t, unk->valuestring);
         if (t->unk_id < 0) {
             char q[64];
-            rc = tlz_fail(err, errlen, TLZ_EFORMAT, "model.unk_token '%s' is not in the vocab",
-                          tlz_quote(unk->valuestring, strlen(unk->valuestring), q, sizeof q));
+            rc = tl_tlz_fail(err, errlen, TLZ_EFORMAT, "model.unk_token '%s' is not in the vocab",
+                          tl_tlz_quote(unk->valuestring, strlen(unk->valuestring), q, sizeof q));
             goto done;
         }
     }
@@ -795,11 +795,11 @@ int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out, c
     rc = TLZ_OK;
 done:
     cJSON_Delete(root);
-    tlz_tokenizer_free(t); /* NULL on success; else partly built */
+    tl_tlz_tokenizer_free(t); /* NULL on success; else partly built */
     return rc;
 }
 
-void tlz_tokenizer_free(tlz_tokenizer *t)
+void tl_tlz_tokenizer_free(tl_tlz_tokenizer *t)
 {
     if (!t) return;
     free(t->flags);
@@ -816,15 +816,15 @@ void tlz_tokenizer_free(tlz_tokenizer *t)
     free(t->trie.keys);
     free(t->trie.child);
     free(t->trie.token);
-    tlz_pretok_free(t->pre);
+    tl_tlz_pretok_free(t->pre);
     free(t);
 }
 
 /* --------------------------------------------------------------- queries */
 
-int32_t tlz_vocab_size(const tlz_tokenizer *t) { return t ? t->n_ids : 0; }
+int32_t tl_tlz_vocab_size(const tl_tlz_tokenizer *t) { return t ? t->n_ids : 0; }
 
-int32_t tlz_token_id(const tlz_tokenizer *t, const char *s)
+int32_t tl_tlz_token_id(const tl_tlz_tokenizer *t, const char *s)
 {
     if (!t || !s) return -1;
     size_t n = strlen(s);
@@ -836,12 +836,12 @@ int32_t tlz_token_id(const tlz_tokenizer *t, const char *s)
     return vocab_find(t, s, n);
 }
 
-int tlz_is_special(const tlz_tokenizer *t, int32_t id)
+int tl_tlz_is_special(const tl_tlz_tokenizer *t, int32_t id)
 {
     return t && id >= 0 && id < t->n_ids && (t->flags[id] & TOKF_SPECIAL);
 }
 
-int tlz_token_bytes(const tlz_tokenizer *t, int32_t id, const char **bytes, size_t *len)
+int tl_tlz_token_bytes(const tl_tlz_tokenizer *t, int32_t id, const char **bytes, size_t *len)
 {
     if (!t || !bytes || !len) return TLZ_EINVAL;
     if (id < 0 || id >= t->n_ids || !(t->flags[id] & TOKF_USED)) return TLZ_EID;
@@ -859,13 +859,13 @@ typedef struct {
 /* Per-call scratch: a tokenizer is shared between threads, so nothing that
    an encode writes may live in it. */
 typedef struct {
-    const tlz_tokenizer *t;
+    const tl_tlz_tokenizer *t;
     int32_t *ids;
     size_t n, cap;
     int32_t *sym, *prev, *next; /* BPE symbols of the current word, a linked list */
     heap_item *heap;
     size_t sym_cap, heap_cap, heap_n;
-    tlz_pretok_scratch *pre;
+    tl_tlz_pretok_scratch *pre;
     char *err;
     size_t errlen;
 } enc_ctx;
@@ -885,7 +885,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
 static int emit(enc_ctx *e, int32_t id)
 {
     if (e->n == e->cap && !grow((void **)&e->ids, &e->cap, e->n + 1, sizeof *e->ids))
-        return tlz_fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
+        return tl_tlz_fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
     e->ids[e->n++] = id;
     return TLZ_OK;
 }
@@ -900,7 +900,7 @@ static int heap_push(enc_ctx *e, heap_item it)
     /* Grown on demand: most byte pairs of real text have no merge, and the
        peak is at most 2n (each merge pops one entry and pushes two). */
     if (e->heap_n == e->heap_cap && !grow((void **)&e->heap, &e->heap_cap, e->heap_n + 1, sizeof *e->heap))
-        return tlz_fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
+        return tl_tlz_fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
     size_t i = e->heap_n++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
@@ -940,7 +940,7 @@ static int byte_token(enc_ctx *e, unsigned char b, int32_t *id)
 {
     *id = e->t->byte_id[b] >= 0 ? e->t->byte_id[b] : e->t->unk_id;
     if (*id < 0)
-        return tlz_fail(e->err, e->errlen, TLZ_EENCODE,
+        return tl_tlz_fail(e->err, e->errlen, TLZ_EENCODE,
                         "cannot encode byte 0x%02x: the vocab has no token for it and no unk_token", b);
     return TLZ_OK;
 }
@@ -957,7 +957,7 @@ static int bpe_word(enc_ctx *e, const unsigned char *w, size_t n)
         if ((rc = byte_token(e, w[0], &id))) return rc;
         return emit(e, id);
     }
-    if (n > INT32_MAX / 2) return tlz_fail(e->err, e->errlen, TLZ_EINVAL, "pre-token too long");
+    if (n > INT32_MAX / 2) return tl_tlz_fail(e->err, e->errlen, TLZ_EINVAL, "pre-token too long");
     if (n > e->sym_cap) {
         /* sym, prev and next always share one capacity. */
         size_t c = e->sym_cap ? e->sym_cap : 64;
@@ -967,7 +967,7 @@ static int bpe_word(enc_ctx *e, const unsigned char *w, size_t n)
         int32_t *b = a ? realloc(e->prev, c * sizeof *b) : NULL;
         if (b) e->prev = b;
         int32_t *d = b ? realloc(e->next, c * sizeof *d) : NULL;
-        if (!d) return tlz_fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
+        if (!d) return tl_tlz_fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
         e->next = d;
         e->sym_cap = c;
     }
@@ -1016,10 +1016,10 @@ static int encode_plain(enc_ctx *e, const char *s, size_t n)
 {
     int rc;
     char *prefixed = NULL;
-    if (tlz_pretok_prefix_stretch(e->t->pre) && n > 0 && s[0] != ' ') {
+    if (tl_tlz_pretok_prefix_stretch(e->t->pre) && n > 0 && s[0] != ' ') {
         /* HF's lone ByteLevel adds the space to every stretch it sees. */
         prefixed = malloc(n + 1);
-        if (!prefixed) return tlz_fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
+        if (!prefixed) return tl_tlz_fail(e->err, e->errlen, TLZ_ENOMEM, "out of memory encoding");
         prefixed[0] = ' ';
         memcpy(prefixed + 1, s, n);
         s = prefixed;
@@ -1029,11 +1029,11 @@ static int encode_plain(enc_ctx *e, const char *s, size_t n)
     for (size_t i = 0; i < n && !rc;) {
         size_t j = i;
         while (j < n) {
-            int k = tlz_utf8_seq((const unsigned char *)s + j, n - j);
+            int k = tl_tlz_utf8_seq((const unsigned char *)s + j, n - j);
             if (k <= 0) break;
             j += (size_t)k;
         }
-        if (j > i) rc = tlz_pretok_run(e->t->pre, e->pre, s + i, j - i, bpe_piece, e, e->err, e->errlen);
+        if (j > i) rc = tl_tlz_pretok_run(e->t->pre, e->pre, s + i, j - i, bpe_piece, e, e->err, e->errlen);
         if (!rc && j < n) rc = bpe_word(e, (const unsigned char *)s + j, 1), j++;
         i = j;
     }
@@ -1045,7 +1045,7 @@ static int encode_plain(enc_ctx *e, const char *s, size_t n)
    char::is_whitespace, which HF's lstrip and rstrip trim), else 0. */
 static int whitespace_at(const unsigned char *s, size_t n)
 {
-    const int k = tlz_utf8_seq(s, n);
+    const int k = tl_tlz_utf8_seq(s, n);
     if (k <= 0) return 0;
     const uint32_t c = utf8_get(s, k);
     const bool ws = (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
@@ -1066,7 +1066,7 @@ static int whitespace_before(const unsigned char *s, size_t n)
    included: where specials are read as text, the caller leaves a special's span as text, as
    HF's split_special_tokens does (it matches over all added tokens, then drops a special
    match; a shorter token inside its span was taken: "<a>" of "<a>b"). */
-static const added_token *match_added(const tlz_tokenizer *t, const char *s, size_t n, bool normalized)
+static const added_token *match_added(const tl_tlz_tokenizer *t, const char *s, size_t n, bool normalized)
 {
     const added_token *longest = NULL;
     int32_t node = 0;
@@ -1085,7 +1085,7 @@ static const added_token *match_added(const tlz_tokenizer *t, const char *s, siz
    what is left (pass `normalized`), the rest encoded by the pre-tokenizer and BPE. */
 static int split_added(enc_ctx *e, const char *text, size_t len, int skip_special, bool normalized)
 {
-    const tlz_tokenizer *t = e->t;
+    const tl_tlz_tokenizer *t = e->t;
     int rc = TLZ_OK;
     size_t start = 0;
     for (size_t i = 0; i < len && !rc && t->n_added > 0; i++) {
@@ -1114,17 +1114,17 @@ static int split_added(enc_ctx *e, const char *text, size_t len, int skip_specia
     return rc;
 }
 
-int tlz_encode_ex(const tlz_tokenizer *t, const char *text, size_t len, unsigned flags,
+int tl_tlz_encode_ex(const tl_tlz_tokenizer *t, const char *text, size_t len, unsigned flags,
                   int32_t **ids, size_t *n, char *err, size_t errlen)
 {
     if (ids) *ids = NULL;
     if (n) *n = 0;
     if (!t || !ids || !n || (!text && len))
-        return tlz_fail(err, errlen, TLZ_EINVAL, "tlz_encode: NULL argument");
+        return tl_tlz_fail(err, errlen, TLZ_EINVAL, "tl_tlz_encode: NULL argument");
     enc_ctx e = {.t = t, .err = err, .errlen = errlen};
     int rc = TLZ_OK;
-    if (!(e.pre = tlz_pretok_scratch_new(t->pre)))
-        return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory encoding");
+    if (!(e.pre = tl_tlz_pretok_scratch_new(t->pre)))
+        return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory encoding");
 
     rc = split_added(&e, text, len, (flags & TLZ_ENCODE_NO_SPECIAL) != 0, false);
 
@@ -1132,7 +1132,7 @@ int tlz_encode_ex(const tlz_tokenizer *t, const char *text, size_t len, unsigned
     free(e.prev);
     free(e.next);
     free(e.heap);
-    tlz_pretok_scratch_free(e.pre);
+    tl_tlz_pretok_scratch_free(e.pre);
     if (rc) {
         free(e.ids);
         return rc;
@@ -1142,30 +1142,30 @@ int tlz_encode_ex(const tlz_tokenizer *t, const char *text, size_t len, unsigned
     return TLZ_OK;
 }
 
-int tlz_encode(const tlz_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n,
+int tl_tlz_encode(const tl_tlz_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n,
                char *err, size_t errlen)
 {
-    return tlz_encode_ex(t, text, len, 0, ids, n, err, errlen);
+    return tl_tlz_encode_ex(t, text, len, 0, ids, n, err, errlen);
 }
 
 /* ---------------------------------------------------------------- decode */
 
-int tlz_decode(const tlz_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len,
+int tl_tlz_decode(const tl_tlz_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len,
                char *err, size_t errlen)
 {
     if (text) *text = NULL;
     if (len) *len = 0;
-    if (!t || !text || !len || (!ids && n)) return tlz_fail(err, errlen, TLZ_EINVAL, "tlz_decode: NULL argument");
+    if (!t || !text || !len || (!ids && n)) return tl_tlz_fail(err, errlen, TLZ_EINVAL, "tl_tlz_decode: NULL argument");
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         int32_t id = ids[i];
         if (id < 0 || id >= t->n_ids || !(t->flags[id] & TOKF_USED))
-            return tlz_fail(err, errlen, TLZ_EID, "cannot decode token id %ld at position %zu: not in the vocab (size %ld)",
+            return tl_tlz_fail(err, errlen, TLZ_EID, "cannot decode token id %ld at position %zu: not in the vocab (size %ld)",
                             (long)id, i, (long)t->n_ids);
         total += t->raw_len[id];
     }
     char *out = malloc(total + 1);
-    if (!out) return tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory decoding");
+    if (!out) return tl_tlz_fail(err, errlen, TLZ_ENOMEM, "out of memory decoding");
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         memcpy(out + o, t->raw.p + t->raw_off[ids[i]], t->raw_len[ids[i]]);

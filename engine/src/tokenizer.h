@@ -9,7 +9,7 @@
  *   Nothing here aborts, exits or asserts: a bad tokenizer.json or a bad id is
  *   an ordinary error an embedded server must survive.
  * - A loaded tokenizer is immutable: any number of threads may encode and
- *   decode with it concurrently. A tlz_stream belongs to one thread at a time.
+ *   decode with it concurrently. A tl_tlz_stream belongs to one thread at a time.
  * - Text is bytes, not strings: encode accepts any byte sequence (NUL and
  *   invalid UTF-8 included) and decode returns raw bytes, so that
  *   decode(encode(x)) == x for every x when the vocabulary covers all 256
@@ -33,8 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct tlz_tokenizer tlz_tokenizer;
-typedef struct tlz_stream tlz_stream;
+typedef struct tl_tlz_tokenizer tl_tlz_tokenizer;
+typedef struct tl_tlz_stream tl_tlz_stream;
 
 enum {
     TLZ_OK = 0,
@@ -46,7 +46,7 @@ enum {
     TLZ_EENCODE = 6     /* a byte of the input has no token and there is no unk_token */
 };
 
-/* Flags for tlz_encode_ex. */
+/* Flags for tl_tlz_encode_ex. */
 enum {
     /* Treat special token text (e.g. "<|endoftext|>") as plain text; added tokens that are
        not special are still recognised (HF's split_special_tokens, llama.cpp's
@@ -55,40 +55,40 @@ enum {
 };
 
 /* Loads a tokenizer.json. On failure *out is NULL. */
-int tlz_tokenizer_load(const char *path, tlz_tokenizer **out, char *err, size_t errlen);
+int tl_tlz_tokenizer_load(const char *path, tl_tlz_tokenizer **out, char *err, size_t errlen);
 /* Same, from a JSON document in memory (json need not be NUL-terminated). */
-int tlz_tokenizer_load_json(const char *json, size_t len, tlz_tokenizer **out,
+int tl_tlz_tokenizer_load_json(const char *json, size_t len, tl_tlz_tokenizer **out,
                             char *err, size_t errlen);
-void tlz_tokenizer_free(tlz_tokenizer *tok); /* NULL is a no-op */
+void tl_tlz_tokenizer_free(tl_tlz_tokenizer *tok); /* NULL is a no-op */
 
 /* Number of ids: 1 + the largest id in the vocab or added tokens. Ids inside
    [0, vocab_size) that no token uses are invalid for decode. */
-int32_t tlz_vocab_size(const tlz_tokenizer *tok);
+int32_t tl_tlz_vocab_size(const tl_tlz_tokenizer *tok);
 
 /* Id of a token given its tokenizer.json string: added tokens first (e.g.
    "<|endoftext|>"), then model vocab entries in their byte-level spelling
    ("Ġthe"). -1 if absent. */
-int32_t tlz_token_id(const tlz_tokenizer *tok, const char *str);
+int32_t tl_tlz_token_id(const tl_tlz_tokenizer *tok, const char *str);
 /* A number this loaded tokenizer alone has in the process (never reused after it is freed):
    a key for what is derived from its contents once, as grammars' vocabulary fingerprints. */
-uint64_t tlz_serial(const tlz_tokenizer *tok);
+uint64_t tl_tlz_serial(const tl_tlz_tokenizer *tok);
 /* 1 if id is an added token marked "special": true, else 0. */
-int tlz_is_special(const tlz_tokenizer *tok, int32_t id);
+int tl_tlz_is_special(const tl_tlz_tokenizer *tok, int32_t id);
 /* Raw bytes of one token (byte-level alphabet decoded), not NUL-terminated;
    the pointer lives as long as the tokenizer. */
-int tlz_token_bytes(const tlz_tokenizer *tok, int32_t id, const char **bytes, size_t *len);
+int tl_tlz_token_bytes(const tl_tlz_tokenizer *tok, int32_t id, const char **bytes, size_t *len);
 
 /* Encodes text[0..len). *ids is malloc'ed (free() it; it may be NULL when
    *n == 0). Added tokens are matched literally (leftmost-longest) before
    pre-tokenisation. */
-int tlz_encode(const tlz_tokenizer *tok, const char *text, size_t len,
+int tl_tlz_encode(const tl_tlz_tokenizer *tok, const char *text, size_t len,
                int32_t **ids, size_t *n, char *err, size_t errlen);
-int tlz_encode_ex(const tlz_tokenizer *tok, const char *text, size_t len, unsigned flags,
+int tl_tlz_encode_ex(const tl_tlz_tokenizer *tok, const char *text, size_t len, unsigned flags,
                   int32_t **ids, size_t *n, char *err, size_t errlen);
 
 /* Concatenated raw bytes of the tokens. *text is malloc'ed (free() it) and
    NUL-terminated for convenience; *len excludes the terminator. */
-int tlz_decode(const tlz_tokenizer *tok, const int32_t *ids, size_t n,
+int tl_tlz_decode(const tl_tlz_tokenizer *tok, const int32_t *ids, size_t n,
                char **text, size_t *len, char *err, size_t errlen);
 
 /* Streaming detokenizer: feed ids one at a time, get back the bytes that are
@@ -97,36 +97,36 @@ int tlz_decode(const tlz_tokenizer *tok, const int32_t *ids, size_t n,
    Bytes that can never become valid UTF-8 are passed through as they are, as
    soon as that is certain. The returned pointer is valid until the next call
    on the same stream. */
-int tlz_stream_new(const tlz_tokenizer *tok, tlz_stream **out, char *err, size_t errlen);
-int tlz_stream_push(tlz_stream *s, int32_t id, const char **out, size_t *len,
+int tl_tlz_stream_new(const tl_tlz_tokenizer *tok, tl_tlz_stream **out, char *err, size_t errlen);
+int tl_tlz_stream_push(tl_tlz_stream *s, int32_t id, const char **out, size_t *len,
                     char *err, size_t errlen);
 /* Emits whatever is held back (an unfinished sequence, as raw bytes) and
    leaves the stream empty, ready for reuse. */
-void tlz_stream_flush(tlz_stream *s, const char **out, size_t *len);
-void tlz_stream_reset(tlz_stream *s); /* drops held-back bytes */
-void tlz_stream_free(tlz_stream *s);  /* NULL is a no-op */
+void tl_tlz_stream_flush(tl_tlz_stream *s, const char **out, size_t *len);
+void tl_tlz_stream_reset(tl_tlz_stream *s); /* drops held-back bytes */
+void tl_tlz_stream_free(tl_tlz_stream *s);  /* NULL is a no-op */
 
 /* UTF-8 helper shared by the encoder and the stream: classifies the sequence
    starting at p[0] (n >= 1 bytes available). Returns its length (1..4) when
    complete and valid (strict: no overlongs, surrogates or > U+10FFFF), 0 when
    p[0..n) is a valid but unfinished prefix, -1 when p[0] starts no valid
    sequence. */
-int tlz_utf8_seq(const unsigned char *p, size_t n);
-/* The code point of the len-byte sequence at p that tlz_utf8_seq accepted. */
-uint32_t tlz_utf8_value(const unsigned char *p, int len);
+int tl_tlz_utf8_seq(const unsigned char *p, size_t n);
+/* The code point of the len-byte sequence at p that tl_tlz_utf8_seq accepted. */
+uint32_t tl_tlz_utf8_value(const unsigned char *p, int len);
 
 /* The one UTF-8 hold-back rule (the stream and tl_session_text): how many bytes at the end of
    p[0..n) form a valid but unfinished sequence, which a later byte may complete (0..3).
    Invalid bytes are never held: no later byte can make them valid. */
-size_t tlz_utf8_unfinished_tail(const unsigned char *p, size_t n);
+size_t tl_tlz_utf8_unfinished_tail(const unsigned char *p, size_t n);
 
 /* The module's one error rule (tokenizer.c, pretokenizer.c): writes the message to
    err[0..errlen) when err is not NULL and returns code. */
-int tlz_fail(char *err, size_t errlen, int code, const char *fmt, ...);
+int tl_tlz_fail(char *err, size_t errlen, int code, const char *fmt, ...);
 /* s[0..n) for a message: control bytes, ' and backslashes escaped as \xNN, cut with "..."
    to fit cap. Returns buf. */
-const char *tlz_quote(const char *s, size_t n, char *buf, size_t cap);
-/* tlz_quote for text a message puts between `quote` characters (tlz_quote's: '). */
-const char *tlz_quote_in(const char *s, size_t n, char quote, char *buf, size_t cap);
+const char *tl_tlz_quote(const char *s, size_t n, char *buf, size_t cap);
+/* tl_tlz_quote for text a message puts between `quote` characters (tl_tlz_quote's: '). */
+const char *tl_tlz_quote_in(const char *s, size_t n, char quote, char *buf, size_t cap);
 
 #endif

@@ -9,22 +9,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct tlz_stream {
-    const tlz_tokenizer *tok;
+struct tl_tlz_stream {
+    const tl_tlz_tokenizer *tok;
     unsigned char held[4]; /* unfinished code point: at most 3 bytes */
     size_t n_held;
     char *out;             /* what the last call returned */
     size_t cap;
 };
 
-int tlz_stream_new(const tlz_tokenizer *tok, tlz_stream **out, char *err, size_t errlen)
+int tl_tlz_stream_new(const tl_tlz_tokenizer *tok, tl_tlz_stream **out, char *err, size_t errlen)
 {
     if (out) *out = NULL;
     if (!tok || !out) {
-        if (err && errlen) snprintf(err, errlen, "tlz_stream_new: NULL argument");
+        if (err && errlen) snprintf(err, errlen, "tl_tlz_stream_new: NULL argument");
         return TLZ_EINVAL;
     }
-    tlz_stream *s = calloc(1, sizeof *s);
+    tl_tlz_stream *s = calloc(1, sizeof *s);
     if (!s) {
         if (err && errlen) snprintf(err, errlen, "out of memory creating a detokenizer stream");
         return TLZ_ENOMEM;
@@ -34,20 +34,20 @@ int tlz_stream_new(const tlz_tokenizer *tok, tlz_stream **out, char *err, size_t
     return TLZ_OK;
 }
 
-int tlz_stream_push(tlz_stream *s, int32_t id, const char **out, size_t *len, char *err, size_t errlen)
+int tl_tlz_stream_push(tl_tlz_stream *s, int32_t id, const char **out, size_t *len, char *err, size_t errlen)
 {
     if (out) *out = NULL;
     if (len) *len = 0;
     if (!s || !out || !len) {
-        if (err && errlen) snprintf(err, errlen, "tlz_stream_push: NULL argument");
+        if (err && errlen) snprintf(err, errlen, "tl_tlz_stream_push: NULL argument");
         return TLZ_EINVAL;
     }
     const char *bytes;
     size_t n;
-    if (tlz_token_bytes(s->tok, id, &bytes, &n) != TLZ_OK) {
+    if (tl_tlz_token_bytes(s->tok, id, &bytes, &n) != TLZ_OK) {
         if (err && errlen)
             snprintf(err, errlen, "cannot decode token id %ld: not in the vocab (size %ld)", (long)id,
-                     (long)tlz_vocab_size(s->tok));
+                     (long)tl_tlz_vocab_size(s->tok));
         return TLZ_EID;
     }
     size_t total = s->n_held + n;
@@ -64,7 +64,7 @@ int tlz_stream_push(tlz_stream *s, int32_t id, const char **out, size_t *len, ch
     }
     memcpy(s->out, s->held, s->n_held);
     memcpy(s->out + s->n_held, bytes, n);
-    size_t ready = total - tlz_utf8_unfinished_tail((const unsigned char *)s->out, total);
+    size_t ready = total - tl_tlz_utf8_unfinished_tail((const unsigned char *)s->out, total);
     s->n_held = total - ready; /* <= 3: an unfinished sequence */
     memcpy(s->held, s->out + ready, s->n_held);
     s->out[ready] = '\0';
@@ -73,7 +73,7 @@ int tlz_stream_push(tlz_stream *s, int32_t id, const char **out, size_t *len, ch
     return TLZ_OK;
 }
 
-void tlz_stream_flush(tlz_stream *s, const char **out, size_t *len)
+void tl_tlz_stream_flush(tl_tlz_stream *s, const char **out, size_t *len)
 {
     static const char empty[1] = "";
     if (out) *out = empty;
@@ -86,12 +86,12 @@ void tlz_stream_flush(tlz_stream *s, const char **out, size_t *len)
     s->n_held = 0;
 }
 
-void tlz_stream_reset(tlz_stream *s)
+void tl_tlz_stream_reset(tl_tlz_stream *s)
 {
     if (s) s->n_held = 0;
 }
 
-void tlz_stream_free(tlz_stream *s)
+void tl_tlz_stream_free(tl_tlz_stream *s)
 {
     if (!s) return;
     free(s->out);

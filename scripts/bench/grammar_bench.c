@@ -165,7 +165,7 @@ static void percentiles(double *t, int n, double *median, double *p99, double *m
     *mean = s / n;
 }
 
-static int run(const tlz_tokenizer *tok, int vocab, int eos, const char *gbnf, bool schema, int n_docs, result *r) {
+static int run(const tl_tlz_tokenizer *tok, int vocab, int eos, const char *gbnf, bool schema, int n_docs, result *r) {
     /* compile time: median of repeated compiles */
     double times[41];
     for (int i = 0; i < 41; i++) {
@@ -184,7 +184,7 @@ static int run(const tlz_tokenizer *tok, int vocab, int eos, const char *gbnf, b
     else tl_grammar_compile_gbnf(gbnf, strlen(gbnf), &g);
     tl_grammar_matcher *mt;
     double t0 = now_us();
-    if (gram_matcher_new(g, tok, vocab, eos, &mt) != TL_OK) { fprintf(stderr, "%s\n", tl_last_error()); return 1; }
+    if (tl_gram_matcher_new(g, tok, vocab, eos, &mt) != TL_OK) { fprintf(stderr, "%s\n", tl_last_error()); return 1; }
     r->bind_ms = (now_us() - t0) / 1000.0;
     uint8_t *mask = malloc((size_t)vocab);
     size_t cap = 1 << 16;
@@ -204,7 +204,7 @@ static int run(const tlz_tokenizer *tok, int vocab, int eos, const char *gbnf, b
         else random_value(&b, rnd(2) ? 0 : 1);
         int32_t *ids;
         size_t n_ids;
-        if (tlz_encode(tok, b.p, b.n, &ids, &n_ids, NULL, 0) != 0) { free(b.p); continue; }
+        if (tl_tlz_encode(tok, b.p, b.n, &ids, &n_ids, NULL, 0) != 0) { free(b.p); continue; }
         for (size_t i = 0; i < n_ids; i++) {
             int count;
             double a = now_us();
@@ -273,7 +273,7 @@ static tl_compiled_grammar *timed_gbnf(const char *text, double *ms) {
     return g;
 }
 
-static void hard_cases(const tlz_tokenizer *gpt2) {
+static void hard_cases(const tl_tlz_tokenizer *gpt2) {
     printf("\nhard cases (exponential, quadratic or unbounded in earlier versions):\n");
     buf b = {0};
     /* oneOf's branch types through 8 levels of anyOf, each of 12 $refs to the next */
@@ -353,7 +353,7 @@ static void hard_cases(const tlz_tokenizer *gpt2) {
             closers[41] = 0;
             add(&b, closers);
             if (tl_grammar_matches(g, b.p, b.n, &match) == TL_OK) matched += match;
-            const size_t bytes = gram_runtime_bytes(&g->tables->rt);
+            const size_t bytes = tl_gram_runtime_bytes(&g->tables->rt);
             if (bytes > peak) peak = bytes;
         }
         printf("  one grammar, 10,000 new 40-deep documents: %d matched in %.1f s, %lld table generations, "
@@ -371,12 +371,12 @@ static void hard_cases(const tlz_tokenizer *gpt2) {
     add(&b, "\n");
     g = timed_gbnf(b.p, &ms);
     tl_grammar_matcher *mt = NULL;
-    if (g && gram_matcher_new(g, gpt2, tlz_vocab_size(gpt2), tlz_token_id(gpt2, "<|endoftext|>"), &mt) == TL_OK) {
-        uint8_t *allowed = malloc((size_t)tlz_vocab_size(gpt2));
+    if (g && tl_gram_matcher_new(g, gpt2, tl_tlz_vocab_size(gpt2), tl_tlz_token_id(gpt2, "<|endoftext|>"), &mt) == TL_OK) {
+        uint8_t *allowed = malloc((size_t)tl_tlz_vocab_size(gpt2));
         t0 = now_us();
         int count = 0;
         for (int k = 0; k < 5 && allowed; k++) {
-            count = gram_matcher_mask_state(mt, gram_matcher_state(mt), allowed);
+            count = tl_gram_matcher_mask_state(mt, tl_gram_matcher_state(mt), allowed);
             tl_grammar_matcher_accept(mt, 100 + k);
         }
         printf("  16,000 negated token references, %zu bytes: a mask of %d tokens in %.2f ms\n", b.n, count,
@@ -409,11 +409,11 @@ int main(int argc, char **argv) {
            "max", "mean", "w.median", "w.p99", "w.max", "argmax_us", "compile_ms", "trie_ms");
     for (int v = 0; v < 2; v++) {
         snprintf(path, sizeof path, "%s/%s", root, vocabs[v][1]);
-        tlz_tokenizer *tok;
+        tl_tlz_tokenizer *tok;
         char err[256];
-        if (tlz_tokenizer_load(path, &tok, err, sizeof err) != 0) { fprintf(stderr, "%s: %s\n", path, err); return 1; }
-        const int vocab = tlz_vocab_size(tok);
-        const int eos = tlz_token_id(tok, "<|endoftext|>");
+        if (tl_tlz_tokenizer_load(path, &tok, err, sizeof err) != 0) { fprintf(stderr, "%s: %s\n", path, err); return 1; }
+        const int vocab = tl_tlz_vocab_size(tok);
+        const int eos = tl_tlz_token_id(tok, "<|endoftext|>");
         for (int s = 0; s < 2; s++) {
             result r = {0};
             if (run(tok, vocab, eos, s ? SCHEMA : json_gbnf, s, s ? 60 : 200, &r)) return 1;
@@ -421,7 +421,7 @@ int main(int argc, char **argv) {
                    s ? "json-schema" : "json.gbnf", r.n, r.median, r.p99, r.max, r.mean, r.warm_median, r.warm_p99, r.warm_max,
                    r.check_median, r.compile_ms, r.bind_ms);
         }
-        tlz_tokenizer_free(tok);
+        tl_tlz_tokenizer_free(tok);
     }
     snprintf(path, sizeof path, "%s/models/tinyloop-austen", root);
     tl_model *m;
@@ -461,11 +461,11 @@ int main(int argc, char **argv) {
         tl_model_free(m);
     }
     snprintf(path, sizeof path, "%s/%s", root, vocabs[0][1]);
-    tlz_tokenizer *gpt2;
+    tl_tlz_tokenizer *gpt2;
     char err[256];
-    if (tlz_tokenizer_load(path, &gpt2, err, sizeof err) == 0) {
+    if (tl_tlz_tokenizer_load(path, &gpt2, err, sizeof err) == 0) {
         hard_cases(gpt2);
-        tlz_tokenizer_free(gpt2);
+        tl_tlz_tokenizer_free(gpt2);
     }
     free(json_gbnf);
     return 0;

@@ -101,9 +101,9 @@ int main(int argc, char **argv) {
     }
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    tlz_tokenizer *tok = NULL;
+    tl_tlz_tokenizer *tok = NULL;
     char err[512];
-    if (!json || tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err) != TLZ_OK) {
+    if (!json || tl_tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err) != TLZ_OK) {
         fprintf(stderr, "%s: %s\n", argv[0], json ? err : "out of memory");
         return 1;
     }
@@ -131,14 +131,14 @@ int main(int argc, char **argv) {
         {"added tokens every ~40 bytes", repeat(marked, marked_len, size)},
         {"\"<|\" repeated", repeat("<|", 2, size)},
     };
-    printf("tokenizer %s, %d ids (%ld reserved tokens added), %.2f MiB a text\n", path, tlz_vocab_size(tok), added, mb);
+    printf("tokenizer %s, %d ids (%ld reserved tokens added), %.2f MiB a text\n", path, tl_tlz_vocab_size(tok), added, mb);
     printf("%-30s %10s %10s %10s\n", "text", "ids", "seconds", "MB/s");
     int rc = 0;
     for (size_t t = 0; t < sizeof texts / sizeof *texts; t++) {
         int32_t *ids = NULL;
         size_t n = 0;
         const double start = now_s();
-        if (!texts[t].text || tlz_encode(tok, texts[t].text, size, &ids, &n, err, sizeof err) != TLZ_OK) {
+        if (!texts[t].text || tl_tlz_encode(tok, texts[t].text, size, &ids, &n, err, sizeof err) != TLZ_OK) {
             fprintf(stderr, "%s: %s: %s\n", argv[0], texts[t].name, texts[t].text ? err : "out of memory");
             rc = 1;
             continue;
@@ -150,6 +150,6 @@ int main(int argc, char **argv) {
     }
     free(sample);
     free(marked);
-    tlz_tokenizer_free(tok);
+    tl_tlz_tokenizer_free(tok);
     return rc;
 }

@@ -89,7 +89,7 @@ static void *grammar_worker(void *arg) {
         if ((j->status = tl_grammar_matcher_new(shared_grammar, text_model, &mt)) != TL_OK) break;
         for (int i = 0; i < n_doc_ids && j->status == TL_OK; i++) {
             j->status = tl_grammar_matcher_accept(mt, doc_ids[i]);
-            if (i == n_doc_ids / 2 && r % 3 == 0 && j->status == TL_OK) j->status = gram_matcher_clone(mt, &twin);
+            if (i == n_doc_ids / 2 && r % 3 == 0 && j->status == TL_OK) j->status = tl_gram_matcher_clone(mt, &twin);
         }
         j->accepted += j->status == TL_OK && tl_grammar_matcher_is_accepting(mt);
         tl_grammar_matcher_free(mt); /* the twin, halfway, outlives it on its generation */

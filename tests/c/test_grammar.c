@@ -891,9 +891,9 @@ static void test_large_inputs(void) {
        21 s); 2,000 are within it */
     for (int branches = 2000; branches <= 3000; branches += 1000) {
         strbuf s = {0};
-        strbuf_puts(&s, "{\"oneOf\":[");
-        for (int i = 0; i < branches; i++) strbuf_printf(&s, "%s{\"const\":%d}", i ? "," : "", i);
-        strbuf_puts(&s, "]}");
+        tl_strbuf_puts(&s, "{\"oneOf\":[");
+        for (int i = 0; i < branches; i++) tl_strbuf_printf(&s, "%s{\"const\":%d}", i ? "," : "", i);
+        tl_strbuf_puts(&s, "]}");
         tl_compiled_grammar *g = NULL;
         if (branches == 2000) {
             CHECK(tl_grammar_compile_json_schema(s.p, s.n, NULL, &g) == TL_OK && matches(g, "1999") == 1 && matches(g, "2000") == 0,
@@ -910,16 +910,16 @@ static void test_large_inputs(void) {
     {
         enum { N = 20000 };
         strbuf s = {0}, doc = {0}, missing = {0};
-        strbuf_puts(&s, "{\"type\":\"object\",\"properties\":{");
-        for (int i = 0; i < N; i++) strbuf_printf(&s, "%s\"p%d\":{\"type\":\"integer\"}", i ? "," : "", i);
-        strbuf_puts(&s, "},\"required\":[");
-        for (int i = N - 2; i >= 0; i -= 2) strbuf_printf(&s, "%s\"p%d\"", i == N - 2 ? "" : ",", i);
-        strbuf_puts(&s, "]}");
-        strbuf_puts(&doc, "{");
-        for (int i = 0; i < N; i += 2) strbuf_printf(&doc, "%s\"p%d\":%d", i ? "," : "", i, i);
-        strbuf_put(&missing, doc.p, (size_t)(strrchr(doc.p, ',') - doc.p));
-        strbuf_puts(&doc, "}");
-        strbuf_puts(&missing, "}");
+        tl_strbuf_puts(&s, "{\"type\":\"object\",\"properties\":{");
+        for (int i = 0; i < N; i++) tl_strbuf_printf(&s, "%s\"p%d\":{\"type\":\"integer\"}", i ? "," : "", i);
+        tl_strbuf_puts(&s, "},\"required\":[");
+        for (int i = N - 2; i >= 0; i -= 2) tl_strbuf_printf(&s, "%s\"p%d\"", i == N - 2 ? "" : ",", i);
+        tl_strbuf_puts(&s, "]}");
+        tl_strbuf_puts(&doc, "{");
+        for (int i = 0; i < N; i += 2) tl_strbuf_printf(&doc, "%s\"p%d\":%d", i ? "," : "", i, i);
+        tl_strbuf_put(&missing, doc.p, (size_t)(strrchr(doc.p, ',') - doc.p));
+        tl_strbuf_puts(&doc, "}");
+        tl_strbuf_puts(&missing, "}");
         tl_compiled_grammar *g = NULL;
         CHECK(tl_grammar_compile_json_schema(s.p, s.n, NULL, &g) == TL_OK && matches(g, doc.p) == 1 && matches(g, missing.p) == 0,
               "20,000 properties: %s", tl_last_error());
@@ -930,8 +930,8 @@ static void test_large_inputs(void) {
        (800 of them held 1.3 GB before the refusal) */
     {
         strbuf s = {0};
-        strbuf_puts(&s, "root ::= ");
-        for (int i = 0; i < 200; i++) strbuf_puts(&s, "\"a\"{0,10000} ");
+        tl_strbuf_puts(&s, "root ::= ");
+        for (int i = 0; i < 200; i++) tl_strbuf_puts(&s, "\"a\"{0,10000} ");
         tl_compiled_grammar *g = NULL;
         CHECK_ERROR(tl_grammar_compile_gbnf(s.p, s.n, &g), TL_ERR_INVALID_ARGUMENT, "grammar too large (over 2^20 rules");
         free(s.p);
@@ -945,9 +945,9 @@ static void test_large_inputs(void) {
 static void test_too_costly(tl_model *m) {
     for (int apart = 0; apart < 2; apart++) {
         strbuf text = {0};
-        strbuf_puts(&text, "root ::= ");
-        for (int i = 0; i < 3000; i++) strbuf_printf(&text, "%s%s\"%d\"", i ? " | " : "", apart ? "" : "c ", i);
-        strbuf_puts(&text, "\nc ::= [a-z ,.]{0,200}\n");
+        tl_strbuf_puts(&text, "root ::= ");
+        for (int i = 0; i < 3000; i++) tl_strbuf_printf(&text, "%s%s\"%d\"", i ? " | " : "", apart ? "" : "c ", i);
+        tl_strbuf_puts(&text, "\nc ::= [a-z ,.]{0,200}\n");
         tl_compiled_grammar *g = NULL;
         CHECK(tl_grammar_compile_gbnf(text.p, text.n, &g) == TL_OK, "%s", tl_last_error());
         free(text.p);
@@ -1428,7 +1428,7 @@ static void test_table_generations(tl_model *m) {
     CHECK(tl_grammar_matcher_new(g, m, &early) == TL_OK, "%s", tl_last_error());
     if (!early || !ids) { tl_free(ids); tl_grammar_matcher_free(early); tl_compiled_grammar_free(g); return; }
     for (int i = 0; i < n_ids / 2; i++) CHECK(tl_grammar_matcher_accept(early, ids[i]) == TL_OK, "%s", tl_last_error());
-    gram_tables *first = early->tables;
+    tl_gram_tables *first = early->tables;
     int matched = 0;
     size_t most = 0;
     for (int d = 0; d < 600; d++) {
@@ -1436,7 +1436,7 @@ static void test_table_generations(tl_model *m) {
         nested_path(text, sizeof text - 2, 40);
         strcat(text, "}");
         matched += matches(g, text) == 1;
-        const size_t bytes = gram_runtime_bytes(&g->tables->rt);
+        const size_t bytes = tl_gram_runtime_bytes(&g->tables->rt);
         if (bytes > most) most = bytes;
     }
     CHECK(matched == 600, "%d of 600 nested documents matched", matched);
@@ -1449,17 +1449,17 @@ static void test_table_generations(tl_model *m) {
     /* a new matcher starts on the current generation; a clone stays with its source's */
     tl_grammar_matcher *late = NULL, *twin = NULL;
     CHECK(tl_grammar_matcher_new(g, m, &late) == TL_OK && late->tables == g->tables, "%s", tl_last_error());
-    CHECK(gram_matcher_clone(early, &twin) == TL_OK && twin->tables == first && first->users == 2, "clone's tables");
+    CHECK(tl_gram_matcher_clone(early, &twin) == TL_OK && twin->tables == first && first->users == 2, "clone's tables");
     tl_grammar_memory usage;
     CHECK(tl_grammar_memory_usage(g, &usage) == TL_OK && usage.generations == 2 && usage.restarts == g->generations &&
-              usage.table_bytes >= gram_runtime_bytes(&g->tables->rt) + gram_runtime_bytes(&first->rt),
+              usage.table_bytes >= tl_gram_runtime_bytes(&g->tables->rt) + tl_gram_runtime_bytes(&first->rt),
           "memory usage with an old generation: %d generations, %zu table bytes", usage.generations, usage.table_bytes);
     tl_grammar_matcher_free(early); /* the old generation stays for the twin... */
-    const int32_t state = gram_matcher_state(twin);
+    const int32_t state = tl_gram_matcher_state(twin);
     CHECK(first->users == 1 && tl_grammar_matcher_is_accepting(twin) && state > 0, "the twin lost its tables");
     tl_grammar_matcher_free(twin); /* ...and goes with it (ASan: no leak, no use after free) */
     CHECK(tl_grammar_memory_usage(g, &usage) == TL_OK && usage.generations == 1 &&
-              usage.table_bytes == gram_runtime_bytes(&g->tables->rt),
+              usage.table_bytes == tl_gram_runtime_bytes(&g->tables->rt),
           "memory usage after the old generation went: %d generations", usage.generations);
     for (int i = 0; late && i < n_ids; i++) CHECK(tl_grammar_matcher_accept(late, ids[i]) == TL_OK, "%s", tl_last_error());
     CHECK(late && tl_grammar_matcher_is_accepting(late), "the late matcher refused the document");
@@ -1564,26 +1564,26 @@ enum { REF_VOCAB = 9, REF_EOS = 8 };
 
 /* The mask at the matcher's state, and that it allows exactly the tokens that advance it. */
 static int ref_mask(tl_grammar_matcher *mt, uint8_t *allowed) {
-    const int n = gram_matcher_mask_state(mt, gram_matcher_state(mt), allowed);
+    const int n = tl_gram_matcher_mask_state(mt, tl_gram_matcher_state(mt), allowed);
     for (int t = 0; t < REF_VOCAB; t++) {
-        const int32_t next = gram_matcher_advance_state(mt, gram_matcher_state(mt), t);
+        const int32_t next = tl_gram_matcher_advance_state(mt, tl_gram_matcher_state(mt), t);
         CHECK(next >= 0 && allowed[t] == (next != GRAM_DEAD), "token %d: mask %d, advance %d", t, allowed[t], (int)next);
     }
     return n;
 }
 
-static tl_grammar_matcher *ref_matcher(const tlz_tokenizer *tok, const char *gbnf, tl_compiled_grammar **g) {
+static tl_grammar_matcher *ref_matcher(const tl_tlz_tokenizer *tok, const char *gbnf, tl_compiled_grammar **g) {
     *g = compile(gbnf);
     tl_grammar_matcher *mt = NULL;
-    if (*g) CHECK(gram_matcher_new(*g, tok, REF_VOCAB, REF_EOS, &mt) == TL_OK, "%s: %s", gbnf, tl_last_error());
+    if (*g) CHECK(tl_gram_matcher_new(*g, tok, REF_VOCAB, REF_EOS, &mt) == TL_OK, "%s: %s", gbnf, tl_last_error());
     return mt;
 }
 
 static void test_token_refs(void) {
-    tlz_tokenizer *tok = NULL;
+    tl_tlz_tokenizer *tok = NULL;
     char err[256] = "", path[1024];
     snprintf(path, sizeof path, "%s/tests/data/tokenizer/thinking9.json", root_dir);
-    CHECK(tlz_tokenizer_load(path, &tok, err, sizeof err) == TLZ_OK, "%s", err);
+    CHECK(tl_tlz_tokenizer_load(path, &tok, err, sizeof err) == TLZ_OK, "%s", err);
     if (!tok) return;
     uint8_t allowed[REF_VOCAB];
     /* <think> by its text, </think> by its id: only they, where they stand */
@@ -1623,7 +1623,7 @@ static void test_token_refs(void) {
     if (mt) {
         const int32_t end_id = 7;
         const tl_token_seq stop = {&end_id, 1};
-        gram_matcher_set_ends(mt, &stop, 1);
+        tl_gram_matcher_set_ends(mt, &stop, 1);
         static const int32_t text[] = {6, 0, 7, 1};
         for (int i = 0; i < 4; i++) {
             ref_mask(mt, allowed);
@@ -1649,7 +1649,7 @@ static void test_token_refs(void) {
     tl_compiled_grammar *content = compile("root ::= <[6]> \"b\"");
     tl_compiled_grammar *after = NULL;
     CHECK(content && tl_grammar_compile_after(content, "ab", 2, 0, &after) == TL_OK, "%s", tl_last_error());
-    if (after && gram_matcher_new(after, tok, REF_VOCAB, REF_EOS, &mt) == TL_OK) {
+    if (after && tl_gram_matcher_new(after, tok, REF_VOCAB, REF_EOS, &mt) == TL_OK) {
         static const int32_t text[] = {0, 3, 2, 6, 1};
         for (int i = 0; i < 5; i++) {
             ref_mask(mt, allowed);
@@ -1666,7 +1666,7 @@ static void test_token_refs(void) {
     if (mt) {
         const int32_t end_id = 6;
         const tl_token_seq stop = {&end_id, 1};
-        gram_matcher_set_ends(mt, &stop, 1);
+        tl_gram_matcher_set_ends(mt, &stop, 1);
         static const int32_t text[] = {0, 7, 3, 0, 1};
         for (int i = 0; i < 5; i++) {
             CHECK(ref_mask(mt, allowed) >= 1 && (i == 0 || (!allowed[6] && !allowed[REF_EOS])), "token %d: ends refused", i);
@@ -1682,39 +1682,39 @@ static void test_token_refs(void) {
     size_t json_len = 0;
     char *renamed = slurp("tests/data/tokenizer/thinking9.json", &json_len);
     for (char *at = renamed ? strstr(renamed, "<think>") : NULL; at; at = strstr(at, "<think>")) memcpy(at, "<thonk>", 7);
-    tlz_tokenizer *other = NULL;
-    CHECK(renamed && tlz_tokenizer_load_json(renamed, json_len, &other, err, sizeof err) == TLZ_OK, "%s", err);
+    tl_tlz_tokenizer *other = NULL;
+    CHECK(renamed && tl_tlz_tokenizer_load_json(renamed, json_len, &other, err, sizeof err) == TLZ_OK, "%s", err);
     g = compile("root ::= <think> \"a\"");
     tl_grammar_matcher *first = NULL;
     mt = NULL;
-    CHECK(g && gram_matcher_new(g, tok, REF_VOCAB, REF_EOS, &first) == TL_OK, "%s", tl_last_error());
-    if (g && other) CHECK_ERROR(gram_matcher_new(g, other, REF_VOCAB, REF_EOS, &mt), TL_ERR_INVALID_ARGUMENT,
+    CHECK(g && tl_gram_matcher_new(g, tok, REF_VOCAB, REF_EOS, &first) == TL_OK, "%s", tl_last_error());
+    if (g && other) CHECK_ERROR(tl_gram_matcher_new(g, other, REF_VOCAB, REF_EOS, &mt), TL_ERR_INVALID_ARGUMENT,
                                 "<think> is not a token of the model's vocabulary");
     tl_grammar_matcher_free(first);
     tl_grammar_matcher_free(mt);
     tl_compiled_grammar_free(g);
     /* a tokenizer loaded after another was freed (often at its address) is not taken for it:
-       vocabulary fingerprints are remembered by tlz_serial, which is never reused */
-    const uint64_t renamed_serial = tlz_serial(other);
-    tlz_tokenizer_free(other);
+       vocabulary fingerprints are remembered by tl_tlz_serial, which is never reused */
+    const uint64_t renamed_serial = tl_tlz_serial(other);
+    tl_tlz_tokenizer_free(other);
     g = compile("root ::= <thonk> \"a\"");
     for (int round = 0; round < 2 && g; round++) {
         other = NULL;
-        CHECK(tlz_tokenizer_load_json(renamed, json_len, &other, err, sizeof err) == TLZ_OK, "%s", err);
-        CHECK(other && tlz_serial(other) != renamed_serial && tlz_serial(other) != tlz_serial(tok), "a serial was reused");
+        CHECK(tl_tlz_tokenizer_load_json(renamed, json_len, &other, err, sizeof err) == TLZ_OK, "%s", err);
+        CHECK(other && tl_tlz_serial(other) != renamed_serial && tl_tlz_serial(other) != tl_tlz_serial(tok), "a serial was reused");
         mt = NULL;
-        CHECK(other && gram_matcher_new(g, other, REF_VOCAB, REF_EOS, &mt) == TL_OK, "%s", tl_last_error());
+        CHECK(other && tl_gram_matcher_new(g, other, REF_VOCAB, REF_EOS, &mt) == TL_OK, "%s", tl_last_error());
         tl_grammar_matcher_free(mt);
-        tlz_tokenizer_free(other);
+        tl_tlz_tokenizer_free(other);
         size_t plain_len = 0; /* the unrenamed vocabulary, likely where the renamed one was */
         char *plain = slurp("tests/data/tokenizer/thinking9.json", &plain_len);
         other = NULL;
-        CHECK(plain && tlz_tokenizer_load_json(plain, plain_len, &other, err, sizeof err) == TLZ_OK, "%s", err);
+        CHECK(plain && tl_tlz_tokenizer_load_json(plain, plain_len, &other, err, sizeof err) == TLZ_OK, "%s", err);
         mt = NULL;
-        if (other) CHECK_ERROR(gram_matcher_new(g, other, REF_VOCAB, REF_EOS, &mt), TL_ERR_INVALID_ARGUMENT,
+        if (other) CHECK_ERROR(tl_gram_matcher_new(g, other, REF_VOCAB, REF_EOS, &mt), TL_ERR_INVALID_ARGUMENT,
                                "<thonk> is not a token of the model's vocabulary");
         tl_grammar_matcher_free(mt);
-        tlz_tokenizer_free(other);
+        tl_tlz_tokenizer_free(other);
         free(plain);
     }
     tl_compiled_grammar_free(g);
@@ -1730,25 +1730,25 @@ static void test_token_refs(void) {
     for (int i = 0; i < 4; i++) {
         g = compile(missing[i].gbnf);
         mt = NULL;
-        if (g) CHECK_ERROR(gram_matcher_new(g, tok, REF_VOCAB, REF_EOS, &mt), TL_ERR_INVALID_ARGUMENT, missing[i].needle);
+        if (g) CHECK_ERROR(tl_gram_matcher_new(g, tok, REF_VOCAB, REF_EOS, &mt), TL_ERR_INVALID_ARGUMENT, missing[i].needle);
         CHECK(mt == NULL, "no matcher");
         tl_compiled_grammar_free(g);
     }
-    tlz_tokenizer_free(tok);
+    tl_tlz_tokenizer_free(tok);
 }
 
 /* GPT-2's vocabulary: 50257 tokens, not a multiple of 64, so a cached bitset ends in a partial
    word, and its string tokens make projections' deltas large (some over the size of a bitset,
    which are then cached as one). At every state of nested documents, the mask, cold and then
-   from the cache, equals the state's own uncached walk (gram_mask_full, which test_masks holds
+   from the cache, equals the state's own uncached walk (tl_gram_mask_full, which test_masks holds
    to the per-token check on the other vocabularies). With a cache budget of a few masks too,
    so that it starts over often, projections' entries included. */
-static void test_masks_gpt2(tlz_tokenizer *tok, size_t budget) {
+static void test_masks_gpt2(tl_tlz_tokenizer *tok, size_t budget) {
     tl_compiled_grammar *g = load_grammar("lua/tinyloop/grammars/json.gbnf");
     if (!g) return;
-    const int vocab = tlz_vocab_size(tok);
+    const int vocab = tl_tlz_vocab_size(tok);
     tl_grammar_matcher *mt = NULL;
-    CHECK(gram_matcher_new(g, tok, vocab, tlz_token_id(tok, "<|endoftext|>"), &mt) == TL_OK, "%s", tl_last_error());
+    CHECK(tl_gram_matcher_new(g, tok, vocab, tl_tlz_token_id(tok, "<|endoftext|>"), &mt) == TL_OK, "%s", tl_last_error());
     if (mt && budget) mt->tables->bindings[mt->binding].mask_budget = budget;
     doc_rng = 0x9E3779B97F4A7C15ULL; /* the same documents for every budget */
     uint8_t *mask = malloc((size_t)vocab), *ref = malloc((size_t)vocab);
@@ -1759,12 +1759,12 @@ static void test_masks_gpt2(tlz_tokenizer *tok, size_t budget) {
         strcat(doc, "}");
         int32_t *ids = NULL;
         size_t n = 0;
-        CHECK(tlz_encode(tok, doc, strlen(doc), &ids, &n, NULL, 0) == 0, "encode %s", doc);
+        CHECK(tl_tlz_encode(tok, doc, strlen(doc), &ids, &n, NULL, 0) == 0, "encode %s", doc);
         for (int pass = 0; pass < 2; pass++) {
             for (size_t i = 0; i <= n; i++) {
-                const int32_t state = gram_matcher_state(mt);
-                const int count = gram_matcher_mask_state(mt, state, mask);
-                const int want = gram_mask_full(&mt->tables->rt, &mt->tables->bindings[mt->binding], state, ref);
+                const int32_t state = tl_gram_matcher_state(mt);
+                const int count = tl_gram_matcher_mask_state(mt, state, mask);
+                const int want = tl_gram_mask_full(&mt->tables->rt, &mt->tables->bindings[mt->binding], state, ref);
                 states++;
                 if (count != want || memcmp(mask, ref, (size_t)vocab) != 0) mismatches++;
                 if (i < n && tl_grammar_matcher_accept(mt, ids[i]) != TL_OK) {
@@ -1819,13 +1819,13 @@ int main(int argc, char **argv) {
     } else CHECK(0, "load %s: %s", dir, tl_last_error());
     test_outlives_model(dir);
     snprintf(dir, sizeof dir, "%s/tests/data/gpt2/tokenizer.json", root_dir);
-    tlz_tokenizer *gpt2 = NULL;
+    tl_tlz_tokenizer *gpt2 = NULL;
     char err[256] = "";
-    CHECK(tlz_tokenizer_load(dir, &gpt2, err, sizeof err) == 0, "%s: %s", dir, err);
+    CHECK(tl_tlz_tokenizer_load(dir, &gpt2, err, sizeof err) == 0, "%s: %s", dir, err);
     if (gpt2) {
         test_masks_gpt2(gpt2, 0);
         test_masks_gpt2(gpt2, 32 << 10); /* about five bitsets */
-        tlz_tokenizer_free(gpt2);
+        tl_tlz_tokenizer_free(gpt2);
     }
     return check_summary();
 }

@@ -85,18 +85,18 @@ static void test_reference_cases(const char *data)
     char *txt = read_all(path, &len);
     CHECK(txt != NULL, "cannot read %s", path);
     if (!txt) return;
-    tlz_tokenizer *tok = NULL;
+    tl_tlz_tokenizer *tok = NULL;
     char file[256] = "", err[512];
     int n_files = 0, n_cases = 0, n_bad = 0, n_roundtrips = 0;
     for (char *line = txt; line && *line;) {
         char *eol = strchr(line, '\n');
         if (eol) *eol = '\0';
         if (line[0] == '@' && line[1] == ' ') {
-            tlz_tokenizer_free(tok);
+            tl_tlz_tokenizer_free(tok);
             tok = NULL;
             snprintf(file, sizeof file, "%s", line + 2);
             snprintf(path, sizeof path, "%s/tokenizer/pretok/%s", data, file);
-            int rc = tlz_tokenizer_load(path, &tok, err, sizeof err);
+            int rc = tl_tlz_tokenizer_load(path, &tok, err, sizeof err);
             CHECK(rc == TLZ_OK, "load %s: %s", file, err);
             n_files++;
         } else if (line[0] != '#' && strchr(line, '\t') && tok) {
@@ -113,7 +113,7 @@ static void test_reference_cases(const char *data)
             }
             int32_t *ids = NULL;
             size_t n = 0;
-            int rc = tlz_encode(tok, input, in_len, &ids, &n, err, sizeof err);
+            int rc = tl_tlz_encode(tok, input, in_len, &ids, &n, err, sizeof err);
             int ok = rc == TLZ_OK && n == nwant && (n == 0 || memcmp(ids, want, n * sizeof *ids) == 0);
             if (!ok) {
                 n_bad++;
@@ -126,7 +126,7 @@ static void test_reference_cases(const char *data)
             if (ok && lossless(file)) {
                 char *back = NULL;
                 size_t back_len = 0;
-                rc = tlz_decode(tok, ids, n, &back, &back_len, err, sizeof err);
+                rc = tl_tlz_decode(tok, ids, n, &back, &back_len, err, sizeof err);
                 CHECK(rc == TLZ_OK && back_len == in_len && memcmp(back, input, in_len) == 0,
                       "%s: '%s' does not decode back to its input", file, line);
                 free(back);
@@ -138,7 +138,7 @@ static void test_reference_cases(const char *data)
         }
         line = eol ? eol + 1 : NULL;
     }
-    tlz_tokenizer_free(tok);
+    tl_tlz_tokenizer_free(tok);
     free(txt);
     CHECK(n_files >= 10 && n_cases >= 200, "too few reference cases: %d files, %d cases", n_files, n_cases);
     CHECK(n_bad == 0, "%d of %d reference cases differ from scripts/reference/pretok_ref.py", n_bad, n_cases);
@@ -154,11 +154,11 @@ static void expect_error(const char *pre, const char *needle)
              "{\"normalizer\": null, \"pre_tokenizer\": %s, \"model\": {\"type\": \"BPE\", "
              "\"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\"]}}",
              pre);
-    tlz_tokenizer *tok = (tlz_tokenizer *)1;
-    int rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    tl_tlz_tokenizer *tok = (tl_tlz_tokenizer *)1;
+    int rc = tl_tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
     CHECK(rc == TLZ_EFORMAT && tok == NULL && strstr(err, needle) != NULL,
           "pre_tokenizer %s: rc=%d, message \"%s\" should contain \"%s\"", pre, rc, err, needle);
-    if (rc == TLZ_OK) tlz_tokenizer_free(tok);
+    if (rc == TLZ_OK) tl_tlz_tokenizer_free(tok);
 }
 
 #define BL "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}"
@@ -217,8 +217,8 @@ static void test_invalid_utf8(const char *data)
     for (int f = 0; f < 4; f++) {
         char path[1024], err[512] = "", text[4096];
         snprintf(path, sizeof path, "%s/tokenizer/pretok/%s", data, files[f]);
-        tlz_tokenizer *tok = NULL;
-        CHECK(tlz_tokenizer_load(path, &tok, err, sizeof err) == TLZ_OK, "load %s: %s", files[f], err);
+        tl_tlz_tokenizer *tok = NULL;
+        CHECK(tl_tlz_tokenizer_load(path, &tok, err, sizeof err) == TLZ_OK, "load %s: %s", files[f], err);
         if (!tok) continue;
         int bad = 0;
         for (int round = 0; round < 50 && !bad; round++) {
@@ -232,14 +232,14 @@ static void test_invalid_utf8(const char *data)
             size_t nids = 0;
             char *back = NULL;
             size_t back_len = 0;
-            bad = tlz_encode(tok, text, n, &ids, &nids, err, sizeof err) != TLZ_OK ||
-                  tlz_decode(tok, ids, nids, &back, &back_len, err, sizeof err) != TLZ_OK || back_len != n ||
+            bad = tl_tlz_encode(tok, text, n, &ids, &nids, err, sizeof err) != TLZ_OK ||
+                  tl_tlz_decode(tok, ids, nids, &back, &back_len, err, sizeof err) != TLZ_OK || back_len != n ||
                   memcmp(back, text, n) != 0;
             free(ids);
             free(back);
         }
         CHECK(!bad, "%s: random bytes do not round-trip (%s)", files[f], err);
-        tlz_tokenizer_free(tok);
+        tl_tlz_tokenizer_free(tok);
     }
 }
 
@@ -251,19 +251,19 @@ static void test_match_limit(void)
                                                   "\"behavior\": \"Isolated\"}, " BL)
                        ", \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []}}";
     char err[512] = "", text[200];
-    tlz_tokenizer *tok = NULL;
-    int rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    tl_tlz_tokenizer *tok = NULL;
+    int rc = tl_tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
     CHECK(rc == TLZ_OK, "load: %s", err);
     if (rc) return;
     memset(text, 'a', sizeof text - 1);
     text[sizeof text - 1] = 'b';
     int32_t *ids = NULL;
     size_t n = 0;
-    rc = tlz_encode(tok, text, sizeof text, &ids, &n, err, sizeof err);
+    rc = tl_tlz_encode(tok, text, sizeof text, &ids, &n, err, sizeof err);
     CHECK(rc == TLZ_EENCODE && ids == NULL && strstr(err, "pre-tokenizer regex failed: match limit exceeded"),
           "rc=%d \"%s\"", rc, err);
     free(ids);
-    tlz_tokenizer_free(tok);
+    tl_tlz_tokenizer_free(tok);
 }
 
 /* A Split regex is Oniguruma's Ruby syntax, as Hugging Face reads it: \h is a hex digit, ^
@@ -277,17 +277,17 @@ static void expect_ids(const char *regex, const char *text, size_t len, const in
              "{\"pre_tokenizer\": " SEQ("{\"type\": \"Split\", \"pattern\": {\"Regex\": \"%s\"}, \"behavior\": \"Isolated\"}, " BL)
              ", \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2, \"\\u010a\": 3}, \"merges\": [\"a b\"]}}",
              regex);
-    tlz_tokenizer *tok = NULL;
-    int rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    tl_tlz_tokenizer *tok = NULL;
+    int rc = tl_tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
     CHECK(rc == TLZ_OK, "load %s: %s", regex, err);
     if (rc) return;
     int32_t *ids = NULL;
     size_t n = 0;
-    rc = tlz_encode(tok, text, len, &ids, &n, err, sizeof err);
+    rc = tl_tlz_encode(tok, text, len, &ids, &n, err, sizeof err);
     CHECK(rc == TLZ_OK && n == n_want && (!want || memcmp(ids, want, n * sizeof *ids) == 0),
           "regex %s: rc=%d n=%zu (want %zu) %s", regex, rc, n, n_want, err);
     free(ids);
-    tlz_tokenizer_free(tok);
+    tl_tlz_tokenizer_free(tok);
 }
 
 static void test_ruby_syntax(void)

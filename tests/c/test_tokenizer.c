@@ -67,7 +67,7 @@ static char *join(const char *dir, const char *rel)
 static int is_valid_utf8(const char *s, size_t n)
 {
     for (size_t i = 0; i < n;) {
-        int k = tlz_utf8_seq((const unsigned char *)s + i, n - i);
+        int k = tl_tlz_utf8_seq((const unsigned char *)s + i, n - i);
         if (k <= 0) return 0;
         i += (size_t)k;
     }
@@ -76,17 +76,17 @@ static int is_valid_utf8(const char *s, size_t n)
 
 /* Round trip plus the streaming detokenizer on one input. Returns NULL on
    success, else a static description of what went wrong. */
-static const char *roundtrip(const tlz_tokenizer *tok, tlz_stream *st, const char *s, size_t n, unsigned flags)
+static const char *roundtrip(const tl_tlz_tokenizer *tok, tl_tlz_stream *st, const char *s, size_t n, unsigned flags)
 {
     static char why[512];
     int32_t *ids = NULL;
     size_t nids = 0, dlen = 0;
     char *dec = NULL, err[256];
-    if (tlz_encode_ex(tok, s, n, flags, &ids, &nids, err, sizeof err)) {
+    if (tl_tlz_encode_ex(tok, s, n, flags, &ids, &nids, err, sizeof err)) {
         snprintf(why, sizeof why, "encode failed: %s", err);
         return why;
     }
-    if (tlz_decode(tok, ids, nids, &dec, &dlen, err, sizeof err)) {
+    if (tl_tlz_decode(tok, ids, nids, &dec, &dlen, err, sizeof err)) {
         free(ids);
         snprintf(why, sizeof why, "decode failed: %s", err);
         return why;
@@ -98,11 +98,11 @@ static const char *roundtrip(const tlz_tokenizer *tok, tlz_stream *st, const cha
     int valid = is_valid_utf8(s, n);
     char *acc = malloc(n + 1);
     size_t acc_n = 0;
-    tlz_stream_reset(st);
+    tl_tlz_stream_reset(st);
     for (size_t i = 0; !bad && i < nids; i++) {
         const char *piece;
         size_t plen;
-        if (tlz_stream_push(st, ids[i], &piece, &plen, err, sizeof err)) { bad = "stream push failed"; break; }
+        if (tl_tlz_stream_push(st, ids[i], &piece, &plen, err, sizeof err)) { bad = "stream push failed"; break; }
         if (valid && !is_valid_utf8(piece, plen)) bad = "stream emitted a partial UTF-8 sequence";
         if (acc_n + plen > n) bad = "stream emitted too many bytes";
         else memcpy(acc + acc_n, piece, plen), acc_n += plen;
@@ -110,7 +110,7 @@ static const char *roundtrip(const tlz_tokenizer *tok, tlz_stream *st, const cha
     if (!bad) {
         const char *piece;
         size_t plen;
-        tlz_stream_flush(st, &piece, &plen);
+        tl_tlz_stream_flush(st, &piece, &plen);
         if (valid && plen) bad = "stream held bytes back at the end of valid input";
         if (acc_n + plen > n) bad = "stream emitted too many bytes";
         else memcpy(acc + acc_n, piece, plen), acc_n += plen;
@@ -215,20 +215,20 @@ static char *make_json(json_parts p)
 
 static void expect_load_error(const char *name, const char *json, const char *needle)
 {
-    tlz_tokenizer *tok = (tlz_tokenizer *)1;
+    tl_tlz_tokenizer *tok = (tl_tlz_tokenizer *)1;
     char err[256] = "";
-    int rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    int rc = tl_tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
     int ok = rc != TLZ_OK && tok == NULL && strstr(err, needle) != NULL;
     check(ok, name, "rc=%d, message \"%s\" should mention \"%s\"", rc, err, needle);
-    if (rc == TLZ_OK) tlz_tokenizer_free(tok);
+    if (rc == TLZ_OK) tl_tlz_tokenizer_free(tok);
 }
 
 static void test_load_errors(const char *dir)
 {
     char err[512] = "";
-    tlz_tokenizer *tok = (tlz_tokenizer *)1;
+    tl_tlz_tokenizer *tok = (tl_tlz_tokenizer *)1;
     char *missing = join(dir, "no/such/tokenizer.json");
-    int rc = tlz_tokenizer_load(missing, &tok, err, sizeof err);
+    int rc = tl_tlz_tokenizer_load(missing, &tok, err, sizeof err);
     check(rc == TLZ_EIO && tok == NULL && strstr(err, "cannot open") && strstr(err, missing),
           "load error: missing file", "rc=%d message \"%s\"", rc, err);
     free(missing);
@@ -308,11 +308,11 @@ static void test_load_errors(const char *dir)
     expect_load_error("load error: a merge holding NUL", make_json((json_parts){.merges = "[\"a b\\u0000\"]"}),
                       "a string holds U+0000");
     {
-        tlz_tokenizer *escaped = NULL;
+        tl_tlz_tokenizer *escaped = NULL;
         const char *text = make_json((json_parts){.vocab = "{\"a\":0,\"b\":1,\"ab\":2,\"\\u0120\":3,\"\\\\u0000\":4}", .merges = "[]"});
-        check(tlz_tokenizer_load_json(text, strlen(text), &escaped, err, sizeof err) == TLZ_OK,
+        check(tl_tlz_tokenizer_load_json(text, strlen(text), &escaped, err, sizeof err) == TLZ_OK,
               "load: an escaped backslash before u0000 is text", "%s", err);
-        tlz_tokenizer_free(escaped);
+        tl_tlz_tokenizer_free(escaped);
     }
     /* what would change the ids or the text, refused rather than ignored */
     expect_load_error("load error: BPE dropout",
@@ -353,9 +353,9 @@ static void test_load_errors(const char *dir)
         /* a NUL and more after it, within the length given (the NUL ended the check) */
         const size_t at = strlen(trailing) - 3;
         memcpy(trailing + at, "\0xx", 3);
-        tlz_tokenizer *nul = (tlz_tokenizer *)1;
+        tl_tlz_tokenizer *nul = (tl_tlz_tokenizer *)1;
         char nul_err[256] = "";
-        const int nul_rc = tlz_tokenizer_load_json(trailing, at + 3, &nul, nul_err, sizeof nul_err);
+        const int nul_rc = tl_tlz_tokenizer_load_json(trailing, at + 3, &nul, nul_err, sizeof nul_err);
         check(nul_rc != TLZ_OK && nul == NULL && strstr(nul_err, "unexpected text after the JSON value: a NUL byte"),
               "load error: a NUL after the JSON", "rc=%d \"%s\"", nul_rc, nul_err);
     }
@@ -364,9 +364,9 @@ static void test_load_errors(const char *dir)
         const char *fine = make_json((json_parts){.top = "\"added_tokens\": [{\"id\": 2, \"content\": \"ab\"}], "
                                                          "\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteLevel\"}]},",
                                                   .model = "\"type\":\"BPE\", \"dropout\": null, \"unk_token\": null,", .merges = "[]"});
-        tlz_tokenizer *loaded = NULL;
-        check(tlz_tokenizer_load_json(fine, strlen(fine), &loaded, err, sizeof err) == TLZ_OK, "load: what changes nothing", "%s", err);
-        tlz_tokenizer_free(loaded);
+        tl_tlz_tokenizer *loaded = NULL;
+        check(tl_tlz_tokenizer_load_json(fine, strlen(fine), &loaded, err, sizeof err) == TLZ_OK, "load: what changes nothing", "%s", err);
+        tl_tlz_tokenizer_free(loaded);
     }
     expect_load_error("load error: unsupported pre_tokenizer",
                       make_json((json_parts){.pre = "{\"type\": \"Metaspace\"}", .merges = "[]"}),
@@ -411,15 +411,15 @@ static void test_tiny(const char *dir)
 {
     char err[256] = "";
     char *path = join(dir, "tokenizer/tiny.json");
-    tlz_tokenizer *tok = NULL;
-    int rc = tlz_tokenizer_load(path, &tok, err, sizeof err);
+    tl_tlz_tokenizer *tok = NULL;
+    int rc = tl_tlz_tokenizer_load(path, &tok, err, sizeof err);
     free(path);
     check(rc == TLZ_OK, "tiny: load", "%s", err);
     if (rc) return;
-    check(tlz_vocab_size(tok) == 13, "tiny: vocab size 13", "got %d", (int)tlz_vocab_size(tok));
-    check(tlz_token_id(tok, "<|e|>") == 10 && tlz_is_special(tok, 10), "tiny: <|e|> is special id 10", NULL);
-    check(tlz_token_id(tok, "<|e|>a") == 11 && !tlz_is_special(tok, 11), "tiny: <|e|>a is non-special id 11", NULL);
-    check(tlz_token_id(tok, "\xc4\xa0" "ab") == 7 && tlz_token_id(tok, "zz") == -1, "tiny: token_id lookup", NULL);
+    check(tl_tlz_vocab_size(tok) == 13, "tiny: vocab size 13", "got %d", (int)tl_tlz_vocab_size(tok));
+    check(tl_tlz_token_id(tok, "<|e|>") == 10 && tl_tlz_is_special(tok, 10), "tiny: <|e|> is special id 10", NULL);
+    check(tl_tlz_token_id(tok, "<|e|>a") == 11 && !tl_tlz_is_special(tok, 11), "tiny: <|e|>a is non-special id 11", NULL);
+    check(tl_tlz_token_id(tok, "\xc4\xa0" "ab") == 7 && tl_tlz_token_id(tok, "zz") == -1, "tiny: token_id lookup", NULL);
 
     size_t len;
     char *cases = join(dir, "tokenizer/tiny.cases");
@@ -443,7 +443,7 @@ static void test_tiny(const char *dir)
             }
             int32_t *ids = NULL;
             size_t n = 0;
-            rc = tlz_encode(tok, input, in_len, &ids, &n, err, sizeof err);
+            rc = tl_tlz_encode(tok, input, in_len, &ids, &n, err, sizeof err);
             int ok = rc == TLZ_OK && n == nwant && (n == 0 || memcmp(ids, want, n * sizeof *ids) == 0);
             if (!ok) {
                 n_bad++;
@@ -463,62 +463,62 @@ static void test_tiny(const char *dir)
        <|e|>a is still one token, and <|e|> alone is then bytes, which this vocab lacks. */
     int32_t *ids = NULL;
     size_t n = 0;
-    rc = tlz_encode_ex(tok, "<|e|>ab", 7, TLZ_ENCODE_NO_SPECIAL, &ids, &n, err, sizeof err);
+    rc = tl_tlz_encode_ex(tok, "<|e|>ab", 7, TLZ_ENCODE_NO_SPECIAL, &ids, &n, err, sizeof err);
     check(rc == TLZ_OK && n == 2 && ids[0] == 11 && ids[1] == 1, "tiny: NO_SPECIAL keeps the non-special <|e|>a",
           "rc=%d n=%zu %s", rc, n, err);
     free(ids);
-    rc = tlz_encode(tok, "<|e|>b", 6, &ids, &n, err, sizeof err);
+    rc = tl_tlz_encode(tok, "<|e|>b", 6, &ids, &n, err, sizeof err);
     check(rc == TLZ_OK && n == 2 && ids[0] == 10 && ids[1] == 1, "tiny: <|e|>b is the special <|e|>, then b", "rc=%d", rc);
     free(ids);
-    rc = tlz_encode_ex(tok, "<|e|>b", 6, TLZ_ENCODE_NO_SPECIAL, &ids, &n, err, sizeof err);
+    rc = tl_tlz_encode_ex(tok, "<|e|>b", 6, TLZ_ENCODE_NO_SPECIAL, &ids, &n, err, sizeof err);
     check(rc == TLZ_EENCODE && ids == NULL && strstr(err, "0x3c"), "tiny: NO_SPECIAL reads <|e|> as its bytes",
           "rc=%d \"%s\"", rc, err);
 
     /* Bytes the vocab lacks cannot be encoded without an unk_token. */
-    rc = tlz_encode(tok, "abd", 3, &ids, &n, err, sizeof err);
+    rc = tl_tlz_encode(tok, "abd", 3, &ids, &n, err, sizeof err);
     check(rc == TLZ_EENCODE && ids == NULL && strstr(err, "0x64"), "tiny: byte without token fails cleanly",
           "rc=%d \"%s\"", rc, err);
     /* A vocab entry outside the byte alphabet decodes to its own UTF-8. */
     int32_t arrow = 12;
     char *dec = NULL;
-    rc = tlz_decode(tok, &arrow, 1, &dec, &len, err, sizeof err);
+    rc = tl_tlz_decode(tok, &arrow, 1, &dec, &len, err, sizeof err);
     check(rc == TLZ_OK && len == 3 && memcmp(dec, "\xe2\x86\x92", 3) == 0, "tiny: non-byte-level token decodes as UTF-8",
           NULL);
     free(dec);
     int32_t bad = 13;
-    rc = tlz_decode(tok, &bad, 1, &dec, &len, err, sizeof err);
+    rc = tl_tlz_decode(tok, &bad, 1, &dec, &len, err, sizeof err);
     check(rc == TLZ_EID && dec == NULL && strstr(err, "13"), "tiny: decode of id 13 fails", "rc=%d \"%s\"", rc, err);
-    tlz_tokenizer_free(tok);
+    tl_tlz_tokenizer_free(tok);
 
     /* Variants built in memory: unk_token, add_prefix_space, unused ids. */
     const char *vocab = "{\"a\":0,\"b\":1,\"ab\":2,\"\\u0120\":3,\"<unk>\":5}";
     const char *json = make_json((json_parts){.model = "\"type\":\"BPE\",\"unk_token\":\"<unk>\",", .vocab = vocab,
                                               .merges = "[[\"a\",\"b\"]]"});
-    rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    rc = tl_tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
     check(rc == TLZ_OK, "tiny+unk: load", "%s", err);
     if (!rc) {
-        rc = tlz_encode(tok, "abzab", 5, &ids, &n, err, sizeof err);
+        rc = tl_tlz_encode(tok, "abzab", 5, &ids, &n, err, sizeof err);
         check(rc == TLZ_OK && n == 3 && ids[0] == 2 && ids[1] == 5 && ids[2] == 2, "tiny+unk: unknown byte -> unk id",
               "rc=%d n=%zu", rc, n);
         free(ids);
         int32_t gap = 4; /* inside [0, vocab_size) but no token has it */
-        rc = tlz_decode(tok, &gap, 1, &dec, &len, err, sizeof err);
+        rc = tl_tlz_decode(tok, &gap, 1, &dec, &len, err, sizeof err);
         const char *bytes;
-        check(rc == TLZ_EID && tlz_token_bytes(tok, 4, &bytes, &len) == TLZ_EID, "tiny+unk: unused id 4 is invalid",
+        check(rc == TLZ_EID && tl_tlz_token_bytes(tok, 4, &bytes, &len) == TLZ_EID, "tiny+unk: unused id 4 is invalid",
               NULL);
-        tlz_tokenizer_free(tok);
+        tl_tlz_tokenizer_free(tok);
     }
     /* fuse_unk: a run of bytes without a token is one unk_token, as HF's BPE fuses them */
     json = make_json((json_parts){.model = "\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"fuse_unk\":true,", .vocab = vocab,
                                   .merges = "[[\"a\",\"b\"]]"});
-    rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    rc = tl_tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
     check(rc == TLZ_OK, "tiny+fuse_unk: load", "%s", err);
     if (!rc) {
-        rc = tlz_encode(tok, "abzzzab", 7, &ids, &n, err, sizeof err);
+        rc = tl_tlz_encode(tok, "abzzzab", 7, &ids, &n, err, sizeof err);
         check(rc == TLZ_OK && n == 3 && ids[0] == 2 && ids[1] == 5 && ids[2] == 2, "tiny+fuse_unk: zzz is one unk",
               "rc=%d n=%zu", rc, n);
         free(ids);
-        tlz_tokenizer_free(tok);
+        tl_tlz_tokenizer_free(tok);
     }
     /* Added tokens' lstrip and rstrip take the whitespace beside them; HF's two passes match
        the tokens not normalized first (<s> inside the normalized a<s is <s>); single_word is
@@ -528,16 +528,16 @@ static void test_tiny(const char *dir)
                "{\"id\":6,\"content\":\"</s>\",\"special\":true,\"rstrip\":true},"
                "{\"id\":7,\"content\":\"a<s\",\"special\":false,\"normalized\":true}],",
         .vocab = "{\"a\":0,\"b\":1,\"ab\":2,\"\\u0120\":3,\"<unk>\":5}", .merges = "[\"a b\"]"});
-    rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    rc = tl_tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
     check(rc == TLZ_OK, "tiny+strip: load", "%s", err);
     if (!rc) {
         const char *text = "ab \t<s>ab</s>  \xc2\xa0" "ab a<s>"; /* (U+00A0 is whitespace too) */
-        rc = tlz_encode(tok, text, strlen(text), &ids, &n, err, sizeof err);
+        rc = tl_tlz_encode(tok, text, strlen(text), &ids, &n, err, sizeof err);
         static const int32_t want[] = {2, 4, 2, 6, 2, 3, 0, 4};
         check(rc == TLZ_OK && n == 8 && memcmp(ids, want, sizeof want) == 0, "tiny+strip: lstrip, rstrip, two passes",
               "rc=%d n=%zu %s", rc, n, err);
         free(ids);
-        tlz_tokenizer_free(tok);
+        tl_tlz_tokenizer_free(tok);
     }
     expect_load_error("load error: single_word", make_json((json_parts){
         .top = "\"added_tokens\":[{\"id\":4,\"content\":\"ab\",\"special\":false,\"single_word\":true}],",
@@ -545,15 +545,15 @@ static void test_tiny(const char *dir)
     json = make_json((json_parts){
         .top = "\"added_tokens\":[{\"id\":4,\"content\":\"<s>\",\"special\":true}],",
         .pre = "{\"type\":\"ByteLevel\",\"add_prefix_space\":true}", .vocab = vocab, .merges = "[\"a b\"]"});
-    rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    rc = tl_tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
     check(rc == TLZ_OK, "tiny+prefix: load", "%s", err);
     if (!rc) {
         /* HF adds the space to each stretch between added tokens. */
-        rc = tlz_encode(tok, "ab<s>ab", 7, &ids, &n, err, sizeof err);
+        rc = tl_tlz_encode(tok, "ab<s>ab", 7, &ids, &n, err, sizeof err);
         static const int32_t want[] = {3, 2, 4, 3, 2};
         check(rc == TLZ_OK && n == 5 && memcmp(ids, want, sizeof want) == 0, "tiny+prefix: add_prefix_space", NULL);
         free(ids);
-        tlz_tokenizer_free(tok);
+        tl_tlz_tokenizer_free(tok);
     }
     /* With use_regex false the whole stretch is one word, so a merge may
        cross a space: "a b" -> (a,Ġ) b; with the regex it is "a", " b". */
@@ -561,13 +561,13 @@ static void test_tiny(const char *dir)
     for (int use_regex = 0; use_regex < 2; use_regex++) {
         json = make_json((json_parts){.pre = use_regex ? NULL : "{\"type\":\"ByteLevel\",\"use_regex\":false}",
                                       .vocab = vocab2, .merges = "[\"a \\u0120\"]"});
-        rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+        rc = tl_tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
         if (!rc) {
-            rc = tlz_encode(tok, "a b", 3, &ids, &n, err, sizeof err);
+            rc = tl_tlz_encode(tok, "a b", 3, &ids, &n, err, sizeof err);
             int ok = rc == TLZ_OK && (use_regex ? n == 3 && ids[0] == 0 && ids[1] == 3 && ids[2] == 1
                                                 : n == 2 && ids[0] == 5 && ids[1] == 1);
             free(ids);
-            tlz_tokenizer_free(tok);
+            tl_tlz_tokenizer_free(tok);
             rc = ok ? TLZ_OK : -1;
         }
         check(rc == TLZ_OK, use_regex ? "tiny: use_regex true splits at the space"
@@ -644,16 +644,16 @@ static void test_added_tokens_many(void)
     }
     snprintf(json + used, cap - used, "], \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}, "
              "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"<\": 2, \"|\": 3}, \"merges\": []}}");
-    tlz_tokenizer *tok = NULL;
+    tl_tlz_tokenizer *tok = NULL;
     char err[256] = "";
-    int rc = tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    int rc = tl_tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
     free(json);
     check(rc == TLZ_OK, "many added: load", "%s", err);
     if (rc) return;
     int id_ok = 1;
-    for (int k = 0; k < MANY_ADDED; k++) id_ok = id_ok && tlz_token_id(tok, toks[k].text) == toks[k].id;
-    check(id_ok, "many added: tlz_token_id finds each text's id", NULL);
-    check(tlz_token_id(tok, "<") == 2 && tlz_token_id(tok, "<|<|<|<|") == -1, "many added: tlz_token_id of others", NULL);
+    for (int k = 0; k < MANY_ADDED; k++) id_ok = id_ok && tl_tlz_token_id(tok, toks[k].text) == toks[k].id;
+    check(id_ok, "many added: tl_tlz_token_id finds each text's id", NULL);
+    check(tl_tlz_token_id(tok, "<") == 2 && tl_tlz_token_id(tok, "<|<|<|<|") == -1, "many added: tl_tlz_token_id of others", NULL);
     int mismatches = 0;
     for (int round = 0; round < 400; round++) {
         char text[64];
@@ -664,7 +664,7 @@ static void test_added_tokens_many(void)
         size_t n_want = 0, n = 0;
         many_reference(toks, text, len, skip_special, 0, want, &n_want);
         int32_t *ids = NULL;
-        rc = tlz_encode_ex(tok, text, len, skip_special ? TLZ_ENCODE_NO_SPECIAL : 0, &ids, &n, err, sizeof err);
+        rc = tl_tlz_encode_ex(tok, text, len, skip_special ? TLZ_ENCODE_NO_SPECIAL : 0, &ids, &n, err, sizeof err);
         if (rc || n != n_want || (n && memcmp(ids, want, n * sizeof *ids) != 0)) {
             if (!mismatches++)
                 check(0, "many added: encode equals the reference", "'%.*s' (skip_special %d): %zu ids, want %zu", (int)len,
@@ -673,7 +673,7 @@ static void test_added_tokens_many(void)
         free(ids);
     }
     check(mismatches == 0, "many added: 400 random texts encode as the reference splits them", "%d differ", mismatches);
-    tlz_tokenizer_free(tok);
+    tl_tlz_tokenizer_free(tok);
 }
 
 /* ------------------------------------------------------------------ GPT-2 */
@@ -699,24 +699,24 @@ static void test_gpt2(const char *dir)
 {
     char err[256] = "";
     char *path = join(dir, "gpt2/tokenizer.json");
-    tlz_tokenizer *tok = NULL;
+    tl_tlz_tokenizer *tok = NULL;
     clock_t t0 = clock();
-    int rc = tlz_tokenizer_load(path, &tok, err, sizeof err);
+    int rc = tl_tlz_tokenizer_load(path, &tok, err, sizeof err);
     double load_ms = 1000.0 * (double)(clock() - t0) / CLOCKS_PER_SEC;
     free(path);
     check(rc == TLZ_OK, "gpt2: load", "%s", err);
     if (rc) return;
     printf("  (gpt2 tokenizer.json loaded in %.0f ms)\n", load_ms);
-    check(tlz_vocab_size(tok) == 50257, "gpt2: vocab size 50257", "got %d", (int)tlz_vocab_size(tok));
-    check(tlz_token_id(tok, "<|endoftext|>") == 50256 && tlz_is_special(tok, 50256), "gpt2: <|endoftext|> = 50256",
+    check(tl_tlz_vocab_size(tok) == 50257, "gpt2: vocab size 50257", "got %d", (int)tl_tlz_vocab_size(tok));
+    check(tl_tlz_token_id(tok, "<|endoftext|>") == 50256 && tl_tlz_is_special(tok, 50256), "gpt2: <|endoftext|> = 50256",
           NULL);
     const char *b;
     size_t blen;
-    rc = tlz_token_bytes(tok, tlz_token_id(tok, "\xc4\xa0the"), &b, &blen);
-    check(rc == TLZ_OK && blen == 4 && memcmp(b, " the", 4) == 0 && tlz_token_id(tok, "\xc4\xa0the") == 262,
+    rc = tl_tlz_token_bytes(tok, tl_tlz_token_id(tok, "\xc4\xa0the"), &b, &blen);
+    check(rc == TLZ_OK && blen == 4 && memcmp(b, " the", 4) == 0 && tl_tlz_token_id(tok, "\xc4\xa0the") == 262,
           "gpt2: token 262 is \" the\"", NULL);
-    rc = tlz_token_bytes(tok, 50257, &b, &blen);
-    check(rc == TLZ_EID && tlz_token_bytes(tok, -1, &b, &blen) == TLZ_EID, "gpt2: token_bytes rejects bad ids", NULL);
+    rc = tl_tlz_token_bytes(tok, 50257, &b, &blen);
+    check(rc == TLZ_EID && tl_tlz_token_bytes(tok, -1, &b, &blen) == TLZ_EID, "gpt2: token_bytes rejects bad ids", NULL);
 
     size_t slen, ngold;
     char *spath = join(dir, "tokenizer/sample.txt"), *gpath = join(dir, "tokenizer/sample.gpt2.ids");
@@ -728,7 +728,7 @@ static void test_gpt2(const char *dir)
     if (sample && gold) {
         int32_t *ids = NULL;
         size_t n = 0;
-        rc = tlz_encode(tok, sample, slen, &ids, &n, err, sizeof err);
+        rc = tl_tlz_encode(tok, sample, slen, &ids, &n, err, sizeof err);
         size_t first = 0;
         while (first < n && first < ngold && ids[first] == gold[first]) first++;
         check(rc == TLZ_OK && n == ngold && first == n, "gpt2: sample ids == gpt-3-encoder golden",
@@ -736,26 +736,26 @@ static void test_gpt2(const char *dir)
               first < n ? (int)ids[first] : -1, first < ngold ? (int)gold[first] : -1);
         char *dec = NULL;
         size_t dlen = 0;
-        rc = tlz_decode(tok, gold, ngold, &dec, &dlen, err, sizeof err);
+        rc = tl_tlz_decode(tok, gold, ngold, &dec, &dlen, err, sizeof err);
         check(rc == TLZ_OK && dlen == slen && memcmp(dec, sample, slen) == 0, "gpt2: decode(golden) == sample", NULL);
         free(dec);
 
         /* Stream the sample token by token. */
-        tlz_stream *st = NULL;
-        tlz_stream_new(tok, &st, err, sizeof err);
+        tl_tlz_stream *st = NULL;
+        tl_tlz_stream_new(tok, &st, err, sizeof err);
         char *acc = malloc(slen + 1);
         size_t acc_n = 0, held = 0;
         int pieces_ok = 1;
         for (size_t i = 0; i < ngold && st; i++) {
             const char *piece;
             size_t plen;
-            if (tlz_stream_push(st, gold[i], &piece, &plen, err, sizeof err) || acc_n + plen > slen) {
+            if (tl_tlz_stream_push(st, gold[i], &piece, &plen, err, sizeof err) || acc_n + plen > slen) {
                 pieces_ok = 0;
                 break;
             }
             const char *tb;
             size_t tl;
-            tlz_token_bytes(tok, gold[i], &tb, &tl);
+            tl_tlz_token_bytes(tok, gold[i], &tb, &tl);
             if (plen != tl) held++;
             if (!is_valid_utf8(piece, plen)) pieces_ok = 0;
             memcpy(acc + acc_n, piece, plen);
@@ -763,12 +763,12 @@ static void test_gpt2(const char *dir)
         }
         const char *piece;
         size_t plen = 0;
-        tlz_stream_flush(st, &piece, &plen);
+        tl_tlz_stream_flush(st, &piece, &plen);
         check(pieces_ok && plen == 0 && acc_n == slen && memcmp(acc, sample, slen) == 0 && held > 10,
               "gpt2: streamed sample == sample, every piece whole UTF-8",
               "pieces_ok=%d flushed=%zu bytes=%zu/%zu tokens-with-held-bytes=%zu", pieces_ok, plen, acc_n, slen, held);
         free(acc);
-        tlz_stream_free(st);
+        tl_tlz_stream_free(st);
         free(ids);
     }
     free(sample);
@@ -778,25 +778,25 @@ static void test_gpt2(const char *dir)
     int32_t *ids = NULL;
     size_t n = 0;
     const char *s = "Hi<|endoftext|>there<|endoftext|><|endoftext|>";
-    rc = tlz_encode(tok, s, strlen(s), &ids, &n, err, sizeof err);
+    rc = tl_tlz_encode(tok, s, strlen(s), &ids, &n, err, sizeof err);
     static const int32_t want[] = {17250, 50256, 8117, 50256, 50256};
     check(rc == TLZ_OK && n == 5 && memcmp(ids, want, sizeof want) == 0, "gpt2: <|endoftext|> in text -> 50256",
           NULL);
     free(ids);
-    rc = tlz_encode_ex(tok, s, strlen(s), TLZ_ENCODE_NO_SPECIAL, &ids, &n, err, sizeof err);
+    rc = tl_tlz_encode_ex(tok, s, strlen(s), TLZ_ENCODE_NO_SPECIAL, &ids, &n, err, sizeof err);
     int has_special = 0;
     for (size_t i = 0; i < n; i++) has_special |= ids[i] == 50256;
     check(rc == TLZ_OK && !has_special && n > 5, "gpt2: NO_SPECIAL encodes <|endoftext|> as text", NULL);
     free(ids);
 
     /* A few known encodings (gpt-3-encoder). */
-    rc = tlz_encode(tok, "Hello world", 11, &ids, &n, err, sizeof err);
+    rc = tl_tlz_encode(tok, "Hello world", 11, &ids, &n, err, sizeof err);
     check(rc == TLZ_OK && n == 2 && ids[0] == 15496 && ids[1] == 995, "gpt2: \"Hello world\" = 15496 995", NULL);
     free(ids);
-    rc = tlz_encode(tok, "", 0, &ids, &n, err, sizeof err);
+    rc = tl_tlz_encode(tok, "", 0, &ids, &n, err, sizeof err);
     check(rc == TLZ_OK && n == 0, "gpt2: empty text -> no ids", NULL);
     free(ids);
-    rc = tlz_encode(tok, "a\0b", 3, &ids, &n, err, sizeof err);
+    rc = tl_tlz_encode(tok, "a\0b", 3, &ids, &n, err, sizeof err);
     check(rc == TLZ_OK && n == 3 && ids[1] == 188, "gpt2: NUL byte is token 188", NULL);
     free(ids);
 
@@ -804,52 +804,52 @@ static void test_gpt2(const char *dir)
     char *dec = (char *)1;
     size_t dlen = 7;
     int32_t bad_ids[] = {464, 50257};
-    rc = tlz_decode(tok, bad_ids, 2, &dec, &dlen, err, sizeof err);
+    rc = tl_tlz_decode(tok, bad_ids, 2, &dec, &dlen, err, sizeof err);
     check(rc == TLZ_EID && dec == NULL && dlen == 0 && strstr(err, "50257") && strstr(err, "position 1"),
           "gpt2: decode of id 50257 fails cleanly", "rc=%d \"%s\"", rc, err);
     bad_ids[1] = -5;
-    rc = tlz_decode(tok, bad_ids, 2, &dec, &dlen, err, sizeof err);
+    rc = tl_tlz_decode(tok, bad_ids, 2, &dec, &dlen, err, sizeof err);
     check(rc == TLZ_EID && strstr(err, "-5"), "gpt2: decode of id -5 fails cleanly", "rc=%d \"%s\"", rc, err);
-    rc = tlz_encode(NULL, "x", 1, &ids, &n, err, sizeof err);
+    rc = tl_tlz_encode(NULL, "x", 1, &ids, &n, err, sizeof err);
     check(rc == TLZ_EINVAL, "gpt2: encode with NULL tokenizer fails cleanly", NULL);
-    rc = tlz_decode(tok, NULL, 0, &dec, &dlen, NULL, 0);
+    rc = tl_tlz_decode(tok, NULL, 0, &dec, &dlen, NULL, 0);
     check(rc == TLZ_OK && dlen == 0 && dec && dec[0] == '\0', "gpt2: decode of nothing is \"\"", NULL);
     free(dec);
 
     /* Streaming: held-back bytes, invalid bytes, flush. */
-    tlz_stream *st = NULL;
-    rc = tlz_stream_new(tok, &st, err, sizeof err);
+    tl_tlz_stream *st = NULL;
+    rc = tl_tlz_stream_new(tok, &st, err, sizeof err);
     if (rc == TLZ_OK) {
         const char *p;
         size_t pl;
         /* Bytes 0xE4 0xB8 0xAD = U+4E2D; byte tokens are ids of the byte-level chars. */
-        int32_t e4 = tlz_token_id(tok, "\xc3\xa4"), b8 = tlz_token_id(tok, "\xc2\xb8"), ad = tlz_token_id(tok, "\xc5\x83"); /* 0xAD -> U+0143 */
+        int32_t e4 = tl_tlz_token_id(tok, "\xc3\xa4"), b8 = tl_tlz_token_id(tok, "\xc2\xb8"), ad = tl_tlz_token_id(tok, "\xc5\x83"); /* 0xAD -> U+0143 */
         int ok = e4 >= 0 && b8 >= 0 && ad >= 0;
-        ok = ok && !tlz_stream_push(st, e4, &p, &pl, NULL, 0) && pl == 0;
-        ok = ok && !tlz_stream_push(st, b8, &p, &pl, NULL, 0) && pl == 0;
-        ok = ok && !tlz_stream_push(st, ad, &p, &pl, NULL, 0) && pl == 3 && memcmp(p, "\xe4\xb8\xad", 3) == 0;
+        ok = ok && !tl_tlz_stream_push(st, e4, &p, &pl, NULL, 0) && pl == 0;
+        ok = ok && !tl_tlz_stream_push(st, b8, &p, &pl, NULL, 0) && pl == 0;
+        ok = ok && !tl_tlz_stream_push(st, ad, &p, &pl, NULL, 0) && pl == 3 && memcmp(p, "\xe4\xb8\xad", 3) == 0;
         check(ok, "stream: a code point split over 3 tokens comes out whole", NULL);
-        int32_t x = tlz_token_id(tok, "x");
-        ok = !tlz_stream_push(st, e4, &p, &pl, NULL, 0) && pl == 0;
-        ok = ok && !tlz_stream_push(st, x, &p, &pl, NULL, 0) && pl == 2 && memcmp(p, "\xe4x", 2) == 0;
+        int32_t x = tl_tlz_token_id(tok, "x");
+        ok = !tl_tlz_stream_push(st, e4, &p, &pl, NULL, 0) && pl == 0;
+        ok = ok && !tl_tlz_stream_push(st, x, &p, &pl, NULL, 0) && pl == 2 && memcmp(p, "\xe4x", 2) == 0;
         check(ok, "stream: an unfinished sequence broken by ASCII is passed through", NULL);
-        int32_t ff = tlz_token_id(tok, "\xc3\xbf");
-        ok = !tlz_stream_push(st, ff, &p, &pl, NULL, 0) && pl == 1 && (unsigned char)p[0] == 0xff;
+        int32_t ff = tl_tlz_token_id(tok, "\xc3\xbf");
+        ok = !tl_tlz_stream_push(st, ff, &p, &pl, NULL, 0) && pl == 1 && (unsigned char)p[0] == 0xff;
         check(ok, "stream: an invalid byte is emitted at once", NULL);
-        ok = !tlz_stream_push(st, e4, &p, &pl, NULL, 0) && pl == 0 &&
-             !tlz_stream_push(st, b8, &p, &pl, NULL, 0) && pl == 0;
-        tlz_stream_flush(st, &p, &pl);
+        ok = !tl_tlz_stream_push(st, e4, &p, &pl, NULL, 0) && pl == 0 &&
+             !tl_tlz_stream_push(st, b8, &p, &pl, NULL, 0) && pl == 0;
+        tl_tlz_stream_flush(st, &p, &pl);
         ok = ok && pl == 2 && memcmp(p, "\xe4\xb8", 2) == 0;
-        tlz_stream_flush(st, &p, &pl);
+        tl_tlz_stream_flush(st, &p, &pl);
         ok = ok && pl == 0;
         check(ok, "stream: flush emits held bytes once", NULL);
-        rc = tlz_stream_push(st, 50257, &p, &pl, err, sizeof err);
+        rc = tl_tlz_stream_push(st, 50257, &p, &pl, err, sizeof err);
         check(rc == TLZ_EID && strstr(err, "50257"), "stream: bad id fails cleanly", "rc=%d \"%s\"", rc, err);
-        tlz_stream_free(st);
+        tl_tlz_stream_free(st);
     }
 
     /* Round trips of random inputs. */
-    rc = tlz_stream_new(tok, &st, err, sizeof err);
+    rc = tl_tlz_stream_new(tok, &st, err, sizeof err);
     char buf[1024];
     int fails[4] = {0, 0, 0, 0};
     const char *first_why = NULL;
@@ -895,8 +895,8 @@ static void test_gpt2(const char *dir)
     why = roundtrip(tok, st, text, big, 0);
     check(!why, "gpt2: 1 MB of short words round-trips", "%s", why);
     free(text);
-    tlz_stream_free(st);
-    tlz_tokenizer_free(tok);
+    tl_tlz_stream_free(st);
+    tl_tlz_tokenizer_free(tok);
 }
 
 int main(int argc, char **argv)

@@ -20,17 +20,17 @@ enum { VOCAB = 9, EOS = 8 };
    tokens that advance it, token references and their negations included; then an allowed one
    is taken. */
 static void walk_tokens(const tl_compiled_grammar *g, const uint8_t *ids, size_t n) {
-    static tlz_tokenizer *tok;
+    static tl_tlz_tokenizer *tok;
     char err[128];
-    if (!tok && tlz_tokenizer_load(TL_FUZZ_DATA "/tokenizer/thinking9.json", &tok, err, sizeof err) != TLZ_OK) __builtin_trap();
+    if (!tok && tl_tlz_tokenizer_load(TL_FUZZ_DATA "/tokenizer/thinking9.json", &tok, err, sizeof err) != TLZ_OK) __builtin_trap();
     tl_grammar_matcher *mt = NULL;
-    if (gram_matcher_new(g, tok, VOCAB, EOS, &mt) != TL_OK) return; /* (a name the vocabulary lacks) */
+    if (tl_gram_matcher_new(g, tok, VOCAB, EOS, &mt) != TL_OK) return; /* (a name the vocabulary lacks) */
     uint8_t allowed[VOCAB];
     for (size_t i = 0; i < n && i < 64; i++) {
-        const int32_t state = gram_matcher_state(mt);
-        if (gram_matcher_mask_state(mt, state, allowed) < 0) break;
+        const int32_t state = tl_gram_matcher_state(mt);
+        if (tl_gram_matcher_mask_state(mt, state, allowed) < 0) break;
         for (int t = 0; t < VOCAB; t++) {
-            const int32_t next = gram_matcher_advance_state(mt, state, t);
+            const int32_t next = tl_gram_matcher_advance_state(mt, state, t);
             if (next >= 0 && allowed[t] != (next != GRAM_DEAD)) __builtin_trap();
         }
         int pick = ids[i] % VOCAB;
