@@ -25,7 +25,9 @@
 local ffi = require "ffi"
 
 local M = {}
-local C, raise
+-- (required on its own, bound to the library with its own raise; tinyloop binds it again
+-- with the API's, M.bind)
+local C, raise = require "tinyloop.lib", require("tinyloop.raise").from(debug.getinfo(1, "S").source)
 
 local Grammar = {}
 Grammar.__index = Grammar

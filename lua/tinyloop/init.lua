@@ -16,26 +16,7 @@
 -- Hooks run through a fixed set of long-lived FFI callbacks that dispatch through a
 -- registry, inside xpcall.
 local ffi = require "ffi"
-
-ffi.cdef(require "tinyloop.cdef")
-
-local C
-do
-    local here = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$")) or "."
-    local candidates = { os.getenv("TINYLOOP_LIB"), here .. "/../../build/libtinyloop.so", "tinyloop" }
-    local errors = {}
-    for i = 1, 3 do
-        local name = candidates[i]
-        if name then
-            local ok, lib = pcall(ffi.load, name)
-            if ok then C = lib break end
-            errors[#errors + 1] = tostring(lib)
-        end
-    end
-    if not C then
-        error("tinyloop: cannot load libtinyloop (build it, or set TINYLOOP_LIB): " .. table.concat(errors, "; "), 0)
-    end
-end
+local C = require "tinyloop.lib" -- (the declarations and the library, once a VM)
 
 local ffi_new, ffi_string, ffi_cast, ffi_gc = ffi.new, ffi.string, ffi.cast, ffi.gc
 local tonumber, tostring, type, pairs, error, xpcall, traceback = tonumber, tostring, type, pairs, error, xpcall, debug.traceback

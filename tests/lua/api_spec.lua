@@ -877,3 +877,48 @@ describe("stop_sequences and stop_strings", function()
         assert.equal("MAX_TOKENS", select(2, m:generate(p, cfg)).stop_reason)
     end)
 end)
+
+-- In plain LuaJIT subprocesses: busted's own wrapper of ffi.cdef skips a declaration made
+-- twice, which hid the first case below.
+describe("the module in a host program", function()
+    local function luajit(code, env)
+        local script = os.tmpname()
+        local f = assert(io.open(script, "wb"))
+        f:write("package.path = ", ("%q"):format(H.ROOT .. "/lua/?.lua;" .. H.ROOT .. "/lua/?/init.lua;"), " .. package.path\n", code)
+        f:close()
+        local out = H.sh((env or "") .. " luajit " .. H.q(script) .. " 2>&1; echo \"rc=$?\"")
+        os.remove(script)
+        return out
+    end
+
+    it("loads again where a host reloads it (package.loaded cleared, require 'tinyloop.init'): 'attempt to redefine'", function()
+        local out = luajit(([[
+            local first = require "tinyloop"
+            local m1 = assert(first.load(%q))
+            package.loaded.tinyloop = nil
+            local again = require "tinyloop"
+            assert(again ~= first, "a second copy")
+            local m2 = assert(again.load(%q))
+            local by_init = require "tinyloop.init"
+            assert(by_init.load(%q))
+            local prompt = m1:encode("It is")
+            local a, b = m1:generate(prompt, { max_tokens = 4 }), m2:generate(prompt, { max_tokens = 4 })
+            assert(#a == #b and a[#a] == b[#b], "the same tokens from each copy")
+            print("ok")]]):format(H.TEXTMODEL, H.TEXTMODEL, H.TEXTMODEL))
+        assert.equal("ok\nrc=0\n", out)
+    end)
+
+    it("fails where TINYLOOP_LIB names a library it cannot load (it quietly took the build tree's)", function()
+        local out = luajit('require "tinyloop"', "TINYLOOP_LIB=/nonexistent/libtinyloop.so")
+        assert.truthy(out:find("tinyloop: cannot load TINYLOOP_LIB=/nonexistent/libtinyloop.so: ", 1, true), out)
+        assert.truthy(out:find("rc=1", 1, true), out)
+    end)
+
+    it("gives tinyloop.grammar required on its own ('declaration specifier expected near tl_grammar_memory')", function()
+        local out = luajit([[
+            local grammar = require "tinyloop.grammar"
+            local g = assert(grammar.gbnf('root ::= "yes" | "no"'))
+            print(g:matches("yes"), g:matches("maybe"))]])
+        assert.equal("true\tfalse\nrc=0\n", out)
+    end)
+end)
