@@ -475,5 +475,5 @@ int main(int argc, char **argv) {
         free(prompt);
     }
     tl_model_free(m);
-    return 0;
+    return bench_output_status("tinyloop-batch-bench");
 }

@@ -1337,5 +1337,5 @@ int main(int argc, char **argv) {
         }
         if (fclose(csv) != 0) die(1, "--csv: writing %s failed", o.csv);
     }
-    return 0;
+    return bench_output_status("tinyloop-bench");
 }

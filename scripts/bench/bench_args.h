@@ -6,7 +6,18 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* A benchmark's exit status once its figures are printed: 1, said on stderr, where stdout
+   could not take them all (a full disk, a reader gone with SIGPIPE ignored: `> /dev/full`
+   exited 0), since the figures are the run's result. */
+static inline int bench_output_status(const char *tool) {
+    if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
+    fprintf(stderr, "%s: writing the output failed: %s\n", tool, strerror(errno));
+    return 1;
+}
 
 /* A whole number in [lo, hi], all of `text`. */
 static inline bool bench_long(const char *text, long lo, long hi, long *out) {

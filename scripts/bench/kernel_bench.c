@@ -318,5 +318,5 @@ int main(int argc, char **argv) {
     free(sum8);
     free(sum16);
     tl_pool_free(pool);
-    return 0;
+    return bench_output_status("tinyloop-kernel-bench");
 }

@@ -167,5 +167,5 @@ int main(int argc, char **argv) {
     free(b.ids);
     free(b.values);
     free(b.scratch);
-    return 0;
+    return bench_output_status("tinyloop-sampler-bench");
 }
