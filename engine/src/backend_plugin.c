@@ -40,7 +40,7 @@ static bool file_holding(const void *address, char *out, size_t out_len) {
     if (maps) {
         char line[4400];
         bool found = false;
-        while (!found && fgets(line, sizeof line, maps)) {
+        while (fgets(line, sizeof line, maps)) {
             uintptr_t low, high;
             int name_at = 0;
             if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %*s %*s %*s %*s %n", &low, &high, &name_at) != 2 || !name_at ||
