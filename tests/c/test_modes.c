@@ -244,7 +244,8 @@ static void check_modes(const tl_model *m, const int32_t *prompt, int n, tl_gene
 
 static tl_model *load(const char *dir) {
     tl_model *m = NULL;
-    if (tl_model_load(dir, NULL, &m) != TL_OK) printf("load %s: %s\n", dir, tl_last_error());
+    /* (a model that does not load fails the test: the callers return without it) */
+    CHECK(tl_model_load(dir, NULL, &m) == TL_OK, "load %s: %s", dir, tl_last_error());
     return m;
 }
 
@@ -257,7 +258,7 @@ static void random_prompts(const char *golden) {
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/%s", golden, models[mi].name);
         tl_model *m = load(dir);
-        if (!m) { CHECK(0, "load %s", models[mi].name); continue; }
+        if (!m) continue;
         const int vocab = tl_model_info(m)->vocab_size;
         for (int p = 0; p < 12; p++) {
             int32_t prompt[8];
@@ -285,7 +286,7 @@ static void text_prompts(const char *data) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/textmodel", data);
     tl_model *m = load(dir);
-    if (!m) { CHECK(0, "load textmodel"); return; }
+    if (!m) return;
     for (int p = 0; p < 15; p++) {
         int32_t *ids;
         int n;

@@ -258,7 +258,7 @@ describe("a Lua grammar", function()
     it("drives the stream iterator, which ends when the grammar does", function()
         local ids = {}
         for id in m:stream(P, { max_tokens = 10, grammar = fixed({ 120, 121, 122 }) }) do ids[#ids + 1] = id end
-        assert.same({ 120, 121, 122 }, H.slice(ids, 1, 3))
+        assert.same({ 120, 121, 122 }, ids) -- (and nothing after: the grammar's end ends the stream)
     end)
 end)
 

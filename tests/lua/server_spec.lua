@@ -2453,15 +2453,16 @@ describe("messages (Anthropic's Messages API)", function()
         req.stream = true
         status, body = post_messages(req, "-N")
         assert.equal(200, status, body)
-        local json, started = {}, nil
+        local json, started, stop_reason = {}, nil, nil
         for _, e in ipairs(events_of(body)) do
             if e.type == "content_block_start" then started = e.content_block end
             if e.type == "content_block_delta" then
                 assert.equal("input_json_delta", e.delta.type)
                 json[#json + 1] = e.delta.partial_json
             end
-            if e.type == "message_delta" then assert.equal("tool_use", e.delta.stop_reason) end
+            if e.type == "message_delta" then stop_reason = e.delta.stop_reason end
         end
+        assert.equal("tool_use", stop_reason) -- (a message_delta came, and says so)
         assert.same({ "tool_use", "weather", {} }, { started.type, started.name, started.input })
         assert.same(use.input, cjson.decode(table.concat(json)))
         -- the call and its result go back in the conversation
