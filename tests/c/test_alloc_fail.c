@@ -317,6 +317,8 @@ static void inject(const char *name, tl_status (*scenario)(void)) {
               "%s, allocation %ld of %ld failing: %s \"%s\", want TL_ERR_NO_MEMORY", name, n, total,
               tl_status_name(st), tl_last_error());
     }
+    /* (the counting allocator in use: else every run above was skipped and nothing checked) */
+    CHECK(total > 0 && no_memory + absorbed > 0, "%s: %ld allocations counted, none failed", name, total);
     printf("%-12s %5ld allocations: %ld runs TL_ERR_NO_MEMORY, %ld absorbed the failure\n", name, total, no_memory,
            absorbed);
 }

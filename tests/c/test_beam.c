@@ -126,6 +126,7 @@ static void test_determinism_and_stops(void) {
     CHECK(tl_generate(model, prompt, 4, &cfg, b, CAP, &nb, &sb) == TL_OK && nb == na && memcmp(a, b, (size_t)na * 4) == 0,
           "sampling knobs must not change beam search");
     /* A stop sequence on the winner's second token ends that hypothesis there (kept in the output). */
+    CHECK(na >= 6, "the winner has %d tokens: too few for the stop-sequence check", na);
     if (na >= 6) {
         int32_t seq[1] = {a[5]};
         tl_token_seq seqs[1] = {{seq, 1}};

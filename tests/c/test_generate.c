@@ -454,6 +454,7 @@ static void test_logit_adjustments(void) {
     tl_generate_config beam = cfg;
     beam.beam_size = 3;
     const int n_beam = gen(model, prompt, 2, &beam, other, NULL);
+    CHECK(n_beam > 2, "beam search under the ban wrote %d tokens", n_beam - 2);
     for (int i = 2; i < n_beam; i++) CHECK(other[i] != eos, "beam token %d is the banned eos", i);
 }
 

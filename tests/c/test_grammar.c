@@ -1159,7 +1159,7 @@ static void test_after(tl_model *m) {
     tl_compiled_grammar_free(answer);
     if (!g) return;
     int32_t out[256];
-    int triggered = 0, free_before = 0;
+    int triggered = 0, free_before = 0, ended = 0;
     for (uint64_t seed = 1; seed <= 40; seed++) {
         int len;
         tl_generate_stats stats;
@@ -1171,6 +1171,7 @@ static void test_after(tl_model *m) {
         const char *at = strstr(text, " the");
         int ok = 0;
         tl_grammar_matches(g, text, strlen(text), &ok);
+        ended += stats.stop_reason == TL_STOP_EOS;
         if (stats.stop_reason == TL_STOP_EOS) CHECK(ok, "seed %llu: not a sentence: \"%s\"", (unsigned long long)seed, text);
         if (at) {
             triggered++;
@@ -1188,7 +1189,10 @@ static void test_after(tl_model *m) {
     }
     CHECK(triggered >= 10 && free_before >= 5, "the trigger came in %d of 40 samples (%d after free text)", triggered,
           free_before);
-    printf("after: the trigger came in %d of 40 seeded samples, %d after free text\n", triggered, free_before);
+    /* (the checks above of whole sentences apply where a sample ended: enough must have) */
+    CHECK(ended >= 30, "%d of 40 samples ended", ended);
+    printf("after: the trigger came in %d of 40 seeded samples, %d after free text, %d ended\n", triggered, free_before,
+           ended);
     tl_compiled_grammar_free(g);
     /* greedy from "Data:" writes a "," early: across that trigger, speculative chain and tree
        are bit-identical to plain decoding, and beam hypotheses carry the grammar */
@@ -1374,6 +1378,7 @@ static void test_tags(tl_model *m) {
         tl_free(text);
     }
     CHECK(tags_seen >= 20, "%d tags in 30 samples", tags_seen);
+    CHECK(ended >= 20, "%d of 30 samples ended (the sentence check applies to those)", ended);
     printf("tags: %d tags in 30 seeded samples (%d ended)\n", tags_seen, ended);
     tl_compiled_grammar_free(g);
     /* greedy from "Data:" writes "," early: across that trigger, greedy speculative decoding

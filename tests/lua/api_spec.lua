@@ -210,12 +210,15 @@ describe("model:generate", function()
         local first = plain[#prompt + 1]
         -- a ban (-100) removes the greedy choice; every mode takes the same table
         local banned = m:generate(prompt, { max_tokens = 12, logit_bias = { [first] = -100 } })
+        assert.is_true(#banned > #prompt + 1, "tokens generated under the ban: " .. (#banned - #prompt))
         assert.are_not.equal(first, banned[#prompt + 1])
         for i = #prompt + 1, #banned do assert.are_not.equal(first, banned[i]) end
         local beams = m:generate(prompt, { max_tokens = 6, beam_size = 2, logit_bias = { [first] = -100 } })
+        assert.is_true(#beams > #prompt, "beam tokens: " .. (#beams - #prompt))
         for i = #prompt + 1, #beams do assert.are_not.equal(first, beams[i]) end
         -- +100 forces a token at every step
         local forced = m:generate(prompt, { max_tokens = 5, logit_bias = { [42] = 100 } })
+        assert.equal(#prompt + 5, #forced)
         for i = #prompt + 1, #forced do assert.equal(42, forced[i]) end
         -- the penalties against the same hook-free row, recomputed here: the step after a
         -- forced token sees it penalised once (presence) plus once per time (frequency)

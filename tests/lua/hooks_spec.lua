@@ -46,11 +46,15 @@ describe("on_token", function()
 
     it("only false stops (true, 0, a string or no value continue)", function()
         for _, r in ipairs({ true, 0, "stop" }) do
-            local _, stats = m:generate(P, { max_tokens = 4, on_token = function() return r end })
+            local calls = 0
+            local _, stats = m:generate(P, { max_tokens = 4, on_token = function() calls = calls + 1 return r end })
             assert.equal("MAX_TOKENS", stats.stop_reason)
+            assert.equal(4, calls) -- (the hook was asked each time)
         end
-        local _, stats = m:generate(P, { max_tokens = 4, on_token = function() end })
+        local calls = 0
+        local _, stats = m:generate(P, { max_tokens = 4, on_token = function() calls = calls + 1 end })
         assert.equal("MAX_TOKENS", stats.stop_reason)
+        assert.equal(4, calls)
     end)
 
     it("gets no text on a model without tokenizer", function()
