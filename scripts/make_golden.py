@@ -9,14 +9,18 @@ import os
 import shutil
 import sys
 
-import torch
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "reference"))
-from make_checkpoint import build  # noqa: E402
-from tinyloop_ref import load_checkpoint, save_checkpoint, write_safetensors  # noqa: E402
+from regen_args import parse_out  # noqa: E402
 
 OUT = os.path.join(HERE, "..", "tests", "data", "golden")
+if __name__ == "__main__":
+    OUT = parse_out(__doc__, OUT, "the cases")  # (before PyTorch loads: --help needs none)
+
+import torch  # noqa: E402
+
+from make_checkpoint import build  # noqa: E402
+from tinyloop_ref import load_checkpoint, save_checkpoint, write_safetensors  # noqa: E402
 BOS_EOS = {"bos_token_id": 0, "eos_token_id": 1}
 
 

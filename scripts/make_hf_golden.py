@@ -13,15 +13,19 @@ import os
 import shutil
 import sys
 
-import torch
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "reference"))
+from regen_args import parse_out  # noqa: E402
+
+OUT = os.path.join(HERE, "..", "tests", "data", "hf")
+if __name__ == "__main__":
+    OUT = parse_out(__doc__, OUT, "the cases")  # (before PyTorch loads: --help needs none)
+
+import torch  # noqa: E402
+
 import huginn_ref  # noqa: E402
 import ouro_ref  # noqa: E402
 from tinyloop_ref import CKPT_DTYPES, read_safetensors, write_safetensors  # noqa: E402
-
-OUT = os.path.join(HERE, "..", "tests", "data", "hf")
 SEQS = [(1, 1), (9, 1), (17, 2), (24, 4), (13, 3)]  # (length, recurrence); 4 = the trained depth
 EXIT_PASSES = 4
 EXIT_Q = [0.3, 0.6, 0.9, 0.95]  # thresholds whose exits the goldens keep (cumulative sums stay clear of them)

@@ -20,13 +20,19 @@ import random
 import sys
 from datetime import datetime
 
-import jinja2
-from jinja2 import nodes
-from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
 HERE = os.path.dirname(os.path.abspath(__file__))
-DATA = os.path.join(HERE, "..", "..", "tests", "data", "chat_templates")
+DATA = os.path.join(HERE, "..", "..", "tests", "data", "chat_templates")  # the templates
+OUT = DATA  # where expected.json goes
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+from regen_args import parse_out  # noqa: E402
+
+if __name__ == "__main__":
+    OUT = parse_out(__doc__, OUT, "expected.json and its entries")  # (before jinja2 loads)
+
+import jinja2  # noqa: E402
+from jinja2 import nodes  # noqa: E402
+from jinja2.ext import Extension, loopcontrols  # noqa: E402
+from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
 
 
 # ---------------------------------------------------------------- transformers' environment
@@ -354,11 +360,12 @@ def main():
     for i, source in enumerate(whitespace_sources(120, seed=2024)):
         entries.append({"template": "inline", "case": f"whitespace {i + 1}", "source": source, "vars": {"n": 5},
                         **render(source, {"n": 5})})
-    with open(os.path.join(DATA, "expected.json"), "w", encoding="utf-8") as f:
+    os.makedirs(OUT, exist_ok=True)
+    with open(os.path.join(OUT, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(entries, f, ensure_ascii=False, indent=1)
         f.write("\n")
     errors = sum(1 for e in entries if "error" in e)
-    print(f"wrote {len(entries)} entries ({errors} errors) to tests/data/chat_templates/expected.json")
+    print(f"wrote {len(entries)} entries ({errors} errors) to {os.path.join(OUT, 'expected.json')}")
 
 
 if __name__ == "__main__":

@@ -291,7 +291,7 @@ def main():
     sys.path.insert(0, HERE)
     from corpus import read_docs
 
-    ap = argparse.ArgumentParser(description="learn a byte-level BPE, write tokenizer.json")
+    ap = argparse.ArgumentParser(description="learn a byte-level BPE, write tokenizer.json", allow_abbrev=False)
     ap.add_argument("--corpus", default="build/corpus/train.txt")
     ap.add_argument("--out", default="build/corpus/tokenizer.json")
     ap.add_argument("--vocab-size", type=int, default=4096,

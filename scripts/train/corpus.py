@@ -220,7 +220,7 @@ def sha256(path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--out", default="build/corpus", help="output directory")
     ap.add_argument("--no-install", action="store_true", help="never call apt-get")
     args = ap.parse_args()

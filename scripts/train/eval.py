@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def parse_args():
-    ap = argparse.ArgumentParser(description="per-depth evaluation of a TinyLoop checkpoint")
+    ap = argparse.ArgumentParser(description="per-depth evaluation of a TinyLoop checkpoint", allow_abbrev=False)
     ap.add_argument("--model", default="models/tinyloop-austen", help="checkpoint directory")
     ap.add_argument("--out", default=None, help="markdown report (default: MODEL/eval.md)")
     ap.add_argument("--corpus-dir", default="build/corpus")
@@ -48,7 +48,22 @@ def parse_args():
     ap.add_argument("--prompt-tokens", type=int, default=32, help="including the leading BOS")
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    return ap.parse_args()
+    a = ap.parse_args()
+    # (a depth of 0 was a KeyError, no prompts a ValueError from deep in the run)
+    try:
+        depths = [int(d) for d in a.depths.split(",")]
+    except ValueError:
+        ap.error(f"--depths must be a comma-separated list of loop counts, got {a.depths!r}")
+    if min(depths) < 1:
+        ap.error(f"--depths must be loop counts of 1 or more, got {a.depths!r}")
+    for name in ("seq", "batch", "n_prompts", "gen_tokens", "threads"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be 1 or more, got {getattr(a, name)}")
+    if a.prompt_tokens < 2:
+        ap.error(f"--prompt-tokens counts the leading BOS: 2 or more, got {a.prompt_tokens}")
+    if a.max_tokens < 0:
+        ap.error(f"--max-tokens must be 0 (all) or more, got {a.max_tokens}")
+    return a
 
 
 args = parse_args()
@@ -236,6 +251,8 @@ def main():
     t1 = time.time()
     P = args.prompt_tokens
     cand = [d for d in docs if len(tok.encode_ordinary(d)) >= P - 1]
+    if not cand:
+        sys.exit(f"eval: no validation document has the {P - 1} tokens a prompt takes (--prompt-tokens {P})")
     n_p = min(args.n_prompts, len(cand))
     picks = [cand[int(k * len(cand) / n_p)] for k in range(n_p)]
     prompts = torch.tensor([[tok.eot_id] + tok.encode_ordinary(d)[:P - 1] for d in picks])

@@ -37,7 +37,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def parse_args():
-    ap = argparse.ArgumentParser(description="train a TinyLoop looped LM (CPU)")
+    # (allow_abbrev off: run.sh reads --out, --threads and --corpus-dir whole, so "--ou X"
+    # trained into X and evaluated the shipped model)
+    ap = argparse.ArgumentParser(description="train a TinyLoop looped LM (CPU)", allow_abbrev=False)
     ap.add_argument("--minutes", type=float, default=75.0, help="wall-clock budget, all included")
     ap.add_argument("--steps", type=int, default=0,
                     help="schedule by this many steps instead of wall clock (0: wall clock)")
