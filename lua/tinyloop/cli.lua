@@ -10,6 +10,7 @@ local json_text = require "tinyloop.json_text"
 local cjson = require "cjson.safe"
 local tags = require "tinyloop.tags"
 local raised_message = require("tinyloop.raise").message
+local decimal = require("tinyloop.script_options").decimal
 local read_tools -- (below)
 
 local _M = {}
@@ -191,7 +192,7 @@ function _M.parse(argv, default_model)
                 o.cfg[spec[1]] = v
                 i = i + 1
             else
-                local x = tonumber(v)
+                local x = decimal(v)
                 if not x or (spec[2] == "int" and x ~= math.floor(x)) then
                     return nil, usage_error("bad value for " .. a .. ": " .. v)
                 end

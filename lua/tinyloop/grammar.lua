@@ -25,9 +25,10 @@
 local ffi = require "ffi"
 
 local M = {}
--- (required on its own, bound to the library with its own raise; tinyloop binds it again
--- with the API's, M.bind)
-local C, raise = require "tinyloop.lib", require("tinyloop.raise").from(debug.getinfo(1, "S").source)
+-- (required on its own, bound to the library; its argument errors raise at the caller's line,
+-- past tinyloop's frames too where tinyloop called: M.bind)
+local OWN_SOURCE = debug.getinfo(1, "S").source
+local C, raise = require "tinyloop.lib", require("tinyloop.raise").from(OWN_SOURCE)
 
 local Grammar = {}
 Grammar.__index = Grammar
@@ -458,9 +459,11 @@ function M.build(rules)
     return M.gbnf(table.concat(lines, "\n") .. "\n")
 end
 
--- Called by init.lua with the loaded library and its error helper.
-function M.bind(lib, raise_fn)
-    C, raise = lib, raise_fn
+-- Called by init.lua with the loaded library and its chunk's source: an argument error then
+-- passes over this module's frames and tinyloop's (it was given tinyloop's raise, which
+-- stopped at this module's frames: "grammar.lua:55: ..." instead of the caller's line).
+function M.bind(lib, caller_source)
+    C, raise = lib, require("tinyloop.raise").from(OWN_SOURCE, caller_source)
     return M
 end
 

@@ -39,7 +39,7 @@ end
 local raise = require("tinyloop.raise").from(debug.getinfo(1, "S").source)
 
 -- ---- grammars compiled by the engine: tinyloop.grammar (grammar.lua)
-local grammar_mod = require("tinyloop.grammar").bind(C, raise)
+local grammar_mod = require("tinyloop.grammar").bind(C, debug.getinfo(1, "S").source)
 _M.grammar = grammar_mod
 
 -- Engine statuses that mean the caller asked for something wrong: raised (the error

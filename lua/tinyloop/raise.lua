@@ -3,18 +3,20 @@
 -- position shown is the caller's line, whatever helper found the problem.
 --   local raise = require("tinyloop.raise").from(debug.getinfo(1, "S").source)
 --   raise("config must be a table")
+-- (from(a, b): the frames of either module are passed over: tinyloop.grammar's functions are
+-- called by the user and by tinyloop's own, whose frames come between)
 local getinfo, error = debug.getinfo, error
 
 local _M = {}
 local own = getinfo(1, "S").source -- (this module's helpers, list_length, raise for others)
 
--- Returns raise(msg) for the module whose chunk source is `source`.
-function _M.from(source)
+-- Returns raise(msg) for the modules whose chunk sources are given.
+function _M.from(source, other_source)
     return function(msg)
         local level = 2
         while true do
             local info = getinfo(level, "S")
-            if not info or (info.source ~= source and info.source ~= own) then break end
+            if not info or (info.source ~= source and info.source ~= other_source and info.source ~= own) then break end
             level = level + 1
         end
         error(msg, level)

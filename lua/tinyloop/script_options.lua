@@ -15,6 +15,17 @@
 -- --help prints the usage and exits 0; a bad option or value prints the error and exits 2.
 local _M = {}
 
+-- A command line's number: decimal text only (an optional sign, digits with an optional
+-- fraction, an optional exponent), or nil. tonumber also reads "0x10", "inf" and "nan" (which
+-- a check then echoed as "-nan", not what was typed), and blanks around the digits.
+function _M.decimal(text)
+    if type(text) ~= "string" then return nil end
+    local mantissa, exponent = text:match("^[+-]?([%d.]+)([eE]?[+-]?%d*)$")
+    if not mantissa or not mantissa:find("%d") or select(2, mantissa:gsub("%.", "")) > 1 then return nil end
+    if exponent ~= "" and not exponent:match("^[eE][+-]?%d+$") then return nil end
+    return tonumber(text)
+end
+
 local function usage(spec)
     local lines = { ("usage: luajit %s [options]"):format(spec.path or ("scripts/" .. spec.name)), spec.summary, "" }
     for _, o in ipairs(spec) do
@@ -53,7 +64,7 @@ function _M.parse(argv, spec)
         local v = argv[i + 1]
         if v == nil then fail(spec, "option " .. a .. " needs a value") end
         if o.number or type(o[2]) == "number" then
-            v = tonumber(v)
+            v = _M.decimal(v)
             if not v then fail(spec, "option " .. a .. " needs a number, not '" .. argv[i + 1] .. "'") end
         end
         opt[o[1]:gsub("%-", "_")] = v

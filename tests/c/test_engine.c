@@ -219,7 +219,9 @@ int main(int argc, char **argv) {
     }
     eo.max_active = 0;
     CHECK_ERROR(tl_engine_new(model, &eo, &engine), TL_ERR_INVALID_ARGUMENT, "max_active = 0");
-    eo.max_active = 4, eo.step_rows = -2;
+    eo.max_active = 4, eo.max_queued = -1;
+    CHECK_ERROR(tl_engine_new(model, &eo, &engine), TL_ERR_INVALID_ARGUMENT, "max_queued = -1 must be in [0, 1048576]");
+    eo.max_queued = 0, eo.step_rows = -2;
     CHECK_ERROR(tl_engine_new(model, &eo, &engine), TL_ERR_INVALID_ARGUMENT, "step_rows = -2 must be -1 (auto)");
     eo.step_rows = 4; /* no row left for prompts */
     CHECK_ERROR(tl_engine_new(model, &eo, &engine), TL_ERR_INVALID_ARGUMENT, "more than max_active = 4");

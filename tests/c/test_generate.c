@@ -962,7 +962,9 @@ static void test_validation(void) {
     BAD(cfg.loops = -1, "loops = -1 is out of range");
     BAD(cfg.temperature = -0.5f, "temperature = -0.5 must be");
     BAD(cfg.temperature = NAN, "temperature = nan");
-    BAD((cfg.temperature = 0.7f, cfg.top_k = 0), "top_k = 0 must be >= 1 when sampling");
+    BAD(cfg.speculative = (tl_speculative_mode)7, "speculative = 7 is not a mode (0 off, 1 chain, 2 tree)");
+    BAD((cfg.speculative = TL_SPECULATIVE_CHAIN, cfg.draft_loops = 1, cfg.draft_ahead = 0), "draft_ahead = 0 is out of range [1, ");
+    BAD((cfg.temperature = 0.7f, cfg.top_k = 0), "top_k = 0 must be >= 1 when sampling"); /* (cfg as the block below takes it) */
     {   /* beam search ignores the sampling knobs (SPEC §3): a top_k it never reads is no error */
         tl_generate_config beam = cfg, plain = cfg;
         beam.beam_size = plain.beam_size = 2;

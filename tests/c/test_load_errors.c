@@ -249,6 +249,9 @@ static void api_errors(void) {
     o.n_threads = -2;
     CHECK_ERROR(tl_model_load(work, &o, &m), TL_ERR_INVALID_ARGUMENT, "n_threads = -2");
     tl_load_options_init(&o);
+    o.mmap_weights = 2;
+    CHECK_ERROR(tl_model_load(work, &o, &m), TL_ERR_INVALID_ARGUMENT, "load options: mmap_weights = 2 must be 0 or 1");
+    tl_load_options_init(&o);
     o.backend = TL_BACKEND_CUDA;
     if (tl_model_load(work, &o, &m) == TL_OK) tl_model_free(m); /* a machine with a GPU */
     else CHECK(strstr(tl_last_error(), "backend CUDA") != NULL, "CUDA refusal: %s", tl_last_error());

@@ -123,6 +123,11 @@ describe("anthropic.to_chat", function()
               '{"role": "user", "content": "y"}]}', "messages", "messages[1].content must not be empty" },
             { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "Sure "}]}',
               "messages", "final assistant content cannot end with trailing whitespace" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f", "input_schema": ' ..
+              '{"type": "object"}}], "tool_choice": {"type": "tool"}}', "tool_choice", 'tool_choice {"type": "tool"} needs the tool\'s "name"' },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f", "input_schema": ' ..
+              '{"type": "object"}}], "tool_choice": {"type": "auto", "disable_parallel_tool_use": 1}}', "tool_choice",
+              "tool_choice.disable_parallel_tool_use must be a boolean" },
         }
         require("helpers").refuses(anthropic.to_chat, cases)
     end)

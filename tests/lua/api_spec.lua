@@ -925,3 +925,97 @@ describe("the module in a host program", function()
         assert.equal("true\tfalse\nrc=0\n", out)
     end)
 end)
+
+-- Checkpoint files' rules that an audit found no test fed: a copy of a checkpoint with one
+-- field changed loads as nil, err naming the file and the rule.
+describe("tinyloop.load refuses a config or tokenizer field by field", function()
+    local cjson = require "cjson"
+    local work = os.tmpname()
+    os.remove(work)
+    -- a copy of `from` whose `file` (JSON) was changed by edit(t) -> nil, err from loading it
+    local function load_edited(from, file, edit)
+        H.sh("rm -rf " .. H.q(work) .. " && mkdir -p " .. H.q(work) .. " && cp " .. H.q(from) .. "/* " .. H.q(work) .. "/")
+        local f = assert(io.open(work .. "/" .. file, "rb"))
+        local t = cjson.decode(f:read("*a"))
+        f:close()
+        edit(t)
+        f = assert(io.open(work .. "/" .. file, "wb"))
+        f:write(cjson.encode(t))
+        f:close()
+        return tinyloop.load(work)
+    end
+    local function set(fields) return function(t) for k, v in pairs(fields) do t[k] = v end end end
+    local OURO, HUGINN = H.ROOT .. "/tests/data/hf/ouro_f32", H.ROOT .. "/tests/data/hf/huginn_f32"
+    local cases = {
+        { OURO, "config.json", set({ hidden_size = "32" }), 'field "hidden_size" must be an integer, got "32"' },
+        { OURO, "config.json", set({ hidden_size = 1e12 }), 'field "hidden_size" = 1000000000000 is out of range [1, 1048576]' },
+        { OURO, "config.json", set({ rms_norm_eps = "x" }), 'field "rms_norm_eps" must be a number, got "x"' },
+        { OURO, "config.json", set({ use_sliding_window = "no" }), 'field "use_sliding_window" must be true or false, got "no"' },
+        { OURO, "config.json", set({ hidden_act = 5 }), 'field "hidden_act" must be a string, got 5' },
+        { OURO, "config.json", set({ hidden_act = "gelu" }), 'hidden_act = "gelu" is not supported (only "silu")' },
+        { OURO, "config.json", set({ attention_bias = true }), "attention_bias = true is not part of Ouro's architecture" },
+        { HUGINN, "config.json", set({ norm_class_name = "LayerNorm" }), 'Huginn norm_class_name = "LayerNorm" is not supported' },
+        { HUGINN, "config.json", set({ n_layers = 5 }),
+          "n_layers = 5 is not n_layers_in_prelude + n_layers_in_recurrent_block + n_layers_in_coda = 4" },
+        { HUGINN, "config.json", set({ injection_type = "add" }), 'Huginn injection_type = "add" is not supported (only "linear")' },
+        { HUGINN, "config.json", set({ state_init = "normal" }), 'Huginn state_init = "normal" is not supported' },
+        { H.TEXTMODEL, "config.json", set({ d_model = 12 }), "rope needs an even head_dim, got d_model/n_heads = 3" },
+        { H.TEXTMODEL, "config.json", set({ state_norm = false, state_norm_weights = "final_norm" }),
+          'state_norm_weights = "final_norm" needs state_norm = true' },
+        { H.TEXTMODEL, "config.json", set({ injection = "none", initial_state = "truncated_normal" }),
+          'initial_state applies to injection "add" or "concat"' },
+        { H.TEXTMODEL, "tokenizer.json", function(t) t.model.ignore_merges = true end, "model.ignore_merges is not supported" },
+        { H.TEXTMODEL, "tokenizer.json", function(t) t.model.fuse_unk = "x" end, "model.fuse_unk must be a boolean" },
+        { H.TEXTMODEL, "tokenizer.json", function(t) t.added_tokens[1].special = "yes" end,
+          "added_tokens: \"special\" of '<|endoftext|>' must be a boolean" },
+        { H.TEXTMODEL, "tokenizer.json", function(t) t.added_tokens[1].lstrip = "no" end,
+          "added_tokens: \"lstrip\", \"rstrip\" and \"single_word\" of '<|endoftext|>' must be booleans" },
+        { H.TEXTMODEL, "tokenizer.json", function(t) t.added_tokens[1].normalized = 1 end,
+          "added_tokens: \"normalized\" of '<|endoftext|>' must be a boolean" },
+        { H.TEXTMODEL, "tokenizer.json", function(t) t.added_tokens = {} end, "added_tokens must be an array" },
+        { H.TEXTMODEL, "tokenizer.json", function(t)
+              t.added_tokens[2] = { id = 320, content = "<|x|>", special = true, single_word = false, lstrip = false,
+                                    rstrip = false, normalized = false }
+          end, "the tokenizer has 321 ids but config.json vocab_size is 320" },
+    }
+    for _, case in ipairs(cases) do
+        it(case[4], function()
+            local m, err = load_edited(case[1], case[2], case[3])
+            assert.is_nil(m)
+            assert.truthy(err:find(case[4], 1, true), err)
+            assert.truthy(err:find(work, 1, true), err) -- (the file named)
+        end)
+    end
+    teardown(function() H.sh("rm -rf " .. H.q(work)) end)
+end)
+
+-- Argument rules of the Lua API that an audit found no test fed: each raises in its words.
+describe("the Lua API's argument rules", function()
+    local policy = require "tinyloop.policy"
+    local m = assert(tinyloop.load(H.TEXTMODEL))
+    local P = { 1, 2, 3 }
+    it("raise, naming the field", function()
+        local closed = m:session(P, { max_tokens = 4 })
+        closed:close()
+        local live = m:session(P, { max_tokens = 4 })
+        for _, case in ipairs({
+            { "config field 'verify_loops' needs speculative = \"chain\" or \"tree\"", function() return m:session(P, { verify_loops = 3 }) end },
+            { "verify_loops = 0 must be in [1, max_loops = 4]", function() return m:session(P, { speculative = "chain", verify_loops = 0 }) end },
+            { "config field 'loops': use verify_loops for speculative decoding", function() return m:generate_speculative(P, { loops = 3 }) end },
+            { "config field 'grammar' must be a tinyloop.grammar, or an object with allowed(self, mask, vocab_size)",
+              function() return m:generate(P, { grammar = {} }) end },
+            { "session:fork(): hooks must be a table", function() return live:fork(5) end },
+            { "session:fork(): unknown hook field 'on_tok'", function() return live:fork({ on_tok = 1 }) end },
+            { "session:save(): the session is closed", function() return closed:save() end },
+            { "session:detach(): the session has finished or is closed", function() return closed:detach() end },
+            { "tinyloop.policy.ban_tokens: ids must be a table of token ids", function() return policy.ban_tokens(5) end },
+            { "tinyloop.policy.repetition: opts must be a table", function() return policy.repetition(5) end },
+            { "tinyloop.policy.logit_bias: bias must be a table id -> bias", function() return policy.logit_bias(5) end },
+        }) do
+            local ok, err = pcall(case[2])
+            assert.is_false(ok, case[1])
+            assert.truthy(tostring(err):find(case[1], 1, true), tostring(err))
+        end
+        live:close()
+    end)
+end)

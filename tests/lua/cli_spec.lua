@@ -256,6 +256,13 @@ describe("scripts/tinyloop", function()
             ["--logit-bias 99999999999999999999=5 -n 1 x"] = "bad value for --logit-bias: 99999999999999999999=5",
             -- (the depth is the option's: it named the input line, and the field)
             ["--embed -L -3 x"] = "--loops = -3 is out of range [1, max_loops = 16]",
+            -- (decimal numbers only: tonumber took 0x10 as 16, and nan, echoed as "-nan")
+            ["-n 0x10 x"] = "tinyloop: bad value for -n: 0x10 (see --help)",
+            ["--temperature nan x"] = "tinyloop: bad value for --temperature: nan (see --help)",
+            ["-n x x"] = "tinyloop: bad value for -n: x (see --help)",
+            ["-n 1.5 x"] = "tinyloop: bad value for -n: 1.5 (see --help)",
+            [""] = "tinyloop: no prompt given (see --help)",
+            ["--embed --chat x"] = "tinyloop: --embed reads PROMPT as text: not with --chat or -i (see --help)",
         }) do
             local status, out = run("luajit scripts/tinyloop " .. args)
             assert.equal(2, status, args .. ": " .. out)
@@ -266,6 +273,23 @@ describe("scripts/tinyloop", function()
         assert.equal(2, status, out)
         assert.truthy(out:find("^tinyloop: embed: %-%-loops = 0 must be in %[1, max_loops = 16%]"), out) -- (no line named)
         assert.equal(0, (run("luajit scripts/tinyloop -s 9007199254740992 -n 1 --no-stats x > /dev/null")))
+    end)
+
+    it("fails saying so where a --policy file cannot be loaded, returns no policy or raises", function()
+        local dir = os.tmpname()
+        os.remove(dir)
+        H.sh("mkdir -p " .. dir .. " && echo 'return 5' > " .. dir .. "/five.lua && echo 'error(\"boom\")' > " .. dir ..
+             "/boom.lua && echo 'x =' > " .. dir .. "/broken.lua")
+        for file, want in pairs({ ["/nonexistent.lua"] = "tinyloop: cannot load policy /nonexistent.lua: cannot open /nonexistent.lua",
+                                  [dir .. "/broken.lua"] = "tinyloop: cannot load policy " .. dir .. "/broken.lua: ",
+                                  [dir .. "/five.lua"] = "tinyloop: policy " .. dir .. "/five.lua must return a table or a function",
+                                  [dir .. "/boom.lua"] = "tinyloop: policy " .. dir .. "/boom.lua failed: " .. dir .. "/boom.lua:1: boom" }) do
+            local status, out = run("luajit scripts/tinyloop --policy " .. file .. " -n 1 x")
+            assert.equal(1, status, out)
+            assert.truthy(out:find(want, 1, true), out)
+            assert.falsy(out:find("traceback", 1, true), out)
+        end
+        H.sh("rm -rf " .. dir)
     end)
 
     it("refuses --threads past the engine's limit as bad usage (exit 2, it was 1)", function()

@@ -77,6 +77,21 @@ describe("config values that C cannot represent", function()
         local err = raised({ "loops = 0" }, function() local ids = m:generate({ 1 }, { loops = 0 }) return ids end)
         assert.truthy(err:find("conventions_spec.lua:%d+:"), err)
     end)
+
+    it("tinyloop.grammar's errors point at the caller's line too (they pointed into grammar.lua)", function()
+        local G = H.tinyloop.grammar
+        for _, case in ipairs({
+            { "tinyloop.grammar.gbnf: text must be a string", function() local g = G.gbnf(5) return g end },
+            { "tinyloop.grammar.rep", function() local e = G.rep("a", -1) return e end },
+            { "tinyloop.grammar.lit", function() local e = G.lit(5) return e end },
+            { "tinyloop.grammar.build", function() local g = G.build(5) return g end },
+            -- (through tinyloop's own frames: a grammar option of generate)
+            { "grammar", function() local ids = m:generate({ 1 }, { grammar = {} }) return ids end },
+        }) do
+            local err = raised({ case[1] }, case[2])
+            assert.truthy(err:find("^[^\n]*conventions_spec.lua:%d+:"), err)
+        end
+    end)
 end)
 
 describe("runtime failures", function()

@@ -599,3 +599,46 @@ describe("cfg.grammar with a compiled grammar", function()
         assert.has_error(function() austen:generate(P, { grammar = lua_grammar, speculative = "chain" }) end)
     end)
 end)
+
+-- Every refusal rule of the three compilers, fed (an audit found these reached by no test):
+-- the status (nil, err) and the rule's own words.
+describe("tinyloop.grammar refuses, in the rule's words", function()
+    local deep_schema = ('{"type":"array","items":'):rep(70) .. "{}" .. ("}"):rep(70)
+    local cases = {
+        { "json_schema", '{"type":"object","required":"a"}', "at the root: 'required' must be an array" },
+        { "json_schema", '{"type":"string","minLength":5,"maxLength":2}', "at the root: maxLength < minLength" },
+        { "json_schema", '{"type":"integer","minimum":5,"maximum":2}', "at the root: minimum > maximum: no integer fits" },
+        { "json_schema", '{"type":"array","minItems":3,"maxItems":1}', "at the root: maxItems < minItems" },
+        { "json_schema", '{"enum":[]}', "'enum' must be a non-empty array" },
+        { "json_schema", '{"type":"object","properties":[]}', "'properties' must be an object" },
+        { "json_schema", '{"type":5}', "'type' must be a string or a non-empty array of strings" },
+        { "json_schema", "false", "schema 'false' matches nothing" },
+        { "json_schema", "5", "a schema must be an object or a boolean" },
+        { "json_schema", '{"allOf":[{"type":"string"},{"minLength":1}]}', "allOf is supported for object schemas only" },
+        { "json_schema", '{"type":"string","pattern":"a","minLength":1}',
+          "'pattern' combined with minLength/maxLength/format is not supported" },
+        { "json_schema", '{"anyOf":[]}', "'anyOf' must be a non-empty array" },
+        { "json_schema", '{"type":"string","pattern":5}', "'pattern' must be a string" },
+        { "json_schema", '{"type":"string","format":5}', "'format' must be a string" },
+        { "json_schema", '{"type":"array","prefixItems":{}}', "'prefixItems' must be an array" },
+        { "json_schema", '{"type":"integer","exclusiveMinimum":"x"}', "'exclusiveMinimum' must be a number below 2^53" },
+        { "json_schema", '{"$ref":5}', "'$ref' must be a string" },
+        { "json_schema", deep_schema, "nested too deeply (more than 64 levels)" },
+        { "json_schema", '{"type":"string","pattern":"a\\u0001"}', "pattern: control characters are not supported" },
+        { "regex", "[\\q]", "escape '\\q' inside a class is not supported" },
+        { "regex", "[\\\1]", "escaping a control or non-ASCII character is not supported" },
+        { "regex", "\\\195\169", "escaping a control or non-ASCII character is not supported" },
+        { "regex", ("("):rep(1100) .. "a" .. (")"):rep(1100), "regular expression: nested too deeply" },
+        { "gbnf", 'root ::= "\\', "line 1, column 11: unfinished escape in a string literal (in rule 'root')" },
+        { "gbnf", 'root ::= "\\x4', "line 1, column 11: expected 2 hex digits after the escape (in rule 'root')" },
+        { "gbnf", 'root ::= "a"{x}', "line 1, column 14: expected a number in '{m,n}' (in rule 'root')" },
+        { "gbnf", "root ::= " .. ("("):rep(1100) .. '"a"' .. (")"):rep(1100), "parentheses nested too deeply (in rule 'root')" },
+    }
+    for _, case in ipairs(cases) do
+        it(case[1] .. ": " .. case[3], function()
+            local g, err = H.tinyloop.grammar.from_text(case[1], case[2])
+            assert.is_nil(g)
+            assert.truthy(err:find(case[3], 1, true), err)
+        end)
+    end
+end)

@@ -113,6 +113,9 @@ describe("ollama.chat_to_chat", function()
         assert.truthy(ollama.chat_to_chat('{"messages": [{"role": "user", "content": "x"}], "think": false}', ID, false))
         assert.truthy(ollama.generate_to_chat('{"prompt": "x", "think": false}', ID, false))
         assert.is_nil(ollama.generate_to_chat('{"prompt": "x", "think": true}', ID, false))
+        -- raw leaves the template out, and thinking goes through it
+        local _, err = ollama.generate_to_chat('{"prompt": "x", "raw": true, "think": false}', ID, true)
+        assert.same({ 400, "think", "think goes through the chat template, which raw leaves out" }, { err.status, err.param, err.message })
     end)
 end)
 

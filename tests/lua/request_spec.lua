@@ -34,6 +34,21 @@ describe("request.parse", function()
     end)
 end)
 
+describe("request.parse's structured output", function()
+    it("refuses a grammar that is no text, and more structural tags than the limit, naming the field", function()
+        local req, err = request.parse('{"prompt": "hi", "max_tokens": 2, "structured_outputs": {"grammar": 5}}', model,
+                                       "tinyloop-austen", 8, {})
+        assert.is_nil(req)
+        assert.same({ "structured_outputs.grammar must be a string (GBNF)", "structured_outputs" }, { err.message, err.param })
+        local structures = {}
+        for i = 1, 257 do structures[i] = { begin = "<a" .. i .. ">", ["end"] = "</a>", schema = { type = "string" } } end
+        req, err = request.parse(cjson.encode({ prompt = "hi", max_tokens = 2, response_format = { type = "structural_tag",
+                                 structures = structures, triggers = { "<a" } } }), model, "tinyloop-austen", 8, {})
+        assert.is_nil(req)
+        assert.same({ "response_format.structures has 257 entries: at most 256", "response_format" }, { err.message, err.param })
+    end)
+end)
+
 describe("request.decode_object", function()
     it("takes strict JSON only, what clients' parsers take (lua-cjson took these, and answers echoed them)", function()
         for _, body in ipairs({ '{"a": 1.}', '{"a": -.5}', '{"a": 01}', '{"a": 1e}', '{"a": 1.5.2}', '{"a": NaN}',
@@ -55,6 +70,28 @@ describe("request.parse's stop", function()
             local req, err = request.parse(cjson.encode({ prompt = "It is", stop = stop }), model, "tinyloop-austen", 8, {})
             assert.is_nil(req)
             assert.same({ "stop must not hold a NUL character (\\u0000)", "stop" }, { err.message, err.param })
+        end
+    end)
+
+    it("refuses a stop that is neither a string nor an array, {} too (it decoded as [] and was taken)", function()
+        for _, body in ipairs({ '{"prompt": "It is", "stop": {}}', '{"prompt": "It is", "stop": 5}',
+                                '{"prompt": "It is", "stop": true}', '{"prompt": "It is", "stop": {"a": "b"}}' }) do
+            local req, err = request.parse(body, model, "tinyloop-austen", 8, {})
+            assert.is_nil(req, body)
+            assert.same({ "stop must be a string or an array of strings", "stop" }, { err.message, err.param }, body)
+        end
+        -- stop strings on a model without a tokenizer (token-id prompts only)
+        local req, err = request.parse('{"prompt": [1], "max_tokens": 2, "stop": "x"}',
+                                       { vocab_size = 10, max_seq_len = 16, has_tokenizer = false }, "m", 4)
+        assert.is_nil(req)
+        assert.same({ "stop strings need a tokenizer, which this model lacks", "stop" }, { err.message, err.param })
+        -- [] is no stop string, as before; the same rule for an array field and an object field
+        assert.truthy(request.parse('{"prompt": "It is", "stop": []}', model, "tinyloop-austen", 8, {}))
+        for body, want in pairs({ ['{"prompt": "It is", "stop_token_ids": {}}'] = "stop_token_ids must be an array",
+                                  ['{"prompt": "It is", "structured_outputs": []}'] = "structured_outputs must be an object" }) do
+            local req, err = request.parse(body, model, "tinyloop-austen", 8, {})
+            assert.is_nil(req, body)
+            assert.equal(want, err.message, body)
         end
     end)
 end)

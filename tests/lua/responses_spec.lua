@@ -109,6 +109,15 @@ describe("responses.to_chat", function()
             { '{"input": "x", "text": {"verbosity": "loud"}}', "text", "text.verbosity" },
             { '{"input": "x", "text": {"size": 1}}', "text", "unknown field 'size' in text" },
             { '{"input": "x", "tool_choice": {"type": "function"}}', "tool_choice", '"name"' },
+            -- (a word it does not know: this API's shapes named, not chat's {"function": {...}})
+            { '{"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}], ' ..
+              '"tool_choice": "sometimes"}', "tool_choice",
+              'tool_choice must be "none", "auto", "required", {"type": "function", "name": ...} or {"type": "allowed_tools"' },
+            { '{"input": "x", "text": {"format": "json"}}', "text", 'text.format must be an object {"type": ...}' },
+            { '{"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "allowed_tools", ' ..
+              '"mode": "any", "tools": [{"type": "function", "name": "f"}]}}', "tool_choice", 'tool_choice.mode must be "auto" or "required"' },
+            { '{"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "allowed_tools", ' ..
+              '"mode": "auto", "tools": []}}', "tool_choice", "tool_choice.tools must be a non-empty array of tools" },
             { '{"input": "x", "top_logprobs": -1}', "top_logprobs", "top_logprobs = -1" },
             { '{"input": "x", "top_logprobs": 21}', "top_logprobs", "top_logprobs = 21 must be in [0, 20]" }, -- (without include too)
             { '{"input": "x", "reasoning": {"depth": 1}}', "reasoning", "unknown field 'depth' in reasoning" },

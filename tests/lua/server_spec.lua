@@ -2252,6 +2252,13 @@ describe("responses (OpenAI's Responses API)", function()
         assert.equal(200, listed_status, listed)
         local items = cjson.decode(listed)
         assert.same({ "list", 1, "user", "Who am I?" }, { items.object, #items.data, items.data[1].role, items.data[1].content[1].text })
+        -- its limit: whole decimal numbers only (0x10 was read as 16)
+        for _, limit in ipairs({ "abc", "1.5", "0x10", "nan", "-1" }) do
+            local bad_status, bad = curl(base .. "/v1/responses/" .. second.id .. "/input_items?limit=" .. limit)
+            assert.equal(400, bad_status, limit .. ": " .. bad)
+            assert.same({ "limit must be an integer in [1, 100]", "limit" },
+                        { cjson.decode(bad).error.message, cjson.decode(bad).error.param }, limit)
+        end
         local s404, b404 = curl(base .. "/v1/responses/" .. second.id .. "/cancel")
         assert.equal(404, s404)
         assert.truthy(cjson.decode(b404).error.message:find("is not served here", 1, true), b404)
@@ -3097,7 +3104,9 @@ describe("/tokenize and /detokenize (vLLM's)", function()
         refused("/tokenize", { prompt = "a", messages = messages }, 400, "messages", "one of them")
         refused("/tokenize", {}, 400, "prompt", "one of them")
         refused("/tokenize", { prompt = { 1, 2 } }, 400, "prompt", "prompt must be a string")
-        refused("/tokenize", { prompt = "a", tools = {} }, 400, "tools", "tools goes with messages")
+        refused("/tokenize", { prompt = "a", tools = { { type = "function", ["function"] = { name = "f" } } } }, 400, "tools",
+                "tools goes with messages")
+        refused("/tokenize", { messages = messages, tools = { a = 1 } }, 400, "tools", "tools must be an array")
         refused("/tokenize", { prompt = "a", add_generation_prompt = true }, 400, "add_generation_prompt")
         refused("/tokenize", { prompt = "a", chat_template = "{{ 1 }}" }, 400, "chat_template", "unknown field")
         refused("/tokenize", { messages = { { role = "wizard", content = "hi" } } }, 400, "messages")
@@ -3107,7 +3116,7 @@ describe("/tokenize and /detokenize (vLLM's)", function()
         refused("/detokenize", { tokens = { 1, 4096 } }, 400, "tokens", "tokens[1] = 4096 is not a token id: ids are in [0, 4096)")
         refused("/detokenize", { tokens = { 1, 2.5 } }, 400, "tokens", "tokens[1] = 2.5 is not a token id")
         refused("/detokenize", '{"tokens": {"a": 1}}', 400, "tokens", "tokens must be an array of token ids")
-        refused("/detokenize", '{"tokens": {}}', 400, "tokens", "tokens must be an array of token ids")
+        refused("/detokenize", '{"tokens": {}}', 400, "tokens", "tokens must be an array")
         refused("/detokenize", { tokens = "1 2" }, 400, "tokens", "tokens must be an array")
         refused("/detokenize", {}, 400, "tokens", "tokens is required")
         refused("/detokenize", { tokens = { 1 }, prompt = "a" }, 400, "prompt", "unknown field")
@@ -4389,7 +4398,10 @@ describe("scripts/serve options", function()
                                   -- serve waited for good)
                                   ["--max-queued 5000"] = "each worker's thread pool would need 5018 threads (at most 4096)",
                                   -- (mkdir's own message, exit 1)
-                                  ["--prefix /dev/null"] = "--prefix /dev/null: cannot make a writable directory there" }) do
+                                  ["--prefix /dev/null"] = "--prefix /dev/null: cannot make a writable directory there",
+                                  ["--port 0"] = "serve: --port 0 is not in [1, 65535]",
+                                  ["--port 70000"] = "serve: --port 70000 is not in [1, 65535]",
+                                  ["--engine-nice 20"] = "serve: --engine-nice must be at most 19, got 20" }) do
             out = sh("TMPDIR=" .. dir .. " scripts/serve " .. args .. " 2>&1; echo \"exit $?\"")
             assert.truthy(out:find(want, 1, true), out)
             assert.truthy(out:find("exit 2", 1, true), out)

@@ -163,7 +163,9 @@ local KIND_CHECK = {
 }
 local KIND_WORDS = { string = "a string", number = "a number", integer = "an integer", boolean = "a boolean", object = "an object",
                      array = "an array", tool_choice = 'a string or an object {"type": "function", ...}',
-                     schema = "a JSON Schema (an object, or its JSON text)" }
+                     schema = "a JSON Schema (an object, or its JSON text)", stop = "a string or an array of strings" }
+-- How the text of an empty value of a kind opens (KIND_CHECK takes {} and [] alike).
+local EMPTY_OPENS = { object = "{", array = "[", stop = "[" }
 
 -- Fields that TinyLoop does not implement, which clients send at their defaults (the SDKs
 -- null): OpenAI's completions' and vLLM's; the value that changes nothing is accepted, any
@@ -907,6 +909,12 @@ local function decode_fields(body, fields, no_ops)
             if cfg_name == "sample_seed" then v = _M.request_seed(v) or v end
             local check = KIND_CHECK[kind]
             if check and not check(v) then return bad(("%s must be %s"):format(k, KIND_WORDS[kind]), k) end
+            -- (an empty object and an empty array decode alike: the text tells them apart;
+            -- "stop": {} was taken as no stop strings)
+            local opens = EMPTY_OPENS[kind]
+            if opens and type(v) == "table" and next(v) == nil and raw_member(body, { k }):sub(1, 1) ~= opens then
+                return bad(("%s must be %s"):format(k, KIND_WORDS[kind]), k)
+            end
             if cfg_name then cfg[cfg_name] = v end
         end
     end
