@@ -129,6 +129,29 @@ describe("anthropic.to_chat", function()
               '{"type": "object"}}], "tool_choice": {"type": "auto", "disable_parallel_tool_use": 1}}', "tool_choice",
               "tool_choice.disable_parallel_tool_use must be a boolean" },
         }
+        -- (rules an audit found no test fed)
+        local U = '"messages": [{"role": "user", "content": "x"}], '
+        for _, case in ipairs({
+            { '{' .. ok .. '"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": 1}]}]}',
+              "messages", "messages[0].content[0].is_error must be a boolean" },
+            { '{' .. ok .. U .. '"service_tier": "priority"}', "service_tier", 'service_tier must be "auto" or "standard_only"' },
+            { '{' .. ok .. U .. '"output_format": {"type": "json_schema", "schema": {}}, "output_config": {"format": ' ..
+              '{"type": "json_schema", "schema": {}}}}', "output_format", "output_format and output_config.format are one setting" },
+            { '{' .. ok .. U .. '"output_config": {"format": "json"}}', "output_config",
+              'output_config.format must be an object {"type": "json_schema", "schema"}' },
+            { '{' .. ok .. U .. '"thinking": {"type": "enabled", "budget_tokens": "x"}}', "thinking", "thinking.budget_tokens must be an integer" },
+            { '{' .. ok .. U .. '"metadata": {"user_id": 5}}', "metadata", "metadata.user_id must be a string" },
+            { '{' .. ok .. U .. '"temperature": 1.5}', "temperature", "temperature must be between 0 and 1" },
+            { '{"max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}', "max_tokens", "max_tokens must be at least 1" },
+            { '{' .. ok .. U .. '"system": 5}', "system", "system must be a string or an array of text blocks" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "thinking", ' ..
+              '"thinking": 5, "signature": "s"}]}]}', "messages", "messages[1].content[0].thinking must be a string" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "tool_use", ' ..
+              '"name": "f", "input": {}}]}]}', "messages", "needs its id and name (strings)" },
+            { '{' .. ok .. '"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "tool_result", ' ..
+              '"tool_use_id": "t"}]}]}', "messages", "only a user message answers tool calls" },
+            { '{' .. ok .. U .. '"tools": [5]}', "tools", 'tools[0] must be an object {"name", "input_schema", ...}' },
+        }) do cases[#cases + 1] = case end
         require("helpers").refuses(anthropic.to_chat, cases)
     end)
 end)

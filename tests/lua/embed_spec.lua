@@ -224,6 +224,10 @@ describe("request.parse_rerank and request.parse_score", function()
         for i = 1, 2048 do many[i] = "a" end
         H.refuses(function(body) return request.parse_rerank(body, model, "textmodel") end, {
             { '{"documents": ["a"]}', "query", "query is required" },
+            { '{"query": "q", "documents": ["a"], "truncation_direction": "Left"}', "truncation_direction",
+              "truncation_direction is TEI's: it goes with texts (not documents)" },
+            { '{"query": "q", "texts": ["a"], "truncate": true, "truncate_prompt_tokens": 3}', "truncate",
+              "truncate is TEI's truncation: not with truncate_prompt_tokens or max_tokens_per_doc" },
             { '{"query": "a"}', "documents", "documents is required" },
             { '{"query": "a", "documents": []}', "documents", "documents must be a non-empty array" },
             { '{"query": "a", "documents": {"x": "b"}}', "documents", "documents must be a non-empty array" },
@@ -253,6 +257,7 @@ describe("request.parse_rerank and request.parse_score", function()
         })
         H.refuses(function(body) return request.parse_score(body, model, "textmodel") end, {
             { '{"text_2": "a"}', "text_1", "text_1 is required" },
+            { '{"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}', "text_2", "text_1 has 2 texts and text_2 3: want 1:1, 1:N or N:N" },
             { '{"text_1": "a"}', "text_2", "text_2 is required" },
             { '{"text_1": 5, "text_2": "a"}', "text_1", "text_1 must be a text or a non-empty array of texts" },
             { '{"text_1": "a", "text_2": []}', "text_2", "text_2 must be a text or a non-empty array of texts" },

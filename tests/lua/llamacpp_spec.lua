@@ -158,6 +158,9 @@ describe("llamacpp.to_completions", function()
             { '{"prompt": 5}', "prompt", "prompt must be a text or an array of token ids" },
             { '{"prompt": [[1, 2], 3]}', "prompt", "a batch of prompts holds texts and arrays of token ids, not bare token ids" },
             { '{"prompt": [[1, 2], []]}', "prompt", "prompt[1] must not be empty" },
+            { '{"prompt": "x", "json_schema": [1]}', "json_schema", "json_schema must be a JSON Schema object" },
+            { '{"prompt": "x", "logit_bias": 5}', "logit_bias", 'logit_bias must be [[id, bias], ...] or {"id": bias}' },
+            { '{"prompt": {}}', "prompt", "prompt must be a text or an array of token ids" },
             { '{"prompt": [[1, 2], [3, [4]]]}', "prompt", "prompt[1][1]: a prompt's pieces are token ids and texts" },
             { '{"prompt": [[1, 2], [3, -4]]}', "prompt", "prompt[1][1] = -4 is not a token id" },
             { '{"prompt": [1, {"a": 1}, 3]}', "prompt", "prompt[1]: a prompt is a text, token ids, or token ids and texts mixed" },
@@ -372,3 +375,11 @@ describe("llamacpp.embedding_request", function()
     end)
 end)
 
+
+describe("llamacpp.to_completions with a tokenizer that fails", function()
+    it("names the prompt's piece it could not encode", function()
+        local body, err = llamacpp.to_completions('{"prompt": [1, "a"]}', function() return nil, "boom" end, 100, 64)
+        assert.is_nil(body)
+        assert.same({ 400, "prompt", "prompt[1]: boom" }, { err.status, err.param, err.message })
+    end)
+end)

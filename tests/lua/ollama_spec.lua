@@ -114,6 +114,12 @@ describe("ollama.chat_to_chat", function()
         assert.truthy(ollama.generate_to_chat('{"prompt": "x", "think": false}', ID, false))
         assert.is_nil(ollama.generate_to_chat('{"prompt": "x", "think": true}', ID, false))
         -- raw leaves the template out, and thinking goes through it
+        -- a tool call's name must be a text; no messages at all is a load of the model (Ollama's)
+        local _, call_err = ollama.chat_to_chat('{"model": "tinyloop-austen", "messages": [{"role": "assistant", "content": "", ' ..
+                                                '"tool_calls": [{"function": {"name": 5, "arguments": {}}}]}]}', ID, true)
+        assert.same({ 400, "messages", "messages[0].tool_calls[0].function.name must be a string" },
+                    { call_err.status, call_err.param, call_err.message })
+        assert.is_true(select(2, ollama.chat_to_chat('{"model": "tinyloop-austen", "messages": []}', ID, true)).load)
         local _, err = ollama.generate_to_chat('{"prompt": "x", "raw": true, "think": false}', ID, true)
         assert.same({ 400, "think", "think goes through the chat template, which raw leaves out" }, { err.status, err.param, err.message })
     end)

@@ -95,3 +95,60 @@ describe("request.parse's stop", function()
         end
     end)
 end)
+
+-- Refusals of the chat, completion and tokenize parsers that an audit found no test fed.
+describe("request's parsers refuse, naming the field", function()
+    local chat = require("tinyloop.chat").load(H.ROOT .. "/models/tinyloop-austen")
+    local M = '"messages": [{"role": "user", "content": "hi"}], '
+    local function ST(x) return '{"prompt": "hi", "structured_outputs": {"structural_tag": ' .. x .. '}}' end
+    local CASES = {
+      chat = {
+        { '{' .. M .. '"max_tokens": 2, "max_completion_tokens": 2}', "max_completion_tokens", "max_tokens and max_completion_tokens are one setting" },
+        { '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Wel"}], "continue_final_message": true, "add_generation_prompt": true}', "add_generation_prompt", "add_generation_prompt must be false" },
+        { '{' .. M .. '"chat_template_kwargs": []}', "chat_template_kwargs", "chat_template_kwargs must be an object" },
+        { '{' .. M .. '"stream_options": {"include_usage": true}}', "stream_options", "only allowed with stream: true" },
+        { '{' .. M .. '"response_format": []}', "response_format", "response_format must be an object" },
+        { '{' .. M .. '"response_format": {"type": "text", "json_schema": {}}}', "response_format", 'response_format.json_schema goes with type "json_schema"' },
+        { '{' .. M .. '"response_format": {"type": "xml"}}', "response_format", "response_format.type must be" },
+        { '{' .. M .. '"response_format": {"type": "json_schema"}}', "response_format", "response_format.json_schema must be an object" },
+        { '{' .. M .. '"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}', "response_format", "response_format.json_schema.schema must be a JSON Schema object" },
+      },
+      completion = {
+        { '{"prompt": "hi", "structured_outputs": {"regex": 5}}', "structured_outputs", "must be a string (a regular expression)" },
+        { '{"prompt": "hi", "structured_outputs": {}}', "structured_outputs", "structured_outputs needs one of" },
+        { ST('{"type": "x", "structures": [], "triggers": []}'), "structured_outputs", '.type must be "structural_tag"' },
+        { ST('{"type": "x", "format": {"type": "any_text"}}'), "structured_outputs", '.type must be "structural_tag"' },
+        { ST('{"type": "structural_tag", "structures": [{"begin": "<a>"}], "triggers": ["<a"]}'), "structured_outputs", "must be {begin: string, schema: object, end: string}" },
+        { ST('{"type": "structural_tag", "structures": [{"begin": "", "schema": {}, "end": "</a>"}], "triggers": ["<a"]}'), "structured_outputs", "begin must be a non-empty string and both valid UTF-8" },
+        { ST('{"type": "structural_tag", "structures": [{"begin": "<a>", "schema": [], "end": "</a>"}], "triggers": ["<a"]}'), "structured_outputs", "structures[0].schema must be a JSON Schema object" },
+        { ST('{"type": "structural_tag", "structures": [{"begin": "<a>", "schema": {"type": "frob"}, "end": "</a>"}], "triggers": ["<a"]}'), "structured_outputs", "structures[0].schema does not compile" },
+        { ST('{"type": "structural_tag", "format": 5}'), "structured_outputs", 'format must be an object with a "type"' },
+        { ST('{"type": "structural_tag", "format": {"type": "json_schema"}}'), "structured_outputs", "format.json_schema must be a JSON Schema object" },
+        { ST('{"type": "structural_tag", "format": {"type": "regex", "pattern": 5}}'), "structured_outputs", "format.pattern must be a string" },
+        { ST('{"type": "structural_tag", "format": {"type": "regex", "pattern": "(("}}'), "structured_outputs", "format.pattern does not compile" },
+        { ST('{"type": "structural_tag", "format": {"type": "grammar", "grammar": ""}}'), "structured_outputs", "format.grammar must be GBNF text" },
+        { ST('{"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<a"], "tags": []}}'), "structured_outputs", "format.tags must be an array of 1 to 256 tags" },
+        { ST('{"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<a"], "tags": [{"begin": "<a>"}]}}'), "structured_outputs", 'must be {"type": "tag", "begin": string' },
+        { ST('{"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<a"], "tags": [{"begin": "", "content": {"type": "any_text"}, "end": "</a>"}]}}'), "structured_outputs", "begin must be a non-empty string, begin and end valid UTF-8 without NUL" },
+        { ST('{"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<a"], "tags": [{"begin": "<a>", "content": {"type": "any_text"}, "end": ""}]}}'), "structured_outputs", "any_text needs the tag's end" },
+        { '{"prompt": {}}', "prompt", "prompt must not be empty (a string or an array of token ids)" },
+      },
+      tokenize = {
+        { '{"content": "a", "prompt": "b"}', "prompt", "is vLLM's form, content llama.cpp's" },
+        { '{"prompt": "a", "with_pieces": true}', "with_pieces", "goes with content (llama.cpp's form)" },
+        { '{}', "prompt", "send prompt (a text) or messages (a conversation)" },
+        { '{"prompt": "a", "messages": []}', "messages", "send prompt (a text) or messages" },
+        { '{"prompt": "a", "add_generation_prompt": true}', "add_generation_prompt", "goes with messages, not with prompt" },
+      },
+    }
+
+    it("in chat completions", function()
+        H.refuses(function(b) return request.parse_chat(b, model, "tinyloop-austen", 8, chat, {}) end, CASES.chat)
+    end)
+    it("in completions' structured outputs", function()
+        H.refuses(function(b) return request.parse(b, model, "tinyloop-austen", 8, {}) end, CASES.completion)
+    end)
+    it("in /tokenize", function()
+        H.refuses(function(b) return request.parse_tokenize(b, model, "tinyloop-austen", chat) end, CASES.tokenize)
+    end)
+end)

@@ -130,6 +130,10 @@ describe("responses.to_chat", function()
               '"mode": "auto", "tools": [{"type": "function", "name": "g"}]}}', "tool_choice", "not among tools" },
             { '{"input": "x", "prompt": {"id": "p"}}', "prompt", "prompt templates" },
             { '{"input": "x", "n": 2}', "n", "unknown field 'n'" },
+            { '{"input": [{"role": "assistant", "content": [{"type": "refusal", "refusal": 5}]}]}', "input",
+              "input[0].content[0].refusal must be a string" },
+            { '{"input": [{"type": "item_reference", "id": "msg_1"}]}', "input", "item references are not resolved here" },
+            { '{"input": "x", "background": true}', "background", "background responses are not supported" },
         }
         require("helpers").refuses(responses.to_chat, cases)
     end)
@@ -554,5 +558,11 @@ describe("responses.to_chat on random requests", function()
                 assert.equal("string", type(view.message), body)
             end
         end
+    end)
+end)
+
+describe("responses.input_items of a stored response it cannot read", function()
+    it("says so (a store shared with another version, a damaged entry)", function()
+        assert.same({ nil, "the stored response cannot be read" }, { responses.input_items("not json", "resp_1", "asc", 10) })
     end)
 end)

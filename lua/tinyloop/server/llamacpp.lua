@@ -237,7 +237,6 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
     end
     if t.json_schema ~= nil then
         if not KIND_OK.object(t.json_schema) then return bad("json_schema must be a JSON Schema object", "json_schema") end
-        if t.grammar ~= nil then return bad("json_schema and grammar each constrain the output: send one", "json_schema") end
         members[#members + 1] = { "response_format", '{"type":"json_schema","json_schema":{"name":"schema","schema":' ..
                                                      raw.json_schema .. "}}" }
     end

@@ -256,7 +256,8 @@ local function prompt_ids(model, prompt, at, field)
             return bad(at .. " must be a string or an array of token ids", field)
         end
     end
-    if n == 0 then return bad(at .. " must not be empty", field) end
+    -- ({} decodes as [] does: the words fit either)
+    if n == 0 then return bad(at .. " must not be empty (a string or an array of token ids)", field) end
     local vocab = model.vocab_size
     for i = 1, n do
         local id = prompt[i]
