@@ -642,3 +642,38 @@ describe("tinyloop.grammar refuses, in the rule's words", function()
         end)
     end
 end)
+
+-- Behaviours the engine's coverage showed no test running (an audit): each against values it
+-- must and must not match.
+describe("tinyloop.grammar, the paths no test ran", function()
+    local function matches(g, yes, no)
+        for _, text in ipairs(yes) do assert.is_true(g:matches(text), text) end
+        for _, text in ipairs(no) do assert.is_false(g:matches(text), text) end
+    end
+    it("const and enum values that are objects and arrays", function()
+        matches(assert(G.json_schema('{"const":{"a":[1,2]}}')), { '{"a":[1,2]}' }, { '{"a":[1,3]}', '{"a":[1]}' })
+        matches(assert(G.json_schema('{"enum":[[1,"x"],{"k":null}]}')), { '[1,"x"]', '{"k":null}' }, { '[1]', '{"k":1}' })
+    end)
+    it("oneOf's overlap test compares objects by members, arrays by elements", function()
+        local g, err = G.json_schema('{"oneOf":[{"const":{"a":1,"b":2}},{"const":{"b":2,"a":1}}]}')
+        assert.is_nil(g)
+        assert.truthy(err:find("oneOf: a value may match both branch 0 and branch 1", 1, true), err)
+        matches(assert(G.json_schema('{"oneOf":[{"const":[1,2]},{"const":[1,3]}]}')), { "[1,2]", "[1,3]" }, { "[1,4]" })
+    end)
+    it("an enum kept to its type's values", function()
+        matches(assert(G.json_schema('{"type":["array","null"],"enum":[[1],null,"s"]}')), { "[1]", "null" }, { '"s"' })
+        matches(assert(G.json_schema('{"type":"integer","enum":[1,2.5,3]}')), { "1", "3" }, { "2.5" })
+    end)
+    it("a schema without constraints, an open integer range, an object of additionalProperties only", function()
+        matches(assert(G.json_schema('{"description":"x"}')), { '{"q":[1,"a",null]}', "5", '"s"' }, { "x" })
+        matches(assert(G.json_schema('{"type":"integer","minimum":50}')), { "50", "99", "100", "1234567" }, { "49", "050", "-50" })
+        matches(assert(G.json_schema('{"type":"object","additionalProperties":{"type":"integer"}}')),
+                { '{"a":1,"b":2}', "{}" }, { '{"a":"x"}' })
+    end)
+    it("regular expressions' \\u escapes past U+0800, \\f and \\v; GBNF's \\0", function()
+        matches(assert(G.regex("\\u4e2d\\u6587")), { "中文" }, { "中" })
+        matches(assert(G.regex("[\\u4e00-\\u9fff]+")), { "中文字" }, { "abc" })
+        matches(assert(G.regex("a\\fb\\v")), { "a\fb\v" }, { "afbv" })
+        matches(assert(G.gbnf('root ::= "a\\0b"')), { "a\0b" }, { "ab" })
+    end)
+end)
