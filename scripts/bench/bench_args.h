@@ -1,6 +1,7 @@
 /* bench_args.h: a benchmark's numbers from its command line, read whole and checked against
    their range: atoi read "abc" as 0 and "2x" as 2, atof let "nan" through a range check (every
-   comparison with NaN is false). One rule for the tools of scripts/bench and scripts/tools. */
+   comparison with NaN is false); and its exit status once its figures are printed. One rule
+   for the tools of scripts/bench and scripts/tools. */
 #ifndef TL_BENCH_ARGS_H
 #define TL_BENCH_ARGS_H
 

@@ -330,11 +330,11 @@ end
 local function stop_strings(stop, max_stops)
     max_stops = max_stops or MAX_STOPS
     if type(stop) == "string" then stop = { stop } end
-    if type(stop) ~= "table" then return bad("stop must be a string or an array of strings", "stop") end
+    if type(stop) ~= "table" then return bad("stop must be " .. KIND_WORDS.stop, "stop") end
     if #stop > max_stops then return bad(("stop has %d strings: at most %d"):format(#stop, max_stops), "stop") end
     for k, s in pairs(stop) do
         if not is_integer(k) or k < 1 or k > #stop or type(s) ~= "string" then
-            return bad("stop must be a string or an array of strings", "stop")
+            return bad("stop must be " .. KIND_WORDS.stop, "stop")
         end
         if s == "" then return bad('stop must not hold an empty string ("")', "stop") end
         -- (the engine's stop strings are C strings: said here in the request's words, where

@@ -257,8 +257,6 @@ end
 
 -- tool_choice -> chat's tool_choice text, and the names of the tools it allows (allowed_tools:
 -- the tools sent are cut to those; nil: all), or nil, err.
-local TOOL_CHOICE_SHAPE = 'tool_choice must be "none", "auto", "required", {"type": "function", "name": ...} or ' ..
-    '{"type": "allowed_tools", ...} (function tools only)'
 local function chat_tool_choice(choice, tools)
     -- (an unknown word is refused here, in this API's shape: chat's check named its own,
     -- {"type": "function", "function": {...}}, which this API refuses)
@@ -290,7 +288,8 @@ local function chat_tool_choice(choice, tools)
         if type(choice.name) ~= "string" then return nil, 'tool_choice {"type": "function"} needs the function\'s "name"' end
         return '{"type":"function","function":{"name":' .. encode(choice.name) .. "}}"
     end
-    return nil, TOOL_CHOICE_SHAPE
+    return nil, 'tool_choice must be "none", "auto", "required", {"type": "function", "name": ...} or {"type": ' ..
+        '"allowed_tools", ...} (function tools only)'
 end
 
 -- text: {format: {type: "text" | "json_object" | "json_schema", ...}, verbosity} -> chat's
