@@ -605,7 +605,9 @@ const char *tl_session_error(const tl_session *session);
    at the verify depth its token was chosen or accepted from: plain decoding's row, to the
    bit). TL_ERR_UNSUPPORTED for beam sessions (their tokens come from rows not kept);
    TL_ERR_INVALID_ARGUMENT when the last step emitted no token (none yet, a session read from
-   a state file before its first step, max_tokens = 0). */
+   a state file before its first step, max_tokens = 0), and while a step of the session runs
+   but has not emitted its token (from its logits hook, or from a hook of a session before it
+   in tl_session_step_batch, whose shared pass has replaced its rows). */
 tl_status tl_session_logprobs(tl_session *session, int top, float *logprob, int32_t *top_ids, float *top_logprobs);
 
 /* ---- many branches of one state: fork, save / resume, the prefix pool */

@@ -15,7 +15,7 @@
 static tl_status check_clonable(const tl_session *s, const char *what) {
     if (!s) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: session must not be NULL", what);
     if (s->stepping)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: the session is stepping (called from one of its hooks)", what);
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: the session is stepping (%s)", what, TL_STEPPING_WHERE);
     if (s->finished)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: the session has finished (stop reason %s)", what,
                        tl_stop_reason_name(s->stats.stop_reason));

@@ -586,6 +586,11 @@ tl_status tl_session_logprobs(tl_session *s, int top, float *logprob, int32_t *t
                        "tl_session_logprobs: a %s session chooses its tokens from rows it does not keep (plain or "
                        "speculative decoding only)",
                        s->decoder->name);
+    if (!s->chosen_row && s->stepping)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "tl_session_logprobs: the session is stepping and has not emitted this step's token yet (%s; ask "
+                       "from its on_token hook or after the step)",
+                       TL_STEPPING_WHERE);
     if (!s->chosen_row) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_logprobs: the last step emitted no token");
     const int vocab = s->m->cfg.vocab_size;
     if (!s->logprob_scratch && !(s->logprob_scratch = malloc((size_t)vocab * sizeof *s->logprob_scratch)))
@@ -610,8 +615,7 @@ tl_status tl_session_step(tl_session *s, int32_t *token, tl_stop_reason *stop) {
     *stop = TL_STOP_NONE;
     if (s->stepping)
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
-                       "tl_session_step: the session is already stepping (called from a hook of its own step, or of a "
-                       "batched step it is in)");
+                       "tl_session_step: the session is already stepping (%s)", TL_STEPPING_WHERE);
     if (s->finished)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "session has already finished (stop reason %s)",
                        tl_stop_reason_name(s->stats.stop_reason));
@@ -806,6 +810,9 @@ tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const t
         const int goal = shared_goal(sessions[i]);
         shares[i] = goal >= 0;
         if (!shares[i]) continue;
+        /* The shared forward pass replaces its logits before any hook runs: its last token's
+           row is gone from here on (a hook of an earlier session may ask, tl_session_logprobs). */
+        sessions[i]->chosen_row = NULL;
         was_prefill[n_group] = !sessions[i]->prompt_done;
         goals[n_group] = goal;
         group[n_group++] = sessions[i];

@@ -78,7 +78,7 @@ struct tl_session {
                                     (state_file.c), which only a checksum guards: none is ever
                                     offered to the prefix pool, where other sessions would read
                                     them (forks keep it) */
-    bool stepping;               /* inside tl_session_step: hooks may not step or free */
+    bool stepping;               /* inside tl_session_step: hooks may not step or free (TL_STEPPING_WHERE) */
     atomic_bool free_requested;  /* tl_session_free from a hook (done when the step returns),
                                     or of a session a serving engine holds (done by the engine,
                                     which ends its request) */
@@ -163,6 +163,9 @@ int32_t tl_session_choose(tl_session *s);
 tl_status tl_session_forward_adaptive(tl_session *s, int start);
 /* A hook returned `code` < 0: the session is finished, TL_ERR_HOOK names the hook. */
 tl_status tl_session_hook_failed(tl_session *s, const char *hook, int code);
+
+/* Where a call that finds its session stepping came from, as its refusals say. */
+#define TL_STEPPING_WHERE "called from a hook of its own step, or of a batched step it is in"
 
 /* Why tl_session_step_batch would refuse s in a batch of model m ("on another model",
    "finished", "stepping"), or NULL: the one rule, also the serving engine's at submit. */

@@ -129,6 +129,25 @@ static int on_token(void *user, int32_t token, int position) {
     return TL_HOOK_CONTINUE;
 }
 
+/* An on_token hook that asks another session of its batch for its figures. */
+typedef struct {
+    tl_session *other;
+    tl_status status;
+    float logprob;
+    char message[512], save_message[512];
+} other_reads;
+static int ask_other(void *user, int32_t token, int position) {
+    (void)token, (void)position;
+    other_reads *h = user;
+    if (!h->other) return TL_HOOK_CONTINUE;
+    h->status = tl_session_logprobs(h->other, 0, &h->logprob, NULL, NULL);
+    snprintf(h->message, sizeof h->message, "%s", h->status == TL_OK ? "" : tl_last_error());
+    tl_session_state *state = NULL;
+    if (tl_session_save(h->other, &state) == TL_OK) tl_session_state_free(state);
+    else snprintf(h->save_message, sizeof h->save_message, "%s", tl_last_error());
+    return TL_HOOK_CONTINUE;
+}
+
 /* A logits hook that fails from its third call on. */
 static int fail_third(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
     (void)logits, (void)vocab_size, (void)tokens, (void)n;
@@ -316,6 +335,47 @@ int main(int argc, char **argv) {
         }
         CHECK(statuses[0] == TL_ERR_HOOK, "the third step failed in its hook: %d", (int)statuses[0]);
         CHECK_ERROR(tl_session_logprobs(pair[0], 0, &lp, NULL, NULL), TL_ERR_INVALID_ARGUMENT, "emitted no token");
+        tl_session_free(pair[0]);
+        tl_session_free(pair[1]);
+    }
+
+    /* In a shared batch, a hook of one session asking another: the batch's forward pass has
+       replaced the other's logits, so one not yet reached is refused (its last token's row
+       is gone; it answered that token's log-probability under the new row), and one
+       already reached answers this step's figures, as after the step. */
+    {
+        other_reads first_asks = {0}, second_asks = {0};
+        tl_generate_config asking_first = greedy, asking_second = greedy;
+        asking_first.on_token = ask_other;
+        asking_first.on_token_user = &first_asks;
+        asking_second.on_token = ask_other;
+        asking_second.on_token_user = &second_asks;
+        tl_session *pair[2] = {NULL, NULL};
+        CHECK(tl_session_new(model, prompt, PROMPT, &asking_first, &pair[0]) == TL_OK &&
+                  tl_session_new(model, prompt, PROMPT - 1, &asking_second, &pair[1]) == TL_OK,
+              "%s", tl_last_error());
+        int32_t tokens[2];
+        tl_stop_reason stops[2];
+        tl_status statuses[2];
+        CHECK(pair[0] && pair[1] && tl_session_step_batch(pair, 2, tokens, stops, statuses) == TL_OK, "%s", tl_last_error());
+        first_asks.other = pair[1];
+        second_asks.other = pair[0];
+        CHECK(pair[0] && pair[1] && tl_session_step_batch(pair, 2, tokens, stops, statuses) == TL_OK &&
+                  statuses[0] == TL_OK && statuses[1] == TL_OK,
+              "%s", tl_last_error());
+        CHECK(first_asks.status == TL_ERR_INVALID_ARGUMENT &&
+                  strstr(first_asks.message, "tl_session_logprobs: the session is stepping and has not emitted this "
+                                             "step's token yet"),
+              "a session not yet reached: %d, %.4f '%s'", (int)first_asks.status, first_asks.logprob, first_asks.message);
+        /* (saving another session of the batch is refused too, naming where it was called from) */
+        CHECK(strstr(first_asks.save_message, "tl_session_save: the session is stepping (called from a hook of its own "
+                                                "step, or of a batched step it is in)"),
+              "save: '%s'", first_asks.save_message);
+        float after = 0.0f;
+        CHECK(pair[0] && tl_session_logprobs(pair[0], 0, &after, NULL, NULL) == TL_OK, "%s", tl_last_error());
+        CHECK(second_asks.status == TL_OK && memcmp(&second_asks.logprob, &after, sizeof after) == 0,
+              "a session already reached: %d, %.6f where the step's figure is %.6f", (int)second_asks.status,
+              second_asks.logprob, after);
         tl_session_free(pair[0]);
         tl_session_free(pair[1]);
     }

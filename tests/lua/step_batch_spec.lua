@@ -205,5 +205,24 @@ describe("model:step_batch", function()
         a:close()
         b:close()
     end)
+
+    it("refuses, from a hook, the figures of a session the call has not reached: its row is gone", function()
+        -- (a's hook read b's last token under the batch's new row: a wrong figure, no error)
+        local b, asked, armed
+        local a = m:session("It is", { max_tokens = 5, on_token = function()
+            if armed and asked == nil then asked = { pcall(b.logprobs, b) } end
+        end })
+        b = m:session("Once upon", { max_tokens = 5 })
+        m:step_batch({ a, b })
+        assert.is_number(b:logprobs())
+        armed = true
+        m:step_batch({ a, b })
+        assert.is_false(asked[1], tostring(asked[2]))
+        assert.truthy(tostring(asked[2]):find("tl_session_logprobs: the session is stepping and has not emitted this step's token yet", 1, true),
+                      tostring(asked[2]))
+        assert.is_number(b:logprobs()) -- after the call, its new token's
+        a:close()
+        b:close()
+    end)
 end)
 
