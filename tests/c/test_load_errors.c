@@ -54,23 +54,28 @@ static void reset(void) {
     copy_into_work(source, files, 2);
 }
 
+static int loaded_max_loops; /* the last model load_work loaded: its max_loops */
 static tl_status load_work(void) {
     tl_model *m = NULL;
     tl_status st = tl_model_load(work, NULL, &m);
+    if (st == TL_OK) loaded_max_loops = tl_model_info(m)->max_loops;
     tl_model_free(m);
     return st;
 }
 
-/* config.json = the source config with `key` set to the JSON `value` (NULL = removed). */
-static tl_status load_with_field(const char *key, const char *value) {
+/* config.json = the source config with each pairs[i][0] set to the JSON pairs[i][1] (NULL =
+   removed). */
+static tl_status load_with_fields(int n, const char *const pairs[][2]) {
     char path[4200];
     size_t len = 0;
     snprintf(path, sizeof path, "%s/config.json", source);
     char *text = slurp(path, &len);
     cJSON *root = cJSON_Parse(text);
     free(text);
-    cJSON_DeleteItemFromObjectCaseSensitive(root, key);
-    if (value) cJSON_AddItemToObject(root, key, cJSON_Parse(value));
+    for (int i = 0; i < n; i++) {
+        cJSON_DeleteItemFromObjectCaseSensitive(root, pairs[i][0]);
+        if (pairs[i][1]) cJSON_AddItemToObject(root, pairs[i][0], cJSON_Parse(pairs[i][1]));
+    }
     char *out = cJSON_Print(root);
     spit("config.json", out, strlen(out));
     cJSON_free(out);
@@ -78,6 +83,10 @@ static tl_status load_with_field(const char *key, const char *value) {
     tl_status st = load_work();
     reset();
     return st;
+}
+static tl_status load_with_field(const char *key, const char *value) {
+    const char *const pair[1][2] = {{key, value}};
+    return load_with_fields(1, pair);
 }
 
 /* Text load_with_header writes after the header's JSON (NULL: none), before the padding. */
@@ -162,6 +171,19 @@ static void config_errors(void) {
     CHECK_ERROR(load_with_field("n_prelude", "-1"), TL_ERR_FORMAT, "\"n_prelude\" = -1 is out of range");
     CHECK_ERROR(load_with_field("default_loops", "0"), TL_ERR_FORMAT, "\"default_loops\" = 0");
     CHECK_ERROR(load_with_field("max_loops", "1"), TL_ERR_FORMAT, "max_loops = 1 is below default_loops");
+    /* The engine's ceiling of loops (README "The model format"), where SPEC's default max_loops
+       (4 x default_loops) stops too. */
+    CHECK_ERROR(load_with_field("max_loops", "4097"), TL_ERR_FORMAT, "field \"max_loops\" = 4097 is out of range [1, 4096]");
+    CHECK_ERROR(load_with_field("default_loops", "4097"), TL_ERR_FORMAT, "\"default_loops\" = 4097 is out of range [1, 4096]");
+    const char *const deep[2][2] = {{"max_loops", NULL}, {"default_loops", "1024"}};
+    CHECK(load_with_fields(2, deep) == TL_OK && loaded_max_loops == 4096, "default_loops 1024: max_loops %d",
+          loaded_max_loops);
+    const char *const deeper[2][2] = {{"max_loops", NULL}, {"default_loops", "2000"}};
+    CHECK(load_with_fields(2, deeper) == TL_OK && loaded_max_loops == 4096, "default_loops 2000: max_loops %d",
+          loaded_max_loops);
+    const char *const shallow[2][2] = {{"max_loops", NULL}, {"default_loops", "3"}};
+    CHECK(load_with_fields(2, shallow) == TL_OK && loaded_max_loops == 12, "default_loops 3: max_loops %d (4 x)",
+          loaded_max_loops);
     CHECK_ERROR(load_with_field("beta", "-0.5"), TL_ERR_FORMAT, "\"beta\" = -0.5 is out of range");
     CHECK_ERROR(load_with_field("beta", "\"big\""), TL_ERR_FORMAT, "\"beta\" must be a number");
     CHECK_ERROR(load_with_field("norm_eps", "0"), TL_ERR_FORMAT, "\"norm_eps\" = 0 is out of range");
