@@ -209,6 +209,20 @@ describe("llamacpp view", function()
         assert.same({ 4, 1.2, 3, 7, { "x" } }, { g.generation_settings.n_predict, g.generation_settings.repeat_penalty,
                                               g.generation_settings.n_probs, g.generation_settings.seed, g.generation_settings.stop })
         assert.is_nil(g.prompt) -- (ids: no text of the prompt was sent)
+        -- repeat_last_n as llama.cpp reports it: -1 the context (the engine's window 0, which it
+        -- said: llama.cpp's "off"), 0 with the penalties it turned off as sent (none were said)
+        local function settings_of(body, n_ctx)
+            local _, v = assert(llamacpp.to_completions(body, nil, nil, n_ctx))
+            return cjson.decode(v:response(cjson.encode(answer))).generation_settings
+        end
+        g = settings_of('{"prompt": "a", "repeat_last_n": -1, "repeat_penalty": 1.5}', 256)
+        assert.same({ 256, 1.5 }, { g.repeat_last_n, g.repeat_penalty })
+        g = settings_of('{"prompt": "a", "repeat_last_n": 0, "repeat_penalty": 1.5, "frequency_penalty": 0.25}', 256)
+        assert.same({ 0, 1.5, 0.25 }, { g.repeat_last_n, g.repeat_penalty, g.frequency_penalty })
+        assert.same({ 16 }, { settings_of('{"prompt": "a", "repeat_last_n": 16}').repeat_last_n })
+        -- (turned off, a penalty of the wrong kind is still refused)
+        local refused, err = llamacpp.to_completions('{"prompt": "a", "repeat_last_n": 0, "repeat_penalty": "x"}')
+        assert.same({ nil, "repeat_penalty must be a number", "repeat_penalty" }, { refused, err and err.message, err and err.param })
         -- a prompt the prefix pool served in part: prompt_n counts what the prefill computed
         local cached = cjson.decode(cjson.encode(answer))
         cached.usage.prompt_tokens_details = { cached_tokens = 2 }

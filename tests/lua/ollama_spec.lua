@@ -58,6 +58,26 @@ describe("ollama.chat_to_chat", function()
                             .penalty_window)
     end)
 
+    it("takes Ollama's defaults for the samplers a request leaves out, not the temperature", function()
+        -- (Open WebUI sends a temperature alone: it sampled with top_k 50, top_p 1, no penalty)
+        local chat = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"temperature": 0.9}}')
+        assert.same({ 0.9, 40, 0.9, 1.1, 64, true }, { chat.temperature, chat.top_k, chat.top_p, chat.repetition_penalty,
+                                                       chat.penalty_window, chat.penalties_count_prompt })
+        chat = chat_of('{"messages": [{"role": "user", "content": "Hi"}]}')
+        assert.same({ nil, 40, 0.9, 1.1 }, { chat.temperature, chat.top_k, chat.top_p, chat.repetition_penalty })
+        -- the client's options stand, and TinyLoop's fields at the top level
+        chat = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"top_k": 7, "top_p": 1, "repeat_penalty": 1}}')
+        assert.same({ 7, 1, 1 }, { chat.top_k, chat.top_p, chat.repetition_penalty })
+        chat = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "top_k": 3, "repetition_penalty": 1.3}')
+        assert.same({ 3, 0.9, 1.3 }, { chat.top_k, chat.top_p, chat.repetition_penalty })
+        -- a null option is left out; repeat_last_n 0 turns the penalty off, the default's too
+        chat = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"top_k": null, "repeat_last_n": 0}}')
+        assert.same({ 40, nil }, { chat.top_k, chat.repetition_penalty })
+        -- /api/generate alike, raw too
+        chat = chat_of('{"prompt": "Hi", "raw": true}', true)
+        assert.same({ 40, 0.9, 1.1 }, { chat.top_k, chat.top_p, chat.repetition_penalty })
+    end)
+
     it("gives Ollama's tool calls ids, and each tool message the call it answers", function()
         local chat = chat_of([[{"messages": [{"role": "user", "content": "Weather?"},
             {"role": "assistant", "content": "", "thinking": "Both.", "tool_calls": [

@@ -1324,6 +1324,54 @@ describe("server", function()
         assert.equal(200, (post_json({ prompt = "hi", max_tokens = 2 })))
     end)
 
+    it("counts every token a cancelled request's choices generated, the unread ones too", function()
+        -- (a blocking request reads its choices in turn: the second choice's tokens all sat in
+        -- the engine, and counted nowhere)
+        local before = metrics()
+        sh(("curl -s -m 0.3 -o /dev/null -d %s %s/v1/completions"):format(
+            quote(cjson.encode({ prompt = "It is a truth", max_tokens = 200, loops = 16, ignore_eos = true, n = 2,
+                                 temperature = 1 })), base))
+        local m
+        for _ = 1, 100 do
+            m = metrics()
+            if metric(m, "tinyloop_cancelled_total") >= metric(before, "tinyloop_cancelled_total") + 2 then break end
+            os.execute("sleep 0.05")
+        end
+        assert.equal(metric(before, "tinyloop_cancelled_total") + 2, metric(m, "tinyloop_cancelled_total"))
+        assert.equal(metric(before, "tinyloop_completed_total"), metric(m, "tinyloop_completed_total"))
+        -- A plain step's row is a token; those after the cancel were never the client's (and a
+        -- choice may emit one between the handler's last read and its cancel).
+        local function delta(name) return metric(m, name) - metric(before, name) end
+        local rows = delta('tinyloop_engine_batch_rows_total{worker="0"}')
+        local unsent = delta('tinyloop_engine_steps_after_cancel_total{worker="0"}')
+        local generated = delta("tinyloop_generated_tokens_total")
+        assert.truthy(rows >= 16, rows .. " tokens generated before the client left") -- (or the count checks little)
+        assert.truthy(generated <= rows and generated >= rows - unsent - 2,
+                      ("%d tokens counted of %d rows (%d after the cancel)"):format(generated, rows, unsent))
+    end)
+
+    it("counts the prompt tokens a cancelled request had from the prefix pool, as a finished one's", function()
+        local prompt = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
+        -- (the pool keeps a prefix per depth: each request at loops 16)
+        assert.equal(200, (post_json({ prompt = prompt, max_tokens = 1, loops = 16 }))) -- (into the pool)
+        local before = metrics()
+        sh(("curl -s -m 0.3 -o /dev/null -d %s %s/v1/completions"):format(
+            quote(cjson.encode({ prompt = prompt, max_tokens = 200, loops = 16, ignore_eos = true })), base))
+        local m
+        for _ = 1, 100 do
+            m = metrics()
+            if metric(m, "tinyloop_cancelled_total") > metric(before, "tinyloop_cancelled_total") then break end
+            os.execute("sleep 0.05")
+        end
+        assert.equal(metric(before, "tinyloop_cancelled_total") + 1, metric(m, "tinyloop_cancelled_total"))
+        local counted = metric(m, "tinyloop_prompt_tokens_cached_total") - metric(before, "tinyloop_prompt_tokens_cached_total")
+        local status, body = post_json({ prompt = prompt, max_tokens = 1, loops = 16 })
+        assert.equal(200, status, body)
+        local reused = cjson.decode(body).usage.prompt_tokens_details.cached_tokens
+        assert.truthy(reused > 0, body)
+        assert.equal(reused, counted)
+    end)
+
     -- A client whose body and end of stream come in one segment (it closes as soon as it has
     -- sent; corked here, so that the FIN rides on the body's segment every time): nginx reads
     -- both before the handler runs (lua_need_request_body) and never reports the hang-up, and
@@ -2534,10 +2582,17 @@ describe("Ollama's API", function()
         return objects
     end
     local messages = { { role = "system", content = "Be brief." }, { role = "user", content = "Who is Emma?" } }
+    -- The completions request an Ollama request means where its options leave the samplers
+    -- out: Ollama's defaults (top_k 40, top_p 0.9, repeat_penalty 1.1 over the last 64 tokens,
+    -- the prompt's counted).
+    local function as_ollama(t)
+        t.top_k, t.top_p, t.repetition_penalty, t.penalty_window, t.penalties_count_prompt = 40, 0.9, 1.1, 64, true
+        return t
+    end
 
     it("chats as the chat completions do, streamed as JSON lines by default or whole", function()
-        local chat = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 12, seed = 5, temperature = 0.8,
-                                                         ignore_eos = true })))
+        local chat = cjson.decode(select(2, post_chat(as_ollama({ messages = messages, max_tokens = 12, seed = 5, temperature = 0.8,
+                                                                   ignore_eos = true }))))
         local req = { model = "tinyloop-austen:latest", messages = messages, options = { num_predict = 12, seed = 5, temperature = 0.8 },
                       ignore_eos = true }
         local status, body = post_to("/api/chat", req)
@@ -2562,8 +2617,8 @@ describe("Ollama's API", function()
     end)
 
     it("answers each token's logprobs as the chat completions do, streamed or whole", function()
-        local chat = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 6, seed = 3, logprobs = true,
-                                                         top_logprobs = 2, ignore_eos = true })))
+        local chat = cjson.decode(select(2, post_chat(as_ollama({ messages = messages, max_tokens = 6, seed = 3, logprobs = true,
+                                                                   top_logprobs = 2, ignore_eos = true }))))
         local want = chat.choices[1].logprobs.content
         local req = { messages = messages, options = { num_predict = 6, seed = 3 }, logprobs = true, top_logprobs = 2,
                       ignore_eos = true, stream = false }
@@ -2583,12 +2638,13 @@ describe("Ollama's API", function()
     end)
 
     it("generates through the chat template, or raw as the completions do", function()
-        local chat = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 8, seed = 2, ignore_eos = true })))
+        local chat = cjson.decode(select(2, post_chat(as_ollama({ messages = messages, max_tokens = 8, seed = 2, ignore_eos = true }))))
         local status, body = post_to("/api/generate", { prompt = "Who is Emma?", system = "Be brief.", stream = false,
                                                         options = { num_predict = 8, seed = 2 }, ignore_eos = true })
         assert.equal(200, status, body)
         assert.equal(chat.choices[1].message.content, cjson.decode(body).response)
-        local completion = cjson.decode(select(2, post_json({ prompt = "It is a truth", max_tokens = 8, seed = 2, ignore_eos = true })))
+        local completion = cjson.decode(select(2, post_json(as_ollama({ prompt = "It is a truth", max_tokens = 8, seed = 2,
+                                                                         ignore_eos = true }))))
         status, body = post_to("/api/generate", { prompt = "It is a truth", raw = true, options = { num_predict = 8, seed = 2 },
                                                   ignore_eos = true })
         assert.equal(200, status, body)

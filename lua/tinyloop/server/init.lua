@@ -878,15 +878,25 @@ end
 
 -- Done with the engine request: exactly once per request, whether it finished, failed or
 -- its client left. A running generation stops before its next step.
+local drained = ffi_new("tl_engine_update") -- (release's: `update` may be a caller's still)
 local function release(st, cancelled)
     if st.released then return end
     st.released = true
+    -- What it generated that nobody read (a blocking request reads its choices in turn: a later
+    -- choice's tokens all sat in the engine), read before the cancel drops them.
+    if st.phase ~= "finished" and C.tl_engine_read(engine, st.id, drained) == 0 then
+        st.n_tokens = st.n_tokens + drained.n_tokens
+    end
     C.tl_engine_cancel(engine, st.id)
     if st.phase == "queued" then metrics.gauge("queued", -1) elseif st.phase == "running" then metrics.gauge("active", -1) end
     if cancelled and st.phase ~= "finished" then metrics.incr("cancelled") end
-    -- (the tokens a choice that did not finish had generated: counted nowhere else; a failed
-    -- one's were counted as it failed, next_output)
-    if st.phase ~= "finished" and st.n_tokens > 0 then metrics.incr("tokens_out", st.n_tokens) end
+    -- (a choice that did not finish: the tokens it had generated and its prompt's share served
+    -- from the prefix pool, counted nowhere else; a failed one's were counted as it failed,
+    -- next_output)
+    if st.phase ~= "finished" then
+        if st.n_tokens > 0 then metrics.incr("tokens_out", st.n_tokens) end
+        if st.cached > 0 then metrics.incr("tokens_cached", st.cached) end
+    end
     st.phase = "released"
 end
 
@@ -1876,6 +1886,7 @@ local function serve(chat, body, view)
         r.sts[#r.sts + 1] = {
             siblings = r.sts, -- (itself included: its phase is no longer "queued" when polled)
             id = id, index = #r.sts, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
+            cached = choice.cached, -- (its prompt's tokens from the prefix pool)
             prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = request_options.logprobs >= 0,
             stop_strings = req.stop_strings, stop_names = req.stop_names, stop_ids = req.stop_ids,
             prompt_ids = ids, prompt_figures = prompt_figures[p],

@@ -86,17 +86,23 @@ end
 
 -- llama.cpp's generation_settings of a request (its final object's: the settings the
 -- completion ran with, by llama.cpp's names), from the completions body's members: {name,
--- JSON text}s. n_predict: as sent (-1 where left out: the rest of the context).
+-- JSON text}s. n_predict: as sent (-1 where left out: the rest of the context). penalties:
+-- llama.cpp's repeat_last_n as it reports it (left out 64, -1 the context's n_ctx, else as
+-- sent: not the engine's penalty_window, whose 0 is the whole sequence), and where 0 turned
+-- the penalties off (none in the members), their values as sent, llama.cpp keeping them.
 local SETTING_NAMES = { temperature = "temperature", top_k = "top_k", top_p = "top_p", min_p = "min_p", seed = "seed",
                         repetition_penalty = "repeat_penalty", presence_penalty = "presence_penalty",
-                        frequency_penalty = "frequency_penalty", penalty_window = "repeat_last_n", logprobs = "n_probs",
+                        frequency_penalty = "frequency_penalty", logprobs = "n_probs",
                         ignore_eos = "ignore_eos", stop = "stop", stream = "stream" }
-local function generation_settings(members, n_predict)
+local function generation_settings(members, n_predict, penalties)
     local settings = { { "n_predict", shapes.integer(n_predict or -1) } }
     local seen = {}
     for _, m in ipairs(members) do
         local name = SETTING_NAMES[m[1]]
         if name and not seen[name] then settings[#settings + 1], seen[name] = { name, m[2] }, true end
+    end
+    for _, p in ipairs(penalties) do
+        if not seen[p[1]] then settings[#settings + 1], seen[p[1]] = p, true end
     end
     if not seen.stop then settings[#settings + 1] = { "stop", "[]" } end
     return settings
@@ -172,6 +178,17 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
     if window ~= "off" then
         members[#members + 1] = { "penalty_window", window }
         members[#members + 1] = { "penalties_count_prompt", "true" } -- (llama.cpp's sampler is fed the prompt)
+    end
+    local penalties = { { "repeat_last_n", t.repeat_last_n == nil and tostring(shapes.REPEAT_LAST_N_DEFAULT)
+                                           or t.repeat_last_n == -1 and n_ctx and shapes.integer(n_ctx) or raw.repeat_last_n } }
+    if window == "off" then
+        for _, f in ipairs(PASSED) do
+            local name, kind = f[1], f[2]
+            if shapes.PENALTIES[f[3] or name] and t[name] ~= nil then
+                if not KIND_OK[kind](t[name]) then return bad(("%s must be %s"):format(name, shapes.KIND_WORDS[kind]), name) end
+                penalties[#penalties + 1] = { name, raw[name] }
+            end
+        end
     end
     for _, f in ipairs(PASSED) do
         local name, kind, as = f[1], f[2], f[3] or f[1]
@@ -287,7 +304,7 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
     end
     local view = setmetatable({ stream = t.stream == true, return_tokens = t.return_tokens == true,
                                 n_predict = n_predict, batch = batch and #batch > 1 and batch or nil, n_ctx = n_ctx,
-                                settings = generation_settings(members, n_predict),
+                                settings = generation_settings(members, n_predict, penalties),
                                 prompt_text = type(prompt) == "string" and prompt or nil }, _M.View)
     return object(members), view
 end

@@ -34,6 +34,12 @@ local OPTIONS = {
     use_mmap = true, use_mlock = true, low_vram = true, vocab_only = true, f16_kv = true, logits_all = true,
     repeat_last_n = true, penalize_newline = true, mirostat_eta = true, mirostat_tau = true,
 }
+-- Ollama's defaults of the samplers for what a request leaves out (its api.DefaultOptions, as
+-- its Modelfile reference lists them), Open WebUI and other clients sending only a
+-- temperature: top_k 40, top_p 0.9, repeat_penalty 1.1 (over repeat_last_n's 64 tokens,
+-- shapes.penalty_window). Its temperature, 0.8, is not taken: left out, a request is greedy
+-- here, as on every endpoint but llama.cpp's (README).
+_M.DEFAULTS = { { "top_k", 40 }, { "top_p", 0.9 }, { "repeat_penalty", 1.1 } }
 -- Options taken only at the value that changes nothing (samplers this engine does not have).
 -- Any other option is ignored, as Ollama ignores one it does not know (clients put what they
 -- do not map there: Open WebUI's reasoning_effort, old Modelfiles' rope_frequency_base).
@@ -109,6 +115,16 @@ local function common(t, raw, members, thinks, model_id)
             elseif type(OPTIONS[k]) == "string" then
                 members[#members + 1] = { OPTIONS[k], raw_options[k] }
             end
+        end
+    end
+    for _, default in ipairs(_M.DEFAULTS) do
+        local k, v = default[1], default[2]
+        local field = OPTIONS[k]
+        -- (the client's word: the option, or TinyLoop's field at the top level; no penalty
+        -- where repeat_last_n 0 turned them off)
+        if (options[k] == nil or options[k] == json_null) and t[field] == nil
+            and not (e_window == "off" and shapes.PENALTIES[field]) then
+            members[#members + 1] = { field, encode(v) }
         end
     end
     local predict = options.num_predict
