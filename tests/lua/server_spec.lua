@@ -1298,17 +1298,22 @@ describe("server", function()
     -- which nginx stopped watching for a hang-up once the handler had read it) after 0.3 s:
     -- blocking, generating (both choices cancelled, never completed), or while its echoed
     -- prompts are scored in the thread pool (the choices cancelled before they are the engine's).
+    -- /metrics once `count` more generations than in `before` were cancelled (or 5 s on).
+    local function await_cancelled(before, count)
+        local m
+        for _ = 1, 100 do
+            m = metrics()
+            if metric(m, "tinyloop_cancelled_total") >= metric(before, "tinyloop_cancelled_total") + count then break end
+            os.execute("sleep 0.05")
+        end
+        return m
+    end
     local function abandoned(body, seconds)
         local before = metrics()
         local f = dir .. "/abandoned.json"
         local h = assert(io.open(f, "wb")); h:write(cjson.encode(body)); h:close()
         sh(("curl -s -m %s -o /dev/null --data-binary @%s %s/v1/completions"):format(seconds, f, base))
-        local m
-        for _ = 1, 100 do
-            m = metrics()
-            if metric(m, "tinyloop_cancelled_total") >= metric(before, "tinyloop_cancelled_total") + 2 then break end
-            os.execute("sleep 0.05")
-        end
+        await_cancelled(before, 2)
         os.execute("sleep 0.3") -- (a choice that went on would have finished by now)
         m = metrics()
         assert.equal(metric(before, "tinyloop_cancelled_total") + 2, metric(m, "tinyloop_cancelled_total"))
@@ -1331,12 +1336,7 @@ describe("server", function()
         sh(("curl -s -m 0.3 -o /dev/null -d %s %s/v1/completions"):format(
             quote(cjson.encode({ prompt = "It is a truth", max_tokens = 200, loops = 16, ignore_eos = true, n = 2,
                                  temperature = 1 })), base))
-        local m
-        for _ = 1, 100 do
-            m = metrics()
-            if metric(m, "tinyloop_cancelled_total") >= metric(before, "tinyloop_cancelled_total") + 2 then break end
-            os.execute("sleep 0.05")
-        end
+        local m = await_cancelled(before, 2)
         assert.equal(metric(before, "tinyloop_cancelled_total") + 2, metric(m, "tinyloop_cancelled_total"))
         assert.equal(metric(before, "tinyloop_completed_total"), metric(m, "tinyloop_completed_total"))
         -- A plain step's row is a token; those after the cancel were never the client's (and a
@@ -1357,12 +1357,7 @@ describe("server", function()
         local before = metrics()
         sh(("curl -s -m 0.3 -o /dev/null -d %s %s/v1/completions"):format(
             quote(cjson.encode({ prompt = prompt, max_tokens = 200, loops = 16, ignore_eos = true })), base))
-        local m
-        for _ = 1, 100 do
-            m = metrics()
-            if metric(m, "tinyloop_cancelled_total") > metric(before, "tinyloop_cancelled_total") then break end
-            os.execute("sleep 0.05")
-        end
+        local m = await_cancelled(before, 1)
         assert.equal(metric(before, "tinyloop_cancelled_total") + 1, metric(m, "tinyloop_cancelled_total"))
         local counted = metric(m, "tinyloop_prompt_tokens_cached_total") - metric(before, "tinyloop_prompt_tokens_cached_total")
         local status, body = post_json({ prompt = prompt, max_tokens = 1, loops = 16 })
