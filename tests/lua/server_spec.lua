@@ -4386,6 +4386,8 @@ describe("scripts/serve options", function()
                 os.execute("sleep 0.05")
             end
             assert.is_true(shown, "worker 1 published")
+            -- llama.cpp's /props: the server's slots, both workers' (either answers)
+            assert.equal(2, cjson.decode(select(2, curl(url .. "/props"))).total_slots)
             -- a reload to one worker (its figures stayed for good: its memory counted as held)
             os.execute("sed -i 's/^worker_processes 2;/worker_processes 1;/' " .. pre .. "/nginx.conf")
             os.execute("kill -HUP " .. sh("cat " .. pre .. "/nginx.pid"):gsub("%s+$", ""))

@@ -2152,7 +2152,10 @@ end
 -- GET /props: what llama.cpp's clients read of the server (the context, the slots, the defaults).
 function _M.llamacpp_props()
     if not only_get() or not ready() then return end
-    return send_json(200, llamacpp.props({ model_path = conf.model, n_ctx = model.max_seq_len, total_slots = conf.max_active,
+    -- (the server's slots: each worker runs max_active; a worker's own told a client of two
+    -- workers half the generations it may run at once)
+    return send_json(200, llamacpp.props({ model_path = conf.model, n_ctx = model.max_seq_len,
+                                           total_slots = conf.max_active * ngx.worker.count(),
                                            chat_template = chat_prompts and chat_prompts.template_text, version = _M._VERSION }))
 end
 
