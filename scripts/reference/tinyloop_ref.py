@@ -256,7 +256,12 @@ def read_safetensors(path):
     meta = header.pop("__metadata__", {})
     base, out = 8 + n, {}
     for name, info in header.items():
-        dt = _DTYPES[info["dtype"]]
+        dt = _DTYPES.get(info["dtype"])
+        if dt is None:  # (was a KeyError: quantised checkpoints hold I8 tensors)
+            q = meta.get("tinyloop_quantization")
+            raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']}, which this reader "
+                             f"does not read ({', '.join(_DTYPES)})"
+                             + (f"; the file is a {q} checkpoint" if q else ""))
         begin, end = info["data_offsets"]
         numel = math.prod(info["shape"])
         if end - begin != numel * torch.tensor([], dtype=dt).element_size() or base + end > len(raw):
@@ -283,7 +288,10 @@ def load_checkpoint(directory, dtype=torch.float32):
     with open(os.path.join(directory, "config.json")) as f:
         config = json.load(f)
     model = LoopedLM(config)
-    tensors, _ = read_safetensors(os.path.join(directory, "model.safetensors"))
+    tensors, meta = read_safetensors(os.path.join(directory, "model.safetensors"))
+    if meta.get("tinyloop_quantization"):  # said plainly, not as its scales "unexpected"
+        raise ValueError(f"{directory}: a {meta['tinyloop_quantization']} checkpoint; "
+                         "the reference reads f32/f16/bf16 weights")
     want = model.state_dict()
     missing = sorted(set(want) - set(tensors))
     extra = sorted(set(tensors) - set(want))

@@ -289,7 +289,7 @@ def file_sha256(path):
 
 def main():
     sys.path.insert(0, HERE)
-    from corpus import read_docs
+    from corpus import dir_problem, read_docs
 
     ap = argparse.ArgumentParser(description="learn a byte-level BPE, write tokenizer.json", allow_abbrev=False)
     ap.add_argument("--corpus", default="build/corpus/train.txt")
@@ -299,7 +299,16 @@ def main():
     ap.add_argument("--force", action="store_true", help="retrain even if up to date")
     args = ap.parse_args()
     if args.vocab_size < 258:
-        sys.exit("--vocab-size must be at least 258")
+        ap.error(f"--vocab-size must be at least 258 (256 bytes, a merge, <|endoftext|>), "
+                 f"got {args.vocab_size}")
+    # (both were tracebacks: a missing corpus at the stamp's hash, a bad --out after training)
+    if not os.path.isfile(args.corpus):
+        ap.error(f"--corpus {args.corpus}: no such file (scripts/train/corpus.py makes train.txt)")
+    if os.path.isdir(args.out):
+        ap.error(f"--out {args.out} is a directory; it names the tokenizer.json to write")
+    why = dir_problem(os.path.dirname(args.out) or ".")
+    if why:
+        ap.error(f"--out {args.out}: {why}")
 
     # up-to-date check: same corpus, same size, same script -> same output (training is
     # deterministic), so an existing file is kept

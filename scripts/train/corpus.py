@@ -72,6 +72,22 @@ def read_docs(path):
     return text[:-len(DOC_END)].split(DOC_END)
 
 
+def dir_problem(path):
+    """Why `path` is not, and cannot be made, a directory we can write in; None when it is or
+    can. The training scripts check their --out with it before minutes of work, not at the end."""
+    p = os.path.abspath(path)
+    while not os.path.lexists(p):  # makedirs would create the rest
+        p = os.path.dirname(p)
+    shown = p if os.path.isabs(path) else os.path.relpath(p)
+    if not os.path.isdir(p):
+        return f"{shown} is not a directory"
+    try:
+        tempfile.TemporaryFile(dir=p).close()
+    except OSError as e:
+        return f"cannot write in {shown} ({e.strerror})"
+    return None
+
+
 def dpkg_versions(pkgs):
     out = {}
     for p in pkgs:
@@ -224,6 +240,9 @@ def main():
     ap.add_argument("--out", default="build/corpus", help="output directory")
     ap.add_argument("--no-install", action="store_true", help="never call apt-get")
     args = ap.parse_args()
+    why = dir_problem(args.out)
+    if why:
+        ap.error(f"--out {args.out}: {why}")
 
     if not args.no_install:
         ensure_packages()

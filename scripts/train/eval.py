@@ -3,7 +3,8 @@
 
     scripts/train/eval.py --model models/tinyloop-austen [--out MODEL/eval.md] [--threads 2]
 
-Reports, for loop depths 1, 2, 3, 4, 6, 8, 12, 16 (--depths):
+Reports, for loop depths 1, 2, 3, 4, 6, 8, 12, 16 (--depths; by default those up to the
+checkpoint's max_loops):
 - validation loss (nats/token) and perplexity, on build/corpus/val.txt tokenised with the
   model's tokenizer.json into one stream (documents separated by <|endoftext|>), cut into
   non-overlapping 256-token windows (each predicts its 256 next tokens with in-window context);
@@ -21,16 +22,20 @@ All depths come from one pass: the loop state after l iterations does not depend
 follow, so the loop runs once to the deepest depth and the coda + head are applied to the state
 at each requested depth (checked against LoopedLM.forward on the first batch).
 
-Prints a markdown report and writes it to --out.
+Prints a markdown report and writes it to --out (checked first; written once the evaluation
+succeeded). Reads f32/f16/bf16 checkpoints: a q8/q4 one goes to tinyloop-quant-eval.
 """
 import argparse
+import json
 import math
 import os
+import struct
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+DEFAULT_DEPTHS = "1,2,3,4,6,8,12,16"
 
 
 def parse_args():
@@ -39,7 +44,9 @@ def parse_args():
     ap.add_argument("--out", default=None, help="markdown report (default: MODEL/eval.md)")
     ap.add_argument("--corpus-dir", default="build/corpus")
     ap.add_argument("--val", default=None, help="validation text (default CORPUS_DIR/val.txt)")
-    ap.add_argument("--depths", default="1,2,3,4,6,8,12,16")
+    ap.add_argument("--depths", default=None,
+                    help=f"comma-separated loop counts (default {DEFAULT_DEPTHS}, "
+                         "those up to the checkpoint's max_loops)")
     ap.add_argument("--max-tokens", type=int, default=0,
                     help="cap on teacher-forced tokens (0: the whole validation text)")
     ap.add_argument("--seq", type=int, default=256)
@@ -51,7 +58,7 @@ def parse_args():
     a = ap.parse_args()
     # (a depth of 0 was a KeyError, no prompts a ValueError from deep in the run)
     try:
-        depths = [int(d) for d in a.depths.split(",")]
+        depths = [int(d) for d in (a.depths or DEFAULT_DEPTHS).split(",")]
     except ValueError:
         ap.error(f"--depths must be a comma-separated list of loop counts, got {a.depths!r}")
     if min(depths) < 1:
@@ -63,6 +70,68 @@ def parse_args():
         ap.error(f"--prompt-tokens counts the leading BOS: 2 or more, got {a.prompt_tokens}")
     if a.max_tokens < 0:
         ap.error(f"--max-tokens must be 0 (all) or more, got {a.max_tokens}")
+    # the files, before torch loads and the evaluation runs (they were tracebacks, and an
+    # unwritable --out an error after the whole evaluation)
+    model_dir = a.model
+    missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json")
+               if not os.path.isfile(os.path.join(model_dir, f))]
+    if missing:
+        ap.error(f"--model {model_dir}: " + ("no such directory" if not os.path.isdir(model_dir) else
+                                     "no " + ", ".join(missing)) + " (a checkpoint directory)")
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        ap.error(f"--model {model_dir}: config.json: {e}")
+    default_loops = config.get("default_loops") if isinstance(config, dict) else None
+    max_loops = (config.get("max_loops", min(4 * default_loops, 4096))  # SPEC §1's default
+                 if isinstance(default_loops, int) else None)
+    if not (isinstance(default_loops, int) and isinstance(max_loops, int)
+            and 1 <= default_loops <= max_loops):
+        ap.error(f"--model {model_dir}: config.json needs 1 <= default_loops <= max_loops")
+    try:
+        with open(os.path.join(model_dir, "model.safetensors"), "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        meta = header.get("__metadata__") or {}
+        dtypes = {t["dtype"] for k, t in header.items() if k != "__metadata__"}
+    except (OSError, ValueError, AttributeError, TypeError, KeyError, struct.error):
+        ap.error(f"--model {model_dir}: model.safetensors is not a safetensors file")
+    # (a q8/q4 checkpoint was a KeyError from deep in the loader)
+    quant = meta.get("tinyloop_quantization") if isinstance(meta, dict) else None
+    odd = sorted(dtypes - {"F64", "F32", "F16", "BF16"})
+    if quant or odd:
+        ap.error(f"--model {model_dir} " + (f"is a {quant} checkpoint" if quant else
+                                    f"holds {'/'.join(odd)} tensors")
+                 + "; eval.py reads f32/f16/bf16 ones: for quantised weights use "
+                 "build/scripts/tools/tinyloop-quant-eval REF_DIR QUANT_DIR --text FILE")
+    # depths past max_loops are past what the engine runs
+    if a.depths is None:
+        a.depths = ",".join(str(d) for d in depths if d <= max_loops)
+    elif max(depths) > max_loops:
+        ap.error(f"--depths must be loop counts up to the checkpoint's max_loops ({max_loops}), "
+                 f"got {a.depths!r}")
+    max_seq_len = config.get("max_seq_len")
+    if isinstance(max_seq_len, int) and a.prompt_tokens + a.gen_tokens > max_seq_len:
+        ap.error(f"--prompt-tokens + --gen-tokens must be at most the checkpoint's max_seq_len "
+                 f"({max_seq_len}), got {a.prompt_tokens} + {a.gen_tokens}")
+    if a.val:
+        if not os.path.isfile(a.val):
+            ap.error(f"--val {a.val}: no such file")
+    elif not os.path.isfile(os.path.join(a.corpus_dir, "val.txt")):
+        ap.error(f"--corpus-dir {a.corpus_dir}: "
+                 + ("no val.txt" if os.path.isdir(a.corpus_dir) else "no such directory")
+                 + " (scripts/train/corpus.py makes it)")
+    a.out = a.out or os.path.join(model_dir, "eval.md")
+    if os.path.isdir(a.out):
+        ap.error(f"--out {a.out} is a directory; it names the report file")
+    sys.path.insert(0, HERE)
+    from corpus import dir_problem
+    if os.path.exists(a.out):  # rewritten in place: its directory may be read-only
+        why = None if os.access(a.out, os.W_OK) else "not writable"
+    else:
+        why = dir_problem(os.path.dirname(a.out) or ".")
+    if why:
+        ap.error(f"--out {a.out}: {why}")
     return a
 
 
@@ -200,7 +269,10 @@ def greedy(model, prompts, loops, n_new):
 def main():
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    model, config = load_checkpoint(args.model)
+    try:
+        model, config = load_checkpoint(args.model)
+    except ValueError as e:  # the config's or the tensors' own error, in a line
+        sys.exit(f"eval: {e}")
     c = model.config
     tok = Tokenizer(os.path.join(args.model, "tokenizer.json"))
     if tok.vocab_size != c["vocab_size"]:
@@ -301,10 +373,11 @@ def main():
         lines.append(f"- {p!r} ‖ {g!r}")
     report = "\n".join(lines) + "\n"
     print(report)
-    out = args.out or os.path.join(args.model, "eval.md")
-    with open(out, "w") as f:
+    # (only now: a failed evaluation leaves an earlier report as it was)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
         f.write(report)
-    print(f"wrote {out}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

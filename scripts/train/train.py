@@ -18,7 +18,11 @@ run ends on time whatever the machine load (`--steps N` switches the schedule to
 makes a run bit-reproducible for a given thread count). Validation loss at depth 8 on a fixed
 slice of val.txt at the start, every --val-every minutes and at the end; the checkpoint (f16) is
 written at every validation, so an interrupted run still leaves a usable model. Ctrl-C / SIGTERM
-stops cleanly (final validation + save).
+stops cleanly (final validation + save; training.json then says "finished": false and names the
+signal in "interrupted_by_signal", and the exit status is 128 + the signal's number).
+
+Options are checked before anything runs (--check-args: only that, before the corpus exists),
+--out included, so a bad value fails in one line rather than after the training.
 
 Output directory: config.json, model.safetensors (f16), tokenizer.json, training.json (arguments,
 tokens seen, loss history, input hashes, software versions).
@@ -77,7 +81,84 @@ def parse_args():
     ap.add_argument("--val-every", type=float, default=10.0, help="minutes between validations")
     ap.add_argument("--val-tokens", type=int, default=16384, help="val tokens per validation")
     ap.add_argument("--val-depth", type=int, default=8)
-    return ap.parse_args()
+    ap.add_argument("--check-args", action="store_true",
+                    help="check the options and exit, before the corpus exists (run.sh does)")
+    a = ap.parse_args()
+    check_args(ap, a)
+    return a
+
+
+MAX_LOOPS = 4096      # the engine's ceiling (engine/src/config.c)
+MAX_LAYERS = 4096
+MAX_DIM = 1 << 20
+
+
+def check_args(ap, a):
+    """Refuses in one line, before torch loads, the values that crashed deep in a run, missing
+    corpus files (tracebacks) and an --out that only failed at the first save, after training."""
+    def need(ok, opt, allowed):
+        if not ok:
+            v = getattr(a, opt.lstrip("-").replace("-", "_"))
+            ap.error(f"{opt} must be {allowed}, got {v:g}" if isinstance(v, float)
+                     else f"{opt} must be {allowed}, got {v}")
+    need(a.steps >= 0, "--steps", "0 (wall clock) or more")
+    need(a.steps or 0 < a.minutes < math.inf, "--minutes",
+         "more than 0 and finite (or give --steps N)")
+    need(a.threads >= 1, "--threads", "1 or more")
+    need(0 <= a.seed < 1 << 64, "--seed", "0 .. 2^64-1")
+    need(1 <= a.d_model <= MAX_DIM, "--d-model", f"1 .. {MAX_DIM}")
+    need(1 <= a.n_heads <= a.d_model, "--n-heads", f"1 .. --d-model ({a.d_model})")
+    need(1 <= a.d_ff <= MAX_DIM, "--d-ff", f"1 .. {MAX_DIM}")
+    if a.d_model % a.n_heads:
+        ap.error(f"--n-heads {a.n_heads} does not divide --d-model {a.d_model}")
+    if a.d_model // a.n_heads % 2:
+        ap.error(f"--d-model {a.d_model} / --n-heads {a.n_heads} = head dim "
+                 f"{a.d_model // a.n_heads}: RoPE needs an even head dim")
+    for opt in ("--n-prelude", "--n-block", "--n-coda"):
+        need(0 <= getattr(a, opt[2:].replace("-", "_")) <= MAX_LAYERS, opt, f"0 .. {MAX_LAYERS}")
+    need(1 <= a.max_loops <= MAX_LOOPS, "--max-loops", f"1 .. {MAX_LOOPS} (the engine's ceiling)")
+    loops = f"1 .. --max-loops ({a.max_loops})"
+    need(1 <= a.default_loops <= a.max_loops, "--default-loops", loops)
+    need(1 <= a.batch, "--batch", "1 or more")
+    need(1 <= a.seq <= 256, "--seq", "1 .. 256 (max_seq_len)")
+    need(0 < a.lr < math.inf, "--lr", "more than 0 and finite")
+    need(0 <= a.min_lr_ratio <= 1, "--min-lr-ratio", "0 .. 1")
+    need(0 <= a.warmup <= 1, "--warmup", "0 .. 1 (a fraction of the budget)")
+    need(0 <= a.weight_decay < math.inf, "--weight-decay", "0 or more and finite")
+    need(a.clip > 0, "--clip", "more than 0")
+    need(1 <= a.min_depth <= a.max_loops, "--min-depth", loops)
+    need(a.min_depth <= a.max_depth <= a.max_loops, "--max-depth",
+         f"--min-depth ({a.min_depth}) .. --max-loops ({a.max_loops})")
+    # (below -1 the deepest depths get negative probabilities)
+    need(-1 <= a.deep_bias < math.inf, "--deep-bias", "-1 or more and finite")
+    need(a.backprop_loops >= 1, "--backprop-loops", "1 or more")
+    need(a.log_every >= 0, "--log-every", "0 or more (seconds)")
+    need(a.val_every >= 0, "--val-every", "0 or more (minutes)")
+    need(a.val_tokens >= 1, "--val-tokens", "1 or more")
+    need(1 <= a.val_depth <= a.max_loops, "--val-depth", loops)
+    if a.tokenizer is not None and not os.path.isfile(a.tokenizer):
+        ap.error(f"--tokenizer {a.tokenizer}: no such file")
+    if not a.check_args:  # run.sh checks before it makes the corpus
+        d = a.corpus_dir
+        need_files = ["train.txt", "val.txt"] + ([] if a.tokenizer else ["tokenizer.json"])
+        missing = [f for f in need_files if not os.path.isfile(os.path.join(d, f))]
+        if missing:
+            ap.error(f"--corpus-dir {d}: " + ("no such directory" if not os.path.isdir(d) else
+                                              "no " + ", ".join(missing))
+                     + " (scripts/train/corpus.py makes train.txt and val.txt, "
+                     "scripts/train/bpe.py tokenizer.json)")
+    sys.path.insert(0, HERE)
+    from corpus import dir_problem
+    why = dir_problem(a.out)
+    if not why and not a.check_args:
+        try:
+            os.makedirs(a.out, exist_ok=True)
+        except OSError as e:
+            why = e.strerror
+    if why:
+        ap.error(f"--out {a.out}: {why}")
+    if a.check_args:
+        sys.exit(0)
 
 
 args = parse_args()
@@ -197,8 +278,6 @@ def main():
     check_blas()
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
-    if not (1 <= args.min_depth <= args.max_depth) or args.seq > 256:
-        sys.exit("bad --min-depth/--max-depth/--seq")
     tok_path = args.tokenizer or os.path.join(args.corpus_dir, "tokenizer.json")
     train_path = os.path.join(args.corpus_dir, "train.txt")
     val_path = os.path.join(args.corpus_dir, "val.txt")
@@ -210,6 +289,12 @@ def main():
     val_stream = np.array(encode_docs(tok, read_docs(val_path)), dtype=np.int32)
     log(f"data: train {len(train_stream)} tokens, val {len(val_stream)} tokens "
         f"(tokenised in {time.time() - t_start:.1f}s)")
+    # (fewer and Windows looked for a window forever; an empty val.txt validated on nothing)
+    if len(train_stream) < 2 * args.seq:
+        sys.exit(f"train: {train_path} has {len(train_stream)} tokens; --seq {args.seq} "
+                 f"needs {2 * args.seq} (a window at any phase)")
+    if len(val_stream) < 2:
+        sys.exit(f"train: {val_path} has no text to validate on")
 
     config = make_config(tok)
     model = LoopedLM(config)
@@ -229,19 +314,19 @@ def main():
     depth_p = weights / weights.sum()
     data = Windows(train_stream, args.seq, rng)
 
-    stop = {"flag": False}
+    stop = {"signal": None}
 
     def on_signal(signum, frame):
-        if stop["flag"]:
+        if stop["signal"]:
             raise KeyboardInterrupt
         log(f"signal {signum}: stopping after this step (again to abort)")
-        stop["flag"] = True
+        stop["signal"] = signum
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
     history = {"val": [], "train": []}
     meta = {
-        "args": vars(args), "n_params": n_params,
+        "args": {k: v for k, v in vars(args).items() if k != "check_args"}, "n_params": n_params,
         "corpus": {"train_sha256": file_sha256(train_path), "val_sha256": file_sha256(val_path),
                    "tokenizer_sha256": file_sha256(tok_path), "train_tokens": len(train_stream),
                    "val_tokens": len(val_stream)},
@@ -250,11 +335,13 @@ def main():
         "history": history,
     }
 
-    def save(step, tokens_seen, final):
+    def save(step, tokens_seen, final, stopped_by=None):
         save_checkpoint(model, config, args.out, dtype="f16")
         shutil.copyfile(tok_path, os.path.join(args.out, "tokenizer.json"))
+        # a run a signal stopped is not a finished one: its schedule did not run out
         meta.update(steps=step, tokens_seen=tokens_seen, elapsed_s=round(time.time() - t_start, 1),
-                    finished=final)
+                    finished=final and not stopped_by,
+                    interrupted_by_signal=stopped_by and signal.Signals(stopped_by).name)
         with open(os.path.join(args.out, "training.json"), "w") as f:
             json.dump(meta, f, indent=1)
             f.write("\n")
@@ -280,7 +367,7 @@ def main():
     step, tokens_seen = 0, 0
     acc_loss, acc_n, acc_tok, acc_depth, acc_t = 0.0, 0, 0, 0, time.time()
 
-    while not stop["flag"]:
+    while not stop["signal"]:
         now = time.time()
         if args.steps:
             frac = step / args.steps
@@ -332,12 +419,16 @@ def main():
             next_val = time.time() + args.val_every * 60.0
             acc_t += val_cost  # keep the tok/s figure about training only
 
+    stopped_by = stop["signal"]  # (one during the final validation comes after the schedule)
     run_val(step, tokens_seen)
-    save(step, tokens_seen, final=True)
+    save(step, tokens_seen, final=True, stopped_by=stopped_by)
     el = time.time() - t_start
-    log(f"done: {step} steps, {tokens_seen} tokens in {fmt_time(el)} "
+    log(f"{'stopped by ' + signal.Signals(stopped_by).name if stopped_by else 'done'}: "
+        f"{step} steps, {tokens_seen} tokens in {fmt_time(el)} "
         f"({tokens_seen / max(1e-9, time.time() - t_train):.0f} tok/s overall); "
         f"checkpoint in {args.out}")
+    if stopped_by:  # as a shell reports a signal, so run.sh does not evaluate a stopped run
+        sys.exit(128 + stopped_by)
 
 
 if __name__ == "__main__":
