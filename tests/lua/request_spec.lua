@@ -112,13 +112,6 @@ describe("request's parsers refuse, naming the field", function()
         { '{' .. M .. '"response_format": {"type": "xml"}}', "response_format", "response_format.type must be" },
         { '{' .. M .. '"response_format": {"type": "json_schema"}}', "response_format", "response_format.json_schema must be an object" },
         { '{' .. M .. '"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}', "response_format", "response_format.json_schema.schema must be a JSON Schema object" },
-        -- metadata: OpenAI's bounds (16 pairs; keys up to 64 characters, string values up to 512)
-        { '{' .. M .. '"metadata": {"k": 5}}', "metadata", "metadata.k must be a string" },
-        { '{' .. M .. '"metadata": ["a"]}', "metadata", "metadata must be an object of at most 16 strings" },
-        { '{' .. M .. '"metadata": {"k": "' .. ("v"):rep(513) .. '"}}', "metadata", "metadata.k is longer than 512 characters" },
-        { '{' .. M .. '"metadata": {"' .. ("k"):rep(65) .. '": "v"}}', "metadata", "is longer than 64 characters" },
-        { '{' .. M .. '"metadata": {"a":"1","b":"1","c":"1","d":"1","e":"1","f":"1","g":"1","h":"1","i":"1","j":"1",' ..
-          '"k":"1","l":"1","m":"1","n":"1","o":"1","p":"1","q":"1"}}', "metadata", "metadata has more than 16 keys" },
       },
       completion = {
         { '{"prompt": "hi", "structured_outputs": {"regex": 5}}', "structured_outputs", "must be a string (a regular expression)" },

@@ -12,7 +12,6 @@ local tools = require "tinyloop.tools"
 local raised_message = require("tinyloop.raise").message
 local reasoning = require "tinyloop.reasoning"
 local add_stop_ids, decode_ordered = require("tinyloop.chat").add_stop_ids, require("tinyloop.chat").decode_ordered
-local is_array = require("tinyloop.chat").is_array
 
 local type, pairs, ipairs, tostring, next, floor = type, pairs, ipairs, tostring, next, math.floor
 local json_null = cjson.null
@@ -168,26 +167,6 @@ local KIND_WORDS = { string = "a string", number = "a number", integer = "an int
 -- How the text of an empty value of a kind opens (KIND_CHECK takes {} and [] alike).
 local EMPTY_OPENS = { object = "{", array = "[", stop = "[" }
 
--- OpenAI's metadata (chat completions and Responses, kept where a response is stored): at most
--- 16 pairs, keys of up to 64 characters, string values of up to 512 (its documented bounds:
--- without them one request stored megabytes in a response) -> nil, or what is wrong.
-local METADATA_WORDS = "an object of at most 16 strings, keys up to 64 characters and values up to 512"
-function _M.metadata_problem(v)
-    if type(v) ~= "table" or (next(v) ~= nil and is_array(v)) then return "metadata must be " .. METADATA_WORDS end
-    local n = 0
-    for k, value in pairs(v) do
-        n = n + 1
-        if n > 16 then return "metadata has more than 16 keys (OpenAI's bound)" end
-        -- (characters: UTF-8's bytes less its continuation bytes)
-        if #(k:gsub("[\128-\191]", "")) > 64 then
-            return ("metadata key %s is longer than 64 characters"):format(cjson.encode(k:sub(1, 64) .. "..."))
-        end
-        if type(value) ~= "string" then return ("metadata.%s must be a string"):format(k) end
-        if #(value:gsub("[\128-\191]", "")) > 512 then return ("metadata.%s is longer than 512 characters"):format(k) end
-    end
-    return nil
-end
-
 -- Fields that TinyLoop does not implement, which clients send at their defaults (the SDKs
 -- null): OpenAI's completions' and vLLM's; the value that changes nothing is accepted, any
 -- other refused, naming the field. (suffix is for insertion models.)
@@ -205,7 +184,7 @@ local CHAT_NO_OPS = {
     prompt_cache_key = { function(v) return type(v) == "string" end, "a string" },
     safety_identifier = { function(v) return type(v) == "string" end, "a string" },
     verbosity = { function(v) return v == "low" or v == "medium" or v == "high" end, '"low", "medium" or "high"' },
-    metadata = { function(v) return type(v) == "table" end, "an object (kept only where stored)", _M.metadata_problem },
+    metadata = { function(v) return type(v) == "table" end, "an object (kept only where stored)" },
     service_tier = { function(v) return v == "auto" or v == "default" end, '"auto" or "default"' },
     guided_decoding_backend = OPENAI_NO_OPS.guided_decoding_backend,
 }
@@ -920,8 +899,6 @@ local function decode_fields(body, fields, no_ops)
             if v ~= json_null and not no_op[1](v) then
                 return bad(("%s is not supported (only %s, or null)"):format(k, no_op[2]), k)
             end
-            local problem = v ~= json_null and no_op[3] and no_op[3](v) -- (OpenAI's own bounds on it)
-            if problem then return bad(problem, k) end
             spec, v = {}, json_null
         end
         if not spec then return bad(("unknown field '%s'"):format(tostring(k)), tostring(k)) end

@@ -22,7 +22,6 @@
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local shapes = require "tinyloop.server.shapes"
-local request = require "tinyloop.server.request"
 local chat_content_text = require("tinyloop.chat").content_text
 local REASONING_END = require("tinyloop.reasoning").END
 local MAX_LOGPROBS = tonumber(require("tinyloop").C.TL_MAX_TOP_LOGPROBS) -- the engine's most alternatives
@@ -355,8 +354,6 @@ function _M.to_chat(body, lookup)
         end
     end
     if t.background then return bad("background responses are not supported: each is answered whole, or streamed", "background") end
-    local metadata_problem = t.metadata ~= nil and request.metadata_problem(t.metadata) -- (kept with a stored response)
-    if metadata_problem then return bad(metadata_problem, "metadata") end
     -- ("auto" drops input that does not fit: here an input that does not fit is refused, and
     -- one that fits is what "auto" would keep)
     if t.truncation ~= nil and t.truncation ~= "disabled" and t.truncation ~= "auto" then
