@@ -1329,20 +1329,34 @@ describe("server", function()
         assert.equal(200, (post_json({ prompt = "hi", max_tokens = 2 })))
     end)
 
+    -- A blocking request whose client leaves once the engine has stepped `rows` session-steps
+    -- (whatever the machine's speed) -> /metrics from before it.
+    local ROWS = 'tinyloop_engine_batch_rows_total{worker="0"}'
+    local function left_after(body, rows)
+        local before = metrics()
+        local f = dir .. "/leaving.json"
+        local h = assert(io.open(f, "wb")); h:write(cjson.encode(body)); h:close()
+        local pid = sh(("curl -s -o /dev/null --data-binary @%s %s/v1/completions > /dev/null 2>&1 & echo $!"):format(f, base))
+        for _ = 1, 1000 do
+            if metric(metrics(), ROWS) - metric(before, ROWS) >= rows then break end
+            os.execute("sleep 0.02")
+        end
+        os.execute("kill " .. pid:gsub("%s+$", ""))
+        return before
+    end
+
     it("counts every token a cancelled request's choices generated, the unread ones too", function()
         -- (a blocking request reads its choices in turn: the second choice's tokens all sat in
         -- the engine, and counted nowhere)
-        local before = metrics()
-        sh(("curl -s -m 0.3 -o /dev/null -d %s %s/v1/completions"):format(
-            quote(cjson.encode({ prompt = "It is a truth", max_tokens = 200, loops = 16, ignore_eos = true, n = 2,
-                                 temperature = 1 })), base))
+        local before = left_after({ prompt = "It is a truth", max_tokens = 200, loops = 16, ignore_eos = true, n = 2,
+                                    temperature = 1 }, 32)
         local m = await_cancelled(before, 2)
         assert.equal(metric(before, "tinyloop_cancelled_total") + 2, metric(m, "tinyloop_cancelled_total"))
         assert.equal(metric(before, "tinyloop_completed_total"), metric(m, "tinyloop_completed_total"))
         -- A plain step's row is a token; those after the cancel were never the client's (and a
         -- choice may emit one between the handler's last read and its cancel).
         local function delta(name) return metric(m, name) - metric(before, name) end
-        local rows = delta('tinyloop_engine_batch_rows_total{worker="0"}')
+        local rows = delta(ROWS)
         local unsent = delta('tinyloop_engine_steps_after_cancel_total{worker="0"}')
         local generated = delta("tinyloop_generated_tokens_total")
         assert.truthy(rows >= 16, rows .. " tokens generated before the client left") -- (or the count checks little)
@@ -1354,9 +1368,7 @@ describe("server", function()
         local prompt = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
         -- (the pool keeps a prefix per depth: each request at loops 16)
         assert.equal(200, (post_json({ prompt = prompt, max_tokens = 1, loops = 16 }))) -- (into the pool)
-        local before = metrics()
-        sh(("curl -s -m 0.3 -o /dev/null -d %s %s/v1/completions"):format(
-            quote(cjson.encode({ prompt = prompt, max_tokens = 200, loops = 16, ignore_eos = true })), base))
+        local before = left_after({ prompt = prompt, max_tokens = 200, loops = 16, ignore_eos = true }, 8)
         local m = await_cancelled(before, 1)
         assert.equal(metric(before, "tinyloop_cancelled_total") + 1, metric(m, "tinyloop_cancelled_total"))
         local counted = metric(m, "tinyloop_prompt_tokens_cached_total") - metric(before, "tinyloop_prompt_tokens_cached_total")
