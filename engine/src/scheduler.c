@@ -228,6 +228,7 @@ static void finish(tl_engine *e, request *r, tl_stop_reason stop, tl_status stat
     if (status != TL_OK) e->c.failed++;
     e->c.finished++;
     e->c.active--;
+    if (!r->cancelled) e->c.finished_held++; /* (a cancelled one is unlinked at the loop's top) */
 }
 
 static void free_engine_arrays(tl_engine *e) {
@@ -641,6 +642,7 @@ void tl_engine_cancel(tl_engine *e, uint64_t id) {
     request *r = e->stop ? NULL : find(e, id), *gone = NULL; /* (stopped: a no-op, the counters kept) */
     if (r && !r->cancelled) {
         if (r->state == TL_ENGINE_FINISHED) {
+            e->c.finished_held--;
             unlink_request(e, r);
             gone = r;
         } else if (r->state == TL_ENGINE_QUEUED) {

@@ -373,6 +373,7 @@ typedef struct tl_engine_counters {
     uint64_t steps_after_cancel;
     uint64_t partial_prefills;
     uint64_t waiter_wakeups;
+    int finished_held;
 } tl_engine_counters;
 void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);
 typedef struct tl_compiled_grammar tl_compiled_grammar;

@@ -236,6 +236,41 @@ int main(int argc, char **argv) {
     eo.max_active = 4, eo.max_queued = 2;
     CHECK(tl_engine_new(model, &eo, &engine) == TL_OK, "%s", tl_last_error());
 
+    /* finished_held: a request that finished counts until its caller lets it go (a server's
+       exiting worker waits for the handlers still reading their ends); one cancelled while it
+       ran never does. */
+    {
+        tl_generate_config two;
+        tl_generate_config_init(&two);
+        two.max_tokens = 2;
+        two.ignore_eos = 1;
+        const int32_t held_prompt[4] = {5, 6, 7, 8};
+        uint64_t held = 0, dropped = 0;
+        tl_engine_update u;
+        tl_engine_counters c;
+        tl_engine *holding = NULL; /* (its own: the counters below are the main engine's) */
+        CHECK(tl_engine_new(model, &eo, &holding) == TL_OK, "%s", tl_last_error());
+        CHECK(tl_engine_submit(holding, new_session(held_prompt, &two), &held) == TL_OK, "%s", tl_last_error());
+        CHECK(read_to_end(holding, held, &u) == 2 && u.state == TL_ENGINE_FINISHED, "the held request's 2 tokens");
+        tl_engine_get_counters(holding, &c);
+        CHECK(c.active == 0 && c.queued == 0 && c.finished_held == 1, "finished, read, not let go: active %d, held %d",
+              c.active, c.finished_held);
+        tl_engine_cancel(holding, held);
+        tl_engine_get_counters(holding, &c);
+        CHECK(c.finished_held == 0, "let go: held %d", c.finished_held);
+        two.max_tokens = 40;
+        CHECK(tl_engine_submit(holding, new_session(held_prompt, &two), &dropped) == TL_OK, "%s", tl_last_error());
+        tl_engine_cancel(holding, dropped);
+        for (int spins = 0; spins < 2000; spins++) { /* until the engine has dropped it */
+            tl_engine_get_counters(holding, &c);
+            if (c.active == 0 && c.queued == 0) break;
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+        }
+        CHECK(c.active == 0 && c.queued == 0 && c.finished_held == 0, "cancelled while it ran: active %d, held %d",
+              c.active, c.finished_held);
+        tl_engine_free(holding);
+    }
+
     /* Mixed configs: greedy, seeded sampling, lengths, a stop string, a window, EOS on. */
     static job_t jobs[N];
     for (int i = 0; i < N; i++) {

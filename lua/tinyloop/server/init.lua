@@ -277,7 +277,11 @@ end
 -- engine holds no session and no embedding or prompt scoring holds a place (embed_slots).
 -- (Counted so, not per pool call: a request whose client left is ended in the pool without
 -- its coroutine coming back, and a count of calls would never come down again. The short pool
--- calls of parsing, an encode or a grammar compile, are not waited for.)
+-- calls of parsing, an encode or a grammar compile, are not waited for.) A request that
+-- finished is waited for until its handler lets it go (release: finished_held), having read
+-- its end: the engine counts a session gone as it finishes, and a handler still in the pool
+-- for its last read lost it (a stream cut off, seen once in ~150 under 16 reloads).
+
 local HOLD_POLL_S = 0.05
 local function hold_exit(premature)
     if premature then return end
@@ -287,7 +291,7 @@ local function hold_exit(premature)
             local busy = embed_slots and embed_slots:count() < conf.embed_jobs
             if engine and not busy then
                 C.tl_engine_get_counters(engine, counters)
-                busy = counters.active + counters.queued > 0
+                busy = counters.active + counters.queued + counters.finished_held > 0
             end
             if not busy then return end
         end
