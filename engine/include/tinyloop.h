@@ -880,6 +880,9 @@ void tl_engine_cancel(tl_engine *engine, uint64_t id);
 
 typedef struct tl_engine_counters {
     int active, queued;          /* sessions held now */
+    int finished_held;           /* requests that finished (no longer active) and that their caller
+                                    holds still: no tl_engine_cancel yet (a server's handler reading
+                                    the end, which an exiting worker must wait for) */
     int max_active, max_queued;
     uint64_t submitted, finished, cancelled, failed, rejected; /* finished: every request that ended
                                     on the engine thread, its `failed` ones included; cancelled: those
@@ -892,9 +895,6 @@ typedef struct tl_engine_counters {
                                     forwarding none, counts in neither) */
     uint64_t waiter_wakeups;     /* times a sleeping tl_engine_wait woke (its request's output, finish
                                     or cancel, the engine's stop, its timeout): not once per step */
-    int finished_held;           /* requests that finished (no longer active) and that their caller
-                                    holds still: no tl_engine_cancel yet (a server's handler reading
-                                    the end, which an exiting worker must wait for) */
 } tl_engine_counters;
 
 void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);

@@ -228,7 +228,6 @@ static void finish(tl_engine *e, request *r, tl_stop_reason stop, tl_status stat
     if (status != TL_OK) e->c.failed++;
     e->c.finished++;
     e->c.active--;
-    if (!r->cancelled) e->c.finished_held++; /* (a cancelled one is unlinked at the loop's top) */
 }
 
 static void free_engine_arrays(tl_engine *e) {
@@ -642,7 +641,6 @@ void tl_engine_cancel(tl_engine *e, uint64_t id) {
     request *r = e->stop ? NULL : find(e, id), *gone = NULL; /* (stopped: a no-op, the counters kept) */
     if (r && !r->cancelled) {
         if (r->state == TL_ENGINE_FINISHED) {
-            e->c.finished_held--;
             unlink_request(e, r);
             gone = r;
         } else if (r->state == TL_ENGINE_QUEUED) {
@@ -673,5 +671,11 @@ void tl_engine_get_counters(tl_engine *e, tl_engine_counters *c) {
     if (!e || !c) return;
     pthread_mutex_lock(&e->mu);
     *c = e->c;
+    /* (counted here, from the requests in hand: a finished one stays until its caller's cancel,
+       and one cancelled while it ran, finished by the step in flight, is dropped at the loop's
+       top) */
+    c->finished_held = 0;
+    for (int i = 0; i < e->n_reqs; i++)
+        c->finished_held += e->reqs[i]->state == TL_ENGINE_FINISHED && !e->reqs[i]->cancelled;
     pthread_mutex_unlock(&e->mu);
 }

@@ -367,13 +367,13 @@ tl_status tl_engine_read(tl_engine *engine, uint64_t id, tl_engine_update *updat
 void tl_engine_cancel(tl_engine *engine, uint64_t id);
 typedef struct tl_engine_counters {
     int active, queued;
+    int finished_held;
     int max_active, max_queued;
     uint64_t submitted, finished, cancelled, failed, rejected;
     uint64_t iterations, rows;
     uint64_t steps_after_cancel;
     uint64_t partial_prefills;
     uint64_t waiter_wakeups;
-    int finished_held;
 } tl_engine_counters;
 void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);
 typedef struct tl_compiled_grammar tl_compiled_grammar;

@@ -288,10 +288,7 @@ def load_checkpoint(directory, dtype=torch.float32):
     with open(os.path.join(directory, "config.json")) as f:
         config = json.load(f)
     model = LoopedLM(config)
-    tensors, meta = read_safetensors(os.path.join(directory, "model.safetensors"))
-    if meta.get("tinyloop_quantization"):  # said plainly, not as its scales "unexpected"
-        raise ValueError(f"{directory}: a {meta['tinyloop_quantization']} checkpoint; "
-                         "the reference reads f32/f16/bf16 weights")
+    tensors, _ = read_safetensors(os.path.join(directory, "model.safetensors"))
     want = model.state_dict()
     missing = sorted(set(want) - set(tensors))
     extra = sorted(set(tensors) - set(want))

@@ -886,18 +886,17 @@ local drained = ffi_new("tl_engine_update") -- (release's: `update` may be a cal
 local function release(st, cancelled)
     if st.released then return end
     st.released = true
+    local unfinished = st.phase ~= "finished"
     -- What it generated that nobody read (a blocking request reads its choices in turn: a later
     -- choice's tokens all sat in the engine), read before the cancel drops them.
-    if st.phase ~= "finished" and C.tl_engine_read(engine, st.id, drained) == 0 then
-        st.n_tokens = st.n_tokens + drained.n_tokens
-    end
+    if unfinished and C.tl_engine_read(engine, st.id, drained) == 0 then st.n_tokens = st.n_tokens + drained.n_tokens end
     C.tl_engine_cancel(engine, st.id)
     if st.phase == "queued" then metrics.gauge("queued", -1) elseif st.phase == "running" then metrics.gauge("active", -1) end
-    if cancelled and st.phase ~= "finished" then metrics.incr("cancelled") end
     -- (a choice that did not finish: the tokens it had generated and its prompt's share served
     -- from the prefix pool, counted nowhere else; a failed one's were counted as it failed,
     -- next_output)
-    if st.phase ~= "finished" then
+    if unfinished then
+        if cancelled then metrics.incr("cancelled") end
         if st.n_tokens > 0 then metrics.incr("tokens_out", st.n_tokens) end
         if st.cached > 0 then metrics.incr("tokens_cached", st.cached) end
     end

@@ -181,23 +181,17 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
     end
     local penalties = { { "repeat_last_n", t.repeat_last_n == nil and tostring(shapes.REPEAT_LAST_N_DEFAULT)
                                            or t.repeat_last_n == -1 and n_ctx and shapes.integer(n_ctx) or raw.repeat_last_n } }
-    if window == "off" then
-        for _, f in ipairs(PASSED) do
-            local name, kind = f[1], f[2]
-            if shapes.PENALTIES[f[3] or name] and t[name] ~= nil then
-                if not KIND_OK[kind](t[name]) then return bad(("%s must be %s"):format(name, shapes.KIND_WORDS[kind]), name) end
-                penalties[#penalties + 1] = { name, raw[name] }
-            end
-        end
-    end
     for _, f in ipairs(PASSED) do
         local name, kind, as = f[1], f[2], f[3] or f[1]
         local v = t[name]
-        if window == "off" and shapes.PENALTIES[as] then v = nil end
         if v ~= nil then
             if not KIND_OK[kind](v) then return bad(("%s must be %s"):format(name, shapes.KIND_WORDS[kind]), name) end
-            -- (a temperature below 0 samples greedily in llama.cpp, its probabilities still given)
-            members[#members + 1] = { as, (name == "temperature" and v < 0) and "0" or raw[name] }
+            if window == "off" and shapes.PENALTIES[as] then -- (turned off: reported as sent, not applied)
+                penalties[#penalties + 1] = { name, raw[name] }
+            else
+                -- (a temperature below 0 samples greedily in llama.cpp, its probabilities still given)
+                members[#members + 1] = { as, (name == "temperature" and v < 0) and "0" or raw[name] }
+            end
         elseif _M.DEFAULTS[name] then
             members[#members + 1] = { as, tostring(_M.DEFAULTS[name]) }
         end
