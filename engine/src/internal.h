@@ -16,6 +16,25 @@
 tl_status tl_fail(tl_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void tl_clear_error(void);
+/* The longest message kept, with its NUL: tl_last_error's, and every copy of one (a session's
+   tl_session_error, a serving engine's request), so that a copy is the message whole. */
+#define TL_ERROR_MAX 1024
+/* Text the library writes or reads (messages, numbers in grammars) does not follow the host's
+   locale (setlocale(LC_ALL, "") under a comma-decimal one): between these two calls this
+   thread formats and parses in the C locale. tl_enter_c_locale returns the caller's, which
+   tl_leave_c_locale puts back. */
+void *tl_enter_c_locale(void);
+void tl_leave_c_locale(void *callers);
+
+/* ---------------------------------------------------------------- fork() */
+
+/* fork() copies only the calling thread: a child inherits a pool's and an engine's state but
+   not their threads, and a condition variable that still counts the parent's sleepers (its
+   pthread_cond_destroy waited for them forever: a child that freed a model hung). Whatever
+   starts threads records tl_process_mark() and asks tl_forked_since(mark) before it relies on
+   them: true in a child made by fork() after the mark (counted by a pthread_atfork handler). */
+unsigned tl_process_mark(void);
+bool tl_forked_since(unsigned mark);
 
 /* ---------------------------------------------------------------- memory / time */
 

@@ -15,11 +15,9 @@
  * decoded). Annotations (title,
  * description, examples, default, $schema, $id, $comment) are ignored. Anything else is an
  * error naming the keyword: a schema is never silently loosened. */
-#define _POSIX_C_SOURCE 200809L /* newlocale, uselocale */
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <limits.h>
-#include <locale.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -319,16 +317,10 @@ static int literal_checked(conv *c, const cJSON *v, const char *path) {
 /* A number as the shortest text that reads back as exactly that double: cJSON's own printing
    takes 15 digits wherever they read back within its epsilon, so 0.30000000000000004 became
    0.3 (another value) and 2^53 - 1 became 9.00719925474099e+15. Written and read in the C
-   locale: a host program that set its own (setlocale(LC_ALL, "") in a German desktop) had
-   the grammar force "0,5" for 0.5, which is not JSON. (glibc's C locale object is a static
-   one: newlocale allocates nothing for it; NULL would be out of memory.) */
+   locale (tl_enter_c_locale): a host program that set its own (setlocale(LC_ALL, "") in a
+   German desktop) had the grammar force "0,5" for 0.5, which is not JSON. */
 static void exact_number(strbuf *out, double d) {
-    const locale_t c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
-    if (!c_locale) {
-        out->oom = true;
-        return;
-    }
-    const locale_t callers = uselocale(c_locale);
+    void *callers = tl_enter_c_locale();
     char text[40];
     if (d == floor(d) && fabs(d) < 1e17) {
         snprintf(text, sizeof text, "%.0f", d);
@@ -338,8 +330,7 @@ static void exact_number(strbuf *out, double d) {
             if (strtod(text, NULL) == d) break;
         }
     }
-    uselocale(callers);
-    freelocale(c_locale);
+    tl_leave_c_locale(callers);
     if (strcmp(text, "-0") == 0) snprintf(text, sizeof text, "0"); /* (-0 == 0: one value, its usual spelling) */
     tl_strbuf_puts(out, text);
 }

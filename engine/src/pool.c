@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "internal.h" /* tl_process_mark */
 #include "pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -68,6 +69,8 @@ static inline int next_of(uint64_t w) { return (int)(w & FIELD_MASK); }
 struct tl_pool {
     int n_threads;                 /* including the calling thread */
     pthread_t *workers;            /* [n_threads - 1] */
+    unsigned process;              /* tl_process_mark() when the workers started: in a child
+                                      forked since, they are the parent's and not here */
     pthread_mutex_t run_lock;      /* one job at a time */
     pthread_mutex_t sleep_lock;
     pthread_cond_t wake;
@@ -304,6 +307,7 @@ tl_pool *tl_pool_new(int n_threads) {
     if (!pool) return NULL;
     memset(pool, 0, sizeof *pool);
     pool->n_threads = n_threads;
+    pool->process = tl_process_mark();
     pthread_mutex_init(&pool->run_lock, NULL);
     pthread_mutex_init(&pool->sleep_lock, NULL);
     pthread_cond_init(&pool->wake, NULL);
@@ -327,6 +331,12 @@ int tl_pool_threads(const tl_pool *pool) { return pool ? pool->n_threads : 1; }
 
 void tl_pool_free(tl_pool *pool) {
     if (!pool) return;
+    if (tl_forked_since(pool->process)) { /* a child's copy: no worker to stop or join, and the
+                                             condition variable counts the parent's sleepers */
+        free(pool->workers);
+        free(pool);
+        return;
+    }
     pthread_mutex_lock(&pool->sleep_lock);
     atomic_store(&pool->stop, true);
     pthread_cond_broadcast(&pool->wake);
@@ -461,10 +471,11 @@ void tl_pool_run_balanced(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn
 static void run_job(tl_pool *pool, int n_tasks, int n_first, tl_task_fn fn, void *ctx, bool balanced,
                     const float *work) {
     if (n_tasks <= 0) return;
-    /* Single task, single thread, or the pool busy with another session's job: run here.
-       Callers size per-thread scratch for every thread index, 0 included. In task order,
-       the phases keep theirs. */
-    if (!pool || pool->n_threads == 1 || n_tasks == 1 || n_tasks > MAX_TASKS ||
+    /* Single task, single thread, the pool busy with another session's job, or a child's
+       copy of the pool (forked: its workers are the parent's): run here. Callers size
+       per-thread scratch for every thread index, 0 included. In task order, the phases keep
+       theirs. */
+    if (!pool || pool->n_threads == 1 || n_tasks == 1 || n_tasks > MAX_TASKS || tl_forked_since(pool->process) ||
         pthread_mutex_trylock(&pool->run_lock) != 0) {
         for (int task = 0; task < n_tasks; task++) fn(ctx, task, 0);
         return;

@@ -68,7 +68,7 @@ typedef struct request {
     buffer pending, given;     /* written by the engine / handed to the last read */
     tl_stop_reason stop_reason;
     tl_status status;
-    char error[256];
+    char error[TL_ERROR_MAX];
     tl_generate_stats stats;
 } request;
 
@@ -81,6 +81,8 @@ struct tl_engine {
     pthread_condattr_t wait_attr; /* of every waiter's cond: CLOCK_MONOTONIC */
     bool stop;
     bool joined;               /* tl_engine_stop joined the thread (the stopping caller's) */
+    unsigned process;          /* tl_process_mark() when the thread started: in a child
+                                  forked since (inherited), the thread is the parent's */
     int waiters;               /* tl_engine_wait calls inside; free waits for 0 */
     int cancels_freeing;       /* tl_engine_cancel calls freeing a request after mu; stop waits
                                   for 0 (the session gives its pages back to the model) */
@@ -327,7 +329,7 @@ static void *engine_main(void *arg) {
         tl_status st = tl_session_step_batch_with(sessions, n_run, &step_opts, tokens, stops, statuses);
         /* A refused call fails every row with its message (submit admits only sessions the
            call takes, so this is out of memory at most); a failed session has its own. */
-        char batch_error[256] = "";
+        char batch_error[TL_ERROR_MAX] = "";
         if (st != TL_OK) snprintf(batch_error, sizeof batch_error, "%s", tl_last_error());
         for (int i = 0; i < n_run; i++) {
             if (st != TL_OK) statuses[i] = st;
@@ -420,6 +422,7 @@ tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl
     pthread_condattr_setclock(&e->wait_attr, CLOCK_MONOTONIC); /* wait timeouts ignore clock changes */
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work, NULL);
+    e->process = tl_process_mark();
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         pthread_condattr_destroy(&e->wait_attr);
         pthread_cond_destroy(&e->work);
@@ -432,11 +435,34 @@ tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl
     return TL_OK;
 }
 
+/* An engine a fork()ed child inherited: its thread is the parent's. The child may free it
+   (tl_engine_free releases its memory, joining nothing) and read its counters; the rest is
+   refused, as by a stopped engine, naming the fork. */
+static bool inherited(const tl_engine *e) { return tl_forked_since(e->process); }
+#define INHERITED_ENGINE \
+    "the engine was made before this process was forked (fork() copies no thread: its thread is the parent's); " \
+    "make an engine in this process"
+
+/* The inherited engine's stop: its requests freed, nothing joined or waited for (the parent's
+   waiters and cancels are not here). Without the lock: a child has the one thread. */
+static void stop_inherited(tl_engine *e) {
+    e->stop = true;
+    e->joined = true;
+    e->waiters = e->cancels_freeing = 0;
+    free_retired(e);
+    for (int i = 0; i < e->n_reqs; i++) free_request(e->reqs[i]);
+    e->n_reqs = 0;
+}
+
 /* Whether the caller is the engine's own thread: a hook of a session it steps. */
 static bool on_engine_thread(const tl_engine *e) { return !e->joined && pthread_equal(pthread_self(), e->thread); }
 
 void tl_engine_stop(tl_engine *e) {
     if (!e) return;
+    if (inherited(e)) {
+        stop_inherited(e);
+        return;
+    }
     pthread_mutex_lock(&e->mu);
     e->stop = true;
     /* a step that searches within itself (beam search) leaves early, as at a cancel: the
@@ -470,6 +496,13 @@ void tl_engine_stop(tl_engine *e) {
 
 void tl_engine_free(tl_engine *e) {
     if (!e) return;
+    if (inherited(e)) { /* (the parent's sleepers count in its condition variables: no destroy) */
+        stop_inherited(e);
+        free(e->reqs);
+        free_engine_arrays(e);
+        free(e);
+        return;
+    }
     if (on_engine_thread(e)) { /* from a hook: a stop only (tl_engine_stop's), the owner frees */
         tl_engine_stop(e);
         return;
@@ -495,6 +528,7 @@ tl_status tl_engine_submit_with(tl_engine *e, tl_session *session, const tl_engi
     tl_clear_error();
     if (!e || !session || !id) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: engine, session and id must not be NULL");
     *id = 0;
+    if (inherited(e)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_submit: " INHERITED_ENGINE);
     tl_engine_request_options o;
     tl_engine_request_options_init(&o);
     if (opts) o = *opts;
@@ -559,7 +593,7 @@ static bool readable(const request *r) {
 }
 
 int tl_engine_wait(tl_engine *e, uint64_t id, int timeout_ms) {
-    if (!e) return -1;
+    if (!e || inherited(e)) return -1;
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
     if (timeout_ms < 0) timeout_ms = 0;
@@ -599,6 +633,7 @@ tl_status tl_engine_read(tl_engine *e, uint64_t id, tl_engine_update *u) {
     tl_clear_error();
     if (!e || !u) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_read: NULL argument");
     memset(u, 0, sizeof *u);
+    if (inherited(e)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_read: " INHERITED_ENGINE);
     pthread_mutex_lock(&e->mu);
     /* (stopped: gone, as for tl_engine_wait; a stop from a hook left the requests in place
        until the owner's stop or free, which read then found running for good) */
@@ -636,7 +671,7 @@ tl_status tl_engine_read(tl_engine *e, uint64_t id, tl_engine_update *u) {
 }
 
 void tl_engine_cancel(tl_engine *e, uint64_t id) {
-    if (!e) return;
+    if (!e || inherited(e)) return;
     pthread_mutex_lock(&e->mu);
     request *r = e->stop ? NULL : find(e, id), *gone = NULL; /* (stopped: a no-op, the counters kept) */
     if (r && !r->cancelled) {

@@ -818,7 +818,7 @@ tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const t
         group[n_group++] = sessions[i];
     }
     tl_status forward_status = n_group > 0 ? forward_together(group, goals, n_group, o.prompt_rows) : TL_OK;
-    char forward_error[1024] = "";
+    char forward_error[TL_ERROR_MAX] = "";
     if (forward_status != TL_OK) snprintf(forward_error, sizeof forward_error, "%s", tl_last_error());
     for (int i = 0, g = 0; i < n; i++) {
         tl_session *s = sessions[i];

@@ -3,6 +3,8 @@
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE */
 #include <errno.h>
 #include <fcntl.h>
+#include <locale.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -18,13 +20,34 @@
 /* ---------------------------------------------------------------- errors */
 
 /* One message per thread: concurrent sessions must not see each other's errors. */
-static _Thread_local char last_error[1024];
+static _Thread_local char last_error[TL_ERROR_MAX];
 
+/* The C locale, made once (glibc's is a static object: newlocale allocates nothing for it). */
+static locale_t c_locale;
+static pthread_once_t c_locale_once = PTHREAD_ONCE_INIT;
+static void make_c_locale(void) { c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0); }
+
+void *tl_enter_c_locale(void) {
+    pthread_once(&c_locale_once, make_c_locale);
+    /* (this thread's locale only, uselocale's: the host's other threads keep theirs; without
+       the C locale, out of memory, the host's) */
+    return c_locale ? (void *)uselocale(c_locale) : NULL;
+}
+
+void tl_leave_c_locale(void *callers) {
+    if (callers) uselocale((locale_t)callers);
+}
+
+/* Messages do not follow the host's locale either: a program that had called
+   setlocale(LC_ALL, "") under a comma-decimal one read "top_p = 1,5 must be in (0, 1]", a
+   comma beside the interval's own. */
 tl_status tl_fail(tl_status status, const char *fmt, ...) {
+    void *callers = tl_enter_c_locale();
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
+    tl_leave_c_locale(callers);
     return status;
 }
 
@@ -47,6 +70,20 @@ const char *tl_status_name(tl_status status) {
 }
 
 const char *tl_version(void) { return TINYLOOP_VERSION; }
+
+/* ---------------------------------------------------------------- fork() */
+
+static atomic_uint forks; /* fork()s that made this process, counted in each child */
+static pthread_once_t fork_count_once = PTHREAD_ONCE_INIT;
+static void count_fork(void) { atomic_fetch_add_explicit(&forks, 1, memory_order_relaxed); }
+static void register_fork_count(void) { pthread_atfork(NULL, NULL, count_fork); }
+
+unsigned tl_process_mark(void) {
+    pthread_once(&fork_count_once, register_fork_count);
+    return atomic_load_explicit(&forks, memory_order_relaxed);
+}
+
+bool tl_forked_since(unsigned mark) { return atomic_load_explicit(&forks, memory_order_relaxed) != mark; }
 
 /* ---------------------------------------------------------------- memory / time */
 

@@ -132,6 +132,19 @@ static int fail_hook(void *user, float *logits, int vocab_size, const int32_t *t
     return n >= 4 + 2 ? TL_HOOK_ERROR : TL_HOOK_CONTINUE;
 }
 
+/* A logits hook that forces the tokens of `forced` after a prompt of 4, one a step. */
+static struct {
+    int32_t ids[256];
+    int n;
+} forced;
+static int force_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
+    (void)user, (void)tokens;
+    const int step = n - 4;
+    const int32_t want = step < forced.n ? forced.ids[step] : 0;
+    for (int i = 0; i < vocab_size; i++) logits[i] = i == want ? 10.0f : -10.0f;
+    return TL_HOOK_CONTINUE;
+}
+
 /* An on_token hook that frees its own session (held by the engine) at its second token. */
 static int free_self_hook(void *user, int32_t token, int position) {
     (void)token, (void)position;
@@ -491,9 +504,47 @@ int main(int argc, char **argv) {
                   !strcmp(tl_session_error(alone), tl_last_error()),
               "stepped alone: %s \"%s\" / \"%s\"", tl_status_name(st), tl_session_error(alone), tl_last_error());
         tl_session_free(alone);
+        /* A long message whole (the engine cut its copy at 255 bytes, mid-word): a grammar too
+           ambiguous where the forced text leads it (test_grammar's), 265 bytes. */
+        const char *schema = "{\"$defs\":{\"n\":{\"anyOf\":[{\"type\":\"null\"},"
+                             "{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/n\"}},\"required\":[\"a\"]},"
+                             "{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/n\"},\"b\":{\"type\":\"integer\"}},"
+                             "\"required\":[\"a\",\"b\"]}]}},\"$ref\":\"#/$defs/n\"}";
+        tl_compiled_grammar *ambiguous = NULL;
+        CHECK(tl_grammar_compile_json_schema(schema, strlen(schema), NULL, &ambiguous) == TL_OK, "%s", tl_last_error());
+        char doc[128] = "";
+        for (int depth = 0; depth < 20; depth++) strcat(doc, "{\"a\":");
+        int32_t *doc_ids = NULL;
+        int n_doc = 0;
+        CHECK(tl_encode(model, doc, strlen(doc), &doc_ids, &n_doc) == TL_OK && n_doc <= 256, "%s", tl_last_error());
+        memcpy(forced.ids, doc_ids, (size_t)n_doc * sizeof *doc_ids);
+        forced.n = n_doc;
+        tl_free(doc_ids);
+        tl_grammar grammar;
+        tl_grammar_use(&grammar, ambiguous);
+        tl_generate_config led = gc;
+        led.max_tokens = 100;
+        led.logits_processor = force_hook;
+        led.grammar = &grammar;
+        alone = new_session(prompt, &led);
+        for (st = TL_OK, stop = TL_STOP_NONE; st == TL_OK && stop == TL_STOP_NONE;) st = tl_session_step(alone, &token, &stop);
+        char whole[1024];
+        snprintf(whole, sizeof whole, "%s", tl_session_error(alone));
+        CHECK(st == TL_ERR_UNSUPPORTED && strlen(whole) > 255 && strstr(whole, "too ambiguous"), "stepped alone: %s \"%s\"",
+              tl_status_name(st), whole);
+        tl_session_free(alone);
+        uint64_t led_id = 0;
+        CHECK(tl_engine_submit(three, new_session(prompt, &led), &led_id) == TL_OK && led_id > 0, "%s", tl_last_error());
+        tl_engine_update led_end;
+        read_to_end(three, led_id, &led_end);
+        CHECK(led_end.state == TL_ENGINE_FINISHED && led_end.status == TL_ERR_UNSUPPORTED && led_end.error &&
+                  !strcmp(led_end.error, whole),
+              "the engine's message, whole: %s \"%s\"", tl_status_name(led_end.status), led_end.error ? led_end.error : "(null)");
+        tl_engine_cancel(three, led_id);
+        tl_compiled_grammar_free(ambiguous);
         tl_engine_counters c3;
         tl_engine_get_counters(three, &c3);
-        CHECK(c3.submitted == 3 && c3.failed == 1 && c3.finished == 3, "counters: %llu submitted, %llu failed, %llu finished",
+        CHECK(c3.submitted == 4 && c3.failed == 2 && c3.finished == 4, "counters: %llu submitted, %llu failed, %llu finished",
               (unsigned long long)c3.submitted, (unsigned long long)c3.failed, (unsigned long long)c3.finished);
         tl_engine_free(three);
     }

@@ -1,10 +1,10 @@
 /* test_locale.c: the library's text does not follow the host program's locale. A program
  * that calls setlocale(LC_ALL, "") (GUI toolkits, many CLIs) under a locale whose decimal
  * point is a comma had JSON Schema's const/enum numbers written "0,5" in the grammar, which
- * then forced text that is not JSON.
+ * then forced text that is not JSON, and messages read "top_p = 1,5 must be in (0, 1]".
  *
- * usage: test_locale (LOCPATH names a directory holding de_DE.UTF-8, made by localedef: the
- * test's fixture) */
+ * usage: test_locale [DATA_DIR] (LOCPATH names a directory holding de_DE.UTF-8, made by
+ * localedef: the test's fixture) */
 #include <locale.h>
 #include <stdio.h>
 #include <string.h>
@@ -23,7 +23,22 @@ static void check_schema(const char *schema, const char *want, const char *refus
     tl_free(gbnf);
 }
 
-int main(void) {
+/* A refusal's message writes its numbers with a point. */
+static void check_message(const tl_model *model, double top_p, const char *want, const char *refused) {
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.top_p = (float)top_p;
+    const int32_t prompt[1] = {1};
+    tl_session *session = NULL;
+    const tl_status st = tl_session_new(model, prompt, 1, &cfg, &session);
+    CHECK(st == TL_ERR_INVALID_ARGUMENT, "top_p %g: %s", top_p, tl_status_name(st));
+    CHECK(strstr(tl_last_error(), want) != NULL, "the message has %s: %s", want, tl_last_error());
+    CHECK(strstr(tl_last_error(), refused) == NULL, "the message has %s (the locale's decimal point): %s", refused,
+          tl_last_error());
+    tl_session_free(session);
+}
+
+int main(int argc, char **argv) {
     CHECK(setlocale(LC_ALL, "de_DE.UTF-8") != NULL, "setlocale de_DE.UTF-8 (LOCPATH: the fixture's localedef)");
     char shown[16];
     snprintf(shown, sizeof shown, "%g", 0.5);
@@ -31,6 +46,15 @@ int main(void) {
     check_schema("{\"enum\": [0.5, 1.25]}", "\"0.5\"", "0,5");
     check_schema("{\"const\": 0.30000000000000004}", "0.30000000000000004", "0,3");
     check_schema("{\"const\": {\"ratio\": 2.5e-7}}", "2.5e-07", "2,5");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/textmodel", argc > 1 ? argv[1] : "tests/data");
+    tl_model *model = NULL;
+    CHECK(tl_model_load(dir, NULL, &model) == TL_OK, "load %s: %s", dir, tl_last_error());
+    if (model) {
+        check_message(model, 1.5, "top_p = 1.5 must be", "1,5");
+        check_message(model, -0.25, "top_p = -0.25 must be", "0,25");
+        tl_model_free(model);
+    }
     /* the caller's locale is as it was */
     snprintf(shown, sizeof shown, "%g", 0.5);
     CHECK(strcmp(shown, "0,5") == 0, "after the conversion the locale writes 0.5 as %s", shown);
