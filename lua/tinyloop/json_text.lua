@@ -15,10 +15,30 @@
 -- or "01", control characters unescaped in a string, and whatever follows a NUL.
 local byte, find, match, sub = string.byte, string.find, string.match, string.sub
 
-local strict = require("cjson.safe").new()
+local cjson = require("cjson.safe")
+local strict = cjson.new()
 strict.decode_invalid_numbers(false)
 
 local _M = {}
+
+-- lua-cjson takes the locale's decimal point when an instance is made (every cjson.new does
+-- it again, for all instances) and writes and reads numbers with it. A script that switched
+-- to a comma-decimal locale after requiring tinyloop (os.setlocale("de_DE.UTF-8")) had 0.5
+-- written "0,5" (a tool's enum [0.5, 2.5] forced "0" | "5" | "2" | "5") and no fraction read
+-- at all (a tool call with {"x": 0.5} was not one). So every use of cjson here first checks
+-- LC_NUMERIC (a query: the host's setting stands) and has cjson take the point again when
+-- it changed.
+local setlocale = os.setlocale
+local numeric_seen = setlocale and setlocale(nil, "numeric")
+function _M.follow_locale()
+    if not setlocale then return end
+    local numeric = setlocale(nil, "numeric")
+    if numeric ~= numeric_seen then
+        numeric_seen = numeric
+        cjson.new()
+    end
+end
+local follow_locale = _M.follow_locale
 
 local function skip_ws(s, i) return find(s, "[^ \t\r\n]", i) or #s + 1 end
 _M.skip_ws = skip_ws
@@ -95,6 +115,7 @@ function _M.decode(text)
         local fault = not_json(text)
         if fault then return nil, fault end
     end
+    follow_locale()
     return strict.decode(text)
 end
 

@@ -1,7 +1,7 @@
 -- tools_spec: tinyloop.tools (a chat request's function tools: their checks, the grammar of a
 -- forced call, the calls read back from a generation) and tinyloop.json_text (raw JSON parts).
 -- The server's use of both, against a real nginx: server_spec.
-require "helpers"
+local H = require "helpers"
 local cjson = require "cjson"
 local tools = require "tinyloop.tools"
 local json_text = require "tinyloop.json_text"
@@ -534,5 +534,40 @@ describe("tinyloop.json_text", function()
         local elements = json_text.entries('[1, [2, 3], {"x": [4]}]', 1)
         assert.same({ { from = 2, to = 2 }, { from = 5, to = 10 }, { from = 13, to = 22 } }, elements)
         assert.same({}, json_text.entries("[ ]", 1))
+    end)
+end)
+
+describe("tinyloop.tools and json_text under a comma-decimal locale", function()
+    it("write and read numbers with a point when the script switches locale after requiring them", function()
+        -- (lua-cjson took the decimal point when it was loaded: 0.5 was written "0,5", a tool's
+        -- enum [0.5, 2.5] forced "0" | "5" | "2" | "5", and {"x": 0.5} was no tool call)
+        local dir = os.tmpname()
+        os.remove(dir)
+        assert(os.execute("mkdir -p " .. H.q(dir) .. " && localedef -i de_DE -f UTF-8 " .. H.q(dir .. "/de_DE.UTF-8")))
+        local ok, out = H.run_child([[
+            local cjson = require "cjson.safe"
+            local tools = require "tinyloop.tools"
+            local json_text = require "tinyloop.json_text"
+            assert(os.setlocale("de_DE.UTF-8", "numeric"), "no de_DE.UTF-8")
+            print("unsynced " .. cjson.encode({ 0.5 }))
+            local f = { type = "function", ["function"] = { name = "f", parameters = { type = "object",
+                        properties = { x = { enum = { 0.5, 2.5 } } }, required = { "x" } } } }
+            local spec = assert(tools.prepare({ f }, "required"))
+            print("schema " .. spec.functions[1].parameters_json)
+            print("grammar " .. assert(tools.grammar_text(spec)):gsub("\n", " "))
+            local _, calls = tools.parse('<tool_call>\n{"name": "f", "arguments": {"x": 0.5}}\n</tool_call>', spec,
+                                        function(k) return "c" .. k end)
+            print("calls " .. #(calls or {}) .. " " .. tostring(calls and calls[1] and calls[1].arguments))
+            print("decoded " .. tostring(json_text.decode('{"x": 2.5}').x):gsub(",", "."))
+        ]], "LOCPATH=" .. H.q(dir))
+        os.execute("rm -rf " .. H.q(dir))
+        assert.is_true(ok, out)
+        -- (the locale writes a comma: else this test checks nothing)
+        assert.truthy(out:find("unsynced [0,5]", 1, true), out)
+        assert.truthy(out:find('"enum":[0.5,2.5]', 1, true), out)
+        assert.truthy(out:find('"0.5"', 1, true) and out:find('"2.5"', 1, true), out)
+        assert.is_nil(out:find('::= "5"', 1, true), out)
+        assert.truthy(out:find('calls 1 {"x": 0.5}', 1, true), out)
+        assert.truthy(out:find("decoded 2.5", 1, true), out)
     end)
 end)
