@@ -99,7 +99,8 @@ void tl_load_options_init(tl_load_options *opts);
 
 /* dir: a checkpoint directory (SPEC §1). opts may be NULL for defaults. A child that fork()
    made after the load keeps the model without its worker threads (fork copies only the
-   calling thread): it generates on its own thread and may free it. */
+   calling thread): it generates on its own thread and may free it, where no other thread of
+   the parent was inside the library at the fork (README, "A process that forks"). */
 tl_status tl_model_load(const char *dir, const tl_load_options *opts, tl_model **out);
 void tl_model_free(tl_model *model); /* NULL is a no-op */
 
@@ -799,7 +800,8 @@ int tl_engine_auto_step_rows(int max_active);
 
 /* Starts the engine thread. The model must outlive the engine. A child that fork() made
    after it holds the engine without its thread: there submit and read are refused (the
-   message names the fork), wait answers -1, cancel does nothing, and tl_engine_free frees it. */
+   message names the fork), wait answers -1, cancel does nothing, the counters are as forked,
+   and tl_engine_free frees it (a request it was stepping stays allocated). */
 tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl_engine **out);
 /* Stops the thread, frees every session and request, and returns once no tl_engine_wait
    is inside the engine any more (they return -1). NULL is a no-op. From a hook of a

@@ -81,7 +81,7 @@ tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, 
     for (int i = 0; i < n_prompts; i++) {
         tl_status st = tl_generate_validate(model, prompts[i].tokens, prompts[i].n, cfg);
         if (st != TL_OK) {
-            char msg[900];
+            char msg[TL_ERROR_MAX];
             snprintf(msg, sizeof msg, "%s", tl_last_error());
             return tl_fail(st, "generate_batch: prompt %d: %s", i, msg);
         }

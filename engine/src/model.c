@@ -543,7 +543,7 @@ static tl_status read_config(const char *dir, tl_config *cfg, uint64_t *config_h
     cJSON_Delete(root);
     free(text);
     if (st != TL_OK) {
-        char msg[1024];
+        char msg[TL_ERROR_MAX];
         snprintf(msg, sizeof msg, "%s", tl_last_error());
         return tl_fail(st, "%s/%s", dir, msg);
     }
@@ -698,7 +698,7 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
         m->backend = backend; /* from here on tl_model_free closes it */
     if (st == TL_OK) fill_info(m, files);
     if (st == TL_OK && m->info.has_tokenizer) {
-        char tok_path[4200], err[512];
+        char tok_path[4200], err[TL_ERROR_MAX];
         snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
         const int code = tl_tlz_tokenizer_load(tok_path, &m->tokenizer, err, sizeof err);
         if (code != 0)

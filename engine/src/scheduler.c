@@ -83,6 +83,9 @@ struct tl_engine {
     bool joined;               /* tl_engine_stop joined the thread (the stopping caller's) */
     unsigned process;          /* tl_process_mark() when the thread started: in a child
                                   forked since (inherited), the thread is the parent's */
+    bool idle;                 /* (under mu) the thread waits for work: nothing mid-step */
+    bool child_stopped;        /* an inherited engine's stop ran (stop_inherited) */
+    bool child_frees;          /* ... and found its memory safe to free */
     int waiters;               /* tl_engine_wait calls inside; free waits for 0 */
     int cancels_freeing;       /* tl_engine_cancel calls freeing a request after mu; stop waits
                                   for 0 (the session gives its pages back to the model) */
@@ -314,7 +317,9 @@ static void *engine_main(void *arg) {
                 pthread_mutex_lock(&e->mu);
                 continue;
             }
+            e->idle = true;
             pthread_cond_wait(&e->work, &e->mu);
+            e->idle = false;
             continue;
         }
         for (int i = 0; i < n_run; i++) sessions[i] = run[i]->session;
@@ -436,22 +441,31 @@ tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl
 }
 
 /* An engine a fork()ed child inherited: its thread is the parent's. The child may free it
-   (tl_engine_free releases its memory, joining nothing) and read its counters; the rest is
-   refused, as by a stopped engine, naming the fork. */
+   (tl_engine_free, joining nothing) and read its counters; the rest is refused, as by a
+   stopped engine, naming the fork. Never by taking mu: a parent thread that held it at the
+   fork left it locked for good. */
 static bool inherited(const tl_engine *e) { return tl_forked_since(e->process); }
 #define INHERITED_ENGINE \
     "the engine was made before this process was forked (fork() copies no thread: its thread is the parent's); " \
     "make an engine in this process"
 
-/* The inherited engine's stop: its requests freed, nothing joined or waited for (the parent's
-   waiters and cancels are not here). Without the lock: a child has the one thread. */
+/* The inherited engine's stop: nothing joined or waited for (the parent's waiters and
+   cancels are not here). Its requests and their sessions are freed only where the fork found
+   mu free (the child's trylock takes it) and the thread waiting for work (or joined, stopped
+   before the fork): else a session was mid-step or mid-free, a request's buffer mid-change,
+   and freeing them crashed a child now and then (sessions freed twice) where leaving them
+   allocated costs only the child's memory. */
 static void stop_inherited(tl_engine *e) {
+    if (e->child_stopped) return;
+    e->child_stopped = true;
+    const bool locked = pthread_mutex_trylock(&e->mu) == 0;
+    e->child_frees = locked && (e->idle || e->joined);
     e->stop = true;
-    e->joined = true;
-    e->waiters = e->cancels_freeing = 0;
-    free_retired(e);
-    for (int i = 0; i < e->n_reqs; i++) free_request(e->reqs[i]);
-    e->n_reqs = 0;
+    if (e->child_frees) { /* (idle: the thread freed its retired sessions before it waited) */
+        for (int i = 0; i < e->n_reqs; i++) free_request(e->reqs[i]);
+        e->n_reqs = 0;
+    }
+    if (locked) pthread_mutex_unlock(&e->mu);
 }
 
 /* Whether the caller is the engine's own thread: a hook of a session it steps. */
@@ -498,6 +512,7 @@ void tl_engine_free(tl_engine *e) {
     if (!e) return;
     if (inherited(e)) { /* (the parent's sleepers count in its condition variables: no destroy) */
         stop_inherited(e);
+        if (!e->child_frees) return; /* left allocated (stop_inherited) */
         free(e->reqs);
         free_engine_arrays(e);
         free(e);
@@ -704,7 +719,12 @@ void tl_engine_cancel(tl_engine *e, uint64_t id) {
 
 void tl_engine_get_counters(tl_engine *e, tl_engine_counters *c) {
     if (!e || !c) return;
-    pthread_mutex_lock(&e->mu);
+    if (inherited(e) && pthread_mutex_trylock(&e->mu) != 0) {
+        *c = e->c; /* (as the fork found them; mu held then: the requests not counted) */
+        c->finished_held = 0;
+        return;
+    }
+    if (!inherited(e)) pthread_mutex_lock(&e->mu);
     *c = e->c;
     /* (counted here, from the requests in hand: a finished one stays until its caller's cancel,
        and one cancelled while it ran, finished by the step in flight, is dropped at the loop's

@@ -707,7 +707,7 @@ tl_status tl_session_state_read(const tl_model *model, const char *path, tl_sess
     close(fd);
     if (st == TL_OK) st = tl_session_state_from_bytes(model, bytes, len, out);
     if (st != TL_OK && strncmp(tl_last_error(), path, strlen(path)) != 0) { /* name the file in the message */
-        char message[512];
+        char message[TL_ERROR_MAX];
         snprintf(message, sizeof message, "%s", tl_last_error());
         st = tl_fail(st, "%s: %s", path, message);
     }

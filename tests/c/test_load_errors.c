@@ -418,6 +418,54 @@ static void config_strictness(void) {
     reset();
 }
 
+/* A message is whole however long the checkpoint's path: the tokenizer's reason was copied
+   through a 512-byte buffer and cut mid-path under a directory of ~450 bytes. */
+static void long_path_message(void) {
+    char deep[1024], link_path[1200], target[600];
+    snprintf(deep, sizeof deep, "%s/", work);
+    for (int level = 0; level < 2; level++) {
+        const size_t at = strlen(deep);
+        memset(deep + at, 'd', 200);
+        deep[at + 200] = '\0';
+        CHECK(mkdir(deep, 0700) == 0, "mkdir %s", deep);
+        strcat(deep, "/");
+    }
+    const char *files[] = {"config.json", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(link_path, sizeof link_path, "%s%s", deep, files[i]);
+        path_in_work(target, sizeof target, files[i]);
+        CHECK(symlink(target, link_path) == 0, "symlink %s", link_path);
+    }
+    char tokenizer[1200];
+    snprintf(tokenizer, sizeof tokenizer, "%stokenizer.json", deep);
+    FILE *fp = fopen(tokenizer, "wb");
+    CHECK(fp != NULL, "%s", tokenizer);
+    if (fp) {
+        fputs("{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\", 1]}, "
+              "\"added_tokens\": []}", fp);
+        fclose(fp);
+    }
+    tl_model *m = NULL;
+    deep[strlen(deep) - 1] = '\0'; /* (the directory as a caller names it) */
+    const tl_status st = tl_model_load(deep, NULL, &m);
+    strcat(deep, "/");
+    CHECK(st == TL_ERR_FORMAT && strlen(tl_last_error()) > 512 && strstr(tl_last_error(), tokenizer) != NULL,
+          "%s: the message names %s whole (%zu bytes): %s", tl_status_name(st), tokenizer, strlen(tl_last_error()),
+          tl_last_error());
+    tl_model_free(m);
+    unlink(tokenizer);
+    for (int i = 0; i < 2; i++) {
+        snprintf(link_path, sizeof link_path, "%s%s", deep, files[i]);
+        unlink(link_path);
+    }
+    for (int level = 0; level < 2; level++) {
+        deep[strlen(deep) - 1] = '\0';
+        rmdir(deep);
+        *strrchr(deep, '/') = '\0';
+        strcat(deep, "/");
+    }
+}
+
 /* Finding 7 (and the dangling symlink of 14): checkpoint files must be regular files; nothing
    may block. SIGALRM turns a hang (the bug) into a failed test. */
 static void special_files(void) {
@@ -644,6 +692,7 @@ int main(int argc, char **argv) {
     api_errors();
     config_strictness();
     special_files();
+    long_path_message();
     nonfinite_weights();
     offsets_messages();
     header_rules();

@@ -3,14 +3,18 @@
  * the child holds the model's thread pool and an engine without their threads, and a
  * condition variable that still counts the parent's sleeping workers, whose
  * pthread_cond_destroy in tl_model_free / tl_engine_free waited for them forever (the
- * child hung in its exit; a LuaJIT child in its finalizers). The child generates with the
- * model it inherited (on its own thread: the same tokens), frees it, and frees the engine,
- * which refuses work naming the fork; the parent's go on.
+ * child hung in its exit; a LuaJIT child in its finalizers). Forked while the engine waits
+ * for work, the child generates with the model it inherited (on its own thread: the same
+ * tokens), frees it, and frees the engine, which refuses work naming the fork; forked while
+ * the engine steps, it frees the engine, leaving the session mid-step alone; the parent's go
+ * on.
  *
  * usage: test_process_fork [DATA_DIR] (not built under ThreadSanitizer, which does not take
  * a child of a threaded process) */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -36,19 +40,70 @@ static int generate(int32_t *out) {
     return n;
 }
 
-static tl_session *new_session(void) {
+/* A logits hook that holds the engine thread inside a step until the test opens the gate. */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static bool gate_open, in_step;
+static int gate_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
+    (void)user, (void)logits, (void)vocab_size, (void)tokens, (void)n;
+    pthread_mutex_lock(&gate_mu);
+    in_step = true;
+    pthread_cond_broadcast(&gate_cv);
+    while (!gate_open) pthread_cond_wait(&gate_cv, &gate_mu);
+    pthread_mutex_unlock(&gate_mu);
+    return TL_HOOK_CONTINUE;
+}
+
+static tl_session *new_session_with(tl_logits_hook hook) {
     const int32_t prompt[3] = {1, 2, 3};
     tl_generate_config cfg;
     tl_generate_config_init(&cfg);
     cfg.max_tokens = 4;
+    cfg.ignore_eos = 1;
+    cfg.logits_processor = hook;
     tl_session *s = NULL;
     CHECK(tl_session_new(model, prompt, 3, &cfg, &s) == TL_OK, "%s", tl_last_error());
     return s;
 }
+static tl_session *new_session(void) { return new_session_with(NULL); }
 
-/* The child's part: its checks' summary is its exit status. */
-static void child(tl_engine *engine, const int32_t *parents) {
-    alarm(60); /* a hang ends as SIGALRM, which the parent reports */
+/* fork(); the child runs `part` and exits with its checks' summary; the parent checks it
+   exited 0 (SIGALRM: it hung). */
+static void in_child(const char *what, void (*part)(void *), void *arg) {
+    fflush(stdout);
+    const pid_t pid = fork();
+    CHECK(pid >= 0, "fork");
+    if (pid == 0) {
+        alarm(60);
+        part(arg);
+        const int failed = check_summary();
+        fflush(stdout); /* (_exit flushes nothing) */
+        _exit(failed);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: the child %s %d (SIGALRM %d: hung)", what,
+          WIFEXITED(status) ? "exited with" : "was killed by signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
+          SIGALRM);
+}
+
+/* A child forked while the engine stepped a request: it frees the engine without touching
+   that request's session (mid-step in the parent's copy: freeing such ones crashed a child
+   now and then) and reads the counters. */
+static void child_of_busy(void *engine_) {
+    tl_engine *engine = engine_;
+    tl_engine_counters counters;
+    tl_engine_get_counters(engine, &counters);
+    CHECK(counters.active == 1, "the counters as forked: %d active", counters.active);
+    tl_engine_free(engine);
+    CHECK(true, "tl_engine_free returned");
+}
+
+/* A child forked while the engine waited for work: it generates and frees everything. */
+static const int32_t *parents_tokens;
+static void child_of_idle(void *engine_) {
+    tl_engine *engine = engine_;
+    const int32_t *parents = parents_tokens;
     int32_t tokens[OUT];
     CHECK(generate(tokens) == OUT && memcmp(tokens, parents, sizeof tokens) == 0,
           "the child's tokens are the parent's");
@@ -66,9 +121,6 @@ static void child(tl_engine *engine, const int32_t *parents) {
           (unsigned long long)counters.submitted);
     tl_engine_free(engine);
     tl_model_free(model);
-    const int failed = check_summary();
-    fflush(stdout); /* (_exit flushes nothing) */
-    _exit(failed);
 }
 
 int main(int argc, char **argv) {
@@ -92,15 +144,27 @@ int main(int argc, char **argv) {
     CHECK(update.state == TL_ENGINE_FINISHED && update.status == TL_OK, "the parent's request");
     /* the pool's workers asleep too: they spin a while after a job, then wait */
     nanosleep(&(struct timespec){.tv_nsec = 100 * 1000 * 1000}, NULL);
-    fflush(stdout);
-    const pid_t pid = fork();
-    CHECK(pid >= 0, "fork");
-    if (pid == 0) child(engine, parents);
-    int status = 0;
-    CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child %s %d (SIGALRM %d: hung)",
-          WIFEXITED(status) ? "exited with" : "was killed by signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
-          SIGALRM);
+    parents_tokens = parents;
+    in_child("forked while idle", child_of_idle, engine);
+    /* a second engine, held inside a step by the gate at the fork */
+    tl_engine *busy = NULL;
+    CHECK(tl_engine_new(model, NULL, &busy) == TL_OK, "%s", tl_last_error());
+    uint64_t gated = 0;
+    CHECK(tl_engine_submit(busy, new_session_with(gate_hook), &gated) == TL_OK && gated > 0, "%s", tl_last_error());
+    pthread_mutex_lock(&gate_mu);
+    while (!in_step) pthread_cond_wait(&gate_cv, &gate_mu);
+    pthread_mutex_unlock(&gate_mu);
+    in_child("forked mid-step", child_of_busy, busy);
+    pthread_mutex_lock(&gate_mu);
+    gate_open = true;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+    while (tl_engine_wait(busy, gated, 1000) >= 0 && tl_engine_read(busy, gated, &update) == TL_OK &&
+           update.state != TL_ENGINE_FINISHED) {
+    }
+    CHECK(update.state == TL_ENGINE_FINISHED && update.status == TL_OK && update.stats.tokens_emitted == 4,
+          "the parent's gated request ends after the fork");
+    tl_engine_free(busy);
     /* the parent's model and engine serve on */
     int32_t again[OUT];
     CHECK(generate(again) == OUT && memcmp(again, parents, sizeof again) == 0, "the parent generates after the fork");
