@@ -68,7 +68,7 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static void die(const char *what) {
+static _Noreturn void die(const char *what) {
     fprintf(stderr, "tinyloop-batch-bench: %s: %s\n", what, tl_last_error());
     exit(1);
 }
@@ -264,7 +264,7 @@ int main(int argc, char **argv) {
     tl_backend_kind backend = TL_BACKEND_CPU;
     tl_load_options o; /* --kv-type sets its kv_type over the default (TINYLOOP_KV_TYPE) */
     tl_load_options_init(&o);
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* an option and its value (every option but --help has one) */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: tinyloop-batch-bench --model DIR [--threads N] [--steps N] [--context N] [--prefix N] [--sessions LIST] [--mix P,T]\n"
@@ -333,7 +333,6 @@ int main(int argc, char **argv) {
             }
         }
         else { fprintf(stderr, "tinyloop-batch-bench: unknown option %s (see --help)\n", a); return 2; }
-        i++;
     }
     /* the lists, before anything is measured (a bad value was dropped, or refused after the
        decode measurements) */

@@ -4651,6 +4651,57 @@ describe("scripts/serve options", function()
         end
     end)
 
+    it("logs requests (--access-log) through its own stderr: none of a file's lines written over", function()
+        -- (nginx opened /dev/stderr again: a file got a second offset, and the error log's lines
+        -- and the script's own went over the access lines; a socket, systemd's journal, could
+        -- not be opened at all)
+        local pre
+        with_serve("accesslog", "--access-log --max-body 100 --threads 1 --prefix-pool-mb 0", function(url, prefix)
+            pre = prefix
+            for _ = 1, 3 do assert.equal(200, (curl(url .. "/health"))) end
+            assert.equal(413, (curl("-d " .. ("a"):rep(300) .. " " .. url .. "/v1/completions")))
+            os.execute("sleep 0.3")
+        end)
+        for _ = 1, 50 do -- (the relay ends with the script)
+            if sh("cat " .. pre .. ".log"):find("serve: stopped", 1, true) then break end
+            os.execute("sleep 0.1")
+        end
+        local log = sh("cat " .. pre .. ".log")
+        assert.truthy(log:find("TinyLoop serving", 1, true), log)
+        local _, health = log:gsub('"GET /health HTTP/1.1" 200', "")
+        assert.is_true(health >= 4, log)
+        assert.truthy(log:find('"POST /v1/completions HTTP/1.1" 413', 1, true), log)
+        assert.truthy(log:find("client intended to send too large body", 1, true), log)
+        assert.truthy(log:find("serve: stopped", 1, true), log)
+        assert.equal("", sh("ls " .. pre .. "/logs"))
+    end)
+
+    it("stops nginx when its stderr has lost its reader (a pipe's reader gone, a closed terminal)", function()
+        -- (the "stopped" message met SIGPIPE, or a failed write under set -e: the script ended
+        -- without stopping nginx, which served on, its prefix removed)
+        local p = free_port()
+        local pre = dir .. "/noreader"
+        os.execute(("(TMPDIR=%s scripts/serve --port %d --threads 1 --prefix-pool-mb 0 2>&1 & echo $! > %s.pid; wait) | " ..
+                    "(while read -r line; do case \"$line\" in *Ctrl-C*) exit 0;; esac; done) &"):format(dir, p, pre))
+        local up = false
+        for _ = 1, 300 do
+            if curl("http://127.0.0.1:" .. p .. "/health") == 200 then up = true break end
+            os.execute("sleep 0.1")
+        end
+        assert.is_true(up)
+        os.execute("sleep 0.5") -- (the reader reads the banner and leaves)
+        os.execute("kill -TERM $(cat " .. pre .. ".pid)")
+        local gone = false
+        for _ = 1, 100 do
+            if curl("http://127.0.0.1:" .. p .. "/health") ~= 200 and sh("ls " .. dir .. " | grep tinyloop-serve || true") == ""
+            then gone = true break end
+            os.execute("sleep 0.1")
+        end
+        -- (an nginx left behind goes, whatever the test found)
+        if not gone then os.execute("pkill -f " .. H.q("nginx -p " .. dir .. "/tinyloop-serve")) end
+        assert.is_true(gone, "nginx serves on after the script, or its prefix is left")
+    end)
+
     it("stops on the terminal's hang-up, refuses a busy port and a model that cannot load at once, and takes odd prefixes and IPv6", function()
         -- a closed terminal (SIGHUP to the process group): the script and nginx go, with the
         -- temp prefix (nginx took the HUP as a reload and ran on, an orphan); a second serve
