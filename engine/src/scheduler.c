@@ -719,12 +719,13 @@ void tl_engine_cancel(tl_engine *e, uint64_t id) {
 
 void tl_engine_get_counters(tl_engine *e, tl_engine_counters *c) {
     if (!e || !c) return;
-    if (inherited(e) && pthread_mutex_trylock(&e->mu) != 0) {
-        *c = e->c; /* (as the fork found them; mu held then: the requests not counted) */
+    if (!inherited(e)) {
+        pthread_mutex_lock(&e->mu);
+    } else if (pthread_mutex_trylock(&e->mu) != 0) { /* (held at the fork, for good: not waited for) */
+        *c = e->c; /* as the fork found them, the requests not counted */
         c->finished_held = 0;
         return;
     }
-    if (!inherited(e)) pthread_mutex_lock(&e->mu);
     *c = e->c;
     /* (counted here, from the requests in hand: a finished one stays until its caller's cancel,
        and one cancelled while it ran, finished by the step in flight, is dropped at the loop's
