@@ -94,6 +94,9 @@ local progress = options.progress(#grid + 1, now)
 
 local median = options.median
 
+-- (a pass to warm up first: the first, cold, ran at about half the rate of the full-depth
+-- runs alternated with the rows below, and was the headline's figure)
+run({})
 local full, full_loops, full_tps = run({})
 progress("full depth")
 local function agreement(outs)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every figure of the closing notes and the model card, in one run (about 15 minutes on a
-# quiet 2-core machine). Writes build/measure/*.txt (+ the sweep's CSV and chart).
+# The figures of the closing notes and the model card, in one run (about 15 minutes on a
+# quiet 2-core machine), but for the card's loss and agreement by depth: those are
+# scripts/train/eval.py's (PyTorch). Writes build/measure/*.txt (+ the sweep's CSV and chart).
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
 out=build/measure
@@ -22,5 +23,5 @@ echo "== early exit"
 luajit scripts/early_exit_eval.lua | tee "$out/early-exit.txt"
 
 echo "== speculative sweep"
-luajit scripts/sweep.lua --max-tokens 64 --repeats 3 --draft-loops 1,2,3 --draft-ahead 2,4,6,8 \
-  --K 1,2,3 --max-nodes 24 --out "$out/sweep" | tee "$out/sweep.txt"
+luajit scripts/sweep.lua --max-tokens 64 --repeats 3 --draft-loops 1,2,3 --draft-ahead 2,3,4,5,6,8 \
+  --K 1,2 --max-nodes 24 --out "$out/sweep" | tee "$out/sweep.txt" # (the model card's grid)

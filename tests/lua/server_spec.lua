@@ -53,7 +53,7 @@ local function chunked_request(path, body, size)
         local piece = body:sub(i, i + size - 1)
         chunks[#chunks + 1] = ("%x\r\n%s\r\n"):format(#piece, piece)
     end
-    return "POST " .. path .. " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" ..
+    return "POST " .. path .. " HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" ..
         "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" .. table.concat(chunks) .. "0\r\n\r\n"
 end
 local function post(body, extra)
@@ -252,6 +252,29 @@ describe("server", function()
         assert.equal(403, status, answer)
         status, answer = post(body) -- (a program: no Origin)
         assert.equal(200, status, answer)
+    end)
+
+    it("refuses a request on its loopback address that names another host (a DNS-rebinding page's GET carries no Origin)", function()
+        -- (a rebinding page read /props, the model's path and chat template, /metrics and the
+        -- model lists: GETs are same-origin to its browser and carry no Origin)
+        for _, path in ipairs({ "/props", "/v1/models", "/api/tags", "/metrics" }) do
+            local status, answer = curl("-H 'Host: rebind.evil.example:" .. port .. "' " .. base .. path)
+            assert.equal(403, status, path .. " " .. tostring(answer))
+            local err = path == "/metrics" and answer or cjson.decode(answer).error
+            if type(err) == "table" then
+                assert.truthy(err.message:find("a request for host rebind.evil.example:" .. port .. " on this server's loopback address", 1, true), answer)
+            end
+        end
+        local status, answer = post(cjson.encode({ prompt = "It is", max_tokens = 1 }), "-H 'Host: rebind.evil.example'")
+        assert.equal(403, status, answer)
+        -- this machine's names: localhost and names under it, IP addresses, no Host (HTTP/1.0)
+        for _, host in ipairs({ "localhost:" .. port, "LOCALHOST", "app.localhost", "127.0.0.1:" .. port, "[::1]:" .. port,
+                                "localhost." }) do
+            status, answer = curl("-H " .. quote("Host: " .. host) .. " " .. base .. "/v1/models")
+            assert.equal(200, status, host .. " " .. tostring(answer))
+        end
+        local raw = raw_http(port, "GET /v1/models HTTP/1.0\r\n\r\n")
+        assert.truthy(raw:match("^HTTP/1%.%d 200"), raw)
     end)
 
     it("streams SSE chunks whose text equals the non-streamed text for the same seed", function()
@@ -1450,7 +1473,7 @@ describe("server", function()
         local function gone(m) return metric(m, 'tinyloop_requests_total{endpoint="/v1/completions",status="499"}') or 0 end
         local workers = sh("pgrep -P " .. tonumber(sh("cat " .. dir .. "/prefix/nginx.pid"))):gsub("%s+", " ")
         local body = cjson.encode({ prompt = "It is a truth", max_tokens = 200, loops = 16, ignore_eos = true })
-        local request = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s")
+        local request = ("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s")
             :format(#body, body)
         local before = metrics()
         -- the worker held still while the request and the reset arrive: it finds both at once
@@ -1480,7 +1503,7 @@ describe("server", function()
         -- Sends the request `times` times, one after the other's 499 (max-active 2 here); after
         -- its body, `after` (bytes that come before the end of stream).
         local function fire(path, body, times, after)
-            local head = ("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n")
+            local head = ("POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n")
                 :format(path, #body)
             for _ = 1, times do
                 local before = gone(metrics(), path)
@@ -2322,8 +2345,13 @@ describe("responses (OpenAI's Responses API)", function()
             assert.equal(404, s404, b404)
             assert.truthy(cjson.decode(b404).error.message:find("is not served here", 1, true), b404)
         end
-        -- ids are 128 random bits, not a count
-        assert.truthy(first.id:match("^resp_" .. ("%x"):rep(32) .. "$"), first.id)
+        -- ids are 128 random bits, not a count, after the 64 its items' ids show (an item's
+        -- id, "msg_" and the id's digits, gave the whole id away)
+        assert.truthy(first.id:match("^resp_" .. ("%x"):rep(48) .. "$"), first.id)
+        for _, item in ipairs(first.output) do
+            assert.is_nil(item.id:find(first.id:sub(-32), 1, true), item.id)
+            assert.equal(first.id:sub(6, 21), item.id:match("^%a+_(%x+)"), item.id)
+        end
     end)
 
     it("continues a stored response's function call with its output (the Agents SDK's turn)", function()
@@ -4580,6 +4608,8 @@ describe("scripts/serve options", function()
         assert.truthy(out:find("--api-key must be printable ASCII without blanks", 1, true) and out:find("exit 2", 1, true), out)
         out = sh("scripts/serve --api-key '' --port 1 2>&1; echo \"exit $?\"") -- (an unset $KEY must not serve without one)
         assert.truthy(out:find("--api-key is empty", 1, true) and out:find("exit 2", 1, true), out)
+        out = sh("TINYLOOP_API_KEY= scripts/serve --port 1 2>&1; echo \"exit $?\"") -- (the same mistake by the environment)
+        assert.truthy(out:find("TINYLOOP_API_KEY is set but empty", 1, true) and out:find("exit 2", 1, true), out)
         out = sh("scripts/serve --cors-origin 'http://a b' --port 1 2>&1; echo \"exit $?\"")
         assert.truthy(out:find("--cors-origin must be origins", 1, true) and out:find("exit 2", 1, true), out)
         out = sh(("TMPDIR=%s scripts/serve --cors-origin app.example --port %d 2>&1; echo \"exit $?\""):format(dir, free_port()))
@@ -4649,6 +4679,17 @@ describe("scripts/serve options", function()
                 end
             end)
         end
+    end)
+
+    it("takes --allowed-hosts' names as its own on a loopback address, and refuses one that is no host name", function()
+        with_serve("allowed", "--threads 1 --max-active 1 --prefix-pool-mb 0 --allowed-hosts tinyloop,Proxy.Example", function(url)
+            for host, want in pairs({ tinyloop = 200, ["proxy.example:8080"] = 200, ["evil.example"] = 403 }) do
+                local status, answer = curl("-H " .. quote("Host: " .. host) .. " " .. url .. "/v1/models")
+                assert.equal(want, status, host .. " " .. tostring(answer))
+            end
+        end)
+        local out = sh("scripts/serve --allowed-hosts 'a b' --port 1 2>&1; echo \"exit $?\"")
+        assert.truthy(out:find("--allowed-hosts must be host names", 1, true) and out:find("exit 2", 1, true), out)
     end)
 
     it("logs requests (--access-log) through its own stderr: none of a file's lines written over", function()

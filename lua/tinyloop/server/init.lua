@@ -85,6 +85,10 @@ local conf = {
     cors_origins = nil,       -- web pages of these origins may call the API from a browser: "*",
                               -- or origins separated by commas ("https://app.example,http://
                               -- localhost:3000"); nil: none. guard() refuses the others' (403)
+    allowed_hosts = nil,      -- names a request on a loopback address may give as its Host besides
+                              -- this machine's own ones (localhost, its IP addresses, its name):
+                              -- "a.example,b" (a proxy's upstream name); guard() refuses the
+                              -- others (403: a DNS-rebinding page's)
 }
 
 -- No thread or Lua VM in the pool ("no available Lua vm" past lua_worker_thread_vm_pool_size,
@@ -196,7 +200,7 @@ local next_request = 0
 -- configure(opts) in init_by_lua: the fields of `conf` above.
 function _M.configure(opts)
     for k, v in pairs(opts or {}) do
-        if conf[k] == nil and k ~= "model" and k ~= "model_id" and k ~= "chat_template" and k ~= "api_key" and k ~= "cors_origins" then error("tinyloop.server: unknown option '" .. tostring(k) .. "'") end
+        if conf[k] == nil and k ~= "model" and k ~= "model_id" and k ~= "chat_template" and k ~= "api_key" and k ~= "cors_origins" and k ~= "allowed_hosts" then error("tinyloop.server: unknown option '" .. tostring(k) .. "'") end
         conf[k] = v
     end
     if type(conf.model) ~= "string" then error("tinyloop.server: configure{ model = DIR } is required") end
@@ -217,6 +221,23 @@ function _M.configure(opts)
         end
         conf.cors_allowed = allowed
     end
+    local hosts = {}
+    if conf.allowed_hosts ~= nil and conf.allowed_hosts ~= "" then
+        if type(conf.allowed_hosts) ~= "string" then error("tinyloop.server: allowed_hosts must be a string") end
+        for name in conf.allowed_hosts:gmatch("[^,%s]+") do
+            if not name:find("^[%w%.%-]+$") then
+                error(("tinyloop.server: allowed_hosts: %s is not a host name (letters, digits, '.', '-')"):format(name))
+            end
+            hosts[name:lower():gsub("%.$", "")] = true
+        end
+    end
+    local machine = io.open("/proc/sys/kernel/hostname") -- (Linux's; without it, listed by hand)
+    if machine then
+        local name = machine:read("*l")
+        machine:close()
+        if name and name ~= "" then hosts[name:lower()] = true end
+    end
+    conf.hosts_allowed = hosts
     if not request.is_integer(conf.embed_jobs) or conf.embed_jobs < 1 then
         error("tinyloop.server: embed_jobs must be an integer >= 1, got " .. tostring(conf.embed_jobs))
     end
@@ -687,9 +708,36 @@ local function refuse_unlisted_origin()
         :format(origin), nil, "permission_error")
 end
 
--- server_rewrite_by_lua: a browser's preflight, a page of an unlisted origin, then the API key
--- (authorize).
+-- A request that came in on a loopback address naming another host: refused, 403. A
+-- DNS-rebinding page (a name of its author's, made to resolve to 127.0.0.1 once the page has
+-- loaded) is same-origin to its browser: its POSTs carry an Origin (refused above), but its
+-- GETs carry none, and read /props (the model's path, the chat template), /metrics and the
+-- model lists. Ollama's rule: there, the Host is localhost (or a name under .localhost), an IP
+-- address, this machine's name, or one conf.allowed_hosts lists (a local proxy's upstream
+-- name); a request without a Host (HTTP/1.0) is a program's. Addresses other than loopback
+-- are not asked: a page cannot make a browser send a request there under another name
+-- without DNS naming that address, which is the network's own.
+local function refuse_foreign_host()
+    local addr = ngx.var.server_addr
+    if not addr or not (addr:find("^127%.") or addr == "::1" or addr:find("^::ffff:127%.")) then return end
+    local host = ngx.var.http_host
+    if not host or host == "" or ngx.var.uri:find("^/%.tinyloop%-error") then return end
+    local name = host:lower():match("^%[[^%]]*%]") or host:lower():match("^[^:]*")
+    name = name:gsub("%.$", "")
+    if name == "localhost" or name:find("%.localhost$") or name:find("^%d+%.%d+%.%d+%.%d+$") or
+        name:find("^%[[%x:.]+%]$") or conf.hosts_allowed[name] then
+        return
+    end
+    if #host > 200 then host = host:sub(1, 200) .. "..." end
+    return send_uri_error(403, ("a request for host %s on this server's loopback address: refused, as a DNS-rebinding " ..
+                                "page's would be (list the name in --allowed-hosts, allowed_hosts)"):format(host), nil,
+                          "permission_error")
+end
+
+-- server_rewrite_by_lua: the Host of a request on a loopback address, a browser's preflight, a
+-- page of an unlisted origin, then the API key (authorize).
 function _M.guard()
+    refuse_foreign_host()
     preflight()
     refuse_unlisted_origin()
     return _M.authorize()
@@ -1830,9 +1878,11 @@ local function serve(chat, body, view)
                 view = view, send_error = send_error }
     if view then -- (its stream's usage and stats come with the finish, which closes the response)
         r.public_id, r.include_usage = r.response_id:gsub("-", "_"), false
-        -- a stored response's id: 128 random bits, not a count (without them, it is not stored)
+        -- a stored response's id: 128 random bits, not a count (without them, it is not stored),
+        -- after 64 more that its items' ids take (responses.item_key): an item's id, which a
+        -- client shows and sends back, gave the whole response id away
         if view.store then
-            local random = shapes.random_hex(16)
+            local random = shapes.random_hex(8 + 16)
             if random then
                 r.public_id = "resp_" .. random
             else

@@ -558,8 +558,13 @@ function View:response_object(id, created, model, status, items, usage, stats, e
     return object(members)
 end
 
--- An item's id: its kind's prefix and the response's ("resp_7_12" -> "msg_7_12").
-local function item_key(id) return (id:gsub("^resp_", "")) end
+-- An item's id: its kind's prefix and the response's key: a stored response's first 16 hex
+-- digits, public ("resp_" .. 16 + 32 digits -> "msg_" .. the 16: the 32 after them are the
+-- id's secret part), else the response's own ("resp_7_12" -> "msg_7_12").
+local function item_key(id)
+    local public = id:match("^resp_(" .. ("%x"):rep(16) .. ")" .. ("%x"):rep(32) .. "$")
+    return public or (id:gsub("^resp_", ""))
+end
 
 local function status_of(finish_reason) return finish_reason == "length" and "incomplete" or "completed" end
 
