@@ -1,6 +1,6 @@
 #!/usr/bin/env luajit
--- stop_rule.lua: a custom stop rule in Lua: stop at the end of the first sentence that is
--- at least 20 characters long, or after half a second, whichever comes first.
+-- stop_rule.lua: a custom stop rule in Lua: stop where the text, once at least 20 characters
+-- long, ends a sentence (., ! or ?), or after half a second, whichever comes first.
 --   luajit examples/stop_rule.lua [MODEL_DIR]
 local ex = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/common.lua")
 local policy = ex.policy
