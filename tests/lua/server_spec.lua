@@ -4691,6 +4691,21 @@ describe("scripts/serve options", function()
         end
     end)
 
+    it("refuses a --prefix a running nginx holds, and a TMPDIR it cannot make its prefix in", function()
+        -- (a second serve there wrote over the first's config and pid file: the first's next
+        -- reload took the second's port)
+        with_serve("heldprefix", "--threads 1 --max-active 1 --prefix-pool-mb 0", function(url, pre)
+            local conf = H.read(pre .. "/nginx.conf")
+            local out = sh(("timeout 20 scripts/serve --port %d --threads 1 --prefix %s 2>&1; echo \"exit $?\""):format(free_port(), pre))
+            assert.truthy(out:find("is in use by a running nginx", 1, true) and out:find("exit 2", 1, true), out)
+            assert.equal(conf, H.read(pre .. "/nginx.conf"))
+            assert.equal(200, (curl(url .. "/health")))
+        end)
+        local out = sh("TMPDIR=" .. dir .. "/no-such-dir scripts/serve --port 1 2>&1; echo \"exit $?\"")
+        assert.truthy(out:find("the temporary directory (TMPDIR) " .. dir .. "/no-such-dir: cannot make a directory there", 1, true) and
+                      out:find("exit 2", 1, true), out)
+    end)
+
     it("takes --allowed-hosts' names as its own on a loopback address, and refuses one that is no host name", function()
         with_serve("allowed", "--threads 1 --max-active 1 --prefix-pool-mb 0 --allowed-hosts tinyloop,Proxy.Example", function(url)
             for host, want in pairs({ tinyloop = 200, ["proxy.example:8080"] = 200, ["evil.example"] = 403 }) do

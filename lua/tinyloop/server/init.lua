@@ -99,7 +99,8 @@ local function pool_unavailable(err, instead)
     if ngx.now() - (pool_warned_at[instead] or -math.huge) > 60 then
         pool_warned_at[instead] = ngx.now()
         ngx.log(ngx.WARN, "tinyloop: thread pool: ", tostring(err), "; ", instead,
-                " instead (size thread_pool and lua_worker_thread_vm_pool_size to max_active + max_queued + embed_jobs)")
+                " instead (size thread_pool and lua_worker_thread_vm_pool_size to max_active + max_queued + embed_jobs;",
+                " a new Lua VM opens files too: \"no available Lua vm\" is also a process out of file descriptors, ulimit -n)")
     end
 end
 
