@@ -269,7 +269,7 @@ describe("server", function()
         assert.equal(403, status, answer)
         -- this machine's names: localhost and names under it, IP addresses, no Host (HTTP/1.0)
         for _, host in ipairs({ "localhost:" .. port, "LOCALHOST", "app.localhost", "127.0.0.1:" .. port, "[::1]:" .. port,
-                                "localhost." }) do
+                                "localhost.", "host.docker.internal:" .. port, "myhost.local" }) do
             status, answer = curl("-H " .. quote("Host: " .. host) .. " " .. base .. "/v1/models")
             assert.equal(200, status, host .. " " .. tostring(answer))
         end
@@ -4740,6 +4740,37 @@ describe("scripts/serve options", function()
         assert.truthy(log:find("client intended to send too large body", 1, true), log)
         assert.truthy(log:find("serve: stopped", 1, true), log)
         assert.equal("", sh("ls " .. pre .. "/logs"))
+    end)
+
+    it("serves on with --access-log while the script is stopped (Ctrl-Z)", function()
+        -- (the access log's relay stopped with the script's process group, and nginx's workers
+        -- blocked on its full FIFO)
+        local p = free_port()
+        local pre = dir .. "/relay"
+        os.execute(("setsid scripts/serve --port %d --threads 1 --max-active 1 --prefix-pool-mb 0 --access-log --prefix %s " ..
+                    "> %s.log 2>&1 & echo $! > %s.pid"):format(p, pre, pre, pre))
+        local url = "http://127.0.0.1:" .. p
+        local up = false
+        for _ = 1, 300 do
+            if curl(url .. "/health") == 200 then up = true break end
+            os.execute("sleep 0.1")
+        end
+        assert.is_true(up, sh("cat " .. pre .. ".log"))
+        local pid = sh("cat " .. pre .. ".pid"):gsub("%s+$", "")
+        local long = ("a"):rep(3000) -- (60 such lines are more than a FIFO holds)
+        local function served(what)
+            local codes = sh(("for i in $(seq 60); do curl -s -o /dev/null -m 3 -w '%%{http_code}\\n' '%s/health?%s'; done")
+                             :format(url, long))
+            local _, ok = codes:gsub("200\n", "")
+            assert.equal(60, ok, what .. ": " .. codes)
+        end
+        local ok, err = pcall(function()
+            os.execute("kill -STOP -" .. pid) -- (dash's kill takes no "--")
+            served("the script's group stopped")
+        end)
+        os.execute("kill -CONT -" .. pid .. " 2>/dev/null; kill -TERM " .. pid .. "; for i in $(seq 50); do kill -0 " .. pid ..
+                   " 2>/dev/null || break; sleep 0.1; done")
+        assert(ok, err)
     end)
 
     it("stops nginx when its stderr has lost its reader (a pipe's reader gone, a closed terminal)", function()

@@ -713,7 +713,8 @@ end
 -- DNS-rebinding page (a name of its author's, made to resolve to 127.0.0.1 once the page has
 -- loaded) is same-origin to its browser: its POSTs carry an Origin (refused above), but its
 -- GETs carry none, and read /props (the model's path, the chat template), /metrics and the
--- model lists. Ollama's rule: there, the Host is localhost (or a name under .localhost), an IP
+-- model lists. Ollama's rule: there, the Host is localhost (or a name under .localhost, .local
+-- or .internal: Docker Desktop's host.docker.internal reaches the host's loopback), an IP
 -- address, this machine's name, or one conf.allowed_hosts lists (a local proxy's upstream
 -- name); a request without a Host (HTTP/1.0) is a program's. Addresses other than loopback
 -- are not asked: a page cannot make a browser send a request there under another name
@@ -725,7 +726,8 @@ local function refuse_foreign_host()
     if not host or host == "" or ngx.var.uri:find("^/%.tinyloop%-error") then return end
     local name = host:lower():match("^%[[^%]]*%]") or host:lower():match("^[^:]*")
     name = name:gsub("%.$", "")
-    if name == "localhost" or name:find("%.localhost$") or name:find("^%d+%.%d+%.%d+%.%d+$") or
+    if name == "localhost" or name:find("%.localhost$") or name:find("%.local$") or name:find("%.internal$") or
+        name:find("^%d+%.%d+%.%d+%.%d+$") or
         name:find("^%[[%x:.]+%]$") or conf.hosts_allowed[name] then
         return
     end
