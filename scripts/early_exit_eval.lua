@@ -130,3 +130,4 @@ for _, g in ipairs(grid) do
     print(("| %s | %d | %.2f | %.0f%% | %.1f | %.2fx | %.2f | %.1f%% |"):format(g[1], g[2], loops,
         100 * (1 - loops / full_loops), tps, tps / base, probes, 100 * agreement(outs)))
 end
+options.finish(die)

@@ -180,7 +180,9 @@ for k = 2, #settings do
         s.draft_ahead, s.K, s.median, s.speedup, 100 * s.acceptance, s.mean_accepted, s.exact and "yes" or "NO"))
     if not best[s.mode] or s.speedup > best[s.mode].speedup then best[s.mode] = s end
 end
-csv:close()
+-- (a full disk shows at the close: the table was left empty, and the run said where it was)
+local closed, close_err = csv:close()
+if not closed then die(opt.out .. "/sweep.csv: " .. tostring(close_err), 1) end
 for _, mode in ipairs({ "chain", "tree" }) do
     local s = best[mode]
     if s then
@@ -190,7 +192,8 @@ for _, mode in ipairs({ "chain", "tree" }) do
 end
 
 -- Chart: speedup and acceptance against draft_ahead, one line per (mode, draft_loops, K).
-local dat = assert(io.open(opt.out .. "/sweep.dat", "w"))
+local dat, dat_err = io.open(opt.out .. "/sweep.dat", "w")
+if not dat then die(dat_err, 1) end
 local series = {}
 for k = 2, #settings do
     local s = settings[k]
@@ -205,13 +208,15 @@ for _, key in ipairs(series) do
     end
     dat:write("\n\n")
 end
-dat:close()
+closed, close_err = dat:close()
+if not closed then die(opt.out .. "/sweep.dat: " .. tostring(close_err), 1) end
 local plot_chain, plot_tree = {}, {}
 for idx, key in ipairs(series) do
     local item = ("'%s/sweep.dat' index %d using 1:COL with linespoints title '%s'"):format(opt.out, idx - 1, key)
     if key:match("^chain") then plot_chain[#plot_chain + 1] = item else plot_tree[#plot_tree + 1] = item end
 end
-local gp = assert(io.open(opt.out .. "/sweep.gp", "w"))
+local gp, gp_err = io.open(opt.out .. "/sweep.gp", "w")
+if not gp then die(gp_err, 1) end
 gp:write(([[
 set terminal pngcairo size 1400,900 font ",10" noenhanced
 set output '%s/sweep.png'
@@ -233,10 +238,12 @@ unset multiplot
 ]]):format(opt.out, verify, #prompts, max_tokens,
     table.concat(plot_chain, ", "):gsub("COL", "2"), table.concat(plot_tree, ", "):gsub("COL", "2"),
     table.concat(plot_chain, ", "):gsub("COL", "3"), table.concat(plot_tree, ", "):gsub("COL", "3")))
-gp:close()
+closed, close_err = gp:close()
+if not closed then die(opt.out .. "/sweep.gp: " .. tostring(close_err), 1) end
 local plotted = os.execute("gnuplot " .. quoted(opt.out .. "/sweep.gp") .. " 2>/dev/null")
 if plotted == 0 or plotted == true then
     print("chart: " .. opt.out .. "/sweep.png; table: " .. opt.out .. "/sweep.csv")
 else
     print("gnuplot not available (apt-get install gnuplot-nox): table in " .. opt.out .. "/sweep.csv")
 end
+options.finish(die)

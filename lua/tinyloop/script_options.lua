@@ -57,6 +57,7 @@ function _M.parse(argv, spec)
         local a = argv[i]
         if a == "-h" or a == "--help" then
             io.stdout:write(usage(spec))
+            _M.finish(_M.die(spec.name))
             os.exit(0)
         end
         local o = by_name[a:match("^%-%-(.+)$") or ""]
@@ -80,6 +81,24 @@ function _M.die(name)
         io.stderr:write(name, ": ", message, "\n")
         os.exit(status or 2)
     end
+end
+
+-- The end of a script whose output is its table: standard output flushed, and a write that
+-- failed (a full disk, a closed stream) a failure, status 1: print says nothing of it, and the
+-- script ended 0 as if it had shown its figures.
+function _M.finish(die)
+    local ok, err = io.stdout:flush()
+    if not ok then die("writing the output failed: " .. tostring(err), 1) end
+end
+
+-- A file written whole or the script fails (die, status 1), naming it: io.open's and write's
+-- errors, and a close's (a full disk shows only there), not a traceback or a silent empty file.
+function _M.write_file(path, text, die)
+    local f, err = io.open(path, "w")
+    if not f then die(err, 1) end
+    local ok, werr = f:write(text)
+    local closed, cerr = f:close()
+    if not ok or not closed then die(path .. ": " .. tostring(werr or cerr), 1) end
 end
 
 -- Refuses (die) each option of `names` (underscored) that is not a whole number >= least

@@ -328,10 +328,10 @@ static void parse_args(int argc, char **argv, options *o) {
         } else {
             snprintf(flag, sizeof flag, "%s", arg);
         }
-        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) { usage(stdout); exit(0); }
+        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) { usage(stdout); exit(bench_output_status("tinyloop-bench")); }
         if (!strcmp(flag, "--list-presets")) {
             for (int k = 0; k < N_PRESETS; k++) puts(k_presets[k].name);
-            exit(0);
+            exit(bench_output_status("tinyloop-bench"));
         }
         if (!strcmp(flag, "--keep") || !strcmp(flag, "--sgemm") || !strcmp(flag, "--print-config")) {
             if (val) die(2, "%s takes no value", flag);
@@ -1074,6 +1074,7 @@ int main(int argc, char **argv) {
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
+    signal(SIGPIPE, on_signal); /* (its reader gone, | head: the temporary checkpoint went with it) */
 
     /* a path it cannot write fails before the run, but the file is written (emptied) only with
        the results (opened to write here, a run refused afterwards left it empty) */
@@ -1095,7 +1096,7 @@ int main(int argc, char **argv) {
         if (o.print_config) {
             print_config(config_text, &cfg, o.dtype);
             free(config_text);
-            return 0;
+            return bench_output_status("tinyloop-bench");
         }
         (void)checked_loops(&o, &cfg); /* before writing hundreds of MB */
         const char *parent = o.tmp_parent ? o.tmp_parent : getenv("TMPDIR");

@@ -7,11 +7,13 @@
  * such as tinyloop-bench --keep writes). Prints top-1 agreement (argmax of the quantised
  * model = argmax of the reference), perplexity of both on the text's next tokens (text mode),
  * and the logit error: RMS and max |difference|, relative to the RMS of the reference logits. */
+#define _POSIX_C_SOURCE 200809L /* fileno */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "bench_args.h"
 #include "tinyloop.h"
@@ -86,9 +88,13 @@ int main(int argc, char **argv) {
     if (text_path) {
         FILE *fp = fopen(text_path, "rb");
         if (!fp) { perror(text_path); return 1; }
-        fseek(fp, 0, SEEK_END);
-        long len = ftell(fp);
-        rewind(fp);
+        /* (a pipe's or a directory's size is no length: "Bad address", "Cannot allocate memory") */
+        struct stat st;
+        if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
+            fprintf(stderr, "tinyloop-quant-eval: --text %s is not a regular file\n", text_path);
+            return 1;
+        }
+        const long len = (long)st.st_size;
         char *text = malloc((size_t)len + 1);
         if (!text || fread(text, 1, (size_t)len, fp) != (size_t)len) { perror(text_path); return 1; }
         fclose(fp);
@@ -150,5 +156,5 @@ int main(int argc, char **argv) {
     if (text_path) tl_free(ids); else free(ids);
     tl_model_free(ref);
     tl_model_free(qm);
-    return 0;
+    return bench_output_status("tinyloop-quant-eval");
 }

@@ -32,7 +32,7 @@ static int usage(FILE *fp, int code) {
           "  --calibrate-tokens N  tokens of TEXT to run, in windows spread over it (16384)\n"
           "  --threads N       threads for the calibration and the quantisation (default 0:\n"
           "                    one per core); the output is the same at any count\n", fp);
-    return code;
+    return fp == stdout && code == 0 ? bench_output_status("tinyloop-quantize") : code;
 }
 
 int main(int argc, char **argv) {
@@ -114,5 +114,5 @@ int main(int argc, char **argv) {
         fprintf(stderr, "quantize: %d matri%s kept as %s (%s, %lld wide%s): an input width that is not a multiple of %d "
                         "does not split into groups\n", kept, kept == 1 ? "x" : "ces", kept == 1 ? "it was" : "they were",
                 first, (long long)width, kept > 1 ? ", and others" : "", TL_QGROUP);
-    return 0;
+    return bench_output_status("tinyloop-quantize"); /* (its lines lost: 1, as the benches) */
 }

@@ -74,6 +74,33 @@ describe("scripts/tinyloop", function()
         end
     end)
 
+    it("has the tools and table scripts exit 1 saying so when their output cannot be written (they exited 0)", function()
+        local quantized = os.tmpname()
+        os.remove(quantized)
+        local cases = {
+            { "build/scripts/bench/tinyloop-bench --list-presets", "tinyloop-bench: writing the output failed" },
+            { "build/scripts/bench/tinyloop-bench --preset tiny --print-config", "tinyloop-bench: writing the output failed" },
+            { "build/scripts/tools/tinyloop-quantize --help", "tinyloop-quantize: writing the output failed" },
+            { "build/scripts/tools/tinyloop-quantize --type q8 models/tinyloop-austen " .. H.q(quantized),
+              "tinyloop-quantize: writing the output failed" },
+            { "build/scripts/tools/tinyloop-quant-eval models/tinyloop-austen " .. H.q(quantized) .. " --max-tokens 32 --window 32",
+              "tinyloop-quant-eval: writing the output failed" },
+            { "luajit scripts/sweep.lua --help", "sweep.lua: writing the output failed" },
+            { "luajit scripts/early_exit_eval.lua --help", "early_exit_eval.lua: writing the output failed" },
+        }
+        for _, case in ipairs(cases) do
+            local status, out = run(case[1] .. " > /dev/full")
+            assert.equal(1, status, case[1] .. ": " .. out)
+            assert.truthy(out:find(case[2], 1, true), out)
+        end
+        -- (a pipe's length is no file's: "Bad address")
+        local status, out = run("echo hello | build/scripts/tools/tinyloop-quant-eval models/tinyloop-austen " .. H.q(quantized) ..
+                                " --text /dev/stdin --window 32")
+        assert.equal(1, status, out)
+        assert.truthy(out:find("--text /dev/stdin is not a regular file", 1, true), out)
+        os.execute("rm -rf " .. H.q(quantized))
+    end)
+
     it("exits 1 where its output fails once the writes ran hot (--embed of 300 lines: the compiled writes did not say so)", function()
         local input = os.tmpname()
         local f = assert(io.open(input, "wb"))
