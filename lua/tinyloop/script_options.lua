@@ -91,16 +91,6 @@ function _M.finish(die)
     if not ok then die("writing the output failed: " .. tostring(err), 1) end
 end
 
--- A file written whole or the script fails (die, status 1), naming it: io.open's and write's
--- errors, and a close's (a full disk shows only there), not a traceback or a silent empty file.
-function _M.write_file(path, text, die)
-    local f, err = io.open(path, "w")
-    if not f then die(err, 1) end
-    local ok, werr = f:write(text)
-    local closed, cerr = f:close()
-    if not ok or not closed then die(path .. ": " .. tostring(werr or cerr), 1) end
-end
-
 -- Refuses (die) each option of `names` (underscored) that is not a whole number >= least
 -- (1 unless given; infinity, which LuaJIT reads from "inf" or "1e400", is none: a run never ended).
 function _M.counts(opt, names, die, least)

@@ -4757,6 +4757,34 @@ describe("scripts/serve options", function()
         end, "setsid ") -- (a group of its own: a stop of busted's would stop the test)
     end)
 
+    it("reloads and stops with --access-log after its stderr's reader has gone", function()
+        -- (the log's relay ended with its reader, and nginx's reload blocked its master in the
+        -- FIFO's open for good: serve then waited for it forever)
+        local p = free_port()
+        local pre = dir .. "/relaygone"
+        os.execute(("(scripts/serve --port %d --threads 1 --max-active 1 --prefix-pool-mb 0 --access-log --prefix %s " ..
+                    "2>&1 > %s.out & echo $! > %s.pid; wait) | head -c 1 > /dev/null &"):format(p, pre, pre, pre))
+        local url = "http://127.0.0.1:" .. p
+        local up = false
+        for _ = 1, 300 do
+            if curl(url .. "/health") == 200 then up = true break end
+            os.execute("sleep 0.1")
+        end
+        assert.is_true(up, sh("cat " .. pre .. ".out"))
+        for _ = 1, 3 do assert.equal(200, (curl(url .. "/health"))) end -- (the relay's writes fail: it drains)
+        local pid = sh("cat " .. pre .. ".pid"):gsub("%s+$", "")
+        local master = sh("cat " .. pre .. "/nginx.pid"):gsub("%s+$", "")
+        os.execute("kill -HUP " .. master .. "; sleep 1; kill -TERM " .. pid)
+        local gone = false
+        for _ = 1, 100 do
+            if sh("kill -0 " .. pid .. " 2>&1 || echo gone"):find("gone", 1, true) then gone = true break end
+            os.execute("sleep 0.1")
+        end
+        if not gone then os.execute("kill -KILL " .. master .. " 2>/dev/null; true") end -- (nothing left behind)
+        assert.is_true(gone, "serve still runs 10 s after SIGTERM")
+        assert.are_not.equal(200, (curl(url .. "/health")), "nginx serves on")
+    end)
+
     it("stops nginx when its stderr has lost its reader (a pipe's reader gone, a closed terminal)", function()
         -- (the "stopped" message met SIGPIPE, or a failed write under set -e: the script ended
         -- without stopping nginx, which served on, its prefix removed)
