@@ -120,8 +120,19 @@ if #settings == 1 then die(("no --draft-loops below --verify-loops %d: nothing t
 -- (os.execute: 0 in Lua 5.1's manner, true where LuaJIT takes 5.2's)
 local made = os.execute("mkdir -p " .. quoted(opt.out))
 if made ~= 0 and made ~= true then die("cannot create the output directory " .. opt.out, 1) end
-local csv, csv_err = io.open(opt.out .. "/sweep.csv", "w")
-if not csv then die(csv_err, 1) end
+-- The output directory's files: one that cannot be opened refused in one line (not a
+-- traceback), and each close checked (a full disk shows only there: the table was left empty,
+-- and the run said where it was).
+local function open_out(name)
+    local f, err = io.open(opt.out .. "/" .. name, "w")
+    if not f then die(err, 1) end
+    return f
+end
+local function close_out(f, name)
+    local ok, err = f:close()
+    if not ok then die(opt.out .. "/" .. name .. ": " .. tostring(err), 1) end
+end
+local csv = open_out("sweep.csv")
 
 -- Interleave the repeats (plain, then every setting, repeats times) so that slow drifts of
 -- the machine hit every setting alike.
@@ -180,9 +191,7 @@ for k = 2, #settings do
         s.draft_ahead, s.K, s.median, s.speedup, 100 * s.acceptance, s.mean_accepted, s.exact and "yes" or "NO"))
     if not best[s.mode] or s.speedup > best[s.mode].speedup then best[s.mode] = s end
 end
--- (a full disk shows at the close: the table was left empty, and the run said where it was)
-local closed, close_err = csv:close()
-if not closed then die(opt.out .. "/sweep.csv: " .. tostring(close_err), 1) end
+close_out(csv, "sweep.csv")
 for _, mode in ipairs({ "chain", "tree" }) do
     local s = best[mode]
     if s then
@@ -192,8 +201,7 @@ for _, mode in ipairs({ "chain", "tree" }) do
 end
 
 -- Chart: speedup and acceptance against draft_ahead, one line per (mode, draft_loops, K).
-local dat, dat_err = io.open(opt.out .. "/sweep.dat", "w")
-if not dat then die(dat_err, 1) end
+local dat = open_out("sweep.dat")
 local series = {}
 for k = 2, #settings do
     local s = settings[k]
@@ -208,15 +216,13 @@ for _, key in ipairs(series) do
     end
     dat:write("\n\n")
 end
-closed, close_err = dat:close()
-if not closed then die(opt.out .. "/sweep.dat: " .. tostring(close_err), 1) end
+close_out(dat, "sweep.dat")
 local plot_chain, plot_tree = {}, {}
 for idx, key in ipairs(series) do
     local item = ("'%s/sweep.dat' index %d using 1:COL with linespoints title '%s'"):format(opt.out, idx - 1, key)
     if key:match("^chain") then plot_chain[#plot_chain + 1] = item else plot_tree[#plot_tree + 1] = item end
 end
-local gp, gp_err = io.open(opt.out .. "/sweep.gp", "w")
-if not gp then die(gp_err, 1) end
+local gp = open_out("sweep.gp")
 gp:write(([[
 set terminal pngcairo size 1400,900 font ",10" noenhanced
 set output '%s/sweep.png'
@@ -238,8 +244,7 @@ unset multiplot
 ]]):format(opt.out, verify, #prompts, max_tokens,
     table.concat(plot_chain, ", "):gsub("COL", "2"), table.concat(plot_tree, ", "):gsub("COL", "2"),
     table.concat(plot_chain, ", "):gsub("COL", "3"), table.concat(plot_tree, ", "):gsub("COL", "3")))
-closed, close_err = gp:close()
-if not closed then die(opt.out .. "/sweep.gp: " .. tostring(close_err), 1) end
+close_out(gp, "sweep.gp")
 local plotted = os.execute("gnuplot " .. quoted(opt.out .. "/sweep.gp") .. " 2>/dev/null")
 if plotted == 0 or plotted == true then
     print("chart: " .. opt.out .. "/sweep.png; table: " .. opt.out .. "/sweep.csv")

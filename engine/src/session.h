@@ -86,7 +86,7 @@ struct tl_session {
                                     alone frees it; a second submit is refused */
     atomic_bool stop_requested;  /* the engine's cancel: a mode that searches inside one step
                                     (beam search) leaves it early */
-    char error[TL_ERROR_MAX];             /* the message of the step that failed (tl_session_error), or "" */
+    char error[TL_ERROR_MAX];    /* the message of the step that failed (tl_session_error), or "" */
 
     /* ---- grammar (grammar_mask.c): a compiled grammar runs as this session's own matcher,
        whose callbacks fill s->grammar; forced_token is the one token a mask allowed (-1). */

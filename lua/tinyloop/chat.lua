@@ -200,8 +200,7 @@ local function no_op(k, v) return v == json_null or (k == "annotations" and type
 -- A value as a message shows it: JSON ("user", null, ["user"]; an empty table as []).
 local function shown(v)
     if type(v) == "table" and next(v) == nil then return "[]" end
-    json_text.follow_locale()
-    local text = cjson.encode(v)
+    local text = json_text.encode(v)
     return text or tostring(v)
 end
 

@@ -25,12 +25,12 @@ local _M = {}
 -- it again, for all instances) and writes and reads numbers with it. A script that switched
 -- to a comma-decimal locale after requiring tinyloop (os.setlocale("de_DE.UTF-8")) had 0.5
 -- written "0,5" (a tool's enum [0.5, 2.5] forced "0" | "5" | "2" | "5") and no fraction read
--- at all (a tool call with {"x": 0.5} was not one). So every use of cjson here first checks
--- LC_NUMERIC (a query: the host's setting stands) and has cjson take the point again when
--- it changed.
+-- at all (a tool call with {"x": 0.5} was not one). So decode and encode below, the library's
+-- ways to cjson, first check LC_NUMERIC (a query: the host's setting stands) and have cjson
+-- take the point again when it changed.
 local setlocale = os.setlocale
 local numeric_seen = setlocale and setlocale(nil, "numeric")
-function _M.follow_locale()
+local function follow_locale()
     if not setlocale then return end
     local numeric = setlocale(nil, "numeric")
     if numeric ~= numeric_seen then
@@ -38,7 +38,12 @@ function _M.follow_locale()
         cjson.new()
     end
 end
-local follow_locale = _M.follow_locale
+
+-- encode(v) -> JSON text | nil, err: lua-cjson's, whatever locale the script has switched to.
+function _M.encode(v)
+    follow_locale()
+    return cjson.encode(v)
+end
 
 local function skip_ws(s, i) return find(s, "[^ \t\r\n]", i) or #s + 1 end
 _M.skip_ws = skip_ws

@@ -32,11 +32,7 @@ _M.START, _M.END = "<tool_call>", "</tool_call>"
 local START, END = _M.START, _M.END
 _M.MAX_TOOLS = 128 -- OpenAI's limit
 
-local follow_locale = json_text.follow_locale
-local function encode(v)
-    follow_locale()
-    return (cjson.encode(v))
-end
+local function encode(v) return (json_text.encode(v)) end
 
 -- The JSON text of tools given without it: cjson's encoding (an empty table as an array).
 local function tools_text(tools)

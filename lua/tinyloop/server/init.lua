@@ -198,10 +198,12 @@ local model_types -- what /v1/models says of the weights and the KV cache (model
 local worker_initialised = false -- init_worker ran in this Lua VM (ready())
 local next_request = 0
 
--- configure(opts) in init_by_lua: the fields of `conf` above.
+-- configure(opts) in init_by_lua: the fields of `conf` above (those whose default is nil too).
+local OPTIONAL = { model = true, model_id = true, chat_template = true, api_key = true, cors_origins = true,
+                   allowed_hosts = true }
 function _M.configure(opts)
     for k, v in pairs(opts or {}) do
-        if conf[k] == nil and k ~= "model" and k ~= "model_id" and k ~= "chat_template" and k ~= "api_key" and k ~= "cors_origins" and k ~= "allowed_hosts" then error("tinyloop.server: unknown option '" .. tostring(k) .. "'") end
+        if conf[k] == nil and not OPTIONAL[k] then error("tinyloop.server: unknown option '" .. tostring(k) .. "'") end
         conf[k] = v
     end
     if type(conf.model) ~= "string" then error("tinyloop.server: configure{ model = DIR } is required") end
@@ -724,8 +726,8 @@ local function refuse_foreign_host()
     if not addr or not (addr:find("^127%.") or addr == "::1" or addr:find("^::ffff:127%.")) then return end
     local host = ngx.var.http_host
     if not host or host == "" or ngx.var.uri:find("^/%.tinyloop%-error") then return end
-    local name = host:lower():match("^%[[^%]]*%]") or host:lower():match("^[^:]*")
-    name = name:gsub("%.$", "")
+    local lowered = host:lower()
+    local name = (lowered:match("^%[[^%]]*%]") or lowered:match("^[^:]*")):gsub("%.$", "")
     if name == "localhost" or name:find("%.localhost$") or name:find("%.local$") or name:find("%.internal$") or
         name:find("^%d+%.%d+%.%d+%.%d+$") or
         name:find("^%[[%x:.]+%]$") or conf.hosts_allowed[name] then

@@ -561,9 +561,9 @@ end
 -- An item's id: its kind's prefix and the response's key: a stored response's first 16 hex
 -- digits, public ("resp_" .. 16 + 32 digits -> "msg_" .. the 16: the 32 after them are the
 -- id's secret part), else the response's own ("resp_7_12" -> "msg_7_12").
+local STORED_ID = "^resp_(" .. ("%x"):rep(16) .. ")" .. ("%x"):rep(32) .. "$"
 local function item_key(id)
-    local public = id:match("^resp_(" .. ("%x"):rep(16) .. ")" .. ("%x"):rep(32) .. "$")
-    return public or (id:gsub("^resp_", ""))
+    return id:match(STORED_ID) or (id:gsub("^resp_", ""))
 end
 
 local function status_of(finish_reason) return finish_reason == "length" and "incomplete" or "completed" end
