@@ -423,7 +423,7 @@ end
 
 -- Whether stdin is a terminal (a person typing), not a pipe or a file.
 local function stdin_is_terminal()
-    local ffi = require "ffi"
+    local ffi = require "tinyloop.ffi"
     return pcall(ffi.cdef, "int isatty(int fd);") and pcall(function() return ffi.C.isatty end) and ffi.C.isatty(0) == 1
 end
 
@@ -437,7 +437,7 @@ local SIGINT = 2
 local signal_of_c -- (declared once, at the first read)
 local function read_line()
     if not signal_of_c then
-        local ffi = require "ffi"
+        local ffi = require "tinyloop.ffi"
         pcall(ffi.cdef, "typedef void (*tl_cli_sighandler)(int); tl_cli_sighandler signal(int signum, tl_cli_sighandler handler);")
         signal_of_c = ffi.C.signal
     end
@@ -459,7 +459,7 @@ local function converse(model, chat, cfg, o)
         report("--interactive reads text: this model has no tokenizer")
         return 2
     end
-    local ffi = require "ffi"
+    local ffi = require "tinyloop.ffi"
     local prompt_marks = stdin_is_terminal() -- "> " before each message, for a person typing
     local max_seq = model:info().max_seq_len
     local want = cfg.max_tokens

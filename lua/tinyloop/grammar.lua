@@ -22,7 +22,7 @@
 --   rep(x, min, max)  x repeated min..max times (max nil: unbounded); opt(x), star(x), plus(x)
 --   ref(name)         a rule of build{...} by name
 --   build(x) or build{ root = x, name = y, ... }  -> grammar, or nil, err
-local ffi = require "ffi"
+local ffi = require "tinyloop.ffi"
 
 local M = {}
 -- (required on its own, bound to the library; its argument errors raise at the caller's line,

@@ -15,7 +15,7 @@
 --     from the call that was generating.
 -- Hooks run through a fixed set of long-lived FFI callbacks that dispatch through a
 -- registry, inside xpcall.
-local ffi = require "ffi"
+local ffi = require "tinyloop.ffi"
 local C = require "tinyloop.lib" -- (the declarations and the library, once a VM)
 
 local ffi_new, ffi_string, ffi_cast, ffi_gc = ffi.new, ffi.string, ffi.cast, ffi.gc
@@ -628,6 +628,15 @@ local function take_held(s)
     s.held = nil
     if held.reason then s.done, s.stop_reason = true, held.reason end
     return held
+end
+
+-- A fork or a save copies the C session, whose token and text shown already count a held
+-- result: the branch would never give that result, so neither is made until step() takes it.
+local function not_holding(s, method)
+    if s.held then
+        raise("session:" .. method .. "(): the session holds the result of a model:step_batch call that " ..
+              "raised (another session's hook); take it with session:step() first")
+    end
 end
 
 -- While model:step_batch steps a list in C, a hook of one session may not close, detach, step
@@ -1345,6 +1354,7 @@ local branch_out = ffi_new("tl_session *[1]")
 function Session:fork(hooks)
     not_in_batch(self, "fork")
     if self.ptr == nil then raise("session:fork(): the session is closed") end
+    not_holding(self, "fork")
     if self.ctx and self.ctx.in_hook then raise("session:fork() from inside one of its own hooks") end
     local c, keep, ctx, compiled_grammar = branch_hooks(self, hooks, "session:fork()")
     if ctx then registry[ctx.key] = ctx end
@@ -1402,6 +1412,7 @@ end
 -- written out with state:bytes() / state:write(path).
 function Session:save()
     if self.ptr == nil then raise("session:save(): the session is closed") end
+    not_holding(self, "save")
     local st = C.tl_session_save(self.ptr, state_out)
     if st ~= 0 then return engine_failure(st) end
     local state = wrap_state(self.model, state_out[0], snapshot_ctx(self.ctx))

@@ -64,7 +64,7 @@ end
 -- outside: only blanks), and a number not of JSON's form -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
 -- ending where it ends. (A loop over the bytes, which LuaJIT compiles: Lua patterns cost
 -- 17 ms a MB for each search, ten times the decoding.)
-local ffi = require "ffi"
+local ffi = require "tinyloop.ffi"
 local function is_digit(c) return c >= 48 and c <= 57 end
 local function not_json(s)
     local n, b = #s, ffi.cast("const uint8_t *", s)

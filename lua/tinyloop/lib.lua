@@ -6,7 +6,7 @@
 -- loaded, that is the error, not a quiet fall back to another build: an ASan run that named a
 -- missing build-asan library tested the plain one), else the build tree beside this checkout,
 -- else the dynamic linker's search ("tinyloop": an installed libtinyloop.so).
-local ffi = require "ffi"
+local ffi = require "tinyloop.ffi"
 
 -- Declared once a Lua VM: a second load of these modules (a hot reload that cleared
 -- package.loaded, require "tinyloop.init") met "attempt to redefine 'tl_status'", and every

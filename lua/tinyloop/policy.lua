@@ -22,7 +22,7 @@
 -- Cost notes (LUA-NOTES): a per-element branch over a 50k vocabulary costs ~600 us per token
 -- in LuaJIT; a branch-free loop (logits[i] = logits[i] + bias[i]) ~35 us; sparse id lists
 -- ~0. The processors below touch only the ids they need, or use branch-free masks.
-local ffi = require "ffi"
+local ffi = require "tinyloop.ffi"
 
 local _M = {}
 

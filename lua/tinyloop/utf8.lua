@@ -4,7 +4,7 @@
 --   local utf8 = require "tinyloop.utf8"
 --   utf8.first_invalid(s)  -> the 1-based index of the first ill-formed byte, or nil
 --   utf8.repair(s)         -> s with each ill-formed part one U+FFFD
-local ffi = require "ffi"
+local ffi = require "tinyloop.ffi"
 local band = bit.band
 
 local _M = {}

@@ -204,3 +204,26 @@ describe("modules", function()
         assert.is_true(checked >= 20)
     end)
 end)
+
+describe("under a Lua without the FFI", function()
+    -- PUC Lua (/usr/bin/lua, which /usr/bin/busted's shebang names) has no `ffi` module.
+    local function puc_lua()
+        for _, name in ipairs({ "lua", "lua5.4", "lua5.3", "lua5.2", "lua5.1" }) do
+            local version = H.sh("command -v " .. name .. " >/dev/null 2>&1 && " .. name .. " -v 2>&1")
+            if version:find("^Lua 5") then return name end
+        end
+    end
+
+    it("each module a user requires first says it needs LuaJIT", function()
+        local lua = puc_lua()
+        if not lua then return pending("no PUC Lua interpreter on this machine") end
+        for _, module in ipairs({ "tinyloop", "tinyloop.policy", "tinyloop.grammar", "tinyloop.chat",
+                                  "tinyloop.tools", "tinyloop.server" }) do
+            local code = "package.path = 'lua/?.lua;lua/?/init.lua;' .. package.path; " ..
+                         "local ok, err = pcall(require, '" .. module .. "'); io.write(tostring(ok), ' ', tostring(err))"
+            local out = H.sh("cd " .. H.q(H.ROOT) .. " && " .. lua .. " -e " .. H.q(code) .. " 2>&1")
+            assert.truthy(out:find("^false tinyloop needs LuaJIT"), module .. " under " .. lua .. ": " .. out)
+            assert.truthy(out:find("run it with luajit", 1, true), out)
+        end
+    end)
+end)

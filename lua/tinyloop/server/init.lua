@@ -19,7 +19,7 @@
 -- keeps serving. Reading the output (tl_engine_read) never blocks. Without a thread pool
 -- (configure{ thread_pool = false }, or an nginx without run_worker_thread) it polls with an
 -- ngx.sleep backoff instead: slower to notice tokens, same correctness.
-local ffi = require "ffi"
+local ffi = require "tinyloop.ffi"
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local tinyloop = require "tinyloop"

@@ -110,7 +110,7 @@ local GAUGES = {
     { "queued", "tinyloop_sessions_queued", "Admitted sessions waiting for a place in a batch." },
 }
 
-local ffi = require "ffi"
+local ffi = require "tinyloop.ffi"
 pcall(ffi.cdef, "int kill(int pid, int sig);")
 local function alive(pid)
     -- (signal 0 checks only; EPERM, another user's process, is alive too: errno 1)

@@ -9,7 +9,7 @@
 -- runs this module's require, on the event loop. The full binding (its ffi.cdef of the
 -- whole header) costs ~3 ms there per new VM, a stall of every connection of the worker;
 -- a function pointer needs no declarations at all.
-local ffi = require "ffi"
+local ffi = require "tinyloop.ffi"
 
 local cast, tonumber = ffi.cast, tonumber
 
