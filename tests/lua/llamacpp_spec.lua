@@ -74,6 +74,8 @@ describe("llamacpp.to_completions", function()
         assert.same({ 1.1, 0.5, 32, true }, { t.repetition_penalty, t.presence_penalty, t.penalty_window, t.penalties_count_prompt })
         assert.equal(0, completions_of('{"prompt": "a", "repeat_last_n": -1}').penalty_window)
         assert.equal(64, completions_of('{"prompt": "a", "repeat_penalty": 1.1}').penalty_window)
+        -- repeat_penalty 0, which llama.cpp takes unchecked (and divides logits by): none, 1
+        assert.equal(1, completions_of('{"prompt": "a", "repeat_penalty": 0}').repetition_penalty)
         -- a grammar, where given, is the constraint (json_schema then left out, as llama.cpp does)
         t = completions_of('{"prompt": "a", "grammar": "root ::= \\"x\\"", "json_schema": {"type": "object"}}')
         assert.same({ "root ::= \"x\"", nil }, { t.grammar, t.response_format })

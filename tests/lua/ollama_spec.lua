@@ -68,6 +68,9 @@ describe("ollama.chat_to_chat", function()
         -- the client's options stand, and TinyLoop's fields at the top level
         chat = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"top_k": 7, "top_p": 1, "repeat_penalty": 1}}')
         assert.same({ 7, 1, 1 }, { chat.top_k, chat.top_p, chat.repetition_penalty })
+        -- repeat_penalty 0 (LiteLLM's frequency_penalty = 0; Ollama takes it unchecked) is none, 1
+        chat = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"repeat_penalty": 0}}')
+        assert.equal(1, chat.repetition_penalty)
         chat = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "top_k": 3, "repetition_penalty": 1.3}')
         assert.same({ 3, 0.9, 1.3 }, { chat.top_k, chat.top_p, chat.repetition_penalty })
         -- a null option is left out; repeat_last_n 0 turns the penalty off, the default's too

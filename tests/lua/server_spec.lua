@@ -4255,6 +4255,10 @@ describe("examples/openresty", function()
         assert.truthy(out:find("prefix_pool_mb must be a number >= 0, got -1", 1, true), out)
         out = start_says((conf:gsub("threads = 2", "threads = 2, step_rows = 1.5")))
         assert.truthy(out:find("step_rows must be false (auto), -1 (auto) or an integer >= 0, got 1.5", 1, true), out)
+        for _, wait in ipairs({ "0.5", "2^31", "0" }) do -- (C reads an int: 0.5 and 2^31 made every wait a poll)
+            out = start_says((conf:gsub("threads = 2", "threads = 2, wait_ms = " .. wait)))
+            assert.truthy(out:find("wait_ms must be an integer in [1, 3600000], got", 1, true), wait .. ": " .. out)
+        end
     end)
 end)
 
@@ -4312,6 +4316,39 @@ describe("scripts/serve options", function()
             ".pid) 2>/dev/null || break; sleep 0.1; done")
         assert(ok, err)
     end
+
+    it("times latency on a monotonic clock: the wall clock stepped back while requests wait observes no negative time", function()
+        -- (an NTP step or `date -s`: nginx under clock_shim.c, whose wall clock reads the file's offset)
+        local shim = H.ROOT .. "/build/tests/libtl_clock_shim.so"
+        local found = io.open(shim)
+        assert.truthy(found, "the tests' clock shim is built with them: " .. shim)
+        found:close()
+        -- (outside dir: nginx's workers run as nobody where the tests run as root)
+        local offset = sh("mktemp"):gsub("%s+$", "")
+        os.execute("chmod 644 " .. H.q(offset))
+        local function step_clock(seconds) local f = assert(io.open(offset, "wb")); f:write(seconds); f:close() end
+        step_clock("0")
+        with_serve("clock", "--threads 1 --max-active 1 --max-queued 2 --prefix-pool-mb 0 --responses-store-mb 0", function(url, pre)
+            -- A streams (at 16 loops: a second or so); once its first token is out, B comes and
+            -- waits for A's place, and the clock steps back an hour while both are under way
+            local a_body = '{"prompt": "It is a truth", "max_tokens": 240, "ignore_eos": true, "loops": 16, "stream": true}'
+            local b_body = '{"prompt": "Emma", "max_tokens": 4}'
+            sh(("curl -sN %s/v1/completions -d %s | { head -c 1 > /dev/null; curl -s %s/v1/completions -d %s > %s.b & " ..
+                "sleep 0.1; echo -3600 > %s; cat > %s.a; wait; }"):format(url, H.q(a_body), url, H.q(b_body), H.q(pre),
+                H.q(offset), H.q(pre)))
+            step_clock("0")
+            assert.truthy(sh("cat " .. H.q(pre) .. ".a"):find("[DONE]", 1, true))
+            assert.truthy(sh("cat " .. H.q(pre) .. ".b"):find('"finish_reason"', 1, true))
+            local m = select(2, curl(url .. "/metrics"))
+            local ttft = tonumber(m:match("\ntinyloop_time_to_first_token_seconds_sum (%S+)"))
+            local tpot = tonumber(m:match("\ntinyloop_time_per_output_token_seconds_sum (%S+)"))
+            assert.equal(2, tonumber(m:match("\ntinyloop_time_to_first_token_seconds_count (%d+)")))
+            -- (on the wall clock: about -3600 each)
+            assert.is_true(ttft >= 0 and ttft < 600, "time to first token, sum " .. tostring(ttft))
+            assert.is_true(tpot >= 0 and tpot < 600, "time per output token, sum " .. tostring(tpot))
+        end, "LD_PRELOAD=" .. H.q(shim) .. " TL_CLOCK_SHIM_FILE=" .. H.q(offset) .. " ")
+        os.remove(offset)
+    end)
 
     it("stops nginx's workers when its master is killed (they kept the port and answered on their own)", function()
         with_serve("orphans", "--workers 2 --threads 1 --max-active 1 --prefix-pool-mb 0 --responses-store-mb 0", function(url, pre)

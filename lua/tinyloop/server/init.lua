@@ -91,13 +91,33 @@ local conf = {
                               -- others (403: a DNS-rebinding page's)
 }
 
+-- Durations (latency metrics, Ollama's durations, the pool warning's minute) on nginx's
+-- monotonic clock: ngx.now() is the wall clock, which steps with the system's (a step back of
+-- an hour while a request waited observed a time to first token of -3599 s).
+local monotonic_time = require("resty.core.time").monotonic_time
+local function now()
+    ngx_update_time()
+    return monotonic_time()
+end
+
+-- The request's arrival on that clock. nginx stamps it on the wall clock
+-- (ngx.req.start_time): read once as a request's handler starts, little time after it.
+local function arrival_time()
+    local ctx = ngx.ctx
+    if not ctx.arrived_at then
+        local t = now()
+        ctx.arrived_at = t - math.max(0, ngx_now() - ngx.req.start_time())
+    end
+    return ctx.arrived_at
+end
+
 -- No thread or Lua VM in the pool ("no available Lua vm" past lua_worker_thread_vm_pool_size,
 -- a full queue, a missing pool): a configuration too small for the load costs latency (a wait
 -- polls; a compile or an encode runs on the event loop), never the request. Logged once a minute.
 local pool_warned_at = {} -- (by what is done instead)
 local function pool_unavailable(err, instead)
-    if ngx.now() - (pool_warned_at[instead] or -math.huge) > 60 then
-        pool_warned_at[instead] = ngx.now()
+    if now() - (pool_warned_at[instead] or -math.huge) > 60 then
+        pool_warned_at[instead] = now()
         ngx.log(ngx.WARN, "tinyloop: thread pool: ", tostring(err), "; ", instead,
                 " instead (size thread_pool and lua_worker_thread_vm_pool_size to max_active + max_queued + embed_jobs;",
                 " a new Lua VM opens files too: \"no available Lua vm\" is also a process out of file descriptors, ulimit -n)")
@@ -251,10 +271,13 @@ function _M.configure(opts)
             error(("tinyloop.server: %s must be an integer, got %s"):format(name, tostring(conf[name])))
         end
     end
-    for _, name in ipairs({ "wait_ms", "publish_every" }) do
-        if type(conf[name]) ~= "number" or not (conf[name] > 0) then
-            error(("tinyloop.server: %s must be a number > 0, got %s"):format(name, tostring(conf[name])))
-        end
+    -- (wait_ms reaches C as an int: 0.5 became 0 and 2^31 a negative, a poll, and every wait
+    -- then spun on the pool's threads)
+    if not request.is_integer(conf.wait_ms) or conf.wait_ms < 1 or conf.wait_ms > 3600000 then
+        error("tinyloop.server: wait_ms must be an integer in [1, 3600000], got " .. tostring(conf.wait_ms))
+    end
+    if type(conf.publish_every) ~= "number" or not (conf.publish_every > 0) then
+        error("tinyloop.server: publish_every must be a number > 0, got " .. tostring(conf.publish_every))
     end
     for _, name in ipairs({ "prefix_pool_mb", "grammar_cache_mb" }) do
         if type(conf[name]) ~= "number" or not (conf[name] >= 0) then
@@ -956,11 +979,6 @@ local function release(st, cancelled)
     st.phase = "released"
 end
 
-local function now()
-    ngx_update_time()
-    return ngx_now()
-end
-
 -- Blocks the request's coroutine (never the worker) until the engine has output.
 -- -> 1 (output), -1 (gone).
 local function wait(st)
@@ -1027,7 +1045,7 @@ local function next_output(st, ready)
         if st.index == 0 then
             local t = now()
             if not st.last_token_at then
-                metrics.observe("ttft", t - ngx.req.start_time())
+                metrics.observe("ttft", t - arrival_time())
                 st.gapless = n - 1
             else
                 local shared = n + st.gapless
@@ -1635,6 +1653,7 @@ end
 -- A POST's body, once the model is ready and the body within the limit; nil when answered.
 -- (its errors in the shape of the API the path is: send_uri_error)
 local function post_body()
+    arrival_time() -- (the clock read before the body's)
     if ngx.req.get_method() ~= "POST" then
         return send_uri_error(405, "method " .. ngx.req.get_method() .. " is not allowed here: use POST", nil, nil, { Allow = "POST" })
     end

@@ -190,7 +190,9 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
                 penalties[#penalties + 1] = { name, raw[name] }
             else
                 -- (a temperature below 0 samples greedily in llama.cpp, its probabilities still given)
-                members[#members + 1] = { as, (name == "temperature" and v < 0) and "0" or raw[name] }
+                local text = (name == "temperature" and v < 0) and "0" or raw[name]
+                if name == "repeat_penalty" then text = shapes.repeat_penalty_text(v, text) end
+                members[#members + 1] = { as, text }
             end
         elseif _M.DEFAULTS[name] then
             members[#members + 1] = { as, tostring(_M.DEFAULTS[name]) }

@@ -112,6 +112,8 @@ local function common(t, raw, members, thinks, model_id)
                 end
             elseif k == "seed" and v == -1 then -- (Ollama's "random": a seed drawn for this request)
                 members[#members + 1] = { "seed", shapes.integer(shapes.random_seed()) }
+            elseif k == "repeat_penalty" then
+                members[#members + 1] = { OPTIONS[k], shapes.repeat_penalty_text(v, raw_options[k]) }
             elseif type(OPTIONS[k]) == "string" then
                 members[#members + 1] = { OPTIONS[k], raw_options[k] }
             end
