@@ -116,6 +116,7 @@ static tl_kv_page *page_new(const tl_kv_cache *c, const tl_kv_page *from) {
         count_page_bytes(m, (long long)page_bytes(m));
     }
     p->next_spare = NULL;
+    p->pool_entries = 0;
     if (from) { /* the backend copies floats: a buffer is a whole number of them (16 rows) */
         m->backend->copy(m, p->k, from->k, buffer_bytes(m) / sizeof(float));
         m->backend->copy(m, p->v, from->v, buffer_bytes(m) / sizeof(float));
@@ -192,30 +193,7 @@ size_t tl_kv_cache_bytes(const tl_kv_cache *c) {
     return pages * page_bytes(c->model);
 }
 
-static int compare_pointers(const void *a, const void *b) {
-    const uintptr_t x = (uintptr_t)*(void *const *)a, y = (uintptr_t)*(void *const *)b;
-    return x < y ? -1 : x > y;
-}
-
-size_t tl_kv_caches_distinct_bytes(tl_kv_cache *const *caches, int n) {
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += (size_t)caches[i]->n_slots * (size_t)caches[i]->n_pages;
-    if (n < 1 || total == 0) return 0;
-    void **held = malloc(total * sizeof *held);
-    size_t count = 0;
-    if (!held) { /* (out of memory: each cache's own figure, shared pages counted again) */
-        for (int i = 0; i < n; i++) count += tl_kv_cache_bytes(caches[i]);
-        return count;
-    }
-    for (int i = 0; i < n; i++)
-        for (size_t k = 0; k < (size_t)caches[i]->n_slots * (size_t)caches[i]->n_pages; k++)
-            if (caches[i]->pages[k]) held[count++] = caches[i]->pages[k];
-    qsort(held, count, sizeof *held, compare_pointers);
-    size_t distinct = 0;
-    for (size_t k = 0; k < count; k++) distinct += k == 0 || held[k] != held[k - 1];
-    free(held);
-    return distinct * page_bytes(caches[0]->model);
-}
+size_t tl_kv_page_bytes(const tl_model *model) { return page_bytes(model); }
 
 /* ---------------------------------------------------------------- caches */
 

@@ -28,6 +28,8 @@ typedef struct tl_kv_page {
     void *k, *v;         /* [TL_KV_PAGE_ROWS][kv_dim] backend buffers of the model's kv_type:
                             float, or uint16_t f16 (rounded on write, widened on read) */
     struct tl_kv_page *next_spare; /* in the model's spare list (refs 0) */
+    int pool_entries;    /* entries of the model's prefix pool holding the page (prefix_pool.c,
+                            under its lock) */
 } tl_kv_page;
 
 /* A model's spare pages. A page no cache holds any more is kept (up to TL_KV_SPARE_BYTES
@@ -86,9 +88,8 @@ tl_status tl_kv_cache_fork(const tl_kv_cache *src, tl_kv_cache **out);
 void tl_kv_cache_free(tl_kv_cache *cache);
 /* Bytes of K/V pages this cache references (shared ones included). */
 size_t tl_kv_cache_bytes(const tl_kv_cache *cache);
-/* Bytes of the distinct K/V pages n caches (of one model) reference: a page several share
-   counts once (the prefix pool's entries share their common prefix's pages). */
-size_t tl_kv_caches_distinct_bytes(tl_kv_cache *const *caches, int n);
+/* Bytes of one K/V page of the model (its K and V). */
+size_t tl_kv_page_bytes(const tl_model *model);
 
 static inline int tl_kv_row(const tl_kv_cache *c, int logical) { return logical % c->capacity; }
 static inline tl_kv_page *tl_kv_page_of(const tl_kv_cache *c, int slot, int row) {
