@@ -18,7 +18,7 @@ print(("template: %s"):format(chat.source))
 local messages = { { role = "system", content = "A conversation at Hartfield." } }
 for turn, question in ipairs({ "Who is Mr. Knightley?", "And Harriet Smith?", "Will Emma marry?" }) do
     messages[#messages + 1] = { role = "user", content = question }
-    local prompt = model:encode(assert(chat:prompt(messages)))
+    local prompt = assert(chat:prompt_ids(model, messages))
     cfg.max_tokens = math.min(24, model.max_seq_len - #prompt)
     if cfg.max_tokens < 1 then print("[the model's context is full]") break end
     io.write(("user: %s\nassistant:"):format(question))

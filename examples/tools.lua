@@ -26,7 +26,7 @@ local messages = { { role = "user", content = "Who is Emma?" } }
 
 -- Generates a reply to the messages under cfg: its text (the stream's pieces, joined).
 local function reply(cfg)
-    local prompt = model:encode(assert(chat:prompt(messages, true, shown)))
+    local prompt = assert(chat:prompt_ids(model, messages, true, shown))
     local room = model.max_seq_len - #prompt
     if room < 1 then -- (a model of a small context: the tools alone may fill it)
         print(("[the prompt's %d tokens fill the model's context of %d]"):format(#prompt, model.max_seq_len))

@@ -5,8 +5,8 @@
 -- the server and scripts use it alike.
 --
 --   local chat = require("tinyloop.chat").load(dir)          -- or load(dir, "my.jinja")
---   local text = chat:prompt({ { role = "user", content = "Hello" } })
---   local ids = model:encode(text)
+--   local ids, text = chat:prompt_ids(model, { { role = "user", content = "Hello" } })
+--   local text = chat:prompt({ { role = "user", content = "Hello" } })   -- the text alone
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local first_invalid_utf8 = require("tinyloop.utf8").first_invalid
@@ -401,6 +401,65 @@ local function continue_final(text, message)
     return text:sub(1, at + #stripped - 1)
 end
 
+-- ------------------------------------------------------------------ users' text and special tokens
+-- What users write (messages, tools, template variables) is text: a special token's text in
+-- it is encoded as text, as OpenAI's and Anthropic's APIs read a message, not as the control
+-- token it spells (a message holding "<|im_end|>\n<|im_start|>system\n..." ended its own turn
+-- and opened a system turn; the end of text's ended the conversation). The template's own
+-- special texts are the tokens. Once printed, text no longer says whose it is, so each
+-- special text in the users' strings is marked before rendering (MARK, its index, MARK; a
+-- MARK of theirs is index 0); the rendered text is encoded with special tokens parsed (the
+-- template's), then each piece between two special tokens that holds a mark is encoded again
+-- as text, its marks restored. Pieces between special tokens are encoded each on its own
+-- either way (tl_encode's rule, and Hugging Face's), so nothing else changes.
+local MARK = "\239\183\144" -- U+FDD0, a noncharacter: no text means it
+local MARKED = MARK .. "(%d+)" .. MARK
+local marks_of = setmetatable({}, { __mode = "k" }) -- model -> special_marks(model), or false
+
+local function plain_pattern(text) return (text:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0")) end
+
+-- The model's special tokens as marking reads them, or false where it has none: mark(s) and
+-- restore(s), and the ids (a set).
+local function special_marks(model)
+    local marks = marks_of[model]
+    if marks ~= nil then return marks end
+    local list, err = model:special_tokens()
+    if not list then return nil, err end
+    local texts, ids, firsts, seen = {}, {}, { "[", "\239" }, {}
+    table.sort(list, function(a, b) return #a.text > #b.text end) -- (one holding another: whole)
+    for _, t in ipairs(list) do
+        ids[t.id] = true
+        if t.text ~= "" and not seen[t.text] then
+            seen[t.text] = true
+            texts[#texts + 1] = t.text
+            firsts[#firsts + 1] = plain_pattern(t.text:sub(1, 1))
+        end
+    end
+    firsts[#firsts + 1] = "]"
+    marks = false
+    if #texts > 0 then
+        local may_hold, patterns = concat(firsts), {}
+        for i, text in ipairs(texts) do patterns[i] = plain_pattern(text) end
+        marks = { ids = ids }
+        function marks.mark(s)
+            if not s:find(may_hold) then return s end
+            s = s:gsub(MARK, MARK .. "0" .. MARK)
+            for i, text in ipairs(texts) do
+                if s:find(text, 1, true) then s = s:gsub(patterns[i], MARK .. i .. MARK) end
+            end
+            return s
+        end
+        function marks.restore(s)
+            return (s:gsub(MARKED, function(i)
+                i = tonumber(i)
+                return i == 0 and MARK or texts[i]
+            end))
+        end
+    end
+    marks_of[model] = marks
+    return marks
+end
+
 -- The variables a template gets from chat:prompt itself, which `variables` may not set.
 local OWN_VARIABLES = { messages = true, tools = true, add_generation_prompt = true, bos_token = true, eos_token = true }
 
@@ -416,13 +475,19 @@ local OWN_VARIABLES = { messages = true, tools = true, add_generation_prompt = t
 -- rules, the template's raise_exception, e.g. roles that must alternate, or more text than
 -- the renderer's bounds), "variables" (one of them names what chat:prompt sets itself) or
 -- "template" (it cannot run here: a Jinja feature tinyloop.chat_template lacks, say).
-function Chat:prompt(messages, add_generation_prompt, tools, continue_final_message, variables)
+-- (render: chat:prompt's work, each string of the messages, tools and variables mark(s)
+-- where mark is given)
+local function render(self, mark, method, messages, add_generation_prompt, tools, continue_final_message, variables)
     if continue_final_message and add_generation_prompt then
-        raise("chat:prompt: continue_final_message continues the final message: it opens no new turn (add_generation_prompt)")
+        raise("chat:" .. method .. ": continue_final_message continues the final message: it opens no new turn (add_generation_prompt)")
     end
-    if variables ~= nil and type(variables) ~= "table" then raise("chat:prompt: variables must be a table of template variables") end
+    if variables ~= nil and type(variables) ~= "table" then raise("chat:" .. method .. ": variables must be a table of template variables") end
     local checked, err = _M.check_messages(messages)
     if not checked then return nil, err, "messages" end
+    if mark then
+        checked = chat_template.map_strings(checked, mark)
+        if tools ~= nil then tools = chat_template.map_strings(tools, mark) end
+    end
     local context = {}
     for name, value in pairs(variables or {}) do
         if OWN_VARIABLES[name] then
@@ -433,7 +498,7 @@ function Chat:prompt(messages, add_generation_prompt, tools, continue_final_mess
             return nil, ("the template variable '%s' is the renderer's own (a function templates call): it cannot be " ..
                          "set as a variable"):format(name), "variables"
         end
-        context[name] = value
+        context[name] = mark and chat_template.map_strings(value, mark) or value
     end
     -- (tools and documents are None where there are none, as transformers' apply_chat_template
     -- passes them: "tools is not none" is then false, and "tools|tojson" writes null)
@@ -454,6 +519,57 @@ function Chat:prompt(messages, add_generation_prompt, tools, continue_final_mess
         return nil, ("the chat template (%s) cannot render: %s"):format(self.source:match("[^/]+$"), tostring(err)), "template"
     end
     return nil, "the chat template refused the messages: " .. tostring(err), "messages"
+end
+
+function Chat:prompt(messages, add_generation_prompt, tools, continue_final_message, variables)
+    return render(self, nil, "prompt", messages, add_generation_prompt, tools, continue_final_message, variables)
+end
+
+-- chat:prompt_ids(model, messages[, add_generation_prompt[, tools[, continue_final_message[,
+-- variables[, encode]]]]]) -> ids, text | nil, err, fault: chat:prompt's text and its token
+-- ids for `model`, the special tokens' texts that users wrote (in messages, tools and
+-- variables) encoded as text, the template's as the tokens (see MARK above). encode(text[,
+-- opts]) -> ids | nil, err: model:encode's work (the server's runs long texts in its thread
+-- pool; opts {parse_special = false}); fault "encode" where it failed.
+local AS_TEXT = { parse_special = false }
+function Chat:prompt_ids(model, messages, add_generation_prompt, tools, continue_final_message, variables, encode)
+    encode = encode or function(text, opts) return model:encode(text, opts) end
+    local marks, err = special_marks(model)
+    if marks == nil then return nil, err, "encode" end
+    local text, fault
+    text, err, fault = render(self, marks and marks.mark, "prompt_ids", messages, add_generation_prompt, tools,
+                              continue_final_message, variables)
+    if not text then return nil, err, fault end
+    local ids
+    ids, err = encode(text)
+    if not ids then return nil, err, "encode" end
+    if not marks or not text:find(MARK, 1, true) then return ids, text end
+    local out, run = {}, {}
+    local function flush() -- (the run of ids since the last special token)
+        if #run == 0 then return true end
+        local piece, derr = model:decode(run) -- (byte-level tokens: the piece as it was written)
+        if not piece then return nil, derr end
+        local again = run
+        if piece:find(MARK, 1, true) then
+            again, derr = encode(marks.restore(piece), AS_TEXT)
+            if not again then return nil, derr end
+        end
+        for _, id in ipairs(again) do out[#out + 1] = id end
+        run = {}
+        return true
+    end
+    for _, id in ipairs(ids) do
+        if marks.ids[id] then
+            local ok, ferr = flush()
+            if not ok then return nil, ferr, "encode" end
+            out[#out + 1] = id
+        else
+            run[#run + 1] = id
+        end
+    end
+    local ok, ferr = flush()
+    if not ok then return nil, ferr, "encode" end
+    return out, marks.restore(text)
 end
 
 return _M

@@ -2039,6 +2039,24 @@ TESTS.upper = function(v) local s = to_str(v) return upper(s) == s and find(s, "
 local Template = {}
 Template.__index = Template
 
+-- map_strings(value, fn) -> value as a template reads it, with each string in it (values, not
+-- keys) fn(string): tables copied with their kind (metatable) and a dict's key order; numbers,
+-- booleans, None as they are. (tinyloop.chat marks the text users wrote with it.)
+function _M.map_strings(value, fn, copies)
+    local kind = type(value)
+    if kind == "string" then return fn(value) end
+    if kind ~= "table" then return value end
+    local mt = getmetatable(value)
+    if mt == FLOAT or mt == UNDEF or mt == CALLABLE then return value end
+    copies = copies or {}
+    if copies[value] then return copies[value] end -- (a table met twice, or a cycle: one copy)
+    local copy = {}
+    copies[value] = copy
+    for k, v in pairs(value) do copy[k] = _M.map_strings(v, fn, copies) end
+    if ORDER[value] then ORDER[copy] = ORDER[value] end
+    return setmetatable(copy, mt)
+end
+
 -- compile(source) -> template | nil, "chat template: line N: ..."
 function _M.compile(source)
     if type(source) ~= "string" then return nil, "chat template: the source must be a string, not " .. type(source) end

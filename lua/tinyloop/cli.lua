@@ -399,10 +399,8 @@ local function fit(model, chat, system, history, want)
     while true do
         local messages = system and { system } or {}
         for i = first, #history do messages[#messages + 1] = history[i] end
-        local text, err, fault = chat:prompt(messages, true)
-        if not text then return nil, err, fault == "template" and 1 or 2 end
-        local ids, encode_err = model:encode(text)
-        if not ids then return nil, encode_err, 1 end
+        local ids, text, fault = chat:prompt_ids(model, messages, true)
+        if not ids then return nil, text, (fault == "template" or fault == "encode") and 1 or 2 end
         if #ids + want <= max_seq or first == #history then
             if #ids >= max_seq then
                 return nil, ("the message makes a prompt of %d tokens with the chat template: %s the model's context of %d")
@@ -470,8 +468,8 @@ local function converse(model, chat, cfg, o)
     end
     local system = o.system and { role = "system", content = o.system }
     -- a conversation needs room for a message and a reply of -n tokens besides the system's
-    local opening = chat:prompt(system and { system, { role = "user", content = "" } } or { { role = "user", content = "" } }, true)
-    local opening_len = opening and #assert(model:encode(opening)) or 0
+    local opening = chat:prompt_ids(model, system and { system, { role = "user", content = "" } } or { { role = "user", content = "" } }, true)
+    local opening_len = opening and #opening or 0
     if opening_len + want >= max_seq then
         report(("-n %d (a reply) and the chat template's %d tokens%s fill the model's context of %d: no room for a message")
             :format(want, opening_len, system and " with the system message" or "", max_seq))
@@ -678,12 +676,12 @@ function _M.run(argv, default_model)
                 return status
             end
         end
-        local text, perr, fault = chat:prompt(messages, true, shown)
-        if not text then
-            io.stderr:write("tinyloop: ", perr, "\n")
-            return fault == "template" and 1 or 2
+        local ids, text, fault = chat:prompt_ids(model, messages, true, shown)
+        if not ids then
+            io.stderr:write("tinyloop: ", text, "\n")
+            return (fault == "template" or fault == "encode") and 1 or 2
         end
-        o.prompt, o.echo = text, false
+        o.prompt, o.prompt_ids, o.echo = text, ids, false
     end
     -- ---- grammars: --grammar FILE.gbnf, --json-schema FILE.json
     for _, g in ipairs({ { o.grammar_file, tinyloop.grammar.gbnf }, { o.schema_file, tinyloop.grammar.json_schema } }) do
@@ -734,7 +732,7 @@ function _M.run(argv, default_model)
     end
     if o.interactive then return converse(model, chat, cfg, o) end
     -- with tools: the reply is read for calls at its end, then its content and calls written
-    local reply, result, status = stream_reply(model, o.prompt, cfg, { echo = o.echo and o.prompt, held = o.tools ~= nil })
+    local reply, result, status = stream_reply(model, o.prompt_ids or o.prompt, cfg, { echo = o.echo and o.prompt, held = o.tools ~= nil })
     if not reply then
         report(result)
         return status

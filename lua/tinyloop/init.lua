@@ -966,6 +966,29 @@ function Model:encode(text, opts)
     return t
 end
 
+-- model:special_tokens() -> { {id = id, text = text}, ... } in id order: the tokenizer's special
+-- tokens (tl_token_is_special: control, not text) with their texts; {} without a tokenizer.
+-- (tinyloop.chat encodes what users wrote with these read as text.) Found once a model.
+function Model:special_tokens()
+    local ptr = model_ptr(self, "special_tokens")
+    if not self.special_list then
+        local list = {}
+        if self.has_tokenizer then
+            for id = 0, self.vocab_size - 1 do
+                if C.tl_token_is_special(ptr, id) ~= 0 then
+                    local text, err = self:decode({ id })
+                    if not text then return nil, err end
+                    list[#list + 1] = { id = id, text = text }
+                end
+            end
+        end
+        self.special_list = list
+    end
+    local copy = {}
+    for i, t in ipairs(self.special_list) do copy[i] = { id = t.id, text = t.text } end
+    return copy
+end
+
 -- model:decode(ids) -> text | nil, err
 function Model:decode(ids)
     if type(ids) ~= "table" then raise("decode: ids must be a table") end

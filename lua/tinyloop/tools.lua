@@ -13,7 +13,7 @@
 --   local tools = require "tinyloop.tools"
 --   local spec, shown = tools.prepare(request.tools, request.tool_choice, request.parallel_tool_calls, tools_json)
 --   -- spec: nil, err, param (refused) | false (no calls: no tools, or tool_choice "none") | the spec
---   text = chat:prompt(messages, true, shown)   -- the tools as the template reads them
+--   ids = chat:prompt_ids(model, messages, true, shown)   -- the tools as the template reads them
 --   if spec and spec.forced then cfg.grammar = assert(tools.grammar(spec)) end -- only calls
 --   local content, calls = tools.parse(generated, spec, function(k) return "call_" .. k end)
 local cjson = require "cjson.safe"

@@ -1206,8 +1206,9 @@ _M.REASONING_EFFORTS = REASONING_EFFORTS
 -- The prompt text of a body's messages (chat: tinyloop.chat; template_tools: the tools the
 -- template shows), with vLLM's add_generation_prompt (default true), continue_final_message
 -- (the reply continues the final message: a begun answer) and chat_template_kwargs (more
--- variables; objects inside them keep the body's key order) -> text | nil, err.
-local function render_messages(t, body, chat, template_tools)
+-- variables; objects inside them keep the body's key order) -> text | nil, err; with `model`,
+-- -> ids, text (chat:prompt_ids: special tokens' texts in what the client sent are text).
+local function render_messages(t, body, chat, template_tools, model)
     if t.continue_final_message and t.add_generation_prompt then
         return bad("continue_final_message continues the final message: it opens no new turn, so add_generation_prompt " ..
                    "must be false (or left out)", "add_generation_prompt")
@@ -1232,11 +1233,22 @@ local function render_messages(t, body, chat, template_tools)
         variables, derr = decode_ordered(raw)
         if not variables then return bad(P .. ": " .. tostring(derr), P) end
     end
-    local text, err, fault = chat:prompt(t.messages, not t.continue_final_message and t.add_generation_prompt ~= false,
-                                         template_tools, t.continue_final_message, variables)
-    if text then return text end
+    local add_generation_prompt = not t.continue_final_message and t.add_generation_prompt ~= false
+    local ids, text, err, fault
+    if model then
+        ids, text, fault = chat:prompt_ids(model, t.messages, add_generation_prompt, template_tools, t.continue_final_message,
+                                           variables, function(s, opts) return encode_text(model, s, opts) end)
+        if ids then return ids, text end
+        err = text
+    else
+        text, err, fault = chat:prompt(t.messages, add_generation_prompt, template_tools, t.continue_final_message, variables)
+        if text then return text end
+    end
     -- the server's template that cannot run is the server's fault, not the request's
     if fault == "template" then return nil, { status = 500, message = err, type = "server_error" } end
+    if fault == "encode" then
+        return nil, { status = 500, message = "encoding the prompt failed: " .. tostring(err), type = "server_error" }
+    end
     return bad(err, fault == "variables" and "chat_template_kwargs" or "messages")
 end
 
@@ -1267,14 +1279,11 @@ function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
         return bad("tool_choice " .. forced_choice(tool_spec) ..
                    " writes tool calls from the reply's start: not with continue_final_message", "tool_choice")
     end
-    local text
-    text, err = render_messages(t, body, chat, template_tools)
-    if not text then return nil, err end
+    local ids, text = render_messages(t, body, chat, template_tools, model)
+    if not ids then return nil, text end
     if text == "" then return bad("the chat template rendered these messages as an empty prompt", "messages") end
-    local ids, e = encode_text(model, text)
-    if not ids then return nil, { status = 500, message = "encoding the prompt failed: " .. tostring(e), type = "server_error" } end
     if opts.counting then return { prompt_tokens = #ids } end
-    local ok
+    local ok, e
     ok, e = check_choices(1, shared.n, shared.n, max_choices)
     if not ok then return nil, e end
     local field = t.max_completion_tokens ~= nil and "max_completion_tokens" or "max_tokens"
@@ -1343,8 +1352,9 @@ local TOKENIZE_NO_OPS = { add_special_tokens = { function(v) return type(v) == "
 local DETOKENIZE_FIELDS = { model = { "string", false }, tokens = { "array", false } }
 
 -- A request's conversation (messages, with tools, add_generation_prompt, continue_final_message
--- and chat_template_kwargs) rendered as /v1/chat/completions renders it -> text | nil, err.
-local function conversation_text(t, body, chat, chat_error)
+-- and chat_template_kwargs) rendered as /v1/chat/completions renders it -> text | nil, err;
+-- with `model`, its ids and text (render_messages).
+local function conversation_text(t, body, chat, chat_error, model)
     if not chat then return nil, _M.template_unloaded(chat_error) end
     local shown, param
     if t.tools ~= nil then
@@ -1352,7 +1362,7 @@ local function conversation_text(t, body, chat, chat_error)
         spec, shown, param = tools.prepare(t.tools, nil, nil, raw_member(body, { "tools" }))
         if spec == nil then return bad(shown, param) end
     end
-    return render_messages(t, body, chat, shown)
+    return render_messages(t, body, chat, shown, model)
 end
 
 -- parse_apply_template(body, chat, chat_error) -> { prompt } | nil, err: POST
@@ -1409,16 +1419,15 @@ function _M.parse_tokenize(body, model, model_id, chat, chat_error)
     end
     local field = t.prompt and "prompt" or "messages"
     if not model.has_tokenizer then return bad("this model has no tokenizer: it reads token ids only", field) end
-    local text = t.prompt
-    if t.messages then
-        text, e = conversation_text(t, body, chat, chat_error)
-        if not text then return nil, e end
-    else
-        for _, k in ipairs({ "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools" }) do
-            if t[k] ~= nil then return bad(k .. " goes with messages, not with prompt", k) end
-        end
+    if t.messages then -- (as parse_chat encodes them)
+        local ids, err = conversation_text(t, body, chat, chat_error, model)
+        if not ids then return nil, err end
+        return { ids = ids, token_strs = t.return_token_strs == true }
     end
-    local ids, err = encode_text(model, text)
+    for _, k in ipairs({ "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools" }) do
+        if t[k] ~= nil then return bad(k .. " goes with messages, not with prompt", k) end
+    end
+    local ids, err = encode_text(model, t.prompt)
     if not ids then return nil, { status = 500, message = "encoding failed: " .. tostring(err), type = "server_error" } end
     return { ids = ids, token_strs = t.return_token_strs == true }
 end
