@@ -41,6 +41,7 @@ static void session_destroy(tl_session *s) {
     for (int i = 0; s->stop_strs && i < s->cfg.n_stop_strings; i++) free(s->stop_strs[i]);
     free(s->stop_strs);
     free(s->stop_lens);
+    free(s->stop_border);
     tl_grammar_matcher_free(s->grammar_matcher);
     free(s);
 }
@@ -146,6 +147,8 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
         if (!(s->stop_strs[i] = strdup(cfg->stop_strings[i]))) st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
         else if (s->stop_lens[i] > s->max_stop_len) s->max_stop_len = s->stop_lens[i];
     }
+    if (st == TL_OK && s->max_stop_len > 0 && !(s->stop_border = malloc(s->max_stop_len * sizeof *s->stop_border)))
+        st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     s->cfg.stop_strings = (const char *const *)s->stop_strs;
     /* A windowed cache holds window + chunk rows: small windows take small chunks so that
        memory stays within twice the window. */
@@ -865,13 +868,33 @@ tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const t
 /* ---------------------------------------------------------------- streamed text */
 
 /* Bytes at the end of the text to hold back: an unfinished UTF-8 sequence, or the longest
-   suffix that is a proper prefix of a stop string. */
+   suffix that is a proper prefix of a stop string. That suffix is where the stop string's
+   matcher (Knuth-Morris-Pratt's: the string's border table in s->stop_border) stands after
+   reading the text's last L - 1 bytes: O(L) a string, where comparing each length k with
+   memcmp was O(L^2) (stop strings of 8,000 bytes cost 4.3 ms a token). */
 static size_t held_back(const tl_session *s) {
     size_t hold = tl_tlz_utf8_unfinished_tail((const unsigned char *)s->text, s->text_len);
     for (int i = 0; i < s->cfg.n_stop_strings; i++) {
-        size_t L = s->stop_lens[i];
-        for (size_t k = L - 1 < s->text_len ? L - 1 : s->text_len; k > hold; k--)
-            if (memcmp(s->text + s->text_len - k, s->stop_strs[i], k) == 0) { hold = k; break; }
+        const char *stop = s->stop_strs[i];
+        const size_t L = s->stop_lens[i];
+        const size_t window = L - 1 < s->text_len ? L - 1 : s->text_len;
+        if (L < 2 || window <= hold) continue;
+        /* border[q]: the longest proper prefix of stop[0, q] that is also its suffix */
+        size_t *border = s->stop_border;
+        border[0] = 0;
+        for (size_t q = 1, k = 0; q + 1 < L; q++) {
+            while (k > 0 && stop[q] != stop[k]) k = border[k - 1];
+            if (stop[q] == stop[k]) k++;
+            border[q] = k;
+        }
+        /* (matched stays below L: the window is L - 1 bytes) */
+        const char *text = s->text + s->text_len - window;
+        size_t matched = 0;
+        for (size_t j = 0; j < window; j++) {
+            while (matched > 0 && text[j] != stop[matched]) matched = border[matched - 1];
+            if (text[j] == stop[matched]) matched++;
+        }
+        if (matched > hold) hold = matched;
     }
     return hold;
 }

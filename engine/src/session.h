@@ -66,6 +66,7 @@ struct tl_session {
     char **stop_strs;            /* [n_stop_strings] copies */
     size_t *stop_lens;
     size_t max_stop_len;
+    size_t *stop_border;         /* [max_stop_len] scratch: a stop string's border table (held_back) */
 
     tl_generate_stats stats;
     double t_start, t_prefill_start, t_prefill_end, loops_sum; /* (t_prefill_start: 0 until its first row) */

@@ -225,6 +225,69 @@ static void test_stop_strings(void) {
           "stop reason names: %s, %s", tl_stop_reason_name((tl_stop_reason)99), tl_stop_reason_name(TL_STOP_NONE));
 }
 
+/* What tl_session_text holds back while a stop string may be beginning: the longest suffix of
+   the text that is a proper prefix of one of them (as each length k compared by memcmp finds
+   it; the engine runs the stop strings' border tables), after every step of a script full of
+   near misses: stop strings whose prefixes repeat inside them (borders) and a text that keeps
+   matching and failing them at different depths. */
+static size_t hold_reference(const char *text, size_t len, const char *const *stops, int n_stops) {
+    size_t hold = 0;
+    for (int i = 0; i < n_stops; i++) {
+        const size_t L = strlen(stops[i]);
+        for (size_t k = L - 1 < len ? L - 1 : len; k > hold; k--)
+            if (memcmp(text + len - k, stops[i], k) == 0) { hold = k; break; }
+    }
+    return hold;
+}
+
+static void test_stop_hold_back(void) {
+    const char *script_text = "abaababaabaababaabaababaab aaaaaaaaaaaaaaa abcabcabcabcabd xyxyxyxyxxyxy. aabaabaabaaab!";
+    const char *stops[] = {"abaababaabaababz", "aaaaaaaaaaaaaaaaab", "abcabcabd?", "xyxyxyxyxyz", "aabaabaabaabaab", "q"};
+    const int n_stops = 6;
+    int32_t *script = NULL, prompt[2] = {72, 105};
+    int ns = 0;
+    tl_encode(model, script_text, strlen(script_text), &script, &ns);
+    script_t sc = {script, ns, 2};
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = ns;
+    cfg.logits_processor = force;
+    cfg.logits_processor_user = &sc;
+    cfg.stop_strings = stops;
+    cfg.n_stop_strings = n_stops;
+    cfg.ignore_eos = 1;
+    tl_session *s = NULL;
+    CHECK(tl_session_new(model, prompt, 2, &cfg, &s) == TL_OK, "session: %s", tl_last_error());
+    tl_stop_reason stop = TL_STOP_NONE;
+    size_t shown = 0, held_most = 0;
+    int steps = 0;
+    while (s && stop == TL_STOP_NONE) {
+        int32_t tok;
+        const char *piece;
+        size_t len;
+        if (tl_session_step(s, &tok, &stop) != TL_OK) break;
+        CHECK(tl_session_text(s, &piece, &len) == TL_OK, "session text");
+        shown += len;
+        int n = 0;
+        const int32_t *all = tl_session_tokens(s, &n);
+        char *text = NULL;
+        size_t text_len = 0;
+        tl_decode(model, all + 2, n - 2, &text, &text_len);
+        const size_t hold = stop == TL_STOP_NONE ? hold_reference(text, text_len, stops, n_stops) : 0;
+        size_t want = text_len - hold;
+        if (want < shown - len) want = shown - len; /* (what was shown stays shown) */
+        CHECK(shown == want, "step %d: %zu bytes shown of \"%s\", want %zu (held back %zu)", steps, shown, text, want, hold);
+        if (hold > held_most) held_most = hold;
+        tl_free(text);
+        steps++;
+    }
+    CHECK(stop == TL_STOP_MAX_TOKENS && steps == ns, "the script ran out: %s after %d of %d steps", tl_stop_reason_name(stop),
+          steps, ns);
+    CHECK(held_most >= 12, "the script must reach deep into a stop string (held %zu at most)", held_most);
+    tl_session_free(s);
+    tl_free(script);
+}
+
 /* keep_special_text (vLLM's skip_special_tokens = false): <|endoftext|> (319, special) forced
    as the 3rd token. Where it does not end generation (ignore_eos) its text is in the
    generated text, and stop strings see it; the token that ends generation keeps none. */
@@ -342,6 +405,7 @@ int main(int argc, char **argv) {
     CHECK(tl_model_info(model)->has_tokenizer == 1, "has_tokenizer");
     test_encode_decode();
     test_stop_strings();
+    test_stop_hold_back();
     test_keep_special_text();
     test_no_tokenizer(golden);
     tl_model_free(model);
