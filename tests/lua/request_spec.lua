@@ -26,6 +26,50 @@ describe("request.parse", function()
         assert.same({ nil, nil }, { greedy.sample_seed, greedy.fixed_state_seed })
     end)
 
+    it("takes llama.cpp's fields, as its own OpenAI endpoints do (its web UI sends them there)", function()
+        local chat = assert(require("tinyloop.chat").load(H.ROOT .. "/models/tinyloop-austen"))
+        local function chat_cfg(t)
+            t.messages = { { role = "user", content = "Hi" } }
+            local req, err = request.parse_chat(cjson.encode(t), model, "tinyloop-austen", 8, chat, {})
+            assert(req, type(err) == "table" and err.message or tostring(err))
+            return req.cfg
+        end
+        -- what the web UI sends with its defaults: taken, each as /completion reads it
+        local webui = { stream = true, timings_per_token = true, cache_prompt = true, samplers = { "top_k", "temperature" },
+                        dynatemp_range = 0, dynatemp_exponent = 1, xtc_probability = 0, xtc_threshold = 0.1, typical_p = 1,
+                        repeat_last_n = 64, repeat_penalty = 1.1, dry_multiplier = 0, dry_base = 1.75, dry_allowed_length = 2,
+                        dry_penalty_last_n = -1, id_slot = -1, n_predict = 7 }
+        local c = chat_cfg(webui)
+        assert.same({ 1.1, 64, true, 7 }, { c.repetition_penalty, c.penalty_window, c.penalties_count_prompt, c.max_tokens })
+        webui.stream, webui.messages = nil, nil
+        c = cfg_of((function() local t = { prompt = "It is" } for k, v in pairs(webui) do t[k] = v end return t end)())
+        assert.same({ 1.1, 64, true, 7 }, { c.repetition_penalty, c.penalty_window, c.penalties_count_prompt, c.max_tokens })
+        -- repeat_penalty 0 is none; repeat_last_n -1 the whole context, 0 the penalties off; n_predict -1 the rest
+        c = chat_cfg({ repeat_penalty = 0, repeat_last_n = -1, n_predict = -1 })
+        assert.same({ 1, 0 }, { c.repetition_penalty, c.penalty_window })
+        assert.equal(model:info().max_seq_len - #model:encode(chat:prompt({ { role = "user", content = "Hi" } })), c.max_tokens)
+        c = chat_cfg({ repeat_penalty = 1.3, presence_penalty = 0.5, repeat_last_n = 0 })
+        assert.same({ nil, nil, nil }, { c.repetition_penalty, c.presence_penalty, c.penalty_window })
+        -- refused: a field under both names, a sampler this engine lacks turned on, no limit on completions
+        local function refused(body, param, words, parse)
+            local req, err = (parse or request.parse)(body, model, "tinyloop-austen", 8, chat, {})
+            assert.is_nil(req)
+            assert.same(param, err.param)
+            assert.truthy(err.message:find(words, 1, true), err.message)
+        end
+        local function chat_parse(b) return request.parse_chat(b, model, "tinyloop-austen", 8, chat, {}) end
+        refused('{"messages": [{"role": "user", "content": "Hi"}], "repeat_penalty": 1.1, "repetition_penalty": 1.2}',
+                "repeat_penalty", "repeat_penalty is llama.cpp's name of repetition_penalty: send one of them", chat_parse)
+        refused('{"messages": [{"role": "user", "content": "Hi"}], "xtc_probability": 0.5}', "xtc_probability",
+                "xtc_probability is not supported (only <= 0, which turns it off, or null)", chat_parse)
+        refused('{"messages": [{"role": "user", "content": "Hi"}], "repeat_last_n": -2}', "repeat_last_n",
+                "repeat_last_n must be an integer >= -1", chat_parse)
+        local req, err = request.parse('{"prompt": "It is", "n_predict": -1}', model, "tinyloop-austen", 8, {})
+        assert.same({ nil, "n_predict" }, { req, err.param })
+        req, err = request.parse('{"prompt": "It is", "t_max_predict_ms": 5}', model, "tinyloop-austen", 8, {})
+        assert.same({ nil, "t_max_predict_ms" }, { req, err.param }) -- (a time limit: not a no-op)
+    end)
+
     it("takes vLLM's length_penalty with any request, kept for a beam search only (the Lua config refuses it alone)", function()
         assert.is_nil(cfg_of({ prompt = "It is", length_penalty = 1.0 }).length_penalty)
         local beam = cfg_of({ prompt = "It is", length_penalty = 2.0, beam_size = 2 })

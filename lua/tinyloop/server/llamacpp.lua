@@ -40,13 +40,7 @@ local PASSED = {
     { "presence_penalty", "number" }, { "frequency_penalty", "number" }, { "repeat_penalty", "number", "repetition_penalty" },
     { "ignore_eos", "boolean" }, { "grammar", "string" }, { "stream", "boolean" },
 }
--- Samplers this engine does not have, taken where their values turn them off (llama.cpp's
--- ranges: front ends send their neutral values), with what "off" is, for the message.
-local OFF = {
-    typical_p = { function(v) return v >= 1 end, ">= 1" }, tfs_z = { function(v) return v >= 1 end, ">= 1" },
-    mirostat = { function(v) return v == 0 end, "0" }, dry_multiplier = { function(v) return v <= 0 end, "<= 0" },
-    xtc_probability = { function(v) return v <= 0 end, "<= 0" }, top_n_sigma = { function(v) return v <= 0 end, "<= 0" },
-}
+local OFF = shapes.LLAMACPP_OFF -- (samplers this engine does not have: where they are off)
 local UNSET_SEED = { [-1] = true, [4294967295] = true } -- (llama.cpp's "random", either way it is spelled)
 -- The chat request's fields (shapes.PASSED) that are not llama.cpp's: TinyLoop's own (loops,
 -- speculative, early_exit_*, beam_size, cache_window, ...) and vLLM's, which ride at the top

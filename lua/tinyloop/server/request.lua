@@ -167,6 +167,32 @@ local KIND_WORDS = { string = "a string", number = "a number", integer = "an int
 -- How the text of an empty value of a kind opens (KIND_CHECK takes {} and [] alike).
 local EMPTY_OPENS = { object = "{", array = "[", stop = "[" }
 
+-- llama.cpp's samplers this engine does not have, taken where their values turn them off (its
+-- ranges: front ends send their neutral values), with what "off" is, for the message.
+local LLAMACPP_OFF = {
+    typical_p = { function(v) return v >= 1 end, ">= 1" }, tfs_z = { function(v) return v >= 1 end, ">= 1" },
+    mirostat = { function(v) return v == 0 end, "0" }, dry_multiplier = { function(v) return v <= 0 end, "<= 0" },
+    xtc_probability = { function(v) return v <= 0 end, "<= 0" }, top_n_sigma = { function(v) return v <= 0 end, "<= 0" },
+    dynatemp_range = { function(v) return v <= 0 end, "<= 0" },
+}
+-- llama.cpp's fields that change nothing here, whatever their value: its prompt cache (the
+-- prefix pool's work), slots, timings and progress reports, the samplers' order, the context
+-- shift's kept tokens, and the settings of samplers that are off (LLAMACPP_OFF).
+local LLAMACPP_NO_OPS = { "cache_prompt", "id_slot", "timings_per_token", "return_progress", "samplers", "n_keep",
+                       "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+                       "xtc_threshold", "dynatemp_exponent", "mirostat_tau", "mirostat_eta", "min_keep" }
+_M.LLAMACPP_OFF = LLAMACPP_OFF
+-- repeat_penalty as Ollama and llama.cpp take it: they pass it on unchecked, and 0 comes from
+-- clients, LiteLLM sending OpenAI's frequency_penalty = 0 ("none") as Ollama's
+-- repeat_penalty. Read as no penalty, 1: the engine refuses 0, and llama.cpp's sampler divided
+-- a repeated token's logit by it.
+function _M.repeat_penalty(v) return v == 0 and 1 or v end
+-- llama.cpp's names of fields its own /v1/completions and /v1/chat/completions take besides
+-- OpenAI's (its web UI sends repeat_penalty and repeat_last_n there, scripts n_predict), read
+-- as /completion reads them (decode_fields): {its name, the field it is here}.
+local LLAMACPP_NAMES = { { "n_predict", "max_tokens" }, { "repeat_penalty", "repetition_penalty" },
+                         { "repeat_last_n", "penalty_window" } }
+
 -- Fields that TinyLoop does not implement, which clients send at their defaults (the SDKs
 -- null): OpenAI's completions' and vLLM's; the value that changes nothing is accepted, any
 -- other refused, naming the field. (suffix is for insertion models.)
@@ -188,6 +214,13 @@ local CHAT_NO_OPS = {
     service_tier = { function(v) return v == "auto" or v == "default" end, '"auto" or "default"' },
     guided_decoding_backend = OPENAI_NO_OPS.guided_decoding_backend,
 }
+-- (llama.cpp's, which its own OpenAI endpoints take: its clients send them there too)
+for _, no_ops in ipairs({ OPENAI_NO_OPS, CHAT_NO_OPS }) do
+    for _, name in ipairs(LLAMACPP_NO_OPS) do no_ops[name] = { function() return true end, "any value" } end
+    for name, off in pairs(LLAMACPP_OFF) do
+        no_ops[name] = { function(v) return type(v) == "number" and off[1](v) end, off[2] .. ", which turns it off" }
+    end
+end
 
 -- OpenAI's documented ranges of its sampling adjustments (the engine takes any finite value).
 local MAX_PENALTY, MAX_BIAS = 2, 100
@@ -888,9 +921,53 @@ function _M.decode_object(body)
     return t
 end
 
+-- llama.cpp's names in a request t of an OpenAI endpoint (LLAMACPP_NAMES), made the fields
+-- they are, as llama.cpp's /completion reads them (tinyloop.server.llamacpp): n_predict below
+-- 0 is no limit, the rest of the context (chat's default; completions' is 16, so refused
+-- there); repeat_penalty 0 is none (_M.repeat_penalty); repeat_last_n is the window
+-- of the penalties, which then count the prompt (llama.cpp's sampler is fed it), -1 the whole
+-- context, 0 turns them off. -> true | nil, err: a field sent under both names, a bad value.
+local function llamacpp_names(t, fields)
+    for _, names in ipairs(LLAMACPP_NAMES) do
+        local theirs, ours = names[1], names[2]
+        local v = t[theirs]
+        if v == json_null then t[theirs], v = nil, nil end
+        if v ~= nil then
+            if t[ours] ~= nil and t[ours] ~= json_null then
+                return bad(("%s is llama.cpp's name of %s: send one of them"):format(theirs, ours), theirs)
+            end
+            t[theirs] = nil
+            if theirs == "n_predict" then
+                if not is_integer(v) then return bad("n_predict must be an integer", "n_predict") end
+                if v < 0 and not fields.max_completion_tokens then
+                    return bad("n_predict = " .. v .. " (no limit) is llama.cpp's /completion's: give max_tokens here", "n_predict")
+                end
+                if v >= 0 then t.max_tokens = v end
+            elseif theirs == "repeat_penalty" then
+                if type(v) ~= "number" then return bad("repeat_penalty must be a number", "repeat_penalty") end
+                t.repetition_penalty = _M.repeat_penalty(v)
+            else
+                local ok, window = require("tinyloop.server.shapes").penalty_window(v, "repeat_last_n", "repeat_last_n")
+                if not ok then return nil, window end
+                if window == "off" then
+                    t.repetition_penalty, t.presence_penalty, t.frequency_penalty = nil, nil, nil
+                else
+                    t.penalty_window = tonumber(window)
+                    if t.penalties_count_prompt == nil then t.penalties_count_prompt = true end
+                end
+            end
+        end
+    end
+    return true
+end
+
 local function decode_fields(body, fields, no_ops)
     local t, err = _M.decode_object(body)
     if not t then return nil, err end
+    if fields.repetition_penalty then -- (the generating endpoints': llama.cpp's names, as its own read them)
+        local ok, e = llamacpp_names(t, fields)
+        if not ok then return nil, e end
+    end
     local cfg = {}
     for k, v in pairs(t) do
         local spec = fields[k]

@@ -292,14 +292,6 @@ end
 -- prompt's tokens as well in both, llama.cpp's sampler being fed the prompt: callers ask
 -- for penalties_count_prompt.)
 _M.PENALTIES = { repetition_penalty = true, presence_penalty = true, frequency_penalty = true }
--- repeat_penalty as Ollama and llama.cpp take it (the raw JSON text `raw` of the number v):
--- they pass it on unchecked, and 0 comes from clients, LiteLLM sending OpenAI's
--- frequency_penalty = 0 ("none") as Ollama's repeat_penalty. Read as no penalty, 1: the
--- engine refuses 0, and llama.cpp's sampler divided a repeated token's logit by it.
-function _M.repeat_penalty_text(v, raw)
-    if v == 0 then return "1" end
-    return raw
-end
 _M.REPEAT_LAST_N_DEFAULT = 64
 function _M.penalty_window(v, name, param)
     if v == nil then return true, tostring(_M.REPEAT_LAST_N_DEFAULT) end
@@ -308,5 +300,15 @@ function _M.penalty_window(v, name, param)
     -- (-1, or a window longer than any sequence: the whole sequence, the engine's 0)
     return true, (v == -1 or v > 2147483647) and "0" or _M.integer(v)
 end
+
+-- repeat_penalty's text as Ollama and llama.cpp take it (request.repeat_penalty: 0 is none),
+-- from the raw JSON text `raw` of the number v.
+function _M.repeat_penalty_text(v, raw)
+    local penalty = require("tinyloop.server.request").repeat_penalty(v)
+    return penalty == v and raw or _M.encode(penalty)
+end
+
+-- (llama.cpp's samplers this engine lacks, and its fields that change nothing here: request's)
+_M.LLAMACPP_OFF = require("tinyloop.server.request").LLAMACPP_OFF
 
 return _M
