@@ -14,7 +14,7 @@ local chat_template = require "tinyloop.chat_template"
 local valid_name = require("tinyloop.tools").valid_name
 local raise = require("tinyloop.raise").from(debug.getinfo(1, "S").source)
 
-local type, pairs, ipairs, next, tostring, concat = type, pairs, ipairs, next, tostring, table.concat
+local type, pairs, ipairs, next, tostring, concat, byte = type, pairs, ipairs, next, tostring, table.concat, string.byte
 local json_null = cjson.null
 
 local _M = {}
@@ -419,35 +419,60 @@ local marks_of = setmetatable({}, { __mode = "k" }) -- model -> special_marks(mo
 local function plain_pattern(text) return (text:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0")) end
 
 -- The model's special tokens as marking reads them, or false where it has none: mark(s) and
--- restore(s), and the ids (a set).
+-- restore(s), and the ids (a set). mark finds them in one pass, the longest at each place (a
+-- byte trie of their texts, MARK's among them as index 0): a find a text took 0.27 s over a
+-- 1 MB message with Llama 3's 256 special tokens.
 local function special_marks(model)
     local marks = marks_of[model]
     if marks ~= nil then return marks end
     local list, err = model:special_tokens()
     if not list then return nil, err end
-    local texts, ids, firsts, seen = {}, {}, { "[", "\239" }, {}
-    table.sort(list, function(a, b) return #a.text > #b.text end) -- (one holding another: whole)
+    local texts, ids, seen = {}, {}, {}
     for _, t in ipairs(list) do
         ids[t.id] = true
         if t.text ~= "" and not seen[t.text] then
             seen[t.text] = true
             texts[#texts + 1] = t.text
-            firsts[#firsts + 1] = plain_pattern(t.text:sub(1, 1))
         end
     end
-    firsts[#firsts + 1] = "]"
     marks = false
     if #texts > 0 then
-        local may_hold, patterns = concat(firsts), {}
-        for i, text in ipairs(texts) do patterns[i] = plain_pattern(text) end
+        local trie, firsts = {}, { "[" }
+        local function add(text, index)
+            local node = trie
+            for i = 1, #text do
+                local b = byte(text, i)
+                if i == 1 and not node[b] then firsts[#firsts + 1] = plain_pattern(text:sub(1, 1)) end
+                node[b] = node[b] or {}
+                node = node[b]
+            end
+            node.index = index
+        end
+        add(MARK, 0)
+        for i, text in ipairs(texts) do add(text, i) end
+        firsts[#firsts + 1] = "]"
+        local may_hold = concat(firsts)
         marks = { ids = ids }
         function marks.mark(s)
-            if not s:find(may_hold) then return s end
-            s = s:gsub(MARK, MARK .. "0" .. MARK)
-            for i, text in ipairs(texts) do
-                if s:find(text, 1, true) then s = s:gsub(patterns[i], MARK .. i .. MARK) end
+            local at = s:find(may_hold)
+            if not at then return s end
+            local out, last = {}, 1
+            while at do
+                local node, index, ends = trie, nil, nil
+                for j = at, #s do
+                    node = node[byte(s, j)]
+                    if not node then break end
+                    if node.index then index, ends = node.index, j end
+                end
+                if index then
+                    out[#out + 1] = s:sub(last, at - 1)
+                    out[#out + 1] = MARK .. index .. MARK
+                    last = ends + 1
+                end
+                at = s:find(may_hold, index and ends + 1 or at + 1)
             end
-            return s
+            out[#out + 1] = s:sub(last)
+            return concat(out)
         end
         function marks.restore(s)
             return (s:gsub(MARKED, function(i)

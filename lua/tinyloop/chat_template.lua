@@ -2039,9 +2039,10 @@ TESTS.upper = function(v) local s = to_str(v) return upper(s) == s and find(s, "
 local Template = {}
 Template.__index = Template
 
--- map_strings(value, fn) -> value as a template reads it, with each string in it (values, not
--- keys) fn(string): tables copied with their kind (metatable) and a dict's key order; numbers,
--- booleans, None as they are. (tinyloop.chat marks the text users wrote with it.)
+-- map_strings(value, fn) -> value as a template reads it, with each string in it fn(string),
+-- keys too (tojson prints a tool's property names): tables copied with their kind (metatable)
+-- and a dict's key order; numbers, booleans, None as they are. fn must give distinct strings
+-- distinct results. (tinyloop.chat marks the text users wrote with it.)
 function _M.map_strings(value, fn, copies)
     local kind = type(value)
     if kind == "string" then return fn(value) end
@@ -2052,8 +2053,14 @@ function _M.map_strings(value, fn, copies)
     if copies[value] then return copies[value] end -- (a table met twice, or a cycle: one copy)
     local copy = {}
     copies[value] = copy
-    for k, v in pairs(value) do copy[k] = _M.map_strings(v, fn, copies) end
-    if ORDER[value] then ORDER[copy] = ORDER[value] end
+    local function key_of(k) if type(k) == "string" then return fn(k) end return k end
+    for k, v in pairs(value) do copy[key_of(k)] = _M.map_strings(v, fn, copies) end
+    local order = ORDER[value]
+    if order then
+        local keys = {}
+        for i, k in ipairs(order) do keys[i] = key_of(k) end
+        ORDER[copy] = keys
+    end
     return setmetatable(copy, mt)
 end
 

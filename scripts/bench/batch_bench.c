@@ -19,7 +19,7 @@
  *
  *   tinyloop-bench --preset gpt2-small --dtype f16 --keep      (prints the checkpoint's path)
  *   tinyloop-batch-bench --model DIR [--threads N] [--steps N] [--prefix 512] [--sessions 1,2,4,8,16]
- *                        [--mix P,T [--step-rows 0,64]] [--rounds N]
+ *                        [--mix P,T [--step-rows 0,64]] [--rounds N] [--pool-entries N]
  *
  * On a shared VM one session's rate drifts by a quarter within minutes, and a ratio to one
  * session is only as good as that baseline: --rounds N measures every count N times in turn
@@ -203,6 +203,43 @@ static double first_token_ms(const tl_model *m, const int32_t *prompt, int len, 
     return ms;
 }
 
+/* --pool-entries N: sessions that each open with the shared prefix and go on with 3 tokens of
+   their own, as conversations under one system prompt do, each leaving its prompt in the pool
+   as an entry of its own: the whole cost of a session (made, stepped once, freed) as the pool
+   fills, by doubling, then the time to lower the budget until every entry has left. The
+   pool's work must not grow with its entries (it sorted every entry's pages at each offer). */
+static void pool_growth(tl_model *m, const int32_t *prefix_prompt, int prefix, int entries, int vocab) {
+    int32_t *prompt = malloc((size_t)(prefix + 3) * sizeof *prompt);
+    if (!prompt) die("out of memory");
+    memcpy(prompt, prefix_prompt, (size_t)prefix * sizeof *prompt);
+    printf("\na pool of many conversations: sessions of the %d-token prefix and 3 tokens of their own, each an entry\n"
+           "     entries   ms a session (made, stepped once, freed)\n", prefix);
+    double t0 = now_ms();
+    int from = 0;
+    for (int e = 0; e < entries; e++) {
+        for (int k = 0; k < 3; k++) prompt[prefix + k] = (int32_t)((e / (k == 0 ? 1 : k == 1 ? vocab : vocab * vocab)) % vocab);
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.max_tokens = 1;
+        tl_session *s;
+        int32_t token;
+        tl_stop_reason stop;
+        if (tl_session_new(m, prompt, prefix + 3, &cfg, &s) != TL_OK) die("session");
+        if (tl_session_step(s, &token, &stop) != TL_OK) die("step");
+        tl_session_free(s);
+        if (e + 1 == entries || ((e + 1) & e) == 0) { /* at each power of two */
+            const double t1 = now_ms();
+            if (e + 1 >= 8) printf("%12d   %8.2f\n", e + 1, (t1 - t0) / (e + 1 - from));
+            t0 = t1;
+            from = e + 1;
+        }
+    }
+    const double t1 = now_ms();
+    if (tl_model_set_prefix_pool(m, 1) != TL_OK) die("prefix pool");
+    printf("lowering the budget until the %d entries have left: %.1f ms\n", entries, now_ms() - t1);
+    free(prompt);
+}
+
 /* A session of `len` prompt tokens stepped once (prefill and first token), saved to a state
    file; then the file read back, resumed and stepped for the next token, as a process
    continuing that conversation would. Prints the file's size and both times (the file is
@@ -259,6 +296,7 @@ static bool whole_list(const char *text, int lo, int hi, int *out, int max, int 
 int main(int argc, char **argv) {
     const char *dir = NULL, *counts = "1,2,4,8,16", *step_rows = "0";
     int threads = 0, steps = 32, prefix = 512, mix_prompt = 0, mix_tokens = 0, context = 0; /* 0: 16, or 1 on a short model */
+    int pool_entries = 0;
     bool prefix_given = false, prefix_capped = false;
     int rounds = 1;
     tl_backend_kind backend = TL_BACKEND_CPU;
@@ -274,6 +312,8 @@ int main(int argc, char **argv) {
                    "  --context N      prompt tokens of each session before the timed steps (default 16):\n"
                    "                   attention reads this many K/V rows and more a step\n"
                    "  --prefix N       shared prompt prefix for the prefix-pool figure (default 512)\n"
+                   "  --pool-entries N also N sessions of that prefix and 3 tokens of their own, each a pool entry:\n"
+                   "                   a session's time as the pool fills, and emptying it (default 0: not measured)\n"
                    "  --sessions LIST  concurrent sessions to measure (default 1,2,4,8,16)\n"
                    "  --mix P,T        also the serving mix: P-token prompts, T tokens each at temperature 0.8,\n"
                    "                   a finished session replaced at once (serve_bench's load without HTTP)\n"
@@ -289,10 +329,11 @@ int main(int argc, char **argv) {
         if (!v) { fprintf(stderr, "tinyloop-batch-bench: %s needs a value (see --help)\n", a); return 2; }
         /* the whole-number options: their place and range */
         static const struct { const char *name; long lo, hi; } NUMBERS[] = {
-            {"--threads", 0, TL_MAX_THREADS}, {"--steps", 1, 1 << 20}, {"--context", 1, 1 << 24}, {"--prefix", 1, 1 << 24}};
-        int *const places[] = {&threads, &steps, &context, &prefix};
+            {"--threads", 0, TL_MAX_THREADS}, {"--steps", 1, 1 << 20}, {"--context", 1, 1 << 24}, {"--prefix", 1, 1 << 24},
+            {"--pool-entries", 0, 1 << 20}};
+        int *const places[] = {&threads, &steps, &context, &prefix, &pool_entries};
         int number = -1;
-        for (int k = 0; k < 4; k++)
+        for (int k = 0; k < 5; k++)
             if (!strcmp(a, NUMBERS[k].name)) number = k;
         if (number >= 0) {
             if (!bench_int(v, (int)NUMBERS[number].lo, (int)NUMBERS[number].hi, places[number])) {
@@ -471,6 +512,8 @@ int main(int argc, char **argv) {
         const double warm = first_token_ms(m, prompt, prefix + 1, &reused);
         printf("\nshared prefix of %d tokens: time to first token %.1f ms cold, %.1f ms from the pool "
                "(%d tokens reused): %.1fx shorter\n", prefix, cold, warm, reused, cold / warm);
+        fflush(stdout);
+        if (pool_entries > 0) pool_growth(m, prompt, prefix, pool_entries, info->vocab_size);
         free(prompt);
     }
     tl_model_free(m);
