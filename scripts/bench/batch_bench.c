@@ -218,15 +218,8 @@ static void pool_growth(tl_model *m, const int32_t *prefix_prompt, int prefix, i
     int from = 0;
     for (int e = 0; e < entries; e++) {
         for (int k = 0; k < 3; k++) prompt[prefix + k] = (int32_t)((e / (k == 0 ? 1 : k == 1 ? vocab : vocab * vocab)) % vocab);
-        tl_generate_config cfg;
-        tl_generate_config_init(&cfg);
-        cfg.max_tokens = 1;
-        tl_session *s;
-        int32_t token;
-        tl_stop_reason stop;
-        if (tl_session_new(m, prompt, prefix + 3, &cfg, &s) != TL_OK) die("session");
-        if (tl_session_step(s, &token, &stop) != TL_OK) die("step");
-        tl_session_free(s);
+        int reused;
+        first_token_ms(m, prompt, prefix + 3, &reused); /* (timed whole here: made, stepped, freed) */
         if (e + 1 == entries || ((e + 1) & e) == 0) { /* at each power of two */
             const double t1 = now_ms();
             if (e + 1 >= 8) printf("%12d   %8.2f\n", e + 1, (t1 - t0) / (e + 1 - from));

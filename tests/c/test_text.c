@@ -100,6 +100,23 @@ static void test_encode_decode(void) {
     CHECK_ERROR(tl_encode_ex(model, "a", 1, 6, &ids, &n), TL_ERR_INVALID_ARGUMENT, "unknown flags 0x6");
 }
 
+/* A session of `prompt` whose logits processor forces sc's script (sc must outlive it), with
+   stop strings, the end of text ignored, for max_tokens tokens; NULL (a failed check) if refused. */
+static tl_session *forced_session(const int32_t *prompt, int np, script_t *sc, const char *const *stops, int n_stops,
+                                  int max_tokens) {
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = max_tokens;
+    cfg.logits_processor = force;
+    cfg.logits_processor_user = sc;
+    cfg.stop_strings = stops;
+    cfg.n_stop_strings = n_stops;
+    cfg.ignore_eos = 1;
+    tl_session *s = NULL;
+    CHECK(tl_session_new(model, prompt, np, &cfg, &s) == TL_OK, "session: %s", tl_last_error());
+    return s;
+}
+
 /* Generates with a forced script; returns every piece tl_session_text showed, joined,
    and the length shown before the last step. */
 static tl_stop_reason run_script(const char *prompt_text, const char *script_text, const char *const *stops,
@@ -109,17 +126,8 @@ static tl_stop_reason run_script(const char *prompt_text, const char *script_tex
     tl_encode(model, prompt_text, strlen(prompt_text), &prompt, &np);
     tl_encode(model, script_text, strlen(script_text), &script, &ns);
     script_t sc = {script, ns, np};
-    tl_generate_config cfg;
-    tl_generate_config_init(&cfg);
-    cfg.max_tokens = ns + 2;
-    cfg.logits_processor = force;
-    cfg.logits_processor_user = &sc;
-    cfg.stop_strings = stops;
-    cfg.n_stop_strings = n_stops;
-    cfg.ignore_eos = 1;
-    tl_session *s = NULL;
+    tl_session *s = forced_session(prompt, np, &sc, stops, n_stops, ns + 2);
     tl_stop_reason stop = TL_STOP_NONE;
-    CHECK(tl_session_new(model, prompt, np, &cfg, &s) == TL_OK, "session: %s", tl_last_error());
     size_t at = 0;
     while (s && stop == TL_STOP_NONE) {
         int32_t tok;
@@ -248,16 +256,7 @@ static void test_stop_hold_back(void) {
     int ns = 0;
     tl_encode(model, script_text, strlen(script_text), &script, &ns);
     script_t sc = {script, ns, 2};
-    tl_generate_config cfg;
-    tl_generate_config_init(&cfg);
-    cfg.max_tokens = ns;
-    cfg.logits_processor = force;
-    cfg.logits_processor_user = &sc;
-    cfg.stop_strings = stops;
-    cfg.n_stop_strings = n_stops;
-    cfg.ignore_eos = 1;
-    tl_session *s = NULL;
-    CHECK(tl_session_new(model, prompt, 2, &cfg, &s) == TL_OK, "session: %s", tl_last_error());
+    tl_session *s = forced_session(prompt, 2, &sc, stops, n_stops, ns);
     tl_stop_reason stop = TL_STOP_NONE;
     size_t shown = 0, held_most = 0;
     int steps = 0;
