@@ -2054,8 +2054,15 @@ function _M.map_strings(value, fn, copies)
     local copy = {}
     copies[value] = copy
     local function key_of(k) if type(k) == "string" then return fn(k) end return k end
-    for k, v in pairs(value) do copy[key_of(k)] = _M.map_strings(v, fn, copies) end
-    local order = ORDER[value]
+    local renamed = false
+    for k, v in pairs(value) do
+        local key = key_of(k)
+        renamed = renamed or key ~= k
+        copy[key] = _M.map_strings(v, fn, copies)
+    end
+    -- (the copy iterates as the value does: a dict without an order iterates sorted, where a
+    -- changed key could sort elsewhere; dictsort still sorts the changed keys)
+    local order = ORDER[value] or (renamed and dict_keys(value))
     if order then
         local keys = {}
         for i, k in ipairs(order) do keys[i] = key_of(k) end

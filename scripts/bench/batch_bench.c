@@ -203,26 +203,28 @@ static double first_token_ms(const tl_model *m, const int32_t *prompt, int len, 
     return ms;
 }
 
-/* --pool-entries N: sessions that each open with the shared prefix and go on with 3 tokens of
-   their own, as conversations under one system prompt do, each leaving its prompt in the pool
+/* --pool-entries N: sessions that each open with the shared prefix and go on with 2 tokens of
+   their own (with the token each generates, the 3 the prefix figure leaves room for), as conversations under one system prompt do, each leaving its prompt in the pool
    as an entry of its own: the whole cost of a session (made, stepped once, freed) as the pool
    fills, by doubling, then the time to lower the budget until every entry has left. The
    pool's work must not grow with its entries (it sorted every entry's pages at each offer). */
 static void pool_growth(tl_model *m, const int32_t *prefix_prompt, int prefix, int entries, int vocab) {
-    int32_t *prompt = malloc((size_t)(prefix + 3) * sizeof *prompt);
+    int32_t *prompt = malloc((size_t)(prefix + 2) * sizeof *prompt);
     if (!prompt) die("out of memory");
     memcpy(prompt, prefix_prompt, (size_t)prefix * sizeof *prompt);
-    printf("\na pool of many conversations: sessions of the %d-token prefix and 3 tokens of their own, each an entry\n"
+    printf("\na pool of many conversations: sessions of the %d-token prefix and 2 tokens of their own, each an entry\n"
            "     entries   ms a session (made, stepped once, freed)\n", prefix);
     double t0 = now_ms();
     int from = 0;
     for (int e = 0; e < entries; e++) {
-        for (int k = 0; k < 3; k++) prompt[prefix + k] = (int32_t)((e / (k == 0 ? 1 : k == 1 ? vocab : vocab * vocab)) % vocab);
+        /* (e in base vocab: distinct while e < vocab^2) */
+        prompt[prefix] = (int32_t)(e % vocab);
+        prompt[prefix + 1] = (int32_t)((e / vocab) % vocab);
         int reused;
-        first_token_ms(m, prompt, prefix + 3, &reused); /* (timed whole here: made, stepped, freed) */
+        first_token_ms(m, prompt, prefix + 2, &reused); /* (timed whole here: made, stepped, freed) */
         if (e + 1 == entries || ((e + 1) & e) == 0) { /* at each power of two */
             const double t1 = now_ms();
-            if (e + 1 >= 8) printf("%12d   %8.2f\n", e + 1, (t1 - t0) / (e + 1 - from));
+            printf("%12d   %8.2f\n", e + 1, (t1 - t0) / (e + 1 - from));
             t0 = t1;
             from = e + 1;
         }
@@ -305,7 +307,7 @@ int main(int argc, char **argv) {
                    "  --context N      prompt tokens of each session before the timed steps (default 16):\n"
                    "                   attention reads this many K/V rows and more a step\n"
                    "  --prefix N       shared prompt prefix for the prefix-pool figure (default 512)\n"
-                   "  --pool-entries N also N sessions of that prefix and 3 tokens of their own, each a pool entry:\n"
+                   "  --pool-entries N also N sessions of that prefix and 2 tokens of their own, each a pool entry:\n"
                    "                   a session's time as the pool fills, and emptying it (default 0: not measured)\n"
                    "  --sessions LIST  concurrent sessions to measure (default 1,2,4,8,16)\n"
                    "  --mix P,T        also the serving mix: P-token prompts, T tokens each at temperature 0.8,\n"

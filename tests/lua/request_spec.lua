@@ -64,10 +64,24 @@ describe("request.parse", function()
                 "xtc_probability is not supported (only <= 0, which turns it off, or null)", chat_parse)
         refused('{"messages": [{"role": "user", "content": "Hi"}], "repeat_last_n": -2}', "repeat_last_n",
                 "repeat_last_n must be an integer >= -1", chat_parse)
-        local req, err = request.parse('{"prompt": "It is", "n_predict": -1}', model, "tinyloop-austen", 8, {})
-        assert.same({ nil, "n_predict" }, { req, err.param })
-        req, err = request.parse('{"prompt": "It is", "t_max_predict_ms": 5}', model, "tinyloop-austen", 8, {})
+        local req, err = request.parse('{"prompt": "It is", "t_max_predict_ms": 5}', model, "tinyloop-austen", 8, {})
         assert.same({ nil, "t_max_predict_ms" }, { req, err.param }) -- (a time limit: not a no-op)
+        -- n_predict is a cap, as on /completion: past the context, or below 0, the rest of it
+        local prompt_len = #model:encode("It is")
+        for _, v in ipairs({ -1, 100000 }) do
+            assert.equal(model:info().max_seq_len - prompt_len, cfg_of({ prompt = "It is", n_predict = v }).max_tokens)
+        end
+        -- repeat_penalty alone: llama.cpp's window of 64, the prompt counted (its OpenAI endpoints' too)
+        c = cfg_of({ prompt = "It is", repeat_penalty = 1.2 })
+        assert.same({ 1.2, 64, true }, { c.repetition_penalty, c.penalty_window, c.penalties_count_prompt })
+        assert.equal(8, cfg_of({ prompt = "It is", repeat_penalty = 1.2, penalty_window = 8 }).penalty_window)
+        -- errors name the fields as sent
+        local _, named = request.as_sent('{"prompt": "It is", "repeat_penalty": -1}', nil,
+                                         { message = "repetition_penalty = -1 must be > 0", param = "repetition_penalty" })
+        assert.same({ message = "repeat_penalty = -1 must be > 0", param = "repeat_penalty" }, named) -- (the engine's words)
+        refused('{"messages": [{"role": "user", "content": "Hi"}], "n_predict": 5, "max_completion_tokens": 10}',
+                "n_predict", "n_predict is llama.cpp's name of max_tokens", chat_parse)
+        assert.equal(2, cfg_of({ prompt = "It is", n_predict = 2, min_tokens = 5 }).min_tokens) -- (the cap, as there)
     end)
 
     it("takes vLLM's length_penalty with any request, kept for a beam search only (the Lua config refuses it alone)", function()

@@ -1844,8 +1844,11 @@ local function serve(chat, body, view)
                 free_made(1)
                 if ok then return send_error(500, "cannot create the session: " .. tostring(serr), nil, "server_error") end
                 local msg, param = request.engine_message(raised_message(session))
-                -- the engine says "grammar" whichever field the request used
+                -- the engine says "grammar" whichever field the request used, and names
+                -- llama.cpp's fields by what they became
                 if param == "grammar" and req.grammar_field then param = req.grammar_field end
+                local _, named = request.as_sent(body, nil, { message = msg, param = param })
+                msg, param = named.message, named.param
                 return send_error(400, msg, param)
             end
             -- (the prefix pool's share of its prompt is known from here: the cache is made)

@@ -922,12 +922,14 @@ function _M.decode_object(body)
 end
 
 -- llama.cpp's names in a request t of an OpenAI endpoint (LLAMACPP_NAMES), made the fields
--- they are, as llama.cpp's /completion reads them (tinyloop.server.llamacpp): n_predict below
--- 0 is no limit, the rest of the context (chat's default; completions' is 16, so refused
--- there); repeat_penalty 0 is none (_M.repeat_penalty); repeat_last_n is the window
--- of the penalties, which then count the prompt (llama.cpp's sampler is fed it), -1 the whole
--- context, 0 turns them off. -> true | nil, err: a field sent under both names, a bad value.
-local function llamacpp_names(t, fields)
+-- they are, as llama.cpp's /completion reads them (tinyloop.server.llamacpp): n_predict is a
+-- cap, the rest of the context at most, below 0 the rest of the context; repeat_penalty 0 is
+-- none (_M.repeat_penalty); repeat_last_n is the window of the penalties, which then count the
+-- prompt (llama.cpp's sampler is fed it), -1 the whole context, 0 turns them off, and left out
+-- beside repeat_penalty it is llama.cpp's default, 64. -> true, whether max_tokens is a cap
+-- (n_predict was sent) | nil, err: a field sent under both names, a bad value.
+local function llamacpp_names(t)
+    local cap, penalty_sent, window_sent = false, false, t.penalty_window ~= nil and t.penalty_window ~= json_null
     for _, names in ipairs(LLAMACPP_NAMES) do
         local theirs, ours = names[1], names[2]
         local v = t[theirs]
@@ -939,16 +941,19 @@ local function llamacpp_names(t, fields)
             t[theirs] = nil
             if theirs == "n_predict" then
                 if not is_integer(v) then return bad("n_predict must be an integer", "n_predict") end
-                if v < 0 and not fields.max_completion_tokens then
-                    return bad("n_predict = " .. v .. " (no limit) is llama.cpp's /completion's: give max_tokens here", "n_predict")
+                if t.max_completion_tokens ~= nil and t.max_completion_tokens ~= json_null then
+                    return bad("n_predict is llama.cpp's name of max_tokens, one setting with max_completion_tokens: " ..
+                               "send one of them", "n_predict")
                 end
+                cap = true
                 if v >= 0 then t.max_tokens = v end
             elseif theirs == "repeat_penalty" then
                 if type(v) ~= "number" then return bad("repeat_penalty must be a number", "repeat_penalty") end
-                t.repetition_penalty = _M.repeat_penalty(v)
+                t.repetition_penalty, penalty_sent = _M.repeat_penalty(v), true
             else
                 local ok, window = require("tinyloop.server.shapes").penalty_window(v, "repeat_last_n", "repeat_last_n")
                 if not ok then return nil, window end
+                window_sent = true
                 if window == "off" then
                     t.repetition_penalty, t.presence_penalty, t.frequency_penalty = nil, nil, nil
                 else
@@ -958,15 +963,21 @@ local function llamacpp_names(t, fields)
             end
         end
     end
-    return true
+    if penalty_sent and not window_sent then
+        t.penalty_window = require("tinyloop.server.shapes").REPEAT_LAST_N_DEFAULT
+        if t.penalties_count_prompt == nil then t.penalties_count_prompt = true end
+    end
+    return true, cap
 end
 
 local function decode_fields(body, fields, no_ops)
     local t, err = _M.decode_object(body)
     if not t then return nil, err end
+    local cap = false -- (llama.cpp's n_predict: max_tokens is a cap)
     if fields.repetition_penalty then -- (the generating endpoints': llama.cpp's names, as its own read them)
-        local ok, e = llamacpp_names(t, fields)
+        local ok, e = llamacpp_names(t)
         if not ok then return nil, e end
+        cap = e
     end
     local cfg = {}
     for k, v in pairs(t) do
@@ -996,7 +1007,7 @@ local function decode_fields(body, fields, no_ops)
             if cfg_name then cfg[cfg_name] = v end
         end
     end
-    return t, cfg
+    return t, cfg, cap
 end
 
 -- The body's model, if it names one, is the one served here -> true | nil, err.
@@ -1152,10 +1163,11 @@ end
 -- most max_choices (default 16), and answers #prompts * n choices.
 -- opts (optional): another API's rules (Ollama's): max_stops (its limit on stop strings),
 -- room (max_tokens, or its absence, is a cap: the rest of the context at most).
-function _M.parse(body, model, model_id, max_choices, opts)
+local function parse_completions(body, model, model_id, max_choices, opts)
     opts = opts or {}
-    local t, cfg = decode_fields(body, FIELDS, OPENAI_NO_OPS)
+    local t, cfg, cap = decode_fields(body, FIELDS, OPENAI_NO_OPS)
     if not t then return nil, cfg end
+    if cap then opts = setmetatable({ room = true }, { __index = opts }) end
     if t.prompt == nil then return bad("prompt is required", "prompt") end
     local shared, err = shared_fields(t, body, model, model_id, cfg, opts.max_stops)
     if not shared then return nil, err end
@@ -1329,6 +1341,25 @@ local function render_messages(t, body, chat, template_tools, model)
     return bad(err, fault == "variables" and "chat_template_kwargs" or "messages")
 end
 
+-- An error of a request that sent llama.cpp's names (LLAMACPP_NAMES) names them as sent, not
+-- the fields they became (its param and message).
+local function as_sent(body, req, err)
+    if req or type(err) ~= "table" then return req, err end
+    for _, names in ipairs(LLAMACPP_NAMES) do
+        local theirs, ours = names[1], names[2]
+        local found, raw = pcall(raw_member, body, { theirs })
+        local _, also = pcall(raw_member, body, { ours }) -- (both sent: the message names both)
+        -- (a message about theirs names both already)
+        if found and raw and raw ~= "null" and (also == nil or also == "null") and err.param ~= theirs then
+            if err.param == ours then err.param = theirs end
+            if type(err.message) == "string" then err.message = err.message:gsub("%f[%w_]" .. ours .. "%f[^%w_]", theirs) end
+        end
+    end
+    return req, err
+end
+_M.as_sent = as_sent
+function _M.parse(body, ...) return as_sent(body, parse_completions(body, ...)) end
+
 -- parse_chat(body, model, model_id, max_choices, chat) -> request | nil, err: a POST
 -- /v1/chat/completions body, its messages rendered by `chat` (tinyloop.chat: the model's
 -- template) into the one prompt, generation stopping at chat.turn_ends (ids, if set) as well;
@@ -1338,10 +1369,11 @@ end
 -- opts (optional): max_stops (another API's limit on stop strings; default OpenAI's 4),
 -- counting (the prompt is only counted: -> { prompt_tokens }, whatever room it leaves), room
 -- (max_tokens is a cap: the rest of the context at most, Ollama's num_predict).
-function _M.parse_chat(body, model, model_id, max_choices, chat, opts)
+local function parse_chat(body, model, model_id, max_choices, chat, opts)
     opts = opts or {}
-    local t, cfg = decode_fields(body, CHAT_FIELDS, CHAT_NO_OPS)
+    local t, cfg, cap = decode_fields(body, CHAT_FIELDS, CHAT_NO_OPS)
     if not t then return nil, cfg end
+    if cap then opts = setmetatable({ room = true }, { __index = opts }) end
     if t.messages == nil then return bad("messages is required", "messages") end
     if t.max_tokens ~= nil and t.max_completion_tokens ~= nil then
         return bad("max_tokens and max_completion_tokens are one setting: send one of them", "max_completion_tokens")
@@ -1427,6 +1459,8 @@ local TOKENIZE_FIELDS = {
 -- text (no tokenizer post-processor), on /v1/completions as here, so either value is the truth.
 local TOKENIZE_NO_OPS = { add_special_tokens = { function(v) return type(v) == "boolean" end, "true or false" } }
 local DETOKENIZE_FIELDS = { model = { "string", false }, tokens = { "array", false } }
+
+function _M.parse_chat(body, ...) return as_sent(body, parse_chat(body, ...)) end
 
 -- A request's conversation (messages, with tools, add_generation_prompt, continue_final_message
 -- and chat_template_kwargs) rendered as /v1/chat/completions renders it -> text | nil, err;
