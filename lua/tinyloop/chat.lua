@@ -194,8 +194,12 @@ local MESSAGE_FIELDS = { role = true, content = true, name = true, tool_calls = 
 -- Fields of OpenAI's answers that a client sending a reply back as it came (the Python SDK's
 -- message.model_dump()) includes: accepted when null (what this server answers), or, for
 -- annotations, empty (what OpenAI's own answers hold).
-local NULL_FIELDS = { refusal = true, function_call = true, audio = true, annotations = true }
-local function no_op(k, v) return v == json_null or (k == "annotations" and type(v) == "table" and next(v) == nil) end
+local NULL_FIELDS = { refusal = true, function_call = true, audio = true, annotations = true, type = true }
+-- (and a message's "type": "text", which lm-evaluation-harness's chat models put on each
+-- message, as on a content part; vLLM ignores it)
+local function no_op(k, v)
+    return v == json_null or (k == "annotations" and type(v) == "table" and next(v) == nil) or (k == "type" and v == "text")
+end
 
 -- A value as a message shows it: JSON ("user", null, ["user"]; an empty table as []).
 local function shown(v)
@@ -300,7 +304,8 @@ function _M.check_messages(messages)
         for k, v in pairs(m) do
             if NULL_FIELDS[k] then
                 if not no_op(k, v) then
-                    return nil, ("%s.%s is not supported (only null%s)"):format(at, k, k == "annotations" and " or []" or "")
+                    return nil, ("%s.%s is not supported (only null%s)"):format(at, k,
+                                                                              k == "annotations" and " or []" or k == "type" and ' or "text"' or "")
                 end
             elseif not MESSAGE_FIELDS[k] then
                 return nil, ("unknown field '%s' in %s"):format(tostring(k), at)

@@ -521,6 +521,9 @@ describe("tinyloop.chat", function()
             function_call = cjson.null, audio = cjson.null, annotations = cjson.null } }))
         assert.same({ { role = "assistant", content = "x" } }, chat.check_messages({ { role = "assistant", content = "x", annotations = {} } }))
         refused({ { role = "assistant", content = "x", annotations = { 1 } } }, "messages[0].annotations is not supported (only null or [])")
+        -- a message's "type": "text" (lm-evaluation-harness's chat models send it), nothing else
+        assert.same({ { role = "user", content = "x" } }, chat.check_messages({ { role = "user", content = "x", type = "text" } }))
+        refused({ { role = "user", content = "x", type = "image" } }, 'messages[0].type is not supported (only null or "text")')
         -- arguments nested deeper than a template prints
         local deep = ('{"a": '):rep(chat.MAX_NESTING) .. "1" .. ("}"):rep(chat.MAX_NESTING)
         assert.truthy(chat.check_messages({ { role = "assistant", tool_calls = { { ["function"] = { name = "f", arguments = deep } } } } }))

@@ -82,6 +82,8 @@ describe("request.parse", function()
         refused('{"messages": [{"role": "user", "content": "Hi"}], "n_predict": 5, "max_completion_tokens": 10}',
                 "n_predict", "n_predict is llama.cpp's name of max_tokens", chat_parse)
         assert.equal(2, cfg_of({ prompt = "It is", n_predict = 2, min_tokens = 5 }).min_tokens) -- (the cap, as there)
+        -- both of OpenAI's names at one value (lighteval through LiteLLM sends both)
+        assert.equal(3, chat_cfg({ max_tokens = 3, max_completion_tokens = 3 }).max_tokens)
     end)
 
     it("takes vLLM's length_penalty with any request, kept for a beam search only (the Lua config refuses it alone)", function()
@@ -161,7 +163,7 @@ describe("request's parsers refuse, naming the field", function()
     local function ST(x) return '{"prompt": "hi", "structured_outputs": {"structural_tag": ' .. x .. '}}' end
     local CASES = {
       chat = {
-        { '{' .. M .. '"max_tokens": 2, "max_completion_tokens": 2}', "max_completion_tokens", "max_tokens and max_completion_tokens are one setting" },
+        { '{' .. M .. '"max_tokens": 2, "max_completion_tokens": 3}', "max_completion_tokens", "max_tokens and max_completion_tokens are one setting" },
         { '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Wel"}], "continue_final_message": true, "add_generation_prompt": true}', "add_generation_prompt", "add_generation_prompt must be false" },
         { '{' .. M .. '"chat_template_kwargs": []}', "chat_template_kwargs", "chat_template_kwargs must be an object" },
         { '{' .. M .. '"stream_options": {"include_usage": true}}', "stream_options", "only allowed with stream: true" },

@@ -2017,7 +2017,7 @@ describe("chat completions", function()
         assert.equal(200, empty_stop, empty_stop_answer)
         refused({ messages = messages, top_logprobs = 2 }, "top_logprobs", "needs logprobs: true")
         refused({ messages = messages, logprobs = true, top_logprobs = 21 }, "top_logprobs", "top_logprobs = 21 must be in [0, 20]")
-        refused({ messages = messages, max_tokens = 2, max_completion_tokens = 2 }, "max_completion_tokens", "one setting")
+        refused({ messages = messages, max_tokens = 2, max_completion_tokens = 3 }, "max_completion_tokens", "one setting")
         refused({ messages = messages, max_completion_tokens = 1000 }, "max_completion_tokens", "This model's maximum context length is 256 tokens. However, you requested")
         -- OpenAI's code where there is one (clients' context-window fallbacks read it), else null
         local _, too_long = post_chat({ messages = messages, max_completion_tokens = 1000 })

@@ -1375,8 +1375,10 @@ local function parse_chat(body, model, model_id, max_choices, chat, opts)
     if not t then return nil, cfg end
     if cap then opts = setmetatable({ room = true }, { __index = opts }) end
     if t.messages == nil then return bad("messages is required", "messages") end
-    if t.max_tokens ~= nil and t.max_completion_tokens ~= nil then
-        return bad("max_tokens and max_completion_tokens are one setting: send one of them", "max_completion_tokens")
+    -- (clients that serve old and new models send both, at one value: lighteval through LiteLLM)
+    if t.max_tokens ~= nil and t.max_completion_tokens ~= nil and t.max_tokens ~= t.max_completion_tokens then
+        return bad("max_tokens and max_completion_tokens are one setting: send one of them, or both at one value",
+                   "max_completion_tokens")
     end
     local shared, err = shared_fields(t, body, model, model_id, cfg, opts.max_stops)
     if not shared then return nil, err end
