@@ -406,6 +406,13 @@ int main(int argc, char **argv) {
         tl_model_free(m);
         return 2;
     }
+    /* (each entry's two tokens of its own are distinct for vocab^2 entries) */
+    if (pool_entries > 0 && (long long)info->vocab_size * info->vocab_size < pool_entries) {
+        fprintf(stderr, "tinyloop-batch-bench: --pool-entries %d: this model's vocabulary of %d makes %lld distinct entries\n",
+                pool_entries, info->vocab_size, (long long)info->vocab_size * info->vocab_size);
+        tl_model_free(m);
+        return 2;
+    }
     if (prefix + 3 > info->max_seq_len) { /* (the default, on a short model: the line was left out) */
         prefix = info->max_seq_len - 3; /* (< 1 on a model of 3 positions or fewer: no prefix figure) */
         prefix_capped = true;

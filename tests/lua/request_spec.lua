@@ -79,6 +79,12 @@ describe("request.parse", function()
         local _, named = request.as_sent('{"prompt": "It is", "repeat_penalty": -1}', nil,
                                          { message = "repetition_penalty = -1 must be > 0", param = "repetition_penalty" })
         assert.same({ message = "repeat_penalty = -1 must be > 0", param = "repeat_penalty" }, named) -- (the engine's words)
+        -- (only errors about the field itself: a schema's property of that name stays as sent)
+        refused('{"messages": [{"role": "user", "content": "Hi"}], "n_predict": 5, "response_format": {"type": "json_schema", ' ..
+                '"json_schema": {"name": "x", "schema": {"type": "object", "properties": {"max_tokens": {"type": "bogus"}}}}}}',
+                "response_format", "/properties/max_tokens", chat_parse)
+        -- (completions has no max_completion_tokens: that is the error)
+        refused('{"prompt": "It is", "n_predict": 5, "max_completion_tokens": 5}', "max_completion_tokens", "unknown field")
         refused('{"messages": [{"role": "user", "content": "Hi"}], "n_predict": 5, "max_completion_tokens": 10}',
                 "n_predict", "n_predict is llama.cpp's name of max_tokens", chat_parse)
         assert.equal(2, cfg_of({ prompt = "It is", n_predict = 2, min_tokens = 5 }).min_tokens) -- (the cap, as there)

@@ -928,7 +928,7 @@ end
 -- prompt (llama.cpp's sampler is fed it), -1 the whole context, 0 turns them off, and left out
 -- beside repeat_penalty it is llama.cpp's default, 64. -> true, whether max_tokens is a cap
 -- (n_predict was sent) | nil, err: a field sent under both names, a bad value.
-local function llamacpp_names(t)
+local function llamacpp_names(t, fields)
     local cap, penalty_sent, window_sent = false, false, t.penalty_window ~= nil and t.penalty_window ~= json_null
     for _, names in ipairs(LLAMACPP_NAMES) do
         local theirs, ours = names[1], names[2]
@@ -941,7 +941,7 @@ local function llamacpp_names(t)
             t[theirs] = nil
             if theirs == "n_predict" then
                 if not is_integer(v) then return bad("n_predict must be an integer", "n_predict") end
-                if t.max_completion_tokens ~= nil and t.max_completion_tokens ~= json_null then
+                if fields.max_completion_tokens and t.max_completion_tokens ~= nil and t.max_completion_tokens ~= json_null then
                     return bad("n_predict is llama.cpp's name of max_tokens, one setting with max_completion_tokens: " ..
                                "send one of them", "n_predict")
                 end
@@ -975,7 +975,7 @@ local function decode_fields(body, fields, no_ops)
     if not t then return nil, err end
     local cap = false -- (llama.cpp's n_predict: max_tokens is a cap)
     if fields.repetition_penalty then -- (the generating endpoints': llama.cpp's names, as its own read them)
-        local ok, e = llamacpp_names(t)
+        local ok, e = llamacpp_names(t, fields)
         if not ok then return nil, e end
         cap = e
     end
@@ -1349,9 +1349,10 @@ local function as_sent(body, req, err)
         local theirs, ours = names[1], names[2]
         local found, raw = pcall(raw_member, body, { theirs })
         local _, also = pcall(raw_member, body, { ours }) -- (both sent: the message names both)
-        -- (a message about theirs names both already)
-        if found and raw and raw ~= "null" and (also == nil or also == "null") and err.param ~= theirs then
-            if err.param == ours then err.param = theirs end
+        -- (only an error about the field itself: others quote the client's own names, a schema's
+        -- property, a grammar's rule)
+        if found and raw and raw ~= "null" and (also == nil or also == "null") and err.param == ours then
+            err.param = theirs
             if type(err.message) == "string" then err.message = err.message:gsub("%f[%w_]" .. ours .. "%f[^%w_]", theirs) end
         end
     end
