@@ -1,11 +1,13 @@
 /* backend_plugin.c: finds and loads the CUDA backend plugin (backend_plugin.h), once per
  * process. Where it looks, in order: $TINYLOOP_CUDA_PLUGIN (a file), the directory of the
  * library or program holding this code (an install puts the plugin beside libtinyloop.so),
- * the build tree this code was built in (tests and uninstalled builds), then the dynamic
- * linker's own search (LD_LIBRARY_PATH, ld.so.conf). */
+ * the build tree this code was built in where that file lies in it (tests and tools linked
+ * with the static library), then the dynamic linker's own search (LD_LIBRARY_PATH,
+ * ld.so.conf). */
 #define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
 #include <inttypes.h>
+#include <limits.h> /* PATH_MAX */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -58,6 +60,14 @@ static bool file_holding(const void *address, char *out, size_t out_len) {
            (size_t)snprintf(out, out_len, "%s", info.dli_fname) < out_len;
 }
 
+bool tl_plugin_in_build_tree(const char *self, const char *build_dir) {
+    char real[PATH_MAX];
+    const char *dir = realpath(build_dir, real) ? real : build_dir; /* (self is a real path) */
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    return n > 0 && strncmp(self, dir, n) == 0 && self[n] == '/';
+}
+
 /* The plugin's handle, the file it came from in `opened`; or NULL with why in `tried`. */
 static void *open_plugin(char *opened, size_t opened_len, char *tried, size_t tried_len) {
     const char *env = getenv("TINYLOOP_CUDA_PLUGIN");
@@ -69,15 +79,18 @@ static void *open_plugin(char *opened, size_t opened_len, char *tried, size_t tr
     }
     char path[4200], self[4096];
     const char *slash;
-    if (file_holding((const void *)open_plugin, self, sizeof self) && (slash = strrchr(self, '/'))) {
+    const bool have_self = file_holding((const void *)open_plugin, self, sizeof self);
+    if (have_self && (slash = strrchr(self, '/'))) {
         snprintf(path, sizeof path, "%.*s/%s", (int)(slash - self), self, TL_CUDA_PLUGIN_FILE);
         void *h = open_candidate(path, opened, opened_len, tried, tried_len);
         if (h) return h;
     }
 #ifdef TL_PLUGIN_BUILD_DIR
-    snprintf(path, sizeof path, "%s/%s", TL_PLUGIN_BUILD_DIR, TL_CUDA_PLUGIN_FILE);
-    void *h = open_candidate(path, opened, opened_len, tried, tried_len);
-    if (h) return h;
+    if (have_self && tl_plugin_in_build_tree(self, TL_PLUGIN_BUILD_DIR)) {
+        snprintf(path, sizeof path, "%s/%s", TL_PLUGIN_BUILD_DIR, TL_CUDA_PLUGIN_FILE);
+        void *h = open_candidate(path, opened, opened_len, tried, tried_len);
+        if (h) return h;
+    }
 #endif
     void *found = dlopen(TL_CUDA_PLUGIN_FILE, RTLD_NOW | RTLD_LOCAL);
     if (found) snprintf(opened, opened_len, "%s", TL_CUDA_PLUGIN_FILE);

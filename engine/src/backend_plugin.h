@@ -8,6 +8,7 @@
 #ifndef TL_BACKEND_PLUGIN_H
 #define TL_BACKEND_PLUGIN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "backend.h"
@@ -33,5 +34,12 @@ typedef const tl_backend *(*tl_backend_plugin_entry)(const tl_backend_host *host
    with *why naming the cause (no plugin in this build or install, no device, a plugin from
    another build). Sets no error: under AUTO a missing GPU is not one. */
 const tl_backend *tl_backend_cuda(const char **why);
+
+/* Whether `self`, the absolute real name of the file holding the library's code, lies in the
+   build tree `build_dir`: only then is the tree's plugin looked for (the tests and tools, linked
+   with the static library). An installed copy looked there too, and a file planted after the
+   package was built (a build directory in /tmp, removed and made again by anyone) ran its code
+   in every process using the library. */
+bool tl_plugin_in_build_tree(const char *self, const char *build_dir);
 
 #endif

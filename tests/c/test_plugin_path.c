@@ -13,10 +13,33 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h> /* mkdir */
 #include <unistd.h>
 
+#include "backend_plugin.h"
 #include "check.h"
 #include "tinyloop.h"
+
+/* The build tree's plugin is looked for only by code that lies in that tree: an installed
+   copy of the library looked in the directory it was built in, where a file planted after the
+   package was built ran in every process using it. `scratch`: a directory to make links in. */
+static void build_tree_rule(const char *scratch) {
+    CHECK(tl_plugin_in_build_tree("/src/build/tests/test_cuda", "/src/build"), "a test in the tree");
+    CHECK(tl_plugin_in_build_tree("/src/build/libtinyloop.so", "/src/build/"), "the tree's library (a trailing slash)");
+    CHECK(!tl_plugin_in_build_tree("/usr/local/lib/libtinyloop.so.0", "/src/build"), "an installed copy");
+    CHECK(!tl_plugin_in_build_tree("/src/build-asan/libtinyloop.so", "/src/build"), "another tree whose name begins alike");
+    CHECK(!tl_plugin_in_build_tree("/src/build", "/src/build"), "the directory itself is no file in it");
+    /* a tree named through a link: the file's name is the real one (/proc/self/maps) */
+    char real[4200], link[4200], file[4300];
+    snprintf(real, sizeof real, "%s/real-tree", scratch);
+    snprintf(link, sizeof link, "%s/linked-tree", scratch);
+    snprintf(file, sizeof file, "%s/tests/test_cuda", real);
+    unlink(link);
+    CHECK((mkdir(real, 0755) == 0 || access(real, F_OK) == 0) && symlink(real, link) == 0, "links in %s", scratch);
+    CHECK(tl_plugin_in_build_tree(file, link), "a tree named through a link: %s in %s", file, link);
+    unlink(link);
+    rmdir(real);
+}
 
 int main(int argc, char **argv) {
     if (argc != 3 || argv[1][0] != '/' || argv[2][0] != '/') {
@@ -35,6 +58,7 @@ int main(int argc, char **argv) {
         perror("execv");
         return 2;
     }
+    build_tree_rule(argv[2]);
     CHECK(chdir(argv[2]) == 0, "chdir %s", argv[2]);
     tl_load_options opts;
     tl_load_options_init(&opts);

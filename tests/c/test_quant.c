@@ -333,7 +333,7 @@ static bool join_shards(const char *from_dir, const char *to_dir, const char *ke
     tl_st_set set;
     if (tl_st_set_open(from_dir, &set) != TL_OK) { CHECK(0, "%s: %s", from_dir, tl_last_error()); return false; }
     char path[1100];
-    snprintf(path, sizeof path, "mkdir -p %s && cp %s/config.json %s/", to_dir, from_dir, to_dir);
+    snprintf(path, sizeof path, "mkdir -p '%s' && cp '%s/config.json' '%s/'", to_dir, from_dir, to_dir);
     bool ok = system(path) == 0;
     /* the header: every tensor in file order, offsets one after another (and, asked, a fake
        "<name>_scale" of one byte, as an old quantisation's leftover) */

@@ -718,7 +718,7 @@ static void test_gpt2(const char *dir)
     rc = tl_tlz_token_bytes(tok, 50257, &b, &blen);
     check(rc == TLZ_EID && tl_tlz_token_bytes(tok, -1, &b, &blen) == TLZ_EID, "gpt2: token_bytes rejects bad ids", NULL);
 
-    size_t slen, ngold;
+    size_t slen = 0, ngold = 0; /* (read_ids leaves ngold where it fails: MinSizeRel's gcc warned) */
     char *spath = join(dir, "tokenizer/sample.txt"), *gpath = join(dir, "tokenizer/sample.gpt2.ids");
     char *sample = read_all(spath, &slen);
     int32_t *gold = read_ids(gpath, &ngold);

@@ -205,6 +205,7 @@ describe("request's parsers refuse, naming the field", function()
         { '{}', "prompt", "send prompt (a text) or messages (a conversation)" },
         { '{"prompt": "a", "messages": []}', "messages", "send prompt (a text) or messages" },
         { '{"prompt": "a", "add_generation_prompt": true}', "add_generation_prompt", "goes with messages, not with prompt" },
+        { '{"messages": false}', "messages", "messages must be a non-empty array of messages" }, -- (it raised: a 500)
       },
     }
 
@@ -213,6 +214,12 @@ describe("request's parsers refuse, naming the field", function()
     end)
     it("in completions' structured outputs", function()
         H.refuses(function(b) return request.parse(b, model, "tinyloop-austen", 8, {}) end, CASES.completion)
+    end)
+    it("in /apply-template (a message that is no object raised: a 500)", function()
+        H.refuses(function(b) return request.parse_apply_template(b, chat) end, {
+            { '{"messages": [1]}', "messages", "messages[0] must be an object" },
+            { '{"messages": [{"role": "user", "content": "x"}, null]}', "messages", "messages[1] must be an object" },
+        })
     end)
     it("in /tokenize", function()
         H.refuses(function(b) return request.parse_tokenize(b, model, "tinyloop-austen", chat) end, CASES.tokenize)

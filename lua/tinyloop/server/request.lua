@@ -1533,7 +1533,7 @@ function _M.parse_tokenize(body, model, model_id, chat, chat_error)
     end
     local field = t.prompt and "prompt" or "messages"
     if not model.has_tokenizer then return bad("this model has no tokenizer: it reads token ids only", field) end
-    if t.messages then -- (as parse_chat encodes them)
+    if t.messages ~= nil then -- (as parse_chat encodes them; false too, which check_messages refuses)
         local ids, err = conversation_text(t, body, chat, chat_error, model)
         if not ids then return nil, err end
         return { ids = ids, token_strs = t.return_token_strs == true }

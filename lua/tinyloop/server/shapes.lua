@@ -125,7 +125,8 @@ _M.REASONING_EFFORTS = require("tinyloop.server.request").REASONING_EFFORTS
 -- encoded.)
 function _M.continue_prefill(members, messages)
     local last = messages[#messages]
-    if not (last and last.role == "assistant" and not last.tool_calls) then return end
+    -- (a message that is no object is check_messages' to refuse: /apply-template comes here first)
+    if not (type(last) == "table" and last.role == "assistant" and not last.tool_calls) then return end
     if type(last.content) == "string" and require("tinyloop.chat").blank(last.content) then
         messages[#messages] = nil
         return
