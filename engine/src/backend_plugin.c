@@ -55,9 +55,10 @@ static bool file_holding(const void *address, char *out, size_t out_len) {
         fclose(maps);
         if (found) return true;
     }
-    Dl_info info;
-    return dladdr(address, &info) && info.dli_fname && info.dli_fname[0] == '/' &&
-           (size_t)snprintf(out, out_len, "%s", info.dli_fname) < out_len;
+    Dl_info info; /* (resolved as the kernel's name is: tl_plugin_in_build_tree compares real names) */
+    char real[PATH_MAX];
+    return dladdr(address, &info) && info.dli_fname && info.dli_fname[0] == '/' && realpath(info.dli_fname, real) &&
+           (size_t)snprintf(out, out_len, "%s", real) < out_len;
 }
 
 bool tl_plugin_in_build_tree(const char *self, const char *build_dir) {
@@ -86,8 +87,11 @@ static void *open_plugin(char *opened, size_t opened_len, char *tried, size_t tr
         if (h) return h;
     }
 #ifdef TL_PLUGIN_BUILD_DIR
-    if (have_self && tl_plugin_in_build_tree(self, TL_PLUGIN_BUILD_DIR)) {
-        snprintf(path, sizeof path, "%s/%s", TL_PLUGIN_BUILD_DIR, TL_CUDA_PLUGIN_FILE);
+    /* (the tree by its real name, checked and opened alike: a link swapped in between could
+       have passed the check and named another directory at the open) */
+    char tree[PATH_MAX];
+    if (have_self && realpath(TL_PLUGIN_BUILD_DIR, tree) && tl_plugin_in_build_tree(self, tree)) {
+        snprintf(path, sizeof path, "%s/%s", tree, TL_CUDA_PLUGIN_FILE);
         void *h = open_candidate(path, opened, opened_len, tried, tried_len);
         if (h) return h;
     }
