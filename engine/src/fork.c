@@ -120,7 +120,7 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     s->text = NULL;
     s->stop_strs = NULL;
     s->stop_lens = NULL;
-    s->stop_border = NULL;
+    s->stop_borders = NULL;
     s->mode_state = NULL;
     s->stepping = false;
     atomic_store(&s->free_requested, false); /* (the child is nobody's engine's: *src copied its flags) */
@@ -145,10 +145,12 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     s->text = src->text_cap ? copy_of(src->text, src->text_cap) : NULL;
     s->stop_strs = calloc((size_t)c->n_stop_strings + 1, sizeof *s->stop_strs);
     s->stop_lens = copy_of(src->stop_lens, ((size_t)c->n_stop_strings + 1) * sizeof *s->stop_lens);
-    if (src->max_stop_len > 0) s->stop_border = malloc(src->max_stop_len * sizeof *s->stop_border);
+    size_t borders_len = 0;
+    for (int i = 0; i < c->n_stop_strings; i++) borders_len += src->stop_lens[i];
+    if (borders_len > 0) s->stop_borders = copy_of(src->stop_borders, borders_len * sizeof *s->stop_borders);
     tl_status st = (s->stop_seqs && s->stop_store && s->tokens && s->positions && s->logits && s->work &&
                     s->tally && s->logit_bias && s->allowed && (s->text || !src->text_cap) && s->stop_strs && s->stop_lens &&
-                    (s->stop_border || src->max_stop_len == 0))
+                    (s->stop_borders || borders_len == 0))
                        ? tl_distribution_init(&s->dist, vocab)
                        : tl_fail(TL_ERR_NO_MEMORY, "out of memory cloning a session of %d tokens", total);
     for (int i = 0, at = 0; st == TL_OK && i < c->n_stop_sequences; i++) {

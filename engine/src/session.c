@@ -41,7 +41,7 @@ static void session_destroy(tl_session *s) {
     for (int i = 0; s->stop_strs && i < s->cfg.n_stop_strings; i++) free(s->stop_strs[i]);
     free(s->stop_strs);
     free(s->stop_lens);
-    free(s->stop_border);
+    free(s->stop_borders);
     tl_grammar_matcher_free(s->grammar_matcher);
     free(s);
 }
@@ -88,6 +88,17 @@ tl_status tl_session_cache_new(tl_session *s, int headroom) {
 tl_status tl_session_create(const tl_model *m, const int32_t *prompt, int prompt_len,
                             const tl_generate_config *cfg, tl_session **out) {
     return tl_session_create_with(NULL, m, prompt, prompt_len, cfg, out);
+}
+
+/* border[q] for q < L - 1: the longest proper prefix of stop[0, q] that is also its suffix
+   (Knuth-Morris-Pratt's failure function, all held_back's matcher reads; border[0] = 0). */
+static void stop_border_table(const char *stop, size_t L, size_t *border) {
+    border[0] = 0;
+    for (size_t q = 1, k = 0; q + 1 < L; q++) {
+        while (k > 0 && stop[q] != stop[k]) k = border[k - 1];
+        if (stop[q] == stop[k]) k++;
+        border[q] = k;
+    }
 }
 
 tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, const int32_t *prompt,
@@ -145,10 +156,14 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
     for (int i = 0; st == TL_OK && i < cfg->n_stop_strings; i++) {
         s->stop_lens[i] = strlen(cfg->stop_strings[i]);
         if (!(s->stop_strs[i] = strdup(cfg->stop_strings[i]))) st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
-        else if (s->stop_lens[i] > s->max_stop_len) s->max_stop_len = s->stop_lens[i];
     }
-    if (st == TL_OK && s->max_stop_len > 0 && !(s->stop_border = malloc(s->max_stop_len * sizeof *s->stop_border)))
-        st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    size_t borders_len = 0;
+    for (int i = 0; i < cfg->n_stop_strings; i++) borders_len += s->stop_lens[i];
+    if (st == TL_OK && borders_len > 0) {
+        if (!(s->stop_borders = malloc(borders_len * sizeof *s->stop_borders))) st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+        for (size_t i = 0, at = 0; st == TL_OK && i < (size_t)cfg->n_stop_strings; at += s->stop_lens[i++])
+            stop_border_table(s->stop_strs[i], s->stop_lens[i], s->stop_borders + at);
+    }
     s->cfg.stop_strings = (const char *const *)s->stop_strs;
     /* A windowed cache holds window + chunk rows: small windows take small chunks so that
        memory stays within twice the window. */
@@ -869,24 +884,18 @@ tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const t
 
 /* Bytes at the end of the text to hold back: an unfinished UTF-8 sequence, or the longest
    suffix that is a proper prefix of a stop string. That suffix is where the stop string's
-   matcher (Knuth-Morris-Pratt's: the string's border table in s->stop_border) stands after
-   reading the text's last L - 1 bytes: O(L) a string, where comparing each length k with
-   memcmp was O(L^2) (stop strings of 8,000 bytes cost 4.3 ms a token). */
+   matcher (Knuth-Morris-Pratt's: the string's border table, stop_border_table's, made with
+   the session) stands after reading the text's last L - 1 bytes: O(L) a string, where
+   comparing each length k with memcmp was O(L^2) (stop strings of 8,000 bytes cost 4.3 ms a
+   token). */
 static size_t held_back(const tl_session *s) {
     size_t hold = tl_tlz_utf8_unfinished_tail((const unsigned char *)s->text, s->text_len);
-    for (int i = 0; i < s->cfg.n_stop_strings; i++) {
+    const size_t *border = s->stop_borders;
+    for (int i = 0; i < s->cfg.n_stop_strings; border += s->stop_lens[i++]) {
         const char *stop = s->stop_strs[i];
         const size_t L = s->stop_lens[i];
         const size_t window = L - 1 < s->text_len ? L - 1 : s->text_len;
         if (L < 2 || window <= hold) continue;
-        /* border[q]: the longest proper prefix of stop[0, q] that is also its suffix */
-        size_t *border = s->stop_border;
-        border[0] = 0;
-        for (size_t q = 1, k = 0; q + 1 < L; q++) {
-            while (k > 0 && stop[q] != stop[k]) k = border[k - 1];
-            if (stop[q] == stop[k]) k++;
-            border[q] = k;
-        }
         /* (matched stays below L: the window is L - 1 bytes) */
         const char *text = s->text + s->text_len - window;
         size_t matched = 0;

@@ -65,8 +65,8 @@ struct tl_session {
     size_t text_len, text_cap, text_shown;
     char **stop_strs;            /* [n_stop_strings] copies */
     size_t *stop_lens;
-    size_t max_stop_len;
-    size_t *stop_border;         /* [max_stop_len] scratch: a stop string's border table (held_back) */
+    size_t *stop_borders;        /* [sum of stop_lens] each stop string's border table, one after
+                                    another (stop_border_table; held_back reads them) */
 
     tl_generate_stats stats;
     double t_start, t_prefill_start, t_prefill_end, loops_sum; /* (t_prefill_start: 0 until its first row) */

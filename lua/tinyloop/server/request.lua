@@ -975,9 +975,9 @@ local function decode_fields(body, fields, no_ops)
     if not t then return nil, err end
     local cap = false -- (llama.cpp's n_predict: max_tokens is a cap)
     if fields.repetition_penalty then -- (the generating endpoints': llama.cpp's names, as its own read them)
-        local ok, e = llamacpp_names(t, fields)
-        if not ok then return nil, e end
-        cap = e
+        local named, cap_or_err = llamacpp_names(t, fields)
+        if not named then return nil, cap_or_err end
+        cap = cap_or_err
     end
     local cfg = {}
     for k, v in pairs(t) do
