@@ -158,7 +158,7 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
         if (!(s->stop_strs[i] = strdup(cfg->stop_strings[i]))) st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     }
     size_t borders_len = 0;
-    for (int i = 0; i < cfg->n_stop_strings; i++) borders_len += s->stop_lens[i];
+    for (int i = 0; st == TL_OK && i < cfg->n_stop_strings; i++) borders_len += s->stop_lens[i];
     if (st == TL_OK && borders_len > 0) {
         if (!(s->stop_borders = malloc(borders_len * sizeof *s->stop_borders))) st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
         for (size_t i = 0, at = 0; st == TL_OK && i < (size_t)cfg->n_stop_strings; at += s->stop_lens[i++])
