@@ -36,6 +36,12 @@ static bool same_tokens(const tl_session *a, const tl_session *b) {
     return a->n_tokens == b->n_tokens && memcmp(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof(int32_t)) == 0;
 }
 
+static int common_prefix_len(const int32_t *a, int na, const int32_t *b, int nb) {
+    int k = 0;
+    while (k < na && k < nb && a[k] == b[k]) k++;
+    return k;
+}
+
 /* Pages of the child that are its own (not shared with anyone). */
 static int private_pages(const tl_kv_cache *c) {
     int n = 0;
@@ -300,6 +306,74 @@ static void prefix_pool(const char *dir) {
     tl_generate(pooled, prompt + 1, n - 1, &cfg, out_a, CAP, &na, &sa);
     CHECK(tl_generate(pooled, prompt + 1, n - 1, &cfg, out_a, CAP, &na, &sa) == TL_OK && sa.prompt_tokens_reused == 0,
           "a 1-byte pool still reused %d tokens", sa.prompt_tokens_reused);
+    tl_model_free(pooled);
+    tl_model_free(cold);
+}
+
+/* The pool serves the longest prefix it holds, whichever entry holds it: prompts over three
+   tokens at two depths, each session reusing exactly the longest common prefix of its prompt
+   (all but the last token at most) with the sequences earlier sessions offered at its depth
+   (their prompts, then their rows at the end), counted here by comparing with every one of
+   them; and each continuing as a cold start does. The pool keeps its entries in an order where
+   that prefix is a neighbour's (prefix_pool.c): a lookup that missed a neighbour, or an order
+   broken by an insertion or a removal, reuses less. */
+#define MAX_OFFERED 512
+static void prefix_pool_longest_prefix(const char *dir) {
+    tl_model *pooled = load(dir), *cold = load(dir);
+    if (!pooled || !cold) { CHECK(0, "load"); tl_model_free(pooled); tl_model_free(cold); return; }
+    CHECK(tl_model_set_prefix_pool(pooled, 256 << 20) == TL_OK, "pool: %s", tl_last_error());
+    static int32_t offered[MAX_OFFERED][24];
+    int offered_len[MAX_OFFERED], offered_loops[MAX_OFFERED], n_offered = 0;
+    uint32_t draw = 12345;
+    int failures = 0, reused_total = 0;
+    for (int session = 0; session < 150 && n_offered + 2 <= MAX_OFFERED; session++) {
+        int32_t prompt[16];
+        draw = draw * 1103515245u + 12345u;
+        const int n = 2 + (int)((draw >> 16) % 12);
+        for (int i = 0; i < n; i++) {
+            draw = draw * 1103515245u + 12345u;
+            prompt[i] = 5 + (int32_t)((draw >> 16) % 3);
+        }
+        draw = draw * 1103515245u + 12345u;
+        const int loops = tl_model_info(pooled)->default_loops + (int)((draw >> 16) % 2);
+        const int steps = 1 + (int)((draw >> 20) % 3);
+        int want = 0;
+        for (int k = 0; k < n_offered; k++)
+            if (offered_loops[k] == loops) {
+                const int len = common_prefix_len(offered[k], offered_len[k], prompt, n - 1);
+                if (len > want) want = len;
+            }
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.loops = loops;
+        cfg.max_tokens = steps;
+        cfg.ignore_eos = 1;
+        tl_session *s = NULL, *c = NULL;
+        if (tl_session_new(pooled, prompt, n, &cfg, &s) != TL_OK || tl_session_new(cold, prompt, n, &cfg, &c) != TL_OK) {
+            CHECK(0, "session %d: %s", session, tl_last_error());
+            tl_session_free(s);
+            break;
+        }
+        run(s, steps);
+        run(c, steps);
+        if (s->stats.prompt_tokens_reused != want || !same_tokens(s, c)) {
+            if (failures++ < 3)
+                CHECK(0, "session %d (%d prompt tokens): reused %d, the longest pooled prefix is %d; as a cold start: %d",
+                      session, n, s->stats.prompt_tokens_reused, want, same_tokens(s, c));
+        }
+        reused_total += s->stats.prompt_tokens_reused;
+        /* what the session offers: its prompt's rows, then at the end all its rows */
+        const int ends[2] = {n, s->cache->length};
+        for (int e = 0; e < 2; e++) {
+            memcpy(offered[n_offered], s->tokens, (size_t)ends[e] * sizeof(int32_t));
+            offered_len[n_offered] = ends[e];
+            offered_loops[n_offered++] = loops;
+        }
+        tl_session_free(s);
+        tl_session_free(c);
+    }
+    CHECK(failures == 0, "%d sessions reused other than the longest pooled prefix", failures);
+    CHECK(reused_total > 300, "the sessions reused %d prompt tokens in all: too few to test the lookup", reused_total);
     tl_model_free(pooled);
     tl_model_free(cold);
 }
@@ -752,6 +826,7 @@ int main(int argc, char **argv) {
     bad_input(m);
     prefix_pool(dir);
     prefix_pool_first_calls(dir);
+    prefix_pool_longest_prefix(dir);
     prefix_pool_shared_pages(dir);
     early_exit_pages(dir);
     prefix_pool_keeps_generations(dir);
