@@ -928,9 +928,10 @@ typedef struct tl_json_schema_options {
                             that only narrow a value are not enforced, so the grammar allows a
                             superset of the schema: an unknown string format (any string),
                             multipleOf, uniqueItems, min/maxProperties, contains, if/then/else,
-                            not, propertyNames, dependentRequired/Schemas, unevaluated*, and a
-                            number's maximum and exclusive bounds (a minimum >= 0 keeps it
-                            non-negative). For schemas given without OpenAI's strict: true (a
+                            not, propertyNames, dependentRequired/Schemas, unevaluated*, a
+                            string's min/maxLength beside a pattern or a format, a type beside
+                            anyOf/oneOf/allOf, and a number's maximum and exclusive bounds (a
+                            minimum >= 0 keeps it non-negative). For schemas given without OpenAI's strict: true (a
                             tool's parameters), where refusing the request helps nobody */
 } tl_json_schema_options;
 

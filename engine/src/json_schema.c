@@ -12,9 +12,12 @@
  * pattern (a regular-expression subset), format date/time/date-time/uuid, integer
  * minimum/maximum/exclusiveMinimum/exclusiveMaximum (exact ranges), number minimum >= 0,
  * boolean, null, $ref to "#" or a JSON Pointer into the schema ("#/$defs/NAME", escapes
- * decoded). Annotations (title,
- * description, examples, default, $schema, $id, $comment) are ignored. Anything else is an
- * error naming the keyword: a schema is never silently loosened. */
+ * decoded), draft-07's tuples ("items" an array, "additionalItems"), OpenAPI's "nullable"
+ * (the values and null), a "type" beside anyOf/oneOf/allOf whose branches are all of it.
+ * Annotations (title, description, examples, default, $schema, $id, $comment, deprecated,
+ * readOnly, writeOnly, OpenAPI's example, discriminator and "x-" keys) are ignored. Anything
+ * else is an error naming the keyword: a schema is never silently loosened (except where
+ * tl_json_schema_options.loose asks for it). */
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <limits.h>
@@ -42,6 +45,12 @@ typedef struct conv {
     /* $ref targets already given a rule: node -> rule (a list searched from the start cost
        20,000 $refs 1.4 s) */
     tl_gram_hash ref_rules;
+    /* $ref targets given a rule whose body is still to write: compiled one after another
+       from the top (compiled where first met, each nested the next deeper: a chain of 22
+       Pydantic models, each holding the next, was "nested more than 64 levels") */
+    struct pending_ref { const cJSON *target; const char *ref; int rule; } *pending;
+    int n_pending, cap_pending, next_pending;
+    bool draining_for_clash; /* (oneOf compiles them before naming a clash: once, not nested) */
     char *err;
     size_t errlen;
     bool failed;
@@ -99,6 +108,12 @@ static const char *WS(const conv *c) { return c->free_ws ? " ws" : ""; }
 static int schema(conv *c, const cJSON *s, const char *path, int depth);
 
 static int new_rule(conv *c) { return ++c->n_rules; }
+
+/* OpenAPI 3.0's "nullable": true (smolagents' and FastAPI's tools carry it on optional
+   inputs): the schema's values, and null (schema()). */
+static bool is_nullable(const cJSON *s) {
+    return cJSON_IsObject(s) && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "nullable"));
+}
 
 /* ---------------------------------------------------------------- integers in a range */
 
@@ -254,7 +269,7 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
 /* ---------------------------------------------------------------- schemas */
 
 /* Keywords that only narrow the values a schema allows: a loose conversion leaves them out
-   (the grammar then allows a superset). Widening ones (nullable, patternProperties beside
+   (the grammar then allows a superset). Widening ones (patternProperties beside
    additionalProperties false) are not here: leaving them out would refuse valid values. */
 static const char *const NARROWING[] = {"multipleOf", "uniqueItems", "minProperties", "maxProperties", "contains",
                                         "minContains", "maxContains", "if", "then", "else", "not", "propertyNames",
@@ -262,8 +277,11 @@ static const char *const NARROWING[] = {"multipleOf", "uniqueItems", "minPropert
                                         "unevaluatedItems", "maximum", "exclusiveMinimum", "exclusiveMaximum",
                                         "contentEncoding", "contentMediaType", "format", NULL};
 
+/* (and OpenAPI's: "example", "discriminator", which Pydantic writes beside a oneOf whose branches
+   a property's const tells apart, "x-" extensions; validators ignore them) */
 static const char *const ANNOTATIONS[] = {"title", "description", "examples", "default", "$schema", "$id",
-                                          "$comment", "$defs", "definitions", "deprecated", "readOnly", "writeOnly", NULL};
+                                          "$comment", "$defs", "definitions", "deprecated", "readOnly", "writeOnly",
+                                          "example", "discriminator", NULL};
 
 static bool keyword_in(const char *k, const char *const *list) {
     for (; *list; list++)
@@ -271,9 +289,11 @@ static bool keyword_in(const char *k, const char *const *list) {
     return false;
 }
 
-/* A keyword any schema may carry: an annotation, or (loose) one that only narrows. */
+/* A keyword any schema may carry: an annotation, OpenAPI's nullable (schema() reads it), or
+   (loose) one that only narrows. */
 static bool keyword_taken_anywhere(const conv *c, const char *k) {
-    return keyword_in(k, ANNOTATIONS) || (c->loose && keyword_in(k, NARROWING));
+    return keyword_in(k, ANNOTATIONS) || strncmp(k, "x-", 2) == 0 || strcmp(k, "nullable") == 0 ||
+           (c->loose && keyword_in(k, NARROWING));
 }
 
 static const char *const *type_keywords(const char *type);
@@ -462,15 +482,34 @@ static int ref_rule(conv *c, const char *ref, const char *path, int depth) {
     const uint64_t key = (uint64_t)(uintptr_t)target;
     const int32_t known = tl_gram_hash_get(&c->ref_rules, key);
     if (known >= 0) return known;
-    /* the rule name exists before its body, so recursive schemas refer to it */
+    (void)depth;
+    /* the rule name exists before its body, so recursive schemas refer to it; the body waits
+       its turn (compile_pending_refs) */
     const int r = new_rule(c);
     if (!tl_gram_hash_put(&c->ref_rules, key, r)) return out_of_memory(c, path);
-    char sub[256];
-    snprintf(sub, sizeof sub, "%.200s", ref);
-    int body = schema(c, target, sub, depth + 1);
-    if (body < 0) return -1;
-    tl_strbuf_printf(&c->out, "r%d ::= r%d\n", r, body);
+    if (c->n_pending == c->cap_pending) {
+        const int cap = c->cap_pending * 2 + 16;
+        struct pending_ref *grown = realloc(c->pending, (size_t)cap * sizeof *grown);
+        if (!grown) return out_of_memory(c, path);
+        c->pending = grown;
+        c->cap_pending = cap;
+    }
+    c->pending[c->n_pending++] = (struct pending_ref){target, ref, r};
     return r;
+}
+
+/* The bodies of the $ref targets met (and those met in them, in turn), each from the top
+   depth: -1 (error set) or 0. */
+static int compile_pending_refs(conv *c) {
+    while (c->next_pending < c->n_pending) { /* (n_pending grows as bodies meet new targets) */
+        const struct pending_ref p = c->pending[c->next_pending++];
+        char sub[256];
+        snprintf(sub, sizeof sub, "%.200s", p.ref);
+        const int body = schema(c, p.target, sub, 0);
+        if (body < 0) return -1;
+        tl_strbuf_printf(&c->out, "r%d ::= r%d\n", p.rule, body);
+    }
+    return 0;
 }
 
 /* ---------------------------------------------------------------- objects */
@@ -723,6 +762,16 @@ done:
 static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
     const cJSON *prefix = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
+    const char *prefix_name = "prefixItems";
+    /* draft-07's tuples, which zod-to-json-schema writes for z.tuple: "items" an array (read as
+       prefixItems), "additionalItems" the rest (read as items; beside "items" of one schema it
+       means nothing, as in draft-07) */
+    if (cJSON_IsArray(items)) {
+        if (prefix) return fail(c, path, "'items' as an array (draft-07's tuples) and 'prefixItems': give one of them");
+        prefix = items;
+        items = cJSON_GetObjectItemCaseSensitive(s, "additionalItems");
+        prefix_name = "items";
+    }
     const cJSON *mini = cJSON_GetObjectItemCaseSensitive(s, "minItems");
     const cJSON *maxi = cJSON_GetObjectItemCaseSensitive(s, "maxItems");
     if (mini && !is_count(mini, 1000)) return fail(c, path, "'minItems' must be an integer in [0, 1000]");
@@ -735,14 +784,14 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     if (!pre) return out_of_memory(c, path);
     for (int i = 0; i < n_prefix; i++) {
         char sub[512];
-        snprintf(sub, sizeof sub, "%.400s/prefixItems/%d", path, i);
+        snprintf(sub, sizeof sub, "%.400s/%s/%d", path, prefix_name, i);
         if ((pre[i] = schema(c, cJSON_GetArrayItem(prefix, i), sub, depth + 1)) < 0) { free(pre); return -1; }
     }
     int item = -1;
     if (items && cJSON_IsFalse(items)) item = -1;
     else if (items) {
         char sub[512];
-        snprintf(sub, sizeof sub, "%.400s/items", path);
+        snprintf(sub, sizeof sub, "%.400s/%s", path, prefix_name[0] == 'i' ? "additionalItems" : "items");
         if ((item = schema(c, items, sub, depth + 1)) < 0) { free(pre); return -1; }
     } else if (!prefix) {
         c->used_value = true;
@@ -800,7 +849,7 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
 /* The keywords a type's schema reads (with "type"), or NULL for an unknown type. */
 static const char *const *type_keywords(const char *type) {
     static const char *const OBJECT_KW[] = {"type", "properties", "required", "additionalProperties", NULL};
-    static const char *const ARRAY_KW[] = {"type", "items", "prefixItems", "minItems", "maxItems", NULL};
+    static const char *const ARRAY_KW[] = {"type", "items", "prefixItems", "additionalItems", "minItems", "maxItems", NULL};
     static const char *const STRING_KW[] = {"type", "minLength", "maxLength", "pattern", "format", NULL};
     static const char *const INT_KW[] = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
     static const char *const NUMBER_KW[] = {"type", "minimum", NULL};
@@ -1012,9 +1061,10 @@ static unsigned value_bits(const cJSON *v) {
     return v->valuedouble == floor(v->valuedouble) ? JT_INTEGER : JT_FRACTION;
 }
 
-/* The schema a $ref leads to (a few hops), or s itself. */
+/* The schema a $ref leads to (a few hops), or s itself; a nullable one stops the hops (null
+   is among its values, and not among its target's). */
 static const cJSON *followed(const conv *c, const cJSON *s) {
-    for (int hop = 0; hop < 8 && cJSON_IsObject(s); hop++) {
+    for (int hop = 0; hop < 8 && cJSON_IsObject(s) && !is_nullable(s); hop++) {
         const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
         if (!cJSON_IsString(ref)) break;
         bool supported;
@@ -1031,6 +1081,7 @@ static const cJSON *followed(const conv *c, const cJSON *s) {
    and let any other value through, but the grammar writes an object or an array. */
 static unsigned schema_bits(conv *c, const cJSON *s, bool written, int depth) {
     s = followed(c, s);
+    const bool or_null = is_nullable(s);
     if (!cJSON_IsObject(s) || depth > MAX_DEPTH) return JT_ANY;
     /* once per node (without it, anyOf branches that $ref the same definitions were walked once
        per path, exponential in the nesting); a node met again while its answer is pending (a
@@ -1065,6 +1116,7 @@ static unsigned schema_bits(conv *c, const cJSON *s, bool written, int depth) {
     } else if (written && cJSON_GetObjectItemCaseSensitive(s, "properties")) bits = JT_OBJECT;
     else if (written && (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems")))
         bits = JT_ARRAY;
+    if (or_null) bits |= JT_NULL;
     tl_gram_hash_put(&c->type_bits_of, key, (int32_t)bits); /* failing, the node stays PENDING: JT_ANY */
     return bits;
 }
@@ -1072,7 +1124,9 @@ static unsigned schema_bits(conv *c, const cJSON *s, bool written, int depth) {
 /* The values a schema allows when it lists them (const, or enum), else NULL; *one holds a
    const (which is no array of values). */
 static const cJSON *listed_values(const conv *c, const cJSON *s, const cJSON **one) {
+    *one = NULL;
     s = followed(c, s);
+    if (is_nullable(s)) return NULL; /* (null too: not a list to compare) */
     *one = cJSON_IsObject(s) ? cJSON_GetObjectItemCaseSensitive(s, "const") : NULL;
     if (*one) return *one;
     const cJSON *en = cJSON_IsObject(s) ? cJSON_GetObjectItemCaseSensitive(s, "enum") : NULL;
@@ -1143,7 +1197,49 @@ static bool disjoint(conv *c, const cJSON *a, const cJSON *b) {
     return false;
 }
 
+static int schema_body(conv *c, const cJSON *s, const char *path, int depth);
+
 static int schema(conv *c, const cJSON *s, const char *path, int depth) {
+    const cJSON *nullable = cJSON_IsObject(s) ? cJSON_GetObjectItemCaseSensitive(s, "nullable") : NULL;
+    if (nullable && !cJSON_IsBool(nullable)) return fail(c, path, "'nullable' must be true or false");
+    const int r = schema_body(c, s, path, depth);
+    if (r < 0 || !cJSON_IsTrue(nullable)) return r;
+    const int or_null = new_rule(c);
+    tl_strbuf_printf(&c->out, "r%d ::= r%d | \"null\"%s\n", or_null, r, WS(c));
+    return or_null;
+}
+
+/* A "type" beside a combinator: both apply, the values of a branch that are of the type. Taken
+   where every branch's grammar writes values of the type alone (a tool's parameters, which
+   must be an object, as a union of objects: {"type": "object", "anyOf": [...]}); loosely, left
+   out (it only narrows). -1 (error set) or 0. */
+static int combinator_type_checked(conv *c, const cJSON *s, const cJSON *list, const char *combinator, const char *path) {
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if (!type || c->loose) return 0;
+    unsigned allowed = 0;
+    if (cJSON_IsString(type)) {
+        if (!type_keywords(type->valuestring)) return fail(c, path, "unknown type '%s'", type->valuestring);
+        allowed = type_bits(type->valuestring);
+    } else if (cJSON_IsArray(type) && type->child) {
+        for (const cJSON *t = type->child; t; t = t->next) {
+            if (!cJSON_IsString(t)) return fail(c, path, "'type' entries must be strings");
+            if (!type_keywords(t->valuestring)) return fail(c, path, "unknown type '%s'", t->valuestring);
+            allowed |= type_bits(t->valuestring);
+        }
+    } else {
+        return fail(c, path, "'type' must be a string or a non-empty array of strings");
+    }
+    /* allOf's grammar writes one merged object, or its one branch */
+    const bool merged = combinator[1] == 'l' && list->child->next;
+    int i = 0;
+    for (const cJSON *b = list->child; b; b = b->next, i++)
+        if (((merged ? JT_OBJECT : schema_bits(c, b, true, 0)) & ~allowed) != 0)
+            return fail(c, path, "'type' beside '%s' is supported only where each branch is of that type, and branch %d "
+                                 "may be of another (give the branch its 'type', or leave 'type' out)", combinator, i);
+    return 0;
+}
+
+static int schema_body(conv *c, const cJSON *s, const char *path, int depth) {
     if (c->failed) return -1;
     if (depth > MAX_DEPTH) return fail(c, path, "schema nested too deeply (more than %d levels)", MAX_DEPTH);
     if (c->out.n > MAX_GBNF_BYTES)
@@ -1204,9 +1300,10 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
                            : cJSON_GetObjectItemCaseSensitive(s, "allOf") ? "allOf" : NULL;
     if (combinator) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(s, combinator);
-        const char *const KW[] = {combinator, NULL};
+        const char *const KW[] = {combinator, "type", NULL};
         if (check_keywords(c, s, path, KW) < 0) return -1;
         if (!cJSON_IsArray(list) || !list->child) return fail(c, path, "'%s' must be a non-empty array", combinator);
+        if (combinator_type_checked(c, s, list, combinator, path) < 0) return -1;
         /* a one-branch allOf is its branch (pydantic v1's and FastAPI's way to annotate a $ref:
            {"allOf": [{"$ref": ...}], "description": ...}), of any type */
         if (combinator[1] == 'l' && !list->child->next) {
@@ -1242,6 +1339,11 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
             int r = schema(c, v, sub, depth + 1);
             if (r < 0) { drop(c, &alts); return -1; }
             tl_strbuf_printf(&alts, "%sr%d", i ? " | " : "", r);
+        }
+        /* (a branch's $ref target waits its turn: its own fault is still named first) */
+        if (clash_i >= 0 && !c->draining_for_clash) {
+            c->draining_for_clash = true;
+            if (compile_pending_refs(c) < 0) { drop(c, &alts); return -1; }
         }
         if (clash_i >= 0) {
             drop(c, &alts);
@@ -1322,6 +1424,7 @@ tl_status tl_gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws,
     }
     conv c = {.root = root, .free_ws = free_ws != 0, .loose = loose != 0, .err = err, .errlen = errlen};
     int top = schema(&c, root, "", 0);
+    if (top >= 0 && compile_pending_refs(&c) < 0) top = -1;
     tl_status st = TL_OK;
     if (c.out.oom) { /* (first: a lost text may have failed as the schema's fault) */
         snprintf(err, errlen, "out of memory");
@@ -1357,6 +1460,7 @@ tl_status tl_gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws,
         }
     }
     free(c.out.p);
+    free(c.pending);
     tl_gram_hash_free(&c.ref_rules);
     tl_gram_hash_free(&c.type_bits_of);
     cJSON_Delete(c.made);

@@ -11,6 +11,7 @@
 
 #include "check.h"
 #include "grammar.h"
+#include "strbuf.h"
 #include "tinyloop.h"
 #include "tokenizer.h"
 
@@ -308,6 +309,126 @@ static void test_too_ambiguous(void) {
     tl_compiled_grammar_free(g);
 }
 
+/* What generators other than JSON Schema's own write (each was refused, strict and loose): OpenAPI's
+   "nullable" (smolagents' optional tool inputs), "x-" keys, "example" and Pydantic's
+   "discriminator"; a "type" beside a combinator (a tool's parameters as a union of objects);
+   draft-07's tuples (zod-to-json-schema's z.tuple); and $ref chains longer than the nesting
+   limit (22 Pydantic models each holding the next were "nested more than 64 levels"). */
+static void test_openapi_and_generators(void) {
+    tl_json_schema_options loose = {.loose = 1};
+    tl_compiled_grammar *g = NULL;
+    for (int strict = 0; strict < 2; strict++) {
+        const char *nullable = "{\"type\":\"object\",\"properties\":{\"q\":{\"type\":\"string\"},\"year\":{\"type\":"
+                               "\"integer\",\"nullable\":true,\"x-order\":1,\"example\":2020}},\"required\":[\"q\",\"year\"]}";
+        g = NULL;
+        CHECK(tl_grammar_compile_json_schema(nullable, strlen(nullable), strict ? NULL : &loose, &g) == TL_OK,
+              "nullable (%s): %s", strict ? "strict" : "loose", tl_last_error());
+        static const char *ny[] = {"{\"q\":\"a\",\"year\":null}", "{\"q\":\"a\",\"year\":1999}", NULL};
+        static const char *nn[] = {"{\"q\":null,\"year\":1}", "{\"q\":\"a\",\"year\":\"x\"}", NULL};
+        expect(g, "nullable", ny, nn);
+        tl_compiled_grammar_free(g);
+    }
+    g = schema("{\"enum\":[\"a\",\"b\"],\"nullable\":true}");
+    static const char *ey[] = {"\"a\"", "null", NULL};
+    static const char *en[] = {"\"c\"", NULL};
+    expect(g, "nullable enum", ey, en);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"nullable\":false}");
+    static const char *fy[] = {"\"a\"", NULL};
+    static const char *fn[] = {"null", NULL};
+    expect(g, "nullable false", fy, fn);
+    tl_compiled_grammar_free(g);
+    /* a $ref made nullable: its target's values and null */
+    g = schema("{\"$defs\":{\"p\":{\"type\":\"integer\"}},\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/p\",\"nullable\":true}}");
+    static const char *ry[] = {"[1,null]", NULL};
+    static const char *rn[] = {"[\"x\"]", NULL};
+    expect(g, "nullable $ref", ry, rn);
+    tl_compiled_grammar_free(g);
+    /* oneOf: null is in both branches, or in one and the other's const: they meet */
+    static const char *const meet[] = {
+        "{\"oneOf\":[{\"type\":\"string\",\"nullable\":true},{\"type\":\"integer\",\"nullable\":true}]}",
+        "{\"oneOf\":[{\"enum\":[\"a\"],\"nullable\":true},{\"const\":null}]}",
+        "{\"$defs\":{\"s\":{\"type\":\"string\"}},\"oneOf\":[{\"$ref\":\"#/$defs/s\",\"nullable\":true},{\"type\":\"null\"}]}"};
+    for (size_t i = 0; i < sizeof meet / sizeof meet[0]; i++) {
+        g = NULL;
+        CHECK(tl_grammar_compile_json_schema(meet[i], strlen(meet[i]), NULL, &g) == TL_ERR_INVALID_ARGUMENT &&
+                  strstr(tl_last_error(), "may match both branch 0 and branch 1"),
+              "oneOf of nullable branches that meet: %s", g ? "compiled" : tl_last_error());
+        tl_compiled_grammar_free(g);
+    }
+    const char *bad_nullable = "{\"type\":\"string\",\"nullable\":1}";
+    g = NULL;
+    CHECK(tl_grammar_compile_json_schema(bad_nullable, strlen(bad_nullable), NULL, &g) == TL_ERR_INVALID_ARGUMENT &&
+              strstr(tl_last_error(), "'nullable' must be true or false"), "nullable 1: %s", tl_last_error());
+    /* Pydantic's discriminated union: the discriminator is an annotation, the consts tell apart */
+    g = schema("{\"$defs\":{\"Cat\":{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"cat\",\"type\":\"string\"}},"
+               "\"required\":[\"kind\"]},\"Dog\":{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"dog\","
+               "\"type\":\"string\"}},\"required\":[\"kind\"]}},\"oneOf\":[{\"$ref\":\"#/$defs/Cat\"},{\"$ref\":\"#/$defs/Dog\"}],"
+               "\"discriminator\":{\"propertyName\":\"kind\",\"mapping\":{\"cat\":\"#/$defs/Cat\",\"dog\":\"#/$defs/Dog\"}}}");
+    static const char *dy[] = {"{\"kind\":\"cat\"}", "{\"kind\":\"dog\"}", NULL};
+    static const char *dn[] = {"{\"kind\":\"cow\"}", NULL};
+    expect(g, "discriminator", dy, dn);
+    tl_compiled_grammar_free(g);
+    /* "type" beside a combinator: taken where every branch is of it */
+    const char *union_of_objects = "{\"type\":\"object\",\"anyOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                                   "\"required\":[\"a\"]},{\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]}]}";
+    g = schema(union_of_objects);
+    static const char *uy[] = {"{\"a\":1}", "{\"b\":\"x\"}", NULL};
+    static const char *un[] = {"{\"a\":\"x\"}", "1", NULL};
+    expect(g, "type beside anyOf", uy, un);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":\"object\",\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
+               "{\"properties\":{\"b\":{\"type\":\"integer\"}},\"required\":[\"b\"]}]}");
+    static const char *ay[] = {"{\"a\":1,\"b\":2}", NULL};
+    static const char *an[] = {"{\"a\":1}", NULL};
+    expect(g, "type beside allOf", ay, an);
+    tl_compiled_grammar_free(g);
+    const char *mixed = "{\"type\":\"string\",\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}";
+    g = NULL;
+    CHECK(tl_grammar_compile_json_schema(mixed, strlen(mixed), NULL, &g) == TL_ERR_INVALID_ARGUMENT &&
+              strstr(tl_last_error(), "'type' beside 'oneOf' is supported only where each branch is of that type, and branch 1"),
+          "type beside a branch of another type: %s", tl_last_error());
+    CHECK(tl_grammar_compile_json_schema(mixed, strlen(mixed), &loose, &g) == TL_OK, "loose leaves the type out: %s",
+          tl_last_error());
+    tl_compiled_grammar_free(g);
+    /* draft-07's tuples */
+    g = schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":2,\"items\":[{\"type\":\"string\"},{\"type\":\"number\"}]}");
+    static const char *ty[] = {"[\"a\",1.5]", NULL};
+    static const char *tn[] = {"[1,\"a\"]", "[\"a\"]", "[\"a\",1,2]", NULL};
+    expect(g, "draft-07 tuple", ty, tn);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"type\":\"array\",\"items\":[{\"type\":\"string\"}],\"additionalItems\":{\"type\":\"integer\"}}");
+    static const char *ty2[] = {"[\"a\"]", "[\"a\",1,2]", "[]", NULL};
+    static const char *tn2[] = {"[\"a\",\"b\"]", "[1]", NULL};
+    expect(g, "draft-07 tuple and additionalItems", ty2, tn2);
+    tl_compiled_grammar_free(g);
+    const char *both = "{\"type\":\"array\",\"items\":[{}],\"prefixItems\":[{}]}";
+    g = NULL;
+    CHECK(tl_grammar_compile_json_schema(both, strlen(both), NULL, &g) == TL_ERR_INVALID_ARGUMENT &&
+              strstr(tl_last_error(), "give one of them"), "tuple forms together: %s", tl_last_error());
+    /* 40 models in a cycle of $refs, each holding the next or null; the document nests 6 deep */
+    strbuf defs = {0};
+    tl_strbuf_puts(&defs, "{\"$defs\":{");
+    for (int i = 0; i < 40; i++)
+        tl_strbuf_printf(&defs, "%s\"S%d\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"},\"next\":{\"anyOf\":"
+                                "[{\"$ref\":\"#/$defs/S%d\"},{\"type\":\"null\"}]}},\"required\":[\"x\",\"next\"]}",
+                         i ? "," : "", i, (i + 1) % 40);
+    tl_strbuf_puts(&defs, "},\"$ref\":\"#/$defs/S0\"}");
+    g = defs.p ? schema(defs.p) : NULL;
+    CHECK(g != NULL, "a cycle of 40 $refs");
+    /* 45 links deep: past any count of 64 levels the nesting rule made of a walk through $refs */
+    strbuf doc = {0};
+    for (int i = 0; i < 45; i++) tl_strbuf_puts(&doc, "{\"x\":1,\"next\":");
+    tl_strbuf_puts(&doc, "null");
+    for (int i = 0; i < 45; i++) tl_strbuf_puts(&doc, "}");
+    static const char *cn[] = {"{\"x\":1}", NULL};
+    const char *cy[] = {doc.p, NULL};
+    if (doc.p) expect(g, "a cycle of 40 $refs", cy, cn);
+    tl_compiled_grammar_free(g);
+    free(defs.p);
+    free(doc.p);
+}
+
 static void test_json_schema(void) {
     tl_compiled_grammar *g = schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":4},"
                                     "\"age\":{\"type\":\"integer\",\"minimum\":18,\"maximum\":120},\"ok\":{\"type\":\"boolean\"}},"
@@ -589,10 +710,7 @@ static void test_json_schema(void) {
     CHECK(tl_grammar_compile_json_schema(widening, strlen(widening), &loose, &g) == TL_ERR_INVALID_ARGUMENT &&
               strstr(tl_last_error(), "unsupported keyword 'patternProperties'"),
           "loose still refuses patternProperties: %s", tl_last_error());
-    const char *nullable = "{\"type\":\"string\",\"nullable\":true}";
-    CHECK(tl_grammar_compile_json_schema(nullable, strlen(nullable), &loose, &g) == TL_ERR_INVALID_ARGUMENT &&
-              strstr(tl_last_error(), "unsupported keyword 'nullable'"),
-          "loose still refuses nullable: %s", tl_last_error());
+    test_openapi_and_generators();
     /* unsupported keywords are errors that name them */
     static const struct { const char *s, *needle; } bad[] = {
         {"{\"type\":\"string\",\"contentEncoding\":\"base64\"}", "unsupported keyword 'contentEncoding'"},
@@ -613,6 +731,8 @@ static void test_json_schema(void) {
         {"{\"$ref\":\"#/$defs/missing\"}", "points nowhere"},
         /* a branch's own fault, not the overlap its unknown type looked like */
         {"{\"oneOf\":[{\"type\":\"string\"},{\"$ref\":\"#/nope\"}]}", "at /oneOf/1: $ref '#/nope' points nowhere"},
+        {"{\"$defs\":{\"x\":{\"type\":\"bogus\"}},\"oneOf\":[{\"type\":\"string\"},{\"$ref\":\"#/$defs/x\"}]}",
+         "at #/$defs/x: unknown type 'bogus'"},
         {"{\"type\":\"object\",\"required\":[\"z\"],\"additionalProperties\":false}",
          "required property 'z' is not in 'properties', and additionalProperties is false: no object matches"},
         {"{\"type\":\"object\",\"required\":[1]}", "'required' must list property names (strings)"},
