@@ -339,6 +339,29 @@ describe("llamacpp view", function()
         assert.matches(("the prompt[1] (%d tokens) fills it"):format(model.max_seq_len), err.message, 1, true)
     end)
 
+    it("takes the sampler values llama.cpp takes past OpenAI's ranges, as its samplers read them", function()
+        local request = require "tinyloop.server.request"
+        local model = H.model()
+        local function cfg_of(body)
+            local req, err = request.parse(assert(llamacpp.to_completions(body)), model, "m", 16, llamacpp.View.PARSE_OPTIONS)
+            assert(req, err and err.message)
+            return req.cfg
+        end
+        -- top_k <= 0 is every token; top_p >= 1 none cut, <= 0 the likeliest token alone (top_k 1);
+        -- min_p <= 0 off, >= 1 the likeliest alone; presence and frequency penalties unbounded
+        local c = cfg_of('{"prompt": [1], "top_k": -5, "top_p": 1.5, "min_p": -1, "presence_penalty": 3, "frequency_penalty": -4}')
+        assert.same({ model.vocab_size, 1, 0, 3, -4 }, { c.top_k, c.top_p, c.min_p, c.presence_penalty, c.frequency_penalty })
+        c = cfg_of('{"prompt": [1], "top_p": -0.5, "min_p": 2}')
+        assert.same({ 1, 1, 1 }, { c.top_k, c.top_p, c.min_p })
+        c = cfg_of('{"prompt": [1], "top_p": 0}')
+        assert.same({ 1, 1 }, { c.top_k, c.top_p })
+        -- in range: as sent; not numbers: still refused, by name
+        c = cfg_of('{"prompt": [1], "top_k": 5, "top_p": 0.5, "min_p": 0.1}')
+        assert.same({ 5, 0.5, 0.1 }, { c.top_k, c.top_p, c.min_p })
+        local text, err = llamacpp.to_completions('{"prompt": [1], "top_p": "x"}')
+        assert.same({ nil, "top_p" }, { text, err and err.param })
+    end)
+
     it("caps min_tokens at n_predict and at the rest of the context (front ends send it for every backend)", function()
         local request = require "tinyloop.server.request"
         local model = H.model()

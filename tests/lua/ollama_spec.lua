@@ -81,6 +81,30 @@ describe("ollama.chat_to_chat", function()
         assert.same({ 40, 0.9, 1.1 }, { chat.top_k, chat.top_p, chat.repetition_penalty })
     end)
 
+    it("takes the sampler values Ollama's sampler clamps, and any penalty", function()
+        local request = require "tinyloop.server.request"
+        local H = require "helpers"
+        local model = H.model()
+        local chat_prompts = assert(require("tinyloop.chat").load(H.ROOT .. "/models/tinyloop-austen"))
+        local function cfg_of(options)
+            local _, body, view = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": ' .. options .. '}')
+            local req, err = request.parse_chat(body, model, ID, 8, chat_prompts, view.PARSE_OPTIONS)
+            assert(req, err and err.message)
+            return req.cfg
+        end
+        -- a temperature below 0 is 0 (greedy), top_p and min_p clamped into [0, 1], top_k <= 0
+        -- every token, penalties past [-2, 2] as sent
+        local c = cfg_of('{"temperature": -1, "top_p": 1.5, "min_p": 1.5, "top_k": -5, "frequency_penalty": 3, "presence_penalty": -3}')
+        assert.same({ 0, 1, 1, model.vocab_size, 3, -3 }, { c.temperature, c.top_p, c.min_p, c.top_k, c.frequency_penalty,
+                                                            c.presence_penalty })
+        c = cfg_of('{"top_p": -1, "min_p": -1}')
+        assert.same({ 1, 1, 0 }, { c.top_k, c.top_p, c.min_p }) -- (top_p 0: the likeliest token alone)
+        -- not numbers: refused, by name
+        local _, body, view = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"top_p": "high"}}')
+        local req, err = request.parse_chat(body, model, ID, 8, chat_prompts, view.PARSE_OPTIONS)
+        assert.same({ nil, "top_p" }, { req, err and err.param })
+    end)
+
     it("gives Ollama's tool calls ids, and each tool message the call it answers", function()
         local chat = chat_of([[{"messages": [{"role": "user", "content": "Weather?"},
             {"role": "assistant", "content": "", "thinking": "Both.", "tool_calls": [

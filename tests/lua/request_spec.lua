@@ -26,6 +26,21 @@ describe("request.parse", function()
         assert.same({ nil, nil }, { greedy.sample_seed, greedy.fixed_state_seed })
     end)
 
+    it("takes OpenAI's top_p range, [0, 1]: 0 the likeliest token alone", function()
+        -- (the engine's nucleus is in (0, 1] and keeps at least one token: top_k 1 keeps that one)
+        local c = cfg_of({ prompt = "It is", temperature = 1, top_p = 0 })
+        assert.same({ 1, 1 }, { c.top_k, c.top_p })
+        assert.same({ 0.5, nil }, { cfg_of({ prompt = "It is", top_p = 0.5 }).top_p, cfg_of({ prompt = "It is", top_p = 0.5 }).top_k })
+        for _, v in ipairs({ -0.1, 1.5 }) do
+            local req, err = request.parse(cjson.encode({ prompt = "It is", top_p = v }), model, "tinyloop-austen", 8, {})
+            assert.is_nil(req)
+            assert.same({ "top_p", ("top_p = %s must be in [0, 1]"):format(tostring(v)) }, { err.param, err.message })
+        end
+        -- OpenAI's range of the penalties stays here, [-2, 2]
+        local req, err = request.parse(cjson.encode({ prompt = "It is", presence_penalty = 3 }), model, "tinyloop-austen", 8, {})
+        assert.same({ nil, "presence_penalty" }, { req, err and err.param })
+    end)
+
     it("takes llama.cpp's fields, as its own OpenAI endpoints do (its web UI sends them there)", function()
         local chat = assert(require("tinyloop.chat").load(H.ROOT .. "/models/tinyloop-austen"))
         local function chat_cfg(t)

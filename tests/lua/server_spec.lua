@@ -1764,10 +1764,14 @@ describe("chat completions", function()
             local city = cjson.decode(call["function"].arguments).city
             assert.truthy(city == "Paris" or city == "Rome", call["function"].arguments)
         end
-        -- cut before a call is whole: no call, and no markup as content either
+        -- cut before a call is whole: no call, and no markup as content either (content "": an
+        -- agent's loop sends the message back, and a null content without calls is refused)
         status, body = post_chat({ messages = ask, tools = { WEATHER }, tool_choice = "required", max_tokens = 12 })
         answer = cjson.decode(body).choices[1]
-        assert.same({ "length", cjson.null, nil }, { answer.finish_reason, answer.message.content, answer.message.tool_calls })
+        assert.same({ "length", "", nil }, { answer.finish_reason, answer.message.content, answer.message.tool_calls })
+        local again = { ask[1], answer.message, { role = "user", content = "Again." } }
+        status, body = post_chat({ messages = again, max_tokens = 2 })
+        assert.equal(200, status, body)
         local streamed_text, streamed_calls, _, finish = streamed(select(2, post_chat({ messages = ask, tools = { WEATHER },
             tool_choice = "required", max_tokens = 12, stream = true }, "-N")))
         assert.same({ "", {}, "length" }, { streamed_text, streamed_calls, finish })

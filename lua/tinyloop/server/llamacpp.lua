@@ -183,8 +183,9 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
             if window == "off" and shapes.PENALTIES[as] then -- (turned off: reported as sent, not applied)
                 penalties[#penalties + 1] = { name, raw[name] }
             else
-                -- (a temperature below 0 samples greedily in llama.cpp, its probabilities still given)
-                local text = (name == "temperature" and v < 0) and "0" or raw[name]
+                -- (a temperature below 0 samples greedily in llama.cpp, its probabilities still
+                -- given; top_k below 0 is every token, top_p and min_p past [0, 1] the bound)
+                local text = shapes.native_sampler_text(name, v, raw[name])
                 if name == "repeat_penalty" then text = shapes.repeat_penalty_text(v, text) end
                 members[#members + 1] = { as, text }
             end
@@ -303,7 +304,7 @@ end
 
 -- (LOGPROB_ENTRIES: the completions path writes its logprobs as the chat API's entries, with
 -- token ids, which completion_probabilities is made of)
-local View = { ID_PREFIX = "llamacpp", FRAME = "data", PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS },
+local View = { ID_PREFIX = "llamacpp", FRAME = "data", PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS, any_penalty = true },
                LOGPROB_ENTRIES = true }
 View.__index = View
 _M.View = View

@@ -114,8 +114,8 @@ local function common(t, raw, members, thinks, model_id)
                 members[#members + 1] = { "seed", shapes.integer(shapes.random_seed()) }
             elseif k == "repeat_penalty" then
                 members[#members + 1] = { OPTIONS[k], shapes.repeat_penalty_text(v, raw_options[k]) }
-            elseif type(OPTIONS[k]) == "string" then
-                members[#members + 1] = { OPTIONS[k], raw_options[k] }
+            elseif type(OPTIONS[k]) == "string" then -- (a value past OpenAI's range as Ollama's sampler takes it)
+                members[#members + 1] = { OPTIONS[k], shapes.native_sampler_text(k, v, raw_options[k]) }
             end
         end
     end
@@ -251,7 +251,7 @@ end
 -- (PARSE_OPTIONS: Ollama's rules where the chat request's differ: num_predict is a cap, the
 -- rest of the context at most; stop strings are not limited to OpenAI's 4)
 local View = { ID_PREFIX = "ollama", CONTENT_TYPE = "application/x-ndjson", FRAME = "ndjson",
-               PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS } }
+               PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS, any_penalty = true } }
 View.__index = View
 
 -- chat_to_chat(body, model_id, thinks) -> an /api/chat request's chat body, and its view; or

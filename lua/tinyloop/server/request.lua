@@ -1038,7 +1038,7 @@ end
 
 -- What both APIs share, into cfg: model, n, the sampling adjustments, stream_options, the
 -- grammar, stop strings. -> { n, include_usage, grammar_field } | nil, err.
-local function shared_fields(t, body, model, model_id, cfg, max_stops)
+local function shared_fields(t, body, model, model_id, cfg, opts)
     local ok, e = check_model(t, model_id)
     if not ok then return nil, e end
     if t.n ~= nil and t.n < 1 then return bad(("n = %d must be >= 1"):format(t.n), "n") end
@@ -1051,8 +1051,8 @@ local function shared_fields(t, body, model, model_id, cfg, max_stops)
         cfg.sample_seed = require("tinyloop.server.shapes").random_seed()
         cfg.fixed_state_seed = true
     end
-    for _, k in ipairs({ "presence_penalty", "frequency_penalty" }) do
-        if t[k] ~= nil and not (t[k] >= -MAX_PENALTY and t[k] <= MAX_PENALTY) then
+    for _, k in ipairs({ "presence_penalty", "frequency_penalty" }) do -- (llama.cpp and Ollama take any value)
+        if t[k] ~= nil and not opts.any_penalty and not (t[k] >= -MAX_PENALTY and t[k] <= MAX_PENALTY) then
             return bad(("%s = %s must be in [-%d, %d]"):format(k, tostring(t[k]), MAX_PENALTY, MAX_PENALTY), k)
         end
     end
@@ -1066,6 +1066,12 @@ local function shared_fields(t, body, model, model_id, cfg, max_stops)
     if t.top_k and t.top_k < -1 then
         return bad(("top_k = %d must be at least 1, or 0 or -1 (every token)"):format(t.top_k), "top_k")
     end
+    -- OpenAI's top_p is in [0, 1]; the engine's nucleus, in (0, 1] (SPEC), keeps the likeliest
+    -- token alone as top_p nears 0: so does top_k 1, which 0 is here
+    if t.top_p ~= nil and not (t.top_p >= 0 and t.top_p <= 1) then
+        return bad(("top_p = %s must be in [0, 1]"):format(tostring(t.top_p)), "top_p")
+    end
+    if t.top_p == 0 then cfg.top_p, cfg.top_k = 1, 1 end
     local include_usage = false
     if t.stream_options ~= nil then
         for k, v in pairs(t.stream_options) do
@@ -1088,7 +1094,7 @@ local function shared_fields(t, body, model, model_id, cfg, max_stops)
     if g == nil then return nil, grammar_field end
     if g then cfg.grammar = g end
     if t.stop ~= nil then
-        local stops, e = stop_strings(t.stop, max_stops)
+        local stops, e = stop_strings(t.stop, opts.max_stops)
         if not stops then return nil, e end
         if not model.has_tokenizer then return bad("stop strings need a tokenizer, which this model lacks", "stop") end
         cfg.stop_strings = stops
@@ -1162,14 +1168,15 @@ end
 -- "response_format" when cfg.grammar is set). A request has #prompts * best_of sessions, at
 -- most max_choices (default 16), and answers #prompts * n choices.
 -- opts (optional): another API's rules (Ollama's): max_stops (its limit on stop strings),
--- room (max_tokens, or its absence, is a cap: the rest of the context at most).
+-- room (max_tokens, or its absence, is a cap: the rest of the context at most), any_penalty
+-- (presence and frequency penalties past OpenAI's [-2, 2]: llama.cpp's and Ollama's).
 local function parse_completions(body, model, model_id, max_choices, opts)
     opts = opts or {}
     local t, cfg, cap = decode_fields(body, FIELDS, OPENAI_NO_OPS)
     if not t then return nil, cfg end
     if cap then opts = setmetatable({ room = true }, { __index = opts }) end
     if t.prompt == nil then return bad("prompt is required", "prompt") end
-    local shared, err = shared_fields(t, body, model, model_id, cfg, opts.max_stops)
+    local shared, err = shared_fields(t, body, model, model_id, cfg, opts)
     if not shared then return nil, err end
     local n = shared.n
     local best = t.best_of or n
@@ -1381,7 +1388,7 @@ local function parse_chat(body, model, model_id, max_choices, chat, opts)
         return bad("max_tokens and max_completion_tokens are one setting: send one of them, or both at one value",
                    "max_completion_tokens")
     end
-    local shared, err = shared_fields(t, body, model, model_id, cfg, opts.max_stops)
+    local shared, err = shared_fields(t, body, model, model_id, cfg, opts)
     if not shared then return nil, err end
     if not model.has_tokenizer then return bad("chat needs a tokenizer, which this model lacks: use /v1/completions with token ids", "messages") end
     -- (a thinking model's block around the calls' grammar: the server's, once the prompt is known)

@@ -309,6 +309,26 @@ function _M.repeat_penalty_text(v, raw)
     return penalty == v and raw or _M.encode(penalty)
 end
 
+-- A sampler's value as llama.cpp's and Ollama's servers take it where OpenAI's ranges, which
+-- the request parser keeps, refuse it: Ollama's sampler clamps a temperature below 0 to 0 and
+-- top_p and min_p into [0, 1] (its NewSampler), and samples every token at top_k <= 0;
+-- llama.cpp's samplers skip top_k <= 0 and top_p >= 1, keep the likeliest token alone at
+-- top_p <= 0 and min_p >= 1, skip min_p <= 0, and sample greedily below temperature 0. Both
+-- read as these clamps. raw: the JSON text of v; anything but a number stays as sent (the
+-- parser names what is wrong with it). -> the text the request parser is given.
+function _M.native_sampler_text(name, v, raw)
+    if type(v) ~= "number" then return raw end
+    local taken = v
+    if name == "temperature" then
+        taken = math.max(v, 0)
+    elseif name == "top_k" then
+        taken = (_M.KIND_OK.integer(v) and v < 0) and 0 or v
+    elseif name == "top_p" or name == "min_p" then
+        taken = math.min(math.max(v, 0), 1)
+    end
+    return taken == v and raw or _M.encode(taken)
+end
+
 -- (llama.cpp's samplers this engine lacks, and its fields that change nothing here: request's)
 _M.LLAMACPP_OFF = require("tinyloop.server.request").LLAMACPP_OFF
 
