@@ -276,9 +276,34 @@ static const char k_schema[] =
     "\"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}, \"minItems\": 1, \"maxItems\": 3}, "
     "\"pair\": {\"type\": \"array\", \"prefixItems\": [{\"type\": \"number\"}, {\"type\": \"boolean\"}]}, "
     "\"either\": {\"anyOf\": [{\"type\": \"string\", \"pattern\": \"^[a-z]+$\"}, {\"type\": \"null\"}]}, "
-    "\"opt\": {\"type\": [\"string\", \"null\"]}, \"when\": {\"type\": \"string\", \"format\": \"date\"}}, "
-    "\"required\": [\"name\", \"kind\"], \"additionalProperties\": {\"type\": \"integer\"}}";
+    "\"opt\": {\"type\": [\"string\", \"null\"]}, \"when\": {\"type\": \"string\", \"format\": \"date\"}, "
+    /* oneOf over $refs, a type beside anyOf, nullable, a draft-07 tuple (schema_bits' table:
+       its failure was a schema error, "branch 0 may be of another") */
+    "\"pet\": {\"oneOf\": [{\"$ref\": \"#/$defs/cat\"}, {\"$ref\": \"#/$defs/dog\"}]}, "
+    "\"shape\": {\"type\": \"object\", \"anyOf\": [{\"properties\": {\"r\": {\"type\": \"number\"}}}, "
+    "{\"properties\": {\"w\": {\"type\": \"number\"}}}]}, \"note\": {\"type\": \"string\", \"nullable\": true}, "
+    "\"xy\": {\"type\": \"array\", \"items\": [{\"type\": \"integer\"}, {\"type\": \"integer\"}]}}, "
+    "\"$defs\": {\"cat\": {\"type\": \"object\", \"properties\": {\"k\": {\"const\": \"cat\"}}, \"required\": [\"k\"]}, "
+    "\"dog\": {\"type\": \"object\", \"properties\": {\"k\": {\"const\": \"dog\"}}, \"required\": [\"k\"]}}, "
+    "\"required\": [\"name\", \"kind\", \"extra\", \"more\"], \"additionalProperties\": {\"type\": \"integer\"}}";
 static char *schema_reference; /* the GBNF of the run without injection */
+/* Small schemas whose first allocations are the table of schema_bits (a type beside anyOf, a
+   oneOf): its failure was reported as the schema's fault ("branch 0 may be of another", "a
+   value may match both"), not as out of memory. */
+static tl_status json_schema_small(void) {
+    static const char *const schemas[] = {
+        "{\"type\":\"object\",\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}},"
+        "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"string\"}}}]}",
+        "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}"};
+    tl_status st = TL_OK;
+    for (size_t i = 0; i < sizeof schemas / sizeof *schemas && st == TL_OK; i++) {
+        char *gbnf = NULL;
+        st = tl_json_schema_to_gbnf(schemas[i], strlen(schemas[i]), NULL, &gbnf, NULL);
+        tl_free(gbnf);
+    }
+    return st;
+}
+
 static tl_status json_schema(void) {
     char *gbnf = NULL;
     size_t len = 0;
@@ -351,6 +376,7 @@ int main(int argc, char **argv) {
     inject("engine", engine_run);
     inject("grammars", grammars);
     inject("json schema", json_schema);
+    inject("json schema small", json_schema_small);
     free(schema_reference);
     tl_model_free(model);
     return check_summary();

@@ -344,6 +344,19 @@ static void test_openapi_and_generators(void) {
     static const char *rn[] = {"[\"x\"]", NULL};
     expect(g, "nullable $ref", ry, rn);
     tl_compiled_grammar_free(g);
+    /* allOf: null where every branch is nullable (the merge), not where one is not */
+    g = schema("{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"nullable\":true},"
+               "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"}},\"nullable\":true}]}");
+    static const char *ay2[] = {"null", "{\"a\":1,\"b\":2}", NULL};
+    static const char *an2[] = {"1", NULL};
+    expect(g, "allOf of nullable branches", ay2, an2);
+    tl_compiled_grammar_free(g);
+    g = schema("{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"nullable\":true},"
+               "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"}}}]}");
+    static const char *ay3[] = {"{\"a\":1,\"b\":2}", NULL};
+    static const char *an3[] = {"null", NULL};
+    expect(g, "allOf of one nullable branch", ay3, an3);
+    tl_compiled_grammar_free(g);
     /* oneOf: null is in both branches, or in one and the other's const: they meet */
     static const char *const meet[] = {
         "{\"oneOf\":[{\"type\":\"string\",\"nullable\":true},{\"type\":\"integer\",\"nullable\":true}]}",
@@ -402,6 +415,11 @@ static void test_openapi_and_generators(void) {
     static const char *tn2[] = {"[\"a\",\"b\"]", "[1]", NULL};
     expect(g, "draft-07 tuple and additionalItems", ty2, tn2);
     tl_compiled_grammar_free(g);
+    const char *closed = "{\"type\":\"array\",\"items\":[{\"type\":\"integer\"}],\"additionalItems\":false,\"minItems\":2}";
+    g = NULL;
+    CHECK(tl_grammar_compile_json_schema(closed, strlen(closed), NULL, &g) == TL_ERR_INVALID_ARGUMENT &&
+              strstr(tl_last_error(), "minItems 2 exceeds the 1 items (a tuple without additionalItems)"),
+          "a closed tuple under minItems, in its own words: %s", tl_last_error());
     const char *both = "{\"type\":\"array\",\"items\":[{}],\"prefixItems\":[{}]}";
     g = NULL;
     CHECK(tl_grammar_compile_json_schema(both, strlen(both), NULL, &g) == TL_ERR_INVALID_ARGUMENT &&
