@@ -486,6 +486,12 @@ typedef struct tl_generate_config {
        under different seeds share it (a server's unseeded requests, each with a random seed).
        Other models ignore it. */
     int fixed_state_seed;            /* 0; 1 */
+    /* The sampler's order. 0: Hugging Face's and vLLM's, the temperature scales the logits and
+       then top_k, top_p and min_p cut. 1: llama.cpp's default chain (its server's `samplers`
+       with the temperature after the cuts): top_p and min_p cut the distribution at
+       temperature 1, and the temperature then applies to the tokens they leave (top_k's cut
+       is the same either way). Greedy decoding is the same either way. */
+    int temperature_last;            /* 0; 1 */
 } tl_generate_config;
 
 enum { TL_MAX_REASONING_TAG = 16 }; /* the most ids of reasoning_start and reasoning_end */

@@ -356,8 +356,8 @@ void tl_distribution_free(tl_distribution *d) {
    k 500, the heap 125 us and the radix sort 298; k 1000, the heap 481 and the sort 295). */
 #define RADIX_TOP_K 768
 
-bool tl_distribution_build(tl_distribution *d, const float *logits, float temperature, int top_k,
-                           float top_p, float min_p) {
+bool tl_distribution_build(tl_distribution *d, const float *logits, float temperature, int top_k, float top_p,
+                           float min_p, bool temperature_last) {
     const int vocab = d->vocab, k = top_k < 1 || top_k > vocab ? vocab : top_k;
     /* the radix sort's scratch on first use (without it, out of memory, the heap ranks) */
     if (k >= RADIX_TOP_K && !d->scratch) d->scratch = malloc(tl_top_k_radix_scratch(vocab) * sizeof *d->scratch);
@@ -373,8 +373,9 @@ bool tl_distribution_build(tl_distribution *d, const float *logits, float temper
         n = n_inf;
         for (int i = 0; i < n; i++) d->probs[i] = 1.0 / n;
     } else {
-        /* Softmax in double, from the largest logit. */
-        const double inv_t = 1.0 / (double)temperature, top = (double)d->values[0];
+        /* Softmax in double, from the largest logit (at temperature 1 where the cuts come
+           first: temperature_last). */
+        const double inv_t = temperature_last ? 1.0 : 1.0 / (double)temperature, top = (double)d->values[0];
         for (int i = 0; i < n; i++) sum += (d->probs[i] = exp(((double)d->values[i] - top) * inv_t));
         for (int i = 0; i < n; i++) d->probs[i] /= sum;
     }
@@ -397,7 +398,13 @@ bool tl_distribution_build(tl_distribution *d, const float *logits, float temper
         while (keep < n && d->probs[keep] >= threshold) keep++;
         n = keep;
     }
-    if (n < before_cuts) {
+    if (temperature_last && d->values[0] != INFINITY && temperature != 1.0f) {
+        /* the temperature, on the tokens the cuts left (llama.cpp's chain) */
+        const double inv_t = 1.0 / (double)temperature, top = (double)d->values[0];
+        sum = 0.0;
+        for (int i = 0; i < n; i++) sum += (d->probs[i] = exp(((double)d->values[i] - top) * inv_t));
+        for (int i = 0; i < n; i++) d->probs[i] /= sum;
+    } else if (n < before_cuts) {
         sum = 0.0;
         for (int i = 0; i < n; i++) sum += d->probs[i];
         for (int i = 0; i < n; i++) d->probs[i] /= sum;

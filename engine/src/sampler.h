@@ -107,9 +107,12 @@ typedef struct tl_distribution {
 
 tl_status tl_distribution_init(tl_distribution *d, int vocab);
 void tl_distribution_free(tl_distribution *d);
-/* Returns false when no token has a finite logit. */
-bool tl_distribution_build(tl_distribution *d, const float *logits, float temperature, int top_k,
-                           float top_p, float min_p);
+/* The sampling distribution: top_k's candidates, cut by top_p then min_p, at `temperature`
+   (temperature_last: the cuts read the distribution at temperature 1, and the temperature
+   applies to the tokens left, llama.cpp's order; tinyloop.h). Returns false when no token
+   has a finite logit. */
+bool tl_distribution_build(tl_distribution *d, const float *logits, float temperature, int top_k, float top_p,
+                           float min_p, bool temperature_last);
 int32_t tl_distribution_draw(const tl_distribution *d, tl_rng *rng);
 
 #endif

@@ -338,7 +338,7 @@ int32_t tl_session_choose(tl_session *s) {
     const tl_generate_config *c = &s->cfg;
     if (s->forced_token >= 0) return s->forced_token; /* the grammar allowed one token */
     if (s->greedy) return tl_argmax(s->work, s->m->cfg.vocab_size);
-    return tl_distribution_build(&s->dist, s->work, c->temperature, c->top_k, c->top_p, c->min_p)
+    return tl_distribution_build(&s->dist, s->work, c->temperature, c->top_k, c->top_p, c->min_p, c->temperature_last)
                ? tl_distribution_draw(&s->dist, &s->rng)
                : -1;
 }

@@ -141,7 +141,8 @@ static tl_status spec_open(tl_session *s) {
 /* Dense distribution (after temperature, top-k, top-p, min-p) of processed logits; false if empty. */
 static bool dense_distribution(tl_session *s, const float *logits, double *out, double *total) {
     const int vocab = s->m->cfg.vocab_size;
-    if (!tl_distribution_build(&s->dist, logits, s->cfg.temperature, s->cfg.top_k, s->cfg.top_p, s->cfg.min_p)) return false;
+    if (!tl_distribution_build(&s->dist, logits, s->cfg.temperature, s->cfg.top_k, s->cfg.top_p, s->cfg.min_p,
+                               s->cfg.temperature_last)) return false;
     memset(out, 0, (size_t)vocab * sizeof(double));
     for (int i = 0; i < s->dist.n; i++) out[s->dist.ids[i]] = s->dist.probs[i];
     *total = 0.0;

@@ -11,8 +11,8 @@
  * resume must name the grammar again, whose matcher then accepts the emitted tokens anew
  * (fork.c).
  *
- * The layout, little-endian, no padding (version 7; version 6, still read, has no grammar
- * fingerprint, version 5 ends the config at penalties_count_prompt, version 4 at the reasoning tags, version 3 at min_tokens,
+ * The layout, little-endian, no padding (version 8; version 7, still read, ends the config at
+ * fixed_state_seed, version 6 also has no grammar fingerprint, version 5 ends the config at penalties_count_prompt, version 4 at the reasoning tags, version 3 at min_tokens,
  * version 2 at the logit_bias entries, and version 1 at the stop strings):
  *     "TLSTATE\0"  u32 version  u64 model fingerprint (model.c)
  *     u32 kv_type  u32 vocab  u32 n_slots  u32 kv_dim
@@ -31,6 +31,7 @@
  *             of reasoning_end (the budget's state is replayed from the tokens)
  *             i32 penalty_window penalties_count_prompt
  *             i32 keep_special_text fixed_state_seed
+ *             i32 temperature_last
  *     i32 prompt_len  i32 n_tokens  i32 tokens[n_tokens]
  *     u64 rng[4]  u8 prompt_done  u8 compiled_grammar  u64 grammar fingerprint (grammar.h;
  *             0: none)  u64 text_shown
@@ -60,13 +61,13 @@
 
 static const char STATE_MAGIC[8] = "TLSTATE";
 #define STATE_START_BYTES (sizeof STATE_MAGIC + 4) /* the magic and the version */
-#define STATE_VERSION 7u
+#define STATE_VERSION 8u
 #define STATE_OLDEST_READ 1u /* a version 1 state has no logit_bias nor presence/frequency penalties,
                                 version 2 no min_p nor min_tokens, version 3 no thinking budget,
                                 version 4 no penalty_window nor penalties_count_prompt,
                                 version 5 no keep_special_text nor fixed_state_seed,
                                 version 6 no grammar fingerprint (any grammar that takes the
-                                tokens resumes it) */
+                                tokens resumes it), version 7 no temperature_last */
 #define STATE_MAX_FILE_BYTES ((size_t)1 << 40)
 
 static bool host_is_little_endian(void) {
@@ -162,6 +163,7 @@ static void write_config(state_writer *w, const tl_generate_config *c) {
     put_i32(w, c->penalties_count_prompt);
     put_i32(w, c->keep_special_text);
     put_i32(w, c->fixed_state_seed);
+    put_i32(w, c->temperature_last);
 }
 
 static void write_stats(state_writer *w, const tl_session *s) {
@@ -438,6 +440,7 @@ static tl_status read_config_fields(state_reader *r, read_config *rc) {
         c->keep_special_text = get_i32(r);
         c->fixed_state_seed = get_i32(r);
     }
+    if (r->version >= 8) c->temperature_last = get_i32(r); /* validated by tl_session_create */
     return r->short_read ? MALFORMED("the bytes end inside the config") : TL_OK;
 }
 

@@ -175,7 +175,8 @@ static tl_status validate_fields(const tl_model *m, const int32_t *prompt, int p
     /* the 0/1 fields (another value was taken as true, or as false, by whichever reader) */
     const struct { const char *name; int value; } flags[] = {
         {"penalties_count_prompt", c->penalties_count_prompt}, {"keep_special_text", c->keep_special_text},
-        {"fixed_state_seed", c->fixed_state_seed}, {"ignore_eos", c->ignore_eos}};
+        {"fixed_state_seed", c->fixed_state_seed}, {"ignore_eos", c->ignore_eos},
+        {"temperature_last", c->temperature_last}};
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!is_flag(flags[i].value))
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s = %d must be 0 or 1", flags[i].name, flags[i].value);

@@ -220,6 +220,7 @@ typedef struct tl_generate_config {
     int reasoning_open;
     int keep_special_text;
     int fixed_state_seed;
+    int temperature_last;
 } tl_generate_config;
 enum { TL_MAX_REASONING_TAG = 16 };
 void tl_generate_config_init(tl_generate_config *cfg);

@@ -50,6 +50,7 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
   -k, --top-k K              keep the K most likely tokens (default 50)
       --top-p P              nucleus mass in (0, 1] (default 1)
       --min-p P              keep tokens at least P times as likely as the first, P in [0, 1]
+      --temperature-last     top-p and min-p cut at temperature 1, the temperature after (llama.cpp's order)
                              (default 0: off)
       --thinking-budget N    a thinking model's <think> block holds N tokens at most: then
                              </think> is written for it and the answer follows (the block is
@@ -131,6 +132,7 @@ local OPTIONS = {
     ["--penalty-window"] = { "penalty_window", "int" },
     ["--penalties-count-prompt"] = { "penalties_count_prompt", "flag" },
     ["--min-p"] = { "min_p", "number" },
+    ["--temperature-last"] = { "temperature_last", "flag" },
     ["--thinking-budget"] = { "reasoning_budget", "int" },
     ["--min-tokens"] = { "min_tokens", "int" },
     ["--cache-window"] = { "cache_window", "int" },

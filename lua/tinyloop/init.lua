@@ -296,10 +296,10 @@ local function set_number(c, field, v, kind)
     end
 end
 
-local BOOLEAN_FIELDS = { "ignore_eos", "penalties_count_prompt", "keep_special_text", "fixed_state_seed" }
+local BOOLEAN_FIELDS = { "ignore_eos", "penalties_count_prompt", "keep_special_text", "fixed_state_seed", "temperature_last" }
 local OTHER_FIELDS = {
     stop_sequences = true, stop_strings = true, ignore_eos = true, penalties_count_prompt = true, keep_special_text = true,
-    fixed_state_seed = true, logit_bias = true,
+    fixed_state_seed = true, temperature_last = true, logit_bias = true,
     on_token = true, stop_when = true, logits_processor = true, grammar = true,
     speculative = true, verify_loops = true, early_exit_criterion = true, depth_policy = true,
     reasoning_start = true, reasoning_end = true, reasoning_open = true,

@@ -75,7 +75,7 @@ static int run_call(const call *c, const float *row, buffers *b) {
     case ARGMAX: return tl_argmax(row, b->vocab);
     case TOP_K: return tl_top_k(row, b->vocab, c->k, b->ids, b->values);
     case RADIX: return tl_top_k_radix(row, b->vocab, c->k, b->ids, b->values, b->scratch);
-    case DISTRIBUTION: return tl_distribution_build(&b->dist, row, 0.8f, c->k, c->top_p, 0.0f) ? b->dist.n : -1;
+    case DISTRIBUTION: return tl_distribution_build(&b->dist, row, 0.8f, c->k, c->top_p, 0.0f, false) ? b->dist.n : -1;
     }
     return -1;
 }

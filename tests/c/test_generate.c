@@ -185,7 +185,7 @@ static void test_top_k_radix(void) {
     for (int i = 0; i < BIG; i++) row[i] = (float)((i * 7919) % 1000) * 0.01f - (i % 13 == 0 ? INFINITY : 0.0f);
     tl_distribution dist;
     CHECK(tl_distribution_init(&dist, BIG) == TL_OK, "distribution of %d tokens", BIG);
-    CHECK(tl_distribution_build(&dist, row, 0.8f, 0, 1.0f, 0.0f), "build over every token");
+    CHECK(tl_distribution_build(&dist, row, 0.8f, 0, 1.0f, 0.0f, false), "build over every token");
     const int want = tl_top_k(row, BIG, BIG, want_ids, want_values);
     bool same = dist.n == want && dist.scratch != NULL && memcmp(dist.ids, want_ids, (size_t)want * sizeof(int32_t)) == 0;
     double *probs = malloc((size_t)want * sizeof *probs), sum = 0.0; /* (the build's softmax, spelled out) */
@@ -255,7 +255,7 @@ static void test_distribution_chi_square(void) {
 
     tl_distribution d;
     tl_distribution_init(&d, 8);
-    CHECK(tl_distribution_build(&d, logits, T, top_k, top_p, 0.0f), "build");
+    CHECK(tl_distribution_build(&d, logits, T, top_k, top_p, 0.0f, false), "build");
     CHECK(d.n == keep, "kept %d candidates, expected %d", d.n, keep);
     for (int i = 0; i < d.n && i < keep; i++)
         CHECK(d.ids[i] == order[i] && fabs(d.probs[i] - p[i]) < 1e-12, "candidate %d: id %d p %.6f", i, d.ids[i], d.probs[i]);
@@ -276,7 +276,7 @@ static void test_distribution_chi_square(void) {
     printf("  sampler chi-square %.2f (df %d, %d draws)\n", chi2, keep - 1, draws);
     float all_banned[8];
     for (int i = 0; i < 8; i++) all_banned[i] = -INFINITY;
-    CHECK(!tl_distribution_build(&d, all_banned, 1.0f, 5, 1.0f, 0.5f), "all -inf must yield no distribution");
+    CHECK(!tl_distribution_build(&d, all_banned, 1.0f, 5, 1.0f, 0.5f, false), "all -inf must yield no distribution");
     CHECK(tl_argmax(all_banned, 8) == -1, "argmax of all -inf");
     const float ties[4] = {1.0f, 3.0f, NAN, 3.0f};
     CHECK(tl_argmax(ties, 4) == 1, "argmax ties go to the lowest id, NaN never wins");
@@ -571,6 +571,62 @@ static void test_penalty_window(void) {
           "chain speculation with a penalty window differs from plain decoding");
 }
 
+/* temperature_last (tinyloop.h): llama.cpp's order, top_p and min_p cut the distribution at
+   temperature 1 and the temperature applies to the tokens left. At T = 1 the probabilities
+   are 0.636, 0.234, 0.086, 0.032, 0.012; at T = 2, 0.428, 0.260, 0.158, 0.096, 0.058. */
+static void test_temperature_last(void) {
+    const float logits[5] = {3.0f, 2.0f, 1.0f, 0.0f, -1.0f};
+    const struct { float temperature, top_p, min_p; bool last; int want; } cases[] = {
+        {2.0f, 0.8f, 0.0f, true, 2},   /* 0.636 + 0.234 reach 0.8 */
+        {2.0f, 0.8f, 0.0f, false, 3},  /* 0.428 + 0.260 + 0.158 */
+        {2.0f, 1.0f, 0.3f, true, 2},   /* e^-1 = 0.37 of the first, e^-2 = 0.14 not */
+        {2.0f, 1.0f, 0.3f, false, 3},  /* e^-0.5, e^-1, not e^-1.5 = 0.22 */
+        {0.5f, 0.9f, 0.0f, true, 3},   /* 0.636 + 0.234 + 0.086 */
+        {0.5f, 0.9f, 0.0f, false, 2},  /* 0.867 + 0.117 */
+        {1.0f, 0.8f, 0.3f, true, 2},   /* at T = 1 the two orders are one */
+        {1.0f, 0.8f, 0.3f, false, 2},
+    };
+    tl_distribution d;
+    tl_distribution_init(&d, 5);
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        CHECK(tl_distribution_build(&d, logits, cases[c].temperature, 5, cases[c].top_p, cases[c].min_p, cases[c].last), "build");
+        CHECK(d.n == cases[c].want, "case %zu: %d candidates, want %d", c, d.n, cases[c].want);
+        /* the tokens left at the temperature, either way: p_i / p_0 = exp((l_i - l_0) / T) */
+        double sum = 0.0;
+        for (int i = 0; i < d.n; i++) {
+            sum += d.probs[i];
+            const double ratio = exp(((double)logits[d.ids[i]] - 3.0) / (double)cases[c].temperature);
+            CHECK(d.ids[i] == i && fabs(d.probs[i] / d.probs[0] - ratio) < 1e-12, "case %zu candidate %d: p / p_first %.6f, want %.6f",
+                  c, i, d.probs[i] / d.probs[0], ratio);
+        }
+        CHECK(fabs(sum - 1.0) < 1e-12, "case %zu: probabilities sum to %.15f", c, sum);
+    }
+    tl_distribution_free(&d);
+    /* in a session: validated as a flag, and sampling follows it (seeded: some seed differs) */
+    tl_generate_config cfg;
+    init_cfg(&cfg);
+    cfg.temperature_last = 2;
+    int32_t prompt[3] = {7, 8, 9}, first[CAP], last[CAP];
+    int32_t out[4];
+    int n_out = 0;
+    CHECK(tl_generate(model, prompt, 3, &cfg, out, 4, &n_out, NULL) == TL_ERR_INVALID_ARGUMENT &&
+              strstr(tl_last_error(), "temperature_last = 2 must be 0 or 1"),
+          "temperature_last 2: %s", tl_last_error());
+    cfg.ignore_eos = 1;
+    cfg.temperature = 1.7f;
+    cfg.top_p = 0.6f;
+    bool differs = false;
+    for (uint64_t seed = 1; seed <= 8 && !differs; seed++) {
+        cfg.sample_seed = seed;
+        cfg.temperature_last = 0;
+        const int n_first = gen(model, prompt, 3, &cfg, first, NULL);
+        cfg.temperature_last = 1;
+        const int n_last = gen(model, prompt, 3, &cfg, last, NULL);
+        differs = n_first != n_last || memcmp(first, last, (size_t)n_first * sizeof *first) != 0;
+    }
+    CHECK(differs, "temperature_last changed no sampled generation over 8 seeds");
+}
+
 /* min_p (tinyloop.h): after top-k and top-p, the candidates at least min_p times as likely
    as the first, renormalised; on one row by hand, then in generation. */
 static void test_min_p(void) {
@@ -586,7 +642,7 @@ static void test_min_p(void) {
     tl_distribution d;
     tl_distribution_init(&d, 8);
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        CHECK(tl_distribution_build(&d, logits, 1.0f, cases[c].top_k, cases[c].top_p, cases[c].min_p), "build");
+        CHECK(tl_distribution_build(&d, logits, 1.0f, cases[c].top_k, cases[c].top_p, cases[c].min_p, false), "build");
         CHECK(d.n == cases[c].want, "top_k %d top_p %g min_p %g: %d candidates, want %d", cases[c].top_k,
               (double)cases[c].top_p, (double)cases[c].min_p, d.n, cases[c].want);
         double sum = 0.0;
@@ -1055,6 +1111,7 @@ int main(int argc, char **argv) {
     test_logit_adjustments();
     test_penalty_window();
     test_min_p();
+    test_temperature_last();
     test_min_tokens();
     test_stop_reasons();
     test_step_batch_stats();

@@ -194,9 +194,9 @@ static bool copy_with_other_weight(const char *dir, const char *out) {
 }
 
 /* Where refusals' state (4 prompt tokens, 5 emitted, no grammar) holds the grammar
-   fingerprint: after the 208 bytes up to its tokens, the 9 tokens, the RNG, prompt_done and
+   fingerprint: after the 212 bytes up to its tokens, the 9 tokens, the RNG, prompt_done and
    compiled_grammar. */
-#define GRAMMAR_FINGERPRINT_AT (208 + 4 * 9 + 32 + 2)
+#define GRAMMAR_FINGERPRINT_AT (212 + 4 * 9 + 32 + 2)
 
 static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, const char *other_dir) {
     const int32_t prompt[4] = {5, 6, 7, 8};
@@ -306,24 +306,26 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     CHECK_ERROR(tl_session_state_from_bytes(m, bytes, 5, &out), TL_ERR_FORMAT, "not a TinyLoop state");
     CHECK_ERROR(tl_session_state_from_bytes(m, "{\"not\": \"a state\"}", 18, &out), TL_ERR_FORMAT, "not a TinyLoop state");
     memcpy(copy, bytes, len);
-    copy[8] = 8; /* version 8: a later build's */
-    CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "version 8");
+    copy[8] = 9; /* version 9: a later build's */
+    CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "version 9");
 
-    /* Older layouts are still read, and resume as this one does: version 6 (before the
-       grammar fingerprint: this one's bytes without its 8, at GRAMMAR_FINGERPRINT_AT, 0 here),
-       version 5 (also before keep_special_text and fixed_state_seed: without their 8, at 192),
-       version 4 (also before penalty_window and penalties_count_prompt: without 16 at 184),
-       version 3 (also before the thinking budget: without 32 at 168), version 2 (also before
-       min_p and min_tokens: without 40 at 160) and version 1 (also before logit_bias and the
-       presence and frequency penalties: without 52 bytes at 148). */
+    /* Older layouts are still read, and resume as this one does: version 7 (before
+       temperature_last: without its 4, at 200), version 6 (also before the grammar
+       fingerprint: this one's bytes without its 8, at GRAMMAR_FINGERPRINT_AT, 0 here),
+       version 5 (also before keep_special_text and fixed_state_seed: without 12, at 192),
+       version 4 (also before penalty_window and penalties_count_prompt: without 20 at 184),
+       version 3 (also before the thinking budget: without 36 at 168), version 2 (also before
+       min_p and min_tokens: without 44 at 160) and version 1 (also before logit_bias and the
+       presence and frequency penalties: without 56 bytes at 148). */
     const struct { uint8_t version; size_t at, cut; } older[] = {
-        {6, 0, 0}, {5, 192, 8}, {4, 184, 16}, {3, 168, 32}, {2, 160, 40}, {1, 148, 52}};
+        {7, 200, 4}, {6, 200, 4}, {5, 192, 12}, {4, 184, 20}, {3, 168, 36}, {2, 160, 44}, {1, 148, 56}};
     for (size_t i = 0; i < sizeof older / sizeof *older; i++) {
-        const size_t at = older[i].at, cut = older[i].cut + 8, fp = GRAMMAR_FINGERPRINT_AT;
+        const size_t fp_bytes = older[i].version <= 6 ? 8 : 0; /* (the grammar fingerprint, from version 7) */
+        const size_t at = older[i].at, cut = older[i].cut + fp_bytes, fp = GRAMMAR_FINGERPRINT_AT;
         uint8_t *old_bytes = malloc(len - cut);
         memcpy(old_bytes, bytes, at);                                         /* up to the config's cut */
         memcpy(old_bytes + at, (const uint8_t *)bytes + at + older[i].cut, fp - at - older[i].cut); /* to the fingerprint */
-        memcpy(old_bytes + fp - older[i].cut, (const uint8_t *)bytes + fp + 8, len - fp - 8);        /* after it */
+        memcpy(old_bytes + fp - older[i].cut, (const uint8_t *)bytes + fp + fp_bytes, len - fp - fp_bytes); /* after it */
         old_bytes[8] = older[i].version;
         fix_checksum(old_bytes, len - cut);
         tl_session_state *old = NULL;
@@ -333,7 +335,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
         size_t again_len = 0;
         CHECK(old && tl_session_state_to_bytes(old, &again, &again_len) == TL_OK && again_len == len &&
                   memcmp(again, bytes, len) == 0,
-              "a version %d state reads as the same state (rewritten as version 7: the same bytes)", older[i].version);
+              "a version %d state reads as the same state (rewritten as version 8: the same bytes)", older[i].version);
         tl_free(again);
         tl_session_state_free(old);
         free(old_bytes);
@@ -344,8 +346,8 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
        (140, 144), the presence and frequency penalties at 148 and 152, no logit_bias (156),
        min_p at 160 and min_tokens at 164, the thinking budget at 168 (its budget, open, and
        two empty tags' counts at 176 and 180), penalty_window at 184, penalties_count_prompt at
-       188, keep_special_text at 192, fixed_state_seed at 196, prompt_len at 200, n_tokens at
-       204, the tokens from 208. */
+       188, keep_special_text at 192, fixed_state_seed at 196, temperature_last at 200, prompt_len
+       at 204, n_tokens at 208, the tokens from 212. */
     struct { size_t at; int32_t value; tl_status status; const char *needle; } fields[] = {
         {36 + 16, 4, TL_ERR_FORMAT, "beam search or speculative"},         /* beam_size */
         {36 + 4, 999, TL_ERR_INVALID_ARGUMENT, "loops"},                     /* loops: tl_session_new's check */
@@ -364,15 +366,16 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
         {188, 2, TL_ERR_INVALID_ARGUMENT, "penalties_count_prompt = 2"},
         {192, 2, TL_ERR_INVALID_ARGUMENT, "keep_special_text = 2"},
         {196, 2, TL_ERR_INVALID_ARGUMENT, "fixed_state_seed = 2"},
-        {200, 0, TL_ERR_FORMAT, "prompt"},
-        {204, 1 << 30, TL_ERR_FORMAT, "tokens"},
-        {204, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
+        {200, 2, TL_ERR_INVALID_ARGUMENT, "temperature_last = 2"},
+        {204, 0, TL_ERR_FORMAT, "prompt"},
+        {208, 1 << 30, TL_ERR_FORMAT, "tokens"},
+        {208, 4 + 21, TL_ERR_FORMAT, "max_tokens"},
         {36, 5, TL_ERR_FORMAT, "reached max_tokens = 5"}, /* 5 emitted: it had finished */
-        {208 + 4 * 9 + 32, 2, TL_ERR_FORMAT, "prompt_done is 2"}, /* after the tokens and the RNG */
-        {208 + 4 * 9 + 32, 1 | 2 << 8, TL_ERR_FORMAT, "compiled_grammar is 2"}, /* the next byte */
+        {212 + 4 * 9 + 32, 2, TL_ERR_FORMAT, "prompt_done is 2"}, /* after the tokens and the RNG */
+        {212 + 4 * 9 + 32, 1 | 2 << 8, TL_ERR_FORMAT, "compiled_grammar is 2"}, /* the next byte */
         {GRAMMAR_FINGERPRINT_AT, 1, TL_ERR_FORMAT, "a grammar fingerprint without a grammar"},
-        {208 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
-        {208, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
+        {212 + 4 * 4, 1 << 20, TL_ERR_FORMAT, "outside the vocabulary"},     /* the first emitted token */
+        {212, -3, TL_ERR_INVALID_ARGUMENT, "prompt"},                        /* a prompt token */
     };
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
         memcpy(copy, bytes, len);
@@ -411,7 +414,7 @@ static void refusals(const tl_model *m, const char *dir, const char *tmp_dir, co
     memcpy(copy, bytes, len);
     const int32_t no = 0, eos = m->cfg.eos_token_id;
     memcpy(copy + 36 + 4 * 9, &no, 4);
-    memcpy(copy + 208 + 4 * 4, &eos, 4);
+    memcpy(copy + 212 + 4 * 4, &eos, 4);
     fix_checksum(copy, len);
     CHECK_ERROR(tl_session_state_from_bytes(m, copy, len, &out), TL_ERR_FORMAT, "the session had finished");
     /* An unchanged copy with its checksum recomputed still reads: the cases above failed on
@@ -547,17 +550,19 @@ static void compiled_grammar_states(const tl_model *m) {
     CHECK_ERROR(tl_session_resume(m, state, &hooks, &resumed), TL_ERR_INVALID_ARGUMENT, "not the one the state was generated under");
     /* a version 6 file holds no fingerprint: a grammar is checked by the tokens it takes */
     {
-        uint8_t *v6 = malloc(len - 8);
-        int32_t n_tokens = 0; /* (at 204, after the same config as refusals': no stop rules) */
-        memcpy(&n_tokens, (const uint8_t *)bytes + 204, 4);
-        const size_t fp = 208 + 4 * (size_t)n_tokens + 32 + 2;
+        /* (without temperature_last's 4 bytes at 200, and the fingerprint's 8) */
+        uint8_t *v6 = malloc(len - 12);
+        int32_t n_tokens = 0; /* (at 208, after the same config as refusals': no stop rules) */
+        memcpy(&n_tokens, (const uint8_t *)bytes + 208, 4);
+        const size_t fp = 212 + 4 * (size_t)n_tokens + 32 + 2;
         CHECK(n_tokens == 9, "the state under a grammar holds %d tokens (4 + 5)", n_tokens);
-        memcpy(v6, bytes, fp);
-        memcpy(v6 + fp, (const uint8_t *)bytes + fp + 8, len - fp - 8);
+        memcpy(v6, bytes, 200);
+        memcpy(v6 + 200, (const uint8_t *)bytes + 204, fp - 204);
+        memcpy(v6 + fp - 4, (const uint8_t *)bytes + fp + 8, len - fp - 8);
         v6[8] = 6;
-        fix_checksum(v6, len - 8);
+        fix_checksum(v6, len - 12);
         tl_session_state *old = NULL;
-        CHECK(tl_session_state_from_bytes(m, v6, len - 8, &old) == TL_OK, "version 6: %s", tl_last_error());
+        CHECK(tl_session_state_from_bytes(m, v6, len - 12, &old) == TL_OK, "version 6: %s", tl_last_error());
         hooks.grammar = &with_digits;
         CHECK_ERROR(tl_session_resume(m, old, &hooks, &resumed), TL_ERR_INVALID_ARGUMENT, "is not allowed by the grammar");
         hooks.grammar = &with_letters;

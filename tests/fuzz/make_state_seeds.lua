@@ -51,17 +51,20 @@ end
 -- tokens it emitted: a finished session, refused (its checksum is stale; the fuzzer
 -- recomputes it).
 write("zz_max_tokens_reached", first:sub(1, 36) .. string.char(3, 0, 0, 0) .. first:sub(41))
--- The greedy state in the layouts of versions 1, 2, 5 and 6 (still read): the version, and
--- without the bytes those did not have: the grammar fingerprint (8, after the tokens, the RNG,
--- prompt_done and compiled_grammar; none before version 7), and after its empty stop rules 52
--- in version 1 (the presence and frequency penalties, logit_bias, min_p and min_tokens, the
--- thinking budget, penalty_window, penalties_count_prompt, keep_special_text and
--- fixed_state_seed), 40 in version 2 (from min_p on), 8 in version 5 (the last two) (their
--- checksums stale as well: the fuzzer recomputes them). test_state_file reads the same cuts.
-local n_tokens = first:byte(205) + 256 * first:byte(206) -- (i32 at 204, little-endian; fewer than 65536)
-local fingerprint_at = 208 + 4 * n_tokens + 32 + 2
-local v6 = first:sub(1, fingerprint_at) .. first:sub(fingerprint_at + 9)
+-- The greedy state in the layouts of versions 1, 2, 5, 6 and 7 (still read): the version, and
+-- without the bytes those did not have: temperature_last (4, at 200; none before version 8),
+-- the grammar fingerprint (8, after the tokens, the RNG, prompt_done and compiled_grammar; none
+-- before version 7), and after its empty stop rules 52 in version 1 (the presence and frequency
+-- penalties, logit_bias, min_p and min_tokens, the thinking budget, penalty_window,
+-- penalties_count_prompt, keep_special_text and fixed_state_seed), 40 in version 2 (from min_p
+-- on), 8 in version 5 (the last two) (their checksums stale as well: the fuzzer recomputes
+-- them). test_state_file reads the same cuts.
+local n_tokens = first:byte(209) + 256 * first:byte(210) -- (i32 at 208, little-endian; fewer than 65536)
+local v7 = first:sub(1, 200) .. first:sub(205)
+local fingerprint_at = 208 + 4 * n_tokens + 32 + 2 -- (in version 7's layout)
+local v6 = v7:sub(1, fingerprint_at) .. v7:sub(fingerprint_at + 9)
 write("zz_version1_greedy", v6:sub(1, 8) .. string.char(1) .. v6:sub(10, 148) .. v6:sub(201))
 write("zz_version2_greedy", v6:sub(1, 8) .. string.char(2) .. v6:sub(10, 160) .. v6:sub(201))
 write("zz_version5_greedy", v6:sub(1, 8) .. string.char(5) .. v6:sub(10, 192) .. v6:sub(201))
 write("zz_version6_greedy", v6:sub(1, 8) .. string.char(6) .. v6:sub(10))
+write("zz_version7_greedy", v7:sub(1, 8) .. string.char(7) .. v7:sub(10))

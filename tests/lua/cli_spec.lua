@@ -22,6 +22,16 @@ describe("scripts/run's options without a value", function()
         for option in pairs(listed) do assert.is_true(takes_no_value(option), option) end
     end)
 
+    it("lists every flag of the CLI's config (a new one left out took the prompt for its value)", function()
+        local source = assert(io.open(H.ROOT .. "/lua/tinyloop/cli.lua")):read("*a")
+        local flags = 0
+        for option in source:gmatch('%["(%-%-[%w%-]+)"%] = { "[%w_]+", "flag" }') do
+            flags = flags + 1
+            assert.is_true(listed[option], option .. " is not in scripts/run's list")
+        end
+        assert.is_true(flags >= 3, "flags found: " .. flags)
+    end)
+
     it("adds no demo setting that the CLI would refuse: none with --embed, no sampling with --speculative tree", function()
         -- (scripts/run builds what is missing first: here, nothing)
         for _, args in ipairs({ "--embed hello", "--speculative tree -n 4 'It is'" }) do

@@ -15,7 +15,7 @@ end
 describe("llamacpp.to_completions", function()
     it("maps llama.cpp's fields, with its defaults where they are left out", function()
         local t = completions_of('{"prompt": "It is", "n_predict": 12, "repeat_penalty": 1.1, "seed": 3, "stop": ["\\n"], ' ..
-                                 '"cache_prompt": true, "id_slot": -1, "samplers": ["top_k"], "dry_multiplier": 0, "typical_p": 1}')
+                                 '"cache_prompt": true, "id_slot": -1, "dry_multiplier": 0, "typical_p": 1}')
         assert.same({ "It is", 12, 1.1, 3, { "\n" } }, { t.prompt, t.max_tokens, t.repetition_penalty, t.seed, t.stop })
         assert.same({ 0.8, 40, 0.95, 0.05 }, { t.temperature, t.top_k, t.top_p, t.min_p }) -- (llama.cpp's defaults)
         -- n_predict -1 (or none): no max_tokens (the view's parser then leaves the rest of the context)
@@ -147,7 +147,8 @@ describe("llamacpp.to_completions", function()
             tfs_z = 1, mirostat = 0, mirostat_tau = 5, mirostat_eta = 0.1, grammar = "", n_probs = 0, min_keep = 0,
             ignore_eos = false, dry_multiplier = 0, dry_base = 1.75, dry_allowed_length = 2, dry_sequence_breakers = { "\n" },
             xtc_threshold = 0.1, xtc_probability = 0, top_n_sigma = 0, stream = true, stop = { "\nEmma:", "" },
-            samplers = { "top_k", "min_p" }, cache_prompt = true, n_keep = 0 }))
+            samplers = { "penalties", "dry", "top_n_sigma", "top_k", "typ_p", "tfs_z", "typical_p", "top_p", "min_p", "xtc", "temperature" },
+            cache_prompt = true, n_keep = 0 }))
         assert.same({ 80, 0.7, 20, 1.1, { "\nEmma:" }, true }, { t.max_tokens, t.temperature, t.top_k, t.repetition_penalty, t.stop,
                     t.stream })
         assert.is_nil(t.grammar) -- ("": none)
@@ -337,6 +338,41 @@ describe("llamacpp view", function()
         local req, err = request.parse(body, model, "m", 16, llamacpp.View.PARSE_OPTIONS)
         assert.is_nil(req)
         assert.matches(("the prompt[1] (%d tokens) fills it"):format(model.max_seq_len), err.message, 1, true)
+    end)
+
+    it("follows llama.cpp's sampler chain: the temperature last by default, samplers ordering it and leaving samplers out", function()
+        -- (llama.cpp's default chain: top_p and min_p cut at temperature 1)
+        local t = completions_of('{"prompt": "a"}')
+        assert.same({ true, 40, 0.95, 0.05 }, { t.temperature_last, t.top_k, t.top_p, t.min_p })
+        t = completions_of('{"prompt": "a", "samplers": ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]}')
+        assert.same({ true, 40, 0.95, 0.05 }, { t.temperature_last, t.top_k, t.top_p, t.min_p })
+        t = completions_of('{"prompt": "a", "samplers": "edkypmxt"}') -- (its web UI's letters)
+        assert.same({ true, 40, 0.95, 0.05 }, { t.temperature_last, t.top_k, t.top_p, t.min_p })
+        t = completions_of('{"prompt": "a", "samplers": ["top-k", "temp", "nucleus", "min-p"], "repeat_penalty": 1.2}')
+        assert.same({ false, 40, 0.95, 0.05 }, { t.temperature_last, t.top_k, t.top_p, t.min_p })
+        -- a sampler left out runs nowhere: its value and llama.cpp's default are not applied,
+        -- the penalties' reported as sent
+        local text, view
+        t, text, view = completions_of('{"prompt": "a", "samplers": "t", "top_p": 0.5, "repeat_penalty": 1.2, "presence_penalty": 1}')
+        assert.same({ true, 0, nil, nil, nil, nil }, { t.temperature_last, t.top_k, t.top_p, t.min_p, t.repetition_penalty,
+                                                        t.presence_penalty })
+        assert.truthy(text)
+        assert.truthy(view)
+        -- before either cut is before both; without the temperature, it stays, last
+        assert.is_false(completions_of('{"prompt": "a", "samplers": ["top_p", "temperature", "min_p"]}').temperature_last)
+        t = completions_of('{"prompt": "a", "samplers": ["top_k", "min_p"], "temperature": 0.5}')
+        assert.same({ true, 0.5, 40, nil, 0.05 }, { t.temperature_last, t.temperature, t.top_k, t.top_p, t.min_p })
+        -- refused, named: not a list of names, nor letters
+        for _, case in ipairs({ { '[1, 2]', "an array of sampler names" }, { '{}', "an array of sampler names" },
+                                { '""', "an array of sampler names" } }) do
+            local refused, err = llamacpp.to_completions('{"prompt": "a", "samplers": ' .. case[1] .. '}')
+            assert.is_nil(refused)
+            assert.same("samplers", err.param)
+            assert.truthy(err.message:find(case[2], 1, true), err.message)
+        end
+        -- /props says the default chain
+        local props = cjson.decode(llamacpp.props({ n_ctx = 256, total_slots = 1, model_path = "m", version = "0" }))
+        assert.equal("temperature", props.default_generation_settings.params.samplers[9])
     end)
 
     it("takes the sampler values llama.cpp takes past OpenAI's ranges, as its samplers read them", function()

@@ -99,10 +99,17 @@ describe("ollama.chat_to_chat", function()
                                                             c.presence_penalty })
         c = cfg_of('{"top_p": -1, "min_p": -1}')
         assert.same({ 1, 1, 0 }, { c.top_k, c.top_p, c.min_p }) -- (top_p 0: the likeliest token alone)
-        -- not numbers: refused, by name
-        local _, body, view = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": {"top_p": "high"}}')
-        local req, err = request.parse_chat(body, model, ID, 8, chat_prompts, view.PARSE_OPTIONS)
-        assert.same({ nil, "top_p" }, { req, err and err.param })
+        -- not numbers: refused, by name, the option's (the chat request's field it became was named)
+        for _, case in ipairs({ { '{"top_p": "high"}', "options.top_p must be a number" }, { '{"seed": 1.5}', "options.seed must be an integer" },
+                                { '{"top_k": 3000000000}', "'options.top_k' = 3000000000" } }) do
+            local _, body, view = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": ' .. case[1] .. '}')
+            local req, err = request.parse_chat(body, model, ID, 8, chat_prompts, view.PARSE_OPTIONS)
+            if req then -- (an engine's refusal: when the request runs)
+                err = { status = 400, param = "top_k", message = "config field 'top_k' = 3000000000 must be an integer in [-2147483648, 2147483647]" }
+            end
+            local message = view:error(err).message
+            assert.truthy(message:find(case[2], 1, true), message)
+        end
     end)
 
     it("gives Ollama's tool calls ids, and each tool message the call it answers", function()

@@ -36,6 +36,12 @@ describe("request.parse", function()
             assert.is_nil(req)
             assert.same({ "top_p", ("top_p = %s must be in [0, 1]"):format(tostring(v)) }, { err.param, err.message })
         end
+        -- a number a C float holds as 0 is 0, as llama.cpp and Ollama read theirs (the Lua
+        -- binding refuses one, which would change silently)
+        c = cfg_of({ prompt = "It is", temperature = 1, top_p = 1e-46 })
+        assert.same({ 1, 1 }, { c.top_k, c.top_p })
+        assert.equal(0, cfg_of({ prompt = "It is", temperature = 1e-46 }).temperature)
+        assert.equal(0, cfg_of({ prompt = "It is", min_p = -1e-46 }).min_p)
         -- OpenAI's range of the penalties stays here, [-2, 2]
         local req, err = request.parse(cjson.encode({ prompt = "It is", presence_penalty = 3 }), model, "tinyloop-austen", 8, {})
         assert.same({ nil, "presence_penalty" }, { req, err and err.param })
@@ -50,7 +56,7 @@ describe("request.parse", function()
             return req.cfg
         end
         -- what the web UI sends with its defaults: taken, each as /completion reads it
-        local webui = { stream = true, timings_per_token = true, cache_prompt = true, samplers = { "top_k", "temperature" },
+        local webui = { stream = true, timings_per_token = true, cache_prompt = true, samplers = "edkypmxt",
                         dynatemp_range = 0, dynatemp_exponent = 1, xtc_probability = 0, xtc_threshold = 0.1, typical_p = 1,
                         repeat_last_n = 64, repeat_penalty = 1.1, dry_multiplier = 0, dry_base = 1.75, dry_allowed_length = 2,
                         dry_penalty_last_n = -1, id_slot = -1, n_predict = 7 }
@@ -79,6 +85,15 @@ describe("request.parse", function()
                 "xtc_probability is not supported (only <= 0, which turns it off, or null)", chat_parse)
         refused('{"messages": [{"role": "user", "content": "Hi"}], "repeat_last_n": -2}', "repeat_last_n",
                 "repeat_last_n must be an integer >= -1", chat_parse)
+        -- samplers, as llama.cpp's own OpenAI endpoints read it: the temperature's place, and the
+        -- samplers it leaves out, off
+        c = chat_cfg({ samplers = "edkypmxt", top_p = 0.9 })
+        assert.same({ true, 0.9 }, { c.temperature_last, c.top_p })
+        c = chat_cfg({ samplers = { "top_k", "temperature", "top_p" }, top_p = 0.9, min_p = 0.1, repeat_penalty = 1.2 })
+        assert.same({ false, 0.9, nil, nil }, { c.temperature_last, c.top_p, c.min_p, c.repetition_penalty })
+        refused('{"messages": [{"role": "user", "content": "Hi"}], "samplers": "kt", "temperature_last": false}', "samplers",
+                "samplers orders the temperature as temperature_last does: send one of them", chat_parse)
+        refused('{"prompt": "It is", "samplers": [1]}', "samplers", "samplers must be an array of sampler names or a string of their letters")
         local req, err = request.parse('{"prompt": "It is", "t_max_predict_ms": 5}', model, "tinyloop-austen", 8, {})
         assert.same({ nil, "t_max_predict_ms" }, { req, err.param }) -- (a time limit: not a no-op)
         -- n_predict is a cap, as on /completion: past the context, or below 0, the rest of it

@@ -2774,9 +2774,10 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
     end
 
     it("completes as /v1/completions does, in llama.cpp's shape, blocking and streamed", function()
-        local sampling = { temperature = 0.9, seed = 4, top_k = 40, top_p = 0.95, min_p = 0.05 }
+        local sampling = { temperature = 0.9, seed = 4, top_k = 40, top_p = 0.95, min_p = 0.05, ignore_eos = true }
         local req = { prompt = "It is a truth", n_predict = 20, return_tokens = true }
-        local openai = { prompt = "It is a truth", max_tokens = 20 }
+        -- (llama.cpp's chain: top_p and min_p cut at temperature 1, the temperature last)
+        local openai = { prompt = "It is a truth", max_tokens = 20, temperature_last = true }
         for k, v in pairs(sampling) do req[k], openai[k] = v, v end
         local want = ok("/v1/completions", openai).choices[1]
         local r = ok("/completion", req)
@@ -2802,8 +2803,25 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         assert.same({ 256, 2 }, { props.default_generation_settings.n_ctx, props.total_slots })
         local defaults = props.default_generation_settings.params
         openai = { prompt = "It is a truth", max_tokens = 8, seed = 9, temperature = defaults.temperature, top_k = defaults.top_k,
-                   top_p = defaults.top_p, min_p = defaults.min_p }
+                   top_p = defaults.top_p, min_p = defaults.min_p, temperature_last = defaults.samplers[#defaults.samplers] == "temperature" }
+        assert.is_true(openai.temperature_last)
         assert.equal(ok("/v1/completions", openai).choices[1].text, ok("/completion", { prompt = "It is a truth", n_predict = 8, seed = 9 }).content)
+        -- samplers orders them: the temperature before top_p and min_p is /v1/completions' order;
+        -- a sampler it leaves out runs nowhere (some seed tells the two orders apart)
+        local hot = { prompt = "It is a truth", n_predict = 12, temperature = 1.6, top_p = 0.7, min_p = 0.05 }
+        local differs = false
+        for seed = 1, 6 do
+            hot.seed, hot.samplers = seed, { "top_k", "temperature", "top_p", "min_p" }
+            local first = ok("/completion", hot).content
+            assert.equal(ok("/v1/completions", { prompt = hot.prompt, max_tokens = 12, temperature = 1.6, top_p = 0.7, min_p = 0.05,
+                                                 top_k = 40, seed = seed }).choices[1].text, first)
+            hot.samplers = "kpmt" -- (llama.cpp's letters: the temperature last)
+            differs = differs or ok("/completion", hot).content ~= first
+        end
+        assert.is_true(differs, "the temperature's place changed no generation over 6 seeds")
+        hot.seed, hot.samplers = 3, { "temperature" }
+        assert.equal(ok("/v1/completions", { prompt = hot.prompt, max_tokens = 12, temperature = 1.6, top_k = 0, seed = 3 }).choices[1].text,
+                     ok("/completion", hot).content)
         -- a stop word: named, and left out of the content (llama.cpp's rule)
         local free = ok("/completion", { prompt = "It is a truth", n_predict = 20, temperature = 0 }).content
         local word = free:match("^.-(%a%a)")
@@ -2919,7 +2937,7 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
     it("gives n_probs' completion_probabilities: /v1/completions' log-probabilities, by token id", function()
         local req = { prompt = "It is a truth", n_predict = 12, temperature = 0.9, seed = 11, n_probs = 3, return_tokens = true }
         local want = ok("/v1/completions", { prompt = "It is a truth", max_tokens = 12, temperature = 0.9, seed = 11, top_k = 40,
-                                             top_p = 0.95, min_p = 0.05, logprobs = 3 }).choices[1]
+                                             top_p = 0.95, min_p = 0.05, temperature_last = true, logprobs = 3 }).choices[1]
         local r = ok("/completion", req)
         local probs = r.completion_probabilities
         assert.equal(12, #probs)
@@ -3893,7 +3911,11 @@ describe("server with two workers", function()
             quote(cjson.encode({ messages = CHATML_MESSAGES, max_tokens = 8, ignore_eos = true, include_reasoning = false,
                                  chat_template_kwargs = { enable_thinking = true } })) .. " " .. base2 .. "/v1/chat/completions")
         assert.is_nil(no_reasoning:find('"reasoning', 1, true), no_reasoning)
-        assert.equal(cjson.null, cjson.decode(no_reasoning).choices[1].message.content)
+        -- (content "", not null: a message with neither content nor reasoning nor calls is
+        -- refused when an agent's loop sends it back)
+        local hidden = cjson.decode(no_reasoning).choices[1].message
+        assert.equal("", hidden.content)
+        ask({ messages = { CHATML_MESSAGES[1], CHATML_MESSAGES[2], hidden, { role = "user", content = "And Harriet?" } }, max_tokens = 2 })
         -- the reply goes back into the conversation with its reasoning (all of it: no content)
         local thought = ask({ messages = CHATML_MESSAGES, max_tokens = 8, ignore_eos = true,
                               chat_template_kwargs = { enable_thinking = true } })

@@ -1304,10 +1304,11 @@ local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids,
             thought = ',"reasoning_content":' .. json .. ',"reasoning":' .. json
         end
         local tool_calls = calls and (',"tool_calls":' .. calls) or ""
-        -- (content null only beside calls or reasoning, as OpenAI and vLLM answer: a forced call
-        -- the token limit cut before it was whole left a message whose content was null and had
-        -- neither, which an agent's loop sends back and the chat request refuses, as OpenAI's does)
-        if not calls and content == "null" and (reasoning_text or "") == "" and not st.streaming then content = '""' end
+        -- (content null only beside calls or the reasoning shown, as OpenAI and vLLM answer: a
+        -- forced call the token limit cut before it was whole, or a reply all reasoning with
+        -- include_reasoning false, left a message whose content was null and had neither, which
+        -- an agent's loop sends back and the chat request refuses, as OpenAI's does)
+        if not calls and content == "null" and thought == "" and not st.streaming then content = '""' end
         local message
         if not st.streaming then
             message = '"message":{"role":"assistant","content":' .. content .. thought .. tool_calls .. "}"

@@ -47,6 +47,7 @@ local UNSET_SEED = { [-1] = true, [4294967295] = true } -- (llama.cpp's "random"
 -- level as on the other endpoints (they were ignored as unknown: loops 999 answered 200). Left
 -- out: those llama.cpp names itself (read above, some under its own names), and chat's.
 local NOT_PASSED = { model = true, temperature = true, top_p = true, stream = true, seed = true, presence_penalty = true,
+                     temperature_last = true, -- (samplers says it: below)
                      frequency_penalty = true, logit_bias = true, top_k = true, min_p = true, repetition_penalty = true,
                      ignore_eos = true, grammar = true, penalty_window = true, penalties_count_prompt = true,
                      chat_template_kwargs = true, include_reasoning = true, thinking_budget = true }
@@ -169,6 +170,14 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
     if t.grammar ~= nil then t.json_schema = nil end -- (llama.cpp: a grammar, where given, is the constraint)
     local ok_window, window = shapes.penalty_window(t.repeat_last_n, "repeat_last_n", "repeat_last_n")
     if not ok_window then return nil, window end
+    local ok_chain, listed, temperature_last = request.sampler_chain(t.samplers)
+    if not ok_chain then return nil, listed end
+    members[#members + 1] = { "temperature_last", temperature_last and "true" or "false" }
+    -- (a sampler the chain leaves out runs nowhere: its value, or default, is not applied; the
+    -- penalties' are reported as sent, as under repeat_last_n 0)
+    local function off_chain(name) return listed ~= nil and request.CHAIN_SAMPLERS[name] and not listed[name] end
+    local penalties_off = window == "off" or off_chain("penalties")
+    if off_chain("top_k") then members[#members + 1] = { "top_k", "0" } end -- (every token: the parser's default is 50)
     if window ~= "off" then
         members[#members + 1] = { "penalty_window", window }
         members[#members + 1] = { "penalties_count_prompt", "true" } -- (llama.cpp's sampler is fed the prompt)
@@ -180,16 +189,16 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
         local v = t[name]
         if v ~= nil then
             if not KIND_OK[kind](v) then return bad(("%s must be %s"):format(name, shapes.KIND_WORDS[kind]), name) end
-            if window == "off" and shapes.PENALTIES[as] then -- (turned off: reported as sent, not applied)
+            if penalties_off and shapes.PENALTIES[as] then -- (turned off: reported as sent, not applied)
                 penalties[#penalties + 1] = { name, raw[name] }
-            else
+            elseif not off_chain(name) then -- (else top_k, top_p or min_p, left out of the chain)
                 -- (a temperature below 0 samples greedily in llama.cpp, its probabilities still
                 -- given; top_k below 0 is every token, top_p and min_p past [0, 1] the bound)
                 local text = shapes.native_sampler_text(name, v, raw[name])
                 if name == "repeat_penalty" then text = shapes.repeat_penalty_text(v, text) end
                 members[#members + 1] = { as, text }
             end
-        elseif _M.DEFAULTS[name] then
+        elseif _M.DEFAULTS[name] and not off_chain(name) then
             members[#members + 1] = { as, tostring(_M.DEFAULTS[name]) }
         end
     end
@@ -570,6 +579,8 @@ function _M.props(info)
     local params = {}
     for _, k in ipairs({ "temperature", "top_k", "top_p", "min_p" }) do params[#params + 1] = { k, tostring(_M.DEFAULTS[k]) } end
     params[#params + 1] = { "repeat_last_n", tostring(shapes.REPEAT_LAST_N_DEFAULT) }
+    -- (llama.cpp's default chain: the temperature last, request.sampler_chain)
+    params[#params + 1] = { "samplers", '["penalties","dry","top_n_sigma","top_k","typ_p","top_p","min_p","xtc","temperature"]' }
     params[#params + 1] = { "n_predict", "-1" }
     params[#params + 1] = { "seed", "-1" }
     return object({

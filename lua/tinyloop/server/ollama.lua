@@ -285,7 +285,7 @@ function _M.chat_to_chat(body, model_id, thinks)
     local ok, err = check_model(t, model_id)
     if not ok then return nil, err end
     local view = setmetatable({ kind = "chat", stream = t.stream ~= false, model_name = t.model or model_id, logprobs = t.logprobs,
-                                top_logprobs = t.top_logprobs }, View)
+                                top_logprobs = t.top_logprobs, options = t.options }, View)
     if t.messages == nil or #t.messages == 0 then -- (Ollama's way to load a model: it is loaded)
         view.load, view.unload = true, unloads(t.keep_alive)
         return "", view, true
@@ -320,7 +320,7 @@ function _M.generate_to_chat(body, model_id, thinks)
         return bad("context (a past reply's tokens) is not kept: send the conversation to /api/chat", "context")
     end
     local view = setmetatable({ kind = "generate", stream = t.stream ~= false, model_name = t.model or model_id, logprobs = t.logprobs,
-                                top_logprobs = t.top_logprobs }, View)
+                                top_logprobs = t.top_logprobs, options = t.options }, View)
     ok, err = common(t, raw, members, thinks, model_id)
     if not ok then return nil, err end
     if t.prompt == nil or t.prompt == "" then
@@ -383,6 +383,14 @@ local RENAMES = { { "max_completion_tokens", "options.num_predict" }, { "max_tok
 function View:error(err)
     local message = shapes.rename_fields(err.message or "", RENAMES)
     if err.param == "stop" then message = message:gsub("^stop", "options.stop") end
+    -- (a sampling option's fault names the option sent, options.top_k, not the chat request's
+    -- field it became; the same field at the top level, TinyLoop's, keeps its name)
+    local options = self and type(self.options) == "table" and self.options
+    for k, field in pairs(options and err.param and OPTIONS or {}) do
+        if field == err.param and options[k] ~= nil and options[k] ~= json_null and field ~= "repetition_penalty" then
+            message = shapes.rename_fields(message, { { field, "options." .. k } })
+        end
+    end
     -- (logprobs asks for top_logprobs 0 in the chat request: a client that sent no top_logprobs
     -- is told of its logprobs)
     if self and self.logprobs and self.top_logprobs == nil then message = shapes.rename_fields(message, { { "top_logprobs", "logprobs" } }) end

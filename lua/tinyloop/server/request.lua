@@ -48,6 +48,7 @@ local FIELDS = {
     repetition_penalty = { "number", "repetition_penalty" },
     penalty_window = { "integer", "penalty_window" }, -- the last N tokens the penalties read; 0: all
     penalties_count_prompt = { "boolean", "penalties_count_prompt" }, -- presence/frequency: the prompt's too
+    temperature_last = { "boolean", "temperature_last" }, -- llama.cpp's order: top_p and min_p cut at temperature 1
     ignore_eos = { "boolean", "ignore_eos" },
     cache_window = { "integer", "cache_window" },
     speculative = { "string", "speculative" },
@@ -921,6 +922,46 @@ function _M.decode_object(body)
     return t
 end
 
+-- llama.cpp's sampler chain, its `samplers` (names, with its aliases, or a string of letters),
+-- as far as this engine follows it: which of top_k, top_p, min_p and the penalties run (one not
+-- listed does not: llama.cpp builds the chain from the list; a name it does not know is skipped,
+-- as there), and whether the temperature comes after top_p and min_p (llama.cpp's default
+-- chain, penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature: the engine's
+-- temperature_last) or before them (before either: the engine cuts with both at one place). A
+-- chain without the temperature keeps it, last (llama.cpp's would sample at 1 whatever the
+-- request's). -> true, listed ({name = true}, or nil: every one), last; or nil, err.
+local SAMPLER_NAMES = { top_k = "top_k", ["top-k"] = "top_k", top_p = "top_p", ["top-p"] = "top_p", nucleus = "top_p",
+                        min_p = "min_p", ["min-p"] = "min_p", temperature = "temperature", temp = "temperature",
+                        penalties = "penalties" }
+local SAMPLER_LETTERS = { k = "top_k", p = "top_p", m = "min_p", t = "temperature", e = "penalties" }
+_M.CHAIN_SAMPLERS = { top_k = true, top_p = true, min_p = true, penalties = true } -- (those a chain may leave out)
+function _M.sampler_chain(samplers)
+    if samplers == nil then return true, nil, true end
+    local order = {}
+    if type(samplers) == "string" then
+        for i = 1, #samplers do order[#order + 1] = SAMPLER_LETTERS[samplers:sub(i, i)] or false end
+    elseif type(samplers) == "table" and require("tinyloop.chat").is_array(samplers) then
+        for _, name in ipairs(samplers) do
+            if type(name) ~= "string" then break end
+            order[#order + 1] = SAMPLER_NAMES[name] or false
+        end
+    end
+    if #order == 0 or (type(samplers) == "table" and #order ~= #samplers) then
+        return bad("samplers must be an array of sampler names or a string of their letters", "samplers")
+    end
+    local at = {}
+    for i, name in ipairs(order) do
+        if name and not at[name] then at[name] = i end
+    end
+    local last = true
+    for _, cut in ipairs({ "top_p", "min_p" }) do
+        if at.temperature and at[cut] and at[cut] > at.temperature then last = false end
+    end
+    local listed = {}
+    for name in pairs(at) do listed[name] = true end
+    return true, listed, last
+end
+
 -- llama.cpp's names in a request t of an OpenAI endpoint (LLAMACPP_NAMES), made the fields
 -- they are, as llama.cpp's /completion reads them (tinyloop.server.llamacpp): n_predict is a
 -- cap, the rest of the context at most, below 0 the rest of the context; repeat_penalty 0 is
@@ -967,9 +1008,31 @@ local function llamacpp_names(t, fields)
         t.penalty_window = require("tinyloop.server.shapes").REPEAT_LAST_N_DEFAULT
         if t.penalties_count_prompt == nil then t.penalties_count_prompt = true end
     end
+    -- llama.cpp's samplers, as its own OpenAI endpoints read them (its web UI sends them there):
+    -- the temperature's place, and the samplers it leaves out, off
+    if t.samplers ~= nil and t.samplers ~= json_null then
+        local ok, listed, last = _M.sampler_chain(t.samplers)
+        if not ok then return nil, listed end
+        if t.temperature_last ~= nil and t.temperature_last ~= json_null then
+            return bad("samplers orders the temperature as temperature_last does: send one of them", "samplers")
+        end
+        t.temperature_last = last
+        for name in pairs(_M.CHAIN_SAMPLERS) do
+            if not listed[name] then
+                if name == "penalties" then
+                    t.repetition_penalty, t.presence_penalty, t.frequency_penalty = nil, nil, nil
+                elseif name == "top_k" then
+                    t.top_k = 0 -- (every token: left out, it is 50)
+                else
+                    t[name] = nil
+                end
+            end
+        end
+    end
     return true, cap
 end
 
+local FLOAT_ZERO = 2 ^ -150 -- (and below: a C float's 0, half its smallest magnitude rounding to even)
 local function decode_fields(body, fields, no_ops)
     local t, err = _M.decode_object(body)
     if not t then return nil, err end
@@ -998,6 +1061,10 @@ local function decode_fields(body, fields, no_ops)
             if cfg_name == "sample_seed" then v = _M.request_seed(v) or v end
             local check = KIND_CHECK[kind]
             if check and not check(v) then return bad(("%s must be %s"):format(k, KIND_WORDS[kind]), k) end
+            -- (a number a C float holds as 0 is 0, as llama.cpp and Ollama read their float32s: a
+            -- top_p of 1e-46 is 0, the likeliest token, not the Lua binding's refusal of a value
+            -- that would silently change)
+            if kind == "number" and v ~= 0 and v >= -FLOAT_ZERO and v <= FLOAT_ZERO then v, t[k] = 0, 0 end
             -- (an empty object and an empty array decode alike: the text tells them apart;
             -- "stop": {} was taken as no stop strings)
             local opens = EMPTY_OPENS[kind]

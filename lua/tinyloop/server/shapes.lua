@@ -151,7 +151,7 @@ _M.KIND_OK = {
 -- by the chat parser: TinyLoop's and vLLM's extensions and the sampling fields all share.
 _M.PASSED = {
     "model", "temperature", "top_p", "stream", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "loops", "top_k",
-    "min_p", "min_tokens", "repetition_penalty", "penalty_window", "penalties_count_prompt", "ignore_eos", "cache_window", "speculative", "draft_loops", "draft_ahead",
+    "min_p", "min_tokens", "repetition_penalty", "penalty_window", "penalties_count_prompt", "temperature_last", "ignore_eos", "cache_window", "speculative", "draft_loops", "draft_ahead",
     "K_branches", "max_nodes", "beam_size", "length_penalty", "early_exit_patience", "early_exit_min_L", "early_exit_peek_every",
     "early_exit_logit_margin", "early_exit_threshold", "early_exit_criterion", "early_exit_kl_threshold",
     "early_exit_entropy_threshold", "early_exit_gate_threshold", "grammar", "structured_outputs", "guided_json", "guided_choice",
