@@ -50,8 +50,8 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
   -k, --top-k K              keep the K most likely tokens (default 50)
       --top-p P              nucleus mass in (0, 1] (default 1)
       --min-p P              keep tokens at least P times as likely as the first, P in [0, 1]
-      --temperature-last     top-p and min-p cut at temperature 1, the temperature after (llama.cpp's order)
                              (default 0: off)
+      --temperature-last     top-p and min-p cut at temperature 1, the temperature after (llama.cpp's order)
       --thinking-budget N    a thinking model's <think> block holds N tokens at most: then
                              </think> is written for it and the answer follows (the block is
                              open from the start where the prompt ends with <think>)

@@ -223,6 +223,9 @@ describe("llamacpp view", function()
         g = settings_of('{"prompt": "a", "repeat_last_n": 0, "repeat_penalty": 1.5, "frequency_penalty": 0.25}', 256)
         assert.same({ 0, 1.5, 0.25 }, { g.repeat_last_n, g.repeat_penalty, g.frequency_penalty })
         assert.same({ 16 }, { settings_of('{"prompt": "a", "repeat_last_n": 16}').repeat_last_n })
+        -- samplers left out of the chain: their values as received, or llama.cpp's defaults
+        g = settings_of('{"prompt": "a", "samplers": "t", "top_k": 7, "top_p": 0.5}')
+        assert.same({ 7, 0.5, 0.05 }, { g.top_k, g.top_p, g.min_p })
         -- (turned off, a penalty of the wrong kind is still refused)
         local refused, err = llamacpp.to_completions('{"prompt": "a", "repeat_last_n": 0, "repeat_penalty": "x"}')
         assert.same({ nil, "repeat_penalty must be a number", "repeat_penalty" }, { refused, err and err.message, err and err.param })
@@ -350,6 +353,9 @@ describe("llamacpp view", function()
         assert.same({ true, 40, 0.95, 0.05 }, { t.temperature_last, t.top_k, t.top_p, t.min_p })
         t = completions_of('{"prompt": "a", "samplers": ["top-k", "temp", "nucleus", "min-p"], "repeat_penalty": 1.2}')
         assert.same({ false, 40, 0.95, 0.05 }, { t.temperature_last, t.top_k, t.top_p, t.min_p })
+        -- (its parser lowers the names, and takes them without the dash)
+        t = completions_of('{"prompt": "a", "samplers": ["TopK", "TOPP", "MinP", "Temperature"]}')
+        assert.same({ true, 40, 0.95, 0.05 }, { t.temperature_last, t.top_k, t.top_p, t.min_p })
         -- a sampler left out runs nowhere: its value and llama.cpp's default are not applied,
         -- the penalties' reported as sent
         local text, view
@@ -358,6 +364,10 @@ describe("llamacpp view", function()
                                                         t.presence_penalty })
         assert.truthy(text)
         assert.truthy(view)
+        -- TinyLoop's own field, where samplers does not say it
+        assert.is_false(completions_of('{"prompt": "a", "temperature_last": false}').temperature_last)
+        local refused_both, both_err = llamacpp.to_completions('{"prompt": "a", "temperature_last": false, "samplers": "kt"}')
+        assert.same({ nil, "samplers" }, { refused_both, both_err and both_err.param })
         -- before either cut is before both; without the temperature, it stays, last
         assert.is_false(completions_of('{"prompt": "a", "samplers": ["top_p", "temperature", "min_p"]}').temperature_last)
         t = completions_of('{"prompt": "a", "samplers": ["top_k", "min_p"], "temperature": 0.5}')

@@ -42,6 +42,14 @@ describe("request.parse", function()
         assert.same({ 1, 1 }, { c.top_k, c.top_p })
         assert.equal(0, cfg_of({ prompt = "It is", temperature = 1e-46 }).temperature)
         assert.equal(0, cfg_of({ prompt = "It is", min_p = -1e-46 }).min_p)
+        assert.equal(1e-40, cfg_of({ prompt = "It is", min_p = 1e-40 }).min_p) -- (a float holds it)
+        -- and before llama.cpp's readings of 0: repeat_penalty 1e-46 is none, as 0 is; a sampler
+        -- this engine lacks at 1e-46 is off
+        local chat = assert(require("tinyloop.chat").load(H.ROOT .. "/models/tinyloop-austen"))
+        local req, err = request.parse_chat(cjson.encode({ messages = { { role = "user", content = "Hi" } }, repeat_penalty = 1e-46,
+                                                           xtc_probability = 1e-46 }), model, "tinyloop-austen", 8, chat, {})
+        assert(req, err and err.message)
+        assert.equal(1, req.cfg.repetition_penalty)
         -- OpenAI's range of the penalties stays here, [-2, 2]
         local req, err = request.parse(cjson.encode({ prompt = "It is", presence_penalty = 3 }), model, "tinyloop-austen", 8, {})
         assert.same({ nil, "presence_penalty" }, { req, err and err.param })

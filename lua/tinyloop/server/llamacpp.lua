@@ -47,7 +47,7 @@ local UNSET_SEED = { [-1] = true, [4294967295] = true } -- (llama.cpp's "random"
 -- level as on the other endpoints (they were ignored as unknown: loops 999 answered 200). Left
 -- out: those llama.cpp names itself (read above, some under its own names), and chat's.
 local NOT_PASSED = { model = true, temperature = true, top_p = true, stream = true, seed = true, presence_penalty = true,
-                     temperature_last = true, -- (samplers says it: below)
+                     temperature_last = true, -- (samplers, or TinyLoop's field, says it: below)
                      frequency_penalty = true, logit_bias = true, top_k = true, min_p = true, repetition_penalty = true,
                      ignore_eos = true, grammar = true, penalty_window = true, penalties_count_prompt = true,
                      chat_template_kwargs = true, include_reasoning = true, thinking_budget = true }
@@ -84,7 +84,8 @@ end
 -- JSON text}s. n_predict: as sent (-1 where left out: the rest of the context). penalties:
 -- llama.cpp's repeat_last_n as it reports it (left out 64, -1 the context's n_ctx, else as
 -- sent: not the engine's penalty_window, whose 0 is the whole sequence), and where 0 turned
--- the penalties off (none in the members), their values as sent, llama.cpp keeping them.
+-- the penalties off (none in the members), or samplers left a sampler out of the chain, their
+-- values as received, llama.cpp keeping them (`penalties`, read before the members).
 local SETTING_NAMES = { temperature = "temperature", top_k = "top_k", top_p = "top_p", min_p = "min_p", seed = "seed",
                         repetition_penalty = "repeat_penalty", presence_penalty = "presence_penalty",
                         frequency_penalty = "frequency_penalty", logprobs = "n_probs",
@@ -92,12 +93,12 @@ local SETTING_NAMES = { temperature = "temperature", top_k = "top_k", top_p = "t
 local function generation_settings(members, n_predict, penalties)
     local settings = { { "n_predict", shapes.integer(n_predict or -1) } }
     local seen = {}
+    for _, p in ipairs(penalties) do -- (first: a sampler left out of the chain is reported as received)
+        if not seen[p[1]] then settings[#settings + 1], seen[p[1]] = p, true end
+    end
     for _, m in ipairs(members) do
         local name = SETTING_NAMES[m[1]]
         if name and not seen[name] then settings[#settings + 1], seen[name] = { name, m[2] }, true end
-    end
-    for _, p in ipairs(penalties) do
-        if not seen[p[1]] then settings[#settings + 1], seen[p[1]] = p, true end
     end
     if not seen.stop then settings[#settings + 1] = { "stop", "[]" } end
     return settings
@@ -172,6 +173,13 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
     if not ok_window then return nil, window end
     local ok_chain, listed, temperature_last = request.sampler_chain(t.samplers)
     if not ok_chain then return nil, listed end
+    if t.temperature_last ~= nil then -- (TinyLoop's own field: as sent, unless samplers orders it too)
+        if type(t.temperature_last) ~= "boolean" then return bad("temperature_last must be true or false", "temperature_last") end
+        if t.samplers ~= nil then
+            return bad("samplers orders the temperature as temperature_last does: send one of them", "samplers")
+        end
+        temperature_last = t.temperature_last
+    end
     members[#members + 1] = { "temperature_last", temperature_last and "true" or "false" }
     -- (a sampler the chain leaves out runs nowhere: its value, or default, is not applied; the
     -- penalties' are reported as sent, as under repeat_last_n 0)
@@ -191,14 +199,18 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
             if not KIND_OK[kind](v) then return bad(("%s must be %s"):format(name, shapes.KIND_WORDS[kind]), name) end
             if penalties_off and shapes.PENALTIES[as] then -- (turned off: reported as sent, not applied)
                 penalties[#penalties + 1] = { name, raw[name] }
-            elseif not off_chain(name) then -- (else top_k, top_p or min_p, left out of the chain)
+            elseif off_chain(name) then -- (top_k, top_p or min_p left out of the chain: reported as received)
+                penalties[#penalties + 1] = { name, raw[name] }
+            else
                 -- (a temperature below 0 samples greedily in llama.cpp, its probabilities still
                 -- given; top_k below 0 is every token, top_p and min_p past [0, 1] the bound)
                 local text = shapes.native_sampler_text(name, v, raw[name])
                 if name == "repeat_penalty" then text = shapes.repeat_penalty_text(v, text) end
                 members[#members + 1] = { as, text }
             end
-        elseif _M.DEFAULTS[name] and not off_chain(name) then
+        elseif off_chain(name) then
+            penalties[#penalties + 1] = { name, tostring(_M.DEFAULTS[name]) }
+        elseif _M.DEFAULTS[name] then
             members[#members + 1] = { as, tostring(_M.DEFAULTS[name]) }
         end
     end

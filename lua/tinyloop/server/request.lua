@@ -168,13 +168,22 @@ local KIND_WORDS = { string = "a string", number = "a number", integer = "an int
 -- How the text of an empty value of a kind opens (KIND_CHECK takes {} and [] alike).
 local EMPTY_OPENS = { object = "{", array = "[", stop = "[" }
 
+-- A number as a C float holds it: at most half a float's smallest magnitude (1.4e-45) from 0
+-- is 0 (rounding to even), as llama.cpp and Ollama read their float32s and the engine's config
+-- would (the Lua binding refuses such a value, which would change silently): a top_p of 1e-46
+-- is 0, the likeliest token. Every reading of a request's number goes through it.
+local FLOAT_ZERO = 2 ^ -150
+local function as_float(v) return (v >= -FLOAT_ZERO and v <= FLOAT_ZERO) and 0 or v end
+_M.as_float = as_float
+
 -- llama.cpp's samplers this engine does not have, taken where their values turn them off (its
 -- ranges: front ends send their neutral values), with what "off" is, for the message.
 local LLAMACPP_OFF = {
     typical_p = { function(v) return v >= 1 end, ">= 1" }, tfs_z = { function(v) return v >= 1 end, ">= 1" },
-    mirostat = { function(v) return v == 0 end, "0" }, dry_multiplier = { function(v) return v <= 0 end, "<= 0" },
-    xtc_probability = { function(v) return v <= 0 end, "<= 0" }, top_n_sigma = { function(v) return v <= 0 end, "<= 0" },
-    dynatemp_range = { function(v) return v <= 0 end, "<= 0" },
+    mirostat = { function(v) return v == 0 end, "0" }, dry_multiplier = { function(v) return as_float(v) <= 0 end, "<= 0" },
+    xtc_probability = { function(v) return as_float(v) <= 0 end, "<= 0" },
+    top_n_sigma = { function(v) return as_float(v) <= 0 end, "<= 0" },
+    dynatemp_range = { function(v) return as_float(v) <= 0 end, "<= 0" },
 }
 -- llama.cpp's fields that change nothing here, whatever their value: its prompt cache (the
 -- prefix pool's work), slots, timings and progress reports, the samplers' order, the context
@@ -187,7 +196,7 @@ _M.LLAMACPP_OFF = LLAMACPP_OFF
 -- clients, LiteLLM sending OpenAI's frequency_penalty = 0 ("none") as Ollama's
 -- repeat_penalty. Read as no penalty, 1: the engine refuses 0, and llama.cpp's sampler divided
 -- a repeated token's logit by it.
-function _M.repeat_penalty(v) return v == 0 and 1 or v end
+function _M.repeat_penalty(v) return as_float(v) == 0 and 1 or v end
 -- llama.cpp's names of fields its own /v1/completions and /v1/chat/completions take besides
 -- OpenAI's (its web UI sends repeat_penalty and repeat_last_n there, scripts n_predict), read
 -- as /completion reads them (decode_fields): {its name, the field it is here}.
@@ -930,9 +939,9 @@ end
 -- temperature_last) or before them (before either: the engine cuts with both at one place). A
 -- chain without the temperature keeps it, last (llama.cpp's would sample at 1 whatever the
 -- request's). -> true, listed ({name = true}, or nil: every one), last; or nil, err.
-local SAMPLER_NAMES = { top_k = "top_k", ["top-k"] = "top_k", top_p = "top_p", ["top-p"] = "top_p", nucleus = "top_p",
-                        min_p = "min_p", ["min-p"] = "min_p", temperature = "temperature", temp = "temperature",
-                        penalties = "penalties" }
+local SAMPLER_NAMES = { top_k = "top_k", ["top-k"] = "top_k", topk = "top_k", top_p = "top_p", ["top-p"] = "top_p",
+                        topp = "top_p", nucleus = "top_p", min_p = "min_p", ["min-p"] = "min_p", minp = "min_p",
+                        temperature = "temperature", temp = "temperature", penalties = "penalties" }
 local SAMPLER_LETTERS = { k = "top_k", p = "top_p", m = "min_p", t = "temperature", e = "penalties" }
 _M.CHAIN_SAMPLERS = { top_k = true, top_p = true, min_p = true, penalties = true } -- (those a chain may leave out)
 function _M.sampler_chain(samplers)
@@ -943,7 +952,7 @@ function _M.sampler_chain(samplers)
     elseif type(samplers) == "table" and require("tinyloop.chat").is_array(samplers) then
         for _, name in ipairs(samplers) do
             if type(name) ~= "string" then break end
-            order[#order + 1] = SAMPLER_NAMES[name] or false
+            order[#order + 1] = SAMPLER_NAMES[name:lower()] or false -- (llama.cpp lowers them too)
         end
     end
     if #order == 0 or (type(samplers) == "table" and #order ~= #samplers) then
@@ -1032,7 +1041,6 @@ local function llamacpp_names(t, fields)
     return true, cap
 end
 
-local FLOAT_ZERO = 2 ^ -150 -- (and below: a C float's 0, half its smallest magnitude rounding to even)
 local function decode_fields(body, fields, no_ops)
     local t, err = _M.decode_object(body)
     if not t then return nil, err end
@@ -1061,10 +1069,7 @@ local function decode_fields(body, fields, no_ops)
             if cfg_name == "sample_seed" then v = _M.request_seed(v) or v end
             local check = KIND_CHECK[kind]
             if check and not check(v) then return bad(("%s must be %s"):format(k, KIND_WORDS[kind]), k) end
-            -- (a number a C float holds as 0 is 0, as llama.cpp and Ollama read their float32s: a
-            -- top_p of 1e-46 is 0, the likeliest token, not the Lua binding's refusal of a value
-            -- that would silently change)
-            if kind == "number" and v ~= 0 and v >= -FLOAT_ZERO and v <= FLOAT_ZERO then v, t[k] = 0, 0 end
+            if kind == "number" and as_float(v) ~= v then v, t[k] = 0, 0 end
             -- (an empty object and an empty array decode alike: the text tells them apart;
             -- "stop": {} was taken as no stop strings)
             local opens = EMPTY_OPENS[kind]
