@@ -1219,8 +1219,8 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
    out (it only narrows). -1 (error set) or 0. */
 static int combinator_type_checked(conv *c, const cJSON *s, const cJSON *list, const char *combinator, const char *path) {
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
-    if (!type || c->loose) return 0;
-    unsigned allowed = 0;
+    if (!type) return 0;
+    unsigned allowed = 0; /* (a malformed type is named, loosely too: alone it would be) */
     if (cJSON_IsString(type)) {
         if (!type_keywords(type->valuestring)) return fail(c, path, "unknown type '%s'", type->valuestring);
         allowed = type_bits(type->valuestring);
@@ -1233,6 +1233,7 @@ static int combinator_type_checked(conv *c, const cJSON *s, const cJSON *list, c
     } else {
         return fail(c, path, "'type' must be a string or a non-empty array of strings");
     }
+    if (c->loose) return 0;
     /* allOf's grammar writes one merged object, or its one branch */
     const bool merged = combinator[1] == 'l' && list->child->next;
     int i = 0;

@@ -404,6 +404,11 @@ static void test_openapi_and_generators(void) {
     CHECK(tl_grammar_compile_json_schema(mixed, strlen(mixed), &loose, &g) == TL_OK, "loose leaves the type out: %s",
           tl_last_error());
     tl_compiled_grammar_free(g);
+    const char *misspelt = "{\"type\":\"strnig\",\"anyOf\":[{\"type\":\"string\"}]}";
+    g = NULL;
+    CHECK(tl_grammar_compile_json_schema(misspelt, strlen(misspelt), &loose, &g) == TL_ERR_INVALID_ARGUMENT &&
+              strstr(tl_last_error(), "unknown type 'strnig'"),
+          "loose names a misspelt type beside anyOf, as alone: %s", tl_last_error());
     /* draft-07's tuples */
     g = schema("{\"type\":\"array\",\"minItems\":2,\"maxItems\":2,\"items\":[{\"type\":\"string\"},{\"type\":\"number\"}]}");
     static const char *ty[] = {"[\"a\",1.5]", NULL};
