@@ -177,6 +177,7 @@ end
 -- Parses argv; returns the options table or nil, exit status.
 function _M.parse(argv, default_model)
     local o = { model = default_model, cfg = {}, stops = {}, echo = true, stats = true }
+    local positional -- the prompt given as an argument, not as -p's value
     local i = 1
     while i <= #argv do
         local a, v = argv[i], argv[i + 1]
@@ -218,7 +219,10 @@ function _M.parse(argv, default_model)
             i = i + 1
         elseif VALUE_OPTIONS[a] then
             if a == "-m" or a == "--model" then o.model = v
-            elseif a == "-p" or a == "--prompt" then o.prompt = v
+            elseif a == "-p" or a == "--prompt" then
+                -- (a prompt given as an argument before it was dropped without a word)
+                if positional then return nil, usage_error("unexpected argument " .. positional) end
+                o.prompt = v
             elseif a == "--stop" then o.stops[#o.stops + 1] = v
             elseif a == "--system" then o.system = v
             elseif a == "--chat-template" then o.chat_template = v
@@ -259,7 +263,7 @@ function _M.parse(argv, default_model)
             break
         elseif a:sub(1, 1) == "-" and #a > 1 then
             return nil, usage_error("unknown option " .. a)
-        elseif not o.prompt then o.prompt = a
+        elseif not o.prompt then o.prompt, positional = a, a
         else return nil, usage_error("unexpected argument " .. a)
         end
         i = i + 1
@@ -332,6 +336,8 @@ end
 -- (reasoning_budget is --thinking-budget, sample_seed --seed). Only those forms: a field's
 -- name in a path, in prose or inside an option's own name stays as it is.
 local function cli_wording(message)
+    -- (the Lua binding's way past 2^53, a uint64_t cdata, which a command line cannot give)
+    message = message:gsub(" %(past it: a uint64_t, 0x%.%.%.ULL%)", "")
     message = message:gsub("config field '([%w_]+)'", function(field) return OPTION_OF[field] end)
     -- (a list's item: stop_strings[1] is the first --stop)
     message = message:gsub("%f[%w_]([%a_][%w_]*)%[(%d+)%]", function(field, k)
@@ -481,6 +487,15 @@ local function converse(model, chat, cfg, o)
         report(("min_tokens = %d must be in [0, max_tokens = %d]"):format(cfg.min_tokens, want))
         return 2
     end
+    -- every setting checked before a message is read, as a one-shot run checks them (the first
+    -- reply's session refused them, the message the user had typed lost)
+    local check = {}
+    for k, v in pairs(cfg) do check[k] = v end
+    check.max_tokens = want
+    local made, session, err = attempt(model.session, model, opening or { 0 }, check)
+    if not made then report(session) return 2 end
+    if not session then report(err) return 1 end
+    session:close()
     model:set_prefix_pool(CONVERSE_POOL_BYTES)
     local history, pending = {}, o.prompt
     while true do
@@ -686,16 +701,18 @@ function _M.run(argv, default_model)
         o.prompt, o.prompt_ids, o.echo = text, ids, false
     end
     -- ---- grammars: --grammar FILE.gbnf, --json-schema FILE.json
-    for _, g in ipairs({ { o.grammar_file, tinyloop.grammar.gbnf }, { o.schema_file, tinyloop.grammar.json_schema } }) do
+    -- (errors name the option: llama.cpp's --grammar takes the text itself, and "root ::= ...: No
+    -- such file or directory" did not say a file was wanted)
+    for _, g in ipairs({ { o.grammar_file, tinyloop.grammar.gbnf, "--grammar" }, { o.schema_file, tinyloop.grammar.json_schema, "--json-schema" } }) do
         if g[1] then
             local f, ferr = io.open(g[1], "rb")
-            if not f then io.stderr:write("tinyloop: ", ferr, "\n") return 1 end
+            if not f then io.stderr:write("tinyloop: ", g[3], " takes a file: ", ferr, "\n") return 1 end
             local text, rerr = f:read("*a") -- nil for a directory, which io.open accepts
             f:close()
-            if not text then io.stderr:write("tinyloop: ", g[1], ": ", tostring(rerr), "\n") return 1 end
+            if not text then io.stderr:write("tinyloop: ", g[3], " ", g[1], ": ", tostring(rerr), "\n") return 1 end
             local compiled, gerr = g[2](text)
             -- (what the file says is refused: bad usage, as a refused --regex or --tools file)
-            if not compiled then io.stderr:write("tinyloop: ", g[1], ": ", gerr, "\n") return 2 end
+            if not compiled then io.stderr:write("tinyloop: ", g[3], " ", g[1], ": ", gerr, "\n") return 2 end
             cfg.grammar = compiled
         end
     end

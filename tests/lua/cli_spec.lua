@@ -233,6 +233,34 @@ describe("scripts/tinyloop", function()
         os.remove(path)
     end)
 
+    it("takes llama-cli habits clearly: a prompt given twice, -i's settings, -s -1, --grammar's file", function()
+        -- a prompt as an argument, then -p: refused, as the other order is (it was dropped)
+        local status, out = run("luajit scripts/tinyloop -n 2 Hello -p World")
+        assert.equal(2, status, out)
+        assert.truthy(out:find("unexpected argument Hello", 1, true), out)
+        -- -i checks its settings before it reads a message (the first reply refused them, the
+        -- message typed lost; with no input, it exited 0 saying nothing)
+        for _, input in ipairs({ "'Hello\\n'", "''" }) do
+            status, out = run("printf " .. input .. " | luajit scripts/tinyloop -i -t -1")
+            assert.equal(2, status, out)
+            assert.truthy(out:find("tinyloop: --temperature = -1 must be a finite number >= 0", 1, true), out)
+        end
+        -- no hint at a uint64_t the command line cannot give
+        status, out = run("luajit scripts/tinyloop -t 1 -s -1 -n 2 Hi")
+        assert.equal(2, status, out)
+        assert.truthy(out:find("--seed = -1 must be an integer in [0, 2^53]\n", 1, true), out)
+        assert.is_nil(out:find("ULL", 1, true), out)
+        -- llama.cpp's --grammar takes the text: the message says a file is wanted
+        status, out = run("luajit scripts/tinyloop -n 2 --grammar 'root ::= \"yes\"' Hi")
+        assert.equal(1, status, out)
+        assert.truthy(out:find("tinyloop: --grammar takes a file: root ::=", 1, true), out)
+        -- scripts/run: -p's value is the prompt, a leading - too (it read it as a flag and took
+        -- the next one, --speculative, as its value: the demo's sampling was refused)
+        status, out = run("scripts/run -p '-5 degrees' --speculative tree -n 2 --no-stats")
+        assert.equal(0, status, out)
+        assert.truthy(out:find("^%-5 degrees"), out)
+    end)
+
     it("says an option's value is missing, --logit-bias's too (it said \"bad value: nil\")", function()
         for _, option in ipairs({ "--logit-bias", "-n", "--stop", "--threads" }) do
             local status, out = run("luajit scripts/tinyloop " .. option)
