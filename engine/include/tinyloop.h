@@ -448,9 +448,10 @@ typedef struct tl_generate_config {
                                         most likely token's are kept */
     int min_tokens;                  /* 0; in [0, max_tokens]: the first min_tokens new tokens
                                         are neither eos (unless ignore_eos) nor the token of a
-                                        one-token stop sequence, and longer stop sequences and
-                                        stop strings match from the min_tokens-th new token
-                                        on (vLLM's rule). The ends are banned (after the
+                                        one-token stop sequence, longer stop sequences match
+                                        from the min_tokens-th new token on, and stop strings
+                                        from the next, in the text after the first min_tokens
+                                        tokens' only (vLLM's rule). The ends are banned (after the
                                         adjustments above) to the lowest finite logit, not
                                         -inf: one comes earlier only where every other token
                                         is banned (a grammar that allows nothing but its

@@ -384,7 +384,7 @@ static bool tag_written(const tl_session *s, int t, size_t old) {
     if (tag->n >= 1 && n - s->prompt_len >= tag->n &&
         memcmp(s->tokens + n - tag->n, tag->tokens, (size_t)tag->n * sizeof(int32_t)) == 0)
         return true;
-    return tl_session_text_ends_in_new(s, s->reasoning_tag_bytes[t], s->reasoning_tag_len[t], old);
+    return tl_session_text_ends_in_new(s, s->reasoning_tag_bytes[t], s->reasoning_tag_len[t], old, 0);
 }
 
 void tl_session_track_reasoning(tl_session *s, size_t old_text_len) {
@@ -499,14 +499,26 @@ tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched) {
     const size_t old = s->text_len;
     memcpy(s->text + old, bytes, len);
     s->text_len += len;
+    /* min_tokens (vLLM's rule): a stop string ends a token after the min_tokens-th at the
+       earliest, and is matched in the text after the first min_tokens tokens' only (it ended
+       the min_tokens-th token, and could start in the text held back before it) */
+    if (s->n_tokens - s->prompt_len <= s->cfg.min_tokens) {
+        s->stop_floor = s->text_len;
+        return TL_OK;
+    }
     for (int i = 0; i < s->cfg.n_stop_strings; i++)
-        if (tl_session_text_ends_in_new(s, s->stop_strs[i], s->stop_lens[i], old)) { *matched = true; return TL_OK; }
+        if (tl_session_text_ends_in_new(s, s->stop_strs[i], s->stop_lens[i], old, s->stop_floor)) {
+            *matched = true;
+            return TL_OK;
+        }
     return TL_OK;
 }
 
-bool tl_session_text_ends_in_new(const tl_session *s, const char *bytes, size_t len, size_t old) {
+bool tl_session_text_ends_in_new(const tl_session *s, const char *bytes, size_t len, size_t old, size_t floor) {
     if (len == 0 || s->text_len == old) return false;
-    for (size_t at = old + 1 > len ? old + 1 - len : 0; at + len <= s->text_len; at++) /* the match ends in the new bytes */
+    size_t at = old + 1 > len ? old + 1 - len : 0; /* the match ends in the new bytes */
+    if (at < floor) at = floor;                    /* and starts at floor or after */
+    for (; at + len <= s->text_len; at++)
         if (memcmp(s->text + at, bytes, len) == 0) return true;
     return false;
 }
@@ -514,11 +526,12 @@ bool tl_session_text_ends_in_new(const tl_session *s, const char *bytes, size_t 
 tl_stop_reason tl_session_rule_stop(const tl_session *s, int n, bool stop_string) {
     const tl_generate_config *c = &s->cfg;
     if (s->tokens[n - 1] == s->m->cfg.eos_token_id && !c->ignore_eos) return TL_STOP_EOS;
-    /* min_tokens: longer stop sequences and stop strings end the min_tokens-th new token at
-       the earliest; a one-token sequence's token ends whenever it comes, as eos (sampler.h) */
+    /* min_tokens: longer stop sequences end the min_tokens-th new token at the earliest, stop
+       strings the next (tl_session_append_text matches none before); a one-token sequence's
+       token ends whenever it comes, as eos (sampler.h) */
     if (tl_stop_sequences_match(s->tokens, n, s->prompt_len, c->stop_sequences, c->n_stop_sequences,
                                 tl_stop_longest(c, n, s->prompt_len)) ||
-        (stop_string && !tl_min_tokens_pending(c, n, s->prompt_len)))
+        stop_string)
         return TL_STOP_SEQUENCE;
     return TL_STOP_NONE;
 }

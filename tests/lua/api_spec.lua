@@ -299,17 +299,25 @@ describe("model:generate", function()
         local cfg = { max_tokens = 12, ignore_eos = true, stop_strings = { first_text } }
         out = m:generate(prompt, cfg)
         assert.equal(#prompt + 1, #out)
-        -- with min_tokens 4: the first match that ends in the text of the fourth token or later
+        -- with min_tokens 4 (vLLM's rule): the first match that ends in the text of the fifth
+        -- token or later and starts after the first four tokens' text (one ending in the fourth's
+        -- stopped it)
         local want = 12
-        for k = 4, 12 do
+        local floor = #m:decode({ unpack(greedy, #prompt + 1, #prompt + 4) })
+        for k = 5, 12 do
             local before = m:decode({ unpack(greedy, #prompt + 1, #prompt + k - 1) })
             local now = m:decode({ unpack(greedy, #prompt + 1, #prompt + k) })
-            if now:find(first_text, math.max(1, #before - #first_text + 2), true) then want = k break end
+            if now:find(first_text, math.max(floor + 1, #before - #first_text + 2), true) then want = k break end
         end
         cfg.min_tokens = 4
         out = m:generate(prompt, cfg)
         assert.equal(#prompt + want, #out)
         assert.same({ unpack(greedy, 1, #out) }, out)
+        -- the min_tokens-th token completing the stop string is no stop: min_tokens 1 and the
+        -- first token's text (it stopped there)
+        cfg.min_tokens = 1
+        out = m:generate(prompt, cfg)
+        assert.is_true(#out > #prompt + 1, "stopped on the min_tokens-th token")
     end)
 
     it("reports the loop depth used", function()

@@ -497,6 +497,27 @@ describe("server", function()
         assert.same(want, choice.token_ids)
         assert.equal("stop", choice.finish_reason)
         assert.equal(greedy[5], choice.stop_reason) -- vLLM's: the stop token that ended it
+        -- its text left out, as vLLM's detokenizer leaves it (it was kept), unless
+        -- include_stop_str_in_output; blocking and streamed alike
+        local before, with = m:decode({ unpack(want, 1, #want - 1) }), m:decode(want)
+        assert.is_true(#with > #before, "the stop token has text")
+        for _, include in ipairs({ false, true }) do
+            for _, stream in ipairs({ false, true }) do
+                local req = { prompt = { 10, 20, 30 }, max_tokens = 12, ignore_eos = true, stop_token_ids = { greedy[5] },
+                              include_stop_str_in_output = include, stream = stream }
+                local got
+                if stream then
+                    local parts = {}
+                    for _, c in ipairs(sse_chunks(select(2, post(cjson.encode(req), "-N")))) do
+                        if c.choices[1] then parts[#parts + 1] = c.choices[1].text end
+                    end
+                    got = table.concat(parts)
+                else
+                    got = single(req).text
+                end
+                assert.equal(include and with or before, got, (include and "included" or "left out") .. (stream and ", streamed" or ""))
+            end
+        end
         local function refused(v, message)
             local status, body = post_json({ prompt = "hi", max_tokens = 2, stop_token_ids = v })
             assert.equal(400, status, body)
@@ -3619,25 +3640,33 @@ describe("server with two workers", function()
             assert.equal(200, status, body)
             return cjson.decode(body)
         end
-        local r = answer("/v1/chat/completions", { messages = CHATML_MESSAGES, max_tokens = 20, ignore_eos = true })
+        local r = answer("/v1/chat/completions", { messages = CHATML_MESSAGES, max_tokens = 20 })
         -- the file's ChatML (tests/data/chat/chatml.jinja: trim, whitespace control), as
         -- Python's jinja2 renders it
         local m = assert(tinyloop.load(MODEL))
         local prompt = m:encode(CHATML_PROMPT)
         assert.equal(#prompt, r.usage.prompt_tokens)
-        -- up to the first turn_end, which the greedy continuation holds (6th, maybe earlier)
-        local want = {}
+        -- up to the first turn_end, which the greedy continuation holds (6th, maybe earlier), or
+        -- the model's own end before it
+        local want, eos = {}, m:info().eos_token_id
         for _, id in ipairs(greedy) do
             want[#want + 1] = id
-            if id == turn_end then break end
+            if id == turn_end or id == eos then break end
         end
         assert.same(want, r.choices[1].token_ids)
         assert.equal("stop", r.choices[1].finish_reason)
-        assert.equal("STOP_SEQUENCE", r.tinyloop.stop_reason)
-        -- a turn end is chat's: the completions API runs on
-        r = answer("/v1/completions", { prompt = prompt, max_tokens = 20, ignore_eos = true })
-        assert.same(greedy, r.choices[1].token_ids)
-        assert.equal("length", r.choices[1].finish_reason)
+        assert.equal(want[#want] == eos and "EOS" or "STOP_SEQUENCE", r.tinyloop.stop_reason)
+        -- the completions API stops there too, as vLLM's and llama.cpp's do (it ran on), its
+        -- stop_reason null as for the model's end
+        r = answer("/v1/completions", { prompt = prompt, max_tokens = 20 })
+        assert.same({ want, "stop", cjson.null }, { r.choices[1].token_ids, r.choices[1].finish_reason, r.choices[1].stop_reason })
+        -- ignore_eos ignores them with the model's end, as vLLM's does: both run to max_tokens
+        -- (fixed lengths, as benchmark clients ask them)
+        for _, path in ipairs({ "/v1/chat/completions", "/v1/completions" }) do
+            r = answer(path, path:find("chat") and { messages = CHATML_MESSAGES, max_tokens = 20, ignore_eos = true }
+                                              or { prompt = prompt, max_tokens = 20, ignore_eos = true })
+            assert.same({ greedy, "length" }, { r.choices[1].token_ids, r.choices[1].finish_reason }, path)
+        end
     end)
 
     it("keeps answering when the thread pool has no Lua VM to spare (it polls instead)", function()
@@ -3996,13 +4025,15 @@ describe("server with two workers", function()
     it("ends a thinking model's block at thinking_budget (chat) and budget_tokens (Messages): </think> written for it", function()
         local m = assert(tinyloop.load(MODEL, { kv_type = "f16" }))
         local prompt = m:encode(CHATML_PROMPT .. "<think>\n")
-        local want = { unpack(m:generate(prompt, { max_tokens = 16, ignore_eos = true, stop_sequences = { { turn_end } },
+        -- (the turn ends at the model's end or generation_config's turn_end, as the server's
+        -- without ignore_eos, which ignores both)
+        local want = { unpack(m:generate(prompt, { max_tokens = 16, stop_sequences = { { turn_end } },
                                                   reasoning_budget = 3, reasoning_open = true }), #prompt + 1) }
-        local free = { unpack(m:generate(prompt, { max_tokens = 16, ignore_eos = true, stop_sequences = { { turn_end } } }),
+        local free = { unpack(m:generate(prompt, { max_tokens = 16, stop_sequences = { { turn_end } } }),
                               #prompt + 1) }
         assert.are_not.same(free, want) -- (this model does not end its block within 3 tokens by itself)
         local reasoning_text = m:decode({ want[1], want[2], want[3] })
-        local req = { messages = CHATML_MESSAGES, max_tokens = 16, ignore_eos = true, thinking_budget = 3,
+        local req = { messages = CHATML_MESSAGES, max_tokens = 16, thinking_budget = 3,
                       chat_template_kwargs = { enable_thinking = true } }
         local answers = {}
         for _, stream in ipairs({ false, true }) do
@@ -4030,7 +4061,7 @@ describe("server with two workers", function()
         assert.equal(answers[1], answers[2])
         -- Anthropic's budget_tokens is the same budget
         local status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
-            system = " Be brief. ", messages = { { role = "user", content = "Who is Emma?" } }, max_tokens = 16, ignore_eos = true,
+            system = " Be brief. ", messages = { { role = "user", content = "Who is Emma?" } }, max_tokens = 16,
             thinking = { type = "enabled", budget_tokens = 3 } })) .. " " .. base2 .. "/v1/messages")
         assert.equal(200, status, body)
         local r = cjson.decode(body)
@@ -4038,7 +4069,7 @@ describe("server with two workers", function()
         assert.same({ "text", answers[1] }, { r.content[2].type, r.content[2].text })
         -- the Responses API passes it on; the reply it cut is stored and continued like any other
         status, body = curl("-H 'Content-Type: application/json' --data-binary " .. quote(cjson.encode({
-            instructions = " Be brief. ", input = "Who is Emma?", max_output_tokens = 16, ignore_eos = true, thinking_budget = 3,
+            instructions = " Be brief. ", input = "Who is Emma?", max_output_tokens = 16, thinking_budget = 3,
             chat_template_kwargs = { enable_thinking = true } })) .. " " .. base2 .. "/v1/responses")
         assert.equal(200, status, body)
         local resp = cjson.decode(body)

@@ -507,6 +507,7 @@ function start_worker()
     created_at = checkpoint_time() or ngx.time()
     if chat_prompts then
         chat_prompts.turn_ends = chat_prompts:turn_end_ids(m)
+        request.set_end_ids(chat_prompts.turn_ends) -- (completions stop at them too, as vLLM's and llama.cpp's)
     else
         ngx_log(ngx.ERR, "tinyloop: /v1/chat/completions is off: ", chat_error)
     end
@@ -1118,7 +1119,11 @@ local function finish_read(st, text, last_id)
     if not st.stopped_by_sequence then return text end
     if last_id and st.stop_ids and st.stop_ids[last_id] then
         st.stop_reason = last_id
-        return text
+        -- (its text left out, as vLLM's detokenizer leaves a stop token's, unless
+        -- include_stop_str_in_output: the id stays in token_ids)
+        if st.include_stop or C.tl_token_text(model.ptr, last_id, token_bytes, token_len) ~= 0 then return text end
+        local shown = select(2, token_string(last_id, false, st.text_config))
+        return text:sub(1, math.max(0, #text - shown))
     end
     local stops = st.stops or st.stop_strings -- (cut at: the engine's; named: the client's own)
     if not stops then return text end
@@ -1973,7 +1978,7 @@ local function serve(chat, body, view)
             id = id, index = #r.sts, phase = "queued", released = false, n_tokens = 0, stops = req.stops,
             cached = choice.cached, -- (its prompt's tokens from the prefix pool)
             prompt_tokens = #ids, echo = req.echo and req.echo[p], logprobs = request_options.logprobs >= 0,
-            stop_strings = req.stop_strings, stop_names = req.stop_names, stop_ids = req.stop_ids,
+            stop_strings = req.stop_strings, stop_names = req.stop_names, stop_ids = req.stop_ids, include_stop = req.include_stop,
             prompt_ids = ids, prompt_figures = prompt_figures[p],
             offset = 0, -- bytes of the choice's text so far (logprobs' text_offset)
             text_config = text_config_of(req.cfg),

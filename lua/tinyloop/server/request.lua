@@ -276,6 +276,11 @@ _M.valid_utf8 = valid_utf8
 local function encode_here(model, text, opts) return model:encode(text, opts) end
 local encode_text = encode_here
 function _M.set_encoder(encoder) encode_text = encoder or encode_here end
+-- The checkpoint's ends of generation besides its eos (chat:turn_end_ids: generation_config.json's
+-- eos_token_id list, tokenizer_config.json's eos_token), where vLLM and llama.cpp stop a
+-- completion too (the server sets them once the model is loaded; ignore_eos ignores them).
+local end_ids
+function _M.set_end_ids(ids) end_ids = ids end
 function _M.encode_text(model, text, opts) return encode_text(model, text, opts) end
 
 -- Token ids of one prompt: a string (encoded with the model's tokenizer) or an array of ids;
@@ -1193,7 +1198,7 @@ local function shared_fields(t, body, model, model_id, cfg, opts)
         for _, id in ipairs(t.stop_token_ids) do stop_ids[id] = true end
     end
     return { n = t.n or 1, include_usage = include_usage, grammar_field = cfg.grammar and grammar_field or nil, stop_ids = stop_ids,
-             stop_names = stop_names }
+             stop_names = stop_names, include_stop = t.include_stop_str_in_output == true }
 end
 
 -- Choices of a request, at most max_choices (default 16): #prompts x best_of sessions.
@@ -1250,6 +1255,7 @@ local function parse_completions(body, model, model_id, max_choices, opts)
     if t.prompt == nil then return bad("prompt is required", "prompt") end
     local shared, err = shared_fields(t, body, model, model_id, cfg, opts)
     if not shared then return nil, err end
+    if end_ids and not cfg.ignore_eos then add_stop_ids(cfg, end_ids) end -- (stop_reason null, as the model's eos)
     local n = shared.n
     local best = t.best_of or n
     if best < n then return bad(("best_of = %d must be >= n = %d"):format(best, n), "best_of") end
@@ -1310,6 +1316,7 @@ local function parse_completions(body, model, model_id, max_choices, opts)
     return { prompts = prompts, ids = prompts[1], n = n, best_of = best, cfg = cfg, stream = t.stream == true,
              include_usage = shared.include_usage, echo = echo, logprobs = t.logprobs, stops = answer_stops(t, cfg),
              stop_strings = cfg.stop_strings, stop_names = shared.stop_names, stop_ids = shared.stop_ids,
+             include_stop = shared.include_stop,
              prompt_tokens = prompt_tokens, grammar_field = shared.grammar_field }
 end
 
@@ -1504,8 +1511,9 @@ local function parse_chat(body, model, model_id, max_choices, chat, opts)
         return bad(("thinking_budget = %.0f must be in [1, 2147483647] (leave it out for no budget)"):format(t.thinking_budget),
                    "thinking_budget")
     end
-    -- the template's own turn ends (chat.turn_ends: tinyloop.chat's turn_end_ids) stop it too
-    if chat.turn_ends then add_stop_ids(cfg, chat.turn_ends) end
+    -- the template's own turn ends (chat.turn_ends: tinyloop.chat's turn_end_ids) stop it too,
+    -- unless ignore_eos (vLLM's: the checkpoint's other ends are ignored with its eos)
+    if chat.turn_ends and not cfg.ignore_eos then add_stop_ids(cfg, chat.turn_ends) end
     local logprobs
     if t.top_logprobs ~= nil and not t.logprobs then
         return bad("top_logprobs needs logprobs: true", "top_logprobs")
@@ -1518,6 +1526,7 @@ local function parse_chat(body, model, model_id, max_choices, chat, opts)
     return { prompts = { ids }, ids = ids, n = shared.n, best_of = shared.n, cfg = cfg, stream = t.stream == true,
              include_usage = shared.include_usage, logprobs = logprobs, prompt_tokens = #ids, stops = answer_stops(t, cfg),
              stop_strings = cfg.stop_strings, stop_names = shared.stop_names, stop_ids = shared.stop_ids,
+             include_stop = shared.include_stop,
              grammar_field = shared.grammar_field, prompt_text = text, tools = tool_spec or nil,
              include_reasoning = t.include_reasoning ~= false, thinking_budget = t.thinking_budget }
 end
