@@ -450,8 +450,8 @@ typedef struct tl_generate_config {
                                         are neither eos (unless ignore_eos) nor the token of a
                                         one-token stop sequence, longer stop sequences match
                                         from the min_tokens-th new token on, and stop strings
-                                        from the next, in the text after the first min_tokens
-                                        tokens' only (vLLM's rule). The ends are banned (after the
+                                        from the next (vLLM's rule: a match ending in the
+                                        first min_tokens tokens' text is never seen). The ends are banned (after the
                                         adjustments above) to the lowest finite logit, not
                                         -inf: one comes earlier only where every other token
                                         is banned (a grammar that allows nothing but its

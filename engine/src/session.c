@@ -384,7 +384,7 @@ static bool tag_written(const tl_session *s, int t, size_t old) {
     if (tag->n >= 1 && n - s->prompt_len >= tag->n &&
         memcmp(s->tokens + n - tag->n, tag->tokens, (size_t)tag->n * sizeof(int32_t)) == 0)
         return true;
-    return tl_session_text_ends_in_new(s, s->reasoning_tag_bytes[t], s->reasoning_tag_len[t], old, 0);
+    return tl_session_text_ends_in_new(s, s->reasoning_tag_bytes[t], s->reasoning_tag_len[t], old);
 }
 
 void tl_session_track_reasoning(tl_session *s, size_t old_text_len) {
@@ -499,26 +499,18 @@ tl_status tl_session_append_text(tl_session *s, int32_t tok, bool *matched) {
     const size_t old = s->text_len;
     memcpy(s->text + old, bytes, len);
     s->text_len += len;
-    /* min_tokens (vLLM's rule): a stop string ends a token after the min_tokens-th at the
-       earliest, and is matched in the text after the first min_tokens tokens' only (it ended
-       the min_tokens-th token, and could start in the text held back before it) */
-    if (s->n_tokens - s->prompt_len <= s->cfg.min_tokens) {
-        s->stop_floor = s->text_len;
-        return TL_OK;
-    }
+    /* min_tokens (vLLM's rule): stop strings are checked once more than min_tokens tokens
+       came, a match ending in a later token's text (one the first min_tokens tokens ended is
+       never seen; one may start in their text) */
+    if (s->n_tokens - s->prompt_len <= s->cfg.min_tokens) return TL_OK;
     for (int i = 0; i < s->cfg.n_stop_strings; i++)
-        if (tl_session_text_ends_in_new(s, s->stop_strs[i], s->stop_lens[i], old, s->stop_floor)) {
-            *matched = true;
-            return TL_OK;
-        }
+        if (tl_session_text_ends_in_new(s, s->stop_strs[i], s->stop_lens[i], old)) { *matched = true; return TL_OK; }
     return TL_OK;
 }
 
-bool tl_session_text_ends_in_new(const tl_session *s, const char *bytes, size_t len, size_t old, size_t floor) {
+bool tl_session_text_ends_in_new(const tl_session *s, const char *bytes, size_t len, size_t old) {
     if (len == 0 || s->text_len == old) return false;
-    size_t at = old + 1 > len ? old + 1 - len : 0; /* the match ends in the new bytes */
-    if (at < floor) at = floor;                    /* and starts at floor or after */
-    for (; at + len <= s->text_len; at++)
+    for (size_t at = old + 1 > len ? old + 1 - len : 0; at + len <= s->text_len; at++) /* the match ends in the new bytes */
         if (memcmp(s->text + at, bytes, len) == 0) return true;
     return false;
 }

@@ -63,8 +63,6 @@ struct tl_session {
     /* Generated text (with a tokenizer): stop strings and tl_session_text work on it. */
     char *text;                  /* [text_cap] bytes of the emitted tokens */
     size_t text_len, text_cap, text_shown;
-    size_t stop_floor;   /* the text's length after the min_tokens-th new token: a stop string
-                            matches after it only (vLLM's rule; tl_session_append_text) */
     char **stop_strs;            /* [n_stop_strings] copies */
     size_t *stop_lens;
     size_t *stop_borders;        /* [sum of stop_lens] each stop string's border table, one after
@@ -150,9 +148,8 @@ static inline tl_status tl_session_prepare_logits(tl_session *s, const float *ro
     return tl_session_prepare_logits_for(s, row, s->tokens, s->n_tokens);
 }
 /* Whether the generated text holds bytes[0..len) ending in what came after its first `old`
-   bytes and starting at `floor` or after (a stop string or a reasoning tag the last token
-   completed; len 0: never). */
-bool tl_session_text_ends_in_new(const tl_session *s, const char *bytes, size_t len, size_t old, size_t floor);
+   bytes (a stop string or a reasoning tag the last token completed; len 0: never). */
+bool tl_session_text_ends_in_new(const tl_session *s, const char *bytes, size_t len, size_t old);
 /* The thinking budget's bookkeeping after s->tokens[s->n_tokens - 1] joined the tokens and
    its bytes the text (which was old_text_len bytes long before them): tl_session_emit; a
    state read from a file replays its tokens through it. */

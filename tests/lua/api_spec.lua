@@ -300,14 +300,12 @@ describe("model:generate", function()
         out = m:generate(prompt, cfg)
         assert.equal(#prompt + 1, #out)
         -- with min_tokens 4 (vLLM's rule): the first match that ends in the text of the fifth
-        -- token or later and starts after the first four tokens' text (one ending in the fourth's
-        -- stopped it)
+        -- token or later (one ending in the fourth's stopped it)
         local want = 12
-        local floor = #m:decode({ unpack(greedy, #prompt + 1, #prompt + 4) })
         for k = 5, 12 do
             local before = m:decode({ unpack(greedy, #prompt + 1, #prompt + k - 1) })
             local now = m:decode({ unpack(greedy, #prompt + 1, #prompt + k) })
-            if now:find(first_text, math.max(floor + 1, #before - #first_text + 2), true) then want = k break end
+            if now:find(first_text, math.max(1, #before - #first_text + 2), true) then want = k break end
         end
         cfg.min_tokens = 4
         out = m:generate(prompt, cfg)
@@ -318,6 +316,13 @@ describe("model:generate", function()
         cfg.min_tokens = 1
         out = m:generate(prompt, cfg)
         assert.is_true(#out > #prompt + 1, "stopped on the min_tokens-th token")
+        -- a match that starts in the first min_tokens tokens' text and ends after it stops (vLLM
+        -- searches back from the new text by the stop string's length)
+        local second_text = m:decode({ greedy[#prompt + 2] })
+        assert.is_true(#second_text > 0)
+        cfg.stop_strings = { first_text:sub(-1) .. second_text:sub(1, 1) }
+        out = m:generate(prompt, cfg)
+        assert.equal(#prompt + 2, #out, "a stop string across the min_tokens-th token's end")
     end)
 
     it("reports the loop depth used", function()

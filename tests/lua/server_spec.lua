@@ -518,6 +518,18 @@ describe("server", function()
                 assert.equal(include and with or before, got, (include and "included" or "left out") .. (stream and ", streamed" or ""))
             end
         end
+        -- a special stop token is in no text, skip_special_tokens false or not: nothing is cut
+        -- (its 13 bytes were cut from the text before it)
+        local eos = m:info().eos_token_id
+        local texts = {}
+        for _, skip in ipairs({ true, false }) do -- (the grammar's end: the model's end, a stop token here)
+            local c = single({ prompt = "Elizabeth said that she", max_tokens = 12, ignore_eos = true, skip_special_tokens = skip,
+                               stop_token_ids = { eos }, grammar = 'root ::= "\195\169" [a-z]*' })
+            assert.same({ eos, "stop" }, { c.stop_reason, c.finish_reason }, "skip_special_tokens " .. tostring(skip))
+            assert.truthy(#c.text > 2, c.text)
+            texts[#texts + 1] = c.text
+        end
+        assert.equal(texts[1], texts[2])
         local function refused(v, message)
             local status, body = post_json({ prompt = "hi", max_tokens = 2, stop_token_ids = v })
             assert.equal(400, status, body)

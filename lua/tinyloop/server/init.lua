@@ -1120,10 +1120,13 @@ local function finish_read(st, text, last_id)
     if last_id and st.stop_ids and st.stop_ids[last_id] then
         st.stop_reason = last_id
         -- (its text left out, as vLLM's detokenizer leaves a stop token's, unless
-        -- include_stop_str_in_output: the id stays in token_ids)
-        if st.include_stop or C.tl_token_text(model.ptr, last_id, token_bytes, token_len) ~= 0 then return text end
-        local shown = select(2, token_string(last_id, false, st.text_config))
-        return text:sub(1, math.max(0, #text - shown))
+        -- include_stop_str_in_output: the id stays in token_ids; a special one, which ended
+        -- the generation, is in no text: keep_special_text shows none of it)
+        if st.include_stop or C.tl_token_is_special(model.ptr, last_id) ~= 0 or
+            C.tl_token_text(model.ptr, last_id, token_bytes, token_len) ~= 0 then
+            return text
+        end
+        return text:sub(1, math.max(0, #text - select(2, token_string(last_id, true)))) -- (its bytes, all shown)
     end
     local stops = st.stops or st.stop_strings -- (cut at: the engine's; named: the client's own)
     if not stops then return text end
