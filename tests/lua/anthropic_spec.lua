@@ -140,6 +140,7 @@ describe("anthropic.to_chat", function()
             { '{' .. ok .. U .. '"output_config": {"format": "json"}}', "output_config",
               'output_config.format must be an object {"type": "json_schema", "schema"}' },
             { '{' .. ok .. U .. '"thinking": {"type": "enabled", "budget_tokens": "x"}}', "thinking", "thinking.budget_tokens must be an integer" },
+            { '{' .. ok .. U .. '"thinking": {"type": "enabled"}}', "thinking", 'thinking.budget_tokens is required with thinking.type "enabled"' },
             { '{' .. ok .. U .. '"metadata": {"user_id": 5}}', "metadata", "metadata.user_id must be a string" },
             { '{' .. ok .. U .. '"temperature": 1.5}', "temperature", "temperature must be between 0 and 1" },
             { '{"max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}', "max_tokens", "max_tokens must be at least 1" },

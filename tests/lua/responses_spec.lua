@@ -152,16 +152,17 @@ describe("responses.to_chat: what OpenAI's clients send back", function()
         assert.is_nil(chat.messages[2].phase)
         -- and the answer echoes them as sent (they were left out, or said null for the sent value)
         local _, _, view = chat_of(cjson.encode({ input = "q", max_tool_calls = 3, prompt_cache_key = "k", safety_identifier = "u1",
-                                                 text = { verbosity = "low" }, reasoning = { summary = "auto" } }))
+                                                 text = { verbosity = "low" }, reasoning = { summary = "auto" }, truncation = "auto" }))
         local answer = { created = 1, model = "m", choices = { { index = 0, finish_reason = "stop",
                          message = { role = "assistant", content = "a" } } },
                          usage = { prompt_tokens = 1, completion_tokens = 1, total_tokens = 2 } }
         local r = cjson.decode(view:response(cjson.encode(answer), "resp_1_1"))
-        assert.same({ 3, "k", "u1", "low", "auto" }, { r.max_tool_calls, r.prompt_cache_key, r.safety_identifier, r.text.verbosity,
-                                                      r.reasoning.summary })
+        assert.same({ 3, "k", "u1", "low", "auto", "auto" }, { r.max_tool_calls, r.prompt_cache_key, r.safety_identifier,
+                                                              r.text.verbosity, r.reasoning.summary, r.truncation })
         _, _, view = chat_of('{"input": "q"}') -- (OpenAI's defaults)
         r = cjson.decode(view:response(cjson.encode(answer), "resp_1_2"))
-        assert.same({ "medium", cjson.null, cjson.null }, { r.text.verbosity, r.prompt_cache_key, r.max_tool_calls })
+        assert.same({ "medium", cjson.null, cjson.null, "disabled" }, { r.text.verbosity, r.prompt_cache_key, r.max_tool_calls,
+                                                                        r.truncation })
     end)
 
     it("gives reasoning to its own assistant turn only", function()

@@ -334,6 +334,11 @@ function _M.to_chat(body, counting)
             return bad('thinking.type must be "enabled", "disabled" or "adaptive"', "thinking")
         end
         local budget = t.thinking.budget_tokens
+        -- (Anthropic's rule: a budget with "enabled"; its floor of 1,024 is not held, small
+        -- models' blocks being short)
+        if kind == "enabled" and (budget == nil or budget == json_null) then
+            return bad('thinking.budget_tokens is required with thinking.type "enabled"', "thinking")
+        end
         if budget ~= nil and budget ~= json_null then -- (its range: the chat parser's rule, its name renamed)
             if not KIND_OK.integer(budget) then return bad("thinking.budget_tokens must be an integer", "thinking") end
             if kind == "enabled" then members[#members + 1] = { "thinking_budget", shapes.integer(budget) } end

@@ -453,7 +453,7 @@ function _M.to_chat(body, lookup)
             { "tools", t.tools and raw.tools or "[]" },
             { "top_logprobs", shapes.integer(t.top_logprobs or 0) },
             { "top_p", t.top_p and raw.top_p or "1" },
-            { "truncation", '"disabled"' },
+            { "truncation", t.truncation == "auto" and '"auto"' or '"disabled"' }, -- (as sent: a client reads back its own)
             { "user", t.user and encode(t.user) or "null" },
             { "metadata", t.metadata and raw.metadata or "{}" },
             -- (the fields that change nothing here, as sent: a client reads back its own)
