@@ -145,8 +145,7 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     s->text = src->text_cap ? copy_of(src->text, src->text_cap) : NULL;
     s->stop_strs = calloc((size_t)c->n_stop_strings + 1, sizeof *s->stop_strs);
     s->stop_lens = copy_of(src->stop_lens, ((size_t)c->n_stop_strings + 1) * sizeof *s->stop_lens);
-    size_t borders_len = 0;
-    for (int i = 0; i < c->n_stop_strings; i++) borders_len += src->stop_lens[i];
+    const size_t borders_len = tl_session_borders_len(src);
     if (borders_len > 0) s->stop_borders = copy_of(src->stop_borders, borders_len * sizeof *s->stop_borders);
     tl_status st = (s->stop_seqs && s->stop_store && s->tokens && s->positions && s->logits && s->work &&
                     s->tally && s->logit_bias && s->allowed && (s->text || !src->text_cap) && s->stop_strs && s->stop_lens &&

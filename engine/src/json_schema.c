@@ -115,6 +115,9 @@ static bool is_nullable(const cJSON *s) {
     return cJSON_IsObject(s) && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "nullable"));
 }
 
+/* A rule of rule r's values and null (a nullable schema's). */
+static int or_null_rule(conv *c, int r);
+
 /* ---------------------------------------------------------------- integers in a range */
 
 /* Decimal numbers of exactly the digits between a and b (same length, leading zeros allowed). */
@@ -473,7 +476,7 @@ static const cJSON *ref_target(const conv *c, const char *ref, bool *supported) 
     return node;
 }
 
-static int ref_rule(conv *c, const char *ref, const char *path, int depth) {
+static int ref_rule(conv *c, const char *ref, const char *path) {
     bool supported;
     const cJSON *target = ref_target(c, ref, &supported);
     if (!supported)
@@ -482,7 +485,6 @@ static int ref_rule(conv *c, const char *ref, const char *path, int depth) {
     const uint64_t key = (uint64_t)(uintptr_t)target;
     const int32_t known = tl_gram_hash_get(&c->ref_rules, key);
     if (known >= 0) return known;
-    (void)depth;
     /* the rule name exists before its body, so recursive schemas refer to it; the body waits
        its turn (compile_pending_refs) */
     const int r = new_rule(c);
@@ -762,15 +764,14 @@ done:
 static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
     const cJSON *prefix = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
-    const char *prefix_name = "prefixItems";
     /* draft-07's tuples, which zod-to-json-schema writes for z.tuple: "items" an array (read as
        prefixItems), "additionalItems" the rest (read as items; beside "items" of one schema it
        means nothing, as in draft-07) */
-    if (cJSON_IsArray(items)) {
+    const bool tuple = cJSON_IsArray(items);
+    if (tuple) {
         if (prefix) return fail(c, path, "'items' as an array (draft-07's tuples) and 'prefixItems': give one of them");
         prefix = items;
         items = cJSON_GetObjectItemCaseSensitive(s, "additionalItems");
-        prefix_name = "items";
     }
     const cJSON *mini = cJSON_GetObjectItemCaseSensitive(s, "minItems");
     const cJSON *maxi = cJSON_GetObjectItemCaseSensitive(s, "maxItems");
@@ -784,14 +785,14 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     if (!pre) return out_of_memory(c, path);
     for (int i = 0; i < n_prefix; i++) {
         char sub[512];
-        snprintf(sub, sizeof sub, "%.400s/%s/%d", path, prefix_name, i);
+        snprintf(sub, sizeof sub, "%.400s/%s/%d", path, tuple ? "items" : "prefixItems", i);
         if ((pre[i] = schema(c, cJSON_GetArrayItem(prefix, i), sub, depth + 1)) < 0) { free(pre); return -1; }
     }
     int item = -1;
     if (items && cJSON_IsFalse(items)) item = -1;
     else if (items) {
         char sub[512];
-        snprintf(sub, sizeof sub, "%.400s/%s", path, prefix_name[0] == 'i' ? "additionalItems" : "items");
+        snprintf(sub, sizeof sub, "%.400s/%s", path, tuple ? "additionalItems" : "items");
         if ((item = schema(c, items, sub, depth + 1)) < 0) { free(pre); return -1; }
     } else if (!prefix) {
         c->used_value = true;
@@ -802,7 +803,7 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
     if (lo > n_prefix && item < 0) {
         free(pre);
         return fail(c, path, "minItems %d exceeds the %d %s and no items may follow them", lo, n_prefix,
-                    prefix_name[0] == 'i' ? "items (a tuple without additionalItems)" : "prefixItems");
+                    tuple ? "items (a tuple without additionalItems)" : "prefixItems");
     }
     /* elements: prefix ones first (all required up to lo, beyond optional), then items,
        which follow only the whole prefix. The optional prefix items are a chain of rules, each
@@ -1207,7 +1208,10 @@ static int schema(conv *c, const cJSON *s, const char *path, int depth) {
     const cJSON *nullable = cJSON_IsObject(s) ? cJSON_GetObjectItemCaseSensitive(s, "nullable") : NULL;
     if (nullable && !cJSON_IsBool(nullable)) return fail(c, path, "'nullable' must be true or false");
     const int r = schema_body(c, s, path, depth);
-    if (r < 0 || !cJSON_IsTrue(nullable)) return r;
+    return r < 0 || !cJSON_IsTrue(nullable) ? r : or_null_rule(c, r);
+}
+
+static int or_null_rule(conv *c, int r) {
     const int or_null = new_rule(c);
     tl_strbuf_printf(&c->out, "r%d ::= r%d | \"null\"%s\n", or_null, r, WS(c));
     return or_null;
@@ -1268,7 +1272,7 @@ static int schema_body(conv *c, const cJSON *s, const char *path, int depth) {
         static const char *const KW[] = {"$ref", NULL};
         if (!cJSON_IsString(ref)) return fail(c, path, "'$ref' must be a string");
         if (check_keywords(c, s, path, KW) < 0) return -1;
-        return ref_rule(c, ref->valuestring, path, depth);
+        return ref_rule(c, ref->valuestring, path);
     }
     const cJSON *cst = cJSON_GetObjectItemCaseSensitive(s, "const");
     if (cst) {
@@ -1321,10 +1325,7 @@ static int schema_body(conv *c, const cJSON *s, const char *path, int depth) {
             bool all_nullable = true;
             for (const cJSON *b = list->child; b && all_nullable; b = b->next) all_nullable = is_nullable(b);
             const int merged = all_of(c, list, path, depth);
-            if (merged < 0 || !all_nullable) return merged;
-            const int or_null = new_rule(c);
-            tl_strbuf_printf(&c->out, "r%d ::= r%d | \"null\"%s\n", or_null, merged, WS(c));
-            return or_null;
+            return merged < 0 || !all_nullable ? merged : or_null_rule(c, merged);
         }
         /* oneOf refuses a value that matches two branches, which a grammar of alternatives
            cannot: it is taken where no value can (anyOf's grammar is then oneOf's). The first

@@ -356,6 +356,15 @@ void tl_distribution_free(tl_distribution *d) {
    k 500, the heap 125 us and the radix sort 298; k 1000, the heap 481 and the sort 295). */
 #define RADIX_TOP_K 768
 
+/* d->probs[0, n): the softmax of the candidates' logits over temperature (1 / inv_t), in
+   double, from the largest (the first). */
+static void softmax_from_first(tl_distribution *d, int n, double inv_t) {
+    const double top = (double)d->values[0];
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (d->probs[i] = exp(((double)d->values[i] - top) * inv_t));
+    for (int i = 0; i < n; i++) d->probs[i] /= sum;
+}
+
 bool tl_distribution_build(tl_distribution *d, const float *logits, float temperature, int top_k, float top_p,
                            float min_p, bool temperature_last) {
     const int vocab = d->vocab, k = top_k < 1 || top_k > vocab ? vocab : top_k;
@@ -365,19 +374,14 @@ bool tl_distribution_build(tl_distribution *d, const float *logits, float temper
                                            : tl_top_k(logits, vocab, k, d->ids, d->values);
     d->n = n;
     if (n == 0) return false;
-    double sum = 0.0;
     if (d->values[0] == INFINITY) {
         /* +inf logits share the mass equally; they come first. */
         int n_inf = 0;
         while (n_inf < n && d->values[n_inf] == INFINITY) n_inf++;
         n = n_inf;
         for (int i = 0; i < n; i++) d->probs[i] = 1.0 / n;
-    } else {
-        /* Softmax in double, from the largest logit (at temperature 1 where the cuts come
-           first: temperature_last). */
-        const double inv_t = temperature_last ? 1.0 : 1.0 / (double)temperature, top = (double)d->values[0];
-        for (int i = 0; i < n; i++) sum += (d->probs[i] = exp(((double)d->values[i] - top) * inv_t));
-        for (int i = 0; i < n; i++) d->probs[i] /= sum;
+    } else { /* (at temperature 1 where the cuts come first: temperature_last) */
+        softmax_from_first(d, n, temperature_last ? 1.0 : 1.0 / (double)temperature);
     }
     /* Nucleus: the shortest prefix whose mass reaches top_p (at least one token). */
     const int before_cuts = n;
@@ -399,13 +403,9 @@ bool tl_distribution_build(tl_distribution *d, const float *logits, float temper
         n = keep;
     }
     if (temperature_last && d->values[0] != INFINITY && temperature != 1.0f) {
-        /* the temperature, on the tokens the cuts left (llama.cpp's chain) */
-        const double inv_t = 1.0 / (double)temperature, top = (double)d->values[0];
-        sum = 0.0;
-        for (int i = 0; i < n; i++) sum += (d->probs[i] = exp(((double)d->values[i] - top) * inv_t));
-        for (int i = 0; i < n; i++) d->probs[i] /= sum;
+        softmax_from_first(d, n, 1.0 / (double)temperature); /* the tokens the cuts left (llama.cpp's chain) */
     } else if (n < before_cuts) {
-        sum = 0.0;
+        double sum = 0.0;
         for (int i = 0; i < n; i++) sum += d->probs[i];
         for (int i = 0; i < n; i++) d->probs[i] /= sum;
     }

@@ -157,9 +157,8 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
         s->stop_lens[i] = strlen(cfg->stop_strings[i]);
         if (!(s->stop_strs[i] = strdup(cfg->stop_strings[i]))) st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     }
-    size_t borders_len = 0;
-    for (int i = 0; st == TL_OK && i < cfg->n_stop_strings; i++) borders_len += s->stop_lens[i];
-    if (st == TL_OK && borders_len > 0) {
+    const size_t borders_len = st == TL_OK ? tl_session_borders_len(s) : 0; /* (stop_lens made) */
+    if (borders_len > 0) {
         if (!(s->stop_borders = malloc(borders_len * sizeof *s->stop_borders))) st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
         for (size_t i = 0, at = 0; st == TL_OK && i < (size_t)cfg->n_stop_strings; at += s->stop_lens[i++])
             stop_border_table(s->stop_strs[i], s->stop_lens[i], s->stop_borders + at);

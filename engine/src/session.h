@@ -65,8 +65,8 @@ struct tl_session {
     size_t text_len, text_cap, text_shown;
     char **stop_strs;            /* [n_stop_strings] copies */
     size_t *stop_lens;
-    size_t *stop_borders;        /* [sum of stop_lens] each stop string's border table, one after
-                                    another (stop_border_table; held_back reads them) */
+    size_t *stop_borders;        /* [tl_session_borders_len] each stop string's border table, one
+                                    after another (stop_border_table; held_back reads them) */
 
     tl_generate_stats stats;
     double t_start, t_prefill_start, t_prefill_end, loops_sum; /* (t_prefill_start: 0 until its first row) */
@@ -146,6 +146,12 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
 static inline bool tl_session_keeps_rows(const tl_session *s) { return s->decoder != &tl_beam_decoder; }
 static inline tl_status tl_session_prepare_logits(tl_session *s, const float *row) {
     return tl_session_prepare_logits_for(s, row, s->tokens, s->n_tokens);
+}
+/* The length of s->stop_borders: the sum of the stop strings' lengths. */
+static inline size_t tl_session_borders_len(const tl_session *s) {
+    size_t len = 0;
+    for (int i = 0; i < s->cfg.n_stop_strings; i++) len += s->stop_lens[i];
+    return len;
 }
 /* Whether the generated text holds bytes[0..len) ending in what came after its first `old`
    bytes (a stop string or a reasoning tag the last token completed; len 0: never). */

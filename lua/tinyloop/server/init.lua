@@ -1122,11 +1122,8 @@ local function finish_read(st, text, last_id)
         -- (its text left out, as vLLM's detokenizer leaves a stop token's, unless
         -- include_stop_str_in_output: the id stays in token_ids; a special one, which ended
         -- the generation, is in no text: keep_special_text shows none of it)
-        if st.include_stop or C.tl_token_is_special(model.ptr, last_id) ~= 0 or
-            C.tl_token_text(model.ptr, last_id, token_bytes, token_len) ~= 0 then
-            return text
-        end
-        return text:sub(1, math.max(0, #text - select(2, token_string(last_id, true)))) -- (its bytes, all shown)
+        if st.include_stop or C.tl_token_is_special(model.ptr, last_id) ~= 0 then return text end
+        return text:sub(1, math.max(0, #text - select(2, token_string(last_id, true)))) -- (its bytes, all shown; none: 0)
     end
     local stops = st.stops or st.stop_strings -- (cut at: the engine's; named: the client's own)
     if not stops then return text end

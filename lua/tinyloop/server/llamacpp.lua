@@ -81,19 +81,19 @@ end
 
 -- llama.cpp's generation_settings of a request (its final object's: the settings the
 -- completion ran with, by llama.cpp's names), from the completions body's members: {name,
--- JSON text}s. n_predict: as sent (-1 where left out: the rest of the context). penalties:
+-- JSON text}s. n_predict: as sent (-1 where left out: the rest of the context). reported:
 -- llama.cpp's repeat_last_n as it reports it (left out 64, -1 the context's n_ctx, else as
 -- sent: not the engine's penalty_window, whose 0 is the whole sequence), and where 0 turned
 -- the penalties off (none in the members), or samplers left a sampler out of the chain, their
--- values as received, llama.cpp keeping them (`penalties`, read before the members).
+-- values as received, llama.cpp keeping them (read before the members).
 local SETTING_NAMES = { temperature = "temperature", top_k = "top_k", top_p = "top_p", min_p = "min_p", seed = "seed",
                         repetition_penalty = "repeat_penalty", presence_penalty = "presence_penalty",
                         frequency_penalty = "frequency_penalty", logprobs = "n_probs",
                         ignore_eos = "ignore_eos", stop = "stop", stream = "stream" }
-local function generation_settings(members, n_predict, penalties)
+local function generation_settings(members, n_predict, reported)
     local settings = { { "n_predict", shapes.integer(n_predict or -1) } }
     local seen = {}
-    for _, p in ipairs(penalties) do -- (first: a sampler left out of the chain is reported as received)
+    for _, p in ipairs(reported) do -- (first: a sampler left out of the chain is reported as received)
         if not seen[p[1]] then settings[#settings + 1], seen[p[1]] = p, true end
     end
     for _, m in ipairs(members) do
@@ -171,13 +171,10 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
     if t.grammar ~= nil then t.json_schema = nil end -- (llama.cpp: a grammar, where given, is the constraint)
     local ok_window, window = shapes.penalty_window(t.repeat_last_n, "repeat_last_n", "repeat_last_n")
     if not ok_window then return nil, window end
-    local ok_chain, listed, temperature_last = request.sampler_chain(t.samplers)
+    local ok_chain, listed, temperature_last = request.sampler_chain(t.samplers, t.temperature_last)
     if not ok_chain then return nil, listed end
-    if t.temperature_last ~= nil then -- (TinyLoop's own field: as sent, unless samplers orders it too)
+    if t.temperature_last ~= nil then -- (TinyLoop's own field, where samplers is not sent: as sent)
         if type(t.temperature_last) ~= "boolean" then return bad("temperature_last must be true or false", "temperature_last") end
-        if t.samplers ~= nil then
-            return bad("samplers orders the temperature as temperature_last does: send one of them", "samplers")
-        end
         temperature_last = t.temperature_last
     end
     members[#members + 1] = { "temperature_last", temperature_last and "true" or "false" }
@@ -190,17 +187,17 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
         members[#members + 1] = { "penalty_window", window }
         members[#members + 1] = { "penalties_count_prompt", "true" } -- (llama.cpp's sampler is fed the prompt)
     end
-    local penalties = { { "repeat_last_n", t.repeat_last_n == nil and tostring(shapes.REPEAT_LAST_N_DEFAULT)
+    local reported = { { "repeat_last_n", t.repeat_last_n == nil and tostring(shapes.REPEAT_LAST_N_DEFAULT)
                                            or t.repeat_last_n == -1 and n_ctx and shapes.integer(n_ctx) or raw.repeat_last_n } }
     for _, f in ipairs(PASSED) do
         local name, kind, as = f[1], f[2], f[3] or f[1]
         local v = t[name]
         if v ~= nil then
             if not KIND_OK[kind](v) then return bad(("%s must be %s"):format(name, shapes.KIND_WORDS[kind]), name) end
-            if penalties_off and shapes.PENALTIES[as] then -- (turned off: reported as sent, not applied)
-                penalties[#penalties + 1] = { name, raw[name] }
-            elseif off_chain(name) then -- (top_k, top_p or min_p left out of the chain: reported as received)
-                penalties[#penalties + 1] = { name, raw[name] }
+            -- (a penalty turned off, or top_k, top_p or min_p left out of the chain: reported as
+            -- received, not applied)
+            if (penalties_off and shapes.PENALTIES[as]) or off_chain(name) then
+                reported[#reported + 1] = { name, raw[name] }
             else
                 -- (a temperature below 0 samples greedily in llama.cpp, its probabilities still
                 -- given; top_k below 0 is every token, top_p and min_p past [0, 1] the bound)
@@ -209,7 +206,7 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
                 members[#members + 1] = { as, text }
             end
         elseif off_chain(name) then
-            penalties[#penalties + 1] = { name, tostring(_M.DEFAULTS[name]) }
+            reported[#reported + 1] = { name, tostring(_M.DEFAULTS[name]) }
         elseif _M.DEFAULTS[name] then
             members[#members + 1] = { as, tostring(_M.DEFAULTS[name]) }
         end
@@ -316,7 +313,7 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
     end
     local view = setmetatable({ stream = t.stream == true, return_tokens = t.return_tokens == true,
                                 n_predict = n_predict, batch = batch and #batch > 1 and batch or nil, n_ctx = n_ctx,
-                                settings = generation_settings(members, n_predict, penalties),
+                                settings = generation_settings(members, n_predict, reported),
                                 prompt_text = type(prompt) == "string" and prompt or nil }, _M.View)
     return object(members), view
 end

@@ -174,7 +174,6 @@ local EMPTY_OPENS = { object = "{", array = "[", stop = "[" }
 -- is 0, the likeliest token. Every reading of a request's number goes through it.
 local FLOAT_ZERO = 2 ^ -150
 local function as_float(v) return (v >= -FLOAT_ZERO and v <= FLOAT_ZERO) and 0 or v end
-_M.as_float = as_float
 
 -- llama.cpp's samplers this engine does not have, taken where their values turn them off (its
 -- ranges: front ends send their neutral values), with what "off" is, for the message.
@@ -943,14 +942,18 @@ end
 -- chain, penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature: the engine's
 -- temperature_last) or before them (before either: the engine cuts with both at one place). A
 -- chain without the temperature keeps it, last (llama.cpp's would sample at 1 whatever the
--- request's). -> true, listed ({name = true}, or nil: every one), last; or nil, err.
+-- request's). TinyLoop's temperature_last, where sent, says what samplers would: only one of them
+-- is taken. -> true, listed ({name = true}, or nil: every one), last; or nil, err.
 local SAMPLER_NAMES = { top_k = "top_k", ["top-k"] = "top_k", topk = "top_k", top_p = "top_p", ["top-p"] = "top_p",
                         topp = "top_p", nucleus = "top_p", min_p = "min_p", ["min-p"] = "min_p", minp = "min_p",
                         temperature = "temperature", temp = "temperature", penalties = "penalties" }
 local SAMPLER_LETTERS = { k = "top_k", p = "top_p", m = "min_p", t = "temperature", e = "penalties" }
 _M.CHAIN_SAMPLERS = { top_k = true, top_p = true, min_p = true, penalties = true } -- (those a chain may leave out)
-function _M.sampler_chain(samplers)
-    if samplers == nil then return true, nil, true end
+function _M.sampler_chain(samplers, temperature_last)
+    if samplers == nil or samplers == json_null then return true, nil, true end
+    if temperature_last ~= nil and temperature_last ~= json_null then
+        return bad("samplers orders the temperature as temperature_last does: send one of them", "samplers")
+    end
     local order = {}
     if type(samplers) == "string" then
         for i = 1, #samplers do order[#order + 1] = SAMPLER_LETTERS[samplers:sub(i, i)] or false end
@@ -1025,11 +1028,8 @@ local function llamacpp_names(t, fields)
     -- llama.cpp's samplers, as its own OpenAI endpoints read them (its web UI sends them there):
     -- the temperature's place, and the samplers it leaves out, off
     if t.samplers ~= nil and t.samplers ~= json_null then
-        local ok, listed, last = _M.sampler_chain(t.samplers)
+        local ok, listed, last = _M.sampler_chain(t.samplers, t.temperature_last)
         if not ok then return nil, listed end
-        if t.temperature_last ~= nil and t.temperature_last ~= json_null then
-            return bad("samplers orders the temperature as temperature_last does: send one of them", "samplers")
-        end
         t.temperature_last = last
         for name in pairs(_M.CHAIN_SAMPLERS) do
             if not listed[name] then
