@@ -289,7 +289,10 @@ enum { TL_HOOK_CONTINUE = 0, TL_HOOK_STOP = 1, TL_HOOK_ERROR = -1 };
 /* Per-token hooks (SPEC §5). `tokens` is the whole sequence so far (prompt + emitted). */
 typedef int (*tl_on_token_hook)(void *user, int32_t token, int position);
 typedef int (*tl_stop_rule_hook)(void *user, const int32_t *tokens, int n);
-/* Edits logits[vocab_size] in place before sampling; return TL_HOOK_CONTINUE or an error. */
+/* Edits logits[vocab_size] in place before sampling; return TL_HOOK_CONTINUE or an error.
+   The buffer is valid during the call only, and logits[0] to logits[vocab_size - 1] are its
+   floats: a write just outside them (up to 64 floats either side) fails the generation with
+   TL_ERR_HOOK naming the index; further out, it is the caller's memory error. */
 typedef int (*tl_logits_hook)(void *user, float *logits, int vocab_size, const int32_t *tokens,
                               int n);
 

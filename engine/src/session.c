@@ -19,6 +19,50 @@
 #include "tokenizer.h"
 #include "validate.h"
 
+/* ---------------------------------------------------------------- the logits hook's buffer
+
+   A logits_processor edits s->work in place through a bare pointer, and a Lua hook indexes it
+   with no bounds check: an index just past either end (a 1-based habit, `for i = 0, vocab`;
+   an id list of another model) would write into the allocator's bookkeeping and abort the
+   process later, far from the hook. LOGITS_GUARD floats on each side hold a NaN pattern no
+   arithmetic makes; after each call a changed one fails the session with the index written
+   (and is restored). Writes further out are not caught: the header says the bounds. */
+enum { LOGITS_GUARD = 64 };
+static const uint32_t LOGITS_GUARD_BITS = 0x7fa5a5a5u;
+
+float *tl_session_work_new(int vocab) {
+    float *block = malloc(((size_t)vocab + 2 * LOGITS_GUARD) * sizeof *block);
+    if (!block) return NULL;
+    for (int i = 0; i < LOGITS_GUARD; i++) {
+        memcpy(block + i, &LOGITS_GUARD_BITS, sizeof LOGITS_GUARD_BITS);
+        memcpy(block + LOGITS_GUARD + vocab + i, &LOGITS_GUARD_BITS, sizeof LOGITS_GUARD_BITS);
+    }
+    return block + LOGITS_GUARD;
+}
+
+void tl_session_work_free(float *work) {
+    if (work) free(work - LOGITS_GUARD);
+}
+
+/* The index nearest the buffer that the hook wrote outside [0, vocab), each guard restored;
+   false when none was. */
+static bool logits_guard_breached(float *work, int vocab, int *index) {
+    bool breached = false;
+    for (int i = LOGITS_GUARD; i >= 1; i--) { /* before: -64 .. -1, the nearest reported */
+        if (memcmp(work - i, &LOGITS_GUARD_BITS, sizeof LOGITS_GUARD_BITS) != 0) {
+            *index = -i, breached = true;
+            memcpy(work - i, &LOGITS_GUARD_BITS, sizeof LOGITS_GUARD_BITS);
+        }
+    }
+    for (int i = LOGITS_GUARD - 1; i >= 0; i--) { /* after: vocab .. vocab + 63, the nearest reported */
+        if (memcmp(work + vocab + i, &LOGITS_GUARD_BITS, sizeof LOGITS_GUARD_BITS) != 0) {
+            *index = vocab + i, breached = true;
+            memcpy(work + vocab + i, &LOGITS_GUARD_BITS, sizeof LOGITS_GUARD_BITS);
+        }
+    }
+    return breached;
+}
+
 /* ---------------------------------------------------------------- lifetime */
 
 static void session_destroy(tl_session *s) {
@@ -31,7 +75,7 @@ static void session_destroy(tl_session *s) {
     free(s->tokens);
     free(s->positions);
     free(s->logits);
-    free(s->work);
+    tl_session_work_free(s->work);
     free(s->tally);
     free(s->logit_bias);
     free(s->allowed);
@@ -143,7 +187,7 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
     s->tokens = malloc((size_t)total * sizeof *s->tokens);
     s->positions = malloc((size_t)total * sizeof *s->positions);
     s->logits = calloc((size_t)vocab, sizeof *s->logits); /* speculative and beam modes never write it; forks copy it */
-    s->work = malloc((size_t)vocab * sizeof *s->work);
+    s->work = tl_session_work_new(vocab);
     s->tally = calloc((size_t)vocab, sizeof *s->tally);
     s->logit_bias = malloc(((size_t)cfg->n_logit_bias + 1) * sizeof *s->logit_bias);
     s->allowed = malloc((size_t)vocab);
@@ -273,6 +317,12 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
     if (row != s->work) memcpy(s->work, row, (size_t)vocab * sizeof(float));
     if (c->logits_processor) {
         int r = c->logits_processor(c->logits_processor_user, s->work, vocab, history, n);
+        int outside;
+        if (logits_guard_breached(s->work, vocab, &outside)) {
+            s->finished = true;
+            return tl_fail(TL_ERR_HOOK, "logits_processor wrote logits[%d], outside [0, %d): the hook may write "
+                           "logits[0] to logits[vocab_size - 1] only, during its call", outside, vocab);
+        }
         if (r < 0) return tl_session_hook_failed(s, "logits_processor", r);
     }
     tl_adjust_logits(c, s->work, history, n, s->prompt_len, s->m->cfg.eos_token_id, s->tally);

@@ -204,9 +204,18 @@ local stop_rule_cb = ffi_cast("tl_stop_rule_hook", with_context(function(ctx, to
     return r and C.TL_HOOK_STOP or C.TL_HOOK_CONTINUE
 end))
 
+-- logits_processor(logits, vocab, tokens, prompt_len): logits edited in place (a float*,
+-- logits[0] to logits[vocab - 1], valid during the call only). prompt_len, as stop_when's:
+-- a processor that counts new tokens (Hugging Face's min_new_tokens, a length penalty) reads
+-- it, as the tokens it is given hold the prompt too. A table returned is Hugging Face's way
+-- (processors return new scores): it would be dropped without a word here, so it is an error.
 local logits_cb = ffi_cast("tl_logits_hook", with_context(function(ctx, logits, vocab, tokens, n)
-    local ok, r = call_hook(ctx, ctx.logits_processor, logits, vocab, sync_tokens(ctx, tokens, n))
+    local ok, r = call_hook(ctx, ctx.logits_processor, logits, vocab, sync_tokens(ctx, tokens, n), ctx.prompt_len)
     if not ok then return fail(ctx, r) end
+    if type(r) == "table" then
+        return fail(ctx, "logits_processor returned a table: edit the logits in place (logits[id] = value); " ..
+                         "what the hook returns is not read")
+    end
     return C.TL_HOOK_CONTINUE
 end))
 

@@ -11,7 +11,9 @@
  * findings (4, 7, 13, 14) in test_load_errors.c. */
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "tinyloop.h"
@@ -44,6 +46,15 @@ static int nothing_allowed(void *user, float *logits, int vocab, const int32_t *
 static int only_9(void *user, float *logits, int vocab, const int32_t *tokens, int n) {
     (void)user; (void)tokens; (void)n;
     for (int i = 0; i < vocab; i++) logits[i] = i == 9 ? 0.0f : NAN;
+    return TL_HOOK_CONTINUE;
+}
+
+/* Writes logits[*user] (an index just outside [0, vocab): -1, -64, vocab, vocab + 63), the
+   slip of a 1-based loop: the session must fail with the index, not corrupt the heap. */
+static int write_outside(void *user, float *logits, int vocab, const int32_t *tokens, int n) {
+    (void)tokens; (void)n;
+    const int at = *(const int *)user;
+    logits[at < 0 ? at : vocab + at] = 1.0f;
     return TL_HOOK_CONTINUE;
 }
 
@@ -119,6 +130,49 @@ static void no_allowed_token(void) {
                       "%s (all %s, greedy %d): %s \"%s\", len %d, stop %s", mode_name(mode), nan ? "NaN" : "-inf",
                       greedy, tl_status_name(st), tl_last_error(), len, tl_stop_reason_name(stats.stop_reason));
             }
+}
+
+/* A logits hook that writes just outside its buffer (finding of the Hugging Face processors'
+   port: a suppress list of another model's ids aborted the process with "double free or
+   corruption" later) fails the generation with TL_ERR_HOOK naming the index, in every
+   decoder, and through the step API (under ASan, a write that passed the guard would be a
+   heap-buffer-overflow). */
+static void logits_written_outside(void) {
+    const int32_t prompt[2] = {5, 6};
+    const int vocab = tl_model_info(model)->vocab_size;
+    const int offsets[4] = {-1, -64, 0, 63}; /* (0 and 63: vocab + that) */
+    for (int mode = 0; mode < 3; mode++)
+        for (int k = 0; k < 4; k++) {
+            tl_generate_config c;
+            tl_generate_config_init(&c);
+            c.max_tokens = N_TOKENS;
+            c.logits_processor = write_outside;
+            c.logits_processor_user = (void *)&offsets[k];
+            set_mode(&c, mode);
+            int32_t out[16];
+            int len = 0;
+            tl_status st = tl_generate(model, prompt, 2, &c, out, 16, &len, NULL);
+            char want[32];
+            snprintf(want, sizeof want, "logits[%d]", offsets[k] < 0 ? offsets[k] : vocab + offsets[k]);
+            CHECK(st == TL_ERR_HOOK && strstr(tl_last_error(), want) != NULL, "%s, write at %s: %s \"%s\"",
+                  mode_name(mode), want, tl_status_name(st), tl_last_error());
+        }
+    /* the same hook through the step API: the step fails, the session can be freed */
+    tl_generate_config c;
+    tl_generate_config_init(&c);
+    c.max_tokens = N_TOKENS;
+    c.logits_processor = write_outside;
+    c.logits_processor_user = (void *)&offsets[2];
+    tl_session *s = NULL;
+    tl_status st = tl_session_new(model, prompt, 2, &c, &s);
+    CHECK(st == TL_OK, "session: %s", tl_last_error());
+    if (st == TL_OK) {
+        int32_t token;
+        tl_stop_reason stop;
+        st = tl_session_step(s, &token, &stop);
+        CHECK(st == TL_ERR_HOOK, "step: %s \"%s\"", tl_status_name(st), tl_last_error());
+        tl_session_free(s);
+    }
 }
 
 static void overflow_before_validation(void) {
@@ -263,6 +317,7 @@ int main(int argc, char **argv) {
     }
     infinite_logits();
     no_allowed_token();
+    logits_written_outside();
     overflow_before_validation();
     beam_stream_stop();
     batch_messages();

@@ -1,7 +1,7 @@
 -- hooks_spec.lua: the per-token hooks of SPEC §5 as the Lua API exposes them:
 --   on_token(token, position, text) -> false stops (token included, CALLBACK_ABORT)
 --   stop_when(tokens, text)         -> true stops (CALLBACK_ABORT)
---   logits_processor(logits_ptr_0_based, vocab_size, tokens) edits logits in place
+--   logits_processor(logits_ptr_0_based, vocab_size, tokens, prompt_len) edits logits in place
 --   grammar: allowed(self, mask_ptr, vocab_size) -> count, advance(self, token)
 local H = require "helpers"
 
@@ -186,6 +186,56 @@ describe("logits_processor", function()
             local out = m:generate(P, cfg)
             assert.same(seq, H.slice(out, #P + 1))
         end
+    end)
+
+    it("is given prompt_len, in a batch of prompts of other lengths and in a fork", function()
+        -- (Hugging Face's MinNewTokensLengthLogitsProcessor: the end banned until k new tokens;
+        -- the tokens hold the prompt too, so it needs the prompt's length)
+        local function min_new_tokens(k, seen)
+            return function(logits, _, tokens, prompt_len)
+                seen[#seen + 1] = { #tokens, prompt_len }
+                if #tokens - prompt_len < k then logits[H.EOS] = -math.huge end
+            end
+        end
+        local seen = {}
+        m:generate(P, { max_tokens = 3, logits_processor = min_new_tokens(2, seen) })
+        assert.same({ { #P, #P }, { #P + 1, #P }, { #P + 2, #P } }, seen)
+        local prompts = { m:encode("Hello"), m:encode("It is a truth universally acknowledged") }
+        seen = {}
+        m:generate_batch(prompts, { max_tokens = 2, logits_processor = min_new_tokens(2, seen) })
+        local lens = {}
+        for _, call in ipairs(seen) do lens[call[2]] = (lens[call[2]] or 0) + 1 end
+        assert.same({ [#prompts[1]] = 2, [#prompts[2]] = 2 }, lens)
+        seen = {}
+        local s = assert(m:session(P, { max_tokens = 6, logits_processor = min_new_tokens(2, seen) }))
+        s:step()
+        s:step()
+        local child = assert(s:fork())
+        for i = #seen, 1, -1 do seen[i] = nil end -- (the fork's hook is the parent's: the same table)
+        child:step()
+        assert.same({ { #P + 2, #P } }, seen)
+        child:close()
+        s:close()
+    end)
+
+    it("a write just outside the logits, or a table returned, is an error", function()
+        local vocab = m:info().vocab_size
+        for _, at in ipairs({ -1, vocab, vocab + 63 }) do
+            local ok, err = pcall(m.generate, m, P, { max_tokens = 3, logits_processor = function(logits)
+                logits[at] = 0
+            end })
+            local message = tostring(err)
+            assert.is_true(not ok or err == nil, "generated after logits[" .. at .. "] was written")
+            assert.truthy(message:find("logits[" .. at .. "]", 1, true), message)
+        end
+        -- (Hugging Face's processors return the new scores: here they are edited in place)
+        local ok, err = pcall(m.generate, m, P, { max_tokens = 3, logits_processor = function(logits, vocab)
+            local scores = {}
+            for i = 0, vocab - 1 do scores[i] = logits[i] end
+            return scores
+        end })
+        assert.is_false(ok)
+        assert.truthy(tostring(err):find("returned a table", 1, true), tostring(err))
     end)
 
     it("banning everything ends with GRAMMAR_DEAD_END", function()

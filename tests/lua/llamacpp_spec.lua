@@ -61,7 +61,7 @@ describe("llamacpp.to_completions", function()
         -- json_schema and grammar; logit_bias in both of llama.cpp's forms
         local _, text = completions_of('{"prompt": "a", "json_schema": {"type": "object", "properties": {"b": {"type": "integer"}}}}')
         assert.equal('{"type": "object", "properties": {"b": {"type": "integer"}}}',
-                     json_text.member(text, { "response_format", "json_schema", "schema" }))
+                     json_text.member(text, { "json_schema" }))
         t = completions_of('{"prompt": "a", "grammar": "root ::= \\"x\\"", "logit_bias": [[15, -2.5], [16, false], [15, 1]]}')
         assert.same({ "root ::= \"x\"", { ["15"] = -1.5, ["16"] = -100 } }, { t.grammar, t.logit_bias }) -- (15 twice: added)
         t = completions_of('{"prompt": "a", "logit_bias": {"15": 1}}')
@@ -186,7 +186,17 @@ describe("llamacpp.to_completions", function()
             { '{"prompt": "a", "stop": "x"}', "stop", "stop must be an array of texts" },
             { '{"prompt": "a", "repeat_last_n": -2}', "repeat_last_n", "repeat_last_n must be an integer >= -1" },
             { '{"prompt": "a", "stop": ["x", 5]}', "stop", "stop[1] must be a text" },
+            -- (a lazy grammar, free text until a trigger, is not kept: the grammar would hold from
+            -- the first token, silently another output)
+            { '{"prompt": "a", "grammar": "root ::= \\"x\\"", "grammar_lazy": true, "grammar_triggers": [{"type": "word", "value": "x"}]}',
+              "grammar_lazy", "grammar_lazy is not supported here" },
+            { '{"prompt": "a", "json_schema": {}, "grammar_lazy": true}', "grammar_lazy", "grammar_lazy is not supported here" },
+            { '{"prompt": "a", "response_fields": "content"}', "response_fields", "response_fields must be an array" },
+            { '{"prompt": "a", "response_fields": ["content", 5]}', "response_fields", "response_fields[1] must be a text" },
         })
+        -- without a grammar (llama.cpp's front ends send its default), or false, it changes nothing
+        assert.equal("a", completions_of('{"prompt": "a", "grammar_lazy": true, "grammar_triggers": []}').prompt)
+        assert.equal("root ::= \"x\"", completions_of('{"prompt": "a", "grammar": "root ::= \\"x\\"", "grammar_lazy": false}').grammar)
     end)
 end)
 
@@ -289,6 +299,49 @@ describe("llamacpp view", function()
         local e = view:feed('{"error":{"message":"engine failed","type":"server_error","param":null}}')
         assert.same({ code = 500, message = "engine failed", type = "server_error" }, cjson.decode(e[1][2]).error)
         assert.same({}, view:feed('{"choices":[{"index":0,"text":"a","finish_reason":null}]}'))
+    end)
+
+    it("streams one token an event, with its probabilities, where a read brought several", function()
+        local _, _, view = completions_of('{"prompt": "a", "stream": true, "n_probs": 1}')
+        view:start_stream("x", 1, "m", 3)
+        local function entry(id, text, bytes)
+            return { id = id, token = text, bytes = bytes, logprob = -1, top_logprobs = { { id = id, token = text, bytes = bytes, logprob = -1 } } }
+        end
+        -- "é" is two tokens of one byte each: one event, as llama.cpp holds a part of a character back
+        local events = view:feed(cjson.encode({ choices = { { index = 0, text = "Hi th\195\169", token_ids = { 5, 6, 7, 8 },
+            finish_reason = cjson.null, logprobs = { content = { entry(5, "Hi", { 72, 105 }), entry(6, " th", { 32, 116, 104 }),
+                                                                entry(7, "\239\191\189", { 195 }), entry(8, "\239\191\189", { 169 }) } } } } }))
+        local seen = {}
+        for i, e in ipairs(events) do
+            local o = cjson.decode(e[2])
+            local ids = {}
+            for k, p in ipairs(o.completion_probabilities) do ids[k] = p.id end
+            seen[i] = { o.content, o.tokens, ids, o.tokens_predicted }
+        end
+        assert.same({ { "Hi", { 5 }, { 5 }, 1 }, { " th", { 6 }, { 6 }, 2 }, { "\195\169", { 7, 8 }, { 7, 8 }, 4 } }, seen)
+        -- where the bytes do not spell the text (a stop string's start held back): one event
+        events = view:feed(cjson.encode({ choices = { { index = 0, text = "a", token_ids = { 9, 10 }, finish_reason = cjson.null,
+            logprobs = { content = { entry(9, "a", { 97 }), entry(10, "\n", { 10 }) } } } } }))
+        assert.equal(1, #events)
+        assert.same({ "a", { 9, 10 }, 6 }, { cjson.decode(events[1][2]).content, cjson.decode(events[1][2]).tokens,
+                                            cjson.decode(events[1][2]).tokens_predicted })
+    end)
+
+    it("answers only the members response_fields names, a nested one by its path", function()
+        local _, _, view = completions_of('{"prompt": "a", "n_predict": 4, "response_fields": ["content", ' ..
+                                          '"generation_settings/n_predict", "timings/prompt_n", "nope", "content/x"]}')
+        local r = cjson.decode(view:response(cjson.encode(answer)))
+        assert.same({ content = "Hi there", ["generation_settings/n_predict"] = 4, ["timings/prompt_n"] = 3 }, r)
+        -- streamed, the final event alone (llama.cpp's partial results are whole)
+        _, _, view = completions_of('{"prompt": "a", "stream": true, "response_fields": ["stop_type"]}')
+        view:start_stream("x", 1, "m", 3)
+        local events = {}
+        for _, chunk in ipairs({ { choices = { { index = 0, text = "Hi", token_ids = { 5 }, finish_reason = cjson.null } } },
+                                 { choices = { { index = 0, text = "", token_ids = {}, finish_reason = "length" } }, tinyloop = {},
+                                   usage = { prompt_tokens = 3, completion_tokens = 1, total_tokens = 4 } } }) do
+            for _, e in ipairs(view:feed(cjson.encode(chunk))) do events[#events + 1] = cjson.decode(e[2]) end
+        end
+        assert.same({ "Hi", { stop_type = "limit" } }, { events[1].content, events[2] })
     end)
 
     it("answers a batch of prompts as llama.cpp's results, each with its index, counts and stats", function()

@@ -214,6 +214,12 @@ describe("request's parsers refuse, naming the field", function()
         { '{' .. M .. '"response_format": []}', "response_format", "response_format must be an object" },
         { '{' .. M .. '"response_format": {"type": "text", "json_schema": {}}}', "response_format", 'response_format.json_schema goes with type "json_schema"' },
         { '{' .. M .. '"response_format": {"type": "xml"}}', "response_format", "response_format.type must be" },
+        -- llama.cpp's schema beside JSON mode's type only (its json_schema type reads the wrapper
+        -- alone, and answers a flat schema unconstrained)
+        { '{' .. M .. '"response_format": {"type": "json_schema", "schema": {}}}', "response_format", 'response_format.schema goes with type "json_object"' },
+        { '{' .. M .. '"response_format": {"type": "json_object", "schema": []}}', "response_format", "response_format.schema must be a JSON Schema object" },
+        { '{' .. M .. '"json_schema": {"type": "string"}, "grammar": "root ::= \\"a\\""}', "json_schema", "grammar and json_schema cannot be used together" },
+        { '{' .. M .. '"json_schema": "x"}', "json_schema", "json_schema must be" },
         { '{' .. M .. '"response_format": {"type": "json_schema"}}', "response_format", "response_format.json_schema must be an object" },
         { '{' .. M .. '"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}', "response_format", "response_format.json_schema.schema must be a JSON Schema object" },
       },

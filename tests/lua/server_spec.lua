@@ -189,6 +189,8 @@ describe("server", function()
         local status, body = curl(base .. "/health")
         assert.equal(200, status)
         assert.equal("ok", cjson.decode(body).status)
+        -- (llama.cpp's too: clients whose base URL ends in /v1 probe /v1/health)
+        assert.same({ 200, body }, { curl(base .. "/v1/health") })
         status, body = curl(base .. "/v1/models")
         assert.equal(200, status)
         local m = cjson.decode(body)
@@ -1116,6 +1118,10 @@ describe("server", function()
             { '"structured_outputs": {"choice": ["yes", "no"]}', G.gbnf('root ::= "yes" | "no"') },
             { '"structured_outputs": {"json": ' .. schema .. '}', G.json_schema(schema) },
             { '"guided_json": ' .. schema, G.json_schema(schema) },
+            -- llama.cpp's two forms: its own field, and JSON mode with a schema (its converter
+            -- leaves out what it cannot enforce)
+            { '"json_schema": ' .. schema, G.json_schema(schema, { loose = true }) },
+            { '"response_format": {"type": "json_object", "schema": ' .. schema .. '}', G.json_schema(schema, { loose = true }) },
             { '"structured_outputs": {"json": ' .. cjson.encode(schema) .. '}', G.json_schema(schema) }, -- as JSON text
             { '"guided_grammar": "root ::= [0-9]{2,3}"', G.gbnf("root ::= [0-9]{2,3}") },
             { '"guided_regex": "[0-9]{2,3}"', G.gbnf("root ::= [0-9]{2,3}") },
@@ -1647,6 +1653,21 @@ describe("chat completions", function()
         assert.same(counts(whole.usage), counts(chunks[#chunks].usage))
         assert.equal(whole.choices[1].message.content, table.concat(content))
         assert.same(whole.choices[1].token_ids, ids)
+        -- vLLM's continuous_usage_stats: every chunk the usage so far (the tokens it has read);
+        -- false is include_usage alone
+        req.stream_options.continuous_usage_stats = true
+        chunks = sse_chunks(select(2, post_chat(req, "-N")))
+        local read = 0
+        for i = 1, #chunks - 1 do
+            read = read + #chunks[i].choices[1].token_ids
+            assert.same({ whole.usage.prompt_tokens, read, whole.usage.prompt_tokens + read },
+                        { chunks[i].usage.prompt_tokens, chunks[i].usage.completion_tokens, chunks[i].usage.total_tokens })
+        end
+        assert.same(counts(whole.usage), counts(chunks[#chunks].usage))
+        req.stream_options.continuous_usage_stats = false
+        chunks = sse_chunks(select(2, post_chat(req, "-N")))
+        assert.equal(cjson.null, chunks[1].usage)
+        assert.same(counts(whole.usage), counts(chunks[#chunks].usage))
     end)
 
     it("gives logprobs in the chat shape: the completions API's figures for the same tokens", function()
@@ -2831,6 +2852,12 @@ describe("llama.cpp's API (/completion, /props, /tokenize's content)", function(
         end
         assert.same({ want.text, want.token_ids }, { table.concat(pieces), tokens })
         assert.same({ true, "limit", 20 }, { last.stop, last.stop_type, last.tokens_predicted })
+        -- a schema that does not compile: the error names json_schema as sent (it named
+        -- json_schema.json_schema.schema, the completions request's field renamed word by word)
+        status, body = post_to("/completion", { prompt = "a", json_schema = { type = "hiccup" } })
+        assert.equal(400, status, body)
+        local message = cjson.decode(body).error.message
+        assert.truthy(message:find("^json_schema does not compile: .*hiccup"), message)
         -- llama.cpp's defaults where left out: /props says them, and they are what runs
         local props = cjson.decode(select(2, curl(base .. "/props")))
         assert.same({ 256, 2 }, { props.default_generation_settings.n_ctx, props.total_slots })
@@ -3413,7 +3440,7 @@ describe("embeddings (OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embe
         assert.same({ [0] = true, true, true }, seen)
         local tokens = #m:encode(query)
         for _, d in ipairs(docs) do tokens = tokens + #m:encode(d) end
-        assert.same({ "tinyloop-austen", tokens }, { r.model, r.usage.total_tokens })
+        assert.same({ "tinyloop-austen", tokens, tokens }, { r.model, r.usage.prompt_tokens, r.usage.total_tokens })
         assert.equal(before + tokens, metric(metrics(), "tinyloop_embedded_tokens_total"))
         assert.truthy(r.id:match("^rerank%-"))
         -- top_n, without the documents; Cohere's and Jina's paths

@@ -671,7 +671,7 @@ end
 
 function _M.not_found()
     return send_uri_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
-        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /v1/rerank (or /rerank, /v2/rerank, /reranking, /v1/reranking), POST /v1/score (or /score), POST /completion (or /completions), POST /embedding (or /embeddings), POST /apply-template, GET /props, GET /v1/models (or /models), GET /v1/models/{id}, POST /chat/completions (llama.cpp's name of /v1/chat/completions), POST /tokenize, POST /detokenize, /health, GET /, " ..
+        " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /v1/rerank (or /rerank, /v2/rerank, /reranking, /v1/reranking), POST /v1/score (or /score), POST /completion (or /completions), POST /embedding (or /embeddings), POST /apply-template, GET /props, GET /v1/models (or /models), GET /v1/models/{id}, POST /chat/completions (llama.cpp's name of /v1/chat/completions), POST /tokenize, POST /detokenize, /health (or /v1/health), GET /, " ..
         "/metrics)", nil, "not_found_error")
 end
 
@@ -779,7 +779,7 @@ function _M.authorize()
     local key = conf.api_key
     local uri = ngx.var.uri
     -- (nginx's own errors: the internal locations its error_page goes to, /.tinyloop-error*)
-    if not key or uri == "/health" or uri == "/metrics" or uri:find("^/%.tinyloop%-error") then return end
+    if not key or uri == "/health" or uri == "/v1/health" or uri == "/metrics" or uri:find("^/%.tinyloop%-error") then return end
     -- (every byte compared: the time says nothing of where a wrong key differs)
     local function matches(given)
         if type(given) ~= "string" or #given ~= #key then return false end
@@ -1572,13 +1572,19 @@ end
 local function run_stream(r)
     local started = false
     local usage_null = r.include_usage and ',"usage":null' or ""
+    -- vLLM's stream_options.continuous_usage_stats: each chunk the usage of its choice so far
+    local function chunk_usage(st)
+        if not r.continuous_usage then return usage_null end
+        return ',"usage":{"prompt_tokens":' .. st.prompt_tokens .. ',"completion_tokens":' .. st.n_tokens ..
+            ',"total_tokens":' .. (st.prompt_tokens + st.n_tokens) .. "}"
+    end
     local live = {}
     for k, st in ipairs(r.sts) do
         live[k] = st
         if st.echo then
             if not started then start_stream(r); started = true end
             local echo_chunk = choice_json(st, st.echo, {}, nil, nil, st.prompt_figures, st.prompt_ids, #st.prompt_ids)
-            if not sse(r, response_json(r, echo_chunk, usage_null)) then return ngx_exit(499) end
+            if not sse(r, response_json(r, echo_chunk, chunk_usage(st))) then return ngx_exit(499) end
         end
     end
     while #live > 0 do
@@ -1615,7 +1621,7 @@ local function run_stream(r)
                     -- held: the role, and the reasoning so far, go out at once all the same
                     if not text and (not st.role_sent or thought ~= "") then
                         if not started then start_stream(r); started = true end
-                        if not sse(r, response_json(r, choice_json(st, nil, {}, nil, nil, nil, nil, nil, nil, thought), usage_null)) then
+                        if not sse(r, response_json(r, choice_json(st, nil, {}, nil, nil, nil, nil, nil, nil, thought), chunk_usage(st))) then
                             return ngx_exit(499)
                         end
                         thought = ""
@@ -1628,14 +1634,14 @@ local function run_stream(r)
                 local chunk
                 if calls_json then -- the content before the calls, the calls, then the finish (OpenAI's chunks)
                     if (text ~= "" or thought ~= "") and
-                        not sse(r, response_json(r, choice_json(st, text, {}, nil, nil, nil, nil, nil, nil, thought), usage_null)) then
+                        not sse(r, response_json(r, choice_json(st, text, {}, nil, nil, nil, nil, nil, nil, thought), chunk_usage(st))) then
                         return ngx_exit(499)
                     end
                     thought = ""
                     -- (a piece of a forced call carries the tokens read with it; the finish, the rest)
                     local with_ids = not finished
                     if not sse(r, response_json(r, choice_json(st, nil, with_ids and ids or {}, nil, nil, with_ids and figures or nil,
-                                                               nil, nil, calls_json), usage_null)) then
+                                                               nil, nil, calls_json), chunk_usage(st))) then
                         return ngx_exit(499)
                     end
                     text = ""
@@ -1643,11 +1649,11 @@ local function run_stream(r)
                 end
                 if finished then
                     local last = #live == 1 -- this choice ends the request's generation
-                    local usage = (r.include_usage or not last) and usage_null or (',"usage":' .. usage_json(r))
+                    local usage = (r.include_usage or not last) and chunk_usage(st) or (',"usage":' .. usage_json(r))
                     chunk = response_json(r, choice_json(st, text, ids, st.finish_reason, nil, figures, nil, nil, nil, thought),
                                           usage .. ',"tinyloop":' .. encode(st.tinyloop))
                 elseif (text and (text ~= "" or #ids > 0)) or thought ~= "" then
-                    chunk = response_json(r, choice_json(st, text or "", ids, nil, nil, figures, nil, nil, nil, thought), usage_null)
+                    chunk = response_json(r, choice_json(st, text or "", ids, nil, nil, figures, nil, nil, nil, thought), chunk_usage(st))
                 end
                 if chunk and not sse(r, chunk) then return ngx_exit(499) end
             end
@@ -1909,6 +1915,7 @@ local function serve(chat, body, view)
     -- 3. To the engine, all or none.
     next_request = next_request + 1
     r = { sts = {}, prompt_tokens = req.prompt_tokens, include_usage = req.include_usage, created = ngx.time(),
+          continuous_usage = req.continuous_usage,
                 response_id = (view and view.ID_PREFIX .. "-" or chat and "chatcmpl-" or "cmpl-") .. worker_tag .. "-" ..
                     next_request,
                 n = req.n, best_of = req.best_of, show_logprobs = req.logprobs ~= nil, chat = chat, stream = req.stream,
@@ -2155,7 +2162,7 @@ end
 -- POST /v1/rerank (also /rerank, /v2/rerank, /reranking, /v1/reranking: vLLM's, Jina's, Cohere's
 -- and llama.cpp's clients): the
 -- documents by the cosine of their embedding with the query's, best first, the top_n of
--- them: {"id", "model", "usage": {"total_tokens"}, "results": [{"index", "relevance_score",
+-- them: {"id", "model", "usage": {"prompt_tokens", "total_tokens"}, "results": [{"index", "relevance_score",
 -- "document": {"text"}}]}; sent `texts`, TEI's bare array [{"index", "score"[, "text"]}].
 function _M.rerank()
     local body = post_body()
@@ -2181,7 +2188,7 @@ function _M.rerank()
     if req.tei then return send_json(200, "[" .. concat(results, ",") .. "]") end
     next_request = next_request + 1
     return send_json(200, '{"id":"rerank-' .. worker_tag .. "-" .. next_request .. '","model":' .. encode(conf.model_id) ..
-        ',"usage":{"total_tokens":' .. req.tokens .. '},"results":[' .. concat(results, ",") .. "]}")
+        ',"usage":{"prompt_tokens":' .. req.tokens .. ',"total_tokens":' .. req.tokens .. '},"results":[' .. concat(results, ",") .. "]}")
 end
 
 -- POST /v1/score (also /score: vLLM's): text_1 against text_2 (1:1, 1:N or N:N), each pair's

@@ -20,6 +20,7 @@
 --   req = llamacpp.embedding_request(body_text)             -- POST /embedding
 local cjson = require "cjson.safe"
 local shapes = require "tinyloop.server.shapes"
+local json_text = require "tinyloop.json_text"
 
 local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
 local concat = table.concat
@@ -169,6 +170,26 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
     end
     if t.grammar == "" then t.grammar = nil end -- (front ends send "": no grammar, as llama.cpp reads it)
     if t.grammar ~= nil then t.json_schema = nil end -- (llama.cpp: a grammar, where given, is the constraint)
+    -- (llama.cpp's lazy grammar, free text until one of grammar_triggers, is not kept here: taken
+    -- silently, the grammar would hold from the first token, another output than asked for)
+    if t.grammar_lazy ~= nil and t.grammar_lazy ~= false and (t.grammar ~= nil or t.json_schema ~= nil) then
+        return bad("grammar_lazy is not supported here: a grammar holds from the first token (send false, or leave " ..
+                   "it out)", "grammar_lazy")
+    end
+    -- response_fields: the final object's members to answer, a nested one by its path ("a/b",
+    -- named so in the answer), as llama.cpp picks them; those it does not have are left out
+    local response_fields
+    if t.response_fields ~= nil then
+        if type(t.response_fields) ~= "table" or (next(t.response_fields) ~= nil and not is_array(t.response_fields)) then
+            return bad('response_fields must be an array of member names (a nested one as "a/b")', "response_fields")
+        end
+        response_fields = {}
+        for i, name in ipairs(t.response_fields) do
+            if type(name) ~= "string" then return bad(("response_fields[%d] must be a text"):format(i - 1), "response_fields") end
+            response_fields[i] = name
+        end
+        if #response_fields == 0 then response_fields = nil end -- (none: the whole object, as llama.cpp reads [])
+    end
     local ok_window, window = shapes.penalty_window(t.repeat_last_n, "repeat_last_n", "repeat_last_n")
     if not ok_window then return nil, window end
     local ok_chain, listed, temperature_last = request.sampler_chain(t.samplers, t.temperature_last)
@@ -263,8 +284,7 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
     end
     if t.json_schema ~= nil then
         if not KIND_OK.object(t.json_schema) then return bad("json_schema must be a JSON Schema object", "json_schema") end
-        members[#members + 1] = { "response_format", '{"type":"json_schema","json_schema":{"name":"schema","schema":' ..
-                                                     raw.json_schema .. "}}" }
+        members[#members + 1] = { "json_schema", raw.json_schema }
     end
     if t.logit_bias ~= nil then
         -- llama.cpp's forms: [[id, bias], ...] or {"id": bias}; false is -100 (OpenAI's floor:
@@ -312,6 +332,7 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
         members[#members + 1] = { "logit_bias", "{" .. concat(inner, ",") .. "}" }
     end
     local view = setmetatable({ stream = t.stream == true, return_tokens = t.return_tokens == true,
+                                response_fields = response_fields,
                                 n_predict = n_predict, batch = batch and #batch > 1 and batch or nil, n_ctx = n_ctx,
                                 settings = generation_settings(members, n_predict, reported),
                                 prompt_text = type(prompt) == "string" and prompt or nil }, _M.View)
@@ -328,7 +349,7 @@ View.__index = View
 _M.View = View
 
 -- The completions request's names -> llama.cpp's, in an error's message; the error body.
-local RENAMES = { { "max_tokens", "n_predict" }, { "repetition_penalty", "repeat_penalty" }, { "response_format", "json_schema" },
+local RENAMES = { { "max_tokens", "n_predict" }, { "repetition_penalty", "repeat_penalty" },
                   { "logprobs", "n_probs" } }
 -- (a prompt over the context: llama.cpp's own error, its type and fields, which its clients
 -- look for to shorten the prompt and retry)
@@ -412,6 +433,19 @@ local function probabilities(logprobs, text, finish)
     return "[" .. concat(entries, ",") .. "]"
 end
 
+-- The members of a final object (its JSON text) that response_fields names, each by its
+-- path's text ("generation_settings/n_predict"), as llama.cpp's json_get_nested_values.
+local function picked(whole, fields)
+    local members = {}
+    for _, path in ipairs(fields) do
+        local steps = {}
+        for step in (path .. "/"):gmatch("(.-)/") do steps[#steps + 1] = step end
+        local value = json_text.member(whole, steps)
+        if value then members[#members + 1] = { path, value } end
+    end
+    return object(members)
+end
+
 -- One object of the answer: content (the whole text, or a stream's piece), its tokens, its
 -- tokens' completion_probabilities (JSON, or nil), and with the finish (`finish`: shapes'
 -- finish) llama.cpp's closing fields. part: the prompt's own (its index in a batch, from 0;
@@ -444,6 +478,7 @@ function View:object(content, tokens, finish, model, probs, part)
         if self.settings then members[#members + 1] = { "generation_settings", object(self.settings) } end
         if self.prompt_text and not self.batch then members[#members + 1] = { "prompt", encode(self.prompt_text) } end
         members[#members + 1] = { "tinyloop", finish.tinyloop }
+        if self.response_fields then return picked(object(members), self.response_fields) end
     end
     return object(members)
 end
@@ -496,6 +531,37 @@ function View:start_stream(_, created, model, prompt_tokens)
     end
 end
 
+-- llama.cpp streams one token an event, with its completion_probabilities (a client reads
+-- [1] of each); a read of several tokens (the engine ran ahead of the event loop) is split
+-- back into them where their probabilities' bytes spell the text read (no stop text held
+-- back or let go), a token that ends inside a character joined to the next, as llama.cpp
+-- holds an incomplete character back: {text, tokens, logprobs} each; nil: one event.
+local function per_token(text, tokens, logprobs)
+    local entries = type(logprobs) == "table" and logprobs.content
+    if type(entries) ~= "table" or #entries < 2 or #entries ~= #tokens then return nil end
+    local spelled = {}
+    for i, e in ipairs(entries) do
+        if type(e.bytes) ~= "table" then return nil end
+        spelled[i] = string.char(unpack(e.bytes))
+    end
+    if concat(spelled) ~= text then return nil end
+    local pieces, first, from, at = {}, 1, 1, 0
+    for i = 1, #entries do
+        at = at + #spelled[i]
+        local after = text:byte(at + 1)
+        if not after or after < 0x80 or after >= 0xC0 then -- (at + 1 starts a character)
+            local piece = { text = text:sub(from, at), tokens = {}, logprobs = { content = {} } }
+            for k = first, i do
+                piece.tokens[#piece.tokens + 1] = tokens[k]
+                piece.logprobs.content[#piece.logprobs.content + 1] = entries[k]
+            end
+            pieces[#pieces + 1] = piece
+            first, from = i + 1, at + 1
+        end
+    end
+    return pieces
+end
+
 -- feed(payload) -> the events {nil, json} a completions stream's event makes: one per chunk with
 -- text or tokens, and each prompt's finish (stop: true, with the counts), which is its last. A
 -- single prompt's finishing chunk carries the usage (no include_usage is asked for); a batch's
@@ -516,9 +582,17 @@ function View:feed(payload)
         local text = type(choice.text) == "string" and choice.text or ""
         local tokens = type(choice.token_ids) == "table" and choice.token_ids or {}
         part.text = part.text .. text
-        part.predicted = part.predicted + #tokens
-        if text ~= "" or #tokens > 0 then
-            out[#out + 1] = { nil, self:object(text, tokens, nil, nil, probabilities(choice.logprobs), part) }
+        local pieces = per_token(text, tokens, choice.logprobs)
+        if pieces then
+            for _, piece in ipairs(pieces) do
+                part.predicted = part.predicted + #piece.tokens
+                out[#out + 1] = { nil, self:object(piece.text, piece.tokens, nil, nil, probabilities(piece.logprobs), part) }
+            end
+        else
+            part.predicted = part.predicted + #tokens
+            if text ~= "" or #tokens > 0 then
+                out[#out + 1] = { nil, self:object(text, tokens, nil, nil, probabilities(choice.logprobs), part) }
+            end
         end
         if choice.finish_reason and choice.finish_reason ~= json_null then
             part.finish = { finish_reason = choice.finish_reason, stop_reason = choice.stop_reason ~= json_null and choice.stop_reason or nil,

@@ -78,7 +78,7 @@ end
 
 -- Requests by endpoint and status: endpoints are a fixed set, so labels stay bounded.
 local ENDPOINTS = { ["/v1/completions"] = true, ["/v1/chat/completions"] = true, ["/v1/responses"] = true, ["/v1/messages"] = true, ["/v1/messages/count_tokens"] = true, ["/api/chat"] = true, ["/api/generate"] = true,
-                    ["/api/show"] = true, ["/api/tags"] = true, ["/api/ps"] = true, ["/api/version"] = true, ["/"] = true, ["/v1/models"] = true, ["/health"] = true,
+                    ["/api/show"] = true, ["/api/tags"] = true, ["/api/ps"] = true, ["/api/version"] = true, ["/"] = true, ["/v1/models"] = true, ["/health"] = true, ["/v1/health"] = true,
                     ["/metrics"] = true, ["/tokenize"] = true, ["/detokenize"] = true, ["/v1/embeddings"] = true,
                     ["/api/embed"] = true, ["/api/embeddings"] = true, ["/v1/rerank"] = true, ["/rerank"] = true, ["/v2/rerank"] = true, ["/reranking"] = true, ["/v1/reranking"] = true,
                     ["/v1/score"] = true, ["/score"] = true, ["/completion"] = true, ["/completions"] = true, ["/props"] = true,

@@ -77,6 +77,7 @@ local FIELDS = {
     guided_choice = { "array", false },
     guided_grammar = { "string", false },
     guided_regex = { "string", false },
+    json_schema = { "object", false }, -- llama.cpp's: a JSON Schema the output follows (its own field)
     stop_token_ids = { "array", false }, -- vLLM's: token ids that end the generation (kept in it)
     include_stop_str_in_output = { "boolean", false }, -- vLLM's: the stop string stays in the text
     skip_special_tokens = { "boolean", false }, -- vLLM's: false puts special tokens' text in the output
@@ -510,7 +511,7 @@ local SCHEMA_KEYS = { schema = "object", name = "string", description = "string"
 -- The ways to constrain the output, of which a request takes one: this server's, OpenAI's,
 -- vLLM's and vLLM's older ones.
 local CONSTRAINTS = { "grammar", "response_format", "structured_outputs", "guided_json", "guided_choice", "guided_grammar",
-                      "guided_regex" }
+                      "guided_regex", "json_schema" }
 local MAX_CHOICES = 4096
 
 -- P: the param an error names; `what`: the field in its message (a member of P, say).
@@ -856,14 +857,23 @@ local function response_format_grammar(rf, body)
     -- vLLM's structural_tag: its own fields, checked there
     if rf.type == "structural_tag" then return structural_tag_grammar(rf, raw_member(body, { P }), P, P) end
     for k in pairs(rf) do
-        if k ~= "type" and k ~= "json_schema" then
+        if k ~= "type" and k ~= "json_schema" and k ~= "schema" then
             return bad(("unknown field '%s' in response_format"):format(tostring(k)), P)
         end
     end
     local kind = rf.type
+    if rf.schema ~= nil and kind ~= "json_object" then
+        return bad('response_format.schema goes with type "json_object" (llama.cpp\'s form); type "json_schema" takes ' ..
+                   '{"json_schema": {"name", "schema"}}', P)
+    end
     if kind == "text" or kind == "json_object" then
         if rf.json_schema ~= nil then return bad("response_format.json_schema goes with type \"json_schema\"", P) end
         if kind == "text" then return false end
+        -- (llama.cpp's JSON mode with a schema: {"type": "json_object", "schema": {...}}, read as
+        -- its json_schema field, the keywords that cannot be enforced left out)
+        if rf.schema ~= nil and rf.schema ~= json_null then
+            return schema_grammar(rf.schema, body, { P, "schema" }, P, "response_format.schema", false, true)
+        end
         return json_object(P)
     end
     if kind ~= "json_schema" then
@@ -915,6 +925,8 @@ local function constraint(t, body)
     if given == "guided_json" then return schema_grammar(t.guided_json, body, { given }, given) end
     if given == "guided_choice" then return choice_grammar(t.guided_choice, body, { given }, given) end
     if given == "guided_regex" then return regex_grammar(t.guided_regex, given) end
+    -- (llama.cpp's own field: as its converter reads a schema, the keywords it cannot enforce left out)
+    if given == "json_schema" then return schema_grammar(t.json_schema, body, { given }, given, nil, false, true) end
     if given == "structured_outputs" then return structured_grammar(t.structured_outputs, body) end
     return false
 end
@@ -1149,12 +1161,14 @@ local function shared_fields(t, body, model, model_id, cfg, opts)
         return bad(("top_p = %s must be in [0, 1]"):format(tostring(t.top_p)), "top_p")
     end
     if t.top_p == 0 then cfg.top_p, cfg.top_k = 1, 1 end
-    local include_usage = false
+    local include_usage, continuous_usage = false, false
     if t.stream_options ~= nil then
         for k, v in pairs(t.stream_options) do
             -- (include_obfuscation, OpenAI's padding of each chunk against length side channels:
-            -- none is added here, so either value is taken, as the Responses endpoint takes it)
-            if k ~= "include_usage" and k ~= "include_obfuscation" then
+            -- none is added here, so either value is taken, as the Responses endpoint takes it;
+            -- continuous_usage_stats, vLLM's: with include_usage, every chunk has its choice's
+            -- usage so far, not null)
+            if k ~= "include_usage" and k ~= "include_obfuscation" and k ~= "continuous_usage_stats" then
                 return bad(("unknown field '%s' in stream_options"):format(tostring(k)), "stream_options")
             end
             if type(v) ~= "boolean" and v ~= json_null then
@@ -1162,6 +1176,7 @@ local function shared_fields(t, body, model, model_id, cfg, opts)
             end
         end
         include_usage = t.stream_options.include_usage == true
+        continuous_usage = include_usage and t.stream_options.continuous_usage_stats == true
         -- (its no-op value goes with any request: clients send it by default)
         if include_usage and t.stream ~= true then
             return bad("stream_options.include_usage is only allowed with stream: true", "stream_options")
@@ -1197,7 +1212,7 @@ local function shared_fields(t, body, model, model_id, cfg, opts)
         stop_ids = {}
         for _, id in ipairs(t.stop_token_ids) do stop_ids[id] = true end
     end
-    return { n = t.n or 1, include_usage = include_usage, grammar_field = cfg.grammar and grammar_field or nil, stop_ids = stop_ids,
+    return { n = t.n or 1, include_usage = include_usage, continuous_usage = continuous_usage, grammar_field = cfg.grammar and grammar_field or nil, stop_ids = stop_ids,
              stop_names = stop_names, include_stop = t.include_stop_str_in_output == true }
 end
 
@@ -1314,7 +1329,7 @@ local function parse_completions(body, model, model_id, max_choices, opts)
         end
     end
     return { prompts = prompts, ids = prompts[1], n = n, best_of = best, cfg = cfg, stream = t.stream == true,
-             include_usage = shared.include_usage, echo = echo, logprobs = t.logprobs, stops = answer_stops(t, cfg),
+             include_usage = shared.include_usage, continuous_usage = shared.continuous_usage, echo = echo, logprobs = t.logprobs, stops = answer_stops(t, cfg),
              stop_strings = cfg.stop_strings, stop_names = shared.stop_names, stop_ids = shared.stop_ids,
              include_stop = shared.include_stop,
              prompt_tokens = prompt_tokens, grammar_field = shared.grammar_field }
@@ -1524,7 +1539,7 @@ local function parse_chat(body, model, model_id, max_choices, chat, opts)
         if not ok then return nil, e end
     end
     return { prompts = { ids }, ids = ids, n = shared.n, best_of = shared.n, cfg = cfg, stream = t.stream == true,
-             include_usage = shared.include_usage, logprobs = logprobs, prompt_tokens = #ids, stops = answer_stops(t, cfg),
+             include_usage = shared.include_usage, continuous_usage = shared.continuous_usage, logprobs = logprobs, prompt_tokens = #ids, stops = answer_stops(t, cfg),
              stop_strings = cfg.stop_strings, stop_names = shared.stop_names, stop_ids = shared.stop_ids,
              include_stop = shared.include_stop,
              grammar_field = shared.grammar_field, prompt_text = text, tools = tool_spec or nil,
