@@ -138,10 +138,10 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     s->positions = copy_of(src->positions, (size_t)total * sizeof *s->positions);
     s->logits = copy_of(src->logits, (size_t)vocab * sizeof *s->logits);
     s->chosen_row = src->chosen_row && s->logits ? s->logits : NULL; /* (a plain session's: its logits) */
-    s->work = tl_session_work_new(vocab);
+    s->work = tl_session_hook_buffer_new((size_t)vocab * sizeof *s->work);
     s->tally = calloc((size_t)vocab, sizeof *s->tally);
     s->logit_bias = copy_of(src->logit_bias, ((size_t)c->n_logit_bias + 1) * sizeof *s->logit_bias);
-    s->allowed = malloc((size_t)vocab);
+    s->allowed = tl_session_hook_buffer_new((size_t)vocab);
     s->text = src->text_cap ? copy_of(src->text, src->text_cap) : NULL;
     s->stop_strs = calloc((size_t)c->n_stop_strings + 1, sizeof *s->stop_strs);
     s->stop_lens = copy_of(src->stop_lens, ((size_t)c->n_stop_strings + 1) * sizeof *s->stop_lens);

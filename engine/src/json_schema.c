@@ -961,14 +961,65 @@ static int once_each(conv *c, const cJSON *props, const char *path) {
     return r;
 }
 
+/* allOf's branches as object schemas to merge, into *out (grown): a branch that is a $ref
+   is the schema it names, and one that is itself an allOf (with at most "type": "object"
+   beside it) its own branches: OpenAPI's inheritance, {"allOf": [{"$ref": Base}, {...}]},
+   where Base may inherit in turn. -1 (failed) where a $ref points nowhere or the $refs and
+   allOfs nest deeper than MAX_ALLOF_NESTING (a cycle). */
+enum { MAX_ALLOF_NESTING = 64 };
+struct branch_list { const cJSON **items; int n, cap; };
+static int allof_branches(conv *c, const cJSON *list, const char *path, int nesting, struct branch_list *out);
+static int allof_branch(conv *c, const cJSON *s, const char *path, int nesting, struct branch_list *out) {
+    if (nesting > MAX_ALLOF_NESTING)
+        return fail(c, path, "allOf: $refs and allOfs nest more than %d deep (a cycle?)", MAX_ALLOF_NESTING);
+    const cJSON *ref = cJSON_IsObject(s) ? cJSON_GetObjectItemCaseSensitive(s, "$ref") : NULL;
+    if (ref) {
+        static const char *const KW[] = {"$ref", NULL};
+        if (!cJSON_IsString(ref)) return fail(c, path, "'$ref' must be a string");
+        if (check_keywords(c, s, path, KW) < 0) return -1;
+        bool supported;
+        const cJSON *target = ref_target(c, ref->valuestring, &supported);
+        if (!supported)
+            return fail(c, path, "$ref '%s' is not supported (only references into this schema: \"#\" or a JSON "
+                                 "Pointer such as \"#/$defs/NAME\")", ref->valuestring);
+        if (!target) return fail(c, path, "$ref '%s' points nowhere", ref->valuestring);
+        return allof_branch(c, target, path, nesting + 1, out); /* (a $ref or an allOf itself, followed in turn) */
+    }
+    const cJSON *inner = cJSON_IsObject(s) ? cJSON_GetObjectItemCaseSensitive(s, "allOf") : NULL;
+    if (inner && cJSON_IsArray(inner) && inner->child) {
+        static const char *const KW[] = {"allOf", "type", NULL};
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
+        if (t && !(cJSON_IsString(t) && strcmp(t->valuestring, "object") == 0))
+            return fail(c, path, "allOf is supported for object schemas only");
+        if (check_keywords(c, s, path, KW) < 0) return -1;
+        return allof_branches(c, inner, path, nesting + 1, out);
+    }
+    if (out->n == out->cap) {
+        const int cap = out->cap * 2 + 8;
+        const cJSON **grown = realloc(out->items, (size_t)cap * sizeof *grown);
+        if (!grown) return out_of_memory(c, path);
+        out->items = grown, out->cap = cap;
+    }
+    out->items[out->n++] = s;
+    return 0;
+}
+static int allof_branches(conv *c, const cJSON *list, const char *path, int nesting, struct branch_list *out) {
+    for (const cJSON *s = list->child; s; s = s->next)
+        if (allof_branch(c, s, path, nesting, out) < 0) return -1;
+    return 0;
+}
+
 /* Merges allOf's object schemas into one (properties and required concatenated). */
 static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
     cJSON *props = cJSON_CreateObject(), *req = cJSON_CreateArray();
     const cJSON *additional = NULL;
     int r = -1, branches_with_properties = 0;
     bool additional_branch_has_properties = false;
+    struct branch_list branches = {0};
     if (!props || !req) { r = out_of_memory(c, path); goto done; }
-    for (const cJSON *s = list->child; s; s = s->next) {
+    if (allof_branches(c, list, path, 0, &branches) < 0) goto done;
+    for (int b = 0; b < branches.n; b++) {
+        const cJSON *s = branches.items[b];
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(s, "type");
         const cJSON *p = cJSON_GetObjectItemCaseSensitive(s, "properties");
         if (!cJSON_IsObject(s) || (t && !(cJSON_IsString(t) && strcmp(t->valuestring, "object") == 0)) || (!t && !p)) {
@@ -1012,6 +1063,7 @@ static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
     }
     r = object_schema(c, props, req, additional, path, depth);
 done:
+    free(branches.items);
     if (props && !keep_made(c, props) && r >= 0) r = out_of_memory(c, path);
     if (req && !keep_made(c, req) && r >= 0) r = out_of_memory(c, path);
     return r;

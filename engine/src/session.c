@@ -19,47 +19,45 @@
 #include "tokenizer.h"
 #include "validate.h"
 
-/* ---------------------------------------------------------------- the logits hook's buffer
+/* ---------------------------------------------------------------- the hooks' buffers
 
-   A logits_processor edits s->work in place through a bare pointer, and a Lua hook indexes it
-   with no bounds check: an index just past either end (a 1-based habit, `for i = 0, vocab`;
-   an id list of another model) would write into the allocator's bookkeeping and abort the
-   process later, far from the hook. LOGITS_GUARD floats on each side hold a NaN pattern no
-   arithmetic makes; after each call a changed one fails the session with the index written
-   (and is restored). Writes further out are not caught: the header says the bounds. */
-enum { LOGITS_GUARD = 64 };
-static const uint32_t LOGITS_GUARD_BITS = 0x7fa5a5a5u;
+   A logits_processor edits s->work, and a callback grammar's allowed() fills s->allowed, in
+   place through a bare pointer, and a Lua hook indexes it with no bounds check: an index just
+   past either end (a 1-based habit, `for i = 0, vocab`; an id list of another model) would
+   write into the allocator's bookkeeping and abort the process later, far from the hook.
+   HOOK_GUARD bytes on each side hold a pattern; after each call a changed byte fails the
+   session with the index written (and is restored). Writes further out are not caught: the
+   header says the bounds. */
+enum { HOOK_GUARD = 256 }; /* (64 floats) */
+static const unsigned char HOOK_GUARD_BYTE = 0xA5;
 
-float *tl_session_work_new(int vocab) {
-    float *block = malloc(((size_t)vocab + 2 * LOGITS_GUARD) * sizeof *block);
+void *tl_session_hook_buffer_new(size_t bytes) {
+    unsigned char *block = malloc(bytes + 2 * HOOK_GUARD);
     if (!block) return NULL;
-    for (int i = 0; i < LOGITS_GUARD; i++) {
-        memcpy(block + i, &LOGITS_GUARD_BITS, sizeof LOGITS_GUARD_BITS);
-        memcpy(block + LOGITS_GUARD + vocab + i, &LOGITS_GUARD_BITS, sizeof LOGITS_GUARD_BITS);
-    }
-    return block + LOGITS_GUARD;
+    memset(block, HOOK_GUARD_BYTE, HOOK_GUARD);
+    memset(block + HOOK_GUARD + bytes, HOOK_GUARD_BYTE, HOOK_GUARD);
+    return block + HOOK_GUARD;
 }
 
-void tl_session_work_free(float *work) {
-    if (work) free(work - LOGITS_GUARD);
+void tl_session_hook_buffer_free(void *buffer) {
+    if (buffer) free((unsigned char *)buffer - HOOK_GUARD);
 }
 
-/* The index nearest the buffer that the hook wrote outside [0, vocab), each guard restored;
-   false when none was. */
-static bool logits_guard_breached(float *work, int vocab, int *index) {
+/* Whether the hook wrote outside buffer[0, n) of elements of `size` bytes: *index, the
+   element nearest the buffer it wrote (-1 before it, n after it, ...); each guard restored. */
+static bool hook_guard_breached(void *buffer, int n, size_t size, int *index) {
+    unsigned char *before = (unsigned char *)buffer - HOOK_GUARD, *after = (unsigned char *)buffer + (size_t)n * size;
     bool breached = false;
-    for (int i = LOGITS_GUARD; i >= 1; i--) { /* before: -64 .. -1, the nearest reported */
-        if (memcmp(work - i, &LOGITS_GUARD_BITS, sizeof LOGITS_GUARD_BITS) != 0) {
-            *index = -i, breached = true;
-            memcpy(work - i, &LOGITS_GUARD_BITS, sizeof LOGITS_GUARD_BITS);
+    for (int i = 0; i < HOOK_GUARD; i++) /* before: the nearest last */
+        if (before[i] != HOOK_GUARD_BYTE) {
+            *index = -(int)((HOOK_GUARD - i + size - 1) / size), breached = true;
+            before[i] = HOOK_GUARD_BYTE;
         }
-    }
-    for (int i = LOGITS_GUARD - 1; i >= 0; i--) { /* after: vocab .. vocab + 63, the nearest reported */
-        if (memcmp(work + vocab + i, &LOGITS_GUARD_BITS, sizeof LOGITS_GUARD_BITS) != 0) {
-            *index = vocab + i, breached = true;
-            memcpy(work + vocab + i, &LOGITS_GUARD_BITS, sizeof LOGITS_GUARD_BITS);
+    for (int i = HOOK_GUARD - 1; i >= 0; i--) /* after: the nearest last */
+        if (after[i] != HOOK_GUARD_BYTE) {
+            *index = n + (int)(i / size), breached = true;
+            after[i] = HOOK_GUARD_BYTE;
         }
-    }
     return breached;
 }
 
@@ -75,10 +73,10 @@ static void session_destroy(tl_session *s) {
     free(s->tokens);
     free(s->positions);
     free(s->logits);
-    tl_session_work_free(s->work);
+    tl_session_hook_buffer_free(s->work);
     free(s->tally);
     free(s->logit_bias);
-    free(s->allowed);
+    tl_session_hook_buffer_free(s->allowed);
     free(s->probe_logp);
     free(s->logprob_scratch);
     free(s->text);
@@ -187,10 +185,10 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
     s->tokens = malloc((size_t)total * sizeof *s->tokens);
     s->positions = malloc((size_t)total * sizeof *s->positions);
     s->logits = calloc((size_t)vocab, sizeof *s->logits); /* speculative and beam modes never write it; forks copy it */
-    s->work = tl_session_work_new(vocab);
+    s->work = tl_session_hook_buffer_new((size_t)vocab * sizeof *s->work);
     s->tally = calloc((size_t)vocab, sizeof *s->tally);
     s->logit_bias = malloc(((size_t)cfg->n_logit_bias + 1) * sizeof *s->logit_bias);
-    s->allowed = malloc((size_t)vocab);
+    s->allowed = tl_session_hook_buffer_new((size_t)vocab);
     s->stop_strs = calloc((size_t)cfg->n_stop_strings + 1, sizeof *s->stop_strs);
     s->stop_lens = calloc((size_t)cfg->n_stop_strings + 1, sizeof *s->stop_lens);
     st = (s->stop_seqs && s->stop_store && s->tokens && s->positions && s->logits && s->work &&
@@ -318,7 +316,7 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
     if (c->logits_processor) {
         int r = c->logits_processor(c->logits_processor_user, s->work, vocab, history, n);
         int outside;
-        if (logits_guard_breached(s->work, vocab, &outside)) {
+        if (hook_guard_breached(s->work, vocab, sizeof *s->work, &outside)) {
             s->finished = true;
             return tl_fail(TL_ERR_HOOK, "logits_processor wrote logits[%d], outside [0, %d): the hook may write "
                            "logits[0] to logits[vocab_size - 1] only, during its call", outside, vocab);
@@ -358,6 +356,12 @@ tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const i
         }
         memset(s->allowed, 0, (size_t)vocab);
         int n_allowed = c->grammar->allowed(c->grammar->user, s->allowed, vocab);
+        int outside;
+        if (hook_guard_breached(s->allowed, vocab, 1, &outside)) {
+            s->finished = true;
+            return tl_fail(TL_ERR_HOOK, "grammar allowed wrote mask[%d], outside [0, %d): the hook may write mask[0] to "
+                           "mask[vocab_size - 1] only, during its call", outside, vocab);
+        }
         if (n_allowed < 0 && s->grammar_matcher) { /* a compiled grammar's own error */
             s->finished = true;
             return tl_gram_failure("grammar mask");

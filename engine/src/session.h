@@ -141,11 +141,12 @@ tl_status tl_session_prefill(tl_session *s, int n, float *last_logits);
    history `history[0..n)` (s->tokens for plain decoding; a beam's own history for beams). A
    row holding a NaN (the model's activations overflowed) fails, the session finished. */
 tl_status tl_session_prepare_logits_for(tl_session *s, const float *row, const int32_t *history, int n);
-/* s->work's buffer: [vocab] floats with guard words on both sides, which
-   tl_session_prepare_logits_for checks after the logits hook (a write just outside the row
-   fails the session, where it would have corrupted the heap). */
-float *tl_session_work_new(int vocab);
-void tl_session_work_free(float *work);
+/* The buffers hooks write (s->work, the logits hook's; s->allowed, a callback grammar's
+   mask): `bytes` with guard bytes on both sides, which tl_session_prepare_logits_for checks
+   after each hook (a write just outside fails the session, where it would have corrupted the
+   heap). Freed by tl_session_hook_buffer_free (NULL: nothing). */
+void *tl_session_hook_buffer_new(size_t bytes);
+void tl_session_hook_buffer_free(void *buffer);
 /* Whether the session keeps the row each token was chosen from (s->chosen_row), for
    tl_session_logprobs: plain and speculative decoding; beam search does not. */
 static inline bool tl_session_keeps_rows(const tl_session *s) { return s->decoder != &tl_beam_decoder; }

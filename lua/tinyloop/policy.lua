@@ -311,21 +311,24 @@ function _M.min_tokens(min_new, eos_id)
     if not is_int(min_new) or min_new < 0 then arg_error("min_tokens: min_new must be an integer >= 0") end
     -- (a negative id was taken, and logits[-1] written below the engine's buffer)
     if not is_int(eos_id) or eos_id < 0 then arg_error("min_tokens: eos_id must be a token id (an integer >= 0)") end
-    local prompt_len = per_sequence()
-    return function(logits, vocab, tokens)
+    -- (the engine gives the prompt's length; called without it, as a processor of one's own
+    -- may call it, the sequence's first call is taken for its prompt: a fork of a session that
+    -- had no rule, given one, counted its earlier tokens as prompt)
+    local first_seen = per_sequence()
+    return function(logits, vocab, tokens, prompt_len)
         local n = #tokens
-        local first = prompt_len[tokens]
-        if not first then first = n prompt_len[tokens] = n end -- the sequence's first call: its prompt
+        local first = prompt_len or first_seen[tokens]
+        if not first then first = n first_seen[tokens] = n end
         if n - first < min_new and eos_id < vocab then logits[eos_id] = NEG_INF end
     end
 end
 
--- Runs processors in order.
+-- Runs processors in order (each given the prompt's length, as the engine gives it).
 function _M.chain(...)
     check_functions("chain", "processor", ...)
     local procs = { ... }
-    return function(logits, vocab, tokens)
-        for i = 1, #procs do procs[i](logits, vocab, tokens) end
+    return function(logits, vocab, tokens, prompt_len)
+        for i = 1, #procs do procs[i](logits, vocab, tokens, prompt_len) end
     end
 end
 

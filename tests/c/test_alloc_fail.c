@@ -288,13 +288,16 @@ static const char k_schema[] =
     "\"required\": [\"name\", \"kind\", \"extra\", \"more\"], \"additionalProperties\": {\"type\": \"integer\"}}";
 static char *schema_reference; /* the GBNF of the run without injection */
 /* Small schemas whose first allocations are the table of schema_bits (a type beside anyOf, a
-   oneOf): its failure was reported as the schema's fault ("branch 0 may be of another", "a
+   oneOf), and an allOf's branch list: its failure was reported as the schema's fault ("branch 0 may be of another", "a
    value may match both"), not as out of memory. */
 static tl_status json_schema_small(void) {
     static const char *const schemas[] = {
         "{\"type\":\"object\",\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}},"
         "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"string\"}}}]}",
-        "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}"};
+        "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}",
+        /* allOf over a $ref: the branch list grown as the $refs are followed */
+        "{\"$defs\":{\"B\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}},"
+        "\"allOf\":[{\"$ref\":\"#/$defs/B\"},{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"string\"}}}]}"};
     tl_status st = TL_OK;
     for (size_t i = 0; i < sizeof schemas / sizeof *schemas && st == TL_OK; i++) {
         char *gbnf = NULL;

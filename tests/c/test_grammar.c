@@ -506,6 +506,18 @@ static void test_json_schema(void) {
     static const char *n_one[] = {"{\"c\":\"green\"}", "{\"c\":1}", "{}", NULL};
     expect(g, "one-branch allOf", y_one, n_one);
     tl_compiled_grammar_free(g);
+    /* allOf over $refs: OpenAPI's inheritance, a $ref's target merged as its branch, and a
+       target that inherits in turn (an allOf itself) flattened (llama.cpp's corpus: "allOf is
+       supported for object schemas only" for any $ref branch) */
+    g = schema("{\"$defs\":{\"Root\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}},\"required\":[\"id\"]},"
+               "\"Base\":{\"allOf\":[{\"$ref\":\"#/$defs/Root\"},{\"properties\":{\"kind\":{\"const\":\"b\"}}}]},"
+               "\"Alias\":{\"$ref\":\"#/$defs/Base\"}},"
+               "\"allOf\":[{\"$ref\":\"#/$defs/Alias\",\"description\":\"the base\"},"
+               "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"}},\"required\":[\"name\"]}]}");
+    static const char *y_inherit[] = {"{\"id\":1,\"name\":\"x\"}", "{\"id\":1,\"kind\":\"b\",\"name\":\"x\"}", NULL};
+    static const char *n_inherit[] = {"{\"name\":\"x\"}", "{\"id\":1}", "{\"id\":1,\"kind\":\"c\",\"name\":\"x\"}", NULL};
+    expect(g, "allOf over $refs", y_inherit, n_inherit);
+    tl_compiled_grammar_free(g);
     /* $ref is a JSON Pointer into the schema, escapes decoded (RFC 6901: %XX, then ~1 '/' and
        ~0 '~'): "a/b" and "c~d" were looked up as "a~1b" and "c~0d" and pointed nowhere; and it
        may point anywhere in the document, an array's item included */
@@ -782,6 +794,12 @@ static void test_json_schema(void) {
          "00000)0000032YY];lY\"}", "pattern: unexpected ')'"},
         {"{\"type\":\"string\",\"pattern\":\"[\\\\d-z]\"}", "pattern: a class range cannot start with '\\d'"},
         {"{\"$ref\":\"#\"}", "a $ref cycle matches nothing"},
+        /* allOf's $refs: one pointing nowhere, a cycle of them, a target of another type */
+        {"{\"allOf\":[{\"$ref\":\"#/$defs/None\"},{\"type\":\"object\"}]}", "$ref '#/$defs/None' points nowhere"},
+        {"{\"$defs\":{\"A\":{\"allOf\":[{\"$ref\":\"#/$defs/A\"},{\"type\":\"object\"}]}},\"$ref\":\"#/$defs/A\"}",
+         "nest more than 64 deep"},
+        {"{\"$defs\":{\"S\":{\"type\":\"string\"}},\"allOf\":[{\"$ref\":\"#/$defs/S\"},{\"type\":\"object\"}]}",
+         "allOf is supported for object schemas only"},
         {"{\"properties\":{\"a\":{\"type\":\"integer\",\"multipleOf\":2}}}", "at /properties/a: unsupported keyword 'multipleOf'"},
         /* a list of types: a keyword of none of them, an unknown type, a bound a type cannot take */
         {"{\"type\":[\"string\",\"null\"],\"items\":{}}", "unsupported keyword 'items'"},

@@ -58,6 +58,15 @@ static int write_outside(void *user, float *logits, int vocab, const int32_t *to
     return TL_HOOK_CONTINUE;
 }
 
+/* A callback grammar that allows every token and writes mask[*user] too (-1, or vocab + it). */
+static int allowed_outside(void *user, uint8_t *mask, int vocab) {
+    const int at = *(const int *)user;
+    for (int i = 0; i < vocab; i++) mask[i] = 1;
+    mask[at < 0 ? at : vocab + at] = 1;
+    return vocab;
+}
+static int advance_any(void *user, int32_t token) { (void)user; (void)token; return 0; }
+
 static const char *mode_name(int mode) { return mode == 0 ? "plain" : mode == 1 ? "chain" : "beam"; }
 
 static void set_mode(tl_generate_config *c, int mode) {
@@ -134,8 +143,8 @@ static void no_allowed_token(void) {
 
 /* A logits hook that writes just outside its buffer (finding of the Hugging Face processors'
    port: a suppress list of another model's ids aborted the process with "double free or
-   corruption" later) fails the generation with TL_ERR_HOOK naming the index, in every
-   decoder, and through the step API (under ASan, a write that passed the guard would be a
+   corruption" later), or a callback grammar's mask, fails the generation with TL_ERR_HOOK
+   naming the index, in every decoder, and through the step API (under ASan, a write that passed the guard would be a
    heap-buffer-overflow). */
 static void logits_written_outside(void) {
     const int32_t prompt[2] = {5, 6};
@@ -157,6 +166,21 @@ static void logits_written_outside(void) {
             CHECK(st == TL_ERR_HOOK && strstr(tl_last_error(), want) != NULL, "%s, write at %s: %s \"%s\"",
                   mode_name(mode), want, tl_status_name(st), tl_last_error());
         }
+    /* a callback grammar's mask, the same (the engine's grammar masks write [0, vocab) only) */
+    for (int k = 0; k < 4; k++) {
+        tl_grammar g = {.user = (void *)&offsets[k], .allowed = allowed_outside, .advance = advance_any};
+        tl_generate_config c;
+        tl_generate_config_init(&c);
+        c.max_tokens = N_TOKENS;
+        c.grammar = &g;
+        int32_t out[16];
+        int len = 0;
+        tl_status st = tl_generate(model, prompt, 2, &c, out, 16, &len, NULL);
+        char want[32];
+        snprintf(want, sizeof want, "mask[%d]", offsets[k] < 0 ? offsets[k] : vocab + offsets[k]);
+        CHECK(st == TL_ERR_HOOK && strstr(tl_last_error(), want) != NULL, "grammar, write at %s: %s \"%s\"", want,
+              tl_status_name(st), tl_last_error());
+    }
     /* the same hook through the step API: the step fails, the session can be freed */
     tl_generate_config c;
     tl_generate_config_init(&c);

@@ -319,12 +319,39 @@ describe("llamacpp view", function()
             seen[i] = { o.content, o.tokens, ids, o.tokens_predicted }
         end
         assert.same({ { "Hi", { 5 }, { 5 }, 1 }, { " th", { 6 }, { 6 }, 2 }, { "\195\169", { 7, 8 }, { 7, 8 }, 4 } }, seen)
-        -- where the bytes do not spell the text (a stop string's start held back): one event
-        events = view:feed(cjson.encode({ choices = { { index = 0, text = "a", token_ids = { 9, 10 }, finish_reason = cjson.null,
-            logprobs = { content = { entry(9, "a", { 97 }), entry(10, "\n", { 10 }) } } } } }))
-        assert.equal(1, #events)
-        assert.same({ "a", { 9, 10 }, 6 }, { cjson.decode(events[1][2]).content, cjson.decode(events[1][2]).tokens,
-                                            cjson.decode(events[1][2]).tokens_predicted })
+        local function seen_of(list)
+            local out = {}
+            for i, e in ipairs(list) do
+                local o = cjson.decode(e[2])
+                local ids = {}
+                for k, p in ipairs(o.completion_probabilities or {}) do ids[k] = p.id end
+                out[i] = { o.content, o.tokens, ids }
+            end
+            return out
+        end
+        local function read(text, list)
+            local ids, content = {}, {}
+            for i, e in ipairs(list) do ids[i], content[i] = e.id, e end
+            return view:feed(cjson.encode({ choices = { { index = 0, text = text, token_ids = ids, finish_reason = cjson.null,
+                                                          logprobs = { content = content } } } }))
+        end
+        -- a stop string's start ("\n") held back: its token goes alone, its byte owed by the next
+        -- read, whose first event carries it
+        assert.same({ { "a", { 9 }, { 9 } }, { "", { 10 }, { 10 } } }, seen_of(read("a", { entry(9, "a", { 97 }), entry(10, "\n", { 10 }) })))
+        assert.same({ { "\nb", { 11 }, { 11 } }, { "c", { 12 }, { 12 } } },
+                    seen_of(read("\nbc", { entry(11, "b", { 98 }), entry(12, "c", { 99 }) })))
+        -- a character's first byte at a read's end: the next read starts with its rest
+        assert.same({ { "x", { 13 }, { 13 } }, { "", { 7 }, { 7 } } },
+                    seen_of(read("x", { entry(13, "x", { 120 }), entry(7, "\239\191\189", { 195 }) })))
+        assert.same({ { "\195\169", { 8 }, { 8 } }, { " y", { 14 }, { 14 } } },
+                    seen_of(read("\195\169 y", { entry(8, "\239\191\189", { 169 }), entry(14, " y", { 32, 121 }) })))
+        -- a special token, whose text is left out: its own event, with no content
+        assert.same({ { "ien", { 15 }, { 15 } }, { "", { 4095 }, { 4095 } }, { "It", { 16 }, { 16 } } },
+                    seen_of(read("ienIt", { entry(15, "ien", { 105, 101, 110 }), entry(4095, "<|endoftext|>", { 60, 124, 101, 110, 100, 111, 102, 116, 101, 120, 116, 124, 62 }),
+                                            entry(16, "It", { 73, 116 }) })))
+        -- a text the bytes do not spell: one event
+        assert.same({ { "zz", { 17, 18 }, { 17, 18 } } }, seen_of(read("zz", { entry(17, "q", { 113 }), entry(18, "r", { 114 }) })))
+        assert.equal(18, cjson.decode(read("w", { entry(19, "w", { 119 }) })[1][2]).tokens_predicted)
     end)
 
     it("answers only the members response_fields names, a nested one by its path", function()
@@ -332,6 +359,9 @@ describe("llamacpp view", function()
                                           '"generation_settings/n_predict", "timings/prompt_n", "nope", "content/x"]}')
         local r = cjson.decode(view:response(cjson.encode(answer)))
         assert.same({ content = "Hi there", ["generation_settings/n_predict"] = 4, ["timings/prompt_n"] = 3 }, r)
+        -- a path given twice: one member (llama.cpp's answer is a map)
+        _, _, view = completions_of('{"prompt": "a", "response_fields": ["content", "content"]}')
+        assert.equal('{"content":"Hi there"}', view:response(cjson.encode(answer)))
         -- streamed, the final event alone (llama.cpp's partial results are whole)
         _, _, view = completions_of('{"prompt": "a", "stream": true, "response_fields": ["stop_type"]}')
         view:start_stream("x", 1, "m", 3)

@@ -149,7 +149,11 @@ describe("ollama.chat_to_chat", function()
             { '{"messages": [{"role": "user", "content": "x"}], "options": {"num_predict": 1.5}}', "options", "num_predict" },
             { '{"messages": [{"role": "user", "content": "x"}], "format": "xml"}', "format", "format must be" },
             { '{"messages": [{"role": "user", "content": "x"}], "think": "max"}', "think", "think must be" },
-            { '{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n", "unknown field 'n'" },
+            { '{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 21}', "top_logprobs", "between 0 and 20" },
+            { '{"messages": [{"role": "user", "content": "x"}], "keep_alive": "bogus"}', "keep_alive", "a duration" },
+            { '{"messages": [{"role": "user", "content": "x"}], "keep_alive": "5"}', "keep_alive", "a duration" },
+            { '{"messages": [{"role": "user", "content": "x"}], "keep_alive": "1x"}', "keep_alive", "a duration" },
+            { '{"messages": [{"role": "user", "content": "x"}], "keep_alive": true}', "keep_alive", "a duration" },
             -- an empty object is no empty array, and the reverse (they decode alike: it loaded the model)
             { '{"messages": {}}', "messages", "messages must be an array" },
             { '{"messages": [{"role": "user", "content": "x"}], "options": []}', "options", "options must be an object" },
@@ -157,6 +161,32 @@ describe("ollama.chat_to_chat", function()
               "give options.repeat_last_n or penalty_window, not both" },
         }
         require("helpers").refuses(function(body) return ollama.chat_to_chat(body, ID, true) end, cases)
+        -- what Ollama's Go decoding skips is skipped: unknown fields, a message's, a call's and a
+        -- tool's unknown keys (apps post OpenAI-shaped bodies), and a tool without "type" is a
+        -- function; top_logprobs without logprobs changes nothing (Ollama checks its range alone)
+        local body = '{"messages": [{"role": "user", "content": "x", "name": "bob"}, {"role": "assistant", "content": "", ' ..
+                     '"tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": {}, "extra": 1}, "extra": 2}]}, ' ..
+                     '{"role": "tool", "content": "1", "tool_name": "f"}], "n": 2, "user": "u", "top_logprobs": 2, ' ..
+                     '"tools": [{"function": {"name": "f", "parameters": {"type": "object"}}}]}'
+        local chat = chat_of(body)
+        assert.same({ "x", "f", "c1", "function" }, { chat.messages[1].content, chat.messages[2].tool_calls[1]["function"].name,
+                                                     chat.messages[3].tool_call_id, chat.tools[1].type })
+        assert.is_nil(chat.messages[1].name)
+        assert.is_nil(chat.n)
+        assert.is_nil(chat.top_logprobs)
+        -- keep_alive as Ollama reads it (a Go duration, or seconds): a zero one unloads
+        for _, zero in ipairs({ '0', '"0"', '"0s"', '"0ms"', '"0m0s"', '"0.0h"', '"-0s"' }) do
+            local _, _, view = chat_of('{"messages": [], "keep_alive": ' .. zero .. '}')
+            assert.is_true(view.unload, zero)
+        end
+        for _, kept in ipairs({ '300', '-1', '"5m"', '"1h30m"', '"1.5h"', '".5s"', '"-1m"', '"10\\u00b5s"' }) do
+            local _, _, view = chat_of('{"messages": [], "keep_alive": ' .. kept .. '}')
+            assert.is_false(view.unload, kept)
+        end
+        -- a schema in format that does not compile names format
+        local _, _, format_view = chat_of('{"messages": [{"role": "user", "content": "x"}], "format": {"type": "object"}}')
+        assert.equal("format does not compile: x",
+                     format_view:error({ status = 400, message = "response_format.json_schema.schema does not compile: x" }).message)
         -- a model without a thinking block is asked to think: Ollama's 400 (it went unheard)
         local without = {
             { '{"messages": [{"role": "user", "content": "x"}], "think": true}', "think", '"tinyloop-austen" does not support thinking' },
@@ -174,7 +204,7 @@ describe("ollama.chat_to_chat", function()
         assert.same({ 400, "messages", "messages[0].tool_calls[0].function.name must be a string" },
                     { call_err.status, call_err.param, call_err.message })
         assert.is_true(select(2, ollama.chat_to_chat('{"model": "tinyloop-austen", "messages": []}', ID, true)).load)
-        local _, err = ollama.generate_to_chat('{"prompt": "x", "raw": true, "think": false}', ID, true)
+        local _, err = ollama.generate_to_chat('{"prompt": "x", "raw": true, "think": true}', ID, true)
         assert.same({ 400, "think", "think goes through the chat template, which raw leaves out" }, { err.status, err.param, err.message })
     end)
 end)
@@ -260,12 +290,14 @@ describe("ollama.generate_to_chat", function()
         chat, _, _, is_chat = chat_of('{"prompt": "It is", "raw": true, "stream": false}', true)
         assert.is_false(is_chat)
         assert.same({ "It is", false }, { chat.prompt, chat.stream })
+        -- raw: the prompt as it is, as Ollama takes it: a system is not read, think false changes nothing
+        local raw_chat = chat_of('{"prompt": "It is", "raw": true, "system": "s", "think": false}', true)
+        assert.same({ "It is", nil }, { raw_chat.prompt, raw_chat.messages })
         local _, _, view = chat_of('{"model": "tinyloop-austen"}', true)
         assert.is_true(view.load)
         assert.same({ done = true, done_reason = "load", response = "", model = "tinyloop-austen" },
                     (function(t) t.created_at = nil return t end)(cjson.decode(view:load_answer(0))))
         for body, words in pairs({ ['{"prompt": "x", "images": ["aGk="]}'] = "text only", ['{"prompt": "x", "context": [1, 2]}'] = "not kept",
-                                   ['{"prompt": "x", "raw": true, "system": "s"}'] = "raw leaves out",
                                    ['{"prompt": "x", "template": "{{ .Prompt }}"}'] = "the server's",
                                    ['{"prompt": "x", "suffix": "y"}'] = "fill in the middle",
                                    ['{"prompt": "x", "raw": true, "logprobs": true}'] = "the chat path" }) do

@@ -44,6 +44,18 @@ describe("tinyloop.policy.min_tokens", function()
             assert.equal(3 + 5 + 1, #ids) -- (it restarted at the branch: 3 + 3 + 5 + 1)
             assert.equal(H.EOS, ids[#ids])
         end
+        -- a branch of a session without the rule, given it: the engine's prompt length counts
+        -- (the branch's first call was taken for its prompt: 3 + 3 + 5 + 1)
+        s = assert(m:session({ 5, 6, 7 }, { max_tokens = 12, logits_processor = function(logits) logits[H.EOS] = -math.huge end }))
+        for _ = 1, 3 do s:step() end
+        state = assert(s:save())
+        for _, branch in ipairs({ assert(s:fork({ logits_processor = eos_after(5) })),
+                                  assert(m:resume(state, { logits_processor = eos_after(5) })) }) do
+            repeat local _, _, reason = branch:step() until reason
+            local ids = branch:tokens()
+            assert.equal(3 + 5 + 1, #ids)
+            assert.equal(H.EOS, ids[#ids])
+        end
     end)
 end)
 

@@ -436,12 +436,15 @@ end
 -- The members of a final object (its JSON text) that response_fields names, each by its
 -- path's text ("generation_settings/n_predict"), as llama.cpp's json_get_nested_values.
 local function picked(whole, fields)
-    local members = {}
+    local members, seen = {}, {}
     for _, path in ipairs(fields) do
+        if seen[path] then goto next_path end -- (a path given twice: one member, as llama.cpp's map has)
+        seen[path] = true
         local steps = {}
         for step in (path .. "/"):gmatch("(.-)/") do steps[#steps + 1] = step end
         local value = json_text.member(whole, steps)
         if value then members[#members + 1] = { path, value } end
+        ::next_path::
     end
     return object(members)
 end
@@ -533,32 +536,44 @@ end
 
 -- llama.cpp streams one token an event, with its completion_probabilities (a client reads
 -- [1] of each); a read of several tokens (the engine ran ahead of the event loop) is split
--- back into them where their probabilities' bytes spell the text read (no stop text held
--- back or let go), a token that ends inside a character joined to the next, as llama.cpp
--- holds an incomplete character back: {text, tokens, logprobs} each; nil: one event.
-local function per_token(text, tokens, logprobs)
+-- back into them by their probabilities' bytes: each token's piece of the text is its bytes
+-- where the text has them, "" where it has none of them (a special token's text is left
+-- out), and a token that ends inside a character is joined to the next, as llama.cpp holds
+-- an incomplete character back. Tokens whose bytes the text does not show yet (a character's
+-- start, a stop string's start held back) go with the read's last event, their bytes owed
+-- by the next read's text (part.owed). -> {text, tokens, logprobs} each; nil where the text
+-- is not what the bytes spell (one event then).
+local function per_token(part, text, tokens, logprobs)
+    local owed = part.owed or ""
+    part.owed = ""
     local entries = type(logprobs) == "table" and logprobs.content
-    if type(entries) ~= "table" or #entries < 2 or #entries ~= #tokens then return nil end
-    local spelled = {}
+    if type(entries) ~= "table" or #entries < 1 or #entries ~= #tokens or text:sub(1, #owed) ~= owed then return nil end
+    local pieces, first, from, at, unshown = {}, 1, 1, #owed, nil
+    local function close(last)
+        local piece = { text = text:sub(from, at), tokens = {}, logprobs = { content = {} } }
+        for k = first, last do
+            piece.tokens[#piece.tokens + 1] = tokens[k]
+            piece.logprobs.content[#piece.logprobs.content + 1] = entries[k]
+        end
+        pieces[#pieces + 1] = piece
+        first, from = last + 1, at + 1
+    end
     for i, e in ipairs(entries) do
         if type(e.bytes) ~= "table" then return nil end
-        spelled[i] = string.char(unpack(e.bytes))
-    end
-    if concat(spelled) ~= text then return nil end
-    local pieces, first, from, at = {}, 1, 1, 0
-    for i = 1, #entries do
-        at = at + #spelled[i]
+        local spelled = string.char(unpack(e.bytes))
+        if unshown then -- (after the text's end: owed)
+            unshown = unshown .. spelled
+        elseif text:sub(at + 1, at + #spelled) == spelled then
+            at = at + #spelled
+        elseif #text - at < #spelled and text:sub(at + 1) == spelled:sub(1, #text - at) then
+            unshown, at = spelled:sub(#text - at + 1), #text -- (its start shown, the rest owed)
+        end -- (else none of it is in the text: a special token's)
         local after = text:byte(at + 1)
-        if not after or after < 0x80 or after >= 0xC0 then -- (at + 1 starts a character)
-            local piece = { text = text:sub(from, at), tokens = {}, logprobs = { content = {} } }
-            for k = first, i do
-                piece.tokens[#piece.tokens + 1] = tokens[k]
-                piece.logprobs.content[#piece.logprobs.content + 1] = entries[k]
-            end
-            pieces[#pieces + 1] = piece
-            first, from = i + 1, at + 1
-        end
+        if not unshown and (not after or after < 0x80 or after >= 0xC0) then close(i) end -- (at + 1 starts a character)
     end
+    if at ~= #text then return nil end
+    if first <= #entries then close(#entries) end
+    part.owed = unshown or ""
     return pieces
 end
 
@@ -582,7 +597,7 @@ function View:feed(payload)
         local text = type(choice.text) == "string" and choice.text or ""
         local tokens = type(choice.token_ids) == "table" and choice.token_ids or {}
         part.text = part.text .. text
-        local pieces = per_token(text, tokens, choice.logprobs)
+        local pieces = per_token(part, text, tokens, choice.logprobs)
         if pieces then
             for _, piece in ipairs(pieces) do
                 part.predicted = part.predicted + #piece.tokens

@@ -17,8 +17,7 @@ local type, pairs, ipairs, tostring = type, pairs, ipairs, tostring
 local concat, floor = table.concat, math.floor
 local raw_member = json_text.member
 local json_null = cjson.null
-local encode, bad, is_array, shown, object, check_keys = shapes.encode, shapes.bad, shapes.is_array, shapes.shown, shapes.object,
-                                                         shapes.check_keys
+local encode, bad, is_array, shown, object = shapes.encode, shapes.bad, shapes.is_array, shapes.shown, shapes.object
 
 local _M = {}
 
@@ -48,6 +47,8 @@ local NO_OP_OPTIONS = { typical_p = 1, tfs_z = 1, mirostat = 0 }
 _M.API_VERSION = "0.12.6"
 
 -- The request's top-level fields: their JSON kinds (PASSED: the chat request's, as sent).
+-- Another field is skipped, as Ollama's Go decoding skips it (apps that post OpenAI-shaped
+-- bodies to Ollama send some); a message's or a tool's unknown keys too.
 -- (truncate, shift: what Ollama does with a prompt over its context; here one is refused;
 -- /api/chat's system: Open WebUI sends one, which Ollama's chat ignores, as here)
 local CHAT_OWN = { model = "string", messages = "array", tools = "array", format = "any", options = "object", stream = "boolean",
@@ -68,9 +69,28 @@ function _M.names_model(name, model_id)
     return name == model_id:lower() or name == model_id:lower() .. ":latest"
 end
 
+-- keep_alive's seconds, as Ollama reads it: a number of seconds, or a Go duration text
+-- (time.ParseDuration's: "5m", "1h30m", "0.5s", "-1m", "0"); nil where the text is none.
+local DURATION_UNITS = { ns = 1e-9, us = 1e-6, ["\194\181s"] = 1e-6, ["\206\188s"] = 1e-6, ms = 1e-3, s = 1, m = 60, h = 3600 }
+local function keep_alive_seconds(v)
+    if type(v) == "number" then return v end
+    if type(v) ~= "string" then return nil end
+    local sign, rest = v:match("^([-+]?)(.*)$")
+    if rest == "0" then return 0 end
+    if rest == "" then return nil end
+    local total = 0
+    while rest ~= "" do
+        local whole, dot, fraction, unit, after = rest:match("^(%d*)(%.?)(%d*)([^%d%.]+)(.*)$")
+        if not whole or (whole == "" and fraction == "") or not DURATION_UNITS[unit] then return nil end
+        total = total + tonumber(whole .. dot .. fraction .. (fraction == "" and dot ~= "" and "0" or "")) * DURATION_UNITS[unit]
+        rest = after
+    end
+    return sign == "-" and -total or total
+end
+
 -- Whether keep_alive asks the model to go now (Ollama's 0: a number, or a duration of 0).
 local function unloads(keep_alive)
-    return keep_alive == 0 or (type(keep_alive) == "string" and keep_alive:match("^0+%.?0*[smh]?$") ~= nil)
+    return keep_alive_seconds(keep_alive) == 0
 end
 
 local function check_model(t, model_id)
@@ -86,7 +106,15 @@ local function common(t, raw, members, thinks, model_id)
     -- Ollama streams unless told not to
     members[#members + 1] = { "stream", t.stream == false and "false" or "true" }
     -- logprobs (Ollama's, as the chat request's: each token's, with top_logprobs alternatives)
-    if t.top_logprobs ~= nil and not t.logprobs then return bad("top_logprobs needs logprobs: true", "top_logprobs") end
+    -- (Ollama checks the range alone: without logprobs, top_logprobs changes nothing)
+    if t.top_logprobs ~= nil and not (t.top_logprobs >= 0 and t.top_logprobs <= 20) then
+        return bad("top_logprobs must be between 0 and 20", "top_logprobs")
+    end
+    -- (a keep_alive Ollama cannot read is its 400; the model stays loaded whatever it says)
+    if t.keep_alive ~= nil and keep_alive_seconds(t.keep_alive) == nil then
+        return bad(("keep_alive must be a number of seconds or a duration such as \"5m\", got %s"):format(shown(t.keep_alive)),
+                   "keep_alive")
+    end
     if t.logprobs then
         members[#members + 1] = { "logprobs", "true" }
         members[#members + 1] = { "top_logprobs", shapes.integer(t.top_logprobs or 0) }
@@ -162,10 +190,8 @@ local function common(t, raw, members, thinks, model_id)
 end
 
 -- An assistant's tool_calls (Ollama's: {"function": {"name", "arguments": an object}}, its
--- arguments read as sent) -> chat's, each with an id (Ollama's calls have none; its tool
+-- arguments read as sent, other keys skipped) -> chat's, each with an id (Ollama's calls have none; its tool
 -- messages name the function they answer).
-local CALL_KEYS = { id = true, type = true, ["function"] = true, index = true }
-local FUNCTION_KEYS = { name = true, arguments = true, index = true, description = true }
 local function chat_calls(calls, raw_calls, where, message_index)
     if not is_array(calls) then return nil, where .. " must be an array" end
     local out = {}
@@ -173,9 +199,6 @@ local function chat_calls(calls, raw_calls, where, message_index)
         local at = ("%s[%d]"):format(where, k - 1)
         local fn = type(call) == "table" and call["function"]
         if type(fn) ~= "table" then return nil, at .. ' must be {"function": {"name", "arguments"}}' end
-        local ok, err = check_keys(call, CALL_KEYS, at)
-        if ok then ok, err = check_keys(fn, FUNCTION_KEYS, at .. ".function") end
-        if not ok then return nil, err end
         if type(fn.name) ~= "string" then return nil, at .. ".function.name must be a string" end
         local arguments = shapes.raw_fields(shapes.raw_fields(raw_calls[k])["function"]).arguments
         if not arguments or arguments:sub(1, 1) ~= "{" then return nil, at .. ".function.arguments must be an object" end
@@ -185,8 +208,6 @@ local function chat_calls(calls, raw_calls, where, message_index)
     return out
 end
 
-local MESSAGE_KEYS = { role = true, content = true, images = true, thinking = true, tool_calls = true, tool_name = true,
-                       tool_call_id = true }
 local ROLES = { system = true, user = true, assistant = true, tool = true }
 
 -- messages (Ollama's) -> chat's, or nil, err. A tool message answers the earliest call not yet
@@ -201,11 +222,10 @@ local function chat_messages(messages, raw)
         return queue and queue[queue.first]
     end
     local raw_messages = shapes.raw_list(raw)
+    local err
     for i, m in ipairs(messages) do
         local where = ("messages[%d]"):format(i - 1)
         if type(m) ~= "table" or is_array(m) then return nil, where .. ' must be an object {"role", "content"}' end
-        local ok, err = check_keys(m, MESSAGE_KEYS, where)
-        if not ok then return nil, err end
         local role = type(m.role) == "string" and m.role:lower() or m.role -- (Ollama reads roles in any case)
         if not ROLES[role] then return nil, ('%s.role must be "system", "user", "assistant" or "tool", got %s'):format(where, shown(m.role)) end
         local content = m.content
@@ -263,6 +283,12 @@ View.__index = View
 local function tools_text(tools, raw_tools)
     local text = raw_tools
     for i = #tools, 1, -1 do -- (from the last: a cut moves nothing before it)
+        -- (a tool without "type" is a function, as Ollama reads it: its template never asks)
+        local tool = tools[i]
+        if type(tool) == "table" and not is_array(tool) and tool.type == nil and tool["function"] ~= nil then
+            local from = json_text.span(text, { i })
+            text = text:sub(1, from) .. '"type":"function",' .. text:sub(from + 1)
+        end
         local p = type(tools[i]) == "table" and type(tools[i]["function"]) == "table" and tools[i]["function"].parameters
         if type(p) == "table" and (p.required == json_null or p.properties == json_null) then
             local from, to = json_text.span(text, { i, "function", "parameters" })
@@ -280,7 +306,7 @@ local function tools_text(tools, raw_tools)
 end
 
 function _M.chat_to_chat(body, model_id, thinks)
-    local t, members, raw = shapes.read_fields(body, CHAT_OWN, PASS, REFUSED)
+    local t, members, raw = shapes.read_fields(body, CHAT_OWN, PASS, REFUSED, true)
     if not t then return nil, members end
     local ok, err = check_model(t, model_id)
     if not ok then return nil, err end
@@ -305,7 +331,7 @@ end
 -- with raw: true, the completions path: `chat` false), its view and `chat`; or nil, err.
 -- An empty prompt loads the model in Ollama: here it is answered at once (view.load).
 function _M.generate_to_chat(body, model_id, thinks)
-    local t, members, raw = shapes.read_fields(body, GENERATE_OWN, PASS, REFUSED)
+    local t, members, raw = shapes.read_fields(body, GENERATE_OWN, PASS, REFUSED, true)
     if not t then return nil, members end
     local ok, err = check_model(t, model_id)
     if not ok then return nil, err end
@@ -329,8 +355,9 @@ function _M.generate_to_chat(body, model_id, thinks)
     end
     if t.raw then
         if t.logprobs then return bad("logprobs go through the chat path, which raw leaves out", "logprobs") end
-        if t.system ~= nil then return bad("system goes through the chat template, which raw leaves out", "system") end
-        if t.think ~= nil then return bad("think goes through the chat template, which raw leaves out", "think") end
+        -- (raw: the prompt as it is; Ollama reads no system then, and refuses think only where
+        -- it asks for thinking)
+        if t.think ~= nil and t.think ~= false then return bad("think goes through the chat template, which raw leaves out", "think") end
         members[#members + 1] = { "prompt", encode(t.prompt) }
         return object(members), view, false
     end
@@ -352,12 +379,13 @@ local EMBED_OWN = { model = "string", input = "any", truncate = "boolean", dimen
                     keep_alive = "any" }
 local EMBEDDINGS_OWN = { model = "string", prompt = "string", options = "object", keep_alive = "any" }
 function _M.embed_request(body, model_id, older)
-    local t, err = shapes.read_fields(body, older and EMBEDDINGS_OWN or EMBED_OWN, {}, REFUSED)
+    local t, err = shapes.read_fields(body, older and EMBEDDINGS_OWN or EMBED_OWN, {}, REFUSED, true)
     if not t then return nil, err end
     local ok
     ok, err = check_model(t, model_id)
     if not ok then return nil, err end
-    local input = older and t.prompt or t.input
+    local input = t.input
+    if older then input = t.prompt end -- (/api/embeddings reads prompt alone: input is skipped there, as Ollama skips it)
     local inputs
     if input == nil or input == "" then
         inputs = {}
@@ -379,7 +407,8 @@ end
 
 -- The chat request's names -> Ollama's, in an error's message; the body {"error": message}.
 local RENAMES = { { "max_completion_tokens", "options.num_predict" }, { "max_tokens", "options.num_predict" },
-                  { "repetition_penalty", "options.repeat_penalty" }, { "response_format", "format" } }
+                  { "repetition_penalty", "options.repeat_penalty" }, { "response_format.json_schema.schema", "format" },
+                  { "response_format", "format" } }
 function View:error(err)
     local message = shapes.rename_fields(err.message or "", RENAMES)
     if err.param == "stop" then message = message:gsub("^stop", "options.stop") end

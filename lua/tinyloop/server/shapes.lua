@@ -159,12 +159,12 @@ _M.PASSED = {
     "thinking_budget",
 }
 
--- read_fields(body, own, pass, refused) -> the request body's table (null fields left out),
+-- read_fields(body, own, pass, refused[, lenient]) -> the request body's table (null fields left out),
 -- the chat body's members so far (the `pass` fields, as sent) and each top-level member's text
 -- (read in one pass: a body of many fields is not rescanned for each), or nil, err: not a JSON object,
--- an unknown field, a `refused` one (its value: why), an `own` one (its value: its kind) of
--- another kind.
-function _M.read_fields(body, own, pass, refused)
+-- an unknown field (unless lenient: skipped, as a Go server's JSON decoding skips it), a
+-- `refused` one (its value: why), an `own` one (its value: its kind) of another kind.
+function _M.read_fields(body, own, pass, refused, lenient)
     if type(body) ~= "string" or body == "" then return _M.bad("the request body must be a JSON object", nil) end
     local t, err = json_text.decode(body) -- (strict JSON: request.decode_object's rule)
     if err then return _M.bad("the request body is not valid JSON: " .. err, nil) end
@@ -183,7 +183,7 @@ function _M.read_fields(body, own, pass, refused)
             end
         elseif pass[k] then
             members[#members + 1] = { k, raw[k] }
-        else
+        elseif not lenient then
             return _M.bad(("unknown field '%s'"):format(tostring(k)), tostring(k))
         end
     end
