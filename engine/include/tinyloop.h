@@ -953,10 +953,11 @@ tl_status tl_json_schema_to_gbnf(const char *schema, size_t len, const tl_json_s
                                  size_t *gbnf_len);
 /* A regular expression (len bytes) that the whole generated text matches: vLLM's `regex`
    structured output. ECMA-262 syntax, the subset a matcher can follow exactly: literals,
-   '.', classes, \d \w \s \D \W \S, \n \r \t \f \v \0 \xHH \uHHHH, groups, '|', greedy
-   * + ? {m} {m,} {m,n} (n <= 1000); ^ and $ at the start and end of the pattern or of a
-   top-level alternative (the whole text matches anyway). Lookaround, backreferences, \b, lazy
-   quantifiers and anchors elsewhere are errors naming them. */
+   '.', classes, \d \w \s \D \W \S, \n \r \t \f \v \0 \xHH \uHHHH, groups (named ones
+   too), '|', * + ? {m} {m,} {m,n} (n <= 1000; lazy ones read as greedy: the same texts
+   match); ^ and $ at the start and end of the pattern or of a top-level alternative (the
+   whole text matches anyway). Lookaround, backreferences, \b, possessive quantifiers,
+   inline flags and anchors elsewhere are errors naming them. */
 tl_status tl_grammar_compile_regex(const char *pattern, size_t len, tl_compiled_grammar **out);
 /* The GBNF a regular expression compiles to (*gbnf freed with tl_free). */
 tl_status tl_regex_to_gbnf(const char *pattern, size_t len, char **gbnf, size_t *gbnf_len);

@@ -609,6 +609,15 @@ static int extra_key_rule(conv *c, const cJSON *props, const char *path) {
 /* A property's name and its place (sorted by name: qsort's comparison). */
 typedef struct named { const char *name; int index; } named;
 static int by_name(const void *a, const void *b) { return strcmp(((const named *)a)->name, ((const named *)b)->name); }
+static int by_name_then_index(const void *a, const void *b) {
+    const named *x = a, *y = b;
+    const int r = strcmp(x->name, y->name);
+    return r ? r : (x->index > y->index) - (x->index < y->index);
+}
+static int by_index(const void *a, const void *b) {
+    const named *x = a, *y = b;
+    return (x->index > y->index) - (x->index < y->index);
+}
 
 /* An object's n member names with their places, sorted by name (a name given twice lies
    beside itself), or NULL (out of memory). */
@@ -660,20 +669,30 @@ static int object_schema(conv *c, const cJSON *props, const cJSON *required, con
         for (int k = at; k >= 0 && strcmp(sorted[k].name, key.name) == 0; k--) req[sorted[k].index] = true;
         for (int k = at + 1; k < n && strcmp(sorted[k].name, key.name) == 0; k++) req[sorted[k].index] = true;
     }
-    if (n_missing) { /* again, with them declared (each once: sorted, a name required twice is beside itself) */
+    if (n_missing) {
+        /* again, with them declared after the properties, in the order 'required' lists them
+           (they were sorted: {"required": ["b", "a"]} wrote "a" first, and refused a client's
+           {"b":..., "a":...}), each once: sorted by name and place, a name required twice is
+           beside its first place, and dropped, then put back in order */
         named *missing = calloc((size_t)n_missing, sizeof *missing);
         cJSON *declared = missing ? cJSON_CreateObject() : NULL;
         bool ok = declared != NULL;
         int m = 0;
         for (const cJSON *r = required->child; ok && r; r = r->next) {
-            const named key = {r->valuestring, 0};
+            const named key = {r->valuestring, m};
             if (!bsearch(&key, sorted, (size_t)n, sizeof *sorted, by_name)) missing[m++] = key;
         }
-        if (m > 1) qsort(missing, (size_t)m, sizeof *missing, by_name); /* (missing NULL: out of memory, m 0) */
+        if (m > 1) { /* (missing NULL: out of memory, m 0) */
+            qsort(missing, (size_t)m, sizeof *missing, by_name_then_index);
+            int kept = 1;
+            for (int k = 1; k < m; k++)
+                if (strcmp(missing[kept - 1].name, missing[k].name) != 0) missing[kept++] = missing[k];
+            m = kept;
+            qsort(missing, (size_t)m, sizeof *missing, by_index);
+        }
         for (const cJSON *p = props ? props->child : NULL; ok && p; p = p->next)
             ok = cJSON_AddItemReferenceToObject(declared, p->string, (cJSON *)p);
         for (int k = 0; ok && k < m; k++) {
-            if (k && strcmp(missing[k - 1].name, missing[k].name) == 0) continue;
             ok = additional && cJSON_IsObject(additional)
                      ? cJSON_AddItemReferenceToObject(declared, missing[k].name, (cJSON *)additional)
                      : cJSON_AddObjectToObject(declared, missing[k].name) != NULL;
@@ -966,12 +985,29 @@ static int once_each(conv *c, const cJSON *props, const char *path) {
    beside it) its own branches: OpenAPI's inheritance, {"allOf": [{"$ref": Base}, {...}]},
    where Base may inherit in turn. -1 (failed) where a $ref points nowhere or the $refs and
    allOfs nest deeper than MAX_ALLOF_NESTING (a cycle). */
-enum { MAX_ALLOF_NESTING = 64 };
-struct branch_list { const cJSON **items; int n, cap; };
+/* (each schema is followed once: an allOf of the same schema twice is that schema once, and
+   definitions that each name the next twice took time and memory doubling with each level;
+   past MAX_ALLOF_SCHEMAS, refused) */
+enum { MAX_ALLOF_NESTING = 64, MAX_ALLOF_SCHEMAS = 4096 };
+struct branch_list { const cJSON **items; int n, cap; const cJSON **seen; int n_seen, cap_seen; };
+static bool grow_list(const cJSON ***items, int n, int *cap) {
+    if (n < *cap) return true;
+    const int grown_cap = *cap * 2 + 8;
+    const cJSON **grown = realloc(*items, (size_t)grown_cap * sizeof *grown);
+    if (!grown) return false;
+    *items = grown, *cap = grown_cap;
+    return true;
+}
 static int allof_branches(conv *c, const cJSON *list, const char *path, int nesting, struct branch_list *out);
 static int allof_branch(conv *c, const cJSON *s, const char *path, int nesting, struct branch_list *out) {
     if (nesting > MAX_ALLOF_NESTING)
         return fail(c, path, "allOf: $refs and allOfs nest more than %d deep (a cycle?)", MAX_ALLOF_NESTING);
+    for (int i = 0; i < out->n_seen; i++)
+        if (out->seen[i] == s) return 0;
+    if (out->n_seen == MAX_ALLOF_SCHEMAS)
+        return fail(c, path, "allOf: more than %d schemas through its $refs and allOfs", MAX_ALLOF_SCHEMAS);
+    if (!grow_list(&out->seen, out->n_seen, &out->cap_seen)) return out_of_memory(c, path);
+    out->seen[out->n_seen++] = s;
     const cJSON *ref = cJSON_IsObject(s) ? cJSON_GetObjectItemCaseSensitive(s, "$ref") : NULL;
     if (ref) {
         static const char *const KW[] = {"$ref", NULL};
@@ -994,12 +1030,7 @@ static int allof_branch(conv *c, const cJSON *s, const char *path, int nesting, 
         if (check_keywords(c, s, path, KW) < 0) return -1;
         return allof_branches(c, inner, path, nesting + 1, out);
     }
-    if (out->n == out->cap) {
-        const int cap = out->cap * 2 + 8;
-        const cJSON **grown = realloc(out->items, (size_t)cap * sizeof *grown);
-        if (!grown) return out_of_memory(c, path);
-        out->items = grown, out->cap = cap;
-    }
+    if (!grow_list(&out->items, out->n, &out->cap)) return out_of_memory(c, path);
     out->items[out->n++] = s;
     return 0;
 }
@@ -1064,6 +1095,7 @@ static int all_of(conv *c, const cJSON *list, const char *path, int depth) {
     r = object_schema(c, props, req, additional, path, depth);
 done:
     free(branches.items);
+    free(branches.seen);
     if (props && !keep_made(c, props) && r >= 0) r = out_of_memory(c, path);
     if (req && !keep_made(c, req) && r >= 0) r = out_of_memory(c, path);
     return r;

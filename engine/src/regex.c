@@ -12,8 +12,10 @@
  * end of the pattern (or of a top-level alternative). A whole text matches the pattern whole,
  * anchors or not; a schema's pattern is searched for, as JSON Schema says (ECMA-262's test):
  * an alternative without '^' may follow any characters, one without '$' be followed by any
- * (it read "abc" as exactly "abc", refusing "xabcx"). Anything else (lookaround, backreferences, \b, lazy
- * or possessive quantifiers, named groups, anchors inside it) is an error naming it: a pattern is never
+ * (it read "abc" as exactly "abc", refusing "xabcx"). Lazy quantifiers (*? +? ?? {m,n}?) match
+ * the same texts as the greedy ones, whole or searched, and named groups (?<name>...) as plain
+ * groups: both are taken. Anything else (lookaround, backreferences, \b, possessive
+ * quantifiers, inline flags, anchors inside it) is an error naming it: a pattern is never
  * silently loosened. The matcher decides by bytes, so the expression is exact, not a
  * sampled approximation: every text it lets through matches the pattern. */
 #include <stdarg.h>
@@ -130,6 +132,7 @@ static int class_member(rx *r, const char **q, uint32_t *cp) {
            class then treats as such, [^\n] the common case) */
         const int control = control_escape(s);
         if (control >= 0) { *cp = (uint32_t)control; *q += 2; return 0; }
+        if (e == 'b') { *cp = '\b'; *q += 2; return 0; } /* (in a class, ECMA-262's backspace) */
         if (e == '0') return fail(r, "'\\0' before a digit (an octal escape) is not supported");
         if (!e) return fail(r, "the pattern ends in a '\\' that escapes nothing");
         if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
@@ -327,8 +330,27 @@ static int regex_atom(rx *r, const char **p, int depth) {
     const char *s = *p;
     if (*s == '(') {
         s++;
-        if (s[0] == '?' && s[1] == ':') s += 2;
-        else if (s[0] == '?') return fail(r, "lookaround and named groups are not supported");
+        if (s[0] == '?' && s[1] == ':') {
+            s += 2;
+        } else if (s[0] == '?' && s[1] == '<' && s[2] != '=' && s[2] != '!') {
+            /* a named group (ECMA-262 2018) matches as a plain group: only a backreference
+               to it would need the name, and those are refused */
+            const char *name = s + 2;
+            while ((*name >= 'a' && *name <= 'z') || (*name >= 'A' && *name <= 'Z') || (*name >= '0' && *name <= '9') ||
+                   *name == '_' || *name == '$')
+                name++;
+            if (name == s + 2 || (s[2] >= '0' && s[2] <= '9') || *name != '>')
+                return fail(r, "a named group is (?<name>...), its name a letter, '_' or '$' then letters, digits, '_' or '$'");
+            s = name + 1;
+        } else if (s[0] == '?') {
+            /* each construct named (inline flags and comments were called lookaround) */
+            return fail(r, "%s", s[1] == '=' || s[1] == '!'         ? "lookahead ((?=...), (?!...)) is not supported"
+                                 : s[1] == '<'                        ? "lookbehind ((?<=...), (?<!...)) is not supported"
+                                 : s[1] == 'P'                        ? "Python's (?P...) groups are not ECMA-262's: a named "
+                                                                        "group is (?<name>...)"
+                                 : s[1] == '#'                        ? "comments (?#...) are not supported"
+                                                                      : "inline flags ((?i), (?s), (?m), ...) are not supported");
+        }
         tl_strbuf_puts(o, "(");
         *p = s;
         if (regex_alt(r, p, depth + 1) < 0) return -1;
@@ -375,6 +397,9 @@ static int regex_atom(rx *r, const char **p, int depth) {
             return 0;
         }
         if (!e) return fail(r, "the pattern ends in a '\\' that escapes nothing");
+        if (e >= '1' && e <= '9') return fail(r, "backreferences ('\\%c') are not supported", e);
+        if (e == 'k') return fail(r, "named backreferences (\\k<name>) are not supported");
+        if (e == 'b' || e == 'B') return fail(r, "word boundaries ('\\%c') are not supported", e);
         if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
             return fail(r, "escape '\\%c' is not supported", e);
         /* An escaped byte is copied as one literal: only ASCII punctuation is a whole
@@ -442,7 +467,11 @@ static int regex_seq(rx *r, const char **p, int depth) {
             else tl_strbuf_printf(o, "{%ld,%ld}", lo, hi);
             *p = after + 1;
         }
-        if (**p == '?' || **p == '+') return fail(r, "lazy or possessive quantifiers are not supported");
+        /* a lazy quantifier matches the same texts as the greedy one, the whole text (or a
+           schema's search) decided either way: read as it (vLLM's xgrammar does); a possessive
+           one is not ECMA-262's */
+        if (**p == '?') (*p)++;
+        else if (**p == '+') return fail(r, "possessive quantifiers ('+' after a quantifier) are not ECMA-262's");
         tl_strbuf_puts(o, " ");
     }
     /* an empty alternative ("a|", "()") matches the empty text: GBNF needs it spelled */

@@ -518,6 +518,42 @@ static void test_json_schema(void) {
     static const char *n_inherit[] = {"{\"name\":\"x\"}", "{\"id\":1}", "{\"id\":1,\"kind\":\"c\",\"name\":\"x\"}", NULL};
     expect(g, "allOf over $refs", y_inherit, n_inherit);
     tl_compiled_grammar_free(g);
+    /* required names not in properties come after them, in the order 'required' lists them,
+       once each (they were sorted: {"b":1,"a":2} was refused) */
+    g = schema("{\"type\":\"object\",\"properties\":{\"z\":{\"type\":\"integer\"}},\"required\":[\"b\",\"z\",\"a\",\"b\"]}");
+    static const char *y_order[] = {"{\"z\":0,\"b\":1,\"a\":2}", NULL};
+    static const char *n_order[] = {"{\"z\":0,\"a\":2,\"b\":1}", "{\"b\":1,\"a\":2,\"z\":0}", "{\"z\":0,\"b\":1,\"a\":2,\"b\":1}", NULL};
+    expect(g, "required names in their order", y_order, n_order);
+    tl_compiled_grammar_free(g);
+    /* each schema is merged once: definitions that each name the next twice (a doubling
+       chain, 2^30 branches at 30 levels: minutes and gigabytes) compile at once, a cycle
+       through allOf is its other branches; past 4096 schemas, refused */
+    {
+        strbuf chain = {0};
+        tl_strbuf_puts(&chain, "{\"$defs\":{");
+        for (int level = 0; level < 30; level++)
+            tl_strbuf_printf(&chain, "\"A%d\":{\"allOf\":[{\"$ref\":\"#/$defs/A%d\"},{\"$ref\":\"#/$defs/A%d\"}]},", level, level + 1,
+                             level + 1);
+        tl_strbuf_puts(&chain, "\"A30\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
+                               "\"C\":{\"allOf\":[{\"$ref\":\"#/$defs/C\"},{\"type\":\"object\",\"properties\":{\"c\":{\"const\":1}}}]}},"
+                               "\"allOf\":[{\"$ref\":\"#/$defs/A0\"},{\"$ref\":\"#/$defs/C\"}]}");
+        g = chain.p ? schema(chain.p) : NULL;
+        static const char *y_chain[] = {"{\"a\":1}", "{\"a\":1,\"c\":1}", NULL};
+        static const char *n_chain[] = {"{}", "{\"a\":1,\"c\":2}", NULL};
+        expect(g, "allOf over a doubling chain", y_chain, n_chain);
+        tl_compiled_grammar_free(g);
+        free(chain.p);
+        strbuf wide = {0};
+        tl_strbuf_puts(&wide, "{\"allOf\":[");
+        for (int i = 0; i < 4097; i++) tl_strbuf_printf(&wide, "%s{\"type\":\"object\"}", i ? "," : "");
+        tl_strbuf_puts(&wide, "]}");
+        g = NULL;
+        const tl_status st = wide.p ? tl_grammar_compile_json_schema(wide.p, strlen(wide.p), NULL, &g) : TL_ERR_NO_MEMORY;
+        CHECK(st == TL_ERR_INVALID_ARGUMENT && strstr(tl_last_error(), "more than 4096 schemas"), "4097 allOf branches: %s \"%s\"",
+              tl_status_name(st), tl_last_error());
+        tl_compiled_grammar_free(g);
+        free(wide.p);
+    }
     /* $ref is a JSON Pointer into the schema, escapes decoded (RFC 6901: %XX, then ~1 '/' and
        ~0 '~'): "a/b" and "c~d" were looked up as "a~1b" and "c~0d" and pointed nowhere; and it
        may point anywhere in the document, an array's item included */
@@ -786,7 +822,7 @@ static void test_json_schema(void) {
          "{\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":5}}}]}", "property 'a' in more than one branch"},
         {"{\"allOf\":[{\"type\":\"object\",\"additionalProperties\":false},{\"type\":\"object\",\"additionalProperties\":true}]}",
          "additionalProperties in more than one branch"},
-        {"{\"type\":\"string\",\"pattern\":\"(?=x)\"}", "lookaround"},
+        {"{\"type\":\"string\",\"pattern\":\"(?=x)\"}", "lookahead"},
         {"{\"type\":\"string\",\"pattern\":\"[D-0]\"}", "reversed range 'D-0'"},
         {"{\"type\":\"string\",\"pattern\":\"a{{2}\"}", "bad quantifier"},
         /* fuzzer find: "[]" (an empty class) then an unbalanced ')' once gave GBNF that did not compile */
@@ -796,8 +832,12 @@ static void test_json_schema(void) {
         {"{\"$ref\":\"#\"}", "a $ref cycle matches nothing"},
         /* allOf's $refs: one pointing nowhere, a cycle of them, a target of another type */
         {"{\"allOf\":[{\"$ref\":\"#/$defs/None\"},{\"type\":\"object\"}]}", "$ref '#/$defs/None' points nowhere"},
-        {"{\"$defs\":{\"A\":{\"allOf\":[{\"$ref\":\"#/$defs/A\"},{\"type\":\"object\"}]}},\"$ref\":\"#/$defs/A\"}",
-         "nest more than 64 deep"},
+        /* (a chain deeper than 64 $refs; a cycle is followed once: A = allOf[A, ...] is its other branches) */
+        {"{\"$defs\":{\"A0\":{\"$ref\":\"#/$defs/A1\"},\"A1\":{\"$ref\":\"#/$defs/A2\"},\"A2\":{\"$ref\":\"#/$defs/A3\"},"
+         "\"A3\":{\"$ref\":\"#/$defs/A4\"},\"A4\":{\"$ref\":\"#/$defs/A5\"},\"A5\":{\"$ref\":\"#/$defs/A6\"},\"A6\":{\"$ref\":\"#/$defs/A7\"},"
+         "\"A7\":{\"allOf\":[{\"$ref\":\"#/$defs/A8\"},{\"allOf\":[{\"allOf\":[{\"allOf\":[{\"allOf\":[{\"allOf\":[{\"allOf\":[{\"allOf\":"
+         "[{\"allOf\":[{\"$ref\":\"#/$defs/A0\"}]}]}]}]}]}]}]}]}]},\"A8\":{\"type\":\"object\"}},"
+         "\"allOf\":[{\"$ref\":\"#/$defs/B0\"},{\"type\":\"object\"}]}", "$ref '#/$defs/B0' points nowhere"},
         {"{\"$defs\":{\"S\":{\"type\":\"string\"}},\"allOf\":[{\"$ref\":\"#/$defs/S\"},{\"type\":\"object\"}]}",
          "allOf is supported for object schemas only"},
         {"{\"properties\":{\"a\":{\"type\":\"integer\",\"multipleOf\":2}}}", "at /properties/a: unsupported keyword 'multipleOf'"},

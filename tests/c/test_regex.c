@@ -87,6 +87,12 @@ static void test_tables(void) {
     { static const char *y[] = {"x", "xx", "xxxxx", NULL}, *n[] = {"", NULL}; expect("x{1,}", y, n); }
     { static const char *y[] = {"ab", "abab", "", NULL}, *n[] = {"aba", NULL}; expect("(?:ab){0,2}", y, n); }
     { static const char *y[] = {"caf\xc3\xa9", NULL}, *n[] = {"cafe", NULL}; expect("caf\xc3\xa9", y, n); }
+    /* lazy quantifiers match the texts the greedy ones do (vLLM's users write <think>.*?</think>;
+       they were refused), named groups as plain groups, [\b] ECMA-262's backspace */
+    { static const char *y[] = {"<t></t>", "<t>a</t>b</t>", NULL}, *n[] = {"<t>", "<t></t>x", NULL}; expect("<t>.*?</t>", y, n); }
+    { static const char *y[] = {"a", "aaa", "c", "bc", NULL}, *n[] = {"", "aaaa", "b", NULL}; expect("a{1,3}?|b??c", y, n); }
+    { static const char *y[] = {"2024-05", NULL}, *n[] = {"2024-5", NULL}; expect("(?<year>\\d{4})-(?<$m_1>\\d{2})", y, n); }
+    { static const char *y[] = {"\b", "x", NULL}, *n[] = {"b", "\\", NULL}; expect("[\\bx]", y, n); }
     /* a NUL in the text, written \0 in the pattern */
     tl_compiled_grammar *g = regex("a\\0b");
     if (g) {
@@ -108,14 +114,23 @@ static void test_tables(void) {
 
 static void test_errors(void) {
     static const struct { const char *pattern, *needle; } bad[] = {
-        {"(?=a)b", "lookaround"},
+        {"(?=a)b", "lookahead"},
         {"ab\\", "ends in a '\\' that escapes nothing"}, /* (it said "escape '\?'") */
         {"[ab\\", "ends in a '\\' that escapes nothing"},
-        {"(?<name>a)", "lookaround and named groups"},
-        {"a\\1", "escape '\\1' is not supported"},
-        {"\\bword", "escape '\\b' is not supported"},
-        {"a*?", "lazy or possessive"},
-        {"a++", "lazy or possessive"},
+        /* each construct named (inline flags and comments were called lookaround) */
+        {"(?<=a)b", "lookbehind"},
+        {"(?!a)b", "lookahead"},
+        {"(?i)abc", "inline flags"},
+        {"(?#note)a", "comments"},
+        {"(?P<n>a)", "Python's (?P...) groups"},
+        {"(?<1a>a)", "a named group is (?<name>...)"},
+        {"(?<n a)", "a named group is (?<name>...)"},
+        {"a\\1", "backreferences ('\\1')"},
+        {"(?<n>a)\\k<n>", "named backreferences"},
+        {"\\bword", "word boundaries ('\\b')"},
+        {"a\\B", "word boundaries ('\\B')"},
+        {"a++", "possessive quantifiers"},
+        {"a{2}+", "possessive quantifiers"},
         {"*a", "'*' with nothing to repeat"},
         {"a**", "'*' with nothing to repeat"},
         {"(a", "expected ')'"},

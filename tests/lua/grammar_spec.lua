@@ -202,8 +202,8 @@ describe("tinyloop.grammar", function()
         assert.is_true(words:matches("a, b c!"))
         assert.is_true(words:matches("!"))
         assert.is_false(words:matches("A!"))
-        for pattern, needle in pairs({ ["a(?=b)"] = "lookaround", ["(a)\\1"] = "escape '\\1'", ["a{2,1}"] = "bad quantifier",
-                                       ["[a"] = "unterminated '['", ["a*?"] = "lazy" }) do
+        for pattern, needle in pairs({ ["a(?=b)"] = "lookahead", ["(a)\\1"] = "backreferences", ["a{2,1}"] = "bad quantifier",
+                                       ["[a"] = "unterminated '['", ["a*+"] = "possessive" }) do
             local bad, err = G.regex(pattern)
             assert.is_nil(bad, pattern)
             assert.matches("regular expression: ", err, 1, true)

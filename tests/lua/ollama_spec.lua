@@ -100,7 +100,7 @@ describe("ollama.chat_to_chat", function()
         c = cfg_of('{"top_p": -1, "min_p": -1}')
         assert.same({ 1, 1, 0 }, { c.top_k, c.top_p, c.min_p }) -- (top_p 0: the likeliest token alone)
         -- not numbers: refused, by name, the option's (the chat request's field it became was named)
-        for _, case in ipairs({ { '{"top_p": "high"}', "options.top_p must be a number" }, { '{"seed": 1.5}', "options.seed must be an integer" },
+        for _, case in ipairs({ { '{"top_p": "high"}', "options.top_p must be a number" }, { '{"seed": "7"}', "options.seed must be an integer" },
                                 { '{"top_k": 3000000000}', "'options.top_k' = 3000000000" } }) do
             local _, body, view = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": ' .. case[1] .. '}')
             local req, err = request.parse_chat(body, model, ID, 8, chat_prompts, view.PARSE_OPTIONS)
@@ -146,7 +146,7 @@ describe("ollama.chat_to_chat", function()
             { '{"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]}', "messages",
               "arguments must be an object" },
             { '{"messages": [{"role": "user", "content": "x"}], "options": {"mirostat": 2}}', "options", "options.mirostat" },
-            { '{"messages": [{"role": "user", "content": "x"}], "options": {"num_predict": 1.5}}', "options", "num_predict" },
+            { '{"messages": [{"role": "user", "content": "x"}], "options": {"num_predict": "5"}}', "options", "num_predict" },
             { '{"messages": [{"role": "user", "content": "x"}], "format": "xml"}', "format", "format must be" },
             { '{"messages": [{"role": "user", "content": "x"}], "think": "max"}', "think", "think must be" },
             { '{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 21}', "top_logprobs", "between 0 and 20" },
@@ -154,6 +154,7 @@ describe("ollama.chat_to_chat", function()
             { '{"messages": [{"role": "user", "content": "x"}], "keep_alive": "5"}', "keep_alive", "a duration" },
             { '{"messages": [{"role": "user", "content": "x"}], "keep_alive": "1x"}', "keep_alive", "a duration" },
             { '{"messages": [{"role": "user", "content": "x"}], "keep_alive": true}', "keep_alive", "a duration" },
+            { '{"messages": [{"role": "user", "content": "x"}], "keep_alive": "99999999999h"}', "keep_alive", "a duration" },
             -- an empty object is no empty array, and the reverse (they decode alike: it loaded the model)
             { '{"messages": {}}', "messages", "messages must be an array" },
             { '{"messages": [{"role": "user", "content": "x"}], "options": []}', "options", "options must be an object" },
@@ -172,10 +173,20 @@ describe("ollama.chat_to_chat", function()
         assert.same({ "x", "f", "c1", "function" }, { chat.messages[1].content, chat.messages[2].tool_calls[1]["function"].name,
                                                      chat.messages[3].tool_call_id, chat.tools[1].type })
         assert.is_nil(chat.messages[1].name)
+        -- a field's name in another case is that field, as Go's decoding matches it (the exact
+        -- name wins where both are sent)
+        chat = chat_of('{"Messages": [{"role": "user", "content": "x"}], "Stream": false, "OPTIONS": {"num_predict": 3}}')
+        assert.same({ "x", false, 3 }, { chat.messages[1].content, chat.stream, chat.max_tokens })
+        chat = chat_of('{"messages": [{"role": "user", "content": "x"}], "Stream": true, "stream": false}')
+        assert.is_false(chat.stream)
         assert.is_nil(chat.n)
         assert.is_nil(chat.top_logprobs)
+        -- an integer option's fraction is truncated, as Ollama's FromMap reads a float64 into an int
+        chat = chat_of('{"messages": [{"role": "user", "content": "x"}], "options": {"top_k": 2.7, "seed": 7.5, ' ..
+                       '"num_predict": 3.9, "repeat_last_n": 8.2}}')
+        assert.same({ 2, 7, 3, 8 }, { chat.top_k, chat.seed, chat.max_tokens, chat.penalty_window })
         -- keep_alive as Ollama reads it (a Go duration, or seconds): a zero one unloads
-        for _, zero in ipairs({ '0', '"0"', '"0s"', '"0ms"', '"0m0s"', '"0.0h"', '"-0s"' }) do
+        for _, zero in ipairs({ '0', '"0"', '"0s"', '"0ms"', '"0m0s"', '"0.0h"', '"-0s"', '1e-12', '"0.1ns"' }) do
             local _, _, view = chat_of('{"messages": [], "keep_alive": ' .. zero .. '}')
             assert.is_true(view.unload, zero)
         end
@@ -290,14 +301,16 @@ describe("ollama.generate_to_chat", function()
         chat, _, _, is_chat = chat_of('{"prompt": "It is", "raw": true, "stream": false}', true)
         assert.is_false(is_chat)
         assert.same({ "It is", false }, { chat.prompt, chat.stream })
-        -- raw: the prompt as it is, as Ollama takes it: a system is not read, think false changes nothing
-        local raw_chat = chat_of('{"prompt": "It is", "raw": true, "system": "s", "think": false}', true)
+        -- raw: the prompt as it is, as Ollama takes it: think false changes nothing, an empty
+        -- system is none (a system is refused: below)
+        local raw_chat = chat_of('{"prompt": "It is", "raw": true, "system": "", "think": false}', true)
         assert.same({ "It is", nil }, { raw_chat.prompt, raw_chat.messages })
         local _, _, view = chat_of('{"model": "tinyloop-austen"}', true)
         assert.is_true(view.load)
         assert.same({ done = true, done_reason = "load", response = "", model = "tinyloop-austen" },
                     (function(t) t.created_at = nil return t end)(cjson.decode(view:load_answer(0))))
         for body, words in pairs({ ['{"prompt": "x", "images": ["aGk="]}'] = "text only", ['{"prompt": "x", "context": [1, 2]}'] = "not kept",
+                                   ['{"prompt": "x", "raw": true, "system": "s"}'] = "raw leaves out",
                                    ['{"prompt": "x", "template": "{{ .Prompt }}"}'] = "the server's",
                                    ['{"prompt": "x", "suffix": "y"}'] = "fill in the middle",
                                    ['{"prompt": "x", "raw": true, "logprobs": true}'] = "the chat path" }) do

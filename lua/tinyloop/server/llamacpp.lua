@@ -547,7 +547,10 @@ local function per_token(part, text, tokens, logprobs)
     local owed = part.owed or ""
     part.owed = ""
     local entries = type(logprobs) == "table" and logprobs.content
-    if type(entries) ~= "table" or #entries < 1 or #entries ~= #tokens or text:sub(1, #owed) ~= owed then return nil end
+    if type(entries) ~= "table" or #entries < 1 or #entries ~= #tokens then return nil end
+    -- (what was owed and does not come was never text: a special token at the read's end, or
+    -- a stop string's start that the stop then cut)
+    if text:sub(1, #owed) ~= owed then owed = "" end
     local pieces, first, from, at, unshown = {}, 1, 1, #owed, nil
     local function close(last)
         local piece = { text = text:sub(from, at), tokens = {}, logprobs = { content = {} } }

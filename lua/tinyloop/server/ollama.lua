@@ -33,6 +33,7 @@ local OPTIONS = {
     use_mmap = true, use_mlock = true, low_vram = true, vocab_only = true, f16_kv = true, logits_all = true,
     repeat_last_n = true, penalize_newline = true, mirostat_eta = true, mirostat_tau = true,
 }
+local INTEGER_OPTIONS = { top_k = true, seed = true, num_predict = true, repeat_last_n = true }
 -- Ollama's defaults of the samplers for what a request leaves out (its api.DefaultOptions, as
 -- its Modelfile reference lists them), Open WebUI and other clients sending only a
 -- temperature: top_k 40, top_p 0.9, repeat_penalty 1.1 (over repeat_last_n's 64 tokens,
@@ -71,6 +72,7 @@ end
 
 -- keep_alive's seconds, as Ollama reads it: a number of seconds, or a Go duration text
 -- (time.ParseDuration's: "5m", "1h30m", "0.5s", "-1m", "0"); nil where the text is none.
+local MAX_DURATION_SECONDS = 9223372036.854775807
 local DURATION_UNITS = { ns = 1e-9, us = 1e-6, ["\194\181s"] = 1e-6, ["\206\188s"] = 1e-6, ms = 1e-3, s = 1, m = 60, h = 3600 }
 local function keep_alive_seconds(v)
     if type(v) == "number" then return v end
@@ -85,12 +87,15 @@ local function keep_alive_seconds(v)
         total = total + tonumber(whole .. dot .. fraction .. (fraction == "" and dot ~= "" and "0" or "")) * DURATION_UNITS[unit]
         rest = after
     end
+    if total > MAX_DURATION_SECONDS then return nil end -- (past Go's int64 nanoseconds: its "invalid duration")
     return sign == "-" and -total or total
 end
 
--- Whether keep_alive asks the model to go now (Ollama's 0: a number, or a duration of 0).
+-- Whether keep_alive asks the model to go now (Ollama's 0: a number, or a duration of 0, a
+-- fraction of a nanosecond truncated to 0 as Go's Duration is).
 local function unloads(keep_alive)
-    return keep_alive_seconds(keep_alive) == 0
+    local seconds = keep_alive_seconds(keep_alive)
+    return seconds ~= nil and math.abs(seconds) < 1e-9
 end
 
 local function check_model(t, model_id)
@@ -121,6 +126,15 @@ local function common(t, raw, members, thinks, model_id)
     end
     local options = t.options or {}
     local raw_options = shapes.raw_fields(raw.options)
+    -- (an integer option given a fraction is truncated, as Ollama's FromMap sets an int from
+    -- JSON's float64: top_k 2.7 is 2)
+    for k in pairs(INTEGER_OPTIONS) do
+        local v = options[k]
+        if type(v) == "number" and v == v and math.abs(v) < 2 ^ 53 and v ~= math.floor(v) then
+            local whole = v < 0 and math.ceil(v) or math.floor(v)
+            options[k], raw_options[k] = whole, shapes.integer(whole)
+        end
+    end
     local repeat_last_n = options.repeat_last_n ~= json_null and options.repeat_last_n or nil
     local ok_window, e_window = shapes.penalty_window(repeat_last_n, "options.repeat_last_n", "options")
     if not ok_window then return nil, e_window end
@@ -355,8 +369,9 @@ function _M.generate_to_chat(body, model_id, thinks)
     end
     if t.raw then
         if t.logprobs then return bad("logprobs go through the chat path, which raw leaves out", "logprobs") end
-        -- (raw: the prompt as it is; Ollama reads no system then, and refuses think only where
-        -- it asks for thinking)
+        -- (raw: the prompt as it is; a system is refused, as Ollama refuses it ("raw mode does
+        -- not support template, system, or context"), think only where it asks for thinking)
+        if t.system ~= nil then return bad("system goes through the chat template, which raw leaves out", "system") end
         if t.think ~= nil and t.think ~= false then return bad("think goes through the chat template, which raw leaves out", "think") end
         members[#members + 1] = { "prompt", encode(t.prompt) }
         return object(members), view, false

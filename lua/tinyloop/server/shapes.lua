@@ -162,7 +162,8 @@ _M.PASSED = {
 -- read_fields(body, own, pass, refused[, lenient]) -> the request body's table (null fields left out),
 -- the chat body's members so far (the `pass` fields, as sent) and each top-level member's text
 -- (read in one pass: a body of many fields is not rescanned for each), or nil, err: not a JSON object,
--- an unknown field (unless lenient: skipped, as a Go server's JSON decoding skips it), a
+-- an unknown field (unless lenient: skipped, as a Go server's JSON decoding skips it, and a
+-- name that matches a known one in another case read as it, as Go's matches it), a
 -- `refused` one (its value: why), an `own` one (its value: its kind) of another kind.
 function _M.read_fields(body, own, pass, refused, lenient)
     if type(body) ~= "string" or body == "" then return _M.bad("the request body must be a JSON object", nil) end
@@ -170,6 +171,22 @@ function _M.read_fields(body, own, pass, refused, lenient)
     if err then return _M.bad("the request body is not valid JSON: " .. err, nil) end
     if type(t) ~= "table" or body:match("^%s*%[") then return _M.bad("the request body must be a JSON object", nil) end
     local members, raw = {}, _M.raw_fields(body)
+    if lenient then -- (Go's decoding matches a field's name in any case where none matches exactly: "Stream")
+        local folded, renames
+        for k in pairs(t) do
+            if type(k) == "string" and not own[k] and not pass[k] and not refused[k] then
+                if not folded then
+                    folded = {}
+                    for _, names in ipairs({ own, pass, refused }) do
+                        for name in pairs(names) do folded[name:lower()] = name end
+                    end
+                end
+                local name = folded[k:lower()]
+                if name and t[name] == nil then renames = renames or {}; renames[#renames + 1] = { k, name } end
+            end
+        end
+        for _, r in ipairs(renames or {}) do t[r[2]], raw[r[2]], t[r[1]] = t[r[1]], raw[r[1]], nil end
+    end
     for k, v in pairs(t) do
         if v == json_null then
             t[k] = nil
