@@ -349,6 +349,7 @@ static int regex_atom(rx *r, const char **p, int depth) {
                                  : s[1] == 'P'                        ? "Python's (?P...) groups are not ECMA-262's: a named "
                                                                         "group is (?<name>...)"
                                  : s[1] == '#'                        ? "comments (?#...) are not supported"
+                                 : s[1] == ')' || s[1] == 0           ? "a group '(?' that names no kind: (?:...) or (?<name>...)"
                                                                       : "inline flags ((?i), (?s), (?m), ...) are not supported");
         }
         tl_strbuf_puts(o, "(");

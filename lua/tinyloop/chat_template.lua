@@ -1756,6 +1756,13 @@ local function attr_path(item, path) -- jinja2's make_attrgetter: "a.b.0", items
     for part in path:gmatch("[^.]+") do item = getitem(item, tonumber(part) or part) end
     return item
 end
+
+-- An item's attribute where a filter names one (a false value is the value: `a and b or c`
+-- gave the whole item for it, so selectattr kept what it should drop), else the item.
+local function attribute_of(item, attribute)
+    if attribute == nil then return item end
+    return attr_path(item, attribute)
+end
 local function sort_key(v, case_sensitive)
     if not case_sensitive and type(v) == "string" then return lower(v) end
     return v
@@ -1800,7 +1807,7 @@ FILTERS.last = function(_, v)
 end
 FILTERS.join = function(st, v, a, kw)
     local attribute, parts = arg(a, kw, 2, "attribute"), {}
-    for i, item in ipairs(iterable(v)) do parts[i] = to_str(attribute and attr_path(item, attribute) or item) end
+    for i, item in ipairs(iterable(v)) do parts[i] = to_str(attribute_of(item, attribute)) end
     return built(st, concat(parts, to_str(arg(a, kw, 1, "d", ""))))
 end
 FILTERS.default = function(_, v, a, kw)
@@ -1879,9 +1886,16 @@ FILTERS.round = function(_, v, a, kw)
     local x, is_float = num(defined(v))
     if not x then fail(fmt("type %s doesn't define __round__ method", py_type(v))) end
     local precision, method = int_arg(arg(a, kw, 1, "precision", 0), "precision"), arg(a, kw, 2, "method", "common")
-    if method == "common" then
+    if method == "common" then -- (Python's round(value, precision): a negative one rounds to tens, ...)
+        if precision < 0 then
+            local scale = 10 ^ -precision
+            local y = x / scale
+            local whole = floor(y)
+            if y - whole > 0.5 or (y - whole == 0.5 and whole % 2 == 1) then whole = whole + 1 end -- (half to even)
+            return make_num(whole * scale, is_float)
+        end
         if not is_float then return x end
-        return make_num(round_half_even(x, math.max(precision, 0)), true)
+        return make_num(round_half_even(x, precision), true)
     end
     local f = (method == "floor" and floor) or (method == "ceil" and math.ceil)
     if not f then fail("method must be 'common', 'ceil' or 'floor'") end
@@ -1916,14 +1930,14 @@ end
 FILTERS.sort = function(_, v, a, kw)
     local case_sensitive, attribute = truthy(arg(a, kw, 2, "case_sensitive", false)), arg(a, kw, 3, "attribute")
     return stable_sort(iterable(v), function(item)
-        return sort_key(attribute and attr_path(item, attribute) or item, case_sensitive)
+        return sort_key(attribute_of(item, attribute), case_sensitive)
     end, truthy(arg(a, kw, 1, "reverse", false)))
 end
 FILTERS.unique = function(_, v, a, kw)
     local case_sensitive, attribute = truthy(arg(a, kw, 1, "case_sensitive", false)), arg(a, kw, 2, "attribute")
     local out, seen = {}, {}
     for _, item in ipairs(iterable(v)) do
-        local key, new = sort_key(attribute and attr_path(item, attribute) or item, case_sensitive), true
+        local key, new = sort_key(attribute_of(item, attribute), case_sensitive), true
         for _, s in ipairs(seen) do if py_eq(s, key) then new = false; break end end
         if new then seen[#seen + 1] = key; out[#out + 1] = item end
     end
@@ -1934,7 +1948,7 @@ local function extreme(want_max)
         local case_sensitive, attribute = truthy(arg(a, kw, 1, "case_sensitive", false)), arg(a, kw, 2, "attribute")
         local best, best_key
         for _, item in ipairs(iterable(v)) do
-            local key = sort_key(attribute and attr_path(item, attribute) or item, case_sensitive)
+            local key = sort_key(attribute_of(item, attribute), case_sensitive)
             if best == nil or (want_max and py_lt(best_key, key) or not want_max and py_lt(key, best_key)) then
                 best, best_key = item, key
             end
@@ -1945,7 +1959,7 @@ end
 FILTERS.min, FILTERS.max = extreme(false), extreme(true)
 FILTERS.sum = function(st, v, a, kw)
     local attribute, total = arg(a, kw, 1, "attribute"), arg(a, kw, 2, "start", 0)
-    for _, item in ipairs(iterable(v)) do total = arith(st, "+", total, attribute and attr_path(item, attribute) or item) end
+    for _, item in ipairs(iterable(v)) do total = arith(st, "+", total, attribute_of(item, attribute)) end
     return total
 end
 FILTERS.indent = function(st, v, a, kw) -- jinja2's: lines after the first, blank ones too only if blank=true
@@ -1966,7 +1980,8 @@ local function selector(keep, by_attribute)
         local test_args = { select(first + 1, unpack(a)) }
         local out = {}
         for _, item in ipairs(iterable(v)) do
-            local x = by_attribute and attr_path(item, a[1]) or item
+            local x = by_attribute and attr_path(item, a[1])
+            if not by_attribute then x = item end
             local pass
             if a[first] == nil then pass = truthy(x) else pass = run_test(a[first], x, test_args) end
             if pass == keep then out[#out + 1] = item end
@@ -2014,7 +2029,9 @@ TESTS.sameas = function(v, x) return v == x end
 TESTS.equalto = function(v, x) return py_eq(v, x) end
 TESTS.ne = COMPARE["!="]
 TESTS.lt, TESTS.le, TESTS.gt, TESTS.ge = COMPARE["<"], COMPARE["<="], COMPARE[">"], COMPARE[">="]
-for alias, name in pairs({ eq = "equalto", greaterthan = "gt", lessthan = "lt" }) do
+-- (jinja2's test table names the operators too: select(">", 1), selectattr("x", "==", v))
+for alias, name in pairs({ eq = "equalto", greaterthan = "gt", lessthan = "lt", ["=="] = "equalto", ["!="] = "ne",
+                           [">"] = "gt", [">="] = "ge", ["<"] = "lt", ["<="] = "le" }) do
     TESTS[alias] = TESTS[name]
 end
 TESTS["in"] = py_in

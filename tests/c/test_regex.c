@@ -122,6 +122,7 @@ static void test_errors(void) {
         {"(?!a)b", "lookahead"},
         {"(?i)abc", "inline flags"},
         {"(?#note)a", "comments"},
+        {"a(?)", "a group '(?' that names no kind"},
         {"(?P<n>a)", "Python's (?P...) groups"},
         {"(?<1a>a)", "a named group is (?<name>...)"},
         {"(?<n a)", "a named group is (?<name>...)"},

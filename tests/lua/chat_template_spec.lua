@@ -355,12 +355,21 @@ describe("filters", function()
         { "{{ ms | selectattr('role', 'equalto', 'user') | map(attribute='c') | list }} {{ ms | rejectattr('role', 'equalto', 'user') | map(attribute='c') | join }} {{ ms | selectattr('c') | list | length }}", "['1', '3'] 2 3" },
         { "{{ ['a', 'b'] | map('upper') | list }} {{ [1, 2, 1] | unique | list }} {{ 'x' | safe }} {{ -1.5 | abs }} {{ 2.5 | round }} {{ 3.14159 | round(2) }}", "['A', 'B'] [1, 2] x 1.5 2.0 3.14" },
         { "{{ [1, 2] | sum }} {{ [3, 1] | min }} {{ [3, 1] | max }} {{ 'a\nb' | indent(2) }}", "3 1 3 a\n  b" },
+        -- an attribute that is false is the value, not the whole item (selectattr kept what it
+        -- should drop, sort and sum failed on the item); operator tests; round to tens
+        { "{{ fl | selectattr('a') | map(attribute='n') | list }} {{ fl | rejectattr('a') | map(attribute='n') | list }} " ..
+          "{{ fl | join(',', attribute='a') }} {{ fl | sort(attribute='a') | map(attribute='n') | list }} {{ fl | sum(attribute='a') }} " ..
+          "{{ (fl | min(attribute='a')).n }} {{ fl | unique(attribute='a') | map(attribute='n') | list }}", "[1] [2] True,False [2, 1] 1 2 [1, 2]" },
+        { "{{ [1, 2, 3] | select('>', 1) | list }} {{ fl | selectattr('n', '==', 2) | map(attribute='n') | list }}",
+          "[2, 3] [2]" },
+        { "{{ 21.3 | round(-1) }}|{{ 25 | round(-1) }}|{{ 1234.5678 | round(-2) }}|{{ 35 | round(-1) }}", "20.0|20|1200.0|40" },
         { "{{ {'b': [1, 2.0, none, true], 'a': '<&>é\\n'} | tojson }}", '{"b": [1, 2.0, null, true], "a": "<&>é\\n"}' },
         { "{{ {'a': {'b': []}} | tojson(indent=2) }}", '{\n  "a": {\n    "b": []\n  }\n}' },
     }
     for _, case in ipairs(cases) do
         it(case[1], function()
-            renders(case[2], case[1], { ms = { { role = "user", c = "1" }, { role = "bot", c = "2" }, { role = "user", c = "3" } } })
+            renders(case[2], case[1], { ms = { { role = "user", c = "1" }, { role = "bot", c = "2" }, { role = "user", c = "3" } },
+                                        fl = { { a = true, n = 1 }, { a = false, n = 2 } } })
         end)
     end
 end)

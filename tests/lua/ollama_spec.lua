@@ -173,12 +173,18 @@ describe("ollama.chat_to_chat", function()
         assert.same({ "x", "f", "c1", "function" }, { chat.messages[1].content, chat.messages[2].tool_calls[1]["function"].name,
                                                      chat.messages[3].tool_call_id, chat.tools[1].type })
         assert.is_nil(chat.messages[1].name)
-        -- a field's name in another case is that field, as Go's decoding matches it (the exact
-        -- name wins where both are sent)
+        -- a field's name in another case is that field, as Go's decoding matches it, each key
+        -- in the body's order writing it: the last one not null wins
         chat = chat_of('{"Messages": [{"role": "user", "content": "x"}], "Stream": false, "OPTIONS": {"num_predict": 3}}')
         assert.same({ "x", false, 3 }, { chat.messages[1].content, chat.stream, chat.max_tokens })
-        chat = chat_of('{"messages": [{"role": "user", "content": "x"}], "Stream": true, "stream": false}')
-        assert.is_false(chat.stream)
+        local M = '"messages": [{"role": "user", "content": "x"}], '
+        for body, streams in pairs({ ['{' .. M .. '"Stream": true, "stream": false}'] = false,
+                                     ['{' .. M .. '"stream": false, "Stream": true}'] = true,
+                                     ['{' .. M .. '"STREAM": true, "Stream": false}'] = false,
+                                     ['{' .. M .. '"Stream": false, "STREAM": true}'] = true,
+                                     ['{' .. M .. '"Stream": false, "stream": null}'] = false }) do
+            assert.equal(streams, chat_of(body).stream, body)
+        end
         assert.is_nil(chat.n)
         assert.is_nil(chat.top_logprobs)
         -- an integer option's fraction is truncated, as Ollama's FromMap reads a float64 into an int
@@ -186,11 +192,11 @@ describe("ollama.chat_to_chat", function()
                        '"num_predict": 3.9, "repeat_last_n": 8.2}}')
         assert.same({ 2, 7, 3, 8 }, { chat.top_k, chat.seed, chat.max_tokens, chat.penalty_window })
         -- keep_alive as Ollama reads it (a Go duration, or seconds): a zero one unloads
-        for _, zero in ipairs({ '0', '"0"', '"0s"', '"0ms"', '"0m0s"', '"0.0h"', '"-0s"', '1e-12', '"0.1ns"' }) do
+        for _, zero in ipairs({ '0', '"0"', '"0s"', '"0ms"', '"0m0s"', '"0.0h"', '"-0s"', '1e-12', '0.5', '"0.1ns"' }) do
             local _, _, view = chat_of('{"messages": [], "keep_alive": ' .. zero .. '}')
             assert.is_true(view.unload, zero)
         end
-        for _, kept in ipairs({ '300', '-1', '"5m"', '"1h30m"', '"1.5h"', '".5s"', '"-1m"', '"10\\u00b5s"' }) do
+        for _, kept in ipairs({ '300', '1.5', '-1', '-0.5', '"5m"', '"1h30m"', '"1.5h"', '".5s"', '"-1m"', '"10\\u00b5s"' }) do
             local _, _, view = chat_of('{"messages": [], "keep_alive": ' .. kept .. '}')
             assert.is_false(view.unload, kept)
         end
@@ -311,6 +317,7 @@ describe("ollama.generate_to_chat", function()
                     (function(t) t.created_at = nil return t end)(cjson.decode(view:load_answer(0))))
         for body, words in pairs({ ['{"prompt": "x", "images": ["aGk="]}'] = "text only", ['{"prompt": "x", "context": [1, 2]}'] = "not kept",
                                    ['{"prompt": "x", "raw": true, "system": "s"}'] = "raw leaves out",
+                                   ['{"raw": true, "system": "s"}'] = "raw leaves out", -- (before a load, as Ollama checks)
                                    ['{"prompt": "x", "template": "{{ .Prompt }}"}'] = "the server's",
                                    ['{"prompt": "x", "suffix": "y"}'] = "fill in the middle",
                                    ['{"prompt": "x", "raw": true, "logprobs": true}'] = "the chat path" }) do

@@ -91,9 +91,11 @@ local function keep_alive_seconds(v)
     return sign == "-" and -total or total
 end
 
--- Whether keep_alive asks the model to go now (Ollama's 0: a number, or a duration of 0, a
--- fraction of a nanosecond truncated to 0 as Go's Duration is).
+-- Whether keep_alive asks the model to go now (Ollama's 0: a duration of 0, a fraction of a
+-- nanosecond truncated to 0 as Go's Duration is; a number's whole seconds, which its
+-- UnmarshalJSON takes, 0.5 being 0; a negative one is "forever").
 local function unloads(keep_alive)
+    if type(keep_alive) == "number" then return keep_alive >= 0 and keep_alive < 1 end
     local seconds = keep_alive_seconds(keep_alive)
     return seconds ~= nil and math.abs(seconds) < 1e-9
 end
@@ -363,15 +365,16 @@ function _M.generate_to_chat(body, model_id, thinks)
                                 top_logprobs = t.top_logprobs, options = t.options }, View)
     ok, err = common(t, raw, members, thinks, model_id)
     if not ok then return nil, err end
+    -- (raw: the prompt as it is; a system is refused, as Ollama refuses it ("raw mode does not
+    -- support template, system, or context"), before it reads an empty prompt as a load; think
+    -- only where it asks for thinking)
+    if t.raw and t.system ~= nil then return bad("system goes through the chat template, which raw leaves out", "system") end
     if t.prompt == nil or t.prompt == "" then
         view.load, view.unload = true, unloads(t.keep_alive) -- (Ollama's way to load a model: it is loaded)
         return "", view, true
     end
     if t.raw then
         if t.logprobs then return bad("logprobs go through the chat path, which raw leaves out", "logprobs") end
-        -- (raw: the prompt as it is; a system is refused, as Ollama refuses it ("raw mode does
-        -- not support template, system, or context"), think only where it asks for thinking)
-        if t.system ~= nil then return bad("system goes through the chat template, which raw leaves out", "system") end
         if t.think ~= nil and t.think ~= false then return bad("think goes through the chat template, which raw leaves out", "think") end
         members[#members + 1] = { "prompt", encode(t.prompt) }
         return object(members), view, false

@@ -171,21 +171,30 @@ function _M.read_fields(body, own, pass, refused, lenient)
     if err then return _M.bad("the request body is not valid JSON: " .. err, nil) end
     if type(t) ~= "table" or body:match("^%s*%[") then return _M.bad("the request body must be a JSON object", nil) end
     local members, raw = {}, _M.raw_fields(body)
-    if lenient then -- (Go's decoding matches a field's name in any case where none matches exactly: "Stream")
-        local folded, renames
+    if lenient then
+        -- (Go's decoding matches a field's name in any case, "Stream" too, each key in the
+        -- body's order writing the field: the last one that is not null wins)
+        local folded
         for k in pairs(t) do
-            if type(k) == "string" and not own[k] and not pass[k] and not refused[k] then
-                if not folded then
-                    folded = {}
-                    for _, names in ipairs({ own, pass, refused }) do
-                        for name in pairs(names) do folded[name:lower()] = name end
-                    end
-                end
-                local name = folded[k:lower()]
-                if name and t[name] == nil then renames = renames or {}; renames[#renames + 1] = { k, name } end
+            if type(k) == "string" and not own[k] and not pass[k] and not refused[k] then folded = {} break end
+        end
+        if folded then
+            for _, names in ipairs({ own, pass, refused }) do
+                for name in pairs(names) do folded[name:lower()] = name end
+            end
+            local winner = {}
+            for _, e in ipairs(json_text.entries(body, (body:find("{", 1, true)))) do
+                local name = folded[e.key:lower()]
+                if name and body:sub(e.from, e.to) ~= "null" then winner[name] = e.key end
+            end
+            for name, key in pairs(winner) do
+                if key ~= name then t[name], raw[name] = t[key], raw[key] end
+            end
+            for k in pairs(t) do -- (every other spelling of a known field: read once, above)
+                local name = type(k) == "string" and folded[k:lower()]
+                if name and k ~= name then t[k] = nil end
             end
         end
-        for _, r in ipairs(renames or {}) do t[r[2]], raw[r[2]], t[r[1]] = t[r[1]], raw[r[1]], nil end
     end
     for k, v in pairs(t) do
         if v == json_null then
