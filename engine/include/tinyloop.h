@@ -940,9 +940,8 @@ typedef struct tl_json_schema_options {
                             multipleOf, uniqueItems, min/maxProperties, contains, if/then/else,
                             not, propertyNames, dependentRequired/Schemas, unevaluated*, a
                             string's min/maxLength beside a pattern or a format, a type beside
-                            anyOf/oneOf/allOf, a type's keyword where it is not read (without
-                            a "type", or under another), and a number's maximum and exclusive
-                            bounds (a minimum >= 0 keeps it non-negative). For schemas given without OpenAI's strict: true (a
+                            anyOf/oneOf/allOf, and a number's maximum and exclusive bounds (a
+                            minimum >= 0 keeps it non-negative). For schemas given without OpenAI's strict: true (a
                             tool's parameters), where refusing the request helps nobody */
 } tl_json_schema_options;
 

@@ -315,13 +315,6 @@ static int check_keywords(conv *c, const cJSON *s, const char *path, const char 
         for (int i = 0; TYPES[i]; i++)
             if (strcmp(k->string, "type") != 0 && keyword_in(k->string, type_keywords(TYPES[i])))
                 tl_strbuf_printf(&types, "%s\"%s\"", types.p ? " or " : "", TYPES[i]);
-        /* loose: a type's keyword where it is not read ({"minLength": 2} without a type, as the
-           JSON Schema test suite writes them) only narrows values of that type, so leaving it
-           out allows a superset, as loose does with what it cannot enforce */
-        if (types.p && c->loose && !types.oom) {
-            drop(c, &types);
-            continue;
-        }
         int r = types.p ? fail(c, path, "keyword '%s' is not supported here: it is read only in a schema of \"type\" %s "
                                         "(without const, enum, anyOf, oneOf or allOf)", k->string, types.p)
                         : fail(c, path, "unsupported keyword '%s'", k->string);

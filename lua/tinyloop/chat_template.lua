@@ -1889,10 +1889,12 @@ FILTERS.round = function(_, v, a, kw)
     if method == "common" then -- (Python's round(value, precision): a negative one rounds to tens, ...)
         if precision < 0 then
             local scale = 10 ^ -precision
-            local y = x / scale
+            local y = x / scale -- (past 10^308 the scale is infinite: every value rounds to 0)
             local whole = floor(y)
             if y - whole > 0.5 or (y - whole == 0.5 and whole % 2 == 1) then whole = whole + 1 end -- (half to even)
-            return make_num(whole * scale, is_float)
+            local rounded = whole == 0 and 0 or whole * scale
+            if rounded == 0 and x < 0 and is_float then rounded = -0.0 end -- (Python keeps the sign: -0.0)
+            return make_num(rounded, is_float)
         end
         if not is_float then return x end
         return make_num(round_half_even(x, precision), true)

@@ -362,7 +362,8 @@ describe("filters", function()
           "{{ (fl | min(attribute='a')).n }} {{ fl | unique(attribute='a') | map(attribute='n') | list }}", "[1] [2] True,False [2, 1] 1 2 [1, 2]" },
         { "{{ [1, 2, 3] | select('>', 1) | list }} {{ fl | selectattr('n', '==', 2) | map(attribute='n') | list }}",
           "[2, 3] [2]" },
-        { "{{ 21.3 | round(-1) }}|{{ 25 | round(-1) }}|{{ 1234.5678 | round(-2) }}|{{ 35 | round(-1) }}", "20.0|20|1200.0|40" },
+        { "{{ 21.3 | round(-1) }}|{{ 25 | round(-1) }}|{{ 1234.5678 | round(-2) }}|{{ 35 | round(-1) }}|{{ 5 | round(-400) }}|" ..
+          "{{ 0.5 | round(-400) }}|{{ -0.5 | round(-1) }}", "20.0|20|1200.0|40|0|0.0|-0.0" },
         { "{{ {'b': [1, 2.0, none, true], 'a': '<&>é\\n'} | tojson }}", '{"b": [1, 2.0, null, true], "a": "<&>é\\n"}' },
         { "{{ {'a': {'b': []}} | tojson(indent=2) }}", '{\n  "a": {\n    "b": []\n  }\n}' },
     }

@@ -1568,7 +1568,8 @@ end
 -- ready as well: each is then read without a wait of its own. Each choice's last chunk has
 -- its finish_reason and stats; usage goes in the very last chunk, or, with
 -- stream_options.include_usage, in a chunk of its own with no choices (OpenAI's shape; every
--- other chunk then says "usage": null).
+-- other chunk then says "usage": null, or with vLLM's continuous_usage_stats its choice's
+-- usage so far).
 local function run_stream(r)
     local started = false
     local usage_null = r.include_usage and ',"usage":null' or ""
