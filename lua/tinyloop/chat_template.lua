@@ -1753,7 +1753,12 @@ end)
 
 local function attr_path(item, path) -- jinja2's make_attrgetter: "a.b.0", items first
     if type(path) ~= "string" then return getitem(item, path) end
-    for part in path:gmatch("[^.]+") do item = getitem(item, tonumber(part) or part) end
+    for part in path:gmatch("[^.]+") do
+        -- (a missing part's undefined stays undefined through the parts after it, as jinja2's
+        -- getitem gives it: map's default then applies; it raised "no attribute")
+        if kind(item) == "undefined" then return item end
+        item = getitem(item, tonumber(part) or part)
+    end
     return item
 end
 

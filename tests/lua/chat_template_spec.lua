@@ -360,6 +360,7 @@ describe("filters", function()
         { "{{ fl | selectattr('a') | map(attribute='n') | list }} {{ fl | rejectattr('a') | map(attribute='n') | list }} " ..
           "{{ fl | join(',', attribute='a') }} {{ fl | sort(attribute='a') | map(attribute='n') | list }} {{ fl | sum(attribute='a') }} " ..
           "{{ (fl | min(attribute='a')).n }} {{ fl | unique(attribute='a') | map(attribute='n') | list }}", "[1] [2] True,False [2, 1] 1 2 [1, 2]" },
+        { "{{ [{'x': 1}, {'a': {'b': 2}}] | map(attribute='a.b', default='D') | list }}", "['D', 2]" },
         { "{{ [1, 2, 3] | select('>', 1) | list }} {{ fl | selectattr('n', '==', 2) | map(attribute='n') | list }}",
           "[2, 3] [2]" },
         { "{{ 21.3 | round(-1) }}|{{ 25 | round(-1) }}|{{ 1234.5678 | round(-2) }}|{{ 35 | round(-1) }}|{{ 5 | round(-400) }}|" ..
