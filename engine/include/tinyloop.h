@@ -343,7 +343,9 @@ typedef int (*tl_depth_policy_hook)(void *user, const tl_loop_signals *signals);
 /* A grammar drives a mask of allowed tokens. `allowed` fills allowed[vocab_size] with 1 for
    each permitted next token and returns how many (0 ends generation with
    TL_STOP_GRAMMAR_DEAD_END; < 0 is an error; a count that is not the mask's is an error too,
-   TL_ERR_HOOK); `advance` is told the chosen token.
+   TL_ERR_HOOK; the mask is valid during the call only, and a write just outside it, as
+   outside a logits hook's buffer, fails with TL_ERR_HOOK naming the index); `advance` is
+   told the chosen token.
    Or set `compiled` (tl_grammar_use) to a grammar compiled by TinyLoop (GBNF or JSON Schema,
    see the end of this header); the callbacks are then unused: every session gets its own
    matcher, which also enables speculative decoding and fast greedy masks. */

@@ -476,12 +476,21 @@ static const cJSON *ref_target(const conv *c, const char *ref, bool *supported) 
     return node;
 }
 
-static int ref_rule(conv *c, const char *ref, const char *path) {
+/* The schema a $ref names, or NULL with the error set (another document, a malformed pointer,
+   a pointer to nothing): ref_rule's and allOf's. */
+static const cJSON *resolved_ref(conv *c, const char *ref, const char *path) {
     bool supported;
     const cJSON *target = ref_target(c, ref, &supported);
     if (!supported)
-        return fail(c, path, "$ref '%s' is not supported (only references into this schema: \"#\" or a JSON Pointer such as \"#/$defs/NAME\")", ref);
-    if (!target) return fail(c, path, "$ref '%s' points nowhere", ref);
+        fail(c, path, "$ref '%s' is not supported (only references into this schema: \"#\" or a JSON Pointer such as \"#/$defs/NAME\")", ref);
+    else if (!target)
+        fail(c, path, "$ref '%s' points nowhere", ref);
+    return target;
+}
+
+static int ref_rule(conv *c, const char *ref, const char *path) {
+    const cJSON *target = resolved_ref(c, ref, path);
+    if (!target) return -1;
     const uint64_t key = (uint64_t)(uintptr_t)target;
     const int32_t known = tl_gram_hash_get(&c->ref_rules, key);
     if (known >= 0) return known;
@@ -1013,12 +1022,8 @@ static int allof_branch(conv *c, const cJSON *s, const char *path, int nesting, 
         static const char *const KW[] = {"$ref", NULL};
         if (!cJSON_IsString(ref)) return fail(c, path, "'$ref' must be a string");
         if (check_keywords(c, s, path, KW) < 0) return -1;
-        bool supported;
-        const cJSON *target = ref_target(c, ref->valuestring, &supported);
-        if (!supported)
-            return fail(c, path, "$ref '%s' is not supported (only references into this schema: \"#\" or a JSON "
-                                 "Pointer such as \"#/$defs/NAME\")", ref->valuestring);
-        if (!target) return fail(c, path, "$ref '%s' points nowhere", ref->valuestring);
+        const cJSON *target = resolved_ref(c, ref->valuestring, path);
+        if (!target) return -1;
         return allof_branch(c, target, path, nesting + 1, out); /* (a $ref or an allOf itself, followed in turn) */
     }
     const cJSON *inner = cJSON_IsObject(s) ? cJSON_GetObjectItemCaseSensitive(s, "allOf") : NULL;

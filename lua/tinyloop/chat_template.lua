@@ -1987,8 +1987,7 @@ local function selector(keep, by_attribute)
         local test_args = { select(first + 1, unpack(a)) }
         local out = {}
         for _, item in ipairs(iterable(v)) do
-            local x = by_attribute and attr_path(item, a[1])
-            if not by_attribute then x = item end
+            local x = attribute_of(item, by_attribute and a[1] or nil)
             local pass
             if a[first] == nil then pass = truthy(x) else pass = run_test(a[first], x, test_args) end
             if pass == keep then out[#out + 1] = item end
