@@ -3,6 +3,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <ctype.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
@@ -334,11 +335,40 @@ static void line_column(const char *text, size_t pos, size_t *line, size_t *colu
     }
 }
 
+/* The length of the JSON number (RFC 8259's grammar) at text[0..len), 0 where none is: cJSON
+   reads 01, 1., -.5 and 2.e3 as numbers. A number must not run on into a letter, digit, '.',
+   '+' or '-' ("01" and "1.5.2" are none), json_text.lua's rule for the server's bodies. */
+static size_t json_number_length(const char *text, size_t len) {
+    size_t p = 0;
+#define DIGIT_AT(k) ((k) < len && text[k] >= '0' && text[k] <= '9')
+    if (p < len && text[p] == '-') p++;
+    if (!DIGIT_AT(p)) return 0;
+    if (text[p] == '0') p++;
+    else while (DIGIT_AT(p)) p++;
+    if (p < len && text[p] == '.') {
+        if (!DIGIT_AT(p + 1)) return 0;
+        p++;
+        while (DIGIT_AT(p)) p++;
+    }
+    if (p < len && (text[p] == 'e' || text[p] == 'E')) {
+        p++;
+        if (p < len && (text[p] == '+' || text[p] == '-')) p++;
+        if (!DIGIT_AT(p)) return 0;
+        while (DIGIT_AT(p)) p++;
+    }
+    if (p < len && (DIGIT_AT(p) || text[p] == '.' || text[p] == '+' || text[p] == '-' || isalpha((unsigned char)text[p])))
+        return 0;
+#undef DIGIT_AT
+    return p;
+}
+
 /* What cJSON lets through and JSON (RFC 8259) does not, as Python's json and Hugging Face's
    serde read it: ill-formed UTF-8 (a tokenizer.json token with a stray byte loaded, encoded
-   and decoded its bytes), and control characters other than tab, line feed and carriage
-   return between tokens, or any unescaped one inside a string (cJSON skips every byte up to
-   a space as a blank and keeps raw ones in strings). 0 or -1 with *why. */
+   and decoded its bytes), control characters other than tab, line feed and carriage return
+   between tokens, or any unescaped one inside a string (cJSON skips every byte up to a space
+   as a blank and keeps raw ones in strings), a \u escape without four hex digits (cJSON reads
+   "\uqqqq" as U+0000, which ended the string there: a schema's name cut short, no error),
+   and numbers outside JSON's grammar (json_number_length). 0 or -1 with *why. */
 static int check_json_bytes(const char *text, size_t len, char *why, size_t why_len) {
     bool in_string = false;
     for (size_t i = 0; i < len;) {
@@ -358,8 +388,32 @@ static int check_json_bytes(const char *text, size_t len, char *why, size_t why_
             return snprintf(why, why_len, "%s %s at line %zu, column %zu", what,
                             in_string ? "unescaped in a string" : "outside a string", line, column), -1;
         }
-        if (in_string && c == '\\') i++; /* (the escaped character, a quote too) */
-        else if (c == '"') in_string = !in_string;
+        if (in_string && c == '\\') {
+            if (i + 1 < len && text[i + 1] == 'u') {
+                for (size_t k = i + 2; k < i + 6; k++)
+                    if (k >= len || !isxdigit((unsigned char)text[k])) {
+                        size_t line, column;
+                        line_column(text, i, &line, &column);
+                        return snprintf(why, why_len, "a \\u escape without four hex digits at line %zu, column %zu", line,
+                                        column), -1;
+                    }
+            }
+            i++; /* (the escaped character, a quote too) */
+        } else if (c == '"') {
+            in_string = !in_string;
+        } else if (!in_string && (c == '-' || (c >= '0' && c <= '9'))) {
+            const size_t n = json_number_length(text + i, len - i);
+            if (n == 0) {
+                size_t line, column, shown = 0;
+                line_column(text, i, &line, &column);
+                while (i + shown < len && shown < 20 && (isalnum((unsigned char)text[i + shown]) || memchr(".+-", text[i + shown], 3)))
+                    shown++;
+                return snprintf(why, why_len, "'%.*s' at line %zu, column %zu is no JSON number", (int)shown, text + i, line,
+                                column), -1;
+            }
+            i += n;
+            continue;
+        }
         i++;
     }
     return 0;

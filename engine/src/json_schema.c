@@ -264,7 +264,10 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
     }
     if (body.oom) { drop(c, &body); return out_of_memory(c, path); }
     int r = new_rule(c);
-    tl_strbuf_printf(&c->out, "r%d ::= %s%s\n", r, body.p, WS(c));
+    /* (the shared string rule ends in its own blanks: a second ws after it let two runs of
+       them follow a string) */
+    const bool shared = body.p && strcmp(body.p, "string") == 0;
+    tl_strbuf_printf(&c->out, "r%d ::= %s%s\n", r, body.p, shared ? "" : WS(c));
     drop(c, &body);
     return r;
 }
@@ -398,18 +401,52 @@ static bool literal_text(strbuf *out, const cJSON *v) {
     return true;
 }
 
+/* A literal value as a GBNF sequence: its compact text; with free blanks, an array or object
+   takes them where any value's does (after '[', '{', ',', ':', a key and each member), as
+   json.dumps writes [1, 2]. False when out of memory. */
+static bool literal_gbnf(strbuf *out, const cJSON *v, bool free_ws) {
+    if (free_ws && (cJSON_IsArray(v) || cJSON_IsObject(v))) {
+        const bool object = cJSON_IsObject(v);
+        tl_strbuf_puts(out, object ? "\"{\" ws" : "\"[\" ws");
+        for (const cJSON *k = v->child; k; k = k->next) {
+            if (k != v->child) tl_strbuf_puts(out, " \",\" ws");
+            if (object) {
+                strbuf key = {0};
+                const bool ok = json_string(&key, k->string) && !key.oom;
+                if (ok) {
+                    tl_strbuf_puts(out, " ");
+                    tl_gram_gbnf_literal(out, key.p ? key.p : "");
+                    tl_strbuf_puts(out, " ws \":\" ws");
+                }
+                free(key.p);
+                if (!ok) return false;
+            }
+            tl_strbuf_puts(out, " ");
+            if (!literal_gbnf(out, k, true)) return false;
+            tl_strbuf_puts(out, " ws");
+        }
+        tl_strbuf_puts(out, object ? " \"}\"" : " \"]\"");
+        return true;
+    }
+    strbuf text = {0};
+    const bool ok = literal_text(&text, v) && !text.oom;
+    if (ok) tl_gram_gbnf_literal(out, text.p ? text.p : "");
+    free(text.p);
+    return ok;
+}
+
 static int json_literal_rule(conv *c, const cJSON *v, const char *path) {
     if (literal_checked(c, v, path) < 0) return -1;
-    strbuf text = {0};
-    if (!literal_text(&text, v) || text.oom) {
-        drop(c, &text);
+    strbuf body = {0};
+    if (!literal_gbnf(&body, v, c->free_ws) || body.oom) {
+        drop(c, &body);
         return out_of_memory(c, path);
     }
     int r = new_rule(c);
     tl_strbuf_printf(&c->out, "r%d ::= ", r);
-    tl_gram_gbnf_literal(&c->out, text.p ? text.p : "");
+    tl_strbuf_puts(&c->out, body.p ? body.p : "");
     tl_strbuf_printf(&c->out, "%s\n", WS(c));
-    free(text.p);
+    free(body.p);
     return r;
 }
 
@@ -945,6 +982,8 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
             if (hi >= 0) {
                 if (any) tl_strbuf_puts(&c->out, " | ");
                 natural_range(&c->out, lo > 0 ? (long long)lo : 0, has_hi ? (long long)hi : -1);
+                /* (-0 is 0, as the unbounded integer takes it) */
+                if (lo <= 0) tl_strbuf_puts(&c->out, " | \"-0\"");
             }
         }
         tl_strbuf_printf(&c->out, ")%s\n", WS(c));
@@ -966,8 +1005,9 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
         const bool non_negative = (mn && mn->valuedouble >= 0.0) ||
                                   (c->loose && cJSON_IsNumber(xmn) && xmn->valuedouble >= 0.0);
         r = new_rule(c);
-        tl_strbuf_printf(&c->out, "r%d ::= %s(\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?%s\n", r,
-                      non_negative ? "" : "\"-\"? ", WS(c));
+        /* (non-negative: -0 and -0.0 too, which are 0) */
+        tl_strbuf_printf(&c->out, "r%d ::= (%s(\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)?%s) ([eE] [-+]? [0-9]+)?%s\n", r,
+                         non_negative ? "" : "\"-\"? ", non_negative ? " | \"-0\" (\".\" \"0\"+)?" : "", WS(c));
         return r;
     }
     r = new_rule(c); /* boolean or null */
@@ -1545,7 +1585,11 @@ tl_status tl_gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws,
     } else {
         strbuf head = {0};
         tl_strbuf_printf(&head, "root ::= %sr%d\n", c.free_ws ? "ws " : "", top);
-        tl_strbuf_puts(&head, c.free_ws ? "ws ::= ([ \\t\\n] [ \\t]{0,8})?\n" : "ws ::= \"\"\n");
+        /* free blanks: one blank, then one or two line breaks (CRLF too, RFC 8259's
+           whitespace) and an indentation of up to 20 blanks: JSON pretty-printed with an
+           indent of 4 five levels deep (llama.cpp's bound), and no budget spent on blanks (a
+           weak model given more wrote blanks until max_tokens); the shipped json.gbnf's rule */
+        tl_strbuf_puts(&head, c.free_ws ? "ws ::= [ \\t]? (\"\\r\"? \"\\n\" (\"\\r\"? \"\\n\")? [ \\t]{0,20})?\n" : "ws ::= \"\"\n");
         if (c.used_string || c.used_value) {
             tl_strbuf_puts(&head, "string ::= \"\\\"\" char* \"\\\"\"");
             tl_strbuf_printf(&head, "%s\n", WS(&c));

@@ -126,19 +126,16 @@ static tl_status parse_header(const char *path, tl_st_file *f) {
     const uint8_t *data = bytes + 8 + header_len;
     size_t data_len = f->map_len - 8 - (size_t)header_len;
 
-    const char *header = (const char *)bytes + 8, *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(header, (size_t)header_len, &end, false);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return tl_fail(TL_ERR_FORMAT, "%s: header is not a valid JSON object", path);
-    }
-    /* the format pads the header with spaces; anything else after the object is not ours to skip */
-    while (end && end < header + header_len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
-    if (end && end < header + header_len) {
-        cJSON_Delete(root);
-        return tl_fail(TL_ERR_FORMAT, "%s: unexpected bytes after the header's JSON object, at header offset %td", path,
-                       end - header);
-    }
+    /* read by the loader's rules for every JSON file (tl_json_read_strict: a key given twice,
+       a bad \u escape, a number JSON has not, ill-formed UTF-8 refused, as Hugging Face's
+       serde refuses them; plain cJSON read "a\uqqqq" as a tensor named "a"); the format pads
+       the header with spaces, and nothing else may follow the object */
+    const char *header = (const char *)bytes + 8;
+    cJSON *root = NULL;
+    char why[200];
+    const int rc = tl_json_read_strict(header, (size_t)header_len, &root, why, sizeof why);
+    if (rc == -2) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    if (rc != 0) return tl_fail(TL_ERR_FORMAT, "%s: the header is not a valid JSON object: %s", path, why);
     int count = 0;
     for (const cJSON *e = root->child; e; e = e->next) count++;
     f->tensors = calloc((size_t)count + 1, sizeof *f->tensors);

@@ -1106,8 +1106,11 @@ static int split_added(enc_ctx *e, const char *text, size_t len, int skip_specia
             rc = normalized ? encode_plain(e, text + start, from - start)
                             : split_added(e, text + start, from - start, skip_special, true);
         if (!rc) rc = emit(e, a->id);
+        /* The search goes on after the token itself: HF finds the matches on the text first,
+           then widens each for lstrip and rstrip, so a match inside the blanks this one took
+           is a token all the same, and the text resumes at its end (start_offset). */
         start = to;
-        i = start - 1;
+        i += a->len - 1;
     }
     if (!rc && start < len)
         rc = normalized ? encode_plain(e, text + start, len - start) : split_added(e, text + start, len - start, skip_special, true);

@@ -225,8 +225,8 @@ _M.MAX_NESTING = chat_template.MAX_NESTING
 
 -- A message's content: a string, or OpenAI's array of content parts, of which only text
 -- parts ({"type": "text", "text": ...}, and an assistant's {"type": "refusal", "refusal": ...})
--- are readable here; they are joined with "\n" (as
--- vLLM does).
+-- are readable here; they are joined with "\n" (as vLLM does for a template that reads
+-- content as a string), and the texts are the second result (nil for a string).
 local function content_text(content, at)
     if type(content) == "string" then return content end
     if not is_array(content) or #content == 0 then
@@ -250,9 +250,32 @@ local function content_text(content, at)
         end
         texts[i] = part[field]
     end
-    return concat(texts, "\n")
+    return concat(texts, "\n"), texts
 end
 _M.content_text = content_text
+
+-- The text parts a checked message's content was sent as (content_text's texts), false for
+-- a content that was null (a reply of calls alone); none for a string.
+local sent_parts = setmetatable({}, { __mode = "k" })
+
+-- The messages as a template that reads content as a list of parts sees them (its
+-- content_format() "openai": it loops over message['content']): each content a list of
+-- {"type": "text", "text": ...}, a string one part, a null content none; vLLM's rule, which
+-- hands such a template the parts as sent (Kimi K2's, GLM 4.6's join them with nothing between,
+-- StepFun's with a blank: the "\n" of the joined text was in none of them).
+local function with_parts(messages)
+    local out = {}
+    for i, message in ipairs(messages) do
+        local copy = {}
+        for k, v in pairs(message) do copy[k] = v end
+        local texts, parts = sent_parts[message], {}
+        if texts == nil then texts = { message.content } end
+        for j, text in ipairs(texts or {}) do parts[j] = chat_template.dict({ type = "text", text = text }, { "type", "text" }) end
+        copy.content = parts
+        out[i] = copy
+    end
+    return out
+end
 
 -- An assistant message's tool_calls (OpenAI's: {"id", "type": "function", "function":
 -- {"name", "arguments": JSON text of an object}}) as templates read them (transformers'
@@ -344,6 +367,7 @@ function _M.check_messages(messages)
             end
         end
         if m.content == nil or m.content == json_null then
+            sent_parts[message] = false
             if message.reasoning_content then -- (a reply that was all reasoning: cut inside its block)
                 message.content = ""
             elseif not message.tool_calls then
@@ -356,7 +380,7 @@ function _M.check_messages(messages)
         else
             local text, err = content_text(m.content, at)
             if not text then return nil, err end
-            message.content = text
+            message.content, sent_parts[message] = text, err -- (err: the parts' texts, where sent so)
         end
         if m.name ~= nil and m.name ~= json_null and type(m.name) ~= "string" then return nil, at .. ".name must be a string" end
         message.name = type(m.name) == "string" and m.name or nil
@@ -390,11 +414,14 @@ function _M.blank(s) return unblank(s) == nil end
 -- continues that message (transformers' continue_final_message, its rule to the letter: the
 -- content's last appearance, stripped of surrounding blanks; its leading blanks stay out
 -- when the template trimmed them, its trailing ones when the template kept them).
-local function continue_final(text, message)
+local function continue_final(text, message, as_parts)
     if message.tool_calls then
         return nil, "continue_final_message: the final message has tool calls, which cannot be continued"
     end
     local content = message.content -- (a string: null content comes with tool calls only)
+    -- (a template shown the parts: the last one's text is continued, transformers' rule)
+    local texts = as_parts and sent_parts[message]
+    if texts then content = texts[#texts] end
     local first, last = unblank(content)
     if not first then return nil, "continue_final_message: the final message has no text to continue" end
     local stripped, lstripped = content:sub(first, last), content:sub(first)
@@ -514,8 +541,11 @@ local function render(self, mark, method, messages, add_generation_prompt, tools
     if variables ~= nil and type(variables) ~= "table" then raise("chat:" .. method .. ": variables must be a table of template variables") end
     local checked, err = _M.check_messages(messages)
     if not checked then return nil, err, "messages" end
+    -- (a request with tools renders with the tool_use template where the checkpoint names one)
+    local template = tools ~= nil and self.tool_template or self.template
+    local shown = template:content_format() == "openai" and with_parts(checked) or checked
     if mark then
-        checked = chat_template.map_strings(checked, mark)
+        shown = chat_template.map_strings(shown, mark)
         if tools ~= nil then tools = chat_template.map_strings(tools, mark) end
     end
     local context = {}
@@ -532,15 +562,14 @@ local function render(self, mark, method, messages, add_generation_prompt, tools
     end
     -- (tools and documents are None where there are none, as transformers' apply_chat_template
     -- passes them: "tools is not none" is then false, and "tools|tojson" writes null)
-    context.messages, context.tools = checked, tools == nil and cjson.null or tools
+    context.messages, context.tools = shown, tools == nil and cjson.null or tools
     if context.documents == nil then context.documents = cjson.null end
     context.add_generation_prompt = not continue_final_message and add_generation_prompt ~= false
     context.bos_token, context.eos_token = self.bos_token, self.eos_token
     local text, kind
-    -- (a request with tools renders with the tool_use template where the checkpoint names one)
-    text, err, kind = (tools ~= nil and self.tool_template or self.template):render(context)
+    text, err, kind = template:render(context)
     if text and continue_final_message then
-        text, err = continue_final(text, checked[#checked])
+        text, err = continue_final(text, checked[#checked], shown ~= checked)
         if not text then return nil, err, "messages" end
     end
     if text then return text end

@@ -2106,6 +2106,66 @@ function _M.compile(source)
     return nil, fmt("chat template: line %s: %s", result.line or "?", result.message or tostring(result))
 end
 
+-- ------------------------------------------------------------------ content format
+-- template:content_format() -> "openai" where the template reads a message's content as a
+-- list of parts (it loops over message['content'], or over a variable named content), else
+-- "string": vLLM's detection on the template's syntax tree (chat_utils' _detect_content_format),
+-- to the letter. A chat request hands such a template its messages' content as text parts
+-- (tinyloop.chat), as vLLM does; a "string" template gets the parts' text joined.
+
+-- Every node of kind `kind` in the tree below `node` (in no particular order).
+local function nodes_of(node, kind, out)
+    out = out or {}
+    if node.k == kind then out[#out + 1] = node end
+    for _, v in pairs(node) do if type(v) == "table" then nodes_of(v, kind, out) end end
+    return out
+end
+
+-- Whether `e` reads the variable `name` (key nil) or its item or attribute `key`, through
+-- filters, tests and slices ("messages[1:]", "message['content'] | list").
+local function reads(e, name, key)
+    if type(e) ~= "table" then return false end
+    if e.k == "filter" or e.k == "test" or e.k == "slice" then return reads(e.obj, name, key) end
+    if not key then return e.k == "name" and e.name == name end
+    local of = e.obj
+    if type(of) ~= "table" or of.k ~= "name" or of.name ~= name then return false end
+    if e.k == "attr" then return e.name == key end
+    return e.k == "item" and e.key.k == "const" and e.key.v == key
+end
+
+function Template:content_format()
+    if self.format then return self.format end
+    local loops, sets = nodes_of({ self.body }, "for"), nodes_of({ self.body }, "set")
+    -- the names that hold the messages: messages, and what a {% set %} takes from one of them
+    local holders, queue, seen = { "messages" }, { "messages" }, { messages = true }
+    while #queue > 0 do
+        local name = table.remove(queue, 1)
+        for _, set in ipairs(sets) do
+            if set.target.k == "name" and reads(set.e, name) and not seen[set.target.name] then
+                seen[set.target.name] = true
+                holders[#holders + 1], queue[#queue + 1] = set.target.name, set.target.name
+            end
+        end
+    end
+    -- a message's name: the target of a loop over one of them
+    local message_names = {}
+    for _, loop in ipairs(loops) do
+        for _, holder in ipairs(holders) do
+            if loop.target.k == "name" and reads(loop.iter, holder) then message_names[#message_names + 1] = loop.target.name break end
+        end
+    end
+    self.format = "string"
+    for _, loop in ipairs(loops) do
+        if loop.target.k == "name" then
+            if loop.iter.k == "name" and loop.iter.name == "content" then self.format = "openai" end
+            for _, name in ipairs(message_names) do
+                if reads(loop.iter, name, "content") then self.format = "openai" end
+            end
+        end
+    end
+    return self.format
+end
+
 local ROOT_MT = { __index = GLOBALS }
 
 -- is_global(name) -> whether the renderer itself defines `name` (raise_exception, namespace,

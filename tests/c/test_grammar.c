@@ -233,8 +233,15 @@ static void test_llama_grammars(void) {
 
 static void test_shipped_grammars(void) {
     tl_compiled_grammar *g = load_grammar("lua/tinyloop/grammars/json.gbnf");
-    static const char *j_y[] = {"{}", " [1, 2.5e-3, \"x\", null, true, {\"k\": []}] ", "\"str\\u0041\"", "-0.5", "0", NULL};
-    static const char *j_n[] = {"", "{", "01", "[1,]", "{\"a\":}", "\"\x01\"", "nul", "1.", NULL};
+    /* blanks: pretty-printed with an indent of 4 five levels deep (17 blanks and more after
+       a line break were refused), CRLF line ends; bounded (a model cannot spend its budget
+       on them: 21 blanks of indentation, three line breaks, two blanks in a line) */
+    static const char *j_y[] = {"{}", " [1, 2.5e-3, \"x\", null, true, {\"k\": []}] ", "\"str\\u0041\"", "-0.5", "0",
+                                "[\n    [\n        [\n            [\n                [\n                    1\n"
+                                "                ]\n            ]\n        ]\n    ]\n]",
+                                "{\r\n  \"a\": 1\r\n}", "[1, \n\n  2]", NULL};
+    static const char *j_n[] = {"", "{", "01", "[1,]", "{\"a\":}", "\"\x01\"", "nul", "1.",
+                                "[1,\n                     2]", "[1,\n\n\n2]", "[1,  2]", NULL};
     expect(g, "json", j_y, j_n);
     tl_compiled_grammar_free(g);
     g = load_grammar("lua/tinyloop/grammars/json_array_of_strings.gbnf");
@@ -490,8 +497,9 @@ static void test_json_schema(void) {
     tl_compiled_grammar_free(g);
     g = schema("{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\",\"minimum\":-5,\"maximum\":5},"
                "\"next\":{\"$ref\":\"#/$defs/node\"}},\"required\":[\"v\"]}},\"$ref\":\"#/$defs/node\"}");
-    static const char *y4[] = {"{\"v\":-5}", "{\"v\":0,\"next\":{\"v\":5,\"next\":{\"v\":-1}}}", NULL};
-    static const char *n4[] = {"{\"v\":6}", "{\"v\":-6}", "{\"v\":-0}", "{\"next\":{\"v\":1}}", NULL};
+    /* (-0 is 0, inside the bounds, as the unbounded integer takes it) */
+    static const char *y4[] = {"{\"v\":-5}", "{\"v\":0,\"next\":{\"v\":5,\"next\":{\"v\":-1}}}", "{\"v\":-0}", NULL};
+    static const char *n4[] = {"{\"v\":6}", "{\"v\":-6}", "{\"v\":-00}", "{\"next\":{\"v\":1}}", NULL};
     expect(g, "recursive $ref", y4, n4);
     tl_compiled_grammar_free(g);
     g = schema("{\"anyOf\":[{\"type\":\"string\",\"format\":\"date\"},{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d+$\"},"
@@ -878,6 +886,16 @@ static void test_json_schema(void) {
         {"true false", "unexpected text after the JSON value"},
         {"\xEF\xBB\xBF{\"type\":\"string\"}", "byte order mark"},
         {"{\"type\":\"string\",\"type\":\"integer\"}", "duplicate key \"type\""},
+        /* what cJSON reads and JSON has not: a \u escape without four hex digits (read as
+           U+0000, which cut the enum's string short: "a\uzzzzb" became "a", no error), and
+           numbers outside JSON's grammar (01 read as 1) */
+        {"{\"enum\":[\"a\\uzzzzb\"]}", "a \\u escape without four hex digits at line 1, column 12"},
+        {"{\"const\":\"\\u12\"}", "not valid JSON"}, /* (cJSON's own refusal) */
+        {"{\"type\":\"integer\",\"minimum\":01}", "'01' at line 1, column 29 is no JSON number"},
+        {"{\"const\":1.}", "'1.' at line 1, column 10 is no JSON number"},
+        {"{\"const\":-.5}", "is no JSON number"},
+        {"{\"const\":2.e3}", "'2.e3' at line 1, column 10 is no JSON number"},
+        {"{\"const\":[-01]}", "is no JSON number"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         tl_compiled_grammar *x = NULL;

@@ -91,6 +91,7 @@ static tl_status load_with_field(const char *key, const char *value) {
 
 /* Text load_with_header writes after the header's JSON (NULL: none), before the padding. */
 static const char *header_tail;
+static const char *header_find, *header_put; /* (the header's text with the first header_find as header_put) */
 
 /* model.safetensors with its header rewritten by `edit` (data region unchanged). */
 static tl_status load_with_header(void (*edit)(cJSON *header)) {
@@ -103,8 +104,11 @@ static tl_status load_with_header(void (*edit)(cJSON *header)) {
     cJSON *header = cJSON_ParseWithLength((char *)file + 8, hlen);
     edit(header);
     char *json = cJSON_PrintUnformatted(header);
-    char *text = malloc(strlen(json) + (header_tail ? strlen(header_tail) : 0) + 1);
-    sprintf(text, "%s%s", json, header_tail ? header_tail : "");
+    const char *found = header_find ? strstr(json, header_find) : NULL;
+    const size_t head = found ? (size_t)(found - json) : strlen(json);
+    const char *rest = found ? found + strlen(header_find) : "";
+    char *text = malloc(strlen(json) + (found ? strlen(header_put) : 0) + (header_tail ? strlen(header_tail) : 0) + 1);
+    sprintf(text, "%.*s%s%s%s", (int)head, json, found ? header_put : "", rest, header_tail ? header_tail : "");
     cJSON_free(json);
     size_t tlen = strlen(text), padded = (tlen + 7) & ~(size_t)7;
     size_t out_len = 8 + padded + (len - 8 - hlen);
@@ -370,6 +374,14 @@ static void config_strictness(void) {
     snprintf(buf, len + 64, "%s \n\t", text); /* trailing whitespace is fine */
     spit_text("config.json", buf);
     CHECK(load_work() == TL_OK, "trailing whitespace: %s", tl_last_error());
+    /* A number JSON has not (cJSON read 064 as 64) and a \u escape without four hex digits
+       (cJSON read it as U+0000: "add\uqqqq" loaded as "add"). */
+    snprintf(buf, len + 64, "{\"d_model\": 064, %s", strchr(text, '{') + 1);
+    spit_text("config.json", buf);
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "config.json: '064' at line 1, column 13 is no JSON number");
+    snprintf(buf, len + 64, "{\"note\": \"a\\uqqqq\", %s", strchr(text, '{') + 1);
+    spit_text("config.json", buf);
+    CHECK_ERROR(load_work(), TL_ERR_FORMAT, "config.json: a \\u escape without four hex digits at line 1, column 12");
     /* A byte order mark. */
     snprintf(buf, len + 64, "\xEF\xBB\xBF%s", text);
     spit_text("config.json", buf);
@@ -578,9 +590,19 @@ static void unchanged(cJSON *h) { (void)h; }
 /* The header's own rules (review): a name given twice, text after the JSON object, and an
    empty tensor, which overlaps nothing. */
 static void header_rules(void) {
-    CHECK_ERROR(load_with_header(name_twice), TL_ERR_FORMAT, "tensor \"final_norm.weight\" is given twice");
+    CHECK_ERROR(load_with_header(name_twice), TL_ERR_FORMAT, "duplicate key \"final_norm.weight\"");
     header_tail = " GARBAGE {\"x\": 1}";
-    CHECK_ERROR(load_with_header(unchanged), TL_ERR_FORMAT, "unexpected bytes after the header's JSON object");
+    CHECK_ERROR(load_with_header(unchanged), TL_ERR_FORMAT, "the header is not a valid JSON object: unexpected text after the JSON value");
+    /* the header read by the loader's rules for JSON files (it was plain cJSON's): a \u
+       escape without four hex digits (a tensor "final_norm\uqqqq.weight" loaded as
+       "final_norm"), a number JSON has not */
+    header_tail = NULL;
+    header_find = "\"final_norm.weight\"", header_put = "\"final_norm\\uqqqq.weight\"";
+    CHECK_ERROR(load_with_header(unchanged), TL_ERR_FORMAT, "a \\u escape without four hex digits");
+    header_find = "\"shape\":[", header_put = "\"shape\":[0";
+    CHECK_ERROR(load_with_header(unchanged), TL_ERR_FORMAT, "is no JSON number");
+    header_find = NULL;
+    CHECK(load_with_header(unchanged) == TL_OK, "the header as it was: %s", tl_last_error());
     header_tail = "  \n";
     CHECK(load_with_header(unchanged) == TL_OK, "blanks after the header's JSON load: %s", tl_last_error());
     header_tail = NULL;

@@ -539,6 +539,29 @@ static void test_tiny(const char *dir)
         free(ids);
         tl_tlz_tokenizer_free(tok);
     }
+    /* A match inside the blanks an rstrip token took is a token all the same, and the blanks
+       after it are text again: HF finds the matches on the text first, then widens each
+       (its start_offset moves to the later match's end). They were swallowed: "</s>   ab"
+       was </s> ab, where HF reads </s> "  " " ab". */
+    json = make_json((json_parts){
+        .top = "\"added_tokens\":[{\"id\":4,\"content\":\"  \",\"special\":false,\"normalized\":false},"
+               "{\"id\":6,\"content\":\"</s>\",\"special\":true,\"rstrip\":true,\"normalized\":false}],",
+        .vocab = "{\"a\":0,\"b\":1,\"ab\":2,\"\\u0120\":3,\"<unk>\":5}", .merges = "[\"a b\"]"});
+    rc = tl_tlz_tokenizer_load_json(json, strlen(json), &tok, err, sizeof err);
+    check(rc == TLZ_OK, "tiny+rstrip overlap: load", "%s", err);
+    if (!rc) {
+        rc = tl_tlz_encode(tok, "ab</s>   ab", 11, &ids, &n, err, sizeof err);
+        static const int32_t want[] = {2, 6, 4, 3, 2};
+        check(rc == TLZ_OK && n == 5 && memcmp(ids, want, sizeof want) == 0, "tiny+rstrip overlap: a token in the stripped blanks",
+              "rc=%d n=%zu %s", rc, n, err);
+        free(ids);
+        rc = tl_tlz_encode(tok, "</s> ab", 7, &ids, &n, err, sizeof err); /* (one blank: no match in it, taken) */
+        static const int32_t want_one[] = {6, 2};
+        check(rc == TLZ_OK && n == 2 && memcmp(ids, want_one, sizeof want_one) == 0, "tiny+rstrip overlap: a blank taken",
+              "rc=%d n=%zu", rc, n);
+        free(ids);
+        tl_tlz_tokenizer_free(tok);
+    }
     expect_load_error("load error: single_word", make_json((json_parts){
         .top = "\"added_tokens\":[{\"id\":4,\"content\":\"ab\",\"special\":false,\"single_word\":true}],",
         .vocab = vocab, .merges = "[]"}), "\"single_word\": true (of 'ab') is not supported");

@@ -125,6 +125,41 @@ describe("tinyloop.chat", function()
         end
     end)
 
+    it("hands a template that loops over a message's content its parts, as vLLM does; a string template the joined text", function()
+        -- (Kimi K2's way: a string printed, a list's parts each; the parts were joined with "\n"
+        -- and the template printed them as one string, "one\ntwo" where vLLM renders "onetwo")
+        local parts = "{% for m in messages %}[{{ m.role }}]{% if m['content'] is string %}S:{{ m['content'] }}{% else %}" ..
+                      "{% for part in m['content'] %}<{{ part['type'] }}:{{ part['text'] }}>{% endfor %}{% endif %}{% endfor %}"
+        local f = io.open(dir .. "/parts.jinja", "w"); f:write(parts); f:close()
+        local c = assert(chat.load(dir, dir .. "/parts.jinja"))
+        local call = { id = "c1", type = "function", ["function"] = { name = "f", arguments = "{}" } }
+        local conversation = { { role = "user", content = { { type = "text", text = "one" }, { type = "text", text = "two" } } },
+                               { role = "assistant", content = cjson.null, tool_calls = { call } },
+                               { role = "assistant", content = "plain" } }
+        -- each content a list of text parts: a string one part, a null content (calls alone) none
+        assert.equal("[user]<text:one><text:two>[assistant][assistant]<text:plain>", c:prompt(conversation, false))
+        -- the parts are dicts in OpenAI's key order, as tojson prints them
+        f = io.open(dir .. "/json.jinja", "w")
+        f:write("{% for m in messages %}{% for part in m.content %}{{ part | tojson }}{% endfor %}{% endfor %}")
+        f:close()
+        assert.equal('{"type": "text", "text": "a"}', assert(chat.load(dir, dir .. "/json.jinja")):prompt({ { role = "user", content = "a" } }, false))
+        -- continue_final_message continues the last part (transformers' rule)
+        local begun = { { role = "user", content = "Hi" }, { role = "assistant", content = { { type = "text", text = "She" },
+                                                                                             { type = "text", text = " is" } } } }
+        assert.equal("[user]<text:Hi>[assistant]<text:She><text: is", c:prompt(begun, false, nil, true))
+        -- a template that reads content as a string: the parts' text joined with "\n"
+        f = io.open(dir .. "/string.jinja", "w"); f:write("{% for m in messages %}[{{ m['content'] }}]{% endfor %}"); f:close()
+        assert.equal("[one\ntwo][][plain]", assert(chat.load(dir, dir .. "/string.jinja")):prompt(conversation, false))
+        -- the detection (vLLM's): a loop over a message's content, through a {% set %} of the
+        -- messages, filters and slices, or over a variable named content
+        local chat_template = require "tinyloop.chat_template"
+        local function format(source) return assert(chat_template.compile(source)):content_format() end
+        assert.equal("openai", format("{% set ms = messages[1:] %}{% for m in ms %}{% for p in m.content | list %}{% endfor %}{% endfor %}"))
+        assert.equal("openai", format("{% macro show(content) %}{% for item in content %}{{ item }}{% endfor %}{% endmacro %}"))
+        assert.equal("string", format("{% for m in messages %}{{ m.content }}{% endfor %}"))
+        assert.equal("string", format("{% for p in message.content %}{% endfor %}")) -- (no loop over the messages)
+    end)
+
     it("continues the final message (continue_final_message: transformers' rule)", function()
         local begun = { { role = "user", content = "Who is Emma?" }, { role = "assistant", content = "She is" } }
         local c = assert(chat.load(dir))

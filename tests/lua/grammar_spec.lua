@@ -142,6 +142,34 @@ describe("tinyloop.grammar", function()
         g = assert(G.json_schema('{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": true}',
                                  { whitespace = "free" }))
         assert.is_true(g:matches('{ "a" : 1 , "b" : 2 }'))
+        -- free blanks as a pretty-printer writes them: an indent of 4, three levels deep (at
+        -- most 9 blanks were taken), CRLF line ends; bounded (21 blanks, three line breaks)
+        g = assert(G.json_schema('{"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": ' ..
+                                 '"object", "properties": {"c": {"type": "integer"}}, "required": ["c"]}}, "required": ["b"]}}, ' ..
+                                 '"required": ["a"]}', { whitespace = "free" }))
+        assert.same({ true, true, false, false },
+                    { g:matches('{\n    "a": {\n        "b": {\n            "c": 1\n        }\n    }\n}'),
+                      g:matches('{\r\n  "a": {"b": {"c": 1}}\r\n}'), g:matches('{"a": {"b": {"c":' .. (" "):rep(21) .. '1}}}'),
+                      g:matches('{"a":\n\n\n{"b": {"c": 1}}}') })
+        -- after a string as after any value (a string's own blanks and a second run followed it)
+        g = assert(G.json_schema('{"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, ' ..
+                                 '"required": ["a", "b"]}', { whitespace = "free" }))
+        assert.same({ true, false, false }, { g:matches('{"a": "x" , "b": 1}'), g:matches('{"a": "x"  , "b": 1}'),
+                                              g:matches('{"a": "x" \n\n\n, "b": 1}') })
+        -- a const or enum array or object takes free blanks inside as well ([1, 2] was refused)
+        g = assert(G.json_schema('{"enum": [[1, 2], {"a": [true]}, {}]}', { whitespace = "free" }))
+        assert.same({ true, true, true, true, false },
+                    { g:matches("[1, 2]"), g:matches('{ "a" : [ true ] }'), g:matches("{ }"), g:matches("[1,2]"), g:matches("[2, 1]") })
+        g = assert(G.json_schema('{"enum": [[1, 2]]}'))
+        assert.same({ true, false }, { g:matches("[1,2]"), g:matches("[1, 2]") })
+        -- -0 is 0: in a bounded integer's range and a non-negative number (it was refused)
+        local function m(schema, text) return assert(G.json_schema(schema)):matches(text) end
+        assert.same({ true, true, false, false },
+                    { m('{"type": "integer", "minimum": 0}', "-0"), m('{"type": "integer", "maximum": 3}', "-0"),
+                      m('{"type": "integer", "minimum": 1}', "-0"), m('{"type": "integer", "maximum": -1}', "-0") })
+        assert.same({ true, true, false, false },
+                    { m('{"type": "number", "minimum": 0}', "-0"), m('{"type": "number", "minimum": 0}', "-0.00e3"),
+                      m('{"type": "number", "minimum": 0}', "-0.5"), m('{"type": "number", "minimum": 0}', "-1") })
         -- a pattern's \n in a class (a JSON string's control characters are what \x0a names)
         g = assert(G.json_schema('{"type": "string", "pattern": "^[^\\\\n]*$"}'))
         assert.same({ true, false }, { g:matches('"a b"'), g:matches('"a\\nb"') })

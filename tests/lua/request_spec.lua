@@ -153,6 +153,30 @@ describe("request.parse's structured output", function()
     end)
 end)
 
+describe("request.parse_chat's tools", function()
+    it("ends a reply without parallel_tool_calls at its first call by the lazy grammar, not by the end tag's text", function()
+        local tools = require "tinyloop.tools"
+        local chat = assert(require("tinyloop.chat").load(H.ROOT .. "/models/tinyloop-austen"))
+        local python = { type = "function", ["function"] = { name = "python", parameters = { type = "object",
+                         properties = { code = { type = "string" } }, required = { "code" } } } }
+        local function parsed(extra)
+            local t = { messages = { { role = "user", content = "Hi" } }, tools = { python }, parallel_tool_calls = false }
+            for k, v in pairs(extra) do t[k] = v end
+            local req, err = request.parse_chat(cjson.encode(t), model, "tinyloop-austen", 8, chat, {})
+            assert(req, type(err) == "table" and err.message or tostring(err))
+            return req.cfg.stop_strings or {}
+        end
+        -- (a stop string "</tool_call>" ended a call whose argument holds that text inside its
+        -- string, "s = \"</tool_call>\"": the call lost, its first half sent as content)
+        assert.same({ "STOP" }, parsed({ stop = "STOP" }))
+        local call = '<tool_call>\n{"name": "python", "arguments": {"code": "s = \\"</tool_call>\\""}}\n</tool_call>'
+        local lazy = assert(tools.lazy_grammar(assert(tools.check({ python }, "auto", false, cjson.encode({ python })))))
+        assert.same({ true, false }, { lazy:matches("Sure. " .. call), lazy:matches(call .. "\n" .. call) })
+        -- under a request's own grammar, the end tag's text ends the reply: no grammar of ours holds one call
+        assert.same({ "STOP", tools.END }, parsed({ stop = "STOP", grammar = 'root ::= "x"' }))
+    end)
+end)
+
 describe("request.decode_object", function()
     it("takes strict JSON only, what clients' parsers take (lua-cjson took these, and answers echoed them)", function()
         for _, body in ipairs({ '{"a": 1.}', '{"a": -.5}', '{"a": 01}', '{"a": 1e}', '{"a": 1.5.2}', '{"a": NaN}',

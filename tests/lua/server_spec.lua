@@ -211,7 +211,9 @@ describe("server", function()
         assert.same(m.data[1], cjson.decode(body))
         status, body = curl(base .. "/v1/models/gpt-4")
         assert.equal(404, status)
-        assert.same({ "model", "model_not_found" }, { cjson.decode(body).error.param, cjson.decode(body).error.code })
+        -- (OpenAI's type: an invalid request, as a request naming another model gets)
+        assert.same({ "model", "model_not_found", "invalid_request_error" },
+                    { cjson.decode(body).error.param, cjson.decode(body).error.code, cjson.decode(body).error.type })
         -- (OpenAI's code, which clients read; it was null) and a request naming another model
         status, body = post_json({ prompt = "hi", model = "gpt-4" })
         assert.same({ 404, "model_not_found" }, { status, cjson.decode(body).error.code })
@@ -1154,13 +1156,13 @@ describe("server", function()
             assert.same({ unpack(want, #prompt + 1) }, choice.token_ids, case[1])
             if choice.finish_reason == "stop" then assert.is_true(g:matches(choice.text), case[1] .. ": " .. choice.text) end
         end
-        -- a structural tag the model opens (seed 9 writes " the"): its object, its end, free text after
-        local body = '{"prompt": "It is a truth", "max_tokens": 40, "seed": 9, "temperature": 0.9, "response_format": ' ..
+        -- a structural tag the model opens (seed 59 writes " the"): its object, its end, free text after
+        local body = '{"prompt": "It is a truth", "max_tokens": 40, "seed": 59, "temperature": 0.9, "response_format": ' ..
                      tag_json .. '}'
         local status, rbody = post(body)
         assert.equal(200, status, rbody)
         local choice = cjson.decode(rbody).choices[1]
-        local want = m:generate(prompt, { max_tokens = 40, sample_seed = 9, temperature = 0.9, grammar = tagged })
+        local want = m:generate(prompt, { max_tokens = 40, sample_seed = 59, temperature = 0.9, grammar = tagged })
         assert.same({ unpack(want, #prompt + 1) }, choice.token_ids)
         local object, after = choice.text:match(" the%s*(%b{})%s*%.(.*)$")
         assert.truthy(object, choice.text)
@@ -1640,8 +1642,9 @@ describe("chat completions", function()
             assert.equal(chunks[1].id, c.id)
             if i < #chunks then
                 local delta = c.choices[1].delta
-                -- the role once, in the first delta (OpenAI's shape)
+                -- the role once, in the first delta (OpenAI's shape), with its refusal: null
                 assert.equal(i == 1 and "assistant" or nil, delta.role)
+                assert.equal(i == 1 and cjson.null or nil, delta.refusal)
                 content[#content + 1] = delta.content
                 for _, id in ipairs(c.choices[1].token_ids) do ids[#ids + 1] = id end
                 assert.equal(i == #chunks - 1 and "length" or cjson.null, c.choices[1].finish_reason)
@@ -1692,6 +1695,8 @@ describe("chat completions", function()
             text[i] = entry.token
         end
         assert.equal(choice.message.content, table.concat(text))
+        -- (the members OpenAI's spec requires, null: the refusal's, beside the content's)
+        assert.same({ cjson.null, cjson.null }, { choice.message.refusal, choice.logprobs.refusal })
         -- logprobs alone: each token's own figure, no alternatives
         choice = cjson.decode(select(2, post_chat({ messages = messages, max_tokens = 2, logprobs = true }))).choices[1]
         assert.same({}, choice.logprobs.content[1].top_logprobs)

@@ -656,8 +656,10 @@ function _M.model()
     local uri, served = ngx.var.uri, "/models/" .. conf.model_id
     if uri:sub(-#served) ~= served then
         local id = uri:match("/models/(.*)$") or ""
+        -- (OpenAI's answer: an invalid request whose code is model_not_found, as the other
+        -- routes answer a model not served)
         return send_error(404, ("no model '%s' here (this server runs '%s')"):format(id, conf.model_id), "model",
-                          "not_found_error", nil, "model_not_found")
+                          "invalid_request_error", nil, "model_not_found")
     end
     return send_json(200, model_json())
 end
@@ -954,7 +956,9 @@ local function chat_logprobs_json(ids, figures, with_ids)
         for j, alt in ipairs(figures[i].top or {}) do alternatives[j] = token_entry(alt.id, alt.logprob, with_ids) .. "}" end
         entries[i] = token_entry(ids[i], figures[i].logprob, with_ids) .. ',"top_logprobs":[' .. concat(alternatives, ",") .. "]}"
     end
-    return '{"content":[' .. concat(entries, ",") .. "]}"
+    -- (OpenAI's object has its refusal's entries beside the content's: null, as OpenAI
+    -- sends it; a view that reads tokens by id, llama.cpp's, has content's only)
+    return '{"content":[' .. concat(entries, ",") .. "]" .. (with_ids and "}" or ',"refusal":null}')
 end
 
 -- Done with the engine request: exactly once per request, whether it finished, failed or
@@ -1316,10 +1320,12 @@ local function choice_json(st, text, ids, finish_reason, stats, figures, lp_ids,
         if not calls and content == "null" and thought == "" and not st.streaming then content = '""' end
         local message
         if not st.streaming then
-            message = '"message":{"role":"assistant","content":' .. content .. thought .. tool_calls .. "}"
+            -- (refusal: null, as OpenAI sends it, a member its spec requires: a client
+            -- generated from the spec checks it is there)
+            message = '"message":{"role":"assistant","content":' .. content .. ',"refusal":null' .. thought .. tool_calls .. "}"
         elseif not st.role_sent then
             st.role_sent = true
-            message = '"delta":{"role":"assistant","content":' .. content .. thought .. tool_calls .. "}"
+            message = '"delta":{"role":"assistant","content":' .. content .. ',"refusal":null' .. thought .. tool_calls .. "}"
         else -- a later delta: only what it carries
             local fields = ((text and text ~= "") and (',"content":' .. content) or "") .. thought .. tool_calls
             message = '"delta":{' .. fields:sub(2) .. "}"

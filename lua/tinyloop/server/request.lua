@@ -1360,14 +1360,19 @@ local function tools_fields(t, body, cfg, shared)
         -- clients that send their stops with every request expect; they were refused).
         cfg.stop_strings = nil
     else -- "auto": free text, and a call the model opens is made whole and valid
-        if not spec.parallel then
+        -- (a request's own grammar constrains the reply instead; else the lazy grammar: its
+        -- calls, whole by the grammar, can be streamed as they come)
+        spec.lazy = not cfg.grammar
+        -- Without parallel_tool_calls the reply ends with its first call: the lazy grammar
+        -- ends there (it holds one call); under a request's own grammar, at the first end
+        -- tag's text. (That stop string under the lazy grammar as well ended a call whose
+        -- string argument holds the tag's text, "s = \"</tool_call>\"", inside the string: the
+        -- call lost, half of it sent as content.)
+        if not spec.parallel and not spec.lazy then
             local stops = cfg.stop_strings or {}
             stops[#stops + 1] = tools.END
             cfg.stop_strings = stops
         end
-        -- (a request's own grammar constrains the reply instead; else the lazy grammar: its
-        -- calls, whole by the grammar, can be streamed as they come)
-        spec.lazy = not cfg.grammar
     end
     return spec, shown
 end
