@@ -420,8 +420,7 @@ local function continue_final(text, message, as_parts)
     end
     local content = message.content -- (a string: null content comes with tool calls only)
     -- (a template shown the parts: the last one's text is continued, transformers' rule)
-    local texts = as_parts and sent_parts[message]
-    if texts then content = texts[#texts] end
+    if as_parts then content = content[#content] and content[#content].text or "" end
     local first, last = unblank(content)
     if not first then return nil, "continue_final_message: the final message has no text to continue" end
     local stripped, lstripped = content:sub(first, last), content:sub(first)
@@ -543,7 +542,8 @@ local function render(self, mark, method, messages, add_generation_prompt, tools
     if not checked then return nil, err, "messages" end
     -- (a request with tools renders with the tool_use template where the checkpoint names one)
     local template = tools ~= nil and self.tool_template or self.template
-    local shown = template:content_format() == "openai" and with_parts(checked) or checked
+    local as_parts = template:content_format() == "openai"
+    local shown = as_parts and with_parts(checked) or checked
     if mark then
         shown = chat_template.map_strings(shown, mark)
         if tools ~= nil then tools = chat_template.map_strings(tools, mark) end
@@ -569,7 +569,8 @@ local function render(self, mark, method, messages, add_generation_prompt, tools
     local text, kind
     text, err, kind = template:render(context)
     if text and continue_final_message then
-        text, err = continue_final(text, checked[#checked], shown ~= checked)
+        -- (the message as the template saw it: its special texts marked as in the text)
+        text, err = continue_final(text, shown[#shown], as_parts)
         if not text then return nil, err, "messages" end
     end
     if text then return text end

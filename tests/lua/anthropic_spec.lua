@@ -75,7 +75,17 @@ describe("anthropic.to_chat", function()
         assert.same({ type = "error", error = { type = "invalid_request_error", message = "messages[0].content: bad; max_tokens too" } },
                     cjson.decode(e.body))
         e = view:error({ status = 503, message = "every session place is taken" })
-        assert.equal("overloaded_error", cjson.decode(e.body).error.type)
+        -- (every place taken: Anthropic's 529, its SDKs' OverloadedError; 503 was their ServiceUnavailableError)
+        assert.same({ 529, "overloaded_error" }, { e.status, cjson.decode(e.body).error.type })
+        -- a message thread (the SDKs' tool runner asks for one): refused with the error_code on
+        -- which the SDK sends the whole conversation without it ("unknown field" failed it)
+        local body, err = anthropic.to_chat('{"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "thread": {"type": "create"}}')
+        assert.is_nil(body)
+        assert.same({ 400, "thread", '{"error_code":"thread_unsupported_request"}' }, { err.status, err.param, err.details })
+        assert.same({ type = "error", error = { type = "invalid_request_error", details = { error_code = "thread_unsupported_request" },
+                                                message = err.message } },
+                    cjson.decode(anthropic.error_body(err.status, err.message, err.details)))
+        assert.truthy(anthropic.to_chat('{"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "thread": null}'))
         e = view:error({ status = 400, message = "stop has 65 strings: at most 64", param = "stop" })
         assert.equal("stop_sequences has 65 strings: at most 64", cjson.decode(e.body).error.message)
     end)

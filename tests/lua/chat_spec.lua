@@ -143,13 +143,26 @@ describe("tinyloop.chat", function()
         f:write("{% for m in messages %}{% for part in m.content %}{{ part | tojson }}{% endfor %}{% endfor %}")
         f:close()
         assert.equal('{"type": "text", "text": "a"}', assert(chat.load(dir, dir .. "/json.jinja")):prompt({ { role = "user", content = "a" } }, false))
-        -- continue_final_message continues the last part (transformers' rule)
+        -- continue_final_message continues the last part (transformers' rule), in prompt_ids
+        -- too, where a special token's text in it is marked (the unmarked text was searched
+        -- for: "does not show the final message's text")
         local begun = { { role = "user", content = "Hi" }, { role = "assistant", content = { { type = "text", text = "She" },
                                                                                              { type = "text", text = " is" } } } }
         assert.equal("[user]<text:Hi>[assistant]<text:She><text: is", c:prompt(begun, false, nil, true))
-        -- a template that reads content as a string: the parts' text joined with "\n"
+        local m = H.model() -- (its one special token: <|endoftext|>)
+        begun[2].content[2].text = " wrote <|endoftext|> and"
+        local ids, text = c:prompt_ids(m, begun, false, nil, true)
+        assert.equal("[user]<text:Hi>[assistant]<text:She><text: wrote <|endoftext|> and", text)
+        assert.same(m:encode(text, { parse_special = false }), ids)
+        -- a template that reads content as a string: the parts' text joined with "\n", and
+        -- the joined text continued (a blank last part is no message without text)
         f = io.open(dir .. "/string.jinja", "w"); f:write("{% for m in messages %}[{{ m['content'] }}]{% endfor %}"); f:close()
-        assert.equal("[one\ntwo][][plain]", assert(chat.load(dir, dir .. "/string.jinja")):prompt(conversation, false))
+        local s = assert(chat.load(dir, dir .. "/string.jinja"))
+        assert.equal("[one\ntwo][][plain]", s:prompt(conversation, false))
+        begun[2].content[2].text = " "
+        assert.equal("[Hi][She\n ", select(2, s:prompt_ids(m, begun, false, nil, true)))
+        begun[2].content[2].text = " <|endoftext|>!"
+        assert.equal("[Hi][She\n <|endoftext|>!", select(2, s:prompt_ids(m, begun, false, nil, true)))
         -- the detection (vLLM's): a loop over a message's content, through a {% set %} of the
         -- messages, filters and slices, or over a variable named content
         local chat_template = require "tinyloop.chat_template"

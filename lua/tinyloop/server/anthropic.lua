@@ -34,7 +34,7 @@ local _M = {}
 local OWN = {
     messages = "array", max_tokens = "integer", system = "any", stop_sequences = "array", tools = "array",
     tool_choice = "object", thinking = "object", metadata = "object", service_tier = "string", output_format = "object",
-    output_config = "object", inference_geo = "string", context_management = "object",
+    output_config = "object", inference_geo = "string", context_management = "object", thread = "any",
 }
 local PASS = {}
 for _, k in ipairs(shapes.PASSED) do PASS[k] = true end
@@ -252,6 +252,14 @@ View.__index = View
 function _M.to_chat(body, counting)
     local t, members, raw = shapes.read_fields(body, OWN, PASS, REFUSED)
     if not t then return nil, members end
+    if t.thread ~= nil then
+        -- (Anthropic's message threads, which its SDKs' tool runner asks for by default: no
+        -- threads here, said as Anthropic says it, the one answer on which the SDK sends the
+        -- whole conversation without one; "unknown field" left its tool runner failing)
+        local _, e = bad("thread is not supported here: send the whole conversation without thread", "thread")
+        e.details = '{"error_code":"thread_unsupported_request"}'
+        return nil, e
+    end
     if t.messages == nil then return bad("messages is required", "messages") end
     if counting and t.max_tokens ~= nil then
         return bad("unknown field 'max_tokens' (count_tokens generates nothing)", "max_tokens")
@@ -358,7 +366,7 @@ local RENAMES = {
 }
 local ERROR_TYPES = { [400] = "invalid_request_error", [401] = "authentication_error", [403] = "permission_error",
                       [404] = "not_found_error", [405] = "invalid_request_error", [413] = "request_too_large",
-                      [429] = "rate_limit_error", [503] = "overloaded_error" }
+                      [429] = "rate_limit_error", [503] = "overloaded_error", [529] = "overloaded_error" }
 function View:error(err)
     local message = shapes.rename_fields(err.message or "", RENAMES)
     message = gsub(message, 'tool_choice "required"', 'tool_choice {"type": "any"}')
@@ -378,14 +386,18 @@ function View:error(err)
     -- (a final assistant message is Anthropic's prefill: chat's continue_final_message, which
     -- its clients never send)
     message = gsub(message, "not with continue_final_message", "not after a prefill (messages ending in an assistant's)")
-    return { status = err.status, message = message, type = err.type, body = _M.error_body(err.status, message) }
+    -- (every session place taken: Anthropic's 529, overloaded, which its SDKs raise as
+    -- OverloadedError and retry; 503 was their ServiceUnavailableError)
+    local status = err.status == 503 and 529 or err.status
+    return { status = status, message = message, type = err.type, body = _M.error_body(status, message) }
 end
 
--- (a message may quote the client's bytes: the server writes every answer as valid UTF-8)
-function _M.error_body(status, message)
+-- (a message may quote the client's bytes: the server writes every answer as valid UTF-8;
+-- details: the JSON text of the error's details, Anthropic's error_code, or nil)
+function _M.error_body(status, message, details)
     return object({ { "type", '"error"' }, { "error", object({
         { "type", encode(ERROR_TYPES[status] or (status >= 500 and "api_error" or "invalid_request_error")) },
-        { "message", encode(message) } }) } })
+        { "message", encode(message) }, { "details", details } }) } })
 end
 
 -- ------------------------------------------------------------------ the answer

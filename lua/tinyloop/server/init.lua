@@ -1580,16 +1580,32 @@ local function run_stream(r)
     local started = false
     local usage_null = r.include_usage and ',"usage":null' or ""
     -- vLLM's stream_options.continuous_usage_stats: each chunk the usage of its choice so far
-    local function chunk_usage(st)
+    -- (n_tokens: those read so far, st.n_tokens by default)
+    local function chunk_usage(st, n_tokens)
         if not r.continuous_usage then return usage_null end
-        return ',"usage":{"prompt_tokens":' .. st.prompt_tokens .. ',"completion_tokens":' .. st.n_tokens ..
-            ',"total_tokens":' .. (st.prompt_tokens + st.n_tokens) .. "}"
+        n_tokens = n_tokens or st.n_tokens
+        return ',"usage":{"prompt_tokens":' .. st.prompt_tokens .. ',"completion_tokens":' .. n_tokens ..
+            ',"total_tokens":' .. (st.prompt_tokens + n_tokens) .. "}"
+    end
+    -- The stream's headers, and a chat's first chunk of each choice: its role alone (content
+    -- "", no tokens, no logprobs), as OpenAI and vLLM open a choice. (The role went with the
+    -- first tokens and their logprobs: the OpenAI Node SDK's accumulator put that chunk's
+    -- logprobs in its snapshot, then appended them again, finalChatCompletion() listing the
+    -- first tokens twice.) False when the client left.
+    local function begin()
+        start_stream(r)
+        started = true
+        if not r.chat then return true end
+        for _, st in ipairs(r.sts) do
+            if not sse(r, response_json(r, choice_json(st, "", {}), chunk_usage(st, 0))) then return false end
+        end
+        return true
     end
     local live = {}
     for k, st in ipairs(r.sts) do
         live[k] = st
         if st.echo then
-            if not started then start_stream(r); started = true end
+            if not started and not begin() then return ngx_exit(499) end
             local echo_chunk = choice_json(st, st.echo, {}, nil, nil, st.prompt_figures, st.prompt_ids, #st.prompt_ids)
             if not sse(r, response_json(r, echo_chunk, chunk_usage(st))) then return ngx_exit(499) end
         end
@@ -1627,16 +1643,15 @@ local function run_stream(r)
                     text, ids, figures, calls_json = tool_stream(r, st, text, ids, figures, finished)
                     -- held: the role, and the reasoning so far, go out at once all the same
                     if not text and (not st.role_sent or thought ~= "") then
-                        if not started then start_stream(r); started = true end
+                        if not started and not begin() then return ngx_exit(499) end
                         if not sse(r, response_json(r, choice_json(st, nil, {}, nil, nil, nil, nil, nil, nil, thought), chunk_usage(st))) then
                             return ngx_exit(499)
                         end
                         thought = ""
                     end
                 end
-                if not started and ((text and (finished or text ~= "" or #ids > 0)) or thought ~= "") then
-                    start_stream(r)
-                    started = true
+                if not started and ((text and (finished or text ~= "" or #ids > 0)) or thought ~= "") and not begin() then
+                    return ngx_exit(499)
                 end
                 local chunk
                 if calls_json then -- the content before the calls, the calls, then the finish (OpenAI's chunks)
@@ -1767,7 +1782,7 @@ local function serve(chat, body, view)
     local function send_error(status, message, param, etype, headers, code, err)
         if view then
             local e = view:error(err or { status = status, message = message, param = param, type = etype })
-            if e.body then return send_json(status, e.body, headers) end
+            if e.body then return send_json(e.status or status, e.body, headers) end
             message, param = e.message, e.param
         end
         return _M.send_error(status, message, param, etype, headers, code)
@@ -2043,22 +2058,32 @@ end
 
 -- POST /v1/messages (Anthropic's Messages API): the chat request it means, answered as content
 -- blocks and Anthropic's stream events, errors in its shape (tinyloop.server.anthropic).
+-- Anthropic's request-id header, on each answer of its endpoints (its SDKs show it as a
+-- response's and an error's request id, which users quote).
+local anthropic_requests = 0
+local function anthropic_request_id()
+    anthropic_requests = anthropic_requests + 1
+    ngx.header["request-id"] = "req_" .. worker_tag .. "_" .. anthropic_requests
+end
+
 function _M.messages()
+    anthropic_request_id()
     local body = post_body()
     if not body then return end
     local chat_body, view = anthropic.to_chat(body)
-    if not chat_body then return send_anthropic_error(view.status, view.message) end
+    if not chat_body then return send_json(view.status, anthropic.error_body(view.status, view.message, view.details)) end
     return serve(true, chat_body, view)
 end
 
 -- POST /v1/messages/count_tokens (Anthropic's): {"input_tokens": the prompt's tokens, as
 -- /v1/messages would send it}.
 function _M.count_tokens()
+    anthropic_request_id()
     local body = post_body()
     if not body then return end
     if not chat_prompts then return send_anthropic_error(500, request.template_unloaded(chat_error).message) end
     local chat_body, view = anthropic.to_chat(body, true)
-    if not chat_body then return send_anthropic_error(view.status, view.message) end
+    if not chat_body then return send_json(view.status, anthropic.error_body(view.status, view.message, view.details)) end
     local req, err = request.parse_chat(chat_body, model, conf.model_id, conf.max_active, chat_prompts,
                                         { counting = true, max_stops = view.PARSE_OPTIONS.max_stops })
     if not req then
