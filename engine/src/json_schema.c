@@ -212,18 +212,31 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
     const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(s, "pattern");
     const cJSON *format = cJSON_GetObjectItemCaseSensitive(s, "format");
     strbuf body = {0};
+    bool patterned = false;
     if (pattern) {
         if (!cJSON_IsString(pattern)) return fail(c, path, "'pattern' must be a string");
-        if ((minl || maxl || format) && !c->loose) /* (loose: the pattern alone, a superset) */
-            return fail(c, path, "'pattern' combined with minLength/maxLength/format is not supported");
+        if ((minl || maxl) && !c->loose) /* (loose: the pattern alone, a superset) */
+            return fail(c, path, "'pattern' combined with minLength/maxLength is not supported");
+        /* a format beside it: the pattern alone (zod writes each format's own pattern beside
+           it, {"format": "uuid", "pattern": ...}; both were refused) */
+        if (format && !cJSON_IsString(format)) return fail(c, path, "'format' must be a string");
         char err[256];
         tl_strbuf_puts(&body, "\"\\\"\" ");
         c->used_string = true; /* (char: any characters around a pattern without its anchors) */
         if (tl_gram_regex_expr(pattern->valuestring, false, "char*", &body, err, sizeof err) < 0) {
+            const bool oom = body.oom;
             drop(c, &body);
-            return fail(c, path, "pattern: %s", err);
+            if (oom) return out_of_memory(c, path);
+            if (!c->loose) return fail(c, path, "pattern: %s", err);
+            /* loose: a pattern that cannot be enforced (a lookahead: pydantic's Decimal) is left
+               out, as the other keywords that only narrow */
+        } else {
+            tl_strbuf_puts(&body, " \"\\\"\"");
+            patterned = true;
         }
-        tl_strbuf_puts(&body, " \"\\\"\"");
+    }
+    if (patterned) {
+        /* (the pattern's grammar is the body) */
     } else if (format && !(c->loose && !known_format(format))) { /* (loose: an unknown format is any string) */
         if (!cJSON_IsString(format)) return fail(c, path, "'format' must be a string");
         if ((minl || maxl) && !c->loose) return fail(c, path, "'format' combined with minLength/maxLength is not supported");
@@ -307,10 +320,19 @@ static const char *const *type_keywords(const char *type);
 /* Every keyword of s must be handled by its type or be taken anywhere. A type's keyword where
    it is not read (beside a $ref, without a "type", under another type or a combinator) is
    named as such: "unsupported" alone sent users looking for a keyword that is supported. */
+/* propertyNames that every name meets (a name is a string): true, {}, {"type": "string"}, as
+   zod writes it for every z.record(z.string(), ...); it narrows nothing. */
+static bool names_any(const cJSON *k) {
+    if (strcmp(k->string, "propertyNames") != 0) return false;
+    if (cJSON_IsTrue(k) || (cJSON_IsObject(k) && !k->child)) return true;
+    const cJSON *type = cJSON_IsObject(k) ? cJSON_GetObjectItemCaseSensitive(k, "type") : NULL;
+    return type && cJSON_GetArraySize(k) == 1 && cJSON_IsString(type) && strcmp(type->valuestring, "string") == 0;
+}
+
 static int check_keywords(conv *c, const cJSON *s, const char *path, const char *const *handled) {
     static const char *const TYPES[] = {"object", "array", "string", "integer", "number", NULL};
     for (const cJSON *k = s->child; k; k = k->next) {
-        if (keyword_taken_anywhere(c, k->string) || keyword_in(k->string, handled)) continue;
+        if (keyword_taken_anywhere(c, k->string) || keyword_in(k->string, handled) || names_any(k)) continue;
         if (keyword_in("$ref", handled))
             return fail(c, path, "keyword '%s' beside '$ref' is not supported (a $ref takes only annotations such as "
                                  "'description')", k->string);
@@ -1306,10 +1328,36 @@ static bool required_in(const cJSON *s, const char *name) {
     return false;
 }
 
+/* Whether the grammar of object schema s (its $ref followed) never writes a member `name`: it
+   writes its declared properties and required names alone (no additionalProperties but
+   false, no combinator), and `name` is neither. */
+static bool never_writes(const cJSON *s, const char *name) {
+    if (!cJSON_IsObject(s)) return false;
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
+    const cJSON *extra = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
+    if (!cJSON_IsObject(props) || (extra && !cJSON_IsFalse(extra))) return false;
+    if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "object") == 0)) return false;
+    for (const char *const *k = (const char *const[]){"anyOf", "oneOf", "allOf", "$ref", NULL}; *k; k++)
+        if (cJSON_GetObjectItemCaseSensitive(s, *k)) return false;
+    return !cJSON_GetObjectItemCaseSensitive(props, name) && !required_in(s, name);
+}
+
+/* Whether a name that schema b requires is one a's grammar never writes (so no value a's grammar
+   writes matches b). */
+static bool lacks_required(const cJSON *a, const cJSON *b) {
+    const cJSON *req = cJSON_IsObject(b) ? cJSON_GetObjectItemCaseSensitive(b, "required") : NULL;
+    for (const cJSON *r = cJSON_IsArray(req) ? req->child : NULL; r; r = r->next)
+        if (cJSON_IsString(r) && never_writes(a, r->valuestring)) return true;
+    return false;
+}
+
 /* Whether no value that one schema's grammar writes matches the other schema (so oneOf's grammar
    of alternatives refuses nothing oneOf accepts, and lets through nothing it refuses): their
    types differ, their listed values differ, or, among objects, a property both require lists
-   different values in each (a discriminator). */
+   different values in each (a discriminator), or each requires a name the other's grammar
+   never writes (pydantic's union of models whose tag has a default: {"type": "text", "text"}
+   beside {"type": "image", "url"}, the tag not required). */
 static bool disjoint(conv *c, const cJSON *a, const cJSON *b) {
     const unsigned shared = (schema_bits(c, a, true, 0) & schema_bits(c, b, false, 0)) |
                             (schema_bits(c, a, false, 0) & schema_bits(c, b, true, 0));
@@ -1328,7 +1376,7 @@ static bool disjoint(conv *c, const cJSON *a, const cJSON *b) {
         bv = listed_values(c, q, &b_one);
         if (av && bv && !values_meet(c, av, a_one, bv, b_one)) return true;
     }
-    return false;
+    return lacks_required(a, b) && lacks_required(b, a);
 }
 
 static int schema_body(conv *c, const cJSON *s, const char *path, int depth);
@@ -1427,6 +1475,12 @@ static int schema_body(conv *c, const cJSON *s, const char *path, int depth) {
             tl_strbuf_printf(&alts, "%sr%d", alts.p ? " | " : "", r);
         }
         if (alts.oom) { drop(c, &alts); return out_of_memory(c, path); }
+        if (!alts.p && is_nullable(s)) {
+            /* OpenAPI's null, {"type": "string", "nullable": true, "enum": [null]} (zod's
+               z.null() for OpenAPI 3.0): nullable lets null through, which schema() adds */
+            for (const cJSON *v = en->child; v && !alts.p; v = v->next)
+                if (cJSON_IsNull(v)) tl_strbuf_puts(&alts, "\"null\"");
+        }
         if (!alts.p) return fail(c, path, "%s", "no 'enum' value is of the schema's 'type': the schema matches nothing");
         int r = new_rule(c);
         tl_strbuf_printf(&c->out, "r%d ::= %s\n", r, alts.p ? alts.p : "\"\"");
@@ -1461,7 +1515,9 @@ static int schema_body(conv *c, const cJSON *s, const char *path, int depth) {
            pair that may meet is refused once the branches compiled, so that a branch's own
            fault is named first (a $ref pointing nowhere was "a value may match both"). */
         int clash_i = -1, clash_j = -1;
-        if (combinator[0] == 'o') {
+        /* (loose: oneOf's refusal of a value two branches match only narrows: left out, the
+           branches' alternatives are anyOf's, llama.cpp's reading) */
+        if (combinator[0] == 'o' && !c->loose) {
             /* each branch's $ref followed once, not once a pair (a lookup walks the $defs: 1,000
                branches, each a $ref, took 3.8 s, 2,000 took 37 s) */
             const int n = cJSON_GetArraySize(list);

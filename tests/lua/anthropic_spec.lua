@@ -198,7 +198,7 @@ describe("anthropic.to_chat: what Anthropic's clients send", function()
         assert.same({ enable_thinking = false, reasoning_effort = "low" }, chat.chat_template_kwargs)
         assert.equal("json_schema", chat.response_format.type)
         local body, err = anthropic.to_chat('{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}], ' ..
-                                            '"output_config": {"effort": "max"}}')
+                                            '"output_config": {"effort": "extreme"}}')
         assert.is_nil(body)
         assert.truthy(err.message:find("output_config.effort", 1, true))
     end)
@@ -216,6 +216,14 @@ describe("anthropic.to_chat: what Anthropic's clients send", function()
             {"type": "tool_use", "id": "t", "name": "f", "input": {}, "caller": {"type": "direct"}}]}],
             "tools": [{"name": "f", "input_schema": {"type": "object"}, "defer_loading": false, "eager_input_streaming": true}]}]])
         assert.equal("t", chat.messages[2].tool_calls[1].id)
+        -- what the AI SDK sends: automatic caching's top-level mark, a tool's input examples, the
+        -- efforts past high (each was a 400)
+        chat = chat_of([[{"max_tokens": 5, "cache_control": {"type": "ephemeral"}, "output_config": {"effort": "max"},
+            "messages": [{"role": "user", "content": "Hi"}],
+            "tools": [{"name": "f", "input_schema": {"type": "object"}, "input_examples": [{"a": 1}]}]}]])
+        assert.same({ "max", "f" }, { chat.chat_template_kwargs.reasoning_effort, chat.tools[1]["function"].name })
+        assert.equal("xhigh", chat_of([[{"max_tokens": 5, "output_config": {"effort": "xhigh"},
+            "messages": [{"role": "user", "content": "Hi"}]}]]).chat_template_kwargs.reasoning_effort)
     end)
 
     it("reads a long conversation's tool calls and tools in one pass over the body", function()

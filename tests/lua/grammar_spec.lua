@@ -162,6 +162,34 @@ describe("tinyloop.grammar", function()
                     { g:matches("[1, 2]"), g:matches('{ "a" : [ true ] }'), g:matches("{ }"), g:matches("[1,2]"), g:matches("[2, 1]") })
         g = assert(G.json_schema('{"enum": [[1, 2]]}'))
         assert.same({ true, false }, { g:matches("[1,2]"), g:matches("[1, 2]") })
+        -- schemas as pydantic and zod write them (each was refused): a union of models whose tag
+        -- has a default (not required: each branch requires a name the other never writes)
+        local text_or_image = '{"$defs": {"Text": {"properties": {"type": {"const": "text", "default": "text", "type": "string"}, ' ..
+            '"text": {"type": "string"}}, "required": ["text"], "type": "object"}, "Image": {"properties": {"type": {"const": ' ..
+            '"image", "default": "image", "type": "string"}, "url": {"type": "string"}}, "required": ["url"], "type": "object"}}, ' ..
+            '"oneOf": [{"$ref": "#/$defs/Text"}, {"$ref": "#/$defs/Image"}], "discriminator": {"propertyName": "type"}}'
+        g = assert(G.json_schema(text_or_image))
+        assert.same({ true, true, false }, { g:matches('{"type":"text","text":"a"}'), g:matches('{"url":"u"}'),
+                                             g:matches('{"type":"text","url":"u"}') })
+        -- ...while branches a value may meet stay refused, loosely read as anyOf (oneOf only narrows)
+        local overlapping = '{"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}}}, ' ..
+                            '{"type": "object", "properties": {"b": {"type": "string"}}}]}'
+        assert.is_nil((G.json_schema(overlapping)))
+        assert.same({ true, true }, { assert(G.json_schema(overlapping, { loose = true })):matches('{"a":"x"}'),
+                                      assert(G.json_schema(overlapping, { loose = true })):matches("{}") })
+        -- a pattern beside a format: the pattern (zod writes each format's own pattern beside it)
+        g = assert(G.json_schema('{"type": "string", "format": "email", "pattern": "^[^@]+@[^@]+$"}'))
+        assert.same({ true, false }, { g:matches('"a@b"'), g:matches('"ab"') })
+        -- loosely, a pattern that cannot be enforced is left out (pydantic's Decimal: a lookahead)
+        local decimal = '{"type": "string", "pattern": "^(?!^[-+.]*$)[+-]?0*\\\\d*\\\\.?\\\\d*$"}'
+        assert.is_nil((G.json_schema(decimal)))
+        assert.is_true(assert(G.json_schema(decimal, { loose = true })):matches('"anything"'))
+        -- OpenAPI's null (zod's z.null()), and propertyNames every name meets (zod's z.record)
+        g = assert(G.json_schema('{"type": "string", "nullable": true, "enum": [null]}'))
+        assert.same({ true, false }, { g:matches("null"), g:matches('"a"') })
+        g = assert(G.json_schema('{"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {"type": "integer"}}'))
+        assert.same({ true, false }, { g:matches('{"a":1}'), g:matches('{"a":"x"}') })
+        assert.is_nil((G.json_schema('{"type": "object", "propertyNames": {"maxLength": 2}}')))
         -- -0 is 0: in a bounded integer's range and a non-negative number (it was refused)
         local function m(schema, text) return assert(G.json_schema(schema)):matches(text) end
         assert.same({ true, true, false, false },
@@ -644,7 +672,7 @@ describe("tinyloop.grammar refuses, in the rule's words", function()
         { "json_schema", "5", "a schema must be an object or a boolean" },
         { "json_schema", '{"allOf":[{"type":"string"},{"minLength":1}]}', "allOf is supported for object schemas only" },
         { "json_schema", '{"type":"string","pattern":"a","minLength":1}',
-          "'pattern' combined with minLength/maxLength/format is not supported" },
+          "'pattern' combined with minLength/maxLength is not supported" },
         { "json_schema", '{"anyOf":[]}', "'anyOf' must be a non-empty array" },
         { "json_schema", '{"type":"string","pattern":5}', "'pattern' must be a string" },
         { "json_schema", '{"type":"string","format":5}', "'format' must be a string" },

@@ -132,7 +132,9 @@ describe("responses.to_chat", function()
             { '{"input": "x", "n": 2}', "n", "unknown field 'n'" },
             { '{"input": [{"role": "assistant", "content": [{"type": "refusal", "refusal": 5}]}]}', "input",
               "input[0].content[0].refusal must be a string" },
-            { '{"input": [{"type": "item_reference", "id": "msg_1"}]}', "input", "item references are not resolved here" },
+            { '{"input": [{"type": "item_reference", "id": "msg_1"}]}', "input", 'input[0]: item "msg_1" is not found' },
+            { '{"input": [{"type": "item_reference", "id": 5}]}', "input", "input[0].id must be a string" },
+            { '{"input": [{"type": "item_reference", "id": "msg_1", "x": 1}]}', "input", "unknown field 'x' in input[0]" },
             { '{"input": "x", "background": true}', "background", "background responses are not supported" },
         }
         require("helpers").refuses(responses.to_chat, cases)
@@ -147,7 +149,8 @@ describe("responses.to_chat: what OpenAI's clients send back", function()
               content = { { type = "output_text", text = "a", annotations = {}, logprobs = {} }, { type = "refusal", refusal = "no" } } },
             { role = "user", content = "q2" } },
             truncation = "auto", max_tool_calls = 3, prompt_cache_retention = "24h", text = { verbosity = "low" },
-            stream_options = { include_obfuscation = cjson.null } }))
+            stream_options = { include_obfuscation = cjson.null }, prompt_cache_options = { mode = "implicit" },
+            context_management = { { type = "compaction", compact_threshold = 200 } }, reasoning = { effort = "max" } }))
         assert.same({ { type = "text", text = "a" }, { type = "text", text = "no" } }, chat.messages[2].content)
         assert.is_nil(chat.messages[2].phase)
         -- and the answer echoes them as sent (they were left out, or said null for the sent value)
@@ -197,6 +200,27 @@ describe("responses.to_chat: what OpenAI's clients send back", function()
         assert.equal("input[2].arguments must be the JSON text of an object", e.message)
         e = view:error({ status = 400, message = "tools[0].function.parameters must be an object", param = "tools" })
         assert.equal("tools[0].parameters must be an object", e.message)
+    end)
+end)
+
+describe("responses.to_chat: item references", function()
+    it("reads an item_reference as the stored output item it names (the AI SDK sends replies back so)", function()
+        local reply = { role = "assistant", content = "She is.", reasoning_content = "hm",
+                        tool_calls = { { id = "call_1", type = "function", ["function"] = { name = "f", arguments = '{"a":1}' } } } }
+        local key = "0123456789abcdef"
+        local function lookup_item(id) return responses.reply_item(reply, id) end
+        assert.same({ type = "message", role = "assistant", content = "She is." }, lookup_item("msg_" .. key))
+        assert.same({ type = "reasoning", summary = { { type = "summary_text", text = "hm" } } }, lookup_item("rs_" .. key))
+        assert.same({ type = "function_call", call_id = "call_1", name = "f", arguments = '{"a":1}' }, lookup_item("fc_" .. key .. "_1"))
+        assert.same({ nil, nil, nil }, { lookup_item("fc_" .. key .. "_2"), lookup_item("msg_" .. key .. "_in1"), lookup_item("msg_12") })
+        local body = cjson.encode({ input = { { role = "user", content = "Who?" }, { type = "item_reference", id = "rs_" .. key },
+                                              { type = "item_reference", id = "msg_" .. key }, { role = "user", content = "And?" } } })
+        local chat_body = assert(responses.to_chat(body, nil, lookup_item))
+        local messages = cjson.decode(chat_body).messages
+        assert.same({ role = "assistant", content = "She is.", reasoning_content = "hm" }, messages[2])
+        assert.same({ "user", "assistant", "user" }, { messages[1].role, messages[2].role, messages[3].role })
+        -- the store's key of a response id: its public part, none for one not stored
+        assert.same({ key, nil }, { responses.stored_key("resp_" .. key .. ("0"):rep(32)), responses.stored_key("resp_7_12") })
     end)
 end)
 

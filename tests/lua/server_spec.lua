@@ -2113,7 +2113,14 @@ describe("chat completions", function()
         -- more stop strings than OpenAI's 4 (vLLM and llama.cpp set no limit): up to 64
         refused({ messages = messages, stop = (function() local s = {} for i = 1, 65 do s[i] = "s" .. i end return s end)() },
                 "stop", "stop has 65 strings: at most 64")
-        refused({ messages = messages, reasoning_effort = "max" }, "reasoning_effort", "reasoning_effort must be")
+        refused({ messages = messages, reasoning_effort = "extreme" }, "reasoning_effort", "reasoning_effort must be")
+        -- what OpenAI's newer SDKs and the Agents SDK send: effort "max", the prompt cache's
+        -- retention and options, a predicted output (each was a 400; they change nothing here)
+        local taken_status, taken = post_chat({ messages = messages, max_tokens = 1, reasoning_effort = "max",
+                                                prompt_cache_retention = "24h", prompt_cache_options = { mode = "implicit" },
+                                                prediction = { type = "content", content = "x" } })
+        assert.equal(200, taken_status, taken)
+        refused({ messages = messages, prompt_cache_retention = "1y" }, "prompt_cache_retention", '"in_memory" or "24h"')
         refused({ messages = messages, temperature = -1 }, "temperature")
         -- a message quoting the client's bytes stays valid UTF-8 (JSON clients refuse others)
         local status, body = post_chat('{"messages": [{"role": "\xff", "content": "x"}]}')
@@ -2378,6 +2385,13 @@ describe("responses (OpenAI's Responses API)", function()
             { role = "user", content = "Who am I?" }, { role = "assistant", content = second.output[1].content[1].text },
             { role = "user", content = "And again?" } }, max_tokens = 2, temperature = 0 })))
         assert.equal(chat3.usage.prompt_tokens, third.usage.input_tokens)
+        -- an item_reference to a stored reply (the AI SDK's second turn while store is on): the
+        -- item itself, the same prompt as the reply sent back whole (it was a 400)
+        local by_reference = cjson.decode(select(2, post_responses({ input = { { role = "user", content = "My name is Emma." },
+            { type = "item_reference", id = first.output[1].id }, { role = "user", content = "Who am I?" } },
+            instructions = "Be brief.", max_output_tokens = 6, temperature = 0, ignore_eos = true })))
+        assert.same({ second.usage.input_tokens, second.output[1].content[1].text },
+                    { by_reference.usage.input_tokens, by_reference.output[1].content[1].text })
         -- GET: the object the POST answered; a streamed one's, its response.completed's
         local got_status, got = curl(base .. "/v1/responses/" .. first.id)
         assert.equal(200, got_status, got)
@@ -2397,6 +2411,10 @@ describe("responses (OpenAI's Responses API)", function()
         assert.equal(400, gone_status, gone) -- (OpenAI's answer, and the code its clients read)
         assert.same({ "previous_response_id", "previous_response_not_found" },
                     { cjson.decode(gone).error.param, cjson.decode(gone).error.code })
+        -- and its items with it
+        gone_status, gone = post_responses({ input = { { type = "item_reference", id = first.output[1].id } }, max_output_tokens = 1 })
+        assert.equal(400, gone_status, gone)
+        assert.truthy(cjson.decode(gone).error.message:find("is not found", 1, true), gone)
         -- no response has the id "" (it was read as a chain of none: found)
         local blank_status, blank = post_responses({ input = "x", previous_response_id = "", max_output_tokens = 1 })
         assert.same({ 400, "previous_response_not_found" }, { blank_status, cjson.decode(blank).error.code })
@@ -2492,7 +2510,7 @@ describe("responses (OpenAI's Responses API)", function()
         refused({ input = "hi", tool_choice = { type = "file_search" } }, "tool_choice", "function tools only")
         refused({ input = "hi", text = { format = { type = "xml" } } }, "text", "text.format.type")
         refused({ input = "hi", include = { "everything" } }, "include", "include[0]")
-        refused({ input = "hi", reasoning = { effort = "max" } }, "reasoning", "reasoning.effort")
+        refused({ input = "hi", reasoning = { effort = "extreme" } }, "reasoning", "reasoning.effort")
         refused({ input = "hi", max_output_tokens = -1 }, "max_output_tokens", "max_output_tokens = -1")
         refused({ input = "hi", max_output_tokens = 100000 }, "max_output_tokens", "max_output_tokens (100000)")
         refused({ input = "hi", temperature = "hot" }, "temperature", "temperature must be a number")

@@ -35,6 +35,8 @@ local OWN = {
     messages = "array", max_tokens = "integer", system = "any", stop_sequences = "array", tools = "array",
     tool_choice = "object", thinking = "object", metadata = "object", service_tier = "string", output_format = "object",
     output_config = "object", inference_geo = "string", context_management = "object", thread = "any",
+    -- (automatic prompt caching's mark, at the top level: the prefix pool needs no marks)
+    cache_control = "object",
 }
 local PASS = {}
 for _, k in ipairs(shapes.PASSED) do PASS[k] = true end
@@ -178,9 +180,10 @@ end
 
 -- tools -> chat's, each input_schema's text as sent (its key order is the model's).
 -- (defer_loading, eager_input_streaming: Anthropic's tool search and streaming hints, which
--- change nothing here)
+-- change nothing here; input_examples: examples of a tool's input, which the chat template does
+-- not show)
 local TOOL_KEYS = { type = true, name = true, description = true, input_schema = true, cache_control = true, strict = true,
-                    defer_loading = true, eager_input_streaming = true }
+                    defer_loading = true, eager_input_streaming = true, input_examples = true }
 local function chat_tools(tools, raw)
     local out, raw_tools = {}, shapes.raw_list(raw)
     for i, tool in ipairs(tools) do
@@ -319,8 +322,8 @@ function _M.to_chat(body, counting)
         -- effort: a template variable, as Responses' reasoning.effort (gpt-oss's templates read it)
         local effort = t.output_config.effort
         if effort ~= nil and effort ~= json_null then
-            if effort ~= "low" and effort ~= "medium" and effort ~= "high" then
-                return bad('output_config.effort must be "low", "medium" or "high"', "output_config")
+            if effort ~= "low" and effort ~= "medium" and effort ~= "high" and effort ~= "xhigh" and effort ~= "max" then
+                return bad('output_config.effort must be "low", "medium", "high", "xhigh" or "max"', "output_config")
             end
             shapes.add_template_variable(members, t, "reasoning_effort", encode(effort))
         end

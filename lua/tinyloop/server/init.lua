@@ -1426,6 +1426,21 @@ local function stored_conversation(id)
     return conversation
 end
 
+-- An output item of a stored response by the id it gave it (responses.to_chat's lookup_item: an
+-- input's item_reference) -> the input item | nil. The item's id holds the public part of its
+-- response's id ("msg_" .. 16 hex digits, 64 random bits), under which keep_response notes the
+-- whole id: whoever was sent the item may send it back, as OpenAI's store does within a
+-- project; the response itself still takes its whole id to read.
+local function stored_item(item_id)
+    local key = type(item_id) == "string" and item_id:match("^%a+_(" .. ("%x"):rep(16) .. ")")
+    local id = key and responses_store:get("item:" .. key)
+    if not id then return nil end
+    local _, messages = stored(id)
+    if not messages then return nil end
+    local list = cjson.decode(messages)
+    return type(list) == "table" and responses.reply_item(list[#list], item_id) or nil
+end
+
 -- Keeps a Responses answer that asked to be stored (r.view:record), once it has ended, before
 -- its end goes out (a client may send the next turn as soon as it reads it). -> false when it
 -- could not be kept (the dict is full of entries it cannot drop: the answer then says
@@ -1454,6 +1469,9 @@ local function keep_response(r)
         end
     end
     if not ok then ngx_log(ngx.WARN, "tinyloop: response ", r.public_id, " is not stored: ", err) end
+    -- (its output items' ids lead to it: stored_item; without the note the items are not found)
+    local item_key = ok and responses.stored_key(r.public_id)
+    if item_key then responses_store:set("item:" .. item_key, r.public_id) end
     return ok and true or false
 end
 -- The answer (or final event) text of a response that asked to be stored and could not be:
@@ -2046,7 +2064,7 @@ end
 function _M.responses()
     local body = post_body()
     if not body then return end
-    local chat_body, view = responses.to_chat(body, responses_store and stored_conversation)
+    local chat_body, view = responses.to_chat(body, responses_store and stored_conversation, responses_store and stored_item)
     if not chat_body then return send_error(view.status, view.message, view.param, view.type, nil, view.code) end
     -- (usage's reasoning_tokens: the reasoning's text as the tokenizer encodes it)
     view.count_tokens = function(text)

@@ -223,6 +223,13 @@ local CHAT_NO_OPS = {
     metadata = { function(v) return type(v) == "table" end, "an object (kept only where stored)" },
     service_tier = { function(v) return v == "auto" or v == "default" end, '"auto" or "default"' },
     guided_decoding_backend = OPENAI_NO_OPS.guided_decoding_backend,
+    -- how long OpenAI keeps a prompt's cache, and its caching mode: the prefix pool here keeps
+    -- what its budget holds, whatever they say
+    prompt_cache_retention = { function(v) return v == "in_memory" or v == "24h" end, '"in_memory" or "24h"' },
+    prompt_cache_options = { function(v) return type(v) == "table" end, "an object" },
+    -- OpenAI's Predicted Outputs: a guess of the reply that only makes OpenAI's answer faster;
+    -- the output is the model's either way
+    prediction = { function(v) return type(v) == "table" end, 'an object {"type": "content", "content"}' },
 }
 -- (llama.cpp's, which its own OpenAI endpoints take: its clients send them there too)
 for _, no_ops in ipairs({ OPENAI_NO_OPS, CHAT_NO_OPS }) do
@@ -1395,7 +1402,7 @@ local function tools_grammar(spec, cfg, shared)
     return true
 end
 
-local REASONING_EFFORTS = { none = true, minimal = true, low = true, medium = true, high = true, xhigh = true }
+local REASONING_EFFORTS = { none = true, minimal = true, low = true, medium = true, high = true, xhigh = true, max = true }
 _M.REASONING_EFFORTS = REASONING_EFFORTS
 
 -- The prompt text of a body's messages (chat: tinyloop.chat; template_tools: the tools the
@@ -1418,7 +1425,7 @@ local function render_messages(t, body, chat, template_tools, model)
     -- reasoning.effort), unless chat_template_kwargs sets it
     if t.reasoning_effort ~= nil and not (raw and t.chat_template_kwargs.reasoning_effort ~= nil) then
         if not REASONING_EFFORTS[t.reasoning_effort] then
-            return bad('reasoning_effort must be "none", "minimal", "low", "medium", "high" or "xhigh"', "reasoning_effort")
+            return bad('reasoning_effort must be "none", "minimal", "low", "medium", "high", "xhigh" or "max"', "reasoning_effort")
         end
         local inner = raw and raw:match("^%s*{%s*(.-)%s*}%s*$") or ""
         raw = '{"reasoning_effort":' .. cjson.encode(t.reasoning_effort) .. (inner ~= "" and ("," .. inner) or "") .. "}"

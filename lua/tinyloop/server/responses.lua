@@ -13,8 +13,8 @@
 -- background runs and the other stored objects are refused, saying so.
 --
 --   local responses = require "tinyloop.server.responses"
---   local chat_body, view = responses.to_chat(body, lookup) -- nil, err: the Responses field named
---                                                            -- lookup(id) -> messages | nil
+--   local chat_body, view = responses.to_chat(body, lookup, lookup_item) -- nil, err: the field named
+--                                    -- lookup(id) -> messages | nil; lookup_item(id) -> an input item | nil
 --   local req, err = request.parse_chat(chat_body, ...)  -- err: view:error(err) renames its fields
 --   body = view:response(chat_json, id)                  -- a blocking answer
 --   view:start_stream(id, created, model)                -- or a stream:
@@ -49,6 +49,9 @@ local OWN = {
     metadata = "object", store = "boolean", truncation = "string", background = "boolean",
     service_tier = "string", safety_identifier = "string", prompt_cache_key = "string", stream_options = "object",
     prompt_cache_retention = "string", max_tool_calls = "integer", previous_response_id = "string",
+    -- (OpenAI's prompt caching mode and compaction of long chains: the prefix pool keeps what its
+    -- budget holds, and a chain that outgrows the context is refused, not compacted)
+    prompt_cache_options = "object", context_management = "any",
 }
 local PASS = { user = true, parallel_tool_calls = true, stop = true }
 for _, k in ipairs(shapes.PASSED) do PASS[k] = true end
@@ -115,6 +118,7 @@ local PHASES = { commentary = true, final_answer = true }
 local CALL_KEYS = { type = true, call_id = true, name = true, arguments = true, id = true, status = true }
 local OUTPUT_KEYS = { type = true, call_id = true, output = true, id = true, status = true }
 local REASONING_KEYS = { type = true, id = true, summary = true, content = true, encrypted_content = true, status = true }
+local ITEM_REFERENCE_KEYS = { type = true, id = true }
 local ROLES = { user = true, system = true, developer = true, assistant = true }
 
 -- A reasoning item's text: its reasoning_text content, else its summary's text.
@@ -143,7 +147,7 @@ end
 -- just before it, as chat's tool_calls), function_call_output (a tool message) and reasoning
 -- (the reasoning_content of the assistant turn it is part of: the assistant message or call
 -- that follows it, or the one it follows and whose calls follow it).
-local function messages_of(input, instructions, earlier)
+local function messages_of(input, instructions, earlier, lookup_item)
     local messages, from, calls_from = {}, {}, {}
     if instructions then messages[1], from[1] = { role = "system", content = instructions }, false end
     -- a previous response's conversation (its instructions are not carried over: OpenAI's rule)
@@ -174,6 +178,19 @@ local function messages_of(input, instructions, earlier)
             return nil, where .. ' must be an object: a message {"role", "content"} or an item {"type", ...}'
         end
         local kind = item.type
+        if kind == "item_reference" then
+            -- an output item of a stored response, by the id it gave it (the AI SDK sends its
+            -- replies back so while store is on): the item itself, from the store
+            local ok, err = check_keys(item, ITEM_REFERENCE_KEYS, where)
+            if not ok then return nil, err end
+            if type(item.id) ~= "string" then return nil, where .. ".id must be a string" end
+            local found = lookup_item and lookup_item(item.id)
+            if not found then
+                return nil, ("%s: item %s is not found (its response made with store: false, deleted, or dropped to make " ..
+                             "room: send the item itself)"):format(where, shown(item.id))
+            end
+            item, kind = found, found.type
+        end
         if kind == nil or kind == "message" then
             local ok, err = check_keys(item, MESSAGE_KEYS, where)
             if not ok then return nil, err end
@@ -219,9 +236,6 @@ local function messages_of(input, instructions, earlier)
             text, err = reasoning_text(item, where)
             if err then return nil, err end
             if text then reasoning = reasoning and (reasoning .. "\n" .. text) or text end
-        elseif kind == "item_reference" then
-            return nil, where .. ": item references are not resolved here: send the item itself (or continue a stored " ..
-                "response with previous_response_id)"
         else
             return nil, ('%s.type = %s: only "message", "function_call", "function_call_output" and "reasoning" items are ' ..
                          "supported (this server runs function tools only)"):format(where, shown(kind))
@@ -332,7 +346,7 @@ View.__index = View
 -- to_chat(body, lookup) -> the chat completions body that means the same, and its view; or
 -- nil, err (the Responses field named). lookup(id) -> the stored conversation of response id
 -- (chat messages) or nil; lookup nil: nothing is stored (the server has no store).
-function _M.to_chat(body, lookup)
+function _M.to_chat(body, lookup, lookup_item)
     local t, members, raw = shapes.read_fields(body, OWN, PASS, REFUSED)
     if not t then return nil, members end
     if t.input == nil then return bad("input is required", "input") end
@@ -369,7 +383,7 @@ function _M.to_chat(body, lookup)
             end
         end
     end
-    local messages, from, calls_from = messages_of(t.input, t.instructions, earlier)
+    local messages, from, calls_from = messages_of(t.input, t.instructions, earlier, lookup_item)
     if not messages then return bad(from, "input") end
     -- what a stored response keeps: its own messages (neither the instructions nor the earlier
     -- responses', which their entries keep; the reply joins them), and the response it continued
@@ -420,7 +434,7 @@ function _M.to_chat(body, lookup)
         for k, v in pairs(t.reasoning) do
             if k == "effort" then
                 if v ~= json_null and not EFFORTS[v] then
-                    return bad('reasoning.effort must be "none", "minimal", "low", "medium", "high" or "xhigh"', "reasoning")
+                    return bad('reasoning.effort must be "none", "minimal", "low", "medium", "high", "xhigh" or "max"', "reasoning")
                 end
                 effort = v ~= json_null and v or nil
             elseif k == "summary" or k == "generate_summary" then
@@ -567,6 +581,30 @@ local function item_key(id)
 end
 
 local function status_of(finish_reason) return finish_reason == "length" and "incomplete" or "completed" end
+
+-- The key of a stored response's id ("resp_" .. 16 + 32 hex digits -> the 16), under which the
+-- server finds it from an output item's id, or nil (a response not stored).
+function _M.stored_key(id) return id:match(STORED_ID) end
+
+-- reply_item(reply, item_id) -> the input item that output item `item_id` of a stored
+-- response (its reply: the chat message kept) is, as a client would send it back (an
+-- item_reference's item), or nil: its message (msg_KEY), reasoning (rs_KEY) or call k (fc_KEY_k).
+function _M.reply_item(reply, item_id)
+    if type(reply) ~= "table" or type(item_id) ~= "string" then return nil end
+    local kind, rest = item_id:match("^(%a+)_" .. ("%x"):rep(16) .. "(.*)$")
+    if kind == "msg" and rest == "" and type(reply.content) == "string" and reply.content ~= "" then
+        return { type = "message", role = "assistant", content = reply.content }
+    elseif kind == "rs" and rest == "" and type(reply.reasoning_content) == "string" then
+        return { type = "reasoning", summary = { { type = "summary_text", text = reply.reasoning_content } } }
+    elseif kind == "fc" then
+        local k = tonumber(rest:match("^_(%d+)$") or "")
+        local call = k and type(reply.tool_calls) == "table" and reply.tool_calls[k]
+        if type(call) == "table" and type(call["function"]) == "table" then
+            return { type = "function_call", call_id = call.id, name = call["function"].name, arguments = call["function"].arguments }
+        end
+    end
+    return nil
+end
 
 -- The tokens of a reasoning text (0 without the server's counter).
 function View:reasoning_tokens(text)
