@@ -206,6 +206,13 @@ static bool is_count(const cJSON *v, double max) {
     return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= max && v->valuedouble == floor(v->valuedouble);
 }
 
+/* A count keyword past the grammar's bound `max`, loosely: left out, as a keyword that only
+   narrows (Claude Code's Workflow tool: a script of maxLength 524288 failed the whole
+   request); NULL for it, else the keyword. */
+static const cJSON *count_within(const conv *c, const cJSON *v, double max) {
+    return v && c->loose && is_count(v, 9007199254740992.0) && !is_count(v, max) ? NULL : v;
+}
+
 static int string_schema(conv *c, const cJSON *s, const char *path) {
     const cJSON *minl = cJSON_GetObjectItemCaseSensitive(s, "minLength");
     const cJSON *maxl = cJSON_GetObjectItemCaseSensitive(s, "maxLength");
@@ -266,6 +273,8 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
     } else {
         c->used_string = true;
         int lo = 0, hi = -1;
+        minl = count_within(c, minl, 10000);
+        maxl = count_within(c, maxl, 10000);
         if (minl && !is_count(minl, 10000)) return fail(c, path, "'minLength' must be an integer in [0, 10000]");
         if (maxl && !is_count(maxl, 10000)) return fail(c, path, "'maxLength' must be an integer in [0, 10000]");
         if (minl) lo = minl->valueint;
@@ -860,8 +869,8 @@ static int array_schema(conv *c, const cJSON *s, const char *path, int depth) {
         prefix = items;
         items = cJSON_GetObjectItemCaseSensitive(s, "additionalItems");
     }
-    const cJSON *mini = cJSON_GetObjectItemCaseSensitive(s, "minItems");
-    const cJSON *maxi = cJSON_GetObjectItemCaseSensitive(s, "maxItems");
+    const cJSON *mini = count_within(c, cJSON_GetObjectItemCaseSensitive(s, "minItems"), 1000);
+    const cJSON *maxi = count_within(c, cJSON_GetObjectItemCaseSensitive(s, "maxItems"), 1000);
     if (mini && !is_count(mini, 1000)) return fail(c, path, "'minItems' must be an integer in [0, 1000]");
     if (maxi && !is_count(maxi, 1000)) return fail(c, path, "'maxItems' must be an integer in [0, 1000]");
     int lo = mini ? mini->valueint : 0, hi = maxi ? maxi->valueint : -1;

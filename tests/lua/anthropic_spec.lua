@@ -210,6 +210,17 @@ describe("anthropic.to_chat: what Anthropic's clients send", function()
         assert.same({ enable_thinking = true }, chat.chat_template_kwargs)
     end)
 
+    it("takes a system message among the turns, at its place (Claude Code's mid-conversation instructions)", function()
+        local chat = chat_of('{"max_tokens": 5, "system": "s", "messages": [{"role": "user", "content": "hi"}, ' ..
+                             '{"role": "system", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}]}, ' ..
+                             '{"role": "user", "content": "x"}]}')
+        assert.same({ { role = "system", content = "s" }, { role = "user", content = "hi" },
+                      { role = "system", content = "Be\nbrief." }, { role = "user", content = "x" } }, chat.messages)
+        local _, err = anthropic.to_chat('{"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}, ' ..
+                                         '{"role": "system", "content": [{"type": "image"}]}]}')
+        assert.truthy(err.message:find("messages[1].content[0].type", 1, true), err.message)
+    end)
+
     it("takes the fields that change nothing here", function()
         local chat = chat_of([[{"max_tokens": 5, "inference_geo": "us", "context_management": {"edits": []},
             "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"},

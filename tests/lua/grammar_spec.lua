@@ -184,6 +184,12 @@ describe("tinyloop.grammar", function()
         local decimal = '{"type": "string", "pattern": "^(?!^[-+.]*$)[+-]?0*\\\\d*\\\\.?\\\\d*$"}'
         assert.is_nil((G.json_schema(decimal)))
         assert.is_true(assert(G.json_schema(decimal, { loose = true })):matches('"anything"'))
+        -- counts past the grammar's bounds: refused, loosely left out (Claude Code's Workflow
+        -- tool, a script of maxLength 524288, failed its whole request)
+        local big = '{"type": "object", "properties": {"s": {"type": "string", "maxLength": 524288}, ' ..
+                    '"l": {"type": "array", "minItems": 2000}}}'
+        assert.is_nil((G.json_schema(big)))
+        assert.is_true(assert(G.json_schema(big, { loose = true })):matches('{"s":"abc","l":[1]}'))
         -- OpenAPI's null (zod's z.null()), and propertyNames every name meets (zod's z.record)
         g = assert(G.json_schema('{"type": "string", "nullable": true, "enum": [null]}'))
         assert.same({ true, false }, { g:matches("null"), g:matches('"a"') })

@@ -150,7 +150,8 @@ describe("responses.to_chat: what OpenAI's clients send back", function()
             { role = "user", content = "q2" } },
             truncation = "auto", max_tool_calls = 3, prompt_cache_retention = "24h", text = { verbosity = "low" },
             stream_options = { include_obfuscation = cjson.null }, prompt_cache_options = { mode = "implicit" },
-            context_management = { { type = "compaction", compact_threshold = 200 } }, reasoning = { effort = "max" } }))
+            context_management = { { type = "compaction", compact_threshold = 200 } }, reasoning = { effort = "max" },
+            client_metadata = { ["x-codex-installation-id"] = "i" } }))
         assert.same({ { type = "text", text = "a" }, { type = "text", text = "no" } }, chat.messages[2].content)
         assert.is_nil(chat.messages[2].phase)
         -- and the answer echoes them as sent (they were left out, or said null for the sent value)

@@ -1991,6 +1991,10 @@ describe("chat completions", function()
             for _, id in ipairs(choice.token_ids) do c.ids[#c.ids + 1] = id end
             if choice.logprobs ~= cjson.null then c.logprobs = c.logprobs + #choice.logprobs.content end
             if choice.finish_reason ~= cjson.null then c.finishes = c.finishes + 1 end
+            -- every chunk carries something: the role, tokens, calls or the finish (an empty
+            -- delta followed the role's chunk of a choice whose calls were held)
+            assert.truthy(choice.delta.role or #choice.token_ids > 0 or choice.delta.tool_calls or choice.finish_reason ~= cjson.null,
+                          cjson.encode(chunks[i]))
         end
         -- the blocking answer of the same request, choice by choice
         req.stream, req.stream_options = nil, nil
@@ -2117,7 +2121,7 @@ describe("chat completions", function()
         -- what OpenAI's newer SDKs and the Agents SDK send: effort "max", the prompt cache's
         -- retention and options, a predicted output (each was a 400; they change nothing here)
         local taken_status, taken = post_chat({ messages = messages, max_tokens = 1, reasoning_effort = "max",
-                                                prompt_cache_retention = "24h", prompt_cache_options = { mode = "implicit" },
+                                                prompt_cache_retention = "in-memory", prompt_cache_options = { mode = "implicit" },
                                                 prediction = { type = "content", content = "x" } })
         assert.equal(200, taken_status, taken)
         refused({ messages = messages, prompt_cache_retention = "1y" }, "prompt_cache_retention", '"in_memory" or "24h"')
@@ -2578,6 +2582,16 @@ describe("messages (Anthropic's Messages API)", function()
         assert.same({ "invalid_request_error", "thread_unsupported_request" }, { e.error.type, e.error.details.error_code })
         status = post_messages({ messages = asked }, "-D " .. headers, "/v1/messages/count_tokens")
         assert.same({ 200, true }, { status, request_id() ~= nil })
+        -- and the errors before the handler: nginx's 413, a wrong method
+        local big = os.tmpname()
+        local f = assert(io.open(big, "w"))
+        f:write('{"messages": [{"role": "user", "content": "', ("x"):rep(2 * 1024 * 1024), '"}], "max_tokens": 1}')
+        f:close()
+        status = curl("-D " .. headers .. " -H 'Content-Type: application/json' --data-binary @" .. big .. " " .. base .. "/v1/messages")
+        assert.same({ 413, true }, { status, request_id() ~= nil })
+        os.remove(big)
+        status = curl("-D " .. headers .. " " .. base .. "/v1/messages")
+        assert.same({ 405, true }, { status, request_id() ~= nil })
         os.remove(headers)
     end)
 

@@ -109,8 +109,22 @@ local function messages_of(messages, system, raw)
         if type(m) ~= "table" or is_array(m) then return nil, where .. ' must be an object {"role", "content"}' end
         local ok, err = check_keys(m, { role = true, content = true }, where)
         if not ok then return nil, err end
-        if m.role ~= "user" and m.role ~= "assistant" then
-            return nil, ('%s.role must be "user" or "assistant", got %s'):format(where, shown(m.role))
+        if m.role ~= "user" and m.role ~= "assistant" and m.role ~= "system" then
+            return nil, ('%s.role must be "user", "assistant" or "system", got %s'):format(where, shown(m.role))
+        end
+        if m.role == "system" then
+            -- a system message among the turns (Anthropic's SystemMessageParam: instructions
+            -- added mid-conversation, as Claude Code sends them): one at its place, its text
+            -- blocks joined (a template that wants the system prompt first alone refuses it)
+            if i == 1 then
+                return nil, where .. '.role = "system": a system message follows a turn (the system prompt before them is ' ..
+                    "the top-level system)"
+            end
+            local text
+            text, err = text_of(m.content, where .. ".content")
+            if not text then return nil, err end
+            out[#out + 1], from[#out + 1] = { role = "system", content = text }, i - 1
+            goto next_message
         end
         local blocks = m.content
         if type(blocks) == "string" then blocks = { { type = "text", text = blocks } } end
@@ -174,6 +188,7 @@ local function messages_of(messages, system, raw)
         if message then
             if message.content == nil then message.content = message.tool_calls and json_null or "" end
         end
+        ::next_message::
     end
     return out, from
 end

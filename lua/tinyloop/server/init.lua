@@ -564,7 +564,17 @@ end
 -- An error in Anthropic's shape ({"type": "error", "error": {"type", "message"}}), in Ollama's
 -- ({"error": "message"}), or in the shape of the API the request's URI is (its clients read
 -- only their own).
+-- Anthropic's request-id header, on each answer of its endpoints, its errors' too, those
+-- before the handler (a 401, nginx's 413) as well (its SDKs show it as a response's and an
+-- error's request id, which users quote).
+local anthropic_requests = 0
+local function anthropic_request_id()
+    if ngx.header["request-id"] then return end
+    anthropic_requests = anthropic_requests + 1
+    ngx.header["request-id"] = "req_" .. worker_tag .. "_" .. anthropic_requests
+end
 local function send_anthropic_error(status, message, _, _, headers)
+    anthropic_request_id()
     return send_json(status, anthropic.error_body(status, tostring(message)), headers)
 end
 local function send_ollama_error(status, message, _, _, headers)
@@ -1390,19 +1400,31 @@ end
 
 -- ------------------------------------------------------------------ stored responses
 
--- A stored response (/v1/responses' store), one value under its id (so that the store drops
--- all of it or none): the id of the response it continued ("" for none), its own messages
--- (chat messages, JSON: its input's and its reply) and its response object (JSON), NUL
--- between them (JSON text has no raw NUL: cjson writes \u0000). Each keeps only its own
--- messages, not the whole conversation again: a chain of n turns holds each turn once. The
--- dict drops the least recently used first (a read refreshes: a chain in use stays).
--- -> previous id, messages, response | nil.
-local function stored(id)
-    local value = responses_store and type(id) == "string" and responses_store:get("resp:" .. id)
+-- A stored response (/v1/responses' store), one value (so that the store drops all of it or
+-- none) under the public part of its id, the part its output items' ids hold (an
+-- item_reference finds it so, and drops with it): its whole id, the id of the response it
+-- continued ("" for none), its own messages (chat messages, JSON: its input's and its reply)
+-- and its response object (JSON), NUL between them (JSON text has no raw NUL: cjson writes
+-- \u0000). Each keeps only its own messages, not the whole conversation again: a chain of n
+-- turns holds each turn once. The dict drops the least recently used first (a read
+-- refreshes: a chain in use stays).
+local function store_key(id) return "resp:" .. (responses.stored_key(id) or id) end
+-- The stored value under `key` -> its whole id, previous id, messages, response | nil.
+local function stored_value(key)
+    local value = responses_store and responses_store:get(key)
     if not value then return nil end
     local first = value:find("\0", 1, true)
     local second = value:find("\0", first + 1, true)
-    return value:sub(1, first - 1), value:sub(first + 1, second - 1), value:sub(second + 1)
+    local third = value:find("\0", second + 1, true)
+    return value:sub(1, first - 1), value:sub(first + 1, second - 1), value:sub(second + 1, third - 1), value:sub(third + 1)
+end
+-- The response of id `id` (its whole id: the secret part too) -> previous id, messages,
+-- response | nil.
+local function stored(id)
+    if type(id) ~= "string" then return nil end
+    local whole, previous, messages, response = stored_value(store_key(id))
+    if whole ~= id then return nil end
+    return previous, messages, response
 end
 
 -- The conversation a previous_response_id continues (responses.to_chat's lookup): the chain's
@@ -1428,14 +1450,13 @@ end
 
 -- An output item of a stored response by the id it gave it (responses.to_chat's lookup_item: an
 -- input's item_reference) -> the input item | nil. The item's id holds the public part of its
--- response's id ("msg_" .. 16 hex digits, 64 random bits), under which keep_response notes the
--- whole id: whoever was sent the item may send it back, as OpenAI's store does within a
--- project; the response itself still takes its whole id to read.
+-- response's id ("msg_" .. 16 hex digits, 64 random bits), the key it is stored under: whoever
+-- was sent the item may send it back, as OpenAI's store does within a project; the response
+-- itself still takes its whole id to read.
 local function stored_item(item_id)
     local key = type(item_id) == "string" and item_id:match("^%a+_(" .. ("%x"):rep(16) .. ")")
-    local id = key and responses_store:get("item:" .. key)
-    if not id then return nil end
-    local _, messages = stored(id)
+    if not key then return nil end
+    local _, _, messages = stored_value("resp:" .. key)
     if not messages then return nil end
     local list = cjson.decode(messages)
     return type(list) == "table" and responses.reply_item(list[#list], item_id) or nil
@@ -1451,7 +1472,7 @@ local function keep_response(r)
     local messages, response, previous = r.view:record()
     if not messages then return true end
     r.kept = true
-    local key, value = "resp:" .. r.public_id, (previous or "") .. "\0" .. messages .. "\0" .. response
+    local key, value = store_key(r.public_id), r.public_id .. "\0" .. (previous or "") .. "\0" .. messages .. "\0" .. response
     local ok, err
     -- (one the whole store cannot hold: set would drop the least recently used, then fail; the
     -- zone's own pages and a value's slab rounding take room too, hence an eighth kept back)
@@ -1469,9 +1490,6 @@ local function keep_response(r)
         end
     end
     if not ok then ngx_log(ngx.WARN, "tinyloop: response ", r.public_id, " is not stored: ", err) end
-    -- (its output items' ids lead to it: stored_item; without the note the items are not found)
-    local item_key = ok and responses.stored_key(r.public_id)
-    if item_key then responses_store:set("item:" .. item_key, r.public_id) end
     return ok and true or false
 end
 -- The answer (or final event) text of a response that asked to be stored and could not be:
@@ -1659,10 +1677,11 @@ local function run_stream(r)
                 if st.reasoning then thought, text = st.reasoning.reader:feed(text, finished) end
                 if st.tools then
                     text, ids, figures, calls_json = tool_stream(r, st, text, ids, figures, finished)
-                    -- held: the role, and the reasoning so far, go out at once all the same
-                    if not text and (not st.role_sent or thought ~= "") then
+                    -- held: the role (begin's chunk), and the reasoning so far, go out at once all the same
+                    if not text and (not started or thought ~= "") then
                         if not started and not begin() then return ngx_exit(499) end
-                        if not sse(r, response_json(r, choice_json(st, nil, {}, nil, nil, nil, nil, nil, nil, thought), chunk_usage(st))) then
+                        if thought ~= "" and
+                            not sse(r, response_json(r, choice_json(st, nil, {}, nil, nil, nil, nil, nil, nil, thought), chunk_usage(st))) then
                             return ngx_exit(499)
                         end
                         thought = ""
@@ -2076,14 +2095,6 @@ end
 
 -- POST /v1/messages (Anthropic's Messages API): the chat request it means, answered as content
 -- blocks and Anthropic's stream events, errors in its shape (tinyloop.server.anthropic).
--- Anthropic's request-id header, on each answer of its endpoints (its SDKs show it as a
--- response's and an error's request id, which users quote).
-local anthropic_requests = 0
-local function anthropic_request_id()
-    anthropic_requests = anthropic_requests + 1
-    ngx.header["request-id"] = "req_" .. worker_tag .. "_" .. anthropic_requests
-end
-
 function _M.messages()
     anthropic_request_id()
     local body = post_body()
@@ -2421,7 +2432,7 @@ function _M.stored_response()
                               "oldest go when the store is full)"):format(id), nil, "invalid_request_error")
         end
         if method ~= "DELETE" then return send_json(200, response) end
-        responses_store:delete("resp:" .. id)
+        responses_store:delete(store_key(id))
         return send_json(200, '{"id":' .. encode(id) .. ',"object":"response","deleted":true}')
     end
     if id then

@@ -225,7 +225,9 @@ local CHAT_NO_OPS = {
     guided_decoding_backend = OPENAI_NO_OPS.guided_decoding_backend,
     -- how long OpenAI keeps a prompt's cache, and its caching mode: the prefix pool here keeps
     -- what its budget holds, whatever they say
-    prompt_cache_retention = { function(v) return v == "in_memory" or v == "24h" end, '"in_memory" or "24h"' },
+    -- ("in-memory": the spelling of the Agents SDK's types and of openai-python's before its fix)
+    prompt_cache_retention = { function(v) return v == "in_memory" or v == "in-memory" or v == "24h" end,
+                               '"in_memory" or "24h"' },
     prompt_cache_options = { function(v) return type(v) == "table" end, "an object" },
     -- OpenAI's Predicted Outputs: a guess of the reply that only makes OpenAI's answer faster;
     -- the output is the model's either way

@@ -52,6 +52,8 @@ local OWN = {
     -- (OpenAI's prompt caching mode and compaction of long chains: the prefix pool keeps what its
     -- budget holds, and a chain that outgrows the context is refused, not compacted)
     prompt_cache_options = "object", context_management = "any",
+    -- (Codex's own metadata, on every request it sends: nothing here reads it)
+    client_metadata = "object",
 }
 local PASS = { user = true, parallel_tool_calls = true, stop = true }
 for _, k in ipairs(shapes.PASSED) do PASS[k] = true end
