@@ -1,9 +1,9 @@
 /* config.c: config.json -> tl_config, with every field validated (SPEC §1). */
 #include <math.h>
+#include <ctype.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <ctype.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>

@@ -20,6 +20,7 @@
  * tl_json_schema_options.loose asks for it). */
 #include <cjson/cJSON.h>
 #include <ctype.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -210,7 +211,7 @@ static bool is_count(const cJSON *v, double max) {
    narrows (Claude Code's Workflow tool: a script of maxLength 524288 failed the whole
    request); NULL for it, else the keyword. */
 static const cJSON *count_within(const conv *c, const cJSON *v, double max) {
-    return v && c->loose && is_count(v, 9007199254740992.0) && !is_count(v, max) ? NULL : v;
+    return v && c->loose && is_count(v, DBL_MAX) && !is_count(v, max) ? NULL : v;
 }
 
 static int string_schema(conv *c, const cJSON *s, const char *path) {
@@ -326,9 +327,6 @@ static bool keyword_taken_anywhere(const conv *c, const char *k) {
 
 static const char *const *type_keywords(const char *type);
 
-/* Every keyword of s must be handled by its type or be taken anywhere. A type's keyword where
-   it is not read (beside a $ref, without a "type", under another type or a combinator) is
-   named as such: "unsupported" alone sent users looking for a keyword that is supported. */
 /* propertyNames that every name meets (a name is a string): true, {}, {"type": "string"}, as
    zod writes it for every z.record(z.string(), ...); it narrows nothing. */
 static bool names_any(const cJSON *k) {
@@ -338,6 +336,9 @@ static bool names_any(const cJSON *k) {
     return type && cJSON_GetArraySize(k) == 1 && cJSON_IsString(type) && strcmp(type->valuestring, "string") == 0;
 }
 
+/* Every keyword of s must be handled by its type or be taken anywhere. A type's keyword where
+   it is not read (beside a $ref, without a "type", under another type or a combinator) is
+   named as such: "unsupported" alone sent users looking for a keyword that is supported. */
 static int check_keywords(conv *c, const cJSON *s, const char *path, const char *const *handled) {
     static const char *const TYPES[] = {"object", "array", "string", "integer", "number", NULL};
     for (const cJSON *k = s->child; k; k = k->next) {

@@ -149,15 +149,12 @@ static tl_status parse_header(const char *path, tl_st_file *f) {
     cJSON_Delete(root);
     if (st != TL_OK) return st;
 
-    /* Names are found by binary search (a checkpoint may hold tens of thousands of tensors),
-       and each is given once: a second one of a name would never be read. */
+    /* Names are found by binary search (a checkpoint may hold tens of thousands of tensors);
+       each is given once (the header's reader refuses a key given twice). */
     if (!(f->by_name = malloc(((size_t)f->n_tensors + 1) * sizeof *f->by_name)))
         return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     for (int i = 0; i < f->n_tensors; i++) f->by_name[i] = &f->tensors[i];
     qsort(f->by_name, (size_t)f->n_tensors, sizeof *f->by_name, by_name);
-    for (int i = 1; i < f->n_tensors; i++)
-        if (by_name(&f->by_name[i - 1], &f->by_name[i]) == 0)
-            return tl_fail(TL_ERR_FORMAT, "%s: tensor \"%s\" is given twice", path, f->by_name[i]->name);
 
     /* Buffers must not overlap (the format also requires them to tile the data region;
        we only refuse overlaps, which is what could make two tensors alias). An empty tensor

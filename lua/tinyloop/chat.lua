@@ -378,9 +378,9 @@ function _M.check_messages(messages)
                 message.content = ""
             end
         else
-            local text, err = content_text(m.content, at)
-            if not text then return nil, err end
-            message.content, sent_parts[message] = text, err -- (err: the parts' texts, where sent so)
+            local text, texts_or_err = content_text(m.content, at) -- (the parts' texts, where sent so)
+            if not text then return nil, texts_or_err end
+            message.content, sent_parts[message] = text, texts_or_err
         end
         if m.name ~= nil and m.name ~= json_null and type(m.name) ~= "string" then return nil, at .. ".name must be a string" end
         message.name = type(m.name) == "string" and m.name or nil

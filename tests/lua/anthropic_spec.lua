@@ -219,6 +219,8 @@ describe("anthropic.to_chat: what Anthropic's clients send", function()
         local _, err = anthropic.to_chat('{"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}, ' ..
                                          '{"role": "system", "content": [{"type": "image"}]}]}')
         assert.truthy(err.message:find("messages[1].content[0].type", 1, true), err.message)
+        _, err = anthropic.to_chat('{"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": []}]}')
+        assert.truthy(err.message:find("messages[1].content must not be empty", 1, true), err.message)
     end)
 
     it("takes the fields that change nothing here", function()

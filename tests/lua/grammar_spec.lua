@@ -190,6 +190,7 @@ describe("tinyloop.grammar", function()
                     '"l": {"type": "array", "minItems": 2000}}}'
         assert.is_nil((G.json_schema(big)))
         assert.is_true(assert(G.json_schema(big, { loose = true })):matches('{"s":"abc","l":[1]}'))
+        assert.truthy(G.json_schema('{"type": "string", "maxLength": 1e20}', { loose = true })) -- (past 2^53 too)
         -- OpenAPI's null (zod's z.null()), and propertyNames every name meets (zod's z.record)
         g = assert(G.json_schema('{"type": "string", "nullable": true, "enum": [null]}'))
         assert.same({ true, false }, { g:matches("null"), g:matches('"a"') })

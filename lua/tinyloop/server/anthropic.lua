@@ -123,6 +123,7 @@ local function messages_of(messages, system, raw)
             local text
             text, err = text_of(m.content, where .. ".content")
             if not text then return nil, err end
+            if text == "" then return nil, where .. ".content must not be empty (a system message says something)" end
             out[#out + 1], from[#out + 1] = { role = "system", content = text }, i - 1
             goto next_message
         end
