@@ -3878,6 +3878,59 @@ describe("server with two workers", function()
         end
     end
 
+    it("starts a stream that waits for its first token keepalive_s and sends signs of life (each API's)", function()
+        -- one session place, a wait of 10 ms, signs of life at once: streams queued behind a
+        -- long request wait for their first token (Claude Code and Codex drop a stream silent
+        -- for 300 s, and a long prompt's prefill took longer: nothing was sent before a token)
+        with_one_worker_copy("keepalive", "max_active = %d+,", "max_active = 1, keepalive_s = 0.001, wait_ms = 10,", function(b3, pre)
+            local function send(path, t, out)
+                os.execute(("curl -sN -m 60 -H 'Content-Type: application/json' --data-binary %s %s%s > %s/%s 2>/dev/null &")
+                    :format(quote(cjson.encode(t)), b3, path, pre, out))
+            end
+            send("/v1/completions", { prompt = "It is a truth", max_tokens = 120, loops = 16, ignore_eos = true }, "long.out")
+            os.execute("sleep 0.3")
+            local ask = { { role = "user", content = "Who is Emma?" } }
+            send("/v1/chat/completions", { messages = ask, max_tokens = 3, stream = true }, "chat.out")
+            send("/v1/messages", { messages = ask, max_tokens = 3, stream = true }, "messages.out")
+            send("/v1/responses", { input = "Who is Emma?", max_output_tokens = 3, stream = true }, "responses.out")
+            local function read(name)
+                for _ = 1, 600 do
+                    local text = sh("cat " .. pre .. "/" .. name)
+                    if text:find("[DONE]", 1, true) or text:find("message_stop", 1, true) or text:find("response.incomplete", 1, true)
+                        or text:find("response.completed", 1, true) then return text end
+                    os.execute("sleep 0.05")
+                end
+                return sh("cat " .. pre .. "/" .. name)
+            end
+            -- chat: the role's chunk, then SSE comments (parsers skip them), then the tokens
+            local chat = read("chat.out")
+            local first_data = chat:find("data: ", 1, true)
+            local role = chat:find('"role":"assistant"', 1, true)
+            local comment = chat:find("\n: keep-alive\n", 1, true)
+            local content = chat:find('"content":"[^"]', role and role + 1 or 1)
+            assert.truthy(first_data and role and comment and content and role < comment and comment < content, chat)
+            -- Anthropic's: message_start, then its ping events, before the first block
+            local messages = read("messages.out")
+            local start, ping = messages:find("event: message_start", 1, true), messages:find("event: ping", 1, true)
+            local block = messages:find("event: content_block_start", 1, true)
+            assert.truthy(start and ping and block and start < ping and ping < block, messages)
+            assert.equal(1, select(2, messages:gsub("event: message_start", "")))
+            -- Responses': its opening events at once, once, then response.in_progress again (Codex's
+            -- parser hands it events only: a comment would not count)
+            local responses = read("responses.out")
+            assert.equal(1, select(2, responses:gsub("event: response.created", "")), responses)
+            local created, delta = responses:find("event: response.created", 1, true), responses:find("output_text.delta", 1, true)
+            assert.truthy(created and delta and created < delta, responses)
+            assert.truthy(select(2, responses:sub(1, delta):gsub("event: response.in_progress", "")) >= 2, responses)
+            assert.is_nil(responses:find("\n: keep-alive\n", 1, true), responses)
+            local sequence = -1
+            for n in responses:gmatch('"sequence_number":(%d+)') do
+                assert.equal(sequence + 1, tonumber(n))
+                sequence = tonumber(n)
+            end
+        end)
+    end)
+
     it("answers 503 with Retry-After to embeddings past the places, and gives the place back", function()
         -- scripts/serve's config, one worker with one embeddings place and no wait for it
         with_one_worker_copy("embed-places", "embed_jobs = %d+,", "embed_jobs = 1, embed_wait_s = 0,", function(b3, pre)
@@ -4457,6 +4510,10 @@ describe("examples/openresty", function()
         for _, wait in ipairs({ "0.5", "2^31", "0" }) do -- (C reads an int: 0.5 and 2^31 made every wait a poll)
             out = start_says((conf:gsub("threads = 2", "threads = 2, wait_ms = " .. wait)))
             assert.truthy(out:find("wait_ms must be an integer in [1, 3600000], got", 1, true), wait .. ": " .. out)
+        end
+        for _, keepalive in ipairs({ "0", "-1", "'15'" }) do
+            out = start_says((conf:gsub("threads = 2", "threads = 2, keepalive_s = " .. keepalive)))
+            assert.truthy(out:find("keepalive_s must be a number > 0, got", 1, true), keepalive .. ": " .. out)
         end
     end)
 end)

@@ -489,6 +489,26 @@ local function delta(out, index, kind, field, text)
     add(out, "content_block_delta", { { "index", tostring(index) }, { "delta", object({ { "type", encode(kind) }, { field, encode(text) } }) } })
 end
 
+-- The stream's message_start, once (the prompt is read: its usage is known before any token).
+function View:start(out)
+    if self.started then return end
+    self.started = true
+    add(out, "message_start", { { "message", message_json(self.id, self.model, {}, "null", "null", object({
+        { "input_tokens", tostring(self.prompt_tokens - self.cached_tokens) }, { "cache_creation_input_tokens", "0" },
+        { "cache_read_input_tokens", tostring(self.cached_tokens) }, { "output_tokens", "0" } }), nil) } })
+end
+
+-- alive() -> the events of a stream that has had nothing to send a while (a long prompt's
+-- prefill): message_start, then Anthropic's ping events (its SDKs skip them; Claude Code
+-- gives up on a stream silent for 300 s).
+function View:alive()
+    local out = {}
+    if self.finished then return out end
+    self:start(out)
+    add(out, "ping", {})
+    return out
+end
+
 -- feed(payload) -> the events {type, json} one chat stream event makes: message_start first;
 -- a block per kind of delta (thinking, text, each tool call), started and stopped around its
 -- deltas; at the finish message_delta (stop_reason, usage) and message_stop.
@@ -503,12 +523,7 @@ function View:feed(payload)
         return out
     end
     if #deltas == 0 then return out end
-    if not self.started then
-        self.started = true
-        add(out, "message_start", { { "message", message_json(self.id, self.model, {}, "null", "null", object({
-            { "input_tokens", tostring(self.prompt_tokens - self.cached_tokens) }, { "cache_creation_input_tokens", "0" },
-            { "cache_read_input_tokens", tostring(self.cached_tokens) }, { "output_tokens", "0" } }), nil) } })
-    end
+    self:start(out)
     for _, d in ipairs(deltas) do
         if d.kind == "reasoning" then
             if self.open ~= "thinking" then self:open_block(out, "thinking", thinking_block("")) end

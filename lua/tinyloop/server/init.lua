@@ -62,6 +62,9 @@ local conf = {
     thread_pool = "tinyloop", -- nginx thread_pool the handlers wait in; false = poll
     shared_dict = "tinyloop_metrics",
     wait_ms = 1000,           -- one wait in the pool at most (then the handler loops)
+    keepalive_s = 15,         -- a stream with nothing to send this long (a long prompt's prefill,
+                              -- a queue) starts and sends a sign of life, again each this long:
+                              -- Claude Code and Codex drop a stream silent for 300 s
     max_body = 1024 * 1024,   -- request bodies above: 413 (keep client_max_body_size equal)
     publish_every = 0.25,     -- seconds between copies of the engine counters into shared_dict
     engine_nice = 5,          -- compute threads this much nicer than the event loop (0: as is)
@@ -275,6 +278,9 @@ function _M.configure(opts)
     -- then spun on the pool's threads)
     if not request.is_integer(conf.wait_ms) or conf.wait_ms < 1 or conf.wait_ms > 3600000 then
         error("tinyloop.server: wait_ms must be an integer in [1, 3600000], got " .. tostring(conf.wait_ms))
+    end
+    if type(conf.keepalive_s) ~= "number" or not (conf.keepalive_s > 0) then
+        error("tinyloop.server: keepalive_s must be a number > 0, got " .. tostring(conf.keepalive_s))
     end
     if type(conf.publish_every) ~= "number" or not (conf.publish_every > 0) then
         error("tinyloop.server: publish_every must be a number > 0, got " .. tostring(conf.publish_every))
@@ -1002,11 +1008,14 @@ local function wait(st)
         if ok then return r end
         pool_unavailable(r, "polling")
     end
-    local delay = 0.001
+    local delay, waited = 0.001, 0
     while true do
         local r = tonumber(C.tl_engine_wait(engine, st.id, 0))
         if r ~= 0 then return r end
+        -- (after wait_ms, 0, as the pool's wait: the caller may have a sign of life to send)
+        if waited >= conf.wait_ms / 1000 then return 0 end
         ngx.sleep(delay)
+        waited = waited + delay
         delay = delay < 0.02 and delay * 2 or delay
     end
 end
@@ -1018,12 +1027,14 @@ local function started_running(st)
 end
 
 -- The next output of the request: text, token ids (a table), finished (boolean); or nil, err
--- (err "gone" when it was cancelled meanwhile).
-local function next_output(st, ready)
+-- (err "gone" when it was cancelled meanwhile). on_idle(), when given, runs after each wait
+-- that found nothing (a stream's sign of life); false from it: the client has gone.
+local function next_output(st, ready, on_idle)
     while not ready do -- (ready: a poll found output already; no trip through the pool)
         local r = wait(st)
         if st.released or r < 0 then return nil, "gone" end
         if r > 0 then break end
+        if on_idle and not on_idle() then return nil, "gone" end
     end
     if st.released then return nil, "gone" end
     C.tl_engine_read(engine, st.id, update)
@@ -1555,6 +1566,33 @@ local function run_blocking(r)
     return send_json(200, answer)
 end
 
+-- A view's events as its stream writes them: Ollama's, one JSON object a line; llama.cpp's,
+-- server-sent data events without a type; the others, server-sent events with a type.
+local function framed(view, events)
+    local text = {}
+    for i, e in ipairs(events) do
+        local data = valid_utf8(e[2])
+        text[i] = view.FRAME == "ndjson" and (data .. "\n") or view.FRAME == "data" and ("data: " .. data .. "\n\n") or
+                  ("event: " .. e[1] .. "\ndata: " .. data .. "\n\n")
+    end
+    return text
+end
+
+-- What was printed (ngx.print's ok, err) flushed -> true, or false when the client has gone
+-- (then the request is released).
+local function sent(r, ok, err)
+    if ok then ok, err = ngx_flush(true) end
+    -- HTTP/1.0 with lua_http10_buffering on (another nginx.conf than ours): the response is
+    -- buffered whole and flush says so; the client is still there.
+    if not ok and err == "buffering" then ok = true end
+    if not ok then
+        ngx_log(ngx.INFO, "tinyloop: client gone mid-stream (", err, "): cancelling request ", r.response_id)
+        release_all(r, true)
+        return false
+    end
+    return true
+end
+
 -- Writes one SSE event; false when the client has gone (then the request is released). A
 -- stream of another API (r.view: OpenAI's Responses, Anthropic's Messages, Ollama's) reads each
 -- chat chunk as the events (or, Ollama's, JSON lines) of its own that it makes.
@@ -1572,32 +1610,26 @@ local function sse(r, payload)
         if r.view.final and not r.kept and not keep_response(r) then
             events[#events][2] = not_stored(events[#events][2])
         end
-        local text = {}
-        for i, e in ipairs(events) do
-            -- (Ollama's stream: one JSON object a line; the others: server-sent events with a type)
-            -- (llama.cpp's: server-sent data events without a type)
-            local data = valid_utf8(e[2])
-            text[i] = r.view.FRAME == "ndjson" and (data .. "\n") or r.view.FRAME == "data" and ("data: " .. data .. "\n\n") or
-                      ("event: " .. e[1] .. "\ndata: " .. data .. "\n\n")
-        end
-        ok, err = ngx_print(text)
+        ok, err = ngx_print(framed(r.view, events))
     else
         ok, err = ngx_print("data: ", valid_utf8(payload), "\n\n")
     end
-    if ok then ok, err = ngx_flush(true) end
-    -- HTTP/1.0 with lua_http10_buffering on (another nginx.conf than ours): the response is
-    -- buffered whole and flush says so; the client is still there.
-    if not ok and err == "buffering" then ok = true end
-    if not ok then
-        ngx_log(ngx.INFO, "tinyloop: client gone mid-stream (", err, "): cancelling request ", r.response_id)
-        release_all(r, true)
-        return false
-    end
-    return true
+    return sent(r, ok, err)
+end
+
+-- A stream's sign of life, when it has had nothing to send for keepalive_s: its view's own
+-- (Anthropic's message_start, then ping events; Responses' response.created, then
+-- response.in_progress), else an SSE comment, which event-stream parsers skip. False when the
+-- client has gone.
+local function keep_alive(r)
+    local events = r.view and r.view.alive and r.view:alive() or {}
+    if #events > 0 then return sent(r, ngx_print(framed(r.view, events))) end
+    return sent(r, ngx_print(": keep-alive\n\n"))
 end
 
 -- Headers go with the first event, not before: a client's time to first byte is then its
--- time to first token, and a failure before any token still gets a real error status.
+-- time to first token, and a failure before any token still gets a real error status (but
+-- a stream that waits keepalive_s for its first event starts without it: run_stream).
 local function start_stream(r)
     ngx.status = 200
     ngx.header["Content-Type"] = r.view and r.view.CONTENT_TYPE or "text/event-stream"
@@ -1637,6 +1669,18 @@ local function run_stream(r)
         end
         return true
     end
+    -- Nothing to send for keepalive_s (a long prompt's prefill, a queue): the stream starts
+    -- and sends a sign of life, again each keepalive_s (Claude Code and Codex give up on a
+    -- stream silent for 300 s and send the request again, whose prefill is as long).
+    local last_sign = now()
+    local function on_idle()
+        -- (Ollama's lines have no sign of life, and its stream, not begun, keeps a real error status)
+        if r.view and r.view.FRAME == "ndjson" then return true end
+        if now() - last_sign < conf.keepalive_s then return true end
+        last_sign = now()
+        if not started and not begin() then return false end
+        return keep_alive(r)
+    end
     local live = {}
     for k, st in ipairs(r.sts) do
         live[k] = st
@@ -1655,7 +1699,8 @@ local function run_stream(r)
             local finished = false
             if i == 1 or ready then
                 local text, ids, figures
-                text, ids, finished, figures = next_output(st, ready)
+                text, ids, finished, figures = next_output(st, ready, on_idle)
+                last_sign = now()
                 if not text then
                     local gone = ids == "gone"
                     release_all(r, gone)

@@ -790,6 +790,29 @@ end
 
 local function where(item) return { "item_id", encode(item.id) }, { "output_index", tostring(item.index) } end
 
+-- The stream's response.created and response.in_progress, once.
+function View:open_response(out)
+    if self.sequence > 0 then return end
+    local initial = self:response_object(self.id, self.created, self.model, "in_progress", {}, "null", nil)
+    self:event(out, "response.created", { { "response", initial } })
+    self:event(out, "response.in_progress", { { "response", initial } })
+end
+
+-- alive() -> the events of a stream that has had nothing to send a while (a long prompt's
+-- prefill): its opening events, then response.in_progress again (Codex gives up on a stream
+-- without an event for 300 s: its parser hands it events only, a comment restarts nothing;
+-- OpenAI's SDKs take a repeated in_progress).
+function View:alive()
+    local out = {}
+    if self.finished then return out end
+    if self.sequence > 0 then
+        local now = self:response_object(self.id, self.created, self.model, "in_progress", {}, "null", nil)
+        self:event(out, "response.in_progress", { { "response", now } })
+    end
+    self:open_response(out)
+    return out
+end
+
 -- The open item closed: its .done events, its final JSON kept for the response.
 function View:close(out, status)
     local item = self.open
@@ -881,11 +904,7 @@ function View:feed(payload)
         return out
     end
     if #deltas == 0 and #entries == 0 then return out end
-    if self.sequence == 0 then
-        local initial = self:response_object(self.id, self.created, self.model, "in_progress", {}, "null", nil)
-        self:event(out, "response.created", { { "response", initial } })
-        self:event(out, "response.in_progress", { { "response", initial } })
-    end
+    self:open_response(out)
     -- the logprobs of the message's tokens: a chunk's that carries reasoning or a call's pieces
     -- too keeps only its text's tokens (found by their bytes, as a blocking answer's are); the
     -- tokens of a chunk with no text are held for the next, and once the reply has had
