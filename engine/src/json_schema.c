@@ -243,9 +243,7 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
             patterned = true;
         }
     }
-    if (patterned) {
-        /* (the pattern's grammar is the body) */
-    } else if (format && !(c->loose && !known_format(format))) { /* (loose: an unknown format is any string) */
+    if (!patterned && format && !(c->loose && !known_format(format))) { /* (loose: an unknown format is any string) */
         if (!cJSON_IsString(format)) return fail(c, path, "'format' must be a string");
         if ((minl || maxl) && !c->loose) return fail(c, path, "'format' combined with minLength/maxLength is not supported");
         const char *f = format->valuestring;
@@ -271,7 +269,7 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
         else if (strcmp(f, "uuid") == 0)
             tl_strbuf_puts(&body, "\"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12} \"\\\"\"");
         else return fail(c, path, "format '%s' is not supported (date, time, date-time, uuid)", f);
-    } else {
+    } else if (!patterned) {
         c->used_string = true;
         int lo = 0, hi = -1;
         minl = count_within(c, minl, 10000);

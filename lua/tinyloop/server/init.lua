@@ -1465,7 +1465,7 @@ end
 -- was sent the item may send it back, as OpenAI's store does within a project; the response
 -- itself still takes its whole id to read.
 local function stored_item(item_id)
-    local key = type(item_id) == "string" and item_id:match("^%a+_(" .. ("%x"):rep(16) .. ")")
+    local key = responses.item_response_key(item_id)
     if not key then return nil end
     local _, _, messages = stored_value("resp:" .. key)
     if not messages then return nil end
@@ -1672,12 +1672,16 @@ local function run_stream(r)
     -- Nothing to send for keepalive_s (a long prompt's prefill, a queue): the stream starts
     -- and sends a sign of life, again each keepalive_s (Claude Code and Codex give up on a
     -- stream silent for 300 s and send the request again, whose prefill is as long).
-    local last_sign = now()
+    -- (idle_since: from the first wait that found nothing, which waited wait_ms; nil after an
+    -- output: no clock read a token)
+    local idle_since
     local function on_idle()
         -- (Ollama's lines have no sign of life, and its stream, not begun, keeps a real error status)
         if r.view and r.view.FRAME == "ndjson" then return true end
-        if now() - last_sign < conf.keepalive_s then return true end
-        last_sign = now()
+        local t = now()
+        idle_since = idle_since or t - conf.wait_ms / 1000
+        if t - idle_since < conf.keepalive_s then return true end
+        idle_since = t
         if not started and not begin() then return false end
         return keep_alive(r)
     end
@@ -1700,7 +1704,7 @@ local function run_stream(r)
             if i == 1 or ready then
                 local text, ids, figures
                 text, ids, finished, figures = next_output(st, ready, on_idle)
-                last_sign = now()
+                idle_since = nil
                 if not text then
                     local gone = ids == "gone"
                     release_all(r, gone)

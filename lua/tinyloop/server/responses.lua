@@ -587,13 +587,19 @@ local function status_of(finish_reason) return finish_reason == "length" and "in
 -- The key of a stored response's id ("resp_" .. 16 + 32 hex digits -> the 16), under which the
 -- server finds it from an output item's id, or nil (a response not stored).
 function _M.stored_key(id) return id:match(STORED_ID) end
+-- An output item's id: its kind ("msg", "rs", "fc"), its response's key, the rest ("_k" of a call).
+local ITEM_ID = "^(%a+)_(" .. ("%x"):rep(16) .. ")(.*)$"
+-- The key of the stored response whose output item `item_id` is, or nil.
+function _M.item_response_key(item_id)
+    return type(item_id) == "string" and select(2, item_id:match(ITEM_ID)) or nil
+end
 
 -- reply_item(reply, item_id) -> the input item that output item `item_id` of a stored
 -- response (its reply: the chat message kept) is, as a client would send it back (an
 -- item_reference's item), or nil: its message (msg_KEY), reasoning (rs_KEY) or call k (fc_KEY_k).
 function _M.reply_item(reply, item_id)
     if type(reply) ~= "table" or type(item_id) ~= "string" then return nil end
-    local kind, rest = item_id:match("^(%a+)_" .. ("%x"):rep(16) .. "(.*)$")
+    local kind, _, rest = item_id:match(ITEM_ID)
     if kind == "msg" and rest == "" and type(reply.content) == "string" and reply.content ~= "" then
         return { type = "message", role = "assistant", content = reply.content }
     elseif kind == "rs" and rest == "" and type(reply.reasoning_content) == "string" then
@@ -791,10 +797,10 @@ end
 local function where(item) return { "item_id", encode(item.id) }, { "output_index", tostring(item.index) } end
 
 -- The stream's response.created and response.in_progress, once.
+-- (then response.in_progress alone: Codex's sign of life, alive)
 function View:open_response(out)
-    if self.sequence > 0 then return end
     local initial = self:response_object(self.id, self.created, self.model, "in_progress", {}, "null", nil)
-    self:event(out, "response.created", { { "response", initial } })
+    if self.sequence == 0 then self:event(out, "response.created", { { "response", initial } }) end
     self:event(out, "response.in_progress", { { "response", initial } })
 end
 
@@ -804,12 +810,7 @@ end
 -- OpenAI's SDKs take a repeated in_progress).
 function View:alive()
     local out = {}
-    if self.finished then return out end
-    if self.sequence > 0 then
-        local now = self:response_object(self.id, self.created, self.model, "in_progress", {}, "null", nil)
-        self:event(out, "response.in_progress", { { "response", now } })
-    end
-    self:open_response(out)
+    if not self.finished then self:open_response(out) end
     return out
 end
 
@@ -904,7 +905,7 @@ function View:feed(payload)
         return out
     end
     if #deltas == 0 and #entries == 0 then return out end
-    self:open_response(out)
+    if self.sequence == 0 then self:open_response(out) end
     -- the logprobs of the message's tokens: a chunk's that carries reasoning or a call's pieces
     -- too keeps only its text's tokens (found by their bytes, as a blocking answer's are); the
     -- tokens of a chunk with no text are held for the next, and once the reply has had
