@@ -3881,26 +3881,58 @@ describe("server with two workers", function()
     it("starts a stream that waits for its first token keepalive_s and sends signs of life (each API's)", function()
         -- one session place, a wait of 10 ms, signs of life at once: streams queued behind a
         -- long request wait for their first token (Claude Code and Codex drop a stream silent
-        -- for 300 s, and a long prompt's prefill took longer: nothing was sent before a token)
-        with_one_worker_copy("keepalive", "max_active = %d+,", "max_active = 1, keepalive_s = 0.001, wait_ms = 10,", function(b3, pre)
+        -- for 300 s, and a long prompt's prefill took longer: nothing was sent before a token).
+        -- The place is held by a stream that lasts until its client leaves: thousands of tokens
+        -- on a copy of the model with a longer context (a 256-token one ended on a fast machine
+        -- before the others came), its client stopped once each stream has shown its signs.
+        local long_dir = dir2 .. "/long-model"
+        os.execute(("mkdir %s && chmod a+rx %s"):format(long_dir, long_dir))
+        for _, f in ipairs({ "model.safetensors", "tokenizer.json", "generation_config.json" }) do
+            os.execute(("ln -s %s/model/%s %s/%s"):format(dir2, f, long_dir, f))
+        end
+        local config = cjson.decode(sh("cat " .. dir2 .. "/model/config.json"))
+        config.max_seq_len = 4096
+        local f = assert(io.open(long_dir .. "/config.json", "wb"))
+        f:write(cjson.encode(config))
+        f:close()
+        os.execute("chmod a+r " .. long_dir .. "/config.json")
+        with_one_worker_copy("keepalive", 'model = "[^"]*", threads = %d+, max_active = %d+,',
+                             'model = "' .. long_dir .. '", threads = 1, max_active = 1, keepalive_s = 0.001, wait_ms = 10,', function(b3, pre)
             local function send(path, t, out)
-                os.execute(("curl -sN -m 60 -H 'Content-Type: application/json' --data-binary %s %s%s > %s/%s 2>/dev/null &")
-                    :format(quote(cjson.encode(t)), b3, path, pre, out))
+                os.execute(("curl -sN -m 120 -H 'Content-Type: application/json' --data-binary %s %s%s > %s/%s 2>/dev/null & echo $! > %s/%s.pid")
+                    :format(quote(cjson.encode(t)), b3, path, pre, out, pre, out))
             end
-            send("/v1/completions", { prompt = "It is a truth", max_tokens = 120, loops = 16, ignore_eos = true }, "long.out")
-            os.execute("sleep 0.3")
+            local function until_true(fn) -- fn() true within 60 s
+                for _ = 1, 1200 do
+                    if fn() then return true end
+                    os.execute("sleep 0.05")
+                end
+                return false
+            end
+            local function cat(name) return sh("cat " .. pre .. "/" .. name) end
+            send("/v1/completions", { prompt = "It is a truth", max_tokens = 4000, loops = 16, ignore_eos = true, stream = true }, "long.out")
+            assert.truthy(until_true(function() return cat("long.out"):find("data: ", 1, true) end), cat("long.out"))
             local ask = { { role = "user", content = "Who is Emma?" } }
             send("/v1/chat/completions", { messages = ask, max_tokens = 3, stream = true }, "chat.out")
             send("/v1/messages", { messages = ask, max_tokens = 3, stream = true }, "messages.out")
             send("/v1/responses", { input = "Who is Emma?", max_output_tokens = 3, stream = true }, "responses.out")
+            local signs = until_true(function()
+                return cat("chat.out"):find("\n: keep-alive\n", 1, true) and cat("messages.out"):find("event: ping", 1, true)
+                    and select(2, cat("responses.out"):gsub("event: response.in_progress", "")) >= 2
+            end)
+            local long_so_far = cat("long.out")
+            os.execute("kill $(cat " .. pre .. "/long.out.pid) 2>/dev/null")
+            assert.truthy(signs, cat("chat.out") .. cat("messages.out") .. cat("responses.out"))
+            -- (the long stream was still running: the place was held all along)
+            assert.is_nil(long_so_far:find("[DONE]", 1, true))
             local function read(name)
                 for _ = 1, 600 do
-                    local text = sh("cat " .. pre .. "/" .. name)
+                    local text = cat(name)
                     if text:find("[DONE]", 1, true) or text:find("message_stop", 1, true) or text:find("response.incomplete", 1, true)
                         or text:find("response.completed", 1, true) then return text end
                     os.execute("sleep 0.05")
                 end
-                return sh("cat " .. pre .. "/" .. name)
+                return cat(name)
             end
             -- chat: the role's chunk, then SSE comments (parsers skip them), then the tokens
             local chat = read("chat.out")
