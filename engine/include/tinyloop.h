@@ -942,8 +942,8 @@ typedef struct tl_json_schema_options {
                             multipleOf, uniqueItems, min/maxProperties, contains, if/then/else,
                             not, propertyNames, dependentRequired/Schemas, unevaluated*, a
                             string's min/maxLength beside a pattern or a format, a type beside
-                            anyOf/oneOf/allOf, and a number's maximum and exclusive bounds (a
-                            minimum >= 0 keeps it non-negative). For schemas given without OpenAI's strict: true (a
+                            anyOf/oneOf/allOf, and a bound that is not a number below 2^53 in
+                            magnitude (the others are enforced). For schemas given without OpenAI's strict: true (a
                             tool's parameters), where refusing the request helps nobody */
 } tl_json_schema_options;
 

@@ -10,7 +10,7 @@
  * has a different const in each, a discriminator; a grammar cannot refuse a value for
  * matching twice), allOf of objects, string minLength/maxLength,
  * pattern (a regular-expression subset), format date/time/date-time/uuid, integer
- * minimum/maximum/exclusiveMinimum/exclusiveMaximum (exact ranges), number minimum >= 0,
+ * and number minimum/maximum/exclusiveMinimum/exclusiveMaximum (exact ranges),
  * boolean, null, $ref to "#" or a JSON Pointer into the schema ("#/$defs/NAME", escapes
  * decoded), draft-07's tuples ("items" an array, "additionalItems"), OpenAPI's "nullable"
  * (the values and null), a "type" beside anyOf/oneOf/allOf whose branches are all of it.
@@ -119,6 +119,23 @@ static bool is_nullable(const cJSON *s) {
 /* A rule of rule r's values and null (a nullable schema's). */
 static int or_null_rule(conv *c, int r);
 
+/* ---------------------------------------------------------------- digit caps */
+
+/* The most digits a number's whole part and fraction take, and its exponent, as llama.cpp's
+   converter caps them: a model can write digits without end (0.24902222442343314935...,
+   seen when a client dropped a "maximum"), and a double holds 17 significant digits. A
+   bound whose fraction is longer gets one digit past it (exclusiveMinimum 1e-16: 17). */
+#define MAX_WHOLE_DIGITS 16
+#define MAX_FRACTION_DIGITS 16
+#define MAX_EXPONENT_DIGITS 3
+#define DIGITS_TEXT(n) #n
+#define CAP(n) DIGITS_TEXT(n)
+#define WHOLE_GBNF "(\"0\" | [1-9] [0-9]{0,15})" /* MAX_WHOLE_DIGITS - 1 */
+#define FRACTION_GBNF "(\".\" [0-9]{1," CAP(MAX_FRACTION_DIGITS) "})"
+#define EXPONENT_GBNF "([eE] [-+]? [0-9]{1," CAP(MAX_EXPONENT_DIGITS) "})"
+#define NUMBER_GBNF "\"-\"? " WHOLE_GBNF " " FRACTION_GBNF "? " EXPONENT_GBNF "?"
+_Static_assert(MAX_WHOLE_DIGITS == 16, "WHOLE_GBNF spells MAX_WHOLE_DIGITS - 1 out");
+
 /* ---------------------------------------------------------------- integers in a range */
 
 /* Decimal numbers of exactly the digits between a and b (same length, leading zeros allowed). */
@@ -156,7 +173,8 @@ static void digits_range(strbuf *b, const char *lo, const char *hi) {
     tl_strbuf_puts(b, ") ");
 }
 
-/* Non-negative integers in [lo, hi] (hi < 0: unbounded), no leading zeros. */
+/* Non-negative integers in [lo, hi] (hi < 0: unbounded, to MAX_WHOLE_DIGITS digits), no
+   leading zeros. */
 static void natural_range(strbuf *b, long long lo, long long hi) {
     bool first = true;
     tl_strbuf_puts(b, "(");
@@ -171,17 +189,355 @@ static void natural_range(strbuf *b, long long lo, long long hi) {
         if (!first) tl_strbuf_puts(b, "| ");
         first = false;
         if (hi < 0 && a == dmin && d > 1) { /* every number of d or more digits */
-            tl_strbuf_printf(b, "[1-9] [0-9]{%d,} ", d - 1);
+            tl_strbuf_printf(b, "[1-9] [0-9]{%d,%d} ", d - 1, MAX_WHOLE_DIGITS - 1);
             break;
         }
         char sa[32], sz[32];
         snprintf(sa, sizeof sa, "%lld", a);
         snprintf(sz, sizeof sz, "%lld", z);
         digits_range(b, sa, sz);
-        if (hi < 0 && z == dmax) { tl_strbuf_printf(b, "| [1-9] [0-9]{%d,} ", d); break; }
+        if (hi < 0 && z == dmax) {
+            if (d < MAX_WHOLE_DIGITS) tl_strbuf_printf(b, "| [1-9] [0-9]{%d,%d} ", d, MAX_WHOLE_DIGITS - 1);
+            break;
+        }
     }
     if (first) tl_strbuf_puts(b, "[^\\x00-\\U0010FFFF] "); /* empty range: nothing */
     tl_strbuf_puts(b, ")");
+}
+
+/* ---------------------------------------------------------------- numbers in a range */
+
+/* One side of a number's range, on the magnitudes of one sign (the negative numbers' bounds
+   are their magnitudes' too, flipped): its value's digits as the schema wrote them, the
+   shortest decimal that reads back as the same double (0.1, not 0.1000000000000000055...). */
+typedef struct decimal_bound {
+    bool present, strict; /* absent: no bound on this side; strict: the value itself is out */
+    double value;         /* >= 0 */
+    long long whole;      /* the integer part */
+    char frac[352];       /* the fraction's digits, no trailing zeros ("": none); a double's
+                             smallest, 5e-324, has 340 */
+} decimal_bound;
+
+/* Frees scratch text src and empties it. */
+static void strbuf_reset(strbuf *src) {
+    free(src->p);
+    *src = (strbuf){0};
+}
+
+/* Moves scratch text src to the end of dst between `before` and `after` (its out of memory
+   made dst's), and empties src. */
+
+static void move_text(strbuf *dst, const char *before, strbuf *src, const char *after) {
+    if (src->oom || !src->p) dst->oom = true;
+    else tl_strbuf_printf(dst, "%s%s%s", before, src->p, after);
+    strbuf_reset(src);
+}
+
+/* The shortest decimal digits that read back as v > 0 (2^-24: 5960464477539063, not the
+   correctly rounded ...062 that reads back as another double, nor ...0625): `digits` (no
+   point, at most 17) and `point`, v = 0.digits x 10^point. At each length the rounded text
+   and its neighbours a unit either side are tried: above a power of two the doubles' gap
+   below is half the gap above, so the nearest of a length may miss where the next does not. */
+static void shortest_digits(double v, char digits[24], int *point) {
+    void *callers = tl_enter_c_locale();
+    for (int precision = 0; precision < 17; precision++) {
+        char text[40];
+        snprintf(text, sizeof text, "%.*e", precision, v);
+        char rounded[24];
+        int n = 0;
+        const char *p = text;
+        for (; *p && *p != 'e'; p++)
+            if (isdigit((unsigned char)*p)) rounded[n++] = *p;
+        rounded[n] = 0;
+        const int exponent = atoi(p + 1);
+        for (int step = 0; step < 3; step++) { /* the rounded digits, one unit more, one less */
+            char candidate[24];
+            memcpy(candidate, rounded, (size_t)n + 1);
+            int candidate_exponent = exponent, at = n - 1;
+            if (step == 1) {
+                while (at >= 0 && candidate[at] == '9') candidate[at--] = '0';
+                if (at < 0) { candidate[0] = '1'; candidate_exponent++; } /* 9.99 -> 10.0 */
+                else candidate[at]++;
+            } else if (step == 2) {
+                while (at >= 0 && candidate[at] == '0') candidate[at--] = '9';
+                if (at < 0 || (at == 0 && candidate[0] == '1' && n == 1)) continue; /* (no smaller of this length) */
+                candidate[at]--;
+                if (candidate[0] == '0') continue;
+            }
+            char back[48];
+            snprintf(back, sizeof back, "%c.%se%d", candidate[0], candidate + 1, candidate_exponent);
+            if (strtod(back, NULL) == v) {
+                memcpy(digits, candidate, (size_t)n + 1);
+                *point = candidate_exponent + 1;
+                tl_leave_c_locale(callers);
+                return;
+            }
+        }
+    }
+    char text[40];
+    snprintf(text, sizeof text, "%.16e", v); /* (17 digits always read back) */
+    int n = 0;
+    const char *p = text;
+    for (; *p && *p != 'e'; p++)
+        if (isdigit((unsigned char)*p)) digits[n++] = *p;
+    digits[n] = 0;
+    *point = atoi(p + 1) + 1;
+    tl_leave_c_locale(callers);
+}
+
+/* A bound's text for an error message. */
+static void bound_text(double v, char text[40]) {
+    void *callers = tl_enter_c_locale();
+    for (int precision = 1; precision <= 17; precision++) {
+        snprintf(text, 40, "%.*g", precision, v);
+        if (strtod(text, NULL) == v) break;
+    }
+    tl_leave_c_locale(callers);
+}
+
+static decimal_bound decimal_of(double value, bool strict) {
+    decimal_bound b = {.present = true, .strict = strict, .value = value};
+    if (value == 0) return b;
+    char digits[24];
+    int point; /* digits d1 d2 ... read as 0.d1d2... x 10^point */
+    shortest_digits(value, digits, &point);
+    const int n = (int)strlen(digits);
+    int f = 0;
+    for (int i = point < 0 ? point : 0; i < 0; i++) b.frac[f++] = '0';
+    for (int i = 0; i < n; i++) {
+        if (i < point) b.whole = b.whole * 10 + (digits[i] - '0');
+        else b.frac[f++] = digits[i];
+    }
+    for (int i = n; i < point; i++) b.whole *= 10;
+    while (f > 0 && b.frac[f - 1] == '0') f--;
+    b.frac[f] = 0;
+    return b;
+}
+
+/* A fraction's digit strings F (the text after "."; its value 0.F, zeros padding it on the
+   right, so that the order is the digits') within fraction bounds lo/hi (NULL: none on that
+   side), of 1 to max_digits digits. Written as flat alternatives, each a literal run of a
+   bound's digits, one digit that leaves it and any digits after: a group per digit nested
+   a bound of 5e-324's 324 digits past the parser's nesting limit. */
+typedef struct fraction_range {
+    const char *lo, *hi;
+    size_t n_lo, n_hi;
+    bool lo_strict, hi_strict;
+    size_t max_digits; /* MAX_FRACTION_DIGITS, or one past a longer bound's */
+} fraction_range;
+
+static fraction_range fraction_range_of(const char *lo, const char *hi, bool lo_strict, bool hi_strict) {
+    fraction_range r = {lo, hi, lo ? strlen(lo) : 0, hi ? strlen(hi) : 0, lo_strict, hi_strict, MAX_FRACTION_DIGITS};
+    if (r.n_lo + 1 > r.max_digits) r.max_digits = r.n_lo + 1;
+    if (r.n_hi + 1 > r.max_digits) r.max_digits = r.n_hi + 1;
+    return r;
+}
+
+/* A bound's i-th fraction digit, zeros past its own. */
+static char bound_digit(const char *digits, size_t n, size_t i) { return i < n ? digits[i] : '0'; }
+
+/* Starts an alternative: "| " before all but the first, then the bound's first `len` digits
+   as a literal. */
+static void alternative(strbuf *b, int *count, const char *digits, size_t n, size_t len) {
+    tl_strbuf_puts(b, (*count)++ ? "| " : "");
+    if (len == 0) return;
+    tl_strbuf_puts(b, "\"");
+    for (size_t i = 0; i < len; i++) tl_strbuf_printf(b, "%c", bound_digit(digits, n, i));
+    tl_strbuf_puts(b, "\" ");
+}
+
+/* Between `least` and `most` more digits (most 0: none). */
+static void any_digits(strbuf *b, size_t least, size_t most) {
+    if (most == 0) return;
+    if (least == most) tl_strbuf_printf(b, "[0-9]{%zu} ", most);
+    else tl_strbuf_printf(b, "[0-9]{%zu,%zu} ", least, most);
+}
+
+/* The F at or above the low bound (past it where strict) whose first `from` digits are the
+   bound's, `from` or more digits long (from 0: one or more). */
+static void at_least(strbuf *b, int *count, const fraction_range *r, size_t from) {
+    const size_t n = r->n_lo, room = r->max_digits;
+    for (size_t k = from; k < n; k++) { /* the bound's digits to k, then a greater one: any after */
+        if (r->lo[k] == '9') continue;
+        alternative(b, count, r->lo, n, k);
+        tl_strbuf_printf(b, "[%c-9] ", r->lo[k] + 1);
+        any_digits(b, 0, room - k - 1);
+    }
+    const size_t all = n > from ? n : from; /* the bound's digits all: any after, or (strict) a nonzero after */
+    if (!r->lo_strict) {
+        alternative(b, count, r->lo, n, all);
+        any_digits(b, all == 0 ? 1 : 0, room - all);
+        return;
+    }
+    for (size_t zeros = 0; all + zeros < room; zeros++) {
+        alternative(b, count, r->lo, n, all + zeros);
+        tl_strbuf_puts(b, "[1-9] ");
+        any_digits(b, 0, room - all - zeros - 1);
+    }
+}
+
+/* The F at or below the high bound (below it where strict) whose first `from` digits are the
+   bound's, `from` or more digits long (from 0: one or more). */
+static void at_most(strbuf *b, int *count, const fraction_range *r, size_t from) {
+    const size_t m = r->n_hi, room = r->max_digits;
+    for (size_t k = from; k < m; k++) { /* the bound's digits to k (ending there), or then a smaller one */
+        const bool may_end = k > 0; /* (a proper prefix of the bound's digits is below it) */
+        if (r->hi[k] == '0') {
+            if (may_end) alternative(b, count, r->hi, m, k);
+            continue;
+        }
+        alternative(b, count, r->hi, m, k);
+        tl_strbuf_printf(b, "%s[0-%c] ", may_end ? "(" : "", r->hi[k] - 1);
+        any_digits(b, 0, room - k - 1);
+        if (may_end) tl_strbuf_puts(b, ")? ");
+    }
+    const size_t all = m > from ? m : from; /* the bound itself, zeros after */
+    if (r->hi_strict) return;
+    alternative(b, count, r->hi, m, all);
+    if (room > all) tl_strbuf_printf(b, "\"0\"{%d,%zu} ", all == 0, room - all);
+}
+
+/* Every F within both bounds: their shared first digits, then the low bound's digit (and
+   at_least after it), a digit between, or the high bound's (and at_most). */
+static void between(strbuf *b, int *count, const fraction_range *r) {
+    const size_t longer = r->n_lo > r->n_hi ? r->n_lo : r->n_hi;
+    size_t shared = 0;
+    while (shared < longer && bound_digit(r->lo, r->n_lo, shared) == bound_digit(r->hi, r->n_hi, shared)) shared++;
+    if (shared == longer) { /* one value: the bound, zeros after (its callers saw it is in) */
+        alternative(b, count, r->lo, r->n_lo, shared);
+        if (r->max_digits > shared) tl_strbuf_printf(b, "\"0\"{%d,%zu} ", shared == 0, r->max_digits - shared);
+        return;
+    }
+    const size_t shortest = r->n_lo > 0 ? r->n_lo : 1;
+    if (shortest <= shared && !r->lo_strict) { /* the low bound itself, up to `shared` digits (0.5, 0.50, ...) */
+        alternative(b, count, r->lo, r->n_lo, shortest);
+        if (shared > shortest) tl_strbuf_printf(b, "\"0\"{0,%zu} ", shared - shortest);
+    }
+    const char low = bound_digit(r->lo, r->n_lo, shared), high = bound_digit(r->hi, r->n_hi, shared);
+    at_least(b, count, r, shared + 1);
+    if (high - low > 1) {
+        alternative(b, count, r->lo, r->n_lo, shared);
+        tl_strbuf_printf(b, "[%c-%c] ", low + 1, high - 1);
+        any_digits(b, 0, r->max_digits - shared - 1);
+    }
+    at_most(b, count, r, shared + 1);
+}
+
+/* The text after an integer part: nothing (the fraction 0, where in), or "." and a fraction
+   in range. False: none fits. */
+static bool fraction_part(strbuf *b, const fraction_range *r) {
+    const bool zero_in = (!r->lo || (r->n_lo == 0 && !r->lo_strict)) && (!r->hi || r->n_hi > 0 || !r->hi_strict);
+    strbuf digits = {0};
+    int count = 0;
+    if (r->lo && r->hi) between(&digits, &count, r);
+    else if (r->lo) at_least(&digits, &count, r, 0);
+    else if (r->hi) at_most(&digits, &count, r, 0);
+    else {
+        alternative(&digits, &count, "", 0, 0);
+        any_digits(&digits, 1, r->max_digits);
+    }
+    if (count > 0) move_text(b, zero_in ? "(\".\" (" : "\".\" (", &digits, zero_in ? "))? " : ") ");
+    strbuf_reset(&digits);
+    return zero_in || count > 0;
+}
+
+/* Plain decimals (no exponent) whose value lies in [lo, hi] (hi absent: unbounded; lo is
+   present, 0 where nothing else bounds it), as GBNF alternatives. False: none. */
+static bool magnitude_range(strbuf *b, const decimal_bound *lo, const decimal_bound *hi) {
+    bool any = false;
+    strbuf alt = {0};
+    if (hi->present && lo->whole == hi->whole) { /* one integer part: the fraction between both */
+        const fraction_range r = fraction_range_of(lo->frac, hi->frac, lo->strict, hi->strict);
+        tl_strbuf_printf(&alt, "\"%lld\" ", lo->whole);
+        if (fraction_part(&alt, &r)) { move_text(b, "", &alt, ""); any = true; }
+    } else {
+        const fraction_range from_lo = fraction_range_of(lo->frac, NULL, lo->strict, false);
+        tl_strbuf_printf(&alt, "\"%lld\" ", lo->whole);
+        if (fraction_part(&alt, &from_lo)) { move_text(b, "", &alt, ""); any = true; }
+        if (!hi->present || lo->whole + 1 <= hi->whole - 1) { /* integer parts strictly between: any fraction */
+            tl_strbuf_puts(b, any ? "| " : "");
+            natural_range(b, lo->whole + 1, hi->present ? hi->whole - 1 : -1);
+            tl_strbuf_puts(b, " " FRACTION_GBNF "? ");
+            any = true;
+        }
+        if (hi->present) {
+            const fraction_range to_hi = fraction_range_of(NULL, hi->frac, false, hi->strict);
+            strbuf_reset(&alt);
+            tl_strbuf_printf(&alt, "\"%lld\" ", hi->whole);
+            if (fraction_part(&alt, &to_hi)) { move_text(b, any ? "| " : "", &alt, ""); any = true; }
+        }
+    }
+    strbuf_reset(&alt);
+    return any;
+}
+
+/* An integer's or a number's bounds: the tighter of each side's two (at a tie, the exclusive).
+   2^53 limits them: from it on a double holds no longer every integer (9007199254740993 reads
+   as ...992: a bound that moved by one, refused rather than taken), and a number's integer
+   part fits a long long. Loosely, a bound past it or not a number is left out (a superset). */
+#define BOUND_LIMIT 9007199254740992.0
+typedef struct numeric_bounds {
+    bool has_lo, has_hi, lo_strict, hi_strict;
+    double lo, hi;
+} numeric_bounds;
+
+static int read_bounds(conv *c, const cJSON *s, const char *path, numeric_bounds *out) {
+    static const char *const names[4] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+    numeric_bounds b = {0};
+    for (int k = 0; k < 4; k++) {
+        const cJSON *bound = cJSON_GetObjectItemCaseSensitive(s, names[k]);
+        if (!bound) continue;
+        if (!cJSON_IsNumber(bound) || !(fabs(bound->valuedouble) < BOUND_LIMIT)) {
+            if (c->loose) continue;
+            return fail(c, path, "'%s' must be a number below 2^53 (9007199254740992) in magnitude", names[k]);
+        }
+        const double v = bound->valuedouble;
+        const bool strict = k == 1 || k == 3;
+        if (k < 2 && (!b.has_lo || v > b.lo || (v == b.lo && strict))) b = (numeric_bounds){true, b.has_hi, strict, b.hi_strict, v, b.hi};
+        if (k >= 2 && (!b.has_hi || v < b.hi || (v == b.hi && strict))) b = (numeric_bounds){b.has_lo, true, b.lo_strict, strict, b.lo, v};
+    }
+    *out = b;
+    return 0;
+}
+
+/* Whether [lo, hi] holds a value (hi absent: unbounded). */
+static bool range_holds(const decimal_bound *lo, const decimal_bound *hi) {
+    return !hi->present || lo->value < hi->value || (lo->value == hi->value && !lo->strict && !hi->strict);
+}
+
+/* The numbers within the bounds (absent ones do not bound), as one GBNF group: the negative
+   ones as "-" and a magnitude, -0 and -0.0 where 0 is in (JSON's -0 is 0). A bound other than
+   0 rules the exponent out (1e2 would leave the range its mantissa is in: every value has a
+   plain form); bounds at 0 alone keep it (a power of ten keeps the sign). False: none fits. */
+static bool number_range(strbuf *b, const numeric_bounds *bounds) {
+    const bool has_lo = bounds->has_lo, has_hi = bounds->has_hi, lo_strict = bounds->lo_strict, hi_strict = bounds->hi_strict;
+    const double lo = bounds->lo, hi = bounds->hi;
+    const bool zero_in = (!has_lo || lo < 0 || (lo == 0 && !lo_strict)) && (!has_hi || hi > 0 || (hi == 0 && !hi_strict));
+    const decimal_bound none = {0};
+    bool any = false;
+    tl_strbuf_puts(b, "((");
+    if (!has_lo || lo <= 0) { /* negative: magnitudes from |hi| (or 0) to |lo| */
+        decimal_bound from = has_hi && hi < 0 ? decimal_of(-hi, hi_strict) : decimal_of(0, !zero_in);
+        decimal_bound to = has_lo ? decimal_of(-lo, lo_strict) : none;
+        if (range_holds(&from, &to)) {
+            strbuf neg = {0};
+            if (magnitude_range(&neg, &from, &to)) { move_text(b, "\"-\" (", &neg, ") "); any = true; }
+            strbuf_reset(&neg);
+        }
+    }
+    if (!has_hi || hi >= 0) { /* non-negative: from lo (or 0) to hi */
+        decimal_bound from = has_lo && lo >= 0 ? decimal_of(lo, lo_strict) : decimal_of(0, false);
+        decimal_bound to = has_hi ? decimal_of(hi, hi_strict) : none;
+        if (range_holds(&from, &to)) {
+            strbuf pos = {0};
+            if (magnitude_range(&pos, &from, &to)) { move_text(b, any ? "| " : "", &pos, ""); any = true; }
+            strbuf_reset(&pos);
+        }
+    }
+    tl_strbuf_puts(b, ")");
+    if ((!has_lo || lo == 0) && (!has_hi || hi == 0)) tl_strbuf_puts(b, " " EXPONENT_GBNF "?");
+    tl_strbuf_puts(b, ")");
+    return any;
 }
 
 /* ---------------------------------------------------------------- strings */
@@ -949,7 +1305,7 @@ static const char *const *type_keywords(const char *type) {
     static const char *const ARRAY_KW[] = {"type", "items", "prefixItems", "additionalItems", "minItems", "maxItems", NULL};
     static const char *const STRING_KW[] = {"type", "minLength", "maxLength", "pattern", "format", NULL};
     static const char *const INT_KW[] = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
-    static const char *const NUMBER_KW[] = {"type", "minimum", NULL};
+    static const char *const NUMBER_KW[] = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
     static const char *const PLAIN_KW[] = {"type", NULL};
     return !strcmp(type, "object") ? OBJECT_KW : !strcmp(type, "array") ? ARRAY_KW : !strcmp(type, "string") ? STRING_KW
          : !strcmp(type, "integer") ? INT_KW : !strcmp(type, "number") ? NUMBER_KW
@@ -986,21 +1342,16 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
     if (strcmp(type, "string") == 0) return string_schema(c, s, path);
     int r;
     if (strcmp(type, "integer") == 0) {
-        const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum"), *mx = cJSON_GetObjectItemCaseSensitive(s, "maximum");
-        const cJSON *xmn = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum"), *xmx = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum");
-        /* 2^53: from it on a double holds no longer every integer (9007199254740993 reads as
-           ...992: a bound that moved by one, refused rather than taken) */
-        const double LIM = 9007199254740992.0;
-        bool has_lo = mn || xmn, has_hi = mx || xmx;
-        double lo = -LIM, hi = LIM;
-        if (mn) { if (!cJSON_IsNumber(mn) || fabs(mn->valuedouble) >= LIM) return fail(c, path, "'minimum' must be a number below 2^53 (9007199254740992) in magnitude"); lo = ceil(mn->valuedouble); }
-        if (xmn) { if (!cJSON_IsNumber(xmn) || fabs(xmn->valuedouble) >= LIM) return fail(c, path, "'exclusiveMinimum' must be a number below 2^53 (9007199254740992) in magnitude"); double v = floor(xmn->valuedouble) + 1; if (v > lo) lo = v; }
-        if (mx) { if (!cJSON_IsNumber(mx) || fabs(mx->valuedouble) >= LIM) return fail(c, path, "'maximum' must be a number below 2^53 (9007199254740992) in magnitude"); hi = floor(mx->valuedouble); }
-        if (xmx) { if (!cJSON_IsNumber(xmx) || fabs(xmx->valuedouble) >= LIM) return fail(c, path, "'exclusiveMaximum' must be a number below 2^53 (9007199254740992) in magnitude"); double v = ceil(xmx->valuedouble) - 1; if (v < hi) hi = v; }
+        numeric_bounds bounds;
+        if (read_bounds(c, s, path, &bounds) < 0) return -1;
+        const bool has_lo = bounds.has_lo, has_hi = bounds.has_hi;
+        /* the integers within: the bound itself where it is one and inclusive */
+        double lo = !has_lo ? -BOUND_LIMIT : bounds.lo_strict ? floor(bounds.lo) + 1 : ceil(bounds.lo);
+        double hi = !has_hi ? BOUND_LIMIT : bounds.hi_strict ? ceil(bounds.hi) - 1 : floor(bounds.hi);
         if (lo > hi) return fail(c, path, "minimum > maximum: no integer fits");
         r = new_rule(c);
         tl_strbuf_printf(&c->out, "r%d ::= (", r);
-        if (!has_lo && !has_hi) tl_strbuf_puts(&c->out, "\"-\"? (\"0\" | [1-9] [0-9]*)");
+        if (!has_lo && !has_hi) tl_strbuf_puts(&c->out, "\"-\"? " WHOLE_GBNF);
         else {
             bool any = false;
             if (lo < 0) { /* negative part: -(|hi'|..|lo|) */
@@ -1020,24 +1371,18 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
         return r;
     }
     if (strcmp(type, "number") == 0) {
-        /* Listed beside "integer", the integer's bounds reach here too (they apply to every
-           number): a number takes none but minimum 0, so the schema is refused rather than
-           its number branch left unbounded. */
-        static const char *const INTEGER_ONLY[] = {"maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
-        for (int k = 0; listed && !c->loose && INTEGER_ONLY[k]; k++)
-            if (cJSON_GetObjectItemCaseSensitive(s, INTEGER_ONLY[k]))
-                return fail(c, path, "'%s' on a number is not supported (use an integer for other bounds)", INTEGER_ONLY[k]);
-        const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum");
-        const cJSON *xmn = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum");
-        if (mn && (!cJSON_IsNumber(mn) || (mn->valuedouble != 0.0 && !c->loose)))
-            return fail(c, path, "'minimum' on a number is supported only as 0 (use an integer for other bounds)");
-        /* non-negative: minimum 0; loosely, any bound >= 0 (the non-negative numbers hold its values) */
-        const bool non_negative = (mn && mn->valuedouble >= 0.0) ||
-                                  (c->loose && cJSON_IsNumber(xmn) && xmn->valuedouble >= 0.0);
+        numeric_bounds bounds;
+        if (read_bounds(c, s, path, &bounds) < 0) return -1;
         r = new_rule(c);
-        /* (non-negative: -0 and -0.0 too, which are 0) */
-        tl_strbuf_printf(&c->out, "r%d ::= (%s(\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)?%s) ([eE] [-+]? [0-9]+)?%s\n", r,
-                         non_negative ? "" : "\"-\"? ", non_negative ? " | \"-0\" (\".\" \"0\"+)?" : "", WS(c));
+        tl_strbuf_printf(&c->out, "r%d ::= ", r);
+        if (!bounds.has_lo && !bounds.has_hi) tl_strbuf_puts(&c->out, NUMBER_GBNF);
+        else if (!number_range(&c->out, &bounds)) {
+            char low[40], high[40];
+            bound_text(bounds.lo, low);
+            bound_text(bounds.hi, high);
+            return fail(c, path, "no number is %s %s and %s %s", bounds.lo_strict ? ">" : ">=", low, bounds.hi_strict ? "<" : "<=", high);
+        }
+        tl_strbuf_printf(&c->out, "%s\n", WS(c));
         return r;
     }
     r = new_rule(c); /* boolean or null */
@@ -1666,7 +2011,7 @@ tl_status tl_gram_json_schema_to_gbnf(const char *json, size_t len, int free_ws,
             tl_strbuf_puts(&head, "value ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n");
             tl_strbuf_puts(&head, "object ::= \"{\" ws (string \":\" ws value (\",\" ws string \":\" ws value)*)? \"}\" ws\n");
             tl_strbuf_puts(&head, "array ::= \"[\" ws (value (\",\" ws value)*)? \"]\" ws\n");
-            tl_strbuf_puts(&head, "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)? ws\n");
+            tl_strbuf_puts(&head, "number ::= " NUMBER_GBNF " ws\n");
         }
         tl_strbuf_put(&head, c.out.p ? c.out.p : "", c.out.n);
         if (head.oom || c.out.oom) {

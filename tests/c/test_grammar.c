@@ -813,7 +813,7 @@ static void test_json_schema(void) {
         {"{\"type\":\"object\",\"patternProperties\":{}}", "unsupported keyword 'patternProperties'"},
         /* a type's keyword where it is not read says so ("unsupported" sent users looking for
            a keyword that is supported) */
-        {"{\"type\":\"number\",\"maximum\":3}", "keyword 'maximum' is not supported here: it is read only in a schema of \"type\" \"integer\""},
+        {"{\"type\":\"number\",\"maxLength\":3}", "keyword 'maxLength' is not supported here: it is read only in a schema of \"type\" \"string\""},
         {"{\"minimum\":1}", "keyword 'minimum' is not supported here: it is read only in a schema of \"type\" \"integer\" or \"number\""},
         {"{\"$defs\":{\"s\":{\"type\":\"string\"}},\"$ref\":\"#/$defs/s\",\"maxLength\":3}", "keyword 'maxLength' beside '$ref' is not supported"},
         {"{\"$ref\":\"#/$defs/a~2\"}", "$ref '#/$defs/a~2' is not supported"},
@@ -870,11 +870,11 @@ static void test_json_schema(void) {
         {"{\"type\":[\"string\",\"null\"],\"items\":{}}", "unsupported keyword 'items'"},
         {"{\"type\":[\"string\",\"wat\"]}", "unknown type 'wat'"},
         {"{\"type\":[\"string\",3]}", "'type' entries must be strings"},
-        {"{\"type\":[\"number\",\"null\"],\"minimum\":2}", "'minimum' on a number is supported only as 0"},
-        /* the integer's bounds apply to the listed number too (its branch was unbounded: 6 matched) */
-        {"{\"type\":[\"integer\",\"number\"],\"maximum\":5}", "'maximum' on a number is not supported"},
-        {"{\"type\":[\"integer\",\"number\"],\"minimum\":0,\"exclusiveMinimum\":0}", "'exclusiveMinimum' on a number"},
-        {"{\"type\":[\"number\",\"integer\"],\"minimum\":0,\"exclusiveMaximum\":10}", "'exclusiveMaximum' on a number"},
+        /* a number's bounds: numbers below 2^53 (an integer part in a long long), a range with a value */
+        {"{\"type\":[\"number\",\"null\"],\"minimum\":\"2\"}", "'minimum' must be a number below 2^53"},
+        {"{\"type\":\"number\",\"maximum\":1e300}", "'maximum' must be a number below 2^53"},
+        {"{\"type\":\"number\",\"minimum\":2.5,\"maximum\":1}", "no number is >= 2.5 and <= 1"},
+        {"{\"type\":[\"number\",\"integer\"],\"exclusiveMinimum\":0.1,\"maximum\":0.1}", "no number is > 0.1 and <= 0.1"},
         /* a count that is no whole number (2.7 was read as 2: a narrower schema) */
         {"{\"type\":\"array\",\"minItems\":2.7}", "'minItems' must be an integer"},
         {"{\"type\":\"array\",\"maxItems\":1.5}", "'maxItems' must be an integer"},
@@ -1016,6 +1016,11 @@ static bool validate(const cJSON *v, const cJSON *s) {
         if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) return false;
         const cJSON *lo = cJSON_GetObjectItem(s, "minimum"), *hi = cJSON_GetObjectItem(s, "maximum");
         return (!lo || v->valuedouble >= lo->valuedouble) && (!hi || v->valuedouble <= hi->valuedouble);
+    }
+    if (strcmp(type, "number") == 0) {
+        if (!cJSON_IsNumber(v)) return false;
+        const cJSON *lo = cJSON_GetObjectItem(s, "minimum"), *below = cJSON_GetObjectItem(s, "exclusiveMaximum");
+        return (!lo || v->valuedouble >= lo->valuedouble) && (!below || v->valuedouble < below->valuedouble);
     }
     if (strcmp(type, "boolean") == 0) return cJSON_IsBool(v);
     if (strcmp(type, "array") == 0) {
@@ -1278,12 +1283,14 @@ static void test_generation(tl_model *m) {
     const char *schema_text =
         "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"pattern\":\"^[a-z]{1,6}$\"},"
         "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":120},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},"
-        "\"maxItems\":3},\"ok\":{\"type\":\"boolean\"}},\"required\":[\"name\",\"age\"]}";
+        "\"maxItems\":3},\"ok\":{\"type\":\"boolean\"},\"score\":{\"type\":\"number\",\"minimum\":-0.5,\"exclusiveMaximum\":0.25}},"
+        "\"required\":[\"name\",\"age\",\"score\"]}";
     /* the validator's schema: pattern dropped (the grammar enforces it; we check the length) */
     const char *check_text =
         "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":100},"
         "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":120},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\"]},"
-        "\"maxItems\":3},\"ok\":{\"type\":\"boolean\"}},\"required\":[\"name\",\"age\"]}";
+        "\"maxItems\":3},\"ok\":{\"type\":\"boolean\"},\"score\":{\"type\":\"number\",\"minimum\":-0.5,\"exclusiveMaximum\":0.25}},"
+        "\"required\":[\"name\",\"age\",\"score\"]}";
     tl_compiled_grammar *sg = NULL;
     CHECK(tl_grammar_compile_json_schema(schema_text, strlen(schema_text), NULL, &sg) == TL_OK, "%s", tl_last_error());
     cJSON *check = cJSON_Parse(check_text);

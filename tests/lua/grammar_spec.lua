@@ -740,3 +740,101 @@ describe("tinyloop.grammar, the paths no test ran", function()
         matches(assert(G.gbnf('root ::= "a\\0b"')), { "a\0b" }, { "ab" })
     end)
 end)
+
+-- A number's range is exact decimal text (minimum 0.1 takes 0.1, not 0.1000000000000000055...)
+-- and its digits are capped as llama.cpp's converter caps them: a property test against
+-- Lua's own reading of each text, over random bounds and the texts about them.
+describe("tinyloop.grammar, numbers in a range", function()
+    local random = math.random
+    -- a bound: k / 10^j, as JSON text and as the double both readers take
+    local function random_bound()
+        local places = random(0, 3)
+        local k = random(-2000, 2000)
+        if random() < 0.2 then k = 0 end
+        local text = string.format("%." .. places .. "f", k / 10 ^ places)
+        return text, tonumber(text)
+    end
+    -- a candidate about a value: a step either side, trailing zeros kept or dropped
+    local STEPS = { -1, -0.1, -0.001, -0.0001, 0, 0, 0.0001, 0.001, 0.1, 1 }
+    local function candidate(about)
+        local text = string.format("%.4f", about + STEPS[random(#STEPS)])
+        if text == "-0.0000" or random() < 0.5 then text = text:gsub("0+$", ""):gsub("%.$", "") end
+        return text
+    end
+    local function within(v, lo, lo_strict, hi, hi_strict)
+        return (lo == nil or v > lo or (v == lo and not lo_strict)) and (hi == nil or v < hi or (v == hi and not hi_strict))
+    end
+    it("takes exactly the numbers between its bounds, an exponent only where every bound is 0", function()
+        math.randomseed(20261206)
+        local checked = 0
+        for _ = 1, 160 do
+            local members, lo, hi, lo_strict, hi_strict = {}, nil, nil, false, false
+            if random() < 0.7 then
+                local text, v = random_bound()
+                lo, lo_strict = v, random() < 0.5
+                members[#members + 1] = string.format('"%s": %s', lo_strict and "exclusiveMinimum" or "minimum", text)
+            end
+            if random() < 0.7 or lo == nil then
+                local text, v = random_bound()
+                hi, hi_strict = v, random() < 0.5
+                members[#members + 1] = string.format('"%s": %s', hi_strict and "exclusiveMaximum" or "maximum", text)
+            end
+            local schema = '{"type": "number", ' .. table.concat(members, ", ") .. "}"
+            if not (lo and hi and (lo > hi or (lo == hi and (lo_strict or hi_strict)))) then
+                local g = assert(G.json_schema(schema))
+                local texts = { "0", "-0", "0.0", "-0.00", "0e3", "-0E-2", "1e1", "-2.5e-1" }
+                for _ = 1, 30 do texts[#texts + 1] = candidate(random() < 0.5 and (lo or hi) or (hi or lo)) end
+                for _, text in ipairs(texts) do
+                    local exponent_ok = text:find("[eE]") == nil or ((lo or 0) == 0 and (hi or 0) == 0)
+                    local expected = exponent_ok and within(tonumber(text), lo, lo_strict, hi, hi_strict)
+                    assert(g:matches(text) == expected, string.format("%s on %s: expected %s", text, schema, tostring(expected)))
+                    checked = checked + 1
+                end
+            else -- an empty range: refused, naming it
+                local g, err = G.json_schema(schema)
+                assert(g == nil and err:find("no number is", 1, true), schema .. ": " .. tostring(err))
+            end
+        end
+        assert.truthy(checked > 3000, checked)
+    end)
+    it("an integer or a number: each type's values with its bounds", function()
+        local g = assert(G.json_schema('{"type": ["integer", "number"], "maximum": 5}'))
+        assert.same({ true, true, false, false, true }, { g:matches("4.5"), g:matches("5"), g:matches("5.5"), g:matches("6"), g:matches("-7") })
+        g = assert(G.json_schema('{"type": "integer", "exclusiveMinimum": 0.5, "maximum": 2.5}'))
+        assert.same({ false, true, true, false }, { g:matches("0"), g:matches("1"), g:matches("2"), g:matches("3") })
+        -- a bound past 2^53: refused; loosely left out, the other kept
+        local huge = '{"type": "number", "minimum": -1.5, "maximum": 1e300}'
+        assert.matches("'maximum' must be a number below 2^53", select(2, G.json_schema(huge)), 1, true)
+        g = assert(G.json_schema(huge, { loose = true }))
+        assert.same({ true, true, false }, { g:matches("-1.5"), g:matches("12345.5"), g:matches("-1.6") })
+    end)
+    it("caps a number's digits: 16 whole, 16 after the point (one past a longer bound's), 3 of exponent", function()
+        local function each(g, texts)
+            local got = {}
+            for i, text in ipairs(texts) do got[i] = g:matches(text) end
+            return got
+        end
+        local sixteen, seventeen = ("1"):rep(16), ("1"):rep(17)
+        local free = assert(G.json_schema('{"type": "number"}'))
+        assert.same({ true, false, true, false, true, false },
+                    each(free, { sixteen, seventeen, "0." .. sixteen, "0." .. seventeen, "1e308", "1e1000" }))
+        assert.same({ true, false }, each(assert(G.json_schema('{"type": "integer"}')), { "-" .. sixteen, "-" .. seventeen }))
+        assert.same({ true, false }, each(assert(G.json_schema('{"type": "integer", "minimum": 5}')), { sixteen, seventeen }))
+        assert.same({ true, false, true, false },
+                    each(assert(G.json_schema('{"type": "number", "minimum": 0.5}')),
+                         { "0." .. ("5"):rep(16), "0." .. ("5"):rep(17), sixteen .. ".5", seventeen }))
+        -- (the bound's 16 digits and one more: the smallest text past it)
+        local past = assert(G.json_schema('{"type": "number", "exclusiveMinimum": 1e-16, "maximum": 1}'))
+        assert.same({ true, false, false, true },
+                    each(past, { "0.00000000000000011", "0.000000000000000101", "0.0000000000000001", "0.5" }))
+        -- a bound of 324 fraction digits (its grammar nested a group a digit: past the parser's limit)
+        local tiny = assert(G.json_schema('{"type": "number", "exclusiveMinimum": 5e-324, "maximum": 1e-99}'))
+        assert.same({ true, false, false, true }, each(tiny, { "0." .. ("0"):rep(323) .. "51", "0." .. ("0"):rep(323) .. "5", "0", "0." .. ("0"):rep(98) .. "1" }))
+        -- a bound read as its shortest decimal: 2^-24's is 5.960464477539063e-08, not the
+        -- correctly rounded ...062 of 16 digits (another double) nor its exact ...0625
+        local power = assert(G.json_schema('{"type": "number", "maximum": 5.960464477539063e-08}'))
+        assert.same({ true, false, true }, each(power, { "0.00000005960464477539063", "0.000000059604644775390631", "0.00000005960464477539062" }))
+        -- the shipped JSON grammar caps them too
+        assert.same({ true, false, false }, each(assert(G.shipped("json")), { "[" .. sixteen .. ".5]", "[" .. seventeen .. "]", "[0." .. seventeen .. "]" }))
+    end)
+end)
