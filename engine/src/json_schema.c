@@ -616,9 +616,9 @@ static int string_schema(conv *c, const cJSON *s, const char *path) {
            test suite refuses 22:59:60Z and 23:59:60+01:00, which 00-60 anywhere let
            through). Only its UTC spellings (Z, +00:00, -00:00) are written: narrower, never
            looser (the same second at another offset, 00:59:60+01:00, is refused). */
-        const char *time = "(([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]+)? "
+        const char *time = "(([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] " FRACTION_GBNF "? "
                            "([Zz] | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9]) | "
-                           "\"23:59:60\" (\".\" [0-9]+)? ([Zz] | [+-] \"00:00\"))";
+                           "\"23:59:60\" " FRACTION_GBNF "? ([Zz] | [+-] \"00:00\"))";
         if (strcmp(f, "date") == 0) tl_strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", date);
         else if (strcmp(f, "time") == 0) tl_strbuf_printf(&body, "\"\\\"\" %s \"\\\"\"", time);
         else if (strcmp(f, "date-time") == 0) tl_strbuf_printf(&body, "\"\\\"\" %s [Tt] %s \"\\\"\"", date, time);
