@@ -260,9 +260,9 @@ static void shortest_digits(double v, char digits[24], int *point) {
                 else candidate[at]++;
             } else if (step == 2) {
                 while (at >= 0 && candidate[at] == '0') candidate[at--] = '9';
-                if (at < 0 || (at == 0 && candidate[0] == '1' && n == 1)) continue; /* (no smaller of this length) */
+                if (at < 0) continue;
                 candidate[at]--;
-                if (candidate[0] == '0') continue;
+                if (candidate[0] == '0') continue; /* (1.00 -> 0.99: none smaller of this length) */
             }
             char back[48];
             snprintf(back, sizeof back, "%c.%se%d", candidate[0], candidate + 1, candidate_exponent);
