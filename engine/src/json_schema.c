@@ -285,14 +285,27 @@ static void shortest_digits(double v, char digits[24], int *point) {
     tl_leave_c_locale(callers);
 }
 
-/* A bound's text for an error message. */
-static void bound_text(double v, char text[40]) {
-    void *callers = tl_enter_c_locale();
-    for (int precision = 1; precision <= 17; precision++) {
-        snprintf(text, 40, "%.*g", precision, v);
-        if (strtod(text, NULL) == v) break;
+/* The shortest text that reads back as v, spelt as printf's %g spells it (1e-07, 0.5,
+   1.2345678901234568e+20): a const's or enum's number in the grammar, a bound in a message. */
+static void shortest_text(double v, char text[40]) {
+    if (v == 0) { snprintf(text, 40, "%s", signbit(v) ? "-0" : "0"); return; }
+    char digits[24];
+    int point;
+    shortest_digits(fabs(v), digits, &point);
+    const int n = (int)strlen(digits), exponent = point - 1;
+    char *at = text;
+    if (v < 0) *at++ = '-';
+    if (exponent < -4 || exponent >= n) { /* d.ddde+XX */
+        const unsigned magnitude = (unsigned)abs(exponent) % 1000u; /* (a double's: at most 324) */
+        snprintf(at, 32, "%c%s%se%c%02u", digits[0], n > 1 ? "." : "", digits + 1, exponent < 0 ? '-' : '+', magnitude);
+    } else if (exponent >= 0) { /* ddd.ddd */
+        snprintf(at, 32, "%.*s%s%s", point, digits, n > point ? "." : "", digits + point);
+    } else { /* 0.000ddd */
+        *at++ = '0';
+        *at++ = '.';
+        for (int zeros = 0; zeros < -point; zeros++) *at++ = '0';
+        snprintf(at, 24, "%s", digits);
     }
-    tl_leave_c_locale(callers);
 }
 
 static decimal_bound decimal_of(double value, bool strict) {
@@ -732,17 +745,14 @@ static int literal_checked(conv *c, const cJSON *v, const char *path) {
    locale (tl_enter_c_locale): a host program that set its own (setlocale(LC_ALL, "") in a
    German desktop) had the grammar force "0,5" for 0.5, which is not JSON. */
 static void exact_number(strbuf *out, double d) {
-    void *callers = tl_enter_c_locale();
     char text[40];
     if (d == floor(d) && fabs(d) < 1e17) {
+        void *callers = tl_enter_c_locale();
         snprintf(text, sizeof text, "%.0f", d);
+        tl_leave_c_locale(callers);
     } else {
-        for (int digits = 15; digits <= 17; digits++) {
-            snprintf(text, sizeof text, "%.*g", digits, d);
-            if (strtod(text, NULL) == d) break;
-        }
+        shortest_text(d, text);
     }
-    tl_leave_c_locale(callers);
     if (strcmp(text, "-0") == 0) snprintf(text, sizeof text, "0"); /* (-0 == 0: one value, its usual spelling) */
     tl_strbuf_puts(out, text);
 }
@@ -1378,8 +1388,8 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
         if (!bounds.has_lo && !bounds.has_hi) tl_strbuf_puts(&c->out, NUMBER_GBNF);
         else if (!number_range(&c->out, &bounds)) {
             char low[40], high[40];
-            bound_text(bounds.lo, low);
-            bound_text(bounds.hi, high);
+            shortest_text(bounds.lo, low);
+            shortest_text(bounds.hi, high);
             return fail(c, path, "no number is %s %s and %s %s", bounds.lo_strict ? ">" : ">=", low, bounds.hi_strict ? "<" : "<=", high);
         }
         tl_strbuf_printf(&c->out, "%s\n", WS(c));

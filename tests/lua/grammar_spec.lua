@@ -838,6 +838,9 @@ describe("tinyloop.grammar, numbers in a range", function()
         -- correctly rounded ...062 of 16 digits (another double) nor its exact ...0625
         local power = assert(G.json_schema('{"type": "number", "maximum": 5.960464477539063e-08}'))
         assert.same({ true, false, true }, each(power, { "0.00000005960464477539063", "0.000000059604644775390631", "0.00000005960464477539062" }))
+        -- and a const as that shortest text, as Python's json and JavaScript write it
+        assert.same({ true, false }, each(assert(G.json_schema('{"const": 5.960464477539063e-08}')),
+                                          { "5.960464477539063e-08", "5.9604644775390625e-08" }))
         -- the shipped JSON grammar caps them too
         assert.same({ true, false, false }, each(assert(G.shipped("json")), { "[" .. sixteen .. ".5]", "[" .. seventeen .. "]", "[0." .. seventeen .. "]" }))
     end)
