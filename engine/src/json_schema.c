@@ -121,18 +121,21 @@ static int or_null_rule(conv *c, int r);
 
 /* ---------------------------------------------------------------- digit caps */
 
-/* The most digits a number's whole part and fraction take, and its exponent, as llama.cpp's
-   converter caps them: a model can write digits without end (0.24902222442343314935...,
+/* The most digits a number's whole part and fraction take, as llama.cpp's converter caps
+   them, and its exponent: a model can write digits without end (0.24902222442343314935...,
    seen when a client dropped a "maximum"), and a double holds 17 significant digits. A
    bound whose fraction is longer gets one digit past it (exclusiveMinimum 1e-16: 17). */
 #define MAX_WHOLE_DIGITS 16
 #define MAX_FRACTION_DIGITS 16
-#define MAX_EXPONENT_DIGITS 3
 #define DIGITS_TEXT(n) #n
 #define CAP(n) DIGITS_TEXT(n)
 #define WHOLE_GBNF "(\"0\" | [1-9] [0-9]{0,15})" /* MAX_WHOLE_DIGITS - 1 */
 #define FRACTION_GBNF "(\".\" [0-9]{1," CAP(MAX_FRACTION_DIGITS) "})"
-#define EXPONENT_GBNF "([eE] [-+]? [0-9]{1," CAP(MAX_EXPONENT_DIGITS) "})"
+/* An exponent up to 289 (three digits at most): with 16 digits either side of the point a
+   value stays within 1e-305 and 1e305, a finite double and not 0 (e-976 read as 0 under
+   exclusiveMinimum 0, e454 as Infinity; a model that has written its 16 fraction digits
+   goes on with an exponent) */
+#define EXPONENT_GBNF "([eE] [-+]? ([0-9]{1,2} | [01] [0-9]{2} | \"2\" [0-8] [0-9]))"
 #define NUMBER_GBNF "\"-\"? " WHOLE_GBNF " " FRACTION_GBNF "? " EXPONENT_GBNF "?"
 _Static_assert(MAX_WHOLE_DIGITS == 16, "WHOLE_GBNF spells MAX_WHOLE_DIGITS - 1 out");
 

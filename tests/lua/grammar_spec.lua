@@ -812,7 +812,7 @@ describe("tinyloop.grammar, numbers in a range", function()
         g = assert(G.json_schema(huge, { loose = true }))
         assert.same({ true, true, false }, { g:matches("-1.5"), g:matches("12345.5"), g:matches("-1.6") })
     end)
-    it("caps a number's digits: 16 whole, 16 after the point (one past a longer bound's), 3 of exponent", function()
+    it("caps a number's digits: 16 whole, 16 after the point (one past a longer bound's), an exponent to 289", function()
         local function each(g, texts)
             local got = {}
             for i, text in ipairs(texts) do got[i] = g:matches(text) end
@@ -821,7 +821,13 @@ describe("tinyloop.grammar, numbers in a range", function()
         local sixteen, seventeen = ("1"):rep(16), ("1"):rep(17)
         local free = assert(G.json_schema('{"type": "number"}'))
         assert.same({ true, false, true, false, true, false },
-                    each(free, { sixteen, seventeen, "0." .. sixteen, "0." .. seventeen, "1e308", "1e1000" }))
+                    each(free, { sixteen, seventeen, "0." .. sixteen, "0." .. seventeen, "1e289", "1e290" }))
+        -- (a value stays a finite double, and not 0 where a bound at 0 keeps the exponent)
+        local largest = sixteen .. "." .. sixteen .. "e289"
+        assert.is_true(tonumber(largest) < math.huge and tonumber("0." .. ("0"):rep(15) .. "1e-289") > 0)
+        local positive = assert(G.json_schema('{"type": "number", "exclusiveMinimum": 0}'))
+        assert.same({ true, true, false, false, false },
+                    each(positive, { largest, "0.0000000000000001e-289", "1e-290", "0.1354335365184144e-976", "8.01e383" }))
         assert.same({ true, false }, each(assert(G.json_schema('{"type": "integer"}')), { "-" .. sixteen, "-" .. seventeen }))
         assert.same({ true, false }, each(assert(G.json_schema('{"type": "integer", "minimum": 5}')), { sixteen, seventeen }))
         assert.same({ true, false, true, false },
