@@ -124,7 +124,7 @@ static int or_null_rule(conv *c, int r);
 /* The most digits a number's whole part and fraction take, as llama.cpp's converter caps
    them, and its exponent: a model can write digits without end (0.24902222442343314935...,
    seen when a client dropped a "maximum"), and a double holds 17 significant digits. A
-   bound whose fraction is longer gets one digit past it (exclusiveMinimum 1e-16: 17). */
+   bound whose fraction is longer gets one digit past it (minimum 1.5e-16: 18). */
 #define MAX_WHOLE_DIGITS 16
 #define MAX_FRACTION_DIGITS 16
 #define DIGITS_TEXT(n) #n
@@ -526,8 +526,16 @@ static bool range_holds(const decimal_bound *lo, const decimal_bound *hi) {
    0 rules the exponent out (1e2 would leave the range its mantissa is in: every value has a
    plain form); bounds at 0 alone keep it (a power of ten keeps the sign). False: none fits. */
 static bool number_range(strbuf *b, const numeric_bounds *bounds) {
-    const bool has_lo = bounds->has_lo, has_hi = bounds->has_hi, lo_strict = bounds->lo_strict, hi_strict = bounds->hi_strict;
-    const double lo = bounds->lo, hi = bounds->hi;
+    const bool has_lo = bounds->has_lo, has_hi = bounds->has_hi;
+    bool lo_strict = bounds->lo_strict, hi_strict = bounds->hi_strict;
+    double lo = bounds->lo, hi = bounds->hi;
+    /* An exclusive bound other than 0 is the next double inward, taken inclusive: a text
+       between the bound and it reads back as the bound itself (1.0000000000000001 is 1, which
+       zod's gt(1) refused), so every text taken reads back within the range; texts that
+       round up to that double from below it are left out (narrower, never looser). At 0 the
+       caps keep every text's double off 0 (1e-16 x 1e-289 at the least). */
+    if (has_lo && lo_strict && lo != 0) { lo = nextafter(lo, INFINITY); lo_strict = false; }
+    if (has_hi && hi_strict && hi != 0) { hi = nextafter(hi, -INFINITY); hi_strict = false; }
     const bool zero_in = (!has_lo || lo < 0 || (lo == 0 && !lo_strict)) && (!has_hi || hi > 0 || (hi == 0 && !hi_strict));
     const decimal_bound none = {0};
     bool any = false;

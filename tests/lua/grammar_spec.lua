@@ -806,6 +806,14 @@ describe("tinyloop.grammar, numbers in a range", function()
         assert.same({ true, true, false, false, true }, { g:matches("4.5"), g:matches("5"), g:matches("5.5"), g:matches("6"), g:matches("-7") })
         g = assert(G.json_schema('{"type": "integer", "exclusiveMinimum": 0.5, "maximum": 2.5}'))
         assert.same({ false, true, true, false }, { g:matches("0"), g:matches("1"), g:matches("2"), g:matches("3") })
+        -- an exclusive bound: no text that reads back as the bound itself (zod's gt/lt check
+        -- the double: 1.0000000000000001 is 1, 99.9999999999999999 is 100)
+        g = assert(G.json_schema('{"type": "number", "exclusiveMinimum": 1, "exclusiveMaximum": 100}'))
+        assert.same({ false, true, true, false, true, false },
+                    { g:matches("1.0000000000000001"), g:matches("1.0000000000000002"), g:matches("1.5"),
+                      g:matches("99.9999999999999999"), g:matches("99.99999999999999"), g:matches("100") })
+        g = assert(G.json_schema('{"type": "number", "exclusiveMinimum": 0}'))
+        assert.same({ true, true, false }, { g:matches("1e-5"), g:matches("0.0000000000000001"), g:matches("0e5") })
         -- a bound past 2^53: refused; loosely left out, the other kept
         local huge = '{"type": "number", "minimum": -1.5, "maximum": 1e300}'
         assert.matches("'maximum' must be a number below 2^53", select(2, G.json_schema(huge)), 1, true)
@@ -833,13 +841,14 @@ describe("tinyloop.grammar, numbers in a range", function()
         assert.same({ true, false, true, false },
                     each(assert(G.json_schema('{"type": "number", "minimum": 0.5}')),
                          { "0." .. ("5"):rep(16), "0." .. ("5"):rep(17), sixteen .. ".5", seventeen }))
-        -- (the bound's 16 digits and one more: the smallest text past it)
-        local past = assert(G.json_schema('{"type": "number", "exclusiveMinimum": 1e-16, "maximum": 1}'))
+        -- (a bound of 17 fraction digits: 18)
+        local past = assert(G.json_schema('{"type": "number", "minimum": 1.5e-16, "maximum": 1}'))
         assert.same({ true, false, false, true },
-                    each(past, { "0.00000000000000011", "0.000000000000000101", "0.0000000000000001", "0.5" }))
-        -- a bound of 324 fraction digits (its grammar nested a group a digit: past the parser's limit)
+                    each(past, { "0.000000000000000151", "0.0000000000000001501", "0.00000000000000014", "0.5" }))
+        -- a bound of 324 fraction digits (its grammar nested a group a digit: past the parser's
+        -- limit); 5.1e-324 reads as 5e-324, the bound itself
         local tiny = assert(G.json_schema('{"type": "number", "exclusiveMinimum": 5e-324, "maximum": 1e-99}'))
-        assert.same({ true, false, false, true }, each(tiny, { "0." .. ("0"):rep(323) .. "51", "0." .. ("0"):rep(323) .. "5", "0", "0." .. ("0"):rep(98) .. "1" }))
+        assert.same({ true, false, false, true }, each(tiny, { "0." .. ("0"):rep(322) .. "1", "0." .. ("0"):rep(323) .. "51", "0", "0." .. ("0"):rep(98) .. "1" }))
         -- a bound read as its shortest decimal: 2^-24's is 5.960464477539063e-08, not the
         -- correctly rounded ...062 of 16 digits (another double) nor its exact ...0625
         local power = assert(G.json_schema('{"type": "number", "maximum": 5.960464477539063e-08}'))
