@@ -939,7 +939,8 @@ typedef struct tl_json_schema_options {
     int loose;           /* 0 (default): a keyword outside the subset is an error; 1: keywords
                             that only narrow a value are not enforced, so the grammar allows a
                             superset of the schema: an unknown string format (any string),
-                            multipleOf, uniqueItems, min/maxProperties, contains, if/then/else,
+                            a multipleOf other than 1 or a power of ten below it, uniqueItems,
+                            min/maxProperties, contains, if/then/else,
                             not, propertyNames, dependentRequired/Schemas, unevaluated*, a
                             string's min/maxLength beside a pattern or a format, a type beside
                             anyOf/oneOf/allOf, and a bound that is not a number below 2^53 in

@@ -10,7 +10,8 @@
  * has a different const in each, a discriminator; a grammar cannot refuse a value for
  * matching twice), allOf of objects, string minLength/maxLength,
  * pattern (a regular-expression subset), format date/time/date-time/uuid, integer
- * and number minimum/maximum/exclusiveMinimum/exclusiveMaximum (exact ranges),
+ * and number minimum/maximum/exclusiveMinimum/exclusiveMaximum (exact ranges), multipleOf 1 or
+ * a power of ten below it (a number's places),
  * boolean, null, $ref to "#" or a JSON Pointer into the schema ("#/$defs/NAME", escapes
  * decoded), draft-07's tuples ("items" an array, "additionalItems"), OpenAPI's "nullable"
  * (the values and null), a "type" beside anyOf/oneOf/allOf whose branches are all of it.
@@ -342,8 +343,13 @@ typedef struct fraction_range {
     size_t max_digits; /* MAX_FRACTION_DIGITS, or one past a longer bound's */
 } fraction_range;
 
-static fraction_range fraction_range_of(const char *lo, const char *hi, bool lo_strict, bool hi_strict) {
+/* places >= 0: a multipleOf's grid, at most that many digits (the bounds are on it). */
+static fraction_range fraction_range_of(const char *lo, const char *hi, bool lo_strict, bool hi_strict, int places) {
     fraction_range r = {lo, hi, lo ? strlen(lo) : 0, hi ? strlen(hi) : 0, lo_strict, hi_strict, MAX_FRACTION_DIGITS};
+    if (places >= 0) {
+        r.max_digits = (size_t)places;
+        return r;
+    }
     if (r.n_lo + 1 > r.max_digits) r.max_digits = r.n_lo + 1;
     if (r.n_hi + 1 > r.max_digits) r.max_digits = r.n_hi + 1;
     return r;
@@ -443,6 +449,7 @@ static void between(strbuf *b, int *count, const fraction_range *r) {
    in range. False: none fits. */
 static bool fraction_part(strbuf *b, const fraction_range *r) {
     const bool zero_in = (!r->lo || (r->n_lo == 0 && !r->lo_strict)) && (!r->hi || r->n_hi > 0 || !r->hi_strict);
+    if (r->max_digits == 0) return zero_in; /* (multipleOf 1: no fraction) */
     strbuf digits = {0};
     int count = 0;
     if (r->lo && r->hi) between(&digits, &count, r);
@@ -459,25 +466,26 @@ static bool fraction_part(strbuf *b, const fraction_range *r) {
 
 /* Plain decimals (no exponent) whose value lies in [lo, hi] (hi absent: unbounded; lo is
    present, 0 where nothing else bounds it), as GBNF alternatives. False: none. */
-static bool magnitude_range(strbuf *b, const decimal_bound *lo, const decimal_bound *hi) {
+static bool magnitude_range(strbuf *b, const decimal_bound *lo, const decimal_bound *hi, int places) {
     bool any = false;
     strbuf alt = {0};
     if (hi->present && lo->whole == hi->whole) { /* one integer part: the fraction between both */
-        const fraction_range r = fraction_range_of(lo->frac, hi->frac, lo->strict, hi->strict);
+        const fraction_range r = fraction_range_of(lo->frac, hi->frac, lo->strict, hi->strict, places);
         tl_strbuf_printf(&alt, "\"%lld\" ", lo->whole);
         if (fraction_part(&alt, &r)) { move_text(b, "", &alt, ""); any = true; }
     } else {
-        const fraction_range from_lo = fraction_range_of(lo->frac, NULL, lo->strict, false);
+        const fraction_range from_lo = fraction_range_of(lo->frac, NULL, lo->strict, false, places);
         tl_strbuf_printf(&alt, "\"%lld\" ", lo->whole);
         if (fraction_part(&alt, &from_lo)) { move_text(b, "", &alt, ""); any = true; }
         if (!hi->present || lo->whole + 1 <= hi->whole - 1) { /* integer parts strictly between: any fraction */
             tl_strbuf_puts(b, any ? "| " : "");
             natural_range(b, lo->whole + 1, hi->present ? hi->whole - 1 : -1);
-            tl_strbuf_puts(b, " " FRACTION_GBNF "? ");
+            if (places < 0) tl_strbuf_puts(b, " " FRACTION_GBNF "? ");
+            else if (places > 0) tl_strbuf_printf(b, " (\".\" [0-9]{1,%d})? ", places);
             any = true;
         }
         if (hi->present) {
-            const fraction_range to_hi = fraction_range_of(NULL, hi->frac, false, hi->strict);
+            const fraction_range to_hi = fraction_range_of(NULL, hi->frac, false, hi->strict, places);
             strbuf_reset(&alt);
             tl_strbuf_printf(&alt, "\"%lld\" ", hi->whole);
             if (fraction_part(&alt, &to_hi)) { move_text(b, any ? "| " : "", &alt, ""); any = true; }
@@ -495,11 +503,27 @@ static bool magnitude_range(strbuf *b, const decimal_bound *lo, const decimal_bo
 typedef struct numeric_bounds {
     bool has_lo, has_hi, lo_strict, hi_strict;
     double lo, hi;
+    int places; /* multipleOf 10^-places (0 to MAX_FRACTION_DIGITS), or -1: none */
 } numeric_bounds;
+
+/* multipleOf's places where it is 1 or a power of ten below it (0.01: 2), else -1. */
+static int step_places(const cJSON *step) {
+    if (!cJSON_IsNumber(step) || !(step->valuedouble > 0) || step->valuedouble > 1) return -1;
+    const decimal_bound d = decimal_of(step->valuedouble, false);
+    const size_t n = strlen(d.frac);
+    if (d.whole == 1 && n == 0) return 0;
+    if (d.whole != 0 || n == 0 || n > MAX_FRACTION_DIGITS || d.frac[n - 1] != '1') return -1;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (d.frac[i] != '0') return -1;
+    return (int)n;
+}
 
 static int read_bounds(conv *c, const cJSON *s, const char *path, numeric_bounds *out) {
     static const char *const names[4] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
-    numeric_bounds b = {0};
+    numeric_bounds b = {.places = -1};
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(s, "multipleOf");
+    if (step && (b.places = step_places(step)) < 0 && !c->loose) /* (loosely: left out) */
+        return fail(c, path, "'multipleOf' is supported as 1 or a power of ten below it (0.1, 0.01, ... 1e-16)");
     for (int k = 0; k < 4; k++) {
         const cJSON *bound = cJSON_GetObjectItemCaseSensitive(s, names[k]);
         if (!bound) continue;
@@ -509,16 +533,71 @@ static int read_bounds(conv *c, const cJSON *s, const char *path, numeric_bounds
         }
         const double v = bound->valuedouble;
         const bool strict = k == 1 || k == 3;
-        if (k < 2 && (!b.has_lo || v > b.lo || (v == b.lo && strict))) b = (numeric_bounds){true, b.has_hi, strict, b.hi_strict, v, b.hi};
-        if (k >= 2 && (!b.has_hi || v < b.hi || (v == b.hi && strict))) b = (numeric_bounds){b.has_lo, true, b.lo_strict, strict, b.lo, v};
+        if (k < 2 && (!b.has_lo || v > b.lo || (v == b.lo && strict))) { b.has_lo = true; b.lo_strict = strict; b.lo = v; }
+        if (k >= 2 && (!b.has_hi || v < b.hi || (v == b.hi && strict))) { b.has_hi = true; b.hi_strict = strict; b.hi = v; }
     }
     *out = b;
     return 0;
 }
 
+/* The order of two magnitudes: < 0, 0 or > 0 (their digits: the doubles' order too). */
+static int decimal_order(const decimal_bound *a, const decimal_bound *b) {
+    if (a->whole != b->whole) return a->whole < b->whole ? -1 : 1;
+    const size_t na = strlen(a->frac), nb = strlen(b->frac);
+    for (size_t i = 0; i < na || i < nb; i++) {
+        const char x = i < na ? a->frac[i] : '0', y = i < nb ? b->frac[i] : '0';
+        if (x != y) return x < y ? -1 : 1;
+    }
+    return 0;
+}
+
 /* Whether [lo, hi] holds a value (hi absent: unbounded). */
 static bool range_holds(const decimal_bound *lo, const decimal_bound *hi) {
-    return !hi->present || lo->value < hi->value || (lo->value == hi->value && !lo->strict && !hi->strict);
+    if (!hi->present) return true;
+    const int order = decimal_order(lo, hi);
+    return order < 0 || (order == 0 && !lo->strict && !hi->strict);
+}
+
+/* Moves a magnitude bound onto multipleOf's grid of `places` digits, inward: a low end (`up`)
+   to the first multiple at or above it (above it where strict), a high end to the last at or
+   below it; either is inclusive then. False: none below a high end (it is under one unit). */
+static bool onto_grid(decimal_bound *d, size_t places, bool up) {
+    size_t n = strlen(d->frac);
+    const bool off = n > places; /* digits past the grid: truncating went down */
+    if (off) d->frac[n = places] = 0;
+    const bool step = up ? off || d->strict : !off && d->strict;
+    d->strict = false;
+    if (step) {
+        while (n < places) d->frac[n++] = '0';
+        d->frac[n] = 0;
+        size_t at = places;
+        if (up) { /* one unit more: carry into the whole part */
+            while (at > 0 && d->frac[at - 1] == '9') d->frac[--at] = '0';
+            if (at > 0) d->frac[at - 1]++;
+            else d->whole++;
+        } else { /* one unit less: borrow from it */
+            while (at > 0 && d->frac[at - 1] == '0') d->frac[--at] = '9';
+            if (at > 0) d->frac[at - 1]--;
+            else if (d->whole == 0) return false;
+            else d->whole--;
+        }
+    }
+    while (n > 0 && d->frac[n - 1] == '0') d->frac[--n] = 0;
+    return true;
+}
+
+/* One sign's magnitudes in [from, to], on multipleOf's grid where there is one (places >= 0),
+   written after b's alternatives (`any`: there are some), a negative one after "-". */
+static void magnitudes(strbuf *b, bool *any, bool negative, decimal_bound from, decimal_bound to, int places) {
+    if (places >= 0 && (!onto_grid(&from, (size_t)places, true) || (to.present && !onto_grid(&to, (size_t)places, false))))
+        return;
+    if (!range_holds(&from, &to)) return;
+    strbuf text = {0};
+    if (magnitude_range(&text, &from, &to, places)) {
+        move_text(b, negative ? "\"-\" (" : *any ? "| " : "", &text, negative ? ") " : "");
+        *any = true;
+    }
+    strbuf_reset(&text);
 }
 
 /* The numbers within the bounds (absent ones do not bound), as one GBNF group: the negative
@@ -540,26 +619,15 @@ static bool number_range(strbuf *b, const numeric_bounds *bounds) {
     const decimal_bound none = {0};
     bool any = false;
     tl_strbuf_puts(b, "((");
-    if (!has_lo || lo <= 0) { /* negative: magnitudes from |hi| (or 0) to |lo| */
-        decimal_bound from = has_hi && hi < 0 ? decimal_of(-hi, hi_strict) : decimal_of(0, !zero_in);
-        decimal_bound to = has_lo ? decimal_of(-lo, lo_strict) : none;
-        if (range_holds(&from, &to)) {
-            strbuf neg = {0};
-            if (magnitude_range(&neg, &from, &to)) { move_text(b, "\"-\" (", &neg, ") "); any = true; }
-            strbuf_reset(&neg);
-        }
-    }
-    if (!has_hi || hi >= 0) { /* non-negative: from lo (or 0) to hi */
-        decimal_bound from = has_lo && lo >= 0 ? decimal_of(lo, lo_strict) : decimal_of(0, false);
-        decimal_bound to = has_hi ? decimal_of(hi, hi_strict) : none;
-        if (range_holds(&from, &to)) {
-            strbuf pos = {0};
-            if (magnitude_range(&pos, &from, &to)) { move_text(b, any ? "| " : "", &pos, ""); any = true; }
-            strbuf_reset(&pos);
-        }
-    }
+    if (!has_lo || lo <= 0) /* negative: magnitudes from |hi| (or 0) to |lo| */
+        magnitudes(b, &any, true, has_hi && hi < 0 ? decimal_of(-hi, hi_strict) : decimal_of(0, !zero_in),
+                   has_lo ? decimal_of(-lo, lo_strict) : none, bounds->places);
+    if (!has_hi || hi >= 0) /* non-negative: from lo (or 0) to hi */
+        magnitudes(b, &any, false, has_lo && lo >= 0 ? decimal_of(lo, lo_strict) : decimal_of(0, false),
+                   has_hi ? decimal_of(hi, hi_strict) : none, bounds->places);
     tl_strbuf_puts(b, ")");
-    if ((!has_lo || lo == 0) && (!has_hi || hi == 0)) tl_strbuf_puts(b, " " EXPONENT_GBNF "?");
+    /* (a multipleOf's grid has no exponent: 1e2 is one of 0.01, 1e-5 is not) */
+    if ((!has_lo || lo == 0) && (!has_hi || hi == 0) && bounds->places < 0) tl_strbuf_puts(b, " " EXPONENT_GBNF "?");
     tl_strbuf_puts(b, ")");
     return any;
 }
@@ -1325,8 +1393,8 @@ static const char *const *type_keywords(const char *type) {
     static const char *const OBJECT_KW[] = {"type", "properties", "required", "additionalProperties", NULL};
     static const char *const ARRAY_KW[] = {"type", "items", "prefixItems", "additionalItems", "minItems", "maxItems", NULL};
     static const char *const STRING_KW[] = {"type", "minLength", "maxLength", "pattern", "format", NULL};
-    static const char *const INT_KW[] = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
-    static const char *const NUMBER_KW[] = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
+    static const char *const INT_KW[] = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", NULL};
+    static const char *const NUMBER_KW[] = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", NULL};
     static const char *const PLAIN_KW[] = {"type", NULL};
     return !strcmp(type, "object") ? OBJECT_KW : !strcmp(type, "array") ? ARRAY_KW : !strcmp(type, "string") ? STRING_KW
          : !strcmp(type, "integer") ? INT_KW : !strcmp(type, "number") ? NUMBER_KW
@@ -1396,12 +1464,14 @@ static int typed(conv *c, const cJSON *s, const char *type, const char *path, in
         if (read_bounds(c, s, path, &bounds) < 0) return -1;
         r = new_rule(c);
         tl_strbuf_printf(&c->out, "r%d ::= ", r);
-        if (!bounds.has_lo && !bounds.has_hi) tl_strbuf_puts(&c->out, NUMBER_GBNF);
+        if (!bounds.has_lo && !bounds.has_hi && bounds.places < 0) tl_strbuf_puts(&c->out, NUMBER_GBNF);
         else if (!number_range(&c->out, &bounds)) {
-            char low[40], high[40];
+            char low[40], high[40], step[40] = "";
             shortest_text(bounds.lo, low);
             shortest_text(bounds.hi, high);
-            return fail(c, path, "no number is %s %s and %s %s", bounds.lo_strict ? ">" : ">=", low, bounds.hi_strict ? "<" : "<=", high);
+            if (bounds.places >= 0) shortest_text(cJSON_GetObjectItemCaseSensitive(s, "multipleOf")->valuedouble, step);
+            return fail(c, path, "no %s%s is %s %s and %s %s", bounds.places >= 0 ? "multiple of " : "number", step,
+                        bounds.lo_strict ? ">" : ">=", low, bounds.hi_strict ? "<" : "<=", high);
         }
         tl_strbuf_printf(&c->out, "%s\n", WS(c));
         return r;

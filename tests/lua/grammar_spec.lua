@@ -801,6 +801,49 @@ describe("tinyloop.grammar, numbers in a range", function()
         end
         assert.truthy(checked > 3000, checked)
     end)
+    it("takes a multipleOf of 1 or a power of ten below it: that many places at most, within the bounds", function()
+        math.randomseed(20261207)
+        local checked = 0
+        for _ = 1, 120 do
+            local places = random(0, 3)
+            local members = { string.format('"multipleOf": %s', ({ "1", "0.1", "0.01", "0.001" })[places + 1]) }
+            local lo, hi, lo_strict, hi_strict
+            if random() < 0.6 then
+                local text, v = random_bound()
+                lo, lo_strict = v, random() < 0.5
+                members[#members + 1] = string.format('"%s": %s', lo_strict and "exclusiveMinimum" or "minimum", text)
+            end
+            if random() < 0.6 then
+                local text, v = random_bound()
+                hi, hi_strict = v, random() < 0.5
+                members[#members + 1] = string.format('"%s": %s', hi_strict and "exclusiveMaximum" or "maximum", text)
+            end
+            local schema = '{"type": "number", ' .. table.concat(members, ", ") .. "}"
+            local g, err = G.json_schema(schema)
+            local texts = { "0", "-0", "1e1", "2.5e-1" }
+            for _ = 1, 30 do texts[#texts + 1] = candidate(random() < 0.5 and (lo or hi or 0) or (hi or lo or 0)) end
+            local any = false
+            for _, text in ipairs(texts) do
+                local fraction = text:match("%.(%d+)$") or ""
+                local expected = not text:find("[eE]") and #fraction <= places and within(tonumber(text), lo, lo_strict, hi, hi_strict)
+                any = any or expected
+                if g then
+                    assert(g:matches(text) == expected, string.format("%s on %s: expected %s", text, schema, tostring(expected)))
+                    checked = checked + 1
+                end
+            end
+            -- refused only where no multiple is in range (then none of the texts is)
+            assert(g or (not any and err:find("no multiple of", 1, true)), schema .. ": " .. tostring(err))
+        end
+        assert.truthy(checked > 2500, checked)
+        -- other steps: refused, naming the rule; loosely left out
+        local half = '{"type": "number", "multipleOf": 0.5}'
+        assert.matches("'multipleOf' is supported as 1 or a power of ten below it", select(2, G.json_schema(half)), 1, true)
+        assert.is_true(assert(G.json_schema(half, { loose = true })):matches("0.25"))
+        -- on an integer, 1 and below ask nothing; 2 is refused
+        assert.is_true(assert(G.json_schema('{"type": "integer", "multipleOf": 0.01}')):matches("7"))
+        assert.is_nil((G.json_schema('{"type": "integer", "multipleOf": 2}')))
+    end)
     it("an integer or a number: each type's values with its bounds", function()
         local g = assert(G.json_schema('{"type": ["integer", "number"], "maximum": 5}'))
         assert.same({ true, true, false, false, true }, { g:matches("4.5"), g:matches("5"), g:matches("5.5"), g:matches("6"), g:matches("-7") })
