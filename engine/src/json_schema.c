@@ -340,7 +340,7 @@ typedef struct fraction_range {
     const char *lo, *hi;
     size_t n_lo, n_hi;
     bool lo_strict, hi_strict;
-    size_t max_digits; /* MAX_FRACTION_DIGITS, or one past a longer bound's */
+    size_t max_digits; /* MAX_FRACTION_DIGITS, one past a longer bound's, or multipleOf's places */
 } fraction_range;
 
 /* places >= 0: a multipleOf's grid, at most that many digits (the bounds are on it). */
