@@ -123,8 +123,8 @@ static int or_null_rule(conv *c, int r);
 /* ---------------------------------------------------------------- digit caps */
 
 /* The most digits a number's whole part and fraction take, as llama.cpp's converter caps
-   them, and its exponent: a model can write digits without end (0.24902222442343314935...,
-   seen when a client dropped a "maximum"), and a double holds 17 significant digits. A
+   them, and its exponent: a model can write digits without end (0.24902222442343314935...
+   under exclusiveMaximum 0.25), and a double holds 17 significant digits. A
    bound whose fraction is longer gets one digit past it (minimum 1.5e-16: 18). */
 #define MAX_WHOLE_DIGITS 16
 #define MAX_FRACTION_DIGITS 16
