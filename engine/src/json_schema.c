@@ -216,8 +216,7 @@ static void natural_range(strbuf *b, long long lo, long long hi) {
    shortest decimal that reads back as the same double (0.1, not 0.1000000000000000055...). */
 typedef struct decimal_bound {
     bool present, strict; /* absent: no bound on this side; strict: the value itself is out */
-    double value;         /* >= 0 */
-    long long whole;      /* the integer part */
+    long long whole;      /* the integer part (of a value >= 0) */
     char frac[352];       /* the fraction's digits, no trailing zeros ("": none); a double's
                              smallest, 5e-324, has 340 */
 } decimal_bound;
@@ -270,7 +269,8 @@ static void shortest_digits(double v, char digits[24], int *point) {
             }
             char back[48];
             snprintf(back, sizeof back, "%c.%se%d", candidate[0], candidate + 1, candidate_exponent);
-            if (strtod(back, NULL) == v) {
+            /* (17 rounded digits always read back: the loop ends here at the latest) */
+            if ((precision == 16 && step == 0) || strtod(back, NULL) == v) {
                 memcpy(digits, candidate, (size_t)n + 1);
                 *point = candidate_exponent + 1;
                 tl_leave_c_locale(callers);
@@ -278,15 +278,6 @@ static void shortest_digits(double v, char digits[24], int *point) {
             }
         }
     }
-    char text[40];
-    snprintf(text, sizeof text, "%.16e", v); /* (17 digits always read back) */
-    int n = 0;
-    const char *p = text;
-    for (; *p && *p != 'e'; p++)
-        if (isdigit((unsigned char)*p)) digits[n++] = *p;
-    digits[n] = 0;
-    *point = atoi(p + 1) + 1;
-    tl_leave_c_locale(callers);
 }
 
 /* The shortest text that reads back as v, spelt as printf's %g spells it (1e-07, 0.5,
@@ -313,7 +304,7 @@ static void shortest_text(double v, char text[40]) {
 }
 
 static decimal_bound decimal_of(double value, bool strict) {
-    decimal_bound b = {.present = true, .strict = strict, .value = value};
+    decimal_bound b = {.present = true, .strict = strict};
     if (value == 0) return b;
     char digits[24];
     int point; /* digits d1 d2 ... read as 0.d1d2... x 10^point */
@@ -480,8 +471,8 @@ static bool magnitude_range(strbuf *b, const decimal_bound *lo, const decimal_bo
         if (!hi->present || lo->whole + 1 <= hi->whole - 1) { /* integer parts strictly between: any fraction */
             tl_strbuf_puts(b, any ? "| " : "");
             natural_range(b, lo->whole + 1, hi->present ? hi->whole - 1 : -1);
-            if (places < 0) tl_strbuf_puts(b, " " FRACTION_GBNF "? ");
-            else if (places > 0) tl_strbuf_printf(b, " (\".\" [0-9]{1,%d})? ", places);
+            const int digits = places < 0 ? MAX_FRACTION_DIGITS : places;
+            if (digits > 0) tl_strbuf_printf(b, " (\".\" [0-9]{1,%d})? ", digits);
             any = true;
         }
         if (hi->present) {
