@@ -97,6 +97,7 @@ describe("ollama.chat_to_chat", function()
         local c = cfg_of('{"temperature": -1, "top_p": 1.5, "min_p": 1.5, "top_k": -5, "frequency_penalty": 3, "presence_penalty": -3}')
         assert.same({ 0, 1, 1, model.vocab_size, 3, -3 }, { c.temperature, c.top_p, c.min_p, c.top_k, c.frequency_penalty,
                                                             c.presence_penalty })
+        assert.equal(3, cfg_of('{"temperature": 3}').temperature) -- (OpenAI's routes: at most 2)
         c = cfg_of('{"top_p": -1, "min_p": -1}')
         assert.same({ 1, 1, 0 }, { c.top_k, c.top_p, c.min_p }) -- (top_p 0: the likeliest token alone)
         -- not numbers: refused, by name, the option's (the chat request's field it became was named)

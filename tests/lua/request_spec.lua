@@ -55,6 +55,29 @@ describe("request.parse", function()
         assert.same({ nil, "presence_penalty" }, { req, err and err.param })
     end)
 
+    it("takes OpenAI's temperature range, [0, 2], on its routes; llama.cpp's and Ollama's any", function()
+        local chat = assert(require("tinyloop.chat").load(H.ROOT .. "/models/tinyloop-austen"))
+        local messages = { { role = "user", content = "Hi" } }
+        assert.equal(2, cfg_of({ prompt = "It is", temperature = 2 }).temperature)
+        for _, v in ipairs({ 2.000001, 3, 1e300 }) do
+            local req, err = request.parse(cjson.encode({ prompt = "It is", temperature = v }), model, "tinyloop-austen", 8, {})
+            assert.is_nil(req)
+            assert.same({ "temperature", ("temperature = %s must be in [0, 2]"):format(tostring(v)) }, { err.param, err.message })
+            req, err = request.parse_chat(cjson.encode({ messages = messages, temperature = v }), model, "tinyloop-austen", 8, chat, {})
+            assert.same({ nil, "temperature" }, { req, err and err.param })
+            local responses = require("tinyloop.server.responses")
+            local body = assert(responses.to_chat(cjson.encode({ input = "Hi", temperature = v })))
+            req, err = request.parse_chat(body, model, "tinyloop-austen", 8, chat, {})
+            assert.same({ nil, "temperature" }, { req, err and err.param })
+        end
+        -- llama.cpp's routes sample at any temperature (Ollama's: ollama_spec)
+        local llamacpp = require("tinyloop.server.llamacpp")
+        local req, err = request.parse(assert(llamacpp.to_completions('{"prompt": "It is", "temperature": 3}')), model, "m", 16,
+                                       llamacpp.View.PARSE_OPTIONS)
+        assert(req, err and err.message)
+        assert.equal(3, req.cfg.temperature)
+    end)
+
     it("takes llama.cpp's fields, as its own OpenAI endpoints do (its web UI sends them there)", function()
         local chat = assert(require("tinyloop.chat").load(H.ROOT .. "/models/tinyloop-austen"))
         local function chat_cfg(t)

@@ -343,7 +343,7 @@ end
 
 -- (LOGPROB_ENTRIES: the completions path writes its logprobs as the chat API's entries, with
 -- token ids, which completion_probabilities is made of)
-local View = { ID_PREFIX = "llamacpp", FRAME = "data", PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS, any_penalty = true },
+local View = { ID_PREFIX = "llamacpp", FRAME = "data", PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS, beyond_openai_ranges = true },
                LOGPROB_ENTRIES = true }
 View.__index = View
 _M.View = View

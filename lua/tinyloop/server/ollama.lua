@@ -287,7 +287,7 @@ end
 -- (PARSE_OPTIONS: Ollama's rules where the chat request's differ: num_predict is a cap, the
 -- rest of the context at most; stop strings are not limited to OpenAI's 4)
 local View = { ID_PREFIX = "ollama", CONTENT_TYPE = "application/x-ndjson", FRAME = "ndjson",
-               PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS, any_penalty = true } }
+               PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS, beyond_openai_ranges = true } }
 View.__index = View
 
 -- chat_to_chat(body, model_id, thinks) -> an /api/chat request's chat body, and its view; or

@@ -242,7 +242,7 @@ for _, no_ops in ipairs({ OPENAI_NO_OPS, CHAT_NO_OPS }) do
 end
 
 -- OpenAI's documented ranges of its sampling adjustments (the engine takes any finite value).
-local MAX_PENALTY, MAX_BIAS = 2, 100
+local MAX_PENALTY, MAX_BIAS, MAX_TEMPERATURE = 2, 100, 2
 
 -- The request field an engine error message is about: the longest field or cfg name in it.
 local function param_of(message)
@@ -1149,8 +1149,13 @@ local function shared_fields(t, body, model, model_id, cfg, opts)
         cfg.sample_seed = require("tinyloop.server.shapes").random_seed()
         cfg.fixed_state_seed = true
     end
-    for _, k in ipairs({ "presence_penalty", "frequency_penalty" }) do -- (llama.cpp and Ollama take any value)
-        if t[k] ~= nil and not opts.any_penalty and not (t[k] >= -MAX_PENALTY and t[k] <= MAX_PENALTY) then
+    -- OpenAI's temperature is in [0, 2] (its 400 for 3: "Expected a value <= 2"); past 2 the
+    -- distribution nears uniform over the whole vocabulary, noise a client sent by mistake
+    if t.temperature ~= nil and not opts.beyond_openai_ranges and t.temperature > MAX_TEMPERATURE then
+        return bad(("temperature = %s must be in [0, %d]"):format(tostring(t.temperature), MAX_TEMPERATURE), "temperature")
+    end
+    for _, k in ipairs({ "presence_penalty", "frequency_penalty" }) do
+        if t[k] ~= nil and not opts.beyond_openai_ranges and not (t[k] >= -MAX_PENALTY and t[k] <= MAX_PENALTY) then
             return bad(("%s = %s must be in [-%d, %d]"):format(k, tostring(t[k]), MAX_PENALTY, MAX_PENALTY), k)
         end
     end
@@ -1269,8 +1274,9 @@ end
 -- "response_format" when cfg.grammar is set). A request has #prompts * best_of sessions, at
 -- most max_choices (default 16), and answers #prompts * n choices.
 -- opts (optional): another API's rules (Ollama's): max_stops (its limit on stop strings),
--- room (max_tokens, or its absence, is a cap: the rest of the context at most), any_penalty
--- (presence and frequency penalties past OpenAI's [-2, 2]: llama.cpp's and Ollama's).
+-- room (max_tokens, or its absence, is a cap: the rest of the context at most),
+-- beyond_openai_ranges (a temperature past OpenAI's 2, presence and frequency penalties past
+-- its [-2, 2]: llama.cpp and Ollama take any).
 local function parse_completions(body, model, model_id, max_choices, opts)
     opts = opts or {}
     local t, cfg, cap = decode_fields(body, FIELDS, OPENAI_NO_OPS)
