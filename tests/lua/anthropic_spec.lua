@@ -71,9 +71,10 @@ describe("anthropic.to_chat", function()
 
     it("answers errors in Anthropic's shape, naming its own fields", function()
         local _, _, view = chat_of('{"system": "s", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}')
+        view.request_id = "req_7" -- (the server's, as it sets the header)
         local e = view:error({ status = 400, message = "messages[1].content: bad; max_completion_tokens too", param = "messages" })
-        assert.same({ type = "error", error = { type = "invalid_request_error", message = "messages[0].content: bad; max_tokens too" } },
-                    cjson.decode(e.body))
+        assert.same({ type = "error", error = { type = "invalid_request_error", message = "messages[0].content: bad; max_tokens too" },
+                      request_id = "req_7" }, cjson.decode(e.body))
         e = view:error({ status = 503, message = "every session place is taken" })
         -- (every place taken: Anthropic's 529, its SDKs' OverloadedError; 503 was their ServiceUnavailableError)
         assert.same({ 529, "overloaded_error" }, { e.status, cjson.decode(e.body).error.type })
@@ -83,8 +84,10 @@ describe("anthropic.to_chat", function()
         assert.is_nil(body)
         assert.same({ 400, "thread", '{"error_code":"thread_unsupported_request"}' }, { err.status, err.param, err.details })
         assert.same({ type = "error", error = { type = "invalid_request_error", details = { error_code = "thread_unsupported_request" },
-                                                message = err.message } },
+                                                message = err.message }, request_id = cjson.null },
                     cjson.decode(anthropic.error_body(err.status, err.message, err.details)))
+        -- the answer's request id, as Anthropic's bodies repeat their header's
+        assert.equal("req_1", cjson.decode(anthropic.error_body(err.status, err.message, err.details, "req_1")).request_id)
         assert.truthy(anthropic.to_chat('{"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "thread": null}'))
         e = view:error({ status = 400, message = "stop has 65 strings: at most 64", param = "stop" })
         assert.equal("stop_sequences has 65 strings: at most 64", cjson.decode(e.body).error.message)

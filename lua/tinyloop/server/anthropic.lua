@@ -408,15 +408,18 @@ function View:error(err)
     -- (every session place taken: Anthropic's 529, overloaded, which its SDKs raise as
     -- OverloadedError and retry; 503 was their ServiceUnavailableError)
     local status = err.status == 503 and 529 or err.status
-    return { status = status, message = message, type = err.type, body = _M.error_body(status, message) }
+    return { status = status, message = message, type = err.type, body = _M.error_body(status, message, nil, self.request_id) }
 end
 
 -- (a message may quote the client's bytes: the server writes every answer as valid UTF-8;
--- details: the JSON text of the error's details, Anthropic's error_code, or nil)
-function _M.error_body(status, message, details)
+-- details: the JSON text of the error's details, Anthropic's error_code, or nil; request_id:
+-- the answer's request-id header, which Anthropic's error bodies repeat (its SDKs' ErrorResponse
+-- has the member, null where unknown)
+function _M.error_body(status, message, details, request_id)
     return object({ { "type", '"error"' }, { "error", object({
         { "type", encode(ERROR_TYPES[status] or (status >= 500 and "api_error" or "invalid_request_error")) },
-        { "message", encode(message) }, { "details", details } }) } })
+        { "message", encode(message) }, { "details", details } }) },
+        { "request_id", request_id and encode(request_id) or "null" } })
 end
 
 -- ------------------------------------------------------------------ the answer
@@ -519,7 +522,7 @@ function View:feed(payload)
     if deltas[1] and deltas[1].kind == "error" then
         self.finished = true
         local status = deltas[1].type == "overloaded_error" and 503 or 500
-        out[1] = { "error", _M.error_body(status, deltas[1].message) }
+        out[1] = { "error", _M.error_body(status, deltas[1].message, nil, self.request_id) }
         return out
     end
     if #deltas == 0 then return out end

@@ -574,14 +574,17 @@ end
 -- before the handler (a 401, nginx's 413) as well (its SDKs show it as a response's and an
 -- error's request id, which users quote).
 local anthropic_requests = 0
-local function anthropic_request_id()
-    if ngx.header["request-id"] then return end
+local function anthropic_request_id() -- -> the id
+    local id = ngx.header["request-id"]
+    if id then return id end
     anthropic_requests = anthropic_requests + 1
-    ngx.header["request-id"] = "req_" .. worker_tag .. "_" .. anthropic_requests
+    id = "req_" .. worker_tag .. "_" .. anthropic_requests
+    ngx.header["request-id"] = id
+    return id
 end
 local function send_anthropic_error(status, message, _, _, headers)
-    anthropic_request_id()
-    return send_json(status, anthropic.error_body(status, tostring(message)), headers)
+    local id = anthropic_request_id()
+    return send_json(status, anthropic.error_body(status, tostring(message), nil, id), headers)
 end
 local function send_ollama_error(status, message, _, _, headers)
     return send_json(status, ollama.error_body(tostring(message)), headers)
@@ -2145,23 +2148,25 @@ end
 -- POST /v1/messages (Anthropic's Messages API): the chat request it means, answered as content
 -- blocks and Anthropic's stream events, errors in its shape (tinyloop.server.anthropic).
 function _M.messages()
-    anthropic_request_id()
+    local id = anthropic_request_id()
     local body = post_body()
     if not body then return end
     local chat_body, view = anthropic.to_chat(body)
-    if not chat_body then return send_json(view.status, anthropic.error_body(view.status, view.message, view.details)) end
+    if not chat_body then return send_json(view.status, anthropic.error_body(view.status, view.message, view.details, id)) end
+    view.request_id = id
     return serve(true, chat_body, view)
 end
 
 -- POST /v1/messages/count_tokens (Anthropic's): {"input_tokens": the prompt's tokens, as
 -- /v1/messages would send it}.
 function _M.count_tokens()
-    anthropic_request_id()
+    local id = anthropic_request_id()
     local body = post_body()
     if not body then return end
     if not chat_prompts then return send_anthropic_error(500, request.template_unloaded(chat_error).message) end
     local chat_body, view = anthropic.to_chat(body, true)
-    if not chat_body then return send_json(view.status, anthropic.error_body(view.status, view.message, view.details)) end
+    if not chat_body then return send_json(view.status, anthropic.error_body(view.status, view.message, view.details, id)) end
+    view.request_id = id
     local req, err = request.parse_chat(chat_body, model, conf.model_id, conf.max_active, chat_prompts,
                                         { counting = true, max_stops = view.PARSE_OPTIONS.max_stops })
     if not req then
