@@ -14,7 +14,8 @@
  * a power of ten below it (a number's places),
  * boolean, null, $ref to "#" or a JSON Pointer into the schema ("#/$defs/NAME", escapes
  * decoded), draft-07's tuples ("items" an array, "additionalItems"), OpenAPI's "nullable"
- * (the values and null), a "type" beside anyOf/oneOf/allOf whose branches are all of it.
+ * (the values and null), a "type" beside anyOf/oneOf/allOf whose branches are all of it, no
+ * "type" where the keywords are one type's (that type written: keywords_type).
  * Annotations (title, description, examples, default, $schema, $id, $comment, deprecated,
  * readOnly, writeOnly, OpenAPI's example, discriminator and "x-" keys) are ignored. Anything
  * else is an error naming the keyword: a schema is never silently loosened (except where
@@ -1392,6 +1393,29 @@ static const char *const *type_keywords(const char *type) {
          : !strcmp(type, "boolean") || !strcmp(type, "null") ? PLAIN_KW : NULL;
 }
 
+/* The type a schema without a "type" writes, or NULL (any value): an object where it has
+   "properties", an array where "items" or "prefixItems", else the one type whose keywords it
+   carries (number for minimum and the like, which integer's also are; none, or two types':
+   NULL). Such a schema allows any value and narrows that type's; the grammar writes that
+   type, as llama.cpp's converter does ({"pattern": ...} a string, {"minimum": 0} a number):
+   {"format": "date"} was refused in strict mode and, loosely, any value at all. Keywords that
+   only narrow count in loose mode too (they say which type was meant where the grammar leaves
+   them out); those no type reads (minProperties) say nothing. */
+static const char *keywords_type(const cJSON *s) {
+    if (cJSON_GetObjectItemCaseSensitive(s, "properties")) return "object";
+    if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems")) return "array";
+    static const char *const TYPES[] = {"object", "array", "string", "number", NULL};
+    const char *only = NULL;
+    for (const cJSON *k = s->child; k; k = k->next)
+        for (int i = 0; TYPES[i]; i++)
+            if (strcmp(k->string, "type") != 0 && keyword_in(k->string, type_keywords(TYPES[i]))) {
+                if (only && only != TYPES[i]) return NULL;
+                only = TYPES[i];
+                break;
+            }
+    return only;
+}
+
 /* The value rule of schema s for one type. `listed`: the type is one of a list, whose
    keywords were checked together (schema()): each type then reads its own and leaves the
    others', which apply only to values of their types (JSON Schema's rule). */
@@ -1704,9 +1728,7 @@ static unsigned schema_bits(conv *c, const cJSON *s, bool written, int depth) {
         else if (written) bits = JT_OBJECT; /* all_of writes one merged object */
         else /* a value matches every branch */
             for (const cJSON *b = all->child; b; b = b->next) bits &= schema_bits(c, b, false, depth + 1);
-    } else if (written && cJSON_GetObjectItemCaseSensitive(s, "properties")) bits = JT_OBJECT;
-    else if (written && (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems")))
-        bits = JT_ARRAY;
+    } else if (written && keywords_type(s)) bits = type_bits(keywords_type(s));
     if (or_null) bits |= JT_NULL;
     if (!tl_gram_hash_put(&c->type_bits_of, key, (int32_t)bits)) c->out.oom = true; /* (the node stays PENDING: JT_ANY) */
     return bits;
@@ -2000,9 +2022,8 @@ static int schema_body(conv *c, const cJSON *s, const char *path, int depth) {
     }
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
     if (!type) {
-        if (cJSON_GetObjectItemCaseSensitive(s, "properties")) return typed(c, s, "object", path, depth, false);
-        if (cJSON_GetObjectItemCaseSensitive(s, "items") || cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
-            return typed(c, s, "array", path, depth, false);
+        const char *narrowed = keywords_type(s);
+        if (narrowed) return typed(c, s, narrowed, path, depth, false);
         static const char *const NONE[] = {NULL};
         if (check_keywords(c, s, path, NONE) < 0) return -1;
         c->used_value = true;

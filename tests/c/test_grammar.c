@@ -411,15 +411,50 @@ static void test_openapi_and_generators(void) {
     CHECK(tl_grammar_compile_json_schema(mixed, strlen(mixed), &loose, &g) == TL_OK, "loose leaves the type out: %s",
           tl_last_error());
     tl_compiled_grammar_free(g);
+    /* a schema without a "type" whose keywords are one type's writes that type, strict and
+       loose (llama.cpp's reading; JSON Schema lets other values through, which the grammar
+       need not write): {"format": "date"} was refused in strict mode and any value loosely */
+    static const struct { const char *schema, *in, *out; } narrowed[] = {
+        {"{\"minLength\":2}", "\"ab\"", "5"},
+        {"{\"format\":\"date\",\"description\":\"d\"}", "\"2024-02-29\"", "\"x\""},
+        {"{\"pattern\":\"^a+$\"}", "\"aa\"", "true"},
+        {"{\"minimum\":0,\"exclusiveMaximum\":5}", "4.5", "5"},
+        {"{\"minimum\":0,\"exclusiveMaximum\":5}", "0", "\"a\""},
+        {"{\"multipleOf\":1}", "-3", "2.5"},
+        {"{\"maxItems\":1}", "[1]", "[1,2]"},
+        {"{\"required\":[\"a\"]}", "{\"a\":[]}", "{}"},
+        {"{\"properties\":{\"a\":{\"type\":\"integer\"}},\"minProperties\":1}", "{\"a\":1}", "{\"a\":\"x\"}"},
+    };
+    for (size_t i = 0; i < sizeof narrowed / sizeof narrowed[0]; i++)
+        for (int strict = 0; strict < 2; strict++) {
+            const char *schema = narrowed[i].schema;
+            if (strict && strstr(schema, "minProperties")) continue; /* (a keyword strict mode refuses) */
+            g = NULL;
+            CHECK(tl_grammar_compile_json_schema(schema, strlen(schema), strict ? NULL : &loose, &g) == TL_OK, "%s %s: %s",
+                  strict ? "strict" : "loose", schema, tl_last_error());
+            int in = 0, out = 1;
+            tl_grammar_matches(g, narrowed[i].in, strlen(narrowed[i].in), &in);
+            tl_grammar_matches(g, narrowed[i].out, strlen(narrowed[i].out), &out);
+            CHECK(in == 1 && out == 0, "%s %s: %s %d, %s %d", strict ? "strict" : "loose", schema, narrowed[i].in, in,
+                  narrowed[i].out, out);
+            tl_compiled_grammar_free(g);
+        }
+    /* and in a oneOf, a branch is what it matches, not what it writes: {"pattern": "^a$"} lets
+       4 through, so beside {"minimum": 3} both match 4 (and "a"): refused */
+    const char *clash = "{\"oneOf\":[{\"pattern\":\"^a$\"},{\"minimum\":3}]}";
+    g = NULL;
+    CHECK(tl_grammar_compile_json_schema(clash, strlen(clash), NULL, &g) == TL_ERR_INVALID_ARGUMENT &&
+              strstr(tl_last_error(), "a value may match both branch 0 and branch 1"),
+          "untyped oneOf branches: %s", tl_last_error());
     /* a type's keyword where it is not read is refused, strict and loose, naming it: left out,
        loose would widen a combinator's branches to any value ({"type": "object", "anyOf":
        [{"required": ["a"]}, ...]} gave a tool call whose arguments were a number) or keep
        one type of a schema that mixes two */
-    static const char *const untyped[] = {"{\"minLength\":2}", "{\"required\":[\"a\"]}", "{\"maxItems\":1}",
+    static const char *const untyped[] = {"{\"minLength\":2,\"maxItems\":1}", "{\"required\":[\"a\"],\"minimum\":1}",
                                           "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},"
                                           "\"anyOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
                                           "{\"properties\":{\"a\":{\"type\":\"integer\"}},\"items\":{\"type\":\"string\"}}"};
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 4; i++)
         for (int strict = 0; strict < 2; strict++) {
             g = NULL;
             CHECK(tl_grammar_compile_json_schema(untyped[i], strlen(untyped[i]), strict ? NULL : &loose, &g) ==
@@ -814,7 +849,7 @@ static void test_json_schema(void) {
         /* a type's keyword where it is not read says so ("unsupported" sent users looking for
            a keyword that is supported) */
         {"{\"type\":\"number\",\"maxLength\":3}", "keyword 'maxLength' is not supported here: it is read only in a schema of \"type\" \"string\""},
-        {"{\"minimum\":1}", "keyword 'minimum' is not supported here: it is read only in a schema of \"type\" \"integer\" or \"number\""},
+        {"{\"minimum\":1,\"pattern\":\"a\"}", "keyword 'minimum' is not supported here: it is read only in a schema of \"type\" \"integer\" or \"number\""},
         {"{\"$defs\":{\"s\":{\"type\":\"string\"}},\"$ref\":\"#/$defs/s\",\"maxLength\":3}", "keyword 'maxLength' beside '$ref' is not supported"},
         {"{\"$ref\":\"#/$defs/a~2\"}", "$ref '#/$defs/a~2' is not supported"},
         {"{\"$ref\":\"#/$defs/a%zz\"}", "$ref '#/$defs/a%zz' is not supported"},
