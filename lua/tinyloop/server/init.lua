@@ -554,7 +554,12 @@ end
 
 -- The one error shape: {"error": {"message", "type", "param", "code"}} (param: the field, code:
 -- OpenAI's machine-readable code, each null where there is none, as OpenAI sends them).
+-- (OpenAI's names for the types the other APIs have their own for: a full server is its
+-- "server_error", as its "That model is currently overloaded" is; an unknown path an
+-- "invalid_request_error", code "unknown_url". llama.cpp's and Anthropic's keep theirs.)
+local OPENAI_TYPES = { overloaded_error = "server_error", not_found_error = "invalid_request_error" }
 local function send_error(status, message, param, etype, headers, code)
+    etype = OPENAI_TYPES[etype] or etype
     return send_json(status, '{"error":{"message":' .. encode(tostring(message)) .. ',"type":' ..
         encode(etype or (status >= 500 and "server_error" or "invalid_request_error")) ..
         ',"param":' .. (param and encode(param) or "null") .. ',"code":' .. (code and encode(code) or "null") .. "}}", headers)
@@ -693,7 +698,7 @@ end
 function _M.not_found()
     return send_uri_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
         " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /v1/rerank (or /rerank, /v2/rerank, /reranking, /v1/reranking), POST /v1/score (or /score), POST /completion (or /completions), POST /embedding (or /embeddings), POST /apply-template, GET /props, GET /v1/models (or /models), GET /v1/models/{id}, POST /chat/completions (llama.cpp's name of /v1/chat/completions), POST /tokenize, POST /detokenize, /health (or /v1/health), GET /, " ..
-        "/metrics)", nil, "not_found_error")
+        "/metrics)", nil, "not_found_error", nil, "unknown_url")
 end
 
 -- CORS (conf.cors_origins): the origin of a browser's request, when it is one allowed to call
@@ -2495,7 +2500,7 @@ function _M.stored_response()
     end
     return send_error(404, ("%s %s is not served here: a stored response is GET or DELETE /v1/responses/{id}, and GET " ..
                       "/v1/responses/{id}/input_items (nothing runs in the background to cancel, nor is compacted)")
-                      :format(method, ngx.var.uri), nil, "not_found_error")
+                      :format(method, ngx.var.uri), nil, "not_found_error", nil, "unknown_url")
 end
 
 return _M
