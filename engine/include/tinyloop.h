@@ -534,12 +534,14 @@ typedef struct tl_generate_stats {
     double acceptance_rate;  /* accepted / verify depth offered (= drafted for the chain) */
     double mean_accepted;    /* accepted draft tokens per verification */
     int prompt_tokens_reused; /* prompt tokens whose K/V came from the prefix pool */
+    int prefill_tokens;      /* prompt tokens the prefill computed in prefill_ms: prompt_tokens
+                                less those reused, and less the last where beam search and
+                                speculative decoding take it into their first step */
 } tl_generate_stats;
 
 /* The tokens after the first (tokens_emitted - 1: the first comes from the prefill's
-   logits) / decode seconds, and the prompt tokens the prefill computed (prompt_tokens -
-   prompt_tokens_reused) / prefill seconds (0 when undefined: fewer than two tokens, nothing
-   computed). */
+   logits) / decode seconds, and prefill_tokens / prefill seconds (0 when undefined: fewer
+   than two tokens, nothing computed). */
 double tl_stats_decode_tokens_per_s(const tl_generate_stats *stats);
 double tl_stats_prefill_tokens_per_s(const tl_generate_stats *stats);
 

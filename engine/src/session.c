@@ -274,11 +274,14 @@ static void offer_rows(const tl_session *s, int n) {
         tl_prefix_pool_offer(s->m->prefix_pool, s->tokens, n, s->loops, s->ws.state_seed, s->cache);
 }
 
-/* The prompt's rows are in the cache: time the prefill, and offer them to the prefix pool. */
+/* The prompt's rows are in the cache: time the prefill, and offer them to the prefix pool.
+   (The cache's rows, less the pool's: all the prompt's, or all but the last for the decoders
+   whose first step takes it.) */
 static void prompt_done(tl_session *s) {
     s->prompt_done = true;
     s->t_prefill_end = tl_now_ms();
     s->stats.prefill_ms = s->t_prefill_end - (s->t_prefill_start > 0 ? s->t_prefill_start : s->t_start);
+    s->stats.prefill_tokens = s->cache->length - s->stats.prompt_tokens_reused;
     offer_rows(s, s->prompt_len);
 }
 

@@ -472,6 +472,9 @@ static tl_status read_stats(state_reader *r, tl_session *s) {
         return MALFORMED("stats: %d probes, %d prompt tokens reused", st->probes, st->prompt_tokens_reused);
     st->tokens_emitted = emitted;
     st->loops_used = emitted ? s->loops_sum / emitted : 0.0;
+    /* (not written: a saved session decodes plainly, whose prefill computed every prompt
+       token the pool did not give) */
+    st->prefill_tokens = s->prompt_done ? s->prompt_len - st->prompt_tokens_reused : 0;
     /* Time resumes where it stopped: the time spent saved does not count as decoding. */
     const double now = tl_now_ms();
     if (s->prompt_done) {

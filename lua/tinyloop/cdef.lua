@@ -245,6 +245,7 @@ typedef struct tl_generate_stats {
     double acceptance_rate;
     double mean_accepted;
     int prompt_tokens_reused;
+    int prefill_tokens;
 } tl_generate_stats;
 double tl_stats_decode_tokens_per_s(const tl_generate_stats *stats);
 double tl_stats_prefill_tokens_per_s(const tl_generate_stats *stats);

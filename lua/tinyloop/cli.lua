@@ -355,9 +355,12 @@ end
 -- The one stats line of a generation, on stderr.
 local function stats_line(s, model)
     io.stderr:write(string.format(
-        "[prefill %d tokens%s %.1f ms (%.1f tok/s) | first token %.1f ms | %d tokens%s | stop %s | loops %.2f%s%s | %d threads]\n",
+        "[prefill %d tokens%s %.1f ms%s | first token %.1f ms | %d tokens%s | stop %s | loops %.2f%s%s | %d threads]\n",
         s.prompt_tokens, s.prompt_tokens_reused > 0 and string.format(" (%d reused)", s.prompt_tokens_reused) or "",
-        s.prefill_ms, s.prefill_tokens_per_s, s.first_token_ms, s.tokens_emitted,
+        -- (the rate of the prompt tokens the prefill computed: none where it computed none, a
+        -- one-token prompt's under beam search or speculative decoding, whose first step takes it)
+        s.prefill_ms, s.prefill_tokens_per_s > 0 and string.format(" (%.1f tok/s)", s.prefill_tokens_per_s) or "",
+        s.first_token_ms, s.tokens_emitted,
         -- (the rate of the tokens after the first, which the prefill gave: none for one token)
         s.decode_tokens_per_s > 0 and string.format(" %.1f tok/s", s.decode_tokens_per_s) or "",
         s.stop_reason or "?", s.loops_used,

@@ -590,7 +590,7 @@ local function stats_table(s)
         drafted = s.drafted, accepted = s.accepted, verify_steps = s.verify_steps,
         draft_forwards = s.draft_forwards, verify_forwards = s.verify_forwards,
         draft_ms = s.draft_ms, verify_ms = s.verify_ms, acceptance_rate = s.acceptance_rate,
-        mean_accepted = s.mean_accepted, prompt_tokens_reused = s.prompt_tokens_reused,
+        mean_accepted = s.mean_accepted, prompt_tokens_reused = s.prompt_tokens_reused, prefill_tokens = s.prefill_tokens,
         probes = s.probes, probe_ms = s.probe_ms, depth_histogram = histogram, beam_score = s.beam_score,
         prefill_ms = s.prefill_ms, first_token_ms = s.first_token_ms, decode_ms = s.decode_ms,
         prompt_tokens = s.prompt_tokens, tokens_emitted = s.tokens_emitted,

@@ -282,6 +282,8 @@ static void prefix_pool(const char *dir) {
     CHECK(tl_generate(pooled, prompt, n, &cfg, out_b, CAP, &nb, &sb) == TL_OK, "second: %s", tl_last_error());
     CHECK(sb.prompt_tokens_reused == n - 10, "second session reused %d of its %d prompt tokens (want %d)",
           sb.prompt_tokens_reused, n, n - 10);
+    CHECK(sa.prefill_tokens == n - 10 && sb.prefill_tokens == 10, "the prefill computed %d and %d prompt tokens (want %d, 10)",
+          sa.prefill_tokens, sb.prefill_tokens, n - 10);
     tl_generate(cold, prompt, n, &cfg, want, CAP, &nw, &sw);
     CHECK(nb == nw && memcmp(out_b, want, (size_t)nw * sizeof *want) == 0, "pooled output differs from a cold start");
     /* The same prompt again: all but its last token come from the pool. */

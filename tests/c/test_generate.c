@@ -933,13 +933,34 @@ static void test_step_batch_stats(void) {
           bst.prefill_ms, bst.first_token_ms, bst.decode_ms);
     CHECK(bst.loops_used == tl_model_info(model)->default_loops, "loops_used %g", bst.loops_used);
     CHECK(tl_stats_decode_tokens_per_s(&bst) > 0 && tl_stats_prefill_tokens_per_s(&bst) > 0, "rates");
+    CHECK(bst.prefill_tokens == 5, "a plain prefill computes the whole prompt: %d", bst.prefill_tokens);
+    /* beam search and speculative decoding prefill all but the last prompt token (their first
+       step's row): the rate counted 5 tokens in the time of 4, and 1 in no time at all */
+    {
+        tl_generate_config modes;
+        init_cfg(&modes);
+        modes.max_tokens = 3;
+        for (int mode = 0; mode < 3; mode++) {
+            modes.beam_size = mode == 0 ? 2 : 0;
+            modes.speculative = mode == 1 ? TL_SPECULATIVE_CHAIN : mode == 2 ? TL_SPECULATIVE_TREE : TL_SPECULATIVE_OFF;
+            for (int len = 1; len <= 5; len += 4) {
+                tl_generate_stats ms;
+                if (gen(model, p2, len, &modes, ref, &ms) < 0) continue;
+                CHECK(ms.prefill_tokens == len - 1, "mode %d, a %d-token prompt: prefill_tokens %d", mode, len, ms.prefill_tokens);
+                CHECK(len > 1 ? fabs(tl_stats_prefill_tokens_per_s(&ms) - (len - 1) * 1000.0 / ms.prefill_ms) < 1e-6
+                              : tl_stats_prefill_tokens_per_s(&ms) == 0,
+                      "mode %d, a %d-token prompt: prefill rate %g over %g ms", mode, len, tl_stats_prefill_tokens_per_s(&ms),
+                      ms.prefill_ms);
+            }
+        }
+    }
     /* the prefill rate counts the prompt tokens it computed, not those the prefix pool gave */
     {
         tl_generate_stats reused = bst;
-        reused.prompt_tokens = 100, reused.prompt_tokens_reused = 60, reused.prefill_ms = 10;
+        reused.prompt_tokens = 100, reused.prompt_tokens_reused = 60, reused.prefill_ms = 10, reused.prefill_tokens = 40;
         CHECK(fabs(tl_stats_prefill_tokens_per_s(&reused) - 4000.0) < 1e-9, "prefill rate with 60 of 100 reused: %g",
               tl_stats_prefill_tokens_per_s(&reused));
-        reused.prompt_tokens_reused = 100;
+        reused.prompt_tokens_reused = 100, reused.prefill_tokens = 0;
         CHECK(tl_stats_prefill_tokens_per_s(&reused) == 0, "prefill rate with every token reused: %g",
               tl_stats_prefill_tokens_per_s(&reused));
     }

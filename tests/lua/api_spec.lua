@@ -192,6 +192,10 @@ describe("model:generate", function()
             assert.is_true(stats[k] >= 0, k)
         end
         assert.is_true(stats.first_token_ms >= stats.prefill_ms)
+        -- the prompt tokens the prefill computed: all here; beam search's all but the last,
+        -- which its first step takes
+        assert.equal(#prompt, stats.prefill_tokens)
+        assert.equal(#prompt - 1, select(2, m:generate(prompt, { max_tokens = 2, beam_size = 2 })).prefill_tokens)
         -- the prefill's clock starts at its first row: a session that waited before its first
         -- step (as one waits in an engine's queue) had the wait counted as its prefill
         local s = m:session(prompt, { max_tokens = 1 })

@@ -244,6 +244,11 @@ describe("llamacpp view", function()
         cached.usage.prompt_tokens_details = { cached_tokens = 2 }
         r = cjson.decode(view:response(cjson.encode(cached)))
         assert.same({ 1, 2, 3 }, { r.timings.prompt_n, r.timings.cache_n, r.tokens_evaluated })
+        -- and the engine's count where the answer has it (a beam search's prefill leaves the
+        -- last prompt token to its first step)
+        cached.tinyloop.prefill_tokens = 0
+        r = cjson.decode(view:response(cjson.encode(cached)))
+        assert.same({ 0, 2, "0" }, { r.timings.prompt_n, r.timings.cache_n, tostring(r.timings.prompt_per_second) })
         -- the limit, and the end of text
         answer.choices[1].finish_reason, answer.choices[1].stop_reason = "length", nil
         assert.equal("limit", cjson.decode(view:response(cjson.encode(answer))).stop_type)

@@ -1126,6 +1126,7 @@ local function next_output(st, ready, on_idle)
         drafted = s.drafted, accepted = s.accepted, acceptance_rate = s.acceptance_rate,
         mean_accepted = s.mean_accepted, verify_steps = s.verify_steps, probes = s.probes,
         prompt_tokens_reused = s.prompt_tokens_reused, -- (of this choice's prompt, from the prefix pool)
+        prefill_tokens = s.prefill_tokens, -- (those the prefill computed: tl_stats_prefill_tokens_per_s)
     }
     return text, ids, true, figures
 end

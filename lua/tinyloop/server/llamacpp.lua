@@ -388,7 +388,10 @@ end
 local function timings(stats, usage)
     local details = type(usage.prompt_tokens_details) == "table" and usage.prompt_tokens_details or {}
     local cache_n = tonumber(details.cached_tokens) or 0
-    local prompt_n, predicted_n = (tonumber(usage.prompt_tokens) or 0) - cache_n, tonumber(usage.completion_tokens) or 0
+    -- (prompt_n: the prompt tokens the prefill computed, the engine's prefill_tokens where the
+    -- answer has it: beam search's and speculative decoding's last is their first step's)
+    local prompt_n = tonumber(stats.prefill_tokens) or (tonumber(usage.prompt_tokens) or 0) - cache_n
+    local predicted_n = tonumber(usage.completion_tokens) or 0
     local prompt_ms, predicted_ms = tonumber(stats.prefill_ms) or 0, tonumber(stats.decode_ms) or 0
     local function per(ms, n) return n > 0 and ("%.6g"):format(ms / n) or "0" end
     local function rate(ms, n) return ms > 0 and ("%.6g"):format(n * 1000 / ms) or "0" end
