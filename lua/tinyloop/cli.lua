@@ -24,6 +24,38 @@ local function attempt(fn, ...)
     return unpack(results, 1, table.maxn(results))
 end
 
+-- fn(...) with Ctrl-C's default action, which ends the program at once (130, as a shell's
+-- commands end), around the calls that may block in a read: LuaJIT's handler only marks the
+-- interrupt, and the read resumed, so that ^C waited for Enter at a prompt, or for a writer
+-- at a FIFO given as a file (`--grammar <(cmd)`). For the call's time only: during a
+-- generation ^C ends it through LuaJIT's "interrupted!", with its stats line.
+local SIGINT = 2
+local signal_of_c -- (declared once, at the first use)
+local function at_default_sigint(fn, ...)
+    if not signal_of_c then
+        local ffi = require "tinyloop.ffi"
+        pcall(ffi.cdef, "typedef void (*tl_cli_sighandler)(int); tl_cli_sighandler signal(int signum, tl_cli_sighandler handler);")
+        signal_of_c = ffi.C.signal
+    end
+    local previous = signal_of_c(SIGINT, nil) -- (NULL: SIG_DFL)
+    local results = { pcall(fn, ...) }
+    signal_of_c(SIGINT, previous)
+    if not results[1] then error(results[2], 0) end
+    return unpack(results, 2, table.maxn(results))
+end
+
+-- A user-named file's bytes | nil, err (io.open's, or `path: cannot read it` for a directory).
+local function read_file(path)
+    return at_default_sigint(function()
+        local f, ferr = io.open(path, "rb")
+        if not f then return nil, ferr end
+        local text = f:read("*a") -- nil for a directory, which io.open accepts
+        f:close()
+        if not text then return nil, path .. ": cannot read it" end
+        return text
+    end)
+end
+
 -- Writes to stdout, flushed: a failure (a full disk, a reader gone with SIGPIPE ignored)
 -- raises, so that generation stops and the run exits 1 (it went on and exited 0).
 local OUTPUT_FAILED = "writing the output failed: "
@@ -313,11 +345,8 @@ end
 -- template reads them; or nil, nil, err, exit status (1: the file cannot be read; 2: what it
 -- or the choice says is refused).
 read_tools = function(path, choice)
-    local f, ferr = io.open(path, "rb")
-    if not f then return nil, nil, ferr, 1 end
-    local text = f:read("*a")
-    f:close()
-    if not text then return nil, nil, path .. ": cannot read it", 1 end
+    local text, ferr = read_file(path)
+    if not text then return nil, nil, ferr, 1 end
     local list, jerr = json_text.decode_file(text) -- (the reason was dropped: "not JSON" for a BOM, a tab, a \ud800)
     if type(list) ~= "table" then
         return nil, nil, path .. ": not OpenAI's tools array (a JSON array)" .. (jerr and (": " .. jerr) or ""), 2
@@ -442,22 +471,16 @@ end
 -- so that ^C waited for Enter. The default action stands for the read's time only.
 -- Read a byte at a time: LuaJIT's "*l" measures what fgets read with strlen, so a NUL cut its
 -- line there and the next line was joined on ("A\0B\nC" read as "AC").
-local SIGINT = 2
-local signal_of_c -- (declared once, at the first read)
 local function read_line()
-    if not signal_of_c then
-        local ffi = require "tinyloop.ffi"
-        pcall(ffi.cdef, "typedef void (*tl_cli_sighandler)(int); tl_cli_sighandler signal(int signum, tl_cli_sighandler handler);")
-        signal_of_c = ffi.C.signal
-    end
-    local previous = signal_of_c(SIGINT, nil) -- (NULL: SIG_DFL)
-    local bytes, byte, err = {}, nil, nil
-    while true do
-        byte, err = io.stdin:read(1)
-        if byte == nil or byte == "\n" then break end
-        bytes[#bytes + 1] = byte
-    end
-    signal_of_c(SIGINT, previous)
+    local bytes, byte, err = at_default_sigint(function()
+        local bytes, byte, err = {}, nil, nil
+        while true do
+            byte, err = io.stdin:read(1)
+            if byte == nil or byte == "\n" then break end
+            bytes[#bytes + 1] = byte
+        end
+        return bytes, byte, err
+    end)
     if err then return nil, err end
     if byte == nil and #bytes == 0 then return nil end
     return (table.concat(bytes):gsub("\r$", ""))
@@ -559,7 +582,7 @@ end
 -- Merges a policy file into cfg: the file returns a table of config fields (hooks and
 -- knobs) or a function(cfg, model) that edits cfg (and may return a new one).
 local function apply_policy(path, cfg, model)
-    local chunk, err = loadfile(path)
+    local chunk, err = at_default_sigint(loadfile, path)
     if not chunk then return nil, "cannot load policy " .. path .. ": " .. err end
     local ok, p = attempt(chunk)
     if not ok then return nil, "policy " .. path .. " failed: " .. tostring(p) end
@@ -680,7 +703,7 @@ function _M.run(argv, default_model)
     local chat
     if o.chat then
         local cerr
-        chat, cerr = require("tinyloop.chat").load(o.model, o.chat_template)
+        chat, cerr = at_default_sigint(require("tinyloop.chat").load, o.model, o.chat_template)
         if not chat then io.stderr:write("tinyloop: ", cerr, "\n") return 1 end
         require("tinyloop.chat").add_stop_ids(cfg, chat:turn_end_ids(model))
     end
@@ -708,11 +731,15 @@ function _M.run(argv, default_model)
     -- such file or directory" did not say a file was wanted)
     for _, g in ipairs({ { o.grammar_file, tinyloop.grammar.gbnf, "--grammar" }, { o.schema_file, tinyloop.grammar.json_schema, "--json-schema" } }) do
         if g[1] then
-            local f, ferr = io.open(g[1], "rb")
-            if not f then io.stderr:write("tinyloop: ", g[3], " takes a file: ", ferr, "\n") return 1 end
-            local text, rerr = f:read("*a") -- nil for a directory, which io.open accepts
-            f:close()
-            if not text then io.stderr:write("tinyloop: ", g[3], " ", g[1], ": ", tostring(rerr), "\n") return 1 end
+            local text, ferr, opened = at_default_sigint(function()
+                local f, ferr = io.open(g[1], "rb")
+                if not f then return nil, ferr, false end
+                local text, rerr = f:read("*a") -- nil for a directory, which io.open accepts
+                f:close()
+                return text, rerr, true
+            end)
+            if not opened then io.stderr:write("tinyloop: ", g[3], " takes a file: ", ferr, "\n") return 1 end
+            if not text then io.stderr:write("tinyloop: ", g[3], " ", g[1], ": ", tostring(ferr), "\n") return 1 end
             local compiled, gerr = g[2](text)
             -- (what the file says is refused: bad usage, as a refused --regex or --tools file)
             if not compiled then io.stderr:write("tinyloop: ", g[3], " ", g[1], ": ", gerr, "\n") return 2 end

@@ -197,6 +197,25 @@ describe("scripts/tinyloop", function()
         assert.equal(130, status, out)
     end)
 
+    it("ends at once on Ctrl-C while a file it was given waits for a writer (a FIFO: it waited on)", function()
+        -- (--grammar <(cmd) where cmd stalls: the open blocks until a writer comes; SIGINT once
+        -- the open is seen waiting, in /proc's wchan, or after 5 s where that is not shown)
+        local dir = os.tmpname()
+        os.remove(dir)
+        assert.equal(0, (run("mkdir " .. dir .. " && mkfifo " .. dir .. "/f")))
+        for _, args in ipairs({ "--grammar F", "--json-schema F", "--tools F --chat", "--policy F", "--chat --chat-template F" }) do
+            local cmd = "luajit scripts/tinyloop -m models/tinyloop-austen -n 2 " .. args:gsub("F", dir .. "/f") .. " hi"
+            local status, out = run("{ " .. cmd .. " & pid=$!; " ..
+                                    "for k in $(seq 50); do [ \"$(cat /proc/$pid/wchan 2>/dev/null)\" = wait_for_partner ] && break; sleep 0.1; done; " ..
+                                    "kill -INT $pid; " ..
+                                    "for k in $(seq 20); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done; " ..
+                                    "kill -0 $pid 2>/dev/null && { echo still waiting; kill -KILL $pid; }; wait $pid; }")
+            assert.is_nil(out:find("still waiting", 1, true), args .. ": " .. out)
+            assert.equal(130, status, args .. ": " .. out)
+        end
+        run("rm -r " .. dir)
+    end)
+
     it("fails saying so where stdin cannot be read (-i ended as at its end, exit 0; --embed - raised a traceback)", function()
         for _, args in ipairs({ "-i -n 2", "--embed -" }) do
             local status, out = run("luajit scripts/tinyloop " .. args .. " < /tmp")
