@@ -1853,8 +1853,12 @@ static int or_null_rule(conv *c, int r) {
 
 /* A "type" beside a combinator: both apply, the values of a branch that are of the type. Taken
    where every branch's grammar writes values of the type alone (a tool's parameters, which
-   must be an object, as a union of objects: {"type": "object", "anyOf": [...]}); loosely, left
-   out (it only narrows). -1 (error set) or 0. */
+   must be an object, as a union of objects: {"type": "object", "anyOf": [...]}). Elsewhere
+   strict mode refuses it, and loose mode keeps the type and leaves the combinator out (it
+   only narrows the type's values): leaving the type out instead wrote a branch's own type,
+   which the type refuses ({"type": "string", "anyOf": [{"minimum": 0}]}, whose branch writes
+   a number, took only numbers, none of them valid). -1 (error set), 0 (both apply), or 1
+   (loose: the type alone). */
 static int combinator_type_checked(conv *c, const cJSON *s, const cJSON *list, const char *combinator, const char *path) {
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type");
     if (!type) return 0;
@@ -1871,14 +1875,15 @@ static int combinator_type_checked(conv *c, const cJSON *s, const cJSON *list, c
     } else {
         return fail(c, path, "'type' must be a string or a non-empty array of strings");
     }
-    if (c->loose) return 0;
     /* allOf's grammar writes one merged object, or its one branch */
     const bool merged = combinator[1] == 'l' && list->child->next;
     int i = 0;
     for (const cJSON *b = list->child; b; b = b->next, i++)
-        if (((merged ? JT_OBJECT : schema_bits(c, b, true, 0)) & ~allowed) != 0)
+        if (((merged ? JT_OBJECT : schema_bits(c, b, true, 0)) & ~allowed) != 0) {
+            if (c->loose) return 1;
             return fail(c, path, "'type' beside '%s' is supported only where each branch is of that type, and branch %d "
                                  "may be of another (give the branch its 'type', or leave 'type' out)", combinator, i);
+        }
     return 0;
 }
 
@@ -1952,7 +1957,14 @@ static int schema_body(conv *c, const cJSON *s, const char *path, int depth) {
         const char *const KW[] = {combinator, "type", NULL};
         if (check_keywords(c, s, path, KW) < 0) return -1;
         if (!cJSON_IsArray(list) || !list->child) return fail(c, path, "'%s' must be a non-empty array", combinator);
-        if (combinator_type_checked(c, s, list, combinator, path) < 0) return -1;
+        const int type_checked = combinator_type_checked(c, s, list, combinator, path);
+        if (type_checked < 0) return -1;
+        if (type_checked == 1) { /* (loose) the schema without its combinator: the type's values */
+            cJSON *alone = cJSON_Duplicate(s, true);
+            if (!alone || !keep_made(c, alone)) return out_of_memory(c, path);
+            cJSON_DeleteItemFromObjectCaseSensitive(alone, combinator);
+            return schema_body(c, alone, path, depth + 1);
+        }
         /* a one-branch allOf is its branch (pydantic v1's and FastAPI's way to annotate a $ref:
            {"allOf": [{"$ref": ...}], "description": ...}), of any type */
         if (combinator[1] == 'l' && !list->child->next) {

@@ -408,8 +408,39 @@ static void test_openapi_and_generators(void) {
     CHECK(tl_grammar_compile_json_schema(mixed, strlen(mixed), NULL, &g) == TL_ERR_INVALID_ARGUMENT &&
               strstr(tl_last_error(), "'type' beside 'oneOf' is supported only where each branch is of that type, and branch 1"),
           "type beside a branch of another type: %s", tl_last_error());
-    CHECK(tl_grammar_compile_json_schema(mixed, strlen(mixed), &loose, &g) == TL_OK, "loose leaves the type out: %s",
+    CHECK(tl_grammar_compile_json_schema(mixed, strlen(mixed), &loose, &g) == TL_OK, "loose leaves the oneOf out: %s",
           tl_last_error());
+    tl_compiled_grammar_free(g);
+    /* loosely the type stays and the combinator goes (it only narrows the type's values):
+       leaving the type out wrote the branches' own types, which the type refuses, so that
+       {"type": "string", "anyOf": [{"minimum": 0}]} took numbers alone, none of them valid */
+    static const char *const typed_beside[] = {
+        "{\"type\":\"string\",\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}",
+        "{\"type\":\"string\",\"anyOf\":[{\"minimum\":0}]}",
+        "{\"type\":\"string\",\"allOf\":[{\"minimum\":0},{\"maxLength\":3}]}",
+        "{\"type\":\"string\",\"anyOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}}}]}",
+    };
+    for (size_t i = 0; i < sizeof typed_beside / sizeof typed_beside[0]; i++) {
+        g = NULL;
+        CHECK(tl_grammar_compile_json_schema(typed_beside[i], strlen(typed_beside[i]), &loose, &g) == TL_OK, "loose %s: %s",
+              typed_beside[i], tl_last_error());
+        int string_in = 0, number_in = 1, object_in = 1;
+        tl_grammar_matches(g, "\"x\"", 3, &string_in);
+        tl_grammar_matches(g, "5", 1, &number_in);
+        tl_grammar_matches(g, "{\"a\":1}", 7, &object_in);
+        CHECK(string_in == 1 && number_in == 0 && object_in == 0, "loose %s: \"x\" %d, 5 %d, {\"a\":1} %d", typed_beside[i],
+              string_in, number_in, object_in);
+        tl_compiled_grammar_free(g);
+    }
+    /* where every branch is of the type, both apply, loosely too */
+    const char *typed_both = "{\"type\":\"object\",\"anyOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}]}";
+    g = NULL;
+    CHECK(tl_grammar_compile_json_schema(typed_both, strlen(typed_both), &loose, &g) == TL_OK, "loose %s: %s", typed_both,
+          tl_last_error());
+    int object_in = 0, other_in = 1;
+    tl_grammar_matches(g, "{\"a\":1}", 7, &object_in);
+    tl_grammar_matches(g, "{\"b\":1}", 7, &other_in);
+    CHECK(object_in == 1 && other_in == 0, "loose %s: %d %d", typed_both, object_in, other_in);
     tl_compiled_grammar_free(g);
     /* a schema without a "type" whose keywords are one type's writes that type, strict and
        loose (llama.cpp's reading; JSON Schema lets other values through, which the grammar
