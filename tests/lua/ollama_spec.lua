@@ -102,6 +102,8 @@ describe("ollama.chat_to_chat", function()
         assert.same({ 1, 1, 0 }, { c.top_k, c.top_p, c.min_p }) -- (top_p 0: the likeliest token alone)
         -- not numbers: refused, by name, the option's (the chat request's field it became was named)
         for _, case in ipairs({ { '{"top_p": "high"}', "options.top_p must be a number" }, { '{"seed": "7"}', "options.seed must be an integer" },
+                                { '{"repeat_penalty": "1.1"}', "options.repeat_penalty must be a number" }, -- (a 500 before: compared a string)
+                                { '{"repeat_penalty": []}', "options.repeat_penalty must be a number" },
                                 { '{"top_k": 3000000000}', "'options.top_k' = 3000000000" } }) do
             local _, body, view = chat_of('{"messages": [{"role": "user", "content": "Hi"}], "options": ' .. case[1] .. '}')
             local req, err = request.parse_chat(body, model, ID, 8, chat_prompts, view.PARSE_OPTIONS)

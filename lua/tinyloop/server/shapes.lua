@@ -329,8 +329,10 @@ function _M.penalty_window(v, name, param)
 end
 
 -- repeat_penalty's text as Ollama and llama.cpp take it (request.repeat_penalty: 0 is none),
--- from the raw JSON text `raw` of the number v.
+-- from the raw JSON text `raw` of the number v; anything but a number stays as sent (the
+-- parser names what is wrong with it: Ollama's "1.1" was a 500, comparing a string).
 function _M.repeat_penalty_text(v, raw)
+    if type(v) ~= "number" then return raw end
     local penalty = require("tinyloop.server.request").repeat_penalty(v)
     return penalty == v and raw or _M.encode(penalty)
 end
