@@ -275,20 +275,24 @@ static void offer_rows(const tl_session *s, int n) {
 }
 
 /* The prompt's rows are in the cache: time the prefill, and offer them to the prefix pool.
-   (The cache's rows, less the pool's: all the prompt's, or all but the last for the decoders
-   whose first step takes it.) */
+   (prefill_tokens: the rows added since the clock started, all the prompt's but the pool's,
+   or all but the last for the decoders whose first step takes it; a state read mid-prompt
+   counts the rows forwarded after it.) */
 static void prompt_done(tl_session *s) {
     s->prompt_done = true;
     s->t_prefill_end = tl_now_ms();
     s->stats.prefill_ms = s->t_prefill_end - (s->t_prefill_start > 0 ? s->t_prefill_start : s->t_start);
-    s->stats.prefill_tokens = s->cache->length - s->stats.prompt_tokens_reused;
+    s->stats.prefill_tokens = s->cache->length - s->prefill_first_row;
     offer_rows(s, s->prompt_len);
 }
 
 /* The prefill's clock starts at its first row: a session that waited (in an engine's queue,
    or for its caller's first step) had the wait counted as its prefill. */
 static void prefill_begins(tl_session *s) {
-    if (s->t_prefill_start <= 0) s->t_prefill_start = tl_now_ms();
+    if (s->t_prefill_start <= 0) {
+        s->t_prefill_start = tl_now_ms();
+        s->prefill_first_row = s->cache->length;
+    }
 }
 
 tl_status tl_session_prefill(tl_session *s, int n, float *last_logits) {

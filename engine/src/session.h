@@ -70,6 +70,8 @@ struct tl_session {
 
     tl_generate_stats stats;
     double t_start, t_prefill_start, t_prefill_end, loops_sum; /* (t_prefill_start: 0 until its first row) */
+    int prefill_first_row; /* the cache's rows when the prefill's clock started (the pool's, or a
+                              state's read mid-prompt): not computed in prefill_ms */
     int last_depth;              /* loop depth of the forward that produced the chosen row */
     bool finished;
     bool prompt_done;            /* the prompt's rows are in the cache (prefill is over) */

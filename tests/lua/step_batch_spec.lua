@@ -116,6 +116,22 @@ describe("model:step_batch", function()
         end
     end)
 
+    it("counts in a chunked prefill's stats the rows it forwarded: a state read mid-prompt, those after it", function()
+        local s = m:session(prompt_of(40, 3), { max_tokens = 3 })
+        m:step_batch({ s }, { prompt_rows = 30 }) -- (30 rows in, no token yet)
+        local resumed = assert(m:resume(assert(m:state_from_bytes(assert(s:save():bytes())))))
+        resumed:step()
+        -- (it counted the 30 rows read from the bytes, in the time of the 10 forwarded)
+        assert.equal(10, resumed:stats().prefill_tokens)
+        s:step()
+        assert.equal(40, s:stats().prefill_tokens)
+        local forked = m:session(prompt_of(40, 3), { max_tokens = 3 })
+        m:step_batch({ forked }, { prompt_rows = 30 })
+        local child = forked:fork()
+        child:step() -- (the parent's clock and rows: all 40)
+        assert.equal(40, child:stats().prefill_tokens)
+    end)
+
     it("raises a hook's error once the call is settled; that session is closed, the others go on", function()
         local calls = 0
         local bad = m:session(prompt_of(4, 1), { max_tokens = 10, ignore_eos = true, logits_processor = function()
