@@ -22,7 +22,7 @@ local chat_template = require "tinyloop.chat_template"
 local tags = require "tinyloop.tags"
 
 local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
-local find, sub, byte, concat = string.find, string.sub, string.byte, table.concat
+local find, sub, byte, match, concat = string.find, string.sub, string.byte, string.match, table.concat
 local json_null = cjson.null
 
 local _M = {}
@@ -352,10 +352,12 @@ end
 -- request gave, ended it) and calls came before it, or it is the call the cut took the end of,
 -- it and what follows are dropped (the content is then the text before the first block, as a
 -- stream shows it); and a forced choice (spec.forced) never has content, only the calls that
--- are whole.
+-- are whole. A third value names the call the cut took the end of, where its name is whole
+-- and declared: { id = id_of(k), name } (k its place after the whole ones), else nil
+-- (Anthropic's answer shows it, cut, as its stream does).
 function _M.parse(text, spec, id_of, cut)
     local first = find(text, START, 1, true)
-    local calls, at = {}, first
+    local calls, at, cut_call = {}, first, nil
     while at do
         local call, after = block_call(text, at + #START, spec, cut)
         if not call then
@@ -363,6 +365,8 @@ function _M.parse(text, spec, id_of, cut)
             local open = find(text, "[^ \t\r\n]", at + #START)
             local cut_here = cut and (not open or (byte(text, open) == 123 and not json_text.skip_value(text, open)))
             if not (cut and #calls > 0) and not cut_here and not spec.forced then return text, nil end
+            local name = cut_here and open and match(text, '^{%s*"name"%s*:%s*"([^"\\]*)"%s*,', open)
+            if name and spec.declared[name] then cut_call = { id = id_of(#calls + 1), name = name } end
             break
         end
         call.id = id_of(#calls + 1)
@@ -370,10 +374,10 @@ function _M.parse(text, spec, id_of, cut)
         at = find(text, START, after, true)
     end
     if #calls == 0 then calls = nil end
-    if spec.forced then return nil, calls end
+    if spec.forced then return nil, calls, cut_call end
     if not first then return text, nil end
     local content = sub(text, 1, blank_tail(text, first - 1) - 1)
-    return content ~= "" and content or nil, calls
+    return content ~= "" and content or nil, calls, cut_call
 end
 
 -- held(text) -> how many bytes at the end of text may begin a <tool_call> (a stream holds

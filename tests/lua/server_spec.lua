@@ -2724,6 +2724,20 @@ describe("messages (Anthropic's Messages API)", function()
         assert.equal("tool_use", stop_reason) -- (a message_delta came, and says so)
         assert.same({ "tool_use", "weather", {} }, { started.type, started.name, started.input })
         assert.same(use.input, cjson.decode(table.concat(json)))
+        -- max_tokens cutting the call once its name is whole: its tool_use block, input {}, as the
+        -- stream shows it begun (Anthropic's documented check reads a max_tokens answer's last
+        -- block for a tool_use to retry with more tokens; the content was empty)
+        req.stream, req.temperature = nil, 0
+        local cut
+        for n = 16, 200, 4 do
+            req.max_tokens = n
+            cut = cjson.decode(select(2, post_messages(req)))
+            if #cut.content > 0 then break end
+        end
+        assert.equal("max_tokens", cut.stop_reason, cjson.encode(cut))
+        assert.same({ "tool_use", "weather", {} }, { cut.content[#cut.content].type, cut.content[#cut.content].name,
+                                                      cut.content[#cut.content].input })
+        req.temperature = nil
         -- the call and its result go back in the conversation
         status, body = post_messages({ max_tokens = 3, tools = { WEATHER }, messages = {
             { role = "user", content = "Weather?" },

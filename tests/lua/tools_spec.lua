@@ -368,12 +368,27 @@ describe("tinyloop.tools.parse", function()
         -- not a closed block that is no call, nor a cut before any whole call
         local broken = '<tool_call>{"name": "later", "arguments": {}}</tool_call>\n' .. NOW_CALL .. "\n<tool_call>"
         assert.same({ broken, nil }, parsed(broken, true))
-        -- the cut block's unfinished string may hold an end tag: it is cut all the same
-        assert.same({ nil, whole }, parsed(NOW_CALL .. '\n<tool_call>{"name": "get_weather", "arguments": {"city": "a </tool_call> b', true))
+        -- the cut block's unfinished string may hold an end tag: it is cut all the same (and named:
+        -- its name is whole)
+        assert.same({ nil, whole, { id = "call_2", name = "get_weather" } },
+                    parsed(NOW_CALL .. '\n<tool_call>{"name": "get_weather", "arguments": {"city": "a </tool_call> b', true))
         -- the first call cut: left out, the text before it the content (as a stream shows it)
         assert.same({ nil, nil }, parsed("<tool_call>\n{", true))
         assert.same({ "Let me check.", nil }, parsed('Let me check.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Pa', true))
         assert.same({ "Let me check.", nil }, parsed("Let me check.\n<tool_call>", true))
+    end)
+
+    it("names the call the cut took the end of, where its name is whole and declared", function()
+        local cut_weather = '<tool_call>\n{"name": "get_weather", "arguments": {"ci'
+        assert.same({ nil, nil, { id = "call_1", name = "get_weather" } }, parsed(cut_weather, true))
+        assert.same({ nil, nil, { id = "call_1", name = "get_weather" } }, parsed(cut_weather, true, forced))
+        assert.same({ "Sure.", nil, { id = "call_1", name = "get_weather" } }, parsed("Sure. " .. cut_weather, true))
+        assert.same({ nil, { { id = "call_1", name = "now", arguments = "{}" } }, { id = "call_2", name = "now" } },
+                    parsed(NOW_CALL .. '\n<tool_call>\n{"name": "now", "arguments": {', true, forced))
+        -- not where the name is cut, undeclared, or the text was not cut
+        assert.same({ nil, nil }, parsed('<tool_call>\n{"name": "get_wea', true))
+        assert.same({ nil, nil }, parsed('<tool_call>\n{"name": "later", "arguments": {', true))
+        assert.same({ cut_weather, nil }, parsed(cut_weather))
     end)
 
     it("gives a forced choice no content, only its whole calls", function()

@@ -460,6 +460,11 @@ function View:response(chat_json, id)
     if answer.reasoning then blocks[#blocks + 1] = thinking_block(answer.reasoning) end
     if answer.text ~= "" then blocks[#blocks + 1] = text_block(answer.text) end
     for _, call in ipairs(answer.calls) do blocks[#blocks + 1] = tool_block(call.id, call.name, call.arguments) end
+    -- (a call max_tokens cut: its tool_use block, input {}, as the stream showed it begun:
+    -- Anthropic's documented check reads the last block of a max_tokens answer for a tool_use
+    -- to retry with more tokens, and an empty content failed it)
+    local cut = answer.cut_call
+    if cut then blocks[#blocks + 1] = tool_block(cut.id, cut.name, "{}") end
     local stop_reason, stop_sequence = stop_of(answer.finish)
     return message_json(id, answer.model, blocks, stop_reason, stop_sequence, usage_of(answer.finish.usage), answer.finish.tinyloop)
 end

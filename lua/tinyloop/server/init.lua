@@ -1227,7 +1227,10 @@ local function read_calls(r, st, text)
     -- (cut: the token limit, or the request's own stop string or token, ended the text where
     -- it did, the model did not: a call it cut is left out, as the stream leaves it)
     local cut = st.finish_reason == "length" or st.stop_reason ~= nil
-    local content, calls = tools.parse(text, st.tools, function(k) return call_id(r, st, k) end, cut)
+    local content, calls, cut_call = tools.parse(text, st.tools, function(k) return call_id(r, st, k) end, cut)
+    -- (the call the cut took the end of, by name: tinyloop.cut_call, which Anthropic's answer
+    -- shows as its stream does, a tool_use block under stop_reason max_tokens)
+    if cut_call and st.tinyloop then st.tinyloop.cut_call = cut_call end
     if calls then
         -- (whole calls answer "tool_calls", though a stop string of the request's ended the text:
         -- agents loop on it; the token limit's "length" says one may be missing)

@@ -253,8 +253,9 @@ end
 
 -- answer(chat_json) -> a blocking chat (or completions) answer's one choice: { reasoning (text, or nil for none
 -- or an empty block), text (the
--- content, "" for none), calls ({id, name, arguments (JSON text)}, ...), logprobs (entries'
--- JSON texts), finish = finish_of's, created, model }.
+-- content, "" for none), calls ({id, name, arguments (JSON text)}, ...), cut_call ({id, name}
+-- of the call the token limit cut, left out of calls: tinyloop.cut_call; or nil), logprobs
+-- (entries' JSON texts), finish = finish_of's, created, model }.
 function _M.answer(chat_json)
     local chat = cjson.decode(chat_json)
     local choice = chat.choices[1]
@@ -266,7 +267,10 @@ function _M.answer(chat_json)
     end
     -- (an empty block is no reasoning: a stream shows none)
     local thought = string_or_nil(message.reasoning_content)
+    local stats = type(chat.tinyloop) == "table" and chat.tinyloop or {}
+    local cut = type(stats.cut_call) == "table" and stats.cut_call or nil
     return { reasoning = thought ~= "" and thought or nil, text = string_or_nil(message.content) or "", calls = calls,
+             cut_call = cut and type(cut.id) == "string" and type(cut.name) == "string" and cut or nil,
              logprobs = type(choice.logprobs) == "table" and _M.logprob_entries(chat_json) or {},
              finish = finish_of(choice, chat, chat_json),
              created = chat.created, model = chat.model }
