@@ -2420,6 +2420,15 @@ describe("responses (OpenAI's Responses API)", function()
         assert.equal("response.incomplete", events[#events].type)
         local streamed = events[#events].response
         assert.same(streamed, cjson.decode(select(2, curl(base .. "/v1/responses/" .. streamed.id))))
+        -- ?stream=true replays a background response's events: none runs here, said so (the JSON
+        -- answered was no event for the SDKs' retrieve(stream=True))
+        for _, query in ipairs({ "?stream=true", "?stream=true&starting_after=3", "?starting_after=0" }) do
+            local s_status, s_body = curl("'" .. base .. "/v1/responses/" .. first.id .. query .. "'")
+            assert.equal(400, s_status, s_body)
+            assert.same({ "stream", true }, { cjson.decode(s_body).error.param,
+                                              cjson.decode(s_body).error.message:find("background", 1, true) ~= nil })
+        end
+        assert.equal(200, (curl("'" .. base .. "/v1/responses/" .. first.id .. "?stream=false'")))
         -- DELETE: gone, for GET and for previous_response_id
         local del_status, del = curl("-X DELETE " .. base .. "/v1/responses/" .. first.id)
         assert.equal(200, del_status, del)

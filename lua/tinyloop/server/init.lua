@@ -2494,7 +2494,17 @@ function _M.stored_response()
             return send_error(404, ("Response with id '%s' not found (responses made with store: false are not kept; the " ..
                               "oldest go when the store is full)"):format(id), nil, "invalid_request_error")
         end
-        if method ~= "DELETE" then return send_json(200, response) end
+        if method ~= "DELETE" then
+            -- (?stream=true replays a background response's events, OpenAI's SDKs'
+            -- retrieve(stream=True): the JSON a stream's reader got was no event)
+            local args = ngx.req.get_uri_args()
+            if args.stream == "true" or args.starting_after ~= nil then
+                return send_error(400, "stream: a stored response's events are streamed while it runs in the background " ..
+                                  "(background: true), which this server does not run: each is answered whole or " ..
+                                  "streamed as it is made. GET it without stream for the response itself", "stream")
+            end
+            return send_json(200, response)
+        end
         responses_store:delete(store_key(id))
         return send_json(200, '{"id":' .. encode(id) .. ',"object":"response","deleted":true}')
     end
