@@ -398,6 +398,58 @@ describe("responses view of a chat stream", function()
         assert.same({ 2, "completed", "incomplete" }, { #blocking.output, blocking.output[1].status, blocking.output[2].status })
     end)
 
+    it("flattens namespace tools' functions (Codex's multi_agent_v1), and answers their calls with the namespace", function()
+        local params = '{"type": "object", "properties": {"prompt": {"type": "string"}}}'
+        local body = '{"input": "x", "tools": [{"type": "function", "name": "shell", "parameters": {}}, ' ..
+            '{"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [' ..
+            '{"type": "function", "name": "spawn_agent", "description": "Spawn one.", "defer_loading": true, "parameters": ' .. params .. '},' ..
+            '{"type": "function", "name": "wait", "strict": false}]}]}'
+        local chat, text = chat_of(body)
+        assert.same({ "shell", "multi_agent_v1__spawn_agent", "multi_agent_v1__wait" },
+                    { chat.tools[1]["function"].name, chat.tools[2]["function"].name, chat.tools[3]["function"].name })
+        assert.equal(params, json_text.member(text, { "tools", 2, "function", "parameters" })) -- (as sent)
+        assert.same({ "multi_agent_v1: Sub-agents.\nSpawn one.", "multi_agent_v1: Sub-agents." },
+                    { chat.tools[2]["function"].description, chat.tools[3]["function"].description })
+        -- the answer's call items: the function's own name and its namespace, blocking and streamed
+        local _, _, view = chat_of(body)
+        local answer = cjson.decode(view:response(cjson.encode({ created = 1, model = "m", choices = { { index = 0,
+            message = { role = "assistant", content = cjson.null, tool_calls = {
+                { id = "call_1", type = "function", ["function"] = { name = "multi_agent_v1__spawn_agent", arguments = '{"prompt":"a"}' } },
+                { id = "call_2", type = "function", ["function"] = { name = "shell", arguments = "{}" } } } },
+            finish_reason = "tool_calls" } }, usage = { prompt_tokens = 1, completion_tokens = 2, total_tokens = 3 } }), "resp_1_9"))
+        assert.same({ "spawn_agent", "multi_agent_v1", "shell", nil },
+                    { answer.output[1].name, answer.output[1].namespace, answer.output[2].name, answer.output[2].namespace })
+        _, _, view = chat_of(body:gsub('^{', '{"stream": true, '))
+        view:start_stream("resp_1_4", 100, "m")
+        local added = view:feed('{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function",' ..
+                                '"function":{"name":"multi_agent_v1__wait","arguments":"{}"}}]},"finish_reason":null}]}')
+        local events = view:feed('{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"usage":' ..
+                                 '{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}')
+        local item
+        for _, e in ipairs(added) do
+            if e[1] == "response.output_item.added" then item = cjson.decode(e[2]).item end
+        end
+        assert.same({ "wait", "multi_agent_v1" }, { item.name, item.namespace })
+        local final = cjson.decode(events[#events][2]).response
+        assert.same({ "wait", "multi_agent_v1" }, { final.output[1].name, final.output[1].namespace })
+        -- a function_call input item with its namespace: the declared function, as chat names it
+        chat = chat_of('{"input": [{"role": "user", "content": "Go."}, {"type": "function_call", "call_id": "c1", ' ..
+                       '"namespace": "multi_agent_v1", "name": "wait", "arguments": "{}"}, ' ..
+                       '{"type": "function_call_output", "call_id": "c1", "output": "done"}]}')
+        assert.equal("multi_agent_v1__wait", chat.messages[2].tool_calls[1]["function"].name)
+        -- refused: other tool types in a namespace, a bad name, an empty namespace, a hosted tool
+        for _, case in ipairs({
+            { '{"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "c"}]}', 'tools[0].tools[0].type = "custom"' },
+            { '{"type": "namespace", "name": "a b", "tools": [{"type": "function", "name": "f"}]}', "tools[0].name must be letters" },
+            { '{"type": "namespace", "name": "ns", "tools": []}', "tools[0].tools must be a non-empty array" },
+            { '{"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "f", "x": 1}]}', "tools[0].tools[0]" },
+            { '{"type": "web_search"}', 'tools[0].type = "web_search": only "function" tools are served here (and "namespace"' } }) do
+            local refused, err = responses.to_chat('{"input": "x", "tools": [' .. case[1] .. ']}')
+            assert.is_nil(refused)
+            assert.truthy(err.message:find(case[2], 1, true), err.message)
+        end
+    end)
+
     it("ends a call whose arguments are whole as completed, one the token limit cut as incomplete", function()
         for _, case in ipairs({ { '{\\"a\\": 1}', "completed" }, { '{\\"a', "incomplete" } }) do
             local _, _, view = chat_of('{"input": "x", "stream": true}')

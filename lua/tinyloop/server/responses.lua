@@ -117,7 +117,11 @@ end
 local MESSAGE_KEYS = { type = true, role = true, content = true, id = true, status = true, phase = true }
 -- an assistant message's phase (OpenAI's, sent back as it came): a label for the client
 local PHASES = { commentary = true, final_answer = true }
-local CALL_KEYS = { type = true, call_id = true, name = true, arguments = true, id = true, status = true }
+-- A namespace's function as chat's function: "NAMESPACE__NAME" (chat's names are letters,
+-- digits, _ and -: another separator would be refused there), which output items split back.
+local NAMESPACE_JOIN = "__"
+local function namespaced_name(namespace, name) return namespace .. NAMESPACE_JOIN .. name end
+local CALL_KEYS = { type = true, call_id = true, name = true, arguments = true, id = true, status = true, namespace = true }
 local OUTPUT_KEYS = { type = true, call_id = true, output = true, id = true, status = true }
 local REASONING_KEYS = { type = true, id = true, summary = true, content = true, encrypted_content = true, status = true }
 local ITEM_REFERENCE_KEYS = { type = true, id = true }
@@ -219,8 +223,13 @@ local function messages_of(input, instructions, earlier, lookup_item)
             end
             take_reasoning(m)
             m.tool_calls = m.tool_calls or {}
+            if item.namespace ~= nil and item.namespace ~= json_null and type(item.namespace) ~= "string" then
+                return nil, where .. ".namespace must be a string"
+            end
+            -- (a namespace's function: chat's NAMESPACE__NAME, as its tool was declared)
+            local name = type(item.namespace) == "string" and namespaced_name(item.namespace, item.name) or item.name
             m.tool_calls[#m.tool_calls + 1] = { id = item.call_id, type = "function",
-                                                ["function"] = { name = item.name, arguments = item.arguments } }
+                                                ["function"] = { name = name, arguments = item.arguments } }
             calls_from[#messages] = calls_from[#messages] or {}
             calls_from[#messages][#m.tool_calls] = i - 1
         elseif kind == "function_call_output" then
@@ -249,26 +258,76 @@ local function messages_of(input, instructions, earlier, lookup_item)
     return messages, from, calls_from
 end
 
--- tools: Responses' flat function tools -> chat's nested ones, each member's text as sent
--- (a schema's key order is the order the model writes its keys in).
 local TOOL_KEYS = { type = true, name = true, description = true, parameters = true, strict = true }
+-- (defer_loading: OpenAI's tool search discovers such a function later; here every one is shown)
+local NAMESPACED_KEYS = { type = true, name = true, description = true, parameters = true, strict = true, defer_loading = true }
+local NAMESPACE_KEYS = { type = true, name = true, description = true, tools = true }
+
+-- A function tool (where: its place in the request) as chat's, or nil, err. namespace: the
+-- namespace tool it is in ({name, description}), or nil.
+local function chat_function(tool, raw_tool, where, namespace)
+    if type(tool) ~= "table" or is_array(tool) then return nil, where .. ' must be an object {"type": "function", "name", ...}' end
+    if tool.type ~= "function" then
+        return nil, ('%s.type = %s: only "function" tools are served here%s'):format(where, shown(tool.type),
+                                                                                 namespace and "" or ' (and "namespace" tools of them)')
+    end
+    local ok, err = check_keys(tool, namespace and NAMESPACED_KEYS or TOOL_KEYS, where)
+    if not ok then return nil, err end
+    local members, fields = {}, shapes.raw_fields(raw_tool)
+    for _, k in ipairs({ "name", "description", "parameters", "strict" }) do
+        if tool[k] ~= nil then members[#members + 1] = { k, fields[k] } end
+    end
+    if namespace then
+        if type(tool.name) ~= "string" then return nil, where .. ".name must be a string" end
+        members[1] = { "name", encode(namespaced_name(namespace.name, tool.name)) }
+        -- (the namespace's description goes with each of its functions: the model sees them flat)
+        local said = type(tool.description) == "string" and tool.description or nil
+        local about = namespace.description ~= "" and (namespace.name .. ": " .. namespace.description) or nil
+        local description = about and said and (about .. "\n" .. said) or about or said
+        if description then
+            local found = false
+            for _, m in ipairs(members) do
+                if m[1] == "description" then m[2], found = encode(description), true end
+            end
+            if not found then table.insert(members, 2, { "description", encode(description) }) end
+        end
+    end
+    return '{"type":"function","function":' .. object(members) .. "}"
+end
+
+-- tools: Responses' flat function tools -> chat's nested ones, each member's text as sent
+-- (a schema's key order is the order the model writes its keys in), and the functions of
+-- namespace tools ({"type": "namespace", "name", "description", "tools"}: Codex's default
+-- request has one) flat, named NAMESPACE__NAME -> the tools' JSON text, and the namespaced
+-- names ({ [chat name] = {namespace, name} }); or nil, err.
 local function chat_tools(tools, raw, allowed)
-    local out, raw_tools = {}, shapes.raw_list(raw)
+    local out, raw_tools, namespaced = {}, shapes.raw_list(raw), {}
     for i, tool in ipairs(tools) do
         local where = ("tools[%d]"):format(i - 1)
-        if type(tool) ~= "table" or is_array(tool) then return nil, where .. ' must be an object {"type": "function", "name", ...}' end
-        if tool.type ~= "function" then
-            return nil, ('%s.type = %s: only "function" tools are served here'):format(where, shown(tool.type))
+        if type(tool) == "table" and tool.type == "namespace" then
+            local ok, err = check_keys(tool, NAMESPACE_KEYS, where)
+            if not ok then return nil, err end
+            if type(tool.name) ~= "string" or tool.name == "" or tool.name:find("[^%w_%-]") then
+                return nil, where .. ".name must be letters, digits, underscores or dashes"
+            end
+            if tool.description ~= nil and type(tool.description) ~= "string" then return nil, where .. ".description must be a string" end
+            if not is_array(tool.tools) or #tool.tools == 0 then return nil, where .. ".tools must be a non-empty array of function tools" end
+            local raw_inner = shapes.raw_list(shapes.raw_fields(raw_tools[i]).tools)
+            local namespace = { name = tool.name, description = tool.description or "" }
+            for j, inner in ipairs(tool.tools) do
+                local text, err = chat_function(inner, raw_inner[j], ("%s.tools[%d]"):format(where, j - 1), namespace)
+                if not text then return nil, err end
+                local flat = namespaced_name(tool.name, inner.name)
+                namespaced[flat] = { namespace = tool.name, name = inner.name }
+                if not allowed or allowed[flat] then out[#out + 1] = text end
+            end
+        else
+            local text, err = chat_function(tool, raw_tools[i], where)
+            if not text then return nil, err end
+            if not allowed or allowed[tool.name] then out[#out + 1] = text end
         end
-        local ok, err = check_keys(tool, TOOL_KEYS, where)
-        if not ok then return nil, err end
-        local members, fields = {}, shapes.raw_fields(raw_tools[i])
-        for _, k in ipairs({ "name", "description", "parameters", "strict" }) do
-            if tool[k] ~= nil then members[#members + 1] = { k, fields[k] } end
-        end
-        if not allowed or allowed[tool.name] then out[#out + 1] = '{"type":"function","function":' .. object(members) .. "}" end
     end
-    return "[" .. concat(out, ",") .. "]"
+    return "[" .. concat(out, ",") .. "]", namespaced
 end
 
 -- tool_choice -> chat's tool_choice text, and the names of the tools it allows (allowed_tools:
@@ -401,10 +460,12 @@ function _M.to_chat(body, lookup, lookup_item)
         tool_choice_text, allowed = chat_tool_choice(t.tool_choice, t.tools)
         if not tool_choice_text then return bad(allowed, "tool_choice") end
     end
+    local namespaced
     if t.tools then
         local tools_text, err = chat_tools(t.tools, raw.tools, allowed)
         if not tools_text then return bad(err, "tools") end
         members[#members + 1] = { "tools", tools_text }
+        namespaced = err
     end
     if tool_choice_text then shapes.add_tool_choice(members, tool_choice_text, t.tools) end
     local format_text
@@ -450,7 +511,7 @@ function _M.to_chat(body, lookup, lookup_item)
     -- a template variable (gpt-oss's templates read it), unless the request sets it
     if effort then shapes.add_template_variable(members, t, "reasoning_effort", encode(effort)) end
     local view = setmetatable({
-        from = from, calls_from = calls_from, logprobs = logprobs, stream = t.stream == true,
+        from = from, calls_from = calls_from, logprobs = logprobs, stream = t.stream == true, namespaced = namespaced,
         store = store, own = store and own or nil, previous = t.previous_response_id,
         -- what the answer echoes (OpenAI's defaults where the request left a field out)
         echo = {
@@ -553,9 +614,23 @@ local function message_item(id, parts, status)
                     { "content", "[" .. parts .. "]" } })
 end
 
-local function call_item(id, call_id, name, arguments, status)
-    return object({ { "id", encode(id) }, { "type", '"function_call"' }, { "status", encode(status) },
-                    { "call_id", encode(call_id) }, { "name", encode(name) }, { "arguments", encode(arguments) } })
+-- (namespace: the namespace tool the function is in, whose name the item has beside the
+-- function's own, as OpenAI's function_call items have it)
+local function call_item(id, call_id, name, arguments, status, namespace)
+    local members = { { "id", encode(id) }, { "type", '"function_call"' }, { "status", encode(status) },
+                      { "call_id", encode(call_id) } }
+    if namespace then members[#members + 1] = { "namespace", encode(namespace) } end
+    members[#members + 1] = { "name", encode(name) }
+    members[#members + 1] = { "arguments", encode(arguments) }
+    return object(members)
+end
+
+-- A call's function as the request named it: its name and namespace (nil for a plain function)
+-- from chat's NAMESPACE__NAME.
+function View:function_of(chat_name)
+    local named = self.namespaced and self.namespaced[chat_name]
+    if named then return named.name, named.namespace end
+    return chat_name, nil
 end
 
 -- The response object: status "in_progress" | "completed" | "incomplete" (a token limit
@@ -669,7 +744,8 @@ function View:response(chat_json, id)
     for k, call in ipairs(answer.calls) do
         -- (a call read back is whole: a token limit that cut the reply cut what came after it)
         items[#items + 1] = function()
-            return call_item(("fc_%s_%d"):format(item_key(id), k), call.id, call.name, call.arguments, "completed")
+            local name, namespace = self:function_of(call.name)
+            return call_item(("fc_%s_%d"):format(item_key(id), k), call.id, name, call.arguments, "completed", namespace)
         end
     end
     for i, make in ipairs(items) do items[i] = make(i == #items and status or "completed") end
@@ -840,8 +916,9 @@ function View:close(out, status)
         if type(arguments) == "table" and text:find("^%s*{") then
             self.reply_calls[#self.reply_calls + 1] = { id = item.call_id, name = item.name, arguments = text }
         end
-        self:event(out, "response.function_call_arguments.done", { id_m, index_m, { "name", encode(item.name) }, { "arguments", encode(text) } })
-        json = call_item(item.id, item.call_id, item.name, text, status)
+        local name, namespace = self:function_of(item.name)
+        self:event(out, "response.function_call_arguments.done", { id_m, index_m, { "name", encode(name) }, { "arguments", encode(text) } })
+        json = call_item(item.id, item.call_id, name, text, status, namespace)
     end
     self:event(out, "response.output_item.done", { { "output_index", tostring(item.index) }, { "item", json } })
     self.items[item.index + 1] = json
@@ -860,7 +937,7 @@ function View:open_item(out, kind, id, call_id, name)
     elseif kind == "message" then
         json = message_item(id, "", "in_progress")
     else
-        json = call_item(id, call_id, name, "", "in_progress")
+        json = call_item(id, call_id, self:function_of(name), "", "in_progress", select(2, self:function_of(name)))
     end
     self:event(out, "response.output_item.added", { { "output_index", tostring(item.index) }, { "item", json } })
     if kind == "message" then
