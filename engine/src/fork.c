@@ -194,8 +194,25 @@ tl_status tl_session_save(const tl_session *session, tl_session_state **out) {
         free(state);
         return st;
     }
+    state->saved_at = tl_now_ms();
     *out = state;
     return TL_OK;
+}
+
+/* Time resumes where it stopped, as a state read from bytes resumes (state_file.c): the time
+   spent saved counts neither as prefill nor as decoding, and a prompt saved part-way starts
+   its prefill's clock (and the rows it counts, prefill_tokens) at its next row. */
+static void resume_clock(tl_session *s, double saved_at) {
+    const double now = tl_now_ms();
+    if (s->prompt_done) {
+        const double away = now - saved_at;
+        s->t_start += away;
+        s->t_prefill_end += away;
+        if (s->t_prefill_start > 0) s->t_prefill_start += away;
+    } else {
+        s->t_start = now;
+        s->t_prefill_start = 0;
+    }
 }
 
 tl_status tl_session_resume(const tl_model *model, const tl_session_state *state, const tl_generate_config *hooks,
@@ -217,7 +234,9 @@ tl_status tl_session_resume(const tl_model *model, const tl_session_state *state
                        "tl_session_resume: the state was saved by another model (%s), not this one (%s): its "
                        "KV cache belongs to that model's weights", saver->dir, model->dir);
     }
-    return clone(state->frozen, hooks, out);
+    tl_status st = clone(state->frozen, hooks, out);
+    if (st == TL_OK) resume_clock(*out, state->saved_at);
+    return st;
 }
 
 void tl_session_state_free(tl_session_state *state) {

@@ -1963,6 +1963,9 @@ static int schema_body(conv *c, const cJSON *s, const char *path, int depth) {
             cJSON *alone = cJSON_Duplicate(s, true);
             if (!alone || !keep_made(c, alone)) return out_of_memory(c, path);
             cJSON_DeleteItemFromObjectCaseSensitive(alone, combinator);
+            /* (a root's $id, which the copy would read as one below the root: refs resolve from
+               the document's root all the same) */
+            cJSON_DeleteItemFromObjectCaseSensitive(alone, "$id");
             return schema_body(c, alone, path, depth + 1);
         }
         /* a one-branch allOf is its branch (pydantic v1's and FastAPI's way to annotate a $ref:

@@ -122,6 +122,7 @@ struct tl_session {
 /* A saved state: a clone of the session that is never stepped, only cloned from (fork.c). */
 struct tl_session_state {
     tl_session *frozen;
+    double saved_at; /* tl_now_ms() when saved: the time spent saved is not the session's */
 };
 
 /* tl_session_new minus the public entry's error bookkeeping (generate.c builds on it). */

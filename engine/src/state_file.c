@@ -679,6 +679,7 @@ tl_status tl_session_state_from_bytes(const tl_model *model, const void *bytes, 
         free(state);
         return st;
     }
+    state->saved_at = tl_now_ms(); /* (read_stats set its clock to now: from here it is saved) */
     *out = state;
     return TL_OK;
 }

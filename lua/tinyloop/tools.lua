@@ -365,7 +365,8 @@ function _M.parse(text, spec, id_of, cut)
             local open = find(text, "[^ \t\r\n]", at + #START)
             local cut_here = cut and (not open or (byte(text, open) == 123 and not json_text.skip_value(text, open)))
             if not (cut and #calls > 0) and not cut_here and not spec.forced then return text, nil end
-            local name = cut_here and open and match(text, '^{%s*"name"%s*:%s*"([^"\\]*)"%s*,', open)
+            -- (named once its closing quote is read, as the stream opens the call then)
+            local name = cut_here and open and match(text, '^{%s*"name"%s*:%s*"([^"\\]*)"', open)
             if name and spec.declared[name] then cut_call = { id = id_of(#calls + 1), name = name } end
             break
         end

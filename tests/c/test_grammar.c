@@ -419,6 +419,8 @@ static void test_openapi_and_generators(void) {
         "{\"type\":\"string\",\"anyOf\":[{\"minimum\":0}]}",
         "{\"type\":\"string\",\"allOf\":[{\"minimum\":0},{\"maxLength\":3}]}",
         "{\"type\":\"string\",\"anyOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}}}]}",
+        /* (a root's $id stays the root's: the copy without the combinator read it as one below) */
+        "{\"$id\":\"https://x/s\",\"type\":\"string\",\"anyOf\":[{\"minimum\":0}]}",
     };
     for (size_t i = 0; i < sizeof typed_beside / sizeof typed_beside[0]; i++) {
         g = NULL;

@@ -385,6 +385,8 @@ describe("tinyloop.tools.parse", function()
         assert.same({ "Sure.", nil, { id = "call_1", name = "get_weather" } }, parsed("Sure. " .. cut_weather, true))
         assert.same({ nil, { { id = "call_1", name = "now", arguments = "{}" } }, { id = "call_2", name = "now" } },
                     parsed(NOW_CALL .. '\n<tool_call>\n{"name": "now", "arguments": {', true, forced))
+        -- named once its closing quote is read, as a stream opens the call then
+        assert.same({ nil, nil, { id = "call_1", name = "get_weather" } }, parsed('<tool_call>\n{"name": "get_weather"', true, forced))
         -- not where the name is cut, undeclared, or the text was not cut
         assert.same({ nil, nil }, parsed('<tool_call>\n{"name": "get_wea', true))
         assert.same({ nil, nil }, parsed('<tool_call>\n{"name": "later", "arguments": {', true))
