@@ -44,15 +44,15 @@ local function at_default_sigint(fn, ...)
     return unpack(results, 2, table.maxn(results))
 end
 
--- A user-named file's bytes | nil, err (io.open's, or `path: cannot read it` for a directory).
+-- A user-named file's bytes | nil, err, opened (false: io.open's err; true: the read's, a
+-- directory's, which io.open accepts).
 local function read_file(path)
     return at_default_sigint(function()
         local f, ferr = io.open(path, "rb")
-        if not f then return nil, ferr end
-        local text = f:read("*a") -- nil for a directory, which io.open accepts
+        if not f then return nil, ferr, false end
+        local text, rerr = f:read("*a")
         f:close()
-        if not text then return nil, path .. ": cannot read it" end
-        return text
+        return text, rerr, true
     end)
 end
 
@@ -345,8 +345,9 @@ end
 -- template reads them; or nil, nil, err, exit status (1: the file cannot be read; 2: what it
 -- or the choice says is refused).
 read_tools = function(path, choice)
-    local text, ferr = read_file(path)
-    if not text then return nil, nil, ferr, 1 end
+    local text, ferr, opened = read_file(path)
+    if not opened then return nil, nil, ferr, 1 end
+    if not text then return nil, nil, path .. ": cannot read it", 1 end
     local list, jerr = json_text.decode_file(text) -- (the reason was dropped: "not JSON" for a BOM, a tab, a \ud800)
     if type(list) ~= "table" then
         return nil, nil, path .. ": not OpenAI's tools array (a JSON array)" .. (jerr and (": " .. jerr) or ""), 2
@@ -731,13 +732,7 @@ function _M.run(argv, default_model)
     -- such file or directory" did not say a file was wanted)
     for _, g in ipairs({ { o.grammar_file, tinyloop.grammar.gbnf, "--grammar" }, { o.schema_file, tinyloop.grammar.json_schema, "--json-schema" } }) do
         if g[1] then
-            local text, ferr, opened = at_default_sigint(function()
-                local f, ferr = io.open(g[1], "rb")
-                if not f then return nil, ferr, false end
-                local text, rerr = f:read("*a") -- nil for a directory, which io.open accepts
-                f:close()
-                return text, rerr, true
-            end)
+            local text, ferr, opened = read_file(g[1])
             if not opened then io.stderr:write("tinyloop: ", g[3], " takes a file: ", ferr, "\n") return 1 end
             if not text then io.stderr:write("tinyloop: ", g[3], " ", g[1], ": ", tostring(ferr), "\n") return 1 end
             local compiled, gerr = g[2](text)

@@ -460,12 +460,12 @@ function _M.to_chat(body, lookup, lookup_item)
         tool_choice_text, allowed = chat_tool_choice(t.tool_choice, t.tools)
         if not tool_choice_text then return bad(allowed, "tool_choice") end
     end
-    local namespaced
+    local namespaced -- (the namespaces' functions by chat's name, which the answer's calls split back)
     if t.tools then
-        local tools_text, err = chat_tools(t.tools, raw.tools, allowed)
-        if not tools_text then return bad(err, "tools") end
+        local tools_text, names_or_err = chat_tools(t.tools, raw.tools, allowed)
+        if not tools_text then return bad(names_or_err, "tools") end
         members[#members + 1] = { "tools", tools_text }
-        namespaced = err
+        namespaced = names_or_err
     end
     if tool_choice_text then shapes.add_tool_choice(members, tool_choice_text, t.tools) end
     local format_text
@@ -937,7 +937,8 @@ function View:open_item(out, kind, id, call_id, name)
     elseif kind == "message" then
         json = message_item(id, "", "in_progress")
     else
-        json = call_item(id, call_id, self:function_of(name), "", "in_progress", select(2, self:function_of(name)))
+        local own_name, namespace = self:function_of(name)
+        json = call_item(id, call_id, own_name, "", "in_progress", namespace)
     end
     self:event(out, "response.output_item.added", { { "output_index", tostring(item.index) }, { "item", json } })
     if kind == "message" then
