@@ -1960,6 +1960,14 @@ static int schema_body(conv *c, const cJSON *s, const char *path, int depth) {
         const int type_checked = combinator_type_checked(c, s, list, combinator, path);
         if (type_checked < 0) return -1;
         if (type_checked == 1) { /* (loose) the schema without its combinator: the type's values */
+            /* its branches are still compiled, unused, so that a fault in one is named as it is
+               elsewhere (a $ref pointing nowhere, an unknown type) */
+            int i = 0;
+            for (const cJSON *b = list->child; b; b = b->next, i++) {
+                char sub[512];
+                snprintf(sub, sizeof sub, "%.400s/%s/%d", path, combinator, i);
+                if (schema(c, b, sub, depth + 1) < 0) return -1;
+            }
             cJSON *alone = cJSON_Duplicate(s, true);
             if (!alone || !keep_made(c, alone)) return out_of_memory(c, path);
             cJSON_DeleteItemFromObjectCaseSensitive(alone, combinator);

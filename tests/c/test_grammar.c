@@ -434,6 +434,19 @@ static void test_openapi_and_generators(void) {
               string_in, number_in, object_in);
         tl_compiled_grammar_free(g);
     }
+    /* the combinator left out is still read: a fault in a branch is named, as elsewhere */
+    static const struct { const char *schema, *needle; } dropped_faults[] = {
+        {"{\"type\":\"string\",\"anyOf\":[{\"$ref\":\"#/$defs/missing\"}]}", "points nowhere"},
+        {"{\"type\":\"string\",\"oneOf\":[{\"type\":\"bogus\"}]}", "unknown type 'bogus'"},
+    };
+    for (size_t i = 0; i < sizeof dropped_faults / sizeof dropped_faults[0]; i++) {
+        g = NULL;
+        CHECK(tl_grammar_compile_json_schema(dropped_faults[i].schema, strlen(dropped_faults[i].schema), &loose, &g) ==
+                      TL_ERR_INVALID_ARGUMENT &&
+                  strstr(tl_last_error(), dropped_faults[i].needle),
+              "loose %s: %s", dropped_faults[i].schema, tl_last_error());
+        tl_compiled_grammar_free(g);
+    }
     /* where every branch is of the type, both apply, loosely too */
     const char *typed_both = "{\"type\":\"object\",\"anyOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}]}";
     g = NULL;
