@@ -437,8 +437,21 @@ describe("responses view of a chat stream", function()
                        '"namespace": "multi_agent_v1", "name": "wait", "arguments": "{}"}, ' ..
                        '{"type": "function_call_output", "call_id": "c1", "output": "done"}]}')
         assert.equal("multi_agent_v1__wait", chat.messages[2].tool_calls[1]["function"].name)
-        -- refused: other tool types in a namespace, a bad name, an empty namespace, a hosted tool
+        -- allowed_tools naming the namespace allows its functions (they were all dropped)
+        chat = chat_of(body:gsub('}$', ', "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": ' ..
+                                        '[{"type": "function", "name": "multi_agent_v1"}]}}'))
+        assert.same({ 2, "multi_agent_v1__spawn_agent", "required" }, { #chat.tools, chat.tools[1]["function"].name, chat.tool_choice })
+        -- refused, naming the place in the request: other tool types in a namespace, a bad name,
+        -- an empty namespace, a name too long as the model sees it, a function twice, bad
+        -- parameters, a hosted tool
         for _, case in ipairs({
+            { '{"type": "namespace", "name": "' .. ("n"):rep(40) .. '", "tools": [{"type": "function", "name": "' .. ("f"):rep(30) .. '"}]}',
+              "tools[0].tools[0].name: " .. ("n"):rep(40) .. "__" .. ("f"):rep(30) .. ", the name the model sees, is 72 characters: at most 64" },
+            { '{"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "f"}]}',
+              "tools[0].tools[1].name: ns__f is declared twice" },
+            { '{"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "f", "parameters": "x"}]}',
+              "tools[0].tools[0].parameters must be a JSON Schema object" },
+            { '{"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "f b"}]}', "tools[0].tools[0].name must be letters" },
             { '{"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "c"}]}', 'tools[0].tools[0].type = "custom"' },
             { '{"type": "namespace", "name": "a b", "tools": [{"type": "function", "name": "f"}]}', "tools[0].name must be letters" },
             { '{"type": "namespace", "name": "ns", "tools": []}', "tools[0].tools must be a non-empty array" },

@@ -278,8 +278,18 @@ local function chat_function(tool, raw_tool, where, namespace)
         if tool[k] ~= nil then members[#members + 1] = { k, fields[k] } end
     end
     if namespace then
-        if type(tool.name) ~= "string" then return nil, where .. ".name must be a string" end
-        members[1] = { "name", encode(namespaced_name(namespace.name, tool.name)) }
+        -- (checked here, at their place in the request: chat's checks would name the flat list's)
+        if type(tool.name) ~= "string" or tool.name == "" or tool.name:find("[^%w_%-]") then
+            return nil, where .. ".name must be letters, digits, underscores or dashes"
+        end
+        local flat = namespaced_name(namespace.name, tool.name)
+        if #flat > 64 then
+            return nil, ("%s.name: %s, the name the model sees, is %d characters: at most 64"):format(where, flat, #flat)
+        end
+        if tool.parameters ~= nil and (type(tool.parameters) ~= "table" or is_array(tool.parameters)) then
+            return nil, where .. ".parameters must be a JSON Schema object"
+        end
+        members[1] = { "name", encode(flat) }
         -- (the namespace's description goes with each of its functions: the model sees them flat)
         local said = type(tool.description) == "string" and tool.description or nil
         local about = namespace.description ~= "" and (namespace.name .. ": " .. namespace.description) or nil
@@ -310,16 +320,21 @@ local function chat_tools(tools, raw, allowed)
             if type(tool.name) ~= "string" or tool.name == "" or tool.name:find("[^%w_%-]") then
                 return nil, where .. ".name must be letters, digits, underscores or dashes"
             end
-            if tool.description ~= nil and type(tool.description) ~= "string" then return nil, where .. ".description must be a string" end
+            if tool.description ~= nil and tool.description ~= json_null and type(tool.description) ~= "string" then
+                return nil, where .. ".description must be a string"
+            end
             if not is_array(tool.tools) or #tool.tools == 0 then return nil, where .. ".tools must be a non-empty array of function tools" end
             local raw_inner = shapes.raw_list(shapes.raw_fields(raw_tools[i]).tools)
-            local namespace = { name = tool.name, description = tool.description or "" }
+            local namespace = { name = tool.name, description = type(tool.description) == "string" and tool.description or "" }
             for j, inner in ipairs(tool.tools) do
-                local text, err = chat_function(inner, raw_inner[j], ("%s.tools[%d]"):format(where, j - 1), namespace)
+                local at = ("%s.tools[%d]"):format(where, j - 1)
+                local text, err = chat_function(inner, raw_inner[j], at, namespace)
                 if not text then return nil, err end
                 local flat = namespaced_name(tool.name, inner.name)
+                if namespaced[flat] then return nil, ("%s.name: %s is declared twice"):format(at, flat) end
                 namespaced[flat] = { namespace = tool.name, name = inner.name }
-                if not allowed or allowed[flat] then out[#out + 1] = text end
+                -- (allowed_tools naming the namespace allows its functions)
+                if not allowed or allowed[tool.name] or allowed[flat] then out[#out + 1] = text end
             end
         else
             local text, err = chat_function(tool, raw_tools[i], where)
