@@ -604,6 +604,19 @@ describe("responses: stored responses (previous_response_id)", function()
         assert.equal("limit", param)
         _, err, param = responses.input_items(messages, "resp_ab", "asc", 5, "msg_zz")
         assert.same({ "after", true }, { param, err:find("no item of this response", 1, true) ~= nil })
+        -- a namespace's function: its own name and the namespace, as the response's tools name it
+        -- (the stored chat message keeps the joined name)
+        local namespaced = cjson.encode({
+            { role = "user", content = "Go." },
+            { role = "assistant", content = cjson.null, tool_calls = {
+                { id = "c1", type = "function", ["function"] = { name = "multi_agent_v1__wait", arguments = "{}" } },
+                { id = "c2", type = "function", ["function"] = { name = "f", arguments = "{}" } } } },
+            { role = "assistant", content = "the reply" } })
+        local response = cjson.encode({ id = "resp_ab", tools = { { type = "function", name = "f" },
+            { type = "namespace", name = "multi_agent_v1", tools = { { type = "function", name = "wait" } } } } })
+        list = cjson.decode((assert(responses.input_items(namespaced, "resp_ab", "asc", 20, nil, response))))
+        assert.same({ "wait", "multi_agent_v1", "f", nil }, { list.data[2].name, list.data[2].namespace, list.data[3].name,
+                                                            list.data[3].namespace })
     end)
 
     it("names the earlier conversation in errors about its messages", function()

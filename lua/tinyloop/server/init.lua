@@ -2476,14 +2476,14 @@ function _M.stored_response()
     local listed = ngx.var.uri:match("/responses/(resp_[^/]+)/input_items$")
     if listed then -- the input it was made from, as Responses items (OpenAI's list and its paging)
         if not only_get() or not ready() then return end
-        local _, messages = stored(listed)
+        local _, messages, response = stored(listed)
         if not messages then return send_error(404, ("Response with id '%s' not found"):format(listed), nil, "invalid_request_error") end
         local args = ngx.req.get_uri_args()
         -- (digits only: tonumber read limit=0x10 as 16)
         local limit = args.limit == nil and 20 or type(args.limit) == "string" and args.limit:match("^%d+$") and tonumber(args.limit)
         if not limit then return send_error(400, "limit must be an integer in [1, 100]", "limit") end
         local list, err, param = responses.input_items(messages, listed, args.order or "desc", limit,
-                                                       type(args.after) == "string" and args.after or nil)
+                                                       type(args.after) == "string" and args.after or nil, response)
         if not list then return send_error(param and 400 or 500, err, param) end
         return send_json(200, list)
     end

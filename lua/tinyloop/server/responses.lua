@@ -809,9 +809,22 @@ end
 -- "has_more"}): `order` "desc" (OpenAI's default: the last first) or "asc", at most `limit`,
 -- after the item of id `after`. Each item's id is the response's key and its place, the same
 -- at every call. -> the list's JSON text | nil, err (the query parameter named).
-function _M.input_items(messages_json, id, order, limit, after)
+-- (response_json: the stored response, whose echoed tools name the namespaces its calls' chat
+-- names join: their items show the function's own name and the namespace, as they were sent)
+function _M.input_items(messages_json, id, order, limit, after, response_json)
     local messages = cjson.decode(messages_json)
     if type(messages) ~= "table" then return nil, "the stored response cannot be read" end
+    local namespaced = {}
+    local response = response_json and cjson.decode(response_json)
+    for _, tool in ipairs(type(response) == "table" and type(response.tools) == "table" and response.tools or {}) do
+        if type(tool) == "table" and tool.type == "namespace" and type(tool.name) == "string" and type(tool.tools) == "table" then
+            for _, inner in ipairs(tool.tools) do
+                if type(inner) == "table" and type(inner.name) == "string" then
+                    namespaced[namespaced_name(tool.name, inner.name)] = { namespace = tool.name, name = inner.name }
+                end
+            end
+        end
+    end
     local key, items = item_key(id), {}
     for i = 1, #messages - 1 do -- (the last is the reply)
         local m = messages[i]
@@ -829,8 +842,9 @@ function _M.input_items(messages_json, id, order, limit, after)
             end
             for k, call in ipairs(type(m.tool_calls) == "table" and m.tool_calls or {}) do
                 local fn = type(call["function"]) == "table" and call["function"] or {}
-                items[#items + 1] = call_item(("fc_%s_%d"):format(at, k), tostring(call.id), tostring(fn.name),
-                                              tostring(fn.arguments), "completed")
+                local named = namespaced[fn.name]
+                items[#items + 1] = call_item(("fc_%s_%d"):format(at, k), tostring(call.id), named and named.name or tostring(fn.name),
+                                              tostring(fn.arguments), "completed", named and named.namespace)
             end
         else
             local parts = {}
