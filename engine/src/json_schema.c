@@ -472,8 +472,8 @@ static bool magnitude_range(strbuf *b, const decimal_bound *lo, const decimal_bo
         if (!hi->present || lo->whole + 1 <= hi->whole - 1) { /* integer parts strictly between: any fraction */
             tl_strbuf_puts(b, any ? "| " : "");
             natural_range(b, lo->whole + 1, hi->present ? hi->whole - 1 : -1);
-            const int digits = places < 0 ? MAX_FRACTION_DIGITS : places;
-            if (digits > 0) tl_strbuf_printf(b, " (\".\" [0-9]{1,%d})? ", digits);
+            if (places < 0) tl_strbuf_puts(b, " " FRACTION_GBNF "? ");
+            else if (places > 0) tl_strbuf_printf(b, " (\".\" [0-9]{1,%d})? ", places); /* (multipleOf's grid) */
             any = true;
         }
         if (hi->present) {
@@ -1385,11 +1385,10 @@ static const char *const *type_keywords(const char *type) {
     static const char *const OBJECT_KW[] = {"type", "properties", "required", "additionalProperties", NULL};
     static const char *const ARRAY_KW[] = {"type", "items", "prefixItems", "additionalItems", "minItems", "maxItems", NULL};
     static const char *const STRING_KW[] = {"type", "minLength", "maxLength", "pattern", "format", NULL};
-    static const char *const INT_KW[] = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", NULL};
-    static const char *const NUMBER_KW[] = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", NULL};
+    static const char *const NUMERIC_KW[] = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", NULL};
     static const char *const PLAIN_KW[] = {"type", NULL};
     return !strcmp(type, "object") ? OBJECT_KW : !strcmp(type, "array") ? ARRAY_KW : !strcmp(type, "string") ? STRING_KW
-         : !strcmp(type, "integer") ? INT_KW : !strcmp(type, "number") ? NUMBER_KW
+         : !strcmp(type, "integer") || !strcmp(type, "number") ? NUMERIC_KW
          : !strcmp(type, "boolean") || !strcmp(type, "null") ? PLAIN_KW : NULL;
 }
 
@@ -1728,7 +1727,10 @@ static unsigned schema_bits(conv *c, const cJSON *s, bool written, int depth) {
         else if (written) bits = JT_OBJECT; /* all_of writes one merged object */
         else /* a value matches every branch */
             for (const cJSON *b = all->child; b; b = b->next) bits &= schema_bits(c, b, false, depth + 1);
-    } else if (written && keywords_type(s)) bits = type_bits(keywords_type(s));
+    } else if (written) {
+        const char *narrowed = keywords_type(s);
+        if (narrowed) bits = type_bits(narrowed);
+    }
     if (or_null) bits |= JT_NULL;
     if (!tl_gram_hash_put(&c->type_bits_of, key, (int32_t)bits)) c->out.oom = true; /* (the node stays PENDING: JT_ANY) */
     return bits;

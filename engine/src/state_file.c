@@ -475,13 +475,12 @@ static tl_status read_stats(state_reader *r, tl_session *s) {
     /* (not written: a saved session decodes plainly, whose prefill computed every prompt
        token the pool did not give) */
     st->prefill_tokens = s->prompt_done ? s->prompt_len - st->prompt_tokens_reused : 0;
-    /* Time resumes where it stopped: the time spent saved does not count as decoding. */
-    const double now = tl_now_ms();
+    /* The clock's anchors from the durations written (a prompt saved part-way starts its
+       clock anew at its resume: fork.c's resume_clock, which also moves these by the time the
+       state then waits). */
     if (s->prompt_done) {
-        s->t_prefill_end = now - st->decode_ms;
+        s->t_prefill_end = tl_now_ms() - st->decode_ms;
         s->t_start = s->t_prefill_end - st->prefill_ms;
-    } else {
-        s->t_start = now;
     }
     return TL_OK;
 }
