@@ -366,7 +366,8 @@ def main():
               "| loop l | " + " | ".join(str(l + 1) for l in range(len(change))) + " |",
               "|---|" + "---:|" * len(change),
               "| change | " + " | ".join(f"{v / n_tok:.4f}" for v in change.tolist()) + " |",
-              "", f"Greedy samples at depth {D} (prompt ‖ continuation):", ""]
+              "", f"Greedy samples at depth {D}, {args.gen_tokens} tokens past each prompt "
+              "(prompt ‖ continuation; each prompt led by <|endoftext|>, left out here):", ""]
     for k in range(min(3, n_p)):
         p = tok.decode(prompts[k, 1:].tolist())
         g = tok.decode(ref[k].tolist())
