@@ -435,6 +435,16 @@ static tl_dtype layers_dtype(const tl_model *m) {
     return L->up.dtype;
 }
 
+/* Whether dir has a tokenizer.json to load. lstat: any entry of that name means "load it", so
+   that a dangling symlink or an unreadable file is an error rather than a silent load without
+   a tokenizer. */
+static bool has_tokenizer_file(const char *dir) {
+    char path[4200];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    return lstat(path, &sb) == 0;
+}
+
 static void fill_info(tl_model *m, const tl_st_set *files) {
     static const char *const injections[] = {"none", "add", "concat"};
     static const char *const dtypes[] = {"f32", "f16", "bf16", "q8", "q4"};
@@ -474,12 +484,7 @@ static void fill_info(tl_model *m, const tl_st_set *files) {
             i->weight_bytes += (int64_t)file->tensors[t].nbytes;
         }
     }
-    char path[4096];
-    struct stat sb;
-    snprintf(path, sizeof path, "%s/tokenizer.json", m->dir);
-    /* lstat: any entry named tokenizer.json means "load it", so that a dangling symlink or an
-       unreadable file is an error rather than a silent load without a tokenizer. */
-    i->has_tokenizer = lstat(path, &sb) == 0;
+    i->has_tokenizer = has_tokenizer_file(m->dir);
 }
 
 /* ---------------------------------------------------------------- load */
@@ -648,6 +653,45 @@ static tl_status check_environment(void) {
     return TL_OK;
 }
 
+/* Every tensor of the open files bound for m's config (read already), and none left over:
+   names, shapes, dtypes and values checked (errors name the file and the tensor). */
+static tl_status bind_tensors(tl_model *m, tl_st_set *files, const tl_family *family) {
+    tl_binder b = {m, files};
+    tl_status st = allocate_layers(m);
+    if (st == TL_OK) st = family ? family->bind(&b) : bind_all(&b);
+    if (st == TL_OK) st = check_all_claimed(&b);
+    return st;
+}
+
+/* dir/tokenizer.json into m->tokenizer, its ids within the config's vocabulary. */
+static tl_status load_tokenizer(tl_model *m, const char *dir) {
+    char tok_path[4200], err[TL_ERROR_MAX];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
+    const int code = tl_tlz_tokenizer_load(tok_path, &m->tokenizer, err, sizeof err);
+    if (code != 0)
+        return tl_fail(code == TLZ_ENOMEM ? TL_ERR_NO_MEMORY : code == TLZ_EIO ? TL_ERR_IO : TL_ERR_FORMAT, "%s", err);
+    if (tl_tlz_vocab_size(m->tokenizer) > m->cfg.vocab_size)
+        return tl_fail(TL_ERR_FORMAT, "%s: the tokenizer has %d ids but config.json vocab_size is %d", tok_path,
+                       tl_tlz_vocab_size(m->tokenizer), m->cfg.vocab_size);
+    return TL_OK;
+}
+
+tl_status tl_checkpoint_check(const char *dir) {
+    tl_model *m = calloc(1, sizeof *m);
+    tl_st_set *files = calloc(1, sizeof *files);
+    tl_status st = m && files && (m->dir = strdup(dir)) ? TL_OK : tl_fail(TL_ERR_NO_MEMORY, "out of memory");
+    const tl_family *family = NULL;
+    if (st == TL_OK) st = read_config(dir, &m->cfg, &m->fingerprint, &family);
+    bool opened = false;
+    if (st == TL_OK) opened = (st = tl_st_set_open(dir, files)) == TL_OK;
+    if (st == TL_OK) st = bind_tensors(m, files, family);
+    if (st == TL_OK && has_tokenizer_file(dir)) st = load_tokenizer(m, dir);
+    if (opened) tl_st_set_close(files);
+    free(files);
+    tl_model_free(m);
+    return st;
+}
+
 static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *opts) {
     tl_status st;
     struct stat sb;
@@ -682,10 +726,7 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
     tl_st_set *files = calloc(1, sizeof *files);
     if (!files) return tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     if ((st = tl_st_set_open(dir, files)) != TL_OK) { free(files); return st; }
-    tl_binder b = {m, files};
-    st = allocate_layers(m);
-    if (st == TL_OK) st = family ? family->bind(&b) : bind_all(&b);
-    if (st == TL_OK) st = check_all_claimed(&b);
+    st = bind_tensors(m, files, family);
     if (st == TL_OK) fingerprint_weights(m, files);
     if (st == TL_OK) {
         const int half = m->cfg.head_dim / 2;
@@ -697,17 +738,7 @@ static tl_status load_into(tl_model *m, const char *dir, const tl_load_options *
     if (st == TL_OK && (st = backend->open(m, opts->n_threads, &m->backend_ctx)) == TL_OK)
         m->backend = backend; /* from here on tl_model_free closes it */
     if (st == TL_OK) fill_info(m, files);
-    if (st == TL_OK && m->info.has_tokenizer) {
-        char tok_path[4200], err[TL_ERROR_MAX];
-        snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
-        const int code = tl_tlz_tokenizer_load(tok_path, &m->tokenizer, err, sizeof err);
-        if (code != 0)
-            st = tl_fail(code == TLZ_ENOMEM ? TL_ERR_NO_MEMORY : code == TLZ_EIO ? TL_ERR_IO : TL_ERR_FORMAT,
-                         "%s", err);
-        else if (tl_tlz_vocab_size(m->tokenizer) > m->cfg.vocab_size)
-            st = tl_fail(TL_ERR_FORMAT, "%s: the tokenizer has %d ids but config.json vocab_size is %d",
-                         tok_path, tl_tlz_vocab_size(m->tokenizer), m->cfg.vocab_size);
-    }
+    if (st == TL_OK && m->info.has_tokenizer) st = load_tokenizer(m, dir);
     if (st == TL_OK) fingerprint_tokenizer(m);
     if (st == TL_OK) st = upload_weights(m, opts->mmap_weights);
     if (st == TL_OK && opts->mmap_weights) {

@@ -557,13 +557,23 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
         tl_st_close(&file);
         return st;
     }
+    /* The input as the loader reads it (config.json against every tensor, tokenizer.json):
+       one that does not load made a checkpoint that does not load, found only by the
+       tool's load after it had replaced OUT_DIR's. */
+    if ((st = tl_checkpoint_check(in_dir)) != TL_OK) {
+        char why[TL_ERROR_MAX];
+        snprintf(why, sizeof why, "%s", tl_last_error());
+        st = tl_fail(st, "quantize: %s does not load, so nothing was written: %s", in_dir, why);
+        tl_st_close(&file);
+        return st;
+    }
     bool tied = false;
     if ((st = tl_checkpoint_ties_head(in_dir, &tied)) != TL_OK) {
         tl_st_close(&file);
         return st;
     }
     if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
-        st = tl_fail(TL_ERR_IO, "%s: %s", out_dir, strerror(errno));
+        st = tl_fail(TL_ERR_IO, "quantize: cannot make OUT_DIR %s: %s", out_dir, strerror(errno));
         tl_st_close(&file);
         return st;
     }

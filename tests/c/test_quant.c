@@ -611,6 +611,40 @@ static void refusals(const char *golden) {
                 "tensor block.0.mlp_norm.weight has a non-finite value at [0]");
     struct stat nothing;
     CHECK(stat(out, &nothing) != 0, "nothing written for a NaN in a norm: %s exists", out);
+    /* an input that does not load (its config against its tensors, its tokenizer.json) is
+       refused before writing, with the loader's message: it made a checkpoint that did not
+       load, found only by the tool's load after it had replaced an earlier good one */
+    snprintf(out, sizeof out, "%s/kept-good", quantised_root);
+    CHECK(tl_quantize_checkpoint(src, out, TL_Q8) == TL_OK, "a good one first: %s", tl_last_error());
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    long good_len = 0;
+    char *good = slurp(path, &good_len);
+    const char *const breakages[2] = {"sed -i 's/\"tie_embeddings\": true/\"tie_embeddings\": false/' '%s/config.json'",
+                                      "echo '{' > '%s/tokenizer.json'"};
+    const char *const said[2] = {"missing tensor \"lm_head.weight\" (required by config.json)", "tokenizer.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(dir, sizeof dir, "%s/not-loading-%d", quantised_root, i);
+        snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", src, dir);
+        CHECK(system(cmd) == 0, "copy %d", i);
+        char breakage[2048];
+        snprintf(breakage, sizeof breakage, breakages[i], dir);
+        CHECK(system(breakage) == 0, "break %d", i);
+        tl_model *broken = NULL;
+        CHECK(tl_model_load(dir, NULL, &broken) != TL_OK, "the broken input %d does not load", i);
+        tl_model_free(broken);
+        CHECK_ERROR(tl_quantize_checkpoint(dir, out, TL_Q8), TL_ERR_FORMAT, "does not load, so nothing was written");
+        CHECK(strstr(tl_last_error(), said[i]) != NULL, "the loader's reason: %s", tl_last_error());
+        long now_len = 0;
+        char *now = slurp(path, &now_len);
+        CHECK(good && now && now_len == good_len && !memcmp(good, now, (size_t)good_len),
+              "the earlier good checkpoint's weights are untouched after broken input %d", i);
+        free(now);
+        tl_model *still_good = NULL; /* (its config.json and tokenizer.json too) */
+        CHECK(tl_model_load(out, NULL, &still_good) == TL_OK, "the earlier good checkpoint still loads after broken "
+              "input %d: %s", i, tl_last_error());
+        tl_model_free(still_good);
+    }
+    free(good);
     /* matrices whose width does not split into groups are kept as they are, which
        tl_quantize_kept counts (the tool says so), and weight_dtype is the layers' quantised
        one (it said f32); a checkpoint with no matrix to quantise is refused (it was written,
