@@ -105,6 +105,14 @@ int main(int argc, char **argv) {
     const struct tl_model_info *info = tl_model_info(m);
     printf("%s: %s, %.2f M parameters, %.1f MB of tensors\n", dirs[1], info->weight_dtype, info->n_params / 1e6,
            info->weight_bytes / 1e6);
+    /* config.json's warnings (a misspelt optional field: its default applied), as the CLI
+       says them: the copy carries the input's config, and a quantised model is often the one
+       served */
+    for (const char *line = tl_model_warnings(m); *line;) {
+        const size_t len = strcspn(line, "\n");
+        fprintf(stderr, "quantize: warning: %.*s\n", (int)len, line);
+        line += len + (line[len] == '\n');
+    }
     tl_model_free(m);
     /* (said, not silent: a matrix that stays f16 costs its bytes on every token) */
     char first[256] = "";
