@@ -5130,6 +5130,58 @@ describe("scripts/serve options", function()
         end, "setsid ") -- (a group of its own: a stop of busted's would stop the test)
     end)
 
+    it("lists in README's usage line the options its --help names, and no others", function()
+        local function options(text)
+            local set = {}
+            for name in text:gmatch("%-%-[a-z][a-z-]*") do set[name] = true end
+            return set
+        end
+        local help = {}
+        for line in sh("scripts/serve --help"):gmatch("[^\n]+") do
+            local name = line:match("^  (%-%-[a-z][a-z-]*)")
+            if name then help[name] = true end
+        end
+        local usage = assert(H.read(H.ROOT .. "/README.md"):match("\n`scripts/serve (%[[^`]*)`"), "README's usage line")
+        assert.same(help, options(usage))
+        assert.truthy(help["--drain"] and help["--port"])
+    end)
+
+    it("drains on SIGTERM with --drain: no new connections, a stream under way ends with [DONE]; a second signal cuts", function()
+        -- (SIGTERM cut every open stream at once: a rolling restart broke each client's answer)
+        local function serve_gone(pre, seconds)
+            for _ = 1, seconds * 10 do
+                if sh("kill -0 $(cat " .. pre .. ".pid) 2>&1 || echo gone"):find("gone", 1, true) then return true end
+                os.execute("sleep 0.1")
+            end
+            return false
+        end
+        local stream = '{"prompt": "It is a truth", "max_tokens": 240, "ignore_eos": true, "loops": 16, "stream": true}'
+        with_serve("drain", "--threads 1 --max-active 1 --prefix-pool-mb 0 --drain 30", function(url, pre)
+            -- once the stream's first byte is out: SIGTERM, then a new connection (refused: the
+            -- port is closed), while the stream runs on to its end
+            local during = sh(("curl -sN %s/v1/completions -d %s | { head -c 1 > /dev/null; kill -TERM $(cat %s.pid); " ..
+                               "sleep 0.1; curl -s -m 2 -o /dev/null -w '%%{http_code}' %s/health; cat > %s.a; }")
+                              :format(url, H.q(stream), H.q(pre), url, H.q(pre)))
+            assert.equal("000", during)
+            local rest = H.read(pre .. ".a")
+            assert.truthy(rest:find('"finish_reason":"length"', 1, true), rest)
+            assert.equal("data: [DONE]\n\n", rest:sub(-14))
+            assert.is_true(serve_gone(pre, 10), "serve runs on after the drain")
+            local log = sh("cat " .. pre .. ".log")
+            assert.truthy(log:find("serve: draining: no new connections; the requests under way have up to 30 s", 1, true), log)
+            assert.truthy(log:find("serve: stopped", 1, true), log)
+        end)
+        -- a second signal does not wait out the 30 s
+        with_serve("drain2", "--threads 1 --max-active 1 --prefix-pool-mb 0 --drain 30", function(url, pre)
+            sh(("curl -sN %s/v1/completions -d %s | { head -c 1 > /dev/null; kill -TERM $(cat %s.pid); sleep 0.1; " ..
+                "kill -TERM $(cat %s.pid); cat > /dev/null; }"):format(url, H.q(stream), H.q(pre), H.q(pre)))
+            assert.is_true(serve_gone(pre, 10), "serve waits out its drain after a second signal")
+            assert.are_not.equal(200, (curl(url .. "/health")), "nginx serves on")
+        end)
+        local out = sh("scripts/serve --drain 1.5 --port 1 2>&1; echo \"exit $?\"")
+        assert.truthy(out:find("--drain must be a non-negative integer, got '1.5'", 1, true) and out:find("exit 2", 1, true), out)
+    end)
+
     it("reloads and stops with --access-log after its stderr's reader has gone", function()
         -- (the log's relay ended with its reader, and nginx's reload blocked its master in the
         -- FIFO's open for good: serve then waited for it forever)
