@@ -1922,6 +1922,15 @@ describe("chat completions", function()
         req.stream = true
         text, streamed_calls, _, finish = streamed(select(2, post_chat(req, "-N")))
         assert.same({ unknown, {}, "stop" }, { text, streamed_calls, finish })
+        -- ...without parallel_tool_calls as well, its end tag kept (the server's stop string at
+        -- the first end tag cut it from the content), streamed or not
+        req = { messages = ask, tools = { NOW }, grammar = grammar_of(unknown), parallel_tool_calls = false }
+        choice = cjson.decode(select(2, post_chat(req))).choices[1]
+        assert.same({ unknown, "stop" }, { choice.message.content, choice.finish_reason })
+        assert.is_nil(choice.message.tool_calls)
+        req.stream = true
+        text, streamed_calls, _, finish = streamed(select(2, post_chat(req, "-N")))
+        assert.same({ unknown, {}, "stop" }, { text, streamed_calls, finish })
     end)
 
     it("leaves out a call the token limit or a stop string cuts, streamed as blocking (auto)", function()
@@ -2747,6 +2756,30 @@ describe("messages (Anthropic's Messages API)", function()
         assert.same({ "tool_use", "weather", {} }, { cut.content[#cut.content].type, cut.content[#cut.content].name,
                                                       cut.content[#cut.content].input })
         req.temperature = nil
+        -- ...and under a grammar of the request's own, whose calls are read whole at the end, the
+        -- stream shows the cut call's block as well (it showed the whole calls only, where the
+        -- blocking answer ended with the cut one's)
+        local ping = { name = "ping", input_schema = { type = "object", properties = { n = { type = "integer" } }, required = { "n" } } }
+        local call = '<tool_call>\n{"name": "ping", "arguments": {"n": 1}}\n</tool_call>'
+        local own = { messages = asked, tools = { ping }, temperature = 0,
+                      grammar = "root ::= " .. cjson.encode(call .. "\n" .. call):gsub("\\/", "/") }
+        local blocking
+        for n = 8, 200 do
+            own.max_tokens = n
+            blocking = cjson.decode(select(2, post_messages(own)))
+            if #blocking.content == 2 then break end
+        end
+        assert.equal("max_tokens", blocking.stop_reason, cjson.encode(blocking))
+        assert.same({ { "ping", { n = 1 } }, { "ping", {} } }, { { blocking.content[1].name, blocking.content[1].input },
+                                                               { blocking.content[2].name, blocking.content[2].input } })
+        own.stream = true
+        local blocks, stopped = {}, nil
+        for _, e in ipairs(events_of(select(2, post_messages(own, "-N")))) do
+            if e.type == "content_block_start" then blocks[#blocks + 1] = { e.content_block.type, e.content_block.name } end
+            if e.type == "message_delta" then stopped = e.delta.stop_reason end
+        end
+        assert.same({ { "tool_use", "ping" }, { "tool_use", "ping" } }, blocks)
+        assert.equal("max_tokens", stopped)
         -- the call and its result go back in the conversation
         status, body = post_messages({ max_tokens = 3, tools = { WEATHER }, messages = {
             { role = "user", content = "Weather?" },

@@ -474,7 +474,7 @@ end
 -- cached_tokens: of prompt_tokens, those the prefix pool serves (known once the session is made)
 function View:start_stream(id, _, model, prompt_tokens, cached_tokens)
     self.id, self.model, self.prompt_tokens, self.cached_tokens = id, model, prompt_tokens, cached_tokens or 0
-    self.started, self.finished, self.open, self.blocks = false, false, nil, 0
+    self.started, self.finished, self.open, self.blocks, self.calls_begun = false, false, nil, 0, {}
 end
 
 local function add(out, kind, members)
@@ -540,10 +540,15 @@ function View:feed(payload)
             if self.open ~= "text" then self:open_block(out, "text", text_block("")) end
             delta(out, self.blocks - 1, "text_delta", "text", d.text)
         elseif d.kind == "call" then
+            self.calls_begun[d.id] = true
             self:open_block(out, "tool_use", tool_block(d.id, d.name, "{}"))
         elseif d.kind == "arguments" and self.open == "tool_use" then
             delta(out, self.blocks - 1, "input_json_delta", "partial_json", d.text)
         elseif d.kind == "finish" then
+            -- (a call max_tokens cut that the stream has not begun: the calls of a request's
+            -- own grammar are read whole at the end, and the blocking answer has its block)
+            local cut = d.cut_call
+            if cut and not self.calls_begun[cut.id] then self:open_block(out, "tool_use", tool_block(cut.id, cut.name, "{}")) end
             self:open_block(out, nil)
             self.finished = true
             local stop_reason, stop_sequence = stop_of(d)

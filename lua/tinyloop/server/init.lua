@@ -1164,7 +1164,9 @@ local function finish_read(st, text, last_id)
     local cut, stop = cut_at_stop(text, stops, last_id, st.text_config)
     local named = stop and st.stop_names and st.stop_names[stop]
     if named then st.stop_reason = stop end
-    if st.stops then return cut end
+    -- (the tools' end tag, the server's own stop string without parallel_tool_calls, stays:
+    -- the calls' reader reads it, and a block that is no call is content whole)
+    if st.stops then return (stop == tools.END and not named) and (cut .. stop) or cut end
     return named and (cut .. stop) or text
 end
 

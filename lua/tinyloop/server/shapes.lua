@@ -242,13 +242,22 @@ end
 
 local function string_or_nil(v) return type(v) == "string" and v or nil end
 
+-- The call the token limit cut, {id, name}, that a choice's stats name (tinyloop.cut_call),
+-- or nil.
+local function cut_call_of(chat)
+    local stats = type(chat.tinyloop) == "table" and chat.tinyloop or {}
+    local cut = type(stats.cut_call) == "table" and stats.cut_call or nil
+    return cut and type(cut.id) == "string" and type(cut.name) == "string" and cut or nil
+end
+
 -- The finish of a choice: {finish_reason, stop_reason (vLLM's: the stop string or token id
--- that ended it), usage (the chat usage table), tinyloop (the stats' JSON text)}.
+-- that ended it), usage (the chat usage table), tinyloop (the stats' JSON text), cut_call
+-- (cut_call_of's)}.
 local function finish_of(choice, chat, chat_json)
     local stats = chat.tinyloop and raw_member(chat_json, { "tinyloop" }) or nil
     local stop = choice.stop_reason
     return { finish_reason = choice.finish_reason, stop_reason = stop ~= json_null and stop or nil,
-             usage = type(chat.usage) == "table" and chat.usage or nil, tinyloop = stats }
+             usage = type(chat.usage) == "table" and chat.usage or nil, tinyloop = stats, cut_call = cut_call_of(chat) }
 end
 
 -- answer(chat_json) -> a blocking chat (or completions) answer's one choice: { reasoning (text, or nil for none
@@ -267,10 +276,8 @@ function _M.answer(chat_json)
     end
     -- (an empty block is no reasoning: a stream shows none)
     local thought = string_or_nil(message.reasoning_content)
-    local stats = type(chat.tinyloop) == "table" and chat.tinyloop or {}
-    local cut = type(stats.cut_call) == "table" and stats.cut_call or nil
     return { reasoning = thought ~= "" and thought or nil, text = string_or_nil(message.content) or "", calls = calls,
-             cut_call = cut and type(cut.id) == "string" and type(cut.name) == "string" and cut or nil,
+             cut_call = cut_call_of(chat),
              logprobs = type(choice.logprobs) == "table" and _M.logprob_entries(chat_json) or {},
              finish = finish_of(choice, chat, chat_json),
              created = chat.created, model = chat.model }
