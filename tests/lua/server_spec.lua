@@ -3576,6 +3576,21 @@ describe("embeddings (OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embe
         local status, body = post_to("/api/embed", { model = "tinyloop-austen", input = long, truncate = false })
         assert.equal(400, status, body)
         assert.truthy(cjson.decode(body).error:find("^input has %d+ tokens, over this model's context of 256"), body)
+        -- dimensions N, Ollama's way: the unit vector's first N numbers made a unit vector again
+        -- where 0 < N < d_model (it was a 400), the whole vector for any other N
+        local whole = m:embed(text)
+        local short = as_floats(ok("/api/embed", { model = "tinyloop-austen", input = text, dimensions = 8 }).embeddings[1])
+        assert.equal(8, #short)
+        local sum, norm = 0, 0
+        for j = 1, 8 do sum = sum + whole[j] * whole[j] end
+        for j = 1, 8 do
+            assert.near(whole[j] / math.sqrt(sum), short[j], 1e-6)
+            norm = norm + short[j] * short[j]
+        end
+        assert.near(1, norm, 1e-5)
+        for _, n in ipairs({ 0, -3, 256, 512 }) do
+            assert.same(whole, as_floats(ok("/api/embed", { model = "tinyloop-austen", input = text, dimensions = n }).embeddings[1]))
+        end
         -- nothing to embed: Ollama's model-load idiom
         assert.same({}, ok("/api/embed", { model = "tinyloop-austen" }).embeddings)
         assert.same({}, ok("/api/embeddings", { model = "tinyloop-austen", prompt = "" }).embedding)
@@ -3687,7 +3702,6 @@ describe("embeddings (OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embe
         refused("/v1/embeddings", { input = "a", model = "text-embedding-3-small" }, 404, "model", "not served here")
         refused("/api/embed", { model = "nomic-embed-text", input = "a" }, 404, nil, "not found")
         refused("/api/embed", { model = "tinyloop-austen", input = 5 }, 400, nil, "input must be a string or an array of strings")
-        refused("/api/embed", { model = "tinyloop-austen", input = "a", dimensions = 8 }, 400, nil, "this model's 256")
         -- (a field Ollama does not read is skipped, as its Go decoding skips it: /api/embeddings
         -- reads prompt, and without one is Ollama's model load)
         local load_status, load_body = post_to("/api/embeddings", { model = "tinyloop-austen", input = "a" })

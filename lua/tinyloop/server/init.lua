@@ -2199,7 +2199,7 @@ end
 -- name_of(i) (or nil) names input i (from 0) as the request did, in an engine error; norm:
 -- llama.cpp's embd_normalize (shape "llamacpp"). -> text | nil (`send` has answered the error).
 local EMBED_SLICE = 16
-local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, send, name_of, norm)
+local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, send, name_of, norm, keep)
     if not conf.thread_pool then
         return send(500, "embeddings need nginx's thread pool (thread_pool and lua_worker_thread_vm_pool_size)", nil, "server_error")
     end
@@ -2238,7 +2238,7 @@ local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, 
         for i = from, math.min(from + EMBED_SLICE - 1, #inputs) do slice[#slice + 1] = inputs[i] end
         local ok, text, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "embed", embed_addr, last_error_addr,
                                                 model_addr, slice, model.d_model, loops, pooling, normalize, as, shape, from - 1,
-                                                norm or 2)
+                                                norm or 2, keep)
         if not ok or not text then
             give_back()
             local why = tostring(ok and err or text)
@@ -2404,9 +2404,11 @@ local function ollama_embed(older)
     if not body then return end
     local req, err = ollama.embed_request(body, conf.model_id, older)
     if not req then return send_ollama_error(err.status, err.message) end
-    local ok
-    ok, err = request.check_dimensions(model, req.dimensions)
-    if not ok then return send_ollama_error(err.status, err.message) end
+    -- dimensions, Ollama's way: a unit vector's first N numbers, made a unit vector again,
+    -- where 0 < N < the model's width; any other N is no request to shorten (OpenAI's route
+    -- refuses them: request.check_dimensions)
+    local keep = req.dimensions
+    if keep and (keep <= 0 or keep >= model.d_model) then keep = nil end
     local started, tokens, vectors = now(), 0, ""
     if #req.inputs > 0 then
         -- (a single text is named as sent: input, or /api/embeddings' prompt; a list's by index)
@@ -2414,7 +2416,8 @@ local function ollama_embed(older)
         lists, tokens = request.embedding_inputs(model, req.single and req.inputs[1] or req.inputs, older and "prompt" or "input",
                                                  nil, req.truncate)
         if not lists then return send_ollama_error(tokens.status, tokens.message) end
-        vectors = embed_text(lists, tokens, model.default_loops, "mean", req.normalize, "float", "ollama", send_ollama_error)
+        vectors = embed_text(lists, tokens, model.default_loops, "mean", req.normalize, "float", "ollama", send_ollama_error, nil, nil,
+                             keep)
         if not vectors then return end
     end
     return send_json(200, ollama.embed_answer(req, vectors, tokens, (now() - started) * 1000))

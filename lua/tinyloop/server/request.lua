@@ -1944,7 +1944,7 @@ function _M.parse_score(body, model, model_id)
     return { inputs = inputs, names = names, tokens = a_tokens + b_tokens, pairs = pairs_, loops = o.loops, pooling = o.pooling }
 end
 
--- A request's dimensions (OpenAI's and Ollama's) -> true where it is the model's (or none):
+-- An OpenAI request's dimensions -> true where it is the model's (or none):
 -- these embeddings cannot be shortened. | nil, err
 function _M.check_dimensions(model, dimensions)
     if dimensions ~= nil and dimensions ~= model.d_model then

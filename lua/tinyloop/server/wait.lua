@@ -90,7 +90,7 @@ end
 -- scaled by `norm`: llamacpp_scale above), or "raw": the vectors' float32 bytes, one after
 -- another (the similarity endpoints' scores). -> the slice's entries' JSON text, joined by
 -- commas (raw: the bytes) | nil, the message.
-function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, pooling, normalize, as, shape, first, norm)
+function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, pooling, normalize, as, shape, first, norm, keep)
     local embed_fn = function_at(fn_addr, "int (*)(const void *, const void *, int, const void *, float *)")
     local error_fn = function_at(last_error_addr, LAST_ERROR)
     local opts = embed_options(loops, POOLING[pooling], normalize and 1 or 0)
@@ -118,14 +118,25 @@ function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, poolin
     if shape == "llamacpp" then
         for i = 0, count - 1 do llamacpp_scale(vectors + i * d, d, norm) end
     end
+    -- keep (Ollama's dimensions): each unit vector's first `keep` numbers, made a unit vector
+    -- again (a sum in double)
+    local width = keep or d
+    if width < d then
+        for i = 0, count - 1 do
+            local vector, sum = vectors + i * d, 0
+            for j = 0, width - 1 do sum = sum + vector[j] * vector[j] end
+            local inv = sum > 0 and 1 / math.sqrt(sum) or 0
+            for j = 0, width - 1 do vector[j] = vector[j] * inv end
+        end
+    end
     local entries, numbers, format = {}, {}, string.format
     for i = 1, count do
         local vector = vectors + (i - 1) * d
         if as == "float" then
-            for j = 0, d - 1 do numbers[j + 1] = format("%.9g", vector[j]) end -- (float32's round trip)
+            for j = 0, width - 1 do numbers[j + 1] = format("%.9g", vector[j]) end -- (float32's round trip)
         end
-        local text = as == "base64" and ('"' .. ngx.encode_base64(ffi.string(vector, d * 4)) .. '"')
-            or ("[" .. table.concat(numbers, ",", 1, d) .. "]")
+        local text = as == "base64" and ('"' .. ngx.encode_base64(ffi.string(vector, width * 4)) .. '"')
+            or ("[" .. table.concat(numbers, ",", 1, width) .. "]")
         entries[i] = shape == "openai" and ('{"object":"embedding","index":' .. (first + i - 1) .. ',"embedding":' .. text .. "}")
             or shape == "llamacpp" and ('{"index":' .. (first + i - 1) .. ',"embedding":[' .. text .. "]}")
             or text
