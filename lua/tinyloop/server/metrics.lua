@@ -84,8 +84,18 @@ local ENDPOINTS = { ["/v1/completions"] = true, ["/v1/chat/completions"] = true,
                     ["/v1/score"] = true, ["/score"] = true, ["/completion"] = true, ["/completions"] = true, ["/props"] = true,
                     ["/embedding"] = true, ["/embeddings"] = true, ["/apply-template"] = true,
                     ["/models"] = true, ["/chat/completions"] = true }
+-- The locations that serve a family of paths, an id in each, under one label apiece (a
+-- model's or a stored response's page was "other", with unknown paths).
+local FAMILIES = { { "/v1/models/", "/v1/models/{id}" }, { "/v1/responses/", "/v1/responses/{id}" } }
+local function endpoint_label(uri)
+    if ENDPOINTS[uri] then return uri end
+    for _, family in ipairs(FAMILIES) do
+        if #uri > #family[1] and uri:sub(1, #family[1]) == family[1] then return family[2] end
+    end
+    return "other"
+end
 function _M.log_request(uri, status)
-    incr("req:" .. (ENDPOINTS[uri] and uri or "other") .. ":" .. tostring(status))
+    incr("req:" .. endpoint_label(uri) .. ":" .. tostring(status))
 end
 
 local COUNTERS = {
