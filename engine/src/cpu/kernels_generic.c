@@ -158,18 +158,31 @@ void tl_matrix_row_f32(const tl_matrix *m, int row, float *out) {
     for (int i = 0; i < m->cols; i++) out[i] = tl_weight_at(m->data, m->dtype, base + (size_t)i);
 }
 
-/* Four partial sums: the order is fixed per (row, column), so still batch invariant. */
+/* One x row by one row-major W row (mapped weights) in the vector kernels' order
+   (kernels_avx2.c's DEFINE_MATMUL, which AVX-512 runs too), so that a result never depends
+   on the machine's vector width: 32 running sums acc[j][l] over k in chunks of 32 (element
+   i + 8j + l), the 8-chunks left into acc[0], each an fmaf; the lanes' tree
+   (a0 + a1) + (a2 + a3); AVX2's horizontal sum (lane l + lane l+4, then (0 + 2) + (1 + 3));
+   then the last k % 8 products added in order. (Four scalar sums by k mod 4 made mapped
+   generic results differ from AVX2's and AVX-512's.) */
 static float dot_weights(const float *x, const void *w, tl_dtype dt, size_t base, int k) {
-    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    const int k32 = k & ~31, k8 = k & ~7;
+    float acc[4][8] = {{0}};
     int i = 0;
-    for (; i + 4 <= k; i += 4) {
-        s0 += x[i] * tl_weight_at(w, dt, base + (size_t)i);
-        s1 += x[i + 1] * tl_weight_at(w, dt, base + (size_t)i + 1);
-        s2 += x[i + 2] * tl_weight_at(w, dt, base + (size_t)i + 2);
-        s3 += x[i + 3] * tl_weight_at(w, dt, base + (size_t)i + 3);
-    }
-    for (; i < k; i++) s0 += x[i] * tl_weight_at(w, dt, base + (size_t)i);
-    return (s0 + s1) + (s2 + s3);
+    for (; i < k32; i += 32)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 8; l++) {
+                const int at = i + 8 * j + l;
+                acc[j][l] = fmaf(tl_weight_at(w, dt, base + (size_t)at), x[at], acc[j][l]);
+            }
+    for (; i < k8; i += 8)
+        for (int l = 0; l < 8; l++) acc[0][l] = fmaf(tl_weight_at(w, dt, base + (size_t)(i + l)), x[i + l], acc[0][l]);
+    float lanes[8], halves[4];
+    for (int l = 0; l < 8; l++) lanes[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+    for (int l = 0; l < 4; l++) halves[l] = lanes[l] + lanes[l + 4];
+    float s = (halves[0] + halves[2]) + (halves[1] + halves[3]);
+    for (; i < k; i++) s += x[i] * tl_weight_at(w, dt, base + (size_t)i);
+    return s;
 }
 
 static void matmul_generic(const float *x, int n, int k, const void *w, tl_dtype dt,
