@@ -2197,7 +2197,8 @@ end
 -- waits'; the cores, the engine's): the others wait for a place up to conf.embed_wait_s, then
 -- 503. A client that leaves stops its request after the slice of EMBED_SLICE inputs in hand.
 -- name_of(i) (or nil) names input i (from 0) as the request did, in an engine error; norm:
--- llama.cpp's embd_normalize (shape "llamacpp"). -> text | nil (`send` has answered the error).
+-- llama.cpp's embd_normalize (shape "llamacpp"); keep (or nil): Ollama's dimensions, each
+-- vector's first `keep` numbers made a unit vector. -> text | nil (`send` has answered the error).
 local EMBED_SLICE = 16
 local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, send, name_of, norm, keep)
     if not conf.thread_pool then

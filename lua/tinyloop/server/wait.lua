@@ -88,8 +88,9 @@ end
 -- base64, a JSON string); shape "openai" (each vector in {"object": "embedding", "index",
 -- "embedding"}), "ollama" (the bare vector), "llamacpp" ({"index", "embedding": [vector]},
 -- scaled by `norm`: llamacpp_scale above), or "raw": the vectors' float32 bytes, one after
--- another (the similarity endpoints' scores). -> the slice's entries' JSON text, joined by
--- commas (raw: the bytes) | nil, the message.
+-- another (the similarity endpoints' scores); keep (or nil, every number): Ollama's
+-- dimensions, below. -> the slice's entries' JSON text, joined by commas (raw: the bytes) |
+-- nil, the message.
 function _M.embed(fn_addr, last_error_addr, model_addr, inputs, d, loops, pooling, normalize, as, shape, first, norm, keep)
     local embed_fn = function_at(fn_addr, "int (*)(const void *, const void *, int, const void *, float *)")
     local error_fn = function_at(last_error_addr, LAST_ERROR)
