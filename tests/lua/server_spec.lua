@@ -3593,6 +3593,12 @@ describe("embeddings (OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embe
         for _, n in ipairs({ 0, -3, 256, 512 }) do
             assert.same(whole, as_floats(ok("/api/embed", { model = "tinyloop-austen", input = text, dimensions = n }).embeddings[1]))
         end
+        -- the older /api/embeddings reads no dimensions (Ollama's older request has none): skipped,
+        -- whatever its value (it shortened the vector, and a string was a 500)
+        for _, n in ipairs({ 4, "x" }) do
+            local own = ok("/api/embeddings", { model = "tinyloop-austen", prompt = text, dimensions = n }).embedding
+            assert.same(m:embed(text, { normalize = false }), as_floats(own))
+        end
         -- nothing to embed: Ollama's model-load idiom
         assert.same({}, ok("/api/embed", { model = "tinyloop-austen" }).embeddings)
         assert.same({}, ok("/api/embeddings", { model = "tinyloop-austen", prompt = "" }).embedding)

@@ -420,7 +420,7 @@ function _M.embed_request(body, model_id, older)
         return bad("input must be a string or an array of strings", "input")
     end
     return { inputs = inputs, single = type(input) == "string", truncate = older or t.truncate ~= false, normalize = not older,
-             dimensions = t.dimensions, model_name = t.model or model_id, older = older }
+             dimensions = not older and t.dimensions or nil, model_name = t.model or model_id, older = older }
 end
 
 -- The chat request's names -> Ollama's, in an error's message; the body {"error": message}.
