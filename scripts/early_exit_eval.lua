@@ -47,10 +47,12 @@ if f then f:close() end
 if type(text) ~= "string" then die("no held-out text at " .. opt.text .. " (scripts/train/corpus.py makes it)") end
 local ids = model:encode(text)
 local prompts = {}
+-- (a stride of 0, a text shorter than prompts + prompt tokens, made every prompt the same
+-- one, and the figures counted it --prompts times)
 local stride = math.floor((#ids - plen) / n_prompts)
-if stride < 0 then
-    io.stderr:write(("early_exit_eval.lua: %s has %d tokens, fewer than --prompt-tokens %d\n"):format(opt.text, #ids, plen))
-    os.exit(2)
+if stride < 1 then
+    die(("%s has %d tokens: %d prompts of %d need at least %d (fewer --prompts or --prompt-tokens, or a longer text)")
+        :format(opt.text, #ids, n_prompts, plen, n_prompts + plen))
 end
 for k = 1, n_prompts do
     local p = {}

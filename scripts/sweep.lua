@@ -20,6 +20,13 @@ local options = require "tinyloop.script_options"
 
 local die = options.die("sweep.lua")
 
+-- Ctrl-C ends the run at once, 130 as a shell's commands end: the table is written only at
+-- the end (beside its place, then renamed there), so an interrupted run leaves an earlier one
+-- as it was. (LuaJIT's own handler raised "interrupted!" wherever Lua next ran, often not
+-- before the pass under way had ended, and the script said 2, bad usage.)
+pcall(ffi.cdef, "typedef void (*tl_sweep_sighandler)(int); tl_sweep_sighandler signal(int signum, tl_sweep_sighandler handler);")
+ffi.C.signal(2, nil) -- (SIGINT, SIG_DFL)
+
 local function list(s, name)
     local t = {}
     for x in tostring(s):gmatch("[^,]+") do
@@ -27,11 +34,14 @@ local function list(s, name)
         if not v or v < 1 or v ~= math.floor(v) then die(("--%s: '%s' is not a list of whole numbers >= 1"):format(name, s)) end
         t[#t + 1] = v
     end
+    if #t == 0 then die(("--%s: '%s' is not a list of whole numbers >= 1"):format(name, s)) end
     return t
 end
 
 -- A path as one shell word.
 local function quoted(path) return "'" .. path:gsub("'", "'\\''") .. "'" end
+-- A path as a gnuplot string (single-quoted: a quote is two).
+local function gnuplot_string(path) return "'" .. path:gsub("'", "''") .. "'" end
 
 local opt = options.parse(arg, {
     name = "sweep.lua",
@@ -52,7 +62,10 @@ local opt = options.parse(arg, {
 })
 
 options.counts(opt, { "repeats", "max_tokens", "max_nodes" }, die)
+options.counts(opt, { "n_prompts" }, die, 0)
+if opt.verify_loops then options.counts(opt, { "verify_loops" }, die) end
 local model = options.load_model(tinyloop, opt, die)
+if not model.has_tokenizer then die(opt.model .. " has no tokenizer: the prompts cannot be encoded") end
 local info = model:info()
 local verify = opt.verify_loops or info.default_loops
 local max_tokens = opt.max_tokens
@@ -87,13 +100,16 @@ if #prompts == 0 then die("no prompts") end
 local encoded = {}
 for k, p in ipairs(prompts) do encoded[k] = model:encode(p) end
 
+-- What a call raised: a value the engine refuses (a depth, a length).
+local function refused(raised) die(require("tinyloop.raise").message(raised)) end
+
 -- One timed pass over every prompt; returns seconds and the outputs.
 local function pass(fn, cfg)
     local outs, stats = {}, {}
     local t0 = now()
     for k, ids in ipairs(encoded) do
-        local ok, out, st = pcall(fn, model, ids, cfg) -- (what the engine refuses: a depth, a length)
-        if not ok then die(require("tinyloop.raise").message(out)) end
+        local ok, out, st = pcall(fn, model, ids, cfg)
+        if not ok then refused(out) end
         if not out then die(st, 1) end
         outs[k], stats[k] = out, st
     end
@@ -115,10 +131,29 @@ for _, d in ipairs(list(opt.draft_loops, "draft-loops")) do
 end
 if #settings == 1 then die(("no --draft-loops below --verify-loops %d: nothing to compare"):format(verify)) end
 
+-- Every setting as the engine reads it, before the timings (a session made for the longest
+-- prompt, not stepped): a value only the engine knows out of range (K above 8, a draft past
+-- its limit, verify-loops past max_loops, a prompt and max-tokens past the context) was
+-- refused part-way through the grid.
+local longest = encoded[1]
+for _, ids in ipairs(encoded) do if #ids > #longest then longest = ids end end
+for _, s in ipairs(settings) do
+    local cfg = { max_tokens = max_tokens, loops = verify }
+    if s.mode ~= "plain" then
+        cfg = { max_tokens = max_tokens, verify_loops = verify, speculative = s.mode, draft_loops = s.draft_loops,
+                draft_ahead = s.draft_ahead }
+        if s.mode == "tree" then cfg.K_branches, cfg.max_nodes = s.K, opt.max_nodes end
+    end
+    local ok, session, err = pcall(model.session, model, longest, cfg)
+    if not ok then refused(session) end
+    if not session then die(err) end
+    session:close()
+end
+
 -- The output directory once every value is checked, before the timings: a run that cannot
 -- write its table fails first, and a refused one leaves an earlier table as it was.
 -- (os.execute: 0 in Lua 5.1's manner, true where LuaJIT takes 5.2's)
-local made = os.execute("mkdir -p " .. quoted(opt.out))
+local made = os.execute("mkdir -p -- " .. quoted(opt.out))
 if made ~= 0 and made ~= true then die("cannot create the output directory " .. opt.out, 1) end
 -- The output directory's files: one that cannot be opened refused in one line (not a
 -- traceback), and each close checked (a full disk shows only there: the table was left empty,
@@ -132,7 +167,13 @@ local function close_out(f, name)
     local ok, err = f:close()
     if not ok then die(opt.out .. "/" .. name .. ": " .. tostring(err), 1) end
 end
-local csv = open_out("sweep.csv")
+-- The table: its lines kept until the timings are done, then written beside sweep.csv and
+-- renamed over it (a refused or interrupted run emptied an earlier table: it was opened here).
+-- Whether it can be written is tried now.
+local PARTIAL = "sweep.csv.partial"
+close_out(open_out(PARTIAL), PARTIAL)
+os.remove(opt.out .. "/" .. PARTIAL)
+local csv_lines = {}
 
 -- Interleave the repeats (plain, then every setting, repeats times) so that slow drifts of
 -- the machine hit every setting alike.
@@ -174,8 +215,8 @@ for r = 1, repeats do
 end
 
 local base = median(times[settings[1]])
-csv:write("mode,draft_loops,draft_ahead,K,median_s,speedup,acceptance,mean_accepted,exact\n")
-csv:write(("plain,,,,%.4f,1.000,,,true\n"):format(base))
+csv_lines[1] = "mode,draft_loops,draft_ahead,K,median_s,speedup,acceptance,mean_accepted,exact\n"
+csv_lines[2] = ("plain,,,,%.4f,1.000,,,true\n"):format(base)
 local best = {}
 print(("%d prompts x %d new tokens, verify_loops %d, median of %d; plain generate %.3f s"):format(
     #prompts, max_tokens, verify, repeats, base))
@@ -185,13 +226,17 @@ for k = 2, #settings do
     local s = settings[k]
     s.median = median(times[s])
     s.speedup = base / s.median
-    csv:write(("%s,%d,%d,%d,%.4f,%.3f,%.4f,%.3f,%s\n"):format(s.mode, s.draft_loops, s.draft_ahead, s.K,
-        s.median, s.speedup, s.acceptance, s.mean_accepted, tostring(s.exact)))
+    csv_lines[#csv_lines + 1] = ("%s,%d,%d,%d,%.4f,%.3f,%.4f,%.3f,%s\n"):format(s.mode, s.draft_loops, s.draft_ahead,
+        s.K, s.median, s.speedup, s.acceptance, s.mean_accepted, tostring(s.exact))
     print(("| %s | %d | %d | %d | %.3f | %.2fx | %.1f%% | %.2f | %s |"):format(s.mode, s.draft_loops,
         s.draft_ahead, s.K, s.median, s.speedup, 100 * s.acceptance, s.mean_accepted, s.exact and "yes" or "NO"))
     if not best[s.mode] or s.speedup > best[s.mode].speedup then best[s.mode] = s end
 end
-close_out(csv, "sweep.csv")
+local csv = open_out(PARTIAL)
+csv:write(table.concat(csv_lines))
+close_out(csv, PARTIAL)
+local renamed, rename_err = os.rename(opt.out .. "/" .. PARTIAL, opt.out .. "/sweep.csv")
+if not renamed then die(tostring(rename_err), 1) end
 for _, mode in ipairs({ "chain", "tree" }) do
     local s = best[mode]
     if s then
@@ -219,13 +264,13 @@ end
 close_out(dat, "sweep.dat")
 local plot_chain, plot_tree = {}, {}
 for idx, key in ipairs(series) do
-    local item = ("'%s/sweep.dat' index %d using 1:COL with linespoints title '%s'"):format(opt.out, idx - 1, key)
+    local item = ("%s index %d using 1:COL with linespoints title '%s'"):format(gnuplot_string(opt.out .. "/sweep.dat"), idx - 1, key)
     if key:match("^chain") then plot_chain[#plot_chain + 1] = item else plot_tree[#plot_tree + 1] = item end
 end
 local gp = open_out("sweep.gp")
 gp:write(([[
 set terminal pngcairo size 1400,900 font ",10" noenhanced
-set output '%s/sweep.png'
+set output %s
 set multiplot layout 2,2 title "TinyLoop self-speculative decoding, verify_loops %d, %d prompts x %d tokens (plain = 1.0)"
 set key outside right
 set grid
@@ -241,14 +286,27 @@ plot %s
 set title "tree: acceptance (accepted / drafted nodes)"
 plot %s
 unset multiplot
-]]):format(opt.out, verify, #prompts, max_tokens,
+]]):format(gnuplot_string(opt.out .. "/sweep.png"), verify, #prompts, max_tokens,
     table.concat(plot_chain, ", "):gsub("COL", "2"), table.concat(plot_tree, ", "):gsub("COL", "2"),
     table.concat(plot_chain, ", "):gsub("COL", "3"), table.concat(plot_tree, ", "):gsub("COL", "3")))
 close_out(gp, "sweep.gp")
-local plotted = os.execute("gnuplot " .. quoted(opt.out .. "/sweep.gp") .. " 2>/dev/null")
-if plotted == 0 or plotted == true then
-    print("chart: " .. opt.out .. "/sweep.png; table: " .. opt.out .. "/sweep.csv")
-else
+-- gnuplot's own messages where it fails (a path it could not write, a script it refused);
+-- "not available" only where there is none
+local has_gnuplot = os.execute("command -v gnuplot > /dev/null 2>&1")
+if has_gnuplot ~= 0 and has_gnuplot ~= true then
     print("gnuplot not available (apt-get install gnuplot-nox): table in " .. opt.out .. "/sweep.csv")
+else
+    local errors = os.tmpname()
+    local plotted = os.execute("gnuplot " .. quoted(opt.out .. "/sweep.gp") .. " 2> " .. quoted(errors))
+    local f = io.open(errors, "rb")
+    local said = f and f:read("*a") or ""
+    if f then f:close() end
+    os.remove(errors)
+    if plotted == 0 or plotted == true then
+        print("chart: " .. opt.out .. "/sweep.png; table: " .. opt.out .. "/sweep.csv")
+    else
+        io.stderr:write("sweep.lua: gnuplot failed on ", opt.out, "/sweep.gp: ", said:gsub("%s+$", ""), "\n")
+        print("no chart: table in " .. opt.out .. "/sweep.csv")
+    end
 end
 options.finish(die)
