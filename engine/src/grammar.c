@@ -1278,7 +1278,7 @@ static void add_tables(tl_grammar_memory *m, const tl_gram_tables *t) {
 
 tl_status tl_grammar_memory_usage(const tl_compiled_grammar *cg, tl_grammar_memory *out) {
     tl_clear_error();
-    if (!cg || !out) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_memory_usage: NULL argument");
+    if (!cg || !out) return tl_fail_null("tl_grammar_memory_usage", 2, "g", (const void *)cg, "out", (const void *)out);
     tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
     tl_grammar_memory m = {0};
     if (pthread_mutex_trylock(&g->lock) != 0) { /* in use (a mask being computed): the last figures */
@@ -1482,7 +1482,9 @@ void tl_compiled_grammar_free(tl_compiled_grammar *g) {
 
 tl_status tl_grammar_matches(const tl_compiled_grammar *cg, const char *text, size_t len, int *match) {
     tl_clear_error();
-    if (!cg || !match || (!text && len)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matches: NULL argument");
+    if (!cg || !match || (!text && len))
+        return tl_fail_null("tl_grammar_matches", 3, "g", (const void *)cg, "match", (const void *)match,
+                            "text (of len > 0)", (const void *)text);
     tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
     pthread_mutex_lock(&g->lock);
     tl_gram_runtime *rt = &tl_gram_current_tables(g)->rt;
@@ -1495,7 +1497,9 @@ tl_status tl_grammar_matches(const tl_compiled_grammar *cg, const char *text, si
 
 tl_status tl_grammar_matches_prefix(const tl_compiled_grammar *cg, const char *text, size_t len, int *match) {
     tl_clear_error();
-    if (!cg || !match || (!text && len)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matches_prefix: NULL argument");
+    if (!cg || !match || (!text && len))
+        return tl_fail_null("tl_grammar_matches_prefix", 3, "g", (const void *)cg, "match", (const void *)match,
+                            "text (of len > 0)", (const void *)text);
     tl_compiled_grammar *g = (tl_compiled_grammar *)cg;
     pthread_mutex_lock(&g->lock);
     tl_gram_runtime *rt = &tl_gram_current_tables(g)->rt;

@@ -735,7 +735,9 @@ int32_t tl_gram_matcher_advance_state(tl_grammar_matcher *mt, int32_t state, int
 
 tl_status tl_grammar_matcher_mask(tl_grammar_matcher *mt, uint8_t *allowed, int vocab_size, int *count) {
     tl_clear_error();
-    if (!mt || !allowed || !count) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matcher_mask: NULL argument");
+    if (!mt || !allowed || !count)
+        return tl_fail_null("tl_grammar_matcher_mask", 3, "m", (const void *)mt, "allowed", (const void *)allowed, "count",
+                            (const void *)count);
     if (vocab_size != mt->vocab->vocab_size)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matcher_mask: vocab_size = %d, the matcher's is %d", vocab_size,
                        mt->vocab->vocab_size);
@@ -747,7 +749,7 @@ tl_status tl_grammar_matcher_mask(tl_grammar_matcher *mt, uint8_t *allowed, int 
 
 tl_status tl_grammar_matcher_accepts(tl_grammar_matcher *mt, int32_t token, int *ok) {
     tl_clear_error();
-    if (!mt || !ok) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_grammar_matcher_accepts: NULL argument");
+    if (!mt || !ok) return tl_fail_null("tl_grammar_matcher_accepts", 2, "m", (const void *)mt, "ok", (const void *)ok);
     int32_t next = tl_gram_matcher_advance_state(mt, tl_gram_matcher_state(mt), token);
     if (next < 0) return tl_gram_failure("grammar");
     *ok = next != GRAM_DEAD;

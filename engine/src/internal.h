@@ -15,6 +15,10 @@
    call sites read `return tl_fail(TL_ERR_FORMAT, "...", ...)`. */
 tl_status tl_fail(tl_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* The refusal of a call given a NULL pointer it needs: the first NULL of `count` (name,
+   pointer) pairs, each pointer passed as (const void *), named ("fn: name must not be NULL",
+   TL_ERR_INVALID_ARGUMENT), so that a call of several pointers says which. */
+tl_status tl_fail_null(const char *fn, int count, ...);
 void tl_clear_error(void);
 /* The longest message kept, with its NUL: tl_last_error's, and every copy of one (a session's
    tl_session_error, a serving engine's request), so that a copy is the message whole. */

@@ -646,7 +646,7 @@ int tl_engine_wait(tl_engine *e, uint64_t id, int timeout_ms) {
 
 tl_status tl_engine_read(tl_engine *e, uint64_t id, tl_engine_update *u) {
     tl_clear_error();
-    if (!e || !u) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_read: NULL argument");
+    if (!e || !u) return tl_fail_null("tl_engine_read", 2, "engine", (const void *)e, "update", (const void *)u);
     memset(u, 0, sizeof *u);
     if (inherited(e)) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_engine_read: " INHERITED_ENGINE);
     pthread_mutex_lock(&e->mu);

@@ -848,7 +848,8 @@ tl_status tl_session_step_batch_with(tl_session *const *sessions, int n, const t
                                      int32_t *tokens, tl_stop_reason *stops, tl_status *statuses) {
     tl_clear_error();
     if (!sessions || !tokens || !stops || !statuses)
-        return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: NULL argument");
+        return tl_fail_null("tl_session_step_batch", 4, "sessions", (const void *)sessions, "tokens", (const void *)tokens,
+                            "stops", (const void *)stops, "statuses", (const void *)statuses);
     if (n < 1) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_step_batch: n = %d, need >= 1", n);
     tl_step_batch_options o;
     tl_step_batch_options_init(&o);
@@ -975,7 +976,8 @@ static size_t held_back(const tl_session *s) {
 
 tl_status tl_session_text(tl_session *s, const char **piece, size_t *len) {
     tl_clear_error();
-    if (!s || !piece || !len) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_session_text: NULL argument");
+    if (!s || !piece || !len)
+        return tl_fail_null("tl_session_text", 3, "session", (const void *)s, "piece", (const void *)piece, "len", (const void *)len);
     if (!s->m->tokenizer)
         return tl_fail(TL_ERR_UNSUPPORTED, "tl_session_text: the model has no tokenizer.json");
     size_t safe = s->finished ? s->text_len : s->text_len - held_back(s);

@@ -69,7 +69,7 @@ tl_status tl_token_text(const tl_model *m, int32_t id, const char **bytes, size_
     tl_clear_error(); /* "" after success, the message after a failure */
     tl_status st = need_tokenizer(m, "tl_token_text");
     if (st != TL_OK) return st;
-    if (!bytes || !len) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_token_text: NULL argument");
+    if (!bytes || !len) return tl_fail_null("tl_token_text", 2, "bytes", (const void *)bytes, "len", (const void *)len);
     if (tl_tlz_token_bytes(m->tokenizer, id, bytes, len) != 0)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_token_text: token id %d has no text", (int)id);
     return TL_OK;
@@ -103,7 +103,9 @@ tl_status tl_detokenizer_new(const tl_model *m, tl_detokenizer **out) {
 
 tl_status tl_detokenizer_push(tl_detokenizer *d, int32_t id, const char **piece, size_t *len) {
     tl_clear_error(); /* "" after success, the message after a failure */
-    if (!d || !piece || !len) return tl_fail(TL_ERR_INVALID_ARGUMENT, "tl_detokenizer_push: NULL argument");
+    if (!d || !piece || !len)
+        return tl_fail_null("tl_detokenizer_push", 3, "d", (const void *)d, "piece", (const void *)piece, "len",
+                            (const void *)len);
     char err[512];
     int code = tl_tlz_stream_push(d->stream, id, piece, len, err, sizeof err);
     return code ? from_tlz(code, err) : TL_OK;

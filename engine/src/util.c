@@ -51,6 +51,20 @@ tl_status tl_fail(tl_status status, const char *fmt, ...) {
     return status;
 }
 
+tl_status tl_fail_null(const char *fn, int count, ...) {
+    va_list ap;
+    va_start(ap, count);
+    const char *which = NULL;
+    for (int i = 0; i < count && !which; i++) {
+        const char *name = va_arg(ap, const char *);
+        const void *pointer = va_arg(ap, const void *);
+        if (!pointer) which = name;
+    }
+    va_end(ap);
+    return which ? tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: %s must not be NULL", fn, which)
+                 : tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: a NULL argument", fn);
+}
+
 void tl_clear_error(void) { last_error[0] = '\0'; }
 
 const char *tl_last_error(void) { return last_error; }

@@ -392,7 +392,12 @@ static void bad_calls(const char *golden) {
     tl_session_new(m, prompt, 2, &cfg, &b);
     tl_session_new(other, prompt, 2, &cfg, &c);
     tl_session *dup[2] = {a, a}, *mixed[2] = {a, c}, *none[1] = {NULL}, *pair[2] = {a, b};
-    CHECK_ERROR(tl_session_step_batch(NULL, 1, tokens, stops, statuses), TL_ERR_INVALID_ARGUMENT, "NULL argument");
+    /* each NULL named (it said "NULL argument" of four pointers) */
+    CHECK_ERROR(tl_session_step_batch(NULL, 1, tokens, stops, statuses), TL_ERR_INVALID_ARGUMENT, "sessions must not be NULL");
+    CHECK_ERROR(tl_session_step_batch(pair, 2, NULL, stops, statuses), TL_ERR_INVALID_ARGUMENT, "tokens must not be NULL");
+    CHECK_ERROR(tl_session_step_batch(pair, 2, tokens, NULL, statuses), TL_ERR_INVALID_ARGUMENT, "stops must not be NULL");
+    CHECK_ERROR(tl_session_step_batch(pair, 2, tokens, stops, NULL), TL_ERR_INVALID_ARGUMENT,
+                "tl_session_step_batch: statuses must not be NULL");
     CHECK_ERROR(tl_session_step_batch(pair, 0, tokens, stops, statuses), TL_ERR_INVALID_ARGUMENT, "n = 0");
     CHECK_ERROR(tl_session_step_batch(none, 1, tokens, stops, statuses), TL_ERR_INVALID_ARGUMENT, "sessions[0] is NULL");
     CHECK_ERROR(tl_session_step_batch(dup, 2, tokens, stops, statuses), TL_ERR_INVALID_ARGUMENT, "sessions[1] is sessions[0] again");

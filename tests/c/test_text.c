@@ -60,6 +60,7 @@ static void test_encode_decode(void) {
     tl_detokenizer_push(d, e_acute[1], &piece, &plen);
     CHECK(plen == 2 && memcmp(piece, "\xC3\xA9", 2) == 0, "completed code point not emitted");
     CHECK_ERROR(tl_detokenizer_push(d, 99999, &piece, &plen), TL_ERR_INVALID_ARGUMENT, "99999");
+    CHECK_ERROR(tl_detokenizer_push(d, 5, NULL, &plen), TL_ERR_INVALID_ARGUMENT, "tl_detokenizer_push: piece must not be NULL");
     tl_detokenizer_free(d);
     tl_free(ids);
 
@@ -67,6 +68,9 @@ static void test_encode_decode(void) {
     size_t tok_len;
     CHECK(tl_token_text(model, 'a', &tok_bytes, &tok_len) == TL_OK && tok_len == 1 && tok_bytes[0] == 'a', "token text");
     CHECK_ERROR(tl_token_text(model, -3, &tok_bytes, &tok_len), TL_ERR_INVALID_ARGUMENT, "token id -3");
+    /* a NULL named (it said "NULL argument" of two pointers) */
+    CHECK_ERROR(tl_token_text(model, 5, &tok_bytes, NULL), TL_ERR_INVALID_ARGUMENT, "tl_token_text: len must not be NULL");
+    CHECK_ERROR(tl_token_text(model, 5, NULL, &tok_len), TL_ERR_INVALID_ARGUMENT, "tl_token_text: bytes must not be NULL");
     CHECK_ERROR(tl_decode(model, (const int32_t[]){5, 4000}, 2, &back, &len), TL_ERR_INVALID_ARGUMENT, "4000");
     /* each fault named alone, and no text left behind by a failure */
     back = (char *)"stale";
