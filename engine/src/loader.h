@@ -33,15 +33,14 @@ bool tl_bind_ignore(tl_binder *b, const char *name);
 /* The output head of a published family, stored as `name`: with tie_embeddings it is the
    token embedding, and a stored copy (some exports keep one) is claimed and ignored. */
 tl_status tl_bind_head(tl_binder *b, const char *name);
-/* Whether the checkpoint in dir ties its head to its token embedding (its config.json, read
-   as a load reads it, every family's): a stored "lm_head.weight" is then never read. */
-tl_status tl_checkpoint_ties_head(const char *dir, bool *tied);
 /* Whether the checkpoint in dir would load, as far as its files decide: config.json, every
    tensor bound (names, shapes, dtypes, values) with none left over, and tokenizer.json; the
    checks and messages of tl_model_load, without a backend or a copy of the weights. The
    quantiser's check of its input before it writes: an input that does not load made a
-   checkpoint that does not load, over a good one. */
-tl_status tl_checkpoint_check(const char *dir);
+   checkpoint that does not load, over a good one. On TL_OK *tied says whether it ties its
+   head to its token embedding (config.json as a load reads it, every family's): a stored
+   "lm_head.weight" is then never read. */
+tl_status tl_checkpoint_check(const char *dir, bool *tied);
 
 /* A published model family: recognised by config.json's model_type or architectures[0],
    with its own config names and tensor names. */

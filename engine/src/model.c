@@ -555,15 +555,6 @@ static tl_status read_config(const char *dir, tl_config *cfg, uint64_t *config_h
     return TL_OK;
 }
 
-tl_status tl_checkpoint_ties_head(const char *dir, bool *tied) {
-    tl_config cfg = {0};
-    uint64_t config_hash;
-    const tl_family *family = NULL;
-    const tl_status st = read_config(dir, &cfg, &config_hash, &family);
-    *tied = st == TL_OK && cfg.tie_embeddings;
-    return st;
-}
-
 /* The model's fingerprint (a state file names the model it was written by): config.json's
    hash, then each weight file's header (names, dtypes, shapes, offsets) and a sample of
    every tensor's bytes: its start, middle and end. Another checkpoint of the same shapes
@@ -676,7 +667,8 @@ static tl_status load_tokenizer(tl_model *m, const char *dir) {
     return TL_OK;
 }
 
-tl_status tl_checkpoint_check(const char *dir) {
+tl_status tl_checkpoint_check(const char *dir, bool *tied) {
+    *tied = false;
     tl_model *m = calloc(1, sizeof *m);
     tl_st_set *files = calloc(1, sizeof *files);
     tl_status st = m && files && (m->dir = strdup(dir)) ? TL_OK : tl_fail(TL_ERR_NO_MEMORY, "out of memory");
@@ -686,6 +678,7 @@ tl_status tl_checkpoint_check(const char *dir) {
     if (st == TL_OK) opened = (st = tl_st_set_open(dir, files)) == TL_OK;
     if (st == TL_OK) st = bind_tensors(m, files, family);
     if (st == TL_OK && has_tokenizer_file(dir)) st = load_tokenizer(m, dir);
+    if (st == TL_OK) *tied = m->cfg.tie_embeddings;
     if (opened) tl_st_set_close(files);
     free(files);
     tl_model_free(m);

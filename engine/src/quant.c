@@ -560,15 +560,11 @@ tl_status tl_quantize_checkpoint_calibrated(const char *in_dir, const char *out_
     /* The input as the loader reads it (config.json against every tensor, tokenizer.json):
        one that does not load made a checkpoint that does not load, found only by the
        tool's load after it had replaced OUT_DIR's. */
-    if ((st = tl_checkpoint_check(in_dir)) != TL_OK) {
+    bool tied;
+    if ((st = tl_checkpoint_check(in_dir, &tied)) != TL_OK) {
         char why[TL_ERROR_MAX];
         snprintf(why, sizeof why, "%s", tl_last_error());
         st = tl_fail(st, "quantize: %s does not load, so nothing was written: %s", in_dir, why);
-        tl_st_close(&file);
-        return st;
-    }
-    bool tied = false;
-    if ((st = tl_checkpoint_ties_head(in_dir, &tied)) != TL_OK) {
         tl_st_close(&file);
         return st;
     }
