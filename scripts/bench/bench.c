@@ -241,7 +241,7 @@ typedef struct {
     tl_dtype dtype;
     tl_backend_kind backend; /* --backend: the CPU unless asked */
     int threads[MAX_THREAD_COUNTS], n_threads;
-    int prompt_len, decode, loops, repeat, chunk, stream_passes, keep, sgemm, print_config;
+    int prompt_len, decode, loops, repeat, chunk, stream_passes, keep, sgemm, print_config, mmap;
     long stream_mb;
     uint64_t seed;
 } options;
@@ -266,6 +266,8 @@ static void usage(FILE *fp) {
         "\n"
         "Measurement:\n"
         "  --threads LIST       comma-separated thread counts (default 1,<cores>)\n"
+        "  --mmap               read the weights from the file's mapping in place (tl_load_options\n"
+        "                       mmap_weights: the row-major kernels) instead of copied panels\n"
         "  --backend B          cpu (default) or cuda (the stream and sgemm columns stay the\n"
         "                       CPU's; scripts/gpu-check adds the device's copy bandwidth)\n"
         "  --prompt-len N       prompt tokens for prefill (default 128)\n"
@@ -333,10 +335,11 @@ static void parse_args(int argc, char **argv, options *o) {
             for (int k = 0; k < N_PRESETS; k++) puts(k_presets[k].name);
             exit(bench_output_status("tinyloop-bench"));
         }
-        if (!strcmp(flag, "--keep") || !strcmp(flag, "--sgemm") || !strcmp(flag, "--print-config")) {
+        if (!strcmp(flag, "--keep") || !strcmp(flag, "--sgemm") || !strcmp(flag, "--print-config") || !strcmp(flag, "--mmap")) {
             if (val) die(2, "%s takes no value", flag);
             if (!strcmp(flag, "--keep")) o->keep = 1;
             else if (!strcmp(flag, "--sgemm")) o->sgemm = 1;
+            else if (!strcmp(flag, "--mmap")) o->mmap = 1;
             else o->print_config = 1;
             continue;
         }
@@ -1046,7 +1049,7 @@ static void print_config(const char *config_text, const tl_config *c, tl_dtype d
 }
 
 /* The general options (SPEC §1) that differ from the defaults, for the header. */
-static void describe_options(const tl_config *c, char *buf, size_t len) {
+static void describe_options(const tl_config *c, bool mapped, char *buf, size_t len) {
     static const char *const placements[] = {"pre", "sandwich", "pre_post"};
     buf[0] = '\0';
 #define ADD(...) snprintf(buf + strlen(buf), len - strlen(buf), __VA_ARGS__)
@@ -1060,6 +1063,7 @@ static void describe_options(const tl_config *c, char *buf, size_t len) {
     if (!c->final_norm_at_head) ADD(", no final norm at head");
     if (c->state_init == TL_STATE_TRUNCATED_NORMAL) ADD(", random initial state (std %g)", (double)c->state_init_std);
     if (c->exit_gate) ADD(", exit gate");
+    if (mapped) ADD(", weights mapped in place (--mmap)");
 #undef ADD
     if (!buf[0]) snprintf(buf, len, ", none");
 }
@@ -1151,6 +1155,7 @@ int main(int argc, char **argv) {
         tl_load_options_init(&lo);
         lo.n_threads = o.threads[ti];
         lo.backend = o.backend;
+        lo.mmap_weights = o.mmap;
         tl_model *m = NULL;
         tl_status st = tl_model_load(model_dir, &lo, &m);
         if (st != TL_OK) die(1, "loading %s: %s: %s", model_dir, tl_status_name(st), tl_last_error());
@@ -1176,7 +1181,7 @@ int main(int argc, char **argv) {
                    c->n_block, c->n_coda, info0.norm, info0.mlp, info0.pos_encoding, info0.injection,
                    c->tie_embeddings ? ", tied head" : "");
             char opts[512];
-            describe_options(c, opts, sizeof opts);
+            describe_options(c, o.mmap, opts, sizeof opts);
             printf("options    %s\n", opts + 2);
             const tl_kernels *kernels = tl_cpu_kernels();
 #if defined(__x86_64__)
