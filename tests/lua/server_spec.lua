@@ -1524,6 +1524,44 @@ describe("server", function()
         assert.equal(200, (curl(base .. "/health")))
     end)
 
+    it("keeps answering while 3,000 idle clients hold a request's first line each (nginx's 1,024 connections were full)", function()
+        -- (the spec's own files: as many as its hard limit lets it have)
+        pcall(ffi.cdef, [[
+            typedef struct { unsigned long current, maximum; } spec_rlimit;
+            int getrlimit(int, spec_rlimit *);
+            int setrlimit(int, const spec_rlimit *);
+        ]])
+        local limit = ffi.new("spec_rlimit")
+        assert(ffi.C.getrlimit(7, limit) == 0) -- RLIMIT_NOFILE
+        if tonumber(limit.maximum) < 3300 then
+            return pending("this process may open " .. tonumber(limit.maximum) .. " files (ulimit -Hn): 3,300 needed")
+        end
+        local before = tonumber(limit.current)
+        limit.current = math.min(tonumber(limit.maximum), 8192)
+        assert(ffi.C.setrlimit(7, limit) == 0)
+        local idle = {}
+        local ok, err = pcall(function()
+            local addr = ffi.new("spec_sockaddr_in", { family = 2, port = math.floor(port / 256) + (port % 256) * 256, addr = 0x0100007f })
+            local first_line = "GET /health HTTP/1.1\r\nHost: localhost\r\n" -- (no blank line: headers to come)
+            for i = 1, 3000 do
+                local fd = ffi.C.socket(2, 1, 0)
+                assert(fd >= 0, "socket " .. i)
+                idle[#idle + 1] = fd
+                assert(ffi.C.connect(fd, addr, ffi.sizeof(addr)) == 0, "connect " .. i)
+                assert(ffi.C.write(fd, first_line, #first_line) == #first_line)
+            end
+            os.execute("sleep 0.5") -- (nginx accepts them all)
+            local status, body = curl("-m 10 " .. base .. "/health")
+            assert.equal(200, status, body)
+            status, body = post_json({ prompt = "It is", max_tokens = 2 })
+            assert.equal(200, status, body)
+        end)
+        for _, fd in ipairs(idle) do ffi.C.close(fd) end
+        limit.current = before
+        ffi.C.setrlimit(7, limit)
+        assert(ok, err)
+    end)
+
     it("drops a blocking request whose client reset the connection right after sending it", function()
         -- (a reset leaves no peer: getpeername failed, the handler took the client for there,
         -- and the generation ran to its end; SO_LINGER 0, a killed process, a proxy's reset)
