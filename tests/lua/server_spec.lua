@@ -1244,6 +1244,26 @@ describe("server", function()
         end
     end)
 
+    it("answers a grammar that compiles but is too costly to follow at some token with a 400 naming its field (a 500, retried)", function()
+        -- ((.{0,1000}){1000}: each byte may end or continue any of a thousand repetitions)
+        local costly = "(.{0,1000}){1000}"
+        local e = expect_error(400, "guided_regex", cjson.encode({ prompt = "hi", max_tokens = 4, guided_regex = costly }))
+        assert.equal("invalid_request_error", e.type)
+        assert.truthy(e.message:find("the grammar is too", 1, true), e.message)
+        local status, body = post_chat({ messages = { { role = "user", content = "hi" } }, max_tokens = 4,
+                                         response_format = { type = "json_schema", json_schema = { name = "s",
+                                             schema = { type = "string", pattern = "^" .. costly .. "$" } } } })
+        assert.equal(400, status, body)
+        assert.equal("response_format", cjson.decode(body).error.param)
+        -- streamed: the headers are sent, the error is an event of the same type and field
+        status, body = post(cjson.encode({ prompt = "hi", max_tokens = 4, guided_regex = costly, stream = true }))
+        assert.equal(200, status, body)
+        local err = cjson.decode(body:match('data: ({"error".-)\n'))
+        assert.equal("invalid_request_error", err.error.type)
+        assert.equal("guided_regex", err.error.param)
+        assert.truthy(body:find("data: [DONE]", 1, true))
+    end)
+
     it("serves concurrent requests, and 503s with Retry-After when full", function()
         -- Two running + one queued fit; launched together, six must see at least one 503.
         local req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 100, loops = 16, ignore_eos = true }))

@@ -1035,7 +1035,7 @@ local function started_running(st)
 end
 
 -- The next output of the request: text, token ids (a table), finished (boolean); or nil, err
--- (err "gone" when it was cancelled meanwhile). on_idle(), when given, runs after each wait
+-- (err "gone" when it was cancelled meanwhile), status (the engine's, where it failed). on_idle(), when given, runs after each wait
 -- that found nothing (a stream's sign of life); false from it: the client has gone.
 local function next_output(st, ready, on_idle)
     while not ready do -- (ready: a poll found output already; no trip through the pool)
@@ -1095,7 +1095,7 @@ local function next_output(st, ready, on_idle)
     metrics.gauge("active", -1)
     if u.status ~= 0 then
         if st.n_tokens > 0 then metrics.incr("tokens_out", st.n_tokens) end -- (what it generated before it failed)
-        return nil, "generation failed: " .. ffi_string(u.error)
+        return nil, "generation failed: " .. ffi_string(u.error), tonumber(u.status)
     end
     local s = u.stats
     if st.index == 0 and (st.gapless or 0) > 0 then -- (every token in the first read: no time after it)
@@ -1522,6 +1522,17 @@ end
 -- is a JSON string, whose quotes are escaped.)
 local function not_stored(text) return (text:gsub('"store":true', '"store":false', 1)) end
 
+-- How a generation that failed (err, the engine's status) is answered: status, param, type. A
+-- 500, but where the request's own grammar could not be followed (too costly or too ambiguous at
+-- some token, which compiling it could not foresee): that is the request's, a 400 naming its
+-- field, as a grammar that does not compile is (a 500 is retried by OpenAI's clients).
+local function failure_answer(r, err, status)
+    if status == C.TL_ERR_UNSUPPORTED and r.grammar_field and err:find("grammar", 1, true) then
+        return 400, r.grammar_field, "invalid_request_error"
+    end
+    return 500, nil, "server_error"
+end
+
 local function run_blocking(r)
     local results = {}
     for _, st in ipairs(r.sts) do
@@ -1536,7 +1547,8 @@ local function run_blocking(r)
             if not text then
                 release_all(r, ids == "gone")
                 if ids == "gone" then return ngx_exit(499) end
-                return r.send_error(500, ids, nil, "server_error")
+                local status, param, etype = failure_answer(r, ids, finished) -- (finished: the engine's status)
+                return r.send_error(status, ids, param, etype)
             end
             -- (nginx reports no hang-up where bytes came after the request, a stray CRLF or a
             -- pipelined request: asked at each output, the request stops within a token)
@@ -1723,9 +1735,11 @@ local function run_stream(r)
                     local gone = ids == "gone"
                     release_all(r, gone)
                     if gone then return ngx_exit(499) end
-                    if not started then return r.send_error(500, ids, nil, "server_error") end
+                    local status, param, etype = failure_answer(r, ids, finished) -- (finished: the engine's status)
+                    if not started then return r.send_error(status, ids, param, etype) end
                     -- Headers are sent: the error travels as an event, and the stream still ends.
-                    sse(r, '{"error":{"message":' .. encode(ids) .. ',"type":"server_error","param":null}}')
+                    sse(r, '{"error":{"message":' .. encode(ids) .. ',"type":"' .. etype .. '","param":' ..
+                        (param and encode(param) or "null") .. '}}')
                     sse(r, "[DONE]")
                     return ngx_exit(ngx.OK)
                 end
@@ -2041,7 +2055,7 @@ local function serve(chat, body, view)
                 response_id = (view and view.ID_PREFIX .. "-" or chat and "chatcmpl-" or "cmpl-") .. worker_tag .. "-" ..
                     next_request,
                 n = req.n, best_of = req.best_of, show_logprobs = req.logprobs ~= nil, chat = chat, stream = req.stream,
-                view = view, send_error = send_error }
+                view = view, send_error = send_error, grammar_field = req.grammar_field }
     if view then -- (its stream's usage and stats come with the finish, which closes the response)
         r.public_id, r.include_usage = r.response_id:gsub("-", "_"), false
         -- a stored response's id: 128 random bits, not a count (without them, it is not stored),
