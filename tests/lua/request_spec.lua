@@ -247,6 +247,28 @@ describe("request.parse's stop", function()
     end)
 end)
 
+describe("request.parse: a prompt that fills the context", function()
+    local model = { vocab_size = 10, max_seq_len = 16, has_tokenizer = false }
+    local function ids(n) local t = {} for i = 1, n do t[i] = 1 end return t end
+    it("names the prompt, which less max_tokens would not fit (it named max_tokens, even at 0)", function()
+        for _, case in ipairs({ { 17, 0 }, { 16, 1 }, { 20, 4 } }) do
+            local body = cjson.encode({ prompt = ids(case[1]), max_tokens = case[2] })
+            local req, err = request.parse(body, model, "m", 4)
+            assert.is_nil(req, body)
+            assert.same({ ("the prompt (%d tokens) fills it"):format(case[1]), "prompt" },
+                        { err.message:match("the prompt %(%d+ tokens%) fills it"), err.param }, body)
+            assert.equal("context_length_exceeded", err.code, body)
+        end
+        -- a batch names its prompt
+        local _, err = request.parse(cjson.encode({ prompt = { ids(3), ids(17) }, max_tokens = 0 }), model, "m", 4)
+        assert.same({ "prompt", true }, { err.param, err.message:find("the prompt[1] (17 tokens) fills it", 1, true) ~= nil })
+        -- what fits, or what max_tokens overfills, is as before
+        assert.truthy(request.parse(cjson.encode({ prompt = ids(16), max_tokens = 0 }), model, "m", 4))
+        local _, over = request.parse(cjson.encode({ prompt = ids(10), max_tokens = 7 }), model, "m", 4)
+        assert.same({ "max_tokens", true }, { over.param, over.message:find("plus max_tokens (7)", 1, true) ~= nil })
+    end)
+end)
+
 -- Refusals of the chat, completion and tokenize parsers that an audit found no test fed.
 describe("request's parsers refuse, naming the field", function()
     local chat = require("tinyloop.chat").load(H.ROOT .. "/models/tinyloop-austen")

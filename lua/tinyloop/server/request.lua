@@ -1302,13 +1302,16 @@ local function parse_completions(body, model, model_id, max_choices, opts)
     if not ok then return nil, e end
     local max_tokens = cfg.max_tokens or (opts.room and math.huge) or DEFAULT_MAX_TOKENS
     if max_tokens < 0 then return bad(("max_tokens = %d must be >= 0"):format(max_tokens), "max_tokens") end
+    -- (a prompt that fills the context alone: its error names the prompt, which less max_tokens
+    -- would not fit)
+    local function prompt_fills(i, ids)
+        return too_long(model.max_seq_len, ("the %s (%d tokens) fills it"):format(
+            #prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids), "prompt", #ids)
+    end
     if opts.room then -- (the rest of the context, which each prompt must leave: a batch's, its longest's)
         local longest = 0
         for i, ids in ipairs(prompts) do
-            if #ids >= model.max_seq_len then
-                return too_long(model.max_seq_len, ("the %s (%d tokens) fills it"):format(
-                    #prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids), "prompt", #ids)
-            end
+            if #ids >= model.max_seq_len then return prompt_fills(i, ids) end
             longest = math.max(longest, #ids)
         end
         max_tokens = math.min(max_tokens, model.max_seq_len - longest)
@@ -1318,6 +1321,7 @@ local function parse_completions(body, model, model_id, max_choices, opts)
     if not ok then return nil, e end
     local prompt_tokens, echo = 0, nil
     for i, ids in ipairs(prompts) do
+        if #ids > model.max_seq_len or (#ids == model.max_seq_len and max_tokens > 0) then return prompt_fills(i, ids) end
         if #ids + max_tokens > model.max_seq_len then
             return too_long(model.max_seq_len, ("you requested %d tokens: the %s (%d tokens) plus max_tokens (%d)"):format(
                 #ids + max_tokens, #prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids, max_tokens), "max_tokens", #ids)
