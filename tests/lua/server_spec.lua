@@ -2905,6 +2905,43 @@ describe("Ollama's API", function()
         return t
     end
 
+    it("leaves out a conversation's oldest messages where it is over the context, as Ollama's truncate (it was a 400)", function()
+        local function words(n) return (("the "):rep(n):gsub(" $", "")) end
+        local system, last = messages[1], messages[2]
+        local function chat(msgs, truncate)
+            local status, body = post_to("/api/chat", { model = "tinyloop-austen", messages = msgs, stream = false,
+                                                        truncate = truncate, options = { num_predict = 3, seed = 1 } })
+            return status, cjson.decode(body)
+        end
+        local function prompt_tokens(msgs)
+            local status, answer = chat(msgs, false)
+            assert.equal(200, status, cjson.encode(answer))
+            return answer.prompt_eval_count
+        end
+        -- the system message kept, the oldest turns left out, whole, until the rest fits
+        local long = { system, { role = "user", content = words(101) }, { role = "assistant", content = words(61) },
+                       { role = "user", content = words(61) }, { role = "assistant", content = words(31) }, last }
+        local status, answer = chat(long)
+        assert.equal(200, status, cjson.encode(answer))
+        assert.equal(prompt_tokens({ system, long[3], long[4], long[5], last }), answer.prompt_eval_count)
+        assert.equal(status, (chat(long, true)))
+        -- truncate false: refused, as Ollama's
+        status, answer = chat(long, false)
+        assert.equal(400, status)
+        assert.truthy(answer.error:find("fills it", 1, true), answer.error)
+        -- a tool's answer is never kept without the assistant turn that called it: both go
+        local caller = { role = "assistant", content = words(230), tool_calls = { { ["function"] = { name = "look", arguments = { q = "Emma" } } } } }
+        local answer_msg = { role = "tool", content = "Emma is a young woman of Highbury.", tool_name = "look" }
+        status, answer = chat({ system, { role = "user", content = "hi" }, caller, answer_msg, last })
+        assert.equal(200, status, cjson.encode(answer))
+        assert.equal(prompt_tokens({ system, last }), answer.prompt_eval_count)
+        assert.is_true(prompt_tokens({ system, answer_msg, last }) < 256) -- (what fit, orphaned)
+        -- the last message alone over the context: refused, whatever truncate says
+        status, answer = chat({ system, { role = "user", content = words(300) } })
+        assert.equal(400, status)
+        assert.truthy(answer.error:find("fills it", 1, true), answer.error)
+    end)
+
     it("chats as the chat completions do, streamed as JSON lines by default or whole", function()
         local chat = cjson.decode(select(2, post_chat(as_ollama({ messages = messages, max_tokens = 12, seed = 5, temperature = 0.8,
                                                                    ignore_eos = true }))))

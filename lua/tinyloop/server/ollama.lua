@@ -50,7 +50,9 @@ _M.API_VERSION = "0.12.6"
 -- The request's top-level fields: their JSON kinds (PASSED: the chat request's, as sent).
 -- Another field is skipped, as Ollama's Go decoding skips it (apps that post OpenAI-shaped
 -- bodies to Ollama send some); a message's or a tool's unknown keys too.
--- (truncate, shift: what Ollama does with a prompt over its context; here one is refused;
+-- (truncate: /api/chat's conversation over the context loses its oldest messages, unless it is
+-- false, as Ollama's; /api/generate's prompt over it is refused either way, where Ollama's
+-- runner cuts its middle; shift: Ollama's context shift, which this engine does not do;
 -- /api/chat's system: Open WebUI sends one, which Ollama's chat ignores, as here)
 local CHAT_OWN = { model = "string", messages = "array", tools = "array", format = "any", options = "object", stream = "boolean",
                    think = "any", keep_alive = "any", truncate = "boolean", shift = "boolean", system = "any",
@@ -289,6 +291,9 @@ end
 local View = { ID_PREFIX = "ollama", CONTENT_TYPE = "application/x-ndjson", FRAME = "ndjson",
                PARSE_OPTIONS = { room = true, max_stops = shapes.MAX_STOPS, beyond_openai_ranges = true } }
 View.__index = View
+-- (/api/chat's, with truncate left true: a conversation over the context loses its oldest
+-- messages, Ollama's chatPrompt)
+local TRUNCATING = setmetatable({ drop_oldest = true }, { __index = View.PARSE_OPTIONS })
 
 -- chat_to_chat(body, model_id, thinks) -> an /api/chat request's chat body, and its view; or
 -- nil, err. thinks: the model's template has a thinking block.
@@ -328,6 +333,7 @@ function _M.chat_to_chat(body, model_id, thinks)
     if not ok then return nil, err end
     local view = setmetatable({ kind = "chat", stream = t.stream ~= false, model_name = t.model or model_id, logprobs = t.logprobs,
                                 top_logprobs = t.top_logprobs, options = t.options }, View)
+    if t.truncate ~= false then view.PARSE_OPTIONS = TRUNCATING end
     if t.messages == nil or #t.messages == 0 then -- (Ollama's way to load a model: it is loaded)
         view.load, view.unload = true, unloads(t.keep_alive)
         return "", view, true

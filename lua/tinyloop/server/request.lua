@@ -1466,6 +1466,43 @@ local function render_messages(t, body, chat, template_tools, model)
     return bad(err, fault == "variables" and "chat_template_kwargs" or "messages")
 end
 
+-- Ollama's truncation (its chatPrompt, with truncate left true): the oldest messages left out,
+-- whole, until the rest fits the context with room for a token; the system messages among them
+-- kept, first, in their order; a tool's answer never without the assistant turn that called
+-- it; the last message always kept (alone over the context, the caller's error says so).
+-- Leaving out more never lengthens the prompt, so the first start that fits is found by
+-- halving (log2 of the messages renders, where Ollama renders each start in turn).
+-- render(messages) -> ids, text | nil, err. -> ids, text of the messages kept | nil, err.
+local function drop_oldest_messages(messages, render, max_len)
+    local function block_start(i) -- (a tool's answer: from the assistant turn that called it)
+        if messages[i].role ~= "tool" then return i end
+        local first = i
+        while first > 1 and messages[first - 1].role == "tool" do first = first - 1 end
+        local caller = messages[first - 1]
+        if caller and caller.role == "assistant" and type(caller.tool_calls) == "table" and #caller.tool_calls > 0 then
+            return first - 1
+        end
+        return i
+    end
+    local function from(i) -- the system messages before start i, then every message from it
+        local start, kept = block_start(i), {}
+        for j = 1, start - 1 do
+            if messages[j].role == "system" then kept[#kept + 1] = messages[j] end
+        end
+        for j = start, #messages do kept[#kept + 1] = messages[j] end
+        return render(kept)
+    end
+    local low, high, fit_ids, fit_text = 2, #messages, nil, nil
+    while low <= high do
+        local middle = floor((low + high) / 2)
+        local ids, text = from(middle)
+        if not ids then return nil, text end
+        if #ids < max_len then fit_ids, fit_text, high = ids, text, middle - 1 else low = middle + 1 end
+    end
+    if fit_ids then return fit_ids, fit_text end
+    return from(#messages)
+end
+
 -- An error of a request that sent llama.cpp's names (LLAMACPP_NAMES) names them as sent, not
 -- the fields they became (its param and message).
 local function as_sent(body, req, err)
@@ -1494,7 +1531,8 @@ function _M.parse(body, ...) return as_sent(body, parse_completions(body, ...)) 
 -- for chat.
 -- opts (optional): max_stops (another API's limit on stop strings; default OpenAI's 4),
 -- counting (the prompt is only counted: -> { prompt_tokens }, whatever room it leaves), room
--- (max_tokens is a cap: the rest of the context at most, Ollama's num_predict).
+-- (max_tokens is a cap: the rest of the context at most, Ollama's num_predict), drop_oldest
+-- (a conversation over the context loses its oldest messages, Ollama's truncate).
 local function parse_chat(body, model, model_id, max_choices, chat, opts)
     opts = opts or {}
     local t, cfg, cap = decode_fields(body, CHAT_FIELDS, CHAT_NO_OPS)
@@ -1518,6 +1556,12 @@ local function parse_chat(body, model, model_id, max_choices, chat, opts)
     end
     local ids, text = render_messages(t, body, chat, template_tools, model)
     if not ids then return nil, text end
+    if opts.drop_oldest and #ids >= model.max_seq_len and #t.messages > 1 then
+        ids, text = drop_oldest_messages(t.messages, function(kept)
+            return render_messages(setmetatable({ messages = kept }, { __index = t }), body, chat, template_tools, model)
+        end, model.max_seq_len)
+        if not ids then return nil, text end
+    end
     if text == "" then return bad("the chat template rendered these messages as an empty prompt", "messages") end
     if opts.counting then return { prompt_tokens = #ids } end
     local ok, e
