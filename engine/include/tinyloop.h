@@ -832,7 +832,9 @@ void tl_engine_free(tl_engine *engine);
    free (the thread cannot wait for itself, nor free the sessions it is stepping). */
 void tl_engine_stop(tl_engine *engine);
 
-/* Hands a fresh session (not stepped) to the engine; its hooks, if any, run on the engine
+/* Hands a session to the engine: a fresh one, or one stepped by hand this far, which goes on
+   from where it is (the updates carry what the engine's steps make, not the tokens before
+   the submit); its hooks, if any, run on the engine
    thread, so they must be safe to run there (a Lua hook is not: LuaJIT's state is the
    caller's thread's). On TL_OK with *id > 0 the engine owns the session. When active and queued
    sessions are at their limits it returns TL_OK with *id = 0 and the caller keeps the

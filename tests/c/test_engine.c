@@ -862,6 +862,37 @@ int main(int argc, char **argv) {
         tl_engine_free(hooked_engine);
     }
 
+    /* A session stepped by hand, then submitted, goes on from where it was: its tokens by hand
+       and the engine's are tl_generate's, and the updates carry only the engine's. */
+    {
+        tl_generate_config twelve;
+        tl_generate_config_init(&twelve);
+        twelve.max_tokens = 12;
+        twelve.ignore_eos = 1;
+        const int32_t stepped_prompt[4] = {11, 12, 13, 14};
+        int32_t want[16], got[12]; /* (tl_generate writes the prompt first) */
+        int want_len = 0, got_len = 0;
+        tl_generate_stats ws;
+        CHECK(tl_generate(model, stepped_prompt, 4, &twelve, want, 16, &want_len, &ws) == TL_OK && want_len == 16, "%s",
+              tl_last_error());
+        tl_session *stepped = new_session(stepped_prompt, &twelve);
+        tl_stop_reason stop = TL_STOP_NONE;
+        for (; got_len < 3; got_len++)
+            CHECK(tl_session_step(stepped, &got[got_len], &stop) == TL_OK && stop == TL_STOP_NONE, "by hand: %s", tl_last_error());
+        uint64_t stepped_id = 0;
+        CHECK(tl_engine_submit(engine, stepped, &stepped_id) == TL_OK && stepped_id > 0, "a stepped session: %s", tl_last_error());
+        tl_engine_update update;
+        memset(&update, 0, sizeof update);
+        while (tl_engine_wait(engine, stepped_id, 1000) >= 0 && tl_engine_read(engine, stepped_id, &update) == TL_OK) {
+            for (int i = 0; i < update.n_tokens && got_len < 12; i++) got[got_len++] = update.tokens[i];
+            if (update.state == TL_ENGINE_FINISHED) break;
+        }
+        CHECK(update.state == TL_ENGINE_FINISHED && update.status == TL_OK && got_len == 12 &&
+                  !memcmp(got, want + 4, sizeof got),
+              "by hand then by the engine: %d tokens, %s", got_len, tl_status_name(update.status));
+        tl_engine_cancel(engine, stepped_id); /* (let go of its end) */
+    }
+
     /* Freeing with requests still running (and one never read) is clean. */
     tl_engine_submit(engine, new_session(jobs[0].prompt, &lc), &ids[0]);
     tl_engine_free(engine);
