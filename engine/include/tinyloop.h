@@ -129,7 +129,9 @@ struct tl_model_info {
     const char *norm;         /* "layernorm" | "rmsnorm" */
     const char *mlp;          /* "gelu" | "swiglu" */
     const char *pos_encoding; /* "learned" | "rope" */
-    const char *weight_dtype; /* "f32" | "f16" | "bf16" | "q8" | "q4" (of the layers' matrices, as stored) */
+    const char *weight_dtype; /* "f32" | "f16" | "bf16" | "q8" | "q4" (of the layers' matrices, as stored;
+                                 a quantised checkpoint's, where it kept some float: the
+                                 quantiser names those) */
     int state_norm;           /* booleans as 0/1 */
     int bias;
     int tie_embeddings;
