@@ -835,8 +835,9 @@ void tl_engine_free(tl_engine *engine);
 void tl_engine_stop(tl_engine *engine);
 
 /* Hands a session to the engine: a fresh one, or one stepped by hand this far, which goes on
-   from where it is (the updates carry what the engine's steps make, not the tokens before
-   the submit); its hooks, if any, run on the engine
+   from where it is, max_tokens counting every token (the updates carry the tokens the
+   engine's steps make, and the text tl_session_text had not yet handed out: the earlier
+   tokens' too, where the caller did not take it); its hooks, if any, run on the engine
    thread, so they must be safe to run there (a Lua hook is not: LuaJIT's state is the
    caller's thread's). On TL_OK with *id > 0 the engine owns the session. When active and queued
    sessions are at their limits it returns TL_OK with *id = 0 and the caller keeps the

@@ -863,14 +863,17 @@ int main(int argc, char **argv) {
     }
 
     /* A session stepped by hand, then submitted, goes on from where it was: its tokens by hand
-       and the engine's are tl_generate's, and the updates carry only the engine's. */
+       and the engine's are tl_generate's (max_tokens counting both), the updates carry only
+       the engine's tokens, and their text is the whole continuation's where the caller took
+       none of it by hand. */
     {
         tl_generate_config twelve;
         tl_generate_config_init(&twelve);
         twelve.max_tokens = 12;
         twelve.ignore_eos = 1;
         const int32_t stepped_prompt[4] = {11, 12, 13, 14};
-        int32_t want[16], got[12]; /* (tl_generate writes the prompt first) */
+        int32_t want[16], got[32]; /* (tl_generate writes the prompt first; room for a count gone wrong) */
+        char want_text[256] = "", got_text[256] = "";
         int want_len = 0, got_len = 0;
         tl_generate_stats ws;
         CHECK(tl_generate(model, stepped_prompt, 4, &twelve, want, 16, &want_len, &ws) == TL_OK && want_len == 16, "%s",
@@ -883,13 +886,26 @@ int main(int argc, char **argv) {
         CHECK(tl_engine_submit(engine, stepped, &stepped_id) == TL_OK && stepped_id > 0, "a stepped session: %s", tl_last_error());
         tl_engine_update update;
         memset(&update, 0, sizeof update);
+        int emitted = 0;
         while (tl_engine_wait(engine, stepped_id, 1000) >= 0 && tl_engine_read(engine, stepped_id, &update) == TL_OK) {
-            for (int i = 0; i < update.n_tokens && got_len < 12; i++) got[got_len++] = update.tokens[i];
-            if (update.state == TL_ENGINE_FINISHED) break;
+            for (int i = 0; i < update.n_tokens && got_len < 32; i++) got[got_len++] = update.tokens[i];
+            if (update.text_len && strlen(got_text) + update.text_len < sizeof got_text)
+                strncat(got_text, update.text, update.text_len);
+            if (update.state == TL_ENGINE_FINISHED) {
+                emitted = update.stats.tokens_emitted;
+                break;
+            }
         }
-        CHECK(update.state == TL_ENGINE_FINISHED && update.status == TL_OK && got_len == 12 &&
-                  !memcmp(got, want + 4, sizeof got),
-              "by hand then by the engine: %d tokens, %s", got_len, tl_status_name(update.status));
+        CHECK(update.state == TL_ENGINE_FINISHED && update.status == TL_OK && got_len == 12 && emitted == 12 &&
+                  !memcmp(got, want + 4, 12 * sizeof *got),
+              "by hand then by the engine: %d tokens (%d emitted), %s", got_len, emitted, tl_status_name(update.status));
+        char *piece_text = NULL;
+        size_t piece_len = 0;
+        CHECK(tl_decode(model, want + 4, 12, &piece_text, &piece_len) == TL_OK && piece_len < sizeof want_text, "%s",
+              tl_last_error());
+        if (piece_text) memcpy(want_text, piece_text, piece_len);
+        tl_free(piece_text);
+        CHECK(!strcmp(got_text, want_text), "the updates' text \"%s\", the continuation's \"%s\"", got_text, want_text);
         tl_engine_cancel(engine, stepped_id); /* (let go of its end) */
     }
 

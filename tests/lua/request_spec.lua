@@ -250,8 +250,8 @@ end)
 describe("request.parse: a prompt that fills the context", function()
     local model = { vocab_size = 10, max_seq_len = 16, has_tokenizer = false }
     local function ids(n) local t = {} for i = 1, n do t[i] = 1 end return t end
-    it("names the prompt, which less max_tokens would not fit (it named max_tokens, even at 0)", function()
-        for _, case in ipairs({ { 17, 0 }, { 16, 1 }, { 20, 4 } }) do
+    it("names the prompt, which no max_tokens would fit (it named max_tokens, even at 0)", function()
+        for _, case in ipairs({ { 17, 0 }, { 17, 1 }, { 20, 4 } }) do
             local body = cjson.encode({ prompt = ids(case[1]), max_tokens = case[2] })
             local req, err = request.parse(body, model, "m", 4)
             assert.is_nil(req, body)
@@ -262,10 +262,59 @@ describe("request.parse: a prompt that fills the context", function()
         -- a batch names its prompt
         local _, err = request.parse(cjson.encode({ prompt = { ids(3), ids(17) }, max_tokens = 0 }), model, "m", 4)
         assert.same({ "prompt", true }, { err.param, err.message:find("the prompt[1] (17 tokens) fills it", 1, true) ~= nil })
-        -- what fits, or what max_tokens overfills, is as before
+        -- what fits, or what max_tokens overfills (a prompt of the whole context: max_tokens 0
+        -- fits), is as before
         assert.truthy(request.parse(cjson.encode({ prompt = ids(16), max_tokens = 0 }), model, "m", 4))
+        local _, full = request.parse(cjson.encode({ prompt = ids(16), max_tokens = 1 }), model, "m", 4)
+        assert.same({ "max_tokens", true }, { full.param, full.message:find("plus max_tokens (1)", 1, true) ~= nil })
         local _, over = request.parse(cjson.encode({ prompt = ids(10), max_tokens = 7 }), model, "m", 4)
         assert.same({ "max_tokens", true }, { over.param, over.message:find("plus max_tokens (7)", 1, true) ~= nil })
+    end)
+end)
+
+describe("request.parse_chat with drop_oldest (Ollama's truncate)", function()
+    local DIR = H.ROOT .. "/models/tinyloop-austen"
+    local OPTS = { room = true, drop_oldest = true }
+    local function words(n) return (("the "):rep(n):gsub(" $", "")) end
+    local system, last = { role = "system", content = "Be brief." }, { role = "user", content = "Who is Emma?" }
+    -- the prompt tokens of a conversation parsed whole (without drop_oldest)
+    local function whole(chat, messages)
+        local req, err = request.parse_chat(cjson.encode({ messages = messages, max_tokens = 1 }), model, "m", 8, chat, { room = true })
+        assert(req, err and err.message)
+        return req.prompt_tokens
+    end
+    local function kept(chat, messages, max_tokens)
+        local req, err = request.parse_chat(cjson.encode({ messages = messages, max_tokens = max_tokens }), model, "m", 8, chat, OPTS)
+        assert(req, err and err.message)
+        return req.prompt_tokens, req.cfg.max_tokens
+    end
+
+    it("leaves the reply room: max_tokens', else a quarter of the context (a cut only to fit left it a token)", function()
+        local chat = require("tinyloop.chat").load(DIR)
+        local conv = { system, { role = "user", content = words(101) }, { role = "assistant", content = words(61) },
+                       { role = "user", content = words(61) }, { role = "assistant", content = words(31) }, last }
+        local from3 = whole(chat, { system, conv[3], conv[4], conv[5], last })
+        local from4 = whole(chat, { system, conv[4], conv[5], last })
+        local context = model:info().max_seq_len
+        assert.is_true(from3 < context and from3 + context / 4 > context, from3) -- (fits, leaving less than a quarter)
+        local tokens, room = kept(chat, conv, 10)
+        assert.same({ from3, 10 }, { tokens, room })
+        tokens, room = kept(chat, conv, nil)
+        assert.same({ from4, context - from4 }, { tokens, room })
+        -- a conversation that fits with its room keeps every message
+        local short = { system, conv[4], conv[5], last }
+        assert.equal(whole(chat, short), (kept(chat, short, 10)))
+    end)
+
+    it("passes over a start the template refuses (roles must alternate), as Ollama's templates refuse none", function()
+        local chat = assert(require("tinyloop.chat").load(DIR, H.ROOT .. "/tests/data/chat_templates/gemma.jinja"))
+        local conv = { system, { role = "user", content = words(200) }, { role = "assistant", content = words(20) },
+                       { role = "user", content = words(20) }, { role = "assistant", content = words(5) }, last }
+        -- (from the assistant's turn, the template raises: the start after it is taken)
+        local _, refused = request.parse_chat(cjson.encode({ messages = { system, conv[3], conv[4], conv[5], last } }),
+                                              model, "m", 8, chat, { room = true })
+        assert.truthy(refused and refused.message:find("alternate", 1, true), refused and refused.message)
+        assert.equal(whole(chat, { system, conv[4], conv[5], last }), (kept(chat, conv, 5)))
     end)
 end)
 

@@ -526,7 +526,9 @@ function View:feed(payload)
     local deltas = shapes.deltas(payload)
     if deltas[1] and deltas[1].kind == "error" then
         self.finished = true
-        local status = deltas[1].type == "overloaded_error" and 503 or 500
+        -- (the request's own fault found while generating, a grammar too costly to follow: 400's type)
+        local kind = deltas[1].type
+        local status = kind == "overloaded_error" and 503 or kind == "invalid_request_error" and 400 or 500
         out[1] = { "error", _M.error_body(status, deltas[1].message, nil, self.request_id) }
         return out
     end

@@ -1302,8 +1302,8 @@ local function parse_completions(body, model, model_id, max_choices, opts)
     if not ok then return nil, e end
     local max_tokens = cfg.max_tokens or (opts.room and math.huge) or DEFAULT_MAX_TOKENS
     if max_tokens < 0 then return bad(("max_tokens = %d must be >= 0"):format(max_tokens), "max_tokens") end
-    -- (a prompt that fills the context alone: its error names the prompt, which less max_tokens
-    -- would not fit)
+    -- (a prompt over the context alone, or with room (max_tokens a cap) one that leaves none:
+    -- its error names the prompt, which no max_tokens would fit)
     local function prompt_fills(i, ids)
         return too_long(model.max_seq_len, ("the %s (%d tokens) fills it"):format(
             #prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids), "prompt", #ids)
@@ -1321,7 +1321,7 @@ local function parse_completions(body, model, model_id, max_choices, opts)
     if not ok then return nil, e end
     local prompt_tokens, echo = 0, nil
     for i, ids in ipairs(prompts) do
-        if #ids > model.max_seq_len or (#ids == model.max_seq_len and max_tokens > 0) then return prompt_fills(i, ids) end
+        if #ids > model.max_seq_len then return prompt_fills(i, ids) end
         if #ids + max_tokens > model.max_seq_len then
             return too_long(model.max_seq_len, ("you requested %d tokens: the %s (%d tokens) plus max_tokens (%d)"):format(
                 #ids + max_tokens, #prompts > 1 and ("prompt[%d]"):format(i - 1) or "prompt", #ids, max_tokens), "max_tokens", #ids)
@@ -1467,13 +1467,15 @@ local function render_messages(t, body, chat, template_tools, model)
 end
 
 -- Ollama's truncation (its chatPrompt, with truncate left true): the oldest messages left out,
--- whole, until the rest fits the context with room for a token; the system messages among them
--- kept, first, in their order; a tool's answer never without the assistant turn that called
--- it; the last message always kept (alone over the context, the caller's error says so).
--- Leaving out more never lengthens the prompt, so the first start that fits is found by
--- halving (log2 of the messages renders, where Ollama renders each start in turn).
--- render(messages) -> ids, text | nil, err. -> ids, text of the messages kept | nil, err.
-local function drop_oldest_messages(messages, render, max_len)
+-- whole, until the rest fits within `limit` tokens; the system messages among them kept, first,
+-- in their order; a tool's answer never without the assistant turn that called it; the last
+-- message always kept. A start the template refuses (some raise "roles must alternate" for a
+-- conversation that opens with the assistant's turn; Ollama's Go templates raise nothing) is
+-- passed over for the next. Leaving out more never lengthens the prompt, so the first start
+-- that fits is found by halving (log2 of the messages renders, where Ollama renders each start
+-- in turn). render(messages) -> ids, text | nil, err.
+-- -> ids, text of the messages kept; nil where no start fits (the caller's error says so).
+local function drop_oldest_messages(messages, render, limit)
     local function block_start(i) -- (a tool's answer: from the assistant turn that called it)
         if messages[i].role ~= "tool" then return i end
         local first = i
@@ -1484,23 +1486,26 @@ local function drop_oldest_messages(messages, render, max_len)
         end
         return i
     end
-    local function from(i) -- the system messages before start i, then every message from it
-        local start, kept = block_start(i), {}
-        for j = 1, start - 1 do
-            if messages[j].role == "system" then kept[#kept + 1] = messages[j] end
+    local function from(i) -- the first start from i the template takes: its ids and text, or nil
+        for start = block_start(i), #messages do
+            local kept = {}
+            for j = 1, start - 1 do
+                if messages[j].role == "system" then kept[#kept + 1] = messages[j] end
+            end
+            for j = start, #messages do kept[#kept + 1] = messages[j] end
+            local ids, text = render(kept)
+            if ids then return ids, text end
         end
-        for j = start, #messages do kept[#kept + 1] = messages[j] end
-        return render(kept)
+        return nil
     end
     local low, high, fit_ids, fit_text = 2, #messages, nil, nil
     while low <= high do
         local middle = floor((low + high) / 2)
         local ids, text = from(middle)
-        if not ids then return nil, text end
-        if #ids < max_len then fit_ids, fit_text, high = ids, text, middle - 1 else low = middle + 1 end
+        if ids and #ids <= limit then fit_ids, fit_text, high = ids, text, middle - 1 else low = middle + 1 end
+        if not ids then high = middle - 1 end -- (no start from there renders: none later does)
     end
-    if fit_ids then return fit_ids, fit_text end
-    return from(#messages)
+    return fit_ids, fit_text
 end
 
 -- An error of a request that sent llama.cpp's names (LLAMACPP_NAMES) names them as sent, not
@@ -1556,11 +1561,22 @@ local function parse_chat(body, model, model_id, max_choices, chat, opts)
     end
     local ids, text = render_messages(t, body, chat, template_tools, model)
     if not ids then return nil, text end
-    if opts.drop_oldest and #ids >= model.max_seq_len and #t.messages > 1 then
-        ids, text = drop_oldest_messages(t.messages, function(kept)
-            return render_messages(setmetatable({ messages = kept }, { __index = t }), body, chat, template_tools, model)
-        end, model.max_seq_len)
-        if not ids then return nil, text end
+    -- Room for the reply: max_tokens' (Ollama's num_predict), else a quarter of the context; half
+    -- at most. (Ollama shifts its context as the reply grows, which this engine does not: a
+    -- conversation cut only to fit left the reply a token.)
+    local wanted = t.max_completion_tokens or cfg.max_tokens
+    local reply_room = math.max(1, math.min(wanted and wanted > 0 and wanted or floor(model.max_seq_len / 4),
+                                            floor(model.max_seq_len / 2)))
+    if opts.drop_oldest and #ids + reply_room > model.max_seq_len and #t.messages > 1 then
+        local function kept_within(limit)
+            return drop_oldest_messages(t.messages, function(kept)
+                return render_messages(setmetatable({ messages = kept }, { __index = t }), body, chat, template_tools, model)
+            end, limit)
+        end
+        local kept_ids, kept_text = kept_within(model.max_seq_len - reply_room)
+        -- (none leaves that room: what fits the context at all, over the context, as Ollama keeps)
+        if not kept_ids and #ids >= model.max_seq_len then kept_ids, kept_text = kept_within(model.max_seq_len - 1) end
+        if kept_ids then ids, text = kept_ids, kept_text end -- (else the whole conversation's error)
     end
     if text == "" then return bad("the chat template rendered these messages as an empty prompt", "messages") end
     if opts.counting then return { prompt_tokens = #ids } end

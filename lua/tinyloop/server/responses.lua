@@ -999,14 +999,17 @@ function View:feed(payload)
     local deltas, entries = shapes.deltas(payload)
     if deltas[1] and deltas[1].kind == "error" then
         -- the error, then the response's end (clients wait for one): failed, with what it had
-        local e = deltas[1]
+        -- (in this API's names, as a whole answer's error: param response_format is text; code
+        -- the error's type, where the request's own fault was found while generating)
+        local e = self:error(deltas[1])
+        local code = encode(e.type == "invalid_request_error" and e.type or "server_error")
         self.finished = true
-        self:event(out, "error", { { "code", '"server_error"' }, { "message", encode(e.message) },
+        self:event(out, "error", { { "code", code }, { "message", encode(e.message) },
                                    { "param", e.param and encode(e.param) or "null" } })
         if self.sequence > 1 then
             self:close(out, "incomplete")
             local failed = self:response_object(self.id, self.created, self.model, "failed", self.items, "null", nil,
-                                                object({ { "code", '"server_error"' }, { "message", encode(e.message) } }))
+                                                object({ { "code", code }, { "message", encode(e.message) } }))
             self:event(out, "response.failed", { { "response", failed } })
         end
         return out
