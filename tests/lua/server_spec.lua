@@ -624,6 +624,19 @@ describe("server", function()
             assert.equal(offset, lp.text_offset[i])
             offset = offset + #lp.tokens[i]
         end
+        -- each alternatives object in rank order, the likeliest first, as vLLM's (it was the
+        -- order of a Lua table's hash: another worker's differed), the token itself last
+        local objects = body:match('"top_logprobs":%[(.-)%]')
+        local n_objects = 0
+        for object in objects:gmatch("{(.-)}") do
+            n_objects = n_objects + 1
+            local previous = math.huge
+            for value in object:gmatch('":(%-?[%d.eE+-]+)') do
+                assert.is_true(tonumber(value) <= previous, object)
+                previous = tonumber(value)
+            end
+        end
+        assert.equal(10, n_objects)
         -- streamed: each chunk's figures are its tokens', together the same
         req.stream = true
         local sbody

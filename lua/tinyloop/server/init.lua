@@ -942,18 +942,20 @@ local function logprobs_json(st, ids, figures, n_prompt)
         token_logprobs[i] = figure.logprob and json_logprob(figure.logprob) or cjson.null
         st.offset = st.offset + shown
         if figure.top then
-            local top = {}
-            for _, alt in ipairs(figure.top) do
-                local key = token_text_of(alt.id)
-                if top[key] == nil then top[key] = json_logprob(alt.logprob) end -- two tokens of one text: the likelier
+            -- written in rank order, the likeliest first, as vLLM's (a Lua table's keys went in
+            -- its hash order: another worker wrote another order)
+            local seen, members = {}, {}
+            local function add(id, logprob)
+                local key = token_text_of(id)
+                if seen[key] then return end -- (two tokens of one text: the likelier)
+                seen[key] = true
+                members[#members + 1] = encode(key) .. ":" .. encode(json_logprob(logprob))
             end
+            for _, alt in ipairs(figure.top) do add(alt.id, alt.logprob) end
             -- the token itself too, where the alternatives leave it out: OpenAI's rule ("up to
             -- logprobs + 1 elements"), vLLM's; it was missing (logprobs 0 gave {})
-            if figure.logprob then
-                local key = token_text_of(ids[i])
-                if top[key] == nil then top[key] = json_logprob(figure.logprob) end
-            end
-            tops[i] = next(top) == nil and "{}" or encode(top)
+            if figure.logprob then add(ids[i], figure.logprob) end
+            tops[i] = "{" .. concat(members, ",") .. "}"
         else
             tops[i] = "null"
         end
