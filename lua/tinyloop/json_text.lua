@@ -45,6 +45,26 @@ function _M.encode(v)
     return cjson.encode(v)
 end
 
+-- encode_sorted(v) -> JSON text | nil, err: encode's, each object's members in sorted key order
+-- (lua-cjson writes a table's keys in its hash order, which LuaJIT seeds per VM: one value
+-- gave each nginx worker its own bytes). Arrays keep their order.
+function _M.encode_sorted(v)
+    if type(v) ~= "table" or getmetatable(v) ~= nil or next(v) == nil or v[1] ~= nil then return _M.encode(v) end
+    local keys = {}
+    for k in pairs(v) do
+        if type(k) ~= "string" then return _M.encode(v) end -- (a sparse array, or mixed keys: cjson's own rules)
+        keys[#keys + 1] = k
+    end
+    table.sort(keys)
+    local members = {}
+    for i, k in ipairs(keys) do
+        local value, err = _M.encode_sorted(v[k])
+        if not value then return nil, err end
+        members[i] = cjson.encode(k) .. ":" .. value
+    end
+    return "{" .. table.concat(members, ",") .. "}"
+end
+
 local function skip_ws(s, i) return find(s, "[^ \t\r\n]", i) or #s + 1 end
 _M.skip_ws = skip_ws
 

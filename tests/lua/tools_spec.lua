@@ -460,6 +460,18 @@ describe("tinyloop.tools.call_stream", function()
 end)
 
 describe("tinyloop.json_text", function()
+    it("encode_sorted writes each object's members in key order (cjson's is the table's hash's, per VM)", function()
+        local cjson = require "cjson"
+        local v = { zeta = 1, alpha = { d = 4, c = { 3, { y = true, x = cjson.null } }, b = "s" }, mid = {}, nums = { 1, 2 } }
+        assert.equal('{"alpha":{"b":"s","c":[3,{"x":null,"y":true}],"d":4},"mid":{},"nums":[1,2],"zeta":1}',
+                     json_text.encode_sorted(v))
+        -- what it writes reads back as the value; a scalar and an array as encode's
+        assert.same(v.alpha, cjson.decode(json_text.encode_sorted(v.alpha)))
+        assert.same({ "7", "[1,2]", '"x"' }, { json_text.encode_sorted(7), json_text.encode_sorted({ 1, 2 }), json_text.encode_sorted("x") })
+        -- keys that are not all strings: cjson's rules
+        assert.equal('[1,null,null,null,5]', json_text.encode_sorted({ [1] = 1, [5] = 5 }))
+    end)
+
     local doc = ' {"a": [1, {"b": {}}, "x,]"], "s": "q\\"}", "a2": {"c": [ ] }, "n": -1.5e3} '
 
     it("finds a member's raw text by keys and indexes", function()

@@ -40,6 +40,8 @@ local ngx = ngx
 local ngx_say, ngx_print, ngx_flush, ngx_exit, ngx_now, ngx_update_time, ngx_log = ngx.say, ngx.print, ngx.flush, ngx.exit, ngx.now, ngx.update_time, ngx.log
 local ffi_string, ffi_new, ffi_cast = ffi.string, ffi.new, ffi.cast
 local encode = cjson.encode
+-- (a table of several keys, as the workers write it alike: cjson's order is the table's hash's)
+local encode_sorted = json_text.encode_sorted
 local tostring, tonumber, type, pcall, pairs, ipairs, concat = tostring, tonumber, type, pcall, pairs, ipairs, table.concat
 local run_worker_thread = ngx.run_worker_thread
 local alternatives_of = tinyloop.alternatives_of
@@ -658,7 +660,7 @@ end
 local function model_json()
     return '{"id":' .. encode(conf.model_id) .. ',"object":"model","created":' .. created_at ..
         ',"owned_by":"tinyloop","max_model_len":' .. model.max_seq_len .. ',"tinyloop":' ..
-        encode({ vocab_size = model.vocab_size, max_seq_len = model.max_seq_len, default_loops = model.default_loops,
+        encode_sorted({ vocab_size = model.vocab_size, max_seq_len = model.max_seq_len, default_loops = model.default_loops,
                  max_loops = model.max_loops, has_tokenizer = model.has_tokenizer,
                  weight_dtype = model_types.weight_dtype, kv_type = model_types.kv_type,
                  chat_template = chat_prompts and chat_prompts.source:match("[^/]+$") or cjson.null,
@@ -1331,7 +1333,7 @@ end
 local function choice_tail(ids, finish_reason, stats, stop_reason)
     return ',"finish_reason":' .. (finish_reason and ('"' .. finish_reason .. '"') or "null") ..
         ',"stop_reason":' .. (stop_reason and encode(stop_reason) or "null") ..
-        ',"token_ids":[' .. concat(ids, ",") .. "]" .. (stats and (',"tinyloop":' .. encode(stats)) or "") .. "}"
+        ',"token_ids":[' .. concat(ids, ",") .. "]" .. (stats and (',"tinyloop":' .. encode_sorted(stats)) or "") .. "}"
 end
 
 -- lp_ids: the tokens the logprobs are of (default ids; with echo, the prompt's first: n_prompt).
@@ -1396,9 +1398,9 @@ local function usage_json(r)
     end
     local cached_tokens = 0
     for _, n in pairs(cached) do cached_tokens = cached_tokens + n end
-    return encode({ prompt_tokens = r.prompt_tokens, completion_tokens = completion,
-                    total_tokens = r.prompt_tokens + completion,
-                    prompt_tokens_details = { cached_tokens = cached_tokens } })
+    -- (in OpenAI's order, whichever worker writes it: a Lua table's keys go in its hash order)
+    return ('{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}')
+        :format(r.prompt_tokens, completion, r.prompt_tokens + completion, cached_tokens)
 end
 
 -- best_of: of each prompt's best_of candidates (r.sts in prompt order, best_of a prompt), the
@@ -1586,7 +1588,7 @@ local function run_blocking(r)
                                             res.calls and tool_calls_json(res.calls, false), res.reasoning)
     end
     local answer = response_json(r, concat(choices, ","), ',"usage":' .. usage_json(r) ..
-        (single and (',"tinyloop":' .. encode(chosen[1].st.tinyloop)) or ""))
+        (single and (',"tinyloop":' .. encode_sorted(chosen[1].st.tinyloop)) or ""))
     if r.view then
         answer = r.view:response(answer, r.public_id)
         if not keep_response(r) then answer = not_stored(answer) end
@@ -1789,7 +1791,7 @@ local function run_stream(r)
                     local last = #live == 1 -- this choice ends the request's generation
                     local usage = (r.include_usage or not last) and chunk_usage(st) or (',"usage":' .. usage_json(r))
                     chunk = response_json(r, choice_json(st, text, ids, st.finish_reason, nil, figures, nil, nil, nil, thought),
-                                          usage .. ',"tinyloop":' .. encode(st.tinyloop))
+                                          usage .. ',"tinyloop":' .. encode_sorted(st.tinyloop))
                 elseif (text and (text ~= "" or #ids > 0)) or thought ~= "" then
                     chunk = response_json(r, choice_json(st, text or "", ids, nil, nil, figures, nil, nil, nil, thought), chunk_usage(st))
                 end

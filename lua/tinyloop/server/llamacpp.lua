@@ -502,7 +502,7 @@ local function choice_finish(choice, prompt_tokens)
     local stats = type(choice.tinyloop) == "table" and choice.tinyloop or {}
     local stop = choice.stop_reason
     return { finish_reason = choice.finish_reason, stop_reason = stop ~= json_null and stop or nil,
-             tinyloop = cjson.encode(stats),
+             tinyloop = json_text.encode_sorted(stats),
              usage = prompt_usage(prompt_tokens, type(choice.token_ids) == "table" and #choice.token_ids or 0, stats) }
 end
 
@@ -617,7 +617,7 @@ function View:feed(payload)
         end
         if choice.finish_reason and choice.finish_reason ~= json_null then
             part.finish = { finish_reason = choice.finish_reason, stop_reason = choice.stop_reason ~= json_null and choice.stop_reason or nil,
-                            tinyloop = chunk.tinyloop and cjson.encode(chunk.tinyloop) or nil }
+                            tinyloop = chunk.tinyloop and json_text.encode_sorted(chunk.tinyloop) or nil }
             if self.batch then
                 part.finish.usage = prompt_usage(part.evaluated, part.predicted,
                                                  type(chunk.tinyloop) == "table" and chunk.tinyloop or {})
