@@ -49,7 +49,8 @@ typedef enum tl_status {
     TL_STATUS_FORCE_INT = 0x7fffffff
 } tl_status;
 
-/* Message describing the calling thread's most recent error ("" if none). */
+/* Message describing the calling thread's most recent error ("" if none). A later call may
+   replace it, or clear it where it succeeds: read it right after the call that failed. */
 const char *tl_last_error(void);
 /* Short constant name of a status, e.g. "TL_ERR_FORMAT". */
 const char *tl_status_name(tl_status status);
@@ -271,7 +272,9 @@ tl_status tl_embed_batch(const tl_model *model, const tl_token_seq *inputs, int 
 /* ---------------------------------------------------------------- generation (SPEC §3) */
 
 typedef enum tl_stop_reason {
-    TL_STOP_NONE = 0,             /* still generating */
+    TL_STOP_NONE = 0,             /* still generating; or the step failed (a hook's error, a
+                                     grammar too costly): finished all the same, with
+                                     tl_session_error saying why */
     TL_STOP_EOS = 1,              /* the model's eos_token_id was emitted (it is in the output) */
     TL_STOP_SEQUENCE = 2,         /* a stop sequence or stop string matched (it is in the output) */
     TL_STOP_MAX_TOKENS = 3,       /* max_tokens were emitted */
@@ -285,7 +288,10 @@ const char *tl_stop_reason_name(tl_stop_reason reason);
 
 /* Hook results: continue, stop after this token, or an error that aborts generation with
    TL_ERR_HOOK (distinct from a normal stop). Hooks return these codes; the stream callback of
-   tl_generate_stream returns a bool instead (true = go on), as in the original API. */
+   tl_generate_stream returns a bool instead (true = go on), as in the original API. Any
+   negative value is an error; TL_HOOK_STOP ends generation from on_token and stop_rule, and
+   ends the token's loops from a depth policy; from a logits hook it, like any other positive
+   value, goes on. */
 enum { TL_HOOK_CONTINUE = 0, TL_HOOK_STOP = 1, TL_HOOK_ERROR = -1 };
 
 /* Per-token hooks (SPEC §5). `tokens` is the whole sequence so far (prompt + emitted). */
@@ -405,8 +411,9 @@ typedef struct tl_generate_config {
     uint64_t sample_seed;            /* 0; same seed + config + model = same tokens */
     int ignore_eos;                  /* 0; when 1, eos_token_id does not stop generation */
     /* Stop strings: text that may span token boundaries, matched in the generated text
-       (needs a tokenizer). The token completing a match stays in the output, and
-       tl_session_text never shows text that could still become part of a match. */
+       (needs a tokenizer: without one, TL_ERR_INVALID_ARGUMENT). The token completing a
+       match stays in the output, and tl_session_text never shows text that could still
+       become part of a match. */
     const char *const *stop_strings;
     int n_stop_strings;
     /* Hooks, each optional (NULL), each with its own user pointer. */
@@ -707,7 +714,9 @@ int tl_token_in_text(const tl_model *model, const tl_generate_config *config, in
 const tl_generate_config *tl_session_config(const tl_session *session);
 
 /* ---- blocking calls (SPEC §3): output = prompt + continuation, written to out, which must
-   hold prompt_len + max_tokens tokens; *out_len receives the length. stats may be NULL. */
+   hold prompt_len + max_tokens tokens; *out_len receives the length. stats may be NULL. On a
+   failure *out_len is left as it was; stats, where the generation had begun, hold what ran
+   before it (stop_reason TL_STOP_NONE). */
 
 tl_status tl_generate(const tl_model *model, const int32_t *prompt, int prompt_len,
                       const tl_generate_config *cfg, int32_t *out, int out_capacity,
@@ -922,6 +931,7 @@ typedef struct tl_engine_counters {
                                     or cancel, the engine's stop, its timeout): not once per step */
 } tl_engine_counters;
 
+/* The engine's counters now (engine NULL: zeros, as tl_model_get_memory's). */
 void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);
 
 /* ---------------------------------------------------------------- grammars

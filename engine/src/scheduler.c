@@ -718,7 +718,11 @@ void tl_engine_cancel(tl_engine *e, uint64_t id) {
 }
 
 void tl_engine_get_counters(tl_engine *e, tl_engine_counters *c) {
-    if (!e || !c) return;
+    if (!c) return;
+    if (!e) { /* (zeros, as tl_model_get_memory's for NULL: a caller's struct was left unwritten) */
+        memset(c, 0, sizeof *c);
+        return;
+    }
     if (!inherited(e)) {
         pthread_mutex_lock(&e->mu);
     } else if (pthread_mutex_trylock(&e->mu) != 0) { /* (held at the fork, for good: not waited for) */

@@ -909,6 +909,15 @@ int main(int argc, char **argv) {
         tl_engine_cancel(engine, stepped_id); /* (let go of its end) */
     }
 
+    {   /* NULL's counters are zeros (the caller's struct was left as it was) */
+        tl_engine_counters none;
+        memset(&none, 0x5a, sizeof none);
+        tl_engine_get_counters(NULL, &none);
+        CHECK(none.submitted == 0 && none.active == 0 && none.finished_held == 0 && none.waiter_wakeups == 0,
+              "a NULL engine's counters: submitted %llu", (unsigned long long)none.submitted);
+        tl_engine_get_counters(engine, NULL); /* (a NULL struct: nothing written) */
+    }
+
     /* Freeing with requests still running (and one never read) is clean. */
     tl_engine_submit(engine, new_session(jobs[0].prompt, &lc), &ids[0]);
     tl_engine_free(engine);
