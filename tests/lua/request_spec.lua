@@ -306,6 +306,26 @@ describe("request.parse_chat with drop_oldest (Ollama's truncate)", function()
         assert.equal(whole(chat, short), (kept(chat, short, 10)))
     end)
 
+    it("never keeps a tool's answer without its call, when the template refuses the call's turn as a start", function()
+        -- (a template that refuses a conversation whose first turn is the assistant's, and takes
+        -- one that opens with a tool's answer: the start after a refused call is not its answer)
+        local path = os.tmpname()
+        local f = assert(io.open(path, "wb"))
+        f:write("{% set ns = namespace(first=none) %}{% for m in messages %}{% if m.role != 'system' and ns.first is none %}" ..
+                "{% set ns.first = m.role %}{% endif %}{% endfor %}{% if ns.first == 'assistant' %}" ..
+                "{{ raise_exception('the first turn is the assistant turn') }}{% endif %}" ..
+                "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+        f:close()
+        local chat = assert(require("tinyloop.chat").load(DIR, path))
+        os.remove(path)
+        local call = { role = "assistant", content = words(100),
+                       tool_calls = { { id = "c1", type = "function", ["function"] = { name = "look", arguments = "{}" } } } }
+        local answer = { role = "tool", tool_call_id = "c1", content = "Emma is a young woman." }
+        local conv = { system, { role = "user", content = words(150) }, call, answer, last }
+        assert.is_true(whole(chat, { system, answer, last }) <= 251) -- (what fit, orphaned)
+        assert.equal(whole(chat, { system, last }), (kept(chat, conv, 5)))
+    end)
+
     it("passes over a start the template refuses (roles must alternate), as Ollama's templates refuse none", function()
         local chat = assert(require("tinyloop.chat").load(DIR, H.ROOT .. "/tests/data/chat_templates/gemma.jinja"))
         local conv = { system, { role = "user", content = words(200) }, { role = "assistant", content = words(20) },

@@ -1039,8 +1039,9 @@ local function started_running(st)
 end
 
 -- The next output of the request: text, token ids (a table), finished (boolean); or nil, err
--- (err "gone" when it was cancelled meanwhile), status (the engine's, where it failed). on_idle(), when given, runs after each wait
--- that found nothing (a stream's sign of life); false from it: the client has gone.
+-- (err "gone" when it was cancelled meanwhile), status (the engine's, where it failed).
+-- on_idle(), when given, runs after each wait that found nothing (a stream's sign of life);
+-- false from it: the client has gone.
 local function next_output(st, ready, on_idle)
     while not ready do -- (ready: a poll found output already; no trip through the pool)
         local r = wait(st)

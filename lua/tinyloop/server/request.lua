@@ -1488,13 +1488,15 @@ local function drop_oldest_messages(messages, render, limit)
     end
     local function from(i) -- the first start from i the template takes: its ids and text, or nil
         for start = block_start(i), #messages do
-            local kept = {}
-            for j = 1, start - 1 do
-                if messages[j].role == "system" then kept[#kept + 1] = messages[j] end
+            if block_start(start) == start then -- (a tool's answer is no start of its own)
+                local kept = {}
+                for j = 1, start - 1 do
+                    if messages[j].role == "system" then kept[#kept + 1] = messages[j] end
+                end
+                for j = start, #messages do kept[#kept + 1] = messages[j] end
+                local ids, text = render(kept)
+                if ids then return ids, text end
             end
-            for j = start, #messages do kept[#kept + 1] = messages[j] end
-            local ids, text = render(kept)
-            if ids then return ids, text end
         end
         return nil
     end
@@ -1502,8 +1504,13 @@ local function drop_oldest_messages(messages, render, limit)
     while low <= high do
         local middle = floor((low + high) / 2)
         local ids, text = from(middle)
-        if ids and #ids <= limit then fit_ids, fit_text, high = ids, text, middle - 1 else low = middle + 1 end
-        if not ids then high = middle - 1 end -- (no start from there renders: none later does)
+        if not ids then
+            high = middle - 1 -- (no start from there renders: none later does)
+        elseif #ids <= limit then
+            fit_ids, fit_text, high = ids, text, middle - 1
+        else
+            low = middle + 1
+        end
     end
     return fit_ids, fit_text
 end
@@ -1537,7 +1544,8 @@ function _M.parse(body, ...) return as_sent(body, parse_completions(body, ...)) 
 -- opts (optional): max_stops (another API's limit on stop strings; default OpenAI's 4),
 -- counting (the prompt is only counted: -> { prompt_tokens }, whatever room it leaves), room
 -- (max_tokens is a cap: the rest of the context at most, Ollama's num_predict), drop_oldest
--- (a conversation over the context loses its oldest messages, Ollama's truncate).
+-- (a conversation that leaves the reply too little room loses its oldest messages, Ollama's
+-- truncate).
 local function parse_chat(body, model, model_id, max_choices, chat, opts)
     opts = opts or {}
     local t, cfg, cap = decode_fields(body, CHAT_FIELDS, CHAT_NO_OPS)
