@@ -4060,6 +4060,27 @@ describe("server with two workers", function()
         end)
     end)
 
+    it("computes embeddings and scores an echo's prompt on the event loop where the thread pool cannot (they were 500s)", function()
+        local embed_req = quote(cjson.encode({ input = { "It is a truth", "universally acknowledged" } }))
+        local echo_req = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 2, echo = true, logprobs = 2 }))
+        local function answers(b)
+            local e_status, embedded = curl("-H 'Content-Type: application/json' -d " .. embed_req .. " " .. b .. "/v1/embeddings")
+            local s_status, scored = curl("-H 'Content-Type: application/json' -d " .. echo_req .. " " .. b .. "/v1/completions")
+            assert.same({ 200, 200 }, { e_status, s_status }, embedded .. scored)
+            return cjson.decode(embedded).data, cjson.decode(scored).choices[1].logprobs
+        end
+        local want_vectors, want_logprobs = answers(base2)
+        -- no pool of the name configure{} gives (nginx's is another's)
+        with_one_worker_copy("no-pool", "thread_pool tinyloop ", "thread_pool elsewhere ", function(b3, pre)
+            local vectors, logprobs = answers(b3)
+            assert.same(want_vectors, vectors)
+            assert.same(want_logprobs, logprobs)
+            local log = sh("cat " .. pre .. "/err.log")
+            assert.truthy(log:find("; computing embeddings on the event loop instead", 1, true), log)
+            assert.truthy(log:find("; scoring prompts on the event loop instead", 1, true), log)
+        end)
+    end)
+
     it("says lua_code_cache must be on where it is off (a 503 'the model is loading' for ever, Retry-After 1)", function()
         with_one_worker_copy("no-code-cache", "lua_shared_dict tinyloop_metrics 1m;",
                              "lua_shared_dict tinyloop_metrics 1m; lua_code_cache off;", function(b3)

@@ -129,6 +129,24 @@ local function pool_unavailable(err, instead)
     end
 end
 
+-- tinyloop.server.wait's `fn` (its scoring and embeddings) in the thread pool, or, where the pool
+-- cannot take the call (none configured, no Lua VM to spare, a full queue, a missing pool),
+-- the same call here on the event loop: every connection of the worker waits for it, but the
+-- request is answered (they were 500s). `instead` says so in the log. -> fn's results.
+local wait_here -- (the module, in this VM: loaded at the first call it takes)
+local function pack(...) return { n = select("#", ...), ... } end
+local function in_pool(fn, instead, ...)
+    if conf.thread_pool then
+        local results = pack(run_worker_thread(conf.thread_pool, "tinyloop.server.wait", fn, ...))
+        if results[1] then return unpack(results, 2, results.n) end
+        pool_unavailable(results[2], instead)
+    end
+    wait_here = wait_here or require("tinyloop.server.wait")
+    local results = pack(pcall(wait_here[fn], ...))
+    if not results[1] then return nil, tostring(results[2]) end
+    return unpack(results, 2, results.n)
+end
+
 -- A hang-up nginx never reports: a client that closes (or shuts its sending side) right after
 -- its request sends its end of stream with the body, which nginx reads before the handler runs
 -- (lua_need_request_body); the read event that carried it is spent on the body, and
@@ -2015,16 +2033,11 @@ local function serve(chat, body, view)
     end
 
     -- 2. echo with logprobs: the prompts' own figures, scored in the thread pool (forward
-    --    passes, never on the event loop), in one of the places embeddings take (conf.embed_jobs
+    --    passes, not on the event loop but where the pool cannot take them: in_pool), in one of the places embeddings take (conf.embed_jobs
     --    a worker): run before the engine's limit is checked, the scorings were unbounded, and
     --    past the pool's Lua VMs each one failed with a 500.
     local prompt_figures = {}
     if req.echo and req.logprobs then
-        if not conf.thread_pool then
-            free_made(1)
-            return send_error(500, "echo with logprobs needs nginx's thread pool (thread_pool and lua_worker_thread_vm_pool_size)",
-                              "logprobs", "server_error")
-        end
         if not embed_slots:wait(conf.embed_wait_s) then
             free_made(1)
             metrics.incr("rejected")
@@ -2034,14 +2047,14 @@ local function serve(chat, body, view)
         scoring = true
         local loops, top = req.cfg.loops or model.default_loops, req.logprobs
         for p, ids in ipairs(req.prompts) do
-            local ok, lps, top_ids, top_lps = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "score", score_addr,
-                                                                last_error_addr, model_addr, ids, loops, top)
-            if left_while_scoring or not ok or not lps then
+            local lps, top_ids, top_lps = in_pool("score", "scoring prompts on the event loop", score_addr,
+                                                  last_error_addr, model_addr, ids, loops, top)
+            if left_while_scoring or not lps then
                 scoring = false
                 embed_slots:post(1)
                 if left_while_scoring then return leave() end
                 free_made(1)
-                return send_error(500, "scoring the prompt failed: " .. tostring(ok and top_ids or lps), nil, "server_error")
+                return send_error(500, "scoring the prompt failed: " .. tostring(top_ids), nil, "server_error")
             end
             local figures = { {} } -- the first token has nothing before it
             for i = 1, #ids - 1 do
@@ -2211,7 +2224,8 @@ end
 -- The inputs' embeddings (tl_embed_batch, over `tokens` ids in all), the JSON text of their entries
 -- joined by commas (`as`: "float" arrays or "base64" strings; `shape`: wait.embed's; "raw":
 -- the vectors' float32 bytes instead), computed and written in the thread pool: forward
--- passes, and over half a million numbers' text for a full request, never on the event loop.
+-- passes, and over half a million numbers' text for a full request, not on the event loop
+-- (but where the pool cannot take them: in_pool).
 -- A worker runs conf.embed_jobs requests at once (the thread pool's VMs are the generation
 -- waits'; the cores, the engine's): the others wait for a place up to conf.embed_wait_s, then
 -- 503. A client that leaves stops its request after the slice of EMBED_SLICE inputs in hand.
@@ -2220,9 +2234,6 @@ end
 -- vector's first `keep` numbers made a unit vector. -> text | nil (`send` has answered the error).
 local EMBED_SLICE = 16
 local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, send, name_of, norm, keep)
-    if not conf.thread_pool then
-        return send(500, "embeddings need nginx's thread pool (thread_pool and lua_worker_thread_vm_pool_size)", nil, "server_error")
-    end
     -- A client that leaves: while it waits for a place, the request ends there (cancelled:
     -- counted); holding one, its place is given back once the slice in the thread pool is done
     -- (that work cannot be stopped; a place given back at once would let clients that post and
@@ -2256,12 +2267,12 @@ local function embed_text(inputs, tokens, loops, pooling, normalize, as, shape, 
         if gone then return leave() end
         local slice = {}
         for i = from, math.min(from + EMBED_SLICE - 1, #inputs) do slice[#slice + 1] = inputs[i] end
-        local ok, text, err = run_worker_thread(conf.thread_pool, "tinyloop.server.wait", "embed", embed_addr, last_error_addr,
-                                                model_addr, slice, model.d_model, loops, pooling, normalize, as, shape, from - 1,
-                                                norm or 2, keep)
-        if not ok or not text then
+        local text, err = in_pool("embed", "computing embeddings on the event loop", embed_addr, last_error_addr,
+                                  model_addr, slice, model.d_model, loops, pooling, normalize, as, shape, from - 1,
+                                  norm or 2, keep)
+        if not text then
             give_back()
-            local why = tostring(ok and err or text)
+            local why = tostring(err)
             -- (wait.embed names inputs by their place in `inputs`, from 0: name_of says what the request called it)
             if name_of then why = why:gsub("input (%d+)", function(i) return name_of(tonumber(i)) end, 1) end
             return send(500, "embedding failed: " .. why, nil, "server_error")

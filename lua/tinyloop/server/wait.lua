@@ -1,7 +1,7 @@
--- tinyloop.server.wait: runs in nginx's thread pool (ngx.run_worker_thread), never on the
--- event loop: it blocks in tl_engine_wait until the request has output, and does the other
--- work too long for the event loop (grammars, long encodes, embeddings, tool grammars'
--- text). Plain values cross between the two Lua states (numbers, strings, tables of them):
+-- tinyloop.server.wait: runs in nginx's thread pool (ngx.run_worker_thread): it blocks in
+-- tl_engine_wait until the request has output, and does the other work too long for the
+-- event loop (grammars, long encodes, embeddings, tool grammars' text); its scoring and
+-- embeddings run on the event loop only where the pool cannot take them (init.lua's in_pool). Plain values cross between the two Lua states (numbers, strings, tables of them):
 -- the engine, the model and the library's functions travel as addresses (same process,
 -- same library).
 --
