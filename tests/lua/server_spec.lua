@@ -4081,6 +4081,20 @@ describe("server with two workers", function()
         end)
     end)
 
+    it("says once why an HTTP/1.0 client gets its stream only at its end, where lua_http10_buffering is on", function()
+        with_one_worker_copy("http10", "lua_http10_buffering off;", "lua_http10_buffering on;", function(b3, pre)
+            local req = quote(cjson.encode({ prompt = "It is", max_tokens = 4, stream = true }))
+            for _ = 1, 2 do
+                local status, body = curl("-0 -d " .. req .. " " .. b3 .. "/v1/completions")
+                assert.equal(200, status, body)
+                assert.truthy(body:find("data: [DONE]", 1, true), body)
+            end
+            local log = sh("cat " .. pre .. "/err.log")
+            local _, warnings = log:gsub("set lua_http10_buffering off", "")
+            assert.equal(1, warnings, log)
+        end)
+    end)
+
     it("says lua_code_cache must be on where it is off (a 503 'the model is loading' for ever, Retry-After 1)", function()
         with_one_worker_copy("no-code-cache", "lua_shared_dict tinyloop_metrics 1m;",
                              "lua_shared_dict tinyloop_metrics 1m; lua_code_cache off;", function(b3)
@@ -4788,6 +4802,62 @@ describe("examples/openresty", function()
         end)
     end)
 
+    it("asks for api_key where no guard did, frees a prefix's probes, answers a preflight alone, names what is missing", function()
+        local p, p2 = free_port(), free_port()
+        local conf = example_conf(p)
+        if not conf then return pending(NO_MODULE) end
+        local function handler(name, body)
+            return ("content_by_lua_block { require(\"tinyloop.server\").%s() }"):format(name) ..
+                (body and " lua_need_request_body on;" or "")
+        end
+        -- the key and an origin configured; /v1/completions mounted where the app's own check
+        -- runs (not the guard); a second server with the guard alone, under a prefix
+        local keyed = conf:gsub("threads = 2 }", 'threads = 2, api_key = "k2", cors_origins = "https://app.example" }')
+            :gsub("location / {", function()
+                return "location = /v1/completions { " .. handler("completions", true) .. " }\n        location / {"
+            end)
+            :gsub("\n}%s*$", function()
+                return "\n    server {\n        listen 127.0.0.1:" .. p2 .. ";\n" ..
+                    "        server_rewrite_by_lua_block { require(\"tinyloop.server\").guard() }\n" ..
+                    "        location = /llm/health { " .. handler("health") .. " }\n" ..
+                    "        location = /llm/v1/completions { " .. handler("completions", true) .. " }\n    }\n}\n"
+            end)
+        local pre = dir .. "/unguarded"
+        with_nginx("$(command -v nginx || echo /usr/sbin/nginx)", pre, keyed, p, function(b)
+            local req = " --data-binary '{\"prompt\": \"It is\", \"max_tokens\": 2}' "
+            -- (served to anyone: the handler now asks for the key itself, and the log says why)
+            local status, body = curl(req .. b .. "/v1/completions")
+            assert.equal(401, status, body)
+            assert.equal(200, (curl("-H 'Authorization: Bearer k2'" .. req .. b .. "/v1/completions")))
+            assert.equal(401, (curl(req .. b .. "/v1/completions")))
+            local _, warned = sh("cat " .. pre .. "/err.log"):gsub("without guard%(%) or authorize%(%)", "")
+            assert.equal(1, warned)
+            local b2 = "http://127.0.0.1:" .. p2
+            -- a probe under the app's prefix needs no key (it was a 401), its completions do
+            assert.equal(200, (curl(b2 .. "/llm/health")))
+            assert.equal(401, (curl(req .. b2 .. "/llm/v1/completions")))
+            -- a preflight from a listed origin carries the origin, without cors_headers' filter
+            status, body = curl("-i -X OPTIONS -H 'Origin: https://app.example' -H 'Access-Control-Request-Method: POST' " ..
+                                b2 .. "/llm/v1/completions")
+            assert.equal(204, status, body)
+            assert.truthy(body:lower():find("access%-control%-allow%-origin: https://app%.example"), body)
+        end)
+        -- what a request is told where init_worker, or configure{}, is missing
+        local without_worker = conf:gsub("init_worker_by_lua_block[^\n]*\n", "")
+        with_nginx("$(command -v nginx || echo /usr/sbin/nginx)", dir .. "/no-worker", without_worker, p, function(b)
+            local status, body = curl("-H 'Authorization: Bearer secret' --data-binary '{\"prompt\": \"It\"}' " .. b .. "/app/generate")
+            assert.equal(500, status, body)
+            assert.truthy(body:find("init_worker_by_lua_block", 1, true), body)
+        end)
+        local without_configure = conf:gsub('require%("tinyloop.server"%)%.configure', "local _ = ")
+        assert.truthy(without_configure:find("local _ = {", 1, true))
+        with_nginx("$(command -v nginx || echo /usr/sbin/nginx)", dir .. "/no-configure", without_configure, p, function(b)
+            local status, body = curl("-H 'Authorization: Bearer secret' --data-binary '{\"prompt\": \"It\"}' " .. b .. "/app/generate")
+            assert.equal(500, status, body)
+            assert.truthy(body:find("configure{ model = DIR }", 1, true), body)
+        end)
+    end)
+
     it("refuses at its start a configuration its workers cannot run (they answered 'the model is loading' for good)", function()
         local conf = example_conf(free_port())
         if not conf then return pending(NO_MODULE) end
@@ -4802,6 +4872,10 @@ describe("examples/openresty", function()
         assert.truthy(out:find("lua_shared_dict tinyloop_metrics is not declared", 1, true), out)
         out = start_says((conf:gsub("threads = 2", "threads = 2, max_active = '8'")))
         assert.truthy(out:find("max_active must be an integer, got 8", 1, true), out)
+        out = start_says((conf:gsub("threads = 2", "threads = 2, model_id = 7")))
+        assert.truthy(out:find("model_id must be a non-empty string, got 7", 1, true), out)
+        out = start_says((conf:gsub("threads = 2", "threads = 2, responses_store = 5")))
+        assert.truthy(out:find("responses_store must be a lua_shared_dict's name or false, got 5", 1, true), out)
         out = start_says((conf:gsub("threads = 2", "threads = 2, prefix_pool_mb = -1")))
         assert.truthy(out:find("prefix_pool_mb must be a number >= 0, got -1", 1, true), out)
         out = start_says((conf:gsub("threads = 2", "threads = 2, step_rows = 1.5")))

@@ -254,6 +254,12 @@ function _M.configure(opts)
         error("tinyloop.server: kv_type must be \"f32\" or \"f16\", got " .. tostring(conf.kv_type))
     end
     conf.model_id = conf.model_id or conf.model:gsub("/+$", ""):match("([^/]+)$")
+    if type(conf.model_id) ~= "string" or conf.model_id == "" then
+        error("tinyloop.server: model_id must be a non-empty string, got " .. tostring(conf.model_id))
+    end
+    if conf.responses_store ~= false and type(conf.responses_store) ~= "string" then
+        error("tinyloop.server: responses_store must be a lua_shared_dict's name or false, got " .. tostring(conf.responses_store))
+    end
     if conf.api_key == "" then conf.api_key = nil end -- (an environment variable set empty: none)
     if conf.cors_origins == "" then conf.cors_origins = nil end
     if conf.cors_origins ~= nil then
@@ -646,15 +652,21 @@ local function send_uri_error(...)
     return send(...)
 end
 
+local key_checked -- (below: the API key, where no guard asked for it)
 local function ready()
-    if engine then return true end
+    if engine then return key_checked() end
     if not worker_initialised then
         -- (init_worker never ran in this Lua VM: with lua_code_cache off nginx runs each
         -- request in a fresh one, init_by_lua again but not init_worker; the 503 "loading"
         -- said to retry for ever)
         return send_uri_error(500, "the server is not configured in this request's Lua VM: TinyLoop's server needs " ..
+                              "init_worker_by_lua_block { require(\"tinyloop.server\").init_worker() } and " ..
                               "lua_code_cache on (off, each request runs in a fresh Lua VM, without the model " ..
                               "init_worker loaded)", nil, "server_error")
+    end
+    if conf.model == nil then -- (no configure{} in init_by_lua: a 503 "model directory must be a string" for ever)
+        return send_uri_error(500, "the server is not configured: call require(\"tinyloop.server\").configure{ model = DIR } " ..
+                              "in init_by_lua_block", nil, "server_error")
     end
     send_uri_error(503, model_error or "the model is loading", nil, "server_error", { ["Retry-After"] = "1" })
 end
@@ -739,6 +751,9 @@ local function preflight()
     local origin = cors_origin()
     if not origin then return end
     ngx.status = 204
+    -- (here too, not only in cors_headers: an nginx.conf with the guard but not that filter
+    -- answered a preflight the browser refused)
+    ngx.header["Access-Control-Allow-Origin"] = origin
     ngx.header["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
     ngx.header["Access-Control-Allow-Headers"] = ngx.var.http_access_control_request_headers or
         "Authorization, Content-Type, x-api-key, anthropic-version"
@@ -818,14 +833,30 @@ function _M.guard()
     return _M.authorize()
 end
 
+-- A handler reached without authorize (guard) having passed, where conf.api_key is set: an
+-- nginx.conf that mounts the handlers and forgot the guard served every client (not a word
+-- said). The handler asks for the key itself (after the body is read: the guard's place is
+-- before), and the log says so once a worker. -> true: it may go on (else 401 is answered).
+local unguarded_warned
+function key_checked()
+    if not conf.api_key or ngx.ctx.tinyloop_authorized then return true end
+    if not unguarded_warned then
+        unguarded_warned = true
+        ngx_log(ngx.WARN, "tinyloop: api_key is set but a request reached ", ngx.var.uri, " without guard() or authorize() ",
+                "(server_rewrite_by_lua_block): the handler checked the key itself, after reading the body")
+    end
+    return _M.authorize()
+end
+
 -- server_rewrite_by_lua (guard): with conf.api_key, a request to anything but /health and /metrics (a load
 -- balancer's and Prometheus' probes) carries it, as Authorization: Bearer KEY (OpenAI's
 -- clients) or x-api-key: KEY (Anthropic's); else 401, in the shape of the API the URI is.
 function _M.authorize()
     local key = conf.api_key
     local uri = ngx.var.uri
-    -- (nginx's own errors: the internal locations its error_page goes to, /.tinyloop-error*)
-    if not key or uri == "/health" or uri == "/v1/health" or uri == "/metrics" or uri:find("^/%.tinyloop%-error") then return end
+    -- (nginx's own errors: the internal locations its error_page goes to, /.tinyloop-error*;
+    -- the probes under an app's prefix too, /llm/health)
+    if not key or uri:find("/health$") or uri:find("/metrics$") or uri:find("^/%.tinyloop%-error") then return true end
     -- (every byte compared: the time says nothing of where a wrong key differs)
     local function matches(given)
         if type(given) ~= "string" or #given ~= #key then return false end
@@ -836,7 +867,10 @@ function _M.authorize()
     local authorization = ngx.var.http_authorization
     local bearer = authorization and authorization:lower():find("^bearer%s") and authorization:match("^%S+%s+(%S+)%s*$")
     local api_key = ngx.var.http_x_api_key
-    if matches(bearer) or matches(api_key) then return end
+    if matches(bearer) or matches(api_key) then
+        ngx.ctx.tinyloop_authorized = true -- (the handlers' key_checked: the guard ran)
+        return true
+    end
     local given = bearer or api_key
     return send_uri_error(401, given and "the API key is not this server's" or
                 "this server needs an API key: Authorization: Bearer KEY (or x-api-key: KEY)", nil, "authentication_error",
@@ -1629,11 +1663,20 @@ end
 
 -- What was printed (ngx.print's ok, err) flushed -> true, or false when the client has gone
 -- (then the request is released).
+local buffering_warned -- (once a worker)
 local function sent(r, ok, err)
     if ok then ok, err = ngx_flush(true) end
     -- HTTP/1.0 with lua_http10_buffering on (another nginx.conf than ours): the response is
-    -- buffered whole and flush says so; the client is still there.
-    if not ok and err == "buffering" then ok = true end
+    -- buffered whole and flush says so; the client is still there, and gets the stream at its
+    -- end (a front's proxy_pass speaks HTTP/1.0 unless told proxy_http_version 1.1)
+    if not ok and err == "buffering" then
+        ok = true
+        if not buffering_warned then
+            buffering_warned = true
+            ngx_log(ngx.WARN, "tinyloop: an HTTP/1.0 client gets its stream only when it ends: set lua_http10_buffering off ",
+                    "(and proxy_http_version 1.1 in a front's proxy_pass)")
+        end
+    end
     if not ok then
         ngx_log(ngx.INFO, "tinyloop: client gone mid-stream (", err, "): cancelling request ", r.response_id)
         release_all(r, true)
