@@ -49,7 +49,19 @@ end
 -- (lua-cjson writes a table's keys in its hash order, which LuaJIT seeds per VM: one value
 -- gave each nginx worker its own bytes). Arrays keep their order.
 function _M.encode_sorted(v)
-    if type(v) ~= "table" or getmetatable(v) ~= nil or next(v) == nil or v[1] ~= nil then return _M.encode(v) end
+    if type(v) ~= "table" or getmetatable(v) ~= nil or next(v) == nil then return _M.encode(v) end
+    if v[1] ~= nil then -- an array: its elements so, where it is one (1..n, nothing else)
+        local n, count = #v, 0
+        for _ in pairs(v) do count = count + 1 end
+        if count ~= n then return _M.encode(v) end -- (sparse, or mixed keys: cjson's own rules)
+        local items = {}
+        for i = 1, n do
+            local item, err = _M.encode_sorted(v[i])
+            if not item then return nil, err end
+            items[i] = item
+        end
+        return "[" .. table.concat(items, ",") .. "]"
+    end
     local keys = {}
     for k in pairs(v) do
         if type(k) ~= "string" then return _M.encode(v) end -- (a sparse array, or mixed keys: cjson's own rules)
