@@ -4830,7 +4830,7 @@ describe("examples/openresty", function()
             assert.equal(401, status, body)
             assert.equal(200, (curl("-H 'Authorization: Bearer k2'" .. req .. b .. "/v1/completions")))
             assert.equal(401, (curl(req .. b .. "/v1/completions")))
-            local _, warned = sh("cat " .. pre .. "/err.log"):gsub("without guard%(%) or authorize%(%)", "")
+            local _, warned = sh("cat " .. pre .. "/err.log"):gsub("without its key checked by guard%(%)", "")
             assert.equal(1, warned)
             local b2 = "http://127.0.0.1:" .. p2
             -- a probe under the app's prefix needs no key (it was a 401), its completions do
@@ -5213,6 +5213,10 @@ describe("scripts/serve options", function()
             status, body = curl("-H 'x-api-key: wrong' -d '{}' " .. url .. "/v1/messages")
             assert.same({ 401, "error", "authentication_error" }, { status, cjson.decode(body).type, cjson.decode(body).error.type })
             assert.equal(200, (curl(url .. "/metrics")))
+            -- a path that only ends like a probe's is no probe: its handler asks for the key
+            -- (the guard frees the probes' paths, under an app's prefix too)
+            assert.equal(401, (curl(url .. "/v1/models/health")))
+            assert.equal(401, (curl(url .. "/v1/models/metrics")))
             -- the key, either way a client sends it
             status, body = curl("-H 'Authorization: Bearer k3y!' " .. url .. "/v1/models")
             assert.equal(200, status, body)

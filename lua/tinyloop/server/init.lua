@@ -833,30 +833,19 @@ function _M.guard()
     return _M.authorize()
 end
 
--- A handler reached without authorize (guard) having passed, where conf.api_key is set: an
--- nginx.conf that mounts the handlers and forgot the guard served every client (not a word
--- said). The handler asks for the key itself (after the body is read: the guard's place is
--- before), and the log says so once a worker. -> true: it may go on (else 401 is answered).
-local unguarded_warned
-function key_checked()
-    if not conf.api_key or ngx.ctx.tinyloop_authorized then return true end
-    if not unguarded_warned then
-        unguarded_warned = true
-        ngx_log(ngx.WARN, "tinyloop: api_key is set but a request reached ", ngx.var.uri, " without guard() or authorize() ",
-                "(server_rewrite_by_lua_block): the handler checked the key itself, after reading the body")
-    end
-    return _M.authorize()
-end
-
 -- server_rewrite_by_lua (guard): with conf.api_key, a request to anything but /health and /metrics (a load
 -- balancer's and Prometheus' probes) carries it, as Authorization: Bearer KEY (OpenAI's
 -- clients) or x-api-key: KEY (Anthropic's); else 401, in the shape of the API the URI is.
-function _M.authorize()
+-- probes_free: the probes' paths need no key (the guard's rule; a handler that is no probe,
+-- key_checked, asks for it whatever its path ends in). -> true: the request may go on.
+local function check_key(probes_free)
     local key = conf.api_key
     local uri = ngx.var.uri
     -- (nginx's own errors: the internal locations its error_page goes to, /.tinyloop-error*;
     -- the probes under an app's prefix too, /llm/health)
-    if not key or uri:find("/health$") or uri:find("/metrics$") or uri:find("^/%.tinyloop%-error") then return true end
+    if not key or (probes_free and (uri:find("/health$") or uri:find("/metrics$") or uri:find("^/%.tinyloop%-error"))) then
+        return true
+    end
     -- (every byte compared: the time says nothing of where a wrong key differs)
     local function matches(given)
         if type(given) ~= "string" or #given ~= #key then return false end
@@ -875,6 +864,22 @@ function _M.authorize()
     return send_uri_error(401, given and "the API key is not this server's" or
                 "this server needs an API key: Authorization: Bearer KEY (or x-api-key: KEY)", nil, "authentication_error",
                 { ["WWW-Authenticate"] = 'Bearer realm="tinyloop"' })
+end
+function _M.authorize() return check_key(true) end
+
+-- A handler reached without authorize (guard) having passed, where conf.api_key is set: an
+-- nginx.conf that mounts the handlers and forgot the guard served every client (not a word
+-- said). The handler asks for the key itself (after the body is read: the guard's place is
+-- before), and the log says so once a worker. -> true: it may go on (else 401 is answered).
+local unguarded_warned
+function key_checked()
+    if not conf.api_key or ngx.ctx.tinyloop_authorized then return true end
+    if not unguarded_warned then
+        unguarded_warned = true
+        ngx_log(ngx.WARN, "tinyloop: api_key is set but a request reached ", ngx.var.uri, " without its key checked by guard() ",
+                "or authorize() (server_rewrite_by_lua_block): the handler checked it, after reading the body")
+    end
+    return check_key(false)
 end
 
 -- (nginx's own 413, client_max_body_size's: in the shape of the API the URI is; a body its
