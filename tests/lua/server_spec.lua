@@ -4802,7 +4802,7 @@ describe("examples/openresty", function()
         end)
     end)
 
-    it("asks for api_key where no guard did, frees a prefix's probes, answers a preflight alone, names what is missing", function()
+    it("asks for api_key where no guard did, frees no path but the probes', answers a preflight alone, names what is missing", function()
         local p, p2 = free_port(), free_port()
         local conf = example_conf(p)
         if not conf then return pending(NO_MODULE) end
@@ -4833,9 +4833,12 @@ describe("examples/openresty", function()
             local _, warned = sh("cat " .. pre .. "/err.log"):gsub("without its key checked by guard%(%)", "")
             assert.equal(1, warned)
             local b2 = "http://127.0.0.1:" .. p2
-            -- a probe under the app's prefix needs no key (it was a 401), its completions do
-            assert.equal(200, (curl(b2 .. "/llm/health")))
+            -- the guard frees the probes' own paths only: an app's path with /health after it
+            -- went through (a suffix match), and a handler's under a prefix
+            assert.equal(401, (curl(b2 .. "/llm/health")))
             assert.equal(401, (curl(req .. b2 .. "/llm/v1/completions")))
+            assert.equal(401, (curl(req .. b2 .. "/llm/v1/completions/health")))
+            assert.equal(401, (curl("--path-as-is " .. req .. b2 .. "/llm/v1/completions/x/..%2Fmetrics")))
             -- a preflight from a listed origin carries the origin, without cors_headers' filter
             status, body = curl("-i -X OPTIONS -H 'Origin: https://app.example' -H 'Access-Control-Request-Method: POST' " ..
                                 b2 .. "/llm/v1/completions")

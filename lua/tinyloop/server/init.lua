@@ -140,6 +140,8 @@ local function in_pool(fn, instead, ...)
         local results = pack(run_worker_thread(conf.thread_pool, "tinyloop.server.wait", fn, ...))
         if results[1] then return unpack(results, 2, results.n) end
         pool_unavailable(results[2], instead)
+    else
+        pool_unavailable("none configured (thread_pool false, or an nginx without run_worker_thread)", instead)
     end
     wait_here = wait_here or require("tinyloop.server.wait")
     local results = pack(pcall(wait_here[fn], ...))
@@ -841,9 +843,11 @@ end
 local function check_key(probes_free)
     local key = conf.api_key
     local uri = ngx.var.uri
-    -- (nginx's own errors: the internal locations its error_page goes to, /.tinyloop-error*;
-    -- the probes under an app's prefix too, /llm/health)
-    if not key or (probes_free and (uri:find("/health$") or uri:find("/metrics$") or uri:find("^/%.tinyloop%-error"))) then
+    -- (nginx's own errors: the internal locations its error_page goes to, /.tinyloop-error*.
+    -- The probes' own paths only: a suffix match, for an app's /llm/health, let any of the app's
+    -- paths through the guard with /health after it, /private/secret.txt/health)
+    if not key or (probes_free and (uri == "/health" or uri == "/v1/health" or uri == "/metrics" or
+                                    uri:find("^/%.tinyloop%-error"))) then
         return true
     end
     -- (every byte compared: the time says nothing of where a wrong key differs)

@@ -30,7 +30,8 @@ end
 local LAST_ERROR = "const char *(*)(void)"
 
 -- A prompt's own log-probabilities (echo with logprobs): tl_score_logprobs runs forward
--- passes, so here and never on the event loop. ids: the prompt's token ids (a table).
+-- passes, so here, not on the event loop (but where the pool cannot take it: in_pool). ids:
+-- the prompt's token ids (a table).
 -- -> logprobs [#ids - 1], top_ids and top_logprobs [(#ids - 1) * top]; or nil, the message.
 function _M.score(fn_addr, last_error_addr, model_addr, ids, loops, top)
     local score_fn = function_at(fn_addr, "int (*)(const void *, const int32_t *, int, int, int, float *, int32_t *, float *)")
@@ -81,7 +82,8 @@ end
 
 -- Embeddings (POST /v1/embeddings, /api/embed, /api/embeddings, /embedding; /v1/rerank and
 -- /v1/score's vectors): tl_embed_batch runs forward
--- passes, so here and never on the event loop, and so does the writing of the vectors (a
+-- passes, so here, not on the event loop (but where the pool cannot take it: in_pool), and
+-- so does the writing of the vectors (a
 -- request of 2,048 inputs is over half a million numbers). inputs: id lists, a slice of the
 -- request's, the first of which is its input `first` (0-based); d: d_model; as "float" (a
 -- vector is a JSON array) or "base64" (its float32 bytes, little-endian as this machine's,
