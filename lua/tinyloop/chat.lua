@@ -7,6 +7,7 @@
 --   local chat = require("tinyloop.chat").load(dir)          -- or load(dir, "my.jinja")
 --   local ids, text = chat:prompt_ids(model, { { role = "user", content = "Hello" } })
 --   local text = chat:prompt({ { role = "user", content = "Hello" } })   -- the text alone
+local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local first_invalid_utf8 = require("tinyloop.utf8").first_invalid
@@ -289,7 +290,7 @@ local function message_tool_calls(calls, at)
         if type(call) ~= "table" or is_array(call) or type(fn) ~= "table" or is_array(fn) then
             return nil, where .. " must be an object {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}"
         end
-        for k in pairs(call) do
+        for k in ordered_pairs(call) do
             if k ~= "id" and k ~= "type" and k ~= "function" then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
         end
         for k in pairs(fn) do
@@ -324,7 +325,7 @@ function _M.check_messages(messages)
     for i, m in ipairs(messages) do
         local at = ("messages[%d]"):format(i - 1)
         if type(m) ~= "table" or is_array(m) then return nil, at .. " must be an object {\"role\", \"content\"}" end
-        for k, v in pairs(m) do
+        for k, v in ordered_pairs(m) do
             if NULL_FIELDS[k] then
                 if not no_op(k, v) then
                     return nil, ("%s.%s is not supported (only null%s)"):format(at, k,

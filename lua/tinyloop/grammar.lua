@@ -22,6 +22,7 @@
 --   rep(x, min, max)  x repeated min..max times (max nil: unbounded); opt(x), star(x), plus(x)
 --   ref(name)         a rule of build{...} by name
 --   build(x) or build{ root = x, name = y, ... }  -> grammar, or nil, err
+local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
 local ffi = require "tinyloop.ffi"
 
 local M = {}
@@ -117,7 +118,7 @@ M.to_json = to_json
 -- Raises on a key of `t` that `known` lacks (a misspelt option was ignored: {free_whitespace =
 -- true} gave compact JSON), naming the ones taken; `what` says where ("opts", "tags[2]").
 local function check_known(t, known, who, what)
-    for k in pairs(t) do
+    for k in ordered_pairs(t) do
         if not known[k] then
             local names = {}
             for name in pairs(known) do names[#names + 1] = name end

@@ -15,6 +15,7 @@
 --     from the call that was generating.
 -- Hooks run through a fixed set of long-lived FFI callbacks that dispatch through a
 -- registry, inside xpcall.
+local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
 local ffi = require "tinyloop.ffi"
 local C = require "tinyloop.lib" -- (the declarations and the library, once a VM)
 
@@ -340,7 +341,7 @@ local function make_config(model, cfg)
     local keep = {}
     if cfg == nil then return c, keep, nil end
     if type(cfg) ~= "table" then raise("config must be a table") end
-    for k, v in pairs(cfg) do
+    for k, v in ordered_pairs(cfg) do
         local kind = NUMBER_FIELDS[k] or SESSION_SPEC_FIELDS[k]
         if kind then
             set_number(c, k, v, kind)
@@ -858,7 +859,7 @@ function _M.load(dir, opts)
     C.tl_load_options_init(o)
     if opts ~= nil then
         if type(opts) ~= "table" then raise("tinyloop.load: options must be a table") end
-        for k, v in pairs(opts) do
+        for k, v in ordered_pairs(opts) do
             if k == "threads" then
                 if type(v) ~= "number" then raise("load option 'threads' must be a number") end
                 -- (its own range in the message: a C int's, check_int's, read as if -5 were one)
@@ -957,7 +958,7 @@ local dec_len = ffi_new("size_t[1]")
 function _M.encode_flags(opts)
     if opts == nil then return 0 end
     if type(opts) ~= "table" then raise("encode: options must be a table") end
-    for k, v in pairs(opts) do
+    for k, v in ordered_pairs(opts) do
         if k ~= "parse_special" then raise(("encode: unknown option '%s' (parse_special)"):format(tostring(k))) end
         if type(v) ~= "boolean" then raise("encode: parse_special must be a boolean") end
     end
@@ -1180,7 +1181,7 @@ function Model:step_batch(sessions, opts)
     if opts ~= nil and type(opts) ~= "table" then raise("model:step_batch(): opts must be a table") end
     local so = ffi_new("tl_step_batch_options")
     C.tl_step_batch_options_init(so)
-    for k, v in pairs(opts or {}) do
+    for k, v in ordered_pairs(opts or {}) do
         if not STEP_BATCH_OPTIONS[k] then raise("model:step_batch(): unknown option '" .. tostring(k) .. "' (prompt_rows)") end
         if k == "prompt_rows" then
             so.prompt_rows = check_int("model:step_batch(): prompt_rows", v)
@@ -1345,7 +1346,7 @@ end
 local function branch_hooks(session, hooks, what)
     if hooks ~= nil and type(hooks) ~= "table" then raise(what .. ": hooks must be a table") end
     hooks = hooks or {}
-    for k in pairs(hooks) do
+    for k in ordered_pairs(hooks) do
         if not HOOK_FIELDS[k] then raise(what .. ": unknown hook field '" .. tostring(k) .. "'") end
     end
     local parent = session.ctx or {}
@@ -1551,7 +1552,7 @@ local function run_speculative(model, prompt, cfg, tree)
     if cfg ~= nil and type(cfg) ~= "table" then raise("config must be a table") end
     cfg = cfg or {}
     local base = {}
-    for k, v in pairs(cfg) do
+    for k, v in ordered_pairs(cfg) do
         if not SPEC_FIELDS[k] and not (tree and TREE_FIELDS[k]) then
             if k == "loops" then raise("config field 'loops': use verify_loops for speculative decoding") end
             -- (it said the field "needs speculative = chain or tree", of a chain call)
@@ -1706,7 +1707,7 @@ local EMBED_OPTIONS = { loops = true, pooling = true, normalize = true }
 local function embed_options(model, opts, what)
     opts = opts or {}
     if type(opts) ~= "table" then raise(what .. ": opts must be a table") end
-    for k in pairs(opts) do
+    for k in ordered_pairs(opts) do
         if not EMBED_OPTIONS[k] then raise(what .. ": unknown option '" .. tostring(k) .. "'") end
     end
     local pooling = opts.pooling or "mean"

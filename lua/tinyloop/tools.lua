@@ -16,6 +16,7 @@
 --   ids = chat:prompt_ids(model, messages, true, shown)   -- the tools as the template reads them
 --   if spec and spec.forced then cfg.grammar = assert(tools.grammar(spec)) end -- only calls
 --   local content, calls = tools.parse(generated, spec, function(k) return "call_" .. k end)
+local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local chat_template = require "tinyloop.chat_template"
@@ -93,7 +94,7 @@ function _M.check(tools, tool_choice, parallel, tools_json)
         if type(tool) ~= "table" or byte(tool_text, 1) ~= 123 then
             return nil, at .. " must be an object {\"type\": \"function\", \"function\": {...}}", P
         end
-        for k in pairs(tool) do
+        for k in ordered_pairs(tool) do
             if not TOOL_KEYS[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), at), P end
         end
         if tool.type ~= "function" then return nil, at .. ".type must be \"function\"", P end
@@ -102,7 +103,7 @@ function _M.check(tools, tool_choice, parallel, tools_json)
             return nil, at .. ".function must be an object {\"name\", \"description\", \"parameters\"}", P
         end
         local fields = members_of(fn_text)
-        for k, v in pairs(fn) do
+        for k, v in ordered_pairs(fn) do
             local want = FUNCTION_KEYS[k]
             if not want then return nil, ("unknown field '%s' in %s.function"):format(tostring(k), at), P end
             local ok = (want == "string" and type(v) == "string") or (want == "boolean" and type(v) == "boolean")

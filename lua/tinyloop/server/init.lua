@@ -682,7 +682,7 @@ end
 function _M.health()
     if not only_get() then return end
     if not engine then return ready() end
-    return send_json(200, { status = "ok", model = conf.model_id })
+    return send_json(200, '{"status":"ok","model":' .. encode(conf.model_id) .. "}") -- (in one order: not a table's)
 end
 
 -- The served model in OpenAI's model shape, with vLLM's max_model_len (the context) and a

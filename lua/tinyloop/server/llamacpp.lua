@@ -18,6 +18,7 @@
 --   answer = view:response(completions_json)                -- a blocking answer
 --   view:start_stream(id, created); events = view:feed(chunk_json)
 --   req = llamacpp.embedding_request(body_text)             -- POST /embedding
+local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
 local cjson = require "cjson.safe"
 local shapes = require "tinyloop.server.shapes"
 local json_text = require "tinyloop.json_text"
@@ -232,7 +233,7 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
             members[#members + 1] = { as, tostring(_M.DEFAULTS[name]) }
         end
     end
-    for name, off in pairs(OFF) do
+    for name, off in ordered_pairs(OFF) do
         local v = t[name]
         if v ~= nil and (type(v) ~= "number" or not off[1](v)) then
             return bad(("%s is not supported here (only values that turn it off: %s)"):format(name, off[2]), name)

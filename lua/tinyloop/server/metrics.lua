@@ -5,6 +5,8 @@ local _M = {}
 local pairs, ipairs, tostring, tonumber, format, concat, sort = pairs, ipairs, tostring, tonumber, string.format, table.concat, table.sort
 
 local dict -- ngx.shared[name], set by init
+-- (the page's sections in one order in every process: pairs' is LuaJIT's per-VM hash order)
+local ordered_pairs = require("tinyloop.ordered").pairs
 
 -- Latency buckets in seconds, shared by the two histograms.
 local BUCKETS = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30 }
@@ -169,7 +171,7 @@ function _M.render(responses_store)
     add("# HELP tinyloop_loops_used_mean Mean loop depth per generated token, all generations that ran to their end so far.\n")
     add("# TYPE tinyloop_loops_used_mean gauge\ntinyloop_loops_used_mean %.6g\n",
         depth_tokens > 0 and (dict:get("loops_sum") or 0) / depth_tokens or 0)
-    for h, spec in pairs(HISTOGRAMS) do
+    for h, spec in ordered_pairs(HISTOGRAMS) do
         add("# HELP %s %s\n# TYPE %s histogram\n", spec.name, spec.help, spec.name)
         local cum = 0
         for i = 1, #BUCKETS + 1 do

@@ -9,6 +9,7 @@
 -- Answers stream by default (Ollama's rule), as newline-delimited JSON objects, the last with
 -- done: true, done_reason and the counts and durations (nanoseconds) Ollama reports. Errors
 -- are {"error": "message"}.
+local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local shapes = require "tinyloop.server.shapes"
@@ -150,7 +151,7 @@ local function common(t, raw, members, thinks, model_id)
     if e_window ~= "off" and t.penalties_count_prompt == nil then -- (its llama.cpp runner feeds the prompt to the sampler)
         members[#members + 1] = { "penalties_count_prompt", "true" }
     end
-    for k, v in pairs(options) do
+    for k, v in ordered_pairs(options) do
         if v ~= json_null and not (e_window == "off" and shapes.PENALTIES[OPTIONS[k]]) then
             if NO_OP_OPTIONS[k] ~= nil then
                 if v ~= NO_OP_OPTIONS[k] then

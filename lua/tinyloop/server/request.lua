@@ -5,6 +5,7 @@
 -- Only what the engine cannot see is checked here (JSON types, unknown fields, the prompt,
 -- the context length); ranges of the decoding fields stay the engine's rule, and its error
 -- message is mapped back to the request field it names (see param_of).
+local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
 local cjson = require "cjson.safe"
 local grammar = require("tinyloop").grammar
 local json_text = require "tinyloop.json_text"
@@ -865,7 +866,7 @@ local function response_format_grammar(rf, body)
     if raw_member(body, { P }):sub(1, 1) ~= "{" then return bad("response_format must be an object", P) end
     -- vLLM's structural_tag: its own fields, checked there
     if rf.type == "structural_tag" then return structural_tag_grammar(rf, raw_member(body, { P }), P, P) end
-    for k in pairs(rf) do
+    for k in ordered_pairs(rf) do
         if k ~= "type" and k ~= "json_schema" and k ~= "schema" then
             return bad(("unknown field '%s' in response_format"):format(tostring(k)), P)
         end
@@ -1077,7 +1078,7 @@ local function decode_fields(body, fields, no_ops)
         cap = cap_or_err
     end
     local cfg = {}
-    for k, v in pairs(t) do
+    for k, v in ordered_pairs(t) do
         local spec = fields[k]
         local no_op = not spec and no_ops[k]
         if no_op then -- OpenAI's fields that TinyLoop lacks: their no-op value only
@@ -1177,7 +1178,7 @@ local function shared_fields(t, body, model, model_id, cfg, opts)
     if t.top_p == 0 then cfg.top_p, cfg.top_k = 1, 1 end
     local include_usage, continuous_usage = false, false
     if t.stream_options ~= nil then
-        for k, v in pairs(t.stream_options) do
+        for k, v in ordered_pairs(t.stream_options) do
             -- (include_obfuscation, OpenAI's padding of each chunk against length side channels:
             -- none is added here, so either value is taken, as the Responses endpoint takes it;
             -- continuous_usage_stats, vLLM's: with include_usage, every chunk has its choice's

@@ -19,6 +19,7 @@
 --   body = view:response(chat_json, id)                  -- a blocking answer
 --   view:start_stream(id, created, model)                -- or a stream:
 --   local events = view:feed(chunk_json)                 --   {type, json} per event
+local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local shapes = require "tinyloop.server.shapes"
@@ -509,13 +510,13 @@ function _M.to_chat(body, lookup, lookup_item)
     end
     local effort, summary
     if t.reasoning then
-        for k, v in pairs(t.reasoning) do
+        for k, v in ordered_pairs(t.reasoning) do
             if k == "effort" then
                 if v ~= json_null and not EFFORTS[v] then
                     return bad('reasoning.effort must be "none", "minimal", "low", "medium", "high", "xhigh" or "max"', "reasoning")
                 end
                 effort = v ~= json_null and v or nil
-            elseif k == "summary" or k == "generate_summary" then
+            elseif k == "summary" or k == "generate_summary" then -- (both: summary's, the later in key order)
                 if v ~= json_null and type(v) ~= "string" then return bad(("reasoning.%s must be a string"):format(k), "reasoning") end
                 summary = v ~= json_null and v or summary
             else

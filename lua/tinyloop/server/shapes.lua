@@ -6,6 +6,7 @@
 -- the same few parts (reasoning, text, calls, the finish), which each API then writes in its
 -- own shape. JSON is written by hand (`object`), in the order each API documents, with
 -- values kept as the chat path wrote them (an empty list stays [], a schema keeps its order).
+local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 
@@ -43,7 +44,7 @@ end
 
 -- Every key of `item` is one of `keys` -> true | nil, err naming the first that is not.
 function _M.check_keys(item, keys, where)
-    for k in pairs(item) do
+    for k in ordered_pairs(item) do
         if not keys[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
     end
     return true
@@ -196,7 +197,7 @@ function _M.read_fields(body, own, pass, refused, lenient)
             end
         end
     end
-    for k, v in pairs(t) do
+    for k, v in ordered_pairs(t) do
         if v == json_null then
             t[k] = nil
         elseif refused[k] then
