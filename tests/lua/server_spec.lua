@@ -4736,6 +4736,12 @@ describe("examples/openresty", function()
             :gsub("listen 127%.0%.0%.1:%d+;", "listen 127.0.0.1:" .. p .. ";"))
     end
 
+    -- A location's content: the handler `name` (body: its body read before it runs).
+    local function handler(name, body)
+        return ("content_by_lua_block { require(\"tinyloop.server\").%s() }"):format(name) ..
+            (body and " lua_need_request_body on;" or "")
+    end
+
     it("mounts the handlers in an app's own nginx.conf: completions and chat behind its API key", function()
         local p = free_port()
         local conf = example_conf(p)
@@ -4769,10 +4775,6 @@ describe("examples/openresty", function()
         local p = free_port()
         local conf = example_conf(p)
         if not conf then return pending(NO_MODULE) end
-        local function handler(name, body)
-            return ("content_by_lua_block { require(\"tinyloop.server\").%s() }"):format(name) ..
-                (body and " lua_need_request_body on;" or "")
-        end
         local mounted = table.concat({
             "location = /llm/v1/responses { " .. handler("responses", true) .. " }",
             "location /llm/v1/responses/ { " .. handler("stored_response") .. " }",
@@ -4806,10 +4808,6 @@ describe("examples/openresty", function()
         local p, p2 = free_port(), free_port()
         local conf = example_conf(p)
         if not conf then return pending(NO_MODULE) end
-        local function handler(name, body)
-            return ("content_by_lua_block { require(\"tinyloop.server\").%s() }"):format(name) ..
-                (body and " lua_need_request_body on;" or "")
-        end
         -- the key and an origin configured; /v1/completions mounted where the app's own check
         -- runs (not the guard); a second server with the guard alone, under a prefix
         local keyed = conf:gsub("threads = 2 }", 'threads = 2, api_key = "k2", cors_origins = "https://app.example" }')
