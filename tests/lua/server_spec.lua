@@ -4801,6 +4801,12 @@ describe("examples/openresty", function()
             status, body = curl(b .. "/llm/v1/messages")
             assert.equal(405, status)
             assert.equal("error", cjson.decode(body).type, body) -- (Anthropic's: {"type": "error", "error": {...}})
+            -- the metrics label each request by the endpoint its path ends in (all were "other")
+            local page = select(2, curl(b .. "/metrics"))
+            for _, label in ipairs({ 'endpoint="/v1/responses",status="200"', 'endpoint="/v1/responses/{id}",status="200"',
+                                     'endpoint="/v1/models/{id}",status="404"', 'endpoint="/api/chat",status="405"' }) do
+                assert.truthy(page:find("tinyloop_requests_total{" .. label .. "}", 1, true), label .. "\n" .. page)
+            end
         end)
     end)
 

@@ -89,10 +89,19 @@ local ENDPOINTS = { ["/v1/completions"] = true, ["/v1/chat/completions"] = true,
 -- The locations that serve a family of paths, an id in each, under one label apiece (a
 -- model's or a stored response's page was "other", with unknown paths).
 local FAMILIES = { { "/v1/models/", "/v1/models/{id}" }, { "/v1/responses/", "/v1/responses/{id}" } }
+-- (an app's nginx.conf may mount a handler under a prefix of its own, /llm/v1/completions: the
+-- endpoint its path ends in, at a "/"; the families' ids are read after their own part)
 local function endpoint_label(uri)
     if ENDPOINTS[uri] then return uri end
     for _, family in ipairs(FAMILIES) do
-        if #uri > #family[1] and uri:sub(1, #family[1]) == family[1] then return family[2] end
+        local at = uri:find(family[1], 1, true)
+        if at and #uri > at + #family[1] - 1 then return family[2] end
+    end
+    local from = uri:find("/", 2, true)
+    while from do
+        local tail = uri:sub(from)
+        if tail ~= "/" and ENDPOINTS[tail] then return tail end
+        from = uri:find("/", from + 1, true)
     end
     return "other"
 end
