@@ -243,7 +243,7 @@ local function content_text(content, at)
             return nil, ("%s.type = %s: only \"text\" parts are supported (this model reads text)"):format(where, shown(part.type))
         end
         if type(part[field]) ~= "string" then return nil, ("%s.%s must be a string"):format(where, field) end
-        for k in pairs(part) do
+        for k in ordered_pairs(part) do
             -- (cache_control: Anthropic-style clients mark parts to cache; the prefix pool needs no marks)
             if k ~= "type" and k ~= field and k ~= "cache_control" then
                 return nil, ("unknown field '%s' in %s"):format(tostring(k), where)
@@ -293,7 +293,7 @@ local function message_tool_calls(calls, at)
         for k in ordered_pairs(call) do
             if k ~= "id" and k ~= "type" and k ~= "function" then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
         end
-        for k in pairs(fn) do
+        for k in ordered_pairs(fn) do
             if k ~= "name" and k ~= "arguments" then return nil, ("unknown field '%s' in %s.function"):format(tostring(k), where) end
         end
         if call.type ~= nil and call.type ~= "function" then return nil, where .. ".type must be \"function\"" end

@@ -450,7 +450,7 @@ function M.build(rules)
     if getmetatable(rules) == Expr or type(rules) == "string" then rules = { root = rules } end
     if type(rules) ~= "table" then raise("tinyloop.grammar.build: expected an expression or a table of rules") end
     local names = {}
-    for name in pairs(rules) do
+    for name in ordered_pairs(rules) do
         if type(name) ~= "string" or not name:match("^[%w_-]+$") then raise("tinyloop.grammar.build: bad rule name " .. tostring(name)) end
         names[#names + 1] = name
     end

@@ -362,7 +362,7 @@ local function make_config(model, cfg)
     end
     -- fields a mode alone reads (given to another, they did nothing)
     if mode == "chain" then
-        for k in pairs(TREE_FIELDS) do
+        for k in ordered_pairs(TREE_FIELDS) do
             if cfg[k] ~= nil then raise("config field '" .. k .. "' needs speculative = \"tree\" (the chain has no branches)") end
         end
     end

@@ -22,6 +22,7 @@
 -- Cost notes (LUA-NOTES): a per-element branch over a 50k vocabulary costs ~600 us per token
 -- in LuaJIT; a branch-free loop (logits[i] = logits[i] + bias[i]) ~35 us; sparse id lists
 -- ~0. The processors below touch only the ids they need, or use branch-free masks.
+local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
 local ffi = require "tinyloop.ffi"
 
 local _M = {}
@@ -207,7 +208,7 @@ local REPETITION_OPTIONS = { times = 2, max_period = 1, period = 1 } -- option -
 function _M.repetition(opts)
     opts = opts or {}
     if type(opts) ~= "table" then arg_error("repetition: opts must be a table") end
-    for k, v in pairs(opts) do
+    for k, v in ordered_pairs(opts) do
         local least = REPETITION_OPTIONS[k]
         if not least then arg_error("repetition: unknown option '" .. tostring(k) .. "'") end
         if not is_int(v) or v < least then arg_error("repetition: " .. k .. " must be an integer >= " .. least) end

@@ -135,10 +135,10 @@ function _M.check(tools, tool_choice, parallel, tools_json)
         if not declared[name] then
             return nil, ("tool_choice names the function %s, which tools does not declare"):format(encode(name) or "?"), "tool_choice"
         end
-        for k in pairs(tool_choice) do
+        for k in ordered_pairs(tool_choice) do
             if k ~= "type" and k ~= "function" then return nil, ("unknown field '%s' in tool_choice"):format(tostring(k)), "tool_choice" end
         end
-        for k in pairs(tool_choice["function"]) do
+        for k in ordered_pairs(tool_choice["function"]) do
             if k ~= "name" then return nil, ("unknown field '%s' in tool_choice.function"):format(tostring(k)), "tool_choice" end
         end
         spec.choice, spec.name = "function", name

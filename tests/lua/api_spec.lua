@@ -1064,5 +1064,10 @@ describe("errors that name one of several wrong fields", function()
             local _, err = request.parse('{"prompt": "x", "zeta": 1, "beta": 2, "gamma": 3, "delta": 4}', m, "m", 8, {})
             io.write(err.param or "nil")]])
         for _, said in ipairs(parsed) do assert.equal("beta", said) end
+        local checked = in_processes([[
+            local messages = require("cjson").decode('[{"role": "assistant", "content": "x", "tool_calls": [{"id": "c", ' ..
+                '"type": "function", "function": {"name": "f", "arguments": "{}", "zeta": 1, "beta": 2, "gamma": 3}}]}]')
+            io.write(tostring(select(2, require("tinyloop.chat").check_messages(messages))):match("'[^']*'") or "none")]])
+        for _, said in ipairs(checked) do assert.equal("'beta'", said) end
     end)
 end)

@@ -5221,7 +5221,8 @@ describe("scripts/serve options", function()
             assert.same({ 401, "error", "authentication_error" }, { status, cjson.decode(body).type, cjson.decode(body).error.type })
             assert.equal(200, (curl(url .. "/metrics")))
             -- a path that only ends like a probe's is no probe: its handler asks for the key
-            -- (the guard frees the probes' paths, under an app's prefix too)
+            -- (the guard frees the probes' own paths only)
+            assert.equal(200, (curl(url .. "/v1/health")))
             assert.equal(401, (curl(url .. "/v1/models/health")))
             assert.equal(401, (curl(url .. "/v1/models/metrics")))
             -- the key, either way a client sends it

@@ -15,6 +15,7 @@
 --   local chat_body, view = anthropic.to_chat(body)  -- nil, err; view:error(err).body: the answer
 --   body = view:response(chat_json, id)              -- a blocking answer
 --   view:start_stream(id, created, model, prompt_tokens, cached_tokens); local events = view:feed(chunk_json)
+local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local shapes = require "tinyloop.server.shapes"
@@ -305,7 +306,7 @@ function _M.to_chat(body, counting)
         return bad('service_tier must be "auto" or "standard_only"', "service_tier")
     end
     if t.metadata then
-        for k, v in pairs(t.metadata) do
+        for k, v in ordered_pairs(t.metadata) do
             if k ~= "user_id" then return bad(("unknown field '%s' in metadata"):format(tostring(k)), "metadata") end
             if v ~= json_null and type(v) ~= "string" then return bad("metadata.user_id must be a string", "metadata") end
             if type(v) == "string" then members[#members + 1] = { "user", encode(v) } end

@@ -19,6 +19,7 @@
 -- keeps serving. Reading the output (tl_engine_read) never blocks. Without a thread pool
 -- (configure{ thread_pool = false }, or an nginx without run_worker_thread) it polls with an
 -- ngx.sleep backoff instead: slower to notice tokens, same correctness.
+local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
 local ffi = require "tinyloop.ffi"
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
@@ -247,7 +248,7 @@ local next_request = 0
 local OPTIONAL = { model = true, model_id = true, chat_template = true, api_key = true, cors_origins = true,
                    allowed_hosts = true }
 function _M.configure(opts)
-    for k, v in pairs(opts or {}) do
+    for k, v in ordered_pairs(opts or {}) do
         if conf[k] == nil and not OPTIONAL[k] then error("tinyloop.server: unknown option '" .. tostring(k) .. "'") end
         conf[k] = v
     end
@@ -835,7 +836,7 @@ function _M.guard()
     return _M.authorize()
 end
 
--- server_rewrite_by_lua (guard): with conf.api_key, a request to anything but /health and /metrics (a load
+-- server_rewrite_by_lua (guard): with conf.api_key, a request to anything but /health, /v1/health and /metrics (a load
 -- balancer's and Prometheus' probes) carries it, as Authorization: Bearer KEY (OpenAI's
 -- clients) or x-api-key: KEY (Anthropic's); else 401, in the shape of the API the URI is.
 -- probes_free: the probes' paths need no key (the guard's rule; a handler that is no probe,

@@ -637,7 +637,7 @@ local function content_grammar(c, text, path, at, compact, tag_end)
     local function only(...)
         local allowed = { type = true }
         for _, k in ipairs({ ... }) do allowed[k] = true end
-        for k in pairs(c) do
+        for k in ordered_pairs(c) do
             if not allowed[k] then return ("unknown field '%s' in %s"):format(tostring(k), at) end
         end
     end
@@ -689,7 +689,7 @@ local function format_grammar(f, text, compact)
     local at = "format"
     if type(f) ~= "table" then return nil, at .. " must be an object with a \"type\"" end
     if f.type ~= "triggered_tags" then return content_grammar(f, text, { "format" }, at, compact, nil) end
-    for k in pairs(f) do
+    for k in ordered_pairs(f) do
         if k ~= "type" and k ~= "triggers" and k ~= "tags" and k ~= "at_least_one" and k ~= "stop_after_first" then
             return nil, ("unknown field '%s' in %s"):format(tostring(k), at)
         end
@@ -713,7 +713,7 @@ local function format_grammar(f, text, compact)
             type(tag["end"]) ~= "string" then
             return nil, tag_at .. ' must be {"type": "tag", "begin": string, "content": {...}, "end": string}'
         end
-        for k in pairs(tag) do
+        for k in ordered_pairs(tag) do
             if k ~= "type" and k ~= "begin" and k ~= "content" and k ~= "end" then
                 return nil, ("unknown field '%s' in %s"):format(tostring(k), tag_at)
             end
@@ -738,7 +738,7 @@ end
 local function structural_tag_grammar(v, text, P, what, compact)
     if type(v) ~= "table" or not text:match("^%s*{") then return bad(what .. " must be an object", P) end
     if v.format ~= nil then
-        for k in pairs(v) do
+        for k in ordered_pairs(v) do
             if k ~= "type" and k ~= "format" then return bad(("unknown field '%s' in %s"):format(tostring(k), what), P) end
         end
         if v.type ~= "structural_tag" then return bad(what .. '.type must be "structural_tag"', P) end
@@ -751,7 +751,7 @@ local function structural_tag_grammar(v, text, P, what, compact)
         if not g then return bad(what .. ": " .. tostring(err), P) end
         return g, P
     end
-    for k in pairs(v) do
+    for k in ordered_pairs(v) do
         if k ~= "type" and k ~= "structures" and k ~= "triggers" then
             return bad(("unknown field '%s' in %s"):format(tostring(k), what), P)
         end
@@ -775,7 +775,7 @@ local function structural_tag_grammar(v, text, P, what, compact)
             if type(st) ~= "table" or type(st.begin) ~= "string" or type(st["end"]) ~= "string" or type(st.schema) ~= "table" then
                 return nil, at .. " must be {begin: string, schema: object, end: string}"
             end
-            for k in pairs(st) do
+            for k in ordered_pairs(st) do
                 if k ~= "begin" and k ~= "schema" and k ~= "end" then return nil, ("unknown field '%s' in %s"):format(tostring(k), at) end
             end
             if st.begin == "" or valid_utf8(st.begin) ~= st.begin or valid_utf8(st["end"]) ~= st["end"] then
@@ -811,7 +811,7 @@ local STRUCTURED_OPTIONS = {
 local function structured_grammar(so, body)
     local P = "structured_outputs"
     if raw_member(body, { P }):sub(1, 1) ~= "{" then return bad(P .. " must be an object", P) end
-    for k, v in pairs(so) do
+    for k, v in ordered_pairs(so) do
         local option = STRUCTURED_OPTIONS[k]
         if option then
             if v ~= json_null and not option(v) then
@@ -893,7 +893,7 @@ local function response_format_grammar(rf, body)
     if type(js) ~= "table" or raw_member(body, { P, "json_schema" }):sub(1, 1) ~= "{" then
         return bad('response_format.json_schema must be an object: {"name", "schema", "strict"}', P)
     end
-    for k, v in pairs(js) do
+    for k, v in ordered_pairs(js) do
         local want = SCHEMA_KEYS[k]
         if not want then return bad(("unknown field '%s' in response_format.json_schema"):format(tostring(k)), P) end
         if v ~= json_null and not KIND_CHECK[want](v) then

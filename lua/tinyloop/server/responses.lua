@@ -93,7 +93,7 @@ local function text_part(part, where)
         return nil, ('%s.type = %s: only "input_text" and "output_text" parts are supported (this model reads text)')
             :format(where, shown(part.type))
     end
-    for k in pairs(part) do
+    for k in ordered_pairs(part) do
         if not PART_KEYS[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
     end
     if type(part.text) ~= "string" then return nil, where .. ".text must be a string" end
@@ -373,7 +373,7 @@ local function chat_tool_choice(choice, tools)
         return encode(choice.mode), allowed
     end
     if type(choice) == "table" and choice.type == "function" then
-        for k in pairs(choice) do
+        for k in ordered_pairs(choice) do
             if k ~= "type" and k ~= "name" then return nil, ("unknown field '%s' in tool_choice"):format(tostring(k)) end
         end
         if type(choice.name) ~= "string" then return nil, 'tool_choice {"type": "function"} needs the function\'s "name"' end
@@ -387,7 +387,7 @@ end
 -- response_format's JSON text (nil: none), or nil, err.
 local FORMAT_KEYS = { type = true, name = true, schema = true, strict = true, description = true }
 local function chat_format(text, body)
-    for k in pairs(text) do
+    for k in ordered_pairs(text) do
         if k ~= "format" and k ~= "verbosity" then return nil, ("unknown field '%s' in text"):format(tostring(k)) end
     end
     -- (a hint, OpenAI's models' own: taken, it changes nothing here)
@@ -454,7 +454,7 @@ function _M.to_chat(body, lookup, lookup_item)
         return bad('service_tier is not supported (only "auto" or "default", or null)', "service_tier")
     end
     if t.stream_options ~= nil then
-        for k, v in pairs(t.stream_options) do
+        for k, v in ordered_pairs(t.stream_options) do
             if k ~= "include_obfuscation" or (type(v) ~= "boolean" and v ~= json_null) then
                 return bad("stream_options takes include_obfuscation (a boolean; no obfuscation is added here)", "stream_options")
             end
