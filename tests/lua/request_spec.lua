@@ -338,6 +338,39 @@ describe("request.parse_chat with drop_oldest (Ollama's truncate)", function()
     end)
 end)
 
+describe("request's cut_middle (Ollama's /api/generate with truncate left true)", function()
+    it("keeps the first 4 tokens and the last, leaving the reply its room, raw and through the template", function()
+        local context = model:info().max_seq_len
+        local ids = {}
+        for i = 1, 300 do ids[i] = 100 + i end
+        local function cut(room) -- the prompt Ollama's runner would keep, leaving `room`
+            local out = { 101, 102, 103, 104 }
+            for i = 300 - (context - room - 4) + 1, 300 do out[#out + 1] = 100 + i end
+            return out
+        end
+        local opts = { room = true, cut_middle = 4 }
+        local req = assert(request.parse(cjson.encode({ prompt = ids, max_tokens = 10 }), model, "m", 8, opts))
+        assert.same(cut(10), req.prompts[1])
+        req = assert(request.parse(cjson.encode({ prompt = ids }), model, "m", 8, opts)) -- (a quarter, left out)
+        assert.same(cut(context / 4), req.prompts[1])
+        assert.equal(context / 4, req.cfg.max_tokens)
+        -- through the template: the whole rendered prompt's middle, its template's tokens too
+        local chat = require("tinyloop.chat").load(H.ROOT .. "/models/tinyloop-austen")
+        local text = ("the "):rep(300) .. "Who is Emma?"
+        local messages = { { role = "user", content = text } }
+        local whole = model:encode(chat:prompt(messages))
+        assert.is_true(#whole > context)
+        req = assert(request.parse_chat(cjson.encode({ messages = messages, max_tokens = 10 }), model, "m", 8, chat, opts))
+        local want = { unpack(whole, 1, 4) }
+        for i = #whole - (context - 10 - 4) + 1, #whole do want[#want + 1] = whole[i] end
+        assert.same(want, req.ids)
+        assert.equal(#want, req.prompt_tokens)
+        -- without cut_middle (truncate false): refused, as before
+        local _, err = request.parse(cjson.encode({ prompt = ids, max_tokens = 10 }), model, "m", 8, { room = true })
+        assert.equal("prompt", err.param)
+    end)
+end)
+
 -- Refusals of the chat, completion and tokenize parsers that an audit found no test fed.
 describe("request's parsers refuse, naming the field", function()
     local chat = require("tinyloop.chat").load(H.ROOT .. "/models/tinyloop-austen")

@@ -51,9 +51,9 @@ _M.API_VERSION = "0.12.6"
 -- The request's top-level fields: their JSON kinds (PASSED: the chat request's, as sent).
 -- Another field is skipped, as Ollama's Go decoding skips it (apps that post OpenAI-shaped
 -- bodies to Ollama send some); a message's or a tool's unknown keys too.
--- (truncate: /api/chat's conversation over the context loses its oldest messages, unless it is
--- false, as Ollama's; /api/generate's prompt over it is refused either way, where Ollama's
--- runner cuts its middle; shift: Ollama's context shift, which this engine does not do;
+-- (truncate: /api/chat's conversation over the context loses its oldest messages, and
+-- /api/generate's prompt its middle, unless it is false, as Ollama's; shift: Ollama's context
+-- shift, which this engine does not do;
 -- /api/chat's system: Open WebUI sends one, which Ollama's chat ignores, as here)
 local CHAT_OWN = { model = "string", messages = "array", tools = "array", format = "any", options = "object", stream = "boolean",
                    think = "any", keep_alive = "any", truncate = "boolean", shift = "boolean", system = "any",
@@ -295,6 +295,9 @@ View.__index = View
 -- (/api/chat's, with truncate left true: a conversation over the context loses its oldest
 -- messages, Ollama's chatPrompt)
 local TRUNCATING = setmetatable({ drop_oldest = true }, { __index = View.PARSE_OPTIONS })
+-- (/api/generate's, with truncate left true: a prompt over the context loses its middle, its
+-- first num_keep tokens kept (Ollama's default, 4), as Ollama's runner cuts it)
+local CUTTING = setmetatable({ cut_middle = 4 }, { __index = View.PARSE_OPTIONS })
 
 -- chat_to_chat(body, model_id, thinks) -> an /api/chat request's chat body, and its view; or
 -- nil, err. thinks: the model's template has a thinking block.
@@ -370,6 +373,7 @@ function _M.generate_to_chat(body, model_id, thinks)
     end
     local view = setmetatable({ kind = "generate", stream = t.stream ~= false, model_name = t.model or model_id, logprobs = t.logprobs,
                                 top_logprobs = t.top_logprobs, options = t.options }, View)
+    if t.truncate ~= false then view.PARSE_OPTIONS = CUTTING end
     ok, err = common(t, raw, members, thinks, model_id)
     if not ok then return nil, err end
     -- (raw: the prompt as it is; a system is refused, as Ollama refuses it ("raw mode does not

@@ -1267,6 +1267,23 @@ local function check_logprobs(k, field, cfg)
     return true
 end
 
+-- The room a truncated prompt leaves the reply: `wanted` (max_tokens, Ollama's num_predict),
+-- else a quarter of the context; half at most. (Ollama shifts its context as the reply grows,
+-- which this engine does not: a prompt cut only to fit left the reply a token.)
+local function reply_room(wanted, context)
+    return math.max(1, math.min(wanted and wanted > 0 and wanted or floor(context / 4), floor(context / 2)))
+end
+
+-- Ollama's runner's cut of a prompt over its room (truncate left true): its first `keep` tokens
+-- (Ollama's num_keep, 4), then its last, `limit` in all. -> ids.
+local function cut_middle(ids, keep, limit)
+    keep = math.min(keep, limit)
+    local out = {}
+    for i = 1, keep do out[i] = ids[i] end
+    for i = #ids - (limit - keep) + 1, #ids do out[#out + 1] = ids[i] end
+    return out
+end
+
 -- parse(body, model, model_id[, max_choices]) -> request | nil, err. model: a tinyloop model
 -- (vocab_size, max_seq_len, has_tokenizer, encode, decode). request = { prompts (id lists),
 -- ids (the first), n, best_of (candidates a prompt, >= n), cfg, stream, include_usage, echo (the prompts' texts, or nil),
@@ -1277,7 +1294,7 @@ end
 -- opts (optional): another API's rules (Ollama's): max_stops (its limit on stop strings),
 -- room (max_tokens, or its absence, is a cap: the rest of the context at most),
 -- beyond_openai_ranges (a temperature past OpenAI's 2, presence and frequency penalties past
--- its [-2, 2]: llama.cpp and Ollama take any).
+-- its [-2, 2]: llama.cpp and Ollama take any), cut_middle (parse_chat's).
 local function parse_completions(body, model, model_id, max_choices, opts)
     opts = opts or {}
     local t, cfg, cap = decode_fields(body, FIELDS, OPENAI_NO_OPS)
@@ -1303,6 +1320,12 @@ local function parse_completions(body, model, model_id, max_choices, opts)
     if not ok then return nil, e end
     local max_tokens = cfg.max_tokens or (opts.room and math.huge) or DEFAULT_MAX_TOKENS
     if max_tokens < 0 then return bad(("max_tokens = %d must be >= 0"):format(max_tokens), "max_tokens") end
+    if opts.cut_middle then -- (Ollama's raw /api/generate: its runner's cut, as parse_chat's)
+        local room = reply_room(cfg.max_tokens, model.max_seq_len)
+        for i, ids in ipairs(prompts) do
+            if #ids + room > model.max_seq_len then prompts[i] = cut_middle(ids, opts.cut_middle, model.max_seq_len - room) end
+        end
+    end
     -- (a prompt over the context alone, or with room (max_tokens a cap) one that leaves none:
     -- its error names the prompt, which no max_tokens would fit)
     local function prompt_fills(i, ids)
@@ -1546,7 +1569,8 @@ function _M.parse(body, ...) return as_sent(body, parse_completions(body, ...)) 
 -- counting (the prompt is only counted: -> { prompt_tokens }, whatever room it leaves), room
 -- (max_tokens is a cap: the rest of the context at most, Ollama's num_predict), drop_oldest
 -- (a conversation that leaves the reply too little room loses its oldest messages, Ollama's
--- truncate).
+-- truncate), cut_middle (a prompt that does loses its middle but its first cut_middle tokens,
+-- Ollama's /api/generate; parse takes it too).
 local function parse_chat(body, model, model_id, max_choices, chat, opts)
     opts = opts or {}
     local t, cfg, cap = decode_fields(body, CHAT_FIELDS, CHAT_NO_OPS)
@@ -1570,23 +1594,20 @@ local function parse_chat(body, model, model_id, max_choices, chat, opts)
     end
     local ids, text = render_messages(t, body, chat, template_tools, model)
     if not ids then return nil, text end
-    -- Room for the reply: max_tokens' (Ollama's num_predict), else a quarter of the context; half
-    -- at most. (Ollama shifts its context as the reply grows, which this engine does not: a
-    -- conversation cut only to fit left the reply a token.)
-    local wanted = t.max_completion_tokens or cfg.max_tokens
-    local reply_room = math.max(1, math.min(wanted and wanted > 0 and wanted or floor(model.max_seq_len / 4),
-                                            floor(model.max_seq_len / 2)))
-    if opts.drop_oldest and #ids + reply_room > model.max_seq_len and #t.messages > 1 then
+    local room = reply_room(t.max_completion_tokens or cfg.max_tokens, model.max_seq_len)
+    if opts.drop_oldest and #ids + room > model.max_seq_len and #t.messages > 1 then
         local function kept_within(limit)
             return drop_oldest_messages(t.messages, function(kept)
                 return render_messages(setmetatable({ messages = kept }, { __index = t }), body, chat, template_tools, model)
             end, limit)
         end
-        local kept_ids, kept_text = kept_within(model.max_seq_len - reply_room)
+        local kept_ids, kept_text = kept_within(model.max_seq_len - room)
         -- (none leaves that room: what fits the context at all, over the context, as Ollama keeps)
         if not kept_ids and #ids >= model.max_seq_len then kept_ids, kept_text = kept_within(model.max_seq_len - 1) end
         if kept_ids then ids, text = kept_ids, kept_text end -- (else the whole conversation's error)
     end
+    -- (Ollama's /api/generate: the prompt's middle, template and all, as its runner cuts it)
+    if opts.cut_middle and #ids + room > model.max_seq_len then ids = cut_middle(ids, opts.cut_middle, model.max_seq_len - room) end
     if text == "" then return bad("the chat template rendered these messages as an empty prompt", "messages") end
     if opts.counting then return { prompt_tokens = #ids } end
     local ok, e
