@@ -16,6 +16,7 @@
 local byte, find, match, sub = string.byte, string.find, string.match, string.sub
 
 local cjson = require("cjson.safe")
+local ordered_pairs = require("tinyloop.ordered").pairs
 local strict = cjson.new()
 strict.decode_invalid_numbers(false)
 
@@ -62,17 +63,12 @@ function _M.encode_sorted(v)
         end
         return "[" .. table.concat(items, ",") .. "]"
     end
-    local keys = {}
-    for k in pairs(v) do
-        if type(k) ~= "string" then return _M.encode(v) end -- (a sparse array, or mixed keys: cjson's own rules)
-        keys[#keys + 1] = k
-    end
-    table.sort(keys)
     local members = {}
-    for i, k in ipairs(keys) do
-        local value, err = _M.encode_sorted(v[k])
-        if not value then return nil, err end
-        members[i] = cjson.encode(k) .. ":" .. value
+    for k, value in ordered_pairs(v) do -- (tinyloop.ordered's one order of keys)
+        if type(k) ~= "string" then return _M.encode(v) end -- (a sparse array, or mixed keys: cjson's own rules)
+        local text, err = _M.encode_sorted(value)
+        if not text then return nil, err end
+        members[#members + 1] = cjson.encode(k) .. ":" .. text
     end
     return "{" .. table.concat(members, ",") .. "}"
 end

@@ -993,6 +993,15 @@ local function json_logprob(x)
     return (x > -math.huge and x == x) and x or cjson.null
 end
 
+-- A top_logprobs member "text": logprob of token `id` into members, unless a likelier token of
+-- the same text is there (seen: the texts so far). (Not a closure a token: once per file.)
+local function add_alternative(seen, members, id, logprob)
+    local key = token_text_of(id)
+    if seen[key] then return end
+    seen[key] = true
+    members[#members + 1] = encode(key) .. ":" .. encode(json_logprob(logprob))
+end
+
 -- OpenAI's logprobs object of a choice (or chunk) for the tokens `ids` and their `figures`
 -- (next_output's; a prompt's first token has none: null, as in OpenAI's echo), text_offset
 -- in bytes of the choice's text from st.offset on (advanced here). The first n_prompt tokens
@@ -1009,16 +1018,10 @@ local function logprobs_json(st, ids, figures, n_prompt)
             -- written in rank order, the likeliest first, as vLLM's (a Lua table's keys went in
             -- its hash order: another worker wrote another order)
             local seen, members = {}, {}
-            local function add(id, logprob)
-                local key = token_text_of(id)
-                if seen[key] then return end -- (two tokens of one text: the likelier)
-                seen[key] = true
-                members[#members + 1] = encode(key) .. ":" .. encode(json_logprob(logprob))
-            end
-            for _, alt in ipairs(figure.top) do add(alt.id, alt.logprob) end
+            for _, alt in ipairs(figure.top) do add_alternative(seen, members, alt.id, alt.logprob) end
             -- the token itself too, where the alternatives leave it out: OpenAI's rule ("up to
             -- logprobs + 1 elements"), vLLM's; it was missing (logprobs 0 gave {})
-            if figure.logprob then add(ids[i], figure.logprob) end
+            if figure.logprob then add_alternative(seen, members, ids[i], figure.logprob) end
             tops[i] = "{" .. concat(members, ",") .. "}"
         else
             tops[i] = "null"
