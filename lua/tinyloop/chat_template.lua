@@ -45,6 +45,10 @@ local sub, find, byte, char, gsub, rep, lower, upper = string.sub, string.find, 
 
 local _M = { MAX_OUTPUT = 4 * 1024 * 1024, MAX_WORK = 64 * 1024 * 1024, MAX_DEPTH = 64, MAX_ITERATIONS = 1000000 }
 
+-- (the renderer and its walks pause at each statement and value: a server's event loop serves
+-- other connections while a megabyte of tool schemas renders; tinyloop.pause says how)
+local point = require("tinyloop.pause").point
+
 local ok_cjson, cjson = pcall(require, "cjson.safe")
 if not ok_cjson then cjson = {} end
 
@@ -346,6 +350,7 @@ end
 
 local function json(v, o, level)
     if level > 100 then fail("value nested too deeply for tojson") end
+    point()
     v = norm(v)
     local k = kind(v)
     if k == "string" then return json_quote(v, o.ascii) end
@@ -944,8 +949,13 @@ local function getitem(obj, key)
         local i = py_index(key, #obj)
         if i then return norm(obj[i]) end
     elseif k == "string" then
-        local i = py_index(key, str_len(obj))
-        if i then return chars(obj)[i] end
+        if not find(obj, "[\128-\255]") then -- (ASCII: a byte is a character, no list of them made)
+            local i = py_index(key, #obj)
+            if i then return sub(obj, i, i) end
+        else
+            local i = py_index(key, str_len(obj))
+            if i then return chars(obj)[i] end
+        end
     elseif k == "dict" then
         local v = obj[num(key) or key]
         if v ~= nil then return norm(v) end
@@ -1121,7 +1131,9 @@ EVAL.slice = function(e, scope, st)
     end
     local start, stop, step = bound(e.start), bound(e.stop), bound(e.step) or 1
     local k = kind(obj)
-    local items = k == "string" and chars(obj) or k == "list" and obj
+    -- (an ASCII string's slice by step 1 is its bytes': `content[:1]` costs no list of characters)
+    local ascii = k == "string" and step == 1 and not find(obj, "[\128-\255]")
+    local items = ascii and obj or k == "string" and chars(obj) or k == "list" and obj
     if not items then fail(fmt("'%s' object is not subscriptable", py_type(obj))) end
     local len = #items
     if step == 0 then fail("slice step cannot be zero") end
@@ -1132,6 +1144,7 @@ EVAL.slice = function(e, scope, st)
         return i < lo and lo or i > hi and hi or i
     end
     start, stop = clamp(start, step > 0 and 0 or len - 1), clamp(stop, step > 0 and len or -1)
+    if ascii then return sub(obj, start + 1, stop) end -- ("" where stop <= start)
     local out, i = {}, start
     while (step > 0 and i < stop) or (step < 0 and i > stop) do out[#out + 1] = items[i + 1]; i = i + step end
     if k == "string" then return concat(out) end
@@ -1209,6 +1222,7 @@ end
 local EXEC = {}
 local function exec_body(body, scope, st)
     for i = 1, #body do
+        point()
         local signal = EXEC[body[i].k](body[i], scope, st)
         if signal then return signal end -- "break" or "continue", up to the loop
     end
@@ -2067,6 +2081,7 @@ Template.__index = Template
 -- and a dict's key order; numbers, booleans, None as they are. fn must give distinct strings
 -- distinct results. (tinyloop.chat marks the text users wrote with it.)
 function _M.map_strings(value, fn, copies)
+    point()
     local kind = type(value)
     if kind == "string" then return fn(value) end
     if kind ~= "table" then return value end

@@ -18,6 +18,9 @@ local byte, find, match, sub = string.byte, string.find, string.match, string.su
 local cjson = require("cjson.safe")
 local ordered_pairs = require("tinyloop.ordered").pairs
 local strict = cjson.new()
+-- (the walks below pause at each entry and bracket: a server's event loop serves other
+-- connections while a megabyte of request is walked; tinyloop.pause says how)
+local point = require("tinyloop.pause").point
 strict.decode_invalid_numbers(false)
 
 local _M = {}
@@ -178,6 +181,7 @@ local function skip_value(s, i)
     end
     local depth, j = 0, i
     while true do
+        point()
         local k = find(s, '[%[%]{}"]', j)
         if not k then return nil end
         c = byte(s, k)
@@ -203,6 +207,7 @@ local function each_entry(s, i, visit)
     i = skip_ws(s, i + 1)
     if byte(s, i) == close then return i + 1 end
     while i <= #s do
+        point()
         local key
         if object then
             local key_end = byte(s, i) == 34 and skip_string(s, i)
@@ -241,6 +246,7 @@ function _M.entries(s, i) return entries(s, i) end
 local function container_ends(s)
     local ends, open, depth, j = {}, {}, 0, 1
     while true do
+        point()
         local k = find(s, '[%[%]{}"]', j)
         if not k then break end
         local c = byte(s, k)
@@ -264,14 +270,19 @@ end
 -- The entries of the last text member() read, by container (its start index): a request's
 -- handler looks up several members of one body, and each look-up walked the whole body again
 -- (23 ms on the event loop for a 143 KB JSON Schema, five times the one walk). Strings are
--- interned, so telling the text is the same one is a pointer compare.
+-- interned, so telling the text is the same one is a pointer compare. (The memo's tables are
+-- held in locals: the walk pauses, and another request's look-up may make the memo its own.)
 local memo_text, memo_entries, memo_ends = nil, {}, nil
 local function entries_of(s, i)
-    if s ~= memo_text then memo_text, memo_entries, memo_ends = s, {}, container_ends(s) end
-    local list = memo_entries[i]
+    if s ~= memo_text then
+        local ends = container_ends(s)
+        memo_text, memo_entries, memo_ends = s, {}, ends
+    end
+    local memo, ends = memo_entries, memo_ends
+    local list = memo[i]
     if not list then
-        list = entries(s, i, memo_ends)
-        memo_entries[i] = list
+        list = entries(s, i, ends)
+        memo[i] = list
     end
     return list
 end

@@ -327,6 +327,11 @@ describe("expressions", function()
             { l = { 1, 2, 3 } })
         renders("5 é olléh", "{{ 'héllo' | length }} {{ 'héllo'[1] }} {{ 'héllo'[::-1] }}")
         renders("|", "{{ l[7] }}|{{ 'abc'[9] }}", { l = { 1 } })
+        -- (an ASCII string's by its bytes, the others' by their characters: one answer)
+        renders("bc|a|bc||ab|ac|a|c", "{{ 'abc'[1:] }}|{{ 'abc'[:1] }}|{{ 'abc'[-2:] }}|{{ 'abc'[5:] }}|{{ 'abc'[-9:2] }}|" ..
+                "{{ 'abc'[::2] }}|{{ 'abc'[-3] }}|{{ s[2] }}", { s = "abc" })
+        renders("él|h|lo||hél|hlo|h|o", "{{ 'héllo'[1:3] }}|{{ 'héllo'[:1] }}|{{ 'héllo'[-2:] }}|{{ 'héllo'[9:] }}|" ..
+                "{{ 'héllo'[-9:3] }}|{{ 'héllo'[::2] }}|{{ 'héllo'[-5] }}|{{ s[4] }}", { s = "héllo" })
     end)
 
     it("has Python's operators", function()

@@ -4119,6 +4119,35 @@ describe("server with two workers", function()
         end)
     end)
 
+    it("answers /health while a chat request's megabyte of tools is read (the event loop was held for all of it)", function()
+        -- (one worker, so /health waits on the same event loop: the config as served, but one
+        -- worker; a chat request of 120 tools of 70 properties each, 0.9 MB, half a second and
+        -- more of Lua to decode in order and mark, whose short prompt text, inline, fills the
+        -- context: its 400 answer leaves with the end of that work, no thread-pool hop before it)
+        with_one_worker_copy("big-tools", "grammar_cache_mb = 256,", "grammar_cache_mb = 256,", function(b3, pre)
+            local any = { anyOf = { { type = "string" }, { type = "integer" }, { type = "array", items = { type = "string" } } } }
+            local tools = {}
+            for i = 1, 120 do
+                local properties = {}
+                for j = 1, 70 do properties["a" .. j] = any end
+                tools[i] = { type = "function", ["function"] = { name = "f" .. i, parameters = { type = "object", properties = properties } } }
+            end
+            local body = cjson.encode({ messages = { { role = "user", content = ("word "):rep(600) } }, max_tokens = 1, tools = tools })
+            assert.truthy(#body > 800000 and #body < 1048576, #body)
+            local f = assert(io.open(pre .. "/big.json", "wb")); f:write(body); f:close()
+            -- /health each 50 ms from 0.3 s on (the chat request's handler is at its work by
+            -- then), until the chat request has its answer: their answers' order in pre/order
+            local order = sh(("cd %s && (curl -s -o chat.out -w 'chat %%{http_code}\\n' -H 'Content-Type: application/json' " ..
+                              "--data-binary @big.json %s/v1/chat/completions >> order; touch chat.done) & " ..
+                              "sleep 0.3; while [ ! -e %s/chat.done ]; do curl -s -o /dev/null -w 'health %%{http_code}\\n' " ..
+                              "%s/health >> %s/order; sleep 0.05; done; wait; cat %s/order"):format(pre, b3, pre, b3, pre, pre))
+            local answer = sh("cat " .. pre .. "/chat.out")
+            assert.truthy(order:find("chat 400\n", 1, true), order .. answer)
+            assert.truthy(answer:find("fills it", 1, true), answer)
+            assert.truthy(order:find("^health 200\n"), order)
+        end)
+    end)
+
     it("compiles grammars and encodes long prompts on the event loop where the thread pool cannot take them", function()
         -- scripts/serve's config, naming a thread pool nginx does not have: every hand-off
         -- fails, and the requests are served anyway (they were refused: "does not compile")

@@ -441,6 +441,15 @@ function _M.init_worker()
 end
 function start_worker()
     metrics.init(conf.shared_dict)
+    -- A chat request's rendering (its template, its tools' JSON, its ordered decoding) is Lua on
+    -- the event loop: every 5 ms of it, a millisecond's sleep lets the loop serve the worker's
+    -- other connections (a megabyte of tool schemas is over half a second of work, which held
+    -- /health that long). The work so far: the monotonic clock now (tinyloop.policy's) less
+    -- nginx's cached one (monotonic_time, CLOCK_MONOTONIC too), which the loop sets as it wakes
+    -- (and ngx.update_time, as a request's timing starts).
+    local clock_now = require("tinyloop.policy").now
+    require("tinyloop.pause").install({ busy = function() return clock_now() - monotonic_time() end, slice = 0.005,
+                                        give_back = function() pcall(ngx.sleep, 0.001) end })
     if not run_worker_thread then conf.thread_pool = false end
     local before = thread_ids()
     local m, err = tinyloop.load(conf.model, { threads = conf.threads, kv_type = conf.kv_type })
