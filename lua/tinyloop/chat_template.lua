@@ -2088,22 +2088,25 @@ function _M.map_strings(value, fn, copies)
     local mt = getmetatable(value)
     if mt == FLOAT or mt == UNDEF or mt == CALLABLE then return value end
     copies = copies or {}
-    if copies[value] then return copies[value] end -- (a table met twice, or a cycle: one copy)
-    local copy = {}
+    local copy = copies[value]
+    if copy then return copy end -- (a table met twice, or a cycle: one copy)
+    copy = {}
     copies[value] = copy
-    local function key_of(k) if type(k) == "string" then return fn(k) end return k end
-    local renamed = false
+    local map, renamed = _M.map_strings, false
     for k, v in pairs(value) do
-        local key = key_of(k)
-        renamed = renamed or key ~= k
-        copy[key] = _M.map_strings(v, fn, copies)
+        local key = k
+        if type(k) == "string" then
+            key = fn(k)
+            renamed = renamed or key ~= k
+        end
+        copy[key] = map(v, fn, copies)
     end
     -- (the copy iterates as the value does: a dict without an order iterates sorted, where a
     -- changed key could sort elsewhere; dictsort still sorts the changed keys)
     local order = ORDER[value] or (renamed and dict_keys(value))
     if order then
         local keys = {}
-        for i, k in ipairs(order) do keys[i] = key_of(k) end
+        for i, k in ipairs(order) do keys[i] = type(k) == "string" and fn(k) or k end
         ORDER[copy] = keys
     end
     return setmetatable(copy, mt)

@@ -487,6 +487,12 @@ describe("tinyloop.json_text", function()
         assert.is_nil(json_text.member(doc, { "s", 1 }))
         assert.is_nil(json_text.member(doc, { "zz" }))
         assert.equal("2", json_text.member('{"k": 1, "k": 2}', { "k" })) -- the last duplicate, as cjson
+        -- (a string's end: its quote after an even run of backslashes, none included)
+        local escapes = [[{"a": "x\\", "b": "y\\\"z", "c": "\\\\", "d": "", "e": "\"", "f": 1}]]
+        assert.same({ [["x\\"]], [["y\\\"z"]], [["\\\\"]], '""', [["\""]], "1" },
+                    { json_text.member(escapes, { "a" }), json_text.member(escapes, { "b" }), json_text.member(escapes, { "c" }),
+                      json_text.member(escapes, { "d" }), json_text.member(escapes, { "e" }), json_text.member(escapes, { "f" }) })
+        assert.is_nil(json_text.member([[{"a": "x\"}]], { "a" })) -- (its quote escaped: no end)
         -- look-ups alternating between texts, the same containers at the same places in each:
         -- each text's own members (member remembers the last text's containers)
         local other = ' {"a": [2, {"b": [7]}, "y"], "s": "r"} '
