@@ -329,6 +329,21 @@ describe("ollama.generate_to_chat", function()
             assert.truthy(err.message:find(words, 1, true), err.message)
         end
     end)
+
+    it("cuts a prompt over the context keeping options.num_keep's first tokens (4 left out; a fraction truncated)", function()
+        local function keep(options, extra)
+            local _, view = assert(ollama.generate_to_chat('{"prompt": "x", "options": ' .. options .. (extra or "") .. '}', ID))
+            return view.PARSE_OPTIONS.cut_middle
+        end
+        assert.same({ 4, 4, 10, 2, 0, math.huge }, { keep('{}'), keep('{"num_keep": null}'), keep('{"num_keep": 10}'),
+                                                      keep('{"num_keep": 2.9}'), keep('{"num_keep": 0}'), keep('{"num_keep": -1}') })
+        assert.is_nil(keep('{"num_keep": 10}', ', "truncate": false')) -- (no cut: over the context is a 400)
+        for _, bad in ipairs({ '"10"', "true", "[1]" }) do
+            local b, err = ollama.generate_to_chat('{"prompt": "x", "options": {"num_keep": ' .. bad .. '}}', ID)
+            assert.is_nil(b, bad)
+            assert.same({ "options", "options.num_keep must be an integer" }, { err.param, err.message })
+        end
+    end)
 end)
 
 describe("ollama view of a chat stream", function()

@@ -368,6 +368,26 @@ describe("request's cut_middle (Ollama's /api/generate with truncate left true)"
         -- without cut_middle (truncate false): refused, as before
         local _, err = request.parse(cjson.encode({ prompt = ids, max_tokens = 10 }), model, "m", 8, { room = true })
         assert.equal("prompt", err.param)
+        -- options.num_keep's: its first tokens, or none; past the room all but the last token
+        -- (Ollama's min(numKeep, numCtx - 1)): a negative one keeps all it can
+        local function kept(keep)
+            return assert(request.parse(cjson.encode({ prompt = ids, max_tokens = 10 }), model, "m", 8,
+                                        { room = true, cut_middle = keep })).prompts[1]
+        end
+        local limit = context - 10
+        for _, keep in ipairs({ 0, 10, limit - 1, limit, limit + 50, math.huge }) do
+            local first = math.min(keep, limit - 1)
+            local want = { unpack(ids, 1, first) }
+            for i = 300 - (limit - first) + 1, 300 do want[#want + 1] = ids[i] end
+            assert.same(want, kept(keep), tostring(keep))
+        end
+        -- a BOS token first is one more, as Ollama counts num_keep after it
+        local bos = model:info().bos_token_id
+        local with_bos = { bos, unpack(ids) }
+        local cut = assert(request.parse(cjson.encode({ prompt = with_bos, max_tokens = 10 }), model, "m", 8,
+                                         { room = true, cut_middle = 4 })).prompts[1]
+        assert.same({ bos, 101, 102, 103, 104 }, { unpack(cut, 1, 5) })
+        assert.same({ with_bos[#with_bos - (limit - 5) + 1], limit }, { cut[6], #cut })
     end)
 end)
 

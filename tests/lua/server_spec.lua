@@ -3048,6 +3048,35 @@ describe("Ollama's API", function()
                                                   options = { num_predict = 100000 } })
         assert.equal(200, status, body)
         assert.equal(256 - completion.usage.prompt_tokens, cjson.decode(body).eval_count)
+        -- a raw prompt over the context loses its middle, options.num_keep's first tokens kept
+        -- (-1: all but the last that fit): the greedy tokens of those ids, as /v1/completions
+        -- gives them, and other tokens than Ollama's default (4) keeps
+        local long = ("Emma Woodhouse, handsome, clever, and rich, had lived nearly twenty-one years. "):rep(12) ..
+                     ("The storm broke over the harbour and the sailors ran. "):rep(12)
+        local m = assert(tinyloop.load(MODEL))
+        local ids = m:encode(long)
+        m:close()
+        local limit = 256 - 3
+        assert.is_true(#ids > limit + 20)
+        local function generate(options)
+            options.num_predict, options.repeat_last_n = 3, 0
+            local s, b = post_to("/api/generate", { prompt = long, raw = true, stream = false, options = options })
+            assert.equal(200, s, b)
+            return cjson.decode(b)
+        end
+        local function completion(keep)
+            local cut = { unpack(ids, 1, keep) }
+            for i = #ids - (limit - keep) + 1, #ids do cut[#cut + 1] = ids[i] end
+            return cjson.decode(select(2, post_json({ prompt = cut, max_tokens = 3 }))).choices[1].text
+        end
+        local all, default = generate({ num_keep = -1 }), generate({})
+        assert.same({ limit, limit }, { all.prompt_eval_count, default.prompt_eval_count })
+        assert.same({ completion(limit - 1), completion(4) }, { all.response, default.response })
+        assert.are_not.equal(all.response, default.response)
+        assert.equal(completion(100), generate({ num_keep = 100 }).response)
+        status, body = post_to("/api/generate", { prompt = "x", options = { num_keep = "10" } })
+        assert.equal(400, status, body)
+        assert.truthy(body:find("options.num_keep must be an integer", 1, true), body)
     end)
 
     it("answers a call the model writes as tool_calls with an arguments object", function()

@@ -34,7 +34,7 @@ local OPTIONS = {
     use_mmap = true, use_mlock = true, low_vram = true, vocab_only = true, f16_kv = true, logits_all = true,
     repeat_last_n = true, penalize_newline = true, mirostat_eta = true, mirostat_tau = true,
 }
-local INTEGER_OPTIONS = { top_k = true, seed = true, num_predict = true, repeat_last_n = true }
+local INTEGER_OPTIONS = { top_k = true, seed = true, num_predict = true, repeat_last_n = true, num_keep = true }
 -- Ollama's defaults of the samplers for what a request leaves out (its api.DefaultOptions, as
 -- its Modelfile reference lists them), Open WebUI and other clients sending only a
 -- temperature: top_k 40, top_p 0.9, repeat_penalty 1.1 (over repeat_last_n's 64 tokens,
@@ -296,8 +296,12 @@ View.__index = View
 -- messages, Ollama's chatPrompt)
 local TRUNCATING = setmetatable({ drop_oldest = true }, { __index = View.PARSE_OPTIONS })
 -- (/api/generate's, with truncate left true: a prompt over the context loses its middle, its
--- first num_keep tokens kept (Ollama's default, 4), as Ollama's runner cuts it)
-local CUTTING = setmetatable({ cut_middle = 4 }, { __index = View.PARSE_OPTIONS })
+-- first num_keep tokens kept (options.num_keep; Ollama's default, 4; a negative one keeps all
+-- it can), as Ollama's runner cuts it)
+local function cutting(num_keep)
+    return setmetatable({ cut_middle = num_keep < 0 and math.huge or num_keep }, { __index = View.PARSE_OPTIONS })
+end
+local CUTTING = cutting(4)
 
 -- chat_to_chat(body, model_id, thinks) -> an /api/chat request's chat body, and its view; or
 -- nil, err. thinks: the model's template has a thinking block.
@@ -373,9 +377,12 @@ function _M.generate_to_chat(body, model_id, thinks)
     end
     local view = setmetatable({ kind = "generate", stream = t.stream ~= false, model_name = t.model or model_id, logprobs = t.logprobs,
                                 top_logprobs = t.top_logprobs, options = t.options }, View)
-    if t.truncate ~= false then view.PARSE_OPTIONS = CUTTING end
     ok, err = common(t, raw, members, thinks, model_id)
     if not ok then return nil, err end
+    local num_keep = type(t.options) == "table" and t.options.num_keep
+    if num_keep == json_null then num_keep = nil end
+    if num_keep and not shapes.KIND_OK.integer(num_keep) then return bad("options.num_keep must be an integer", "options") end
+    if t.truncate ~= false then view.PARSE_OPTIONS = (num_keep and num_keep ~= 4) and cutting(num_keep) or CUTTING end
     -- (raw: the prompt as it is; a system is refused, as Ollama refuses it ("raw mode does not
     -- support template, system, or context"), before it reads an empty prompt as a load; think
     -- only where it asks for thinking)

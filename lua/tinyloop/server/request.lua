@@ -1275,9 +1275,13 @@ local function reply_room(wanted, context)
 end
 
 -- Ollama's runner's cut of a prompt over its room (truncate left true): its first `keep` tokens
--- (Ollama's num_keep, 4), then its last, `limit` in all. -> ids.
-local function cut_middle(ids, keep, limit)
-    keep = math.min(keep, limit)
+-- (Ollama's num_keep, 4 unless options.num_keep says; a BOS token the model put first is one
+-- more, as Ollama counts it; all but one where keep is past that), then its last, `limit` in
+-- all. -> ids.
+local function cut_middle(ids, keep, limit, model)
+    local bos = model:info().bos_token_id
+    if bos and bos >= 0 and ids[1] == bos then keep = keep + 1 end
+    keep = math.max(0, math.min(keep, limit - 1)) -- (Ollama's min(numKeep, numCtx - 1): the last token stays)
     local out = {}
     for i = 1, keep do out[i] = ids[i] end
     for i = #ids - (limit - keep) + 1, #ids do out[#out + 1] = ids[i] end
@@ -1323,7 +1327,7 @@ local function parse_completions(body, model, model_id, max_choices, opts)
     if opts.cut_middle then -- (Ollama's raw /api/generate: its runner's cut, as parse_chat's)
         local room = reply_room(cfg.max_tokens, model.max_seq_len)
         for i, ids in ipairs(prompts) do
-            if #ids + room > model.max_seq_len then prompts[i] = cut_middle(ids, opts.cut_middle, model.max_seq_len - room) end
+            if #ids + room > model.max_seq_len then prompts[i] = cut_middle(ids, opts.cut_middle, model.max_seq_len - room, model) end
         end
     end
     -- (a prompt over the context alone, or with room (max_tokens a cap) one that leaves none:
@@ -1607,7 +1611,7 @@ local function parse_chat(body, model, model_id, max_choices, chat, opts)
         if kept_ids then ids, text = kept_ids, kept_text end -- (else the whole conversation's error)
     end
     -- (Ollama's /api/generate: the prompt's middle, template and all, as its runner cuts it)
-    if opts.cut_middle and #ids + room > model.max_seq_len then ids = cut_middle(ids, opts.cut_middle, model.max_seq_len - room) end
+    if opts.cut_middle and #ids + room > model.max_seq_len then ids = cut_middle(ids, opts.cut_middle, model.max_seq_len - room, model) end
     if text == "" then return bad("the chat template rendered these messages as an empty prompt", "messages") end
     if opts.counting then return { prompt_tokens = #ids } end
     local ok, e
