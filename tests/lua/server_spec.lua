@@ -5011,6 +5011,63 @@ describe("scripts/serve options", function()
         assert(ok, err)
     end
 
+    it("runs behind README's front for several hosts: a full or unreachable host passes the request on; none left is a JSON 503", function()
+        -- README's nginx block under "Several hosts", as written, its two hosts a port nothing
+        -- listens on and a host started here (on loopback: --allowed-hosts tinyloop, as README
+        -- says), one place and no queue
+        local readme = assert(io.open("README.md")):read("*a")
+        local block = assert(readme:match("%*%*Several hosts%.%*%*.-```nginx\n(.-)```"), "README's nginx block")
+        with_serve("front-host", "--threads 1 --max-active 1 --max-queued 0 --allowed-hosts tinyloop --prefix-pool-mb 0", function(host)
+            local front_port, dead = free_port(), free_port()
+            local hosts = 0
+            local conf = block:gsub("server 10%.0%.0%.1(%d):8080", function(last)
+                hosts = hosts + 1
+                return "server " .. (last == "1" and ("127.0.0.1:" .. dead) or host:gsub("^http://", ""))
+            end):gsub("listen 80;", "listen 127.0.0.1:" .. front_port .. ";")
+            assert.equal(2, hosts, conf)
+            local pre = dir .. "/front"
+            conf = ("daemon off;\npid %s/nginx.pid;\nerror_log stderr warn;\nevents { worker_connections 64; }\nhttp {\n" ..
+                    "access_log off;\nclient_body_temp_path %s/body;\nproxy_temp_path %s/proxy;\n%s}\n"):format(pre, pre, pre, conf)
+            with_nginx("$(command -v nginx || echo /usr/sbin/nginx)", pre, conf, front_port, function(front)
+                local small = { prompt = "It is", max_tokens = 2 }
+                local function through_front()
+                    local out = sh(("curl -s -m 30 -D - -H 'Content-Type: application/json' -d %s %s/v1/completions")
+                                   :format(quote(cjson.encode(small)), front))
+                    return tonumber(out:match("^HTTP/1%.1 (%d+)")), out:lower():find("\nretry-after: 1\r", 1, true) ~= nil,
+                           out:match("\r\n\r\n(.*)$")
+                end
+                -- the unreachable host passed over
+                for _ = 1, 3 do assert.equal(200, (through_front())) end
+                -- the host's one place taken: its 503 (in the API's shape, Retry-After 1), then,
+                -- each host out for fail_timeout, the front's own 503 in that shape
+                local slow = quote(cjson.encode({ prompt = "It is a truth", max_tokens = 32, ignore_eos = true, loops = 16, beam_size = 32 }))
+                os.execute(("(curl -s -m 60 -o /dev/null -d %s %s/v1/completions &) > /dev/null 2>&1"):format(slow, host))
+                for _ = 1, 200 do
+                    if metric(select(2, curl(host .. "/metrics")), 'tinyloop_engine_sessions{worker="0",state="active"}') == 1 then break end
+                    os.execute("sleep 0.02")
+                end
+                local messages = {}
+                for _ = 1, 5 do
+                    local status, retry, body = through_front()
+                    assert.same({ 503, true }, { status, retry }, body)
+                    local e = cjson.decode(body).error
+                    assert.equal("server_error", e.type)
+                    messages[#messages + 1] = e.message
+                end
+                local joined = table.concat(messages, "\n")
+                assert.truthy(joined:find("session places", 1, true) or joined:find("busy", 1, true), joined)
+                assert.truthy(joined:find("every host is busy or cannot be reached", 1, true), joined)
+                -- the place free again and fail_timeout (2 s) past: served
+                for _ = 1, 600 do
+                    if metric(select(2, curl(host .. "/metrics")), 'tinyloop_engine_sessions{worker="0",state="active"}') == 0 then break end
+                    os.execute("sleep 0.05")
+                end
+                os.execute("sleep 2.2")
+                assert.equal(200, (through_front()))
+            end)
+        end)
+    end)
+
     it("times latency on a monotonic clock: the wall clock stepped back while requests wait observes no negative time", function()
         -- (an NTP step or `date -s`: nginx under clock_shim.c, whose wall clock reads the file's offset)
         local shim = H.ROOT .. "/build/tests/libtl_clock_shim.so"
