@@ -12,6 +12,7 @@ local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local first_invalid_utf8 = require("tinyloop.utf8").first_invalid
 local chat_template = require "tinyloop.chat_template"
+local point = require("tinyloop.pause").point -- (a long conversation's checks pause: tinyloop.pause)
 local valid_name = require("tinyloop.tools").valid_name
 local raise = require("tinyloop.raise").from(debug.getinfo(1, "S").source)
 
@@ -267,6 +268,7 @@ local sent_parts = setmetatable({}, { __mode = "k" })
 local function with_parts(messages)
     local out = {}
     for i, message in ipairs(messages) do
+        point()
         local copy = {}
         for k, v in pairs(message) do copy[k] = v end
         local texts, parts = sent_parts[message], {}
@@ -322,17 +324,27 @@ end
 function _M.check_messages(messages)
     if not is_array(messages) or #messages == 0 then return nil, "messages must be a non-empty array of messages" end
     local out = {}
-    for i, m in ipairs(messages) do
-        local at = ("messages[%d]"):format(i - 1)
-        if type(m) ~= "table" or is_array(m) then return nil, at .. " must be an object {\"role\", \"content\"}" end
+    -- (a message's first field in key order that is refused, the same in every process; the
+    -- keys sorted only where one is: a sort for each of 17,000 messages was half their checks)
+    local function refused_field(m, at)
         for k, v in ordered_pairs(m) do
             if NULL_FIELDS[k] then
                 if not no_op(k, v) then
-                    return nil, ("%s.%s is not supported (only null%s)"):format(at, k,
-                                                                              k == "annotations" and " or []" or k == "type" and ' or "text"' or "")
+                    return ("%s.%s is not supported (only null%s)"):format(at, k,
+                                                                         k == "annotations" and " or []" or k == "type" and ' or "text"' or "")
                 end
             elseif not MESSAGE_FIELDS[k] then
-                return nil, ("unknown field '%s' in %s"):format(tostring(k), at)
+                return ("unknown field '%s' in %s"):format(tostring(k), at)
+            end
+        end
+    end
+    for i, m in ipairs(messages) do
+        point()
+        local at = ("messages[%d]"):format(i - 1)
+        if type(m) ~= "table" or is_array(m) then return nil, at .. " must be an object {\"role\", \"content\"}" end
+        for k, v in pairs(m) do
+            if (NULL_FIELDS[k] and not no_op(k, v)) or not (NULL_FIELDS[k] or MESSAGE_FIELDS[k]) then
+                return nil, refused_field(m, at)
             end
         end
         local role = ROLES[m.role]

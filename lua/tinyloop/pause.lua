@@ -33,9 +33,11 @@ local function can_yield()
 end
 _M.can_yield = can_yield
 
--- (a clock read each EVERY points, not at each: a point is a few nanoseconds of work, a read
--- of the clock tens)
-local EVERY = 128
+-- (a clock read each EVERY points, not at each: a point's own work is a few nanoseconds, a
+-- read of the clock tens; few enough that work of a fraction of a millisecond between points
+-- (a message's checks) overruns the slice by little)
+local EVERY = 16
+_M.EVERY = EVERY
 local left = EVERY
 local busy, slice, give_back -- installed (nil: a point only counts)
 

@@ -184,6 +184,26 @@ describe("anthropic.to_chat: what Anthropic's clients send", function()
         chat = chat_of([[{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]}]])
         assert.same({ { role = "user", content = "Hi" } }, chat.messages)
         assert.is_nil(chat.continue_final_message)
+        -- a joined turn's text: a turn of calls alone, or an empty first text, is replaced by the
+        -- next; thinking blocks joined alike, an empty one too
+        chat = chat_of([[{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content":
+            [{"type": "thinking", "thinking": "a", "signature": "s"}, {"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": "s"},
+            {"type": "thinking", "thinking": "b", "signature": "s"}, {"type": "text", "text": "x"}, {"type": "text", "text": "y"}]},
+            {"role": "user", "content": "ok"}]}]])
+        assert.same({ "x\ny", "a\n\nb", "t" }, { chat.messages[2].content, chat.messages[2].reasoning_content,
+                                                chat.messages[2].tool_calls[1].id })
+        chat = chat_of([[{"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content":
+            [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}, {"role": "assistant", "content": [{"type": "text", "text": ""},
+            {"type": "text", "text": "z"}]}]}]])
+        assert.equal("z", chat.messages[2].content)
+        -- a turn of 20,000 text blocks: their texts joined in order
+        local blocks = {}
+        for i = 1, 20000 do blocks[i] = { type = "text", text = "b" .. i } end
+        chat = chat_of(cjson.encode({ max_tokens = 5, messages = { { role = "user", content = blocks } } }))
+        local content = chat.messages[1].content
+        assert.same({ 20000, "b1\nb2\nb3", "b19999\nb20000" },
+                    { select(2, content:gsub("\n", "")) + 1, content:sub(1, 8), content:sub(-13) })
     end)
 
     it("leaves Claude Code's billing line out of the system prompt, and an empty one out", function()

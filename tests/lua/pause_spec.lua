@@ -27,17 +27,17 @@ end
 describe("tinyloop.pause", function()
     after_each(function() pause.install(nil) end)
 
-    it("pauses once a slice of work is spent, at a point of every 128, and not before", function()
+    it("pauses once a slice of work is spent, at a point of every EVERY, and not before", function()
         local function points(n) return function() for _ = 1, n do pause.point() end return "done" end end
-        local result, paused = run(points(128 * 10))
+        local result, paused = run(points(pause.EVERY * 10))
         assert.equal("done", result)
         assert.equal(10, paused)
         -- (work that has not yet run a slice goes on)
-        result, paused = run(points(128 * 10), 0.001)
+        result, paused = run(points(pause.EVERY * 10), 0.001)
         assert.equal("done", result)
         assert.equal(0, paused)
         -- (nothing installed: a point only counts)
-        local co = coroutine.create(points(128 * 10))
+        local co = coroutine.create(points(pause.EVERY * 10))
         assert.same({ true, "done" }, { coroutine.resume(co) })
     end)
 
@@ -89,6 +89,28 @@ describe("tinyloop.pause", function()
         member, paused = run(function() return json_text.member(text_with_last, { "last" }) end)
         assert.equal("[1, 2]", member)
         assert.is_true(paused > 0, tostring(paused))
+    end)
+
+    it("pauses the APIs' translations and the requests' checks of long lists", function()
+        local anthropic = require "tinyloop.server.anthropic"
+        local request = require "tinyloop.server.request"
+        local chat = require "tinyloop.chat"
+        local blocks, messages, ids = {}, {}, {}
+        for i = 1, 5000 do
+            blocks[i] = { type = "text", text = "b" .. i }
+            messages[i] = { role = i % 2 == 1 and "user" or "assistant", content = "m" .. i }
+            ids[i] = i % 100
+        end
+        local checks = {
+            anthropic = function() return anthropic.to_chat(cjson.encode({ max_tokens = 5, messages = { { role = "user", content = blocks } } })) end,
+            messages = function() return chat.check_messages(messages) end,
+            ids = function() return request.parse_detokenize(cjson.encode({ tokens = ids }), { vocab_size = 100, has_tokenizer = true, decode = function() return "x" end }, "m") end,
+        }
+        for name, check in pairs(checks) do
+            local result, paused = run(check)
+            assert.truthy(result, name)
+            assert.is_true(paused > 10, name .. " " .. paused)
+        end
     end)
 
     it("keeps json_text's memo of a body right when another body's look-up runs while one pauses", function()

@@ -1936,16 +1936,23 @@ function _M.tokenize()
     if not body then return end
     local req, err = request.parse_tokenize(body, model, conf.model_id, chat_prompts, chat_error)
     if not req then return send_request_error(err) end
+    local point = require("tinyloop.pause").point -- (a megabyte's tokens' texts: it pauses)
     if req.llama then -- llama.cpp's answer: the ids, or each id with its text
         if not req.with_pieces then return send_json(200, '{"tokens":[' .. concat(req.ids, ",") .. "]}") end
         local pieces = {}
-        for i, id in ipairs(req.ids) do pieces[i] = '{"id":' .. id .. ',"piece":' .. piece_json_of(id) .. "}" end
+        for i, id in ipairs(req.ids) do
+            point()
+            pieces[i] = '{"id":' .. id .. ',"piece":' .. piece_json_of(id) .. "}"
+        end
         return send_json(200, '{"tokens":[' .. concat(pieces, ",") .. "]}")
     end
     local strs = "null"
     if req.token_strs then
         local list = {}
-        for i, id in ipairs(req.ids) do list[i] = token_json_of(id) end
+        for i, id in ipairs(req.ids) do
+            point()
+            list[i] = token_json_of(id)
+        end
         strs = "[" .. concat(list, ",") .. "]"
     end
     return send_json(200, '{"count":' .. #req.ids .. ',"max_model_len":' .. model.max_seq_len .. ',"tokens":[' ..

@@ -22,6 +22,7 @@ local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the s
 local cjson = require "cjson.safe"
 local shapes = require "tinyloop.server.shapes"
 local json_text = require "tinyloop.json_text"
+local point = require("tinyloop.pause").point -- (long lists pause: tinyloop.pause)
 
 local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
 local concat = table.concat
@@ -63,6 +64,7 @@ local function mixed_ids(list, at, tokenize, vocab, field)
     field = field or "prompt"
     local all = {}
     for i, v in ipairs(list) do
+        point()
         if type(v) == "number" then
             if not KIND_OK.integer(v) or v < 0 or (vocab and v >= vocab) then
                 return bad(("%s[%d] = %s is not a token id%s"):format(at, i - 1, tostring(v),
@@ -131,6 +133,7 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
         -- prompts, each a text or such an array, each answered as its own completion
         local texts, ids, arrays = 0, 0, 0
         for i, v in ipairs(prompt) do
+            point()
             local kind = type(v)
             if kind == "string" then
                 texts = texts + 1

@@ -9,6 +9,7 @@ local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the s
 local cjson = require "cjson.safe"
 local grammar = require("tinyloop").grammar
 local json_text = require "tinyloop.json_text"
+local point = require("tinyloop.pause").point -- (long checks pause: tinyloop.pause)
 local tools = require "tinyloop.tools"
 local raised_message = require("tinyloop.raise").message
 local reasoning = require "tinyloop.reasoning"
@@ -310,6 +311,7 @@ local function prompt_ids(model, prompt, at, field)
     if type(prompt) ~= "table" then return bad(at .. " must be a string or an array of token ids", field) end
     local n = #prompt
     for k in pairs(prompt) do -- (an object is no array, before it reads as an empty one)
+        point()
         if not is_integer(k) or k < 1 or k > n then
             return bad(at .. " must be a string or an array of token ids", field)
         end
@@ -318,6 +320,7 @@ local function prompt_ids(model, prompt, at, field)
     if n == 0 then return bad(at .. " must not be empty (a string or an array of token ids)", field) end
     local vocab = model.vocab_size
     for i = 1, n do
+        point()
         local id = prompt[i]
         if not is_integer(id) then
             return bad(("%s[%d] must be an integer token id"):format(at, i - 1), field)
@@ -359,6 +362,7 @@ local function prompt_list(model, prompt, field)
     end
     local list = {}
     for i = 1, n do
+        point()
         local item = prompt[i]
         if type(item) ~= "string" and type(item) ~= "table" then
             return bad(("%s[%d] must be a string or an array of token ids (in a batch)"):format(field, i - 1), field)
@@ -375,9 +379,11 @@ end
 local function check_token_ids(ids, vocab, P)
     if #ids == 0 and next(ids) ~= nil then return bad(P .. " must be an array of token ids", P) end
     for k in pairs(ids) do
+        point()
         if not is_integer(k) or k < 1 or k > #ids then return bad(P .. " must be an array of token ids", P) end
     end
     for i, id in ipairs(ids) do
+        point()
         if not is_integer(id) or id < 0 or id >= vocab then
             return bad(("%s[%d] = %s is not a token id: ids are in [0, %d)"):format(P, i - 1, cjson.encode(id) or tostring(id), vocab), P)
         end
@@ -1317,11 +1323,14 @@ local function parse_completions(body, model, model_id, max_choices, opts)
             return bad("best_of ranks by log-probabilities, which beam search does not keep: not with beam_size", "best_of")
         end
     end
-    local prompts, e = prompt_list(model, t.prompt)
-    if not prompts then return nil, e end
-    local ok
-    ok, e = check_choices(#prompts, n, best, max_choices)
+    -- (the choices counted before the prompts are read: 20,000 prompts were each encoded, then
+    -- refused as too many)
+    local batch = type(t.prompt) == "table" and (type(t.prompt[1]) == "string" or type(t.prompt[1]) == "table")
+    local ok, e = check_choices(batch and #t.prompt or 1, n, best, max_choices)
     if not ok then return nil, e end
+    local prompts
+    prompts, e = prompt_list(model, t.prompt)
+    if not prompts then return nil, e end
     local max_tokens = cfg.max_tokens or (opts.room and math.huge) or DEFAULT_MAX_TOKENS
     if max_tokens < 0 then return bad(("max_tokens = %d must be >= 0"):format(max_tokens), "max_tokens") end
     if opts.cut_middle then -- (Ollama's raw /api/generate: its runner's cut, as parse_chat's)

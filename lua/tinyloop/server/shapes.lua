@@ -9,6 +9,8 @@
 local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
+-- (long translations pause: tinyloop.pause)
+local point = require("tinyloop.pause").point
 
 local type, pairs, ipairs, tostring, next = type, pairs, ipairs, tostring, next
 local concat, sub, gsub = table.concat, string.sub, string.gsub
@@ -44,8 +46,15 @@ end
 
 -- Every key of `item` is one of `keys` -> true | nil, err naming the first that is not.
 function _M.check_keys(item, keys, where)
-    for k in ordered_pairs(item) do
-        if not keys[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
+    point() -- (once an item: the APIs' translations check each message, block and item so)
+    -- (the keys sorted only where one is unknown: the error names the first, the same in every
+    -- process; a request of 24,000 blocks sorted each block's keys for nothing)
+    for k in pairs(item) do
+        if not keys[k] then
+            for sorted in ordered_pairs(item) do
+                if not keys[sorted] then return nil, ("unknown field '%s' in %s"):format(tostring(sorted), where) end
+            end
+        end
     end
     return true
 end
