@@ -459,7 +459,8 @@ end
 -- One object of the answer: content (the whole text, or a stream's piece), its tokens, its
 -- tokens' completion_probabilities (JSON, or nil), and with the finish (`finish`: shapes'
 -- finish) llama.cpp's closing fields. part: the prompt's own (its index in a batch, from 0;
--- text, the whole completion's; predicted and evaluated, a stream's counts so far).
+-- new_line, whether a stream's text so far has a line break; predicted and evaluated, a
+-- stream's counts so far).
 function View:object(content, tokens, finish, model, probs, part)
     local members = { { "index", tostring(part.index) }, { "content", encode(content) },
                       { "tokens", (self.return_tokens or self.stream) and ("[" .. concat(tokens or {}, ",") .. "]") or "[]" },
@@ -476,7 +477,9 @@ function View:object(content, tokens, finish, model, probs, part)
         members[#members + 1] = { "model", encode(model or "") }
         members[#members + 1] = { "tokens_predicted", tostring(usage.completion_tokens or 0) }
         members[#members + 1] = { "tokens_evaluated", tostring(usage.prompt_tokens or 0) }
-        members[#members + 1] = { "has_new_line", tostring((part.text or content):find("\n", 1, true) ~= nil) }
+        local new_line = part.new_line -- (a stream's: whether any of its pieces had one)
+        if new_line == nil then new_line = content:find("\n", 1, true) ~= nil end
+        members[#members + 1] = { "has_new_line", tostring(new_line) }
         -- (llama.cpp's: the context ran out, prompt and completion filling it, before the end)
         local filled = self.n_ctx and (usage.prompt_tokens or 0) + (usage.completion_tokens or 0) >= self.n_ctx
         members[#members + 1] = { "truncated", tostring(stop_type == "limit" and filled == true) }
@@ -532,11 +535,13 @@ end
 
 -- ------------------------------------------------------------------ the stream
 
--- (each prompt of a batch is a part of its own: its text so far, its counts, its finish)
+-- (each prompt of a batch is a part of its own: whether its text so far has a line break (not
+-- the text: a stream's pieces joined each time copied it all, quadratic in its length), its
+-- counts, its finish)
 function View:start_stream(_, created, model, prompt_tokens)
     self.created, self.model, self.finished, self.parts = created, model, false, {}
     for i = 1, self.batch and #self.batch or 1 do
-        self.parts[i] = { index = i - 1, text = "", predicted = 0,
+        self.parts[i] = { index = i - 1, new_line = false, predicted = 0,
                           evaluated = self.batch and self.batch[i] or prompt_tokens or 0 }
     end
 end
@@ -606,7 +611,7 @@ function View:feed(payload)
     if part then
         local text = type(choice.text) == "string" and choice.text or ""
         local tokens = type(choice.token_ids) == "table" and choice.token_ids or {}
-        part.text = part.text .. text
+        part.new_line = part.new_line or text:find("\n", 1, true) ~= nil
         local pieces = per_token(part, text, tokens, choice.logprobs)
         if pieces then
             for _, piece in ipairs(pieces) do
