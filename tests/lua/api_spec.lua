@@ -413,6 +413,26 @@ end)
 describe("model:stream", function()
     local m = H.model()
 
+    it("runs README's Lua example as it is written: the shipped model's text, then its stop reason and speed", function()
+        -- (the first ```lua block of README, saved as example.lua and run from the repository's
+        -- root with lua/ on package.path, as its first line says)
+        local readme = assert(io.open(H.ROOT .. "/README.md")):read("*a")
+        local example = assert(readme:match("```lua\n(.-)```"), "README's Lua example")
+        assert.truthy(example:find("luajit example.lua", 1, true), example)
+        local dir = H.sh("mktemp -d"):gsub("%s+$", "")
+        local f = assert(io.open(dir .. "/example.lua", "wb")); f:write(example); f:close()
+        local out = H.sh(("cd %s && LUA_PATH='lua/?.lua;lua/?/init.lua;;' luajit %s/example.lua 2>&1; echo \"rc=$?\"")
+                         :format(H.q(H.ROOT), H.q(dir)))
+        os.execute("rm -rf " .. H.q(dir))
+        assert.truthy(out:find("\nrc=0\n?$"), out)
+        local text, reason, speed = out:match("^(.-)\n%[([%u_]+), ([%d.]+) tok/s%]\nrc=0")
+        assert.truthy(text, out)
+        assert.truthy(#text > 20, out)
+        -- (80 tokens, the model's end, or the blank line of stop_strings)
+        assert.truthy(reason == "MAX_TOKENS" or reason == "EOS" or reason == "STOP_SEQUENCE", reason)
+        assert.is_true(tonumber(speed) > 0, out)
+    end)
+
     local function collect(it)
         local ids, pieces = {}, {}
         for id, text in it do

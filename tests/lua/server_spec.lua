@@ -185,6 +185,42 @@ local function sse_chunks(body)
 end
 
 describe("server", function()
+    it("answers each curl example of README as it is written, in its API's shape", function()
+        -- (README's ```sh blocks with `curl localhost:8080`, run by bash as written, to this
+        -- server, curl recording each answer: a 200 whose body is JSON, or SSE or NDJSON lines)
+        local readme = assert(io.open("README.md")):read("*a")
+        local host = base:gsub("^http://", "")
+        local answers = 0
+        for block in readme:gmatch("```sh\n(.-)```") do
+            if block:find("curl localhost:8080", 1, true) then
+                local script = ("n=0\ncurl() { n=$((n + 1)); command curl -s -m 60 -o %s/readme.$n -w '%%{http_code}\\n' \"$@\"; }\n")
+                    :format(dir) .. block:gsub("scripts/serve[^\n]*\n", ""):gsub("localhost:8080", host)
+                local f = assert(io.open(dir .. "/readme.sh", "wb")); f:write(script); f:close()
+                local statuses = sh("bash " .. dir .. "/readme.sh")
+                local i = 0
+                for status in statuses:gmatch("%d+") do
+                    i = i + 1
+                    local body = sh("cat " .. dir .. "/readme." .. i)
+                    assert.equal("200", status, block .. "\n" .. body)
+                    local objects = 0
+                    if body:find("^data: ") or body:find("^event: ") then -- SSE
+                        for data in body:gmatch("data: ([^\n]+)") do
+                            if data ~= "[DONE]" then assert.is_table(cjson.decode(data), block) objects = objects + 1 end
+                        end
+                    elseif body:find("}\n{", 1, true) then -- NDJSON (Ollama's stream)
+                        for line in body:gmatch("[^\n]+") do assert.is_table(cjson.decode(line), block) objects = objects + 1 end
+                    else
+                        assert.is_nil(cjson.decode(body).error, block .. "\n" .. body)
+                        objects = 1
+                    end
+                    assert.is_true(objects >= 1, block .. "\n" .. body)
+                    answers = answers + 1
+                end
+            end
+        end
+        assert.is_true(answers >= 7, answers)
+    end)
+
     it("answers health, models and metrics", function()
         local status, body = curl(base .. "/health")
         assert.equal(200, status)
