@@ -740,6 +740,7 @@ function _M.metrics()
 end
 
 function _M.not_found()
+    ngx.ctx.tinyloop_no_route = true -- (counted as "other", not as the endpoint its path ends in)
     return send_uri_error(404, "no route for " .. ngx.req.get_method() .. " " .. ngx.var.uri ..
         " (POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET or DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/messages, POST /v1/messages/count_tokens, POST /api/chat, POST /api/generate, POST /api/show, GET /api/tags, GET /api/ps, GET /api/version, POST /v1/embeddings, POST /api/embed, POST /api/embeddings, POST /v1/rerank (or /rerank, /v2/rerank, /reranking, /v1/reranking), POST /v1/score (or /score), POST /completion (or /completions), POST /embedding (or /embeddings), POST /apply-template, GET /props, GET /v1/models (or /models), GET /v1/models/{id}, POST /chat/completions (llama.cpp's name of /v1/chat/completions), POST /tokenize, POST /detokenize, /health (or /v1/health), GET /, " ..
         "/metrics)", nil, "not_found_error", nil, "unknown_url")
@@ -930,7 +931,7 @@ function _M.log()
     -- uri, //v1/completions as /v1/completions)
     local uri = ngx.var.uri or "" -- (none where the request line never came whole: a reset)
     if uri:find("^/%.tinyloop%-error") then uri = (ngx.var.request_uri or ""):match("^[^?]*") end
-    metrics.log_request(uri, ngx.status)
+    metrics.log_request(uri, ngx.status, ngx.ctx.tinyloop_no_route)
 end
 
 -- ------------------------------------------------------------------ a request's life

@@ -65,14 +65,23 @@ local function incr(key, n)
 end
 _M.incr = incr
 
+-- The bucket of value v (seconds): the first whose bound it is at most (Prometheus's `le`),
+-- v rounded to the microsecond first: a difference of two millisecond clock readings (nginx's
+-- monotonic time, whole milliseconds in seconds) of 10 ms came out 0.0100000002, past its
+-- bucket's bound, half the time. -> 1 .. #BUCKETS + 1 (the last: +Inf only).
+function _M.bucket_of(v)
+    v = math.floor(v * 1e6 + 0.5) / 1e6
+    for i = 1, #BUCKETS do
+        if v <= BUCKETS[i] then return i end
+    end
+    return #BUCKETS + 1
+end
+
 -- Adds `count` observations of value v (seconds). Buckets are stored non-cumulative (one incr
 -- per observation) and summed when rendered.
 function _M.observe(h, v, count)
     count = count or 1
-    local b = #BUCKETS + 1
-    for i = 1, #BUCKETS do
-        if v <= BUCKETS[i] then b = i break end
-    end
+    local b = _M.bucket_of(v)
     incr(h .. ":b" .. b, count)
     incr(h .. ":sum", v * count)
     incr(h .. ":count", count)
@@ -105,8 +114,10 @@ local function endpoint_label(uri)
     end
     return "other"
 end
-function _M.log_request(uri, status)
-    incr("req:" .. endpoint_label(uri) .. ":" .. tostring(status))
+-- (no_route: the request was answered "no route" (a 404 of the catch-all): "other", whatever
+-- its path ends in; /x/health was /health's 404)
+function _M.log_request(uri, status, no_route)
+    incr("req:" .. (no_route and "other" or endpoint_label(uri)) .. ":" .. tostring(status))
 end
 
 local COUNTERS = {
