@@ -14,6 +14,7 @@
 # text, each token's piece), detokenize (180,000 ids), llama-ids (/completion, 180,000 ids).
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
+. scripts/bench/probe_health.sh
 requests=2 port=$((30000 + RANDOM % 20000))
 all="chat-tools chat-messages anthropic-blocks anthropic-count responses-items ollama-chat completions-prompts tokenize-pieces detokenize llama-ids"
 cases=""
@@ -113,16 +114,11 @@ for c in $cases; do
     done
   ) > "$dir/requests.log" &
   load=$!
-  : > "$dir/health.log"
-  while kill -0 "$load" 2>/dev/null; do
-    curl -s -o /dev/null -w "%{time_total}\n" "http://127.0.0.1:$port/health" >> "$dir/health.log"
-    sleep 0.01
-  done
+  probe_health "$port" "$load" "$dir/health.log"
   wait "$load"
   statuses=$(awk '{ print $1 }' "$dir/requests.log" | sort | uniq -c | awk '{ printf "%s%dx%s", (NR > 1 ? " " : ""), $1, $2 }')
   mean=$(awk '{ t += $2 } END { printf "%.0f", 1000 * t / NR }' "$dir/requests.log")
-  sort -n "$dir/health.log" | awk -v c="$c" -v kb="$(( $(wc -c < "$dir/$c.json") / 1024 ))" -v st="$statuses" -v mean="$mean" '
-    { a[NR] = $1 } END {
-      printf "%-20s %5d KB  %-8s %6d ms a request  /health: %3d probes, p50 %6.1f ms, p99 %6.1f ms, max %6.1f ms\n",
-             c, kb, st, mean, NR, 1000 * a[int(NR * 0.5) + 1], 1000 * a[int(NR * 0.99) + 1], 1000 * a[NR] }'
+  read -r probes p50 p99 max < <(health_figures "$dir/health.log")
+  printf "%-20s %5d KB  %-8s %6d ms a request  /health: %3d probes, p50 %6.1f ms, p99 %6.1f ms, max %6.1f ms\n" \
+         "$c" "$(( $(wc -c < "$dir/$c.json") / 1024 ))" "$statuses" "$mean" "$probes" "$p50" "$p99" "$max"
 done

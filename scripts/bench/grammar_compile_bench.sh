@@ -14,6 +14,7 @@
 #   scripts/bench/grammar_compile_bench.sh [--requests 12] [--properties 3000] [--prompt-kb K | --tools T] [--port N]
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
+. scripts/bench/probe_health.sh
 requests=12 properties=3000 prompt_kb=0 tools=0 port=$((30000 + RANDOM % 20000))
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -80,14 +81,9 @@ fi
   done
 ) > "$dir/requests.log" &
 load=$!
-: > "$dir/health.log"
-while kill -0 "$load" 2>/dev/null; do
-  curl -s -o /dev/null -w "%{time_total}\n" "http://127.0.0.1:$port/health" >> "$dir/health.log"
-  sleep 0.01
-done
+probe_health "$port" "$load" "$dir/health.log"
 wait "$load"
 awk -v want="$([ "$prompt_kb" -gt 0 ] || [ "$tools" -gt 0 ] && echo 400 || echo 200)" '{ n++; if ($1 != want) bad++; t += $2 }
   END { printf "requests: %d, %d not %s, mean %.1f ms each\n", n, bad, want, 1000 * t / n }' "$dir/requests.log"
-sort -n "$dir/health.log" | awk '{ a[NR] = $1 } END {
-  printf "/health meanwhile: %d probes, p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
-         NR, 1000 * a[int(NR * 0.5) + 1], 1000 * a[int(NR * 0.99) + 1], 1000 * a[NR] }'
+read -r probes p50 p99 max < <(health_figures "$dir/health.log")
+printf "/health meanwhile: %d probes, p50 %s ms, p99 %s ms, max %s ms\n" "$probes" "$p50" "$p99" "$max"
