@@ -14,7 +14,7 @@
 # text, each token's piece), detokenize (180,000 ids), llama-ids (/completion, 180,000 ids).
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
-. scripts/bench/probe_health.sh
+. scripts/bench/serving_lib.sh
 requests=2 port=$((30000 + RANDOM % 20000))
 all="chat-tools chat-messages anthropic-blocks anthropic-count responses-items ollama-chat completions-prompts tokenize-pieces detokenize llama-ids"
 cases=""
@@ -33,14 +33,7 @@ cases=${cases:-$all}
 for c in $cases; do
   [[ " $all " == *" $c "* ]] || { echo "event_loop_bench: unknown case '$c' (cases: $all)" >&2; exit 2; }
 done
-dir=$(mktemp -d)
-chmod a+rx "$dir"
-server=""
-cleanup() {
-  [ -n "$server" ] && kill -TERM "$server" 2>/dev/null && wait "$server" 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+bench_dir
 # the bodies: case.json and case.path (the same words each run)
 luajit - "$dir" <<'LUA'
 local dir = arg[1]
@@ -101,10 +94,7 @@ for name, case in pairs(cases) do
   f = assert(io.open(dir .. "/" .. name .. ".path", "w")); f:write(case[1]); f:close()
 end
 LUA
-scripts/serve --port "$port" --threads 1 --prefix "$dir/prefix" > "$dir/serve.log" 2>&1 &
-server=$!
-for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$port/health" && break; sleep 0.1; done
-curl -s -o /dev/null "http://127.0.0.1:$port/health" || { cat "$dir/serve.log" >&2; exit 1; }
+start_serve "$port" --threads 1
 echo "event_loop_bench: $requests requests a case, one after another, /health probed every 10 ms"
 for c in $cases; do
   (

@@ -14,7 +14,7 @@
 #   scripts/bench/grammar_compile_bench.sh [--requests 12] [--properties 3000] [--prompt-kb K | --tools T] [--port N]
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
-. scripts/bench/probe_health.sh
+. scripts/bench/serving_lib.sh
 requests=12 properties=3000 prompt_kb=0 tools=0 port=$((30000 + RANDOM % 20000))
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -28,14 +28,7 @@ for v in requests properties port; do
 done
 [[ $prompt_kb =~ ^(0|[1-9][0-9]{0,4})$ ]] || { echo "grammar_compile_bench: --prompt-kb must be a non-negative integer, got '$prompt_kb'" >&2; exit 2; }
 [[ $tools =~ ^(0|[1-9][0-9]{0,2})$ ]] || { echo "grammar_compile_bench: --tools must be an integer from 0 to 999, got '$tools'" >&2; exit 2; }
-dir=$(mktemp -d)
-chmod a+rx "$dir"
-server=""
-cleanup() {
-  [ -n "$server" ] && kill -TERM "$server" 2>/dev/null && wait "$server" 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+bench_dir
 # the bodies: request k's schema has properties p<k>_1 .. p<k>_P
 luajit - "$dir" "$requests" "$properties" "$prompt_kb" "$tools" <<'LUA'
 local dir, n, p, kb, tools = arg[1], tonumber(arg[2]), tonumber(arg[3]), tonumber(arg[4]), tonumber(arg[5])
@@ -63,10 +56,7 @@ for k = 1, n do
   f:close()
 end
 LUA
-scripts/serve --port "$port" --threads 1 --max-body $(( 1048576 + 2048 * prompt_kb )) --prefix "$dir/prefix" > "$dir/serve.log" 2>&1 &
-server=$!
-for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$port/health" && break; sleep 0.1; done
-curl -s -o /dev/null "http://127.0.0.1:$port/health" || { cat "$dir/serve.log" >&2; exit 1; }
+start_serve "$port" --threads 1 --max-body $(( 1048576 + 2048 * prompt_kb ))
 if [ "$tools" -gt 0 ]; then
   echo "grammar_compile_bench: $requests requests, each a chat of $tools tools ($(wc -c < "$dir/body1.json") bytes)"
 elif [ "$prompt_kb" -gt 0 ]; then
