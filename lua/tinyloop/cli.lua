@@ -94,7 +94,7 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
       --penalty-window N     the three penalties read the last N tokens only (default 0: all)
       --penalties-count-prompt  presence and frequency count the prompt's tokens too (llama.cpp's)
       --logit-bias ID=BIAS   add BIAS to token ID's logit (repeatable; -100 bans, 100 forces)
-      --stop TEXT            stop when TEXT appears (repeatable)
+      --stop TEXT            stop when TEXT appears, TEXT printed (repeatable)
       --grammar FILE         constrain the output to a GBNF grammar (llama.cpp dialect)
       --json-schema FILE     constrain the output to JSON matching a JSON Schema
       --regex PATTERN        constrain the whole output to match a regular expression

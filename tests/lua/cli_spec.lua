@@ -75,6 +75,16 @@ describe("scripts/tinyloop", function()
         return tonumber(out:match("rc=(%d+)%s*$")), out
     end
 
+    it("stops at --stop's text, which it prints (as its --help says), and nothing after it", function()
+        -- (the greedy text, then the same cut at a word of its reply: the word printed, then the end)
+        local whole = H.sh("cd " .. H.q(H.ROOT) .. " && luajit scripts/tinyloop -n 20 -t 0 'It is a truth' 2>/dev/null")
+        local word = assert(whole:match("^%S+%s+%S+%s+%S+%s+%S+%s+(%a%a%a+)"), whole)
+        local cut = H.sh("cd " .. H.q(H.ROOT) .. " && luajit scripts/tinyloop -n 20 -t 0 --stop " .. word .. " 'It is a truth' 2>/dev/null")
+        local at = assert(whole:find(word, 1, true))
+        assert.equal(whole:sub(1, at + #word - 1) .. "\n", cut)
+        assert.truthy(H.sh("cd " .. H.q(H.ROOT) .. " && luajit scripts/tinyloop --help"):find("TEXT printed", 1, true))
+    end)
+
     it("exits 1 saying so when its output cannot be written (it went on and exited 0)", function()
         for _, args in ipairs({ "-n 20 --ignore-eos 'It is'", "--embed 'It is'", "--help" }) do
             local status, out = run("luajit scripts/tinyloop " .. args .. " > /dev/full")
