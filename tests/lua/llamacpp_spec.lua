@@ -27,7 +27,19 @@ describe("llamacpp.to_completions", function()
                            '"beam_size": 3, "cache_window": 64, "stop_token_ids": [5], "repetition_penalty": 9, "thinking_budget": 3}')
         assert.same({ 2, "chain", 1, 1, 3, 64, { 5 } }, { t.loops, t.speculative, t.draft_loops, t.early_exit_patience, t.beam_size,
                                                           t.cache_window, t.stop_token_ids })
-        assert.same({ nil, nil }, { t.repetition_penalty, t.thinking_budget })
+        assert.is_nil(t.thinking_budget)
+        -- the penalties under TinyLoop's names, where llama.cpp's are not sent, with their own
+        -- rules (they were dropped: a bad value answered 200); both names of one: a 400
+        assert.equal(9, t.repetition_penalty)
+        t = completions_of('{"prompt": "a", "penalty_window": 5, "penalties_count_prompt": false}')
+        assert.same({ 5, false }, { t.penalty_window, t.penalties_count_prompt })
+        for body, param in pairs({ ['{"prompt": "a", "repetition_penalty": 1.3, "repeat_penalty": 1.1}'] = "repetition_penalty",
+                                   ['{"prompt": "a", "penalty_window": 5, "repeat_last_n": 8}'] = "penalty_window" }) do
+            local chat_body, err = llamacpp.to_completions(body, nil, 4096)
+            assert.is_nil(chat_body, body)
+            assert.equal(param, err.param, body)
+            assert.truthy(err.message:find("not both", 1, true), err.message)
+        end
         -- min_tokens as sent (the parser caps it: below)
         assert.equal(5, completions_of('{"prompt": "a", "n_predict": 3, "min_tokens": 5}').min_tokens)
         -- an error about the logprobs n_probs asks for names n_probs

@@ -3468,6 +3468,44 @@ end)
 
 describe("the other APIs' edges", function()
     local asked = { { role = "user", content = "Who is Emma?" } }
+    it("takes the chat endpoint's extensions on every API that says so, each under its own rules and name", function()
+        -- vLLM's skip_special_tokens and guided_decoding_backend, as the chat endpoint takes them
+        -- (Responses and Messages refused them as unknown)
+        local ext = { skip_special_tokens = false, guided_decoding_backend = "xgrammar" }
+        local function with_ext(t) for k, v in pairs(ext) do t[k] = v end return t end
+        for path, req in pairs({ ["/v1/chat/completions"] = { messages = asked, max_tokens = 2 },
+                                 ["/v1/responses"] = { input = "Who is Emma?", max_output_tokens = 2 },
+                                 ["/v1/messages"] = { messages = asked, max_tokens = 2 },
+                                 ["/api/chat"] = { messages = asked, stream = false, options = { num_predict = 2 } } }) do
+            local status, body = post_to(path, with_ext(req))
+            assert.equal(200, status, path .. ": " .. body)
+        end
+        -- llama.cpp's /completion: the penalties under TinyLoop's names, with TinyLoop's rules
+        -- (they were dropped: a repetition_penalty of 0 answered 200, one of 50 changed nothing)
+        local function completion(t)
+            t.prompt, t.n_predict, t.temperature = "It is a truth", 16, 0
+            local status, body = post_to("/completion", t)
+            return status, cjson.decode(body)
+        end
+        local _, plain = completion({})
+        local _, native = completion({ repeat_penalty = 50 })
+        local _, own = completion({ repetition_penalty = 50 })
+        assert.are_not.equal(plain.content, native.content)
+        assert.equal(native.content, own.content)
+        local status, refused = completion({ repetition_penalty = 0 })
+        assert.equal(400, status)
+        assert.truthy(refused.error.message:find("repetition_penalty", 1, true), refused.error.message)
+        -- Ollama: a top-level repetition_penalty's fault names it (it was named options.repeat_penalty,
+        -- whose 0 Ollama takes); the option's names the option
+        status, refused = post_to("/api/generate", { prompt = "It is", stream = false, repetition_penalty = 0 })
+        assert.equal(400, status, refused)
+        local message = cjson.decode(refused).error
+        assert.truthy(message:find("^repetition_penalty = 0"), message)
+        status, refused = post_to("/api/generate", { prompt = "It is", stream = false, options = { repeat_penalty = "x" } })
+        assert.equal(400, status, refused)
+        assert.truthy(cjson.decode(refused).error:find("options.repeat_penalty", 1, true), refused)
+    end)
+
     it("answers nginx's own 413 and a wrong method in each API's shape", function()
         -- (not a 414: nginx keeps no path of a request line it could not read)
         for path, shape in pairs({ ["/v1/messages"] = "anthropic", ["/api/chat"] = "ollama", ["/v1/chat/completions"] = "openai" }) do

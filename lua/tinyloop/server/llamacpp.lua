@@ -48,12 +48,19 @@ local UNSET_SEED = { [-1] = true, [4294967295] = true } -- (llama.cpp's "random"
 -- The chat request's fields (shapes.PASSED) that are not llama.cpp's: TinyLoop's own (loops,
 -- speculative, early_exit_*, beam_size, cache_window, ...) and vLLM's, which ride at the top
 -- level as on the other endpoints (they were ignored as unknown: loops 999 answered 200). Left
--- out: those llama.cpp names itself (read above, some under its own names), and chat's.
+-- out: those llama.cpp names itself (read above, some under its own names), and chat's. (The
+-- penalties' TinyLoop names, repetition_penalty, penalty_window and penalties_count_prompt,
+-- pass too, with their own rules, where llama.cpp's repeat_penalty and repeat_last_n are not
+-- sent: TINYLOOP_NAMES below; they were dropped, their bad values answered 200.)
 local NOT_PASSED = { model = true, temperature = true, top_p = true, stream = true, seed = true, presence_penalty = true,
                      temperature_last = true, -- (samplers, or TinyLoop's field, says it: below)
-                     frequency_penalty = true, logit_bias = true, top_k = true, min_p = true, repetition_penalty = true,
-                     ignore_eos = true, grammar = true, penalty_window = true, penalties_count_prompt = true,
+                     frequency_penalty = true, logit_bias = true, top_k = true, min_p = true,
+                     ignore_eos = true, grammar = true,
                      chat_template_kwargs = true, include_reasoning = true, thinking_budget = true }
+-- TinyLoop's names of llama.cpp's penalty fields: {TinyLoop's, llama.cpp's}; one of a pair.
+-- (penalties_count_prompt has no llama.cpp name: its sampler always counts the prompt, the
+-- default here)
+local TINYLOOP_NAMES = { { "repetition_penalty", "repeat_penalty" }, { "penalty_window", "repeat_last_n" } }
 _M.MAX_PROBS = tonumber(require("tinyloop").C.TL_MAX_TOP_LOGPROBS) -- the most alternatives n_probs gives
 
 -- The ids of a prompt given as ids and texts mixed (`list`; `at` names it in messages, `field`
@@ -194,6 +201,11 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
         end
         if #response_fields == 0 then response_fields = nil end -- (none: the whole object, as llama.cpp reads [])
     end
+    for _, pair in ipairs(TINYLOOP_NAMES) do
+        if t[pair[1]] ~= nil and t[pair[2]] ~= nil then
+            return bad(("give %s (llama.cpp's) or %s (TinyLoop's), not both"):format(pair[2], pair[1]), pair[1])
+        end
+    end
     local ok_window, window = shapes.penalty_window(t.repeat_last_n, "repeat_last_n", "repeat_last_n")
     if not ok_window then return nil, window end
     local ok_chain, listed, temperature_last = request.sampler_chain(t.samplers, t.temperature_last)
@@ -208,9 +220,11 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
     local function off_chain(name) return listed ~= nil and request.CHAIN_SAMPLERS[name] and not listed[name] end
     local penalties_off = window == "off" or off_chain("penalties")
     if off_chain("top_k") then members[#members + 1] = { "top_k", "0" } end -- (every token: the parser's default is 50)
-    if window ~= "off" then
-        members[#members + 1] = { "penalty_window", window }
-        members[#members + 1] = { "penalties_count_prompt", "true" } -- (llama.cpp's sampler is fed the prompt)
+    if window ~= "off" then -- (TinyLoop's names, where sent, pass as sent: below)
+        if t.penalty_window == nil then members[#members + 1] = { "penalty_window", window } end
+        if t.penalties_count_prompt == nil then -- (llama.cpp's sampler is fed the prompt)
+            members[#members + 1] = { "penalties_count_prompt", "true" }
+        end
     end
     local reported = { { "repeat_last_n", t.repeat_last_n == nil and tostring(shapes.REPEAT_LAST_N_DEFAULT)
                                            or t.repeat_last_n == -1 and n_ctx and shapes.integer(n_ctx) or raw.repeat_last_n } }
@@ -339,7 +353,8 @@ function _M.to_completions(body, tokenize, vocab, n_ctx)
                                 response_fields = response_fields,
                                 n_predict = n_predict, batch = batch and #batch > 1 and batch or nil, n_ctx = n_ctx,
                                 settings = generation_settings(members, n_predict, reported),
-                                prompt_text = type(prompt) == "string" and prompt or nil }, _M.View)
+                                prompt_text = type(prompt) == "string" and prompt or nil,
+                                own_penalty = t.repetition_penalty ~= nil }, _M.View)
     return object(members), view
 end
 
@@ -355,6 +370,8 @@ _M.View = View
 -- The completions request's names -> llama.cpp's, in an error's message; the error body.
 local RENAMES = { { "max_tokens", "n_predict" }, { "repetition_penalty", "repeat_penalty" },
                   { "logprobs", "n_probs" } }
+-- (a request that sent TinyLoop's repetition_penalty is told of it, by that name)
+local OWN_PENALTY_RENAMES = { RENAMES[1], RENAMES[3] }
 -- (a prompt over the context: llama.cpp's own error, its type and fields, which its clients
 -- look for to shorten the prompt and retry)
 function View:error(err)
@@ -365,7 +382,7 @@ function View:error(err)
                  body = _M.error_body(400, message, "exceed_context_size_error",
                                       { { "n_prompt_tokens", tostring(err.n_prompt_tokens) }, { "n_ctx", tostring(err.n_ctx) } }) }
     end
-    local message = shapes.rename_fields(err.message or "", RENAMES)
+    local message = shapes.rename_fields(err.message or "", self.own_penalty and OWN_PENALTY_RENAMES or RENAMES)
     return { status = err.status, message = message, type = err.type, body = _M.error_body(err.status, message, err.type) }
 end
 

@@ -443,16 +443,16 @@ end
 
 -- The chat request's names -> Ollama's, in an error's message; the body {"error": message}.
 local RENAMES = { { "max_completion_tokens", "options.num_predict" }, { "max_tokens", "options.num_predict" },
-                  { "repetition_penalty", "options.repeat_penalty" }, { "response_format.json_schema.schema", "format" },
-                  { "response_format", "format" } }
+                  { "response_format.json_schema.schema", "format" }, { "response_format", "format" } }
 function View:error(err)
     local message = shapes.rename_fields(err.message or "", RENAMES)
     if err.param == "stop" then message = message:gsub("^stop", "options.stop") end
-    -- (a sampling option's fault names the option sent, options.top_k, not the chat request's
-    -- field it became; the same field at the top level, TinyLoop's, keeps its name)
+    -- (a sampling option's fault names the option sent, options.top_k or options.repeat_penalty,
+    -- not the chat request's field it became; the same field at the top level, TinyLoop's, keeps
+    -- its name: repetition_penalty = 0 was named options.repeat_penalty, whose 0 is taken)
     local options = self and type(self.options) == "table" and self.options
     for k, field in pairs(options and err.param and OPTIONS or {}) do
-        if field == err.param and options[k] ~= nil and options[k] ~= json_null and field ~= "repetition_penalty" then
+        if field == err.param and options[k] ~= nil and options[k] ~= json_null then
             message = shapes.rename_fields(message, { { field, "options." .. k } })
         end
     end

@@ -166,7 +166,7 @@ _M.PASSED = {
     "early_exit_logit_margin", "early_exit_threshold", "early_exit_criterion", "early_exit_kl_threshold",
     "early_exit_entropy_threshold", "early_exit_gate_threshold", "grammar", "structured_outputs", "guided_json", "guided_choice",
     "guided_grammar", "guided_regex", "stop_token_ids", "include_stop_str_in_output", "chat_template_kwargs", "include_reasoning",
-    "thinking_budget",
+    "thinking_budget", "skip_special_tokens", "guided_decoding_backend",
 }
 
 -- read_fields(body, own, pass, refused[, lenient]) -> the request body's table (null fields left out),
