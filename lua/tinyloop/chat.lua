@@ -8,6 +8,7 @@
 --   local ids, text = chat:prompt_ids(model, { { role = "user", content = "Hello" } })
 --   local text = chat:prompt({ { role = "user", content = "Hello" } })   -- the text alone
 local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
+local first_unknown = require("tinyloop.ordered").first_unknown
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local first_invalid_utf8 = require("tinyloop.utf8").first_invalid
@@ -225,6 +226,11 @@ _M.is_array = is_array
 _M.decode_ordered = chat_template.decode_json
 _M.MAX_NESTING = chat_template.MAX_NESTING
 
+-- A text part's keys, and a refusal part's (cache_control: Anthropic-style clients mark parts
+-- to cache; the prefix pool needs no marks).
+local PART_KEYS = { text = { type = true, text = true, cache_control = true },
+                    refusal = { type = true, refusal = true, cache_control = true } }
+
 -- A message's content: a string, or OpenAI's array of content parts, of which only text
 -- parts ({"type": "text", "text": ...}, and an assistant's {"type": "refusal", "refusal": ...})
 -- are readable here; they are joined with "\n" (as vLLM does for a template that reads
@@ -244,12 +250,8 @@ local function content_text(content, at)
             return nil, ("%s.type = %s: only \"text\" parts are supported (this model reads text)"):format(where, shown(part.type))
         end
         if type(part[field]) ~= "string" then return nil, ("%s.%s must be a string"):format(where, field) end
-        for k in ordered_pairs(part) do
-            -- (cache_control: Anthropic-style clients mark parts to cache; the prefix pool needs no marks)
-            if k ~= "type" and k ~= field and k ~= "cache_control" then
-                return nil, ("unknown field '%s' in %s"):format(tostring(k), where)
-            end
-        end
+        local unknown = first_unknown(part, PART_KEYS[field])
+        if unknown ~= nil then return nil, ("unknown field '%s' in %s"):format(tostring(unknown), where) end
         texts[i] = part[field]
     end
     return concat(texts, "\n"), texts
@@ -283,6 +285,7 @@ end
 -- An assistant message's tool_calls (OpenAI's: {"id", "type": "function", "function":
 -- {"name", "arguments": JSON text of an object}}) as templates read them (transformers'
 -- convention, which vLLM follows): the arguments an object (a dict in the text's key order).
+local CALL_KEYS, CALL_FUNCTION_KEYS = { id = true, type = true, ["function"] = true }, { name = true, arguments = true }
 local function message_tool_calls(calls, at)
     if not is_array(calls) or #calls == 0 then return nil, at .. ".tool_calls must be a non-empty array of tool calls" end
     local out = {}
@@ -292,12 +295,10 @@ local function message_tool_calls(calls, at)
         if type(call) ~= "table" or is_array(call) or type(fn) ~= "table" or is_array(fn) then
             return nil, where .. " must be an object {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}"
         end
-        for k in ordered_pairs(call) do
-            if k ~= "id" and k ~= "type" and k ~= "function" then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
-        end
-        for k in ordered_pairs(fn) do
-            if k ~= "name" and k ~= "arguments" then return nil, ("unknown field '%s' in %s.function"):format(tostring(k), where) end
-        end
+        local unknown = first_unknown(call, CALL_KEYS)
+        if unknown ~= nil then return nil, ("unknown field '%s' in %s"):format(tostring(unknown), where) end
+        unknown = first_unknown(fn, CALL_FUNCTION_KEYS)
+        if unknown ~= nil then return nil, ("unknown field '%s' in %s.function"):format(tostring(unknown), where) end
         if call.type ~= nil and call.type ~= "function" then return nil, where .. ".type must be \"function\"" end
         if call.id ~= nil and type(call.id) ~= "string" then return nil, where .. ".id must be a string" end
         if not valid_name(fn.name) then

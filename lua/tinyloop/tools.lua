@@ -17,6 +17,7 @@
 --   if spec and spec.forced then cfg.grammar = assert(tools.grammar(spec)) end -- only calls
 --   local content, calls = tools.parse(generated, spec, function(k) return "call_" .. k end)
 local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
+local first_unknown = require("tinyloop.ordered").first_unknown
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 local chat_template = require "tinyloop.chat_template"
@@ -94,9 +95,8 @@ function _M.check(tools, tool_choice, parallel, tools_json)
         if type(tool) ~= "table" or byte(tool_text, 1) ~= 123 then
             return nil, at .. " must be an object {\"type\": \"function\", \"function\": {...}}", P
         end
-        for k in ordered_pairs(tool) do
-            if not TOOL_KEYS[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), at), P end
-        end
+        local unknown = first_unknown(tool, TOOL_KEYS)
+        if unknown ~= nil then return nil, ("unknown field '%s' in %s"):format(tostring(unknown), at), P end
         if tool.type ~= "function" then return nil, at .. ".type must be \"function\"", P end
         local fn, fn_text = tool["function"], members_of(tool_text)["function"]
         if type(fn) ~= "table" or byte(fn_text, 1) ~= 123 then

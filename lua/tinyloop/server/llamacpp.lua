@@ -368,10 +368,9 @@ View.__index = View
 _M.View = View
 
 -- The completions request's names -> llama.cpp's, in an error's message; the error body.
-local RENAMES = { { "max_tokens", "n_predict" }, { "repetition_penalty", "repeat_penalty" },
-                  { "logprobs", "n_probs" } }
--- (a request that sent TinyLoop's repetition_penalty is told of it, by that name)
-local OWN_PENALTY_RENAMES = { RENAMES[1], RENAMES[3] }
+-- (a request that sent TinyLoop's repetition_penalty is told of it by that name: OWN_PENALTY's)
+local OWN_PENALTY_RENAMES = { { "max_tokens", "n_predict" }, { "logprobs", "n_probs" } }
+local RENAMES = { OWN_PENALTY_RENAMES[1], OWN_PENALTY_RENAMES[2], { "repetition_penalty", "repeat_penalty" } }
 -- (a prompt over the context: llama.cpp's own error, its type and fields, which its clients
 -- look for to shorten the prompt and retry)
 function View:error(err)

@@ -346,12 +346,17 @@ local function decode_ids(model, ids, field)
     return text
 end
 
--- The prompts of a request, as id lists: one prompt, or OpenAI's batch (an array of strings
--- or of id arrays, mixed as well), each prompt of a batch its own choices. `field`: the
--- request field (default "prompt"; /v1/embeddings' "input").
+-- Whether a request's prompt is OpenAI's batch: an array of strings or of id arrays, mixed as
+-- well (else one prompt: a string or one id array).
+local function is_batch(prompt)
+    return type(prompt) == "table" and (type(prompt[1]) == "string" or type(prompt[1]) == "table")
+end
+
+-- The prompts of a request, as id lists: one prompt, or a batch (is_batch), each prompt of a
+-- batch its own choices. `field`: the request field (default "prompt"; /v1/embeddings' "input").
 local function prompt_list(model, prompt, field)
     field = field or "prompt"
-    if type(prompt) ~= "table" or (type(prompt[1]) ~= "string" and type(prompt[1]) ~= "table") then
+    if not is_batch(prompt) then
         local ids, e = prompt_ids(model, prompt, field, field)
         if not ids then return nil, e end
         return { ids }
@@ -1325,8 +1330,7 @@ local function parse_completions(body, model, model_id, max_choices, opts)
     end
     -- (the choices counted before the prompts are read: 20,000 prompts were each encoded, then
     -- refused as too many)
-    local batch = type(t.prompt) == "table" and (type(t.prompt[1]) == "string" or type(t.prompt[1]) == "table")
-    local ok, e = check_choices(batch and #t.prompt or 1, n, best, max_choices)
+    local ok, e = check_choices(is_batch(t.prompt) and #t.prompt or 1, n, best, max_choices)
     if not ok then return nil, e end
     local prompts
     prompts, e = prompt_list(model, t.prompt)

@@ -93,9 +93,8 @@ local function text_part(part, where)
         return nil, ('%s.type = %s: only "input_text" and "output_text" parts are supported (this model reads text)')
             :format(where, shown(part.type))
     end
-    for k in ordered_pairs(part) do
-        if not PART_KEYS[k] then return nil, ("unknown field '%s' in %s"):format(tostring(k), where) end
-    end
+    local ok, err = shapes.check_keys(part, PART_KEYS, where)
+    if not ok then return nil, err end
     if type(part.text) ~= "string" then return nil, where .. ".text must be a string" end
     return { type = "text", text = part.text }
 end

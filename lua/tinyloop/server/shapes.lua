@@ -7,6 +7,7 @@
 -- own shape. JSON is written by hand (`object`), in the order each API documents, with
 -- values kept as the chat path wrote them (an empty list stays [], a schema keeps its order).
 local ordered_pairs = require("tinyloop.ordered").pairs -- (an error names the same field in every process)
+local first_unknown = require("tinyloop.ordered").first_unknown
 local cjson = require "cjson.safe"
 local json_text = require "tinyloop.json_text"
 -- (long translations pause: tinyloop.pause)
@@ -47,15 +48,8 @@ end
 -- Every key of `item` is one of `keys` -> true | nil, err naming the first that is not.
 function _M.check_keys(item, keys, where)
     point() -- (once an item: the APIs' translations check each message, block and item so)
-    -- (the keys sorted only where one is unknown: the error names the first, the same in every
-    -- process; a request of 24,000 blocks sorted each block's keys for nothing)
-    for k in pairs(item) do
-        if not keys[k] then
-            for sorted in ordered_pairs(item) do
-                if not keys[sorted] then return nil, ("unknown field '%s' in %s"):format(tostring(sorted), where) end
-            end
-        end
-    end
+    local unknown = first_unknown(item, keys) -- (the same in every process)
+    if unknown ~= nil then return nil, ("unknown field '%s' in %s"):format(tostring(unknown), where) end
     return true
 end
 
