@@ -684,8 +684,9 @@ tl_status tl_session_state_read(const tl_model *model, const char *path, tl_sess
 const int32_t *tl_session_state_tokens(const tl_session_state *state, int *n_tokens, int *prompt_len);
 
 /* Opts a model into a prefix pool of at most budget_bytes of KV pages (> 0; calling again
-   changes the budget). Then a new plain session whose prompt starts with a prefix another
-   session has computed at the same depth (without cache_window) shares that prefix's K/V
+   changes the budget). Then a new session (plain, speculative or beam search) whose prompt
+   starts with a prefix another session has computed at the same depth (without
+   cache_window) shares that prefix's K/V
    instead of recomputing it: bit-identical output, a shorter prefill
    (stats.prompt_tokens_reused); on a model whose loop starts from a random state, only a
    prefix computed under the same sample_seed. Least recently used entries leave first, at

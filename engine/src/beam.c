@@ -171,8 +171,17 @@ static tl_status beam_open(tl_session *s) {
         return tl_fail(TL_ERR_NO_MEMORY, "beam search: out of memory");
     /* The tree-shaped cache: the prompt once, then up to B rows per step. */
     tl_status st = tl_kv_cache_new_for(s->m, s->prompt_len + b->B * (b->T + 1), 0, b->B, &s->cache);
-    if (st == TL_OK) s->cache->reserve_loops = s->loops; /* pages only for the depth in use */
+    if (st == TL_OK) {
+        s->cache->reserve_loops = s->loops; /* pages only for the depth in use */
+        tl_session_take_prefix(s);
+    }
     return st;
+}
+
+/* The rows on the sequence: the prompt's but its last token (the root beam's pending token);
+   past them the cache is every beam's rows, a tree. */
+static int beam_sequence_rows(const tl_session *s) {
+    return s->cache->length < s->prompt_len - 1 ? s->cache->length : s->prompt_len - 1;
 }
 
 /* ---------------------------------------------------------------- one search step */
@@ -310,4 +319,4 @@ static tl_status beam_next(tl_session *s, int32_t *token) {
     return TL_OK;
 }
 
-const tl_decoder tl_beam_decoder = {"beam", beam_open, beam_next, beam_close};
+const tl_decoder tl_beam_decoder = {"beam", beam_open, beam_next, beam_close, beam_sequence_rows};

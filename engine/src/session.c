@@ -263,15 +263,23 @@ const tl_generate_stats *tl_session_stats(const tl_session *s) { return s ? &s->
 
 /* ---------------------------------------------------------------- shared by the decoders */
 
-/* Offers the cache's first n rows to the model's prefix pool. A plain session's rows at its
-   full depth, the prompt's and the generated ones, are each what a prefill of the same text
-   computes (batch invariance): they serve a request that resends this text, a chat's next
-   turn. The pool takes the rows up to the first shallower one (an early exit's, here or in
-   the session this one was forked or resumed from); rows read from saved bytes are never
+/* Offers the cache's rows that hold the sequence so far (at most n) to the model's prefix
+   pool. Every decoder's rows on the sequence are at its full depth what a prefill of the same
+   text computes (batch invariance; the verifier's rows of speculative decoding are plain
+   decoding's bit for bit): they serve a request that resends this text, a chat's next turn.
+   The pool takes the rows up to the first shallower one (an early exit's, here or in the
+   session this one was forked or resumed from); rows read from saved bytes are never
    offered. */
 static void offer_rows(const tl_session *s, int n) {
-    if (s->decoder == &tl_plain_decoder && s->m->prefix_pool && !s->rows_from_bytes)
-        tl_prefix_pool_offer(s->m->prefix_pool, s->tokens, n, s->loops, s->ws.state_seed, s->cache);
+    if (!s->m->prefix_pool || s->rows_from_bytes) return;
+    const int rows = s->decoder->sequence_rows ? s->decoder->sequence_rows(s) : s->cache->length;
+    tl_prefix_pool_offer(s->m->prefix_pool, s->tokens, rows < n ? rows : n, s->loops, s->ws.state_seed, s->cache);
+}
+
+void tl_session_take_prefix(tl_session *s) {
+    if (s->m->prefix_pool)
+        s->stats.prompt_tokens_reused =
+            tl_prefix_pool_take(s->m->prefix_pool, s->tokens, s->prompt_len - 1, s->loops, s->ws.state_seed, s->cache);
 }
 
 /* The prompt's rows are in the cache: time the prefill, and offer them to the prefix pool.
@@ -475,13 +483,10 @@ void tl_session_track_reasoning(tl_session *s, size_t old_text_len) {
 
 /* ---------------------------------------------------------------- plain decoding */
 
-/* The cache, holding the longest prefix of the prompt the prefix pool has at this depth
-   (all but the last prompt token at most: its logits are the first step's). */
+/* The cache, holding the longest prefix of the prompt the prefix pool has at this depth. */
 static tl_status plain_open(tl_session *s) {
     tl_status st = tl_session_cache_new(s, 0);
-    if (st == TL_OK && s->m->prefix_pool)
-        s->stats.prompt_tokens_reused =
-            tl_prefix_pool_take(s->m->prefix_pool, s->tokens, s->prompt_len - 1, s->loops, s->ws.state_seed, s->cache);
+    if (st == TL_OK) tl_session_take_prefix(s);
     return st;
 }
 
@@ -507,13 +512,13 @@ static tl_status plain_next(tl_session *s, int32_t *token) {
     return TL_OK;
 }
 
-const tl_decoder tl_plain_decoder = {"plain", plain_open, plain_next, NULL};
+const tl_decoder tl_plain_decoder = {"plain", plain_open, plain_next, NULL, NULL};
 
 /* ---------------------------------------------------------------- emission */
 
 static tl_status finish(tl_session *s, tl_stop_reason reason, tl_stop_reason *stop) {
     s->finished = true;
-    if (s->prompt_done) offer_rows(s, s->cache->length); /* the generated rows too */
+    if (s->prompt_done) offer_rows(s, s->n_tokens); /* the generated rows too */
     s->stats.stop_reason = reason;
     *stop = reason;
     return TL_OK;

@@ -21,6 +21,11 @@ typedef struct tl_decoder {
     /* Finds the next token: *token = -1 when nothing is allowed (dead end). */
     tl_status (*next)(tl_session *s, int32_t *token);
     void (*close)(tl_session *s);
+    /* How many of the cache's first rows hold s->tokens in order, one row a token (what a
+       prefill of those tokens computes, so the prefix pool may keep them); NULL: all of
+       them. A beam search's cache is a tree past its prompt, and a speculative cycle's rows
+       are its drafted tree until the accepted path is compacted. */
+    int (*sequence_rows)(const tl_session *s);
 } tl_decoder;
 
 extern const tl_decoder tl_plain_decoder;
@@ -137,6 +142,12 @@ tl_status tl_session_create_with(const tl_decoder *decoder, const tl_model *m, c
 /* A cache for the whole sequence plus `headroom` rows that one forward may add beyond it
    (a speculative tree before compaction), taking chunks of up to max(chunk, headroom). */
 tl_status tl_session_cache_new(tl_session *s, int headroom);
+/* The new cache's first rows from the model's prefix pool, if it has one: the longest pooled
+   prefix of the prompt at the session's depth, all but the prompt's last token at most
+   (plain decoding needs that token's logits; speculative decoding and beam search take it
+   into their first step). Every decoder's prompt rows are plain rows at full depth, so a
+   prefix any of them computed serves all of them. */
+void tl_session_take_prefix(tl_session *s);
 /* Forwards the prompt's tokens up to index n (from what the cache already holds: a prefix
    from the pool), timing the prefill. */
 tl_status tl_session_prefill(tl_session *s, int n, float *last_logits);

@@ -133,7 +133,20 @@ static tl_status spec_open(tl_session *s) {
     tl_status st = tl_kept_states_reserve(&sp->kept, s->m, sp->max_nodes);
     if (st != TL_OK) return st;
     /* Room for a whole tree after the sequence until the accepted path is compacted. */
-    return tl_session_cache_new(s, sp->max_nodes);
+    st = tl_session_cache_new(s, sp->max_nodes);
+    if (st == TL_OK) tl_session_take_prefix(s);
+    return st;
+}
+
+/* The rows on the sequence: all of them between cycles; within one, the prefix, the root and
+   the accepted path as far as it runs through the nodes in their rows' order (a chain's
+   whole path: its node d sits at base + d; a tree's other nodes are branches). */
+static int spec_sequence_rows(const tl_session *s) {
+    const spec_state *sp = s->mode_state;
+    if (!sp || sp->node < 0) return s->cache->length;
+    int d = 0;
+    while (d < sp->depth && sp->path[d + 1] == d + 1) d++;
+    return sp->base + 1 + d;
 }
 
 /* ---------------------------------------------------------------- drafting */
@@ -344,10 +357,10 @@ static int room(const tl_session *s) {
 static tl_status begin_cycle(tl_session *s, spec_state *sp) {
     if (!s->prompt_done) { /* tl_session_prefill marks it */
         /* The prompt minus its last token: that one is the first cycle's root. */
-        const int n = s->prompt_len - 1;
+        const int n = s->prompt_len - 1, computed = n - s->cache->length; /* (the rest: the pool's) */
         tl_status st = tl_session_prefill(s, n, NULL);
         if (st != TL_OK) return st;
-        s->stats.verify_forwards += (n + s->chunk - 1) / s->chunk;
+        s->stats.verify_forwards += (computed + s->chunk - 1) / s->chunk;
     }
     sp->base = s->cache->length;
     tl_status st = draft(s, sp, room(s));
@@ -445,7 +458,7 @@ static tl_status spec_next(tl_session *s, int32_t *token) {
     return st;
 }
 
-const tl_decoder tl_speculative_decoder = {"speculative", spec_open, spec_next, spec_close};
+const tl_decoder tl_speculative_decoder = {"speculative", spec_open, spec_next, spec_close, spec_sequence_rows};
 
 /* ---------------------------------------------------------------- blocking calls */
 

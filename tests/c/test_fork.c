@@ -705,6 +705,143 @@ static void prefix_pool_seeded(const char *huginn_dir) {
     tl_model_free(cold);
 }
 
+/* Speculative decoding (chain, sampled chain, tree) and beam search prefill their prompt but
+   its last token with plain rows at full depth: they take a pooled prefix and offer their
+   prompt, as plain sessions do. Each mode, on a prompt that resends a plain generation and
+   goes on, reuses all that generation's rows and emits exactly what it emits on a model
+   without a pool, alone and stepped in a batch (the batch prefills the prompts of its
+   speculative and beam sessions in the shared pass). Then the next plain turn after each
+   mode's generation reuses the mode's rows: a beam search's prompt (past it, its cache is
+   every beam's rows), a speculative session's prompt and accepted tokens (the verifier's
+   rows are plain decoding's bit for bit), and continues as a cold start does. */
+static void prefix_pool_other_decoders(const char *dir) {
+    tl_model *pooled = load(dir), *cold = load(dir);
+    if (!pooled || !cold) { CHECK(0, "load"); tl_model_free(pooled); tl_model_free(cold); return; }
+    CHECK(tl_model_set_prefix_pool(pooled, 64 << 20) == TL_OK, "pool: %s", tl_last_error());
+    const int vocab = tl_model_info(pooled)->vocab_size;
+    enum { MODES = 4 };
+    const char *names[MODES] = {"chain", "sampled chain", "tree", "beam"};
+    tl_generate_config modes[MODES];
+    for (int i = 0; i < MODES; i++) {
+        tl_generate_config_init(&modes[i]);
+        modes[i].max_tokens = GEN;
+        modes[i].ignore_eos = 1;
+        modes[i].loops = tl_model_info(pooled)->max_loops; /* next_turn_reuse's depth */
+        modes[i].draft_loops = 1;
+    }
+    modes[0].speculative = modes[1].speculative = TL_SPECULATIVE_CHAIN;
+    modes[1].temperature = 0.9f;
+    modes[1].sample_seed = 5;
+    modes[2].speculative = TL_SPECULATIVE_TREE;
+    modes[2].K_branches = 2;
+    modes[2].max_nodes = 9;
+    modes[3].beam_size = 3;
+    tl_generate_config plain;
+    tl_generate_config_init(&plain);
+    plain.max_tokens = GEN;
+    plain.ignore_eos = 1;
+    plain.loops = modes[0].loops;
+    for (int mode = 0; mode < MODES; mode++) {
+        for (int batched = 0; batched < 2; batched++) {
+            /* A plain generation into the pool, then the mode on its text and MORE tokens. */
+            int32_t prompt[CAP];
+            for (int i = 0; i < N; i++) prompt[i] = (int32_t)((i * 41 + 3 + 97 * (2 * mode + batched)) % vocab);
+            tl_session *first = NULL, *got = NULL, *want = NULL;
+            CHECK(tl_session_new(pooled, prompt, N, &plain, &first) == TL_OK && run(first, GEN) == N + GEN, "%s: plain: %s",
+                  names[mode], tl_last_error());
+            if (!first) continue;
+            const int n = N + GEN + MORE;
+            memcpy(prompt, first->tokens, (size_t)(N + GEN) * sizeof *prompt);
+            tl_session_free(first);
+            for (int i = 0; i < MORE; i++) prompt[N + GEN + i] = (int32_t)((i * 29 + 13) % vocab);
+            CHECK(tl_session_new(pooled, prompt, n, &modes[mode], &got) == TL_OK &&
+                      tl_session_new(cold, prompt, n, &modes[mode], &want) == TL_OK,
+                  "%s: sessions: %s", names[mode], tl_last_error());
+            if (!got || !want) { tl_session_free(got); tl_session_free(want); continue; }
+            if (batched) {
+                /* stepped together with a plain session, as an engine steps them */
+                tl_session *other = NULL;
+                CHECK(tl_session_new(pooled, prompt + 1, N, &plain, &other) == TL_OK, "other: %s", tl_last_error());
+                for (int step = 0; step < GEN && !got->finished; step++) {
+                    tl_session *pair[2] = {got, other};
+                    int32_t tokens[2];
+                    tl_stop_reason stops[2];
+                    tl_status statuses[2];
+                    const int live = other && !other->finished ? 2 : 1;
+                    CHECK(tl_session_step_batch(pair, live, tokens, stops, statuses) == TL_OK && statuses[0] == TL_OK,
+                          "%s: batch step: %s", names[mode], tl_session_error(got));
+                }
+                tl_session_free(other);
+            } else {
+                run(got, GEN);
+            }
+            run(want, GEN);
+            CHECK(got->stats.prompt_tokens_reused == N + GEN - 1 && got->stats.prefill_tokens == n - 1 - (N + GEN - 1),
+                  "%s%s: reused %d prompt tokens (want %d), computed %d", names[mode], batched ? " in a batch" : "",
+                  got->stats.prompt_tokens_reused, N + GEN - 1, got->stats.prefill_tokens);
+            CHECK(got->n_tokens == n + GEN && same_tokens(got, want), "%s%s: the pooled output differs from a cold start",
+                  names[mode], batched ? " in a batch" : "");
+            tl_session_free(want);
+            if (batched) { tl_session_free(got); continue; }
+            /* the next plain turn after the mode's generation */
+            bool as_cold = false;
+            const int reused = next_turn_reuse(pooled, cold, got->tokens, got->n_tokens, &as_cold);
+            const int low = modes[mode].beam_size ? n - 1 : got->n_tokens - 1;
+            const int high = modes[mode].beam_size ? n - 1 : got->n_tokens;
+            CHECK(reused >= low && reused <= high && as_cold,
+                  "%s: the next turn reused %d prompt tokens (want %d to %d), as a cold start: %d", names[mode], reused, low,
+                  high, as_cold);
+            tl_session_free(got);
+        }
+    }
+    /* Stopped within a cycle (a stop sequence on a token the verifier accepted): the chain's
+       rows then run to its last token, whose row the verification computed; a tree's to its
+       first branch off the nodes' order. Each stop token is the cold chain's at that place. */
+    int ended_on_accepted = 0;
+    for (int mode = 0; mode <= 2; mode += 2)
+        for (int at = 1; at <= GEN; at++) {
+            int32_t prompt[N], cold_out[CAP];
+            for (int i = 0; i < N; i++) prompt[i] = (int32_t)((i * 23 + 7 + 89 * (at + GEN * mode)) % vocab);
+            int n_cold = 0;
+            tl_generate_config cfg = modes[mode];
+            CHECK(tl_generate(cold, prompt, N, &cfg, cold_out, CAP, &n_cold, NULL) == TL_OK && n_cold == N + GEN, "%s: %s",
+                  names[mode], tl_last_error());
+            const tl_token_seq stop = {&cold_out[N + at - 1], 1};
+            cfg.stop_sequences = &stop;
+            cfg.n_stop_sequences = 1;
+            tl_session *s = NULL;
+            CHECK(tl_session_new(pooled, prompt, N, &cfg, &s) == TL_OK && run(s, GEN) > N && s->finished, "%s: %s",
+                  names[mode], tl_last_error());
+            if (!s) continue;
+            /* the first logits of the next turn, not only its tokens: a row of another node's
+               K/V in the pool moves them before it flips an argmax */
+            int32_t next[CAP];
+            memcpy(next, s->tokens, (size_t)s->n_tokens * sizeof *next);
+            next[s->n_tokens] = 1; /* (a prompt takes all but its last token from the pool) */
+            tl_session *next_pooled = NULL, *next_cold = NULL;
+            CHECK(tl_session_new(pooled, next, s->n_tokens + 1, &plain, &next_pooled) == TL_OK &&
+                      tl_session_new(cold, next, s->n_tokens + 1, &plain, &next_cold) == TL_OK && run(next_pooled, 1) > 0 &&
+                      run(next_cold, 1) > 0,
+                  "next turn: %s", tl_last_error());
+            CHECK(next_pooled && next_cold && next_pooled->stats.prompt_tokens_reused > 0 &&
+                      memcmp(next_pooled->logits, next_cold->logits, (size_t)vocab * sizeof(float)) == 0,
+                  "%s stopped at token %d: the next turn's first logits on the pool differ from a cold start's", names[mode], at);
+            tl_session_free(next_pooled);
+            tl_session_free(next_cold);
+            bool as_cold = false;
+            const int reused = next_turn_reuse(pooled, cold, s->tokens, s->n_tokens, &as_cold);
+            const int low = mode == 0 ? s->n_tokens - 1 : N - 1;
+            CHECK(reused >= low && reused <= s->n_tokens && as_cold,
+                  "%s stopped at token %d: the next turn reused %d prompt tokens (want %d to %d), as a cold start: %d",
+                  names[mode], at, reused, low, s->n_tokens, as_cold);
+            ended_on_accepted += mode == 0 && reused == s->n_tokens;
+            tl_session_free(s);
+        }
+    CHECK(ended_on_accepted > 0, "no chain stopped on a token its verification had computed");
+    tl_model_free(pooled);
+    tl_model_free(cold);
+}
+
 /* Kept pages (kv_cache.h: a freed page is reused with its old rows in it). Sessions on a
    model whose spare pages hold other sessions' K/V emit exactly what they emit on a model
    that never reuses a page: with a window (a ring), speculative rollback and early exit
@@ -832,6 +969,7 @@ int main(int argc, char **argv) {
     prefix_pool_shared_pages(dir);
     early_exit_pages(dir);
     prefix_pool_keeps_generations(dir);
+    prefix_pool_other_decoders(dir);
     char huginn[4096];
     snprintf(huginn, sizeof huginn, "%s/../hf/huginn_f32", dir);
     prefix_pool_seeded(huginn);

@@ -1894,6 +1894,27 @@ describe("chat completions", function()
                      metric(metrics(), "tinyloop_prompt_tokens_cached_total"))
     end)
 
+    it("serves speculative and beam search requests from the prefix pool too", function()
+        local conversation = { { role = "system", content = "You are Mr Woodhouse, and fear every draught." },
+                               { role = "user", content = "Shall we walk to Randalls?" } }
+        local function ask(extra)
+            local t = { messages = conversation, max_tokens = 6, ignore_eos = true, temperature = 0 }
+            for k, v in pairs(extra) do t[k] = v end
+            local status, body = post_chat(t)
+            assert.equal(200, status, body)
+            return cjson.decode(body)
+        end
+        local plain = ask({}) -- (its template's first tokens may come from earlier chats)
+        assert.truthy(plain.usage.prompt_tokens_details.cached_tokens < plain.usage.prompt_tokens - 1)
+        -- all but the last prompt token, which speculative decoding and beam search take into
+        -- their first step; greedy speculative decoding emits plain decoding's tokens
+        local spec = ask({ speculative = "chain", draft_loops = 1 })
+        assert.equal(plain.usage.prompt_tokens - 1, spec.usage.prompt_tokens_details.cached_tokens)
+        assert.same(plain.choices[1].token_ids, spec.choices[1].token_ids)
+        local beam = ask({ beam_size = 2 })
+        assert.equal(plain.usage.prompt_tokens - 1, beam.usage.prompt_tokens_details.cached_tokens)
+    end)
+
     it("answers n choices, and takes a grammar like the completions API", function()
         local status, body = post_chat({ messages = messages, max_tokens = 4, n = 2, temperature = 1, seed = 3, ignore_eos = true })
         assert.equal(200, status, body)
