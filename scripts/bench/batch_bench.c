@@ -186,11 +186,20 @@ static double quantile(const step_times *t, double q) {
     return t->ms[k < 0 ? 0 : k >= t->n ? t->n - 1 : k];
 }
 
+/* The decoders the prefix-pool figure times: plain, a speculative chain, a beam search. */
+enum { PLAIN, CHAIN, BEAM, DECODERS };
+static const char *const decoder_names[DECODERS] = {"plain", "speculative chain", "beam search (2)"};
+
 /* Time to first token (ms) of a prompt `len` tokens long. */
-static double first_token_ms(const tl_model *m, const int32_t *prompt, int len, int *reused) {
+static double first_token_ms_with(const tl_model *m, const int32_t *prompt, int len, int *reused, int decoder) {
     tl_generate_config cfg;
     tl_generate_config_init(&cfg);
     cfg.max_tokens = 1;
+    if (decoder == CHAIN) {
+        cfg.speculative = TL_SPECULATIVE_CHAIN;
+        cfg.draft_loops = 1;
+    }
+    if (decoder == BEAM) cfg.beam_size = 2;
     tl_session *s;
     int32_t token;
     tl_stop_reason stop;
@@ -201,6 +210,10 @@ static double first_token_ms(const tl_model *m, const int32_t *prompt, int len, 
     *reused = tl_session_stats(s)->prompt_tokens_reused;
     tl_session_free(s);
     return ms;
+}
+
+static double first_token_ms(const tl_model *m, const int32_t *prompt, int len, int *reused) {
+    return first_token_ms_with(m, prompt, len, reused, PLAIN);
 }
 
 /* --pool-entries N: sessions that each open with the shared prefix and go on with 2 tokens of
@@ -506,14 +519,27 @@ int main(int argc, char **argv) {
         if (!prompt) die("out of memory");
         for (int k = 0; k <= prefix; k++) prompt[k] = random_token(info->vocab_size);
         int reused;
-        const double cold = first_token_ms(m, prompt, prefix + 1, &reused);
-        state_file_figure(m, prompt, prefix + 1, cold);
+        /* (a speculative draft runs fewer loops than the verifier: none on a model of one loop) */
+        const bool chain = info->default_loops >= 2;
+        double cold[DECODERS];
+        for (int d = 0; d < DECODERS; d++)
+            if (d != CHAIN || chain) cold[d] = first_token_ms_with(m, prompt, prefix + 1, &reused, d);
+        state_file_figure(m, prompt, prefix + 1, cold[PLAIN]);
         if (tl_model_set_prefix_pool(m, (int64_t)1 << 32) != TL_OK) die("prefix pool");
         first_token_ms(m, prompt, prefix + 1, &reused); /* fills the pool */
-        prompt[prefix] = (prompt[prefix] + 1) % info->vocab_size; /* a new question after the shared prefix */
-        const double warm = first_token_ms(m, prompt, prefix + 1, &reused);
-        printf("\nshared prefix of %d tokens: time to first token %.1f ms cold, %.1f ms from the pool "
-               "(%d tokens reused): %.1fx shorter\n", prefix, cold, warm, reused, cold / warm);
+        /* each decoder's prompt: a new question after the shared prefix (every decoder takes
+           and offers prefixes, so each asks one no other asked) */
+        for (int d = 0; d < DECODERS; d++) {
+            if (d == CHAIN && !chain) {
+                printf("shared prefix of %d tokens, %s: not measured (the model loops once)\n", prefix, decoder_names[d]);
+                continue;
+            }
+            prompt[prefix] = (prompt[prefix] + 1) % info->vocab_size;
+            const double warm = first_token_ms_with(m, prompt, prefix + 1, &reused, d);
+            printf("%sshared prefix of %d tokens, %s: time to first token %.1f ms cold, %.1f ms from the pool "
+                   "(%d tokens reused): %.1fx shorter\n", d == 0 ? "\n" : "", prefix, decoder_names[d], cold[d], warm,
+                   reused, cold[d] / warm);
+        }
         fflush(stdout);
         if (pool_entries > 0) pool_growth(m, prompt, prefix, pool_entries, info->vocab_size);
         free(prompt);
