@@ -357,10 +357,12 @@ static int room(const tl_session *s) {
 static tl_status begin_cycle(tl_session *s, spec_state *sp) {
     if (!s->prompt_done) { /* tl_session_prefill marks it */
         /* The prompt minus its last token: that one is the first cycle's root. */
-        const int n = s->prompt_len - 1, computed = n - s->cache->length; /* (the rest: the pool's) */
+        const int n = s->prompt_len - 1;
         tl_status st = tl_session_prefill(s, n, NULL);
         if (st != TL_OK) return st;
-        s->stats.verify_forwards += (computed + s->chunk - 1) / s->chunk;
+        /* the rows from the prefill's first (past the pool's), whether this call or a batch's
+           shared pass forwarded them, counted in passes of a chunk */
+        s->stats.verify_forwards += (n - s->prefill_first_row + s->chunk - 1) / s->chunk;
     }
     sp->base = s->cache->length;
     tl_status st = draft(s, sp, room(s));

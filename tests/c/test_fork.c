@@ -781,6 +781,10 @@ static void prefix_pool_other_decoders(const char *dir) {
                   got->stats.prompt_tokens_reused, N + GEN - 1, got->stats.prefill_tokens);
             CHECK(got->n_tokens == n + GEN && same_tokens(got, want), "%s%s: the pooled output differs from a cold start",
                   names[mode], batched ? " in a batch" : "");
+            /* (the prefill's passes: one of 30 rows cold, one of 3 from the pool, alone or in the
+               batch's shared pass) */
+            CHECK(got->stats.verify_forwards == want->stats.verify_forwards, "%s%s: %d forwards at the verify depth, cold %d",
+                  names[mode], batched ? " in a batch" : "", got->stats.verify_forwards, want->stats.verify_forwards);
             tl_session_free(want);
             if (batched) { tl_session_free(got); continue; }
             /* the next plain turn after the mode's generation */
