@@ -484,7 +484,9 @@ typedef struct tl_generate_config {
        grammar must allow reasoning_end where it is forced (the after-block grammars do):
        else that step fails with TL_ERR_UNSUPPORTED, saying so. The forced tokens'
        log-probabilities are the model's own (tl_session_logprobs), however low. Plain and
-       batched decoding, early exit included; speculative and beam sessions refuse it. */
+       batched decoding, early exit included; speculative and beam sessions refuse it. Neither
+       tag may hold an id that ends generation (eos_token_id unless ignore_eos, a one-token
+       stop sequence): forced, it would end the reply inside its block, min_tokens or not. */
     int reasoning_budget;            /* 0 (off); > 0: the most tokens of a block */
     tl_token_seq reasoning_start;    /* 1..TL_MAX_REASONING_TAG ids (0 ids: only with reasoning_open) */
     tl_token_seq reasoning_end;      /* 1..TL_MAX_REASONING_TAG ids; also what the budget forces */

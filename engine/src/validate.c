@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sampler.h"
 #include "validate.h"
 
 /* ---------------------------------------------------------------- defaults */
@@ -287,10 +288,17 @@ static tl_status validate_reasoning(const tl_model *m, const tl_generate_config 
                            TL_MAX_REASONING_TAG);
         if (tag->n > 0 && !tag->tokens)
             return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s.tokens is NULL (n = %d)", names[t], tag->n);
-        for (int j = 0; j < tag->n; j++)
+        for (int j = 0; j < tag->n; j++) {
             if (tag->tokens[j] < 0 || tag->tokens[j] >= m->cfg.vocab_size)
                 return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s token id %d is out of range [0, %d)", names[t], tag->tokens[j],
                                m->cfg.vocab_size);
+            /* (the budget forces the end's ids past every ban: an end among them stopped the
+               reply there, before min_tokens, and inside the block it was closing) */
+            if (tl_is_end(c, m->cfg.eos_token_id, tag->tokens[j]))
+                return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                               "%s token id %d ends generation (eos_token_id or a one-token stop sequence): a tag of the "
+                               "thinking block cannot", names[t], tag->tokens[j]);
+        }
     }
     if (c->speculative != TL_SPECULATIVE_OFF || c->beam_size >= 2)
         return tl_fail(TL_ERR_UNSUPPORTED, "a thinking budget (reasoning_budget = %d) is for plain decoding, not %s",
