@@ -698,6 +698,11 @@ tl_status tl_model_set_prefix_pool(tl_model *model, int64_t budget_bytes);
 /* The sequence so far: prompt + emitted tokens; valid until the next step or free. */
 const int32_t *tl_session_tokens(const tl_session *session, int *n);
 const tl_generate_stats *tl_session_stats(const tl_session *session);
+/* The most bytes of K/V pages the session can hold before it ends: its prompt, max_tokens
+   and the rows its mode adds (a speculative tree before compaction, every beam's tokens), or
+   its window, in every layer instance of its depth (a page shared with a fork or the prefix
+   pool counted as its own). The measure of a serving engine's kv_budget_bytes. 0 for NULL. */
+int64_t tl_session_max_kv_bytes(const tl_session *session);
 
 /* Text of the emitted tokens that became safe to show since the last call: bytes of an
    unfinished UTF-8 sequence and any suffix that may still grow into a stop string are held
@@ -818,6 +823,15 @@ typedef struct tl_engine_options {
                         so it delays their next token (and a cancel) by one chunk, not by its
                         whole prefill. -1: tl_engine_auto_step_rows(max_active); 0: no limit;
                         otherwise more than max_active. */
+    int64_t kv_budget_bytes; /* 0 (none); else the K/V memory the running requests may hold at
+                        most, each counted at its tl_session_max_kv_bytes: a queued request
+                        starts when its share fits beside the running ones' (in submit order:
+                        one that waits for memory holds back those after it, so that a large
+                        request is not passed over for good), and a session whose share alone
+                        is over the budget is refused at submit. Memory is what an engine of a
+                        large looped model runs out of first (Huginn-0125 at 32 loops holds
+                        5.6 MB of K/V a token), and a process the kernel kills for it loses
+                        every request; the prefix pool's pages are its own budget besides. */
 } tl_engine_options;
 
 void tl_engine_options_init(tl_engine_options *opts);
@@ -932,6 +946,10 @@ typedef struct tl_engine_counters {
                                     forwarding none, counts in neither) */
     uint64_t waiter_wakeups;     /* times a sleeping tl_engine_wait woke (its request's output, finish
                                     or cancel, the engine's stop, its timeout): not once per step */
+    int64_t kv_budget_bytes;     /* the option (0: none) */
+    int64_t kv_reserved_bytes;   /* the running requests' tl_session_max_kv_bytes, summed */
+    int kv_waiting;              /* queued requests that a free place would not start: the first
+                                    one's share does not fit the budget beside the running ones' */
 } tl_engine_counters;
 
 /* The engine's counters now (engine NULL: zeros, as tl_model_get_memory's). */

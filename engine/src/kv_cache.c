@@ -195,6 +195,14 @@ size_t tl_kv_cache_bytes(const tl_kv_cache *c) {
 
 size_t tl_kv_page_bytes(const tl_model *model) { return page_bytes(model); }
 
+size_t tl_kv_cache_max_bytes(const tl_kv_cache *c) {
+    const tl_config *cfg = &c->model->cfg;
+    const int loops = c->reserve_loops < cfg->max_loops ? c->reserve_loops : cfg->max_loops;
+    size_t slots = 0;
+    for (int slot = 0; slot < c->n_slots; slot++) slots += tl_kv_slot_at_depth(cfg, slot, loops);
+    return slots * (size_t)c->n_pages * page_bytes(c->model);
+}
+
 /* ---------------------------------------------------------------- caches */
 
 static tl_kv_cache *cache_alloc(const tl_model *m, int capacity) {

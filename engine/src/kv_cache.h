@@ -88,6 +88,9 @@ tl_status tl_kv_cache_fork(const tl_kv_cache *src, tl_kv_cache **out);
 void tl_kv_cache_free(tl_kv_cache *cache);
 /* Bytes of K/V pages this cache references (shared ones included). */
 size_t tl_kv_cache_bytes(const tl_kv_cache *cache);
+/* The most bytes of K/V pages this cache can reference: every page of its capacity in every
+   slot up to reserve_loops deep (a shared page counted as its own: a write copies it). */
+size_t tl_kv_cache_max_bytes(const tl_kv_cache *cache);
 /* Bytes of one K/V page of the model (its K and V). */
 size_t tl_kv_page_bytes(const tl_model *model);
 

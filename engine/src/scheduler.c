@@ -62,6 +62,7 @@ typedef struct request {
     waiter *waiters;           /* the tl_engine_wait calls sleeping on this request */
     tl_session *session;       /* owned until it finishes or is cancelled; then NULL */
     int logprobs;              /* tl_engine_request_options.logprobs: -1, or the alternatives */
+    int64_t kv_share;          /* tl_session_max_kv_bytes at submit: its share of kv_budget_bytes */
     tl_engine_state state;
     bool cancelled;            /* the caller is gone: drop the session, free the request */
     bool oom;                  /* an output buffer could not grow: finish with an error */
@@ -115,6 +116,7 @@ void tl_engine_options_init(tl_engine_options *opts) {
     opts->max_active = 8;
     opts->max_queued = 32;
     opts->step_rows = -1; /* auto: tl_engine_auto_step_rows */
+    opts->kv_budget_bytes = 0; /* none */
 }
 
 /* step_rows = -1: whole forward passes of TL_FORWARD_CHUNK rows with at least 32 of them left
@@ -287,16 +289,29 @@ static void *engine_main(void *arg) {
             request *r = run[i];
             if (r->cancelled) {
                 e->c.active--;
+                e->c.kv_reserved_bytes -= r->kv_share;
                 unlink_request(e, r);
                 e->retired_requests[e->n_retired_requests++] = r; /* (at most one per place) */
             } else if (r->state == TL_ENGINE_RUNNING) {
                 run[kept++] = r;
-            } /* else finished: it left the batch, the request waits for its reader */
+            } else { /* finished: it left the batch, the request waits for its reader */
+                e->c.kv_reserved_bytes -= r->kv_share;
+            }
         }
         n_run = kept;
+        /* Queued requests start in submit order while places are free and, under a budget,
+           while their K/V share fits beside the running ones'; the first that does not fit
+           holds back the rest (kv_waiting), else a stream of small requests could keep a large
+           one waiting for good. */
+        e->c.kv_waiting = 0;
         for (int i = 0; i < e->n_reqs && n_run < cap; i++) {
             request *r = e->reqs[i];
             if (r->state == TL_ENGINE_QUEUED && !r->cancelled) {
+                if (e->opts.kv_budget_bytes > 0 && e->c.kv_reserved_bytes + r->kv_share > e->opts.kv_budget_bytes) {
+                    for (int k = i; k < e->n_reqs; k++)
+                        e->c.kv_waiting += e->reqs[k]->state == TL_ENGINE_QUEUED && !e->reqs[k]->cancelled;
+                    break;
+                }
                 r->state = TL_ENGINE_RUNNING;
                 e->c.queued--;
                 e->c.active++;
@@ -305,6 +320,7 @@ static void *engine_main(void *arg) {
                     finish(e, r, TL_STOP_NONE, TL_ERR_INVALID_ARGUMENT, FREED_WHILE_HELD);
                     continue;
                 }
+                e->c.kv_reserved_bytes += r->kv_share;
                 run[n_run++] = r;
             }
         }
@@ -406,6 +422,9 @@ tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl
     if (o.max_queued < 0 || o.max_queued > 1 << 20)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "max_queued = %d must be in [0, 1048576]", o.max_queued);
     if (o.step_rows == -1) o.step_rows = tl_engine_auto_step_rows(o.max_active);
+    if (o.kv_budget_bytes < 0)
+        return tl_fail(TL_ERR_INVALID_ARGUMENT, "kv_budget_bytes = %lld must be 0 (none) or more",
+                       (long long)o.kv_budget_bytes);
     if (o.step_rows < 0 || (o.step_rows > 0 && o.step_rows <= o.max_active))
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
                        "step_rows = %d must be -1 (auto), 0 (no limit) or more than max_active = %d (every "
@@ -418,6 +437,7 @@ tl_status tl_engine_new(const tl_model *model, const tl_engine_options *opts, tl
     e->next_id = 1;
     e->c.max_active = o.max_active;
     e->c.max_queued = o.max_queued;
+    e->c.kv_budget_bytes = o.kv_budget_bytes;
     if (!alloc_engine_arrays(e)) {
         free_engine_arrays(e);
         free(e);
@@ -584,6 +604,18 @@ tl_status tl_engine_submit_with(tl_engine *e, tl_session *session, const tl_engi
         refusal = tl_session_batch_refusal(session, e->model);
         if (refusal || full) tl_session_unclaim(session);
     }
+    const int64_t share = tl_session_max_kv_bytes(session);
+    const int64_t budget = e->opts.kv_budget_bytes;
+    if (!refusal && budget > 0 && share > budget) { /* it would wait for good */
+        tl_session_unclaim(session);
+        pthread_mutex_unlock(&e->mu);
+        free(r);
+        return tl_fail(TL_ERR_INVALID_ARGUMENT,
+                       "tl_engine_submit: the session may hold %.1f MB of K/V (its prompt and max_tokens at %d loops), "
+                       "more than the engine's kv_budget_bytes (%.1f MB): fewer tokens, fewer loops, a cache_window or "
+                       "an f16 KV cache need less",
+                       (double)share / 1048576.0, session->loops, (double)budget / 1048576.0);
+    }
     if (refusal || full) {
         if (!refusal) e->c.rejected++;
         pthread_mutex_unlock(&e->mu);
@@ -592,6 +624,7 @@ tl_status tl_engine_submit_with(tl_engine *e, tl_session *session, const tl_engi
     }
     r->id = e->next_id++;
     r->session = session;
+    r->kv_share = share;
     r->logprobs = o.logprobs;
     r->state = TL_ENGINE_QUEUED;
     e->reqs[e->n_reqs++] = r;

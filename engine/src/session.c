@@ -261,6 +261,8 @@ const int32_t *tl_session_tokens(const tl_session *s, int *n) {
 
 const tl_generate_stats *tl_session_stats(const tl_session *s) { return s ? &s->stats : NULL; }
 
+int64_t tl_session_max_kv_bytes(const tl_session *s) { return s && s->cache ? (int64_t)tl_kv_cache_max_bytes(s->cache) : 0; }
+
 /* ---------------------------------------------------------------- shared by the decoders */
 
 /* Offers the cache's rows that hold the sequence so far (at most n) to the model's prefix

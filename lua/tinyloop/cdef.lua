@@ -279,6 +279,7 @@ const int32_t *tl_session_state_tokens(const tl_session_state *state, int *n_tok
 tl_status tl_model_set_prefix_pool(tl_model *model, int64_t budget_bytes);
 const int32_t *tl_session_tokens(const tl_session *session, int *n);
 const tl_generate_stats *tl_session_stats(const tl_session *session);
+int64_t tl_session_max_kv_bytes(const tl_session *session);
 tl_status tl_session_text(tl_session *session, const char **piece, size_t *len);
 int tl_token_in_text(const tl_model *model, const tl_generate_config *config, int32_t id);
 const tl_generate_config *tl_session_config(const tl_session *session);
@@ -331,6 +332,7 @@ typedef struct tl_engine_options {
     int max_active;
     int max_queued;
     int step_rows;
+    int64_t kv_budget_bytes;
 } tl_engine_options;
 void tl_engine_options_init(tl_engine_options *opts);
 int tl_engine_auto_step_rows(int max_active);
@@ -376,6 +378,9 @@ typedef struct tl_engine_counters {
     uint64_t steps_after_cancel;
     uint64_t partial_prefills;
     uint64_t waiter_wakeups;
+    int64_t kv_budget_bytes;
+    int64_t kv_reserved_bytes;
+    int kv_waiting;
 } tl_engine_counters;
 void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);
 typedef struct tl_compiled_grammar tl_compiled_grammar;

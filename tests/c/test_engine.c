@@ -203,6 +203,138 @@ static int beam_hook(void *user, float *logits, int vocab_size, const int32_t *t
     return TL_HOOK_CONTINUE;
 }
 
+/* A logits hook whose k-th call holds its step until the test has released k calls. */
+static int budget_calls, budget_released;
+static int budget_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
+    (void)user, (void)logits, (void)vocab_size, (void)tokens, (void)n;
+    pthread_mutex_lock(&gate_mu);
+    const int call = ++budget_calls;
+    pthread_cond_broadcast(&gate_cv);
+    while (budget_released < call) pthread_cond_wait(&gate_cv, &gate_mu);
+    pthread_mutex_unlock(&gate_mu);
+    return TL_HOOK_CONTINUE;
+}
+static void budget_wait_calls(int calls) {
+    pthread_mutex_lock(&gate_mu);
+    while (budget_calls < calls) pthread_cond_wait(&gate_cv, &gate_mu);
+    pthread_mutex_unlock(&gate_mu);
+}
+static void budget_release(int calls) {
+    pthread_mutex_lock(&gate_mu);
+    budget_released = calls;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+}
+
+/* The KV budget: tl_session_max_kv_bytes is what a session's pages come to (a whole page of
+   rows per layer instance of its depth, counted against the model's memory); a session over
+   the budget is refused at submit and stays the caller's; running requests' shares stay
+   within the budget, the first queued one that does not fit holding back the rest (a small
+   one that would fit waits behind it), and every request still emits tl_generate's tokens. */
+static void kv_budget(const char *dir) {
+    const struct tl_model_info *info = tl_model_info(model);
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.ignore_eos = 1;
+    cfg.max_tokens = 12; /* 4 + 12 rows: one page of 16 per layer instance */
+    const int32_t prompt[4] = {21, 22, 23, 24};
+    tl_model *own = NULL; /* (the shared model's pages are other requests' too, freed as their engines get to it) */
+    tl_load_options o;
+    tl_load_options_init(&o);
+    o.n_threads = 1;
+    CHECK(tl_model_load(dir, &o, &own) == TL_OK, "load: %s", tl_last_error());
+    if (!own) return;
+    tl_session *one_page = NULL;
+    CHECK(tl_session_new(own, prompt, 4, &cfg, &one_page) == TL_OK, "%s", tl_last_error());
+    const int64_t page_share = tl_session_max_kv_bytes(one_page);
+    const int slots = info->n_prelude + info->n_block * info->default_loops + info->n_coda;
+    const int64_t element = strcmp(info->kv_type, "f16") == 0 ? 2 : 4; /* (the suite reruns this with an f16 cache) */
+    const int64_t page = 2 * 16 * (int64_t)info->n_kv_heads * info->head_dim * element;
+    CHECK(page_share == slots * page, "a 16-row session's share %lld, want %d slots x %lld bytes", (long long)page_share, slots,
+          (long long)page);
+    int32_t token;
+    tl_stop_reason stop = TL_STOP_NONE;
+    while (stop == TL_STOP_NONE && tl_session_step(one_page, &token, &stop) == TL_OK) {}
+    tl_model_memory mem;
+    tl_model_get_memory(own, &mem);
+    CHECK(mem.kv_bytes == page_share, "run to its end, the session holds %lld bytes of K/V, its share %lld",
+          (long long)mem.kv_bytes, (long long)page_share);
+    tl_session_free(one_page);
+    tl_model_free(own);
+    CHECK(tl_session_max_kv_bytes(NULL) == 0, "NULL: 0");
+
+    tl_engine_options eo;
+    tl_engine_options_init(&eo);
+    CHECK(eo.kv_budget_bytes == 0, "no budget by default");
+    eo.kv_budget_bytes = -1;
+    tl_engine *e = NULL;
+    CHECK_ERROR(tl_engine_new(model, &eo, &e), TL_ERR_INVALID_ARGUMENT, "kv_budget_bytes = -1 must be 0 (none) or more");
+    cfg.max_tokens = 60; /* 64 rows: 4 pages */
+    tl_session *big = new_session(prompt, &cfg);
+    const int64_t big_share = tl_session_max_kv_bytes(big);
+    CHECK(big_share == 4 * page_share, "64 rows: %lld, want 4 pages' %lld", (long long)big_share, (long long)(4 * page_share));
+    eo.kv_budget_bytes = big_share + big_share / 2; /* one big request at a time, and a small one beside it */
+    eo.max_active = 4;
+    CHECK(tl_engine_new(model, &eo, &e) == TL_OK, "%s", tl_last_error());
+    tl_generate_config huge = cfg;
+    huge.max_tokens = 120; /* 8 pages: over the budget */
+    tl_session *over = new_session(prompt, &huge);
+    uint64_t id = 1;
+    CHECK_ERROR(tl_engine_submit(e, over, &id), TL_ERR_INVALID_ARGUMENT, "more than the engine's kv_budget_bytes");
+    CHECK(id == 0 && tl_session_step(over, &token, &stop) == TL_OK, "the refused session is the caller's: %s", tl_last_error());
+    tl_session_free(over);
+
+    /* A (held in its steps by the hook), then B (as big) and C (small, would fit beside A). */
+    tl_generate_config held = cfg;
+    held.logits_processor = budget_hook;
+    tl_generate_config small = cfg;
+    small.max_tokens = 12;
+    const int32_t prompts[3][4] = {{31, 32, 33, 34}, {41, 42, 43, 44}, {51, 52, 53, 54}};
+    const tl_generate_config *cfgs[3] = {&held, &cfg, &small};
+    uint64_t ids[3] = {0};
+    tl_session_free(big);
+    CHECK(tl_engine_submit(e, new_session(prompts[0], cfgs[0]), &ids[0]) == TL_OK && ids[0] > 0, "A: %s", tl_last_error());
+    budget_wait_calls(1);
+    for (int i = 1; i < 3; i++)
+        CHECK(tl_engine_submit(e, new_session(prompts[i], cfgs[i]), &ids[i]) == TL_OK && ids[i] > 0, "%c: %s", 'A' + i,
+              tl_last_error());
+    budget_release(1);
+    budget_wait_calls(2); /* A's next step: the admission between them left B and C queued */
+    tl_engine_counters c;
+    tl_engine_get_counters(e, &c);
+    CHECK(c.kv_budget_bytes == eo.kv_budget_bytes && c.active == 1 && c.queued == 2 && c.kv_reserved_bytes == big_share &&
+              c.kv_waiting == 2,
+          "A running: active %d, queued %d, reserved %lld (want %lld), waiting for memory %d", c.active, c.queued,
+          (long long)c.kv_reserved_bytes, (long long)big_share, c.kv_waiting);
+    tl_engine_update u;
+    CHECK(tl_engine_read(e, ids[2], &u) == TL_OK && u.state == TL_ENGINE_QUEUED, "C waits behind B: state %d", (int)u.state);
+    budget_release(1 << 30);
+    for (int i = 0; i < 3; i++) {
+        int32_t want[80], got[80];
+        int n_want = 0, n_got = 0;
+        tl_generate_config alone = *cfgs[i];
+        alone.logits_processor = NULL; /* (edits nothing) */
+        CHECK(tl_generate(model, prompts[i], 4, &alone, want, 80, &n_want, NULL) == TL_OK, "%s", tl_last_error());
+        memset(&u, 0, sizeof u);
+        while (tl_engine_wait(e, ids[i], 1000) >= 0 && tl_engine_read(e, ids[i], &u) == TL_OK) {
+            for (int k = 0; k < u.n_tokens && n_got < 80; k++) got[n_got++] = u.tokens[k];
+            if (u.state == TL_ENGINE_FINISHED) break;
+        }
+        CHECK(u.state == TL_ENGINE_FINISHED && u.status == TL_OK && n_got == n_want - 4 &&
+                  !memcmp(got, want + 4, (size_t)n_got * sizeof *got),
+              "%c: %d tokens, as tl_generate's %d", 'A' + i, n_got, n_want - 4);
+        tl_engine_cancel(e, ids[i]);
+    }
+    tl_engine_get_counters(e, &c);
+    for (int spins = 0; spins < 2000 && (c.kv_reserved_bytes != 0 || c.active != 0); spins++) {
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        tl_engine_get_counters(e, &c);
+    }
+    CHECK(c.kv_reserved_bytes == 0 && c.kv_waiting == 0 && c.active == 0, "all ended: reserved %lld, waiting %d",
+          (long long)c.kv_reserved_bytes, c.kv_waiting);
+    tl_engine_free(e);
+}
+
 static void set_gate(bool open) {
     pthread_mutex_lock(&gate_mu);
     gate_open = open;
@@ -908,6 +1040,8 @@ int main(int argc, char **argv) {
         CHECK(!strcmp(got_text, want_text), "the updates' text \"%s\", the continuation's \"%s\"", got_text, want_text);
         tl_engine_cancel(engine, stepped_id); /* (let go of its end) */
     }
+
+    kv_budget(dir);
 
     {   /* NULL's counters are zeros (the caller's struct was left as it was) */
         tl_engine_counters none;

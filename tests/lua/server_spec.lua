@@ -5047,6 +5047,8 @@ describe("examples/openresty", function()
         assert.truthy(out:find("responses_store must be a lua_shared_dict's name or false, got 5", 1, true), out)
         out = start_says((conf:gsub("threads = 2", "threads = 2, prefix_pool_mb = -1")))
         assert.truthy(out:find("prefix_pool_mb must be a number >= 0, got -1", 1, true), out)
+        out = start_says((conf:gsub("threads = 2", "threads = 2, kv_budget_mb = '16'")))
+        assert.truthy(out:find("kv_budget_mb must be a number >= 0, got 16", 1, true), out)
         out = start_says((conf:gsub("threads = 2", "threads = 2, step_rows = 1.5")))
         assert.truthy(out:find("step_rows must be false (auto), -1 (auto) or an integer >= 0, got 1.5", 1, true), out)
         for _, wait in ipairs({ "0.5", "2^31", "0" }) do -- (C reads an int: 0.5 and 2^31 made every wait a poll)
@@ -5213,6 +5215,46 @@ describe("scripts/serve options", function()
             assert.is_true(tpot >= 0 and tpot < 600, "time per output token, sum " .. tostring(tpot))
         end, "LD_PRELOAD=" .. H.q(shim) .. " TL_CLOCK_SHIM_FILE=" .. H.q(offset) .. " ")
         os.remove(offset)
+    end)
+
+    it("holds the running requests' K/V within --kv-budget-mb: a request waits for memory, one over the budget is a 400", function()
+        -- The shipped model at 16 loops: 34 layer instances, a page of 16 rows 32 KB each, so
+        -- 1.0625 MB a 16 rows. A: 4 + 200 rows, 13 pages, 13.8 MB of 16; B: 7 pages beside it
+        -- would be 21.3 MB: B waits for A's end, though a place is free (--max-active 2).
+        with_serve("kv-budget", "--threads 1 --max-active 2 --max-queued 2 --prefix-pool-mb 0 --kv-budget-mb 16", function(url, pre)
+            local function ask(body) return curl("-H 'Content-Type: application/json' -d " .. H.q(body) .. " " .. url .. "/v1/completions") end
+            -- over the budget alone: 16 pages of rows (the prompt and 245 tokens), 17 MB
+            local status, body = ask('{"prompt": "Emma", "max_tokens": 245, "loops": 16}')
+            assert.equal(400, status, body)
+            local e = cjson.decode(body).error
+            assert.equal("max_tokens", e.param)
+            assert.truthy(e.message:find("may hold 17.0 MB of K/V", 1, true), e.message)
+            assert.truthy(e.message:find("more than this server's K/V budget of 16.0 MB a worker (--kv-budget-mb)", 1, true), e.message)
+            local m = select(2, curl(url .. "/metrics"))
+            assert.equal(16 * 1048576, metric(m, 'tinyloop_engine_kv_budget_bytes{worker="0",kind="budget"}'))
+            -- A streams; once its first token is out, B comes, and /metrics is read while B waits
+            local a_body = '{"prompt": "It is", "max_tokens": 200, "ignore_eos": true, "loops": 16, "stream": true}'
+            local b_body = '{"prompt": "Emma", "max_tokens": 100, "ignore_eos": true, "loops": 16}'
+            sh(("curl -sN %s/v1/completions -d %s | { head -c 1 > /dev/null; curl -s %s/v1/completions -d %s > %s.b & " ..
+                "for i in 1 2 3 4 5 6 7 8 9 10; do curl -s %s/metrics > %s.m; " ..
+                "grep -q 'tinyloop_engine_sessions_waiting_for_memory{worker=\"0\"} 1' %s.m && break; sleep 0.02; done; " ..
+                "cat > %s.a; wait; }"):format(url, H.q(a_body), url, H.q(b_body), H.q(pre), url, H.q(pre), H.q(pre), H.q(pre)))
+            local waiting = sh("cat " .. H.q(pre) .. ".m")
+            assert.equal(1, metric(waiting, 'tinyloop_engine_sessions_waiting_for_memory{worker="0"}'), waiting)
+            assert.equal(1, metric(waiting, 'tinyloop_engine_sessions{worker="0",state="active"}'))
+            assert.equal(1, metric(waiting, 'tinyloop_engine_sessions{worker="0",state="queued"}'))
+            local reserved = metric(waiting, 'tinyloop_engine_kv_budget_bytes{worker="0",kind="reserved"}')
+            assert.is_true(reserved > 13 * 1048576 and reserved <= 16 * 1048576, tostring(reserved))
+            assert.truthy(sh("cat " .. H.q(pre) .. ".a"):find("[DONE]", 1, true))
+            -- B waited, then answered as it does alone
+            local waited = cjson.decode(sh("cat " .. H.q(pre) .. ".b"))
+            local alone = cjson.decode(select(2, ask(b_body)))
+            assert.equal(100, waited.usage.completion_tokens)
+            assert.equal(alone.choices[1].text, waited.choices[1].text)
+            m = select(2, curl(url .. "/metrics"))
+            assert.equal(0, metric(m, 'tinyloop_engine_kv_budget_bytes{worker="0",kind="reserved"}'))
+            assert.equal(0, metric(m, 'tinyloop_engine_sessions_waiting_for_memory{worker="0"}'))
+        end)
     end)
 
     it("stops nginx's workers when its master is killed (they kept the port and answered on their own)", function()

@@ -73,6 +73,10 @@ local conf = {
     engine_nice = 5,          -- compute threads this much nicer than the event loop (0: as is)
     prefix_pool_mb = 128,     -- per worker: K/V of recent prompts, reused by requests that start
                               -- with one (chat turns resend the conversation); 0 = none
+    kv_budget_mb = 0,         -- per worker: K/V the running requests may hold at most, each counted
+                              -- at its prompt and max_tokens (tl_engine_options.kv_budget_bytes):
+                              -- requests wait in the queue for memory, and one larger than the
+                              -- budget is refused (400); 0 = none
     grammar_cache_mb = 256,   -- per worker: memory the cached compiled grammars (grammar, JSON
                               -- Schema, regex, choice) may hold; the least recently used go first
     chat_template = nil,      -- a Jinja file for /v1/chat/completions; default: the model's own
@@ -314,7 +318,7 @@ function _M.configure(opts)
     if type(conf.publish_every) ~= "number" or not (conf.publish_every > 0) then
         error("tinyloop.server: publish_every must be a number > 0, got " .. tostring(conf.publish_every))
     end
-    for _, name in ipairs({ "prefix_pool_mb", "grammar_cache_mb" }) do
+    for _, name in ipairs({ "prefix_pool_mb", "grammar_cache_mb", "kv_budget_mb" }) do
         if type(conf[name]) ~= "number" or not (conf[name] >= 0) then
             error(("tinyloop.server: %s must be a number >= 0, got %s"):format(name, tostring(conf[name])))
         end
@@ -464,6 +468,7 @@ function start_worker()
     C.tl_engine_options_init(o)
     o.max_active, o.max_queued = conf.max_active, conf.max_queued
     o.step_rows = conf.step_rows or -1 -- (-1: the engine's own choice)
+    o.kv_budget_bytes = math.floor(conf.kv_budget_mb * 1048576)
     local out = ffi_new("tl_engine *[1]")
     if C.tl_engine_new(m.ptr, o, out) ~= 0 then
         model_error = "cannot start the engine: " .. ffi_string(C.tl_last_error())
@@ -2175,6 +2180,21 @@ local function serve(chat, body, view)
     -- cancelled. The free places are counted as the engine's submit counts them (scheduler.c:
     -- held sessions against max_active + max_queued); only this event loop submits to this
     -- engine, so they can only grow before the submits below.
+    -- A choice the K/V budget can never hold would be refused by the submit: said first, as
+    -- the request's fault, before any choice is submitted.
+    local budget = conf.kv_budget_mb * 1048576
+    if budget > 0 then
+        for _, choice in ipairs(made) do
+            local share = tonumber(C.tl_session_max_kv_bytes(choice.ptr))
+            if share > budget then
+                free_made(1)
+                return send_error(400, ("the request may hold %.1f MB of K/V (its prompt and max_tokens, %d tokens, at %d loops), " ..
+                    "more than this server's K/V budget of %.1f MB a worker (--kv-budget-mb): ask fewer tokens (max_tokens), " ..
+                    "or fewer loops"):format(share / 1048576, #req.prompts[choice.prompt] + req.cfg.max_tokens,
+                                              req.cfg.loops or model.default_loops, budget / 1048576), "max_tokens")
+            end
+        end
+    end
     C.tl_engine_get_counters(engine, counters)
     local free = counters.max_active + counters.max_queued - counters.active - counters.queued
     local needed = #made

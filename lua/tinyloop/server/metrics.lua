@@ -20,7 +20,7 @@ local HISTOGRAMS = {
 -- before it answers /metrics), so that whichever worker answers shows every worker's engine.
 local ENGINE_FIELDS = { "active", "queued", "submitted", "finished", "cancelled", "failed", "rejected",
                         "iterations", "rows", "steps_after_cancel", "waiter_wakeups",
-                        "partial_prefills" }
+                        "partial_prefills", "kv_budget_bytes", "kv_reserved_bytes", "kv_waiting" }
 
 -- mem: the worker's model:memory() (its KV pages in use and kept, its weights) and its grammar
 -- cache (request.grammar_cache_stats).
@@ -49,6 +49,8 @@ function _M.engine_stopped(worker)
     dict:set("engine:" .. worker .. ":active", 0)
     dict:set("engine:" .. worker .. ":queued", 0)
     dict:set("engine:" .. worker .. ":kv_bytes", 0)
+    dict:set("engine:" .. worker .. ":kv_reserved_bytes", 0)
+    dict:set("engine:" .. worker .. ":kv_waiting", 0)
 end
 
 function _M.init(dict_name)
@@ -234,6 +236,15 @@ function _M.render(responses_store)
             add('tinyloop_engine_memory_bytes{worker="%s",kind="kv_spare"} %d\n', w, get(w, "kv_spare_bytes"))
             add('tinyloop_engine_memory_bytes{worker="%s",kind="weights"} %d\n', w, get(w, "weight_bytes"))
         end)
+    series("tinyloop_engine_kv_budget_bytes", "gauge",
+        "Each worker's K/V budget (kind: budget, 0 for none; reserved = the running requests' shares, each its prompt and max_tokens).",
+        function(w)
+            add('tinyloop_engine_kv_budget_bytes{worker="%s",kind="budget"} %d\n', w, get(w, "kv_budget_bytes"))
+            add('tinyloop_engine_kv_budget_bytes{worker="%s",kind="reserved"} %d\n', w, get(w, "kv_reserved_bytes"))
+        end)
+    series("tinyloop_engine_sessions_waiting_for_memory", "gauge",
+        "Queued sessions of each worker that wait for K/V budget, not for a place (kv_budget_mb).",
+        function(w) add('tinyloop_engine_sessions_waiting_for_memory{worker="%s"} %d\n', w, get(w, "kv_waiting")) end)
     series("tinyloop_grammar_cache_grammars", "gauge", "Compiled grammars each worker keeps for requests that send them again.",
         function(w) add('tinyloop_grammar_cache_grammars{worker="%s"} %d\n', w, get(w, "grammar_cache_grammars")) end)
     series("tinyloop_grammar_cache_bytes", "gauge",
