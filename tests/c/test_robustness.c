@@ -305,19 +305,20 @@ static void api_edges(const char *dir) {
     /* a tag holding an id that ends generation: the budget forces the end's ids past every ban,
        so the reply stopped there, inside its block and before min_tokens (min_tokens 6 ended
        after 2 tokens) */
+    int32_t thinking_out[16]; /* (the prompt and 8 tokens) */
     const int32_t eos_end[2] = {tl_model_info(model)->eos_token_id, 7}, stop_id[1] = {9};
     c.reasoning_end = (tl_token_seq){eos_end, 2}, c.min_tokens = 6, c.max_tokens = 8;
     char eos_said[128];
     snprintf(eos_said, sizeof eos_said, "reasoning_end token id %d ends generation (eos_token_id or a one-token stop sequence)",
              eos_end[0]);
-    CHECK_ERROR(tl_generate(model, ids, 2, &c, out, 16, &len, NULL), TL_ERR_INVALID_ARGUMENT, eos_said);
+    CHECK_ERROR(tl_generate(model, ids, 2, &c, thinking_out, 16, &len, NULL), TL_ERR_INVALID_ARGUMENT, eos_said);
     c.ignore_eos = 1; /* (then eos is a token like another) */
     tl_generate_stats thinking_stats;
-    CHECK(tl_generate(model, ids, 2, &c, out, 16, &len, &thinking_stats) == TL_OK && thinking_stats.tokens_emitted == 8,
+    CHECK(tl_generate(model, ids, 2, &c, thinking_out, 16, &len, &thinking_stats) == TL_OK && thinking_stats.tokens_emitted == 8,
           "ignore_eos, eos in the end tag: %s, %d tokens", tl_last_error(), thinking_stats.tokens_emitted);
     const tl_token_seq stop_seq = {stop_id, 1};
     c.stop_sequences = &stop_seq, c.n_stop_sequences = 1, c.reasoning_start = stop_seq;
-    CHECK_ERROR(tl_generate(model, ids, 2, &c, out, 16, &len, NULL), TL_ERR_INVALID_ARGUMENT,
+    CHECK_ERROR(tl_generate(model, ids, 2, &c, thinking_out, 16, &len, NULL), TL_ERR_INVALID_ARGUMENT,
                 "reasoning_start token id 9 ends generation");
     tl_generate_config_init(&c);
     /* tags: ends_text and at_least_one are 0 or 1 */
