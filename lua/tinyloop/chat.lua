@@ -161,21 +161,29 @@ end
 -- own eos_token_id (which ends every generation): tokenizer_config.json's eos_token where it
 -- is one token, and generation_config.json's eos_token_id. A chat template's turns often end
 -- in a token of their own (ChatML's "<|im_end|>"), which the checkpoint lists there.
+-- Second: a line naming generation_config.json's entries that are no token id of this model
+-- (left out: a checkpoint paired with another model's files), or nil, for a warning.
 function Chat:turn_end_ids(model)
     local info = model:info()
-    local seen, ids = { [info.eos_token_id] = true }, {}
-    local function add(id)
-        if type(id) == "number" and id % 1 == 0 and id >= 0 and id < info.vocab_size and not seen[id] then
-            seen[id] = true
-            ids[#ids + 1] = id
+    local seen, ids, bad = { [info.eos_token_id] = true }, {}, {}
+    local function add(id, from_generation)
+        if type(id) == "number" and id % 1 == 0 and id >= 0 and id < info.vocab_size then
+            if not seen[id] then
+                seen[id] = true
+                ids[#ids + 1] = id
+            end
+        elseif from_generation and type(id) ~= "userdata" then -- (JSON null: as absent)
+            bad[#bad + 1] = type(id) == "string" and ("%q"):format(id) or tostring(id)
         end
     end
     if self.eos_token ~= "" and info.has_tokenizer then
         local tokens = model:encode(self.eos_token)
         if tokens and #tokens == 1 then add(tokens[1]) end
     end
-    for _, id in ipairs(self.generation_eos_ids) do add(id) end
-    return ids
+    for _, id in ipairs(self.generation_eos_ids) do add(id, true) end
+    local warning = #bad > 0 and ("generation_config.json's eos_token_id %s %s no token id of this model (0 to %d): left out")
+        :format(concat(bad, ", "), #bad > 1 and "are" or "is", info.vocab_size - 1) or nil
+    return ids, warning
 end
 
 -- add_stop_ids(cfg, ids): a one-token stop sequence for each id (turn ends, a request's

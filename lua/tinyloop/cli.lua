@@ -706,7 +706,9 @@ function _M.run(argv, default_model)
         local cerr
         chat, cerr = at_default_sigint(require("tinyloop.chat").load, o.model, o.chat_template)
         if not chat then io.stderr:write("tinyloop: ", cerr, "\n") return 1 end
-        require("tinyloop.chat").add_stop_ids(cfg, chat:turn_end_ids(model))
+        local ends, warning = chat:turn_end_ids(model)
+        if warning then io.stderr:write("tinyloop: ", warning, "\n") end
+        require("tinyloop.chat").add_stop_ids(cfg, ends)
     end
     if o.chat and not o.interactive then
         local messages = { { role = "user", content = o.prompt } }

@@ -138,6 +138,18 @@ describe("scripts/tinyloop", function()
         assert.truthy(out:find("tinyloop: writing the output failed: File too large", 1, true), out)
     end)
 
+    it("says which of generation_config.json's eos ids it leaves out with --chat (a checkpoint paired with another model's files)", function()
+        local model = os.tmpname()
+        os.remove(model)
+        assert.equal(0, (run("mkdir " .. model .. " && for f in models/tinyloop-austen/*; do ln -s $PWD/$f " .. model .. "/; done && " ..
+                              "echo '{\"eos_token_id\": [128009, 4095]}' > " .. model .. "/generation_config.json")))
+        local status, out = run("luajit scripts/tinyloop -m " .. model .. " --chat -n 2 --no-stats 'Hi'")
+        os.execute("rm -rf " .. model)
+        assert.equal(0, status, out)
+        assert.truthy(out:find("tinyloop: generation_config.json's eos_token_id 128009 is no token id of this model (0 to 4095): left out",
+                               1, true), out)
+    end)
+
     it("fails saying so where -n cut a forced tool call before it was whole (it printed nothing, exit 0)", function()
         local tools = os.tmpname()
         local f = assert(io.open(tools, "wb"))

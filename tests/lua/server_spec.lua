@@ -5217,6 +5217,19 @@ describe("scripts/serve options", function()
         os.remove(offset)
     end)
 
+    it("logs which of generation_config.json's eos ids it leaves out (a checkpoint paired with another model's files)", function()
+        local model = os.tmpname() -- (a directory nginx's workers, as nobody, may enter: not dir's)
+        os.remove(model)
+        os.execute("mkdir -m 755 " .. model .. " && for f in " .. H.q(H.ROOT) .. "/models/tinyloop-austen/*; do " ..
+                   "ln -s $f " .. model .. "/; done && echo '{\"eos_token_id\": [128009, 4095]}' > " .. model .. "/generation_config.json")
+        with_serve("paired", "--threads 1 --max-active 1 --prefix-pool-mb 0 --model " .. model, function(_, pre)
+            local log = sh("cat " .. pre .. ".log")
+            assert.truthy(log:find("tinyloop: generation_config.json's eos_token_id 128009 is no token id of this model (0 to 4095): left out",
+                                   1, true), log)
+        end)
+        os.execute("rm -rf " .. model)
+    end)
+
     it("holds the running requests' K/V within --kv-budget-mb: a request waits for memory, one over the budget is a 400", function()
         -- The shipped model at 16 loops: 34 layer instances, a page of 16 rows 32 KB each, so
         -- 1.0625 MB a 16 rows. A: 4 + 200 rows, 13 pages, 13.8 MB of 16; B: 7 pages beside it

@@ -555,7 +555,9 @@ function start_worker()
     end
     created_at = checkpoint_time() or ngx.time()
     if chat_prompts then
-        chat_prompts.turn_ends = chat_prompts:turn_end_ids(m)
+        local warning
+        chat_prompts.turn_ends, warning = chat_prompts:turn_end_ids(m)
+        if warning then ngx_log(ngx.WARN, "tinyloop: ", warning) end
         request.set_end_ids(chat_prompts.turn_ends) -- (completions stop at them too, as vLLM's and llama.cpp's)
     else
         ngx_log(ngx.ERR, "tinyloop: /v1/chat/completions is off: ", chat_error)
