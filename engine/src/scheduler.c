@@ -604,17 +604,21 @@ tl_status tl_engine_submit_with(tl_engine *e, tl_session *session, const tl_engi
         refusal = tl_session_batch_refusal(session, e->model);
         if (refusal || full) tl_session_unclaim(session);
     }
-    const int64_t share = tl_session_max_kv_bytes(session);
+    const int64_t share = refusal ? 0 : tl_session_max_kv_bytes(session); /* (read once it is ours) */
     const int64_t budget = e->opts.kv_budget_bytes;
     if (!refusal && budget > 0 && share > budget) { /* it would wait for good */
+        const tl_generate_config *c = &session->cfg;
         tl_session_unclaim(session);
         pthread_mutex_unlock(&e->mu);
         free(r);
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
-                       "tl_engine_submit: the session may hold %.1f MB of K/V (its prompt and max_tokens at %d loops), "
-                       "more than the engine's kv_budget_bytes (%.1f MB): fewer tokens, fewer loops, a cache_window or "
-                       "an f16 KV cache need less",
-                       (double)share / 1048576.0, session->loops, (double)budget / 1048576.0);
+                       "tl_engine_submit: the session may hold %.1f MB of K/V (its prompt's and max_tokens' rows%s, at %d "
+                       "loops), more than the engine's kv_budget_bytes (%.1f MB): fewer tokens, fewer loops%s, a cache_window "
+                       "or an f16 KV cache need less",
+                       (double)share / 1048576.0,
+                       c->beam_size >= 2 ? ", and every beam's" : c->speculative != TL_SPECULATIVE_OFF ? ", and the drafted ones" : "",
+                       session->loops, (double)budget / 1048576.0,
+                       c->beam_size >= 2 ? ", a smaller beam" : c->speculative == TL_SPECULATIVE_TREE ? ", fewer tree nodes" : "");
     }
     if (refusal || full) {
         if (!refusal) e->c.rejected++;

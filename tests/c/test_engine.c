@@ -283,6 +283,14 @@ static void kv_budget(const char *dir) {
     CHECK_ERROR(tl_engine_submit(e, over, &id), TL_ERR_INVALID_ARGUMENT, "more than the engine's kv_budget_bytes");
     CHECK(id == 0 && tl_session_step(over, &token, &stop) == TL_OK, "the refused session is the caller's: %s", tl_last_error());
     tl_session_free(over);
+    /* a beam search's share holds every beam's rows: 6 beams of 20 tokens over the budget (9 pages of 6),
+       where 20 tokens alone fit; the message says which rows */
+    tl_generate_config beams = cfg;
+    beams.max_tokens = 20, beams.beam_size = 6;
+    over = new_session(prompt, &beams);
+    CHECK(tl_session_max_kv_bytes(over) > eo.kv_budget_bytes, "6 beams: %lld", (long long)tl_session_max_kv_bytes(over));
+    CHECK_ERROR(tl_engine_submit(e, over, &id), TL_ERR_INVALID_ARGUMENT, "its prompt's and max_tokens' rows, and every beam's, at");
+    tl_session_free(over);
 
     /* A (held in its steps by the hook), then B (as big) and C (small, would fit beside A). */
     tl_generate_config held = cfg;

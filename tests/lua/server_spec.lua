@@ -4537,7 +4537,7 @@ describe("server with two workers", function()
         local f = assert(io.open(pre .. "/nginx.conf", "wb")); f:write(conf); f:close()
         local out = sh("timeout 10 $(command -v openresty || command -v nginx || echo /usr/sbin/nginx) -p " .. pre .. " -c " ..
                        pre .. "/nginx.conf -e stderr 2>&1; echo exit $?")
-        assert.truthy(out:find("grammar_cache_mb must be a number >= 0, got lots", 1, true), out)
+        assert.truthy(out:find("grammar_cache_mb must be a number in [0, 2^40), got lots", 1, true), out)
         assert.falsy(out:find("exit 124", 1, true), out) -- (it did not start and wait for the timeout)
     end)
 
@@ -5046,9 +5046,11 @@ describe("examples/openresty", function()
         out = start_says((conf:gsub("threads = 2", "threads = 2, responses_store = 5")))
         assert.truthy(out:find("responses_store must be a lua_shared_dict's name or false, got 5", 1, true), out)
         out = start_says((conf:gsub("threads = 2", "threads = 2, prefix_pool_mb = -1")))
-        assert.truthy(out:find("prefix_pool_mb must be a number >= 0, got -1", 1, true), out)
+        assert.truthy(out:find("prefix_pool_mb must be a number in [0, 2^40), got -1", 1, true), out)
         out = start_says((conf:gsub("threads = 2", "threads = 2, kv_budget_mb = '16'")))
-        assert.truthy(out:find("kv_budget_mb must be a number >= 0, got 16", 1, true), out)
+        assert.truthy(out:find("kv_budget_mb must be a number in [0, 2^40), got 16", 1, true), out)
+        out = start_says((conf:gsub("threads = 2", "threads = 2, kv_budget_mb = math.huge"))) -- (int64: a negative budget)
+        assert.truthy(out:find("kv_budget_mb must be a number in [0, 2^40), got inf", 1, true), out)
         out = start_says((conf:gsub("threads = 2", "threads = 2, step_rows = 1.5")))
         assert.truthy(out:find("step_rows must be false (auto), -1 (auto) or an integer >= 0, got 1.5", 1, true), out)
         for _, wait in ipairs({ "0.5", "2^31", "0" }) do -- (C reads an int: 0.5 and 2^31 made every wait a poll)
@@ -5243,6 +5245,20 @@ describe("scripts/serve options", function()
             assert.equal("max_tokens", e.param)
             assert.truthy(e.message:find("may hold 17.0 MB of K/V", 1, true), e.message)
             assert.truthy(e.message:find("more than this server's K/V budget of 16.0 MB a worker (--kv-budget-mb)", 1, true), e.message)
+            -- a beam search's share: every beam's rows (40 tokens alone would fit); the chat's own field name
+            status, body = ask('{"prompt": "Emma", "max_tokens": 40, "loops": 16, "beam_size": 8}')
+            e = cjson.decode(body).error
+            assert.equal(400, status, body)
+            assert.truthy(e.message:find("41 tokens, and every beam's (beam_size 8), at 16 loops", 1, true), e.message)
+            assert.truthy(e.message:find("ask fewer tokens (max_tokens), a smaller beam_size, or fewer loops", 1, true), e.message)
+            status, body = curl("-H 'Content-Type: application/json' -d " ..
+                H.q('{"messages": [{"role": "user", "content": "Emma"}], "max_completion_tokens": 240, "loops": 16}') .. " " ..
+                url .. "/v1/chat/completions")
+            e = cjson.decode(body).error
+            assert.equal(400, status, body)
+            assert.equal("max_completion_tokens", e.param)
+            assert.truthy(e.message:find("K/V budget of 16.0 MB a worker (--kv-budget-mb): ask fewer tokens (max_completion_tokens)", 1, true),
+                          e.message)
             local m = select(2, curl(url .. "/metrics"))
             assert.equal(16 * 1048576, metric(m, 'tinyloop_engine_kv_budget_bytes{worker="0",kind="budget"}'))
             -- A streams; once its first token is out, B comes, and /metrics is read while B waits

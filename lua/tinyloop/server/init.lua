@@ -318,9 +318,10 @@ function _M.configure(opts)
     if type(conf.publish_every) ~= "number" or not (conf.publish_every > 0) then
         error("tinyloop.server: publish_every must be a number > 0, got " .. tostring(conf.publish_every))
     end
+    -- (bytes as C's int64: a larger number, math.huge too, became a negative one the engine refused)
     for _, name in ipairs({ "prefix_pool_mb", "grammar_cache_mb", "kv_budget_mb" }) do
-        if type(conf[name]) ~= "number" or not (conf[name] >= 0) then
-            error(("tinyloop.server: %s must be a number >= 0, got %s"):format(name, tostring(conf[name])))
+        if type(conf[name]) ~= "number" or not (conf[name] >= 0 and conf[name] < 2 ^ 40) then
+            error(("tinyloop.server: %s must be a number in [0, 2^40), got %s"):format(name, tostring(conf[name])))
         end
     end
     local step_rows = conf.step_rows
@@ -2190,10 +2191,20 @@ local function serve(chat, body, view)
             local share = tonumber(C.tl_session_max_kv_bytes(choice.ptr))
             if share > budget then
                 free_made(1)
-                return send_error(400, ("the request may hold %.1f MB of K/V (its prompt and max_tokens, %d tokens, at %d loops), " ..
-                    "more than this server's K/V budget of %.1f MB a worker (--kv-budget-mb): ask fewer tokens (max_tokens), " ..
-                    "or fewer loops"):format(share / 1048576, #req.prompts[choice.prompt] + req.cfg.max_tokens,
-                                              req.cfg.loops or model.default_loops, budget / 1048576), "max_tokens")
+                local cfg, field = req.cfg, req.max_tokens_field or "max_tokens"
+                -- (the modes' own rows: every beam's tokens, a drafted tree's; else the sequence's)
+                local rows, smaller = "", ""
+                if (cfg.beam_size or 0) >= 2 then
+                    rows, smaller = (", and every beam's (beam_size %d)"):format(cfg.beam_size), ", a smaller beam_size"
+                elseif cfg.speculative == "tree" then
+                    rows, smaller = ", and a drafted tree's (max_nodes)", ", fewer max_nodes"
+                elseif cfg.speculative == "chain" then
+                    rows = ", and the drafted ones (draft_ahead)"
+                end
+                return send_error(400, ("the request may hold %.1f MB of K/V (its prompt's and %s's rows, %d tokens%s, at %d loops), " ..
+                    "more than this server's K/V budget of %.1f MB a worker (--kv-budget-mb): ask fewer tokens (%s)%s, or fewer loops")
+                    :format(share / 1048576, field, #req.prompts[choice.prompt] + cfg.max_tokens, rows, cfg.loops or model.default_loops,
+                            budget / 1048576, field, smaller), field)
             end
         end
     end

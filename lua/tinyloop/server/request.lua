@@ -1669,7 +1669,7 @@ local function parse_chat(body, model, model_id, max_choices, chat, opts)
         ok, e = check_logprobs(logprobs, t.top_logprobs and "top_logprobs" or "logprobs", cfg)
         if not ok then return nil, e end
     end
-    return { prompts = { ids }, ids = ids, n = shared.n, best_of = shared.n, cfg = cfg, stream = t.stream == true,
+    return { prompts = { ids }, ids = ids, n = shared.n, best_of = shared.n, cfg = cfg, stream = t.stream == true, max_tokens_field = field,
              include_usage = shared.include_usage, continuous_usage = shared.continuous_usage, logprobs = logprobs, prompt_tokens = #ids, stops = answer_stops(t, cfg),
              stop_strings = cfg.stop_strings, stop_names = shared.stop_names, stop_ids = shared.stop_ids,
              include_stop = shared.include_stop,
