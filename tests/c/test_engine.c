@@ -118,6 +118,11 @@ static void hold_wait_calls(int calls) { /* until the hook has been called that 
     while (hold_calls < calls) pthread_cond_wait(&gate_cv, &gate_mu);
     pthread_mutex_unlock(&gate_mu);
 }
+static void hold_reset(void) { /* for another use of the hook: its next call is the first */
+    pthread_mutex_lock(&gate_mu);
+    hold_calls = hold_released = 0;
+    pthread_mutex_unlock(&gate_mu);
+}
 static void hold_release(int calls) {
     pthread_mutex_lock(&gate_mu);
     hold_released = calls;
@@ -203,29 +208,6 @@ static int beam_hook(void *user, float *logits, int vocab_size, const int32_t *t
     return TL_HOOK_CONTINUE;
 }
 
-/* A logits hook whose k-th call holds its step until the test has released k calls. */
-static int budget_calls, budget_released;
-static int budget_hook(void *user, float *logits, int vocab_size, const int32_t *tokens, int n) {
-    (void)user, (void)logits, (void)vocab_size, (void)tokens, (void)n;
-    pthread_mutex_lock(&gate_mu);
-    const int call = ++budget_calls;
-    pthread_cond_broadcast(&gate_cv);
-    while (budget_released < call) pthread_cond_wait(&gate_cv, &gate_mu);
-    pthread_mutex_unlock(&gate_mu);
-    return TL_HOOK_CONTINUE;
-}
-static void budget_wait_calls(int calls) {
-    pthread_mutex_lock(&gate_mu);
-    while (budget_calls < calls) pthread_cond_wait(&gate_cv, &gate_mu);
-    pthread_mutex_unlock(&gate_mu);
-}
-static void budget_release(int calls) {
-    pthread_mutex_lock(&gate_mu);
-    budget_released = calls;
-    pthread_cond_broadcast(&gate_cv);
-    pthread_mutex_unlock(&gate_mu);
-}
-
 /* The KV budget: tl_session_max_kv_bytes is what a session's pages come to (a whole page of
    rows per layer instance of its depth, counted against the model's memory); a session over
    the budget is refused at submit and stays the caller's; running requests' shares stay
@@ -294,20 +276,21 @@ static void kv_budget(const char *dir) {
 
     /* A (held in its steps by the hook), then B (as big) and C (small, would fit beside A). */
     tl_generate_config held = cfg;
-    held.logits_processor = budget_hook;
+    held.logits_processor = hold_hook;
     tl_generate_config small = cfg;
     small.max_tokens = 12;
     const int32_t prompts[3][4] = {{31, 32, 33, 34}, {41, 42, 43, 44}, {51, 52, 53, 54}};
     const tl_generate_config *cfgs[3] = {&held, &cfg, &small};
     uint64_t ids[3] = {0};
     tl_session_free(big);
+    hold_reset();
     CHECK(tl_engine_submit(e, new_session(prompts[0], cfgs[0]), &ids[0]) == TL_OK && ids[0] > 0, "A: %s", tl_last_error());
-    budget_wait_calls(1);
+    hold_wait_calls(1);
     for (int i = 1; i < 3; i++)
         CHECK(tl_engine_submit(e, new_session(prompts[i], cfgs[i]), &ids[i]) == TL_OK && ids[i] > 0, "%c: %s", 'A' + i,
               tl_last_error());
-    budget_release(1);
-    budget_wait_calls(2); /* A's next step: the admission between them left B and C queued */
+    hold_release(1);
+    hold_wait_calls(2); /* A's next step: the admission between them left B and C queued */
     tl_engine_counters c;
     tl_engine_get_counters(e, &c);
     CHECK(c.kv_budget_bytes == eo.kv_budget_bytes && c.active == 1 && c.queued == 2 && c.kv_reserved_bytes == big_share &&
@@ -316,7 +299,7 @@ static void kv_budget(const char *dir) {
           (long long)c.kv_reserved_bytes, (long long)big_share, c.kv_waiting);
     tl_engine_update u;
     CHECK(tl_engine_read(e, ids[2], &u) == TL_OK && u.state == TL_ENGINE_QUEUED, "C waits behind B: state %d", (int)u.state);
-    budget_release(1 << 30);
+    hold_release(HOLD_CALLS); /* (the later calls pass) */
     for (int i = 0; i < 3; i++) {
         int32_t want[80], got[80];
         int n_want = 0, n_got = 0;
