@@ -757,6 +757,14 @@ function Session:stats()
     return stats_table(C.tl_session_stats(self.ptr))
 end
 
+-- The most bytes of K/V pages the session can hold before it ends (tl_session_max_kv_bytes:
+-- its prompt, max_tokens and its mode's rows at its loops): what an app that admits sessions
+-- by memory counts; 0 once closed.
+function Session:max_kv_bytes()
+    if self.ptr == nil then return 0 end
+    return tonumber(C.tl_session_max_kv_bytes(self.ptr))
+end
+
 -- Frees the C session now (the garbage collector would do it later). Refused from inside one
 -- of the session's own hooks: the step that runs the hook still uses the session.
 function Session:close()

@@ -56,6 +56,17 @@ describe("tinyloop.load", function()
         s:step()
         assert.is_true(half:memory().kv_bytes > 0, "a live session holds pages")
         s:close()
+        -- session:max_kv_bytes(): what its pages come to at most, here exactly (16 rows, a
+        -- page per layer instance, every one written), and a beam search's every beam's rows
+        local fresh = assert(tinyloop.load(H.ROOT .. "/tests/data/textmodel", { kv_type = "f16" }))
+        local page = assert(fresh:session({ 5, 6, 7, 8 }, { max_tokens = 12, ignore_eos = true }))
+        local share = page:max_kv_bytes()
+        repeat until select(3, page:step())
+        assert.equal(share, fresh:memory().kv_bytes)
+        local beams = assert(fresh:session({ 5, 6, 7, 8 }, { max_tokens = 12, ignore_eos = true, beam_size = 4 }))
+        assert.equal(4 * share, beams:max_kv_bytes()) -- (4 + 4 x 13 rows: 4 pages)
+        page:close()
+        assert.equal(0, page:max_kv_bytes())
     end)
 
     it("exposes a version string", function()
