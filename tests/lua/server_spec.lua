@@ -1618,6 +1618,30 @@ describe("server", function()
         assert.equal(200, (curl(base .. "/health")))
     end)
 
+    it("counts a client that leaves while its body is read as 499, not as the 400 nginx gives it", function()
+        local key = 'tinyloop_requests_total{endpoint="/v1/completions",status="%s"}'
+        local before = metrics()
+        local fd = ffi.C.socket(2, 1, 0)
+        local addr = ffi.new("spec_sockaddr_in", { family = 2, port = math.floor(port / 256) + (port % 256) * 256, addr = 0x0100007f })
+        assert(ffi.C.connect(fd, addr, ffi.sizeof(addr)) == 0)
+        local head = 'POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n' ..
+                     'Content-Length: 1000\r\n\r\n{"prompt": "It is'
+        assert(ffi.C.write(fd, head, #head) == #head)
+        os.execute("sleep 0.2")
+        ffi.C.close(fd)
+        local m
+        for _ = 1, 50 do
+            m = metrics()
+            if (metric(m, key:format("499")) or 0) > (metric(before, key:format("499")) or 0) then break end
+            os.execute("sleep 0.05")
+        end
+        assert.equal((metric(before, key:format("499")) or 0) + 1, metric(m, key:format("499")))
+        assert.equal(metric(before, key:format("400")) or 0, metric(m, key:format("400")) or 0)
+        -- a malformed body that was answered is the client's 400
+        assert.equal(400, (post('{"prompt": ')))
+        assert.equal((metric(before, key:format("400")) or 0) + 1, metric(metrics(), key:format("400")))
+    end)
+
     it("keeps answering while 3,000 idle clients hold a request's first line each (nginx's 1,024 connections were full)", function()
         -- (the spec's own files: as many as its hard limit lets it have)
         pcall(ffi.cdef, [[

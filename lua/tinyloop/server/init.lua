@@ -939,7 +939,12 @@ function _M.log()
     -- uri, //v1/completions as /v1/completions)
     local uri = ngx.var.uri or "" -- (none where the request line never came whole: a reset)
     if uri:find("^/%.tinyloop%-error") then uri = (ngx.var.request_uri or ""):match("^[^?]*") end
-    metrics.log_request(uri, ngx.status, ngx.ctx.tinyloop_no_route)
+    -- A client that leaves while its body is read is nginx's 400 ("client prematurely closed
+    -- connection"), which no answer reached: counted as the 499 it is, not as the client's
+    -- malformed request (a 400 that was answered completes the request).
+    local status = ngx.status
+    if status == 400 and ngx.var.request_completion ~= "OK" then status = 499 end
+    metrics.log_request(uri, status, ngx.ctx.tinyloop_no_route)
 end
 
 -- ------------------------------------------------------------------ a request's life
