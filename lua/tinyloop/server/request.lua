@@ -563,7 +563,6 @@ end
 -- The whole output matches a regular expression (vLLM's regex).
 local function regex_grammar(pattern, P, what)
     what = what or P
-    if valid_utf8(pattern) ~= pattern then return bad(what .. " is not valid UTF-8", P) end
     local g, err = compiled("regex:" .. pattern, function() return compile_text("regex", pattern) end)
     if not g then return bad(what .. " does not compile: " .. tostring(err), P) end
     return g, P
@@ -594,9 +593,6 @@ local function choice_grammar(choices, body, path, P, what)
         if type(k) ~= "number" or type(v) ~= "string" then return bad(what .. " must be a non-empty array of strings", P) end
     end
     if #choices > MAX_CHOICES then return bad(("%s has %d choices: at most %d"):format(what, #choices, MAX_CHOICES), P) end
-    for i, v in ipairs(choices) do
-        if valid_utf8(v) ~= v then return bad(("%s[%d] is not valid UTF-8"):format(what, i - 1), P) end
-    end
     local g, err = compiled("choice:" .. raw, function()
         local literals = {}
         for i, s in ipairs(choices) do literals[i] = grammar.lit(s).text end
@@ -958,8 +954,15 @@ local DEFAULT_MAX_CHOICES = 16
 -- `no_ops` accepted at their no-op values only, null meaning the default) -> t, cfg (the
 -- tinyloop config fields set directly) | nil, err.
 -- A request body that must be one JSON object -> the table | nil, err (every endpoint's rule).
+local first_invalid = require("tinyloop.utf8").first_invalid
 function _M.decode_object(body)
     if type(body) ~= "string" or body == "" then return bad("the request body must be a JSON object", nil) end
+    -- (JSON is UTF-8 text, RFC 8259: stray bytes were tokenized as they came and echoed as
+    -- U+FFFD, where an escaped lone surrogate was refused; llama.cpp and vLLM refuse both)
+    local invalid = first_invalid(body)
+    if invalid then
+        return bad(("the request body is not valid UTF-8 (byte %d): JSON text is UTF-8"):format(invalid - 1), nil)
+    end
     -- (strict JSON: cjson's default takes NaN, Infinity and hex numbers, which an answer that
     -- echoes a field would then write back as no JSON at all)
     local t, err = json_text.decode(body)

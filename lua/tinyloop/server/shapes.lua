@@ -170,10 +170,8 @@ _M.PASSED = {
 -- name that matches a known one in another case read as it, as Go's matches it), a
 -- `refused` one (its value: why), an `own` one (its value: its kind) of another kind.
 function _M.read_fields(body, own, pass, refused, lenient)
-    if type(body) ~= "string" or body == "" then return _M.bad("the request body must be a JSON object", nil) end
-    local t, err = json_text.decode(body) -- (strict JSON: request.decode_object's rule)
-    if err then return _M.bad("the request body is not valid JSON: " .. err, nil) end
-    if type(t) ~= "table" or body:match("^%s*%[") then return _M.bad("the request body must be a JSON object", nil) end
+    local t, err = require("tinyloop.server.request").decode_object(body) -- (every body's rule)
+    if not t then return nil, err end
     local members, raw = {}, _M.raw_fields(body)
     if lenient then
         -- (Go's decoding matches a field's name in any case, "Stream" too, each key in the
