@@ -137,7 +137,11 @@ tl_status tl_generate_batch(const tl_model *model, const tl_token_seq *prompts, 
             i--;
         }
     }
-    for (int i = 0; i < n_live; i++) tl_session_free(live[i]);
+    /* (failed: the prompts under way keep what ran before it, as tl_generate's stats do) */
+    for (int i = 0; i < n_live; i++) {
+        if (stats) stats[live_prompt[i]] = live[i]->stats;
+        tl_session_free(live[i]);
+    }
     if (st == TL_OK) { /* pack: offsets only move down, so a front-to-back memmove is safe */
         int at = 0;
         for (int p = 0; p < n_prompts; p++) {

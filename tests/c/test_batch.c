@@ -263,6 +263,12 @@ static int count_advance(void *user, int32_t token) {
     return 0;
 }
 
+static int fourth_calls;
+static int fail_at_fourth(void *user, int32_t token, int position) {
+    (void)user, (void)token, (void)position;
+    return ++fourth_calls == 4 ? -5 : TL_HOOK_CONTINUE;
+}
+
 /* tl_generate_batch: more prompts than live places, all bit-identical to tl_generate. */
 static void generate_batch_equals_one_by_one(const char *golden) {
     char dir[4096];
@@ -300,6 +306,28 @@ static void generate_batch_equals_one_by_one(const char *golden) {
         }
         CHECK(same == N && at == total, "%s: %d of %d prompts equal one-by-one decoding", sampled ? "sampled" : "greedy",
               same, N);
+    }
+    /* a failure (an on_token hook's error at the 4th token): the prompts under way keep the
+       stats of what ran before it, as tl_generate's do (they were left as the caller had
+       them) */
+    {
+        tl_generate_config failing;
+        tl_generate_config_init(&failing);
+        failing.max_tokens = 10;
+        failing.ignore_eos = 1;
+        failing.on_token = fail_at_fourth;
+        fourth_calls = 0;
+        static int32_t out[N * 24];
+        int lens[N], total = 0;
+        tl_generate_stats stats[2];
+        memset(stats, 0x5a, sizeof stats);
+        CHECK_ERROR(tl_generate_batch(m, prompts, 2, &failing, out, N * 24, lens, &total, stats), TL_ERR_HOOK,
+                    "on_token hook returned error -5");
+        CHECK(stats[0].tokens_emitted + stats[1].tokens_emitted == 4 && stats[0].stop_reason == TL_STOP_NONE &&
+                  stats[1].stop_reason == TL_STOP_NONE && stats[0].prompt_tokens == prompts[0].n &&
+                  stats[1].prompt_tokens == prompts[1].n,
+              "stats after a failure: %d + %d tokens (want 4), stop %d %d", stats[0].tokens_emitted, stats[1].tokens_emitted,
+              (int)stats[0].stop_reason, (int)stats[1].stop_reason);
     }
     /* a callback grammar holds one sequence's state: refused for several prompts (the prompts'
        advances interleaved on it, ending each early, and the call said TL_OK); one is fine */
