@@ -319,4 +319,4 @@ static tl_status beam_next(tl_session *s, int32_t *token) {
     return TL_OK;
 }
 
-const tl_decoder tl_beam_decoder = {"beam", beam_open, beam_next, beam_close, beam_sequence_rows};
+const tl_decoder tl_beam_decoder = {"beam", beam_open, beam_next, beam_close, beam_sequence_rows, NULL};

@@ -10,8 +10,9 @@
 #include "session.h"
 #include "validate.h"
 
-/* Which sessions can be cloned: plain decoding (its whole state is the fields below; a
-   speculative or beam session also holds a draft tree or beams). */
+/* Which sessions can be cloned: plain decoding (its whole state is the fields below) and the
+   modes whose decoder copies its own state (speculative decoding's draft tree and verifier
+   rows); a beam search's hypotheses are not. */
 static tl_status check_clonable(const tl_session *s, const char *what) {
     if (!s) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: session must not be NULL", what);
     if (s->stepping)
@@ -19,8 +20,8 @@ static tl_status check_clonable(const tl_session *s, const char *what) {
     if (s->finished)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: the session has finished (stop reason %s)", what,
                        tl_stop_reason_name(s->stats.stop_reason));
-    if (s->decoder != &tl_plain_decoder)
-        return tl_fail(TL_ERR_UNSUPPORTED, "%s: only plain sessions can be cloned (this one decodes in %s mode)",
+    if (s->decoder != &tl_plain_decoder && !s->decoder->clone)
+        return tl_fail(TL_ERR_UNSUPPORTED, "%s: a %s session cannot be cloned (plain and speculative sessions can)",
                        what, s->decoder->name);
     return TL_OK;
 }
@@ -159,6 +160,7 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     for (int i = 0; st == TL_OK && i < c->n_stop_strings; i++)
         if (!(s->stop_strs[i] = strdup(src->stop_strs[i]))) st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     if (st == TL_OK) st = tl_kv_cache_fork(src->cache, &s->cache);
+    if (st == TL_OK && src->decoder->clone) st = src->decoder->clone(s, src);
     s->cfg.stop_sequences = s->stop_seqs;
     s->cfg.stop_strings = (const char *const *)s->stop_strs;
     s->cfg.logit_bias = s->logit_bias;

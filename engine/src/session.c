@@ -514,7 +514,7 @@ static tl_status plain_next(tl_session *s, int32_t *token) {
     return TL_OK;
 }
 
-const tl_decoder tl_plain_decoder = {"plain", plain_open, plain_next, NULL, NULL};
+const tl_decoder tl_plain_decoder = {"plain", plain_open, plain_next, NULL, NULL, NULL};
 
 /* ---------------------------------------------------------------- emission */
 

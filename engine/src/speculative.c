@@ -101,7 +101,8 @@ static void spec_close(tl_session *s) {
     s->mode_state = NULL;
 }
 
-static tl_status spec_open(tl_session *s) {
+/* The mode's state and its buffers, for a session of s's config (no cache). */
+static tl_status spec_alloc(tl_session *s) {
     const tl_generate_config *c = &s->cfg;
     const bool tree = c->speculative == TL_SPECULATIVE_TREE;
     spec_state *sp = calloc(1, sizeof *sp);
@@ -130,12 +131,38 @@ static tl_status spec_open(tl_session *s) {
         !sp->top_values || !sp->candidates || (sp->sampling && !sp->q) || !sp->p || !sp->history ||
         !sp->tally || !sp->row_tokens || !sp->row_positions || !sp->mask)
         return tl_fail(TL_ERR_NO_MEMORY, "speculative decoding: out of memory");
-    tl_status st = tl_kept_states_reserve(&sp->kept, s->m, sp->max_nodes);
+    return tl_kept_states_reserve(&sp->kept, s->m, sp->max_nodes);
+}
+
+static tl_status spec_open(tl_session *s) {
+    tl_status st = spec_alloc(s);
     if (st != TL_OK) return st;
     /* Room for a whole tree after the sequence until the accepted path is compacted. */
-    st = tl_session_cache_new(s, sp->max_nodes);
+    st = tl_session_cache_new(s, ((spec_state *)s->mode_state)->max_nodes);
     if (st == TL_OK) tl_session_take_prefix(s);
     return st;
+}
+
+/* A fork's (or a saved state's) mode state: src's where a cycle is under way (the drafted
+   tree, the verifier's rows, the accepted path, a sampled chain's draft distributions), so
+   that the copy emits exactly the tokens src would; the buffers a cycle fills before it reads
+   them are the copy's own. Its cache, forked from src's, holds the cycle's rows. */
+static tl_status spec_clone(tl_session *dst, const tl_session *src) {
+    tl_status st = spec_alloc(dst);
+    if (st != TL_OK) return st;
+    spec_state *d = dst->mode_state;
+    const spec_state *s = src->mode_state;
+    const size_t v = (size_t)src->m->cfg.vocab_size, rows = (size_t)s->max_nodes;
+    d->tree = s->tree;
+    memcpy(d->grammar_state, s->grammar_state, sizeof d->grammar_state);
+    memcpy(d->path, s->path, sizeof d->path);
+    d->base = s->base, d->node = s->node, d->depth = s->depth, d->depth_offered = s->depth_offered;
+    memcpy(d->verify_logits, s->verify_logits, rows * v * sizeof(float));
+    if (s->sampling) memcpy(d->q, s->q, (size_t)src->cfg.draft_ahead * v * sizeof(double));
+    /* the row the last token was chosen from, in the copy's own verifier rows */
+    if (src->chosen_row && src->chosen_row >= s->verify_logits && src->chosen_row < s->verify_logits + rows * v)
+        dst->chosen_row = d->verify_logits + (src->chosen_row - s->verify_logits);
+    return TL_OK;
 }
 
 /* The rows on the sequence: all of them between cycles; within one, the prefix, the root and
@@ -460,7 +487,7 @@ static tl_status spec_next(tl_session *s, int32_t *token) {
     return st;
 }
 
-const tl_decoder tl_speculative_decoder = {"speculative", spec_open, spec_next, spec_close, spec_sequence_rows};
+const tl_decoder tl_speculative_decoder = {"speculative", spec_open, spec_next, spec_close, spec_sequence_rows, spec_clone};
 
 /* ---------------------------------------------------------------- blocking calls */
 

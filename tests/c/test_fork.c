@@ -90,6 +90,97 @@ static void forks_continue_exactly(const tl_model *m) {
     }
 }
 
+static int ban_first_choice(void *user, float *logits, int vocab, const int32_t *tokens, int n) {
+    (void)user, (void)tokens, (void)n;
+    logits[tl_argmax(logits, vocab)] = -INFINITY; /* (greedy: the second best instead) */
+    return TL_HOOK_CONTINUE;
+}
+
+/* Speculative sessions fork, and save and resume in memory, at any token: between cycles and
+   within one (the drafted tree, the verifier's rows and the accepted path are copied), for a
+   chain, a sampled chain and a tree, each branch continuing exactly as the uninterrupted run,
+   its last token's log-probabilities the parent's; a branch with hooks of its own continues
+   as a plain session forked at the same token with them (greedy: speculative decoding emits
+   plain decoding's tokens). A state file holds plain decoding only: refused, saying so. */
+static void speculative_forks(const tl_model *m) {
+    const int32_t prompt[5] = {11, 4, 27, 8, 60};
+    enum { TOKENS = 40 };
+    const char *names[3] = {"chain", "sampled chain", "tree"};
+    int mid_cycle = 0;
+    for (int mode = 0; mode < 3; mode++) {
+        tl_generate_config cfg;
+        tl_generate_config_init(&cfg);
+        cfg.max_tokens = TOKENS;
+        cfg.ignore_eos = 1;
+        cfg.loops = tl_model_info(m)->max_loops;
+        cfg.draft_loops = 1;
+        cfg.speculative = mode == 2 ? TL_SPECULATIVE_TREE : TL_SPECULATIVE_CHAIN;
+        if (mode == 1) { cfg.temperature = 0.8f; cfg.sample_seed = 9; }
+        if (mode == 2) { cfg.K_branches = 2; cfg.max_nodes = 9; }
+        tl_session *whole = NULL;
+        CHECK(tl_session_new(m, prompt, 5, &cfg, &whole) == TL_OK && run(whole, TOKENS) == 5 + TOKENS, "%s: %s", names[mode],
+              tl_last_error());
+        for (int at = 0; at < 12; at++) {
+            tl_session *parent = NULL, *child = NULL, *resumed = NULL;
+            tl_session_state *state = NULL;
+            tl_session_new(m, prompt, 5, &cfg, &parent);
+            run(parent, at);
+            CHECK(tl_session_fork(parent, NULL, &child) == TL_OK && tl_session_save(parent, &state) == TL_OK &&
+                      tl_session_resume(m, state, NULL, &resumed) == TL_OK,
+                  "%s at %d: fork, save, resume: %s", names[mode], at, tl_last_error());
+            if (!child || !resumed) break;
+            /* (within a cycle the cache holds a row past the sequence's pending token) */
+            mid_cycle += parent->cache->length >= parent->n_tokens;
+            if (at > 0) {
+                float lp_parent, lp_child;
+                CHECK(tl_session_logprobs(parent, 0, &lp_parent, NULL, NULL) == TL_OK &&
+                          tl_session_logprobs(child, 0, &lp_child, NULL, NULL) == TL_OK && lp_parent == lp_child,
+                      "%s at %d: the last token's log-probability %g, the fork's %g", names[mode], at, lp_parent, lp_child);
+            }
+            void *bytes = NULL;
+            size_t len = 0;
+            CHECK_ERROR(tl_session_state_to_bytes(state, &bytes, &len), TL_ERR_UNSUPPORTED,
+                        "a speculative session's state is kept in memory only");
+            run(child, TOKENS);
+            run(resumed, TOKENS);
+            run(parent, TOKENS);
+            CHECK(same_tokens(child, whole) && same_tokens(resumed, whole) && same_tokens(parent, whole),
+                  "%s forked at token %d: the fork %d, the resumed state %d, the parent %d continue as the uninterrupted run",
+                  names[mode], at, same_tokens(child, whole), same_tokens(resumed, whole), same_tokens(parent, whole));
+            tl_session_free(parent);
+            tl_session_free(child);
+            tl_session_free(resumed);
+            tl_session_state_free(state);
+        }
+        tl_session_free(whole);
+        if (mode == 1) continue;
+        /* a branch with hooks of its own, against a plain one forked at the same token */
+        tl_generate_config plain_cfg = cfg;
+        plain_cfg.speculative = TL_SPECULATIVE_OFF;
+        tl_generate_config hooks;
+        tl_generate_config_init(&hooks);
+        hooks.logits_processor = ban_first_choice;
+        for (int at = 3; at < 9; at += 2) {
+            tl_session *spec = NULL, *plain = NULL, *spec_branch = NULL, *plain_branch = NULL;
+            tl_session_new(m, prompt, 5, &cfg, &spec);
+            tl_session_new(m, prompt, 5, &plain_cfg, &plain);
+            run(spec, at);
+            run(plain, at);
+            CHECK(tl_session_fork(spec, &hooks, &spec_branch) == TL_OK && tl_session_fork(plain, &hooks, &plain_branch) == TL_OK,
+                  "%s: forks with hooks: %s", names[mode], tl_last_error());
+            run(spec_branch, TOKENS);
+            run(plain_branch, TOKENS);
+            CHECK(spec_branch && plain_branch && same_tokens(spec_branch, plain_branch),
+                  "%s forked at token %d with hooks of its own: not the plain branch's tokens", names[mode], at);
+            tl_session_free(spec);
+            tl_session_free(plain);
+            tl_session_free(spec_branch);
+            tl_session_free(plain_branch);
+        }
+    }
+    CHECK(mid_cycle > 0, "no fork came within a cycle");
+}
+
 static void hooks_per_branch(const tl_model *m) {
     const int32_t prompt[3] = {7, 8, 9};
     tl_generate_config cfg;
@@ -249,11 +340,10 @@ static void bad_input(const tl_model *m) {
     CHECK_ERROR(tl_session_fork(s, NULL, &child), TL_ERR_INVALID_ARGUMENT, "has finished");
     CHECK_ERROR(tl_session_save(s, &state), TL_ERR_INVALID_ARGUMENT, "has finished");
     tl_session_free(s);
-    cfg.speculative = TL_SPECULATIVE_CHAIN;
-    cfg.loops = 4;
-    cfg.draft_loops = 1;
+    cfg.beam_size = 2;
     tl_session_new(m, prompt, 2, &cfg, &s);
-    CHECK_ERROR(tl_session_fork(s, NULL, &child), TL_ERR_UNSUPPORTED, "speculative mode");
+    CHECK_ERROR(tl_session_fork(s, NULL, &child), TL_ERR_UNSUPPORTED, "a beam session cannot be cloned");
+    CHECK_ERROR(tl_session_save(s, &state), TL_ERR_UNSUPPORTED, "a beam session cannot be cloned");
     tl_session_free(s);
     CHECK_ERROR(tl_model_set_prefix_pool((tl_model *)m, 0), TL_ERR_INVALID_ARGUMENT, "budget = 0 bytes must be > 0");
     CHECK_ERROR(tl_model_set_prefix_pool((tl_model *)m, -5), TL_ERR_INVALID_ARGUMENT, "budget = -5 bytes");
@@ -963,6 +1053,7 @@ int main(int argc, char **argv) {
     tl_model *m = load(dir);
     if (!m) return 1;
     forks_continue_exactly(m);
+    speculative_forks(m);
     hooks_per_branch(m);
     saved_states(m, dir);
     compiled_grammars(m);
