@@ -649,16 +649,16 @@ tl_status tl_session_logprobs(tl_session *session, int top, float *logprob, int3
    pointers, grammar) and nothing else from it. A compiled grammar is per session: the child
    gets its own copy of the parent's, at the parent's state (also when *hooks names that same
    compiled grammar, or the same rules compiled anew); another compiled grammar starts from
-   its start. Plain and speculative decoding, within a speculative cycle too (the drafted
-   tree, the verifier's rows and the accepted path are copied: the child emits exactly what
-   the parent would); a beam search, a finished session and one that is stepping are
-   refused. */
+   its start. Any mode: within a speculative cycle too (the drafted tree, the verifier's rows
+   and the accepted path are copied) and amid a beam search (its hypotheses, which hold their
+   states of the parent's compiled grammar: *hooks may not name another), the child emits
+   exactly what the parent would. A finished session and one that is stepping are refused. */
 tl_status tl_session_fork(const tl_session *parent, const tl_generate_config *hooks, tl_session **child);
 
 /* A saved state (in memory): what tl_session_fork would copy, kept after the session is
    freed; resumed any number of times on the model that saved it (another model, even one
-   loaded from the same directory, is refused). Freed before that model is. A speculative
-   session's state stays in memory: the bytes and files below hold plain decoding. */
+   loaded from the same directory, is refused). Freed before that model is. A speculative or
+   beam session's state stays in memory: the bytes and files below hold plain decoding. */
 typedef struct tl_session_state tl_session_state;
 tl_status tl_session_save(const tl_session *session, tl_session_state **out);
 tl_status tl_session_resume(const tl_model *model, const tl_session_state *state,

@@ -145,7 +145,8 @@ static void beam_close(tl_session *s) {
     s->mode_state = NULL;
 }
 
-static tl_status beam_open(tl_session *s) {
+/* The mode's state and its buffers, for a session of s's config (no cache). */
+static tl_status beam_alloc(tl_session *s) {
     beam_state *b = calloc(1, sizeof *b);
     if (!b) return tl_fail(TL_ERR_NO_MEMORY, "beam search: out of memory");
     s->mode_state = b;
@@ -169,13 +170,42 @@ static tl_status beam_open(tl_session *s) {
         !b->ended[b->B].rows || !b->history || !b->logits || !b->logprobs || !b->top_ids || !b->top_values ||
         !b->rows_tokens || !b->rows_positions || !b->mask || !b->cands)
         return tl_fail(TL_ERR_NO_MEMORY, "beam search: out of memory");
+    return TL_OK;
+}
+
+static tl_status beam_open(tl_session *s) {
+    tl_status st = beam_alloc(s);
+    if (st != TL_OK) return st;
+    const beam_state *b = s->mode_state;
     /* The tree-shaped cache: the prompt once, then up to B rows per step. */
-    tl_status st = tl_kv_cache_new_for(s->m, s->prompt_len + b->B * (b->T + 1), 0, b->B, &s->cache);
+    st = tl_kv_cache_new_for(s->m, s->prompt_len + b->B * (b->T + 1), 0, b->B, &s->cache);
     if (st == TL_OK) {
         s->cache->reserve_loops = s->loops; /* pages only for the depth in use */
         tl_session_take_prefix(s);
     }
     return st;
+}
+
+/* A fork's (or a saved state's) mode state: the live beams and the kept ended hypotheses
+   (their tokens and rows, which the forked cache holds) and the history's prompt, so that the
+   copy's search goes on exactly as src's would; the buffers a step fills first are its own. */
+static tl_status beam_clone(tl_session *dst, const tl_session *src) {
+    /* each hypothesis holds its state in src's compiled grammar: another grammar's tables
+       number their states otherwise */
+    const void *src_rules = src->grammar_matcher ? (const void *)src->grammar_matcher->g : NULL;
+    const void *dst_rules = dst->grammar_matcher ? (const void *)dst->grammar_matcher->g : NULL;
+    if (src_rules != dst_rules)
+        return tl_fail(TL_ERR_UNSUPPORTED, "a beam search's hypotheses hold their states in the session's compiled "
+                                           "grammar: fork it under that same grammar (or none)");
+    tl_status st = beam_alloc(dst);
+    if (st != TL_OK) return st;
+    beam_state *d = dst->mode_state;
+    const beam_state *s = src->mode_state;
+    d->n_live = s->n_live, d->n_ended = s->n_ended;
+    for (int i = 0; i < s->n_live; i++) copy_hyp(&d->live[i], &s->live[i]);
+    for (int i = 0; i < s->n_ended; i++) copy_hyp(&d->ended[i], &s->ended[i]);
+    memcpy(d->history, s->history, (size_t)src->prompt_len * sizeof(int32_t));
+    return TL_OK;
 }
 
 /* The rows on the sequence: the prompt's but its last token (the root beam's pending token);
@@ -319,4 +349,4 @@ static tl_status beam_next(tl_session *s, int32_t *token) {
     return TL_OK;
 }
 
-const tl_decoder tl_beam_decoder = {"beam", beam_open, beam_next, beam_close, beam_sequence_rows, NULL};
+const tl_decoder tl_beam_decoder = {"beam", beam_open, beam_next, beam_close, beam_sequence_rows, beam_clone};

@@ -10,9 +10,9 @@
 #include "session.h"
 #include "validate.h"
 
-/* Which sessions can be cloned: plain decoding (its whole state is the fields below) and the
-   modes whose decoder copies its own state (speculative decoding's draft tree and verifier
-   rows); a beam search's hypotheses are not. */
+/* Which sessions can be cloned: any that is neither finished nor stepping (plain decoding's
+   whole state is the fields below; the other modes' decoders copy their own: speculative
+   decoding's draft tree and verifier rows, a beam search's hypotheses). */
 static tl_status check_clonable(const tl_session *s, const char *what) {
     if (!s) return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: session must not be NULL", what);
     if (s->stepping)
@@ -20,9 +20,6 @@ static tl_status check_clonable(const tl_session *s, const char *what) {
     if (s->finished)
         return tl_fail(TL_ERR_INVALID_ARGUMENT, "%s: the session has finished (stop reason %s)", what,
                        tl_stop_reason_name(s->stats.stop_reason));
-    if (s->decoder != &tl_plain_decoder && !s->decoder->clone)
-        return tl_fail(TL_ERR_UNSUPPORTED, "%s: a %s session cannot be cloned (plain and speculative sessions can)",
-                       what, s->decoder->name);
     return TL_OK;
 }
 
@@ -160,13 +157,13 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     for (int i = 0; st == TL_OK && i < c->n_stop_strings; i++)
         if (!(s->stop_strs[i] = strdup(src->stop_strs[i]))) st = tl_fail(TL_ERR_NO_MEMORY, "out of memory");
     if (st == TL_OK) st = tl_kv_cache_fork(src->cache, &s->cache);
-    if (st == TL_OK && src->decoder->clone) st = src->decoder->clone(s, src);
     s->cfg.stop_sequences = s->stop_seqs;
     s->cfg.stop_strings = (const char *const *)s->stop_strs;
     s->cfg.logit_bias = s->logit_bias;
     tl_session_own_reasoning_tags(s, &src->cfg); /* (the ids came with *s = *src; the pointers still named src's) */
     if (st == TL_OK) st = clone_grammar(s, src, hooks);
     if (st == TL_OK && src->grammar_replay) st = replay_grammar(s);
+    if (st == TL_OK && src->decoder->clone) st = src->decoder->clone(s, src); /* (its grammar in place) */
     take_hooks(s, hooks);
     if (st != TL_OK) {
         tl_session_free(s);

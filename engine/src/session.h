@@ -26,9 +26,9 @@ typedef struct tl_decoder {
        them. A beam search's cache is a tree past its prompt, and a speculative cycle's rows
        are its drafted tree until the accepted path is compacted. */
     int (*sequence_rows)(const tl_session *s);
-    /* Gives dst (a copy of src whose cache shares src's pages: fork.c) a copy of src's mode
-       state, so that it continues exactly as src would; NULL: the mode's sessions are not
-       cloned (a beam search's hypotheses), except plain decoding's, which has none. */
+    /* Gives dst (a copy of src whose cache shares src's pages and whose grammar is in place:
+       fork.c) a copy of src's mode state, so that it continues exactly as src would; NULL
+       for plain decoding, which has none. */
     tl_status (*clone)(tl_session *dst, const tl_session *src);
 } tl_decoder;
 

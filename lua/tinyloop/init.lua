@@ -1391,7 +1391,7 @@ local branch_out = ffi_new("tl_session *[1]")
 -- session:fork([hooks]) -> session | nil, err: a new session continuing from this one's
 -- state (tokens, cache, sampler position, text), sharing its KV pages until either writes
 -- (copy on write). hooks (optional): { on_token, stop_when, logits_processor, depth_policy, grammar }
--- replacing the parent's for the child. Plain and speculative sessions (not beam search).
+-- replacing the parent's for the child. Any mode: plain, speculative, beam search.
 function Session:fork(hooks)
     not_in_batch(self, "fork")
     if self.ptr == nil then raise("session:fork(): the session is closed") end

@@ -96,27 +96,30 @@ static int ban_first_choice(void *user, float *logits, int vocab, const int32_t 
     return TL_HOOK_CONTINUE;
 }
 
-/* Speculative sessions fork, and save and resume in memory, at any token: between cycles and
-   within one (the drafted tree, the verifier's rows and the accepted path are copied), for a
-   chain, a sampled chain and a tree, each branch continuing exactly as the uninterrupted run,
-   its last token's log-probabilities the parent's; a branch with hooks of its own continues
-   as a plain session forked at the same token with them (greedy: speculative decoding emits
-   plain decoding's tokens). A state file holds plain decoding only: refused, saying so. */
-static void speculative_forks(const tl_model *m) {
+/* Speculative and beam sessions fork, and save and resume in memory, at any token: between
+   speculative cycles and within one (the drafted tree, the verifier's rows and the accepted
+   path are copied), amid a beam search (its hypotheses), for a chain, a sampled chain, a tree
+   and a beam search, each branch continuing exactly as the uninterrupted run, a speculative
+   one's last token's log-probabilities the parent's; a speculative branch with hooks of its
+   own continues as a plain session forked at the same token with them (greedy: speculative
+   decoding emits plain decoding's tokens). A state file holds plain decoding only: refused,
+   saying so. */
+static void mode_forks(const tl_model *m) {
     const int32_t prompt[5] = {11, 4, 27, 8, 60};
     enum { TOKENS = 40 };
-    const char *names[3] = {"chain", "sampled chain", "tree"};
+    const char *names[4] = {"chain", "sampled chain", "tree", "beam search"};
     int mid_cycle = 0;
-    for (int mode = 0; mode < 3; mode++) {
+    for (int mode = 0; mode < 4; mode++) {
         tl_generate_config cfg;
         tl_generate_config_init(&cfg);
         cfg.max_tokens = TOKENS;
         cfg.ignore_eos = 1;
         cfg.loops = tl_model_info(m)->max_loops;
         cfg.draft_loops = 1;
-        cfg.speculative = mode == 2 ? TL_SPECULATIVE_TREE : TL_SPECULATIVE_CHAIN;
+        cfg.speculative = mode == 3 ? TL_SPECULATIVE_OFF : mode == 2 ? TL_SPECULATIVE_TREE : TL_SPECULATIVE_CHAIN;
         if (mode == 1) { cfg.temperature = 0.8f; cfg.sample_seed = 9; }
         if (mode == 2) { cfg.K_branches = 2; cfg.max_nodes = 9; }
+        if (mode == 3) cfg.beam_size = 3;
         tl_session *whole = NULL;
         CHECK(tl_session_new(m, prompt, 5, &cfg, &whole) == TL_OK && run(whole, TOKENS) == 5 + TOKENS, "%s: %s", names[mode],
               tl_last_error());
@@ -130,8 +133,8 @@ static void speculative_forks(const tl_model *m) {
                   "%s at %d: fork, save, resume: %s", names[mode], at, tl_last_error());
             if (!child || !resumed) break;
             /* (within a cycle the cache holds a row past the sequence's pending token) */
-            mid_cycle += parent->cache->length >= parent->n_tokens;
-            if (at > 0) {
+            mid_cycle += mode < 3 && parent->cache->length >= parent->n_tokens;
+            if (at > 0 && mode < 3) {
                 float lp_parent, lp_child;
                 CHECK(tl_session_logprobs(parent, 0, &lp_parent, NULL, NULL) == TL_OK &&
                           tl_session_logprobs(child, 0, &lp_child, NULL, NULL) == TL_OK && lp_parent == lp_child,
@@ -140,7 +143,8 @@ static void speculative_forks(const tl_model *m) {
             void *bytes = NULL;
             size_t len = 0;
             CHECK_ERROR(tl_session_state_to_bytes(state, &bytes, &len), TL_ERR_UNSUPPORTED,
-                        "a speculative session's state is kept in memory only");
+                        mode < 3 ? "a speculative session's state is kept in memory only"
+                                 : "a beam session's state is kept in memory only");
             run(child, TOKENS);
             run(resumed, TOKENS);
             run(parent, TOKENS);
@@ -153,7 +157,7 @@ static void speculative_forks(const tl_model *m) {
             tl_session_state_free(state);
         }
         tl_session_free(whole);
-        if (mode == 1) continue;
+        if (mode == 1 || mode == 3) continue;
         /* a branch with hooks of its own, against a plain one forked at the same token */
         tl_generate_config plain_cfg = cfg;
         plain_cfg.speculative = TL_SPECULATIVE_OFF;
@@ -179,6 +183,38 @@ static void speculative_forks(const tl_model *m) {
         }
     }
     CHECK(mid_cycle > 0, "no fork came within a cycle");
+    /* a beam search under a compiled grammar: its hypotheses hold states of that grammar, so a
+       fork goes on under it (and emits what the parent does), another grammar is refused */
+    tl_compiled_grammar *letters = NULL, *digits = NULL;
+    CHECK(tl_grammar_compile_gbnf("root ::= [a-z ]+", 16, &letters) == TL_OK &&
+              tl_grammar_compile_gbnf("root ::= [0-9]+", 15, &digits) == TL_OK,
+          "compile: %s", tl_last_error());
+    if (!letters || !digits) return;
+    tl_grammar use_letters, use_digits;
+    tl_grammar_use(&use_letters, letters);
+    tl_grammar_use(&use_digits, digits);
+    tl_generate_config beams;
+    tl_generate_config_init(&beams);
+    beams.max_tokens = 16;
+    beams.ignore_eos = 1;
+    beams.beam_size = 3;
+    beams.grammar = &use_letters;
+    tl_session *whole = NULL, *parent = NULL, *child = NULL, *other = NULL;
+    tl_session_new(m, prompt, 5, &beams, &whole);
+    tl_session_new(m, prompt, 5, &beams, &parent);
+    run(whole, 100);
+    run(parent, 5);
+    tl_generate_config another = beams;
+    another.grammar = &use_digits;
+    CHECK(tl_session_fork(parent, NULL, &child) == TL_OK, "a beam search under its grammar: %s", tl_last_error());
+    CHECK_ERROR(tl_session_fork(parent, &another, &other), TL_ERR_UNSUPPORTED, "fork it under that same grammar");
+    run(child, 100);
+    CHECK(child && same_tokens(child, whole), "a beam search forked under its grammar: not the uninterrupted run");
+    tl_session_free(whole);
+    tl_session_free(parent);
+    tl_session_free(child);
+    tl_compiled_grammar_free(letters);
+    tl_compiled_grammar_free(digits);
 }
 
 static void hooks_per_branch(const tl_model *m) {
@@ -339,11 +375,6 @@ static void bad_input(const tl_model *m) {
     run(s, 10);
     CHECK_ERROR(tl_session_fork(s, NULL, &child), TL_ERR_INVALID_ARGUMENT, "has finished");
     CHECK_ERROR(tl_session_save(s, &state), TL_ERR_INVALID_ARGUMENT, "has finished");
-    tl_session_free(s);
-    cfg.beam_size = 2;
-    tl_session_new(m, prompt, 2, &cfg, &s);
-    CHECK_ERROR(tl_session_fork(s, NULL, &child), TL_ERR_UNSUPPORTED, "a beam session cannot be cloned");
-    CHECK_ERROR(tl_session_save(s, &state), TL_ERR_UNSUPPORTED, "a beam session cannot be cloned");
     tl_session_free(s);
     CHECK_ERROR(tl_model_set_prefix_pool((tl_model *)m, 0), TL_ERR_INVALID_ARGUMENT, "budget = 0 bytes must be > 0");
     CHECK_ERROR(tl_model_set_prefix_pool((tl_model *)m, -5), TL_ERR_INVALID_ARGUMENT, "budget = -5 bytes");
@@ -1053,7 +1084,7 @@ int main(int argc, char **argv) {
     tl_model *m = load(dir);
     if (!m) return 1;
     forks_continue_exactly(m);
-    speculative_forks(m);
+    mode_forks(m);
     hooks_per_branch(m);
     saved_states(m, dir);
     compiled_grammars(m);

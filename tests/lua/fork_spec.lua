@@ -241,14 +241,17 @@ describe("forks and saved states", function()
         local s = assert(m:session(prompt, { max_tokens = 1 }))
         finish(s)
         H.error_contains(function() s:fork() end, "the session has finished")
-        local beam = assert(m:session(prompt, { beam_size = 2, max_tokens = 4 }))
-        H.error_contains(function() beam:fork() end, "a beam session cannot be cloned (plain and speculative sessions can)")
-        -- a speculative session forks, mid-cycle too, and its branch goes on as it does
+        -- a speculative session forks, mid-cycle too, and a beam search amid its search: each
+        -- branch goes on as its parent does
         local spec = assert(m:session(prompt, { speculative = "chain", loops = 4, draft_loops = 1, max_tokens = 12, ignore_eos = true }))
         spec:step()
         spec:step()
         local branch = assert(spec:fork())
         assert.same(finish(spec), finish(branch))
+        local beam = assert(m:session(prompt, { beam_size = 3, max_tokens = 12, ignore_eos = true }))
+        beam:step()
+        local beam_branch = assert(beam:fork())
+        assert.same(finish(beam), finish(beam_branch))
         local g = { allowed = function(_, mask, vocab) for i = 0, vocab - 1 do mask[i] = 1 end return vocab end,
                     advance = function() end }
         local with_grammar = assert(m:session(prompt, { grammar = g }))
