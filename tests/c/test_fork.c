@@ -90,6 +90,19 @@ static void forks_continue_exactly(const tl_model *m) {
     }
 }
 
+/* Two compiled grammars, "root ::= [a-z ]+" and "root ::= [0-9]+", and their tl_grammar uses;
+   false (said) when either fails to compile. */
+static bool letters_and_digits(tl_compiled_grammar **letters, tl_compiled_grammar **digits, tl_grammar *use_letters,
+                               tl_grammar *use_digits) {
+    const char *letters_src = "root ::= [a-z ]+", *digits_src = "root ::= [0-9]+";
+    CHECK(tl_grammar_compile_gbnf(letters_src, strlen(letters_src), letters) == TL_OK &&
+          tl_grammar_compile_gbnf(digits_src, strlen(digits_src), digits) == TL_OK, "compile: %s", tl_last_error());
+    if (!*letters || !*digits) return false;
+    tl_grammar_use(use_letters, *letters);
+    tl_grammar_use(use_digits, *digits);
+    return true;
+}
+
 static int ban_first_choice(void *user, float *logits, int vocab, const int32_t *tokens, int n) {
     (void)user, (void)tokens, (void)n;
     logits[tl_argmax(logits, vocab)] = -INFINITY; /* (greedy: the second best instead) */
@@ -186,13 +199,8 @@ static void mode_forks(const tl_model *m) {
     /* a beam search under a compiled grammar: its hypotheses hold states of that grammar, so a
        fork goes on under it (and emits what the parent does), another grammar is refused */
     tl_compiled_grammar *letters = NULL, *digits = NULL;
-    CHECK(tl_grammar_compile_gbnf("root ::= [a-z ]+", 16, &letters) == TL_OK &&
-              tl_grammar_compile_gbnf("root ::= [0-9]+", 15, &digits) == TL_OK,
-          "compile: %s", tl_last_error());
-    if (!letters || !digits) return;
     tl_grammar use_letters, use_digits;
-    tl_grammar_use(&use_letters, letters);
-    tl_grammar_use(&use_digits, digits);
+    if (!letters_and_digits(&letters, &digits, &use_letters, &use_digits)) return;
     tl_generate_config beams;
     tl_generate_config_init(&beams);
     beams.max_tokens = 16;
@@ -305,13 +313,8 @@ static char *matched_text(const tl_model *m, const tl_session *s, int from, cons
 static void compiled_grammars(const tl_model *m) {
     const int32_t prompt[3] = {40, 41, 42};
     tl_compiled_grammar *letters = NULL, *digits = NULL;
-    const char *letters_src = "root ::= [a-z ]+", *digits_src = "root ::= [0-9]+";
-    CHECK(tl_grammar_compile_gbnf(letters_src, strlen(letters_src), &letters) == TL_OK &&
-          tl_grammar_compile_gbnf(digits_src, strlen(digits_src), &digits) == TL_OK, "compile: %s", tl_last_error());
-    if (!letters || !digits) return;
     tl_grammar use_letters, use_digits;
-    tl_grammar_use(&use_letters, letters);
-    tl_grammar_use(&use_digits, digits);
+    if (!letters_and_digits(&letters, &digits, &use_letters, &use_digits)) return;
     for (int sampled = 0; sampled < 2; sampled++) {
         tl_generate_config cfg;
         tl_generate_config_init(&cfg);
