@@ -652,7 +652,9 @@ tl_status tl_session_logprobs(tl_session *session, int top, float *logprob, int3
    its start. Any mode: within a speculative cycle too (the drafted tree, the verifier's rows
    and the accepted path are copied) and amid a beam search (its hypotheses, which hold their
    states of the parent's compiled grammar: *hooks may not name another), the child emits
-   exactly what the parent would. A finished session and one that is stepping are refused. */
+   exactly what the parent would; a speculative or beam branch takes only the hooks its mode
+   takes at its start (no depth_policy or callback grammar; a beam search no stop_rule), else
+   TL_ERR_UNSUPPORTED. A finished session and one that is stepping are refused. */
 tl_status tl_session_fork(const tl_session *parent, const tl_generate_config *hooks, tl_session **child);
 
 /* A saved state (in memory): what tl_session_fork would copy, kept after the session is

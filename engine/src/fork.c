@@ -71,16 +71,27 @@ static tl_status replay_grammar(tl_session *s) {
 }
 
 /* The hook fields of *hooks (or the source's when NULL); the grammar is clone_grammar's. */
-static void take_hooks(tl_session *s, const tl_generate_config *hooks) {
+static void take_hooks(tl_generate_config *cfg, const tl_generate_config *hooks) {
     if (!hooks) return;
-    s->cfg.on_token = hooks->on_token;
-    s->cfg.on_token_user = hooks->on_token_user;
-    s->cfg.stop_rule = hooks->stop_rule;
-    s->cfg.stop_rule_user = hooks->stop_rule_user;
-    s->cfg.logits_processor = hooks->logits_processor;
-    s->cfg.logits_processor_user = hooks->logits_processor_user;
-    s->cfg.depth_policy = hooks->depth_policy;
-    s->cfg.depth_policy_user = hooks->depth_policy_user;
+    cfg->on_token = hooks->on_token;
+    cfg->on_token_user = hooks->on_token_user;
+    cfg->stop_rule = hooks->stop_rule;
+    cfg->stop_rule_user = hooks->stop_rule_user;
+    cfg->logits_processor = hooks->logits_processor;
+    cfg->logits_processor_user = hooks->logits_processor_user;
+    cfg->depth_policy = hooks->depth_policy;
+    cfg->depth_policy_user = hooks->depth_policy_user;
+}
+
+/* A branch of a speculative or beam session takes only the hooks its mode takes at its start
+   (tl_validate_mode: no depth_policy, a beam search no stop_rule, no callback grammar): the
+   mode would not run the others. */
+static tl_status check_branch_hooks(const tl_session *src, const tl_generate_config *hooks) {
+    if (!hooks || src->decoder == &tl_plain_decoder) return TL_OK;
+    tl_generate_config branch = src->cfg;
+    take_hooks(&branch, hooks);
+    branch.grammar = hooks->grammar;
+    return tl_validate_mode(src->m, &branch);
 }
 
 static void *copy_of(const void *src, size_t bytes) {
@@ -96,6 +107,8 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
         tl_status st = tl_validate_grammar(src->m, hooks->grammar);
         if (st != TL_OK) return st;
     }
+    tl_status branch_st = check_branch_hooks(src, hooks);
+    if (branch_st != TL_OK) return branch_st;
     const tl_generate_config *c = &src->cfg;
     const int vocab = src->m->cfg.vocab_size, total = src->prompt_len + c->max_tokens;
     tl_session *s = calloc(1, sizeof *s);
@@ -164,7 +177,7 @@ static tl_status clone(const tl_session *src, const tl_generate_config *hooks, t
     if (st == TL_OK) st = clone_grammar(s, src, hooks);
     if (st == TL_OK && src->grammar_replay) st = replay_grammar(s);
     if (st == TL_OK && src->decoder->clone) st = src->decoder->clone(s, src); /* (its grammar in place) */
-    take_hooks(s, hooks);
+    take_hooks(&s->cfg, hooks);
     if (st != TL_OK) {
         tl_session_free(s);
         return st;

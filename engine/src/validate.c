@@ -322,14 +322,20 @@ static tl_status validate_beam(const tl_generate_config *c) {
     return TL_OK;
 }
 
+tl_status tl_validate_mode(const tl_model *m, const tl_generate_config *c) {
+    tl_status st = TL_OK;
+    if (c->speculative != TL_SPECULATIVE_OFF) st = validate_speculative(m, c);
+    if (st == TL_OK && c->beam_size >= 2) st = validate_beam(c);
+    return st;
+}
+
 tl_status tl_generate_validate(const tl_model *m, const int32_t *prompt, int prompt_len,
                                const tl_generate_config *c) {
     if (!m) return tl_fail(TL_ERR_INVALID_ARGUMENT, "model must not be NULL");
     if (!c) return tl_fail(TL_ERR_INVALID_ARGUMENT, "config must not be NULL");
     tl_status st = validate_fields(m, prompt, prompt_len, c);
     if (st == TL_OK) st = validate_reasoning(m, c);
-    if (st == TL_OK && c->speculative != TL_SPECULATIVE_OFF) st = validate_speculative(m, c);
-    if (st == TL_OK && c->beam_size >= 2) st = validate_beam(c);
+    if (st == TL_OK) st = tl_validate_mode(m, c);
     return st;
 }
 

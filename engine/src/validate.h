@@ -25,6 +25,10 @@ tl_status tl_generate_validate(const tl_model *m, const int32_t *prompt, int pro
    sequences) are ones tl_generate_validate takes; no message. */
 bool tl_text_fields_valid(const tl_generate_config *c, int vocab);
 
+/* The rules of a config's decoding mode (speculative, beam search): its fields and the hooks
+   and grammar it takes (tl_generate_validate's, and a branch's new hooks: fork.c). */
+tl_status tl_validate_mode(const tl_model *m, const tl_generate_config *cfg);
+
 /* The rules of a grammar on model m (a config's, or a branch's new one: fork.c). */
 tl_status tl_validate_grammar(const tl_model *m, const tl_grammar *g);
 

@@ -90,6 +90,21 @@ static void forks_continue_exactly(const tl_model *m) {
     }
 }
 
+static int exit_at_once(void *user, const tl_loop_signals *signals);
+static int never_stop(void *user, const int32_t *tokens, int n) {
+    (void)user, (void)tokens, (void)n;
+    return 0;
+}
+static int allow_everything(void *user, uint8_t *allowed, int vocab) {
+    (void)user;
+    memset(allowed, 1, (size_t)vocab);
+    return vocab;
+}
+static int advance_nothing(void *user, int32_t token) {
+    (void)user, (void)token;
+    return 0;
+}
+
 /* Two compiled grammars, "root ::= [a-z ]+" and "root ::= [0-9]+", and their tl_grammar uses;
    false (said) when either fails to compile. */
 static bool letters_and_digits(tl_compiled_grammar **letters, tl_compiled_grammar **digits, tl_grammar *use_letters,
@@ -196,6 +211,43 @@ static void mode_forks(const tl_model *m) {
         }
     }
     CHECK(mid_cycle > 0, "no fork came within a cycle");
+    /* a branch takes only the hooks its mode takes at its start (it would not run the others:
+       a speculative fork with a depth_policy ran every loop) */
+    {
+        tl_generate_config spec_cfg, beam_cfg, hooks;
+        tl_generate_config_init(&spec_cfg);
+        spec_cfg.speculative = TL_SPECULATIVE_CHAIN;
+        spec_cfg.loops = tl_model_info(m)->max_loops;
+        spec_cfg.draft_loops = 1;
+        beam_cfg = spec_cfg;
+        beam_cfg.speculative = TL_SPECULATIVE_OFF;
+        beam_cfg.beam_size = 2;
+        tl_session *spec = NULL, *beam = NULL, *branch = NULL;
+        tl_session_new(m, prompt, 5, &spec_cfg, &spec);
+        tl_session_new(m, prompt, 5, &beam_cfg, &beam);
+        run(spec, 2);
+        run(beam, 2);
+        tl_generate_config_init(&hooks);
+        hooks.depth_policy = exit_at_once;
+        CHECK_ERROR(tl_session_fork(spec, &hooks, &branch), TL_ERR_UNSUPPORTED,
+                    "speculative decoding (chain) does not combine with early exit");
+        CHECK_ERROR(tl_session_fork(beam, &hooks, &branch), TL_ERR_UNSUPPORTED, "does not support early exit");
+        tl_generate_config_init(&hooks);
+        hooks.stop_rule = never_stop;
+        CHECK_ERROR(tl_session_fork(beam, &hooks, &branch), TL_ERR_UNSUPPORTED, "does not support a stop_rule hook");
+        CHECK(tl_session_fork(spec, &hooks, &branch) == TL_OK, "a speculative branch with a stop_rule: %s", tl_last_error());
+        tl_session_free(branch);
+        tl_generate_config_init(&hooks);
+        tl_grammar callbacks = {.allowed = allow_everything, .advance = advance_nothing};
+        hooks.grammar = &callbacks;
+        CHECK_ERROR(tl_session_fork(spec, &hooks, &branch), TL_ERR_UNSUPPORTED, "with a callback grammar is not supported");
+        tl_session_state *state = NULL;
+        CHECK(tl_session_save(spec, &state) == TL_OK, "%s", tl_last_error());
+        CHECK_ERROR(tl_session_resume(m, state, &hooks, &branch), TL_ERR_UNSUPPORTED, "with a callback grammar is not supported");
+        tl_session_state_free(state);
+        tl_session_free(spec);
+        tl_session_free(beam);
+    }
     /* a beam search under a compiled grammar: its hypotheses hold states of that grammar, so a
        fork goes on under it (and emits what the parent does), another grammar is refused */
     tl_compiled_grammar *letters = NULL, *digits = NULL;
