@@ -3,6 +3,7 @@
  * session whose KV cache shares the original's pages (copy on write, kv_cache.h): a clone
  * costs the page table and the host arrays, never a forward. */
 #define _POSIX_C_SOURCE 200809L /* strdup */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -236,12 +237,17 @@ tl_status tl_session_resume(const tl_model *model, const tl_session_state *state
     if (state->frozen->m != model) {
         const tl_model *saver = state->frozen->m;
         /* (another load of the same directory read as "another model (X), not this one (X)") */
-        if (saver->dir && model->dir && strcmp(saver->dir, model->dir) == 0)
+        if (saver->dir && model->dir && strcmp(saver->dir, model->dir) == 0) {
+            /* (the KV types named only where they differ: "its KV cache is f32, this one's f32" puzzled) */
+            char kv[96] = "";
+            if (saver->kv_type != model->kv_type)
+                snprintf(kv, sizeof kv, " (its KV cache is %s, this one's %s)", tl_kv_type_name(saver->kv_type),
+                         tl_kv_type_name(model->kv_type));
             return tl_fail(TL_ERR_INVALID_ARGUMENT,
-                           "tl_session_resume: the state was saved by another load of %s (its KV cache is %s, this "
-                           "one's %s): a state in memory resumes in the model that saved it; write it "
-                           "(tl_session_state_write) and read it into this one", model->dir,
-                           tl_kv_type_name(saver->kv_type), tl_kv_type_name(model->kv_type));
+                           "tl_session_resume: the state was saved by another load of %s%s: a state in memory resumes "
+                           "in the model that saved it; write it (tl_session_state_write) and read it into this one",
+                           model->dir, kv);
+        }
         return tl_fail(TL_ERR_INVALID_ARGUMENT,
                        "tl_session_resume: the state was saved by another model (%s), not this one (%s): its "
                        "KV cache belongs to that model's weights", saver->dir, model->dir);

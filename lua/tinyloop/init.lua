@@ -1466,7 +1466,7 @@ end
 local bytes_out, len_out = ffi_new("void *[1]"), ffi_new("size_t[1]")
 function State:bytes()
     local st = C.tl_session_state_to_bytes(state_ptr(self, "state:bytes()"), bytes_out, len_out)
-    if st ~= 0 then return nil, last_error() end
+    if st ~= 0 then return engine_failure(st) end -- (a state of another mode: raised, as refusals are)
     local s = ffi_string(bytes_out[0], len_out[0])
     C.tl_free(bytes_out[0])
     return s
@@ -1477,7 +1477,7 @@ end
 function State:write(path)
     check_path(path, "state:write(path): path")
     local st = C.tl_session_state_write(state_ptr(self, "state:write()"), path)
-    if st ~= 0 then return nil, last_error() end
+    if st ~= 0 then return engine_failure(st) end
     return true
 end
 

@@ -336,7 +336,18 @@ static void saved_states(const tl_model *m, const char *dir) {
     /* (it said "another model (X), not this one (X)": the one directory twice) */
     CHECK_ERROR(tl_session_resume(other, state, NULL, &wrong), TL_ERR_INVALID_ARGUMENT,
                 "saved by another load of");
+    /* (the KV types named only where they differ: "its KV cache is f32, this one's f32") */
+    CHECK(strstr(tl_last_error(), "KV cache is") == NULL, "the same KV type named: %s", tl_last_error());
     CHECK(wrong == NULL, "out is NULL on error");
+    tl_model_free(other);
+    tl_load_options other_kv;
+    tl_load_options_init(&other_kv);
+    const bool half = m->kv_type == TL_KV_F16;
+    other_kv.kv_type = half ? TL_KV_F32 : TL_KV_F16;
+    other = NULL;
+    CHECK(tl_model_load(dir, &other_kv, &other) == TL_OK, "load: %s", tl_last_error());
+    CHECK_ERROR(tl_session_resume(other, state, NULL, &wrong), TL_ERR_INVALID_ARGUMENT,
+                half ? "(its KV cache is f16, this one's f32)" : "(its KV cache is f32, this one's f16)");
     tl_model_free(other);
     tl_session_free(whole);
     tl_session_free(a);
