@@ -4282,11 +4282,13 @@ describe("server with two workers", function()
             local body = cjson.encode({ messages = { { role = "user", content = ("word "):rep(600) } }, max_tokens = 1, tools = tools })
             assert.truthy(#body > 800000 and #body < 1048576, #body)
             local f = assert(io.open(pre .. "/big.json", "wb")); f:write(body); f:close()
-            -- /health each 50 ms from 0.3 s on (the chat request's handler is at its work by
-            -- then), until the chat request has its answer: their answers' order in pre/order
+            -- /health each 50 ms from 0.1 s on (the body is in by then and the chat request's
+            -- handler at its work, which takes 0.3-0.4 s on a quiet Zen 5: from 0.3 s on, the
+            -- first probe came after the answer there), until the chat request has its answer:
+            -- their answers' order in pre/order
             local order = sh(("cd %s && (curl -s -o chat.out -w 'chat %%{http_code}\\n' -H 'Content-Type: application/json' " ..
                               "--data-binary @big.json %s/v1/chat/completions >> order; touch chat.done) & " ..
-                              "sleep 0.3; while [ ! -e %s/chat.done ]; do curl -s -o /dev/null -w 'health %%{http_code}\\n' " ..
+                              "sleep 0.1; while [ ! -e %s/chat.done ]; do curl -s -o /dev/null -w 'health %%{http_code}\\n' " ..
                               "%s/health >> %s/order; sleep 0.05; done; wait; cat %s/order"):format(pre, b3, pre, b3, pre, pre))
             local answer = sh("cat " .. pre .. "/chat.out")
             assert.truthy(order:find("chat 400\n", 1, true), order .. answer)
