@@ -814,7 +814,10 @@ tl_status tl_generate_tree_speculative(const tl_model *model, const int32_t *pro
    tl_session_step_batch per iteration (continuous batching: sessions join between
    iterations, finished and cancelled ones leave). Requests are named by integer ids so
    that other threads (nginx's thread pool) can wait on them through the FFI. Every
-   function is thread-safe; a request id is used by one caller at a time. */
+   function is thread-safe; a request id is used by one caller at a time. On a model with a
+   prefix pool, a request takes at its admission what the pool was given while it waited, and
+   one that shares at least 16 rows of its prompt with a running request still prefilling it
+   waits for that prefill (counters.prefill_waiting) rather than compute the rows beside it. */
 
 typedef struct tl_engine tl_engine;
 
@@ -955,6 +958,9 @@ typedef struct tl_engine_counters {
     int64_t kv_reserved_bytes;   /* the running requests' tl_session_max_kv_bytes, summed */
     int kv_waiting;              /* queued requests that a free place would not start: the first
                                     one's share does not fit the budget beside the running ones' */
+    int prefill_waiting;         /* queued requests that wait for a running one's prefill of the
+                                    prompt they share (at least a page of 16 rows), to take those
+                                    rows from the model's prefix pool rather than compute them too */
 } tl_engine_counters;
 
 /* The engine's counters now (engine NULL: zeros, as tl_model_get_memory's). */

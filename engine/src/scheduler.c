@@ -266,6 +266,18 @@ static bool alloc_engine_arrays(tl_engine *e) {
            e->retired_sessions && e->retired_requests;
 }
 
+/* Whether queued request r shares its prompt with a running one still prefilling it, and
+   would take those rows from the prefix pool once that is done (tl_session_awaits_prefill_of):
+   it waits, where admitted now both would compute them (the n choices of one prompt, a batch
+   of requests under one long system prompt). A wait lasts one prefill: the running request's
+   rows go to the pool as its prompt is done, or it leaves the batch. */
+static bool awaits_prefill(const request *r, request *const *run, int n_run) {
+    if (atomic_load(&r->session->free_requested)) return false; /* (finished at its admission) */
+    for (int k = 0; k < n_run; k++)
+        if (tl_session_awaits_prefill_of(r->session, run[k]->session)) return true;
+    return false;
+}
+
 static void *engine_main(void *arg) {
     tl_engine *e = arg;
     const int cap = e->opts.max_active;
@@ -303,10 +315,14 @@ static void *engine_main(void *arg) {
            while their K/V share fits beside the running ones'; the first that does not fit
            holds back the rest (kv_waiting), else a stream of small requests could keep a large
            one waiting for good. */
-        e->c.kv_waiting = 0;
+        e->c.kv_waiting = e->c.prefill_waiting = 0;
         for (int i = 0; i < e->n_reqs && n_run < cap; i++) {
             request *r = e->reqs[i];
             if (r->state == TL_ENGINE_QUEUED && !r->cancelled) {
+                if (awaits_prefill(r, run, n_run)) { /* (a place stays free for those after it) */
+                    e->c.prefill_waiting++;
+                    continue;
+                }
                 if (e->opts.kv_budget_bytes > 0 && e->c.kv_reserved_bytes + r->kv_share > e->opts.kv_budget_bytes) {
                     for (int k = i; k < e->n_reqs; k++)
                         e->c.kv_waiting += e->reqs[k]->state == TL_ENGINE_QUEUED && !e->reqs[k]->cancelled;
@@ -321,6 +337,7 @@ static void *engine_main(void *arg) {
                     continue;
                 }
                 e->c.kv_reserved_bytes += r->kv_share;
+                tl_session_take_prefix_late(r->session); /* (what the pool was given while it waited) */
                 run[n_run++] = r;
             }
         }

@@ -284,6 +284,27 @@ void tl_session_take_prefix(tl_session *s) {
             tl_prefix_pool_take(s->m->prefix_pool, s->tokens, s->prompt_len - 1, s->loops, s->ws.state_seed, s->cache);
 }
 
+/* Whether s's cache is still as its open left it with nothing from the pool: no row, its
+   prefill not begun (an empty page table: a take shares pages into it). */
+static bool takes_nothing_yet(const tl_session *s) {
+    return s->cache && s->cache->length == 0 && s->t_prefill_start <= 0 && !s->prompt_done && !s->rows_from_bytes;
+}
+
+void tl_session_take_prefix_late(tl_session *s) {
+    if (s->m->prefix_pool && takes_nothing_yet(s) && s->cfg.max_tokens > 0) tl_session_take_prefix(s);
+}
+
+bool tl_session_awaits_prefill_of(const tl_session *waiting, const tl_session *running) {
+    if (!waiting->m->prefix_pool || waiting->m != running->m || !takes_nothing_yet(waiting) || running->prompt_done ||
+        waiting->cache->window != 0 || running->cache->window != 0 || waiting->loops != running->loops ||
+        waiting->ws.state_seed != running->ws.state_seed || waiting->cfg.max_tokens <= 0)
+        return false;
+    const int n = waiting->prompt_len - 1 < running->prompt_len ? waiting->prompt_len - 1 : running->prompt_len;
+    int common = 0;
+    while (common < n && waiting->tokens[common] == running->tokens[common]) common++;
+    return common >= TL_KV_PAGE_ROWS;
+}
+
 /* The prompt's rows are in the cache: time the prefill, and offer them to the prefix pool.
    (prefill_tokens: the rows added since the clock started, all the prompt's but the pool's,
    or all but the last for the decoders whose first step takes it; a state read mid-prompt

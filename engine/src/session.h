@@ -152,6 +152,15 @@ tl_status tl_session_cache_new(tl_session *s, int headroom);
    into their first step). Every decoder's prompt rows are plain rows at full depth, so a
    prefix any of them computed serves all of them. */
 void tl_session_take_prefix(tl_session *s);
+/* The same later (a serving engine's admission): only a session that has taken nothing yet
+   and not begun its prefill, so that one that waited in a queue takes what the pool was given
+   meanwhile (a prefill another request of the same prompt finished). */
+void tl_session_take_prefix_late(tl_session *s);
+/* Whether `waiting` (not begun, nothing taken) would take at least a page of its prompt from
+   the prefix pool once `running`, whose prompt it shares and which is still prefilling, is
+   done: same model (with a pool), depth and initial state seed, no windows. Admitted now,
+   both would compute those rows; admitted after, `waiting` takes them. */
+bool tl_session_awaits_prefill_of(const tl_session *waiting, const tl_session *running);
 /* Forwards the prompt's tokens up to index n (from what the cache already holds: a prefix
    from the pool), timing the prefill. */
 tl_status tl_session_prefill(tl_session *s, int n, float *last_logits);

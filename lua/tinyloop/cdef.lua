@@ -381,6 +381,7 @@ typedef struct tl_engine_counters {
     int64_t kv_budget_bytes;
     int64_t kv_reserved_bytes;
     int kv_waiting;
+    int prefill_waiting;
 } tl_engine_counters;
 void tl_engine_get_counters(tl_engine *engine, tl_engine_counters *counters);
 typedef struct tl_compiled_grammar tl_compiled_grammar;

@@ -80,6 +80,19 @@ static int read_to_end(tl_engine *e, uint64_t id, tl_engine_update *last) {
     return n_tokens;
 }
 
+/* Reads request `id` of engine e to its end: its tokens into out (at most cap), its last
+   update in *last; returns how many tokens came. */
+static int read_tokens(tl_engine *e, uint64_t id, int32_t *out, int cap, tl_engine_update *last) {
+    int n = 0;
+    memset(last, 0, sizeof *last);
+    while (tl_engine_wait(e, id, 1000) >= 0 && tl_engine_read(e, id, last) == TL_OK) {
+        for (int i = 0; i < last->n_tokens; i++, n++)
+            if (n < cap) out[n] = last->tokens[i];
+        if (last->state == TL_ENGINE_FINISHED) break;
+    }
+    return n;
+}
+
 static tl_session *new_session_n(const int32_t *prompt, int n, const tl_generate_config *cfg) {
     tl_session *s = NULL;
     if (tl_session_new(model, prompt, n, cfg, &s) != TL_OK) printf("session: %s\n", tl_last_error());
@@ -302,15 +315,11 @@ static void kv_budget(const char *dir) {
     hold_release(HOLD_CALLS); /* (the later calls pass) */
     for (int i = 0; i < 3; i++) {
         int32_t want[80], got[80];
-        int n_want = 0, n_got = 0;
+        int n_want = 0;
         tl_generate_config alone = *cfgs[i];
         alone.logits_processor = NULL; /* (edits nothing) */
         CHECK(tl_generate(model, prompts[i], 4, &alone, want, 80, &n_want, NULL) == TL_OK, "%s", tl_last_error());
-        memset(&u, 0, sizeof u);
-        while (tl_engine_wait(e, ids[i], 1000) >= 0 && tl_engine_read(e, ids[i], &u) == TL_OK) {
-            for (int k = 0; k < u.n_tokens && n_got < 80; k++) got[n_got++] = u.tokens[k];
-            if (u.state == TL_ENGINE_FINISHED) break;
-        }
+        const int n_got = read_tokens(e, ids[i], got, 80, &u);
         CHECK(u.state == TL_ENGINE_FINISHED && u.status == TL_OK && n_got == n_want - 4 &&
                   !memcmp(got, want + 4, (size_t)n_got * sizeof *got),
               "%c: %d tokens, as tl_generate's %d", 'A' + i, n_got, n_want - 4);
@@ -324,6 +333,62 @@ static void kv_budget(const char *dir) {
     CHECK(c.kv_reserved_bytes == 0 && c.kv_waiting == 0 && c.active == 0, "all ended: reserved %lld, waiting %d",
           (long long)c.kv_reserved_bytes, c.kv_waiting);
     tl_engine_free(e);
+}
+
+/* Requests of one prompt (the n choices of a server's request): the first prefills it, the
+   others wait for that prefill and take its rows from the prefix pool (they computed them too,
+   in the same passes), each emitting what it emits alone on a model without a pool. */
+static void shared_prefill(const char *dir) {
+    tl_model *pooled = NULL, *cold = NULL;
+    tl_load_options o;
+    tl_load_options_init(&o);
+    o.n_threads = 1;
+    CHECK(tl_model_load(dir, &o, &pooled) == TL_OK && tl_model_load(dir, &o, &cold) == TL_OK, "load: %s", tl_last_error());
+    if (!pooled || !cold) { tl_model_free(pooled); tl_model_free(cold); return; }
+    CHECK(tl_model_set_prefix_pool(pooled, 64 << 20) == TL_OK, "%s", tl_last_error());
+    tl_engine_options eo;
+    tl_engine_options_init(&eo);
+    eo.max_active = 4;
+    tl_engine *e = NULL;
+    CHECK(tl_engine_new(pooled, &eo, &e) == TL_OK, "%s", tl_last_error());
+    enum { CHOICES = 4, LEN = 40, GEN = 8 };
+    int32_t prompt[LEN];
+    for (int i = 0; i < LEN; i++) prompt[i] = (int32_t)((i * 29 + 3) % 300);
+    tl_generate_config cfgs[CHOICES];
+    uint64_t ids[CHOICES] = {0};
+    for (int c = 0; c < CHOICES; c++) {
+        tl_generate_config_init(&cfgs[c]);
+        cfgs[c].max_tokens = GEN;
+        cfgs[c].ignore_eos = 1;
+        cfgs[c].temperature = 0.9f;
+        cfgs[c].sample_seed = (uint64_t)(40 + c);
+        tl_session *s = NULL;
+        CHECK(tl_session_new(pooled, prompt, LEN, &cfgs[c], &s) == TL_OK && tl_engine_submit(e, s, &ids[c]) == TL_OK &&
+                  ids[c] > 0, "choice %d: %s", c, tl_last_error());
+    }
+    int fresh = 0, from_pool = 0, computed = 0;
+    for (int c = 0; c < CHOICES; c++) {
+        tl_engine_update u;
+        int32_t got[GEN], want[LEN + GEN];
+        const int n_got = read_tokens(e, ids[c], got, GEN, &u);
+        int n_want = 0;
+        CHECK(tl_generate(cold, prompt, LEN, &cfgs[c], want, LEN + GEN, &n_want, NULL) == TL_OK, "%s", tl_last_error());
+        CHECK(u.state == TL_ENGINE_FINISHED && u.status == TL_OK && n_got == GEN && !memcmp(got, want + LEN, sizeof got),
+              "choice %d: not its tokens alone on a cold model", c);
+        fresh += u.stats.prompt_tokens_reused == 0;
+        from_pool += u.stats.prompt_tokens_reused == LEN - 1;
+        computed += u.stats.prefill_tokens;
+        tl_engine_cancel(e, ids[c]);
+    }
+    CHECK(fresh == 1 && from_pool == CHOICES - 1 && computed == LEN + CHOICES - 1,
+          "%d choices computed the prompt, %d took it from the pool (want 1 and %d), %d prompt rows computed (want %d)", fresh,
+          from_pool, CHOICES - 1, computed, LEN + CHOICES - 1);
+    tl_engine_counters c;
+    tl_engine_get_counters(e, &c);
+    CHECK(c.prefill_waiting == 0 && c.active == 0, "at rest: %d waiting for a prefill", c.prefill_waiting);
+    tl_engine_free(e);
+    tl_model_free(pooled);
+    tl_model_free(cold);
 }
 
 static void set_gate(bool open) {
@@ -1033,6 +1098,7 @@ int main(int argc, char **argv) {
     }
 
     kv_budget(dir);
+    shared_prefill(dir);
 
     {   /* NULL's counters are zeros (the caller's struct was left as it was) */
         tl_engine_counters none;

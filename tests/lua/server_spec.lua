@@ -5299,6 +5299,7 @@ describe("scripts/serve options", function()
             m = select(2, curl(url .. "/metrics"))
             assert.equal(0, metric(m, 'tinyloop_engine_kv_budget_bytes{worker="0",kind="reserved"}'))
             assert.equal(0, metric(m, 'tinyloop_engine_sessions_waiting_for_memory{worker="0"}'))
+            assert.equal(0, metric(m, 'tinyloop_engine_sessions_waiting_for_prefill{worker="0"}'))
         end)
     end)
 

@@ -20,7 +20,7 @@ local HISTOGRAMS = {
 -- before it answers /metrics), so that whichever worker answers shows every worker's engine.
 local ENGINE_FIELDS = { "active", "queued", "submitted", "finished", "cancelled", "failed", "rejected",
                         "iterations", "rows", "steps_after_cancel", "waiter_wakeups",
-                        "partial_prefills", "kv_budget_bytes", "kv_reserved_bytes", "kv_waiting" }
+                        "partial_prefills", "kv_budget_bytes", "kv_reserved_bytes", "kv_waiting", "prefill_waiting" }
 
 -- mem: the worker's model:memory() (its KV pages in use and kept, its weights) and its grammar
 -- cache (request.grammar_cache_stats).
@@ -51,6 +51,7 @@ function _M.engine_stopped(worker)
     dict:set("engine:" .. worker .. ":kv_bytes", 0)
     dict:set("engine:" .. worker .. ":kv_reserved_bytes", 0)
     dict:set("engine:" .. worker .. ":kv_waiting", 0)
+    dict:set("engine:" .. worker .. ":prefill_waiting", 0)
 end
 
 function _M.init(dict_name)
@@ -245,6 +246,9 @@ function _M.render(responses_store)
     series("tinyloop_engine_sessions_waiting_for_memory", "gauge",
         "Queued sessions of each worker that wait for K/V budget, not for a place (kv_budget_mb).",
         function(w) add('tinyloop_engine_sessions_waiting_for_memory{worker="%s"} %d\n', w, get(w, "kv_waiting")) end)
+    series("tinyloop_engine_sessions_waiting_for_prefill", "gauge",
+        "Queued sessions of each worker that wait for a running one's prefill of the prompt they share, to take it from the prefix pool.",
+        function(w) add('tinyloop_engine_sessions_waiting_for_prefill{worker="%s"} %d\n', w, get(w, "prefill_waiting")) end)
     series("tinyloop_grammar_cache_grammars", "gauge", "Compiled grammars each worker keeps for requests that send them again.",
         function(w) add('tinyloop_grammar_cache_grammars{worker="%s"} %d\n', w, get(w, "grammar_cache_grammars")) end)
     series("tinyloop_grammar_cache_bytes", "gauge",
