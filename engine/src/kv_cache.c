@@ -265,6 +265,15 @@ tl_status tl_kv_cache_fork(const tl_kv_cache *src, tl_kv_cache **out) {
     return TL_OK;
 }
 
+void tl_kv_cache_empty(tl_kv_cache *c) {
+    for (size_t i = 0; i < (size_t)c->n_slots * (size_t)c->n_pages; i++) {
+        page_release(c, c->pages[i]);
+        c->pages[i] = NULL;
+    }
+    c->length = 0;
+    c->trimmed_blocks = 0;
+}
+
 void tl_kv_cache_free(tl_kv_cache *c) {
     if (!c) return;
     if (c->pages)

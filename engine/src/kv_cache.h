@@ -86,6 +86,9 @@ tl_status tl_kv_cache_new_for(const tl_model *m, int tokens, int window, int max
    row bookkeeping are copied, no K/V). */
 tl_status tl_kv_cache_fork(const tl_kv_cache *src, tl_kv_cache **out);
 void tl_kv_cache_free(tl_kv_cache *cache);
+/* Lets go of every page and entry: the cache as new (a session that took a shorter prefix from
+   the pool than the pool now holds takes the longer one: session.c). */
+void tl_kv_cache_empty(tl_kv_cache *cache);
 /* Bytes of K/V pages this cache references (shared ones included). */
 size_t tl_kv_cache_bytes(const tl_kv_cache *cache);
 /* The most bytes of K/V pages this cache can reference: every page of its capacity in every

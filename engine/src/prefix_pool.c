@@ -176,21 +176,39 @@ void tl_prefix_pool_free(tl_prefix_pool *pool) {
     free(pool);
 }
 
-int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
-                        tl_kv_cache *cache) {
-    if (!pool || cache->window != 0 || cache->length != 0) return 0;
-    pthread_mutex_lock(&pool->lock);
-    /* The longest common prefix is with a neighbour of the prompt's place (the pool's order). */
+/* Under the lock: the entry holding the longest prefix of tokens[0..n) at (loops, state_seed),
+   whose length goes in *len (0, NULL: none). It is a neighbour of the prompt's place (the
+   pool's order). */
+static pool_entry *longest_entry(const tl_prefix_pool *pool, const int32_t *tokens, int n, int loops,
+                                 uint64_t state_seed, int *len) {
     const int place = place_of(pool, loops, state_seed, tokens, n);
     pool_entry *best = NULL;
-    int best_len = 0;
+    *len = 0;
     for (int i = place - 1; i <= place; i++) {
         if (i < 0 || i >= pool->n_entries) continue;
         pool_entry *e = pool->entries[i];
         if (!same_key(e, loops, state_seed)) continue;
-        const int len = common_prefix(e->tokens, e->n, tokens, n);
-        if (len > best_len) { best = e; best_len = len; }
+        const int common = common_prefix(e->tokens, e->n, tokens, n);
+        if (common > *len) { best = e; *len = common; }
     }
+    return best;
+}
+
+int tl_prefix_pool_longest(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed) {
+    if (!pool) return 0;
+    int len;
+    pthread_mutex_lock(&pool->lock);
+    longest_entry(pool, tokens, n, loops, state_seed, &len);
+    pthread_mutex_unlock(&pool->lock);
+    return len;
+}
+
+int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
+                        tl_kv_cache *cache) {
+    if (!pool || cache->window != 0 || cache->length != 0) return 0;
+    pthread_mutex_lock(&pool->lock);
+    int best_len;
+    pool_entry *best = longest_entry(pool, tokens, n, loops, state_seed, &best_len);
     if (best && best_len <= cache->capacity) {
         best->last_used = ++pool->clock;
         share_prefix(cache, best->cache, best_len);

@@ -22,6 +22,10 @@ void tl_prefix_pool_free(tl_prefix_pool *pool); /* NULL is a no-op */
 int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
                         tl_kv_cache *cache);
 
+/* How many entries a take of tokens[0..n) at (loops, state_seed) would share now (nothing
+   is taken). */
+int tl_prefix_pool_longest(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed);
+
 /* Offers the first n entries of `cache` (computed from `state_seed` and tokens[0..n)) to
    the pool as computed at `loops`, which keeps a share of their pages: those before the
    first entry of another depth (an early exit's shallower row), which a cold start at

@@ -266,15 +266,18 @@ static bool alloc_engine_arrays(tl_engine *e) {
            e->retired_sessions && e->retired_requests;
 }
 
-/* Whether queued request r shares its prompt with a running one still prefilling it, and
-   would take those rows from the prefix pool once that is done (tl_session_awaits_prefill_of):
-   it waits, where admitted now both would compute them (the n choices of one prompt, a batch
-   of requests under one long system prompt). A wait lasts one prefill: the running request's
-   rows go to the pool as its prompt is done, or it leaves the batch. */
+/* Whether queued request r waits for the prefill of a running request submitted before it
+   (only those: a later one never holds it back, and a wait lasts one prefill) whose prompt gives
+   r at least a page of rows more than it could take now (tl_session_prefix_reach): admitted now,
+   both would compute them (the n choices of one prompt, a burst of chats under one long system
+   prompt); admitted after, r takes them from the pool (tl_session_take_prefix_late). */
 static bool awaits_prefill(const request *r, request *const *run, int n_run) {
     if (atomic_load(&r->session->free_requested)) return false; /* (finished at its admission) */
+    const int reach = tl_session_prefix_reach(r->session);
+    if (reach < 0) return false;
     for (int k = 0; k < n_run; k++)
-        if (tl_session_awaits_prefill_of(r->session, run[k]->session)) return true;
+        if (run[k]->id < r->id && tl_session_prompt_rows_shared(r->session, run[k]->session) >= reach + TL_KV_PAGE_ROWS)
+            return true;
     return false;
 }
 

@@ -284,25 +284,39 @@ void tl_session_take_prefix(tl_session *s) {
             tl_prefix_pool_take(s->m->prefix_pool, s->tokens, s->prompt_len - 1, s->loops, s->ws.state_seed, s->cache);
 }
 
-/* Whether s's cache is still as its open left it with nothing from the pool: no row, its
-   prefill not begun (an empty page table: a take shares pages into it). */
-static bool takes_nothing_yet(const tl_session *s) {
-    return s->cache && s->cache->length == 0 && s->t_prefill_start <= 0 && !s->prompt_done && !s->rows_from_bytes;
+/* Whether s has not begun its prefill and every row its cache holds came from the pool at its
+   open (so that it may let them go for a longer prefix), with an unwindowed cache and tokens to
+   generate. */
+static bool prefill_not_begun(const tl_session *s) {
+    return s->m->prefix_pool && s->cache && s->cache->window == 0 && s->cache->length == s->stats.prompt_tokens_reused &&
+           s->t_prefill_start <= 0 && !s->prompt_done && !s->rows_from_bytes && s->cfg.max_tokens > 0;
 }
 
 void tl_session_take_prefix_late(tl_session *s) {
-    if (s->m->prefix_pool && takes_nothing_yet(s) && s->cfg.max_tokens > 0) tl_session_take_prefix(s);
+    if (!prefill_not_begun(s)) return;
+    const int offered = tl_prefix_pool_longest(s->m->prefix_pool, s->tokens, s->prompt_len - 1, s->loops, s->ws.state_seed);
+    if (offered <= s->cache->length) return;
+    tl_kv_cache_empty(s->cache); /* (pages of the pool's only: let go, then the longer prefix shared) */
+    tl_session_take_prefix(s);
 }
 
-bool tl_session_awaits_prefill_of(const tl_session *waiting, const tl_session *running) {
-    if (!waiting->m->prefix_pool || waiting->m != running->m || !takes_nothing_yet(waiting) || running->prompt_done ||
-        waiting->cache->window != 0 || running->cache->window != 0 || waiting->loops != running->loops ||
-        waiting->ws.state_seed != running->ws.state_seed || waiting->cfg.max_tokens <= 0)
-        return false;
-    const int n = waiting->prompt_len - 1 < running->prompt_len ? waiting->prompt_len - 1 : running->prompt_len;
+int tl_session_prefix_reach(const tl_session *s) {
+    if (!prefill_not_begun(s)) return -1;
+    const int offered = tl_prefix_pool_longest(s->m->prefix_pool, s->tokens, s->prompt_len - 1, s->loops, s->ws.state_seed);
+    return offered > s->cache->length ? offered : s->cache->length;
+}
+
+int tl_session_prompt_rows_shared(const tl_session *waiting, const tl_session *running) {
+    if (waiting->m != running->m || running->prompt_done || running->rows_from_bytes || running->cache->window != 0 ||
+        waiting->loops != running->loops || waiting->ws.state_seed != running->ws.state_seed)
+        return 0;
+    /* (the rows running offers as its prompt is done: all of a plain prompt's, all but the last
+       of a speculative or beam one's, which their first step takes) */
+    const int offers = running->prompt_len - (running->decoder == &tl_plain_decoder ? 0 : 1);
+    const int n = waiting->prompt_len - 1 < offers ? waiting->prompt_len - 1 : offers;
     int common = 0;
     while (common < n && waiting->tokens[common] == running->tokens[common]) common++;
-    return common >= TL_KV_PAGE_ROWS;
+    return common;
 }
 
 /* The prompt's rows are in the cache: time the prefill, and offer them to the prefix pool.

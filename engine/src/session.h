@@ -152,15 +152,18 @@ tl_status tl_session_cache_new(tl_session *s, int headroom);
    into their first step). Every decoder's prompt rows are plain rows at full depth, so a
    prefix any of them computed serves all of them. */
 void tl_session_take_prefix(tl_session *s);
-/* The same later (a serving engine's admission): only a session that has taken nothing yet
-   and not begun its prefill, so that one that waited in a queue takes what the pool was given
-   meanwhile (a prefill another request of the same prompt finished). */
+/* The same later (a serving engine's admission), for a session that has not begun its
+   prefill and holds only rows the pool gave it: where the pool now holds a longer prefix of
+   its prompt (a prefill another request of it finished while this one waited), it lets its
+   rows go and takes that one. */
 void tl_session_take_prefix_late(tl_session *s);
-/* Whether `waiting` (not begun, nothing taken) would take at least a page of its prompt from
-   the prefix pool once `running`, whose prompt it shares and which is still prefilling, is
-   done: same model (with a pool), depth and initial state seed, no windows. Admitted now,
-   both would compute those rows; admitted after, `waiting` takes them. */
-bool tl_session_awaits_prefill_of(const tl_session *waiting, const tl_session *running);
+/* What such a session (else -1) could hold of its prompt without computing it: its rows, or
+   the pool's longest prefix now. */
+int tl_session_prefix_reach(const tl_session *s);
+/* How many rows of waiting's prompt (all but its last token) a prefill of running's prompt will
+   give the pool as it is done: their common prefix, where running is still prefilling on the
+   same model at the same depth and initial state seed, unwindowed, its rows its own; else 0. */
+int tl_session_prompt_rows_shared(const tl_session *waiting, const tl_session *running);
 /* Forwards the prompt's tokens up to index n (from what the cache already holds: a prefix
    from the pool), timing the prefill. */
 tl_status tl_session_prefill(tl_session *s, int n, float *last_logits);

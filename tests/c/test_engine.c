@@ -351,41 +351,102 @@ static void shared_prefill(const char *dir) {
     eo.max_active = 4;
     tl_engine *e = NULL;
     CHECK(tl_engine_new(pooled, &eo, &e) == TL_OK, "%s", tl_last_error());
-    enum { CHOICES = 4, LEN = 40, GEN = 8 };
-    int32_t prompt[LEN];
-    for (int i = 0; i < LEN; i++) prompt[i] = (int32_t)((i * 29 + 3) % 300);
-    tl_generate_config cfgs[CHOICES];
-    uint64_t ids[CHOICES] = {0};
-    for (int c = 0; c < CHOICES; c++) {
-        tl_generate_config_init(&cfgs[c]);
-        cfgs[c].max_tokens = GEN;
-        cfgs[c].ignore_eos = 1;
-        cfgs[c].temperature = 0.9f;
-        cfgs[c].sample_seed = (uint64_t)(40 + c);
-        tl_session *s = NULL;
-        CHECK(tl_session_new(pooled, prompt, LEN, &cfgs[c], &s) == TL_OK && tl_engine_submit(e, s, &ids[c]) == TL_OK &&
-                  ids[c] > 0, "choice %d: %s", c, tl_last_error());
+    enum { CHOICES = 4, LEN = 40, GEN = 8, HEAD = 5 };
+    /* twice: the pool cold, then holding the prompt's first HEAD tokens (a chat template's
+       opening, which every choice takes at its open: they computed the rest side by side) */
+    for (int warm = 0; warm < 2; warm++) {
+        int32_t prompt[LEN];
+        for (int i = 0; i < LEN; i++) prompt[i] = (int32_t)((i * 29 + 3 + 17 * warm) % 300);
+        if (warm) {
+            tl_generate_config head;
+            tl_generate_config_init(&head);
+            head.max_tokens = 1;
+            int32_t head_out[HEAD + 1];
+            int n_head = 0;
+            CHECK(tl_generate(pooled, prompt, HEAD, &head, head_out, HEAD + 1, &n_head, NULL) == TL_OK, "%s", tl_last_error());
+        }
+        const int opened = warm ? HEAD : 0; /* (what each choice takes at its open) */
+        tl_generate_config cfgs[CHOICES];
+        uint64_t ids[CHOICES] = {0};
+        for (int c = 0; c < CHOICES; c++) {
+            tl_generate_config_init(&cfgs[c]);
+            cfgs[c].max_tokens = GEN;
+            cfgs[c].ignore_eos = 1;
+            cfgs[c].temperature = 0.9f;
+            cfgs[c].sample_seed = (uint64_t)(40 + c);
+            tl_session *s = NULL;
+            CHECK(tl_session_new(pooled, prompt, LEN, &cfgs[c], &s) == TL_OK && tl_engine_submit(e, s, &ids[c]) == TL_OK &&
+                      ids[c] > 0, "choice %d: %s", c, tl_last_error());
+        }
+        int fresh = 0, from_pool = 0, computed = 0;
+        for (int c = 0; c < CHOICES; c++) {
+            tl_engine_update u;
+            int32_t got[GEN], want[LEN + GEN];
+            const int n_got = read_tokens(e, ids[c], got, GEN, &u);
+            int n_want = 0;
+            CHECK(tl_generate(cold, prompt, LEN, &cfgs[c], want, LEN + GEN, &n_want, NULL) == TL_OK, "%s", tl_last_error());
+            CHECK(u.state == TL_ENGINE_FINISHED && u.status == TL_OK && n_got == GEN && !memcmp(got, want + LEN, sizeof got),
+                  "choice %d: not its tokens alone on a cold model", c);
+            fresh += u.stats.prompt_tokens_reused == opened;
+            from_pool += u.stats.prompt_tokens_reused == LEN - 1;
+            computed += u.stats.prefill_tokens;
+            tl_engine_cancel(e, ids[c]);
+        }
+        CHECK(fresh == 1 && from_pool == CHOICES - 1 && computed == LEN - opened + CHOICES - 1,
+              "%s: %d choices computed the prompt, %d took it from the pool (want 1 and %d), %d prompt rows computed (want %d)",
+              warm ? "a head pooled" : "cold", fresh, from_pool, CHOICES - 1, computed, LEN - opened + CHOICES - 1);
     }
-    int fresh = 0, from_pool = 0, computed = 0;
-    for (int c = 0; c < CHOICES; c++) {
-        tl_engine_update u;
-        int32_t got[GEN], want[LEN + GEN];
-        const int n_got = read_tokens(e, ids[c], got, GEN, &u);
-        int n_want = 0;
-        CHECK(tl_generate(cold, prompt, LEN, &cfgs[c], want, LEN + GEN, &n_want, NULL) == TL_OK, "%s", tl_last_error());
-        CHECK(u.state == TL_ENGINE_FINISHED && u.status == TL_OK && n_got == GEN && !memcmp(got, want + LEN, sizeof got),
-              "choice %d: not its tokens alone on a cold model", c);
-        fresh += u.stats.prompt_tokens_reused == 0;
-        from_pool += u.stats.prompt_tokens_reused == LEN - 1;
-        computed += u.stats.prefill_tokens;
-        tl_engine_cancel(e, ids[c]);
-    }
-    CHECK(fresh == 1 && from_pool == CHOICES - 1 && computed == LEN + CHOICES - 1,
-          "%d choices computed the prompt, %d took it from the pool (want 1 and %d), %d prompt rows computed (want %d)", fresh,
-          from_pool, CHOICES - 1, computed, LEN + CHOICES - 1);
     tl_engine_counters c;
     tl_engine_get_counters(e, &c);
     CHECK(c.prefill_waiting == 0 && c.active == 0, "at rest: %d waiting for a prefill", c.prefill_waiting);
+    tl_engine_free(e);
+
+    /* A request waits only for requests submitted before it, and only where their prompt gives
+       it a page more than it can take already: B, made while the pool was cold, shares with the
+       later ones only the system prompt the pool holds by then. It waited for each of them in
+       turn (395 later requests finished before its first token, the review found; here the
+       second took its place); now it starts beside the first, and takes that system prompt at
+       its admission. */
+    enum { SYSTEM = 32, OWN = 40, LATER = 8 };
+    int32_t text[SYSTEM + OWN];
+    for (int i = 0; i < SYSTEM + OWN; i++) text[i] = (int32_t)((i * 53 + 7) % 300);
+    tl_generate_config one;
+    tl_generate_config_init(&one);
+    one.max_tokens = 24;
+    one.ignore_eos = 1;
+    eo.max_active = 2;
+    eo.step_rows = 4; /* (prefills over many iterations) */
+    CHECK(tl_engine_new(pooled, &eo, &e) == TL_OK, "%s", tl_last_error());
+    tl_session *b = NULL;
+    CHECK(tl_session_new(pooled, text, SYSTEM + OWN, &one, &b) == TL_OK, "%s", tl_last_error()); /* (the pool cold) */
+    text[SYSTEM] = 299; /* another request of the same system prompt, alone: the pool has it */
+    int32_t out[SYSTEM + OWN + 24];
+    int n_out = 0;
+    CHECK(tl_generate(pooled, text, SYSTEM + OWN, &one, out, SYSTEM + OWN + 24, &n_out, NULL) == TL_OK, "%s", tl_last_error());
+    uint64_t first = 0, b_id = 0, later[LATER] = {0};
+    tl_session *s = NULL;
+    text[SYSTEM] = 298;
+    CHECK(tl_session_new(pooled, text, SYSTEM + OWN, &one, &s) == TL_OK && tl_engine_submit(e, s, &first) == TL_OK &&
+              tl_engine_submit(e, b, &b_id) == TL_OK && b_id > 0,
+          "%s", tl_last_error());
+    for (int k = 0; k < LATER; k++) {
+        text[SYSTEM] = (int32_t)(200 + k);
+        s = NULL;
+        CHECK(tl_session_new(pooled, text, SYSTEM + OWN, &one, &s) == TL_OK && tl_engine_submit(e, s, &later[k]) == TL_OK,
+              "%s", tl_last_error());
+    }
+    tl_engine_update u;
+    int32_t got[24];
+    CHECK(read_tokens(e, b_id, got, 24, &u) == 24 && u.state == TL_ENGINE_FINISHED && u.stats.prompt_tokens_reused == SYSTEM,
+          "B: %s, its prompt took %d rows from the pool (want the system prompt's %d)", tl_status_name(u.status),
+          u.stats.prompt_tokens_reused, SYSTEM);
+    int finished_before = 0;
+    for (int k = 0; k < LATER; k++) {
+        tl_engine_update later_u;
+        finished_before += tl_engine_read(e, later[k], &later_u) == TL_OK && later_u.state == TL_ENGINE_FINISHED;
+    }
+    /* (B started beside the first: no later request could finish before it) */
+    CHECK(finished_before == 0, "%d later requests finished before B, which they held back", finished_before);
     tl_engine_free(e);
     tl_model_free(pooled);
     tl_model_free(cold);

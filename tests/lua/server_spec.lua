@@ -1933,6 +1933,25 @@ describe("chat completions", function()
         assert.equal(plain.usage.prompt_tokens - 1, beam.usage.prompt_tokens_details.cached_tokens)
     end)
 
+    it("computes the prompt of n choices once: the other takes it from the pool, and usage counts none as cached", function()
+        local content = "Emma Woodhouse, handsome, clever, and rich, with a comfortable home " .. tostring(os.time())
+        local status, body = post_chat({ messages = { { role = "user", content = content } }, n = 2, max_tokens = 3,
+                                         temperature = 1, seed = 5, ignore_eos = true })
+        assert.equal(200, status, body)
+        local r = cjson.decode(body)
+        local reused, fresh = {}, 0
+        for _, c in ipairs(r.choices) do
+            reused[#reused + 1] = c.tinyloop.prompt_tokens_reused
+            if c.tinyloop.prompt_tokens_reused < r.usage.prompt_tokens - 1 then fresh = fresh + 1 end
+        end
+        -- one choice computed the prompt (past what the pool held: the template's opening), the
+        -- others took all but its last token from the pool
+        assert.equal(1, fresh, cjson.encode(reused))
+        table.sort(reused)
+        assert.equal(r.usage.prompt_tokens_details.cached_tokens, reused[1])
+        assert.is_true(reused[1] < 16, cjson.encode(reused))
+    end)
+
     it("answers n choices, and takes a grammar like the completions API", function()
         local status, body = post_chat({ messages = messages, max_tokens = 4, n = 2, temperature = 1, seed = 3, ignore_eos = true })
         assert.equal(200, status, body)

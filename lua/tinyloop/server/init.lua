@@ -1478,12 +1478,13 @@ end
 
 -- Usage over the request: each prompt counted once (n choices of a prompt share it), and
 -- OpenAI's prompt_tokens_details.cached_tokens: the prompt tokens served from the prefix pool
--- (per prompt, the most any of its choices reused).
+-- (per prompt, the least any of its choices reused: the n choices of a prompt compute it once,
+-- the others taking it from the pool, which is no cache of an earlier request's).
 local function usage_json(r)
     local completion, cached = 0, {}
     for _, st in ipairs(r.sts) do
         completion = completion + st.usage.completion_tokens
-        cached[st.prompt] = math.max(cached[st.prompt] or 0, st.cached_tokens)
+        cached[st.prompt] = math.min(cached[st.prompt] or math.huge, st.cached_tokens)
     end
     local cached_tokens = 0
     for _, n in pairs(cached) do cached_tokens = cached_tokens + n end
@@ -2175,8 +2176,8 @@ local function serve(chat, body, view)
             end
         end
         if req.stream then
-            local cached = 0 -- (the views serve one prompt: its tokens cached as usage counts them)
-            for _, choice in ipairs(made) do cached = math.max(cached, choice.cached) end
+            local cached = math.huge -- (the views serve one prompt: its tokens cached as usage counts them)
+            for _, choice in ipairs(made) do cached = math.min(cached, choice.cached) end
             view:start_stream(r.public_id, r.created, conf.model_id, req.prompt_tokens, cached)
         end
     end
