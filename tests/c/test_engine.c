@@ -335,6 +335,23 @@ static void kv_budget(const char *dir) {
     tl_engine_free(e);
 }
 
+enum { LATER_REQUESTS = 8, LATER_TOKENS = 24 };
+static atomic_int later_tokens[LATER_REQUESTS]; /* each later request's tokens so far */
+static int later_done_at_b;                      /* those finished at B's first token; -1 before */
+static int count_token(void *user, int32_t token, int position) {
+    (void)token, (void)position;
+    atomic_fetch_add((atomic_int *)user, 1);
+    return TL_HOOK_CONTINUE;
+}
+static int b_first_token(void *user, int32_t token, int position) {
+    (void)user, (void)token, (void)position;
+    if (later_done_at_b < 0) {
+        later_done_at_b = 0;
+        for (int k = 0; k < LATER_REQUESTS; k++) later_done_at_b += atomic_load(&later_tokens[k]) >= LATER_TOKENS;
+    }
+    return TL_HOOK_CONTINUE;
+}
+
 /* Requests of one prompt (the n choices of a server's request): the first prefills it, the
    others wait for that prefill and take its rows from the prefix pool (they computed them too,
    in the same passes), each emitting what it emits alone on a model without a pool. */
@@ -407,18 +424,24 @@ static void shared_prefill(const char *dir) {
        turn (395 later requests finished before its first token, the review found; here the
        second took its place); now it starts beside the first, and takes that system prompt at
        its admission. */
-    enum { SYSTEM = 32, OWN = 40, LATER = 8 };
+    enum { SYSTEM = 32, OWN = 40, LATER = LATER_REQUESTS };
     int32_t text[SYSTEM + OWN];
     for (int i = 0; i < SYSTEM + OWN; i++) text[i] = (int32_t)((i * 53 + 7) % 300);
     tl_generate_config one;
     tl_generate_config_init(&one);
-    one.max_tokens = 24;
+    one.max_tokens = LATER_TOKENS;
     one.ignore_eos = 1;
     eo.max_active = 2;
     eo.step_rows = 4; /* (prefills over many iterations) */
     CHECK(tl_engine_new(pooled, &eo, &e) == TL_OK, "%s", tl_last_error());
+    /* (counted on the engine thread, which runs every hook: at B's first token, how many later
+       requests had emitted all their tokens) */
+    tl_generate_config b_cfg = one, q_cfg = one;
+    b_cfg.on_token = b_first_token;
+    q_cfg.on_token = count_token;
+    later_done_at_b = -1;
     tl_session *b = NULL;
-    CHECK(tl_session_new(pooled, text, SYSTEM + OWN, &one, &b) == TL_OK, "%s", tl_last_error()); /* (the pool cold) */
+    CHECK(tl_session_new(pooled, text, SYSTEM + OWN, &b_cfg, &b) == TL_OK, "%s", tl_last_error()); /* (the pool cold) */
     text[SYSTEM] = 299; /* another request of the same system prompt, alone: the pool has it */
     int32_t out[SYSTEM + OWN + 24];
     int n_out = 0;
@@ -432,7 +455,9 @@ static void shared_prefill(const char *dir) {
     for (int k = 0; k < LATER; k++) {
         text[SYSTEM] = (int32_t)(200 + k);
         s = NULL;
-        CHECK(tl_session_new(pooled, text, SYSTEM + OWN, &one, &s) == TL_OK && tl_engine_submit(e, s, &later[k]) == TL_OK,
+        atomic_store(&later_tokens[k], 0);
+        q_cfg.on_token_user = &later_tokens[k];
+        CHECK(tl_session_new(pooled, text, SYSTEM + OWN, &q_cfg, &s) == TL_OK && tl_engine_submit(e, s, &later[k]) == TL_OK,
               "%s", tl_last_error());
     }
     tl_engine_update u;
@@ -440,13 +465,8 @@ static void shared_prefill(const char *dir) {
     CHECK(read_tokens(e, b_id, got, 24, &u) == 24 && u.state == TL_ENGINE_FINISHED && u.stats.prompt_tokens_reused == SYSTEM,
           "B: %s, its prompt took %d rows from the pool (want the system prompt's %d)", tl_status_name(u.status),
           u.stats.prompt_tokens_reused, SYSTEM);
-    int finished_before = 0;
-    for (int k = 0; k < LATER; k++) {
-        tl_engine_update later_u;
-        finished_before += tl_engine_read(e, later[k], &later_u) == TL_OK && later_u.state == TL_ENGINE_FINISHED;
-    }
-    /* (B started beside the first: no later request could finish before it) */
-    CHECK(finished_before == 0, "%d later requests finished before B, which they held back", finished_before);
+    /* (B started beside the first: no later request could finish before its first token) */
+    CHECK(later_done_at_b == 0, "%d later requests finished before B's first token: they held it back", later_done_at_b);
     tl_engine_free(e);
     tl_model_free(pooled);
     tl_model_free(cold);
