@@ -169,10 +169,15 @@ static void trim_unreached(tl_kv_cache *c, int from) {
     }
 }
 
+/* The depth whose slots a cache's rows get pages for: its owner's, within the model's. */
+static int reserved_loops(const tl_kv_cache *c) {
+    return c->reserve_loops < c->model->cfg.max_loops ? c->reserve_loops : c->model->cfg.max_loops;
+}
+
 tl_status tl_kv_reserve(tl_kv_cache *c, int from, int n) {
     trim_unreached(c, from);
     const tl_config *cfg = &c->model->cfg;
-    const int loops = c->reserve_loops < cfg->max_loops ? c->reserve_loops : cfg->max_loops;
+    const int loops = reserved_loops(c);
     for (int slot = 0; slot < c->n_slots; slot++) {
         if (!tl_kv_slot_at_depth(cfg, slot, loops)) continue; /* loops deeper than the owner runs */
         int last_page = -1;
@@ -197,7 +202,7 @@ size_t tl_kv_page_bytes(const tl_model *model) { return page_bytes(model); }
 
 size_t tl_kv_cache_max_bytes(const tl_kv_cache *c) {
     const tl_config *cfg = &c->model->cfg;
-    const int loops = c->reserve_loops < cfg->max_loops ? c->reserve_loops : cfg->max_loops;
+    const int loops = reserved_loops(c);
     size_t slots = 0;
     for (int slot = 0; slot < c->n_slots; slot++) slots += tl_kv_slot_at_depth(cfg, slot, loops);
     return slots * (size_t)c->n_pages * page_bytes(c->model);
@@ -276,8 +281,7 @@ void tl_kv_cache_empty(tl_kv_cache *c) {
 
 void tl_kv_cache_free(tl_kv_cache *c) {
     if (!c) return;
-    if (c->pages)
-        for (size_t i = 0; i < (size_t)c->n_slots * (size_t)c->n_pages; i++) page_release(c, c->pages[i]);
+    if (c->pages) tl_kv_cache_empty(c);
     free(c->pages);
     free(c->pos);
     free(c->depth);

@@ -55,7 +55,7 @@ static bool same_key(const pool_entry *e, int loops, uint64_t state_seed) {
     return e->loops == loops && e->state_seed == state_seed;
 }
 
-static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+int tl_prefix_pool_common(const int32_t *a, int na, const int32_t *b, int nb) {
     int k = 0;
     while (k < na && k < nb && a[k] == b[k]) k++;
     return k;
@@ -65,7 +65,7 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
 static int compare_entry(const pool_entry *e, int loops, uint64_t state_seed, const int32_t *tokens, int n) {
     if (e->loops != loops) return e->loops < loops ? -1 : 1;
     if (e->state_seed != state_seed) return e->state_seed < state_seed ? -1 : 1;
-    const int k = common_prefix(e->tokens, e->n, tokens, n);
+    const int k = tl_prefix_pool_common(e->tokens, e->n, tokens, n);
     if (k < e->n && k < n) return e->tokens[k] < tokens[k] ? -1 : 1;
     return (e->n > n) - (e->n < n);
 }
@@ -188,7 +188,7 @@ static pool_entry *longest_entry(const tl_prefix_pool *pool, const int32_t *toke
         if (i < 0 || i >= pool->n_entries) continue;
         pool_entry *e = pool->entries[i];
         if (!same_key(e, loops, state_seed)) continue;
-        const int common = common_prefix(e->tokens, e->n, tokens, n);
+        const int common = tl_prefix_pool_common(e->tokens, e->n, tokens, n);
         if (common > *len) { best = e; *len = common; }
     }
     return best;
@@ -234,7 +234,8 @@ void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, in
     int place = place_of(pool, loops, state_seed, tokens, n);
     if (place < pool->n_entries) {
         pool_entry *held = pool->entries[place];
-        if (same_key(held, loops, state_seed) && held->n >= n && common_prefix(held->tokens, held->n, tokens, n) == n) {
+        if (same_key(held, loops, state_seed) && held->n >= n &&
+            tl_prefix_pool_common(held->tokens, held->n, tokens, n) == n) {
             held->last_used = ++pool->clock;
             pthread_mutex_unlock(&pool->lock);
             return;
@@ -262,7 +263,8 @@ void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, in
            entry between it and these tokens would extend it. */
         while (place > 0) {
             pool_entry *old = pool->entries[place - 1];
-            if (!same_key(old, loops, state_seed) || old->n > n || common_prefix(old->tokens, old->n, tokens, n) != old->n)
+            if (!same_key(old, loops, state_seed) || old->n > n ||
+                tl_prefix_pool_common(old->tokens, old->n, tokens, n) != old->n)
                 break;
             remove_entry(pool, --place);
         }

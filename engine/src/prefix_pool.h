@@ -22,6 +22,10 @@ void tl_prefix_pool_free(tl_prefix_pool *pool); /* NULL is a no-op */
 int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
                         tl_kv_cache *cache);
 
+/* The length of the common prefix of a[0..na) and b[0..nb): what an entry of one serves the
+   other. */
+int tl_prefix_pool_common(const int32_t *a, int na, const int32_t *b, int nb);
+
 /* How many entries a take of tokens[0..n) at (loops, state_seed) would share now (nothing
    is taken). */
 int tl_prefix_pool_longest(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed);

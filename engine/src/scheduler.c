@@ -273,12 +273,14 @@ static bool alloc_engine_arrays(tl_engine *e) {
    prompt); admitted after, r takes them from the pool (tl_session_take_prefix_late). */
 static bool awaits_prefill(const request *r, request *const *run, int n_run) {
     if (atomic_load(&r->session->free_requested)) return false; /* (finished at its admission) */
+    int shared = 0; /* (the most an earlier request's prefill gives r; the pool's lock only then) */
+    for (int k = 0; k < n_run; k++) {
+        const int rows = run[k]->id < r->id ? tl_session_prompt_rows_shared(r->session, run[k]->session) : 0;
+        if (rows > shared) shared = rows;
+    }
+    if (shared < TL_KV_PAGE_ROWS) return false;
     const int reach = tl_session_prefix_reach(r->session);
-    if (reach < 0) return false;
-    for (int k = 0; k < n_run; k++)
-        if (run[k]->id < r->id && tl_session_prompt_rows_shared(r->session, run[k]->session) >= reach + TL_KV_PAGE_ROWS)
-            return true;
-    return false;
+    return reach >= 0 && shared >= reach + TL_KV_PAGE_ROWS;
 }
 
 static void *engine_main(void *arg) {

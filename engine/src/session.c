@@ -284,6 +284,13 @@ void tl_session_take_prefix(tl_session *s) {
             tl_prefix_pool_take(s->m->prefix_pool, s->tokens, s->prompt_len - 1, s->loops, s->ws.state_seed, s->cache);
 }
 
+/* The prompt's rows its prefill computes: all of a plain session's; all but the last of a
+   speculative or beam session's, whose first step takes that token (the root of its drafts or
+   beams). */
+static int prefill_rows(const tl_session *s) {
+    return s->prompt_len - (s->decoder == &tl_plain_decoder ? 0 : 1);
+}
+
 /* Whether s has not begun its prefill and every row its cache holds came from the pool at its
    open (so that it may let them go for a longer prefix), with an unwindowed cache and tokens to
    generate. */
@@ -310,13 +317,8 @@ int tl_session_prompt_rows_shared(const tl_session *waiting, const tl_session *r
     if (waiting->m != running->m || running->prompt_done || running->rows_from_bytes || running->cache->window != 0 ||
         waiting->loops != running->loops || waiting->ws.state_seed != running->ws.state_seed)
         return 0;
-    /* (the rows running offers as its prompt is done: all of a plain prompt's, all but the last
-       of a speculative or beam one's, which their first step takes) */
-    const int offers = running->prompt_len - (running->decoder == &tl_plain_decoder ? 0 : 1);
-    const int n = waiting->prompt_len - 1 < offers ? waiting->prompt_len - 1 : offers;
-    int common = 0;
-    while (common < n && waiting->tokens[common] == running->tokens[common]) common++;
-    return common;
+    /* (running offers its prefill's rows as its prompt is done) */
+    return tl_prefix_pool_common(waiting->tokens, waiting->prompt_len - 1, running->tokens, prefill_rows(running));
 }
 
 /* The prompt's rows are in the cache: time the prefill, and offer them to the prefix pool.
@@ -771,9 +773,8 @@ static bool shares_forward(const tl_session *s) {
    drafts or beams), so that its prompt shares the pass and its chunks too; else -1. */
 static int shared_goal(const tl_session *s) {
     if (shares_forward(s)) return s->n_tokens;
-    if (s->decoder != &tl_plain_decoder && s->cfg.max_tokens > 0 && !s->prompt_done &&
-        s->cache->length < s->prompt_len - 1)
-        return s->prompt_len - 1;
+    if (s->decoder != &tl_plain_decoder && s->cfg.max_tokens > 0 && !s->prompt_done && s->cache->length < prefill_rows(s))
+        return prefill_rows(s);
     return -1;
 }
 

@@ -115,7 +115,7 @@ static tl_status check_writable(const tl_session_state *state, const char *what)
     const tl_session *s = state->frozen;
     if (!host_is_little_endian())
         return tl_fail(TL_ERR_UNSUPPORTED, "%s: state files are little-endian; this host is not", what);
-    if (s->decoder != &tl_plain_decoder) /* (a speculative state: save and resume keep it in memory) */
+    if (s->decoder != &tl_plain_decoder) /* (a speculative or beam state: save and resume keep it in memory) */
         return tl_fail(TL_ERR_UNSUPPORTED, "%s: a %s session's state is kept in memory only: a state file holds plain "
                                            "decoding", what, s->decoder->name);
     if (s->m->backend != &tl_cpu_backend)

@@ -68,20 +68,8 @@ static void *wait_once(void *arg) {
     return NULL;
 }
 
-/* Reads request `id` until it finishes (or a wait or read fails): its last update in *last,
-   and the number of tokens of all of them. */
-static int read_to_end(tl_engine *e, uint64_t id, tl_engine_update *last) {
-    int n_tokens = 0;
-    memset(last, 0, sizeof *last);
-    while (tl_engine_wait(e, id, 1000) >= 0 && tl_engine_read(e, id, last) == TL_OK) {
-        n_tokens += last->n_tokens;
-        if (last->state == TL_ENGINE_FINISHED) break;
-    }
-    return n_tokens;
-}
-
-/* Reads request `id` of engine e to its end: its tokens into out (at most cap), its last
-   update in *last; returns how many tokens came. */
+/* Reads request `id` of engine e to its end: its tokens into out (at most cap; NULL with cap
+   0), its last update in *last; returns how many tokens came. */
 static int read_tokens(tl_engine *e, uint64_t id, int32_t *out, int cap, tl_engine_update *last) {
     int n = 0;
     memset(last, 0, sizeof *last);
@@ -92,6 +80,10 @@ static int read_tokens(tl_engine *e, uint64_t id, int32_t *out, int cap, tl_engi
     }
     return n;
 }
+
+/* Reads request `id` until it finishes (or a wait or read fails): its last update in *last,
+   and the number of tokens of all of them. */
+static int read_to_end(tl_engine *e, uint64_t id, tl_engine_update *last) { return read_tokens(e, id, NULL, 0, last); }
 
 static tl_session *new_session_n(const int32_t *prompt, int n, const tl_generate_config *cfg) {
     tl_session *s = NULL;

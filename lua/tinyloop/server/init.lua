@@ -2184,14 +2184,10 @@ local function serve(chat, body, view)
     -- (best_of ranks the candidates by their tokens' log-probabilities: asked for, if not shown)
     local ranked = req.best_of > req.n
     request_options.logprobs = req.logprobs or (ranked and 0) or -1
-    -- Every choice gets a place, or none is asked for: a request whose choices did not all fit
-    -- was submitted in part, its first choices counted as admitted (tokens in) and then as
-    -- cancelled. The free places are counted as the engine's submit counts them (scheduler.c:
-    -- held sessions against max_active + max_queued); only this event loop submits to this
-    -- engine, so they can only grow before the submits below.
+    C.tl_engine_get_counters(engine, counters)
     -- A choice the K/V budget can never hold would be refused by the submit: said first, as
-    -- the request's fault, before any choice is submitted.
-    local budget = conf.kv_budget_mb * 1048576
+    -- the request's fault, before any choice is submitted (the budget: the engine's own).
+    local budget = tonumber(counters.kv_budget_bytes)
     if budget > 0 then
         for _, choice in ipairs(made) do
             local share = tonumber(C.tl_session_max_kv_bytes(choice.ptr))
@@ -2214,7 +2210,11 @@ local function serve(chat, body, view)
             end
         end
     end
-    C.tl_engine_get_counters(engine, counters)
+    -- Every choice gets a place, or none is asked for: a request whose choices did not all fit
+    -- was submitted in part, its first choices counted as admitted (tokens in) and then as
+    -- cancelled. The free places are counted as the engine's submit counts them (scheduler.c:
+    -- held sessions against max_active + max_queued); only this event loop submits to this
+    -- engine, so they can only grow before the submits below.
     local free = counters.max_active + counters.max_queued - counters.active - counters.queued
     local needed = #made
     if free < needed then

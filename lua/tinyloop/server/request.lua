@@ -625,11 +625,11 @@ local function json_indexes(err, tags_name, triggers_name)
 end
 
 -- The message for a structural tag's triggers (an array already) that are not all non-empty
--- valid UTF-8 strings without NUL (C reads them up to a NUL), or nil. at: the field's name.
+-- strings without NUL (C reads them up to a NUL; a body's strings are valid UTF-8:
+-- decode_object), or nil. at: the field's name.
 local function trigger_error(triggers, at)
     for i, trigger in pairs(triggers) do
-        if type(i) ~= "number" or type(trigger) ~= "string" or trigger == "" or valid_utf8(trigger) ~= trigger or
-            trigger:find("\0", 1, true) then
+        if type(i) ~= "number" or type(trigger) ~= "string" or trigger == "" or trigger:find("\0", 1, true) then
             return ("%s.triggers[%s] must be a non-empty string (without NUL)"):format(at, tostring(type(i) == "number" and i - 1 or i))
         end
     end
@@ -660,7 +660,7 @@ local function content_grammar(c, text, path, at, compact, tag_end)
         return g
     elseif kind == "regex" then
         err = only("pattern")
-        if err or type(c.pattern) ~= "string" or valid_utf8(c.pattern) ~= c.pattern then return nil, err or at .. ".pattern must be a string" end
+        if err or type(c.pattern) ~= "string" then return nil, err or at .. ".pattern must be a string" end
         local g, rerr = compile_text("regex", c.pattern)
         if not g then return nil, at .. ".pattern does not compile: " .. tostring(rerr) end
         return g
@@ -672,7 +672,7 @@ local function content_grammar(c, text, path, at, compact, tag_end)
         return g
     elseif kind == "const_string" then
         err = only("value")
-        if err or type(c.value) ~= "string" or c.value == "" or valid_utf8(c.value) ~= c.value or c.value:find("\0", 1, true) then
+        if err or type(c.value) ~= "string" or c.value == "" or c.value:find("\0", 1, true) then
             return nil, err or at .. ".value must be a non-empty string"
         end
         return compile_text("gbnf", "root ::= " .. grammar.lit(c.value).text .. "\n")
@@ -725,8 +725,7 @@ local function format_grammar(f, text, compact)
                 return nil, ("unknown field '%s' in %s"):format(tostring(k), tag_at)
             end
         end
-        if tag.begin == "" or valid_utf8(tag.begin) ~= tag.begin or valid_utf8(tag["end"]) ~= tag["end"] or
-            (tag.begin .. tag["end"]):find("\0", 1, true) then
+        if tag.begin == "" or (tag.begin .. tag["end"]):find("\0", 1, true) then
             return nil, tag_at .. ": begin must be a non-empty string, begin and end valid UTF-8 without NUL"
         end
         local content, err, reads_end = content_grammar(tag.content, text, { "format", "tags", i, "content" },
@@ -785,7 +784,7 @@ local function structural_tag_grammar(v, text, P, what, compact)
             for k in ordered_pairs(st) do
                 if k ~= "begin" and k ~= "schema" and k ~= "end" then return nil, ("unknown field '%s' in %s"):format(tostring(k), at) end
             end
-            if st.begin == "" or valid_utf8(st.begin) ~= st.begin or valid_utf8(st["end"]) ~= st["end"] then
+            if st.begin == "" then
                 return nil, at .. ": begin must be a non-empty string and both valid UTF-8"
             end
             if (st.begin .. st["end"]):find("\0", 1, true) then return nil, at .. ": begin and end must not hold a NUL character" end
