@@ -179,12 +179,28 @@ end
 -- A C hook's Lua function, given its session's context: none (a session closed while a step
 -- of a batch it was in still ran; refused since, but no Lua error may cross the engine's C
 -- frames) ends the step with a hook error.
+-- The wrapper's own code runs under pcall too: a hook may make it raise (a metatable set on the
+-- tokens or signals table it is handed, a debug.sethook watchdog), and a Lua error unwinding
+-- through the engine's C frames skipped its cleanup: the session stayed "already stepping",
+-- its batch's peers marked as in a step_batch call, and its K/V was never freed.
 local function with_context(fn)
     return function(user, ...)
         local ctx = context_of(user)
         if not ctx then return C.TL_HOOK_ERROR end
-        return fn(ctx, ...)
+        local ok, r = pcall(fn, ctx, ...)
+        if ok then return r end
+        ctx.in_hook = false -- (raised between call_hook's marks)
+        return fail(ctx, r)
     end
+end
+
+-- The text of a hook's error value for a message: tostring's, or what it is where its
+-- __tostring raises or gives no string (the session's result, and its batch's peers', were
+-- lost when building the message raised).
+local function error_text(e)
+    local ok, text = pcall(tostring, e)
+    if ok and type(text) == "string" then return text end
+    return ("a %s whose __tostring failed"):format(type(e))
 end
 
 local on_token_cb = ffi_cast("tl_on_token_hook", with_context(function(ctx, token, position)
@@ -692,7 +708,7 @@ function Session:step()
             local err = ctx.err
             ctx.err = nil
             self:close()
-            self.error = "a hook raised: " .. tostring(err) -- (what a later step names)
+            self.error = "a hook raised: " .. error_text(err) -- (what a later step names)
             error(err, 0)
         end
         local err = last_error() -- before the close, whose calls clear it
@@ -1252,7 +1268,7 @@ function Model:step_batch(sessions, opts)
             local err = ffi_string(C.tl_session_error(s.ptr))
             if status == C.TL_ERR_HOOK and ctx and ctx.err then
                 hook_error = hook_error or { ctx.err }
-                err = "a hook raised: " .. tostring(ctx.err) -- (what a later step names, as step()'s)
+                err = "a hook raised: " .. error_text(ctx.err) -- (what a later step names, as step()'s)
                 ctx.err = nil
             end
             if not hook_error and ARGUMENT_ERRORS[tonumber(status)] then argument_error = argument_error or err end

@@ -369,3 +369,72 @@ describe("hooks together", function()
         assert.equal(6 * 4, inner)
     end)
 end)
+
+-- The bindings' own code around a hook (the tokens' mirror, the signals table) runs inside the
+-- engine's C call: an error there unwound through its frames, skipping their cleanup. A hook's
+-- error object whose __tostring raises broke the building of the message instead.
+describe("a hook that breaks the bindings' own code", function()
+    local cfg = { max_tokens = 6, temperature = 1.0, sample_seed = 5 }
+    local reference = H.slice(m:generate(P, cfg), #P + 1)
+
+    it("(a read-only tokens table) ends its session with the error, and frees its K/V", function()
+        H.full_gc() -- (the sessions of earlier tests)
+        local held = m:memory().kv_bytes
+        local s = m:session(P, { max_tokens = 5, stop_when = function(tokens)
+            setmetatable(tokens, { __newindex = function() error("read-only tokens") end })
+            return false
+        end })
+        assert.is_number(s:step()) -- (the prompt's mirror needs no write: the second step does)
+        H.error_contains(function() s:step() end, "read-only tokens")
+        H.error_contains(function() s:step() end, "a hook raised")
+        assert.is_true(s.done)
+        assert.equal(held, m:memory().kv_bytes)
+    end)
+
+    it("(a read-only signals table) ends its session, not its batch's peers", function()
+        H.full_gc()
+        local held = m:memory().kv_bytes
+        local a = m:session(P, { max_tokens = 5, loops = 3, depth_policy = function(_, signals)
+            setmetatable(signals, { __newindex = function() error("read-only signals") end })
+            return false
+        end })
+        local b = m:session(P, cfg)
+        local got = {}
+        for _ = 1, 3 do
+            local ok, results = pcall(m.step_batch, m, { a, b })
+            if ok then got[#got + 1] = results[2].id else break end
+        end
+        assert.is_true(a.done)
+        while not b.done do got[#got + 1] = (b:step()) end
+        assert.same(reference, got)
+        b:close()
+        assert.equal(held, m:memory().kv_bytes)
+    end)
+
+    it("(an error object whose __tostring raises) is raised itself; the peers' tokens are kept", function()
+        local bad = setmetatable({}, { __tostring = function() error("tostring boom") end })
+        local calls = 0
+        local a = m:session(P, { max_tokens = 6, on_token = function()
+            calls = calls + 1
+            if calls == 2 then error(bad) end
+        end })
+        local b = m:session(P, cfg)
+        local got, raised = {}, nil
+        for _ = 1, 6 do
+            local ok, r = pcall(m.step_batch, m, { a, b })
+            if not ok then raised = r break end
+            got[#got + 1] = r[2].id
+        end
+        assert.equal(bad, raised)
+        assert.is_true(a.done)
+        H.error_contains(function() a:step() end, "a hook raised: a table whose __tostring failed")
+        while not b.done do got[#got + 1] = (b:step()) end
+        assert.same(reference, got)
+        -- a session alone: the object too
+        local s = m:session(P, { max_tokens = 4, on_token = function() error(bad) end })
+        local ok, r = pcall(s.step, s)
+        assert.is_false(ok)
+        assert.equal(bad, r)
+        H.error_contains(function() s:step() end, "a table whose __tostring failed")
+    end)
+end)
