@@ -326,6 +326,12 @@ describe("server", function()
         end
         local raw = raw_http(port, "GET /v1/models HTTP/1.0\r\n\r\n")
         assert.truthy(raw:match("^HTTP/1%.%d 200"), raw)
+        -- an absolute-form target names the host, its Host header ignored (RFC 9112 §3.2.2)
+        raw = raw_http(port, "GET http://rebind.evil.example/v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        assert.truthy(raw:match("^HTTP/1%.%d 403"), raw)
+        assert.truthy(raw:find("a request for host rebind.evil.example on this server's loopback address", 1, true), raw)
+        raw = raw_http(port, "GET http://localhost:" .. port .. "/v1/models HTTP/1.1\r\nHost: rebind.evil.example\r\nConnection: close\r\n\r\n")
+        assert.truthy(raw:match("^HTTP/1%.%d 200"), raw)
     end)
 
     it("streams SSE chunks whose text equals the non-streamed text for the same seed", function()
@@ -1588,6 +1594,12 @@ describe("server", function()
             local message = shape == "ollama" and e.error or e.error.message
             assert.equal("the request body's Content-Encoding gzip is not supported: send it uncompressed", message)
         end
+        -- repeated lines are one list (RFC 9110 §5.3): the second's gzip counts
+        local status, body = curl("-H 'Content-Type: application/json' -H 'Content-Encoding: identity' " ..
+                                  "-H 'Content-Encoding: gzip' --data-binary @" .. f .. " " .. base .. "/v1/completions")
+        assert.equal(415, status, body)
+        assert.equal("the request body's Content-Encoding identity, gzip is not supported: send it uncompressed",
+                     cjson.decode(body).error.message)
         -- identity is no encoding
         assert.equal(200, (curl("-H 'Content-Type: application/json' -H 'Content-Encoding: identity' " ..
                                 "-d '{\"prompt\": \"It is\", \"max_tokens\": 1}' " .. base .. "/v1/completions")))

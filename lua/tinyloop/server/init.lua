@@ -832,6 +832,10 @@ local function refuse_foreign_host()
     if not addr or not (addr:find("^127%.") or addr == "::1" or addr:find("^::ffff:127%.")) then return end
     local host = ngx.var.http_host
     if not host or host == "" or ngx.var.uri:find("^/%.tinyloop%-error") then return end
+    -- An absolute-form target (GET http://NAME/path) names the host itself, its Host header
+    -- ignored (RFC 9112 §3.2.2): nginx's $host is the target's then (the guard read the header,
+    -- letting GET http://evil.example/... with Host: localhost through, and refusing the reverse).
+    if (ngx.var.request or ""):find("^%S+%s+%a[%w+.%-]*://") then host = ngx.var.host end
     local lowered = host:lower()
     local name = (lowered:match("^%[[^%]]*%]") or lowered:match("^[^:]*")):gsub("%.$", "")
     if name == "localhost" or name:find("%.localhost$") or name:find("%.local$") or name:find("%.internal$") or
@@ -1914,9 +1918,18 @@ local function post_body()
     end
     if not ready() then return end
     -- (a gzip body was read as JSON: "an unescaped control character (byte 31)", gzip's first)
+    -- (every line of the header: repeated, they are one list, RFC 9110 §5.3; $http_ reads the
+    -- first, and identity then gzip let a gzip body through)
     local encoding = ngx.var.http_content_encoding
-    if encoding and encoding:lower() ~= "identity" then
-        return send_uri_error(415, ("the request body's Content-Encoding %s is not supported: send it uncompressed"):format(encoding))
+    if encoding then
+        local lines = ngx.req.get_headers()["content-encoding"]
+        encoding = type(lines) == "table" and table.concat(lines, ", ") or lines or encoding
+        for coding in encoding:gmatch("[^,]+") do
+            local name = coding:match("^%s*(.-)%s*$"):lower()
+            if name ~= "identity" and name ~= "" then
+                return send_uri_error(415, ("the request body's Content-Encoding %s is not supported: send it uncompressed"):format(encoding))
+            end
+        end
     end
     local declared = tonumber(ngx.var.http_content_length)
     local too_large = ("the request body is over the %d-byte limit"):format(conf.max_body)
