@@ -69,6 +69,12 @@ end
 -- a reader gone went unseen and the run exited 0 with the output cut short.
 jit.off(show)
 
+-- Text the model wrote, shown as valid UTF-8: a byte piece that makes no character (the end of
+-- a generation cut inside one, or a token's stray byte) is one U+FFFD, as the server writes it
+-- (its raw bytes reached the terminal, or the file a pipe wrote, as invalid UTF-8).
+local repair = require("tinyloop.utf8").repair
+local function show_text(text) show(repair(text)) end
+
 local USAGE = [[
 usage: tinyloop [options] [--] PROMPT
        tinyloop --interactive [options] [--] [FIRST MESSAGE]
@@ -77,6 +83,8 @@ Generate text from a looped transformer checkpoint, streaming it as it is produc
   -m, --model DIR            checkpoint directory (default %s)
   -p, --prompt TEXT          the prompt (or give it as the last argument)
   -n, --max-tokens N         new tokens at most (default 64)
+      --fit-context          -n at most the room the context leaves after the prompt (and
+                             at least --min-tokens): a long prompt is not refused for it
   -L, --loops N              loop depth (default: the model's default_loops)
   -t, --temperature T        0 = greedy (default 0)
   -k, --top-k K              keep the K most likely tokens (default 50)
@@ -243,17 +251,19 @@ function _M.parse(argv, default_model)
         elseif a == "--logit-bias" then
             -- ID=BIAS, repeatable: OpenAI's logit_bias one entry at a time
             local id, bias = v:match("^(%d+)=([^=]+)$")
-            if not id or not tonumber(bias) or #id:gsub("^0+", "") > 9 then -- (no vocabulary has 10^9 tokens)
+            if not id or not decimal(bias) or #id:gsub("^0+", "") > 9 then -- (no vocabulary has 10^9 tokens)
                 return nil, usage_error("bad value for --logit-bias: " .. v .. " (want ID=BIAS, e.g. 198=-100)")
             end
             o.cfg.logit_bias = o.cfg.logit_bias or {}
-            o.cfg.logit_bias[tonumber(id)] = tonumber(bias)
+            o.cfg.logit_bias[tonumber(id)] = decimal(bias)
             i = i + 1
         elseif VALUE_OPTIONS[a] then
             if a == "-m" or a == "--model" then o.model = v
             elseif a == "-p" or a == "--prompt" then
                 -- (a prompt given as an argument before it was dropped without a word)
                 if positional then return nil, usage_error("unexpected argument " .. positional) end
+                -- (a second -p took the place of the first without a word)
+                if o.prompt then return nil, usage_error(a .. " given twice: one prompt a run") end
                 o.prompt = v
             elseif a == "--stop" then o.stops[#o.stops + 1] = v
             elseif a == "--system" then o.system = v
@@ -275,7 +285,7 @@ function _M.parse(argv, default_model)
                 end
                 o.kv_type = v
             else
-                o.threads = tonumber(v)
+                o.threads = decimal(v) -- (as every number flag: 0x2, " 2" and 1e3 were taken)
                 if not o.threads or o.threads < 1 or o.threads > tinyloop.C.TL_MAX_THREADS or o.threads ~= math.floor(o.threads) then
                     return nil, usage_error("bad value for --threads: " .. v)
                 end
@@ -286,6 +296,7 @@ function _M.parse(argv, default_model)
         elseif a == "--embed" then o.embed = true
         elseif a == "--no-prompt" then o.echo = false
         elseif a == "--no-stats" then o.stats = false
+        elseif a == "--fit-context" then o.fit_context = true
         elseif a == "--" then -- what follows is the prompt, options or not ("-n 3" after it is text)
             if i + 1 < #argv then return nil, usage_error("unexpected argument " .. argv[i + 2]) end
             if v then
@@ -302,6 +313,9 @@ function _M.parse(argv, default_model)
     end
     if not o.prompt and not o.interactive then return nil, usage_error("no prompt given") end
     if o.interactive and o.tools_file then return nil, usage_error("--tools goes with one --chat turn, not --interactive") end
+    if o.fit_context and (o.interactive or o.embed) then
+        return nil, usage_error("--fit-context goes with one generation (-i fits each turn itself; --embed generates nothing)")
+    end
     local constraints = {}
     for _, c in ipairs({ { o.grammar_file, "--grammar" }, { o.schema_file, "--json-schema" }, { o.regex, "--regex" } }) do
         if c[1] then constraints[#constraints + 1] = c[2] end
@@ -373,9 +387,15 @@ local function cli_wording(message)
     message = message:gsub("%f[%w_]([%a_][%w_]*)%[(%d+)%]", function(field, k)
         return OPTION_OF[field] and ("%s #%s"):format(OPTION_OF[field], k)
     end)
-    return (message:gsub("%f[%w_%-]([%a_][%w_]*) = ", function(field)
+    message = message:gsub("%f[%w_%-]([%a_][%w_]*) = ", function(field)
         return OPTION_OF[field] and (OPTION_OF[field] .. " = ")
-    end))
+    end)
+    -- a field's name in prose ("does not support cache_window yet"): the names with an
+    -- underscore, which no word of prose has (loops, temperature are words too)
+    message = message:gsub("%f[%w_]([%a][%w]*_[%w_]*%w)%f[^%w_]", function(field) return OPTION_OF[field] end)
+    -- (the C function's name that begins an engine message says nothing to the command's user)
+    message = message:gsub("^tl_[%w_]+: ", "")
+    return (message:gsub("^prompt_len = 0 must be >= 1", "the prompt is empty: it has no tokens"))
 end
 
 local function report(message)
@@ -400,6 +420,19 @@ local function stats_line(s, model)
         model:info().n_threads))
 end
 
+-- --fit-context: cfg.max_tokens (the engine's default where not given), or min_tokens where
+-- larger, cut to the room the context leaves after the prompt (text or ids). A prompt that
+-- cannot be encoded, or leaves no room, is left to the engine to refuse.
+local function fit_max_tokens(model, prompt, cfg)
+    local ids = type(prompt) == "table" and prompt or model:encode(prompt)
+    if not ids then return end
+    local room = model:info().max_seq_len - #ids
+    local defaults = require("tinyloop.ffi").new("tl_generate_config")
+    tinyloop.C.tl_generate_config_init(defaults)
+    local want = math.max(cfg.max_tokens or defaults.max_tokens, cfg.min_tokens or 0)
+    if room >= 1 then cfg.max_tokens = math.min(want, room) end
+end
+
 -- ---- --interactive: a conversation, a user message a line of stdin
 
 local CONVERSE_POOL_BYTES = 64 * 1024 * 1024 -- the prefix pool that keeps the conversation's rows
@@ -420,7 +453,7 @@ local function stream_reply(model, prompt, cfg, opts)
         if opts and opts.echo then show(opts.echo) end
         for _, text in iterate, session do
             parts[#parts + 1] = text
-            if not (opts and opts.held) then show(text) end
+            if not (opts and opts.held) then show_text(text) end
         end
         if session.error then error(session.error, 0) end
         if not (opts and opts.held) then show("\n") end
@@ -497,7 +530,7 @@ local function converse(model, chat, cfg, o)
     local max_seq = model:info().max_seq_len
     local want = cfg.max_tokens
     if not want then
-        local defaults = ffi.new("tl_generate_config")
+        local defaults = require("tinyloop.ffi").new("tl_generate_config")
         tinyloop.C.tl_generate_config_init(defaults)
         want = defaults.max_tokens
     end
@@ -727,6 +760,11 @@ function _M.run(argv, default_model)
             io.stderr:write("tinyloop: ", text, "\n")
             return (fault == "template" or fault == "encode") and 1 or 2
         end
+        if #ids == 0 then -- (the engine's "prompt_len = 0" named no template)
+            io.stderr:write("tinyloop: the chat template ", o.chat_template and ("(" .. o.chat_template .. ") ") or "",
+                            "made an empty prompt of the messages\n")
+            return 1
+        end
         o.prompt, o.prompt_ids, o.echo = text, ids, false
     end
     -- ---- grammars: --grammar FILE.gbnf, --json-schema FILE.json
@@ -777,6 +815,7 @@ function _M.run(argv, default_model)
         end
     end
     if o.interactive then return converse(model, chat, cfg, o) end
+    if o.fit_context then fit_max_tokens(model, o.prompt_ids or o.prompt, cfg) end
     -- with tools: the reply is read for calls at its end, then its content and calls written
     local reply, result, status = stream_reply(model, o.prompt_ids or o.prompt, cfg, { echo = o.echo and o.prompt, held = o.tools ~= nil })
     if not reply then
@@ -790,7 +829,7 @@ function _M.run(argv, default_model)
             local _, after_block = reasoning.split(reply, reasoning.opens(o.prompt))
             answer = after_block or ""
             local block = reply:sub(1, #reply - #answer)
-            show(block)
+            show_text(block)
             if answer == "" and block ~= "" then -- (the line ends here)
                 if block:sub(-1) ~= "\n" then show("\n") end
                 line_ended = true
@@ -798,7 +837,7 @@ function _M.run(argv, default_model)
         end
         local cut = result.stop_reason == "MAX_TOKENS"
         local content, calls = tools.parse(answer, o.tools, function(k) return "call_" .. k end, cut)
-        if content and not (content == "" and line_ended) then show(content, "\n") end
+        if content and not (content == "" and line_ended) then show_text(content .. "\n") end
         for _, call in ipairs(calls or {}) do
             show('{"name": ', cjson.encode(call.name), ', "arguments": ', call.arguments, "}\n")
         end

@@ -317,7 +317,10 @@ describe("scripts/tinyloop", function()
                                   -- (an option's own name, which holds a field's, is kept whole: --draft---loops)
                                   ["--speculative chain --draft-loops 9"] = "tinyloop: --draft-loops = 9 must be in [1, --loops = 8)",
                                   -- (a list's item: the first --stop, not stop_strings[1])
-                                  ["--stop ''"] = "tinyloop: --stop #1 is empty" }) do
+                                  ["--stop ''"] = "tinyloop: --stop #1 is empty",
+                                  -- (a field's name in prose, the C function's name before it)
+                                  ["--beam 2 --cache-window 2"] = "tinyloop: beam search (--beam = 2) does not support --cache-window yet",
+                                  ["--logit-bias 99999=5"] = "tinyloop: --logit-bias: token id 99999 is out of range" }) do
             local status, out = run("luajit scripts/tinyloop -n 2 " .. args .. " x")
             assert.equal(2, status, out)
             assert.truthy(out:find(want, 1, true), out)
@@ -396,6 +399,54 @@ describe("scripts/tinyloop", function()
             assert.falsy(out:find("traceback", 1, true), out)
         end
         H.sh("rm -rf " .. dir)
+    end)
+
+    it("reads --threads and --logit-bias's bias as every number flag, and refuses a second -p (it took 0x2; the second -p won)", function()
+        for _, args in ipairs({ "--threads 0x2", "--threads ' 2'", "--logit-bias 5=0x10" }) do
+            local status, out = run("luajit scripts/tinyloop -n 1 " .. args .. " x")
+            assert.equal(2, status, out)
+            assert.truthy(out:find("bad value for " .. args:match("^%S+"), 1, true), out)
+        end
+        local status, out = run("luajit scripts/tinyloop -n 2 -p a -p b")
+        assert.equal(2, status, out)
+        assert.truthy(out:find("tinyloop: -p given twice", 1, true), out)
+    end)
+
+    it("says an empty prompt is empty, and which chat template made one (\"prompt_len = 0 must be >= 1\")", function()
+        local status, out = run("luajit scripts/tinyloop -n 2 ''")
+        assert.equal(2, status, out)
+        assert.truthy(out:find("tinyloop: the prompt is empty: it has no tokens\n", 1, true), out)
+        local template = os.tmpname()
+        status, out = run("luajit scripts/tinyloop -n 2 --chat --chat-template " .. template .. " Hello")
+        os.remove(template)
+        assert.equal(1, status, out)
+        assert.truthy(out:find("tinyloop: the chat template (" .. template .. ") made an empty prompt", 1, true), out)
+    end)
+
+    it("writes byte pieces that make no character as U+FFFD, as the server does (a cut character went out raw)", function()
+        -- token 195 is the byte 0xC3 alone: a character's first byte, three times over
+        local status, out = run("luajit scripts/tinyloop -n 3 --logit-bias 195=100 --no-prompt --no-stats 'It is'")
+        assert.equal(0, status, out)
+        assert.equal(("\239\191\189"):rep(3) .. "\nrc=0\n", out)
+        assert.is_nil(require("tinyloop.utf8").first_invalid(out))
+    end)
+
+    it("cuts -n to the room the context leaves with --fit-context, and scripts/run its demo's 200 (a long prompt was refused)", function()
+        local prompt = ("It is a truth universally acknowledged, that a single man "):rep(6) -- (79 tokens)
+        local status, out = run("luajit scripts/tinyloop -n 200 --no-prompt " .. H.q(prompt))
+        assert.equal(2, status, out)
+        status, out = run("luajit scripts/tinyloop -n 200 --fit-context --ignore-eos --no-prompt " .. H.q(prompt))
+        assert.equal(0, status, out)
+        assert.truthy(out:find("| 177 tokens", 1, true), out) -- (256 - 79)
+        -- at least --min-tokens, where the context has room
+        status, out = run("luajit scripts/tinyloop --fit-context --min-tokens 100 --no-prompt x")
+        assert.equal(0, status, out)
+        assert.truthy(out:find("| 100 tokens", 1, true), out)
+        status, out = run("scripts/run " .. H.q(prompt))
+        assert.equal(0, status, out)
+        status, out = run("luajit scripts/tinyloop --fit-context -i < /dev/null")
+        assert.equal(2, status, out)
+        assert.truthy(out:find("--fit-context goes with one generation", 1, true), out)
     end)
 
     it("refuses --threads past the engine's limit as bad usage (exit 2, it was 1)", function()
