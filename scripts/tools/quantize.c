@@ -29,41 +29,64 @@ static int usage(FILE *fp, int code) {
           "                    you evaluate on) and weight each group's error by its inputs'\n"
           "                    mean x^2 (activation-aware quantisation); same file format\n"
           "  --gptq            with --calibrate: also GPTQ's error feedback along each row\n"
-          "  --calibrate-tokens N  tokens of TEXT to run, in windows spread over it (16384)\n"
+          "  --calibrate-tokens N  tokens of TEXT to run, in windows of up to 256 spread over it,\n"
+          "                    N rounded up to whole windows (16384)\n"
           "  --threads N       threads for the calibration and the quantisation (default 0:\n"
           "                    one per core); the output is the same at any count\n", fp);
     return fp == stdout && code == 0 ? bench_output_status("tinyloop-quantize") : code;
 }
 
+/* The options that take a value, as --NAME VALUE or --NAME=VALUE. */
+static const char *const VALUE_OPTIONS[] = {"--type", "--calibrate", "--calibrate-tokens", "--threads"};
+#define N_VALUE_OPTIONS (int)(sizeof VALUE_OPTIONS / sizeof *VALUE_OPTIONS)
+
+/* The index in VALUE_OPTIONS of the option arg names (arg is --NAME or --NAME=...), or -1. */
+static int value_option(const char *arg) {
+    for (int k = 0; k < N_VALUE_OPTIONS; k++) {
+        const size_t len = strlen(VALUE_OPTIONS[k]);
+        if (!strncmp(arg, VALUE_OPTIONS[k], len) && (arg[len] == '\0' || arg[len] == '=')) return k;
+    }
+    return -1;
+}
+
 int main(int argc, char **argv) {
     const char *type = NULL, *dirs[2] = {NULL, NULL}, *calib_text = NULL;
     int n_dirs = 0, calib_tokens = 16384, threads = 0;
-    bool gptq = false, pure = false;
+    bool gptq = false, pure = false, given[N_VALUE_OPTIONS] = {false};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout, 0);
-        if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
-        else if (!strcmp(argv[i], "--calibrate") && i + 1 < argc) calib_text = argv[++i];
+        const int option = value_option(argv[i]);
+        if (option >= 0) {
+            const char *name = VALUE_OPTIONS[option], *equals = strchr(argv[i], '=');
+            const char *value = equals ? equals + 1 : i + 1 < argc ? argv[++i] : NULL;
+            if (!value) { /* the last argument: its value is missing */
+                fprintf(stderr, "quantize: %s needs a value\n", name);
+                return usage(stderr, 2);
+            }
+            /* (the last one was taken without a word: --type q8 --type q4 quantised to q4) */
+            if (given[option]) { fprintf(stderr, "quantize: %s given twice\n", name); return 2; }
+            given[option] = true;
+            if (option == 0) type = value;
+            else if (option == 1) calib_text = value;
+            else {
+                long v;
+                const bool tokens = option == 2;
+                /* (threads: the load that checks the result takes at most TL_MAX_THREADS) */
+                if (!bench_long(value, tokens ? 1 : 0, tokens ? (1L << 30) : TL_MAX_THREADS, &v)) {
+                    if (tokens) fprintf(stderr, "quantize: %s needs a number >= 1, got \"%s\"\n", name, value);
+                    else fprintf(stderr, "quantize: %s needs a number in [0, %d], got \"%s\"\n", name, TL_MAX_THREADS, value);
+                    return 2;
+                }
+                if (tokens) calib_tokens = (int)v; else threads = (int)v;
+            }
+        }
         else if (!strcmp(argv[i], "--gptq")) gptq = true;
         else if (!strcmp(argv[i], "--pure")) pure = true;
-        else if ((!strcmp(argv[i], "--calibrate-tokens") || !strcmp(argv[i], "--threads")) && i + 1 < argc) {
-            long v;
-            const bool tokens = !strcmp(argv[i], "--calibrate-tokens");
-            /* (threads: the load that checks the result takes at most TL_MAX_THREADS) */
-            if (!bench_long(argv[i + 1], tokens ? 1 : 0, tokens ? (1L << 30) : TL_MAX_THREADS, &v)) {
-                if (tokens) fprintf(stderr, "quantize: %s needs a number >= 1, got \"%s\"\n", argv[i], argv[i + 1]);
-                else fprintf(stderr, "quantize: %s needs a number in [0, %d], got \"%s\"\n", argv[i], TL_MAX_THREADS, argv[i + 1]);
-                return 2;
-            }
-            if (tokens) calib_tokens = (int)v; else threads = (int)v;
-            i++;
-        }
-        else if (!strncmp(argv[i], "--type=", 7)) type = argv[i] + 7;
-        else if (!strcmp(argv[i], "--type") || !strcmp(argv[i], "--calibrate") || !strcmp(argv[i], "--calibrate-tokens") ||
-                 !strcmp(argv[i], "--threads")) { /* the last argument: its value is missing */
-            fprintf(stderr, "quantize: %s needs a value\n", argv[i]);
-            return usage(stderr, 2);
-        }
         else if (argv[i][0] == '-') { fprintf(stderr, "quantize: unknown option %s\n", argv[i]); return usage(stderr, 2); }
+        else if (!argv[i][0]) { /* ("" was read as the root: "/model.safetensors: cannot open") */
+            fprintf(stderr, "quantize: %s is empty\n", n_dirs == 0 ? "IN_DIR" : "OUT_DIR");
+            return 2;
+        }
         else if (n_dirs < 2) dirs[n_dirs++] = argv[i];
         else return usage(stderr, 2);
     }
