@@ -910,7 +910,9 @@ typedef enum tl_engine_state {
 /* What a request produced since its previous read. text/tokens stay valid until the next
    read or cancel of this id. Once state is TL_ENGINE_FINISHED: stop_reason, status (TL_OK,
    or why a step failed, with the message in error) and stats (a copy of the session's; the
-   session itself is already freed) are final. */
+   session itself is already freed) are final. Before, stats holds prompt_tokens_reused only
+   (what the prefix pool gave the prompt: at submit, and what a running request's prefill of
+   the same prompt gave it as it started, final once RUNNING), the rest 0. */
 typedef struct tl_engine_update {
     tl_engine_state state;
     const char *text;       /* tl_session_text pieces ("" without a tokenizer) */

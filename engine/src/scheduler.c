@@ -343,6 +343,7 @@ static void *engine_main(void *arg) {
                 }
                 e->c.kv_reserved_bytes += r->kv_share;
                 tl_session_take_prefix_late(r->session); /* (what the pool was given while it waited) */
+                r->stats.prompt_tokens_reused = tl_session_stats(r->session)->prompt_tokens_reused;
                 run[n_run++] = r;
             }
         }
@@ -651,6 +652,7 @@ tl_status tl_engine_submit_with(tl_engine *e, tl_session *session, const tl_engi
     r->id = e->next_id++;
     r->session = session;
     r->kv_share = share;
+    r->stats.prompt_tokens_reused = tl_session_stats(session)->prompt_tokens_reused; /* (tl_engine_update) */
     r->logprobs = o.logprobs;
     r->state = TL_ENGINE_QUEUED;
     e->reqs[e->n_reqs++] = r;
@@ -739,7 +741,10 @@ tl_status tl_engine_read(tl_engine *e, uint64_t id, tl_engine_update *u) {
     u->status = r->status;
     /* (r->error is written by finish, under mu, until the request finishes: read it only then) */
     u->error = r->state == TL_ENGINE_FINISHED ? r->error : "";
+    /* (before: what the pool gave its prompt, final from admission on; the rest is the
+       session's, which the engine thread writes meanwhile) */
     if (r->state == TL_ENGINE_FINISHED) u->stats = r->stats;
+    else u->stats.prompt_tokens_reused = r->stats.prompt_tokens_reused;
     pthread_mutex_unlock(&e->mu);
     return TL_OK;
 }

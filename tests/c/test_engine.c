@@ -341,6 +341,7 @@ static int b_first_token(void *user, int32_t token, int position) {
         later_done_at_b = 0;
         for (int k = 0; k < LATER_REQUESTS; k++) later_done_at_b += atomic_load(&later_tokens[k]) >= LATER_TOKENS;
     }
+    nanosleep(&(struct timespec){0, 2000000}, NULL); /* (B runs for 50 ms: a reader sees it running) */
     return TL_HOOK_CONTINUE;
 }
 
@@ -453,10 +454,20 @@ static void shared_prefill(const char *dir) {
               "%s", tl_last_error());
     }
     tl_engine_update u;
-    int32_t got[24];
-    CHECK(read_tokens(e, b_id, got, 24, &u) == 24 && u.state == TL_ENGINE_FINISHED && u.stats.prompt_tokens_reused == SYSTEM,
+    memset(&u, 0, sizeof u);
+    /* Read while it runs, B's update says what the pool gave its prompt at its admission (it
+       said 0 until B finished: a server counted a cancelled request's share at its submit) */
+    int n_b = 0, running_reads = 0, running_reused = SYSTEM;
+    while (tl_engine_wait(e, b_id, 1000) >= 0 && tl_engine_read(e, b_id, &u) == TL_OK) {
+        n_b += u.n_tokens;
+        if (u.state == TL_ENGINE_RUNNING && running_reads++ == 0) running_reused = u.stats.prompt_tokens_reused;
+        if (u.state == TL_ENGINE_FINISHED) break;
+    }
+    CHECK(n_b == 24 && u.state == TL_ENGINE_FINISHED && u.stats.prompt_tokens_reused == SYSTEM,
           "B: %s, its prompt took %d rows from the pool (want the system prompt's %d)", tl_status_name(u.status),
           u.stats.prompt_tokens_reused, SYSTEM);
+    CHECK(running_reads > 0 && running_reused == SYSTEM, "B read %d times while it ran, then with %d rows from the pool "
+          "(want %d)", running_reads, running_reused, SYSTEM);
     /* (B started beside the first: no later request could finish before its first token) */
     CHECK(later_done_at_b == 0, "%d later requests finished before B's first token: they held it back", later_done_at_b);
     tl_engine_free(e);

@@ -1924,6 +1924,23 @@ describe("chat completions", function()
                      metric(metrics(), "tinyloop_prompt_tokens_cached_total"))
     end)
 
+    it("counts in /metrics the prompt rows a cancelled choice took from another's prefill (it counted those it held at its creation)", function()
+        -- n = 2 on a prompt the pool has never seen: the first choice computes it, the second
+        -- waits for that prefill and takes its rows as it starts; then the client leaves
+        local prompt = "Mr Knightley, a sensible man about seven or eight and thirty, was not only a very old " ..
+                       "and intimate friend of the family, but particularly connected with it"
+        local before = metric(metrics(), "tinyloop_prompt_tokens_cached_total") or 0
+        sh(("curl -sN %s/v1/completions -d %s | head -c 1 > /dev/null"):format(base,
+            quote(cjson.encode({ prompt = prompt, n = 2, max_tokens = 200, ignore_eos = true, stream = true }))))
+        for _ = 1, 200 do
+            if metric(metrics(), 'tinyloop_engine_sessions{worker="0",state="active"}') == 0 then break end
+            os.execute("sleep 0.02")
+        end
+        local after = metric(metrics(), "tinyloop_prompt_tokens_cached_total")
+        local usage = cjson.decode(select(2, post_json({ prompt = prompt, max_tokens = 1 }))).usage
+        assert.equal(before + usage.prompt_tokens - 1, after)
+    end)
+
     it("serves speculative and beam search requests from the prefix pool too", function()
         local conversation = { { role = "system", content = "You are Mr Woodhouse, and fear every draught." },
                                { role = "user", content = "Shall we walk to Randalls?" } }

@@ -1090,7 +1090,12 @@ local function release(st, cancelled)
     local unfinished = st.phase ~= "finished"
     -- What it generated that nobody read (a blocking request reads its choices in turn: a later
     -- choice's tokens all sat in the engine), read before the cancel drops them.
-    if unfinished and C.tl_engine_read(engine, st.id, drained) == 0 then st.n_tokens = st.n_tokens + drained.n_tokens end
+    if unfinished and C.tl_engine_read(engine, st.id, drained) == 0 then
+        st.n_tokens = st.n_tokens + drained.n_tokens
+        -- (and what the pool gave its prompt as it started: another request's prefill of it, which
+        -- it waited for, may have given more than it held at its creation)
+        st.cached = math.max(st.cached, tonumber(drained.stats.prompt_tokens_reused))
+    end
     C.tl_engine_cancel(engine, st.id)
     if st.phase == "queued" then metrics.gauge("queued", -1) elseif st.phase == "running" then metrics.gauge("active", -1) end
     -- (a choice that did not finish: the tokens it had generated and its prompt's share served
