@@ -285,7 +285,7 @@ function _M.parse(argv, default_model)
                 end
                 o.kv_type = v
             else
-                o.threads = decimal(v) -- (as every number flag: 0x2, " 2" and 1e3 were taken)
+                o.threads = decimal(v) -- (as every number flag: 0x2 and " 2" were taken)
                 if not o.threads or o.threads < 1 or o.threads > tinyloop.C.TL_MAX_THREADS or o.threads ~= math.floor(o.threads) then
                     return nil, usage_error("bad value for --threads: " .. v)
                 end
@@ -376,9 +376,10 @@ read_tools = function(path, choice)
 end
 
 -- A message in the words of the command line: the config fields the engine and the bindings
--- name ("field = value", "config field 'field'") are the options the user typed
--- (reasoning_budget is --thinking-budget, sample_seed --seed). Only those forms: a field's
--- name in a path, in prose or inside an option's own name stays as it is.
+-- name ("field = value", "config field 'field'", and in an engine message's prose "does not
+-- support cache_window yet") are the options the user typed (reasoning_budget is
+-- --thinking-budget, sample_seed --seed). A field's name in a path, inside an option's own
+-- name, or in the prose of a Lua error (a policy's hook: its own words) stays as it is.
 local function cli_wording(message)
     -- (the Lua binding's way past 2^53, a uint64_t cdata, which a command line cannot give)
     message = message:gsub(" %(past it: a uint64_t, 0x%.%.%.ULL%)", "")
@@ -390,9 +391,16 @@ local function cli_wording(message)
     message = message:gsub("%f[%w_%-]([%a_][%w_]*) = ", function(field)
         return OPTION_OF[field] and (OPTION_OF[field] .. " = ")
     end)
-    -- a field's name in prose ("does not support cache_window yet"): the names with an
-    -- underscore, which no word of prose has (loops, temperature are words too)
-    message = message:gsub("%f[%w_]([%a][%w]*_[%w_]*%w)%f[^%w_]", function(field) return OPTION_OF[field] end)
+    -- a field's name in an engine message's prose: the names with an underscore, which no
+    -- word of prose has (loops, temperature are words too), not in a path or a file name
+    -- (/tmp/top_k/p.lua), nor in a Lua error's text (a hook's message, its traceback)
+    if not (message:find("%.lua:%d+:") or message:find("stack traceback", 1, true)) then
+        message = message:gsub("()([%a][%w]*_[%w_]*%w)()", function(from, field, to)
+            local before, after = message:sub(from - 1, from - 1), message:sub(to, to)
+            if before:find("[%w_/.%-]") or after:find("[%w_/.]") then return nil end
+            return OPTION_OF[field]
+        end)
+    end
     -- (the C function's name that begins an engine message says nothing to the command's user)
     message = message:gsub("^tl_[%w_]+: ", "")
     return (message:gsub("^prompt_len = 0 must be >= 1", "the prompt is empty: it has no tokens"))
@@ -420,6 +428,13 @@ local function stats_line(s, model)
         model:info().n_threads))
 end
 
+-- The engine's default max_tokens (tl_generate_config_init's).
+local function default_max_tokens()
+    local defaults = require("tinyloop.ffi").new("tl_generate_config")
+    tinyloop.C.tl_generate_config_init(defaults)
+    return defaults.max_tokens
+end
+
 -- --fit-context: cfg.max_tokens (the engine's default where not given), or min_tokens where
 -- larger, cut to the room the context leaves after the prompt (text or ids). A prompt that
 -- cannot be encoded, or leaves no room, is left to the engine to refuse.
@@ -427,9 +442,7 @@ local function fit_max_tokens(model, prompt, cfg)
     local ids = type(prompt) == "table" and prompt or model:encode(prompt)
     if not ids then return end
     local room = model:info().max_seq_len - #ids
-    local defaults = require("tinyloop.ffi").new("tl_generate_config")
-    tinyloop.C.tl_generate_config_init(defaults)
-    local want = math.max(cfg.max_tokens or defaults.max_tokens, cfg.min_tokens or 0)
+    local want = math.max(cfg.max_tokens or default_max_tokens(), cfg.min_tokens or 0)
     if room >= 1 then cfg.max_tokens = math.min(want, room) end
 end
 
@@ -528,12 +541,7 @@ local function converse(model, chat, cfg, o)
     local ffi = require "tinyloop.ffi"
     local prompt_marks = stdin_is_terminal() -- "> " before each message, for a person typing
     local max_seq = model:info().max_seq_len
-    local want = cfg.max_tokens
-    if not want then
-        local defaults = require("tinyloop.ffi").new("tl_generate_config")
-        tinyloop.C.tl_generate_config_init(defaults)
-        want = defaults.max_tokens
-    end
+    local want = cfg.max_tokens or default_max_tokens()
     local system = o.system and { role = "system", content = o.system }
     -- a conversation needs room for a message and a reply of -n tokens besides the system's
     local opening = chat:prompt_ids(model, system and { system, { role = "user", content = "" } } or { { role = "user", content = "" } }, true)

@@ -187,7 +187,8 @@ local function with_context(fn)
     return function(user, ...)
         local ctx = context_of(user)
         if not ctx then return C.TL_HOOK_ERROR end
-        local ok, r = pcall(fn, ctx, ...)
+        -- (hook_traceback: a falsy error value is said, not lost to the engine's "hook returned error -1")
+        local ok, r = xpcall(fn, hook_traceback, ctx, ...)
         if ok then return r end
         ctx.in_hook = false -- (raised between call_hook's marks)
         return fail(ctx, r)

@@ -47,4 +47,19 @@ static inline bool bench_number(const char *text, double lo, double hi, double *
     return true;
 }
 
+/* An option of `names` [n_names] that takes a value, given as NAME VALUE or NAME=VALUE at
+   argv[*i]: its index in names, its value in *value (NULL where the command line ends before
+   it) and *i past what it took; -1 where argv[*i] is none of them. (--threads=2 was an
+   unknown option where --type=q4 was taken: one rule for every tool.) */
+static inline int bench_value_option(int argc, char **argv, int *i, const char *const *names, int n_names,
+                                     const char **value) {
+    for (int k = 0; k < n_names; k++) {
+        const size_t len = strlen(names[k]);
+        if (strncmp(argv[*i], names[k], len) || (argv[*i][len] != '\0' && argv[*i][len] != '=')) continue;
+        *value = argv[*i][len] == '=' ? argv[*i] + len + 1 : *i + 1 < argc ? argv[++*i] : NULL;
+        return k;
+    }
+    return -1;
+}
+
 #endif

@@ -9,6 +9,7 @@
  * and the logit error: RMS and max |difference|, relative to the RMS of the reference logits. */
 #define _POSIX_C_SOURCE 200809L /* fileno */
 #include <limits.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,11 +58,24 @@ static int usage(const char *bad) {
 int main(int argc, char **argv) {
     const char *ref_dir = NULL, *q_dir = NULL, *text_path = NULL;
     int window = 256, max_tokens = 1 << 30, threads = 0;
+    static const char *const value_options[] = {"--text", "--window", "--max-tokens", "--threads"};
+    bool given[4] = {false};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--text") && i + 1 < argc) text_path = argv[++i];
-        else if (!strcmp(argv[i], "--window") && i + 1 < argc) { if (!bench_int(argv[++i], 2, 1 << 20, &window)) return usage("--window"); }
-        else if (!strcmp(argv[i], "--max-tokens") && i + 1 < argc) { if (!bench_int(argv[++i], 1, INT_MAX, &max_tokens)) return usage("--max-tokens"); }
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) { if (!bench_int(argv[++i], 0, TL_MAX_THREADS, &threads)) return usage("--threads"); }
+        const char *value;
+        const int option = bench_value_option(argc, argv, &i, value_options, 4, &value);
+        if (option >= 0) {
+            /* (an option was read as a model directory, and one given twice kept its last value) */
+            if (!value || given[option]) {
+                fprintf(stderr, "tinyloop-quant-eval: %s %s\n", value_options[option], value ? "given twice" : "needs a value");
+                return usage(NULL);
+            }
+            given[option] = true;
+            if (option == 0) text_path = value;
+            else if (option == 1) { if (!bench_int(value, 2, 1 << 20, &window)) return usage("--window"); }
+            else if (option == 2) { if (!bench_int(value, 1, INT_MAX, &max_tokens)) return usage("--max-tokens"); }
+            else if (!bench_int(value, 0, TL_MAX_THREADS, &threads)) return usage("--threads");
+        }
+        else if (argv[i][0] == '-' && argv[i][1]) { fprintf(stderr, "tinyloop-quant-eval: unknown option %s\n", argv[i]); return usage(NULL); }
         else if (!ref_dir) ref_dir = argv[i];
         else if (!q_dir) q_dir = argv[i];
         else return usage(NULL);

@@ -36,18 +36,9 @@ static int usage(FILE *fp, int code) {
     return fp == stdout && code == 0 ? bench_output_status("tinyloop-quantize") : code;
 }
 
-/* The options that take a value, as --NAME VALUE or --NAME=VALUE. */
+/* The options that take a value (bench_value_option). */
 static const char *const VALUE_OPTIONS[] = {"--type", "--calibrate", "--calibrate-tokens", "--threads"};
 #define N_VALUE_OPTIONS (int)(sizeof VALUE_OPTIONS / sizeof *VALUE_OPTIONS)
-
-/* The index in VALUE_OPTIONS of the option arg names (arg is --NAME or --NAME=...), or -1. */
-static int value_option(const char *arg) {
-    for (int k = 0; k < N_VALUE_OPTIONS; k++) {
-        const size_t len = strlen(VALUE_OPTIONS[k]);
-        if (!strncmp(arg, VALUE_OPTIONS[k], len) && (arg[len] == '\0' || arg[len] == '=')) return k;
-    }
-    return -1;
-}
 
 int main(int argc, char **argv) {
     const char *type = NULL, *dirs[2] = {NULL, NULL}, *calib_text = NULL;
@@ -55,10 +46,10 @@ int main(int argc, char **argv) {
     bool gptq = false, pure = false, given[N_VALUE_OPTIONS] = {false};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout, 0);
-        const int option = value_option(argv[i]);
+        const char *value;
+        const int option = bench_value_option(argc, argv, &i, VALUE_OPTIONS, N_VALUE_OPTIONS, &value);
         if (option >= 0) {
-            const char *name = VALUE_OPTIONS[option], *equals = strchr(argv[i], '=');
-            const char *value = equals ? equals + 1 : i + 1 < argc ? argv[++i] : NULL;
+            const char *name = VALUE_OPTIONS[option];
             if (!value) { /* the last argument: its value is missing */
                 fprintf(stderr, "quantize: %s needs a value\n", name);
                 return usage(stderr, 2);
@@ -83,7 +74,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--gptq")) gptq = true;
         else if (!strcmp(argv[i], "--pure")) pure = true;
         else if (argv[i][0] == '-') { fprintf(stderr, "quantize: unknown option %s\n", argv[i]); return usage(stderr, 2); }
-        else if (!argv[i][0]) { /* ("" was read as the root: "/model.safetensors: cannot open") */
+        else if (!argv[i][0] && n_dirs < 2) { /* ("" was read as the root: "/model.safetensors: cannot open") */
             fprintf(stderr, "quantize: %s is empty\n", n_dirs == 0 ? "IN_DIR" : "OUT_DIR");
             return 2;
         }

@@ -389,6 +389,13 @@ describe("a hook that breaks the bindings' own code", function()
         H.error_contains(function() s:step() end, "a hook raised")
         assert.is_true(s.done)
         assert.equal(held, m:memory().kv_bytes)
+        -- error() without a value there: said, not the engine's "hook returned error -1"
+        s = m:session(P, { max_tokens = 5, stop_when = function(tokens)
+            setmetatable(tokens, { __newindex = function() error() end })
+            return false
+        end })
+        s:step()
+        H.error_contains(function() s:step() end, "a hook raised an error whose value is nil")
     end)
 
     it("(a read-only signals table) ends its session, not its batch's peers", function()

@@ -332,6 +332,8 @@ describe("server", function()
         assert.truthy(raw:find("a request for host rebind.evil.example on this server's loopback address", 1, true), raw)
         raw = raw_http(port, "GET http://localhost:" .. port .. "/v1/models HTTP/1.1\r\nHost: rebind.evil.example\r\nConnection: close\r\n\r\n")
         assert.truthy(raw:match("^HTTP/1%.%d 200"), raw)
+        raw = raw_http(port, "GET http://rebind.evil.example/v1/models HTTP/1.0\r\n\r\n") -- (no Host: the target's)
+        assert.truthy(raw:match("^HTTP/1%.%d 403"), raw)
     end)
 
     it("streams SSE chunks whose text equals the non-streamed text for the same seed", function()
@@ -1600,6 +1602,11 @@ describe("server", function()
         assert.equal(415, status, body)
         assert.equal("the request body's Content-Encoding identity, gzip is not supported: send it uncompressed",
                      cjson.decode(body).error.message)
+        local filler = {} -- (past get_headers' first 100 lines)
+        for k = 1, 100 do filler[k] = ("-H 'X-Filler-%d: %d'"):format(k, k) end
+        status, body = curl("-H 'Content-Encoding: identity' " .. table.concat(filler, " ") .. " -H 'Content-Encoding: gzip' " ..
+                            "--data-binary @" .. f .. " " .. base .. "/v1/completions")
+        assert.equal(415, status, body)
         -- identity is no encoding
         assert.equal(200, (curl("-H 'Content-Type: application/json' -H 'Content-Encoding: identity' " ..
                                 "-d '{\"prompt\": \"It is\", \"max_tokens\": 1}' " .. base .. "/v1/completions")))

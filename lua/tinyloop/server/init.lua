@@ -830,12 +830,11 @@ end
 local function refuse_foreign_host()
     local addr = ngx.var.server_addr
     if not addr or not (addr:find("^127%.") or addr == "::1" or addr:find("^::ffff:127%.")) then return end
-    local host = ngx.var.http_host
-    if not host or host == "" or ngx.var.uri:find("^/%.tinyloop%-error") then return end
     -- An absolute-form target (GET http://NAME/path) names the host itself, its Host header
-    -- ignored (RFC 9112 §3.2.2): nginx's $host is the target's then (the guard read the header,
-    -- letting GET http://evil.example/... with Host: localhost through, and refusing the reverse).
-    if (ngx.var.request or ""):find("^%S+%s+%a[%w+.%-]*://") then host = ngx.var.host end
+    -- ignored or absent (RFC 9112 §3.2.2): nginx's $host is the target's then (the guard read the
+    -- header, letting GET http://evil.example/... with Host: localhost through, and refusing the reverse).
+    local host = (ngx.var.request or ""):find("^%S+%s+%a[%w+.%-]*://") and ngx.var.host or ngx.var.http_host
+    if not host or host == "" or ngx.var.uri:find("^/%.tinyloop%-error") then return end
     local lowered = host:lower()
     local name = (lowered:match("^%[[^%]]*%]") or lowered:match("^[^:]*")):gsub("%.$", "")
     if name == "localhost" or name:find("%.localhost$") or name:find("%.local$") or name:find("%.internal$") or
@@ -1927,7 +1926,7 @@ local function post_body()
     -- first, and identity then gzip let a gzip body through)
     local encoding = ngx.var.http_content_encoding
     if encoding then
-        local lines = ngx.req.get_headers()["content-encoding"]
+        local lines = ngx.req.get_headers(0)["content-encoding"] -- (0: all the lines, not the first 100)
         encoding = type(lines) == "table" and table.concat(lines, ", ") or lines or encoding
         for coding in encoding:gmatch("[^,]+") do
             local name = coding:match("^%s*(.-)%s*$"):lower()
