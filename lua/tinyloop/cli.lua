@@ -437,13 +437,19 @@ end
 
 -- --fit-context: cfg.max_tokens (the engine's default where not given), or min_tokens where
 -- larger, cut to the room the context leaves after the prompt (text or ids). A prompt that
--- cannot be encoded, or leaves no room, is left to the engine to refuse.
+-- cannot be encoded, or leaves no room, is left to the engine to refuse. -> true | nil, err
+-- (a --min-tokens past the room).
 local function fit_max_tokens(model, prompt, cfg)
     local ids = type(prompt) == "table" and prompt or model:encode(prompt)
     if not ids then return end
     local room = model:info().max_seq_len - #ids
     local want = math.max(cfg.max_tokens or default_max_tokens(), cfg.min_tokens or 0)
+    if room >= 1 and (cfg.min_tokens or 0) > room then -- (the engine named the -n it was given)
+        return nil, ("--min-tokens = %d: the context (max_seq_len = %d) leaves room for %d tokens after the prompt's %d")
+            :format(cfg.min_tokens, room + #ids, room, #ids)
+    end
     if room >= 1 then cfg.max_tokens = math.min(want, room) end
+    return true
 end
 
 -- ---- --interactive: a conversation, a user message a line of stdin
@@ -823,7 +829,13 @@ function _M.run(argv, default_model)
         end
     end
     if o.interactive then return converse(model, chat, cfg, o) end
-    if o.fit_context then fit_max_tokens(model, o.prompt_ids or o.prompt, cfg) end
+    if o.fit_context then
+        local fits, ferr = fit_max_tokens(model, o.prompt_ids or o.prompt, cfg)
+        if not fits then
+            report(ferr)
+            return 2
+        end
+    end
     -- with tools: the reply is read for calls at its end, then its content and calls written
     local reply, result, status = stream_reply(model, o.prompt_ids or o.prompt, cfg, { echo = o.echo and o.prompt, held = o.tools ~= nil })
     if not reply then
