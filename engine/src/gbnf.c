@@ -216,7 +216,8 @@ static bool parse_char(parser *ps, uint32_t *out, const char *context) {
             return true;
         default: {
             char what[2] = {e, 0};
-            return fail_at(ps, start, "unknown escape '\\%s' (expected one of \\n \\t \\r \\\\ \\\" \\[ \\] \\xHH \\uHHHH \\UHHHHHHHH)", what);
+            return fail_at(ps, start, "unknown escape '\\%s' (expected one of \\n \\t \\r \\0 \\xHH \\uHHHH \\UHHHHHHHH, "
+                                      "or \\ before one of \\ \" [ ] - ^ / ' . * + ? ( ) { } |)", what);
         }
         }
     }
@@ -261,6 +262,12 @@ static bool parse_class(parser *ps, tl_gram_item *it) {
         }
         r[n++] = (tl_gram_range){lo, hi};
     }
+    /* [] and [^]: llama.cpp's parser adds nothing for them (the sequence goes on as if they
+       were not there); read as classes, they are no character and any one: refused, so that a
+       grammar means one thing here and there */
+    if (ok && n == 0)
+        ok = fail_at(ps, open, "%s", negate ? "an empty class [^]: write . for any one character"
+                                            : "an empty class []: it matches no character");
     if (ok) {
         if (n > 1) qsort(r, (size_t)n, sizeof *r, cmp_range);
         int m = 0;

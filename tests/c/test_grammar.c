@@ -98,6 +98,10 @@ static void test_parse_errors(void) {
         {"root ::= \"a\"{99999}", "repetition count above 10000"},
         {"root ::= x\nx ::= \"a\"\nx ::= \"b\"", "rule 'x' is defined twice (first at line 2, column 1)"},
         {"root ::= [z-a]", "reversed"},
+        /* (llama.cpp's parser adds nothing for them: "x" [] "y" matched xy there, nothing here) */
+        {"root ::= \"x\" [] \"y\"", "line 1, column 14: an empty class []: it matches no character"},
+        {"root ::= \"x\" [^] \"y\"", "an empty class [^]: write . for any one character"},
+        {"root ::= \"\\q\"", "or \\ before one of \\ \" [ ] - ^ / ' . * + ? ( ) { } |)"},
         {"root ::= \"\\xZZ\"", "expected a hex digit"},
         {"root ::= \"a\" @", "unexpected '@'"},
         {"root ::= \"a\" b ::= \"c\"", "must start on its own line"},
