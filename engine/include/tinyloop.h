@@ -692,8 +692,8 @@ const int32_t *tl_session_state_tokens(const tl_session_state *state, int *n_tok
 
 /* Opts a model into a prefix pool of at most budget_bytes of KV pages (> 0; calling again
    changes the budget). Then a new session (plain, speculative or beam search) whose prompt
-   starts with a prefix another session has computed at the same depth (without
-   cache_window) shares that prefix's K/V
+   starts with a prefix another session has computed at the same depth shares that prefix's K/V
+   (with cache_window W, the rows before W: those attend to every row before them)
    instead of recomputing it: bit-identical output, a shorter prefill
    (stats.prompt_tokens_reused); on a model whose loop starts from a random state, only a
    prefix computed under the same sample_seed. Least recently used entries leave first, at

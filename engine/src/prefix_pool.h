@@ -16,9 +16,9 @@ void tl_prefix_pool_free(tl_prefix_pool *pool); /* NULL is a no-op */
    that `state_seed` draws (forward.h; 0: the model's fixed one): a prefix is shared only
    where all three match, else the output would not be a cold start's. */
 
-/* Shares into `cache` (empty, unwindowed, of m) the longest pooled prefix of
-   tokens[0..n) computed at `loops` from `state_seed`; returns how many entries it now
-   holds (0: no hit). */
+/* Shares into `cache` (empty, of m) the longest pooled prefix of tokens[0..n) computed at
+   `loops` from `state_seed`, within its window where it has one (the rows before it are an
+   unwindowed session's); returns how many entries it now holds (0: no hit). */
 int tl_prefix_pool_take(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
                         tl_kv_cache *cache);
 
@@ -33,7 +33,8 @@ int tl_prefix_pool_longest(tl_prefix_pool *pool, const int32_t *tokens, int n, i
 /* Offers the first n entries of `cache` (computed from `state_seed` and tokens[0..n)) to
    the pool as computed at `loops`, which keeps a share of their pages: those before the
    first entry of another depth (an early exit's shallower row), which a cold start at
-   `loops` would not compute. Out of memory is not an error: nothing is kept. */
+   `loops` would not compute, and with a window those before it while the ring holds them.
+   Out of memory is not an error: nothing is kept. */
 void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, int loops, uint64_t state_seed,
                           const tl_kv_cache *cache);
 

@@ -1033,6 +1033,81 @@ static void prefix_pool_other_decoders(const char *dir) {
     tl_model_free(cold);
 }
 
+/* A session of `window` on `pooled` against one on `cold`: the same logits at every step and
+   the same tokens; returns the rows it took from the pool (-1: it failed). */
+static int windowed_against_cold(tl_model *pooled, tl_model *cold, const int32_t *prompt, int n, int window) {
+    tl_generate_config cfg;
+    tl_generate_config_init(&cfg);
+    cfg.max_tokens = 40;
+    cfg.ignore_eos = 1;
+    cfg.cache_window = window;
+    tl_session *want = NULL, *got = NULL;
+    tl_session_new(cold, prompt, n, &cfg, &want);
+    tl_session_new(pooled, prompt, n, &cfg, &got);
+    CHECK(want && got, "window %d: sessions: %s", window, tl_last_error());
+    int reused = -1;
+    if (want && got) {
+        const size_t row_bytes = (size_t)tl_model_info(cold)->vocab_size * sizeof(float);
+        bool same_logits = true;
+        for (int t = 0; t < 40 && !want->finished && !got->finished; t++) {
+            if (run(want, 1) < 0 || run(got, 1) < 0) break;
+            same_logits = same_logits && memcmp(want->logits, got->logits, row_bytes) == 0;
+        }
+        CHECK(same_logits && got->n_tokens == n + 40 && same_tokens(want, got),
+              "window %d: a session that took %d rows from the pool differs from a cold one", window,
+              got->stats.prompt_tokens_reused);
+        reused = got->stats.prompt_tokens_reused;
+    }
+    tl_session_free(want);
+    tl_session_free(got);
+    return reused;
+}
+
+/* Sessions with a window (cache_window W) take from the pool the rows before W, and offer
+   them while their ring holds them: a row before W attends to every row before it, as an
+   unwindowed session's (they neither took nor offered, a long system prompt recomputed by every
+   windowed request). Around the 16-row page: windows of 15, 16, 17, 24. */
+static void prefix_pool_windowed(const char *dir) {
+    tl_model *pooled = load(dir), *cold = load(dir);
+    if (!pooled || !cold) { CHECK(0, "load"); tl_model_free(pooled); tl_model_free(cold); return; }
+    CHECK(tl_model_set_prefix_pool(pooled, 64 << 20) == TL_OK, "pool: %s", tl_last_error());
+    enum { LEN = 60 };
+    int32_t prompt[LEN];
+    for (int i = 0; i < LEN; i++) prompt[i] = (int32_t)((i * 37 + 11) % 250 + 1);
+    tl_generate_config plain;
+    tl_generate_config_init(&plain);
+    plain.max_tokens = 4;
+    plain.ignore_eos = 1;
+    int32_t out[CAP];
+    int n_out = 0;
+    CHECK(tl_generate(pooled, prompt, LEN, &plain, out, CAP, &n_out, NULL) == TL_OK, "%s", tl_last_error());
+    const int windows[] = {15, 16, 17, 24};
+    for (int w = 0; w < 4; w++) {
+        const int reused = windowed_against_cold(pooled, cold, prompt, LEN, windows[w]);
+        CHECK(reused == windows[w], "window %d took %d rows from the pool (want the %d before it)", windows[w], reused,
+              windows[w]);
+    }
+    /* A windowed session's own rows: offered before its window while its ring holds them */
+    CHECK(tl_model_set_prefix_pool(pooled, 1) == TL_OK && tl_model_set_prefix_pool(pooled, 64 << 20) == TL_OK, "emptied");
+    int32_t other[30];
+    for (int i = 0; i < 30; i++) other[i] = (int32_t)((i * 53 + 5) % 250 + 1);
+    CHECK(windowed_against_cold(pooled, cold, other, 30, 24) == 0, "a fresh prompt took rows");
+    tl_generate_stats stats;
+    CHECK(tl_generate(pooled, other, 30, &plain, out, CAP, &n_out, &stats) == TL_OK && stats.prompt_tokens_reused == 24,
+          "after a window of 24, a plain session took %d rows (want 24)", stats.prompt_tokens_reused);
+    int32_t want[CAP];
+    int n_want = 0;
+    tl_generate(cold, other, 30, &plain, want, CAP, &n_want, NULL);
+    CHECK(n_out == n_want && !memcmp(out, want, (size_t)n_want * sizeof *want), "the plain session differs from a cold one");
+    /* ... but not once the ring has written past its capacity (rows 0.. overwritten) */
+    CHECK(tl_model_set_prefix_pool(pooled, 1) == TL_OK && tl_model_set_prefix_pool(pooled, 64 << 20) == TL_OK, "emptied");
+    CHECK(windowed_against_cold(pooled, cold, prompt, LEN, 8) == 0, "a fresh prompt took rows");
+    CHECK(tl_generate(pooled, prompt, LEN, &plain, out, CAP, &n_out, &stats) == TL_OK && stats.prompt_tokens_reused == 0,
+          "a wrapped ring offered %d rows", stats.prompt_tokens_reused);
+    tl_model_free(pooled);
+    tl_model_free(cold);
+}
+
 /* Kept pages (kv_cache.h: a freed page is reused with its old rows in it). Sessions on a
    model whose spare pages hold other sessions' K/V emit exactly what they emit on a model
    that never reuses a page: with a window (a ring), speculative rollback and early exit
@@ -1162,6 +1237,7 @@ int main(int argc, char **argv) {
     early_exit_pages(dir);
     prefix_pool_keeps_generations(dir);
     prefix_pool_other_decoders(dir);
+    prefix_pool_windowed(dir);
     char huginn[4096];
     snprintf(huginn, sizeof huginn, "%s/../hf/huginn_f32", dir);
     prefix_pool_seeded(huginn);
