@@ -3,12 +3,25 @@
  * overlap (within a chunk, across chunks, among size classes), and blocks too large or of
  * too many distinct sizes come from the heap, as does everything without an arena. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "cpu/cpu_backend.h"
 
 enum { PAGE = 16384, COUNT = 300 }; /* 300 KV-page-sized blocks: more than two chunks */
+
+/* The process's resident memory, KiB (/proc/self/statm), or -1. */
+static long resident_kib(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long total = 0, resident = -1;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &total, &resident) != 2) resident = -1;
+        fclose(f);
+    }
+    return resident < 0 ? -1 : resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
 
 static bool all_zero(const unsigned char *p, size_t n) {
     for (size_t i = 0; i < n; i++)
@@ -58,6 +71,47 @@ int main(void) {
     release_all(a, blocks, COUNT);
     alloc_fill_check(a, blocks, sizes, COUNT, "reused pages");
     release_all(a, blocks, COUNT);
+
+    /* Freed blocks past the arena's idle bytes give their pages back (a burst of sessions
+       kept the process at its peak while the model lived), and come back zeroed and apart.
+       (Before the many sizes below, which fill the arena's size classes.) */
+    {
+        enum { BURST = 3000, BLOCK = 49152 }; /* a GPT-2 K/V page: 144 MiB */
+        static void *burst[BURST];
+        static size_t burst_sizes[BURST];
+        for (int i = 0; i < BURST; i++) burst_sizes[i] = BLOCK;
+        alloc_fill_check(a, burst, burst_sizes, BURST, "a burst");
+        const long peak = resident_kib();
+        release_all(a, burst, BURST);
+        const long after = resident_kib();
+        CHECK(peak - after > 100 * 1024, "a burst of 144 MiB freed: %ld KiB resident at its peak, %ld after (want at "
+              "least 100 MiB fewer)", peak, after);
+        alloc_fill_check(a, burst, burst_sizes, BURST, "a burst, again");
+        /* every tenth block kept: no chunk is free whole, each freed block's whole pages go */
+        const long full = resident_kib();
+        static void *freed[BURST];
+        static size_t freed_sizes[BURST];
+        int n_freed = 0;
+        for (int i = 0; i < BURST; i++)
+            if (i % 10) {
+                tl_cpu_arena_release(a, burst[i]);
+                freed_sizes[n_freed] = BLOCK;
+                freed[n_freed++] = NULL;
+            }
+        const long pinned = resident_kib();
+        CHECK(full - pinned > 80 * 1024, "9 blocks in 10 freed, none a chunk whole: %ld KiB resident before, %ld after "
+              "(want at least 80 MiB fewer)", full, pinned);
+        alloc_fill_check(a, freed, freed_sizes, n_freed, "trimmed blocks, again");
+        int kept_overwritten = 0;
+        for (int i = 0; i < BURST; i += 10) {
+            const unsigned char *p = burst[i];
+            for (size_t b = 0; b < BLOCK; b++)
+                if (p[b] != 1 + i % 250) { kept_overwritten++; break; }
+        }
+        CHECK(kept_overwritten == 0, "%d kept blocks were overwritten by the trimmed ones handed out again", kept_overwritten);
+        for (int i = 0; i < BURST; i += 10) tl_cpu_arena_release(a, burst[i]);
+        release_all(a, freed, n_freed);
+    }
 
     /* Many distinct sizes (more than the arena keeps classes for), odd ones, a zero-byte
        one and ones above the arena's largest block, interleaved. */
