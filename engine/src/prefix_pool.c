@@ -235,11 +235,15 @@ void tl_prefix_pool_offer(tl_prefix_pool *pool, const int32_t *tokens, int n, in
                           const tl_kv_cache *cache) {
     if (!pool || n < 1 || cache->length < n) return;
     n = window_rows(cache, n);
-    for (int j = 0; j < n; j++)
-        if (cache->depth[tl_kv_row(cache, j)] != loops) {
+    /* (a ring's row may hold a later entry: a speculative cycle's drafts wrap past the
+       capacity and are rolled back, the length below it again) */
+    for (int j = 0; j < n; j++) {
+        const int row = tl_kv_row(cache, j);
+        if (cache->depth[row] != loops || cache->logical[row] != j) {
             n = j;
             break;
         }
+    }
     if (n < 1) return;
     pthread_mutex_lock(&pool->lock);
     /* Already held, as such or longer: an entry that extends these tokens is the first one

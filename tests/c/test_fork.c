@@ -1033,6 +1033,11 @@ static void prefix_pool_other_decoders(const char *dir) {
     tl_model_free(cold);
 }
 
+static int stop_at_length(void *user, const int32_t *tokens, int n) {
+    (void)tokens;
+    return n >= *(const int *)user;
+}
+
 /* A session of `window` on `pooled` against one on `cold`: the same logits at every step and
    the same tokens; returns the rows it took from the pool (-1: it failed). */
 static int windowed_against_cold(tl_model *pooled, tl_model *cold, const int32_t *prompt, int n, int window) {
@@ -1104,6 +1109,44 @@ static void prefix_pool_windowed(const char *dir) {
     CHECK(windowed_against_cold(pooled, cold, prompt, LEN, 8) == 0, "a fresh prompt took rows");
     CHECK(tl_generate(pooled, prompt, LEN, &plain, out, CAP, &n_out, &stats) == TL_OK && stats.prompt_tokens_reused == 0,
           "a wrapped ring offered %d rows", stats.prompt_tokens_reused);
+    /* A windowed speculative session whose drafts wrapped past its ring's capacity and were
+       rolled back: ring row 0 holds a later entry, which it offered as entry 0 (the review) */
+    CHECK(tl_model_set_prefix_pool(pooled, 1) == TL_OK && tl_model_set_prefix_pool(pooled, 64 << 20) == TL_OK, "emptied");
+    int32_t spec_prompt[4], seq[64];
+    for (int i = 0; i < 4; i++) spec_prompt[i] = (int32_t)((i * 37 + 19) % 250 + 1);
+    int stop_after = 14;
+    tl_generate_config spec;
+    tl_generate_config_init(&spec);
+    spec.cache_window = 8;
+    spec.ignore_eos = 1;
+    spec.loops = 3;
+    spec.speculative = TL_SPECULATIVE_CHAIN;
+    spec.draft_loops = 1;
+    spec.draft_ahead = 6;
+    spec.max_tokens = 40;
+    spec.stop_rule = stop_at_length;
+    spec.stop_rule_user = &stop_after;
+    tl_session *drafted = NULL;
+    int n_seq = 0;
+    if (tl_session_new(pooled, spec_prompt, 4, &spec, &drafted) == TL_OK) {
+        run(drafted, 40);
+        n_seq = drafted->n_tokens;
+        memcpy(seq, drafted->tokens, (size_t)n_seq * sizeof *seq);
+    }
+    tl_session_free(drafted);
+    CHECK(n_seq == 14, "the windowed speculative session emitted %d tokens (want 14)", n_seq - 4);
+    plain.loops = 3;
+    plain.max_tokens = 3;
+    tl_session *cold_plain = NULL, *pool_plain = NULL;
+    tl_session_new(cold, seq, n_seq, &plain, &cold_plain);
+    tl_session_new(pooled, seq, n_seq, &plain, &pool_plain);
+    CHECK(cold_plain && pool_plain && run(cold_plain, 1) > 0 && run(pool_plain, 1) > 0, "%s", tl_last_error());
+    if (cold_plain && pool_plain)
+        CHECK(!memcmp(cold_plain->logits, pool_plain->logits, (size_t)tl_model_info(cold)->vocab_size * sizeof(float)),
+              "after a windowed speculative session, a plain one that took %d rows differs from a cold one",
+              pool_plain->stats.prompt_tokens_reused);
+    tl_session_free(cold_plain);
+    tl_session_free(pool_plain);
     tl_model_free(pooled);
     tl_model_free(cold);
 }
